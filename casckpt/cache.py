@@ -1,0 +1,112 @@
+"""The per-host LMDB index cache: which chunks the store holds, and where.
+
+The cache is a hint, never the truth. A commit that finds a chunk here skips
+encoding it, but the catalog transaction that makes the version visible
+re-checks every referenced chunk, so a stale entry (a chunk GC removed, a
+catalog restored from backup) costs a retry, never a broken version. The
+cache records the store id it belongs to and wipes itself when opened against
+another store. Any LMDB failure degrades to a cache miss.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Iterable
+from pathlib import Path
+
+import lmdb
+
+log = logging.getLogger(__name__)
+
+_VALUE = struct.Struct("<32sQQQB")
+_STORE_KEY = b"meta:store_id"
+DEFAULT_MAP_SIZE = 8 << 30
+
+
+class IndexCache:
+    """chunk id (32 bytes) -> (pack id, offset, stored_len, raw_len, codec).
+
+    Thread-safe and multi-process safe (LMDB's own locking).
+    """
+
+    def __init__(self, path: Path, store_id: str, *, map_size: int = DEFAULT_MAP_SIZE) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._env: lmdb.Environment | None = None
+        try:
+            self._env = lmdb.open(str(path), map_size=map_size, max_dbs=2, max_readers=256)
+            self._chunks = self._env.open_db(b"chunks")
+            self._bind(store_id.encode())
+        except lmdb.Error as exc:
+            log.warning("index cache at %s unusable, continuing without it: %s", path, exc)
+            self._env = None
+
+    def _bind(self, store_id: bytes) -> None:
+        if self._env is None:
+            return
+        with self._env.begin(write=True) as txn:
+            if txn.get(_STORE_KEY) != store_id:
+                txn.drop(self._chunks, delete=False)
+                txn.put(_STORE_KEY, store_id)
+
+    def get_many(self, ids: Iterable[bytes]) -> dict[bytes, tuple[str, int, int, int, int]]:
+        """Return cached locations for the ids that have one."""
+        if self._env is None:
+            return {}
+        found = {}
+        try:
+            with self._env.begin(db=self._chunks) as txn:
+                for cid in ids:
+                    value = txn.get(cid)
+                    if value is not None and len(value) == _VALUE.size:
+                        pack, off, stored, raw, codec = _VALUE.unpack(value)
+                        found[cid] = (pack.hex(), off, stored, raw, codec)
+        except lmdb.Error as exc:
+            log.warning("index cache read failed, treating as a miss: %s", exc)
+            return {}
+        return found
+
+    def put_many(self, items: Iterable[tuple[bytes, str, int, int, int, int]]) -> None:
+        """Record ``(chunk_id, pack_id, offset, stored_len, raw_len, codec)`` entries."""
+        if self._env is None:
+            return
+        try:
+            with self._env.begin(write=True, db=self._chunks) as txn:
+                for cid, pack, off, stored, raw, codec in items:
+                    txn.put(cid, _VALUE.pack(bytes.fromhex(pack), off, stored, raw, codec))
+        except lmdb.MapFullError:
+            log.warning("index cache at %s is full; clearing it", self.path)
+            self.clear()
+        except lmdb.Error as exc:
+            log.warning("index cache write failed, ignoring: %s", exc)
+
+    def discard(self, ids: Iterable[bytes]) -> None:
+        """Forget entries found to be stale."""
+        if self._env is None:
+            return
+        try:
+            with self._env.begin(write=True, db=self._chunks) as txn:
+                for cid in ids:
+                    txn.delete(cid)
+        except lmdb.Error as exc:
+            log.warning("index cache delete failed, ignoring: %s", exc)
+
+    def clear(self) -> None:
+        """Drop every chunk entry."""
+        if self._env is None:
+            return
+        with self._env.begin(write=True) as txn:
+            txn.drop(self._chunks, delete=False)
+
+    def __len__(self) -> int:
+        if self._env is None:
+            return 0
+        with self._env.begin(db=self._chunks) as txn:
+            return int(txn.stat(self._chunks)["entries"])
+
+    def close(self) -> None:
+        """Close the LMDB environment."""
+        if self._env is not None:
+            self._env.close()
+            self._env = None

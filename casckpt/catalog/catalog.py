@@ -1,0 +1,402 @@
+"""Catalog access: every SQL statement casckpt runs lives in this package.
+
+Thread-safety: a :class:`Catalog` may be shared by threads; each call checks a
+connection out of SQLAlchemy's pool for the duration of one transaction.
+
+On SQLite, write transactions start with ``BEGIN IMMEDIATE`` so two writers
+serialise on the database lock up front instead of failing on upgrade, and the
+database runs in WAL mode with ``synchronous=FULL`` (a committed version
+survives power loss).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Row, create_engine, event, func, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import SQLAlchemyError
+
+from casckpt.catalog import migrate
+from casckpt.catalog import schema as s
+from casckpt.errors import CatalogError, VersionExistsError
+from casckpt.format.pack import PackEntry
+
+_BATCH = 500
+
+
+class MissingChunksError(CatalogError):
+    """A version references chunks the catalog does not hold live (e.g. removed by GC)."""
+
+    def __init__(self, missing: set[str]) -> None:
+        self.missing = missing
+        super().__init__(f"{len(missing)} referenced chunks are not live in the catalog")
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkLocation:
+    """Where a live chunk's encoded bytes are."""
+
+    chunk_id: str
+    pack_id: str
+    pack_key: str
+    offset: int
+    stored_len: int
+    raw_len: int
+    codec: int
+
+    def entry(self) -> PackEntry:
+        """The pack entry this location describes."""
+        return PackEntry(bytes.fromhex(self.chunk_id), self.offset, self.stored_len,
+                         self.raw_len, self.codec)
+
+
+@dataclass(frozen=True, slots=True)
+class PackRecord:
+    """A pack that has just been made durable in the blob store."""
+
+    id: str
+    key: str
+    size: int
+    entries: Sequence[PackEntry]
+
+
+def _sqlite_engine(url: str) -> Engine:
+    engine = create_engine(url, connect_args={"timeout": 120, "check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=FULL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA busy_timeout=120000")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        write = conn.get_execution_options().get("casckpt_write", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    return engine
+
+
+def _insert_ignore(conn: Connection, table: Any, rows: list[dict[str, Any]], key: str) -> None:
+    if not rows:
+        return
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    conn.execute(dialect.insert(table).values(rows).on_conflict_do_nothing(index_elements=[key]))
+
+
+class Catalog:
+    """The authoritative catalog (SQLite or PostgreSQL, via SQLAlchemy)."""
+
+    def __init__(self, url: str, *, where: str) -> None:
+        self.url = url
+        self.where = where
+        try:
+            self.engine = _sqlite_engine(url) if url.startswith("sqlite") else create_engine(
+                url, pool_pre_ping=True
+            )
+            with self.engine.connect().execution_options(casckpt_write=True) as conn:
+                with conn.begin():
+                    migrate.check_not_newer(conn, where)
+                migrate.upgrade(conn)
+                conn.commit()
+            with self._read() as conn:
+                self.store_id: str = conn.execute(
+                    select(s.store_info.c.value).where(s.store_info.c.key == "store_id")
+                ).scalar_one()
+        except SQLAlchemyError as exc:
+            raise CatalogError(f"cannot open the catalog at {where}: {exc}") from exc
+
+    def close(self) -> None:
+        """Dispose of pooled connections."""
+        self.engine.dispose()
+
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        try:
+            with self.engine.connect() as conn, conn.begin():
+                yield conn
+        except SQLAlchemyError as exc:
+            raise CatalogError(f"catalog query failed at {self.where}: {exc}") from exc
+
+    @contextmanager
+    def _write(self) -> Iterator[Connection]:
+        try:
+            with self.engine.connect().execution_options(casckpt_write=True) as conn:
+                with conn.begin():
+                    yield conn
+        except SQLAlchemyError as exc:
+            raise CatalogError(f"catalog update failed at {self.where}: {exc}") from exc
+
+    # -- chunks and packs -------------------------------------------------
+
+    def find_chunks(self, ids: Iterable[str]) -> dict[str, ChunkLocation]:
+        """Return the live chunks among ``ids``, with where each one is."""
+        wanted = list(dict.fromkeys(ids))
+        found: dict[str, ChunkLocation] = {}
+        query = select(
+            s.chunks.c.id, s.chunks.c.pack_id, s.packs.c.key, s.chunks.c.offset,
+            s.chunks.c.stored_len, s.chunks.c.raw_len, s.chunks.c.codec,
+        ).join(s.packs, s.packs.c.id == s.chunks.c.pack_id)
+        with self._read() as conn:
+            for i in range(0, len(wanted), _BATCH):
+                batch = wanted[i : i + _BATCH]
+                rows = conn.execute(query.where(s.chunks.c.id.in_(batch), s.chunks.c.state == "live"))
+                for row in rows:
+                    found[row[0]] = ChunkLocation(*row)
+        return found
+
+    def add_pack(self, pack: PackRecord) -> None:
+        """Record a durable pack and its chunks (chunks another writer already recorded are kept)."""
+        now = time.time()
+        chunk_rows = [
+            {"id": e.chunk_id.hex(), "pack_id": pack.id, "offset": e.offset,
+             "stored_len": e.stored_len, "raw_len": e.raw_len, "codec": e.codec,
+             "base_id": e.base_id.hex() if e.base_id else None, "state": "live", "created_at": now}
+            for e in pack.entries
+        ]
+        with self._write() as conn:
+            _insert_ignore(conn, s.packs, [{
+                "id": pack.id, "key": pack.key, "size": pack.size, "chunks": len(pack.entries),
+                "state": "live", "created_at": now, "verified_at": None,
+            }], "id")
+            for i in range(0, len(chunk_rows), _BATCH):
+                _insert_ignore(conn, s.chunks, chunk_rows[i : i + _BATCH], "id")
+
+    def _missing(self, conn: Connection, ids: list[str]) -> set[str]:
+        live: set[str] = set()
+        for i in range(0, len(ids), _BATCH):
+            batch = ids[i : i + _BATCH]
+            live.update(conn.execute(
+                select(s.chunks.c.id).where(s.chunks.c.id.in_(batch), s.chunks.c.state == "live")
+            ).scalars())
+        return set(ids) - live
+
+    # -- versions -----------------------------------------------------------
+
+    def add_version(
+        self, version: dict[str, Any], run: str, tensor_rows: list[dict[str, Any]],
+        tag_names: Sequence[str], chunk_ids: Iterable[str],
+    ) -> None:
+        """Make a version visible: ONE transaction that re-checks every referenced chunk.
+
+        Raises:
+            MissingChunksError: some referenced chunk is not live; nothing was written.
+            VersionExistsError: the run already has a version at this step.
+        """
+        ids = list(dict.fromkeys(chunk_ids))
+        with self._write() as conn:
+            run_id = self._run_id(conn, run, create=True)
+            existing = conn.execute(select(s.versions.c.id).where(
+                s.versions.c.run_id == run_id, s.versions.c.step == version["step"]
+            )).scalar()
+            if existing is not None:
+                raise VersionExistsError(
+                    f"run {run!r} already has a version at step {version['step']} "
+                    f"({existing[:12]}); commit with another step, or fork a new run"
+                )
+            missing = self._missing(conn, ids)
+            if missing:
+                raise MissingChunksError(missing)
+            conn.execute(s.versions.insert().values(run_id=run_id, **version))
+            for i in range(0, len(tensor_rows), _BATCH):
+                conn.execute(s.tensors.insert(), tensor_rows[i : i + _BATCH])
+            for name in tag_names:
+                self._set_tag(conn, name, version["id"])
+
+    def _run_id(self, conn: Connection, run: str, *, create: bool) -> int | None:
+        run_id = conn.execute(select(s.runs.c.id).where(s.runs.c.name == run)).scalar()
+        if run_id is None and create:
+            _insert_ignore(conn, s.runs, [{"name": run, "created_at": time.time()}], "name")
+            run_id = conn.execute(select(s.runs.c.id).where(s.runs.c.name == run)).scalar_one()
+        return run_id
+
+    def _set_tag(self, conn: Connection, name: str, version_id: str) -> None:
+        conn.execute(s.tags.delete().where(s.tags.c.name == name))
+        conn.execute(s.tags.insert().values(name=name, version_id=version_id, created_at=time.time()))
+
+    def set_tag(self, name: str, version_id: str) -> None:
+        """Point tag ``name`` at a version (moving it if it exists)."""
+        with self._write() as conn:
+            self._set_tag(conn, name, version_id)
+
+    # -- queries ------------------------------------------------------------
+
+    _VERSION_COLS = (
+        s.versions.c.id, s.runs.c.name.label("run"), s.versions.c.step, s.versions.c.parent_id,
+        s.versions.c.created_at, s.versions.c.logical_bytes, s.versions.c.new_bytes,
+        s.versions.c.stored_bytes, s.versions.c.duration_s, s.versions.c.meta,
+        s.versions.c.metrics, s.versions.c.message,
+    )
+
+    def _versions(self) -> Any:
+        return select(*self._VERSION_COLS).join(s.runs, s.runs.c.id == s.versions.c.run_id).where(
+            s.versions.c.state == "visible"
+        )
+
+    def version(self, version_id: str) -> Row[Any] | None:
+        """The visible version with this exact id."""
+        with self._read() as conn:
+            return conn.execute(self._versions().where(s.versions.c.id == version_id)).first()
+
+    def ids_with_prefix(self, prefix: str, limit: int = 5) -> list[str]:
+        """Visible version ids starting with ``prefix``."""
+        with self._read() as conn:
+            return list(conn.execute(
+                select(s.versions.c.id).where(
+                    s.versions.c.id.startswith(prefix), s.versions.c.state == "visible"
+                ).limit(limit)
+            ).scalars())
+
+    def at_step(self, run: str, step: int) -> Row[Any] | None:
+        """The visible version of ``run`` at ``step``."""
+        with self._read() as conn:
+            return conn.execute(
+                self._versions().where(s.runs.c.name == run, s.versions.c.step == step)
+            ).first()
+
+    def nth_latest(self, run: str, back: int) -> Row[Any] | None:
+        """The visible version ``back`` versions before the latest of ``run`` (0: latest)."""
+        with self._read() as conn:
+            return conn.execute(
+                self._versions().where(s.runs.c.name == run)
+                .order_by(s.versions.c.step.desc()).offset(back).limit(1)
+            ).first()
+
+    def steps_near(self, run: str, step: int, limit: int = 3) -> list[int]:
+        """The visible steps of ``run`` closest to ``step``."""
+        with self._read() as conn:
+            return list(conn.execute(
+                select(s.versions.c.step).join(s.runs, s.runs.c.id == s.versions.c.run_id)
+                .where(s.runs.c.name == run, s.versions.c.state == "visible")
+                .order_by(func.abs(s.versions.c.step - step)).limit(limit)
+            ).scalars())
+
+    def log(self, run: str | None, limit: int | None) -> list[Row[Any]]:
+        """Visible versions, newest first (by step within a run, by time across runs)."""
+        query = self._versions()
+        if run is not None:
+            query = query.where(s.runs.c.name == run).order_by(s.versions.c.step.desc())
+        else:
+            query = query.order_by(s.versions.c.created_at.desc())
+        with self._read() as conn:
+            return list(conn.execute(query.limit(limit)))
+
+    def run_names(self) -> list[str]:
+        """Every run name."""
+        with self._read() as conn:
+            return list(conn.execute(select(s.runs.c.name).order_by(s.runs.c.name)).scalars())
+
+    def runs(self) -> list[tuple[Any, ...]]:
+        """Each run with its version count, latest step and logical bytes."""
+        v = s.versions
+        latest = (
+            select(v.c.id).where(v.c.run_id == s.runs.c.id, v.c.state == "visible")
+            .order_by(v.c.step.desc()).limit(1).scalar_subquery()
+        )
+        query = (
+            select(
+                s.runs.c.name, s.runs.c.created_at,
+                func.count(v.c.id), func.max(v.c.step), latest,
+                func.coalesce(func.sum(v.c.logical_bytes), 0),
+            )
+            .select_from(s.runs.outerjoin(v, (v.c.run_id == s.runs.c.id) & (v.c.state == "visible")))
+            .group_by(s.runs.c.id, s.runs.c.name, s.runs.c.created_at)
+            .order_by(s.runs.c.name)
+        )
+        with self._read() as conn:
+            return [tuple(row) for row in conn.execute(query)]
+
+    def tag_target(self, name: str) -> str | None:
+        """The version id a tag points at."""
+        with self._read() as conn:
+            return conn.execute(select(s.tags.c.version_id).where(s.tags.c.name == name)).scalar()
+
+    def tag_names(self) -> list[str]:
+        """Every tag name."""
+        with self._read() as conn:
+            return list(conn.execute(select(s.tags.c.name).order_by(s.tags.c.name)).scalars())
+
+    def tags_of(self, version_ids: Sequence[str]) -> dict[str, tuple[str, ...]]:
+        """Tag names per version id."""
+        out: dict[str, list[str]] = {}
+        with self._read() as conn:
+            for i in range(0, len(version_ids), _BATCH):
+                rows = conn.execute(
+                    select(s.tags.c.version_id, s.tags.c.name)
+                    .where(s.tags.c.version_id.in_(version_ids[i : i + _BATCH]))
+                    .order_by(s.tags.c.name)
+                )
+                for vid, name in rows:
+                    out.setdefault(vid, []).append(name)
+        return {k: tuple(v) for k, v in out.items()}
+
+    def manifest(self, version_id: str) -> bytes:
+        """The compressed manifest of a version."""
+        with self._read() as conn:
+            data: bytes = conn.execute(
+                select(s.versions.c.manifest).where(s.versions.c.id == version_id)
+            ).scalar_one()
+            return bytes(data)
+
+    def tensors_of(self, version_id: str) -> list[Row[Any]]:
+        """The tensor rows of a version, by path."""
+        with self._read() as conn:
+            return list(conn.execute(
+                select(s.tensors).where(s.tensors.c.version_id == version_id)
+                .order_by(s.tensors.c.path)
+            ))
+
+    def visible_version_ids(self) -> list[str]:
+        """Ids of every visible version."""
+        with self._read() as conn:
+            return list(conn.execute(
+                select(s.versions.c.id).where(s.versions.c.state == "visible")
+            ).scalars())
+
+    def packs(self) -> list[Row[Any]]:
+        """Every live pack row."""
+        with self._read() as conn:
+            return list(conn.execute(select(s.packs).where(s.packs.c.state == "live")))
+
+    def chunks_of_pack(self, pack_id: str) -> list[Row[Any]]:
+        """Every chunk row stored in a pack, by offset."""
+        with self._read() as conn:
+            return list(conn.execute(
+                select(s.chunks).where(s.chunks.c.pack_id == pack_id).order_by(s.chunks.c.offset)
+            ))
+
+    def mark_verified(self, pack_ids: Sequence[str]) -> None:
+        """Record that these packs were just read and verified in full."""
+        now = time.time()
+        with self._write() as conn:
+            for i in range(0, len(pack_ids), _BATCH):
+                conn.execute(s.packs.update().where(s.packs.c.id.in_(pack_ids[i : i + _BATCH]))
+                             .values(verified_at=now))
+
+    def totals(self) -> dict[str, int]:
+        """Counts and byte sums for ``Store.stats``."""
+        v, c, p = s.versions, s.chunks, s.packs
+        with self._read() as conn:
+            vrow = conn.execute(select(func.count(v.c.id), func.coalesce(func.sum(v.c.logical_bytes), 0))
+                                .where(v.c.state == "visible")).one()
+            crow = conn.execute(select(func.count(c.c.id), func.coalesce(func.sum(c.c.raw_len), 0),
+                                       func.coalesce(func.sum(c.c.stored_len), 0))
+                                .where(c.c.state == "live")).one()
+            prow = conn.execute(select(func.count(p.c.id), func.coalesce(func.sum(p.c.size), 0))
+                                .where(p.c.state == "live")).one()
+            runs = conn.execute(select(func.count(s.runs.c.id))).scalar_one()
+            tags = conn.execute(select(func.count(s.tags.c.name))).scalar_one()
+        return {
+            "runs": runs, "versions": vrow[0], "tags": tags, "chunks": crow[0], "packs": prow[0],
+            "logical_bytes": int(vrow[1]), "unique_bytes": int(crow[1]),
+            "stored_bytes": int(crow[2]), "pack_bytes": int(prow[1]),
+        }

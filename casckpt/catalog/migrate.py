@@ -1,0 +1,72 @@
+"""Schema versioning through Alembic, run programmatically.
+
+The migration scripts live in the repository's top-level ``migrations/`` and
+are shipped inside the wheel as ``casckpt/_migrations``. ``casckpt.open``
+upgrades an older catalog automatically (migrations are additive and run in
+one transaction per revision); a catalog from a newer casckpt is refused.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection
+
+from casckpt.errors import CatalogError, SchemaTooNewError
+
+
+def migrations_dir() -> Path:
+    """Where the Alembic scripts are: inside the installed package, or the source checkout."""
+    packaged = resources.files("casckpt").joinpath("_migrations")
+    if packaged.is_dir():
+        return Path(str(packaged))
+    checkout = Path(__file__).resolve().parents[2] / "migrations"
+    if (checkout / "env.py").is_file():
+        return checkout
+    raise CatalogError("casckpt's catalog migrations are missing from this installation; reinstall it")
+
+
+def _config(connection: Connection | None = None) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir()))
+    config.attributes["connection"] = connection
+    return config
+
+
+def head_revision() -> str:
+    """The newest schema revision this casckpt knows."""
+    head = ScriptDirectory.from_config(_config()).get_current_head()
+    if head is None:
+        raise CatalogError("casckpt ships no catalog migrations; reinstall it")
+    return head
+
+
+def current_revision(connection: Connection) -> str | None:
+    """The catalog's schema revision, or None for an empty database."""
+    return MigrationContext.configure(connection).get_current_revision()
+
+
+def check_not_newer(connection: Connection, where: str) -> str | None:
+    """Raise SchemaTooNewError if the catalog's revision is unknown to this casckpt."""
+    revision = current_revision(connection)
+    if revision is None:
+        return None
+    scripts = ScriptDirectory.from_config(_config())
+    known = {script.revision for script in scripts.walk_revisions()}
+    if revision not in known:
+        raise SchemaTooNewError(
+            f"the catalog at {where} has schema revision {revision!r}, newer than this casckpt "
+            f"knows (newest {head_revision()!r}). Upgrade casckpt (pip install -U casckpt) on "
+            "this host; nothing was changed."
+        )
+    return revision
+
+
+def upgrade(connection: Connection) -> None:
+    """Bring the catalog to the head revision (a no-op when it is already there)."""
+    command.upgrade(_config(connection), "head")

@@ -1,0 +1,114 @@
+"""SQLAlchemy Core tables of the catalog, as of the newest migration.
+
+Schema changes go through Alembic migrations in the top-level ``migrations/``
+only; this module mirrors their result for queries. Ids are 64 hex digits.
+Times are UTC seconds since the epoch (portable across SQLite and PostgreSQL).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    SmallInteger,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+metadata = MetaData()
+
+store_info = Table(
+    "store_info",
+    metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
+)
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(128), nullable=False, unique=True),
+    Column("created_at", Float, nullable=False),
+    Column("parent_version", String(64), nullable=True),
+    Column("retention", JSON, nullable=True),
+)
+
+versions = Table(
+    "versions",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("run_id", Integer, ForeignKey("runs.id"), nullable=False),
+    Column("step", BigInteger, nullable=False),
+    Column("parent_id", String(64), nullable=True),
+    Column("state", String(16), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("committed_at", Float, nullable=False),
+    Column("logical_bytes", BigInteger, nullable=False),
+    Column("new_bytes", BigInteger, nullable=False),
+    Column("stored_bytes", BigInteger, nullable=False),
+    Column("duration_s", Float, nullable=False),
+    Column("meta", JSON, nullable=False),
+    Column("metrics", JSON, nullable=False),
+    Column("message", Text, nullable=True),
+    Column("manifest", LargeBinary, nullable=False),
+    UniqueConstraint("run_id", "step", name="uq_versions_run_step"),
+)
+Index("ix_versions_created_at", versions.c.created_at)
+
+tags = Table(
+    "tags",
+    metadata,
+    Column("name", String(128), primary_key=True),
+    Column("version_id", String(64), ForeignKey("versions.id"), nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+tensors = Table(
+    "tensors",
+    metadata,
+    Column("version_id", String(64), ForeignKey("versions.id"), primary_key=True),
+    Column("path", Text, primary_key=True),
+    Column("dtype", String(32), nullable=False),
+    Column("shape", JSON, nullable=False),
+    Column("nbytes", BigInteger, nullable=False),
+    Column("chunks", Integer, nullable=False),
+    Column("digest", String(64), nullable=False),
+)
+Index("ix_tensors_path", tensors.c.path)
+
+packs = Table(
+    "packs",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("key", String(256), nullable=False),
+    Column("size", BigInteger, nullable=False),
+    Column("chunks", Integer, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("verified_at", Float, nullable=True),
+)
+
+chunks = Table(
+    "chunks",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("pack_id", String(64), ForeignKey("packs.id"), nullable=False),
+    Column("offset", BigInteger, nullable=False),
+    Column("stored_len", BigInteger, nullable=False),
+    Column("raw_len", BigInteger, nullable=False),
+    Column("codec", SmallInteger, nullable=False),
+    Column("base_id", String(64), nullable=True),
+    Column("state", String(16), nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+Index("ix_chunks_pack_id", chunks.c.pack_id)

@@ -1,0 +1,1 @@
+"""The ``casckpt`` command line (entry point: :data:`casckpt.cli.main.app`)."""

@@ -1,0 +1,298 @@
+"""The ``casckpt`` command line: inspect a store, tag versions, export, check.
+
+Every command but ``init`` opens an existing store, named by ``--store PATH``
+or the ``CASCKPT_STORE`` environment variable. Commands that list or show
+take ``--json``: stdout then holds one JSON document and nothing else (bytes
+as base64, NaN/±inf as the strings "NaN"/"Infinity"/"-Infinity").
+
+Exit codes (scripts may rely on them):
+
+    0  success
+    1  ``check`` found problems
+    2  usage error or bad input: a bad option or argument, an invalid name,
+       unsupported state, a restore target that cannot be written
+    3  not found: no store at the path, unknown ref, ambiguous id prefix,
+       unknown tensor
+    4  integrity: stored bytes are corrupt or missing
+    5  any other casckpt error: storage, catalog, a catalog from a newer casckpt
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperGroup
+
+import casckpt
+from casckpt.cli import render
+from casckpt.cli.export import check_target, export_safetensors
+from casckpt.cli.progress import progress_bars
+from casckpt.errors import (
+    AmbiguousRefError,
+    CasckptError,
+    IntegrityError,
+    InvalidArgumentError,
+    InvalidNameError,
+    NotAStoreError,
+    RefNotFoundError,
+    RestoreTargetError,
+    TensorNotFoundError,
+    UnsupportedStateError,
+)
+
+EXIT_OK = 0
+EXIT_PROBLEMS = 1
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 3
+EXIT_INTEGRITY = 4
+EXIT_OTHER = 5
+
+_EPILOG = (
+    "Exit codes: 0 ok; 1 check found problems; 2 usage error or bad input; "
+    "3 not found (store, ref, tensor); 4 integrity error (corrupt or missing data); "
+    "5 other error (storage, catalog, catalog schema too new)."
+)
+
+_NOT_FOUND = (NotAStoreError, RefNotFoundError, AmbiguousRefError, TensorNotFoundError)
+_BAD_INPUT = (InvalidNameError, InvalidArgumentError, UnsupportedStateError, RestoreTargetError)
+
+
+def exit_code_for(error: CasckptError) -> int:
+    """The documented exit code for ``error`` (see the module docstring)."""
+    if isinstance(error, IntegrityError):
+        return EXIT_INTEGRITY
+    if isinstance(error, _NOT_FOUND):
+        return EXIT_NOT_FOUND
+    if isinstance(error, _BAD_INPUT):
+        return EXIT_USAGE
+    return EXIT_OTHER
+
+
+class _CasckptGroup(TyperGroup):
+    """Turns every :class:`CasckptError` into one red line on stderr and its exit code."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CasckptError as exc:
+            render.error(str(exc))
+            raise typer.Exit(exit_code_for(exc)) from None
+
+
+app = typer.Typer(
+    cls=_CasckptGroup,
+    help="Content-addressed, incremental checkpoint store for PyTorch.",
+    epilog=_EPILOG,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+
+StoreOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--store",
+        "-s",
+        envvar="CASCKPT_STORE",
+        show_envvar=True,
+        help="Store directory.",
+        file_okay=False,
+    ),
+]
+JsonOption = Annotated[
+    bool, typer.Option("--json", help="Print machine-readable JSON on stdout, nothing else.")
+]
+RefArgument = Annotated[
+    str, typer.Argument(help="A version: run@step, run@latest, run@~N, tag:NAME or an id prefix.")
+]
+
+
+@dataclass(frozen=True, slots=True)
+class _Options:
+    store: Path | None
+
+
+@app.callback()
+def _main(ctx: typer.Context, store: StoreOption = None) -> None:
+    ctx.obj = _Options(store=store)
+
+
+def _store_path(ctx: typer.Context) -> Path:
+    options: _Options = ctx.find_root().obj
+    if options.store is None:
+        raise typer.BadParameter(
+            "no store given: pass --store PATH (before the command) or set CASCKPT_STORE",
+            param_hint="--store",
+        )
+    return options.store
+
+
+@contextmanager
+def _open_store(ctx: typer.Context) -> Iterator[casckpt.Store]:
+    with casckpt.open(_store_path(ctx), create=False) as store:
+        yield store
+
+
+@app.command()
+def init(
+    ctx: typer.Context,
+    path: Annotated[
+        Path | None,
+        typer.Argument(help="Where to create the store [default: --store / CASCKPT_STORE]."),
+    ] = None,
+) -> None:
+    """Create a store (does nothing to an existing one)."""
+    target = path if path is not None else _store_path(ctx)
+    try:
+        casckpt.open(target, create=False).close()
+    except NotAStoreError:
+        with casckpt.open(target, create=True) as store:
+            render.out(f"Created an empty casckpt store in {store.path}")
+        return
+    render.out(f"A casckpt store already exists in {target}; left it as it is")
+
+
+@app.command()
+def runs(ctx: typer.Context, as_json: JsonOption = False) -> None:
+    """List the runs of the store."""
+    with _open_store(ctx) as store:
+        found = store.runs()
+    if as_json:
+        render.print_json([run.to_dict() for run in found])
+    elif not found:
+        render.note("no runs yet")
+    else:
+        render.out(render.runs_table(found))
+
+
+@app.command()
+def log(
+    ctx: typer.Context,
+    run: Annotated[str | None, typer.Argument(help="Only this run [default: all runs].")] = None,
+    limit: Annotated[
+        int | None, typer.Option("--limit", "-n", min=1, help="Show at most N versions.")
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List versions, newest first."""
+    with _open_store(ctx) as store:
+        versions = store.log(run, limit=limit)
+    if as_json:
+        render.print_json([v.to_dict() for v in versions])
+    elif not versions:
+        render.note(f"no versions in run {run!r}" if run else "no versions yet")
+    else:
+        render.out(render.log_table(versions))
+
+
+@app.command()
+def show(ctx: typer.Context, ref: RefArgument, as_json: JsonOption = False) -> None:
+    """Show one version: its metadata, tensors and plain values."""
+    with _open_store(ctx) as store:
+        detail = store.show(ref)
+    if as_json:
+        render.print_json(detail.to_dict())
+    else:
+        render.out(*render.detail_view(detail))
+
+
+@app.command()
+def tag(
+    ctx: typer.Context,
+    ref: RefArgument,
+    name: Annotated[str, typer.Argument(help="Tag name; later `show tag:NAME`.")],
+    as_json: JsonOption = False,
+) -> None:
+    """Point tag NAME at a version."""
+    with _open_store(ctx) as store:
+        version = store.tag(ref, name)
+    if as_json:
+        render.print_json(version.to_dict())
+    else:
+        render.out(f"Tagged {version.short_id} ({version.run}@{version.step}) as {name}")
+
+
+@app.command()
+def restore(
+    ctx: typer.Context,
+    ref: RefArgument,
+    to: Annotated[Path, typer.Option("--to", help="Target .safetensors file.", dir_okay=False)],
+    force: Annotated[bool, typer.Option("--force", "-f", help="Overwrite the target.")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Export a version to a safetensors file (tensors by dotted path, plain values as JSON).
+
+    Metadata: casckpt.version (id), casckpt.run, casckpt.step and casckpt.values
+    (JSON); values over 64 KiB go to a sidecar FILE.values.json instead.
+    """
+    check_target(to, overwrite=force)
+    with _open_store(ctx) as store:
+        version = store.resolve(ref)
+        with progress_bars() as progress:
+            tree = store.restore(version, map_location="cpu", progress=progress)
+    result = export_safetensors(tree, version, to)
+    if as_json:
+        render.print_json(
+            {
+                "version": version.to_dict(),
+                "file": str(result.file),
+                "tensors": result.tensors,
+                "values": result.values,
+                "values_file": None if result.values_file is None else str(result.values_file),
+            }
+        )
+        return
+    render.out(
+        f"Wrote {result.tensors} tensors and {result.values} values of {version.short_id} "
+        f"({version.run}@{version.step}) to {result.file}"
+    )
+    if result.values_file is not None:
+        render.note(f"plain values are over 64 KiB: written to {result.values_file}")
+
+
+@app.command()
+def check(
+    ctx: typer.Context,
+    read_data: Annotated[
+        bool, typer.Option("--read-data", help="Also read and verify every chunk.")
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Verify the store's consistency; exit 1 if any problem is found."""
+    with _open_store(ctx) as store, progress_bars() as progress:
+        report = store.check(read_data=read_data, progress=progress)
+    if as_json:
+        render.print_json(render.check_dict(report))
+    else:
+        render.out(*render.check_view(report))
+    if not report.ok:
+        raise typer.Exit(EXIT_PROBLEMS)
+
+
+@app.command()
+def stats(ctx: typer.Context, as_json: JsonOption = False) -> None:
+    """Space accounting: logical, unique and stored bytes; dedup and compression ratios."""
+    with _open_store(ctx) as store:
+        result = store.stats()
+    if as_json:
+        render.print_json(render.stats_dict(result))
+    else:
+        render.out(render.stats_table(result))
+
+
+@app.command()
+def migrate(ctx: typer.Context) -> None:
+    """Upgrade the store's catalog to this casckpt's schema (opening a store does it)."""
+    with _open_store(ctx) as store:
+        revision = getattr(store, "schema_revision", None)
+    suffix = f" at schema revision {revision}" if revision is not None else ""
+    render.out(f"Catalog of {store.path} is up to date{suffix}")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,297 @@
+"""Turning casckpt values into text: rich tables for people, JSON for scripts.
+
+Nothing here opens a store; every function takes values and a console. Consoles
+are built per call (never at import) so they write to whatever ``sys.stdout`` /
+``sys.stderr`` are at that moment.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import sys
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from rich import box
+from rich.console import Console, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from casckpt.types import CheckReport, RunInfo, StoreStats, Version, VersionDetail
+
+_PIPE_WIDTH = 1000
+"""Console width when stdout is not a terminal: wide enough that no cell is cut or wrapped."""
+
+_VALUE_WIDTH = 60
+"""Plain values longer than this are shortened in ``show``."""
+
+
+def out(*renderables: RenderableType) -> None:
+    """Print to stdout; to a pipe or file without cutting cells or trailing padding."""
+    if sys.stdout.isatty():
+        console = Console(highlight=False, markup=False)
+        for renderable in renderables:
+            console.print(renderable)
+        return
+    console = Console(highlight=False, markup=False, width=_PIPE_WIDTH, no_color=True)
+    with console.capture() as captured:
+        for renderable in renderables:
+            console.print(renderable)
+    lines = captured.get().splitlines()
+    sys.stdout.write("".join(line.rstrip() + "\n" for line in lines))
+    sys.stdout.flush()
+
+
+def stderr_console() -> Console:
+    """A console on stderr, for messages and progress bars."""
+    return Console(stderr=True, highlight=False, markup=False)
+
+
+def error(message: str) -> None:
+    """Print ``message`` as one red line on stderr."""
+    stderr_console().print(Text(f"casckpt: error: {message}", style="bold red"), soft_wrap=True)
+
+
+def note(message: str) -> None:
+    """Print an informational line on stderr (never pollutes stdout, which may be JSON)."""
+    stderr_console().print(Text(message, style="yellow"), soft_wrap=True)
+
+
+def to_json_value(value: object) -> Any:
+    """Make ``value`` strict JSON: bytes become base64, NaN/±inf the strings "NaN"/"Infinity"."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Mapping):
+        return {str(k): to_json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json_value(v) for v in value]
+    return value
+
+
+def dumps(value: object, *, indent: int | None = None) -> str:
+    """Serialise ``value`` (after :func:`to_json_value`) as strict JSON."""
+    return json.dumps(to_json_value(value), indent=indent, allow_nan=False, ensure_ascii=False)
+
+
+def print_json(value: object) -> None:
+    """Write ``value`` as JSON to stdout, and nothing else."""
+    sys.stdout.write(dumps(value, indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def human_bytes(n: int) -> str:
+    """``1288490189`` -> ``"1.2 GiB"``; below 1 KiB the exact count (``"512 B"``)."""
+    if n < 1024:
+        return f"{n} B"
+    size = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        size /= 1024
+        if size < 1024 or unit == "PiB":
+            break
+    return f"{size:.1f} {unit}"
+
+
+def local_time(moment: datetime) -> str:
+    """An aware or UTC-naive datetime as local ISO time to the second."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def short_value(value: object, width: int = _VALUE_WIDTH) -> str:
+    """A plain value as one readable line (``repr``-like, so ``"1"`` and ``1`` differ)."""
+    if isinstance(value, (bytes, bytearray)):
+        text = f"<{len(value)} bytes> " + bytes(value[:16]).hex()
+    elif isinstance(value, (Mapping, list, tuple)):
+        text = dumps(value)
+    else:
+        text = repr(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _table(*columns: str, right: Iterable[str] = ()) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    right_aligned = set(right)
+    for column in columns:
+        table.add_column(column, justify="right" if column in right_aligned else "left")
+    return table
+
+
+def _metrics(metrics: Mapping[str, float]) -> str:
+    return " ".join(f"{k}={v:.6g}" for k, v in metrics.items())
+
+
+def _first_line(text: str | None) -> str:
+    lines = (text or "").strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def runs_table(runs: Iterable[RunInfo]) -> Table:
+    """One row per run: name, versions, latest step and id, logical size, creation time."""
+    table = _table(
+        "RUN",
+        "VERSIONS",
+        "LATEST",
+        "LATEST ID",
+        "SIZE",
+        "CREATED",
+        right=("VERSIONS", "LATEST", "SIZE"),
+    )
+    for run in runs:
+        table.add_row(
+            run.name,
+            str(run.versions),
+            "-" if run.latest_step is None else str(run.latest_step),
+            (run.latest_id or "-")[:12],
+            human_bytes(run.logical_bytes),
+            local_time(run.created_at),
+        )
+    return table
+
+
+def log_table(versions: Iterable[Version]) -> Table:
+    """One row per version, in the order given (``Store.log`` gives newest first)."""
+    table = _table(
+        "ID",
+        "RUN",
+        "STEP",
+        "CREATED",
+        "SIZE",
+        "NEW",
+        "STORED",
+        "TAGS",
+        "METRICS",
+        "MESSAGE",
+        right=("STEP", "SIZE", "NEW", "STORED"),
+    )
+    for v in versions:
+        table.add_row(
+            v.short_id,
+            v.run,
+            str(v.step),
+            local_time(v.created_at),
+            human_bytes(v.logical_bytes),
+            human_bytes(v.new_bytes),
+            human_bytes(v.stored_bytes),
+            ",".join(v.tags),
+            _metrics(v.metrics),
+            _first_line(v.message),
+        )
+    return table
+
+
+def _sizes(v: Version) -> str:
+    return (
+        f"{human_bytes(v.logical_bytes)} logical, {human_bytes(v.new_bytes)} new, "
+        f"{human_bytes(v.stored_bytes)} stored"
+    )
+
+
+def version_table(v: Version) -> Table:
+    """Key/value rows describing one version."""
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    rows: list[tuple[str, str]] = [
+        ("version", v.id),
+        ("run", v.run),
+        ("step", str(v.step)),
+        ("created", local_time(v.created_at)),
+        ("parent", (v.parent or "-")[:12]),
+        ("tags", ", ".join(v.tags) or "-"),
+        ("size", _sizes(v)),
+        ("duration", f"{v.duration_s:.2f} s"),
+    ]
+    if v.metrics:
+        rows.append(("metrics", _metrics(v.metrics)))
+    if v.metadata:
+        rows.append(("metadata", dumps(v.metadata)))
+    if v.message:
+        rows.append(("message", v.message))
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
+
+
+def detail_view(detail: VersionDetail) -> list[RenderableType]:
+    """The version, then its tensors, then its plain values."""
+    parts: list[RenderableType] = [version_table(detail.version), ""]
+    tensors = _table(
+        "TENSOR", "DTYPE", "SHAPE", "SIZE", "CHUNKS", "DIGEST", right=("SIZE", "CHUNKS")
+    )
+    for t in detail.tensors:
+        tensors.add_row(
+            t.path,
+            t.dtype,
+            str(tuple(t.shape)),
+            human_bytes(t.nbytes),
+            str(t.chunks),
+            t.digest[:12],
+        )
+    parts.append(tensors if detail.tensors else Text("no tensors", style="dim"))
+    if detail.values:
+        values = _table("VALUE", "TYPE", "CONTENT")
+        for path, value in detail.values.items():
+            values.add_row(path, type(value).__name__, short_value(value))
+        parts += ["", values]
+    return parts
+
+
+def stats_dict(stats: StoreStats) -> dict[str, Any]:
+    """``stats.to_dict()`` plus the derived ratios."""
+    return {
+        **stats.to_dict(),
+        "dedup_ratio": stats.dedup_ratio,
+        "compression_ratio": stats.compression_ratio,
+    }
+
+
+def stats_table(stats: StoreStats) -> Table:
+    """Counts, sizes and ratios of a whole store."""
+    table = _table("KEY", "VALUE", right=("VALUE",))
+    table.show_header = False
+    rows = [
+        ("runs", str(stats.runs)),
+        ("versions", str(stats.versions)),
+        ("tags", str(stats.tags)),
+        ("chunks", str(stats.chunks)),
+        ("packs", str(stats.packs)),
+        ("logical size", human_bytes(stats.logical_bytes)),
+        ("unique size", human_bytes(stats.unique_bytes)),
+        ("stored size", human_bytes(stats.stored_bytes)),
+        ("pack size", human_bytes(stats.pack_bytes)),
+        ("dedup ratio", f"{stats.dedup_ratio:.2f}x"),
+        ("compression ratio", f"{stats.compression_ratio:.2f}x"),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
+
+
+def check_dict(report: CheckReport) -> dict[str, Any]:
+    """``report.to_dict()`` plus ``ok``."""
+    return {**report.to_dict(), "ok": report.ok}
+
+
+def check_view(report: CheckReport) -> list[RenderableType]:
+    """A one-line summary, then a table of problems if any."""
+    read = ""
+    if report.chunks_read:
+        read = f"; read {report.chunks_read} chunks ({human_bytes(report.bytes_read)})"
+    summary = (
+        f"checked {report.versions} versions, {report.packs} packs, {report.chunks} chunks{read}"
+    )
+    if report.ok:
+        return [summary, Text("no problems found", style="green")]
+    problems = _table("KIND", "SUBJECT", "DETAIL")
+    for p in report.problems:
+        problems.add_row(p.kind, p.subject, p.detail)
+    found = Text(f"{len(report.problems)} problem(s) found", style="bold red")
+    return [summary, found, problems]

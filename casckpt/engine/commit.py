@@ -1,0 +1,204 @@
+"""The commit pipeline: snapshot -> chunk -> hash -> dedup -> encode -> pack -> store -> publish.
+
+Everything that can refuse the state (unsupported objects, bad names) runs
+before the first byte is written. The version becomes visible in ONE catalog
+transaction, after every pack it references is durable; that transaction
+re-checks every referenced chunk, and chunks found missing (a stale cache
+hint, a chunk GC removed) are written again before retrying.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from casckpt.catalog import MissingChunksError
+from casckpt.engine.context import EngineContext, manifest_key
+from casckpt.engine.layout import BlobSource, plan_blobs
+from casckpt.engine.packer import Packer
+from casckpt.engine.validate import (
+    check_metadata,
+    check_metrics,
+    check_name,
+    check_step,
+    check_tags,
+)
+from casckpt.errors import CatalogError
+from casckpt.format.chunks import aligned_chunk_size, chunk_id, chunk_spans, object_id
+from casckpt.format.codecs import CompressionPolicy, encode_chunk
+from casckpt.format.dtypes import element_size
+from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, encode_manifest
+from casckpt.format.tree import encode_tree
+from casckpt.types import ProgressCallback, Version
+
+_PUBLISH_ATTEMPTS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class CommitRequest:
+    """A validated commit: what to store and under which name."""
+
+    run: str
+    step: int
+    metadata: dict[str, Any]
+    metrics: dict[str, float]
+    message: str | None
+    tags: tuple[str, ...]
+
+
+def make_request(
+    run: str, step: int, metadata: Mapping[str, Any] | None, metrics: Mapping[str, Any] | None,
+    message: str | None, tags: Iterable[str],
+) -> CommitRequest:
+    """Validate commit arguments (raises before anything is written)."""
+    return CommitRequest(
+        check_name(run, "run"), check_step(step), check_metadata(metadata),
+        check_metrics(metrics), None if message is None else str(message), check_tags(tags),
+    )
+
+
+@dataclass(slots=True)
+class _Chunk:
+    """Where a chunk's raw bytes are in this commit's state (first occurrence)."""
+
+    view: memoryview
+    start: int
+    end: int
+    align: int
+
+    def data(self) -> memoryview:
+        return self.view[self.start : self.end]
+
+
+class _Progress:
+    def __init__(self, callback: ProgressCallback | None, phase: str, total: int) -> None:
+        self.callback, self.phase, self.total, self.done = callback, phase, total, 0
+
+    def advance(self, amount: int) -> None:
+        self.done += amount
+        if self.callback is not None:
+            self.callback(self.phase, self.done, self.total)
+
+
+def _hash_blobs(
+    ctx: EngineContext, sources: Sequence[BlobSource], progress: ProgressCallback | None
+) -> tuple[list[BlobEntry], dict[bytes, _Chunk]]:
+    blobs: list[BlobEntry] = []
+    chunks: dict[bytes, _Chunk] = {}
+    bar = _Progress(progress, "hash", sum(s.nbytes for s in sources))
+    for source in sources:
+        view = source.read() if source.nbytes else memoryview(b"")
+        size = aligned_chunk_size(ctx.config.chunk_size, source.align)
+        spans = list(chunk_spans(source.nbytes, size))
+        ids = list(ctx.pool.map(chunk_id, (view[start:end] for start, end in spans)))
+        for cid, (start, end) in zip(ids, spans, strict=True):
+            chunks.setdefault(cid, _Chunk(view, start, end, source.align))
+        blobs.append(BlobEntry(source.nbytes, size, tuple(ids)))
+        bar.advance(source.nbytes)
+    return blobs, chunks
+
+
+def _known_chunks(ctx: EngineContext, ids: Sequence[bytes]) -> set[bytes]:
+    hinted = set(ctx.cache.get_many(ids))
+    unknown = [cid.hex() for cid in ids if cid not in hinted]
+    confirmed = {bytes.fromhex(h) for h in ctx.catalog.find_chunks(unknown)}
+    return hinted | confirmed
+
+
+def _encoded(ctx: EngineContext, chunks: Mapping[bytes, _Chunk], ids: Sequence[bytes]) -> Iterator[
+    tuple[bytes, int, int, bytes | memoryview]
+]:
+    window = 4 * ctx.config.workers
+    policy = CompressionPolicy(level=ctx.config.zstd_level, enabled=ctx.config.compress)
+
+    def encode(cid: bytes) -> tuple[bytes, int, int, bytes | memoryview]:
+        chunk = chunks[cid]
+        codec, payload = encode_chunk(chunk.data(), chunk.align, policy)
+        return cid, int(codec), chunk.end - chunk.start, payload
+
+    for i in range(0, len(ids), window):
+        yield from ctx.pool.map(encode, ids[i : i + window])
+
+
+def _write_chunks(
+    ctx: EngineContext, chunks: Mapping[bytes, _Chunk], ids: Sequence[bytes],
+    progress: ProgressCallback | None,
+) -> tuple[int, int]:
+    """Encode and pack ``ids``; returns (raw bytes, stored bytes) written."""
+    packer = Packer(ctx)
+    bar = _Progress(progress, "write", sum(chunks[c].end - chunks[c].start for c in ids))
+    try:
+        for cid, codec, raw_len, payload in _encoded(ctx, chunks, ids):
+            packer.add(cid, codec, raw_len, payload)
+            bar.advance(raw_len)
+        packer.flush()
+    except BaseException:
+        packer.abort()
+        raise
+    return bar.done, packer.stored_bytes
+
+
+def _tensor_rows(version_id: str, entries: Sequence[TensorEntry], blobs: Sequence[BlobEntry]) -> list[dict[str, Any]]:
+    rows = []
+    for t in entries:
+        blob = blobs[t.blob]
+        digest = object_id(repr((t.dtype, t.shape, t.stride, t.offset, [c.hex() for c in blob.chunks])).encode())
+        rows.append({
+            "version_id": version_id, "path": t.path, "dtype": t.dtype, "shape": list(t.shape),
+            "nbytes": t.numel * element_size(t.kind, t.dtype),
+            "chunks": len(blob.chunks), "digest": digest,
+        })
+    return rows
+
+
+def commit(ctx: EngineContext, state: object, req: CommitRequest,
+           progress: ProgressCallback | None = None) -> Version:
+    """Store ``state`` as a new version of ``req.run`` (see module docstring for the protocol)."""
+    started, created = time.monotonic(), time.time()
+    root, leaves = encode_tree(state)
+    entries, sources = plan_blobs(leaves)
+    blobs, chunks = _hash_blobs(ctx, sources, progress)
+    known = _known_chunks(ctx, list(chunks))
+    new_ids = [cid for cid in chunks if cid not in known]
+    new_bytes, stored_bytes = _write_chunks(ctx, chunks, new_ids, progress)
+    parent = ctx.catalog.nth_latest(req.run, 0)
+    manifest = Manifest(
+        run=req.run, step=req.step, parent=parent.id if parent is not None else None,
+        created_at=created, root=root, tensors=tuple(entries), blobs=tuple(blobs),
+        metadata=req.metadata, metrics=req.metrics, message=req.message, tags=req.tags,
+    )
+    version_id, manifest_bytes = encode_manifest(manifest)
+    ctx.blobs.put(manifest_key(version_id), manifest_bytes)
+    logical = manifest.logical_bytes
+    row: dict[str, Any] = {
+        "id": version_id, "step": req.step, "parent_id": manifest.parent, "state": "visible",
+        "created_at": created, "logical_bytes": logical, "meta": req.metadata,
+        "metrics": req.metrics, "message": req.message, "manifest": manifest_bytes,
+    }
+    for _ in range(_PUBLISH_ATTEMPTS):
+        row.update(new_bytes=new_bytes, stored_bytes=stored_bytes,
+                   duration_s=time.monotonic() - started, committed_at=time.time())
+        try:
+            ctx.catalog.add_version(row, req.run, _tensor_rows(version_id, entries, blobs),
+                                    req.tags, (c.hex() for c in chunks))
+            break
+        except MissingChunksError as exc:
+            lost = [cid for cid in chunks if cid.hex() in exc.missing]
+            ctx.cache.discard(lost)
+            more_raw, more_stored = _write_chunks(ctx, chunks, lost, progress)
+            new_bytes, stored_bytes = new_bytes + more_raw, stored_bytes + more_stored
+    else:
+        raise CatalogError(
+            f"could not publish version {version_id[:12]}: its chunks kept disappearing "
+            "(is a GC with --grace 0 running?); retry the commit"
+        )
+    return Version(
+        id=version_id, run=req.run, step=req.step,
+        created_at=datetime.fromtimestamp(created, tz=timezone.utc),
+        logical_bytes=logical, new_bytes=new_bytes, stored_bytes=stored_bytes,
+        duration_s=row["duration_s"], parent=manifest.parent, tags=req.tags,
+        metadata=req.metadata, metrics=req.metrics, message=req.message,
+    )

@@ -1,0 +1,197 @@
+"""From tensors to blobs and back.
+
+:func:`plan_blobs` decides which bytes each tensor of a state tree is stored
+as: normally its own contiguous bytes; for tensors that are views of one
+storage, one shared blob covering the span they use (written once, restored
+shared). :func:`build_tensors` does the inverse from filled blob buffers.
+Planning touches no storage: it only makes byte views of the tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import cast
+
+import numpy as np
+import torch
+
+from casckpt.errors import UnsupportedStateError
+from casckpt.format.dtypes import numpy_dtype, numpy_dtype_name, torch_dtype, torch_dtype_name
+from casckpt.format.manifest import TensorEntry
+from casckpt.format.tree import TensorLeaf
+
+_SPAN_ALIGN = 16  # the largest element size (complex128), so every member stays aligned
+
+
+@dataclass(slots=True)
+class BlobSource:
+    """The bytes of one blob to commit, produced on demand.
+
+    ``align`` is the element size chunk boundaries must respect.
+    """
+
+    nbytes: int
+    align: int
+    read: Callable[[], memoryview]
+
+
+def _as_memoryview(array: np.ndarray) -> memoryview:
+    return memoryview(array)  # type: ignore[arg-type]  # numpy arrays export the buffer protocol
+
+
+def _byte_view(t: torch.Tensor, path: str) -> memoryview:
+    flat = t.detach()
+    if flat.device.type != "cpu":
+        flat = flat.cpu()
+    flat = flat.contiguous().reshape(-1)
+    try:
+        return _as_memoryview(flat.view(torch.uint8).numpy())
+    except (RuntimeError, TypeError) as exc:
+        raise UnsupportedStateError(
+            f"tensor at {path!r} ({flat.dtype}) cannot be viewed as bytes: {exc}"
+        ) from exc
+
+
+def _storage_bytes(t: torch.Tensor, start: int, end: int) -> memoryview:
+    storage = t.untyped_storage()
+    whole = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage, 0, (storage.nbytes(),), (1,))
+    return _byte_view(whole[start:end], "<shared storage>")
+
+
+def _itemsize(t: torch.Tensor) -> int:
+    return t.element_size()
+
+
+def _extent(t: torch.Tensor) -> int:
+    if t.numel() == 0:
+        return 0
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+    return (last + 1) * _itemsize(t)
+
+
+def _single(leaf: TensorLeaf, blob: int) -> tuple[TensorEntry, BlobSource]:
+    value = leaf.value
+    if isinstance(value, np.ndarray):
+        array = np.ascontiguousarray(value)
+        entry = TensorEntry(leaf.path, "numpy", numpy_dtype_name(array.dtype), tuple(array.shape), blob)
+        return entry, BlobSource(
+            array.nbytes, array.itemsize, lambda: _as_memoryview(array.reshape(-1).view(np.uint8))
+        )
+    t = value
+    entry = TensorEntry(leaf.path, "torch", torch_dtype_name(t.dtype), tuple(t.shape), blob)
+    if t.element_size() == 0:
+        raise UnsupportedStateError(f"tensor at {leaf.path!r} has dtype {t.dtype} with no byte size")
+    _byte_view(t.reshape(-1)[:0], leaf.path)  # refuse unviewable dtypes before anything is written
+    return entry, BlobSource(t.numel() * _itemsize(t), _itemsize(t), lambda: _byte_view(t, leaf.path))
+
+
+def _same_view(tensors: Sequence[torch.Tensor]) -> bool:
+    first = tensors[0]
+    return all(
+        t.dtype == first.dtype and t.shape == first.shape and t.stride() == first.stride()
+        and t.storage_offset() == first.storage_offset()
+        for t in tensors[1:]
+    )
+
+
+def _shared(group: list[TensorLeaf], blob: int) -> tuple[list[TensorEntry], BlobSource]:
+    tensors = [cast(torch.Tensor, leaf.value) for leaf in group]
+    starts = [int(t.storage_offset()) * _itemsize(t) for t in tensors]
+    span_start = min(starts) - min(starts) % _SPAN_ALIGN
+    span_end = max(s + _extent(t) for s, t in zip(starts, tensors, strict=True))
+    entries = [
+        TensorEntry(
+            leaf.path, "torch", torch_dtype_name(t.dtype), tuple(t.shape), blob,
+            offset=start - span_start, stride=tuple(t.stride()),
+        )
+        for leaf, t, start in zip(group, tensors, starts, strict=True)
+    ]
+    anchor = tensors[0]
+    return entries, BlobSource(
+        span_end - span_start, _SPAN_ALIGN, lambda: _storage_bytes(anchor, span_start, span_end)
+    )
+
+
+def plan_blobs(leaves: Sequence[TensorLeaf]) -> tuple[list[TensorEntry], list[BlobSource]]:
+    """Assign every tensor leaf to a blob; views of one storage share a blob.
+
+    Returns tensor entries in leaf order and the blob sources they index.
+    """
+    groups: dict[tuple[str, int], list[int]] = {}
+    for i, leaf in enumerate(leaves):
+        value = leaf.value
+        if isinstance(value, torch.Tensor) and value.numel() > 0:
+            groups.setdefault((str(value.device), value.untyped_storage().data_ptr()), []).append(i)
+    entries: list[TensorEntry | None] = [None] * len(leaves)
+    sources: list[BlobSource] = []
+    done: set[int] = set()
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        group = [leaves[i] for i in members]
+        tensors = [cast(torch.Tensor, leaf.value) for leaf in group]
+        if _same_view(tensors) and tensors[0].is_contiguous():
+            entry, source = _single(group[0], len(sources))
+            for i, leaf in zip(members, group, strict=True):
+                entries[i] = TensorEntry(leaf.path, entry.kind, entry.dtype, entry.shape, entry.blob)
+        else:
+            shared, source = _shared(group, len(sources))
+            for i, entry in zip(members, shared, strict=True):
+                entries[i] = entry
+        sources.append(source)
+        done.update(members)
+    for i, leaf in enumerate(leaves):
+        if i not in done:
+            entries[i], source = _single(leaf, len(sources))
+            sources.append(source)
+    return [e for e in entries if e is not None], sources
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """Row-major strides (in elements) of ``shape``."""
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def tensor_from_blob(entry: TensorEntry, buffer: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
+    """Build the tensor ``entry`` describes as a view of a filled blob buffer (uint8)."""
+    if entry.kind == "numpy":
+        np_dtype = numpy_dtype(entry.dtype)
+        end = entry.offset + math.prod(entry.shape) * np_dtype.itemsize
+        flat = np.asarray(buffer).view(np.uint8)[entry.offset : end]
+        return flat.view(np_dtype).reshape(entry.shape)
+    dtype = torch_dtype(entry.dtype)
+    if not isinstance(buffer, torch.Tensor):
+        buffer = torch.from_numpy(np.asarray(buffer))
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    stride = entry.stride if entry.stride is not None else contiguous_strides(entry.shape)
+    out = torch.empty(0, dtype=dtype, device=buffer.device)
+    return out.set_(buffer.untyped_storage(), entry.offset // itemsize, entry.shape, stride)
+
+
+def can_fill_in_place(entry: TensorEntry, target: object, blob_users: int) -> bool:
+    """Whether ``target`` can receive this tensor's blob bytes directly (no second copy)."""
+    if blob_users != 1 or entry.stride is not None or entry.offset:
+        return False
+    if entry.kind == "torch":
+        return (
+            isinstance(target, torch.Tensor) and target.device.type == "cpu"
+            and target.is_contiguous() and torch_dtype_name(target.dtype) == entry.dtype
+            and tuple(target.shape) == entry.shape and not target.is_conj() and not target.is_neg()
+        )
+    return (
+        isinstance(target, np.ndarray) and target.flags.c_contiguous and target.flags.writeable
+        and numpy_dtype_name(target.dtype) == entry.dtype and tuple(target.shape) == entry.shape
+    )
+
+
+def byte_buffer(target: torch.Tensor | np.ndarray) -> memoryview:
+    """A writable byte view of a contiguous CPU tensor or array."""
+    if isinstance(target, np.ndarray):
+        return _as_memoryview(target.reshape(-1).view(np.uint8)).cast("B")
+    return _as_memoryview(target.detach().reshape(-1).view(torch.uint8).numpy()).cast("B")

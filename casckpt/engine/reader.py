@@ -1,0 +1,109 @@
+"""Reads chunks out of packs into destination buffers, verifying every byte.
+
+Chunks are located through the catalog, grouped by pack, sorted by offset and
+fetched with coalesced ranged reads (never whole packs unless needed) on the
+engine's thread pool. Each chunk is decoded and checked against its id before
+it is copied anywhere; a mismatch raises ``CorruptChunkError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from casckpt.catalog import ChunkLocation
+from casckpt.engine.context import EngineContext
+from casckpt.errors import BlobNotFoundError, MissingDataError
+from casckpt.format.pack import decode_entry
+from casckpt.types import ProgressCallback
+
+Destination = memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class _Range:
+    pack_id: str
+    key: str
+    start: int
+    end: int
+    chunks: tuple[ChunkLocation, ...]
+
+
+def _coalesce(locations: Sequence[ChunkLocation], limit: int) -> list[_Range]:
+    by_pack: dict[str, list[ChunkLocation]] = {}
+    for loc in locations:
+        by_pack.setdefault(loc.pack_id, []).append(loc)
+    ranges: list[_Range] = []
+    for pack_id, locs in by_pack.items():
+        locs.sort(key=lambda loc: loc.offset)
+        current: list[ChunkLocation] = []
+        for loc in locs:
+            span_end = loc.offset + loc.entry().span
+            if current and (loc.offset != _end(current[-1]) or span_end - current[0].offset > limit):
+                ranges.append(_make_range(pack_id, current))
+                current = []
+            current.append(loc)
+        if current:
+            ranges.append(_make_range(pack_id, current))
+    return ranges
+
+
+def _end(loc: ChunkLocation) -> int:
+    return loc.offset + loc.entry().span
+
+
+def _make_range(pack_id: str, locs: list[ChunkLocation]) -> _Range:
+    return _Range(pack_id, locs[0].pack_key, locs[0].offset, _end(locs[-1]), tuple(locs))
+
+
+def read_chunks(
+    ctx: EngineContext,
+    wanted: Mapping[bytes, list[Destination]],
+    describe: Callable[[bytes], str],
+    progress: ProgressCallback | None = None,
+) -> int:
+    """Fill every destination of every wanted chunk with its verified raw bytes.
+
+    Args:
+        wanted: chunk id -> byte views to copy the chunk into.
+        describe: names what a chunk belongs to, for error messages.
+
+    Returns:
+        Bytes read from the blob store.
+
+    Raises:
+        MissingDataError: a chunk is unknown to the catalog, or its pack is gone.
+        CorruptChunkError: stored bytes fail verification.
+    """
+    locations = ctx.catalog.find_chunks(cid.hex() for cid in wanted)
+    for cid in wanted:
+        if cid.hex() not in locations:
+            raise MissingDataError(
+                f"chunk {cid.hex()} of {describe(cid)} is not in the catalog; the version is "
+                "damaged. Run `casckpt check` and restore another version."
+            )
+    ranges = _coalesce(list(locations.values()), ctx.config.read_coalesce)
+    total = sum(r.end - r.start for r in ranges)
+    done = 0
+
+    def fetch(r: _Range) -> int:
+        try:
+            data = memoryview(ctx.blobs.get_range(r.key, r.start, r.end - r.start))
+        except BlobNotFoundError as exc:
+            raise MissingDataError(
+                f"pack {r.pack_id} holding {describe(r.chunks[0].entry().chunk_id)} is missing "
+                f"from {ctx.blobs.url}; restore another version or repair the store"
+            ) from exc
+        for loc in r.chunks:
+            entry = loc.entry()
+            part = data[loc.offset - r.start : loc.offset - r.start + entry.span]
+            raw = decode_entry(part, entry, loc.pack_id)
+            for dst in wanted[entry.chunk_id]:
+                dst[:] = raw
+        return r.end - r.start
+
+    for read in ctx.pool.map(fetch, ranges):
+        done += read
+        if progress is not None:
+            progress("read", done, total)
+    return done

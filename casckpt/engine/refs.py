@@ -1,0 +1,94 @@
+"""Refs: how users name versions.
+
+``run@step``, ``run@latest``, ``run@~N`` (N versions before the latest),
+``tag:NAME``, or a unique prefix (at least 4 hex digits) of a version id.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Any
+
+from sqlalchemy import Row
+
+from casckpt.catalog import Catalog
+from casckpt.errors import AmbiguousRefError, InvalidArgumentError, RefNotFoundError
+
+_HEX = re.compile(r"^[0-9a-f]{4,64}$")
+
+
+def _run_not_found(catalog: Catalog, ref: str, run: str) -> RefNotFoundError:
+    near = difflib.get_close_matches(run, catalog.run_names(), n=3)
+    return RefNotFoundError(ref, f"there is no run named {run!r}", [f"{n}@latest" for n in near])
+
+
+def resolve(catalog: Catalog, ref: str) -> Row[Any]:
+    """Return the catalog row of the visible version ``ref`` names.
+
+    Raises:
+        RefNotFoundError: nothing matches (with near matches when there are some).
+        AmbiguousRefError: an id prefix matches several versions.
+        InvalidArgumentError: ``ref`` is not a string.
+    """
+    if not isinstance(ref, str) or not ref:
+        raise InvalidArgumentError(f"a ref must be a non-empty str, got {ref!r}")
+    if ref.startswith("tag:"):
+        return _resolve_tag(catalog, ref, ref[4:])
+    if "@" in ref:
+        run, _, selector = ref.rpartition("@")
+        return _resolve_run(catalog, ref, run, selector)
+    if _HEX.match(ref):
+        matches = catalog.ids_with_prefix(ref)
+        if len(matches) > 1:
+            raise AmbiguousRefError(
+                f"{ref!r} matches several versions ({', '.join(m[:12] for m in matches)}); "
+                "give more digits"
+            )
+        if matches:
+            row = catalog.version(matches[0])
+            if row is not None:
+                return row
+    names = catalog.run_names()
+    if ref in names:
+        raise RefNotFoundError(ref, "a bare run name is not a ref", [f"{ref}@latest"])
+    near = [f"{n}@latest" for n in difflib.get_close_matches(ref, names, n=3)]
+    near += [f"tag:{t}" for t in difflib.get_close_matches(ref, catalog.tag_names(), n=3)]
+    raise RefNotFoundError(ref, "no version, run or tag matches (refs look like run@step, "
+                           "run@latest, run@~N, tag:NAME or an id prefix)", near)
+
+
+def _resolve_tag(catalog: Catalog, ref: str, name: str) -> Row[Any]:
+    target = catalog.tag_target(name)
+    row = catalog.version(target) if target is not None else None
+    if row is None:
+        near = difflib.get_close_matches(name, catalog.tag_names(), n=3)
+        raise RefNotFoundError(ref, f"there is no tag {name!r}", [f"tag:{n}" for n in near])
+    return row
+
+
+def _resolve_run(catalog: Catalog, ref: str, run: str, selector: str) -> Row[Any]:
+    if selector == "latest" or selector.startswith("~"):
+        back = 0
+        if selector.startswith("~"):
+            if not selector[1:].isdigit():
+                raise RefNotFoundError(ref, f"{selector!r} is not ~N with N a number", [f"{run}@~1"])
+            back = int(selector[1:])
+        row = catalog.nth_latest(run, back)
+        if row is None:
+            if run not in catalog.run_names():
+                raise _run_not_found(catalog, ref, run)
+            raise RefNotFoundError(ref, f"run {run!r} has fewer than {back + 1} versions",
+                                   [f"{run}@latest"])
+        return row
+    if not selector.lstrip("-").isdigit():
+        raise RefNotFoundError(ref, f"{selector!r} is not a step, 'latest' or ~N",
+                               [f"{run}@latest"])
+    row = catalog.at_step(run, int(selector))
+    if row is None:
+        if run not in catalog.run_names():
+            raise _run_not_found(catalog, ref, run)
+        near = catalog.steps_near(run, int(selector))
+        raise RefNotFoundError(ref, f"run {run!r} has no version at step {selector}",
+                               [f"{run}@{s}" for s in near])
+    return row

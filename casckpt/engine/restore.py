@@ -1,0 +1,205 @@
+"""Restore: manifest -> blob buffers (filled in place where possible) -> state tree.
+
+With ``into``, tensors that already exist with the right dtype and shape on
+the CPU receive their bytes directly (no second copy of the state is
+allocated); modules, optimizers and other objects with ``state_dict`` /
+``load_state_dict`` are restored through those methods, so their own checks
+(strict keys, shapes) apply.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from casckpt.engine.context import EngineContext
+from casckpt.engine.layout import byte_buffer, can_fill_in_place, tensor_from_blob
+from casckpt.engine.reader import Destination, read_chunks
+from casckpt.errors import RestoreTargetError, TensorNotFoundError
+from casckpt.format.manifest import Manifest, TensorEntry
+from casckpt.format.tree import decode_tree, iter_leaves, join_path
+from casckpt.types import ProgressCallback
+
+Buffer = torch.Tensor | np.ndarray
+
+
+def _is_stateful(obj: object) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
+def _expand(into: object) -> object:
+    """Replace every stateful object in ``into`` by its state_dict (tensors stay aliased)."""
+    if _is_stateful(into):
+        return _expand(into.state_dict())  # type: ignore[attr-defined]
+    if isinstance(into, Mapping):
+        return {k: _expand(v) for k, v in into.items()}
+    if isinstance(into, (list, tuple)):
+        return [_expand(v) for v in into]
+    return into
+
+
+def _blob_buffers(
+    manifest: Manifest, wanted: set[int], targets: Mapping[str, object]
+) -> tuple[dict[int, Buffer], dict[int, object]]:
+    users: dict[int, int] = {}
+    for t in manifest.tensors:
+        users[t.blob] = users.get(t.blob, 0) + 1
+    buffers: dict[int, Buffer] = {}
+    in_place: dict[int, object] = {}
+    for t in manifest.tensors:
+        if t.blob not in wanted or t.blob in buffers:
+            continue
+        target = targets.get(t.path)
+        if target is not None and can_fill_in_place(t, target, users[t.blob]):
+            in_place[t.blob] = target
+            buffers[t.blob] = target  # type: ignore[assignment]
+        elif t.kind == "numpy":
+            buffers[t.blob] = np.empty(manifest.blobs[t.blob].nbytes, dtype=np.uint8)
+        else:
+            buffers[t.blob] = torch.empty(manifest.blobs[t.blob].nbytes, dtype=torch.uint8)
+    return buffers, in_place
+
+
+def _fill(
+    ctx: EngineContext, manifest: Manifest, buffers: Mapping[int, Buffer],
+    progress: ProgressCallback | None,
+) -> None:
+    wanted: dict[bytes, list[Destination]] = {}
+    owner: dict[bytes, str] = {}
+    paths = {t.blob: t.path for t in manifest.tensors}
+    for index, buffer in buffers.items():
+        blob = manifest.blobs[index]
+        view = byte_buffer(buffer)
+        for i, cid in enumerate(blob.chunks):
+            start = i * blob.chunk_size
+            end = min(start + blob.chunk_size, blob.nbytes)
+            wanted.setdefault(cid, []).append(view[start:end])
+            owner.setdefault(cid, f"tensor {paths[index]!r} of {manifest.run}@{manifest.step}")
+    read_chunks(ctx, wanted, lambda cid: owner[cid], progress)
+
+
+def materialize(
+    ctx: EngineContext, manifest: Manifest, *, targets: Mapping[str, object] | None = None,
+    map_location: Any = None, progress: ProgressCallback | None = None,
+) -> object:
+    """Read every tensor of ``manifest`` and rebuild the state tree."""
+    buffers, in_place = _blob_buffers(manifest, set(range(len(manifest.blobs))), targets or {})
+    _fill(ctx, manifest, buffers, progress)
+    if map_location is not None:
+        buffers = {
+            i: b.to(map_location) if isinstance(b, torch.Tensor) and i not in in_place else b
+            for i, b in buffers.items()
+        }
+
+    def tensor(i: int, path: str) -> object:
+        entry = manifest.tensors[i]
+        if entry.blob in in_place:
+            return in_place[entry.blob]
+        return tensor_from_blob(entry, buffers[entry.blob])
+
+    return decode_tree(manifest.root, tensor)
+
+
+def load_tensor(
+    ctx: EngineContext, manifest: Manifest, path: str, map_location: Any = None
+) -> torch.Tensor | np.ndarray:
+    """Read one tensor, fetching only its own chunks."""
+    entry = _find_tensor(manifest, path)
+    buffers, _ = _blob_buffers(manifest, {entry.blob}, {})
+    _fill(ctx, manifest, buffers, None)
+    out = tensor_from_blob(entry, buffers[entry.blob])
+    if isinstance(out, torch.Tensor) and map_location is not None:
+        return out.to(map_location)
+    return out
+
+
+def _find_tensor(manifest: Manifest, path: str) -> TensorEntry:
+    for t in manifest.tensors:
+        if t.path == path:
+            return t
+    near = difflib.get_close_matches(path, [t.path for t in manifest.tensors], n=3)
+    hint = f" Did you mean: {', '.join(near)}?" if near else ""
+    raise TensorNotFoundError(
+        f"version {manifest.run}@{manifest.step} has no tensor at {path!r}.{hint}"
+    )
+
+
+def restore_into(
+    ctx: EngineContext, manifest: Manifest, into: object, *, map_location: Any = None,
+    progress: ProgressCallback | None = None,
+) -> object:
+    """Restore into existing objects (see module docstring); returns the updated ``into``."""
+    expanded = _expand(into)
+    targets = {p: v for p, v in iter_leaves(expanded) if isinstance(v, (torch.Tensor, np.ndarray))}
+    tree = materialize(ctx, manifest, targets=targets, map_location=map_location, progress=progress)
+    return _merge(into, tree, "")
+
+
+def _merge(into: object, stored: object, path: str) -> object:
+    if _is_stateful(into):
+        try:
+            into.load_state_dict(stored)  # type: ignore[attr-defined]
+        except (RuntimeError, KeyError, ValueError, TypeError) as exc:
+            raise RestoreTargetError(
+                f"{type(into).__name__} at {path or '<root>'!r} refused the stored state: {exc}"
+            ) from exc
+        return into
+    if isinstance(into, dict):
+        return _merge_dict(into, stored, path)
+    if isinstance(into, (list, tuple)):
+        if not isinstance(stored, (list, tuple)) or len(stored) != len(into):
+            raise RestoreTargetError(
+                f"{path or '<root>'!r} holds a sequence of {len(into)} items but the stored state "
+                f"has {type(stored).__name__}; pass a matching structure or into=None"
+            )
+        merged = [_merge(a, b, join_path(path, i)) for i, (a, b) in enumerate(zip(into, stored, strict=True))]
+        if isinstance(into, list):
+            into[:] = merged
+            return into
+        return tuple(merged)
+    if isinstance(into, torch.Tensor):
+        return _merge_tensor(into, stored, path)
+    if isinstance(into, np.ndarray) and isinstance(stored, np.ndarray):
+        if stored is not into:
+            if stored.shape != into.shape or stored.dtype != into.dtype:
+                raise RestoreTargetError(f"array at {path!r}: stored {stored.dtype}{stored.shape}, "
+                                         f"target {into.dtype}{into.shape}")
+            np.copyto(into, stored)
+        return into
+    return stored
+
+
+def _merge_dict(into: dict[Any, Any], stored: object, path: str) -> object:
+    if not isinstance(stored, dict):
+        raise RestoreTargetError(
+            f"{path or '<root>'!r} is a dict in `into` but the stored state has "
+            f"{type(stored).__name__}; pass a matching structure or into=None"
+        )
+    missing = [k for k in into if k not in stored]
+    if missing:
+        raise RestoreTargetError(
+            f"the stored state has no {', '.join(repr(join_path(path, k)) for k in missing[:5])}"
+            f"{' ...' if len(missing) > 5 else ''}; remove those keys from `into` or restore "
+            "another version"
+        )
+    for key, value in stored.items():
+        into[key] = _merge(into[key], value, join_path(path, key)) if key in into else value
+    return into
+
+
+def _merge_tensor(into: torch.Tensor, stored: object, path: str) -> torch.Tensor:
+    if stored is into:
+        return into
+    if not isinstance(stored, torch.Tensor) or stored.shape != into.shape or stored.dtype != into.dtype:
+        desc = f"{stored.dtype}{tuple(stored.shape)}" if isinstance(stored, torch.Tensor) else type(stored).__name__
+        raise RestoreTargetError(
+            f"tensor at {path!r}: stored {desc}, target {into.dtype}{tuple(into.shape)}; "
+            "restore with into=None to get the stored tensor as is"
+        )
+    with torch.no_grad():
+        into.copy_(stored)
+    return into

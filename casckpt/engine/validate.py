@@ -1,0 +1,79 @@
+"""Checks on commit arguments, done before anything is written."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from casckpt.errors import InvalidArgumentError, InvalidNameError
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_name(name: object, what: str) -> str:
+    """Validate a run or tag name: 1-128 of ``[A-Za-z0-9._-]``, starting alphanumeric.
+
+    Such names can never form a path (no '/', no '..' component), so no name
+    can escape a directory wherever it is used.
+    """
+    if not isinstance(name, str) or not _NAME.match(name) or ".." in name:
+        raise InvalidNameError(
+            f"invalid {what} name {name!r}: use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit (no '/', no '..')"
+        )
+    return name
+
+
+def check_step(step: object) -> int:
+    """Validate a step: a non-negative int."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise InvalidArgumentError(f"step must be a non-negative int, got {step!r}")
+    return int(step)
+
+
+def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Validate metadata: a JSON-serialisable dict with str keys."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping) or not all(isinstance(k, str) for k in metadata):
+        raise InvalidArgumentError("metadata must be a dict with str keys")
+    try:
+        out: dict[str, Any] = json.loads(json.dumps(dict(metadata), allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(
+            f"metadata must be JSON-serialisable (str, finite numbers, bool, None, lists, dicts): {exc}"
+        ) from exc
+    return out
+
+
+def check_metrics(metrics: Mapping[str, Any] | None) -> dict[str, float]:
+    """Validate metrics: str keys, finite real numbers."""
+    if metrics is None:
+        return {}
+    if not isinstance(metrics, Mapping):
+        raise InvalidArgumentError("metrics must be a dict of name -> number")
+    out: dict[str, float] = {}
+    for key, value in metrics.items():
+        if not isinstance(key, str) or not key:
+            raise InvalidArgumentError(f"metric name {key!r} must be a non-empty str")
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(f"metric {key!r} must be a number, got {value!r}") from None
+        if isinstance(value, bool) or not math.isfinite(number):
+            raise InvalidArgumentError(
+                f"metric {key!r} is {value!r}; metrics must be finite numbers "
+                "(record a diverged value in metadata instead)"
+            )
+        out[key] = number
+    return out
+
+
+def check_tags(tags: Iterable[str]) -> tuple[str, ...]:
+    """Validate tag names."""
+    if isinstance(tags, str):
+        tags = (tags,)
+    return tuple(check_name(t, "tag") for t in tags)

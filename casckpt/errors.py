@@ -1,0 +1,114 @@
+"""The casckpt error hierarchy.
+
+Every error casckpt raises on purpose is a :class:`CasckptError`. Subclasses
+also subclass the matching builtin (``KeyError``, ``ValueError``, ``OSError``),
+so callers can catch either. Messages say what went wrong *and* what to do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class CasckptError(Exception):
+    """Root of every error casckpt raises on purpose."""
+
+
+class UnsupportedStateError(CasckptError, TypeError):
+    """The state tree holds an object casckpt cannot store faithfully."""
+
+
+class InvalidNameError(CasckptError, ValueError):
+    """A run name, tag name or state key is not allowed (it could escape a directory)."""
+
+
+class InvalidArgumentError(CasckptError, ValueError):
+    """An argument has the wrong type or value."""
+
+
+class NotAStoreError(CasckptError, FileNotFoundError):
+    """A path that should hold a store does not hold one."""
+
+
+class SchemaTooNewError(CasckptError, RuntimeError):
+    """The catalog was written by a newer casckpt than this one."""
+
+
+class CatalogError(CasckptError, RuntimeError):
+    """The catalog database failed or holds something inconsistent."""
+
+
+class RefNotFoundError(CasckptError, KeyError):
+    """A ref names no version."""
+
+    def __init__(self, ref: str, reason: str, near: Sequence[str] = ()) -> None:
+        self.ref = ref
+        self.near = tuple(near)
+        hint = f" Did you mean: {', '.join(self.near)}?" if self.near else ""
+        super().__init__(f"{ref!r}: {reason}.{hint}")
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+class VersionNotFound(RefNotFoundError):
+    """Alias kept for readability at call sites: a ref that resolves to no version."""
+
+
+class AmbiguousRefError(CasckptError, KeyError):
+    """An id prefix matches more than one version."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class TensorNotFoundError(CasckptError, KeyError):
+    """A version holds no tensor at the requested path."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class VersionExistsError(CasckptError, ValueError):
+    """A run already has a version at the step being committed."""
+
+
+class RestoreTargetError(CasckptError, ValueError):
+    """``into`` does not match the stored state (missing keys, wrong shapes or dtypes)."""
+
+
+class IntegrityError(CasckptError, ValueError):
+    """Stored bytes are not what they should be."""
+
+
+class CorruptChunkError(IntegrityError):
+    """A chunk's bytes do not hash to its id, or its record is damaged."""
+
+    def __init__(self, message: str, *, pack_id: str | None = None, chunk_id: str | None = None):
+        self.pack_id = pack_id
+        self.chunk_id = chunk_id
+        super().__init__(message)
+
+
+class CorruptPackError(IntegrityError):
+    """A pack is truncated, forged, or its footer does not match its contents."""
+
+
+class CorruptManifestError(IntegrityError):
+    """A manifest cannot be decoded or does not hash to its version id."""
+
+
+class MissingDataError(IntegrityError):
+    """A chunk, pack or manifest the catalog references is not in the blob store."""
+
+
+class StorageError(CasckptError, OSError):
+    """A blob store operation failed."""
+
+
+class RetryableStorageError(StorageError):
+    """A blob store operation failed in a way that may succeed if tried again."""
+
+
+class BlobNotFoundError(StorageError, FileNotFoundError):
+    """The blob store holds no object under the requested key."""

@@ -1,0 +1,1 @@
+"""Byte formats: chunk ids, chunk codecs, packs, manifests and state trees. No I/O here."""

@@ -1,0 +1,44 @@
+"""Chunk ids and chunk boundaries.
+
+A chunk is a fixed-size, element-aligned slice of one tensor's bytes, starting
+at byte 0. Its id is BLAKE3 (derive-key mode, a fixed context string) of its raw
+bytes, so an id can never collide with a hash of anything else casckpt stores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from blake3 import blake3
+
+CHUNK_ID_CONTEXT = "casckpt 2026-11-29 chunk id v1"
+OBJECT_ID_CONTEXT = "casckpt 2026-11-29 object id v1"
+ID_BYTES = 32
+
+
+def chunk_id(data: bytes | memoryview) -> bytes:
+    """Return the 32-byte id of a chunk's raw bytes."""
+    return blake3(data, derive_key_context=CHUNK_ID_CONTEXT).digest()
+
+
+def object_hasher() -> blake3:
+    """A streaming hasher for pack and manifest ids (a different context from chunk ids)."""
+    return blake3(derive_key_context=OBJECT_ID_CONTEXT)
+
+
+def object_id(data: bytes | memoryview) -> str:
+    """Return the hex id of a whole object (manifest, pack)."""
+    hasher = object_hasher()
+    hasher.update(data)
+    return hasher.hexdigest()
+
+
+def aligned_chunk_size(chunk_size: int, align: int) -> int:
+    """Round ``chunk_size`` down to a whole number of ``align``-byte elements (at least one)."""
+    return max(align, chunk_size - chunk_size % align)
+
+
+def chunk_spans(nbytes: int, chunk_size: int) -> Iterator[tuple[int, int]]:
+    """Yield ``(start, end)`` byte offsets of the chunks of an ``nbytes`` blob."""
+    for start in range(0, nbytes, chunk_size):
+        yield start, min(start + chunk_size, nbytes)

@@ -1,0 +1,121 @@
+"""Chunk codecs: how a chunk's raw bytes are encoded inside a pack.
+
+Each codec has a one-byte id recorded in the chunk's pack header and catalog
+row, so a pack is decodable on its own. Byte grouping (all first bytes of each
+element, then all second bytes, ...) puts the slowly varying sign/exponent
+bytes of floats next to each other, which zstd then compresses well.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+import zstandard
+
+from casckpt.errors import CorruptChunkError
+
+_SAMPLE_BYTES = 64 * 1024
+
+
+class Codec(enum.IntEnum):
+    """Chunk encodings; the value is what packs and the catalog record."""
+
+    RAW = 0
+    ZSTD = 1
+    GROUP2_ZSTD = 2
+    GROUP4_ZSTD = 3
+    GROUP8_ZSTD = 4
+
+    @property
+    def group(self) -> int:
+        """Bytes per element grouped before compression (1: no grouping)."""
+        return {Codec.GROUP2_ZSTD: 2, Codec.GROUP4_ZSTD: 4, Codec.GROUP8_ZSTD: 8}.get(self, 1)
+
+
+_GROUPED = {2: Codec.GROUP2_ZSTD, 4: Codec.GROUP4_ZSTD, 8: Codec.GROUP8_ZSTD}
+
+
+@dataclass(frozen=True, slots=True)
+class CompressionPolicy:
+    """When to compress a chunk.
+
+    Attributes:
+        level: zstd level (1 is fast and already near the ratio of higher levels on weights).
+        min_saving: store raw unless the encoding saves at least this fraction.
+        enabled: False stores every chunk raw.
+    """
+
+    level: int = 1
+    min_saving: float = 0.10
+    enabled: bool = True
+
+
+def _group(data: memoryview | bytes, width: int) -> bytes:
+    array = np.frombuffer(data, dtype=np.uint8).reshape(-1, width)
+    return bytes(array.T.tobytes())
+
+
+def _ungroup(data: bytes, width: int) -> bytes:
+    array = np.frombuffer(data, dtype=np.uint8).reshape(width, -1)
+    return bytes(array.T.tobytes())
+
+
+def _compress(data: memoryview | bytes, codec: Codec, level: int) -> bytes:
+    payload = _group(data, codec.group) if codec.group > 1 else data
+    return zstandard.ZstdCompressor(level=level).compress(payload)
+
+
+def encode_chunk(
+    data: memoryview | bytes, element_size: int, policy: CompressionPolicy
+) -> tuple[Codec, memoryview | bytes]:
+    """Encode one chunk, choosing the codec that pays.
+
+    A 64 KiB sample is compressed first so incompressible data (trained float
+    weights, random bytes) costs one small probe instead of a full compression.
+
+    Returns:
+        ``(codec, payload)``; ``payload`` is ``data`` itself when stored raw.
+    """
+    size = len(data)
+    if not policy.enabled or size < 64:
+        return Codec.RAW, data
+    codec = _GROUPED.get(element_size, Codec.ZSTD)
+    if size % codec.group:
+        codec = Codec.ZSTD
+    threshold = 1.0 - policy.min_saving
+    if size > _SAMPLE_BYTES:
+        sample_len = _SAMPLE_BYTES - _SAMPLE_BYTES % codec.group
+        sample = memoryview(data)[:sample_len]
+        if len(_compress(sample, codec, policy.level)) > threshold * sample_len:
+            return Codec.RAW, data
+    payload = _compress(data, codec, policy.level)
+    if len(payload) > threshold * size:
+        return Codec.RAW, data
+    return codec, payload
+
+
+def decode_chunk(codec: int, payload: bytes | memoryview, raw_len: int) -> bytes | memoryview:
+    """Decode a chunk payload back to its ``raw_len`` raw bytes.
+
+    Raises:
+        CorruptChunkError: unknown codec, or the payload does not decode to ``raw_len`` bytes.
+    """
+    try:
+        kind = Codec(codec)
+    except ValueError:
+        raise CorruptChunkError(
+            f"unknown chunk codec {codec}; the pack was written by a newer casckpt or is damaged"
+        ) from None
+    if kind is Codec.RAW:
+        if len(payload) != raw_len:
+            raise CorruptChunkError(f"raw chunk holds {len(payload)} bytes, expected {raw_len}")
+        return payload
+    try:
+        out = zstandard.ZstdDecompressor().decompress(payload, max_output_size=raw_len)
+    except zstandard.ZstdError as exc:
+        raise CorruptChunkError(f"chunk payload does not decompress: {exc}") from exc
+    if len(out) != raw_len:
+        raise CorruptChunkError(f"chunk decoded to {len(out)} bytes, expected {raw_len}")
+    return _ungroup(out, kind.group) if kind.group > 1 else out

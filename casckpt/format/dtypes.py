@@ -1,0 +1,62 @@
+"""Dtype names as manifests record them, and the mapping back, by lookup only."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from casckpt.errors import CorruptManifestError
+
+_QUANTIZED = {"qint8", "quint8", "qint32", "quint4x2", "quint2x4"}
+
+
+def _torch_dtypes() -> dict[str, torch.dtype]:
+    found: dict[str, torch.dtype] = {}
+    for name in dir(torch):
+        value = getattr(torch, name, None)
+        if isinstance(value, torch.dtype) and name not in _QUANTIZED:
+            canonical = str(value).removeprefix("torch.")
+            found.setdefault(canonical, value)
+    return found
+
+
+TORCH_DTYPES: dict[str, torch.dtype] = _torch_dtypes()
+
+
+def torch_dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype a manifest names; never evaluates the name."""
+    try:
+        return TORCH_DTYPES[name]
+    except KeyError:
+        raise CorruptManifestError(
+            f"manifest names torch dtype {name!r}, which this torch ({torch.__version__}) lacks; "
+            "upgrade torch or restore with a matching version"
+        ) from None
+
+
+def numpy_dtype_name(dtype: np.dtype) -> str:
+    """``float32`` little-endian -> ``"<f4"`` (byte order kept)."""
+    return str(dtype.str)
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype a manifest names, limited to bool/int/uint/float/complex."""
+    try:
+        dtype = np.dtype(name)
+    except TypeError:
+        raise CorruptManifestError(f"manifest names an invalid numpy dtype {name!r}") from None
+    if dtype.kind not in "biufc" or dtype.fields is not None or name != dtype.str:
+        raise CorruptManifestError(f"manifest names a numpy dtype casckpt does not store: {name!r}")
+    return dtype
+
+
+def element_size(kind: str, name: str) -> int:
+    """Bytes per element of a dtype named in a manifest."""
+    if kind == "torch":
+        return torch.empty((), dtype=torch_dtype(name)).element_size()
+    return numpy_dtype(name).itemsize

@@ -1,0 +1,253 @@
+"""State trees: validation, flattening into typed JSON nodes, and rebuilding.
+
+A state tree is nested ``dict`` / ``list`` / ``tuple`` of torch tensors, numpy
+arrays and plain values (``None``, ``bool``, ``int``, ``float``, ``str``,
+``bytes``) with ``str`` or ``int`` dict keys. :func:`encode_tree` turns it into
+a JSON-able node tree in which every tensor is replaced by an index into a
+list of :class:`TensorLeaf`; nothing is pickled, and every value type survives
+exactly (int keys, tuples, bytes, ``-0.0``, NaN payloads).
+
+This module does no I/O.
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from casckpt.errors import CorruptManifestError, InvalidNameError, UnsupportedStateError
+
+Node = dict[str, Any]
+TensorKind = Literal["torch", "numpy"]
+
+_FORBIDDEN_KEY_CHARS = frozenset("/\\") | {chr(c) for c in range(32)} | {"\x7f"}
+
+
+@dataclass(frozen=True, slots=True)
+class TensorLeaf:
+    """A tensor found in a state tree, with the dotted path that names it."""
+
+    path: str
+    kind: TensorKind
+    value: torch.Tensor | np.ndarray
+
+
+def join_path(prefix: str, key: str | int) -> str:
+    """Extend a dotted tensor path (``model.layers.0.weight``) by one key."""
+    return f"{prefix}.{key}" if prefix else str(key)
+
+
+def check_key(key: str, where: str) -> None:
+    """Refuse dict keys that could escape a directory if a path were ever built from them.
+
+    Raises:
+        InvalidNameError: ``key`` is empty, ``.``/``..``, or holds ``/``, ``\\``
+            or a control character.
+    """
+    if key in ("", ".", "..") or any(ch in _FORBIDDEN_KEY_CHARS for ch in key):
+        raise InvalidNameError(
+            f"state key {key!r} under {where or '<root>'!r} cannot be stored: keys must not be "
+            "empty, '.' or '..', nor contain '/', '\\' or control characters, because tensor "
+            "paths are used as names on export. Rename the key."
+        )
+
+
+def _float_bits(value: float) -> str:
+    return struct.pack(">d", value).hex()
+
+
+def _float_from_bits(bits: str) -> float:
+    value: float = struct.unpack(">d", bytes.fromhex(bits))[0]
+    return value
+
+
+def _describe(obj: object) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def _check_tensor(t: torch.Tensor, path: str) -> None:
+    if t.layout != torch.strided:
+        raise UnsupportedStateError(
+            f"tensor at {path!r} has layout {t.layout}; only dense (strided) tensors can be "
+            "stored. Convert it with .to_dense() before committing."
+        )
+    if t.is_quantized:
+        raise UnsupportedStateError(
+            f"tensor at {path!r} is quantized ({t.dtype}); store its int_repr(), scale and "
+            "zero_point instead."
+        )
+    if t.device.type == "meta":
+        raise UnsupportedStateError(
+            f"tensor at {path!r} is on the meta device and holds no data; materialise it first."
+        )
+    if type(t) not in (torch.Tensor, torch.nn.Parameter):
+        raise UnsupportedStateError(
+            f"tensor at {path!r} is a {_describe(t)}; only plain torch.Tensor and "
+            "nn.Parameter are supported in this version. Convert it to a local tensor first."
+        )
+
+
+def _check_array(a: np.ndarray, path: str) -> None:
+    if a.dtype.kind not in "biufc" or a.dtype.fields is not None:
+        raise UnsupportedStateError(
+            f"numpy array at {path!r} has dtype {a.dtype}; only bool, integer, float and "
+            "complex arrays can be stored (object and structured arrays cannot be loaded "
+            "without executing code). Convert it to a numeric array."
+        )
+
+
+def encode_tree(state: object) -> tuple[Node, list[TensorLeaf]]:
+    """Validate ``state`` and encode it as a JSON-able node tree.
+
+    Returns:
+        ``(root, leaves)``: ``root`` is the node tree, in which every tensor is
+        ``{"t": "tensor", "i": n}`` with ``leaves[n]`` the tensor found there.
+
+    Raises:
+        UnsupportedStateError: an object of an unsupported type, naming its path and type.
+        InvalidNameError: a dict key that could escape a directory.
+    """
+    leaves: list[TensorLeaf] = []
+    active: set[int] = set()
+
+    def enc(obj: object, path: str) -> Node:
+        if obj is None:
+            return {"t": "none"}
+        if isinstance(obj, bool):
+            return {"t": "bool", "v": obj}
+        if isinstance(obj, int):
+            return {"t": "int", "v": int(obj)}
+        if isinstance(obj, float):
+            return {"t": "float", "v": _float_bits(float(obj))}
+        if isinstance(obj, str):
+            return {"t": "str", "v": str(obj)}
+        if isinstance(obj, (bytes, bytearray)):
+            return {"t": "bytes", "v": base64.b64encode(bytes(obj)).decode("ascii")}
+        if isinstance(obj, torch.Tensor):
+            _check_tensor(obj, path)
+            leaves.append(TensorLeaf(path, "torch", obj))
+            return {"t": "tensor", "i": len(leaves) - 1}
+        if isinstance(obj, np.ndarray):
+            _check_array(obj, path)
+            leaves.append(TensorLeaf(path, "numpy", obj))
+            return {"t": "tensor", "i": len(leaves) - 1}
+        if isinstance(obj, (dict, list, tuple)):
+            if id(obj) in active:
+                raise UnsupportedStateError(
+                    f"the state tree contains itself at {path!r}; remove the cycle."
+                )
+            active.add(id(obj))
+            try:
+                return enc_container(obj, path)
+            finally:
+                active.discard(id(obj))
+        raise UnsupportedStateError(
+            f"cannot store the {_describe(obj)} at {path or '<root>'!r}: supported leaves are "
+            "torch tensors, numpy arrays, None, bool, int, float, str and bytes, in nested "
+            "dict/list/tuple. Convert it (e.g. call its state_dict()) before committing."
+        )
+
+    def enc_container(obj: dict[Any, Any] | list[Any] | tuple[Any, ...], path: str) -> Node:
+        if isinstance(obj, dict):
+            keys: list[Any] = []
+            values: list[Node] = []
+            for key, value in obj.items():
+                if isinstance(key, bool) or not isinstance(key, (str, int)):
+                    raise UnsupportedStateError(
+                        f"dict key {key!r} ({_describe(key)}) under {path or '<root>'!r} is not "
+                        "supported: keys must be str or int."
+                    )
+                if isinstance(key, str):
+                    check_key(key, path)
+                    keys.append(str(key))
+                else:
+                    keys.append({"i": int(key)})
+                values.append(enc(value, join_path(path, key)))
+            return {"t": "dict", "k": keys, "v": values}
+        items = [enc(v, join_path(path, i)) for i, v in enumerate(obj)]
+        return {"t": "tuple" if isinstance(obj, tuple) else "list", "v": items}
+
+    return enc(state, ""), leaves
+
+
+def decode_tree(root: Node, tensor: Callable[[int, str], object]) -> object:
+    """Rebuild a state tree from ``root``; ``tensor(i, path)`` supplies tensor ``i``.
+
+    Raises:
+        CorruptManifestError: a node is malformed.
+    """
+
+    def dec(node: Any, path: str) -> object:
+        if not isinstance(node, dict):
+            raise CorruptManifestError(f"manifest node at {path!r} is not an object")
+        kind = node.get("t")
+        try:
+            if kind == "none":
+                return None
+            if kind == "bool":
+                return bool(node["v"])
+            if kind == "int":
+                if not isinstance(node["v"], int):
+                    raise TypeError("int node without an int")
+                return int(node["v"])
+            if kind == "float":
+                return _float_from_bits(node["v"])
+            if kind == "str":
+                return str(node["v"])
+            if kind == "bytes":
+                return base64.b64decode(node["v"], validate=True)
+            if kind == "tensor":
+                return tensor(int(node["i"]), path)
+            if kind == "dict":
+                out: dict[Any, Any] = {}
+                for key, value in zip(node["k"], node["v"], strict=True):
+                    k = int(key["i"]) if isinstance(key, dict) else str(key)
+                    out[k] = dec(value, join_path(path, k))
+                return out
+            if kind in ("list", "tuple"):
+                items = [dec(v, join_path(path, i)) for i, v in enumerate(node["v"])]
+                return tuple(items) if kind == "tuple" else items
+        except (KeyError, TypeError, ValueError, struct.error) as exc:
+            raise CorruptManifestError(f"manifest node at {path!r} is malformed: {exc}") from exc
+        raise CorruptManifestError(f"manifest node at {path!r} has unknown type {kind!r}")
+
+    return dec(root, "")
+
+
+def iter_values(root: Node) -> Iterator[tuple[str, object]]:
+    """Yield ``(path, value)`` for every plain (non-tensor, non-container) leaf of ``root``."""
+    stack: list[tuple[str, Any]] = [("", root)]
+    while stack:
+        path, node = stack.pop()
+        kind = node.get("t")
+        if kind == "dict":
+            for key, value in reversed(list(zip(node["k"], node["v"], strict=True))):
+                k = key["i"] if isinstance(key, dict) else key
+                stack.append((join_path(path, k), value))
+        elif kind in ("list", "tuple"):
+            for i, value in reversed(list(enumerate(node["v"]))):
+                stack.append((join_path(path, i), value))
+        elif kind != "tensor":
+            yield path, decode_tree(node, _no_tensor)
+
+
+def _no_tensor(i: int, path: str) -> object:
+    raise CorruptManifestError(f"unexpected tensor at {path!r}")
+
+
+def iter_leaves(tree: object, prefix: str = "") -> Iterator[tuple[str, object]]:
+    """Yield ``(dotted_path, leaf)`` for every non-container leaf of a state tree."""
+    if isinstance(tree, Mapping):
+        for key, value in tree.items():
+            yield from iter_leaves(value, join_path(prefix, key))
+    elif isinstance(tree, (list, tuple)):
+        for i, value in enumerate(tree):
+            yield from iter_leaves(value, join_path(prefix, i))
+    else:
+        yield prefix, tree

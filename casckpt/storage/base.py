@@ -1,0 +1,71 @@
+"""The narrow BlobStore protocol every backend implements.
+
+Keys are relative, '/'-separated, lower-case ASCII (``packs/ab/<id>``,
+``manifests/<id>``). Objects are immutable once written: ``put`` of an
+existing key with the same content is a no-op in effect (content addressing
+makes every key's content unique), which makes retries safe.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from casckpt.errors import InvalidNameError
+
+_KEY = re.compile(r"^[a-z0-9_-]+(/[a-z0-9._-]+)*$")
+
+
+def check_key(key: str) -> str:
+    """Return ``key`` if it is a safe relative object key, else raise InvalidNameError."""
+    if not _KEY.match(key) or ".." in key.split("/"):
+        raise InvalidNameError(f"invalid object key {key!r}: it could escape the blob location")
+    return key
+
+
+@dataclass(frozen=True, slots=True)
+class BlobInfo:
+    """One object in a listing."""
+
+    key: str
+    size: int
+    mtime: float
+
+
+@runtime_checkable
+class BlobStore(Protocol):
+    """Immutable object storage for packs and manifests.
+
+    Implementations are thread-safe: the engine calls them from its I/O pool.
+    Every method raises :class:`~casckpt.errors.StorageError` (or
+    ``BlobNotFoundError`` for a missing key) and nothing else.
+    """
+
+    url: str
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        """Store ``data`` under ``key`` durably and atomically (all or nothing)."""
+
+    def put_file(self, key: str, path: Path) -> None:
+        """Store the finished local file ``path`` under ``key``; ``path`` may be consumed."""
+
+    def get(self, key: str) -> bytes:
+        """Return the whole object."""
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        """Return ``length`` bytes from ``offset`` (fewer if the object is shorter)."""
+
+    def size(self, key: str) -> int | None:
+        """Return the object's size, or None if there is no such object."""
+
+    def list(self, prefix: str = "") -> Iterator[BlobInfo]:
+        """Yield every object whose key starts with ``prefix``."""
+
+    def delete(self, key: str) -> None:
+        """Remove the object; a missing key is not an error."""
+
+    def close(self) -> None:
+        """Release clients and file handles."""

@@ -1,0 +1,168 @@
+"""Public value types returned by :class:`casckpt.Store`.
+
+All are frozen, slotted dataclasses: safe to share between threads, cheap to
+build, and convertible to plain JSON with :meth:`to_dict` (the CLI's ``--json``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+ProgressCallback = Callable[[str, int, int], None]
+"""``callback(phase, done, total)``: called from the calling thread as work advances.
+
+``phase`` names the stage (``"hash"``, ``"write"``, ``"read"``, ``"check"``);
+``done`` and ``total`` are bytes for data stages and items otherwise.
+"""
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+class _ToDict:
+    __slots__ = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-serialisable dict of this value."""
+        result: dict[str, Any] = _jsonable(self)
+        return result
+
+
+@dataclass(frozen=True, slots=True)
+class Version(_ToDict):
+    """One committed checkpoint.
+
+    Attributes:
+        id: 64 hex digits, BLAKE3 of the version's manifest; any unique prefix is a ref.
+        run: the run the version belongs to.
+        step: the training step it was committed at (unique within the run).
+        created_at: when the commit started (UTC).
+        logical_bytes: bytes of tensor data in the state tree.
+        new_bytes: raw bytes of chunks the store did not hold before this commit.
+        stored_bytes: bytes actually written for those chunks, after compression.
+        duration_s: wall time of the commit.
+        parent: id of the previous version of the run (None for the first).
+        tags: tag names pointing at this version.
+        metadata, metrics, message: what the caller passed to ``commit``.
+    """
+
+    id: str
+    run: str
+    step: int
+    created_at: datetime
+    logical_bytes: int
+    new_bytes: int
+    stored_bytes: int
+    duration_s: float
+    parent: str | None = None
+    tags: tuple[str, ...] = ()
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    message: str | None = None
+
+    @property
+    def short_id(self) -> str:
+        """The first 12 hex digits of :attr:`id`."""
+        return self.id[:12]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo(_ToDict):
+    """One tensor of a version, as the catalog records it."""
+
+    path: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    chunks: int
+    digest: str
+
+
+@dataclass(frozen=True, slots=True)
+class VersionDetail(_ToDict):
+    """A version together with its tensors and plain values (``Store.show``)."""
+
+    version: Version
+    tensors: tuple[TensorInfo, ...]
+    values: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo(_ToDict):
+    """A run and a summary of its versions."""
+
+    name: str
+    created_at: datetime
+    versions: int
+    latest_step: int | None
+    latest_id: str | None
+    logical_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats(_ToDict):
+    """Space accounting for the whole store.
+
+    ``logical_bytes`` sums every version's tensor bytes (what N torch.save files
+    would hold); ``unique_bytes`` is the raw size of distinct chunks;
+    ``stored_bytes`` what the packs hold after compression.
+    """
+
+    runs: int
+    versions: int
+    tags: int
+    chunks: int
+    packs: int
+    logical_bytes: int
+    unique_bytes: int
+    stored_bytes: int
+    pack_bytes: int
+
+    @property
+    def dedup_ratio(self) -> float:
+        """Logical bytes per unique byte (higher is better)."""
+        return self.logical_bytes / self.unique_bytes if self.unique_bytes else 1.0
+
+    @property
+    def compression_ratio(self) -> float:
+        """Unique bytes per stored byte (higher is better)."""
+        return self.unique_bytes / self.stored_bytes if self.stored_bytes else 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class CheckProblem(_ToDict):
+    """One inconsistency found by ``Store.check``."""
+
+    kind: str
+    subject: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class CheckReport(_ToDict):
+    """What ``Store.check`` looked at and what it found."""
+
+    versions: int
+    packs: int
+    chunks: int
+    chunks_read: int
+    bytes_read: int
+    problems: tuple[CheckProblem, ...]
+
+    @property
+    def ok(self) -> bool:
+        """True when no problem was found."""
+        return not self.problems
