@@ -31,14 +31,14 @@ class IndexCache:
     """
 
     def __init__(self, path: Path, store_id: str, *, map_size: int = DEFAULT_MAP_SIZE) -> None:
-        path.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._env: lmdb.Environment | None = None
         try:
+            path.mkdir(parents=True, exist_ok=True)
             self._env = lmdb.open(str(path), map_size=map_size, max_dbs=2, max_readers=256)
             self._chunks = self._env.open_db(b"chunks")
             self._bind(store_id.encode())
-        except lmdb.Error as exc:
+        except (lmdb.Error, OSError) as exc:
             log.warning("index cache at %s unusable, continuing without it: %s", path, exc)
             self._env = None
 
