@@ -52,7 +52,8 @@ class Version(_ToDict):
         created_at: when the commit started (UTC).
         logical_bytes: bytes of tensor data in the state tree.
         new_bytes: raw bytes of chunks the store did not hold before this commit.
-        stored_bytes: bytes actually written for those chunks, after compression.
+        stored_bytes: encoded (compressed) bytes written for those chunks; pack
+            headers and footers are not counted (``StoreStats.pack_bytes`` has them).
         duration_s: wall time of the commit.
         parent: id of the previous version of the run (None for the first).
         tags: tag names pointing at this version.
@@ -118,7 +119,7 @@ class StoreStats(_ToDict):
 
     ``logical_bytes`` sums every version's tensor bytes (what N torch.save files
     would hold); ``unique_bytes`` is the raw size of distinct chunks;
-    ``stored_bytes`` what the packs hold after compression.
+    ``stored_bytes`` their encoded size; ``pack_bytes`` the packs in full (headers, footers).
     """
 
     runs: int

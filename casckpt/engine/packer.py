@@ -35,8 +35,8 @@ class Packer:
             self._path = self._ctx.staging / f"{uuid.uuid4().hex}.pack"
             self._file = open(self._path, "wb")  # noqa: SIM115 - closed in flush()/abort()
             self._writer = PackWriter(self._file)
-        entry = self._writer.add(cid, codec, raw_len, payload)
-        self.stored_bytes += entry.span
+        self._writer.add(cid, codec, raw_len, payload)
+        self.stored_bytes += len(payload)
         if self._writer.size >= self._ctx.config.pack_size:
             self.flush()
 

@@ -1,0 +1,1 @@
+"""casckpt benchmark program: ``python benchmarks/run.py --help``."""

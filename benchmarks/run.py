@@ -1,0 +1,129 @@
+"""casckpt benchmark: commit / restore against torch.save / torch.load in the same run.
+
+Usage::
+
+    python benchmarks/run.py [--scale S] [--workloads dense,frozen,unchanged]
+                             [--out FILE] [--dir TMPDIR]
+
+Prints a table of ratios with pass/miss against BENCHMARKS.md targets and writes
+every raw number as JSON. Exits non-zero only when a workload crashed; missed
+targets are reported, not failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:  # measure the casckpt of this checkout
+    sys.path.insert(0, str(REPO_ROOT))
+
+from rich.console import Console  # noqa: E402
+
+from benchmarks.machine import machine_info  # noqa: E402
+from benchmarks.report import Outcome, print_report, write_json  # noqa: E402
+from benchmarks.suite import run_workload  # noqa: E402
+from benchmarks.workloads import WORKLOADS  # noqa: E402
+
+DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "latest.json"
+
+
+def _workload_list(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(WORKLOADS))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown workload(s) {', '.join(unknown) or '(none given)'}; "
+            f"choose from {','.join(WORKLOADS)}"
+        )
+    return names
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("scale must be > 0")
+    return value
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Parse the command line."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--scale",
+        type=_positive,
+        default=1.0,
+        help="workload size; 1.0 is ~1 GiB of state (default 1.0)",
+    )
+    parser.add_argument(
+        "--workloads",
+        type=_workload_list,
+        default=list(WORKLOADS),
+        help=f"comma-separated subset of {','.join(WORKLOADS)}",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help="JSON results file (default benchmarks/results/latest.json)",
+    )
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=Path.cwd(),
+        help="directory for the temporary stores and baseline files; a "
+        "subdirectory is created there and removed afterwards "
+        "(default: the current directory)",
+    )
+    return parser.parse_args(argv)
+
+
+def run_all(args: argparse.Namespace, base: Path, console: Console) -> dict[str, Outcome]:
+    """Run each requested workload in a fresh directory under ``base``; keep going on errors."""
+    outcomes: dict[str, Outcome] = {}
+    for name in args.workloads:
+        workdir = base / name
+        workdir.mkdir()
+        try:
+            outcomes[name] = run_workload(name, args.scale, workdir, console.log)
+        except Exception as exc:  # reported, then turned into the exit status
+            console.print(traceback.format_exc(), markup=False, highlight=False)
+            outcomes[name] = f"{type(exc).__name__}: {exc}"
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return outcomes
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; 0 when every workload ran, 1 when one crashed."""
+    args = parse_args(argv)
+    console = Console(width=None if sys.stdout.isatty() else 132)
+    args.dir.mkdir(parents=True, exist_ok=True)
+    base = Path(tempfile.mkdtemp(prefix=".casckpt-bench-", dir=args.dir))
+    started = datetime.now(timezone.utc)
+    try:
+        header = {
+            "schema": 1,
+            "started_at": started.isoformat(),
+            "scale": args.scale,
+            "workloads": args.workloads,
+            "machine": machine_info(base, REPO_ROOT),
+        }
+        outcomes = run_all(args, base, console)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    header["duration_s"] = (datetime.now(timezone.utc) - started).total_seconds()
+    print_report(console, outcomes, args.scale)
+    write_json(args.out, outcomes, header)
+    console.print(f"results written to {args.out}")
+    return 1 if any(isinstance(r, str) for r in outcomes.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
