@@ -2,7 +2,7 @@
 
 Environment variables (all optional):
 
-``CASCKPT_STORE``        the store the CLI opens when ``--store`` is not given.
+``CASCKPT_STORE``        the store (directory or .toml file) the CLI opens without ``--store``.
 ``CASCKPT_CHUNK_SIZE``   bytes per chunk (default 1 MiB).
 ``CASCKPT_PACK_SIZE``    target pack size in bytes (default 64 MiB).
 ``CASCKPT_WORKERS``      threads for hashing, compression and I/O.
@@ -12,6 +12,7 @@ Environment variables (all optional):
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Mapping
@@ -32,13 +33,6 @@ DEFAULT_PACK_SIZE = 64 << 20
 CATALOG_FILE = "catalog.db"
 CACHE_DIR = "cache"
 STORE_FORMAT = 1
-
-_CONFIG_TEXT = f"""# casckpt store. Packs live under packs/, manifests under manifests/,
-# the catalog in {CATALOG_FILE} (SQLite, WAL) and the local index cache under {CACHE_DIR}/.
-[store]
-format = {STORE_FORMAT}
-"""
-
 
 @dataclass(frozen=True, slots=True)
 class Settings:
@@ -95,36 +89,128 @@ def settings(overrides: Mapping[str, Any] | None = None,
     return config
 
 
-def read_store_config(root: Path) -> dict[str, Any]:
-    """Read ``casckpt.toml`` of the store at ``root``.
+@dataclass(frozen=True, slots=True)
+class StoreSpec:
+    """Where a store's parts are.
+
+    Attributes:
+        root: the directory holding ``casckpt.toml`` (None for a store opened by URLs only).
+        blobs: the blob location URL (``file:///...`` or ``s3://bucket/prefix``).
+        catalog: the catalog's SQLAlchemy URL.
+        cache: the local index cache directory (None: derived from the store id).
+        s3: options for the S3 backend (``endpoint_url``, ``region``, ``sse``, ...).
+    """
+
+    root: Path | None
+    blobs: str
+    catalog: str
+    cache: Path | None
+    s3: Mapping[str, Any]
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    return json.dumps(str(value))  # a JSON string is a valid TOML basic string
+
+
+def render_config(values: Mapping[str, Any], s3: Mapping[str, Any]) -> str:
+    """The text of a ``casckpt.toml`` recording where a store's parts are."""
+    lines = [
+        "# casckpt store. Every job and the CLI open the store from this file:",
+        "#   casckpt.open(PATH) / casckpt --store PATH / CASCKPT_STORE=PATH",
+        "# blobs defaults to this directory, catalog to catalog.db (SQLite) here,",
+        "# cache to cache/ here. Keep passwords out of this file: use PGPASSWORD or",
+        "# ~/.pgpass for PostgreSQL and the AWS credential chain for S3.",
+        "[store]",
+        f"format = {STORE_FORMAT}",
+    ]
+    lines += [f"{k} = {_toml_value(v)}" for k, v in values.items() if v is not None]
+    if s3:
+        lines += ["", "[s3]"] + [f"{k} = {_toml_value(v)}" for k, v in s3.items() if v is not None]
+    return "\n".join(lines) + "\n"
+
+
+def read_config_file(file: Path) -> dict[str, Any]:
+    """Parse a store config file.
 
     Raises:
-        NotAStoreError: the file is missing or unreadable.
+        NotAStoreError: the file is missing, unreadable, or of another store format.
     """
     try:
-        with open(root / CONFIG_FILE, "rb") as f:
-            doc = tomllib.load(f)
+        with open(file, "rb") as f:
+            doc: dict[str, Any] = tomllib.load(f)
     except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise NotAStoreError(f"{root} is not a casckpt store ({CONFIG_FILE}: {exc})") from exc
+        raise NotAStoreError(f"{file.parent} is not a casckpt store ({file.name}: {exc})") from exc
     store = doc.get("store", {})
     if store.get("format") != STORE_FORMAT:
         raise NotAStoreError(
-            f"{root / CONFIG_FILE} declares store format {store.get('format')!r}; this casckpt "
-            f"reads format {STORE_FORMAT}. Upgrade casckpt."
+            f"{file} declares store format {store.get('format')!r}; this casckpt reads format "
+            f"{STORE_FORMAT}. Upgrade casckpt."
         )
-    return dict(store)
+    return doc
 
 
-def prepare_store_dir(root: Path, *, create: bool) -> None:
-    """Make sure ``root`` holds a store, creating one in a new or empty directory.
+def _config_file(path: Path) -> Path:
+    return path if path.suffix == ".toml" and not path.is_dir() else path / CONFIG_FILE
+
+
+def _blob_url(value: str, root: Path) -> str:
+    if "://" in value:
+        return value
+    return (root / Path(value).expanduser()).resolve().as_uri()
+
+
+def _spec_from_file(file: Path, blobs: str | None, catalog: str | None,
+                    cache: Path | None) -> StoreSpec:
+    doc = read_config_file(file)
+    store, root = doc["store"], file.parent
+    recorded = {"blobs": store.get("blobs"), "catalog": store.get("catalog")}
+    for name, given in (("blobs", blobs), ("catalog", catalog)):
+        if given is not None and recorded[name] is not None and given != recorded[name]:
+            raise InvalidArgumentError(
+                f"the store at {root} records {name} = {recorded[name]!r} but {given!r} was "
+                f"passed; omit {name}= or edit {file}"
+            )
+    if cache is None and store.get("cache"):
+        cache = root / Path(store["cache"]).expanduser()
+    if cache is None and recorded == {"blobs": None, "catalog": None}:
+        cache = root / CACHE_DIR  # a self-contained local store keeps its cache inside
+    return StoreSpec(
+        root=root,
+        blobs=_blob_url(blobs or recorded["blobs"] or ".", root),
+        catalog=catalog or recorded["catalog"] or f"sqlite:///{root / CATALOG_FILE}",
+        cache=cache,
+        s3=dict(doc.get("s3", {})),
+    )
+
+
+def locate_store(path: Path | None, *, blobs: str | None, catalog: str | None,
+                 cache: Path | None, create: bool, s3: Mapping[str, Any] | None = None) -> StoreSpec:
+    """Work out where a store's parts are, creating its config file for a new store.
+
+    ``path`` is a store directory or a ``.toml`` config file. A new or empty
+    directory becomes a store; ``blobs`` / ``catalog`` given for a new store
+    are recorded in its config file so every later open needs only the path.
 
     Raises:
-        NotAStoreError: ``root`` is a file, a non-empty directory without a
-            store, or missing while ``create`` is False.
+        NotAStoreError: ``path`` is a non-empty directory without a store, a
+            plain file, or missing while ``create`` is False.
+        InvalidArgumentError: arguments contradict the store's config file.
     """
-    if (root / CONFIG_FILE).is_file():
-        read_store_config(root)
-        return
+    if path is None:
+        if blobs is None or catalog is None:
+            raise InvalidArgumentError(
+                "casckpt.open needs a store path, or both blobs= and catalog= "
+                "(e.g. casckpt.open('ckpts/'))"
+            )
+        return StoreSpec(None, _blob_url(blobs, Path.cwd()), catalog, cache, dict(s3 or {}))
+    file = _config_file(path)
+    if file.is_file():
+        return _spec_from_file(file, blobs, catalog, cache)
+    root = file.parent
     if root.exists() and not root.is_dir():
         raise NotAStoreError(f"{root} is a file, not a casckpt store directory")
     if root.is_dir() and any(root.iterdir()):
@@ -134,9 +220,10 @@ def prepare_store_dir(root: Path, *, create: bool) -> None:
         )
     if not create:
         raise NotAStoreError(
-            f"no casckpt store at {root}; create one with `casckpt init {root}` or casckpt.open()"
+            f"no casckpt store at {path}; create one with `casckpt init {path}` or casckpt.open()"
         )
     root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".{CONFIG_FILE}.tmp"
-    tmp.write_text(_CONFIG_TEXT)
-    os.replace(tmp, root / CONFIG_FILE)
+    tmp = root / f".{file.name}.tmp"
+    tmp.write_text(render_config({"blobs": blobs, "catalog": catalog}, s3 or {}))
+    os.replace(tmp, file)
+    return _spec_from_file(file, None, None, cache)

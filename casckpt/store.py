@@ -7,7 +7,7 @@ several threads share its pools (the catalog serialises what must be serial).
 
 from __future__ import annotations
 
-import hashlib
+import difflib
 import os
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -29,10 +29,10 @@ from casckpt.engine import restore as restore_engine
 from casckpt.engine.context import EngineContext
 from casckpt.engine.refs import resolve
 from casckpt.engine.validate import check_name
-from casckpt.errors import InvalidArgumentError
+from casckpt.errors import InvalidArgumentError, RefNotFoundError
 from casckpt.format.manifest import Manifest, decode_manifest
 from casckpt.format.tree import iter_values
-from casckpt.storage import BlobStore, LocalBlobStore
+from casckpt.storage import BlobStore, open_blob_store, redact_url
 from casckpt.types import (
     CheckReport,
     ProgressCallback,
@@ -157,6 +157,10 @@ class Store:
         """Versions of ``run`` (all runs if None), newest first."""
         if run is not None:
             check_name(run, "run")
+            names = self._ctx.catalog.run_names()
+            if run not in names:
+                near = difflib.get_close_matches(run, names, n=3)
+                raise RefNotFoundError(run, "there is no run with that name", near)
         if limit is not None and (not isinstance(limit, int) or limit < 0):
             raise InvalidArgumentError(f"limit must be a non-negative int, got {limit!r}")
         return self._versions(self._ctx.catalog.log(run, limit))
@@ -216,9 +220,9 @@ class Store:
         )
 
 
-def _default_cache_dir(catalog_url: str) -> Path:
+def _default_cache_dir(store_id: str) -> Path:
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "casckpt" / hashlib.sha256(catalog_url.encode()).hexdigest()[:16]
+    return base / "casckpt" / store_id
 
 
 def open_store(
@@ -229,41 +233,21 @@ def open_store(
 ) -> Store:
     """See :func:`casckpt.open`."""
     settings = cfg.settings({"chunk_size": chunk_size, "pack_size": pack_size, "workers": workers})
-    root = Path(path).expanduser().resolve() if path is not None else None
-    if root is not None:
-        cfg.prepare_store_dir(root, create=create)
-    elif blobs is None or catalog is None:
-        raise InvalidArgumentError(
-            "casckpt.open needs a store path, or both blobs= and catalog= "
-            "(e.g. casckpt.open('ckpts/'))"
-        )
-    blob_store = _blob_store(blobs, root)
-    catalog_url = catalog or f"sqlite:///{root / cfg.CATALOG_FILE}"  # type: ignore[operator]
-    cat = Catalog(catalog_url, where=str(root) if catalog is None else _redact(catalog_url))
-    cache_dir = Path(cache) if cache is not None else (
-        root / cfg.CACHE_DIR if root is not None else _default_cache_dir(catalog_url)
+    spec = cfg.locate_store(
+        Path(path).expanduser().resolve() if path is not None else None,
+        blobs=blobs if isinstance(blobs, str) or blobs is None else blobs.url,
+        catalog=catalog, cache=Path(cache).expanduser() if cache is not None else None,
+        create=create,
     )
+    blob_store = blobs if blobs is not None and not isinstance(blobs, str) else (
+        open_blob_store(spec.blobs, spec.s3)
+    )
+    try:
+        cat = Catalog(spec.catalog, where=redact_url(spec.catalog))
+    except BaseException:
+        blob_store.close()
+        raise
+    cache_dir = spec.cache if spec.cache is not None else _default_cache_dir(cat.store_id)
     index = IndexCache(cache_dir / "index", cat.store_id)
-    return Store(root=root, catalog=cat, cache=index, blobs=blob_store,
+    return Store(root=spec.root, catalog=cat, cache=index, blobs=blob_store,
                  staging=cache_dir / "staging", settings=settings)
-
-
-def _blob_store(blobs: str | BlobStore | None, root: Path | None) -> BlobStore:
-    if blobs is None:
-        return LocalBlobStore(root)  # type: ignore[arg-type]
-    if isinstance(blobs, str):
-        if blobs.startswith("file://"):
-            return LocalBlobStore(Path(blobs.removeprefix("file://")))
-        if "://" not in blobs:
-            return LocalBlobStore(Path(blobs))
-        raise InvalidArgumentError(
-            f"unsupported blob location {blobs!r}: use a directory path or file:///path"
-        )
-    return blobs
-
-
-def _redact(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        rest = "***@" + rest.split("@", 1)[1]
-    return scheme + sep + rest

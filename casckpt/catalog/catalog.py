@@ -17,9 +17,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, create_engine, event, func, select
+from sqlalchemy import Connection, Engine, Row, create_engine, event, func, select, text
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from casckpt.catalog import migrate
 from casckpt.catalog import schema as s
@@ -27,6 +27,7 @@ from casckpt.errors import CatalogError, VersionExistsError
 from casckpt.format.pack import PackEntry
 
 _BATCH = 500
+_MIGRATION_LOCK = 0x6361736B  # "cask": PostgreSQL advisory lock key for schema upgrades
 
 
 class MissingChunksError(CatalogError):
@@ -101,19 +102,37 @@ class Catalog:
         self.where = where
         try:
             self.engine = _sqlite_engine(url) if url.startswith("sqlite") else create_engine(
-                url, pool_pre_ping=True
+                url, pool_pre_ping=True, pool_size=4, max_overflow=8
             )
-            with self.engine.connect().execution_options(casckpt_write=True) as conn:
-                with conn.begin():
-                    migrate.check_not_newer(conn, where)
-                migrate.upgrade(conn)
-                conn.commit()
+            self._migrate()
             with self._read() as conn:
                 self.store_id: str = conn.execute(
                     select(s.store_info.c.value).where(s.store_info.c.key == "store_id")
                 ).scalar_one()
         except SQLAlchemyError as exc:
             raise CatalogError(f"cannot open the catalog at {where}: {exc}") from exc
+
+    def _migrate(self) -> None:
+        """Refuse a newer schema, then upgrade an older one; one process at a time.
+
+        On PostgreSQL a session advisory lock serialises hosts opening the
+        catalog at once; on SQLite ``BEGIN IMMEDIATE`` does.
+        """
+        with self.engine.connect().execution_options(casckpt_write=True) as conn:
+            postgres = conn.dialect.name == "postgresql"
+            if postgres:
+                conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": _MIGRATION_LOCK})
+                conn.commit()
+            try:
+                with conn.begin():
+                    migrate.check_not_newer(conn, self.where)
+                migrate.upgrade(conn)
+                conn.commit()
+            finally:
+                if postgres:
+                    conn.rollback()
+                    conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": _MIGRATION_LOCK})
+                    conn.commit()
 
     def close(self) -> None:
         """Dispose of pooled connections."""
@@ -177,6 +196,7 @@ class Catalog:
             batch = ids[i : i + _BATCH]
             live.update(conn.execute(
                 select(s.chunks.c.id).where(s.chunks.c.id.in_(batch), s.chunks.c.state == "live")
+                .with_for_update(read=True)  # PostgreSQL: GC cannot condemn them until we commit
             ).scalars())
         return set(ids) - live
 
@@ -193,24 +213,40 @@ class Catalog:
             VersionExistsError: the run already has a version at this step.
         """
         ids = list(dict.fromkeys(chunk_ids))
-        with self._write() as conn:
-            run_id = self._run_id(conn, run, create=True)
-            existing = conn.execute(select(s.versions.c.id).where(
-                s.versions.c.run_id == run_id, s.versions.c.step == version["step"]
-            )).scalar()
-            if existing is not None:
+        try:
+            with self._write() as conn:
+                self._publish(conn, version, run, tensor_rows, tag_names, ids)
+        except CatalogError as exc:
+            if isinstance(exc.__cause__, IntegrityError) and "uq_versions_run_step" in str(exc):
                 raise VersionExistsError(
-                    f"run {run!r} already has a version at step {version['step']} "
-                    f"({existing[:12]}); commit with another step, or fork a new run"
-                )
-            missing = self._missing(conn, ids)
-            if missing:
-                raise MissingChunksError(missing)
-            conn.execute(s.versions.insert().values(run_id=run_id, **version))
-            for i in range(0, len(tensor_rows), _BATCH):
-                conn.execute(s.tensors.insert(), tensor_rows[i : i + _BATCH])
-            for name in tag_names:
-                self._set_tag(conn, name, version["id"])
+                    f"run {run!r} already has a version at step {version['step']} (committed "
+                    "concurrently); commit with another step, or fork a new run"
+                ) from exc
+            raise
+
+    def _publish(self, conn: Connection, version: dict[str, Any], run: str,
+                 tensor_rows: list[dict[str, Any]], tag_names: Sequence[str], ids: list[str]) -> None:
+        run_id = self._run_id(conn, run, create=True)
+        if run_id is None:
+            raise CatalogError(f"run {run!r} vanished while committing; retry")
+        # serialise commits to one run (PostgreSQL row lock; SQLite already holds the db lock)
+        conn.execute(select(s.runs.c.id).where(s.runs.c.id == run_id).with_for_update())
+        existing = conn.execute(select(s.versions.c.id).where(
+            s.versions.c.run_id == run_id, s.versions.c.step == version["step"]
+        )).scalar()
+        if existing is not None:
+            raise VersionExistsError(
+                f"run {run!r} already has a version at step {version['step']} "
+                f"({existing[:12]}); commit with another step, or fork a new run"
+            )
+        missing = self._missing(conn, ids)
+        if missing:
+            raise MissingChunksError(missing)
+        conn.execute(s.versions.insert().values(run_id=run_id, **version))
+        for i in range(0, len(tensor_rows), _BATCH):
+            conn.execute(s.tensors.insert(), tensor_rows[i : i + _BATCH])
+        for name in tag_names:
+            self._set_tag(conn, name, version["id"])
 
     def _run_id(self, conn: Connection, run: str, *, create: bool) -> int | None:
         run_id = conn.execute(select(s.runs.c.id).where(s.runs.c.name == run)).scalar()
@@ -297,10 +333,10 @@ class Catalog:
 
     def runs(self) -> list[tuple[Any, ...]]:
         """Each run with its version count, latest step and logical bytes."""
-        v = s.versions
+        v, newest = s.versions, s.versions.alias("newest")
         latest = (
-            select(v.c.id).where(v.c.run_id == s.runs.c.id, v.c.state == "visible")
-            .order_by(v.c.step.desc()).limit(1).scalar_subquery()
+            select(newest.c.id).where(newest.c.run_id == s.runs.c.id, newest.c.state == "visible")
+            .order_by(newest.c.step.desc()).limit(1).correlate(s.runs).scalar_subquery()
         )
         query = (
             select(

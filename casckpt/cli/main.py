@@ -29,6 +29,7 @@ import typer
 from typer.core import TyperGroup
 
 import casckpt
+from casckpt.catalog.migrate import head_revision
 from casckpt.cli import render
 from casckpt.cli.export import check_target, export_safetensors
 from casckpt.cli.progress import progress_bars
@@ -288,10 +289,10 @@ def stats(ctx: typer.Context, as_json: JsonOption = False) -> None:
 @app.command()
 def migrate(ctx: typer.Context) -> None:
     """Upgrade the store's catalog to this casckpt's schema (opening a store does it)."""
-    with _open_store(ctx) as store:
-        revision = getattr(store, "schema_revision", None)
-    suffix = f" at schema revision {revision}" if revision is not None else ""
-    render.out(f"Catalog of {store.path} is up to date{suffix}")
+    path = _store_path(ctx)
+    with _open_store(ctx):
+        pass  # casckpt.open upgrades an older catalog, or refuses a newer one
+    render.out(f"Catalog of {path} is up to date at schema revision {head_revision()}")
 
 
 if __name__ == "__main__":

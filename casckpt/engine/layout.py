@@ -42,10 +42,14 @@ def _as_memoryview(array: np.ndarray) -> memoryview:
 
 
 def _byte_view(t: torch.Tensor, path: str) -> memoryview:
+    if t.numel() == 0:
+        return memoryview(b"")
     flat = t.detach()
     if flat.device.type != "cpu":
         flat = flat.cpu()
     flat = flat.contiguous().reshape(-1)
+    if flat.stride(0) != 1:  # one-element slices count as contiguous yet keep their stride
+        flat = flat.clone(memory_format=torch.contiguous_format)
     try:
         return _as_memoryview(flat.view(torch.uint8).numpy())
     except (RuntimeError, TypeError) as exc:
@@ -83,7 +87,7 @@ def _single(leaf: TensorLeaf, blob: int) -> tuple[TensorEntry, BlobSource]:
     entry = TensorEntry(leaf.path, "torch", torch_dtype_name(t.dtype), tuple(t.shape), blob)
     if t.element_size() == 0:
         raise UnsupportedStateError(f"tensor at {leaf.path!r} has dtype {t.dtype} with no byte size")
-    _byte_view(t.reshape(-1)[:0], leaf.path)  # refuse unviewable dtypes before anything is written
+    _byte_view(torch.empty(1, dtype=t.dtype), leaf.path)  # refuse unviewable dtypes before any write
     return entry, BlobSource(t.numel() * _itemsize(t), _itemsize(t), lambda: _byte_view(t, leaf.path))
 
 

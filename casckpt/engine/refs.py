@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import Row
 
 from casckpt.catalog import Catalog
+from casckpt.engine.validate import MAX_STEP
 from casckpt.errors import AmbiguousRefError, InvalidArgumentError, RefNotFoundError
 
 _HEX = re.compile(r"^[0-9a-f]{4,64}$")
@@ -74,6 +75,9 @@ def _resolve_run(catalog: Catalog, ref: str, run: str, selector: str) -> Row[Any
             if not selector[1:].isdigit():
                 raise RefNotFoundError(ref, f"{selector!r} is not ~N with N a number", [f"{run}@~1"])
             back = int(selector[1:])
+            if back >= MAX_STEP:
+                raise RefNotFoundError(ref, f"run {run!r} has fewer than {back + 1} versions",
+                                       [f"{run}@latest"])
         row = catalog.nth_latest(run, back)
         if row is None:
             if run not in catalog.run_names():
@@ -84,11 +88,12 @@ def _resolve_run(catalog: Catalog, ref: str, run: str, selector: str) -> Row[Any
     if not selector.lstrip("-").isdigit():
         raise RefNotFoundError(ref, f"{selector!r} is not a step, 'latest' or ~N",
                                [f"{run}@latest"])
-    row = catalog.at_step(run, int(selector))
+    step = int(selector)
+    row = catalog.at_step(run, step) if -MAX_STEP <= step < MAX_STEP else None
     if row is None:
         if run not in catalog.run_names():
             raise _run_not_found(catalog, ref, run)
-        near = catalog.steps_near(run, int(selector))
+        near = catalog.steps_near(run, max(-MAX_STEP, min(step, MAX_STEP - 1)))
         raise RefNotFoundError(ref, f"run {run!r} has no version at step {selector}",
                                [f"{run}@{s}" for s in near])
     return row

@@ -21,7 +21,7 @@ from casckpt.engine.layout import byte_buffer, can_fill_in_place, tensor_from_bl
 from casckpt.engine.reader import Destination, read_chunks
 from casckpt.errors import RestoreTargetError, TensorNotFoundError
 from casckpt.format.manifest import Manifest, TensorEntry
-from casckpt.format.tree import decode_tree, iter_leaves, join_path
+from casckpt.format.tree import decode_tree, iter_leaves, iter_values, join_path
 from casckpt.types import ProgressCallback
 
 Buffer = torch.Tensor | np.ndarray
@@ -31,15 +31,67 @@ def _is_stateful(obj: object) -> bool:
     return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
 
-def _expand(into: object) -> object:
-    """Replace every stateful object in ``into`` by its state_dict (tensors stay aliased)."""
+def _expand(into: object, path: str, stateful: dict[str, str]) -> object:
+    """Replace every stateful object in ``into`` by its state_dict (tensors stay aliased).
+
+    Paths (and type names) of the stateful objects found are added to ``stateful``.
+    """
     if _is_stateful(into):
-        return _expand(into.state_dict())  # type: ignore[attr-defined]
+        stateful[path] = type(into).__name__
+        return _expand(into.state_dict(), path, stateful)  # type: ignore[attr-defined]
     if isinstance(into, Mapping):
-        return {k: _expand(v) for k, v in into.items()}
+        return {k: _expand(v, join_path(path, k), stateful) for k, v in into.items()}
     if isinstance(into, (list, tuple)):
-        return [_expand(v) for v in into]
+        return [_expand(v, join_path(path, i), stateful) for i, v in enumerate(into)]
     return into
+
+
+def _stored_leaves(manifest: Manifest) -> dict[str, TensorEntry | None]:
+    """Dotted path -> tensor entry (None for a plain value) of every leaf of the stored tree."""
+    leaves: dict[str, TensorEntry | None] = {path: None for path, _ in iter_values(manifest.root)}
+    leaves.update((t.path, t) for t in manifest.tensors)
+    return leaves
+
+
+def _owner(path: str, stateful: dict[str, str]) -> str | None:
+    """The type name of the innermost stateful object ``path`` lies under."""
+    owners = [p for p in stateful if p == "" or path == p or path.startswith(p + ".")]
+    return stateful[max(owners, key=len)] if owners else None
+
+
+def _precheck(manifest: Manifest, expanded: object, stateful: dict[str, str]) -> None:
+    """Refuse a mismatched ``into`` before a single byte of it is overwritten."""
+    stored = _stored_leaves(manifest)
+    version = f"{manifest.run}@{manifest.step}"
+    for path, target in iter_leaves(expanded):
+        owner = _owner(path, stateful)
+        where = f"{path!r}" + (f" (in the {owner})" if owner else "")
+        if path not in stored:
+            raise RestoreTargetError(
+                f"the stored state of {version} has no {where}; remove those keys from `into`, "
+                "or restore with into=None and pick what you need. Nothing was restored."
+            )
+        entry = stored[path]
+        if not isinstance(target, (torch.Tensor, np.ndarray)):
+            continue
+        if entry is None or tuple(target.shape) != entry.shape:
+            what = "a plain value" if entry is None else f"{entry.dtype}{entry.shape}"
+            raise RestoreTargetError(
+                f"{where}: the target is {target.dtype}{tuple(target.shape)} but {version} "
+                f"stores {what}; nothing was restored"
+            )
+        if owner is None and (
+            isinstance(target, torch.Tensor) != (entry.kind == "torch")
+            or str(target.dtype).removeprefix("torch.") != _numpy_name(entry)
+        ):
+            raise RestoreTargetError(
+                f"{path!r}: the target is {target.dtype} but the stored tensor is {entry.dtype}; "
+                "nothing was restored (restore with into=None to get it as stored)"
+            )
+
+
+def _numpy_name(entry: TensorEntry) -> str:
+    return entry.dtype if entry.kind == "torch" else str(np.dtype(entry.dtype))
 
 
 def _blob_buffers(
@@ -133,7 +185,9 @@ def restore_into(
     progress: ProgressCallback | None = None,
 ) -> object:
     """Restore into existing objects (see module docstring); returns the updated ``into``."""
-    expanded = _expand(into)
+    stateful: dict[str, str] = {}
+    expanded = _expand(into, "", stateful)
+    _precheck(manifest, expanded, stateful)
     targets = {p: v for p, v in iter_leaves(expanded) if isinstance(v, (torch.Tensor, np.ndarray))}
     tree = materialize(ctx, manifest, targets=targets, map_location=map_location, progress=progress)
     return _merge(into, tree, "")

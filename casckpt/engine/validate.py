@@ -10,6 +10,7 @@ from typing import Any
 
 from casckpt.errors import InvalidArgumentError, InvalidNameError
 
+MAX_STEP = 1 << 63
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -29,8 +30,11 @@ def check_name(name: object, what: str) -> str:
 
 def check_step(step: object) -> int:
     """Validate a step: a non-negative int."""
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise InvalidArgumentError(f"step must be a non-negative int, got {step!r}")
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < MAX_STEP:
+        raise InvalidArgumentError(
+            f"step must be a non-negative int below 2**63 (the catalog stores 64-bit steps), "
+            f"got {step!r}"
+        )
     return int(step)
 
 
@@ -61,8 +65,10 @@ def check_metrics(metrics: Mapping[str, Any] | None) -> dict[str, float]:
             raise InvalidArgumentError(f"metric name {key!r} must be a non-empty str")
         try:
             number = float(value)
-        except (TypeError, ValueError):
-            raise InvalidArgumentError(f"metric {key!r} must be a number, got {value!r}") from None
+        except (TypeError, ValueError, OverflowError):
+            raise InvalidArgumentError(
+                f"metric {key!r} must be a number that fits a float, got {value!r}"
+            ) from None
         if isinstance(value, bool) or not math.isfinite(number):
             raise InvalidArgumentError(
                 f"metric {key!r} is {value!r}; metrics must be finite numbers "

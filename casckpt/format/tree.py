@@ -16,7 +16,7 @@ import base64
 import struct
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import torch
@@ -114,44 +114,56 @@ def encode_tree(state: object) -> tuple[Node, list[TensorLeaf]]:
         InvalidNameError: a dict key that could escape a directory.
     """
     leaves: list[TensorLeaf] = []
+    paths: dict[str, int] = {}
     active: set[int] = set()
 
     def enc(obj: object, path: str) -> Node:
+        kind = type(obj)
         if obj is None:
             return {"t": "none"}
-        if isinstance(obj, bool):
+        if kind is bool:
             return {"t": "bool", "v": obj}
-        if isinstance(obj, int):
-            return {"t": "int", "v": int(obj)}
-        if isinstance(obj, float):
-            return {"t": "float", "v": _float_bits(float(obj))}
-        if isinstance(obj, str):
-            return {"t": "str", "v": str(obj)}
-        if isinstance(obj, (bytes, bytearray)):
-            return {"t": "bytes", "v": base64.b64encode(bytes(obj)).decode("ascii")}
+        if kind is int:
+            return {"t": "int", "v": obj}
+        if kind is float:
+            return {"t": "float", "v": _float_bits(cast(float, obj))}
+        if kind is str:
+            return {"t": "str", "v": obj}
+        if kind is bytes or kind is bytearray:
+            return {"t": "bytes", "v": base64.b64encode(cast(bytes, obj)).decode("ascii")}
         if isinstance(obj, torch.Tensor):
             _check_tensor(obj, path)
-            leaves.append(TensorLeaf(path, "torch", obj))
-            return {"t": "tensor", "i": len(leaves) - 1}
-        if isinstance(obj, np.ndarray):
-            _check_array(obj, path)
-            leaves.append(TensorLeaf(path, "numpy", obj))
-            return {"t": "tensor", "i": len(leaves) - 1}
-        if isinstance(obj, (dict, list, tuple)):
+            return leaf(TensorLeaf(path, "torch", obj))
+        if kind is np.ndarray:
+            _check_array(cast(np.ndarray, obj), path)
+            return leaf(TensorLeaf(path, "numpy", cast(np.ndarray, obj)))
+        if isinstance(obj, dict) or kind is list or kind is tuple:
             if id(obj) in active:
                 raise UnsupportedStateError(
                     f"the state tree contains itself at {path!r}; remove the cycle."
                 )
             active.add(id(obj))
             try:
-                return enc_container(obj, path)
+                return enc_container(cast(Any, obj), path)
             finally:
                 active.discard(id(obj))
         raise UnsupportedStateError(
             f"cannot store the {_describe(obj)} at {path or '<root>'!r}: supported leaves are "
-            "torch tensors, numpy arrays, None, bool, int, float, str and bytes, in nested "
-            "dict/list/tuple. Convert it (e.g. call its state_dict()) before committing."
+            "torch tensors, numpy arrays, None, bool, int, float, str and bytes (exactly those "
+            "types, not subclasses such as numpy scalars, enums or namedtuples), in nested "
+            "dict/list/tuple. Convert it (float(x), int(x), tuple(x), x.state_dict()) first."
         )
+
+    def leaf(found: TensorLeaf) -> Node:
+        previous = paths.get(found.path)
+        if previous is not None:
+            raise InvalidNameError(
+                f"two tensors would both be named {found.path!r} (keys such as 'a.b' and "
+                "'a' -> 'b', or 0 and '0', join to the same dotted path); rename one of them"
+            )
+        paths[found.path] = len(leaves)
+        leaves.append(found)
+        return {"t": "tensor", "i": len(leaves) - 1}
 
     def enc_container(obj: dict[Any, Any] | list[Any] | tuple[Any, ...], path: str) -> Node:
         if isinstance(obj, dict):
@@ -213,7 +225,7 @@ def decode_tree(root: Node, tensor: Callable[[int, str], object]) -> object:
             if kind in ("list", "tuple"):
                 items = [dec(v, join_path(path, i)) for i, v in enumerate(node["v"])]
                 return tuple(items) if kind == "tuple" else items
-        except (KeyError, TypeError, ValueError, struct.error) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError, struct.error) as exc:
             raise CorruptManifestError(f"manifest node at {path!r} is malformed: {exc}") from exc
         raise CorruptManifestError(f"manifest node at {path!r} has unknown type {kind!r}")
 

@@ -1,6 +1,40 @@
-"""Blob stores: where packs and manifests live. No SQL, no LMDB here."""
+"""Blob stores: where packs and manifests live. No SQL, no LMDB here.
+
+``S3BlobStore`` (and ``parse_s3_url``, ``S3Location``) load boto3 on first
+use, so importing casckpt does not need or pay for the SDK.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from casckpt.storage.base import BlobInfo, BlobStore, check_key
 from casckpt.storage.local import LocalBlobStore
+from casckpt.storage.retry import RetryingBlobStore
+from casckpt.storage.urls import open_blob_store, redact_url
 
-__all__ = ["BlobInfo", "BlobStore", "LocalBlobStore", "check_key"]
+if TYPE_CHECKING:
+    from casckpt.storage.s3 import S3BlobStore, S3Location, parse_s3_url
+
+__all__ = [
+    "BlobInfo",
+    "BlobStore",
+    "LocalBlobStore",
+    "RetryingBlobStore",
+    "S3BlobStore",
+    "S3Location",
+    "check_key",
+    "open_blob_store",
+    "parse_s3_url",
+    "redact_url",
+]
+
+_S3_NAMES = frozenset({"S3BlobStore", "S3Location", "parse_s3_url"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _S3_NAMES:
+        from casckpt.storage import s3
+
+        return getattr(s3, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,407 @@
+"""A blob store in an S3 bucket, or any S3-compatible endpoint, through boto3.
+
+Location: ``s3://bucket/prefix``; every key lives under ``prefix/``. The
+endpoint URL, region and credentials come from the standard AWS chain
+(arguments, then ``AWS_ENDPOINT_URL``/``AWS_REGION``/``AWS_PROFILE`` and the
+other environment variables, shared config files, instance roles).
+
+Each store holds one boto3 client (thread-safe, with a bounded connection pool)
+and one transfer manager (bounded thread pool for multipart parts), both made
+in ``__init__`` and released by ``close()``.
+
+- Uploads send a checksum (CRC32 by default) that S3 verifies before it
+  stores anything, and pass the SSE options through. Objects at or above
+  ``multipart_threshold`` go up as parallel parts of ``multipart_chunksize``.
+  A PutObject or CompleteMultipartUpload is atomic: a failed upload leaves no
+  object. Keys are content-addressed, so re-putting a key after a failure
+  writes the same bytes again: puts are idempotent and safe to retry.
+- ``get_range`` sends ``Range: bytes=a-b`` so readers fetch only what they
+  need; a body cut short raises ``RetryableStorageError``.
+- botocore retries each request (standard mode: throttling, 5xx, connection
+  errors) up to ``sdk_attempts`` times in all. Whole operations, including a
+  body cut mid-download, are retried by wrapping the store in
+  :class:`~casckpt.storage.retry.RetryingBlobStore`.
+
+A multipart upload that fails is aborted; one whose abort also fails leaves
+parts that cost space until a bucket lifecycle rule
+(``AbortIncompleteMultipartUpload``) removes them.
+"""
+
+from __future__ import annotations
+
+import io
+import ipaddress
+import logging
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import ClientError
+from s3transfer.manager import TransferConfig, TransferManager
+
+from casckpt.errors import (
+    BlobNotFoundError,
+    InvalidArgumentError,
+    InvalidNameError,
+    RetryableStorageError,
+    StorageError,
+)
+from casckpt.storage.base import BlobInfo, check_key
+from casckpt.storage.s3_errors import error_code, map_s3_error, redact
+
+log = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+MIN_PART_SIZE = 5 * MiB  # S3's smallest allowed part (all but the last)
+SSE_MODES = ("AES256", "aws:kms")
+CHECKSUMS = ("CRC32", "CRC32C", "CRC64NVME", "SHA1", "SHA256")
+
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_PREFIX_SEGMENT = re.compile(r"^[A-Za-z0-9_=+-][A-Za-z0-9._=+-]*$")
+_LIST_PREFIX = re.compile(r"^[a-z0-9._/-]*$")
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class S3Location:
+    """A parsed ``s3://bucket/prefix``. ``prefix`` is empty or ends with ``/``."""
+
+    bucket: str
+    prefix: str
+
+    @property
+    def url(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix.rstrip('/')}".rstrip("/")
+
+
+def parse_s3_url(url: str) -> S3Location:
+    """Parse ``s3://bucket[/prefix]`` strictly.
+
+    The bucket must follow S3's naming rules (3-63 characters of lower-case
+    letters, digits, dots and hyphens, no IP address). The prefix is
+    '/'-separated segments of letters, digits and ``._=+-``, without empty,
+    ``.`` or ``..`` segments; one trailing '/' is allowed.
+
+    Raises:
+        InvalidNameError: ``url`` is not such a URL (the message says why).
+    """
+    if not isinstance(url, str) or not url.startswith("s3://"):
+        raise InvalidNameError(f"{url!r} is not an S3 location: write s3://bucket/prefix")
+    bucket, _, prefix = url[len("s3://"):].partition("/")
+    _check_bucket(bucket, url)
+    if prefix.endswith("/"):
+        prefix = prefix[:-1]
+    if prefix:
+        for segment in prefix.split("/"):
+            if not _PREFIX_SEGMENT.match(segment) or segment in (".", ".."):
+                raise InvalidNameError(
+                    f"invalid S3 prefix in {url!r}: segment {segment!r} is empty or uses "
+                    "characters other than letters, digits and ._=+-"
+                )
+        if len(prefix) > 512:
+            raise InvalidNameError(f"S3 prefix in {url!r} is too long (over 512 characters)")
+        prefix += "/"
+    return S3Location(bucket, prefix)
+
+
+def _check_bucket(bucket: str, url: str) -> None:
+    problem = None
+    if not _BUCKET.match(bucket):
+        problem = "3-63 lower-case letters, digits, dots and hyphens, starting and " \
+                  "ending with a letter or digit"
+    elif ".." in bucket or ".-" in bucket or "-." in bucket:
+        problem = "no '..', '.-' or '-.'"
+    elif bucket.startswith(("xn--", "sthree-")) or bucket.endswith(("-s3alias", "--ol-s3")):
+        problem = "no reserved prefix or suffix"
+    else:
+        try:
+            ipaddress.IPv4Address(bucket)
+            problem = "not an IP address"
+        except ValueError:
+            pass
+    if problem:
+        raise InvalidNameError(f"invalid S3 bucket name {bucket!r} in {url!r}: use {problem}")
+
+
+class S3BlobStore:
+    """Objects under ``s3://bucket/prefix``. Thread-safe; see the module docstring.
+
+    Args:
+        url: ``s3://bucket/prefix``.
+        endpoint_url: an S3-compatible endpoint (else ``AWS_ENDPOINT_URL`` or AWS).
+        region: the bucket's region (else ``AWS_REGION``/config).
+        profile: a named profile from the shared AWS config files.
+        session: a ``boto3.session.Session`` to build the client from, instead
+            of a new one (lets many stores share one session's loaded models;
+            ``profile`` is then ignored).
+        sse: server-side encryption: ``"AES256"`` (SSE-S3) or ``"aws:kms"`` (SSE-KMS).
+        kms_key_id: the KMS key for ``sse="aws:kms"`` (else the account's default key).
+        checksum: the checksum sent with every upload, or None for endpoints
+            that reject checksums.
+        multipart_threshold: objects this large or larger are uploaded in parts.
+        multipart_chunksize: the part size (at least 5 MiB).
+        max_concurrency: parts uploaded at once, per store.
+        connect_timeout: seconds to wait for a connection.
+        read_timeout: seconds to wait for bytes on an open connection.
+        max_pool_connections: the client's connection pool size (cover the
+            engine's I/O threads plus ``max_concurrency``).
+        sdk_attempts: tries per HTTP request inside botocore (1 = no SDK retry).
+        addressing_style: ``"path"`` or ``"virtual"`` for S3-compatible endpoints.
+        list_page_size: keys per listing request (at most 1000).
+
+    Raises:
+        InvalidNameError: ``url`` is not a valid S3 location.
+        InvalidArgumentError: an option is out of range.
+        StorageError: the client cannot be built (bad profile, bad endpoint).
+    """
+
+    def __init__(
+        self, url: str, *, endpoint_url: str | None = None, region: str | None = None,
+        profile: str | None = None, session: Any = None, sse: str | None = None,
+        kms_key_id: str | None = None,
+        checksum: str | None = "CRC32", multipart_threshold: int = 64 * MiB,
+        multipart_chunksize: int = 16 * MiB, max_concurrency: int = 8,
+        connect_timeout: float = 10.0, read_timeout: float = 60.0,
+        max_pool_connections: int = 32, sdk_attempts: int = 3,
+        addressing_style: str | None = None, list_page_size: int = 1000,
+    ) -> None:
+        location = parse_s3_url(url)
+        self.bucket, self.prefix, self.url = location.bucket, location.prefix, location.url
+        _check_options(sse, kms_key_id, checksum, multipart_threshold, multipart_chunksize,
+                       max_concurrency, sdk_attempts, list_page_size, addressing_style)
+        self.multipart_threshold = multipart_threshold
+        self._page_size = list_page_size
+        self._put_args: dict[str, str] = {}
+        if checksum is not None:
+            self._put_args["ChecksumAlgorithm"] = checksum
+        if sse is not None:
+            self._put_args["ServerSideEncryption"] = sse
+        if kms_key_id is not None:
+            self._put_args["SSEKMSKeyId"] = kms_key_id
+        config = Config(
+            retries={"mode": "standard", "total_max_attempts": sdk_attempts},
+            connect_timeout=connect_timeout, read_timeout=read_timeout,
+            max_pool_connections=max_pool_connections, user_agent_extra="casckpt",
+            s3={"addressing_style": addressing_style} if addressing_style else None,
+        )
+        try:
+            if session is None:
+                session = boto3.session.Session(profile_name=profile, region_name=region)
+            self._client: Any = session.client("s3", endpoint_url=endpoint_url,
+                                                region_name=region, config=config)
+        except Exception as exc:  # botocore raises many unrelated types here
+            raise StorageError(
+                f"cannot set up the S3 client for {self.url}: {type(exc).__name__}: "
+                f"{redact(str(exc))}; check the profile, region and endpoint URL"
+            ) from exc
+        self._transfers = TransferManager(self._client, TransferConfig(
+            multipart_threshold=multipart_threshold, multipart_chunksize=multipart_chunksize,
+            max_request_concurrency=max_concurrency,
+            max_in_memory_upload_chunks=max_concurrency * 2,
+        ))
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"S3BlobStore({self.url!r})"
+
+    def _where(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self.prefix}{key}"
+
+    def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
+        """Run ``fn``, mapping whatever the SDK raises into casckpt errors."""
+        if self._closed:
+            raise StorageError(f"S3 {op} of {self._where(key)}: the store is closed")
+        try:
+            return fn()
+        except StorageError:
+            raise
+        except Exception as exc:
+            raise map_s3_error(exc, op, self._where(key)) from exc
+
+    # writes ----------------------------------------------------------------
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        """Upload ``data`` (in parallel parts at or above the multipart threshold)."""
+        check_key(key)
+        if len(data) >= self.multipart_threshold:
+            self._call("put", key, lambda: self._upload(io.BytesIO(data), key))
+            return
+        body = data if isinstance(data, bytes) else bytes(data)
+        self._call("put", key, lambda: self._client.put_object(
+            Bucket=self.bucket, Key=self.prefix + key, Body=body, **self._put_args))
+
+    def put_file(self, key: str, path: Path) -> None:
+        """Upload the file at ``path``; the file is left in place (not consumed)."""
+        check_key(key)
+        try:
+            os.stat(path)
+        except OSError as exc:
+            raise StorageError(f"cannot upload {path} to {self._where(key)}: {exc}") from exc
+        self._call("put_file", key, lambda: self._upload(os.fspath(path), key))
+
+    def _upload(self, source: str | io.BytesIO, key: str) -> None:
+        future = self._transfers.upload(source, self.bucket, self.prefix + key,
+                                        extra_args=dict(self._put_args))
+        future.result()
+
+    # reads -----------------------------------------------------------------
+
+    def get(self, key: str) -> bytes:
+        check_key(key)
+
+        def fetch() -> bytes:
+            resp = self._client.get_object(Bucket=self.bucket, Key=self.prefix + key,
+                                           ChecksumMode="ENABLED")
+            return _read_body(resp, int(resp["ContentLength"]), self._where(key))
+
+        return self._call("get", key, fetch)
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        """Fetch ``length`` bytes from ``offset`` with one ranged GET (fewer at the end)."""
+        check_key(key)
+        if offset < 0 or length < 0:
+            raise InvalidArgumentError(
+                f"get_range of {key}: offset and length must be >= 0, not {offset}, {length}")
+        if length == 0:
+            if self.size(key) is None:
+                raise BlobNotFoundError(f"{self._where(key)} does not exist")
+            return b""
+        return self._call("get_range", key, lambda: self._fetch_range(key, offset, length))
+
+    def _fetch_range(self, key: str, offset: int, length: int) -> bytes:
+        try:
+            resp = self._client.get_object(Bucket=self.bucket, Key=self.prefix + key,
+                                           Range=f"bytes={offset}-{offset + length - 1}")
+        except ClientError as exc:
+            code, status = error_code(exc.response)
+            if code == "InvalidRange" or status == 416:
+                return b""  # the object exists and ends at or before offset
+            raise
+        content_range = resp.get("ContentRange")
+        data = _read_body(resp, int(resp["ContentLength"]), self._where(key))
+        if not content_range:  # the endpoint ignored Range and sent the whole object
+            return data[offset:offset + length]
+        start, end = _parse_content_range(content_range)
+        if start != offset or end - start + 1 != len(data) or len(data) > length:
+            raise RetryableStorageError(
+                f"S3 get_range of {self._where(key)}: asked for bytes {offset}+{length}, "
+                f"got {content_range!r} with {len(data)} bytes; trying again may succeed"
+            )
+        return data
+
+    def size(self, key: str) -> int | None:
+        check_key(key)
+
+        def head() -> int | None:
+            try:
+                return int(self._client.head_object(
+                    Bucket=self.bucket, Key=self.prefix + key)["ContentLength"])
+            except Exception as exc:
+                if isinstance(map_s3_error(exc, "size", ""), BlobNotFoundError):
+                    return None
+                raise
+
+        return self._call("size", key, head)
+
+    def list(self, prefix: str = "") -> Iterator[BlobInfo]:
+        """Yield the objects whose keys start with ``prefix``, page by page.
+
+        Objects under the location whose names are not valid keys (not
+        written by casckpt) are skipped.
+        """
+        if (not _LIST_PREFIX.match(prefix) or prefix.startswith("/") or "//" in prefix
+                or ".." in prefix.split("/")):
+            raise InvalidNameError(f"invalid listing prefix {prefix!r}")
+        pages = self._call("list", prefix, lambda: iter(
+            self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self.prefix + prefix,
+                PaginationConfig={"PageSize": self._page_size})))
+        while True:
+            page = self._call("list", prefix, lambda: next(pages, None))
+            if page is None:
+                return
+            for obj in page.get("Contents", ()):
+                key = obj["Key"][len(self.prefix):]
+                try:
+                    check_key(key)
+                except InvalidNameError:
+                    log.debug("skipping foreign object %s in the listing", self._where(key))
+                    continue
+                yield BlobInfo(key, int(obj["Size"]), obj["LastModified"].timestamp())
+
+    # deletes and lifecycle -------------------------------------------------
+
+    def delete(self, key: str) -> None:
+        check_key(key)
+
+        def remove() -> None:
+            try:
+                self._client.delete_object(Bucket=self.bucket, Key=self.prefix + key)
+            except Exception as exc:
+                if not isinstance(map_s3_error(exc, "delete", ""), BlobNotFoundError):
+                    raise
+
+        self._call("delete", key, remove)
+
+    def close(self) -> None:
+        """Wait for uploads in flight, then release the thread pool and connections.
+
+        Idempotent. The store must not be used afterwards.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._transfers.shutdown()
+        self._client.close()
+
+
+def _read_body(resp: dict[str, Any], expected: int, where: str) -> bytes:
+    body = resp["Body"]
+    try:
+        data: bytes = body.read()
+    finally:
+        body.close()
+    if len(data) != expected:
+        raise RetryableStorageError(
+            f"S3 read of {where} returned {len(data)} of {expected} bytes; "
+            "trying again may succeed"
+        )
+    return data
+
+
+def _parse_content_range(value: str) -> tuple[int, int]:
+    match = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+|\*)", value.strip())
+    if match is None:
+        raise RetryableStorageError(f"S3 sent a malformed Content-Range {value!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def _check_options(sse: str | None, kms_key_id: str | None, checksum: str | None,
+                   threshold: int, chunksize: int, concurrency: int, sdk_attempts: int,
+                   page_size: int, addressing_style: str | None) -> None:
+    problems = []
+    if sse is not None and sse not in SSE_MODES:
+        problems.append(f"sse must be one of {SSE_MODES} or None, not {sse!r}")
+    if kms_key_id is not None and sse != "aws:kms":
+        problems.append("kms_key_id needs sse='aws:kms'")
+    if checksum is not None and checksum not in CHECKSUMS:
+        problems.append(f"checksum must be one of {CHECKSUMS} or None, not {checksum!r}")
+    if chunksize < MIN_PART_SIZE:
+        problems.append(f"multipart_chunksize must be at least 5 MiB, not {chunksize}")
+    if threshold < 1:
+        problems.append(f"multipart_threshold must be positive, not {threshold}")
+    if concurrency < 1 or sdk_attempts < 1:
+        problems.append("max_concurrency and sdk_attempts must be at least 1")
+    if not 1 <= page_size <= 1000:
+        problems.append(f"list_page_size must be 1..1000, not {page_size}")
+    if addressing_style not in (None, "auto", "path", "virtual"):
+        problems.append(f"addressing_style must be 'path', 'virtual' or 'auto', "
+                        f"not {addressing_style!r}")
+    if problems:
+        raise InvalidArgumentError("invalid S3 store options: " + "; ".join(problems))

@@ -1,0 +1,338 @@
+"""The ``casckpt`` command line, driven through typer's CliRunner and once as a real process."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from rich.console import Console
+from safetensors import safe_open
+from safetensors.torch import load_file
+from typer.testing import CliRunner, Result
+
+import casckpt
+from casckpt import errors
+from casckpt.cli.main import app, exit_code_for
+from casckpt.cli.progress import progress_bars
+
+RUN = "demo-run"
+
+
+def make_state() -> dict[str, Any]:
+    return {
+        "model": {
+            "weight": torch.randn(3, 4, generator=torch.Generator().manual_seed(0)),
+            "bias": torch.tensor([1.5, -2.0, float("nan")], dtype=torch.bfloat16),
+        },
+        "optim": {"lr": 0.001, "betas": (0.9, 0.999), "state": {0: {"step": 7}}},
+        "epoch": 3,
+        "name": "warmup",
+        "blob": b"\x00\xffraw",
+        "done": None,
+        "counts": np.arange(5, dtype=np.int16),
+    }
+
+
+@pytest.fixture(scope="module")
+def shared_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A store with two versions of RUN, for tests that only read."""
+    path = tmp_path_factory.mktemp("shared") / "store"
+    _fill(path)
+    yield path
+    _assert_store_ok(path)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Path]:
+    """A fresh store with two versions of RUN, for tests that write or corrupt."""
+    path = tmp_path / "store"
+    _fill(path)
+    yield path
+
+
+def _fill(path: Path) -> None:
+    with casckpt.open(path) as s:
+        s.commit(make_state(), run=RUN, step=100, metrics={"loss": 0.5}, message="first")
+        s.commit({**make_state(), "epoch": 4}, run=RUN, step=200, metrics={"loss": 0.25})
+
+
+def _assert_store_ok(path: Path) -> None:
+    with casckpt.open(path, create=False) as s:
+        assert s.check().ok
+
+
+def _version(path: Path, ref: str) -> casckpt.Version:
+    with casckpt.open(path, create=False) as s:
+        return s.resolve(ref)
+
+
+def cli(store: Path | None, *args: str, env: dict[str, str | None] | None = None) -> Result:
+    prefix = ["--store", str(store)] if store is not None else []
+    return CliRunner().invoke(app, [*prefix, *args], env=env)
+
+
+def _bits(t: torch.Tensor) -> bytes:
+    return t.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def test_runs_table_lists_the_run(shared_store: Path) -> None:
+    result = cli(shared_store, "runs")
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.stdout.splitlines() if RUN in line)
+    assert "200" in row and _version(shared_store, f"{RUN}@200").short_id in row
+
+
+def test_log_table_shows_versions_newest_first(shared_store: Path) -> None:
+    result = cli(shared_store, "log", RUN)
+    assert result.exit_code == 0, result.output
+    old, new = (_version(shared_store, f"{RUN}@{s}").short_id for s in (100, 200))
+    assert result.stdout.index(new) < result.stdout.index(old)
+    assert "loss=0.5" in result.stdout and "first" in result.stdout
+
+
+def test_log_json_respects_limit(shared_store: Path) -> None:
+    result = cli(shared_store, "log", "--json", "--limit", "1")
+    assert result.exit_code == 0, result.output
+    entries = json.loads(result.stdout)
+    assert [e["step"] for e in entries] == [200]
+    assert entries[0]["id"] == _version(shared_store, f"{RUN}@latest").id
+
+
+def test_show_table_lists_tensors_and_values(shared_store: Path) -> None:
+    result = cli(shared_store, "show", f"{RUN}@100")
+    assert result.exit_code == 0, result.output
+    for text in (
+        "model.weight",
+        "model.bias",
+        "counts",
+        "optim.lr",
+        "'warmup'",
+        "first",
+        _version(shared_store, f"{RUN}@100").id,
+    ):
+        assert text in result.stdout
+
+
+def test_show_json_has_step_tensors_and_values(shared_store: Path) -> None:
+    result = cli(shared_store, "show", f"{RUN}@100", "--json")
+    assert result.exit_code == 0, result.output
+    detail = json.loads(result.stdout)
+    assert detail["version"]["step"] == 100
+    assert detail["version"]["id"] == _version(shared_store, f"{RUN}@100").id
+    assert {t["path"] for t in detail["tensors"]} == {"model.weight", "model.bias", "counts"}
+    assert detail["values"]["blob"] == base64.b64encode(b"\x00\xffraw").decode()
+    assert detail["values"]["epoch"] == 3
+
+
+def test_stats(shared_store: Path) -> None:
+    as_json = cli(shared_store, "stats", "--json")
+    assert as_json.exit_code == 0, as_json.output
+    numbers = json.loads(as_json.stdout)
+    assert (numbers["runs"], numbers["versions"]) == (1, 2)
+    assert numbers["dedup_ratio"] >= 1.9  # the second version shares every tensor chunk
+    table = cli(shared_store, "stats")
+    assert table.exit_code == 0 and "dedup ratio" in table.stdout
+
+
+def test_tag_then_show_by_tag(store: Path) -> None:
+    tagged = cli(store, "tag", f"{RUN}@100", "best", "--json")
+    assert tagged.exit_code == 0, tagged.output
+    assert json.loads(tagged.stdout)["step"] == 100
+    shown = cli(store, "show", "tag:best", "--json")
+    assert shown.exit_code == 0, shown.output
+    version = json.loads(shown.stdout)["version"]
+    assert version["step"] == 100 and "best" in version["tags"]
+    bad = cli(store, "tag", f"{RUN}@100", "../escape")
+    assert bad.exit_code == 2, bad.output
+
+
+def test_restore_round_trips_bit_exact(shared_store: Path, tmp_path: Path) -> None:
+    target = tmp_path / "out.safetensors"
+    result = cli(shared_store, "restore", f"{RUN}@100", "--to", str(target))
+    assert result.exit_code == 0, result.output
+    state = make_state()
+    loaded = load_file(str(target))
+    expected = {
+        "model.weight": state["model"]["weight"],
+        "model.bias": state["model"]["bias"],
+        "counts": torch.from_numpy(state["counts"]),
+    }
+    assert loaded.keys() == expected.keys()
+    for path, tensor in expected.items():
+        assert loaded[path].dtype == tensor.dtype and loaded[path].shape == tensor.shape
+        assert _bits(loaded[path]) == _bits(tensor), path
+    with safe_open(str(target), framework="pt") as f:
+        metadata = f.metadata()
+    assert metadata["casckpt.version"] == _version(shared_store, f"{RUN}@100").id
+    assert json.loads(metadata["casckpt.values"]) == {
+        "optim.lr": 0.001,
+        "optim.betas.0": 0.9,
+        "optim.betas.1": 0.999,
+        "optim.state.0.step": 7,
+        "epoch": 3,
+        "name": "warmup",
+        "blob": base64.b64encode(b"\x00\xffraw").decode(),
+        "done": None,
+    }
+
+
+def test_restore_refuses_to_overwrite_without_force(shared_store: Path, tmp_path: Path) -> None:
+    target = tmp_path / "out.safetensors"
+    target.write_bytes(b"keep me")
+    refused = cli(shared_store, "restore", f"{RUN}@100", "--to", str(target))
+    assert refused.exit_code == 2 and "--force" in refused.stderr
+    assert target.read_bytes() == b"keep me"
+    forced = cli(shared_store, "restore", f"{RUN}@100", "--to", str(target), "--force", "--json")
+    assert forced.exit_code == 0, forced.output
+    assert json.loads(forced.stdout)["tensors"] == 3
+
+
+def test_restore_exports_tensors_sharing_storage(tmp_path: Path) -> None:
+    base = torch.arange(10, dtype=torch.float32)
+    with casckpt.open(tmp_path / "s") as s:
+        s.commit({"full": base, "tail": base[4:], "again": base}, run="views", step=1)
+    target = tmp_path / "views.safetensors"
+    result = cli(tmp_path / "s", "restore", "views@1", "--to", str(target))
+    assert result.exit_code == 0, result.output
+    loaded = load_file(str(target))
+    assert torch.equal(loaded["full"], base) and torch.equal(loaded["again"], base)
+    assert torch.equal(loaded["tail"], base[4:])
+
+
+def test_restore_writes_large_values_to_a_sidecar(tmp_path: Path) -> None:
+    big = "x" * (70 * 1024)
+    with casckpt.open(tmp_path / "s") as s:
+        s.commit({"w": torch.ones(2), "notes": big}, run="big", step=1)
+    target = tmp_path / "big.safetensors"
+    result = cli(tmp_path / "s", "restore", "big@1", "--to", str(target))
+    assert result.exit_code == 0, result.output
+    sidecar = tmp_path / "big.values.json"
+    assert str(sidecar) in result.stderr
+    assert json.loads(sidecar.read_text(encoding="utf-8")) == {"notes": big}
+    with safe_open(str(target), framework="pt") as f:
+        metadata = f.metadata()
+    assert "casckpt.values" not in metadata
+    assert metadata["casckpt.values_file"] == sidecar.name
+
+
+def test_check_passes_then_finds_a_flipped_pack_byte(store: Path) -> None:
+    clean = cli(store, "check", "--read-data", "--json")
+    assert clean.exit_code == 0, clean.output
+    assert json.loads(clean.stdout)["ok"] is True
+    packs = [p for p in (store / "packs").rglob("*") if p.is_file()]
+    assert packs, "the store wrote no pack file"
+    pack = max(packs, key=lambda p: p.stat().st_size)
+    data = bytearray(pack.read_bytes())
+    data[len(data) // 3] ^= 0x40
+    pack.write_bytes(bytes(data))
+    dirty = cli(store, "check", "--read-data")
+    assert dirty.exit_code == 1, dirty.output
+    assert "problem" in dirty.stdout
+    dirty_json = cli(store, "check", "--read-data", "--json")
+    assert dirty_json.exit_code == 1
+    assert json.loads(dirty_json.stdout)["problems"]
+
+
+def test_unknown_ref_exits_3_with_one_line_message(shared_store: Path) -> None:
+    result = cli(shared_store, "show", f"{RUN}@999")
+    assert result.exit_code == 3
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("casckpt: error:") and "@999" in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_missing_store_exits_3(tmp_path: Path) -> None:
+    result = cli(tmp_path / "nowhere", "log")
+    assert result.exit_code == 3
+    assert "casckpt: error:" in result.stderr and "Traceback" not in result.output
+
+
+def test_no_store_given_is_a_usage_error() -> None:
+    result = cli(None, "runs", env={"CASCKPT_STORE": None})
+    assert result.exit_code == 2
+    assert "CASCKPT_STORE" in result.stderr
+
+
+def test_store_from_environment(shared_store: Path) -> None:
+    result = cli(None, "runs", "--json", env={"CASCKPT_STORE": str(shared_store)})
+    assert result.exit_code == 0, result.output
+    assert [r["name"] for r in json.loads(result.stdout)] == [RUN]
+
+
+def test_init_creates_then_leaves_a_store(tmp_path: Path) -> None:
+    path = tmp_path / "fresh"
+    created = cli(None, "init", str(path))
+    assert created.exit_code == 0, created.output
+    assert "Created" in created.stdout
+    again = cli(path, "init")
+    assert again.exit_code == 0 and "already exists" in again.stdout
+    assert json.loads(cli(path, "runs", "--json").stdout) == []
+
+
+def test_migrate_opens_and_reports(shared_store: Path) -> None:
+    result = cli(shared_store, "migrate")
+    assert result.exit_code == 0, result.output
+    assert "up to date" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (errors.InvalidNameError("x"), 2),
+        (errors.RestoreTargetError("x"), 2),
+        (errors.UnsupportedStateError("x"), 2),
+        (errors.NotAStoreError("x"), 3),
+        (errors.RefNotFoundError("a@1", "no such step"), 3),
+        (errors.AmbiguousRefError("x"), 3),
+        (errors.CorruptChunkError("x"), 4),
+        (errors.MissingDataError("x"), 4),
+        (errors.StorageError("x"), 5),
+        (errors.SchemaTooNewError("x"), 5),
+    ],
+)
+def test_exit_codes(error: errors.CasckptError, code: int) -> None:
+    assert exit_code_for(error) == code
+
+
+def test_help_documents_exit_codes() -> None:
+    result = CliRunner().invoke(app, ["--help"])
+    assert result.exit_code == 0
+    assert "Exit codes" in result.stdout and "integrity" in result.stdout
+
+
+def test_progress_bars_draw_each_phase() -> None:
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=100)
+    with progress_bars(console) as update:
+        assert update is not None
+        update("read", 512, 2048)
+        update("check", 3, 4)
+    assert "read" in out.getvalue() and "check" in out.getvalue()
+    with progress_bars() as none:  # pytest's stderr is not a terminal
+        assert none is None
+
+
+def test_console_entry_point_in_a_subprocess(shared_store: Path) -> None:
+    env = {**os.environ, "CASCKPT_STORE": str(shared_store)}
+    missing = subprocess.run(
+        [sys.executable, "-m", "casckpt.cli.main", "show", f"{RUN}@999", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert missing.returncode == 3, missing.stderr
+    assert missing.stdout == ""
+    assert missing.stderr.startswith("casckpt: error:") and "Traceback" not in missing.stderr
