@@ -14,11 +14,11 @@ Typical use::
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from casckpt import errors
 from casckpt.errors import CasckptError
-from casckpt.storage import BlobStore
-from casckpt.store import Store, open_store
 from casckpt.types import (
     CheckProblem,
     CheckReport,
@@ -29,14 +29,28 @@ from casckpt.types import (
     VersionDetail,
 )
 
+if TYPE_CHECKING:
+    from casckpt.storage import BlobStore
+    from casckpt.store import Store
+
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # torch is imported only when a store is used, so `casckpt --help` and
+    # `import casckpt.errors` stay fast.
+    if name == "Store":
+        from casckpt.store import Store
+
+        return Store
+    raise AttributeError(f"module 'casckpt' has no attribute {name!r}")
 
 
 def open(  # noqa: A001 - the documented name of the entry point
     path: str | os.PathLike[str] | None = None, *, blobs: str | BlobStore | None = None,
     catalog: str | None = None, cache: str | os.PathLike[str] | None = None,
     create: bool = True, chunk_size: int | None = None, pack_size: int | None = None,
-    workers: int | None = None,
+    workers: int | None = None, s3: Mapping[str, Any] | None = None,
 ) -> Store:
     """Open (or create) a store.
 
@@ -48,19 +62,27 @@ def open(  # noqa: A001 - the documented name of the entry point
 
     Args:
         path: the store's root directory.
-        blobs: where packs live instead of ``path`` (a directory or ``file://`` URL).
-        catalog: an SQLAlchemy URL for the catalog instead of ``path/catalog.db``.
-        cache: directory for the local index cache.
+        blobs: where packs live instead of ``path``: a directory, ``file:///dir`` or
+            ``s3://bucket/prefix``. Recorded in ``path/casckpt.toml`` for a new store.
+        catalog: an SQLAlchemy URL for the catalog instead of ``path/catalog.db``
+            (e.g. ``postgresql+psycopg://user@host/db``). Recorded like ``blobs``.
+        cache: directory for the local index cache (default ``path/cache`` for a
+            self-contained store, else ``~/.cache/casckpt/<store id>``).
         create: False refuses to create a store that does not exist.
         chunk_size, pack_size, workers: override the defaults (see :mod:`casckpt.config`).
+        s3: S3 options for a new store (``endpoint_url``, ``region``, ``sse``,
+            ``kms_key_id``, ``multipart_threshold``, ...), recorded in its
+            config file's ``[s3]`` table. Credentials come from the AWS chain.
 
     Raises:
         NotAStoreError: ``path`` is not a store and cannot become one.
         SchemaTooNewError: the catalog was written by a newer casckpt.
         CatalogError: the catalog database cannot be opened.
     """
+    from casckpt.store import open_store
+
     return open_store(path, blobs=blobs, catalog=catalog, cache=cache, create=create,
-                      chunk_size=chunk_size, pack_size=pack_size, workers=workers)
+                      chunk_size=chunk_size, pack_size=pack_size, workers=workers, s3=s3)
 
 
 __all__ = [

@@ -164,7 +164,7 @@ def _blob_url(value: str, root: Path) -> str:
 
 
 def _spec_from_file(file: Path, blobs: str | None, catalog: str | None,
-                    cache: Path | None) -> StoreSpec:
+                    cache: Path | None, s3: Mapping[str, Any] | None) -> StoreSpec:
     doc = read_config_file(file)
     store, root = doc["store"], file.parent
     recorded = {"blobs": store.get("blobs"), "catalog": store.get("catalog")}
@@ -183,7 +183,7 @@ def _spec_from_file(file: Path, blobs: str | None, catalog: str | None,
         blobs=_blob_url(blobs or recorded["blobs"] or ".", root),
         catalog=catalog or recorded["catalog"] or f"sqlite:///{root / CATALOG_FILE}",
         cache=cache,
-        s3=dict(doc.get("s3", {})),
+        s3={**doc.get("s3", {}), **(s3 or {})},
     )
 
 
@@ -192,8 +192,9 @@ def locate_store(path: Path | None, *, blobs: str | None, catalog: str | None,
     """Work out where a store's parts are, creating its config file for a new store.
 
     ``path`` is a store directory or a ``.toml`` config file. A new or empty
-    directory becomes a store; ``blobs`` / ``catalog`` given for a new store
-    are recorded in its config file so every later open needs only the path.
+    directory becomes a store; ``blobs`` / ``catalog`` / ``s3`` given for a new
+    store are recorded in its config file so every later open needs only the
+    path. For an existing store, ``s3`` options override the file's for this open.
 
     Raises:
         NotAStoreError: ``path`` is a non-empty directory without a store, a
@@ -209,7 +210,7 @@ def locate_store(path: Path | None, *, blobs: str | None, catalog: str | None,
         return StoreSpec(None, _blob_url(blobs, Path.cwd()), catalog, cache, dict(s3 or {}))
     file = _config_file(path)
     if file.is_file():
-        return _spec_from_file(file, blobs, catalog, cache)
+        return _spec_from_file(file, blobs, catalog, cache, s3)
     root = file.parent
     if root.exists() and not root.is_dir():
         raise NotAStoreError(f"{root} is a file, not a casckpt store directory")
@@ -226,4 +227,4 @@ def locate_store(path: Path | None, *, blobs: str | None, catalog: str | None,
     tmp = root / f".{file.name}.tmp"
     tmp.write_text(render_config({"blobs": blobs, "catalog": catalog}, s3 or {}))
     os.replace(tmp, file)
-    return _spec_from_file(file, None, None, cache)
+    return _spec_from_file(file, None, None, cache, None)

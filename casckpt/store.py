@@ -229,7 +229,7 @@ def open_store(
     path: str | os.PathLike[str] | None = None, *, blobs: str | BlobStore | None = None,
     catalog: str | None = None, cache: str | os.PathLike[str] | None = None,
     create: bool = True, chunk_size: int | None = None, pack_size: int | None = None,
-    workers: int | None = None,
+    workers: int | None = None, s3: Mapping[str, Any] | None = None,
 ) -> Store:
     """See :func:`casckpt.open`."""
     settings = cfg.settings({"chunk_size": chunk_size, "pack_size": pack_size, "workers": workers})
@@ -237,7 +237,7 @@ def open_store(
         Path(path).expanduser().resolve() if path is not None else None,
         blobs=blobs if isinstance(blobs, str) or blobs is None else blobs.url,
         catalog=catalog, cache=Path(cache).expanduser() if cache is not None else None,
-        create=create,
+        create=create, s3=s3,
     )
     blob_store = blobs if blobs is not None and not isinstance(blobs, str) else (
         open_blob_store(spec.blobs, spec.s3)

@@ -124,7 +124,7 @@ def error_code(response: dict[str, Any]) -> tuple[str, int | None]:
 
 def _client_error(response: dict[str, Any], op: str, where: str) -> StorageError:
     code, status = error_code(response)
-    message = redact(str(response.get("Error", {}).get("Message", "") or "")).strip()
+    message = redact(str(response.get("Error", {}).get("Message", "") or "")).strip().rstrip(".")
     detail = f"{code or 'error'} (HTTP {status})" + (f": {message}" if message else "")
     if code in _NOT_FOUND_CODES or (status == 404 and not code.startswith("NoSuch")):
         return BlobNotFoundError(f"{where} does not exist (S3 {op}: {detail})")

@@ -1,0 +1,141 @@
+"""Shared fixtures: real services on loopback, and the backend matrix.
+
+- ``pg_url``: a fresh database on a real PostgreSQL server (pgserver, started
+  once per session, reached over a Unix socket in a temp dir).
+- ``store_config``: each of {local dir, S3} x {SQLite, PostgreSQL}; tests that
+  take it run once per combination. S3 is a moto server on 127.0.0.1 with a
+  bucket per test (fixtures in tests/s3_fixtures.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A PostgreSQL server for the whole session (pgserver ships the binaries)."""
+    pgserver = pytest.importorskip("pgserver")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        server = pgserver.get_server(tmp_path_factory.mktemp("pg"), cleanup_mode="stop")
+    try:
+        yield server
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture
+def pg_url(pg_server: Any) -> str:
+    """A SQLAlchemy URL of a new, empty database on the session's server."""
+    name = f"casckpt_{uuid.uuid4().hex[:12]}"
+    pg_server.psql(f"CREATE DATABASE {name};")
+    base = pg_server.get_uri()  # postgresql://postgres:@/postgres?host=/tmp/...
+    url = base.replace("postgresql://", "postgresql+psycopg://", 1)
+    return url.replace("/postgres?", f"/{name}?", 1)
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """How to open one store of the backend matrix."""
+
+    name: str
+    root: Path
+    blobs: str | None
+    catalog: str | None
+    s3: dict[str, Any] | None
+
+    def open(self, **kwargs: Any) -> Any:
+        import casckpt
+
+        return casckpt.open(self.root, blobs=self.blobs, catalog=self.catalog, s3=self.s3, **kwargs)
+
+
+BACKENDS = ["local-sqlite", "local-postgres", "s3-sqlite", "s3-postgres"]
+
+
+@pytest.fixture(params=BACKENDS)
+def store_config(request: pytest.FixtureRequest, tmp_path: Path) -> StoreConfig:
+    """One store location per backend combination (opened by ``store_config.open()``)."""
+    blobs_kind, catalog_kind = request.param.split("-")
+    blobs = catalog = s3 = None
+    if blobs_kind == "s3":
+        make_bucket: Callable[[], str] = request.getfixturevalue("s3_bucket_url")
+        blobs = make_bucket()
+        s3 = {"endpoint_url": request.getfixturevalue("moto_endpoint")}
+    if catalog_kind == "postgres":
+        catalog = request.getfixturevalue("pg_url")
+    return StoreConfig(request.param, tmp_path / "store", blobs, catalog, s3)
+
+
+# -- S3: a moto server on loopback, fake isolated credentials -----------------------------
+
+FAKE_ACCESS_KEY_ID = "AKIAFAKEFAKEFAKEFAKE"
+FAKE_SECRET_ACCESS_KEY = "fakeSecret/DO+NOT+USE/0123456789abcdefghij"
+REGION = "us-east-1"
+_ISOLATED_AWS_VARIABLES = (
+    "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
+    "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_CA_BUNDLE", "AWS_MAX_ATTEMPTS",
+    "AWS_RETRY_MODE", "AWS_REQUEST_CHECKSUM_CALCULATION", "AWS_RESPONSE_CHECKSUM_VALIDATION",
+    "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy",
+)
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """URL of a moto S3 server on 127.0.0.1, shared by the session (buckets are per test)."""
+    moto_server = pytest.importorskip("moto.server")
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def _session_aws_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    home = tmp_path_factory.mktemp("aws")
+    with pytest.MonkeyPatch.context() as mp:
+        for name in _ISOLATED_AWS_VARIABLES:
+            mp.delenv(name, raising=False)
+        mp.setenv("AWS_ACCESS_KEY_ID", FAKE_ACCESS_KEY_ID)
+        mp.setenv("AWS_SECRET_ACCESS_KEY", FAKE_SECRET_ACCESS_KEY)
+        mp.setenv("AWS_REGION", REGION)
+        mp.setenv("AWS_DEFAULT_REGION", REGION)
+        mp.setenv("AWS_CONFIG_FILE", str(home / "no-config"))
+        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", str(home / "no-credentials"))
+        mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        mp.setenv("NO_PROXY", "127.0.0.1,localhost")
+        yield
+
+
+@pytest.fixture
+def aws_env(_session_aws_env: None) -> None:
+    """A fake, isolated AWS environment (inherited by subprocesses the test starts)."""
+
+
+@pytest.fixture
+def s3_bucket_url(aws_env: None, moto_endpoint: str) -> Callable[[], str]:
+    """Factory: create a new bucket on the moto server, return ``s3://bucket/prefix``."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=moto_endpoint, region_name=REGION)
+
+    def make() -> str:
+        bucket = f"casckpt-{uuid.uuid4().hex[:16]}"
+        client.create_bucket(Bucket=bucket)
+        return f"s3://{bucket}/ckpt"
+
+    return make
