@@ -8,6 +8,7 @@ one transaction per revision); a catalog from a newer casckpt is refused.
 
 from __future__ import annotations
 
+import threading
 from importlib import resources
 from pathlib import Path
 
@@ -31,6 +32,11 @@ def migrations_dir() -> Path:
     raise CatalogError("casckpt's catalog migrations are missing from this installation; reinstall it")
 
 
+# Alembic keeps its migration context and loaded scripts in module globals, so
+# every use of it in this process goes through one (re-entrant) lock.
+_ALEMBIC_LOCK = threading.RLock()
+
+
 def _config(connection: Connection | None = None) -> Config:
     config = Config()
     config.set_main_option("script_location", str(migrations_dir()))
@@ -40,7 +46,8 @@ def _config(connection: Connection | None = None) -> Config:
 
 def head_revision() -> str:
     """The newest schema revision this casckpt knows."""
-    head = ScriptDirectory.from_config(_config()).get_current_head()
+    with _ALEMBIC_LOCK:
+        head = ScriptDirectory.from_config(_config()).get_current_head()
     if head is None:
         raise CatalogError("casckpt ships no catalog migrations; reinstall it")
     return head
@@ -48,7 +55,8 @@ def head_revision() -> str:
 
 def current_revision(connection: Connection) -> str | None:
     """The catalog's schema revision, or None for an empty database."""
-    return MigrationContext.configure(connection).get_current_revision()
+    with _ALEMBIC_LOCK:
+        return MigrationContext.configure(connection).get_current_revision()
 
 
 def check_not_newer(connection: Connection, where: str) -> str | None:
@@ -56,8 +64,9 @@ def check_not_newer(connection: Connection, where: str) -> str | None:
     revision = current_revision(connection)
     if revision is None:
         return None
-    scripts = ScriptDirectory.from_config(_config())
-    known = {script.revision for script in scripts.walk_revisions()}
+    with _ALEMBIC_LOCK:
+        scripts = ScriptDirectory.from_config(_config())
+        known = {script.revision for script in scripts.walk_revisions()}
     if revision not in known:
         raise SchemaTooNewError(
             f"the catalog at {where} has schema revision {revision!r}, newer than this casckpt "
@@ -68,5 +77,11 @@ def check_not_newer(connection: Connection, where: str) -> str | None:
 
 
 def upgrade(connection: Connection) -> None:
-    """Bring the catalog to the head revision (a no-op when it is already there)."""
-    command.upgrade(_config(connection), "head")
+    """Bring the catalog to the head revision (a no-op when it is already there).
+
+    Thread-safe: upgrades within one process run one at a time.
+    """
+    if current_revision(connection) == head_revision():
+        return
+    with _ALEMBIC_LOCK:
+        command.upgrade(_config(connection), "head")

@@ -26,7 +26,7 @@ from casckpt.engine.validate import (
     check_step,
     check_tags,
 )
-from casckpt.errors import CatalogError
+from casckpt.errors import CatalogError, VersionExistsError
 from casckpt.format.chunks import aligned_chunk_size, chunk_id, chunk_spans, object_id
 from casckpt.format.codecs import CompressionPolicy, encode_chunk
 from casckpt.format.dtypes import element_size
@@ -158,6 +158,12 @@ def commit(ctx: EngineContext, state: object, req: CommitRequest,
            progress: ProgressCallback | None = None) -> Version:
     """Store ``state`` as a new version of ``req.run`` (see module docstring for the protocol)."""
     started, created = time.monotonic(), time.time()
+    existing = ctx.catalog.at_step(req.run, req.step)
+    if existing is not None:  # checked again when publishing; this saves writing chunks for nothing
+        raise VersionExistsError(
+            f"run {req.run!r} already has a version at step {req.step} ({existing.id[:12]}); "
+            "commit with another step, or fork a new run"
+        )
     root, leaves = encode_tree(state)
     entries, sources = plan_blobs(leaves)
     blobs, chunks = _hash_blobs(ctx, sources, progress)

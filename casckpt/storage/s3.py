@@ -67,6 +67,14 @@ _LIST_PREFIX = re.compile(r"^[a-z0-9._/-]*$")
 
 T = TypeVar("T")
 
+# botocore >= 1.36 adds checksums to every upload by default; checksum=None turns
+# that off too, for S3-compatible endpoints that reject them.
+_NO_DEFAULT_CHECKSUMS = {
+    option: "when_required"
+    for option in ("request_checksum_calculation", "response_checksum_validation")
+    if option in Config.OPTION_DEFAULTS
+}
+
 
 @dataclass(frozen=True, slots=True)
 class S3Location:
@@ -142,8 +150,8 @@ class S3BlobStore:
             ``profile`` is then ignored).
         sse: server-side encryption: ``"AES256"`` (SSE-S3) or ``"aws:kms"`` (SSE-KMS).
         kms_key_id: the KMS key for ``sse="aws:kms"`` (else the account's default key).
-        checksum: the checksum sent with every upload, or None for endpoints
-            that reject checksums.
+        checksum: the checksum sent with every upload (and verified on whole-object
+            reads), or None for endpoints that reject checksums.
         multipart_threshold: objects this large or larger are uploaded in parts.
         multipart_chunksize: the part size (at least 5 MiB).
         max_concurrency: parts uploaded at once, per store.
@@ -184,11 +192,13 @@ class S3BlobStore:
             self._put_args["ServerSideEncryption"] = sse
         if kms_key_id is not None:
             self._put_args["SSEKMSKeyId"] = kms_key_id
+        self._get_args = {"ChecksumMode": "ENABLED"} if checksum is not None else {}
         config = Config(
             retries={"mode": "standard", "total_max_attempts": sdk_attempts},
             connect_timeout=connect_timeout, read_timeout=read_timeout,
             max_pool_connections=max_pool_connections, user_agent_extra="casckpt",
             s3={"addressing_style": addressing_style} if addressing_style else None,
+            **(_NO_DEFAULT_CHECKSUMS if checksum is None else {}),
         )
         try:
             if session is None:
@@ -257,7 +267,7 @@ class S3BlobStore:
 
         def fetch() -> bytes:
             resp = self._client.get_object(Bucket=self.bucket, Key=self.prefix + key,
-                                           ChecksumMode="ENABLED")
+                                           **self._get_args)
             return _read_body(resp, int(resp["ContentLength"]), self._where(key))
 
         return self._call("get", key, fetch)

@@ -1,0 +1,318 @@
+"""Invariant 4 and 7: damaged or forged stored bytes are reported, never returned.
+
+Each test builds a store holding two versions with disjoint packs (runs ``a``
+and ``b``), damages what belongs to ``a`` on disk or in the catalog, and
+checks that restoring ``a`` raises the right typed error naming what is
+damaged, that ``check`` reports it, and that ``b`` still restores.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import casckpt
+from casckpt.errors import (
+    CasckptError,
+    CorruptChunkError,
+    CorruptManifestError,
+    IntegrityError,
+    MissingDataError,
+)
+from casckpt.format.manifest import decode_manifest
+from casckpt.format.pack import ENTRY_HEADER_SIZE, TRAILER_SIZE
+
+CHUNK = 4096
+
+
+@dataclass(frozen=True)
+class ChunkRow:
+    id: str
+    pack_id: str
+    offset: int
+    stored_len: int
+    codec: int
+
+
+def _state(seed: int) -> dict[str, object]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "w": torch.randn(40_000, generator=g),  # ~40 chunks, several packs
+        "b": torch.randn(500, generator=g),
+        "arr": np.arange(seed, seed + 700, dtype=np.int32),
+        "n": seed,
+    }
+
+
+def _same(got: object, want: object) -> None:
+    assert isinstance(got, dict) and isinstance(want, dict) and list(got) == list(want)
+    for key, value in want.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(got[key], value), key
+        elif isinstance(value, np.ndarray):
+            assert np.array_equal(got[key], value) and got[key].dtype == value.dtype, key
+        else:
+            assert got[key] == value, key
+
+
+def _build(root: Path) -> None:
+    with casckpt.open(root, chunk_size=CHUNK, pack_size=64 << 10, workers=2) as store:
+        store.commit(_state(1), run="a", step=1)
+        store.commit(_state(2), run="b", step=1)
+
+
+class Damaged:
+    """A copy of a store with versions ``a@1`` and ``b@1``, and helpers to damage ``a``."""
+
+    def __init__(self, template: Path, root: Path) -> None:
+        shutil.copytree(template, root)
+        self.root = root
+        self.store = casckpt.open(root, create=False)
+        self.a = self.store.resolve("a@1")
+        self.b = self.store.resolve("b@1")
+        assert not self.packs_of(self.a.id) & self.packs_of(self.b.id), "versions share a pack"
+        assert self.store.check(read_data=True).ok
+
+    @contextmanager
+    def db(self) -> Iterator[sqlite3.Connection]:
+        with closing(sqlite3.connect(self.root / "catalog.db")) as conn, conn:
+            yield conn
+
+    def manifest(self, version_id: str) -> bytes:
+        with self.db() as conn:
+            row = conn.execute("SELECT manifest FROM versions WHERE id = ?", (version_id,)).fetchone()
+        return bytes(row[0])
+
+    def chunks_of(self, version_id: str, path: str | None = None) -> list[ChunkRow]:
+        """Chunk rows of a version (or of one tensor of it), in manifest order."""
+        m = decode_manifest(self.manifest(version_id), version_id)
+        blobs = [t.blob for t in m.tensors if path is None or t.path == path]
+        ids = [c.hex() for i in blobs for c in m.blobs[i].chunks]
+        with self.db() as conn:
+            rows = {r[0]: ChunkRow(*r) for r in conn.execute(
+                "SELECT id, pack_id, offset, stored_len, codec FROM chunks")}
+        return [rows[cid] for cid in ids]
+
+    def packs_of(self, version_id: str) -> set[str]:
+        return {c.pack_id for c in self.chunks_of(version_id)}
+
+    def pack_path(self, pack_id: str) -> Path:
+        return self.root / "packs" / pack_id[:2] / pack_id
+
+    def patch(self, pack_id: str, offset: int, data: bytes) -> None:
+        path = self.pack_path(pack_id)
+        path.chmod(0o644)
+        with open(path, "r+b") as f:
+            f.seek(offset)
+            f.write(data)
+
+    def read(self, pack_id: str, offset: int, length: int) -> bytes:
+        with open(self.pack_path(pack_id), "rb") as f:
+            f.seek(offset)
+            return f.read(length)
+
+    def assert_b_intact(self) -> None:
+        _same(self.store.restore("b@1"), _state(2))
+        _same(self.store.restore(self.b), _state(2))
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("template") / "store"
+    _build(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def raw_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("raw-template") / "store"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CASCKPT_COMPRESSION", "0")  # every chunk stored raw, 4096 bytes
+        _build(root)
+    return root
+
+
+@pytest.fixture
+def damaged(template: Path, tmp_path: Path) -> Iterator[Damaged]:
+    d = Damaged(template, tmp_path / "store")
+    yield d
+    d.store.close()
+
+
+def _problems(report: casckpt.CheckReport) -> set[tuple[str, str]]:
+    return {(p.kind, p.subject) for p in report.problems}
+
+
+def test_flipped_payload_byte(damaged: Damaged) -> None:
+    target = damaged.chunks_of(damaged.a.id, "w")[0]
+    middle = target.offset + ENTRY_HEADER_SIZE + target.stored_len // 2
+    damaged.patch(target.pack_id, middle, bytes([damaged.read(target.pack_id, middle, 1)[0] ^ 0x5A]))
+
+    with pytest.raises(CorruptChunkError) as info:
+        damaged.store.restore("a@1")
+    err = info.value
+    assert isinstance(err, IntegrityError) and isinstance(err, ValueError)
+    assert (err.pack_id, err.chunk_id) == (target.pack_id, target.id)
+    assert target.pack_id in str(err) and target.id in str(err)
+    with pytest.raises(CorruptChunkError):
+        damaged.store.load_tensor("a@1", "w")
+
+    # A tensor of the same version whose chunks lie in other packs is still readable.
+    b_packs = {c.pack_id for c in damaged.chunks_of(damaged.a.id, "b")}
+    assert target.pack_id not in b_packs
+    assert torch.equal(damaged.store.load_tensor("a@1", "b"), _state(1)["b"])
+
+    assert damaged.store.check().ok, "sizes are unchanged: a check without read_data passes"
+    report = damaged.store.check(read_data=True)
+    assert not report.ok
+    assert _problems(report) == {("chunk", target.id)}
+    assert target.pack_id in report.problems[0].detail
+    damaged.assert_b_intact()
+
+
+def test_damaged_entry_header(damaged: Damaged) -> None:
+    target = damaged.chunks_of(damaged.a.id, "w")[5]
+    at = target.offset + 40  # inside the recorded chunk id / lengths, covered by the header CRC
+    damaged.patch(target.pack_id, at, bytes([damaged.read(target.pack_id, at, 1)[0] ^ 1]))
+    with pytest.raises(CorruptChunkError) as info:
+        damaged.store.restore("a@1")
+    assert (info.value.pack_id, info.value.chunk_id) == (target.pack_id, target.id)
+    assert _problems(damaged.store.check(read_data=True)) == {("chunk", target.id)}
+    damaged.assert_b_intact()
+
+
+def test_truncated_pack(damaged: Damaged) -> None:
+    target = damaged.chunks_of(damaged.a.id, "w")[-1]
+    path = damaged.pack_path(target.pack_id)
+    full = path.stat().st_size
+    path.chmod(0o644)
+    with open(path, "r+b") as f:
+        f.truncate(target.offset + ENTRY_HEADER_SIZE + 10)
+
+    report = damaged.store.check()
+    assert not report.ok
+    assert _problems(report) == {("pack", target.pack_id)}
+    assert str(full) in report.problems[0].detail
+    assert not damaged.store.check(read_data=True).ok
+    with pytest.raises(IntegrityError) as info:
+        damaged.store.restore("a@1")
+    assert isinstance(info.value, CasckptError)
+    assert target.pack_id in str(info.value)
+    damaged.assert_b_intact()
+
+
+def test_deleted_pack(damaged: Damaged) -> None:
+    target = damaged.chunks_of(damaged.a.id, "w")[0]
+    damaged.pack_path(target.pack_id).unlink()
+
+    with pytest.raises(MissingDataError) as info:
+        damaged.store.restore("a@1")
+    assert target.pack_id in str(info.value) and "missing" in str(info.value)
+    with pytest.raises(MissingDataError):
+        damaged.store.load_tensor("a@1", "w")
+    for read_data in (False, True):
+        report = damaged.store.check(read_data=read_data)
+        assert _problems(report) == {("pack", target.pack_id)}
+        assert "missing" in report.problems[0].detail
+    damaged.assert_b_intact()
+
+
+def test_chunk_row_deleted_from_catalog(damaged: Damaged) -> None:
+    target = damaged.chunks_of(damaged.a.id, "b")[0]
+    with damaged.db() as conn:
+        conn.execute("DELETE FROM chunks WHERE id = ?", (target.id,))
+    with pytest.raises(MissingDataError) as info:
+        damaged.store.restore("a@1")
+    assert target.id in str(info.value)
+    assert ("chunk", target.id) in _problems(damaged.store.check())
+    damaged.assert_b_intact()
+
+
+@pytest.mark.parametrize("how", ["garbage", "other-version", "bit-flip"])
+def test_corrupt_manifest_in_catalog(damaged: Damaged, how: str) -> None:
+    original = damaged.manifest(damaged.a.id)
+    if how == "garbage":
+        forged = b"\x28\xb5\x2f\xfd not a manifest"
+    elif how == "other-version":
+        forged = damaged.manifest(damaged.b.id)  # valid, but hashes to another id
+    else:
+        forged = bytearray(original)
+        forged[len(forged) // 2] ^= 0x10
+        forged = bytes(forged)
+    with damaged.db() as conn:
+        conn.execute("UPDATE versions SET manifest = ? WHERE id = ?", (forged, damaged.a.id))
+
+    with pytest.raises(CorruptManifestError) as info:
+        damaged.store.restore("a@1")
+    assert isinstance(info.value, IntegrityError)
+    with pytest.raises(CorruptManifestError):
+        damaged.store.show("a@1")
+    with pytest.raises(CorruptManifestError):
+        damaged.store.load_tensor("a@1", "w")
+    report = damaged.store.check()
+    assert _problems(report) == {("manifest", damaged.a.id)}
+    assert [v.step for v in damaged.store.log("a")] == [1], "the catalog row itself is fine"
+    damaged.assert_b_intact()
+
+
+def test_deleted_manifest_object_is_reported(damaged: Damaged) -> None:
+    (damaged.root / "manifests" / damaged.a.id).unlink()
+    assert _problems(damaged.store.check()) == {("manifest", damaged.a.id)}
+    # The catalog's copy is authoritative, so the data itself is still there.
+    _same(damaged.store.restore("a@1"), _state(1))
+
+
+@pytest.fixture
+def raw_damaged(raw_template: Path, tmp_path: Path) -> Iterator[Damaged]:
+    d = Damaged(raw_template, tmp_path / "store")
+    yield d
+    d.store.close()
+
+
+def _same_pack_pair(d: Damaged) -> tuple[ChunkRow, ChunkRow]:
+    rows = d.chunks_of(d.a.id, "w")
+    for first in rows:
+        for second in rows:
+            if (first.id != second.id and first.pack_id == second.pack_id
+                    and first.stored_len == second.stored_len and first.codec == second.codec):
+                return first, second
+    raise AssertionError("no two chunks of equal size share a pack")
+
+
+@pytest.mark.parametrize("what", ["payload", "whole-entry"])
+def test_forged_pack_with_another_valid_chunk(raw_damaged: Damaged, what: str) -> None:
+    """The footer and pack size are intact; one chunk's bytes are another chunk's."""
+    d = raw_damaged
+    victim, donor = _same_pack_pair(d)
+    skip = ENTRY_HEADER_SIZE if what == "payload" else 0
+    length = ENTRY_HEADER_SIZE + donor.stored_len - skip
+    d.patch(victim.pack_id, victim.offset + skip, d.read(donor.pack_id, donor.offset + skip, length))
+
+    assert d.store.check().ok
+    with pytest.raises(CorruptChunkError) as info:
+        d.store.restore("a@1")
+    assert (info.value.pack_id, info.value.chunk_id) == (victim.pack_id, victim.id)
+    assert victim.id in str(info.value)
+    assert _problems(d.store.check(read_data=True)) == {("chunk", victim.id)}
+    d.assert_b_intact()
+
+
+def test_damaged_pack_footer(damaged: Damaged) -> None:
+    pack = damaged.chunks_of(damaged.a.id, "w")[0].pack_id
+    size = damaged.pack_path(pack).stat().st_size
+    at = size - TRAILER_SIZE - 10
+    damaged.patch(pack, at, bytes([damaged.read(pack, at, 1)[0] ^ 0xFF]))
+    assert damaged.store.check().ok
+    report = damaged.store.check(read_data=True)
+    assert _problems(report) == {("pack", pack)}
+    assert "footer" in report.problems[0].detail
+    # Restore reads through the catalog's index and verifies every chunk: the data is fine.
+    _same(damaged.store.restore("a@1"), _state(1))
