@@ -112,7 +112,8 @@ def tensor_leaves(state: Any) -> Iterator[tuple[str, torch.Tensor]]:
             yield path, leaf
 
 
-def _raw_bytes(t: torch.Tensor) -> memoryview:
+def raw_bytes(t: torch.Tensor) -> memoryview:
+    """The tensor's data as a flat byte view (a contiguous copy only if it is not contiguous)."""
     return t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().data
 
 
@@ -122,7 +123,7 @@ def tensor_digests(state: Any) -> dict[str, tuple[int, bytes]]:
     for path, t in tensor_leaves(state):
         header = f"{t.dtype}{tuple(t.shape)}".encode()
         hasher = blake3.blake3(header, max_threads=blake3.blake3.AUTO)
-        hasher.update(_raw_bytes(t))
+        hasher.update(raw_bytes(t))
         digests[path] = (t.nbytes, hasher.digest())
     return digests
 

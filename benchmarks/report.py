@@ -3,35 +3,39 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from benchmarks.s3 import NAME as S3_NAME
+from benchmarks.s3 import S3Result, Timing
 from benchmarks.suite import WorkloadResult
 
-Outcome = WorkloadResult | str  # a result, or the error that stopped the workload
+Result = WorkloadResult | S3Result
+Outcome = Result | str  # a result, or the error that stopped the workload
+R = TypeVar("R", WorkloadResult, S3Result)
 
 
 @dataclass(frozen=True)
-class Metric:
+class Metric(Generic[R]):
     """One reported figure: a time ratio, or bytes as a fraction of logical bytes."""
 
     key: str
     label: str
     kind: Literal["ratio", "fraction"]
-    compute: Callable[[WorkloadResult], float | None]
+    compute: Callable[[R], float | None]
 
 
 def _over(num: float, den: float) -> float | None:
     return num / den if den else None
 
 
-METRICS: tuple[Metric, ...] = (
+METRICS: tuple[Metric[WorkloadResult], ...] = (
     Metric(
         "commit_first_vs_save",
         "commit, first version / torch.save",
@@ -112,6 +116,33 @@ METRICS: tuple[Metric, ...] = (
     ),
 )
 
+S3_METRICS: tuple[Metric[S3Result], ...] = (
+    Metric(
+        "commit_vs_raw_upload",
+        "commit MB/s / raw boto3 upload MB/s",
+        "ratio",
+        lambda r: _over(r.commit.mb_per_s, r.raw_upload.mb_per_s),
+    ),
+    Metric(
+        "restore_vs_raw_download",
+        "restore MB/s / raw boto3 download MB/s",
+        "ratio",
+        lambda r: _over(r.restore.mb_per_s, r.raw_download.mb_per_s),
+    ),
+    Metric(
+        "stored_first_of_logical",
+        "stored bytes, first / logical",
+        "fraction",
+        lambda r: _over(r.stored_bytes, r.logical_bytes),
+    ),
+)
+
+# (workload or "*", metric key) -> lower limit, from BENCHMARKS.md "Targets".
+FLOORS: Mapping[tuple[str, str], float] = {
+    (S3_NAME, "commit_vs_raw_upload"): 0.8,
+    (S3_NAME, "restore_vs_raw_download"): 0.8,
+}
+
 # (workload or "*", metric key) -> upper limit, from BENCHMARKS.md "Targets".
 TARGETS: Mapping[tuple[str, str], float] = {
     ("unchanged", "commit_next_vs_save"): 0.1,
@@ -124,19 +155,33 @@ TARGETS: Mapping[tuple[str, str], float] = {
 }
 
 
-def target_for(workload: str, key: str) -> float | None:
-    """The BENCHMARKS.md limit for ``key`` on ``workload``, if there is one."""
-    return TARGETS.get((workload, key), TARGETS.get(("*", key)))
+def target_for(workload: str, key: str) -> tuple[float | None, str | None]:
+    """The BENCHMARKS.md limit for ``key`` on ``workload`` and its bound (``<=`` or ``>=``)."""
+    floor = FLOORS.get((workload, key), FLOORS.get(("*", key)))
+    if floor is not None:
+        return floor, ">="
+    ceiling = TARGETS.get((workload, key), TARGETS.get(("*", key)))
+    return ceiling, None if ceiling is None else "<="
 
 
-def evaluate(result: WorkloadResult) -> dict[str, dict[str, Any]]:
-    """``{metric: {"value", "target", "met"}}``; ``met`` is None without a target or value."""
+def metrics_for(result: Result) -> Sequence[Metric[Any]]:
+    """The measures reported for ``result``'s kind of workload."""
+    return S3_METRICS if isinstance(result, S3Result) else METRICS
+
+
+def evaluate(result: Result) -> dict[str, dict[str, Any]]:
+    """``{metric: {"value", "target", "bound", "met"}}``; ``met`` is None without a target or value.
+
+    ``bound`` is ``<=`` for an upper limit, ``>=`` for a lower one (S3 throughput ratios).
+    """
     out: dict[str, dict[str, Any]] = {}
-    for metric in METRICS:
+    for metric in metrics_for(result):
         value = metric.compute(result)
-        target = target_for(result.name, metric.key)
-        met = None if value is None or target is None else value <= target
-        out[metric.key] = {"value": value, "target": target, "met": met}
+        target, bound = target_for(result.name, metric.key)
+        met = None
+        if value is not None and target is not None:
+            met = value >= target if bound == ">=" else value <= target
+        out[metric.key] = {"value": value, "target": target, "bound": bound, "met": met}
     return out
 
 
@@ -163,7 +208,58 @@ def _seconds(s: float) -> str:
     return f"{s:.3f} s" if s < 10 else f"{s:.1f} s"
 
 
-def raw_table(outcomes: Mapping[str, Outcome]) -> Table:
+def _is_s3(name: str, outcome: Outcome) -> bool:
+    return isinstance(outcome, S3Result) or (isinstance(outcome, str) and name == S3_NAME)
+
+
+def _local(outcomes: Mapping[str, Outcome]) -> dict[str, WorkloadResult | str]:
+    return {n: r for n, r in outcomes.items() if not isinstance(r, S3Result) and not _is_s3(n, r)}
+
+
+def _s3(outcomes: Mapping[str, Outcome]) -> dict[str, S3Result | str]:
+    return {n: r for n, r in outcomes.items() if not isinstance(r, WorkloadResult) and _is_s3(n, r)}
+
+
+def _s3_rows(r: S3Result) -> list[tuple[str, str, int, Timing, list[float], bool]]:
+    """(operation, objects, bytes sent, median timing, each round's seconds, verified) per step."""
+    first = r.rounds[0]
+    raw_objects = f"{r.raw_objects} x {_fmt_bytes(r.object_size)}"
+    packs = f"{first.casckpt_objects} incl. manifest"
+    raw_ok = all(x.raw_verified for x in r.rounds)
+    ours_ok = all(x.restore_verified for x in r.rounds)
+    return [
+        ("boto3 upload", raw_objects, r.logical_bytes, r.raw_upload,
+         [x.raw_upload_s for x in r.rounds], raw_ok),
+        ("casckpt commit", packs, first.casckpt_object_bytes, r.commit,
+         [x.commit_s for x in r.rounds], ours_ok),
+        ("boto3 download", raw_objects, r.logical_bytes, r.raw_download,
+         [x.raw_download_s for x in r.rounds], raw_ok),
+        ("casckpt restore", packs, first.casckpt_object_bytes, r.restore,
+         [x.restore_s for x in r.rounds], ours_ok),
+    ]
+
+
+def s3_raw_table(outcomes: Mapping[str, S3Result | str]) -> Table:
+    """S3 workload: raw boto3 transfer and casckpt of the same state, times and MB/s."""
+    table = Table(title="S3 raw measurements (moto in-process on loopback; same run, same bucket)")
+    for column in ("workload", "operation", "objects", "bytes sent", "wall (median)",
+                   "MB/s of state", "each round", "verified"):
+        table.add_column(column, justify="left" if column in ("workload", "operation") else "right")
+    for name, r in outcomes.items():
+        if isinstance(r, str):
+            table.add_row(name, "[red]crashed[/]")
+            continue
+        for op, objects, sent, timing, each, ok in _s3_rows(r):
+            table.add_row(
+                name, op, objects, _fmt_bytes(sent), _seconds(timing.wall_s),
+                f"{timing.mb_per_s:.0f}", " ".join(f"{s:.2f}" for s in each),
+                "[green]yes[/]" if ok else "[red]NO[/]",
+            )
+        table.add_section()
+    return table
+
+
+def raw_table(outcomes: Mapping[str, WorkloadResult | str]) -> Table:
     """Absolute sizes and times, for reading the ratios against."""
     table = Table(title="Raw measurements (same run, same directory)")
     for column in (
@@ -209,14 +305,14 @@ def ratio_table(outcomes: Mapping[str, Outcome], scale: float) -> Table:
             table.add_row(name, f"[red]crashed: {escape(r)}[/]")
             continue
         scores = evaluate(r)
-        for metric in METRICS:
+        for metric in metrics_for(r):
             score = scores[metric.key]
             target = score["target"]
             table.add_row(
                 name,
                 metric.label,
                 _fmt(score["value"], metric.kind),
-                "" if target is None else f"<= {_fmt(target, metric.kind)}",
+                "" if target is None else f"{score['bound']} {_fmt(target, metric.kind)}",
                 _verdict(score["met"]),
             )
         table.add_section()
@@ -224,8 +320,12 @@ def ratio_table(outcomes: Mapping[str, Outcome], scale: float) -> Table:
 
 
 def print_report(console: Console, outcomes: Mapping[str, Outcome], scale: float) -> None:
-    """Print the raw table, then the ratio table."""
-    console.print(raw_table(outcomes))
+    """Print the raw table(s) of the workloads that ran, then the ratio table."""
+    local, s3 = _local(outcomes), _s3(outcomes)
+    if local:
+        console.print(raw_table(local))
+    if s3:
+        console.print(s3_raw_table(s3))
     console.print(ratio_table(outcomes, scale))
 
 
@@ -241,6 +341,28 @@ NOTES = {
     "one_tensor": "BENCHMARKS.md states the one-tensor target for a 1 GiB tensor; this uses the "
     "largest tensor of the state, which is smaller",
     "peak_extra_rss": "max RSS sampled every 2 ms from /proc/self/statm minus RSS at the start",
+    "bound": "'<=': the target is an upper limit; '>=': a lower limit",
+}
+
+S3_NOTES = {
+    "server": "moto ThreadedMotoServer, an in-process Python (werkzeug) server on 127.0.0.1, "
+    "sharing this process's CPUs and GIL with the client; absolute MB/s reflect moto's speed, "
+    "not S3's or the network's: the casckpt / raw boto3 ratios are what matters",
+    "credentials": "fake, set in os.environ for the duration of the workload only",
+    "raw": "the dense state's tensor bytes cut into objects of the pack size (64 MiB x scale, "
+    "at least 5 MiB), uploaded one after the other with upload_fileobj and downloaded with "
+    "download_fileobj, with S3BlobStore's default TransferConfig (multipart threshold, part "
+    "size, concurrency) and checksum algorithm; bodies are built before the clock starts",
+    "casckpt": "Store.commit of the same state (first version; hashing, compression, staging "
+    "file + fsync and upload included) with pack_size = the raw object size, blobs on the "
+    "same bucket, catalog SQLite local; then a full Store.restore of that version",
+    "rounds": "each round runs raw upload, casckpt commit, raw download, casckpt restore, in "
+    "that order, on fresh keys and a fresh store, then deletes what it wrote; raw_upload, "
+    "raw_download, commit and restore are the medians over the rounds (each in rounds)",
+    "throughput": "logical (tensor) bytes / wall seconds, MB = 10^6 bytes, for all four; "
+    "casckpt may upload fewer bytes (compression), counted in casckpt_object_bytes",
+    "peak_extra_rss": "commit_peak_extra_rss includes the in-process moto server's buffers, so it "
+    "is not reported as a casckpt measure",
 }
 
 
@@ -252,6 +374,9 @@ def write_json(path: Path, outcomes: Mapping[str, Outcome], header: dict[str, An
             results[name] = {"error": r}
         else:
             results[name] = {"raw": r.to_dict(), "metrics": evaluate(r)}
-    document = {**header, "notes": NOTES, "results": results}
+    notes: dict[str, Any] = dict(NOTES)
+    if _s3(outcomes):
+        notes[S3_NAME] = S3_NOTES
+    document = {**header, "notes": notes, "results": results}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2, default=str) + "\n")

@@ -1,8 +1,11 @@
 """casckpt benchmark: commit / restore against torch.save / torch.load in the same run.
 
+The ``s3`` workload instead compares casckpt on an in-process moto S3 server
+with raw boto3 managed transfer of the same bytes.
+
 Usage::
 
-    python benchmarks/run.py [--scale S] [--workloads dense,frozen,unchanged]
+    python benchmarks/run.py [--scale S] [--workloads dense,frozen,unchanged,s3]
                              [--out FILE] [--dir TMPDIR]
 
 Prints a table of ratios with pass/miss against BENCHMARKS.md targets and writes
@@ -28,10 +31,13 @@ from rich.console import Console  # noqa: E402
 
 from benchmarks.machine import machine_info  # noqa: E402
 from benchmarks.report import Outcome, print_report, write_json  # noqa: E402
-from benchmarks.suite import run_workload  # noqa: E402
-from benchmarks.workloads import WORKLOADS  # noqa: E402
+from benchmarks.s3 import NAME as S3_NAME  # noqa: E402
+from benchmarks.s3 import run_s3  # noqa: E402
+from benchmarks.suite import Log, run_workload  # noqa: E402
+from benchmarks.workloads import WORKLOADS as LOCAL_WORKLOADS  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "latest.json"
+WORKLOADS = (*LOCAL_WORKLOADS, S3_NAME)
 
 
 def _workload_list(text: str) -> list[str]:
@@ -84,6 +90,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _run_one(name: str, scale: float, workdir: Path, log: Log) -> Outcome:
+    if name == S3_NAME:
+        return run_s3(scale, workdir, log)
+    return run_workload(name, scale, workdir, log)
+
+
 def run_all(args: argparse.Namespace, base: Path, console: Console) -> dict[str, Outcome]:
     """Run each requested workload in a fresh directory under ``base``; keep going on errors."""
     outcomes: dict[str, Outcome] = {}
@@ -91,7 +103,7 @@ def run_all(args: argparse.Namespace, base: Path, console: Console) -> dict[str,
         workdir = base / name
         workdir.mkdir()
         try:
-            outcomes[name] = run_workload(name, args.scale, workdir, console.log)
+            outcomes[name] = _run_one(name, args.scale, workdir, console.log)
         except Exception as exc:  # reported, then turned into the exit status
             console.print(traceback.format_exc(), markup=False, highlight=False)
             outcomes[name] = f"{type(exc).__name__}: {exc}"

@@ -46,6 +46,7 @@ class Settings:
         compress: False stores every chunk raw.
         zstd_level: zstd level for compressed chunks.
         read_coalesce: the largest single ranged read restore issues.
+        upload_workers: packs stored concurrently while the next one fills.
     """
 
     chunk_size: int = DEFAULT_CHUNK_SIZE
@@ -54,6 +55,7 @@ class Settings:
     compress: bool = True
     zstd_level: int = 1
     read_coalesce: int = 16 << 20
+    upload_workers: int = 2
 
 
 def _int_env(env: Mapping[str, str], name: str) -> int | None:

@@ -64,6 +64,7 @@ class Store:
         self._ctx = EngineContext(
             catalog=catalog, cache=cache, blobs=blobs, staging=staging, config=settings,
             pool=ThreadPoolExecutor(settings.workers, thread_name_prefix="casckpt"),
+            uploads=ThreadPoolExecutor(settings.upload_workers, thread_name_prefix="casckpt-upload"),
         )
         self._closed = False
 
@@ -75,6 +76,7 @@ class Store:
             return
         self._closed = True
         self._ctx.pool.shutdown(wait=True)
+        self._ctx.uploads.shutdown(wait=True)
         self._ctx.cache.close()
         self._ctx.catalog.close()
         self._ctx.blobs.close()

@@ -88,10 +88,11 @@ def _sqlite_engine(url: str) -> Engine:
 
 
 def _insert_ignore(conn: Connection, table: Any, rows: list[dict[str, Any]], key: str) -> None:
+    """INSERT rows, skipping those whose ``key`` exists (another writer got there first)."""
     if not rows:
         return
     dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    conn.execute(dialect.insert(table).values(rows).on_conflict_do_nothing(index_elements=[key]))
+    conn.execute(dialect.insert(table).on_conflict_do_nothing(index_elements=[key]), rows)
 
 
 class Catalog:
@@ -187,8 +188,7 @@ class Catalog:
                 "id": pack.id, "key": pack.key, "size": pack.size, "chunks": len(pack.entries),
                 "state": "live", "created_at": now, "verified_at": None,
             }], "id")
-            for i in range(0, len(chunk_rows), _BATCH):
-                _insert_ignore(conn, s.chunks, chunk_rows[i : i + _BATCH], "id")
+            _insert_ignore(conn, s.chunks, chunk_rows, "id")
 
     def _missing(self, conn: Connection, ids: list[str]) -> set[str]:
         live: set[str] = set()

@@ -134,7 +134,7 @@ def _write_chunks(
         for cid, codec, raw_len, payload in _encoded(ctx, chunks, ids):
             packer.add(cid, codec, raw_len, payload)
             bar.advance(raw_len)
-        packer.flush()
+        packer.finish()
     except BaseException:
         packer.abort()
         raise

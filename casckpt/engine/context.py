@@ -14,7 +14,11 @@ from casckpt.storage import BlobStore
 
 @dataclass(slots=True)
 class EngineContext:
-    """The components one store's engine operations share. Owned by ``Store``."""
+    """The components one store's engine operations share. Owned by ``Store``.
+
+    ``pool`` runs CPU work and reads (hashing, encoding, ranged reads);
+    ``uploads`` stores finished packs, so they upload while the next fills.
+    """
 
     catalog: Catalog
     cache: IndexCache
@@ -22,6 +26,7 @@ class EngineContext:
     staging: Path
     config: Settings
     pool: ThreadPoolExecutor
+    uploads: ThreadPoolExecutor
 
 
 def pack_key(pack_id: str) -> str:

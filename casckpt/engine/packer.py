@@ -8,8 +8,10 @@ chunk rows no version references, which GC reclaims.
 
 from __future__ import annotations
 
-import os
 import uuid
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import BinaryIO
 
@@ -19,13 +21,22 @@ from casckpt.format.pack import PackEntry, PackWriter
 
 
 class Packer:
-    """Accumulates chunks into packs of about ``config.pack_size`` bytes. Not thread-safe."""
+    """Accumulates chunks into packs of about ``config.pack_size`` bytes.
+
+    Finished packs are stored and recorded on the context's upload pool while
+    the next pack fills, with at most ``_IN_FLIGHT`` packs pending (bounding
+    staging disk and memory). Call order: :meth:`add` any number of times,
+    then :meth:`finish` (or :meth:`abort` after a failure). Not thread-safe.
+    """
+
+    _IN_FLIGHT = 2
 
     def __init__(self, ctx: EngineContext) -> None:
         self._ctx = ctx
         self._file: BinaryIO | None = None
         self._path: Path | None = None
         self._writer: PackWriter | None = None
+        self._pending: deque[Future[PackRecord]] = deque()
         self.stored_bytes = 0
         self.packs: list[PackRecord] = []
 
@@ -33,41 +44,55 @@ class Packer:
         """Append one encoded chunk, closing the current pack when it is full."""
         if self._writer is None:
             self._path = self._ctx.staging / f"{uuid.uuid4().hex}.pack"
-            self._file = open(self._path, "wb")  # noqa: SIM115 - closed in flush()/abort()
+            self._file = open(self._path, "wb")  # noqa: SIM115 - closed in _close()/abort()
             self._writer = PackWriter(self._file)
         self._writer.add(cid, codec, raw_len, payload)
         self.stored_bytes += len(payload)
         if self._writer.size >= self._ctx.config.pack_size:
-            self.flush()
+            self._close()
 
-    def flush(self) -> None:
-        """Finish the open pack (if any), store it, and record it in the catalog and cache."""
+    def _close(self) -> None:
+        """Finish the open pack and hand it to the upload pool."""
         if self._writer is None or self._file is None or self._path is None:
             return
         pack_id = self._writer.finish()
-        entries = self._writer.entries
-        size = self._writer.size
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
+        record = PackRecord(pack_id, pack_key(pack_id), self._writer.size, self._writer.entries)
+        self._file.close()  # the blob store makes it durable (local: fsync + rename)
         path, self._writer, self._file, self._path = self._path, None, None, None
-        record = PackRecord(pack_id, pack_key(pack_id), size, entries)
+        self._pending.append(self._ctx.uploads.submit(self._store, record, path))
+        while len(self._pending) > self._IN_FLIGHT:
+            self.packs.append(self._pending.popleft().result())
+
+    def _store(self, record: PackRecord, path: Path) -> PackRecord:
         try:
             self._ctx.blobs.put_file(record.key, path)
         finally:
             path.unlink(missing_ok=True)
         self._ctx.catalog.add_pack(record)
-        self._ctx.cache.put_many(_cache_items(pack_id, entries))
-        self.packs.append(record)
+        self._ctx.cache.put_many(_cache_items(record.id, record.entries))
+        return record
+
+    def finish(self) -> list[PackRecord]:
+        """Close the open pack and wait until every pack is durable and recorded.
+
+        Raises the first storage or catalog error of any pack.
+        """
+        self._close()
+        while self._pending:
+            self.packs.append(self._pending.popleft().result())
+        return self.packs
 
     def abort(self) -> None:
-        """Drop the open pack's staging file (after a failure)."""
+        """After a failure: wait for uploads in flight (ignoring their errors), drop staging files."""
         if self._file is not None:
             self._file.close()
         if self._path is not None:
             self._path.unlink(missing_ok=True)
         self._writer, self._file, self._path = None, None, None
+        for future in self._pending:
+            future.exception()
+        self._pending.clear()
 
 
-def _cache_items(pack_id: str, entries: list[PackEntry]) -> list[tuple[bytes, str, int, int, int, int]]:
+def _cache_items(pack_id: str, entries: Sequence[PackEntry]) -> list[tuple[bytes, str, int, int, int, int]]:
     return [(e.chunk_id, pack_id, e.offset, e.stored_len, e.raw_len, e.codec) for e in entries]

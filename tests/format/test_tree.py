@@ -1,0 +1,315 @@
+"""State trees: exact round trips of plain values, and refusal of what cannot be stored.
+
+Round trips go through JSON (``allow_nan=False``) exactly as manifests do, so
+a node type that only survives in memory fails here.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import struct
+import warnings
+from typing import Any, NamedTuple
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from casckpt.errors import CorruptManifestError, InvalidNameError, UnsupportedStateError
+from casckpt.format.tree import decode_tree, encode_tree, iter_leaves, iter_values
+
+PROPERTY = settings(max_examples=100, deadline=None)
+
+
+def assert_identical(a: Any, b: Any, path: str = "") -> None:
+    """Same structure, same types (tuple vs list, int vs bool keys), floats bit for bit."""
+    assert type(a) is type(b), f"{path}: {type(a).__name__} != {type(b).__name__}"
+    if isinstance(a, float):
+        assert struct.pack(">d", a) == struct.pack(">d", b), f"{path}: {a!r} != {b!r}"
+    elif isinstance(a, dict):
+        assert [(type(k), k) for k in a] == [(type(k), k) for k in b], path
+        for k in a:
+            assert_identical(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_identical(x, y, f"{path}.{i}")
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+def _through_json(root: dict[str, Any]) -> dict[str, Any]:
+    decoded: dict[str, Any] = json.loads(json.dumps(root, allow_nan=False))
+    return decoded
+
+
+def _no_tensors(i: int, path: str) -> object:
+    raise AssertionError(f"no tensor expected, got {i} at {path}")
+
+
+nan_payloads = st.integers(1, (1 << 52) - 1).flatmap(
+    lambda m: st.sampled_from([0, 1]).map(
+        lambda sign: struct.unpack(">d", struct.pack(">Q", (sign << 63) | (0x7FF << 52) | m))[0]
+    )
+)
+floats = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0.0, -0.0, math.inf, -math.inf, math.nan, 5e-324, 1.7976931348623157e308]),
+    nan_payloads,
+)
+ints = st.one_of(st.integers(), st.integers(-(2**300), 2**300), st.sampled_from([2**63, -(2**63) - 1, 2**64]))
+keys = st.one_of(
+    st.text(min_size=1, max_size=8).filter(
+        lambda k: k not in (".", "..") and not any(c in "/\\" or ord(c) < 32 or c == "\x7f" for c in k)
+    ),
+    ints,
+)
+plain = st.one_of(st.none(), st.booleans(), ints, floats, st.text(max_size=20), st.binary(max_size=20))
+trees = st.recursive(
+    plain,
+    lambda children: st.one_of(
+        st.lists(children, max_size=4),
+        st.lists(children, max_size=4).map(tuple),
+        st.dictionaries(keys, children, max_size=4),
+    ),
+    max_leaves=25,
+)
+
+
+@PROPERTY
+@given(tree=trees)
+def test_plain_tree_roundtrip(tree: Any) -> None:
+    root, leaves = encode_tree(tree)
+    assert leaves == []
+    assert_identical(decode_tree(_through_json(root), _no_tensors), tree)
+
+
+@PROPERTY
+@given(tree=trees)
+def test_iter_values_lists_every_plain_leaf(tree: Any) -> None:
+    root, _ = encode_tree(tree)
+    expected = [(p, v) for p, v in iter_leaves(tree)]
+    # iter_leaves yields empty containers as leaves too; iter_values does not
+    expected = [(p, v) for p, v in expected if not isinstance(v, (dict, list, tuple))]
+    got = list(iter_values(_through_json(root)))
+    assert [p for p, _ in got] == [p for p, _ in expected]
+    for (_, a), (_, b) in zip(got, expected, strict=True):
+        assert_identical(a, b)
+
+
+def test_exact_types_survive() -> None:
+    tree = {
+        1: (True, False, 0, 1, -0.0, [None]),
+        "1": [(), [], {}, b"", ""],
+        -7: {2**200: "big", "x": -(2**200)},
+        "nan": struct.unpack(">d", bytes.fromhex("7ff8000000000bad"))[0],
+    }
+    out = decode_tree(_through_json(encode_tree(tree)[0]), _no_tensors)
+    assert_identical(out, tree)
+    assert isinstance(out, dict)
+    assert type(next(iter(out))) is int
+    assert out[1][0] is True and type(out[1][2]) is int
+    assert math.copysign(1.0, out[1][4]) == -1.0
+
+
+def test_tensors_become_indexed_leaves_with_dotted_paths() -> None:
+    t, a = torch.zeros(2), np.zeros(3)
+    tree = {"model": {"layers": [{"w": t}, {"w": t}]}, 5: (a, "x")}
+    root, leaves = encode_tree(tree)
+    assert [(leaf.path, leaf.kind) for leaf in leaves] == [
+        ("model.layers.0.w", "torch"), ("model.layers.1.w", "torch"), ("5.0", "numpy"),
+    ]
+    assert leaves[0].value is t and leaves[1].value is t and leaves[2].value is a
+    seen: list[tuple[int, str]] = []
+
+    def tensor(i: int, path: str) -> object:
+        seen.append((i, path))
+        return leaves[i].value
+
+    out: Any = decode_tree(_through_json(root), tensor)
+    assert seen == [(0, "model.layers.0.w"), (1, "model.layers.1.w"), (2, "5.0")]
+    assert out["model"]["layers"][0]["w"] is t
+    assert isinstance(out[5], tuple) and out[5][0] is a
+
+
+def test_shared_subtree_without_a_cycle_is_fine() -> None:
+    shared = [1, 2]
+    out = decode_tree(_through_json(encode_tree({"a": shared, "b": shared, "c": [shared]})[0]), _no_tensors)
+    assert out == {"a": [1, 2], "b": [1, 2], "c": [[1, 2]]}
+
+
+def _cyclic() -> list[Any]:
+    inner: list[Any] = [1]
+    inner.append({"again": inner})
+    return inner
+
+
+class _Opaque:
+    pass
+
+
+class _Color(enum.IntEnum):
+    RED = 1
+
+
+class _Point(NamedTuple):
+    x: int
+    y: int
+
+
+class _Name(str):
+    pass
+
+
+def _unsupported() -> list[tuple[str, Any]]:
+    sparse = torch.sparse_coo_tensor(
+        torch.tensor([[0, 1]]), torch.tensor([1.0, 2.0]), (3,), check_invariants=True
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantized tensors are deprecated, but still exist
+        quantized = torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8)
+    return [
+        ("set", {1, 2}),
+        ("frozenset", frozenset()),
+        ("object", object()),
+        ("custom", _Opaque()),
+        ("lambda", lambda x: x),
+        ("device", torch.device("cpu")),
+        ("dtype", torch.float32),
+        ("sparse", sparse),
+        ("meta", torch.empty(2, device="meta")),
+        ("quantized", quantized),
+        ("numpy_object", np.array([object()], dtype=object)),
+        ("numpy_str", np.array(["a"])),
+        ("numpy_structured", np.zeros(2, dtype=[("a", "i4")])),
+        ("numpy_datetime", np.array(["2020-01-01"], dtype="datetime64[D]")),
+        ("float_key", {1.5: 1}),
+        ("bool_key", {True: 1}),
+        ("tuple_key", {(1, 2): 1}),
+        ("none_key", {None: 1}),
+        ("bytes_key", {b"k": 1}),
+        ("complex", 1j),
+        ("cycle", _cyclic()),
+        ("module", torch.nn.Linear(1, 1)),
+        # subclasses of plain types would come back as their base type: refused, not degraded
+        ("numpy_float", np.float64(1.5)),
+        ("numpy_int", np.int64(3)),
+        ("numpy_bool", np.bool_(True)),
+        ("int_enum", _Color.RED),
+        ("namedtuple", _Point(1, 2)),
+        ("str_subclass", _Name("x")),
+    ]
+
+
+@pytest.mark.parametrize(("name", "value"), _unsupported(), ids=[n for n, _ in _unsupported()])
+@pytest.mark.parametrize("where", ["root", "nested"])
+def test_unsupported_objects_are_refused_naming_their_path(name: str, value: Any, where: str) -> None:
+    tree = value if where == "root" else {"model": [0, {"deep": value}]}
+    with pytest.raises(UnsupportedStateError) as info:
+        encode_tree(tree)
+    message = str(info.value)
+    if where == "nested":
+        # the path of the offending object (or, for a bad key, of the dict holding it)
+        assert "model.1.deep" in message, message
+    if name not in ("cycle", "float_key", "bool_key", "tuple_key", "none_key", "bytes_key"):
+        assert type(value).__name__ in message or "tensor" in message or "dtype" in message, message
+
+
+@pytest.mark.parametrize(
+    "tree",
+    [
+        {1: torch.zeros(1), "1": torch.zeros(1)},
+        {"a.b": torch.zeros(1), "a": {"b": np.zeros(1)}},
+        {"x": [torch.zeros(1)], "x.0": torch.zeros(1)},
+    ],
+    ids=["int-and-str", "dotted-and-nested", "list-index"],
+)
+def test_two_tensors_with_the_same_dotted_path_are_refused(tree: Any) -> None:
+    with pytest.raises(InvalidNameError) as info:
+        encode_tree(tree)
+    assert "'1'" in str(info.value) or "'a.b'" in str(info.value) or "'x.0'" in str(info.value)
+
+
+def test_plain_values_with_the_same_dotted_path_are_fine() -> None:
+    # only tensors are looked up by path (load_tensor, the catalog); values keep their keys
+    tree = {1: "int key", "1": "str key"}
+    assert_identical(decode_tree(_through_json(encode_tree(tree)[0]), _no_tensors), tree)
+
+
+@pytest.mark.parametrize("key", ["", ".", "..", "a/b", "/", "a\\b", "x\x00", "tab\t", "nl\n", "del\x7f"])
+@pytest.mark.parametrize("where", ["root", "nested"])
+def test_bad_keys_are_refused(key: str, where: str) -> None:
+    tree = {key: 1} if where == "root" else {"ok": [{"fine": {key: torch.zeros(1)}}]}
+    with pytest.raises(InvalidNameError) as info:
+        encode_tree(tree)
+    assert repr(key) in str(info.value)
+    if where == "nested":
+        assert "ok.0.fine" in str(info.value)
+
+
+@pytest.mark.parametrize("key", ["a.b", "..a", "a..", " ", "ünï", "-", "0", "a b"])
+def test_unusual_but_safe_keys_are_accepted(key: str) -> None:
+    out = decode_tree(_through_json(encode_tree({key: 1})[0]), _no_tensors)
+    assert out == {key: 1}
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        [],
+        "x",
+        {},
+        {"t": "what"},
+        {"t": "int"},
+        {"t": "int", "v": "5"},
+        {"t": "int", "v": 1.5},
+        {"t": "float", "v": "zz"},
+        {"t": "float", "v": "00"},
+        {"t": "float", "v": 1.0},
+        {"t": "bytes", "v": "not base64!"},
+        {"t": "bytes", "v": 5},
+        {"t": "str"},
+        {"t": "bool"},
+        {"t": "dict", "k": ["a"], "v": []},
+        {"t": "dict", "k": [{"j": 1}], "v": [{"t": "none"}]},
+        {"t": "dict", "k": [{"i": "x"}], "v": [{"t": "none"}]},
+        {"t": "dict", "k": ["a"], "v": [5]},
+        {"t": "list", "v": [{"t": "none"}, "junk"]},
+        {"t": "list"},
+        {"t": "tuple", "v": 5},
+        {"t": "tensor"},
+        {"t": "tensor", "i": "x"},
+        {"t": "tensor", "i": math.nan},
+        {"t": "tensor", "i": math.inf},  # json.loads reads Infinity
+        {"t": "dict", "k": [{"i": -math.inf}], "v": [{"t": "none"}]},
+    ],
+)
+def test_malformed_nodes_are_corrupt_manifests(node: Any) -> None:
+    with pytest.raises(CorruptManifestError):
+        decode_tree(node, lambda i, path: None)
+
+
+NODE_TYPES = ["dict", "list", "tuple", "int", "float", "bytes", "str", "bool", "none", "tensor"]
+
+
+@PROPERTY
+@given(node=st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=5)),
+    lambda c: st.one_of(
+        st.lists(c, max_size=3),
+        st.dictionaries(st.sampled_from(["t", "v", "k", "i", "x"]), c, max_size=3),
+        st.fixed_dictionaries(
+            {"t": st.sampled_from(NODE_TYPES)}, optional={"v": c, "k": c, "i": c}
+        ),
+    ),
+    max_leaves=12,
+))
+def test_decode_tree_fuzz_raises_only_corrupt_manifest(node: Any) -> None:
+    try:
+        decode_tree(node, lambda i, path: ("tensor", i))
+    except CorruptManifestError:
+        pass
