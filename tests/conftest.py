@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 
 
-
 @pytest.fixture(scope="session")
 def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A PostgreSQL server for the whole session (pgserver ships the binaries)."""

@@ -44,11 +44,15 @@ def _chunks(state: Any) -> dict[bytes, int]:
     return found
 
 
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
 def assert_same(a: Any, b: Any) -> None:
     """Bit-exact equality of two state trees, types included."""
     if isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor) and (a.dtype, a.shape) == (b.dtype, b.shape)
-        assert a.contiguous().reshape(-1).view(torch.uint8).equal(b.contiguous().reshape(-1).view(torch.uint8))
+        assert _raw(a).equal(_raw(b))
     elif isinstance(a, dict):
         assert isinstance(b, dict) and list(a) == list(b)
         for key in a:

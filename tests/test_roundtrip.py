@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import casckpt
-from casckpt.errors import CasckptError, InvalidNameError, UnsupportedStateError
+from casckpt.errors import InvalidNameError, UnsupportedStateError
 from casckpt.format.dtypes import TORCH_DTYPES
 
 CHUNK = 64
@@ -498,17 +498,12 @@ def bug_store(tmp_path: Path) -> Iterator[casckpt.Store]:
         yield s
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="BUG: layout._single stores numpy "
-                   "arrays via np.ascontiguousarray, which turns a 0-d array into shape (1,)")
 def test_zero_dim_numpy_array_keeps_its_shape(bug_store: casckpt.Store) -> None:
     state = {"x": np.array(3.5), "y": np.array(7, dtype=">i4")}
     assert_restores(bug_store, bug_store.commit(state, run="np0d", step=0), state)
     assert bug_store.check(read_data=True).ok
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="BUG: a conjugate view that shares "
-                   "storage with its base is stored through the shared-storage path, which records "
-                   "dtype/stride but not the conj bit: it restores silently unconjugated")
 def test_conjugate_view_sharing_storage_restores_conjugated(bug_store: casckpt.Store) -> None:
     c = torch.randn(6, dtype=torch.complex64)
     state = {"c": c, "conj": c.conj()}
@@ -522,10 +517,6 @@ def test_conjugate_view_sharing_storage_restores_conjugated(bug_store: casckpt.S
     assert bug_store.check(read_data=True).ok
 
 
-@pytest.mark.xfail(strict=True, raises=CasckptError, reason="BUG: two tensors over overlapping "
-                   "external memory (torch.from_numpy) have the same storage data_ptr but different "
-                   "storage sizes; plan_blobs groups them and reads the span through the smaller "
-                   "storage, so commit succeeds but writes a short chunk: restore and check fail")
 def test_tensors_from_overlapping_numpy_memory(bug_store: casckpt.Store) -> None:
     backing = np.arange(10, dtype=np.float64)
     state = {"head": torch.from_numpy(backing[:4]), "all": torch.from_numpy(backing)}
@@ -534,9 +525,6 @@ def test_tensors_from_overlapping_numpy_memory(bug_store: casckpt.Store) -> None
     assert bug_store.check(read_data=True).ok
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason="BUG: ints over 4300 digits pass "
-                   "encode_tree but json.dumps in encode_manifest raises a bare ValueError "
-                   "(int max str digits) after the chunks were written")
 def test_huge_int_roundtrips_or_is_refused_up_front(bug_store: casckpt.Store) -> None:
     state = {"w": torch.ones(3), "x": 10**5000}
     try:
@@ -549,9 +537,6 @@ def test_huge_int_roundtrips_or_is_refused_up_front(bug_store: casckpt.Store) ->
     assert bug_store.check(read_data=True).ok
 
 
-@pytest.mark.xfail(strict=True, raises=UnicodeEncodeError, reason="BUG: a dict key holding a lone "
-                   "surrogate passes check_key; the tensor path then fails to encode as UTF-8 in "
-                   "the catalog insert (bare UnicodeEncodeError after the chunks were written)")
 def test_surrogate_key_roundtrips_or_is_refused(bug_store: casckpt.Store) -> None:
     state = {"\ud800": torch.ones(2)}
     try:
@@ -563,11 +548,6 @@ def test_surrogate_key_roundtrips_or_is_refused(bug_store: casckpt.Store) -> Non
     assert bug_store.check(read_data=True).ok
 
 
-@pytest.mark.xfail(strict=True, raises=NotImplementedError, reason="BUG: a non-contiguous tensor "
-                   "of a sub-byte dtype (torch.int4, uint1..7, int1..7) has no torch copy kernel; "
-                   "layout._byte_view calls .contiguous() outside its try, so a bare "
-                   "NotImplementedError escapes commit instead of UnsupportedStateError (or a "
-                   "byte gather that stores it)")
 def test_non_contiguous_sub_byte_dtype(bug_store: casckpt.Store) -> None:
     t = make_tensor("int4", (3, 4), "transposed", 0)
     try:

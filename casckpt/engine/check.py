@@ -14,6 +14,7 @@ from typing import Any
 
 from casckpt.engine.context import EngineContext, manifest_key
 from casckpt.errors import CasckptError, IntegrityError
+from casckpt.format.chunks import object_id
 from casckpt.format.manifest import decode_manifest
 from casckpt.format.pack import decode_entry, read_index
 from casckpt.types import CheckProblem, CheckReport, ProgressCallback
@@ -43,6 +44,8 @@ def _check_pack_data(ctx: EngineContext, pack: Any) -> Iterator[CheckProblem]:
     except CasckptError as exc:
         yield CheckProblem("pack", pack.id, str(exc))
         return
+    if object_id(data) != pack.id:  # also catches rot zstd would decode around
+        yield CheckProblem("pack", pack.id, "pack bytes do not hash to the pack id (bit rot?)")
     for row in ctx.catalog.chunks_of_pack(pack.id):
         entry = index.get(row.id)
         if entry is None or (entry.offset, entry.stored_len, entry.raw_len, entry.codec) != (
@@ -69,7 +72,9 @@ def check(ctx: EngineContext, *, read_data: bool, progress: ProgressCallback | N
         if size is None:
             problems.append(CheckProblem("pack", pack.id, f"object {pack.key} is missing"))
         elif size != pack.size:
-            problems.append(CheckProblem("pack", pack.id, f"object is {size} bytes, catalog says {pack.size}"))
+            problems.append(
+                CheckProblem("pack", pack.id, f"object is {size} bytes, catalog says {pack.size}")
+            )
         elif read_data:
             found = list(_check_pack_data(ctx, pack))
             problems.extend(found)

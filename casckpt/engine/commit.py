@@ -20,6 +20,7 @@ from casckpt.engine.context import EngineContext, manifest_key
 from casckpt.engine.layout import BlobSource, plan_blobs
 from casckpt.engine.packer import Packer
 from casckpt.engine.validate import (
+    check_message,
     check_metadata,
     check_metrics,
     check_name,
@@ -56,7 +57,7 @@ def make_request(
     """Validate commit arguments (raises before anything is written)."""
     return CommitRequest(
         check_name(run, "run"), check_step(step), check_metadata(metadata),
-        check_metrics(metrics), None if message is None else str(message), check_tags(tags),
+        check_metrics(metrics), check_message(message), check_tags(tags),
     )
 
 
@@ -141,11 +142,14 @@ def _write_chunks(
     return bar.done, packer.stored_bytes
 
 
-def _tensor_rows(version_id: str, entries: Sequence[TensorEntry], blobs: Sequence[BlobEntry]) -> list[dict[str, Any]]:
+def _tensor_rows(
+    version_id: str, entries: Sequence[TensorEntry], blobs: Sequence[BlobEntry]
+) -> list[dict[str, Any]]:
     rows = []
     for t in entries:
         blob = blobs[t.blob]
-        digest = object_id(repr((t.dtype, t.shape, t.stride, t.offset, [c.hex() for c in blob.chunks])).encode())
+        layout = (t.dtype, t.shape, t.stride, t.offset, [c.hex() for c in blob.chunks])
+        digest = object_id(repr(layout).encode())
         rows.append({
             "version_id": version_id, "path": t.path, "dtype": t.dtype, "shape": list(t.shape),
             "nbytes": t.numel * element_size(t.kind, t.dtype),

@@ -44,17 +44,18 @@ def _as_memoryview(array: np.ndarray) -> memoryview:
 def _byte_view(t: torch.Tensor, path: str) -> memoryview:
     if t.numel() == 0:
         return memoryview(b"")
-    flat = t.detach()
-    if flat.device.type != "cpu":
-        flat = flat.cpu()
-    flat = flat.contiguous().reshape(-1)
-    if flat.stride(0) != 1:  # one-element slices count as contiguous yet keep their stride
-        flat = flat.clone(memory_format=torch.contiguous_format)
     try:
+        # conj / neg views hold their values lazily: store what the tensor reads as
+        flat = t.detach().resolve_conj().resolve_neg()
+        if flat.device.type != "cpu":
+            flat = flat.cpu()
+        flat = flat.contiguous().reshape(-1)
+        if flat.stride(0) != 1:  # one-element slices count as contiguous yet keep their stride
+            flat = flat.clone(memory_format=torch.contiguous_format)
         return _as_memoryview(flat.view(torch.uint8).numpy())
-    except (RuntimeError, TypeError) as exc:
+    except (RuntimeError, TypeError, NotImplementedError) as exc:
         raise UnsupportedStateError(
-            f"tensor at {path!r} ({flat.dtype}) cannot be viewed as bytes: {exc}"
+            f"tensor at {path!r} ({t.dtype}) cannot be stored as bytes: {exc}"
         ) from exc
 
 
@@ -78,7 +79,7 @@ def _extent(t: torch.Tensor) -> int:
 def _single(leaf: TensorLeaf, blob: int) -> tuple[TensorEntry, BlobSource]:
     value = leaf.value
     if isinstance(value, np.ndarray):
-        array = np.ascontiguousarray(value)
+        array = np.ascontiguousarray(value).reshape(value.shape)  # ascontiguousarray makes 0-d 1-d
         entry = TensorEntry(leaf.path, "numpy", numpy_dtype_name(array.dtype), tuple(array.shape), blob)
         return entry, BlobSource(
             array.nbytes, array.itemsize, lambda: _as_memoryview(array.reshape(-1).view(np.uint8))
@@ -112,7 +113,9 @@ def _shared(group: list[TensorLeaf], blob: int) -> tuple[list[TensorEntry], Blob
         )
         for leaf, t, start in zip(group, tensors, starts, strict=True)
     ]
-    anchor = tensors[0]
+    # views made by torch.from_numpy of one array share memory through separate
+    # storages of different sizes: read through the largest
+    anchor = max(tensors, key=lambda t: t.untyped_storage().nbytes())
     return entries, BlobSource(
         span_end - span_start, _SPAN_ALIGN, lambda: _storage_bytes(anchor, span_start, span_end)
     )
@@ -126,7 +129,9 @@ def plan_blobs(leaves: Sequence[TensorLeaf]) -> tuple[list[TensorEntry], list[Bl
     groups: dict[tuple[str, int], list[int]] = {}
     for i, leaf in enumerate(leaves):
         value = leaf.value
-        if isinstance(value, torch.Tensor) and value.numel() > 0:
+        if isinstance(value, torch.Tensor) and value.numel() > 0 and not (
+            value.is_conj() or value.is_neg()  # stored as the values they read as, not shared
+        ):
             groups.setdefault((str(value.device), value.untyped_storage().data_ptr()), []).append(i)
     entries: list[TensorEntry | None] = [None] * len(leaves)
     sources: list[BlobSource] = []

@@ -249,7 +249,8 @@ def _merge_tensor(into: torch.Tensor, stored: object, path: str) -> torch.Tensor
     if stored is into:
         return into
     if not isinstance(stored, torch.Tensor) or stored.shape != into.shape or stored.dtype != into.dtype:
-        desc = f"{stored.dtype}{tuple(stored.shape)}" if isinstance(stored, torch.Tensor) else type(stored).__name__
+        desc = (f"{stored.dtype}{tuple(stored.shape)}" if isinstance(stored, torch.Tensor)
+                else type(stored).__name__)
         raise RestoreTargetError(
             f"tensor at {path!r}: stored {desc}, target {into.dtype}{tuple(into.shape)}; "
             "restore with into=None to get the stored tensor as is"

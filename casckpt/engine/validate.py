@@ -45,8 +45,10 @@ def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
     if not isinstance(metadata, Mapping) or not all(isinstance(k, str) for k in metadata):
         raise InvalidArgumentError("metadata must be a dict with str keys")
     try:
-        out: dict[str, Any] = json.loads(json.dumps(dict(metadata), allow_nan=False))
-    except (TypeError, ValueError) as exc:
+        text = json.dumps(dict(metadata), allow_nan=False, ensure_ascii=False)
+        text.encode("utf-8")
+        out: dict[str, Any] = json.loads(text)
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidArgumentError(
             f"metadata must be JSON-serialisable (str, finite numbers, bool, None, lists, dicts): {exc}"
         ) from exc
@@ -76,6 +78,19 @@ def check_metrics(metrics: Mapping[str, Any] | None) -> dict[str, float]:
             )
         out[key] = number
     return out
+
+
+def check_message(message: object) -> str | None:
+    """Validate a commit message: None or a UTF-8 encodable str."""
+    if message is None:
+        return None
+    if not isinstance(message, str):
+        raise InvalidArgumentError(f"message must be a str, got {type(message).__name__}")
+    try:
+        message.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgumentError(f"message is not valid text: {exc}") from None
+    return message
 
 
 def check_tags(tags: Iterable[str]) -> tuple[str, ...]:

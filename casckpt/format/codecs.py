@@ -112,7 +112,13 @@ def decode_chunk(codec: int, payload: bytes | memoryview, raw_len: int) -> bytes
         if len(payload) != raw_len:
             raise CorruptChunkError(f"raw chunk holds {len(payload)} bytes, expected {raw_len}")
         return payload
+    if raw_len % kind.group:
+        raise CorruptChunkError(f"a {kind.name} chunk cannot hold {raw_len} bytes")
     try:
+        # the frame header says how much to allocate: check it before trusting it
+        declared = zstandard.frame_content_size(payload)
+        if declared != raw_len:
+            raise CorruptChunkError(f"chunk frame declares {declared} bytes, expected {raw_len}")
         out = zstandard.ZstdDecompressor().decompress(payload, max_output_size=raw_len)
     except zstandard.ZstdError as exc:
         raise CorruptChunkError(f"chunk payload does not decompress: {exc}") from exc

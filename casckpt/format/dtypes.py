@@ -44,15 +44,24 @@ def numpy_dtype_name(dtype: np.dtype) -> str:
     return str(dtype.str)
 
 
+def _numpy_dtypes() -> dict[str, np.dtype]:
+    found: dict[str, np.dtype] = {}
+    for code in "?bBhHiIlLqQefdgFDG":
+        for order in ("<", ">"):
+            dtype = np.dtype(code).newbyteorder(order)  # type: ignore[arg-type]
+            found[str(dtype.str)] = dtype
+    return found
+
+
+NUMPY_DTYPES: dict[str, np.dtype] = _numpy_dtypes()
+
+
 def numpy_dtype(name: str) -> np.dtype:
-    """The numpy dtype a manifest names, limited to bool/int/uint/float/complex."""
+    """The numpy dtype a manifest names (bool/int/uint/float/complex), by table lookup."""
     try:
-        dtype = np.dtype(name)
-    except TypeError:
-        raise CorruptManifestError(f"manifest names an invalid numpy dtype {name!r}") from None
-    if dtype.kind not in "biufc" or dtype.fields is not None or name != dtype.str:
-        raise CorruptManifestError(f"manifest names a numpy dtype casckpt does not store: {name!r}")
-    return dtype
+        return NUMPY_DTYPES[name]
+    except (KeyError, TypeError):
+        raise CorruptManifestError(f"manifest names a numpy dtype casckpt does not store: {name!r}") from None
 
 
 def element_size(kind: str, name: str) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,7 +136,7 @@ def decode_manifest(data: bytes, expected_id: str | None = None) -> Manifest:
         )
     try:
         doc = json.loads(raw)
-        if doc.get("format") != MANIFEST_FORMAT:
+        if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
             raise ValueError("not a casckpt manifest")
         if doc.get("version") != MANIFEST_VERSION:
             raise ValueError(
@@ -144,7 +144,7 @@ def decode_manifest(data: bytes, expected_id: str | None = None) -> Manifest:
                 f"(reads version {MANIFEST_VERSION}); upgrade casckpt"
             )
         manifest = _from_json(doc)
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
         raise CorruptManifestError(f"manifest is malformed: {exc}") from exc
     _validate(manifest)
     return manifest
@@ -180,7 +180,32 @@ def tensor_extent(t: TensorEntry, itemsize: int) -> int:
     return (sum((n - 1) * s for n, s in zip(t.shape, t.stride, strict=True)) + 1) * itemsize
 
 
+def _tensor_indices(root: Node) -> Iterator[int]:
+    """Every tensor index the node tree uses (iteratively: a forged tree may be deep)."""
+    stack: list[Any] = [root]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict):
+            raise CorruptManifestError("manifest tree holds a node that is not an object")
+        kind = node.get("t")
+        if kind == "tensor":
+            index = node.get("i")
+            if not isinstance(index, int) or isinstance(index, bool):
+                raise CorruptManifestError("manifest tensor node has no integer index")
+            yield index
+        elif kind in ("dict", "list", "tuple"):
+            children = node.get("v")
+            if not isinstance(children, list):
+                raise CorruptManifestError(f"manifest {kind} node has no item list")
+            stack.extend(children)
+
+
 def _validate(m: Manifest) -> None:
+    used = sorted(_tensor_indices(m.root))
+    if used != list(range(len(m.tensors))):
+        raise CorruptManifestError(
+            "manifest tree and tensor list disagree (each tensor must appear exactly once)"
+        )
     for i, b in enumerate(m.blobs):
         expected = -(-b.nbytes // b.chunk_size) if b.chunk_size > 0 else -1
         if b.nbytes < 0 or b.chunk_size <= 0 or len(b.chunks) != expected:

@@ -246,13 +246,16 @@ def read_index(pack: bytes | memoryview) -> list[PackEntry]:
 def scan_entries(pack: bytes | memoryview) -> Iterator[PackEntry]:
     """Walk entry headers from the start of a pack (to rebuild a lost footer).
 
-    Stops at the footer; raises :class:`CorruptPackError` on a damaged header.
+    Stops at the footer; raises :class:`CorruptPackError` on a damaged header
+    or when what follows the last entry is not a footer.
     """
     view = memoryview(pack)
     if bytes(view[: len(PACK_MAGIC)]) != PACK_MAGIC:
         raise CorruptPackError("not a casckpt pack (bad magic)")
     offset = len(PACK_MAGIC)
-    while offset < len(view) and bytes(view[offset : offset + 4]) == ENTRY_MAGIC:
+    while offset < len(view) and bytes(view[offset : offset + 4]) != FOOTER_MAGIC:
         entry = decode_entry_header(view[offset:], offset)
         yield entry
         offset += entry.span
+    if offset >= len(view):
+        raise CorruptPackError("pack ends without a footer (truncated?)")

@@ -26,6 +26,7 @@ from casckpt.errors import CorruptManifestError, InvalidNameError, UnsupportedSt
 Node = dict[str, Any]
 TensorKind = Literal["torch", "numpy"]
 
+_INT64 = 1 << 63
 _FORBIDDEN_KEY_CHARS = frozenset("/\\") | {chr(c) for c in range(32)} | {"\x7f"}
 
 
@@ -50,12 +51,20 @@ def check_key(key: str, where: str) -> None:
         InvalidNameError: ``key`` is empty, ``.``/``..``, or holds ``/``, ``\\``
             or a control character.
     """
-    if key in ("", ".", "..") or any(ch in _FORBIDDEN_KEY_CHARS for ch in key):
+    if key in ("", ".", "..") or any(ch in _FORBIDDEN_KEY_CHARS for ch in key) or not _utf8(key):
         raise InvalidNameError(
-            f"state key {key!r} under {where or '<root>'!r} cannot be stored: keys must not be "
-            "empty, '.' or '..', nor contain '/', '\\' or control characters, because tensor "
-            "paths are used as names on export. Rename the key."
+            f"state key {key!r} under {where or '<root>'!r} cannot be stored: keys must be valid "
+            "UTF-8, not empty, '.' or '..', nor contain '/', '\\' or control characters, because "
+            "tensor paths are used as names on export. Rename the key."
         )
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates cannot be stored in the catalog
+        return False
+    return True
 
 
 def _float_bits(value: float) -> str:
@@ -124,7 +133,10 @@ def encode_tree(state: object) -> tuple[Node, list[TensorLeaf]]:
         if kind is bool:
             return {"t": "bool", "v": obj}
         if kind is int:
-            return {"t": "int", "v": obj}
+            value = cast(int, obj)
+            if -_INT64 <= value < _INT64:
+                return {"t": "int", "v": value}
+            return {"t": "int", "h": format(value, "x")}  # JSON tools mangle huge numbers
         if kind is float:
             return {"t": "float", "v": _float_bits(cast(float, obj))}
         if kind is str:
@@ -205,7 +217,9 @@ def decode_tree(root: Node, tensor: Callable[[int, str], object]) -> object:
             if kind == "bool":
                 return bool(node["v"])
             if kind == "int":
-                if not isinstance(node["v"], int):
+                if "h" in node:
+                    return int(str(node["h"]), 16)
+                if not isinstance(node["v"], int) or isinstance(node["v"], bool):
                     raise TypeError("int node without an int")
                 return int(node["v"])
             if kind == "float":

@@ -21,7 +21,7 @@ _KEY = re.compile(r"^[a-z0-9_-]+(/[a-z0-9._-]+)*$")
 
 def check_key(key: str) -> str:
     """Return ``key`` if it is a safe relative object key, else raise InvalidNameError."""
-    if not _KEY.match(key) or ".." in key.split("/"):
+    if not _KEY.match(key) or any(part in (".", "..") for part in key.split("/")):
         raise InvalidNameError(f"invalid object key {key!r}: it could escape the blob location")
     return key
 

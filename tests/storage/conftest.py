@@ -1,0 +1,55 @@
+"""Fixtures for blob store tests: a shared boto3 session, buckets, a fault proxy.
+
+The moto S3 server (``moto_endpoint``, on 127.0.0.1) and the fake, isolated AWS
+environment (``aws_env``) come from tests/conftest.py, which also puts tests/
+on ``sys.path`` so ``faultproxy`` imports here.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from faultproxy import FaultProxy
+
+
+@pytest.fixture
+def fake_credentials(aws_env: None) -> tuple[str, str]:
+    """The (access key id, secret access key) that ``aws_env`` put in the environment."""
+    key_id, secret = os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"]
+    assert "FAKE" in key_id.upper() and "FAKE" in secret.upper(), "not the test credentials"
+    return key_id, secret
+
+
+@pytest.fixture(scope="session")
+def boto_session(_session_aws_env: None) -> Any:
+    """One boto3 Session for the test session: building a client from a fresh
+    Session reloads the S3 model (~0.2 s), too slow to do in every test."""
+    boto3 = pytest.importorskip("boto3")
+    return boto3.session.Session()
+
+
+@pytest.fixture(scope="session")
+def s3_admin(moto_endpoint: str, boto_session: Any) -> Iterator[Any]:
+    """A plain boto3 client on the moto server, for setting up and inspecting buckets."""
+    client = boto_session.client("s3", endpoint_url=moto_endpoint)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def bucket(s3_admin: Any, aws_env: None) -> str:
+    """A new, empty bucket on the moto server."""
+    name = f"casckpt-test-{uuid.uuid4().hex[:16]}"
+    s3_admin.create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture
+def fault_proxy(moto_endpoint: str) -> Iterator[FaultProxy]:
+    """A fault-injecting proxy in front of the moto server, stopped at teardown."""
+    with FaultProxy(moto_endpoint) as proxy:
+        yield proxy
