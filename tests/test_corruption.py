@@ -173,8 +173,9 @@ def test_flipped_payload_byte(damaged: Damaged) -> None:
     assert damaged.store.check().ok, "sizes are unchanged: a check without read_data passes"
     report = damaged.store.check(read_data=True)
     assert not report.ok
-    assert _problems(report) == {("chunk", target.id)}
-    assert target.pack_id in report.problems[0].detail
+    # the chunk that fails verification, and its pack, which no longer hashes to its id
+    assert _problems(report) == {("chunk", target.id), ("pack", target.pack_id)}
+    assert any(target.pack_id in p.detail for p in report.problems if p.kind == "chunk")
     damaged.assert_b_intact()
 
 
@@ -185,7 +186,9 @@ def test_damaged_entry_header(damaged: Damaged) -> None:
     with pytest.raises(CorruptChunkError) as info:
         damaged.store.restore("a@1")
     assert (info.value.pack_id, info.value.chunk_id) == (target.pack_id, target.id)
-    assert _problems(damaged.store.check(read_data=True)) == {("chunk", target.id)}
+    assert _problems(damaged.store.check(read_data=True)) == {
+        ("chunk", target.id), ("pack", target.pack_id)
+    }
     damaged.assert_b_intact()
 
 
@@ -301,7 +304,7 @@ def test_forged_pack_with_another_valid_chunk(raw_damaged: Damaged, what: str) -
         d.store.restore("a@1")
     assert (info.value.pack_id, info.value.chunk_id) == (victim.pack_id, victim.id)
     assert victim.id in str(info.value)
-    assert _problems(d.store.check(read_data=True)) == {("chunk", victim.id)}
+    assert _problems(d.store.check(read_data=True)) == {("chunk", victim.id), ("pack", victim.pack_id)}
     d.assert_b_intact()
 
 

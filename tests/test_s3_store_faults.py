@@ -34,7 +34,7 @@ def proxy(moto_endpoint: str) -> Iterator[FaultProxy]:
 @pytest.fixture
 def store(tmp_path: Path, proxy: FaultProxy, s3_bucket_url: Any) -> Iterator[casckpt.Store]:
     s3 = {"endpoint_url": proxy.endpoint_url, "multipart_threshold": 5 << 20,
-          "multipart_chunksize": 5 << 20}
+          "multipart_chunksize": 5 << 20, "sdk_attempts": 2, "retry_attempts": 4}
     with casckpt.open(tmp_path / "store", blobs=s3_bucket_url(), s3=s3, chunk_size=CHUNK,
                       pack_size=64 << 10) as opened:
         yield opened

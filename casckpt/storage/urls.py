@@ -16,7 +16,8 @@ def open_blob_store(url: str, s3: Mapping[str, Any] | None = None) -> BlobStore:
     """Build the blob store a URL names: ``file:///dir`` or ``s3://bucket/prefix``.
 
     S3 stores are wrapped in :class:`~casckpt.storage.retry.RetryingBlobStore`;
-    ``s3`` holds S3BlobStore options (endpoint_url, region, sse, ...).
+    ``s3`` holds S3BlobStore options (endpoint_url, region, sse, ...) plus
+    ``retry_attempts`` for the wrapper (default 5).
 
     Raises:
         InvalidArgumentError: an unsupported scheme.
@@ -28,7 +29,9 @@ def open_blob_store(url: str, s3: Mapping[str, Any] | None = None) -> BlobStore:
         from casckpt.storage.retry import RetryingBlobStore
         from casckpt.storage.s3 import S3BlobStore
 
-        return RetryingBlobStore(S3BlobStore(url, **dict(s3 or {})))
+        options = dict(s3 or {})
+        attempts = int(options.pop("retry_attempts", 5))
+        return RetryingBlobStore(S3BlobStore(url, **options), attempts=attempts)
     raise InvalidArgumentError(
         f"unsupported blob location {redact_url(url)!r}: use a directory, file:///path or "
         "s3://bucket/prefix"
