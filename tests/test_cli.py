@@ -336,3 +336,21 @@ def test_console_entry_point_in_a_subprocess(shared_store: Path) -> None:
     assert missing.returncode == 3, missing.stderr
     assert missing.stdout == ""
     assert missing.stderr.startswith("casckpt: error:") and "Traceback" not in missing.stderr
+
+
+def test_init_records_s3_and_postgres_so_the_path_alone_opens_the_store(
+    tmp_path: Path, pg_url: str, s3_bucket_url: Any, moto_endpoint: str
+) -> None:
+    root = tmp_path / "team-store"
+    blobs = s3_bucket_url()
+    result = cli(None, "init", str(root), "--blobs", blobs, "--catalog", pg_url,
+                 "--s3-endpoint", moto_endpoint, "--sse", "AES256")
+    assert result.exit_code == 0, result.output
+    config = (root / "casckpt.toml").read_text()
+    assert blobs in config and "postgresql+psycopg" in config and moto_endpoint in config
+    state = make_state()
+    with casckpt.open(root, create=False) as store:  # the path alone: S3 + PostgreSQL
+        version = store.commit(state, run=RUN, step=5)
+    listed = json.loads(cli(root, "log", RUN, "--json").stdout)
+    assert [v["id"] for v in listed] == [version.id]
+    assert not any(p.is_dir() and p.name == "packs" for p in root.iterdir())  # packs went to S3

@@ -146,13 +146,30 @@ def init(
         Path | None,
         typer.Argument(help="Where to create the store [default: --store / CASCKPT_STORE]."),
     ] = None,
+    blobs: Annotated[str | None, typer.Option(
+        help="Where packs live: a directory or s3://bucket/prefix [default: PATH itself].")] = None,
+    catalog: Annotated[str | None, typer.Option(
+        help="Catalog SQLAlchemy URL, e.g. postgresql+psycopg://user@host/db "
+             "[default: SQLite in PATH].")] = None,
+    s3_endpoint: Annotated[str | None, typer.Option(
+        help="S3-compatible endpoint URL (recorded in casckpt.toml).")] = None,
+    s3_region: Annotated[str | None, typer.Option(help="S3 region.")] = None,
+    sse: Annotated[str | None, typer.Option(
+        help="Server-side encryption for S3 objects: AES256 or aws:kms.")] = None,
+    kms_key_id: Annotated[str | None, typer.Option(help="KMS key id for --sse aws:kms.")] = None,
 ) -> None:
-    """Create a store (does nothing to an existing one)."""
+    """Create a store (does nothing to an existing one).
+
+    PATH gets a casckpt.toml recording where blobs and catalog live, so every
+    job and command opens the store with PATH alone.
+    """
     target = path if path is not None else _store_path(ctx)
     try:
         casckpt.open(target, create=False).close()
     except NotAStoreError:
-        with casckpt.open(target, create=True) as store:
+        s3 = {k: v for k, v in (("endpoint_url", s3_endpoint), ("region", s3_region),
+                                ("sse", sse), ("kms_key_id", kms_key_id)) if v is not None}
+        with casckpt.open(target, create=True, blobs=blobs, catalog=catalog, s3=s3) as store:
             render.out(f"Created an empty casckpt store in {store.path}")
         return
     render.out(f"A casckpt store already exists in {target}; left it as it is")
