@@ -17,7 +17,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, create_engine, event, func, select, text
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Engine,
+    Row,
+    create_engine,
+    event,
+    func,
+    select,
+    text,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
@@ -28,6 +38,24 @@ from casckpt.format.pack import PackEntry
 
 _BATCH = 500
 _MIGRATION_LOCK = 0x6361736B  # "cask": PostgreSQL advisory lock key for schema upgrades
+
+
+def _upsert_chunks(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    """Insert chunk rows; a row GC has condemned is pointed at this new copy and revived.
+
+    A live row is kept as it is (another writer stored the chunk first; this
+    copy is dead space in its pack until repacking).
+    """
+    if not rows:
+        return
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    stmt = dialect.insert(s.chunks)
+    conn.execute(stmt.on_conflict_do_update(
+        index_elements=["id"],
+        set_={c: stmt.excluded[c] for c in ("pack_id", "offset", "stored_len", "raw_len", "codec",
+                                             "base_id", "state", "created_at", "condemned_at")},
+        where=s.chunks.c.state == "condemned",
+    ), rows)
 
 
 class MissingChunksError(CatalogError):
@@ -158,8 +186,12 @@ class Catalog:
 
     # -- chunks and packs -------------------------------------------------
 
-    def find_chunks(self, ids: Iterable[str]) -> dict[str, ChunkLocation]:
-        """Return the live chunks among ``ids``, with where each one is."""
+    def find_chunks(self, ids: Iterable[str], *, live_only: bool = True) -> dict[str, ChunkLocation]:
+        """Return where each chunk among ``ids`` is.
+
+        ``live_only`` (for dedup) skips chunks GC has condemned; readers pass
+        False, since a condemned chunk is still stored until GC sweeps it.
+        """
         wanted = list(dict.fromkeys(ids))
         found: dict[str, ChunkLocation] = {}
         query = select(
@@ -169,7 +201,10 @@ class Catalog:
         with self._read() as conn:
             for i in range(0, len(wanted), _BATCH):
                 batch = wanted[i : i + _BATCH]
-                rows = conn.execute(query.where(s.chunks.c.id.in_(batch), s.chunks.c.state == "live"))
+                where: list[ColumnElement[bool]] = [s.chunks.c.id.in_(batch)]
+                if live_only:
+                    where.append(s.chunks.c.state == "live")
+                rows = conn.execute(query.where(*where))
                 for row in rows:
                     found[row[0]] = ChunkLocation(*row)
         return found
@@ -180,7 +215,8 @@ class Catalog:
         chunk_rows = [
             {"id": e.chunk_id.hex(), "pack_id": pack.id, "offset": e.offset,
              "stored_len": e.stored_len, "raw_len": e.raw_len, "codec": e.codec,
-             "base_id": e.base_id.hex() if e.base_id else None, "state": "live", "created_at": now}
+             "base_id": e.base_id.hex() if e.base_id else None, "state": "live", "created_at": now,
+             "condemned_at": None}
             for e in pack.entries
         ]
         with self._write() as conn:
@@ -188,12 +224,15 @@ class Catalog:
                 "id": pack.id, "key": pack.key, "size": pack.size, "chunks": len(pack.entries),
                 "state": "live", "created_at": now, "verified_at": None,
             }], "id")
-            _insert_ignore(conn, s.chunks, chunk_rows, "id")
+            _upsert_chunks(conn, chunk_rows)
 
     def _missing(self, conn: Connection, ids: list[str]) -> set[str]:
+        """Revive referenced chunks GC condemned but has not swept; return those that are gone."""
         live: set[str] = set()
         for i in range(0, len(ids), _BATCH):
             batch = ids[i : i + _BATCH]
+            conn.execute(s.chunks.update().where(s.chunks.c.id.in_(batch), s.chunks.c.state == "condemned")
+                         .values(state="live", condemned_at=None))
             live.update(conn.execute(
                 select(s.chunks.c.id).where(s.chunks.c.id.in_(batch), s.chunks.c.state == "live")
                 .with_for_update(read=True)  # PostgreSQL: GC cannot condemn them until we commit
@@ -204,7 +243,7 @@ class Catalog:
 
     def add_version(
         self, version: dict[str, Any], run: str, tensor_rows: list[dict[str, Any]],
-        tag_names: Sequence[str], chunk_ids: Iterable[str],
+        content_rows: list[dict[str, Any]], tag_names: Sequence[str], chunk_ids: Iterable[str],
     ) -> None:
         """Make a version visible: ONE transaction that re-checks every referenced chunk.
 
@@ -215,7 +254,7 @@ class Catalog:
         ids = list(dict.fromkeys(chunk_ids))
         try:
             with self._write() as conn:
-                self._publish(conn, version, run, tensor_rows, tag_names, ids)
+                self._publish(conn, version, run, tensor_rows, content_rows, tag_names, ids)
         except CatalogError as exc:
             if isinstance(exc.__cause__, IntegrityError) and "uq_versions_run_step" in str(exc):
                 raise VersionExistsError(
@@ -225,7 +264,8 @@ class Catalog:
             raise
 
     def _publish(self, conn: Connection, version: dict[str, Any], run: str,
-                 tensor_rows: list[dict[str, Any]], tag_names: Sequence[str], ids: list[str]) -> None:
+                 tensor_rows: list[dict[str, Any]], content_rows: list[dict[str, Any]],
+                 tag_names: Sequence[str], ids: list[str]) -> None:
         run_id = self._run_id(conn, run, create=True)
         if run_id is None:
             raise CatalogError(f"run {run!r} vanished while committing; retry")
@@ -245,6 +285,7 @@ class Catalog:
         conn.execute(s.versions.insert().values(run_id=run_id, **version))
         for i in range(0, len(tensor_rows), _BATCH):
             conn.execute(s.tensors.insert(), tensor_rows[i : i + _BATCH])
+        _insert_ignore(conn, s.contents, content_rows, "digest")
         for name in tag_names:
             self._set_tag(conn, name, version["id"])
 

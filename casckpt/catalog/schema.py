@@ -10,6 +10,7 @@ from __future__ import annotations
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     Column,
     Float,
     ForeignKey,
@@ -61,9 +62,12 @@ versions = Table(
     Column("metrics", JSON, nullable=False),
     Column("message", Text, nullable=True),
     Column("manifest", LargeBinary, nullable=False),
+    Column("deleted_at", Float, nullable=True),
+    Column("deleted_reason", Text, nullable=True),
     UniqueConstraint("run_id", "step", name="uq_versions_run_step"),
 )
 Index("ix_versions_created_at", versions.c.created_at)
+Index("ix_versions_run_state_step", versions.c.run_id, versions.c.state, versions.c.step)
 
 tags = Table(
     "tags",
@@ -72,6 +76,7 @@ tags = Table(
     Column("version_id", String(64), ForeignKey("versions.id"), nullable=False),
     Column("created_at", Float, nullable=False),
 )
+Index("ix_tags_version", tags.c.version_id)
 
 tensors = Table(
     "tensors",
@@ -85,6 +90,17 @@ tensors = Table(
     Column("digest", String(64), nullable=False),
 )
 Index("ix_tensors_path", tensors.c.path)
+Index("ix_tensors_digest", tensors.c.digest)
+Index("ix_tensors_path_version", tensors.c.path, tensors.c.version_id)
+
+contents = Table(
+    "contents",
+    metadata,
+    Column("digest", String(64), primary_key=True),
+    Column("nbytes", BigInteger, nullable=False),
+    Column("chunk_size", BigInteger, nullable=False),
+    Column("chunk_ids", LargeBinary, nullable=False),
+)
 
 packs = Table(
     "packs",
@@ -97,6 +113,7 @@ packs = Table(
     Column("created_at", Float, nullable=False),
     Column("verified_at", Float, nullable=True),
 )
+Index("ix_packs_state", packs.c.state)
 
 chunks = Table(
     "chunks",
@@ -110,5 +127,21 @@ chunks = Table(
     Column("base_id", String(64), nullable=True),
     Column("state", String(16), nullable=False),
     Column("created_at", Float, nullable=False),
+    Column("condemned_at", Float, nullable=True),
 )
 Index("ix_chunks_pack_id", chunks.c.pack_id)
+Index("ix_chunks_state", chunks.c.state)
+
+gc_live = Table("gc_live", metadata, Column("id", String(64), primary_key=True))
+
+gc_runs = Table(
+    "gc_runs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("started_at", Float, nullable=False),
+    Column("finished_at", Float, nullable=True),
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("dry_run", Boolean, nullable=False),
+    Column("report", JSON, nullable=True),
+)

@@ -30,10 +30,10 @@ def _check_versions(ctx: EngineContext) -> Iterator[CheckProblem]:
         if ctx.blobs.size(manifest_key(version_id)) is None:
             yield CheckProblem("manifest", version_id, "manifest object is missing from the blob store")
         ids = {cid.hex() for blob in manifest.blobs for cid in blob.chunks}
-        live = ctx.catalog.find_chunks(ids)
-        for cid in sorted(ids - set(live)):
+        known = ctx.catalog.find_chunks(ids, live_only=False)  # condemned ones are still stored
+        for cid in sorted(ids - set(known)):
             yield CheckProblem(
-                "chunk", cid, f"referenced by {manifest.run}@{manifest.step} but not live in the catalog"
+                "chunk", cid, f"referenced by {manifest.run}@{manifest.step} but not in the catalog"
             )
 
 

@@ -144,8 +144,9 @@ def _write_chunks(
 
 def _tensor_rows(
     version_id: str, entries: Sequence[TensorEntry], blobs: Sequence[BlobEntry]
-) -> list[dict[str, Any]]:
-    rows = []
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Catalog rows: one per tensor, and one per distinct tensor content (its chunk list)."""
+    rows, contents = [], {}
     for t in entries:
         blob = blobs[t.blob]
         layout = (t.dtype, t.shape, t.stride, t.offset, [c.hex() for c in blob.chunks])
@@ -155,7 +156,9 @@ def _tensor_rows(
             "nbytes": t.numel * element_size(t.kind, t.dtype),
             "chunks": len(blob.chunks), "digest": digest,
         })
-    return rows
+        contents[digest] = {"digest": digest, "nbytes": blob.nbytes, "chunk_size": blob.chunk_size,
+                            "chunk_ids": b"".join(blob.chunks)}
+    return rows, list(contents.values())
 
 
 def commit(ctx: EngineContext, state: object, req: CommitRequest,
@@ -188,12 +191,13 @@ def commit(ctx: EngineContext, state: object, req: CommitRequest,
         "created_at": created, "logical_bytes": logical, "meta": req.metadata,
         "metrics": req.metrics, "message": req.message, "manifest": manifest_bytes,
     }
+    tensor_rows, content_rows = _tensor_rows(version_id, entries, blobs)
     for _ in range(_PUBLISH_ATTEMPTS):
         row.update(new_bytes=new_bytes, stored_bytes=stored_bytes,
                    duration_s=time.monotonic() - started, committed_at=time.time())
         try:
-            ctx.catalog.add_version(row, req.run, _tensor_rows(version_id, entries, blobs),
-                                    req.tags, (c.hex() for c in chunks))
+            ctx.catalog.add_version(row, req.run, tensor_rows, content_rows, req.tags,
+                                    (c.hex() for c in chunks))
             break
         except MissingChunksError as exc:
             lost = [cid for cid in chunks if cid.hex() in exc.missing]

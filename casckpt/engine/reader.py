@@ -75,7 +75,7 @@ def read_chunks(
         MissingDataError: a chunk is unknown to the catalog, or its pack is gone.
         CorruptChunkError: stored bytes fail verification.
     """
-    locations = ctx.catalog.find_chunks(cid.hex() for cid in wanted)
+    locations = ctx.catalog.find_chunks((cid.hex() for cid in wanted), live_only=False)
     for cid in wanted:
         if cid.hex() not in locations:
             raise MissingDataError(
