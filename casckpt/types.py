@@ -167,3 +167,65 @@ class CheckReport(_ToDict):
     def ok(self) -> bool:
         """True when no problem was found."""
         return not self.problems
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionPolicy(_ToDict):
+    """Which versions of a run to keep; combinable like restic's ``forget``.
+
+    A version is kept if ANY rule keeps it. ``keep_within`` is in seconds,
+    counted back from the run's newest version. ``keep_best`` is
+    ``(metric, n, "min" | "max")``. Tagged versions are kept unless
+    ``keep_tagged`` is False; fork points of runs with versions always are.
+    """
+
+    keep_last: int | None = None
+    keep_every: int | None = None
+    keep_hourly: int | None = None
+    keep_daily: int | None = None
+    keep_weekly: int | None = None
+    keep_within: float | None = None
+    keep_best: tuple[str, int, str] | None = None
+    keep_tagged: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionDecision(_ToDict):
+    """Whether retention keeps one version, and the rules that keep it."""
+
+    version: Version
+    keep: bool
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionPlan(_ToDict):
+    """Retention applied to one run: a decision per visible version, newest first."""
+
+    run: str
+    policy: RetentionPolicy | None
+    decisions: tuple[RetentionDecision, ...]
+
+    @property
+    def deleted(self) -> tuple[Version, ...]:
+        """The versions retention removes."""
+        return tuple(d.version for d in self.decisions if not d.keep)
+
+
+@dataclass(frozen=True, slots=True)
+class GCReport(_ToDict):
+    """What one garbage collection did (or, with ``dry_run``, would do)."""
+
+    dry_run: bool
+    grace_s: float
+    retention: tuple[RetentionPlan, ...]
+    versions_deleted: int
+    versions_purged: int
+    chunks_condemned: int
+    chunks_revived: int
+    chunks_swept: int
+    packs_deleted: int
+    packs_repacked: int
+    orphans_deleted: int
+    bytes_freed: int
+    duration_s: float

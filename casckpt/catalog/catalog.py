@@ -134,7 +134,7 @@ class Catalog:
                 url, pool_pre_ping=True, pool_size=4, max_overflow=8
             )
             self._migrate()
-            with self._read() as conn:
+            with self.read() as conn:
                 self.store_id: str = conn.execute(
                     select(s.store_info.c.value).where(s.store_info.c.key == "store_id")
                 ).scalar_one()
@@ -168,7 +168,8 @@ class Catalog:
         self.engine.dispose()
 
     @contextmanager
-    def _read(self) -> Iterator[Connection]:
+    def read(self) -> Iterator[Connection]:
+        """A connection in a read transaction; SQL errors become CatalogError."""
         try:
             with self.engine.connect() as conn, conn.begin():
                 yield conn
@@ -176,7 +177,8 @@ class Catalog:
             raise CatalogError(f"catalog query failed at {self.where}: {exc}") from exc
 
     @contextmanager
-    def _write(self) -> Iterator[Connection]:
+    def write(self) -> Iterator[Connection]:
+        """A connection in a write transaction (SQLite: BEGIN IMMEDIATE), committed on exit."""
         try:
             with self.engine.connect().execution_options(casckpt_write=True) as conn:
                 with conn.begin():
@@ -198,7 +200,7 @@ class Catalog:
             s.chunks.c.id, s.chunks.c.pack_id, s.packs.c.key, s.chunks.c.offset,
             s.chunks.c.stored_len, s.chunks.c.raw_len, s.chunks.c.codec,
         ).join(s.packs, s.packs.c.id == s.chunks.c.pack_id)
-        with self._read() as conn:
+        with self.read() as conn:
             for i in range(0, len(wanted), _BATCH):
                 batch = wanted[i : i + _BATCH]
                 where: list[ColumnElement[bool]] = [s.chunks.c.id.in_(batch)]
@@ -219,7 +221,7 @@ class Catalog:
              "condemned_at": None}
             for e in pack.entries
         ]
-        with self._write() as conn:
+        with self.write() as conn:
             _insert_ignore(conn, s.packs, [{
                 "id": pack.id, "key": pack.key, "size": pack.size, "chunks": len(pack.entries),
                 "state": "live", "created_at": now, "verified_at": None,
@@ -253,7 +255,7 @@ class Catalog:
         """
         ids = list(dict.fromkeys(chunk_ids))
         try:
-            with self._write() as conn:
+            with self.write() as conn:
                 self._publish(conn, version, run, tensor_rows, content_rows, tag_names, ids)
         except CatalogError as exc:
             if isinstance(exc.__cause__, IntegrityError) and "uq_versions_run_step" in str(exc):
@@ -302,7 +304,7 @@ class Catalog:
 
     def set_tag(self, name: str, version_id: str) -> None:
         """Point tag ``name`` at a version (moving it if it exists)."""
-        with self._write() as conn:
+        with self.write() as conn:
             self._set_tag(conn, name, version_id)
 
     # -- queries ------------------------------------------------------------
@@ -321,12 +323,12 @@ class Catalog:
 
     def version(self, version_id: str) -> Row[Any] | None:
         """The visible version with this exact id."""
-        with self._read() as conn:
+        with self.read() as conn:
             return conn.execute(self._versions().where(s.versions.c.id == version_id)).first()
 
     def ids_with_prefix(self, prefix: str, limit: int = 5) -> list[str]:
         """Visible version ids starting with ``prefix``."""
-        with self._read() as conn:
+        with self.read() as conn:
             return list(conn.execute(
                 select(s.versions.c.id).where(
                     s.versions.c.id.startswith(prefix), s.versions.c.state == "visible"
@@ -335,14 +337,14 @@ class Catalog:
 
     def at_step(self, run: str, step: int) -> Row[Any] | None:
         """The visible version of ``run`` at ``step``."""
-        with self._read() as conn:
+        with self.read() as conn:
             return conn.execute(
                 self._versions().where(s.runs.c.name == run, s.versions.c.step == step)
             ).first()
 
     def nth_latest(self, run: str, back: int) -> Row[Any] | None:
         """The visible version ``back`` versions before the latest of ``run`` (0: latest)."""
-        with self._read() as conn:
+        with self.read() as conn:
             return conn.execute(
                 self._versions().where(s.runs.c.name == run)
                 .order_by(s.versions.c.step.desc()).offset(back).limit(1)
@@ -350,7 +352,7 @@ class Catalog:
 
     def steps_near(self, run: str, step: int, limit: int = 3) -> list[int]:
         """The visible steps of ``run`` closest to ``step``."""
-        with self._read() as conn:
+        with self.read() as conn:
             return list(conn.execute(
                 select(s.versions.c.step).join(s.runs, s.runs.c.id == s.versions.c.run_id)
                 .where(s.runs.c.name == run, s.versions.c.state == "visible")
@@ -364,12 +366,12 @@ class Catalog:
             query = query.where(s.runs.c.name == run).order_by(s.versions.c.step.desc())
         else:
             query = query.order_by(s.versions.c.created_at.desc())
-        with self._read() as conn:
+        with self.read() as conn:
             return list(conn.execute(query.limit(limit)))
 
     def run_names(self) -> list[str]:
         """Every run name."""
-        with self._read() as conn:
+        with self.read() as conn:
             return list(conn.execute(select(s.runs.c.name).order_by(s.runs.c.name)).scalars())
 
     def runs(self) -> list[tuple[Any, ...]]:
@@ -389,23 +391,23 @@ class Catalog:
             .group_by(s.runs.c.id, s.runs.c.name, s.runs.c.created_at)
             .order_by(s.runs.c.name)
         )
-        with self._read() as conn:
+        with self.read() as conn:
             return [tuple(row) for row in conn.execute(query)]
 
     def tag_target(self, name: str) -> str | None:
         """The version id a tag points at."""
-        with self._read() as conn:
+        with self.read() as conn:
             return conn.execute(select(s.tags.c.version_id).where(s.tags.c.name == name)).scalar()
 
     def tag_names(self) -> list[str]:
         """Every tag name."""
-        with self._read() as conn:
+        with self.read() as conn:
             return list(conn.execute(select(s.tags.c.name).order_by(s.tags.c.name)).scalars())
 
     def tags_of(self, version_ids: Sequence[str]) -> dict[str, tuple[str, ...]]:
         """Tag names per version id."""
         out: dict[str, list[str]] = {}
-        with self._read() as conn:
+        with self.read() as conn:
             for i in range(0, len(version_ids), _BATCH):
                 rows = conn.execute(
                     select(s.tags.c.version_id, s.tags.c.name)
@@ -418,7 +420,7 @@ class Catalog:
 
     def manifest(self, version_id: str) -> bytes:
         """The compressed manifest of a version."""
-        with self._read() as conn:
+        with self.read() as conn:
             data: bytes = conn.execute(
                 select(s.versions.c.manifest).where(s.versions.c.id == version_id)
             ).scalar_one()
@@ -426,7 +428,7 @@ class Catalog:
 
     def tensors_of(self, version_id: str) -> list[Row[Any]]:
         """The tensor rows of a version, by path."""
-        with self._read() as conn:
+        with self.read() as conn:
             return list(conn.execute(
                 select(s.tensors).where(s.tensors.c.version_id == version_id)
                 .order_by(s.tensors.c.path)
@@ -434,19 +436,19 @@ class Catalog:
 
     def visible_version_ids(self) -> list[str]:
         """Ids of every visible version."""
-        with self._read() as conn:
+        with self.read() as conn:
             return list(conn.execute(
                 select(s.versions.c.id).where(s.versions.c.state == "visible")
             ).scalars())
 
     def packs(self) -> list[Row[Any]]:
         """Every live pack row."""
-        with self._read() as conn:
+        with self.read() as conn:
             return list(conn.execute(select(s.packs).where(s.packs.c.state == "live")))
 
     def chunks_of_pack(self, pack_id: str) -> list[Row[Any]]:
         """Every chunk row stored in a pack, by offset."""
-        with self._read() as conn:
+        with self.read() as conn:
             return list(conn.execute(
                 select(s.chunks).where(s.chunks.c.pack_id == pack_id).order_by(s.chunks.c.offset)
             ))
@@ -454,7 +456,7 @@ class Catalog:
     def mark_verified(self, pack_ids: Sequence[str]) -> None:
         """Record that these packs were just read and verified in full."""
         now = time.time()
-        with self._write() as conn:
+        with self.write() as conn:
             for i in range(0, len(pack_ids), _BATCH):
                 conn.execute(s.packs.update().where(s.packs.c.id.in_(pack_ids[i : i + _BATCH]))
                              .values(verified_at=now))
@@ -462,7 +464,7 @@ class Catalog:
     def totals(self) -> dict[str, int]:
         """Counts and byte sums for ``Store.stats``."""
         v, c, p = s.versions, s.chunks, s.packs
-        with self._read() as conn:
+        with self.read() as conn:
             vrow = conn.execute(select(func.count(v.c.id), func.coalesce(func.sum(v.c.logical_bytes), 0))
                                 .where(v.c.state == "visible")).one()
             crow = conn.execute(select(func.count(c.c.id), func.coalesce(func.sum(c.c.raw_len), 0),
