@@ -12,13 +12,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from benchmarks.catalog import NAME as CATALOG_NAME
+from benchmarks.catalog import CatalogResult
 from benchmarks.s3 import NAME as S3_NAME
 from benchmarks.s3 import S3Result, Timing
 from benchmarks.suite import WorkloadResult
 
-Result = WorkloadResult | S3Result
+Result = WorkloadResult | S3Result | CatalogResult
 Outcome = Result | str  # a result, or the error that stopped the workload
-R = TypeVar("R", WorkloadResult, S3Result)
+R = TypeVar("R", WorkloadResult, S3Result, CatalogResult)
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,7 @@ class Metric(Generic[R]):
 
     key: str
     label: str
-    kind: Literal["ratio", "fraction"]
+    kind: Literal["ratio", "fraction", "seconds"]
     compute: Callable[[R], float | None]
 
 
@@ -137,6 +139,17 @@ S3_METRICS: tuple[Metric[S3Result], ...] = (
     ),
 )
 
+CATALOG_METRICS: tuple[Metric[CatalogResult], ...] = (
+    Metric("log_s", "Store.log(run), all 10,000 versions", "seconds",
+           lambda r: r.log_all.median_s),
+    Metric("history_changed_s", "Store.history, tensor changed in every version", "seconds",
+           lambda r: r.history_trained.median_s),
+    Metric("history_unchanged_s", "Store.history, tensor never changed", "seconds",
+           lambda r: r.history_frozen.median_s),
+    Metric("log_filtered_s", "Store.log(run, where=2 predicates, min_step, limit=20)", "seconds",
+           lambda r: r.log_filtered.median_s),
+)
+
 # (workload or "*", metric key) -> lower limit, from BENCHMARKS.md "Targets".
 FLOORS: Mapping[tuple[str, str], float] = {
     (S3_NAME, "commit_vs_raw_upload"): 0.8,
@@ -152,6 +165,9 @@ TARGETS: Mapping[tuple[str, str], float] = {
     ("dense", "commit_first_vs_save"): 1.0,
     ("*", "restore_vs_load"): 1.0,
     ("*", "tensor_vs_restore"): 0.05,
+    (CATALOG_NAME, "log_s"): 0.100,
+    (CATALOG_NAME, "history_changed_s"): 0.200,
+    (CATALOG_NAME, "history_unchanged_s"): 0.200,
 }
 
 
@@ -166,6 +182,8 @@ def target_for(workload: str, key: str) -> tuple[float | None, str | None]:
 
 def metrics_for(result: Result) -> Sequence[Metric[Any]]:
     """The measures reported for ``result``'s kind of workload."""
+    if isinstance(result, CatalogResult):
+        return CATALOG_METRICS
     return S3_METRICS if isinstance(result, S3Result) else METRICS
 
 
@@ -188,6 +206,8 @@ def evaluate(result: Result) -> dict[str, dict[str, Any]]:
 def _fmt(value: float | None, kind: str) -> str:
     if value is None:
         return "n/a"
+    if kind == "seconds":
+        return f"{value * 1000:.1f} ms"
     return f"{value:.3g}x" if kind == "ratio" else f"{value * 100:.3g}%"
 
 
@@ -212,8 +232,38 @@ def _is_s3(name: str, outcome: Outcome) -> bool:
     return isinstance(outcome, S3Result) or (isinstance(outcome, str) and name == S3_NAME)
 
 
+def _is_catalog(name: str, outcome: Outcome) -> bool:
+    return isinstance(outcome, CatalogResult) or (isinstance(outcome, str) and name == CATALOG_NAME)
+
+
 def _local(outcomes: Mapping[str, Outcome]) -> dict[str, WorkloadResult | str]:
-    return {n: r for n, r in outcomes.items() if not isinstance(r, S3Result) and not _is_s3(n, r)}
+    return {n: r for n, r in outcomes.items()
+            if isinstance(r, (WorkloadResult, str)) and not _is_s3(n, r) and not _is_catalog(n, r)}
+
+
+def _catalog(outcomes: Mapping[str, Outcome]) -> dict[str, CatalogResult | str]:
+    return {n: r for n, r in outcomes.items()
+            if isinstance(r, (CatalogResult, str)) and _is_catalog(n, r)}
+
+
+def catalog_raw_table(outcomes: Mapping[str, CatalogResult | str]) -> Table:
+    """Catalog workload: the synthetic catalog and each query's timings."""
+    table = Table(title="Catalog raw measurements (SQLite, warm; median of each query's rounds)")
+    for column in ("workload", "catalog", "query", "results", "median", "each round"):
+        table.add_column(column, justify="left" if column in ("workload", "query") else "right")
+    for name, r in outcomes.items():
+        if isinstance(r, str):
+            table.add_row(name, "[red]crashed[/]")
+            continue
+        size = (f"{r.versions} versions, {r.tensor_rows} tensor rows, {r.content_rows} contents, "
+                f"built in {_seconds(r.build_s)}")
+        for label, q in (("log, all versions", r.log_all), ("log, filtered", r.log_filtered),
+                         ("history, changed every version", r.history_trained),
+                         ("history, never changed", r.history_frozen)):
+            table.add_row(name, size, label, str(q.results), f"{q.median_s * 1000:.1f} ms",
+                          " ".join(f"{s * 1000:.0f}" for s in q.rounds_s))
+            name = size = ""
+    return table
 
 
 def _s3(outcomes: Mapping[str, Outcome]) -> dict[str, S3Result | str]:
@@ -321,11 +371,13 @@ def ratio_table(outcomes: Mapping[str, Outcome], scale: float) -> Table:
 
 def print_report(console: Console, outcomes: Mapping[str, Outcome], scale: float) -> None:
     """Print the raw table(s) of the workloads that ran, then the ratio table."""
-    local, s3 = _local(outcomes), _s3(outcomes)
+    local, s3, catalog = _local(outcomes), _s3(outcomes), _catalog(outcomes)
     if local:
         console.print(raw_table(local))
     if s3:
         console.print(s3_raw_table(s3))
+    if catalog:
+        console.print(catalog_raw_table(catalog))
     console.print(ratio_table(outcomes, scale))
 
 
@@ -366,6 +418,17 @@ S3_NOTES = {
 }
 
 
+CATALOG_NOTES = {
+    "catalog": "synthetic SQLite catalog written through Catalog.write() (no tensor data): one run "
+    "of 10,000 versions x 50 tensors (40 change one chunk of 4 in every version, 10 never do), "
+    "metrics, metadata, a random manifest blob of a real manifest's size per version, a tag "
+    "every 1,000 versions; --scale does not change it",
+    "queries": "through the public Store API of a freshly opened store; one warm-up call, then "
+    "5 rounds; medians reported; the history target (200 ms) is checked on both tensors",
+    "postgresql": "not measured here; the same queries run on PostgreSQL in tests/test_history.py",
+}
+
+
 def write_json(path: Path, outcomes: Mapping[str, Outcome], header: dict[str, Any]) -> None:
     """Write header, notes, raw numbers and evaluated metrics as JSON to ``path``."""
     results: dict[str, Any] = {}
@@ -377,6 +440,8 @@ def write_json(path: Path, outcomes: Mapping[str, Outcome], header: dict[str, An
     notes: dict[str, Any] = dict(NOTES)
     if _s3(outcomes):
         notes[S3_NAME] = S3_NOTES
+    if _catalog(outcomes):
+        notes[CATALOG_NAME] = CATALOG_NOTES
     document = {**header, "notes": notes, "results": results}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2, default=str) + "\n")

@@ -1,11 +1,12 @@
 """casckpt benchmark: commit / restore against torch.save / torch.load in the same run.
 
 The ``s3`` workload instead compares casckpt on an in-process moto S3 server
-with raw boto3 managed transfer of the same bytes.
+with raw boto3 managed transfer of the same bytes; the ``catalog`` workload
+times history queries (log, tensor history) on a 10,000-version catalog.
 
 Usage::
 
-    python benchmarks/run.py [--scale S] [--workloads dense,frozen,unchanged,s3]
+    python benchmarks/run.py [--scale S] [--workloads dense,frozen,unchanged,s3,catalog]
                              [--out FILE] [--dir TMPDIR]
 
 Prints a table of ratios with pass/miss against BENCHMARKS.md targets and writes
@@ -29,6 +30,8 @@ if str(REPO_ROOT) not in sys.path:  # measure the casckpt of this checkout
 
 from rich.console import Console  # noqa: E402
 
+from benchmarks.catalog import NAME as CATALOG_NAME  # noqa: E402
+from benchmarks.catalog import run_catalog  # noqa: E402
 from benchmarks.machine import machine_info  # noqa: E402
 from benchmarks.report import Outcome, print_report, write_json  # noqa: E402
 from benchmarks.s3 import NAME as S3_NAME  # noqa: E402
@@ -37,7 +40,7 @@ from benchmarks.suite import Log, run_workload  # noqa: E402
 from benchmarks.workloads import WORKLOADS as LOCAL_WORKLOADS  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "latest.json"
-WORKLOADS = (*LOCAL_WORKLOADS, S3_NAME)
+WORKLOADS = (*LOCAL_WORKLOADS, S3_NAME, CATALOG_NAME)
 
 
 def _workload_list(text: str) -> list[str]:
@@ -93,6 +96,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _run_one(name: str, scale: float, workdir: Path, log: Log) -> Outcome:
     if name == S3_NAME:
         return run_s3(scale, workdir, log)
+    if name == CATALOG_NAME:
+        return run_catalog(scale, workdir, log)
     return run_workload(name, scale, workdir, log)
 
 

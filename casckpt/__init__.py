@@ -23,10 +23,15 @@ from casckpt.types import (
     CheckProblem,
     CheckReport,
     RunInfo,
+    RunNode,
     StoreStats,
+    TensorChange,
+    TensorHistoryEntry,
     TensorInfo,
+    ValueChange,
     Version,
     VersionDetail,
+    VersionDiff,
 )
 
 if TYPE_CHECKING:
@@ -90,11 +95,16 @@ __all__ = [
     "CheckProblem",
     "CheckReport",
     "RunInfo",
+    "RunNode",
     "Store",
     "StoreStats",
+    "TensorChange",
+    "TensorHistoryEntry",
     "TensorInfo",
+    "ValueChange",
     "Version",
     "VersionDetail",
+    "VersionDiff",
     "errors",
     "open",
 ]

@@ -38,6 +38,10 @@ class CatalogError(CasckptError, RuntimeError):
     """The catalog database failed or holds something inconsistent."""
 
 
+class GCRunningError(CasckptError, RuntimeError):
+    """Another garbage collection holds the store's GC lock."""
+
+
 class RefNotFoundError(CasckptError, KeyError):
     """A ref names no version."""
 
@@ -112,3 +116,15 @@ class RetryableStorageError(StorageError):
 
 class BlobNotFoundError(StorageError, FileNotFoundError):
     """The blob store holds no object under the requested key."""
+
+
+class RunExistsError(InvalidArgumentError):
+    """A run of that name already exists (``fork`` needs a new name)."""
+
+
+class MetricNotFoundError(RefNotFoundError):
+    """No version of the run records the metric asked for (``best``)."""
+
+
+class VersionSweptError(RefNotFoundError):
+    """A deleted version cannot be undeleted: GC already swept (some of) its data."""

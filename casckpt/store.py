@@ -11,7 +11,7 @@ import difflib
 import os
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -22,25 +22,36 @@ from sqlalchemy import Row
 
 from casckpt import config as cfg
 from casckpt.cache import IndexCache
-from casckpt.catalog import Catalog
+from casckpt.catalog import Catalog, MissingChunksError
+from casckpt.catalog import history as history_sql
+from casckpt.catalog import retention as retention_sql
 from casckpt.engine import check as check_engine
 from casckpt.engine import commit as commit_engine
+from casckpt.engine import gc as gc_engine
+from casckpt.engine import history as history_engine
 from casckpt.engine import restore as restore_engine
-from casckpt.engine.context import EngineContext
+from casckpt.engine import retention as retention_engine
+from casckpt.engine.context import EngineContext, manifest_key
 from casckpt.engine.refs import resolve
 from casckpt.engine.validate import check_name
-from casckpt.errors import InvalidArgumentError, RefNotFoundError
+from casckpt.errors import InvalidArgumentError, RefNotFoundError, VersionSweptError
 from casckpt.format.manifest import Manifest, decode_manifest
 from casckpt.format.tree import iter_values
 from casckpt.storage import BlobStore, open_blob_store, redact_url
 from casckpt.types import (
     CheckReport,
+    GCReport,
     ProgressCallback,
+    RetentionPlan,
+    RetentionPolicy,
     RunInfo,
+    RunNode,
     StoreStats,
+    TensorHistoryEntry,
     TensorInfo,
     Version,
     VersionDetail,
+    VersionDiff,
 )
 
 Ref = str | Version
@@ -155,8 +166,35 @@ class Store:
         """The version a ref names."""
         return self._version(self._row(ref))
 
-    def log(self, run: str | None = None, *, limit: int | None = None) -> list[Version]:
-        """Versions of ``run`` (all runs if None), newest first."""
+    def log(
+        self, run: str | None = None, *, limit: int | None = None,
+        since: datetime | float | None = None, until: datetime | float | None = None,
+        min_step: int | None = None, max_step: int | None = None, tag: str | None = None,
+        where: str | Iterable[str] | None = None, order: str = "desc",
+    ) -> list[Version]:
+        """Versions of ``run`` (all runs if None) that pass every filter given, newest first.
+
+        Served by one SQL query (plus one for tags), however many versions match.
+
+        Args:
+            run: only this run; versions are then ordered by step, else by creation time.
+            limit: at most this many versions (after ordering).
+            since, until: creation time bounds, inclusive (datetime, naive = local
+                time, or epoch seconds).
+            min_step, max_step: step bounds, inclusive.
+            tag: only the version this tag points at.
+            where: predicates that must all hold, ``NAME OP VALUE`` with OP one of
+                ``< <= > >= == !=``; NAME a metric (``"loss<2.1"``) or
+                ``metadata.KEY`` / ``meta.KEY`` (``"metadata.optimizer==adamw"``).
+                Numbers compare numerically, other values as strings; versions
+                lacking NAME never match.
+            order: ``"desc"`` (newest / highest step first) or ``"asc"``.
+
+        Raises:
+            RefNotFoundError: no such run or tag (near names suggested).
+            InvalidArgumentError: a bad limit, bound, order or predicate (the
+                message gives the predicate grammar).
+        """
         if run is not None:
             check_name(run, "run")
             names = self._ctx.catalog.run_names()
@@ -165,7 +203,14 @@ class Store:
                 raise RefNotFoundError(run, "there is no run with that name", near)
         if limit is not None and (not isinstance(limit, int) or limit < 0):
             raise InvalidArgumentError(f"limit must be a non-negative int, got {limit!r}")
-        return self._versions(self._ctx.catalog.log(run, limit))
+        query = history_engine.make_filter(
+            run, limit=limit, since=since, until=until, min_step=min_step, max_step=max_step,
+            tag=check_name(tag, "tag") if tag is not None else None, where=where, order=order,
+        )
+        if tag is not None:
+            history_engine.check_tag(self._ctx.catalog, tag)
+        rows, tags = history_sql.log(self._ctx.catalog, query)
+        return history_engine.versions(rows, tags)
 
     def show(self, ref: Ref) -> VersionDetail:
         """A version with its tensors (from the catalog) and plain values (from its manifest)."""
@@ -194,9 +239,217 @@ class Store:
         """Check catalog <-> blob store consistency; with ``read_data``, verify every chunk."""
         return check_engine.check(self._ctx, read_data=read_data, progress=progress)
 
+    def gc(self, *, dry_run: bool = False, grace: float | timedelta | None = None,
+           progress: ProgressCallback | None = None) -> GCReport:
+        """Apply every run's retention policy, then reclaim space no version needs.
+
+        Safe while other processes commit and restore (see
+        :mod:`casckpt.engine.gc`). Only one GC runs at a time.
+
+        Args:
+            dry_run: report what would happen; delete nothing.
+            grace: how long deleted versions stay undeletable and unreferenced
+                data stays in place (seconds or timedelta; default 6 hours).
+                ``0`` reclaims at once (tests, or when no reader is active).
+
+        Raises:
+            GCRunningError: another GC holds the lock.
+            StorageError, CatalogError: listing or the catalog failed; GC
+                stopped without deleting any object it had not already
+                unlinked from the catalog.
+        """
+        seconds = grace.total_seconds() if isinstance(grace, timedelta) else grace
+        if seconds is None:
+            seconds = gc_engine.DEFAULT_GRACE_S
+        if not isinstance(seconds, (int, float)) or seconds < 0:
+            raise InvalidArgumentError(f"grace must be >= 0 seconds, got {grace!r}")
+        return gc_engine.collect(self._ctx, grace=float(seconds), dry_run=dry_run,
+                                 progress=progress)
+
     def stats(self) -> StoreStats:
         """Space accounting: logical vs unique vs stored bytes."""
         return StoreStats(**self._ctx.catalog.totals())
+
+    # -- retention ----------------------------------------------------------
+
+    def set_retention(
+        self, run: str, *, keep_last: int | None = None, keep_every: int | None = None,
+        keep_hourly: int | None = None, keep_daily: int | None = None, keep_weekly: int | None = None,
+        keep_within: float | timedelta | str | None = None,
+        keep_best: tuple[str, int, str] | None = None, keep_tagged: bool = True,
+    ) -> RetentionPolicy:
+        """Store the retention policy of ``run`` (replacing any); :meth:`gc` applies it.
+
+        Rules combine as in restic's ``forget``: a version is kept if ANY rule
+        keeps it (semantics in :mod:`casckpt.engine.retention`). ``keep_within``
+        is a timedelta, seconds, or a string like ``"7d"``; ``keep_best`` is
+        ``(metric, n, "min" | "max")``. Fork points of live runs are always
+        kept. A run that does not exist yet is created, so a training
+        script may set its policy before its first commit.
+
+        Raises:
+            InvalidNameError: bad run name.
+            InvalidArgumentError: a value is not positive, or no keep rule is
+                given (``keep_tagged`` alone would delete every untagged version).
+        """
+        check_name(run, "run")
+        policy = retention_engine.make_policy(
+            keep_last=keep_last, keep_every=keep_every, keep_hourly=keep_hourly,
+            keep_daily=keep_daily, keep_weekly=keep_weekly, keep_within=keep_within,
+            keep_best=keep_best, keep_tagged=keep_tagged,
+        )
+        retention_sql.store_policy(self._ctx.catalog, run, retention_engine.policy_to_json(policy),
+                                   create=True)
+        return policy
+
+    def retention(self, run: str) -> RetentionPolicy | None:
+        """The retention policy of ``run``; None when it has none (it keeps every version).
+
+        Raises:
+            RefNotFoundError: there is no such run.
+        """
+        stored = retention_sql.run_policies(self._ctx.catalog, self._existing_run(run)).get(run)
+        return None if stored is None else retention_engine.policy_from_json(stored, run)
+
+    def clear_retention(self, run: str) -> None:
+        """Remove the retention policy of ``run``: it keeps every version again. Idempotent.
+
+        Raises:
+            RefNotFoundError: there is no such run.
+        """
+        if not retention_sql.store_policy(self._ctx.catalog, self._existing_run(run), None, create=False):
+            raise RefNotFoundError(run, "there is no run with that name")
+
+    def plan_retention(self, run: str | None = None) -> list[RetentionPlan]:
+        """What retention would do, writing nothing: a decision per visible version, with reasons.
+
+        With ``run``: that run's plan (every version kept when it has no
+        policy); without: a plan for every run that has a policy, by name.
+        Bytes freed need a mark over the whole store: ``gc(dry_run=True)`` reports them.
+
+        Raises:
+            RefNotFoundError: there is no such run.
+            CatalogError: a stored policy is malformed.
+        """
+        if run is not None:
+            self._existing_run(run)
+        with self._ctx.catalog.read() as conn:
+            histories = retention_sql.load_histories(conn, run)
+        return [retention_engine.plan(history) for history in histories]
+
+    def delete(self, ref: Ref, reason: str = "manual") -> Version:
+        """Soft-delete a version: it leaves refs, log and show at once; GC reclaims its data later.
+
+        :meth:`undelete` brings it back until GC sweeps its chunks (after the
+        grace period). Returns the version as it was. An explicit delete
+        removes tagged versions and fork points too (retention never does);
+        their tags stay and come back with :meth:`undelete`.
+
+        Raises:
+            RefNotFoundError, AmbiguousRefError: bad ref.
+            InvalidArgumentError: ``reason`` is not a non-empty str.
+        """
+        if not isinstance(reason, str) or not reason:
+            raise InvalidArgumentError(f"reason must be a non-empty str, got {reason!r}")
+        version = self.resolve(ref)
+        retention_sql.delete_version(self._ctx.catalog, version.id, reason)
+        return version
+
+    def undelete(self, ref: str | Version) -> Version:
+        """Make a deleted version visible again, exactly as it was (tags included).
+
+        Args:
+            ref: the deleted version's id, a unique prefix of it, or ``run@step``.
+
+        Raises:
+            RefNotFoundError, AmbiguousRefError: no (single) deleted version matches.
+            VersionSweptError: GC already swept some of its data; it is gone.
+        """
+        row = retention_sql.resolve_deleted(self._ctx.catalog, ref.id if isinstance(ref, Version) else ref)
+        label = f"{row.run}@{row.step}"
+        if self._ctx.blobs.size(manifest_key(row.id)) is None:
+            raise VersionSweptError(label, "GC already removed its manifest; it cannot be undeleted")
+        manifest = decode_manifest(self._ctx.catalog.manifest(row.id), row.id)
+        chunk_ids = (cid.hex() for blob in manifest.blobs for cid in blob.chunks)
+        try:
+            if not retention_sql.undelete_version(self._ctx.catalog, row.id, chunk_ids):
+                raise RefNotFoundError(label, "it is no longer deleted (undeleted or purged meanwhile)")
+        except MissingChunksError as exc:
+            raise VersionSweptError(
+                label, f"GC already swept {len(exc.missing)} of its chunks; it cannot be undeleted"
+            ) from None
+        return self.resolve(row.id)
+
+    def _existing_run(self, run: str) -> str:
+        check_name(run, "run")
+        names = self._ctx.catalog.run_names()
+        if run not in names:
+            raise RefNotFoundError(run, "there is no run with that name",
+                                   difflib.get_close_matches(run, names, n=3))
+        return run
+
+    # -- history and lineage ------------------------------------------------
+
+    def diff(self, a: Ref, b: Ref) -> VersionDiff:
+        """What changed from version ``a`` to version ``b``: tensors and plain values.
+
+        Tensors are compared by content digest; changed bytes come from
+        comparing chunk lists (see :class:`casckpt.types.TensorChange`), so no
+        tensor data is read. Plain values come from the manifests the catalog keeps.
+
+        Raises:
+            RefNotFoundError, AmbiguousRefError: bad ref.
+        """
+        return history_engine.diff(self._ctx.catalog, self._row(a), self._row(b))
+
+    def history(self, run: str, path: str) -> list[TensorHistoryEntry]:
+        """The versions of ``run`` in which the tensor at ``path`` changed, by step.
+
+        Its first appearance counts as a change; so does its removal (an entry
+        with ``change="removed"``). A forked run's history starts in the run it
+        was forked from, up to the fork point.
+
+        Raises:
+            RefNotFoundError: no such run.
+            TensorNotFoundError: no version has a tensor at ``path`` (near paths of
+                the latest version suggested).
+        """
+        check_name(run, "run")
+        if not isinstance(path, str) or not path:
+            raise InvalidArgumentError(f"path must be a non-empty str, got {path!r}")
+        return history_engine.tensor_history(self._ctx.catalog, run, path)
+
+    def fork(self, ref: Ref, run: str) -> RunInfo:
+        """Create run ``run`` branching from the version ``ref`` names (fine-tunes, sweeps).
+
+        The first version committed to ``run`` gets that version as its parent;
+        ``run`` has no versions until then. Retention keeps fork points.
+
+        Raises:
+            InvalidNameError: bad run name.
+            RunExistsError: a run named ``run`` exists.
+            RefNotFoundError, AmbiguousRefError: bad ref.
+        """
+        check_name(run, "run")
+        row = self._row(ref)
+        created = history_sql.fork(self._ctx.catalog, run, row.id)
+        return RunInfo(run, _utc(created), 0, None, None, 0)
+
+    def tree(self) -> list[RunNode]:
+        """Every run with its fork point and forks, depth first (root runs by name)."""
+        return history_engine.run_nodes(history_sql.run_tree(self._ctx.catalog), _utc)
+
+    def best(self, run: str, metric: str, mode: str = "min") -> Version:
+        """The visible version of ``run`` with the lowest (``mode="min"``) or highest
+        (``"max"``) value of ``metric``; ties go to the latest step.
+
+        Raises:
+            RefNotFoundError: no such run.
+            MetricNotFoundError: no version of ``run`` records ``metric``.
+            InvalidArgumentError: ``mode`` is not "min" or "max".
+        """
+        check_name(run, "run")
+        return history_engine.best(self._ctx.catalog, run, metric, mode)
 
     # -- helpers ------------------------------------------------------------
 

@@ -229,3 +229,94 @@ class GCReport(_ToDict):
     orphans_deleted: int
     bytes_freed: int
     duration_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class TensorChange(_ToDict):
+    """One tensor that differs between two versions (``Store.diff``).
+
+    ``change`` is ``"added"``, ``"removed"`` or ``"changed"``; the ``*_before``
+    fields are None for an added tensor, the ``*_after`` ones for a removed one.
+    ``changed_bytes``: for a changed tensor, the bytes of its chunks that differ
+    (chunk lists compared position by position; the whole tensor when dtype,
+    shape or chunk size differ); for an added or removed one, its whole size.
+    """
+
+    path: str
+    change: str
+    dtype_before: str | None
+    dtype_after: str | None
+    shape_before: tuple[int, ...] | None
+    shape_after: tuple[int, ...] | None
+    nbytes_before: int
+    nbytes_after: int
+    changed_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ValueChange(_ToDict):
+    """One plain (non-tensor) value that differs between two versions.
+
+    ``change`` is ``"added"``, ``"removed"`` or ``"changed"``; ``before`` /
+    ``after`` are None where the value is absent (``change`` says which).
+    """
+
+    path: str
+    change: str
+    before: Any
+    after: Any
+
+
+@dataclass(frozen=True, slots=True)
+class VersionDiff(_ToDict):
+    """What changed from version ``a`` to version ``b`` (``Store.diff``).
+
+    ``changed_bytes`` sums ``TensorChange.changed_bytes`` over every entry of
+    ``added``, ``removed`` and ``changed``; ``unchanged`` counts tensors whose
+    content is identical in both.
+    """
+
+    a: Version
+    b: Version
+    added: tuple[TensorChange, ...]
+    removed: tuple[TensorChange, ...]
+    changed: tuple[TensorChange, ...]
+    unchanged: int
+    changed_bytes: int
+    values: tuple[ValueChange, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorHistoryEntry(_ToDict):
+    """A version in which one tensor changed (``Store.history``).
+
+    ``change`` is ``"added"`` (first appearance, or back after a removal),
+    ``"changed"`` or ``"removed"``. ``dtype``, ``shape``, ``nbytes`` and
+    ``digest`` describe the tensor in ``version`` (None / 0 once removed);
+    ``changed_bytes`` counts against the previous entry as in :class:`TensorChange`.
+    """
+
+    version: Version
+    change: str
+    dtype: str | None
+    shape: tuple[int, ...] | None
+    nbytes: int
+    digest: str | None
+    changed_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunNode(_ToDict):
+    """A run in the lineage tree (``Store.tree``).
+
+    ``parent_run`` / ``fork_step`` are None for a root run, and also when the
+    version it was forked from is gone (``fork_version`` then keeps its id).
+    """
+
+    name: str
+    created_at: datetime
+    parent_run: str | None
+    fork_version: str | None
+    fork_step: int | None
+    children: tuple[str, ...]
+    versions: int

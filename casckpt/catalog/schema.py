@@ -132,6 +132,15 @@ chunks = Table(
 Index("ix_chunks_pack_id", chunks.c.pack_id)
 Index("ix_chunks_state", chunks.c.state)
 
+leases = Table(
+    "leases",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("started_at", Float, nullable=False),
+)
+
 gc_live = Table("gc_live", metadata, Column("id", String(64), primary_key=True))
 
 gc_runs = Table(

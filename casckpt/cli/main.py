@@ -15,6 +15,7 @@ Exit codes (scripts may rely on them):
        unknown tensor
     4  integrity: stored bytes are corrupt or missing
     5  any other casckpt error: storage, catalog, a catalog from a newer casckpt
+    6  another `casckpt gc` is running on this store (try again later)
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from casckpt.cli.progress import progress_bars
 from casckpt.errors import (
     AmbiguousRefError,
     CasckptError,
+    GCRunningError,
     IntegrityError,
     InvalidArgumentError,
     InvalidNameError,
@@ -52,11 +54,12 @@ EXIT_USAGE = 2
 EXIT_NOT_FOUND = 3
 EXIT_INTEGRITY = 4
 EXIT_OTHER = 5
+EXIT_BUSY = 6
 
 _EPILOG = (
     "Exit codes: 0 ok; 1 check found problems; 2 usage error or bad input; "
     "3 not found (store, ref, tensor); 4 integrity error (corrupt or missing data); "
-    "5 other error (storage, catalog, catalog schema too new)."
+    "5 other error (storage, catalog, catalog schema too new); 6 another gc is running."
 )
 
 _NOT_FOUND = (NotAStoreError, RefNotFoundError, AmbiguousRefError, TensorNotFoundError)
@@ -71,6 +74,8 @@ def exit_code_for(error: CasckptError) -> int:
         return EXIT_NOT_FOUND
     if isinstance(error, _BAD_INPUT):
         return EXIT_USAGE
+    if isinstance(error, GCRunningError):
+        return EXIT_BUSY
     return EXIT_OTHER
 
 
@@ -189,26 +194,6 @@ def runs(ctx: typer.Context, as_json: JsonOption = False) -> None:
 
 
 @app.command()
-def log(
-    ctx: typer.Context,
-    run: Annotated[str | None, typer.Argument(help="Only this run [default: all runs].")] = None,
-    limit: Annotated[
-        int | None, typer.Option("--limit", "-n", min=1, help="Show at most N versions.")
-    ] = None,
-    as_json: JsonOption = False,
-) -> None:
-    """List versions, newest first."""
-    with _open_store(ctx) as store:
-        versions = store.log(run, limit=limit)
-    if as_json:
-        render.print_json([v.to_dict() for v in versions])
-    elif not versions:
-        render.note(f"no versions in run {run!r}" if run else "no versions yet")
-    else:
-        render.out(render.log_table(versions))
-
-
-@app.command()
 def show(ctx: typer.Context, ref: RefArgument, as_json: JsonOption = False) -> None:
     """Show one version: its metadata, tensors and plain values."""
     with _open_store(ctx) as store:
@@ -312,5 +297,14 @@ def migrate(ctx: typer.Context) -> None:
     render.out(f"Catalog of {path} is up to date at schema revision {head_revision()}")
 
 
+# commands defined in other modules register themselves on `app`
+from casckpt.cli import gc as _gc  # noqa: E402,F401
+from casckpt.cli import history as _history  # noqa: E402,F401
+from casckpt.cli import retention as _retention  # noqa: E402,F401
+
 if __name__ == "__main__":
-    app()
+    # `python -m casckpt.cli.main`: run the app of the imported module, which is
+    # the one the other command modules registered their commands on
+    from casckpt.cli.main import app as registered_app
+
+    registered_app()

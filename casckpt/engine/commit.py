@@ -16,6 +16,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from casckpt.catalog import MissingChunksError
+from casckpt.catalog.gc import begin_lease, end_lease
+from casckpt.catalog.history import fork_point
 from casckpt.engine.context import EngineContext, manifest_key
 from casckpt.engine.layout import BlobSource, plan_blobs
 from casckpt.engine.packer import Packer
@@ -161,9 +163,76 @@ def _tensor_rows(
     return rows, list(contents.values())
 
 
+@dataclass(slots=True)
+class _Staged:
+    """A commit whose chunks and manifest are stored, ready to publish."""
+
+    manifest: Manifest
+    version_id: str
+    manifest_bytes: bytes
+    chunks: dict[bytes, _Chunk]
+    tensor_rows: list[dict[str, Any]]
+    content_rows: list[dict[str, Any]]
+    new_bytes: int
+    stored_bytes: int
+
+
+def _stage(ctx: EngineContext, state: object, req: CommitRequest, created: float,
+           progress: ProgressCallback | None) -> _Staged:
+    root, leaves = encode_tree(state)
+    entries, sources = plan_blobs(leaves)
+    blobs, chunks = _hash_blobs(ctx, sources, progress)
+    known = _known_chunks(ctx, list(chunks))
+    new_bytes, stored_bytes = _write_chunks(ctx, chunks, [c for c in chunks if c not in known], progress)
+    parent = ctx.catalog.nth_latest(req.run, 0)  # a forked run's first version: the fork point
+    parent_id = parent.id if parent is not None else fork_point(ctx.catalog, req.run)
+    manifest = Manifest(
+        run=req.run, step=req.step, parent=parent_id,
+        created_at=created, root=root, tensors=tuple(entries), blobs=tuple(blobs),
+        metadata=req.metadata, metrics=req.metrics, message=req.message, tags=req.tags,
+    )
+    version_id, manifest_bytes = encode_manifest(manifest)
+    ctx.blobs.put(manifest_key(version_id), manifest_bytes)
+    tensor_rows, content_rows = _tensor_rows(version_id, entries, blobs)
+    return _Staged(manifest, version_id, manifest_bytes, chunks, tensor_rows, content_rows,
+                   new_bytes, stored_bytes)
+
+
+def _publish(ctx: EngineContext, req: CommitRequest, staged: _Staged, started: float,
+             progress: ProgressCallback | None) -> dict[str, Any]:
+    """ONE catalog transaction makes the version visible; chunks found gone are rewritten."""
+    row: dict[str, Any] = {
+        "id": staged.version_id, "step": req.step, "parent_id": staged.manifest.parent,
+        "state": "visible", "created_at": staged.manifest.created_at,
+        "logical_bytes": staged.manifest.logical_bytes, "meta": req.metadata,
+        "metrics": req.metrics, "message": req.message, "manifest": staged.manifest_bytes,
+    }
+    for _ in range(_PUBLISH_ATTEMPTS):
+        row.update(new_bytes=staged.new_bytes, stored_bytes=staged.stored_bytes,
+                   duration_s=time.monotonic() - started, committed_at=time.time())
+        try:
+            ctx.catalog.add_version(row, req.run, staged.tensor_rows, staged.content_rows,
+                                    req.tags, (c.hex() for c in staged.chunks))
+            return row
+        except MissingChunksError as exc:
+            lost = [cid for cid in staged.chunks if cid.hex() in exc.missing]
+            ctx.cache.discard(lost)
+            more_raw, more_stored = _write_chunks(ctx, staged.chunks, lost, progress)
+            staged.new_bytes += more_raw
+            staged.stored_bytes += more_stored
+    raise CatalogError(
+        f"could not publish version {staged.version_id[:12]}: its chunks kept disappearing "
+        "(is a GC with --grace 0 running?); retry the commit"
+    )
+
+
 def commit(ctx: EngineContext, state: object, req: CommitRequest,
            progress: ProgressCallback | None = None) -> Version:
-    """Store ``state`` as a new version of ``req.run`` (see module docstring for the protocol)."""
+    """Store ``state`` as a new version of ``req.run`` (see module docstring for the protocol).
+
+    The commit holds a catalog lease from start to end, so a concurrent GC
+    neither condemns the chunks it writes nor deletes its objects as orphans.
+    """
     started, created = time.monotonic(), time.time()
     existing = ctx.catalog.at_step(req.run, req.step)
     if existing is not None:  # checked again when publishing; this saves writing chunks for nothing
@@ -171,48 +240,17 @@ def commit(ctx: EngineContext, state: object, req: CommitRequest,
             f"run {req.run!r} already has a version at step {req.step} ({existing.id[:12]}); "
             "commit with another step, or fork a new run"
         )
-    root, leaves = encode_tree(state)
-    entries, sources = plan_blobs(leaves)
-    blobs, chunks = _hash_blobs(ctx, sources, progress)
-    known = _known_chunks(ctx, list(chunks))
-    new_ids = [cid for cid in chunks if cid not in known]
-    new_bytes, stored_bytes = _write_chunks(ctx, chunks, new_ids, progress)
-    parent = ctx.catalog.nth_latest(req.run, 0)
-    manifest = Manifest(
-        run=req.run, step=req.step, parent=parent.id if parent is not None else None,
-        created_at=created, root=root, tensors=tuple(entries), blobs=tuple(blobs),
-        metadata=req.metadata, metrics=req.metrics, message=req.message, tags=req.tags,
-    )
-    version_id, manifest_bytes = encode_manifest(manifest)
-    ctx.blobs.put(manifest_key(version_id), manifest_bytes)
-    logical = manifest.logical_bytes
-    row: dict[str, Any] = {
-        "id": version_id, "step": req.step, "parent_id": manifest.parent, "state": "visible",
-        "created_at": created, "logical_bytes": logical, "meta": req.metadata,
-        "metrics": req.metrics, "message": req.message, "manifest": manifest_bytes,
-    }
-    tensor_rows, content_rows = _tensor_rows(version_id, entries, blobs)
-    for _ in range(_PUBLISH_ATTEMPTS):
-        row.update(new_bytes=new_bytes, stored_bytes=stored_bytes,
-                   duration_s=time.monotonic() - started, committed_at=time.time())
-        try:
-            ctx.catalog.add_version(row, req.run, tensor_rows, content_rows, req.tags,
-                                    (c.hex() for c in chunks))
-            break
-        except MissingChunksError as exc:
-            lost = [cid for cid in chunks if cid.hex() in exc.missing]
-            ctx.cache.discard(lost)
-            more_raw, more_stored = _write_chunks(ctx, chunks, lost, progress)
-            new_bytes, stored_bytes = new_bytes + more_raw, stored_bytes + more_stored
-    else:
-        raise CatalogError(
-            f"could not publish version {version_id[:12]}: its chunks kept disappearing "
-            "(is a GC with --grace 0 running?); retry the commit"
-        )
+    lease = begin_lease(ctx.catalog)
+    try:
+        staged = _stage(ctx, state, req, created, progress)
+        row = _publish(ctx, req, staged, started, progress)
+    finally:
+        end_lease(ctx.catalog, lease)
     return Version(
-        id=version_id, run=req.run, step=req.step,
+        id=staged.version_id, run=req.run, step=req.step,
         created_at=datetime.fromtimestamp(created, tz=timezone.utc),
-        logical_bytes=logical, new_bytes=new_bytes, stored_bytes=stored_bytes,
-        duration_s=row["duration_s"], parent=manifest.parent, tags=req.tags,
-        metadata=req.metadata, metrics=req.metrics, message=req.message,
+        logical_bytes=row["logical_bytes"], new_bytes=staged.new_bytes,
+        stored_bytes=staged.stored_bytes, duration_s=row["duration_s"],
+        parent=staged.manifest.parent, tags=req.tags, metadata=req.metadata,
+        metrics=req.metrics, message=req.message,
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import BinaryIO
@@ -31,8 +31,11 @@ class Packer:
 
     _IN_FLIGHT = 2
 
-    def __init__(self, ctx: EngineContext) -> None:
+    def __init__(self, ctx: EngineContext,
+                 on_stored: Callable[[PackRecord], None] | None = None) -> None:
+        """``on_stored`` records a stored pack (default: ``catalog.add_pack``)."""
         self._ctx = ctx
+        self._record = on_stored or ctx.catalog.add_pack
         self._file: BinaryIO | None = None
         self._path: Path | None = None
         self._writer: PackWriter | None = None
@@ -68,7 +71,7 @@ class Packer:
             self._ctx.blobs.put_file(record.key, path)
         finally:
             path.unlink(missing_ok=True)
-        self._ctx.catalog.add_pack(record)
+        self._record(record)
         self._ctx.cache.put_many(_cache_items(record.id, record.entries))
         return record
 

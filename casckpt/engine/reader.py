@@ -64,6 +64,9 @@ def read_chunks(
 ) -> int:
     """Fill every destination of every wanted chunk with its verified raw bytes.
 
+    A pack that vanished mid-read (GC repacked it: its chunks now live in a
+    new pack) is handled by locating the chunks again and reading once more.
+
     Args:
         wanted: chunk id -> byte views to copy the chunk into.
         describe: names what a chunk belongs to, for error messages.
@@ -75,6 +78,20 @@ def read_chunks(
         MissingDataError: a chunk is unknown to the catalog, or its pack is gone.
         CorruptChunkError: stored bytes fail verification.
     """
+    try:
+        return _read_once(ctx, wanted, describe, progress)
+    except _PackGone:
+        return _read_once(ctx, wanted, describe, progress, last_try=True)
+
+
+class _PackGone(Exception):
+    """A pack disappeared between locating and reading (internal; triggers one retry)."""
+
+
+def _read_once(
+    ctx: EngineContext, wanted: Mapping[bytes, list[Destination]],
+    describe: Callable[[bytes], str], progress: ProgressCallback | None, last_try: bool = False,
+) -> int:
     locations = ctx.catalog.find_chunks((cid.hex() for cid in wanted), live_only=False)
     for cid in wanted:
         if cid.hex() not in locations:
@@ -90,6 +107,8 @@ def read_chunks(
         try:
             data = memoryview(ctx.blobs.get_range(r.key, r.start, r.end - r.start))
         except BlobNotFoundError as exc:
+            if not last_try:
+                raise _PackGone() from exc
             raise MissingDataError(
                 f"pack {r.pack_id} holding {describe(r.chunks[0].entry().chunk_id)} is missing "
                 f"from {ctx.blobs.url}; restore another version or repair the store"

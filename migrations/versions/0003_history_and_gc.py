@@ -8,6 +8,8 @@
 - ``chunks.condemned_at``: when GC's mark phase found a chunk unreferenced.
 - ``gc_live``: GC's scratch set of referenced chunk ids (one GC at a time).
 - ``gc_runs``: a record of every GC run.
+- ``leases``: commits in flight; GC never condemns chunks nor deletes
+  unknown objects younger than the oldest live lease.
 - indexes for log and history queries.
 
 Revision ID: 0003
@@ -48,6 +50,13 @@ def upgrade() -> None:
         sa.Column("dry_run", sa.Boolean, nullable=False),
         sa.Column("report", sa.JSON, nullable=True),
     )
+    op.create_table(
+        "leases",
+        sa.Column("id", sa.String(32), primary_key=True),
+        sa.Column("host", sa.String(255), nullable=False),
+        sa.Column("pid", sa.Integer, nullable=False),
+        sa.Column("started_at", sa.Float, nullable=False),
+    )
     op.create_index("ix_tensors_digest", "tensors", ["digest"])
     op.create_index("ix_tensors_path_version", "tensors", ["path", "version_id"])
     op.create_index("ix_versions_run_state_step", "versions", ["run_id", "state", "step"])
@@ -61,6 +70,7 @@ def downgrade() -> None:
                         ("ix_chunks_state", "chunks"), ("ix_versions_run_state_step", "versions"),
                         ("ix_tensors_path_version", "tensors"), ("ix_tensors_digest", "tensors")):
         op.drop_index(name, table)
+    op.drop_table("leases")
     op.drop_table("gc_runs")
     op.drop_table("gc_live")
     with op.batch_alter_table("chunks") as batch:

@@ -1,0 +1,204 @@
+"""The ``catalog`` workload: history queries on a run of 10,000 versions (SQLite catalog).
+
+No tensor is committed: a store is created, then its catalog is filled
+directly with realistic rows, as 10,000 commits of a 50-tensor state would
+leave them (one ``versions`` row each with metrics, metadata and a manifest
+blob of the size a real one has; 50 ``tensors`` rows per version; one
+``contents`` row per distinct tensor content, with its chunk-id list; a tag
+every 1,000 steps). 40 of the 50 tensors change in every version (one chunk
+of four), 10 never change. Then, through the public API of a freshly opened
+store, each query runs once to warm up and ``REPEATS`` times measured:
+
+* ``Store.log(run)``: the full list of 10,000 versions (target <= 100 ms);
+* ``Store.history(run, path)`` of a tensor that changed in every version
+  (10,000 entries, the worst case; target <= 200 ms) and of one that never
+  changed (1 entry);
+* ``Store.log(run, where=..., min_step=..., limit=20)``: a filtered listing.
+
+Figures are medians. PostgreSQL is not measured here (the tests run the same
+queries there for correctness). ``--scale`` does not change this workload:
+the targets are stated for 10,000 versions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select
+
+import casckpt
+from casckpt.catalog import Catalog
+from casckpt.catalog import schema as s
+from casckpt.format.chunks import chunk_id, object_id
+from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, encode_manifest
+
+Log = Callable[[str], None]
+
+NAME = "catalog"
+RUN = "bench-run"
+VERSIONS = 10_000
+TENSORS = 50
+FROZEN = 10  # tensors 0..FROZEN-1 never change; the others change one chunk per version
+CHUNKS = 4
+CHUNK_SIZE = 1 << 18
+REPEATS = 5
+TAG_EVERY = 1_000
+TRAINED_PATH = f"model.layers.{TENSORS - 1}.weight"
+FROZEN_PATH = "model.layers.0.weight"
+
+
+@dataclass(frozen=True)
+class Query:
+    """One measured query: each round's seconds, their median, and the number of results."""
+
+    rounds_s: list[float]
+    median_s: float
+    results: int
+
+
+@dataclass(frozen=True)
+class CatalogResult:
+    """Every raw number of the ``catalog`` workload."""
+
+    name: str
+    versions: int
+    tensors_per_version: int
+    tensor_rows: int
+    content_rows: int
+    manifest_bytes: int
+    build_s: float
+    log_all: Query
+    log_filtered: Query
+    history_trained: Query
+    history_frozen: Query
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict of all fields."""
+        return dataclasses.asdict(self)
+
+
+def _path(k: int) -> str:
+    return f"model.layers.{k}.weight"
+
+
+def _ids(seed: str, n: int) -> list[bytes]:
+    return [chunk_id(f"{seed}/{i}".encode()) for i in range(n)]
+
+
+def _manifest_size() -> int:
+    """The compressed size of a real manifest of one such version."""
+    blobs = tuple(BlobEntry(CHUNKS * CHUNK_SIZE, CHUNK_SIZE, tuple(_ids(f"m{k}", CHUNKS)))
+                  for k in range(TENSORS))
+    tensors = tuple(TensorEntry(_path(k), "torch", "float32", (1024, 256), k) for k in range(TENSORS))
+    root = {"t": "dict", "k": [_path(k) for k in range(TENSORS)],
+            "v": [{"t": "tensor", "i": k} for k in range(TENSORS)]}
+    manifest = Manifest(RUN, 0, None, time.time(), root, tensors, blobs,
+                        {"optimizer": "adamw"}, {"loss": 1.0})
+    return len(encode_manifest(manifest)[1])
+
+
+def _version_row(run_id: int, i: int, parent: str | None, created: float,
+                 manifest_size: int) -> tuple[Any, ...]:
+    loss = 4.0 / (1 + i / 500)
+    meta = {"optimizer": "adamw", "lr": 3e-4, "host": f"node-{i % 8}", "epoch": i // 1000}
+    metrics = {"loss": loss, "val_loss": loss * 1.1, "tokens": float(i) * 4096}
+    changed = (TENSORS - FROZEN) * CHUNK_SIZE
+    return (object_id(f"version {i}".encode()), run_id, i * 100, parent, "visible", created,
+            created + 2, TENSORS * CHUNKS * CHUNK_SIZE, changed, changed, 1.5, json.dumps(meta),
+            json.dumps(metrics), None, os.urandom(manifest_size))
+
+
+def _rows(run_id: int, manifest_size: int) -> dict[str, list[tuple[Any, ...]]]:
+    """Rows of the whole run, per table, as tuples in the column order of ``_COLUMNS``."""
+    versions, tensors, contents, tags = [], [], [], []
+    chunks = {k: _ids(f"t{k}", CHUNKS) for k in range(TENSORS)}
+    start, parent = time.time() - VERSIONS * 60.0, None
+    shape = json.dumps([1024, 256])
+    for i in range(VERSIONS):
+        row = _version_row(run_id, i, parent, start + i * 60.0, manifest_size)
+        versions.append(row)
+        for k in range(TENSORS):
+            if k >= FROZEN and i > 0:  # one chunk of each trained tensor changes
+                chunks[k][i % CHUNKS] = chunk_id(f"t{k}@{i}".encode())
+            ids = b"".join(chunks[k])
+            digest = object_id(ids)
+            if k >= FROZEN or i == 0:
+                contents.append((digest, CHUNKS * CHUNK_SIZE, CHUNK_SIZE, ids))
+            tensors.append((row[0], _path(k), "float32", shape, CHUNKS * CHUNK_SIZE, CHUNKS, digest))
+        if i % TAG_EVERY == 0:
+            tags.append((f"milestone-{i // TAG_EVERY}", row[0], row[5]))
+        parent = row[0]
+    return {"versions": versions, "tensors": tensors, "contents": contents, "tags": tags}
+
+
+_COLUMNS = {
+    "versions": ("id", "run_id", "step", "parent_id", "state", "created_at", "committed_at",
+                 "logical_bytes", "new_bytes", "stored_bytes", "duration_s", "meta", "metrics",
+                 "message", "manifest"),
+    "tensors": ("version_id", "path", "dtype", "shape", "nbytes", "chunks", "digest"),
+    "contents": ("digest", "nbytes", "chunk_size", "chunk_ids"),
+    "tags": ("name", "version_id", "created_at"),
+}
+
+
+def build(url: str) -> tuple[int, int, int]:
+    """Fill the SQLite catalog at ``url`` with the run, in one transaction through
+    ``Catalog.write()``; returns (tensor rows, content rows, manifest size)."""
+    catalog = Catalog(url, where="benchmark catalog")
+    try:
+        manifest_size = _manifest_size()
+        with catalog.write() as conn:
+            conn.exec_driver_sql("PRAGMA cache_size=-1000000")  # this connection: 1 GB for the build
+            run_id = conn.execute(s.runs.insert().values(name=RUN, created_at=time.time())
+                                  ).inserted_primary_key[0]
+            for table, rows in _rows(run_id, manifest_size).items():
+                columns = _COLUMNS[table]
+                conn.exec_driver_sql(
+                    f"INSERT INTO {table} ({', '.join(columns)}) "
+                    f"VALUES ({', '.join('?' * len(columns))})", rows)
+            tensor_rows = conn.execute(select(func.count()).select_from(s.tensors)).scalar_one()
+            content_rows = conn.execute(select(func.count()).select_from(s.contents)).scalar_one()
+            conn.exec_driver_sql("PRAGMA cache_size=-2000")  # back to SQLite's default
+    finally:
+        catalog.close()
+    return tensor_rows, content_rows, manifest_size
+
+
+def _measure(fn: Callable[[], list[Any]], expected: int) -> Query:
+    results = len(fn())  # warm up: statement cache, page cache
+    if results != expected:
+        raise AssertionError(f"query returned {results} results, expected {expected}")
+    rounds = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        fn()
+        rounds.append(time.perf_counter() - start)
+    return Query(rounds, statistics.median(rounds), results)
+
+
+def run_catalog(scale: float, workdir: Path, log: Log) -> CatalogResult:
+    """Build the 10,000-version catalog in ``workdir`` and time the history queries."""
+    del scale  # the targets are stated for 10,000 versions whatever the state size
+    root = workdir / "store"
+    casckpt.open(root).close()
+    log(f"{NAME}: inserting {VERSIONS} versions x {TENSORS} tensors into the SQLite catalog")
+    started = time.perf_counter()
+    tensor_rows, content_rows, manifest_size = build(f"sqlite:///{root / 'catalog.db'}")
+    build_s = time.perf_counter() - started
+    log(f"{NAME}: timing log and history ({REPEATS} rounds each, after one warm-up)")
+    where = ["loss<1.0", "metadata.optimizer==adamw"]
+    with casckpt.open(root, create=False) as store:
+        log_all = _measure(lambda: store.log(RUN), VERSIONS)
+        filtered = _measure(lambda: store.log(RUN, where=where, min_step=100, limit=20), 20)
+        trained = _measure(lambda: store.history(RUN, TRAINED_PATH), VERSIONS)
+        frozen = _measure(lambda: store.history(RUN, FROZEN_PATH), 1)
+    return CatalogResult(NAME, VERSIONS, TENSORS, tensor_rows, content_rows, manifest_size,
+                         build_s, log_all, filtered, trained, frozen)

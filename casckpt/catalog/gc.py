@@ -1,0 +1,308 @@
+"""The SQL side of garbage collection: the GC lock, mark, condemn, revive, sweep.
+
+Referenced chunk ids are collected into the ``gc_live`` table in batches, so
+the set work happens in the database and GC's memory stays bounded however
+large the store is. Every function is one or a few short transactions; none
+deletes an object (the engine does that after the rows are gone).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import time
+import uuid
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import and_, bindparam, delete, exists, func, insert, select, text, update
+
+from casckpt.catalog import schema as s
+from casckpt.catalog.catalog import Catalog, PackRecord, _insert_ignore
+from casckpt.errors import CatalogError, GCRunningError
+
+_BATCH = 5000
+_GC_LOCK = 0x63676331  # "cgc1": PostgreSQL advisory lock key held while a GC runs
+
+
+@dataclass(frozen=True, slots=True)
+class DeadPack:
+    """A pack the catalog no longer references; its object can be deleted."""
+
+    id: str
+    key: str
+    size: int
+
+
+@contextmanager
+def gc_lock(catalog: Catalog) -> Iterator[None]:
+    """Hold the store-wide GC lock; raise GCRunningError if another GC holds it.
+
+    SQLite: an flock on ``<catalog file>.gc-lock``; PostgreSQL: a session
+    advisory lock on a dedicated connection. Both vanish with the process, so
+    a GC killed with SIGKILL never leaves the store locked.
+    """
+    url = catalog.engine.url
+    if url.get_backend_name() == "sqlite":
+        with _file_lock(f"{url.database}.gc-lock"):
+            yield
+    elif url.get_backend_name() == "postgresql":
+        with catalog.engine.connect() as conn:
+            if not conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": _GC_LOCK}).scalar():
+                raise GCRunningError("another casckpt gc is running on this store; try again later")
+            conn.commit()
+            try:
+                yield
+            finally:
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _GC_LOCK})
+                conn.commit()
+    else:
+        raise CatalogError(f"gc does not support {url.get_backend_name()} catalogs")
+
+
+@contextmanager
+def _file_lock(path: str) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise GCRunningError(
+                "another casckpt gc is running on this store; try again later"
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def start_run(catalog: Catalog, dry_run: bool) -> int:
+    """Record the start of a GC run; returns its id."""
+    with catalog.write() as conn:
+        key = conn.execute(insert(s.gc_runs).values(
+            started_at=time.time(), host=socket.gethostname()[:255], pid=os.getpid(),
+            dry_run=dry_run,
+        )).inserted_primary_key
+    if key is None:
+        raise CatalogError("the catalog did not return the id of the new gc run")
+    return int(key[0])
+
+
+def finish_run(catalog: Catalog, run_id: int, report: dict[str, Any]) -> None:
+    """Record the end of a GC run and its report."""
+    with catalog.write() as conn:
+        conn.execute(update(s.gc_runs).where(s.gc_runs.c.id == run_id)
+                     .values(finished_at=time.time(), report=report))
+
+
+def expired_deleted_versions(catalog: Catalog, cutoff: float) -> list[str]:
+    """Ids of soft-deleted versions whose grace period has passed."""
+    with catalog.read() as conn:
+        return list(conn.execute(select(s.versions.c.id).where(
+            s.versions.c.state == "deleted", s.versions.c.deleted_at <= cutoff
+        )).scalars())
+
+
+def purge_versions(catalog: Catalog, version_ids: list[str]) -> None:
+    """Remove soft-deleted versions (their tags, tensor rows, and contents no one uses)."""
+    v, t = s.versions, s.tensors
+    for i in range(0, len(version_ids), 500):
+        batch = version_ids[i : i + 500]
+        with catalog.write() as conn:
+            conn.execute(delete(s.tags).where(s.tags.c.version_id.in_(batch)))
+            conn.execute(delete(t).where(t.c.version_id.in_(batch)))
+            conn.execute(delete(v).where(v.c.id.in_(batch), v.c.state == "deleted"))
+    with catalog.write() as conn:
+        conn.execute(delete(s.contents).where(
+            ~exists().where(t.c.digest == s.contents.c.digest)
+        ))
+
+
+def mark(catalog: Catalog, exclude: Collection[str] = ()) -> int:
+    """Fill ``gc_live`` with every chunk a visible version references.
+
+    ``exclude`` names visible versions to treat as gone (a dry run of
+    retention). Returns the number of referenced chunks.
+    """
+    with catalog.write() as conn:
+        conn.execute(delete(s.gc_live))
+    visible = select(s.tensors.c.digest).join(
+        s.versions, s.versions.c.id == s.tensors.c.version_id
+    ).where(s.versions.c.state == "visible")
+    if exclude:
+        visible = visible.where(s.versions.c.id.not_in(list(exclude)))
+    query = select(s.contents.c.chunk_ids).where(s.contents.c.digest.in_(visible))
+    pending: set[str] = set()
+    with catalog.engine.connect() as reader:
+        for (blob,) in reader.execution_options(yield_per=500).execute(query):
+            data = bytes(blob)
+            pending.update(data[i : i + 32].hex() for i in range(0, len(data), 32))
+            if len(pending) >= _BATCH:
+                _add_live(catalog, pending)
+                pending = set()
+    _add_live(catalog, pending)
+    with catalog.read() as conn:
+        return int(conn.execute(select(func.count()).select_from(s.gc_live)).scalar_one())
+
+
+def _add_live(catalog: Catalog, ids: set[str]) -> None:
+    if ids:
+        with catalog.write() as conn:
+            _insert_ignore(conn, s.gc_live, [{"id": i} for i in ids], "id")
+
+
+def _unreferenced() -> Any:
+    return ~exists().where(s.gc_live.c.id == s.chunks.c.id)
+
+
+def revive(catalog: Catalog) -> int:
+    """Condemned chunks that are referenced again (undelete, a commit) become live."""
+    with catalog.write() as conn:
+        result = conn.execute(update(s.chunks).where(
+            s.chunks.c.state == "condemned", ~_unreferenced()
+        ).values(state="live", condemned_at=None))
+        return int(result.rowcount)
+
+
+def condemn(catalog: Catalog, *, created_before: float, now: float, dry_run: bool) -> tuple[int, int]:
+    """Condemn live chunks nothing references (made before ``created_before``).
+
+    Returns (chunks, stored bytes). Chunks written by commits still in flight
+    after the mark began are never condemned; older ones that a commit in
+    flight needs are revived when it publishes, or written again.
+    """
+    where = and_(s.chunks.c.state == "live", s.chunks.c.created_at < created_before, _unreferenced())
+    with catalog.write() as conn:
+        count, size = conn.execute(
+            select(func.count(), func.coalesce(func.sum(s.chunks.c.stored_len), 0)).where(where)
+        ).one()
+        if not dry_run:
+            conn.execute(update(s.chunks).where(where).values(state="condemned", condemned_at=now))
+    return int(count), int(size)
+
+
+def sweep(catalog: Catalog, *, cutoff: float, dry_run: bool) -> tuple[int, list[DeadPack]]:
+    """Remove chunks condemned before ``cutoff`` and still unreferenced, then packs left empty.
+
+    One transaction; returns (chunks removed, packs whose objects to delete).
+    """
+    c, p = s.chunks, s.packs
+    doomed = and_(c.c.state == "condemned", c.c.condemned_at <= cutoff, _unreferenced())
+    empty = and_(~exists().where(c.c.pack_id == p.c.id), p.c.created_at <= cutoff)
+    with catalog.write() as conn:
+        if dry_run:
+            chunks = int(conn.execute(select(func.count()).where(doomed)).scalar_one())
+            survivors = select(c.c.id).where(c.c.pack_id == p.c.id, ~doomed)
+            rows = conn.execute(select(p.c.id, p.c.key, p.c.size).where(
+                ~exists(survivors), p.c.created_at <= cutoff
+            )).all()
+            return chunks, [DeadPack(*row) for row in rows]
+        chunks = int(conn.execute(delete(c).where(doomed)).rowcount)
+        rows = conn.execute(select(p.c.id, p.c.key, p.c.size).where(empty)).all()
+        ids = [row[0] for row in rows]
+        for i in range(0, len(ids), 500):
+            conn.execute(delete(p).where(p.c.id.in_(ids[i : i + 500])))
+    return chunks, [DeadPack(*row) for row in rows]
+
+
+def known_pack_keys(catalog: Catalog) -> set[str]:
+    """Keys of every pack the catalog knows (packs are few: ~64 MiB each)."""
+    with catalog.read() as conn:
+        return set(conn.execute(select(s.packs.c.key)).scalars())
+
+
+def known_version_ids(catalog: Catalog) -> set[str]:
+    """Ids of every version row, visible or deleted."""
+    with catalog.read() as conn:
+        return set(conn.execute(select(s.versions.c.id)).scalars())
+
+
+def repack_candidates(catalog: Catalog, *, max_live_fraction: float) -> list[tuple[str, str, int]]:
+    """Packs whose live chunks fill at most ``max_live_fraction`` of them, with nothing condemned."""
+    c, p = s.chunks, s.packs
+    live = select(func.coalesce(func.sum(c.c.stored_len), 0)).where(
+        c.c.pack_id == p.c.id
+    ).scalar_subquery()
+    condemned = exists().where(c.c.pack_id == p.c.id, c.c.state == "condemned")
+    with catalog.read() as conn:
+        rows = conn.execute(select(p.c.id, p.c.key, p.c.size).where(
+            ~condemned, live <= p.c.size * max_live_fraction,
+            exists().where(c.c.pack_id == p.c.id),
+        )).all()
+    return [(row[0], row[1], int(row[2])) for row in rows]
+
+
+def live_chunks_of(catalog: Catalog, pack_id: str) -> list[Any]:
+    """The chunk rows still stored in a pack."""
+    with catalog.read() as conn:
+        return list(conn.execute(select(s.chunks).where(s.chunks.c.pack_id == pack_id)
+                                 .order_by(s.chunks.c.offset)))
+
+
+def relocate(catalog: Catalog, record: PackRecord, old_pack_id: str) -> None:
+    """Point the chunk rows of ``old_pack_id`` at their copies in the new pack ``record``."""
+    moves = [
+        {"cid": e.chunk_id.hex(), "old": old_pack_id, "new": record.id, "off": e.offset}
+        for e in record.entries
+    ]
+    with catalog.write() as conn:
+        _insert_ignore(conn, s.packs, [{
+            "id": record.id, "key": record.key, "size": record.size, "chunks": len(record.entries),
+            "state": "live", "created_at": time.time(), "verified_at": None,
+        }], "id")
+        conn.execute(
+            update(s.chunks)
+            .where(s.chunks.c.id == bindparam("cid"), s.chunks.c.pack_id == bindparam("old"))
+            .values(pack_id=bindparam("new"), offset=bindparam("off")),
+            moves,
+        )
+
+
+LEASE_TTL = 24 * 3600.0  # a lease from another host older than this is a crashed commit
+
+
+def begin_lease(catalog: Catalog) -> str:
+    """Announce a commit in flight; returns the lease id to pass to :func:`end_lease`."""
+    lease = uuid.uuid4().hex
+    with catalog.write() as conn:
+        conn.execute(insert(s.leases).values(
+            id=lease, host=socket.gethostname()[:255], pid=os.getpid(), started_at=time.time()
+        ))
+    return lease
+
+
+def end_lease(catalog: Catalog, lease: str) -> None:
+    """The commit holding ``lease`` is over (published or failed)."""
+    with catalog.write() as conn:
+        conn.execute(delete(s.leases).where(s.leases.c.id == lease))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def oldest_lease(catalog: Catalog, now: float) -> float:
+    """Start time of the oldest commit in flight (``now`` if none).
+
+    Leases of dead processes on this host, and leases older than
+    :data:`LEASE_TTL` from other hosts, are crashed commits: they are removed.
+    """
+    host = socket.gethostname()[:255]
+    with catalog.read() as conn:
+        rows = conn.execute(select(s.leases.c.id, s.leases.c.host, s.leases.c.pid,
+                                   s.leases.c.started_at)).all()
+    stale = [r.id for r in rows if (r.host == host and not _alive(r.pid))
+             or now - r.started_at > LEASE_TTL]
+    if stale:
+        with catalog.write() as conn:
+            conn.execute(delete(s.leases).where(s.leases.c.id.in_(stale)))
+    starts = [r.started_at for r in rows if r.id not in stale]
+    return min(starts, default=now)

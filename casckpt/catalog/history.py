@@ -1,0 +1,322 @@
+"""The SQL of history and lineage: filtered logs, tensor histories, contents, forks, the run tree.
+
+Everything is served from catalog tables (``versions``, ``tensors``,
+``contents``, ``runs``, ``tags``); no manifest is read from the blob store.
+Metric and metadata predicates are evaluated by the database through
+SQLAlchemy's JSON element access, guarded by the JSON type of the element so
+SQLite and PostgreSQL give the same answers (a string never compares as a
+number, a version lacking the key never matches).
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import ColumnElement, Connection, Row, Select, Text, case, cast, func, select
+from sqlalchemy.dialects import postgresql, sqlite
+
+from casckpt.catalog import schema as s
+from casckpt.catalog.catalog import Catalog
+from casckpt.errors import RefNotFoundError, RunExistsError
+
+_BATCH = 500
+
+VERSION_COLUMNS = (
+    s.versions.c.id, s.runs.c.name.label("run"), s.versions.c.step, s.versions.c.parent_id,
+    s.versions.c.created_at, s.versions.c.logical_bytes, s.versions.c.new_bytes,
+    s.versions.c.stored_bytes, s.versions.c.duration_s,
+    cast(s.versions.c.meta, Text).label("meta"), cast(s.versions.c.metrics, Text).label("metrics"),
+    s.versions.c.message,
+)
+"""The columns of a :class:`casckpt.Version`, in its field order, ``meta`` and ``metrics``
+as JSON text: long listings decode them in one call instead of one per value."""
+
+COMPARISONS: dict[str, Callable[[Any, Any], ColumnElement[bool]]] = {
+    "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+    "==": operator.eq, "!=": operator.ne,
+}
+
+# JSON type names of each kind of value, per dialect (SQLite json_type, PostgreSQL json_typeof)
+_JSON_TYPES: dict[str, dict[str, tuple[str, ...]]] = {
+    "sqlite": {"number": ("integer", "real"), "string": ("text",), "bool": ("true", "false")},
+    "postgresql": {"number": ("number",), "string": ("string",), "bool": ("boolean",)},
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Predicate:
+    """``field[key] op value``: ``field`` is ``"metrics"`` or ``"meta"``; ``key`` a JSON path."""
+
+    field: str
+    key: tuple[str, ...]
+    op: str
+    value: float | bool | str
+
+
+@dataclass(frozen=True, slots=True)
+class LogFilter:
+    """What ``log`` returns: every condition must hold. Times are epoch seconds, bounds inclusive."""
+
+    run: str | None = None
+    since: float | None = None
+    until: float | None = None
+    min_step: int | None = None
+    max_step: int | None = None
+    tag: str | None = None
+    where: tuple[Predicate, ...] = ()
+    ascending: bool = False
+    limit: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """Part of a run's lineage: the visible versions of ``run`` up to ``max_step`` (None: all)."""
+
+    run_id: int
+    run: str
+    max_step: int | None
+
+
+def version_query() -> Select[Any]:
+    """Visible versions with the columns of :data:`VERSION_COLUMNS`."""
+    return select(*VERSION_COLUMNS).join(s.runs, s.runs.c.id == s.versions.c.run_id).where(
+        s.versions.c.state == "visible"
+    )
+
+
+def _json_type(column: Any, key: tuple[str, ...], dialect: str) -> ColumnElement[Any]:
+    if dialect == "postgresql":
+        return func.json_typeof(column[key])
+    return func.json_type(column, "$." + ".".join(f'"{k}"' for k in key))
+
+
+def predicate_clause(p: Predicate, dialect: str) -> ColumnElement[bool]:
+    """The SQL condition of one predicate; NULL (so no match) where the key is absent."""
+    compare = COMPARISONS[p.op]
+    if p.field == "metrics":
+        return compare(s.versions.c.metrics[p.key[0]].as_float(), p.value)
+    column = s.versions.c.meta
+    kinds = _JSON_TYPES["postgresql" if dialect == "postgresql" else "sqlite"]
+    kind = _json_type(column, p.key, dialect)
+    if isinstance(p.value, bool):
+        text = "true" if p.value else "false"
+        if dialect == "postgresql":
+            return compare(case((kind.in_(kinds["bool"]), column[p.key].as_string())), text)
+        return compare(case((kind.in_(kinds["bool"]), kind)), text)
+    if isinstance(p.value, str):
+        return compare(case((kind.in_(kinds["string"]), column[p.key].as_string())), p.value)
+    return compare(case((kind.in_(kinds["number"]), column[p.key].as_float())), p.value)
+
+
+def _log_query(f: LogFilter, dialect: str) -> Select[Any]:
+    v = s.versions.c
+    query = version_query()
+    conditions: list[ColumnElement[bool]] = []
+    if f.run is not None:
+        conditions.append(s.runs.c.name == f.run)
+    if f.since is not None:
+        conditions.append(v.created_at >= f.since)
+    if f.until is not None:
+        conditions.append(v.created_at <= f.until)
+    if f.min_step is not None:
+        conditions.append(v.step >= f.min_step)
+    if f.max_step is not None:
+        conditions.append(v.step <= f.max_step)
+    if f.tag is not None:
+        conditions.append(v.id.in_(select(s.tags.c.version_id).where(s.tags.c.name == f.tag)))
+    conditions += [predicate_clause(p, dialect) for p in f.where]
+    order = (v.step, v.id) if f.run is not None else (v.created_at, v.id)
+    query = query.where(*conditions).order_by(
+        *(c.asc() if f.ascending else c.desc() for c in order)
+    )
+    return query.limit(f.limit) if f.limit is not None else query
+
+
+def log(catalog: Catalog, f: LogFilter) -> tuple[list[Row[Any]], dict[str, tuple[str, ...]]]:
+    """Visible versions matching ``f`` (by step within a run, else by time) and their tag names.
+
+    One read transaction, two statements whatever the number of versions.
+    """
+    with catalog.read() as conn:
+        rows = list(conn.execute(_log_query(f, conn.dialect.name)).all())
+        tags = _tags_of(conn, [r[0] for r in rows])
+    return rows, tags
+
+
+def _tags_of(conn: Connection, ids: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    query = select(s.tags.c.version_id, s.tags.c.name).order_by(s.tags.c.name)
+    if len(ids) <= _BATCH:
+        query = query.where(s.tags.c.version_id.in_(ids))
+    # else: a long listing; a store has far fewer tags than versions, so read them all
+    wanted = set(ids)
+    out: dict[str, list[str]] = {}
+    for vid, name in conn.execute(query):
+        if vid in wanted:
+            out.setdefault(vid, []).append(name)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+# -- tensor history ---------------------------------------------------------------------
+
+
+def lineage(catalog: Catalog, run: str) -> list[Segment] | None:
+    """The segments of ``run``'s ancestry, oldest first, ending with ``run`` itself.
+
+    A forked run continues its parent run up to the fork point, and so on up
+    the tree. None when there is no run named ``run``.
+    """
+    segments: list[Segment] = []
+    with catalog.read() as conn:
+        row = conn.execute(select(s.runs.c.id, s.runs.c.parent_version)
+                           .where(s.runs.c.name == run)).first()
+        if row is None:
+            return None
+        segments.append(Segment(row.id, run, None))
+        parent, seen = row.parent_version, {row.id}
+        while parent is not None:
+            fork = conn.execute(
+                select(s.versions.c.step, s.runs.c.id, s.runs.c.name, s.runs.c.parent_version)
+                .join(s.runs, s.runs.c.id == s.versions.c.run_id).where(s.versions.c.id == parent)
+            ).first()
+            if fork is None or fork.id in seen:
+                break
+            seen.add(fork.id)
+            segments.append(Segment(fork.id, fork.name, fork.step))
+            parent = fork.parent_version
+    return segments[::-1]
+
+
+def tensor_changes(catalog: Catalog, segments: Sequence[Segment],
+                   path: str) -> tuple[list[Row[Any]], dict[str, tuple[str, ...]]]:
+    """Versions of the lineage where the tensor at ``path`` may have changed, ascending; their tags.
+
+    One statement per segment: a window over the segment's visible versions
+    keeps the first one and those whose tensor digest at ``path`` differs from
+    the version before. Between two such versions the tensor is unchanged, so
+    each row's predecessor state is the previous row's. Each row holds
+    :data:`VERSION_COLUMNS`, then ``dtype, shape`` (JSON text), ``nbytes,
+    digest`` of the tensor (NULL where the version has none), ``n`` (1 for the
+    segment's first version), then ``chunk_size, content_nbytes, chunk_ids``
+    from its ``contents`` row.
+    """
+    rows: list[Row[Any]] = []
+    with catalog.read() as conn:
+        for seg in segments:
+            rows += conn.execute(_changes_query(seg, path)).all()
+        tags = _tags_of(conn, [r[0] for r in rows])
+    return rows, tags
+
+
+def _changes_query(seg: Segment, path: str) -> Select[Any]:
+    v, t = s.versions, s.tensors
+    conditions = [v.c.run_id == seg.run_id, v.c.state == "visible"]
+    if seg.max_step is not None:
+        conditions.append(v.c.step <= seg.max_step)
+    states = (
+        select(v.c.id.label("vid"), v.c.step.label("vstep"), t.c.dtype,
+               cast(t.c.shape, Text).label("shape"), t.c.nbytes, t.c.digest,
+               func.lag(t.c.digest).over(order_by=v.c.step).label("prev_digest"),
+               func.row_number().over(order_by=v.c.step).label("n"))
+        .select_from(v.outerjoin(t, (t.c.version_id == v.c.id) & (t.c.path == path)))
+        .where(*conditions).subquery()
+    )
+    c = s.contents
+    return (
+        select(*VERSION_COLUMNS, states.c.dtype, states.c.shape, states.c.nbytes, states.c.digest,
+               states.c.n, c.c.chunk_size, c.c.nbytes.label("content_nbytes"), c.c.chunk_ids)
+        .select_from(states.join(v, v.c.id == states.c.vid).join(s.runs, s.runs.c.id == v.c.run_id)
+                     .outerjoin(c, c.c.digest == states.c.digest))
+        .where((states.c.n == 1) | states.c.digest.is_distinct_from(states.c.prev_digest))
+        .order_by(states.c.vstep)
+    )
+
+
+def contents(catalog: Catalog, digests: Iterable[str]) -> dict[str, Row[Any]]:
+    """``contents`` rows (``digest, nbytes, chunk_size, chunk_ids``) by digest; unknown ones left out."""
+    wanted = list(dict.fromkeys(digests))
+    out: dict[str, Row[Any]] = {}
+    with catalog.read() as conn:
+        for i in range(0, len(wanted), _BATCH):
+            rows = conn.execute(select(s.contents).where(s.contents.c.digest.in_(wanted[i : i + _BATCH])))
+            out.update((r.digest, r) for r in rows)
+    return out
+
+
+# -- lineage ----------------------------------------------------------------------------
+
+
+def fork(catalog: Catalog, run: str, version_id: str) -> float:
+    """Create run ``run`` forked from visible version ``version_id``; returns its creation time.
+
+    Raises:
+        RunExistsError: a run named ``run`` exists (also when created concurrently).
+        RefNotFoundError: the version stopped being visible.
+    """
+    now = time.time()
+    with catalog.write() as conn:
+        visible = conn.execute(select(s.versions.c.id).where(
+            s.versions.c.id == version_id, s.versions.c.state == "visible")).scalar()
+        if visible is None:
+            raise RefNotFoundError(version_id[:12], "the version was deleted while forking")
+        dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+        created = conn.execute(dialect.insert(s.runs).on_conflict_do_nothing(index_elements=["name"])
+                               .values(name=run, created_at=now, parent_version=version_id)
+                               .returning(s.runs.c.id)).first()
+        if created is None:
+            raise RunExistsError(
+                f"run {run!r} already exists; fork into a new run name (see `casckpt runs`)")
+    return now
+
+
+def fork_point(catalog: Catalog, run: str) -> str | None:
+    """The id of the version ``run`` was forked from (None for a root run or no such run)."""
+    with catalog.read() as conn:
+        parent: str | None = conn.execute(
+            select(s.runs.c.parent_version).where(s.runs.c.name == run)).scalar()
+        return parent
+
+
+def run_tree(catalog: Catalog) -> list[Row[Any]]:
+    """Every run by name: ``name, created_at, parent_version, parent_run, fork_step, versions``."""
+    v, pv, pr = s.versions, s.versions.alias("pv"), s.runs.alias("pr")
+    counts = (select(v.c.run_id, func.count(v.c.id).label("n")).where(v.c.state == "visible")
+              .group_by(v.c.run_id).subquery())
+    query = (
+        select(s.runs.c.name, s.runs.c.created_at, s.runs.c.parent_version,
+               pr.c.name.label("parent_run"), pv.c.step.label("fork_step"),
+               func.coalesce(counts.c.n, 0).label("versions"))
+        .select_from(
+            s.runs.outerjoin(pv, pv.c.id == s.runs.c.parent_version)
+            .outerjoin(pr, pr.c.id == pv.c.run_id)
+            .outerjoin(counts, counts.c.run_id == s.runs.c.id))
+        .order_by(s.runs.c.name)
+    )
+    with catalog.read() as conn:
+        return list(conn.execute(query))
+
+
+def best(catalog: Catalog, run: str, metric: str,
+         maximize: bool) -> tuple[list[Row[Any]], dict[str, tuple[str, ...]]]:
+    """The visible version of ``run`` with the lowest (highest) ``metric`` (ties: the latest
+    step) as a list of at most one row, and its tags."""
+    value = s.versions.c.metrics[metric].as_float()
+    query = version_query().where(s.runs.c.name == run, value.is_not(None)).order_by(
+        value.desc() if maximize else value.asc(), s.versions.c.step.desc()).limit(1)
+    with catalog.read() as conn:
+        rows = list(conn.execute(query))
+        return rows, _tags_of(conn, [r[0] for r in rows])
+
+
+def metric_names(catalog: Catalog, run: str) -> list[str]:
+    """Every metric name recorded by a visible version of ``run``, sorted."""
+    names: set[str] = set()
+    with catalog.read() as conn:
+        for metrics in conn.execute(select(s.versions.c.metrics).join(
+                s.runs, s.runs.c.id == s.versions.c.run_id)
+                .where(s.runs.c.name == run, s.versions.c.state == "visible")).scalars():
+            names.update(metrics or {})
+    return sorted(names)

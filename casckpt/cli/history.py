@@ -1,0 +1,232 @@
+"""History and lineage commands: ``log``, ``diff``, ``history``, ``fork``, ``tree``, ``best``.
+
+All are answered from the catalog; none reads tensor data. Exit codes are
+those of ``casckpt --help`` (2 bad input, e.g. a bad ``--where``; 3 unknown
+run, ref, tag, tensor or metric).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import datetime
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.console import RenderableType
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
+
+from casckpt.cli import render
+from casckpt.cli.main import JsonOption, RefArgument, _open_store, app
+from casckpt.types import RunNode, TensorChange, TensorHistoryEntry, VersionDiff
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_AGO = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_EPOCH = re.compile(r"^\s*\d+(?:\.\d+)?\s*$")
+_TIME_HELP = "an ISO date or time (local unless it has an offset), epoch seconds, or an age like 90m, 6h, 7d"
+
+RunArgument = Annotated[str, typer.Argument(help="A run name.")]
+
+
+def parse_time(text: str) -> float:
+    """``"2026-11-29"``, ``"2026-11-29T10:00"``, ``"1764400000"`` or ``"6h"`` (ago) -> epoch seconds."""
+    ago = _AGO.match(text)
+    if ago is not None:
+        return time.time() - float(ago.group(1)) * _UNITS[ago.group(2)]
+    if _EPOCH.match(text):
+        return float(text)
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        raise typer.BadParameter(f"cannot read time {text!r}: use {_TIME_HELP}") from None
+
+
+@app.command()
+def log(
+    ctx: typer.Context,
+    run: Annotated[str | None, typer.Argument(help="Only this run [default: all runs].")] = None,
+    since: Annotated[str | None, typer.Option(help=f"Created at or after: {_TIME_HELP}.")] = None,
+    until: Annotated[str | None, typer.Option(help=f"Created at or before: {_TIME_HELP}.")] = None,
+    min_step: Annotated[int | None, typer.Option(min=0, help="Lowest step.")] = None,
+    max_step: Annotated[int | None, typer.Option(min=0, help="Highest step.")] = None,
+    tag: Annotated[str | None, typer.Option(help="Only the version this tag names.")] = None,
+    where: Annotated[list[str] | None, typer.Option(
+        "--where", "-w", help="NAME OP VALUE, e.g. 'loss<2.1' or 'metadata.optimizer==adamw' "
+        "(OP: < <= > >= == !=); repeat for AND.")] = None,
+    limit: Annotated[
+        int | None, typer.Option("--limit", "-n", min=1, help="Show at most N versions.")
+    ] = None,
+    asc: Annotated[bool, typer.Option("--asc", help="Oldest first.")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """List versions, newest first, optionally filtered."""
+    since_s = parse_time(since) if since is not None else None
+    until_s = parse_time(until) if until is not None else None
+    with _open_store(ctx) as store:
+        versions = store.log(run, limit=limit, since=since_s, until=until_s, min_step=min_step,
+                             max_step=max_step, tag=tag, where=where,
+                             order="asc" if asc else "desc")
+    if as_json:
+        render.print_json([v.to_dict() for v in versions])
+    elif not versions:
+        filtered = any(x is not None for x in (since, until, min_step, max_step, tag, where))
+        render.note("no versions match" if filtered else
+                    f"no versions in run {run!r}" if run else "no versions yet")
+    else:
+        render.out(render.log_table(versions))
+
+
+@app.command()
+def diff(ctx: typer.Context, a: RefArgument, b: RefArgument, as_json: JsonOption = False) -> None:
+    """Show what changed from version A to version B: tensors (with changed bytes) and values."""
+    with _open_store(ctx) as store:
+        result = store.diff(a, b)
+    if as_json:
+        render.print_json(result.to_dict())
+    else:
+        render.out(*diff_view(result))
+
+
+@app.command()
+def history(
+    ctx: typer.Context, run: RunArgument,
+    path: Annotated[str, typer.Argument(help="Dotted tensor path, e.g. model.layers.0.weight.")],
+    as_json: JsonOption = False,
+) -> None:
+    """List the versions of RUN in which the tensor at PATH changed, oldest first."""
+    with _open_store(ctx) as store:
+        entries = store.history(run, path)
+    if as_json:
+        render.print_json([e.to_dict() for e in entries])
+    else:
+        render.out(history_table(entries))
+
+
+@app.command()
+def fork(
+    ctx: typer.Context, ref: RefArgument,
+    new_run: Annotated[str, typer.Argument(help="Name of the new run.")],
+    as_json: JsonOption = False,
+) -> None:
+    """Start run NEW_RUN from a version; its first commit gets that version as parent."""
+    with _open_store(ctx) as store:
+        version = store.resolve(ref)
+        run = store.fork(version, new_run)
+    if as_json:
+        render.print_json({**run.to_dict(), "forked_from": version.to_dict()})
+    else:
+        render.out(f"Forked run {run.name} from {version.short_id} ({version.run}@{version.step})")
+
+
+@app.command()
+def tree(ctx: typer.Context, as_json: JsonOption = False) -> None:
+    """Show runs as a tree: each fork under the run it was forked from."""
+    with _open_store(ctx) as store:
+        nodes = store.tree()
+    if as_json:
+        render.print_json([n.to_dict() for n in nodes])
+    elif not nodes:
+        render.note("no runs yet")
+    else:
+        render.out(run_tree(nodes))
+
+
+@app.command()
+def best(
+    ctx: typer.Context, run: RunArgument,
+    metric: Annotated[str, typer.Option("--metric", "-m", help="Metric name, e.g. val_loss.")],
+    maximize: Annotated[bool, typer.Option("--max/--min", help="Highest or lowest value wins.")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Show the version of RUN with the lowest (or --max: highest) METRIC."""
+    mode = "max" if maximize else "min"
+    with _open_store(ctx) as store:
+        version = store.best(run, metric, mode)
+    if as_json:
+        render.print_json(version.to_dict())
+    else:
+        render.out(f"Best {metric} ({mode}) of run {run}: {version.metrics[metric]:.6g} "
+                   f"at {version.run}@{version.step}", "", render.version_table(version))
+
+
+# -- rendering ----------------------------------------------------------------------------
+
+
+def _table(*columns: str, right: tuple[str, ...] = ()) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for column in columns:
+        table.add_column(column, justify="right" if column in right else "left")
+    return table
+
+
+def _pair(before: object, after: object) -> str:
+    if before is None or after is None or before == after:
+        return str(after if after is not None else before)
+    return f"{before} -> {after}"
+
+
+def _shape(shape: tuple[int, ...] | None) -> str | None:
+    return None if shape is None else str(tuple(shape))
+
+
+def diff_view(d: VersionDiff) -> list[RenderableType]:
+    """A header, a table of changed tensors, a summary line, and the values that changed."""
+    header = (f"{d.a.short_id} ({d.a.run}@{d.a.step}) -> {d.b.short_id} ({d.b.run}@{d.b.step})")
+    changes: list[TensorChange] = sorted((*d.changed, *d.added, *d.removed), key=lambda c: c.path)
+    table = _table("CHANGE", "TENSOR", "DTYPE", "SHAPE", "SIZE", "CHANGED",
+                              right=("SIZE", "CHANGED"))
+    for c in changes:
+        table.add_row(c.change, c.path, _pair(c.dtype_before, c.dtype_after),
+                      _pair(_shape(c.shape_before), _shape(c.shape_after)),
+                      render.human_bytes(c.nbytes_after if c.change != "removed" else c.nbytes_before),
+                      render.human_bytes(c.changed_bytes))
+    summary = (f"{len(changes)} tensors differ ({len(d.changed)} changed, {len(d.added)} added, "
+               f"{len(d.removed)} removed), {d.unchanged} unchanged; "
+               f"{render.human_bytes(d.changed_bytes)} changed")
+    parts: list[RenderableType] = [header, ""]
+    parts += [table, ""] if changes else []
+    parts.append(summary)
+    if d.values:
+        values = _table("VALUE", "CHANGE", "BEFORE", "AFTER")
+        for v in d.values:
+            values.add_row(v.path, v.change, "-" if v.change == "added" else render.short_value(v.before),
+                           "-" if v.change == "removed" else render.short_value(v.after))
+        parts += ["", values]
+    else:
+        parts.append(Text("no plain values changed", style="dim"))
+    return parts
+
+
+def history_table(entries: list[TensorHistoryEntry]) -> RenderableType:
+    """One row per version in which the tensor changed."""
+    table = _table("ID", "RUN", "STEP", "CREATED", "CHANGE", "DTYPE", "SHAPE", "SIZE",
+                              "CHANGED", right=("STEP", "SIZE", "CHANGED"))
+    for e in entries:
+        table.add_row(e.version.short_id, e.version.run, str(e.version.step),
+                      render.local_time(e.version.created_at), e.change, e.dtype or "-",
+                      _shape(e.shape) or "-", render.human_bytes(e.nbytes),
+                      render.human_bytes(e.changed_bytes))
+    return table
+
+
+def _label(node: RunNode) -> Text:
+    label = Text(node.name, style="bold")
+    if node.fork_version is not None:
+        at = f"{node.parent_run}@{node.fork_step}" if node.parent_run else "a deleted version"
+        label.append(f"  forked from {at} ({node.fork_version[:12]})", style="cyan")
+    label.append(f"  {node.versions} version{'' if node.versions == 1 else 's'}", style="dim")
+    return label
+
+
+def run_tree(nodes: list[RunNode]) -> Tree:
+    """Root runs at the top level; each fork under the run it was forked from."""
+    root = Tree("runs", hide_root=True)
+    by_name = {n.name: n for n in nodes}
+    placed: dict[str, Tree] = {}
+    for node in nodes:  # depth first, so a parent is always placed before its forks
+        parent = placed.get(node.parent_run) if node.parent_run in by_name else None
+        placed[node.name] = (parent or root).add(_label(node))
+    return root

@@ -1,0 +1,191 @@
+"""``casckpt retention set|show|clear|plan`` and ``casckpt delete|undelete``.
+
+``retention plan`` is the dry run: every version of the run(s), whether
+``casckpt gc`` would keep or delete it, and the rules that keep it. It writes
+nothing; ``casckpt gc --dry-run`` adds the bytes that would be freed (that needs
+a mark over the whole store). ``delete`` is soft: ``undelete`` brings the
+version back until GC sweeps its data.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from casckpt.cli import render
+from casckpt.cli.main import JsonOption, RefArgument, _open_store, app
+from casckpt.engine.retention import describe, parse_duration
+from casckpt.errors import InvalidArgumentError
+from casckpt.types import RetentionPlan, RetentionPolicy
+
+retention_app = typer.Typer(
+    help="Retention policies: which versions `casckpt gc` keeps (combinable, as in restic forget).",
+    no_args_is_help=True,
+)
+app.add_typer(retention_app, name="retention")
+
+RunArgument = Annotated[str, typer.Argument(help="Run name.")]
+OptionalRun = Annotated[str | None, typer.Argument(help="Only this run [default: every run with a policy].")]
+
+
+def parse_best(text: str) -> tuple[str, int, str]:
+    """``"val_loss:3:min"`` -> ``("val_loss", 3, "min")`` (the metric may itself hold ':')."""
+    metric, _, rest = text.rpartition(":")
+    metric, _, count = metric.rpartition(":")
+    if not metric or not count.isdigit() or rest not in ("min", "max"):
+        raise InvalidArgumentError(
+            f"--keep-best {text!r}: use METRIC:N:min or METRIC:N:max, e.g. val_loss:3:min"
+        )
+    return metric, int(count), rest
+
+
+def _policy_line(policy: RetentionPolicy | None) -> str:
+    return "no policy (keeps every version)" if policy is None else describe(policy)
+
+
+def _policy_json(run: str, policy: RetentionPolicy | None) -> dict[str, Any]:
+    return {"run": run, "policy": None if policy is None else policy.to_dict()}
+
+
+@retention_app.command("set")
+def set_policy(
+    ctx: typer.Context,
+    run: RunArgument,
+    keep_last: Annotated[int | None, typer.Option(min=1, help="Keep the N newest versions.")] = None,
+    keep_every: Annotated[int | None, typer.Option(
+        min=1, help="Keep the first version of every K steps (step // K).")] = None,
+    keep_hourly: Annotated[int | None, typer.Option(
+        min=1, help="Keep the newest version of each of the last N hours that have one (UTC).")] = None,
+    keep_daily: Annotated[int | None, typer.Option(
+        min=1, help="Keep the newest version of each of the last N days that have one (UTC).")] = None,
+    keep_weekly: Annotated[int | None, typer.Option(
+        min=1, help="Keep the newest version of each of the last N ISO weeks that have one.")] = None,
+    keep_within: Annotated[str | None, typer.Option(
+        help="Keep versions made within this long of the run's newest one: 90m, 36h, 7d, 2w.")] = None,
+    keep_best: Annotated[str | None, typer.Option(
+        help="Keep the N best versions by a metric: METRIC:N:min or METRIC:N:max.")] = None,
+    keep_tagged: Annotated[bool, typer.Option(
+        "--keep-tagged/--no-keep-tagged", help="Keep every tagged version.")] = True,
+    as_json: JsonOption = False,
+) -> None:
+    """Set the retention policy of RUN (replacing any); `casckpt gc` applies it.
+
+    A version is kept if any rule keeps it; tagged versions (unless
+    --no-keep-tagged) and fork points of live runs are always kept. Give at
+    least one keep rule.
+    """
+    within = None if keep_within is None else parse_duration(keep_within)
+    best = None if keep_best is None else parse_best(keep_best)
+    with _open_store(ctx) as store:
+        policy = store.set_retention(
+            run, keep_last=keep_last, keep_every=keep_every, keep_hourly=keep_hourly,
+            keep_daily=keep_daily, keep_weekly=keep_weekly, keep_within=within, keep_best=best,
+            keep_tagged=keep_tagged,
+        )
+        empty = not store.log(run, limit=1)
+    if as_json:
+        render.print_json(_policy_json(run, policy))
+        return
+    render.out(f"Retention of {run}: {describe(policy)}")
+    if empty:
+        render.note(f"run {run!r} has no versions yet")
+    render.note(f"see what it would delete: casckpt retention plan {run}")
+
+
+@retention_app.command("show")
+def show_policy(ctx: typer.Context, run: OptionalRun = None, as_json: JsonOption = False) -> None:
+    """Show the retention policy of RUN, or of every run that has one."""
+    with _open_store(ctx) as store:
+        if run is not None:
+            policies = [(run, store.retention(run))]
+        else:
+            policies = [(r.name, p) for r in store.runs() if (p := store.retention(r.name)) is not None]
+    if as_json:
+        found = [_policy_json(name, policy) for name, policy in policies]
+        render.print_json(found[0] if run is not None else found)
+    elif not policies:
+        render.note("no run has a retention policy (every version is kept)")
+    else:
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+        table.add_column("RUN")
+        table.add_column("POLICY")
+        for name, policy in policies:
+            table.add_row(name, _policy_line(policy))
+        render.out(table)
+
+
+@retention_app.command("clear")
+def clear_policy(ctx: typer.Context, run: RunArgument) -> None:
+    """Remove the retention policy of RUN: it keeps every version again."""
+    with _open_store(ctx) as store:
+        store.clear_retention(run)
+    render.out(f"Retention of {run} cleared: every version is kept")
+
+
+def _plan_table(plan: RetentionPlan) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
+                  title=f"{plan.run}: {_policy_line(plan.policy)}", title_justify="left")
+    for column in ("STEP", "ID", "CREATED", "ACTION", "KEPT BY"):
+        table.add_column(column, justify="right" if column == "STEP" else "left")
+    for d in plan.decisions:
+        action = Text("keep", style="green") if d.keep else Text("delete", style="bold red")
+        table.add_row(str(d.version.step), d.version.short_id, render.local_time(d.version.created_at),
+                      action, "; ".join(d.reasons) or "-")
+    return table
+
+
+def _plan_dict(plan: RetentionPlan) -> dict[str, Any]:
+    return {**plan.to_dict(), "keep": sum(d.keep for d in plan.decisions), "delete": len(plan.deleted)}
+
+
+@retention_app.command("plan")
+def plan_policy(ctx: typer.Context, run: OptionalRun = None, as_json: JsonOption = False) -> None:
+    """Dry run: which versions `casckpt gc` would delete, which it keeps, and why. Writes nothing."""
+    with _open_store(ctx) as store:
+        plans = store.plan_retention(run)
+    if as_json:
+        render.print_json([_plan_dict(plan) for plan in plans])
+        return
+    if not plans:
+        render.note("no run has a retention policy (every version is kept)")
+        return
+    for plan in plans:
+        kept = sum(d.keep for d in plan.decisions)
+        render.out(_plan_table(plan), f"{plan.run}: keep {kept}, delete {len(plan.deleted)}", "")
+    render.note("bytes freed: see `casckpt gc --dry-run`")
+
+
+@app.command()
+def delete(
+    ctx: typer.Context,
+    ref: RefArgument,
+    reason: Annotated[str, typer.Option(help="Why, recorded with the version.")] = "manual",
+    as_json: JsonOption = False,
+) -> None:
+    """Delete a version (soft: `casckpt undelete` brings it back until gc sweeps its data)."""
+    with _open_store(ctx) as store:
+        version = store.delete(ref, reason=reason)
+    if as_json:
+        render.print_json(version.to_dict())
+        return
+    render.out(f"Deleted {version.short_id} ({version.run}@{version.step})")
+    render.note(f"undo with: casckpt undelete {version.short_id}")
+
+
+@app.command()
+def undelete(
+    ctx: typer.Context,
+    ref: Annotated[str, typer.Argument(help="A deleted version: its id, a unique id prefix, or run@step.")],
+    as_json: JsonOption = False,
+) -> None:
+    """Bring back a deleted version, unless gc already swept its data."""
+    with _open_store(ctx) as store:
+        version = store.undelete(ref)
+    if as_json:
+        render.print_json(version.to_dict())
+        return
+    render.out(f"Undeleted {version.short_id} ({version.run}@{version.step})")

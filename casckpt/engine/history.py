@@ -1,0 +1,426 @@
+"""History and lineage: log filters and predicates, diff, tensor history, forks, the run tree.
+
+Served from the catalog only (``casckpt.catalog.history`` holds the SQL);
+the one thing read besides catalog rows is the manifest copy the catalog
+keeps in ``versions.manifest``, for the plain values ``diff`` compares.
+
+Changed bytes compare two chunk lists position by position: a chunk whose id
+differs (or that one side lacks) counts with its size in the newer tensor.
+When dtype, shape or chunk size differ, the whole tensor counts. Tensors that
+share one storage share a chunk list, so their changed bytes are capped at
+each tensor's own size.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any, NamedTuple
+
+import numpy as np
+from sqlalchemy import Row
+
+from casckpt.catalog import Catalog
+from casckpt.catalog import history as sql
+from casckpt.catalog.history import LogFilter, Predicate
+from casckpt.engine.validate import MAX_STEP
+from casckpt.errors import (
+    InvalidArgumentError,
+    MetricNotFoundError,
+    RefNotFoundError,
+    TensorNotFoundError,
+)
+from casckpt.format.chunks import ID_BYTES
+from casckpt.format.manifest import decode_manifest
+from casckpt.format.tree import iter_values
+from casckpt.types import (
+    RunNode,
+    TensorChange,
+    TensorHistoryEntry,
+    ValueChange,
+    Version,
+    VersionDiff,
+)
+
+GRAMMAR = (
+    "a predicate is NAME OP VALUE with OP one of < <= > >= == != (e.g. 'loss<2.1', "
+    "'metadata.optimizer==adamw'); NAME is a metric name, or metadata.KEY (also meta.KEY, "
+    "KEY.SUBKEY for nested metadata) made of letters, digits and _ - : / @ +; VALUE is a "
+    "number (compared numerically), true/false, or text (compared as a string; quote it "
+    "to keep a number as text); versions without NAME never match"
+)
+_PREDICATE = re.compile(r"^\s*([^\s<>=!]+)\s*(<=|>=|==|!=|<|>)\s*(.*?)\s*$", re.DOTALL)
+_METRIC = re.compile(r"^[A-Za-z0-9_.:/@+\-]+$")
+_KEY = re.compile(r"^[A-Za-z0-9_:/@+\-]+$")
+_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+_META_PREFIXES = ("metadata.", "meta.")
+_VECTOR_FROM = 64  # chunk lists longer than this are compared with numpy (10x faster at 1,024)
+
+
+# -- log ----------------------------------------------------------------------------------
+
+
+def _value(text: str) -> float | bool | str:
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    if text in ("true", "false"):
+        return text == "true"
+    if _NUMBER.match(text) and math.isfinite(float(text)):
+        return float(text)
+    return text
+
+
+def parse_predicate(text: object) -> Predicate:
+    """Parse ``NAME OP VALUE`` (see :data:`GRAMMAR`).
+
+    Raises:
+        InvalidArgumentError: anything else, with the grammar in the message.
+    """
+    match = _PREDICATE.match(text) if isinstance(text, str) else None
+    if match is None or not match.group(3):
+        raise InvalidArgumentError(f"cannot read predicate {text!r}: {GRAMMAR}")
+    name, op, raw = match.groups()
+    value = _value(raw)
+    prefix = next((p for p in _META_PREFIXES if name.startswith(p)), None)
+    problem = None
+    if prefix is not None:
+        key, field = tuple(name[len(prefix):].split(".")), "meta"
+        if not all(_KEY.match(k) for k in key):
+            problem = f"bad metadata key {name[len(prefix):]!r}"
+    else:
+        key, field = (name,), "metrics"
+        if not _METRIC.match(name):
+            problem = f"bad name {name!r}"
+        elif not isinstance(value, float):
+            problem = f"metric {name!r} is a number, so VALUE must be one (metadata is metadata.KEY)"
+    if problem is None and isinstance(value, bool) and op not in ("==", "!="):
+        problem = "true/false compare only with == or !="
+    if problem is not None:
+        raise InvalidArgumentError(f"predicate {text!r}: {problem}; {GRAMMAR}")
+    return Predicate(field, key, op, value)
+
+
+def _epoch(value: object, what: str, slack: float) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        # a naive datetime is local time, as everywhere in Python; a datetime has
+        # microseconds only, so a Version's own created_at must still match itself
+        return value.timestamp() + slack
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    raise InvalidArgumentError(f"{what} must be a datetime or epoch seconds, got {value!r}")
+
+
+def _step(value: object, what: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return max(-MAX_STEP, min(value, MAX_STEP - 1))  # steps are 64-bit in the catalog
+    raise InvalidArgumentError(f"{what} must be an int, got {value!r}")
+
+
+def make_filter(
+    run: str | None, *, limit: int | None, since: object, until: object, min_step: object,
+    max_step: object, tag: str | None, where: str | Iterable[str] | None, order: str,
+) -> LogFilter:
+    """Validate ``Store.log``'s arguments into a :class:`LogFilter`.
+
+    Raises:
+        InvalidArgumentError: a bad time, step, order or predicate.
+    """
+    if order not in ("asc", "desc"):
+        raise InvalidArgumentError(f"order must be 'asc' or 'desc', got {order!r}")
+    if where is None or isinstance(where, str):
+        where = [] if where is None else [where]
+    elif not isinstance(where, Iterable):
+        raise InvalidArgumentError(f"where must be a str or a list of str: {GRAMMAR}")
+    return LogFilter(
+        run=run, since=_epoch(since, "since", -1e-6), until=_epoch(until, "until", 1e-6),
+        min_step=_step(min_step, "min_step"), max_step=_step(max_step, "max_step"), tag=tag,
+        where=tuple(parse_predicate(p) for p in where), ascending=order == "asc",
+        limit=limit,
+    )
+
+
+def check_run(catalog: Catalog, run: str) -> None:
+    """Raise RefNotFoundError (with near names) unless a run named ``run`` exists."""
+    names = catalog.run_names()
+    if run not in names:
+        near = difflib.get_close_matches(run, names, n=3)
+        raise RefNotFoundError(run, "there is no run with that name", near)
+
+
+def check_tag(catalog: Catalog, tag: str) -> None:
+    """Raise RefNotFoundError (with near names) unless tag ``tag`` exists."""
+    if catalog.tag_target(tag) is None:
+        near = difflib.get_close_matches(tag, catalog.tag_names(), n=3)
+        raise RefNotFoundError(f"tag:{tag}", f"there is no tag {tag!r}", [f"tag:{n}" for n in near])
+
+
+# -- versions -----------------------------------------------------------------------------
+
+
+def _decoded(values: list[Any]) -> list[Any]:
+    """JSON texts -> values; one ``json.loads`` for all of them when all are text (3x faster)."""
+    if all(isinstance(v, str) for v in values):
+        decoded: list[Any] = json.loads("[" + ",".join(values) + "]")
+        return decoded
+    return [json.loads(v) if isinstance(v, str) else v for v in values]
+
+
+def versions(rows: Sequence[Sequence[Any]], tags: Mapping[str, tuple[str, ...]]) -> list[Version]:
+    """:class:`Version` values of rows whose first items are ``sql.VERSION_COLUMNS``.
+
+    ``meta`` / ``metrics`` may be JSON text or already decoded. Rows are read by
+    position: at 10,000 versions, attribute access alone would cost ~100 ms.
+    """
+    metas = _decoded([r[9] for r in rows])
+    metrics = _decoded([r[10] for r in rows])
+    utc, moment, make = timezone.utc, datetime.fromtimestamp, Version  # hot loop: local names
+    out = []
+    for r, meta, metric in zip(rows, metas, metrics, strict=True):
+        out.append(make(r[0], r[1], r[2], moment(r[4], utc), r[5], r[6], r[7], r[8], r[3],
+                        tags.get(r[0], ()), meta, metric, r[11]))
+    return out
+
+
+# -- diff ---------------------------------------------------------------------------------
+
+
+class Content(NamedTuple):
+    """A tensor content's chunk list (a ``contents`` row)."""
+
+    nbytes: int
+    chunk_size: int
+    chunk_ids: bytes
+
+
+def changed_bytes(before: Content | None, after: Content | None, nbytes: int) -> int:
+    """Bytes of ``after``'s chunks that differ from ``before``'s at the same position, at most ``nbytes``.
+
+    Without both chunk lists, or with different chunk sizes, all ``nbytes`` count.
+    """
+    if before is None or after is None or before.chunk_size != after.chunk_size:
+        return nbytes
+    return min(nbytes, _differing(after.chunk_size, after.nbytes, before.chunk_ids, after.chunk_ids))
+
+
+def _differing(size: int, content_nbytes: int, old: bytes, new: bytes) -> int:
+    """Bytes of the ``size``-byte chunks of ``new`` (ids concatenated) whose id differs in ``old``."""
+    old, new = bytes(old), bytes(new)
+    if old == new:
+        return 0
+    if len(new) > _VECTOR_FROM * ID_BYTES and len(new) % ID_BYTES == 0 == len(old) % ID_BYTES:
+        return _differing_vector(size, content_nbytes, old, new)
+    total = 0
+    for start in range(0, len(new), ID_BYTES):
+        if new[start : start + ID_BYTES] != old[start : start + ID_BYTES]:
+            total += max(0, min(size, content_nbytes - start // ID_BYTES * size))
+    return total
+
+
+def _differing_vector(size: int, content_nbytes: int, old: bytes, new: bytes) -> int:
+    a = np.frombuffer(new, dtype=np.uint64).reshape(-1, ID_BYTES // 8)
+    b = np.frombuffer(old, dtype=np.uint64).reshape(-1, ID_BYTES // 8)
+    common = min(len(a), len(b))
+    differs = np.ones(len(a), dtype=bool)
+    differs[:common] = (a[:common] != b[:common]).any(axis=1)
+    starts = np.flatnonzero(differs) * size
+    return int(np.clip(content_nbytes - starts, 0, size).sum())
+
+
+def _change(path: str, a: Row[Any] | None, b: Row[Any] | None,
+            contents: Mapping[str, Content]) -> TensorChange:
+    if a is not None and b is not None:
+        same_layout = a.dtype == b.dtype and list(a.shape) == list(b.shape)
+        moved = changed_bytes(contents.get(a.digest), contents.get(b.digest), b.nbytes) \
+            if same_layout else b.nbytes
+        kind = "changed"
+    else:
+        moved, kind = (b.nbytes, "added") if b is not None else (a.nbytes if a else 0, "removed")
+    return TensorChange(
+        path, kind, a.dtype if a else None, b.dtype if b else None,
+        tuple(a.shape) if a else None, tuple(b.shape) if b else None,
+        a.nbytes if a else 0, b.nbytes if b else 0, moved,
+    )
+
+
+def _same(x: object, y: object) -> bool:
+    if type(x) is not type(y):
+        return False
+    if isinstance(x, float) and isinstance(y, float):
+        return x.hex() == y.hex() or (math.isnan(x) and math.isnan(y))
+    return x == y
+
+
+def value_changes(before: Mapping[str, object], after: Mapping[str, object]) -> tuple[ValueChange, ...]:
+    """Plain values added, removed or changed, by path (floats compare bit for bit, NaN == NaN)."""
+    out: list[ValueChange] = []
+    for path in sorted(before.keys() | after.keys()):
+        if path not in after:
+            out.append(ValueChange(path, "removed", before[path], None))
+        elif path not in before:
+            out.append(ValueChange(path, "added", None, after[path]))
+        elif not _same(before[path], after[path]):
+            out.append(ValueChange(path, "changed", before[path], after[path]))
+    return tuple(out)
+
+
+def _values(catalog: Catalog, version_id: str) -> dict[str, object]:
+    manifest = decode_manifest(catalog.manifest(version_id), version_id)
+    return dict(iter_values(manifest.root))
+
+
+def diff(catalog: Catalog, a: Row[Any], b: Row[Any]) -> VersionDiff:
+    """What changed from version ``a`` to version ``b`` (rows with ``VERSION_COLUMNS`` first)."""
+    old = {t.path: t for t in catalog.tensors_of(a.id)}
+    new = {t.path: t for t in catalog.tensors_of(b.id)}
+    differ = [p for p in sorted(old.keys() | new.keys())
+              if p not in old or p not in new or old[p].digest != new[p].digest]
+    both = [p for p in differ if p in old and p in new]
+    found = sql.contents(catalog, [old[p].digest for p in both] + [new[p].digest for p in both])
+    contents = {d: Content(r.nbytes, r.chunk_size, r.chunk_ids) for d, r in found.items()}
+    changes = [_change(p, old.get(p), new.get(p), contents) for p in differ]
+    va, vb = versions([a, b], catalog.tags_of([a.id, b.id]))
+    return VersionDiff(
+        a=va, b=vb,
+        added=tuple(c for c in changes if c.change == "added"),
+        removed=tuple(c for c in changes if c.change == "removed"),
+        changed=tuple(c for c in changes if c.change == "changed"),
+        unchanged=len(old.keys() & new.keys()) - len(both),
+        changed_bytes=sum(c.changed_bytes for c in changes),
+        values=value_changes(_values(catalog, a.id), _values(catalog, b.id)),
+    )
+
+
+# -- tensor history -----------------------------------------------------------------------
+
+
+# positions in a ``sql.tensor_changes`` row, after the version columns (rows are read by
+# position and the loop allocates as little as it can: 10,000 entries are a common case)
+_DTYPE, _SHAPE, _NBYTES, _DIGEST, _N, _SIZE, _CONTENT_NBYTES, _IDS = range(
+    len(sql.VERSION_COLUMNS), len(sql.VERSION_COLUMNS) + 8)
+
+
+def _kind(before: Sequence[Any] | None, now: Sequence[Any]) -> str | None:
+    had = before is not None and before[_DIGEST] is not None
+    if now[_DIGEST] is None:
+        return "removed" if had else None
+    if not had:
+        return "added"
+    return "changed" if before is not None and before[_DIGEST] != now[_DIGEST] else None
+
+
+class _Shapes(dict[str, tuple[int, ...]]):
+    """JSON shape text -> tuple, parsed once per distinct text."""
+
+    def __missing__(self, text: str) -> tuple[int, ...]:
+        shape = self[text] = tuple(json.loads(text))
+        return shape
+
+
+def _entry(version: Version, change: str, before: Sequence[Any] | None, now: Sequence[Any],
+           shapes: _Shapes) -> TensorHistoryEntry:
+    if change == "removed":
+        return TensorHistoryEntry(version, change, None, None, 0, None,
+                                  before[_NBYTES] if before is not None else 0)
+    shape, nbytes = shapes[now[_SHAPE]], now[_NBYTES]
+    moved = nbytes
+    if (change == "changed" and before is not None and before[_DTYPE] == now[_DTYPE]
+            and shapes[before[_SHAPE]] == shape and before[_IDS] is not None
+            and now[_IDS] is not None and before[_SIZE] == now[_SIZE]):
+        moved = min(nbytes, _differing(now[_SIZE], now[_CONTENT_NBYTES], before[_IDS], now[_IDS]))
+    return TensorHistoryEntry(version, change, now[_DTYPE], shape, nbytes, now[_DIGEST], moved)
+
+
+def tensor_history(catalog: Catalog, run: str, path: str) -> list[TensorHistoryEntry]:
+    """The versions of ``run``'s lineage in which the tensor at ``path`` changed, oldest first.
+
+    A forked run's history starts in its parent run (up to the fork point).
+
+    Raises:
+        RefNotFoundError: no such run.
+        TensorNotFoundError: no version of the lineage has a tensor at ``path``.
+    """
+    segments = sql.lineage(catalog, run)
+    if segments is None:
+        check_run(catalog, run)
+        raise RefNotFoundError(run, "the run disappeared")
+    rows, tags = sql.tensor_changes(catalog, segments, path)
+    kept: list[Sequence[Any]] = []
+    kinds: list[str] = []
+    before: list[Sequence[Any] | None] = []
+    last: Sequence[Any] | None = None  # the tensor since the previous row (also across segments)
+    for row in rows:
+        change = _kind(last, row)
+        if change is not None:
+            kept.append(row)
+            kinds.append(change)
+            before.append(last)
+        last = row
+    if not kept:
+        raise _tensor_not_found(catalog, run, path)
+    shapes = _Shapes()
+    return [_entry(v, kinds[i], before[i], kept[i], shapes)
+            for i, v in enumerate(versions(kept, tags))]
+
+
+def _tensor_not_found(catalog: Catalog, run: str, path: str) -> TensorNotFoundError:
+    latest = catalog.nth_latest(run, 0)
+    paths = [t.path for t in catalog.tensors_of(latest.id)] if latest is not None else []
+    near = difflib.get_close_matches(path, paths, n=3)
+    hint = f" Did you mean: {', '.join(near)}?" if near else ""
+    return TensorNotFoundError(
+        f"no version of run {run!r} has a tensor at {path!r} (paths are dotted, e.g. "
+        f"model.layers.0.weight; `casckpt show {run}@latest` lists them).{hint}")
+
+
+# -- lineage ------------------------------------------------------------------------------
+
+
+def run_nodes(rows: Sequence[Row[Any]], utc: Callable[[float], datetime]) -> list[RunNode]:
+    """The run tree, depth first: each root run (by name), then its forks, recursively."""
+    children: dict[str | None, list[str]] = {}
+    by_name = {r.name: r for r in rows}
+    for r in rows:
+        parent = r.parent_run if r.parent_run in by_name and r.parent_run != r.name else None
+        children.setdefault(parent, []).append(r.name)
+    order: list[str] = []
+    stack = sorted(children.get(None, []), reverse=True)
+    while stack:
+        name = stack.pop()
+        if name not in order:
+            order.append(name)
+            stack += sorted(children.get(name, []), reverse=True)
+    order += sorted(n for n in by_name if n not in order)  # only a corrupt catalog has cycles
+    return [
+        RunNode(name, utc(by_name[name].created_at), by_name[name].parent_run,
+                by_name[name].parent_version, by_name[name].fork_step,
+                tuple(sorted(children.get(name, []))), int(by_name[name].versions))
+        for name in order
+    ]
+
+
+def best(catalog: Catalog, run: str, metric: str, mode: str) -> Version:
+    """The version row of ``run`` with the best ``metric`` (``mode`` ``"min"`` or ``"max"``).
+
+    Raises:
+        InvalidArgumentError: bad ``metric`` or ``mode``.
+        RefNotFoundError: no such run.
+        MetricNotFoundError: no visible version of the run records ``metric``.
+    """
+    if mode not in ("min", "max"):
+        raise InvalidArgumentError(f"mode must be 'min' or 'max', got {mode!r}")
+    if not isinstance(metric, str) or not metric or '"' in metric or "\\" in metric:
+        raise InvalidArgumentError(f"metric must be a non-empty str without quotes, got {metric!r}")
+    check_run(catalog, run)
+    rows, tags = sql.best(catalog, run, metric, mode == "max")
+    if not rows:
+        near = difflib.get_close_matches(metric, sql.metric_names(catalog, run), n=3, cutoff=0.4)
+        raise MetricNotFoundError(metric, f"no version of run {run!r} records this metric", near)
+    return versions(rows, tags)[0]

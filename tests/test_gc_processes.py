@@ -1,0 +1,103 @@
+"""GC against other processes: concurrent committers, and a GC killed with SIGKILL."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import casckpt
+
+HELPER = Path(__file__).parent / "helpers" / "gc_worker.py"
+sys.path.insert(0, str(HELPER.parent))
+
+from gc_worker import content  # noqa: E402
+
+CHUNK = 4096
+
+
+def _spawn(*args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, str(HELPER), *args])
+
+
+def _visible_steps(done: Path) -> set[int]:
+    steps: set[int] = set()
+    for line in done.read_text().split():  # "+STEP" committed, "-STEP" deleted
+        if line[0] == "+":
+            steps.add(int(line[1:]))
+        else:
+            steps.discard(int(line[1:]))
+    return steps
+
+
+@pytest.mark.slow
+def test_commits_racing_a_gc_loop_lose_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    casckpt.open(root, chunk_size=CHUNK).close()
+    stop, count = tmp_path / "stop", tmp_path / "gc-runs"
+    gc_proc = _spawn("collector", str(root), str(stop), str(count))
+    writers = [
+        _spawn("writer", str(root), str(tmp_path / f"cache{w}"), str(w), "14", str(stop),
+               str(tmp_path / f"done{w}"))
+        for w in range(3)
+    ]
+    try:
+        assert [p.wait(timeout=300) for p in writers] == [0, 0, 0]
+    finally:
+        stop.touch()
+        assert gc_proc.wait(timeout=300) == 0
+    assert int(count.read_text()) >= 2  # the collector really ran alongside
+    with casckpt.open(root, create=False) as store:
+        for w in range(3):
+            expected = _visible_steps(tmp_path / f"done{w}")
+            assert {v.step for v in store.log(f"w{w}")} == expected
+            for step in expected:
+                restored = store.restore(f"w{w}@{step}")
+                want = content(w, step)
+                assert all(torch.equal(restored[k], want[k]) for k in want), (w, step)
+        report = store.check(read_data=True)
+        assert report.ok, report.problems[:3]
+        store.gc(grace=0)
+        assert store.check(read_data=True).ok
+
+
+def _prepare(root: Path) -> tuple[dict[int, dict[str, torch.Tensor]], int]:
+    """Versions 0..7 of run r, sharing some chunks; 0..5 deleted. Returns survivors and packs."""
+    with casckpt.open(root, chunk_size=CHUNK, pack_size=32 << 10) as store:
+        states = {i: content(0, i + 4 * (i // 4)) for i in range(8)}  # some chunks shared
+        for i, state in states.items():
+            store.commit(state, run="r", step=i)
+        for i in range(6):
+            store.delete(f"r@{i}")
+        pack_bytes = store.stats().pack_bytes
+    return {i: states[i] for i in (6, 7)}, pack_bytes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point,n", [("purge", 1), ("mark", 1), ("condemn", 1), ("mark", 2),
+                                      ("sweep", 1), ("delete-object", 1), ("delete-object", 3),
+                                      ("relocate", 1)])
+def test_gc_killed_at_any_point_leaves_a_consistent_store(tmp_path: Path, point: str, n: int) -> None:
+    root = tmp_path / "store"
+    survivors, pack_bytes_before = _prepare(root)
+    proc = _spawn("killed-gc", str(root), point, str(n))
+    assert proc.wait(timeout=120) == -signal.SIGKILL  # killed where intended, not finished
+    with casckpt.open(root, create=False) as store:
+        assert store.check(read_data=True).ok
+        assert {v.step for v in store.log("r")} == set(survivors)
+        for step, state in survivors.items():
+            restored = store.restore(f"r@{step}")
+            assert all(torch.equal(restored[k], state[k]) for k in state)
+        store.gc(grace=0)  # the next run finishes the job (and repacks)
+        store.gc(grace=0)  # packs emptied by repacking go one run later
+        stats = store.stats()
+        assert stats.versions == 2 and stats.pack_bytes < pack_bytes_before
+        distinct = {t.numpy().tobytes() for s in survivors.values() for t in s.values()}
+        assert stats.unique_bytes == sum(len(b) for b in distinct)  # everything else reclaimed
+        assert store.check(read_data=True).ok
+        orphans = [p for p in (root / "packs").rglob("*") if p.is_file()]
+        assert len(orphans) == stats.packs  # no object left that the catalog does not know
