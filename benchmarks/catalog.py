@@ -157,8 +157,8 @@ def build(url: str) -> tuple[int, int, int]:
         manifest_size = _manifest_size()
         with catalog.write() as conn:
             conn.exec_driver_sql("PRAGMA cache_size=-1000000")  # this connection: 1 GB for the build
-            run_id = conn.execute(s.runs.insert().values(name=RUN, created_at=time.time())
-                                  ).inserted_primary_key[0]
+            conn.execute(s.runs.insert().values(name=RUN, created_at=time.time()))
+            run_id = conn.execute(select(s.runs.c.id).where(s.runs.c.name == RUN)).scalar_one()
             for table, rows in _rows(run_id, manifest_size).items():
                 columns = _COLUMNS[table]
                 conn.exec_driver_sql(

@@ -267,7 +267,8 @@ def catalog_raw_table(outcomes: Mapping[str, CatalogResult | str]) -> Table:
 
 
 def _s3(outcomes: Mapping[str, Outcome]) -> dict[str, S3Result | str]:
-    return {n: r for n, r in outcomes.items() if not isinstance(r, WorkloadResult) and _is_s3(n, r)}
+    return {n: r for n, r in outcomes.items()
+            if isinstance(r, (S3Result, str)) and _is_s3(n, r)}
 
 
 def _s3_rows(r: S3Result) -> list[tuple[str, str, int, Timing, list[float], bool]]:

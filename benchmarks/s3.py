@@ -24,12 +24,9 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import io
-import logging
-import os
 import shutil
 import statistics
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +39,7 @@ import casckpt
 from benchmarks import measure
 from benchmarks.workloads import build
 from casckpt.storage.s3 import S3BlobStore
+from casckpt.testing.s3 import fake_aws_environment, moto_server
 
 Log = Callable[[str], None]
 
@@ -53,23 +51,6 @@ MIN_OBJECT_SIZE = 5 * MiB  # S3's smallest multipart part
 BUCKET = "casckpt-bench"
 PREFIX = "ckpt"
 REPEATS = 3  # rounds; the report takes the median of each timing (moto is noisy)
-
-FAKE_ENV = {
-    "AWS_ACCESS_KEY_ID": "AKIAFAKEFAKEFAKEFAKE",
-    "AWS_SECRET_ACCESS_KEY": "fakeSecret/DO+NOT+USE/0123456789abcdefghij",
-    "AWS_REGION": "us-east-1",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_EC2_METADATA_DISABLED": "true",
-    "NO_PROXY": "127.0.0.1,localhost",
-}
-HIDDEN_ENV = (
-    "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
-    "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_CA_BUNDLE", "AWS_MAX_ATTEMPTS",
-    "AWS_RETRY_MODE", "AWS_REQUEST_CHECKSUM_CALCULATION", "AWS_RESPONSE_CHECKSUM_VALIDATION",
-    "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-    "AWS_CONTAINER_CREDENTIALS_FULL_URI", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy",
-)
-
 
 @dataclass(frozen=True)
 class Timing:
@@ -144,45 +125,6 @@ def casckpt_transfer_defaults() -> dict[str, Any]:
     names = ("multipart_threshold", "multipart_chunksize", "max_concurrency",
              "max_pool_connections", "checksum")
     return {name: params[name].default for name in names}
-
-
-@contextmanager
-def fake_aws_env(home: Path) -> Iterator[None]:
-    """Fake credentials in ``os.environ`` for the ``with`` body; the old values come back after."""
-    values: dict[str, str | None] = {name: None for name in HIDDEN_ENV}
-    values.update(FAKE_ENV)
-    values["AWS_CONFIG_FILE"] = str(home / "no-aws-config")
-    values["AWS_SHARED_CREDENTIALS_FILE"] = str(home / "no-aws-credentials")
-    saved = {name: os.environ.get(name) for name in values}
-    try:
-        for name, value in values.items():
-            _set_env(name, value)
-        yield
-    finally:
-        for name, value in saved.items():
-            _set_env(name, value)
-
-
-def _set_env(name: str, value: str | None) -> None:
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
-
-
-@contextmanager
-def moto_server() -> Iterator[str]:
-    """An in-process moto S3 server on 127.0.0.1 (a free port); yields its URL."""
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
 
 
 def split_objects(views: Iterable[memoryview], size: int) -> list[bytes]:
@@ -314,7 +256,7 @@ def run_s3(scale: float, workdir: Path, log: Log, repeats: int = REPEATS) -> S3R
     size = object_size_for(scale)
     objects = split_objects((measure.raw_bytes(t) for _, t in measure.tensor_leaves(state)), size)
     defaults = casckpt_transfer_defaults()
-    with fake_aws_env(workdir), moto_server() as endpoint:
+    with fake_aws_environment(workdir), moto_server() as endpoint:
         log(f"{NAME}: moto S3 server at {endpoint} (in-process, loopback)")
         client = _client(endpoint, defaults)
         client.create_bucket(Bucket=BUCKET)

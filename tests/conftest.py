@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import logging
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
@@ -18,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from casckpt.testing import s3 as s3_testing
+from casckpt.testing.s3 import fake_aws_environment, moto_server
 
 
 @pytest.fixture(scope="session")
@@ -78,45 +80,17 @@ def store_config(request: pytest.FixtureRequest, tmp_path: Path) -> StoreConfig:
 
 # -- S3: a moto server on loopback, fake isolated credentials -----------------------------
 
-FAKE_ACCESS_KEY_ID = "AKIAFAKEFAKEFAKEFAKE"
-FAKE_SECRET_ACCESS_KEY = "fakeSecret/DO+NOT+USE/0123456789abcdefghij"
-REGION = "us-east-1"
-_ISOLATED_AWS_VARIABLES = (
-    "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
-    "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_CA_BUNDLE", "AWS_MAX_ATTEMPTS",
-    "AWS_RETRY_MODE", "AWS_REQUEST_CHECKSUM_CALCULATION", "AWS_RESPONSE_CHECKSUM_VALIDATION",
-    "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy",
-)
-
-
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
     """URL of a moto S3 server on 127.0.0.1, shared by the session (buckets are per test)."""
-    moto_server = pytest.importorskip("moto.server")
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
+    pytest.importorskip("moto.server")
+    with moto_server() as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
 def _session_aws_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    home = tmp_path_factory.mktemp("aws")
-    with pytest.MonkeyPatch.context() as mp:
-        for name in _ISOLATED_AWS_VARIABLES:
-            mp.delenv(name, raising=False)
-        mp.setenv("AWS_ACCESS_KEY_ID", FAKE_ACCESS_KEY_ID)
-        mp.setenv("AWS_SECRET_ACCESS_KEY", FAKE_SECRET_ACCESS_KEY)
-        mp.setenv("AWS_REGION", REGION)
-        mp.setenv("AWS_DEFAULT_REGION", REGION)
-        mp.setenv("AWS_CONFIG_FILE", str(home / "no-config"))
-        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", str(home / "no-credentials"))
-        mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
-        mp.setenv("NO_PROXY", "127.0.0.1,localhost")
+    with fake_aws_environment(tmp_path_factory.mktemp("aws")):
         yield
 
 
@@ -130,7 +104,7 @@ def s3_bucket_url(aws_env: None, moto_endpoint: str) -> Callable[[], str]:
     """Factory: create a new bucket on the moto server, return ``s3://bucket/prefix``."""
     import boto3
 
-    client = boto3.client("s3", endpoint_url=moto_endpoint, region_name=REGION)
+    client = boto3.client("s3", endpoint_url=moto_endpoint, region_name=s3_testing.REGION)
 
     def make() -> str:
         bucket = f"casckpt-{uuid.uuid4().hex[:16]}"
