@@ -261,8 +261,10 @@ class Store:
         seconds = grace.total_seconds() if isinstance(grace, timedelta) else grace
         if seconds is None:
             seconds = gc_engine.DEFAULT_GRACE_S
-        if not isinstance(seconds, (int, float)) or seconds < 0:
-            raise InvalidArgumentError(f"grace must be >= 0 seconds, got {grace!r}")
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
+            0 <= seconds < float("inf")
+        ):
+            raise InvalidArgumentError(f"grace must be a finite number of seconds >= 0, got {grace!r}")
         return gc_engine.collect(self._ctx, grace=float(seconds), dry_run=dry_run,
                                  progress=progress)
 

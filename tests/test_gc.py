@@ -177,3 +177,42 @@ def test_database_error_in_sweep_deletes_no_object(store: casckpt.Store,
     assert store.gc(grace=0).packs_deleted > 0  # the next run finishes the job
     assert torch.equal(store.restore(keep.id)["w"], _noise(2))
     assert store.check(read_data=True).ok
+
+
+def test_undelete_racing_the_purge_keeps_the_version_whole(store: casckpt.Store,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    version = store.commit({"w": _noise(1)}, run="r", step=1)
+    store.delete(version.id)
+    real = sql.expired_deleted_versions
+
+    def expired_then_undeleted(*args: Any, **kwargs: Any) -> list[str]:
+        found = real(*args, **kwargs)
+        store.undelete(version.id)  # lands between gc's read and its purge
+        return found
+
+    monkeypatch.setattr(sql, "expired_deleted_versions", expired_then_undeleted)
+    assert store.gc(grace=0).versions_purged == 0
+    assert torch.equal(store.restore(version.id)["w"], _noise(1))
+    assert store.check(read_data=True).ok
+
+
+def test_recommitting_swept_content_before_its_objects_go(store: casckpt.Store,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from casckpt.engine import gc as gc_engine
+
+    old = store.commit({"w": _noise(1)}, run="a", step=1)
+    store.delete(old.id)
+    real_delete = gc_engine._delete_objects
+    recommitted: list[casckpt.Version] = []
+
+    def commit_first(ctx: Any, keys: list[str], progress: Any) -> int:
+        if keys and keys[0].startswith("packs/") and not recommitted:
+            # the same bytes again, after the sweep dropped their rows, before the objects go
+            recommitted.append(store.commit({"w": _noise(1)}, run="b", step=1))
+        return real_delete(ctx, keys, progress)
+
+    monkeypatch.setattr(gc_engine, "_delete_objects", commit_first)
+    store.gc(grace=0)
+    assert recommitted, "the sweep deleted no pack; the race was not exercised"
+    assert torch.equal(store.restore("b@1")["w"], _noise(1))
+    assert store.check(read_data=True).ok

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import and_, bindparam, delete, exists, func, insert, select, text, update
+from sqlalchemy.exc import SQLAlchemyError
 
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import Catalog, PackRecord, _insert_ignore
@@ -50,22 +51,40 @@ def gc_lock(catalog: Catalog) -> Iterator[None]:
         with _file_lock(f"{url.database}.gc-lock"):
             yield
     elif url.get_backend_name() == "postgresql":
-        with catalog.engine.connect() as conn:
-            if not conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": _GC_LOCK}).scalar():
-                raise GCRunningError("another casckpt gc is running on this store; try again later")
-            conn.commit()
-            try:
-                yield
-            finally:
-                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _GC_LOCK})
-                conn.commit()
+        with _advisory_lock(catalog):
+            yield
     else:
         raise CatalogError(f"gc does not support {url.get_backend_name()} catalogs")
 
 
 @contextmanager
+def _advisory_lock(catalog: Catalog) -> Iterator[None]:
+    try:
+        conn = catalog.engine.connect()
+        held = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": _GC_LOCK}).scalar()
+        conn.commit()
+    except SQLAlchemyError as exc:
+        raise CatalogError(f"cannot take the gc lock at {catalog.where}: {exc}") from exc
+    try:
+        if not held:
+            raise GCRunningError("another casckpt gc is running on this store; try again later")
+        yield
+    finally:
+        try:
+            if held:
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _GC_LOCK})
+                conn.commit()
+        except SQLAlchemyError:
+            pass  # closing the session below releases the lock anyway
+        conn.close()
+
+
+@contextmanager
 def _file_lock(path: str) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise CatalogError(f"cannot create the gc lock file {path}: {exc}") from exc
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -105,19 +124,30 @@ def expired_deleted_versions(catalog: Catalog, cutoff: float) -> list[str]:
         )).scalars())
 
 
-def purge_versions(catalog: Catalog, version_ids: list[str]) -> None:
-    """Remove soft-deleted versions (their tags, tensor rows, and contents no one uses)."""
+def purge_versions(catalog: Catalog, version_ids: list[str]) -> list[str]:
+    """Remove soft-deleted versions (their tags, tensor rows, and contents no one uses).
+
+    A version undeleted meanwhile is left alone: each batch re-reads, under
+    row locks, which versions are still deleted. Returns the ids purged.
+    """
     v, t = s.versions, s.tensors
+    purged: list[str] = []
     for i in range(0, len(version_ids), 500):
-        batch = version_ids[i : i + 500]
         with catalog.write() as conn:
+            batch = list(conn.execute(select(v.c.id).where(
+                v.c.id.in_(version_ids[i : i + 500]), v.c.state == "deleted"
+            ).with_for_update()).scalars())
             conn.execute(delete(s.tags).where(s.tags.c.version_id.in_(batch)))
             conn.execute(delete(t).where(t.c.version_id.in_(batch)))
-            conn.execute(delete(v).where(v.c.id.in_(batch), v.c.state == "deleted"))
+            conn.execute(delete(v).where(v.c.id.in_(batch)))
+            purged += batch
     with catalog.write() as conn:
+        if conn.dialect.name == "postgresql":  # a commit must not add a user of a row we drop
+            conn.execute(text("LOCK TABLE tensors IN SHARE MODE"))
         conn.execute(delete(s.contents).where(
             ~exists().where(t.c.digest == s.contents.c.digest)
         ))
+    return purged
 
 
 def mark(catalog: Catalog, exclude: Collection[str] = ()) -> int:
@@ -135,7 +165,7 @@ def mark(catalog: Catalog, exclude: Collection[str] = ()) -> int:
         visible = visible.where(s.versions.c.id.not_in(list(exclude)))
     query = select(s.contents.c.chunk_ids).where(s.contents.c.digest.in_(visible))
     pending: set[str] = set()
-    with catalog.engine.connect() as reader:
+    with catalog.read() as reader:
         for (blob,) in reader.execution_options(yield_per=500).execute(query):
             data = bytes(blob)
             pending.update(data[i : i + 32].hex() for i in range(0, len(data), 32))
@@ -263,12 +293,29 @@ def relocate(catalog: Catalog, record: PackRecord, old_pack_id: str) -> None:
 LEASE_TTL = 24 * 3600.0  # a lease from another host older than this is a crashed commit
 
 
+def _process_space() -> str:
+    """Names the space our pids live in: host, boot and pid namespace.
+
+    Two containers sharing a host name (host networking) have different pid
+    namespaces, so neither takes the other's live commit for a dead one.
+    """
+    def read(path: str) -> str:
+        try:
+            return (os.readlink(path) if path.startswith("/proc/self/ns") else
+                    open(path).read().strip())  # noqa: SIM115 - tiny /proc reads
+        except OSError:
+            return "?"
+
+    space = f"{socket.gethostname()}|{read('/proc/sys/kernel/random/boot_id')}|"
+    return (space + read("/proc/self/ns/pid"))[:255]
+
+
 def begin_lease(catalog: Catalog) -> str:
     """Announce a commit in flight; returns the lease id to pass to :func:`end_lease`."""
     lease = uuid.uuid4().hex
     with catalog.write() as conn:
         conn.execute(insert(s.leases).values(
-            id=lease, host=socket.gethostname()[:255], pid=os.getpid(), started_at=time.time()
+            id=lease, host=_process_space(), pid=os.getpid(), started_at=time.time()
         ))
     return lease
 
@@ -289,13 +336,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def oldest_lease(catalog: Catalog, now: float) -> float:
-    """Start time of the oldest commit in flight (``now`` if none).
+def oldest_lease(catalog: Catalog, now: float) -> float | None:
+    """Start time of the oldest commit in flight (None if none).
 
-    Leases of dead processes on this host, and leases older than
-    :data:`LEASE_TTL` from other hosts, are crashed commits: they are removed.
+    Leases of dead processes in this process space (host, boot, pid
+    namespace), and leases older than :data:`LEASE_TTL`, are crashed commits:
+    they are removed.
     """
-    host = socket.gethostname()[:255]
+    host = _process_space()
     with catalog.read() as conn:
         rows = conn.execute(select(s.leases.c.id, s.leases.c.host, s.leases.c.pid,
                                    s.leases.c.started_at)).all()
@@ -305,4 +353,13 @@ def oldest_lease(catalog: Catalog, now: float) -> float:
         with catalog.write() as conn:
             conn.execute(delete(s.leases).where(s.leases.c.id.in_(stale)))
     starts = [r.started_at for r in rows if r.id not in stale]
-    return min(starts, default=now)
+    return min(starts, default=None)
+
+
+CLOCK_SKEW_S = 5.0  # object mtimes (S3: whole seconds) and lease times come from different clocks
+
+
+def safe_floor(catalog: Catalog, cutoff: float) -> float:
+    """The newest time before which nothing a commit in flight wrote can lie."""
+    lease = oldest_lease(catalog, time.time())
+    return cutoff if lease is None else min(cutoff, lease - CLOCK_SKEW_S)

@@ -96,7 +96,7 @@ def _mark_and_sweep(ctx: EngineContext, tally: _Tally, *, grace: float, dry_run:
     catalog = ctx.catalog
     mark_start = time.time()
     sql.mark(catalog, exclude)
-    floor = min(mark_start, sql.oldest_lease(catalog, mark_start))
+    floor = sql.safe_floor(catalog, mark_start)
     if not dry_run:
         tally.chunks_revived = sql.revive(catalog)
     condemned_at = time.time()
@@ -118,9 +118,10 @@ def _mark_and_sweep(ctx: EngineContext, tally: _Tally, *, grace: float, dry_run:
 def _orphans(ctx: EngineContext, listing: list[BlobInfo], cutoff: float,
              removed: set[str]) -> list[str]:
     """Listed objects no catalog row knows, old enough, and not removed by this run already."""
+    # leases first: a commit that ends after this has recorded its rows before the reads below
+    floor = sql.safe_floor(ctx.catalog, cutoff)
     packs = sql.known_pack_keys(ctx.catalog)
     versions = sql.known_version_ids(ctx.catalog)
-    floor = min(cutoff, sql.oldest_lease(ctx.catalog, time.time()))
     orphans = []
     for info in listing:
         known = info.key in packs if info.key.startswith("packs/") else (
@@ -177,9 +178,11 @@ def collect(ctx: EngineContext, *, grace: float, dry_run: bool,
         tally.versions_deleted = len(dropped)
         expired = sql.expired_deleted_versions(ctx.catalog, time.time() - grace)
         tally.versions_purged = len(expired)
-        removed = {manifest_key(v) for v in expired}
+        removed: set[str] = set()
         if not dry_run:
-            sql.purge_versions(ctx.catalog, expired)
+            purged = sql.purge_versions(ctx.catalog, expired)
+            tally.versions_purged = len(purged)
+            removed = {manifest_key(v) for v in purged}
             _delete_objects(ctx, sorted(removed), progress)
         removed.update(_mark_and_sweep(ctx, tally, grace=grace, dry_run=dry_run,
                                        exclude=(dropped | set(expired)) if dry_run else set(),

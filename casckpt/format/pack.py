@@ -2,7 +2,7 @@
 
 Layout (all integers little-endian)::
 
-    file header   8 bytes   b"CKPACK01"
+    file header   24 bytes  b"CKPACK02" + 16 random bytes (a nonce)
     entry * n     ENTRY_HEADER (92 bytes) + payload (stored_len bytes)
     footer        b"CIDX" + u64 count + n * FOOTER_RECORD (90 bytes)
     trailer       u64 footer_len + 16-byte BLAKE3 of the footer + b"CKPEND01"
@@ -10,13 +10,17 @@ Layout (all integers little-endian)::
 Each entry header carries the chunk id, codec, raw and stored lengths, the
 delta base id (zeros when none) and a CRC32 of itself, so a pack can be read
 by range through its footer, or its index rebuilt by scanning when the footer
-is lost. A pack's id is the BLAKE3 (object context) of all its bytes.
+is lost. A pack's id is the BLAKE3 (object context) of all its bytes; the
+nonce makes every pack unique, so two writers (or a writer and a GC deleting
+an old pack) never race on one object key, while a retried upload of the same
+pack still writes the same bytes.
 
 This module reads and writes bytes; it knows nothing of where packs live.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 import zlib
 from collections.abc import Iterator
@@ -25,11 +29,13 @@ from typing import BinaryIO
 
 from blake3 import blake3
 
-from casckpt.errors import CorruptChunkError, CorruptPackError
+from casckpt.errors import CorruptChunkError, CorruptPackError, InvalidArgumentError
 from casckpt.format.chunks import chunk_id, object_hasher
 from casckpt.format.codecs import decode_chunk
 
-PACK_MAGIC = b"CKPACK01"
+PACK_MAGIC = b"CKPACK02"
+NONCE_SIZE = 16
+PACK_HEADER_SIZE = len(PACK_MAGIC) + NONCE_SIZE
 ENTRY_MAGIC = b"CCHK"
 FOOTER_MAGIC = b"CIDX"
 TRAILER_MAGIC = b"CKPEND01"
@@ -140,12 +146,16 @@ class PackWriter:
     Not thread-safe.
     """
 
-    def __init__(self, sink: BinaryIO) -> None:
+    def __init__(self, sink: BinaryIO, nonce: bytes | None = None) -> None:
+        """``nonce`` (16 bytes) is random unless given (golden tests)."""
         self._sink = sink
         self._hasher = object_hasher()
         self._entries: list[PackEntry] = []
         self._size = 0
-        self._write(PACK_MAGIC)
+        nonce = os.urandom(NONCE_SIZE) if nonce is None else nonce
+        if len(nonce) != NONCE_SIZE:
+            raise InvalidArgumentError(f"a pack nonce is {NONCE_SIZE} bytes, got {len(nonce)}")
+        self._write(PACK_MAGIC + nonce)
 
     def _write(self, data: bytes | memoryview) -> None:
         self._sink.write(data)
@@ -198,12 +208,12 @@ def parse_trailer(tail: bytes, pack_size: int) -> int:
     Raises:
         CorruptPackError: the pack is truncated or the trailer is not a pack trailer.
     """
-    if len(tail) != TRAILER_SIZE or pack_size < len(PACK_MAGIC) + TRAILER_SIZE:
+    if len(tail) != TRAILER_SIZE or pack_size < PACK_HEADER_SIZE + TRAILER_SIZE:
         raise CorruptPackError("pack is truncated: no trailer")
     footer_len, _, magic = _TRAILER.unpack(tail)
     if magic != TRAILER_MAGIC:
         raise CorruptPackError("pack trailer is missing or damaged (the pack is truncated?)")
-    if footer_len < _FOOTER_HEAD.size or footer_len > pack_size - TRAILER_SIZE - len(PACK_MAGIC):
+    if footer_len < _FOOTER_HEAD.size or footer_len > pack_size - TRAILER_SIZE - PACK_HEADER_SIZE:
         raise CorruptPackError(f"pack trailer records an impossible footer length {footer_len}")
     return int(footer_len)
 
@@ -226,7 +236,7 @@ def parse_footer(footer: bytes, tail: bytes, pack_size: int) -> list[PackEntry]:
         cid, off, stored, raw, codec, flags, base = _FOOTER_RECORD.unpack_from(
             footer, _FOOTER_HEAD.size + i * _FOOTER_RECORD.size
         )
-        if off < len(PACK_MAGIC) or off + ENTRY_HEADER_SIZE + stored > limit:
+        if off < PACK_HEADER_SIZE or off + ENTRY_HEADER_SIZE + stored > limit:
             raise CorruptPackError(f"pack footer entry {i} points outside the pack")
         entries.append(PackEntry(cid, off, stored, raw, codec, base if flags & _FLAG_BASE else None))
     return entries
@@ -252,7 +262,7 @@ def scan_entries(pack: bytes | memoryview) -> Iterator[PackEntry]:
     view = memoryview(pack)
     if bytes(view[: len(PACK_MAGIC)]) != PACK_MAGIC:
         raise CorruptPackError("not a casckpt pack (bad magic)")
-    offset = len(PACK_MAGIC)
+    offset = PACK_HEADER_SIZE
     while offset < len(view) and bytes(view[offset : offset + 4]) != FOOTER_MAGIC:
         entry = decode_entry_header(view[offset:], offset)
         yield entry

@@ -23,6 +23,8 @@ from casckpt.format.chunks import chunk_id
 from casckpt.format.codecs import Codec, CompressionPolicy, encode_chunk
 from casckpt.format.pack import (
     ENTRY_HEADER_SIZE,
+    PACK_HEADER_SIZE,
+    PACK_MAGIC,
     TRAILER_SIZE,
     PackEntry,
     PackWriter,
@@ -82,8 +84,8 @@ def test_pack_roundtrip(chunks: list[tuple[bytes, int, bytes | None]]) -> None:
         assert entry.chunk_id == chunk_id(raw)
         assert entry.raw_len == len(raw)
         assert entry.base_id == base
-    # entries tile the pack from byte 8 up to the footer, in order
-    offset = 8
+    # entries tile the pack from byte 24 (magic + nonce) up to the footer, in order
+    offset = 24
     for entry in index:
         assert entry.offset == offset
         offset += entry.span
@@ -94,7 +96,8 @@ def test_golden_bytes() -> None:
     raw_a, raw_b = bytes(range(40)), b"casckpt golden chunk B" * 3
     base_b = bytes(range(100, 132))
     sink = io.BytesIO()
-    writer = PackWriter(sink)
+    nonce = bytes(range(200, 216))
+    writer = PackWriter(sink, nonce=nonce)
     writer.add(chunk_id(raw_a), Codec.RAW, len(raw_a), raw_a)
     writer.add(chunk_id(raw_b), Codec.RAW, len(raw_b), raw_b, base_id=base_b)
     pack_id = writer.finish()
@@ -114,16 +117,16 @@ def test_golden_bytes() -> None:
         # id, offset u64, stored_len u64, raw_len u64, codec u8, flags u8, base id
         return cid(raw) + struct.pack("<QQQ", offset, len(raw), len(raw)) + bytes([0, flags]) + base
 
-    off_a, off_b = 8, 8 + 92 + len(raw_a)
+    off_a, off_b = 24, 24 + 92 + len(raw_a)
     entries = header(raw_a, 0, bytes(32)) + raw_a + header(raw_b, 1, base_b) + raw_b
     footer = b"CIDX" + struct.pack("<Q", 2) + record(raw_a, off_a, 0, bytes(32))
     footer += record(raw_b, off_b, 1, base_b)
     assert len(footer) == 12 + 2 * 90
     trailer = struct.pack("<Q", len(footer)) + blake3(footer).digest()[:16] + b"CKPEND01"
-    expected = b"CKPACK01" + entries + footer + trailer
+    expected = b"CKPACK02" + nonce + entries + footer + trailer
 
-    assert len(pack) == 8 + 2 * 92 + len(raw_a) + len(raw_b) + 12 + 2 * 90 + 32
-    assert pack[:8] == b"CKPACK01"
+    assert len(pack) == 24 + 2 * 92 + len(raw_a) + len(raw_b) + 12 + 2 * 90 + 32
+    assert pack[:24] == b"CKPACK02" + nonce
     assert pack[off_a : off_a + 92] == header(raw_a, 0, bytes(32))
     assert pack[off_b : off_b + 92] == header(raw_b, 1, base_b)
     assert pack[-32:] == trailer
@@ -195,16 +198,17 @@ def test_every_truncation_is_refused_with_a_pack_or_chunk_error() -> None:
     "mask", [0x01, 0x80, 0xFF, 0x10]
 )
 def test_every_flipped_byte_is_detected(mask: int) -> None:
-    """Every flip is reported, except that zstd ignores a few bits of its own frames.
+    """Every flip is reported, except in bytes that carry no data.
 
-    Such a flip (zstd's "unused" header bit, padding bits of a bitstream) still
-    decodes to the right bytes, verified against the chunk id, so it can never
-    be returned as wrong data; anywhere else the flip must raise.
+    Those are the pack nonce, and the few bits zstd ignores in its own frames
+    ("unused" header bit, bitstream padding): such a flip still decodes to the
+    right bytes, verified against the chunk id, so it can never be returned as
+    wrong data (the scrub's pack-id hash reports it); anywhere else it must raise.
     """
     pack, index, raws = _small_pack()
     zstd_payloads = [
         range(e.offset + ENTRY_HEADER_SIZE, e.offset + e.span) for e in index if e.codec != Codec.RAW
-    ]
+    ] + [range(len(PACK_MAGIC), PACK_HEADER_SIZE)]
     for pos in range(len(pack)):
         damaged = bytearray(pack)
         damaged[pos] ^= mask
@@ -220,7 +224,7 @@ def test_every_flipped_byte_is_detected(mask: int) -> None:
 @given(data=st.data())
 def test_random_damage_never_escapes_as_another_exception(data: st.DataObject) -> None:
     # RAW chunks only: damage inside a zstd frame is covered, position by position, by
-    # test_every_flipped_byte_is_detected (one such flip hits a known bug).
+    # test_every_flipped_byte_is_detected.
     pack, _, raws = _small_pack(compressed=False)
     damaged = bytearray(pack)
     for _ in range(data.draw(st.integers(1, 6))):
@@ -241,7 +245,7 @@ def test_random_damage_never_escapes_as_another_exception(data: st.DataObject) -
         pass
 
 
-@pytest.mark.parametrize("blob", [b"", b"CKPACK01", b"CKPACK0", b"x" * 100, b"CKPACK01" + bytes(64)])
+@pytest.mark.parametrize("blob", [b"", b"CKPACK02", b"CKPACK0", b"x" * 100, b"CKPACK02" + bytes(64)])
 def test_not_a_pack(blob: bytes) -> None:
     with pytest.raises(CorruptPackError):
         read_index(blob)
