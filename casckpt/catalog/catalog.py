@@ -36,7 +36,7 @@ from casckpt.catalog import schema as s
 from casckpt.errors import CatalogError, VersionExistsError
 from casckpt.format.pack import PackEntry
 
-_BATCH = 500
+BATCH = 500
 _MIGRATION_LOCK = 0x6361736B  # "cask": PostgreSQL advisory lock key for schema upgrades
 
 
@@ -115,7 +115,7 @@ def _sqlite_engine(url: str) -> Engine:
     return engine
 
 
-def _insert_ignore(conn: Connection, table: Any, rows: list[dict[str, Any]], key: str) -> None:
+def insert_ignore(conn: Connection, table: Any, rows: list[dict[str, Any]], key: str) -> None:
     """INSERT rows, skipping those whose ``key`` exists (another writer got there first)."""
     if not rows:
         return
@@ -201,8 +201,8 @@ class Catalog:
             s.chunks.c.stored_len, s.chunks.c.raw_len, s.chunks.c.codec,
         ).join(s.packs, s.packs.c.id == s.chunks.c.pack_id)
         with self.read() as conn:
-            for i in range(0, len(wanted), _BATCH):
-                batch = wanted[i : i + _BATCH]
+            for i in range(0, len(wanted), BATCH):
+                batch = wanted[i : i + BATCH]
                 where: list[ColumnElement[bool]] = [s.chunks.c.id.in_(batch)]
                 if live_only:
                     where.append(s.chunks.c.state == "live")
@@ -222,17 +222,17 @@ class Catalog:
             for e in pack.entries
         ]
         with self.write() as conn:
-            _insert_ignore(conn, s.packs, [{
+            insert_ignore(conn, s.packs, [{
                 "id": pack.id, "key": pack.key, "size": pack.size, "chunks": len(pack.entries),
                 "state": "live", "created_at": now, "verified_at": None,
             }], "id")
             _upsert_chunks(conn, chunk_rows)
 
-    def _missing(self, conn: Connection, ids: list[str]) -> set[str]:
+    def revive_or_missing(self, conn: Connection, ids: list[str]) -> set[str]:
         """Revive referenced chunks GC condemned but has not swept; return those that are gone."""
         live: set[str] = set()
-        for i in range(0, len(ids), _BATCH):
-            batch = ids[i : i + _BATCH]
+        for i in range(0, len(ids), BATCH):
+            batch = ids[i : i + BATCH]
             conn.execute(s.chunks.update().where(s.chunks.c.id.in_(batch), s.chunks.c.state == "condemned")
                          .values(state="live", condemned_at=None))
             live.update(conn.execute(
@@ -268,7 +268,7 @@ class Catalog:
     def _publish(self, conn: Connection, version: dict[str, Any], run: str,
                  tensor_rows: list[dict[str, Any]], content_rows: list[dict[str, Any]],
                  tag_names: Sequence[str], ids: list[str]) -> None:
-        run_id = self._run_id(conn, run, create=True)
+        run_id = self.run_id(conn, run, create=True)
         if run_id is None:
             raise CatalogError(f"run {run!r} vanished while committing; retry")
         # serialise commits to one run (PostgreSQL row lock; SQLite already holds the db lock)
@@ -281,20 +281,21 @@ class Catalog:
                 f"run {run!r} already has a version at step {version['step']} "
                 f"({existing[:12]}); commit with another step, or fork a new run"
             )
-        missing = self._missing(conn, ids)
+        missing = self.revive_or_missing(conn, ids)
         if missing:
             raise MissingChunksError(missing)
         conn.execute(s.versions.insert().values(run_id=run_id, **version))
-        for i in range(0, len(tensor_rows), _BATCH):
-            conn.execute(s.tensors.insert(), tensor_rows[i : i + _BATCH])
-        _insert_ignore(conn, s.contents, content_rows, "digest")
+        for i in range(0, len(tensor_rows), BATCH):
+            conn.execute(s.tensors.insert(), tensor_rows[i : i + BATCH])
+        insert_ignore(conn, s.contents, content_rows, "digest")
         for name in tag_names:
             self._set_tag(conn, name, version["id"])
 
-    def _run_id(self, conn: Connection, run: str, *, create: bool) -> int | None:
+    def run_id(self, conn: Connection, run: str, *, create: bool) -> int | None:
+        """The id of run ``run`` within ``conn``'s transaction (created if asked and missing)."""
         run_id = conn.execute(select(s.runs.c.id).where(s.runs.c.name == run)).scalar()
         if run_id is None and create:
-            _insert_ignore(conn, s.runs, [{"name": run, "created_at": time.time()}], "name")
+            insert_ignore(conn, s.runs, [{"name": run, "created_at": time.time()}], "name")
             run_id = conn.execute(select(s.runs.c.id).where(s.runs.c.name == run)).scalar_one()
         return run_id
 
@@ -309,7 +310,7 @@ class Catalog:
 
     # -- queries ------------------------------------------------------------
 
-    _VERSION_COLS = (
+    VERSION_COLS = (  # what a Version is built from, in this order
         s.versions.c.id, s.runs.c.name.label("run"), s.versions.c.step, s.versions.c.parent_id,
         s.versions.c.created_at, s.versions.c.logical_bytes, s.versions.c.new_bytes,
         s.versions.c.stored_bytes, s.versions.c.duration_s, s.versions.c.meta,
@@ -317,7 +318,7 @@ class Catalog:
     )
 
     def _versions(self) -> Any:
-        return select(*self._VERSION_COLS).join(s.runs, s.runs.c.id == s.versions.c.run_id).where(
+        return select(*self.VERSION_COLS).join(s.runs, s.runs.c.id == s.versions.c.run_id).where(
             s.versions.c.state == "visible"
         )
 
@@ -408,10 +409,10 @@ class Catalog:
         """Tag names per version id."""
         out: dict[str, list[str]] = {}
         with self.read() as conn:
-            for i in range(0, len(version_ids), _BATCH):
+            for i in range(0, len(version_ids), BATCH):
                 rows = conn.execute(
                     select(s.tags.c.version_id, s.tags.c.name)
-                    .where(s.tags.c.version_id.in_(version_ids[i : i + _BATCH]))
+                    .where(s.tags.c.version_id.in_(version_ids[i : i + BATCH]))
                     .order_by(s.tags.c.name)
                 )
                 for vid, name in rows:
@@ -457,8 +458,8 @@ class Catalog:
         """Record that these packs were just read and verified in full."""
         now = time.time()
         with self.write() as conn:
-            for i in range(0, len(pack_ids), _BATCH):
-                conn.execute(s.packs.update().where(s.packs.c.id.in_(pack_ids[i : i + _BATCH]))
+            for i in range(0, len(pack_ids), BATCH):
+                conn.execute(s.packs.update().where(s.packs.c.id.in_(pack_ids[i : i + BATCH]))
                              .values(verified_at=now))
 
     def totals(self) -> dict[str, int]:

@@ -22,7 +22,7 @@ from sqlalchemy import and_, bindparam, delete, exists, func, insert, select, te
 from sqlalchemy.exc import SQLAlchemyError
 
 from casckpt.catalog import schema as s
-from casckpt.catalog.catalog import Catalog, PackRecord, _insert_ignore
+from casckpt.catalog.catalog import Catalog, PackRecord, insert_ignore
 from casckpt.errors import CatalogError, GCRunningError
 
 _BATCH = 5000
@@ -180,7 +180,7 @@ def mark(catalog: Catalog, exclude: Collection[str] = ()) -> int:
 def _add_live(catalog: Catalog, ids: set[str]) -> None:
     if ids:
         with catalog.write() as conn:
-            _insert_ignore(conn, s.gc_live, [{"id": i} for i in ids], "id")
+            insert_ignore(conn, s.gc_live, [{"id": i} for i in ids], "id")
 
 
 def _unreferenced() -> Any:
@@ -278,7 +278,7 @@ def relocate(catalog: Catalog, record: PackRecord, old_pack_id: str) -> None:
         for e in record.entries
     ]
     with catalog.write() as conn:
-        _insert_ignore(conn, s.packs, [{
+        insert_ignore(conn, s.packs, [{
             "id": record.id, "key": record.key, "size": record.size, "chunks": len(record.entries),
             "state": "live", "created_at": time.time(), "verified_at": None,
         }], "id")

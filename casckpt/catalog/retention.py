@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import Connection, Row, null, or_, select
 
 from casckpt.catalog import schema as s
-from casckpt.catalog.catalog import _BATCH, Catalog, MissingChunksError
+from casckpt.catalog.catalog import BATCH, Catalog, MissingChunksError
 from casckpt.errors import AmbiguousRefError, InvalidArgumentError, RefNotFoundError
 from casckpt.types import Version
 
@@ -60,7 +60,7 @@ def store_policy(catalog: Catalog, run: str, policy: Mapping[str, Any] | None, *
     does not exist and was not created.
     """
     with catalog.write() as conn:
-        run_id = catalog._run_id(conn, run, create=create)
+        run_id = catalog.run_id(conn, run, create=create)
         if run_id is None:
             return False
         conn.execute(s.runs.update().where(s.runs.c.id == run_id)
@@ -145,7 +145,7 @@ def load_histories(conn: Connection, run: str | None = None) -> list[RunHistory]
         return []
     run_ids = [r.id for r in runs]
     rows = conn.execute(
-        select(*Catalog._VERSION_COLS, s.versions.c.run_id)
+        select(*Catalog.VERSION_COLS, s.versions.c.run_id)
         .join(s.runs, s.runs.c.id == s.versions.c.run_id)
         .where(s.versions.c.run_id.in_(run_ids), s.versions.c.state == "visible")
         .order_by(s.versions.c.step.desc())
@@ -171,10 +171,10 @@ def soft_delete(conn: Connection, version_ids: Iterable[str], reason: str,
     ids = list(dict.fromkeys(version_ids))
     when = time.time() if now is None else now
     count = 0
-    for i in range(0, len(ids), _BATCH):
+    for i in range(0, len(ids), BATCH):
         result = conn.execute(
             s.versions.update()
-            .where(s.versions.c.id.in_(ids[i : i + _BATCH]), s.versions.c.state == "visible")
+            .where(s.versions.c.id.in_(ids[i : i + BATCH]), s.versions.c.state == "visible")
             .values(state="deleted", deleted_at=when, deleted_reason=reason)
         )
         count += result.rowcount
@@ -227,7 +227,7 @@ def undelete_version(catalog: Catalog, version_id: str, chunk_ids: Iterable[str]
                              .with_for_update()).scalar()
         if state != "deleted":
             return False
-        missing = catalog._missing(conn, ids)
+        missing = catalog.revive_or_missing(conn, ids)
         if missing:
             raise MissingChunksError(missing)
         conn.execute(s.versions.update().where(s.versions.c.id == version_id)
