@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 from casckpt.catalog import ChunkLocation
 from casckpt.engine.context import EngineContext
-from casckpt.errors import BlobNotFoundError, MissingDataError
-from casckpt.format.pack import decode_entry
+from casckpt.errors import BlobNotFoundError, CorruptPackError, MissingDataError
+from casckpt.format.codecs import Codec
+from casckpt.format.pack import ENTRY_HEADER_SIZE, PackEntry, decode_split_entry
 from casckpt.types import ProgressCallback
 
 Destination = memoryview
@@ -84,6 +85,29 @@ def read_chunks(
         return _read_once(ctx, wanted, describe, progress, last_try=True)
 
 
+@dataclass(slots=True)
+class _Slot:
+    """Where one chunk's header and payload are read to.
+
+    A RAW payload is read straight into its first destination (then verified
+    there): no intermediate buffer, no copy. Encoded payloads need a buffer
+    to decode from.
+    """
+
+    entry: PackEntry
+    pack_id: str
+    header: memoryview
+    payload: memoryview
+    destinations: list[Destination]
+
+    @classmethod
+    def of(cls, loc: ChunkLocation, destinations: list[Destination]) -> _Slot:
+        entry = loc.entry()
+        direct = entry.codec == Codec.RAW and len(destinations[0]) == entry.stored_len
+        payload = destinations[0] if direct else memoryview(bytearray(entry.stored_len))
+        return cls(entry, loc.pack_id, memoryview(bytearray(ENTRY_HEADER_SIZE)), payload, destinations)
+
+
 class _PackGone(Exception):
     """A pack disappeared between locating and reading (internal; triggers one retry)."""
 
@@ -104,8 +128,10 @@ def _read_once(
     done = 0
 
     def fetch(r: _Range) -> int:
+        plan = [_Slot.of(loc, wanted[loc.entry().chunk_id]) for loc in r.chunks]
+        buffers = [view for slot in plan for view in (slot.header, slot.payload)]
         try:
-            data = memoryview(ctx.blobs.get_range(r.key, r.start, r.end - r.start))
+            got = ctx.blobs.read_into(r.key, r.start, buffers)
         except BlobNotFoundError as exc:
             if not last_try:
                 raise _PackGone() from exc
@@ -113,12 +139,15 @@ def _read_once(
                 f"pack {r.pack_id} holding {describe(r.chunks[0].entry().chunk_id)} is missing "
                 f"from {ctx.blobs.url}; restore another version or repair the store"
             ) from exc
-        for loc in r.chunks:
-            entry = loc.entry()
-            part = data[loc.offset - r.start : loc.offset - r.start + entry.span]
-            raw = decode_entry(part, entry, loc.pack_id)
-            for dst in wanted[entry.chunk_id]:
-                dst[:] = raw
+        if got < r.end - r.start:
+            raise CorruptPackError(
+                f"pack {r.pack_id} ends before byte {r.end}: it is truncated. Run `casckpt check`."
+            )
+        for slot in plan:
+            raw = decode_split_entry(slot.header, slot.payload, slot.entry, slot.pack_id)
+            for dst in slot.destinations:
+                if dst is not slot.payload:
+                    dst[:] = raw
         return r.end - r.start
 
     for read in ctx.pool.map(fetch, ranges):

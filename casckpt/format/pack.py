@@ -106,9 +106,23 @@ def decode_entry(data: bytes | memoryview, expected: PackEntry, pack_id: str) ->
         CorruptChunkError: the header disagrees with the index, the payload does
             not decode, or the bytes do not hash to the chunk id.
     """
+    view = memoryview(data)
+    return decode_split_entry(
+        view[:ENTRY_HEADER_SIZE], view[ENTRY_HEADER_SIZE : ENTRY_HEADER_SIZE + expected.stored_len],
+        expected, pack_id,
+    )
+
+
+def decode_split_entry(header_bytes: bytes | memoryview, payload: bytes | memoryview,
+                       expected: PackEntry, pack_id: str) -> bytes | memoryview:
+    """:func:`decode_entry` for a header and payload read into separate buffers.
+
+    A RAW payload is verified where it lies and returned as is, so a reader
+    that read it straight into its destination copies nothing.
+    """
     cid_hex = expected.chunk_id.hex()
     try:
-        header = decode_entry_header(data, expected.offset)
+        header = decode_entry_header(header_bytes, expected.offset)
     except CorruptPackError as exc:
         raise CorruptChunkError(
             f"chunk {cid_hex} in pack {pack_id}: {exc}", pack_id=pack_id, chunk_id=cid_hex
@@ -121,7 +135,6 @@ def decode_entry(data: bytes | memoryview, expected: PackEntry, pack_id: str) ->
             "another chunk; the pack or the catalog is damaged. Run `casckpt check --read-data`.",
             pack_id=pack_id, chunk_id=cid_hex,
         )
-    payload = memoryview(data)[ENTRY_HEADER_SIZE : ENTRY_HEADER_SIZE + header.stored_len]
     try:
         if len(payload) != header.stored_len:
             raise CorruptChunkError("payload is truncated")

@@ -9,7 +9,7 @@ makes every key's content unique), which makes retries safe.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -24,6 +24,18 @@ def check_key(key: str) -> str:
     if not _KEY.match(key) or any(part in (".", "..") for part in key.split("/")):
         raise InvalidNameError(f"invalid object key {key!r}: it could escape the blob location")
     return key
+
+
+def scatter(data: bytes | memoryview, buffers: Sequence[memoryview]) -> int:
+    """Copy ``data`` into ``buffers`` in order; returns the bytes copied."""
+    done = 0
+    for buf in buffers:
+        part = data[done : done + len(buf)]
+        buf[: len(part)] = part
+        done += len(part)
+        if len(part) < len(buf):
+            break
+    return done
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +69,14 @@ class BlobStore(Protocol):
 
     def get_range(self, key: str, offset: int, length: int) -> bytes:
         """Return ``length`` bytes from ``offset`` (fewer if the object is shorter)."""
+
+    def read_into(self, key: str, offset: int, buffers: Sequence[memoryview]) -> int:
+        """Fill ``buffers`` in order with the bytes from ``offset``; returns the bytes read.
+
+        A scatter read: restore reads chunk payloads straight into the
+        destination tensors. Fewer bytes than the buffers hold means the
+        object ended. Backends without a native form use :func:`scatter`.
+        """
 
     def size(self, key: str) -> int | None:
         """Return the object's size, or None if there is no such object."""

@@ -11,11 +11,30 @@ import errno
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from casckpt.errors import BlobNotFoundError, StorageError
 from casckpt.storage.base import BlobInfo, check_key
+
+_IOV_MAX = 1024
+
+
+def _preadv_all(fd: int, buffers: list[memoryview], offset: int) -> int:
+    """preadv until every buffer is full or the file ends (reads may come back short)."""
+    total, first = 0, 0
+    while first < len(buffers):
+        n = os.preadv(fd, buffers[first : first + _IOV_MAX], offset)
+        if n == 0:
+            break
+        total += n
+        offset += n
+        while first < len(buffers) and n >= len(buffers[first]):
+            n -= len(buffers[first])
+            first += 1
+        if n:
+            buffers[first] = buffers[first][n:]
+    return total
 
 
 def fsync_dir(path: Path) -> None:
@@ -98,6 +117,20 @@ class LocalBlobStore:
                 offset += len(part)
                 length -= len(part)
             return parts[0] if len(parts) == 1 else b"".join(parts)
+        except OSError as exc:
+            raise StorageError(f"cannot read {key} under {self.root}: {exc}") from exc
+        finally:
+            os.close(fd)
+
+    def read_into(self, key: str, offset: int, buffers: Sequence[memoryview]) -> int:
+        try:
+            fd = os.open(self._path(key), os.O_RDONLY)
+        except FileNotFoundError:
+            raise BlobNotFoundError(f"{key} is missing from {self.root}") from None
+        except OSError as exc:
+            raise StorageError(f"cannot read {key} under {self.root}: {exc}") from exc
+        try:
+            return _preadv_all(fd, list(buffers), offset)
         except OSError as exc:
             raise StorageError(f"cannot read {key} under {self.root}: {exc}") from exc
         finally:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -105,6 +105,9 @@ class RetryingBlobStore:
 
     def get_range(self, key: str, offset: int, length: int) -> bytes:
         return self._retry("get_range", key, lambda: self.inner.get_range(key, offset, length))
+
+    def read_into(self, key: str, offset: int, buffers: Sequence[memoryview]) -> int:
+        return self._retry("read_into", key, lambda: self.inner.read_into(key, offset, buffers))
 
     def size(self, key: str) -> int | None:
         return self._retry("size", key, lambda: self.inner.size(key))

@@ -34,7 +34,7 @@ import ipaddress
 import logging
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -51,7 +51,7 @@ from casckpt.errors import (
     RetryableStorageError,
     StorageError,
 )
-from casckpt.storage.base import BlobInfo, check_key
+from casckpt.storage.base import BlobInfo, check_key, scatter
 from casckpt.storage.s3_errors import error_code, map_s3_error, redact
 
 log = logging.getLogger(__name__)
@@ -283,6 +283,10 @@ class S3BlobStore:
                 raise BlobNotFoundError(f"{self._where(key)} does not exist")
             return b""
         return self._call("get_range", key, lambda: self._fetch_range(key, offset, length))
+
+    def read_into(self, key: str, offset: int, buffers: Sequence[memoryview]) -> int:
+        """One ranged GET covering the buffers, scattered into them."""
+        return scatter(self.get_range(key, offset, sum(len(b) for b in buffers)), buffers)
 
     def _fetch_range(self, key: str, offset: int, length: int) -> bytes:
         try:

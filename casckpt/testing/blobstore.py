@@ -144,6 +144,19 @@ class BlobStoreConformance:
             got = blob_store.get_range("objects/ranged", offset, length)
             assert got == data[offset:offset + length], (offset, length)
 
+    def test_read_into_scatters_a_range(self, blob_store: BlobStore) -> None:
+        data = blob(10_000, seed=8)
+        blob_store.put("objects/scatter", data)
+        sizes = [1, 92, 4_096, 0, 1_000]
+        buffers = [memoryview(bytearray(n)) for n in sizes]
+        assert blob_store.read_into("objects/scatter", 123, buffers) == sum(sizes)
+        assert b"".join(bytes(b) for b in buffers) == data[123 : 123 + sum(sizes)]
+        tail = [memoryview(bytearray(300)), memoryview(bytearray(300))]
+        assert blob_store.read_into("objects/scatter", 9_600, tail) == 400  # the object ends
+        assert bytes(tail[0]) + bytes(tail[1][:100]) == data[9_600:]
+        with pytest.raises(BlobNotFoundError):
+            blob_store.read_into("objects/absent", 0, [memoryview(bytearray(4))])
+
     def test_get_range_of_empty_object(self, blob_store: BlobStore) -> None:
         blob_store.put("objects/empty", b"")
         assert blob_store.get_range("objects/empty", 0, 10) == b""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from casckpt.errors import (
     StorageError,
 )
 from casckpt.storage import BlobInfo, BlobStore, RetryingBlobStore
+from casckpt.storage.base import scatter
 
 
 class FlakyStore:
@@ -55,6 +56,10 @@ class FlakyStore:
         self._enter("get_range")
         return self.objects[key][offset:offset + length]
 
+    def read_into(self, key: str, offset: int, buffers: Sequence[memoryview]) -> int:
+        self._enter("read_into")
+        return scatter(self.objects[key][offset:offset + sum(len(b) for b in buffers)], buffers)
+
     def size(self, key: str) -> int | None:
         self._enter("size")
         return len(self.objects[key]) if key in self.objects else None
@@ -85,6 +90,7 @@ OPERATIONS: dict[str, Callable[[BlobStore, Path], object]] = {
     "put_file": lambda s, p: s.put_file("manifests/c", p),
     "get": lambda s, p: s.get("manifests/a"),
     "get_range": lambda s, p: s.get_range("manifests/a", 1, 5),
+    "read_into": lambda s, p: s.read_into("manifests/a", 1, [memoryview(bytearray(3))]),
     "size": lambda s, p: s.size("manifests/a"),
     "list": lambda s, p: list(s.list("manifests/")),
     "delete": lambda s, p: s.delete("manifests/a"),
