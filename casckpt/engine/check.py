@@ -20,8 +20,8 @@ from casckpt.format.pack import decode_entry, read_index
 from casckpt.types import CheckProblem, CheckReport, ProgressCallback
 
 
-def _check_versions(ctx: EngineContext) -> Iterator[CheckProblem]:
-    for version_id in ctx.catalog.visible_version_ids():
+def _check_versions(ctx: EngineContext, version_ids: list[str]) -> Iterator[CheckProblem]:
+    for version_id in version_ids:
         try:
             manifest = decode_manifest(ctx.catalog.manifest(version_id), version_id)
         except IntegrityError as exc:
@@ -61,7 +61,8 @@ def _check_pack_data(ctx: EngineContext, pack: Any) -> Iterator[CheckProblem]:
 
 def check(ctx: EngineContext, *, read_data: bool, progress: ProgressCallback | None) -> CheckReport:
     """Check the store; see the module docstring. Never modifies data."""
-    problems = list(_check_versions(ctx))
+    version_ids = ctx.catalog.visible_version_ids()
+    problems = list(_check_versions(ctx, version_ids))
     packs = ctx.catalog.packs()
     chunks_read = bytes_read = 0
     verified: list[str] = []
@@ -88,7 +89,7 @@ def check(ctx: EngineContext, *, read_data: bool, progress: ProgressCallback | N
     if verified:
         ctx.catalog.mark_verified(verified)
     return CheckReport(
-        versions=len(ctx.catalog.visible_version_ids()), packs=len(packs),
+        versions=len(version_ids), packs=len(packs),
         chunks=ctx.catalog.totals()["chunks"], chunks_read=chunks_read, bytes_read=bytes_read,
         problems=tuple(problems),
     )

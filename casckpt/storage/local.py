@@ -12,6 +12,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from casckpt.errors import BlobNotFoundError, StorageError
@@ -100,7 +101,9 @@ class LocalBlobStore:
         except OSError as exc:
             raise StorageError(f"cannot read {key} under {self.root}: {exc}") from exc
 
-    def get_range(self, key: str, offset: int, length: int) -> bytes:
+    @contextmanager
+    def _reading(self, key: str) -> Iterator[int]:
+        """An open descriptor of ``key``; OS errors become BlobNotFoundError / StorageError."""
         try:
             fd = os.open(self._path(key), os.O_RDONLY)
         except FileNotFoundError:
@@ -108,6 +111,14 @@ class LocalBlobStore:
         except OSError as exc:
             raise StorageError(f"cannot read {key} under {self.root}: {exc}") from exc
         try:
+            yield fd
+        except OSError as exc:
+            raise StorageError(f"cannot read {key} under {self.root}: {exc}") from exc
+        finally:
+            os.close(fd)
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        with self._reading(key) as fd:
             parts = []
             while length > 0:
                 part = os.pread(fd, length, offset)
@@ -117,24 +128,10 @@ class LocalBlobStore:
                 offset += len(part)
                 length -= len(part)
             return parts[0] if len(parts) == 1 else b"".join(parts)
-        except OSError as exc:
-            raise StorageError(f"cannot read {key} under {self.root}: {exc}") from exc
-        finally:
-            os.close(fd)
 
     def read_into(self, key: str, offset: int, buffers: Sequence[memoryview]) -> int:
-        try:
-            fd = os.open(self._path(key), os.O_RDONLY)
-        except FileNotFoundError:
-            raise BlobNotFoundError(f"{key} is missing from {self.root}") from None
-        except OSError as exc:
-            raise StorageError(f"cannot read {key} under {self.root}: {exc}") from exc
-        try:
+        with self._reading(key) as fd:
             return _preadv_all(fd, list(buffers), offset)
-        except OSError as exc:
-            raise StorageError(f"cannot read {key} under {self.root}: {exc}") from exc
-        finally:
-            os.close(fd)
 
     def size(self, key: str) -> int | None:
         try:
