@@ -14,10 +14,11 @@ Typical use::
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from casckpt import errors
+from casckpt.config import BlobLocation
 from casckpt.errors import CasckptError
 from casckpt.types import (
     CheckProblem,
@@ -52,10 +53,11 @@ def __getattr__(name: str) -> Any:
 
 
 def open(  # noqa: A001 - the documented name of the entry point
-    path: str | os.PathLike[str] | None = None, *, blobs: str | BlobStore | None = None,
+    path: str | os.PathLike[str] | None = None, *,
+    blobs: str | BlobLocation | BlobStore | Sequence[str | BlobLocation | BlobStore | Mapping[str, str]] | None = None,
     catalog: str | None = None, cache: str | os.PathLike[str] | None = None,
     create: bool = True, chunk_size: int | None = None, pack_size: int | None = None,
-    workers: int | None = None, s3: Mapping[str, Any] | None = None,
+    workers: int | None = None, s3: Mapping[str, Any] | None = None, redundancy: str | None = None,
 ) -> Store:
     """Open (or create) a store.
 
@@ -68,7 +70,10 @@ def open(  # noqa: A001 - the documented name of the entry point
     Args:
         path: the store's root directory.
         blobs: where packs live instead of ``path``: a directory, ``file:///dir`` or
-            ``s3://bucket/prefix``. Recorded in ``path/casckpt.toml`` for a new store.
+            ``s3://bucket/prefix`` -- or several such locations (a list), each its
+            own failure domain unless given as ``casckpt.BlobLocation(url,
+            domain=..., name=...)`` or ``{"url": ..., "domain": ...}``. Recorded in
+            ``path/casckpt.toml`` for a new store.
         catalog: an SQLAlchemy URL for the catalog instead of ``path/catalog.db``
             (e.g. ``postgresql+psycopg://user@host/db``). Recorded like ``blobs``.
         cache: directory for the local index cache (default ``path/cache`` for a
@@ -78,19 +83,27 @@ def open(  # noqa: A001 - the documented name of the entry point
         s3: S3 options for a new store (``endpoint_url``, ``region``, ``sse``,
             ``kms_key_id``, ``multipart_threshold``, ...), recorded in its
             config file's ``[s3]`` table. Credentials come from the AWS chain.
+        redundancy: ``"none"`` (default), ``"replicate:N"`` or ``"ec:K+M"``
+            (e.g. ``"ec:4+2"``: each pack as 4 data + 2 parity shards on 6
+            failure domains; any 4 rebuild it). Recorded in the catalog for a
+            new store; for an existing one it must match (change it with
+            :meth:`Store.set_redundancy`).
 
     Raises:
         NotAStoreError: ``path`` is not a store and cannot become one.
         SchemaTooNewError: the catalog was written by a newer casckpt.
         CatalogError: the catalog database cannot be opened.
+        InvalidArgumentError: a bad location list or redundancy spec.
     """
     from casckpt.store import open_store
 
     return open_store(path, blobs=blobs, catalog=catalog, cache=cache, create=create,
-                      chunk_size=chunk_size, pack_size=pack_size, workers=workers, s3=s3)
+                      chunk_size=chunk_size, pack_size=pack_size, workers=workers, s3=s3,
+                      redundancy=redundancy)
 
 
 __all__ = [
+    "BlobLocation",
     "CasckptError",
     "CheckProblem",
     "CheckReport",

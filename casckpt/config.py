@@ -16,6 +16,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -92,22 +93,83 @@ def settings(overrides: Mapping[str, Any] | None = None,
 
 
 @dataclass(frozen=True, slots=True)
+class BlobLocation:
+    """One blob location of a store, as given to :func:`casckpt.open` or the config file.
+
+    Attributes:
+        url: a directory, ``file:///dir`` or ``s3://bucket/prefix``.
+        domain: its failure domain (what fails together: a disk, a host, a
+            bucket's region); default: its own.
+        name: how commands refer to it; default ``loc0``, ``loc1``, ... by position.
+    """
+
+    url: str
+    domain: str | None = None
+    name: str | None = None
+
+
+BlobsArg = str | BlobLocation | Sequence["str | BlobLocation | Mapping[str, str]"]
+
+
+@dataclass(frozen=True, slots=True)
 class StoreSpec:
     """Where a store's parts are.
 
     Attributes:
         root: the directory holding ``casckpt.toml`` (None for a store opened by URLs only).
-        blobs: the blob location URL (``file:///...`` or ``s3://bucket/prefix``).
+        locations: the blob locations, URLs absolute, names and domains filled in.
         catalog: the catalog's SQLAlchemy URL.
         cache: the local index cache directory (None: derived from the store id).
         s3: options for the S3 backend (``endpoint_url``, ``region``, ``sse``, ...).
+        redundancy: the redundancy a new store starts with (None: ``none``).
+        write_quorum: shards a pack needs durable before a commit publishes (None: default).
     """
 
     root: Path | None
-    blobs: str
+    locations: tuple[BlobLocation, ...]
     catalog: str
     cache: Path | None
     s3: Mapping[str, Any]
+    redundancy: str | None = None
+    write_quorum: int | None = None
+
+    @property
+    def blobs(self) -> str:
+        """The first location's URL."""
+        return self.locations[0].url
+
+
+def _as_location(item: object) -> BlobLocation:
+    if isinstance(item, BlobLocation):
+        return item
+    if isinstance(item, str):
+        return BlobLocation(item)
+    if isinstance(item, Mapping) and isinstance(item.get("url"), str) and set(item) <= {"url", "domain", "name"}:
+        return BlobLocation(item["url"], item.get("domain"), item.get("name"))
+    raise InvalidArgumentError(
+        f"a blob location must be a URL string, a casckpt.BlobLocation or a table with url "
+        f"(and optional domain, name); got {item!r}"
+    )
+
+
+def blob_locations(blobs: object) -> tuple[BlobLocation, ...]:
+    """Normalise what ``blobs=`` accepts into locations with names (URLs as given)."""
+    items = [blobs] if isinstance(blobs, (str, BlobLocation)) else list(blobs)  # type: ignore[call-overload]
+    if not items:
+        raise InvalidArgumentError("blobs= needs at least one location")
+    out = []
+    for i, item in enumerate(items):
+        loc = _as_location(item)
+        out.append(BlobLocation(loc.url, loc.domain, loc.name or f"loc{i}"))
+    names = [loc.name for loc in out]
+    if len(set(names)) != len(names):
+        raise InvalidArgumentError(f"blob location names must be unique, got {names}")
+    return tuple(out)
+
+
+def _resolved(locations: Sequence[BlobLocation], root: Path) -> tuple[BlobLocation, ...]:
+    return tuple(BlobLocation(_blob_url(loc.url, root), loc.domain or loc.name, loc.name)
+                 for loc in locations)
 
 
 def _toml_value(value: object) -> str:
@@ -118,7 +180,8 @@ def _toml_value(value: object) -> str:
     return json.dumps(str(value))  # a JSON string is a valid TOML basic string
 
 
-def render_config(values: Mapping[str, Any], s3: Mapping[str, Any]) -> str:
+def render_config(values: Mapping[str, Any], s3: Mapping[str, Any],
+                  locations: Sequence[BlobLocation] = ()) -> str:
     """The text of a ``casckpt.toml`` recording where a store's parts are."""
     lines = [
         "# casckpt store. Every job and the CLI open the store from this file:",
@@ -130,6 +193,10 @@ def render_config(values: Mapping[str, Any], s3: Mapping[str, Any]) -> str:
         f"format = {STORE_FORMAT}",
     ]
     lines += [f"{k} = {_toml_value(v)}" for k, v in values.items() if v is not None]
+    for loc in locations:
+        lines += ["", "[[locations]]"] + [f"{k} = {_toml_value(v)}" for k, v in
+                                          (("name", loc.name), ("url", loc.url), ("domain", loc.domain))
+                                          if v is not None]
     if s3:
         lines += ["", "[s3]"] + [f"{k} = {_toml_value(v)}" for k, v in s3.items() if v is not None]
     return "\n".join(lines) + "\n"
@@ -165,38 +232,67 @@ def _blob_url(value: str, root: Path) -> str:
     return (root / Path(value).expanduser()).resolve().as_uri()
 
 
-def _spec_from_file(file: Path, blobs: str | None, catalog: str | None,
+def _recorded_locations(doc: Mapping[str, Any], file: Path) -> tuple[BlobLocation, ...] | None:
+    store = doc["store"]
+    tables = doc.get("locations")
+    if store.get("blobs") is not None and tables:
+        raise NotAStoreError(f"{file} sets both [store] blobs and [[locations]]; keep one")
+    if tables:
+        return blob_locations(tables)
+    if store.get("blobs") is not None:
+        return blob_locations(store["blobs"])
+    return None
+
+
+def _quorum(value: object, file: Path) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidArgumentError(f"{file}: write_quorum must be a positive integer, got {value!r}")
+    return value
+
+
+def _spec_from_file(file: Path, blobs: BlobsArg | None, catalog: str | None,
                     cache: Path | None, s3: Mapping[str, Any] | None) -> StoreSpec:
     doc = read_config_file(file)
     store, root = doc["store"], file.parent
-    recorded = {"blobs": store.get("blobs"), "catalog": store.get("catalog")}
-    for name, given in (("blobs", blobs), ("catalog", catalog)):
-        if given is not None and recorded[name] is not None and given != recorded[name]:
-            raise InvalidArgumentError(
-                f"the store at {root} records {name} = {recorded[name]!r} but {given!r} was "
-                f"passed; omit {name}= or edit {file}"
-            )
+    recorded = _recorded_locations(doc, file)
+    given = blob_locations(blobs) if blobs is not None else None
+    if given is not None and recorded is not None and _resolved(given, root) != _resolved(recorded, root):
+        raise InvalidArgumentError(
+            f"the store at {root} records other blob locations than those passed; omit blobs= "
+            f"or edit {file}"
+        )
+    if catalog is not None and store.get("catalog") is not None and catalog != store["catalog"]:
+        raise InvalidArgumentError(
+            f"the store at {root} records catalog = {store['catalog']!r} but {catalog!r} was "
+            f"passed; omit catalog= or edit {file}"
+        )
     if cache is None and store.get("cache"):
         cache = root / Path(store["cache"]).expanduser()
-    if cache is None and recorded == {"blobs": None, "catalog": None}:
+    if cache is None and recorded is None and store.get("catalog") is None:
         cache = root / CACHE_DIR  # a self-contained local store keeps its cache inside
     return StoreSpec(
         root=root,
-        blobs=_blob_url(blobs or recorded["blobs"] or ".", root),
-        catalog=catalog or recorded["catalog"] or f"sqlite:///{root / CATALOG_FILE}",
+        locations=_resolved(given or recorded or blob_locations("."), root),
+        catalog=catalog or store.get("catalog") or f"sqlite:///{root / CATALOG_FILE}",
         cache=cache,
         s3={**doc.get("s3", {}), **(s3 or {})},
+        redundancy=store.get("redundancy"),
+        write_quorum=_quorum(store.get("write_quorum"), file),
     )
 
 
-def locate_store(path: Path | None, *, blobs: str | None, catalog: str | None,
-                 cache: Path | None, create: bool, s3: Mapping[str, Any] | None = None) -> StoreSpec:
+def locate_store(path: Path | None, *, blobs: BlobsArg | None, catalog: str | None,
+                 cache: Path | None, create: bool, s3: Mapping[str, Any] | None = None,
+                 redundancy: str | None = None) -> StoreSpec:
     """Work out where a store's parts are, creating its config file for a new store.
 
     ``path`` is a store directory or a ``.toml`` config file. A new or empty
-    directory becomes a store; ``blobs`` / ``catalog`` / ``s3`` given for a new
-    store are recorded in its config file so every later open needs only the
-    path. For an existing store, ``s3`` options override the file's for this open.
+    directory becomes a store; ``blobs`` / ``catalog`` / ``s3`` /
+    ``redundancy`` given for a new store are recorded in its config file so
+    every later open needs only the path. For an existing store, ``s3``
+    options override the file's for this open.
 
     Raises:
         NotAStoreError: ``path`` is a non-empty directory without a store, a
@@ -209,7 +305,8 @@ def locate_store(path: Path | None, *, blobs: str | None, catalog: str | None,
                 "casckpt.open needs a store path, or both blobs= and catalog= "
                 "(e.g. casckpt.open('ckpts/'))"
             )
-        return StoreSpec(None, _blob_url(blobs, Path.cwd()), catalog, cache, dict(s3 or {}))
+        return StoreSpec(None, _resolved(blob_locations(blobs), Path.cwd()), catalog, cache,
+                         dict(s3 or {}), redundancy)
     file = _config_file(path)
     if file.is_file():
         return _spec_from_file(file, blobs, catalog, cache, s3)
@@ -225,8 +322,12 @@ def locate_store(path: Path | None, *, blobs: str | None, catalog: str | None,
         raise NotAStoreError(
             f"no casckpt store at {path}; create one with `casckpt init {path}` or casckpt.open()"
         )
+    given = blob_locations(blobs) if blobs is not None else None
+    single = given is not None and len(given) == 1 and given[0].domain is None and given[0].name == "loc0"
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".{file.name}.tmp"
-    tmp.write_text(render_config({"blobs": blobs, "catalog": catalog}, s3 or {}))
+    tmp.write_text(render_config(
+        {"blobs": given[0].url if single and given else None, "catalog": catalog,
+         "redundancy": redundancy}, s3 or {}, () if single or given is None else given))
     os.replace(tmp, file)
     return _spec_from_file(file, None, None, cache, None)

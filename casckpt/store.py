@@ -8,6 +8,7 @@ several threads share its pools (the catalog serialises what must be serial).
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -37,7 +38,12 @@ from casckpt.engine.validate import check_name
 from casckpt.errors import InvalidArgumentError, RefNotFoundError, VersionSweptError
 from casckpt.format.manifest import Manifest, decode_manifest
 from casckpt.format.tree import iter_values
+from casckpt.catalog import shards as shard_sql
+from casckpt.engine.packstore import PackStore
+from casckpt.errors import CasckptError
 from casckpt.storage import BlobStore, open_blob_store, redact_url
+from casckpt.storage.erasure import Redundancy
+from casckpt.storage.locations import Location, LocationSet
 from casckpt.types import (
     CheckReport,
     GCReport,
@@ -55,6 +61,7 @@ from casckpt.types import (
 )
 
 Ref = str | Version
+log = logging.getLogger(__name__)
 
 
 def _utc(ts: float) -> datetime:
@@ -69,11 +76,15 @@ class Store:
     """
 
     def __init__(self, *, root: Path | None, catalog: Catalog, cache: IndexCache,
-                 blobs: BlobStore, staging: Path, settings: cfg.Settings) -> None:
+                 locations: LocationSet, staging: Path, settings: cfg.Settings,
+                 write_quorum: int | None = None) -> None:
         self.path = root
         staging.mkdir(parents=True, exist_ok=True)
+        self._io = ThreadPoolExecutor(max(4, len(locations.all)), thread_name_prefix="casckpt-shard")
         self._ctx = EngineContext(
-            catalog=catalog, cache=cache, blobs=blobs, staging=staging, config=settings,
+            catalog=catalog, cache=cache, locations=locations,
+            packs=PackStore(catalog, locations, self._io, write_quorum),
+            staging=staging, config=settings,
             pool=ThreadPoolExecutor(settings.workers, thread_name_prefix="casckpt"),
             uploads=ThreadPoolExecutor(settings.upload_workers, thread_name_prefix="casckpt-upload"),
         )
@@ -88,9 +99,10 @@ class Store:
         self._closed = True
         self._ctx.pool.shutdown(wait=True)
         self._ctx.uploads.shutdown(wait=True)
+        self._io.shutdown(wait=True)
         self._ctx.cache.close()
         self._ctx.catalog.close()
-        self._ctx.blobs.close()
+        self._ctx.locations.close()
 
     def __enter__(self) -> Store:
         return self
@@ -100,7 +112,7 @@ class Store:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<casckpt.Store {self._ctx.blobs.url}>"
+        return f"<casckpt.Store {redact_url(self._ctx.locations.all[0].blobs.url)}>"
 
     # -- commit and restore -------------------------------------------------
 
@@ -369,7 +381,7 @@ class Store:
         """
         row = retention_sql.resolve_deleted(self._ctx.catalog, ref.id if isinstance(ref, Version) else ref)
         label = f"{row.run}@{row.step}"
-        if self._ctx.blobs.size(manifest_key(row.id)) is None:
+        if not self._ctx.locations.exists_anywhere(manifest_key(row.id)):
             raise VersionSweptError(label, "GC already removed its manifest; it cannot be undeleted")
         manifest = decode_manifest(self._ctx.catalog.manifest(row.id), row.id)
         chunk_ids = (cid.hex() for blob in manifest.blobs for cid in blob.chunks)
@@ -482,29 +494,83 @@ def _default_cache_dir(store_id: str) -> Path:
     return base / "casckpt" / store_id
 
 
+def _unreachable(url: str, exc: Exception) -> BlobStore:
+    from casckpt.storage.unreachable import UnreachableBlobStore
+
+    return UnreachableBlobStore(url, str(exc))
+
+
+def open_locations(catalog: Catalog, spec: cfg.StoreSpec,
+                   given: Mapping[str, BlobStore]) -> LocationSet:
+    """Register the configured locations in the catalog and open every location it knows.
+
+    A location this host cannot open (a removed disk, a bad URL) is still
+    listed, as unreachable: reads skip it, and ``repair`` rebuilds its shards
+    once it is marked failed.
+    """
+    rows = shard_sql.ensure_locations(
+        catalog, [(loc.name or "", loc.url, loc.domain or loc.name or "") for loc in spec.locations])
+    local_urls = {loc.name: loc.url for loc in spec.locations}
+    opened: list[Location] = []
+    try:
+        for row in rows:
+            url = local_urls.get(row.name) or row.url or ""
+            blob_store = given.get(url)
+            if blob_store is None:
+                try:
+                    blob_store = open_blob_store(url, spec.s3)
+                except (CasckptError, OSError) as exc:
+                    log.warning("blob location %s (%s) cannot be opened: %s", row.name, redact_url(url), exc)
+                    blob_store = _unreachable(url, exc)
+            opened.append(Location(row.id, row.name, row.domain, row.state, blob_store))
+    except BaseException:
+        for loc in opened:
+            loc.blobs.close()
+        raise
+    return LocationSet(opened)
+
+
 def open_store(
-    path: str | os.PathLike[str] | None = None, *, blobs: str | BlobStore | None = None,
+    path: str | os.PathLike[str] | None = None, *, blobs: object = None,
     catalog: str | None = None, cache: str | os.PathLike[str] | None = None,
     create: bool = True, chunk_size: int | None = None, pack_size: int | None = None,
     workers: int | None = None, s3: Mapping[str, Any] | None = None,
+    redundancy: str | None = None,
 ) -> Store:
     """See :func:`casckpt.open`."""
     settings = cfg.settings({"chunk_size": chunk_size, "pack_size": pack_size, "workers": workers})
+    if redundancy is not None:
+        redundancy = str(Redundancy.parse(redundancy))
+    given: dict[str, BlobStore] = {}
+    items = [blobs] if isinstance(blobs, BlobStore) else blobs
+    if isinstance(items, (list, tuple)):
+        items = [given.setdefault(b.url, b).url if isinstance(b, BlobStore) else b for b in items]
     spec = cfg.locate_store(
         Path(path).expanduser().resolve() if path is not None else None,
-        blobs=blobs if isinstance(blobs, str) or blobs is None else blobs.url,
+        blobs=items,  # type: ignore[arg-type]
         catalog=catalog, cache=Path(cache).expanduser() if cache is not None else None,
-        create=create, s3=s3,
+        create=create, s3=s3, redundancy=redundancy,
     )
-    blob_store = blobs if blobs is not None and not isinstance(blobs, str) else (
-        open_blob_store(spec.blobs, spec.s3)
-    )
+    cat = Catalog(spec.catalog, where=redact_url(spec.catalog))
     try:
-        cat = Catalog(spec.catalog, where=redact_url(spec.catalog))
+        _seed_redundancy(cat, spec.redundancy, redundancy)
+        locations = open_locations(cat, spec, given)
     except BaseException:
-        blob_store.close()
+        cat.close()
         raise
     cache_dir = spec.cache if spec.cache is not None else _default_cache_dir(cat.store_id)
     index = IndexCache(cache_dir / "index", cat.store_id)
-    return Store(root=spec.root, catalog=cat, cache=index, blobs=blob_store,
-                 staging=cache_dir / "staging", settings=settings)
+    return Store(root=spec.root, catalog=cat, cache=index, locations=locations,
+                 staging=cache_dir / "staging", settings=settings, write_quorum=spec.write_quorum)
+
+
+def _seed_redundancy(catalog: Catalog, recorded: str | None, explicit: str | None) -> None:
+    """A new store takes its configured redundancy; an explicit one must agree with the catalog's."""
+    current = shard_sql.store_redundancy(catalog)
+    if current is None and (explicit or recorded):
+        shard_sql.set_store_redundancy(catalog, str(Redundancy.parse(explicit or recorded or "none")))
+    elif explicit is not None and current is not None and explicit != current:
+        raise InvalidArgumentError(
+            f"this store's redundancy is {current}, not {explicit}; change it with "
+            "store.set_redundancy() or `casckpt redundancy set`"
+        )

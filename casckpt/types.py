@@ -162,6 +162,7 @@ class CheckReport(_ToDict):
     chunks_read: int
     bytes_read: int
     problems: tuple[CheckProblem, ...]
+    packs_read: int = 0
 
     @property
     def ok(self) -> bool:

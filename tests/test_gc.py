@@ -151,7 +151,12 @@ def test_listing_error_aborts_before_anything_is_deleted(store: casckpt.Store) -
     store.commit({"w": _noise(2)}, run="r", step=2)
     store.delete(old.id)
     objects, stats = _objects(store.path), store.stats()
-    store._ctx.blobs = _FailingList(store._ctx.blobs)
+    from dataclasses import replace
+
+    from casckpt.storage.locations import LocationSet
+
+    store._ctx.locations = LocationSet(
+        [replace(loc, blobs=_FailingList(loc.blobs)) for loc in store._ctx.locations.all])
     with pytest.raises(StorageError):
         store.gc(grace=0)
     assert _objects(store.path) == objects and store.stats() == stats
@@ -205,8 +210,8 @@ def test_recommitting_swept_content_before_its_objects_go(store: casckpt.Store,
     real_delete = gc_engine._delete_objects
     recommitted: list[casckpt.Version] = []
 
-    def commit_first(ctx: Any, keys: list[str], progress: Any) -> int:
-        if keys and keys[0].startswith("packs/") and not recommitted:
+    def commit_first(ctx: Any, keys: list[tuple[int, str]], progress: Any) -> int:
+        if keys and keys[0][1].startswith("packs/") and not recommitted:
             # the same bytes again, after the sweep dropped their rows, before the objects go
             recommitted.append(store.commit({"w": _noise(1)}, run="b", step=1))
         return real_delete(ctx, keys, progress)

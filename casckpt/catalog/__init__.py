@@ -1,5 +1,12 @@
-"""The SQL catalog: the authoritative record of runs, versions, tags, tensors, chunks and packs."""
+"""The SQL catalog: the authoritative record of runs, versions, tags, tensors, chunks, packs and shards."""
 
-from casckpt.catalog.catalog import Catalog, ChunkLocation, MissingChunksError, PackRecord
+from casckpt.catalog.catalog import (
+    Catalog,
+    ChunkLocation,
+    MissingChunksError,
+    PackLayout,
+    PackRecord,
+    ShardRow,
+)
 
-__all__ = ["Catalog", "ChunkLocation", "MissingChunksError", "PackRecord"]
+__all__ = ["Catalog", "ChunkLocation", "MissingChunksError", "PackLayout", "PackRecord", "ShardRow"]

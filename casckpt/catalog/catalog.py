@@ -85,13 +85,85 @@ class ChunkLocation:
 
 
 @dataclass(frozen=True, slots=True)
-class PackRecord:
-    """A pack that has just been made durable in the blob store."""
+class ShardRow:
+    """Where one copy (``none``, ``replicate``) or shard (``ec``) of a pack lives.
+
+    ``state`` is ``ok``, ``missing`` (not written, or found gone) or
+    ``corrupt`` (found damaged); the last two are repair's queue.
+    """
+
+    index: int
+    location_id: int
+    key: str
+    size: int
+    checksum: str | None = None
+    state: str = "ok"
+    verified_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PackLayout:
+    """How a pack is stored: its scheme and every shard.
+
+    ``scheme`` is ``none``, ``replicate`` or ``ec``; for ``ec``, data shard
+    ``i`` holds pack bytes ``[i*stripe, (i+1)*stripe)`` from payload byte
+    ``data_offset`` (after the shard header).
+    """
 
     id: str
     key: str
     size: int
+    scheme: str = "none"
+    k: int = 1
+    m: int = 0
+    algorithm: str | None = None
+    stripe: int | None = None
+    data_offset: int | None = None
+    shards: tuple[ShardRow, ...] = ()
+
+    def shard(self, index: int) -> ShardRow | None:
+        """The shard with this index, if recorded."""
+        return next((sh for sh in self.shards if sh.index == index), None)
+
+
+@dataclass(frozen=True, slots=True)
+class PackRecord:
+    """A pack that has just been made durable in the blob store."""
+
+    layout: PackLayout
     entries: Sequence[PackEntry]
+
+    @property
+    def id(self) -> str:
+        """The pack id."""
+        return self.layout.id
+
+    @property
+    def key(self) -> str:
+        """The pack's base object key."""
+        return self.layout.key
+
+    @property
+    def size(self) -> int:
+        """The pack's length in bytes."""
+        return self.layout.size
+
+
+def insert_pack(conn: Connection, layout: PackLayout, chunks: int, now: float) -> None:
+    """Insert a pack row and its shard rows (rows that exist are kept)."""
+    insert_ignore(conn, s.packs, [{
+        "id": layout.id, "key": layout.key, "size": layout.size, "chunks": chunks,
+        "state": "live", "created_at": now, "verified_at": None, "scheme": layout.scheme,
+        "k": layout.k, "m": layout.m, "algorithm": layout.algorithm, "stripe": layout.stripe,
+        "data_offset": layout.data_offset,
+    }], "id")
+    rows = [{"pack_id": layout.id, "idx": sh.index, "location_id": sh.location_id, "key": sh.key,
+             "size": sh.size, "checksum": sh.checksum, "state": sh.state, "verified_at": None}
+            for sh in layout.shards]
+    if rows:
+        dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+        conn.execute(dialect.insert(s.shards).on_conflict_do_nothing(
+            index_elements=["pack_id", "idx"]), rows)
 
 
 def _sqlite_engine(url: str) -> Engine:
@@ -222,10 +294,7 @@ class Catalog:
             for e in pack.entries
         ]
         with self.write() as conn:
-            insert_ignore(conn, s.packs, [{
-                "id": pack.id, "key": pack.key, "size": pack.size, "chunks": len(pack.entries),
-                "state": "live", "created_at": now, "verified_at": None,
-            }], "id")
+            insert_pack(conn, pack.layout, len(pack.entries), now)
             _upsert_chunks(conn, chunk_rows)
 
     def revive_or_missing(self, conn: Connection, ids: list[str]) -> set[str]:

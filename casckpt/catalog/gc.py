@@ -22,7 +22,7 @@ from sqlalchemy import and_, bindparam, delete, exists, func, insert, select, te
 from sqlalchemy.exc import SQLAlchemyError
 
 from casckpt.catalog import schema as s
-from casckpt.catalog.catalog import Catalog, PackRecord, insert_ignore
+from casckpt.catalog.catalog import Catalog, PackRecord, insert_ignore, insert_pack
 from casckpt.errors import CatalogError, GCRunningError
 
 _BATCH = 5000
@@ -36,6 +36,7 @@ class DeadPack:
     id: str
     key: str
     size: int
+    shards: tuple[tuple[int, str], ...] = ()  # (location id, object key) of every shard
 
 
 @contextmanager
@@ -232,15 +233,24 @@ def sweep(catalog: Catalog, *, cutoff: float, dry_run: bool) -> tuple[int, list[
         chunks = int(conn.execute(delete(c).where(doomed)).rowcount)
         rows = conn.execute(select(p.c.id, p.c.key, p.c.size).where(empty)).all()
         ids = [row[0] for row in rows]
+        shards: dict[str, list[tuple[int, str]]] = {}
         for i in range(0, len(ids), 500):
-            conn.execute(delete(p).where(p.c.id.in_(ids[i : i + 500])))
-    return chunks, [DeadPack(*row) for row in rows]
+            batch = ids[i : i + 500]
+            for pack_id, location_id, key in conn.execute(
+                select(s.shards.c.pack_id, s.shards.c.location_id, s.shards.c.key)
+                .where(s.shards.c.pack_id.in_(batch))
+            ):
+                shards.setdefault(pack_id, []).append((location_id, key))
+            conn.execute(delete(s.shards).where(s.shards.c.pack_id.in_(batch)))
+            conn.execute(delete(p).where(p.c.id.in_(batch)))
+    return chunks, [DeadPack(*row, tuple(shards.get(row[0], ()))) for row in rows]
 
 
-def known_pack_keys(catalog: Catalog) -> set[str]:
-    """Keys of every pack the catalog knows (packs are few: ~64 MiB each)."""
+def known_shard_keys(catalog: Catalog) -> set[tuple[int, str]]:
+    """(location id, object key) of every shard the catalog knows (packs are few: ~64 MiB each)."""
     with catalog.read() as conn:
-        return set(conn.execute(select(s.packs.c.key)).scalars())
+        return {(row[0], row[1]) for row in conn.execute(
+            select(s.shards.c.location_id, s.shards.c.key))}
 
 
 def known_version_ids(catalog: Catalog) -> set[str]:
@@ -278,10 +288,7 @@ def relocate(catalog: Catalog, record: PackRecord, old_pack_id: str) -> None:
         for e in record.entries
     ]
     with catalog.write() as conn:
-        insert_ignore(conn, s.packs, [{
-            "id": record.id, "key": record.key, "size": record.size, "chunks": len(record.entries),
-            "state": "live", "created_at": time.time(), "verified_at": None,
-        }], "id")
+        insert_pack(conn, record.layout, len(record.entries), time.time())
         conn.execute(
             update(s.chunks)
             .where(s.chunks.c.id == bindparam("cid"), s.chunks.c.pack_id == bindparam("old"))

@@ -42,6 +42,7 @@ runs = Table(
     Column("created_at", Float, nullable=False),
     Column("parent_version", String(64), nullable=True),
     Column("retention", JSON, nullable=True),
+    Column("redundancy", String(32), nullable=True),
 )
 
 versions = Table(
@@ -112,8 +113,41 @@ packs = Table(
     Column("state", String(16), nullable=False),
     Column("created_at", Float, nullable=False),
     Column("verified_at", Float, nullable=True),
+    Column("scheme", String(16), nullable=False, server_default="none"),
+    Column("k", SmallInteger, nullable=False, server_default="1"),
+    Column("m", SmallInteger, nullable=False, server_default="0"),
+    Column("algorithm", String(32), nullable=True),
+    Column("stripe", BigInteger, nullable=True),
+    Column("data_offset", Integer, nullable=True),
 )
 Index("ix_packs_state", packs.c.state)
+Index("ix_packs_verified_at", packs.c.verified_at)
+
+locations = Table(
+    "locations",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(64), nullable=False, unique=True),
+    Column("url", Text, nullable=True),
+    Column("domain", String(128), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+shards = Table(
+    "shards",
+    metadata,
+    Column("pack_id", String(64), ForeignKey("packs.id"), primary_key=True),
+    Column("idx", SmallInteger, primary_key=True),
+    Column("location_id", Integer, ForeignKey("locations.id"), nullable=False),
+    Column("key", String(256), nullable=False),
+    Column("size", BigInteger, nullable=False),
+    Column("checksum", String(64), nullable=True),
+    Column("state", String(16), nullable=False),
+    Column("verified_at", Float, nullable=True),
+)
+Index("ix_shards_location", shards.c.location_id)
+Index("ix_shards_state", shards.c.state)
 
 chunks = Table(
     "chunks",

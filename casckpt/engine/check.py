@@ -1,95 +1,230 @@
-"""Consistency checks between the catalog and the blob store.
+"""Consistency checks and scrubbing.
 
-Without ``read_data``: every visible version's manifest decodes and matches
-its id, every chunk it references is live in the catalog, every live pack
-exists with its recorded size. With ``read_data``: every live pack is read in
-full, its footer compared with the catalog, and every chunk decoded and
-verified against its id.
+Without reading data: every visible version's manifest decodes, matches its
+id and has a copy on some location; every chunk it references is in the
+catalog; every shard of every pack exists with its recorded size.
+
+Reading data (all packs, or a scrub of the least recently verified share):
+every shard of a pack is read in full and checked (shard header and
+checksum, or a copy's hash against the pack id), the pack is rebuilt and
+verified against its id, its footer compared with the catalog and every
+chunk decoded and verified. Damaged shards are recorded in the catalog,
+which queues them for ``repair``; verified packs and shards get
+``verified_at``. Nothing stored is modified.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass, field
 
+from casckpt.catalog import PackLayout
+from casckpt.catalog import shards as shard_sql
 from casckpt.engine.context import EngineContext, manifest_key
-from casckpt.errors import CasckptError, IntegrityError
+from casckpt.errors import CasckptError, IntegrityError, StorageError
 from casckpt.format.chunks import object_id
-from casckpt.format.manifest import decode_manifest
+from casckpt.format.manifest import Manifest, decode_manifest
 from casckpt.format.pack import decode_entry, read_index
 from casckpt.types import CheckProblem, CheckReport, ProgressCallback
 
 
-def _check_versions(ctx: EngineContext, version_ids: list[str]) -> Iterator[CheckProblem]:
+@dataclass(slots=True)
+class _Tally:
+    problems: list[CheckProblem] = field(default_factory=list)
+    lost: set[str] = field(default_factory=set)  # packs that cannot be read back
+    packs_read: int = 0
+    chunks_read: int = 0
+    bytes_read: int = 0
+
+
+def _manifests(ctx: EngineContext, version_ids: list[str], tally: _Tally) -> list[Manifest]:
+    manifests = []
     for version_id in version_ids:
         try:
             manifest = decode_manifest(ctx.catalog.manifest(version_id), version_id)
         except IntegrityError as exc:
-            yield CheckProblem("manifest", version_id, str(exc))
+            tally.problems.append(CheckProblem("manifest", version_id, str(exc)))
             continue
-        if ctx.blobs.size(manifest_key(version_id)) is None:
-            yield CheckProblem("manifest", version_id, "manifest object is missing from the blob store")
+        manifests.append(manifest)
+        if not ctx.locations.exists_anywhere(manifest_key(version_id)):
+            tally.problems.append(CheckProblem(
+                "manifest", version_id, "manifest object is missing from every blob location"))
         ids = {cid.hex() for blob in manifest.blobs for cid in blob.chunks}
         known = ctx.catalog.find_chunks(ids, live_only=False)  # condemned ones are still stored
         for cid in sorted(ids - set(known)):
-            yield CheckProblem(
-                "chunk", cid, f"referenced by {manifest.run}@{manifest.step} but not in the catalog"
-            )
+            tally.problems.append(CheckProblem(
+                "chunk", cid, f"referenced by {manifest.run}@{manifest.step} but not in the catalog"))
+    return manifests
 
 
-def _check_pack_data(ctx: EngineContext, pack: Any) -> Iterator[CheckProblem]:
+def _problem(layout: PackLayout, index: int, detail: str) -> CheckProblem:
+    """A single-copy pack's problems are the pack's; otherwise they name the shard."""
+    if layout.scheme == "none":
+        return CheckProblem("pack", layout.id, detail)
+    return CheckProblem("shard", f"{layout.id}:{index}", detail)
+
+
+def _check_shards(ctx: EngineContext, layout: PackLayout, tally: _Tally) -> None:
+    """Without reading data: each shard's object exists with its recorded size."""
+    damaged: dict[int, str] = {}
+    bad = 0
+    for sh in layout.shards:
+        loc = ctx.locations.get(sh.location_id)
+        where = f"shard {sh.index} ({sh.key})" if layout.scheme != "none" else f"object {sh.key}"
+        if loc is None or not loc.readable:
+            detail = f"{where} is on a failed or unknown location"
+        elif sh.state != "ok" and layout.scheme != "none":
+            detail = f"{where} is {sh.state}; run `casckpt repair`"
+        else:
+            try:
+                size = loc.blobs.size(sh.key)
+            except StorageError as exc:
+                size, detail = None, f"{where} on {loc.describe()} cannot be read: {exc}"
+            else:
+                detail = f"{where} is missing from {loc.describe()}"
+            if size == sh.size:
+                continue
+            if size is not None:
+                detail = f"{where} on {loc.describe()} is {size} bytes, catalog says {sh.size}"
+            damaged[sh.index] = "missing" if size is None else "corrupt"
+        bad += 1
+        tally.problems.append(_problem(layout, sh.index, detail))
+    if damaged and layout.scheme != "none":
+        shard_sql.mark_shards(ctx.catalog, layout.id, damaged)
+        ctx.packs.forget(layout.id)
+    if len(layout.shards) - bad < layout.k:
+        tally.lost.add(layout.id)
+
+
+def _read_pack(ctx: EngineContext, layout: PackLayout, tally: _Tally) -> tuple[bytes | None, bool]:
+    """Read every shard of a pack and rebuild it: (pack bytes or None, all shards healthy).
+
+    A damaged single copy is still returned, so its chunks can be told apart.
+    """
+    if layout.scheme == "none":
+        sh = layout.shards[0]
+        loc = ctx.locations.get(sh.location_id)
+        try:
+            if loc is None or not loc.readable:
+                raise StorageError("its location is failed or unknown")
+            data = loc.blobs.get(sh.key)
+        except StorageError as exc:
+            tally.problems.append(CheckProblem("pack", layout.id, f"object {sh.key} is missing ({exc})"))
+            tally.lost.add(layout.id)
+            return None, False
+        if object_id(data) == layout.id:  # also catches rot zstd would decode around
+            return data, True
+        tally.problems.append(CheckProblem("pack", layout.id, "pack bytes do not hash to the pack id (bit rot?)"))
+        tally.lost.add(layout.id)
+        return data, False
     try:
-        data = memoryview(ctx.blobs.get(pack.key))
-        index = {e.chunk_id.hex(): e for e in read_index(data)}
+        found = ctx.packs.examine(layout.id, read_all=True)
     except CasckptError as exc:
-        yield CheckProblem("pack", pack.id, str(exc))
+        tally.problems.append(CheckProblem("pack", layout.id, str(exc)))
+        tally.lost.add(layout.id)
+        return None, False
+    for index, note in sorted(found.notes.items()):
+        tally.problems.append(_problem(layout, index, note))
+    if found.data is None:
+        tally.lost.add(layout.id)
+        tally.problems.append(CheckProblem(
+            "pack", layout.id, f"cannot be rebuilt: {len(found.healthy)} healthy shard(s), "
+            f"{layout.k} needed"))
+    return found.data, not found.damaged
+
+
+def _check_pack_data(ctx: EngineContext, layout: PackLayout, tally: _Tally) -> None:
+    """Read a pack's shards in full and verify everything down to each chunk."""
+    data, clean = _read_pack(ctx, layout, tally)
+    if data is None:
         return
-    if object_id(data) != pack.id:  # also catches rot zstd would decode around
-        yield CheckProblem("pack", pack.id, "pack bytes do not hash to the pack id (bit rot?)")
-    for row in ctx.catalog.chunks_of_pack(pack.id):
+    tally.packs_read += 1
+    tally.bytes_read += layout.size
+    view = memoryview(data)
+    try:
+        index = {e.chunk_id.hex(): e for e in read_index(view)}
+    except IntegrityError as exc:
+        tally.problems.append(CheckProblem("pack", layout.id, str(exc)))
+        return
+    for row in ctx.catalog.chunks_of_pack(layout.id):
         entry = index.get(row.id)
+        tally.chunks_read += 1
         if entry is None or (entry.offset, entry.stored_len, entry.raw_len, entry.codec) != (
             row.offset, row.stored_len, row.raw_len, row.codec
         ):
-            yield CheckProblem("chunk", row.id, f"pack {pack.id} footer disagrees with the catalog")
+            tally.problems.append(CheckProblem("chunk", row.id, f"pack {layout.id} footer disagrees with the catalog"))
+            clean = False
             continue
         try:
-            decode_entry(data[entry.offset : entry.offset + entry.span], entry, pack.id)
+            decode_entry(view[entry.offset : entry.offset + entry.span], entry, layout.id)
         except IntegrityError as exc:
-            yield CheckProblem("chunk", row.id, str(exc))
+            tally.problems.append(CheckProblem("chunk", row.id, str(exc)))
+            clean = False
+    if clean and layout.scheme == "none":
+        shard_sql.mark_verified(ctx.catalog, layout.id, [0], whole_pack=True)
 
 
-def check(ctx: EngineContext, *, read_data: bool, progress: ProgressCallback | None) -> CheckReport:
-    """Check the store; see the module docstring. Never modifies data."""
+def _affected(ctx: EngineContext, manifests: list[Manifest], lost: set[str]) -> Iterator[CheckProblem]:
+    """Name the versions and tensors that read from packs that cannot be read back."""
+    if not lost:
+        return
+    in_lost = {row.id: pack for pack in lost for row in ctx.catalog.chunks_of_pack(pack)}
+    for manifest in manifests:
+        hit: dict[str, set[str]] = {}
+        for tensor in manifest.tensors:
+            for cid in manifest.blobs[tensor.blob].chunks:
+                pack = in_lost.get(cid.hex())
+                if pack is not None:
+                    hit.setdefault(pack, set()).add(tensor.path)
+        for pack, paths in sorted(hit.items()):
+            shown = ", ".join(sorted(paths)[:10]) + (" ..." if len(paths) > 10 else "")
+            detail = (f"{manifest.run}@{manifest.step} cannot be restored: tensors {shown} "
+                            f"need pack {pack}, which cannot be read back")
+            yield CheckProblem("version", manifest.run + "@" + str(manifest.step), detail)
+
+
+def _scrub_set(ctx: EngineContext, subset: float | None) -> set[str] | None:
+    """The packs a scrub of ``subset`` (0..1] of the stored bytes reads: least recently verified first."""
+    if subset is None:
+        return None
+    order = shard_sql.scrub_order(ctx.catalog)
+    budget = subset * sum(size for _, size in order)
+    chosen, spent = set(), 0
+    for pack_id, size in order:
+        if spent >= budget:
+            break
+        chosen.add(pack_id)
+        spent += size
+    return chosen
+
+
+def check(ctx: EngineContext, *, read_data: bool, progress: ProgressCallback | None,
+          read_data_subset: float | None = None) -> CheckReport:
+    """Check the store; see the module docstring. ``read_data_subset`` is a fraction (0, 1]."""
+    tally = _Tally()
     version_ids = ctx.catalog.visible_version_ids()
-    problems = list(_check_versions(ctx, version_ids))
+    manifests = _manifests(ctx, version_ids, tally)
     packs = ctx.catalog.packs()
-    chunks_read = bytes_read = 0
-    verified: list[str] = []
-    total = sum(p.size for p in packs) if read_data else len(packs)
+    layouts = shard_sql.layouts(ctx.catalog, [p.id for p in packs])
+    scrub = _scrub_set(ctx, read_data_subset) if read_data_subset is not None else (
+        set(layouts) if read_data else set())
+    total = sum(layouts[p].size for p in scrub if p in layouts) + len(layouts)
     done = 0
     for pack in packs:
-        size = ctx.blobs.size(pack.key)
-        if size is None:
-            problems.append(CheckProblem("pack", pack.id, f"object {pack.key} is missing"))
-        elif size != pack.size:
-            problems.append(
-                CheckProblem("pack", pack.id, f"object is {size} bytes, catalog says {pack.size}")
-            )
-        elif read_data:
-            found = list(_check_pack_data(ctx, pack))
-            problems.extend(found)
-            chunks_read += pack.chunks
-            bytes_read += size
-            if not found:
-                verified.append(pack.id)
-        done += pack.size if read_data else 1
+        layout = layouts.get(pack.id)
+        if layout is None:
+            continue
+        if pack.id in scrub:
+            _check_pack_data(ctx, layout, tally)
+            done += layout.size
+        else:
+            _check_shards(ctx, layout, tally)
+        done += 1
         if progress is not None:
             progress("check", done, total)
-    if verified:
-        ctx.catalog.mark_verified(verified)
+    tally.problems.extend(_affected(ctx, manifests, tally.lost))
     return CheckReport(
         versions=len(version_ids), packs=len(packs),
-        chunks=ctx.catalog.totals()["chunks"], chunks_read=chunks_read, bytes_read=bytes_read,
-        problems=tuple(problems),
+        chunks=ctx.catalog.totals()["chunks"], chunks_read=tally.chunks_read,
+        bytes_read=tally.bytes_read, problems=tuple(tally.problems), packs_read=tally.packs_read,
     )

@@ -35,6 +35,7 @@ from casckpt.format.codecs import CompressionPolicy, encode_chunk
 from casckpt.format.dtypes import element_size
 from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, encode_manifest
 from casckpt.format.tree import encode_tree
+from casckpt.storage.erasure import Redundancy
 from casckpt.types import ProgressCallback, Version
 
 _PUBLISH_ATTEMPTS = 3
@@ -128,10 +129,10 @@ def _encoded(ctx: EngineContext, chunks: Mapping[bytes, _Chunk], ids: Sequence[b
 
 def _write_chunks(
     ctx: EngineContext, chunks: Mapping[bytes, _Chunk], ids: Sequence[bytes],
-    progress: ProgressCallback | None,
+    redundancy: Redundancy, progress: ProgressCallback | None,
 ) -> tuple[int, int]:
     """Encode and pack ``ids``; returns (raw bytes, stored bytes) written."""
-    packer = Packer(ctx)
+    packer = Packer(ctx, redundancy)
     bar = _Progress(progress, "write", sum(chunks[c].end - chunks[c].start for c in ids))
     try:
         for cid, codec, raw_len, payload in _encoded(ctx, chunks, ids):
@@ -178,12 +179,13 @@ class _Staged:
 
 
 def _stage(ctx: EngineContext, state: object, req: CommitRequest, created: float,
-           progress: ProgressCallback | None) -> _Staged:
+           redundancy: Redundancy, progress: ProgressCallback | None) -> _Staged:
     root, leaves = encode_tree(state)
     entries, sources = plan_blobs(leaves)
     blobs, chunks = _hash_blobs(ctx, sources, progress)
     known = _known_chunks(ctx, list(chunks))
-    new_bytes, stored_bytes = _write_chunks(ctx, chunks, [c for c in chunks if c not in known], progress)
+    new_bytes, stored_bytes = _write_chunks(ctx, chunks, [c for c in chunks if c not in known],
+                                            redundancy, progress)
     parent = ctx.catalog.nth_latest(req.run, 0)  # a forked run's first version: the fork point
     parent_id = parent.id if parent is not None else fork_point(ctx.catalog, req.run)
     manifest = Manifest(
@@ -192,14 +194,14 @@ def _stage(ctx: EngineContext, state: object, req: CommitRequest, created: float
         metadata=req.metadata, metrics=req.metrics, message=req.message, tags=req.tags,
     )
     version_id, manifest_bytes = encode_manifest(manifest)
-    ctx.blobs.put(manifest_key(version_id), manifest_bytes)
+    ctx.locations.put_everywhere(manifest_key(version_id), manifest_bytes)
     tensor_rows, content_rows = _tensor_rows(version_id, entries, blobs)
     return _Staged(manifest, version_id, manifest_bytes, chunks, tensor_rows, content_rows,
                    new_bytes, stored_bytes)
 
 
 def _publish(ctx: EngineContext, req: CommitRequest, staged: _Staged, started: float,
-             progress: ProgressCallback | None) -> dict[str, Any]:
+             redundancy: Redundancy, progress: ProgressCallback | None) -> dict[str, Any]:
     """ONE catalog transaction makes the version visible; chunks found gone are rewritten."""
     row: dict[str, Any] = {
         "id": staged.version_id, "step": req.step, "parent_id": staged.manifest.parent,
@@ -217,7 +219,7 @@ def _publish(ctx: EngineContext, req: CommitRequest, staged: _Staged, started: f
         except MissingChunksError as exc:
             lost = [cid for cid in staged.chunks if cid.hex() in exc.missing]
             ctx.cache.discard(lost)
-            more_raw, more_stored = _write_chunks(ctx, staged.chunks, lost, progress)
+            more_raw, more_stored = _write_chunks(ctx, staged.chunks, lost, redundancy, progress)
             staged.new_bytes += more_raw
             staged.stored_bytes += more_stored
     raise CatalogError(
@@ -240,10 +242,12 @@ def commit(ctx: EngineContext, state: object, req: CommitRequest,
             f"run {req.run!r} already has a version at step {req.step} ({existing.id[:12]}); "
             "commit with another step, or fork a new run"
         )
+    redundancy = ctx.packs.redundancy_for(req.run)
+    ctx.packs.check_redundancy(redundancy)
     lease = begin_lease(ctx.catalog)
     try:
-        staged = _stage(ctx, state, req, created, progress)
-        row = _publish(ctx, req, staged, started, progress)
+        staged = _stage(ctx, state, req, created, redundancy, progress)
+        row = _publish(ctx, req, staged, started, redundancy, progress)
     finally:
         end_lease(ctx.catalog, lease)
     return Version(

@@ -9,7 +9,8 @@ from pathlib import Path
 from casckpt.cache import IndexCache
 from casckpt.catalog import Catalog
 from casckpt.config import Settings
-from casckpt.storage import BlobStore
+from casckpt.engine.packstore import PackStore
+from casckpt.storage.locations import LocationSet
 
 
 @dataclass(slots=True)
@@ -18,20 +19,18 @@ class EngineContext:
 
     ``pool`` runs CPU work and reads (hashing, encoding, ranged reads);
     ``uploads`` stores finished packs, so they upload while the next fills.
+    ``packs`` stores and reads packs on the ``locations``; manifests and refs
+    are replicated to every location.
     """
 
     catalog: Catalog
     cache: IndexCache
-    blobs: BlobStore
+    locations: LocationSet
+    packs: PackStore
     staging: Path
     config: Settings
     pool: ThreadPoolExecutor
     uploads: ThreadPoolExecutor
-
-
-def pack_key(pack_id: str) -> str:
-    """The object key of a pack: ``packs/<first 2 hex>/<id>``."""
-    return f"packs/{pack_id[:2]}/{pack_id}"
 
 
 def manifest_key(version_id: str) -> str:

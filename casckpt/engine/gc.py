@@ -73,26 +73,37 @@ def _apply_retention(ctx: EngineContext, dry_run: bool) -> tuple[RetentionPlan, 
     return plans
 
 
-def _listing(ctx: EngineContext) -> list[BlobInfo]:
-    return [*ctx.blobs.list("packs/"), *ctx.blobs.list("manifests/")]
+_Object = tuple[int, str]  # (location id, object key)
 
 
-def _delete_objects(ctx: EngineContext, keys: list[str], progress: ProgressCallback | None) -> int:
+def _listing(ctx: EngineContext) -> list[tuple[int, BlobInfo]]:
+    """Packs, shards and manifests on every readable location (an error aborts GC)."""
+    return [(loc.id, info) for prefix in ("packs/", "manifests/")
+            for loc, info in ctx.locations.list_all(prefix)]
+
+
+def _delete_objects(ctx: EngineContext, objects: list[_Object], progress: ProgressCallback | None) -> int:
     deleted = 0
-    for key in keys:
+    for location_id, key in objects:
+        loc = ctx.locations.get(location_id)
         try:
-            ctx.blobs.delete(key)
-            deleted += 1
+            if loc is not None:
+                loc.blobs.delete(key)
+                deleted += 1
         except CasckptError as exc:  # the row is gone: the object is an orphan for a later run
             log.warning("gc: could not delete %s (%s); a later gc removes it", key, exc)
         if progress is not None:
-            progress("sweep", deleted, len(keys))
+            progress("sweep", deleted, len(objects))
     return deleted
 
 
+def _everywhere(ctx: EngineContext, key: str) -> list[_Object]:
+    return [(loc.id, key) for loc in ctx.locations.all if loc.readable]
+
+
 def _mark_and_sweep(ctx: EngineContext, tally: _Tally, *, grace: float, dry_run: bool,
-                    exclude: set[str], progress: ProgressCallback | None) -> list[str]:
-    """Mark, revive, condemn and sweep; returns the keys of the pack objects it removed."""
+                    exclude: set[str], progress: ProgressCallback | None) -> list[_Object]:
+    """Mark, revive, condemn and sweep; returns the pack objects it removed."""
     catalog = ctx.catalog
     mark_start = time.time()
     sql.mark(catalog, exclude)
@@ -110,33 +121,36 @@ def _mark_and_sweep(ctx: EngineContext, tally: _Tally, *, grace: float, dry_run:
         tally.chunks_revived += sql.revive(catalog)
     tally.chunks_swept, dead = sql.sweep(catalog, cutoff=cutoff, dry_run=dry_run)
     tally.packs_deleted = len(dead)
+    objects = [obj for p in dead for obj in p.shards]
     if not dry_run:
-        _delete_objects(ctx, [p.key for p in dead], progress)
-    return [p.key for p in dead]
+        _delete_objects(ctx, objects, progress)
+    return objects
 
 
-def _orphans(ctx: EngineContext, listing: list[BlobInfo], cutoff: float,
-             removed: set[str]) -> list[str]:
+def _orphans(ctx: EngineContext, listing: list[tuple[int, BlobInfo]], cutoff: float,
+             removed: set[_Object]) -> list[_Object]:
     """Listed objects no catalog row knows, old enough, and not removed by this run already."""
     # leases first: a commit that ends after this has recorded its rows before the reads below
     floor = sql.safe_floor(ctx.catalog, cutoff)
-    packs = sql.known_pack_keys(ctx.catalog)
+    shards = sql.known_shard_keys(ctx.catalog)
     versions = sql.known_version_ids(ctx.catalog)
     orphans = []
-    for info in listing:
-        known = info.key in packs if info.key.startswith("packs/") else (
+    for location_id, info in listing:
+        obj = (location_id, info.key)
+        known = obj in shards if info.key.startswith("packs/") else (
             info.key.removeprefix("manifests/") in versions
         )
-        if not known and info.mtime <= floor and info.key not in removed:
-            orphans.append(info.key)
+        if not known and info.mtime <= floor and obj not in removed:
+            orphans.append(obj)
     return orphans
 
 
-def _repack_one(ctx: EngineContext, pack_id: str, key: str) -> None:
+def _repack_one(ctx: EngineContext, pack_id: str) -> None:
     """Copy a pack's live chunks (verified) into new packs and point their rows at the copies."""
     rows = sql.live_chunks_of(ctx.catalog, pack_id)
-    data = memoryview(ctx.blobs.get(key))
-    packer = Packer(ctx, on_stored=partial(sql.relocate, ctx.catalog, old_pack_id=pack_id))
+    data = memoryview(ctx.packs.get(pack_id))
+    packer = Packer(ctx, ctx.packs.redundancy_for(None),
+                    on_stored=partial(sql.relocate, ctx.catalog, old_pack_id=pack_id))
     try:
         for row in rows:
             entry = PackEntry(bytes.fromhex(row.id), row.offset, row.stored_len, row.raw_len, row.codec)
@@ -153,9 +167,9 @@ def _repack(ctx: EngineContext, progress: ProgressCallback | None) -> int:
     """Repack mostly dead packs; a pack that cannot be read is left for check / repair."""
     candidates = sql.repack_candidates(ctx.catalog, max_live_fraction=REPACK_MAX_LIVE)
     repacked = 0
-    for done, (pack_id, key, _size) in enumerate(candidates, 1):
+    for done, (pack_id, _key, _size) in enumerate(candidates, 1):
         try:
-            _repack_one(ctx, pack_id, key)
+            _repack_one(ctx, pack_id)
             repacked += 1
         except (IntegrityError, StorageError) as exc:
             log.warning("gc: not repacking pack %s: %s (run `casckpt check --read-data`)",
@@ -178,11 +192,11 @@ def collect(ctx: EngineContext, *, grace: float, dry_run: bool,
         tally.versions_deleted = len(dropped)
         expired = sql.expired_deleted_versions(ctx.catalog, time.time() - grace)
         tally.versions_purged = len(expired)
-        removed: set[str] = set()
+        removed: set[_Object] = set()
         if not dry_run:
             purged = sql.purge_versions(ctx.catalog, expired)
             tally.versions_purged = len(purged)
-            removed = {manifest_key(v) for v in purged}
+            removed = {obj for v in purged for obj in _everywhere(ctx, manifest_key(v))}
             _delete_objects(ctx, sorted(removed), progress)
         removed.update(_mark_and_sweep(ctx, tally, grace=grace, dry_run=dry_run,
                                        exclude=(dropped | set(expired)) if dry_run else set(),

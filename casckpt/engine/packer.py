@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import BinaryIO
 
 from casckpt.catalog import PackRecord
-from casckpt.engine.context import EngineContext, pack_key
+from casckpt.engine.context import EngineContext
 from casckpt.format.pack import PackEntry, PackWriter
+from casckpt.storage.erasure import Redundancy
 
 
 class Packer:
@@ -31,10 +32,11 @@ class Packer:
 
     _IN_FLIGHT = 2
 
-    def __init__(self, ctx: EngineContext,
+    def __init__(self, ctx: EngineContext, redundancy: Redundancy,
                  on_stored: Callable[[PackRecord], None] | None = None) -> None:
         """``on_stored`` records a stored pack (default: ``catalog.add_pack``)."""
         self._ctx = ctx
+        self._redundancy = redundancy
         self._record = on_stored or ctx.catalog.add_pack
         self._file: BinaryIO | None = None
         self._path: Path | None = None
@@ -59,18 +61,19 @@ class Packer:
         if self._writer is None or self._file is None or self._path is None:
             return
         pack_id = self._writer.finish()
-        record = PackRecord(pack_id, pack_key(pack_id), self._writer.size, self._writer.entries)
+        size, entries = self._writer.size, self._writer.entries
         self._file.close()  # the blob store makes it durable (local: fsync + rename)
         path, self._writer, self._file, self._path = self._path, None, None, None
-        self._pending.append(self._ctx.uploads.submit(self._store, record, path))
+        self._pending.append(self._ctx.uploads.submit(self._store, pack_id, size, entries, path))
         while len(self._pending) > self._IN_FLIGHT:
             self.packs.append(self._pending.popleft().result())
 
-    def _store(self, record: PackRecord, path: Path) -> PackRecord:
+    def _store(self, pack_id: str, size: int, entries: Sequence[PackEntry], path: Path) -> PackRecord:
         try:
-            self._ctx.blobs.put_file(record.key, path)
+            layout = self._ctx.packs.store(pack_id, path, size, self._redundancy)
         finally:
             path.unlink(missing_ok=True)
+        record = PackRecord(layout, entries)
         self._record(record)
         self._ctx.cache.put_many(_cache_items(record.id, record.entries))
         return record

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 from casckpt.catalog import ChunkLocation
 from casckpt.engine.context import EngineContext
-from casckpt.errors import BlobNotFoundError, CorruptPackError, MissingDataError
+from casckpt.errors import BlobNotFoundError, CorruptPackError, IntegrityError, MissingDataError
 from casckpt.format.codecs import Codec
 from casckpt.format.pack import ENTRY_HEADER_SIZE, PackEntry, decode_split_entry
+from casckpt.storage.base import scatter
 from casckpt.types import ProgressCallback
 
 Destination = memoryview
@@ -108,6 +109,15 @@ class _Slot:
         return cls(entry, loc.pack_id, memoryview(bytearray(ENTRY_HEADER_SIZE)), payload, destinations)
 
 
+def _decode(plan: Sequence[_Slot]) -> None:
+    """Verify each chunk read and copy it to its other destinations."""
+    for slot in plan:
+        raw = decode_split_entry(slot.header, slot.payload, slot.entry, slot.pack_id)
+        for dst in slot.destinations:
+            if dst is not slot.payload:
+                dst[:] = raw
+
+
 class _PackGone(Exception):
     """A pack disappeared between locating and reading (internal; triggers one retry)."""
 
@@ -131,23 +141,30 @@ def _read_once(
         plan = [_Slot.of(loc, wanted[loc.entry().chunk_id]) for loc in r.chunks]
         buffers = [view for slot in plan for view in (slot.header, slot.payload)]
         try:
-            got = ctx.blobs.read_into(r.key, r.start, buffers)
+            got = ctx.packs.read_into(r.pack_id, r.start, buffers)
         except BlobNotFoundError as exc:
             if not last_try:
                 raise _PackGone() from exc
             raise MissingDataError(
                 f"pack {r.pack_id} holding {describe(r.chunks[0].entry().chunk_id)} is missing "
-                f"from {ctx.blobs.url}; restore another version or repair the store"
+                f"({exc}); restore another version or run `casckpt repair`"
             ) from exc
-        if got < r.end - r.start:
-            raise CorruptPackError(
-                f"pack {r.pack_id} ends before byte {r.end}: it is truncated. Run `casckpt check`."
-            )
-        for slot in plan:
-            raw = decode_split_entry(slot.header, slot.payload, slot.entry, slot.pack_id)
-            for dst in slot.destinations:
-                if dst is not slot.payload:
-                    dst[:] = raw
+        except MissingDataError as exc:
+            hit = sorted({describe(bytes.fromhex(loc.chunk_id)) for loc in locations.values()
+                          if loc.pack_id == r.pack_id})
+            raise MissingDataError(f"{'; '.join(hit)} cannot be read: {exc}") from exc
+        try:
+            if got < r.end - r.start:
+                raise CorruptPackError(
+                    f"pack {r.pack_id} ends before byte {r.end}: it is truncated. Run `casckpt check`."
+                )
+            _decode(plan)
+        except IntegrityError:
+            if not ctx.packs.can_rebuild(r.pack_id):
+                raise
+            # a copy or shard is damaged: rebuild the pack from healthy shards (healing them)
+            scatter(memoryview(ctx.packs.recover(r.pack_id))[r.start : r.end], buffers)
+            _decode(plan)
         return r.end - r.start
 
     for read in ctx.pool.map(fetch, ranges):

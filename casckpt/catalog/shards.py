@@ -1,0 +1,208 @@
+"""The SQL side of redundancy: locations, pack layouts, shard health, redundancy policy.
+
+Locations are known by name across hosts (the catalog); a host may reach a
+location by another URL (its config file says which). Shard rows are the
+durable repair queue: a shard found missing or corrupt is marked so, and
+``repair`` rebuilds every shard not ``ok`` or on a location not ``active``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, or_, select, update
+
+from casckpt.catalog import schema as s
+from casckpt.catalog.catalog import BATCH, Catalog, PackLayout, ShardRow
+from casckpt.errors import InvalidArgumentError, RefNotFoundError
+
+LOCATION_STATES = ("active", "draining", "failed")
+
+
+@dataclass(frozen=True, slots=True)
+class LocationRow:
+    """A blob location as the catalog records it."""
+
+    id: int
+    name: str
+    url: str | None
+    domain: str
+    state: str
+
+
+def _location(row: Any) -> LocationRow:
+    return LocationRow(row.id, row.name, row.url, row.domain, row.state)
+
+
+def locations(catalog: Catalog) -> list[LocationRow]:
+    """Every location, by id."""
+    with catalog.read() as conn:
+        return [_location(r) for r in conn.execute(select(s.locations).order_by(s.locations.c.id))]
+
+
+def ensure_locations(catalog: Catalog, configured: Sequence[tuple[str, str, str]]) -> list[LocationRow]:
+    """Register configured (name, url, domain) locations the catalog does not know yet.
+
+    A location the catalog already knows by name keeps its recorded URL and
+    domain (another host may reach it by another URL); one a migration left
+    without a URL gets the configured one. Returns every location.
+    """
+    with catalog.write() as conn:
+        known = {r.name: r for r in conn.execute(select(s.locations))}
+        for name, url, domain in configured:
+            row = known.get(name)
+            if row is None:
+                conn.execute(s.locations.insert().values(
+                    name=name, url=url, domain=domain, state="active", created_at=time.time()))
+            elif row.url is None:
+                conn.execute(update(s.locations).where(s.locations.c.id == row.id).values(url=url))
+        return [_location(r) for r in conn.execute(select(s.locations).order_by(s.locations.c.id))]
+
+
+def add_location(catalog: Catalog, name: str, url: str, domain: str) -> LocationRow:
+    """Register a new active location.
+
+    Raises:
+        InvalidArgumentError: the name or URL is taken.
+    """
+    with catalog.write() as conn:
+        for row in conn.execute(select(s.locations)):
+            if row.name == name or row.url == url:
+                raise InvalidArgumentError(
+                    f"location {row.name!r} already uses that {'name' if row.name == name else 'URL'}; "
+                    "choose another name, or see `casckpt location list`"
+                )
+        conn.execute(s.locations.insert().values(
+            name=name, url=url, domain=domain, state="active", created_at=time.time()))
+        return _location(conn.execute(select(s.locations).where(s.locations.c.name == name)).one())
+
+
+def set_location_state(catalog: Catalog, name: str, state: str) -> LocationRow:
+    """Mark a location ``active``, ``draining`` (no new shards; repair moves them off)
+    or ``failed`` (never read; repair re-creates its shards elsewhere).
+
+    Raises:
+        RefNotFoundError: no such location.
+    """
+    if state not in LOCATION_STATES:
+        raise InvalidArgumentError(f"location state must be one of {', '.join(LOCATION_STATES)}")
+    with catalog.write() as conn:
+        row = conn.execute(select(s.locations).where(s.locations.c.name == name)).first()
+        if row is None:
+            names = list(conn.execute(select(s.locations.c.name)).scalars())
+            raise RefNotFoundError(f"no location named {name!r}; locations: {', '.join(names) or 'none'}")
+        conn.execute(update(s.locations).where(s.locations.c.id == row.id).values(state=state))
+        return LocationRow(row.id, row.name, row.url, row.domain, state)
+
+
+def location_usage(catalog: Catalog) -> dict[int, tuple[int, int, int]]:
+    """Per location id: (shards, bytes, shards not ok)."""
+    sh = s.shards
+    damaged = func.sum(func.cast(sh.c.state != "ok", s.Integer))
+    with catalog.read() as conn:
+        rows = conn.execute(select(sh.c.location_id, func.count(), func.coalesce(func.sum(sh.c.size), 0),
+                                   func.coalesce(damaged, 0)).group_by(sh.c.location_id))
+        return {r[0]: (int(r[1]), int(r[2]), int(r[3])) for r in rows}
+
+
+def _layout(row: Any, shards: Sequence[ShardRow]) -> PackLayout:
+    return PackLayout(row.id, row.key, int(row.size), row.scheme, row.k, row.m, row.algorithm,
+                      row.stripe, row.data_offset, tuple(sorted(shards, key=lambda x: x.index)))
+
+
+def layouts(catalog: Catalog, pack_ids: Iterable[str]) -> dict[str, PackLayout]:
+    """The layout (scheme and shards) of each pack among ``pack_ids`` the catalog knows."""
+    wanted = list(dict.fromkeys(pack_ids))
+    out: dict[str, PackLayout] = {}
+    with catalog.read() as conn:
+        for i in range(0, len(wanted), BATCH):
+            batch = wanted[i : i + BATCH]
+            shards: dict[str, list[ShardRow]] = {}
+            for r in conn.execute(select(s.shards).where(s.shards.c.pack_id.in_(batch))):
+                shards.setdefault(r.pack_id, []).append(
+                    ShardRow(r.idx, r.location_id, r.key, int(r.size), r.checksum, r.state, r.verified_at))
+            for row in conn.execute(select(s.packs).where(s.packs.c.id.in_(batch))):
+                out[row.id] = _layout(row, shards.get(row.id, ()))
+    return out
+
+
+def mark_shards(catalog: Catalog, pack_id: str, states: Mapping[int, str]) -> None:
+    """Record shard health (``missing`` / ``corrupt`` queue them for repair)."""
+    with catalog.write() as conn:
+        for index, state in states.items():
+            conn.execute(update(s.shards).where(s.shards.c.pack_id == pack_id, s.shards.c.idx == index)
+                         .values(state=state))
+
+
+def replace_shards(catalog: Catalog, pack_id: str, rows: Sequence[ShardRow]) -> None:
+    """Record freshly written shards (new location, key, checksum), healthy and just verified."""
+    now = time.time()
+    with catalog.write() as conn:
+        for sh in rows:
+            values = {"location_id": sh.location_id, "key": sh.key, "size": sh.size,
+                      "checksum": sh.checksum, "state": "ok", "verified_at": now}
+            done = conn.execute(update(s.shards).where(
+                s.shards.c.pack_id == pack_id, s.shards.c.idx == sh.index).values(**values))
+            if not done.rowcount:
+                conn.execute(s.shards.insert().values(pack_id=pack_id, idx=sh.index, **values))
+
+
+def mark_verified(catalog: Catalog, pack_id: str, indexes: Iterable[int], whole_pack: bool) -> None:
+    """Record that these shards (and, if ``whole_pack``, the pack) were read and verified now."""
+    now = time.time()
+    with catalog.write() as conn:
+        conn.execute(update(s.shards).where(s.shards.c.pack_id == pack_id,
+                                            s.shards.c.idx.in_(list(indexes))).values(verified_at=now))
+        if whole_pack:
+            conn.execute(update(s.packs).where(s.packs.c.id == pack_id).values(verified_at=now))
+
+
+def packs_to_repair(catalog: Catalog) -> list[str]:
+    """Packs with a shard not ``ok``, or on a location that is not ``active``."""
+    sh, loc = s.shards, s.locations
+    with catalog.read() as conn:
+        return list(conn.execute(
+            select(sh.c.pack_id).join(loc, loc.c.id == sh.c.location_id)
+            .where(or_(sh.c.state != "ok", loc.c.state != "active")).distinct()
+            .order_by(sh.c.pack_id)
+        ).scalars())
+
+
+def scrub_order(catalog: Catalog) -> list[tuple[str, int]]:
+    """Every pack (id, size), least recently verified first (never verified before all)."""
+    p = s.packs
+    with catalog.read() as conn:
+        return [(r[0], int(r[1])) for r in conn.execute(
+            select(p.c.id, p.c.size).order_by(p.c.verified_at.is_not(None), p.c.verified_at, p.c.id))]
+
+
+def store_redundancy(catalog: Catalog) -> str | None:
+    """The store's redundancy spec, if set."""
+    with catalog.read() as conn:
+        value: str | None = conn.execute(select(s.store_info.c.value).where(
+            s.store_info.c.key == "redundancy")).scalar()
+        return value
+
+
+def set_store_redundancy(catalog: Catalog, spec: str) -> None:
+    """Set the redundancy new packs of every run without its own policy get."""
+    with catalog.write() as conn:
+        conn.execute(s.store_info.delete().where(s.store_info.c.key == "redundancy"))
+        conn.execute(s.store_info.insert().values(key="redundancy", value=spec))
+
+
+def run_redundancy(catalog: Catalog) -> dict[str, str]:
+    """Runs that have their own redundancy: name -> spec."""
+    with catalog.read() as conn:
+        return {r[0]: r[1] for r in conn.execute(
+            select(s.runs.c.name, s.runs.c.redundancy).where(s.runs.c.redundancy.is_not(None)))}
+
+
+def set_run_redundancy(catalog: Catalog, run: str, spec: str | None) -> None:
+    """Give ``run`` its own redundancy (None: follow the store's); creates the run if new."""
+    with catalog.write() as conn:
+        run_id = catalog.run_id(conn, run, create=True)
+        conn.execute(update(s.runs).where(s.runs.c.id == run_id).values(redundancy=spec))

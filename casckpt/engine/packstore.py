@@ -1,0 +1,598 @@
+"""Packs on the store's locations: placement, quorum writes, ranged reads, heal, scrub, repair.
+
+Every pack is stored as shards (see ``storage/erasure.py`` for the schemes):
+one copy (``none``), N copies (``replicate``) or K+M erasure-coded shards
+(``ec``), on distinct failure domains, each recorded in the catalog.
+
+Write quorum: a pack counts as durable once ``quorum`` of its shards are
+(default: one more than a read needs, see :meth:`Redundancy.default_quorum`);
+shards whose location refused the write are recorded ``missing`` and
+rebuilt by ``repair``. A commit publishes only after all its packs are durable.
+
+Reads go to healthy data shards (or copies), local locations first, by
+range. When a read finds a shard missing or damaged, the pack is rebuilt
+from any K healthy shards, verified against its id, and the damaged shards
+are written again (heal on read); those that cannot be are left marked for
+``repair``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from threading import Lock
+
+from casckpt.catalog import Catalog, PackLayout, ShardRow
+from casckpt.catalog import shards as sql
+from casckpt.errors import (
+    BlobNotFoundError,
+    CorruptPackError,
+    InvalidArgumentError,
+    MissingDataError,
+    StorageError,
+)
+from casckpt.format.chunks import object_id
+from casckpt.format.shard import (
+    SHARD_HEADER_SIZE,
+    ShardHeader,
+    decode_shard_header,
+    encode_shard_header,
+    payload_checksum,
+    shard_key,
+)
+from casckpt.storage.base import scatter
+from casckpt.storage.erasure import DEFAULT_ALGORITHM, ErasureCode, Redundancy
+from casckpt.storage.locations import Location, LocationSet
+
+log = logging.getLogger(__name__)
+
+_LAYOUT_CACHE = 4096
+
+
+def pack_key(pack_id: str) -> str:
+    """The object key of a whole pack (or a copy of it): ``packs/<first 2 hex>/<id>``."""
+    return f"packs/{pack_id[:2]}/{pack_id}"
+
+
+@dataclass(slots=True)
+class ShardCheck:
+    """What reading one pack's shards in full found."""
+
+    healthy: list[int] = field(default_factory=list)
+    damaged: dict[int, str] = field(default_factory=dict)  # index -> "missing" | "corrupt"
+    notes: dict[int, str] = field(default_factory=dict)  # index -> what was wrong
+    data: bytes | None = None  # the verified pack, when it could be rebuilt
+
+
+@dataclass(frozen=True, slots=True)
+class RepairOutcome:
+    """What repairing one pack did."""
+
+    pack_id: str
+    rewritten: tuple[tuple[int, str, str], ...]  # (shard, from location, to location)
+    unplaced: tuple[int, ...]  # shards no suitable location could take
+    error: str | None = None
+
+
+class PackStore:
+    """Stores, reads, verifies and repairs packs. Thread-safe.
+
+    ``io`` runs shard writes and reads in parallel; it must not be a pool
+    whose tasks call into this object (the engine's read pool may).
+    """
+
+    def __init__(self, catalog: Catalog, locations: LocationSet, io: ThreadPoolExecutor,
+                 quorum: int | None = None) -> None:
+        self.catalog = catalog
+        self.locations = locations
+        self._io = io
+        self._quorum = quorum
+        self._codes: dict[tuple[int, int, str], ErasureCode] = {}
+        self._layouts: OrderedDict[str, PackLayout] = OrderedDict()
+        self._lock = Lock()
+
+    # -- policy ---------------------------------------------------------------
+
+    def check_redundancy(self, redundancy: Redundancy) -> None:
+        """Refuse a scheme the active failure domains cannot hold.
+
+        Raises:
+            InvalidArgumentError: fewer active failure domains than shards.
+        """
+        domains = self.locations.domains()
+        if redundancy.shards > len(domains):
+            raise InvalidArgumentError(
+                f"redundancy {redundancy} puts each pack on {redundancy.shards} failure domains, "
+                f"but the store has {len(domains)} with an active location ({', '.join(domains)}); "
+                "add locations (`casckpt location add`) or choose a smaller scheme"
+            )
+
+    def redundancy_for(self, run: str | None) -> Redundancy:
+        """The scheme new packs of ``run`` get: the run's own, else the store's (default none)."""
+        spec = sql.run_redundancy(self.catalog).get(run) if run is not None else None
+        return Redundancy.parse(spec or sql.store_redundancy(self.catalog) or "none")
+
+    def quorum(self, redundancy: Redundancy) -> int:
+        """Shards that must be durable before a pack counts as stored."""
+        wanted = self._quorum or redundancy.default_quorum()
+        return max(redundancy.needed, min(wanted, redundancy.shards))
+
+    def _code(self, k: int, m: int, algorithm: str) -> ErasureCode:
+        with self._lock:
+            code = self._codes.get((k, m, algorithm))
+            if code is None:
+                code = self._codes[(k, m, algorithm)] = ErasureCode(k, m, algorithm)
+            return code
+
+    # -- layouts --------------------------------------------------------------
+
+    def layout(self, pack_id: str, *, fresh: bool = False) -> PackLayout | None:
+        """The pack's layout (cached; ``fresh`` re-reads the catalog)."""
+        with self._lock:
+            cached = None if fresh else self._layouts.get(pack_id)
+        if cached is not None:
+            return cached
+        found = sql.layouts(self.catalog, [pack_id]).get(pack_id)
+        with self._lock:
+            if found is None:
+                self._layouts.pop(pack_id, None)
+            else:
+                self._layouts[pack_id] = found
+                self._layouts.move_to_end(pack_id)
+                while len(self._layouts) > _LAYOUT_CACHE:
+                    self._layouts.popitem(last=False)
+        return found
+
+    def forget(self, pack_id: str) -> None:
+        """Drop a cached layout (after the catalog changed it)."""
+        with self._lock:
+            self._layouts.pop(pack_id, None)
+
+    # -- writing --------------------------------------------------------------
+
+    def store(self, pack_id: str, path: Path, size: int, redundancy: Redundancy) -> PackLayout:
+        """Make the finished pack file ``path`` durable at quorum; returns its layout.
+
+        ``path`` may be consumed. Raises StorageError when fewer than the
+        quorum of shards could be written (nothing is recorded then; the
+        shards that were written are orphans for GC).
+        """
+        key = pack_key(pack_id)
+        if redundancy.kind == "none":
+            targets = self.locations.placement(pack_id)
+            if not targets:
+                raise StorageError("no active blob location to store packs on; see `casckpt location list`")
+            last: StorageError | None = None
+            for loc in targets:
+                try:
+                    loc.blobs.put_file(key, path)
+                    return PackLayout(pack_id, key, size, shards=(ShardRow(0, loc.id, key, size),))
+                except StorageError as exc:
+                    log.warning("pack %s: location %s refused it: %s", pack_id, loc.describe(), exc)
+                    last = exc
+            raise StorageError(f"no location accepted pack {pack_id}: {last}") from last
+        data = path.read_bytes()
+        path.unlink(missing_ok=True)
+        self.check_redundancy(redundancy)
+        layout, payloads = self._encode(pack_id, data, redundancy)
+        written = self._place(layout, payloads, self.locations.placement(pack_id))
+        healthy = sum(1 for sh in written if sh.state == "ok")
+        if healthy < self.quorum(redundancy):
+            for sh in written:
+                loc = self.locations.get(sh.location_id)
+                if sh.state == "ok" and loc is not None:
+                    _quiet_delete(loc, sh.key)
+            raise StorageError(
+                f"pack {pack_id} reached only {healthy} of {redundancy.shards} shards; the write "
+                f"quorum is {self.quorum(redundancy)}. Check the locations (`casckpt location list`)"
+            )
+        return replace(layout, shards=tuple(written))
+
+    def _encode(self, pack_id: str, data: bytes, redundancy: Redundancy,
+                algorithm: str = DEFAULT_ALGORITHM) -> tuple[PackLayout, list[bytes | memoryview]]:
+        key = pack_key(pack_id)
+        if redundancy.kind == "replicate":
+            layout = PackLayout(pack_id, key, len(data), "replicate", 1, redundancy.m)
+            return layout, [data] * redundancy.shards
+        code = self._code(redundancy.k, redundancy.m, algorithm)
+        fragments, stripe, offset = code.encode(data)
+        payloads: list[bytes | memoryview] = []
+        for index, fragment in enumerate(fragments):
+            header = ShardHeader(pack_id, index, code.k, code.m, code.algorithm, len(data),
+                                 len(fragment), offset, payload_checksum(fragment))
+            payloads.append(encode_shard_header(header) + fragment)
+        layout = PackLayout(pack_id, key, len(data), "ec", code.k, code.m, code.algorithm, stripe, offset)
+        return layout, payloads
+
+    def _object_key(self, layout: PackLayout, index: int) -> str:
+        return layout.key if layout.scheme != "ec" else shard_key(layout.id, index)
+
+    def _checksum(self, layout: PackLayout, payload: bytes | memoryview) -> str | None:
+        if layout.scheme != "ec":
+            return None  # a copy is checked against the pack id itself
+        return payload_checksum(memoryview(payload)[SHARD_HEADER_SIZE:])
+
+    def _place(self, layout: PackLayout, payloads: Sequence[bytes | memoryview],
+               order: Sequence[Location], taken: Sequence[str] = ()) -> list[ShardRow]:
+        """Write each payload (index -> payload) to its own failure domain, using spares on refusal.
+
+        ``taken``: domains already holding another shard of this pack.
+        Returns one row per payload: ``ok`` where written, else ``missing``.
+        """
+        used = set(taken)
+        slots = [loc for loc in order if loc.domain not in used]
+        first, spares = slots[: len(payloads)], slots[len(payloads) :]
+        indexes = [i for i, _ in enumerate(payloads)]
+
+        def write(index: int, loc: Location) -> bool:
+            try:
+                loc.blobs.put(self._object_key(layout, index), payloads[index])
+                return True
+            except StorageError as exc:
+                log.warning("pack %s shard %d: location %s refused it: %s",
+                            layout.id, index, loc.describe(), exc)
+                return False
+
+        rows: list[ShardRow] = []
+        results = list(self._io.map(write, indexes, first))
+        for index, loc, ok in zip(indexes, first, results, strict=False):
+            while not ok and spares:
+                loc = spares.pop(0)
+                ok = write(index, loc)
+            key = self._object_key(layout, index)
+            size = len(payloads[index])
+            rows.append(ShardRow(index, loc.id, key, size, self._checksum(layout, payloads[index]),
+                                 "ok" if ok else "missing"))
+        if len(first) < len(payloads):  # fewer domains than shards: refused up front by check_redundancy
+            raise StorageError(f"pack {layout.id}: not enough failure domains for its shards")
+        return rows
+
+    # -- reading --------------------------------------------------------------
+
+    def _must_layout(self, pack_id: str) -> PackLayout:
+        layout = self.layout(pack_id)
+        if layout is None:
+            raise BlobNotFoundError(f"pack {pack_id} is not in the catalog (removed by GC?)")
+        return layout
+
+    def _readable(self, layout: PackLayout) -> list[tuple[ShardRow, Location]]:
+        """Shards worth reading, best first: healthy, data shards, local locations."""
+        out = []
+        for sh in layout.shards:
+            loc = self.locations.get(sh.location_id)
+            if loc is not None and loc.readable and (sh.state == "ok" or layout.scheme == "none"):
+                out.append((sh, loc))
+        out.sort(key=lambda pair: (pair[0].index >= layout.k, pair[1].remote, pair[0].index))
+        return out
+
+    def read_into(self, pack_id: str, offset: int, buffers: Sequence[memoryview]) -> int:
+        """Fill ``buffers`` with pack bytes from ``offset``; returns the bytes read.
+
+        Reads copies or data shards by range; falls back to rebuilding the
+        pack (:meth:`recover`) when a shard it needs is gone. The caller
+        verifies what it reads and calls :meth:`recover` on a mismatch.
+
+        Raises:
+            BlobNotFoundError: the pack is not in the catalog (GC removed it).
+            MissingDataError, CorruptPackError: too few healthy shards.
+        """
+        layout = self._must_layout(pack_id)
+        if layout.scheme == "ec":
+            return self._read_striped(layout, offset, buffers)
+        for sh, loc in self._readable(layout):
+            try:
+                return loc.blobs.read_into(sh.key, offset, buffers)
+            except StorageError as exc:
+                self._damaged(layout, {sh.index: "missing"}, f"{loc.describe()}: {exc}")
+        if layout.scheme == "none":
+            raise BlobNotFoundError(
+                f"pack {pack_id} is missing from {self._where(layout)}; restore another version, "
+                "or add redundancy (`casckpt redundancy`) to survive this")
+        return scatter(memoryview(self.recover(pack_id))[offset:], buffers)
+
+    def _read_striped(self, layout: PackLayout, offset: int, buffers: Sequence[memoryview]) -> int:
+        stripe, base = layout.stripe or 0, SHARD_HEADER_SIZE + (layout.data_offset or 0)
+        want = min(sum(len(b) for b in buffers), max(0, layout.size - offset))
+        pieces: list[tuple[ShardRow, Location, int, list[memoryview]]] = []
+        rest, pos = list(buffers), offset
+        while pos < offset + want:
+            index = pos // stripe
+            take = min(stripe * (index + 1), offset + want) - pos
+            part, rest = _split(rest, take)
+            sh = layout.shard(index)
+            loc = self.locations.get(sh.location_id) if sh is not None else None
+            if sh is None or loc is None or not loc.readable or sh.state != "ok":
+                return self._from_recovered(layout, offset, buffers)
+            pieces.append((sh, loc, base + pos - index * stripe, part))
+            pos += take
+        for sh, loc, at, part in pieces:
+            try:
+                got = loc.blobs.read_into(sh.key, at, part)
+            except StorageError as exc:
+                self._damaged(layout, {sh.index: "missing"}, f"{loc.describe()}: {exc}")
+                return self._from_recovered(layout, offset, buffers)
+            if got < sum(len(p) for p in part):
+                self._damaged(layout, {sh.index: "corrupt"}, "shard is truncated")
+                return self._from_recovered(layout, offset, buffers)
+        return want
+
+    def _from_recovered(self, layout: PackLayout, offset: int, buffers: Sequence[memoryview]) -> int:
+        return scatter(memoryview(self.recover(layout.id))[offset:], buffers)
+
+    def can_rebuild(self, pack_id: str) -> bool:
+        """Whether the pack has redundancy to rebuild a damaged copy or shard from."""
+        layout = self.layout(pack_id)
+        return layout is not None and layout.scheme != "none"
+
+    def get(self, pack_id: str) -> bytes:
+        """The whole pack, verified against its id (rebuilt from shards if it must be).
+
+        Raises:
+            BlobNotFoundError: the pack is not in the catalog.
+            MissingDataError, CorruptPackError: it cannot be read back intact.
+        """
+        layout = self._must_layout(pack_id)
+        if layout.scheme == "ec":
+            buf = bytearray(layout.size)
+            self._read_striped(layout, 0, [memoryview(buf)])
+            data = bytes(buf)
+        else:
+            data = b""
+            for sh, loc in self._readable(layout):
+                try:
+                    data = loc.blobs.get(sh.key)
+                    break
+                except StorageError as exc:
+                    self._damaged(layout, {sh.index: "missing"}, f"{loc.describe()}: {exc}")
+        if data and object_id(data) == pack_id:
+            return data
+        if layout.scheme == "none":
+            raise (CorruptPackError if data else MissingDataError)(
+                f"pack {pack_id} on {self._where(layout)} is "
+                f"{'damaged (its bytes do not hash to its id)' if data else 'missing'}; it has no "
+                "redundancy to rebuild it from. Run `casckpt check` to list the versions affected")
+        return self.recover(pack_id)
+
+    def _where(self, layout: PackLayout) -> str:
+        names = [loc.describe() for sh in layout.shards
+                 if (loc := self.locations.get(sh.location_id)) is not None]
+        return ", ".join(names) or "an unknown location"
+
+    # -- verify, heal, repair ---------------------------------------------------
+
+    def _read_shard(self, layout: PackLayout, sh: ShardRow) -> tuple[bytes | None, str, str]:
+        """Read one shard in full and check it: (payload or None, state, note)."""
+        loc = self.locations.get(sh.location_id)
+        if loc is None or not loc.readable:
+            return None, "missing", "its location is failed or unknown"
+        try:
+            data = loc.blobs.get(sh.key)
+        except BlobNotFoundError:
+            return None, "missing", f"object {sh.key} is missing from {loc.describe()}"
+        except StorageError as exc:
+            return None, "missing", f"cannot read from {loc.describe()}: {exc}"
+        if layout.scheme != "ec":
+            if object_id(data) != layout.id:
+                return None, "corrupt", f"copy on {loc.describe()} does not hash to the pack id"
+            return data, "ok", ""
+        where = f"shard {sh.index} of pack {layout.id} on {loc.describe()}"
+        try:
+            header = decode_shard_header(data, where)
+        except CorruptPackError as exc:
+            return None, "corrupt", str(exc)
+        payload = memoryview(data)[SHARD_HEADER_SIZE:]
+        if (header.pack_id, header.index) != (layout.id, sh.index) or len(payload) != header.payload_len:
+            return None, "corrupt", f"{where} holds the wrong shard or is truncated"
+        checksum = payload_checksum(payload)
+        if checksum != header.checksum or (sh.checksum and checksum != sh.checksum):
+            return None, "corrupt", f"{where} fails its checksum (bit rot?)"
+        return bytes(payload), "ok", ""
+
+    def examine(self, pack_id: str, *, read_all: bool = True) -> ShardCheck:
+        """Read shards in full, verify each, and rebuild the pack from healthy ones.
+
+        ``read_all`` reads every shard (a scrub); otherwise reading stops
+        once enough healthy shards are in hand (a recovery). Shard health
+        found is recorded in the catalog (damaged shards join repair's queue).
+        """
+        layout = self._must_layout(pack_id)
+        result = ShardCheck()
+        order = sorted(layout.shards, key=lambda sh: (sh.index >= layout.k, sh.index))
+        payloads: dict[int, bytes] = {}
+        if read_all:
+            checks = list(self._io.map(lambda sh: (sh, self._read_shard(layout, sh)), order))
+        else:
+            checks = []
+            for sh in order:
+                checks.append((sh, self._read_shard(layout, sh)))
+                if sum(1 for _, (p, _s, _n) in checks if p is not None) >= layout.k:
+                    break
+        for sh, (payload, state, note) in checks:
+            if payload is None:
+                result.damaged[sh.index] = state
+                result.notes[sh.index] = note
+            else:
+                result.healthy.append(sh.index)
+                payloads[sh.index] = payload
+        result.data = self._rebuild(layout, payloads)
+        if result.data is None and payloads and layout.scheme == "ec" and len(payloads) >= layout.k:
+            for index in list(payloads):  # every shard checked out, yet they do not decode
+                result.damaged[index] = "corrupt"
+                result.notes[index] = "shards are individually intact but do not decode to the pack"
+        now_damaged = {i: st for i, st in result.damaged.items()
+                       if (sh := layout.shard(i)) is not None and sh.state != st}
+        if now_damaged:
+            self._damaged(layout, now_damaged, "; ".join(result.notes[i] for i in now_damaged))
+        if result.healthy:
+            sql.mark_verified(self.catalog, pack_id, result.healthy,
+                              whole_pack=read_all and result.data is not None and not result.damaged)
+        return result
+
+    def _rebuild(self, layout: PackLayout, payloads: dict[int, bytes]) -> bytes | None:
+        if not payloads:
+            return None
+        if layout.scheme != "ec":
+            return next(iter(payloads.values()))
+        if len(payloads) < layout.k:
+            return None
+        code = self._code(layout.k, layout.m, layout.algorithm or DEFAULT_ALGORITHM)
+        try:
+            data = code.decode(payloads, layout.size, f"pack {layout.id}")
+        except CorruptPackError:
+            return None
+        return data if object_id(data) == layout.id else None
+
+    def recover(self, pack_id: str) -> bytes:
+        """Rebuild a pack from its healthy shards and heal the damaged ones (heal on read).
+
+        Raises:
+            MissingDataError: too few healthy shards; names the pack and what is wrong.
+        """
+        layout = self.layout(pack_id, fresh=True)
+        if layout is None:
+            raise BlobNotFoundError(f"pack {pack_id} is not in the catalog (removed by GC?)")
+        found = self.examine(pack_id, read_all=False)
+        if found.data is None:
+            found = self.examine(pack_id, read_all=True)
+        if found.data is None:
+            needed = layout.k if layout.scheme == "ec" else 1
+            details = "; ".join(f"shard {i}: {n}" for i, n in sorted(found.notes.items()))
+            raise MissingDataError(
+                f"pack {pack_id} cannot be rebuilt: {len(found.healthy)} healthy shard(s) of "
+                f"{len(layout.shards)}, {needed} needed ({details}). Restore another version; "
+                "`casckpt check` lists every version affected")
+        damaged = [sh.index for sh in self._fresh_layout(pack_id).shards if sh.state != "ok"]
+        if damaged:
+            try:
+                self._rewrite(self._fresh_layout(pack_id), found.data, damaged)
+            except StorageError as exc:  # left marked; `casckpt repair` retries
+                log.warning("pack %s: healing shards %s failed: %s", pack_id, damaged, exc)
+        return found.data
+
+    def _fresh_layout(self, pack_id: str) -> PackLayout:
+        layout = self.layout(pack_id, fresh=True)
+        if layout is None:
+            raise BlobNotFoundError(f"pack {pack_id} is not in the catalog (removed by GC?)")
+        return layout
+
+    def _damaged(self, layout: PackLayout, states: dict[int, str], why: str) -> None:
+        if layout.scheme == "none":  # nothing to rebuild it from: the reader reports it
+            return
+        log.warning("pack %s: shard(s) %s %s (%s); queued for repair", layout.id,
+                    sorted(states), "/".join(sorted(set(states.values()))), why)
+        sql.mark_shards(self.catalog, layout.id, states)
+        self.forget(layout.id)
+
+    def _rewrite(self, layout: PackLayout, data: bytes, indexes: Sequence[int]) -> RepairOutcome:
+        """Write shards ``indexes`` again from the verified pack ``data``.
+
+        A shard goes back to its own location when that is active; otherwise
+        to an active location in a failure domain no other shard of the pack
+        uses. The catalog is updated after the write; an old copy on a
+        draining location is deleted after that.
+        """
+        payloads: list[bytes | memoryview] = [data]
+        if layout.scheme != "none":
+            _, payloads = self._encode(layout.id, data, Redundancy(layout.scheme, layout.k, layout.m),
+                                       layout.algorithm or DEFAULT_ALGORITHM)
+        keep = [sh for sh in layout.shards if sh.index not in indexes]
+        taken = {loc.domain for sh in keep if (loc := self.locations.get(sh.location_id)) is not None
+                 and loc.state != "failed"}
+        rewritten, unplaced, new_rows = [], [], []
+        placement = self.locations.placement(layout.id)
+        for index in indexes:
+            old = layout.shard(index)
+            old_loc = self.locations.get(old.location_id) if old is not None else None
+            order = ([old_loc] if old_loc is not None and old_loc.state == "active" else []) + \
+                [loc for loc in placement if loc is not old_loc]
+            done = self._write_one(layout, index, payloads[index], order, taken)
+            if done is None:
+                unplaced.append(index)
+                continue
+            new_rows.append(done)
+            taken.add(self.locations.get(done.location_id).domain)  # type: ignore[union-attr]
+            rewritten.append((index, old_loc.name if old_loc else "?",
+                              self.locations.get(done.location_id).name))  # type: ignore[union-attr]
+        if new_rows:
+            sql.replace_shards(self.catalog, layout.id, new_rows)
+            self.forget(layout.id)
+            for row in new_rows:
+                old = layout.shard(row.index)
+                old_loc = self.locations.get(old.location_id) if old is not None else None
+                if old_loc is not None and old_loc.state == "draining" and old_loc.id != row.location_id:
+                    _quiet_delete(old_loc, old.key)  # type: ignore[union-attr]
+        return RepairOutcome(layout.id, tuple(rewritten), tuple(unplaced))
+
+    def _write_one(self, layout: PackLayout, index: int, payload: bytes | memoryview,
+                   order: Sequence[Location], taken: set[str]) -> ShardRow | None:
+        key = self._object_key(layout, index)
+        for loc in order:
+            if loc.state != "active" or loc.domain in taken:
+                continue
+            try:
+                loc.blobs.put(key, payload)
+            except StorageError as exc:
+                log.warning("pack %s shard %d: %s refused it: %s", layout.id, index, loc.describe(), exc)
+                continue
+            return ShardRow(index, loc.id, key, len(payload), self._checksum(layout, payload), "ok",
+                            time.time())
+        return None
+
+    def repair(self, pack_id: str) -> RepairOutcome:
+        """Rebuild this pack's shards that are not ``ok`` or sit on a location not active."""
+        layout = self._fresh_layout(pack_id)
+        bad = [sh.index for sh in layout.shards if sh.state != "ok"
+               or (loc := self.locations.get(sh.location_id)) is None or loc.state != "active"]
+        if not bad:
+            return RepairOutcome(pack_id, (), ())
+        try:
+            found = self.examine(pack_id, read_all=False)
+            if found.data is None:
+                found = self.examine(pack_id, read_all=True)
+        except StorageError as exc:
+            return RepairOutcome(pack_id, (), tuple(bad), str(exc))
+        if found.data is None:
+            return RepairOutcome(pack_id, (), tuple(bad), (
+                f"{len(found.healthy)} healthy shard(s), {layout.k} needed: the pack is lost"))
+        layout = self._fresh_layout(pack_id)
+        bad = sorted(set(bad) | {sh.index for sh in layout.shards if sh.state != "ok"})
+        return self._rewrite(layout, found.data, bad)
+
+    def delete(self, shards: Sequence[tuple[int, str]]) -> int:
+        """Delete shard objects ((location id, key)); returns how many went. Errors are logged."""
+        deleted = 0
+        for location_id, key in shards:
+            loc = self.locations.get(location_id)
+            if loc is not None and loc.readable and _quiet_delete(loc, key):
+                deleted += 1
+        return deleted
+
+
+def _quiet_delete(loc: Location, key: str) -> bool:
+    try:
+        loc.blobs.delete(key)
+        return True
+    except StorageError as exc:
+        log.warning("could not delete %s from %s: %s (a later gc removes it)", key, loc.describe(), exc)
+        return False
+
+
+def _split(buffers: list[memoryview], count: int) -> tuple[list[memoryview], list[memoryview]]:
+    """Split a buffer list after ``count`` bytes (slicing one buffer if needed)."""
+    head: list[memoryview] = []
+    for i, buf in enumerate(buffers):
+        if count <= 0:
+            return head, buffers[i:]
+        if len(buf) <= count:
+            head.append(buf)
+            count -= len(buf)
+        else:
+            head.append(buf[:count])
+            return head, [buf[count:], *buffers[i + 1 :]]
+    return head, []
+

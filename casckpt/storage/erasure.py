@@ -1,0 +1,152 @@
+"""Redundancy schemes and the erasure code (pyeclib, ISA-L Reed-Solomon).
+
+A scheme says how a pack is made to survive lost locations:
+
+- ``none``: one copy of the pack.
+- ``replicate:N``: N whole copies on N failure domains.
+- ``ec:K+M``: K data and M parity shards on K+M failure domains; any K of
+  them rebuild the pack.
+
+The code is systematic (data shards hold the pack's bytes unchanged), which
+the readers rely on: a healthy pack is read by range from its data shards,
+and only a damaged one is decoded.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from casckpt.errors import CorruptPackError, InvalidArgumentError
+
+DEFAULT_ALGORITHM = "isa_l_rs_cauchy"  # MDS for every k+m, unlike isa_l_rs_vand
+_SPEC = re.compile(r"^(?:(none)|replicate:(\d+)|ec:(\d+)\+(\d+))$")
+MAX_SHARDS = 32
+
+
+@dataclass(frozen=True, slots=True)
+class Redundancy:
+    """A redundancy scheme: ``kind`` is ``none``, ``replicate`` or ``ec``.
+
+    For ``replicate``, ``k`` is 1 and ``m`` the extra copies; for ``none``,
+    ``k`` = 1, ``m`` = 0.
+    """
+
+    kind: str
+    k: int = 1
+    m: int = 0
+
+    @classmethod
+    def parse(cls, spec: str) -> Redundancy:
+        """Parse ``none``, ``replicate:N`` or ``ec:K+M``.
+
+        Raises:
+            InvalidArgumentError: anything else, or sizes out of range.
+        """
+        match = _SPEC.match(str(spec).strip().lower())
+        if match is None:
+            raise InvalidArgumentError(
+                f"unknown redundancy {spec!r}: use 'none', 'replicate:N' (N >= 2) or "
+                "'ec:K+M' (e.g. 'ec:4+2')"
+            )
+        if match.group(1):
+            return cls("none")
+        if match.group(2):
+            copies = int(match.group(2))
+            if not 2 <= copies <= MAX_SHARDS:
+                raise InvalidArgumentError(f"replicate:{copies}: N must be 2..{MAX_SHARDS}")
+            return cls("replicate", 1, copies - 1)
+        k, m = int(match.group(3)), int(match.group(4))
+        if k < 1 or m < 1 or k + m > MAX_SHARDS:
+            raise InvalidArgumentError(
+                f"ec:{k}+{m}: need K >= 1, M >= 1 and K+M <= {MAX_SHARDS}"
+            )
+        return cls("ec", k, m)
+
+    @property
+    def shards(self) -> int:
+        """Objects each pack is stored as (copies or shards)."""
+        return self.k + self.m
+
+    @property
+    def needed(self) -> int:
+        """Healthy shards (or copies) a read needs."""
+        return self.k
+
+    def default_quorum(self) -> int:
+        """Shards that must be durable before a commit may become visible.
+
+        One more than a read needs (so a commit survives losing any one
+        location right after it), never more than all of them.
+        """
+        return min(self.shards, self.needed + 1)
+
+    def __str__(self) -> str:
+        if self.kind == "none":
+            return "none"
+        if self.kind == "replicate":
+            return f"replicate:{self.shards}"
+        return f"ec:{self.k}+{self.m}"
+
+
+class ErasureCode:
+    """Encode packs into K+M fragments and decode them from any K.
+
+    Thread-safe: pyeclib drivers are kept per thread.
+    """
+
+    def __init__(self, k: int, m: int, algorithm: str = DEFAULT_ALGORITHM) -> None:
+        self.k, self.m, self.algorithm = k, m, algorithm
+        self._local = threading.local()
+        self._driver()  # fail early on an unavailable backend
+
+    def _driver(self):  # type: ignore[no-untyped-def]
+        driver = getattr(self._local, "driver", None)
+        if driver is None:
+            from pyeclib.ec_iface import ECDriver
+
+            try:
+                driver = ECDriver(k=self.k, m=self.m, ec_type=self.algorithm)
+            except Exception as exc:  # pyeclib raises its own hierarchy (ECDriverError, ...)
+                raise InvalidArgumentError(
+                    f"erasure code {self.algorithm} {self.k}+{self.m} is unavailable: {exc}"
+                ) from exc
+            self._local.driver = driver
+        return driver
+
+    def encode(self, pack: bytes | memoryview) -> tuple[list[bytes], int, int]:
+        """Return (fragments, stripe, data_offset).
+
+        Data fragment ``i`` holds ``pack[i*stripe:(i+1)*stripe]`` from byte
+        ``data_offset``; this is checked, not assumed.
+        """
+        fragments: list[bytes] = self._driver().encode(bytes(pack))
+        stripe = -(-len(pack) // self.k)
+        offset = len(fragments[0]) - stripe
+        for i in range(self.k):
+            part = pack[i * stripe : (i + 1) * stripe]
+            if offset < 0 or fragments[i][offset : offset + len(part)] != part:
+                raise RuntimeError(
+                    f"{self.algorithm} is not laid out systematically; casckpt cannot use it"
+                )
+        return fragments, stripe, offset
+
+    def decode(self, fragments: Mapping[int, bytes | memoryview] | Sequence[bytes], pack_len: int,
+               where: str) -> bytes:
+        """Rebuild the pack from at least K fragments (index -> fragment bytes).
+
+        Raises:
+            CorruptPackError: too few fragments, or the code rejects them.
+        """
+        parts = list(fragments.values()) if isinstance(fragments, Mapping) else list(fragments)
+        if len(parts) < self.k:
+            raise CorruptPackError(f"{where}: {len(parts)} healthy shards, {self.k} needed")
+        try:
+            data: bytes = self._driver().decode([bytes(p) for p in parts])
+        except Exception as exc:  # pyeclib's ECDriverError family
+            raise CorruptPackError(f"{where}: shards do not decode ({exc})") from exc
+        if len(data) != pack_len:
+            raise CorruptPackError(f"{where}: decoded {len(data)} bytes, expected {pack_len}")
+        return data

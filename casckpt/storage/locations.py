@@ -1,0 +1,164 @@
+"""A store's blob locations, their failure domains, and where each pack's shards go.
+
+Placement is deterministic in the pack id: the active failure domains are
+rotated by the id, so shards of successive packs spread over every domain
+and a pack's shards land on distinct domains (losing one domain costs each
+pack at most one shard). Small metadata objects (manifests, refs) are
+replicated to every usable location, so any one surviving location can
+rebuild the catalog.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from casckpt.errors import BlobNotFoundError, CasckptError, StorageError
+from casckpt.storage.base import BlobInfo, BlobStore
+from casckpt.storage.urls import redact_url
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """One blob location: a directory or bucket/prefix in a failure domain.
+
+    ``state``: ``active`` (read and written), ``draining`` (read; repair moves
+    its shards off), ``failed`` (never touched; repair re-creates its shards).
+    """
+
+    id: int
+    name: str
+    domain: str
+    state: str
+    blobs: BlobStore
+
+    @property
+    def readable(self) -> bool:
+        """Whether reads may go here."""
+        return self.state != "failed"
+
+    @property
+    def remote(self) -> bool:
+        """Whether reaching it costs a network round trip (read local copies first)."""
+        return not self.blobs.url.startswith("file:")
+
+    def describe(self) -> str:
+        """``name (url)`` for messages, credentials redacted."""
+        return f"{self.name} ({redact_url(self.blobs.url)})"
+
+
+class LocationSet:
+    """The locations of one store. Thread-safe (immutable after construction)."""
+
+    def __init__(self, locations: Sequence[Location]) -> None:
+        if not locations:
+            raise ValueError("a store needs at least one blob location")
+        self.all = tuple(locations)
+        self._by_id = {loc.id: loc for loc in locations}
+
+    def get(self, location_id: int) -> Location | None:
+        """The location with this id, if this process knows it."""
+        return self._by_id.get(location_id)
+
+    def active(self) -> list[Location]:
+        """Locations new shards may be written to."""
+        return [loc for loc in self.all if loc.state == "active"]
+
+    def domains(self) -> list[str]:
+        """Failure domains with at least one active location."""
+        return sorted({loc.domain for loc in self.active()})
+
+    def placement(self, pack_id: str) -> list[Location]:
+        """One active location per failure domain, in this pack's rotated order.
+
+        The first K+M take the pack's shards; the rest are spares for shards
+        whose first choice refuses the write.
+        """
+        domains = self.domains()
+        if not domains:
+            return []
+        start = int(pack_id[:8], 16) % len(domains)
+        pick = int(pack_id[8:16], 16)
+        order = domains[start:] + domains[:start]
+        chosen = []
+        for domain in order:
+            members = [loc for loc in self.active() if loc.domain == domain]
+            chosen.append(members[pick % len(members)])
+        return chosen
+
+    def read_order(self) -> list[Location]:
+        """Readable locations, local before remote."""
+        return sorted((loc for loc in self.all if loc.readable), key=lambda loc: (loc.remote, loc.id))
+
+    # -- small replicated objects (manifests, refs) -------------------------
+
+    def put_everywhere(self, key: str, data: bytes) -> int:
+        """Write ``data`` to every active location; returns how many took it.
+
+        Raises:
+            StorageError: no location took it.
+        """
+        written, last = 0, None
+        for loc in self.active():
+            try:
+                loc.blobs.put(key, data)
+                written += 1
+            except StorageError as exc:
+                log.warning("could not write %s to location %s: %s", key, loc.describe(), exc)
+                last = exc
+        if not written:
+            raise StorageError(f"no blob location accepted {key}: {last}") from last
+        return written
+
+    def get_anywhere(self, key: str) -> bytes:
+        """Read ``key`` from the first readable location that has it.
+
+        Raises:
+            BlobNotFoundError: no readable location has it.
+        """
+        last: CasckptError | None = None
+        for loc in self.read_order():
+            try:
+                return loc.blobs.get(key)
+            except StorageError as exc:
+                last = exc
+        raise BlobNotFoundError(f"{key} is on no readable location ({last})") from last
+
+    def exists_anywhere(self, key: str) -> bool:
+        """Whether some readable location holds ``key``."""
+        for loc in self.read_order():
+            try:
+                if loc.blobs.size(key) is not None:
+                    return True
+            except StorageError:
+                continue
+        return False
+
+    def delete_everywhere(self, key: str) -> None:
+        """Delete ``key`` from every location not failed (errors logged; GC retries orphans)."""
+        for loc in self.all:
+            if loc.readable:
+                try:
+                    loc.blobs.delete(key)
+                except StorageError as exc:
+                    log.warning("could not delete %s from %s: %s", key, loc.describe(), exc)
+
+    def list_all(self, prefix: str) -> Iterator[tuple[Location, BlobInfo]]:
+        """Every object under ``prefix`` on every readable location.
+
+        Raises:
+            StorageError: a location cannot be listed (callers that delete
+                based on a listing must stop).
+        """
+        for loc in self.all:
+            if loc.readable:
+                for info in loc.blobs.list(prefix):
+                    yield loc, info
+
+    def close(self) -> None:
+        """Close every location's blob store."""
+        for loc in self.all:
+            loc.blobs.close()
