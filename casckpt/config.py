@@ -132,6 +132,7 @@ class StoreSpec:
     s3: Mapping[str, Any]
     redundancy: str | None = None
     write_quorum: int | None = None
+    config_file: Path | None = None
 
     @property
     def blobs(self) -> str:
@@ -280,6 +281,7 @@ def _spec_from_file(file: Path, blobs: BlobsArg | None, catalog: str | None,
         s3={**doc.get("s3", {}), **(s3 or {})},
         redundancy=store.get("redundancy"),
         write_quorum=_quorum(store.get("write_quorum"), file),
+        config_file=file,
     )
 
 
@@ -331,3 +333,17 @@ def locate_store(path: Path | None, *, blobs: BlobsArg | None, catalog: str | No
          "redundancy": redundancy}, s3 or {}, () if single or given is None else given))
     os.replace(tmp, file)
     return _spec_from_file(file, None, None, cache, None)
+
+
+def add_location_to_file(file: Path, location: BlobLocation) -> None:
+    """Append a location to a store's config file (rewritten atomically, other settings kept).
+
+    A ``blobs`` setting becomes ``[[locations]]`` tables.
+    """
+    doc = read_config_file(file)
+    current = _recorded_locations(doc, file) or blob_locations(".")
+    store = {k: v for k, v in doc["store"].items() if k not in ("format", "blobs")}
+    text = render_config(store, doc.get("s3", {}), (*current, location))
+    tmp = file.with_name(f".{file.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, file)

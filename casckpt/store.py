@@ -39,8 +39,9 @@ from casckpt.errors import InvalidArgumentError, RefNotFoundError, VersionSweptE
 from casckpt.format.manifest import Manifest, decode_manifest
 from casckpt.format.tree import iter_values
 from casckpt.catalog import shards as shard_sql
+from casckpt.engine import records
 from casckpt.engine.packstore import PackStore
-from casckpt.errors import CasckptError
+from casckpt.store_admin import StoreAdmin, open_location
 from casckpt.storage import BlobStore, open_blob_store, redact_url
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.locations import Location, LocationSet
@@ -68,7 +69,7 @@ def _utc(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, tz=timezone.utc)
 
 
-class Store:
+class Store(StoreAdmin):
     """A casckpt store: commit, restore and query checkpoint versions.
 
     Build one with :func:`casckpt.open`. Use it as a context manager, or call
@@ -77,8 +78,11 @@ class Store:
 
     def __init__(self, *, root: Path | None, catalog: Catalog, cache: IndexCache,
                  locations: LocationSet, staging: Path, settings: cfg.Settings,
-                 write_quorum: int | None = None) -> None:
+                 write_quorum: int | None = None, s3: Mapping[str, Any] | None = None,
+                 config_file: Path | None = None) -> None:
         self.path = root
+        self._s3 = dict(s3 or {})
+        self._config_file = config_file
         staging.mkdir(parents=True, exist_ok=True)
         self._io = ThreadPoolExecutor(max(4, len(locations.all)), thread_name_prefix="casckpt-shard")
         self._ctx = EngineContext(
@@ -245,11 +249,8 @@ class Store:
         check_name(name, "tag")
         row = self._row(ref)
         self._ctx.catalog.set_tag(name, row.id)
+        records.record_tag(self._ctx.locations, name, row.id)
         return self._version(row)
-
-    def check(self, *, read_data: bool = False, progress: ProgressCallback | None = None) -> CheckReport:
-        """Check catalog <-> blob store consistency; with ``read_data``, verify every chunk."""
-        return check_engine.check(self._ctx, read_data=read_data, progress=progress)
 
     def gc(self, *, dry_run: bool = False, grace: float | timedelta | None = None,
            progress: ProgressCallback | None = None) -> GCReport:
@@ -314,6 +315,7 @@ class Store:
         )
         retention_sql.store_policy(self._ctx.catalog, run, retention_engine.policy_to_json(policy),
                                    create=True)
+        records.record_run(self._ctx.locations, self._ctx.catalog, run)
         return policy
 
     def retention(self, run: str) -> RetentionPolicy | None:
@@ -333,6 +335,7 @@ class Store:
         """
         if not retention_sql.store_policy(self._ctx.catalog, self._existing_run(run), None, create=False):
             raise RefNotFoundError(run, "there is no run with that name")
+        records.record_run(self._ctx.locations, self._ctx.catalog, run)
 
     def plan_retention(self, run: str | None = None) -> list[RetentionPlan]:
         """What retention would do, writing nothing: a decision per visible version, with reasons.
@@ -447,6 +450,7 @@ class Store:
         check_name(run, "run")
         row = self._row(ref)
         created = history_sql.fork(self._ctx.catalog, run, row.id)
+        records.record_run(self._ctx.locations, self._ctx.catalog, run)
         return RunInfo(run, _utc(created), 0, None, None, 0)
 
     def tree(self) -> list[RunNode]:
@@ -494,19 +498,14 @@ def _default_cache_dir(store_id: str) -> Path:
     return base / "casckpt" / store_id
 
 
-def _unreachable(url: str, exc: Exception) -> BlobStore:
-    from casckpt.storage.unreachable import UnreachableBlobStore
-
-    return UnreachableBlobStore(url, str(exc))
-
-
 def open_locations(catalog: Catalog, spec: cfg.StoreSpec,
-                   given: Mapping[str, BlobStore]) -> LocationSet:
+                   given: dict[str, BlobStore]) -> LocationSet:
     """Register the configured locations in the catalog and open every location it knows.
 
     A location this host cannot open (a removed disk, a bad URL) is still
     listed, as unreachable: reads skip it, and ``repair`` rebuilds its shards
-    once it is marked failed.
+    once it is marked failed. This host's config file may name another URL
+    for a location than the catalog records (a different mount point).
     """
     rows = shard_sql.ensure_locations(
         catalog, [(loc.name or "", loc.url, loc.domain or loc.name or "") for loc in spec.locations])
@@ -514,15 +513,7 @@ def open_locations(catalog: Catalog, spec: cfg.StoreSpec,
     opened: list[Location] = []
     try:
         for row in rows:
-            url = local_urls.get(row.name) or row.url or ""
-            blob_store = given.get(url)
-            if blob_store is None:
-                try:
-                    blob_store = open_blob_store(url, spec.s3)
-                except (CasckptError, OSError) as exc:
-                    log.warning("blob location %s (%s) cannot be opened: %s", row.name, redact_url(url), exc)
-                    blob_store = _unreachable(url, exc)
-            opened.append(Location(row.id, row.name, row.domain, row.state, blob_store))
+            opened.append(open_location(row, local_urls.get(row.name) or row.url or "", spec.s3, given))
     except BaseException:
         for loc in opened:
             loc.blobs.close()
@@ -561,7 +552,8 @@ def open_store(
     cache_dir = spec.cache if spec.cache is not None else _default_cache_dir(cat.store_id)
     index = IndexCache(cache_dir / "index", cat.store_id)
     return Store(root=spec.root, catalog=cat, cache=index, locations=locations,
-                 staging=cache_dir / "staging", settings=settings, write_quorum=spec.write_quorum)
+                 staging=cache_dir / "staging", settings=settings, write_quorum=spec.write_quorum,
+                 s3=spec.s3, config_file=spec.config_file)
 
 
 def _seed_redundancy(catalog: Catalog, recorded: str | None, explicit: str | None) -> None:

@@ -321,3 +321,72 @@ class RunNode(_ToDict):
     fork_step: int | None
     children: tuple[str, ...]
     versions: int
+
+
+@dataclass(frozen=True, slots=True)
+class LocationInfo(_ToDict):
+    """A blob location and what it holds.
+
+    Attributes:
+        name: how commands refer to it.
+        url: where it is (credentials redacted).
+        domain: its failure domain.
+        state: ``active``, ``draining`` (repair moves its shards off) or
+            ``failed`` (never read; repair re-creates its shards elsewhere).
+        shards: pack copies or shards recorded on it.
+        bytes: their total size.
+        damaged: those of them known missing or corrupt.
+        reachable: whether this process could open it.
+    """
+
+    name: str
+    url: str
+    domain: str
+    state: str
+    shards: int
+    bytes: int
+    damaged: int
+    reachable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RepairReport(_ToDict):
+    """What ``Store.repair`` did.
+
+    Attributes:
+        packs: packs that needed repair.
+        shards_rewritten: shards written again (re-encoded or copied).
+        shards_moved: of those, shards placed on another location than before.
+        unrepaired: ``pack id: reason`` for each pack left short of full redundancy.
+    """
+
+    packs: int
+    shards_rewritten: int
+    shards_moved: int
+    unrepaired: tuple[str, ...]
+    duration_s: float
+
+    @property
+    def ok(self) -> bool:
+        """True when every pack is back at full redundancy."""
+        return not self.unrepaired
+
+
+@dataclass(frozen=True, slots=True)
+class RebuildReport(_ToDict):
+    """What ``Store.rebuild_catalog`` recovered from the blob locations.
+
+    Attributes:
+        packs, chunks, versions, runs, tags: what the new catalog now holds.
+        lost_packs: packs found with too few readable shards (their chunks are gone).
+        skipped: ``version id: reason`` for manifests that could not be restored.
+    """
+
+    packs: int
+    chunks: int
+    versions: int
+    runs: int
+    tags: int
+    lost_packs: tuple[str, ...]
+    skipped: tuple[str, ...]
+    duration_s: float

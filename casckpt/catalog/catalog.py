@@ -523,6 +523,21 @@ class Catalog:
                 select(s.chunks).where(s.chunks.c.pack_id == pack_id).order_by(s.chunks.c.offset)
             ))
 
+    def live_chunk_batches(self, size: int = 10_000) -> Iterator[list[Any]]:
+        """Every live chunk row, in batches by id (keyset pagination: bounded memory)."""
+        after = ""
+        while True:
+            with self.read() as conn:
+                batch = list(conn.execute(
+                    select(s.chunks.c.id, s.chunks.c.pack_id, s.chunks.c.offset, s.chunks.c.stored_len,
+                           s.chunks.c.raw_len, s.chunks.c.codec)
+                    .where(s.chunks.c.state == "live", s.chunks.c.id > after)
+                    .order_by(s.chunks.c.id).limit(size)))
+            if not batch:
+                return
+            yield batch
+            after = batch[-1].id
+
     def mark_verified(self, pack_ids: Sequence[str]) -> None:
         """Record that these packs were just read and verified in full."""
         now = time.time()

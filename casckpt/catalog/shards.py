@@ -8,12 +8,13 @@ durable repair queue: a shard found missing or corrupt is marked so, and
 
 from __future__ import annotations
 
+import difflib
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import case, func, null, or_, select, update
 
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import BATCH, Catalog, PackLayout, ShardRow
@@ -93,7 +94,8 @@ def set_location_state(catalog: Catalog, name: str, state: str) -> LocationRow:
         row = conn.execute(select(s.locations).where(s.locations.c.name == name)).first()
         if row is None:
             names = list(conn.execute(select(s.locations.c.name)).scalars())
-            raise RefNotFoundError(f"no location named {name!r}; locations: {', '.join(names) or 'none'}")
+            raise RefNotFoundError(name, "there is no location with that name (see `casckpt location "
+                                   "list`)", difflib.get_close_matches(name, names, n=3))
         conn.execute(update(s.locations).where(s.locations.c.id == row.id).values(state=state))
         return LocationRow(row.id, row.name, row.url, row.domain, state)
 
@@ -101,7 +103,7 @@ def set_location_state(catalog: Catalog, name: str, state: str) -> LocationRow:
 def location_usage(catalog: Catalog) -> dict[int, tuple[int, int, int]]:
     """Per location id: (shards, bytes, shards not ok)."""
     sh = s.shards
-    damaged = func.sum(func.cast(sh.c.state != "ok", s.Integer))
+    damaged = func.sum(case((sh.c.state != "ok", 1), else_=0))
     with catalog.read() as conn:
         rows = conn.execute(select(sh.c.location_id, func.count(), func.coalesce(func.sum(sh.c.size), 0),
                                    func.coalesce(damaged, 0)).group_by(sh.c.location_id))
@@ -206,3 +208,34 @@ def set_run_redundancy(catalog: Catalog, run: str, spec: str | None) -> None:
     with catalog.write() as conn:
         run_id = catalog.run_id(conn, run, create=True)
         conn.execute(update(s.runs).where(s.runs.c.id == run_id).values(redundancy=spec))
+
+
+def set_pack_chunks(catalog: Catalog, pack_id: str, chunks: int) -> None:
+    """Record how many chunk entries a pack holds (catalog rebuild learns it after the pack row)."""
+    with catalog.write() as conn:
+        conn.execute(update(s.packs).where(s.packs.c.id == pack_id).values(chunks=chunks))
+
+
+def is_empty(catalog: Catalog) -> bool:
+    """Whether the catalog holds no version and no pack (a rebuild's precondition)."""
+    with catalog.read() as conn:
+        return (conn.execute(select(func.count()).select_from(s.versions)).scalar_one() == 0
+                and conn.execute(select(func.count()).select_from(s.packs)).scalar_one() == 0)
+
+
+def restore_run(catalog: Catalog, name: str, created_at: float, parent_version: str | None,
+                retention: Any, redundancy: str | None) -> None:
+    """Create or update a run from a rebuild record."""
+    with catalog.write() as conn:
+        run_id = catalog.run_id(conn, name, create=True)
+        conn.execute(update(s.runs).where(s.runs.c.id == run_id).values(
+            created_at=created_at, parent_version=parent_version,
+            retention=null() if retention is None else retention, redundancy=redundancy))
+
+
+def date_runs_from_versions(catalog: Catalog) -> None:
+    """Give each run the creation time of its first version (a rebuild, before run records)."""
+    first = (select(func.min(s.versions.c.created_at)).where(s.versions.c.run_id == s.runs.c.id)
+             .scalar_subquery())
+    with catalog.write() as conn:
+        conn.execute(update(s.runs).where(first.is_not(None)).values(created_at=first))

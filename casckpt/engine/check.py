@@ -183,13 +183,12 @@ def _affected(ctx: EngineContext, manifests: list[Manifest], lost: set[str]) -> 
             yield CheckProblem("version", manifest.run + "@" + str(manifest.step), detail)
 
 
-def _scrub_set(ctx: EngineContext, subset: float | None) -> set[str] | None:
+def _scrub_set(ctx: EngineContext, subset: float) -> set[str]:
     """The packs a scrub of ``subset`` (0..1] of the stored bytes reads: least recently verified first."""
-    if subset is None:
-        return None
     order = shard_sql.scrub_order(ctx.catalog)
     budget = subset * sum(size for _, size in order)
-    chosen, spent = set(), 0
+    chosen: set[str] = set()
+    spent = 0
     for pack_id, size in order:
         if spent >= budget:
             break

@@ -145,7 +145,7 @@ def _write_chunks(
     return bar.done, packer.stored_bytes
 
 
-def _tensor_rows(
+def tensor_rows(
     version_id: str, entries: Sequence[TensorEntry], blobs: Sequence[BlobEntry]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Catalog rows: one per tensor, and one per distinct tensor content (its chunk list)."""
@@ -195,8 +195,8 @@ def _stage(ctx: EngineContext, state: object, req: CommitRequest, created: float
     )
     version_id, manifest_bytes = encode_manifest(manifest)
     ctx.locations.put_everywhere(manifest_key(version_id), manifest_bytes)
-    tensor_rows, content_rows = _tensor_rows(version_id, entries, blobs)
-    return _Staged(manifest, version_id, manifest_bytes, chunks, tensor_rows, content_rows,
+    rows, content_rows = tensor_rows(version_id, entries, blobs)
+    return _Staged(manifest, version_id, manifest_bytes, chunks, rows, content_rows,
                    new_bytes, stored_bytes)
 
 

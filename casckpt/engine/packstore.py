@@ -184,9 +184,9 @@ class PackStore:
         healthy = sum(1 for sh in written if sh.state == "ok")
         if healthy < self.quorum(redundancy):
             for sh in written:
-                loc = self.locations.get(sh.location_id)
-                if sh.state == "ok" and loc is not None:
-                    _quiet_delete(loc, sh.key)
+                target = self.locations.get(sh.location_id)
+                if sh.state == "ok" and target is not None:
+                    _quiet_delete(target, sh.key)
             raise StorageError(
                 f"pack {pack_id} reached only {healthy} of {redundancy.shards} shards; the write "
                 f"quorum is {self.quorum(redundancy)}. Check the locations (`casckpt location list`)"
@@ -425,7 +425,7 @@ class PackStore:
                 result.damaged[index] = "corrupt"
                 result.notes[index] = "shards are individually intact but do not decode to the pack"
         now_damaged = {i: st for i, st in result.damaged.items()
-                       if (sh := layout.shard(i)) is not None and sh.state != st}
+                       if (row := layout.shard(i)) is not None and row.state != st}
         if now_damaged:
             self._damaged(layout, now_damaged, "; ".join(result.notes[i] for i in now_damaged))
         if result.healthy:

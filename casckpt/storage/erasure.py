@@ -18,6 +18,7 @@ import re
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from casckpt.errors import CorruptPackError, InvalidArgumentError
 
@@ -102,7 +103,7 @@ class ErasureCode:
         self._local = threading.local()
         self._driver()  # fail early on an unavailable backend
 
-    def _driver(self):  # type: ignore[no-untyped-def]
+    def _driver(self) -> Any:
         driver = getattr(self._local, "driver", None)
         if driver is None:
             from pyeclib.ec_iface import ECDriver

@@ -1,0 +1,221 @@
+"""Catalog disaster recovery: rebuild the catalog from the blob locations alone.
+
+Everything the catalog records is recoverable from the objects:
+
+1. Packs: every ``packs/`` object on every readable location. A whole pack
+   (``packs/<xx>/<id>``) is a copy; several copies make a ``replicate`` pack.
+   An erasure-coded shard (``<id>.s<i>``) names its pack, index and scheme
+   in its header. Each pack is recorded with its shards, then its footer is
+   read by range (through the data shards when erasure-coded) to recover
+   its chunk rows.
+2. Versions: every manifest (``manifests/<id>``, verified against its id)
+   gives run, step, parent, time, metadata, metrics, message, commit-time
+   tags and the tensors; a version is published only if every chunk it
+   references was recovered.
+3. Mutable state from ``refs/`` records (see :mod:`casckpt.engine.records`):
+   forks, retention and redundancy policies, tags set after commit.
+
+Not recoverable: commit durations and new/stored byte counts (recorded as
+0), soft deletions (such versions come back visible; the next ``gc``
+re-applies retention), GC history.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from casckpt.catalog import MissingChunksError, PackLayout, PackRecord, ShardRow
+from casckpt.catalog import shards as shard_sql
+from casckpt.engine import records
+from casckpt.engine.commit import tensor_rows
+from casckpt.engine.context import EngineContext
+from casckpt.engine.packstore import pack_key
+from casckpt.errors import CasckptError, InvalidArgumentError
+from casckpt.format.manifest import Manifest, decode_manifest
+from casckpt.format.pack import TRAILER_SIZE, parse_footer, parse_trailer
+from casckpt.format.shard import SHARD_HEADER_SIZE, decode_shard_header
+from casckpt.storage.locations import Location
+from casckpt.types import ProgressCallback, RebuildReport
+
+log = logging.getLogger(__name__)
+
+_PACK = re.compile(r"^packs/[0-9a-f]{2}/([0-9a-f]{64})$")
+_SHARD = re.compile(r"^packs/[0-9a-f]{2}/([0-9a-f]{64})\.s(\d+)$")
+_MANIFEST = re.compile(r"^manifests/([0-9a-f]{64})$")
+
+
+@dataclass(slots=True)
+class _Found:
+    copies: list[tuple[Location, str, int]] = field(default_factory=list)  # (location, key, size)
+    shards: dict[int, tuple[Location, str, int]] = field(default_factory=dict)
+
+
+def _scan_packs(ctx: EngineContext) -> dict[str, _Found]:
+    found: dict[str, _Found] = defaultdict(_Found)
+    for loc, info in ctx.locations.list_all("packs/"):
+        if (m := _PACK.match(info.key)) is not None:
+            found[m.group(1)].copies.append((loc, info.key, info.size))
+        elif (m := _SHARD.match(info.key)) is not None:
+            found[m.group(1)].shards.setdefault(int(m.group(2)), (loc, info.key, info.size))
+    return found
+
+
+def _layout(pack_id: str, found: _Found) -> PackLayout | None:
+    """The pack's layout as its objects describe it (None: nothing usable)."""
+    if found.copies:
+        size = found.copies[0][2]
+        rows = tuple(ShardRow(i, loc.id, key, sz) for i, (loc, key, sz) in enumerate(found.copies))
+        scheme = "none" if len(rows) == 1 else "replicate"
+        return PackLayout(pack_id, pack_key(pack_id), size, scheme, 1, len(rows) - 1, shards=rows)
+    headers = {}
+    for index, (loc, key, size) in sorted(found.shards.items()):
+        try:
+            head = loc.blobs.get_range(key, 0, SHARD_HEADER_SIZE)
+            header = decode_shard_header(head, f"{key} on {loc.describe()}")
+        except CasckptError as exc:
+            log.warning("rebuild: skipping shard %s: %s", key, exc)
+            continue
+        if header.pack_id == pack_id and header.index == index:
+            headers[index] = (header, loc, key, size)
+    if not headers:
+        return None
+    first = next(iter(headers.values()))[0]
+    rows = tuple(ShardRow(i, loc.id, key, size, h.checksum) for i, (h, loc, key, size) in headers.items()
+                 if (h.k, h.m, h.algorithm, h.pack_len) == (first.k, first.m, first.algorithm, first.pack_len))
+    return PackLayout(pack_id, pack_key(pack_id), first.pack_len, "ec", first.k, first.m,
+                      first.algorithm, first.stripe, first.data_offset, rows)
+
+
+def _read_range(ctx: EngineContext, pack_id: str, offset: int, length: int) -> bytes:
+    buf = bytearray(length)
+    got = ctx.packs.read_into(pack_id, offset, [memoryview(buf)])
+    return bytes(buf[:got])
+
+
+def _recover_pack(ctx: EngineContext, layout: PackLayout) -> int:
+    """Record a pack and its chunks; returns the number of chunks."""
+    ctx.catalog.add_pack(PackRecord(layout, ()))
+    tail = _read_range(ctx, layout.id, layout.size - TRAILER_SIZE, TRAILER_SIZE)
+    footer_len = parse_trailer(tail, layout.size)
+    footer = _read_range(ctx, layout.id, layout.size - TRAILER_SIZE - footer_len, footer_len)
+    entries = parse_footer(footer, tail, layout.size)
+    ctx.catalog.add_pack(PackRecord(layout, entries))
+    shard_sql.set_pack_chunks(ctx.catalog, layout.id, len(entries))
+    return len(entries)
+
+
+def _manifests(ctx: EngineContext, skipped: list[str]) -> list[tuple[Manifest, bytes, str]]:
+    ids = sorted({m.group(1) for _, info in ctx.locations.list_all("manifests/")
+                  if (m := _MANIFEST.match(info.key)) is not None})
+    out = []
+    for version_id in ids:
+        try:
+            data = ctx.locations.get_anywhere(f"manifests/{version_id}")
+            out.append((decode_manifest(data, version_id), data, version_id))
+        except CasckptError as exc:
+            skipped.append(f"{version_id}: manifest unreadable ({exc})")
+    out.sort(key=lambda pair: (pair[0].created_at, pair[0].run, pair[0].step))
+    return out
+
+
+def _publish(ctx: EngineContext, manifest: Manifest, data: bytes, version_id: str) -> None:
+    rows, contents = tensor_rows(version_id, manifest.tensors, manifest.blobs)
+    row = {
+        "id": version_id, "step": manifest.step, "parent_id": manifest.parent, "state": "visible",
+        "created_at": manifest.created_at, "committed_at": manifest.created_at,
+        "logical_bytes": manifest.logical_bytes, "new_bytes": 0, "stored_bytes": 0,
+        "duration_s": 0.0, "meta": dict(manifest.metadata), "metrics": dict(manifest.metrics),
+        "message": manifest.message, "manifest": data,
+    }
+    chunk_ids = (cid.hex() for blob in manifest.blobs for cid in blob.chunks)
+    ctx.catalog.add_version(row, manifest.run, rows, contents, manifest.tags, chunk_ids)
+
+
+def rebuild(ctx: EngineContext, progress: ProgressCallback | None = None) -> RebuildReport:
+    """Fill an empty catalog from the blob locations (see the module docstring).
+
+    Raises:
+        InvalidArgumentError: the catalog already holds versions or packs.
+        StorageError: a location cannot be listed.
+    """
+    started = time.monotonic()
+    if not shard_sql.is_empty(ctx.catalog):
+        raise InvalidArgumentError(
+            "the catalog is not empty; `catalog rebuild` fills a new, empty catalog. Move the "
+            "old catalog away (SQLite) or create an empty database (PostgreSQL) first")
+    found = _scan_packs(ctx)
+    packs = chunks = 0
+    lost: list[str] = []
+    for done, (pack_id, objects) in enumerate(sorted(found.items()), 1):
+        layout = _layout(pack_id, objects)
+        try:
+            if layout is None or len(layout.shards) < layout.k:
+                raise CasckptError("too few readable shards")
+            chunks += _recover_pack(ctx, layout)
+            packs += 1
+        except CasckptError as exc:
+            log.warning("rebuild: pack %s is lost: %s", pack_id, exc)
+            lost.append(pack_id)
+        if progress is not None:
+            progress("packs", done, len(found))
+    skipped: list[str] = []
+    manifests = _manifests(ctx, skipped)
+    versions = 0
+    for done, (manifest, data, version_id) in enumerate(manifests, 1):
+        try:
+            _publish(ctx, manifest, data, version_id)
+            versions += 1
+        except MissingChunksError as exc:
+            skipped.append(f"{version_id}: {len(exc.missing)} of its chunks were not found")
+        except CasckptError as exc:
+            skipped.append(f"{version_id}: {exc}")
+        if progress is not None:
+            progress("versions", done, len(manifests))
+    runs = _restore_runs(ctx)
+    tags = _restore_tags(ctx)
+    store = records.read_store_record(ctx.locations)
+    if store.get("redundancy"):
+        shard_sql.set_store_redundancy(ctx.catalog, str(store["redundancy"]))
+    ctx.cache.clear()
+    return RebuildReport(packs=packs, chunks=chunks, versions=versions, runs=runs, tags=tags,
+                         lost_packs=tuple(lost), skipped=tuple(skipped),
+                         duration_s=time.monotonic() - started)
+
+
+def _restore_runs(ctx: EngineContext) -> int:
+    shard_sql.date_runs_from_versions(ctx.catalog)
+    for doc in records.read_records(ctx.locations, records.RUNS):
+        try:
+            shard_sql.restore_run(ctx.catalog, str(doc["name"]), float(doc["created_at"]),
+                                  doc.get("parent_version"), doc.get("retention"), doc.get("redundancy"))
+        except (KeyError, TypeError, ValueError, CasckptError) as exc:
+            log.warning("rebuild: skipping run record %r: %s", doc, exc)
+    return len(ctx.catalog.run_names())
+
+
+def _restore_tags(ctx: EngineContext) -> int:
+    newest: dict[str, dict[str, object]] = {}
+    for doc in records.read_records(ctx.locations, records.TAGS):
+        name = doc.get("name")
+        if isinstance(name, str) and float(doc.get("at", 0)) >= float(newest.get(name, {}).get("at", -1)):  # type: ignore[arg-type]
+            newest[name] = doc
+    for name, doc in newest.items():
+        version = doc.get("version")
+        if isinstance(version, str) and ctx.catalog.version(version) is not None:
+            ctx.catalog.set_tag(name, version)
+    return len(ctx.catalog.tag_names())
+
+
+def refill_cache(ctx: EngineContext) -> int:
+    """Empty this host's index cache and fill it from the catalog's live chunks."""
+    ctx.cache.clear()
+    count = 0
+    for batch in ctx.catalog.live_chunk_batches():
+        ctx.cache.put_many((bytes.fromhex(r.id), r.pack_id, r.offset, r.stored_len, r.raw_len, r.codec)
+                           for r in batch)
+        count += len(batch)
+    return count

@@ -1,0 +1,213 @@
+"""The redundancy side of the Store facade: locations, redundancy, repair, rebuilds.
+
+Mixed into :class:`casckpt.store.Store`; kept apart so each module stays
+one responsibility (queries and commits there, storage administration here).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from casckpt import config as cfg
+from casckpt.catalog import shards as shard_sql
+from casckpt.engine import check as check_engine
+from casckpt.engine import rebuild as rebuild_engine
+from casckpt.engine import records
+from casckpt.engine import repair as repair_engine
+from casckpt.engine.context import EngineContext
+from casckpt.engine.validate import check_name
+from casckpt.errors import CasckptError, InvalidArgumentError
+from casckpt.storage import BlobStore, open_blob_store, redact_url
+from casckpt.storage.erasure import Redundancy
+from casckpt.storage.locations import Location, LocationSet
+from casckpt.storage.unreachable import UnreachableBlobStore
+from casckpt.types import (
+    CheckReport,
+    LocationInfo,
+    ProgressCallback,
+    RebuildReport,
+    RepairReport,
+)
+
+log = logging.getLogger(__name__)
+
+
+def parse_fraction(value: float | str) -> float:
+    """``0.05``, ``"5%"`` or ``"0.05"`` -> 0.05.
+
+    Raises:
+        InvalidArgumentError: not a fraction in (0, 1].
+    """
+    text = str(value).strip()
+    try:
+        fraction = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise InvalidArgumentError(f"{value!r} is not a share of the store: use e.g. 5% or 0.05") from None
+    if not 0 < fraction <= 1:
+        raise InvalidArgumentError(f"{value!r} must be more than 0% and at most 100%")
+    return fraction
+
+
+def open_location(row: shard_sql.LocationRow, url: str, s3: Any, given: dict[str, BlobStore]) -> Location:
+    """Open one catalog location; one this host cannot open is kept as unreachable."""
+    blob_store = given.get(url)
+    if blob_store is None:
+        try:
+            blob_store = open_blob_store(url, s3)
+        except (CasckptError, OSError) as exc:
+            log.warning("blob location %s (%s) cannot be opened: %s", row.name, redact_url(url), exc)
+            blob_store = UnreachableBlobStore(url, str(exc))
+    return Location(row.id, row.name, row.domain, row.state, blob_store)
+
+
+class StoreAdmin:
+    """Storage administration: see the module docstring."""
+
+    _ctx: EngineContext
+    _s3: Any
+    _config_file: Path | None
+
+    # -- redundancy -------------------------------------------------------------
+
+    def redundancy(self, run: str | None = None) -> str:
+        """The redundancy new packs get: the store's, or ``run``'s own if it has one."""
+        return str(self._ctx.packs.redundancy_for(run))
+
+    def set_redundancy(self, spec: str, *, run: str | None = None) -> str:
+        """Set the redundancy of new packs: ``"none"``, ``"replicate:N"`` or ``"ec:K+M"``.
+
+        For the whole store, or for one run (``run=``; ``spec=None`` is not
+        accepted here: use ``"inherit"`` to make a run follow the store again).
+        Packs already stored keep their scheme.
+
+        Raises:
+            InvalidArgumentError: a bad spec, or more shards than active failure domains.
+        """
+        if run is not None:
+            check_name(run, "run")
+        if run is not None and spec == "inherit":
+            shard_sql.set_run_redundancy(self._ctx.catalog, run, None)
+            records.record_run(self._ctx.locations, self._ctx.catalog, run)
+            return self.redundancy(run)
+        scheme = Redundancy.parse(spec)
+        self._ctx.packs.check_redundancy(scheme)
+        if run is None:
+            shard_sql.set_store_redundancy(self._ctx.catalog, str(scheme))
+            records.record_store(self._ctx.locations, self._ctx.catalog)
+        else:
+            shard_sql.set_run_redundancy(self._ctx.catalog, run, str(scheme))
+            records.record_run(self._ctx.locations, self._ctx.catalog, run)
+        return str(scheme)
+
+    # -- locations --------------------------------------------------------------
+
+    def locations(self) -> list[LocationInfo]:
+        """Every blob location with its failure domain, state and what it holds."""
+        usage = shard_sql.location_usage(self._ctx.catalog)
+        out = []
+        for loc in self._ctx.locations.all:
+            shards, size, damaged = usage.get(loc.id, (0, 0, 0))
+            out.append(LocationInfo(
+                name=loc.name, url=redact_url(loc.blobs.url), domain=loc.domain, state=loc.state,
+                shards=shards, bytes=size, damaged=damaged,
+                reachable=not isinstance(loc.blobs, UnreachableBlobStore)))
+        return out
+
+    def add_location(self, url: str, *, domain: str | None = None, name: str | None = None) -> LocationInfo:
+        """Add a blob location (a directory, ``file:///``, ``s3://``); new packs may use it at once.
+
+        Recorded in the catalog (every host sees it) and in this store's
+        config file. Existing packs stay where they are; ``repair`` uses the
+        new location for shards it has to re-place.
+
+        Raises:
+            InvalidArgumentError: the name or URL is taken, or the location cannot be opened.
+        """
+        known = {loc.name for loc in self._ctx.locations.all}
+        name = name or next(f"loc{i}" for i in range(len(known) + 1) if f"loc{i}" not in known)
+        check_name(name, "location")
+        base = self._config_file.parent if self._config_file is not None else Path.cwd()
+        spec = cfg.BlobLocation(url, domain, name)
+        absolute = cfg._resolved([spec], base)[0]  # noqa: SLF001 - one URL rule for files and args
+        try:
+            blob_store = open_blob_store(absolute.url, self._s3)
+            for _ in blob_store.list("packs/"):  # reachable and listable
+                break
+        except (CasckptError, OSError) as exc:
+            raise InvalidArgumentError(f"cannot use {redact_url(url)} as a blob location: {exc}") from exc
+        row = shard_sql.add_location(self._ctx.catalog, name, absolute.url, absolute.domain or name)
+        if self._config_file is not None:
+            cfg.add_location_to_file(self._config_file, spec)
+        self._reload_locations({absolute.url: blob_store})
+        return self._location_info(row.name)
+
+    def drain_location(self, name: str) -> LocationInfo:
+        """Stop writing to a location; ``repair`` then moves its shards to others and deletes them there."""
+        return self._set_location_state(name, "draining")
+
+    def fail_location(self, name: str) -> LocationInfo:
+        """Declare a location lost: it is never read again; ``repair`` re-creates its shards elsewhere."""
+        return self._set_location_state(name, "failed")
+
+    def activate_location(self, name: str) -> LocationInfo:
+        """Return a drained or failed location to service (its shards count again once verified)."""
+        return self._set_location_state(name, "active")
+
+    def _set_location_state(self, name: str, state: str) -> LocationInfo:
+        shard_sql.set_location_state(self._ctx.catalog, name, state)
+        self._reload_locations({})
+        return self._location_info(name)
+
+    def _location_info(self, name: str) -> LocationInfo:
+        return next(info for info in self.locations() if info.name == name)
+
+    def _reload_locations(self, opened: dict[str, BlobStore]) -> None:
+        """Re-read locations from the catalog, keeping the blob stores already open."""
+        current = {loc.id: loc.blobs for loc in self._ctx.locations.all}
+        fresh = []
+        for row in shard_sql.locations(self._ctx.catalog):
+            if row.id in current:
+                fresh.append(Location(row.id, row.name, row.domain, row.state, current[row.id]))
+            else:
+                fresh.append(open_location(row, row.url or "", self._s3, opened))
+        self._ctx.locations = LocationSet(fresh)
+        self._ctx.packs.locations = self._ctx.locations
+
+    # -- integrity --------------------------------------------------------------
+
+    def check(self, *, read_data: bool = False, read_data_subset: float | str | None = None,
+              progress: ProgressCallback | None = None) -> CheckReport:
+        """Check the catalog against the blob locations.
+
+        Args:
+            read_data: read every pack in full: verify each shard and every chunk.
+            read_data_subset: scrub only this share of the stored bytes (``"5%"``,
+                ``0.05``), least recently verified packs first; a cron job running
+                ``check --read-data-subset 5%`` daily verifies everything every 20 days.
+
+        Damaged shards found are queued for :meth:`repair`. Data is never modified.
+        """
+        subset = parse_fraction(read_data_subset) if read_data_subset is not None else None
+        return check_engine.check(self._ctx, read_data=read_data, progress=progress,
+                                  read_data_subset=subset)
+
+    def repair(self, *, progress: ProgressCallback | None = None) -> RepairReport:
+        """Rebuild lost or corrupt shards and move shards off draining or failed locations.
+
+        Safe while other processes commit, restore and collect garbage.
+        """
+        return repair_engine.repair(self._ctx, progress)
+
+    def rebuild_catalog(self, *, progress: ProgressCallback | None = None) -> RebuildReport:
+        """Recreate an empty catalog from the blob locations alone (see :mod:`casckpt.engine.rebuild`).
+
+        Raises:
+            InvalidArgumentError: the catalog is not empty.
+        """
+        return rebuild_engine.rebuild(self._ctx, progress)
+
+    def rebuild_cache(self) -> int:
+        """Drop and refill this host's index cache from the catalog; returns the chunks cached."""
+        return rebuild_engine.refill_cache(self._ctx)
