@@ -243,7 +243,7 @@ def commit(ctx: EngineContext, state: object, req: CommitRequest,
             "commit with another step, or fork a new run"
         )
     redundancy = ctx.packs.redundancy_for(req.run)
-    ctx.packs.check_redundancy(redundancy)
+    ctx.packs.check_writable(redundancy)
     lease = begin_lease(ctx.catalog)
     try:
         staged = _stage(ctx, state, req, created, redundancy, progress)

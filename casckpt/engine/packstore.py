@@ -117,6 +117,28 @@ class PackStore:
         spec = sql.run_redundancy(self.catalog).get(run) if run is not None else None
         return Redundancy.parse(spec or sql.store_redundancy(self.catalog) or "none")
 
+    def check_writable(self, redundancy: Redundancy) -> None:
+        """Refuse to write when fewer failure domains are active than the write quorum.
+
+        With fewer active domains than shards (a location failed or is
+        draining) but at least the quorum, packs are still written: the
+        shards that lack a domain of their own double up on others, and a
+        warning says so. ``repair`` spreads them again once locations return.
+
+        Raises:
+            StorageError: fewer active failure domains than the quorum.
+        """
+        domains = self.locations.domains()
+        if len(domains) < self.quorum(redundancy):
+            raise StorageError(
+                f"redundancy {redundancy} needs {self.quorum(redundancy)} active failure domains to "
+                f"store a pack durably (its write quorum), but only {len(domains)} are active "
+                f"({', '.join(domains) or 'none'}); see `casckpt location list`"
+            )
+        if len(domains) < redundancy.shards:
+            log.warning("only %d failure domains are active for %s: some shards of new packs share a "
+                        "domain until locations are added or restored", len(domains), redundancy)
+
     def quorum(self, redundancy: Redundancy) -> int:
         """Shards that must be durable before a pack counts as stored."""
         wanted = self._quorum or redundancy.default_quorum()
@@ -178,7 +200,7 @@ class PackStore:
             raise StorageError(f"no location accepted pack {pack_id}: {last}") from last
         data = path.read_bytes()
         path.unlink(missing_ok=True)
-        self.check_redundancy(redundancy)
+        self.check_writable(redundancy)
         layout, payloads = self._encode(pack_id, data, redundancy)
         written = self._place(layout, payloads, self.locations.placement(pack_id))
         healthy = sum(1 for sh in written if sh.state == "ok")
@@ -226,6 +248,8 @@ class PackStore:
         """
         used = set(taken)
         slots = [loc for loc in order if loc.domain not in used]
+        while slots and len(slots) < len(payloads):  # too few domains: double up, least loaded first
+            slots += slots[: len(payloads) - len(slots)]
         first, spares = slots[: len(payloads)], slots[len(payloads) :]
         indexes = [i for i, _ in enumerate(payloads)]
 
@@ -248,8 +272,6 @@ class PackStore:
             size = len(payloads[index])
             rows.append(ShardRow(index, loc.id, key, size, self._checksum(layout, payloads[index]),
                                  "ok" if ok else "missing"))
-        if len(first) < len(payloads):  # fewer domains than shards: refused up front by check_redundancy
-            raise StorageError(f"pack {layout.id}: not enough failure domains for its shards")
         return rows
 
     # -- reading --------------------------------------------------------------
@@ -530,10 +552,19 @@ class PackStore:
 
     def _write_one(self, layout: PackLayout, index: int, payload: bytes | memoryview,
                    order: Sequence[Location], taken: set[str]) -> ShardRow | None:
+        """Write one shard: to a failure domain the pack does not use yet if there is one,
+        else (too few domains left) to any active location, least used by this pack first."""
         key = self._object_key(layout, index)
-        for loc in order:
-            if loc.state != "active" or loc.domain in taken:
-                continue
+        fresh = [loc for loc in order if loc.state == "active" and loc.domain not in taken]
+        used: dict[int, int] = {}
+        for sh in layout.shards:
+            used[sh.location_id] = used.get(sh.location_id, 0) + 1
+        doubled = sorted((loc for loc in order if loc.state == "active" and loc.domain in taken),
+                         key=lambda loc: used.get(loc.id, 0))
+        for loc in [*fresh, *doubled]:
+            if loc.domain in taken:
+                log.warning("pack %s shard %d shares failure domain %s with another shard: no "
+                            "unused domain is active", layout.id, index, loc.domain)
             try:
                 loc.blobs.put(key, payload)
             except StorageError as exc:
