@@ -139,17 +139,21 @@ def mark_shards(catalog: Catalog, pack_id: str, states: Mapping[int, str]) -> No
                          .values(state=state))
 
 
-def replace_shards(catalog: Catalog, pack_id: str, rows: Sequence[ShardRow]) -> None:
-    """Record freshly written shards (new location, key, checksum), healthy and just verified."""
+def replace_shards(catalog: Catalog, pack_id: str, rows: Sequence[ShardRow]) -> bool:
+    """Record freshly written shards (new location, key, checksum), healthy and just verified.
+
+    Returns False when the pack is gone (GC swept it meanwhile): the shards
+    just written are then orphans, which the next GC removes.
+    """
     now = time.time()
     with catalog.write() as conn:
+        updated = 0
         for sh in rows:
-            values = {"location_id": sh.location_id, "key": sh.key, "size": sh.size,
-                      "checksum": sh.checksum, "state": "ok", "verified_at": now}
-            done = conn.execute(update(s.shards).where(
-                s.shards.c.pack_id == pack_id, s.shards.c.idx == sh.index).values(**values))
-            if not done.rowcount:
-                conn.execute(s.shards.insert().values(pack_id=pack_id, idx=sh.index, **values))
+            updated += conn.execute(update(s.shards).where(
+                s.shards.c.pack_id == pack_id, s.shards.c.idx == sh.index).values(
+                location_id=sh.location_id, key=sh.key, size=sh.size, checksum=sh.checksum,
+                state="ok", verified_at=now)).rowcount
+        return updated > 0
 
 
 def mark_verified(catalog: Catalog, pack_id: str, indexes: Iterable[int], whole_pack: bool) -> None:

@@ -20,7 +20,14 @@ from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from casckpt.types import CheckReport, RunInfo, StoreStats, Version, VersionDetail
+from casckpt.types import (
+    CheckReport,
+    LocationInfo,
+    RunInfo,
+    StoreStats,
+    Version,
+    VersionDetail,
+)
 
 _PIPE_WIDTH = 1000
 """Console width when stdout is not a terminal: wide enough that no cell is cut or wrapped."""
@@ -283,8 +290,11 @@ def check_dict(report: CheckReport) -> dict[str, Any]:
 def check_view(report: CheckReport) -> list[RenderableType]:
     """A one-line summary, then a table of problems if any."""
     read = ""
-    if report.chunks_read:
-        read = f"; read {report.chunks_read} chunks ({human_bytes(report.bytes_read)})"
+    if report.chunks_read or report.packs_read:
+        read = (
+            f"; read {report.packs_read} packs, {report.chunks_read} chunks "
+            f"({human_bytes(report.bytes_read)})"
+        )
     summary = (
         f"checked {report.versions} versions, {report.packs} packs, {report.chunks} chunks{read}"
     )
@@ -295,3 +305,33 @@ def check_view(report: CheckReport) -> list[RenderableType]:
         problems.add_row(p.kind, p.subject, p.detail)
     found = Text(f"{len(report.problems)} problem(s) found", style="bold red")
     return [summary, found, problems]
+
+
+_STATE_STYLES = {"active": "green", "draining": "yellow", "failed": "bold red"}
+
+
+def locations_table(locations: Iterable[LocationInfo]) -> Table:
+    """One row per blob location: name, failure domain, state, URL and what it holds."""
+    table = _table(
+        "NAME",
+        "DOMAIN",
+        "STATE",
+        "URL",
+        "SHARDS",
+        "SIZE",
+        "DAMAGED",
+        "REACHABLE",
+        right=("SHARDS", "SIZE", "DAMAGED"),
+    )
+    for loc in locations:
+        table.add_row(
+            loc.name,
+            loc.domain,
+            Text(loc.state, style=_STATE_STYLES.get(loc.state, "")),
+            loc.url,
+            str(loc.shards),
+            human_bytes(loc.bytes),
+            Text(str(loc.damaged), style="bold red" if loc.damaged else ""),
+            Text("yes") if loc.reachable else Text("no", style="bold red"),
+        )
+    return table

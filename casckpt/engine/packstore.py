@@ -225,9 +225,11 @@ class PackStore:
         fragments, stripe, offset = code.encode(data)
         payloads: list[bytes | memoryview] = []
         for index, fragment in enumerate(fragments):
+            fragments[index] = b""  # bound peak memory: each fragment is held once
             header = ShardHeader(pack_id, index, code.k, code.m, code.algorithm, len(data),
                                  len(fragment), offset, payload_checksum(fragment))
             payloads.append(encode_shard_header(header) + fragment)
+            del fragment
         layout = PackLayout(pack_id, key, len(data), "ec", code.k, code.m, code.algorithm, stripe, offset)
         return layout, payloads
 
@@ -240,18 +242,17 @@ class PackStore:
         return payload_checksum(memoryview(payload)[SHARD_HEADER_SIZE:])
 
     def _place(self, layout: PackLayout, payloads: Sequence[bytes | memoryview],
-               order: Sequence[Location], taken: Sequence[str] = ()) -> list[ShardRow]:
-        """Write each payload (index -> payload) to its own failure domain, using spares on refusal.
+               order: Sequence[Location]) -> list[ShardRow]:
+        """Write payload ``i`` to ``order[i]`` (distinct failure domains), using spares on refusal.
 
-        ``taken``: domains already holding another shard of this pack.
+        With fewer domains than payloads, erasure-coded shards double up (in
+        placement order); copies of a pack share one key, so they never do.
         Returns one row per payload: ``ok`` where written, else ``missing``.
         """
-        used = set(taken)
-        slots = [loc for loc in order if loc.domain not in used]
-        while slots and len(slots) < len(payloads):  # too few domains: double up, least loaded first
+        slots = list(order)
+        while layout.scheme == "ec" and slots and len(slots) < len(payloads):
             slots += slots[: len(payloads) - len(slots)]
         first, spares = slots[: len(payloads)], slots[len(payloads) :]
-        indexes = [i for i, _ in enumerate(payloads)]
 
         def write(index: int, loc: Location) -> bool:
             try:
@@ -262,16 +263,17 @@ class PackStore:
                             layout.id, index, loc.describe(), exc)
                 return False
 
+        results = list(self._io.map(write, range(len(first)), first))
         rows: list[ShardRow] = []
-        results = list(self._io.map(write, indexes, first))
-        for index, loc, ok in zip(indexes, first, results, strict=False):
+        for index, payload in enumerate(payloads):
+            loc = first[index] if index < len(first) else None
+            ok = results[index] if index < len(first) else False
             while not ok and spares:
                 loc = spares.pop(0)
                 ok = write(index, loc)
-            key = self._object_key(layout, index)
-            size = len(payloads[index])
-            rows.append(ShardRow(index, loc.id, key, size, self._checksum(layout, payloads[index]),
-                                 "ok" if ok else "missing"))
+            nominal = loc or order[0]  # a shard never written still names where it belongs
+            rows.append(ShardRow(index, nominal.id, self._object_key(layout, index), len(payload),
+                                 self._checksum(layout, payload), "ok" if ok else "missing"))
         return rows
 
     # -- reading --------------------------------------------------------------
@@ -541,8 +543,10 @@ class PackStore:
             rewritten.append((index, old_loc.name if old_loc else "?",
                               self.locations.get(done.location_id).name))  # type: ignore[union-attr]
         if new_rows:
-            sql.replace_shards(self.catalog, layout.id, new_rows)
             self.forget(layout.id)
+            if not sql.replace_shards(self.catalog, layout.id, new_rows):  # GC removed the pack
+                self.delete([(row.location_id, row.key) for row in new_rows])
+                return RepairOutcome(layout.id, (), ())
             for row in new_rows:
                 old = layout.shard(row.index)
                 old_loc = self.locations.get(old.location_id) if old is not None else None
@@ -559,7 +563,9 @@ class PackStore:
         used: dict[int, int] = {}
         for sh in layout.shards:
             used[sh.location_id] = used.get(sh.location_id, 0) + 1
-        doubled = sorted((loc for loc in order if loc.state == "active" and loc.domain in taken),
+        holding = {sh.location_id for sh in layout.shards if sh.key == key and sh.index != index}
+        doubled = sorted((loc for loc in order if loc.state == "active" and loc.domain in taken
+                          and loc.id not in holding),  # copies share a key: one per location
                          key=lambda loc: used.get(loc.id, 0))
         for loc in [*fresh, *doubled]:
             if loc.domain in taken:
