@@ -283,7 +283,7 @@ class Store(StoreAdmin):
 
     def stats(self) -> StoreStats:
         """Space accounting: logical vs unique vs stored bytes."""
-        return StoreStats(**self._ctx.catalog.totals())
+        return StoreStats(**self._ctx.catalog.totals(), redundancy=self.redundancy())
 
     # -- retention ----------------------------------------------------------
 

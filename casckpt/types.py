@@ -119,7 +119,9 @@ class StoreStats(_ToDict):
 
     ``logical_bytes`` sums every version's tensor bytes (what N torch.save files
     would hold); ``unique_bytes`` is the raw size of distinct chunks;
-    ``stored_bytes`` their encoded size; ``pack_bytes`` the packs in full (headers, footers).
+    ``stored_bytes`` their encoded size; ``pack_bytes`` the packs in full (headers, footers);
+    ``location_bytes`` what the blob locations hold for them (every copy and
+    shard, parity included); ``redundancy`` the scheme new packs get.
     """
 
     runs: int
@@ -131,6 +133,8 @@ class StoreStats(_ToDict):
     unique_bytes: int
     stored_bytes: int
     pack_bytes: int
+    location_bytes: int = 0
+    redundancy: str = "none"
 
     @property
     def dedup_ratio(self) -> float:

@@ -557,10 +557,13 @@ class Catalog:
                                 .where(c.c.state == "live")).one()
             prow = conn.execute(select(func.count(p.c.id), func.coalesce(func.sum(p.c.size), 0))
                                 .where(p.c.state == "live")).one()
+            shard_bytes = conn.execute(select(func.coalesce(func.sum(s.shards.c.size), 0))
+                                       .where(s.shards.c.state == "ok")).scalar_one()
             runs = conn.execute(select(func.count(s.runs.c.id))).scalar_one()
             tags = conn.execute(select(func.count(s.tags.c.name))).scalar_one()
         return {
             "runs": runs, "versions": vrow[0], "tags": tags, "chunks": crow[0], "packs": prow[0],
             "logical_bytes": int(vrow[1]), "unique_bytes": int(crow[1]),
             "stored_bytes": int(crow[2]), "pack_bytes": int(prow[1]),
+            "location_bytes": int(shard_bytes),
         }

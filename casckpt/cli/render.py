@@ -274,6 +274,8 @@ def stats_table(stats: StoreStats) -> Table:
         ("unique size", human_bytes(stats.unique_bytes)),
         ("stored size", human_bytes(stats.stored_bytes)),
         ("pack size", human_bytes(stats.pack_bytes)),
+        ("on locations", human_bytes(stats.location_bytes)),
+        ("redundancy", stats.redundancy),
         ("dedup ratio", f"{stats.dedup_ratio:.2f}x"),
         ("compression ratio", f"{stats.compression_ratio:.2f}x"),
     ]

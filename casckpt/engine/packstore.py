@@ -52,6 +52,7 @@ from casckpt.storage.locations import Location, LocationSet
 log = logging.getLogger(__name__)
 
 _LAYOUT_CACHE = 4096
+_RECOVERED_KEPT = 2  # rebuilt packs kept for the other ranges of one restore (~64 MiB each)
 
 
 def pack_key(pack_id: str) -> str:
@@ -94,6 +95,8 @@ class PackStore:
         self._quorum = quorum
         self._codes: dict[tuple[int, int, str], ErasureCode] = {}
         self._layouts: OrderedDict[str, PackLayout] = OrderedDict()
+        self._recovered: OrderedDict[str, bytes] = OrderedDict()
+        self._pack_locks: dict[str, Lock] = {}
         self._lock = Lock()
 
     # -- policy ---------------------------------------------------------------
@@ -474,9 +477,29 @@ class PackStore:
     def recover(self, pack_id: str) -> bytes:
         """Rebuild a pack from its healthy shards and heal the damaged ones (heal on read).
 
+        Single-flight per pack: restore reads a pack in several ranges at
+        once, and all of them wait for one rebuild. The last few rebuilt
+        packs are kept (packs are immutable, so they never go stale).
+
         Raises:
             MissingDataError: too few healthy shards; names the pack and what is wrong.
         """
+        with self._lock:
+            pack_lock = self._pack_locks.setdefault(pack_id, Lock())
+        with pack_lock:
+            with self._lock:
+                cached = self._recovered.get(pack_id)
+            if cached is not None:
+                return cached
+            data = self._recover(pack_id)
+            with self._lock:
+                self._recovered[pack_id] = data
+                while len(self._recovered) > _RECOVERED_KEPT:
+                    old, _ = self._recovered.popitem(last=False)
+                    self._pack_locks.pop(old, None)
+            return data
+
+    def _recover(self, pack_id: str) -> bytes:
         layout = self.layout(pack_id, fresh=True)
         if layout is None:
             raise BlobNotFoundError(f"pack {pack_id} is not in the catalog (removed by GC?)")
