@@ -20,6 +20,7 @@ Exit codes (scripts may rely on them):
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from casckpt.catalog.migrate import head_revision
 from casckpt.cli import render
 from casckpt.cli.export import check_target, export_safetensors
 from casckpt.cli.progress import progress_bars
+from casckpt.config import BlobLocation, blob_locations
 from casckpt.errors import (
     AmbiguousRefError,
     CasckptError,
@@ -47,6 +49,7 @@ from casckpt.errors import (
     TensorNotFoundError,
     UnsupportedStateError,
 )
+from casckpt.storage.erasure import Redundancy
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1
@@ -55,6 +58,9 @@ EXIT_NOT_FOUND = 3
 EXIT_INTEGRITY = 4
 EXIT_OTHER = 5
 EXIT_BUSY = 6
+
+_DOMAIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+"""A failure domain given as ``--location DOMAIN=URL``."""
 
 _EPILOG = (
     "Exit codes: 0 ok; 1 check found problems; 2 usage error or bad input; "
@@ -149,35 +155,83 @@ def init(
     ctx: typer.Context,
     path: Annotated[
         Path | None,
-        typer.Argument(help="Where to create the store [default: --store / CASCKPT_STORE]."),
+        typer.Argument(help="Where to create the store (default: --store / CASCKPT_STORE)."),
     ] = None,
     blobs: Annotated[str | None, typer.Option(
-        help="Where packs live: a directory or s3://bucket/prefix [default: PATH itself].")] = None,
+        help="Where packs live: a directory or s3://bucket/prefix (default: PATH itself).")] = None,
     catalog: Annotated[str | None, typer.Option(
         help="Catalog SQLAlchemy URL, e.g. postgresql+psycopg://user@host/db "
-             "[default: SQLite in PATH].")] = None,
+             "(default: SQLite in PATH).")] = None,
     s3_endpoint: Annotated[str | None, typer.Option(
         help="S3-compatible endpoint URL (recorded in casckpt.toml).")] = None,
     s3_region: Annotated[str | None, typer.Option(help="S3 region.")] = None,
     sse: Annotated[str | None, typer.Option(
         help="Server-side encryption for S3 objects: AES256 or aws:kms.")] = None,
     kms_key_id: Annotated[str | None, typer.Option(help="KMS key id for --sse aws:kms.")] = None,
+    location: Annotated[list[str] | None, typer.Option(
+        "--location", metavar="[DOMAIN=]URL",
+        help="A blob location (repeat for several; instead of --blobs): a directory, "
+             "file:///dir or s3://bucket/prefix, optionally prefixed DOMAIN= to name its "
+             "failure domain; locations sharing a domain fail together (default domain: "
+             "its own). Named loc0, loc1, ... in order.")] = None,
+    redundancy: Annotated[str | None, typer.Option(
+        help="Redundancy of new packs: none, replicate:N or ec:K+M (needs K+M failure "
+             "domains) (default: none).")] = None,
 ) -> None:
     """Create a store (does nothing to an existing one).
 
     PATH gets a casckpt.toml recording where blobs and catalog live, so every
-    job and command opens the store with PATH alone.
+    job and command opens the store with PATH alone. Relative directories in
+    --blobs and --location are relative to PATH.
+
+    Example, six disks in six failure domains, any four of which restore
+    every pack: casckpt init /ckpt --redundancy ec:4+2 --location d0=/mnt/d0
+    --location d1=/mnt/d1 ... --location d5=/mnt/d5
     """
     target = path if path is not None else _store_path(ctx)
+    if blobs is not None and location:
+        raise typer.BadParameter("give either --blobs or --location, not both", param_hint="--location")
+    places = parse_locations(location) if location else blobs
     try:
         casckpt.open(target, create=False).close()
     except NotAStoreError:
+        if redundancy is not None:
+            check_init_redundancy(redundancy, places)
         s3 = {k: v for k, v in (("endpoint_url", s3_endpoint), ("region", s3_region),
                                 ("sse", sse), ("kms_key_id", kms_key_id)) if v is not None}
-        with casckpt.open(target, create=True, blobs=blobs, catalog=catalog, s3=s3) as store:
+        with casckpt.open(target, create=True, blobs=places, catalog=catalog, s3=s3,
+                          redundancy=redundancy) as store:
             render.out(f"Created an empty casckpt store in {store.path}")
+            if redundancy is not None or location:
+                render.out(f"redundancy {store.redundancy()} over {len(store.locations())} location(s)")
         return
     render.out(f"A casckpt store already exists in {target}; left it as it is")
+
+
+def parse_locations(values: list[str]) -> list[BlobLocation]:
+    """``["d0=/mnt/a", "/mnt/b"]`` -> locations; a prefix before ``=`` without ``/`` or ``:`` is a domain."""
+    out = []
+    for value in values:
+        domain, sep, url = value.partition("=")
+        if sep and _DOMAIN.match(domain):
+            if not url:
+                raise InvalidArgumentError(f"--location {value!r}: give a URL after {domain}=")
+            out.append(BlobLocation(url, domain))
+        else:
+            out.append(BlobLocation(value))
+    return out
+
+
+def check_init_redundancy(spec: str, places: str | list[BlobLocation] | None) -> None:
+    """Refuse, before anything is created, a scheme the new store's failure domains cannot hold."""
+    scheme = Redundancy.parse(spec)
+    locations = blob_locations(places if places is not None else ".")
+    domains = {loc.domain or loc.name for loc in locations}
+    if scheme.shards > len(domains):
+        raise InvalidArgumentError(
+            f"redundancy {scheme} puts each pack on {scheme.shards} failure domains, but the "
+            f"locations given span {len(domains)}; pass --location DOMAIN=URL once per domain"
+        )
 
 
 @app.command()
@@ -262,13 +316,26 @@ def restore(
 def check(
     ctx: typer.Context,
     read_data: Annotated[
-        bool, typer.Option("--read-data", help="Also read and verify every chunk.")
+        bool, typer.Option("--read-data", help="Also read and verify every pack and chunk.")
     ] = False,
+    read_data_subset: Annotated[str | None, typer.Option(
+        "--read-data-subset", metavar="P%",
+        help="Read and verify only this share of the stored bytes (e.g. 5% or 0.05), least "
+             "recently verified packs first; not together with --read-data.")] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Verify the store's consistency; exit 1 if any problem is found."""
+    """Verify the store's consistency; exit 1 if any problem is found.
+
+    Without --read-data only the catalog and the presence of every pack and
+    shard are checked. A daily `check --read-data-subset 5%` verifies every
+    byte every 20 days. Damaged shards found are queued for `casckpt repair`.
+    """
+    if read_data and read_data_subset is not None:
+        raise typer.BadParameter("--read-data reads everything; drop it to read only a subset",
+                                 param_hint="--read-data-subset")
     with _open_store(ctx) as store, progress_bars() as progress:
-        report = store.check(read_data=read_data, progress=progress)
+        report = store.check(read_data=read_data, read_data_subset=read_data_subset,
+                             progress=progress)
     if as_json:
         render.print_json(render.check_dict(report))
     else:
@@ -301,6 +368,7 @@ def migrate(ctx: typer.Context) -> None:
 from casckpt.cli import gc as _gc  # noqa: E402,F401
 from casckpt.cli import history as _history  # noqa: E402,F401
 from casckpt.cli import retention as _retention  # noqa: E402,F401
+from casckpt.cli import storage as _storage  # noqa: E402,F401
 
 if __name__ == "__main__":
     # `python -m casckpt.cli.main`: run the app of the imported module, which is

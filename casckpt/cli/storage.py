@@ -1,0 +1,264 @@
+"""Storage administration: ``location``, ``redundancy``, ``repair``, ``catalog rebuild``, ``cache rebuild``.
+
+A store keeps its packs on one or more blob locations, each in a failure
+domain (what fails together: a disk, a host, a bucket's region). New packs
+get the store's redundancy (``none``, ``replicate:N`` or ``ec:K+M``), or a
+run's own. ``casckpt check --read-data[-subset]`` finds damaged shards;
+``casckpt repair`` rebuilds them and moves shards off draining or failed
+locations. ``catalog rebuild`` recovers a lost catalog from the locations
+alone; ``cache rebuild`` refills this host's index cache.
+
+Exit codes: ``repair`` and ``catalog rebuild`` exit 1 when something could
+not be repaired or recovered; the others are those of ``casckpt --help``
+(2 bad input, e.g. a bad redundancy spec; 3 unknown location).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.console import RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from casckpt.cli import render
+from casckpt.cli.main import EXIT_PROBLEMS, JsonOption, _open_store, app
+from casckpt.cli.progress import progress_bars
+from casckpt.types import LocationInfo, RebuildReport, RepairReport
+
+location_app = typer.Typer(
+    help="Blob locations: where packs live, their failure domains and states.",
+    no_args_is_help=True,
+)
+app.add_typer(location_app, name="location")
+
+redundancy_app = typer.Typer(
+    help="Redundancy of new packs: none, replicate:N or ec:K+M (store-wide or per run).",
+    no_args_is_help=True,
+)
+app.add_typer(redundancy_app, name="redundancy")
+
+catalog_app = typer.Typer(help="The catalog: disaster recovery.", no_args_is_help=True)
+app.add_typer(catalog_app, name="catalog")
+
+cache_app = typer.Typer(help="This host's local index cache.", no_args_is_help=True)
+app.add_typer(cache_app, name="cache")
+
+NameArgument = Annotated[str, typer.Argument(help="Location name (see `casckpt location list`).")]
+RunOption = Annotated[
+    str | None, typer.Option("--run", help="A run's own redundancy instead of the store's.")
+]
+
+
+# -- locations -----------------------------------------------------------------
+
+
+def _print_location(info: LocationInfo, as_json: bool, hint: str | None = None) -> None:
+    if as_json:
+        render.print_json(info.to_dict())
+        return
+    render.out(render.locations_table([info]))
+    if hint:
+        render.note(hint)
+
+
+@location_app.command("list")
+def list_locations(ctx: typer.Context, as_json: JsonOption = False) -> None:
+    """List the blob locations: domain, state, URL, shards held, damaged shards, reachability."""
+    with _open_store(ctx) as store:
+        found = store.locations()
+    if as_json:
+        render.print_json([info.to_dict() for info in found])
+    else:
+        render.out(render.locations_table(found))
+
+
+@location_app.command("add")
+def add_location(
+    ctx: typer.Context,
+    url: Annotated[str, typer.Argument(
+        help="A directory (relative to the store directory), file:///dir or s3://bucket/prefix.")],
+    domain: Annotated[str | None, typer.Option(
+        help="Its failure domain, what fails with it: a disk, a host (default: its name).")] = None,
+    name: Annotated[str | None, typer.Option(
+        help="How commands refer to it (default: the first free locN).")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Add a blob location; new packs may use it at once (recorded in the catalog and casckpt.toml).
+
+    Packs already stored stay where they are; `casckpt repair` places the
+    shards it re-creates on it when their pack lacks its failure domain.
+    """
+    with _open_store(ctx) as store:
+        info = store.add_location(url, domain=domain, name=name)
+    _print_location(info, as_json)
+
+
+@location_app.command("drain")
+def drain_location(ctx: typer.Context, name: NameArgument, as_json: JsonOption = False) -> None:
+    """Stop writing to a location; `casckpt repair` then moves its shards to the others."""
+    with _open_store(ctx) as store:
+        info = store.drain_location(name)
+    _print_location(info, as_json,
+                    f"no new shards go to {name}; move its {info.shards} shard(s) off with: casckpt repair")
+
+
+@location_app.command("fail")
+def fail_location(ctx: typer.Context, name: NameArgument, as_json: JsonOption = False) -> None:
+    """Declare a location lost: it is never read again; `casckpt repair` re-creates its shards elsewhere."""
+    with _open_store(ctx) as store:
+        info = store.fail_location(name)
+    _print_location(info, as_json,
+                    f"{name} is no longer read; re-create its {info.shards} shard(s) with: casckpt repair")
+
+
+@location_app.command("activate")
+def activate_location(ctx: typer.Context, name: NameArgument, as_json: JsonOption = False) -> None:
+    """Return a drained or failed location to service: new packs may use it again."""
+    with _open_store(ctx) as store:
+        info = store.activate_location(name)
+    _print_location(info, as_json)
+
+
+# -- redundancy ----------------------------------------------------------------
+
+
+@redundancy_app.command("show")
+def show_redundancy(ctx: typer.Context, run: RunOption = None, as_json: JsonOption = False) -> None:
+    """Show the redundancy new packs get: the store's, or RUN's (its own or the store's)."""
+    with _open_store(ctx) as store:
+        spec = store.redundancy(run)
+        store_spec = spec if run is None else store.redundancy()
+        others = [] if run is not None else [
+            (r.name, own) for r in store.runs() if (own := store.redundancy(r.name)) != store_spec]
+    if as_json:
+        doc: dict[str, Any] = {"run": run, "redundancy": spec}
+        if run is None:
+            doc["runs"] = {name: own for name, own in others}
+        render.print_json(doc)
+        return
+    if run is None:
+        render.out(f"Redundancy of new packs: {spec}")
+        for name, own in others:
+            render.out(f"  run {name}: {own}")
+    else:
+        inherited = " (the store's)" if spec == store_spec else ""
+        render.out(f"Redundancy of new packs of {run}: {spec}{inherited}")
+
+
+@redundancy_app.command("set")
+def set_redundancy(
+    ctx: typer.Context,
+    spec: Annotated[str, typer.Argument(
+        help="none, replicate:N (N copies) or ec:K+M (K data + M parity shards); "
+             "with --run also inherit (follow the store again).")],
+    run: RunOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Set the redundancy of new packs, store-wide or for one run; stored packs keep theirs.
+
+    Each shard or copy of a pack goes to its own failure domain, so the
+    store needs at least N (replicate:N) or K+M (ec:K+M) domains with an
+    active location.
+    """
+    with _open_store(ctx) as store:
+        result = store.set_redundancy(spec, run=run)
+    if as_json:
+        render.print_json({"run": run, "redundancy": result})
+        return
+    whose = "the store" if run is None else f"run {run}"
+    render.out(f"Redundancy of new packs of {whose}: {result}")
+    render.note("packs already stored keep their redundancy")
+
+
+# -- repair and rebuilds ---------------------------------------------------------
+
+
+def _count_table(title: str, rows: list[tuple[str, int]]) -> Table:
+    table = Table(title=title, box=None, title_justify="left")
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    for label, value in rows:
+        table.add_row(label, str(value))
+    return table
+
+
+def _listing(title: str, items: tuple[str, ...]) -> list[RenderableType]:
+    if not items:
+        return []
+    return [Text(f"{title} ({len(items)}):", style="bold red"), *(f"  {item}" for item in items)]
+
+
+def _repair_view(report: RepairReport) -> list[RenderableType]:
+    if not report.packs:
+        return [Text("nothing to repair: every pack is at full redundancy", style="green")]
+    table = _count_table("repair", [
+        ("packs needing repair", report.packs),
+        ("shards rewritten", report.shards_rewritten),
+        ("shards moved to another location", report.shards_moved),
+        ("packs left unrepaired", len(report.unrepaired)),
+    ])
+    parts: list[RenderableType] = [table, *_listing("unrepaired packs", report.unrepaired)]
+    if report.ok:
+        parts.append(Text("every pack is back at full redundancy", style="green"))
+    return parts
+
+
+@app.command()
+def repair(ctx: typer.Context, as_json: JsonOption = False) -> None:
+    """Rebuild damaged shards, move shards off draining/failed locations; exit 1 if a pack stays short.
+
+    Works through what `casckpt check` and restores found damaged and the
+    shards on draining or failed locations. Safe while other jobs commit,
+    restore and collect garbage.
+    """
+    with _open_store(ctx) as store, progress_bars() as progress:
+        report = store.repair(progress=progress)
+    if as_json:
+        render.print_json({**report.to_dict(), "ok": report.ok})
+    else:
+        render.out(*_repair_view(report))
+    if not report.ok:
+        raise typer.Exit(EXIT_PROBLEMS)
+
+
+def _rebuild_ok(report: RebuildReport) -> bool:
+    return not report.lost_packs and not report.skipped
+
+
+@catalog_app.command("rebuild")
+def rebuild_catalog(ctx: typer.Context, as_json: JsonOption = False) -> None:
+    """Recreate a lost catalog from the blob locations alone; exit 1 if any pack or version was lost.
+
+    Needs an empty catalog: move a damaged catalog.db away first (SQLite) or
+    point the store at an empty database (PostgreSQL). Recovers packs,
+    versions, runs (forks, retention, redundancy) and tags; not commit
+    durations and byte counts (0), soft deletions or gc history.
+    """
+    with _open_store(ctx) as store, progress_bars() as progress:
+        report = store.rebuild_catalog(progress=progress)
+    ok = _rebuild_ok(report)
+    if as_json:
+        render.print_json({**report.to_dict(), "ok": ok})
+    else:
+        table = _count_table("catalog rebuilt", [
+            ("packs", report.packs), ("chunks", report.chunks), ("versions", report.versions),
+            ("runs", report.runs), ("tags", report.tags),
+            ("packs lost", len(report.lost_packs)), ("versions skipped", len(report.skipped)),
+        ])
+        render.out(table, *_listing("lost packs (too few readable shards)", report.lost_packs),
+                   *_listing("skipped versions", report.skipped))
+    if not ok:
+        raise typer.Exit(EXIT_PROBLEMS)
+
+
+@cache_app.command("rebuild")
+def rebuild_cache(ctx: typer.Context, as_json: JsonOption = False) -> None:
+    """Empty this host's index cache and refill it from the catalog."""
+    with _open_store(ctx) as store:
+        chunks = store.rebuild_cache()
+    if as_json:
+        render.print_json({"chunks": chunks})
+    else:
+        render.out(f"Rebuilt the index cache: {chunks} chunks")
