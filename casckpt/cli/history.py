@@ -47,7 +47,7 @@ def parse_time(text: str) -> float:
 @app.command()
 def log(
     ctx: typer.Context,
-    run: Annotated[str | None, typer.Argument(help="Only this run [default: all runs].")] = None,
+    run: Annotated[str | None, typer.Argument(help="Only this run (default: all runs).")] = None,
     since: Annotated[str | None, typer.Option(help=f"Created at or after: {_TIME_HELP}.")] = None,
     until: Annotated[str | None, typer.Option(help=f"Created at or before: {_TIME_HELP}.")] = None,
     min_step: Annotated[int | None, typer.Option(min=0, help="Lowest step.")] = None,

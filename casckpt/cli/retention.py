@@ -29,7 +29,7 @@ retention_app = typer.Typer(
 app.add_typer(retention_app, name="retention")
 
 RunArgument = Annotated[str, typer.Argument(help="Run name.")]
-OptionalRun = Annotated[str | None, typer.Argument(help="Only this run [default: every run with a policy].")]
+OptionalRun = Annotated[str | None, typer.Argument(help="Only this run (default: every run with a policy).")]
 
 
 def parse_best(text: str) -> tuple[str, int, str]:
