@@ -215,3 +215,174 @@ def test_threads_opening_stores_at_once(tmp_path: Path) -> None:
         for t in threads:
             t.join(timeout=120)
         assert not errors, f"concurrent opens failed: {errors!r}"
+
+
+# -- 0004: blob locations and shards ------------------------------------------------------
+
+
+def _migrate_url(url: str, revision: str, *, down: bool = False) -> None:
+    """:func:`_migrate` for any catalog URL."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            (command.downgrade if down else command.upgrade)(_config(conn), revision)
+            conn.commit()
+    finally:
+        engine.dispose()
+
+
+def _query(url: str, sql: str) -> list[tuple[object, ...]]:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return [tuple(row) for row in conn.exec_driver_sql(sql)]
+    finally:
+        engine.dispose()
+
+
+def _columns(url: str, table: str) -> set[str]:
+    engine = create_engine(url)
+    try:
+        return {c["name"] for c in inspect(engine).get_columns(table)}
+    finally:
+        engine.dispose()
+
+
+SHARDS_WITH_LOCATIONS = (
+    "SELECT p.id, p.key, p.size, p.scheme, p.k, p.m, s.idx, s.key, s.size, s.state, "
+    "l.id, l.name, l.url, l.domain, l.state FROM packs p "
+    "JOIN shards s ON s.pack_id = p.id JOIN locations l ON l.id = s.location_id ORDER BY p.id"
+)
+
+
+def _write_at_0003(root: Path, catalog: str | None = None, blobs: Path | None = None,
+                   steps: tuple[int, ...] = (1, 2, 3)) -> tuple[str, str]:
+    """A store with versions in several packs, taken back to the 0003 schema.
+
+    Returns (catalog URL, the blob location's URL as recorded at head).
+    """
+    with casckpt.open(root, catalog=catalog, blobs=str(blobs) if blobs else None, chunk_size=4096,
+                      pack_size=64 * 1024, cache=root.parent / "cache") as store:
+        for step in steps:
+            store.commit(_state(step), run="r", step=step, tags=[f"t{step}"])
+    url = catalog or f"sqlite:///{root / cfg.CATALOG_FILE}"
+    ((blob_url,),) = _query(url, "SELECT url FROM locations")
+    _migrate_url(url, "0003", down=True)
+    assert _query(url, "SELECT version_num FROM alembic_version") == [("0003",)]
+    tables = _tables_url(url)
+    assert "shards" not in tables and "locations" not in tables
+    assert "scheme" not in _columns(url, "packs") and "redundancy" not in _columns(url, "runs")
+    return url, str(blob_url)
+
+
+def _tables_url(url: str) -> set[str]:
+    engine = create_engine(url)
+    try:
+        return set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def _assert_single_copies_on_loc0(url: str, blob_url: str) -> None:
+    packs = _query(url, "SELECT id FROM packs")
+    rows = _query(url, SHARDS_WITH_LOCATIONS)
+    assert len(packs) >= 2, "the store should span several packs"
+    assert sorted(str(r[0]) for r in rows) == sorted(str(p[0]) for p in packs), "a pack has no shard row"
+    for (_, pkey, psize, scheme, k, m, idx, skey, ssize, sstate, lid, lname, lurl, ldomain, lstate) in rows:
+        assert (scheme, k, m, idx) == ("none", 1, 0, 0)
+        assert (skey, ssize, sstate) == (pkey, psize, "ok")
+        assert (lid, lname, lurl, ldomain, lstate) == (1, "loc0", blob_url, "loc0", "active")
+    assert _query(url, "SELECT COUNT(*) FROM locations") == [(1,)]
+
+
+def _assert_all_restore(store: casckpt.Store, steps: tuple[int, ...]) -> None:
+    for step in steps:
+        _assert_restores(store, step)
+        assert store.resolve(f"tag:t{step}").step == step
+    assert store.check(read_data=True).ok
+
+
+@pytest.mark.parametrize("separate_blobs", [False, True], ids=["self-contained", "blobs-elsewhere"])
+def test_store_at_0003_gets_its_packs_on_loc0(tmp_path: Path, separate_blobs: bool) -> None:
+    root = tmp_path / "store"
+    blobs = tmp_path / "blobs" if separate_blobs else None
+    url, blob_url = _write_at_0003(root, blobs=blobs)
+    assert blob_url == (blobs or root).as_uri()
+
+    with casckpt.open(root, chunk_size=4096, cache=tmp_path / "cache") as store:
+        assert _revision(root) == head_revision()
+        _assert_single_copies_on_loc0(url, blob_url)
+        assert [(loc.name, loc.url, loc.state, loc.shards) for loc in store.locations()] == [
+            ("loc0", blob_url, "active", len(_query(url, "SELECT id FROM packs")))]
+        assert store.redundancy() == "none"
+        _assert_all_restore(store, (1, 2, 3))
+        store.commit(_state(4), run="r", step=4, tags=["t4"])
+        _assert_all_restore(store, (1, 2, 3, 4))
+    _assert_single_copies_on_loc0(url, blob_url)  # the new packs too, still one location
+
+
+def test_store_at_0003_then_gains_a_location_and_redundancy(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    url, blob_url = _write_at_0003(root)
+    with casckpt.open(root, chunk_size=4096, cache=tmp_path / "cache") as store:
+        added = store.add_location(str(tmp_path / "second"), domain="other")
+        assert (added.name, added.domain) == ("loc1", "other")
+        assert _query(url, "SELECT id, name FROM locations ORDER BY id") == [(1, "loc0"), (2, "loc1")]
+        store.set_redundancy("replicate:2")
+        store.commit(_state(4), run="r", step=4, tags=["t4"])
+        _assert_all_restore(store, (1, 2, 3, 4))
+        assert {loc.name: loc.shards > 0 for loc in store.locations()} == {"loc0": True, "loc1": True}
+
+
+def test_empty_store_at_0003_registers_its_configured_location(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    root.mkdir()
+    (root / cfg.CONFIG_FILE).write_text(f"[store]\nformat = {cfg.STORE_FORMAT}\n")
+    _migrate(root, "0003")
+    url = f"sqlite:///{root / cfg.CATALOG_FILE}"
+    with casckpt.open(root) as store:
+        assert _query(url, "SELECT id, name, url, domain, state FROM locations") == [
+            (1, "loc0", root.as_uri(), "loc0", "active")]
+        store.commit(_state(1), run="r", step=1, tags=["t1"])
+        _assert_all_restore(store, (1,))
+
+
+def test_0004_downgrades_to_0003_and_back(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    url, blob_url = _write_at_0003(root)
+    _migrate(root, "0004")
+    assert _revision(root) == "0004"
+    # the migration cannot know the URL: the store fills it in from its config when opened
+    assert _query(url, "SELECT id, name, url, domain FROM locations") == [(1, "loc0", None, "loc0")]
+    assert _query(url, "SELECT COUNT(*) FROM shards") == _query(url, "SELECT COUNT(*) FROM packs")
+    assert {"scheme", "k", "m", "algorithm", "stripe", "data_offset"} <= _columns(url, "packs")
+    assert "redundancy" in _columns(url, "runs")
+
+    _migrate(root, "0003", down=True)
+    assert _revision(root) == "0003"
+    assert not {"shards", "locations"} & _tables(root)
+    assert not {"scheme", "k", "m", "algorithm", "stripe", "data_offset"} & _columns(url, "packs")
+    _migrate(root, "0004")
+    _migrate(root, "0003", down=True)
+    _migrate(root, "0004")
+
+    with casckpt.open(root, chunk_size=4096, cache=tmp_path / "cache") as store:
+        _assert_single_copies_on_loc0(url, blob_url)
+        _assert_all_restore(store, (1, 2, 3))
+
+
+def test_postgres_store_at_0003_is_upgraded(tmp_path: Path, pg_url: str) -> None:
+    """The migration's PostgreSQL branch: location ids go on from 1 after the backfill."""
+    root = tmp_path / "store"
+    url, blob_url = _write_at_0003(root, catalog=pg_url)
+    with casckpt.open(root, chunk_size=4096, cache=tmp_path / "cache") as store:
+        _assert_single_copies_on_loc0(url, blob_url)
+        _assert_all_restore(store, (1, 2, 3))
+        store.add_location(str(tmp_path / "second"), domain="other")  # id 2, not a clash with 1
+        assert _query(url, "SELECT id, name FROM locations ORDER BY id") == [(1, "loc0"), (2, "loc1")]
+        store.set_redundancy("replicate:2")
+        store.commit(_state(4), run="r", step=4, tags=["t4"])
+        _assert_all_restore(store, (1, 2, 3, 4))
+    _migrate_url(url, "0003", down=True)
+    _migrate_url(url, "0004")
+    assert _query(url, "SELECT version_num FROM alembic_version") == [("0004",)]

@@ -61,14 +61,23 @@ def payload_checksum(payload: bytes | memoryview) -> str:
 
 
 def encode_shard_header(header: ShardHeader) -> bytes:
-    """Return the fixed-size header written before a shard payload."""
+    """Return the fixed-size header written before a shard payload.
+
+    Raises:
+        ValueError: a field the layout cannot hold, or one :func:`decode_shard_header` would refuse.
+    """
     algorithm = header.algorithm.encode("ascii")
     if len(algorithm) > 16:
         raise ValueError(f"algorithm name {header.algorithm!r} is longer than 16 bytes")
+    pack_id, checksum = bytes.fromhex(header.pack_id), bytes.fromhex(header.checksum)
+    if len(pack_id) != 32 or len(checksum) != 32:  # struct would pad or cut them silently
+        raise ValueError("shard pack id and checksum must be 32 bytes (64 hex digits)")
+    if not 0 < header.k or header.index >= header.k + header.m or header.data_offset > header.payload_len:
+        raise ValueError(f"inconsistent shard header {header!r}")  # decode would refuse it
     head = _HEAD.pack(
-        SHARD_MAGIC, bytes.fromhex(header.pack_id), header.index, header.k, header.m,
+        SHARD_MAGIC, pack_id, header.index, header.k, header.m,
         algorithm.ljust(16, b"\0"), header.pack_len, header.payload_len, header.data_offset,
-        bytes.fromhex(header.checksum),
+        checksum,
     ) + bytes(_PAD)
     return head + struct.pack("<I", zlib.crc32(head))
 

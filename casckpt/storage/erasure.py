@@ -134,8 +134,8 @@ class ErasureCode:
                 )
         return fragments, stripe, offset
 
-    def decode(self, fragments: Mapping[int, bytes | memoryview] | Sequence[bytes], pack_len: int,
-               where: str) -> bytes:
+    def decode(self, fragments: Mapping[int, bytes | memoryview] | Sequence[bytes | memoryview],
+               pack_len: int, where: str) -> bytes:
         """Rebuild the pack from at least K fragments (index -> fragment bytes).
 
         Raises:
