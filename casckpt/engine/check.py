@@ -94,6 +94,10 @@ def _check_shards(ctx: EngineContext, layout: PackLayout, tally: _Tally) -> None
         ctx.packs.forget(layout.id)
     if len(layout.shards) - bad < layout.k:
         tally.lost.add(layout.id)
+        if layout.scheme != "none":  # as _read_pack says it (a lone copy's problem is the pack's already)
+            tally.problems.append(CheckProblem(
+                "pack", layout.id, f"cannot be rebuilt: {len(layout.shards) - bad} healthy shard(s), "
+                f"{layout.k} needed"))
 
 
 def _read_pack(ctx: EngineContext, layout: PackLayout, tally: _Tally) -> tuple[bytes | None, bool]:

@@ -18,6 +18,7 @@ are written again (heal on read); those that cannot be are left marked for
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import OrderedDict
@@ -52,6 +53,7 @@ from casckpt.storage.locations import Location, LocationSet
 log = logging.getLogger(__name__)
 
 _LAYOUT_CACHE = 4096
+_SUBSETS_TRIED = 64  # K-subsets tried when shards pass their checksums yet do not decode
 _RECOVERED_KEPT = 2  # rebuilt packs kept for the other ranges of one restore (~64 MiB each)
 
 
@@ -446,33 +448,56 @@ class PackStore:
             else:
                 result.healthy.append(sh.index)
                 payloads[sh.index] = payload
-        result.data = self._rebuild(layout, payloads)
-        if result.data is None and payloads and layout.scheme == "ec" and len(payloads) >= layout.k:
-            for index in list(payloads):  # every shard checked out, yet they do not decode
-                result.damaged[index] = "corrupt"
-                result.notes[index] = "shards are individually intact but do not decode to the pack"
+        result.data, inconsistent = self._rebuild(layout, payloads)
+        if result.data is None and read_all and layout.scheme == "ec" and len(payloads) >= layout.k:
+            inconsistent = set(payloads)  # no K of them decode to the pack
+        for index in inconsistent:  # checksums match, content does not: damaged before it was hashed
+            result.healthy.remove(index)
+            result.damaged[index] = "corrupt"
+            result.notes[index] = "shard is intact on disk but inconsistent with the other shards"
         now_damaged = {i: st for i, st in result.damaged.items()
                        if (row := layout.shard(i)) is not None and row.state != st}
         if now_damaged:
             self._damaged(layout, now_damaged, "; ".join(result.notes[i] for i in now_damaged))
         if result.healthy:
+            # a pack rebuilt and verified against its id counts as verified even when some
+            # shards were damaged (those are queued for repair): scrubs then move on to others
             sql.mark_verified(self.catalog, pack_id, result.healthy,
-                              whole_pack=read_all and result.data is not None and not result.damaged)
+                              whole_pack=read_all and result.data is not None)
         return result
 
-    def _rebuild(self, layout: PackLayout, payloads: dict[int, bytes]) -> bytes | None:
+    def _rebuild(self, layout: PackLayout, payloads: dict[int, bytes]) -> tuple[bytes | None, set[int]]:
+        """Decode the pack from verified payloads: (pack or None, payloads inconsistent with it).
+
+        Payloads are checked against their checksums, but one damaged before
+        it was hashed would still pass; so when all of them together do not
+        decode to the pack id, subsets of K are tried, and the payloads the
+        winning pack does not re-encode to are reported.
+        """
         if not payloads:
-            return None
+            return None, set()
         if layout.scheme != "ec":
-            return next(iter(payloads.values()))
+            return next(iter(payloads.values())), set()
         if len(payloads) < layout.k:
-            return None
+            return None, set()
         code = self._code(layout.k, layout.m, layout.algorithm or DEFAULT_ALGORITHM)
-        try:
-            data = code.decode(payloads, layout.size, f"pack {layout.id}")
-        except CorruptPackError:
-            return None
-        return data if object_id(data) == layout.id else None
+
+        def attempt(subset: dict[int, bytes]) -> bytes | None:
+            try:
+                data = code.decode(subset, layout.size, f"pack {layout.id}")
+            except CorruptPackError:
+                return None
+            return data if object_id(data) == layout.id else None
+
+        data = attempt(payloads)
+        if data is not None:
+            return data, set()
+        for combo in itertools.islice(itertools.combinations(sorted(payloads), layout.k), _SUBSETS_TRIED):
+            data = attempt({i: payloads[i] for i in combo})
+            if data is not None:
+                fragments, _, _ = code.encode(data)
+                return data, {i for i, p in payloads.items() if p != fragments[i]}
+        return None, set()
 
     def recover(self, pack_id: str) -> bytes:
         """Rebuild a pack from its healthy shards and heal the damaged ones (heal on read).
