@@ -62,6 +62,14 @@ def pack_key(pack_id: str) -> str:
     return f"packs/{pack_id[:2]}/{pack_id}"
 
 
+@dataclass(frozen=True, slots=True)
+class _Payload:
+    """One object of a pack to write: a copy, or a shard (header + fragment) and its checksum."""
+
+    data: bytes | memoryview
+    checksum: str | None
+
+
 @dataclass(slots=True)
 class ShardCheck:
     """What reading one pack's shards in full found."""
@@ -221,19 +229,24 @@ class PackStore:
         return replace(layout, shards=tuple(written))
 
     def _encode(self, pack_id: str, data: bytes, redundancy: Redundancy,
-                algorithm: str = DEFAULT_ALGORITHM) -> tuple[PackLayout, list[bytes | memoryview]]:
+                algorithm: str = DEFAULT_ALGORITHM, only: Sequence[int] | None = None,
+                ) -> tuple[PackLayout, dict[int, _Payload]]:
+        """The objects a pack is stored as, by shard index (only ``only``, if given)."""
         key = pack_key(pack_id)
-        if redundancy.kind == "replicate":
-            layout = PackLayout(pack_id, key, len(data), "replicate", 1, redundancy.m)
-            return layout, [data] * redundancy.shards
+        wanted = set(range(redundancy.shards) if only is None else only)
+        if redundancy.kind != "ec":  # a copy is checked against the pack id itself
+            layout = PackLayout(pack_id, key, len(data), redundancy.kind, 1, redundancy.m)
+            return layout, {i: _Payload(data, None) for i in sorted(wanted)}
         code = self._code(redundancy.k, redundancy.m, algorithm)
         fragments, stripe, offset = code.encode(data)
-        payloads: list[bytes | memoryview] = []
+        payloads: dict[int, _Payload] = {}
         for index, fragment in enumerate(fragments):
             fragments[index] = b""  # bound peak memory: each fragment is held once
-            header = ShardHeader(pack_id, index, code.k, code.m, code.algorithm, len(data),
-                                 len(fragment), offset, payload_checksum(fragment))
-            payloads.append(encode_shard_header(header) + fragment)
+            if index in wanted:
+                checksum = payload_checksum(fragment)
+                header = ShardHeader(pack_id, index, code.k, code.m, code.algorithm, len(data),
+                                     len(fragment), offset, checksum)
+                payloads[index] = _Payload(encode_shard_header(header) + fragment, checksum)
             del fragment
         layout = PackLayout(pack_id, key, len(data), "ec", code.k, code.m, code.algorithm, stripe, offset)
         return layout, payloads
@@ -241,12 +254,7 @@ class PackStore:
     def _object_key(self, layout: PackLayout, index: int) -> str:
         return layout.key if layout.scheme != "ec" else shard_key(layout.id, index)
 
-    def _checksum(self, layout: PackLayout, payload: bytes | memoryview) -> str | None:
-        if layout.scheme != "ec":
-            return None  # a copy is checked against the pack id itself
-        return payload_checksum(memoryview(payload)[SHARD_HEADER_SIZE:])
-
-    def _place(self, layout: PackLayout, payloads: Sequence[bytes | memoryview],
+    def _place(self, layout: PackLayout, payloads: dict[int, _Payload],
                order: Sequence[Location]) -> list[ShardRow]:
         """Write payload ``i`` to ``order[i]`` (distinct failure domains), using spares on refusal.
 
@@ -261,7 +269,7 @@ class PackStore:
 
         def write(index: int, loc: Location) -> bool:
             try:
-                loc.blobs.put(self._object_key(layout, index), payloads[index])
+                loc.blobs.put(self._object_key(layout, index), payloads[index].data)
                 return True
             except StorageError as exc:
                 log.warning("pack %s shard %d: location %s refused it: %s",
@@ -270,15 +278,15 @@ class PackStore:
 
         results = list(self._io.map(write, range(len(first)), first))
         rows: list[ShardRow] = []
-        for index, payload in enumerate(payloads):
+        for index, payload in sorted(payloads.items()):
             loc = first[index] if index < len(first) else None
             ok = results[index] if index < len(first) else False
             while not ok and spares:
                 loc = spares.pop(0)
                 ok = write(index, loc)
             nominal = loc or order[0]  # a shard never written still names where it belongs
-            rows.append(ShardRow(index, nominal.id, self._object_key(layout, index), len(payload),
-                                 self._checksum(layout, payload), "ok" if ok else "missing"))
+            rows.append(ShardRow(index, nominal.id, self._object_key(layout, index), len(payload.data),
+                                 payload.checksum, "ok" if ok else "missing"))
         return rows
 
     # -- reading --------------------------------------------------------------
@@ -433,14 +441,19 @@ class PackStore:
         result = ShardCheck()
         order = sorted(layout.shards, key=lambda sh: (sh.index >= layout.k, sh.index))
         payloads: dict[int, bytes] = {}
+        def read(sh: ShardRow) -> tuple[ShardRow, tuple[bytes | None, str, str]]:
+            return sh, self._read_shard(layout, sh)
+
         if read_all:
-            checks = list(self._io.map(lambda sh: (sh, self._read_shard(layout, sh)), order))
-        else:
-            checks = []
-            for sh in order:
-                checks.append((sh, self._read_shard(layout, sh)))
-                if sum(1 for _, (p, _s, _n) in checks if p is not None) >= layout.k:
+            checks = list(self._io.map(read, order))
+        else:  # K at a time, in parallel, until K are healthy
+            checks, queue = [], list(order)
+            while queue:
+                missing = layout.k - sum(1 for _, (p, _s, _n) in checks if p is not None)
+                if missing <= 0:
                     break
+                batch, queue = queue[:missing], queue[missing:]
+                checks.extend(self._io.map(read, batch))
         for sh, (payload, state, note) in checks:
             if payload is None:
                 result.damaged[sh.index] = state
@@ -568,10 +581,8 @@ class PackStore:
         uses. The catalog is updated after the write; an old copy on a
         draining location is deleted after that.
         """
-        payloads: list[bytes | memoryview] = [data]
-        if layout.scheme != "none":
-            _, payloads = self._encode(layout.id, data, Redundancy(layout.scheme, layout.k, layout.m),
-                                       layout.algorithm or DEFAULT_ALGORITHM)
+        _, payloads = self._encode(layout.id, data, Redundancy(layout.scheme, layout.k, layout.m),
+                                   layout.algorithm or DEFAULT_ALGORITHM, only=indexes)
         keep = [sh for sh in layout.shards if sh.index not in indexes]
         taken = {loc.domain for sh in keep if (loc := self.locations.get(sh.location_id)) is not None
                  and loc.state != "failed"}
@@ -602,7 +613,7 @@ class PackStore:
                     _quiet_delete(old_loc, old.key)  # type: ignore[union-attr]
         return RepairOutcome(layout.id, tuple(rewritten), tuple(unplaced))
 
-    def _write_one(self, layout: PackLayout, index: int, payload: bytes | memoryview,
+    def _write_one(self, layout: PackLayout, index: int, payload: _Payload,
                    order: Sequence[Location], taken: set[str]) -> ShardRow | None:
         """Write one shard: to a failure domain the pack does not use yet if there is one,
         else (too few domains left) to any active location, least used by this pack first."""
@@ -620,12 +631,11 @@ class PackStore:
                 log.warning("pack %s shard %d shares failure domain %s with another shard: no "
                             "unused domain is active", layout.id, index, loc.domain)
             try:
-                loc.blobs.put(key, payload)
+                loc.blobs.put(key, payload.data)
             except StorageError as exc:
                 log.warning("pack %s shard %d: %s refused it: %s", layout.id, index, loc.describe(), exc)
                 continue
-            return ShardRow(index, loc.id, key, len(payload), self._checksum(layout, payload), "ok",
-                            time.time())
+            return ShardRow(index, loc.id, key, len(payload.data), payload.checksum, "ok", time.time())
         return None
 
     def repair(self, pack_id: str) -> RepairOutcome:

@@ -137,6 +137,12 @@ def _read_once(
     total = sum(r.end - r.start for r in ranges)
     done = 0
 
+    def _unreadable(pack_id: str, exc: MissingDataError) -> MissingDataError:
+        """Name what the caller loses with a pack that cannot be read back."""
+        hit = sorted({describe(bytes.fromhex(loc.chunk_id)) for loc in locations.values()
+                      if loc.pack_id == pack_id})
+        return MissingDataError(f"{'; '.join(hit)} cannot be read: {exc}")
+
     def fetch(r: _Range) -> int:
         plan = [_Slot.of(loc, wanted[loc.entry().chunk_id]) for loc in r.chunks]
         buffers = [view for slot in plan for view in (slot.header, slot.payload)]
@@ -150,9 +156,7 @@ def _read_once(
                 f"({exc}); restore another version or run `casckpt repair`"
             ) from exc
         except MissingDataError as exc:
-            hit = sorted({describe(bytes.fromhex(loc.chunk_id)) for loc in locations.values()
-                          if loc.pack_id == r.pack_id})
-            raise MissingDataError(f"{'; '.join(hit)} cannot be read: {exc}") from exc
+            raise _unreadable(r.pack_id, exc) from exc
         try:
             if got < r.end - r.start:
                 raise CorruptPackError(
@@ -163,7 +167,11 @@ def _read_once(
             if not ctx.packs.can_rebuild(r.pack_id):
                 raise
             # a copy or shard is damaged: rebuild the pack from healthy shards (healing them)
-            scatter(memoryview(ctx.packs.recover(r.pack_id))[r.start : r.end], buffers)
+            try:
+                pack = ctx.packs.recover(r.pack_id)
+            except MissingDataError as exc:
+                raise _unreadable(r.pack_id, exc) from exc
+            scatter(memoryview(pack)[r.start : r.end], buffers)
             _decode(plan)
         return r.end - r.start
 
