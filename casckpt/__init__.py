@@ -54,7 +54,8 @@ def __getattr__(name: str) -> Any:
 
 def open(  # noqa: A001 - the documented name of the entry point
     path: str | os.PathLike[str] | None = None, *,
-    blobs: str | BlobLocation | BlobStore | Sequence[str | BlobLocation | BlobStore | Mapping[str, str]] | None = None,
+    blobs: (str | BlobLocation | BlobStore
+            | Sequence[str | BlobLocation | BlobStore | Mapping[str, str]] | None) = None,
     catalog: str | None = None, cache: str | os.PathLike[str] | None = None,
     create: bool = True, chunk_size: int | None = None, pack_size: int | None = None,
     workers: int | None = None, s3: Mapping[str, Any] | None = None, redundancy: str | None = None,

@@ -15,8 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -145,7 +144,8 @@ def _as_location(item: object) -> BlobLocation:
         return item
     if isinstance(item, str):
         return BlobLocation(item)
-    if isinstance(item, Mapping) and isinstance(item.get("url"), str) and set(item) <= {"url", "domain", "name"}:
+    if isinstance(item, Mapping) and isinstance(item.get("url"), str) \
+            and set(item) <= {"url", "domain", "name"}:
         return BlobLocation(item["url"], item.get("domain"), item.get("name"))
     raise InvalidArgumentError(
         f"a blob location must be a URL string, a casckpt.BlobLocation or a table with url "

@@ -26,27 +26,25 @@ from casckpt.cache import IndexCache
 from casckpt.catalog import Catalog, MissingChunksError
 from casckpt.catalog import history as history_sql
 from casckpt.catalog import retention as retention_sql
-from casckpt.engine import check as check_engine
+from casckpt.catalog import shards as shard_sql
 from casckpt.engine import commit as commit_engine
 from casckpt.engine import gc as gc_engine
 from casckpt.engine import history as history_engine
+from casckpt.engine import records
 from casckpt.engine import restore as restore_engine
 from casckpt.engine import retention as retention_engine
 from casckpt.engine.context import EngineContext, manifest_key
+from casckpt.engine.packstore import PackStore
 from casckpt.engine.refs import resolve
 from casckpt.engine.validate import check_name
 from casckpt.errors import InvalidArgumentError, RefNotFoundError, VersionSweptError
 from casckpt.format.manifest import Manifest, decode_manifest
 from casckpt.format.tree import iter_values
-from casckpt.catalog import shards as shard_sql
-from casckpt.engine import records
-from casckpt.engine.packstore import PackStore
-from casckpt.store_admin import StoreAdmin, open_location
-from casckpt.storage import BlobStore, open_blob_store, redact_url
+from casckpt.storage import BlobStore, redact_url
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.locations import Location, LocationSet
+from casckpt.store_admin import StoreAdmin, open_location
 from casckpt.types import (
-    CheckReport,
     GCReport,
     ProgressCallback,
     RetentionPlan,

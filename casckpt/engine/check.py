@@ -118,7 +118,8 @@ def _read_pack(ctx: EngineContext, layout: PackLayout, tally: _Tally) -> tuple[b
             return None, False
         if object_id(data) == layout.id:  # also catches rot zstd would decode around
             return data, True
-        tally.problems.append(CheckProblem("pack", layout.id, "pack bytes do not hash to the pack id (bit rot?)"))
+        tally.problems.append(CheckProblem(
+            "pack", layout.id, "pack bytes do not hash to the pack id (bit rot?)"))
         tally.lost.add(layout.id)
         return data, False
     try:
@@ -156,7 +157,8 @@ def _check_pack_data(ctx: EngineContext, layout: PackLayout, tally: _Tally) -> N
         if entry is None or (entry.offset, entry.stored_len, entry.raw_len, entry.codec) != (
             row.offset, row.stored_len, row.raw_len, row.codec
         ):
-            tally.problems.append(CheckProblem("chunk", row.id, f"pack {layout.id} footer disagrees with the catalog"))
+            tally.problems.append(CheckProblem(
+                "chunk", row.id, f"pack {layout.id} footer disagrees with the catalog"))
             clean = False
             continue
         try:

@@ -84,8 +84,9 @@ def _layout(pack_id: str, found: _Found) -> PackLayout | None:
     if not headers:
         return None
     first = next(iter(headers.values()))[0]
+    code = (first.k, first.m, first.algorithm, first.pack_len)
     rows = tuple(ShardRow(i, loc.id, key, size, h.checksum) for i, (h, loc, key, size) in headers.items()
-                 if (h.k, h.m, h.algorithm, h.pack_len) == (first.k, first.m, first.algorithm, first.pack_len))
+                 if (h.k, h.m, h.algorithm, h.pack_len) == code)
     return PackLayout(pack_id, pack_key(pack_id), first.pack_len, "ec", first.k, first.m,
                       first.algorithm, first.stripe, first.data_offset, rows)
 

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import casckpt
 from casckpt import config as cfg
-from casckpt.errors import CorruptPackError, IntegrityError, InvalidArgumentError
+from casckpt.errors import CorruptPackError, InvalidArgumentError
 from casckpt.format.shard import (
     SHARD_HEADER_SIZE,
     decode_shard_header,
