@@ -528,12 +528,18 @@ def open_store(
 ) -> Store:
     """See :func:`casckpt.open`."""
     settings = cfg.settings({"chunk_size": chunk_size, "pack_size": pack_size, "workers": workers})
-    if redundancy is not None:
-        redundancy = str(Redundancy.parse(redundancy))
     given: dict[str, BlobStore] = {}
     items = [blobs] if isinstance(blobs, BlobStore) else blobs
     if isinstance(items, (list, tuple)):
         items = [given.setdefault(b.url, b).url if isinstance(b, BlobStore) else b for b in items]
+    if redundancy is not None:
+        scheme = Redundancy.parse(redundancy)
+        domains = {loc.domain or loc.name for loc in cfg.blob_locations(items)} if items else None
+        if domains is not None and scheme.shards > len(domains):  # before a config file is written
+            raise InvalidArgumentError(
+                f"redundancy {scheme} puts each pack on {scheme.shards} failure domains, but blobs= "
+                f"gives {len(domains)}; pass more locations or choose a smaller scheme")
+        redundancy = str(scheme)
     spec = cfg.locate_store(
         Path(path).expanduser().resolve() if path is not None else None,
         blobs=items,  # type: ignore[arg-type]

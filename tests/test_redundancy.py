@@ -519,10 +519,6 @@ def test_lost_location_restores_then_fail_and_repair_replace_its_shards(ec_templ
     assert {key for key in survivors if key in ec_template.shards} == set(ec_template.shards)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "repair only queues shards not ok or on a location not active: shards doubled up on a "
-    "shared failure domain (after a location failed) are never spread to a location added "
-    "later, although PackStore.check_writable's docstring promises it"))
 def test_repair_spreads_doubled_up_shards_once_a_location_is_added(ec_template: Template,
                                                                   tmp_path: Path) -> None:
     root = ec_template.copy(tmp_path / "store")
@@ -995,3 +991,17 @@ def test_sigkill_during_ec_commit_leaves_store_consistent(zygote: Zygote, tmp_pa
         assert len(scan_shards(dirs)) == recorded, gc
         for s in (*committed, step):
             crash.assert_same(store.restore(f"{crash.RUN}@{s}"), crash.make_state(CRASH_SEED, s))
+
+
+def test_open_refuses_more_shards_than_failure_domains_before_creating_anything(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    with pytest.raises(InvalidArgumentError, match="6 failure domains.*gives 2"):
+        casckpt.open(root, blobs=[str(tmp_path / "a"), str(tmp_path / "b")], redundancy="ec:4+2")
+    assert not root.exists()
+    labelled = [casckpt.BlobLocation(str(tmp_path / f"d{i}"), domain=f"rack{i % 2}") for i in range(4)]
+    with pytest.raises(InvalidArgumentError, match="3 failure domains"):
+        casckpt.open(root, blobs=labelled, redundancy="ec:2+1")
+    with casckpt.open(root, blobs=labelled, redundancy="replicate:2") as store:
+        assert store.redundancy() == "replicate:2"
+    with casckpt.open(root, redundancy="replicate:2") as store:  # an existing store: no blobs= needed
+        assert len(store.locations()) == 4

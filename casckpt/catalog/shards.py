@@ -167,14 +167,19 @@ def mark_verified(catalog: Catalog, pack_id: str, indexes: Iterable[int], whole_
 
 
 def packs_to_repair(catalog: Catalog) -> list[str]:
-    """Packs with a shard not ``ok``, or on a location that is not ``active``."""
+    """Packs with a shard not ``ok``, on a location that is not ``active``, or sharing a
+    failure domain with another of the pack's shards (placed so while a domain was down)."""
     sh, loc = s.shards, s.locations
     with catalog.read() as conn:
-        return list(conn.execute(
+        damaged = set(conn.execute(
             select(sh.c.pack_id).join(loc, loc.c.id == sh.c.location_id)
             .where(or_(sh.c.state != "ok", loc.c.state != "active")).distinct()
-            .order_by(sh.c.pack_id)
         ).scalars())
+        doubled = set(conn.execute(
+            select(sh.c.pack_id).join(loc, loc.c.id == sh.c.location_id)
+            .group_by(sh.c.pack_id, loc.c.domain).having(func.count() > 1)
+        ).scalars())
+    return sorted(damaged | doubled)
 
 
 def scrub_order(catalog: Catalog) -> list[tuple[str, int]]:

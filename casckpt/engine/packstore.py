@@ -10,10 +10,13 @@ shards whose location refused the write are recorded ``missing`` and
 rebuilt by ``repair``. A commit publishes only after all its packs are durable.
 
 Reads go to healthy data shards (or copies), local locations first, by
-range. When a read finds a shard missing or damaged, the pack is rebuilt
-from any K healthy shards, verified against its id, and the damaged shards
-are written again (heal on read); those that cannot be are left marked for
-``repair``.
+range. When a read finds a data shard missing or damaged, or a copy
+damaged, the pack is rebuilt from any K healthy shards, verified against
+its id, and the damaged shards found on the way are written again (heal on
+read); those that cannot be are left marked for ``repair``. A copy found
+missing is simply skipped for the next one and queued for ``repair``; a
+parity shard is only read (and its damage found) when it is needed or by a
+scrub (``check --read-data``).
 """
 
 from __future__ import annotations
@@ -606,11 +609,12 @@ class PackStore:
             if not sql.replace_shards(self.catalog, layout.id, new_rows):  # GC removed the pack
                 self.delete([(row.location_id, row.key) for row in new_rows])
                 return RepairOutcome(layout.id, (), ())
-            for row in new_rows:
+            for row in new_rows:  # the catalog points at the new shard: drop a moved one's old object
                 old = layout.shard(row.index)
                 old_loc = self.locations.get(old.location_id) if old is not None else None
-                if old_loc is not None and old_loc.state == "draining" and old_loc.id != row.location_id:
-                    _quiet_delete(old_loc, old.key)  # type: ignore[union-attr]
+                if old is not None and old_loc is not None and old_loc.readable \
+                        and old_loc.id != row.location_id:
+                    _quiet_delete(old_loc, old.key)
         return RepairOutcome(layout.id, tuple(rewritten), tuple(unplaced))
 
     def _write_one(self, layout: PackLayout, index: int, payload: _Payload,
@@ -638,11 +642,27 @@ class PackStore:
             return ShardRow(index, loc.id, key, len(payload.data), payload.checksum, "ok", time.time())
         return None
 
+    def _doubled(self, layout: PackLayout, bad: Sequence[int]) -> list[int]:
+        """Healthy shards sharing a failure domain with another, as many as free domains can take."""
+        seen: set[str] = set()
+        extra: list[int] = []
+        for sh in layout.shards:
+            loc = self.locations.get(sh.location_id)
+            if sh.index in bad or loc is None:
+                continue
+            if loc.domain in seen:
+                extra.append(sh.index)
+            seen.add(loc.domain)
+        free = [d for d in self.locations.domains() if d not in seen]
+        return extra[: len(free)]
+
     def repair(self, pack_id: str) -> RepairOutcome:
-        """Rebuild this pack's shards that are not ``ok`` or sit on a location not active."""
+        """Rebuild this pack's shards that are not ``ok`` or sit on a location not active, and
+        spread shards that share a failure domain once another domain is free."""
         layout = self._fresh_layout(pack_id)
         bad = [sh.index for sh in layout.shards if sh.state != "ok"
                or (loc := self.locations.get(sh.location_id)) is None or loc.state != "active"]
+        bad += self._doubled(layout, bad)
         if not bad:
             return RepairOutcome(pack_id, (), ())
         try:
