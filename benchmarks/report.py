@@ -14,13 +14,15 @@ from rich.table import Table
 
 from benchmarks.catalog import NAME as CATALOG_NAME
 from benchmarks.catalog import CatalogResult
+from benchmarks.redundancy import EC, RedundancyResult
+from benchmarks.redundancy import NAME as REDUNDANCY_NAME
 from benchmarks.s3 import NAME as S3_NAME
 from benchmarks.s3 import S3Result, Timing
 from benchmarks.suite import WorkloadResult
 
-Result = WorkloadResult | S3Result | CatalogResult
+Result = WorkloadResult | S3Result | CatalogResult | RedundancyResult
 Outcome = Result | str  # a result, or the error that stopped the workload
-R = TypeVar("R", WorkloadResult, S3Result, CatalogResult)
+R = TypeVar("R", WorkloadResult, S3Result, CatalogResult, RedundancyResult)
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,7 @@ class Metric(Generic[R]):
 
     key: str
     label: str
-    kind: Literal["ratio", "fraction", "seconds"]
+    kind: Literal["ratio", "fraction", "seconds", "mb_per_s"]
     compute: Callable[[R], float | None]
 
 
@@ -150,6 +152,98 @@ CATALOG_METRICS: tuple[Metric[CatalogResult], ...] = (
            lambda r: r.log_filtered.median_s),
 )
 
+
+def _scheme_over(num: str, den: str, field: str) -> Callable[[RedundancyResult], float | None]:
+    """``field`` of scheme ``num`` over the same field of scheme ``den`` (None if one is absent)."""
+
+    def compute(r: RedundancyResult) -> float | None:
+        a, b = r.scheme(num), r.scheme(den)
+        return None if a is None or b is None else _over(getattr(a, field), getattr(b, field))
+
+    return compute
+
+
+def _scheme_vs(spec: str, field: str, baseline: str) -> Callable[[RedundancyResult], float | None]:
+    """``field`` of scheme ``spec`` over the torch baseline's ``baseline`` field."""
+
+    def compute(r: RedundancyResult) -> float | None:
+        run = r.scheme(spec)
+        return None if run is None else _over(getattr(run, field), getattr(r.baseline, baseline))
+
+    return compute
+
+
+def _scheme_rss(spec: str) -> Callable[[RedundancyResult], float | None]:
+    def compute(r: RedundancyResult) -> float | None:
+        run = r.scheme(spec)
+        return None if run is None else _over(run.commit_peak_extra_rss, r.logical_bytes)
+
+    return compute
+
+
+def _degraded_over(spec: str) -> Callable[[RedundancyResult], float | None]:
+    def compute(r: RedundancyResult) -> float | None:
+        run = r.scheme(spec)
+        return None if run is None else _over(r.degraded.restore_s, run.restore_s)
+
+    return compute
+
+
+def _repair_vs_commit(r: RedundancyResult) -> float | None:
+    run = r.scheme(EC)
+    return None if run is None else _over(r.repair.repair_s, run.commit_s)
+
+
+def _scrub_mb_per_s(r: RedundancyResult) -> float | None:
+    return _over(r.scrub.ec_pack_bytes / 1e6, r.scrub.ec_s)
+
+
+REDUNDANCY_METRICS: tuple[Metric[RedundancyResult], ...] = (
+    Metric("commit_none_vs_save", "commit, none / torch.save", "ratio",
+           _scheme_vs("none", "commit_s", "save_s")),
+    Metric("commit_ec_vs_save", f"commit, {EC} / torch.save", "ratio",
+           _scheme_vs(EC, "commit_s", "save_s")),
+    Metric("commit_ec_vs_none", f"commit, {EC} / none", "ratio",
+           _scheme_over(EC, "none", "commit_s")),
+    Metric("commit_replicate_vs_none", "commit, replicate:2 / none", "ratio",
+           _scheme_over("replicate:2", "none", "commit_s")),
+    Metric("disk_ec_vs_none", f"pack bytes on disk, {EC} / none", "ratio",
+           _scheme_over(EC, "none", "pack_bytes_on_disk")),
+    Metric("disk_replicate_vs_none", "pack bytes on disk, replicate:2 / none", "ratio",
+           _scheme_over("replicate:2", "none", "pack_bytes_on_disk")),
+    Metric("rss_commit_none_of_logical", "peak extra RSS, commit none / logical", "fraction",
+           _scheme_rss("none")),
+    Metric("rss_commit_ec_of_logical", f"peak extra RSS, commit {EC} / logical", "fraction",
+           _scheme_rss(EC)),
+    Metric("rss_commit_replicate_of_logical", "peak extra RSS, commit replicate:2 / logical",
+           "fraction", _scheme_rss("replicate:2")),
+    Metric("restore_none_vs_load", "restore, none / torch.load", "ratio",
+           _scheme_vs("none", "restore_s", "load_s")),
+    Metric("restore_ec_vs_load", f"restore, {EC} healthy / torch.load", "ratio",
+           _scheme_vs(EC, "restore_s", "load_s")),
+    Metric("restore_ec_vs_none", f"restore, {EC} healthy / none", "ratio",
+           _scheme_over(EC, "none", "restore_s")),
+    Metric("restore_degraded_vs_none", f"restore, {EC} degraded (2 shards lost) / none", "ratio",
+           _degraded_over("none")),
+    Metric("restore_degraded_vs_healthy", f"restore, {EC} degraded / {EC} healthy", "ratio",
+           _degraded_over(EC)),
+    Metric("restore_replicate_vs_none", "restore, replicate:2 / none", "ratio",
+           _scheme_over("replicate:2", "none", "restore_s")),
+    Metric("scrub_ec_vs_none", f"check(read_data), {EC} / none", "ratio",
+           lambda r: _over(r.scrub.ec_s, r.scrub.none_s)),
+    Metric("scrub_ec_mb_per_s", f"check(read_data), {EC}: pack MB/s", "mb_per_s", _scrub_mb_per_s),
+    Metric("repair_vs_commit_ec", f"repair after losing 1 of 6 locations / commit, {EC}", "ratio",
+           _repair_vs_commit),
+    Metric("repair_s", "repair after losing 1 of 6 locations", "seconds",
+           lambda r: r.repair.repair_s),
+    Metric("encode_mb_per_s", "ErasureCode(4, 2).encode, 64 MiB: MB/s", "mb_per_s",
+           lambda r: r.codec.encode_mb_per_s),
+    Metric("decode_mb_per_s", "ErasureCode(4, 2).decode, 2 data lost: MB/s", "mb_per_s",
+           lambda r: r.codec.decode_mb_per_s),
+    Metric("encode_vs_copy", "encode MB/s / memory copy MB/s", "ratio",
+           lambda r: _over(r.codec.encode_mb_per_s, r.codec.copy_mb_per_s)),
+)
+
 # (workload or "*", metric key) -> lower limit, from BENCHMARKS.md "Targets".
 FLOORS: Mapping[tuple[str, str], float] = {
     (S3_NAME, "commit_vs_raw_upload"): 0.8,
@@ -168,6 +262,9 @@ TARGETS: Mapping[tuple[str, str], float] = {
     (CATALOG_NAME, "log_s"): 0.100,
     (CATALOG_NAME, "history_changed_s"): 0.200,
     (CATALOG_NAME, "history_unchanged_s"): 0.200,
+    # "restore, full, verified <= 1.0x torch.load" holds for every healthy store
+    (REDUNDANCY_NAME, "restore_none_vs_load"): 1.0,
+    (REDUNDANCY_NAME, "restore_ec_vs_load"): 1.0,
 }
 
 
@@ -184,6 +281,8 @@ def metrics_for(result: Result) -> Sequence[Metric[Any]]:
     """The measures reported for ``result``'s kind of workload."""
     if isinstance(result, CatalogResult):
         return CATALOG_METRICS
+    if isinstance(result, RedundancyResult):
+        return REDUNDANCY_METRICS
     return S3_METRICS if isinstance(result, S3Result) else METRICS
 
 
@@ -207,7 +306,9 @@ def _fmt(value: float | None, kind: str) -> str:
     if value is None:
         return "n/a"
     if kind == "seconds":
-        return f"{value * 1000:.1f} ms"
+        return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
+    if kind == "mb_per_s":
+        return f"{value:.0f} MB/s"
     return f"{value:.3g}x" if kind == "ratio" else f"{value * 100:.3g}%"
 
 
@@ -236,9 +337,78 @@ def _is_catalog(name: str, outcome: Outcome) -> bool:
     return isinstance(outcome, CatalogResult) or (isinstance(outcome, str) and name == CATALOG_NAME)
 
 
+def _is_redundancy(name: str, outcome: Outcome) -> bool:
+    return isinstance(outcome, RedundancyResult) or (isinstance(outcome, str) and name == REDUNDANCY_NAME)
+
+
 def _local(outcomes: Mapping[str, Outcome]) -> dict[str, WorkloadResult | str]:
     return {n: r for n, r in outcomes.items()
-            if isinstance(r, (WorkloadResult, str)) and not _is_s3(n, r) and not _is_catalog(n, r)}
+            if isinstance(r, (WorkloadResult, str)) and not _is_s3(n, r) and not _is_catalog(n, r)
+            and not _is_redundancy(n, r)}
+
+
+def _redundancy(outcomes: Mapping[str, Outcome]) -> dict[str, RedundancyResult | str]:
+    return {n: r for n, r in outcomes.items()
+            if isinstance(r, (RedundancyResult, str)) and _is_redundancy(n, r)}
+
+
+def _yes(ok: bool) -> str:
+    return "[green]yes[/]" if ok else "[red]NO[/]"
+
+
+def _redundancy_rows(r: RedundancyResult) -> list[tuple[str, str, str, float, int, str]]:
+    """(operation, locations, bytes, seconds, bytes the MB/s is of, verified) per measured step."""
+    logical = r.logical_bytes
+    rows = [("torch.save + fsync", "1 file", _fmt_bytes(r.baseline.file_bytes), r.baseline.save_s,
+             logical, ""),
+            ("torch.load", "1 file", "", r.baseline.load_s, logical, "")]
+    for spec, run in r.schemes.items():
+        where = f"{run.locations} ({run.pack_files} files)"
+        rows.append((f"commit, {spec}", where, _fmt_bytes(run.pack_bytes_on_disk), run.commit_s,
+                     logical, ""))
+    for spec, run in r.schemes.items():
+        each = " ".join(f"{x:.2f}" for x in run.restore_rounds_s)
+        rows.append((f"restore, {spec} (median of {each})", str(run.locations), "", run.restore_s,
+                     logical, _yes(run.restore_verified)))
+    d = r.degraded
+    rows.append((f"restore, {EC} degraded (shards {','.join(map(str, d.lost_shards))} of every "
+                 f"pack deleted; {d.files_healed}/{d.files_deleted} healed)", "6",
+                 f"-{_fmt_bytes(d.bytes_deleted)}", d.restore_s, logical, _yes(d.verified)))
+    sc = r.scrub
+    rows.append((f"check(read_data=True), {EC}", "6", _fmt_bytes(sc.ec_shard_bytes), sc.ec_s,
+                 sc.ec_pack_bytes, _yes(sc.ec_problems == 0)))
+    rows.append(("check(read_data=True), none", "1", _fmt_bytes(sc.none_pack_bytes), sc.none_s,
+                 sc.none_pack_bytes, _yes(sc.none_problems == 0)))
+    rp = r.repair
+    rows.append((f"repair, {rp.failed_location} deleted + failed ({rp.report['shards_rewritten']} "
+                 "shards rewritten)", "5", f"-{_fmt_bytes(rp.bytes_deleted)}", rp.repair_s,
+                 rp.bytes_deleted, _yes(not rp.report["unrepaired"])))
+    rows.append((f"restore, {EC} after repair", "5", "", rp.restore_s, logical, _yes(rp.verified)))
+    c = r.codec
+    buf = _fmt_bytes(c.buffer_bytes)
+    rows.append((f"ErasureCode({c.k}, {c.m}).encode ({c.algorithm})", "", buf, c.encode_s,
+                 c.buffer_bytes, ""))
+    rows.append(("ErasureCode.decode, 2 data fragments lost", "", buf, c.decode_s, c.buffer_bytes,
+                 _yes(c.verified)))
+    rows.append(("bytearray(buffer): one memory copy", "", buf, c.copy_s, c.buffer_bytes, ""))
+    return rows
+
+
+def redundancy_raw_table(outcomes: Mapping[str, RedundancyResult | str]) -> Table:
+    """Redundancy workload: every store, restore, scrub, repair and codec timing."""
+    table = Table(title="Redundancy raw measurements (dense state; all locations on the same disk)")
+    for column in ("workload", "operation", "locations", "bytes", "wall", "MB/s", "verified"):
+        table.add_column(column, justify="left" if column in ("workload", "operation") else "right")
+    for name, r in outcomes.items():
+        if isinstance(r, str):
+            table.add_row(name, "[red]crashed[/]")
+            continue
+        label = f"{name} ({_fmt_bytes(r.logical_bytes)})"
+        for op, where, size, seconds, nbytes, ok in _redundancy_rows(r):
+            mb_s = f"{nbytes / 1e6 / seconds:.0f}" if seconds > 0 else "n/a"
+            table.add_row(label, escape(op), where, size, _seconds(seconds), mb_s, ok)
+            label = ""
+    return table
 
 
 def _catalog(outcomes: Mapping[str, Outcome]) -> dict[str, CatalogResult | str]:
@@ -373,12 +543,15 @@ def ratio_table(outcomes: Mapping[str, Outcome], scale: float) -> Table:
 def print_report(console: Console, outcomes: Mapping[str, Outcome], scale: float) -> None:
     """Print the raw table(s) of the workloads that ran, then the ratio table."""
     local, s3, catalog = _local(outcomes), _s3(outcomes), _catalog(outcomes)
+    redundancy = _redundancy(outcomes)
     if local:
         console.print(raw_table(local))
     if s3:
         console.print(s3_raw_table(s3))
     if catalog:
         console.print(catalog_raw_table(catalog))
+    if redundancy:
+        console.print(redundancy_raw_table(redundancy))
     console.print(ratio_table(outcomes, scale))
 
 
@@ -430,6 +603,35 @@ CATALOG_NOTES = {
 }
 
 
+REDUNDANCY_NOTES = {
+    "state": "the dense workload's state (GPT-style decoder + AdamW, one step taken) at --scale; "
+    "default pack size and settings",
+    "locations": "plain directories side by side in the work directory, on the same disk: the "
+    "figures are the CPU and I/O the redundancy engine adds, not what separate failure domains "
+    "(disks, hosts, buckets) would give; ec:4+2 writes 1.5x the bytes to the one disk",
+    "schemes": "one fresh store per scheme (none: 1 location, ec:4+2: 6, replicate:2: 2); "
+    "first commit of the state (one run each), then 3 rounds of a full restore (warm cache, each "
+    "checked) of every store in turn, so drift over the run hits all schemes alike; restore_s is "
+    "the median, restore_rounds_s each round",
+    "peak_extra_rss": "commit_peak_extra_rss: as for the other workloads (max RSS sampled every "
+    "2 ms minus RSS at the start of Store.commit)",
+    "pack_bytes_on_disk": "every file under packs/ of the store's locations (whole packs, copies, "
+    "shards with their headers)",
+    "degraded": "shard files .s0 and .s1 (data shards) of every ec pack deleted behind casckpt's "
+    "back, then a full restore: each pack is rebuilt from 2 data + 2 parity shards, verified, "
+    "and its 2 lost shards written back (heal on read); casckpt's warnings are counted, not shown",
+    "scrub": "Store.check(read_data=True) after the degraded restore healed the store: every "
+    "shard read in full and checked, every pack rebuilt and verified, every chunk decoded; "
+    "MB/s is of the packs' bytes (CheckReport.bytes_read); the none store's check is the baseline",
+    "repair": "one location's directory (loc0) deleted, Store.fail_location, then Store.repair(); "
+    "with 5 active domains for 6 shards, the re-created shard shares a domain with another of "
+    "its pack (casckpt warns); a full restore after it checks the result",
+    "codec": "casckpt.storage.erasure.ErasureCode(4, 2) on a random 64 MiB buffer: encode (with "
+    "casckpt's systematic-layout check) and decode from fragments 2..5; bytearray(buffer) is "
+    "one plain memory copy in the same run; medians of 3 rounds; MB = 10^6 bytes",
+}
+
+
 def write_json(path: Path, outcomes: Mapping[str, Outcome], header: dict[str, Any]) -> None:
     """Write header, notes, raw numbers and evaluated metrics as JSON to ``path``."""
     results: dict[str, Any] = {}
@@ -443,6 +645,8 @@ def write_json(path: Path, outcomes: Mapping[str, Outcome], header: dict[str, An
         notes[S3_NAME] = S3_NOTES
     if _catalog(outcomes):
         notes[CATALOG_NAME] = CATALOG_NOTES
+    if _redundancy(outcomes):
+        notes[REDUNDANCY_NAME] = REDUNDANCY_NOTES
     document = {**header, "notes": notes, "results": results}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2, default=str) + "\n")

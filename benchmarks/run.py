@@ -2,11 +2,15 @@
 
 The ``s3`` workload instead compares casckpt on an in-process moto S3 server
 with raw boto3 managed transfer of the same bytes; the ``catalog`` workload
-times history queries (log, tensor history) on a 10,000-version catalog.
+times history queries (log, tensor history) on a 10,000-version catalog; the
+``redundancy`` workload compares erasure-coded (ec:4+2) and replicated stores
+with a single-copy one: commit, stored bytes, healthy and degraded restore,
+scrub, repair, and the raw erasure code.
 
 Usage::
 
-    python benchmarks/run.py [--scale S] [--workloads dense,frozen,unchanged,s3,catalog]
+    python benchmarks/run.py [--scale S]
+                             [--workloads dense,frozen,unchanged,s3,catalog,redundancy]
                              [--out FILE] [--dir TMPDIR]
 
 Prints a table of ratios with pass/miss against BENCHMARKS.md targets and writes
@@ -33,6 +37,8 @@ from rich.console import Console  # noqa: E402
 from benchmarks.catalog import NAME as CATALOG_NAME  # noqa: E402
 from benchmarks.catalog import run_catalog  # noqa: E402
 from benchmarks.machine import machine_info  # noqa: E402
+from benchmarks.redundancy import NAME as REDUNDANCY_NAME  # noqa: E402
+from benchmarks.redundancy import run_redundancy  # noqa: E402
 from benchmarks.report import Outcome, print_report, write_json  # noqa: E402
 from benchmarks.s3 import NAME as S3_NAME  # noqa: E402
 from benchmarks.s3 import run_s3  # noqa: E402
@@ -40,7 +46,7 @@ from benchmarks.suite import Log, run_workload  # noqa: E402
 from benchmarks.workloads import WORKLOADS as LOCAL_WORKLOADS  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "latest.json"
-WORKLOADS = (*LOCAL_WORKLOADS, S3_NAME, CATALOG_NAME)
+WORKLOADS = (*LOCAL_WORKLOADS, S3_NAME, CATALOG_NAME, REDUNDANCY_NAME)
 
 
 def _workload_list(text: str) -> list[str]:
@@ -98,6 +104,8 @@ def _run_one(name: str, scale: float, workdir: Path, log: Log) -> Outcome:
         return run_s3(scale, workdir, log)
     if name == CATALOG_NAME:
         return run_catalog(scale, workdir, log)
+    if name == REDUNDANCY_NAME:
+        return run_redundancy(scale, workdir, log)
     return run_workload(name, scale, workdir, log)
 
 
