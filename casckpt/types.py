@@ -358,7 +358,7 @@ class RepairReport(_ToDict):
     """What ``Store.repair`` did.
 
     Attributes:
-        packs: packs that needed repair.
+        packs: packs that needed repair (and could be worked on).
         shards_rewritten: shards written again (re-encoded or copied).
         shards_moved: of those, shards placed on another location than before.
         unrepaired: ``pack id: reason`` for each pack left short of full redundancy.

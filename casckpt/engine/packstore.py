@@ -81,6 +81,7 @@ class ShardCheck:
     damaged: dict[int, str] = field(default_factory=dict)  # index -> "missing" | "corrupt"
     notes: dict[int, str] = field(default_factory=dict)  # index -> what was wrong
     data: bytes | None = None  # the verified pack, when it could be rebuilt
+    fragments: dict[int, bytes] = field(default_factory=dict)  # ec: healthy or rebuilt, by index
 
 
 @dataclass(frozen=True, slots=True)
@@ -464,7 +465,7 @@ class PackStore:
             else:
                 result.healthy.append(sh.index)
                 payloads[sh.index] = payload
-        result.data, inconsistent = self._rebuild(layout, payloads)
+        result.data, inconsistent = self._rebuild(layout, payloads, result.fragments)
         if result.data is None and read_all and layout.scheme == "ec" and len(payloads) >= layout.k:
             inconsistent = set(payloads)  # no K of them decode to the pack
         for index in inconsistent:  # checksums match, content does not: damaged before it was hashed
@@ -482,13 +483,16 @@ class PackStore:
                               whole_pack=read_all and result.data is not None)
         return result
 
-    def _rebuild(self, layout: PackLayout, payloads: dict[int, bytes]) -> tuple[bytes | None, set[int]]:
-        """Decode the pack from verified payloads: (pack or None, payloads inconsistent with it).
+    def _rebuild(self, layout: PackLayout, payloads: dict[int, bytes],
+                 fragments: dict[int, bytes]) -> tuple[bytes | None, set[int]]:
+        """Rebuild the pack from verified payloads: (pack or None, payloads inconsistent with it).
 
-        Payloads are checked against their checksums, but one damaged before
-        it was hashed would still pass; so when all of them together do not
-        decode to the pack id, subsets of K are tried, and the payloads the
-        winning pack does not re-encode to are reported.
+        Fast path: the data fragments at hand, plus the missing ones
+        reconstructed (kept in ``fragments`` with the healthy ones, for
+        healing). Payloads are checked against their checksums, but one
+        damaged before it was hashed would still pass; so when that does
+        not give the pack id, all of them are decoded together, then subsets
+        of K, and the payloads the winning pack does not re-encode to are reported.
         """
         if not payloads:
             return None, set()
@@ -497,6 +501,18 @@ class PackStore:
         if len(payloads) < layout.k:
             return None, set()
         code = self._code(layout.k, layout.m, layout.algorithm or DEFAULT_ALGORITHM)
+        fragments.update(payloads)
+        try:
+            fragments.update(code.reconstruct(
+                payloads, [i for i in range(layout.k) if i not in payloads], f"pack {layout.id}"))
+            start, stripe = layout.data_offset or 0, layout.stripe or 0
+            data = b"".join(memoryview(fragments[i])[start : start + stripe]
+                            for i in range(layout.k))[: layout.size]
+            if object_id(data) == layout.id:
+                return data, set()
+        except CorruptPackError:
+            pass
+        fragments.clear()
 
         def attempt(subset: dict[int, bytes]) -> bytes | None:
             try:
@@ -505,14 +521,14 @@ class PackStore:
                 return None
             return data if object_id(data) == layout.id else None
 
-        data = attempt(payloads)
-        if data is not None:
-            return data, set()
+        whole = attempt(payloads)
+        if whole is not None:
+            return whole, set()
         for combo in itertools.islice(itertools.combinations(sorted(payloads), layout.k), _SUBSETS_TRIED):
-            data = attempt({i: payloads[i] for i in combo})
-            if data is not None:
-                fragments, _, _ = code.encode(data)
-                return data, {i for i, p in payloads.items() if p != fragments[i]}
+            whole = attempt({i: payloads[i] for i in combo})
+            if whole is not None:
+                encoded, _, _ = code.encode(whole)
+                return whole, {i for i, p in payloads.items() if p != encoded[i]}
         return None, set()
 
     def recover(self, pack_id: str) -> bytes:
@@ -557,7 +573,7 @@ class PackStore:
         damaged = [sh.index for sh in self._fresh_layout(pack_id).shards if sh.state != "ok"]
         if damaged:
             try:
-                self._rewrite(self._fresh_layout(pack_id), found.data, damaged)
+                self._rewrite(self._fresh_layout(pack_id), found.data, damaged, found.fragments)
             except StorageError as exc:  # left marked; `casckpt repair` retries
                 log.warning("pack %s: healing shards %s failed: %s", pack_id, damaged, exc)
         return found.data
@@ -576,7 +592,8 @@ class PackStore:
         sql.mark_shards(self.catalog, layout.id, states)
         self.forget(layout.id)
 
-    def _rewrite(self, layout: PackLayout, data: bytes, indexes: Sequence[int]) -> RepairOutcome:
+    def _rewrite(self, layout: PackLayout, data: bytes, indexes: Sequence[int],
+                 fragments: dict[int, bytes] | None = None) -> RepairOutcome:
         """Write shards ``indexes`` again from the verified pack ``data``.
 
         A shard goes back to its own location when that is active; otherwise
@@ -584,8 +601,10 @@ class PackStore:
         uses. The catalog is updated after the write; an old copy on a
         draining location is deleted after that.
         """
-        _, payloads = self._encode(layout.id, data, Redundancy(layout.scheme, layout.k, layout.m),
-                                   layout.algorithm or DEFAULT_ALGORITHM, only=indexes)
+        payloads = self._from_fragments(layout, indexes, fragments or {})
+        if payloads is None:
+            _, payloads = self._encode(layout.id, data, Redundancy(layout.scheme, layout.k, layout.m),
+                                       layout.algorithm or DEFAULT_ALGORITHM, only=indexes)
         keep = [sh for sh in layout.shards if sh.index not in indexes]
         taken = {loc.domain for sh in keep if (loc := self.locations.get(sh.location_id)) is not None
                  and loc.state != "failed"}
@@ -616,6 +635,30 @@ class PackStore:
                         and old_loc.id != row.location_id:
                     _quiet_delete(old_loc, old.key)
         return RepairOutcome(layout.id, tuple(rewritten), tuple(unplaced))
+
+    def _from_fragments(self, layout: PackLayout, indexes: Sequence[int],
+                        fragments: dict[int, bytes]) -> dict[int, _Payload] | None:
+        """Shard objects for ``indexes`` from fragments at hand (reconstructing the others),
+        each checked against the checksum the catalog recorded; None: encode instead."""
+        if layout.scheme != "ec" or len(fragments) < layout.k:
+            return None
+        code = self._code(layout.k, layout.m, layout.algorithm or DEFAULT_ALGORITHM)
+        try:
+            have = dict(fragments)
+            have.update(code.reconstruct(fragments, [i for i in indexes if i not in have],
+                                         f"pack {layout.id}"))
+        except CorruptPackError:
+            return None
+        payloads = {}
+        for index in indexes:
+            row, fragment = layout.shard(index), have[index]
+            checksum = payload_checksum(fragment)
+            if row is None or row.checksum != checksum:
+                return None
+            header = ShardHeader(layout.id, index, layout.k, layout.m, code.algorithm, layout.size,
+                                 len(fragment), layout.data_offset or 0, checksum)
+            payloads[index] = _Payload(encode_shard_header(header) + fragment, checksum)
+        return payloads
 
     def _write_one(self, layout: PackLayout, index: int, payload: _Payload,
                    order: Sequence[Location], taken: set[str]) -> ShardRow | None:
@@ -676,7 +719,7 @@ class PackStore:
                 f"{len(found.healthy)} healthy shard(s), {layout.k} needed: the pack is lost"))
         layout = self._fresh_layout(pack_id)
         bad = sorted(set(bad) | {sh.index for sh in layout.shards if sh.state != "ok"})
-        return self._rewrite(layout, found.data, bad)
+        return self._rewrite(layout, found.data, bad, found.fragments)
 
     def delete(self, shards: Sequence[tuple[int, str]]) -> int:
         """Delete shard objects ((location id, key)); returns how many went. Errors are logged."""

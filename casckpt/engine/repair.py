@@ -27,7 +27,7 @@ def repair(ctx: EngineContext, progress: ProgressCallback | None = None) -> Repa
     """Repair every pack in the queue; see the module docstring."""
     started = time.monotonic()
     queue = shard_sql.packs_to_repair(ctx.catalog)
-    rewritten = moved = 0
+    rewritten = moved = worked = 0
     unrepaired: list[str] = []
     lease = begin_lease(ctx.catalog)
     try:
@@ -36,6 +36,8 @@ def repair(ctx: EngineContext, progress: ProgressCallback | None = None) -> Repa
                 outcome = ctx.packs.repair(pack_id)
             except BlobNotFoundError:  # GC removed the pack meanwhile: nothing to repair
                 continue
+            if outcome.rewritten or outcome.unplaced or outcome.error:
+                worked += 1  # else: doubled-up shards with no free failure domain to go to yet
             rewritten += len(outcome.rewritten)
             moved += sum(1 for _, old, new in outcome.rewritten if old != new)
             if outcome.error or outcome.unplaced:
@@ -47,5 +49,5 @@ def repair(ctx: EngineContext, progress: ProgressCallback | None = None) -> Repa
                 progress("repair", done, len(queue))
     finally:
         end_lease(ctx.catalog, lease)
-    return RepairReport(packs=len(queue), shards_rewritten=rewritten, shards_moved=moved,
+    return RepairReport(packs=worked, shards_rewritten=rewritten, shards_moved=moved,
                         unrepaired=tuple(unrepaired), duration_s=time.monotonic() - started)

@@ -151,3 +151,24 @@ class ErasureCode:
         if len(data) != pack_len:
             raise CorruptPackError(f"{where}: decoded {len(data)} bytes, expected {pack_len}")
         return data
+
+    def reconstruct(self, fragments: Mapping[int, bytes | memoryview], indexes: Sequence[int],
+                    where: str) -> dict[int, bytes]:
+        """Rebuild the fragments ``indexes`` (byte-identical to what encode made) from >= K others.
+
+        Cheaper than decoding the pack and encoding it again; data fragments
+        rebuilt this way also give the pack itself (the code is systematic).
+
+        Raises:
+            CorruptPackError: too few fragments, or the code rejects them.
+        """
+        if len(fragments) < self.k:
+            raise CorruptPackError(f"{where}: {len(fragments)} healthy shards, {self.k} needed")
+        if not indexes:
+            return {}
+        try:
+            rebuilt: list[bytes] = self._driver().reconstruct(
+                [bytes(f) for f in list(fragments.values())[: self.k]], list(indexes))
+        except Exception as exc:  # pyeclib's ECDriverError family
+            raise CorruptPackError(f"{where}: shards do not reconstruct ({exc})") from exc
+        return dict(zip(indexes, rebuilt, strict=True))

@@ -348,3 +348,20 @@ def test_a_self_consistent_wrong_shard_never_yields_wrong_bytes(tmp_path: Path) 
         assert torch.equal(store.restore("r@1")["w"], state["w"])
         assert path.read_bytes() == original, "heal on read rewrote the inconsistent shard"
         assert store.check(read_data=True).ok
+
+
+@settings(max_examples=30, deadline=None)
+@given(k=st.integers(1, 6), m=st.integers(1, 3), size=st.integers(1, 64 << 10), seed=st.integers(0, 2**32 - 1))
+def test_reconstruct_rebuilds_lost_fragments_byte_identical(k: int, m: int, size: int, seed: int) -> None:
+    """Heal writes reconstructed fragments where encode's were: they must be the same bytes."""
+    rng = random.Random(seed)
+    data = rng.randbytes(size)
+    code = ErasureCode(k, m)
+    fragments, stripe, offset = code.encode(data)
+    lost = sorted(rng.sample(range(k + m), rng.randint(1, m)))
+    kept = {i: f for i, f in enumerate(fragments) if i not in lost}
+    rebuilt = code.reconstruct(kept, lost, "test")
+    assert rebuilt == {i: fragments[i] for i in lost}
+    assert code.reconstruct(kept, [], "test") == {}
+    with pytest.raises(CorruptPackError):
+        code.reconstruct(dict(list(kept.items())[: k - 1]), lost, "test")
