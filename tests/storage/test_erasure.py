@@ -351,7 +351,8 @@ def test_a_self_consistent_wrong_shard_never_yields_wrong_bytes(tmp_path: Path) 
 
 
 @settings(max_examples=30, deadline=None)
-@given(k=st.integers(1, 6), m=st.integers(1, 3), size=st.integers(1, 64 << 10), seed=st.integers(0, 2**32 - 1))
+@given(k=st.integers(1, 6), m=st.integers(1, 3), size=st.integers(1, 64 << 10),
+       seed=st.integers(0, 2**32 - 1))
 def test_reconstruct_rebuilds_lost_fragments_byte_identical(k: int, m: int, size: int, seed: int) -> None:
     """Heal writes reconstructed fragments where encode's were: they must be the same bytes."""
     rng = random.Random(seed)
