@@ -215,10 +215,11 @@ class PackStore:
                     log.warning("pack %s: location %s refused it: %s", pack_id, loc.describe(), exc)
                     last = exc
             raise StorageError(f"no location accepted pack {pack_id}: {last}") from last
+        self.check_writable(redundancy)
         data = path.read_bytes()
         path.unlink(missing_ok=True)
-        self.check_writable(redundancy)
         layout, payloads = self._encode(pack_id, data, redundancy)
+        del data  # shards hold every byte now; bound the memory of the packs in flight
         written = self._place(layout, payloads, self.locations.placement(pack_id))
         healthy = sum(1 for sh in written if sh.state == "ok")
         if healthy < self.quorum(redundancy):
