@@ -36,6 +36,7 @@ from casckpt.types import (
 )
 
 if TYPE_CHECKING:
+    from casckpt.engine.background import CommitHandle
     from casckpt.storage import BlobStore
     from casckpt.store import Store
 
@@ -49,6 +50,10 @@ def __getattr__(name: str) -> Any:
         from casckpt.store import Store
 
         return Store
+    if name == "CommitHandle":
+        from casckpt.engine.background import CommitHandle
+
+        return CommitHandle
     raise AttributeError(f"module 'casckpt' has no attribute {name!r}")
 
 
@@ -59,6 +64,8 @@ def open(  # noqa: A001 - the documented name of the entry point
     catalog: str | None = None, cache: str | os.PathLike[str] | None = None,
     create: bool = True, chunk_size: int | None = None, pack_size: int | None = None,
     workers: int | None = None, s3: Mapping[str, Any] | None = None, redundancy: str | None = None,
+    max_pending_commits: int | None = None, commit_memory: int | None = None,
+    backpressure: str | None = None,
 ) -> Store:
     """Open (or create) a store.
 
@@ -89,6 +96,10 @@ def open(  # noqa: A001 - the documented name of the entry point
             failure domains; any 4 rebuild it). Recorded in the catalog for a
             new store; for an existing one it must match (change it with
             :meth:`Store.set_redundancy`).
+        max_pending_commits, commit_memory, backpressure: bounds of background
+            commits (``commit(..., block=False)``): commits in flight (default 2),
+            bytes their copies of changed chunks may hold (default RAM/4, at
+            most 8 GiB), and ``"block"`` (default) or ``"raise"`` when full.
 
     Raises:
         NotAStoreError: ``path`` is not a store and cannot become one.
@@ -100,13 +111,15 @@ def open(  # noqa: A001 - the documented name of the entry point
 
     return open_store(path, blobs=blobs, catalog=catalog, cache=cache, create=create,
                       chunk_size=chunk_size, pack_size=pack_size, workers=workers, s3=s3,
-                      redundancy=redundancy)
+                      redundancy=redundancy, max_pending_commits=max_pending_commits,
+                      commit_memory=commit_memory, backpressure=backpressure)
 
 
 __all__ = [
     "BlobLocation",
     "CasckptError",
     "CheckProblem",
+    "CommitHandle",
     "CheckReport",
     "RunInfo",
     "RunNode",

@@ -8,6 +8,9 @@ Environment variables (all optional):
 ``CASCKPT_WORKERS``      threads for hashing, compression and I/O.
 ``CASCKPT_COMPRESSION``  ``0`` stores every chunk raw; ``1`` (default) compresses where it pays.
 ``CASCKPT_ZSTD_LEVEL``   zstd level for compressed chunks (default 1).
+``CASCKPT_MAX_PENDING_COMMITS``  background commits in flight at once (default 2).
+``CASCKPT_COMMIT_MEMORY``  bytes background commits may hold as copies (default RAM/4, <= 8 GiB).
+``CASCKPT_BACKPRESSURE``   ``block`` (default) or ``raise`` when background commits are at a bound.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +50,11 @@ class Settings:
         zstd_level: zstd level for compressed chunks.
         read_coalesce: the largest single ranged read restore issues.
         upload_workers: packs stored concurrently while the next one fills.
+        max_pending_commits: background commits in flight at once.
+        commit_memory: bytes the copies of background commits' changed chunks
+            may hold in all (default: a quarter of RAM, at most 8 GiB).
+        backpressure: when either bound is reached, ``"block"`` the next
+            commit until there is room, or ``"raise"`` CommitBackpressureError.
     """
 
     chunk_size: int = DEFAULT_CHUNK_SIZE
@@ -56,6 +64,17 @@ class Settings:
     zstd_level: int = 1
     read_coalesce: int = 16 << 20
     upload_workers: int = 2
+    max_pending_commits: int = 2
+    commit_memory: int = field(default_factory=lambda: _default_commit_memory())
+    backpressure: str = "block"
+
+
+def _default_commit_memory() -> int:
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX: assume a modest machine
+        ram = 8 << 30
+    return int(min(8 << 30, ram // 4))
 
 
 def _int_env(env: Mapping[str, str], name: str) -> int | None:
@@ -71,19 +90,32 @@ def _int_env(env: Mapping[str, str], name: str) -> int | None:
     return number
 
 
+def _backpressure(value: object) -> str:
+    if value not in ("block", "raise"):
+        raise InvalidArgumentError(f"backpressure must be 'block' or 'raise', got {value!r}")
+    return str(value)
+
+
 def settings(overrides: Mapping[str, Any] | None = None,
              env: Mapping[str, str] = os.environ) -> Settings:
     """Defaults, then environment variables, then explicit ``overrides``."""
     config = Settings()
-    for field, name in (("chunk_size", "CASCKPT_CHUNK_SIZE"), ("pack_size", "CASCKPT_PACK_SIZE"),
-                        ("workers", "CASCKPT_WORKERS"), ("zstd_level", "CASCKPT_ZSTD_LEVEL")):
-        value = _int_env(env, name)
+    for name_, var in (("chunk_size", "CASCKPT_CHUNK_SIZE"), ("pack_size", "CASCKPT_PACK_SIZE"),
+                       ("workers", "CASCKPT_WORKERS"), ("zstd_level", "CASCKPT_ZSTD_LEVEL"),
+                       ("max_pending_commits", "CASCKPT_MAX_PENDING_COMMITS"),
+                       ("commit_memory", "CASCKPT_COMMIT_MEMORY")):
+        value = _int_env(env, var)
         if value is not None:
-            config = replace(config, **{field: value})  # type: ignore[arg-type]
+            config = replace(config, **{name_: value})  # type: ignore[arg-type]
     if env.get("CASCKPT_COMPRESSION", "1") == "0":
         config = replace(config, compress=False)
+    if env.get("CASCKPT_BACKPRESSURE"):
+        config = replace(config, backpressure=_backpressure(env["CASCKPT_BACKPRESSURE"]))
     for key, value in (overrides or {}).items():
         if value is None:
+            continue
+        if key == "backpressure":
+            config = replace(config, backpressure=_backpressure(value))
             continue
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise InvalidArgumentError(f"{key} must be a positive int, got {value!r}")

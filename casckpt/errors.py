@@ -128,3 +128,16 @@ class MetricNotFoundError(RefNotFoundError):
 
 class VersionSweptError(RefNotFoundError):
     """A deleted version cannot be undeleted: GC already swept (some of) its data."""
+
+
+class BackgroundCommitError(CasckptError, RuntimeError):
+    """A background commit failed and nobody waited on its handle; raised by the next
+    commit or by ``close()``. The original error is the ``__cause__``."""
+
+
+class CommitBackpressureError(CasckptError, RuntimeError):
+    """Background commits are at their limit and the store was opened with ``backpressure="raise"``."""
+
+
+class CommitTimeoutError(CasckptError, TimeoutError):
+    """``CommitHandle.wait(timeout)`` ran out of time; the commit goes on."""

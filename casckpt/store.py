@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 import torch
@@ -33,11 +33,18 @@ from casckpt.engine import history as history_engine
 from casckpt.engine import records
 from casckpt.engine import restore as restore_engine
 from casckpt.engine import retention as retention_engine
+from casckpt.engine.background import BackgroundCommitter, CommitHandle
 from casckpt.engine.context import EngineContext, manifest_key
 from casckpt.engine.packstore import PackStore
 from casckpt.engine.refs import resolve
 from casckpt.engine.validate import check_name
-from casckpt.errors import InvalidArgumentError, RefNotFoundError, VersionSweptError
+from casckpt.errors import (
+    CasckptError,
+    CommitTimeoutError,
+    InvalidArgumentError,
+    RefNotFoundError,
+    VersionSweptError,
+)
 from casckpt.format.manifest import Manifest, decode_manifest
 from casckpt.format.tree import iter_values
 from casckpt.storage import BlobStore, redact_url
@@ -90,15 +97,30 @@ class Store(StoreAdmin):
             pool=ThreadPoolExecutor(settings.workers, thread_name_prefix="casckpt"),
             uploads=ThreadPoolExecutor(settings.upload_workers, thread_name_prefix="casckpt-upload"),
         )
+        self._committer = BackgroundCommitter(
+            self._ctx, max_pending=settings.max_pending_commits, memory=settings.commit_memory,
+            backpressure=settings.backpressure)
         self._closed = False
 
     # -- lifecycle ----------------------------------------------------------
 
     def close(self) -> None:
-        """Release threads, the cache, pooled connections and clients. Idempotent."""
+        """Finish pending background commits, then release threads, the cache, pooled
+        connections and clients. Idempotent.
+
+        Raises:
+            BackgroundCommitError: a background commit failed and nobody waited on its
+                handle (everything is released all the same).
+        """
         if self._closed:
             return
         self._closed = True
+        try:
+            self._committer.close()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
         self._ctx.pool.shutdown(wait=True)
         self._ctx.uploads.shutdown(wait=True)
         self._io.shutdown(wait=True)
@@ -111,22 +133,52 @@ class Store(StoreAdmin):
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.close()
+        if exc is None:
+            self.close()
+            return
+        try:  # an error is on its way out already: report a background failure, do not mask it
+            self.close()
+        except CasckptError as failure:
+            log.error("while closing the store after %s: %s", exc_type.__name__ if exc_type else "?", failure)
 
     def __repr__(self) -> str:
         return f"<casckpt.Store {redact_url(self._ctx.locations.all[0].blobs.url)}>"
 
     # -- commit and restore -------------------------------------------------
 
+    @overload
+    def commit(self, state: object, *, run: str, step: int, metadata: Mapping[str, Any] | None = None,
+               metrics: Mapping[str, float] | None = None, message: str | None = None,
+               tags: Iterable[str] = (), progress: ProgressCallback | None = None,
+               block: Literal[True] = True) -> Version: ...
+
+    @overload
+    def commit(self, state: object, *, run: str, step: int, metadata: Mapping[str, Any] | None = None,
+               metrics: Mapping[str, float] | None = None, message: str | None = None,
+               tags: Iterable[str] = (), progress: ProgressCallback | None = None,
+               block: Literal[False]) -> CommitHandle: ...
+
     def commit(
         self, state: object, *, run: str, step: int, metadata: Mapping[str, Any] | None = None,
         metrics: Mapping[str, float] | None = None, message: str | None = None,
-        tags: Iterable[str] = (), progress: ProgressCallback | None = None,
-    ) -> Version:
-        """Store ``state`` as version ``run@step`` and return it once it is visible.
+        tags: Iterable[str] = (), progress: ProgressCallback | None = None, block: bool = True,
+    ) -> Version | CommitHandle:
+        """Store ``state`` as version ``run@step``.
 
-        Only chunks the store has never held are written. The state is read,
-        not modified; do not mutate it until ``commit`` returns.
+        Only chunks the store has never held are written. With ``block=True``
+        (default) this returns the version once it is visible; the state is
+        read, not modified, and must not be mutated until ``commit`` returns.
+
+        With ``block=False`` it returns a :class:`CommitHandle` as soon as the
+        state is snapshotted: every chunk hashed in place, and only the chunks
+        the store does not hold copied (so the pause and the memory scale with
+        what changed). From then on the caller may mutate its tensors; the
+        rest runs in the background, in commit order. ``handle.wait()``
+        returns the version or raises why it failed; a failure nobody waited
+        for is raised by the next commit or by :meth:`close`. Bounds and
+        backpressure: ``max_pending_commits``, ``commit_memory`` and
+        ``backpressure`` of :func:`casckpt.open` (see
+        :mod:`casckpt.engine.background`).
 
         Raises:
             UnsupportedStateError: the tree holds an unsupported object (nothing written).
@@ -136,7 +188,26 @@ class Store(StoreAdmin):
                 version is not visible and the store stays consistent.
         """
         req = commit_engine.make_request(run, step, metadata, metrics, message, tags)
+        if not block:
+            return self._committer.commit(state, req, progress)
+        self._committer.raise_unreported()
+        self._committer.drain()  # keep commit order: the background ones come first
         return commit_engine.commit(self._ctx, state, req, progress)
+
+    def pending_commits(self) -> list[CommitHandle]:
+        """Background commits not finished yet, oldest first."""
+        return self._committer.pending()
+
+    def wait_commits(self, timeout: float | None = None) -> None:
+        """Wait for every background commit; raise the first failure nobody waited on.
+
+        Raises:
+            CommitTimeoutError: ``timeout`` seconds passed with commits still running.
+            BackgroundCommitError: a background commit failed unseen.
+        """
+        if not self._committer.drain(timeout):
+            raise CommitTimeoutError(f"background commits still running after {timeout} s")
+        self._committer.raise_unreported()
 
     def restore(self, ref: Ref, into: object = None, *, map_location: Any = None,
                 progress: ProgressCallback | None = None) -> Any:
@@ -524,10 +595,13 @@ def open_store(
     catalog: str | None = None, cache: str | os.PathLike[str] | None = None,
     create: bool = True, chunk_size: int | None = None, pack_size: int | None = None,
     workers: int | None = None, s3: Mapping[str, Any] | None = None,
-    redundancy: str | None = None,
+    redundancy: str | None = None, max_pending_commits: int | None = None,
+    commit_memory: int | None = None, backpressure: str | None = None,
 ) -> Store:
     """See :func:`casckpt.open`."""
-    settings = cfg.settings({"chunk_size": chunk_size, "pack_size": pack_size, "workers": workers})
+    settings = cfg.settings({"chunk_size": chunk_size, "pack_size": pack_size, "workers": workers,
+                             "max_pending_commits": max_pending_commits,
+                             "commit_memory": commit_memory, "backpressure": backpressure})
     given: dict[str, BlobStore] = {}
     items = [blobs] if isinstance(blobs, BlobStore) else blobs
     if isinstance(items, (list, tuple)):

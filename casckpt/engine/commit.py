@@ -10,7 +10,7 @@ hint, a chunk GC removed) are written again before retrying.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -165,67 +165,132 @@ def tensor_rows(
 
 
 @dataclass(slots=True)
-class _Staged:
-    """A commit whose chunks and manifest are stored, ready to publish."""
+class Snapshot:
+    """A commit's state, captured: chunk ids, manifest, and the bytes of new chunks.
+
+    In a blocking commit ``chunks`` are views of the caller's tensors; in a
+    background commit the new chunks are owned copies (``owned`` bytes), so
+    the caller may mutate its tensors as soon as the snapshot is taken.
+    """
 
     manifest: Manifest
     version_id: str
     manifest_bytes: bytes
     chunks: dict[bytes, _Chunk]
+    new_ids: list[bytes]
     tensor_rows: list[dict[str, Any]]
     content_rows: list[dict[str, Any]]
-    new_bytes: int
-    stored_bytes: int
+    owned: int = 0
+    new_bytes: int = 0
+    stored_bytes: int = 0
 
 
-def _stage(ctx: EngineContext, state: object, req: CommitRequest, created: float,
-           redundancy: Redundancy, progress: ProgressCallback | None) -> _Staged:
+Reserve = Callable[[int], bool]  # asked for the bytes to copy; False: do not copy (write from the views)
+
+
+def snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: float, *,
+             parent: str | None, reserve: Reserve | None = None,
+             progress: ProgressCallback | None = None) -> Snapshot:
+    """Encode, hash (in place) and dedup ``state``; build its manifest.
+
+    With ``reserve``, the chunks the store does not hold are copied out of
+    the state (after ``reserve(nbytes)`` agrees), so only changed bytes are
+    copied and the state is free again when this returns.
+    """
     root, leaves = encode_tree(state)
     entries, sources = plan_blobs(leaves)
     blobs, chunks = _hash_blobs(ctx, sources, progress)
     known = _known_chunks(ctx, list(chunks))
-    new_bytes, stored_bytes = _write_chunks(ctx, chunks, [c for c in chunks if c not in known],
-                                            redundancy, progress)
-    parent = ctx.catalog.nth_latest(req.run, 0)  # a forked run's first version: the fork point
-    parent_id = parent.id if parent is not None else fork_point(ctx.catalog, req.run)
+    new_ids = [c for c in chunks if c not in known]
+    owned = 0
+    if reserve is not None:
+        need = sum(chunks[c].end - chunks[c].start for c in new_ids)
+        if reserve(need):
+            for cid in new_ids:
+                chunk = chunks[cid]
+                copy = memoryview(bytes(chunk.data()))
+                chunks[cid] = _Chunk(copy, 0, len(copy), chunk.align)
+            owned = need
     manifest = Manifest(
-        run=req.run, step=req.step, parent=parent_id,
+        run=req.run, step=req.step, parent=parent,
         created_at=created, root=root, tensors=tuple(entries), blobs=tuple(blobs),
         metadata=req.metadata, metrics=req.metrics, message=req.message, tags=req.tags,
     )
     version_id, manifest_bytes = encode_manifest(manifest)
-    ctx.locations.put_everywhere(manifest_key(version_id), manifest_bytes)
     rows, content_rows = tensor_rows(version_id, entries, blobs)
-    return _Staged(manifest, version_id, manifest_bytes, chunks, rows, content_rows,
-                   new_bytes, stored_bytes)
+    return Snapshot(manifest, version_id, manifest_bytes, chunks, new_ids, rows, content_rows, owned)
 
 
-def _publish(ctx: EngineContext, req: CommitRequest, staged: _Staged, started: float,
+def parent_of(ctx: EngineContext, run: str) -> str | None:
+    """The parent of ``run``'s next version: its latest, or for a new fork its fork point."""
+    parent = ctx.catalog.nth_latest(run, 0)
+    return parent.id if parent is not None else fork_point(ctx.catalog, run)
+
+
+def _publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, started: float,
              redundancy: Redundancy, progress: ProgressCallback | None) -> dict[str, Any]:
     """ONE catalog transaction makes the version visible; chunks found gone are rewritten."""
     row: dict[str, Any] = {
-        "id": staged.version_id, "step": req.step, "parent_id": staged.manifest.parent,
-        "state": "visible", "created_at": staged.manifest.created_at,
-        "logical_bytes": staged.manifest.logical_bytes, "meta": req.metadata,
-        "metrics": req.metrics, "message": req.message, "manifest": staged.manifest_bytes,
+        "id": snap.version_id, "step": req.step, "parent_id": snap.manifest.parent,
+        "state": "visible", "created_at": snap.manifest.created_at,
+        "logical_bytes": snap.manifest.logical_bytes, "meta": req.metadata,
+        "metrics": req.metrics, "message": req.message, "manifest": snap.manifest_bytes,
     }
     for _ in range(_PUBLISH_ATTEMPTS):
-        row.update(new_bytes=staged.new_bytes, stored_bytes=staged.stored_bytes,
+        row.update(new_bytes=snap.new_bytes, stored_bytes=snap.stored_bytes,
                    duration_s=time.monotonic() - started, committed_at=time.time())
         try:
-            ctx.catalog.add_version(row, req.run, staged.tensor_rows, staged.content_rows,
-                                    req.tags, (c.hex() for c in staged.chunks))
+            ctx.catalog.add_version(row, req.run, snap.tensor_rows, snap.content_rows,
+                                    req.tags, (c.hex() for c in snap.chunks))
             return row
         except MissingChunksError as exc:
-            lost = [cid for cid in staged.chunks if cid.hex() in exc.missing]
+            lost = [cid for cid in snap.chunks if cid.hex() in exc.missing]
             ctx.cache.discard(lost)
-            more_raw, more_stored = _write_chunks(ctx, staged.chunks, lost, redundancy, progress)
-            staged.new_bytes += more_raw
-            staged.stored_bytes += more_stored
+            _verify_unchanged(snap, lost)
+            more_raw, more_stored = _write_chunks(ctx, snap.chunks, lost, redundancy, progress)
+            snap.new_bytes += more_raw
+            snap.stored_bytes += more_stored
     raise CatalogError(
-        f"could not publish version {staged.version_id[:12]}: its chunks kept disappearing "
+        f"could not publish version {snap.version_id[:12]}: its chunks kept disappearing "
         "(is a GC with --grace 0 running?); retry the commit"
     )
+
+
+def _verify_unchanged(snap: Snapshot, ids: Sequence[bytes]) -> None:
+    """Chunks to write again must still hold their bytes (a background commit's state may
+    have moved on since its snapshot)."""
+    for cid in ids:
+        if chunk_id(snap.chunks[cid].data()) != cid:
+            raise CatalogError(
+                f"version {snap.version_id[:12]} references a chunk GC removed while the commit "
+                "was in flight, and the state it came from has changed since; commit again"
+            )
+
+
+def finish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: Redundancy,
+           started: float, progress: ProgressCallback | None = None) -> Version:
+    """Write the snapshot's new chunks and manifest, then publish the version."""
+    snap.new_bytes, snap.stored_bytes = _write_chunks(ctx, snap.chunks, snap.new_ids, redundancy, progress)
+    ctx.locations.put_everywhere(manifest_key(snap.version_id), snap.manifest_bytes)
+    row = _publish(ctx, req, snap, started, redundancy, progress)
+    return Version(
+        id=snap.version_id, run=req.run, step=req.step,
+        created_at=datetime.fromtimestamp(snap.manifest.created_at, tz=timezone.utc),
+        logical_bytes=row["logical_bytes"], new_bytes=snap.new_bytes,
+        stored_bytes=snap.stored_bytes, duration_s=row["duration_s"],
+        parent=snap.manifest.parent, tags=req.tags, metadata=req.metadata,
+        metrics=req.metrics, message=req.message,
+    )
+
+
+def refuse_existing(ctx: EngineContext, req: CommitRequest) -> None:
+    """Refuse a step the run already has (checked again when publishing; this saves the work)."""
+    existing = ctx.catalog.at_step(req.run, req.step)
+    if existing is not None:
+        raise VersionExistsError(
+            f"run {req.run!r} already has a version at step {req.step} ({existing.id[:12]}); "
+            "commit with another step, or fork a new run"
+        )
 
 
 def commit(ctx: EngineContext, state: object, req: CommitRequest,
@@ -236,25 +301,12 @@ def commit(ctx: EngineContext, state: object, req: CommitRequest,
     neither condemns the chunks it writes nor deletes its objects as orphans.
     """
     started, created = time.monotonic(), time.time()
-    existing = ctx.catalog.at_step(req.run, req.step)
-    if existing is not None:  # checked again when publishing; this saves writing chunks for nothing
-        raise VersionExistsError(
-            f"run {req.run!r} already has a version at step {req.step} ({existing.id[:12]}); "
-            "commit with another step, or fork a new run"
-        )
+    refuse_existing(ctx, req)
     redundancy = ctx.packs.redundancy_for(req.run)
     ctx.packs.check_writable(redundancy)
     lease = begin_lease(ctx.catalog)
     try:
-        staged = _stage(ctx, state, req, created, redundancy, progress)
-        row = _publish(ctx, req, staged, started, redundancy, progress)
+        snap = snapshot(ctx, state, req, created, parent=parent_of(ctx, req.run), progress=progress)
+        return finish(ctx, req, snap, redundancy, started, progress)
     finally:
         end_lease(ctx.catalog, lease)
-    return Version(
-        id=staged.version_id, run=req.run, step=req.step,
-        created_at=datetime.fromtimestamp(created, tz=timezone.utc),
-        logical_bytes=row["logical_bytes"], new_bytes=staged.new_bytes,
-        stored_bytes=staged.stored_bytes, duration_s=row["duration_s"],
-        parent=staged.manifest.parent, tags=req.tags, metadata=req.metadata,
-        metrics=req.metrics, message=req.message,
-    )
