@@ -144,7 +144,8 @@ class StoreAdmin:
         return self._location_info(row.name)
 
     def drain_location(self, name: str) -> LocationInfo:
-        """Stop writing to a location; ``repair`` then moves its shards to others and deletes them there."""
+        """Stop writing to a location; ``repair`` then moves its shards to others (``gc``
+        deletes the old objects after its grace period)."""
         return self._set_location_state(name, "draining")
 
     def fail_location(self, name: str) -> LocationInfo:

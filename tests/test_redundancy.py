@@ -531,6 +531,7 @@ def test_repair_spreads_doubled_up_shards_once_a_location_is_added(ec_template: 
         assert store.repair().ok
         assert location(store, "loc6").shards == len(packs_of(ec_template.shards))
         assert store.check(read_data=True).ok
+        store.gc(grace=0)  # the moved shards' old objects are orphans now
     assert_spread(scan_shards(dirs), 6)
 
 
@@ -549,7 +550,10 @@ def test_drain_location_moves_shards_off_and_deletes_them(tmp_path: Path) -> Non
         assert repaired.shards_moved == repaired.shards_rewritten == len(on_d6)
         info = location(store, "loc6")
         assert (info.state, info.shards, info.bytes) == ("draining", 0, 0)
-        after = scan_shards(dirs)  # each shard once: the old copies on loc6 are deleted
+        assert any(path.parents[2] == dirs[6] for path in scan_shards(dirs[6:]).values()), \
+            "old objects stay for readers holding the old layout until gc's grace period passes"
+        store.gc(grace=0)
+        after = scan_shards(dirs)  # each shard once: gc deleted the old copies on loc6 as orphans
         assert set(after) == set(before)
         assert not any(path.parents[2] == dirs[6] for path in after.values())
         assert_spread(after, 6)  # each moved shard went to the one domain its pack did not use

@@ -41,7 +41,8 @@ _MIGRATION_LOCK = 0x6361736B  # "cask": PostgreSQL advisory lock key for schema 
 
 
 def _upsert_chunks(conn: Connection, rows: list[dict[str, Any]]) -> None:
-    """Insert chunk rows; a row GC has condemned is pointed at this new copy and revived.
+    """Insert chunk rows; a row GC has condemned, or whose pack is lost, is pointed at this
+    new copy and made live.
 
     A live row is kept as it is (another writer stored the chunk first; this
     copy is dead space in its pack until repacking).
@@ -54,7 +55,7 @@ def _upsert_chunks(conn: Connection, rows: list[dict[str, Any]]) -> None:
         index_elements=["id"],
         set_={c: stmt.excluded[c] for c in ("pack_id", "offset", "stored_len", "raw_len", "codec",
                                              "base_id", "state", "created_at", "condemned_at")},
-        where=s.chunks.c.state == "condemned",
+        where=(s.chunks.c.state == "condemned") | (s.chunks.c.state == "lost"),  # no IN: executemany
     ), rows)
 
 

@@ -26,6 +26,7 @@ from casckpt.catalog.catalog import Catalog, PackRecord, insert_ignore, insert_p
 from casckpt.errors import CatalogError, GCRunningError
 
 _BATCH = 5000
+_CHUNK_OVERHEAD = 92 + 90  # a chunk's entry header and footer record in its pack (format/pack.py)
 _GC_LOCK = 0x63676331  # "cgc1": PostgreSQL advisory lock key held while a GC runs
 
 
@@ -260,12 +261,14 @@ def known_version_ids(catalog: Catalog) -> set[str]:
 
 
 def repack_candidates(catalog: Catalog, *, max_live_fraction: float) -> list[tuple[str, str, int]]:
-    """Packs whose live chunks fill at most ``max_live_fraction`` of them, with nothing condemned."""
+    """Packs whose live chunks fill at most ``max_live_fraction`` of them, with nothing condemned
+    or lost. A chunk counts with its entry header and footer record, so a pack of small chunks
+    that is all live is never a candidate (it would be repacked again on every run)."""
     c, p = s.chunks, s.packs
-    live = select(func.coalesce(func.sum(c.c.stored_len), 0)).where(
+    live = select(func.coalesce(func.sum(c.c.stored_len + _CHUNK_OVERHEAD), 0)).where(
         c.c.pack_id == p.c.id
     ).scalar_subquery()
-    condemned = exists().where(c.c.pack_id == p.c.id, c.c.state == "condemned")
+    condemned = exists().where(c.c.pack_id == p.c.id, c.c.state.in_(("condemned", "lost")))
     with catalog.read() as conn:
         rows = conn.execute(select(p.c.id, p.c.key, p.c.size).where(
             ~condemned, live <= p.c.size * max_live_fraction,

@@ -131,12 +131,32 @@ def layouts(catalog: Catalog, pack_ids: Iterable[str]) -> dict[str, PackLayout]:
     return out
 
 
-def mark_shards(catalog: Catalog, pack_id: str, states: Mapping[int, str]) -> None:
-    """Record shard health (``missing`` / ``corrupt`` queue them for repair)."""
+def mark_shards(catalog: Catalog, pack_id: str, states: Mapping[int, tuple[str, int, str]]) -> None:
+    """Record shard health: index -> (state, location id, key) where it was found so.
+
+    ``missing`` / ``corrupt`` queue a shard for repair. A row that meanwhile
+    points elsewhere (another process moved the shard) is left alone.
+    """
     with catalog.write() as conn:
-        for index, state in states.items():
-            conn.execute(update(s.shards).where(s.shards.c.pack_id == pack_id, s.shards.c.idx == index)
-                         .values(state=state))
+        for index, (state, location_id, key) in states.items():
+            conn.execute(update(s.shards).where(
+                s.shards.c.pack_id == pack_id, s.shards.c.idx == index,
+                s.shards.c.location_id == location_id, s.shards.c.key == key).values(state=state))
+
+
+def mark_pack_lost(catalog: Catalog, pack_id: str) -> None:
+    """A pack cannot be read back: its chunks stop counting for dedup (state ``lost``), so
+    the next commit holding one writes it again (publishing treats lost chunks as missing)."""
+    with catalog.write() as conn:
+        conn.execute(update(s.chunks).where(s.chunks.c.pack_id == pack_id, s.chunks.c.state == "live")
+                     .values(state="lost"))
+
+
+def mark_pack_found(catalog: Catalog, pack_id: str) -> None:
+    """A pack was read back intact (repaired, or a location returned): its lost chunks are live."""
+    with catalog.write() as conn:
+        conn.execute(update(s.chunks).where(s.chunks.c.pack_id == pack_id, s.chunks.c.state == "lost")
+                     .values(state="live"))
 
 
 def replace_shards(catalog: Catalog, pack_id: str, rows: Sequence[ShardRow]) -> bool:

@@ -90,7 +90,9 @@ def _check_shards(ctx: EngineContext, layout: PackLayout, tally: _Tally) -> None
         bad += 1
         tally.problems.append(_problem(layout, sh.index, detail))
     if damaged and layout.scheme != "none":
-        shard_sql.mark_shards(ctx.catalog, layout.id, damaged)
+        shard_sql.mark_shards(ctx.catalog, layout.id, {
+            i: (state, row.location_id, row.key) for i, state in damaged.items()
+            if (row := layout.shard(i)) is not None})
         ctx.packs.forget(layout.id)
     if len(layout.shards) - bad < layout.k:
         tally.lost.add(layout.id)
@@ -115,12 +117,14 @@ def _read_pack(ctx: EngineContext, layout: PackLayout, tally: _Tally) -> tuple[b
         except StorageError as exc:
             tally.problems.append(CheckProblem("pack", layout.id, f"object {sh.key} is missing ({exc})"))
             tally.lost.add(layout.id)
+            shard_sql.mark_pack_lost(ctx.catalog, layout.id)  # commits write its chunks again
             return None, False
         if object_id(data) == layout.id:  # also catches rot zstd would decode around
             return data, True
         tally.problems.append(CheckProblem(
             "pack", layout.id, "pack bytes do not hash to the pack id (bit rot?)"))
         tally.lost.add(layout.id)
+        shard_sql.mark_pack_lost(ctx.catalog, layout.id)
         return data, False
     try:
         found = ctx.packs.examine(layout.id, read_all=True)

@@ -39,6 +39,7 @@ from casckpt.engine.packer import Packer
 from casckpt.errors import CasckptError, IntegrityError, StorageError
 from casckpt.format.pack import ENTRY_HEADER_SIZE, PackEntry, decode_entry
 from casckpt.storage import BlobInfo
+from casckpt.storage.erasure import Redundancy
 from casckpt.types import GCReport, ProgressCallback, RetentionPlan
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ def _delete_objects(ctx: EngineContext, objects: list[_Object], progress: Progre
     for location_id, key in objects:
         loc = ctx.locations.get(location_id)
         try:
-            if loc is not None:
+            if loc is not None and loc.readable:  # a failed location is never touched
                 loc.blobs.delete(key)
                 deleted += 1
         except CasckptError as exc:  # the row is gone: the object is an orphan for a later run
@@ -149,7 +150,9 @@ def _repack_one(ctx: EngineContext, pack_id: str) -> None:
     """Copy a pack's live chunks (verified) into new packs and point their rows at the copies."""
     rows = sql.live_chunks_of(ctx.catalog, pack_id)
     data = memoryview(ctx.packs.get(pack_id))
-    packer = Packer(ctx, ctx.packs.redundancy_for(None),
+    layout = ctx.packs.layout(pack_id)
+    scheme = Redundancy(layout.scheme, layout.k, layout.m) if layout is not None else Redundancy("none")
+    packer = Packer(ctx, scheme,  # the copies keep the redundancy the pack had
                     on_stored=partial(sql.relocate, ctx.catalog, old_pack_id=pack_id))
     try:
         for row in rows:

@@ -33,6 +33,7 @@ from threading import Lock
 
 from casckpt.catalog import Catalog, PackLayout, ShardRow
 from casckpt.catalog import shards as sql
+from casckpt.catalog.gc import begin_lease, end_lease
 from casckpt.errors import (
     BlobNotFoundError,
     CorruptPackError,
@@ -480,8 +481,11 @@ class PackStore:
         if result.healthy:
             # a pack rebuilt and verified against its id counts as verified even when some
             # shards were damaged (those are queued for repair): scrubs then move on to others
-            sql.mark_verified(self.catalog, pack_id, result.healthy,
-                              whole_pack=read_all and result.data is not None)
+            sql.mark_verified(self.catalog, pack_id, result.healthy, whole_pack=read_all)
+        elif read_all:
+            sql.mark_verified(self.catalog, pack_id, [], whole_pack=True)  # scrubs move on to others
+        if read_all:  # a lost pack's chunks stop counting for dedup, so commits write them again
+            (sql.mark_pack_found if result.data is not None else sql.mark_pack_lost)(self.catalog, pack_id)
         return result
 
     def _rebuild(self, layout: PackLayout, payloads: dict[int, bytes],
@@ -549,7 +553,12 @@ class PackStore:
                 cached = self._recovered.get(pack_id)
             if cached is not None:
                 return cached
-            data = self._recover(pack_id)
+            try:
+                data = self._recover(pack_id)
+            except BaseException:
+                with self._lock:
+                    self._pack_locks.pop(pack_id, None)
+                raise
             with self._lock:
                 self._recovered[pack_id] = data
                 while len(self._recovered) > _RECOVERED_KEPT:
@@ -565,6 +574,7 @@ class PackStore:
         if found.data is None:
             found = self.examine(pack_id, read_all=True)
         if found.data is None:
+            sql.mark_pack_lost(self.catalog, pack_id)
             needed = layout.k if layout.scheme == "ec" else 1
             details = "; ".join(f"shard {i}: {n}" for i, n in sorted(found.notes.items()))
             raise MissingDataError(
@@ -586,12 +596,16 @@ class PackStore:
         return layout
 
     def _damaged(self, layout: PackLayout, states: dict[int, str], why: str) -> None:
+        """Queue shards for repair -- only rows still pointing where this layout looked (another
+        process may have moved them) -- and drop the cached layout."""
+        self.forget(layout.id)
         if layout.scheme == "none":  # nothing to rebuild it from: the reader reports it
             return
         log.warning("pack %s: shard(s) %s %s (%s); queued for repair", layout.id,
                     sorted(states), "/".join(sorted(set(states.values()))), why)
-        sql.mark_shards(self.catalog, layout.id, states)
-        self.forget(layout.id)
+        rows = {i: (state, row.location_id, row.key) for i, state in states.items()
+                if (row := layout.shard(i)) is not None}
+        sql.mark_shards(self.catalog, layout.id, rows)
 
     def _rewrite(self, layout: PackLayout, data: bytes, indexes: Sequence[int],
                  fragments: dict[int, bytes] | None = None) -> RepairOutcome:
@@ -599,9 +613,20 @@ class PackStore:
 
         A shard goes back to its own location when that is active; otherwise
         to an active location in a failure domain no other shard of the pack
-        uses. The catalog is updated after the write; an old copy on a
-        draining location is deleted after that.
+        uses. The catalog is updated after the write. A moved shard's old
+        object is left where it was: GC deletes it as an orphan after its
+        grace period, so readers holding the old layout keep working.
+        Holds a commit lease, so a concurrent GC never takes the new objects
+        for orphans before the catalog knows them.
         """
+        lease = begin_lease(self.catalog)
+        try:
+            return self._rewrite_leased(layout, data, indexes, fragments)
+        finally:
+            end_lease(self.catalog, lease)
+
+    def _rewrite_leased(self, layout: PackLayout, data: bytes, indexes: Sequence[int],
+                        fragments: dict[int, bytes] | None) -> RepairOutcome:
         payloads = self._from_fragments(layout, indexes, fragments or {})
         if payloads is None:
             _, payloads = self._encode(layout.id, data, Redundancy(layout.scheme, layout.k, layout.m),
@@ -629,12 +654,7 @@ class PackStore:
             if not sql.replace_shards(self.catalog, layout.id, new_rows):  # GC removed the pack
                 self.delete([(row.location_id, row.key) for row in new_rows])
                 return RepairOutcome(layout.id, (), ())
-            for row in new_rows:  # the catalog points at the new shard: drop a moved one's old object
-                old = layout.shard(row.index)
-                old_loc = self.locations.get(old.location_id) if old is not None else None
-                if old is not None and old_loc is not None and old_loc.readable \
-                        and old_loc.id != row.location_id:
-                    _quiet_delete(old_loc, old.key)
+            sql.mark_pack_found(self.catalog, layout.id)
         return RepairOutcome(layout.id, tuple(rewritten), tuple(unplaced))
 
     def _from_fragments(self, layout: PackLayout, indexes: Sequence[int],

@@ -5,8 +5,9 @@ restores that healed around them, by ``check``) and shards on locations
 marked ``failed`` or ``draining`` -- rebuilding each pack from its healthy
 shards, verifying it against its id, and writing the shards it lacks: back
 to their own location when it is active, else to an active location in a
-failure domain the pack does not use yet. Shards moved off a draining
-location are deleted there once the catalog points at the new copy.
+failure domain the pack does not use yet. A moved shard's old object is
+left for GC to delete as an orphan after the grace period, so other
+processes still reading through the old layout are not cut off.
 
 Repair holds a commit lease, so a concurrent GC never takes the shards it
 has just written for orphans.
