@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
@@ -86,6 +87,7 @@ class Store(StoreAdmin):
                  write_quorum: int | None = None, s3: Mapping[str, Any] | None = None,
                  config_file: Path | None = None) -> None:
         self.path = root
+        self._locations_loaded = time.monotonic()
         self._s3 = dict(s3 or {})
         self._config_file = config_file
         staging.mkdir(parents=True, exist_ok=True)
@@ -188,6 +190,7 @@ class Store(StoreAdmin):
                 version is not visible and the store stays consistent.
         """
         req = commit_engine.make_request(run, step, metadata, metrics, message, tags)
+        self._refresh_locations()
         if not block:
             return self._committer.commit(state, req, progress)
         self._committer.raise_unreported()

@@ -7,6 +7,7 @@ one responsibility (queries and commits there, storage administration here).
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,8 @@ from casckpt.types import (
 )
 
 log = logging.getLogger(__name__)
+
+LOCATION_REFRESH_S = 30.0  # how stale this process's view of location states may get
 
 
 def parse_fraction(value: float | str) -> float:
@@ -68,6 +71,7 @@ class StoreAdmin:
     _ctx: EngineContext
     _s3: Any
     _config_file: Path | None
+    _locations_loaded: float
 
     # -- redundancy -------------------------------------------------------------
 
@@ -161,6 +165,11 @@ class StoreAdmin:
         self._reload_locations({})
         return self._location_info(name)
 
+    def _refresh_locations(self) -> None:
+        """Pick up location changes other processes made (add, drain, fail) every so often."""
+        if time.monotonic() - self._locations_loaded >= LOCATION_REFRESH_S:
+            self._reload_locations({})
+
     def _location_info(self, name: str) -> LocationInfo:
         return next(info for info in self.locations() if info.name == name)
 
@@ -175,6 +184,7 @@ class StoreAdmin:
                 fresh.append(open_location(row, row.url or "", self._s3, opened))
         self._ctx.locations = LocationSet(fresh)
         self._ctx.packs.locations = self._ctx.locations
+        self._locations_loaded = time.monotonic()
 
     # -- integrity --------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from casckpt.catalog.gc import begin_lease, end_lease
 from casckpt.engine import commit as commit_engine
-from casckpt.engine.commit import CommitRequest, Snapshot
+from casckpt.engine.commit import CommitRequest, Snapshot, _Chunk
 from casckpt.engine.context import EngineContext
 from casckpt.errors import (
     BackgroundCommitError,
@@ -127,6 +127,7 @@ class BackgroundCommitter:
         self._staged = 0  # bytes of new chunks copied and not yet written
         self.peak_staged = 0
         self._last: dict[str, str] = {}  # run -> version id of its newest pending commit
+        self._inflight: dict[bytes, _Chunk] = {}  # chunk id -> copy a pending commit will write
         self._failed: list[CommitHandle] = []
         self._worker: threading.Thread | None = None
         self._closed = False
@@ -151,8 +152,11 @@ class BackgroundCommitter:
             lease = begin_lease(self._ctx.catalog)
             try:
                 parent = self._last.get(req.run) or commit_engine.parent_of(self._ctx, req.run)
+                with self._cond:
+                    inflight = dict(self._inflight)
                 snap = commit_engine.snapshot(self._ctx, state, req, created, parent=parent,
-                                              reserve=self._reserve, progress=progress)
+                                              reserve=self._reserve, progress=progress,
+                                              pending=inflight)
             except BaseException:
                 end_lease(self._ctx.catalog, lease)
                 raise
@@ -165,6 +169,8 @@ class BackgroundCommitter:
             with self._cond:
                 self._pending.append(handle)
                 self._last[req.run] = snap.version_id
+                for cid in snap.new_ids:  # later snapshots dedup against these copies
+                    self._inflight[cid] = snap.chunks[cid]
                 self._queue.append(job)
                 self._start_worker()
                 self._cond.notify_all()
@@ -221,6 +227,10 @@ class BackgroundCommitter:
             except BaseException as exc:  # noqa: BLE001 - the lease expires with the process anyway
                 log.warning("could not end the lease of %s@%s: %s", job.request.run, job.request.step, exc)
             owned = job.snapshot.owned
+            with self._cond:
+                for cid in job.snapshot.new_ids:
+                    if self._inflight.get(cid) is job.snapshot.chunks.get(cid):
+                        del self._inflight[cid]
             job.snapshot.chunks.clear()  # drop the copies before admitting more
             with self._cond:
                 self._staged -= owned

@@ -18,6 +18,7 @@ from typing import Any
 from casckpt.catalog import MissingChunksError
 from casckpt.catalog.gc import begin_lease, end_lease
 from casckpt.catalog.history import fork_point
+from casckpt.engine import records
 from casckpt.engine.context import EngineContext, manifest_key
 from casckpt.engine.layout import BlobSource, plan_blobs
 from casckpt.engine.packer import Packer
@@ -190,18 +191,31 @@ Reserve = Callable[[int], bool]  # asked for the bytes to copy; False: do not co
 
 def snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: float, *,
              parent: str | None, reserve: Reserve | None = None,
-             progress: ProgressCallback | None = None) -> Snapshot:
+             progress: ProgressCallback | None = None,
+             pending: Mapping[bytes, _Chunk] | None = None) -> Snapshot:
     """Encode, hash (in place) and dedup ``state``; build its manifest.
 
     With ``reserve``, the chunks the store does not hold are copied out of
     the state (after ``reserve(nbytes)`` agrees), so only changed bytes are
     copied and the state is free again when this returns.
+
+    ``pending`` holds the copies of chunks that earlier background commits,
+    still in flight, will write: they count as known (written once, not
+    copied again); this snapshot keeps a reference to the copy, to write it
+    itself should the earlier commit fail.
     """
     root, leaves = encode_tree(state)
     entries, sources = plan_blobs(leaves)
     blobs, chunks = _hash_blobs(ctx, sources, progress)
     known = _known_chunks(ctx, list(chunks))
-    new_ids = [c for c in chunks if c not in known]
+    new_ids = []
+    for cid in chunks:
+        if cid in known:
+            continue
+        if pending is not None and cid in pending:
+            chunks[cid] = pending[cid]
+            continue
+        new_ids.append(cid)
     owned = 0
     if reserve is not None:
         need = sum(chunks[c].end - chunks[c].start for c in new_ids)
@@ -273,6 +287,8 @@ def finish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: R
     snap.new_bytes, snap.stored_bytes = _write_chunks(ctx, snap.chunks, snap.new_ids, redundancy, progress)
     ctx.locations.put_everywhere(manifest_key(snap.version_id), snap.manifest_bytes)
     row = _publish(ctx, req, snap, started, redundancy, progress)
+    for name in req.tags:  # a tag given at commit may have moved from another version
+        records.record_tag(ctx.locations, name, snap.version_id)
     return Version(
         id=snap.version_id, run=req.run, step=req.step,
         created_at=datetime.fromtimestamp(snap.manifest.created_at, tz=timezone.utc),

@@ -222,17 +222,34 @@ class PackStore:
         layout, payloads = self._encode(pack_id, data, redundancy)
         del data  # shards hold every byte now; bound the memory of the packs in flight
         written = self._place(layout, payloads, self.locations.placement(pack_id))
-        healthy = sum(1 for sh in written if sh.state == "ok")
+        healthy = self._durable(written)
         if healthy < self.quorum(redundancy):
             for sh in written:
                 target = self.locations.get(sh.location_id)
                 if sh.state == "ok" and target is not None:
                     _quiet_delete(target, sh.key)
             raise StorageError(
-                f"pack {pack_id} reached only {healthy} of {redundancy.shards} shards; the write "
-                f"quorum is {self.quorum(redundancy)}. Check the locations (`casckpt location list`)"
+                f"pack {pack_id} is durable on only {healthy} of {redundancy.shards} shards (shards "
+                f"sharing a failure domain count once); the write quorum is "
+                f"{self.quorum(redundancy)}. Check the locations (`casckpt location list`)"
             )
         return replace(layout, shards=tuple(written))
+
+    def _durable(self, rows: Sequence[ShardRow]) -> int:
+        """Written shards, counting the failure domain holding the most of them as one.
+
+        With a shard per domain this is the number written; when shards
+        share a domain (too few were active), losing that one domain must
+        not take the pack below what the quorum promises.
+        """
+        per_domain: dict[str, int] = {}
+        for sh in rows:
+            loc = self.locations.get(sh.location_id)
+            if sh.state == "ok" and loc is not None:
+                per_domain[loc.domain] = per_domain.get(loc.domain, 0) + 1
+        if not per_domain:
+            return 0
+        return sum(per_domain.values()) - max(per_domain.values()) + 1
 
     def _encode(self, pack_id: str, data: bytes, redundancy: Redundancy,
                 algorithm: str = DEFAULT_ALGORITHM, only: Sequence[int] | None = None,
@@ -487,6 +504,19 @@ class PackStore:
         if read_all:  # a lost pack's chunks stop counting for dedup, so commits write them again
             (sql.mark_pack_found if result.data is not None else sql.mark_pack_lost)(self.catalog, pack_id)
         return result
+
+    def read_detached(self, layout: PackLayout) -> tuple[bytes | None, dict[int, str]]:
+        """Read a pack the catalog does not know yet (catalog rebuild): every shard in full,
+        verified, and the pack rebuilt and checked against its id.
+
+        Returns (the pack or None, each shard's state: ok / missing / corrupt).
+        """
+        checks = list(self._io.map(lambda sh: (sh.index, self._read_shard(layout, sh)), layout.shards))
+        payloads = {index: p for index, (p, _state, _note) in checks if p is not None}
+        states = {index: state for index, (_p, state, _note) in checks}
+        data, inconsistent = self._rebuild(layout, payloads, {})
+        states.update({index: "corrupt" for index in inconsistent})
+        return data, states
 
     def _rebuild(self, layout: PackLayout, payloads: dict[int, bytes],
                  fragments: dict[int, bytes]) -> tuple[bytes | None, set[int]]:

@@ -17,7 +17,9 @@ Everything the catalog records is recoverable from the objects:
 
 Not recoverable: commit durations and new/stored byte counts (recorded as
 0), soft deletions (such versions come back visible; the next ``gc``
-re-applies retention), GC history.
+re-applies retention), GC history, location states (all come back
+active), and how many copies a ``replicate`` pack had when some are gone
+(it comes back with the copies found).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import logging
 import re
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from casckpt.catalog import MissingChunksError, PackLayout, PackRecord, ShardRow
 from casckpt.catalog import shards as shard_sql
@@ -34,10 +36,10 @@ from casckpt.engine import records
 from casckpt.engine.commit import tensor_rows
 from casckpt.engine.context import EngineContext
 from casckpt.engine.packstore import pack_key
-from casckpt.errors import CasckptError, InvalidArgumentError
+from casckpt.errors import CasckptError, CorruptPackError, InvalidArgumentError
 from casckpt.format.manifest import Manifest, decode_manifest
-from casckpt.format.pack import TRAILER_SIZE, parse_footer, parse_trailer
-from casckpt.format.shard import SHARD_HEADER_SIZE, decode_shard_header
+from casckpt.format.pack import read_index
+from casckpt.format.shard import SHARD_HEADER_SIZE, decode_shard_header, shard_key
 from casckpt.storage.locations import Location
 from casckpt.types import ProgressCallback, RebuildReport
 
@@ -91,20 +93,22 @@ def _layout(pack_id: str, found: _Found) -> PackLayout | None:
                       first.algorithm, first.stripe, first.data_offset, rows)
 
 
-def _read_range(ctx: EngineContext, pack_id: str, offset: int, length: int) -> bytes:
-    buf = bytearray(length)
-    got = ctx.packs.read_into(pack_id, offset, [memoryview(buf)])
-    return bytes(buf[:got])
-
-
 def _recover_pack(ctx: EngineContext, layout: PackLayout) -> int:
-    """Record a pack and its chunks; returns the number of chunks."""
-    ctx.catalog.add_pack(PackRecord(layout, ()))
-    tail = _read_range(ctx, layout.id, layout.size - TRAILER_SIZE, TRAILER_SIZE)
-    footer_len = parse_trailer(tail, layout.size)
-    footer = _read_range(ctx, layout.id, layout.size - TRAILER_SIZE - footer_len, footer_len)
-    entries = parse_footer(footer, tail, layout.size)
-    ctx.catalog.add_pack(PackRecord(layout, entries))
+    """Read a pack in full (verified against its id), then record it, its shards and its chunks.
+
+    Returns the number of chunks. Shards found damaged are recorded so (and
+    shards an erasure-coded pack lacks, as missing): ``repair`` restores them.
+    """
+    data, states = ctx.packs.read_detached(layout)
+    if data is None:
+        raise CorruptPackError("too few intact shards to read it back")
+    entries = read_index(data)
+    rows = [replace(sh, state=states.get(sh.index, "missing")) for sh in layout.shards]
+    if layout.scheme == "ec" and rows:
+        present = {sh.index for sh in rows}
+        rows += [ShardRow(i, rows[0].location_id, shard_key(layout.id, i), 0, None, "missing")
+                 for i in range(layout.k + layout.m) if i not in present]
+    ctx.catalog.add_pack(PackRecord(replace(layout, size=len(data), shards=tuple(rows)), entries))
     shard_sql.set_pack_chunks(ctx.catalog, layout.id, len(entries))
     return len(entries)
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from casckpt.errors import CorruptPackError, InvalidArgumentError
+from casckpt.errors import CorruptPackError, InvalidArgumentError, StorageError
 
 DEFAULT_ALGORITHM = "isa_l_rs_cauchy"  # MDS for every k+m, unlike isa_l_rs_vand
 _SPEC = re.compile(r"^(?:(none)|replicate:(\d+)|ec:(\d+)\+(\d+))$")
@@ -123,14 +123,18 @@ class ErasureCode:
         Data fragment ``i`` holds ``pack[i*stripe:(i+1)*stripe]`` from byte
         ``data_offset``; this is checked, not assumed.
         """
-        fragments: list[bytes] = self._driver().encode(bytes(pack))
+        try:
+            fragments: list[bytes] = self._driver().encode(bytes(pack))
+        except Exception as exc:  # pyeclib's ECDriverError family
+            raise StorageError(f"erasure encoding with {self.algorithm} failed: {exc}") from exc
         stripe = -(-len(pack) // self.k)
         offset = len(fragments[0]) - stripe
         for i in range(self.k):
             part = pack[i * stripe : (i + 1) * stripe]
             if offset < 0 or fragments[i][offset : offset + len(part)] != part:
-                raise RuntimeError(
-                    f"{self.algorithm} is not laid out systematically; casckpt cannot use it"
+                raise StorageError(
+                    f"{self.algorithm} is not laid out systematically; casckpt cannot use it "
+                    "(choose another pyeclib release or backend)"
                 )
         return fragments, stripe, offset
 
