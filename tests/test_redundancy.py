@@ -1009,3 +1009,96 @@ def test_open_refuses_more_shards_than_failure_domains_before_creating_anything(
         assert store.redundancy() == "replicate:2"
     with casckpt.open(root, redundancy="replicate:2") as store:  # an existing store: no blobs= needed
         assert len(store.locations()) == 4
+
+
+# -- regressions from review ----------------------------------------------------------------
+
+
+def test_a_commit_after_a_pack_is_lost_writes_its_chunks_again(tmp_path: Path) -> None:
+    """Dedup must not reference chunks of a pack known lost: the next commit rewrites them."""
+    root = tmp_path / "store"
+    dirs = blob_dirs(root, 6)
+    with open_store(root) as store:
+        commit_steps(store, (0,))
+        shards = scan_shards(dirs)
+        for pack in packs_of(shards):
+            for index in (0, 1, 2):
+                shards[(pack, index)].unlink()
+        assert not store.check(read_data=True).ok  # found lost: its chunks stop counting for dedup
+        assert not store.repair().ok
+        version = store.commit(make_state(0), run=RUN, step=1)  # the same content again
+        assert version.new_bytes == version.logical_bytes
+        assert_same(store.restore(f"{RUN}@1"), make_state(0))
+
+
+def test_repair_of_replicas_never_deletes_a_live_copy(tmp_path: Path) -> None:
+    """A copy that could not be written shares its key with the others: moving it must not
+    remove another copy's object."""
+    root = tmp_path / "store"
+    dirs = blob_dirs(root, 3)
+    with open_store(root, 3, "replicate:3") as store:
+        store.fail_location("loc2")
+        commit_steps(store, (0,))
+        store.activate_location("loc2")
+        assert store.repair().ok
+        store.gc(grace=0)
+        assert all(len(paths) == 3 for paths in scan_copies(dirs).values())
+        assert store.check(read_data=True).ok
+        shutil.rmtree(dirs[0])
+        shutil.rmtree(dirs[1])
+        restore_all(store, (0,))
+
+
+def test_rebuild_recovers_a_pack_with_a_rotten_data_shard_and_restores_its_redundancy(
+        ec_template: Template, tmp_path: Path) -> None:
+    root = ec_template.copy(tmp_path / "store")
+    dirs = blob_dirs(root, 6)
+    shards = scan_shards(dirs)
+    pack = packs_of(shards)[0]
+    last_data = shards[(pack, 3)]
+    data = bytearray(last_data.read_bytes())
+    data[-5] ^= 0x40  # near the pack's footer
+    last_data.write_bytes(bytes(data))
+    shards[(pack, 5)].unlink()  # and a parity shard gone
+    for name in ("catalog.db", "catalog.db-wal", "catalog.db-shm"):
+        (root / name).unlink(missing_ok=True)
+    with open_store(root) as store:
+        report = store.rebuild_catalog()
+        assert report.lost_packs == () and report.skipped == ()
+        repaired = store.repair()  # rebuild recorded the rotten and the absent shard
+        assert repaired.ok and repaired.shards_rewritten == 2
+        restore_all(store)
+        assert store.check(read_data=True).ok
+    assert {index for p, index in scan_shards(dirs) if p == pack} == set(range(6))
+
+
+def test_rebuild_keeps_a_tag_moved_by_a_later_commit(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    blob_dirs(root, 6)
+    with open_store(root) as store:
+        store.commit(make_state(0), run=RUN, step=0)
+        store.tag(f"{RUN}@0", "best")
+        newest = store.commit(make_state(1), run=RUN, step=1, tags=["best"])
+    for name in ("catalog.db", "catalog.db-wal", "catalog.db-shm"):
+        (root / name).unlink(missing_ok=True)
+    with open_store(root) as store:
+        store.rebuild_catalog()
+        assert store.resolve("tag:best").id == newest.id
+
+
+def test_gc_repack_keeps_the_redundancy_of_the_pack(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    blob_dirs(root, 3)
+    with open_store(root, 3, "none") as store:
+        store.set_redundancy("ec:2+1", run=RUN)
+        for step in range(4):
+            store.commit({"a": torch.full((20_000,), float(step)), "keep": torch.arange(5_000)},
+                         run=RUN, step=step)
+        store.set_retention(RUN, keep_last=1)
+        store.gc(grace=0)
+        store.gc(grace=0)
+        schemes = {layout.scheme for layout in
+                   (store._ctx.packs.layout(p.id, fresh=True) for p in store._ctx.catalog.packs())
+                   if layout is not None}
+        assert schemes == {"ec"}
+        assert store.check(read_data=True).ok
