@@ -15,7 +15,10 @@ foreground, after the commits before it, without copying.
 
 Failures are never silent: a background commit's error is raised by its
 handle's :meth:`CommitHandle.wait`, and -- if nobody waited -- by the next
-commit or by ``close()``. A failed commit leaves no visible version.
+commit or by ``close()``. A failed commit leaves no visible version. A
+version's parent is fixed when it is snapshotted (it is part of the version
+id), so a commit queued behind a failed one of the same run still becomes
+visible, complete, naming the failed (never visible) version as its parent.
 """
 
 from __future__ import annotations
