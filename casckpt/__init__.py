@@ -65,7 +65,7 @@ def open(  # noqa: A001 - the documented name of the entry point
     create: bool = True, chunk_size: int | None = None, pack_size: int | None = None,
     workers: int | None = None, s3: Mapping[str, Any] | None = None, redundancy: str | None = None,
     max_pending_commits: int | None = None, commit_memory: int | None = None,
-    backpressure: str | None = None,
+    backpressure: str | None = None, staging_memory: int | None = None,
 ) -> Store:
     """Open (or create) a store.
 
@@ -100,6 +100,8 @@ def open(  # noqa: A001 - the documented name of the entry point
             commits (``commit(..., block=False)``): commits in flight (default 2),
             bytes their copies of changed chunks may hold (default RAM/4, at
             most 8 GiB), and ``"block"`` (default) or ``"raise"`` when full.
+        staging_memory: host bytes (pinned, with CUDA) that GPU tensors stream
+            through on commit, in two reused buffers (default 256 MiB).
 
     Raises:
         NotAStoreError: ``path`` is not a store and cannot become one.
@@ -112,7 +114,8 @@ def open(  # noqa: A001 - the documented name of the entry point
     return open_store(path, blobs=blobs, catalog=catalog, cache=cache, create=create,
                       chunk_size=chunk_size, pack_size=pack_size, workers=workers, s3=s3,
                       redundancy=redundancy, max_pending_commits=max_pending_commits,
-                      commit_memory=commit_memory, backpressure=backpressure)
+                      commit_memory=commit_memory, backpressure=backpressure,
+                      staging_memory=staging_memory)
 
 
 __all__ = [

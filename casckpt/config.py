@@ -11,6 +11,7 @@ Environment variables (all optional):
 ``CASCKPT_MAX_PENDING_COMMITS``  background commits in flight at once (default 2).
 ``CASCKPT_COMMIT_MEMORY``  bytes background commits may hold as copies (default RAM/4, <= 8 GiB).
 ``CASCKPT_BACKPRESSURE``   ``block`` (default) or ``raise`` when background commits are at a bound.
+``CASCKPT_STAGING_MEMORY``  host bytes GPU tensors stream through on commit (default 256 MiB).
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ class Settings:
             may hold in all (default: a quarter of RAM, at most 8 GiB).
         backpressure: when either bound is reached, ``"block"`` the next
             commit until there is room, or ``"raise"`` CommitBackpressureError.
+        staging_memory: host memory (pinned when CUDA is present) that GPU
+            tensors stream through on commit: two buffers, allocated once.
+        stage_host_tensors: stream CPU tensors through those buffers too
+            (what GPU tensors always do; lets the GPU path run without a GPU).
     """
 
     chunk_size: int = DEFAULT_CHUNK_SIZE
@@ -67,6 +72,8 @@ class Settings:
     max_pending_commits: int = 2
     commit_memory: int = field(default_factory=lambda: _default_commit_memory())
     backpressure: str = "block"
+    staging_memory: int = 256 << 20
+    stage_host_tensors: bool = False
 
 
 def _default_commit_memory() -> int:
@@ -103,7 +110,8 @@ def settings(overrides: Mapping[str, Any] | None = None,
     for name_, var in (("chunk_size", "CASCKPT_CHUNK_SIZE"), ("pack_size", "CASCKPT_PACK_SIZE"),
                        ("workers", "CASCKPT_WORKERS"), ("zstd_level", "CASCKPT_ZSTD_LEVEL"),
                        ("max_pending_commits", "CASCKPT_MAX_PENDING_COMMITS"),
-                       ("commit_memory", "CASCKPT_COMMIT_MEMORY")):
+                       ("commit_memory", "CASCKPT_COMMIT_MEMORY"),
+                       ("staging_memory", "CASCKPT_STAGING_MEMORY")):
         value = _int_env(env, var)
         if value is not None:
             config = replace(config, **{name_: value})  # type: ignore[arg-type]

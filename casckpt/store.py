@@ -38,6 +38,7 @@ from casckpt.engine.background import BackgroundCommitter, CommitHandle
 from casckpt.engine.context import EngineContext, manifest_key
 from casckpt.engine.packstore import PackStore
 from casckpt.engine.refs import resolve
+from casckpt.engine.staging import StagingBuffers
 from casckpt.engine.validate import check_name
 from casckpt.errors import (
     CasckptError,
@@ -95,7 +96,7 @@ class Store(StoreAdmin):
         self._ctx = EngineContext(
             catalog=catalog, cache=cache, locations=locations,
             packs=PackStore(catalog, locations, self._io, write_quorum),
-            staging=staging, config=settings,
+            staging=staging, config=settings, device_buffers=StagingBuffers(settings.staging_memory),
             pool=ThreadPoolExecutor(settings.workers, thread_name_prefix="casckpt"),
             uploads=ThreadPoolExecutor(settings.upload_workers, thread_name_prefix="casckpt-upload"),
         )
@@ -600,11 +601,13 @@ def open_store(
     workers: int | None = None, s3: Mapping[str, Any] | None = None,
     redundancy: str | None = None, max_pending_commits: int | None = None,
     commit_memory: int | None = None, backpressure: str | None = None,
+    staging_memory: int | None = None,
 ) -> Store:
     """See :func:`casckpt.open`."""
     settings = cfg.settings({"chunk_size": chunk_size, "pack_size": pack_size, "workers": workers,
                              "max_pending_commits": max_pending_commits,
-                             "commit_memory": commit_memory, "backpressure": backpressure})
+                             "commit_memory": commit_memory, "backpressure": backpressure,
+                             "staging_memory": staging_memory})
     given: dict[str, BlobStore] = {}
     items = [blobs] if isinstance(blobs, BlobStore) else blobs
     if isinstance(items, (list, tuple)):

@@ -67,12 +67,14 @@ def make_request(
 
 @dataclass(slots=True)
 class _Chunk:
-    """Where a chunk's raw bytes are in this commit's state (first occurrence)."""
+    """Where a chunk's raw bytes are: in this commit's state (first occurrence), or, when
+    ``owned``, in a copy the commit made (the state may change meanwhile)."""
 
     view: memoryview
     start: int
     end: int
     align: int
+    owned: bool = False
 
     def data(self) -> memoryview:
         return self.view[self.start : self.end]
@@ -88,22 +90,69 @@ class _Progress:
             self.callback(self.phase, self.done, self.total)
 
 
+@dataclass(slots=True)
+class _Hashed:
+    """Every chunk of a state: its blobs' chunk lists, and where each chunk's bytes are.
+
+    Streamed (staged) blobs are classified while they stream, since their
+    bytes do not stay on the host: ``known`` the chunks the store holds (no
+    bytes kept), ``copied`` the new ones, copied out of the staging buffers.
+    """
+
+    blobs: list[BlobEntry]
+    chunks: dict[bytes, _Chunk]
+    known: set[bytes]
+    copied: int
+
+
+_NOT_HELD = memoryview(b"")  # a streamed chunk the store holds: its bytes stayed on the device
+
+
 def _hash_blobs(
-    ctx: EngineContext, sources: Sequence[BlobSource], progress: ProgressCallback | None
-) -> tuple[list[BlobEntry], dict[bytes, _Chunk]]:
-    blobs: list[BlobEntry] = []
-    chunks: dict[bytes, _Chunk] = {}
+    ctx: EngineContext, sources: Sequence[BlobSource], progress: ProgressCallback | None,
+    pending: Mapping[bytes, _Chunk] | None,
+) -> _Hashed:
+    out = _Hashed([], {}, set(), 0)
     bar = _Progress(progress, "hash", sum(s.nbytes for s in sources))
     for source in sources:
-        view = source.read() if source.nbytes else memoryview(b"")
         size = aligned_chunk_size(ctx.config.chunk_size, source.align)
-        spans = list(chunk_spans(source.nbytes, size))
-        ids = list(ctx.pool.map(chunk_id, (view[start:end] for start, end in spans)))
-        for cid, (start, end) in zip(ids, spans, strict=True):
-            chunks.setdefault(cid, _Chunk(view, start, end, source.align))
-        blobs.append(BlobEntry(source.nbytes, size, tuple(ids)))
+        if source.staged is not None and source.nbytes:
+            ids = _hash_staged(ctx, source, size, out, pending)
+        else:
+            view = source.read() if source.nbytes else memoryview(b"")
+            spans = list(chunk_spans(source.nbytes, size))
+            ids = list(ctx.pool.map(chunk_id, (view[start:end] for start, end in spans)))
+            for cid, (start, end) in zip(ids, spans, strict=True):
+                out.chunks.setdefault(cid, _Chunk(view, start, end, source.align))
+        out.blobs.append(BlobEntry(source.nbytes, size, tuple(ids)))
         bar.advance(source.nbytes)
-    return blobs, chunks
+    return out
+
+
+def _hash_staged(ctx: EngineContext, source: BlobSource, size: int, out: _Hashed,
+                 pending: Mapping[bytes, _Chunk] | None) -> list[bytes]:
+    """Stream a device blob through the staging buffers: hash each window, look its chunks
+    up, and copy out only the ones the store does not hold."""
+    assert source.staged is not None  # noqa: S101 - the caller checked
+    ids: list[bytes] = []
+    for _offset, view in ctx.device_buffers.stream(source.staged(), size):
+        spans = list(chunk_spans(len(view), size))
+        window = list(ctx.pool.map(chunk_id, (view[start:end] for start, end in spans)))
+        fresh = [c for c in dict.fromkeys(window) if c not in out.chunks]
+        known = _known_chunks(ctx, fresh) | {c for c in fresh if pending is not None and c in pending}
+        for cid, (start, end) in zip(window, spans, strict=True):
+            if cid in out.chunks:
+                continue
+            if cid in known:
+                out.known.add(cid)
+                held = pending.get(cid) if pending is not None else None
+                out.chunks[cid] = held or _Chunk(_NOT_HELD, 0, 0, source.align)
+            else:
+                copy = memoryview(bytes(view[start:end]))
+                out.chunks[cid] = _Chunk(copy, 0, len(copy), source.align, owned=True)
+                out.copied += len(copy)
+        ids.extend(window)
+    return ids
 
 
 def _known_chunks(ctx: EngineContext, ids: Sequence[bytes]) -> set[bytes]:
@@ -205,9 +254,11 @@ def snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: flo
     itself should the earlier commit fail.
     """
     root, leaves = encode_tree(state)
-    entries, sources = plan_blobs(leaves)
-    blobs, chunks = _hash_blobs(ctx, sources, progress)
-    known = _known_chunks(ctx, list(chunks))
+    entries, sources = plan_blobs(leaves, stage_host=ctx.config.stage_host_tensors)
+    hashed = _hash_blobs(ctx, sources, progress, pending)
+    blobs, chunks = hashed.blobs, hashed.chunks
+    known = hashed.known | _known_chunks(  # streamed chunks were looked up while streaming
+        ctx, [c for c, chunk in chunks.items() if c not in hashed.known and not chunk.owned])
     new_ids = []
     for cid in chunks:
         if cid in known:
@@ -222,8 +273,9 @@ def snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: flo
         if reserve(need):
             for cid in new_ids:
                 chunk = chunks[cid]
-                copy = memoryview(bytes(chunk.data()))
-                chunks[cid] = _Chunk(copy, 0, len(copy), chunk.align)
+                if not chunk.owned:  # streamed chunks were copied out already
+                    copy = memoryview(bytes(chunk.data()))
+                    chunks[cid] = _Chunk(copy, 0, len(copy), chunk.align, owned=True)
             owned = need
     manifest = Manifest(
         run=req.run, step=req.step, parent=parent,

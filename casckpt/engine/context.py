@@ -10,6 +10,7 @@ from casckpt.cache import IndexCache
 from casckpt.catalog import Catalog
 from casckpt.config import Settings
 from casckpt.engine.packstore import PackStore
+from casckpt.engine.staging import StagingBuffers
 from casckpt.storage.locations import LocationSet
 
 
@@ -19,6 +20,7 @@ class EngineContext:
 
     ``pool`` runs CPU work and reads (hashing, encoding, ranged reads);
     ``uploads`` stores finished packs, so they upload while the next fills.
+    ``device_buffers`` stream GPU tensors to the host (pinned, reused).
     ``packs`` stores and reads packs on the ``locations``; manifests and refs
     are replicated to every location.
     """
@@ -31,6 +33,7 @@ class EngineContext:
     config: Settings
     pool: ThreadPoolExecutor
     uploads: ThreadPoolExecutor
+    device_buffers: StagingBuffers
 
 
 def manifest_key(version_id: str) -> str:

@@ -29,12 +29,16 @@ _SPAN_ALIGN = 16  # the largest element size (complex128), so every member stays
 class BlobSource:
     """The bytes of one blob to commit, produced on demand.
 
-    ``align`` is the element size chunk boundaries must respect.
+    ``align`` is the element size chunk boundaries must respect. ``staged``,
+    when set, gives the blob as a flat uint8 tensor on its device (a GPU
+    tensor, never copied to the host whole): the commit streams it through
+    staging buffers instead of calling ``read``.
     """
 
     nbytes: int
     align: int
     read: Callable[[], memoryview]
+    staged: Callable[[], torch.Tensor] | None = None
 
 
 def _as_memoryview(array: np.ndarray) -> memoryview:
@@ -59,6 +63,25 @@ def _byte_view(t: torch.Tensor, path: str) -> memoryview:
         ) from exc
 
 
+def _flat_bytes(t: torch.Tensor, path: str) -> torch.Tensor:
+    """``t``'s bytes as a flat uint8 tensor on its own device (no host copy)."""
+    try:
+        flat = t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
+        if flat.numel() and flat.stride(0) != 1:
+            flat = flat.clone(memory_format=torch.contiguous_format)
+        return flat.view(torch.uint8)
+    except (RuntimeError, TypeError, NotImplementedError) as exc:
+        raise UnsupportedStateError(
+            f"tensor at {path!r} ({t.dtype}) cannot be stored as bytes: {exc}"
+        ) from exc
+
+
+def _storage_flat(t: torch.Tensor, start: int, end: int) -> torch.Tensor:
+    storage = t.untyped_storage()
+    whole = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage, 0, (storage.nbytes(),), (1,))
+    return whole[start:end]
+
+
 def _storage_bytes(t: torch.Tensor, start: int, end: int) -> memoryview:
     storage = t.untyped_storage()
     whole = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage, 0, (storage.nbytes(),), (1,))
@@ -76,7 +99,7 @@ def _extent(t: torch.Tensor) -> int:
     return (last + 1) * _itemsize(t)
 
 
-def _single(leaf: TensorLeaf, blob: int) -> tuple[TensorEntry, BlobSource]:
+def _single(leaf: TensorLeaf, blob: int, stage: bool) -> tuple[TensorEntry, BlobSource]:
     value = leaf.value
     if isinstance(value, np.ndarray):
         array = np.ascontiguousarray(value).reshape(value.shape)  # ascontiguousarray makes 0-d 1-d
@@ -89,7 +112,9 @@ def _single(leaf: TensorLeaf, blob: int) -> tuple[TensorEntry, BlobSource]:
     if t.element_size() == 0:
         raise UnsupportedStateError(f"tensor at {leaf.path!r} has dtype {t.dtype} with no byte size")
     _byte_view(torch.empty(1, dtype=t.dtype), leaf.path)  # refuse unviewable dtypes before any write
-    return entry, BlobSource(t.numel() * _itemsize(t), _itemsize(t), lambda: _byte_view(t, leaf.path))
+    staged = (lambda: _flat_bytes(t, leaf.path)) if stage or t.device.type != "cpu" else None
+    return entry, BlobSource(t.numel() * _itemsize(t), _itemsize(t), lambda: _byte_view(t, leaf.path),
+                             staged)
 
 
 def _same_view(tensors: Sequence[torch.Tensor]) -> bool:
@@ -101,7 +126,7 @@ def _same_view(tensors: Sequence[torch.Tensor]) -> bool:
     )
 
 
-def _shared(group: list[TensorLeaf], blob: int) -> tuple[list[TensorEntry], BlobSource]:
+def _shared(group: list[TensorLeaf], blob: int, stage: bool) -> tuple[list[TensorEntry], BlobSource]:
     tensors = [cast(torch.Tensor, leaf.value) for leaf in group]
     starts = [int(t.storage_offset()) * _itemsize(t) for t in tensors]
     span_start = min(starts) - min(starts) % _SPAN_ALIGN
@@ -116,15 +141,21 @@ def _shared(group: list[TensorLeaf], blob: int) -> tuple[list[TensorEntry], Blob
     # views made by torch.from_numpy of one array share memory through separate
     # storages of different sizes: read through the largest
     anchor = max(tensors, key=lambda t: t.untyped_storage().nbytes())
+    staged = (lambda: _storage_flat(anchor, span_start, span_end)) \
+        if stage or anchor.device.type != "cpu" else None
     return entries, BlobSource(
-        span_end - span_start, _SPAN_ALIGN, lambda: _storage_bytes(anchor, span_start, span_end)
+        span_end - span_start, _SPAN_ALIGN, lambda: _storage_bytes(anchor, span_start, span_end), staged
     )
 
 
-def plan_blobs(leaves: Sequence[TensorLeaf]) -> tuple[list[TensorEntry], list[BlobSource]]:
+def plan_blobs(leaves: Sequence[TensorLeaf], *, stage_host: bool = False,
+               ) -> tuple[list[TensorEntry], list[BlobSource]]:
     """Assign every tensor leaf to a blob; views of one storage share a blob.
 
     Returns tensor entries in leaf order and the blob sources they index.
+    Tensors off the CPU are streamed through staging buffers (``staged``);
+    ``stage_host`` does the same for CPU tensors (the tests' way to run the
+    GPU path without a GPU).
     """
     groups: dict[tuple[str, int], list[int]] = {}
     for i, leaf in enumerate(leaves):
@@ -142,18 +173,18 @@ def plan_blobs(leaves: Sequence[TensorLeaf]) -> tuple[list[TensorEntry], list[Bl
         group = [leaves[i] for i in members]
         tensors = [cast(torch.Tensor, leaf.value) for leaf in group]
         if _same_view(tensors) and tensors[0].is_contiguous():
-            entry, source = _single(group[0], len(sources))
+            entry, source = _single(group[0], len(sources), stage_host)
             for i, leaf in zip(members, group, strict=True):
                 entries[i] = TensorEntry(leaf.path, entry.kind, entry.dtype, entry.shape, entry.blob)
         else:
-            shared, source = _shared(group, len(sources))
+            shared, source = _shared(group, len(sources), stage_host)
             for i, entry in zip(members, shared, strict=True):
                 entries[i] = entry
         sources.append(source)
         done.update(members)
     for i, leaf in enumerate(leaves):
         if i not in done:
-            entries[i], source = _single(leaf, len(sources))
+            entries[i], source = _single(leaf, len(sources), stage_host)
             sources.append(source)
     return [e for e in entries if e is not None], sources
 
