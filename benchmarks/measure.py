@@ -1,4 +1,9 @@
-"""Measuring tools: wall time, peak resident memory, tensor digests, the torch baseline."""
+"""Measuring tools: wall time, peak resident memory, tensor digests, the baselines.
+
+Baselines: torch.save / torch.load, safetensors save_file / load_file (tensors
+only) and torch.distributed.checkpoint save / load (FileSystemWriter/Reader, one
+process, no process group). Every save is fsync'd before it returns.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,10 @@ import ctypes
 import ctypes.util
 import gc
 import os
+import shutil
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
@@ -103,6 +110,96 @@ def torch_save_fsync(state: Any, path: Path) -> None:
 def torch_load(path: Path) -> Any:
     """The baseline restore."""
     return torch.load(path, weights_only=True)
+
+
+def flat_tensors(state: Any) -> dict[str, torch.Tensor]:
+    """``{dotted_path: tensor}`` of a state tree: what safetensors can store (tensors only)."""
+    return {path: t.detach().contiguous() for path, t in tensor_leaves(state)}
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def safetensors_save_fsync(state: Any, path: Path) -> None:
+    """The safetensors baseline: ``save_file`` of the state's tensors (flattened), then fsync."""
+    from safetensors.torch import save_file
+
+    save_file(flat_tensors(state), path)
+    _fsync_file(path)
+
+
+def safetensors_load(path: Path) -> dict[str, torch.Tensor]:
+    """``load_file`` with the ``pread`` backend: every byte read into memory.
+
+    The default ``mmap`` backend returns tensors backed by a lazy mapping (the
+    data is read on first touch), which would time almost nothing.
+    """
+    from safetensors.torch import load_file
+
+    return load_file(path, backend="pread")
+
+
+def dcp_save(state: Any, directory: Path) -> None:
+    """The torch.distributed.checkpoint baseline: one process, no process group.
+
+    ``FileSystemWriter`` defaults: one file per rank, ``sync_files=True`` (each
+    file fsync'd), one writer thread.
+    """
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+    from torch.distributed.checkpoint.state_dict_saver import save
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        save(state, storage_writer=FileSystemWriter(directory), no_dist=True)
+
+
+def empty_like_tree(tree: Any) -> Any:
+    """A copy of a state tree's containers and plain values, every tensor replaced by ``empty_like``."""
+    if isinstance(tree, torch.Tensor):
+        return torch.empty_like(tree)
+    if isinstance(tree, dict):
+        return {k: empty_like_tree(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [empty_like_tree(v) for v in tree]
+    if isinstance(tree, tuple):
+        return tuple(empty_like_tree(v) for v in tree)
+    return tree
+
+
+def dcp_load(template: Any, directory: Path) -> Any:
+    """DCP load: allocate a tree shaped like ``template`` and read the checkpoint into it in place.
+
+    DCP cannot build a tree by itself; allocating the target is part of the
+    timed restore, as it is for torch.load and casckpt.
+    """
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.state_dict_loader import load
+
+    target = empty_like_tree(template)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        load(target, storage_reader=FileSystemReader(directory), no_dist=True)
+    return target
+
+
+def path_bytes(path: Path) -> int:
+    """Size of a file, or of every file under a directory."""
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size
+
+
+def remove(path: Path) -> None:
+    """Delete a baseline file or directory."""
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
 
 
 def tensor_leaves(state: Any) -> Iterator[tuple[str, torch.Tensor]]:

@@ -1,6 +1,10 @@
-"""casckpt benchmark: commit / restore against torch.save / torch.load in the same run.
+"""casckpt benchmark: commit / restore against file baselines in the same run.
 
-The ``s3`` workload instead compares casckpt on an in-process moto S3 server
+The local workloads (dense, dense-bf16, frozen, lora, embed, unchanged, branch)
+compare blocking and background commits, full and one-tensor restores with
+torch.save / torch.load, safetensors save_file / load_file and
+torch.distributed.checkpoint save / load of the same state, in the same
+directory. The ``s3`` workload instead compares casckpt on an in-process moto S3 server
 with raw boto3 managed transfer of the same bytes; the ``catalog`` workload
 times history queries (log, tensor history) on a 10,000-version catalog; the
 ``redundancy`` workload compares erasure-coded (ec:4+2) and replicated stores
@@ -10,7 +14,8 @@ scrub, repair, and the raw erasure code.
 Usage::
 
     python benchmarks/run.py [--scale S]
-                             [--workloads dense,frozen,unchanged,s3,catalog,redundancy]
+                             [--workloads dense,dense-bf16,frozen,lora,embed,unchanged,
+                                          branch,s3,catalog,redundancy]
                              [--out FILE] [--dir TMPDIR]
 
 Prints a table of ratios with pass/miss against BENCHMARKS.md targets and writes
