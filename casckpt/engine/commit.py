@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+import numpy as np
+
 from casckpt.catalog import MissingChunksError
 from casckpt.catalog.gc import begin_lease, end_lease
 from casckpt.catalog.history import fork_point
@@ -148,9 +150,8 @@ def _hash_staged(ctx: EngineContext, source: BlobSource, size: int, out: _Hashed
                 held = pending.get(cid) if pending is not None else None
                 out.chunks[cid] = held or _Chunk(_NOT_HELD, 0, 0, source.align)
             else:
-                copy = memoryview(bytes(view[start:end]))
-                out.chunks[cid] = _Chunk(copy, 0, len(copy), source.align, owned=True)
-                out.copied += len(copy)
+                out.chunks[cid] = _copy(_Chunk(view, start, end, source.align))
+                out.copied += end - start
         ids.extend(window)
     return ids
 
@@ -271,11 +272,9 @@ def snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: flo
     if reserve is not None:
         need = sum(chunks[c].end - chunks[c].start for c in new_ids)
         if reserve(need):
-            for cid in new_ids:
-                chunk = chunks[cid]
-                if not chunk.owned:  # streamed chunks were copied out already
-                    copy = memoryview(bytes(chunk.data()))
-                    chunks[cid] = _Chunk(copy, 0, len(copy), chunk.align, owned=True)
+            todo = [cid for cid in new_ids if not chunks[cid].owned]  # streamed ones are copies already
+            for cid, copy in zip(todo, ctx.pool.map(_copy, (chunks[c] for c in todo)), strict=True):
+                chunks[cid] = copy
             owned = need
     manifest = Manifest(
         run=req.run, step=req.step, parent=parent,
@@ -285,6 +284,12 @@ def snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: flo
     version_id, manifest_bytes = encode_manifest(manifest)
     rows, content_rows = tensor_rows(version_id, entries, blobs)
     return Snapshot(manifest, version_id, manifest_bytes, chunks, new_ids, rows, content_rows, owned)
+
+
+def _copy(chunk: _Chunk) -> _Chunk:
+    """An owned copy of a chunk's bytes (numpy copies release the GIL: the pool copies in parallel)."""
+    copy = np.frombuffer(chunk.data(), dtype=np.uint8).copy()
+    return _Chunk(memoryview(copy), 0, len(copy), chunk.align, owned=True)  # type: ignore[arg-type]
 
 
 def parent_of(ctx: EngineContext, run: str) -> str | None:
