@@ -109,7 +109,7 @@ def open(  # noqa: A001 - the documented name of the entry point
         CatalogError: the catalog database cannot be opened.
         InvalidArgumentError: a bad location list or redundancy spec.
     """
-    from casckpt.store import open_store
+    from casckpt.opening import open_store
 
     return open_store(path, blobs=blobs, catalog=catalog, cache=cache, create=create,
                       chunk_size=chunk_size, pack_size=pack_size, workers=workers, s3=s3,

@@ -21,19 +21,19 @@ scrub (``check --read-data``).
 
 from __future__ import annotations
 
-import itertools
 import logging
-import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from threading import Lock
 
 from casckpt.catalog import Catalog, PackLayout, ShardRow
 from casckpt.catalog import shards as sql
-from casckpt.catalog.gc import begin_lease, end_lease
+from casckpt.engine import packrepair, packverify
+from casckpt.engine.packrepair import RepairOutcome, ShardPayload
+from casckpt.engine.packverify import ShardCheck
 from casckpt.errors import (
     BlobNotFoundError,
     CorruptPackError,
@@ -45,7 +45,6 @@ from casckpt.format.chunks import object_id
 from casckpt.format.shard import (
     SHARD_HEADER_SIZE,
     ShardHeader,
-    decode_shard_header,
     encode_shard_header,
     payload_checksum,
     shard_key,
@@ -57,42 +56,12 @@ from casckpt.storage.locations import Location, LocationSet
 log = logging.getLogger(__name__)
 
 _LAYOUT_CACHE = 4096
-_SUBSETS_TRIED = 64  # K-subsets tried when shards pass their checksums yet do not decode
 _RECOVERED_KEPT = 2  # rebuilt packs kept for the other ranges of one restore (~64 MiB each)
 
 
 def pack_key(pack_id: str) -> str:
     """The object key of a whole pack (or a copy of it): ``packs/<first 2 hex>/<id>``."""
     return f"packs/{pack_id[:2]}/{pack_id}"
-
-
-@dataclass(frozen=True, slots=True)
-class _Payload:
-    """One object of a pack to write: a copy, or a shard (header + fragment) and its checksum."""
-
-    data: bytes | memoryview
-    checksum: str | None
-
-
-@dataclass(slots=True)
-class ShardCheck:
-    """What reading one pack's shards in full found."""
-
-    healthy: list[int] = field(default_factory=list)
-    damaged: dict[int, str] = field(default_factory=dict)  # index -> "missing" | "corrupt"
-    notes: dict[int, str] = field(default_factory=dict)  # index -> what was wrong
-    data: bytes | None = None  # the verified pack, when it could be rebuilt
-    fragments: dict[int, bytes] = field(default_factory=dict)  # ec: healthy or rebuilt, by index
-
-
-@dataclass(frozen=True, slots=True)
-class RepairOutcome:
-    """What repairing one pack did."""
-
-    pack_id: str
-    rewritten: tuple[tuple[int, str, str], ...]  # (shard, from location, to location)
-    unplaced: tuple[int, ...]  # shards no suitable location could take
-    error: str | None = None
 
 
 class PackStore:
@@ -253,23 +222,23 @@ class PackStore:
 
     def _encode(self, pack_id: str, data: bytes, redundancy: Redundancy,
                 algorithm: str = DEFAULT_ALGORITHM, only: Sequence[int] | None = None,
-                ) -> tuple[PackLayout, dict[int, _Payload]]:
+                ) -> tuple[PackLayout, dict[int, ShardPayload]]:
         """The objects a pack is stored as, by shard index (only ``only``, if given)."""
         key = pack_key(pack_id)
         wanted = set(range(redundancy.shards) if only is None else only)
         if redundancy.kind != "ec":  # a copy is checked against the pack id itself
             layout = PackLayout(pack_id, key, len(data), redundancy.kind, 1, redundancy.m)
-            return layout, {i: _Payload(data, None) for i in sorted(wanted)}
+            return layout, {i: ShardPayload(data, None) for i in sorted(wanted)}
         code = self._code(redundancy.k, redundancy.m, algorithm)
         fragments, stripe, offset = code.encode(data)
-        payloads: dict[int, _Payload] = {}
+        payloads: dict[int, ShardPayload] = {}
         for index, fragment in enumerate(fragments):
             fragments[index] = b""  # bound peak memory: each fragment is held once
             if index in wanted:
                 checksum = payload_checksum(fragment)
                 header = ShardHeader(pack_id, index, code.k, code.m, code.algorithm, len(data),
                                      len(fragment), offset, checksum)
-                payloads[index] = _Payload(encode_shard_header(header) + fragment, checksum)
+                payloads[index] = ShardPayload(encode_shard_header(header) + fragment, checksum)
             del fragment
         layout = PackLayout(pack_id, key, len(data), "ec", code.k, code.m, code.algorithm, stripe, offset)
         return layout, payloads
@@ -277,7 +246,7 @@ class PackStore:
     def _object_key(self, layout: PackLayout, index: int) -> str:
         return layout.key if layout.scheme != "ec" else shard_key(layout.id, index)
 
-    def _place(self, layout: PackLayout, payloads: dict[int, _Payload],
+    def _place(self, layout: PackLayout, payloads: dict[int, ShardPayload],
                order: Sequence[Location]) -> list[ShardRow]:
         """Write payload ``i`` to ``order[i]`` (distinct failure domains), using spares on refusal.
 
@@ -425,146 +394,13 @@ class PackStore:
 
     # -- verify, heal, repair ---------------------------------------------------
 
-    def _read_shard(self, layout: PackLayout, sh: ShardRow) -> tuple[bytes | None, str, str]:
-        """Read one shard in full and check it: (payload or None, state, note)."""
-        loc = self.locations.get(sh.location_id)
-        if loc is None or not loc.readable:
-            return None, "missing", "its location is failed or unknown"
-        try:
-            data = loc.blobs.get(sh.key)
-        except BlobNotFoundError:
-            return None, "missing", f"object {sh.key} is missing from {loc.describe()}"
-        except StorageError as exc:
-            return None, "missing", f"cannot read from {loc.describe()}: {exc}"
-        if layout.scheme != "ec":
-            if object_id(data) != layout.id:
-                return None, "corrupt", f"copy on {loc.describe()} does not hash to the pack id"
-            return data, "ok", ""
-        where = f"shard {sh.index} of pack {layout.id} on {loc.describe()}"
-        try:
-            header = decode_shard_header(data, where)
-        except CorruptPackError as exc:
-            return None, "corrupt", str(exc)
-        payload = memoryview(data)[SHARD_HEADER_SIZE:]
-        if (header.pack_id, header.index) != (layout.id, sh.index) or len(payload) != header.payload_len:
-            return None, "corrupt", f"{where} holds the wrong shard or is truncated"
-        checksum = payload_checksum(payload)
-        if checksum != header.checksum or (sh.checksum and checksum != sh.checksum):
-            return None, "corrupt", f"{where} fails its checksum (bit rot?)"
-        return bytes(payload), "ok", ""
-
     def examine(self, pack_id: str, *, read_all: bool = True) -> ShardCheck:
-        """Read shards in full, verify each, and rebuild the pack from healthy ones.
-
-        ``read_all`` reads every shard (a scrub); otherwise reading stops
-        once enough healthy shards are in hand (a recovery). Shard health
-        found is recorded in the catalog (damaged shards join repair's queue).
-        """
-        layout = self._must_layout(pack_id)
-        result = ShardCheck()
-        order = sorted(layout.shards, key=lambda sh: (sh.index >= layout.k, sh.index))
-        payloads: dict[int, bytes] = {}
-        def read(sh: ShardRow) -> tuple[ShardRow, tuple[bytes | None, str, str]]:
-            return sh, self._read_shard(layout, sh)
-
-        if read_all:
-            checks = list(self._io.map(read, order))
-        else:  # K at a time, in parallel, until K are healthy
-            checks, queue = [], list(order)
-            while queue:
-                missing = layout.k - sum(1 for _, (p, _s, _n) in checks if p is not None)
-                if missing <= 0:
-                    break
-                batch, queue = queue[:missing], queue[missing:]
-                checks.extend(self._io.map(read, batch))
-        for sh, (payload, state, note) in checks:
-            if payload is None:
-                result.damaged[sh.index] = state
-                result.notes[sh.index] = note
-            else:
-                result.healthy.append(sh.index)
-                payloads[sh.index] = payload
-        result.data, inconsistent = self._rebuild(layout, payloads, result.fragments)
-        if result.data is None and read_all and layout.scheme == "ec" and len(payloads) >= layout.k:
-            inconsistent = set(payloads)  # no K of them decode to the pack
-        for index in inconsistent:  # checksums match, content does not: damaged before it was hashed
-            result.healthy.remove(index)
-            result.damaged[index] = "corrupt"
-            result.notes[index] = "shard is intact on disk but inconsistent with the other shards"
-        now_damaged = {i: st for i, st in result.damaged.items()
-                       if (row := layout.shard(i)) is not None and row.state != st}
-        if now_damaged:
-            self._damaged(layout, now_damaged, "; ".join(result.notes[i] for i in now_damaged))
-        if result.healthy:
-            # a pack rebuilt and verified against its id counts as verified even when some
-            # shards were damaged (those are queued for repair): scrubs then move on to others
-            sql.mark_verified(self.catalog, pack_id, result.healthy, whole_pack=read_all)
-        elif read_all:
-            sql.mark_verified(self.catalog, pack_id, [], whole_pack=True)  # scrubs move on to others
-        if read_all:  # a lost pack's chunks stop counting for dedup, so commits write them again
-            (sql.mark_pack_found if result.data is not None else sql.mark_pack_lost)(self.catalog, pack_id)
-        return result
+        """Read shards in full, verify each, rebuild the pack (see :func:`.packverify.examine`)."""
+        return packverify.examine(self, pack_id, read_all=read_all)
 
     def read_detached(self, layout: PackLayout) -> tuple[bytes | None, dict[int, str]]:
-        """Read a pack the catalog does not know yet (catalog rebuild): every shard in full,
-        verified, and the pack rebuilt and checked against its id.
-
-        Returns (the pack or None, each shard's state: ok / missing / corrupt).
-        """
-        checks = list(self._io.map(lambda sh: (sh.index, self._read_shard(layout, sh)), layout.shards))
-        payloads = {index: p for index, (p, _state, _note) in checks if p is not None}
-        states = {index: state for index, (_p, state, _note) in checks}
-        data, inconsistent = self._rebuild(layout, payloads, {})
-        states.update({index: "corrupt" for index in inconsistent})
-        return data, states
-
-    def _rebuild(self, layout: PackLayout, payloads: dict[int, bytes],
-                 fragments: dict[int, bytes]) -> tuple[bytes | None, set[int]]:
-        """Rebuild the pack from verified payloads: (pack or None, payloads inconsistent with it).
-
-        Fast path: the data fragments at hand, plus the missing ones
-        reconstructed (kept in ``fragments`` with the healthy ones, for
-        healing). Payloads are checked against their checksums, but one
-        damaged before it was hashed would still pass; so when that does
-        not give the pack id, all of them are decoded together, then subsets
-        of K, and the payloads the winning pack does not re-encode to are reported.
-        """
-        if not payloads:
-            return None, set()
-        if layout.scheme != "ec":
-            return next(iter(payloads.values())), set()
-        if len(payloads) < layout.k:
-            return None, set()
-        code = self._code(layout.k, layout.m, layout.algorithm or DEFAULT_ALGORITHM)
-        fragments.update(payloads)
-        try:
-            fragments.update(code.reconstruct(
-                payloads, [i for i in range(layout.k) if i not in payloads], f"pack {layout.id}"))
-            start, stripe = layout.data_offset or 0, layout.stripe or 0
-            data = b"".join(memoryview(fragments[i])[start : start + stripe]
-                            for i in range(layout.k))[: layout.size]
-            if object_id(data) == layout.id:
-                return data, set()
-        except CorruptPackError:
-            pass
-        fragments.clear()
-
-        def attempt(subset: dict[int, bytes]) -> bytes | None:
-            try:
-                data = code.decode(subset, layout.size, f"pack {layout.id}")
-            except CorruptPackError:
-                return None
-            return data if object_id(data) == layout.id else None
-
-        whole = attempt(payloads)
-        if whole is not None:
-            return whole, set()
-        for combo in itertools.islice(itertools.combinations(sorted(payloads), layout.k), _SUBSETS_TRIED):
-            whole = attempt({i: payloads[i] for i in combo})
-            if whole is not None:
-                encoded, _, _ = code.encode(whole)
-                return whole, {i for i, p in payloads.items() if p != encoded[i]}
-        return None, set()
+        """Read a pack the catalog does not know yet (see :func:`.packverify.read_detached`)."""
+        return packverify.read_detached(self, layout)
 
     def recover(self, pack_id: str) -> bytes:
         """Rebuild a pack from its healthy shards and heal the damaged ones (heal on read).
@@ -614,7 +450,7 @@ class PackStore:
         damaged = [sh.index for sh in self._fresh_layout(pack_id).shards if sh.state != "ok"]
         if damaged:
             try:
-                self._rewrite(self._fresh_layout(pack_id), found.data, damaged, found.fragments)
+                packrepair.rewrite(self, self._fresh_layout(pack_id), found.data, damaged, found.fragments)
             except StorageError as exc:  # left marked; `casckpt repair` retries
                 log.warning("pack %s: healing shards %s failed: %s", pack_id, damaged, exc)
         return found.data
@@ -637,140 +473,10 @@ class PackStore:
                 if (row := layout.shard(i)) is not None}
         sql.mark_shards(self.catalog, layout.id, rows)
 
-    def _rewrite(self, layout: PackLayout, data: bytes, indexes: Sequence[int],
-                 fragments: dict[int, bytes] | None = None) -> RepairOutcome:
-        """Write shards ``indexes`` again from the verified pack ``data``.
-
-        A shard goes back to its own location when that is active; otherwise
-        to an active location in a failure domain no other shard of the pack
-        uses. The catalog is updated after the write. A moved shard's old
-        object is left where it was: GC deletes it as an orphan after its
-        grace period, so readers holding the old layout keep working.
-        Holds a commit lease, so a concurrent GC never takes the new objects
-        for orphans before the catalog knows them.
-        """
-        lease = begin_lease(self.catalog)
-        try:
-            return self._rewrite_leased(layout, data, indexes, fragments)
-        finally:
-            end_lease(self.catalog, lease)
-
-    def _rewrite_leased(self, layout: PackLayout, data: bytes, indexes: Sequence[int],
-                        fragments: dict[int, bytes] | None) -> RepairOutcome:
-        payloads = self._from_fragments(layout, indexes, fragments or {})
-        if payloads is None:
-            _, payloads = self._encode(layout.id, data, Redundancy(layout.scheme, layout.k, layout.m),
-                                       layout.algorithm or DEFAULT_ALGORITHM, only=indexes)
-        keep = [sh for sh in layout.shards if sh.index not in indexes]
-        taken = {loc.domain for sh in keep if (loc := self.locations.get(sh.location_id)) is not None
-                 and loc.state != "failed"}
-        rewritten, unplaced, new_rows = [], [], []
-        placement = self.locations.placement(layout.id)
-        for index in indexes:
-            old = layout.shard(index)
-            old_loc = self.locations.get(old.location_id) if old is not None else None
-            order = ([old_loc] if old_loc is not None and old_loc.state == "active" else []) + \
-                [loc for loc in placement if loc is not old_loc]
-            done = self._write_one(layout, index, payloads[index], order, taken)
-            if done is None:
-                unplaced.append(index)
-                continue
-            new_rows.append(done)
-            taken.add(self.locations.get(done.location_id).domain)  # type: ignore[union-attr]
-            rewritten.append((index, old_loc.name if old_loc else "?",
-                              self.locations.get(done.location_id).name))  # type: ignore[union-attr]
-        if new_rows:
-            self.forget(layout.id)
-            if not sql.replace_shards(self.catalog, layout.id, new_rows):  # GC removed the pack
-                self.delete([(row.location_id, row.key) for row in new_rows])
-                return RepairOutcome(layout.id, (), ())
-            sql.mark_pack_found(self.catalog, layout.id)
-        return RepairOutcome(layout.id, tuple(rewritten), tuple(unplaced))
-
-    def _from_fragments(self, layout: PackLayout, indexes: Sequence[int],
-                        fragments: dict[int, bytes]) -> dict[int, _Payload] | None:
-        """Shard objects for ``indexes`` from fragments at hand (reconstructing the others),
-        each checked against the checksum the catalog recorded; None: encode instead."""
-        if layout.scheme != "ec" or len(fragments) < layout.k:
-            return None
-        code = self._code(layout.k, layout.m, layout.algorithm or DEFAULT_ALGORITHM)
-        try:
-            have = dict(fragments)
-            have.update(code.reconstruct(fragments, [i for i in indexes if i not in have],
-                                         f"pack {layout.id}"))
-        except CorruptPackError:
-            return None
-        payloads = {}
-        for index in indexes:
-            row, fragment = layout.shard(index), have[index]
-            checksum = payload_checksum(fragment)
-            if row is None or row.checksum != checksum:
-                return None
-            header = ShardHeader(layout.id, index, layout.k, layout.m, code.algorithm, layout.size,
-                                 len(fragment), layout.data_offset or 0, checksum)
-            payloads[index] = _Payload(encode_shard_header(header) + fragment, checksum)
-        return payloads
-
-    def _write_one(self, layout: PackLayout, index: int, payload: _Payload,
-                   order: Sequence[Location], taken: set[str]) -> ShardRow | None:
-        """Write one shard: to a failure domain the pack does not use yet if there is one,
-        else (too few domains left) to any active location, least used by this pack first."""
-        key = self._object_key(layout, index)
-        fresh = [loc for loc in order if loc.state == "active" and loc.domain not in taken]
-        used: dict[int, int] = {}
-        for sh in layout.shards:
-            used[sh.location_id] = used.get(sh.location_id, 0) + 1
-        holding = {sh.location_id for sh in layout.shards if sh.key == key and sh.index != index}
-        doubled = sorted((loc for loc in order if loc.state == "active" and loc.domain in taken
-                          and loc.id not in holding),  # copies share a key: one per location
-                         key=lambda loc: used.get(loc.id, 0))
-        for loc in [*fresh, *doubled]:
-            if loc.domain in taken:
-                log.warning("pack %s shard %d shares failure domain %s with another shard: no "
-                            "unused domain is active", layout.id, index, loc.domain)
-            try:
-                loc.blobs.put(key, payload.data)
-            except StorageError as exc:
-                log.warning("pack %s shard %d: %s refused it: %s", layout.id, index, loc.describe(), exc)
-                continue
-            return ShardRow(index, loc.id, key, len(payload.data), payload.checksum, "ok", time.time())
-        return None
-
-    def _doubled(self, layout: PackLayout, bad: Sequence[int]) -> list[int]:
-        """Healthy shards sharing a failure domain with another, as many as free domains can take."""
-        seen: set[str] = set()
-        extra: list[int] = []
-        for sh in layout.shards:
-            loc = self.locations.get(sh.location_id)
-            if sh.index in bad or loc is None:
-                continue
-            if loc.domain in seen:
-                extra.append(sh.index)
-            seen.add(loc.domain)
-        free = [d for d in self.locations.domains() if d not in seen]
-        return extra[: len(free)]
-
     def repair(self, pack_id: str) -> RepairOutcome:
         """Rebuild this pack's shards that are not ``ok`` or sit on a location not active, and
-        spread shards that share a failure domain once another domain is free."""
-        layout = self._fresh_layout(pack_id)
-        bad = [sh.index for sh in layout.shards if sh.state != "ok"
-               or (loc := self.locations.get(sh.location_id)) is None or loc.state != "active"]
-        bad += self._doubled(layout, bad)
-        if not bad:
-            return RepairOutcome(pack_id, (), ())
-        try:
-            found = self.examine(pack_id, read_all=False)
-            if found.data is None:
-                found = self.examine(pack_id, read_all=True)
-        except StorageError as exc:
-            return RepairOutcome(pack_id, (), tuple(bad), str(exc))
-        if found.data is None:
-            return RepairOutcome(pack_id, (), tuple(bad), (
-                f"{len(found.healthy)} healthy shard(s), {layout.k} needed: the pack is lost"))
-        layout = self._fresh_layout(pack_id)
-        bad = sorted(set(bad) | {sh.index for sh in layout.shards if sh.state != "ok"})
-        return self._rewrite(layout, found.data, bad, found.fragments)
+        spread shards that share a failure domain once another is free (see :mod:`.packrepair`)."""
+        return packrepair.repair(self, pack_id)
 
     def delete(self, shards: Sequence[tuple[int, str]]) -> int:
         """Delete shard objects ((location id, key)); returns how many went. Errors are logged."""

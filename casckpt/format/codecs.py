@@ -62,7 +62,7 @@ def _ungroup(data: bytes, width: int) -> bytes:
     if width == 2:  # bf16 / fp16: numpy's strided 2-byte interleave is ~3x slower than this
         out = planes[0].astype("<u2")
         out |= planes[1].astype("<u2") << np.uint16(8)
-        return out.tobytes()
+        return bytes(out.tobytes())
     return bytes(planes.T.tobytes())
 
 
