@@ -191,9 +191,7 @@ class Store(StoreAdmin):
         self._refresh_locations()
         if not block:
             return self._committer.commit(state, req, progress)
-        self._committer.raise_unreported()
-        self._committer.drain()  # keep commit order: the background ones come first
-        return commit_engine.commit(self._ctx, state, req, progress)
+        return self._committer.foreground(lambda: commit_engine.commit(self._ctx, state, req, progress))
 
     def pending_commits(self) -> list[CommitHandle]:
         """Background commits not finished yet, oldest first."""

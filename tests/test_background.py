@@ -845,3 +845,41 @@ def test_wait_with_a_timeout(env: Env) -> None:
     store.wait_commits(timeout=WAIT)
     assert store.pending_commits() == []
     assert_same(store.restore("r@0"), _state())
+
+
+# -- regressions from review ---------------------------------------------------------------
+
+
+def test_a_snapshot_failing_after_admission_gives_its_budget_back(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from casckpt.engine import commit as commit_engine
+
+    real = commit_engine._copy
+    calls = {"n": 0}
+
+    def flaky(chunk: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise MemoryError("injected while copying")
+        return real(chunk)
+
+    with casckpt.open(tmp_path / "s", chunk_size=CHUNK, commit_memory=8 * CHUNK) as store:
+        monkeypatch.setattr(commit_engine, "_copy", flaky)
+        with pytest.raises(MemoryError):
+            store.commit({"w": torch.randn(4 * ELEMS)}, run="r", step=0, block=False)
+        assert store._committer._staged == 0 and _leases(store) == 0
+        state = {"w": torch.randn(6 * ELEMS)}
+        store.commit(state, run="r", step=1, block=False).wait(WAIT)  # would block forever before
+        assert torch.equal(store.restore("r@1")["w"], state["w"])
+
+
+def test_a_process_ending_without_close_finishes_its_background_commits(tmp_path: Path) -> None:
+    script = f"""
+import torch, casckpt
+store = casckpt.open({str(tmp_path / "s")!r}, chunk_size={CHUNK})
+store.commit({{"w": torch.arange(50_000, dtype=torch.float32)}}, run="r", step=0, block=False)
+"""  # no close(): the interpreter exits with the commit pending
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    with casckpt.open(tmp_path / "s") as store:
+        assert torch.equal(store.restore("r@0")["w"], torch.arange(50_000, dtype=torch.float32))

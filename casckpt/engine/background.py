@@ -133,6 +133,7 @@ class BackgroundCommitter:
         self._inflight: dict[bytes, _Chunk] = {}  # chunk id -> copy a pending commit will write
         self._failed: list[CommitHandle] = []
         self._worker: threading.Thread | None = None
+        self._exit_hook = False
         self._closed = False
 
     # -- submitting ---------------------------------------------------------------
@@ -153,21 +154,32 @@ class BackgroundCommitter:
             redundancy = self._ctx.packs.redundancy_for(req.run)
             self._ctx.packs.check_writable(redundancy)
             lease = begin_lease(self._ctx.catalog)
+            reserved: list[int] = []
+
+            def reserve(nbytes: int) -> bool:
+                admitted = self._reserve(nbytes)
+                if admitted:
+                    reserved.append(nbytes)
+                return admitted
+
             try:
                 parent = self._last.get(req.run) or commit_engine.parent_of(self._ctx, req.run)
                 with self._cond:
                     inflight = dict(self._inflight)
                 snap = commit_engine.snapshot(self._ctx, state, req, created, parent=parent,
-                                              reserve=self._reserve, progress=progress,
-                                              pending=inflight)
+                                              reserve=reserve, progress=progress, pending=inflight)
+                handle = CommitHandle(snap.version_id, req.run, req.step)
+                job = _Job(handle, req, snap, redundancy, started, lease, progress)
+                if snap.foreground:  # too big to copy: write it now, after the others
+                    self.drain()
             except BaseException:
                 end_lease(self._ctx.catalog, lease)
+                self._release(sum(reserved))
                 raise
-            handle = CommitHandle(snap.version_id, req.run, req.step)
-            job = _Job(handle, req, snap, redundancy, started, lease, progress)
-            if snap.owned == 0 and snap.new_ids:  # too big to copy: write it now, after the others
-                self.drain()
-                self._run(job)
+            if snap.foreground:
+                with self._cond:
+                    self._pending.append(handle)
+                self._run(job, foreground=True)
                 return handle
             with self._cond:
                 self._pending.append(handle)
@@ -189,6 +201,11 @@ class BackgroundCommitter:
                     "budget); wait on a CommitHandle, or open the store with backpressure='block'")
             self._cond.wait_for(ready)
 
+    def _release(self, nbytes: int) -> None:
+        with self._cond:
+            self._staged -= nbytes
+            self._cond.notify_all()
+
     def _reserve(self, nbytes: int) -> bool:
         """Admit ``nbytes`` of copies into the budget (waiting for room); False if they never fit."""
         if nbytes > self.memory:
@@ -201,7 +218,33 @@ class BackgroundCommitter:
 
     # -- the worker -----------------------------------------------------------------
 
+    def foreground(self, run: Callable[[], Version]) -> Version:
+        """Run a blocking commit in order: after every pending background commit, before
+        any submitted after it (so versions of a run appear in commit order)."""
+        self.raise_unreported()
+        with self._submit:
+            self.drain()
+            return run()
+
+    def _drain_at_exit(self) -> None:
+        """At interpreter exit, before thread pools shut down: finish pending commits."""
+        if self.pending():
+            log.warning("finishing %d background commit(s) at exit; close the store to "
+                        "control when", len(self.pending()))
+            self.drain()
+        with self._cond:
+            failed = [h for h in self._failed if not h._reported]  # noqa: SLF001
+        for handle in failed:
+            log.error("background commit %s@%s failed and was never waited on: %s",
+                      handle.run, handle.step, handle._error)  # noqa: SLF001
+
     def _start_worker(self) -> None:
+        if not self._exit_hook:
+            try:  # runs before concurrent.futures shuts its pools down (hooks run in reverse)
+                threading._register_atexit(self._drain_at_exit)  # type: ignore[attr-defined]
+                self._exit_hook = True
+            except RuntimeError:  # the interpreter is already shutting down
+                pass
         if self._worker is None or not self._worker.is_alive():
             self._worker = threading.Thread(target=self._loop, name="casckpt-commit", daemon=False)
             self._worker.start()
@@ -215,7 +258,7 @@ class BackgroundCommitter:
                 job = self._queue.popleft()
             self._run(job)
 
-    def _run(self, job: _Job) -> None:
+    def _run(self, job: _Job, foreground: bool = False) -> None:
         version: Version | None = None
         error: BaseException | None = None
         try:
@@ -245,6 +288,8 @@ class BackgroundCommitter:
                     self._failed.append(job.handle)
                 job.handle._settle(version, error)  # noqa: SLF001 - the handle's owner
                 self._cond.notify_all()
+        if foreground and error is not None and not isinstance(error, Exception):
+            raise error  # Ctrl-C while writing in the caller's thread stops the caller
 
     # -- draining and errors ---------------------------------------------------------
 

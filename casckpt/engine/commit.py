@@ -105,6 +105,7 @@ class _Hashed:
     chunks: dict[bytes, _Chunk]
     known: set[bytes]
     copied: int
+    reserved: int = 0  # of ``copied``, bytes admitted into a background commit's budget
 
 
 _NOT_HELD = memoryview(b"")  # a streamed chunk the store holds: its bytes stayed on the device
@@ -112,14 +113,14 @@ _NOT_HELD = memoryview(b"")  # a streamed chunk the store holds: its bytes staye
 
 def _hash_blobs(
     ctx: EngineContext, sources: Sequence[BlobSource], progress: ProgressCallback | None,
-    pending: Mapping[bytes, _Chunk] | None,
+    pending: Mapping[bytes, _Chunk] | None, reserve: Reserve | None = None,
 ) -> _Hashed:
     out = _Hashed([], {}, set(), 0)
     bar = _Progress(progress, "hash", sum(s.nbytes for s in sources))
     for source in sources:
         size = aligned_chunk_size(ctx.config.chunk_size, source.align)
         if source.staged is not None and source.nbytes:
-            ids = _hash_staged(ctx, source, size, out, pending)
+            ids = _hash_staged(ctx, source, size, out, pending, reserve)
         else:
             view = source.read() if source.nbytes else memoryview(b"")
             spans = list(chunk_spans(source.nbytes, size))
@@ -132,9 +133,11 @@ def _hash_blobs(
 
 
 def _hash_staged(ctx: EngineContext, source: BlobSource, size: int, out: _Hashed,
-                 pending: Mapping[bytes, _Chunk] | None) -> list[bytes]:
+                 pending: Mapping[bytes, _Chunk] | None, reserve: Reserve | None) -> list[bytes]:
     """Stream a device blob through the staging buffers: hash each window, look its chunks
-    up, and copy out only the ones the store does not hold."""
+    up, and copy out only the ones the store does not hold -- admitted into a background
+    commit's budget window by window (a window larger than the whole budget is copied anyway:
+    the bytes cannot stay on the device)."""
     assert source.staged is not None  # noqa: S101 - the caller checked
     ids: list[bytes] = []
     for _offset, view in ctx.device_buffers.stream(source.staged(), size):
@@ -142,6 +145,10 @@ def _hash_staged(ctx: EngineContext, source: BlobSource, size: int, out: _Hashed
         window = list(ctx.pool.map(chunk_id, (view[start:end] for start, end in spans)))
         fresh = [c for c in dict.fromkeys(window) if c not in out.chunks]
         known = _known_chunks(ctx, fresh) | {c for c in fresh if pending is not None and c in pending}
+        need = sum(end - start for cid, (start, end) in dict(zip(window, spans, strict=True)).items()
+                   if cid in fresh and cid not in known)
+        if reserve is not None and need and reserve(need):
+            out.reserved += need
         for cid, (start, end) in zip(window, spans, strict=True):
             if cid in out.chunks:
                 continue
@@ -234,6 +241,7 @@ class Snapshot:
     owned: int = 0
     new_bytes: int = 0
     stored_bytes: int = 0
+    foreground: bool = False  # a background commit whose copies did not fit: write it now
 
 
 Reserve = Callable[[int], bool]  # asked for the bytes to copy; False: do not copy (write from the views)
@@ -256,7 +264,7 @@ def snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: flo
     """
     root, leaves = encode_tree(state)
     entries, sources = plan_blobs(leaves, stage_host=ctx.config.stage_host_tensors)
-    hashed = _hash_blobs(ctx, sources, progress, pending)
+    hashed = _hash_blobs(ctx, sources, progress, pending, reserve)
     blobs, chunks = hashed.blobs, hashed.chunks
     known = hashed.known | _known_chunks(  # streamed chunks were looked up while streaming
         ctx, [c for c, chunk in chunks.items() if c not in hashed.known and not chunk.owned])
@@ -268,14 +276,16 @@ def snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: flo
             chunks[cid] = pending[cid]
             continue
         new_ids.append(cid)
-    owned = 0
+    owned, foreground = hashed.reserved, False
     if reserve is not None:
-        need = sum(chunks[c].end - chunks[c].start for c in new_ids)
+        todo = [cid for cid in new_ids if not chunks[cid].owned]  # streamed ones are copies already
+        need = sum(chunks[c].end - chunks[c].start for c in todo)
         if reserve(need):
-            todo = [cid for cid in new_ids if not chunks[cid].owned]  # streamed ones are copies already
             for cid, copy in zip(todo, ctx.pool.map(_copy, (chunks[c] for c in todo)), strict=True):
                 chunks[cid] = copy
-            owned = need
+            owned += need
+        else:
+            foreground = bool(todo)
     manifest = Manifest(
         run=req.run, step=req.step, parent=parent,
         created_at=created, root=root, tensors=tuple(entries), blobs=tuple(blobs),
@@ -283,7 +293,8 @@ def snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: flo
     )
     version_id, manifest_bytes = encode_manifest(manifest)
     rows, content_rows = tensor_rows(version_id, entries, blobs)
-    return Snapshot(manifest, version_id, manifest_bytes, chunks, new_ids, rows, content_rows, owned)
+    return Snapshot(manifest, version_id, manifest_bytes, chunks, new_ids, rows, content_rows, owned,
+                    foreground=foreground)
 
 
 def _copy(chunk: _Chunk) -> _Chunk:
@@ -317,7 +328,7 @@ def _publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, started: fl
         except MissingChunksError as exc:
             lost = [cid for cid in snap.chunks if cid.hex() in exc.missing]
             ctx.cache.discard(lost)
-            _verify_unchanged(snap, lost)
+            _hold_unchanged(snap, lost)
             more_raw, more_stored = _write_chunks(ctx, snap.chunks, lost, redundancy, progress)
             snap.new_bytes += more_raw
             snap.stored_bytes += more_stored
@@ -327,15 +338,19 @@ def _publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, started: fl
     )
 
 
-def _verify_unchanged(snap: Snapshot, ids: Sequence[bytes]) -> None:
-    """Chunks to write again must still hold their bytes (a background commit's state may
-    have moved on since its snapshot)."""
+def _hold_unchanged(snap: Snapshot, ids: Sequence[bytes]) -> None:
+    """Before writing chunks again, copy each and check the copy still hashes to its id: the
+    copy is what gets written, so bytes changed meanwhile can never go under the old id."""
     for cid in ids:
-        if chunk_id(snap.chunks[cid].data()) != cid:
+        chunk = snap.chunks[cid]
+        held = chunk if chunk.owned else _copy(chunk)
+        if held.view is _NOT_HELD or chunk_id(held.data()) != cid:
             raise CatalogError(
-                f"version {snap.version_id[:12]} references a chunk GC removed while the commit "
-                "was in flight, and the state it came from has changed since; commit again"
+                f"version {snap.version_id[:12]} reuses a chunk GC removed while the commit was in "
+                "flight, and its bytes are no longer at hand (the state changed since, or they "
+                "stayed on the GPU); commit again"
             )
+        snap.chunks[cid] = held
 
 
 def finish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: Redundancy,

@@ -78,15 +78,20 @@ class StagingBuffers:
             else:
                 target.copy_(flat[start:end])
 
-        if count:
-            issue(0)
-        for i in range(count):
-            if i + 1 < count:
-                issue(i + 1)  # into the buffer the consumer finished with before resuming us
-            event = events[i % 2]
-            if event is not None:
-                event.synchronize()
-            start = i * window
-            end = min(n, start + window)
-            self.windows += 1
-            yield start, memoryview(buffers[i % 2][: end - start].numpy())  # type: ignore[arg-type]
+        try:
+            if count:
+                issue(0)
+            for i in range(count):
+                if i + 1 < count:
+                    issue(i + 1)  # into the buffer the consumer finished with before resuming us
+                event = events[i % 2]
+                if event is not None:
+                    event.synchronize()
+                start = i * window
+                end = min(n, start + window)
+                self.windows += 1
+                yield start, memoryview(buffers[i % 2][: end - start].numpy())  # type: ignore[arg-type]
+        finally:
+            if side is not None:  # the consumer stopped early: no copy may still land in a buffer
+                flat.record_stream(side)  # nor may the caching allocator reuse the source meanwhile
+                side.synchronize()
