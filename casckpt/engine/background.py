@@ -29,6 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from casckpt.catalog.gc import begin_lease, end_lease
 from casckpt.engine import commit as commit_engine
@@ -59,8 +60,7 @@ class CommitHandle:
     def __init__(self, version_id: str, run: str, step: int) -> None:
         self.id, self.run, self.step = version_id, run, step
         self._done = threading.Event()
-        self._version: Version | None = None
-        self._error: BaseException | None = None
+        self._outcome: Version | BaseException | None = None  # set once, with _done
         self._reported = False
 
     def __repr__(self) -> str:
@@ -83,10 +83,9 @@ class CommitHandle:
                 f"commit {self.run}@{self.step} still running after {timeout} s; wait again"
             )
         self._reported = True
-        if self._error is not None:
-            raise self._error
-        assert self._version is not None  # noqa: S101 - set together with _done
-        return self._version
+        if isinstance(self._outcome, BaseException):
+            raise self._outcome
+        return cast(Version, self._outcome)  # _done is set only together with the outcome
 
     def result(self) -> Version:
         """Same as :meth:`wait` without a timeout."""
@@ -99,8 +98,12 @@ class CommitHandle:
         self._reported = True
         return self._error
 
-    def _settle(self, version: Version | None, error: BaseException | None) -> None:
-        self._version, self._error = version, error
+    @property
+    def _error(self) -> BaseException | None:
+        return self._outcome if isinstance(self._outcome, BaseException) else None
+
+    def _settle(self, outcome: Version | BaseException) -> None:
+        self._outcome = outcome
         self._done.set()
 
 
@@ -259,37 +262,33 @@ class BackgroundCommitter:
             self._run(job)
 
     def _run(self, job: _Job, foreground: bool = False) -> None:
-        version: Version | None = None
-        error: BaseException | None = None
+        outcome: Version | BaseException
         try:
-            version = commit_engine.finish(self._ctx, job.request, job.snapshot, job.redundancy,
+            outcome = commit_engine.finish(self._ctx, job.request, job.snapshot, job.redundancy,
                                            job.started, job.progress)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller through the handle
-            error = exc
+            outcome = exc
             log.warning("background commit %s@%s failed: %s", job.request.run, job.request.step, exc)
-        finally:
-            try:
-                end_lease(self._ctx.catalog, job.lease)
-            except BaseException as exc:  # noqa: BLE001 - the lease expires with the process anyway
-                log.warning("could not end the lease of %s@%s: %s", job.request.run, job.request.step, exc)
-            owned = job.snapshot.owned
-            with self._cond:
-                for cid in job.snapshot.new_ids:
-                    if self._inflight.get(cid) is job.snapshot.chunks.get(cid):
-                        del self._inflight[cid]
+        try:
+            end_lease(self._ctx.catalog, job.lease)
+        except BaseException as exc:  # noqa: BLE001 - the lease expires with the process anyway
+            log.warning("could not end the lease of %s@%s: %s", job.request.run, job.request.step, exc)
+        with self._cond:
+            for cid in job.snapshot.new_ids:
+                if self._inflight.get(cid) is job.snapshot.chunks.get(cid):
+                    del self._inflight[cid]
             job.snapshot.chunks.clear()  # drop the copies before admitting more
-            with self._cond:
-                self._staged -= owned
-                if job.handle in self._pending:
-                    self._pending.remove(job.handle)
-                if self._last.get(job.request.run) == job.handle.id:
-                    del self._last[job.request.run]
-                if error is not None:
-                    self._failed.append(job.handle)
-                job.handle._settle(version, error)  # noqa: SLF001 - the handle's owner
-                self._cond.notify_all()
-        if foreground and error is not None and not isinstance(error, Exception):
-            raise error  # Ctrl-C while writing in the caller's thread stops the caller
+            self._staged -= job.snapshot.owned
+            if job.handle in self._pending:
+                self._pending.remove(job.handle)
+            if self._last.get(job.request.run) == job.handle.id:
+                del self._last[job.request.run]
+            if isinstance(outcome, BaseException):
+                self._failed.append(job.handle)
+            job.handle._settle(outcome)  # noqa: SLF001 - the handle's owner
+            self._cond.notify_all()
+        if foreground and isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
+            raise outcome  # Ctrl-C while writing in the caller's thread stops the caller
 
     # -- draining and errors ---------------------------------------------------------
 

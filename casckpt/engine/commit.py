@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
+import torch
 
 from casckpt.catalog import MissingChunksError
 from casckpt.catalog.gc import begin_lease, end_lease
@@ -120,7 +121,7 @@ def _hash_blobs(
     for source in sources:
         size = aligned_chunk_size(ctx.config.chunk_size, source.align)
         if source.staged is not None and source.nbytes:
-            ids = _hash_staged(ctx, source, size, out, pending, reserve)
+            ids = _hash_staged(ctx, source.staged(), source.align, size, out, pending, reserve)
         else:
             view = source.read() if source.nbytes else memoryview(b"")
             spans = list(chunk_spans(source.nbytes, size))
@@ -132,15 +133,14 @@ def _hash_blobs(
     return out
 
 
-def _hash_staged(ctx: EngineContext, source: BlobSource, size: int, out: _Hashed,
+def _hash_staged(ctx: EngineContext, flat: torch.Tensor, align: int, size: int, out: _Hashed,
                  pending: Mapping[bytes, _Chunk] | None, reserve: Reserve | None) -> list[bytes]:
     """Stream a device blob through the staging buffers: hash each window, look its chunks
     up, and copy out only the ones the store does not hold -- admitted into a background
     commit's budget window by window (a window larger than the whole budget is copied anyway:
     the bytes cannot stay on the device)."""
-    assert source.staged is not None  # noqa: S101 - the caller checked
     ids: list[bytes] = []
-    for _offset, view in ctx.device_buffers.stream(source.staged(), size):
+    for _offset, view in ctx.device_buffers.stream(flat, size):
         spans = list(chunk_spans(len(view), size))
         window = list(ctx.pool.map(chunk_id, (view[start:end] for start, end in spans)))
         fresh = [c for c in dict.fromkeys(window) if c not in out.chunks]
@@ -155,9 +155,9 @@ def _hash_staged(ctx: EngineContext, source: BlobSource, size: int, out: _Hashed
             if cid in known:
                 out.known.add(cid)
                 held = pending.get(cid) if pending is not None else None
-                out.chunks[cid] = held or _Chunk(_NOT_HELD, 0, 0, source.align)
+                out.chunks[cid] = held or _Chunk(_NOT_HELD, 0, 0, align)
             else:
-                out.chunks[cid] = _copy(_Chunk(view, start, end, source.align))
+                out.chunks[cid] = _copy(_Chunk(view, start, end, align))
                 out.copied += end - start
         ids.extend(window)
     return ids
