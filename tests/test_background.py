@@ -39,6 +39,7 @@ from typing import Any
 
 import pytest
 import torch
+from doubles import WriteHookStore
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
@@ -55,7 +56,7 @@ from casckpt.errors import (
     StorageError,
     VersionExistsError,
 )
-from casckpt.storage import BlobInfo, BlobStore, LocalBlobStore
+from casckpt.storage import BlobStore
 
 CHUNK = 4096
 ELEMS = CHUNK // 4  # float32 elements per chunk
@@ -64,7 +65,7 @@ WAIT = 30.0  # seconds: any wait longer than this is a hang
 CHILD = Path(__file__).resolve().parent / "helpers" / "bg_crash_child.py"
 
 
-class FaultyBlobs:
+class FaultyBlobs(WriteHookStore):
     """A LocalBlobStore whose writes (``put``, ``put_file``) can be held or made to fail.
 
     - ``gate``: cleared, every write waits until it is set again (``held`` is
@@ -73,8 +74,7 @@ class FaultyBlobs:
     """
 
     def __init__(self, root: Path) -> None:
-        self.inner = LocalBlobStore(root)
-        self.url = self.inner.url
+        super().__init__(root)
         self.gate = threading.Event()
         self.gate.set()
         self.held = threading.Event()
@@ -82,7 +82,7 @@ class FaultyBlobs:
         self.failures = 0
         self._lock = threading.Lock()
 
-    def _write(self, key: str) -> None:
+    def before_write(self, key: str) -> None:
         if not self.gate.is_set():
             self.held.set()
         if not self.gate.wait(2 * WAIT):
@@ -94,35 +94,6 @@ class FaultyBlobs:
             self.failures += 1
         cause = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         raise StorageError(f"cannot write {key} under {self.inner.root}: {cause}") from cause
-
-    def put(self, key: str, data: bytes | memoryview) -> None:
-        self._write(key)
-        self.inner.put(key, data)
-
-    def put_file(self, key: str, path: Path) -> None:
-        self._write(key)
-        self.inner.put_file(key, path)
-
-    def get(self, key: str) -> bytes:
-        return self.inner.get(key)
-
-    def get_range(self, key: str, offset: int, length: int) -> bytes:
-        return self.inner.get_range(key, offset, length)
-
-    def read_into(self, key: str, offset: int, buffers: Sequence[memoryview]) -> int:
-        return self.inner.read_into(key, offset, buffers)
-
-    def size(self, key: str) -> int | None:
-        return self.inner.size(key)
-
-    def list(self, prefix: str = "") -> Iterator[BlobInfo]:
-        return self.inner.list(prefix)
-
-    def delete(self, key: str) -> None:
-        self.inner.delete(key)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 class Env:

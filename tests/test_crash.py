@@ -16,19 +16,16 @@ import importlib.util
 import json
 import os
 import random
-import select
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import pytest
+from doubles import Zygote
 
 import casckpt
 from casckpt.errors import RefNotFoundError, VersionExistsError
@@ -47,35 +44,6 @@ def _load_child() -> ModuleType:
 
 
 child = _load_child()
-
-
-class Zygote:
-    """The ``--zygote`` server of crash_child.py: forks warm committing children on request."""
-
-    def __init__(self) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CASCKPT_")}
-        self.proc = subprocess.Popen([sys.executable, str(CHILD), "--zygote"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env=env)
-
-    def ask(self, cmd: dict[str, Any], timeout: float) -> dict[str, Any]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-        if not select.select([self.proc.stdout], [], [], timeout)[0]:
-            raise TimeoutError(cmd)
-        line = self.proc.stdout.readline()
-        assert line, f"the zygote died (exit {self.proc.poll()})"
-        reply: dict[str, Any] = json.loads(line)
-        return reply
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def _text(path: Path) -> str:
@@ -122,7 +90,7 @@ class Child:
 
 @pytest.fixture(scope="module")
 def zygote() -> Iterator[Zygote]:
-    server = Zygote()
+    server = Zygote(CHILD)
     yield server
     server.close()
 

@@ -17,15 +17,11 @@ commit.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import random
 import re
-import select
 import shutil
 import signal
-import subprocess
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,6 +31,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from doubles import WriteHookStore, Zygote
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -49,7 +46,6 @@ from casckpt.errors import (
 from casckpt.format.pack import ENTRY_HEADER_SIZE, PACK_HEADER_SIZE
 from casckpt.format.shard import SHARD_HEADER_SIZE, decode_shard_header
 from casckpt.storage import LocalBlobStore
-from casckpt.storage.base import BlobInfo
 
 HELPERS = Path(__file__).resolve().parent / "helpers"
 CHUNK = 16 << 10
@@ -759,48 +755,18 @@ def test_ec_over_mixed_local_and_s3_locations(tmp_path: Path, s3_bucket_url: Cal
 # -- 7. write quorum ------------------------------------------------------------------------------
 
 
-class RefusingWrites:
+class RefusingWrites(WriteHookStore):
     """A local blob store whose writes fail while ``refusing`` is set (a full or read-only disk)."""
 
     def __init__(self, root: Path) -> None:
-        self.inner = LocalBlobStore(root)
-        self.url = self.inner.url
+        super().__init__(root)
         self.refusing = True
         self.refused = 0
 
-    def _refuse(self, key: str) -> None:
+    def before_write(self, key: str) -> None:
         if self.refusing:
             self.refused += 1
             raise StorageError(f"cannot write {key} under {self.inner.root}: injected: disk full")
-
-    def put(self, key: str, data: bytes | memoryview) -> None:
-        self._refuse(key)
-        self.inner.put(key, data)
-
-    def put_file(self, key: str, path: Path) -> None:
-        self._refuse(key)
-        self.inner.put_file(key, path)
-
-    def get(self, key: str) -> bytes:
-        return self.inner.get(key)
-
-    def get_range(self, key: str, offset: int, length: int) -> bytes:
-        return self.inner.get_range(key, offset, length)
-
-    def read_into(self, key: str, offset: int, buffers: Sequence[memoryview]) -> int:
-        return self.inner.read_into(key, offset, buffers)
-
-    def size(self, key: str) -> int | None:
-        return self.inner.size(key)
-
-    def list(self, prefix: str = "") -> Iterator[BlobInfo]:
-        return self.inner.list(prefix)
-
-    def delete(self, key: str) -> None:
-        self.inner.delete(key)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def _with_refusing(base: Path, n: int, refusing: Sequence[int]) -> tuple[list[Any], list[RefusingWrites]]:
@@ -922,39 +888,11 @@ crash = _load("casckpt_tests_redundancy_crash_child", HELPERS / "crash_child.py"
 CRASH_SEED = 11
 
 
-class Zygote:
-    """ec_crash_child.py --zygote: forks warm committing children (torch imported once)."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(HELPERS / "ec_crash_child.py"), "--zygote"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-
-    def ask(self, cmd: dict[str, Any], timeout: float = 120) -> dict[str, Any]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-        if not select.select([self.proc.stdout], [], [], timeout)[0]:
-            raise TimeoutError(cmd)
-        line = self.proc.stdout.readline()
-        assert line, f"the zygote died (exit {self.proc.poll()})"
-        reply: dict[str, Any] = json.loads(line)
-        return reply
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
 @pytest.fixture(scope="module")
 def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zygote]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASCKPT_")}
     env["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
-    server = Zygote(env)
+    server = Zygote(HELPERS / "ec_crash_child.py", env)
     yield server
     server.close()
 

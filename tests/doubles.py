@@ -1,0 +1,90 @@
+"""Test doubles shared by several test modules (tests/ is on sys.path, see conftest.py).
+
+- :class:`WriteHookStore`: a local blob store whose writes pass through a hook
+  first (to hold them or make them fail); reads go straight through.
+- :class:`Zygote`: the client of a helper script's ``--zygote`` server, which
+  forks warm children (torch imported once) on request.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from casckpt.storage import BlobInfo, LocalBlobStore
+
+
+class WriteHookStore:
+    """A LocalBlobStore on ``root`` whose ``put`` and ``put_file`` call :meth:`before_write` first."""
+
+    def __init__(self, root: Path) -> None:
+        self.inner = LocalBlobStore(root)
+        self.url = self.inner.url
+
+    def before_write(self, key: str) -> None:
+        """Override: raise to refuse the write, block to hold it."""
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        self.before_write(key)
+        self.inner.put(key, data)
+
+    def put_file(self, key: str, path: Path) -> None:
+        self.before_write(key)
+        self.inner.put_file(key, path)
+
+    def get(self, key: str) -> bytes:
+        return self.inner.get(key)
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        return self.inner.get_range(key, offset, length)
+
+    def read_into(self, key: str, offset: int, buffers: Sequence[memoryview]) -> int:
+        return self.inner.read_into(key, offset, buffers)
+
+    def size(self, key: str) -> int | None:
+        return self.inner.size(key)
+
+    def list(self, prefix: str = "") -> Iterator[BlobInfo]:
+        return self.inner.list(prefix)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class Zygote:
+    """Talks JSON lines to ``script --zygote``; the environment defaults to ours minus CASCKPT_*."""
+
+    def __init__(self, script: Path, env: Mapping[str, str] | None = None) -> None:
+        if env is None:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("CASCKPT_")}
+        self.proc = subprocess.Popen([sys.executable, str(script), "--zygote"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=dict(env))
+
+    def ask(self, cmd: dict[str, Any], timeout: float = 120) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        if not select.select([self.proc.stdout], [], [], timeout)[0]:
+            raise TimeoutError(cmd)
+        line = self.proc.stdout.readline()
+        assert line, f"the zygote died (exit {self.proc.poll()})"
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
