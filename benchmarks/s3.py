@@ -145,13 +145,14 @@ def split_objects(views: Iterable[memoryview], size: int) -> list[bytes]:
     return objects
 
 
-def _client(endpoint: str, defaults: Mapping[str, Any]) -> Any:
+def s3_client(endpoint: str, defaults: Mapping[str, Any]) -> Any:
+    """A boto3 client with the retry mode and connection pool S3BlobStore uses."""
     config = Config(retries={"mode": "standard", "total_max_attempts": 3},
                     max_pool_connections=defaults["max_pool_connections"])
     return boto3.client("s3", endpoint_url=endpoint, config=config)
 
 
-def _transfer_config(defaults: Mapping[str, Any]) -> TransferConfig:
+def transfer_config(defaults: Mapping[str, Any]) -> TransferConfig:
     """boto3's TransferConfig with the thresholds, part size and concurrency S3BlobStore uses."""
     config = TransferConfig(multipart_threshold=defaults["multipart_threshold"],
                             multipart_chunksize=defaults["multipart_chunksize"],
@@ -162,7 +163,7 @@ def _transfer_config(defaults: Mapping[str, Any]) -> TransferConfig:
 
 def _raw_upload(setup: _Setup, keys: list[str]) -> float:
     """Seconds to upload every object, one after the other, with upload_fileobj."""
-    config = _transfer_config(setup.defaults)
+    config = transfer_config(setup.defaults)
     checksum = setup.defaults["checksum"]
     extra = {"ChecksumAlgorithm": checksum} if checksum else {}
 
@@ -175,7 +176,7 @@ def _raw_upload(setup: _Setup, keys: list[str]) -> float:
 
 def _raw_download(setup: _Setup, keys: list[str]) -> tuple[float, bool]:
     """Seconds to download every object with download_fileobj, and whether all bytes match."""
-    config = _transfer_config(setup.defaults)
+    config = transfer_config(setup.defaults)
 
     def download() -> list[io.BytesIO]:
         out = [io.BytesIO() for _ in keys]
@@ -187,7 +188,7 @@ def _raw_download(setup: _Setup, keys: list[str]) -> tuple[float, bool]:
     return seconds, all(b.getbuffer() == o for b, o in zip(got, setup.objects, strict=True))
 
 
-def _remove_prefix(client: Any, prefix: str) -> tuple[int, int]:
+def remove_prefix(client: Any, prefix: str) -> tuple[int, int]:
     """Delete every object under ``prefix``; returns how many there were and their bytes."""
     count = size = 0
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix):
@@ -213,14 +214,14 @@ def _round(setup: _Setup, index: int) -> Round:
         restored, restore_s = measure.timed(lambda: store.restore(version.id))
         restore_ok = measure.trees_equal(state, restored)
         del restored
-    _remove_prefix(setup.client, f"raw-{index}/")
-    count, nbytes = _remove_prefix(setup.client, prefix + "/")
+    remove_prefix(setup.client, f"raw-{index}/")
+    count, nbytes = remove_prefix(setup.client, prefix + "/")
     shutil.rmtree(where, ignore_errors=True)
     return Round(up_s, commit_s, down_s, restore_s, raw_ok, restore_ok, rss, version.to_dict(),
                  count, nbytes)
 
 
-def _warm_up(client: Any) -> None:
+def warm_up(client: Any) -> None:
     """One small put and get, so neither side pays for the first connection."""
     client.put_object(Bucket=BUCKET, Key="warm-up", Body=b"x" * 1024)
     client.get_object(Bucket=BUCKET, Key="warm-up")["Body"].read()
@@ -258,9 +259,9 @@ def run_s3(scale: float, workdir: Path, log: Log, repeats: int = REPEATS) -> S3R
     defaults = casckpt_transfer_defaults()
     with fake_aws_environment(workdir), moto_server() as endpoint:
         log(f"{NAME}: moto S3 server at {endpoint} (in-process, loopback)")
-        client = _client(endpoint, defaults)
+        client = s3_client(endpoint, defaults)
         client.create_bucket(Bucket=BUCKET)
-        _warm_up(client)
+        warm_up(client)
         setup = _Setup(endpoint, client, workdir, state, objects, size, defaults)
         rounds = []
         for index in range(repeats):

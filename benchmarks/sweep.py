@@ -588,49 +588,6 @@ def run_local(pair: StatePair, config: Config, workdir: Path, largest: str) -> d
 # --------------------------------------------------------------------------- S3
 
 
-BUCKET = "casckpt-sweep"
-
-
-def _s3_defaults() -> dict[str, Any]:
-    import inspect
-
-    from casckpt.storage.s3 import S3BlobStore
-
-    params = inspect.signature(S3BlobStore.__init__).parameters
-    names = ("multipart_threshold", "multipart_chunksize", "max_concurrency",
-             "max_pool_connections", "checksum")
-    return {name: params[name].default for name in names}
-
-
-def _split(views: Iterator[memoryview], size: int) -> list[bytes]:
-    objects: list[bytes] = []
-    buf = bytearray()
-    for view in views:
-        pos = 0
-        while pos < len(view):
-            take = min(size - len(buf), len(view) - pos)
-            buf += view[pos: pos + take]
-            pos += take
-            if len(buf) == size:
-                objects.append(bytes(buf))
-                buf.clear()
-    if buf:
-        objects.append(bytes(buf))
-    return objects
-
-
-def _remove_prefix(client: Any, prefix: str) -> tuple[int, int]:
-    count = size = 0
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix):
-        contents = page.get("Contents", [])
-        count += len(contents)
-        size += sum(int(obj["Size"]) for obj in contents)
-        if contents:
-            client.delete_objects(Bucket=BUCKET,
-                                  Delete={"Objects": [{"Key": o["Key"]} for o in contents]})
-    return count, size
-
-
 S3_JOBS = (  # (workload, pack size, compress): pack sizes with the default policy, then compression
     ("dense", 16 * MiB, True), ("dense", 64 * MiB, True), ("dense", 128 * MiB, True),
     ("dense", 64 * MiB, False), ("dense-bf16", 64 * MiB, True), ("dense-bf16", 64 * MiB, False),
@@ -645,26 +602,24 @@ def run_s3(pairs: dict[str, StatePair], jobs: list[tuple[str, int, bool]], chunk
     downloads them, then commits v1 and v2 to a fresh store on the bucket,
     re-commits v2, restores v2 and loads its largest tensor; then deletes it all.
     """
-    import boto3
-    from boto3.s3.transfer import TransferConfig
-    from botocore.config import Config as BotoConfig
-
+    from benchmarks.s3 import (
+        BUCKET,
+        casckpt_transfer_defaults,
+        remove_prefix,
+        s3_client,
+        split_objects,
+        transfer_config,
+        warm_up,
+    )
     from casckpt.testing.s3 import fake_aws_environment, moto_server
 
-    defaults = _s3_defaults()
+    defaults = casckpt_transfer_defaults()
     results: dict[str, Any] = {"transfer": defaults, "chunk_size": chunk_size, "configs": {}}
     with fake_aws_environment(workdir), moto_server() as endpoint:
-        client = boto3.client("s3", endpoint_url=endpoint, config=BotoConfig(
-            retries={"mode": "standard", "total_max_attempts": 3},
-            max_pool_connections=defaults["max_pool_connections"]))
+        client = s3_client(endpoint, defaults)
         client.create_bucket(Bucket=BUCKET)
-        client.put_object(Bucket=BUCKET, Key="warm-up", Body=b"x" * 1024)
-        client.get_object(Bucket=BUCKET, Key="warm-up")["Body"].read()
-        client.delete_object(Bucket=BUCKET, Key="warm-up")
-        tconfig = TransferConfig(multipart_threshold=defaults["multipart_threshold"],
-                                 multipart_chunksize=defaults["multipart_chunksize"],
-                                 max_concurrency=defaults["max_concurrency"])
-        tconfig.max_in_memory_upload_chunks = 2 * defaults["max_concurrency"]
+        warm_up(client)
+        tconfig = transfer_config(defaults)
         extra = {"ChecksumAlgorithm": defaults["checksum"]} if defaults["checksum"] else {}
         for job, (name, pack, compress) in enumerate(jobs):
             pair = pairs[name]
@@ -672,7 +627,7 @@ def run_s3(pairs: dict[str, StatePair], jobs: list[tuple[str, int, bool]], chunk
             logical = pair.info["logical_bytes"]
             config = Config(chunk_size, pack, compress)
             label = f"{name} {config.label}"
-            objects = _split((measure.raw_bytes(t) for _, t in measure.tensor_leaves(pair.v1)), pack)
+            objects = split_objects((measure.raw_bytes(t) for _, t in measure.tensor_leaves(pair.v1)), pack)
             rounds = []
             for r in range(repeats):
                 log(f"s3: {label} round {r + 1}/{repeats}")
@@ -701,8 +656,8 @@ def run_s3(pairs: dict[str, StatePair], jobs: list[tuple[str, int, bool]], chunk
                                          s3={"endpoint_url": endpoint})
                 with store:
                     out = run_store(pair, store, largest)
-                count, nbytes = _remove_prefix(client, prefix + "/")
-                _remove_prefix(client, f"raw-{job}-{r}/")
+                count, nbytes = remove_prefix(client, prefix + "/")
+                remove_prefix(client, f"raw-{job}-{r}/")
                 shutil.rmtree(where, ignore_errors=True)
                 out.update({"raw_upload_s": raw_up, "raw_download_s": raw_down,
                             "raw_download_ok": got == logical, "objects": count,
