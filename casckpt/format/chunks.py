@@ -38,7 +38,21 @@ def aligned_chunk_size(chunk_size: int, align: int) -> int:
     return max(align, chunk_size - chunk_size % align)
 
 
-def chunk_spans(nbytes: int, chunk_size: int) -> Iterator[tuple[int, int]]:
-    """Yield ``(start, end)`` byte offsets of the chunks of an ``nbytes`` blob."""
-    for start in range(0, nbytes, chunk_size):
-        yield start, min(start + chunk_size, nbytes)
+def chunk_spans(nbytes: int, chunk_size: int, phase: int = 0) -> Iterator[tuple[int, int]]:
+    """Yield ``(start, end)`` byte offsets of the chunks of an ``nbytes`` blob.
+
+    ``phase`` places the blob on a grid of ``chunk_size`` cells that starts
+    ``phase`` bytes before it (0 <= phase < chunk_size): the first chunk ends at
+    the first grid line, so a shard of a larger tensor, chunked on the grid of
+    the whole tensor's bytes, yields the same chunks whichever way it was cut.
+    """
+    start = 0
+    while start < nbytes:
+        end = min(start + chunk_size - (phase if start == 0 else 0), nbytes)
+        yield start, end
+        start = end
+
+
+def chunk_count(nbytes: int, chunk_size: int, phase: int = 0) -> int:
+    """How many chunks :func:`chunk_spans` cuts an ``nbytes`` blob into."""
+    return -(-(nbytes + phase) // chunk_size) if nbytes else 0

@@ -15,28 +15,54 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import zstandard
 
 from casckpt.errors import CorruptManifestError
-from casckpt.format.chunks import object_id
+from casckpt.format.chunks import chunk_count, chunk_spans, object_id
 from casckpt.format.dtypes import element_size
 from casckpt.format.tree import Node
 
 MANIFEST_FORMAT = "casckpt.manifest"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # written only by versions that use its additions (sharded tensors, ranks)
+_READS = (1, 2)
 _MAX_MANIFEST = 1 << 31
 
 
 @dataclass(frozen=True, slots=True)
 class BlobEntry:
-    """A run of bytes stored as chunks of ``chunk_size`` (the last may be shorter)."""
+    """A run of bytes stored as chunks of ``chunk_size`` (the first and last may be shorter).
+
+    ``phase`` (0 unless the blob is a shard of a larger tensor) is where the
+    blob starts on the chunk grid: see :func:`casckpt.format.chunks.chunk_spans`.
+    """
 
     nbytes: int
     chunk_size: int
     chunks: tuple[bytes, ...]
+    phase: int = 0
+
+    def spans(self) -> list[tuple[int, int]]:
+        """``(start, end)`` of each chunk within the blob, in chunk order."""
+        return list(chunk_spans(self.nbytes, self.chunk_size, self.phase))
+
+    def covering(self, start: int, end: int) -> range:
+        """Indices of the chunks holding bytes ``[start, end)`` of the blob."""
+        if end <= start:
+            return range(0)
+        first = (start + self.phase) // self.chunk_size
+        last = (end - 1 + self.phase) // self.chunk_size
+        return range(first, last + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class World:
+    """How many ranks saved a version, and through which API (``dcp`` or ``group``)."""
+
+    size: int
+    api: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +70,11 @@ class TensorEntry:
     """A tensor: a typed, shaped view of bytes in a blob.
 
     ``stride`` is None for a contiguous tensor starting at ``offset``.
+
+    A shard of a larger tensor (saved by many ranks) also records the whole
+    tensor's ``global_shape`` and where the shard starts in it
+    (``global_offset``); ``shape`` is then the shard's own. ``rank`` is the
+    rank that saved the entry, in versions saved by a process group.
     """
 
     path: str
@@ -53,11 +84,19 @@ class TensorEntry:
     blob: int
     offset: int = 0
     stride: tuple[int, ...] | None = None
+    global_shape: tuple[int, ...] | None = None
+    global_offset: tuple[int, ...] | None = None
+    rank: int | None = None
 
     @property
     def numel(self) -> int:
         """Number of elements."""
         return math.prod(self.shape)
+
+    @property
+    def is_shard(self) -> bool:
+        """Whether the entry is one piece of a tensor sharded across ranks."""
+        return self.global_shape is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,19 +114,48 @@ class Manifest:
     metrics: Mapping[str, float] = field(default_factory=dict)
     message: str | None = None
     tags: tuple[str, ...] = ()
+    world: World | None = None
 
     @property
     def logical_bytes(self) -> int:
-        """Bytes of tensor data (each tensor counted in full, as torch.save would)."""
+        """Bytes of tensor data (each tensor counted in full, as torch.save would; a
+        sharded tensor as the sum of its shards)."""
         return sum(
             t.numel * element_size(t.kind, t.dtype) for t in self.tensors
         )
 
+    @property
+    def uses_v2(self) -> bool:
+        """Whether the manifest needs format version 2 (older readers could not read it)."""
+        return self.world is not None or any(
+            t.is_shard or t.rank is not None for t in self.tensors) or any(b.phase for b in self.blobs)
+
+
+def _blob_json(b: BlobEntry) -> dict[str, Any]:
+    doc: dict[str, Any] = {"nbytes": b.nbytes, "chunk_size": b.chunk_size,
+                           "chunks": [c.hex() for c in b.chunks]}
+    if b.phase:
+        doc["phase"] = b.phase
+    return doc
+
+
+def _tensor_json(t: TensorEntry) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "path": t.path, "kind": t.kind, "dtype": t.dtype, "shape": list(t.shape),
+        "blob": t.blob, "offset": t.offset,
+        "stride": list(t.stride) if t.stride is not None else None,
+    }
+    if t.global_shape is not None and t.global_offset is not None:
+        doc["global_shape"], doc["global_offset"] = list(t.global_shape), list(t.global_offset)
+    if t.rank is not None:
+        doc["rank"] = t.rank
+    return doc
+
 
 def _to_json(m: Manifest) -> dict[str, Any]:
-    return {
+    doc = {
         "format": MANIFEST_FORMAT,
-        "version": MANIFEST_VERSION,
+        "version": MANIFEST_VERSION if m.uses_v2 else 1,
         "run": m.run,
         "step": m.step,
         "parent": m.parent,
@@ -97,19 +165,12 @@ def _to_json(m: Manifest) -> dict[str, Any]:
         "message": m.message,
         "tags": list(m.tags),
         "root": m.root,
-        "blobs": [
-            {"nbytes": b.nbytes, "chunk_size": b.chunk_size, "chunks": [c.hex() for c in b.chunks]}
-            for b in m.blobs
-        ],
-        "tensors": [
-            {
-                "path": t.path, "kind": t.kind, "dtype": t.dtype, "shape": list(t.shape),
-                "blob": t.blob, "offset": t.offset,
-                "stride": list(t.stride) if t.stride is not None else None,
-            }
-            for t in m.tensors
-        ],
+        "blobs": [_blob_json(b) for b in m.blobs],
+        "tensors": [_tensor_json(t) for t in m.tensors],
     }
+    if m.world is not None:
+        doc["world"] = {"size": m.world.size, "api": m.world.api}
+    return doc
 
 
 def encode_manifest(m: Manifest) -> tuple[str, bytes]:
@@ -138,7 +199,7 @@ def decode_manifest(data: bytes, expected_id: str | None = None) -> Manifest:
         doc = json.loads(raw)
         if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
             raise ValueError("not a casckpt manifest")
-        if doc.get("version") != MANIFEST_VERSION:
+        if doc.get("version") not in _READS:
             raise ValueError(
                 f"manifest version {doc.get('version')} is not supported by this casckpt "
                 f"(reads version {MANIFEST_VERSION}); upgrade casckpt"
@@ -152,22 +213,32 @@ def decode_manifest(data: bytes, expected_id: str | None = None) -> Manifest:
 
 def _from_json(doc: dict[str, Any]) -> Manifest:
     blobs = tuple(
-        BlobEntry(int(b["nbytes"]), int(b["chunk_size"]), tuple(bytes.fromhex(c) for c in b["chunks"]))
+        BlobEntry(int(b["nbytes"]), int(b["chunk_size"]), tuple(bytes.fromhex(c) for c in b["chunks"]),
+                  int(b.get("phase", 0)))
         for b in doc["blobs"]
     )
-    tensors = tuple(
-        TensorEntry(
-            str(t["path"]), str(t["kind"]), str(t["dtype"]), tuple(int(s) for s in t["shape"]),
-            int(t["blob"]), int(t["offset"]),
-            tuple(int(s) for s in t["stride"]) if t["stride"] is not None else None,
-        )
-        for t in doc["tensors"]
-    )
+    tensors = tuple(_tensor_from_json(t) for t in doc["tensors"])
+    world = doc.get("world")
     return Manifest(
         run=str(doc["run"]), step=int(doc["step"]), parent=doc["parent"],
         created_at=float(doc["created_at"]), root=doc["root"], tensors=tensors, blobs=blobs,
         metadata=doc["metadata"], metrics=doc["metrics"], message=doc["message"],
         tags=tuple(doc.get("tags", ())),
+        world=World(int(world["size"]), str(world["api"])) if world is not None else None,
+    )
+
+
+def _ints(values: Any) -> tuple[int, ...]:
+    return tuple(int(v) for v in values)
+
+
+def _tensor_from_json(t: dict[str, Any]) -> TensorEntry:
+    return TensorEntry(
+        str(t["path"]), str(t["kind"]), str(t["dtype"]), _ints(t["shape"]), int(t["blob"]), int(t["offset"]),
+        _ints(t["stride"]) if t["stride"] is not None else None,
+        _ints(t["global_shape"]) if "global_shape" in t else None,
+        _ints(t["global_offset"]) if "global_shape" in t else None,
+        int(t["rank"]) if t.get("rank") is not None else None,
     )
 
 
@@ -180,8 +251,9 @@ def tensor_extent(t: TensorEntry, itemsize: int) -> int:
     return (sum((n - 1) * s for n, s in zip(t.shape, t.stride, strict=True)) + 1) * itemsize
 
 
-def _tensor_indices(root: Node) -> Iterator[int]:
-    """Every tensor index the node tree uses (iteratively: a forged tree may be deep)."""
+def _tensor_nodes(root: Node) -> Iterator[tuple[str, list[int]]]:
+    """``("tensor", [i])`` or ``("sharded", [i, ...])`` for every tensor node of the tree
+    (iteratively: a forged tree may be deep). A ``ranks`` node may only be the root."""
     stack: list[Any] = [root]
     while stack:
         node = stack.pop()
@@ -192,23 +264,59 @@ def _tensor_indices(root: Node) -> Iterator[int]:
             index = node.get("i")
             if not isinstance(index, int) or isinstance(index, bool):
                 raise CorruptManifestError("manifest tensor node has no integer index")
-            yield index
-        elif kind in ("dict", "list", "tuple"):
+            yield "tensor", [index]
+        elif kind == "sharded":
+            indices = node.get("i")
+            if not isinstance(indices, list) or not indices or not all(
+                    isinstance(i, int) and not isinstance(i, bool) for i in indices):
+                raise CorruptManifestError("manifest sharded node has no list of shard indices")
+            yield "sharded", indices
+        elif kind in ("dict", "list", "tuple") or (kind == "ranks" and node is root):
             children = node.get("v")
             if not isinstance(children, list):
                 raise CorruptManifestError(f"manifest {kind} node has no item list")
             stack.extend(children)
+        elif kind == "ranks":
+            raise CorruptManifestError("manifest has a ranks node below the root")
 
 
-def _validate(m: Manifest) -> None:
-    used = sorted(_tensor_indices(m.root))
-    if used != list(range(len(m.tensors))):
+def _validate_sharded(m: Manifest, indices: list[int]) -> None:
+    shards = [m.tensors[i] for i in indices]
+    first = shards[0]
+    for t in shards:
+        if (not t.is_shard or t.path != first.path or t.dtype != first.dtype or t.kind != "torch"
+                or t.global_shape != first.global_shape):
+            raise CorruptManifestError(f"manifest shards of {first.path!r} disagree on what they are part of")
+        offset, shape = t.global_offset, t.global_shape
+        inside = offset is not None and shape is not None and len(offset) == len(t.shape) == len(shape) \
+            and all(0 <= o and o + n <= g for o, n, g in zip(offset, t.shape, shape, strict=True))
+        if not inside:
+            raise CorruptManifestError(f"manifest shard of {t.path!r} lies outside the tensor it is part of")
+
+
+def _check_nodes(m: Manifest) -> None:
+    used: list[int] = []
+    for kind, indices in _tensor_nodes(m.root):
+        if any(not 0 <= i < len(m.tensors) for i in indices):
+            raise CorruptManifestError("manifest tree refers to a tensor it does not list")
+        if kind == "sharded":
+            _validate_sharded(m, indices)
+        elif m.tensors[indices[0]].is_shard:
+            raise CorruptManifestError(f"manifest shard of {m.tensors[indices[0]].path!r} stands alone")
+        used.extend(indices)
+    if sorted(used) != list(range(len(m.tensors))):
         raise CorruptManifestError(
             "manifest tree and tensor list disagree (each tensor must appear exactly once)"
         )
+
+
+def _validate(m: Manifest) -> None:
+    if m.world is not None and (m.world.size < 1 or m.world.api not in ("dcp", "group")):
+        raise CorruptManifestError("manifest names an impossible world of ranks")
+    _check_nodes(m)
     for i, b in enumerate(m.blobs):
-        expected = -(-b.nbytes // b.chunk_size) if b.chunk_size > 0 else -1
-        if b.nbytes < 0 or b.chunk_size <= 0 or len(b.chunks) != expected:
+        sane = b.nbytes >= 0 and b.chunk_size > 0 and 0 <= b.phase < b.chunk_size
+        if not sane or len(b.chunks) != chunk_count(b.nbytes, b.chunk_size, b.phase):
             raise CorruptManifestError(f"manifest blob {i} has inconsistent sizes")
         if any(len(c) != 32 for c in b.chunks):
             raise CorruptManifestError(f"manifest blob {i} has a malformed chunk id")
@@ -224,3 +332,43 @@ def _validate(m: Manifest) -> None:
             t.offset + tensor_extent(t, itemsize) > m.blobs[t.blob].nbytes
         ):
             raise CorruptManifestError(f"manifest tensor {t.path!r} lies outside its blob")
+
+
+def rank_count(m: Manifest) -> int | None:
+    """How many per-rank trees the manifest holds (None: one tree for every rank)."""
+    return len(m.root["v"]) if m.root.get("t") == "ranks" else None
+
+
+def rank_view(m: Manifest, rank: int) -> Manifest:
+    """The manifest of one rank's state, from a version a process group saved rank by rank.
+
+    Raises:
+        IndexError: the version holds no state for ``rank``.
+    """
+    tree = m.root["v"][rank]
+    used = sorted(i for _, indices in _tensor_nodes(tree) for i in indices)
+    renumber = {old: new for new, old in enumerate(used)}
+
+    def copy(node: Any) -> Any:
+        kind = node.get("t")
+        if kind == "tensor":
+            return {"t": "tensor", "i": renumber[node["i"]]}
+        if kind == "sharded":
+            return {"t": "sharded", "i": [renumber[i] for i in node["i"]]}
+        if kind in ("dict", "list", "tuple"):
+            return {**node, "v": [copy(child) for child in node["v"]]}
+        return node
+
+    return replace(m, root=copy(tree), tensors=tuple(m.tensors[i] for i in used))
+
+
+def sharding(m: Manifest) -> dict[str, tuple[int, tuple[int, ...]]]:
+    """Path -> (shard count, dimensions the shards cut) of every tensor saved in pieces."""
+    found: dict[str, tuple[int, set[int]]] = {}
+    for t in m.tensors:
+        if t.global_shape is None:
+            continue
+        count, dims = found.get(t.path, (0, set()))
+        dims |= {d for d, (n, g) in enumerate(zip(t.shape, t.global_shape, strict=True)) if n != g}
+        found[t.path] = (count + 1, dims)
+    return {path: (count, tuple(sorted(dims))) for path, (count, dims) in found.items()}

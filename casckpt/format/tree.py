@@ -200,11 +200,13 @@ def encode_tree(state: object) -> tuple[Node, list[TensorLeaf]]:
     return enc(state, ""), leaves
 
 
-def decode_tree(root: Node, tensor: Callable[[int, str], object]) -> object:
-    """Rebuild a state tree from ``root``; ``tensor(i, path)`` supplies tensor ``i``.
+def decode_tree(root: Node, tensor: Callable[[int, str], object],
+                sharded: Callable[[list[int], str], object] | None = None) -> object:
+    """Rebuild a state tree from ``root``; ``tensor(i, path)`` supplies tensor ``i``, and
+    ``sharded(indices, path)`` a tensor assembled from the shards ``indices``.
 
     Raises:
-        CorruptManifestError: a node is malformed.
+        CorruptManifestError: a node is malformed (or sharded where ``sharded`` is None).
     """
 
     def dec(node: Any, path: str) -> object:
@@ -230,6 +232,8 @@ def decode_tree(root: Node, tensor: Callable[[int, str], object]) -> object:
                 return base64.b64decode(node["v"], validate=True)
             if kind == "tensor":
                 return tensor(int(node["i"]), path)
+            if kind == "sharded" and sharded is not None:
+                return sharded([int(i) for i in node["i"]], path)
             if kind == "dict":
                 out: dict[Any, Any] = {}
                 for key, value in zip(node["k"], node["v"], strict=True):
@@ -246,8 +250,20 @@ def decode_tree(root: Node, tensor: Callable[[int, str], object]) -> object:
     return dec(root, "")
 
 
+def rank_path(rank: int, path: str) -> str:
+    """How a path of one rank's state is shown for a version saved by a process group
+    (``/`` cannot occur in a key, so this never collides with a real path)."""
+    return f"rank{rank}/{path}"
+
+
 def iter_values(root: Node) -> Iterator[tuple[str, object]]:
-    """Yield ``(path, value)`` for every plain (non-tensor, non-container) leaf of ``root``."""
+    """Yield ``(path, value)`` for every plain (non-tensor, non-container) leaf of ``root``
+    (under a ``ranks`` root, paths are :func:`rank_path` of each rank's)."""
+    if root.get("t") == "ranks":
+        for rank, tree in enumerate(root["v"]):
+            for path, value in iter_values(tree):
+                yield rank_path(rank, path), value
+        return
     stack: list[tuple[str, Any]] = [("", root)]
     while stack:
         path, node = stack.pop()
@@ -259,7 +275,7 @@ def iter_values(root: Node) -> Iterator[tuple[str, object]]:
         elif kind in ("list", "tuple"):
             for i, value in reversed(list(enumerate(node["v"]))):
                 stack.append((join_path(path, i), value))
-        elif kind != "tensor":
+        elif kind not in ("tensor", "sharded"):
             yield path, decode_tree(node, _no_tensor)
 
 

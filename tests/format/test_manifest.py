@@ -220,7 +220,7 @@ TAMPERING: dict[str, Callable[[dict[str, Any]], None]] = {
     "numpy_dtype_not_canonical": _set(("tensors", 2, "dtype"), "float64"),
     "numpy_dtype_torch_name": _set(("tensors", 2, "dtype"), "bfloat16"),
     "wrong_format": _set(("format",), "something.else"),
-    "newer_version": _set(("version",), 2),
+    "newer_version": _set(("version",), 3),
     "version_missing": _delete(("version",)),
     "tensors_missing": _delete(("tensors",)),
     "blobs_missing": _delete(("blobs",)),
