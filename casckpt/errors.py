@@ -141,3 +141,8 @@ class CommitBackpressureError(CasckptError, RuntimeError):
 
 class CommitTimeoutError(CasckptError, TimeoutError):
     """``CommitHandle.wait(timeout)`` ran out of time; the commit goes on."""
+
+
+class GroupCommitError(CasckptError, RuntimeError):
+    """A commit by a process group failed on some rank; every rank raises it, naming the ranks
+    and their errors (this rank's own error, if any, is the ``__cause__``). Nothing was published."""

@@ -45,11 +45,12 @@ from casckpt.errors import (
     RefNotFoundError,
     VersionSweptError,
 )
-from casckpt.format.manifest import Manifest, decode_manifest
+from casckpt.format.manifest import Manifest, decode_manifest, sharding
 from casckpt.format.tree import iter_values
 from casckpt.storage import redact_url
 from casckpt.storage.locations import LocationSet
 from casckpt.store_admin import StoreAdmin
+from casckpt.store_distributed import StoreDistributed
 from casckpt.types import (
     GCReport,
     ProgressCallback,
@@ -73,7 +74,7 @@ def _utc(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, tz=timezone.utc)
 
 
-class Store(StoreAdmin):
+class Store(StoreAdmin, StoreDistributed):
     """A casckpt store: commit, restore and query checkpoint versions.
 
     Build one with :func:`casckpt.open`. Use it as a context manager, or call
@@ -121,6 +122,7 @@ class Store(StoreAdmin):
             self._release()
 
     def _release(self) -> None:
+        self._release_dcp_writers()
         self._ctx.pool.shutdown(wait=True)
         self._ctx.uploads.shutdown(wait=True)
         self._io.shutdown(wait=True)
@@ -150,18 +152,19 @@ class Store(StoreAdmin):
     def commit(self, state: object, *, run: str, step: int, metadata: Mapping[str, Any] | None = None,
                metrics: Mapping[str, float] | None = None, message: str | None = None,
                tags: Iterable[str] = (), progress: ProgressCallback | None = None,
-               block: Literal[True] = True) -> Version: ...
+               block: Literal[True] = True, group: Any = None) -> Version: ...
 
     @overload
     def commit(self, state: object, *, run: str, step: int, metadata: Mapping[str, Any] | None = None,
                metrics: Mapping[str, float] | None = None, message: str | None = None,
                tags: Iterable[str] = (), progress: ProgressCallback | None = None,
-               block: Literal[False]) -> CommitHandle: ...
+               block: Literal[False], group: None = None) -> CommitHandle: ...
 
     def commit(
         self, state: object, *, run: str, step: int, metadata: Mapping[str, Any] | None = None,
         metrics: Mapping[str, float] | None = None, message: str | None = None,
         tags: Iterable[str] = (), progress: ProgressCallback | None = None, block: bool = True,
+        group: Any = None,
     ) -> Version | CommitHandle:
         """Store ``state`` as version ``run@step``.
 
@@ -186,9 +189,17 @@ class Store(StoreAdmin):
             VersionExistsError: ``run`` already has a version at ``step``.
             StorageError, CatalogError: the blob store or catalog failed; the
                 version is not visible and the store stays consistent.
+            GroupCommitError: with ``group``, some rank failed (raised on every rank).
         """
         req = commit_engine.make_request(run, step, metadata, metrics, message, tags)
         self._refresh_locations()
+        if group is not None:
+            if not block:
+                raise InvalidArgumentError(
+                    "group commits block; for a background save of many ranks use "
+                    "dcp.async_save(state, storage_writer=store.dcp_writer(run=..., step=...))"
+                )
+            return self._committer.foreground(lambda: self._group_commit(state, req, group, progress))
         if not block:
             return self._committer.commit(state, req, progress)
         return self._committer.foreground(lambda: commit_engine.commit(self._ctx, state, req, progress))
@@ -209,7 +220,8 @@ class Store(StoreAdmin):
         self._committer.raise_unreported()
 
     def restore(self, ref: Ref, into: object = None, *, map_location: Any = None,
-                progress: ProgressCallback | None = None) -> Any:
+                progress: ProgressCallback | None = None, group: Any = None,
+                rank: int | None = None) -> Any:
         """Bring back the state tree of ``ref``, every byte verified.
 
         Args:
@@ -220,16 +232,21 @@ class Store(StoreAdmin):
                 place (existing CPU tensors of matching dtype and shape are
                 filled directly, without a second copy).
             map_location: device for new tensors (e.g. ``"cuda:0"``).
+            group, rank: for a version a process group committed rank by rank
+                (``commit(..., group=)``): each rank of ``group`` gets its own
+                state, or ``rank`` names whose state to get. A version saved
+                with ``dcp.save`` restores whole here (every shard assembled).
 
         Returns:
             The new tree, or ``into`` updated.
 
         Raises:
             RefNotFoundError, AmbiguousRefError: bad ref.
-            RestoreTargetError: ``into`` does not match the stored state.
+            RestoreTargetError: ``into`` does not match the stored state, or a version
+                saved rank by rank without ``group``/``rank`` (or with another group size).
             CorruptChunkError, MissingDataError: stored data is damaged or gone.
         """
-        manifest = self._manifest(ref)
+        manifest = self._rank_manifest(self._manifest(ref), group, rank)
         if into is None:
             return restore_engine.materialize(self._ctx, manifest, map_location=map_location,
                                               progress=progress)
@@ -239,10 +256,14 @@ class Store(StoreAdmin):
     def load_tensor(self, ref: Ref, path: str, *, map_location: Any = None) -> torch.Tensor | np.ndarray:
         """Read one tensor (dotted path, e.g. ``model.layers.0.weight``), fetching only its chunks.
 
+        A tensor sharded across ranks comes back whole; in a version saved rank
+        by rank, ``rank1/model.weight`` names rank 1's tensor.
+
         Raises:
             TensorNotFoundError: no tensor at ``path`` (near matches listed).
         """
-        return restore_engine.load_tensor(self._ctx, self._manifest(ref), path, map_location)
+        manifest, path = self._tensor_manifest(self._manifest(ref), path)
+        return restore_engine.load_tensor(self._ctx, manifest, path, map_location)
 
     # -- queries ------------------------------------------------------------
 
@@ -300,11 +321,15 @@ class Store(StoreAdmin):
         """A version with its tensors (from the catalog) and plain values (from its manifest)."""
         row = self._row(ref)
         manifest = decode_manifest(self._ctx.catalog.manifest(row.id), row.id)
+        pieces = sharding(manifest)
         tensors = tuple(
-            TensorInfo(t.path, t.dtype, tuple(t.shape), t.nbytes, t.chunks, t.digest)
+            TensorInfo(t.path, t.dtype, tuple(t.shape), t.nbytes, t.chunks, t.digest,
+                       *pieces.get(t.path, (1, ())))
             for t in self._ctx.catalog.tensors_of(row.id)
         )
-        return VersionDetail(self._version(row), tensors, dict(iter_values(manifest.root)))
+        world = manifest.world
+        return VersionDetail(self._version(row), tensors, dict(iter_values(manifest.root)),
+                             world.size if world else None, world.api if world else None)
 
     def runs(self) -> list[RunInfo]:
         """Every run with a summary of its versions."""

@@ -82,7 +82,11 @@ class Version(_ToDict):
 
 @dataclass(frozen=True, slots=True)
 class TensorInfo(_ToDict):
-    """One tensor of a version, as the catalog records it."""
+    """One tensor of a version, as the catalog records it.
+
+    ``shards``: how many pieces ranks saved it as (1: whole); ``split_dims``:
+    the dimensions along which those pieces cut it.
+    """
 
     path: str
     dtype: str
@@ -90,15 +94,25 @@ class TensorInfo(_ToDict):
     nbytes: int
     chunks: int
     digest: str
+    shards: int = 1
+    split_dims: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class VersionDetail(_ToDict):
-    """A version together with its tensors and plain values (``Store.show``)."""
+    """A version together with its tensors and plain values (``Store.show``).
+
+    ``world_size`` is how many ranks saved the version (None: one process,
+    ``Store.commit``); ``saved_with`` how: ``"dcp"`` (torch.distributed.checkpoint,
+    tensors sharded) or ``"group"`` (``Store.commit(group=)``, one state per
+    rank: paths ``rankN/...``).
+    """
 
     version: Version
     tensors: tuple[TensorInfo, ...]
     values: Mapping[str, Any]
+    world_size: int | None = None
+    saved_with: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import casckpt
+from casckpt.engine.distributed import ShardPiece, write_shards
 from casckpt.engine.staging import StagingBuffers
+from casckpt.storage.erasure import Redundancy
 
 CHUNK = 4096
 
@@ -103,3 +105,29 @@ def test_cuda_tensors_commit_through_pinned_buffers(tmp_path: Path) -> None:
         assert store._ctx.device_buffers._buffers[0].is_pinned()
         back = store.restore("r@0", map_location="cuda")
         assert all(torch.equal(back[k], state[k]) for k in state)
+
+
+@given(rows=st.integers(1, 400), cuts=st.lists(st.integers(1, 399), max_size=3),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.int64]))
+@settings(max_examples=25, deadline=None)
+def test_shards_chunk_alike_staged_or_not_and_share_the_whole_tensors_chunks(
+        tmp_path_factory: pytest.TempPathFactory, rows: int, cuts: list[int], dtype: torch.dtype) -> None:
+    """Dim-0 shards of a tensor are chunked on the whole tensor's grid on both paths (the staged
+    one is the GPU path): every chunk not cut by a shard boundary is one the whole tensor has."""
+    whole = (torch.randn(rows, 33) * 100).to(dtype)
+    bounds = sorted({0, rows, *(c for c in cuts if c < rows)})
+    pieces = [ShardPiece("w", whole[a:b], tuple(whole.shape), (a, 0))
+              for a, b in zip(bounds, bounds[1:], strict=False)]
+    results = []
+    for staged in (False, True):
+        with _open(tmp_path_factory.mktemp("s"), staged=staged, staging_memory=2 * CHUNK) as store:
+            (single,) = write_shards(store._ctx, [ShardPiece("w", whole, tuple(whole.shape), (0, 0))],
+                                     Redundancy("none")).shards
+            results.append([s.blob for s in write_shards(store._ctx, pieces, Redundancy("none")).shards])
+    assert results[0] == results[1]
+    grid = set(single.blob.chunks)
+    row_bytes = 33 * whole.element_size()
+    cut_chunks = sum(1 for b in bounds[1:-1] if (b * row_bytes) % single.blob.chunk_size)
+    shard_chunks = [c for blob in results[0] for c in blob.chunks]
+    assert sum(1 for c in shard_chunks if c not in grid) <= 2 * cut_chunks
+    assert len(shard_chunks) == len(single.blob.chunks) + cut_chunks

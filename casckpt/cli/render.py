@@ -230,18 +230,19 @@ def version_table(v: Version) -> Table:
 def detail_view(detail: VersionDetail) -> list[RenderableType]:
     """The version, then its tensors, then its plain values."""
     parts: list[RenderableType] = [version_table(detail.version), ""]
-    tensors = _table(
-        "TENSOR", "DTYPE", "SHAPE", "SIZE", "CHUNKS", "DIGEST", right=("SIZE", "CHUNKS")
-    )
+    if detail.world_size is not None:
+        how = ("torch.distributed.checkpoint: tensors sharded across ranks" if detail.saved_with == "dcp"
+               else "Store.commit(group=): one state per rank (paths rankN/...)")
+        parts[-1:] = [Text(f"saved by {detail.world_size} rank(s) with {how}"), ""]
+    columns = ("TENSOR", "DTYPE", "SHAPE", "SIZE", "CHUNKS", "DIGEST")
+    sharded = any(t.shards > 1 for t in detail.tensors)
+    tensors = _table(*columns, *(("SHARDS",) if sharded else ()), right=("SIZE", "CHUNKS"))
     for t in detail.tensors:
-        tensors.add_row(
-            t.path,
-            t.dtype,
-            str(tuple(t.shape)),
-            human_bytes(t.nbytes),
-            str(t.chunks),
-            t.digest[:12],
-        )
+        cells = [t.path, t.dtype, str(tuple(t.shape)), human_bytes(t.nbytes), str(t.chunks), t.digest[:12]]
+        if sharded:
+            dims = ",".join(str(d) for d in t.split_dims)
+            cells.append(f"{t.shards} on dim {dims}" if t.split_dims else str(t.shards))
+        tensors.add_row(*cells)
     parts.append(tensors if detail.tensors else Text("no tensors", style="dim"))
     if detail.values:
         values = _table("VALUE", "TYPE", "CONTENT")

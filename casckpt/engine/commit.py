@@ -38,7 +38,7 @@ from casckpt.format.chunks import aligned_chunk_size, chunk_id, chunk_spans, obj
 from casckpt.format.codecs import CompressionPolicy, encode_chunk
 from casckpt.format.dtypes import element_size
 from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, encode_manifest
-from casckpt.format.tree import encode_tree
+from casckpt.format.tree import encode_tree, rank_path
 from casckpt.storage.erasure import Redundancy
 from casckpt.types import ProgressCallback, Version
 
@@ -120,15 +120,20 @@ def _hash_blobs(
     bar = _Progress(progress, "hash", sum(s.nbytes for s in sources))
     for source in sources:
         size = aligned_chunk_size(ctx.config.chunk_size, source.align)
+        phase = source.grid_offset % size
         if source.staged is not None and source.nbytes:
-            ids = _hash_staged(ctx, source.staged(), source.align, size, out, pending, reserve)
+            flat = source.staged()
+            head = min(size - phase, source.nbytes) if phase else 0
+            ids = _hash_staged(ctx, flat[:head], source.align, head, out, pending, reserve) if head else []
+            if head < source.nbytes:
+                ids += _hash_staged(ctx, flat[head:], source.align, size, out, pending, reserve)
         else:
             view = source.read() if source.nbytes else memoryview(b"")
-            spans = list(chunk_spans(source.nbytes, size))
+            spans = list(chunk_spans(source.nbytes, size, phase))
             ids = list(ctx.pool.map(chunk_id, (view[start:end] for start, end in spans)))
             for cid, (start, end) in zip(ids, spans, strict=True):
                 out.chunks.setdefault(cid, _Chunk(view, start, end, source.align))
-        out.blobs.append(BlobEntry(source.nbytes, size, tuple(ids)))
+        out.blobs.append(BlobEntry(source.nbytes, size, tuple(ids), phase))
         bar.advance(source.nbytes)
     return out
 
@@ -185,7 +190,7 @@ def _encoded(ctx: EngineContext, chunks: Mapping[bytes, _Chunk], ids: Sequence[b
         yield from ctx.pool.map(encode, ids[i : i + window])
 
 
-def _write_chunks(
+def write_chunks(
     ctx: EngineContext, chunks: Mapping[bytes, _Chunk], ids: Sequence[bytes],
     redundancy: Redundancy, progress: ProgressCallback | None,
 ) -> tuple[int, int]:
@@ -206,19 +211,34 @@ def _write_chunks(
 def tensor_rows(
     version_id: str, entries: Sequence[TensorEntry], blobs: Sequence[BlobEntry]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Catalog rows: one per tensor, and one per distinct tensor content (its chunk list)."""
-    rows, contents = [], {}
+    """Catalog rows: one per tensor, and one per distinct tensor content (its chunk list).
+
+    A tensor sharded across ranks is one row (its whole shape, every shard's
+    chunks); a tensor of one rank's own state is named by :func:`rank_path`.
+    """
+    groups: dict[str, list[TensorEntry]] = {}
     for t in entries:
-        blob = blobs[t.blob]
-        layout = (t.dtype, t.shape, t.stride, t.offset, [c.hex() for c in blob.chunks])
+        path = rank_path(t.rank, t.path) if t.rank is not None and not t.is_shard else t.path
+        groups.setdefault(path, []).append(t)
+    rows, contents = [], {}
+    for path, group in groups.items():
+        group.sort(key=lambda t: t.global_offset or ())
+        first = group[0]
+        layout: object = [(t.dtype, t.shape, t.stride, t.offset, t.global_offset,
+                           [c.hex() for c in blobs[t.blob].chunks]) for t in group]
+        if not first.is_shard:  # as before shards existed: digests of older versions stay the same
+            layout = (first.dtype, first.shape, first.stride, first.offset,
+                      [c.hex() for c in blobs[first.blob].chunks])
         digest = object_id(repr(layout).encode())
+        chunks = [c for t in group for c in blobs[t.blob].chunks]
         rows.append({
-            "version_id": version_id, "path": t.path, "dtype": t.dtype, "shape": list(t.shape),
-            "nbytes": t.numel * element_size(t.kind, t.dtype),
-            "chunks": len(blob.chunks), "digest": digest,
+            "version_id": version_id, "path": path, "dtype": first.dtype,
+            "shape": list(first.global_shape if first.global_shape is not None else first.shape),
+            "nbytes": sum(t.numel for t in group) * element_size(first.kind, first.dtype),
+            "chunks": len(chunks), "digest": digest,
         })
-        contents[digest] = {"digest": digest, "nbytes": blob.nbytes, "chunk_size": blob.chunk_size,
-                            "chunk_ids": b"".join(blob.chunks)}
+        contents[digest] = {"digest": digest, "nbytes": sum(blobs[t.blob].nbytes for t in group),
+                            "chunk_size": blobs[first.blob].chunk_size, "chunk_ids": b"".join(chunks)}
     return rows, list(contents.values())
 
 
@@ -297,6 +317,21 @@ def snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: flo
                     foreground=foreground)
 
 
+def held_elsewhere(ids: Iterable[bytes]) -> dict[bytes, _Chunk]:
+    """Chunks a snapshot references whose bytes this process does not hold (other ranks wrote
+    them): publishing can re-check them, not write them again."""
+    return {cid: _Chunk(_NOT_HELD, 0, 0, 1) for cid in ids}
+
+
+def hash_and_dedup(ctx: EngineContext, sources: Sequence[BlobSource], progress: ProgressCallback | None,
+                   ) -> tuple[list[BlobEntry], dict[bytes, _Chunk], list[bytes]]:
+    """Chunk and hash blobs in place; returns their entries, every chunk, and the ids of the
+    chunks the store does not hold (to be written from the views, which must not change)."""
+    hashed = _hash_blobs(ctx, sources, progress, None)
+    known = hashed.known | _known_chunks(ctx, [c for c in hashed.chunks if c not in hashed.known])
+    return hashed.blobs, hashed.chunks, [c for c in hashed.chunks if c not in known]
+
+
 def _copy(chunk: _Chunk) -> _Chunk:
     """An owned copy of a chunk's bytes (numpy copies release the GIL: the pool copies in parallel)."""
     copy = np.frombuffer(chunk.data(), dtype=np.uint8).copy()
@@ -329,7 +364,7 @@ def _publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, started: fl
             lost = [cid for cid in snap.chunks if cid.hex() in exc.missing]
             ctx.cache.discard(lost)
             _hold_unchanged(snap, lost)
-            more_raw, more_stored = _write_chunks(ctx, snap.chunks, lost, redundancy, progress)
+            more_raw, more_stored = write_chunks(ctx, snap.chunks, lost, redundancy, progress)
             snap.new_bytes += more_raw
             snap.stored_bytes += more_stored
     raise CatalogError(
@@ -347,16 +382,23 @@ def _hold_unchanged(snap: Snapshot, ids: Sequence[bytes]) -> None:
         if held.view is _NOT_HELD or chunk_id(held.data()) != cid:
             raise CatalogError(
                 f"version {snap.version_id[:12]} reuses a chunk GC removed while the commit was in "
-                "flight, and its bytes are no longer at hand (the state changed since, or they "
-                "stayed on the GPU); commit again"
+                "flight, and its bytes are no longer at hand (the state changed since, they stayed "
+                "on the GPU, or another rank wrote them); commit again"
             )
         snap.chunks[cid] = held
 
 
-def finish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: Redundancy,
-           started: float, progress: ProgressCallback | None = None) -> Version:
-    """Write the snapshot's new chunks and manifest, then publish the version."""
-    snap.new_bytes, snap.stored_bytes = _write_chunks(ctx, snap.chunks, snap.new_ids, redundancy, progress)
+def write_new(ctx: EngineContext, snap: Snapshot, redundancy: Redundancy,
+              progress: ProgressCallback | None = None) -> None:
+    """Encode, pack and store the snapshot's new chunks (counted in ``new_bytes`` / ``stored_bytes``)."""
+    raw, stored = write_chunks(ctx, snap.chunks, snap.new_ids, redundancy, progress)
+    snap.new_bytes += raw
+    snap.stored_bytes += stored
+
+
+def publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: Redundancy,
+            started: float, progress: ProgressCallback | None = None) -> Version:
+    """Store the manifest, then make the version visible (its chunks must be durable)."""
     ctx.locations.put_everywhere(manifest_key(snap.version_id), snap.manifest_bytes)
     row = _publish(ctx, req, snap, started, redundancy, progress)
     for name in req.tags:  # a tag given at commit may have moved from another version
@@ -369,6 +411,13 @@ def finish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: R
         parent=snap.manifest.parent, tags=req.tags, metadata=req.metadata,
         metrics=req.metrics, message=req.message,
     )
+
+
+def finish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: Redundancy,
+           started: float, progress: ProgressCallback | None = None) -> Version:
+    """Write the snapshot's new chunks and manifest, then publish the version."""
+    write_new(ctx, snap, redundancy, progress)
+    return publish(ctx, req, snap, redundancy, started, progress)
 
 
 def refuse_existing(ctx: EngineContext, req: CommitRequest) -> None:

@@ -32,13 +32,16 @@ class BlobSource:
     ``align`` is the element size chunk boundaries must respect. ``staged``,
     when set, gives the blob as a flat uint8 tensor on its device (a GPU
     tensor, never copied to the host whole): the commit streams it through
-    staging buffers instead of calling ``read``.
+    staging buffers instead of calling ``read``. ``grid_offset`` is where the
+    blob's bytes start within a larger tensor it is a shard of: chunks are cut
+    on that tensor's grid (see :func:`casckpt.format.chunks.chunk_spans`).
     """
 
     nbytes: int
     align: int
     read: Callable[[], memoryview]
     staged: Callable[[], torch.Tensor] | None = None
+    grid_offset: int = 0
 
 
 def _as_memoryview(array: np.ndarray) -> memoryview:

@@ -10,8 +10,9 @@ allocated); modules, optimizers and other objects with ``state_dict`` /
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -20,6 +21,7 @@ from casckpt.engine.context import EngineContext
 from casckpt.engine.layout import byte_buffer, can_fill_in_place, tensor_from_blob
 from casckpt.engine.reader import Destination, read_chunks
 from casckpt.errors import RestoreTargetError, TensorNotFoundError
+from casckpt.format.dtypes import torch_dtype
 from casckpt.format.manifest import Manifest, TensorEntry
 from casckpt.format.tree import decode_tree, iter_leaves, iter_values, join_path
 from casckpt.types import ProgressCallback
@@ -47,10 +49,18 @@ def _expand(into: object, path: str, stateful: dict[str, str]) -> object:
 
 
 def _stored_leaves(manifest: Manifest) -> dict[str, TensorEntry | None]:
-    """Dotted path -> tensor entry (None for a plain value) of every leaf of the stored tree."""
+    """Dotted path -> tensor entry (None for a plain value) of every leaf of the stored tree;
+    a sharded tensor is described whole (its global shape)."""
     leaves: dict[str, TensorEntry | None] = {path: None for path, _ in iter_values(manifest.root)}
-    leaves.update((t.path, t) for t in manifest.tensors)
+    leaves.update((t.path, whole_entry(t)) for t in manifest.tensors)
     return leaves
+
+
+def whole_entry(entry: TensorEntry) -> TensorEntry:
+    """``entry``, or for a shard the tensor it is part of (its dtype and global shape)."""
+    if entry.global_shape is None:
+        return entry
+    return replace(entry, shape=entry.global_shape, global_shape=None, global_offset=None)
 
 
 def _owner(path: str, stateful: dict[str, str]) -> str | None:
@@ -126,9 +136,7 @@ def _fill(
     for index, buffer in buffers.items():
         blob = manifest.blobs[index]
         view = byte_buffer(buffer)
-        for i, cid in enumerate(blob.chunks):
-            start = i * blob.chunk_size
-            end = min(start + blob.chunk_size, blob.nbytes)
+        for cid, (start, end) in zip(blob.chunks, blob.spans(), strict=True):
             wanted.setdefault(cid, []).append(view[start:end])
             owner.setdefault(cid, f"tensor {paths[index]!r} of {manifest.run}@{manifest.step}")
     read_chunks(ctx, wanted, lambda cid: owner[cid], progress)
@@ -153,27 +161,45 @@ def materialize(
             return in_place[entry.blob]
         return tensor_from_blob(entry, buffers[entry.blob])
 
-    return decode_tree(manifest.root, tensor)
+    def sharded(indices: list[int], path: str) -> object:
+        return _assemble([manifest.tensors[i] for i in indices], buffers)
+
+    return decode_tree(manifest.root, tensor, sharded)
+
+
+def _assemble(shards: list[TensorEntry], buffers: Mapping[int, Buffer]) -> torch.Tensor:
+    """The whole tensor a list of shards covers, copied together (a box at a time)."""
+    first = shards[0]
+    shape = first.global_shape or first.shape
+    device = next((b.device for t in shards if isinstance(b := buffers[t.blob], torch.Tensor)), None)
+    whole = torch.empty(shape, dtype=torch_dtype(first.dtype), device=device)
+    for t in shards:
+        box = whole
+        for dim, (start, size) in enumerate(zip(t.global_offset or (), t.shape, strict=True)):
+            box = box.narrow(dim, start, size)
+        box.copy_(cast(torch.Tensor, tensor_from_blob(t, buffers[t.blob])))
+    return whole
 
 
 def load_tensor(
     ctx: EngineContext, manifest: Manifest, path: str, map_location: Any = None
 ) -> torch.Tensor | np.ndarray:
-    """Read one tensor, fetching only its own chunks."""
-    entry = _find_tensor(manifest, path)
-    buffers, _ = _blob_buffers(manifest, {entry.blob}, {})
+    """Read one tensor, fetching only its own chunks (of every shard, for a sharded one)."""
+    entries = _find_tensor(manifest, path)
+    buffers, _ = _blob_buffers(manifest, {t.blob for t in entries}, {})
     _fill(ctx, manifest, buffers, None)
-    out = tensor_from_blob(entry, buffers[entry.blob])
+    first = entries[0]
+    out = _assemble(entries, buffers) if first.is_shard else tensor_from_blob(first, buffers[first.blob])
     if isinstance(out, torch.Tensor) and map_location is not None:
         return out.to(map_location)
     return out
 
 
-def _find_tensor(manifest: Manifest, path: str) -> TensorEntry:
-    for t in manifest.tensors:
-        if t.path == path:
-            return t
-    near = difflib.get_close_matches(path, [t.path for t in manifest.tensors], n=3)
+def _find_tensor(manifest: Manifest, path: str) -> list[TensorEntry]:
+    found = [t for t in manifest.tensors if t.path == path]
+    if found:
+        return found
+    near = difflib.get_close_matches(path, sorted({t.path for t in manifest.tensors}), n=3)
     hint = f" Did you mean: {', '.join(near)}?" if near else ""
     raise TensorNotFoundError(
         f"version {manifest.run}@{manifest.step} has no tensor at {path!r}.{hint}"
@@ -258,3 +284,38 @@ def _merge_tensor(into: torch.Tensor, stored: object, path: str) -> torch.Tensor
     with torch.no_grad():
         into.copy_(stored)
     return into
+
+
+def read_ranges(ctx: EngineContext, manifest: Manifest, requests: Sequence[tuple[int, int, int]],
+                progress: ProgressCallback | None = None) -> list[torch.Tensor]:
+    """Bytes ``[start, end)`` of blob ``index`` for each ``(index, start, end)``, verified.
+
+    Only the chunks holding the requested bytes are read (by range from their
+    packs); a chunk cut by a request's edge is read whole, verified, then
+    trimmed. Returns one uint8 tensor per request.
+    """
+    outs = [torch.empty(end - start, dtype=torch.uint8) for _, start, end in requests]
+    wanted: dict[bytes, list[Destination]] = {}
+    whole: dict[bytes, memoryview] = {}
+    trims: list[tuple[memoryview, int, int, memoryview]] = []
+    names: dict[bytes, str] = {}
+    paths = {t.blob: t.path for t in manifest.tensors}
+    for (index, start, end), out in zip(requests, outs, strict=True):
+        blob, view = manifest.blobs[index], byte_buffer(out)
+        spans = blob.spans()
+        for i in blob.covering(start, end):
+            cid, (lo, hi) = blob.chunks[i], spans[i]
+            names.setdefault(cid, f"tensor {paths.get(index)!r} of {manifest.run}@{manifest.step}")
+            if start <= lo and hi <= end:
+                wanted.setdefault(cid, []).append(view[lo - start : hi - start])
+                continue
+            if cid not in whole:
+                whole[cid] = memoryview(bytearray(hi - lo))
+                wanted.setdefault(cid, []).append(whole[cid])
+            a, b = max(lo, start), min(hi, end)
+            trims.append((whole[cid], a - lo, b - lo, view[a - start : b - start]))
+    read_chunks(ctx, wanted, lambda cid: names[cid], progress)
+    for chunk, a, b, dst in trims:
+        dst[:] = chunk[a:b]
+    return outs
+

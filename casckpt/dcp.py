@@ -1,0 +1,389 @@
+"""PyTorch Distributed Checkpoint (DCP) on a casckpt store.
+
+``dcp.save``, ``dcp.async_save`` and ``dcp.load`` work unchanged::
+
+    store = casckpt.open(...)                     # on every rank
+    dcp.save(state, storage_writer=store.dcp_writer(run="llama", step=step))
+    dcp.load(state, storage_reader=store.dcp_reader("llama@latest"))
+
+Saving (the call order DCP guarantees; see :mod:`casckpt.engine.distributed`
+for the protocol): every rank chunks, hashes, dedups and writes its own
+pieces of the state in ``write_data``; the coordinator refuses a step the run
+already has and takes a GC lease in ``prepare_global_plan``, before any rank
+writes, and publishes ONE version in ``finish``, which DCP calls only after
+every rank succeeded. A rank that fails or dies means no version; the packs
+already written are reclaimed by GC. DCP's metadata is kept as the version's
+manifest (JSON), never pickled: each tensor a list of shards (offsets, sizes,
+chunks), each non-tensor value a plain-value tree (so a value must be made
+of what :func:`casckpt.Store.commit` accepts: dicts, lists, tuples, numbers,
+strings, bytes, None).
+
+Loading: the reader serves DCP's metadata from the manifest, so ``dcp.load``
+reshards onto any number of ranks; each rank reads only the chunks holding
+the bytes its read items need (by range from the packs), verifying every one.
+Non-tensor values are handed to DCP's planner re-serialised from their
+plain-value trees: nothing pickled is ever read from the store. Versions made
+by :meth:`casckpt.Store.commit` can be loaded the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import pickle
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    ReadItem,
+    SavePlan,
+    SavePlanner,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+from torch.futures import Future
+
+from casckpt.catalog.gc import begin_lease, end_lease
+from casckpt.engine import commit as commit_engine
+from casckpt.engine.distributed import ShardPiece, StoredShard, compose, shard_entries, write_shards
+from casckpt.engine.layout import tensor_from_blob
+from casckpt.engine.restore import read_ranges
+from casckpt.errors import InvalidArgumentError, RestoreTargetError, UnsupportedStateError
+from casckpt.format.dtypes import torch_dtype
+from casckpt.format.manifest import Manifest, TensorEntry, World, rank_count
+from casckpt.format.tree import Node, decode_tree, encode_tree, join_path
+
+if TYPE_CHECKING:
+    from casckpt.engine.context import EngineContext
+
+__all__ = ["StoreReader", "StoreWriter"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Written:
+    """``WriteResult.storage_data``: what a rank stored for one item (travels to the coordinator)."""
+
+    rank: int
+    shard: StoredShard | None = None
+    value: Node | None = None
+    new_bytes: int = 0  # the rank's totals, carried by its first result only
+    stored_bytes: int = 0
+
+
+def _check_id(checkpoint_id: str | os.PathLike[str] | None, expected: str) -> None:
+    if checkpoint_id is not None and str(checkpoint_id) != expected:
+        raise InvalidArgumentError(
+            f"this casckpt DCP object is for {expected}, not {checkpoint_id!r}; get one from "
+            "store.dcp_writer(run=, step=) / store.dcp_reader(ref) for each checkpoint instead "
+            "of passing checkpoint_id"
+        )
+
+
+def _value_node(fqn: str, data: io.BytesIO) -> Node:
+    """A non-tensor value DCP serialised with torch.save, as a plain-value tree (no pickle kept)."""
+    try:
+        value = torch.load(io.BytesIO(data.getbuffer()), weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, AttributeError, TypeError, EOFError) as exc:
+        raise UnsupportedStateError(
+            f"cannot store the value at {fqn!r} through DCP: casckpt keeps only plain values "
+            f"(dicts, lists, tuples, numbers, strings, bytes, None), and this one is not ({exc}). "
+            "Convert it (e.g. int(x), x.state_dict()) before saving."
+        ) from exc
+    root, leaves = encode_tree(value)
+    if leaves:
+        raise UnsupportedStateError(
+            f"the value at {fqn!r} holds tensors inside an object DCP saves as opaque bytes "
+            f"(at {leaves[0].path!r}); put tensors at their own keys of the state dict"
+        )
+    return root
+
+
+class StoreWriter(StorageWriter):
+    """A DCP ``StorageWriter`` that saves one version ``run@step`` of a casckpt store.
+
+    Get it from :meth:`casckpt.Store.dcp_writer` on every rank; each writer
+    saves one checkpoint (DCP's ``checkpoint_id``, if given, must be
+    ``"run@step"``). Thread-safety: one save at a time per writer.
+    """
+
+    def __init__(self, ctx: EngineContext, request: commit_engine.CommitRequest) -> None:
+        super().__init__()
+        self._ctx, self._request = ctx, request
+        self._rank, self._coordinator = 0, False
+        self._lease: str | None = None
+        self._parent: str | None = None
+        self._created = self._started = 0.0
+
+    @property
+    def checkpoint_id(self) -> str:
+        """``run@step``: the version this writer saves."""
+        return f"{self._request.run}@{self._request.step}"
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        """Start a save (DCP calls this first); ends the lease a failed earlier save left."""
+        _check_id(checkpoint_id, self.checkpoint_id)
+        self.release()
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        """Learn this rank's role."""
+        if kwargs.get("use_collectives") is False:
+            raise InvalidArgumentError(
+                "casckpt publishes a version only after every rank wrote its part, which needs "
+                "DCP's collectives: call dcp.save without use_collectives=False"
+            )
+        self._coordinator, self._rank = is_coordinator, int(kwargs.get("rank", 0))
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        """Nothing to add: each rank stores what DCP planned for it."""
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        """Coordinator, before any rank writes: refuse a taken step, take the GC lease."""
+        self._started, self._created = time.monotonic(), time.time()
+        commit_engine.refuse_existing(self._ctx, self._request)
+        self._ctx.packs.check_writable(self._ctx.packs.redundancy_for(self._request.run))
+        self._parent = commit_engine.parent_of(self._ctx, self._request.run)
+        self._lease = begin_lease(self._ctx.catalog)
+        return plans
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        """Store this rank's items: tensors as chunks (only new ones written), values as trees."""
+        values, pieces, indices = [], [], []
+        for item in plan.items:
+            if item.type == WriteItemType.BYTE_IO:
+                data = cast(io.BytesIO, planner.resolve_data(item))
+                values.append(WriteResult(item.index, data.getbuffer().nbytes,
+                                          _Written(self._rank, value=_value_node(item.index.fqn, data))))
+                continue
+            tensor = cast(torch.Tensor, planner.resolve_data(item)).detach()
+            chunk = item.tensor_data.chunk if item.tensor_data is not None else None
+            whole = tuple(item.tensor_data.size) if item.tensor_data is not None else tuple(tensor.shape)
+            offsets = tuple(chunk.offsets) if chunk is not None else (0,) * tensor.dim()
+            pieces.append(ShardPiece(item.index.fqn, tensor, whole, offsets))
+            indices.append(item.index)
+        redundancy = self._ctx.packs.redundancy_for(self._request.run)
+        wrote = write_shards(self._ctx, pieces, redundancy)
+        results = [
+            WriteResult(index, shard.blob.nbytes, _Written(self._rank, shard=shard))
+            for index, shard in zip(indices, wrote.shards, strict=True)
+        ] + values
+        if results:
+            first = results[0]
+            results[0] = WriteResult(first.index, first.size_in_bytes, dataclasses.replace(
+                first.storage_data, new_bytes=wrote.new_bytes, stored_bytes=wrote.stored_bytes))
+        future: Future[list[WriteResult]] = Future()
+        future.set_result(results)
+        return future
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        """Coordinator, after every rank wrote: publish the version in one transaction."""
+        try:
+            written = {(r.index.fqn, tuple(r.index.offset or ())): r.storage_data
+                       for rank in results for r in rank}
+            keys: list[str] = []
+            nodes: list[Node] = []
+            shards: list[StoredShard] = []
+            for fqn, meta in metadata.state_dict_metadata.items():
+                keys.append(fqn)
+                if isinstance(meta, BytesStorageMetadata):
+                    nodes.append(cast(Node, written[(fqn, ())].value))
+                    continue
+                first = len(shards)
+                shards.extend(cast(StoredShard, written[(fqn, tuple(c.offsets))].shard) for c in meta.chunks)
+                nodes.append({"t": "sharded", "i": list(range(first, len(shards)))})
+            parts = [cast(_Written, r.storage_data) for rank in results for r in rank]
+            entries, blobs = shard_entries(shards)
+            snap = compose(self._request, self._parent, self._created, World(len(results), "dcp"),
+                           {"t": "dict", "k": keys, "v": nodes}, entries, blobs,
+                           sum(p.new_bytes for p in parts), sum(p.stored_bytes for p in parts))
+            redundancy = self._ctx.packs.redundancy_for(self._request.run)
+            commit_engine.publish(self._ctx, self._request, snap, redundancy, self._started)
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        """End the GC lease of a save that did not finish (DCP has no failure hook). Idempotent."""
+        if self._lease is not None:
+            lease, self._lease = self._lease, None
+            end_lease(self._ctx.catalog, lease)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        """casckpt writers are never picked from a path: get one from ``store.dcp_writer``."""
+        return False
+
+
+def _box(entry: TensorEntry) -> tuple[int, ...]:
+    return entry.global_offset if entry.global_offset is not None else (0,) * len(entry.shape)
+
+
+def _tensor_metadata(entries: Sequence[TensorEntry]) -> TensorStorageMetadata:
+    first = entries[0]
+    return TensorStorageMetadata(
+        properties=TensorProperties(dtype=torch_dtype(first.dtype)),
+        size=torch.Size(first.global_shape if first.global_shape is not None else first.shape),
+        chunks=[ChunkStorageMetadata(offsets=torch.Size(_box(t)), sizes=torch.Size(t.shape))
+                for t in entries],
+    )
+
+
+def _leaves(node: Node, path: str) -> list[tuple[str, Node]]:
+    """``(fqn, node)`` DCP may ask for: tensors, plain values, and containers holding no tensor."""
+    kind = node.get("t")
+    if kind in ("tensor", "sharded"):
+        return [(path, node)]
+    if kind not in ("dict", "list", "tuple"):
+        return [(path, node)]
+    keys: Sequence[str | int] = range(len(node["v"]))
+    if kind == "dict":
+        keys = [k["i"] if isinstance(k, dict) else k for k in node["k"]]
+    out: list[tuple[str, Node]] = []
+    for key, child in zip(keys, node["v"], strict=True):
+        out.extend(_leaves(child, join_path(path, key)))
+    if path and not any(n.get("t") in ("tensor", "sharded") for _, n in out):
+        out.append((path, node))
+    return out
+
+
+class StoreReader(StorageReader):
+    """A DCP ``StorageReader`` that loads one version of a casckpt store, onto any number of ranks.
+
+    Get it from :meth:`casckpt.Store.dcp_reader` on every rank. Every rank must
+    name the same version: the coordinator checks, so a ref such as
+    ``run@latest`` that moved between ranks fails the load instead of mixing versions.
+    """
+
+    def __init__(self, ctx: EngineContext, version_id: str, manifest: Manifest) -> None:
+        super().__init__()
+        if rank_count(manifest) is not None:
+            raise RestoreTargetError(
+                f"{manifest.run}@{manifest.step} was saved rank by rank with Store.commit(group=); "
+                "restore it with store.restore(ref, group=...) instead of dcp.load"
+            )
+        self._ctx, self._version_id, self._manifest = ctx, version_id, manifest
+        self._fqns: dict[str, Node] = {}
+        self._shards: dict[tuple[str, tuple[int, ...]], TensorEntry] = {}
+
+    @property
+    def checkpoint_id(self) -> str:
+        """The id of the version this reader loads."""
+        return self._version_id
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        """Start a load (DCP calls this first)."""
+        _check_id(checkpoint_id, self._version_id)
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """DCP's view of the version: every tensor's shards, every value, from the manifest."""
+        state: dict[str, Any] = {}
+        for fqn, node in _leaves(self._manifest.root, ""):
+            self._fqns[fqn] = node
+            kind = node.get("t")
+            if kind in ("tensor", "sharded"):
+                indices = node["i"] if kind == "sharded" else [node["i"]]
+                entries = [self._manifest.tensors[i] for i in indices]
+                state[fqn] = _tensor_metadata(entries)
+                self._shards.update(((fqn, _box(t)), t) for t in entries)
+            else:
+                state[fqn] = BytesStorageMetadata()
+        return Metadata(state_dict_metadata=state)
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
+                              **kwargs: Any) -> None:
+        """Nothing to set up: the manifest is at hand."""
+        if not self._fqns:
+            self.read_metadata()
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        """Tag the plan with the version id, for the coordinator's check."""
+        return dataclasses.replace(plan, storage_data=self._version_id)
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        """Coordinator: refuse a load in which ranks named different versions."""
+        named = sorted({str(p.storage_data) for p in plans})
+        if len(named) > 1:
+            raise InvalidArgumentError(
+                f"ranks are loading different versions ({', '.join(n[:12] for n in named)}): a ref "
+                "such as run@latest moved between ranks. Resolve it once (store.resolve) and pass "
+                "the version id to every rank's dcp_reader"
+            )
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """Read the bytes each item needs (only the chunks holding them), verified, into DCP's tensors."""
+        tensors: list[tuple[ReadItem, TensorEntry]] = []
+        for item in plan.items:
+            if item.type == LoadItemType.BYTE_IO:
+                planner.load_bytes(item, self._value_bytes(item.storage_index.fqn))
+            else:
+                tensors.append((item, self._entry(item.storage_index)))
+        requests = [_rows(item, entry, self._manifest) for item, entry in tensors]
+        datas = read_ranges(self._ctx, self._manifest, [r[0] for r in requests])
+        for (item, entry), (_, start_row), data in zip(tensors, requests, datas, strict=True):
+            if entry.stride is not None or not entry.shape:
+                source = cast(torch.Tensor, tensor_from_blob(entry, data))
+            else:
+                source = data.view(torch_dtype(entry.dtype)).reshape(-1, *entry.shape[1:])
+            for dim, (offset, length) in enumerate(zip(item.storage_offsets, item.lengths, strict=True)):
+                source = source.narrow(dim, offset - (start_row if dim == 0 else 0), length)
+            target = planner.resolve_tensor(item).detach()
+            target.copy_(source)
+            planner.commit_tensor(item, target)
+        future: Future[None] = Future()
+        future.set_result(None)
+        return future
+
+    def _entry(self, index: MetadataIndex) -> TensorEntry:
+        try:
+            return self._shards[(index.fqn, tuple(index.offset or ()))]
+        except KeyError:
+            raise RestoreTargetError(
+                f"{self._manifest.run}@{self._manifest.step} holds no piece of {index.fqn!r} at "
+                f"{tuple(index.offset or ())}"
+            ) from None
+
+    def _value_bytes(self, fqn: str) -> io.BytesIO:
+        node = self._fqns.get(fqn)
+        if node is None:
+            raise RestoreTargetError(f"{self._manifest.run}@{self._manifest.step} has no value at {fqn!r}")
+        buffer = io.BytesIO()
+        torch.save(decode_tree(node, _no_tensor), buffer)  # DCP's planner torch.loads what it is given
+        buffer.seek(0)
+        return buffer
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        """casckpt readers are never picked from a path: get one from ``store.dcp_reader``."""
+        return False
+
+
+def _no_tensor(index: int, path: str) -> object:
+    raise RestoreTargetError(f"{path!r} is a tensor, asked for as a value")
+
+
+def _rows(item: ReadItem, entry: TensorEntry, manifest: Manifest) -> tuple[tuple[int, int, int], int]:
+    """The byte range of ``entry``'s blob holding the rows ``item`` reads, and its first row.
+
+    A view committed sharing its storage with others is read whole (its blob).
+    """
+    if entry.stride is not None or not entry.shape:
+        return (entry.blob, 0, manifest.blobs[entry.blob].nbytes), 0
+    itemsize = torch.empty((), dtype=torch_dtype(entry.dtype)).element_size()
+    row = entry.numel // entry.shape[0] * itemsize if entry.shape[0] else 0
+    first, count = item.storage_offsets[0], item.lengths[0]
+    return (entry.blob, first * row, (first + count) * row), first

@@ -1,0 +1,142 @@
+"""``Store.commit(state, group=...)``: one version made of every rank's own state.
+
+Each rank of the process group commits its own tree (its model replica or
+shard, its RNG, its data-loader position); the version holds one tree per
+rank and is restored rank by rank (``Store.restore(ref, group=...)``). The
+two-phase protocol of :mod:`casckpt.engine.distributed`, over the group's
+collectives (gloo or any backend with object collectives):
+
+1. the coordinator (group rank 0) refuses a taken step and takes the GC lease;
+2. every rank hashes and dedups its state; the ranks exchange the ids of the
+   chunks the store lacks, and each new chunk is written once, by the lowest
+   rank holding it (replicated weights are not written N times);
+3. every rank's tree goes to the coordinator, which publishes the version in
+   ONE catalog transaction and tells every rank the outcome.
+
+Every step is a collective: an error on any rank makes every rank raise
+:class:`~casckpt.errors.GroupCommitError` (naming the ranks and their
+errors) and nothing is published. A rank that dies makes the others' next
+collective fail (the backend's error propagates). Leftover packs are
+reclaimed by GC.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import torch.distributed as dist
+
+from casckpt.catalog.gc import begin_lease, end_lease
+from casckpt.engine import commit as commit_engine
+from casckpt.engine.commit import CommitRequest
+from casckpt.engine.context import EngineContext
+from casckpt.engine.distributed import compose
+from casckpt.engine.layout import plan_blobs
+from casckpt.errors import GroupCommitError
+from casckpt.format.manifest import BlobEntry, TensorEntry, World
+from casckpt.format.tree import Node, encode_tree
+from casckpt.types import ProgressCallback, Version
+
+T = TypeVar("T")
+
+
+def _together(group: Any, step: str, work: Callable[[], T]) -> T:
+    """Run ``work`` on every rank and return this rank's result -- or, if it failed on any
+    rank, raise on every rank."""
+    try:
+        result: T | None = work()
+        failure: BaseException | None = None
+    except Exception as exc:  # every rank must reach the collective below, whatever failed
+        result, failure = None, exc
+    message = None if failure is None else f"{type(failure).__name__}: {failure}"
+    errors = [(rank, m) for rank, m in enumerate(_everyone(group, message)) if m is not None]
+    if errors:
+        detail = "; ".join(f"rank {rank}: {m}" for rank, m in errors)
+        raise GroupCommitError(f"group commit failed while {step} ({detail}); no version was "
+                               "published, and the next commit can proceed") from failure
+    return result  # type: ignore[return-value]  # None only where work failed, and then we raised
+
+
+def _everyone(group: Any, value: object) -> list[Any]:
+    """``value`` of every rank, in rank order."""
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, value, group=group)
+    return gathered
+
+
+def _prepare(ctx: EngineContext, req: CommitRequest) -> tuple[str | None, float, str]:
+    commit_engine.refuse_existing(ctx, req)
+    ctx.packs.check_writable(ctx.packs.redundancy_for(req.run))
+    return commit_engine.parent_of(ctx, req.run), time.time(), begin_lease(ctx.catalog)
+
+
+def _rank_tree(root: Node, offset: int) -> Node:
+    """``root`` with tensor indices moved by ``offset`` (its tensors follow earlier ranks')."""
+    kind = root.get("t")
+    if kind == "tensor":
+        return {"t": "tensor", "i": root["i"] + offset}
+    if kind in ("dict", "list", "tuple"):
+        return {**root, "v": [_rank_tree(child, offset) for child in root["v"]]}
+    return root
+
+
+Part = tuple[Node, list[TensorEntry], list[BlobEntry], int, int]
+
+
+def group_commit(ctx: EngineContext, state: object, req: CommitRequest, group: Any,
+                 progress: ProgressCallback | None = None) -> Version:
+    """Commit every rank's ``state`` as one version (collective: every rank of ``group`` calls it).
+
+    Raises:
+        GroupCommitError: some rank failed (its error named); nothing was published.
+    """
+    rank = dist.get_rank(group)
+    started = time.monotonic()
+    prepared = _together(group, "preparing", lambda: _prepare(ctx, req) if rank == 0 else None)
+    parent, created, lease = _everyone(group, prepared)[0]
+    try:
+        redundancy = ctx.packs.redundancy_for(req.run)
+
+        def snapshot() -> tuple[Node, list[TensorEntry], list[BlobEntry], Any, list[bytes]]:
+            root, leaves = encode_tree(state)
+            entries, sources = plan_blobs(leaves, stage_host=ctx.config.stage_host_tensors)
+            blobs, chunks, new_ids = commit_engine.hash_and_dedup(ctx, sources, progress)
+            return root, entries, blobs, chunks, new_ids
+
+        root, entries, blobs, chunks, new_ids = _together(group, "hashing", snapshot)
+        wanted = _everyone(group, new_ids)
+        writer: dict[bytes, int] = {}
+        for holder, ids in enumerate(wanted):
+            for cid in ids:
+                writer.setdefault(cid, holder)
+        mine = [cid for cid in new_ids if writer[cid] == rank]
+
+        def write() -> Part:
+            new_bytes, stored_bytes = commit_engine.write_chunks(ctx, chunks, mine, redundancy, progress)
+            return root, entries, blobs, new_bytes, stored_bytes
+
+        parts = _everyone(group, _together(group, "writing chunks", write))
+        version = _together(group, "publishing", lambda: _publish(
+            ctx, req, parts, parent, created, started) if rank == 0 else None)
+        published: Version = _everyone(group, version)[0]
+        return published
+    finally:
+        if rank == 0:
+            end_lease(ctx.catalog, lease)
+
+
+def _publish(ctx: EngineContext, req: CommitRequest, parts: list[Part], parent: str | None,
+             created: float, started: float) -> Version:
+    trees: list[Node] = []
+    entries: list[TensorEntry] = []
+    blobs: list[BlobEntry] = []
+    for rank, (root, rank_entries, rank_blobs, _, _) in enumerate(parts):
+        trees.append(_rank_tree(root, len(entries)))
+        entries.extend(replace(e, blob=e.blob + len(blobs), rank=rank) for e in rank_entries)
+        blobs.extend(rank_blobs)
+    snap = compose(req, parent, created, World(len(parts), "group"), {"t": "ranks", "v": trees},
+                   entries, blobs, sum(p[3] for p in parts), sum(p[4] for p in parts))
+    return commit_engine.publish(ctx, req, snap, ctx.packs.redundancy_for(req.run), started)

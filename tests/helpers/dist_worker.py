@@ -1,0 +1,236 @@
+"""Runs multi-rank scenarios for tests: ``python dist_worker.py --zygote``.
+
+The zygote imports torch, torch.distributed.checkpoint and casckpt once, then
+for every JSON line ``{"scenario", "world", "args", "timeout"}`` forks
+``world`` ranks that join a gloo process group on 127.0.0.1, run the
+scenario and exit. It answers ``{"codes": [...], "results": [...],
+"errors": [...]}`` (exit code, JSON result and traceback per rank; code
+"timeout" for a rank it had to kill). A scenario may SIGKILL its own rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor, init_device_mesh
+
+import casckpt
+
+CHUNK = 1 << 16  # small chunks, so shard boundaries cut through tensors of test size
+PACK = 1 << 18
+
+
+def full_state(seed: int) -> dict[str, Any]:
+    """The whole (unsharded) state every scenario saves: row counts that do not divide evenly."""
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "model.emb": torch.randn(4001, 64, generator=g),  # sharded on dim 0, uneven
+        "model.w1": torch.randn(1030, 130, generator=g).to(torch.bfloat16),  # dim 0
+        "model.w2": torch.randn(96, 250, generator=g),  # sharded on dim 1
+        "model.bias": torch.randn(777, generator=g),  # replicated
+        "optim.exp_avg": torch.randn(4001, 64, generator=g),  # dim 0
+        "optim.count": torch.arange(300, dtype=torch.int64) * seed,  # replicated int
+        "step": 1000 + seed,
+        "meta": {"lr": 3e-4, "betas": (0.9, 0.95), "name": f"seed{seed}", "blob": b"\x00\xff"},
+    }
+
+
+PLACEMENT = {"model.emb": Shard(0), "model.w1": Shard(0), "model.w2": Shard(1), "optim.exp_avg": Shard(0)}
+
+
+def sharded(full: dict[str, Any], world: int) -> dict[str, Any]:
+    """``full`` as this rank holds it: DTensors for the sharded entries, the rest replicated."""
+    mesh = init_device_mesh("cpu", (world,))
+    out: dict[str, Any] = {}
+    for key, value in full.items():
+        placement = PLACEMENT.get(key)
+        out[key] = distribute_tensor(value, mesh, [placement]) if placement is not None else value
+    return out
+
+
+def blank(full: dict[str, Any], world: int) -> dict[str, Any]:
+    """A state of the same structure with every tensor zeroed and every value wrong."""
+    zeros = {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else None for k, v in full.items()}
+    state = sharded(zeros, world)
+    state["step"], state["meta"] = -1, {"lr": 0.0, "betas": (0.0, 0.0), "name": "", "blob": b""}
+    return state
+
+
+def bits(t: torch.Tensor) -> bytes:
+    return t.detach().contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def compare(loaded: dict[str, Any], full: dict[str, Any], world: int) -> list[str]:
+    """Keys whose loaded value (this rank's piece) differs from ``full`` bit for bit."""
+    expected = sharded(full, world)
+    bad = []
+    for key, want in expected.items():
+        got = loaded[key]
+        if isinstance(want, DTensor):
+            if not isinstance(got, DTensor) or bits(got.to_local()) != bits(want.to_local()):
+                bad.append(key)
+        elif isinstance(want, torch.Tensor):
+            if bits(got) != bits(want):
+                bad.append(key)
+        elif got != want:
+            bad.append(key)
+    return bad
+
+
+def open_store(args: dict[str, Any]) -> casckpt.Store:
+    os.environ.update(args.get("env", {}))
+    return casckpt.open(args["path"], chunk_size=CHUNK, pack_size=PACK, **args.get("open", {}))
+
+
+class FailingPlanner(DefaultSavePlanner):
+    """Raises (or SIGKILLs the rank) on the rank and at the item ``fail`` names."""
+
+    def __init__(self, fail: dict[str, Any], rank: int) -> None:
+        super().__init__()
+        self.fail, self.rank, self.seen = fail, rank, 0
+
+    def resolve_data(self, write_item: Any) -> Any:
+        self.seen += 1
+        if self.rank == self.fail["rank"] and self.seen > self.fail["after"]:
+            if self.fail["how"] == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise OSError(28, "injected: no space left on device")
+        return super().resolve_data(write_item)
+
+
+def scenario_dcp_save(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+    state = sharded(full_state(args["seed"]), world)
+    planner = FailingPlanner(args["fail"], rank) if "fail" in args else None
+    with open_store(args) as store:
+        writer = store.dcp_writer(run=args["run"], step=args["step"], metrics={"loss": 0.5})
+        if args.get("async"):
+            future = dcp.async_save(state, storage_writer=writer, planner=planner)
+            future.result()
+        else:
+            dcp.save(state, storage_writer=writer, planner=planner)
+    return {}
+
+
+def scenario_dcp_load(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+    bad = {}
+    with open_store(args) as store:
+        for ref, seed in args["refs"]:
+            full = full_state(seed)
+            state = blank(full, world)
+            dcp.load(state, storage_reader=store.dcp_reader(ref))
+            bad[ref] = compare(state, full, world)
+    return {"bad": bad}
+
+
+def group_state(rank: int, seed: int) -> dict[str, Any]:
+    """Per-rank state: a replicated model (same on every rank) and rank-specific parts."""
+    shared = torch.Generator().manual_seed(seed)
+    own = torch.Generator().manual_seed(seed * 100 + rank)
+    return {
+        "model": {"w": torch.randn(300, 100, generator=shared), "b": torch.randn(100, generator=shared)},
+        "rng": torch.randint(0, 255, (5000,), dtype=torch.uint8, generator=own),
+        "loader": {"position": rank * 1000 + seed, "epoch": 3},
+    }
+
+
+def scenario_group_commit(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+    state: dict[str, Any] = group_state(rank, args["seed"])
+    if args.get("bad_rank") == rank:
+        state["loader"]["sampler"] = object()  # unsupported: this rank fails while hashing
+    with open_store(args) as store:
+        try:
+            version = store.commit(state, run=args["run"], step=args["step"], group=dist.group.WORLD)
+        except casckpt.errors.GroupCommitError as exc:
+            return {"error": str(exc), "cause": type(exc.__cause__).__name__}
+        return {"id": version.id, "new_bytes": version.new_bytes}
+
+
+def scenario_group_restore(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+    want = group_state(rank, args["seed"])
+    with open_store(args) as store:
+        got = store.restore(args["ref"], group=dist.group.WORLD)
+    same = (bits(got["model"]["w"]) == bits(want["model"]["w"]) and bits(got["rng"]) == bits(want["rng"])
+            and got["loader"] == want["loader"])
+    return {"same": same}
+
+
+SCENARIOS = {name.removeprefix("scenario_"): fn for name, fn in globals().items()
+             if name.startswith("scenario_")}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank_main(rank: int, world: int, port: int, job: dict[str, Any], out: Path) -> None:
+    code = 1
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=timedelta(seconds=job.get("pg_timeout", 60)))
+        result = SCENARIOS[job["scenario"]](rank, world, job["args"])
+        (out / f"{rank}.json").write_text(json.dumps(result))
+        dist.destroy_process_group()
+        code = 0
+    except BaseException:
+        (out / f"{rank}.err").write_text(traceback.format_exc())
+    finally:
+        sys.stdout.flush()
+        os._exit(code)
+
+
+def _run(job: dict[str, Any]) -> dict[str, Any]:
+    world, port = int(job["world"]), _free_port()
+    out = Path(tempfile.mkdtemp(prefix="dist-job-"))
+    pids = []
+    for rank in range(world):
+        pid = os.fork()
+        if pid == 0:
+            _rank_main(rank, world, port, job, out)
+        pids.append(pid)
+    deadline = time.monotonic() + float(job.get("timeout", 120))
+    codes: list[Any] = [None] * world
+    while any(c is None for c in codes):
+        for i, pid in enumerate(pids):
+            if codes[i] is None:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    codes[i] = os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            for i, pid in enumerate(pids):
+                if codes[i] is None:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    codes[i] = "timeout"
+        time.sleep(0.02)
+    results = [json.loads(p.read_text()) if (p := out / f"{r}.json").exists() else None for r in range(world)]
+    errors = [p.read_text() if (p := out / f"{r}.err").exists() else None for r in range(world)]
+    return {"codes": codes, "results": results, "errors": errors}
+
+
+def main() -> None:
+    for line in sys.stdin:
+        reply = _run(json.loads(line))
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--zygote"]:
+        sys.exit("usage: dist_worker.py --zygote")
+    main()

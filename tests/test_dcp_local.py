@@ -1,0 +1,160 @@
+"""The DCP writer and reader in one process (DCP's no-process-group mode), and ranged reads."""
+
+from __future__ import annotations
+
+import datetime
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import func, select
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.planner import LoadPlan
+
+import casckpt
+from casckpt.catalog import schema
+from casckpt.engine.restore import read_ranges
+from casckpt.errors import InvalidArgumentError
+from casckpt.format.pack import ENTRY_HEADER_SIZE
+
+CHUNK = 4096
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[casckpt.Store]:
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    with casckpt.open(tmp_path / "store", chunk_size=CHUNK) as s:
+        yield s
+        assert s.check(read_data=True).ok
+
+
+def _state(seed: int) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "model": {"w": torch.randn(70, 33, generator=g), "h": torch.randn(9, 5, generator=g).half(),
+                  "mask": torch.rand(100, generator=g) > 0.5},
+        "step": seed, "none": None,
+        "cfg": {"lr": float("-0.0"), "betas": (0.9, 0.95), "tag": b"\x00\x01", "layers": [1, 2, {"x": "y"}]},
+    }
+
+
+def _zeros(state: Any) -> Any:
+    if isinstance(state, dict):
+        return {k: _zeros(v) for k, v in state.items()}
+    return torch.zeros_like(state) if isinstance(state, torch.Tensor) else state
+
+
+def _lease_count(store: casckpt.Store) -> int:
+    with store._ctx.catalog.read() as conn:
+        return int(conn.execute(select(func.count()).select_from(schema.leases)).scalar_one())
+
+
+def test_dcp_round_trip_in_one_process(store: casckpt.Store) -> None:
+    state = _state(1)
+    dcp.save(state, storage_writer=store.dcp_writer(run="r", step=1, message="first", tags=["t"]))
+    target = _zeros(state)
+    target["step"], target["cfg"] = 0, {"lr": 1.0, "betas": (), "tag": b"", "layers": [0, 0, {"x": ""}]}
+    dcp.load(target, storage_reader=store.dcp_reader("tag:t"))
+    for key in ("w", "h", "mask"):
+        assert torch.equal(target["model"][key], state["model"][key])
+    assert target["cfg"] == state["cfg"] and str(target["cfg"]["lr"]) == "-0.0" and target["step"] == 1
+    version = store.resolve("r@1")
+    assert version.new_bytes == version.logical_bytes and version.message == "first"
+    detail = store.show("r@1")
+    assert detail.world_size == 1 and detail.saved_with == "dcp"
+    assert (detail.values["cfg.betas.1"], detail.values["cfg.layers.2.x"]) == (0.95, "y")
+    assert _lease_count(store) == 0
+
+
+def test_a_committed_version_loads_through_dcp(store: casckpt.Store) -> None:
+    state = _state(2)
+    store.commit(state, run="plain", step=5)
+    target = _zeros(state)
+    target["cfg"] = {"lr": 1.0, "betas": (), "tag": b"", "layers": [0, 0, {"x": ""}]}
+    dcp.load(target, storage_reader=store.dcp_reader("plain@5"))
+    assert torch.equal(target["model"]["w"], state["model"]["w"]) and target["cfg"] == state["cfg"]
+    dcp.save(state, storage_writer=store.dcp_writer(run="via-dcp", step=5))
+    assert store.resolve("via-dcp@5").new_bytes == 0  # the same content, chunked the same way
+
+
+def test_a_value_that_is_not_plain_is_refused_and_nothing_is_published(store: casckpt.Store) -> None:
+    state = {"w": torch.ones(10), "when": datetime.datetime(2026, 1, 1)}
+    writer = store.dcp_writer(run="r", step=1)
+    with pytest.raises(CheckpointException, match="UnsupportedStateError.*'when'"):
+        dcp.save(state, storage_writer=writer)
+    assert store.log() == []
+    assert _lease_count(store) == 1  # DCP has no failure hook: the coordinator's lease is ended ...
+    writer.reset()
+    assert _lease_count(store) == 0  # ... when the writer is reused, released, or the store closes
+
+
+def test_tensors_hidden_in_a_value_are_refused(store: casckpt.Store) -> None:
+    with pytest.raises(CheckpointException, match="holds tensors inside an object"):
+        dcp.save({"w": torch.ones(3), "pair": (torch.ones(2), 1)},  # DCP keeps tuples whole
+                 storage_writer=store.dcp_writer(run="r", step=1))
+    assert store.log() == []
+
+
+def test_a_taken_step_is_refused_before_any_write(store: casckpt.Store) -> None:
+    store.commit({"w": torch.ones(4)}, run="r", step=1)
+    packs = store.stats().packs
+    with pytest.raises(CheckpointException, match="already has a version at step 1"):
+        dcp.save({"w": torch.zeros(4)}, storage_writer=store.dcp_writer(run="r", step=1))
+    assert store.stats().packs == packs and _lease_count(store) == 0
+
+
+def test_checkpoint_ids_and_collectives_are_checked(store: casckpt.Store) -> None:
+    with pytest.raises(InvalidArgumentError, match="for r@1, not 'elsewhere'"):
+        dcp.save({"w": torch.ones(2)}, checkpoint_id="elsewhere",
+                 storage_writer=store.dcp_writer(run="r", step=1))
+    dcp.save({"w": torch.ones(2)}, checkpoint_id="r@1", storage_writer=store.dcp_writer(run="r", step=1))
+    writer = store.dcp_writer(run="r", step=2)
+    with pytest.raises(InvalidArgumentError, match="use_collectives=False"):
+        writer.set_up_storage_writer(True, rank=0, use_collectives=False)
+    reader = store.dcp_reader("r@1")
+    plans = [LoadPlan([], storage_data=reader.checkpoint_id), LoadPlan([], storage_data="f" * 64)]
+    with pytest.raises(InvalidArgumentError, match="ranks are loading different versions"):
+        reader.prepare_global_plan(plans)
+
+
+def test_store_close_ends_a_failed_saves_lease(tmp_path: Path) -> None:
+    with casckpt.open(tmp_path / "s") as store:
+        with pytest.raises(CheckpointException):
+            dcp.save({"bad": object()}, storage_writer=store.dcp_writer(run="r", step=1))
+    with casckpt.open(tmp_path / "s") as store:
+        assert _lease_count(store) == 0
+
+
+@st.composite
+def _ranges(draw: st.DrawFn) -> tuple[int, list[tuple[int, int]]]:
+    nbytes = draw(st.integers(1, 6 * CHUNK))
+    spans = draw(st.lists(st.tuples(st.integers(0, nbytes), st.integers(0, nbytes)), min_size=1, max_size=5))
+    return nbytes, [(min(a, b), max(a, b)) for a, b in spans]
+
+
+@given(case=_ranges())
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_ranged_reads_return_exact_bytes_and_read_only_covering_chunks(
+        store: casckpt.Store, case: tuple[int, list[tuple[int, int]]]) -> None:
+    nbytes, spans = case
+    generator = torch.Generator().manual_seed(nbytes)
+    data = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=generator)
+    run = f"r{nbytes}"
+    if run not in {r.name for r in store.runs()}:
+        store.commit({"blob": data}, run=run, step=1)
+    manifest = store._manifest(f"{run}@1")
+    read: list[int] = []
+    outs = read_ranges(store._ctx, manifest, [(0, a, b) for a, b in spans],
+                       progress=lambda phase, done, total: read.append(total))
+    for (a, b), out in zip(spans, outs, strict=True):
+        assert bytes(out.numpy()) == bytes(data[a:b].numpy())
+    covering = {i for a, b in spans for i in manifest.blobs[0].covering(a, b)}
+    limit = sum(min(CHUNK, nbytes - i * CHUNK) + ENTRY_HEADER_SIZE for i in covering)  # with headers
+    assert (read[-1] if read else 0) <= limit
+    assert not covering or read
