@@ -14,15 +14,17 @@ from rich.table import Table
 
 from benchmarks.catalog import NAME as CATALOG_NAME
 from benchmarks.catalog import CatalogResult
+from benchmarks.dcp import NAME as DCP_NAME
+from benchmarks.dcp import DcpResult, Pair
 from benchmarks.redundancy import EC, RedundancyResult
 from benchmarks.redundancy import NAME as REDUNDANCY_NAME
 from benchmarks.s3 import NAME as S3_NAME
 from benchmarks.s3 import S3Result, Timing
 from benchmarks.suite import WorkloadResult
 
-Result = WorkloadResult | S3Result | CatalogResult | RedundancyResult
+Result = WorkloadResult | S3Result | CatalogResult | RedundancyResult | DcpResult
 Outcome = Result | str  # a result, or the error that stopped the workload
-R = TypeVar("R", WorkloadResult, S3Result, CatalogResult, RedundancyResult)
+R = TypeVar("R", WorkloadResult, S3Result, CatalogResult, RedundancyResult, DcpResult)
 
 
 @dataclass(frozen=True)
@@ -280,6 +282,58 @@ REDUNDANCY_METRICS: tuple[Metric[RedundancyResult], ...] = (
            lambda r: _over(r.codec.encode_mb_per_s, r.codec.copy_mb_per_s)),
 )
 
+
+def _dcp_vs_files(op: str) -> Callable[[DcpResult], float | None]:
+    """casckpt's time for ``op`` over FileSystemWriter's / FileSystemReader's."""
+    return lambda r: _over(r.pairs()[op].casckpt_s, r.pairs()[op].filesystem_s)
+
+
+def _dcp_bytes(op: str, field: str) -> Callable[[DcpResult], float | None]:
+    """``field`` of the Version casckpt's save ``op`` made, over the state's logical bytes."""
+
+    def compute(r: DcpResult) -> float | None:
+        version = r.pairs()[op].version
+        return None if version is None else _over(version[field], r.logical_bytes)
+
+    return compute
+
+
+def _dcp_one_rank_vs_boundary(r: DcpResult) -> float | None:
+    version = r.reshard_save.version
+    return None if version is None else _over(version["new_bytes"], r.boundary_bytes)
+
+
+DCP_METRICS: tuple[Metric[DcpResult], ...] = (
+    Metric("save_first_vs_fs", "dcp.save, first, 2 ranks / FileSystemWriter", "ratio",
+           _dcp_vs_files("first")),
+    Metric("load_vs_fs", "dcp.load, full, verified, 2 ranks / FileSystemReader", "ratio",
+           _dcp_vs_files("load")),
+    Metric("save_dense_vs_fs", "dcp.save after a dense update, 2 ranks / FileSystemWriter", "ratio",
+           _dcp_vs_files("dense")),
+    Metric("save_unchanged_vs_fs", "dcp.save, unchanged, 2 ranks / FileSystemWriter", "ratio",
+           _dcp_vs_files("unchanged")),
+    Metric("load_one_rank_vs_fs", "dcp.load of the 2-rank save on 1 rank / FileSystemReader", "ratio",
+           _dcp_vs_files("reshard_load")),
+    Metric("save_one_rank_vs_fs", "dcp.save from 1 rank, full tensors / FileSystemWriter", "ratio",
+           _dcp_vs_files("reshard_save")),
+    Metric("new_first_of_logical", "new bytes, first / logical", "fraction",
+           _dcp_bytes("first", "new_bytes")),
+    Metric("new_dense_of_logical", "new bytes, after a dense update / logical", "fraction",
+           _dcp_bytes("dense", "new_bytes")),
+    Metric("new_unchanged_of_logical", "new bytes, unchanged / logical", "fraction",
+           _dcp_bytes("unchanged", "new_bytes")),
+    Metric("new_one_rank_of_logical", "new bytes, same state saved from 1 rank / logical", "fraction",
+           _dcp_bytes("reshard_save", "new_bytes")),
+    Metric("boundary_of_logical", "chunks cut by the 2-rank shard boundaries / logical", "fraction",
+           lambda r: _over(r.boundary_bytes, r.logical_bytes)),
+    Metric("new_one_rank_vs_boundary", "new bytes, 1-rank save / chunks cut by the boundaries", "ratio",
+           _dcp_one_rank_vs_boundary),
+    Metric("stored_first_of_logical", "stored bytes, first / logical", "fraction",
+           _dcp_bytes("first", "stored_bytes")),
+    Metric("stored_dense_of_logical", "stored bytes, after a dense update / logical", "fraction",
+           _dcp_bytes("dense", "stored_bytes")),
+)
+
 # (workload or "*", metric key) -> lower limit, from BENCHMARKS.md "Targets".
 FLOORS: Mapping[tuple[str, str], float] = {
     (S3_NAME, "commit_vs_raw_upload"): 0.8,
@@ -309,6 +363,8 @@ TARGETS: Mapping[tuple[str, str], float] = {
     # "restore, full, verified <= 1.0x torch.load" holds for every healthy store
     (REDUNDANCY_NAME, "restore_none_vs_load"): 1.0,
     (REDUNDANCY_NAME, "restore_ec_vs_load"): 1.0,
+    # "unchanged re-commit: new bytes <= 0.1% of logical", through DCP on 2 ranks
+    (DCP_NAME, "new_unchanged_of_logical"): 0.001,
 }
 
 
@@ -327,6 +383,8 @@ def metrics_for(result: Result) -> Sequence[Metric[Any]]:
         return CATALOG_METRICS
     if isinstance(result, RedundancyResult):
         return REDUNDANCY_METRICS
+    if isinstance(result, DcpResult):
+        return DCP_METRICS
     return S3_METRICS if isinstance(result, S3Result) else METRICS
 
 
@@ -395,10 +453,56 @@ def _is_redundancy(name: str, outcome: Outcome) -> bool:
     return isinstance(outcome, RedundancyResult) or (isinstance(outcome, str) and name == REDUNDANCY_NAME)
 
 
+def _is_dcp(name: str, outcome: Outcome) -> bool:
+    return isinstance(outcome, DcpResult) or (isinstance(outcome, str) and name == DCP_NAME)
+
+
 def _local(outcomes: Mapping[str, Outcome]) -> dict[str, WorkloadResult | str]:
     return {n: r for n, r in outcomes.items()
             if isinstance(r, (WorkloadResult, str)) and not _is_s3(n, r) and not _is_catalog(n, r)
-            and not _is_redundancy(n, r)}
+            and not _is_redundancy(n, r) and not _is_dcp(n, r)}
+
+
+def _dcp(outcomes: Mapping[str, Outcome]) -> dict[str, DcpResult | str]:
+    return {n: r for n, r in outcomes.items() if isinstance(r, (DcpResult, str)) and _is_dcp(n, r)}
+
+
+DCP_OPERATIONS = {  # DcpResult.pairs() key -> what the row measured
+    "first": "save, first (step 1)",
+    "load": "load, full, checked (step 1)",
+    "dense": "save after a dense update (step 2)",
+    "unchanged": "save, unchanged (step 3)",
+    "reshard_load": "load of step 3 onto 1 rank, checked",
+    "reshard_save": "save from 1 rank, full tensors (step 4)",
+}
+
+
+def _dcp_row(pair: Pair) -> list[str]:
+    v = pair.version
+    return [str(pair.ranks), _seconds(pair.casckpt_s), _seconds(pair.filesystem_s),
+            _fmt(_over(pair.casckpt_s, pair.filesystem_s), "ratio"),
+            "" if v is None else _fmt_bytes(v["new_bytes"]),
+            "" if v is None else _fmt_bytes(v["stored_bytes"]),
+            "" if pair.filesystem_bytes is None else _fmt_bytes(pair.filesystem_bytes),
+            "" if pair.verified is None else _yes(pair.verified)]
+
+
+def dcp_raw_table(outcomes: Mapping[str, DcpResult | str]) -> Table:
+    """DCP workload: each operation through casckpt and through FileSystemWriter/Reader."""
+    table = Table(title="DCP raw measurements (gloo on 127.0.0.1; wall = slowest rank; "
+                  "FS = FileSystemWriter/Reader, files fsync'd; same directory)")
+    for column in ("workload", "operation", "ranks", "casckpt", "FS", "casckpt / FS", "new bytes",
+                   "stored bytes", "FS files", "ok"):
+        table.add_column(column, justify="left" if column in ("workload", "operation") else "right")
+    for name, r in outcomes.items():
+        if isinstance(r, str):
+            table.add_row(name, "[red]crashed[/]")
+            continue
+        label = f"{name} ({_fmt_bytes(r.logical_bytes)})"
+        for key, pair in r.pairs().items():
+            table.add_row(label, DCP_OPERATIONS[key], *_dcp_row(pair))
+            label = ""
+    return table
 
 
 def _redundancy(outcomes: Mapping[str, Outcome]) -> dict[str, RedundancyResult | str]:
@@ -639,7 +743,7 @@ def ratio_table(outcomes: Mapping[str, Outcome], scale: float) -> Table:
 def print_report(console: Console, outcomes: Mapping[str, Outcome], scale: float) -> None:
     """Print the raw table(s) of the workloads that ran, then the ratio table."""
     local, s3, catalog = _local(outcomes), _s3(outcomes), _catalog(outcomes)
-    redundancy = _redundancy(outcomes)
+    redundancy, dcp = _redundancy(outcomes), _dcp(outcomes)
     if local:
         console.print(baseline_table(local))
         console.print(raw_table(local))
@@ -652,6 +756,8 @@ def print_report(console: Console, outcomes: Mapping[str, Outcome], scale: float
         console.print(catalog_raw_table(catalog))
     if redundancy:
         console.print(redundancy_raw_table(redundancy))
+    if dcp:
+        console.print(dcp_raw_table(dcp))
     console.print(ratio_table(outcomes, scale))
 
 
@@ -762,6 +868,32 @@ REDUNDANCY_NOTES = {
 }
 
 
+DCP_NOTES = {
+    "ranks": "2 spawned processes, torch.distributed gloo on 127.0.0.1, torch.set_num_threads(1) "
+    "each (as torchrun sets OMP_NUM_THREADS=1); every rank builds the full tensors from the seed "
+    "and keeps its Shard(0) piece (DTensor on a 2-rank CPU DeviceMesh); the optimizer's scalar "
+    "step stays a plain replicated tensor",
+    "state": "the decoder of the dense workload at --scale (weights as initialised) + AdamW-like "
+    "exp_avg / exp_avg_sq of the same shapes and a step per parameter; param_groups as a value",
+    "timing": "each rank: gc, barrier, then the clock around dcp.save / dcp.load (writer or "
+    "reader construction and, for loads, allocating the target included); the figure is the "
+    "slowest rank's; process start-up, imports and building the state are not timed; one tiny "
+    "untimed save + load of each kind first",
+    "baseline": "FileSystemWriter(dir, sync_files=True) (its default: each file and the metadata "
+    "fsync'd; one file per rank, one thread) to a new directory per step; FileSystemReader; "
+    "FileSystemWriter first, then casckpt, for every operation",
+    "checks": "every load is compared byte for byte with the saved state (tensors) and for "
+    "equality (values); a mismatch fails the workload",
+    "dense_update": "x * 0.999 + 1e-7 on every element of every tensor, step + 1: every element "
+    "and every chunk changes",
+    "one_rank": "in the benchmark process (no_dist=True): the full tensors rebuilt from the seed "
+    "with the same update; load of the 2-rank step 3 (DCP reshards 2 -> 1) and save as step 4; "
+    "boundary_bytes: the chunks the 2-rank shard boundaries cut, on the whole tensor's chunk "
+    "grid (the chunk holding each boundary; a tensor under one chunk counts whole): what the "
+    "1-rank save cannot share",
+}
+
+
 def write_json(path: Path, outcomes: Mapping[str, Outcome], header: dict[str, Any]) -> None:
     """Write header, notes, raw numbers and evaluated metrics as JSON to ``path``."""
     results: dict[str, Any] = {}
@@ -777,6 +909,8 @@ def write_json(path: Path, outcomes: Mapping[str, Outcome], header: dict[str, An
         notes[CATALOG_NAME] = CATALOG_NOTES
     if _redundancy(outcomes):
         notes[REDUNDANCY_NAME] = REDUNDANCY_NOTES
+    if _dcp(outcomes):
+        notes[DCP_NAME] = DCP_NOTES
     document = {**header, "notes": notes, "results": results}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2, default=str) + "\n")

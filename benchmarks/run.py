@@ -9,13 +9,15 @@ with raw boto3 managed transfer of the same bytes; the ``catalog`` workload
 times history queries (log, tensor history) on a 10,000-version catalog; the
 ``redundancy`` workload compares erasure-coded (ec:4+2) and replicated stores
 with a single-copy one: commit, stored bytes, healthy and degraded restore,
-scrub, repair, and the raw erasure code.
+scrub, repair, and the raw erasure code; the ``dcp`` workload saves and loads
+a DTensor state on 2 ranks with torch.distributed.checkpoint through casckpt
+and through DCP's own FileSystemWriter/Reader.
 
 Usage::
 
     python benchmarks/run.py [--scale S]
                              [--workloads dense,dense-bf16,frozen,lora,embed,unchanged,
-                                          branch,s3,catalog,redundancy]
+                                          branch,s3,catalog,redundancy,dcp]
                              [--out FILE] [--dir TMPDIR]
 
 Prints a table of ratios with pass/miss against BENCHMARKS.md targets and writes
@@ -41,6 +43,8 @@ from rich.console import Console  # noqa: E402
 
 from benchmarks.catalog import NAME as CATALOG_NAME  # noqa: E402
 from benchmarks.catalog import run_catalog  # noqa: E402
+from benchmarks.dcp import NAME as DCP_NAME  # noqa: E402
+from benchmarks.dcp import run_dcp  # noqa: E402
 from benchmarks.machine import machine_info  # noqa: E402
 from benchmarks.redundancy import NAME as REDUNDANCY_NAME  # noqa: E402
 from benchmarks.redundancy import run_redundancy  # noqa: E402
@@ -51,7 +55,7 @@ from benchmarks.suite import Log, run_workload  # noqa: E402
 from benchmarks.workloads import WORKLOADS as LOCAL_WORKLOADS  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "latest.json"
-WORKLOADS = (*LOCAL_WORKLOADS, S3_NAME, CATALOG_NAME, REDUNDANCY_NAME)
+WORKLOADS = (*LOCAL_WORKLOADS, S3_NAME, CATALOG_NAME, REDUNDANCY_NAME, DCP_NAME)
 
 
 def _workload_list(text: str) -> list[str]:
@@ -111,6 +115,8 @@ def _run_one(name: str, scale: float, workdir: Path, log: Log) -> Outcome:
         return run_catalog(scale, workdir, log)
     if name == REDUNDANCY_NAME:
         return run_redundancy(scale, workdir, log)
+    if name == DCP_NAME:
+        return run_dcp(scale, workdir, log)
     return run_workload(name, scale, workdir, log)
 
 

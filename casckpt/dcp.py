@@ -333,16 +333,20 @@ class StoreReader(StorageReader):
             else:
                 tensors.append((item, self._entry(item.storage_index)))
         requests = [_rows(item, entry, self._manifest) for item, entry in tensors]
-        datas = read_ranges(self._ctx, self._manifest, [r[0] for r in requests])
-        for (item, entry), (_, start_row), data in zip(tensors, requests, datas, strict=True):
-            if entry.stride is not None or not entry.shape:
-                source = cast(torch.Tensor, tensor_from_blob(entry, data))
-            else:
-                source = data.view(torch_dtype(entry.dtype)).reshape(-1, *entry.shape[1:])
-            for dim, (offset, length) in enumerate(zip(item.storage_offsets, item.lengths, strict=True)):
-                source = source.narrow(dim, offset - (start_row if dim == 0 else 0), length)
-            target = planner.resolve_tensor(item).detach()
-            target.copy_(source)
+        targets = [planner.resolve_tensor(item).detach() for item, _ in tensors]
+        direct = [target if _reads_into(item, entry, target) else None
+                  for (item, entry), target in zip(tensors, targets, strict=True)]
+        datas = read_ranges(self._ctx, self._manifest, [r[0] for r in requests], into=direct)
+        for (item, entry), (_, start_row), data, target, filled in zip(
+                tensors, requests, datas, targets, direct, strict=True):
+            if filled is None:
+                if entry.stride is not None or not entry.shape:
+                    source = cast(torch.Tensor, tensor_from_blob(entry, data))
+                else:
+                    source = data.view(torch_dtype(entry.dtype)).reshape(-1, *entry.shape[1:])
+                for dim, (offset, length) in enumerate(zip(item.storage_offsets, item.lengths, strict=True)):
+                    source = source.narrow(dim, offset - (start_row if dim == 0 else 0), length)
+                target.copy_(source)
             planner.commit_tensor(item, target)
         future: Future[None] = Future()
         future.set_result(None)
@@ -374,6 +378,16 @@ class StoreReader(StorageReader):
 
 def _no_tensor(index: int, path: str) -> object:
     raise RestoreTargetError(f"{path!r} is a tensor, asked for as a value")
+
+
+def _reads_into(item: ReadItem, entry: TensorEntry, target: torch.Tensor) -> bool:
+    """Whether the item's bytes can be read straight into ``target`` (whole rows of the stored
+    piece, landing in a contiguous CPU tensor of the stored dtype): no second copy."""
+    return (entry.stride is None and bool(entry.shape) and target.device.type == "cpu"
+            and target.is_contiguous() and str(target.dtype).removeprefix("torch.") == entry.dtype
+            and tuple(target.shape) == tuple(item.lengths)
+            and all(o == 0 for o in item.storage_offsets[1:])
+            and tuple(item.lengths[1:]) == entry.shape[1:])
 
 
 def _rows(item: ReadItem, entry: TensorEntry, manifest: Manifest) -> tuple[tuple[int, int, int], int]:

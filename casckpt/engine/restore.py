@@ -287,14 +287,18 @@ def _merge_tensor(into: torch.Tensor, stored: object, path: str) -> torch.Tensor
 
 
 def read_ranges(ctx: EngineContext, manifest: Manifest, requests: Sequence[tuple[int, int, int]],
-                progress: ProgressCallback | None = None) -> list[torch.Tensor]:
+                progress: ProgressCallback | None = None,
+                into: Sequence[torch.Tensor | None] | None = None) -> list[torch.Tensor]:
     """Bytes ``[start, end)`` of blob ``index`` for each ``(index, start, end)``, verified.
 
     Only the chunks holding the requested bytes are read (by range from their
     packs); a chunk cut by a request's edge is read whole, verified, then
-    trimmed. Returns one uint8 tensor per request.
+    trimmed. Returns one uint8 tensor per request: ``into[i]`` itself when
+    given (a contiguous CPU tensor of that many bytes, filled in place).
     """
-    outs = [torch.empty(end - start, dtype=torch.uint8) for _, start, end in requests]
+    given = into if into is not None else [None] * len(requests)
+    outs = [t.view(-1).view(torch.uint8) if t is not None else torch.empty(end - start, dtype=torch.uint8)
+            for t, (_, start, end) in zip(given, requests, strict=True)]
     wanted: dict[bytes, list[Destination]] = {}
     whole: dict[bytes, memoryview] = {}
     trims: list[tuple[memoryview, int, int, memoryview]] = []
