@@ -27,14 +27,30 @@ class Codec(enum.IntEnum):
     GROUP2_ZSTD = 2
     GROUP4_ZSTD = 3
     GROUP8_ZSTD = 4
+    XOR_ZSTD = 5  # delta codecs: the XOR of the chunk and its base chunk, (grouped and) compressed
+    XOR_GROUP2_ZSTD = 6
+    XOR_GROUP4_ZSTD = 7
+    XOR_GROUP8_ZSTD = 8
 
     @property
     def group(self) -> int:
         """Bytes per element grouped before compression (1: no grouping)."""
-        return {Codec.GROUP2_ZSTD: 2, Codec.GROUP4_ZSTD: 4, Codec.GROUP8_ZSTD: 8}.get(self, 1)
+        return {Codec.GROUP2_ZSTD: 2, Codec.GROUP4_ZSTD: 4, Codec.GROUP8_ZSTD: 8,
+                Codec.XOR_GROUP2_ZSTD: 2, Codec.XOR_GROUP4_ZSTD: 4, Codec.XOR_GROUP8_ZSTD: 8}.get(self, 1)
+
+    @property
+    def is_delta(self) -> bool:
+        """Whether decoding needs the base chunk's raw bytes."""
+        return self >= Codec.XOR_ZSTD
 
 
 _GROUPED = {2: Codec.GROUP2_ZSTD, 4: Codec.GROUP4_ZSTD, 8: Codec.GROUP8_ZSTD}
+_XOR_GROUPED = {2: Codec.XOR_GROUP2_ZSTD, 4: Codec.XOR_GROUP4_ZSTD, 8: Codec.XOR_GROUP8_ZSTD}
+
+
+def is_delta(codec: int) -> bool:
+    """Whether a chunk stored with ``codec`` needs its base to decode."""
+    return codec >= Codec.XOR_ZSTD
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,11 +116,33 @@ def encode_chunk(
     return codec, payload
 
 
-def decode_chunk(codec: int, payload: bytes | memoryview, raw_len: int) -> bytes | memoryview:
-    """Decode a chunk payload back to its ``raw_len`` raw bytes.
+def _xor(data: memoryview | bytes, base: memoryview | bytes) -> np.ndarray:
+    return np.bitwise_xor(np.frombuffer(data, dtype=np.uint8), np.frombuffer(base, dtype=np.uint8))
+
+
+def encode_delta(data: memoryview | bytes, base: memoryview | bytes, element_size: int,
+                 level: int) -> tuple[Codec, bytes]:
+    """Encode ``data`` as the compressed XOR against ``base`` (same length).
+
+    After an optimizer step most bits of most elements are unchanged, so the
+    XOR is mostly zero bytes; grouping by byte position puts the zero
+    high-order planes together for zstd.
+    """
+    if len(data) != len(base):
+        raise ValueError("a delta needs a base of the same length")
+    codec = _XOR_GROUPED.get(element_size, Codec.XOR_ZSTD)
+    if len(data) % codec.group:
+        codec = Codec.XOR_ZSTD
+    return codec, _compress(_xor(data, base).data, codec, level)
+
+
+def decode_chunk(codec: int, payload: bytes | memoryview, raw_len: int,
+                 base: bytes | memoryview | None = None) -> bytes | memoryview:
+    """Decode a chunk payload back to its ``raw_len`` raw bytes (delta codecs need ``base``).
 
     Raises:
-        CorruptChunkError: unknown codec, or the payload does not decode to ``raw_len`` bytes.
+        CorruptChunkError: unknown codec, the payload does not decode to ``raw_len``
+            bytes, or a delta's base is missing or of another length.
     """
     try:
         kind = Codec(codec)
@@ -112,6 +150,8 @@ def decode_chunk(codec: int, payload: bytes | memoryview, raw_len: int) -> bytes
         raise CorruptChunkError(
             f"unknown chunk codec {codec}; the pack was written by a newer casckpt or is damaged"
         ) from None
+    if kind.is_delta and (base is None or len(base) != raw_len):
+        raise CorruptChunkError(f"a delta chunk of {raw_len} bytes needs its base chunk of the same size")
     if kind is Codec.RAW:
         if len(payload) != raw_len:
             raise CorruptChunkError(f"raw chunk holds {len(payload)} bytes, expected {raw_len}")
@@ -128,4 +168,7 @@ def decode_chunk(codec: int, payload: bytes | memoryview, raw_len: int) -> bytes
         raise CorruptChunkError(f"chunk payload does not decompress: {exc}") from exc
     if len(out) != raw_len:
         raise CorruptChunkError(f"chunk decoded to {len(out)} bytes, expected {raw_len}")
-    return _ungroup(out, kind.group) if kind.group > 1 else out
+    plain = _ungroup(out, kind.group) if kind.group > 1 else out
+    if kind.is_delta and base is not None:
+        return bytes(_xor(plain, base).data)
+    return plain

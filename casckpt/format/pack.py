@@ -97,7 +97,8 @@ def decode_entry_header(data: bytes | memoryview, offset: int) -> PackEntry:
     return PackEntry(cid, offset, stored_len, raw_len, codec, base if flags & _FLAG_BASE else None)
 
 
-def decode_entry(data: bytes | memoryview, expected: PackEntry, pack_id: str) -> bytes | memoryview:
+def decode_entry(data: bytes | memoryview, expected: PackEntry, pack_id: str,
+                 base: bytes | memoryview | None = None) -> bytes | memoryview:
     """Decode the entry ``data`` (header + payload) and verify it against ``expected``.
 
     Returns the chunk's raw bytes, verified to hash to ``expected.chunk_id``.
@@ -109,16 +110,19 @@ def decode_entry(data: bytes | memoryview, expected: PackEntry, pack_id: str) ->
     view = memoryview(data)
     return decode_split_entry(
         view[:ENTRY_HEADER_SIZE], view[ENTRY_HEADER_SIZE : ENTRY_HEADER_SIZE + expected.stored_len],
-        expected, pack_id,
+        expected, pack_id, base,
     )
 
 
 def decode_split_entry(header_bytes: bytes | memoryview, payload: bytes | memoryview,
-                       expected: PackEntry, pack_id: str) -> bytes | memoryview:
+                       expected: PackEntry, pack_id: str,
+                       base: bytes | memoryview | None = None) -> bytes | memoryview:
     """:func:`decode_entry` for a header and payload read into separate buffers.
 
     A RAW payload is verified where it lies and returned as is, so a reader
-    that read it straight into its destination copies nothing.
+    that read it straight into its destination copies nothing. A delta entry
+    needs its base chunk's raw bytes (``base``), and must name the base
+    ``expected`` names (when it names one).
     """
     cid_hex = expected.chunk_id.hex()
     try:
@@ -129,7 +133,7 @@ def decode_split_entry(header_bytes: bytes | memoryview, payload: bytes | memory
         ) from exc
     if (header.chunk_id, header.stored_len, header.raw_len, header.codec) != (
         expected.chunk_id, expected.stored_len, expected.raw_len, expected.codec
-    ):
+    ) or (expected.base_id is not None and header.base_id != expected.base_id):
         raise CorruptChunkError(
             f"chunk {cid_hex} in pack {pack_id}: header at offset {expected.offset} describes "
             "another chunk; the pack or the catalog is damaged. Run `casckpt check --read-data`.",
@@ -138,7 +142,7 @@ def decode_split_entry(header_bytes: bytes | memoryview, payload: bytes | memory
     try:
         if len(payload) != header.stored_len:
             raise CorruptChunkError("payload is truncated")
-        raw = decode_chunk(header.codec, payload, header.raw_len)
+        raw = decode_chunk(header.codec, payload, header.raw_len, base)
     except CorruptChunkError as exc:
         raise CorruptChunkError(
             f"chunk {cid_hex} in pack {pack_id} is corrupt: {exc}", pack_id=pack_id, chunk_id=cid_hex

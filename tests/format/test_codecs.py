@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from casckpt.errors import CorruptChunkError
-from casckpt.format.codecs import Codec, CompressionPolicy, decode_chunk, encode_chunk
+from casckpt.format.codecs import Codec, CompressionPolicy, decode_chunk, encode_chunk, encode_delta, is_delta
 
 DEFAULT = CompressionPolicy()
 PROPERTY = settings(max_examples=80, deadline=None)
@@ -187,7 +187,7 @@ def test_every_flipped_byte_is_refused_or_yields_the_right_length() -> None:
     assert caught > 0
 
 
-@pytest.mark.parametrize("codec", [5, 6, 17, 127, 128, 255, -1])
+@pytest.mark.parametrize("codec", [9, 10, 17, 127, 128, 255, -1])
 def test_unknown_codec_is_refused(codec: int) -> None:
     with pytest.raises(CorruptChunkError, match="codec"):
         decode_chunk(codec, bytes(16), 16)
@@ -202,8 +202,9 @@ def test_grouped_codec_with_a_ragged_length_is_refused(codec: Codec) -> None:
 
 
 def test_codec_group_widths() -> None:
-    assert [c.group for c in Codec] == [1, 1, 2, 4, 8]
-    assert [int(c) for c in Codec] == [0, 1, 2, 3, 4]  # recorded in packs: must never change
+    assert [c.group for c in Codec] == [1, 1, 2, 4, 8, 1, 2, 4, 8]
+    assert [int(c) for c in Codec] == [0, 1, 2, 3, 4, 5, 6, 7, 8]  # recorded in packs: must never change
+    assert [c.is_delta for c in Codec] == [False] * 5 + [True] * 4
 
 
 def test_frame_declaring_a_huge_content_size_is_refused() -> None:
@@ -214,3 +215,34 @@ def test_frame_declaring_a_huge_content_size_is_refused() -> None:
     assert zstandard.get_frame_parameters(bytes(damaged)).content_size > 1 << 40
     with pytest.raises(CorruptChunkError):
         decode_chunk(codec, bytes(damaged), 1000)
+
+
+@given(data=st.binary(min_size=0, max_size=5000), flips=st.lists(st.integers(0, 4999), max_size=40),
+       width=st.sampled_from([1, 2, 4, 8, 16]))
+@settings(max_examples=200, deadline=None)
+def test_delta_round_trips_against_its_base_only(data: bytes, flips: list[int], width: int) -> None:
+    size = len(data) - len(data) % width
+    base = data[:size]
+    changed = bytearray(base)
+    for i in flips:
+        if i < size:
+            changed[i] ^= 0x5A
+    codec, payload = encode_delta(bytes(changed), base, width, 1)
+    assert codec.is_delta and is_delta(int(codec))
+    assert bytes(decode_chunk(codec, payload, size, base)) == bytes(changed)
+    with pytest.raises(CorruptChunkError, match="needs its base"):
+        decode_chunk(codec, payload, size)
+    if size:
+        with pytest.raises(CorruptChunkError, match="needs its base"):
+            decode_chunk(codec, payload, size, base[:-1])
+
+
+def test_a_small_update_deltas_to_a_fraction_of_the_chunk() -> None:
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(65536, generator=g).bfloat16()
+    nudged = (w.float() * (1 + 1e-3 * torch.randn(65536, generator=g))).bfloat16()
+    raw = nudged.view(torch.uint8).numpy().tobytes()
+    codec, payload = encode_delta(raw, w.view(torch.uint8).numpy().tobytes(), 2, 1)
+    assert codec is Codec.XOR_GROUP2_ZSTD and len(payload) < 0.25 * len(raw)
