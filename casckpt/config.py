@@ -60,6 +60,11 @@ class Settings:
             tensors stream through on commit: two buffers, allocated once.
         stage_host_tensors: stream CPU tensors through those buffers too
             (what GPU tensors always do; lets the GPU path run without a GPU).
+        delta_memory: host memory holding the raw chunks of recent commits,
+            the bases the next commit's chunks are delta-coded against
+            (default: an eighth of RAM, at most 4 GiB; a state larger than
+            this gets keyframes where its bases do not fit). Setting it to 0
+            is not allowed; turn delta coding off with a chain length of 0.
     """
 
     chunk_size: int = DEFAULT_CHUNK_SIZE
@@ -74,14 +79,18 @@ class Settings:
     backpressure: str = "block"
     staging_memory: int = 256 << 20
     stage_host_tensors: bool = False
+    delta_memory: int = field(default_factory=lambda: int(min(4 << 30, _ram() // 8)))
+
+
+def _ram() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX: assume a modest machine
+        return 8 << 30
 
 
 def _default_commit_memory() -> int:
-    try:
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # not POSIX: assume a modest machine
-        ram = 8 << 30
-    return int(min(8 << 30, ram // 4))
+    return int(min(8 << 30, _ram() // 4))
 
 
 def _int_env(env: Mapping[str, str], name: str) -> int | None:
@@ -111,7 +120,8 @@ def settings(overrides: Mapping[str, Any] | None = None,
                        ("workers", "CASCKPT_WORKERS"), ("zstd_level", "CASCKPT_ZSTD_LEVEL"),
                        ("max_pending_commits", "CASCKPT_MAX_PENDING_COMMITS"),
                        ("commit_memory", "CASCKPT_COMMIT_MEMORY"),
-                       ("staging_memory", "CASCKPT_STAGING_MEMORY")):
+                       ("staging_memory", "CASCKPT_STAGING_MEMORY"),
+                       ("delta_memory", "CASCKPT_DELTA_MEMORY")):
         value = _int_env(env, var)
         if value is not None:
             config = replace(config, **{name_: value})  # type: ignore[arg-type]

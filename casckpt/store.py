@@ -24,6 +24,7 @@ from sqlalchemy import Row
 from casckpt import config as cfg
 from casckpt.cache import IndexCache
 from casckpt.catalog import Catalog, MissingChunksError
+from casckpt.catalog import deltas as deltas_sql
 from casckpt.catalog import history as history_sql
 from casckpt.catalog import retention as retention_sql
 from casckpt.engine import commit as commit_engine
@@ -34,6 +35,7 @@ from casckpt.engine import restore as restore_engine
 from casckpt.engine import retention as retention_engine
 from casckpt.engine.background import BackgroundCommitter, CommitHandle
 from casckpt.engine.context import EngineContext, manifest_key
+from casckpt.engine.deltabase import BaseCache
 from casckpt.engine.packstore import PackStore
 from casckpt.engine.refs import resolve
 from casckpt.engine.staging import StagingBuffers
@@ -95,6 +97,7 @@ class Store(StoreAdmin, StoreDistributed):
             catalog=catalog, cache=cache, locations=locations,
             packs=PackStore(catalog, locations, self._io, write_quorum),
             staging=staging, config=settings, device_buffers=StagingBuffers(settings.staging_memory),
+            bases=BaseCache(settings.delta_memory),
             pool=ThreadPoolExecutor(settings.workers, thread_name_prefix="casckpt"),
             uploads=ThreadPoolExecutor(settings.upload_workers, thread_name_prefix="casckpt-upload"),
         )
@@ -328,8 +331,11 @@ class Store(StoreAdmin, StoreDistributed):
             for t in self._ctx.catalog.tensors_of(row.id)
         )
         world = manifest.world
+        ids = list(dict.fromkeys(c.hex() for b in manifest.blobs for c in b.chunks))
+        delta_chunks, longest = deltas_sql.version_deltas(self._ctx.catalog, ids)
         return VersionDetail(self._version(row), tensors, dict(iter_values(manifest.root)),
-                             world.size if world else None, world.api if world else None)
+                             world.size if world else None, world.api if world else None,
+                             delta_chunks, longest)
 
     def runs(self) -> list[RunInfo]:
         """Every run with a summary of its versions."""
@@ -375,8 +381,14 @@ class Store(StoreAdmin, StoreDistributed):
                                  progress=progress)
 
     def stats(self) -> StoreStats:
-        """Space accounting: logical vs unique vs stored bytes."""
-        return StoreStats(**self._ctx.catalog.totals(), redundancy=self.redundancy())
+        """Space accounting: logical vs unique vs stored bytes, and what delta coding saved."""
+        deltas = deltas_sql.delta_totals(self._ctx.catalog)
+        return StoreStats(
+            **self._ctx.catalog.totals(), redundancy=self.redundancy(), delta_chunks=deltas.chunks,
+            delta_raw_bytes=deltas.raw_bytes, delta_stored_bytes=deltas.stored_bytes,
+            longest_chain=deltas.longest_chain, mean_chain=deltas.mean_chain,
+            delta_chain=deltas_sql.store_delta_chain(self._ctx.catalog),
+            run_delta_chains=deltas_sql.run_delta_chains(self._ctx.catalog))
 
     # -- retention ----------------------------------------------------------
 

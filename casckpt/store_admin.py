@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from casckpt import config as cfg
+from casckpt.catalog import deltas as deltas_sql
 from casckpt.catalog import shards as shard_sql
 from casckpt.engine import check as check_engine
 from casckpt.engine import rebuild as rebuild_engine
@@ -210,6 +211,33 @@ class StoreAdmin:
         Safe while other processes commit, restore and collect garbage.
         """
         return repair_engine.repair(self._ctx, progress)
+
+    def delta_chain(self, run: str | None = None) -> int:
+        """Deltas deep a chunk may be stored before a keyframe (0: no delta coding): the
+        store's, or what commits to ``run`` use (its own, else the store's)."""
+        if run is None:
+            return deltas_sql.store_delta_chain(self._ctx.catalog)
+        return deltas_sql.delta_chain_for(self._ctx.catalog, check_name(run, "run"))
+
+    def set_delta_chain(self, chain: int, *, run: str | None = None) -> None:
+        """Set how many deltas deep a chunk may be stored before a keyframe (0: no delta coding),
+        for the whole store or (``run``) one run; ``run`` with ``chain=-1`` follows the store again.
+
+        Longer chains store less (a chunk that changes a little each commit costs only its
+        delta) but restoring the end of a chain decodes every delta down from its keyframe.
+
+        Raises:
+            InvalidArgumentError: ``chain`` is out of range.
+        """
+        if not -1 <= chain <= 64 or (chain == -1 and run is None):
+            raise InvalidArgumentError(
+                "delta chain length must be 0 (off) to 64, or -1 to make a run follow the store; "
+                f"got {chain}")
+        if run is None:
+            deltas_sql.set_store_delta_chain(self._ctx.catalog, chain)
+        else:
+            own = None if chain < 0 else chain
+            deltas_sql.set_run_delta_chain(self._ctx.catalog, check_name(run, "run"), own)
 
     def rebuild_catalog(self, *, progress: ProgressCallback | None = None) -> RebuildReport:
         """Recreate an empty catalog from the blob locations alone (see :mod:`casckpt.engine.rebuild`).

@@ -105,7 +105,9 @@ class VersionDetail(_ToDict):
     ``world_size`` is how many ranks saved the version (None: one process,
     ``Store.commit``); ``saved_with`` how: ``"dcp"`` (torch.distributed.checkpoint,
     tensors sharded) or ``"group"`` (``Store.commit(group=)``, one state per
-    rank: paths ``rankN/...``).
+    rank: paths ``rankN/...``). ``delta_chunks`` of its chunks are stored as
+    deltas, the deepest ``longest_chain`` deltas from a keyframe (``version``'s
+    ``new_bytes`` vs ``stored_bytes`` tell what its new chunks cost).
     """
 
     version: Version
@@ -113,6 +115,8 @@ class VersionDetail(_ToDict):
     values: Mapping[str, Any]
     world_size: int | None = None
     saved_with: str | None = None
+    delta_chunks: int = 0  # of the version's chunks, those stored as deltas
+    longest_chain: int = 0  # deltas decoded to read its deepest chunk
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +140,12 @@ class StoreStats(_ToDict):
     ``stored_bytes`` their encoded size; ``pack_bytes`` the packs in full (headers, footers);
     ``location_bytes`` what the blob locations hold for them (every copy and
     shard, parity included); ``redundancy`` the scheme new packs get.
+
+    Delta coding: ``delta_chunks`` chunks are stored as deltas against a base
+    chunk, ``delta_raw_bytes`` raw in ``delta_stored_bytes``; chains are at
+    most ``longest_chain`` deltas deep (``mean_chain`` on average);
+    ``delta_chain`` is the store's policy (deltas before a keyframe, 0: off)
+    and ``run_delta_chains`` the runs with their own.
     """
 
     runs: int
@@ -149,6 +159,13 @@ class StoreStats(_ToDict):
     pack_bytes: int
     location_bytes: int = 0
     redundancy: str = "none"
+    delta_chunks: int = 0
+    delta_raw_bytes: int = 0
+    delta_stored_bytes: int = 0
+    longest_chain: int = 0
+    mean_chain: float = 0.0
+    delta_chain: int = 0
+    run_delta_chains: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def dedup_ratio(self) -> float:
@@ -248,6 +265,7 @@ class GCReport(_ToDict):
     orphans_deleted: int
     bytes_freed: int
     duration_s: float
+    chunks_kept_as_bases: int = 0  # unreferenced by any version, kept as delta bases
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,6 +145,8 @@ def _assert_recovered(store_dir: Path, done: list[int], interrupted: int | None,
         expected = sorted(done + ([interrupted] if interrupted_visible else []))
         assert visible == expected, f"visible steps {visible}, committed before the kill {done}"
         assert store.stats().versions == len(expected)
+        if len(done) >= 2:  # the child delta-coded its later commits (the crash hit such a commit)
+            assert store.stats().delta_chunks > 0
         for step in expected:
             _assert_restores(store, step)
         if interrupted is None:

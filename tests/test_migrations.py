@@ -386,3 +386,29 @@ def test_postgres_store_at_0003_is_upgraded(tmp_path: Path, pg_url: str) -> None
     _migrate_url(url, "0003", down=True)
     _migrate_url(url, "0004")
     assert _query(url, "SELECT version_num FROM alembic_version") == [("0004",)]
+
+
+# -- 0005: delta chain policies -----------------------------------------------------------
+
+
+def test_0005_adds_run_delta_chains_and_downgrades(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    with casckpt.open(root, chunk_size=4096) as store:
+        for step in (1, 2, 3):  # 2 and 3 are delta-coded (small changes of step 1)
+            weights = torch.arange(3000, dtype=torch.float32) * (1 + step * 1e-4)
+            store.commit({"w": weights}, run="r", step=step)
+        store.set_delta_chain(2, run="r")
+        deltas = store.stats().delta_chunks
+        assert deltas > 0
+    url = f"sqlite:///{root / cfg.CATALOG_FILE}"
+    _migrate(root, "0004", down=True)
+    assert "delta_chain" not in _columns(url, "runs")
+    _migrate(root, "0005")
+    assert _revision(root) == "0005" and "delta_chain" in _columns(url, "runs")
+    with casckpt.open(root, chunk_size=4096) as store:
+        assert store.delta_chain("r") == store.delta_chain()  # the run's own policy went with 0004
+        assert store.stats().delta_chunks == deltas  # chunks keep their bases either way
+        for step in (1, 2, 3):
+            assert torch.equal(store.restore(f"r@{step}")["w"], torch.arange(3000, dtype=torch.float32)
+                               * (1 + step * 1e-4))
+        assert store.check(read_data=True).ok

@@ -78,11 +78,12 @@ class ChunkLocation:
     stored_len: int
     raw_len: int
     codec: int
+    base_id: str | None = None  # the chunk a delta-coded chunk is decoded against
 
     def entry(self) -> PackEntry:
         """The pack entry this location describes."""
         return PackEntry(bytes.fromhex(self.chunk_id), self.offset, self.stored_len,
-                         self.raw_len, self.codec)
+                         self.raw_len, self.codec, bytes.fromhex(self.base_id) if self.base_id else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,7 +272,7 @@ class Catalog:
         found: dict[str, ChunkLocation] = {}
         query = select(
             s.chunks.c.id, s.chunks.c.pack_id, s.packs.c.key, s.chunks.c.offset,
-            s.chunks.c.stored_len, s.chunks.c.raw_len, s.chunks.c.codec,
+            s.chunks.c.stored_len, s.chunks.c.raw_len, s.chunks.c.codec, s.chunks.c.base_id,
         ).join(s.packs, s.packs.c.id == s.chunks.c.pack_id)
         with self.read() as conn:
             for i in range(0, len(wanted), BATCH):
@@ -299,17 +300,26 @@ class Catalog:
             _upsert_chunks(conn, chunk_rows)
 
     def revive_or_missing(self, conn: Connection, ids: list[str]) -> set[str]:
-        """Revive referenced chunks GC condemned but has not swept; return those that are gone."""
-        live: set[str] = set()
-        for i in range(0, len(ids), BATCH):
-            batch = ids[i : i + BATCH]
-            conn.execute(s.chunks.update().where(s.chunks.c.id.in_(batch), s.chunks.c.state == "condemned")
-                         .values(state="live", condemned_at=None))
-            live.update(conn.execute(
-                select(s.chunks.c.id).where(s.chunks.c.id.in_(batch), s.chunks.c.state == "live")
-                .with_for_update(read=True)  # PostgreSQL: GC cannot condemn them until we commit
-            ).scalars())
-        return set(ids) - live
+        """Revive referenced chunks GC condemned but has not swept, and the delta bases they
+        need, transitively; return those (chunks or bases) that are gone."""
+        wanted, missing = list(ids), set()
+        seen = set(wanted)
+        while wanted:
+            bases: set[str] = set()
+            for i in range(0, len(wanted), BATCH):
+                batch = wanted[i : i + BATCH]
+                condemned = s.chunks.c.id.in_(batch) & (s.chunks.c.state == "condemned")
+                conn.execute(s.chunks.update().where(condemned).values(state="live", condemned_at=None))
+                rows = conn.execute(
+                    select(s.chunks.c.id, s.chunks.c.base_id)
+                    .where(s.chunks.c.id.in_(batch), s.chunks.c.state == "live")
+                    .with_for_update(read=True)  # PostgreSQL: GC cannot condemn them until we commit
+                ).all()
+                missing.update(set(batch) - {row[0] for row in rows})
+                bases.update(row[1] for row in rows if row[1] is not None and row[1] not in seen)
+            seen |= bases
+            wanted = list(bases)
+        return missing
 
     # -- versions -----------------------------------------------------------
 

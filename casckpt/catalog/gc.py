@@ -179,6 +179,29 @@ def mark(catalog: Catalog, exclude: Collection[str] = ()) -> int:
         return int(conn.execute(select(func.count()).select_from(s.gc_live)).scalar_one())
 
 
+def mark_bases(catalog: Catalog, *, created_after: float) -> int:
+    """Add to ``gc_live`` every delta base a marked chunk needs, transitively -- and those of
+    live chunks made after ``created_after`` (a commit in flight may still publish them).
+
+    Returns how many chunks are live only as bases (of versions still visible, or in flight).
+    """
+    c, live = s.chunks, s.gc_live
+    needs = c.c.base_id.is_not(None) & ~exists().where(live.c.id == c.c.base_id)
+    users = exists().where(live.c.id == c.c.id)
+    seed = and_(c.c.state == "live", c.c.created_at >= created_after)
+    with catalog.read() as conn:
+        before = int(conn.execute(select(func.count()).select_from(live)).scalar_one())
+    total, first = before, True
+    while True:
+        with catalog.write() as conn:
+            bases = select(c.c.base_id).where(needs, (users | seed) if first else users).distinct()
+            conn.execute(insert(live).from_select(["id"], bases))
+            now = int(conn.execute(select(func.count()).select_from(live)).scalar_one())
+        if now == total and not first:
+            return now - before
+        total, first = now, False
+
+
 def _add_live(catalog: Catalog, ids: set[str]) -> None:
     if ids:
         with catalog.write() as conn:

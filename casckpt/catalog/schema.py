@@ -43,6 +43,7 @@ runs = Table(
     Column("parent_version", String(64), nullable=True),
     Column("retention", JSON, nullable=True),
     Column("redundancy", String(32), nullable=True),
+    Column("delta_chain", SmallInteger, nullable=True),
 )
 
 versions = Table(
@@ -165,6 +166,7 @@ chunks = Table(
 )
 Index("ix_chunks_pack_id", chunks.c.pack_id)
 Index("ix_chunks_state", chunks.c.state)
+Index("ix_chunks_base_id", chunks.c.base_id)
 
 leases = Table(
     "leases",

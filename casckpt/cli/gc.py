@@ -34,6 +34,7 @@ def _summary(report: GCReport) -> Table:
         ("packs deleted", report.packs_deleted),
         ("packs repacked", report.packs_repacked),
         ("orphan objects deleted", report.orphans_deleted),
+        ("chunks kept only as delta bases of live chunks", report.chunks_kept_as_bases),
     ]
     for label, value in rows:
         table.add_row(label, str(value))

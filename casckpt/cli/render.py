@@ -230,6 +230,9 @@ def version_table(v: Version) -> Table:
 def detail_view(detail: VersionDetail) -> list[RenderableType]:
     """The version, then its tensors, then its plain values."""
     parts: list[RenderableType] = [version_table(detail.version), ""]
+    if detail.delta_chunks:
+        parts[-1:] = [Text(f"delta coding: {detail.delta_chunks} chunk(s) stored as deltas, chains up to "
+                           f"{detail.longest_chain} deep"), ""]
     if detail.world_size is not None:
         how = ("torch.distributed.checkpoint: tensors sharded across ranks" if detail.saved_with == "dcp"
                else "Store.commit(group=): one state per rank (paths rankN/...)")
@@ -279,6 +282,10 @@ def stats_table(stats: StoreStats) -> Table:
         ("redundancy", stats.redundancy),
         ("dedup ratio", f"{stats.dedup_ratio:.2f}x"),
         ("compression ratio", f"{stats.compression_ratio:.2f}x"),
+        ("delta chain policy", f"{stats.delta_chain}" + (" (off)" if not stats.delta_chain else "")),
+        ("delta chunks", f"{stats.delta_chunks}: {human_bytes(stats.delta_raw_bytes)} stored in "
+                         f"{human_bytes(stats.delta_stored_bytes)}"),
+        ("delta chains", f"longest {stats.longest_chain}, mean {stats.mean_chain:.1f}"),
     ]
     for key, value in rows:
         table.add_row(key, value)

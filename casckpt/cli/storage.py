@@ -39,6 +39,12 @@ redundancy_app = typer.Typer(
 )
 app.add_typer(redundancy_app, name="redundancy")
 
+delta_app = typer.Typer(
+    help="Delta coding: how many deltas deep a chunk may be stored before a keyframe (0: off).",
+    no_args_is_help=True,
+)
+app.add_typer(delta_app, name="delta")
+
 catalog_app = typer.Typer(help="The catalog: disaster recovery.", no_args_is_help=True)
 app.add_typer(catalog_app, name="catalog")
 
@@ -170,6 +176,47 @@ def set_redundancy(
     whose = "the store" if run is None else f"run {run}"
     render.out(f"Redundancy of new packs of {whose}: {result}")
     render.note("packs already stored keep their redundancy")
+
+
+# -- delta coding ----------------------------------------------------------------
+
+
+@delta_app.command("show")
+def show_delta(ctx: typer.Context, as_json: JsonOption = False) -> None:
+    """Show the delta chain policy (store and runs with their own) and what delta coding stores."""
+    with _open_store(ctx) as store:
+        stats = store.stats()
+    doc = {"delta_chain": stats.delta_chain, "runs": dict(stats.run_delta_chains),
+           "delta_chunks": stats.delta_chunks, "delta_raw_bytes": stats.delta_raw_bytes,
+           "delta_stored_bytes": stats.delta_stored_bytes, "longest_chain": stats.longest_chain,
+           "mean_chain": stats.mean_chain}
+    if as_json:
+        render.print_json(doc)
+        return
+    render.out(f"Delta chain of the store: {stats.delta_chain}" + (" (off)" if not stats.delta_chain else ""))
+    for name, own in sorted(stats.run_delta_chains.items()):
+        render.out(f"  run {name}: {own}")
+    render.out(f"{stats.delta_chunks} delta chunks: {render.human_bytes(stats.delta_raw_bytes)} stored in "
+               f"{render.human_bytes(stats.delta_stored_bytes)}; chains up to {stats.longest_chain} deep "
+               f"(mean {stats.mean_chain:.1f})")
+
+
+@delta_app.command("set")
+def set_delta(
+    ctx: typer.Context,
+    chain: Annotated[int, typer.Argument(help="Deltas before a keyframe, 0 to 64 (0: off); with --run, "
+                                              "-1 follows the store again.")],
+    run: Annotated[str | None, typer.Option("--run", help="A run's own chain length.")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Set the delta chain length of new chunks, store-wide or for one run; stored chunks keep theirs."""
+    with _open_store(ctx) as store:
+        store.set_delta_chain(chain, run=run)
+        result = store.delta_chain(run)
+    if as_json:
+        render.print_json({"run": run, "delta_chain": result})
+        return
+    render.out(f"Delta chain of {'the store' if run is None else 'run ' + run}: {result}")
 
 
 # -- repair and rebuilds ---------------------------------------------------------

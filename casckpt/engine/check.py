@@ -11,6 +11,12 @@ verified against its id, its footer compared with the catalog and every
 chunk decoded and verified. Damaged shards are recorded in the catalog,
 which queues them for ``repair``; verified packs and shards get
 ``verified_at``. Nothing stored is modified.
+
+Delta-coded chunks are verified after every pack, through the reader: each
+is decoded against its (verified, decoded) base chain, and its bytes checked
+against its id. A chunk found corrupt is reported with every chunk
+delta-coded on it and every version that needs any of them. Without reading
+data, every chunk's delta base must be in the catalog, transitively.
 """
 
 from __future__ import annotations
@@ -18,10 +24,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from casckpt.catalog import PackLayout
+from casckpt.catalog import ChunkLocation, PackLayout
 from casckpt.catalog import shards as shard_sql
+from casckpt.catalog.deltas import dependents
 from casckpt.engine.context import EngineContext, manifest_key
-from casckpt.errors import CasckptError, IntegrityError, StorageError
+from casckpt.engine.reader import read_chunks
+from casckpt.errors import CasckptError, IntegrityError, MissingDataError, StorageError
 from casckpt.format.chunks import object_id
 from casckpt.format.manifest import Manifest, decode_manifest
 from casckpt.format.pack import decode_entry, read_index
@@ -32,6 +40,8 @@ from casckpt.types import CheckProblem, CheckReport, ProgressCallback
 class _Tally:
     problems: list[CheckProblem] = field(default_factory=list)
     lost: set[str] = field(default_factory=set)  # packs that cannot be read back
+    deltas: dict[bytes, int] = field(default_factory=dict)  # delta chunks to verify: id -> raw length
+    corrupt: set[str] = field(default_factory=set)  # chunks that failed verification
     packs_read: int = 0
     chunks_read: int = 0
     bytes_read: int = 0
@@ -54,7 +64,25 @@ def _manifests(ctx: EngineContext, version_ids: list[str], tally: _Tally) -> lis
         for cid in sorted(ids - set(known)):
             tally.problems.append(CheckProblem(
                 "chunk", cid, f"referenced by {manifest.run}@{manifest.step} but not in the catalog"))
+        _check_bases(ctx, manifest, known, tally)
     return manifests
+
+
+def _check_bases(ctx: EngineContext, manifest: Manifest, known: dict[str, ChunkLocation],
+                 tally: _Tally) -> None:
+    """Every delta base the version's chunks need is in the catalog, transitively."""
+    frontier = {loc.base_id: cid for cid, loc in known.items() if loc.base_id is not None}
+    seen: set[str] = set()
+    while frontier:
+        seen.update(frontier)
+        found = ctx.catalog.find_chunks(frontier, live_only=False)
+        for base, user in sorted(frontier.items()):
+            if base not in found:
+                tally.problems.append(CheckProblem(
+                    "chunk", base, f"the delta base of chunk {user} ({manifest.run}@{manifest.step}) "
+                    "is not in the catalog"))
+        frontier = {loc.base_id: cid for cid, loc in found.items()
+                    if loc.base_id is not None and loc.base_id not in seen}
 
 
 def _problem(layout: PackLayout, index: int, detail: str) -> CheckProblem:
@@ -165,10 +193,14 @@ def _check_pack_data(ctx: EngineContext, layout: PackLayout, tally: _Tally) -> N
                 "chunk", row.id, f"pack {layout.id} footer disagrees with the catalog"))
             clean = False
             continue
+        if entry.base_id is not None:  # verified once every pack is read (it needs its base)
+            tally.deltas[entry.chunk_id] = entry.raw_len
+            continue
         try:
             decode_entry(view[entry.offset : entry.offset + entry.span], entry, layout.id)
         except IntegrityError as exc:
             tally.problems.append(CheckProblem("chunk", row.id, str(exc)))
+            tally.corrupt.add(row.id)
             clean = False
     if clean and layout.scheme == "none":
         shard_sql.mark_verified(ctx.catalog, layout.id, [0], whole_pack=True)
@@ -191,6 +223,44 @@ def _affected(ctx: EngineContext, manifests: list[Manifest], lost: set[str]) -> 
             detail = (f"{manifest.run}@{manifest.step} cannot be restored: tensors {shown} "
                             f"need pack {pack}, which cannot be read back")
             yield CheckProblem("version", manifest.run + "@" + str(manifest.step), detail)
+
+
+_DELTA_BATCH = 256
+
+
+def _check_deltas(ctx: EngineContext, tally: _Tally) -> None:
+    """Decode every delta chunk read against its base chain; verify it against its id."""
+    ids = list(tally.deltas)
+    for i in range(0, len(ids), _DELTA_BATCH):
+        batch = ids[i : i + _DELTA_BATCH]
+        try:
+            _decode_deltas(ctx, batch, tally)
+        except (IntegrityError, MissingDataError):
+            for cid in batch:  # find which ones
+                try:
+                    _decode_deltas(ctx, [cid], tally)
+                except (IntegrityError, MissingDataError) as exc:
+                    tally.problems.append(CheckProblem("chunk", cid.hex(), str(exc)))
+                    tally.corrupt.add(cid.hex())
+
+
+def _decode_deltas(ctx: EngineContext, ids: list[bytes], tally: _Tally) -> None:
+    wanted = {cid: [memoryview(bytearray(tally.deltas[cid]))] for cid in ids}
+    read_chunks(ctx, wanted, lambda cid: f"chunk {cid.hex()}")
+
+
+def _dependents(ctx: EngineContext, manifests: list[Manifest], corrupt: set[str]) -> Iterator[CheckProblem]:
+    """Name, for each corrupt chunk, the chunks delta-coded on it and the versions that need them."""
+    for cid in sorted(corrupt):
+        needing = dependents(ctx.catalog, [cid])
+        hit = needing | {cid}
+        versions = sorted({f"{m.run}@{m.step}" for m in manifests
+                           if any(c.hex() in hit for b in m.blobs for c in b.chunks)})
+        if not needing and not versions:
+            continue
+        shown = ", ".join(versions[:10]) + (" ..." if len(versions) > 10 else "")
+        yield CheckProblem("chunk", cid, f"corrupt chunk: {len(needing)} chunk(s) are delta-coded on it; "
+                           f"versions that need it: {shown or 'none'}")
 
 
 def _scrub_set(ctx: EngineContext, subset: float) -> set[str]:
@@ -231,7 +301,9 @@ def check(ctx: EngineContext, *, read_data: bool, progress: ProgressCallback | N
         done += 1
         if progress is not None:
             progress("check", done, total)
+    _check_deltas(ctx, tally)
     tally.problems.extend(_affected(ctx, manifests, tally.lost))
+    tally.problems.extend(_dependents(ctx, manifests, tally.corrupt))
     return CheckReport(
         versions=len(version_ids), packs=len(packs),
         chunks=ctx.catalog.totals()["chunks"], chunks_read=tally.chunks_read,

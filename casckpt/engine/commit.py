@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -19,10 +19,12 @@ import numpy as np
 import torch
 
 from casckpt.catalog import MissingChunksError
+from casckpt.catalog.deltas import delta_chain_for
 from casckpt.catalog.gc import begin_lease, end_lease
 from casckpt.catalog.history import fork_point
 from casckpt.engine import records
 from casckpt.engine.context import EngineContext, manifest_key
+from casckpt.engine.deltabase import DeltaPlan, candidate_bases
 from casckpt.engine.layout import BlobSource, plan_blobs
 from casckpt.engine.packer import Packer
 from casckpt.engine.validate import (
@@ -33,11 +35,11 @@ from casckpt.engine.validate import (
     check_step,
     check_tags,
 )
-from casckpt.errors import CatalogError, VersionExistsError
+from casckpt.errors import CasckptError, CatalogError, VersionExistsError
 from casckpt.format.chunks import aligned_chunk_size, chunk_id, chunk_spans, object_id
 from casckpt.format.codecs import CompressionPolicy, encode_chunk
 from casckpt.format.dtypes import element_size
-from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, encode_manifest
+from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, decode_manifest, encode_manifest
 from casckpt.format.tree import encode_tree, rank_path
 from casckpt.storage.erasure import Redundancy
 from casckpt.types import ProgressCallback, Version
@@ -175,16 +177,22 @@ def _known_chunks(ctx: EngineContext, ids: Sequence[bytes]) -> set[bytes]:
     return hinted | confirmed
 
 
-def _encoded(ctx: EngineContext, chunks: Mapping[bytes, _Chunk], ids: Sequence[bytes]) -> Iterator[
-    tuple[bytes, int, int, bytes | memoryview]
-]:
+Encoded = tuple[bytes, int, int, "bytes | memoryview", "bytes | None"]  # id, codec, raw length, payload, base
+
+
+def _encoded(ctx: EngineContext, chunks: Mapping[bytes, _Chunk], ids: Sequence[bytes],
+             delta: DeltaPlan | None) -> Iterator[Encoded]:
     window = 4 * ctx.config.workers
     policy = CompressionPolicy(level=ctx.config.zstd_level, enabled=ctx.config.compress)
 
-    def encode(cid: bytes) -> tuple[bytes, int, int, bytes | memoryview]:
+    def encode(cid: bytes) -> Encoded:
         chunk = chunks[cid]
-        codec, payload = encode_chunk(chunk.data(), chunk.align, policy)
-        return cid, int(codec), chunk.end - chunk.start, payload
+        data = chunk.data()
+        codec, payload = encode_chunk(data, chunk.align, policy)
+        if delta is None:
+            return cid, int(codec), len(data), payload, None
+        chosen, payload, base = delta.encode(cid, data, chunk.align, chunk.owned, (int(codec), payload))
+        return cid, chosen, len(data), payload, base
 
     for i in range(0, len(ids), window):
         yield from ctx.pool.map(encode, ids[i : i + window])
@@ -192,14 +200,15 @@ def _encoded(ctx: EngineContext, chunks: Mapping[bytes, _Chunk], ids: Sequence[b
 
 def write_chunks(
     ctx: EngineContext, chunks: Mapping[bytes, _Chunk], ids: Sequence[bytes],
-    redundancy: Redundancy, progress: ProgressCallback | None,
+    redundancy: Redundancy, progress: ProgressCallback | None, delta: DeltaPlan | None = None,
 ) -> tuple[int, int]:
-    """Encode and pack ``ids``; returns (raw bytes, stored bytes) written."""
+    """Encode (delta-coding where ``delta`` says it pays) and pack ``ids``; returns (raw bytes,
+    stored bytes) written."""
     packer = Packer(ctx, redundancy)
     bar = _Progress(progress, "write", sum(chunks[c].end - chunks[c].start for c in ids))
     try:
-        for cid, codec, raw_len, payload in _encoded(ctx, chunks, ids):
-            packer.add(cid, codec, raw_len, payload)
+        for cid, codec, raw_len, payload, base in _encoded(ctx, chunks, ids, delta):
+            packer.add(cid, codec, raw_len, payload, base)
             bar.advance(raw_len)
         packer.finish()
     except BaseException:
@@ -262,6 +271,8 @@ class Snapshot:
     new_bytes: int = 0
     stored_bytes: int = 0
     foreground: bool = False  # a background commit whose copies did not fit: write it now
+    bases: dict[bytes, bytes] = field(default_factory=dict)  # new chunk -> its candidate delta base
+    delta: DeltaPlan | None = None
 
 
 Reserve = Callable[[int], bool]  # asked for the bytes to copy; False: do not copy (write from the views)
@@ -313,8 +324,34 @@ def snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: flo
     )
     version_id, manifest_bytes = encode_manifest(manifest)
     rows, content_rows = tensor_rows(version_id, entries, blobs)
+    before = _parent_manifest(ctx, req.run, parent)
+    bases = candidate_bases(before, entries, blobs, new_ids) if before is not None else {}
+    ctx.bases.remember(req.run, version_id, manifest)
     return Snapshot(manifest, version_id, manifest_bytes, chunks, new_ids, rows, content_rows, owned,
-                    foreground=foreground)
+                    foreground=foreground, bases=bases)
+
+
+def _parent_manifest(ctx: EngineContext, run: str, parent: str | None) -> Manifest | None:
+    """The parent's manifest, to pick delta bases from (None when it cannot be had cheaply)."""
+    if parent is None:
+        return None
+    found = ctx.bases.manifest(run, parent)
+    if found is not None:
+        return found
+    try:
+        return decode_manifest(ctx.catalog.manifest(parent), parent)
+    except CasckptError:  # a parent not visible yet (a pending commit of another process)
+        return None
+
+
+def _delta_plan(ctx: EngineContext, run: str, snap: Snapshot) -> DeltaPlan | None:
+    """How this commit delta-codes (None: the run's chain length is 0)."""
+    chain = delta_chain_for(ctx.catalog, run)
+    if chain <= 0:
+        return None
+    cached = [b for b in set(snap.bases.values()) if ctx.bases.get(b) is not None]
+    live = {bytes.fromhex(h) for h in ctx.catalog.find_chunks((b.hex() for b in cached), live_only=True)}
+    return DeltaPlan(ctx.bases, snap.bases, live, chain, ctx.config.zstd_level)
 
 
 def held_elsewhere(ids: Iterable[bytes]) -> dict[bytes, _Chunk]:
@@ -361,6 +398,13 @@ def _publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, started: fl
                                     req.tags, (c.hex() for c in snap.chunks))
             return row
         except MissingChunksError as exc:
+            gone_bases = set(exc.missing) - {cid.hex() for cid in snap.chunks}
+            if gone_bases:  # the next commit finds them gone and stores those chunks plainly
+                raise CatalogError(
+                    f"could not publish version {snap.version_id[:12]}: GC removed delta base(s) "
+                    f"{', '.join(sorted(gone_bases)[:3])} while the commit ran (is a GC with --grace 0 "
+                    "running?); commit again"
+                ) from exc
             lost = [cid for cid in snap.chunks if cid.hex() in exc.missing]
             ctx.cache.discard(lost)
             _hold_unchanged(snap, lost)
@@ -388,10 +432,12 @@ def _hold_unchanged(snap: Snapshot, ids: Sequence[bytes]) -> None:
         snap.chunks[cid] = held
 
 
-def write_new(ctx: EngineContext, snap: Snapshot, redundancy: Redundancy,
+def write_new(ctx: EngineContext, run: str, snap: Snapshot, redundancy: Redundancy,
               progress: ProgressCallback | None = None) -> None:
-    """Encode, pack and store the snapshot's new chunks (counted in ``new_bytes`` / ``stored_bytes``)."""
-    raw, stored = write_chunks(ctx, snap.chunks, snap.new_ids, redundancy, progress)
+    """Encode, pack and store the snapshot's new chunks (counted in ``new_bytes`` / ``stored_bytes``),
+    delta-coded against their bases where that pays."""
+    snap.delta = _delta_plan(ctx, run, snap)
+    raw, stored = write_chunks(ctx, snap.chunks, snap.new_ids, redundancy, progress, snap.delta)
     snap.new_bytes += raw
     snap.stored_bytes += stored
 
@@ -401,6 +447,8 @@ def publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: 
     """Store the manifest, then make the version visible (its chunks must be durable)."""
     ctx.locations.put_everywhere(manifest_key(snap.version_id), snap.manifest_bytes)
     row = _publish(ctx, req, snap, started, redundancy, progress)
+    if snap.delta is not None:
+        snap.delta.published(snap.chunks)
     for name in req.tags:  # a tag given at commit may have moved from another version
         records.record_tag(ctx.locations, name, snap.version_id)
     return Version(
@@ -416,7 +464,7 @@ def publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: 
 def finish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: Redundancy,
            started: float, progress: ProgressCallback | None = None) -> Version:
     """Write the snapshot's new chunks and manifest, then publish the version."""
-    write_new(ctx, snap, redundancy, progress)
+    write_new(ctx, req.run, snap, redundancy, progress)
     return publish(ctx, req, snap, redundancy, started, progress)
 
 

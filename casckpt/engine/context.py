@@ -9,6 +9,7 @@ from pathlib import Path
 from casckpt.cache import IndexCache
 from casckpt.catalog import Catalog
 from casckpt.config import Settings
+from casckpt.engine.deltabase import BaseCache
 from casckpt.engine.packstore import PackStore
 from casckpt.engine.staging import StagingBuffers
 from casckpt.storage.locations import LocationSet
@@ -21,6 +22,7 @@ class EngineContext:
     ``pool`` runs CPU work and reads (hashing, encoding, ranged reads);
     ``uploads`` stores finished packs, so they upload while the next fills.
     ``device_buffers`` stream GPU tensors to the host (pinned, reused).
+    ``bases`` holds recent commits' raw chunks, the bases of delta coding.
     ``packs`` stores and reads packs on the ``locations``; manifests and refs
     are replicated to every location.
     """
@@ -34,6 +36,7 @@ class EngineContext:
     pool: ThreadPoolExecutor
     uploads: ThreadPoolExecutor
     device_buffers: StagingBuffers
+    bases: BaseCache
 
 
 def manifest_key(version_id: str) -> str:

@@ -36,6 +36,7 @@ from casckpt.catalog import retention as retention_sql
 from casckpt.engine import retention
 from casckpt.engine.context import EngineContext, manifest_key
 from casckpt.engine.packer import Packer
+from casckpt.engine.reader import read_chunks
 from casckpt.errors import CasckptError, IntegrityError, StorageError
 from casckpt.format.pack import ENTRY_HEADER_SIZE, PackEntry, decode_entry
 from casckpt.storage import BlobInfo
@@ -59,6 +60,7 @@ class _Tally:
     packs_repacked: int = 0
     orphans_deleted: int = 0
     bytes_freed: int = 0
+    chunks_kept_as_bases: int = 0
 
 
 def _apply_retention(ctx: EngineContext, dry_run: bool) -> tuple[RetentionPlan, ...]:
@@ -109,6 +111,7 @@ def _mark_and_sweep(ctx: EngineContext, tally: _Tally, *, grace: float, dry_run:
     mark_start = time.time()
     sql.mark(catalog, exclude)
     floor = sql.safe_floor(catalog, mark_start)
+    tally.chunks_kept_as_bases = sql.mark_bases(catalog, created_after=floor)
     if not dry_run:
         tally.chunks_revived = sql.revive(catalog)
     condemned_at = time.time()
@@ -119,6 +122,7 @@ def _mark_and_sweep(ctx: EngineContext, tally: _Tally, *, grace: float, dry_run:
     cutoff = time.time() - grace
     if cutoff >= condemned_at and not dry_run:
         sql.mark(catalog)  # versions published since the first mark keep their chunks
+        sql.mark_bases(catalog, created_after=floor)
         tally.chunks_revived += sql.revive(catalog)
     tally.chunks_swept, dead = sql.sweep(catalog, cutoff=cutoff, dry_run=dry_run)
     tally.packs_deleted = len(dead)
@@ -156,10 +160,15 @@ def _repack_one(ctx: EngineContext, pack_id: str) -> None:
                     on_stored=partial(sql.relocate, ctx.catalog, old_pack_id=pack_id))
     try:
         for row in rows:
-            entry = PackEntry(bytes.fromhex(row.id), row.offset, row.stored_len, row.raw_len, row.codec)
-            decode_entry(data[row.offset : row.offset + entry.span], entry, pack_id)  # verify
+            base = bytes.fromhex(row.base_id) if row.base_id else None
+            entry = PackEntry(bytes.fromhex(row.id), row.offset, row.stored_len, row.raw_len, row.codec, base)
+            if base is None:
+                decode_entry(data[row.offset : row.offset + entry.span], entry, pack_id)  # verify
+            else:  # a delta is verified through its chain (the reader checks the decoded bytes)
+                read_chunks(ctx, {entry.chunk_id: [memoryview(bytearray(row.raw_len))]},
+                            lambda cid: f"chunk {cid.hex()} of pack {pack_id}")
             start = row.offset + ENTRY_HEADER_SIZE
-            packer.add(entry.chunk_id, row.codec, row.raw_len, data[start : start + row.stored_len])
+            packer.add(entry.chunk_id, row.codec, row.raw_len, data[start : start + row.stored_len], base)
         packer.finish()
     except BaseException:
         packer.abort()

@@ -45,13 +45,14 @@ class Packer:
         self.stored_bytes = 0
         self.packs: list[PackRecord] = []
 
-    def add(self, cid: bytes, codec: int, raw_len: int, payload: bytes | memoryview) -> None:
-        """Append one encoded chunk, closing the current pack when it is full."""
+    def add(self, cid: bytes, codec: int, raw_len: int, payload: bytes | memoryview,
+            base_id: bytes | None = None) -> None:
+        """Append one encoded chunk (a delta names its ``base_id``), closing the pack when it is full."""
         if self._writer is None:
             self._path = self._ctx.staging / f"{uuid.uuid4().hex}.pack"
             self._file = open(self._path, "wb")  # noqa: SIM115 - closed in _close()/abort()
             self._writer = PackWriter(self._file)
-        self._writer.add(cid, codec, raw_len, payload)
+        self._writer.add(cid, codec, raw_len, payload, base_id)
         self.stored_bytes += len(payload)
         if self._writer.size >= self._ctx.config.pack_size:
             self._close()

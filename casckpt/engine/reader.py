@@ -4,17 +4,32 @@ Chunks are located through the catalog, grouped by pack, sorted by offset and
 fetched with coalesced ranged reads (never whole packs unless needed) on the
 engine's thread pool. Each chunk is decoded and checked against its id before
 it is copied anywhere; a mismatch raises ``CorruptChunkError``.
+
+Delta-coded chunks need their base chunk's raw bytes, and the base may be a
+delta itself. They are read in windows of at most :data:`DELTA_WINDOW` raw
+bytes: the window's chains are located (base by base, through the catalog),
+then decoded level by level -- keyframes first, each level's ranged reads
+and decodes in parallel -- keeping decoded bases in a bounded cache so a base
+several chunks share is read once. Every decoded chunk is verified against
+its id, so a corrupt base is reported by the chunks that need it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from casckpt.catalog import ChunkLocation
 from casckpt.engine.context import EngineContext
-from casckpt.errors import BlobNotFoundError, CorruptPackError, IntegrityError, MissingDataError
-from casckpt.format.codecs import Codec
+from casckpt.errors import (
+    BlobNotFoundError,
+    CorruptChunkError,
+    CorruptPackError,
+    IntegrityError,
+    MissingDataError,
+)
+from casckpt.format.codecs import Codec, is_delta
 from casckpt.format.pack import ENTRY_HEADER_SIZE, PackEntry, decode_split_entry
 from casckpt.storage.base import scatter
 from casckpt.types import ProgressCallback
@@ -58,6 +73,10 @@ def _make_range(pack_id: str, locs: list[ChunkLocation]) -> _Range:
     return _Range(pack_id, locs[0].pack_key, locs[0].offset, _end(locs[-1]), tuple(locs))
 
 
+DELTA_WINDOW = 256 << 20  # raw bytes of delta-coded chunks decoded per window
+DECODED_BASES = 256 << 20  # raw bytes of decoded bases kept for chunks of later windows
+
+
 def read_chunks(
     ctx: EngineContext,
     wanted: Mapping[bytes, list[Destination]],
@@ -81,9 +100,9 @@ def read_chunks(
         CorruptChunkError: stored bytes fail verification.
     """
     try:
-        return _read_once(ctx, wanted, describe, progress)
+        return _read_all(ctx, wanted, describe, progress)
     except _PackGone:
-        return _read_once(ctx, wanted, describe, progress, last_try=True)
+        return _read_all(ctx, wanted, describe, progress, last_try=True)
 
 
 @dataclass(slots=True)
@@ -109,10 +128,14 @@ class _Slot:
         return cls(entry, loc.pack_id, memoryview(bytearray(ENTRY_HEADER_SIZE)), payload, destinations)
 
 
-def _decode(plan: Sequence[_Slot]) -> None:
+Bases = Mapping[bytes, memoryview]  # raw bytes of the bases the chunks being decoded need
+
+
+def _decode(plan: Sequence[_Slot], bases: Bases) -> None:
     """Verify each chunk read and copy it to its other destinations."""
     for slot in plan:
-        raw = decode_split_entry(slot.header, slot.payload, slot.entry, slot.pack_id)
+        base = bases.get(slot.entry.base_id) if slot.entry.base_id is not None else None
+        raw = decode_split_entry(slot.header, slot.payload, slot.entry, slot.pack_id, base)
         for dst in slot.destinations:
             if dst is not slot.payload:
                 dst[:] = raw
@@ -122,25 +145,144 @@ class _PackGone(Exception):
     """A pack disappeared between locating and reading (internal; triggers one retry)."""
 
 
-def _read_once(
-    ctx: EngineContext, wanted: Mapping[bytes, list[Destination]],
-    describe: Callable[[bytes], str], progress: ProgressCallback | None, last_try: bool = False,
-) -> int:
-    locations = ctx.catalog.find_chunks((cid.hex() for cid in wanted), live_only=False)
+def _locate(ctx: EngineContext, ids: Iterable[bytes], describe: Callable[[bytes], str],
+            ) -> dict[bytes, ChunkLocation]:
+    wanted = list(ids)
+    found = ctx.catalog.find_chunks((cid.hex() for cid in wanted), live_only=False)
     for cid in wanted:
-        if cid.hex() not in locations:
+        if cid.hex() not in found:
             raise MissingDataError(
                 f"chunk {cid.hex()} of {describe(cid)} is not in the catalog; the version is "
                 "damaged. Run `casckpt check` and restore another version."
             )
-    ranges = _coalesce(list(locations.values()), ctx.config.read_coalesce)
+    return {cid: found[cid.hex()] for cid in wanted}
+
+
+def _read_all(ctx: EngineContext, wanted: Mapping[bytes, list[Destination]],
+              describe: Callable[[bytes], str], progress: ProgressCallback | None,
+              last_try: bool = False) -> int:
+    locations = _locate(ctx, wanted, describe)
+    plain = {cid: dsts for cid, dsts in wanted.items() if not is_delta(locations[cid].codec)}
+    done = _read_located(ctx, plain, locations, describe, progress, last_try, {})
+    deltas = [cid for cid in wanted if cid not in plain]
+    if deltas:
+        done += _DeltaReader(ctx, locations, describe, last_try).read({c: wanted[c] for c in deltas})
+    return done
+
+
+class _DeltaReader:
+    """Decodes delta chains window by window (see the module docstring)."""
+
+    def __init__(self, ctx: EngineContext, locations: dict[bytes, ChunkLocation],
+                 describe: Callable[[bytes], str], last_try: bool) -> None:
+        self.ctx, self.locations, self.last_try = ctx, dict(locations), last_try
+        self.describe_wanted = describe
+        self.needed_by: dict[bytes, bytes] = {}  # base -> a wanted chunk that needs it (for messages)
+        self.decoded: OrderedDict[bytes, memoryview] = OrderedDict()  # bounded LRU of raw bases
+        self.decoded_bytes = 0
+
+    def describe(self, cid: bytes) -> str:
+        user = self.needed_by.get(cid)
+        if user is None:
+            return self.describe_wanted(cid)
+        return f"the delta base {cid.hex()[:12]} of {self.describe_wanted(user)}"
+
+    def read(self, wanted: Mapping[bytes, list[Destination]]) -> int:
+        done, window, size = 0, [], 0
+        for cid in wanted:
+            window.append(cid)
+            size += self.locations[cid].raw_len
+            if size >= DELTA_WINDOW:
+                done += self._window({c: wanted[c] for c in window})
+                window, size = [], 0
+        if window:
+            done += self._window({c: wanted[c] for c in window})
+        return done
+
+    def _chains(self, window: Iterable[bytes]) -> dict[bytes, int]:
+        """Locate every base the window needs; returns each chain node's level (0: decodable now)."""
+        frontier = list(window)
+        while frontier:
+            bases = []
+            for cid in frontier:
+                base_hex = self.locations[cid].base_id
+                if base_hex is None:
+                    continue
+                base = bytes.fromhex(base_hex)
+                self.needed_by.setdefault(base, self.needed_by.get(cid, cid))
+                if base not in self.locations and base not in self.decoded:
+                    bases.append(base)
+            if bases:
+                self.locations.update(_locate(self.ctx, dict.fromkeys(bases), self.describe))
+            frontier = bases
+        levels: dict[bytes, int] = {}
+
+        def level(cid: bytes, depth: int = 0) -> int:
+            if cid in levels:
+                return levels[cid]
+            if depth > _MAX_CHAIN:
+                raise CorruptChunkError(f"chunk {cid.hex()} has a delta chain longer than {_MAX_CHAIN}: "
+                                        "the catalog is damaged. Run `casckpt check --read-data`.")
+            base_hex = self.locations[cid].base_id
+            base = bytes.fromhex(base_hex) if base_hex is not None else None
+            found = 0 if base is None or base in self.decoded else level(base, depth + 1) + 1
+            levels[cid] = found
+            return found
+
+        for cid in window:
+            level(cid)
+        return levels
+
+    def _window(self, wanted: Mapping[bytes, list[Destination]]) -> int:
+        levels = self._chains(wanted)
+        needed = {bytes.fromhex(h) for c in levels if (h := self.locations[c].base_id) is not None}
+        raw: dict[bytes, memoryview] = {}  # decoded bases of the level being decoded
+        done = 0
+        for level in range(max(levels.values()) + 1):
+            todo: dict[bytes, list[Destination]] = {}
+            made: dict[bytes, memoryview] = {}
+            for cid in (c for c, at in levels.items() if at == level):
+                dsts = list(wanted.get(cid, ()))
+                if cid in needed:
+                    made[cid] = memoryview(bytearray(self.locations[cid].raw_len))
+                    dsts.append(made[cid])
+                todo[cid] = dsts
+            bases = {b: raw[b] if b in raw else self.decoded[b] for c in todo
+                     if (b := self.locations[c].entry().base_id) is not None}
+            done += _read_located(self.ctx, todo, self.locations, self.describe, None, self.last_try, bases)
+            for cid, data in raw.items():  # a base's dependents are all one level up: done with it
+                self._remember(cid, data)
+            raw = made
+        for cid, data in raw.items():
+            self._remember(cid, data)
+        return done
+
+    def _remember(self, cid: bytes, data: memoryview) -> None:
+        if cid in self.decoded or len(data) > DECODED_BASES:
+            return
+        self.decoded[cid] = data
+        self.decoded_bytes += len(data)
+        while self.decoded_bytes > DECODED_BASES:
+            _, old = self.decoded.popitem(last=False)
+            self.decoded_bytes -= len(old)
+
+
+_MAX_CHAIN = 1024  # no sane chain is this long: a cycle in a damaged catalog
+
+
+def _read_located(
+    ctx: EngineContext, wanted: Mapping[bytes, list[Destination]], locations: Mapping[bytes, ChunkLocation],
+    describe: Callable[[bytes], str], progress: ProgressCallback | None, last_try: bool, bases: Bases,
+) -> int:
+    if not wanted:
+        return 0
+    ranges = _coalesce([locations[cid] for cid in wanted], ctx.config.read_coalesce)
     total = sum(r.end - r.start for r in ranges)
     done = 0
 
     def _unreadable(pack_id: str, exc: MissingDataError) -> MissingDataError:
         """Name what the caller loses with a pack that cannot be read back."""
-        hit = sorted({describe(bytes.fromhex(loc.chunk_id)) for loc in locations.values()
-                      if loc.pack_id == pack_id})
+        hit = sorted({describe(cid) for cid in wanted if locations[cid].pack_id == pack_id})
         return MissingDataError(f"{'; '.join(hit)} cannot be read: {exc}")
 
     def fetch(r: _Range) -> int:
@@ -162,7 +304,7 @@ def _read_once(
                 raise CorruptPackError(
                     f"pack {r.pack_id} ends before byte {r.end}: it is truncated. Run `casckpt check`."
                 )
-            _decode(plan)
+            _decode(plan, bases)
         except IntegrityError:
             if not ctx.packs.can_rebuild(r.pack_id):
                 raise
@@ -172,7 +314,7 @@ def _read_once(
             except MissingDataError as exc:
                 raise _unreadable(r.pack_id, exc) from exc
             scatter(memoryview(pack)[r.start : r.end], buffers)
-            _decode(plan)
+            _decode(plan, bases)
         return r.end - r.start
 
     for read in ctx.pool.map(fetch, ranges):

@@ -58,6 +58,8 @@ def make_state(seed: int, step: int) -> dict[str, Any]:
             "weight": weight.reshape(-1, 64),
             "bias": torch.arange(step, step + 33, dtype=torch.int64),
             "half": weight[:1000].to(torch.bfloat16),
+            # nudged a little every step, like trained weights: later steps store it as deltas
+            "drift": shared[: BASE_ELEMS // 2] * (1.0 + 1e-3 * step),
         },
         "optimizer": ({"exp_avg": weight[:5000] * 0.5, "count": step}, [1.5, None, b"\x00\x01"]),
         "numpy": np.random.default_rng(seed + step).standard_normal(300).astype(np.float64),

@@ -1,0 +1,116 @@
+"""Delta coding policy (store and run chain lengths) and what delta coding saved."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import bindparam, func, select, text, update
+
+from casckpt.catalog import schema as s
+from casckpt.catalog.catalog import Catalog
+
+DEFAULT_DELTA_CHAIN = 4  # docs/DEFAULTS.md: restore at a chain's end stays within 1.5x a keyframe's
+
+
+def store_delta_chain(catalog: Catalog) -> int:
+    """The chain length runs without their own policy get (the default if never set)."""
+    with catalog.read() as conn:
+        value = conn.execute(select(s.store_info.c.value).where(s.store_info.c.key == "delta_chain")).scalar()
+    return int(value) if value is not None else DEFAULT_DELTA_CHAIN
+
+
+def set_store_delta_chain(catalog: Catalog, chain: int) -> None:
+    """Set the store's chain length (0: no delta coding)."""
+    with catalog.write() as conn:
+        conn.execute(s.store_info.delete().where(s.store_info.c.key == "delta_chain"))
+        conn.execute(s.store_info.insert().values(key="delta_chain", value=str(chain)))
+
+
+def run_delta_chains(catalog: Catalog) -> dict[str, int]:
+    """Runs with their own chain length: name -> length."""
+    with catalog.read() as conn:
+        return {r[0]: int(r[1]) for r in conn.execute(
+            select(s.runs.c.name, s.runs.c.delta_chain).where(s.runs.c.delta_chain.is_not(None)))}
+
+
+def set_run_delta_chain(catalog: Catalog, run: str, chain: int | None) -> None:
+    """Give ``run`` its own chain length (None: follow the store's); creates the run if new."""
+    with catalog.write() as conn:
+        run_id = catalog.run_id(conn, run, create=True)
+        conn.execute(update(s.runs).where(s.runs.c.id == run_id).values(delta_chain=chain))
+
+
+def delta_chain_for(catalog: Catalog, run: str) -> int:
+    """The chain length commits to ``run`` use."""
+    with catalog.read() as conn:
+        own = conn.execute(select(s.runs.c.delta_chain).where(s.runs.c.name == run)).scalar()
+    return int(own) if own is not None else store_delta_chain(catalog)
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaTotals:
+    """Live delta-coded chunks: how many, their raw and stored bytes, chain lengths."""
+
+    chunks: int
+    raw_bytes: int
+    stored_bytes: int
+    longest_chain: int
+    mean_chain: float
+
+
+_CHAIN_DEPTHS = text("""
+WITH RECURSIVE depth(id, n) AS (
+    SELECT id, 0 FROM chunks WHERE base_id IS NULL
+    UNION ALL
+    SELECT c.id, depth.n + 1 FROM chunks c JOIN depth ON c.base_id = depth.id WHERE depth.n < 1000
+)
+SELECT COALESCE(MAX(n), 0), COALESCE(AVG(n), 0) FROM depth WHERE n > 0
+""")
+
+
+def delta_totals(catalog: Catalog) -> DeltaTotals:
+    """What delta coding stores now (chain lengths walk every chain: a few seconds per million chunks)."""
+    c = s.chunks
+    with catalog.read() as conn:
+        count, raw, stored = conn.execute(select(
+            func.count(), func.coalesce(func.sum(c.c.raw_len), 0), func.coalesce(func.sum(c.c.stored_len), 0)
+        ).where(c.c.base_id.is_not(None))).one()
+        longest, mean = conn.execute(_CHAIN_DEPTHS).one() if count else (0, 0.0)
+    return DeltaTotals(int(count), int(raw), int(stored), int(longest), float(mean))
+
+
+def dependents(catalog: Catalog, ids: list[str]) -> set[str]:
+    """Every chunk delta-coded, directly or through other deltas, on one of ``ids``."""
+    if not ids:
+        return set()
+    query = text("""
+    WITH RECURSIVE dep(id, n) AS (
+        SELECT id, 1 FROM chunks WHERE base_id IN :ids
+        UNION
+        SELECT c.id, dep.n + 1 FROM chunks c JOIN dep ON c.base_id = dep.id WHERE dep.n < 1000
+    )
+    SELECT DISTINCT id FROM dep
+    """).bindparams(bindparam("ids", expanding=True))
+    with catalog.read() as conn:
+        return {row[0] for row in conn.execute(query, {"ids": ids})}
+
+
+def version_deltas(catalog: Catalog, ids: list[str]) -> tuple[int, int]:
+    """Of the chunks ``ids`` (a version's): how many are deltas, and the longest chain among them."""
+    if not ids:
+        return 0, 0
+    query = text("""
+    WITH RECURSIVE up(id, start, n) AS (
+        SELECT base_id, id, 1 FROM chunks WHERE id IN :ids AND base_id IS NOT NULL
+        UNION ALL
+        SELECT c.base_id, up.start, up.n + 1 FROM chunks c JOIN up ON c.id = up.id
+        WHERE c.base_id IS NOT NULL AND up.n < 1000
+    )
+    SELECT COUNT(DISTINCT start), COALESCE(MAX(n), 0) FROM up
+    """).bindparams(bindparam("ids", expanding=True))
+    count = longest = 0
+    with catalog.read() as conn:
+        for i in range(0, len(ids), 5000):
+            found, deep = conn.execute(query, {"ids": ids[i : i + 5000]}).one()
+            count, longest = count + int(found), max(longest, int(deep))
+    return count, longest

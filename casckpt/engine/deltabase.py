@@ -1,0 +1,173 @@
+"""Delta coding on commit: which base each new chunk is coded against, and where its bytes are.
+
+A chunk's base is the chunk at the same tensor path and position in the
+parent version (the previous version of the run, or the fork point of a new
+fork). Its raw bytes must be at hand: they come from :class:`BaseCache`, the
+raw chunks of this process's recent commits kept in memory (bounded by
+``delta_memory``, least recently used first out) -- never read back from
+storage on the commit path. A chunk whose base is not cached, not live in the
+catalog, or already at the end of a chain of ``delta_chain`` deltas is stored
+plainly (a keyframe). A delta is kept only when it is clearly smaller than the
+plain encoding (:data:`DELTA_MAX_RATIO`).
+
+The cache is a hint (invariant 6): a base is used only after the catalog says
+it is live, and publishing re-checks every base a version's chunks need,
+transitively.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from casckpt.format.codecs import encode_delta
+from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry
+
+DELTA_MAX_RATIO = 0.8  # a delta must be at most this fraction of the plain encoding's size
+
+
+@dataclass(frozen=True, slots=True)
+class CachedChunk:
+    """A committed chunk's raw bytes and how many deltas deep it is stored (0: plainly)."""
+
+    data: memoryview
+    depth: int
+
+
+class BaseCache:
+    """Raw bytes of recently committed chunks, by chunk id, for delta-coding later commits.
+
+    Thread-safe. Holds at most ``budget`` bytes; the least recently used chunks
+    leave first. Also remembers the last manifest this process committed for
+    each run (a background commit's parent may not be visible yet).
+    """
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._chunks: OrderedDict[bytes, CachedChunk] = OrderedDict()
+        self._bytes = 0
+        self._manifests: dict[str, tuple[str, Manifest]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, cid: bytes) -> CachedChunk | None:
+        """The cached chunk (marked recently used), or None."""
+        with self._lock:
+            found = self._chunks.get(cid)
+            if found is not None:
+                self._chunks.move_to_end(cid)
+            return found
+
+    def has_room(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more would fit without evicting anything."""
+        return self.budget > 0 and self._bytes + nbytes <= self.budget
+
+    def keep(self, chunks: Mapping[bytes, CachedChunk], used: Iterable[bytes] = ()) -> None:
+        """Add a committed version's new chunks; mark the chunks it reused (``used``) as recent."""
+        with self._lock:
+            for cid in used:
+                if cid in self._chunks:
+                    self._chunks.move_to_end(cid)
+            for cid, chunk in chunks.items():
+                if cid in self._chunks or len(chunk.data) > self.budget:
+                    continue
+                self._chunks[cid] = chunk
+                self._bytes += len(chunk.data)
+            while self._bytes > self.budget and self._chunks:
+                _, old = self._chunks.popitem(last=False)
+                self._bytes -= len(old.data)
+
+    @property
+    def nbytes(self) -> int:
+        """Raw bytes held."""
+        return self._bytes
+
+    def remember(self, run: str, version_id: str, manifest: Manifest) -> None:
+        """The manifest of ``run``'s latest version snapshotted by this process."""
+        with self._lock:
+            self._manifests[run] = (version_id, manifest)
+
+    def manifest(self, run: str, version_id: str) -> Manifest | None:
+        """The remembered manifest of ``run`` if it is the version ``version_id``."""
+        with self._lock:
+            found = self._manifests.get(run)
+        return found[1] if found is not None and found[0] == version_id else None
+
+    def clear(self) -> None:
+        """Drop everything."""
+        with self._lock:
+            self._chunks.clear()
+            self._manifests.clear()
+            self._bytes = 0
+
+
+def _blobs_by_path(manifest: Manifest) -> dict[tuple[str, int | None], BlobEntry]:
+    users: dict[int, int] = {}
+    for t in manifest.tensors:
+        users[t.blob] = users.get(t.blob, 0) + 1
+    return {(t.path, t.rank): manifest.blobs[t.blob] for t in manifest.tensors
+            if users[t.blob] == 1 and not t.is_shard}
+
+
+def candidate_bases(parent: Manifest, tensors: Sequence[TensorEntry], blobs: Sequence[BlobEntry],
+                    new_ids: Iterable[bytes]) -> dict[bytes, bytes]:
+    """New chunk id -> the parent's chunk at the same tensor path and position (same length)."""
+    before = _blobs_by_path(parent)
+    wanted = set(new_ids)
+    found: dict[bytes, bytes] = {}
+    for t in tensors:
+        old = before.get((t.path, t.rank))
+        blob = blobs[t.blob]
+        if old is None or t.is_shard or old.chunk_size != blob.chunk_size or old.phase != blob.phase:
+            continue
+        old_spans = old.spans()
+        for i, ((start, end), cid) in enumerate(zip(blob.spans(), blob.chunks, strict=True)):
+            if cid not in wanted or cid in found or i >= len(old.chunks):
+                continue
+            if old_spans[i] == (start, end) and old.chunks[i] != cid:
+                found[cid] = old.chunks[i]
+    return found
+
+
+class DeltaPlan:
+    """How one commit delta-codes its new chunks, and the raw copies it keeps for the next.
+
+    Thread-safe: the encode pool calls :meth:`encode` concurrently.
+    """
+
+    def __init__(self, bases: BaseCache, candidates: Mapping[bytes, bytes], live: set[bytes],
+                 chain: int, level: int) -> None:
+        self.bases, self.candidates, self.live, self.chain, self.level = bases, candidates, live, chain, level
+        self.fresh: dict[bytes, CachedChunk] = {}
+        self._fresh_bytes = 0
+        self._lock = threading.Lock()
+
+    def encode(self, cid: bytes, data: memoryview, align: int, owned: bool,
+               plain: tuple[int, bytes | memoryview]) -> tuple[int, bytes | memoryview, bytes | None]:
+        """``(codec, payload, base id)``: a delta when its base is at hand and it pays, else ``plain``."""
+        codec, payload = plain
+        base_id, depth = None, 0
+        base = self.candidates.get(cid)
+        cached = self.bases.get(base) if base is not None and base in self.live else None
+        if cached is not None and cached.depth < self.chain and len(cached.data) == len(data):
+            delta_codec, delta = encode_delta(data, cached.data, align, self.level)
+            if len(delta) <= DELTA_MAX_RATIO * len(payload):
+                codec, payload, base_id, depth = int(delta_codec), delta, base, cached.depth + 1
+        self._keep(cid, data, owned, depth)
+        return codec, payload, base_id
+
+    def _keep(self, cid: bytes, data: memoryview, owned: bool, depth: int) -> None:
+        with self._lock:
+            if self._fresh_bytes + len(data) > self.bases.budget:
+                return
+            self._fresh_bytes += len(data)
+        copy = data if owned else memoryview(np.frombuffer(data, dtype=np.uint8).copy())  # type: ignore[arg-type]
+        with self._lock:
+            self.fresh[cid] = CachedChunk(copy, depth)
+
+    def published(self, used: Iterable[bytes]) -> None:
+        """The version is visible: its new chunks become bases for the next commit."""
+        self.bases.keep(self.fresh, used)
