@@ -28,15 +28,20 @@ by :meth:`casckpt.Store.commit` can be loaded the same way.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
+import logging
 import os
 import pickle
+import threading
 import time
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
 import torch
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
@@ -63,13 +68,16 @@ from casckpt.engine import commit as commit_engine
 from casckpt.engine.distributed import ShardPiece, StoredShard, compose, shard_entries, write_shards
 from casckpt.engine.layout import tensor_from_blob
 from casckpt.engine.restore import read_ranges
-from casckpt.errors import InvalidArgumentError, RestoreTargetError, UnsupportedStateError
-from casckpt.format.dtypes import torch_dtype
+from casckpt.errors import CasckptError, InvalidArgumentError, RestoreTargetError, UnsupportedStateError
+from casckpt.format.dtypes import numpy_dtype, torch_dtype
 from casckpt.format.manifest import Manifest, TensorEntry, World, rank_count
 from casckpt.format.tree import Node, decode_tree, encode_tree, join_path
 
 if TYPE_CHECKING:
+    from casckpt.catalog import Catalog
     from casckpt.engine.context import EngineContext
+
+log = logging.getLogger(__name__)
 
 __all__ = ["StoreReader", "StoreWriter"]
 
@@ -83,6 +91,13 @@ class _Written:
     value: Node | None = None
     new_bytes: int = 0  # the rank's totals, carried by its first result only
     stored_bytes: int = 0
+
+
+def _end_lease(catalog: Catalog, lease: str) -> None:
+    try:
+        end_lease(catalog, lease)
+    except CasckptError as exc:  # e.g. the store closed first: the lease dies with the process
+        log.warning("could not end the GC lease of a DCP save: %s", exc)
 
 
 def _check_id(checkpoint_id: str | os.PathLike[str] | None, expected: str) -> None:
@@ -125,7 +140,9 @@ class StoreWriter(StorageWriter):
         super().__init__()
         self._ctx, self._request = ctx, request
         self._rank, self._coordinator = 0, False
-        self._lease: str | None = None
+        self._lease: Callable[[], object] | None = None  # ends the GC lease (weakref.finalize)
+        self._busy = 0  # write_data / finish running: the store must stay open
+        self._busy_lock = threading.Lock()
         self._parent: str | None = None
         self._created = self._started = 0.0
 
@@ -158,11 +175,32 @@ class StoreWriter(StorageWriter):
         commit_engine.refuse_existing(self._ctx, self._request)
         self._ctx.packs.check_writable(self._ctx.packs.redundancy_for(self._request.run))
         self._parent = commit_engine.parent_of(self._ctx, self._request.run)
-        self._lease = begin_lease(self._ctx.catalog)
+        # DCP tells no one when a save fails: a writer dropped after a failure ends its lease
+        # when it is collected (or the store closes, or it is reused)
+        self._lease = weakref.finalize(self, _end_lease, self._ctx.catalog, begin_lease(self._ctx.catalog))
         return plans
+
+    @property
+    def busy(self) -> bool:
+        """Whether this writer is writing or publishing right now (e.g. from ``dcp.async_save``)."""
+        return self._busy > 0
+
+    @contextlib.contextmanager
+    def _working(self) -> Iterator[None]:
+        with self._busy_lock:
+            self._busy += 1
+        try:
+            yield
+        finally:
+            with self._busy_lock:
+                self._busy -= 1
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         """Store this rank's items: tensors as chunks (only new ones written), values as trees."""
+        with self._working():
+            return self._write(plan, planner)
+
+    def _write(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         values, pieces, indices = [], [], []
         for item in plan.items:
             if item.type == WriteItemType.BYTE_IO:
@@ -192,6 +230,10 @@ class StoreWriter(StorageWriter):
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Coordinator, after every rank wrote: publish the version in one transaction."""
+        with self._working():
+            self._finish(metadata, results)
+
+    def _finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         try:
             written = {(r.index.fqn, tuple(r.index.offset or ())): r.storage_data
                        for rank in results for r in rank}
@@ -220,7 +262,7 @@ class StoreWriter(StorageWriter):
         """End the GC lease of a save that did not finish (DCP has no failure hook). Idempotent."""
         if self._lease is not None:
             lease, self._lease = self._lease, None
-            end_lease(self._ctx.catalog, lease)
+            lease()
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
@@ -232,10 +274,25 @@ def _box(entry: TensorEntry) -> tuple[int, ...]:
     return entry.global_offset if entry.global_offset is not None else (0,) * len(entry.shape)
 
 
+def _element_type(entry: TensorEntry) -> torch.dtype:
+    """The torch dtype of a stored tensor (a numpy array's native-order equivalent)."""
+    if entry.kind == "numpy":
+        return torch.from_numpy(np.empty(0, dtype=numpy_dtype(entry.dtype))).dtype
+    return torch_dtype(entry.dtype)
+
+
+def _loadable(entry: TensorEntry) -> bool:
+    """Whether DCP can be handed this tensor (not a byte-swapped or otherwise foreign numpy array)."""
+    if entry.kind != "numpy":
+        return True
+    dtype = numpy_dtype(entry.dtype)
+    return dtype.isnative and dtype.kind in "biufc"
+
+
 def _tensor_metadata(entries: Sequence[TensorEntry]) -> TensorStorageMetadata:
     first = entries[0]
     return TensorStorageMetadata(
-        properties=TensorProperties(dtype=torch_dtype(first.dtype)),
+        properties=TensorProperties(dtype=_element_type(first)),
         size=torch.Size(first.global_shape if first.global_shape is not None else first.shape),
         chunks=[ChunkStorageMetadata(offsets=torch.Size(_box(t)), sizes=torch.Size(t.shape))
                 for t in entries],
@@ -297,6 +354,8 @@ class StoreReader(StorageReader):
             if kind in ("tensor", "sharded"):
                 indices = node["i"] if kind == "sharded" else [node["i"]]
                 entries = [self._manifest.tensors[i] for i in indices]
+                if not _loadable(entries[0]):
+                    continue  # a byte-swapped numpy array: torch has no such dtype
                 state[fqn] = _tensor_metadata(entries)
                 self._shards.update(((fqn, _box(t)), t) for t in entries)
             else:
@@ -341,9 +400,10 @@ class StoreReader(StorageReader):
                 tensors, requests, datas, targets, direct, strict=True):
             if filled is None:
                 if entry.stride is not None or not entry.shape:
-                    source = cast(torch.Tensor, tensor_from_blob(entry, data))
+                    found = tensor_from_blob(entry, data)
+                    source = torch.from_numpy(found) if isinstance(found, np.ndarray) else found
                 else:
-                    source = data.view(torch_dtype(entry.dtype)).reshape(-1, *entry.shape[1:])
+                    source = data.view(_element_type(entry)).reshape(-1, *entry.shape[1:])
                 for dim, (offset, length) in enumerate(zip(item.storage_offsets, item.lengths, strict=True)):
                     source = source.narrow(dim, offset - (start_row if dim == 0 else 0), length)
                 target.copy_(source)
@@ -384,7 +444,7 @@ def _reads_into(item: ReadItem, entry: TensorEntry, target: torch.Tensor) -> boo
     """Whether the item's bytes can be read straight into ``target`` (whole rows of the stored
     piece, landing in a contiguous CPU tensor of the stored dtype): no second copy."""
     return (entry.stride is None and bool(entry.shape) and target.device.type == "cpu"
-            and target.is_contiguous() and str(target.dtype).removeprefix("torch.") == entry.dtype
+            and target.is_contiguous() and target.dtype == _element_type(entry)
             and tuple(target.shape) == tuple(item.lengths)
             and all(o == 0 for o in item.storage_offsets[1:])
             and tuple(item.lengths[1:]) == entry.shape[1:])
@@ -397,7 +457,7 @@ def _rows(item: ReadItem, entry: TensorEntry, manifest: Manifest) -> tuple[tuple
     """
     if entry.stride is not None or not entry.shape:
         return (entry.blob, 0, manifest.blobs[entry.blob].nbytes), 0
-    itemsize = torch.empty((), dtype=torch_dtype(entry.dtype)).element_size()
+    itemsize = torch.empty((), dtype=_element_type(entry)).element_size()
     row = entry.numel // entry.shape[0] * itemsize if entry.shape[0] else 0
     first, count = item.storage_offsets[0], item.lengths[0]
     return (entry.blob, first * row, (first + count) * row), first

@@ -115,9 +115,12 @@ class Store(StoreAdmin, StoreDistributed):
         Raises:
             BackgroundCommitError: a background commit failed and nobody waited on its
                 handle (everything is released all the same).
+            InvalidArgumentError: a ``dcp.async_save`` is still writing through the store
+                (nothing is closed; wait for its future, then close).
         """
         if self._closed:
             return
+        self._refuse_close_while_saving()
         self._closed = True
         try:
             self._committer.close()
@@ -195,14 +198,19 @@ class Store(StoreAdmin, StoreDistributed):
             GroupCommitError: with ``group``, some rank failed (raised on every rank).
         """
         req = commit_engine.make_request(run, step, metadata, metrics, message, tags)
-        self._refresh_locations()
         if group is not None:
             if not block:
                 raise InvalidArgumentError(
                     "group commits block; for a background save of many ranks use "
                     "dcp.async_save(state, storage_writer=store.dcp_writer(run=..., step=...))"
                 )
-            return self._committer.foreground(lambda: self._group_commit(state, req, group, progress))
+            def preflight() -> None:  # on every rank, inside the first collective step
+                self._refresh_locations()
+                self._committer.raise_unreported()  # a background failure nobody saw yet
+                self._committer.drain()  # versions of a run appear in commit order
+
+            return self._group_commit(state, req, group, progress, preflight)
+        self._refresh_locations()
         if not block:
             return self._committer.commit(state, req, progress)
         return self._committer.foreground(lambda: commit_engine.commit(self._ctx, state, req, progress))

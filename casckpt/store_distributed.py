@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from casckpt.engine import commit as commit_engine
@@ -56,6 +56,14 @@ class StoreDistributed:
             self._dcp_writers = weakref.WeakSet()
         self._dcp_writers.add(writer)
         return writer
+
+    def _refuse_close_while_saving(self) -> None:
+        """A DCP save (``dcp.async_save``) still writing through this store must finish first."""
+        if any(writer.busy for writer in list(getattr(self, "_dcp_writers", ()))):
+            raise InvalidArgumentError(
+                "a dcp.save / dcp.async_save is writing through this store: wait for it (the "
+                "future async_save returned) before closing the store"
+            )
 
     def _release_dcp_writers(self) -> None:
         """End the GC leases of DCP saves that failed (DCP tells the writer nothing on failure)."""
@@ -113,7 +121,7 @@ class StoreDistributed:
         return self._rank_manifest(manifest, None, int(found.group(1))), found.group(2)
 
     def _group_commit(self, state: object, request: commit_engine.CommitRequest, group: Any,
-                      progress: Any) -> Version:
+                      progress: Any, preflight: Callable[[], object]) -> Version:
         from casckpt.engine.group import group_commit
 
-        return group_commit(self._ctx, state, request, group, progress)
+        return group_commit(self._ctx, state, request, group, progress, preflight)

@@ -212,8 +212,13 @@ def test_group_commit_failing_rank_fails_every_rank(ranks: Zygote, tmp_path: Pat
         assert result["cause"] == ("UnsupportedStateError" if rank == 1 else "NoneType")
     with _open(store_path) as store:
         assert store.log() == []
+    early = launch(ranks, "group_commit", 2, path=str(store_path), run="g", step=1, seed=12, preflight_fail=1)
+    assert all("rank 1: StorageError: injected" in r["error"] for r in early["results"])  # no one hangs
     reply = launch(ranks, "group_commit", 2, path=str(store_path), run="g", step=1, seed=12)
     assert reply["results"][0]["id"] == reply["results"][1]["id"]
+    with _open(store_path) as store:
+        with store._ctx.catalog.read() as conn:  # every failed attempt ended its lease
+            assert conn.exec_driver_sql("SELECT COUNT(*) FROM leases").scalar_one() == 0
 
 
 def test_boundary_bound_is_tight_enough_to_matter() -> None:

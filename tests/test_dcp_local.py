@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import datetime
+import gc
+import threading
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
@@ -15,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.planner import LoadPlan
 
 import casckpt
@@ -125,10 +130,65 @@ def test_checkpoint_ids_and_collectives_are_checked(store: casckpt.Store) -> Non
 
 def test_store_close_ends_a_failed_saves_lease(tmp_path: Path) -> None:
     with casckpt.open(tmp_path / "s") as store:
+        writer = store.dcp_writer(run="r", step=1)
         with pytest.raises(CheckpointException):
-            dcp.save({"bad": object()}, storage_writer=store.dcp_writer(run="r", step=1))
+            dcp.save({"bad": object()}, storage_writer=writer)
+        assert _lease_count(store) == 1
     with casckpt.open(tmp_path / "s") as store:
         assert _lease_count(store) == 0
+
+
+def test_a_dropped_writer_of_a_failed_save_ends_its_lease(store: casckpt.Store) -> None:
+    with pytest.raises(CheckpointException):
+        dcp.save({"bad": object()}, storage_writer=store.dcp_writer(run="r", step=1))
+    gc.collect()  # the writer is gone: a long-lived process must not pin GC for a day
+    assert _lease_count(store) == 0
+
+
+def test_close_refuses_while_an_async_save_writes(store: casckpt.Store) -> None:
+    release = threading.Event()
+
+    class Slow(DefaultSavePlanner):
+        def resolve_data(self, write_item: Any) -> Any:
+            release.wait(30)
+            return super().resolve_data(write_item)
+
+    future = dcp.async_save({"w": torch.ones(100)}, storage_writer=store.dcp_writer(run="a", step=1),
+                            planner=Slow())
+    deadline = time.monotonic() + 30
+    while not any(w.busy for w in store._dcp_writers) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with pytest.raises(InvalidArgumentError, match="wait for it"):
+        store.close()
+    release.set()
+    future.result()
+    assert store.resolve("a@1").step == 1
+
+
+def test_numpy_arrays_of_a_committed_version_do_not_stop_dcp_loads(store: casckpt.Store) -> None:
+    state = {"w": torch.arange(10.0), "native": np.arange(6, dtype=np.float32),
+             "swapped": np.arange(4, dtype=">i8")}
+    store.commit(state, run="np", step=1)
+    target = {"w": torch.zeros(10), "native": torch.zeros(6)}
+    dcp.load(target, storage_reader=store.dcp_reader("np@1"))
+    assert torch.equal(target["w"], state["w"]) and target["native"].tolist() == list(range(6))
+
+
+def test_shards_are_confirmed_in_the_catalog_not_another_hosts_cache(tmp_path: Path) -> None:
+    """A chunk GC swept that another host's cache still lists is written again, not skipped."""
+    state = {"w": torch.randn(3 * CHUNK // 4, generator=torch.Generator().manual_seed(3))}
+    with casckpt.open(tmp_path / "s", chunk_size=CHUNK, cache=tmp_path / "host-b") as other:
+        other.commit(state, run="old", step=1)  # host b's cache now lists these chunks
+    with casckpt.open(tmp_path / "s", chunk_size=CHUNK) as store:
+        store.delete("old@1")
+        store.gc(grace=0)
+        store.gc(grace=0)
+        assert store.stats().chunks == 0
+    with casckpt.open(tmp_path / "s", chunk_size=CHUNK, cache=tmp_path / "host-b") as other:
+        dcp.save(state, storage_writer=other.dcp_writer(run="new", step=1))
+        assert other.resolve("new@1").new_bytes == 3 * CHUNK
+        assert torch.equal(other.restore("new@1")["w"], state["w"])
+        assert other.check(read_data=True).ok
 
 
 @st.composite

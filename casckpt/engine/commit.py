@@ -116,7 +116,7 @@ _NOT_HELD = memoryview(b"")  # a streamed chunk the store holds: its bytes staye
 
 def _hash_blobs(
     ctx: EngineContext, sources: Sequence[BlobSource], progress: ProgressCallback | None,
-    pending: Mapping[bytes, _Chunk] | None, reserve: Reserve | None = None,
+    pending: Mapping[bytes, _Chunk] | None, reserve: Reserve | None = None, confirm: bool = False,
 ) -> _Hashed:
     out = _Hashed([], {}, set(), 0)
     bar = _Progress(progress, "hash", sum(s.nbytes for s in sources))
@@ -126,9 +126,10 @@ def _hash_blobs(
         if source.staged is not None and source.nbytes:
             flat = source.staged()
             head = min(size - phase, source.nbytes) if phase else 0
-            ids = _hash_staged(ctx, flat[:head], source.align, head, out, pending, reserve) if head else []
+            ids = _hash_staged(ctx, flat[:head], source.align, head, out, pending, reserve, confirm) \
+                if head else []
             if head < source.nbytes:
-                ids += _hash_staged(ctx, flat[head:], source.align, size, out, pending, reserve)
+                ids += _hash_staged(ctx, flat[head:], source.align, size, out, pending, reserve, confirm)
         else:
             view = source.read() if source.nbytes else memoryview(b"")
             spans = list(chunk_spans(source.nbytes, size, phase))
@@ -141,7 +142,8 @@ def _hash_blobs(
 
 
 def _hash_staged(ctx: EngineContext, flat: torch.Tensor, align: int, size: int, out: _Hashed,
-                 pending: Mapping[bytes, _Chunk] | None, reserve: Reserve | None) -> list[bytes]:
+                 pending: Mapping[bytes, _Chunk] | None, reserve: Reserve | None,
+                 confirm: bool = False) -> list[bytes]:
     """Stream a device blob through the staging buffers: hash each window, look its chunks
     up, and copy out only the ones the store does not hold -- admitted into a background
     commit's budget window by window (a window larger than the whole budget is copied anyway:
@@ -151,7 +153,8 @@ def _hash_staged(ctx: EngineContext, flat: torch.Tensor, align: int, size: int, 
         spans = list(chunk_spans(len(view), size))
         window = list(ctx.pool.map(chunk_id, (view[start:end] for start, end in spans)))
         fresh = [c for c in dict.fromkeys(window) if c not in out.chunks]
-        known = _known_chunks(ctx, fresh) | {c for c in fresh if pending is not None and c in pending}
+        known = _known_chunks(ctx, fresh, confirm)
+        known |= {c for c in fresh if pending is not None and c in pending}
         need = sum(end - start for cid, (start, end) in dict(zip(window, spans, strict=True)).items()
                    if cid in fresh and cid not in known)
         if reserve is not None and need and reserve(need):
@@ -170,8 +173,10 @@ def _hash_staged(ctx: EngineContext, flat: torch.Tensor, align: int, size: int, 
     return ids
 
 
-def _known_chunks(ctx: EngineContext, ids: Sequence[bytes]) -> set[bytes]:
-    hinted = set(ctx.cache.get_many(ids))
+def _known_chunks(ctx: EngineContext, ids: Sequence[bytes], confirm: bool = False) -> set[bytes]:
+    """The chunks among ``ids`` the store holds: the cache's hints, then the catalog (only the
+    catalog with ``confirm``: for chunks whose writer could not write them again at publish)."""
+    hinted = set() if confirm else set(ctx.cache.get_many(ids))
     unknown = [cid.hex() for cid in ids if cid not in hinted]
     confirmed = {bytes.fromhex(h) for h in ctx.catalog.find_chunks(unknown)}
     return hinted | confirmed
@@ -361,11 +366,12 @@ def held_elsewhere(ids: Iterable[bytes]) -> dict[bytes, _Chunk]:
 
 
 def hash_and_dedup(ctx: EngineContext, sources: Sequence[BlobSource], progress: ProgressCallback | None,
-                   ) -> tuple[list[BlobEntry], dict[bytes, _Chunk], list[bytes]]:
+                   *, confirm: bool = False) -> tuple[list[BlobEntry], dict[bytes, _Chunk], list[bytes]]:
     """Chunk and hash blobs in place; returns their entries, every chunk, and the ids of the
-    chunks the store does not hold (to be written from the views, which must not change)."""
-    hashed = _hash_blobs(ctx, sources, progress, None)
-    known = hashed.known | _known_chunks(ctx, [c for c in hashed.chunks if c not in hashed.known])
+    chunks the store does not hold (to be written from the views, which must not change).
+    ``confirm``: trust only the catalog, not this host's cache (see :func:`_known_chunks`)."""
+    hashed = _hash_blobs(ctx, sources, progress, None, confirm=confirm)
+    known = hashed.known | _known_chunks(ctx, [c for c in hashed.chunks if c not in hashed.known], confirm)
     return hashed.blobs, hashed.chunks, [c for c in hashed.chunks if c not in known]
 
 

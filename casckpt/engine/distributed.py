@@ -103,7 +103,9 @@ def write_shards(ctx: EngineContext, pieces: Sequence[ShardPiece], redundancy: R
         source.grid_offset = _grid_offset(piece, piece.tensor.element_size())
         entries.append(entry)
         sources.append(source)
-    blobs, chunks, new_ids = hash_and_dedup(ctx, sources, progress)
+    # confirmed in the catalog, not taken from this host's cache: the coordinator could not
+    # write a chunk this rank wrongly skipped
+    blobs, chunks, new_ids = hash_and_dedup(ctx, sources, progress, confirm=True)
     new_bytes, stored_bytes = write_chunks(ctx, chunks, new_ids, redundancy, progress)
     shards = tuple(
         StoredShard(p.path, e.dtype, e.shape, blob, p.global_shape, p.global_offset)

@@ -87,29 +87,44 @@ Part = tuple[Node, list[TensorEntry], list[BlobEntry], int, int]
 
 
 def group_commit(ctx: EngineContext, state: object, req: CommitRequest, group: Any,
-                 progress: ProgressCallback | None = None) -> Version:
+                 progress: ProgressCallback | None = None,
+                 preflight: Callable[[], object] | None = None) -> Version:
     """Commit every rank's ``state`` as one version (collective: every rank of ``group`` calls it).
+
+    ``preflight`` runs on every rank inside the first collective step (so a rank
+    it fails on makes every rank raise, instead of leaving the others waiting).
 
     Raises:
         GroupCommitError: some rank failed (its error named); nothing was published.
     """
     rank = dist.get_rank(group)
     started = time.monotonic()
-    prepared = _together(group, "preparing", lambda: _prepare(ctx, req) if rank == 0 else None)
-    parent, created, lease = _everyone(group, prepared)[0]
+    leases: list[str] = []
+
+    def prepare() -> tuple[str | None, float] | None:
+        if preflight is not None:
+            preflight()
+        if rank != 0:
+            return None
+        parent, created, lease = _prepare(ctx, req)
+        leases.append(lease)
+        return parent, created
+
     try:
+        parent, created = _everyone(group, _together(group, "preparing", prepare))[0]
         redundancy = ctx.packs.redundancy_for(req.run)
 
         def snapshot() -> tuple[Node, list[TensorEntry], list[BlobEntry], Any, list[bytes]]:
             root, leaves = encode_tree(state)
             entries, sources = plan_blobs(leaves, stage_host=ctx.config.stage_host_tensors)
-            blobs, chunks, new_ids = commit_engine.hash_and_dedup(ctx, sources, progress)
+            # chunks other ranks or hosts rely on are confirmed in the catalog, never taken from
+            # this host's cache: the coordinator could not write them again
+            blobs, chunks, new_ids = commit_engine.hash_and_dedup(ctx, sources, progress, confirm=True)
             return root, entries, blobs, chunks, new_ids
 
         root, entries, blobs, chunks, new_ids = _together(group, "hashing", snapshot)
-        wanted = _everyone(group, new_ids)
         writer: dict[bytes, int] = {}
-        for holder, ids in enumerate(wanted):
+        for holder, ids in enumerate(_everyone(group, new_ids)):
             for cid in ids:
                 writer.setdefault(cid, holder)
         mine = [cid for cid in new_ids if writer[cid] == rank]
@@ -118,14 +133,21 @@ def group_commit(ctx: EngineContext, state: object, req: CommitRequest, group: A
             new_bytes, stored_bytes = commit_engine.write_chunks(ctx, chunks, mine, redundancy, progress)
             return root, entries, blobs, new_bytes, stored_bytes
 
-        parts = _everyone(group, _together(group, "writing chunks", write))
+        parts = _at_coordinator(group, _together(group, "writing chunks", write))
         version = _together(group, "publishing", lambda: _publish(
             ctx, req, parts, parent, created, started) if rank == 0 else None)
         published: Version = _everyone(group, version)[0]
         return published
     finally:
-        if rank == 0:
+        for lease in leases:
             end_lease(ctx.catalog, lease)
+
+
+def _at_coordinator(group: Any, value: object) -> list[Any]:
+    """``value`` of every rank, in rank order, on group rank 0 (an empty list elsewhere)."""
+    gathered: list[Any] | None = [None] * dist.get_world_size(group) if dist.get_rank(group) == 0 else None
+    dist.gather_object(value, gathered, dst=dist.get_global_rank(group, 0), group=group)
+    return gathered or []
 
 
 def _publish(ctx: EngineContext, req: CommitRequest, parts: list[Part], parent: str | None,

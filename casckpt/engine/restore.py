@@ -172,7 +172,7 @@ def _assemble(shards: list[TensorEntry], buffers: Mapping[int, Buffer]) -> torch
     first = shards[0]
     shape = first.global_shape or first.shape
     device = next((b.device for t in shards if isinstance(b := buffers[t.blob], torch.Tensor)), None)
-    whole = torch.empty(shape, dtype=torch_dtype(first.dtype), device=device)
+    whole = torch.zeros(shape, dtype=torch_dtype(first.dtype), device=device)  # never uninitialised
     for t in shards:
         box = whole
         for dim, (start, size) in enumerate(zip(t.global_offset or (), t.shape, strict=True)):

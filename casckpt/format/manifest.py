@@ -275,14 +275,24 @@ def _tensor_nodes(root: Node) -> Iterator[tuple[str, list[int]]]:
             children = node.get("v")
             if not isinstance(children, list):
                 raise CorruptManifestError(f"manifest {kind} node has no item list")
+            keys = node.get("k")
+            if kind == "dict" and (not isinstance(keys, list) or len(keys) != len(children)):
+                raise CorruptManifestError("manifest dict node's keys and values disagree")
             stack.extend(children)
         elif kind == "ranks":
             raise CorruptManifestError("manifest has a ranks node below the root")
 
 
+_MAX_TENSOR_ELEMENTS = 1 << 48  # no real tensor is larger: a forged shape would allocate it
+_DISJOINT_CHECKED = 256  # shards compared pairwise up to this many (a few tensor-parallel ways more is rare)
+
+
 def _validate_sharded(m: Manifest, indices: list[int]) -> None:
     shards = [m.tensors[i] for i in indices]
     first = shards[0]
+    whole = math.prod(first.global_shape or ())
+    if whole > _MAX_TENSOR_ELEMENTS:
+        raise CorruptManifestError(f"manifest tensor {first.path!r} is impossibly large")
     for t in shards:
         if (not t.is_shard or t.path != first.path or t.dtype != first.dtype or t.kind != "torch"
                 or t.global_shape != first.global_shape):
@@ -292,6 +302,15 @@ def _validate_sharded(m: Manifest, indices: list[int]) -> None:
             and all(0 <= o and o + n <= g for o, n, g in zip(offset, t.shape, shape, strict=True))
         if not inside:
             raise CorruptManifestError(f"manifest shard of {t.path!r} lies outside the tensor it is part of")
+    pieces = [t for t in shards if t.numel]  # DCP may list an empty piece more than once
+    if sum(t.numel for t in pieces) != whole or (len(pieces) <= _DISJOINT_CHECKED and any(
+            _overlap(a, b) for i, a in enumerate(pieces) for b in pieces[i + 1:])):
+        raise CorruptManifestError(f"manifest shards of {first.path!r} do not cover the tensor exactly once")
+
+
+def _overlap(a: TensorEntry, b: TensorEntry) -> bool:
+    return all(oa < ob + nb and ob < oa + na for oa, na, ob, nb in
+               zip(a.global_offset or (), a.shape, b.global_offset or (), b.shape, strict=True))
 
 
 def _check_nodes(m: Manifest) -> None:

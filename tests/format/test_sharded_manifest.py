@@ -110,6 +110,16 @@ def _damage(doc: dict[str, Any], how: str) -> None:
         blobs[1]["phase"] = 0  # 64 bytes from 0 on a 64-byte grid is one chunk, not two
     elif how == "ranks_below_root":
         doc["root"]["v"][1] = {"t": "ranks", "v": []}
+    elif how == "shard_gap":
+        tensors[1]["shape"] = [3, 4]  # rows 9.. are in no shard
+    elif how == "shard_overlap":
+        tensors[1]["global_offset"] = [5, 0]
+        tensors[1]["global_shape"] = tensors[0]["global_shape"] = [10, 4]
+        tensors[0]["shape"] = [6, 4]
+    elif how == "impossibly_large":
+        tensors[0]["global_shape"] = tensors[1]["global_shape"] = [1 << 30, 1 << 30]
+    elif how == "dict_keys_short":
+        doc["root"]["k"] = doc["root"]["k"][:1]
     elif how == "bad_world":
         doc["world"] = {"size": 0, "api": "dcp"}
     elif how == "unknown_api":
@@ -118,6 +128,7 @@ def _damage(doc: dict[str, Any], how: str) -> None:
 
 @pytest.mark.parametrize("how", ["shard_outside", "shard_rank_mismatch", "shard_alone", "plain_in_sharded",
                                  "sharded_no_list", "phase_too_big", "phase_wrong_count", "ranks_below_root",
+                                 "shard_gap", "shard_overlap", "impossibly_large", "dict_keys_short",
                                  "bad_world", "unknown_api"])
 def test_impossible_sharded_manifest_is_refused(how: str) -> None:
     _, data = encode_manifest(_sharded())

@@ -152,6 +152,11 @@ def scenario_group_commit(rank: int, world: int, args: dict[str, Any]) -> dict[s
     if args.get("bad_rank") == rank:
         state["loader"]["sampler"] = object()  # unsupported: this rank fails while hashing
     with open_store(args) as store:
+        if args.get("preflight_fail") == rank:  # this rank fails before any collective of its own
+            def unreachable() -> None:
+                raise casckpt.errors.StorageError("injected: a location cannot be listed")
+
+            store._refresh_locations = unreachable  # type: ignore[method-assign]
         try:
             version = store.commit(state, run=args["run"], step=args["step"], group=dist.group.WORLD)
         except casckpt.errors.GroupCommitError as exc:
