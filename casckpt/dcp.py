@@ -34,6 +34,7 @@ import io
 import logging
 import os
 import pickle
+import re
 import threading
 import time
 import weakref
@@ -114,10 +115,12 @@ def _value_node(fqn: str, data: io.BytesIO) -> Node:
     try:
         value = torch.load(io.BytesIO(data.getbuffer()), weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, AttributeError, TypeError, EOFError) as exc:
+        found = re.search(r"GLOBAL ([\w.]+)", str(exc))  # torch names the class it refused
+        what = f"it holds a {found.group(1)}" if found else "it is not"
         raise UnsupportedStateError(
             f"cannot store the value at {fqn!r} through DCP: casckpt keeps only plain values "
-            f"(dicts, lists, tuples, numbers, strings, bytes, None), and this one is not ({exc}). "
-            "Convert it (e.g. int(x), x.state_dict()) before saving."
+            f"(dicts, lists, tuples, numbers, strings, bytes, None) and tensors, and {what}. "
+            "Convert it (e.g. int(x), x.isoformat(), x.state_dict()) before saving."
         ) from exc
     root, leaves = encode_tree(value)
     if leaves:
