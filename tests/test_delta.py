@@ -263,13 +263,18 @@ def test_with_copies_a_corrupt_base_is_repaired_first(tmp_path: Path) -> None:
         with store._ctx.catalog.read() as conn:
             pack, offset = conn.execute(select(schema.chunks.c.pack_id, schema.chunks.c.offset)
                                         .where(schema.chunks.c.id == base)).one()
-        copy = next(p for p in (tmp_path / "a").rglob(f"{pack}*") if p.is_file())
-        data = bytearray(copy.read_bytes())
-        data[offset + ENTRY_HEADER_SIZE + 100] ^= 1
-        os.chmod(copy, 0o644)
-        copy.write_bytes(bytes(data))
-        _same(store.restore("r@2"), kept[2])  # rebuilt from the good copy, then decoded
-        assert store.check(read_data=True).ok  # and the damaged copy was healed on read
+        for where in ("a", "b"):  # one of the two is the copy reads go to first
+            copy = next(p for p in (tmp_path / where).rglob(f"{pack}*") if p.is_file())
+            data = bytearray(copy.read_bytes())
+            data[offset + ENTRY_HEADER_SIZE + 100] ^= 1
+            os.chmod(copy, 0o644)
+            copy.write_bytes(bytes(data))
+            store._ctx.packs.forget(pack)
+            _same(store.restore("r@2"), kept[2])  # the base from a good copy (healing a bad one read)
+            report = store.check(read_data=True)  # a bad copy left is found; no chunk is corrupt
+            assert all(p.kind in ("pack", "shard") for p in report.problems), report.problems
+            store.repair()
+            assert store.check(read_data=True).ok
 
 
 def test_catalog_rebuild_keeps_delta_bases(tmp_path: Path) -> None:

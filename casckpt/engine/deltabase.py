@@ -80,6 +80,14 @@ class BaseCache:
                 _, old = self._chunks.popitem(last=False)
                 self._bytes -= len(old.data)
 
+    def drop(self, ids: Iterable[bytes]) -> None:
+        """Forget chunks no later commit will be coded against."""
+        with self._lock:
+            for cid in ids:
+                gone = self._chunks.pop(cid, None)
+                if gone is not None:
+                    self._bytes -= len(gone.data)
+
     @property
     def nbytes(self) -> int:
         """Raw bytes held."""
@@ -169,5 +177,8 @@ class DeltaPlan:
             self.fresh[cid] = CachedChunk(copy, depth)
 
     def published(self, used: Iterable[bytes]) -> None:
-        """The version is visible: its new chunks become bases for the next commit."""
-        self.bases.keep(self.fresh, used)
+        """The version is visible: its new chunks become bases for the next commit, and the
+        parent's chunks they replace are dropped (the next commit is coded against this one)."""
+        kept = set(used)
+        self.bases.keep(self.fresh, kept)
+        self.bases.drop(base for base in set(self.candidates.values()) if base not in kept)

@@ -299,12 +299,14 @@ class PackStore:
         out.sort(key=lambda pair: (pair[0].index >= layout.k, pair[1].remote, pair[0].index))
         return out
 
-    def read_into(self, pack_id: str, offset: int, buffers: Sequence[memoryview]) -> int:
+    def read_into(self, pack_id: str, offset: int, buffers: Sequence[memoryview], *,
+                  heal: bool = True) -> int:
         """Fill ``buffers`` with pack bytes from ``offset``; returns the bytes read.
 
         Reads copies or data shards by range; falls back to rebuilding the
-        pack (:meth:`recover`) when a shard it needs is gone. The caller
-        verifies what it reads and calls :meth:`recover` on a mismatch.
+        pack (:meth:`recover`, healing unless ``heal=False``) when a shard it
+        needs is gone. The caller verifies what it reads and calls
+        :meth:`recover` on a mismatch.
 
         Raises:
             BlobNotFoundError: the pack is not in the catalog (GC removed it).
@@ -312,7 +314,7 @@ class PackStore:
         """
         layout = self._must_layout(pack_id)
         if layout.scheme == "ec":
-            return self._read_striped(layout, offset, buffers)
+            return self._read_striped(layout, offset, buffers, heal)
         for sh, loc in self._readable(layout):
             try:
                 return loc.blobs.read_into(sh.key, offset, buffers)
@@ -322,9 +324,10 @@ class PackStore:
             raise BlobNotFoundError(
                 f"pack {pack_id} is missing from {self._where(layout)}; restore another version, "
                 "or add redundancy (`casckpt redundancy`) to survive this")
-        return scatter(memoryview(self.recover(pack_id))[offset:], buffers)
+        return scatter(memoryview(self.recover(pack_id, heal=heal))[offset:], buffers)
 
-    def _read_striped(self, layout: PackLayout, offset: int, buffers: Sequence[memoryview]) -> int:
+    def _read_striped(self, layout: PackLayout, offset: int, buffers: Sequence[memoryview],
+                      heal: bool = True) -> int:
         stripe, base = layout.stripe or 0, SHARD_HEADER_SIZE + (layout.data_offset or 0)
         want = min(sum(len(b) for b in buffers), max(0, layout.size - offset))
         pieces: list[tuple[ShardRow, Location, int, list[memoryview]]] = []
@@ -336,7 +339,7 @@ class PackStore:
             sh = layout.shard(index)
             loc = self.locations.get(sh.location_id) if sh is not None else None
             if sh is None or loc is None or not loc.readable or sh.state != "ok":
-                return self._from_recovered(layout, offset, buffers)
+                return self._from_recovered(layout, offset, buffers, heal)
             pieces.append((sh, loc, base + pos - index * stripe, part))
             pos += take
         for sh, loc, at, part in pieces:
@@ -344,14 +347,15 @@ class PackStore:
                 got = loc.blobs.read_into(sh.key, at, part)
             except StorageError as exc:
                 self._damaged(layout, {sh.index: "missing"}, f"{loc.describe()}: {exc}")
-                return self._from_recovered(layout, offset, buffers)
+                return self._from_recovered(layout, offset, buffers, heal)
             if got < sum(len(p) for p in part):
                 self._damaged(layout, {sh.index: "corrupt"}, "shard is truncated")
-                return self._from_recovered(layout, offset, buffers)
+                return self._from_recovered(layout, offset, buffers, heal)
         return want
 
-    def _from_recovered(self, layout: PackLayout, offset: int, buffers: Sequence[memoryview]) -> int:
-        return scatter(memoryview(self.recover(layout.id))[offset:], buffers)
+    def _from_recovered(self, layout: PackLayout, offset: int, buffers: Sequence[memoryview],
+                        heal: bool) -> int:
+        return scatter(memoryview(self.recover(layout.id, heal=heal))[offset:], buffers)
 
     def can_rebuild(self, pack_id: str) -> bool:
         """Whether the pack has redundancy to rebuild a damaged copy or shard from."""
@@ -402,8 +406,9 @@ class PackStore:
         """Read a pack the catalog does not know yet (see :func:`.packverify.read_detached`)."""
         return packverify.read_detached(self, layout)
 
-    def recover(self, pack_id: str) -> bytes:
-        """Rebuild a pack from its healthy shards and heal the damaged ones (heal on read).
+    def recover(self, pack_id: str, *, heal: bool = True) -> bytes:
+        """Rebuild a pack from its healthy shards and heal the damaged ones (heal on read;
+        ``heal=False`` leaves them to ``repair``, as ``check`` must).
 
         Single-flight per pack: restore reads a pack in several ranges at
         once, and all of them wait for one rebuild. The last few rebuilt
@@ -420,7 +425,7 @@ class PackStore:
             if cached is not None:
                 return cached
             try:
-                data = self._recover(pack_id)
+                data = self._recover(pack_id, heal)
             except BaseException:
                 with self._lock:
                     self._pack_locks.pop(pack_id, None)
@@ -432,7 +437,7 @@ class PackStore:
                     self._pack_locks.pop(old, None)
             return data
 
-    def _recover(self, pack_id: str) -> bytes:
+    def _recover(self, pack_id: str, heal: bool) -> bytes:
         layout = self.layout(pack_id, fresh=True)
         if layout is None:
             raise BlobNotFoundError(f"pack {pack_id} is not in the catalog (removed by GC?)")
@@ -448,7 +453,7 @@ class PackStore:
                 f"{len(layout.shards)}, {needed} needed ({details}). Restore another version; "
                 "`casckpt check` lists every version affected")
         damaged = [sh.index for sh in self._fresh_layout(pack_id).shards if sh.state != "ok"]
-        if damaged:
+        if damaged and heal:
             try:
                 packrepair.rewrite(self, self._fresh_layout(pack_id), found.data, damaged, found.fragments)
             except StorageError as exc:  # left marked; `casckpt repair` retries

@@ -82,6 +82,7 @@ def read_chunks(
     wanted: Mapping[bytes, list[Destination]],
     describe: Callable[[bytes], str],
     progress: ProgressCallback | None = None,
+    *, heal: bool = True,
 ) -> int:
     """Fill every destination of every wanted chunk with its verified raw bytes.
 
@@ -100,9 +101,9 @@ def read_chunks(
         CorruptChunkError: stored bytes fail verification.
     """
     try:
-        return _read_all(ctx, wanted, describe, progress)
+        return _read_all(ctx, wanted, describe, progress, heal=heal)
     except _PackGone:
-        return _read_all(ctx, wanted, describe, progress, last_try=True)
+        return _read_all(ctx, wanted, describe, progress, last_try=True, heal=heal)
 
 
 @dataclass(slots=True)
@@ -160,13 +161,14 @@ def _locate(ctx: EngineContext, ids: Iterable[bytes], describe: Callable[[bytes]
 
 def _read_all(ctx: EngineContext, wanted: Mapping[bytes, list[Destination]],
               describe: Callable[[bytes], str], progress: ProgressCallback | None,
-              last_try: bool = False) -> int:
+              last_try: bool = False, heal: bool = True) -> int:
     locations = _locate(ctx, wanted, describe)
     plain = {cid: dsts for cid, dsts in wanted.items() if not is_delta(locations[cid].codec)}
-    done = _read_located(ctx, plain, locations, describe, progress, last_try, {})
+    done = _read_located(ctx, plain, locations, describe, progress, last_try, {}, heal)
     deltas = [cid for cid in wanted if cid not in plain]
     if deltas:
-        done += _DeltaReader(ctx, locations, describe, last_try).read({c: wanted[c] for c in deltas})
+        reader = _DeltaReader(ctx, locations, describe, last_try, heal)
+        done += reader.read({c: wanted[c] for c in deltas})
     return done
 
 
@@ -174,8 +176,8 @@ class _DeltaReader:
     """Decodes delta chains window by window (see the module docstring)."""
 
     def __init__(self, ctx: EngineContext, locations: dict[bytes, ChunkLocation],
-                 describe: Callable[[bytes], str], last_try: bool) -> None:
-        self.ctx, self.locations, self.last_try = ctx, dict(locations), last_try
+                 describe: Callable[[bytes], str], last_try: bool, heal: bool) -> None:
+        self.ctx, self.locations, self.last_try, self.heal = ctx, dict(locations), last_try, heal
         self.describe_wanted = describe
         self.needed_by: dict[bytes, bytes] = {}  # base -> a wanted chunk that needs it (for messages)
         self.decoded: OrderedDict[bytes, memoryview] = OrderedDict()  # bounded LRU of raw bases
@@ -249,7 +251,8 @@ class _DeltaReader:
                 todo[cid] = dsts
             bases = {b: raw[b] if b in raw else self.decoded[b] for c in todo
                      if (b := self.locations[c].entry().base_id) is not None}
-            done += _read_located(self.ctx, todo, self.locations, self.describe, None, self.last_try, bases)
+            done += _read_located(self.ctx, todo, self.locations, self.describe, None, self.last_try, bases,
+                                  self.heal)
             for cid, data in raw.items():  # a base's dependents are all one level up: done with it
                 self._remember(cid, data)
             raw = made
@@ -273,6 +276,7 @@ _MAX_CHAIN = 1024  # no sane chain is this long: a cycle in a damaged catalog
 def _read_located(
     ctx: EngineContext, wanted: Mapping[bytes, list[Destination]], locations: Mapping[bytes, ChunkLocation],
     describe: Callable[[bytes], str], progress: ProgressCallback | None, last_try: bool, bases: Bases,
+    heal: bool = True,
 ) -> int:
     if not wanted:
         return 0
@@ -289,7 +293,7 @@ def _read_located(
         plan = [_Slot.of(loc, wanted[loc.entry().chunk_id]) for loc in r.chunks]
         buffers = [view for slot in plan for view in (slot.header, slot.payload)]
         try:
-            got = ctx.packs.read_into(r.pack_id, r.start, buffers)
+            got = ctx.packs.read_into(r.pack_id, r.start, buffers, heal=heal)
         except BlobNotFoundError as exc:
             if not last_try:
                 raise _PackGone() from exc
@@ -310,7 +314,7 @@ def _read_located(
                 raise
             # a copy or shard is damaged: rebuild the pack from healthy shards (healing them)
             try:
-                pack = ctx.packs.recover(r.pack_id)
+                pack = ctx.packs.recover(r.pack_id, heal=heal)
             except MissingDataError as exc:
                 raise _unreadable(r.pack_id, exc) from exc
             scatter(memoryview(pack)[r.start : r.end], buffers)
