@@ -286,7 +286,7 @@ def _read_located(
 
     def _unreadable(pack_id: str, exc: MissingDataError) -> MissingDataError:
         """Name what the caller loses with a pack that cannot be read back."""
-        hit = sorted({describe(cid) for cid in wanted if locations[cid].pack_id == pack_id})
+        hit = sorted({describe(cid) for cid, loc in locations.items() if loc.pack_id == pack_id})
         return MissingDataError(f"{'; '.join(hit)} cannot be read: {exc}")
 
     def fetch(r: _Range) -> int:
