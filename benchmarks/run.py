@@ -11,13 +11,15 @@ times history queries (log, tensor history) on a 10,000-version catalog; the
 with a single-copy one: commit, stored bytes, healthy and degraded restore,
 scrub, repair, and the raw erasure code; the ``dcp`` workload saves and loads
 a DTensor state on 2 ranks with torch.distributed.checkpoint through casckpt
-and through DCP's own FileSystemWriter/Reader.
+and through DCP's own FileSystemWriter/Reader; the ``delta`` workload commits
+the same sequences with delta coding on and off: stored bytes, commit time,
+and restore at the end of a delta chain against a keyframe.
 
 Usage::
 
     python benchmarks/run.py [--scale S]
                              [--workloads dense,dense-bf16,frozen,lora,embed,unchanged,
-                                          branch,s3,catalog,redundancy,dcp]
+                                          branch,s3,catalog,redundancy,dcp,delta]
                              [--out FILE] [--dir TMPDIR]
 
 Prints a table of ratios with pass/miss against BENCHMARKS.md targets and writes
@@ -45,6 +47,8 @@ from benchmarks.catalog import NAME as CATALOG_NAME  # noqa: E402
 from benchmarks.catalog import run_catalog  # noqa: E402
 from benchmarks.dcp import NAME as DCP_NAME  # noqa: E402
 from benchmarks.dcp import run_dcp  # noqa: E402
+from benchmarks.delta import NAME as DELTA_NAME  # noqa: E402
+from benchmarks.delta import run_delta  # noqa: E402
 from benchmarks.machine import machine_info  # noqa: E402
 from benchmarks.redundancy import NAME as REDUNDANCY_NAME  # noqa: E402
 from benchmarks.redundancy import run_redundancy  # noqa: E402
@@ -55,7 +59,7 @@ from benchmarks.suite import Log, run_workload  # noqa: E402
 from benchmarks.workloads import WORKLOADS as LOCAL_WORKLOADS  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "latest.json"
-WORKLOADS = (*LOCAL_WORKLOADS, S3_NAME, CATALOG_NAME, REDUNDANCY_NAME, DCP_NAME)
+WORKLOADS = (*LOCAL_WORKLOADS, S3_NAME, CATALOG_NAME, REDUNDANCY_NAME, DCP_NAME, DELTA_NAME)
 
 
 def _workload_list(text: str) -> list[str]:
@@ -117,6 +121,8 @@ def _run_one(name: str, scale: float, workdir: Path, log: Log) -> Outcome:
         return run_redundancy(scale, workdir, log)
     if name == DCP_NAME:
         return run_dcp(scale, workdir, log)
+    if name == DELTA_NAME:
+        return run_delta(scale, workdir, log)
     return run_workload(name, scale, workdir, log)
 
 
