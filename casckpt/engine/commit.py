@@ -193,10 +193,15 @@ def _encoded(ctx: EngineContext, chunks: Mapping[bytes, _Chunk], ids: Sequence[b
     def encode(cid: bytes) -> Encoded:
         chunk = chunks[cid]
         data = chunk.data()
-        codec, payload = encode_chunk(data, chunk.align, policy)
+
+        def plain() -> tuple[int, bytes | memoryview]:
+            codec, payload = encode_chunk(data, chunk.align, policy)
+            return int(codec), payload
+
         if delta is None:
-            return cid, int(codec), len(data), payload, None
-        chosen, payload, base = delta.encode(cid, data, chunk.align, chunk.owned, (int(codec), payload))
+            codec, payload = plain()
+            return cid, codec, len(data), payload, None
+        chosen, payload, base = delta.encode(cid, data, chunk.align, chunk.owned, plain)
         return cid, chosen, len(data), payload, base
 
     for i in range(0, len(ids), window):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +28,7 @@ from casckpt.format.codecs import encode_delta
 from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry
 
 DELTA_MAX_RATIO = 0.8  # a delta must be at most this fraction of the plain encoding's size
+DELTA_SURE_RATIO = 0.25  # a delta this small of the raw chunk is kept without trying the plain encoding
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,18 +155,23 @@ class DeltaPlan:
         self._lock = threading.Lock()
 
     def encode(self, cid: bytes, data: memoryview, align: int, owned: bool,
-               plain: tuple[int, bytes | memoryview]) -> tuple[int, bytes | memoryview, bytes | None]:
-        """``(codec, payload, base id)``: a delta when its base is at hand and it pays, else ``plain``."""
-        codec, payload = plain
-        base_id, depth = None, 0
+               plain: Callable[[], tuple[int, bytes | memoryview]],
+               ) -> tuple[int, bytes | memoryview, bytes | None]:
+        """``(codec, payload, base id)``: a delta when its base is at hand and it pays, else the
+        ``plain()`` encoding (not even computed when the delta is tiny)."""
         base = self.candidates.get(cid)
         cached = self.bases.get(base) if base is not None and base in self.live else None
-        if cached is not None and cached.depth < self.chain and len(cached.data) == len(data):
-            delta_codec, delta = encode_delta(data, cached.data, align, self.level)
-            if len(delta) <= DELTA_MAX_RATIO * len(payload):
-                codec, payload, base_id, depth = int(delta_codec), delta, base, cached.depth + 1
-        self._keep(cid, data, owned, depth)
-        return codec, payload, base_id
+        if cached is None or cached.depth >= self.chain or len(cached.data) != len(data):
+            self._keep(cid, data, owned, 0)
+            return (*plain(), None)
+        delta_codec, delta = encode_delta(data, cached.data, align, self.level)
+        if len(delta) > DELTA_SURE_RATIO * len(data):  # compare with the plain encoding
+            codec, payload = plain()
+            if len(delta) > DELTA_MAX_RATIO * len(payload):
+                self._keep(cid, data, owned, 0)
+                return codec, payload, None
+        self._keep(cid, data, owned, cached.depth + 1)
+        return int(delta_codec), delta, base
 
     def _keep(self, cid: bytes, data: memoryview, owned: bool, depth: int) -> None:
         with self._lock:

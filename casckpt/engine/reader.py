@@ -16,9 +16,12 @@ its id, so a corrupt base is reported by the chunks that need it.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from casckpt.catalog import ChunkLocation
 from casckpt.engine.context import EngineContext
@@ -29,8 +32,9 @@ from casckpt.errors import (
     IntegrityError,
     MissingDataError,
 )
-from casckpt.format.codecs import Codec, is_delta
-from casckpt.format.pack import ENTRY_HEADER_SIZE, PackEntry, decode_split_entry
+from casckpt.format.chunks import chunk_id
+from casckpt.format.codecs import Codec, delta_planes, is_delta, regroup, ungroup_into
+from casckpt.format.pack import ENTRY_HEADER_SIZE, PackEntry, check_entry_header, decode_split_entry
 from casckpt.storage.base import scatter
 from casckpt.types import ProgressCallback
 
@@ -124,19 +128,15 @@ class _Slot:
     @classmethod
     def of(cls, loc: ChunkLocation, destinations: list[Destination]) -> _Slot:
         entry = loc.entry()
-        direct = entry.codec == Codec.RAW and len(destinations[0]) == entry.stored_len
+        direct = entry.codec == Codec.RAW and bool(destinations) and len(destinations[0]) == entry.stored_len
         payload = destinations[0] if direct else memoryview(bytearray(entry.stored_len))
         return cls(entry, loc.pack_id, memoryview(bytearray(ENTRY_HEADER_SIZE)), payload, destinations)
 
 
-Bases = Mapping[bytes, memoryview]  # raw bytes of the bases the chunks being decoded need
-
-
-def _decode(plan: Sequence[_Slot], bases: Bases) -> None:
-    """Verify each chunk read and copy it to its other destinations."""
+def _decode(plan: Sequence[_Slot]) -> None:
+    """Verify each (plain) chunk read and copy it to its other destinations."""
     for slot in plan:
-        base = bases.get(slot.entry.base_id) if slot.entry.base_id is not None else None
-        raw = decode_split_entry(slot.header, slot.payload, slot.entry, slot.pack_id, base)
+        raw = decode_split_entry(slot.header, slot.payload, slot.entry, slot.pack_id)
         for dst in slot.destinations:
             if dst is not slot.payload:
                 dst[:] = raw
@@ -164,7 +164,7 @@ def _read_all(ctx: EngineContext, wanted: Mapping[bytes, list[Destination]],
               last_try: bool = False, heal: bool = True) -> int:
     locations = _locate(ctx, wanted, describe)
     plain = {cid: dsts for cid, dsts in wanted.items() if not is_delta(locations[cid].codec)}
-    done = _read_located(ctx, plain, locations, describe, progress, last_try, {}, heal)
+    done = _read_located(ctx, plain, locations, describe, progress, last_try, heal)
     deltas = [cid for cid in wanted if cid not in plain]
     if deltas:
         reader = _DeltaReader(ctx, locations, describe, last_try, heal)
@@ -180,7 +180,7 @@ class _DeltaReader:
         self.ctx, self.locations, self.last_try, self.heal = ctx, dict(locations), last_try, heal
         self.describe_wanted = describe
         self.needed_by: dict[bytes, bytes] = {}  # base -> a wanted chunk that needs it (for messages)
-        self.decoded: OrderedDict[bytes, memoryview] = OrderedDict()  # bounded LRU of raw bases
+        self.decoded: OrderedDict[bytes, Rep] = OrderedDict()  # bounded LRU of decoded bases
         self.decoded_bytes = 0
 
     def describe(self, cid: bytes) -> str:
@@ -236,38 +236,102 @@ class _DeltaReader:
         return levels
 
     def _window(self, wanted: Mapping[bytes, list[Destination]]) -> int:
+        """Decode a window's chains in grouped byte order, verifying each wanted chunk once at the
+        end of its chain; on any mismatch, decode again verifying every level (which finds the
+        damaged chunk and, with redundancy, rebuilds and heals its pack)."""
+        try:
+            return self._decode_levels(wanted, verify_all=False)
+        except IntegrityError:
+            return self._decode_levels(wanted, verify_all=True)
+
+    def _decode_levels(self, wanted: Mapping[bytes, list[Destination]], verify_all: bool) -> int:
         levels = self._chains(wanted)
         needed = {bytes.fromhex(h) for c in levels if (h := self.locations[c].base_id) is not None}
-        raw: dict[bytes, memoryview] = {}  # decoded bases of the level being decoded
+        reps: dict[bytes, Rep] = {}  # decoded bases of the level being decoded
         done = 0
         for level in range(max(levels.values()) + 1):
-            todo: dict[bytes, list[Destination]] = {}
-            made: dict[bytes, memoryview] = {}
-            for cid in (c for c, at in levels.items() if at == level):
-                dsts = list(wanted.get(cid, ()))
-                if cid in needed:
-                    made[cid] = memoryview(bytearray(self.locations[cid].raw_len))
-                    dsts.append(made[cid])
-                todo[cid] = dsts
-            bases = {b: raw[b] if b in raw else self.decoded[b] for c in todo
-                     if (b := self.locations[c].entry().base_id) is not None}
-            done += _read_located(self.ctx, todo, self.locations, self.describe, None, self.last_try, bases,
-                                  self.heal)
-            for cid, data in raw.items():  # a base's dependents are all one level up: done with it
-                self._remember(cid, data)
-            raw = made
-        for cid, data in raw.items():
-            self._remember(cid, data)
+            todo = {cid: list(wanted.get(cid, ())) for cid, at in levels.items() if at == level}
+            made: dict[bytes, Rep] = {}
+            decode = self._decoder(reps, needed, made, verify_all)
+            done += _read_located(self.ctx, todo, self.locations, self.describe, None, self.last_try,
+                                  self.heal, decode)
+            for cid, rep in reps.items():  # a base's dependents are all one level up: done with it
+                self._remember(cid, rep)
+            reps = made
+        for cid, rep in reps.items():
+            self._remember(cid, rep)
         return done
 
-    def _remember(self, cid: bytes, data: memoryview) -> None:
-        if cid in self.decoded or len(data) > DECODED_BASES:
+    def _decoder(self, reps: Mapping[bytes, Rep], needed: set[bytes], made: dict[bytes, Rep],
+                 verify_all: bool) -> Callable[[Sequence[_Slot]], None]:
+        lock = threading.Lock()
+
+        def decode(plan: Sequence[_Slot]) -> None:
+            for slot in plan:
+                entry = slot.entry
+                filled: memoryview | None = slot.payload  # a destination that holds the bytes already
+                if entry.base_id is None:  # a keyframe: decoded and verified as any chunk
+                    raw = decode_split_entry(slot.header, slot.payload, entry, slot.pack_id)
+                    rep: Rep = (1, np.frombuffer(raw, dtype=np.uint8))
+                else:
+                    base = reps[entry.base_id] if entry.base_id in reps else self.decoded[entry.base_id]
+                    rep = _apply(slot, base)
+                    if slot.destinations or verify_all:
+                        raw = _ungrouped(rep, slot.destinations)
+                        filled = slot.destinations[0] if slot.destinations and rep[0] != 1 else None
+                        if chunk_id(raw) != entry.chunk_id:
+                            raise _chain_mismatch(slot)
+                for dst in slot.destinations:
+                    if dst is not filled:
+                        dst[:] = raw
+                if entry.chunk_id in needed:
+                    with lock:
+                        made[entry.chunk_id] = rep
+        return decode
+
+    def _remember(self, cid: bytes, rep: Rep) -> None:
+        size = rep[1].nbytes
+        if cid in self.decoded or size > DECODED_BASES:
             return
-        self.decoded[cid] = data
-        self.decoded_bytes += len(data)
+        self.decoded[cid] = rep
+        self.decoded_bytes += size
         while self.decoded_bytes > DECODED_BASES:
             _, old = self.decoded.popitem(last=False)
-            self.decoded_bytes -= len(old)
+            self.decoded_bytes -= old[1].nbytes
+
+
+Rep = tuple[int, np.ndarray]  # a decoded chunk: (group width, its bytes in that grouped order; 1: plain)
+
+
+def _ungrouped(rep: Rep, destinations: Sequence[Destination]) -> memoryview:
+    """A decoded chunk's bytes in element order -- written straight into its first destination."""
+    width, data = rep
+    if width == 1:
+        return memoryview(data)  # type: ignore[arg-type]  # numpy exports the buffer
+    out = np.frombuffer(destinations[0], dtype=np.uint8) if destinations else np.empty(data.nbytes, np.uint8)
+    return memoryview(ungroup_into(data, width, out))  # type: ignore[arg-type]
+
+
+def _apply(slot: _Slot, base: Rep) -> Rep:
+    """A delta slot's chunk in the delta's grouped order: its XOR planes applied to its base."""
+    entry = slot.entry
+    check_entry_header(slot.header, entry, slot.pack_id)
+    try:
+        width, planes = delta_planes(entry.codec, slot.payload, entry.raw_len)
+    except CorruptChunkError as exc:
+        raise CorruptChunkError(f"chunk {entry.chunk_id.hex()} in pack {slot.pack_id} is corrupt: {exc}",
+                                pack_id=slot.pack_id, chunk_id=entry.chunk_id.hex()) from exc
+    if base[1].nbytes != entry.raw_len:
+        raise _chain_mismatch(slot)
+    return width, np.bitwise_xor(planes, regroup(base[1], base[0], width))
+
+
+def _chain_mismatch(slot: _Slot) -> CorruptChunkError:
+    cid = slot.entry.chunk_id.hex()
+    return CorruptChunkError(
+        f"chunk {cid} in pack {slot.pack_id}, decoded through its delta chain, does not match its id: "
+        "it or one of its bases is corrupt. Run `casckpt check --read-data`, restore another version, "
+        "or `casckpt repair`.", pack_id=slot.pack_id, chunk_id=cid)
 
 
 _MAX_CHAIN = 1024  # no sane chain is this long: a cycle in a damaged catalog
@@ -275,11 +339,14 @@ _MAX_CHAIN = 1024  # no sane chain is this long: a cycle in a damaged catalog
 
 def _read_located(
     ctx: EngineContext, wanted: Mapping[bytes, list[Destination]], locations: Mapping[bytes, ChunkLocation],
-    describe: Callable[[bytes], str], progress: ProgressCallback | None, last_try: bool, bases: Bases,
-    heal: bool = True,
+    describe: Callable[[bytes], str], progress: ProgressCallback | None, last_try: bool,
+    heal: bool = True, decode: Callable[[Sequence[_Slot]], None] | None = None,
 ) -> int:
+    """Read and decode ``wanted`` (located in ``locations``) into their destinations; ``decode``
+    replaces the default decoding of each range's slots."""
     if not wanted:
         return 0
+    decoder = decode or _decode
     ranges = _coalesce([locations[cid] for cid in wanted], ctx.config.read_coalesce)
     total = sum(r.end - r.start for r in ranges)
     done = 0
@@ -308,7 +375,7 @@ def _read_located(
                 raise CorruptPackError(
                     f"pack {r.pack_id} ends before byte {r.end}: it is truncated. Run `casckpt check`."
                 )
-            _decode(plan, bases)
+            decoder(plan)
         except IntegrityError:
             if not ctx.packs.can_rebuild(r.pack_id):
                 raise
@@ -318,7 +385,7 @@ def _read_located(
             except MissingDataError as exc:
                 raise _unreadable(r.pack_id, exc) from exc
             scatter(memoryview(pack)[r.start : r.end], buffers)
-            _decode(plan, bases)
+            decoder(plan)
         return r.end - r.start
 
     for read in ctx.pool.map(fetch, ranges):

@@ -70,16 +70,24 @@ class CompressionPolicy:
 
 def _group(data: memoryview | bytes, width: int) -> bytes:
     array = np.frombuffer(data, dtype=np.uint8).reshape(-1, width)
-    return bytes(array.T.tobytes())
+    planes = np.empty((width, len(array)), dtype=np.uint8)
+    for i in range(width):  # a column at a time: ~3x faster than numpy's strided transpose
+        planes[i] = array[:, i]
+    return planes.tobytes()
 
 
-def _ungroup(data: bytes, width: int) -> bytes:
+def ungroup_into(data: bytes | memoryview | np.ndarray, width: int, out: np.ndarray) -> np.ndarray:
+    """Write the bytes of grouped ``data`` back in element order into ``out`` (uint8, same size)."""
     planes = np.frombuffer(data, dtype=np.uint8).reshape(width, -1)
-    if width == 2:  # bf16 / fp16: numpy's strided 2-byte interleave is ~3x slower than this
-        out = planes[0].astype("<u2")
-        out |= planes[1].astype("<u2") << np.uint16(8)
-        return bytes(out.tobytes())
-    return bytes(planes.T.tobytes())
+    columns = out.reshape(-1, width)
+    for i in range(width):  # a column at a time: ~3x faster than numpy's strided transpose
+        columns[:, i] = planes[i]
+    return out
+
+
+def _ungroup(data: bytes | memoryview, width: int) -> bytes | memoryview:
+    out = ungroup_into(data, width, np.empty(len(data), dtype=np.uint8))
+    return memoryview(out)  # type: ignore[arg-type]  # numpy exports the buffer
 
 
 def _compress(data: memoryview | bytes, codec: Codec, level: int) -> bytes:
@@ -136,6 +144,40 @@ def encode_delta(data: memoryview | bytes, base: memoryview | bytes, element_siz
     return codec, _compress(_xor(data, base).data, codec, level)
 
 
+def delta_planes(codec: int, payload: bytes | memoryview, raw_len: int) -> tuple[int, np.ndarray]:
+    """A delta payload decompressed but not applied: ``(group width, XOR bytes in grouped order)``.
+
+    XOR commutes with byte grouping (a permutation), so a chain of deltas can be
+    applied in grouped order and ungrouped once at its end.
+
+    Raises:
+        CorruptChunkError: not a delta codec, or the payload does not decompress to ``raw_len``.
+    """
+    try:
+        kind: Codec | None = Codec(codec)
+    except ValueError:
+        kind = None
+    if kind is None or not kind.is_delta or raw_len % kind.group:
+        raise CorruptChunkError(f"codec {codec} cannot hold a delta of {raw_len} bytes")
+    try:
+        if zstandard.frame_content_size(payload) != raw_len:
+            raise CorruptChunkError(f"delta frame does not declare {raw_len} bytes")
+        out = zstandard.ZstdDecompressor().decompress(payload, max_output_size=raw_len)
+    except zstandard.ZstdError as exc:
+        raise CorruptChunkError(f"delta payload does not decompress: {exc}") from exc
+    if len(out) != raw_len:
+        raise CorruptChunkError(f"delta decoded to {len(out)} bytes, expected {raw_len}")
+    return kind.group, np.frombuffer(out, dtype=np.uint8)
+
+
+def regroup(data: np.ndarray, width: int, to: int) -> np.ndarray:
+    """Bytes in ``width``-grouped order (1: plain) rearranged into ``to``-grouped order."""
+    if width == to:
+        return data
+    plain = data if width == 1 else ungroup_into(data, width, np.empty(data.nbytes, dtype=np.uint8))
+    return plain if to == 1 else np.frombuffer(_group(plain.data, to), dtype=np.uint8)
+
+
 def decode_chunk(codec: int, payload: bytes | memoryview, raw_len: int,
                  base: bytes | memoryview | None = None) -> bytes | memoryview:
     """Decode a chunk payload back to its ``raw_len`` raw bytes (delta codecs need ``base``).
@@ -170,5 +212,5 @@ def decode_chunk(codec: int, payload: bytes | memoryview, raw_len: int,
         raise CorruptChunkError(f"chunk decoded to {len(out)} bytes, expected {raw_len}")
     plain = _ungroup(out, kind.group) if kind.group > 1 else out
     if kind.is_delta and base is not None:
-        return bytes(_xor(plain, base).data)
+        return memoryview(_xor(plain, base))  # type: ignore[arg-type]  # numpy exports the buffer
     return plain

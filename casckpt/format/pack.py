@@ -125,20 +125,7 @@ def decode_split_entry(header_bytes: bytes | memoryview, payload: bytes | memory
     ``expected`` names (when it names one).
     """
     cid_hex = expected.chunk_id.hex()
-    try:
-        header = decode_entry_header(header_bytes, expected.offset)
-    except CorruptPackError as exc:
-        raise CorruptChunkError(
-            f"chunk {cid_hex} in pack {pack_id}: {exc}", pack_id=pack_id, chunk_id=cid_hex
-        ) from exc
-    if (header.chunk_id, header.stored_len, header.raw_len, header.codec) != (
-        expected.chunk_id, expected.stored_len, expected.raw_len, expected.codec
-    ) or (expected.base_id is not None and header.base_id != expected.base_id):
-        raise CorruptChunkError(
-            f"chunk {cid_hex} in pack {pack_id}: header at offset {expected.offset} describes "
-            "another chunk; the pack or the catalog is damaged. Run `casckpt check --read-data`.",
-            pack_id=pack_id, chunk_id=cid_hex,
-        )
+    header = check_entry_header(header_bytes, expected, pack_id)
     try:
         if len(payload) != header.stored_len:
             raise CorruptChunkError("payload is truncated")
@@ -154,6 +141,30 @@ def decode_split_entry(header_bytes: bytes | memoryview, payload: bytes | memory
             pack_id=pack_id, chunk_id=cid_hex,
         )
     return raw
+
+
+def check_entry_header(header_bytes: bytes | memoryview, expected: PackEntry, pack_id: str) -> PackEntry:
+    """Parse an entry header read separately and check it describes the ``expected`` entry.
+
+    Raises:
+        CorruptChunkError: the header is damaged or describes another chunk.
+    """
+    cid_hex = expected.chunk_id.hex()
+    try:
+        header = decode_entry_header(header_bytes, expected.offset)
+    except CorruptPackError as exc:
+        raise CorruptChunkError(
+            f"chunk {cid_hex} in pack {pack_id}: {exc}", pack_id=pack_id, chunk_id=cid_hex
+        ) from exc
+    if (header.chunk_id, header.stored_len, header.raw_len, header.codec) != (
+        expected.chunk_id, expected.stored_len, expected.raw_len, expected.codec
+    ) or (expected.base_id is not None and header.base_id != expected.base_id):
+        raise CorruptChunkError(
+            f"chunk {cid_hex} in pack {pack_id}: header at offset {expected.offset} describes "
+            "another chunk; the pack or the catalog is damaged. Run `casckpt check --read-data`.",
+            pack_id=pack_id, chunk_id=cid_hex,
+        )
+    return header
 
 
 class PackWriter:
