@@ -202,15 +202,16 @@ def test_gc_of_intermediate_versions_keeps_their_bases(store: casckpt.Store) -> 
 
 def test_repacking_a_base_out_of_a_mostly_dead_pack_keeps_its_chain(tmp_path: Path) -> None:
     g = torch.Generator().manual_seed(12)
-    a, b = torch.randn(CHUNK // 4, generator=g), torch.randn(CHUNK // 4, generator=g)
+    a = torch.randn(CHUNK // 2, generator=g).bfloat16()  # one chunk
+    b = torch.randn(4 * CHUNK // 2, generator=g).bfloat16()  # four
     with _open(tmp_path / "s") as store:
         store.commit({"a": a, "b": b}, run="r", step=0)
         a1, b1 = _nudge(a, g, 1e-3), _nudge(b, g, 1e-3)
         store.commit({"a": a1, "b": b1}, run="r", step=1)  # one pack: a1 and b1, both deltas
         a2 = _nudge(a1, g, 1e-3)
-        fresh = torch.randn(CHUNK // 4, generator=g)
+        fresh = torch.randn(4 * CHUNK // 2, generator=g).bfloat16()
         store.commit({"a": a2, "b": fresh}, run="r", step=2)  # a2 is coded on a1; b1 is no base
-        assert len(_delta_rows(store)) == 3
+        assert len(_delta_rows(store)) == 1 + 4 + 1  # a1 and b1's four chunks; a2
         store.delete("r@1")
         report = store.gc(grace=0)
         assert report.packs_repacked >= 1 and report.chunks_kept_as_bases >= 1  # a1 moved, b1 gone
@@ -232,7 +233,7 @@ def _flip_payload_byte(store: casckpt.Store, chunk_id: str) -> None:
 
 def test_a_corrupt_base_is_found_through_its_dependents(tmp_path: Path) -> None:
     g = torch.Generator().manual_seed(7)
-    state = {"w": torch.randn(4 * CHUNK // 4, generator=g)}
+    state = {"w": torch.randn(4 * CHUNK // 2, generator=g).bfloat16()}
     with _open(tmp_path / "s") as store:
         for step in range(4):
             store.commit(state, run="r", step=step)
@@ -251,7 +252,7 @@ def test_a_corrupt_base_is_found_through_its_dependents(tmp_path: Path) -> None:
 
 def test_with_copies_a_corrupt_base_is_repaired_first(tmp_path: Path) -> None:
     g = torch.Generator().manual_seed(8)
-    state = {"w": torch.randn(4 * CHUNK // 4, generator=g)}
+    state = {"w": torch.randn(4 * CHUNK // 2, generator=g).bfloat16()}
     kept = []
     with _open(tmp_path / "s", blobs=[str(tmp_path / "a"), str(tmp_path / "b")],
                redundancy="replicate:2") as store:

@@ -8,7 +8,9 @@ raw chunks of this process's recent commits kept in memory (bounded by
 storage on the commit path. A chunk whose base is not cached, not live in the
 catalog, or already at the end of a chain of ``delta_chain`` deltas is stored
 plainly (a keyframe). A delta is kept only when it is clearly smaller than the
-plain encoding (:data:`DELTA_MAX_RATIO`).
+plain encoding and at most half the raw chunk (:data:`DELTA_MAX_RATIO`,
+:data:`DELTA_MAX_RAW`): a delta that saves less than that would cost every
+restore of the chain more than it saves.
 
 The cache is a hint (invariant 6): a base is used only after the catalog says
 it is live, and publishing re-checks every base a version's chunks need,
@@ -27,7 +29,8 @@ import numpy as np
 from casckpt.format.codecs import encode_delta
 from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry
 
-DELTA_MAX_RATIO = 0.8  # a delta must be at most this fraction of the plain encoding's size
+DELTA_MAX_RATIO = 0.8  # a delta must be at most this fraction of the plain encoding's size ...
+DELTA_MAX_RAW = 0.5  # ... and of the raw chunk: a delta that saves less costs restores more than it saves
 DELTA_SURE_RATIO = 0.25  # a delta this small of the raw chunk is kept without trying the plain encoding
 
 
@@ -167,7 +170,7 @@ class DeltaPlan:
         delta_codec, delta = encode_delta(data, cached.data, align, self.level)
         if len(delta) > DELTA_SURE_RATIO * len(data):  # compare with the plain encoding
             codec, payload = plain()
-            if len(delta) > DELTA_MAX_RATIO * len(payload):
+            if len(delta) > min(DELTA_MAX_RATIO * len(payload), DELTA_MAX_RAW * len(data)):
                 self._keep(cid, data, owned, 0)
                 return codec, payload, None
         self._keep(cid, data, owned, cached.depth + 1)

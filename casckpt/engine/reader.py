@@ -242,6 +242,8 @@ class _DeltaReader:
         try:
             return self._decode_levels(wanted, verify_all=False)
         except IntegrityError:
+            self.decoded.clear()  # bases decoded on the fast path were not verified
+            self.decoded_bytes = 0
             return self._decode_levels(wanted, verify_all=True)
 
     def _decode_levels(self, wanted: Mapping[bytes, list[Destination]], verify_all: bool) -> int:
@@ -270,15 +272,19 @@ class _DeltaReader:
             for slot in plan:
                 entry = slot.entry
                 filled: memoryview | None = slot.payload  # a destination that holds the bytes already
-                if entry.base_id is None:  # a keyframe: decoded and verified as any chunk
-                    raw = decode_split_entry(slot.header, slot.payload, entry, slot.pack_id)
+                if entry.base_id is None:  # a keyframe: verified when wanted (else through its dependents)
+                    raw = decode_split_entry(slot.header, slot.payload, entry, slot.pack_id,
+                                             verify=bool(slot.destinations) or verify_all)
                     rep: Rep = (1, np.frombuffer(raw, dtype=np.uint8))
                 else:
                     base = reps[entry.base_id] if entry.base_id in reps else self.decoded[entry.base_id]
-                    rep = _apply(slot, base)
+                    last = entry.chunk_id not in needed and bool(slot.destinations)
+                    into = slot.destinations[0] if last and base[0] == 1 else None
+                    rep = _apply(slot, base, into)
                     if slot.destinations or verify_all:
                         raw = _ungrouped(rep, slot.destinations)
-                        filled = slot.destinations[0] if slot.destinations and rep[0] != 1 else None
+                        grouped = rep[0] != 1
+                        filled = slot.destinations[0] if slot.destinations and (grouped or into) else None
                         if chunk_id(raw) != entry.chunk_id:
                             raise _chain_mismatch(slot)
                 for dst in slot.destinations:
@@ -312,8 +318,12 @@ def _ungrouped(rep: Rep, destinations: Sequence[Destination]) -> memoryview:
     return memoryview(ungroup_into(data, width, out))  # type: ignore[arg-type]
 
 
-def _apply(slot: _Slot, base: Rep) -> Rep:
-    """A delta slot's chunk in the delta's grouped order: its XOR planes applied to its base."""
+def _apply(slot: _Slot, base: Rep, into: Destination | None = None) -> Rep:
+    """A delta slot's chunk in the delta's grouped order: its XOR planes applied to its base.
+
+    With ``into`` (the chunk ends its chain and its base is in element order), the planes are
+    ungrouped straight into ``into`` and the base XORed there: one pass fewer than regrouping.
+    """
     entry = slot.entry
     check_entry_header(slot.header, entry, slot.pack_id)
     try:
@@ -323,6 +333,13 @@ def _apply(slot: _Slot, base: Rep) -> Rep:
                                 pack_id=slot.pack_id, chunk_id=entry.chunk_id.hex()) from exc
     if base[1].nbytes != entry.raw_len:
         raise _chain_mismatch(slot)
+    if into is not None:
+        out = np.frombuffer(into, dtype=np.uint8)
+        if width == 1:
+            np.bitwise_xor(planes, base[1], out=out)
+        else:
+            np.bitwise_xor(ungroup_into(planes, width, out), base[1], out=out)
+        return 1, out
     return width, np.bitwise_xor(planes, regroup(base[1], base[0], width))
 
 

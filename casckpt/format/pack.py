@@ -116,13 +116,14 @@ def decode_entry(data: bytes | memoryview, expected: PackEntry, pack_id: str,
 
 def decode_split_entry(header_bytes: bytes | memoryview, payload: bytes | memoryview,
                        expected: PackEntry, pack_id: str,
-                       base: bytes | memoryview | None = None) -> bytes | memoryview:
+                       base: bytes | memoryview | None = None, *, verify: bool = True) -> bytes | memoryview:
     """:func:`decode_entry` for a header and payload read into separate buffers.
 
     A RAW payload is verified where it lies and returned as is, so a reader
     that read it straight into its destination copies nothing. A delta entry
     needs its base chunk's raw bytes (``base``), and must name the base
-    ``expected`` names (when it names one).
+    ``expected`` names (when it names one). ``verify=False`` skips only the
+    hash of the result, for a caller that verifies what it is used for.
     """
     cid_hex = expected.chunk_id.hex()
     header = check_entry_header(header_bytes, expected, pack_id)
@@ -134,7 +135,7 @@ def decode_split_entry(header_bytes: bytes | memoryview, payload: bytes | memory
         raise CorruptChunkError(
             f"chunk {cid_hex} in pack {pack_id} is corrupt: {exc}", pack_id=pack_id, chunk_id=cid_hex
         ) from exc
-    if chunk_id(raw) != expected.chunk_id:
+    if verify and chunk_id(raw) != expected.chunk_id:
         raise CorruptChunkError(
             f"chunk {cid_hex} in pack {pack_id} (offset {expected.offset}) does not match its id: "
             "the stored bytes are corrupt. Restore another version or repair the store.",
