@@ -26,12 +26,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from casckpt.format.codecs import encode_delta
+from casckpt.format.codecs import delta_ratio_probe, encode_delta
 from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry
 
 DELTA_MAX_RATIO = 0.8  # a delta must be at most this fraction of the plain encoding's size ...
 DELTA_MAX_RAW = 0.5  # ... and of the raw chunk: a delta that saves less costs restores more than it saves
 DELTA_SURE_RATIO = 0.25  # a delta this small of the raw chunk is kept without trying the plain encoding
+_PROBE = 64 << 10  # a chunk over twice this is probed on its first 64 KiB before a full delta
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +165,9 @@ class DeltaPlan:
         ``plain()`` encoding (not even computed when the delta is tiny)."""
         base = self.candidates.get(cid)
         cached = self.bases.get(base) if base is not None and base in self.live else None
-        if cached is None or cached.depth >= self.chain or len(cached.data) != len(data):
+        unpromising = len(data) > 2 * _PROBE and cached is not None and len(cached.data) == len(data) \
+            and delta_ratio_probe(data, cached.data, align, self.level) > DELTA_MAX_RAW
+        if cached is None or cached.depth >= self.chain or len(cached.data) != len(data) or unpromising:
             self._keep(cid, data, owned, 0)
             return (*plain(), None)
         delta_codec, delta = encode_delta(data, cached.data, align, self.level)

@@ -128,6 +128,18 @@ def _xor(data: memoryview | bytes, base: memoryview | bytes) -> np.ndarray:
     return np.bitwise_xor(np.frombuffer(data, dtype=np.uint8), np.frombuffer(base, dtype=np.uint8))
 
 
+def delta_ratio_probe(data: memoryview | bytes, base: memoryview | bytes, element_size: int,
+                      level: int) -> float:
+    """The size a delta of the first 64 KiB would have, as a fraction of those bytes (a cheap
+    guess at the whole chunk's, as for plain encoding)."""
+    size = min(len(data), _SAMPLE_BYTES)
+    size -= size % max(element_size, 1)
+    if size <= 0:
+        return 0.0
+    _, payload = encode_delta(memoryview(data)[:size], memoryview(base)[:size], element_size, level)
+    return len(payload) / size
+
+
 def encode_delta(data: memoryview | bytes, base: memoryview | bytes, element_size: int,
                  level: int) -> tuple[Codec, bytes]:
     """Encode ``data`` as the compressed XOR against ``base`` (same length).
