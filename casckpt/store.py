@@ -60,7 +60,6 @@ from casckpt.types import (
     RetentionPolicy,
     RunInfo,
     RunNode,
-    StoreStats,
     TensorHistoryEntry,
     TensorInfo,
     Version,
@@ -387,16 +386,6 @@ class Store(StoreAdmin, StoreDistributed):
             raise InvalidArgumentError(f"grace must be a finite number of seconds >= 0, got {grace!r}")
         return gc_engine.collect(self._ctx, grace=float(seconds), dry_run=dry_run,
                                  progress=progress)
-
-    def stats(self) -> StoreStats:
-        """Space accounting: logical vs unique vs stored bytes, and what delta coding saved."""
-        deltas = deltas_sql.delta_totals(self._ctx.catalog)
-        return StoreStats(
-            **self._ctx.catalog.totals(), redundancy=self.redundancy(), delta_chunks=deltas.chunks,
-            delta_raw_bytes=deltas.raw_bytes, delta_stored_bytes=deltas.stored_bytes,
-            longest_chain=deltas.longest_chain, mean_chain=deltas.mean_chain,
-            delta_chain=deltas_sql.store_delta_chain(self._ctx.catalog),
-            run_delta_chains=deltas_sql.run_delta_chains(self._ctx.catalog))
 
     # -- retention ----------------------------------------------------------
 

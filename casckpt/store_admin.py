@@ -31,6 +31,7 @@ from casckpt.types import (
     ProgressCallback,
     RebuildReport,
     RepairReport,
+    StoreStats,
 )
 
 log = logging.getLogger(__name__)
@@ -211,6 +212,16 @@ class StoreAdmin:
         Safe while other processes commit, restore and collect garbage.
         """
         return repair_engine.repair(self._ctx, progress)
+
+    def stats(self) -> StoreStats:
+        """Space accounting: logical vs unique vs stored bytes, and what delta coding saved."""
+        deltas = deltas_sql.delta_totals(self._ctx.catalog)
+        return StoreStats(
+            **self._ctx.catalog.totals(), redundancy=self.redundancy(), delta_chunks=deltas.chunks,
+            delta_raw_bytes=deltas.raw_bytes, delta_stored_bytes=deltas.stored_bytes,
+            longest_chain=deltas.longest_chain, mean_chain=deltas.mean_chain,
+            delta_chain=deltas_sql.store_delta_chain(self._ctx.catalog),
+            run_delta_chains=deltas_sql.run_delta_chains(self._ctx.catalog))
 
     def delta_chain(self, run: str | None = None) -> int:
         """Deltas deep a chunk may be stored before a keyframe (0: no delta coding): the
