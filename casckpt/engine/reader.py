@@ -129,7 +129,8 @@ class _Slot:
     def of(cls, loc: ChunkLocation, destinations: list[Destination]) -> _Slot:
         entry = loc.entry()
         direct = entry.codec == Codec.RAW and bool(destinations) and len(destinations[0]) == entry.stored_len
-        payload = destinations[0] if direct else memoryview(bytearray(entry.stored_len))
+        # not zero-filled: a read fills it whole, or fails (a short read is a truncated pack)
+        payload = destinations[0] if direct else memoryview(np.empty(entry.stored_len, np.uint8))  # type: ignore[arg-type]
         return cls(entry, loc.pack_id, memoryview(bytearray(ENTRY_HEADER_SIZE)), payload, destinations)
 
 
