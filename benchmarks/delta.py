@@ -356,14 +356,6 @@ TARGETS: dict[str, float] = {
 # ---- tables -------------------------------------------------------------------------------------
 
 
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.2f} GiB"
-
-
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 100:.3g}%"
 
@@ -382,7 +374,7 @@ def _judged(value: float | None, target: float | None, text: str) -> str:
 def _commit_cells(commit: DeltaCommit | None) -> list[str]:
     if commit is None:
         return ["", ""]
-    stored = f"{_bytes(commit.version['stored_bytes'])} ({_pct(commit.stored_of_logical)})"
+    stored = f"{measure.fmt_bytes(commit.version['stored_bytes'])} ({_pct(commit.stored_of_logical)})"
     return [stored, f"{commit.wall_s:.3f} s"]
 
 
@@ -399,7 +391,8 @@ def commit_table(results: Sequence[DeltaResult]) -> Table:
             label = w.name
             for on in w.on.commits:
                 v = on.version
-                table.add_row(label, str(on.step), _bytes(v["logical_bytes"]), _bytes(v["new_bytes"]),
+                table.add_row(label, str(on.step), measure.fmt_bytes(v["logical_bytes"]),
+                              measure.fmt_bytes(v["new_bytes"]),
                               *_commit_cells(w.off.at(on.step)), *_commit_cells(on),
                               str(on.delta_chunks), str(on.longest_chain))
                 label = ""

@@ -259,3 +259,13 @@ def largest_tensor(state: Any) -> tuple[str, torch.Tensor]:
 def logical_bytes(state: Any) -> int:
     """Bytes of tensor data in a state tree."""
     return sum(t.nbytes for _, t in tensor_leaves(state))
+
+
+def fmt_bytes(n: float) -> str:
+    """``n`` bytes for a table: B, KiB, MiB or GiB."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.2f} GiB"

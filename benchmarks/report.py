@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from benchmarks import measure
 from benchmarks.catalog import NAME as CATALOG_NAME
 from benchmarks.catalog import CatalogResult
 from benchmarks.dcp import NAME as DCP_NAME
@@ -435,15 +436,6 @@ def _fmt(value: float | None, kind: str) -> str:
     return f"{value:.3g}x" if kind == "ratio" else f"{value * 100:.3g}%"
 
 
-def _fmt_bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB"):
-        if size < 1024:
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.2f} GiB"
-
-
 def _verdict(met: bool | None) -> str:
     return {True: "[green]pass[/]", False: "[red]miss[/]", None: ""}[met]
 
@@ -500,9 +492,9 @@ def _dcp_row(pair: Pair) -> list[str]:
     v = pair.version
     return [str(pair.ranks), _seconds(pair.casckpt_s), _seconds(pair.filesystem_s),
             _fmt(_over(pair.casckpt_s, pair.filesystem_s), "ratio"),
-            "" if v is None else _fmt_bytes(v["new_bytes"]),
-            "" if v is None else _fmt_bytes(v["stored_bytes"]),
-            "" if pair.filesystem_bytes is None else _fmt_bytes(pair.filesystem_bytes),
+            "" if v is None else measure.fmt_bytes(v["new_bytes"]),
+            "" if v is None else measure.fmt_bytes(v["stored_bytes"]),
+            "" if pair.filesystem_bytes is None else measure.fmt_bytes(pair.filesystem_bytes),
             "" if pair.verified is None else _yes(pair.verified)]
 
 
@@ -517,7 +509,7 @@ def dcp_raw_table(outcomes: Mapping[str, DcpResult | str]) -> Table:
         if isinstance(r, str):
             table.add_row(name, "[red]crashed[/]")
             continue
-        label = f"{name} ({_fmt_bytes(r.logical_bytes)})"
+        label = f"{name} ({measure.fmt_bytes(r.logical_bytes)})"
         for key, pair in r.pairs().items():
             table.add_row(label, DCP_OPERATIONS[key], *_dcp_row(pair))
             label = ""
@@ -536,12 +528,12 @@ def _yes(ok: bool) -> str:
 def _redundancy_rows(r: RedundancyResult) -> list[tuple[str, str, str, float, int, str]]:
     """(operation, locations, bytes, seconds, bytes the MB/s is of, verified) per measured step."""
     logical = r.logical_bytes
-    rows = [("torch.save + fsync", "1 file", _fmt_bytes(r.baseline.file_bytes), r.baseline.save_s,
+    rows = [("torch.save + fsync", "1 file", measure.fmt_bytes(r.baseline.file_bytes), r.baseline.save_s,
              logical, ""),
             ("torch.load", "1 file", "", r.baseline.load_s, logical, "")]
     for spec, run in r.schemes.items():
         where = f"{run.locations} ({run.pack_files} files)"
-        rows.append((f"commit, {spec}", where, _fmt_bytes(run.pack_bytes_on_disk), run.commit_s,
+        rows.append((f"commit, {spec}", where, measure.fmt_bytes(run.pack_bytes_on_disk), run.commit_s,
                      logical, ""))
     for spec, run in r.schemes.items():
         each = " ".join(f"{x:.2f}" for x in run.restore_rounds_s)
@@ -550,19 +542,19 @@ def _redundancy_rows(r: RedundancyResult) -> list[tuple[str, str, str, float, in
     d = r.degraded
     rows.append((f"restore, {EC} degraded (shards {','.join(map(str, d.lost_shards))} of every "
                  f"pack deleted; {d.files_healed}/{d.files_deleted} healed)", "6",
-                 f"-{_fmt_bytes(d.bytes_deleted)}", d.restore_s, logical, _yes(d.verified)))
+                 f"-{measure.fmt_bytes(d.bytes_deleted)}", d.restore_s, logical, _yes(d.verified)))
     sc = r.scrub
-    rows.append((f"check(read_data=True), {EC}", "6", _fmt_bytes(sc.ec_shard_bytes), sc.ec_s,
+    rows.append((f"check(read_data=True), {EC}", "6", measure.fmt_bytes(sc.ec_shard_bytes), sc.ec_s,
                  sc.ec_pack_bytes, _yes(sc.ec_problems == 0)))
-    rows.append(("check(read_data=True), none", "1", _fmt_bytes(sc.none_pack_bytes), sc.none_s,
+    rows.append(("check(read_data=True), none", "1", measure.fmt_bytes(sc.none_pack_bytes), sc.none_s,
                  sc.none_pack_bytes, _yes(sc.none_problems == 0)))
     rp = r.repair
     rows.append((f"repair, {rp.failed_location} deleted + failed ({rp.report['shards_rewritten']} "
-                 "shards rewritten)", "5", f"-{_fmt_bytes(rp.bytes_deleted)}", rp.repair_s,
+                 "shards rewritten)", "5", f"-{measure.fmt_bytes(rp.bytes_deleted)}", rp.repair_s,
                  rp.bytes_deleted, _yes(not rp.report["unrepaired"])))
     rows.append((f"restore, {EC} after repair", "5", "", rp.restore_s, logical, _yes(rp.verified)))
     c = r.codec
-    buf = _fmt_bytes(c.buffer_bytes)
+    buf = measure.fmt_bytes(c.buffer_bytes)
     rows.append((f"ErasureCode({c.k}, {c.m}).encode ({c.algorithm})", "", buf, c.encode_s,
                  c.buffer_bytes, ""))
     rows.append(("ErasureCode.decode, 2 data fragments lost", "", buf, c.decode_s, c.buffer_bytes,
@@ -580,7 +572,7 @@ def redundancy_raw_table(outcomes: Mapping[str, RedundancyResult | str]) -> Tabl
         if isinstance(r, str):
             table.add_row(name, "[red]crashed[/]")
             continue
-        label = f"{name} ({_fmt_bytes(r.logical_bytes)})"
+        label = f"{name} ({measure.fmt_bytes(r.logical_bytes)})"
         for op, where, size, seconds, nbytes, ok in _redundancy_rows(r):
             mb_s = f"{nbytes / 1e6 / seconds:.0f}" if seconds > 0 else "n/a"
             table.add_row(label, escape(op), where, size, _seconds(seconds), mb_s, ok)
@@ -621,7 +613,7 @@ def _s3(outcomes: Mapping[str, Outcome]) -> dict[str, S3Result | str]:
 def _s3_rows(r: S3Result) -> list[tuple[str, str, int, Timing, list[float], bool]]:
     """(operation, objects, bytes sent, median timing, each round's seconds, verified) per step."""
     first = r.rounds[0]
-    raw_objects = f"{r.raw_objects} x {_fmt_bytes(r.object_size)}"
+    raw_objects = f"{r.raw_objects} x {measure.fmt_bytes(r.object_size)}"
     packs = f"{first.casckpt_objects} incl. manifest"
     raw_ok = all(x.raw_verified for x in r.rounds)
     ours_ok = all(x.restore_verified for x in r.rounds)
@@ -649,7 +641,7 @@ def s3_raw_table(outcomes: Mapping[str, S3Result | str]) -> Table:
             continue
         for op, objects, sent, timing, each, ok in _s3_rows(r):
             table.add_row(
-                name, op, objects, _fmt_bytes(sent), _seconds(timing.wall_s),
+                name, op, objects, measure.fmt_bytes(sent), _seconds(timing.wall_s),
                 f"{timing.mb_per_s:.0f}", " ".join(f"{s:.2f}" for s in each),
                 "[green]yes[/]" if ok else "[red]NO[/]",
             )
@@ -668,9 +660,9 @@ def baseline_table(outcomes: Mapping[str, WorkloadResult | str]) -> Table:
         if isinstance(r, str):
             table.add_row(name, "[red]crashed[/]")
             continue
-        cells = [name, _fmt_bytes(r.logical_bytes)]
+        cells = [name, measure.fmt_bytes(r.logical_bytes)]
         for b in (r.baseline, r.safetensors, r.dcp):
-            cells += [_seconds(b.save_s), _seconds(b.load_s), _fmt_bytes(b.file_bytes)]
+            cells += [_seconds(b.save_s), _seconds(b.load_s), measure.fmt_bytes(b.file_bytes)]
         table.add_row(*cells)
     return table
 
@@ -689,15 +681,15 @@ def raw_table(outcomes: Mapping[str, WorkloadResult | str]) -> Table:
         a = r.async_commit
         table.add_row(
             name,
-            _fmt_bytes(r.changed_bytes),
+            measure.fmt_bytes(r.changed_bytes),
             _seconds(r.first.wall_s),
             _seconds(r.next.wall_s),
             _seconds(a.stall_s),
             _seconds(a.total_s),
-            "n/a" if a.peak_staged is None else _fmt_bytes(a.peak_staged),
+            "n/a" if a.peak_staged is None else measure.fmt_bytes(a.peak_staged),
             _seconds(r.restore.full_s),
             _seconds(r.restore.tensor_s),
-            _fmt_bytes(r.restore.tensor_bytes),
+            measure.fmt_bytes(r.restore.tensor_bytes),
             "[green]yes[/]" if verified else "[red]NO[/]",
         )
     return table
@@ -715,10 +707,10 @@ def branch_table(outcomes: Mapping[str, WorkloadResult | str]) -> Table | None:
     for name, r in rows:
         for b in r.branches:
             v = b.commit.version
-            table.add_row(name, b.run, _fmt_bytes(r.logical_bytes), _fmt_bytes(b.changed_bytes),
-                          _fmt_bytes(v["new_bytes"]),
+            table.add_row(name, b.run, measure.fmt_bytes(r.logical_bytes), measure.fmt_bytes(b.changed_bytes),
+                          measure.fmt_bytes(v["new_bytes"]),
                           _fmt(_over(v["new_bytes"], r.logical_bytes), "fraction"),
-                          _fmt_bytes(v["stored_bytes"]), _seconds(b.commit.wall_s),
+                          measure.fmt_bytes(v["stored_bytes"]), _seconds(b.commit.wall_s),
                           _fmt(_over(b.commit.wall_s, r.baseline.save_s), "ratio"))
             name = ""
     return table

@@ -87,7 +87,6 @@ __all__ = ["StoreReader", "StoreWriter"]
 class _Written:
     """``WriteResult.storage_data``: what a rank stored for one item (travels to the coordinator)."""
 
-    rank: int
     shard: StoredShard | None = None
     value: Node | None = None
     new_bytes: int = 0  # the rank's totals, carried by its first result only
@@ -142,7 +141,7 @@ class StoreWriter(StorageWriter):
     def __init__(self, ctx: EngineContext, request: commit_engine.CommitRequest) -> None:
         super().__init__()
         self._ctx, self._request = ctx, request
-        self._rank, self._coordinator = 0, False
+        self._coordinator = False
         self._lease: Callable[[], object] | None = None  # ends the GC lease (weakref.finalize)
         self._busy = 0  # write_data / finish running: the store must stay open
         self._busy_lock = threading.Lock()
@@ -166,7 +165,7 @@ class StoreWriter(StorageWriter):
                 "casckpt publishes a version only after every rank wrote its part, which needs "
                 "DCP's collectives: call dcp.save without use_collectives=False"
             )
-        self._coordinator, self._rank = is_coordinator, int(kwargs.get("rank", 0))
+        self._coordinator = is_coordinator
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         """Nothing to add: each rank stores what DCP planned for it."""
@@ -209,7 +208,7 @@ class StoreWriter(StorageWriter):
             if item.type == WriteItemType.BYTE_IO:
                 data = cast(io.BytesIO, planner.resolve_data(item))
                 values.append(WriteResult(item.index, data.getbuffer().nbytes,
-                                          _Written(self._rank, value=_value_node(item.index.fqn, data))))
+                                          _Written(value=_value_node(item.index.fqn, data))))
                 continue
             tensor = cast(torch.Tensor, planner.resolve_data(item)).detach()
             chunk = item.tensor_data.chunk if item.tensor_data is not None else None
@@ -220,7 +219,7 @@ class StoreWriter(StorageWriter):
         redundancy = self._ctx.packs.redundancy_for(self._request.run)
         wrote = write_shards(self._ctx, pieces, redundancy)
         results = [
-            WriteResult(index, shard.blob.nbytes, _Written(self._rank, shard=shard))
+            WriteResult(index, shard.blob.nbytes, _Written(shard=shard))
             for index, shard in zip(indices, wrote.shards, strict=True)
         ] + values
         if results:

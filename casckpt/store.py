@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import logging
 import time
+import weakref
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
@@ -104,6 +105,7 @@ class Store(StoreAdmin, StoreDistributed):
             self._ctx, max_pending=settings.max_pending_commits, memory=settings.commit_memory,
             backpressure=settings.backpressure)
         self._closed = False
+        self._dcp_writers = weakref.WeakSet()  # DCP saves through this store
 
     # -- lifecycle ----------------------------------------------------------
 

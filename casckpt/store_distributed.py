@@ -52,14 +52,12 @@ class StoreDistributed:
 
         request = commit_engine.make_request(run, step, metadata, metrics, message, tags)
         writer = StoreWriter(self._ctx, request)
-        if not hasattr(self, "_dcp_writers"):
-            self._dcp_writers = weakref.WeakSet()
         self._dcp_writers.add(writer)
         return writer
 
     def _refuse_close_while_saving(self) -> None:
         """A DCP save (``dcp.async_save``) still writing through this store must finish first."""
-        if any(writer.busy for writer in list(getattr(self, "_dcp_writers", ()))):
+        if any(writer.busy for writer in list(self._dcp_writers)):
             raise InvalidArgumentError(
                 "a dcp.save / dcp.async_save is writing through this store: wait for it (the "
                 "future async_save returned) before closing the store"
@@ -67,7 +65,7 @@ class StoreDistributed:
 
     def _release_dcp_writers(self) -> None:
         """End the GC leases of DCP saves that failed (DCP tells the writer nothing on failure)."""
-        for writer in list(getattr(self, "_dcp_writers", ())):
+        for writer in list(self._dcp_writers):
             writer.release()
 
     def dcp_reader(self, ref: Any) -> StoreReader:

@@ -9,7 +9,7 @@ from sqlalchemy import bindparam, func, select, text, update
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import Catalog
 
-DEFAULT_DELTA_CHAIN = 4  # docs/DEFAULTS.md: restore at a chain's end stays within 1.5x a keyframe's
+DEFAULT_DELTA_CHAIN = 4  # docs/DEFAULTS.md: chain 4 vs 2, stored bytes against chain-end restores
 
 
 def store_delta_chain(catalog: Catalog) -> int:

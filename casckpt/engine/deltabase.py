@@ -66,10 +66,6 @@ class BaseCache:
                 self._chunks.move_to_end(cid)
             return found
 
-    def has_room(self, nbytes: int) -> bool:
-        """Whether ``nbytes`` more would fit without evicting anything."""
-        return self.budget > 0 and self._bytes + nbytes <= self.budget
-
     def keep(self, chunks: Mapping[bytes, CachedChunk], used: Iterable[bytes] = ()) -> None:
         """Add a committed version's new chunks; mark the chunks it reused (``used``) as recent."""
         with self._lock:
@@ -93,11 +89,6 @@ class BaseCache:
                 if gone is not None:
                     self._bytes -= len(gone.data)
 
-    @property
-    def nbytes(self) -> int:
-        """Raw bytes held."""
-        return self._bytes
-
     def remember(self, run: str, version_id: str, manifest: Manifest) -> None:
         """The manifest of ``run``'s latest version snapshotted by this process."""
         with self._lock:
@@ -108,13 +99,6 @@ class BaseCache:
         with self._lock:
             found = self._manifests.get(run)
         return found[1] if found is not None and found[0] == version_id else None
-
-    def clear(self) -> None:
-        """Drop everything."""
-        with self._lock:
-            self._chunks.clear()
-            self._manifests.clear()
-            self._bytes = 0
 
 
 def _blobs_by_path(manifest: Manifest) -> dict[tuple[str, int | None], BlobEntry]:

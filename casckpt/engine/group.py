@@ -36,7 +36,7 @@ from casckpt.engine.context import EngineContext
 from casckpt.engine.distributed import compose
 from casckpt.engine.layout import plan_blobs
 from casckpt.errors import GroupCommitError
-from casckpt.format.manifest import BlobEntry, TensorEntry, World
+from casckpt.format.manifest import BlobEntry, TensorEntry, World, renumber_tensors
 from casckpt.format.tree import Node, encode_tree
 from casckpt.types import ProgressCallback, Version
 
@@ -71,16 +71,6 @@ def _prepare(ctx: EngineContext, req: CommitRequest) -> tuple[str | None, float,
     commit_engine.refuse_existing(ctx, req)
     ctx.packs.check_writable(ctx.packs.redundancy_for(req.run))
     return commit_engine.parent_of(ctx, req.run), time.time(), begin_lease(ctx.catalog)
-
-
-def _rank_tree(root: Node, offset: int) -> Node:
-    """``root`` with tensor indices moved by ``offset`` (its tensors follow earlier ranks')."""
-    kind = root.get("t")
-    if kind == "tensor":
-        return {"t": "tensor", "i": root["i"] + offset}
-    if kind in ("dict", "list", "tuple"):
-        return {**root, "v": [_rank_tree(child, offset) for child in root["v"]]}
-    return root
 
 
 Part = tuple[Node, list[TensorEntry], list[BlobEntry], int, int]
@@ -156,7 +146,8 @@ def _publish(ctx: EngineContext, req: CommitRequest, parts: list[Part], parent: 
     entries: list[TensorEntry] = []
     blobs: list[BlobEntry] = []
     for rank, (root, rank_entries, rank_blobs, _, _) in enumerate(parts):
-        trees.append(_rank_tree(root, len(entries)))
+        base = len(entries)  # this rank's tensors follow earlier ranks'
+        trees.append(renumber_tensors(root, base.__add__))
         entries.extend(replace(e, blob=e.blob + len(blobs), rank=rank) for e in rank_entries)
         blobs.extend(rank_blobs)
     snap = compose(req, parent, created, World(len(parts), "group"), {"t": "ranks", "v": trees},

@@ -156,6 +156,21 @@ def encode_delta(data: memoryview | bytes, base: memoryview | bytes, element_siz
     return codec, _compress(_xor(data, base).data, codec, level)
 
 
+def _decompress(payload: bytes | memoryview, raw_len: int) -> bytes:
+    """A zstd frame's ``raw_len`` bytes, refusing any other size before allocating."""
+    try:
+        # the frame header says how much to allocate: check it before trusting it
+        declared = zstandard.frame_content_size(payload)
+        if declared != raw_len:
+            raise CorruptChunkError(f"chunk frame declares {declared} bytes, expected {raw_len}")
+        out = zstandard.ZstdDecompressor().decompress(payload, max_output_size=raw_len)
+    except zstandard.ZstdError as exc:
+        raise CorruptChunkError(f"chunk payload does not decompress: {exc}") from exc
+    if len(out) != raw_len:
+        raise CorruptChunkError(f"chunk decoded to {len(out)} bytes, expected {raw_len}")
+    return out
+
+
 def delta_planes(codec: int, payload: bytes | memoryview, raw_len: int) -> tuple[int, np.ndarray]:
     """A delta payload decompressed but not applied: ``(group width, XOR bytes in grouped order)``.
 
@@ -171,15 +186,7 @@ def delta_planes(codec: int, payload: bytes | memoryview, raw_len: int) -> tuple
         kind = None
     if kind is None or not kind.is_delta or raw_len % kind.group:
         raise CorruptChunkError(f"codec {codec} cannot hold a delta of {raw_len} bytes")
-    try:
-        if zstandard.frame_content_size(payload) != raw_len:
-            raise CorruptChunkError(f"delta frame does not declare {raw_len} bytes")
-        out = zstandard.ZstdDecompressor().decompress(payload, max_output_size=raw_len)
-    except zstandard.ZstdError as exc:
-        raise CorruptChunkError(f"delta payload does not decompress: {exc}") from exc
-    if len(out) != raw_len:
-        raise CorruptChunkError(f"delta decoded to {len(out)} bytes, expected {raw_len}")
-    return kind.group, np.frombuffer(out, dtype=np.uint8)
+    return kind.group, np.frombuffer(_decompress(payload, raw_len), dtype=np.uint8)
 
 
 def regroup(data: np.ndarray, width: int, to: int) -> np.ndarray:
@@ -212,16 +219,7 @@ def decode_chunk(codec: int, payload: bytes | memoryview, raw_len: int,
         return payload
     if raw_len % kind.group:
         raise CorruptChunkError(f"a {kind.name} chunk cannot hold {raw_len} bytes")
-    try:
-        # the frame header says how much to allocate: check it before trusting it
-        declared = zstandard.frame_content_size(payload)
-        if declared != raw_len:
-            raise CorruptChunkError(f"chunk frame declares {declared} bytes, expected {raw_len}")
-        out = zstandard.ZstdDecompressor().decompress(payload, max_output_size=raw_len)
-    except zstandard.ZstdError as exc:
-        raise CorruptChunkError(f"chunk payload does not decompress: {exc}") from exc
-    if len(out) != raw_len:
-        raise CorruptChunkError(f"chunk decoded to {len(out)} bytes, expected {raw_len}")
+    out = _decompress(payload, raw_len)
     plain = _ungroup(out, kind.group) if kind.group > 1 else out
     if kind.is_delta and base is not None:
         return memoryview(_xor(plain, base))  # type: ignore[arg-type]  # numpy exports the buffer

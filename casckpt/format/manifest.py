@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -366,19 +366,21 @@ def rank_view(m: Manifest, rank: int) -> Manifest:
     """
     tree = m.root["v"][rank]
     used = sorted(i for _, indices in _tensor_nodes(tree) for i in indices)
-    renumber = {old: new for new, old in enumerate(used)}
+    index = {old: new for new, old in enumerate(used)}
+    return replace(m, root=renumber_tensors(tree, index.__getitem__),
+                   tensors=tuple(m.tensors[i] for i in used))
 
-    def copy(node: Any) -> Any:
-        kind = node.get("t")
-        if kind == "tensor":
-            return {"t": "tensor", "i": renumber[node["i"]]}
-        if kind == "sharded":
-            return {"t": "sharded", "i": [renumber[i] for i in node["i"]]}
-        if kind in ("dict", "list", "tuple"):
-            return {**node, "v": [copy(child) for child in node["v"]]}
-        return node
 
-    return replace(m, root=copy(tree), tensors=tuple(m.tensors[i] for i in used))
+def renumber_tensors(node: Node, new_index: Callable[[int], int]) -> Node:
+    """A copy of a tree whose tensor and shard indices are mapped through ``new_index``."""
+    kind = node.get("t")
+    if kind == "tensor":
+        return {"t": "tensor", "i": new_index(node["i"])}
+    if kind == "sharded":
+        return {"t": "sharded", "i": [new_index(i) for i in node["i"]]}
+    if kind in ("dict", "list", "tuple", "ranks"):
+        return {**node, "v": [renumber_tensors(child, new_index) for child in node["v"]]}
+    return node
 
 
 def sharding(m: Manifest) -> dict[str, tuple[int, tuple[int, ...]]]:
