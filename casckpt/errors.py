@@ -38,6 +38,28 @@ class CatalogError(CasckptError, RuntimeError):
     """The catalog database failed or holds something inconsistent."""
 
 
+class CatalogUnavailableError(CatalogError):
+    """The catalog database cannot be reached (an outage, a restart, a network cut).
+
+    Nothing became visible. A training loop may keep training and commit again
+    at its next interval; the first commit after the database is back succeeds.
+    """
+
+
+class InvalidConfigError(InvalidArgumentError):
+    """A store's config file cannot be decoded or holds a bad value."""
+
+
+class StoreIdentityError(CasckptError, RuntimeError):
+    """The catalog and a blob location are not of the same store: the catalog is missing,
+    empty, stale or another store's. Nothing was changed; the message says how to recover."""
+
+
+class GCRefusedError(CasckptError, RuntimeError):
+    """GC found something the catalog cannot account for and refused to delete anything
+    (a circuit breaker); the message says what to look at, and ``--force`` overrides it."""
+
+
 class GCRunningError(CasckptError, RuntimeError):
     """Another garbage collection holds the store's GC lock."""
 
@@ -102,12 +124,35 @@ class CorruptManifestError(IntegrityError):
     """A manifest cannot be decoded or does not hash to its version id."""
 
 
+class VersionMismatchError(IntegrityError):
+    """The manifest a ref led to is not the version the catalog said it is (another run,
+    step or id): the catalog is damaged; no data of the wrong version is returned."""
+
+
 class MissingDataError(IntegrityError):
     """A chunk, pack or manifest the catalog references is not in the blob store."""
 
 
 class StorageError(CasckptError, OSError):
     """A blob store operation failed."""
+
+
+class StorageFullError(StorageError):
+    """A location has no room: disk full, quota exceeded or a file-size limit hit.
+
+    Nothing half-written became visible. ``location`` names it and ``needed``
+    is the size of the object that did not fit (None when unknown).
+    """
+
+    def __init__(self, message: str, *, location: str | None = None, needed: int | None = None) -> None:
+        self.location = location
+        self.needed = needed
+        super().__init__(message)
+
+
+class UnsafeObjectError(StorageError):
+    """An object's path is not a regular file inside its location (a FIFO, a device, a
+    directory, a symlink leaving the location); it is never opened for reading."""
 
 
 class RetryableStorageError(StorageError):
