@@ -65,7 +65,7 @@ def open(  # noqa: A001 - the documented name of the entry point
     create: bool = True, chunk_size: int | None = None, pack_size: int | None = None,
     workers: int | None = None, s3: Mapping[str, Any] | None = None, redundancy: str | None = None,
     max_pending_commits: int | None = None, commit_memory: int | None = None,
-    backpressure: str | None = None, staging_memory: int | None = None,
+    backpressure: str | None = None, staging_memory: int | None = None, recover: bool = False,
 ) -> Store:
     """Open (or create) a store.
 
@@ -102,9 +102,17 @@ def open(  # noqa: A001 - the documented name of the entry point
             most 8 GiB), and ``"block"`` (default) or ``"raise"`` when full.
         staging_memory: host bytes (pinned, with CUDA) that GPU tensors stream
             through on commit, in two reused buffers (default 256 MiB).
+        recover: accept an empty catalog over locations that hold data, to rebuild
+            it (:meth:`Store.rebuild_catalog`, `casckpt catalog rebuild`); until the
+            rebuild ran, the store refuses to commit, gc or repair.
+
+    Every location carries an identity record (store id, catalog generation);
+    a catalog that is missing, emptied, stale or another store's is refused
+    with StoreIdentityError before anything is written to it or to the locations.
 
     Raises:
         NotAStoreError: ``path`` is not a store and cannot become one.
+        StoreIdentityError: the catalog and the locations are not of one store.
         SchemaTooNewError: the catalog was written by a newer casckpt.
         CatalogError: the catalog database cannot be opened.
         InvalidArgumentError: a bad location list or redundancy spec.
@@ -115,7 +123,7 @@ def open(  # noqa: A001 - the documented name of the entry point
                       chunk_size=chunk_size, pack_size=pack_size, workers=workers, s3=s3,
                       redundancy=redundancy, max_pending_commits=max_pending_commits,
                       commit_memory=commit_memory, backpressure=backpressure,
-                      staging_memory=staging_memory)
+                      staging_memory=staging_memory, recover=recover)
 
 
 __all__ = [

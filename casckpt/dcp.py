@@ -143,6 +143,7 @@ class StoreWriter(StorageWriter):
         self._ctx, self._request = ctx, request
         self._coordinator = False
         self._lease: Callable[[], object] | None = None  # ends the GC lease (weakref.finalize)
+        self._lease_id = ""
         self._busy = 0  # write_data / finish running: the store must stay open
         self._busy_lock = threading.Lock()
         self._parent: str | None = None
@@ -179,7 +180,8 @@ class StoreWriter(StorageWriter):
         self._parent = commit_engine.parent_of(self._ctx, self._request.run)
         # DCP tells no one when a save fails: a writer dropped after a failure ends its lease
         # when it is collected (or the store closes, or it is reused)
-        self._lease = weakref.finalize(self, _end_lease, self._ctx.catalog, begin_lease(self._ctx.catalog))
+        self._lease_id = begin_lease(self._ctx.catalog)
+        self._lease = weakref.finalize(self, _end_lease, self._ctx.catalog, self._lease_id)
         return plans
 
     @property
@@ -256,7 +258,8 @@ class StoreWriter(StorageWriter):
                            {"t": "dict", "k": keys, "v": nodes}, entries, blobs,
                            sum(p.new_bytes for p in parts), sum(p.stored_bytes for p in parts))
             redundancy = self._ctx.packs.redundancy_for(self._request.run)
-            commit_engine.publish(self._ctx, self._request, snap, redundancy, self._started)
+            commit_engine.publish(self._ctx, self._request, snap, redundancy, self._started,
+                                  self._lease_id)
         finally:
             self.release()
 

@@ -15,13 +15,15 @@ from typing import Any
 from casckpt import config as cfg
 from casckpt.cache import IndexCache
 from casckpt.catalog import Catalog
+from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
+from casckpt.engine import identity
 from casckpt.errors import InvalidArgumentError
 from casckpt.storage import BlobStore, redact_url
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.locations import Location, LocationSet
 from casckpt.store import Store
-from casckpt.store_admin import open_location
+from casckpt.store_admin import open_location_store
 
 log = logging.getLogger(__name__)
 
@@ -31,27 +33,43 @@ def _default_cache_dir(store_id: str) -> Path:
     return base / "casckpt" / store_id
 
 
-def open_locations(catalog: Catalog, spec: cfg.StoreSpec,
-                   given: dict[str, BlobStore]) -> LocationSet:
-    """Register the configured locations in the catalog and open every location it knows.
+def open_locations(catalog: Catalog, spec: cfg.StoreSpec, given: dict[str, BlobStore], *,
+                   recover: bool = False) -> LocationSet:
+    """Open every location the catalog knows or the config names, check they are this store's,
+    then register the configured ones the catalog does not know yet.
 
-    A location this host cannot open (a removed disk, a bad URL) is still
-    listed, as unreachable: reads skip it, and ``repair`` rebuilds its shards
-    once it is marked failed. This host's config file may name another URL
-    for a location than the catalog records (a different mount point).
+    The identity check (:mod:`casckpt.engine.identity`) runs before the catalog
+    is written to, so a foreign or empty catalog is never taught this store's
+    locations. A location this host cannot open (a removed disk, a bad URL) is
+    still listed, as unreachable: reads skip it, and ``repair`` rebuilds its
+    shards once it is marked failed. This host's config file may name another
+    URL for a location than the catalog records (a different mount point).
+
+    Raises:
+        StoreIdentityError: a location holds another store's data, or data this catalog
+            knows nothing of (see :func:`casckpt.engine.identity.check_at_open`).
     """
-    rows = shard_sql.ensure_locations(
-        catalog, [(loc.name or "", loc.url, loc.domain or loc.name or "") for loc in spec.locations])
-    local_urls = {loc.name: loc.url for loc in spec.locations}
-    opened: list[Location] = []
+    configured = {loc.name or "": loc for loc in spec.locations}
+    known = shard_sql.locations(catalog)
+    urls = {row.name: configured[row.name].url if row.name in configured else row.url or ""
+            for row in known}
+    urls.update((name, loc.url) for name, loc in configured.items() if name not in urls)
+    states = {row.name: row.state for row in known}
+    opened: dict[str, BlobStore] = {}
     try:
-        for row in rows:
-            opened.append(open_location(row, local_urls.get(row.name) or row.url or "", spec.s3, given))
+        for name, url in urls.items():
+            opened[name] = open_location_store(name, url, spec.s3, given)
+        surveys = [identity.survey(name, blobs) for name, blobs in opened.items()
+                   if states.get(name) != "failed"]
+        to_write = identity.check_at_open(catalog, surveys, recover=recover)
+        rows = shard_sql.ensure_locations(
+            catalog, [(loc.name or "", loc.url, loc.domain or loc.name or "") for loc in spec.locations])
+        identity.write_records(catalog, to_write)
     except BaseException:
-        for loc in opened:
-            loc.blobs.close()
+        for blobs in opened.values():
+            blobs.close()
         raise
-    return LocationSet(opened)
+    return LocationSet([Location(row.id, row.name, row.domain, row.state, opened[row.name]) for row in rows])
 
 
 def open_store(
@@ -61,7 +79,7 @@ def open_store(
     workers: int | None = None, s3: Mapping[str, Any] | None = None,
     redundancy: str | None = None, max_pending_commits: int | None = None,
     commit_memory: int | None = None, backpressure: str | None = None,
-    staging_memory: int | None = None,
+    staging_memory: int | None = None, recover: bool = False,
 ) -> Store:
     """See :func:`casckpt.open`."""
     settings = cfg.settings({"chunk_size": chunk_size, "pack_size": pack_size, "workers": workers,
@@ -88,16 +106,24 @@ def open_store(
     )
     cat = Catalog(spec.catalog, where=redact_url(spec.catalog))
     try:
+        locations = open_locations(cat, spec, given, recover=recover)
         _seed_redundancy(cat, spec.redundancy, redundancy)
-        locations = open_locations(cat, spec, given)
+        recovering = recover and shard_sql.is_empty(cat)
     except BaseException:
         cat.close()
         raise
     cache_dir = spec.cache if spec.cache is not None else _default_cache_dir(cat.store_id)
-    index = IndexCache(cache_dir / "index", cat.store_id)
+    index = IndexCache(cache_dir / "index", _cache_binding(cat))
     return Store(root=spec.root, catalog=cat, cache=index, locations=locations,
                  staging=cache_dir / "staging", settings=settings, write_quorum=spec.write_quorum,
-                 s3=spec.s3, config_file=spec.config_file)
+                 s3=spec.s3, config_file=spec.config_file, recovering=recovering)
+
+
+def _cache_binding(catalog: Catalog) -> str:
+    """What an index cache belongs to: one store, in one catalog generation (a rebuilt
+    catalog's chunk rows are new, so a cache filled before the rebuild is dropped)."""
+    mine = identity_sql.read(catalog)
+    return f"{mine.store_id}/{mine.generation}"
 
 
 def _seed_redundancy(catalog: Catalog, recorded: str | None, explicit: str | None) -> None:

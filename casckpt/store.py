@@ -38,7 +38,7 @@ from casckpt.engine.background import BackgroundCommitter, CommitHandle
 from casckpt.engine.context import EngineContext, manifest_key
 from casckpt.engine.deltabase import BaseCache
 from casckpt.engine.packstore import PackStore
-from casckpt.engine.refs import resolve
+from casckpt.engine.refs import load_manifest, resolve
 from casckpt.engine.staging import StagingBuffers
 from casckpt.engine.validate import check_name
 from casckpt.errors import (
@@ -86,8 +86,9 @@ class Store(StoreAdmin, StoreDistributed):
     def __init__(self, *, root: Path | None, catalog: Catalog, cache: IndexCache,
                  locations: LocationSet, staging: Path, settings: cfg.Settings,
                  write_quorum: int | None = None, s3: Mapping[str, Any] | None = None,
-                 config_file: Path | None = None) -> None:
+                 config_file: Path | None = None, recovering: bool = False) -> None:
         self.path = root
+        self._recovering = recovering  # opened with recover=True over data the catalog lacks
         self._locations_loaded = time.monotonic()
         self._s3 = dict(s3 or {})
         self._config_file = config_file
@@ -199,6 +200,7 @@ class Store(StoreAdmin, StoreDistributed):
             GroupCommitError: with ``group``, some rank failed (raised on every rank).
         """
         req = commit_engine.make_request(run, step, metadata, metrics, message, tags)
+        self._refuse_while_recovering("commit")
         if group is not None:
             if not block:
                 raise InvalidArgumentError(
@@ -332,7 +334,7 @@ class Store(StoreAdmin, StoreDistributed):
     def show(self, ref: Ref) -> VersionDetail:
         """A version with its tensors (from the catalog) and plain values (from its manifest)."""
         row = self._row(ref)
-        manifest = decode_manifest(self._ctx.catalog.manifest(row.id), row.id)
+        manifest = load_manifest(self._ctx.catalog, row)
         pieces = sharding(manifest)
         tensors = tuple(
             TensorInfo(t.path, t.dtype, tuple(t.shape), t.nbytes, t.chunks, t.digest,
@@ -361,7 +363,7 @@ class Store(StoreAdmin, StoreDistributed):
         return self._version(row)
 
     def gc(self, *, dry_run: bool = False, grace: float | timedelta | None = None,
-           progress: ProgressCallback | None = None) -> GCReport:
+           force: bool = False, progress: ProgressCallback | None = None) -> GCReport:
         """Apply every run's retention policy, then reclaim space no version needs.
 
         Safe while other processes commit and restore (see
@@ -372,13 +374,22 @@ class Store(StoreAdmin, StoreDistributed):
             grace: how long deleted versions stay undeletable and unreferenced
                 data stays in place (seconds or timedelta; default 6 hours).
                 ``0`` reclaims at once (tests, or when no reader is active).
+            force: delete even when the locations hold manifests the catalog does
+                not know, or many objects of unknown packs (the circuit breakers of
+                :mod:`casckpt.engine.gcguard`); never without the store's identity.
+
+        GC deletes an object only with positive proof that it is garbage (see
+        :mod:`casckpt.engine.gcguard`); objects it could not prove are left in
+        place and listed in ``GCReport.kept``.
 
         Raises:
             GCRunningError: another GC holds the lock.
+            GCRefusedError: deleting is not proven safe; nothing was changed.
             StorageError, CatalogError: listing or the catalog failed; GC
                 stopped without deleting any object it had not already
                 unlinked from the catalog.
         """
+        self._refuse_while_recovering("gc")
         seconds = grace.total_seconds() if isinstance(grace, timedelta) else grace
         if seconds is None:
             seconds = gc_engine.DEFAULT_GRACE_S
@@ -386,7 +397,7 @@ class Store(StoreAdmin, StoreDistributed):
             0 <= seconds < float("inf")
         ):
             raise InvalidArgumentError(f"grace must be a finite number of seconds >= 0, got {grace!r}")
-        return gc_engine.collect(self._ctx, grace=float(seconds), dry_run=dry_run,
+        return gc_engine.collect(self._ctx, grace=float(seconds), dry_run=dry_run, force=force,
                                  progress=progress)
 
     # -- retention ----------------------------------------------------------
@@ -579,8 +590,7 @@ class Store(StoreAdmin, StoreDistributed):
         return resolve(self._ctx.catalog, ref.id if isinstance(ref, Version) else ref)
 
     def _manifest(self, ref: Ref) -> Manifest:
-        row = self._row(ref)
-        return decode_manifest(self._ctx.catalog.manifest(row.id), row.id)
+        return load_manifest(self._ctx.catalog, self._row(ref))
 
     def _versions(self, rows: list[Row[Any]]) -> list[Version]:
         tags = self._ctx.catalog.tags_of([r.id for r in rows])

@@ -15,12 +15,13 @@ from casckpt import config as cfg
 from casckpt.catalog import deltas as deltas_sql
 from casckpt.catalog import shards as shard_sql
 from casckpt.engine import check as check_engine
+from casckpt.engine import identity
 from casckpt.engine import rebuild as rebuild_engine
 from casckpt.engine import records
 from casckpt.engine import repair as repair_engine
 from casckpt.engine.context import EngineContext
 from casckpt.engine.validate import check_name
-from casckpt.errors import CasckptError, InvalidArgumentError
+from casckpt.errors import CasckptError, InvalidArgumentError, StoreIdentityError
 from casckpt.storage import BlobStore, open_blob_store, redact_url
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.locations import Location, LocationSet
@@ -55,16 +56,21 @@ def parse_fraction(value: float | str) -> float:
     return fraction
 
 
-def open_location(row: shard_sql.LocationRow, url: str, s3: Any, given: dict[str, BlobStore]) -> Location:
-    """Open one catalog location; one this host cannot open is kept as unreachable."""
+def open_location_store(name: str, url: str, s3: Any, given: dict[str, BlobStore]) -> BlobStore:
+    """Open one location's blob store; one this host cannot open is kept as unreachable."""
     blob_store = given.get(url)
     if blob_store is None:
         try:
             blob_store = open_blob_store(url, s3)
         except (CasckptError, OSError) as exc:
-            log.warning("blob location %s (%s) cannot be opened: %s", row.name, redact_url(url), exc)
+            log.warning("blob location %s (%s) cannot be opened: %s", name, redact_url(url), exc)
             blob_store = UnreachableBlobStore(url, str(exc))
-    return Location(row.id, row.name, row.domain, row.state, blob_store)
+    return blob_store
+
+
+def open_location(row: shard_sql.LocationRow, url: str, s3: Any, given: dict[str, BlobStore]) -> Location:
+    """Open one catalog location (see :func:`open_location_store`)."""
+    return Location(row.id, row.name, row.domain, row.state, open_location_store(row.name, url, s3, given))
 
 
 class StoreAdmin:
@@ -74,6 +80,16 @@ class StoreAdmin:
     _s3: Any
     _config_file: Path | None
     _locations_loaded: float
+    _recovering: bool
+
+    def _refuse_while_recovering(self, what: str) -> None:
+        """A store opened with ``recover=True`` over data its empty catalog lacks does nothing
+        but rebuild the catalog until it has."""
+        if self._recovering:
+            raise StoreIdentityError(
+                f"cannot {what}: this store was opened with recover=True and its catalog is empty "
+                "while its locations hold data; run store.rebuild_catalog() (`casckpt catalog "
+                "rebuild`) first")
 
     # -- redundancy -------------------------------------------------------------
 
@@ -130,6 +146,8 @@ class StoreAdmin:
 
         Raises:
             InvalidArgumentError: the name or URL is taken, or the location cannot be opened.
+            StoreIdentityError: the location holds another store's data (or data this
+                catalog knows nothing of); nothing was changed.
         """
         known = {loc.name for loc in self._ctx.locations.all}
         name = name or next(f"loc{i}" for i in range(len(known) + 1) if f"loc{i}" not in known)
@@ -143,7 +161,14 @@ class StoreAdmin:
                 break
         except (CasckptError, OSError) as exc:
             raise InvalidArgumentError(f"cannot use {redact_url(url)} as a blob location: {exc}") from exc
+        try:  # another store's location, or one holding data this catalog knows nothing of
+            to_write = identity.check_at_open(self._ctx.catalog, [identity.survey(name, blob_store)],
+                                              recover=False)
+        except BaseException:
+            blob_store.close()
+            raise
         row = shard_sql.add_location(self._ctx.catalog, name, absolute.url, absolute.domain or name)
+        identity.write_records(self._ctx.catalog, to_write)
         if self._config_file is not None:
             cfg.add_location_to_file(self._config_file, spec)
         self._reload_locations({absolute.url: blob_store})
@@ -211,6 +236,7 @@ class StoreAdmin:
 
         Safe while other processes commit, restore and collect garbage.
         """
+        self._refuse_while_recovering("repair")
         return repair_engine.repair(self._ctx, progress)
 
     def stats(self) -> StoreStats:
@@ -256,7 +282,9 @@ class StoreAdmin:
         Raises:
             InvalidArgumentError: the catalog is not empty.
         """
-        return rebuild_engine.rebuild(self._ctx, progress)
+        report = rebuild_engine.rebuild(self._ctx, progress)
+        self._recovering = False
+        return report
 
     def rebuild_cache(self) -> int:
         """Drop and refill this host's index cache from the catalog; returns the chunks cached."""

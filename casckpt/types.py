@@ -266,6 +266,7 @@ class GCReport(_ToDict):
     bytes_freed: int
     duration_s: float
     chunks_kept_as_bases: int = 0  # unreferenced by any version, kept as delta bases
+    kept: tuple[str, ...] = ()  # objects gc could not prove garbage, and why (see `casckpt check`)
 
 
 @dataclass(frozen=True, slots=True)

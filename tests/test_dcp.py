@@ -197,7 +197,7 @@ def test_group_commit_writes_shared_chunks_once_and_restores_each_rank(ranks: Zy
         rows = [(t.path, t.digest) for t in detail.tensors]
     for name in ("catalog.db", "catalog.db-wal", "catalog.db-shm"):  # the catalog is lost
         (store_path / name).unlink(missing_ok=True)
-    with _open(store_path) as store:
+    with _open(store_path, recover=True) as store:
         store.rebuild_catalog()  # ... and rebuilt from the manifests and packs alone
         assert [(t.path, t.digest) for t in store.show("g@1").tensors] == rows
         assert bits(store.restore("g@1", rank=1)["rng"]) == bits(states[1]["rng"])

@@ -290,7 +290,7 @@ def test_catalog_rebuild_keeps_delta_bases(tmp_path: Path) -> None:
         before = store.stats()
     for name in ("catalog.db", "catalog.db-wal", "catalog.db-shm"):
         (root / name).unlink(missing_ok=True)
-    with _open(root) as store:
+    with _open(root, recover=True) as store:
         store.rebuild_catalog()
         after = store.stats()
         assert (after.delta_chunks, after.longest_chain) == (before.delta_chunks, before.longest_chain)

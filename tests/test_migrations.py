@@ -19,6 +19,7 @@ import casckpt
 from casckpt import config as cfg
 from casckpt.catalog.migrate import _config, current_revision, head_revision, migrations_dir
 from casckpt.errors import CasckptError, SchemaTooNewError
+from casckpt.format.identity import IDENTITY_KEY
 
 FUTURE = "9999_future"
 
@@ -127,9 +128,11 @@ def test_upgrade_keeps_existing_versions(tmp_path: Path) -> None:
             store.commit(_state(step), run="r", step=step, tags=[f"t{step}"])
     _migrate(root, "0001", down=True)
     assert _revision(root) == "0001" and "store_info" not in _tables(root)
+    (root / IDENTITY_KEY).unlink()  # a casckpt of 0001's time wrote no identity record
 
     with casckpt.open(root, chunk_size=4096) as store:
         assert _revision(root) == head_revision()
+        assert (root / IDENTITY_KEY).is_file()  # adopted: the catalog knows the store's manifests
         assert [v.step for v in store.log("r")] == [2, 1]
         assert store.resolve("tag:t1").step == 1
         for step in (1, 2):
@@ -188,7 +191,7 @@ def test_processes_opening_an_old_catalog_at_once_upgrade_it_once(tmp_path: Path
         assert proc.returncode == 0, err
     assert _revision(root) == head_revision()
     with _db(root) as conn:
-        assert conn.execute("SELECT COUNT(*) FROM store_info").fetchone() == (1,)
+        assert conn.execute("SELECT COUNT(*) FROM store_info WHERE key = 'store_id'").fetchone() == (1,)
     with casckpt.open(root) as store:
         assert sorted(r.name for r in store.runs()) == ["rank0", "rank1"]
         assert store.check().ok

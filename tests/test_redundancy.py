@@ -649,7 +649,7 @@ def test_rebuild_sqlite_catalog_from_blobs(tmp_path: Path) -> None:
         assert expected["stats"].versions == 6
     for name in ("catalog.db", "catalog.db-wal", "catalog.db-shm"):
         (root / name).unlink(missing_ok=True)
-    with open_store(root, cache=tmp_path / "cache2") as store:
+    with open_store(root, cache=tmp_path / "cache2", recover=True) as store:
         assert store.log() == []
         _check_rebuilt(store, expected)
     with open_store(root, cache=tmp_path / "cache2") as store:  # and it persists
@@ -670,7 +670,7 @@ def test_rebuild_postgres_catalog_from_blobs(tmp_path: Path, pg_url: str) -> Non
             conn.execute(sqlalchemy.text("CREATE SCHEMA public"))
     finally:
         engine.dispose()
-    with open_store(root, cache=tmp_path / "cache2") as store:
+    with open_store(root, cache=tmp_path / "cache2", recover=True) as store:
         assert store.log() == []
         _check_rebuilt(store, expected)
 
@@ -1000,7 +1000,7 @@ def test_rebuild_recovers_a_pack_with_a_rotten_data_shard_and_restores_its_redun
     shards[(pack, 5)].unlink()  # and a parity shard gone
     for name in ("catalog.db", "catalog.db-wal", "catalog.db-shm"):
         (root / name).unlink(missing_ok=True)
-    with open_store(root) as store:
+    with open_store(root, recover=True) as store:
         report = store.rebuild_catalog()
         assert report.lost_packs == () and report.skipped == ()
         repaired = store.repair()  # rebuild recorded the rotten and the absent shard
@@ -1019,7 +1019,7 @@ def test_rebuild_keeps_a_tag_moved_by_a_later_commit(tmp_path: Path) -> None:
         newest = store.commit(make_state(1), run=RUN, step=1, tags=["best"])
     for name in ("catalog.db", "catalog.db-wal", "catalog.db-shm"):
         (root / name).unlink(missing_ok=True)
-    with open_store(root) as store:
+    with open_store(root, recover=True) as store:
         store.rebuild_catalog()
         assert store.resolve("tag:best").id == newest.id
 

@@ -22,7 +22,8 @@ from sqlalchemy import and_, bindparam, delete, exists, func, insert, select, te
 from sqlalchemy.exc import SQLAlchemyError
 
 from casckpt.catalog import schema as s
-from casckpt.catalog.catalog import Catalog, PackRecord, insert_ignore, insert_pack
+from casckpt.catalog.catalog import Catalog, PackLayout, PackRecord, insert_ignore, insert_pack
+from casckpt.catalog.shards import layouts_in
 from casckpt.errors import CatalogError, GCRunningError
 
 _BATCH = 5000
@@ -32,12 +33,18 @@ _GC_LOCK = 0x63676331  # "cgc1": PostgreSQL advisory lock key held while a GC ru
 
 @dataclass(frozen=True, slots=True)
 class DeadPack:
-    """A pack the catalog no longer references; its object can be deleted."""
+    """A pack the catalog no longer references; its objects may be deleted once GC has
+    checked (from the pack's footer) that none holds a chunk a version still needs."""
 
     id: str
     key: str
     size: int
-    shards: tuple[tuple[int, str], ...] = ()  # (location id, object key) of every shard
+    layout: PackLayout | None = None  # as the catalog had it (None in a dry run)
+
+    @property
+    def shards(self) -> tuple[tuple[int, str], ...]:
+        """(location id, object key) of every shard."""
+        return tuple((sh.location_id, sh.key) for sh in self.layout.shards) if self.layout else ()
 
 
 @contextmanager
@@ -142,6 +149,7 @@ def purge_versions(catalog: Catalog, version_ids: list[str]) -> list[str]:
             conn.execute(delete(s.tags).where(s.tags.c.version_id.in_(batch)))
             conn.execute(delete(t).where(t.c.version_id.in_(batch)))
             conn.execute(delete(v).where(v.c.id.in_(batch)))
+            _tombstone(conn, batch, "purged")
             purged += batch
     with catalog.write() as conn:
         if conn.dialect.name == "postgresql":  # a commit must not add a user of a row we drop
@@ -152,31 +160,57 @@ def purge_versions(catalog: Catalog, version_ids: list[str]) -> list[str]:
     return purged
 
 
-def mark(catalog: Catalog, exclude: Collection[str] = ()) -> int:
-    """Fill ``gc_live`` with every chunk a visible version references.
-
-    ``exclude`` names visible versions to treat as gone (a dry run of
-    retention). Returns the number of referenced chunks.
-    """
+def clear_live(catalog: Catalog) -> None:
+    """Empty GC's mark set before a mark."""
     with catalog.write() as conn:
         conn.execute(delete(s.gc_live))
-    visible = select(s.tensors.c.digest).join(
-        s.versions, s.versions.c.id == s.tensors.c.version_id
-    ).where(s.versions.c.state == "visible")
-    if exclude:
-        visible = visible.where(s.versions.c.id.not_in(list(exclude)))
-    query = select(s.contents.c.chunk_ids).where(s.contents.c.digest.in_(visible))
-    pending: set[str] = set()
-    with catalog.read() as reader:
-        for (blob,) in reader.execution_options(yield_per=500).execute(query):
-            data = bytes(blob)
-            pending.update(data[i : i + 32].hex() for i in range(0, len(data), 32))
-            if len(pending) >= _BATCH:
-                _add_live(catalog, pending)
-                pending = set()
-    _add_live(catalog, pending)
+
+
+def add_live(catalog: Catalog, ids: Collection[str]) -> None:
+    """Add referenced chunk ids to GC's mark set."""
+    _add_live(catalog, set(ids))
+
+
+def live_count(catalog: Catalog) -> int:
+    """How many chunk ids the mark set holds."""
     with catalog.read() as conn:
         return int(conn.execute(select(func.count()).select_from(s.gc_live)).scalar_one())
+
+
+def visible_ids(catalog: Catalog) -> set[str]:
+    """Ids of every visible version."""
+    with catalog.read() as conn:
+        return set(conn.execute(select(s.versions.c.id).where(s.versions.c.state == "visible")).scalars())
+
+
+def manifest_batches(catalog: Catalog, version_ids: Collection[str], size: int = 100) -> Iterator[list[Any]]:
+    """Rows (id, run, step, parent_id, created_at, manifest) of these versions, ``size`` at a
+    time (bounded memory); versions that vanished meanwhile are left out."""
+    v = s.versions
+    query = select(v.c.id, s.runs.c.name.label("run"), v.c.step, v.c.parent_id, v.c.created_at,
+                   v.c.manifest).join(s.runs, s.runs.c.id == v.c.run_id)
+    ids = sorted(version_ids)
+    for i in range(0, len(ids), size):
+        with catalog.read() as conn:
+            yield list(conn.execute(query.where(v.c.id.in_(ids[i : i + size]))))
+
+
+def marked(catalog: Catalog, ids: Collection[str]) -> set[str]:
+    """Which of these chunk ids the mark set holds."""
+    wanted = list(ids)
+    found: set[str] = set()
+    with catalog.read() as conn:
+        for i in range(0, len(wanted), 500):
+            found.update(conn.execute(select(s.gc_live.c.id).where(
+                s.gc_live.c.id.in_(wanted[i : i + 500]))).scalars())
+    return found
+
+
+def marked_without_rows(catalog: Catalog, limit: int = 10) -> list[str]:
+    """Referenced chunk ids the catalog has no chunk row for (the catalog lost them)."""
+    with catalog.read() as conn:
+        return list(conn.execute(select(s.gc_live.c.id).where(
+            ~exists().where(s.chunks.c.id == s.gc_live.c.id)).limit(limit)).scalars())
 
 
 def mark_bases(catalog: Catalog, *, created_after: float) -> int:
@@ -257,17 +291,12 @@ def sweep(catalog: Catalog, *, cutoff: float, dry_run: bool) -> tuple[int, list[
         chunks = int(conn.execute(delete(c).where(doomed)).rowcount)
         rows = conn.execute(select(p.c.id, p.c.key, p.c.size).where(empty)).all()
         ids = [row[0] for row in rows]
-        shards: dict[str, list[tuple[int, str]]] = {}
+        found = layouts_in(conn, ids)
         for i in range(0, len(ids), 500):
             batch = ids[i : i + 500]
-            for pack_id, location_id, key in conn.execute(
-                select(s.shards.c.pack_id, s.shards.c.location_id, s.shards.c.key)
-                .where(s.shards.c.pack_id.in_(batch))
-            ):
-                shards.setdefault(pack_id, []).append((location_id, key))
             conn.execute(delete(s.shards).where(s.shards.c.pack_id.in_(batch)))
             conn.execute(delete(p).where(p.c.id.in_(batch)))
-    return chunks, [DeadPack(*row, tuple(shards.get(row[0], ()))) for row in rows]
+    return chunks, [DeadPack(*row, found.get(row[0])) for row in rows]
 
 
 def known_shard_keys(catalog: Catalog) -> set[tuple[int, str]]:
@@ -281,6 +310,41 @@ def known_version_ids(catalog: Catalog) -> set[str]:
     """Ids of every version row, visible or deleted."""
     with catalog.read() as conn:
         return set(conn.execute(select(s.versions.c.id)).scalars())
+
+
+def known_pack_ids(catalog: Catalog) -> set[str]:
+    """Ids of every pack the catalog records."""
+    with catalog.read() as conn:
+        return set(conn.execute(select(s.packs.c.id)).scalars())
+
+
+def tombstoned_ids(catalog: Catalog) -> set[str]:
+    """Ids of versions whose manifest objects may be deleted (purged, or never published)."""
+    with catalog.read() as conn:
+        return set(conn.execute(select(s.tombstones.c.version_id)).scalars())
+
+
+def known_manifests(catalog: Catalog, version_ids: Collection[str]) -> set[str]:
+    """Which of these ids the catalog knows: a version row or a tombstone."""
+    ids = list(version_ids)
+    found: set[str] = set()
+    with catalog.read() as conn:
+        for i in range(0, len(ids), 500):
+            batch = ids[i : i + 500]
+            found.update(conn.execute(select(s.versions.c.id).where(s.versions.c.id.in_(batch))).scalars())
+            found.update(conn.execute(select(s.tombstones.c.version_id)
+                                      .where(s.tombstones.c.version_id.in_(batch))).scalars())
+    return found
+
+
+def _tombstone(conn: Any, version_ids: Collection[str], reason: str) -> None:
+    """Tombstone versions that are not (or no longer) version rows."""
+    ids = [i for i in version_ids if i]
+    if not ids:
+        return
+    published = set(conn.execute(select(s.versions.c.id).where(s.versions.c.id.in_(ids))).scalars())
+    insert_ignore(conn, s.tombstones, [{"version_id": i, "reason": reason, "created_at": time.time()}
+                                       for i in ids if i not in published], "version_id")
 
 
 def repack_candidates(catalog: Catalog, *, max_live_fraction: float) -> list[tuple[str, str, int]]:
@@ -353,9 +417,19 @@ def begin_lease(catalog: Catalog) -> str:
     return lease
 
 
+def lease_version(catalog: Catalog, lease: str, version_id: str) -> None:
+    """Name the version the commit holding ``lease`` is about to publish: called before its
+    manifest object is written, so a commit that ends without publishing leaves a tombstone
+    (its manifest is garbage), never an unexplained manifest."""
+    with catalog.write() as conn:
+        conn.execute(update(s.leases).where(s.leases.c.id == lease).values(version_id=version_id))
+
+
 def end_lease(catalog: Catalog, lease: str) -> None:
     """The commit holding ``lease`` is over (published or failed)."""
     with catalog.write() as conn:
+        version = conn.execute(select(s.leases.c.version_id).where(s.leases.c.id == lease)).scalar()
+        _tombstone(conn, [version] if version else [], "unpublished")
         conn.execute(delete(s.leases).where(s.leases.c.id == lease))
 
 
@@ -379,11 +453,12 @@ def oldest_lease(catalog: Catalog, now: float) -> float | None:
     host = _process_space()
     with catalog.read() as conn:
         rows = conn.execute(select(s.leases.c.id, s.leases.c.host, s.leases.c.pid,
-                                   s.leases.c.started_at)).all()
+                                   s.leases.c.started_at, s.leases.c.version_id)).all()
     stale = [r.id for r in rows if (r.host == host and not _alive(r.pid))
              or now - r.started_at > LEASE_TTL]
     if stale:
         with catalog.write() as conn:
+            _tombstone(conn, [r.version_id for r in rows if r.id in stale and r.version_id], "crashed")
             conn.execute(delete(s.leases).where(s.leases.c.id.in_(stale)))
     starts = [r.started_at for r in rows if r.id not in stale]
     return min(starts, default=None)

@@ -175,6 +175,15 @@ leases = Table(
     Column("host", String(255), nullable=False),
     Column("pid", Integer, nullable=False),
     Column("started_at", Float, nullable=False),
+    Column("version_id", String(64), nullable=True),
+)
+
+tombstones = Table(
+    "tombstones",
+    metadata,
+    Column("version_id", String(64), primary_key=True),
+    Column("reason", String(32), nullable=False),
+    Column("created_at", Float, nullable=False),
 )
 
 gc_live = Table("gc_live", metadata, Column("id", String(64), primary_key=True))

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import case, func, null, or_, select, update
+from sqlalchemy import Connection, case, func, null, or_, select, update
 
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import BATCH, Catalog, PackLayout, ShardRow
@@ -100,6 +100,14 @@ def set_location_state(catalog: Catalog, name: str, state: str) -> LocationRow:
         return LocationRow(row.id, row.name, row.url, row.domain, state)
 
 
+def keys_on_location(catalog: Catalog, location: str, keys: Sequence[str]) -> set[str]:
+    """Which of these object keys the catalog records as shards on the named location."""
+    with catalog.read() as conn:
+        return set(conn.execute(
+            select(s.shards.c.key).join(s.locations, s.locations.c.id == s.shards.c.location_id)
+            .where(s.locations.c.name == location, s.shards.c.key.in_(list(keys)))).scalars())
+
+
 def location_usage(catalog: Catalog) -> dict[int, tuple[int, int, int]]:
     """Per location id: (shards, bytes, shards not ok)."""
     sh = s.shards
@@ -117,17 +125,22 @@ def _layout(row: Any, shards: Sequence[ShardRow]) -> PackLayout:
 
 def layouts(catalog: Catalog, pack_ids: Iterable[str]) -> dict[str, PackLayout]:
     """The layout (scheme and shards) of each pack among ``pack_ids`` the catalog knows."""
+    with catalog.read() as conn:
+        return layouts_in(conn, pack_ids)
+
+
+def layouts_in(conn: Connection, pack_ids: Iterable[str]) -> dict[str, PackLayout]:
+    """:func:`layouts`, within ``conn``'s transaction."""
     wanted = list(dict.fromkeys(pack_ids))
     out: dict[str, PackLayout] = {}
-    with catalog.read() as conn:
-        for i in range(0, len(wanted), BATCH):
-            batch = wanted[i : i + BATCH]
-            shards: dict[str, list[ShardRow]] = {}
-            for r in conn.execute(select(s.shards).where(s.shards.c.pack_id.in_(batch))):
-                shards.setdefault(r.pack_id, []).append(
-                    ShardRow(r.idx, r.location_id, r.key, int(r.size), r.checksum, r.state, r.verified_at))
-            for row in conn.execute(select(s.packs).where(s.packs.c.id.in_(batch))):
-                out[row.id] = _layout(row, shards.get(row.id, ()))
+    for i in range(0, len(wanted), BATCH):
+        batch = wanted[i : i + BATCH]
+        shards: dict[str, list[ShardRow]] = {}
+        for r in conn.execute(select(s.shards).where(s.shards.c.pack_id.in_(batch))):
+            shards.setdefault(r.pack_id, []).append(
+                ShardRow(r.idx, r.location_id, r.key, int(r.size), r.checksum, r.state, r.verified_at))
+        for row in conn.execute(select(s.packs).where(s.packs.c.id.in_(batch))):
+            out[row.id] = _layout(row, shards.get(row.id, ()))
     return out
 
 

@@ -74,13 +74,16 @@ def gc(
     grace: Annotated[str, typer.Option(
         help="Keep deleted versions undeletable and unreferenced data in place this long "
              "(e.g. 6h, 0s).")] = "6h",
+    force: Annotated[bool, typer.Option(
+        "--force", help="Delete even when the locations hold manifests the catalog does not know "
+                        "or many objects of unknown packs (after `casckpt check`).")] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Apply retention policies and reclaim space; safe while other jobs commit."""
     seconds = parse_duration(grace, allow_zero=True)
     _log_to_stderr()
     with _open_store(ctx) as store, progress_bars() as progress:
-        report = store.gc(dry_run=dry_run, grace=seconds, progress=progress)
+        report = store.gc(dry_run=dry_run, grace=seconds, force=force, progress=progress)
     if as_json:
         render.print_json(report.to_dict())
     else:

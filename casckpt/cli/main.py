@@ -145,8 +145,8 @@ def _store_path(ctx: typer.Context) -> Path:
 
 
 @contextmanager
-def _open_store(ctx: typer.Context) -> Iterator[casckpt.Store]:
-    with casckpt.open(_store_path(ctx), create=False) as store:
+def _open_store(ctx: typer.Context, *, recover: bool = False) -> Iterator[casckpt.Store]:
+    with casckpt.open(_store_path(ctx), create=False, recover=recover) as store:
         yield store
 
 

@@ -281,9 +281,11 @@ def rebuild_catalog(ctx: typer.Context, as_json: JsonOption = False) -> None:
     Needs an empty catalog: move a damaged catalog.db away first (SQLite) or
     point the store at an empty database (PostgreSQL). Recovers packs,
     versions, runs (forks, retention, redundancy) and tags; not commit
-    durations and byte counts (0), soft deletions or gc history.
+    durations and byte counts (0), soft deletions or gc history. The new
+    catalog takes over the store's identity with a higher generation, so the
+    old catalog, if it turns up again, is refused.
     """
-    with _open_store(ctx) as store, progress_bars() as progress:
+    with _open_store(ctx, recover=True) as store, progress_bars() as progress:
         report = store.rebuild_catalog(progress=progress)
     ok = _rebuild_ok(report)
     if as_json:

@@ -265,7 +265,7 @@ class BackgroundCommitter:
         outcome: Version | BaseException
         try:
             outcome = commit_engine.finish(self._ctx, job.request, job.snapshot, job.redundancy,
-                                           job.started, job.progress)
+                                           job.started, job.lease, job.progress)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller through the handle
             outcome = exc
             log.warning("background commit %s@%s failed: %s", job.request.run, job.request.step, exc)

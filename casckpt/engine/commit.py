@@ -20,7 +20,7 @@ import torch
 
 from casckpt.catalog import MissingChunksError
 from casckpt.catalog.deltas import delta_chain_for
-from casckpt.catalog.gc import begin_lease, end_lease
+from casckpt.catalog.gc import begin_lease, end_lease, lease_version
 from casckpt.catalog.history import fork_point
 from casckpt.engine import records
 from casckpt.engine.context import EngineContext, manifest_key
@@ -454,8 +454,13 @@ def write_new(ctx: EngineContext, run: str, snap: Snapshot, redundancy: Redundan
 
 
 def publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: Redundancy,
-            started: float, progress: ProgressCallback | None = None) -> Version:
-    """Store the manifest, then make the version visible (its chunks must be durable)."""
+            started: float, lease: str, progress: ProgressCallback | None = None) -> Version:
+    """Store the manifest, then make the version visible (its chunks must be durable).
+
+    ``lease`` is the commit's GC lease: it names the version before the manifest object is
+    written, so a commit that fails from here on leaves a tombstone GC may act on.
+    """
+    lease_version(ctx.catalog, lease, snap.version_id)
     ctx.locations.put_everywhere(manifest_key(snap.version_id), snap.manifest_bytes)
     row = _publish(ctx, req, snap, started, redundancy, progress)
     if snap.delta is not None:
@@ -473,10 +478,10 @@ def publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: 
 
 
 def finish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: Redundancy,
-           started: float, progress: ProgressCallback | None = None) -> Version:
+           started: float, lease: str, progress: ProgressCallback | None = None) -> Version:
     """Write the snapshot's new chunks and manifest, then publish the version."""
     write_new(ctx, req.run, snap, redundancy, progress)
-    return publish(ctx, req, snap, redundancy, started, progress)
+    return publish(ctx, req, snap, redundancy, started, lease, progress)
 
 
 def refuse_existing(ctx: EngineContext, req: CommitRequest) -> None:
@@ -503,6 +508,6 @@ def commit(ctx: EngineContext, state: object, req: CommitRequest,
     lease = begin_lease(ctx.catalog)
     try:
         snap = snapshot(ctx, state, req, created, parent=parent_of(ctx, req.run), progress=progress)
-        return finish(ctx, req, snap, redundancy, started, progress)
+        return finish(ctx, req, snap, redundancy, started, lease, progress)
     finally:
         end_lease(ctx.catalog, lease)

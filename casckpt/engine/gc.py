@@ -2,18 +2,26 @@
 
 One run, holding the store-wide GC lock:
 
-1. List the blob store (before anything is deleted: a listing error aborts
-   the run with nothing deleted).
+1. List the blob locations (before anything is deleted: a listing error
+   aborts the run with nothing deleted), then prove deleting is safe at all
+   (:mod:`casckpt.engine.gcguard`: the locations carry this catalog's
+   identity, every manifest on them is a version or a tombstone the catalog
+   knows, few unknown packs) -- else refuse with GCRefusedError.
 2. Apply retention: soft-delete the versions the runs' policies drop.
-3. Purge versions soft-deleted longer ago than the grace period.
-4. Mark: collect the chunks visible versions reference (in the catalog).
+3. Purge versions soft-deleted longer ago than the grace period (they are
+   tombstoned, then their manifest objects deleted).
+4. Mark: collect the chunks visible versions reference, from their manifests
+   (each verified against its id and bound to its catalog row), and the
+   delta bases those chunks need.
 5. Revive condemned chunks that are referenced again; condemn live chunks
    nothing references, made before the oldest commit in flight began.
 6. Sweep: remove chunk rows condemned before ``now - grace`` and still
    unreferenced (re-marking first when this run's condemnations qualify),
-   then packs no chunk row points at; rows go first, objects after.
+   then packs no chunk row points at; rows go first, objects after -- each
+   pack's objects only once its footer shows no chunk a version needs.
 7. Delete objects no catalog row knows, older than the grace period and than
-   the oldest commit in flight.
+   the oldest commit in flight, under the same footer check (manifests only
+   when tombstoned).
 8. Repack packs mostly dead: copy their live chunks into new packs and point
    the chunk rows at the copies (the old packs go in a later run).
 
@@ -28,18 +36,20 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import partial
 
 from casckpt.catalog import gc as sql
 from casckpt.catalog import retention as retention_sql
 from casckpt.engine import retention
 from casckpt.engine.context import EngineContext, manifest_key
+from casckpt.engine.gcguard import DeletionGuard, Listing
 from casckpt.engine.packer import Packer
 from casckpt.engine.reader import read_chunks
-from casckpt.errors import CasckptError, IntegrityError, StorageError
+from casckpt.engine.refs import bind
+from casckpt.errors import CasckptError, GCRefusedError, IntegrityError, StorageError
+from casckpt.format.manifest import decode_manifest
 from casckpt.format.pack import ENTRY_HEADER_SIZE, PackEntry, decode_entry
-from casckpt.storage import BlobInfo
 from casckpt.storage.erasure import Redundancy
 from casckpt.types import GCReport, ProgressCallback, RetentionPlan
 
@@ -61,6 +71,7 @@ class _Tally:
     orphans_deleted: int = 0
     bytes_freed: int = 0
     chunks_kept_as_bases: int = 0
+    kept: list[str] = field(default_factory=list)
 
 
 def _apply_retention(ctx: EngineContext, dry_run: bool) -> tuple[RetentionPlan, ...]:
@@ -77,12 +88,42 @@ def _apply_retention(ctx: EngineContext, dry_run: bool) -> tuple[RetentionPlan, 
 
 
 _Object = tuple[int, str]  # (location id, object key)
+_MARK_BATCH = 50_000
 
 
-def _listing(ctx: EngineContext) -> list[tuple[int, BlobInfo]]:
+def _listing(ctx: EngineContext) -> Listing:
     """Packs, shards and manifests on every readable location (an error aborts GC)."""
-    return [(loc.id, info) for prefix in ("packs/", "manifests/")
+    return [(loc, info) for prefix in ("packs/", "manifests/")
             for loc, info in ctx.locations.list_all(prefix)]
+
+
+def _mark(ctx: EngineContext, exclude: set[str], done: set[str]) -> set[str]:
+    """Add to the mark set every chunk the visible versions not in ``done`` reference, from
+    their manifests (verified, bound to their rows); ``exclude`` are treated as gone.
+
+    Returns the version ids marked (with ``done``).
+
+    Raises:
+        GCRefusedError: a manifest in the catalog cannot be trusted.
+    """
+    wanted = sql.visible_ids(ctx.catalog) - exclude - done
+    pending: set[str] = set()
+    for batch in sql.manifest_batches(ctx.catalog, wanted):
+        for row in batch:
+            try:
+                manifest = bind(row, decode_manifest(bytes(row.manifest), row.id))
+            except IntegrityError as exc:
+                raise GCRefusedError(
+                    f"gc stopped before deleting any pack: the catalog's manifest of {row.run}@{row.step} "
+                    f"({row.id[:12]}) cannot be trusted ({exc}), so what versions reference is unknown. "
+                    "Run `casckpt check`, then `casckpt repair` (it restores a catalog manifest "
+                    "from a verified copy on a location)") from exc
+            pending.update(cid.hex() for blob in manifest.blobs for cid in blob.chunks)
+            if len(pending) >= _MARK_BATCH:
+                sql.add_live(ctx.catalog, pending)
+                pending = set()
+    sql.add_live(ctx.catalog, pending)
+    return done | wanted
 
 
 def _delete_objects(ctx: EngineContext, objects: list[_Object], progress: ProgressCallback | None) -> int:
@@ -104,12 +145,13 @@ def _everywhere(ctx: EngineContext, key: str) -> list[_Object]:
     return [(loc.id, key) for loc in ctx.locations.all if loc.readable]
 
 
-def _mark_and_sweep(ctx: EngineContext, tally: _Tally, *, grace: float, dry_run: bool,
-                    exclude: set[str], progress: ProgressCallback | None) -> list[_Object]:
+def _mark_and_sweep(ctx: EngineContext, tally: _Tally, guard: DeletionGuard, *, grace: float,
+                    dry_run: bool, exclude: set[str], progress: ProgressCallback | None) -> list[_Object]:
     """Mark, revive, condemn and sweep; returns the pack objects it removed."""
     catalog = ctx.catalog
     mark_start = time.time()
-    sql.mark(catalog, exclude)
+    sql.clear_live(catalog)
+    marked = _mark(ctx, exclude, set())
     floor = sql.safe_floor(catalog, mark_start)
     tally.chunks_kept_as_bases = sql.mark_bases(catalog, created_after=floor)
     if not dry_run:
@@ -121,32 +163,34 @@ def _mark_and_sweep(ctx: EngineContext, tally: _Tally, *, grace: float, dry_run:
     tally.bytes_freed = freed
     cutoff = time.time() - grace
     if cutoff >= condemned_at and not dry_run:
-        sql.mark(catalog)  # versions published since the first mark keep their chunks
+        _mark(ctx, set(), marked)  # versions published or undeleted since the first mark
         sql.mark_bases(catalog, created_after=floor)
         tally.chunks_revived += sql.revive(catalog)
     tally.chunks_swept, dead = sql.sweep(catalog, cutoff=cutoff, dry_run=dry_run)
     tally.packs_deleted = len(dead)
-    objects = [obj for p in dead for obj in p.shards]
-    if not dry_run:
-        _delete_objects(ctx, objects, progress)
-    return objects
+    if dry_run:
+        return [obj for p in dead for obj in p.shards]
+    verdicts = guard.dead_packs([p.layout for p in dead if p.layout is not None])
+    _delete_objects(ctx, verdicts.delete, progress)
+    tally.kept += verdicts.kept
+    return verdicts.delete
 
 
-def _orphans(ctx: EngineContext, listing: list[tuple[int, BlobInfo]], cutoff: float,
-             removed: set[_Object]) -> list[_Object]:
+def _orphans(ctx: EngineContext, listing: Listing, cutoff: float,
+             removed: set[_Object]) -> Listing:
     """Listed objects no catalog row knows, old enough, and not removed by this run already."""
     # leases first: a commit that ends after this has recorded its rows before the reads below
     floor = sql.safe_floor(ctx.catalog, cutoff)
     shards = sql.known_shard_keys(ctx.catalog)
     versions = sql.known_version_ids(ctx.catalog)
     orphans = []
-    for location_id, info in listing:
-        obj = (location_id, info.key)
+    for loc, info in listing:
+        obj = (loc.id, info.key)
         known = obj in shards if info.key.startswith("packs/") else (
             info.key.removeprefix("manifests/") in versions
         )
         if not known and info.mtime <= floor and obj not in removed:
-            orphans.append(obj)
+            orphans.append((loc, info))
     return orphans
 
 
@@ -191,14 +235,21 @@ def _repack(ctx: EngineContext, progress: ProgressCallback | None) -> int:
     return repacked
 
 
-def collect(ctx: EngineContext, *, grace: float, dry_run: bool,
+def collect(ctx: EngineContext, *, grace: float, dry_run: bool, force: bool = False,
             progress: ProgressCallback | None = None) -> GCReport:
-    """Run one garbage collection (see the module docstring). Raises GCRunningError if one runs."""
+    """Run one garbage collection (see the module docstring).
+
+    Raises:
+        GCRunningError: another GC holds the lock.
+        GCRefusedError: deleting is not proven safe (nothing was changed).
+    """
     started = time.monotonic()
     tally = _Tally()
     with sql.gc_lock(ctx.catalog):
-        run_id = sql.start_run(ctx.catalog, dry_run)
         listing = _listing(ctx)
+        guard = DeletionGuard(ctx, listing, force=force)
+        guard.refuse_unsafe_run(sql.safe_floor(ctx.catalog, time.time()))
+        run_id = sql.start_run(ctx.catalog, dry_run)
         plans = _apply_retention(ctx, dry_run)
         dropped = {v.id for plan in plans for v in plan.deleted}
         tally.versions_deleted = len(dropped)
@@ -210,16 +261,24 @@ def collect(ctx: EngineContext, *, grace: float, dry_run: bool,
             tally.versions_purged = len(purged)
             removed = {obj for v in purged for obj in _everywhere(ctx, manifest_key(v))}
             _delete_objects(ctx, sorted(removed), progress)
-        removed.update(_mark_and_sweep(ctx, tally, grace=grace, dry_run=dry_run,
+        removed.update(_mark_and_sweep(ctx, tally, guard, grace=grace, dry_run=dry_run,
                                        exclude=(dropped | set(expired)) if dry_run else set(),
                                        progress=progress))
         orphans = _orphans(ctx, listing, time.time() - grace, removed)
-        tally.orphans_deleted = len(orphans) if dry_run else _delete_objects(ctx, orphans, progress)
+        if dry_run:
+            tally.orphans_deleted = len(orphans)
+        else:
+            verdicts = guard.orphans(orphans)
+            tally.orphans_deleted = _delete_objects(ctx, verdicts.delete, progress)
+            tally.kept += verdicts.kept
         if not dry_run:
             tally.packs_repacked = _repack(ctx, progress)
-        report = GCReport(dry_run=dry_run, grace_s=grace, retention=plans,
-                          duration_s=time.monotonic() - started, **asdict(tally))
+        counts = {k: v for k, v in asdict(tally).items() if k != "kept"}
+        report = GCReport(dry_run=dry_run, grace_s=grace, retention=plans, kept=tuple(tally.kept),
+                          duration_s=time.monotonic() - started, **counts)
         sql.finish_run(ctx.catalog, run_id, {k: v for k, v in report.to_dict().items()
                                              if k != "retention"})
-    log.info("gc finished: %s", {k: v for k, v in asdict(tally).items() if v})
+    log.info("gc finished: %s", {k: v for k, v in asdict(tally).items() if v and k != "kept"})
+    for note in tally.kept:
+        log.warning("gc kept %s", note)
     return report

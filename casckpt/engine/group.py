@@ -125,7 +125,7 @@ def group_commit(ctx: EngineContext, state: object, req: CommitRequest, group: A
 
         parts = _at_coordinator(group, _together(group, "writing chunks", write))
         version = _together(group, "publishing", lambda: _publish(
-            ctx, req, parts, parent, created, started) if rank == 0 else None)
+            ctx, req, parts, parent, created, started, leases[0]) if rank == 0 else None)
         published: Version = _everyone(group, version)[0]
         return published
     finally:
@@ -141,7 +141,7 @@ def _at_coordinator(group: Any, value: object) -> list[Any]:
 
 
 def _publish(ctx: EngineContext, req: CommitRequest, parts: list[Part], parent: str | None,
-             created: float, started: float) -> Version:
+             created: float, started: float, lease: str) -> Version:
     trees: list[Node] = []
     entries: list[TensorEntry] = []
     blobs: list[BlobEntry] = []
@@ -152,4 +152,4 @@ def _publish(ctx: EngineContext, req: CommitRequest, parts: list[Part], parent: 
         blobs.extend(rank_blobs)
     snap = compose(req, parent, created, World(len(parts), "group"), {"t": "ranks", "v": trees},
                    entries, blobs, sum(p[3] for p in parts), sum(p[4] for p in parts))
-    return commit_engine.publish(ctx, req, snap, ctx.packs.redundancy_for(req.run), started)
+    return commit_engine.publish(ctx, req, snap, ctx.packs.redundancy_for(req.run), started, lease)

@@ -27,6 +27,7 @@ from sqlalchemy import Row
 from casckpt.catalog import Catalog
 from casckpt.catalog import history as sql
 from casckpt.catalog.history import LogFilter, Predicate
+from casckpt.engine.refs import load_manifest
 from casckpt.engine.validate import MAX_STEP
 from casckpt.errors import (
     InvalidArgumentError,
@@ -35,7 +36,6 @@ from casckpt.errors import (
     TensorNotFoundError,
 )
 from casckpt.format.chunks import ID_BYTES
-from casckpt.format.manifest import decode_manifest
 from casckpt.format.tree import iter_values
 from casckpt.types import (
     RunNode,
@@ -271,9 +271,8 @@ def value_changes(before: Mapping[str, object], after: Mapping[str, object]) -> 
     return tuple(out)
 
 
-def _values(catalog: Catalog, version_id: str) -> dict[str, object]:
-    manifest = decode_manifest(catalog.manifest(version_id), version_id)
-    return dict(iter_values(manifest.root))
+def _values(catalog: Catalog, row: Row[Any]) -> dict[str, object]:
+    return dict(iter_values(load_manifest(catalog, row).root))
 
 
 def diff(catalog: Catalog, a: Row[Any], b: Row[Any]) -> VersionDiff:
@@ -294,7 +293,7 @@ def diff(catalog: Catalog, a: Row[Any], b: Row[Any]) -> VersionDiff:
         changed=tuple(c for c in changes if c.change == "changed"),
         unchanged=len(old.keys() & new.keys()) - len(both),
         changed_bytes=sum(c.changed_bytes for c in changes),
-        values=value_changes(_values(catalog, a.id), _values(catalog, b.id)),
+        values=value_changes(_values(catalog, a), _values(catalog, b)),
     )
 
 

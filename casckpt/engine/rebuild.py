@@ -25,73 +25,24 @@ active), and how many copies a ``replicate`` pack had when some are gone
 from __future__ import annotations
 
 import logging
-import re
 import time
-from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from casckpt.catalog import MissingChunksError, PackLayout, PackRecord, ShardRow
+from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
-from casckpt.engine import records
+from casckpt.engine import identity, records
 from casckpt.engine.commit import tensor_rows
 from casckpt.engine.context import EngineContext
-from casckpt.engine.packstore import pack_key
-from casckpt.errors import CasckptError, CorruptPackError, InvalidArgumentError
+from casckpt.engine.discovery import MANIFEST_OBJECT, pack_layout, scan_packs
+from casckpt.errors import CasckptError, CorruptPackError, InvalidArgumentError, StoreIdentityError
+from casckpt.format.identity import StoreIdentity
 from casckpt.format.manifest import Manifest, decode_manifest
 from casckpt.format.pack import read_index
-from casckpt.format.shard import SHARD_HEADER_SIZE, decode_shard_header, shard_key
-from casckpt.storage.locations import Location
+from casckpt.format.shard import shard_key
 from casckpt.types import ProgressCallback, RebuildReport
 
 log = logging.getLogger(__name__)
-
-_PACK = re.compile(r"^packs/[0-9a-f]{2}/([0-9a-f]{64})$")
-_SHARD = re.compile(r"^packs/[0-9a-f]{2}/([0-9a-f]{64})\.s(\d+)$")
-_MANIFEST = re.compile(r"^manifests/([0-9a-f]{64})$")
-
-
-@dataclass(slots=True)
-class _Found:
-    copies: list[tuple[Location, str, int]] = field(default_factory=list)  # (location, key, size)
-    shards: dict[int, tuple[Location, str, int]] = field(default_factory=dict)
-
-
-def _scan_packs(ctx: EngineContext) -> dict[str, _Found]:
-    found: dict[str, _Found] = defaultdict(_Found)
-    for loc, info in ctx.locations.list_all("packs/"):
-        if (m := _PACK.match(info.key)) is not None:
-            found[m.group(1)].copies.append((loc, info.key, info.size))
-        elif (m := _SHARD.match(info.key)) is not None:
-            found[m.group(1)].shards.setdefault(int(m.group(2)), (loc, info.key, info.size))
-    return found
-
-
-def _layout(pack_id: str, found: _Found) -> PackLayout | None:
-    """The pack's layout as its objects describe it (None: nothing usable)."""
-    if found.copies:
-        size = found.copies[0][2]
-        rows = tuple(ShardRow(i, loc.id, key, sz) for i, (loc, key, sz) in enumerate(found.copies))
-        scheme = "none" if len(rows) == 1 else "replicate"
-        return PackLayout(pack_id, pack_key(pack_id), size, scheme, 1, len(rows) - 1, shards=rows)
-    headers = {}
-    for index, (loc, key, size) in sorted(found.shards.items()):
-        try:
-            head = loc.blobs.get_range(key, 0, SHARD_HEADER_SIZE)
-            header = decode_shard_header(head, f"{key} on {loc.describe()}")
-        except CasckptError as exc:
-            log.warning("rebuild: skipping shard %s: %s", key, exc)
-            continue
-        if header.pack_id == pack_id and header.index == index:
-            headers[index] = (header, loc, key, size)
-    if not headers:
-        return None
-    first = next(iter(headers.values()))[0]
-    code = (first.k, first.m, first.algorithm, first.pack_len)
-    rows = tuple(ShardRow(i, loc.id, key, size, h.checksum) for i, (h, loc, key, size) in headers.items()
-                 if (h.k, h.m, h.algorithm, h.pack_len) == code)
-    return PackLayout(pack_id, pack_key(pack_id), first.pack_len, "ec", first.k, first.m,
-                      first.algorithm, first.stripe, first.data_offset, rows)
-
 
 def _recover_pack(ctx: EngineContext, layout: PackLayout) -> int:
     """Read a pack in full (verified against its id), then record it, its shards and its chunks.
@@ -115,7 +66,7 @@ def _recover_pack(ctx: EngineContext, layout: PackLayout) -> int:
 
 def _manifests(ctx: EngineContext, skipped: list[str]) -> list[tuple[Manifest, bytes, str]]:
     ids = sorted({m.group(1) for _, info in ctx.locations.list_all("manifests/")
-                  if (m := _MANIFEST.match(info.key)) is not None})
+                  if (m := MANIFEST_OBJECT.match(info.key)) is not None})
     out = []
     for version_id in ids:
         try:
@@ -152,11 +103,12 @@ def rebuild(ctx: EngineContext, progress: ProgressCallback | None = None) -> Reb
         raise InvalidArgumentError(
             "the catalog is not empty; `catalog rebuild` fills a new, empty catalog. Move the "
             "old catalog away (SQLite) or create an empty database (PostgreSQL) first")
-    found = _scan_packs(ctx)
+    _adopt_identity(ctx)
+    found = scan_packs(ctx.locations.list_all("packs/"))
     packs = chunks = 0
     lost: list[str] = []
     for done, (pack_id, objects) in enumerate(sorted(found.items()), 1):
-        layout = _layout(pack_id, objects)
+        layout = pack_layout(pack_id, objects)
         try:
             if layout is None or len(layout.shards) < layout.k:
                 raise CasckptError("too few readable shards")
@@ -189,6 +141,46 @@ def rebuild(ctx: EngineContext, progress: ProgressCallback | None = None) -> Reb
     return RebuildReport(packs=packs, chunks=chunks, versions=versions, runs=runs, tags=tags,
                          lost_packs=tuple(lost), skipped=tuple(skipped),
                          duration_s=time.monotonic() - started)
+
+
+def _adopt_identity(ctx: EngineContext) -> None:
+    """Make the new catalog the store's: its id and creation time from the locations' identity
+    records, its generation one above theirs; then record that on every location, so a catalog
+    from before the rebuild (a lower generation) is refused from now on.
+
+    Raises:
+        StoreIdentityError: the locations belong to different stores.
+    """
+    records_found = {}
+    for loc in ctx.locations.all:
+        if not loc.readable:
+            continue
+        try:
+            record = identity.read_record(loc.blobs)
+        except CasckptError as exc:
+            log.warning("rebuild: identity record of %s unusable: %s", loc.describe(), exc)
+            continue
+        if record is not None:
+            records_found[loc.name] = record
+    stores = {r.store_id for r in records_found.values()}
+    if len(stores) > 1:
+        raise StoreIdentityError(
+            "the blob locations belong to different stores (" + ", ".join(
+                f"{name}: {r.store_id}" for name, r in sorted(records_found.items())) +
+            "); rebuild each store from its own locations (fix casckpt.toml) -- nothing was changed")
+    mine = identity_sql.read(ctx.catalog)
+    if records_found:
+        first = next(iter(records_found.values()))
+        mine = StoreIdentity(first.store_id, first.created_at,
+                             max(r.generation for r in records_found.values()))
+    adopted = replace(mine, generation=mine.generation + 1)
+    identity_sql.write(ctx.catalog, adopted)
+    for loc in ctx.locations.all:
+        if loc.readable:
+            try:
+                identity.write_record(loc.blobs, adopted)
+            except CasckptError as exc:
+                log.warning("rebuild: could not write the identity record of %s: %s", loc.describe(), exc)
 
 
 def _restore_runs(ctx: EngineContext) -> int:

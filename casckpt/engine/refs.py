@@ -14,7 +14,8 @@ from sqlalchemy import Row
 
 from casckpt.catalog import Catalog
 from casckpt.engine.validate import MAX_STEP
-from casckpt.errors import AmbiguousRefError, InvalidArgumentError, RefNotFoundError
+from casckpt.errors import AmbiguousRefError, InvalidArgumentError, RefNotFoundError, VersionMismatchError
+from casckpt.format.manifest import Manifest, decode_manifest
 
 _HEX = re.compile(r"^[0-9a-f]{4,64}$")
 
@@ -97,3 +98,32 @@ def _resolve_run(catalog: Catalog, ref: str, run: str, selector: str) -> Row[Any
         raise RefNotFoundError(ref, f"run {run!r} has no version at step {selector}",
                                [f"{run}@{s}" for s in near])
     return row
+
+
+def bind(row: Any, manifest: Manifest) -> Manifest:
+    """``manifest`` if it is the version the catalog row says it is, else VersionMismatchError.
+
+    The manifest was verified against the row's id when decoded; this checks what
+    the catalog says about it besides (run, step, parent, creation time), so a
+    damaged catalog can never hand out one version's data for another's ref.
+    """
+    said = (row.run, row.step, row.parent_id, row.created_at)
+    found = (manifest.run, manifest.step, manifest.parent, manifest.created_at)
+    if said != found:
+        raise VersionMismatchError(
+            f"the catalog says version {row.id[:12]} is {row.run}@{row.step} (parent "
+            f"{(row.parent_id or 'none')[:12]}), but its manifest says {manifest.run}@{manifest.step} "
+            f"(parent {(manifest.parent or 'none')[:12]}): the catalog is damaged. Nothing was "
+            "returned; run `casckpt check` and rebuild the catalog from the blob locations "
+            "(`casckpt catalog rebuild`) into a new, empty catalog")
+    return manifest
+
+
+def load_manifest(catalog: Catalog, row: Any) -> Manifest:
+    """The verified manifest of the version ``row`` (a :func:`resolve` row), bound to it (:func:`bind`).
+
+    Raises:
+        CorruptManifestError: the catalog's copy does not decode or hash to the id.
+        VersionMismatchError: it is another version than the row says.
+    """
+    return bind(row, decode_manifest(catalog.manifest(row.id), row.id))

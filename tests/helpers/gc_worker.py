@@ -64,7 +64,7 @@ def collector(root: str, stop: str, count_file: str) -> None:
 
 _POINTS: dict[str, tuple[Any, str]] = {
     "purge": (sql, "purge_versions"),
-    "mark": (sql, "mark"),
+    "mark": (sql, "add_live"),
     "condemn": (sql, "condemn"),
     "sweep": (sql, "sweep"),
     "relocate": (sql, "relocate"),
