@@ -15,9 +15,8 @@ from casckpt import config as cfg
 from casckpt.catalog import deltas as deltas_sql
 from casckpt.catalog import shards as shard_sql
 from casckpt.engine import check as check_engine
-from casckpt.engine import identity
+from casckpt.engine import identity, records
 from casckpt.engine import rebuild as rebuild_engine
-from casckpt.engine import records
 from casckpt.engine import repair as repair_engine
 from casckpt.engine.context import EngineContext
 from casckpt.engine.validate import check_name
