@@ -17,7 +17,7 @@ from casckpt.cache import IndexCache
 from casckpt.catalog import Catalog
 from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
-from casckpt.engine import identity
+from casckpt.engine import identity, records
 from casckpt.errors import InvalidArgumentError
 from casckpt.storage import BlobStore, redact_url
 from casckpt.storage.erasure import Redundancy
@@ -107,7 +107,7 @@ def open_store(
     cat = Catalog(spec.catalog, where=redact_url(spec.catalog))
     try:
         locations = open_locations(cat, spec, given, recover=recover)
-        _seed_redundancy(cat, spec.redundancy, redundancy)
+        _seed_redundancy(cat, spec.redundancy, redundancy, locations)
         recovering = recover and shard_sql.is_empty(cat)
     except BaseException:
         cat.close()
@@ -126,11 +126,13 @@ def _cache_binding(catalog: Catalog) -> str:
     return f"{mine.store_id}/{mine.generation}"
 
 
-def _seed_redundancy(catalog: Catalog, recorded: str | None, explicit: str | None) -> None:
+def _seed_redundancy(catalog: Catalog, recorded: str | None, explicit: str | None,
+                     locations: LocationSet) -> None:
     """A new store takes its configured redundancy; an explicit one must agree with the catalog's."""
     current = shard_sql.store_redundancy(catalog)
     if current is None and (explicit or recorded):
         shard_sql.set_store_redundancy(catalog, str(Redundancy.parse(explicit or recorded or "none")))
+        records.record_store(locations, catalog)
     elif explicit is not None and current is not None and explicit != current:
         raise InvalidArgumentError(
             f"this store's redundancy is {current}, not {explicit}; change it with "

@@ -1,22 +1,28 @@
-"""Consistency checks and scrubbing.
+"""Consistency checks and scrubbing: what ``check`` proves.
 
-Without reading data: every visible version's manifest decodes, matches its
-id and has a copy on some location; every chunk it references is in the
-catalog; every shard of every pack exists with its recorded size.
+Without reading data (:mod:`casckpt.engine.checkmeta`): the locations carry
+the catalog's identity; every visible version's manifest in the catalog
+decodes, matches its id and its row, and has a copy on every active and
+draining location; the catalog's derived rows (tensors, contents, chunk
+references, delta bases) say what the manifests say; the ``refs/`` records
+the catalog implies are on every active location; every shard the catalog
+records is listed with its recorded size; no pack has two shards in one
+failure domain.
 
-Reading data (all packs, or a scrub of the least recently verified share):
-every shard of a pack is read in full and checked (shard header and
-checksum, or a copy's hash against the pack id), the pack is rebuilt and
-verified against its id, its footer compared with the catalog and every
-chunk decoded and verified. Damaged shards are recorded in the catalog,
-which queues them for ``repair``; verified packs and shards get
-``verified_at``. Nothing stored is modified.
+Reading data (all packs, or a scrub of the least recently verified share;
+:mod:`casckpt.engine.scrub`): every copy or shard of a pack is streamed in
+bounded memory and verified (shard header and checksum, or a copy's hash
+against the pack id), the pack's bytes are verified against its id, its
+footer compared with the catalog and every chunk decoded and verified;
+every manifest copy on the locations is read and compared with the
+catalog's. Damaged shards are recorded in the catalog, which queues them
+for ``repair``; verified packs and shards get ``verified_at``. Nothing
+stored is modified.
 
 Delta-coded chunks are verified after every pack, through the reader: each
 is decoded against its (verified, decoded) base chain, and its bytes checked
 against its id. A chunk found corrupt is reported with every chunk
-delta-coded on it and every version that needs any of them. Without reading
-data, every chunk's delta base must be in the catalog, transitively.
+delta-coded on it and every version that needs any of them.
 """
 
 from __future__ import annotations
@@ -24,21 +30,20 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from casckpt.catalog import ChunkLocation, PackLayout
+from casckpt.catalog import PackLayout
 from casckpt.catalog import shards as shard_sql
 from casckpt.catalog.deltas import dependents
-from casckpt.engine.context import EngineContext, manifest_key
+from casckpt.engine import checkmeta, scrub
+from casckpt.engine.checkmeta import Findings
+from casckpt.engine.context import EngineContext
 from casckpt.engine.reader import read_chunks
-from casckpt.errors import CasckptError, IntegrityError, MissingDataError, StorageError
-from casckpt.format.chunks import object_id
-from casckpt.format.manifest import Manifest, decode_manifest
-from casckpt.format.pack import decode_entry, read_index
+from casckpt.errors import IntegrityError, MissingDataError
+from casckpt.format.manifest import Manifest
 from casckpt.types import CheckProblem, CheckReport, ProgressCallback
 
 
 @dataclass(slots=True)
 class _Tally:
-    problems: list[CheckProblem] = field(default_factory=list)
     lost: set[str] = field(default_factory=set)  # packs that cannot be read back
     deltas: dict[bytes, int] = field(default_factory=dict)  # delta chunks to verify: id -> raw length
     corrupt: set[str] = field(default_factory=set)  # chunks that failed verification
@@ -47,171 +52,52 @@ class _Tally:
     bytes_read: int = 0
 
 
-def _manifests(ctx: EngineContext, version_ids: list[str], tally: _Tally) -> list[Manifest]:
-    manifests = []
-    for version_id in version_ids:
-        try:
-            manifest = decode_manifest(ctx.catalog.manifest(version_id), version_id)
-        except IntegrityError as exc:
-            tally.problems.append(CheckProblem("manifest", version_id, str(exc)))
-            continue
-        manifests.append(manifest)
-        if not ctx.locations.exists_anywhere(manifest_key(version_id)):
-            tally.problems.append(CheckProblem(
-                "manifest", version_id, "manifest object is missing from every blob location"))
-        ids = {cid.hex() for blob in manifest.blobs for cid in blob.chunks}
-        known = ctx.catalog.find_chunks(ids, live_only=False)  # condemned ones are still stored
-        for cid in sorted(ids - set(known)):
-            tally.problems.append(CheckProblem(
-                "chunk", cid, f"referenced by {manifest.run}@{manifest.step} but not in the catalog"))
-        _check_bases(ctx, manifest, known, tally)
-    return manifests
-
-
-def _check_bases(ctx: EngineContext, manifest: Manifest, known: dict[str, ChunkLocation],
-                 tally: _Tally) -> None:
-    """Every delta base the version's chunks need is in the catalog, transitively."""
-    frontier = {loc.base_id: cid for cid, loc in known.items() if loc.base_id is not None}
-    seen: set[str] = set()
-    while frontier:
-        seen.update(frontier)
-        found = ctx.catalog.find_chunks(frontier, live_only=False)
-        for base, user in sorted(frontier.items()):
-            if base not in found:
-                tally.problems.append(CheckProblem(
-                    "chunk", base, f"the delta base of chunk {user} ({manifest.run}@{manifest.step}) "
-                    "is not in the catalog"))
-        frontier = {loc.base_id: cid for cid, loc in found.items()
-                    if loc.base_id is not None and loc.base_id not in seen}
-
-
-def _problem(layout: PackLayout, index: int, detail: str) -> CheckProblem:
+def _problem(layout: PackLayout, index: int | None, detail: str) -> CheckProblem:
     """A single-copy pack's problems are the pack's; otherwise they name the shard."""
-    if layout.scheme == "none":
+    if layout.scheme == "none" or index is None:
         return CheckProblem("pack", layout.id, detail)
     return CheckProblem("shard", f"{layout.id}:{index}", detail)
 
 
-def _check_shards(ctx: EngineContext, layout: PackLayout, tally: _Tally) -> None:
-    """Without reading data: each shard's object exists with its recorded size."""
-    damaged: dict[int, str] = {}
-    bad = 0
-    for sh in layout.shards:
-        loc = ctx.locations.get(sh.location_id)
-        where = f"shard {sh.index} ({sh.key})" if layout.scheme != "none" else f"object {sh.key}"
-        if loc is None or not loc.readable:
-            detail = f"{where} is on a failed or unknown location"
-        elif sh.state != "ok" and layout.scheme != "none":
-            detail = f"{where} is {sh.state}; run `casckpt repair`"
-        else:
-            try:
-                size = loc.blobs.size(sh.key)
-            except StorageError as exc:
-                size, detail = None, f"{where} on {loc.describe()} cannot be read: {exc}"
-            else:
-                detail = f"{where} is missing from {loc.describe()}"
-            if size == sh.size:
-                continue
-            if size is not None:
-                detail = f"{where} on {loc.describe()} is {size} bytes, catalog says {sh.size}"
-            damaged[sh.index] = "missing" if size is None else "corrupt"
-        bad += 1
-        tally.problems.append(_problem(layout, sh.index, detail))
-    if damaged and layout.scheme != "none":
-        shard_sql.mark_shards(ctx.catalog, layout.id, {
-            i: (state, row.location_id, row.key) for i, state in damaged.items()
-            if (row := layout.shard(i)) is not None})
-        ctx.packs.forget(layout.id)
-    if len(layout.shards) - bad < layout.k:
+def _check_pack_data(ctx: EngineContext, layout: PackLayout, found: Findings, tally: _Tally) -> None:
+    """Read a pack back (bounded memory) and verify everything down to each chunk."""
+    verdict = scrub.scrub(ctx, layout, found.listed)
+    tally.bytes_read += verdict.read
+    for index, note in verdict.notes:
+        found.problems.append(_problem(layout, index, note))
+    if not verdict.ok:
         tally.lost.add(layout.id)
-        if layout.scheme != "none":  # as _read_pack says it (a lone copy's problem is the pack's already)
-            tally.problems.append(CheckProblem(
-                "pack", layout.id, f"cannot be rebuilt: {len(layout.shards) - bad} healthy shard(s), "
-                f"{layout.k} needed"))
-
-
-def _read_pack(ctx: EngineContext, layout: PackLayout, tally: _Tally) -> tuple[bytes | None, bool]:
-    """Read every shard of a pack and rebuild it: (pack bytes or None, all shards healthy).
-
-    A damaged single copy is still returned, so its chunks can be told apart.
-    """
-    if layout.scheme == "none":
-        sh = layout.shards[0]
-        loc = ctx.locations.get(sh.location_id)
-        try:
-            if loc is None or not loc.readable:
-                raise StorageError("its location is failed or unknown")
-            data = loc.blobs.get(sh.key)
-        except StorageError as exc:
-            tally.problems.append(CheckProblem("pack", layout.id, f"object {sh.key} is missing ({exc})"))
-            tally.lost.add(layout.id)
-            shard_sql.mark_pack_lost(ctx.catalog, layout.id)  # commits write its chunks again
-            return None, False
-        if object_id(data) == layout.id:  # also catches rot zstd would decode around
-            return data, True
-        tally.problems.append(CheckProblem(
-            "pack", layout.id, "pack bytes do not hash to the pack id (bit rot?)"))
-        tally.lost.add(layout.id)
-        shard_sql.mark_pack_lost(ctx.catalog, layout.id)
-        return data, False
-    try:
-        found = ctx.packs.examine(layout.id, read_all=True)
-    except CasckptError as exc:
-        tally.problems.append(CheckProblem("pack", layout.id, str(exc)))
-        tally.lost.add(layout.id)
-        return None, False
-    for index, note in sorted(found.notes.items()):
-        tally.problems.append(_problem(layout, index, note))
-    if found.data is None:
-        tally.lost.add(layout.id)
-        tally.problems.append(CheckProblem(
-            "pack", layout.id, f"cannot be rebuilt: {len(found.healthy)} healthy shard(s), "
-            f"{layout.k} needed"))
-    return found.data, not found.damaged
-
-
-def _check_pack_data(ctx: EngineContext, layout: PackLayout, tally: _Tally) -> None:
-    """Read a pack's shards in full and verify everything down to each chunk."""
-    data, clean = _read_pack(ctx, layout, tally)
-    if data is None:
-        return
-    tally.packs_read += 1
-    tally.bytes_read += layout.size
-    view = memoryview(data)
-    try:
-        index = {e.chunk_id.hex(): e for e in read_index(view)}
-    except IntegrityError as exc:
-        tally.problems.append(CheckProblem("pack", layout.id, str(exc)))
-        return
+        if layout.scheme != "none":
+            healthy = len(layout.shards) - len(verdict.damaged)
+            found.add("pack", layout.id, f"cannot be rebuilt: {healthy} healthy shard(s), {layout.k} needed")
+        elif not verdict.notes:
+            found.add("pack", layout.id, "pack bytes do not hash to the pack id (bit rot?)")
+    if verdict.ok or verdict.entries:
+        tally.packs_read += 1
+    footer = {e.chunk_id.hex(): e for e in verdict.entries}
     for row in ctx.catalog.chunks_of_pack(layout.id):
-        entry = index.get(row.id)
+        entry = footer.get(row.id)
         tally.chunks_read += 1
-        if entry is None or (entry.offset, entry.stored_len, entry.raw_len, entry.codec) != (
-            row.offset, row.stored_len, row.raw_len, row.codec
-        ):
-            tally.problems.append(CheckProblem(
-                "chunk", row.id, f"pack {layout.id} footer disagrees with the catalog"))
-            clean = False
+        if entry is None or (entry.offset, entry.stored_len, entry.raw_len, entry.codec,
+                             entry.base_id.hex() if entry.base_id else None) != (
+                row.offset, row.stored_len, row.raw_len, row.codec, row.base_id):
+            if verdict.entries:
+                found.add("chunk", row.id, f"pack {layout.id} footer disagrees with the catalog")
             continue
-        if entry.base_id is not None:  # verified once every pack is read (it needs its base)
-            tally.deltas[entry.chunk_id] = entry.raw_len
-            continue
-        try:
-            decode_entry(view[entry.offset : entry.offset + entry.span], entry, layout.id)
-        except IntegrityError as exc:
-            tally.problems.append(CheckProblem("chunk", row.id, str(exc)))
+        if row.id in verdict.corrupt_chunks:
+            found.add("chunk", row.id, verdict.corrupt_chunks[row.id])
             tally.corrupt.add(row.id)
-            clean = False
-    if clean and layout.scheme == "none":
-        shard_sql.mark_verified(ctx.catalog, layout.id, [0], whole_pack=True)
+    for entry in verdict.deltas:
+        tally.deltas[entry.chunk_id] = entry.raw_len
 
 
-def _affected(ctx: EngineContext, manifests: list[Manifest], lost: set[str]) -> Iterator[CheckProblem]:
+def _affected(ctx: EngineContext, manifests: list[tuple[str, Manifest]],
+              lost: set[str]) -> Iterator[CheckProblem]:
     """Name the versions and tensors that read from packs that cannot be read back."""
     if not lost:
         return
     in_lost = {row.id: pack for pack in lost for row in ctx.catalog.chunks_of_pack(pack)}
-    for manifest in manifests:
+    for _, manifest in manifests:
         hit: dict[str, set[str]] = {}
         for tensor in manifest.tensors:
             for cid in manifest.blobs[tensor.blob].chunks:
@@ -221,14 +107,14 @@ def _affected(ctx: EngineContext, manifests: list[Manifest], lost: set[str]) -> 
         for pack, paths in sorted(hit.items()):
             shown = ", ".join(sorted(paths)[:10]) + (" ..." if len(paths) > 10 else "")
             detail = (f"{manifest.run}@{manifest.step} cannot be restored: tensors {shown} "
-                            f"need pack {pack}, which cannot be read back")
+                      f"need pack {pack}, which cannot be read back")
             yield CheckProblem("version", manifest.run + "@" + str(manifest.step), detail)
 
 
 _DELTA_BATCH = 256
 
 
-def _check_deltas(ctx: EngineContext, tally: _Tally) -> None:
+def _check_deltas(ctx: EngineContext, found: Findings, tally: _Tally) -> None:
     """Decode every delta chunk read against its base chain; verify it against its id."""
     ids = list(tally.deltas)
     for i in range(0, len(ids), _DELTA_BATCH):
@@ -240,7 +126,7 @@ def _check_deltas(ctx: EngineContext, tally: _Tally) -> None:
                 try:
                     _decode_deltas(ctx, [cid], tally)
                 except (IntegrityError, MissingDataError) as exc:
-                    tally.problems.append(CheckProblem("chunk", cid.hex(), str(exc)))
+                    found.add("chunk", cid.hex(), str(exc))
                     tally.corrupt.add(cid.hex())
 
 
@@ -249,12 +135,13 @@ def _decode_deltas(ctx: EngineContext, ids: list[bytes], tally: _Tally) -> None:
     read_chunks(ctx, wanted, lambda cid: f"chunk {cid.hex()}", heal=False)  # check modifies nothing
 
 
-def _dependents(ctx: EngineContext, manifests: list[Manifest], corrupt: set[str]) -> Iterator[CheckProblem]:
+def _dependents(ctx: EngineContext, manifests: list[tuple[str, Manifest]],
+                corrupt: set[str]) -> Iterator[CheckProblem]:
     """Name, for each corrupt chunk, the chunks delta-coded on it and the versions that need them."""
     for cid in sorted(corrupt):
         needing = dependents(ctx.catalog, [cid])
         hit = needing | {cid}
-        versions = sorted({f"{m.run}@{m.step}" for m in manifests
+        versions = sorted({f"{m.run}@{m.step}" for _, m in manifests
                            if any(c.hex() in hit for b in m.blobs for c in b.chunks)})
         if not needing and not versions:
             continue
@@ -281,31 +168,39 @@ def check(ctx: EngineContext, *, read_data: bool, progress: ProgressCallback | N
           read_data_subset: float | None = None) -> CheckReport:
     """Check the store; see the module docstring. ``read_data_subset`` is a fraction (0, 1]."""
     tally = _Tally()
-    version_ids = ctx.catalog.visible_version_ids()
-    manifests = _manifests(ctx, version_ids, tally)
+    found = Findings()
+    checkmeta.check_identity(ctx, found)
+    checkmeta.list_locations(ctx, found)
+    checkmeta.check_manifests(ctx, found, read_data=read_data)
+    checkmeta.check_rows(ctx, found)
+    checkmeta.check_records(ctx, found)
     packs = ctx.catalog.packs()
     layouts = shard_sql.layouts(ctx.catalog, [p.id for p in packs])
-    scrub = _scrub_set(ctx, read_data_subset) if read_data_subset is not None else (
+    unusable = checkmeta.check_presence(ctx, layouts.values(), found)
+    scrub_set = _scrub_set(ctx, read_data_subset) if read_data_subset is not None else (
         set(layouts) if read_data else set())
-    total = sum(layouts[p].size for p in scrub if p in layouts) + len(layouts)
+    total = sum(layouts[p].size for p in scrub_set if p in layouts) + len(layouts)
     done = 0
     for pack in packs:
         layout = layouts.get(pack.id)
         if layout is None:
             continue
-        if pack.id in scrub:
-            _check_pack_data(ctx, layout, tally)
+        if pack.id in scrub_set:
+            _check_pack_data(ctx, shard_sql.layouts(ctx.catalog, [pack.id])[pack.id], found, tally)
             done += layout.size
-        else:
-            _check_shards(ctx, layout, tally)
+        elif len(layout.shards) - unusable.get(pack.id, 0) < layout.k:
+            tally.lost.add(pack.id)
+            if layout.scheme != "none":
+                found.add("pack", pack.id, f"cannot be rebuilt: {len(layout.shards) - unusable[pack.id]} "
+                          f"healthy shard(s), {layout.k} needed")
         done += 1
         if progress is not None:
             progress("check", done, total)
-    _check_deltas(ctx, tally)
-    tally.problems.extend(_affected(ctx, manifests, tally.lost))
-    tally.problems.extend(_dependents(ctx, manifests, tally.corrupt))
+    _check_deltas(ctx, found, tally)
+    found.problems.extend(_affected(ctx, found.manifests, tally.lost))
+    found.problems.extend(_dependents(ctx, found.manifests, tally.corrupt))
     return CheckReport(
-        versions=len(version_ids), packs=len(packs),
+        versions=len(found.manifests), packs=len(packs),
         chunks=ctx.catalog.totals()["chunks"], chunks_read=tally.chunks_read,
-        bytes_read=tally.bytes_read, problems=tuple(tally.problems), packs_read=tally.packs_read,
+        bytes_read=tally.bytes_read, problems=tuple(found.problems), packs_read=tally.packs_read,
     )

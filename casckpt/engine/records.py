@@ -72,6 +72,35 @@ def record_store(locations: LocationSet, catalog: Any) -> None:
     _put(locations, STORE, {"redundancy": shard_sql.store_redundancy(catalog)})
 
 
+_COMPARED = {TAGS: ("name", "version"),
+             RUNS: ("name", "created_at", "parent_version", "retention", "redundancy"),
+             STORE: ("redundancy",)}
+
+
+def expected(catalog: Any) -> dict[str, dict[str, Any]]:
+    """The records the catalog implies now, by key: every tag, every run with a fork point or
+    a policy, and the store's settings (what ``check`` compares and ``repair`` writes)."""
+    out: dict[str, dict[str, Any]] = {}
+    with catalog.read() as conn:
+        for name, version in conn.execute(select(s.tags.c.name, s.tags.c.version_id)):
+            out[_key(TAGS, name)] = {"name": name, "version": version}
+        for row in conn.execute(select(s.runs)):
+            if row.parent_version is not None or row.retention is not None or row.redundancy is not None:
+                out[_key(RUNS, row.name)] = {
+                    "name": row.name, "created_at": row.created_at, "parent_version": row.parent_version,
+                    "retention": row.retention, "redundancy": row.redundancy}
+    redundancy = shard_sql.store_redundancy(catalog)
+    if redundancy is not None:
+        out[STORE] = {"redundancy": redundancy}
+    return out
+
+
+def agrees(key: str, doc: object, want: dict[str, Any]) -> bool:
+    """Whether a record read from a location says what the catalog implies (times of writing aside)."""
+    prefix = next(p for p in _COMPARED if key.startswith(p))
+    return isinstance(doc, dict) and all(doc.get(field) == want.get(field) for field in _COMPARED[prefix])
+
+
 def read_records(locations: LocationSet, prefix: str) -> Iterator[dict[str, Any]]:
     """Every record under ``prefix``, read from any location that has it (newest tag wins later)."""
     seen: set[str] = set()

@@ -60,6 +60,11 @@ def payload_checksum(payload: bytes | memoryview) -> str:
     return blake3(payload, max_threads=blake3.AUTO).hexdigest()
 
 
+def payload_hasher() -> blake3:
+    """A streaming hasher giving :func:`payload_checksum` of what it is fed."""
+    return blake3(max_threads=blake3.AUTO)
+
+
 def encode_shard_header(header: ShardHeader) -> bytes:
     """Return the fixed-size header written before a shard payload.
 

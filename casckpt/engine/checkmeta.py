@@ -1,0 +1,275 @@
+"""``check`` without reading pack data: everything the store relies on besides the chunks.
+
+- **Identity**: every readable location carries the catalog's identity record.
+- **Listing**: every location is listed once (``packs/``, ``manifests/``,
+  ``refs/``); presence and sizes below come from it, not from stat calls.
+- **Manifests**: each visible version's manifest in the catalog decodes,
+  hashes to its id and says the run, step, parent and time its row says; a
+  copy of it is on every active and draining location (with ``read_data``:
+  each copy is read, verified and identical to the catalog's); a manifest
+  on a location the catalog neither knows nor has tombstoned is reported
+  (the catalog is missing a version: stale, partly rebuilt or damaged).
+- **Derived rows**: each version's tensor rows and the content rows they
+  point at are exactly what its manifest implies (GC marks from manifests;
+  history, diff and show read these rows); every chunk a manifest
+  references, and every delta base those need, is in the catalog.
+- **Records**: every ``refs/`` record the catalog implies (tags, runs with a
+  fork or policy, the store's settings) is on every active location and
+  says what the catalog says.
+- **Packs**: every shard the catalog records is listed on its location with
+  its recorded size (missing ones are queued for repair); a pack with two
+  shards in one failure domain is degraded.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from casckpt.catalog import ChunkLocation, PackLayout
+from casckpt.catalog import gc as gc_sql
+from casckpt.catalog import history as history_sql
+from casckpt.catalog import identity as identity_sql
+from casckpt.catalog import shards as shard_sql
+from casckpt.engine import identity, records
+from casckpt.engine.commit import tensor_rows
+from casckpt.engine.context import EngineContext, manifest_key
+from casckpt.engine.discovery import MANIFEST_OBJECT
+from casckpt.engine.refs import bind
+from casckpt.errors import CasckptError, IntegrityError, StorageError
+from casckpt.format.manifest import Manifest, decode_manifest
+from casckpt.storage import BlobInfo
+from casckpt.storage.locations import Location
+from casckpt.types import CheckProblem
+
+_MAX_RECORD = 1 << 20
+
+
+@dataclass(slots=True)
+class Findings:
+    """What the metadata checks found, and what the data checks need from them."""
+
+    problems: list[CheckProblem] = field(default_factory=list)
+    manifests: list[tuple[str, Manifest]] = field(default_factory=list)  # visible, verified: (id, m)
+    listed: dict[int, dict[str, BlobInfo]] = field(default_factory=dict)  # location id -> key -> info
+    unlisted: set[int] = field(default_factory=set)  # locations that could not be listed
+
+    def add(self, kind: str, subject: str, detail: str) -> None:
+        """Record one problem."""
+        self.problems.append(CheckProblem(kind, subject, detail))
+
+
+def check_identity(ctx: EngineContext, found: Findings) -> None:
+    """Every readable location carries this catalog's identity."""
+    mine = identity_sql.read(ctx.catalog)
+    for loc in ctx.locations.all:
+        if not loc.readable:
+            continue
+        try:
+            record = identity.read_record(loc.blobs)
+        except IntegrityError as exc:
+            found.add("identity", loc.name, str(exc))
+            continue
+        except StorageError as exc:
+            found.add("location", loc.name, f"{loc.describe()} cannot be read: {exc}")
+            continue
+        if record != mine:
+            what = "has no identity record" if record is None else f"carries {record.describe()}"
+            found.add("identity", loc.name, f"{loc.describe()} {what}, the catalog is {mine.describe()}; "
+                      "open the store with its catalog to write it, or find out whose data it holds")
+
+
+def list_locations(ctx: EngineContext, found: Findings) -> None:
+    """List every readable location once."""
+    for loc in ctx.locations.all:
+        if not loc.readable:
+            continue
+        try:
+            found.listed[loc.id] = {info.key: info for prefix in ("packs/", "manifests/", "refs/")
+                                    for info in loc.blobs.list(prefix)}
+        except StorageError as exc:
+            found.unlisted.add(loc.id)
+            found.add("location", loc.name, f"{loc.describe()} cannot be listed: {exc}")
+
+
+def _copies_expected(ctx: EngineContext) -> list[Location]:
+    """Locations that should hold every manifest and record (active and draining, listed)."""
+    return [loc for loc in ctx.locations.all if loc.state in ("active", "draining")]
+
+
+def check_manifests(ctx: EngineContext, found: Findings, *, read_data: bool) -> None:
+    """Manifests in the catalog and on the locations (see the module docstring)."""
+    holders = _copies_expected(ctx)
+    for batch in gc_sql.manifest_batches(ctx.catalog, gc_sql.visible_ids(ctx.catalog)):
+        for row in batch:
+            data = bytes(row.manifest)
+            try:
+                manifest = bind(row, decode_manifest(data, row.id))
+            except IntegrityError as exc:
+                found.add("manifest", row.id, f"{row.run}@{row.step}: the catalog's copy: {exc}")
+                continue
+            found.manifests.append((row.id, manifest))
+            for loc in holders:
+                _check_copy(loc, found, row, data, read_data)
+    known: set[str] = set()
+    for loc_id, objects in found.listed.items():
+        ids = {m.group(1) for key in objects if (m := MANIFEST_OBJECT.match(key)) is not None}
+        unknown = (ids - known) - gc_sql.known_manifests(ctx.catalog, ids - known)
+        known |= ids - unknown
+        holder = ctx.locations.get(loc_id)
+        for version_id in sorted(unknown):
+            found.add("manifest", version_id, f"on {holder.name if holder else loc_id}: a manifest of a "
+                      "version the catalog does not know (is the catalog stale or partly rebuilt? "
+                      "`casckpt catalog rebuild` into a new catalog recovers it; gc refuses to run)")
+
+
+def _check_copy(loc: Location, found: Findings, row: Any, data: bytes, read_data: bool) -> None:
+    if loc.id in found.unlisted or loc.id not in found.listed:
+        return
+    key = manifest_key(row.id)
+    label = f"{row.run}@{row.step}"
+    if key not in found.listed[loc.id]:
+        found.add("manifest", row.id, f"{label}: missing from {loc.describe()}; "
+                  "`casckpt repair` writes it again")
+        return
+    if not read_data:
+        return
+    try:
+        copy = loc.blobs.get(key)
+    except StorageError as exc:
+        found.add("manifest", row.id, f"{label}: cannot be read from {loc.describe()}: {exc}")
+        return
+    if copy != data:
+        try:
+            decode_manifest(copy, row.id)
+            why = "differs from the catalog's copy"
+        except IntegrityError as exc:
+            why = str(exc)
+        found.add("manifest", row.id, f"{label}: the copy on {loc.describe()} is damaged ({why}); "
+                  "`casckpt repair` writes it again")
+
+
+def check_rows(ctx: EngineContext, found: Findings) -> None:
+    """Tensor and content rows, chunk rows and delta bases, against the verified manifests."""
+    verified: set[str] = set()
+    for version_id, manifest in found.manifests:
+        label = f"{manifest.run}@{manifest.step}"
+        want_rows, want_contents = tensor_rows(version_id, manifest.tensors, manifest.blobs)
+        have = {r.path: r for r in ctx.catalog.tensors_of(version_id)}
+        want = {r["path"]: r for r in want_rows}
+        for path in sorted(have.keys() | want.keys()):
+            w, h = want.get(path), have.get(path)
+            if w is None or h is None or (h.dtype, list(h.shape), h.nbytes, h.chunks, h.digest) != (
+                    w["dtype"], w["shape"], w["nbytes"], w["chunks"], w["digest"]):
+                found.add("catalog", f"{label}:{path}", "the catalog's tensor row disagrees with the "
+                          "manifest (history, diff and show would be wrong); the catalog is damaged")
+        todo = {c["digest"]: c for c in want_contents if c["digest"] not in verified}
+        rows = history_sql.contents(ctx.catalog, todo)
+        for digest, c in todo.items():
+            r = rows.get(digest)
+            if r is None or (r.nbytes, r.chunk_size, bytes(r.chunk_ids)) != (
+                    c["nbytes"], c["chunk_size"], c["chunk_ids"]):
+                found.add("catalog", digest, f"the catalog's content row of a tensor of {label} "
+                          "disagrees with the manifest; the catalog is damaged")
+            else:
+                verified.add(digest)
+        ids = {cid.hex() for blob in manifest.blobs for cid in blob.chunks}
+        known = ctx.catalog.find_chunks(ids, live_only=False)  # condemned ones are still stored
+        for cid in sorted(ids - set(known)):
+            found.add("chunk", cid, f"referenced by {label} but not in the catalog")
+        _check_bases(ctx, label, known, found)
+
+
+def _check_bases(ctx: EngineContext, label: str, known: dict[str, ChunkLocation], found: Findings) -> None:
+    """Every delta base the version's chunks need is in the catalog, transitively."""
+    frontier = {loc.base_id: cid for cid, loc in known.items() if loc.base_id is not None}
+    seen: set[str] = set()
+    while frontier:
+        seen.update(frontier)
+        have = ctx.catalog.find_chunks(frontier, live_only=False)
+        for base, user in sorted(frontier.items()):
+            if base not in have:
+                found.add("chunk", base, f"the delta base of chunk {user} ({label}) is not in the catalog")
+        frontier = {loc.base_id: cid for cid, loc in have.items()
+                    if loc.base_id is not None and loc.base_id not in seen}
+
+
+def check_records(ctx: EngineContext, found: Findings) -> None:
+    """Every record the catalog implies is on every active location, saying the same."""
+    wanted = records.expected(ctx.catalog)
+    for loc in ctx.locations.active():
+        if loc.id not in found.listed:
+            continue
+        for key, want in sorted(wanted.items()):
+            if key not in found.listed[loc.id]:
+                found.add("record", key, f"missing from {loc.describe()} (a catalog rebuild from it "
+                          "would lose it); `casckpt repair` writes it again")
+                continue
+            try:
+                info = found.listed[loc.id][key]
+                if info.size > _MAX_RECORD:
+                    raise ValueError(f"{info.size} bytes")
+                doc = json.loads(loc.blobs.get(key))
+            except (CasckptError, ValueError) as exc:
+                found.add("record", key, f"unreadable on {loc.describe()} ({exc}); `casckpt repair` "
+                          "writes it again")
+                continue
+            if not records.agrees(key, doc, want):
+                found.add("record", key, f"on {loc.describe()} says {doc!r}, the catalog "
+                          f"{want!r}; `casckpt repair` writes it again")
+
+
+def check_presence(ctx: EngineContext, layouts: Iterable[PackLayout], found: Findings) -> dict[str, int]:
+    """Every shard the catalog records is listed with its size; returns, per pack, how many
+    shards are unusable (missing shards are queued for repair)."""
+    unusable: dict[str, int] = {}
+    for layout in layouts:
+        damaged: dict[int, str] = {}
+        bad = 0
+        for sh in layout.shards:
+            loc = ctx.locations.get(sh.location_id)
+            where = f"shard {sh.index} ({sh.key})" if layout.scheme != "none" else f"object {sh.key}"
+            if loc is None or not loc.readable:
+                detail = f"{where} is on a failed or unknown location"
+            elif sh.location_id in found.unlisted:
+                detail = f"{where} is on {loc.describe()}, which cannot be listed"
+            elif sh.state != "ok" and layout.scheme != "none":
+                detail = f"{where} is {sh.state}; run `casckpt repair`"
+            else:
+                info = found.listed.get(sh.location_id, {}).get(sh.key)
+                if info is not None and info.size == sh.size:
+                    continue
+                if info is None:
+                    detail, damaged[sh.index] = f"{where} is missing from {loc.describe()}", "missing"
+                else:
+                    detail = f"{where} on {loc.describe()} is {info.size} bytes, catalog says {sh.size}"
+                    damaged[sh.index] = "corrupt"
+            bad += 1
+            found.add("pack" if layout.scheme == "none" else "shard",
+                      layout.id if layout.scheme == "none" else f"{layout.id}:{sh.index}", detail)
+        if damaged and layout.scheme != "none":
+            shard_sql.mark_shards(ctx.catalog, layout.id, {
+                i: (state, row.location_id, row.key) for i, state in damaged.items()
+                if (row := layout.shard(i)) is not None})
+            ctx.packs.forget(layout.id)
+        unusable[layout.id] = bad
+        _check_domains(ctx, layout, found)
+    return unusable
+
+
+def _check_domains(ctx: EngineContext, layout: PackLayout, found: Findings) -> None:
+    """A pack with two shards in one failure domain loses two to one failure: degraded."""
+    if layout.scheme == "none":
+        return
+    by_domain: dict[str, list[int]] = {}
+    for sh in layout.shards:
+        loc = ctx.locations.get(sh.location_id)
+        if loc is not None and loc.readable:
+            by_domain.setdefault(loc.domain, []).append(sh.index)
+    for domain, indexes in sorted(by_domain.items()):
+        if len(indexes) > 1:
+            found.add("redundancy", layout.id, f"shards {indexes} share failure domain {domain!r}: one "
+                      "failure there loses them all; add a location in another domain "
+                      "(`casckpt location add`), then `casckpt repair`")
