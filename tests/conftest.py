@@ -70,13 +70,22 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 @pytest.fixture
-def pg_url(pg_server: Any) -> str:
+def new_pg_url(pg_server: Any) -> Callable[[], str]:
+    """Factory: create a new, empty database on the session's server, return its SQLAlchemy URL."""
+    def make() -> str:
+        name = f"casckpt_{uuid.uuid4().hex[:12]}"
+        pg_server.psql(f"CREATE DATABASE {name};")
+        base = pg_server.get_uri()  # postgresql://postgres:@/postgres?host=/tmp/...
+        url = base.replace("postgresql://", "postgresql+psycopg://", 1)
+        return url.replace("/postgres?", f"/{name}?", 1)
+
+    return make
+
+
+@pytest.fixture
+def pg_url(new_pg_url: Callable[[], str]) -> str:
     """A SQLAlchemy URL of a new, empty database on the session's server."""
-    name = f"casckpt_{uuid.uuid4().hex[:12]}"
-    pg_server.psql(f"CREATE DATABASE {name};")
-    base = pg_server.get_uri()  # postgresql://postgres:@/postgres?host=/tmp/...
-    url = base.replace("postgresql://", "postgresql+psycopg://", 1)
-    return url.replace("/postgres?", f"/{name}?", 1)
+    return new_pg_url()
 
 
 @dataclass(frozen=True)
