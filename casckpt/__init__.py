@@ -75,6 +75,11 @@ def open(  # noqa: A001 - the documented name of the entry point
     directory that is not a store is refused. An older catalog schema is
     upgraded automatically (Alembic); a newer one is refused.
 
+    Creation is atomic: any number of processes and threads opening the same
+    new path at once (every rank of a job, say) all get the one store one of
+    them created, with the same catalog and config file. Opening an existing
+    store takes no lock.
+
     Args:
         path: the store's root directory.
         blobs: where packs live instead of ``path``: a directory, ``file:///dir`` or

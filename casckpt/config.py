@@ -16,10 +16,13 @@ Environment variables (all optional):
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -365,24 +368,118 @@ def locate_store(path: Path | None, *, blobs: BlobsArg | None, catalog: str | No
     root = file.parent
     if root.exists() and not root.is_dir():
         raise NotAStoreError(f"{root} is a file, not a casckpt store directory")
-    if root.is_dir() and any(root.iterdir()):
-        raise NotAStoreError(
-            f"{root} is not a casckpt store (no {CONFIG_FILE}) and is not empty; pass a new or "
-            "empty directory to create a store, or the root of an existing one"
-        )
+    if root.is_dir() and _holds_other_files(file):
+        if file.is_file():  # another opener created the store meanwhile
+            return _spec_from_file(file, blobs, catalog, cache, s3)
+        raise _not_empty(root)
     if not create:
         raise NotAStoreError(
             f"no casckpt store at {path}; create one with `casckpt init {path}` or casckpt.open()"
         )
     given = blob_locations(blobs) if blobs is not None else None
     single = given is not None and len(given) == 1 and given[0].domain is None and given[0].name == "loc0"
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".{file.name}.tmp"
-    tmp.write_text(render_config(
+    text = render_config(
         {"blobs": given[0].url if single and given else None, "catalog": catalog,
-         "redundancy": redundancy}, s3 or {}, () if single or given is None else given))
-    os.replace(tmp, file)
+         "redundancy": redundancy}, s3 or {}, () if single or given is None else given)
+    if not _create_config_file(file, text):  # another process or thread created the store first
+        return _spec_from_file(file, blobs, catalog, cache, s3)
     return _spec_from_file(file, None, None, cache, None)
+
+
+def _not_empty(root: Path) -> NotAStoreError:
+    return NotAStoreError(
+        f"{root} is not a casckpt store (no {CONFIG_FILE}) and is not empty; pass a new or "
+        "empty directory to create a store, or the root of an existing one"
+    )
+
+
+def _is_temp_of(name: str, file: Path) -> bool:
+    """Whether ``name`` is a temporary file a creator of ``file`` writes (and may leave if killed)."""
+    return name.startswith(f".{file.name}.") and name.endswith(".tmp")
+
+
+def _holds_other_files(file: Path) -> bool:
+    """Whether the directory of a config file holds anything besides creators' temporary files."""
+    return any(not _is_temp_of(p.name, file) for p in file.parent.iterdir())
+
+
+@contextmanager
+def _directory_lock(root: Path) -> Iterator[bool]:
+    """Make ``root`` if missing and hold an exclusive flock on it; yields whether the lock is held.
+
+    Each call opens its own descriptor, so threads of one process exclude
+    each other as processes do. A filesystem that cannot flock a directory
+    (some NFS setups) yields False: creation then rests on ``link()`` alone.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            yield False
+        else:
+            yield True
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _create_config_file(file: Path, text: str) -> bool:
+    """Create a new store's config file unless another opener has; True if this call created it.
+
+    Creators serialise on a lock on the directory and re-check under it; the
+    file itself appears whole and only once (written to a temporary file of a
+    unique name, then hard-linked into place, which fails if the name exists).
+    Only this path takes the lock: opening an existing store never does.
+
+    Raises:
+        NotAStoreError: the directory holds something other than a store.
+    """
+    root = file.parent
+    with _directory_lock(root) as locked:
+        if file.is_file():
+            return False
+        if _holds_other_files(file):
+            if file.is_file():  # without the lock, a creator may have finished meanwhile
+                return False
+            raise _not_empty(root)
+        if locked:  # every creator holds the lock while its temporary file exists: these are stale
+            for stray in root.iterdir():
+                if _is_temp_of(stray.name, file):
+                    stray.unlink(missing_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{file.name}.", suffix=".tmp", dir=root)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            created = _link_once(Path(tmp), file)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        if created:
+            _fsync_directory(root)
+        return created
+
+
+def _link_once(tmp: Path, file: Path) -> bool:
+    """Put ``tmp`` in place as ``file`` unless ``file`` exists; True if it was put there."""
+    try:
+        os.link(tmp, file)
+    except FileExistsError:
+        return False
+    except OSError:  # no hard links on this filesystem (some FUSE mounts): rename, the lock decides
+        if file.exists():
+            return False
+        os.replace(tmp, file)
+    return True
+
+
+def _fsync_directory(root: Path) -> None:
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def add_location_to_file(file: Path, location: BlobLocation) -> None:

@@ -1,5 +1,10 @@
 """Shared fixtures: real services on loopback, and the backend matrix.
 
+- ``isolated_home`` (autouse, session): HOME and XDG_CACHE_HOME point into
+  pytest's temp dir for the whole session, so no store cache (a store with a
+  remote catalog keeps one in ``~/.cache/casckpt/<store id>``), nor anything
+  else a library caches per user, lands in the real home of whoever runs the
+  tests. Subprocesses the tests start inherit the environment.
 - ``pg_url``: a fresh database on a real PostgreSQL server (pgserver, started
   once per session, reached over a Unix socket in a temp dir).
 - ``store_config``: each of {local dir, S3} x {SQLite, PostgreSQL}; tests that
@@ -9,6 +14,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
@@ -20,6 +26,34 @@ import pytest
 
 from casckpt.testing import s3 as s3_testing
 from casckpt.testing.s3 import fake_aws_environment, moto_server
+
+
+@dataclass(frozen=True)
+class Homes:
+    """The session's temporary home, and the real one it stands in for."""
+
+    temp: Path
+    real: Path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Homes]:
+    """HOME and XDG_CACHE_HOME inside the session's temp dir (set before any test runs).
+
+    Configuration is still read from the real place (XDG_CONFIG_HOME keeps
+    pointing at it), so pip's index settings reach the wheel build; nothing
+    reads or writes a cache there.
+    """
+    real = Path.home()
+    temp = tmp_path_factory.mktemp("home")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("XDG_CONFIG_HOME", os.environ.get("XDG_CONFIG_HOME") or str(real / ".config"))
+    patch.setenv("HOME", str(temp))
+    patch.setenv("XDG_CACHE_HOME", str(temp / ".cache"))
+    try:
+        yield Homes(temp, real)
+    finally:
+        patch.undo()
 
 
 @pytest.fixture(scope="session")
@@ -36,13 +70,22 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 @pytest.fixture
-def pg_url(pg_server: Any) -> str:
+def new_pg_url(pg_server: Any) -> Callable[[], str]:
+    """Factory: create a new, empty database on the session's server, return its SQLAlchemy URL."""
+    def make() -> str:
+        name = f"casckpt_{uuid.uuid4().hex[:12]}"
+        pg_server.psql(f"CREATE DATABASE {name};")
+        base = pg_server.get_uri()  # postgresql://postgres:@/postgres?host=/tmp/...
+        url = base.replace("postgresql://", "postgresql+psycopg://", 1)
+        return url.replace("/postgres?", f"/{name}?", 1)
+
+    return make
+
+
+@pytest.fixture
+def pg_url(new_pg_url: Callable[[], str]) -> str:
     """A SQLAlchemy URL of a new, empty database on the session's server."""
-    name = f"casckpt_{uuid.uuid4().hex[:12]}"
-    pg_server.psql(f"CREATE DATABASE {name};")
-    base = pg_server.get_uri()  # postgresql://postgres:@/postgres?host=/tmp/...
-    url = base.replace("postgresql://", "postgresql+psycopg://", 1)
-    return url.replace("/postgres?", f"/{name}?", 1)
+    return new_pg_url()
 
 
 @dataclass(frozen=True)

@@ -79,8 +79,14 @@ def check_not_newer(connection: Connection, where: str) -> str | None:
 def upgrade(connection: Connection) -> None:
     """Bring the catalog to the head revision (a no-op when it is already there).
 
-    Thread-safe: upgrades within one process run one at a time.
+    Thread-safe: upgrades within one process run one at a time. The
+    connection's transaction (on SQLite ``BEGIN IMMEDIATE``: the database's
+    write lock) is begun before ``_ALEMBIC_LOCK`` is taken, the order
+    :func:`check_not_newer`'s callers take them in; the other order deadlocks
+    two threads creating one catalog until SQLite's busy timeout.
     """
+    if not connection.in_transaction():
+        connection.begin()
     if current_revision(connection) == head_revision():
         return
     with _ALEMBIC_LOCK:

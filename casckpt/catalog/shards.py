@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, case, func, null, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 
 from casckpt.catalog import schema as s
-from casckpt.catalog.catalog import BATCH, Catalog, PackLayout, ShardRow
+from casckpt.catalog.catalog import BATCH, Catalog, PackLayout, ShardRow, insert_ignore
 from casckpt.errors import InvalidArgumentError, RefNotFoundError
 
 LOCATION_STATES = ("active", "draining", "failed")
@@ -49,16 +50,18 @@ def ensure_locations(catalog: Catalog, configured: Sequence[tuple[str, str, str]
 
     A location the catalog already knows by name keeps its recorded URL and
     domain (another host may reach it by another URL); one a migration left
-    without a URL gets the configured one. Returns every location.
+    without a URL gets the configured one. Returns every location. Safe for
+    openers of a new store at once: a name another transaction registers
+    first is kept as that one registered it.
     """
     with catalog.write() as conn:
         known = {r.name: r for r in conn.execute(select(s.locations))}
-        for name, url, domain in configured:
+        insert_ignore(conn, s.locations, [
+            {"name": name, "url": url, "domain": domain, "state": "active", "created_at": time.time()}
+            for name, url, domain in configured if name not in known], "name")
+        for name, url, _domain in configured:
             row = known.get(name)
-            if row is None:
-                conn.execute(s.locations.insert().values(
-                    name=name, url=url, domain=domain, state="active", created_at=time.time()))
-            elif row.url is None:
+            if row is not None and row.url is None:
                 conn.execute(update(s.locations).where(s.locations.c.id == row.id).values(url=url))
         return [_location(r) for r in conn.execute(select(s.locations).order_by(s.locations.c.id))]
 
@@ -232,10 +235,15 @@ def store_redundancy(catalog: Catalog) -> str | None:
 
 
 def set_store_redundancy(catalog: Catalog, spec: str) -> None:
-    """Set the redundancy new packs of every run without its own policy get."""
+    """Set the redundancy new packs of every run without its own policy get.
+
+    One upsert, so that openers seeding a new store's redundancy at once do
+    not collide on the row (on PostgreSQL a delete-then-insert does).
+    """
     with catalog.write() as conn:
-        conn.execute(s.store_info.delete().where(s.store_info.c.key == "redundancy"))
-        conn.execute(s.store_info.insert().values(key="redundancy", value=spec))
+        dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+        stmt = dialect.insert(s.store_info).values(key="redundancy", value=spec)
+        conn.execute(stmt.on_conflict_do_update(index_elements=["key"], set_={"value": spec}))
 
 
 def run_redundancy(catalog: Catalog) -> dict[str, str]:
