@@ -88,13 +88,10 @@ def is_unavailable(exc: SQLAlchemyError) -> bool:
     SQLite's errors never count: its file is local and "database is locked"
     has already waited out the busy timeout.
     """
-    if not isinstance(exc, DBAPIError) or exc.orig is None:
+    if not isinstance(exc, DBAPIError) or not type(exc.orig).__module__.startswith("psycopg"):
         return False
     if exc.connection_invalidated:  # SQLAlchemy saw the connection drop
         return True
-    module = type(exc.orig).__module__
-    if not module.startswith(("psycopg", "psycopg2")):
-        return False
     state = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
     if state is None:  # raised by libpq itself: refused, no socket, closed, timed out
         return any(c.__name__ in ("OperationalError", "InterfaceError") for c in type(exc.orig).__mro__)
