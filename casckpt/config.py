@@ -12,6 +12,8 @@ Environment variables (all optional):
 ``CASCKPT_COMMIT_MEMORY``  bytes background commits may hold as copies (default RAM/4, <= 8 GiB).
 ``CASCKPT_BACKPRESSURE``   ``block`` (default) or ``raise`` when background commits are at a bound.
 ``CASCKPT_STAGING_MEMORY``  host bytes GPU tensors stream through on commit (default 256 MiB).
+``CASCKPT_CATALOG_RETRY_S``  seconds a catalog step is retried while the database is unreachable
+                           (default 5; 0: no retries).
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ class Settings:
             (default: an eighth of RAM, at most 4 GiB; a state larger than
             this gets keyframes where its bases do not fit). Setting it to 0
             is not allowed; turn delta coding off with a chain length of 0.
+        catalog_retry_s: how long each catalog step (a query, recording a pack,
+            publishing a version) is retried while the catalog database is
+            unreachable before it raises CatalogUnavailableError (0: no retries).
     """
 
     chunk_size: int = DEFAULT_CHUNK_SIZE
@@ -83,6 +88,7 @@ class Settings:
     staging_memory: int = 256 << 20
     stage_host_tensors: bool = False
     delta_memory: int = field(default_factory=lambda: int(min(4 << 30, _ram() // 8)))
+    catalog_retry_s: float = 5.0
 
 
 def _ram() -> int:
@@ -109,6 +115,19 @@ def _int_env(env: Mapping[str, str], name: str) -> int | None:
     return number
 
 
+def _seconds_env(env: Mapping[str, str], name: str) -> float | None:
+    value = env.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise InvalidArgumentError(f"{name}={value!r} is not a number of seconds") from None
+    if not 0 <= seconds < float("inf"):
+        raise InvalidArgumentError(f"{name}={value!r} must be 0 or more seconds")
+    return seconds
+
+
 def _backpressure(value: object) -> str:
     if value not in ("block", "raise"):
         raise InvalidArgumentError(f"backpressure must be 'block' or 'raise', got {value!r}")
@@ -130,6 +149,9 @@ def settings(overrides: Mapping[str, Any] | None = None,
             config = replace(config, **{name_: value})  # type: ignore[arg-type]
     if env.get("CASCKPT_COMPRESSION", "1") == "0":
         config = replace(config, compress=False)
+    retry_s = _seconds_env(env, "CASCKPT_CATALOG_RETRY_S")
+    if retry_s is not None:
+        config = replace(config, catalog_retry_s=retry_s)
     if env.get("CASCKPT_BACKPRESSURE"):
         config = replace(config, backpressure=_backpressure(env["CASCKPT_BACKPRESSURE"]))
     for key, value in (overrides or {}).items():

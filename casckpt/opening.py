@@ -104,7 +104,7 @@ def open_store(
         catalog=catalog, cache=Path(cache).expanduser() if cache is not None else None,
         create=create, s3=s3, redundancy=redundancy,
     )
-    cat = Catalog(spec.catalog, where=redact_url(spec.catalog))
+    cat = Catalog(spec.catalog, where=redact_url(spec.catalog), retry_s=settings.catalog_retry_s)
     try:
         locations = open_locations(cat, spec, given, recover=recover)
         _seed_redundancy(cat, spec.redundancy, redundancy, locations)

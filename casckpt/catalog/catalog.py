@@ -7,37 +7,39 @@ On SQLite, write transactions start with ``BEGIN IMMEDIATE`` so two writers
 serialise on the database lock up front instead of failing on upgrade, and the
 database runs in WAL mode with ``synchronous=FULL`` (a committed version
 survives power loss).
+
+Outages (see :mod:`casckpt.catalog.database`): an unreachable database raises
+``CatalogUnavailableError``; the queries here and the idempotent updates
+(``add_pack``, ``set_tag``, ``mark_verified``, and ``add_version``, whose retry
+recognises a publish that committed before its answer was lost) are retried
+for up to ``retry_s`` seconds first.
 """
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from sqlalchemy import (
-    ColumnElement,
-    Connection,
-    Engine,
-    Row,
-    create_engine,
-    event,
-    func,
-    select,
-    text,
-)
+from sqlalchemy import ColumnElement, Connection, Row, func, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from casckpt.catalog import migrate
 from casckpt.catalog import schema as s
-from casckpt.errors import CatalogError, VersionExistsError
+from casckpt.catalog.database import Database
+from casckpt.errors import CatalogError, CatalogUnavailableError, VersionExistsError
 from casckpt.format.pack import PackEntry
 
 BATCH = 500
 _MIGRATION_LOCK = 0x6361736B  # "cask": PostgreSQL advisory lock key for schema upgrades
+DEFAULT_RETRY_S = 5.0
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 def _upsert_chunks(conn: Connection, rows: list[dict[str, Any]]) -> None:
@@ -168,27 +170,6 @@ def insert_pack(conn: Connection, layout: PackLayout, chunks: int, now: float) -
             index_elements=["pack_id", "idx"]), rows)
 
 
-def _sqlite_engine(url: str) -> Engine:
-    engine = create_engine(url, connect_args={"timeout": 120, "check_same_thread": False})
-
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        dbapi_conn.isolation_level = None
-        cursor = dbapi_conn.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=FULL")
-        cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute("PRAGMA busy_timeout=120000")
-        cursor.close()
-
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn: Connection) -> None:
-        write = conn.get_execution_options().get("casckpt_write", False)
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
-
-    return engine
-
-
 def insert_ignore(conn: Connection, table: Any, rows: list[dict[str, Any]], key: str) -> None:
     """INSERT rows, skipping those whose ``key`` exists (another writer got there first)."""
     if not rows:
@@ -197,23 +178,50 @@ def insert_ignore(conn: Connection, table: Any, rows: list[dict[str, Any]], key:
     conn.execute(dialect.insert(table).on_conflict_do_nothing(index_elements=[key]), rows)
 
 
-class Catalog:
-    """The authoritative catalog (SQLite or PostgreSQL, via SQLAlchemy)."""
+def _idempotent(method: Callable[Concatenate[Catalog, P], T]) -> Callable[Concatenate[Catalog, P], T]:
+    """Mark a method safe to run again whole while the database is unreachable (its
+    arguments must be re-iterable: a generator would be empty the second time)."""
+    def retried(self: Catalog, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self.retrying(lambda: method(self, *args, **kwargs))
+    functools.update_wrapper(retried, method)
+    return retried
 
-    def __init__(self, url: str, *, where: str) -> None:
+
+class Catalog:
+    """The authoritative catalog (SQLite or PostgreSQL, via SQLAlchemy).
+
+    Raises (every method): CatalogUnavailableError when the database cannot
+    be reached within ``retry_s`` seconds; CatalogError for other failures.
+    """
+
+    def __init__(self, url: str, *, where: str, retry_s: float = DEFAULT_RETRY_S) -> None:
         self.url = url
         self.where = where
+        self._db = Database(url, where=where, retry_s=retry_s)
+        self.engine = self._db.engine
         try:
-            self.engine = _sqlite_engine(url) if url.startswith("sqlite") else create_engine(
-                url, pool_pre_ping=True, pool_size=4, max_overflow=8
-            )
             self._migrate()
-            with self.read() as conn:
-                self.store_id: str = conn.execute(
-                    select(s.store_info.c.value).where(s.store_info.c.key == "store_id")
-                ).scalar_one()
+            self.store_id: str = self.retrying(self._read_store_id)
         except SQLAlchemyError as exc:
+            self.close()
+            error = self._db.error(exc, "opening the catalog")
+            if isinstance(error, CatalogUnavailableError):
+                raise error from exc
             raise CatalogError(f"cannot open the catalog at {where}: {exc}") from exc
+        except CatalogError:
+            self.close()
+            raise
+
+    def _read_store_id(self) -> str:
+        with self.read() as conn:
+            return str(conn.execute(
+                select(s.store_info.c.value).where(s.store_info.c.key == "store_id")
+            ).scalar_one())
+
+    def retrying(self, operation: Callable[[], T]) -> T:
+        """Run an idempotent catalog operation, again while the database is unreachable,
+        for at most ``retry_s`` seconds (see :meth:`Database.retrying`)."""
+        return self._db.retrying(operation)
 
     def _migrate(self) -> None:
         """Refuse a newer schema, then upgrade an older one; one process at a time.
@@ -221,7 +229,7 @@ class Catalog:
         On PostgreSQL a session advisory lock serialises hosts opening the
         catalog at once; on SQLite ``BEGIN IMMEDIATE`` does.
         """
-        with self.engine.connect().execution_options(casckpt_write=True) as conn:
+        with self._db.connect(write=True) as conn:
             postgres = conn.dialect.name == "postgresql"
             if postgres:
                 conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": _MIGRATION_LOCK})
@@ -239,26 +247,20 @@ class Catalog:
 
     def close(self) -> None:
         """Dispose of pooled connections."""
-        self.engine.dispose()
+        self._db.close()
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
-        """A connection in a read transaction; SQL errors become CatalogError."""
-        try:
-            with self.engine.connect() as conn, conn.begin():
-                yield conn
-        except SQLAlchemyError as exc:
-            raise CatalogError(f"catalog query failed at {self.where}: {exc}") from exc
+        """A connection in a read transaction; SQL errors become CatalogError (or
+        CatalogUnavailableError); getting the connection is retried, the body runs once."""
+        with self._db.transaction(write=False) as conn:
+            yield conn
 
     @contextmanager
     def write(self) -> Iterator[Connection]:
         """A connection in a write transaction (SQLite: BEGIN IMMEDIATE), committed on exit."""
-        try:
-            with self.engine.connect().execution_options(casckpt_write=True) as conn:
-                with conn.begin():
-                    yield conn
-        except SQLAlchemyError as exc:
-            raise CatalogError(f"catalog update failed at {self.where}: {exc}") from exc
+        with self._db.transaction(write=True) as conn:
+            yield conn
 
     # -- chunks and packs -------------------------------------------------
 
@@ -269,6 +271,9 @@ class Catalog:
         False, since a condemned chunk is still stored until GC sweeps it.
         """
         wanted = list(dict.fromkeys(ids))
+        return self.retrying(lambda: self._find_chunks(wanted, live_only))
+
+    def _find_chunks(self, wanted: list[str], live_only: bool) -> dict[str, ChunkLocation]:
         found: dict[str, ChunkLocation] = {}
         query = select(
             s.chunks.c.id, s.chunks.c.pack_id, s.packs.c.key, s.chunks.c.offset,
@@ -285,6 +290,7 @@ class Catalog:
                     found[row[0]] = ChunkLocation(*row)
         return found
 
+    @_idempotent  # rows that exist are kept
     def add_pack(self, pack: PackRecord) -> None:
         """Record a durable pack and its chunks (chunks another writer already recorded are kept)."""
         now = time.time()
@@ -329,14 +335,29 @@ class Catalog:
     ) -> None:
         """Make a version visible: ONE transaction that re-checks every referenced chunk.
 
+        Retried while the database is unreachable: a retry that finds this
+        version's id already published knows the earlier COMMIT succeeded.
+
         Raises:
             MissingChunksError: some referenced chunk is not live; nothing was written.
             VersionExistsError: the run already has a version at this step.
+            CatalogUnavailableError: the database stayed unreachable; the version is not
+                visible, unless the database went away just as it committed it.
         """
         ids = list(dict.fromkeys(chunk_ids))
-        try:
+
+        def publish() -> None:
             with self.write() as conn:
                 self._publish(conn, version, run, tensor_rows, content_rows, tag_names, ids)
+
+        try:
+            self.retrying(publish)
+        except CatalogUnavailableError as exc:
+            raise CatalogUnavailableError(
+                f"could not publish version {version['id'][:12]} ({run}@{version['step']}): {exc}. "
+                f"It is not visible unless the database went away just as it committed it "
+                f"(`casckpt show {version['id'][:12]}` tells)"
+            ) from exc
         except CatalogError as exc:
             if isinstance(exc.__cause__, IntegrityError) and "uq_versions_run_step" in str(exc):
                 raise VersionExistsError(
@@ -356,6 +377,8 @@ class Catalog:
         existing = conn.execute(select(s.versions.c.id).where(
             s.versions.c.run_id == run_id, s.versions.c.step == version["step"]
         )).scalar()
+        if existing == version["id"]:  # an earlier try committed; its answer was lost
+            return
         if existing is not None:
             raise VersionExistsError(
                 f"run {run!r} already has a version at step {version['step']} "
@@ -383,6 +406,7 @@ class Catalog:
         conn.execute(s.tags.delete().where(s.tags.c.name == name))
         conn.execute(s.tags.insert().values(name=name, version_id=version_id, created_at=time.time()))
 
+    @_idempotent
     def set_tag(self, name: str, version_id: str) -> None:
         """Point tag ``name`` at a version (moving it if it exists)."""
         with self.write() as conn:
@@ -402,11 +426,13 @@ class Catalog:
             s.versions.c.state == "visible"
         )
 
+    @_idempotent
     def version(self, version_id: str) -> Row[Any] | None:
         """The visible version with this exact id."""
         with self.read() as conn:
             return conn.execute(self._versions().where(s.versions.c.id == version_id)).first()
 
+    @_idempotent
     def ids_with_prefix(self, prefix: str, limit: int = 5) -> list[str]:
         """Visible version ids starting with ``prefix``."""
         with self.read() as conn:
@@ -416,6 +442,7 @@ class Catalog:
                 ).limit(limit)
             ).scalars())
 
+    @_idempotent
     def at_step(self, run: str, step: int) -> Row[Any] | None:
         """The visible version of ``run`` at ``step``."""
         with self.read() as conn:
@@ -423,6 +450,7 @@ class Catalog:
                 self._versions().where(s.runs.c.name == run, s.versions.c.step == step)
             ).first()
 
+    @_idempotent
     def nth_latest(self, run: str, back: int) -> Row[Any] | None:
         """The visible version ``back`` versions before the latest of ``run`` (0: latest)."""
         with self.read() as conn:
@@ -431,6 +459,7 @@ class Catalog:
                 .order_by(s.versions.c.step.desc()).offset(back).limit(1)
             ).first()
 
+    @_idempotent
     def steps_near(self, run: str, step: int, limit: int = 3) -> list[int]:
         """The visible steps of ``run`` closest to ``step``."""
         with self.read() as conn:
@@ -440,6 +469,7 @@ class Catalog:
                 .order_by(func.abs(s.versions.c.step - step)).limit(limit)
             ).scalars())
 
+    @_idempotent
     def log(self, run: str | None, limit: int | None) -> list[Row[Any]]:
         """Visible versions, newest first (by step within a run, by time across runs)."""
         query = self._versions()
@@ -450,11 +480,13 @@ class Catalog:
         with self.read() as conn:
             return list(conn.execute(query.limit(limit)))
 
+    @_idempotent
     def run_names(self) -> list[str]:
         """Every run name."""
         with self.read() as conn:
             return list(conn.execute(select(s.runs.c.name).order_by(s.runs.c.name)).scalars())
 
+    @_idempotent
     def runs(self) -> list[tuple[Any, ...]]:
         """Each run with its version count, latest step and logical bytes."""
         v, newest = s.versions, s.versions.alias("newest")
@@ -475,16 +507,19 @@ class Catalog:
         with self.read() as conn:
             return [tuple(row) for row in conn.execute(query)]
 
+    @_idempotent
     def tag_target(self, name: str) -> str | None:
         """The version id a tag points at."""
         with self.read() as conn:
             return conn.execute(select(s.tags.c.version_id).where(s.tags.c.name == name)).scalar()
 
+    @_idempotent
     def tag_names(self) -> list[str]:
         """Every tag name."""
         with self.read() as conn:
             return list(conn.execute(select(s.tags.c.name).order_by(s.tags.c.name)).scalars())
 
+    @_idempotent
     def tags_of(self, version_ids: Sequence[str]) -> dict[str, tuple[str, ...]]:
         """Tag names per version id."""
         out: dict[str, list[str]] = {}
@@ -499,6 +534,7 @@ class Catalog:
                     out.setdefault(vid, []).append(name)
         return {k: tuple(v) for k, v in out.items()}
 
+    @_idempotent
     def manifest(self, version_id: str) -> bytes:
         """The compressed manifest of a version."""
         with self.read() as conn:
@@ -507,6 +543,7 @@ class Catalog:
             ).scalar_one()
             return bytes(data)
 
+    @_idempotent
     def tensors_of(self, version_id: str) -> list[Row[Any]]:
         """The tensor rows of a version, by path."""
         with self.read() as conn:
@@ -515,6 +552,7 @@ class Catalog:
                 .order_by(s.tensors.c.path)
             ))
 
+    @_idempotent
     def visible_version_ids(self) -> list[str]:
         """Ids of every visible version."""
         with self.read() as conn:
@@ -522,11 +560,13 @@ class Catalog:
                 select(s.versions.c.id).where(s.versions.c.state == "visible")
             ).scalars())
 
+    @_idempotent
     def packs(self) -> list[Row[Any]]:
         """Every live pack row."""
         with self.read() as conn:
             return list(conn.execute(select(s.packs).where(s.packs.c.state == "live")))
 
+    @_idempotent
     def chunks_of_pack(self, pack_id: str) -> list[Row[Any]]:
         """Every chunk row stored in a pack, by offset."""
         with self.read() as conn:
@@ -549,6 +589,7 @@ class Catalog:
             yield batch
             after = batch[-1].id
 
+    @_idempotent
     def mark_verified(self, pack_ids: Sequence[str]) -> None:
         """Record that these packs were just read and verified in full."""
         now = time.time()
@@ -557,6 +598,7 @@ class Catalog:
                 conn.execute(s.packs.update().where(s.packs.c.id.in_(pack_ids[i : i + BATCH]))
                              .values(verified_at=now))
 
+    @_idempotent
     def totals(self) -> dict[str, int]:
         """Counts and byte sums for ``Store.stats``."""
         v, c, p = s.versions, s.chunks, s.packs

@@ -15,7 +15,10 @@ foreground, after the commits before it, without copying.
 
 Failures are never silent: a background commit's error is raised by its
 handle's :meth:`CommitHandle.wait`, and -- if nobody waited -- by the next
-commit or by ``close()``. A failed commit leaves no visible version. A
+commit or by ``close()``. A failed commit leaves no visible version. The
+exception is a catalog outage (``CatalogUnavailableError``): the handle
+reports it and it is logged, but the next commit goes ahead rather than
+raising it, so a restart of the database costs no commit after it is over. A
 version's parent is fixed when it is snapshotted (it is part of the version
 id), so a commit queued behind a failed one of the same run still becomes
 visible, complete, naming the failed (never visible) version as its parent.
@@ -31,12 +34,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
-from casckpt.catalog.gc import begin_lease, end_lease
+from casckpt.catalog.gc import begin_lease
 from casckpt.engine import commit as commit_engine
 from casckpt.engine.commit import CommitRequest, Snapshot, _Chunk
 from casckpt.engine.context import EngineContext
 from casckpt.errors import (
     BackgroundCommitError,
+    CatalogUnavailableError,
     CommitBackpressureError,
     CommitTimeoutError,
     InvalidArgumentError,
@@ -176,7 +180,7 @@ class BackgroundCommitter:
                 if snap.foreground:  # too big to copy: write it now, after the others
                     self.drain()
             except BaseException:
-                end_lease(self._ctx.catalog, lease)
+                commit_engine.release_lease(self._ctx, lease, f"{req.run}@{req.step}")
                 self._release(sum(reserved))
                 raise
             if snap.foreground:
@@ -269,10 +273,7 @@ class BackgroundCommitter:
         except BaseException as exc:  # noqa: BLE001 - handed to the caller through the handle
             outcome = exc
             log.warning("background commit %s@%s failed: %s", job.request.run, job.request.step, exc)
-        try:
-            end_lease(self._ctx.catalog, job.lease)
-        except BaseException as exc:  # noqa: BLE001 - the lease expires with the process anyway
-            log.warning("could not end the lease of %s@%s: %s", job.request.run, job.request.step, exc)
+        commit_engine.release_lease(self._ctx, job.lease, f"{job.request.run}@{job.request.step}")
         with self._cond:
             for cid in job.snapshot.new_ids:
                 if self._inflight.get(cid) is job.snapshot.chunks.get(cid):
@@ -303,9 +304,14 @@ class BackgroundCommitter:
             return list(self._pending)
 
     def raise_unreported(self) -> None:
-        """Raise the first background failure nobody has seen through its handle yet."""
+        """Raise the first background failure nobody has seen through its handle yet.
+
+        Catalog outages are left to their handles and the log: the commit
+        after one must not fail for it once the database is back.
+        """
         with self._cond:
-            failed = [h for h in self._failed if not h._reported]  # noqa: SLF001
+            failed = [h for h in self._failed if not h._reported  # noqa: SLF001
+                      and not isinstance(h._error, CatalogUnavailableError)]  # noqa: SLF001
             self._failed = []
         if failed:
             first = failed[0]

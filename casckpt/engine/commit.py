@@ -9,6 +9,7 @@ hint, a chunk GC removed) are written again before retrying.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, decode_man
 from casckpt.format.tree import encode_tree, rank_path
 from casckpt.storage.erasure import Redundancy
 from casckpt.types import ProgressCallback, Version
+
+log = logging.getLogger(__name__)
 
 _PUBLISH_ATTEMPTS = 3
 
@@ -484,6 +487,20 @@ def finish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: R
     return publish(ctx, req, snap, redundancy, started, lease, progress)
 
 
+def release_lease(ctx: EngineContext, lease: str, what: str) -> None:
+    """End a commit's lease; if the catalog cannot, say so and go on.
+
+    The commit's outcome stands either way (a version already published
+    stays published); a lease left behind only holds GC back, until this
+    process exits or the lease expires.
+    """
+    try:
+        ctx.catalog.retrying(lambda: end_lease(ctx.catalog, lease))
+    except CasckptError as exc:
+        log.warning("could not end the lease of commit %s (gc keeps what it may still need "
+                    "until this process exits): %s", what, exc)
+
+
 def refuse_existing(ctx: EngineContext, req: CommitRequest) -> None:
     """Refuse a step the run already has (checked again when publishing; this saves the work)."""
     existing = ctx.catalog.at_step(req.run, req.step)
@@ -510,4 +527,4 @@ def commit(ctx: EngineContext, state: object, req: CommitRequest,
         snap = snapshot(ctx, state, req, created, parent=parent_of(ctx, req.run), progress=progress)
         return finish(ctx, req, snap, redundancy, started, lease, progress)
     finally:
-        end_lease(ctx.catalog, lease)
+        release_lease(ctx, lease, f"{req.run}@{req.step}")

@@ -1,0 +1,183 @@
+"""Connections to the catalog database: engines, transactions, outages and retries.
+
+SQLAlchemy errors are mapped here, once, into ``CatalogUnavailableError``
+(the database cannot be reached: refused, gone mid-transaction, restarting,
+out of connection slots -- worth retrying) or ``CatalogError`` (anything
+else: a constraint, a bad query, SQLite's "database is locked" after its
+busy timeout -- not retried).
+
+Retries: :meth:`Database.retrying` runs an idempotent operation again, with
+exponential backoff and jitter, until it succeeds or ``retry_s`` seconds
+have passed. Every transaction's first step (checking a connection out of
+the pool; pre-ping replaces a pooled connection the server dropped) is
+retried so; whole operations are retried only where the caller says they
+are idempotent. Once an operation has given up, the catalog counts as
+unreachable and later operations try once, without waiting, until one
+connects again: a training loop committing during a long outage fails fast
+instead of waiting out the budget at every step.
+
+On PostgreSQL over TCP, libpq's connect timeout, keepalives and TCP user
+timeout bound how long an unreachable host or a half-open connection can
+hold a caller (each applies unless the URL sets it).
+
+Thread-safety: a :class:`Database` may be shared by threads.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+
+from casckpt.errors import CatalogError, CatalogUnavailableError
+
+T = TypeVar("T")
+
+CONNECT_TIMEOUT_S = 5
+_LIBPQ_DEFAULTS = {  # a dead host fails a connect in 5 s and a held connection in ~30-60 s
+    "connect_timeout": CONNECT_TIMEOUT_S,
+    "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,  # ms that sent data may stay unacknowledged
+}
+_BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.05, 1.0
+# SQLSTATEs of a server that is going away or not ready: connection exceptions (class 08),
+# admin / crash shutdown, "the database system is starting up", too many connections
+_UNAVAILABLE_STATES = ("08", "57P01", "57P02", "57P03", "53300")
+
+
+def _sqlite_engine(url: str) -> Engine:
+    engine = create_engine(url, connect_args={"timeout": 120, "check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=FULL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA busy_timeout=120000")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        write = conn.get_execution_options().get("casckpt_write", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    return engine
+
+
+def _server_engine(url: str) -> Engine:
+    parsed = make_url(url)
+    connect_args: dict[str, Any] = {}
+    if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() in ("psycopg", "psycopg2"):
+        connect_args = {k: v for k, v in _LIBPQ_DEFAULTS.items() if k not in parsed.query}
+    return create_engine(url, pool_pre_ping=True, pool_size=4, max_overflow=8,
+                         connect_args=connect_args)
+
+
+def is_unavailable(exc: SQLAlchemyError) -> bool:
+    """True when ``exc`` says the database server cannot be reached (not a SQL problem).
+
+    SQLite's errors never count: its file is local and "database is locked"
+    has already waited out the busy timeout.
+    """
+    if not isinstance(exc, DBAPIError) or not type(exc.orig).__module__.startswith("psycopg"):
+        return False
+    if exc.connection_invalidated:  # SQLAlchemy saw the connection drop
+        return True
+    state = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
+    if state is None:  # raised by libpq itself: refused, no socket, closed, timed out
+        return any(c.__name__ in ("OperationalError", "InterfaceError") for c in type(exc.orig).__mro__)
+    return str(state).startswith(_UNAVAILABLE_STATES)
+
+
+def _reason(exc: SQLAlchemyError) -> str:
+    """The driver's own first line, without SQLAlchemy's SQL and links."""
+    text = str(exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc)
+    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+
+
+class Database:
+    """An engine with its pool, typed errors and bounded retries (see the module docstring)."""
+
+    def __init__(self, url: str, *, where: str, retry_s: float) -> None:
+        self.where, self.retry_s = where, retry_s
+        self.engine = _sqlite_engine(url) if url.startswith("sqlite") else _server_engine(url)
+        self._unreachable_since: float | None = None  # set once an operation gave up
+        self._local = threading.local()  # the deadline of this thread's outermost retrying()
+
+    def close(self) -> None:
+        """Dispose of pooled connections."""
+        self.engine.dispose()
+
+    def error(self, exc: SQLAlchemyError, doing: str) -> CatalogError:
+        """``exc`` as the typed error to raise: unreachable, or ``"<doing> failed at ..."``."""
+        if is_unavailable(exc):
+            return CatalogUnavailableError(
+                f"the catalog database at {self.where} is unreachable ({_reason(exc)}): {doing} "
+                "failed. Check that it is up and reachable at that URL; a commit that failed so is "
+                "not visible: commit again once the database is back (each catalog step is retried "
+                f"for up to {self.retry_s:g} s; CASCKPT_CATALOG_RETRY_S sets how long)"
+            )
+        return CatalogError(f"{doing} failed at {self.where}: {exc}")
+
+    def connect(self, *, write: bool) -> Connection:
+        """A pooled connection (checked by pre-ping), retried while the database is unreachable."""
+        return self.retrying(lambda: self._connect(write))
+
+    def _connect(self, write: bool) -> Connection:
+        try:
+            conn = self.engine.connect()
+        except SQLAlchemyError as exc:
+            raise self.error(exc, "connecting") from exc
+        self._unreachable_since = None
+        return conn.execution_options(casckpt_write=True) if write else conn
+
+    @contextmanager
+    def transaction(self, *, write: bool) -> Iterator[Connection]:
+        """A connection in a transaction, committed on exit; SQL errors become typed errors.
+
+        Only the checkout is retried: the body runs once (wrap the whole
+        operation in :meth:`retrying` when it is idempotent).
+        """
+        conn = self.connect(write=write)
+        try:
+            with conn, conn.begin():
+                yield conn
+        except SQLAlchemyError as exc:
+            raise self.error(exc, "catalog update" if write else "catalog query") from exc
+
+    def retrying(self, operation: Callable[[], T]) -> T:
+        """Run ``operation`` until it does not raise CatalogUnavailableError, for at most
+        ``retry_s`` seconds (one try while the catalog is known to be unreachable).
+
+        ``operation`` must be idempotent: it may have taken effect before it
+        failed. Nested calls share the outermost call's deadline and leave the
+        retrying to it.
+        """
+        if getattr(self._local, "deadline", None) is not None:
+            return operation()
+        budget = 0.0 if self._unreachable_since is not None else self.retry_s
+        self._local.deadline = deadline = time.monotonic() + budget
+        delay = _BACKOFF_FIRST_S
+        try:
+            while True:
+                try:
+                    return operation()
+                except CatalogUnavailableError:
+                    now = time.monotonic()
+                    if now >= deadline:
+                        if self._unreachable_since is None:
+                            self._unreachable_since = now
+                        raise
+                    time.sleep(min(deadline - now, random.uniform(delay / 2, delay)))
+                    delay = min(2 * delay, _BACKOFF_MAX_S)
+        finally:
+            self._local.deadline = None
