@@ -109,14 +109,19 @@ def _check_document(doc: dict[str, Any], file: Path) -> None:
     store = doc.get("store")
     if not isinstance(store, dict) or "format" not in store:
         if store is not None and not isinstance(store, dict):
-            raise InvalidConfigError(f"{file}: store must be a [store] table, not {store!r}")
+            raise InvalidConfigError(
+                f"{file}: store must be a [store] table, not {store!r}; start the file with "
+                f"[store] and format = {STORE_FORMAT} on the next line"
+            )
         raise NotAStoreError(
             f"{file} is not a casckpt store config: it has no [store] table with "
             f"format = {STORE_FORMAT}. Pass a store's directory or its casckpt.toml"
         )
     form = store["format"]
     if type(form) is not int or form < 1:
-        raise InvalidConfigError(f"{file}: [store] format must be {STORE_FORMAT}, not {form!r}")
+        raise InvalidConfigError(
+            f"{file}: [store] format must be {STORE_FORMAT}, not {form!r}; write format = {STORE_FORMAT}"
+        )
     if form != STORE_FORMAT:
         raise NotAStoreError(
             f"{file} declares store format {form}; this casckpt reads format {STORE_FORMAT}. "
