@@ -1,4 +1,5 @@
-"""Store layout, the store config file, and every environment override, in one place.
+"""Store layout, the store config file, and every environment override, in one place
+(the config file's decoding and checks: :mod:`casckpt.config_file`).
 
 Environment variables (all optional):
 
@@ -21,7 +22,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -29,19 +29,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from casckpt.config_file import STORE_FORMAT, read_config_file
 from casckpt.errors import InvalidArgumentError, NotAStoreError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
 
 CONFIG_FILE = "casckpt.toml"
 DEFAULT_CHUNK_SIZE = 1 << 20
 DEFAULT_PACK_SIZE = 64 << 20
 CATALOG_FILE = "catalog.db"
 CACHE_DIR = "cache"
-STORE_FORMAT = 1
 
 @dataclass(frozen=True, slots=True)
 class Settings:
@@ -278,26 +273,6 @@ def render_config(values: Mapping[str, Any], s3: Mapping[str, Any],
     return "\n".join(lines) + "\n"
 
 
-def read_config_file(file: Path) -> dict[str, Any]:
-    """Parse a store config file.
-
-    Raises:
-        NotAStoreError: the file is missing, unreadable, or of another store format.
-    """
-    try:
-        with open(file, "rb") as f:
-            doc: dict[str, Any] = tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise NotAStoreError(f"{file.parent} is not a casckpt store ({file.name}: {exc})") from exc
-    store = doc.get("store", {})
-    if store.get("format") != STORE_FORMAT:
-        raise NotAStoreError(
-            f"{file} declares store format {store.get('format')!r}; this casckpt reads format "
-            f"{STORE_FORMAT}. Upgrade casckpt."
-        )
-    return doc
-
-
 def _config_file(path: Path) -> Path:
     return path if path.suffix == ".toml" and not path.is_dir() else path / CONFIG_FILE
 
@@ -309,23 +284,13 @@ def _blob_url(value: str, root: Path) -> str:
 
 
 def _recorded_locations(doc: Mapping[str, Any], file: Path) -> tuple[BlobLocation, ...] | None:
-    store = doc["store"]
+    store = doc["store"]  # checked by read_config_file: not both of blobs and locations
     tables = doc.get("locations")
-    if store.get("blobs") is not None and tables:
-        raise NotAStoreError(f"{file} sets both [store] blobs and [[locations]]; keep one")
     if tables:
         return blob_locations(tables)
     if store.get("blobs") is not None:
         return blob_locations(store["blobs"])
     return None
-
-
-def _quorum(value: object, file: Path) -> int | None:
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise InvalidArgumentError(f"{file}: write_quorum must be a positive integer, got {value!r}")
-    return value
 
 
 def _spec_from_file(file: Path, blobs: BlobsArg | None, catalog: str | None,
@@ -355,7 +320,7 @@ def _spec_from_file(file: Path, blobs: BlobsArg | None, catalog: str | None,
         cache=cache,
         s3={**doc.get("s3", {}), **(s3 or {})},
         redundancy=store.get("redundancy"),
-        write_quorum=_quorum(store.get("write_quorum"), file),
+        write_quorum=store.get("write_quorum"),
         config_file=file,
     )
 

@@ -299,6 +299,14 @@ def test_migrate_opens_and_reports(shared_store: Path) -> None:
         (errors.MissingDataError("x"), 4),
         (errors.StorageError("x"), 5),
         (errors.SchemaTooNewError("x"), 5),
+        (errors.InvalidConfigError("x"), 2),
+        (errors.StorageFullError("x"), 5),
+        (errors.UnsafeObjectError("x"), 5),
+        (errors.StoreIdentityError("x"), 5),
+        (errors.CatalogUnavailableError("x"), 5),
+        (errors.VersionMismatchError("x"), 4),
+        (errors.GCRunningError("x"), 6),
+        (errors.GCRefusedError("x"), 7),
     ],
 )
 def test_exit_codes(error: errors.CasckptError, code: int) -> None:
@@ -309,6 +317,84 @@ def test_help_documents_exit_codes() -> None:
     result = CliRunner().invoke(app, ["--help"])
     assert result.exit_code == 0
     assert "Exit codes" in result.stdout and "integrity" in result.stdout
+    text = " ".join(result.stdout.split())
+    assert "7 gc refused" in text and "70 internal error" in text and "casckpt.toml" in text
+    import casckpt.cli.main as main_module
+
+    assert main_module.__doc__ is not None
+    for code in ("7  gc refused", "70 internal error", "130 interrupted", "141 stdout"):
+        assert code in main_module.__doc__
+
+
+def _one_error_line(result: Result, *words: str) -> None:
+    assert "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("casckpt: error:"), result.stderr
+    for word in words:
+        assert word in lines[0], f"{word!r} missing from {lines[0]!r}"
+
+
+@pytest.mark.parametrize("text", [
+    b"[store]\nformat = 1\n# caf\xe9\n",  # used to exit 1 ("check found problems") with a traceback
+    b"[store\nformat = 1\n",
+    b'[store]\nformat = 1\nwrite_quorum = "2"\n',
+    b'[store]\nformat = 1\n[s3]\nendpoint = "http://x"\n',
+], ids=["not-utf8", "not-toml", "wrong-type", "unknown-s3-option"])
+def test_bad_config_file_exits_2_with_one_line(store: Path, text: bytes) -> None:
+    (store / "casckpt.toml").write_bytes(text)
+    result = cli(store, "log")
+    assert result.exit_code == 2, result.output
+    _one_error_line(result, str(store / "casckpt.toml"))
+
+
+def test_bad_config_file_in_a_real_process(store: Path) -> None:
+    (store / "casckpt.toml").write_bytes(b"[store]\nformat = 1\n# caf\xe9\n")
+    done = subprocess.run([sys.executable, "-m", "casckpt.cli.main", "--store", str(store), "runs"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("casckpt: error:") and "UTF-8" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_an_unexpected_error_exits_70_with_its_traceback(shared_store: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(self: casckpt.Store) -> None:
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(casckpt.Store, "runs", broken)
+    result = cli(shared_store, "runs")
+    assert result.exit_code == 70, result.output  # never 1: that means "check found problems"
+    assert "Traceback" in result.stderr and "ZeroDivisionError: a bug" in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("casckpt: error: internal error") and "report" in last
+
+
+def test_interrupt_exits_130(shared_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(self: casckpt.Store) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(casckpt.Store, "runs", interrupted)
+    result = cli(shared_store, "runs")
+    assert result.exit_code == 130, result.output
+    _one_error_line(result, "interrupted")
+
+
+def test_usage_errors_keep_their_code(shared_store: Path) -> None:
+    for args in (["runs", "--no-such-option"], ["no-such-command"], ["show"]):
+        result = cli(shared_store, *args)
+        assert result.exit_code == 2, (args, result.output)
+        assert "Traceback" not in result.output
+
+
+def test_stdout_closed_early_exits_141_quietly(shared_store: Path) -> None:
+    env = {**os.environ, "CASCKPT_STORE": str(shared_store)}
+    proc = subprocess.Popen([sys.executable, "-m", "casckpt.cli.main", "log", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # as `casckpt log | head -0` would
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, stderr
+    assert stderr == ""
 
 
 def test_progress_bars_draw_each_phase() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import sqlite3
+import warnings
 from collections import namedtuple
 from collections.abc import Iterator
 from contextlib import closing
@@ -114,6 +115,65 @@ def test_unsupported_tensor_kinds_and_keys(store: casckpt.Store, state: object,
     err = _refused(store, UnsupportedStateError, state)
     for word in words:
         assert word in str(err), f"{word!r} missing from: {err}"
+
+
+class _TensorSubclass(torch.Tensor):
+    pass
+
+
+def _tensor_kind(kind: str) -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nested, sparse compressed and quantized tensors warn
+        if kind == "nested":
+            return torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+        if kind == "nested-jagged":
+            return torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged)
+        if kind in ("csr", "csc"):
+            return getattr(torch.eye(4), f"to_sparse_{kind}")()
+        if kind in ("bsr", "bsc"):
+            return getattr(torch.eye(4), f"to_sparse_{kind}")((2, 2))
+        if kind == "mkldnn":
+            return torch.ones(3).to_mkldnn()
+        if kind == "quantized":
+            return torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.quint8)
+        if kind == "subclass":
+            return torch.ones(3).as_subclass(_TensorSubclass)
+        assert kind == "uninitialized"
+        return torch.nn.parameter.UninitializedParameter()
+
+
+@pytest.mark.parametrize(("kind", "words"), [
+    # a nested tensor used to escape as torch's "NestedTensorImpl doesn't support sizes"
+    ("nested", ["nested", "unbind()"]),
+    ("nested-jagged", ["nested", "unbind()"]),
+    ("csr", ["torch.sparse_csr", "to_dense()"]),
+    ("csc", ["torch.sparse_csc", "to_dense()"]),
+    ("bsr", ["torch.sparse_bsr", "to_dense()"]),
+    ("bsc", ["torch.sparse_bsc", "to_dense()"]),
+    ("mkldnn", ["torch._mkldnn", "to_dense()"]),
+    ("quantized", ["quantized", "int_repr()"]),
+    ("subclass", ["_TensorSubclass", "plain torch.Tensor"]),
+    ("uninitialized", ["UninitializedParameter", "plain torch.Tensor"]),
+])
+def test_tensor_kinds_that_are_not_plain_dense_are_refused_before_writing(
+    store: casckpt.Store, kind: str, words: list[str],
+) -> None:
+    err = _refused(store, UnsupportedStateError, {"w": torch.ones(2), "model": {"t": _tensor_kind(kind)}},
+                   block=False)
+    assert "'model.t'" in str(err)
+    for word in words:
+        assert word in str(err), f"{word!r} missing from: {err}"
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_tensors_and_their_lazy_views_are_stored_as_they_read(store: casckpt.Store,
+                                                                     dtype: torch.dtype) -> None:
+    c = torch.randn(5, dtype=dtype)
+    state = {"c": c, "conj": c.conj(), "imag_neg": c.conj().imag}
+    out = store.restore(store.commit(state, run="complex", step=0))
+    for key, value in state.items():
+        expected = value.resolve_conj().resolve_neg()
+        assert out[key].dtype == value.dtype and torch.equal(out[key], expected), key
 
 
 def test_cycle_is_refused(store: casckpt.Store) -> None:

@@ -1,7 +1,9 @@
 """``casckpt gc``: retention and garbage collection, made for cron.
 
 Exit codes: 0 done (or dry run printed), 6 another gc holds the lock (try
-later), and the usual codes for other errors (see ``casckpt --help``). One
+later), 7 gc refused to delete anything because the catalog does not prove
+it safe (the message says what to look at), and the usual codes for other
+errors (see ``casckpt --help``). One
 log line per phase goes to stderr; ``--json`` prints the report on stdout.
 """
 

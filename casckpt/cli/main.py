@@ -10,19 +10,29 @@ Exit codes (scripts may rely on them):
     0  success
     1  ``check`` found problems
     2  usage error or bad input: a bad option or argument, an invalid name,
-       unsupported state, a restore target that cannot be written
+       unsupported state, a restore target that cannot be written, a store
+       config file (casckpt.toml) that cannot be read or holds a bad value
     3  not found: no store at the path, unknown ref, ambiguous id prefix,
        unknown tensor
-    4  integrity: stored bytes are corrupt or missing
-    5  any other casckpt error: storage, catalog, a catalog from a newer casckpt
+    4  integrity: stored bytes are corrupt or missing, or not the version asked for
+    5  any other casckpt error: storage (including a full disk), catalog
+       (including one that cannot be reached), a catalog from a newer casckpt,
+       a catalog and location that are not of the same store
     6  another `casckpt gc` is running on this store (try again later)
+    7  gc refused: the catalog does not prove deletion is safe; see the message
+    70 internal error: a bug in casckpt; the traceback is printed, please report it
+    130 interrupted (Ctrl-C)
+    141 stdout was closed early (e.g. piped into `head`)
 """
 
 from __future__ import annotations
 
+import os
 import re
+import sys
+import traceback
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -39,6 +49,7 @@ from casckpt.config import BlobLocation, blob_locations
 from casckpt.errors import (
     AmbiguousRefError,
     CasckptError,
+    GCRefusedError,
     GCRunningError,
     IntegrityError,
     InvalidArgumentError,
@@ -58,16 +69,30 @@ EXIT_NOT_FOUND = 3
 EXIT_INTEGRITY = 4
 EXIT_OTHER = 5
 EXIT_BUSY = 6
+EXIT_GC_REFUSED = 7
+EXIT_INTERNAL = 70  # EX_SOFTWARE in sysexits.h
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
 
 _DOMAIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 """A failure domain given as ``--location DOMAIN=URL``."""
 
 _EPILOG = (
-    "Exit codes: 0 ok; 1 check found problems; 2 usage error or bad input; "
+    "Exit codes: 0 ok; 1 check found problems; 2 usage error or bad input (including an "
+    "unreadable or invalid casckpt.toml); "
     "3 not found (store, ref, tensor); 4 integrity error (corrupt or missing data); "
-    "5 other error (storage, catalog, catalog schema too new); 6 another gc is running."
+    "5 other error (storage, catalog, catalog schema too new, store identity); "
+    "6 another gc is running; 7 gc refused (the catalog does not prove deletion is safe; "
+    "see the message); 70 internal error (a bug: please report it with the traceback); "
+    "130 interrupted; 141 stdout closed early."
 )
 
+_CLI_EXCEPTIONS: tuple[type[Exception], ...] = (
+    typer.Exit, typer.Abort,
+    # newer typer vendors click, older typer uses click itself: either way the base of its
+    # usage errors is ClickException, reached through the public BadParameter
+    next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"),
+)
 _NOT_FOUND = (NotAStoreError, RefNotFoundError, AmbiguousRefError, TensorNotFoundError)
 _BAD_INPUT = (InvalidNameError, InvalidArgumentError, UnsupportedStateError, RestoreTargetError)
 
@@ -82,18 +107,38 @@ def exit_code_for(error: CasckptError) -> int:
         return EXIT_USAGE
     if isinstance(error, GCRunningError):
         return EXIT_BUSY
+    if isinstance(error, GCRefusedError):
+        return EXIT_GC_REFUSED
     return EXIT_OTHER
 
 
 class _CasckptGroup(TyperGroup):
-    """Turns every :class:`CasckptError` into one red line on stderr and its exit code."""
+    """Turns every :class:`CasckptError` into one red line on stderr and its exit code, and
+    anything else into a code of its own: never 1, which scripts read as "check found problems"."""
 
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
+        except _CLI_EXCEPTIONS:
+            raise  # typer's own exits and usage errors carry their codes
         except CasckptError as exc:
             render.error(str(exc))
             raise typer.Exit(exit_code_for(exc)) from None
+        except KeyboardInterrupt:
+            render.error("interrupted")
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        except BrokenPipeError:
+            # the reader of stdout is gone: nothing to say, and nothing more may be flushed there
+            with suppress(OSError, ValueError):  # a stdout without a file (CliRunner) has nothing to flush
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise typer.Exit(EXIT_BROKEN_PIPE) from None
+        except Exception as exc:
+            traceback.print_exc(file=sys.stderr)
+            render.error(
+                f"internal error: {type(exc).__name__}: {exc}. This is a bug in casckpt: please "
+                f"report it with the traceback above (exit code {EXIT_INTERNAL})"
+            )
+            raise typer.Exit(EXIT_INTERNAL) from None
 
 
 app = typer.Typer(

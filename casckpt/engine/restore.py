@@ -20,10 +20,11 @@ import torch
 from casckpt.engine.context import EngineContext
 from casckpt.engine.layout import byte_buffer, can_fill_in_place, tensor_from_blob
 from casckpt.engine.reader import Destination, read_chunks
+from casckpt.engine.targets import check_targets
 from casckpt.errors import RestoreTargetError, TensorNotFoundError
 from casckpt.format.dtypes import torch_dtype
 from casckpt.format.manifest import Manifest, TensorEntry
-from casckpt.format.tree import decode_tree, iter_leaves, iter_values, join_path
+from casckpt.format.tree import MAX_DEPTH, decode_tree, iter_leaves, iter_values, join_path
 from casckpt.types import ProgressCallback
 
 Buffer = torch.Tensor | np.ndarray
@@ -33,19 +34,28 @@ def _is_stateful(obj: object) -> bool:
     return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
 
-def _expand(into: object, path: str, stateful: dict[str, str]) -> object:
+def _expand(into: object, path: str, stateful: dict[str, str], depth: int = 0) -> object:
     """Replace every stateful object in ``into`` by its state_dict (tensors stay aliased).
 
     Paths (and type names) of the stateful objects found are added to ``stateful``.
+
+    Raises:
+        RestoreTargetError: ``into`` nests deeper than any stored tree (or contains itself).
     """
     if _is_stateful(into):
         stateful[path] = type(into).__name__
-        return _expand(into.state_dict(), path, stateful)  # type: ignore[attr-defined]
+        return _expand(into.state_dict(), path, stateful, depth)  # type: ignore[attr-defined]
+    if not isinstance(into, (Mapping, list, tuple)):
+        return into
+    if depth == MAX_DEPTH:
+        raise RestoreTargetError(
+            f"`into` nests deeper than {MAX_DEPTH} containers at {path!r} (or contains itself); "
+            "no stored state tree is that deep. Pass the part to restore, or into=None. "
+            "Nothing was restored."
+        )
     if isinstance(into, Mapping):
-        return {k: _expand(v, join_path(path, k), stateful) for k, v in into.items()}
-    if isinstance(into, (list, tuple)):
-        return [_expand(v, join_path(path, i), stateful) for i, v in enumerate(into)]
-    return into
+        return {k: _expand(v, join_path(path, k), stateful, depth + 1) for k, v in into.items()}
+    return [_expand(v, join_path(path, i), stateful, depth + 1) for i, v in enumerate(into)]
 
 
 def _stored_leaves(manifest: Manifest) -> dict[str, TensorEntry | None]:
@@ -213,8 +223,9 @@ def restore_into(
     """Restore into existing objects (see module docstring); returns the updated ``into``."""
     stateful: dict[str, str] = {}
     expanded = _expand(into, "", stateful)
-    _precheck(manifest, expanded, stateful)
     targets = {p: v for p, v in iter_leaves(expanded) if isinstance(v, (torch.Tensor, np.ndarray))}
+    check_targets(manifest, targets)
+    _precheck(manifest, expanded, stateful)
     tree = materialize(ctx, manifest, targets=targets, map_location=map_location, progress=progress)
     return _merge(into, tree, "")
 

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from casckpt.errors import InvalidArgumentError, InvalidNameError
+from casckpt.format.tree import MAX_DEPTH, too_deep
 
 MAX_STEP = 1 << 63
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -39,11 +40,17 @@ def check_step(step: object) -> int:
 
 
 def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Validate metadata: a JSON-serialisable dict with str keys."""
+    """Validate metadata: a JSON-serialisable dict with str keys, at most ``MAX_DEPTH`` deep."""
     if metadata is None:
         return {}
     if not isinstance(metadata, Mapping) or not all(isinstance(k, str) for k in metadata):
         raise InvalidArgumentError("metadata must be a dict with str keys")
+    deep = too_deep(metadata)
+    if deep is not None:
+        raise InvalidArgumentError(
+            f"metadata nests deeper than {MAX_DEPTH} dicts and lists at {deep!r} (the limit "
+            "state trees have); flatten it, or store that part as a JSON string"
+        )
     try:
         text = json.dumps(dict(metadata), allow_nan=False, ensure_ascii=False)
         text.encode("utf-8")

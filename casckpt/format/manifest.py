@@ -23,7 +23,7 @@ import zstandard
 from casckpt.errors import CorruptManifestError
 from casckpt.format.chunks import chunk_count, chunk_spans, object_id
 from casckpt.format.dtypes import element_size
-from casckpt.format.tree import Node
+from casckpt.format.tree import MAX_MANIFEST_NESTING, Node, json_nesting
 
 MANIFEST_FORMAT = "casckpt.manifest"
 MANIFEST_VERSION = 2  # written only by versions that use its additions (sharded tensors, ranks)
@@ -194,6 +194,12 @@ def decode_manifest(data: bytes, expected_id: str | None = None) -> Manifest:
     if expected_id is not None and object_id(raw) != expected_id:
         raise CorruptManifestError(
             f"manifest of version {expected_id[:12]} does not match its id; it is corrupt"
+        )
+    if json_nesting(raw) > MAX_MANIFEST_NESTING:  # before json.loads recurses into a forged tree
+        raise CorruptManifestError(
+            f"manifest nests deeper than any committed state tree can (over "
+            f"{MAX_MANIFEST_NESTING} levels of JSON): it is corrupt or forged. Restore another "
+            "version, and run `casckpt check` to find what else is damaged"
         )
     try:
         doc = json.loads(raw)

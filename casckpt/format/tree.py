@@ -7,6 +7,12 @@ a JSON-able node tree in which every tensor is replaced by an index into a
 list of :class:`TensorLeaf`; nothing is pickled, and every value type survives
 exactly (int keys, tuples, bytes, ``-0.0``, NaN payloads).
 
+Trees nest at most :data:`MAX_DEPTH` containers deep. The limit sits far below
+Python's recursion limit (every walk of a tree, here and in the caller's code,
+stays clear of it) and far above any real training state; a stored manifest
+nesting deeper than a committed tree can is corrupt, and is refused before it
+is parsed (:func:`json_nesting`), so no forged input can exhaust the stack.
+
 This module does no I/O.
 """
 
@@ -26,7 +32,18 @@ from casckpt.errors import CorruptManifestError, InvalidNameError, UnsupportedSt
 Node = dict[str, Any]
 TensorKind = Literal["torch", "numpy"]
 
+MAX_DEPTH = 64
+"""How many dict / list / tuple containers a state tree may nest (the root counts as one)."""
+
+MAX_MANIFEST_NESTING = 2 * MAX_DEPTH + 8
+"""How deeply a manifest's JSON may nest: a container is two levels (node, item list), plus
+the document, a ranks root, and the deepest leaf nodes (metadata nests at most MAX_DEPTH + 1)."""
+
 _INT64 = 1 << 63
+_QUOTE, _BACKSLASH = ord('"'), ord("\\")
+_BRACKET_STEPS = np.zeros(256, dtype=np.int8)  # by byte: +1 opens an array or object, -1 closes one
+_BRACKET_STEPS[np.frombuffer(b"[{", dtype=np.uint8)] = 1
+_BRACKET_STEPS[np.frombuffer(b"]}", dtype=np.uint8)] = -1
 _FORBIDDEN_KEY_CHARS = frozenset("/\\") | {chr(c) for c in range(32)} | {"\x7f"}
 
 
@@ -81,6 +98,12 @@ def _describe(obj: object) -> str:
 
 
 def _check_tensor(t: torch.Tensor, path: str) -> None:
+    if t.is_nested:
+        raise UnsupportedStateError(
+            f"tensor at {path!r} is a nested (ragged) tensor; only dense tensors can be stored. "
+            "Store its components instead: list(t.unbind()), or t.to_padded_tensor(0.0) and "
+            "the lengths."
+        )
     if t.layout != torch.strided:
         raise UnsupportedStateError(
             f"tensor at {path!r} has layout {t.layout}; only dense (strided) tensors can be "
@@ -119,14 +142,15 @@ def encode_tree(state: object) -> tuple[Node, list[TensorLeaf]]:
         ``{"t": "tensor", "i": n}`` with ``leaves[n]`` the tensor found there.
 
     Raises:
-        UnsupportedStateError: an object of an unsupported type, naming its path and type.
+        UnsupportedStateError: an object of an unsupported type, naming its path and type;
+            or containers nested deeper than :data:`MAX_DEPTH`, naming the path.
         InvalidNameError: a dict key that could escape a directory.
     """
     leaves: list[TensorLeaf] = []
     paths: dict[str, int] = {}
     active: set[int] = set()
 
-    def enc(obj: object, path: str) -> Node:
+    def enc(obj: object, path: str, depth: int = 0) -> Node:
         kind = type(obj)
         if obj is None:
             return {"t": "none"}
@@ -154,9 +178,15 @@ def encode_tree(state: object) -> tuple[Node, list[TensorLeaf]]:
                 raise UnsupportedStateError(
                     f"the state tree contains itself at {path!r}; remove the cycle."
                 )
+            if depth == MAX_DEPTH:
+                raise UnsupportedStateError(
+                    f"the state tree nests deeper than {MAX_DEPTH} containers (dict, list, tuple) "
+                    f"at {path!r}; casckpt stores trees up to {MAX_DEPTH} levels deep. Flatten "
+                    "that part (join its keys into one dotted name) or store it as str or bytes."
+                )
             active.add(id(obj))
             try:
-                return enc_container(cast(Any, obj), path)
+                return enc_container(cast(Any, obj), path, depth + 1)
             finally:
                 active.discard(id(obj))
         raise UnsupportedStateError(
@@ -177,7 +207,8 @@ def encode_tree(state: object) -> tuple[Node, list[TensorLeaf]]:
         leaves.append(found)
         return {"t": "tensor", "i": len(leaves) - 1}
 
-    def enc_container(obj: dict[Any, Any] | list[Any] | tuple[Any, ...], path: str) -> Node:
+    def enc_container(obj: dict[Any, Any] | list[Any] | tuple[Any, ...], path: str,
+                      depth: int) -> Node:
         if isinstance(obj, dict):
             keys: list[Any] = []
             values: list[Node] = []
@@ -192,12 +223,58 @@ def encode_tree(state: object) -> tuple[Node, list[TensorLeaf]]:
                     keys.append(str(key))
                 else:
                     keys.append({"i": int(key)})
-                values.append(enc(value, join_path(path, key)))
+                values.append(enc(value, join_path(path, key), depth))
             return {"t": "dict", "k": keys, "v": values}
-        items = [enc(v, join_path(path, i)) for i, v in enumerate(obj)]
+        items = [enc(v, join_path(path, i), depth) for i, v in enumerate(obj)]
         return {"t": "tuple" if isinstance(obj, tuple) else "list", "v": items}
 
     return enc(state, ""), leaves
+
+
+def too_deep(tree: object, limit: int = MAX_DEPTH) -> str | None:
+    """The dotted path of the first dict / list / tuple nested deeper than ``limit`` in
+    ``tree`` (None if there is none); iterative, so any depth (or a cycle) is safe."""
+    stack: list[tuple[object, str, int]] = [(tree, "", 0)]
+    while stack:
+        node, path, depth = stack.pop()
+        if isinstance(node, Mapping):
+            children: Iterator[tuple[object, object]] = iter(node.items())
+        elif isinstance(node, (list, tuple)):
+            children = enumerate(node)
+        else:
+            continue
+        if depth == limit:
+            return path or "<root>"
+        stack.extend((value, join_path(path, cast(Any, key)), depth + 1) for key, value in children)
+    return None
+
+
+def json_nesting(text: bytes) -> int:
+    """How deeply arrays and objects nest in JSON ``text``, counted without parsing it.
+
+    Brackets inside strings are skipped. Used to refuse a forged document before
+    ``json.loads`` recurses into it: a parser's recursion is bounded by Python's
+    recursion limit only, which a program may have raised past what its stack holds.
+    Vectorised (a few passes over the bytes), so it costs a fraction of the parse.
+    """
+    codes = np.frombuffer(text, dtype=np.uint8)
+    quotes = np.flatnonzero(codes == _QUOTE)
+    after_backslash = quotes[(quotes > 0) & (codes[quotes - 1] == _BACKSLASH)]
+    if len(after_backslash):  # a quote ends a string unless an odd run of backslashes precedes it
+        slashes = np.flatnonzero(codes == _BACKSLASH)
+        run_starts = slashes[np.r_[True, np.diff(slashes) != 1]]
+        starts = run_starts[np.searchsorted(run_starts, after_backslash, side="right") - 1]
+        escaped = after_backslash[(after_backslash - starts) % 2 == 1]
+        keep = np.ones(len(quotes), dtype=bool)
+        keep[np.searchsorted(quotes, escaped)] = False
+        quotes = quotes[keep]
+    steps = _BRACKET_STEPS[codes]
+    brackets = np.flatnonzero(steps)
+    # outside strings an even number of (unescaped) quotes precedes a bracket
+    brackets = brackets[np.searchsorted(quotes, brackets) % 2 == 0]
+    if not len(brackets):
+        return 0
+    return int(np.cumsum(steps[brackets], dtype=np.int64).max())
 
 
 def decode_tree(root: Node, tensor: Callable[[int, str], object],

@@ -9,7 +9,11 @@ from __future__ import annotations
 import enum
 import json
 import math
+import os
 import struct
+import subprocess
+import sys
+import time
 import warnings
 from typing import Any, NamedTuple
 
@@ -20,7 +24,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from casckpt.errors import CorruptManifestError, InvalidNameError, UnsupportedStateError
-from casckpt.format.tree import decode_tree, encode_tree, iter_leaves, iter_values
+from casckpt.format.chunks import object_id
+from casckpt.format.manifest import Manifest, decode_manifest, encode_manifest
+from casckpt.format.tree import (
+    MAX_DEPTH,
+    MAX_MANIFEST_NESTING,
+    decode_tree,
+    encode_tree,
+    iter_leaves,
+    iter_values,
+    json_nesting,
+)
 
 PROPERTY = settings(max_examples=100, deadline=None)
 
@@ -313,3 +327,135 @@ def test_decode_tree_fuzz_raises_only_corrupt_manifest(node: Any) -> None:
         decode_tree(node, lambda i, path: ("tensor", i))
     except CorruptManifestError:
         pass
+
+
+# -- depth (issue 13) ----------------------------------------------------------------------
+
+
+def _chain(depth: int, kind: str = "dict", leaf: Any = 1) -> Any:
+    tree = leaf
+    for _ in range(depth):
+        tree = {"k": tree} if kind == "dict" else [tree] if kind == "list" else (tree,)
+    return tree
+
+
+@pytest.mark.parametrize("kind", ["dict", "list", "tuple"])
+def test_encode_takes_max_depth_and_refuses_one_more_naming_the_path(kind: str) -> None:
+    at_limit = _chain(MAX_DEPTH, kind, torch.ones(1))
+    root, leaves = encode_tree(at_limit)
+    assert len(leaves) == 1 and json_nesting(json.dumps(root).encode()) <= MAX_MANIFEST_NESTING
+    with pytest.raises(UnsupportedStateError) as info:
+        encode_tree(_chain(MAX_DEPTH + 1, kind, torch.ones(1)))
+    key = "k" if kind == "dict" else "0"
+    assert repr(".".join([key] * MAX_DEPTH)) in str(info.value)
+    assert f"deeper than {MAX_DEPTH}" in str(info.value)
+
+
+def test_encode_refuses_a_tree_deeper_than_the_recursion_limit() -> None:
+    with pytest.raises(UnsupportedStateError):  # used to be a RecursionError
+        encode_tree(_chain(sys.getrecursionlimit() + 10))
+
+
+@pytest.mark.parametrize(("text", "depth"), [
+    (b"1", 0), (b"[]", 1), (b'{"a": [1, {"b": []}]}', 4), (b'["[[[[", "]]", {"x": "{\\"}"}]', 2),
+    (b'["\\\"[[[["]', 1), (b'[[["]]]"]]]', 3),
+])
+def test_json_nesting_skips_brackets_in_strings(text: bytes, depth: int) -> None:
+    assert json_nesting(text) == depth
+    assert json_nesting(json.dumps(json.loads(text)).encode()) == depth
+
+
+def _json_depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max((_json_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_json_depth(v) for v in value), default=0)
+    return 0
+
+
+tricky_text = st.text(alphabet=st.sampled_from('[]{}"\\ab\n'), max_size=12)
+json_values = st.recursive(
+    st.one_of(st.none(), st.integers(), tricky_text),
+    lambda c: st.one_of(st.lists(c, max_size=3), st.dictionaries(tricky_text, c, max_size=3)),
+    max_leaves=30,
+)
+
+
+@PROPERTY
+@given(value=json_values, ascii_only=st.booleans(), indent=st.sampled_from([None, 1]))
+def test_json_nesting_agrees_with_the_parsed_depth(value: Any, ascii_only: bool, indent: int | None) -> None:
+    text = json.dumps(value, ensure_ascii=ascii_only, indent=indent).encode()
+    assert json_nesting(text) == _json_depth(value)
+
+
+def _manifest_json(root: str, metadata: str = "{}") -> bytes:
+    head = {"format": "casckpt.manifest", "version": 1, "run": "r", "step": 0, "parent": None,
+            "created_at": 0.0, "metrics": {}, "message": None, "tags": [], "blobs": [], "tensors": []}
+    text = json.dumps({**head, "root": "ROOT", "metadata": "META"})
+    return text.replace('"ROOT"', root).replace('"META"', metadata).encode()
+
+
+def _deep_list_node(depth: int) -> str:
+    return '{"t":"list","v":[' * depth + '{"t":"none"}' + "]}" * depth
+
+
+def _compressed(raw: bytes) -> bytes:
+    import zstandard
+
+    return zstandard.ZstdCompressor().compress(raw)
+
+
+def test_manifest_deeper_than_any_commit_is_corrupt() -> None:
+    # deep enough for decode_tree to recurse past the limit on restore, shallow enough that
+    # json.loads itself does not fail: used to decode as a valid manifest
+    raw = _manifest_json(_deep_list_node(400))
+    with pytest.raises(CorruptManifestError) as info:
+        decode_manifest(_compressed(raw), object_id(raw))
+    assert "deeper" in str(info.value)
+
+
+def test_manifest_at_the_limit_decodes() -> None:
+    # the deepest tree a group commit can store (a ranks root over trees MAX_DEPTH deep, with a
+    # sharded leaf) and the deepest metadata, in one manifest
+    root, _ = encode_tree(_chain(MAX_DEPTH - 1, "list", {"k": b"x"}))
+    deepest = json.dumps({"t": "ranks", "v": [root]})
+    deepest = deepest.replace('{"t": "bytes", "v": "eA=="}', '{"t": "sharded", "i": [0]}')
+    assert '"sharded"' in deepest and json.loads(deepest)
+    meta = json.dumps(_chain(MAX_DEPTH, "dict"))
+    raw = _manifest_json(deepest, meta)
+    assert json_nesting(raw) <= MAX_MANIFEST_NESTING
+    m = Manifest("r", 0, None, 0.0, encode_tree(_chain(MAX_DEPTH, "list"))[0], (), (),
+                 metadata=_chain(MAX_DEPTH, "dict"))
+    version, data = encode_manifest(m)
+    assert decode_manifest(data, version).root == m.root
+
+
+HOSTILE = """
+import sys, time, json, zstandard
+from casckpt.errors import CorruptManifestError
+from casckpt.format.chunks import object_id
+from casckpt.format.manifest import decode_manifest
+sys.setrecursionlimit(10**6)  # as some training scripts do; the stack cannot hold that much
+depth = 100_000
+root = '{"t":"list","v":[' * depth + '{"t":"none"}' + ']}' * depth
+raw = sys.stdin.buffer.read().replace(b'"ROOT"', root.encode())
+start = time.monotonic()
+try:
+    decode_manifest(zstandard.ZstdCompressor().compress(raw), object_id(raw))
+except CorruptManifestError as exc:
+    print("CorruptManifestError", round(time.monotonic() - start, 3), exc)
+"""
+
+
+def test_hostile_manifest_100000_deep_is_corrupt_quickly() -> None:
+    # used to crash the interpreter (json.loads recursed until the C stack overflowed) in a
+    # process that had raised the recursion limit; with the default limit it was caught late
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", HOSTILE], input=_manifest_json('"ROOT"'),
+                            capture_output=True, timeout=120, check=False,
+                            env={**os.environ, "PYTHONFAULTHANDLER": "0"})
+    assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
+    out = result.stdout.decode()
+    assert out.startswith("CorruptManifestError"), out
+    assert float(out.split()[1]) < 2.0, out  # the decode itself, not the interpreter's start
+    assert time.monotonic() - started < 120
