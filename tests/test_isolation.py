@@ -13,8 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-
-from conftest import Homes
+from typing import Any
 
 import casckpt
 
@@ -27,27 +26,27 @@ with casckpt.open(sys.argv[1], blobs=sys.argv[2]) as store:
 """
 
 
-def _assert_isolated(cache: Path, store_id: str, homes: Homes) -> None:
+def _assert_isolated(cache: Path, store_id: str, homes: Any) -> None:
     assert cache.resolve().is_relative_to(homes.temp.resolve()), cache
     assert cache.parent.name == store_id  # .../casckpt/<store id>/index
     assert not (homes.real / ".cache" / "casckpt" / store_id).exists()
 
 
-def test_the_session_home_and_cache_are_temporary(isolated_home: Homes) -> None:
+def test_the_session_home_and_cache_are_temporary(isolated_home: Any) -> None:
     assert Path.home() == isolated_home.temp
     assert Path(os.environ["XDG_CACHE_HOME"]).is_relative_to(isolated_home.temp)
     assert not isolated_home.temp.resolve().is_relative_to(isolated_home.real.resolve())
 
 
 def test_a_store_cache_in_this_process_stays_in_the_temp_home(
-        tmp_path: Path, isolated_home: Homes) -> None:
+        tmp_path: Path, isolated_home: Any) -> None:
     with casckpt.open(tmp_path / "store", blobs=str(tmp_path / "blobs")) as store:
         store.commit({"a": 1}, run="r", step=0)
         _assert_isolated(store._ctx.cache.path, store._ctx.catalog.store_id, isolated_home)
 
 
 def test_a_store_cache_in_a_subprocess_stays_in_the_temp_home(
-        tmp_path: Path, isolated_home: Homes) -> None:
+        tmp_path: Path, isolated_home: Any) -> None:
     done = subprocess.run([sys.executable, "-c", OPENER, str(tmp_path / "store"), str(tmp_path / "blobs")],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr

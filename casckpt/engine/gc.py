@@ -8,17 +8,18 @@ One run, holding the store-wide GC lock:
    identity, every manifest on them is a version or a tombstone the catalog
    knows, few unknown packs) -- else refuse with GCRefusedError.
 2. Apply retention: soft-delete the versions the runs' policies drop.
-3. Purge versions soft-deleted longer ago than the grace period (they are
-   tombstoned, then their manifest objects deleted).
-4. Mark: collect the chunks visible versions reference, from their manifests
-   (each verified against its id and bound to its catalog row), and the
-   delta bases those chunks need.
-5. Revive condemned chunks that are referenced again; condemn live chunks
+3. Mark: collect the chunks visible versions reference, from their manifests
+   (each verified against its id and bound to its catalog row; one that is
+   not stops the run before anything is deleted), and the delta bases those
+   chunks need.
+4. Revive condemned chunks that are referenced again; condemn live chunks
    nothing references, made before the oldest commit in flight began.
-6. Sweep: remove chunk rows condemned before ``now - grace`` and still
+5. Sweep: remove chunk rows condemned before ``now - grace`` and still
    unreferenced (re-marking first when this run's condemnations qualify),
    then packs no chunk row points at; rows go first, objects after -- each
    pack's objects only once its footer shows no chunk a version needs.
+6. Purge versions soft-deleted longer ago than the grace period (they are
+   tombstoned, then their manifest objects deleted).
 7. Delete objects no catalog row knows, older than the grace period and than
    the oldest commit in flight, under the same footer check (manifests only
    when tombstoned).
@@ -255,15 +256,16 @@ def collect(ctx: EngineContext, *, grace: float, dry_run: bool, force: bool = Fa
         tally.versions_deleted = len(dropped)
         expired = sql.expired_deleted_versions(ctx.catalog, time.time() - grace)
         tally.versions_purged = len(expired)
-        removed: set[_Object] = set()
+        # mark first: a manifest that cannot be trusted stops the run before anything is deleted
+        removed = set(_mark_and_sweep(ctx, tally, guard, grace=grace, dry_run=dry_run,
+                                      exclude=(dropped | set(expired)) if dry_run else set(),
+                                      progress=progress))
         if not dry_run:
             purged = sql.purge_versions(ctx.catalog, expired)
             tally.versions_purged = len(purged)
-            removed = {obj for v in purged for obj in _everywhere(ctx, manifest_key(v))}
-            _delete_objects(ctx, sorted(removed), progress)
-        removed.update(_mark_and_sweep(ctx, tally, guard, grace=grace, dry_run=dry_run,
-                                       exclude=(dropped | set(expired)) if dry_run else set(),
-                                       progress=progress))
+            gone = {obj for v in purged for obj in _everywhere(ctx, manifest_key(v))}
+            _delete_objects(ctx, sorted(gone), progress)
+            removed |= gone
         orphans = _orphans(ctx, listing, time.time() - grace, removed)
         if dry_run:
             tally.orphans_deleted = len(orphans)
