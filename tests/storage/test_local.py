@@ -36,5 +36,9 @@ def test_local_store_writes_no_leftovers_in_tmp(tmp_path: Path) -> None:
     staged = tmp_path / "staged"
     staged.write_bytes(b"y" * 1000)
     store.put_file("packs/aa/two", staged)
-    assert list((tmp_path / "blobs" / "tmp").iterdir()) == []
+    tmp = tmp_path / "blobs" / "tmp"
+    # only this store's (empty) scratch directory and its lock, while it is open
+    assert [p.name for p in tmp.rglob("*") if p.is_file() and p.suffix != ".lock"] == []
     assert {i.key for i in store.list()} == {"packs/aa/one", "packs/aa/two"}
+    store.close()
+    assert list(tmp.iterdir()) == []
