@@ -150,6 +150,11 @@ class LocalBlobStore:
         for part in key.split("/")[:-1]:  # never the root itself: see _temp
             folder = folder / part
             folder.mkdir(exist_ok=True)
+        real = Path(os.path.realpath(folder))
+        if real != folder and self.root not in real.parents:
+            raise UnsafeObjectError(
+                f"cannot write {key}: {folder} is a symlink to {real}, outside the location {self.root}; "
+                "remove the symlink")
         os.replace(tmp, target)
         fsync_dir(target.parent)
 
