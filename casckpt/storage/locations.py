@@ -178,9 +178,8 @@ def refused(what: str, failures: Sequence[StorageError]) -> StorageError:
         needed = full[-1].needed
         size = f" ({needed} bytes)" if needed is not None else ""
         error: StorageError = StorageFullError(
-            f"no blob location has room for {what}{size}: {places} are full. Free space there, "
-            "raise the quota or file-size limit, or add a location (`casckpt location add`); "
-            f"last error: {last}", location=places, needed=needed)
+            f"no blob location has room for {what}{size} (full: {places}); {last}",
+            location=places, needed=needed)
     else:
         error = StorageError(f"no blob location accepted {what}: {last}")
     error.__cause__ = last
