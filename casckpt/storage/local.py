@@ -294,10 +294,13 @@ class LocalBlobStore:
                 if not key.startswith(prefix) or key.startswith("tmp/") or not is_key(key):
                     continue
                 try:
-                    _real, st = self._safe_stat(key, path)
+                    st = os.lstat(path)  # the walk follows no symlink: dirpath is inside the root
+                    if stat.S_ISLNK(st.st_mode):
+                        _real, st = self._safe_stat(key, path)
                 except OSError:  # not a regular file inside the root, or removed meanwhile
                     continue
-                yield BlobInfo(key, st.st_size, st.st_mtime)
+                if stat.S_ISREG(st.st_mode):
+                    yield BlobInfo(key, st.st_size, st.st_mtime)
 
     def delete(self, key: str) -> None:
         try:

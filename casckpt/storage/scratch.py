@@ -192,10 +192,15 @@ def _reclaim_entry(base: Path, entry: os.DirEntry[str], grace: float, now: float
 
 def _reclaim_locked(base: Path, token: str) -> Reclaimed:
     lock = base / f"{token}{LOCK_SUFFIX}"
-    try:
+    try:  # for writing: an exclusive lock over NFS needs it
         fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return Reclaimed()  # its owner closed, or another reclaim got there first
+    except OSError as exc:
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):  # a reader cannot clean up here
+            log.debug("cannot reclaim %s: %s", lock, exc)
+            return Reclaimed()
+        raise
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return Reclaimed()
