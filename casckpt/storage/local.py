@@ -130,19 +130,23 @@ class LocalBlobStore:
         try:
             tmp = self._scratch.path() / f"{uuid.uuid4().hex}.part"
             yield tmp
+        except StorageError:
+            raise
         except OSError as exc:
-            if isinstance(exc, StorageError):
-                raise
-            if isinstance(exc, FileNotFoundError) and not self.root.is_dir():
-                raise StorageError(
-                    f"cannot write {what}: the location directory {self.root} is gone (a disk "
-                    "removed or unmounted?); it is not made again. Restore it, or mark the location "
-                    "failed (`casckpt location fail`) and run `casckpt repair`") from exc
-            raise full_error(exc, what, str(self.root), needed) from exc
+            raise self._write_failed(exc, what, needed) from exc
         finally:
             if tmp is not None:
                 with suppress(OSError):  # renamed away, or the error above says why
                     tmp.unlink(missing_ok=True)
+
+    def _write_failed(self, exc: OSError, what: str, needed: int | None) -> StorageError:
+        """The typed error for a write of ``what`` that failed with ``exc``."""
+        if isinstance(exc, FileNotFoundError) and not self.root.is_dir():
+            return StorageError(
+                f"cannot write {what}: the location directory {self.root} is gone (a disk removed "
+                "or unmounted?); it is not made again. Restore it, or mark the location failed "
+                "(`casckpt location fail`) and run `casckpt repair`")
+        return full_error(exc, what, str(self.root), needed)
 
     def _place(self, tmp: Path, key: str) -> None:
         target = self._path(key)
@@ -150,11 +154,10 @@ class LocalBlobStore:
         for part in key.split("/")[:-1]:  # never the root itself: see _temp
             folder = folder / part
             folder.mkdir(exist_ok=True)
-        real = Path(os.path.realpath(folder))
-        if real != folder and self.root not in real.parents:
-            raise UnsafeObjectError(
-                f"cannot write {key}: {folder} is a symlink to {real}, outside the location {self.root}; "
-                "remove the symlink")
+            if folder.is_symlink() and self.root not in Path(os.path.realpath(folder)).parents:
+                raise UnsafeObjectError(
+                    f"cannot write {key}: {folder} is a symlink leading out of the location "
+                    f"{self.root}; nothing was written through it. Remove the symlink")
         os.replace(tmp, target)
         fsync_dir(target.parent)
 
@@ -183,9 +186,11 @@ class LocalBlobStore:
         try:
             self._place(path, key)
             return
+        except StorageError:
+            raise
         except OSError as exc:
             if exc.errno != errno.EXDEV:
-                raise full_error(exc, key, str(self.root), size) from exc
+                raise self._write_failed(exc, key, size) from exc
         with self._temp(key, size) as tmp:
             _copy_file(path, tmp)
             self._place(tmp, key)

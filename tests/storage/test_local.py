@@ -310,3 +310,19 @@ def test_reclaim_temp_spares_a_live_store_and_takes_a_dead_ones(tmp_path: Path) 
     assert (done.files, done.nbytes) == (1, 10) and not scratch.exists()
     assert other.get("packs/aa/one") == b"1"  # objects are never touched
     other.close()
+
+
+def test_put_file_into_a_vanished_location_or_through_an_outside_link_is_refused_typed(
+        tmp_path: Path) -> None:
+    store = LocalBlobStore(tmp_path / "disk")
+    staged = tmp_path / "staged.pack"
+    staged.write_bytes(b"s")
+    (tmp_path / "elsewhere").mkdir()
+    (store.root / "packs").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    with pytest.raises(UnsafeObjectError):
+        store.put_file(KEY, staged)
+    assert staged.exists() and list((tmp_path / "elsewhere").iterdir()) == []
+    shutil.rmtree(store.root)
+    with pytest.raises(StorageError, match="is gone"):
+        store.put_file(KEY, staged)
+    assert not store.root.exists()
