@@ -155,6 +155,11 @@ class UnsafeObjectError(StorageError):
     directory, a symlink leaving the location); it is never opened for reading."""
 
 
+class OversizedObjectError(StorageError):
+    """An object is larger than its reader expects (the size the catalog records); it was
+    refused before its bytes were read, so a damaged or forged object cannot exhaust memory."""
+
+
 class RetryableStorageError(StorageError):
     """A blob store operation failed in a way that may succeed if tried again."""
 

@@ -37,6 +37,7 @@ from casckpt.engine import retention as retention_engine
 from casckpt.engine.background import BackgroundCommitter, CommitHandle
 from casckpt.engine.context import EngineContext, manifest_key
 from casckpt.engine.deltabase import BaseCache
+from casckpt.engine.leftovers import reclaim_leftovers
 from casckpt.engine.packstore import PackStore
 from casckpt.engine.refs import load_manifest, resolve
 from casckpt.engine.staging import StagingBuffers
@@ -52,6 +53,7 @@ from casckpt.format.manifest import Manifest, decode_manifest, sharding
 from casckpt.format.tree import iter_values
 from casckpt.storage import redact_url
 from casckpt.storage.locations import LocationSet
+from casckpt.storage.scratch import ScratchDir
 from casckpt.store_admin import StoreAdmin
 from casckpt.store_distributed import StoreDistributed
 from casckpt.types import (
@@ -92,12 +94,13 @@ class Store(StoreAdmin, StoreDistributed):
         self._locations_loaded = time.monotonic()
         self._s3 = dict(s3 or {})
         self._config_file = config_file
-        staging.mkdir(parents=True, exist_ok=True)
+        reclaim_leftovers(staging, locations)  # staging and tmp files of dead commits
+        self._staging = ScratchDir(staging)
         self._io = ThreadPoolExecutor(max(4, len(locations.all)), thread_name_prefix="casckpt-shard")
         self._ctx = EngineContext(
             catalog=catalog, cache=cache, locations=locations,
             packs=PackStore(catalog, locations, self._io, write_quorum),
-            staging=staging, config=settings, device_buffers=StagingBuffers(settings.staging_memory),
+            staging=self._staging, config=settings, device_buffers=StagingBuffers(settings.staging_memory),
             bases=BaseCache(settings.delta_memory),
             pool=ThreadPoolExecutor(settings.workers, thread_name_prefix="casckpt"),
             uploads=ThreadPoolExecutor(settings.upload_workers, thread_name_prefix="casckpt-upload"),
@@ -137,6 +140,7 @@ class Store(StoreAdmin, StoreDistributed):
         self._ctx.cache.close()
         self._ctx.catalog.close()
         self._ctx.locations.close()
+        self._staging.close()
 
     def __enter__(self) -> Store:
         return self

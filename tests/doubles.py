@@ -38,8 +38,8 @@ class WriteHookStore:
         self.before_write(key)
         self.inner.put_file(key, path)
 
-    def get(self, key: str) -> bytes:
-        return self.inner.get(key)
+    def get(self, key: str, *, max_size: int | None = None) -> bytes:
+        return self.inner.get(key, max_size=max_size)
 
     def get_range(self, key: str, offset: int, length: int) -> bytes:
         return self.inner.get_range(key, offset, length)

@@ -221,3 +221,59 @@ def test_sigkill_at_random_time_while_restoring(zygote: Zygote, tmp_path: Path, 
     assert visible in (done, done + [len(done)]), f"visible {visible}, done {done}"
     interrupted_visible = visible != done
     _assert_recovered(store_dir, done, len(done), interrupted_visible)
+
+
+# -- leftovers: what a killed commit leaves, the next open reclaims; a live one's, never --------
+
+
+def _scratch_bases(store_dir: Path) -> list[Path]:
+    return [store_dir / "cache" / "staging", store_dir / "tmp"]
+
+
+def _leftover_files(store_dir: Path) -> list[Path]:
+    """Staging packs and temporary objects (lock files aside)."""
+    return [p for base in _scratch_bases(store_dir) if base.exists()
+            for p in base.rglob("*") if p.is_file() and p.suffix != ".lock"]
+
+
+@pytest.mark.parametrize(("point", "nth", "where"), [
+    pytest.param("packer.add", 30, "staging", id="staging-pack"),
+    pytest.param("blobs.place_manifest", 1, "tmp", id="temporary-object"),
+])
+def test_sigkill_leftovers_are_reclaimed_by_the_next_open(zygote: Zygote, tmp_path: Path, point: str,
+                                                         nth: int, where: str) -> None:
+    store_dir = tmp_path / "store"
+    with _child(zygote, tmp_path, 4, point, "before", 2, nth) as proc:
+        status = proc.wait()
+    assert status == KILLED, f"the child was not killed at {point}\n{proc.output()}"
+    left = _leftover_files(store_dir)
+    assert any(where in p.parts for p in left), f"the kill left nothing in {where}: {left}"
+    with _open(store_dir) as store:
+        assert _leftover_files(store_dir) == []
+        _assert_clean(store)
+        assert _visible_steps(store) == [0, 1]
+    for base in _scratch_bases(store_dir):  # nor does the reader leave anything of its own
+        assert not base.exists() or list(base.iterdir()) == []
+
+
+def test_opening_the_store_never_reclaims_a_live_committers_files(zygote: Zygote, tmp_path: Path) -> None:
+    store_dir, done_file = tmp_path / "store", tmp_path / "done"
+    steps = 10
+    with _child(zygote, tmp_path, steps) as proc:
+        deadline = time.monotonic() + 120
+        while not _done_steps(done_file):  # its staging and temp directories exist from now on
+            assert time.monotonic() < deadline, f"the child committed nothing\n{proc.output()}"
+            time.sleep(0.01)
+        live = [p for base in _scratch_bases(store_dir) for p in base.iterdir() if p.is_dir()]
+        assert {p.parent.name for p in live} == {"staging", "tmp"}, live
+        opened = 0
+        while len(_done_steps(done_file)) < steps and time.monotonic() < deadline:
+            with _open(store_dir):  # reclaims leftovers while the child commits
+                opened += 1
+            gone = [p for p in live if not p.is_dir()]
+            # the child writes each step to the done file before it goes on (and, last, closes)
+            assert not gone or len(_done_steps(done_file)) == steps, \
+                f"a live committer's directories were reclaimed: {gone}"
+        assert opened >= 2 and proc.wait() == 0, proc.output()
+    assert _done_steps(done_file) == list(range(steps))
+    _assert_recovered(store_dir, list(range(steps)), None, interrupted_visible=False)

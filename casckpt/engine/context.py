@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 from casckpt.cache import IndexCache
 from casckpt.catalog import Catalog
@@ -13,6 +12,7 @@ from casckpt.engine.deltabase import BaseCache
 from casckpt.engine.packstore import PackStore
 from casckpt.engine.staging import StagingBuffers
 from casckpt.storage.locations import LocationSet
+from casckpt.storage.scratch import ScratchDir
 
 
 @dataclass(slots=True)
@@ -23,6 +23,7 @@ class EngineContext:
     ``uploads`` stores finished packs, so they upload while the next fills.
     ``device_buffers`` stream GPU tensors to the host (pinned, reused).
     ``bases`` holds recent commits' raw chunks, the bases of delta coding.
+    ``staging`` is this store's own directory for packs being filled.
     ``packs`` stores and reads packs on the ``locations``; manifests and refs
     are replicated to every location.
     """
@@ -31,7 +32,7 @@ class EngineContext:
     cache: IndexCache
     locations: LocationSet
     packs: PackStore
-    staging: Path
+    staging: ScratchDir
     config: Settings
     pool: ThreadPoolExecutor
     uploads: ThreadPoolExecutor

@@ -1,9 +1,11 @@
 """Packs encoded chunks into pack objects and makes them durable.
 
-A pack is written to a staging file, finished (footer, trailer, id), stored in
-the blob store under its content-addressed key, and only then recorded in the
-catalog and the index cache. A crash at any point leaves at worst an object or
-chunk rows no version references, which GC reclaims.
+A pack is written to a staging file (in the store's own staging directory,
+see ``storage/scratch.py``), finished (footer, trailer, id), stored in the
+blob store under its content-addressed key, and only then recorded in the
+catalog and the index cache. A crash at any point leaves at worst an object
+or chunk rows no version references, which GC reclaims, and staging files
+the next open reclaims. A staging disk that fills up raises StorageFullError.
 """
 
 from __future__ import annotations
@@ -12,13 +14,16 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from contextlib import suppress
 from pathlib import Path
 from typing import BinaryIO
 
 from casckpt.catalog import PackRecord
 from casckpt.engine.context import EngineContext
+from casckpt.errors import StorageError
 from casckpt.format.pack import PackEntry, PackWriter
 from casckpt.storage.erasure import Redundancy
+from casckpt.storage.local import full_error
 
 
 class Packer:
@@ -48,22 +53,39 @@ class Packer:
     def add(self, cid: bytes, codec: int, raw_len: int, payload: bytes | memoryview,
             base_id: bytes | None = None) -> None:
         """Append one encoded chunk (a delta names its ``base_id``), closing the pack when it is full."""
-        if self._writer is None:
-            self._path = self._ctx.staging / f"{uuid.uuid4().hex}.pack"
-            self._file = open(self._path, "wb")  # noqa: SIM115 - closed in _close()/abort()
-            self._writer = PackWriter(self._file)
-        self._writer.add(cid, codec, raw_len, payload, base_id)
+        try:
+            writer = self._writer if self._writer is not None else self._open()
+            writer.add(cid, codec, raw_len, payload, base_id)
+        except OSError as exc:
+            raise self._write_error(exc, len(payload)) from exc
         self.stored_bytes += len(payload)
-        if self._writer.size >= self._ctx.config.pack_size:
+        if writer.size >= self._ctx.config.pack_size:
             self._close()
+
+    def _open(self) -> PackWriter:
+        self._path = self._ctx.staging.path() / f"{uuid.uuid4().hex}.pack"
+        self._file = open(self._path, "wb")  # noqa: SIM115 - closed in _close()/abort()
+        self._writer = PackWriter(self._file)
+        return self._writer
+
+    def _write_error(self, exc: OSError, adding: int) -> StorageError:
+        """A failed staging write: StorageFullError naming the staging directory when it has no
+        room (disk, quota, file-size limit), else StorageError. The caller aborts."""
+        where = str(self._path.parent if self._path is not None else self._ctx.staging.base)
+        size = (self._writer.size if self._writer is not None else 0) + adding
+        return full_error(exc, "a staging pack", where, size,
+                          elsewhere="open the store with a cache directory on a larger disk (cache=)")
 
     def _close(self) -> None:
         """Finish the open pack and hand it to the upload pool."""
         if self._writer is None or self._file is None or self._path is None:
             return
-        pack_id = self._writer.finish()
+        try:
+            pack_id = self._writer.finish()
+            self._file.close()  # the blob store makes it durable (local: fsync + rename)
+        except OSError as exc:
+            raise self._write_error(exc, 0) from exc
         size, entries = self._writer.size, self._writer.entries
-        self._file.close()  # the blob store makes it durable (local: fsync + rename)
         path, self._writer, self._file, self._path = self._path, None, None, None
         self._pending.append(self._ctx.uploads.submit(self._store, pack_id, size, entries, path))
         while len(self._pending) > self._IN_FLIGHT:
@@ -90,12 +112,17 @@ class Packer:
         return self.packs
 
     def abort(self) -> None:
-        """After a failure: wait for uploads in flight (ignoring their errors), drop staging files."""
-        if self._file is not None:
-            self._file.close()
-        if self._path is not None:
-            self._path.unlink(missing_ok=True)
+        """After a failure: drop the open staging file, wait for uploads in flight (ignoring
+        their errors; each removes its own staging file). Raises no OSError, so the failure
+        that led here is the one the caller sees."""
+        file, path = self._file, self._path
         self._writer, self._file, self._path = None, None, None
+        if file is not None:
+            with suppress(OSError):  # its last buffered write may fail again; the file goes anyway
+                file.close()
+        if path is not None:
+            with suppress(OSError):
+                path.unlink(missing_ok=True)
         for future in self._pending:
             future.exception()
         self._pending.clear()

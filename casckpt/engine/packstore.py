@@ -39,7 +39,10 @@ from casckpt.errors import (
     CorruptPackError,
     InvalidArgumentError,
     MissingDataError,
+    OversizedObjectError,
     StorageError,
+    StorageFullError,
+    UnsafeObjectError,
 )
 from casckpt.format.chunks import object_id
 from casckpt.format.shard import (
@@ -51,7 +54,7 @@ from casckpt.format.shard import (
 )
 from casckpt.storage.base import scatter
 from casckpt.storage.erasure import DEFAULT_ALGORITHM, ErasureCode, Redundancy
-from casckpt.storage.locations import Location, LocationSet
+from casckpt.storage.locations import Location, LocationSet, refused
 
 log = logging.getLogger(__name__)
 
@@ -176,32 +179,37 @@ class PackStore:
             targets = self.locations.placement(pack_id)
             if not targets:
                 raise StorageError("no active blob location to store packs on; see `casckpt location list`")
-            last: StorageError | None = None
+            failures: list[StorageError] = []
             for loc in targets:
                 try:
                     loc.blobs.put_file(key, path)
                     return PackLayout(pack_id, key, size, shards=(ShardRow(0, loc.id, key, size),))
                 except StorageError as exc:
                     log.warning("pack %s: location %s refused it: %s", pack_id, loc.describe(), exc)
-                    last = exc
-            raise StorageError(f"no location accepted pack {pack_id}: {last}") from last
+                    failures.append(exc)
+            raise refused(f"pack {pack_id}", failures)
         self.check_writable(redundancy)
-        data = path.read_bytes()
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise StorageError(f"cannot read the staging pack {path}: {exc}") from exc
         path.unlink(missing_ok=True)
         layout, payloads = self._encode(pack_id, data, redundancy)
         del data  # shards hold every byte now; bound the memory of the packs in flight
-        written = self._place(layout, payloads, self.locations.placement(pack_id))
+        failures = []
+        written = self._place(layout, payloads, self.locations.placement(pack_id), failures)
         healthy = self._durable(written)
         if healthy < self.quorum(redundancy):
             for sh in written:
                 target = self.locations.get(sh.location_id)
                 if sh.state == "ok" and target is not None:
                     _quiet_delete(target, sh.key)
-            raise StorageError(
-                f"pack {pack_id} is durable on only {healthy} of {redundancy.shards} shards (shards "
-                f"sharing a failure domain count once); the write quorum is "
-                f"{self.quorum(redundancy)}. Check the locations (`casckpt location list`)"
-            )
+            message = (f"pack {pack_id} is durable on only {healthy} of {redundancy.shards} shards "
+                       f"(shards sharing a failure domain count once); the write quorum is "
+                       f"{self.quorum(redundancy)}")
+            if failures and all(isinstance(f, StorageFullError) for f in failures):
+                raise refused(f"shards of pack {pack_id}", failures)
+            raise StorageError(f"{message}. Check the locations (`casckpt location list`)")
         return replace(layout, shards=tuple(written))
 
     def _durable(self, rows: Sequence[ShardRow]) -> int:
@@ -247,12 +255,13 @@ class PackStore:
         return layout.key if layout.scheme != "ec" else shard_key(layout.id, index)
 
     def _place(self, layout: PackLayout, payloads: dict[int, ShardPayload],
-               order: Sequence[Location]) -> list[ShardRow]:
+               order: Sequence[Location], failures: list[StorageError] | None = None) -> list[ShardRow]:
         """Write payload ``i`` to ``order[i]`` (distinct failure domains), using spares on refusal.
 
         With fewer domains than payloads, erasure-coded shards double up (in
         placement order); copies of a pack share one key, so they never do.
-        Returns one row per payload: ``ok`` where written, else ``missing``.
+        Returns one row per payload: ``ok`` where written, else ``missing``;
+        each refusal is appended to ``failures``.
         """
         slots = list(order)
         while layout.scheme == "ec" and slots and len(slots) < len(payloads):
@@ -266,6 +275,8 @@ class PackStore:
             except StorageError as exc:
                 log.warning("pack %s shard %d: location %s refused it: %s",
                             layout.id, index, loc.describe(), exc)
+                if failures is not None:
+                    failures.append(exc)
                 return False
 
         results = list(self._io.map(write, range(len(first)), first))
@@ -315,15 +326,17 @@ class PackStore:
         layout = self._must_layout(pack_id)
         if layout.scheme == "ec":
             return self._read_striped(layout, offset, buffers, heal)
+        last: StorageError | None = None
         for sh, loc in self._readable(layout):
             try:
                 return loc.blobs.read_into(sh.key, offset, buffers)
             except StorageError as exc:
-                self._damaged(layout, {sh.index: "missing"}, f"{loc.describe()}: {exc}")
+                self._damaged(layout, {sh.index: _state_of(exc)}, f"{loc.describe()}: {exc}")
+                last = exc
         if layout.scheme == "none":
             raise BlobNotFoundError(
-                f"pack {pack_id} is missing from {self._where(layout)}; restore another version, "
-                "or add redundancy (`casckpt redundancy`) to survive this")
+                f"pack {pack_id} cannot be read from {self._where(layout)} ({last}); restore another "
+                "version, or add redundancy (`casckpt redundancy`) to survive this") from last
         return scatter(memoryview(self.recover(pack_id, heal=heal))[offset:], buffers)
 
     def _read_striped(self, layout: PackLayout, offset: int, buffers: Sequence[memoryview],
@@ -346,7 +359,7 @@ class PackStore:
             try:
                 got = loc.blobs.read_into(sh.key, at, part)
             except StorageError as exc:
-                self._damaged(layout, {sh.index: "missing"}, f"{loc.describe()}: {exc}")
+                self._damaged(layout, {sh.index: _state_of(exc)}, f"{loc.describe()}: {exc}")
                 return self._from_recovered(layout, offset, buffers, heal)
             if got < sum(len(p) for p in part):
                 self._damaged(layout, {sh.index: "corrupt"}, "shard is truncated")
@@ -375,20 +388,21 @@ class PackStore:
             self._read_striped(layout, 0, [memoryview(buf)])
             data = bytes(buf)
         else:
-            data = b""
+            data, last = b"", None
             for sh, loc in self._readable(layout):
                 try:
-                    data = loc.blobs.get(sh.key)
+                    data = loc.blobs.get(sh.key, max_size=layout.size)  # a copy is the whole pack
                     break
                 except StorageError as exc:
-                    self._damaged(layout, {sh.index: "missing"}, f"{loc.describe()}: {exc}")
+                    self._damaged(layout, {sh.index: _state_of(exc)}, f"{loc.describe()}: {exc}")
+                    last = exc
         if data and object_id(data) == pack_id:
             return data
         if layout.scheme == "none":
+            why = "damaged (its bytes do not hash to its id)" if data else f"unreadable ({last})"
             raise (CorruptPackError if data else MissingDataError)(
-                f"pack {pack_id} on {self._where(layout)} is "
-                f"{'damaged (its bytes do not hash to its id)' if data else 'missing'}; it has no "
-                "redundancy to rebuild it from. Run `casckpt check` to list the versions affected")
+                f"pack {pack_id} on {self._where(layout)} is {why}; it has no redundancy to rebuild "
+                "it from. Run `casckpt check` to list the versions affected")
         return self.recover(pack_id)
 
     def _where(self, layout: PackLayout) -> str:
@@ -491,6 +505,12 @@ class PackStore:
             if loc is not None and loc.readable and _quiet_delete(loc, key):
                 deleted += 1
         return deleted
+
+
+def _state_of(exc: StorageError) -> str:
+    """A shard that could not be read: ``corrupt`` when something else sits at its key (not a
+    regular file, or larger than recorded), else ``missing``."""
+    return "corrupt" if isinstance(exc, (OversizedObjectError, UnsafeObjectError)) else "missing"
 
 
 def _quiet_delete(loc: Location, key: str) -> bool:

@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING
 
 from casckpt.catalog import PackLayout, ShardRow
 from casckpt.catalog import shards as sql
-from casckpt.errors import BlobNotFoundError, CorruptPackError, StorageError
+from casckpt.errors import (
+    BlobNotFoundError,
+    CorruptPackError,
+    OversizedObjectError,
+    StorageError,
+    UnsafeObjectError,
+)
 from casckpt.format.chunks import object_id
 from casckpt.format.shard import SHARD_HEADER_SIZE, decode_shard_header, payload_checksum
 from casckpt.storage.erasure import DEFAULT_ALGORITHM
@@ -43,9 +49,11 @@ def _read_shard(store: PackStore, layout: PackLayout, sh: ShardRow) -> tuple[byt
     if loc is None or not loc.readable:
         return None, "missing", "its location is failed or unknown"
     try:
-        data = loc.blobs.get(sh.key)
+        data = loc.blobs.get(sh.key, max_size=expected_size(layout))
     except BlobNotFoundError:
         return None, "missing", f"object {sh.key} is missing from {loc.describe()}"
+    except (OversizedObjectError, UnsafeObjectError) as exc:
+        return None, "corrupt", f"object {sh.key} on {loc.describe()} is refused: {exc}"
     except StorageError as exc:
         return None, "missing", f"cannot read from {loc.describe()}: {exc}"
     if layout.scheme != "ec":
@@ -64,6 +72,16 @@ def _read_shard(store: PackStore, layout: PackLayout, sh: ShardRow) -> tuple[byt
     if checksum != header.checksum or (sh.checksum and checksum != sh.checksum):
         return None, "corrupt", f"{where} fails its checksum (bit rot?)"
     return bytes(payload), "ok", ""
+
+
+def expected_size(layout: PackLayout) -> int:
+    """The most bytes one object of this pack may hold: a copy is the whole pack; the shards of
+    an erasure-coded pack are all one size (the largest recorded, as a row of a shard never
+    written records 0)."""
+    if layout.scheme != "ec":
+        return layout.size
+    return max((sh.size for sh in layout.shards), default=0)
+
 
 def examine(store: PackStore, pack_id: str, *, read_all: bool = True) -> ShardCheck:
     """Read shards in full, verify each, and rebuild the pack from healthy ones.

@@ -19,9 +19,14 @@ from casckpt.errors import InvalidNameError
 _KEY = re.compile(r"^[a-z0-9_-]+(/[a-z0-9._-]+)*$")
 
 
+def is_key(key: str) -> bool:
+    """Whether ``key`` is a safe relative object key."""
+    return bool(_KEY.match(key)) and not any(part in (".", "..") for part in key.split("/"))
+
+
 def check_key(key: str) -> str:
     """Return ``key`` if it is a safe relative object key, else raise InvalidNameError."""
-    if not _KEY.match(key) or any(part in (".", "..") for part in key.split("/")):
+    if not is_key(key):
         raise InvalidNameError(f"invalid object key {key!r}: it could escape the blob location")
     return key
 
@@ -53,7 +58,10 @@ class BlobStore(Protocol):
 
     Implementations are thread-safe: the engine calls them from its I/O pool.
     Every method raises :class:`~casckpt.errors.StorageError` (or
-    ``BlobNotFoundError`` for a missing key) and nothing else.
+    ``BlobNotFoundError`` for a missing key) and nothing else; a write that
+    found no room (disk full, quota, file-size limit) raises
+    ``StorageFullError`` and leaves nothing visible. No read blocks on or
+    opens what is not an object (``UnsafeObjectError``).
     """
 
     url: str
@@ -64,8 +72,13 @@ class BlobStore(Protocol):
     def put_file(self, key: str, path: Path) -> None:
         """Store the finished local file ``path`` under ``key``; ``path`` may be consumed."""
 
-    def get(self, key: str) -> bytes:
-        """Return the whole object."""
+    def get(self, key: str, *, max_size: int | None = None) -> bytes:
+        """Return the whole object.
+
+        ``max_size`` bounds the memory a read may take: an object larger than
+        that raises :class:`~casckpt.errors.OversizedObjectError` before its
+        bytes are read (pass the size the catalog records).
+        """
 
     def get_range(self, key: str, offset: int, length: int) -> bytes:
         """Return ``length`` bytes from ``offset`` (fewer if the object is shorter)."""

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from casckpt.errors import BlobNotFoundError, CasckptError, StorageError
+from casckpt.errors import BlobNotFoundError, CasckptError, StorageError, StorageFullError
 from casckpt.storage.base import BlobInfo, BlobStore
 from casckpt.storage.urls import redact_url
 
@@ -99,22 +99,24 @@ class LocationSet:
         """Write ``data`` to every active location; returns how many took it.
 
         Raises:
+            StorageFullError: no location took it, each for want of room.
             StorageError: no location took it.
         """
-        written, last = 0, None
+        written, failures = 0, []
         for loc in self.active():
             try:
                 loc.blobs.put(key, data)
                 written += 1
             except StorageError as exc:
                 log.warning("could not write %s to location %s: %s", key, loc.describe(), exc)
-                last = exc
+                failures.append(exc)
         if not written:
-            raise StorageError(f"no blob location accepted {key}: {last}") from last
+            raise refused(key, failures)
         return written
 
-    def get_anywhere(self, key: str) -> bytes:
-        """Read ``key`` from the first readable location that has it.
+    def get_anywhere(self, key: str, *, max_size: int | None = None) -> bytes:
+        """Read ``key`` from the first readable location that has it (an object larger than
+        ``max_size`` is skipped unread, like a damaged one).
 
         Raises:
             BlobNotFoundError: no readable location has it.
@@ -122,7 +124,7 @@ class LocationSet:
         last: CasckptError | None = None
         for loc in self.read_order():
             try:
-                return loc.blobs.get(key)
+                return loc.blobs.get(key, max_size=max_size)
             except StorageError as exc:
                 last = exc
         raise BlobNotFoundError(f"{key} is on no readable location ({last})") from last
@@ -162,3 +164,23 @@ class LocationSet:
         """Close every location's blob store."""
         for loc in self.all:
             loc.blobs.close()
+
+
+def refused(what: str, failures: Sequence[StorageError]) -> StorageError:
+    """The error when no location took ``what``: StorageFullError (naming every location and
+    the size) when each refused it for want of room, else StorageError with the last reason."""
+    if not failures:
+        return StorageError(f"no active blob location to write {what} to; see `casckpt location list`")
+    last = failures[-1]
+    if all(isinstance(f, StorageFullError) for f in failures):
+        full = [f for f in failures if isinstance(f, StorageFullError)]
+        places = ", ".join(str(f.location) for f in full)
+        needed = full[-1].needed
+        size = f" ({needed} bytes)" if needed is not None else ""
+        error: StorageError = StorageFullError(
+            f"no blob location has room for {what}{size} (full: {places}); {last}",
+            location=places, needed=needed)
+    else:
+        error = StorageError(f"no blob location accepted {what}: {last}")
+    error.__cause__ = last
+    return error

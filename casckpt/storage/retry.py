@@ -100,8 +100,8 @@ class RetryingBlobStore:
         self._retry("put_file", key, lambda: self.inner.put_file(key, path),
                     may_retry=Path(path).exists)
 
-    def get(self, key: str) -> bytes:
-        return self._retry("get", key, lambda: self.inner.get(key))
+    def get(self, key: str, *, max_size: int | None = None) -> bytes:
+        return self._retry("get", key, lambda: self.inner.get(key, max_size=max_size))
 
     def get_range(self, key: str, offset: int, length: int) -> bytes:
         return self._retry("get_range", key, lambda: self.inner.get_range(key, offset, length))

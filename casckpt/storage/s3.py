@@ -48,6 +48,7 @@ from casckpt.errors import (
     BlobNotFoundError,
     InvalidArgumentError,
     InvalidNameError,
+    OversizedObjectError,
     RetryableStorageError,
     StorageError,
 )
@@ -262,13 +263,21 @@ class S3BlobStore:
 
     # reads -----------------------------------------------------------------
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, *, max_size: int | None = None) -> bytes:
+        """Fetch the whole object; one larger than ``max_size`` is refused from its
+        Content-Length, before the body is read."""
         check_key(key)
 
         def fetch() -> bytes:
             resp = self._client.get_object(Bucket=self.bucket, Key=self.prefix + key,
                                            **self._get_args)
-            return _read_body(resp, int(resp["ContentLength"]), self._where(key))
+            length = int(resp["ContentLength"])
+            if max_size is not None and length > max_size:
+                resp["Body"].close()
+                raise OversizedObjectError(
+                    f"{self._where(key)} is {length} bytes, more than the {max_size} expected; it "
+                    "was not read. Run `casckpt check` (it is damaged or not casckpt's)")
+            return _read_body(resp, length, self._where(key))
 
         return self._call("get", key, fetch)
 
@@ -298,9 +307,15 @@ class S3BlobStore:
                 return b""  # the object exists and ends at or before offset
             raise
         content_range = resp.get("ContentRange")
+        if not content_range:  # the endpoint ignored Range and sends the whole object
+            wanted = min(int(resp["ContentLength"]), offset + length)
+            return _read_body(resp, wanted, self._where(key), limit=wanted)[offset:offset + length]
+        if int(resp["ContentLength"]) > length:  # more than asked for: never read it
+            resp["Body"].close()
+            raise RetryableStorageError(
+                f"S3 get_range of {self._where(key)}: asked for {length} bytes, the answer holds "
+                f"{resp['ContentLength']}; trying again may succeed")
         data = _read_body(resp, int(resp["ContentLength"]), self._where(key))
-        if not content_range:  # the endpoint ignored Range and sent the whole object
-            return data[offset:offset + length]
         start, end = _parse_content_range(content_range)
         if start != offset or end - start + 1 != len(data) or len(data) > length:
             raise RetryableStorageError(
@@ -375,10 +390,11 @@ class S3BlobStore:
         self._client.close()
 
 
-def _read_body(resp: dict[str, Any], expected: int, where: str) -> bytes:
+def _read_body(resp: dict[str, Any], expected: int, where: str, limit: int | None = None) -> bytes:
+    """Read the body (only its first ``limit`` bytes, if given) and check it is ``expected`` long."""
     body = resp["Body"]
     try:
-        data: bytes = body.read()
+        data: bytes = body.read() if limit is None else body.read(limit)
     finally:
         body.close()
     if len(data) != expected:

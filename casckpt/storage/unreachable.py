@@ -32,7 +32,7 @@ class UnreachableBlobStore:
         """Refuse."""
         raise self._refuse()
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, *, max_size: int | None = None) -> bytes:
         """Refuse."""
         raise self._refuse()
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from casckpt.errors import BlobNotFoundError, InvalidNameError, StorageError
+from casckpt.errors import BlobNotFoundError, InvalidNameError, OversizedObjectError, StorageError
 from casckpt.storage.base import BlobStore
 
 MiB = 1024 * 1024
@@ -169,6 +169,22 @@ class BlobStoreConformance:
             data[middle:middle + 65_536]
         tail = blob_store.get_range("objects/large", self.large_size - 10, 100)
         assert tail == data[-10:]
+
+    # bounded reads ---------------------------------------------------------
+
+    def test_get_refuses_an_object_larger_than_max_size(self, blob_store: BlobStore) -> None:
+        data = blob(10_000, seed=9)
+        blob_store.put("packs/ab/bounded", data)
+        assert blob_store.get("packs/ab/bounded", max_size=10_000) == data
+        assert blob_store.get("packs/ab/bounded", max_size=None) == data
+        for limit in (9_999, 0):
+            with pytest.raises(OversizedObjectError) as refused:
+                blob_store.get("packs/ab/bounded", max_size=limit)
+            assert isinstance(refused.value, StorageError) and "packs/ab/bounded" in str(refused.value)
+        blob_store.put("packs/ab/empty", b"")
+        assert blob_store.get("packs/ab/empty", max_size=0) == b""
+        with pytest.raises(BlobNotFoundError):
+            blob_store.get("packs/ab/absent", max_size=10)
 
     # missing objects -------------------------------------------------------
 

@@ -108,6 +108,8 @@ def _targets() -> dict[str, tuple[type, str, Any]]:
         "catalog.add_pack": (Catalog, "add_pack", None),
         # the manifest object is being written
         "blobs.put_manifest": (LocalBlobStore, "put", is_manifest),
+        # the manifest's temporary file is written and fsync'd, not yet renamed into place
+        "blobs.place_manifest": (LocalBlobStore, "_place", lambda args: is_manifest(args[1:])),
         # the publishing transaction is about to run / has run
         "catalog.add_version": (Catalog, "add_version", None),
         # inside the publishing transaction, after the version and tensor rows are inserted

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from casckpt.errors import BlobNotFoundError, StorageError
+from casckpt.errors import BlobNotFoundError, OversizedObjectError, StorageError
 from casckpt.storage.base import BlobInfo, BlobStore, scatter
 from casckpt.storage.locations import Location, LocationSet
 from casckpt.storage.unreachable import UnreachableBlobStore
@@ -44,10 +44,12 @@ class FakeBlobStore:
         self._enter("put_file", key)
         self.objects[key] = path.read_bytes()
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, *, max_size: int | None = None) -> bytes:
         self._enter("get", key)
         if key not in self.objects:
             raise BlobNotFoundError(f"{key} not in {self.url}")
+        if max_size is not None and len(self.objects[key]) > max_size:
+            raise OversizedObjectError(f"{key} is larger than {max_size}")
         return self.objects[key]
 
     def get_range(self, key: str, offset: int, length: int) -> bytes:

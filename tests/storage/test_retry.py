@@ -14,6 +14,7 @@ from casckpt.errors import (
     BlobNotFoundError,
     InvalidArgumentError,
     InvalidNameError,
+    OversizedObjectError,
     RetryableStorageError,
     StorageError,
 )
@@ -48,8 +49,10 @@ class FlakyStore:
         self._enter("put_file")
         self.objects[key] = path.read_bytes()
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, *, max_size: int | None = None) -> bytes:
         self._enter("get")
+        if max_size is not None and len(self.objects[key]) > max_size:
+            raise OversizedObjectError(f"{key} is larger than {max_size}")
         return self.objects[key]
 
     def get_range(self, key: str, offset: int, length: int) -> bytes:

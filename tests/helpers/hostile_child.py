@@ -1,0 +1,124 @@
+"""One read of a store, in a process of its own, for tests/test_hostile.py.
+
+Usage::
+
+    python hostile_child.py STORE OP [REF]
+    python hostile_child.py --zygote
+
+OP is ``restore`` (REF), ``check``, ``check-read-data`` or ``repair`` (then
+``check --read-data``). Prints one JSON
+line: ``error`` (the exception's class names, most derived first, or null),
+``message``, ``digest`` (restore: BLAKE3 of every restored tensor's bytes in
+key order), ``problems`` (check), ``rss_before_kib`` (peak RSS once the store
+is open) and ``rss_peak_kib`` (peak RSS at the end). The test runs it under
+a timeout, so a read that hangs fails the test instead of the suite.
+
+``--zygote`` imports torch and casckpt once, then forks one such process per
+JSON command on stdin, as tests/helpers/crash_child.py does (same protocol:
+``spawn`` with ``args``, ``stdout``, ``stderr`` -> ``pid``; ``wait`` -> ``status``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import traceback
+from typing import Any
+
+
+def digest(state: Any) -> str:
+    """BLAKE3 of the bytes of every tensor in ``state`` (nested dicts), keys sorted."""
+    import blake3
+    import torch
+
+    hasher = blake3.blake3()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for key in sorted(node):
+                hasher.update(str(key).encode())
+                walk(node[key])
+        elif isinstance(node, torch.Tensor):
+            hasher.update(node.contiguous().view(torch.uint8).numpy().tobytes())
+        else:
+            hasher.update(repr(node).encode())
+
+    walk(state)
+    return hasher.hexdigest()
+
+
+def peak_kib() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def main(argv: list[str]) -> int:
+    import casckpt
+
+    store_dir, op = argv[0], argv[1]
+    out: dict[str, Any] = {"error": None, "message": "", "digest": None, "problems": []}
+    store = casckpt.open(store_dir, create=False, workers=2)
+    out["rss_before_kib"] = peak_kib()
+    try:
+        if op == "restore":
+            out["digest"] = digest(store.restore(argv[2]))
+        elif op == "repair":  # then a full scrub: is every shard healthy again?
+            repaired = store.repair()
+            out["message"] = f"repaired ok={repaired.ok}"
+            report = store.check(read_data=True)
+            out["problems"] = [f"{p.kind} {p.subject}: {p.detail}" for p in report.problems]
+        else:
+            report = store.check(read_data=op == "check-read-data")
+            out["problems"] = [f"{p.kind} {p.subject}: {p.detail}" for p in report.problems]
+    except Exception as exc:  # reported to the test, which asserts on its type
+        out["error"] = [cls.__name__ for cls in type(exc).__mro__]
+        out["message"] = str(exc)
+    out["rss_peak_kib"] = peak_kib()
+    store.close()
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+def _forked(cmd: dict[str, Any]) -> None:
+    """Body of a forked child: run :func:`main` with its own stdio, then exit. Never returns."""
+    code = 1
+    try:
+        for fd, path in ((1, cmd["stdout"]), (2, cmd["stderr"])):
+            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(target, fd)
+            os.close(target)
+        code = main(cmd["args"])
+    except BaseException:  # noqa: BLE001 - reported on the child's stderr
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def zygote() -> int:
+    """Serve spawn/wait commands until stdin closes."""
+    import blake3  # noqa: F401 - preloaded, with what opening a store imports, so that
+    import torch  # noqa: F401 - forked children start warm
+
+    import casckpt.store  # noqa: F401
+    from casckpt.catalog import migrate  # noqa: F401
+
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["op"] == "spawn":
+            sys.stdout.flush()
+            pid = os.fork()
+            if pid == 0:
+                _forked(cmd)
+            reply: dict[str, int] = {"pid": pid}
+        else:
+            _, status = os.waitpid(cmd["pid"], 0)
+            reply = {"status": os.waitstatus_to_exitcode(status)}
+        print(json.dumps(reply), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(zygote() if sys.argv[1:] == ["--zygote"] else main(sys.argv[1:]))
