@@ -69,7 +69,11 @@ def open_locations(catalog: Catalog, spec: cfg.StoreSpec, given: dict[str, BlobS
         for blobs in opened.values():
             blobs.close()
         raise
-    return LocationSet([Location(row.id, row.name, row.domain, row.state, opened[row.name]) for row in rows])
+    located = LocationSet([Location(row.id, row.name, row.domain, row.state, opened[row.name])
+                           for row in rows])
+    if set(configured) - set(states) and not recover:  # locations new to the catalog: mirror them
+        records.record_locations(located, catalog)
+    return located
 
 
 def open_store(

@@ -363,7 +363,7 @@ class Store(StoreAdmin, StoreDistributed):
         check_name(name, "tag")
         row = self._row(ref)
         self._ctx.catalog.set_tag(name, row.id)
-        records.record_tag(self._ctx.locations, name, row.id)
+        records.record_tag(self._ctx.locations, self._ctx.catalog, name, row.id)
         return self._version(row)
 
     def gc(self, *, dry_run: bool = False, grace: float | timedelta | None = None,

@@ -140,8 +140,10 @@ class StoreAdmin:
         """Add a blob location (a directory, ``file:///``, ``s3://``); new packs may use it at once.
 
         Recorded in the catalog (every host sees it) and in this store's
-        config file. Existing packs stay where they are; ``repair`` uses the
-        new location for shards it has to re-place.
+        config file. It receives a copy of every manifest and ``refs/``
+        record at once (what a catalog rebuild needs). Existing packs stay
+        where they are; ``repair`` uses the new location for shards it has
+        to re-place.
 
         Raises:
             InvalidArgumentError: the name or URL is taken, or the location cannot be opened.
@@ -171,6 +173,9 @@ class StoreAdmin:
         if self._config_file is not None:
             cfg.add_location_to_file(self._config_file, spec)
         self._reload_locations({absolute.url: blob_store})
+        records.record_locations(self._ctx.locations, self._ctx.catalog)
+        added = next(loc for loc in self._ctx.locations.all if loc.name == row.name)
+        repair_engine.copy_recovery_data(self._ctx, added)  # a full disaster-recovery copy at once
         return self._location_info(row.name)
 
     def drain_location(self, name: str) -> LocationInfo:
@@ -189,6 +194,7 @@ class StoreAdmin:
     def _set_location_state(self, name: str, state: str) -> LocationInfo:
         shard_sql.set_location_state(self._ctx.catalog, name, state)
         self._reload_locations({})
+        records.record_locations(self._ctx.locations, self._ctx.catalog)
         return self._location_info(name)
 
     def _refresh_locations(self) -> None:
@@ -271,9 +277,11 @@ class StoreAdmin:
                 f"got {chain}")
         if run is None:
             deltas_sql.set_store_delta_chain(self._ctx.catalog, chain)
+            records.record_store(self._ctx.locations, self._ctx.catalog)
         else:
             own = None if chain < 0 else chain
             deltas_sql.set_run_delta_chain(self._ctx.catalog, check_name(run, "run"), own)
+            records.record_run(self._ctx.locations, self._ctx.catalog, run)
 
     def rebuild_catalog(self, *, progress: ProgressCallback | None = None) -> RebuildReport:
         """Recreate an empty catalog from the blob locations alone (see :mod:`casckpt.engine.rebuild`).
@@ -283,6 +291,7 @@ class StoreAdmin:
         """
         report = rebuild_engine.rebuild(self._ctx, progress)
         self._recovering = False
+        self._reload_locations({})  # the states the locations record restored
         return report
 
     def rebuild_cache(self) -> int:

@@ -395,6 +395,14 @@ class RepairReport(_ToDict):
         shards_rewritten: shards written again (re-encoded or copied).
         shards_moved: of those, shards placed on another location than before.
         unrepaired: ``pack id: reason`` for each pack left short of full redundancy.
+        catalog_manifests_restored: damaged manifests in the catalog replaced by a
+            verified copy from a location.
+        manifests_written: manifest copies written to locations that lacked them (or
+            held a differing copy).
+        records_written: ``refs/`` records written to locations that lacked them (or
+            held a stale one).
+        degraded: ``pack id: what`` for each pack with shards still sharing a failure
+            domain (too few domains active to spread them).
     """
 
     packs: int
@@ -402,11 +410,21 @@ class RepairReport(_ToDict):
     shards_moved: int
     unrepaired: tuple[str, ...]
     duration_s: float
+    catalog_manifests_restored: int = 0
+    manifests_written: int = 0
+    records_written: int = 0
+    degraded: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
-        """True when every pack is back at full redundancy."""
-        return not self.unrepaired
+        """True when every pack is back at full redundancy, on distinct failure domains."""
+        return not self.unrepaired and not self.degraded
+
+    @property
+    def nothing_to_do(self) -> bool:
+        """True when repair found every pack, manifest and record where it belongs."""
+        return self.ok and not (self.packs or self.catalog_manifests_restored or self.manifests_written
+                                or self.records_written)
 
 
 @dataclass(frozen=True, slots=True)

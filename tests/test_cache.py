@@ -17,15 +17,17 @@ def _state(seed: int) -> dict[str, torch.Tensor]:
 
 
 def _forget_everything(store_dir: Path) -> None:
-    """Remove versions, chunks and packs from the catalog and the pack files (as a GC would)."""
+    """Remove versions, chunks and packs from the catalog, and the pack and manifest files
+    (as a GC would)."""
     db = sqlite3.connect(store_dir / "catalog.db")
     with db:
         for table in ("tags", "tensors", "versions", "chunks", "packs"):
             db.execute(f"DELETE FROM {table}")
     db.close()
-    for pack in (store_dir / "packs").rglob("*"):
-        if pack.is_file():
-            pack.unlink()
+    for top in ("packs", "manifests"):
+        for path in (store_dir / top).rglob("*"):
+            if path.is_file():
+                path.unlink()
 
 
 def test_stale_cache_entries_are_rewritten(tmp_path: Path) -> None:

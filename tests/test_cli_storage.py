@@ -172,14 +172,25 @@ def test_fail_a_lost_location_then_repair(ec_store: EcStore) -> None:
     table = cli(ec_store.root, "location", "fail", "loc2")
     assert table.exit_code == 0 and "failed" in table.stdout and "casckpt repair" in table.stderr
 
-    repaired = ok_json(ec_store.root, "repair")
+    # five domains left for six shards: repair re-creates loc2's shards, doubled up, and says so
+    short = cli(ec_store.root, "repair", "--json")
+    assert short.exit_code == 1, short.output
+    repaired = json.loads(short.stdout)
     assert repaired["packs"] == packs
     assert repaired["shards_rewritten"] == packs == repaired["shards_moved"]
-    assert repaired["unrepaired"] == [] and repaired["ok"] is True
-
+    assert repaired["unrepaired"] == [] and repaired["ok"] is False
+    assert len(repaired["degraded"]) == packs
+    degraded = cli(ec_store.root, "check")
+    assert degraded.exit_code == 1 and "share failure domain" in degraded.stdout + degraded.stderr
     locations = _by_name(ec_store)
     assert locations["loc2"]["shards"] == 0
     assert sum(loc["shards"] for loc in locations.values()) == 6 * packs
+
+    ec_store.dirs.append(ec_store.root.parent / "disk6")  # a new disk in a new domain
+    ok_json(ec_store.root, "location", "add", str(ec_store.dirs[-1]), "--domain", "d6")
+    spread = ok_json(ec_store.root, "repair")
+    assert spread["ok"] is True and spread["degraded"] == [] and spread["shards_moved"] == packs
+    assert _by_name(ec_store)["loc6"]["shards"] == packs
 
     clean = ok_json(ec_store.root, "check", "--read-data")
     assert clean["ok"] is True and clean["problems"] == []
@@ -199,6 +210,7 @@ def test_repair_table_and_progress(ec_store: EcStore, monkeypatch: pytest.Monkey
         yield lambda phase, done, total: phases.append((phase, done, total))
 
     monkeypatch.setattr(storage_cli, "progress_bars", recording)
+    ok_json(ec_store.root, "location", "add", str(ec_store.root.parent / "disk6"), "--domain", "d6")
     ok_json(ec_store.root, "location", "drain", "loc0")
     result = cli(ec_store.root, "repair")
     assert result.exit_code == 0, result.output

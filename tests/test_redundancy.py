@@ -497,20 +497,21 @@ def test_lost_location_restores_then_fail_and_repair_replace_its_shards(ec_templ
         info = store.fail_location("loc3")
         assert info.state == "failed"
         report = store.check()
-        assert kinds(report) <= {"shard"} and report.problems  # its shards are not readable now
-        repaired = store.repair()
-        assert repaired.ok, repaired.unrepaired
+        assert kinds(report) <= {"shard", "redundancy"} and report.problems  # gone, or healed doubled up
+        repaired = store.repair()  # five domains for six shards: every pack doubles one up
+        assert repaired.unrepaired == () and not repaired.ok
+        assert len(repaired.degraded) == len(packs_of(ec_template.shards))
         assert location(store, "loc3").shards == 0
         assert sum(i.shards for i in store.locations()) == len(ec_template.shards)
         assert not dirs[3].exists()  # a failed location is never touched
         after = store.check(read_data=True)
-        assert after.ok, after.problems
+        assert kinds(after) == {"redundancy"}, after.problems  # whole, but degraded
         restore_all(store)
         # five domains left: still at the write quorum (k+1), so commits go on
         commit_steps(store, (4,))
         restore_all(store, (4,))
         assert location(store, "loc3").shards == 0
-        assert store.check(read_data=True).ok
+        assert kinds(store.check(read_data=True)) == {"redundancy"}
     survivors = scan_shards(dirs[:3] + dirs[4:])
     assert {key for key in survivors if key in ec_template.shards} == set(ec_template.shards)
 
@@ -522,7 +523,8 @@ def test_repair_spreads_doubled_up_shards_once_a_location_is_added(ec_template: 
     with open_store(root) as store:
         shutil.rmtree(dirs[3])
         store.fail_location("loc3")
-        assert store.repair().ok  # five domains left: each pack doubles one shard up
+        first = store.repair()  # five domains left: each pack doubles one shard up
+        assert not first.ok and len(first.degraded) == len(packs_of(ec_template.shards))
         store.add_location(str(dirs[6]))
         assert store.repair().ok
         assert location(store, "loc6").shards == len(packs_of(ec_template.shards))
@@ -791,8 +793,9 @@ def test_quorum_commit_with_a_refusing_location_then_repair(tmp_path: Path) -> N
         info = location(store, "loc1")
         assert info.shards > 0 and info.damaged == info.shards  # recorded, as missing
         assert not scan_shards([tmp_path / "ext" / "d1"])
-        report = store.check()
-        assert kinds(report) == {"shard"} and len(report.problems) == info.shards
+        report = store.check()  # its shards, and the recovery data it could not take
+        assert kinds(report) == {"shard", "identity", "manifest", "record"}
+        assert len([p for p in report.problems if p.kind == "shard"]) == info.shards
         bad.refusing = False  # the disk is back
         repaired = store.repair()
         assert repaired.ok and repaired.shards_rewritten == info.shards and repaired.shards_moved == 0
@@ -810,7 +813,9 @@ def test_refused_shard_goes_to_a_spare_failure_domain(tmp_path: Path) -> None:
         assert bad.refused > 0
         assert location(store, "loc2").shards == 0
         assert all(i.damaged == 0 for i in store.locations())
-        assert store.check(read_data=True).ok
+        report = store.check(read_data=True)  # every pack whole; only loc2 lacks recovery data
+        assert kinds(report) == {"identity", "manifest", "record"}
+        assert all("loc2" in p.subject or "/d2" in p.detail for p in report.problems), report.problems
         assert_spread(scan_shards([tmp_path / "ext" / f"d{i}" for i in range(7)]), 6)
         restore_all(store, STEPS[:2])
 

@@ -14,9 +14,15 @@ DEFAULT_DELTA_CHAIN = 4  # docs/DEFAULTS.md: chain 4 vs 2, stored bytes against 
 
 def store_delta_chain(catalog: Catalog) -> int:
     """The chain length runs without their own policy get (the default if never set)."""
+    value = stored_delta_chain(catalog)
+    return value if value is not None else DEFAULT_DELTA_CHAIN
+
+
+def stored_delta_chain(catalog: Catalog) -> int | None:
+    """The store's chain length as set (None: never set, the default applies)."""
     with catalog.read() as conn:
         value = conn.execute(select(s.store_info.c.value).where(s.store_info.c.key == "delta_chain")).scalar()
-    return int(value) if value is not None else DEFAULT_DELTA_CHAIN
+    return int(value) if value is not None else None
 
 
 def set_store_delta_chain(catalog: Catalog, chain: int) -> None:

@@ -195,6 +195,12 @@ def manifest_batches(catalog: Catalog, version_ids: Collection[str], size: int =
             yield list(conn.execute(query.where(v.c.id.in_(ids[i : i + size]))))
 
 
+def replace_manifest(catalog: Catalog, version_id: str, data: bytes) -> None:
+    """Put a verified copy of a version's manifest in place of the catalog's damaged one."""
+    with catalog.write() as conn:
+        conn.execute(update(s.versions).where(s.versions.c.id == version_id).values(manifest=data))
+
+
 def marked(catalog: Catalog, ids: Collection[str]) -> set[str]:
     """Which of these chunk ids the mark set holds."""
     wanted = list(ids)
@@ -325,15 +331,15 @@ def tombstoned_ids(catalog: Catalog) -> set[str]:
 
 
 def known_manifests(catalog: Catalog, version_ids: Collection[str]) -> set[str]:
-    """Which of these ids the catalog knows: a version row or a tombstone."""
+    """Which of these ids the catalog knows: a version row, a tombstone, or the version a commit
+    holding a lease (in flight, or killed and not yet reaped by gc) was about to publish."""
     ids = list(version_ids)
     found: set[str] = set()
     with catalog.read() as conn:
         for i in range(0, len(ids), 500):
             batch = ids[i : i + 500]
-            found.update(conn.execute(select(s.versions.c.id).where(s.versions.c.id.in_(batch))).scalars())
-            found.update(conn.execute(select(s.tombstones.c.version_id)
-                                      .where(s.tombstones.c.version_id.in_(batch))).scalars())
+            for column in (s.versions.c.id, s.tombstones.c.version_id, s.leases.c.version_id):
+                found.update(conn.execute(select(column).where(column.in_(batch))).scalars())
     return found
 
 

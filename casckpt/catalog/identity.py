@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import Catalog, insert_ignore
@@ -36,3 +36,25 @@ def write(catalog: Catalog, identity: StoreIdentity) -> None:
         conn.execute(delete(s.store_info).where(s.store_info.c.key.in_([r["key"] for r in rows])))
         insert_ignore(conn, s.store_info, rows, "key")
     catalog.store_id = identity.store_id
+
+
+def next_record_seq(catalog: Catalog) -> int:
+    """The next value of the store's record counter (each ``refs/`` record written takes one,
+    so a catalog rebuild can tell the newest copy of a record by counter, not by clock)."""
+    with catalog.write() as conn:
+        current = conn.execute(select(s.store_info.c.value).where(s.store_info.c.key == "record_seq")
+                               .with_for_update()).scalar()
+        value = int(current or 0) + 1
+        if current is None:
+            insert_ignore(conn, s.store_info, [{"key": "record_seq", "value": str(value)}], "key")
+        else:
+            conn.execute(update(s.store_info).where(s.store_info.c.key == "record_seq")
+                         .values(value=str(value)))
+    return value
+
+
+def raise_record_seq(catalog: Catalog, at_least: int) -> None:
+    """Make the counter continue above every record found (a rebuild's last step)."""
+    with catalog.write() as conn:
+        conn.execute(delete(s.store_info).where(s.store_info.c.key == "record_seq"))
+        insert_ignore(conn, s.store_info, [{"key": "record_seq", "value": str(at_least)}], "key")

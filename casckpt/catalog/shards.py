@@ -273,6 +273,20 @@ def is_empty(catalog: Catalog) -> bool:
                 and conn.execute(select(func.count()).select_from(s.packs)).scalar_one() == 0)
 
 
+def restore_location(catalog: Catalog, name: str, url: str | None, domain: str, state: str) -> None:
+    """Register or update a location from a rebuild record (its failure domain and state)."""
+    if state not in LOCATION_STATES:
+        raise InvalidArgumentError(f"location state must be one of {', '.join(LOCATION_STATES)}")
+    with catalog.write() as conn:
+        row = conn.execute(select(s.locations).where(s.locations.c.name == name)).first()
+        if row is None:
+            conn.execute(s.locations.insert().values(name=name, url=url, domain=domain, state=state,
+                                                     created_at=time.time()))
+        else:
+            conn.execute(update(s.locations).where(s.locations.c.id == row.id)
+                         .values(domain=domain, state=state))
+
+
 def restore_run(catalog: Catalog, name: str, created_at: float, parent_version: str | None,
                 retention: Any, redundancy: str | None) -> None:
     """Create or update a run from a rebuild record."""

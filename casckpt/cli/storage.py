@@ -238,15 +238,21 @@ def _listing(title: str, items: tuple[str, ...]) -> list[RenderableType]:
 
 
 def _repair_view(report: RepairReport) -> list[RenderableType]:
-    if not report.packs:
-        return [Text("nothing to repair: every pack is at full redundancy", style="green")]
+    if report.nothing_to_do:
+        return [Text("nothing to repair: every pack is at full redundancy on distinct failure domains, "
+                     "and every location holds every manifest and record", style="green")]
     table = _count_table("repair", [
         ("packs needing repair", report.packs),
         ("shards rewritten", report.shards_rewritten),
         ("shards moved to another location", report.shards_moved),
         ("packs left unrepaired", len(report.unrepaired)),
+        ("packs with shards sharing a failure domain", len(report.degraded)),
+        ("damaged catalog manifests restored", report.catalog_manifests_restored),
+        ("manifest copies written", report.manifests_written),
+        ("refs records written", report.records_written),
     ])
-    parts: list[RenderableType] = [table, *_listing("unrepaired packs", report.unrepaired)]
+    parts: list[RenderableType] = [table, *_listing("unrepaired packs", report.unrepaired),
+                                   *_listing("degraded packs", report.degraded)]
     if report.ok:
         parts.append(Text("every pack is back at full redundancy", style="green"))
     return parts

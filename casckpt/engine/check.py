@@ -87,8 +87,8 @@ def _check_pack_data(ctx: EngineContext, layout: PackLayout, found: Findings, ta
         if row.id in verdict.corrupt_chunks:
             found.add("chunk", row.id, verdict.corrupt_chunks[row.id])
             tally.corrupt.add(row.id)
-    for entry in verdict.deltas:
-        tally.deltas[entry.chunk_id] = entry.raw_len
+        if entry.base_id is not None:  # verified once every pack is read (it needs its base)
+            tally.deltas[entry.chunk_id] = entry.raw_len
 
 
 def _affected(ctx: EngineContext, manifests: list[tuple[str, Manifest]],

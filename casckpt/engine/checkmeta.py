@@ -44,8 +44,6 @@ from casckpt.storage import BlobInfo
 from casckpt.storage.locations import Location
 from casckpt.types import CheckProblem
 
-_MAX_RECORD = 1 << 20
-
 
 @dataclass(slots=True)
 class Findings:
@@ -75,7 +73,7 @@ def check_identity(ctx: EngineContext, found: Findings) -> None:
         except StorageError as exc:
             found.add("location", loc.name, f"{loc.describe()} cannot be read: {exc}")
             continue
-        if record != mine:
+        if not mine.same_as(record):
             what = "has no identity record" if record is None else f"carries {record.describe()}"
             found.add("identity", loc.name, f"{loc.describe()} {what}, the catalog is {mine.describe()}; "
                       "open the store with its catalog to write it, or find out whose data it holds")
@@ -94,14 +92,14 @@ def list_locations(ctx: EngineContext, found: Findings) -> None:
             found.add("location", loc.name, f"{loc.describe()} cannot be listed: {exc}")
 
 
-def _copies_expected(ctx: EngineContext) -> list[Location]:
-    """Locations that should hold every manifest and record (active and draining, listed)."""
-    return [loc for loc in ctx.locations.all if loc.state in ("active", "draining")]
+def copies_expected(ctx: EngineContext, found: Findings) -> list[Location]:
+    """Locations that should hold every manifest and record: the active ones that were listed."""
+    return [loc for loc in ctx.locations.active() if loc.id in found.listed]
 
 
 def check_manifests(ctx: EngineContext, found: Findings, *, read_data: bool) -> None:
     """Manifests in the catalog and on the locations (see the module docstring)."""
-    holders = _copies_expected(ctx)
+    holders = copies_expected(ctx, found)
     for batch in gc_sql.manifest_batches(ctx.catalog, gc_sql.visible_ids(ctx.catalog)):
         for row in batch:
             data = bytes(row.manifest)
@@ -137,7 +135,7 @@ def _check_copy(loc: Location, found: Findings, row: Any, data: bytes, read_data
     if not read_data:
         return
     try:
-        copy = loc.blobs.get(key)
+        copy = loc.blobs.get(key, max_size=len(data))
     except StorageError as exc:
         found.add("manifest", row.id, f"{label}: cannot be read from {loc.describe()}: {exc}")
         return
@@ -199,19 +197,14 @@ def _check_bases(ctx: EngineContext, label: str, known: dict[str, ChunkLocation]
 def check_records(ctx: EngineContext, found: Findings) -> None:
     """Every record the catalog implies is on every active location, saying the same."""
     wanted = records.expected(ctx.catalog)
-    for loc in ctx.locations.active():
-        if loc.id not in found.listed:
-            continue
+    for loc in copies_expected(ctx, found):
         for key, want in sorted(wanted.items()):
             if key not in found.listed[loc.id]:
                 found.add("record", key, f"missing from {loc.describe()} (a catalog rebuild from it "
                           "would lose it); `casckpt repair` writes it again")
                 continue
             try:
-                info = found.listed[loc.id][key]
-                if info.size > _MAX_RECORD:
-                    raise ValueError(f"{info.size} bytes")
-                doc = json.loads(loc.blobs.get(key))
+                doc = json.loads(loc.blobs.get(key, max_size=records.MAX_RECORD))
             except (CasckptError, ValueError) as exc:
                 found.add("record", key, f"unreadable on {loc.describe()} ({exc}); `casckpt repair` "
                           "writes it again")
@@ -259,17 +252,21 @@ def check_presence(ctx: EngineContext, layouts: Iterable[PackLayout], found: Fin
     return unusable
 
 
-def _check_domains(ctx: EngineContext, layout: PackLayout, found: Findings) -> None:
-    """A pack with two shards in one failure domain loses two to one failure: degraded."""
+def doubled_domains(ctx: EngineContext, layout: PackLayout) -> dict[str, list[int]]:
+    """Failure domains holding more than one of the pack's shards: domain -> shard indexes."""
     if layout.scheme == "none":
-        return
+        return {}
     by_domain: dict[str, list[int]] = {}
     for sh in layout.shards:
         loc = ctx.locations.get(sh.location_id)
         if loc is not None and loc.readable:
             by_domain.setdefault(loc.domain, []).append(sh.index)
-    for domain, indexes in sorted(by_domain.items()):
-        if len(indexes) > 1:
-            found.add("redundancy", layout.id, f"shards {indexes} share failure domain {domain!r}: one "
-                      "failure there loses them all; add a location in another domain "
-                      "(`casckpt location add`), then `casckpt repair`")
+    return {domain: indexes for domain, indexes in sorted(by_domain.items()) if len(indexes) > 1}
+
+
+def _check_domains(ctx: EngineContext, layout: PackLayout, found: Findings) -> None:
+    """A pack with two shards in one failure domain loses two to one failure: degraded."""
+    for domain, indexes in doubled_domains(ctx, layout).items():
+        found.add("redundancy", layout.id, f"shards {indexes} share failure domain {domain!r}: one "
+                  "failure there loses them all; add a location in another domain "
+                  "(`casckpt location add`), then `casckpt repair`")

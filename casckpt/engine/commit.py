@@ -469,7 +469,7 @@ def publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: 
     if snap.delta is not None:
         snap.delta.published(snap.chunks)
     for name in req.tags:  # a tag given at commit may have moved from another version
-        records.record_tag(ctx.locations, name, snap.version_id)
+        records.record_tag(ctx.locations, ctx.catalog, name, snap.version_id)
     return Version(
         id=snap.version_id, run=req.run, step=req.step,
         created_at=datetime.fromtimestamp(snap.manifest.created_at, tz=timezone.utc),

@@ -37,6 +37,7 @@ from casckpt.catalog.gc import known_manifests
 from casckpt.errors import BlobNotFoundError, GCRefusedError, StorageError, StoreIdentityError
 from casckpt.format.identity import (
     IDENTITY_KEY,
+    MAX_IDENTITY_BYTES,
     CorruptIdentityError,
     StoreIdentity,
     decode_identity,
@@ -76,7 +77,7 @@ def read_record(blobs: BlobStore) -> StoreIdentity | None:
         StorageError: the location cannot be read.
     """
     try:
-        data = blobs.get(IDENTITY_KEY)
+        data = blobs.get(IDENTITY_KEY, max_size=MAX_IDENTITY_BYTES)
     except BlobNotFoundError:
         return None
     return decode_identity(data, f"{redact_url(blobs.url)}/{IDENTITY_KEY}")
@@ -210,7 +211,7 @@ def require_match(catalog: Catalog, locations: LocationSet) -> StoreIdentity:
             record, why = None, str(exc)
         else:
             why = "it has no identity record"
-        if record != mine:
+        if not mine.same_as(record):
             if record is not None:
                 why = f"it carries {record.describe()}"
             raise GCRefusedError(

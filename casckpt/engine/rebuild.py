@@ -27,19 +27,24 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
+from typing import Any
 
 from casckpt.catalog import MissingChunksError, PackLayout, PackRecord, ShardRow
+from casckpt.catalog import deltas as deltas_sql
 from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
 from casckpt.engine import identity, records
 from casckpt.engine.commit import tensor_rows
 from casckpt.engine.context import EngineContext
-from casckpt.engine.discovery import MANIFEST_OBJECT, pack_layout, scan_packs
+from casckpt.engine.discovery import MANIFEST_OBJECT, FoundPack, pack_layout, scan_packs
 from casckpt.errors import CasckptError, CorruptPackError, InvalidArgumentError, StoreIdentityError
 from casckpt.format.identity import StoreIdentity
-from casckpt.format.manifest import Manifest, decode_manifest
+from casckpt.format.manifest import MAX_MANIFEST_OBJECT, Manifest, decode_manifest
 from casckpt.format.pack import read_index
 from casckpt.format.shard import shard_key
+from casckpt.storage import BlobInfo
+from casckpt.storage.erasure import Redundancy
+from casckpt.storage.locations import Location
 from casckpt.types import ProgressCallback, RebuildReport
 
 log = logging.getLogger(__name__)
@@ -64,16 +69,25 @@ def _recover_pack(ctx: EngineContext, layout: PackLayout) -> int:
     return len(entries)
 
 
-def _manifests(ctx: EngineContext, skipped: list[str]) -> list[tuple[Manifest, bytes, str]]:
-    ids = sorted({m.group(1) for _, info in ctx.locations.list_all("manifests/")
-                  if (m := MANIFEST_OBJECT.match(info.key)) is not None})
+def _manifests(ctx: EngineContext, listing: Listing,
+               skipped: list[str]) -> list[tuple[Manifest, bytes, str]]:
+    """Every manifest found, verified against its id (each copy tried until one is)."""
+    holders: dict[str, list[Location]] = {}
+    for loc, info in listing:
+        if (m := MANIFEST_OBJECT.match(info.key)) is not None:
+            holders.setdefault(m.group(1), []).append(loc)
     out = []
-    for version_id in ids:
-        try:
-            data = ctx.locations.get_anywhere(f"manifests/{version_id}")
-            out.append((decode_manifest(data, version_id), data, version_id))
-        except CasckptError as exc:
-            skipped.append(f"{version_id}: manifest unreadable ({exc})")
+    for version_id, locations in sorted(holders.items()):
+        problem: CasckptError | None = None
+        for loc in locations:
+            try:
+                data = loc.blobs.get(f"manifests/{version_id}", max_size=MAX_MANIFEST_OBJECT)
+                out.append((decode_manifest(data, version_id), data, version_id))
+                break
+            except CasckptError as exc:
+                problem = exc
+        else:
+            skipped.append(f"{version_id}: manifest unreadable ({problem})")
     out.sort(key=lambda pair: (pair[0].created_at, pair[0].run, pair[0].step))
     return out
 
@@ -104,11 +118,14 @@ def rebuild(ctx: EngineContext, progress: ProgressCallback | None = None) -> Reb
             "the catalog is not empty; `catalog rebuild` fills a new, empty catalog. Move the "
             "old catalog away (SQLite) or create an empty database (PostgreSQL) first")
     _adopt_identity(ctx)
-    found = scan_packs(ctx.locations.list_all("packs/"))
+    found_records = records.read_all(ctx.locations, "refs/")
+    states = _restore_locations(ctx, found_records)
+    listing = _listing(ctx, states)
+    found = scan_packs((loc, info) for loc, info in listing if info.key.startswith("packs/"))
     packs = chunks = 0
     lost: list[str] = []
     for done, (pack_id, objects) in enumerate(sorted(found.items()), 1):
-        layout = pack_layout(pack_id, objects)
+        layout = pack_layout(pack_id, _prefer_active(objects, states))
         try:
             if layout is None or len(layout.shards) < layout.k:
                 raise CasckptError("too few readable shards")
@@ -120,7 +137,7 @@ def rebuild(ctx: EngineContext, progress: ProgressCallback | None = None) -> Reb
         if progress is not None:
             progress("packs", done, len(found))
     skipped: list[str] = []
-    manifests = _manifests(ctx, skipped)
+    manifests = _manifests(ctx, listing, skipped)
     versions = 0
     for done, (manifest, data, version_id) in enumerate(manifests, 1):
         try:
@@ -132,11 +149,11 @@ def rebuild(ctx: EngineContext, progress: ProgressCallback | None = None) -> Reb
             skipped.append(f"{version_id}: {exc}")
         if progress is not None:
             progress("versions", done, len(manifests))
-    runs = _restore_runs(ctx)
-    tags = _restore_tags(ctx)
-    store = records.read_store_record(ctx.locations)
-    if store.get("redundancy"):
-        shard_sql.set_store_redundancy(ctx.catalog, str(store["redundancy"]))
+    runs = _restore_runs(ctx, found_records, states)
+    tags = _restore_tags(ctx, found_records, states)
+    _restore_store(ctx, found_records, states)
+    identity_sql.raise_record_seq(ctx.catalog, 1 + max(
+        (f.order[0] for copies in found_records.values() for f in copies), default=0))
     ctx.cache.clear()
     return RebuildReport(packs=packs, chunks=chunks, versions=versions, runs=runs, tags=tags,
                          lost_packs=tuple(lost), skipped=tuple(skipped),
@@ -183,28 +200,89 @@ def _adopt_identity(ctx: EngineContext) -> None:
                 log.warning("rebuild: could not write the identity record of %s: %s", loc.describe(), exc)
 
 
-def _restore_runs(ctx: EngineContext) -> int:
+Listing = list[tuple[Location, BlobInfo]]
+
+
+def _listing(ctx: EngineContext, states: dict[str, str]) -> Listing:
+    """Packs and manifests on every location not failed, active locations first."""
+    rank = {"active": 0, "draining": 1}
+    out = [(loc, info) for prefix in ("packs/", "manifests/") for loc, info in ctx.locations.list_all(prefix)
+           if states.get(loc.name, "active") != "failed"]
+    out.sort(key=lambda pair: rank.get(states.get(pair[0].name, "active"), 2))
+    return out
+
+
+def _prefer_active(found: FoundPack, states: dict[str, str]) -> FoundPack:
+    """Copies on active locations when there are any (a drained location keeps stale ones)."""
+    active = [c for c in found.copies if states.get(c[0].name, "active") == "active"]
+    return FoundPack(active or found.copies, found.shards)
+
+
+def _newest(found: dict[str, list[records.Found]], prefix: str,
+            states: dict[str, str]) -> list[dict[str, Any]]:
+    docs = []
+    for key, copies in sorted(found.items()):
+        if key.startswith(prefix) and (best := records.newest(copies, states)) is not None:
+            docs.append(best.doc)
+    return docs
+
+
+def _restore_locations(ctx: EngineContext, found: dict[str, list[records.Found]]) -> dict[str, str]:
+    """Location domains and states from the newest locations record; returns name -> state.
+
+    A location the record names but this host's config does not is registered (other hosts
+    may reach it); its objects are not read by this rebuild.
+    """
+    doc = next(iter(_newest(found, records.LOCATIONS, {})), None)
+    entries = doc.get("locations") if doc is not None else None
+    if not isinstance(entries, list):
+        return {}
+    states: dict[str, str] = {}
+    known = {loc.name for loc in ctx.locations.all}
+    for entry in entries:
+        try:
+            name, state, domain = str(entry["name"]), str(entry["state"]), str(entry["domain"])
+            shard_sql.restore_location(ctx.catalog, name, entry.get("url"), domain, state)
+        except (KeyError, TypeError, ValueError, CasckptError) as exc:
+            log.warning("rebuild: skipping location entry %r: %s", entry, exc)
+            continue
+        states[name] = state
+        if name not in known:
+            log.warning("rebuild: location %s is recorded but not configured on this host; its "
+                        "objects were not read (add it to casckpt.toml and rebuild again)", name)
+    return states
+
+
+def _restore_runs(ctx: EngineContext, found: dict[str, list[records.Found]], states: dict[str, str]) -> int:
     shard_sql.date_runs_from_versions(ctx.catalog)
-    for doc in records.read_records(ctx.locations, records.RUNS):
+    for doc in _newest(found, records.RUNS, states):
         try:
             shard_sql.restore_run(ctx.catalog, str(doc["name"]), float(doc["created_at"]),
                                   doc.get("parent_version"), doc.get("retention"), doc.get("redundancy"))
+            if doc.get("delta_chain") is not None:
+                deltas_sql.set_run_delta_chain(ctx.catalog, str(doc["name"]), int(doc["delta_chain"]))
         except (KeyError, TypeError, ValueError, CasckptError) as exc:
             log.warning("rebuild: skipping run record %r: %s", doc, exc)
     return len(ctx.catalog.run_names())
 
 
-def _restore_tags(ctx: EngineContext) -> int:
-    newest: dict[str, dict[str, object]] = {}
-    for doc in records.read_records(ctx.locations, records.TAGS):
-        name = doc.get("name")
-        if isinstance(name, str) and float(doc.get("at", 0)) >= float(newest.get(name, {}).get("at", -1)):  # type: ignore[arg-type]
-            newest[name] = doc
-    for name, doc in newest.items():
-        version = doc.get("version")
-        if isinstance(version, str) and ctx.catalog.version(version) is not None:
+def _restore_tags(ctx: EngineContext, found: dict[str, list[records.Found]], states: dict[str, str]) -> int:
+    for doc in _newest(found, records.TAGS, states):
+        name, version = doc.get("name"), doc.get("version")
+        if isinstance(name, str) and isinstance(version, str) and ctx.catalog.version(version) is not None:
             ctx.catalog.set_tag(name, version)
     return len(ctx.catalog.tag_names())
+
+
+def _restore_store(ctx: EngineContext, found: dict[str, list[records.Found]], states: dict[str, str]) -> None:
+    doc = next(iter(_newest(found, records.STORE, states)), {})
+    try:
+        if doc.get("redundancy"):
+            shard_sql.set_store_redundancy(ctx.catalog, str(Redundancy.parse(str(doc["redundancy"]))))
+        if doc.get("delta_chain") is not None:
+            deltas_sql.set_store_delta_chain(ctx.catalog, int(doc["delta_chain"]))
+    except (TypeError, ValueError, CasckptError) as exc:
+        log.warning("rebuild: skipping store record %r: %s", doc, exc)
 
 
 def refill_cache(ctx: EngineContext) -> int:

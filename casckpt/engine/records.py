@@ -2,19 +2,26 @@
 
 Manifests and packs describe themselves, so ``catalog rebuild`` recovers
 versions, lineage, metrics and commit-time tags from them alone. What
-changes after a commit -- a tag moved later, a run forked, a run's
-retention or redundancy policy, the store's redundancy -- is mirrored here
-as JSON objects:
+changes after a commit -- a tag moved, a run forked, a run's retention,
+redundancy or delta-chain policy, the store's policies, the locations and
+their states -- is mirrored here as JSON objects:
 
-    refs/tags/<hex of name>   {"name", "version", "at"}
-    refs/runs/<hex of name>   {"name", "created_at", "parent_version", "retention", "redundancy"}
-    refs/store                {"redundancy"}
+    refs/tags/<name key>   {"name", "version"}
+    refs/runs/<name key>   {"name", "created_at", "parent_version", "retention", "redundancy",
+                            "delta_chain"}
+    refs/store             {"redundancy", "delta_chain"}
+    refs/locations         {"locations": [{"name", "url", "domain", "state"}, ...]}
+
+plus, in each, ``seq`` (a counter the catalog raises with every record it
+writes, so the newest record of a key wins by counter, never by clock
+alone) and ``at`` (when). A name key is the name's UTF-8 in hex, or for a
+name too long for a file name, ``h`` and its BLAKE3. The store's identity
+(id, generation) is the identity record (:mod:`casckpt.format.identity`).
 
 Records are written after the catalog change succeeds (the catalog stays
-authoritative); a failed write is logged, not raised: it only makes a
-future rebuild less complete. Soft deletions are not recorded: after a
-rebuild such versions are visible again, and the next ``gc`` re-applies
-the runs' retention policies.
+authoritative); a failed write is logged, not raised: ``check`` reports a
+record missing or stale on a location and ``repair`` writes it again.
+:func:`expected` says which records the catalog implies now.
 """
 
 from __future__ import annotations
@@ -22,38 +29,68 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select
 
 from casckpt.catalog import schema as s
 from casckpt.catalog import shards as shard_sql
+from casckpt.catalog.deltas import stored_delta_chain
+from casckpt.catalog.identity import next_record_seq
 from casckpt.errors import CasckptError
-from casckpt.storage.locations import LocationSet
+from casckpt.format.chunks import object_id
+from casckpt.format.tree import json_nesting
+from casckpt.storage.locations import Location, LocationSet
 
 log = logging.getLogger(__name__)
 
 TAGS = "refs/tags/"
 RUNS = "refs/runs/"
 STORE = "refs/store"
+LOCATIONS = "refs/locations"
+MAX_RECORD = 1 << 20  # a record is a few hundred bytes; anything near this is not one
+_MAX_NESTING = 64  # a retention policy is the deepest thing a record holds: 3 levels
+
+_MAX_HEX_NAME = 200  # a file name holds at most 255 bytes on most local file systems
 
 
-def _key(prefix: str, name: str) -> str:
-    return prefix + name.encode("utf-8").hex()
+def name_key(prefix: str, name: str) -> str:
+    """The record key of a tag or run name (see the module docstring)."""
+    encoded = name.encode("utf-8").hex()
+    return prefix + (encoded if len(encoded) <= _MAX_HEX_NAME else "h" + object_id(name.encode("utf-8")))
 
 
-def _put(locations: LocationSet, key: str, doc: dict[str, Any]) -> None:
+def _encode(catalog: Any, doc: dict[str, Any]) -> bytes:
+    return json.dumps({**doc, "seq": next_record_seq(catalog), "at": time.time()}, sort_keys=True).encode()
+
+
+def _put(locations: LocationSet, catalog: Any, key: str, doc: dict[str, Any]) -> None:
     try:
-        locations.put_everywhere(key, json.dumps(doc, sort_keys=True).encode())
+        locations.put_everywhere(key, _encode(catalog, doc))
     except CasckptError as exc:
-        log.warning("could not record %s on the blob locations (%s); a catalog rebuild "
-                    "would miss it", key, exc)
+        log.warning("could not record %s on the blob locations (%s); `casckpt check` reports it "
+                    "and `casckpt repair` writes it again", key, exc)
 
 
-def record_tag(locations: LocationSet, name: str, version_id: str) -> None:
+def write_to(location: Location, catalog: Any, key: str, doc: dict[str, Any]) -> None:
+    """Write one record to one location (``repair``).
+
+    Raises:
+        StorageError: the location refused it.
+    """
+    location.blobs.put(key, _encode(catalog, doc))
+
+
+def record_tag(locations: LocationSet, catalog: Any, name: str, version_id: str) -> None:
     """Mirror tag ``name`` -> ``version_id``."""
-    _put(locations, _key(TAGS, name), {"name": name, "version": version_id, "at": time.time()})
+    _put(locations, catalog, name_key(TAGS, name), {"name": name, "version": version_id})
+
+
+def _run_doc(row: Any) -> dict[str, Any]:
+    return {"name": row.name, "created_at": row.created_at, "parent_version": row.parent_version,
+            "retention": row.retention, "redundancy": row.redundancy, "delta_chain": row.delta_chain}
 
 
 def record_run(locations: LocationSet, catalog: Any, run: str) -> None:
@@ -61,66 +98,107 @@ def record_run(locations: LocationSet, catalog: Any, run: str) -> None:
     with catalog.read() as conn:
         row = conn.execute(select(s.runs).where(s.runs.c.name == run)).first()
     if row is not None:
-        _put(locations, _key(RUNS, run), {
-            "name": row.name, "created_at": row.created_at, "parent_version": row.parent_version,
-            "retention": row.retention, "redundancy": row.redundancy,
-        })
+        _put(locations, catalog, name_key(RUNS, run), _run_doc(row))
+
+
+def _store_doc(catalog: Any) -> dict[str, Any]:
+    return {"redundancy": shard_sql.store_redundancy(catalog), "delta_chain": stored_delta_chain(catalog)}
 
 
 def record_store(locations: LocationSet, catalog: Any) -> None:
-    """Mirror store-wide settings (its redundancy)."""
-    _put(locations, STORE, {"redundancy": shard_sql.store_redundancy(catalog)})
+    """Mirror store-wide settings (redundancy, delta chain)."""
+    _put(locations, catalog, STORE, _store_doc(catalog))
+
+
+def _locations_doc(catalog: Any) -> dict[str, Any]:
+    return {"locations": [{"name": row.name, "url": row.url, "domain": row.domain, "state": row.state}
+                          for row in shard_sql.locations(catalog)]}
+
+
+def record_locations(locations: LocationSet, catalog: Any) -> None:
+    """Mirror the store's locations, their failure domains and states."""
+    _put(locations, catalog, LOCATIONS, _locations_doc(catalog))
 
 
 _COMPARED = {TAGS: ("name", "version"),
-             RUNS: ("name", "created_at", "parent_version", "retention", "redundancy"),
-             STORE: ("redundancy",)}
+             RUNS: ("name", "created_at", "parent_version", "retention", "redundancy", "delta_chain"),
+             STORE: ("redundancy", "delta_chain"),
+             LOCATIONS: ("locations",)}
 
 
 def expected(catalog: Any) -> dict[str, dict[str, Any]]:
-    """The records the catalog implies now, by key: every tag, every run with a fork point or
-    a policy, and the store's settings (what ``check`` compares and ``repair`` writes)."""
+    """The records the catalog implies now, by key (what ``check`` compares, ``repair`` writes)."""
     out: dict[str, dict[str, Any]] = {}
     with catalog.read() as conn:
         for name, version in conn.execute(select(s.tags.c.name, s.tags.c.version_id)):
-            out[_key(TAGS, name)] = {"name": name, "version": version}
+            out[name_key(TAGS, name)] = {"name": name, "version": version}
         for row in conn.execute(select(s.runs)):
-            if row.parent_version is not None or row.retention is not None or row.redundancy is not None:
-                out[_key(RUNS, row.name)] = {
-                    "name": row.name, "created_at": row.created_at, "parent_version": row.parent_version,
-                    "retention": row.retention, "redundancy": row.redundancy}
-    redundancy = shard_sql.store_redundancy(catalog)
-    if redundancy is not None:
-        out[STORE] = {"redundancy": redundancy}
+            doc = _run_doc(row)
+            if any(doc[k] is not None for k in ("parent_version", "retention", "redundancy", "delta_chain")):
+                out[name_key(RUNS, row.name)] = doc
+    store = _store_doc(catalog)
+    if any(value is not None for value in store.values()):
+        out[STORE] = store
+    out[LOCATIONS] = _locations_doc(catalog)
     return out
 
 
 def agrees(key: str, doc: object, want: dict[str, Any]) -> bool:
-    """Whether a record read from a location says what the catalog implies (times of writing aside)."""
-    prefix = next(p for p in _COMPARED if key.startswith(p))
-    return isinstance(doc, dict) and all(doc.get(field) == want.get(field) for field in _COMPARED[prefix])
+    """Whether a record read from a location says what the catalog implies (seq and time aside)."""
+    prefix = next((p for p in _COMPARED if key.startswith(p)), None)
+    return prefix is not None and isinstance(doc, dict) and all(
+        doc.get(field) == want.get(field) for field in _COMPARED[prefix])
 
 
-def read_records(locations: LocationSet, prefix: str) -> Iterator[dict[str, Any]]:
-    """Every record under ``prefix``, read from any location that has it (newest tag wins later)."""
-    seen: set[str] = set()
-    for _, info in locations.list_all(prefix):
-        if info.key in seen:
-            continue
-        seen.add(info.key)
+def parse(data: bytes) -> dict[str, Any]:
+    """A record's JSON object.
+
+    Raises:
+        ValueError: it is not one (not JSON, too deeply nested, not an object).
+    """
+    if json_nesting(data) > _MAX_NESTING:
+        raise ValueError("nested too deeply to be a record")
+    doc = json.loads(data)
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    return doc
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """One copy of a record, where it was read."""
+
+    doc: dict[str, Any]
+    location: Location
+
+    @property
+    def order(self) -> tuple[int, float]:
+        """Newest first by counter, then by time (records from before counters: seq 0)."""
+        seq, at = self.doc.get("seq", 0), self.doc.get("at", 0)
+        return (seq if isinstance(seq, int) and not isinstance(seq, bool) else 0,
+                float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else 0.0)
+
+
+def newest(copies: Iterable[Found], states: dict[str, str]) -> Found | None:
+    """The copy that wins: from an active location if any has one (a draining or failed
+    location may hold a copy repair no longer updates), then the highest counter."""
+    ranked = sorted(copies, key=lambda f: (states.get(f.location.name, f.location.state) == "active",
+                                           *f.order), reverse=True)
+    return ranked[0] if ranked else None
+
+
+def read_all(locations: LocationSet, prefix: str) -> dict[str, list[Found]]:
+    """Every readable copy of every record under ``prefix``, on every readable location, by key.
+
+    Raises:
+        StorageError: a location cannot be listed.
+    """
+    out: dict[str, list[Found]] = {}
+    for loc, info in locations.list_all(prefix):
         try:
-            doc = json.loads(locations.get_anywhere(info.key))
-        except (CasckptError, ValueError) as exc:
-            log.warning("skipping unreadable record %s: %s", info.key, exc)
+            doc = parse(loc.blobs.get(info.key, max_size=MAX_RECORD))
+        except (CasckptError, ValueError, RecursionError) as exc:
+            log.warning("skipping unreadable record %s on %s: %s", info.key, loc.describe(), exc)
             continue
-        if isinstance(doc, dict):
-            yield doc
-
-
-def read_store_record(locations: LocationSet) -> dict[str, Any]:
-    """The store record, or {} when none is readable."""
-    try:
-        doc = json.loads(locations.get_anywhere(STORE))
-    except (CasckptError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
+        out.setdefault(info.key, []).append(Found(doc, loc))
+    return out

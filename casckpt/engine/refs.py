@@ -104,11 +104,11 @@ def bind(row: Any, manifest: Manifest) -> Manifest:
     """``manifest`` if it is the version the catalog row says it is, else VersionMismatchError.
 
     The manifest was verified against the row's id when decoded; this checks what
-    the catalog says about it besides (run, step, parent, creation time), so a
-    damaged catalog can never hand out one version's data for another's ref.
+    the catalog says about it besides (run, step, parent), so a damaged catalog
+    can never hand out one version's data for another's ref.
     """
-    said = (row.run, row.step, row.parent_id, row.created_at)
-    found = (manifest.run, manifest.step, manifest.parent, manifest.created_at)
+    said = (row.run, row.step, row.parent_id)
+    found = (manifest.run, manifest.step, manifest.parent)
     if said != found:
         raise VersionMismatchError(
             f"the catalog says version {row.id[:12]} is {row.run}@{row.step} (parent "

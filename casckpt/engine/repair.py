@@ -1,13 +1,27 @@
-"""Repair: bring every pack back to full redundancy.
+"""Repair: bring every pack, and the recovery data, back to full redundancy.
 
-Works through the catalog's queue -- shards marked missing or corrupt (by
-restores that healed around them, by ``check``) and shards on locations
-marked ``failed`` or ``draining`` -- rebuilding each pack from its healthy
-shards, verifying it against its id, and writing the shards it lacks: back
-to their own location when it is active, else to an active location in a
-failure domain the pack does not use yet. A moved shard's old object is
-left for GC to delete as an orphan after the grace period, so other
-processes still reading through the old layout are not cut off.
+1. **List** every readable location and compare it with the catalog: a shard
+   the catalog thinks healthy but that is not there (or has another size) is
+   marked missing or corrupt first, so repair never trusts health it did
+   not check.
+2. **Packs**: work through the catalog's queue -- shards marked missing or
+   corrupt (by this listing, by restores that healed around them, by
+   ``check``) and shards on locations marked ``failed`` or ``draining`` --
+   rebuilding each pack from its healthy shards, verifying it against its
+   id, and writing the shards it lacks: back to their own location when it
+   is active, else to an active location in a failure domain the pack does
+   not use yet. A moved shard's old object is left for GC to delete as an
+   orphan after the grace period, so other processes still reading through
+   the old layout are not cut off.
+3. **Recovery data** (what ``catalog rebuild`` needs): a manifest the catalog
+   holds damaged is replaced by a verified copy from a location; every
+   visible version's manifest, and every ``refs/`` record the catalog
+   implies, is written again on each active location that lacks it or holds
+   a copy that differs; an identity record missing or damaged is written
+   again where the catalog proves the location is the store's.
+4. **Degraded**: packs that still have two shards in one failure domain
+   (too few domains are active to spread them) are reported; the repair is
+   not ``ok`` until a location is added and repair runs again.
 
 Repair holds a commit lease, so a concurrent GC never takes the shards it
 has just written for orphans.
@@ -16,17 +30,37 @@ has just written for orphans.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Any
 
+from casckpt.catalog import gc as gc_sql
+from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
 from casckpt.catalog.gc import begin_lease, end_lease
-from casckpt.engine.context import EngineContext
-from casckpt.errors import BlobNotFoundError
+from casckpt.engine import checkmeta, identity, records
+from casckpt.engine.checkmeta import Findings
+from casckpt.engine.context import EngineContext, manifest_key
+from casckpt.engine.refs import bind
+from casckpt.errors import BlobNotFoundError, CasckptError, IntegrityError, StorageError
+from casckpt.format.manifest import MAX_MANIFEST_OBJECT, decode_manifest
+from casckpt.storage.locations import Location
 from casckpt.types import ProgressCallback, RepairReport
 
 
+@dataclass(slots=True)
+class _Recovery:
+    catalog_manifests: int = 0
+    manifests: int = 0
+    records: int = 0
+
+
 def repair(ctx: EngineContext, progress: ProgressCallback | None = None) -> RepairReport:
-    """Repair every pack in the queue; see the module docstring."""
+    """Repair the store; see the module docstring."""
     started = time.monotonic()
+    found = Findings()
+    checkmeta.list_locations(ctx, found)
+    layouts = shard_sql.layouts(ctx.catalog, [p.id for p in ctx.catalog.packs()])
+    checkmeta.check_presence(ctx, layouts.values(), found)  # marks what the listing lacks
     queue = shard_sql.packs_to_repair(ctx.catalog)
     rewritten = moved = worked = 0
     unrepaired: list[str] = []
@@ -48,7 +82,112 @@ def repair(ctx: EngineContext, progress: ProgressCallback | None = None) -> Repa
                 unrepaired.append(f"{pack_id}: {reason}")
             if progress is not None:
                 progress("repair", done, len(queue))
+        recovery = _recovery_data(ctx, found)
     finally:
         end_lease(ctx.catalog, lease)
     return RepairReport(packs=worked, shards_rewritten=rewritten, shards_moved=moved,
-                        unrepaired=tuple(unrepaired), duration_s=time.monotonic() - started)
+                        unrepaired=tuple(unrepaired), duration_s=time.monotonic() - started,
+                        catalog_manifests_restored=recovery.catalog_manifests,
+                        manifests_written=recovery.manifests, records_written=recovery.records,
+                        degraded=tuple(_degraded(ctx)))
+
+
+def _degraded(ctx: EngineContext) -> list[str]:
+    """Packs with shards doubled up in one failure domain, as they are after this repair."""
+    out = []
+    for layout in shard_sql.layouts(ctx.catalog, [p.id for p in ctx.catalog.packs()]).values():
+        for domain, indexes in checkmeta.doubled_domains(ctx, layout).items():
+            out.append(f"{layout.id}: shards {indexes} share failure domain {domain!r}; add a location "
+                       "in another domain (`casckpt location add`), then repair again")
+    return out
+
+
+def copy_recovery_data(ctx: EngineContext, location: Location) -> _Recovery:
+    """Give one location (a new one) every manifest and record the catalog implies."""
+    found = Findings()
+    checkmeta.list_locations(ctx, found)
+    return _recovery_data(ctx, found, [location] if location.id in found.listed else [])
+
+
+def _identity_records(ctx: EngineContext) -> int:
+    """Write the identity record where it is missing, damaged or of an older generation, on
+    locations the catalog proves are the store's (the rules of opening a store).
+
+    Raises:
+        StoreIdentityError: a location holds another store's data.
+    """
+    mine = identity_sql.read(ctx.catalog)
+    lacking = [found for loc in ctx.locations.all if loc.readable
+               and (found := identity.survey(loc.name, loc.blobs)).unreachable is None
+               and not mine.same_as(found.record)]
+    to_write = identity.check_at_open(ctx.catalog, lacking, recover=False)
+    identity.write_records(ctx.catalog, to_write)
+    return len(to_write)
+
+
+def _recovery_data(ctx: EngineContext, found: Findings,
+                   holders: list[Location] | None = None) -> _Recovery:
+    done = _Recovery()
+    if holders is None:
+        holders = checkmeta.copies_expected(ctx, found)
+        done.records += _identity_records(ctx)
+    for batch in gc_sql.manifest_batches(ctx.catalog, gc_sql.visible_ids(ctx.catalog)):
+        for row in batch:
+            data = bytes(row.manifest)
+            try:
+                bind(row, decode_manifest(data, row.id))
+            except IntegrityError:
+                restored = _verified_copy(ctx, row)
+                if restored is None:
+                    continue  # no verified copy anywhere: check keeps reporting it
+                gc_sql.replace_manifest(ctx.catalog, row.id, restored)
+                done.catalog_manifests += 1
+                data = restored
+            for loc in holders:
+                if _copy_differs(loc, found, manifest_key(row.id), data):
+                    try:
+                        loc.blobs.put(manifest_key(row.id), data)
+                        done.manifests += 1
+                    except StorageError:
+                        pass  # check keeps reporting it
+    for key, want in sorted(records.expected(ctx.catalog).items()):
+        for loc in holders:
+            if _record_differs(loc, found, key, want):
+                try:
+                    records.write_to(loc, ctx.catalog, key, want)
+                    done.records += 1
+                except StorageError:
+                    pass
+    return done
+
+
+def _verified_copy(ctx: EngineContext, row: Any) -> bytes | None:
+    """A copy of the version's manifest from some location that verifies and binds to its row."""
+    for loc in ctx.locations.read_order():
+        try:
+            data = loc.blobs.get(manifest_key(row.id), max_size=MAX_MANIFEST_OBJECT)
+            bind(row, decode_manifest(data, row.id))
+        except CasckptError:
+            continue
+        return data
+    return None
+
+
+def _copy_differs(loc: Location, found: Findings, key: str, data: bytes) -> bool:
+    listed = found.listed.get(loc.id, {}).get(key)
+    if listed is None or listed.size != len(data):
+        return True
+    try:
+        return loc.blobs.get(key, max_size=len(data)) != data
+    except CasckptError:
+        return True
+
+
+def _record_differs(loc: Location, found: Findings, key: str, want: dict[str, Any]) -> bool:
+    if key not in found.listed.get(loc.id, {}):
+        return True
+    try:
+        doc = records.parse(loc.blobs.get(key, max_size=records.MAX_RECORD))
+    except (CasckptError, ValueError, RecursionError):
+        return True
+    return not records.agrees(key, doc, want)

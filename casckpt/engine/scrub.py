@@ -42,7 +42,6 @@ class PackVerdict:
     read: int = 0  # bytes read
     notes: list[tuple[int | None, str]] = field(default_factory=list)  # (shard index or None, what)
     corrupt_chunks: dict[str, str] = field(default_factory=dict)  # chunk id -> why
-    deltas: list[PackEntry] = field(default_factory=list)  # verified later, through their bases
     entries: list[PackEntry] = field(default_factory=list)  # the footer, when it could be read
     damaged: dict[int, str] = field(default_factory=dict)  # shard index -> missing | corrupt
 
@@ -59,7 +58,6 @@ class _EntryVerifier:
         self._pack_id = pack_id
         self.hasher = object_hasher()
         self.corrupt: dict[str, str] = {}
-        self.deltas: list[PackEntry] = []
 
     def feed(self, data: bytes | memoryview) -> None:
         self.hasher.update(data)
@@ -72,9 +70,7 @@ class _EntryVerifier:
             end = entry.offset + entry.span
             if end > self._pos:
                 break
-            if entry.base_id is not None:
-                self.deltas.append(entry)
-            else:
+            if entry.base_id is None:  # a delta is verified later, through its base (check.py)
                 view = memoryview(self._buf)[entry.offset - self._start : end - self._start]
                 try:
                     decode_entry(view, entry, self._pack_id)
@@ -199,10 +195,10 @@ def _scrub_copies(ctx: EngineContext, layout: PackLayout, listed: dict[int, dict
             last = last or check
             continue
         if not verdict.ok:
-            verdict.ok, verdict.deltas = True, check.deltas
+            verdict.ok = True
             verdict.corrupt_chunks = check.corrupt  # a pack that hashes right: its footer lies
     if not verdict.ok and last is not None:
-        verdict.corrupt_chunks, verdict.deltas = last.corrupt, last.deltas
+        verdict.corrupt_chunks = last.corrupt
     _record(ctx, layout, verdict)
 
 
@@ -246,7 +242,7 @@ def _scrub_shards(ctx: EngineContext, layout: PackLayout, listed: dict[int, dict
             verdict.damaged[sh.index] = "corrupt"
     pack.finish()
     verdict.ok = fed == layout.size and pack.hasher.hexdigest() == layout.id
-    verdict.corrupt_chunks, verdict.deltas = pack.corrupt, pack.deltas
+    verdict.corrupt_chunks = pack.corrupt
     if verdict.ok:
         _record(ctx, layout, verdict)
     else:
@@ -277,7 +273,7 @@ def _rebuild_in_memory(ctx: EngineContext, layout: PackLayout, verdict: PackVerd
         for start in range(0, len(view), WINDOW):
             check.feed(view[start : start + WINDOW])
         check.finish()
-        verdict.corrupt_chunks, verdict.deltas = check.corrupt, check.deltas
+        verdict.corrupt_chunks = check.corrupt
 
 
 def _record(ctx: EngineContext, layout: PackLayout, verdict: PackVerdict) -> None:

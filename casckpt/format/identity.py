@@ -54,6 +54,12 @@ class StoreIdentity:
         """``store <id> (generation N)`` for messages."""
         return f"store {self.store_id} (generation {self.generation})"
 
+    def same_as(self, other: StoreIdentity | None) -> bool:
+        """Whether ``other`` names this store in this catalog generation (creation times are
+        informative only: a catalog migrated from before identity records dates its store by
+        its first version)."""
+        return other is not None and (other.store_id, other.generation) == (self.store_id, self.generation)
+
 
 def _body(identity: StoreIdentity) -> dict[str, Any]:
     return {"format": IDENTITY_FORMAT, "version": IDENTITY_VERSION, "store_id": identity.store_id,

@@ -29,6 +29,7 @@ MANIFEST_FORMAT = "casckpt.manifest"
 MANIFEST_VERSION = 2  # written only by versions that use its additions (sharded tensors, ranks)
 _READS = (1, 2)
 _MAX_MANIFEST = 1 << 31
+MAX_MANIFEST_OBJECT = 1 << 30  # compressed: an object larger than this is not read as a manifest
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,8 @@
 - ``leases.version_id``: the version a commit in flight is about to publish,
   written before its manifest object is; when the lease ends without the
   version being published, the version is tombstoned.
+- ``contents`` rows of versions committed before 0003 (which created the
+  table empty) are derived from their manifests, as commits derive them.
 
 Revision ID: 0006
 Revises: 0005
@@ -51,6 +53,29 @@ def upgrade() -> None:
     )
     with op.batch_alter_table("leases") as batch:
         batch.add_column(sa.Column("version_id", sa.String(64), nullable=True))
+    _backfill_contents(conn)
+
+
+def _backfill_contents(conn: sa.Connection) -> None:
+    """Content rows for tensors that have none, from their versions' manifests."""
+    from casckpt.engine.commit import tensor_rows
+    from casckpt.errors import CasckptError
+    from casckpt.format.manifest import decode_manifest
+
+    lacking = list(conn.execute(sa.text(
+        "SELECT DISTINCT t.version_id FROM tensors t WHERE NOT EXISTS "
+        "(SELECT 1 FROM contents c WHERE c.digest = t.digest)")).scalars())
+    for version_id in lacking:
+        data = conn.execute(sa.text("SELECT manifest FROM versions WHERE id = :id"), {"id": version_id}).scalar()
+        try:
+            manifest = decode_manifest(bytes(data), version_id)
+        except (CasckptError, TypeError):
+            continue  # `casckpt check` reports it
+        _, contents = tensor_rows(version_id, manifest.tensors, manifest.blobs)
+        for row in contents:
+            conn.execute(sa.text(
+                "INSERT INTO contents (digest, nbytes, chunk_size, chunk_ids) "
+                "VALUES (:digest, :nbytes, :chunk_size, :chunk_ids) ON CONFLICT (digest) DO NOTHING"), row)
 
 
 def downgrade() -> None:
