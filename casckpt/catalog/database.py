@@ -26,6 +26,7 @@ Thread-safety: a :class:`Database` may be shared by threads.
 from __future__ import annotations
 
 import random
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -52,6 +53,23 @@ _BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.05, 1.0
 _UNAVAILABLE_STATES = ("08", "57P01", "57P02", "57P03", "53300")
 
 
+def _wal(cursor: Any) -> None:
+    """Switch to WAL. Switching needs the database to itself, and SQLite answers "database is
+    locked" at once, without waiting, when a process creating the same new catalog holds it:
+    wait for it here, as the busy timeout would."""
+    deadline = time.monotonic() + 120
+    delay = _BACKOFF_FIRST_S
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, _BACKOFF_MAX_S)
+
+
 def _sqlite_engine(url: str) -> Engine:
     engine = create_engine(url, connect_args={"timeout": 120, "check_same_thread": False})
 
@@ -59,7 +77,8 @@ def _sqlite_engine(url: str) -> Engine:
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None
         cursor = dbapi_conn.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=120000")
+        _wal(cursor)
         cursor.execute("PRAGMA synchronous=FULL")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA busy_timeout=120000")

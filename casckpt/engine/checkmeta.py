@@ -234,10 +234,19 @@ def check_presence(ctx: EngineContext, layouts: Iterable[PackLayout], found: Fin
                 info = found.listed.get(sh.location_id, {}).get(sh.key)
                 if info is not None and info.size == sh.size:
                     continue
-                if info is None:
+                size = info.size if info is not None else None
+                if info is None:  # not listed: say why, when it is something other than absence
+                    try:
+                        size = loc.blobs.size(sh.key)
+                    except StorageError as exc:
+                        detail, damaged[sh.index] = f"{where} on {loc.describe()}: {exc}", "corrupt"
+                        size = -1
+                if size is None:
                     detail, damaged[sh.index] = f"{where} is missing from {loc.describe()}", "missing"
-                else:
-                    detail = f"{where} on {loc.describe()} is {info.size} bytes, catalog says {sh.size}"
+                elif size == sh.size:
+                    continue  # written after the listing
+                elif size >= 0:
+                    detail = f"{where} on {loc.describe()} is {size} bytes, catalog says {sh.size}"
                     damaged[sh.index] = "corrupt"
             bad += 1
             found.add("pack" if layout.scheme == "none" else "shard",
