@@ -250,7 +250,14 @@ class RetentionPlan(_ToDict):
 
 @dataclass(frozen=True, slots=True)
 class GCReport(_ToDict):
-    """What one garbage collection did (or, with ``dry_run``, would do)."""
+    """What one garbage collection did (or, with ``dry_run``, would do).
+
+    Attributes:
+        bytes_freed: bytes of the objects this run deleted (a dry run: would delete).
+        bytes_pending: stored bytes of chunks found unreferenced but left in place for the
+            grace period; a later run frees them (with ``grace=0``, this run does).
+        kept: objects gc could not prove to be garbage, and why (see ``casckpt check``).
+    """
 
     dry_run: bool
     grace_s: float
@@ -265,8 +272,42 @@ class GCReport(_ToDict):
     orphans_deleted: int
     bytes_freed: int
     duration_s: float
+    bytes_pending: int = 0
     chunks_kept_as_bases: int = 0  # unreferenced by any version, kept as delta bases
-    kept: tuple[str, ...] = ()  # objects gc could not prove garbage, and why (see `casckpt check`)
+    kept: tuple[str, ...] = ()
+
+    def summary(self) -> dict[str, Any]:
+        """The report without per-version retention decisions: counts, and per run how many
+        versions retention keeps and deletes (what a cron log needs, one short line of JSON)."""
+        out = {k: v for k, v in self.to_dict().items() if k != "retention"}
+        out["retention"] = {plan.run: {"kept": len(plan.decisions) - len(plan.deleted),
+                                       "deleted": len(plan.deleted)} for plan in self.retention}
+        return out
+
+    def describe(self) -> str:
+        """One readable line: what this run did (a dry run: would do)."""
+        def size(n: int) -> str:
+            value, unit = float(n), "B"
+            for bigger in ("KiB", "MiB", "GiB", "TiB"):
+                if value < 1024:
+                    break
+                value, unit = value / 1024, bigger
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+
+        verb = "would delete" if self.dry_run else "deleted"
+        parts = [f"{self.versions_deleted} version(s) by retention",
+                 f"{self.versions_purged} deleted version(s) purged",
+                 f"{self.chunks_swept} chunk(s) swept", f"{self.packs_deleted} pack(s)",
+                 f"{self.orphans_deleted} orphan object(s)"]
+        line = f"gc {verb} {', '.join(parts)}: {size(self.bytes_freed)} freed"
+        if self.packs_repacked:
+            line += f"; repacked {self.packs_repacked} pack(s)"
+        if self.bytes_pending:
+            line += f"; {size(self.bytes_pending)} more {'would be' if self.dry_run else 'is'} freed by a " \
+                    f"gc after the {self.grace_s:g} s grace period"
+        if self.kept:
+            line += f"; kept {len(self.kept)} object(s) it could not prove garbage (see the log)"
+        return line
 
 
 @dataclass(frozen=True, slots=True)

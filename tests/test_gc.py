@@ -207,16 +207,16 @@ def test_recommitting_swept_content_before_its_objects_go(store: casckpt.Store,
 
     old = store.commit({"w": _noise(1)}, run="a", step=1)
     store.delete(old.id)
-    real_delete = gc_engine._delete_objects
+    real_delete = gc_engine._Deleter.delete
     recommitted: list[casckpt.Version] = []
 
-    def commit_first(ctx: Any, keys: list[tuple[int, str]], progress: Any) -> int:
+    def commit_first(self: Any, keys: list[tuple[int, str]]) -> int:
         if keys and keys[0][1].startswith("packs/") and not recommitted:
             # the same bytes again, after the sweep dropped their rows, before the objects go
             recommitted.append(store.commit({"w": _noise(1)}, run="b", step=1))
-        return real_delete(ctx, keys, progress)
+        return real_delete(self, keys)
 
-    monkeypatch.setattr(gc_engine, "_delete_objects", commit_first)
+    monkeypatch.setattr(gc_engine._Deleter, "delete", commit_first)
     store.gc(grace=0)
     assert recommitted, "the sweep deleted no pack; the race was not exercised"
     assert torch.equal(store.restore("b@1")["w"], _noise(1))

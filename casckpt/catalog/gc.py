@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, bindparam, delete, exists, func, insert, select, text, update
+from sqlalchemy import and_, bindparam, delete, exists, func, insert, or_, select, text, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from casckpt.catalog import schema as s
@@ -278,22 +278,29 @@ def condemn(catalog: Catalog, *, created_before: float, now: float, dry_run: boo
     return int(count), int(size)
 
 
-def sweep(catalog: Catalog, *, cutoff: float, dry_run: bool) -> tuple[int, list[DeadPack]]:
+def sweep(catalog: Catalog, *, cutoff: float, dry_run: bool,
+          condemned_before: float | None = None) -> tuple[int, list[DeadPack]]:
     """Remove chunks condemned before ``cutoff`` and still unreferenced, then packs left empty.
 
-    One transaction; returns (chunks removed, packs whose objects to delete).
+    One transaction; returns (chunks removed, packs whose objects to delete). A dry run
+    removes nothing and, given ``condemned_before`` (a grace of 0: what the run would
+    condemn it would also sweep), counts live unreferenced chunks made before it as doomed.
     """
     c, p = s.chunks, s.packs
     doomed = and_(c.c.state == "condemned", c.c.condemned_at <= cutoff, _unreferenced())
     empty = and_(~exists().where(c.c.pack_id == p.c.id), p.c.created_at <= cutoff)
     with catalog.write() as conn:
         if dry_run:
+            if condemned_before is not None:
+                doomed = or_(doomed, and_(c.c.state == "live", c.c.created_at < condemned_before,
+                                          _unreferenced()))
             chunks = int(conn.execute(select(func.count()).where(doomed)).scalar_one())
             survivors = select(c.c.id).where(c.c.pack_id == p.c.id, ~doomed)
             rows = conn.execute(select(p.c.id, p.c.key, p.c.size).where(
                 ~exists(survivors), p.c.created_at <= cutoff
             )).all()
-            return chunks, [DeadPack(*row) for row in rows]
+            found = layouts_in(conn, [row[0] for row in rows])
+            return chunks, [DeadPack(*row, found.get(row[0])) for row in rows]
         chunks = int(conn.execute(delete(c).where(doomed)).rowcount)
         rows = conn.execute(select(p.c.id, p.c.key, p.c.size).where(empty)).all()
         ids = [row[0] for row in rows]
@@ -303,6 +310,13 @@ def sweep(catalog: Catalog, *, cutoff: float, dry_run: bool) -> tuple[int, list[
             conn.execute(delete(s.shards).where(s.shards.c.pack_id.in_(batch)))
             conn.execute(delete(p).where(p.c.id.in_(batch)))
     return chunks, [DeadPack(*row, found.get(row[0])) for row in rows]
+
+
+def condemned_bytes(catalog: Catalog) -> int:
+    """Stored bytes of chunks condemned and still stored (a later gc frees them)."""
+    with catalog.read() as conn:
+        return int(conn.execute(select(func.coalesce(func.sum(s.chunks.c.stored_len), 0))
+                                .where(s.chunks.c.state == "condemned")).scalar_one())
 
 
 def known_shard_keys(catalog: Catalog) -> set[tuple[int, str]]:

@@ -3,28 +3,38 @@
 Exit codes: 0 done (or dry run printed), 6 another gc holds the lock (try
 later), 7 gc refused to delete anything because the catalog does not prove
 it safe (the message says what to look at), and the usual codes for other
-errors (see ``casckpt --help``). One
-log line per phase goes to stderr; ``--json`` prints the report on stdout.
+errors (see ``casckpt --help``).
+
+Output: one readable line on stderr saying what the run did (a dry run:
+would do). ``--json`` prints exactly one line of JSON on stdout -- the
+counts, bytes freed now and later, per run how many versions retention keeps
+and deletes -- also when gc fails (``{"ok": false, "error": ..., "exit_code":
+...}``), so ``casckpt gc --json >> gc.jsonl`` from cron is a JSON Lines log.
+``--explain`` adds every version's retention decision and the rule behind it
+(tables; with ``--json``, a ``"decisions"`` member).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Annotated
+import sys
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
 from casckpt.cli import render
-from casckpt.cli.main import JsonOption, _open_store, app
+from casckpt.cli.main import JsonOption, _open_store, app, exit_code_for
 from casckpt.cli.progress import progress_bars
 from casckpt.engine.retention import parse_duration
+from casckpt.errors import CasckptError
 from casckpt.types import GCReport
 
 
 def _summary(report: GCReport) -> Table:
-    table = Table(title="gc (dry run: nothing was changed)" if report.dry_run else "gc", box=None)
+    would = report.dry_run
+    table = Table(title="gc (dry run: nothing was changed)" if would else "gc", box=None)
     table.add_column("what")
     table.add_column("count", justify="right")
     rows = [
@@ -37,12 +47,21 @@ def _summary(report: GCReport) -> Table:
         ("packs repacked", report.packs_repacked),
         ("orphan objects deleted", report.orphans_deleted),
         ("chunks kept only as delta bases of live chunks", report.chunks_kept_as_bases),
+        ("objects kept: not provably garbage", len(report.kept)),
     ]
     for label, value in rows:
-        table.add_row(label, str(value))
-    table.add_row("bytes freed once swept", render.human_bytes(report.bytes_freed))
+        table.add_row(f"would be {label}" if would else label, str(value))
+    table.add_row("bytes freed by this run" if not would else "bytes this run would free",
+                  render.human_bytes(report.bytes_freed))
+    table.add_row("bytes freed by a later gc (grace period)", render.human_bytes(report.bytes_pending))
     table.add_row("grace period", f"{report.grace_s:g} s")
     return table
+
+
+def _per_run(report: GCReport) -> list[Text]:
+    verb = "would delete" if report.dry_run else "deleted"
+    return [Text(f"retention of {plan.run}: keeps {len(plan.decisions) - len(plan.deleted)}, "
+                 f"{verb} {len(plan.deleted)}") for plan in report.retention]
 
 
 def _decisions(report: GCReport) -> list[Table]:
@@ -69,6 +88,11 @@ def _log_to_stderr() -> None:
     logger.setLevel(logging.INFO)
 
 
+def _json_line(value: dict[str, Any]) -> None:
+    sys.stdout.write(render.dumps(value) + "\n")
+    sys.stdout.flush()
+
+
 @app.command()
 def gc(
     ctx: typer.Context,
@@ -79,14 +103,27 @@ def gc(
     force: Annotated[bool, typer.Option(
         "--force", help="Delete even when the locations hold manifests the catalog does not know "
                         "or many objects of unknown packs (after `casckpt check`).")] = False,
+    explain: Annotated[bool, typer.Option(
+        "--explain", help="Show every version's retention decision and the rule that keeps it.")] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Apply retention policies and reclaim space; safe while other jobs commit."""
     seconds = parse_duration(grace, allow_zero=True)
     _log_to_stderr()
-    with _open_store(ctx) as store, progress_bars() as progress:
-        report = store.gc(dry_run=dry_run, grace=seconds, force=force, progress=progress)
+    try:
+        with _open_store(ctx) as store, progress_bars() as progress:
+            report = store.gc(dry_run=dry_run, grace=seconds, force=force, progress=progress)
+    except CasckptError as exc:
+        if not as_json:
+            raise
+        code = exit_code_for(exc)
+        _json_line({"ok": False, "error": type(exc).__name__, "exit_code": code, "message": str(exc)})
+        render.error(str(exc))
+        raise typer.Exit(code) from None
     if as_json:
-        render.print_json(report.to_dict())
+        doc = {"ok": True, **report.summary()}
+        if explain:
+            doc["decisions"] = [plan.to_dict() for plan in report.retention]
+        _json_line(doc)
     else:
-        render.out(*_decisions(report), _summary(report))
+        render.out(*(_decisions(report) if explain else _per_run(report)), _summary(report))

@@ -71,6 +71,7 @@ class _Tally:
     packs_repacked: int = 0
     orphans_deleted: int = 0
     bytes_freed: int = 0
+    bytes_pending: int = 0
     chunks_kept_as_bases: int = 0
     kept: list[str] = field(default_factory=list)
 
@@ -127,28 +128,38 @@ def _mark(ctx: EngineContext, exclude: set[str], done: set[str]) -> set[str]:
     return done | wanted
 
 
-def _delete_objects(ctx: EngineContext, objects: list[_Object], progress: ProgressCallback | None) -> int:
-    deleted = 0
-    for location_id, key in objects:
-        loc = ctx.locations.get(location_id)
-        try:
-            if loc is not None and loc.readable:  # a failed location is never touched
-                loc.blobs.delete(key)
-                deleted += 1
-        except CasckptError as exc:  # the row is gone: the object is an orphan for a later run
-            log.warning("gc: could not delete %s (%s); a later gc removes it", key, exc)
-        if progress is not None:
-            progress("sweep", deleted, len(objects))
-    return deleted
+class _Deleter:
+    """Deletes objects and counts them and their bytes (sizes from the listing or the catalog)."""
+
+    def __init__(self, ctx: EngineContext, tally: _Tally, listing: Listing,
+                 progress: ProgressCallback | None) -> None:
+        self._ctx, self._tally, self._progress = ctx, tally, progress
+        self.sizes: dict[_Object, int] = {(loc.id, info.key): info.size for loc, info in listing}
+
+    def delete(self, objects: list[_Object]) -> int:
+        """Delete ``objects`` (errors logged: a later run retries); returns how many went."""
+        deleted = 0
+        for location_id, key in objects:
+            loc = self._ctx.locations.get(location_id)
+            try:
+                if loc is not None and loc.readable:  # a failed location is never touched
+                    loc.blobs.delete(key)
+                    deleted += 1
+                    self._tally.bytes_freed += self.sizes.get((location_id, key), 0)
+            except CasckptError as exc:  # the row is gone: the object is an orphan for a later run
+                log.warning("gc: could not delete %s (%s); a later gc removes it", key, exc)
+            if self._progress is not None:
+                self._progress("sweep", deleted, len(objects))
+        return deleted
 
 
 def _everywhere(ctx: EngineContext, key: str) -> list[_Object]:
     return [(loc.id, key) for loc in ctx.locations.all if loc.readable]
 
 
-def _mark_and_sweep(ctx: EngineContext, tally: _Tally, guard: DeletionGuard, *, grace: float,
-                    dry_run: bool, exclude: set[str], progress: ProgressCallback | None) -> list[_Object]:
-    """Mark, revive, condemn and sweep; returns the pack objects it removed."""
+def _mark_and_sweep(ctx: EngineContext, tally: _Tally, guard: DeletionGuard, deleter: _Deleter, *,
+                    grace: float, dry_run: bool, exclude: set[str]) -> list[_Object]:
+    """Mark, revive, condemn and sweep; returns the pack objects it removed (would remove)."""
     catalog = ctx.catalog
     mark_start = time.time()
     sql.clear_live(catalog)
@@ -158,21 +169,35 @@ def _mark_and_sweep(ctx: EngineContext, tally: _Tally, guard: DeletionGuard, *, 
     if not dry_run:
         tally.chunks_revived = sql.revive(catalog)
     condemned_at = time.time()
-    tally.chunks_condemned, freed = sql.condemn(
+    tally.chunks_condemned, condemned_bytes = sql.condemn(
         catalog, created_before=floor, now=condemned_at, dry_run=dry_run
     )
-    tally.bytes_freed = freed
     cutoff = time.time() - grace
-    if cutoff >= condemned_at and not dry_run:
+    at_once = cutoff >= condemned_at  # grace 0: what this run condemns, it also sweeps
+    if at_once and not dry_run:
         _mark(ctx, set(), marked)  # versions published or undeleted since the first mark
         sql.mark_bases(catalog, created_after=floor)
         tally.chunks_revived += sql.revive(catalog)
-    tally.chunks_swept, dead = sql.sweep(catalog, cutoff=cutoff, dry_run=dry_run)
-    tally.packs_deleted = len(dead)
     if dry_run:
+        tally.chunks_swept, dead = sql.sweep(catalog, cutoff=cutoff, dry_run=True,
+                                             condemned_before=floor if at_once else None)
+        tally.packs_deleted = len(dead)
+        tally.bytes_freed += sum(sh.size for p in dead if p.layout for sh in p.layout.shards)
+        tally.bytes_pending = 0 if at_once else condemned_bytes + sql.condemned_bytes(catalog)
         return [obj for p in dead for obj in p.shards]
-    verdicts = guard.dead_packs([p.layout for p in dead if p.layout is not None])
-    _delete_objects(ctx, verdicts.delete, progress)
+    return _sweep(ctx, tally, guard, deleter, cutoff)
+
+
+def _sweep(ctx: EngineContext, tally: _Tally, guard: DeletionGuard, deleter: _Deleter,
+           cutoff: float) -> list[_Object]:
+    """Drop condemned chunks and empty packs from the catalog, then the objects the guard clears."""
+    swept, dead = sql.sweep(ctx.catalog, cutoff=cutoff, dry_run=False)
+    tally.chunks_swept += swept
+    tally.packs_deleted += len(dead)
+    layouts = [p.layout for p in dead if p.layout is not None]
+    deleter.sizes.update(((sh.location_id, sh.key), sh.size) for layout in layouts for sh in layout.shards)
+    verdicts = guard.dead_packs(layouts)
+    deleter.delete(verdicts.delete)
     tally.kept += verdicts.kept
     return verdicts.delete
 
@@ -250,6 +275,7 @@ def collect(ctx: EngineContext, *, grace: float, dry_run: bool, force: bool = Fa
         listing = _listing(ctx)
         guard = DeletionGuard(ctx, listing, force=force)
         guard.refuse_unsafe_run(sql.safe_floor(ctx.catalog, time.time()))
+        deleter = _Deleter(ctx, tally, listing, progress)
         run_id = sql.start_run(ctx.catalog, dry_run)
         plans = _apply_retention(ctx, dry_run)
         dropped = {v.id for plan in plans for v in plan.deleted}
@@ -257,30 +283,31 @@ def collect(ctx: EngineContext, *, grace: float, dry_run: bool, force: bool = Fa
         expired = sql.expired_deleted_versions(ctx.catalog, time.time() - grace)
         tally.versions_purged = len(expired)
         # mark first: a manifest that cannot be trusted stops the run before anything is deleted
-        removed = set(_mark_and_sweep(ctx, tally, guard, grace=grace, dry_run=dry_run,
-                                      exclude=(dropped | set(expired)) if dry_run else set(),
-                                      progress=progress))
+        removed = set(_mark_and_sweep(ctx, tally, guard, deleter, grace=grace, dry_run=dry_run,
+                                      exclude=(dropped | set(expired)) if dry_run else set()))
         if not dry_run:
             purged = sql.purge_versions(ctx.catalog, expired)
             tally.versions_purged = len(purged)
-            gone = {obj for v in purged for obj in _everywhere(ctx, manifest_key(v))}
-            _delete_objects(ctx, sorted(gone), progress)
-            removed |= gone
+            gone = sorted({obj for v in purged for obj in _everywhere(ctx, manifest_key(v))})
+            deleter.delete(gone)
+            removed.update(gone)
         orphans = _orphans(ctx, listing, time.time() - grace, removed)
         if dry_run:
             tally.orphans_deleted = len(orphans)
+            tally.bytes_freed += sum(info.size for _, info in orphans)
         else:
             verdicts = guard.orphans(orphans)
-            tally.orphans_deleted = _delete_objects(ctx, verdicts.delete, progress)
+            tally.orphans_deleted = deleter.delete(verdicts.delete)
             tally.kept += verdicts.kept
-        if not dry_run:
             tally.packs_repacked = _repack(ctx, progress)
+            if tally.packs_repacked and grace == 0:  # the packs just emptied go in this run too
+                _sweep(ctx, tally, guard, deleter, time.time())
+            tally.bytes_pending = sql.condemned_bytes(ctx.catalog)
         counts = {k: v for k, v in asdict(tally).items() if k != "kept"}
         report = GCReport(dry_run=dry_run, grace_s=grace, retention=plans, kept=tuple(tally.kept),
                           duration_s=time.monotonic() - started, **counts)
-        sql.finish_run(ctx.catalog, run_id, {k: v for k, v in report.to_dict().items()
-                                             if k != "retention"})
-    log.info("gc finished: %s", {k: v for k, v in asdict(tally).items() if v and k != "kept"})
+        sql.finish_run(ctx.catalog, run_id, report.summary())
+    log.info("%s", report.describe())
     for note in tally.kept:
         log.warning("gc kept %s", note)
     return report
