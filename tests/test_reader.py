@@ -24,11 +24,11 @@ CHUNK = 4096
 def _build(root: Path) -> None:
     g = torch.Generator().manual_seed(3)
     w = torch.randn(4 * 1024, generator=g)
-    nudged = w * (1 + 1e-4 * torch.randn(w.shape, generator=g))
     with casckpt.open(root, chunk_size=CHUNK, pack_size=64 << 10, workers=2) as store:
-        store.commit({"w": w}, run="r", step=1)
-        store.commit({"w": nudged}, run="r", step=2)  # delta-coded against step 1
-        assert store.stats().delta_chunks
+        for step in (1, 2, 3):  # steps 2 and 3: delta-coded, chains of two
+            store.commit({"w": w}, run="r", step=step)
+            w = w * (1 + 1e-4 * torch.randn(w.shape, generator=g))
+        assert store.stats().longest_chain == 2
 
 
 def _sql(root: Path, *statements: str) -> None:
@@ -60,6 +60,11 @@ DAMAGE: dict[str, Callable[[], list[str]]] = {
     "stored_len_huge_delta": lambda: [_delta("stored_len", str(1 << 62))],
     "offset_float": lambda: [_plain("offset", "1.5")],  # was a TypeError from preadv
     "offset_text": lambda: [_plain("offset", "'abc'")],
+    # the keyframe under a chain of two: the retry that verifies every level did not locate it
+    # again and failed with a KeyError
+    "keyframe_under_two_deltas": lambda: [
+        "UPDATE chunks SET codec = 99 WHERE id IN (SELECT b.base_id FROM chunks d JOIN chunks b "
+        "ON d.base_id = b.id WHERE b.base_id IS NOT NULL)"],
     "raw_len_huge_base": lambda: [  # a base of another length than its delta: would allocate it
         "UPDATE chunks SET raw_len = 4611686018427387904, stored_len = 4611686018427387904 "
         "WHERE id IN (SELECT base_id FROM chunks WHERE base_id IS NOT NULL)"],
@@ -73,4 +78,4 @@ def test_damaged_chunk_record_is_refused(tmp_path: Path, name: str) -> None:
     _sql(root, *DAMAGE[name]())
     with casckpt.open(root, create=False, workers=2) as store:
         with pytest.raises(CorruptChunkError):
-            store.restore("r@2")
+            store.restore("r@3")

@@ -259,20 +259,22 @@ class _DeltaReader:
 
     def _chains(self, window: Iterable[bytes]) -> dict[bytes, int]:
         """Locate every base the window needs; returns each chain node's level (0: decodable now)."""
-        frontier = list(window)
-        while frontier:
-            bases = []
+        frontier, seen = list(window), set[bytes]()
+        while frontier:  # walk every chain down to a keyframe or a decoded base, locating as it goes
+            missing: list[bytes] = []
+            onward: list[bytes] = []
             for cid in frontier:
                 base_hex = self.locations[cid].base_id
-                if base_hex is None:
+                if cid in seen or base_hex is None:
                     continue
+                seen.add(cid)
                 base = bytes.fromhex(base_hex)
                 self.needed_by.setdefault(base, self.needed_by.get(cid, cid))
-                if base not in self.locations and base not in self.decoded:
-                    bases.append(base)
-            if bases:
-                self.locations.update(_locate(self.ctx, dict.fromkeys(bases), self.describe))
-            frontier = bases
+                if base not in self.decoded:  # located already by an earlier (failed) pass, or not
+                    (onward if base in self.locations else missing).append(base)
+            if missing:
+                self.locations.update(_locate(self.ctx, dict.fromkeys(missing), self.describe))
+            frontier = onward + missing
         levels: dict[bytes, int] = {}
         for cid in window:  # iteratively: a damaged catalog's chain may be as long as it likes
             chain = self._chain(cid, levels)
