@@ -443,8 +443,8 @@ def _validate(m: Manifest) -> None:
         if t.kind not in ("torch", "numpy") or not 0 <= t.blob < len(m.blobs):
             raise CorruptManifestError(f"manifest tensor {t.path!r} is malformed")
         if any(n < 0 for n in t.shape) or (t.stride is not None and (
-            len(t.stride) != len(t.shape) or any(s < 0 for s in t.stride)
-        )):
+            len(t.stride) != len(t.shape) or any(s < 0 for s in t.stride) or t.kind == "numpy"
+        )):  # arrays are stored whole and contiguous: a stride would be ignored on restore
             raise CorruptManifestError(f"manifest tensor {t.path!r} has a bad shape or stride")
         itemsize = element_size(t.kind, t.dtype)
         if t.offset < 0 or t.offset % itemsize or (

@@ -420,6 +420,7 @@ COERCED: dict[str, Callable[[dict[str, Any]], None]] = {
     "shape_item_float": _set(("tensors", 0, "shape"), [5.0, 5]),
     "blob_index_bool": _set(("tensors", 1, "blob"), True),
     "global_offset_alone": _set(("tensors", 0, "global_offset"), [0, 0]),
+    "numpy_stride": _set(("tensors", 2, "stride"), [1, 2]),  # restore ignored it: another array
     "world_size_text": _set(("world",), {"size": "1", "api": "dcp"}),
     "bool_node_text": _set(("root", "v", 3), {"t": "bool", "v": "false"}),
     "int_node_bool": _set(("root", "v", 3), {"t": "int", "v": False}),
