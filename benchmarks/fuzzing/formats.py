@@ -290,6 +290,7 @@ class ManifestTarget:
 
     name = "manifest"
     kinds: tuple[str, ...] = ("bytes", "json-bytes", "json", "json-original-id", "zstd")
+    weights = {"json": 3.0, "json-bytes": 2.0}  # the kinds that reach past the id check
 
     def __init__(self, seeds: FormatSeeds) -> None:
         self.seeds = seeds.manifests

@@ -51,6 +51,12 @@ KNOWN_OPEN: dict[str, KnownOpen] = {
     "catalog/versions.step-swap": KnownOpen(
         "lead (invariant 9: manifests bound to refs)",
         "steps of two versions swapped: restore('a@1') returns a@2's state", (0,)),
+    "catalog/versions.step": KnownOpen(
+        "lead (invariant 9: manifests bound to refs)",
+        "a version's step changed (1 -> 10): restore('a@10') returns a@1's state", (5,)),
+    "catalog/versions.run_id": KnownOpen(
+        "lead (invariant 9: manifests bound to refs)",
+        "a version moved to another run: restore('b@1') returns a@1's state", (5,)),
     "catalog/versions.manifest": KnownOpen(
         "outage (catalog/catalog.py)", "versions.manifest holding text: TypeError in Catalog.manifest", (4,)),
     "catalog/packs.size": KnownOpen(

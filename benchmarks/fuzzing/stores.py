@@ -83,12 +83,25 @@ def _leaf(state: Any, path: str) -> Any:
 
 def read_everything(store: Any, expected: dict[str, Any], rng: random.Random,
                     queries: bool = False) -> None:
-    """Restore every version, load one tensor, (query,) and check the store with its data."""
+    """Restore every version, load one tensor, (query,) and check the store with its data.
+
+    Refs never committed (``b@1`` when only ``a@1`` was) must not restore at all: a damaged
+    catalog must not hand out a version under another version's name."""
     attempts: list[Callable[[], None]] = []
+
     def restores(ref: str, want: Any) -> Callable[[], None]:
         return lambda: _same(store.restore(ref), want, ref)
 
+    def phantom(ref: str) -> Callable[[], None]:
+        def attempt() -> None:
+            store.restore(ref)
+            raise WrongData(f"restored {ref}, a ref never committed")
+        return attempt
+
     attempts += [restores(ref, want) for ref, want in expected.items()]
+    runs, steps = {r.split("@")[0] for r in expected}, {r.split("@")[1] for r in expected}
+    attempts += [phantom(f"{run}@{step}") for run in sorted(runs) for step in sorted(steps)
+                 if f"{run}@{step}" not in expected]
     ref = rng.choice(sorted(expected))
     path = rng.choice(_TENSOR_PATHS)
     attempts.append(lambda: _same(store.load_tensor(ref, path), _leaf(expected[ref], path), f"{ref}:{path}"))
@@ -262,6 +275,7 @@ _COLUMNS: dict[str, tuple[str, str, str]] = {  # kind -> (store, table, column)
     "shards.key": ("ec", "shards", "key"),
     "shards.checksum": ("ec", "shards", "checksum"),
     "shards.idx": ("ec", "shards", "idx"),
+    "chunks.swap": ("plain", "chunks", "pack_id|offset|stored_len|raw_len|codec|base_id"),
     "versions.step": ("plain", "versions", "step"),
     "versions.run_id": ("plain", "versions", "run_id"),
     "versions.manifest": ("plain", "versions", "manifest"),
@@ -305,6 +319,16 @@ class CatalogTarget:
             db.execute(f"UPDATE versions SET {column} = ? WHERE id = ?", (va, b))
             db.execute(f"UPDATE versions SET {column} = ? WHERE id = ?", (vb, a))
             return f"versions: {column} of {a[:12]} and {b[:12]} swapped"
+        if kind == "chunks.swap":  # two chunks of one length trade places: every number consistent
+            columns = _COLUMNS[kind][2].replace("|", ", ")
+            sizes = db.execute("SELECT raw_len FROM chunks GROUP BY raw_len HAVING count(*) > 1").fetchall()
+            raw_len = rng.choice(sizes)[0]
+            rows = db.execute(f"SELECT rowid, {columns} FROM chunks WHERE raw_len = ?", (raw_len,)).fetchall()
+            (a, *va), (b, *vb) = rng.sample(rows, 2)
+            setter = ", ".join(f"{c} = ?" for c in columns.split(", "))
+            db.execute(f"UPDATE chunks SET {setter} WHERE rowid = ?", (*vb, a))
+            db.execute(f"UPDATE chunks SET {setter} WHERE rowid = ?", (*va, b))
+            return f"chunks: rows {a} and {b} ({raw_len} bytes) trade locations"
         _, table, columns = _COLUMNS[kind]
         column = rng.choice(columns.split("|"))
         rows = db.execute(f"SELECT rowid, {column} FROM {table}").fetchall()
