@@ -79,6 +79,12 @@ def test_campaign_reaches_both_verdicts(results: dict[str, list[Result]]) -> Non
         assert counts[target]["accepted"], (target, counts[target])
 
 
+def test_every_known_open_reproducer_ran(results: dict[str, list[Result]]) -> None:
+    # so that each xfail below fails for its bug, not for a missing result
+    for key, entry in KNOWN_OPEN.items():
+        assert sorted(r.index for r in results.get(key, [])) == sorted(entry.cases), key
+
+
 @pytest.mark.parametrize("key", [pytest.param(key, marks=pytest.mark.xfail(
     strict=True, reason=f"known open, {entry.owner}: {entry.what}")) for key, entry in KNOWN_OPEN.items()])
 def test_known_open_class_is_fixed(results: dict[str, list[Result]], key: str) -> None:

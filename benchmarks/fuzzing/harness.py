@@ -106,7 +106,8 @@ def run_case(targets: Mapping[str, Target], seed: int, case: Case,
     rng = case_rng(seed, case.target, case.index)
     target = targets[case.target]
     weights: dict[str, float] = getattr(target, "weights", {})
-    kind = case.kind or rng.choices(target.kinds, [weights.get(k, 1.0) for k in target.kinds])[0]
+    drawn = rng.choices(target.kinds, [weights.get(k, 1.0) for k in target.kinds])[0]
+    kind = case.kind or drawn  # drawn either way: a forced case i is case i of a random run of that kind
     result = Result(case.target, case.index, kind)
     begin(kind)
 

@@ -161,11 +161,11 @@ def _locate(ctx: EngineContext, ids: Iterable[bytes], describe: Callable[[bytes]
     return {cid: found[cid.hex()] for cid in wanted}
 
 
-def _is_id(value: object) -> bool:
-    return isinstance(value, str) and len(value) == 64 and all(c in _HEX for c in value)
-
-
 _HEX = frozenset("0123456789abcdef")
+
+
+def _is_id(value: object) -> bool:
+    return isinstance(value, str) and len(value) == 64 and _HEX.issuperset(value)
 
 
 def _check_location(loc: ChunkLocation, cid: bytes, describe: Callable[[bytes], str]) -> None:
