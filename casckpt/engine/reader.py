@@ -157,13 +157,68 @@ def _locate(ctx: EngineContext, ids: Iterable[bytes], describe: Callable[[bytes]
                 f"chunk {cid.hex()} of {describe(cid)} is not in the catalog; the version is "
                 "damaged. Run `casckpt check` and restore another version."
             )
+        _check_location(found[cid.hex()], cid, describe)
     return {cid: found[cid.hex()] for cid in wanted}
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _is_id(value: object) -> bool:
+    return isinstance(value, str) and len(value) == 64 and _HEX.issuperset(value)
+
+
+def _check_location(loc: ChunkLocation, cid: bytes, describe: Callable[[bytes], str]) -> None:
+    """Refuse a catalog record no writer produces before a byte is allocated or read for it:
+    its numbers bound every buffer and range the read makes (a forged stored length must not
+    allocate petabytes, a forged base id must not reach ``bytes.fromhex``).
+
+    Raises:
+        CorruptChunkError: the record is damaged.
+    """
+    numbers = (loc.offset, loc.stored_len, loc.raw_len, loc.codec)
+    sane = all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in numbers) and \
+        loc.chunk_id == cid.hex() and _is_id(loc.pack_id) and isinstance(loc.pack_key, str) and \
+        (loc.base_id is None or (_is_id(loc.base_id) and loc.base_id != loc.chunk_id))
+    if sane:
+        try:
+            codec = Codec(loc.codec)
+        except ValueError:
+            sane = False
+        else:  # RAW is stored as is; zstd never grows data by more than a small fraction
+            sane = loc.stored_len == loc.raw_len if codec is Codec.RAW else \
+                loc.stored_len <= _compress_bound(loc.raw_len)
+            sane = sane and (loc.base_id is not None) == codec.is_delta
+    if not sane:
+        raise CorruptChunkError(
+            f"the catalog's record of chunk {cid.hex()} ({describe(cid)}) is damaged (pack "
+            f"{str(loc.pack_id)[:64]!r}, offset {loc.offset!r}, lengths {loc.stored_len!r}/{loc.raw_len!r}, "
+            f"codec {loc.codec!r}, base {loc.base_id!r}); run `casckpt check` and restore another "
+            "version, or rebuild the catalog from the blobs.", chunk_id=cid.hex())
+
+
+def _compress_bound(raw_len: int) -> int:
+    """More than zstd's worst case for ``raw_len`` bytes (ZSTD_compressBound: + raw/256 + 64 KiB)."""
+    return raw_len + (raw_len >> 7) + (128 << 10)
+
+
+def _check_sizes(wanted: Mapping[bytes, list[Destination]], locations: Mapping[bytes, ChunkLocation],
+                 describe: Callable[[bytes], str]) -> None:
+    """Every destination of a chunk is as long as the catalog says the chunk is."""
+    for cid, destinations in wanted.items():
+        raw_len = locations[cid].raw_len
+        if any(len(d) != raw_len for d in destinations):
+            raise CorruptChunkError(
+                f"the catalog records chunk {cid.hex()} of {describe(cid)} as {raw_len} bytes, but the "
+                f"version's manifest needs {len(destinations[0])}: the catalog is damaged. Run "
+                "`casckpt check` and restore another version.", chunk_id=cid.hex())
 
 
 def _read_all(ctx: EngineContext, wanted: Mapping[bytes, list[Destination]],
               describe: Callable[[bytes], str], progress: ProgressCallback | None,
               last_try: bool = False, heal: bool = True) -> int:
     locations = _locate(ctx, wanted, describe)
+    _check_sizes(wanted, locations, describe)
     plain = {cid: dsts for cid, dsts in wanted.items() if not is_delta(locations[cid].codec)}
     done = _read_located(ctx, plain, locations, describe, progress, last_try, heal)
     deltas = [cid for cid in wanted if cid not in plain]
@@ -204,37 +259,56 @@ class _DeltaReader:
 
     def _chains(self, window: Iterable[bytes]) -> dict[bytes, int]:
         """Locate every base the window needs; returns each chain node's level (0: decodable now)."""
-        frontier = list(window)
-        while frontier:
-            bases = []
+        frontier, seen = list(window), set[bytes]()
+        while frontier:  # walk every chain down to a keyframe or a decoded base, locating as it goes
+            missing: list[bytes] = []
+            onward: list[bytes] = []
             for cid in frontier:
                 base_hex = self.locations[cid].base_id
-                if base_hex is None:
+                if cid in seen or base_hex is None:
                     continue
+                seen.add(cid)
                 base = bytes.fromhex(base_hex)
                 self.needed_by.setdefault(base, self.needed_by.get(cid, cid))
-                if base not in self.locations and base not in self.decoded:
-                    bases.append(base)
-            if bases:
-                self.locations.update(_locate(self.ctx, dict.fromkeys(bases), self.describe))
-            frontier = bases
+                if base not in self.decoded:  # located already by an earlier (failed) pass, or not
+                    (onward if base in self.locations else missing).append(base)
+            if missing:
+                self.locations.update(_locate(self.ctx, dict.fromkeys(missing), self.describe))
+            frontier = onward + missing
         levels: dict[bytes, int] = {}
-
-        def level(cid: bytes, depth: int = 0) -> int:
-            if cid in levels:
-                return levels[cid]
-            if depth > _MAX_CHAIN:
-                raise CorruptChunkError(f"chunk {cid.hex()} has a delta chain longer than {_MAX_CHAIN}: "
-                                        "the catalog is damaged. Run `casckpt check --read-data`.")
-            base_hex = self.locations[cid].base_id
-            base = bytes.fromhex(base_hex) if base_hex is not None else None
-            found = 0 if base is None or base in self.decoded else level(base, depth + 1) + 1
-            levels[cid] = found
-            return found
-
-        for cid in window:
-            level(cid)
+        for cid in window:  # iteratively: a damaged catalog's chain may be as long as it likes
+            chain = self._chain(cid, levels)
+            level = levels.setdefault(chain[-1], 0)
+            for node in reversed(chain[:-1]):
+                level += 1
+                levels[node] = level
         return levels
+
+    def _chain(self, cid: bytes, levels: Mapping[bytes, int]) -> list[bytes]:
+        """``cid`` and its bases, until a keyframe, a decoded base, or a node already levelled.
+
+        Raises:
+            CorruptChunkError: the chain is longer than any writer makes (a cycle in a damaged
+                catalog), or a base is not as long as the delta coded against it.
+        """
+        chain, seen = [cid], {cid}
+        while chain[-1] not in levels:
+            loc = self.locations[chain[-1]]
+            if loc.base_id is None or bytes.fromhex(loc.base_id) in self.decoded:
+                break
+            base = bytes.fromhex(loc.base_id)
+            if self.locations[base].raw_len != loc.raw_len:
+                raise CorruptChunkError(
+                    f"chunk {chain[-1].hex()} is delta-coded against {base.hex()}, which the catalog "
+                    "records with another length: the catalog is damaged. Run `casckpt check --read-data`.",
+                    chunk_id=chain[-1].hex())
+            if len(chain) > _MAX_CHAIN or base in seen:
+                raise CorruptChunkError(
+                    f"chunk {cid.hex()} has a delta chain that loops or is longer than {_MAX_CHAIN}: the "
+                    "catalog is damaged. Run `casckpt check --read-data`.", chunk_id=cid.hex())
+            chain.append(base)
+            seen.add(base)
+        return chain
 
     def _window(self, wanted: Mapping[bytes, list[Destination]]) -> int:
         """Decode a window's chains in grouped byte order, verifying each wanted chunk once at the

@@ -16,7 +16,7 @@ import json
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeGuard
 
 import zstandard
 
@@ -28,8 +28,8 @@ from casckpt.format.tree import MAX_MANIFEST_NESTING, Node, json_nesting
 MANIFEST_FORMAT = "casckpt.manifest"
 MANIFEST_VERSION = 2  # written only by versions that use its additions (sharded tensors, ranks)
 _READS = (1, 2)
-_MAX_MANIFEST = 1 << 31
-MAX_MANIFEST_OBJECT = 1 << 30  # compressed: an object larger than this is not read as a manifest
+_MAX_MANIFEST = 512 << 20  # JSON of ~5 million tensors; decompression stops here, whatever a frame declares
+MAX_MANIFEST_OBJECT = _MAX_MANIFEST  # compressed, it is never larger: a bigger object is not one
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,17 +181,35 @@ def encode_manifest(m: Manifest) -> tuple[str, bytes]:
     return object_id(raw), zstandard.ZstdCompressor(level=3).compress(raw)
 
 
+def _decompress(data: bytes) -> bytes:
+    """The manifest JSON, decompressed a piece at a time: a frame's declared size is never
+    trusted to allocate, and more than :data:`_MAX_MANIFEST` bytes is refused."""
+    parts, total = [], 0
+    try:
+        reader = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True)
+        while piece := reader.read(1 << 20):
+            total += len(piece)
+            if total > _MAX_MANIFEST:
+                raise CorruptManifestError(
+                    f"manifest decompresses to more than {_MAX_MANIFEST} bytes; it is corrupt")
+            parts.append(piece)
+    except zstandard.ZstdError as exc:
+        raise CorruptManifestError(f"manifest does not decompress: {exc}") from exc
+    return b"".join(parts)
+
+
 def decode_manifest(data: bytes, expected_id: str | None = None) -> Manifest:
     """Decode and validate compressed manifest bytes.
+
+    Only what :func:`encode_manifest` can write is accepted: every field of
+    its JSON type (nothing is coerced: ``"step": 1.5`` or ``"tags": "ab"`` is
+    refused, not read as 1 or two tags).
 
     Raises:
         CorruptManifestError: the bytes do not decompress, do not hash to
             ``expected_id``, or describe something impossible.
     """
-    try:
-        raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=_MAX_MANIFEST)
-    except zstandard.ZstdError as exc:
-        raise CorruptManifestError(f"manifest does not decompress: {exc}") from exc
+    raw = _decompress(data)
     if expected_id is not None and object_id(raw) != expected_id:
         raise CorruptManifestError(
             f"manifest of version {expected_id[:12]} does not match its id; it is corrupt"
@@ -206,9 +224,10 @@ def decode_manifest(data: bytes, expected_id: str | None = None) -> Manifest:
         doc = json.loads(raw)
         if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
             raise ValueError("not a casckpt manifest")
-        if doc.get("version") not in _READS:
+        version = doc.get("version")
+        if not isinstance(version, int) or isinstance(version, bool) or version not in _READS:
             raise ValueError(
-                f"manifest version {doc.get('version')} is not supported by this casckpt "
+                f"manifest version {version!r:.20} is not supported by this casckpt "
                 f"(reads version {MANIFEST_VERSION}); upgrade casckpt"
             )
         manifest = _from_json(doc)
@@ -218,34 +237,88 @@ def decode_manifest(data: bytes, expected_id: str | None = None) -> Manifest:
     return manifest
 
 
+def _str(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{what} is not a string")
+    return value
+
+
+def _opt_str(value: Any, what: str) -> str | None:
+    return None if value is None else _str(value, what)
+
+
+def _int(value: Any, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{what} is not an integer")
+    return value
+
+
+def _ints(values: Any, what: str) -> tuple[int, ...]:
+    return tuple(_int(v, what) for v in _list(values, what))
+
+
+def _number(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{what} is not a finite number")
+    return float(value)
+
+
+def _list(value: Any, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise ValueError(f"{what} is not a list")
+    return value
+
+
+def _dict(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} is not an object")
+    return value
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _chunk_id(value: Any) -> bytes:
+    if not isinstance(value, str) or len(value) != 64 or not _HEX.issuperset(value):
+        raise ValueError(f"chunk id {value!r:.70} is not 64 hex digits")
+    return bytes.fromhex(value)
+
+
 def _from_json(doc: dict[str, Any]) -> Manifest:
-    blobs = tuple(
-        BlobEntry(int(b["nbytes"]), int(b["chunk_size"]), tuple(bytes.fromhex(c) for c in b["chunks"]),
-                  int(b.get("phase", 0)))
-        for b in doc["blobs"]
-    )
-    tensors = tuple(_tensor_from_json(t) for t in doc["tensors"])
+    blobs = tuple(_blob_from_json(_dict(b, "blob")) for b in _list(doc["blobs"], "blobs"))
+    tensors = tuple(_tensor_from_json(_dict(t, "tensor")) for t in _list(doc["tensors"], "tensors"))
     world = doc.get("world")
+    metrics = _dict(doc["metrics"], "metrics")
     return Manifest(
-        run=str(doc["run"]), step=int(doc["step"]), parent=doc["parent"],
-        created_at=float(doc["created_at"]), root=doc["root"], tensors=tensors, blobs=blobs,
-        metadata=doc["metadata"], metrics=doc["metrics"], message=doc["message"],
-        tags=tuple(doc.get("tags", ())),
-        world=World(int(world["size"]), str(world["api"])) if world is not None else None,
+        run=_str(doc["run"], "run"), step=_int(doc["step"], "step"), parent=_opt_str(doc["parent"], "parent"),
+        created_at=_number(doc["created_at"], "created_at"), root=_dict(doc["root"], "root"), tensors=tensors,
+        blobs=blobs, metadata=_dict(doc["metadata"], "metadata"),
+        metrics={k: v for k, v in metrics.items() if _number(v, f"metric {k!r}") is not None},
+        message=_opt_str(doc["message"], "message"),
+        tags=tuple(_str(t, "tag") for t in _list(doc.get("tags", []), "tags")),
+        world=None if world is None else World(
+            _int(_dict(world, "world")["size"], "world size"), _str(world["api"], "world api")),
     )
 
 
-def _ints(values: Any) -> tuple[int, ...]:
-    return tuple(int(v) for v in values)
+def _blob_from_json(b: dict[str, Any]) -> BlobEntry:
+    return BlobEntry(_int(b["nbytes"], "blob nbytes"), _int(b["chunk_size"], "blob chunk_size"),
+                     tuple(_chunk_id(c) for c in _list(b["chunks"], "blob chunks")),
+                     _int(b.get("phase", 0), "blob phase"))
 
 
 def _tensor_from_json(t: dict[str, Any]) -> TensorEntry:
+    path = _str(t["path"], "tensor path")
+    if ("global_shape" in t) != ("global_offset" in t):
+        raise ValueError(f"tensor {path!r} has only one of global_shape and global_offset")
+    stride, rank = t["stride"], t.get("rank")
     return TensorEntry(
-        str(t["path"]), str(t["kind"]), str(t["dtype"]), _ints(t["shape"]), int(t["blob"]), int(t["offset"]),
-        _ints(t["stride"]) if t["stride"] is not None else None,
-        _ints(t["global_shape"]) if "global_shape" in t else None,
-        _ints(t["global_offset"]) if "global_shape" in t else None,
-        int(t["rank"]) if t.get("rank") is not None else None,
+        path, _str(t["kind"], "tensor kind"), _str(t["dtype"], "tensor dtype"), _ints(t["shape"], "shape"),
+        _int(t["blob"], "tensor blob"), _int(t["offset"], "tensor offset"),
+        _ints(stride, "stride") if stride is not None else None,
+        _ints(t["global_shape"], "global_shape") if "global_shape" in t else None,
+        _ints(t["global_offset"], "global_offset") if "global_shape" in t else None,
+        _int(rank, "rank") if rank is not None else None,
     )
 
 
@@ -258,9 +331,34 @@ def tensor_extent(t: TensorEntry, itemsize: int) -> int:
     return (sum((n - 1) * s for n, s in zip(t.shape, t.stride, strict=True)) + 1) * itemsize
 
 
+_LEAVES: dict[str, Callable[[Node], bool]] = {  # what each plain-value node must hold (tree.encode_tree)
+    "none": lambda n: True,
+    "bool": lambda n: isinstance(n.get("v"), bool),
+    "int": lambda n: _is_int(n.get("v")) if "h" not in n else _is_hex_int(n["h"]),
+    "float": lambda n: isinstance(n.get("v"), str) and len(n["v"]) == 16 and _HEX.issuperset(n["v"]),
+    "str": lambda n: isinstance(n.get("v"), str),
+    "bytes": lambda n: isinstance(n.get("v"), str),
+}
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_hex_int(value: Any) -> bool:
+    digits = value.removeprefix("-") if isinstance(value, str) else ""
+    return bool(digits) and _HEX.issuperset(digits)
+
+
+def _is_key(key: Any) -> bool:
+    return isinstance(key, str) or (isinstance(key, dict) and _is_int(key.get("i")))
+
+
 def _tensor_nodes(root: Node) -> Iterator[tuple[str, list[int]]]:
     """``("tensor", [i])`` or ``("sharded", [i, ...])`` for every tensor node of the tree
-    (iteratively: a forged tree may be deep). A ``ranks`` node may only be the root."""
+    (iteratively: a forged tree may be deep), checking every other node on the way: a
+    ``ranks`` node may only be the root, plain values must hold their JSON type, dict keys
+    must be str or ``{"i": int}``, and no node may be of an unknown type."""
     stack: list[Any] = [root]
     while stack:
         node = stack.pop()
@@ -269,13 +367,12 @@ def _tensor_nodes(root: Node) -> Iterator[tuple[str, list[int]]]:
         kind = node.get("t")
         if kind == "tensor":
             index = node.get("i")
-            if not isinstance(index, int) or isinstance(index, bool):
+            if not _is_int(index):
                 raise CorruptManifestError("manifest tensor node has no integer index")
             yield "tensor", [index]
         elif kind == "sharded":
             indices = node.get("i")
-            if not isinstance(indices, list) or not indices or not all(
-                    isinstance(i, int) and not isinstance(i, bool) for i in indices):
+            if not isinstance(indices, list) or not indices or not all(_is_int(i) for i in indices):
                 raise CorruptManifestError("manifest sharded node has no list of shard indices")
             yield "sharded", indices
         elif kind in ("dict", "list", "tuple") or (kind == "ranks" and node is root):
@@ -283,11 +380,14 @@ def _tensor_nodes(root: Node) -> Iterator[tuple[str, list[int]]]:
             if not isinstance(children, list):
                 raise CorruptManifestError(f"manifest {kind} node has no item list")
             keys = node.get("k")
-            if kind == "dict" and (not isinstance(keys, list) or len(keys) != len(children)):
+            if kind == "dict" and (not isinstance(keys, list) or len(keys) != len(children)
+                                   or not all(_is_key(k) for k in keys)):
                 raise CorruptManifestError("manifest dict node's keys and values disagree")
             stack.extend(children)
         elif kind == "ranks":
             raise CorruptManifestError("manifest has a ranks node below the root")
+        elif not isinstance(kind, str) or kind not in _LEAVES or not _LEAVES[kind](node):
+            raise CorruptManifestError(f"manifest tree holds a malformed {str(kind)[:20]!r} node")
 
 
 _MAX_TENSOR_ELEMENTS = 1 << 48  # no real tensor is larger: a forged shape would allocate it
@@ -350,8 +450,8 @@ def _validate(m: Manifest) -> None:
         if t.kind not in ("torch", "numpy") or not 0 <= t.blob < len(m.blobs):
             raise CorruptManifestError(f"manifest tensor {t.path!r} is malformed")
         if any(n < 0 for n in t.shape) or (t.stride is not None and (
-            len(t.stride) != len(t.shape) or any(s < 0 for s in t.stride)
-        )):
+            len(t.stride) != len(t.shape) or any(s < 0 for s in t.stride) or t.kind == "numpy"
+        )):  # arrays are stored whole and contiguous: a stride would be ignored on restore
             raise CorruptManifestError(f"manifest tensor {t.path!r} has a bad shape or stride")
         itemsize = element_size(t.kind, t.dtype)
         if t.offset < 0 or t.offset % itemsize or (

@@ -387,3 +387,84 @@ def _get(doc: Any, path: tuple[Any, ...]) -> Any:
     for key in path:
         doc = doc[key]
     return doc
+
+
+# Found by the fuzz campaign (benchmarks/fuzz.py, target "manifest"): a field of another JSON type
+# was coerced into what the decoder wanted -- str(["a"]) as a run name, int(1.5) as a step,
+# tuple("best") as four tags, bool("false") as True -- and a manifest no encoder writes was accepted
+# with values its bytes do not say. Every field must have the type encode_manifest gives it.
+COERCED: dict[str, Callable[[dict[str, Any]], None]] = {
+    "step_float": _set(("step",), 1.5),
+    "step_bool": _set(("step",), True),
+    "step_numeric_text": _set(("step",), "3"),
+    "version_bool": _set(("version",), True),
+    "run_list": _set(("run",), ["run-1"]),
+    "parent_list": _set(("parent",), ["ab" * 32]),
+    "created_at_text": _set(("created_at",), "1"),
+    "tags_text": _set(("tags",), "best"),
+    "tag_number": _set(("tags",), [-1]),
+    "metadata_list": _set(("metadata",), [0, 0]),
+    "metrics_list": _set(("metrics",), []),
+    "metric_text": _set(("metrics", "loss"), "1.5"),
+    "metric_bool": _set(("metrics", "loss"), True),
+    "message_number": _set(("message",), 5),
+    "nbytes_text": _set(("blobs", 0, "nbytes"), "100"),
+    "chunk_size_float": _set(("blobs", 0, "chunk_size"), 64.0),
+    "chunk_id_upper_case": _set(("blobs", 0, "chunks", 0), "AB" * 32),
+    "chunk_id_with_spaces": _set(("blobs", 0, "chunks", 0), " ".join(["ab"] * 32)),
+    "path_list": _set(("tensors", 0, "path"), ["model.w"]),
+    "path_bool": _set(("tensors", 0, "path"), True),
+    "offset_text": _set(("tensors", 3, "offset"), "4"),
+    "offset_float": _set(("tensors", 3, "offset"), 4.0),
+    "stride_item_text": _set(("tensors", 3, "stride"), [1, "4"]),
+    "shape_item_float": _set(("tensors", 0, "shape"), [5.0, 5]),
+    "blob_index_bool": _set(("tensors", 1, "blob"), True),
+    "global_offset_alone": _set(("tensors", 0, "global_offset"), [0, 0]),
+    "numpy_stride": _set(("tensors", 2, "stride"), [1, 2]),  # restore ignored it: another array
+    "world_size_text": _set(("world",), {"size": "1", "api": "dcp"}),
+    "bool_node_text": _set(("root", "v", 3), {"t": "bool", "v": "false"}),
+    "int_node_bool": _set(("root", "v", 3), {"t": "int", "v": False}),
+    "int_node_hex_not_text": _set(("root", "v", 3), {"t": "int", "h": 255}),
+    "str_node_list": _set(("root", "v", 3), {"t": "str", "v": ["a"]}),
+    "float_node_short": _set(("root", "v", 3), {"t": "float", "v": "3ff0"}),
+    "bytes_node_list": _set(("root", "v", 3), {"t": "bytes", "v": ["AAE="]}),
+    "unknown_node": _set(("root", "v", 3), {"t": "pickle", "v": "x"}),
+    "dict_key_list": _set(("root", "k", 3), ["step"]),
+    "dict_key_float": _set(("root", "k", 3), 1.5),
+    "dict_key_int_text": _set(("root", "k", 3), {"i": "3"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COERCED))
+def test_field_of_another_type_is_refused_not_coerced(name: str) -> None:
+    _, data = encode_manifest(_manifest())
+    doc = _json(data)
+    COERCED[name](doc)
+    with pytest.raises(CorruptManifestError):
+        decode_manifest(_pack_json(doc))
+
+
+def test_frame_declaring_a_huge_size_is_refused_without_allocating_it() -> None:
+    # found by the fuzz campaign: a damaged frame header declaring ~2 GiB made decode_manifest
+    # allocate what it declared before finding out (a MemoryError in a small worker)
+    import tracemalloc
+
+    writer = zstandard.ZstdCompressor().compressobj(size=1 << 30)
+    frame = writer.compress(b"{}" * 100) + writer.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptManifestError):
+            decode_manifest(frame)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20
+
+
+def test_manifest_decompressing_past_the_cap_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from casckpt.format import manifest as manifest_module
+
+    monkeypatch.setattr(manifest_module, "_MAX_MANIFEST", 1 << 20)
+    bomb = zstandard.ZstdCompressor().compress(b" " * (3 << 20))
+    with pytest.raises(CorruptManifestError, match="more than"):
+        decode_manifest(bomb)
