@@ -70,6 +70,10 @@ def read_config_file(file: Path) -> dict[str, Any]:
         doc: dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InvalidConfigError(f"{file} is not valid TOML ({exc}); fix that line") from None
+    except RecursionError:  # tomllib recurses into nested arrays and inline tables
+        raise InvalidConfigError(
+            f"{file} nests arrays or tables too deeply to be a casckpt config; recreate it with "
+            "`casckpt init` or fix it by hand") from None
     _check_document(doc, file)
     return doc
 

@@ -217,7 +217,7 @@ def build_seeds(directory: Path, seed: int) -> None:
     shutil.copytree(stores / "plain" / "store", empty / "store")
     for name in ("catalog.db", "catalog.db-wal", "catalog.db-shm"):
         (empty / "store" / name).unlink(missing_ok=True)
-    casckpt.open(empty / "store", create=False).close()
+    casckpt.open(empty / "store", create=False, recover=True).close()
     shutil.copy(stores / "plain" / "expected.pickle", empty / "expected.pickle")
     packs = [_pack(seed, variant) for variant in range(2)]
     shards = [_shards(packs[0], 2, 1), _shards(packs[1], 3, 2)]

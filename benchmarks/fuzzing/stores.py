@@ -161,8 +161,8 @@ _HOSTILE = ("fifo", "special-file")
 _HOSTILE_WEIGHTS = {"fifo": 0.15, "special-file": 0.25}  # a FIFO costs a timeout until storage refuses it
 
 
-def _open(root: Path) -> Any:
-    return casckpt.open(root, create=False, workers=2)
+def _open(root: Path, *, recover: bool = False) -> Any:
+    return casckpt.open(root, create=False, workers=2, recover=recover)
 
 
 # --- objects on disk ------------------------------------------------------------------------------
@@ -447,7 +447,7 @@ class RecordsTarget:
             else:
                 what = _hostile_file(path, rng, root.parent / f"{root.name}-outside", kind == "fifo")
             note(f"{rel}: {what}")
-            with closing(_open(root)) as store:
+            with closing(_open(root, recover=True)) as store:
                 store.rebuild_catalog()
                 rebuilt = [lambda: store.runs(), lambda: store.tree(), lambda: store.log("a"),
                            lambda: store.retention("a"), lambda: store.retention("b"),

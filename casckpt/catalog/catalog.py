@@ -31,6 +31,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from casckpt.catalog import migrate
 from casckpt.catalog import schema as s
 from casckpt.catalog.database import Database
+from casckpt.catalog.rows import manifest_bytes, tensor_row
 from casckpt.errors import CatalogError, CatalogUnavailableError, VersionExistsError
 from casckpt.format.pack import PackEntry
 
@@ -538,19 +539,19 @@ class Catalog:
     def manifest(self, version_id: str) -> bytes:
         """The compressed manifest of a version."""
         with self.read() as conn:
-            data: bytes = conn.execute(
+            data = conn.execute(
                 select(s.versions.c.manifest).where(s.versions.c.id == version_id)
             ).scalar_one()
-            return bytes(data)
+            return manifest_bytes(data, version_id)
 
     @_idempotent
     def tensors_of(self, version_id: str) -> list[Row[Any]]:
         """The tensor rows of a version, by path."""
         with self.read() as conn:
-            return list(conn.execute(
+            return [tensor_row(row) for row in conn.execute(
                 select(s.tensors).where(s.tensors.c.version_id == version_id)
                 .order_by(s.tensors.c.path)
-            ))
+            )]
 
     @_idempotent
     def visible_version_ids(self) -> list[str]:

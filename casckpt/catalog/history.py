@@ -21,6 +21,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import Catalog
+from casckpt.catalog.rows import content_row
 from casckpt.errors import RefNotFoundError, RunExistsError
 
 _BATCH = 500
@@ -242,7 +243,7 @@ def contents(catalog: Catalog, digests: Iterable[str]) -> dict[str, Row[Any]]:
     with catalog.read() as conn:
         for i in range(0, len(wanted), _BATCH):
             rows = conn.execute(select(s.contents).where(s.contents.c.digest.in_(wanted[i : i + _BATCH])))
-            out.update((r.digest, r) for r in rows)
+            out.update((r.digest, content_row(r)) for r in rows)
     return out
 
 

@@ -19,9 +19,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import BATCH, Catalog, PackLayout, ShardRow, insert_ignore
-from casckpt.errors import InvalidArgumentError, RefNotFoundError
+from casckpt.errors import CatalogError, InvalidArgumentError, RefNotFoundError
 
 LOCATION_STATES = ("active", "draining", "failed")
+SCHEMES = ("none", "replicate", "ec")
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,9 +122,50 @@ def location_usage(catalog: Catalog) -> dict[int, tuple[int, int, int]]:
         return {r[0]: (int(r[1]), int(r[2]), int(r[3])) for r in rows}
 
 
+_MAX_SHARDS = 256  # far above any scheme casckpt writes (ec:K+M with K+M <= 32)
+
+
+def _damaged(pack_id: object, what: str) -> CatalogError:
+    return CatalogError(
+        f"the catalog's record of pack {pack_id!r} is damaged ({what}); nothing was read through it. "
+        "Run `casckpt check`; if the catalog is damaged, rebuild it from the blob locations "
+        "(`casckpt catalog rebuild` into a new, empty catalog)")
+
+
+def _count(value: object, what: str, pack_id: object, low: int = 0, high: int = 1 << 62) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise _damaged(pack_id, f"{what} = {value!r}")
+    return value
+
+
+def _optional_count(value: object, what: str, pack_id: object, low: int = 0) -> int | None:
+    return None if value is None else _count(value, what, pack_id, low)
+
+
 def _layout(row: Any, shards: Sequence[ShardRow]) -> PackLayout:
-    return PackLayout(row.id, row.key, int(row.size), row.scheme, row.k, row.m, row.algorithm,
-                      row.stripe, row.data_offset, tuple(sorted(shards, key=lambda x: x.index)))
+    """A pack row and its shard rows as a PackLayout, every field checked (a damaged catalog row
+    must not reach a reader, an allocation or the erasure code as a wrong type or range)."""
+    pack_id = row.id
+    if not isinstance(pack_id, str) or not isinstance(row.key, str) or row.scheme not in SCHEMES:
+        raise _damaged(pack_id, "id, key or scheme")
+    k = _count(row.k, "k", pack_id, 1, _MAX_SHARDS)
+    m = _count(row.m, "m", pack_id, 0, _MAX_SHARDS)
+    for sh in shards:
+        if not 0 <= sh.index < (k + m if row.scheme == "ec" else _MAX_SHARDS):
+            raise _damaged(pack_id, f"shard index {sh.index}")
+    if row.algorithm is not None and not isinstance(row.algorithm, str):
+        raise _damaged(pack_id, "algorithm")
+    return PackLayout(pack_id, row.key, _count(row.size, "size", pack_id), row.scheme, k, m, row.algorithm,
+                      _optional_count(row.stripe, "stripe", pack_id, 1),
+                      _optional_count(row.data_offset, "data_offset", pack_id),
+                      tuple(sorted(shards, key=lambda x: x.index)))
+
+
+def _shard(r: Any) -> ShardRow:
+    if not isinstance(r.key, str) or (r.checksum is not None and not isinstance(r.checksum, str)):
+        raise _damaged(r.pack_id, "shard key or checksum")
+    return ShardRow(_count(r.idx, "shard index", r.pack_id, 0, _MAX_SHARDS), r.location_id, r.key,
+                    _count(r.size, "shard size", r.pack_id), r.checksum, r.state, r.verified_at)
 
 
 def layouts(catalog: Catalog, pack_ids: Iterable[str]) -> dict[str, PackLayout]:
@@ -140,8 +182,7 @@ def layouts_in(conn: Connection, pack_ids: Iterable[str]) -> dict[str, PackLayou
         batch = wanted[i : i + BATCH]
         shards: dict[str, list[ShardRow]] = {}
         for r in conn.execute(select(s.shards).where(s.shards.c.pack_id.in_(batch))):
-            shards.setdefault(r.pack_id, []).append(
-                ShardRow(r.idx, r.location_id, r.key, int(r.size), r.checksum, r.state, r.verified_at))
+            shards.setdefault(r.pack_id, []).append(_shard(r))
         for row in conn.execute(select(s.packs).where(s.packs.c.id.in_(batch))):
             out[row.id] = _layout(row, shards.get(row.id, ()))
     return out

@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,7 @@ from casckpt.catalog import gc as gc_sql
 from casckpt.catalog import history as history_sql
 from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
+from casckpt.catalog.rows import manifest_bytes
 from casckpt.engine import identity, records
 from casckpt.engine.commit import tensor_rows
 from casckpt.engine.context import EngineContext, manifest_key
@@ -43,6 +45,8 @@ from casckpt.format.manifest import Manifest, decode_manifest
 from casckpt.storage import BlobInfo
 from casckpt.storage.locations import Location
 from casckpt.types import CheckProblem
+
+_HEX_ID = re.compile(r"^[0-9a-f]{64}$")
 
 
 @dataclass(slots=True)
@@ -102,8 +106,8 @@ def check_manifests(ctx: EngineContext, found: Findings, *, read_data: bool) -> 
     holders = copies_expected(ctx, found)
     for batch in gc_sql.manifest_batches(ctx.catalog, gc_sql.visible_ids(ctx.catalog)):
         for row in batch:
-            data = bytes(row.manifest)
             try:
+                data = manifest_bytes(row.manifest, row.id)
                 manifest = bind(row, decode_manifest(data, row.id))
             except IntegrityError as exc:
                 found.add("manifest", row.id, f"{row.run}@{row.step}: the catalog's copy: {exc}")
@@ -182,7 +186,17 @@ def check_rows(ctx: EngineContext, found: Findings) -> None:
 
 def _check_bases(ctx: EngineContext, label: str, known: dict[str, ChunkLocation], found: Findings) -> None:
     """Every delta base the version's chunks need is in the catalog, transitively."""
-    frontier = {loc.base_id: cid for cid, loc in known.items() if loc.base_id is not None}
+    def bases(rows: dict[str, ChunkLocation]) -> dict[str, str]:
+        out = {}
+        for cid, loc in rows.items():
+            if loc.base_id is not None and not (isinstance(loc.base_id, str) and _HEX_ID.match(loc.base_id)):
+                found.add("chunk", cid, f"its catalog row names no valid delta base ({label}); the "
+                          "catalog is damaged")
+            elif loc.base_id is not None:
+                out[loc.base_id] = cid
+        return out
+
+    frontier = bases(known)
     seen: set[str] = set()
     while frontier:
         seen.update(frontier)
@@ -190,8 +204,7 @@ def _check_bases(ctx: EngineContext, label: str, known: dict[str, ChunkLocation]
         for base, user in sorted(frontier.items()):
             if base not in have:
                 found.add("chunk", base, f"the delta base of chunk {user} ({label}) is not in the catalog")
-        frontier = {loc.base_id: cid for cid, loc in have.items()
-                    if loc.base_id is not None and loc.base_id not in seen}
+        frontier = {b: cid for b, cid in bases(have).items() if b not in seen}
 
 
 def check_records(ctx: EngineContext, found: Findings) -> None:

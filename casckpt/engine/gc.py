@@ -42,6 +42,7 @@ from functools import partial
 
 from casckpt.catalog import gc as sql
 from casckpt.catalog import retention as retention_sql
+from casckpt.catalog.rows import manifest_bytes
 from casckpt.engine import retention
 from casckpt.engine.context import EngineContext, manifest_key
 from casckpt.engine.gcguard import DeletionGuard, Listing
@@ -113,7 +114,7 @@ def _mark(ctx: EngineContext, exclude: set[str], done: set[str]) -> set[str]:
     for batch in sql.manifest_batches(ctx.catalog, wanted):
         for row in batch:
             try:
-                manifest = bind(row, decode_manifest(bytes(row.manifest), row.id))
+                manifest = bind(row, decode_manifest(manifest_bytes(row.manifest, row.id), row.id))
             except IntegrityError as exc:
                 raise GCRefusedError(
                     f"gc stopped before deleting any pack: the catalog's manifest of {row.run}@{row.step} "

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from sqlalchemy import Row
 
-from casckpt.catalog import Catalog
+from casckpt.catalog import Catalog, rows
 from casckpt.catalog import history as sql
 from casckpt.catalog.history import LogFilter, Predicate
 from casckpt.engine.refs import load_manifest
@@ -319,8 +319,15 @@ class _Shapes(dict[str, tuple[int, ...]]):
     """JSON shape text -> tuple, parsed once per distinct text."""
 
     def __missing__(self, text: str) -> tuple[int, ...]:
-        shape = self[text] = tuple(json.loads(text))
+        shape = self[text] = tuple(rows.shape(text, "a tensor of the run's history"))
         return shape
+
+
+def _ids(row: Sequence[Any]) -> bool:
+    """Whether the row has its tensor's chunk list (a damaged one counts as none)."""
+    ids, size = row[_IDS], row[_SIZE]
+    return isinstance(ids, (bytes, memoryview)) and len(ids) % ID_BYTES == 0 and \
+        isinstance(size, int) and size > 0
 
 
 def _entry(version: Version, change: str, before: Sequence[Any] | None, now: Sequence[Any],
@@ -331,8 +338,8 @@ def _entry(version: Version, change: str, before: Sequence[Any] | None, now: Seq
     shape, nbytes = shapes[now[_SHAPE]], now[_NBYTES]
     moved = nbytes
     if (change == "changed" and before is not None and before[_DTYPE] == now[_DTYPE]
-            and shapes[before[_SHAPE]] == shape and before[_IDS] is not None
-            and now[_IDS] is not None and before[_SIZE] == now[_SIZE]):
+            and shapes[before[_SHAPE]] == shape and _ids(before) and _ids(now)
+            and before[_SIZE] == now[_SIZE]):
         moved = min(nbytes, _differing(now[_SIZE], now[_CONTENT_NBYTES], before[_IDS], now[_IDS]))
     return TensorHistoryEntry(version, change, now[_DTYPE], shape, nbytes, now[_DIGEST], moved)
 

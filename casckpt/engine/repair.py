@@ -37,6 +37,7 @@ from casckpt.catalog import gc as gc_sql
 from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
 from casckpt.catalog.gc import begin_lease, end_lease
+from casckpt.catalog.rows import manifest_bytes
 from casckpt.engine import checkmeta, identity, records
 from casckpt.engine.checkmeta import Findings
 from casckpt.engine.context import EngineContext, manifest_key
@@ -133,8 +134,8 @@ def _recovery_data(ctx: EngineContext, found: Findings,
         done.records += _identity_records(ctx)
     for batch in gc_sql.manifest_batches(ctx.catalog, gc_sql.visible_ids(ctx.catalog)):
         for row in batch:
-            data = bytes(row.manifest)
             try:
+                data = manifest_bytes(row.manifest, row.id)
                 bind(row, decode_manifest(data, row.id))
             except IntegrityError:
                 restored = _verified_copy(ctx, row)
