@@ -31,6 +31,8 @@ from rich.table import Table  # noqa: E402
 
 import casckpt  # noqa: E402
 from casckpt.catalog import schema as s  # noqa: E402
+from casckpt.engine.commit import tensor_rows  # noqa: E402
+from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, encode_manifest  # noqa: E402
 
 VERSIONS, CHUNKS = 1000, 1_000_000
 TENSORS_PER_VERSION = 10
@@ -80,27 +82,37 @@ def _insert_packs_and_chunks(catalog: Any, root: Path, chunks: int, now: float) 
             ])
 
 
+def _manifest(v: int, first: int, per_tensor: int, now: float) -> tuple[str, bytes, list[Any], list[Any]]:
+    """Version ``v``: TENSORS_PER_VERSION tensors of ``per_tensor`` chunks each, from chunk ``first``.
+
+    GC marks from verified manifests, so each version gets a real one (and the tensor and
+    content rows a commit would derive from it).
+    """
+    names = [f"layer{t}.weight" for t in range(TENSORS_PER_VERSION)]
+    blobs = tuple(BlobEntry(per_tensor * 4096, 4096, tuple(_chunk_id(first + t * per_tensor + i)
+                                                           for i in range(per_tensor)))
+                  for t in range(TENSORS_PER_VERSION))
+    tensors = tuple(TensorEntry(name, "torch", "float32", (per_tensor * 1024,), t)
+                    for t, name in enumerate(names))
+    root = {"t": "dict", "k": names, "v": [{"t": "tensor", "i": t} for t in range(len(names))]}
+    manifest = Manifest("bench", v, None, now - 3600, root, tensors, blobs)  # type: ignore[arg-type]
+    version_id, data = encode_manifest(manifest)
+    rows, contents = tensor_rows(version_id, manifest.tensors, manifest.blobs)
+    return version_id, data, rows, contents
+
+
 def _insert_versions(catalog: Any, versions: int, per_tensor: int, now: float) -> None:
     with catalog.write() as conn:
         conn.execute(s.runs.insert().values(name="bench", created_at=now))
         run_id = conn.execute(s.runs.select()).first().id
-    n = 0
     for v in range(versions):
-        contents, tensors = [], []
-        for t in range(TENSORS_PER_VERSION):
-            digest = f"{v:032x}{t:032x}"
-            ids = b"".join(_chunk_id(n + i) for i in range(per_tensor))
-            n += per_tensor
-            contents.append({"digest": digest, "nbytes": per_tensor * 4096, "chunk_size": 4096,
-                             "chunk_ids": ids})
-            tensors.append({"version_id": f"{v:064x}", "path": f"layer{t}.weight", "dtype": "float32",
-                            "shape": [per_tensor * 1024], "nbytes": per_tensor * 4096,
-                            "chunks": per_tensor, "digest": digest})
+        version_id, data, tensors, contents = _manifest(v, v * TENSORS_PER_VERSION * per_tensor,
+                                                        per_tensor, now)
         with catalog.write() as conn:
             conn.execute(s.versions.insert().values(
-                id=f"{v:064x}", run_id=run_id, step=v, parent_id=None, state="visible",
+                id=version_id, run_id=run_id, step=v, parent_id=None, state="visible",
                 created_at=now - 3600, committed_at=now - 3600, logical_bytes=0, new_bytes=0,
-                stored_bytes=0, duration_s=0.0, meta={}, metrics={}, message=None, manifest=b"",
+                stored_bytes=0, duration_s=0.0, meta={}, metrics={}, message=None, manifest=data,
             ))
             conn.execute(s.contents.insert(), contents)
             conn.execute(s.tensors.insert(), tensors)
