@@ -274,6 +274,7 @@ class GCReport(_ToDict):
     duration_s: float
     bytes_pending: int = 0
     chunks_kept_as_bases: int = 0  # unreferenced by any version, kept as delta bases
+    leftovers_deleted: int = 0  # staging and temporary files of dead commits
     kept: tuple[str, ...] = ()
 
     def summary(self) -> dict[str, Any]:

@@ -128,3 +128,30 @@ def test_a_locked_out_run_prints_a_json_object_and_exits_6(root: Path) -> None:
     doc = json.loads(result.stdout)
     assert doc == {"ok": False, "error": "GCRunningError", "exit_code": 6, "message": doc["message"]}
     assert "another casckpt gc is running" in doc["message"]
+
+
+KILLED = """
+import os, signal, sys
+import casckpt
+store = casckpt.open(sys.argv[1], create=False)
+scratch = store._ctx.staging.path()  # what a commit writes its staging packs into
+(scratch / "half-written.pack").write_bytes(b"x" * 4096)
+print(scratch, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_gc_reclaims_the_staging_files_of_a_killed_committer(root: Path) -> None:
+    import subprocess
+    import sys
+
+    with _open(root) as store:  # open before the committer dies: opening did not reclaim it
+        child = subprocess.run([sys.executable, "-c", KILLED, str(root)], capture_output=True, text=True,
+                               timeout=120)
+        assert child.returncode == -9, child.stderr
+        scratch = Path(child.stdout.strip())
+        assert (scratch / "half-written.pack").exists()
+        report = store.gc()
+        assert report.leftovers_deleted == 1 and report.bytes_freed >= 4096
+        assert not scratch.exists()
+        assert store.check().ok

@@ -22,7 +22,7 @@ One run, holding the store-wide GC lock:
    tombstoned, then their manifest objects deleted).
 7. Delete objects no catalog row knows, older than the grace period and than
    the oldest commit in flight, under the same footer check (manifests only
-   when tombstoned).
+   when tombstoned); and the staging and temporary files dead commits left.
 8. Repack packs mostly dead: copy their live chunks into new packs and point
    the chunk rows at the copies (the old packs go in a later run).
 
@@ -46,6 +46,7 @@ from casckpt.catalog.rows import manifest_bytes
 from casckpt.engine import retention
 from casckpt.engine.context import EngineContext, manifest_key
 from casckpt.engine.gcguard import DeletionGuard, Listing
+from casckpt.engine.leftovers import reclaim_leftovers
 from casckpt.engine.packer import Packer
 from casckpt.engine.reader import read_chunks
 from casckpt.engine.refs import bind
@@ -74,6 +75,7 @@ class _Tally:
     bytes_freed: int = 0
     bytes_pending: int = 0
     chunks_kept_as_bases: int = 0
+    leftovers_deleted: int = 0
     kept: list[str] = field(default_factory=list)
 
 
@@ -304,6 +306,8 @@ def collect(ctx: EngineContext, *, grace: float, dry_run: bool, force: bool = Fa
             if tally.packs_repacked and grace == 0:  # the packs just emptied go in this run too
                 _sweep(ctx, tally, guard, deleter, time.time())
             tally.bytes_pending = sql.condemned_bytes(ctx.catalog)
+            leftovers = reclaim_leftovers(ctx.staging.base, ctx.locations)  # of dead commits
+            tally.leftovers_deleted, tally.bytes_freed = leftovers.files, tally.bytes_freed + leftovers.nbytes
         counts = {k: v for k, v in asdict(tally).items() if k != "kept"}
         report = GCReport(dry_run=dry_run, grace_s=grace, retention=plans, kept=tuple(tally.kept),
                           duration_s=time.monotonic() - started, **counts)
