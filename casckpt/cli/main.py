@@ -371,9 +371,14 @@ def check(
 ) -> None:
     """Verify the store's consistency; exit 1 if any problem is found.
 
-    Without --read-data only the catalog and the presence of every pack and
-    shard are checked. A daily `check --read-data-subset 5%` verifies every
-    byte every 20 days. Damaged shards found are queued for `casckpt repair`.
+    Without --read-data: every location's identity, every manifest (in the
+    catalog, bound to its version, and a copy on every location), the catalog's
+    rows against the manifests, the refs records, every pack and shard by
+    listing, and shards sharing a failure domain. --read-data also reads every
+    pack and manifest copy back and verifies every chunk. A daily
+    `check --read-data-subset 5%` verifies every byte every 20 days. Damaged
+    shards found are queued for `casckpt repair`; docs/GUARANTEES.md says what
+    a clean check proves.
     """
     if read_data and read_data_subset is not None:
         raise typer.BadParameter("--read-data reads everything; drop it to read only a subset",
