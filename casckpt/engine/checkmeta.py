@@ -23,7 +23,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -217,8 +216,8 @@ def check_records(ctx: EngineContext, found: Findings) -> None:
                           "would lose it); `casckpt repair` writes it again")
                 continue
             try:
-                doc = json.loads(loc.blobs.get(key, max_size=records.MAX_RECORD))
-            except (CasckptError, ValueError) as exc:
+                doc = records.parse(loc.blobs.get(key, max_size=records.MAX_RECORD))
+            except (CasckptError, ValueError, RecursionError) as exc:
                 found.add("record", key, f"unreadable on {loc.describe()} ({exc}); `casckpt repair` "
                           "writes it again")
                 continue

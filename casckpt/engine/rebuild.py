@@ -241,8 +241,11 @@ def _restore_locations(ctx: EngineContext, found: dict[str, list[records.Found]]
     known = {loc.name for loc in ctx.locations.all}
     for entry in entries:
         try:
-            name, state, domain = str(entry["name"]), str(entry["state"]), str(entry["domain"])
-            shard_sql.restore_location(ctx.catalog, name, entry.get("url"), domain, state)
+            name, state, domain, url = entry["name"], entry["state"], entry["domain"], entry.get("url")
+            if not all(isinstance(v, str) and 0 < len(v) <= 128 for v in (name, state, domain)) or not (
+                    url is None or (isinstance(url, str) and len(url) <= 4096)):
+                raise ValueError("fields of the wrong type")
+            shard_sql.restore_location(ctx.catalog, name, url, domain, state)
         except (KeyError, TypeError, ValueError, CasckptError) as exc:
             log.warning("rebuild: skipping location entry %r: %s", entry, exc)
             continue
@@ -256,6 +259,9 @@ def _restore_locations(ctx: EngineContext, found: dict[str, list[records.Found]]
 def _restore_runs(ctx: EngineContext, found: dict[str, list[records.Found]], states: dict[str, str]) -> int:
     shard_sql.date_runs_from_versions(ctx.catalog)
     for doc in _newest(found, records.RUNS, states):
+        if not records.valid_run(doc):
+            log.warning("rebuild: skipping a damaged run record %r", doc)
+            continue
         try:
             shard_sql.restore_run(ctx.catalog, str(doc["name"]), float(doc["created_at"]),
                                   doc.get("parent_version"), doc.get("retention"), doc.get("redundancy"))
@@ -276,11 +282,12 @@ def _restore_tags(ctx: EngineContext, found: dict[str, list[records.Found]], sta
 
 def _restore_store(ctx: EngineContext, found: dict[str, list[records.Found]], states: dict[str, str]) -> None:
     doc = next(iter(_newest(found, records.STORE, states)), {})
+    redundancy, chain = doc.get("redundancy"), doc.get("delta_chain")
     try:
-        if doc.get("redundancy"):
-            shard_sql.set_store_redundancy(ctx.catalog, str(Redundancy.parse(str(doc["redundancy"]))))
-        if doc.get("delta_chain") is not None:
-            deltas_sql.set_store_delta_chain(ctx.catalog, int(doc["delta_chain"]))
+        if isinstance(redundancy, str) and redundancy:
+            shard_sql.set_store_redundancy(ctx.catalog, str(Redundancy.parse(redundancy)))
+        if isinstance(chain, int) and not isinstance(chain, bool) and 0 <= chain <= 64:
+            deltas_sql.set_store_delta_chain(ctx.catalog, chain)
     except (TypeError, ValueError, CasckptError) as exc:
         log.warning("rebuild: skipping store record %r: %s", doc, exc)
 

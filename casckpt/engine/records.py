@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ LOCATIONS = "refs/locations"
 MAX_RECORD = 1 << 20  # a record is a few hundred bytes; anything near this is not one
 _MAX_NESTING = 64  # a retention policy is the deepest thing a record holds: 3 levels
 
+_HEX_ID = re.compile(r"^[0-9a-f]{64}$")
 _MAX_HEX_NAME = 200  # a file name holds at most 255 bytes on most local file systems
 
 
@@ -173,10 +175,29 @@ class Found:
 
     @property
     def order(self) -> tuple[int, float]:
-        """Newest first by counter, then by time (records from before counters: seq 0)."""
-        seq, at = self.doc.get("seq", 0), self.doc.get("at", 0)
-        return (seq if isinstance(seq, int) and not isinstance(seq, bool) else 0,
-                float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else 0.0)
+        """Newest first by counter, then by time (records from before counters, or with a
+        value no writer produces: 0)."""
+        return _number(self.doc.get("seq"), int, 1 << 62), _number(self.doc.get("at"), float, 1e12)
+
+
+def _number(value: object, kind: type, limit: float) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not -limit < value < limit:
+        return kind(0)
+    return kind(value)
+
+
+def valid_run(doc: dict[str, Any]) -> bool:
+    """Whether a run record holds what :func:`record_run` writes, each field of its type."""
+    name, created = doc.get("name"), doc.get("created_at")
+    parent, retention = doc.get("parent_version"), doc.get("retention")
+    redundancy, chain = doc.get("redundancy"), doc.get("delta_chain")
+    return (isinstance(name, str) and 0 < len(name) <= 128
+            and _number(created, float, 1e12) == created and created is not None
+            and (parent is None or (isinstance(parent, str) and _HEX_ID.match(parent) is not None))
+            and (retention is None or isinstance(retention, dict))
+            and (redundancy is None or (isinstance(redundancy, str) and len(redundancy) <= 32))
+            and (chain is None or (isinstance(chain, int) and not isinstance(chain, bool)
+                                   and 0 <= chain <= 64)))
 
 
 def newest(copies: Iterable[Found], states: dict[str, str]) -> Found | None:
