@@ -42,7 +42,8 @@ def open_locations(catalog: Catalog, spec: cfg.StoreSpec, given: dict[str, BlobS
     is written to, so a foreign or empty catalog is never taught this store's
     locations. A location this host cannot open (a removed disk, a bad URL) is
     still listed, as unreachable: reads skip it, and ``repair`` rebuilds its
-    shards once it is marked failed. This host's config file may name another
+    shards once it is marked failed. The directory of a location the catalog
+    already knows is never made again: gone, it is unreachable. This host's config file may name another
     URL for a location than the catalog records (a different mount point).
 
     Raises:
@@ -58,7 +59,7 @@ def open_locations(catalog: Catalog, spec: cfg.StoreSpec, given: dict[str, BlobS
     opened: dict[str, BlobStore] = {}
     try:
         for name, url in urls.items():
-            opened[name] = open_location_store(name, url, spec.s3, given)
+            opened[name] = open_location_store(name, url, spec.s3, given, create=name not in states)
         surveys = [identity.survey(name, blobs) for name, blobs in opened.items()
                    if states.get(name) != "failed"]
         to_write = identity.check_at_open(catalog, surveys, recover=recover)

@@ -100,6 +100,12 @@ def full_error(exc: OSError, what: str, where: str, needed: int | None,
     return StorageError(f"cannot write {what} in {where}: {exc}")
 
 
+def _gone(root: Path) -> str:
+    return (f"the location directory {root} is gone (a disk removed or unmounted?); it is not "
+            "made again. Restore it, or mark the location failed (`casckpt location fail`) and "
+            "run `casckpt repair`")
+
+
 class LocalBlobStore:
     """Objects as files under ``root``. Thread-safe.
 
@@ -107,11 +113,20 @@ class LocalBlobStore:
     :meth:`close`.
     """
 
-    def __init__(self, root: Path | str) -> None:
+    def __init__(self, root: Path | str, *, create: bool = True) -> None:
+        """``create``: make ``root`` (and its parents) if it does not exist. Pass False for a
+        location the store already knows: a directory that vanished (an unmounted disk) is then
+        reported, not silently made again on whatever file system is underneath.
+
+        Raises:
+            StorageError: ``create`` is False and ``root`` is not a directory.
+        """
         self.root = Path(root).resolve()
         self.url = self.root.as_uri()
         self._tmp = self.root / "tmp"
-        self._tmp.mkdir(parents=True, exist_ok=True)
+        if not create and not self.root.is_dir():
+            raise StorageError(_gone(self.root))
+        self._tmp.mkdir(parents=create, exist_ok=True)
         self._scratch = ScratchDir(self._tmp, parents=False)
 
     def __repr__(self) -> str:
@@ -142,10 +157,7 @@ class LocalBlobStore:
     def _write_failed(self, exc: OSError, what: str, needed: int | None) -> StorageError:
         """The typed error for a write of ``what`` that failed with ``exc``."""
         if isinstance(exc, FileNotFoundError) and not self.root.is_dir():
-            return StorageError(
-                f"cannot write {what}: the location directory {self.root} is gone (a disk removed "
-                "or unmounted?); it is not made again. Restore it, or mark the location failed "
-                "(`casckpt location fail`) and run `casckpt repair`")
+            return StorageError(f"cannot write {what}: {_gone(self.root)}")
         return full_error(exc, what, str(self.root), needed)
 
     def _place(self, tmp: Path, key: str) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 from botocore import exceptions as bce
 
 from casckpt.errors import BlobNotFoundError, RetryableStorageError, StorageError
+from casckpt.storage.urls import redact_text
 
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
 
@@ -72,14 +73,13 @@ _DEFAULT_HINT = "look the error code up in the S3 documentation"
 
 _ACCESS_KEY_ID = re.compile(r"\b(?:AKIA|ASIA|AIDA|AROA|ANPA)[A-Z0-9]{12,}\b")
 _CREDENTIAL_FIELD = re.compile(r"(Credential=|Signature=|X-Amz-Security-Token=)[^\s,&\"']+")
-_URL_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
 
 
 def redact(text: str) -> str:
     """Remove anything that looks like a credential from ``text``."""
     text = _ACCESS_KEY_ID.sub("***", text)
     text = _CREDENTIAL_FIELD.sub(r"\1***", text)
-    return _URL_USERINFO.sub("***@", text)
+    return redact_text(text)
 
 
 def map_s3_error(exc: BaseException, op: str, where: str) -> StorageError:
