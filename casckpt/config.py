@@ -15,6 +15,7 @@ Environment variables (all optional):
 ``CASCKPT_STAGING_MEMORY``  host bytes GPU tensors stream through on commit (default 256 MiB).
 ``CASCKPT_CATALOG_RETRY_S``  seconds a catalog step is retried while the database is unreachable
                            (default 5; 0: no retries).
+``CASCKPT_PROBE_TIMEOUT_S``  seconds a location has to answer its health probe (default 5).
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ class Settings:
         catalog_retry_s: how long each catalog step (a query, recording a pack,
             publishing a version) is retried while the catalog database is
             unreachable before it raises CatalogUnavailableError (0: no retries).
+        probe_timeout_s: how long ``Store.locations()`` waits for the locations to
+            answer their health probes (all probed at once) before it reports the
+            silent ones unreachable.
     """
 
     chunk_size: int = DEFAULT_CHUNK_SIZE
@@ -84,6 +88,7 @@ class Settings:
     stage_host_tensors: bool = False
     delta_memory: int = field(default_factory=lambda: int(min(4 << 30, _ram() // 8)))
     catalog_retry_s: float = 5.0
+    probe_timeout_s: float = 5.0
 
 
 def _ram() -> int:
@@ -147,6 +152,9 @@ def settings(overrides: Mapping[str, Any] | None = None,
     retry_s = _seconds_env(env, "CASCKPT_CATALOG_RETRY_S")
     if retry_s is not None:
         config = replace(config, catalog_retry_s=retry_s)
+    probe_s = _seconds_env(env, "CASCKPT_PROBE_TIMEOUT_S")
+    if probe_s is not None:
+        config = replace(config, probe_timeout_s=probe_s)
     if env.get("CASCKPT_BACKPRESSURE"):
         config = replace(config, backpressure=_backpressure(env["CASCKPT_BACKPRESSURE"]))
     for key, value in (overrides or {}).items():

@@ -39,6 +39,7 @@ from casckpt.engine.context import EngineContext, manifest_key
 from casckpt.engine.deltabase import BaseCache
 from casckpt.engine.leftovers import reclaim_leftovers
 from casckpt.engine.packstore import PackStore
+from casckpt.engine.probe import LocationProber
 from casckpt.engine.refs import load_manifest, resolve
 from casckpt.engine.staging import StagingBuffers
 from casckpt.engine.validate import check_name
@@ -105,6 +106,7 @@ class Store(StoreAdmin, StoreDistributed):
             pool=ThreadPoolExecutor(settings.workers, thread_name_prefix="casckpt"),
             uploads=ThreadPoolExecutor(settings.upload_workers, thread_name_prefix="casckpt-upload"),
         )
+        self._prober = LocationProber()
         self._committer = BackgroundCommitter(
             self._ctx, max_pending=settings.max_pending_commits, memory=settings.commit_memory,
             backpressure=settings.backpressure)

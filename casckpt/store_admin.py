@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from casckpt import config as cfg
 from casckpt.catalog import deltas as deltas_sql
+from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
 from casckpt.engine import check as check_engine
 from casckpt.engine import identity, records
 from casckpt.engine import rebuild as rebuild_engine
 from casckpt.engine import repair as repair_engine
 from casckpt.engine.context import EngineContext
+from casckpt.engine.probe import LocationProber
 from casckpt.engine.validate import check_name
 from casckpt.errors import CasckptError, InvalidArgumentError, StoreIdentityError
 from casckpt.storage import BlobStore, open_blob_store, redact_url
@@ -86,6 +89,7 @@ class StoreAdmin:
     _config_file: Path | None
     _locations_loaded: float
     _recovering: bool
+    _prober: LocationProber
 
     def _refuse_while_recovering(self, what: str) -> None:
         """A store opened with ``recover=True`` over data its empty catalog lacks does nothing
@@ -130,16 +134,34 @@ class StoreAdmin:
 
     # -- locations --------------------------------------------------------------
 
-    def locations(self) -> list[LocationInfo]:
-        """Every blob location with its failure domain, state and what it holds."""
+    def locations(self, *, timeout: float | None = None) -> list[LocationInfo]:
+        """Every blob location with its failure domain, state, what it holds, and its health.
+
+        Health is measured: each location (failed ones too, to tell whether one came
+        back) is sent a real request -- a read of its identity record -- all at once,
+        and ``reachable`` says whether it answered with this store's record within
+        ``timeout`` seconds (default: the ``probe_timeout_s`` setting, 5 s), with
+        ``reason`` why not and ``probe_s`` how long it took. The call returns after at
+        most about ``timeout`` seconds, however many locations are silent.
+
+        Raises:
+            InvalidArgumentError: ``timeout`` is negative.
+        """
+        return self._location_infos(self._ctx.locations.all, timeout)
+
+    def _location_infos(self, locations: Sequence[Location], timeout: float | None) -> list[LocationInfo]:
+        timeout = self._ctx.config.probe_timeout_s if timeout is None else timeout
+        if not timeout >= 0:
+            raise InvalidArgumentError(f"a probe timeout is 0 or more seconds, not {timeout!r}")
         usage = shard_sql.location_usage(self._ctx.catalog)
+        probes = self._prober.probe(locations, identity_sql.read(self._ctx.catalog), timeout)
         out = []
-        for loc in self._ctx.locations.all:
+        for loc, probe in zip(locations, probes, strict=True):
             shards, size, damaged = usage.get(loc.id, (0, 0, 0))
             out.append(LocationInfo(
                 name=loc.name, url=redact_url(loc.blobs.url), domain=loc.domain, state=loc.state,
-                shards=shards, bytes=size, damaged=damaged,
-                reachable=not isinstance(loc.blobs, UnreachableBlobStore)))
+                shards=shards, bytes=size, damaged=damaged, reachable=probe.reachable,
+                reason=probe.reason, probe_s=round(probe.seconds, 3)))
         return out
 
     def add_location(self, url: str, *, domain: str | None = None, name: str | None = None) -> LocationInfo:
@@ -209,7 +231,8 @@ class StoreAdmin:
             self._reload_locations({})
 
     def _location_info(self, name: str) -> LocationInfo:
-        return next(info for info in self.locations() if info.name == name)
+        found = [loc for loc in self._ctx.locations.all if loc.name == name]
+        return self._location_infos(found, None)[0]
 
     def _reload_locations(self, opened: dict[str, BlobStore]) -> None:
         """Re-read locations from the catalog, keeping the blob stores already open."""

@@ -415,7 +415,12 @@ class LocationInfo(_ToDict):
         shards: pack copies or shards recorded on it.
         bytes: their total size.
         damaged: those of them known missing or corrupt.
-        reachable: whether this process could open it.
+        reachable: whether it answered a real request (a read of its identity record)
+            within the probe timeout, with this store's record: measured when the
+            value was made, not assumed.
+        reason: why it is not reachable (None when it is): a short line, credentials
+            redacted.
+        probe_s: how long the probe took, in seconds (the timeout, when it got no answer).
     """
 
     name: str
@@ -426,6 +431,8 @@ class LocationInfo(_ToDict):
     bytes: int
     damaged: int
     reachable: bool
+    reason: str | None = None
+    probe_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -321,7 +321,8 @@ _STATE_STYLES = {"active": "green", "draining": "yellow", "failed": "bold red"}
 
 
 def locations_table(locations: Iterable[LocationInfo]) -> Table:
-    """One row per blob location: name, failure domain, state, URL and what it holds."""
+    """One row per blob location: name, failure domain, state, URL, what it holds, and how its
+    health probe went (see :func:`unreachable_notes` for why one is not reachable)."""
     table = _table(
         "NAME",
         "DOMAIN",
@@ -330,8 +331,9 @@ def locations_table(locations: Iterable[LocationInfo]) -> Table:
         "SHARDS",
         "SIZE",
         "DAMAGED",
+        "PROBE",
         "REACHABLE",
-        right=("SHARDS", "SIZE", "DAMAGED"),
+        right=("SHARDS", "SIZE", "DAMAGED", "PROBE"),
     )
     for loc in locations:
         table.add_row(
@@ -342,6 +344,17 @@ def locations_table(locations: Iterable[LocationInfo]) -> Table:
             str(loc.shards),
             human_bytes(loc.bytes),
             Text(str(loc.damaged), style="bold red" if loc.damaged else ""),
+            _seconds(loc.probe_s),
             Text("yes") if loc.reachable else Text("no", style="bold red"),
         )
     return table
+
+
+def unreachable_notes(locations: Iterable[LocationInfo]) -> list[RenderableType]:
+    """One line per location that is not reachable, saying why."""
+    return [Text(f"{loc.name} is not reachable (probed for {_seconds(loc.probe_s)}): {loc.reason}",
+                 style="bold red") for loc in locations if not loc.reachable]
+
+
+def _seconds(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"

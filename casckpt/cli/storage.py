@@ -64,20 +64,31 @@ def _print_location(info: LocationInfo, as_json: bool, hint: str | None = None) 
     if as_json:
         render.print_json(info.to_dict())
         return
-    render.out(render.locations_table([info]))
+    render.out(render.locations_table([info]), *render.unreachable_notes([info]))
     if hint:
         render.note(hint)
 
 
 @location_app.command("list")
-def list_locations(ctx: typer.Context, as_json: JsonOption = False) -> None:
-    """List the blob locations: domain, state, URL, shards held, damaged shards, reachability."""
+def list_locations(
+    ctx: typer.Context,
+    timeout: Annotated[float | None, typer.Option(
+        "--timeout", min=0, help="Seconds each location has to answer its probe (all are probed "
+        "at once; default: CASCKPT_PROBE_TIMEOUT_S, else 5).")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List the blob locations: domain, state, URL, shards held, damaged shards, and health.
+
+    Health is measured: every location is sent a real request (a read of its
+    identity record) and is reachable only if it answers with this store's
+    record in time; the ones that do not are listed with the reason.
+    """
     with _open_store(ctx) as store:
-        found = store.locations()
+        found = store.locations(timeout=timeout)
     if as_json:
         render.print_json([info.to_dict() for info in found])
     else:
-        render.out(render.locations_table(found))
+        render.out(render.locations_table(found), *render.unreachable_notes(found))
 
 
 @location_app.command("add")
