@@ -66,6 +66,7 @@ from torch.futures import Future
 
 from casckpt.catalog.gc import begin_lease, end_lease
 from casckpt.engine import commit as commit_engine
+from casckpt.engine.degraded import Shortfall
 from casckpt.engine.distributed import ShardPiece, StoredShard, compose, shard_entries, write_shards
 from casckpt.engine.layout import tensor_from_blob
 from casckpt.engine.restore import read_ranges
@@ -91,6 +92,7 @@ class _Written:
     value: Node | None = None
     new_bytes: int = 0  # the rank's totals, carried by its first result only
     stored_bytes: int = 0
+    degraded: tuple[Shortfall, ...] = ()  # packs the rank wrote below their redundancy (first result)
 
 
 def _end_lease(catalog: Catalog, lease: str) -> None:
@@ -227,7 +229,8 @@ class StoreWriter(StorageWriter):
         if results:
             first = results[0]
             results[0] = WriteResult(first.index, first.size_in_bytes, dataclasses.replace(
-                first.storage_data, new_bytes=wrote.new_bytes, stored_bytes=wrote.stored_bytes))
+                first.storage_data, new_bytes=wrote.new_bytes, stored_bytes=wrote.stored_bytes,
+                degraded=wrote.degraded))
         future: Future[list[WriteResult]] = Future()
         future.set_result(results)
         return future
@@ -256,7 +259,8 @@ class StoreWriter(StorageWriter):
             entries, blobs = shard_entries(shards)
             snap = compose(self._request, self._parent, self._created, World(len(results), "dcp"),
                            {"t": "dict", "k": keys, "v": nodes}, entries, blobs,
-                           sum(p.new_bytes for p in parts), sum(p.stored_bytes for p in parts))
+                           sum(p.new_bytes for p in parts), sum(p.stored_bytes for p in parts),
+                           [s for p in parts for s in p.degraded])
             redundancy = self._ctx.packs.redundancy_for(self._request.run)
             commit_engine.publish(self._ctx, self._request, snap, redundancy, self._started,
                                   self._lease_id)

@@ -29,9 +29,9 @@ from casckpt.catalog import deltas as deltas_sql
 from casckpt.catalog import history as history_sql
 from casckpt.catalog import retention as retention_sql
 from casckpt.engine import commit as commit_engine
+from casckpt.engine import degraded, records
 from casckpt.engine import gc as gc_engine
 from casckpt.engine import history as history_engine
-from casckpt.engine import records
 from casckpt.engine import restore as restore_engine
 from casckpt.engine import retention as retention_engine
 from casckpt.engine.background import BackgroundCommitter, CommitHandle
@@ -338,7 +338,8 @@ class Store(StoreAdmin, StoreDistributed):
         return history_engine.versions(rows, tags)
 
     def show(self, ref: Ref) -> VersionDetail:
-        """A version with its tensors (from the catalog) and plain values (from its manifest)."""
+        """A version with its tensors (from the catalog), plain values (from its manifest), and
+        whether it is degraded now (see :class:`~casckpt.types.VersionDetail`)."""
         row = self._row(ref)
         manifest = load_manifest(self._ctx.catalog, row)
         pieces = sharding(manifest)
@@ -350,9 +351,11 @@ class Store(StoreAdmin, StoreDistributed):
         world = manifest.world
         ids = list(dict.fromkeys(c.hex() for b in manifest.blobs for c in b.chunks))
         delta_chunks, longest = deltas_sql.version_deltas(self._ctx.catalog, ids)
+        below = degraded.of_chunks(self._ctx, ids)
         return VersionDetail(self._version(row), tensors, dict(iter_values(manifest.root)),
                              world.size if world else None, world.api if world else None,
-                             delta_chunks, longest)
+                             delta_chunks, longest, degraded=bool(below), degraded_packs=len(below),
+                             degraded_detail=degraded.summary(below) if below else None)
 
     def runs(self) -> list[RunInfo]:
         """Every run with a summary of its versions."""

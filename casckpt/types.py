@@ -58,6 +58,14 @@ class Version(_ToDict):
         parent: id of the previous version of the run (None for the first).
         tags: tag names pointing at this version.
         metadata, metrics, message: what the caller passed to ``commit``.
+        degraded: set on the version a commit returns (blocking, a background
+            handle's ``wait()``, a group commit): True when a pack the commit wrote
+            could not be placed as its redundancy asks -- a shard recorded missing
+            (its location refused it), shards doubled up in one failure domain, or
+            fewer shards than the scheme; a WARNING names the locations. The data
+            is committed; ``casckpt repair`` restores the redundancy. Versions read
+            back from the catalog (``log``, ``resolve``, ...) say False: ask
+            ``Store.show(ref).degraded`` for a version's state now.
     """
 
     id: str
@@ -73,6 +81,7 @@ class Version(_ToDict):
     metadata: Mapping[str, Any] = field(default_factory=dict)
     metrics: Mapping[str, float] = field(default_factory=dict)
     message: str | None = None
+    degraded: bool = False
 
     @property
     def short_id(self) -> str:
@@ -108,6 +117,13 @@ class VersionDetail(_ToDict):
     rank: paths ``rankN/...``). ``delta_chunks`` of its chunks are stored as
     deltas, the deepest ``longest_chain`` deltas from a keyframe (``version``'s
     ``new_bytes`` vs ``stored_bytes`` tell what its new chunks cost).
+
+    ``degraded`` says whether the version is below its redundancy *now*: some
+    pack holding its chunks (or their delta bases) has a shard that is not ok,
+    sits on a failed location, or shares a failure domain with another of the
+    pack's shards, as the catalog records them; ``degraded_packs`` counts those
+    packs and ``degraded_detail`` says what is wrong with the first few. False
+    again once ``repair`` has restored them.
     """
 
     version: Version
@@ -117,6 +133,9 @@ class VersionDetail(_ToDict):
     saved_with: str | None = None
     delta_chunks: int = 0  # of the version's chunks, those stored as deltas
     longest_chain: int = 0  # deltas decoded to read its deepest chunk
+    degraded: bool = False
+    degraded_packs: int = 0
+    degraded_detail: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

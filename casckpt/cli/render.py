@@ -230,6 +230,10 @@ def version_table(v: Version) -> Table:
 def detail_view(detail: VersionDetail) -> list[RenderableType]:
     """The version, then its tensors, then its plain values."""
     parts: list[RenderableType] = [version_table(detail.version), ""]
+    if detail.degraded:
+        parts[-1:] = [Text(f"DEGRADED: {detail.degraded_packs} pack(s) holding this version are below "
+                           f"their redundancy ({detail.degraded_detail}); `casckpt check` lists them, "
+                           "`casckpt repair` restores them", style="bold red"), ""]
     if detail.delta_chunks:
         parts[-1:] = [Text(f"delta coding: {detail.delta_chunks} chunk(s) stored as deltas, chains up to "
                            f"{detail.longest_chain} deep"), ""]

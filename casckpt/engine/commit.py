@@ -25,6 +25,7 @@ from casckpt.catalog.gc import begin_lease, end_lease, lease_version
 from casckpt.catalog.history import fork_point
 from casckpt.engine import records
 from casckpt.engine.context import EngineContext, manifest_key
+from casckpt.engine.degraded import Shortfall, shortfalls, summary
 from casckpt.engine.deltabase import DeltaPlan, candidate_bases
 from casckpt.engine.layout import BlobSource, plan_blobs
 from casckpt.engine.packer import Packer
@@ -211,23 +212,33 @@ def _encoded(ctx: EngineContext, chunks: Mapping[bytes, _Chunk], ids: Sequence[b
         yield from ctx.pool.map(encode, ids[i : i + window])
 
 
+@dataclass(frozen=True, slots=True)
+class ChunkWrite:
+    """What :func:`write_chunks` wrote: raw and stored bytes, and the packs it could not place
+    as their redundancy asks (see :mod:`.degraded`)."""
+
+    raw_bytes: int
+    stored_bytes: int
+    degraded: tuple[Shortfall, ...] = ()
+
+
 def write_chunks(
     ctx: EngineContext, chunks: Mapping[bytes, _Chunk], ids: Sequence[bytes],
     redundancy: Redundancy, progress: ProgressCallback | None, delta: DeltaPlan | None = None,
-) -> tuple[int, int]:
-    """Encode (delta-coding where ``delta`` says it pays) and pack ``ids``; returns (raw bytes,
-    stored bytes) written."""
+) -> ChunkWrite:
+    """Encode (delta-coding where ``delta`` says it pays) and pack ``ids``."""
     packer = Packer(ctx, redundancy)
     bar = _Progress(progress, "write", sum(chunks[c].end - chunks[c].start for c in ids))
     try:
         for cid, codec, raw_len, payload, base in _encoded(ctx, chunks, ids, delta):
             packer.add(cid, codec, raw_len, payload, base)
             bar.advance(raw_len)
-        packer.finish()
+        packs = packer.finish()
     except BaseException:
         packer.abort()
         raise
-    return bar.done, packer.stored_bytes
+    return ChunkWrite(bar.done, packer.stored_bytes,
+                      tuple(shortfalls(ctx, (p.layout for p in packs))))
 
 
 def tensor_rows(
@@ -286,6 +297,13 @@ class Snapshot:
     foreground: bool = False  # a background commit whose copies did not fit: write it now
     bases: dict[bytes, bytes] = field(default_factory=dict)  # new chunk -> its candidate delta base
     delta: DeltaPlan | None = None
+    degraded: list[Shortfall] = field(default_factory=list)  # packs written below their redundancy
+
+    def wrote(self, written: ChunkWrite) -> None:
+        """Count what a :func:`write_chunks` of this snapshot's chunks wrote."""
+        self.new_bytes += written.raw_bytes
+        self.stored_bytes += written.stored_bytes
+        self.degraded.extend(written.degraded)
 
 
 Reserve = Callable[[int], bool]  # asked for the bytes to copy; False: do not copy (write from the views)
@@ -422,9 +440,7 @@ def _publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, started: fl
             lost = [cid for cid in snap.chunks if cid.hex() in exc.missing]
             ctx.cache.discard(lost)
             _hold_unchanged(snap, lost)
-            more_raw, more_stored = write_chunks(ctx, snap.chunks, lost, redundancy, progress)
-            snap.new_bytes += more_raw
-            snap.stored_bytes += more_stored
+            snap.wrote(write_chunks(ctx, snap.chunks, lost, redundancy, progress))
     raise CatalogError(
         f"could not publish version {snap.version_id[:12]}: its chunks kept disappearing "
         "(is a GC with --grace 0 running?); retry the commit"
@@ -451,9 +467,7 @@ def write_new(ctx: EngineContext, run: str, snap: Snapshot, redundancy: Redundan
     """Encode, pack and store the snapshot's new chunks (counted in ``new_bytes`` / ``stored_bytes``),
     delta-coded against their bases where that pays."""
     snap.delta = _delta_plan(ctx, run, snap)
-    raw, stored = write_chunks(ctx, snap.chunks, snap.new_ids, redundancy, progress, snap.delta)
-    snap.new_bytes += raw
-    snap.stored_bytes += stored
+    snap.wrote(write_chunks(ctx, snap.chunks, snap.new_ids, redundancy, progress, snap.delta))
 
 
 def publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: Redundancy,
@@ -470,14 +484,29 @@ def publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: 
         snap.delta.published(snap.chunks)
     for name in req.tags:  # a tag given at commit may have moved from another version
         records.record_tag(ctx.locations, ctx.catalog, name, snap.version_id)
+    if snap.degraded:
+        _warn_degraded(req, snap)
     return Version(
         id=snap.version_id, run=req.run, step=req.step,
         created_at=datetime.fromtimestamp(snap.manifest.created_at, tz=timezone.utc),
         logical_bytes=row["logical_bytes"], new_bytes=snap.new_bytes,
         stored_bytes=snap.stored_bytes, duration_s=row["duration_s"],
         parent=snap.manifest.parent, tags=req.tags, metadata=req.metadata,
-        metrics=req.metrics, message=req.message,
+        metrics=req.metrics, message=req.message, degraded=bool(snap.degraded),
     )
+
+
+def _warn_degraded(req: CommitRequest, snap: Snapshot) -> None:
+    """One WARNING for a commit some of whose packs are below their redundancy, naming the
+    locations that refused shards and what brings the redundancy back."""
+    refused = sorted({name for s in snap.degraded for name in s.refused})
+    todo = (f"location(s) {', '.join(refused)} refused shards: run `casckpt repair` once they are "
+            "back, or mark them failed (`casckpt location fail`), add others (`casckpt location add`) "
+            "and repair" if refused else
+            "add a location in another failure domain (`casckpt location add`), then `casckpt repair`")
+    log.warning("commit %s@%s (%s) is degraded: %d pack(s) are below their redundancy (%s). The "
+                "version is committed and readable; %s", req.run, req.step, snap.version_id[:12],
+                len(snap.degraded), summary(snap.degraded), todo)
 
 
 def finish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: Redundancy,

@@ -38,6 +38,7 @@ from casckpt.engine.commit import (
     write_chunks,
 )
 from casckpt.engine.context import EngineContext
+from casckpt.engine.degraded import Shortfall
 from casckpt.engine.layout import plan_blobs
 from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, World, encode_manifest
 from casckpt.format.tree import Node, TensorLeaf
@@ -72,11 +73,13 @@ class StoredShard:
 
 @dataclass(frozen=True, slots=True)
 class RankWrite:
-    """A rank's share of a version: its shards and the bytes it wrote."""
+    """A rank's share of a version: its shards, the bytes it wrote, and the packs it wrote below
+    their redundancy."""
 
     shards: tuple[StoredShard, ...]
     new_bytes: int
     stored_bytes: int
+    degraded: tuple[Shortfall, ...] = ()
 
 
 def _grid_offset(piece: ShardPiece, itemsize: int) -> int:
@@ -106,19 +109,20 @@ def write_shards(ctx: EngineContext, pieces: Sequence[ShardPiece], redundancy: R
     # confirmed in the catalog, not taken from this host's cache: the coordinator could not
     # write a chunk this rank wrongly skipped
     blobs, chunks, new_ids = hash_and_dedup(ctx, sources, progress, confirm=True)
-    new_bytes, stored_bytes = write_chunks(ctx, chunks, new_ids, redundancy, progress)
+    written = write_chunks(ctx, chunks, new_ids, redundancy, progress)
     shards = tuple(
         StoredShard(p.path, e.dtype, e.shape, blob, p.global_shape, p.global_offset)
         for p, e, blob in zip(pieces, entries, blobs, strict=True)
     )
-    return RankWrite(shards, new_bytes, stored_bytes)
+    return RankWrite(shards, written.raw_bytes, written.stored_bytes, written.degraded)
 
 
 def compose(req: CommitRequest, parent: str | None, created: float, world: World, root: Node,
             entries: Sequence[TensorEntry], blobs: Sequence[BlobEntry], new_bytes: int,
-            stored_bytes: int) -> Snapshot:
+            stored_bytes: int, degraded: Sequence[Shortfall] = ()) -> Snapshot:
     """The snapshot of a version whose chunks the ranks wrote already (nothing is left to write:
-    publishing re-checks the chunks, it cannot write them again)."""
+    publishing re-checks the chunks, it cannot write them again); ``degraded``: the packs the
+    ranks wrote below their redundancy."""
     manifest = Manifest(
         run=req.run, step=req.step, parent=parent, created_at=created, root=root,
         tensors=tuple(entries), blobs=tuple(blobs), metadata=req.metadata, metrics=req.metrics,
@@ -129,6 +133,7 @@ def compose(req: CommitRequest, parent: str | None, created: float, world: World
     chunks = held_elsewhere(cid for b in blobs for cid in b.chunks)
     snap = Snapshot(manifest, version_id, manifest_bytes, chunks, [], rows, content_rows)
     snap.new_bytes, snap.stored_bytes = new_bytes, stored_bytes
+    snap.degraded = list(degraded)
     return snap
 
 

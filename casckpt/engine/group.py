@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from casckpt.catalog.gc import begin_lease, end_lease
 from casckpt.engine import commit as commit_engine
-from casckpt.engine.commit import CommitRequest
+from casckpt.engine.commit import ChunkWrite, CommitRequest
 from casckpt.engine.context import EngineContext
 from casckpt.engine.distributed import compose
 from casckpt.engine.layout import plan_blobs
@@ -73,7 +73,7 @@ def _prepare(ctx: EngineContext, req: CommitRequest) -> tuple[str | None, float,
     return commit_engine.parent_of(ctx, req.run), time.time(), begin_lease(ctx.catalog)
 
 
-Part = tuple[Node, list[TensorEntry], list[BlobEntry], int, int]
+Part = tuple[Node, list[TensorEntry], list[BlobEntry], ChunkWrite]
 
 
 def group_commit(ctx: EngineContext, state: object, req: CommitRequest, group: Any,
@@ -120,8 +120,8 @@ def group_commit(ctx: EngineContext, state: object, req: CommitRequest, group: A
         mine = [cid for cid in new_ids if writer[cid] == rank]
 
         def write() -> Part:
-            new_bytes, stored_bytes = commit_engine.write_chunks(ctx, chunks, mine, redundancy, progress)
-            return root, entries, blobs, new_bytes, stored_bytes
+            written = commit_engine.write_chunks(ctx, chunks, mine, redundancy, progress)
+            return root, entries, blobs, written
 
         parts = _at_coordinator(group, _together(group, "writing chunks", write))
         version = _together(group, "publishing", lambda: _publish(
@@ -145,11 +145,12 @@ def _publish(ctx: EngineContext, req: CommitRequest, parts: list[Part], parent: 
     trees: list[Node] = []
     entries: list[TensorEntry] = []
     blobs: list[BlobEntry] = []
-    for rank, (root, rank_entries, rank_blobs, _, _) in enumerate(parts):
+    for rank, (root, rank_entries, rank_blobs, _) in enumerate(parts):
         base = len(entries)  # this rank's tensors follow earlier ranks'
         trees.append(renumber_tensors(root, base.__add__))
         entries.extend(replace(e, blob=e.blob + len(blobs), rank=rank) for e in rank_entries)
         blobs.extend(rank_blobs)
     snap = compose(req, parent, created, World(len(parts), "group"), {"t": "ranks", "v": trees},
-                   entries, blobs, sum(p[3] for p in parts), sum(p[4] for p in parts))
+                   entries, blobs, sum(p[3].raw_bytes for p in parts),
+                   sum(p[3].stored_bytes for p in parts), [s for p in parts for s in p[3].degraded])
     return commit_engine.publish(ctx, req, snap, ctx.packs.redundancy_for(req.run), started, lease)
