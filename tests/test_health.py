@@ -44,7 +44,8 @@ def state(step: int) -> dict[str, Any]:
 
 
 def open_local(root: Path, n: int = 6, redundancy: str = "ec:4+2") -> Any:
-    blobs = [str(root.parent / f"disk{i}") for i in range(n)] if not (root / "casckpt.toml").exists() else None
+    new = not (root / "casckpt.toml").exists()
+    blobs = [str(root.parent / f"disk{i}") for i in range(n)] if new else None
     return casckpt.open(root, blobs=blobs, redundancy=redundancy if blobs else None, chunk_size=CHUNK,
                         pack_size=PACK, workers=2, cache=root.parent / "cache")
 
