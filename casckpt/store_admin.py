@@ -154,7 +154,8 @@ class StoreAdmin:
         if not timeout >= 0:
             raise InvalidArgumentError(f"a probe timeout is 0 or more seconds, not {timeout!r}")
         usage = shard_sql.location_usage(self._ctx.catalog)
-        probes = self._prober.probe(locations, identity_sql.read(self._ctx.catalog), timeout)
+        mine = None if self._recovering else identity_sql.read(self._ctx.catalog)  # rebuild adopts theirs
+        probes = self._prober.probe(locations, mine, timeout)
         out = []
         for loc, probe in zip(locations, probes, strict=True):
             shards, size, damaged = usage.get(loc.id, (0, 0, 0))

@@ -165,6 +165,18 @@ def test_an_endpoint_that_stops_answering_is_unreachable_within_the_bound(
             assert infos["loc0"].reachable
 
 
+def test_before_a_catalog_rebuild_the_locations_records_are_not_held_against_them(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    with open_local(root, n=2, redundancy="none") as store:
+        store.commit(state(0), run="r", step=0)
+    for file in root.glob("catalog.db*"):
+        file.unlink()
+    with casckpt.open(root, recover=True, cache=tmp_path / "cache2") as store:
+        assert all(i.reachable for i in store.locations(timeout=BOUND))  # the rebuild adopts them
+        store.rebuild_catalog()
+        assert all(i.reachable for i in store.locations(timeout=BOUND))
+
+
 def test_probe_timeout_is_checked(tmp_path: Path) -> None:
     with open_local(tmp_path / "store", n=1, redundancy="none") as store:
         with pytest.raises(casckpt.errors.InvalidArgumentError):

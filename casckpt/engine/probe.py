@@ -77,9 +77,11 @@ class LocationProber:
         self._lock = threading.Lock()
         self._in_flight: dict[int, _Request] = {}  # id() of a blob store -> its unfinished probe
 
-    def probe(self, locations: Sequence[Location], mine: StoreIdentity, timeout: float) -> list[Probe]:
+    def probe(self, locations: Sequence[Location], mine: StoreIdentity | None,
+              timeout: float) -> list[Probe]:
         """Probe every location at once; returns one result per location, in order, after at
-        most ``timeout`` seconds (plus thread start-up)."""
+        most ``timeout`` seconds (plus thread start-up). ``mine``: the identity a location's
+        record must name (None: any record will do, e.g. before a catalog rebuild adopts them)."""
         deadline = time.monotonic() + timeout
         requests = [self._start(loc) for loc in locations]
         results = []
@@ -110,7 +112,7 @@ class LocationProber:
                     del self._in_flight[id(request.blobs)]
 
 
-def _verdict(request: _Request, mine: StoreIdentity, timeout: float) -> Probe:
+def _verdict(request: _Request, mine: StoreIdentity | None, timeout: float) -> Probe:
     seconds = min((request.finished or time.monotonic()) - request.started, timeout)
     found = request.survey
     if found is None:
@@ -122,7 +124,7 @@ def _verdict(request: _Request, mine: StoreIdentity, timeout: float) -> Probe:
     if found.record is None:
         return Probe(False, f"it answers but holds no identity record ({IDENTITY_KEY}): "
                      "its directory or bucket was removed, emptied or replaced", seconds)
-    if found.record.store_id != mine.store_id:
+    if mine is not None and found.record.store_id != mine.store_id:
         return Probe(False, f"it holds another store's identity record ({found.record.describe()})",
                      seconds)
     return Probe(True, None, seconds)
