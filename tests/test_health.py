@@ -220,15 +220,22 @@ def test_commit_while_a_directory_is_gone_is_degraded_until_repair(
             part.split(":")[0].removeprefix("pack ") for part in (detail.degraded_detail or "").split("; ")
             if part.startswith("pack ")}
 
-        # the location is declared lost and another takes its place
+        # the location is declared lost: five domains left for six shards, so they double up
         store.fail_location("loc1")
         assert store.show(before).degraded  # its shards on loc1 are gone for good now
-        store.add_location(str(tmp_path / "disk6"))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="casckpt.engine.commit"):
+            doubled = store.commit(state(3), run="r", step=3)
+        assert doubled.degraded and "share failure domain" in (store.show(doubled).degraded_detail or "")
+        assert any("r@3" in r.getMessage() and "location add" in r.getMessage() for r in caplog.records)
+        assert "redundancy" in check_kinds(store)
+
+        store.add_location(str(tmp_path / "disk6"))  # another takes its place
         assert store.repair().ok
-        for ref in ("r@0", "r@1", "r@2"):
+        for ref in ("r@0", "r@1", "r@2", "r@3"):
             assert store.show(ref).degraded is False, ref
         assert store.check(read_data=True).ok
-        assert store.commit(state(3), run="r", step=3).degraded is False
+        assert store.commit(state(4), run="r", step=4).degraded is False
 
 
 def test_show_prints_degraded(tmp_path: Path) -> None:
