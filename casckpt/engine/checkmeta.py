@@ -37,6 +37,7 @@ from casckpt.catalog.rows import manifest_bytes
 from casckpt.engine import identity, records
 from casckpt.engine.commit import tensor_rows
 from casckpt.engine.context import EngineContext, manifest_key
+from casckpt.engine.degraded import doubled_domains
 from casckpt.engine.discovery import MANIFEST_OBJECT
 from casckpt.engine.refs import bind
 from casckpt.errors import CasckptError, IntegrityError, StorageError
@@ -273,21 +274,9 @@ def check_presence(ctx: EngineContext, layouts: Iterable[PackLayout], found: Fin
     return unusable
 
 
-def doubled_domains(ctx: EngineContext, layout: PackLayout) -> dict[str, list[int]]:
-    """Failure domains holding more than one of the pack's shards: domain -> shard indexes."""
-    if layout.scheme == "none":
-        return {}
-    by_domain: dict[str, list[int]] = {}
-    for sh in layout.shards:
-        loc = ctx.locations.get(sh.location_id)
-        if loc is not None and loc.readable:
-            by_domain.setdefault(loc.domain, []).append(sh.index)
-    return {domain: indexes for domain, indexes in sorted(by_domain.items()) if len(indexes) > 1}
-
-
 def _check_domains(ctx: EngineContext, layout: PackLayout, found: Findings) -> None:
     """A pack with two shards in one failure domain loses two to one failure: degraded."""
-    for domain, indexes in doubled_domains(ctx, layout).items():
+    for domain, indexes in doubled_domains(ctx.locations, layout).items():
         found.add("redundancy", layout.id, f"shards {indexes} share failure domain {domain!r}: one "
                   "failure there loses them all; add a location in another domain "
                   "(`casckpt location add`), then `casckpt repair`")

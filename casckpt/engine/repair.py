@@ -41,6 +41,7 @@ from casckpt.catalog.rows import manifest_bytes
 from casckpt.engine import checkmeta, identity, records
 from casckpt.engine.checkmeta import Findings
 from casckpt.engine.context import EngineContext, manifest_key
+from casckpt.engine.degraded import doubled_domains
 from casckpt.engine.refs import bind
 from casckpt.errors import BlobNotFoundError, CasckptError, IntegrityError, StorageError
 from casckpt.format.manifest import MAX_MANIFEST_OBJECT, decode_manifest
@@ -97,7 +98,7 @@ def _degraded(ctx: EngineContext) -> list[str]:
     """Packs with shards doubled up in one failure domain, as they are after this repair."""
     out = []
     for layout in shard_sql.layouts(ctx.catalog, [p.id for p in ctx.catalog.packs()]).values():
-        for domain, indexes in checkmeta.doubled_domains(ctx, layout).items():
+        for domain, indexes in doubled_domains(ctx.locations, layout).items():
             out.append(f"{layout.id}: shards {indexes} share failure domain {domain!r}; add a location "
                        "in another domain (`casckpt location add`), then repair again")
     return out
