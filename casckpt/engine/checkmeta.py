@@ -5,7 +5,7 @@
   ``refs/``); presence and sizes below come from it, not from stat calls.
 - **Manifests**: each visible version's manifest in the catalog decodes,
   hashes to its id and says the run, step, parent and time its row says; a
-  copy of it is on every active and draining location (with ``read_data``:
+  copy of it is on every active location (with ``read_data``:
   each copy is read, verified and identical to the catalog's); a manifest
   on a location the catalog neither knows nor has tombstoned is reported
   (the catalog is missing a version: stale, partly rebuilt or damaged).

@@ -13,13 +13,17 @@ Everything the catalog records is recoverable from the objects:
    tags and the tensors; a version is published only if every chunk it
    references was recovered.
 3. Mutable state from ``refs/`` records (see :mod:`casckpt.engine.records`):
-   forks, retention and redundancy policies, tags set after commit.
+   location domains and states, forks, retention, redundancy and delta-chain
+   policies of runs and of the store, tags set after commit. The copy on an
+   active location wins, then the highest counter.
 
-Not recoverable: commit durations and new/stored byte counts (recorded as
-0), soft deletions (such versions come back visible; the next ``gc``
-re-applies retention), GC history, location states (all come back
-active), and how many copies a ``replicate`` pack had when some are gone
-(it comes back with the copies found).
+Not recoverable (``docs/ARCHITECTURE.md``, "Catalog rebuild", lists every
+column that differs, and ``tests/test_recovery.py`` holds a rebuild to it):
+commit durations and new/stored byte counts (recorded as 0), commit times
+(the creation time), soft deletions (such versions come back visible; the
+next ``gc`` re-applies retention), GC history, and how many copies a
+``replicate`` pack had when some are gone (it comes back with the copies
+found).
 """
 
 from __future__ import annotations
