@@ -498,6 +498,11 @@ def _postgres_catalog(url: str) -> Catalogs:
     return Catalogs(url, drop)
 
 
+def snapshot(location: Path) -> dict[str, bytes]:
+    """Every object of a location directory, by key."""
+    return {key: (location / key).read_bytes() for key in local_lister({"": location})("")}
+
+
 def rebuild_and_compare(root: Path, catalogs: Catalogs, *, catalog: str | None) -> casckpt.Store:
     """Lose the catalog, rebuild it from the locations, compare; returns the store, rebuilt."""
     with open_store(root, catalog=catalog) as store:
@@ -505,11 +510,16 @@ def rebuild_and_compare(root: Path, catalogs: Catalogs, *, catalog: str | None) 
     old = catalog_rows(catalogs.url)
     mirrored = ("parent_version", "retention", "redundancy", "delta_chain")  # a run's refs/ record
     recorded = {name for (name,), run in old["runs"].items() if any(run[c] is not None for c in mirrored)}
+    failed = {name: root / "blobs" / f"d{name.removeprefix('loc')}"
+              for (name,), loc in old["locations"].items() if loc["state"] == "failed"}
+    before = {name: snapshot(d) for name, d in failed.items()}
     catalogs.drop()
     store = open_store(root, catalog=catalog, recover=True)
     try:
         report = store.rebuild_catalog()
         assert report.lost_packs == () and report.skipped == (), report
+        for name, d in failed.items():
+            assert snapshot(d) == before[name], f"the rebuild wrote to {name}, a failed location"
         assert_rebuilt_catalog_matches(old, catalog_rows(catalogs.url), recorded)
         assert store._ctx.catalog.store_id == store_id
         check = store.check(read_data=True)

@@ -115,15 +115,18 @@ def rebuild(ctx: EngineContext, progress: ProgressCallback | None = None) -> Reb
     Raises:
         InvalidArgumentError: the catalog already holds versions or packs.
         StorageError: a location cannot be listed.
+        StoreIdentityError: the locations belong to different stores (nothing was changed).
     """
     started = time.monotonic()
     if not shard_sql.is_empty(ctx.catalog):
         raise InvalidArgumentError(
             "the catalog is not empty; `catalog rebuild` fills a new, empty catalog. Move the "
             "old catalog away (SQLite) or create an empty database (PostgreSQL) first")
-    _adopt_identity(ctx)
     found_records = records.read_all(ctx.locations, "refs/")
-    states = _restore_locations(ctx, found_records)
+    recorded = _recorded_locations(found_records)
+    states = {name: state for name, _, _, state in recorded}
+    _adopt_identity(ctx, states)
+    _restore_locations(ctx, recorded)
     listing = _listing(ctx, states)
     found = scan_packs((loc, info) for loc, info in listing if info.key.startswith("packs/"))
     packs = chunks = 0
@@ -164,18 +167,19 @@ def rebuild(ctx: EngineContext, progress: ProgressCallback | None = None) -> Reb
                          duration_s=time.monotonic() - started)
 
 
-def _adopt_identity(ctx: EngineContext) -> None:
+def _adopt_identity(ctx: EngineContext, states: dict[str, str]) -> None:
     """Make the new catalog the store's: its id and creation time from the locations' identity
     records, its generation one above theirs; then record that on every location, so a catalog
-    from before the rebuild (a lower generation) is refused from now on.
+    from before the rebuild (a lower generation) is refused from now on. Locations recorded as
+    failed are neither trusted nor touched (a failed location is never written; if it comes
+    back, opening the store rewrites its record of an older generation).
 
     Raises:
         StoreIdentityError: the locations belong to different stores.
     """
+    usable = [loc for loc in ctx.locations.all if loc.readable and states.get(loc.name) != "failed"]
     records_found = {}
-    for loc in ctx.locations.all:
-        if not loc.readable:
-            continue
+    for loc in usable:
         try:
             record = identity.read_record(loc.blobs)
         except CasckptError as exc:
@@ -196,12 +200,11 @@ def _adopt_identity(ctx: EngineContext) -> None:
                              max(r.generation for r in records_found.values()))
     adopted = replace(mine, generation=mine.generation + 1)
     identity_sql.write(ctx.catalog, adopted)
-    for loc in ctx.locations.all:
-        if loc.readable:
-            try:
-                identity.write_record(loc.blobs, adopted)
-            except CasckptError as exc:
-                log.warning("rebuild: could not write the identity record of %s: %s", loc.describe(), exc)
+    for loc in usable:
+        try:
+            identity.write_record(loc.blobs, adopted)
+        except CasckptError as exc:
+            log.warning("rebuild: could not write the identity record of %s: %s", loc.describe(), exc)
 
 
 Listing = list[tuple[Location, BlobInfo]]
@@ -231,33 +234,42 @@ def _newest(found: dict[str, list[records.Found]], prefix: str,
     return docs
 
 
-def _restore_locations(ctx: EngineContext, found: dict[str, list[records.Found]]) -> dict[str, str]:
-    """Location domains and states from the newest locations record; returns name -> state.
+_LocationEntry = tuple[str, str | None, str, str]  # name, url, failure domain, state
+
+
+def _recorded_locations(found: dict[str, list[records.Found]]) -> list[_LocationEntry]:
+    """The locations the newest locations record names (entries that make no sense skipped)."""
+    doc = next(iter(_newest(found, records.LOCATIONS, {})), None)
+    entries = doc.get("locations") if doc is not None else None
+    out: list[_LocationEntry] = []
+    for entry in entries if isinstance(entries, list) else ():
+        try:
+            name, state, domain, url = entry["name"], entry["state"], entry["domain"], entry.get("url")
+        except (KeyError, TypeError, AttributeError) as exc:
+            log.warning("rebuild: skipping location entry %r: %s", entry, exc)
+            continue
+        if not all(isinstance(v, str) and 0 < len(v) <= 128 for v in (name, state, domain)) or not (
+                url is None or (isinstance(url, str) and len(url) <= 4096)):
+            log.warning("rebuild: skipping location entry %r: fields of the wrong type", entry)
+        elif state not in shard_sql.LOCATION_STATES:
+            log.warning("rebuild: skipping location entry %r: no such state", entry)
+        else:
+            out.append((name, url, domain, state))
+    return out
+
+
+def _restore_locations(ctx: EngineContext, recorded: list[_LocationEntry]) -> None:
+    """Location domains and states as recorded.
 
     A location the record names but this host's config does not is registered (other hosts
     may reach it); its objects are not read by this rebuild.
     """
-    doc = next(iter(_newest(found, records.LOCATIONS, {})), None)
-    entries = doc.get("locations") if doc is not None else None
-    if not isinstance(entries, list):
-        return {}
-    states: dict[str, str] = {}
     known = {loc.name for loc in ctx.locations.all}
-    for entry in entries:
-        try:
-            name, state, domain, url = entry["name"], entry["state"], entry["domain"], entry.get("url")
-            if not all(isinstance(v, str) and 0 < len(v) <= 128 for v in (name, state, domain)) or not (
-                    url is None or (isinstance(url, str) and len(url) <= 4096)):
-                raise ValueError("fields of the wrong type")
-            shard_sql.restore_location(ctx.catalog, name, url, domain, state)
-        except (KeyError, TypeError, ValueError, CasckptError) as exc:
-            log.warning("rebuild: skipping location entry %r: %s", entry, exc)
-            continue
-        states[name] = state
+    for name, url, domain, state in recorded:
+        shard_sql.restore_location(ctx.catalog, name, url, domain, state)
         if name not in known:
             log.warning("rebuild: location %s is recorded but not configured on this host; its "
                         "objects were not read (add it to casckpt.toml and rebuild again)", name)
-    return states
 
 
 def _restore_runs(ctx: EngineContext, found: dict[str, list[records.Found]], states: dict[str, str]) -> int:
