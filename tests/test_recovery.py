@@ -229,6 +229,9 @@ def wipe_two_restore_then_repair(template: Template, dest: Path, pair: tuple[int
         assert_restores(store, (21,), run="ft", seed=1)
         again = store.repair()
         assert again.nothing_to_do, again
+        store.commit(make_state(50), run=RUN, step=50, tags=["t50"])  # the replaced disks take writes
+        assert_every_location_holds_what_the_catalog_says(store, lister)
+        assert store.check().ok
 
 
 PAIRS = [(i, j) for i in range(6) for j in range(i + 1, 6)]
