@@ -258,6 +258,40 @@ def test_any_two_wiped_locations_get_everything_back_from_repair(
     wipe_two_restore_then_repair(ec_template, tmp_path_factory.mktemp("drawn") / "copy", pair)
 
 
+def test_a_catalog_lost_with_two_wiped_locations_is_rebuilt_from_the_other_four(
+        ec_template: Template, tmp_path: Path) -> None:
+    root, dirs = ec_template.copy(tmp_path / "copy")
+    for file in root.glob("catalog.db*"):
+        file.unlink()
+    for i in min(ec_template.parity_pairs):
+        wipe_dir(dirs[f"loc{i}"])
+    with open_store(root, recover=True) as store:
+        report = store.rebuild_catalog()
+        assert report.lost_packs == () and report.skipped == () and report.versions == len(STEPS) + 1
+        assert not store.check().ok  # the wiped locations' shards, manifests and records
+        assert store.repair().ok
+        assert_every_location_holds_what_the_catalog_says(store, local_lister(dirs))
+        assert store.check(read_data=True).ok
+        assert_restores(store, STEPS)
+        assert_restores(store, (21,), run="ft", seed=1)
+        assert store.resolve("tag:t10").step == 30 and store.retention(RUN) is not None
+
+
+@pytest.mark.parametrize("damage", [b"[" * 200_000, b"{\"seq\": 1"])
+def test_a_damaged_record_is_reported_by_check_and_rewritten_by_repair(tmp_path: Path, damage: bytes) -> None:
+    root = tmp_path / "store"
+    with open_store(root, ["blobs/d0", "blobs/d1"], redundancy="replicate:2") as store:
+        store.commit(make_state(10), run=RUN, step=10)
+        store.set_delta_chain(2)
+        (root / "blobs" / "d1" / records.STORE).write_bytes(damage)  # nested past the stack; cut short
+        report = store.check()
+        assert [(p.kind, p.subject) for p in report.problems] == [("record", records.STORE)], report.problems
+        assert store.repair().records_written == 1
+        assert store.check().ok
+        assert_every_location_holds_what_the_catalog_says(store, local_lister(
+            {f"loc{i}": root / "blobs" / f"d{i}" for i in range(2)}))
+
+
 def s3_lister(client: Any, urls: dict[str, str]) -> Lister:
     """Keys under a location's bucket prefix."""
     def keys(name: str) -> set[str]:
