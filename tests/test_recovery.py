@@ -12,7 +12,13 @@
 3. A catalog rebuilt after every kind of catalog change is compared with
    the lost one table by table; the differences must be exactly
    :data:`REBUILD_LOSES`, which ``docs/ARCHITECTURE.md`` ("Catalog rebuild")
-   states word for word. SQLite and PostgreSQL.
+   states word for word. SQLite and PostgreSQL. A rebuild never writes to a
+   failed location.
+
+Also: a catalog lost together with two wiped locations is rebuilt from the
+other four; a damaged ``refs/`` record is a ``check`` problem (never a
+traceback) that ``repair`` rewrites. An ``xfail(strict=True)`` test pins a
+bug outside the engine (``opening.py``) until it is fixed.
 """
 
 from __future__ import annotations
@@ -131,13 +137,15 @@ def expected_objects(store: casckpt.Store) -> dict[str, set[str]]:
 def assert_every_location_holds_what_the_catalog_says(store: casckpt.Store, lister: Lister) -> None:
     """Listed: exactly the catalog's shards, every manifest and record, each record agreeing."""
     wanted = records.expected(store._ctx.catalog)
+    active = {loc.name for loc in store._ctx.locations.active()}
     for name, want in expected_objects(store).items():
         have = lister(name)
         packs = {k for k in have if k.startswith("packs/")}
         assert packs == {k for k in want if k.startswith("packs/")}, f"{name}: shards differ"
         assert want - packs <= have, f"{name} lacks {sorted(want - packs - have)}"
         refs = {k for k in have if k.startswith("refs/")}
-        assert refs == {k for k in want if k.startswith("refs/")}, f"{name}: records differ"
+        if name in active:  # others keep the records they had when they left service
+            assert refs == {k for k in want if k.startswith("refs/")}, f"{name}: records differ"
     for loc in store._ctx.locations.active():
         for key, doc in wanted.items():
             assert records.agrees(key, json.loads(loc.blobs.get(key)), doc), (loc.name, key)
