@@ -112,8 +112,9 @@ def open_store(
     cat = Catalog(spec.catalog, where=redact_url(spec.catalog), retry_s=settings.catalog_retry_s)
     try:
         locations = open_locations(cat, spec, given, recover=recover)
-        _seed_redundancy(cat, spec.redundancy, redundancy, locations)
         recovering = recover and shard_sql.is_empty(cat)
+        if not recovering:  # a rebuild restores the store's policies from its records
+            _seed_redundancy(cat, spec.redundancy, redundancy, locations)
     except BaseException:
         cat.close()
         raise

@@ -17,8 +17,8 @@
 
 Also: a catalog lost together with two wiped locations is rebuilt from the
 other four; a damaged ``refs/`` record is a ``check`` problem (never a
-traceback) that ``repair`` rewrites. An ``xfail(strict=True)`` test pins a
-bug outside the engine (``opening.py``) until it is fixed.
+traceback) that ``repair`` rewrites; opening a store to rebuild it never
+overwrites its records with the redundancy its config file names.
 """
 
 from __future__ import annotations
@@ -659,11 +659,6 @@ def test_rebuild_loses_exactly_what_the_architecture_page_says() -> None:
     assert documented == REBUILD_LOSES
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "opening.py _seed_redundancy: opening with recover=True over the empty catalog seeds the "
-    "redundancy casckpt.toml names and writes refs/store with it (seq 1) to every active "
-    "location before the rebuild reads the records, so the store's own redundancy and delta "
-    "chain are overwritten and lost"))
 def test_rebuild_keeps_store_policies_of_a_store_whose_config_names_a_redundancy(tmp_path: Path) -> None:
     root = tmp_path / "store"
     init = ["init", str(root), "--redundancy", "ec:2+1"]

@@ -2,8 +2,8 @@
 
 Without reading data (:mod:`casckpt.engine.checkmeta`): the locations carry
 the catalog's identity; every visible version's manifest in the catalog
-decodes, matches its id and its row, and has a copy on every active and
-draining location; the catalog's derived rows (tensors, contents, chunk
+decodes, matches its id and its row, and has a copy on every active
+location; the catalog's derived rows (tensors, contents, chunk
 references, delta bases) say what the manifests say; the ``refs/`` records
 the catalog implies are on every active location; every shard the catalog
 records is listed with its recorded size; no pack has two shards in one
