@@ -242,3 +242,104 @@ def test_gc_deletes_unknown_pack_on_a_transient_read_error(tmp_path: Path, monke
     store = _rebuilt(store_dir, tmp_path)
     assert torch.equal(store.restore("r@2")["b"], b)
     store.close()
+
+
+# -- 4. huge sparse files in packs/ are read whole ------------------------------------
+
+_SPARSE_RUN = """
+import os, resource, struct, sys
+import casckpt, torch
+mode, store_dir, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+store = casckpt.open(store_dir)
+store.commit({"a": torch.ones(10)}, run="r", step=1)
+store.close()
+path = os.path.join(store_dir, "packs", "ab", "ab" + "0" * 62)  # a name a pack could have
+os.makedirs(os.path.dirname(path), exist_ok=True)
+with open(path, "wb") as f:  # sparse: no disk space; a pack trailer at the end
+    f.truncate(size)
+    f.seek(size - 32)
+    f.write(struct.pack("<Q16s8s", size - 32 - 24, bytes(16), b"CKPEND01"))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+if mode == "gc":
+    store = casckpt.open(store_dir)
+    store.gc(grace=0)
+else:
+    os.rename(os.path.join(store_dir, "catalog.db"), os.path.join(store_dir, "..", "old.db"))
+    store = casckpt.open(store_dir, recover=True)
+    store.rebuild_catalog()
+store.close()
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
+"""
+
+
+@pytest.mark.parametrize("mode", ["gc", "rebuild"])
+def test_sparse_file_in_packs_exhausts_memory(tmp_path: Path, mode: str) -> None:
+    """Invariant 10 / GUARANTEES 6: "every read is bounded ... nothing can make casckpt hang or
+    exhaust memory"; test_hostile covers check, not gc's orphan pass or catalog rebuild.
+
+    Reproduction: in a store's `packs/ab/`, create `ab000...0` (64 hex) as a sparse file of
+    SIZE bytes (no disk space) whose last 32 bytes are a pack trailer claiming a footer of
+    SIZE - 56 bytes. `casckpt gc --grace 0` judges it as an orphan pack and reads the whole
+    "footer" into memory (gcguard -> discovery.read_footer -> get_range(SIZE - 56));
+    `casckpt catalog rebuild` reads every unknown pack object in full (packverify.read_detached,
+    bounded only by the object's own size). Peak RSS grows by at least SIZE in both (measured:
+    +1 GiB for a 1 GiB file, +4 GiB for a 2 GiB file); a 64 GiB sparse file kills the process. A real pack is at most
+    ~64 MiB (CASCKPT_PACK_SIZE); here SIZE = 1 GiB and the bound asserted is 512 MiB.
+    """
+    size = 1 << 30
+    out = subprocess.run([sys.executable, "-c", _SPARSE_RUN, mode, str(tmp_path / "store"), str(size)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    growth_mib = int(out.stdout.strip().splitlines()[-1])
+    assert growth_mib < 512, f"{mode} grew its peak RSS by {growth_mib} MiB reading a sparse file"
+
+
+# -- 5. a catalog rebuild killed before the tags leaves a catalog check calls healthy ------
+
+_KILLED_REBUILD = """
+import os, signal, sys
+import casckpt
+from casckpt.engine import rebuild
+def crash(*args, **kwargs):  # power loss right after the versions were published
+    os.kill(os.getpid(), signal.SIGKILL)
+rebuild._restore_tags = crash
+store = casckpt.open(sys.argv[1], recover=True)
+store.rebuild_catalog()
+"""
+
+
+def test_rebuild_killed_before_tags_then_gc_deletes_tagged_version(tmp_path: Path) -> None:
+    """Invariant 3 (a crash at any instant leaves the store consistent), GUARANTEES 4 (check
+    proves what it says) and 5 (rebuild recovers tags), GUARANTEES 3 (retention keeps tagged
+    versions: keep_tagged=True).
+
+    rebuild publishes versions, then restores runs (retention), then tags, then the store's
+    policies, with nothing marking the catalog as half-built. A rebuild killed after the
+    retention policies but before the tags leaves a non-empty catalog: `catalog rebuild`
+    refuses to run again ("the catalog is not empty"), opening the store works, and `check
+    --read-data` reports nothing (it only compares the records the catalog implies). The tag
+    records are still on every location, but nothing reads them.
+
+    Reproduction: commit r@1, r@2; `casckpt tag r@1 release`; retention keep_last=1 (tagged
+    versions are kept); lose the catalog; `casckpt catalog rebuild` killed (SIGKILL) right
+    before it restores tags; open the store: `check --read-data` exits 0; `gc --grace 0`
+    deletes and purges r@1, the tagged version.
+    """
+    store_dir = tmp_path / "store"
+    store = casckpt.open(store_dir)
+    keep = torch.randn(1000)
+    store.commit({"w": keep}, run="r", step=1)
+    store.commit({"w": torch.randn(1000)}, run="r", step=2)
+    store.tag("r@1", "release")
+    store.set_retention("r", keep_last=1)
+    store.close()
+    _move_catalog_away(store_dir, tmp_path / "lost.db")
+    crashed = subprocess.run([sys.executable, "-c", _KILLED_REBUILD, str(store_dir)], timeout=120)
+    assert crashed.returncode == -9
+    store = casckpt.open(store_dir)
+    report = store.check(read_data=True)
+    if report.ok:  # check says the store is whole: then it must be
+        assert store.resolve("tag:release").step == 1
+    store.gc(grace=0)
+    assert torch.equal(store.restore("r@1")["w"], keep), "gc deleted the tagged version"
+    store.close()
