@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -343,3 +344,96 @@ def test_rebuild_killed_before_tags_then_gc_deletes_tagged_version(tmp_path: Pat
     store.gc(grace=0)
     assert torch.equal(store.restore("r@1")["w"], keep), "gc deleted the tagged version"
     store.close()
+
+
+# -- 6. leftover reclaim deletes files casckpt never wrote ----------------------------
+
+
+def _old_file(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("not casckpt's")
+    old = time.time() - 2 * 3600
+    os.utime(path, (old, old))
+    return path
+
+
+def test_open_deletes_files_behind_a_symlinked_tmp(tmp_path: Path) -> None:
+    """Invariant 8 (nothing is deleted without positive proof it is garbage) and ARCHITECTURE
+    "On disk": in tmp/, "FIFOs, symlinks and foreign directories there are left alone".
+
+    scratch.reclaim() lists `<location>/tmp` through os.scandir, which follows a symlinked
+    `tmp` itself, and unlinks every regular file there older than an hour (taken for "loose
+    files left by casckpt versions before this layout"). Nothing checks that `tmp` is a real
+    directory inside the location.
+
+    Reproduction: a store at DIR; `rm -r DIR/tmp; ln -s /some/other/dir DIR/tmp` (an operator
+    moving scratch space to a bigger disk, or a hostile link to /etc); any `casckpt.open(DIR)`
+    -- every command does one -- deletes every file in /some/other/dir older than an hour.
+    """
+    victim = _old_file(tmp_path / "elsewhere" / "precious.txt")
+    store_dir = tmp_path / "store"
+    casckpt.open(store_dir).close()
+    shutil.rmtree(store_dir / "tmp")
+    (store_dir / "tmp").symlink_to(victim.parent, target_is_directory=True)
+    casckpt.open(store_dir).close()
+    assert victim.exists(), "opening the store deleted a file outside it"
+
+
+def test_open_deletes_user_files_in_a_shared_locations_tmp(tmp_path: Path) -> None:
+    """Invariant 8: nothing is deleted without positive proof it is garbage.
+
+    A directory holding no packs/ or manifests/ is adopted as a location (identity check:
+    "no record and no data: written"), however much else it holds; from then on every open
+    (and every gc) unlinks each regular file in its `tmp/` older than an hour.
+
+    Reproduction: `casckpt.open("ckpts", blobs="/scratch")` on a shared scratch file system
+    where /scratch/tmp/ holds other people's files (or `casckpt location add /scratch`):
+    every file in /scratch/tmp older than an hour is deleted.
+    """
+    shared = tmp_path / "scratch"
+    victim = _old_file(shared / "tmp" / "colleague-results.csv")
+    store = casckpt.open(tmp_path / "ckpts", blobs=str(shared))
+    store.commit({"w": torch.ones(10)}, run="r", step=1)
+    store.close()
+    assert victim.exists(), "casckpt deleted a file it never wrote"
+
+
+# -- 7. a FIFO in the index cache hangs every open ------------------------------------
+
+_OPEN_WITH_FIFO_CACHE = """
+import os, sys
+import casckpt, torch
+store_dir = sys.argv[1]
+store = casckpt.open(store_dir)
+store.commit({"w": torch.ones(10)}, run="r", step=1)
+store.close()
+data = os.path.join(store_dir, "cache", "index", "data.mdb")
+os.remove(data)
+os.mkfifo(data)
+print("opening", flush=True)
+casckpt.open(store_dir).close()
+print("opened", flush=True)
+"""
+
+
+def test_fifo_in_index_cache_hangs_open(tmp_path: Path) -> None:
+    """Invariant 10 / GUARANTEES 6: nothing can make casckpt hang; invariant 6: the LMDB
+    cache is a hint ("any LMDB failure degrades to a cache miss").
+
+    IndexCache hands `<store>/cache/index` to lmdb.open() without looking at what is there;
+    LMDB opens `data.mdb` and reads its header, which blocks forever on a FIFO.
+
+    Reproduction: `rm DIR/cache/index/data.mdb; mkfifo DIR/cache/index/data.mdb`; then any
+    command (`casckpt --store DIR check`, `casckpt.open(DIR)`) hangs in cache.py
+    (lmdb.open). (A FIFO as catalog.db, casckpt-identity, refs/ records, tmp or staging is
+    handled: a typed error or skipped.)
+    """
+    proc = subprocess.Popen([sys.executable, "-c", _OPEN_WITH_FIFO_CACHE, str(tmp_path / "store")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("casckpt.open hung on a FIFO in cache/index (killed after 30 s)")
+    assert "opened" in out
