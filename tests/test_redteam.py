@@ -104,7 +104,7 @@ def test_alias_location_lets_gc_delete_every_pack(tmp_path: Path) -> None:
         store.add_location(f"file://{store_dir}/", name="alias")
     except CasckptError:
         return  # refusing the alias is a fix
-    assert store.check().ok, "check passed before gc ran"
+    assert store.check().ok  # check sees nothing wrong with the alias
     store.gc(grace=0)
     restored = store.restore("r@1")  # MissingDataError today: gc deleted the only pack
     assert torch.equal(restored["w"], w)
@@ -207,7 +207,8 @@ def test_gc_deletes_recoverable_ec_pack_whose_data_shard_is_missing(tmp_path: Pa
     store.close()
 
 
-def test_gc_deletes_unknown_pack_on_a_transient_read_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gc_deletes_unknown_pack_on_a_transient_read_error(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """GUARANTEES 3 and gcguard's own docstring: a pack "that cannot be read *now* (a storage
     error) stays for a later run".
 
@@ -227,7 +228,8 @@ def test_gc_deletes_unknown_pack_on_a_transient_read_error(tmp_path: Path, monke
     store_dir, b = _stale_catalog_after_repack(tmp_path, blobs=None, redundancy=None)
     store = casckpt.open(store_dir)
     known = {p.id for p in store._ctx.catalog.packs()}
-    (p2,) = [Path(p).name for p in glob.glob(str(store_dir / "packs" / "*" / "*")) if Path(p).name not in known]
+    listed = [Path(p).name for p in glob.glob(str(store_dir / "packs" / "*" / "*"))]
+    (p2,) = [name for name in listed if name not in known]
     real = LocalBlobStore.get_range
 
     def flaky(self: LocalBlobStore, key: str, offset: int, length: int) -> bytes:
@@ -284,8 +286,9 @@ def test_sparse_file_in_packs_exhausts_memory(tmp_path: Path, mode: str) -> None
     "footer" into memory (gcguard -> discovery.read_footer -> get_range(SIZE - 56));
     `casckpt catalog rebuild` reads every unknown pack object in full (packverify.read_detached,
     bounded only by the object's own size). Peak RSS grows by at least SIZE in both (measured:
-    +1 GiB for a 1 GiB file, +4 GiB for a 2 GiB file); a 64 GiB sparse file kills the process. A real pack is at most
-    ~64 MiB (CASCKPT_PACK_SIZE); here SIZE = 1 GiB and the bound asserted is 512 MiB.
+    +1 GiB for a 1 GiB file, +4 GiB for a 2 GiB file); a 64 GiB sparse file kills the
+    process. A real pack is at most ~64 MiB (CASCKPT_PACK_SIZE); here SIZE = 1 GiB and the
+    bound asserted is 512 MiB.
     """
     size = 1 << 30
     out = subprocess.run([sys.executable, "-c", _SPARSE_RUN, mode, str(tmp_path / "store"), str(size)],
