@@ -11,6 +11,8 @@ another store. Any LMDB failure degrades to a cache miss.
 from __future__ import annotations
 
 import logging
+import os
+import stat
 import struct
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,6 +26,22 @@ _STORE_KEY = b"meta:store_id"
 DEFAULT_MAP_SIZE = 8 << 30
 
 
+def _refuse_special_files(path: Path) -> None:
+    """LMDB opens ``data.mdb`` and ``lock.mdb`` with a plain open(): a FIFO there would block it
+    forever, a device or a symlink could point anywhere. Either makes the cache unusable.
+
+    Raises:
+        OSError: one of them exists and is not a regular file.
+    """
+    for name in ("data.mdb", "lock.mdb"):
+        try:
+            mode = os.lstat(path / name).st_mode
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(mode):
+            raise OSError(f"{path / name} is not a regular file")
+
+
 class IndexCache:
     """chunk id (32 bytes) -> (pack id, offset, stored_len, raw_len, codec).
 
@@ -35,6 +53,7 @@ class IndexCache:
         self._env: lmdb.Environment | None = None
         try:
             path.mkdir(parents=True, exist_ok=True)
+            _refuse_special_files(path)
             self._env = lmdb.open(str(path), map_size=map_size, max_dbs=2, max_readers=256)
             self._chunks = self._env.open_db(b"chunks")
             self._bind(store_id.encode())

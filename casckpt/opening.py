@@ -18,7 +18,7 @@ from casckpt.catalog import Catalog
 from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
 from casckpt.engine import identity, records
-from casckpt.errors import InvalidArgumentError
+from casckpt.errors import InvalidArgumentError, StoreIdentityError
 from casckpt.storage import BlobStore, redact_url
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.locations import Location, LocationSet
@@ -111,8 +111,14 @@ def open_store(
     )
     cat = Catalog(spec.catalog, where=redact_url(spec.catalog), retry_s=settings.catalog_retry_s)
     try:
+        if identity_sql.rebuilding(cat) and not recover:
+            raise StoreIdentityError(
+                f"the catalog at {cat.where} holds a catalog rebuild that did not finish (killed "
+                "midway?): it lacks some of the store's tags, runs or policies and must not be "
+                "used. Rebuild again into a new, empty catalog: move this one away (SQLite) or "
+                "create an empty database (PostgreSQL), then `casckpt catalog rebuild`")
         locations = open_locations(cat, spec, given, recover=recover)
-        recovering = recover and shard_sql.is_empty(cat)
+        recovering = recover and (shard_sql.is_empty(cat) or identity_sql.rebuilding(cat))
         if not recovering:  # a rebuild restores the store's policies from its records
             _seed_redundancy(cat, spec.redundancy, redundancy, locations)
     except BaseException:

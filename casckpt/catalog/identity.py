@@ -58,3 +58,19 @@ def raise_record_seq(catalog: Catalog, at_least: int) -> None:
     with catalog.write() as conn:
         conn.execute(delete(s.store_info).where(s.store_info.c.key == "record_seq"))
         insert_ignore(conn, s.store_info, [{"key": "record_seq", "value": str(at_least)}], "key")
+
+
+def set_rebuilding(catalog: Catalog, rebuilding: bool) -> None:
+    """Mark the catalog as being filled by a catalog rebuild (or no longer): a rebuild killed
+    midway leaves the mark, and a catalog so marked is never used as the store's."""
+    with catalog.write() as conn:
+        conn.execute(delete(s.store_info).where(s.store_info.c.key == "rebuilding"))
+        if rebuilding:
+            insert_ignore(conn, s.store_info, [{"key": "rebuilding", "value": "1"}], "key")
+
+
+def rebuilding(catalog: Catalog) -> bool:
+    """Whether a catalog rebuild into this catalog started and did not finish."""
+    with catalog.read() as conn:
+        return conn.execute(select(s.store_info.c.value)
+                            .where(s.store_info.c.key == "rebuilding")).scalar() is not None

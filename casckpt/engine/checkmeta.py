@@ -77,6 +77,10 @@ def check_identity(ctx: EngineContext, found: Findings) -> None:
         except StorageError as exc:
             found.add("location", loc.name, f"{loc.describe()} cannot be read: {exc}")
             continue
+        if record is not None and mine.same_as(record) and record.location != loc.name:
+            found.add("identity", loc.name, f"{loc.describe()} holds the identity record of location "
+                      f"{record.location!r}: the same storage under two names; keep one of them")
+            continue
         if not mine.same_as(record):
             what = "has no identity record" if record is None else f"carries {record.describe()}"
             found.add("identity", loc.name, f"{loc.describe()} {what}, the catalog is {mine.describe()}; "

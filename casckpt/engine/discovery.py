@@ -17,7 +17,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from casckpt.catalog import PackLayout, ShardRow
-from casckpt.errors import CasckptError, CorruptPackError, MissingDataError, StorageError
+from casckpt.errors import (
+    BlobNotFoundError,
+    CasckptError,
+    CorruptPackError,
+    MissingDataError,
+    OversizedObjectError,
+    StorageError,
+    UnsafeObjectError,
+)
 from casckpt.format.pack import TRAILER_SIZE, PackEntry, parse_footer, parse_trailer
 from casckpt.format.shard import SHARD_HEADER_SIZE, decode_shard_header
 from casckpt.storage import BlobInfo
@@ -95,12 +103,18 @@ def pack_layout(pack_id: str, found: FoundPack) -> PackLayout | None:
                       first.algorithm, first.stripe, first.data_offset, rows)
 
 
+_GONE = (BlobNotFoundError, UnsafeObjectError, OversizedObjectError)  # no read will ever succeed
+
+
 def read_range(locations: LocationSet, layout: PackLayout, offset: int, length: int) -> bytes:
     """Pack bytes ``[offset, offset + length)`` from a whole copy or the data shards holding
     them, as the layout says; nothing is rebuilt, healed or recorded.
 
     Raises:
-        MissingDataError: no copy, or a data shard needed, can be read.
+        MissingDataError: no copy, or a data shard needed, exists (or is a file that can be read
+            at all: a FIFO, a symlink out, an object larger than recorded).
+        StorageError: a read failed in a way that may not last (an I/O error, a timeout): the
+            caller must not conclude the bytes are gone.
         CorruptPackError: an object is shorter than the layout says.
     """
     if offset < 0 or length < 0 or offset + length > layout.size:
@@ -108,18 +122,24 @@ def read_range(locations: LocationSet, layout: PackLayout, offset: int, length: 
             f"pack {layout.id}: range {offset}+{length} is outside its {layout.size} bytes")
     if layout.scheme != "ec":
         last: Exception | None = None
+        transient: StorageError | None = None
         for sh in layout.shards:
             loc = locations.get(sh.location_id)
             if loc is None or not loc.readable:
                 continue
             try:
                 data = loc.blobs.get_range(sh.key, offset, length)
-            except StorageError as exc:
+            except _GONE as exc:
                 last = exc
+                continue
+            except StorageError as exc:
+                last = transient = exc
                 continue
             if len(data) == length:
                 return data
             last = CorruptPackError(f"{sh.key} on {loc.describe()} is shorter than its pack")
+        if transient is not None:
+            raise transient
         raise MissingDataError(f"no readable copy of pack {layout.id} ({last})")
     stripe, base = layout.stripe or 0, SHARD_HEADER_SIZE + (layout.data_offset or 0)
     if stripe <= 0:
@@ -134,7 +154,7 @@ def read_range(locations: LocationSet, layout: PackLayout, offset: int, length: 
             raise MissingDataError(f"data shard {index} of pack {layout.id} is not readable")
         try:
             data = loc.blobs.get_range(row.key, base + pos - index * stripe, take)
-        except StorageError as exc:
+        except _GONE as exc:
             raise MissingDataError(f"data shard {index} of pack {layout.id}: {exc}") from exc
         if len(data) != take:
             raise CorruptPackError(f"data shard {index} of pack {layout.id} is truncated")

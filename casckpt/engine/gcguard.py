@@ -4,9 +4,9 @@ Before a run changes anything:
 
 1. **Identity.** Every readable location carries exactly this catalog's
    store id and generation (:func:`casckpt.engine.identity.require_match`).
-2. **Completeness.** Every manifest on the locations, older than the commits
-   in flight, is a version the catalog holds or a tombstone (a purged
-   version, a commit that never published). Otherwise the catalog is missing
+2. **Completeness.** Every manifest on the locations is a version the catalog
+   holds, a tombstone (a purged version, a commit that never published) or
+   the version a commit in flight named on its lease. Otherwise the catalog is missing
    published versions -- lost, stale, restored from a backup, damaged -- and
    its idea of what is referenced cannot be trusted: the run is refused.
 3. **Circuit breaker.** Objects of packs the catalog does not know at all may
@@ -45,8 +45,9 @@ from casckpt.engine.discovery import (
     read_footer,
     scan_packs,
 )
+from casckpt.engine.scrub import IN_MEMORY_LIMIT
 from casckpt.errors import CorruptPackError, GCRefusedError, MissingDataError, StorageError
-from casckpt.format.pack import PackEntry
+from casckpt.format.pack import PackEntry, read_index
 from casckpt.storage import BlobInfo
 from casckpt.storage.locations import Location
 
@@ -86,7 +87,7 @@ class DeletionGuard:
             GCRefusedError: a check failed (the message says which and what to do).
         """
         identity.require_match(self._ctx.catalog, self._ctx.locations)
-        unknown = self._unknown_manifests(floor)
+        unknown = self._unknown_manifests()
         if unknown and not self._force:
             shown = ", ".join(sorted(unknown)[:5]) + (" ..." if len(unknown) > 5 else "")
             raise GCRefusedError(
@@ -98,11 +99,13 @@ class DeletionGuard:
                 "them back; or, if they are leftovers you mean to lose, `casckpt gc --force`.")
         self._breaker(floor)
 
-    def _unknown_manifests(self, floor: float) -> set[str]:
-        ids = {m.group(1): info.mtime for _, info in self._listing
-               if (m := MANIFEST_OBJECT.match(info.key)) is not None}
-        old = {i for i, mtime in ids.items() if mtime <= floor}
-        return old - sql.known_manifests(self._ctx.catalog, old)
+    def _unknown_manifests(self) -> set[str]:
+        """Listed manifests that are not versions, tombstones or a lease's version. No age
+        exempts one: a commit names its version on its lease before it writes the manifest, so
+        one in flight is known -- and an old lease carried in by a stale catalog backup must not
+        excuse the manifests written since."""
+        ids = {m.group(1) for _, info in self._listing if (m := MANIFEST_OBJECT.match(info.key)) is not None}
+        return ids - sql.known_manifests(self._ctx.catalog, ids)
 
     def _breaker(self, floor: float) -> None:
         known = sql.known_pack_ids(self._ctx.catalog)
@@ -190,9 +193,9 @@ class DeletionGuard:
 
     def _judge(self, layout: PackLayout, objects: list[Object], out: Verdicts) -> None:
         try:
-            entries = read_footer(self._ctx.locations, layout)
+            entries = self._entries(layout)
         except (CorruptPackError, MissingDataError):
-            out.delete.extend(objects)  # no chunk can be read from it: it serves nothing
+            out.delete.extend(objects)  # no chunk can be read from it, even rebuilt: it serves nothing
             return
         except StorageError as exc:
             out.kept.extend(f"{key}: cannot be read now ({exc}); a later gc decides" for _, key in objects)
@@ -206,6 +209,27 @@ class DeletionGuard:
                       layout.id, ", ".join(needed[:3]))
             return
         out.delete.extend(objects)
+
+    def _entries(self, layout: PackLayout) -> list[PackEntry]:
+        """A pack's footer: read by range, or -- an erasure-coded pack missing a data shard --
+        from the pack rebuilt out of any K healthy shards, as a rebuild or a repair would.
+
+        Raises:
+            MissingDataError, CorruptPackError: no footer can be had, the pack serves nothing.
+            StorageError: a read failed in a way that may not last.
+        """
+        try:
+            return read_footer(self._ctx.locations, layout)
+        except MissingDataError:
+            if layout.scheme != "ec" or len(layout.shards) < layout.k:
+                raise
+        if sum(sh.size for sh in layout.shards) > IN_MEMORY_LIMIT:
+            raise StorageError(f"pack {layout.id} claims {layout.size} bytes, more than gc rebuilds "
+                               "in memory to read its footer")
+        data, _ = self._ctx.packs.read_detached(layout)
+        if data is None:
+            raise MissingDataError(f"pack {layout.id}: too few healthy shards to rebuild it")
+        return read_index(data)
 
     def _needed(self, entries: Sequence[PackEntry], pack_id: str) -> list[str]:
         """Chunks of this pack versions reference that no other catalog pack verifiably holds."""

@@ -11,6 +11,9 @@ surveys each location it can reach:
   rebuild (restored from an old backup) -- refused;
 - record of another store: the catalog is new, emptied, or another store's
   -- refused, naming both stores and ``casckpt catalog rebuild``;
+- record of this store written for another of its locations: one storage is
+  configured under two names (a second spelling of its URL, a bind mount)
+  -- refused: gc would take each name's objects for the other's stale copies;
 - no record (or a damaged one) on a location holding no data: written
   (a new store, a new location);
 - no record (or a damaged one) on a location holding data: the store was
@@ -83,13 +86,13 @@ def read_record(blobs: BlobStore) -> StoreIdentity | None:
     return decode_identity(data, f"{redact_url(blobs.url)}/{IDENTITY_KEY}")
 
 
-def write_record(blobs: BlobStore, identity: StoreIdentity) -> None:
-    """Write (or overwrite) a location's identity record.
+def write_record(blobs: BlobStore, identity: StoreIdentity, location: str) -> None:
+    """Write (or overwrite) the identity record of the location named ``location``.
 
     Raises:
         StorageError: the location refused it.
     """
-    blobs.put(IDENTITY_KEY, encode_identity(identity))
+    blobs.put(IDENTITY_KEY, encode_identity(identity.at(location)))
 
 
 def survey(name: str, blobs: BlobStore) -> Survey:
@@ -119,6 +122,15 @@ def _refusal(catalog: Catalog, mine: StoreIdentity, loc: Survey, what: str) -> S
         "the catalog was lost, rebuild it from the locations into a new, empty catalog: "
         "`casckpt catalog rebuild --store PATH`. If the store's config names the wrong catalog, "
         "fix casckpt.toml.")
+
+
+def _alias(loc: Survey, record: StoreIdentity) -> StoreIdentityError:
+    return StoreIdentityError(
+        f"blob location {loc.name} ({redact_url(loc.url)}) holds the identity record of this store's "
+        f"location {record.location!r}: it is the same storage under two names (another spelling "
+        "of its URL, a bind mount, an NFS path). Nothing was changed; keep one of the two names "
+        "(fix casckpt.toml, or do not add it again). Were both kept, gc would take each name's "
+        "objects for stale copies of the other's")
 
 
 def _adoptable(loc: Survey, knows: Callable[[str, Sequence[str]], bool]) -> bool | None:
@@ -168,6 +180,8 @@ def check_at_open(catalog: Catalog, surveys: Sequence[Survey], *, recover: bool)
             raise _refusal(catalog, mine, loc, f"belongs to {record.describe()}")
         if record is not None and record.generation > mine.generation:
             raise _refusal(catalog, mine, loc, f"was taken over by a catalog rebuild ({record.describe()})")
+        if record is not None and record.location != loc.name:
+            raise _alias(loc, record)
         if record is not None:
             if record.generation < mine.generation:
                 to_write.append(loc)
@@ -182,16 +196,25 @@ def check_at_open(catalog: Catalog, surveys: Sequence[Survey], *, recover: bool)
 
 
 def write_records(catalog: Catalog, surveys: Sequence[Survey]) -> None:
-    """Write this catalog's identity to the given locations (failures are logged: GC refuses to
-    delete on a location without the record, so nothing is at risk)."""
+    """Write this catalog's identity to the given locations, each naming its location, then
+    read them back (failures to write are logged: GC refuses to delete on a location without
+    the record, so nothing is at risk).
+
+    Raises:
+        StoreIdentityError: two of them are one storage (a record reads back another's name).
+    """
     if not surveys:
         return
     mine = identity_sql.read(catalog)
     for loc in surveys:
         try:
-            write_record(loc.blobs, mine)
+            write_record(loc.blobs, mine, loc.name)
         except StorageError as exc:
             log.warning("could not write the identity record of blob location %s: %s", loc.name, exc)
+    for loc in surveys:
+        back = survey(loc.name, loc.blobs).record
+        if back is not None and back.location != loc.name:
+            raise _alias(loc, back)
 
 
 def require_match(catalog: Catalog, locations: LocationSet) -> StoreIdentity:
@@ -211,6 +234,10 @@ def require_match(catalog: Catalog, locations: LocationSet) -> StoreIdentity:
             record, why = None, str(exc)
         else:
             why = "it has no identity record"
+        if record is not None and mine.same_as(record) and record.location != loc.name:
+            why = (f"its record was written for location {record.location!r}: the same storage "
+                   "under two names")
+            record = None
         if not mine.same_as(record):
             if record is not None:
                 why = f"it carries {record.describe()}"

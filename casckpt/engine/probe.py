@@ -127,6 +127,8 @@ def _verdict(request: _Request, mine: StoreIdentity | None, timeout: float) -> P
     if mine is not None and found.record.store_id != mine.store_id:
         return Probe(False, f"it holds another store's identity record ({found.record.describe()})",
                      seconds)
+    if mine is not None and found.record.location != request.name:
+        return Probe(False, f"it is the same storage as location {found.record.location!r}", seconds)
     return Probe(True, None, seconds)
 
 

@@ -37,7 +37,7 @@ from casckpt.catalog import MissingChunksError, PackLayout, PackRecord, ShardRow
 from casckpt.catalog import deltas as deltas_sql
 from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
-from casckpt.engine import identity, records
+from casckpt.engine import identity, records, scrub
 from casckpt.engine.commit import tensor_rows
 from casckpt.engine.context import EngineContext
 from casckpt.engine.discovery import MANIFEST_OBJECT, FoundPack, pack_layout, scan_packs
@@ -54,21 +54,34 @@ from casckpt.types import ProgressCallback, RebuildReport
 log = logging.getLogger(__name__)
 
 def _recover_pack(ctx: EngineContext, layout: PackLayout) -> int:
-    """Read a pack in full (verified against its id), then record it, its shards and its chunks.
+    """Read a pack back (streamed, verified against its id), then record it, its shards and its
+    chunks. A pack with a damaged data shard is rebuilt in memory from healthy ones, if its
+    shards are no larger than :data:`scrub.IN_MEMORY_LIMIT` in all.
 
     Returns the number of chunks. Shards found damaged are recorded so (and
     shards an erasure-coded pack lacks, as missing): ``repair`` restores them.
     """
-    data, states = ctx.packs.read_detached(layout)
-    if data is None:
-        raise CorruptPackError("too few intact shards to read it back")
-    entries = read_index(data)
+    listed: scrub.Listed = {}
+    for sh in layout.shards:
+        listed.setdefault(sh.location_id, {})[sh.key] = BlobInfo(sh.key, sh.size, 0.0)
+    verdict = scrub.verify(ctx.locations, layout, listed)
+    states = {sh.index: verdict.damaged.get(sh.index, "ok") for sh in layout.shards}
+    entries = verdict.entries
+    if not verdict.ok:
+        if layout.scheme != "ec" or sum(sh.size for sh in layout.shards) > scrub.IN_MEMORY_LIMIT:
+            raise CorruptPackError("no copy or set of shards reads back as the pack")
+        data, states = ctx.packs.read_detached(layout)
+        if data is None:
+            raise CorruptPackError("too few intact shards to read it back")
+        entries = read_index(data)
+    if not entries:
+        raise CorruptPackError("its footer cannot be read")
     rows = [replace(sh, state=states.get(sh.index, "missing")) for sh in layout.shards]
     if layout.scheme == "ec" and rows:
         present = {sh.index for sh in rows}
         rows += [ShardRow(i, rows[0].location_id, shard_key(layout.id, i), 0, None, "missing")
                  for i in range(layout.k + layout.m) if i not in present]
-    ctx.catalog.add_pack(PackRecord(replace(layout, size=len(data), shards=tuple(rows)), entries))
+    ctx.catalog.add_pack(PackRecord(replace(layout, shards=tuple(rows)), entries))
     shard_sql.set_pack_chunks(ctx.catalog, layout.id, len(entries))
     return len(entries)
 
@@ -118,10 +131,15 @@ def rebuild(ctx: EngineContext, progress: ProgressCallback | None = None) -> Reb
         StoreIdentityError: the locations belong to different stores (nothing was changed).
     """
     started = time.monotonic()
+    if identity_sql.rebuilding(ctx.catalog):
+        raise InvalidArgumentError(
+            "this catalog holds a rebuild that did not finish; rebuild into a new, empty catalog: "
+            "move this one away (SQLite) or create an empty database (PostgreSQL) first")
     if not shard_sql.is_empty(ctx.catalog):
         raise InvalidArgumentError(
             "the catalog is not empty; `catalog rebuild` fills a new, empty catalog. Move the "
             "old catalog away (SQLite) or create an empty database (PostgreSQL) first")
+    identity_sql.set_rebuilding(ctx.catalog, True)  # until the last record is restored
     found_records = records.read_all(ctx.locations, "refs/")
     recorded = _recorded_locations(found_records)
     states = {name: state for name, _, _, state in recorded}
@@ -161,6 +179,7 @@ def rebuild(ctx: EngineContext, progress: ProgressCallback | None = None) -> Reb
     _restore_store(ctx, found_records, states)
     identity_sql.raise_record_seq(ctx.catalog, 1 + max(
         (f.order[0] for copies in found_records.values() for f in copies), default=0))
+    identity_sql.set_rebuilding(ctx.catalog, False)
     ctx.cache.clear()
     return RebuildReport(packs=packs, chunks=chunks, versions=versions, runs=runs, tags=tags,
                          lost_packs=tuple(lost), skipped=tuple(skipped),
@@ -202,7 +221,7 @@ def _adopt_identity(ctx: EngineContext, states: dict[str, str]) -> None:
     identity_sql.write(ctx.catalog, adopted)
     for loc in usable:
         try:
-            identity.write_record(loc.blobs, adopted)
+            identity.write_record(loc.blobs, adopted, loc.name)
         except CasckptError as exc:
             log.warning("rebuild: could not write the identity record of %s: %s", loc.describe(), exc)
 

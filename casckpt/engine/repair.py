@@ -121,7 +121,8 @@ def _identity_records(ctx: EngineContext) -> int:
     mine = identity_sql.read(ctx.catalog)
     lacking = [found for loc in ctx.locations.all if loc.readable
                and (found := identity.survey(loc.name, loc.blobs)).unreachable is None
-               and not mine.same_as(found.record)]
+               and (found.record is None or not mine.same_as(found.record)
+                    or found.record.location != loc.name)]
     to_write = identity.check_at_open(ctx.catalog, lacking, recover=False)
     identity.write_records(ctx.catalog, to_write)
     return len(to_write)

@@ -29,9 +29,12 @@ from casckpt.format.chunks import object_hasher
 from casckpt.format.pack import PackEntry, decode_entry, read_index
 from casckpt.format.shard import SHARD_HEADER_SIZE, decode_shard_header, payload_hasher
 from casckpt.storage import BlobInfo
-from casckpt.storage.locations import Location
+from casckpt.storage.locations import Location, LocationSet
 
 WINDOW = 8 << 20
+IN_MEMORY_LIMIT = 1 << 30  # shard bytes rebuilt in memory when a pack cannot be streamed whole
+
+Listed = dict[int, dict[str, BlobInfo]]  # location id -> object key -> what a listing said
 
 
 @dataclass(slots=True)
@@ -124,32 +127,48 @@ class _ShardSink:
         self.seen += len(data)
 
 
-def _listed_size(listed: dict[int, dict[str, BlobInfo]], sh: ShardRow) -> int | None:
+def _listed_size(listed: Listed, sh: ShardRow) -> int | None:
     info = listed.get(sh.location_id, {}).get(sh.key)
     return None if info is None else info.size
 
 
-def scrub(ctx: EngineContext, layout: PackLayout, listed: dict[int, dict[str, BlobInfo]]) -> PackVerdict:
-    """Read one pack back and verify it (see the module docstring). Records shard health."""
+def verify(locations: LocationSet, layout: PackLayout, listed: Listed) -> PackVerdict:
+    """Read one pack back object by object, streamed, and verify it (see the module docstring).
+
+    Needs no catalog and records nothing (``catalog rebuild`` verifies packs the catalog does
+    not know yet this way); ``listed`` gives the objects' sizes. A pack with a damaged data
+    shard is not rebuilt here: the verdict says so (``ok`` False, ``damaged``).
+    """
     verdict = PackVerdict()
     footer_error: CasckptError | None = None
     try:
-        verdict.entries = read_footer(ctx.locations, layout)
+        verdict.entries = read_footer(locations, layout)
     except CasckptError as exc:  # a damaged copy or data shard: read from what verifies below
         footer_error = exc
     if layout.scheme == "ec":
-        _scrub_shards(ctx, layout, listed, verdict)
+        _verify_shards(locations, layout, listed, verdict)
     else:
-        _scrub_copies(ctx, layout, listed, verdict)
+        _verify_copies(locations, layout, listed, verdict)
     if verdict.ok and not verdict.entries and footer_error is not None:
         verdict.notes.append((None, f"its footer cannot be read: {footer_error}"))
     return verdict
 
 
-def _usable(ctx: EngineContext, layout: PackLayout, sh: ShardRow, listed: dict[int, dict[str, BlobInfo]],
+def scrub(ctx: EngineContext, layout: PackLayout, listed: Listed) -> PackVerdict:
+    """:func:`verify` a pack the catalog knows, rebuild it in memory if a shard is damaged, and
+    record what was found (shard health, ``verified_at``; a pack that cannot be read is lost)."""
+    verdict = verify(ctx.locations, layout, listed)
+    if not verdict.ok and layout.scheme == "ec":
+        _rebuild_in_memory(ctx, layout, verdict)  # records shard health itself
+    else:
+        _record(ctx, layout, verdict)
+    return verdict
+
+
+def _usable(locations: LocationSet, layout: PackLayout, sh: ShardRow, listed: Listed,
             want: int, verdict: PackVerdict) -> Location | None:
     """The shard's location when the shard may be read: listed, and no larger than recorded."""
-    loc = ctx.locations.get(sh.location_id)
+    loc = locations.get(sh.location_id)
     name = f"copy {sh.key}" if layout.scheme != "ec" else f"shard {sh.index} ({sh.key})"
     if loc is None or not loc.readable:
         verdict.notes.append((sh.index, f"{name} is on a failed or unknown location"))
@@ -168,16 +187,16 @@ def _usable(ctx: EngineContext, layout: PackLayout, sh: ShardRow, listed: dict[i
     return loc
 
 
-def _scrub_copies(ctx: EngineContext, layout: PackLayout, listed: dict[int, dict[str, BlobInfo]],
-                  verdict: PackVerdict) -> None:
+def _verify_copies(locations: LocationSet, layout: PackLayout, listed: Listed,
+                   verdict: PackVerdict) -> None:
     last: _EntryVerifier | None = None
     for sh in layout.shards:
-        loc = _usable(ctx, layout, sh, listed, layout.size, verdict)
+        loc = _usable(locations, layout, sh, listed, layout.size, verdict)
         if loc is None:
             continue
         if not verdict.entries:  # the first copy's footer was damaged: try this one's
             try:
-                verdict.entries = read_footer(ctx.locations, replace(layout, shards=(sh,)))
+                verdict.entries = read_footer(locations, replace(layout, shards=(sh,)))
             except CasckptError:
                 pass
         check = _EntryVerifier(verdict.entries if not verdict.ok else [], layout.id)
@@ -199,16 +218,15 @@ def _scrub_copies(ctx: EngineContext, layout: PackLayout, listed: dict[int, dict
             verdict.corrupt_chunks = check.corrupt  # a pack that hashes right: its footer lies
     if not verdict.ok and last is not None:
         verdict.corrupt_chunks = last.corrupt
-    _record(ctx, layout, verdict)
 
 
-def _scrub_shards(ctx: EngineContext, layout: PackLayout, listed: dict[int, dict[str, BlobInfo]],
-                  verdict: PackVerdict) -> None:
+def _verify_shards(locations: LocationSet, layout: PackLayout, listed: Listed,
+                   verdict: PackVerdict) -> None:
     pack = _EntryVerifier(verdict.entries, layout.id)
     stripe, offset = layout.stripe or 0, layout.data_offset or 0
     fed = 0  # pack bytes handed to ``pack`` so far (data shards, in order)
     for sh in sorted(layout.shards, key=lambda s: s.index):
-        loc = _usable(ctx, layout, sh, listed, sh.size, verdict)
+        loc = _usable(locations, layout, sh, listed, sh.size, verdict)
         if loc is None:
             continue
         where = f"shard {sh.index} of pack {layout.id} on {loc.describe()}"
@@ -243,10 +261,6 @@ def _scrub_shards(ctx: EngineContext, layout: PackLayout, listed: dict[int, dict
     pack.finish()
     verdict.ok = fed == layout.size and pack.hasher.hexdigest() == layout.id
     verdict.corrupt_chunks = pack.corrupt
-    if verdict.ok:
-        _record(ctx, layout, verdict)
-    else:
-        _rebuild_in_memory(ctx, layout, verdict)
 
 
 def _rebuild_in_memory(ctx: EngineContext, layout: PackLayout, verdict: PackVerdict) -> None:

@@ -3,14 +3,17 @@
 A small JSON object under the key :data:`IDENTITY_KEY` of each location:
 
     {"format": "casckpt.identity", "version": 1, "store_id": "<32 hex>",
-     "created_at": <epoch seconds>, "generation": <int >= 1>,
+     "created_at": <epoch seconds>, "generation": <int >= 1>, "location": "<its name>",
      "checksum": "<BLAKE3 (object context) of the canonical JSON of the other fields>"}
 
 The catalog records the same three values. ``generation`` counts catalog
 rebuilds: a rebuild raises it on the catalog and on every location, so a
 catalog restored from before the rebuild (a lower generation) is refused.
 Opening, gc and rebuild compare the two sides before trusting the catalog
-with anything on a location (see :mod:`casckpt.engine.identity`).
+with anything on a location (see :mod:`casckpt.engine.identity`). The record
+also names the location it was written for, so one storage configured under
+two names (a second spelling of a URL, a bind mount, an NFS path) is found
+out: reading it as the other location gives the wrong name.
 """
 
 from __future__ import annotations
@@ -44,15 +47,22 @@ class StoreIdentity:
         store_id: the store's uuid (32 hex digits), fixed at creation.
         created_at: when the store was created (epoch seconds).
         generation: 1 at creation, raised by every catalog rebuild.
+        location: in a location's record, the name of the location it was written
+            for (None for the catalog's side).
     """
 
     store_id: str
     created_at: float
     generation: int
+    location: str | None = None
 
     def describe(self) -> str:
         """``store <id> (generation N)`` for messages."""
         return f"store {self.store_id} (generation {self.generation})"
+
+    def at(self, location: str) -> StoreIdentity:
+        """This identity as the record of the named location."""
+        return StoreIdentity(self.store_id, self.created_at, self.generation, location)
 
     def same_as(self, other: StoreIdentity | None) -> bool:
         """Whether ``other`` names this store in this catalog generation (creation times are
@@ -63,7 +73,8 @@ class StoreIdentity:
 
 def _body(identity: StoreIdentity) -> dict[str, Any]:
     return {"format": IDENTITY_FORMAT, "version": IDENTITY_VERSION, "store_id": identity.store_id,
-            "created_at": identity.created_at, "generation": identity.generation}
+            "created_at": identity.created_at, "generation": identity.generation,
+            "location": identity.location}
 
 
 def _checksum(body: dict[str, Any]) -> str:
@@ -99,13 +110,16 @@ def decode_identity(data: bytes, where: str) -> StoreIdentity:
     if doc.get("version") != IDENTITY_VERSION:
         raise bad(f"record version {doc.get('version')!r}; this casckpt reads {IDENTITY_VERSION}")
     store_id, created, generation = doc.get("store_id"), doc.get("created_at"), doc.get("generation")
+    location = doc.get("location")
     if not isinstance(store_id, str) or not _STORE_ID.match(store_id):
         raise bad("no valid store id")
     if isinstance(created, bool) or not isinstance(created, (int, float)) or not math.isfinite(created):
         raise bad("no valid creation time")
     if isinstance(generation, bool) or not isinstance(generation, int) or generation < 1:
         raise bad("no valid generation")
-    identity = StoreIdentity(store_id, float(created), generation)
+    if not isinstance(location, str) or not 0 < len(location) <= 128:
+        raise bad("no valid location name")
+    identity = StoreIdentity(store_id, float(created), generation, location)
     if doc.get("checksum") != _checksum(_body(identity)) or set(doc) != {*_body(identity), "checksum"}:
         raise bad("checksum mismatch")
     return identity

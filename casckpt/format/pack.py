@@ -48,6 +48,7 @@ _FOOTER_RECORD = struct.Struct("<32sQQQBB32s")
 _TRAILER = struct.Struct("<Q16s8s")
 TRAILER_SIZE = _TRAILER.size
 _FLAG_BASE = 1
+MAX_FOOTER = 64 << 20  # ~745,000 entries: far past any pack casckpt writes; a larger one is forged
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,7 +243,8 @@ def parse_trailer(tail: bytes, pack_size: int) -> int:
     footer_len, _, magic = _TRAILER.unpack(tail)
     if magic != TRAILER_MAGIC:
         raise CorruptPackError("pack trailer is missing or damaged (the pack is truncated?)")
-    if footer_len < _FOOTER_HEAD.size or footer_len > pack_size - TRAILER_SIZE - PACK_HEADER_SIZE:
+    if footer_len < _FOOTER_HEAD.size or footer_len > min(pack_size - TRAILER_SIZE - PACK_HEADER_SIZE,
+                                                         MAX_FOOTER):
         raise CorruptPackError(f"pack trailer records an impossible footer length {footer_len}")
     return int(footer_len)
 

@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 DEFAULT_GRACE = 3600.0  # seconds a loose file without an owner's lock is left alone
 LOCK_SUFFIX = ".lock"
 _TOKEN = re.compile(r"^[0-9a-f]{32}$")
+_LOOSE = re.compile(r"^[0-9a-f]{32}\.(part|pack)$")  # what casckpt wrote before scratch directories
 # flock cannot be taken here at all (some FUSE and network file systems): the owner writes
 # into <base> itself, and its files are reclaimed by age like a pre-token writer's
 _NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS)
@@ -148,12 +149,18 @@ def reclaim(base: Path, *, grace: float = DEFAULT_GRACE, now: float | None = Non
     older than ``grace`` seconds. Never touches a live owner's directory.
 
     Only what casckpt itself makes there is considered: ``<token>/`` with its
-    ``<token>.lock``, and regular files. Anything else (a FIFO, a symlink, a
-    directory of another name) is left alone and never opened. Errors are
+    ``<token>.lock``, and regular files named as older casckpt versions named
+    theirs (``<32 hex>.part``, ``<32 hex>.pack``). Anything else (a FIFO, a
+    symlink, another file or directory: a location may share a directory with
+    other users' files) is left alone and never opened; so is a ``base`` that is
+    a symlink. Errors are
     logged, never raised: a reclaim is housekeeping.
     """
     now = time.time() if now is None else now
     try:
+        if stat.S_ISLNK(os.lstat(base).st_mode):  # a symlinked tmp/ may lead anywhere: not ours
+            log.warning("not reclaiming leftovers under %s: it is a symlink", base)
+            return Reclaimed()
         entries = sorted(os.scandir(base), key=lambda e: e.name)
     except OSError as exc:
         if exc.errno != errno.ENOENT:
@@ -182,7 +189,7 @@ def _reclaim_entry(base: Path, entry: os.DirEntry[str], grace: float, now: float
         if not os.path.lexists(base / f"{name}{LOCK_SUFFIX}"):
             return _remove_tree(base / name)
         return Reclaimed()
-    if entry.is_file(follow_symlinks=False):
+    if _LOOSE.match(name) and entry.is_file(follow_symlinks=False):
         st = entry.stat(follow_symlinks=False)
         if now - st.st_mtime >= grace:
             os.unlink(entry.path)

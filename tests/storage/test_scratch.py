@@ -105,10 +105,13 @@ def test_loose_files_go_by_age_and_nothing_else_is_touched(tmp_path: Path) -> No
     base = tmp_path / "tmp"
     base.mkdir()
     now = time.time()
-    old, fresh = base / "0123.part", base / "4567.pack"  # written by casckpt before scratch dirs
+    old, fresh = base / f"{'01' * 16}.part", base / f"{'45' * 16}.pack"  # casckpt's before scratch dirs
     old.write_bytes(b"o" * 7)
     fresh.write_bytes(b"f")
     os.utime(old, (now - 7200, now - 7200))
+    foreign = base / "results.csv"  # a location may share its directory with other files
+    foreign.write_bytes(b"someone else's")
+    os.utime(foreign, (now - 7200, now - 7200))
     os.mkfifo(base / "fifo.part")
     os.utime(base / "fifo.part", (now - 7200, now - 7200))
     (base / "link.part").symlink_to("/dev/zero")
@@ -118,7 +121,8 @@ def test_loose_files_go_by_age_and_nothing_else_is_touched(tmp_path: Path) -> No
     (orphan / "x.part").write_bytes(b"xyz")
     done = reclaim(base, grace=3600, now=now)
     assert done == Reclaimed(2, 10)
-    assert sorted(p.name for p in base.iterdir()) == ["4567.pack", "fifo.part", "link.part", "not-a-token"]
+    assert sorted(p.name for p in base.iterdir()) == [
+        f"{'45' * 16}.pack", "fifo.part", "link.part", "not-a-token", "results.csv"]
 
 
 def test_reclaim_of_a_missing_base_is_nothing(tmp_path: Path) -> None:

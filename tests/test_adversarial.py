@@ -1,7 +1,9 @@
-"""Red-team findings: each test reproduces a way casckpt breaks a promise of docs/GUARANTEES.md
-or an invariant of DESIGN.md, and fails until the product is fixed.
+"""Findings of an adversarial review, kept as regression tests.
 
-Every test's docstring says which promise it breaks and how to reproduce it by hand.
+Each test is a way a hostile or careless operator made casckpt break a promise of
+docs/GUARANTEES.md or an invariant of DESIGN.md (lose data, delete what it did not
+write, exhaust memory, hang, or call a half-built catalog healthy); its docstring
+says how it was done and what casckpt does now.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import pytest
 import torch
 
 import casckpt
-from casckpt.errors import CasckptError, GCRefusedError, StorageError
+from casckpt.errors import GCRefusedError, StorageError
 
 # -- helpers ---------------------------------------------------------------------------
 
@@ -83,35 +85,42 @@ def _stale_catalog_after_repack(tmp_path: Path, *, blobs: list[str] | None,
 # -- 1. a location added twice under two spellings of its URL -------------------------
 
 
-def test_alias_location_lets_gc_delete_every_pack(tmp_path: Path) -> None:
-    """GUARANTEES 3 / invariant 8: gc must not delete an object without proof it is garbage.
-
-    Reproduction: a one-location store at DIR with a committed version; then
-    `casckpt location add file://DIR/` (the same directory, with a trailing slash -- or any
-    other spelling that names it: a bind mount, `file://DIR/./`, an NFS path). add_location
-    compares URL *strings* only (`file://` URLs are not resolved, unlike bare paths) and the
-    identity check passes (the alias carries this store's own record), so the same directory
-    becomes a second location. `check` finds nothing wrong. Then `gc` (grace 0 here; with the
-    default grace, any pack older than 6 h) lists every pack object a second time under the
-    alias, takes each for a "stale copy of a pack the catalog knows" (gcguard._superseded),
-    and unlinks it -- which is the catalog's only copy. Every version is lost.
+def test_an_alias_of_a_location_is_refused_so_gc_never_takes_its_packs_for_copies(tmp_path: Path) -> None:
+    """GUARANTEES 3 / invariant 8. Found: `location add file://DIR/` on a store at DIR (the
+    same directory, another spelling; or a bind mount, an NFS path) became a second location;
+    gc then took every pack listed under the alias for a stale copy of a known pack and
+    unlinked it -- the only copy. Now each location's identity record names its location, so
+    the alias reads another location's record: add_location, opening with both names
+    configured, and gc all refuse, and nothing is deleted.
     """
+    from casckpt.engine.identity import require_match
+    from casckpt.errors import StoreIdentityError
+
     store_dir = tmp_path / "store"
     store = casckpt.open(store_dir)
     w = torch.randn(10_000)
     store.commit({"w": w}, run="r", step=1)
-    try:
+    with pytest.raises(StoreIdentityError, match="same storage under two names"):
         store.add_location(f"file://{store_dir}/", name="alias")
-    except CasckptError:
-        return  # refusing the alias is a fix
-    assert store.check().ok  # check sees nothing wrong with the alias
+    assert [loc.name for loc in store.locations()] == ["loc0"]
     store.gc(grace=0)
-    restored = store.restore("r@1")  # MissingDataError today: gc deleted the only pack
-    assert torch.equal(restored["w"], w)
+    assert torch.equal(store.restore("r@1")["w"], w)
     store.close()
+    # two configured locations that are one directory: refused at open, before any write
+    with pytest.raises(StoreIdentityError, match="same storage under two names"):
+        casckpt.open(tmp_path / "twice", blobs=[str(tmp_path / "d"), f"file://{tmp_path / 'd'}/"])
+    # a record moved in from another of the store's locations: gc deletes nothing
+    two = casckpt.open(tmp_path / "two", blobs=[str(tmp_path / "a"), str(tmp_path / "b")])
+    two.commit({"w": w}, run="r", step=1)
+    shutil.copy(tmp_path / "a" / "casckpt-identity", tmp_path / "b" / "casckpt-identity")
+    with pytest.raises(GCRefusedError, match="same storage under two names"):
+        require_match(two._ctx.catalog, two._ctx.locations)
+    with pytest.raises(GCRefusedError):
+        two.gc(grace=0)
+    two.close()
 
 
-# -- 2. the lease floor waives gc's completeness proof ---------------------------------
+# -- 2. the lease floor waived gc's completeness proof ----------------------------------
 
 _LEASE_HOLDER = """
 import sys, time
@@ -124,15 +133,14 @@ time.sleep(600)
 """
 
 
-def test_stale_catalog_with_old_lease_gc_deletes_newer_versions_data(tmp_path: Path) -> None:
+def test_a_stale_catalog_backup_carrying_an_old_lease_still_makes_gc_refuse(tmp_path: Path) -> None:
     """GUARANTEES 3: gc "refuses to run when the locations hold manifests the catalog neither
     knows nor has tombstoned" -- a stale catalog backup must never make gc delete anything.
 
-    gcguard._unknown_manifests only looks at manifests older than the oldest lease
-    (safe_floor). A catalog backup taken while some commit was in flight carries that lease;
-    if the committing process is still alive (a slow upload, a failed DCP save whose lease
-    stays until the writer is reset) -- or lives on another host, where leases are kept for
-    24 h -- every manifest written after the backup is newer than the floor and is exempt.
+    Found: gc only counted manifests older than the oldest lease as unknown. A catalog backup
+    taken while a commit was in flight carries that lease; with its process alive (or on
+    another host, where leases are kept for 24 h) every manifest written after the backup was
+    exempt. Now no age exempts a manifest: a commit in flight names its version on its lease.
 
     Reproduction: commit r@0 = {a: X}, r@1; delete r@0 (soft); >5 s later a process starts a
     commit and stays in flight (holds a lease); back up catalog.db; commit r@2 = {a: X} (it
@@ -160,38 +168,34 @@ def test_stale_catalog_with_old_lease_gc_deletes_newer_versions_data(tmp_path: P
         _install_catalog(store_dir, tmp_path / "backup.db")  # the catalog was lost: restore it
         store = casckpt.open(store_dir)
         assert any(p.kind == "manifest" for p in store.check().problems)  # check sees it
-        try:
+        with pytest.raises(GCRefusedError, match="1 manifest"):
             store.gc(grace=0)
-        except GCRefusedError:
-            pass  # what the guarantee promises
         store.close()
     finally:
         holder.kill()
         holder.wait()
     store = _rebuilt(store_dir, tmp_path)
-    restored = store.restore("r@2")  # RefNotFoundError today: r@2's chunk was deleted
-    assert torch.equal(restored["a"], x)
+    assert torch.equal(store.restore("r@2")["a"], x)
     store.close()
 
 
-# -- 3. the footer guard gives up on packs it could still read -------------------------
+# -- 3. the footer guard gave up on packs it could still read ---------------------------
 
 
-def test_gc_deletes_recoverable_ec_pack_whose_data_shard_is_missing(tmp_path: Path) -> None:
+def test_gc_keeps_an_unknown_ec_pack_it_can_rebuild_without_a_data_shard(tmp_path: Path) -> None:
     """GUARANTEES 3: "a pack object goes only if its footer lists no chunk a visible version
     references that the catalog does not verifiably hold in another pack; objects gc cannot
     prove are left in place".
 
-    gcguard reads an unknown pack's footer through its *data* shards only
-    (discovery.read_range); when a data shard is missing it gets MissingDataError and treats
-    the pack as "serving no chunk" -- although K of its K+M shards are there and decode it.
+    Found: gc read an unknown pack's footer through its *data* shards only; with a data
+    shard missing it took the pack for "serving no chunk", although K of its K+M shards were
+    there and decode it. Now it rebuilds such a pack in memory to read its footer.
 
     Reproduction: 3 dirs, ec:2+1; r@1 = {a, b}, r@2 = {b}; delete r@1; back up the catalog;
     gc --grace 0 (repacks b into a new pack P2); restore the backup (a stale catalog: it says
     b is in the old pack). Lose data shard 1 of P2 (one disk's file; ec:2+1 survives that).
-    gc --grace 0 with the stale catalog deletes P2's other two shards as orphans. Without the
-    lost shard the same gc keeps P2 ("holds 1 chunk(s) versions need"), and a catalog rebuild
-    recovers r@2 from shards 0 and 2 -- after this gc nothing can.
+    gc --grace 0 with the stale catalog keeps P2's other two shards, and a catalog rebuild
+    recovers r@2 from them.
     """
     blobs = [str(tmp_path / f"d{i}") for i in range(3)]
     store_dir, b = _stale_catalog_after_repack(tmp_path, blobs=blobs, redundancy="ec:2+1")
@@ -207,21 +211,20 @@ def test_gc_deletes_recoverable_ec_pack_whose_data_shard_is_missing(tmp_path: Pa
     store.close()
 
 
-def test_gc_deletes_unknown_pack_on_a_transient_read_error(tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gc_keeps_an_unknown_pack_it_cannot_read_for_now(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """GUARANTEES 3 and gcguard's own docstring: a pack "that cannot be read *now* (a storage
     error) stays for a later run".
 
-    discovery.read_range turns every StorageError into MissingDataError (an IntegrityError),
-    and DeletionGuard._judge deletes on MissingDataError ("no chunk can be read from it") --
-    its `except StorageError: keep` branch is unreachable. So one EIO, a 503 that outlasted
-    the S3 retries, a permission problem, on the footer read of an orphan pack that holds the
-    only copy of chunks a version needs, and gc deletes it.
+    Found: every StorageError on a footer read became MissingDataError, so one EIO or a 503
+    that outlasted the S3 retries on an orphan pack holding the only copy of a version's chunk
+    made gc delete it. Now only an object that is gone (or unreadable for good: a FIFO, a
+    symlink out, larger than recorded) counts as serving nothing; other errors keep it.
 
     Reproduction: the stale-catalog-after-repack store of the test above, one location, no
     redundancy (P2 is an unknown pack holding r@2's chunk b; gc normally keeps it). Make reads
     of P2 fail with a StorageError (here: LocalBlobStore.get_range patched, as an I/O error
-    would) and run gc --grace 0: P2 is deleted; r@2 cannot be recovered by a rebuild.
+    would) and run gc --grace 0: P2 stays, and a rebuild recovers r@2.
     """
     from casckpt.storage.local import LocalBlobStore
 
@@ -247,7 +250,7 @@ def test_gc_deletes_unknown_pack_on_a_transient_read_error(tmp_path: Path,
     store.close()
 
 
-# -- 4. huge sparse files in packs/ are read whole ------------------------------------
+# -- 4. huge sparse files in packs/ were read whole -----------------------------------
 
 _SPARSE_RUN = """
 import os, resource, struct, sys
@@ -276,19 +279,19 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
 
 
 @pytest.mark.parametrize("mode", ["gc", "rebuild"])
-def test_sparse_file_in_packs_exhausts_memory(tmp_path: Path, mode: str) -> None:
+def test_a_sparse_file_named_like_a_pack_costs_gc_and_rebuild_no_memory(tmp_path: Path, mode: str) -> None:
     """Invariant 10 / GUARANTEES 6: "every read is bounded ... nothing can make casckpt hang or
-    exhaust memory"; test_hostile covers check, not gc's orphan pass or catalog rebuild.
+    exhaust memory". Found: gc's orphan pass read a forged footer whole, and catalog rebuild
+    read every unknown pack object whole. Now a footer is at most 64 MiB (format/pack.py) and
+    rebuild streams packs through scrub.verify (memory: one window).
 
     Reproduction: in a store's `packs/ab/`, create `ab000...0` (64 hex) as a sparse file of
     SIZE bytes (no disk space) whose last 32 bytes are a pack trailer claiming a footer of
     SIZE - 56 bytes. `casckpt gc --grace 0` judges it as an orphan pack and reads the whole
     "footer" into memory (gcguard -> discovery.read_footer -> get_range(SIZE - 56));
-    `casckpt catalog rebuild` reads every unknown pack object in full (packverify.read_detached,
-    bounded only by the object's own size). Peak RSS grows by at least SIZE in both (measured:
-    +1 GiB for a 1 GiB file, +4 GiB for a 2 GiB file); a 64 GiB sparse file kills the
-    process. A real pack is at most ~64 MiB (CASCKPT_PACK_SIZE); here SIZE = 1 GiB and the
-    bound asserted is 512 MiB.
+    `casckpt catalog rebuild` read every unknown pack object in full. Peak RSS grew by at
+    least SIZE in both (+1 GiB for a 1 GiB file, +4 GiB for a 2 GiB file). Here SIZE = 1 GiB
+    and the bound asserted is 512 MiB.
     """
     size = 1 << 30
     out = subprocess.run([sys.executable, "-c", _SPARSE_RUN, mode, str(tmp_path / "store"), str(size)],
@@ -298,7 +301,7 @@ def test_sparse_file_in_packs_exhausts_memory(tmp_path: Path, mode: str) -> None
     assert growth_mib < 512, f"{mode} grew its peak RSS by {growth_mib} MiB reading a sparse file"
 
 
-# -- 5. a catalog rebuild killed before the tags leaves a catalog check calls healthy ------
+# -- 5. a catalog rebuild killed before the tags left a catalog check called healthy ------
 
 _KILLED_REBUILD = """
 import os, signal, sys
@@ -312,23 +315,19 @@ store.rebuild_catalog()
 """
 
 
-def test_rebuild_killed_before_tags_then_gc_deletes_tagged_version(tmp_path: Path) -> None:
-    """Invariant 3 (a crash at any instant leaves the store consistent), GUARANTEES 4 (check
-    proves what it says) and 5 (rebuild recovers tags), GUARANTEES 3 (retention keeps tagged
-    versions: keep_tagged=True).
+def test_a_rebuild_killed_midway_leaves_a_catalog_nobody_uses(tmp_path: Path) -> None:
+    """Invariant 3, GUARANTEES 3-5. Found: a catalog rebuild killed after publishing versions
+    and runs (retention) but before the tags left a catalog that opened normally and that
+    `check --read-data` called healthy; `tag:release` no longer resolved and gc then deleted
+    the tagged version. Now a rebuild marks the catalog until its last step: a marked catalog
+    is refused at open (and by rebuild itself), and a rebuild into a new catalog recovers all.
 
-    rebuild publishes versions, then restores runs (retention), then tags, then the store's
-    policies, with nothing marking the catalog as half-built. A rebuild killed after the
-    retention policies but before the tags leaves a non-empty catalog: `catalog rebuild`
-    refuses to run again ("the catalog is not empty"), opening the store works, and `check
-    --read-data` reports nothing (it only compares the records the catalog implies). The tag
-    records are still on every location, but nothing reads them.
-
-    Reproduction: commit r@1, r@2; `casckpt tag r@1 release`; retention keep_last=1 (tagged
-    versions are kept); lose the catalog; `casckpt catalog rebuild` killed (SIGKILL) right
-    before it restores tags; open the store: `check --read-data` exits 0; `gc --grace 0`
-    deletes and purges r@1, the tagged version.
+    Reproduction: commit r@1, r@2; tag r@1 release; retention keep_last=1 (tagged versions
+    are kept); lose the catalog; `casckpt catalog rebuild` killed (SIGKILL) right before it
+    restores tags.
     """
+    from casckpt.errors import InvalidArgumentError, StoreIdentityError
+
     store_dir = tmp_path / "store"
     store = casckpt.open(store_dir)
     keep = torch.randn(1000)
@@ -340,16 +339,22 @@ def test_rebuild_killed_before_tags_then_gc_deletes_tagged_version(tmp_path: Pat
     _move_catalog_away(store_dir, tmp_path / "lost.db")
     crashed = subprocess.run([sys.executable, "-c", _KILLED_REBUILD, str(store_dir)], timeout=120)
     assert crashed.returncode == -9
-    store = casckpt.open(store_dir)
-    report = store.check(read_data=True)
-    if report.ok:  # check says the store is whole: then it must be
-        assert store.resolve("tag:release").step == 1
+    with pytest.raises(StoreIdentityError, match="rebuild that did not finish"):
+        casckpt.open(store_dir)
+    with casckpt.open(store_dir, recover=True) as half:
+        with pytest.raises(InvalidArgumentError, match="did not finish"):
+            half.rebuild_catalog()
+        with pytest.raises(StoreIdentityError):
+            half.gc(grace=0)
+    store = _rebuilt(store_dir, tmp_path)  # into a new, empty catalog
+    assert store.resolve("tag:release").step == 1
     store.gc(grace=0)
-    assert torch.equal(store.restore("r@1")["w"], keep), "gc deleted the tagged version"
+    assert torch.equal(store.restore("r@1")["w"], keep)
+    assert store.check(read_data=True).ok
     store.close()
 
 
-# -- 6. leftover reclaim deletes files casckpt never wrote ----------------------------
+# -- 6. leftover reclaim deleted files casckpt never wrote -----------------------------
 
 
 def _old_file(path: Path) -> Path:
@@ -360,14 +365,13 @@ def _old_file(path: Path) -> Path:
     return path
 
 
-def test_open_deletes_files_behind_a_symlinked_tmp(tmp_path: Path) -> None:
+def test_a_symlinked_tmp_is_never_reclaimed(tmp_path: Path) -> None:
     """Invariant 8 (nothing is deleted without positive proof it is garbage) and ARCHITECTURE
     "On disk": in tmp/, "FIFOs, symlinks and foreign directories there are left alone".
 
-    scratch.reclaim() lists `<location>/tmp` through os.scandir, which follows a symlinked
-    `tmp` itself, and unlinks every regular file there older than an hour (taken for "loose
-    files left by casckpt versions before this layout"). Nothing checks that `tmp` is a real
-    directory inside the location.
+    Found: the reclaim of leftovers followed a symlinked `tmp` itself and unlinked every
+    regular file there older than an hour. Now a symlinked base is left alone, and only files
+    named as casckpt names its own are considered.
 
     Reproduction: a store at DIR; `rm -r DIR/tmp; ln -s /some/other/dir DIR/tmp` (an operator
     moving scratch space to a bigger disk, or a hostile link to /etc); any `casckpt.open(DIR)`
@@ -382,12 +386,13 @@ def test_open_deletes_files_behind_a_symlinked_tmp(tmp_path: Path) -> None:
     assert victim.exists(), "opening the store deleted a file outside it"
 
 
-def test_open_deletes_user_files_in_a_shared_locations_tmp(tmp_path: Path) -> None:
+def test_files_casckpt_did_not_write_in_a_locations_tmp_are_kept(tmp_path: Path) -> None:
     """Invariant 8: nothing is deleted without positive proof it is garbage.
 
-    A directory holding no packs/ or manifests/ is adopted as a location (identity check:
-    "no record and no data: written"), however much else it holds; from then on every open
-    (and every gc) unlinks each regular file in its `tmp/` older than an hour.
+    Found: a directory shared with other users' files, used as a location, lost every file
+    in its `tmp/` older than an hour at every open and gc. Now only `<32 hex>.part|.pack`
+    files (what casckpt wrote there before scratch directories) and locked scratch
+    directories are reclaimed.
 
     Reproduction: `casckpt.open("ckpts", blobs="/scratch")` on a shared scratch file system
     where /scratch/tmp/ holds other people's files (or `casckpt location add /scratch`):
@@ -401,7 +406,7 @@ def test_open_deletes_user_files_in_a_shared_locations_tmp(tmp_path: Path) -> No
     assert victim.exists(), "casckpt deleted a file it never wrote"
 
 
-# -- 7. a FIFO in the index cache hangs every open ------------------------------------
+# -- 7. a FIFO in the index cache hung every open -------------------------------------
 
 _OPEN_WITH_FIFO_CACHE = """
 import os, sys
@@ -419,17 +424,17 @@ print("opened", flush=True)
 """
 
 
-def test_fifo_in_index_cache_hangs_open(tmp_path: Path) -> None:
+def test_a_fifo_in_the_index_cache_does_not_hang_open(tmp_path: Path) -> None:
     """Invariant 10 / GUARANTEES 6: nothing can make casckpt hang; invariant 6: the LMDB
     cache is a hint ("any LMDB failure degrades to a cache miss").
 
-    IndexCache hands `<store>/cache/index` to lmdb.open() without looking at what is there;
-    LMDB opens `data.mdb` and reads its header, which blocks forever on a FIFO.
+    Found: IndexCache handed `<store>/cache/index` to lmdb.open(), which blocked forever on a
+    FIFO `data.mdb`. Now a data.mdb or lock.mdb that is not a regular file makes the cache
+    unusable (the store runs without it) before LMDB opens anything.
 
     Reproduction: `rm DIR/cache/index/data.mdb; mkfifo DIR/cache/index/data.mdb`; then any
     command (`casckpt --store DIR check`, `casckpt.open(DIR)`) hangs in cache.py
-    (lmdb.open). (A FIFO as catalog.db, casckpt-identity, refs/ records, tmp or staging is
-    handled: a typed error or skipped.)
+    (lmdb.open).
     """
     proc = subprocess.Popen([sys.executable, "-c", _OPEN_WITH_FIFO_CACHE, str(tmp_path / "store")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
