@@ -16,7 +16,6 @@ and deletes -- also when gc fails (``{"ok": false, "error": ..., "exit_code":
 
 from __future__ import annotations
 
-import logging
 import sys
 from typing import Annotated, Any
 
@@ -24,7 +23,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from casckpt.cli import render
+from casckpt.cli import logs, render
 from casckpt.cli.main import JsonOption, _open_store, app, exit_code_for
 from casckpt.cli.progress import progress_bars
 from casckpt.engine.retention import parse_duration
@@ -78,16 +77,6 @@ def _decisions(report: GCReport) -> list[Table]:
     return tables
 
 
-def _log_to_stderr() -> None:
-    """casckpt's own INFO lines (one per gc run) on stderr, for cron mail and logs."""
-    logger = logging.getLogger("casckpt")
-    if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("casckpt: %(message)s"))
-        logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-
-
 def _json_line(value: dict[str, Any]) -> None:
     sys.stdout.write(render.dumps(value) + "\n")
     sys.stdout.flush()
@@ -109,7 +98,7 @@ def gc(
 ) -> None:
     """Apply retention policies and reclaim space; safe while other jobs commit."""
     seconds = parse_duration(grace, allow_zero=True)
-    _log_to_stderr()
+    logs.show_info()  # the run's one-line summary, for cron mail and logs
     try:
         with _open_store(ctx) as store, progress_bars() as progress:
             report = store.gc(dry_run=dry_run, grace=seconds, force=force, progress=progress)

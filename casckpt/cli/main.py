@@ -42,7 +42,7 @@ from typer.core import TyperGroup
 
 import casckpt
 from casckpt.catalog.migrate import head_revision
-from casckpt.cli import render
+from casckpt.cli import logs, render
 from casckpt.cli.export import check_target, export_safetensors
 from casckpt.cli.progress import progress_bars
 from casckpt.config import BlobLocation, blob_locations
@@ -114,11 +114,13 @@ def exit_code_for(error: CasckptError) -> int:
 
 class _CasckptGroup(TyperGroup):
     """Turns every :class:`CasckptError` into one red line on stderr and its exit code, and
-    anything else into a code of its own: never 1, which scripts read as "check found problems"."""
+    anything else into a code of its own: never 1, which scripts read as "check found problems".
+    While a command runs, casckpt's warnings print on stderr (:mod:`casckpt.cli.logs`)."""
 
     def invoke(self, ctx: Any) -> Any:
         try:
-            return super().invoke(ctx)
+            with logs.command_logging():
+                return super().invoke(ctx)
         except _CLI_EXCEPTIONS:
             raise  # typer's own exits and usage errors carry their codes
         except CasckptError as exc:

@@ -117,8 +117,9 @@ def drain_location(ctx: typer.Context, name: NameArgument, as_json: JsonOption =
     """Stop writing to a location; `casckpt repair` then moves its shards to the others."""
     with _open_store(ctx) as store:
         info = store.drain_location(name)
-    _print_location(info, as_json,
-                    f"no new shards go to {name}; move its {info.shards} shard(s) off with: casckpt repair")
+    _print_location(info, as_json, f"no new shards go to {name}; " + (
+        f"move its {info.shards} shard(s) off with: casckpt repair" if info.shards
+        else "it holds no shards, so there is nothing to move"))
 
 
 @location_app.command("fail")
@@ -126,8 +127,9 @@ def fail_location(ctx: typer.Context, name: NameArgument, as_json: JsonOption = 
     """Declare a location lost: it is never read again; `casckpt repair` re-creates its shards elsewhere."""
     with _open_store(ctx) as store:
         info = store.fail_location(name)
-    _print_location(info, as_json,
-                    f"{name} is no longer read; re-create its {info.shards} shard(s) with: casckpt repair")
+    _print_location(info, as_json, f"{name} is no longer read; " + (
+        f"re-create its {info.shards} shard(s) with: casckpt repair" if info.shards
+        else "it holds no shards, so there is nothing to repair"))
 
 
 @location_app.command("activate")
