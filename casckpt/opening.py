@@ -59,7 +59,8 @@ def open_locations(catalog: Catalog, spec: cfg.StoreSpec, given: dict[str, BlobS
     opened: dict[str, BlobStore] = {}
     try:
         for name, url in urls.items():
-            opened[name] = open_location_store(name, url, spec.s3, given, create=name not in states)
+            opened[name] = open_location_store(name, url, spec.s3, given, create=name not in states,
+                                               failed=states.get(name) == "failed")
         surveys = [identity.survey(name, blobs) for name, blobs in opened.items()
                    if states.get(name) != "failed"]
         to_write = identity.check_at_open(catalog, surveys, recover=recover)

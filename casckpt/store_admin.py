@@ -59,18 +59,20 @@ def parse_fraction(value: float | str) -> float:
 
 
 def open_location_store(name: str, url: str, s3: Any, given: dict[str, BlobStore], *,
-                        create: bool = True) -> BlobStore:
+                        create: bool = True, failed: bool = False) -> BlobStore:
     """Open one location's blob store; one this host cannot open is kept as unreachable.
 
     ``create=False`` for a location the catalog knows already: its directory, gone, is
     then unreachable rather than made again, empty (see :class:`~casckpt.storage.LocalBlobStore`).
+    A location marked failed that cannot be opened is what was expected: no warning.
     """
     blob_store = given.get(url)
     if blob_store is None:
         try:
             blob_store = open_blob_store(url, s3, create=create)
         except (CasckptError, OSError) as exc:
-            log.warning("blob location %s (%s) cannot be opened: %s", name, redact_url(url), exc)
+            if not failed:
+                log.warning("blob location %s (%s) cannot be opened: %s", name, redact_url(url), exc)
             blob_store = UnreachableBlobStore(url, str(exc))
     return blob_store
 
@@ -78,7 +80,8 @@ def open_location_store(name: str, url: str, s3: Any, given: dict[str, BlobStore
 def open_location(row: shard_sql.LocationRow, url: str, s3: Any, given: dict[str, BlobStore]) -> Location:
     """Open one catalog location (see :func:`open_location_store`)."""
     return Location(row.id, row.name, row.domain, row.state,
-                    open_location_store(row.name, url, s3, given, create=False))
+                    open_location_store(row.name, url, s3, given, create=False,
+                                        failed=row.state == "failed"))
 
 
 class StoreAdmin:

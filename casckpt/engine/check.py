@@ -176,9 +176,12 @@ def check(ctx: EngineContext, *, read_data: bool, progress: ProgressCallback | N
     checkmeta.check_records(ctx, found)
     packs = ctx.catalog.packs()
     layouts = shard_sql.layouts(ctx.catalog, [p.id for p in packs])
-    unusable = checkmeta.check_presence(ctx, layouts.values(), found)
     scrub_set = _scrub_set(ctx, read_data_subset) if read_data_subset is not None else (
         set(layouts) if read_data else set())
+    # a pack read back is judged by what reading it finds (presence, sizes and all)
+    unusable = checkmeta.check_presence(
+        ctx, [layout for p, layout in layouts.items() if p not in scrub_set], found)
+    checkmeta.check_domains(ctx, [layouts[p] for p in scrub_set if p in layouts], found)
     total = sum(layouts[p].size for p in scrub_set if p in layouts) + len(layouts)
     done = 0
     for pack in packs:

@@ -234,6 +234,7 @@ def check_records(ctx: EngineContext, found: Findings) -> None:
 def check_presence(ctx: EngineContext, layouts: Iterable[PackLayout], found: Findings) -> dict[str, int]:
     """Every shard the catalog records is listed with its size; returns, per pack, how many
     shards are unusable (missing shards are queued for repair)."""
+    layouts = list(layouts)
     unusable: dict[str, int] = {}
     for layout in layouts:
         damaged: dict[int, str] = {}
@@ -274,13 +275,14 @@ def check_presence(ctx: EngineContext, layouts: Iterable[PackLayout], found: Fin
                 if (row := layout.shard(i)) is not None})
             ctx.packs.forget(layout.id)
         unusable[layout.id] = bad
-        _check_domains(ctx, layout, found)
+    check_domains(ctx, layouts, found)
     return unusable
 
 
-def _check_domains(ctx: EngineContext, layout: PackLayout, found: Findings) -> None:
+def check_domains(ctx: EngineContext, layouts: Iterable[PackLayout], found: Findings) -> None:
     """A pack with two shards in one failure domain loses two to one failure: degraded."""
-    for domain, indexes in doubled_domains(ctx.locations, layout).items():
-        found.add("redundancy", layout.id, f"shards {indexes} share failure domain {domain!r}: one "
-                  "failure there loses them all; add a location in another domain "
-                  "(`casckpt location add`), then `casckpt repair`")
+    for layout in layouts:
+        for domain, indexes in doubled_domains(ctx.locations, layout).items():
+            found.add("redundancy", layout.id, f"shards {indexes} share failure domain {domain!r}: "
+                      "one failure there loses them all; add a location in another domain "
+                      "(`casckpt location add`), then `casckpt repair`")

@@ -299,7 +299,7 @@ def collect(ctx: EngineContext, *, grace: float, dry_run: bool, force: bool = Fa
             tally.orphans_deleted = len(orphans)
             tally.bytes_freed += sum(info.size for _, info in orphans)
         else:
-            verdicts = guard.orphans(orphans)
+            verdicts = guard.orphans(orphans, removed)
             tally.orphans_deleted = deleter.delete(verdicts.delete)
             tally.kept += verdicts.kept
             tally.packs_repacked = _repack(ctx, progress)

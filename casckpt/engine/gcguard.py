@@ -29,7 +29,7 @@ that index is healthy; an orphan manifest only if it is tombstoned.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from casckpt.catalog import PackLayout
@@ -77,6 +77,7 @@ class DeletionGuard:
         self._force = force
         self._footers: dict[str, set[str] | None] = {}  # catalog pack -> chunk ids in its footer
         self._by_pack: dict[str, FoundPack] | None = None  # every listed pack object, by pack
+        self._removed: set[Object] = set()  # objects this run deleted
 
     # -- before anything changes ------------------------------------------------
 
@@ -135,9 +136,12 @@ class DeletionGuard:
             self._judge(layout, [(sh.location_id, sh.key) for sh in layout.shards], out)
         return out
 
-    def orphans(self, candidates: Sequence[tuple[Location, BlobInfo]]) -> Verdicts:
-        """Which listed objects no catalog row names may go (see the module docstring)."""
+    def orphans(self, candidates: Sequence[tuple[Location, BlobInfo]],
+                removed: Collection[Object] = ()) -> Verdicts:
+        """Which listed objects no catalog row names may go (see the module docstring);
+        ``removed``: objects this run deleted already (not read again)."""
         out = Verdicts()
+        self._removed = set(removed)
         tombstoned = sql.tombstoned_ids(self._ctx.catalog)
         packs: dict[str, FoundPack] = {}
         for loc, info in candidates:
@@ -172,7 +176,8 @@ class DeletionGuard:
     def _full_layout(self, pack_id: str) -> PackLayout | None:
         """An unknown pack's layout from every object of it listed (other shards included)."""
         if self._by_pack is None:
-            self._by_pack = scan_packs(self._listing)
+            self._by_pack = scan_packs((loc, info) for loc, info in self._listing
+                                       if (loc.id, info.key) not in self._removed)
         return pack_layout(pack_id, self._by_pack.get(pack_id, FoundPack()))
 
     def _superseded(self, layout: PackLayout, found: FoundPack, out: Verdicts) -> None:

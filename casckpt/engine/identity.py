@@ -120,7 +120,7 @@ def _refusal(catalog: Catalog, mine: StoreIdentity, loc: Survey, what: str) -> S
         f"{catalog.where} is {mine.describe()}: the catalog is new, emptied, stale or another "
         "store's, and trusting it could delete this store's checkpoints. Nothing was changed. If "
         "the catalog was lost, rebuild it from the locations into a new, empty catalog: "
-        "`casckpt catalog rebuild --store PATH`. If the store's config names the wrong catalog, "
+        "`casckpt --store PATH catalog rebuild`. If the store's config names the wrong catalog, "
         "fix casckpt.toml.")
 
 

@@ -174,7 +174,14 @@ def _usable(locations: LocationSet, layout: PackLayout, sh: ShardRow, listed: Li
         verdict.notes.append((sh.index, f"{name} is on a failed or unknown location"))
         verdict.damaged[sh.index] = "missing"
         return None
-    size = _listed_size(listed, sh) if sh.location_id in listed else loc.blobs.size(sh.key)
+    size = _listed_size(listed, sh) if sh.location_id in listed else None
+    if size is None:  # not listed: find out why (gone, or something that is not an object)
+        try:
+            size = loc.blobs.size(sh.key)
+        except StorageError as exc:
+            verdict.notes.append((sh.index, f"{name} on {loc.describe()}: {exc}"))
+            verdict.damaged[sh.index] = "corrupt"
+            return None
     if size is None:
         verdict.notes.append((sh.index, f"{name} is missing from {loc.describe()}"))
         verdict.damaged[sh.index] = "missing"
