@@ -140,6 +140,11 @@ def _check_copy(loc: Location, found: Findings, row: Any, data: bytes, read_data
         found.add("manifest", row.id, f"{label}: missing from {loc.describe()}; "
                   "`casckpt repair` writes it again")
         return
+    size = found.listed[loc.id][key].size
+    if size != len(data):
+        found.add("manifest", row.id, f"{label}: the copy on {loc.describe()} is {size} bytes, the "
+                  f"catalog's {len(data)}: damaged; `casckpt repair` writes it again")
+        return
     if not read_data:
         return
     try:
