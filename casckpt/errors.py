@@ -41,9 +41,14 @@ class CatalogError(CasckptError, RuntimeError):
 class CatalogUnavailableError(CatalogError):
     """The catalog database cannot be reached (an outage, a restart, a network cut).
 
-    Nothing became visible. A training loop may keep training and commit again
-    at its next interval; the first commit after the database is back succeeds.
+    Nothing became visible, unless ``in_doubt`` is true: the connection was lost
+    while the database was committing, so the change may have been committed
+    (a published version is then whole and correct; ``casckpt show`` tells). A
+    training loop may keep training and commit again at its next interval; the
+    first commit after the database is back succeeds.
     """
+
+    in_doubt: bool = False
 
 
 class InvalidConfigError(InvalidArgumentError):

@@ -343,21 +343,35 @@ class Catalog:
             MissingChunksError: some referenced chunk is not live; nothing was written.
             VersionExistsError: the run already has a version at this step.
             CatalogUnavailableError: the database stayed unreachable; the version is not
-                visible, unless the database went away just as it committed it.
+                visible, unless the error is ``in_doubt`` (lost while committing).
         """
         ids = list(dict.fromkeys(chunk_ids))
+        in_doubt = False  # a try lost its connection while COMMIT was on its way
 
         def publish() -> None:
-            with self.write() as conn:
-                self._publish(conn, version, run, tensor_rows, content_rows, tag_names, ids)
+            nonlocal in_doubt
+            try:
+                with self.write() as conn:
+                    self._publish(conn, version, run, tensor_rows, content_rows, tag_names, ids)
+            except CatalogUnavailableError as exc:
+                in_doubt = in_doubt or exc.in_doubt
+                raise
 
         try:
             self.retrying(publish)
         except CatalogUnavailableError as exc:
+            short = version["id"][:12]
+            if in_doubt:
+                error = CatalogUnavailableError(
+                    f"could not confirm version {short} ({run}@{version['step']}): {exc}. The "
+                    f"connection was lost while the database committed it, so it may be visible "
+                    f"(whole and correct if so): `casckpt show {short}` tells once the database "
+                    f"is back")
+                error.in_doubt = True
+                raise error from exc
             raise CatalogUnavailableError(
-                f"could not publish version {version['id'][:12]} ({run}@{version['step']}): {exc}. "
-                f"It is not visible unless the database went away just as it committed it "
-                f"(`casckpt show {version['id'][:12]}` tells)"
+                f"could not publish version {short} ({run}@{version['step']}): {exc}. "
+                f"It is not visible"
             ) from exc
         except CatalogError as exc:
             if isinstance(exc.__cause__, IntegrityError) and "uq_versions_run_step" in str(exc):

@@ -167,11 +167,17 @@ class Database:
         operation in :meth:`retrying` when it is idempotent).
         """
         conn = self.connect(write=write)
+        committing = False
         try:
             with conn, conn.begin():
                 yield conn
+                committing = True
         except SQLAlchemyError as exc:
-            raise self.error(exc, "catalog update" if write else "catalog query") from exc
+            error = self.error(exc, "catalog update" if write else "catalog query")
+            # lost while COMMIT was on its way: the server may have committed it
+            if committing and write and isinstance(error, CatalogUnavailableError):
+                error.in_doubt = True
+            raise error from exc
 
     def retrying(self, operation: Callable[[], T]) -> T:
         """Run ``operation`` until it does not raise CatalogUnavailableError, for at most

@@ -39,7 +39,7 @@ class DeadPack:
     id: str
     key: str
     size: int
-    layout: PackLayout | None = None  # as the catalog had it (None in a dry run)
+    layout: PackLayout | None = None  # as the catalog had it (None if it had no shard rows)
 
     @property
     def shards(self) -> tuple[tuple[int, str], ...]:
@@ -287,13 +287,10 @@ def sweep(catalog: Catalog, *, cutoff: float, dry_run: bool,
     condemn it would also sweep), counts live unreferenced chunks made before it as doomed.
     """
     c, p = s.chunks, s.packs
-    doomed = and_(c.c.state == "condemned", c.c.condemned_at <= cutoff, _unreferenced())
+    doomed = _doomed(cutoff, condemned_before if dry_run else None)
     empty = and_(~exists().where(c.c.pack_id == p.c.id), p.c.created_at <= cutoff)
     with catalog.write() as conn:
         if dry_run:
-            if condemned_before is not None:
-                doomed = or_(doomed, and_(c.c.state == "live", c.c.created_at < condemned_before,
-                                          _unreferenced()))
             chunks = int(conn.execute(select(func.count()).where(doomed)).scalar_one())
             survivors = select(c.c.id).where(c.c.pack_id == p.c.id, ~doomed)
             rows = conn.execute(select(p.c.id, p.c.key, p.c.size).where(
@@ -310,6 +307,36 @@ def sweep(catalog: Catalog, *, cutoff: float, dry_run: bool,
             conn.execute(delete(s.shards).where(s.shards.c.pack_id.in_(batch)))
             conn.execute(delete(p).where(p.c.id.in_(batch)))
     return chunks, [DeadPack(*row, found.get(row[0])) for row in rows]
+
+
+def _doomed(cutoff: float, condemned_before: float | None) -> Any:
+    """Chunks a sweep at ``cutoff`` removes; with ``condemned_before`` (a dry run of grace 0),
+    also the live unreferenced ones made before it, which the run would condemn first."""
+    c = s.chunks
+    doomed = and_(c.c.state == "condemned", c.c.condemned_at <= cutoff, _unreferenced())
+    if condemned_before is not None:
+        doomed = or_(doomed, and_(c.c.state == "live", c.c.created_at < condemned_before,
+                                  _unreferenced()))
+    return doomed
+
+
+def would_repack(catalog: Catalog, *, cutoff: float, condemned_before: float,
+                 max_live_fraction: float) -> list[DeadPack]:
+    """The packs a gc of grace 0 would repack after its sweep (a dry run's estimate): those
+    whose surviving chunks fill at most ``max_live_fraction`` of them, none condemned or lost.
+    The same rule as :func:`repack_candidates`, applied to what the sweep would leave."""
+    c, p = s.chunks, s.packs
+    survives = and_(c.c.pack_id == p.c.id, ~_doomed(cutoff, condemned_before))
+    live = select(func.coalesce(func.sum(c.c.stored_len + _CHUNK_OVERHEAD), 0)).where(
+        survives).scalar_subquery()
+    with catalog.read() as conn:
+        rows = conn.execute(select(p.c.id, p.c.key, p.c.size).where(
+            exists().where(survives),
+            ~exists().where(survives, c.c.state.in_(("condemned", "lost"))),
+            live <= p.c.size * max_live_fraction,
+        )).all()
+        found = layouts_in(conn, [row[0] for row in rows])
+    return [DeadPack(*row, found.get(row[0])) for row in rows]
 
 
 def condemned_bytes(catalog: Catalog) -> int:

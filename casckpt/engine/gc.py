@@ -187,6 +187,11 @@ def _mark_and_sweep(ctx: EngineContext, tally: _Tally, guard: DeletionGuard, del
         tally.packs_deleted = len(dead)
         tally.bytes_freed += sum(sh.size for p in dead if p.layout for sh in p.layout.shards)
         tally.bytes_pending = 0 if at_once else condemned_bytes + sql.condemned_bytes(catalog)
+        if at_once:  # the packs a real run repacks it deletes in the same run
+            repacked = sql.would_repack(catalog, cutoff=cutoff, condemned_before=floor,
+                                        max_live_fraction=REPACK_MAX_LIVE)
+            tally.packs_repacked = len(repacked)
+            tally.bytes_freed += sum(sh.size for p in repacked if p.layout for sh in p.layout.shards)
         return [obj for p in dead for obj in p.shards]
     return _sweep(ctx, tally, guard, deleter, cutoff)
 
