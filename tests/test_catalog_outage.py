@@ -35,8 +35,8 @@ from typing import Any
 
 import pytest
 import torch
-from sqlalchemy import event
 from doubles import WriteHookStore
+from sqlalchemy import event
 
 import casckpt
 from casckpt.catalog import Catalog

@@ -44,7 +44,8 @@ def _damage(manifests: list[Path], how: str) -> set[str]:
 @pytest.mark.parametrize("how", ["flip", "truncate", "swap"])
 def test_damaged_manifest_copies_are_found_repaired_and_rebuild_from_them(tmp_path: Path, how: str) -> None:
     root, dirs = tmp_path / "store", [tmp_path / "d0", tmp_path / "d1"]
-    with casckpt.open(root, blobs=[str(d) for d in dirs], redundancy="replicate:2", chunk_size=CHUNK) as store:
+    with casckpt.open(root, blobs=[str(d) for d in dirs], redundancy="replicate:2",
+                      chunk_size=CHUNK) as store:
         for step in (1, 2, 3):
             store.commit(_state(step), run="r", step=step)
         assert store.check(read_data=True).ok
