@@ -6,6 +6,15 @@ re-checks every referenced chunk, so a stale entry (a chunk GC removed, a
 catalog restored from backup) costs a retry, never a broken version. The
 cache records the store id it belongs to and wipes itself when opened against
 another store. Any LMDB failure degrades to a cache miss.
+
+LMDB forbids opening one environment twice in a process: closing either
+handle drops the process's advisory lock, and the next process to open it
+then resets the lock table under the feet of the others (writers deadlock).
+py-lmdb refuses a second open, but not two threads opening at once. Every
+:class:`IndexCache` of a process on one path therefore shares one
+environment, opened under a lock and closed when the last of them closes. A
+forked child must not use its parent's: it runs without a cache (py-lmdb
+refuses to open the path again in it).
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ import logging
 import os
 import stat
 import struct
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -42,6 +52,48 @@ def _refuse_special_files(path: Path) -> None:
             raise OSError(f"{path / name} is not a regular file")
 
 
+class _SharedEnv:
+    """One process's LMDB environment on one path, and how many caches use it."""
+
+    def __init__(self, env: lmdb.Environment) -> None:
+        self.pid, self.env, self.users = os.getpid(), env, 1
+        self.chunks = env.open_db(b"chunks")
+
+
+_SHARED: dict[str, _SharedEnv] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _acquire(path: Path, map_size: int) -> _SharedEnv:
+    key = os.path.realpath(path)
+    with _SHARED_LOCK:
+        shared = _SHARED.get(key)
+        if shared is not None and shared.pid == os.getpid():
+            shared.users += 1
+            return shared
+        # none yet, or the parent's before a fork: a child must not use (nor close) that one
+        # (py-lmdb then refuses the open: the child goes without a cache)
+        path.mkdir(parents=True, exist_ok=True)
+        _refuse_special_files(path)
+        env = lmdb.open(str(path), map_size=map_size, max_dbs=2, max_readers=256)
+        try:
+            shared = _SHARED[key] = _SharedEnv(env)
+        except BaseException:
+            env.close()
+            raise
+        return shared
+
+
+def _release(path: Path, shared: _SharedEnv) -> None:
+    with _SHARED_LOCK:
+        shared.users -= 1
+        if shared.users == 0 and shared.pid == os.getpid():
+            shared.env.close()
+            key = os.path.realpath(path)
+            if _SHARED.get(key) is shared:
+                del _SHARED[key]
+
+
 class IndexCache:
     """chunk id (32 bytes) -> (pack id, offset, stored_len, raw_len, codec).
 
@@ -51,15 +103,14 @@ class IndexCache:
     def __init__(self, path: Path, store_id: str, *, map_size: int = DEFAULT_MAP_SIZE) -> None:
         self.path = path
         self._env: lmdb.Environment | None = None
+        self._shared: _SharedEnv | None = None
         try:
-            path.mkdir(parents=True, exist_ok=True)
-            _refuse_special_files(path)
-            self._env = lmdb.open(str(path), map_size=map_size, max_dbs=2, max_readers=256)
-            self._chunks = self._env.open_db(b"chunks")
+            self._shared = _acquire(path, map_size)
+            self._env, self._chunks = self._shared.env, self._shared.chunks
             self._bind(store_id.encode())
         except (lmdb.Error, OSError) as exc:
             log.warning("index cache at %s unusable, continuing without it: %s", path, exc)
-            self._env = None
+            self.close()
 
     def _bind(self, store_id: bytes) -> None:
         if self._env is None:
@@ -125,7 +176,7 @@ class IndexCache:
             return int(txn.stat(self._chunks)["entries"])
 
     def close(self) -> None:
-        """Close the LMDB environment."""
-        if self._env is not None:
-            self._env.close()
-            self._env = None
+        """Stop using the LMDB environment (closed once no cache of this process uses it)."""
+        shared, self._shared, self._env = self._shared, None, None
+        if shared is not None:
+            _release(self.path, shared)

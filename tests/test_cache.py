@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import threading
 from pathlib import Path
 
+import pytest
 import torch
 
 import casckpt
@@ -72,3 +75,68 @@ def test_unusable_cache_degrades_to_misses(tmp_path: Path) -> None:
         second = store.commit(state, run="r", step=2)
         assert second.new_bytes == 0  # the catalog still dedups without the cache
         assert torch.equal(store.restore("r@2")["a"], state["a"])
+
+
+def test_caches_of_one_path_in_a_process_share_one_lmdb_environment(tmp_path: Path) -> None:
+    # LMDB forbids opening an environment twice in a process: closing one handle drops the
+    # process's lock, the next process to open it resets the lock table, and writers deadlock
+    # (seen as concurrent creation hanging: threads of two processes each opening the store)
+    path = tmp_path / "cache"
+    first, second = IndexCache(path, "s"), IndexCache(path / "." / "", "s")
+    assert first._env is not None and first._env is second._env
+    first.put_many([(b"\x02" * 32, "ab" * 32, 0, 4, 4, 0)])
+    first.close()
+    assert second.get_many([b"\x02" * 32])  # still open: the other cache uses it
+    third = IndexCache(path, "s")
+    assert third._env is second._env
+    second.close()
+    third.close()
+    fresh = IndexCache(path, "s")
+    assert fresh.get_many([b"\x02" * 32])  # reopened once every user had closed it
+    fresh.close()
+
+
+def test_a_forked_child_never_uses_its_parents_environment(tmp_path: Path) -> None:
+    path = tmp_path / "cache"
+    parent = IndexCache(path, "s")
+    parent.put_many([(b"\x03" * 32, "ab" * 32, 0, 4, 4, 0)])
+    pid = os.fork()
+    if pid == 0:  # LMDB: a child must not use its parent's environment; py-lmdb refuses a
+        code = 1  # second one on the same path, so the child runs without a cache
+        try:
+            child = IndexCache(path, "s")
+            code = 0 if child._env is None and child.get_many([b"\x03" * 32]) == {} else 2
+            child.close()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert parent.get_many([b"\x03" * 32])  # the child's close left the parent's handle alone
+    parent.close()
+
+
+def test_many_threads_open_one_store_and_commit(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = tmp_path / "store"
+    casckpt.open(root, chunk_size=4096).close()
+    barrier, errors = threading.Barrier(8), []
+
+    def one(step: int) -> None:
+        barrier.wait()
+        try:
+            for _ in range(3):
+                with casckpt.open(root) as store:
+                    store.commit({"t": torch.full((2048,), float(step))}, run=f"r{step}", step=_)
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "opening one store from many threads hung"
+    assert not errors, errors
+    # every handle had the cache: none found it "already open in this process" and went without
+    assert "unusable" not in caplog.text
+    with casckpt.open(root) as store:
+        assert len(store.log()) == 24 and store.check().ok

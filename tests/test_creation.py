@@ -23,7 +23,7 @@ from casckpt import config as cfg
 from casckpt.catalog import Catalog
 
 HELPER = Path(__file__).parent / "helpers" / "creator.py"
-PROCESSES, THREADS, ROUNDS = 4, 4, 3
+PROCESSES, THREADS, ROUNDS = 4, 4, 2
 
 
 class Creators:

@@ -96,7 +96,7 @@ def test_a_run_of_small_updates_is_stored_as_deltas_within_the_chain_policy(stor
 @given(dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64]),
        chain=st.integers(1, 6), scale=st.sampled_from([1e-4, 1e-3, 1e-1]),
        fraction=st.sampled_from([0.001, 0.3, 1.0]), commits=st.integers(2, 9), seed=st.integers(0, 1000))
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_long_chains_round_trip_bit_exact(tmp_path_factory: pytest.TempPathFactory, dtype: torch.dtype,
                                           chain: int, scale: float, fraction: float, commits: int,
                                           seed: int) -> None:
@@ -362,5 +362,5 @@ class DeltaGC(RuleBasedStateMachine):
             self.store.close()
 
 
-DeltaGC.TestCase.settings = settings(max_examples=12, stateful_step_count=14, deadline=None)
+DeltaGC.TestCase.settings = settings(max_examples=8, stateful_step_count=14, deadline=None)
 test_delta_gc_state_machine = DeltaGC.TestCase

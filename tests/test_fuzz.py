@@ -29,8 +29,9 @@ from benchmarks.fuzzing.seeds import build_seeds  # noqa: E402
 from benchmarks.fuzzing.targets import FORMAT_TARGETS, STORE_TARGETS, load_targets  # noqa: E402
 
 SEED = 1
-PER_FORMAT_KIND = 15  # a few milliseconds each
-PER_STORE_KIND = 2  # a store copied, opened, restored, checked: ~0.3 s each
+PER_FORMAT_KIND = 12  # a few milliseconds each
+PER_STORE_KIND = 1  # a store copied, opened, restored, checked: ~0.3 s each
+PER_CONFIG_KIND = 3  # most config mutations are refused: enough cases that some are accepted
 FIFO_TIMEOUT = 3.0  # a FIFO blocks its reader forever: no need to wait the full timeout
 
 
@@ -43,7 +44,8 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Result]]
     cases = [Case(name, i, kind)
              for name in (*FORMAT_TARGETS, *STORE_TARGETS) for kind in targets[name].kinds
              if f"{name}/{kind}" not in KNOWN_OPEN
-             for i in range(PER_FORMAT_KIND if name in FORMAT_TARGETS else PER_STORE_KIND)]
+             for i in range(PER_FORMAT_KIND if name in FORMAT_TARGETS
+                            else PER_CONFIG_KIND if name == "config" else PER_STORE_KIND)]
     known = [Case(key.split("/")[0], i, key.split("/")[1], FIFO_TIMEOUT if key.endswith("/fifo") else None)
              for key, entry in KNOWN_OPEN.items() for i in entry.cases]
     got = Campaign(seeds, SEED, timeout=30.0, heap_bytes=1 << 30).run(cases + known)

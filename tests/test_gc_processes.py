@@ -41,7 +41,7 @@ def test_commits_racing_a_gc_loop_lose_nothing(tmp_path: Path) -> None:
     stop, count = tmp_path / "stop", tmp_path / "gc-runs"
     gc_proc = _spawn("collector", str(root), str(stop), str(count))
     writers = [
-        _spawn("writer", str(root), str(tmp_path / f"cache{w}"), str(w), "14", str(stop),
+        _spawn("writer", str(root), str(tmp_path / f"cache{w}"), str(w), "8", str(stop),
                str(tmp_path / f"done{w}"))
         for w in range(3)
     ]

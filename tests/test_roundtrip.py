@@ -31,7 +31,7 @@ from casckpt.format.dtypes import TORCH_DTYPES
 
 CHUNK = 64
 PROPERTY = settings(
-    max_examples=40, deadline=None,
+    max_examples=25, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 pytestmark = pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
@@ -335,7 +335,7 @@ def assert_shared_like(state: dict[str, torch.Tensor], out: dict[str, torch.Tens
         assert r.storage_offset() * r.element_size() - origin == t.storage_offset() * t.element_size(), key
 
 
-@settings(PROPERTY, max_examples=30)
+@settings(PROPERTY, max_examples=20)
 @given(sample=shared_states())
 def test_views_of_one_storage_are_stored_once_and_restored_shared(
     sample: tuple[dict[str, torch.Tensor], torch.Tensor],

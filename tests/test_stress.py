@@ -1,6 +1,6 @@
 """Many writers on one store: separate processes and caches, overlapping content.
 
-Four processes (as on four hosts: each its own index cache) commit 25 versions
+Four processes (as on four hosts: each its own index cache) commit 12 versions
 each to PostgreSQL + S3 at the same time, two of them into the same run, all
 producing the same new chunks at the same moments. No version may be lost,
 no chunk row duplicated, no pack broken; every version restores bit-exact.
@@ -23,7 +23,7 @@ sys.path.insert(0, str(HELPER.parent))
 
 from stress_writer import run_and_step, state_for  # noqa: E402
 
-WRITERS, COMMITS = 4, 25
+WRITERS, COMMITS = 4, 12
 
 
 @pytest.mark.slow
