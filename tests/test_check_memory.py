@@ -23,7 +23,7 @@ PACK = 48 << 20
 GROWTH_LIMIT_KIB = 24 << 10  # one 8 MiB window, entries, hashers, the catalog: half the pack
 
 
-@pytest.mark.parametrize("redundancy", ["none", "ec:2+1"])
+@pytest.mark.parametrize("redundancy", ["none", pytest.param("ec:2+1", marks=pytest.mark.slow)])
 def test_check_read_data_memory_does_not_grow_with_the_pack(tmp_path: Path, redundancy: str) -> None:
     root = tmp_path / "store"
     blobs = [str(tmp_path / f"d{i}") for i in range(3)] if redundancy != "none" else None

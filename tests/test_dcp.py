@@ -154,6 +154,7 @@ def test_dcp_rank_failure_publishes_nothing_and_gc_reclaims(ranks: Zygote, tmp_p
         _same_as_full(store.restore("f@1"), full_state(6))
 
 
+@pytest.mark.slow
 def test_dcp_on_s3_and_postgres(ranks: Zygote, tmp_path: Path, s3_bucket_url: Any, moto_endpoint: str,
                                 pg_url: str) -> None:
     where = {"blobs": s3_bucket_url(), "catalog": pg_url, "s3": {"endpoint_url": moto_endpoint}}

@@ -317,6 +317,7 @@ def wipe_bucket(client: Any, url: str) -> None:
             client.delete_object(Bucket=bucket, Key=obj["Key"])
 
 
+@pytest.mark.slow
 def test_two_wiped_s3_buckets_with_a_postgres_catalog_get_everything_back(
         tmp_path: Path, s3_bucket_url: Callable[[], str], moto_endpoint: str, pg_url: str) -> None:
     import boto3
