@@ -25,6 +25,7 @@ Thread-safety: a :class:`Database` may be shared by threads.
 
 from __future__ import annotations
 
+import json
 import random
 import sqlite3
 import threading
@@ -37,6 +38,7 @@ from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
+from casckpt.catalog.rows import damaged
 from casckpt.errors import CatalogError, CatalogUnavailableError
 
 T = TypeVar("T")
@@ -70,8 +72,17 @@ def _wal(cursor: Any) -> None:
         delay = min(delay * 2, _BACKOFF_MAX_S)
 
 
+def _json_loads(text: str | bytes) -> Any:
+    """A JSON column's value; text that is not JSON (a damaged SQLite row) is a CatalogError."""
+    try:
+        return json.loads(text)
+    except (ValueError, TypeError) as exc:
+        raise damaged(f"a JSON column holds {str(text)[:60]!r}, which is not JSON ({exc})") from exc
+
+
 def _sqlite_engine(url: str) -> Engine:
-    engine = create_engine(url, connect_args={"timeout": 120, "check_same_thread": False})
+    engine = create_engine(url, connect_args={"timeout": 120, "check_same_thread": False},
+                           json_deserializer=_json_loads)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -98,6 +109,7 @@ def _server_engine(url: str) -> Engine:
     if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() in ("psycopg", "psycopg2"):
         connect_args = {k: v for k, v in _LIBPQ_DEFAULTS.items() if k not in parsed.query}
     return create_engine(url, pool_pre_ping=True, pool_size=4, max_overflow=8,
+                         json_deserializer=_json_loads,
                          connect_args=connect_args)
 
 

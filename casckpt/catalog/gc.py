@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, bindparam, delete, exists, func, insert, or_, select, text, update
+from sqlalchemy import Text, and_, bindparam, cast, delete, exists, func, insert, or_, select, text, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from casckpt.catalog import schema as s
@@ -184,11 +184,13 @@ def visible_ids(catalog: Catalog) -> set[str]:
 
 
 def manifest_batches(catalog: Catalog, version_ids: Collection[str], size: int = 100) -> Iterator[list[Any]]:
-    """Rows (id, run, step, parent_id, created_at, manifest) of these versions, ``size`` at a
-    time (bounded memory); versions that vanished meanwhile are left out."""
+    """Rows (id, run, step, parent_id, created_at, manifest, meta_text, metrics_text) of these
+    versions, ``size`` at a time (bounded memory); versions that vanished meanwhile are left out.
+    Metadata and metrics come as text, undecoded (check compares them with the manifest)."""
     v = s.versions
     query = select(v.c.id, s.runs.c.name.label("run"), v.c.step, v.c.parent_id, v.c.created_at,
-                   v.c.manifest).join(s.runs, s.runs.c.id == v.c.run_id)
+                   v.c.manifest, cast(v.c.meta, Text).label("meta_text"),
+                   cast(v.c.metrics, Text).label("metrics_text")).join(s.runs, s.runs.c.id == v.c.run_id)
     ids = sorted(version_ids)
     for i in range(0, len(ids), size):
         with catalog.read() as conn:

@@ -319,5 +319,6 @@ def metric_names(catalog: Catalog, run: str) -> list[str]:
         for metrics in conn.execute(select(s.versions.c.metrics).join(
                 s.runs, s.runs.c.id == s.versions.c.run_id)
                 .where(s.runs.c.name == run, s.versions.c.state == "visible")).scalars():
-            names.update(metrics or {})
+            if isinstance(metrics, dict):  # check reports one that is not
+                names.update(k for k in metrics if isinstance(k, str))
     return sorted(names)

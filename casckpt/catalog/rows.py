@@ -18,11 +18,11 @@ from casckpt.errors import CatalogError, CorruptManifestError
 _ID_BYTES = 32
 
 
-def _damaged(what: str) -> CatalogError:
+def damaged(what: str) -> CatalogError:
     return CatalogError(
-        f"the catalog is damaged: {what}. Run `casckpt check`; `casckpt repair` re-derives tensor "
-        "and content rows from the manifests, and a catalog beyond that is rebuilt from the blob "
-        "locations (`casckpt catalog rebuild` into a new, empty catalog)")
+        f"the catalog is damaged: {what}. Run `casckpt check` to see what else is; a damaged "
+        "catalog is rebuilt from the manifests and records on the blob locations (`casckpt "
+        "catalog rebuild` into a new, empty catalog; docs/RUNBOOKS.md, the catalog is lost)")
 
 
 def _count(value: object) -> bool:
@@ -48,9 +48,9 @@ def shape(value: object, where: str) -> list[int]:
         try:
             value = json.loads(value)
         except ValueError:
-            raise _damaged(f"the shape of {where} is not JSON") from None
+            raise damaged(f"the shape of {where} is not JSON") from None
     if not isinstance(value, list) or not all(_count(n) for n in value):
-        raise _damaged(f"the shape of {where} is {value!r}")
+        raise damaged(f"the shape of {where} is {value!r}")
     return value
 
 
@@ -60,7 +60,7 @@ def tensor_row(row: Row[Any]) -> Row[Any]:
     shape(row.shape, where)
     if not (isinstance(row.dtype, str) and _count(row.nbytes) and _count(row.chunks)
             and isinstance(row.digest, str)):
-        raise _damaged(f"the row of {where} holds values of the wrong type")
+        raise damaged(f"the row of {where} holds values of the wrong type")
     return row
 
 
@@ -69,5 +69,5 @@ def content_row(row: Row[Any]) -> Row[Any]:
     ids = row.chunk_ids
     if not (isinstance(ids, (bytes, bytearray, memoryview)) and len(ids) % _ID_BYTES == 0
             and _count(row.nbytes) and _count(row.chunk_size) and row.chunk_size > 0):
-        raise _damaged(f"the content row {str(row.digest)[:12]} holds values of the wrong type")
+        raise damaged(f"the content row {str(row.digest)[:12]} holds values of the wrong type")
     return row

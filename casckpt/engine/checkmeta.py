@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ from casckpt.engine.context import EngineContext, manifest_key
 from casckpt.engine.degraded import doubled_domains
 from casckpt.engine.discovery import MANIFEST_OBJECT
 from casckpt.engine.refs import bind
-from casckpt.errors import CasckptError, IntegrityError, StorageError
+from casckpt.errors import CasckptError, CatalogError, CatalogUnavailableError, IntegrityError, StorageError
 from casckpt.format.manifest import Manifest, decode_manifest
 from casckpt.storage import BlobInfo
 from casckpt.storage.locations import Location
@@ -117,6 +118,7 @@ def check_manifests(ctx: EngineContext, found: Findings, *, read_data: bool) -> 
                 found.add("manifest", row.id, f"{row.run}@{row.step}: the catalog's copy: {exc}")
                 continue
             found.manifests.append((row.id, manifest))
+            _check_values(found, row, manifest)
             for loc in holders:
                 _check_copy(loc, found, row, data, read_data)
     known: set[str] = set()
@@ -129,6 +131,24 @@ def check_manifests(ctx: EngineContext, found: Findings, *, read_data: bool) -> 
             found.add("manifest", version_id, f"on {holder.name if holder else loc_id}: a manifest of a "
                       "version the catalog does not know (is the catalog stale or partly rebuilt? "
                       "`casckpt catalog rebuild` into a new catalog recovers it; gc refuses to run)")
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _check_values(found: Findings, row: Any, manifest: Manifest) -> None:
+    """The catalog's metadata and metrics of a version (what log, show and best read) against
+    its manifest's."""
+    for name, text, want in (("metadata", row.meta_text, manifest.metadata),
+                             ("metrics", row.metrics_text, manifest.metrics)):
+        try:
+            have = json.loads(text)
+        except (TypeError, ValueError):
+            have = None
+        if _canonical(have) != _canonical(dict(want)):
+            found.add("catalog", row.id, f"{row.run}@{row.step}: the catalog's {name} disagree with "
+                      "the manifest (log, show and best would be wrong); the catalog is damaged")
 
 
 def _check_copy(loc: Location, found: Findings, row: Any, data: bytes, read_data: bool) -> None:
@@ -168,7 +188,13 @@ def check_rows(ctx: EngineContext, found: Findings) -> None:
     for version_id, manifest in found.manifests:
         label = f"{manifest.run}@{manifest.step}"
         want_rows, want_contents = tensor_rows(version_id, manifest.tensors, manifest.blobs)
-        have = {r.path: r for r in ctx.catalog.tensors_of(version_id)}
+        try:
+            have = {r.path: r for r in ctx.catalog.tensors_of(version_id)}
+        except CatalogUnavailableError:
+            raise
+        except CatalogError as exc:  # a row that does not even decode
+            found.add("catalog", label, f"the catalog's tensor rows cannot be read: {exc}")
+            have = {}
         want = {r["path"]: r for r in want_rows}
         for path in sorted(have.keys() | want.keys()):
             w, h = want.get(path), have.get(path)

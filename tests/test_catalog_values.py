@@ -1,0 +1,70 @@
+"""Damaged JSON values in the catalog are typed errors that ``check`` finds (found by the
+10,000-case fuzz run): a tensor's shape, a version's metadata or metrics that are not JSON, or
+JSON that disagrees with the version's manifest. Before, ``show``, ``log``, ``history`` and
+``check`` raised ``json.JSONDecodeError`` (not a CasckptError), or ``check`` passed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from collections.abc import Callable
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import casckpt
+from casckpt.errors import CatalogError, MetricNotFoundError
+
+DAMAGE = {
+    "shape not JSON": "UPDATE tensors SET shape = ''",
+    "metadata not JSON": "UPDATE versions SET meta = '{'",
+    "metrics not JSON": "UPDATE versions SET metrics = 'x'",
+    "metrics not an object": "UPDATE versions SET metrics = '[1, 2]'",
+    "metrics changed": """UPDATE versions SET metrics = '{"loss": 0.25}'""",
+    "metadata changed": """UPDATE versions SET meta = '{"lr": 2}'""",
+}
+READS: dict[str, Callable[[casckpt.Store], Any]] = {
+    "log": lambda store: store.log("r"),
+    "show": lambda store: store.show("r@1"),
+    "history": lambda store: store.history("r", "w"),
+    "best": lambda store: store.best("r", "loss"),
+}
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("template") / "store"
+    with casckpt.open(root) as store:
+        store.commit({"w": torch.arange(12.0).reshape(3, 4)}, run="r", step=1,
+                     metadata={"lr": 1, "note": [1, 2.5, None]}, metrics={"loss": 0.5})
+        assert store.check().ok
+    return root
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_json_value_is_a_typed_error_and_check_finds_it(template: Path, tmp_path: Path,
+                                                                  damage: str) -> None:
+    root = tmp_path / "store"
+    shutil.copytree(template, root)
+    with closing(sqlite3.connect(root / "catalog.db")) as db, db:
+        db.execute(DAMAGE[damage])
+    with casckpt.open(root) as store:
+        for name, read in READS.items():
+            try:
+                read(store)
+            except CatalogError as exc:  # typed, and says what to do
+                assert "casckpt check" in str(exc) or "catalog query failed" in str(exc), (name, exc)
+            except MetricNotFoundError:  # metrics that are not an object record no metric
+                assert name == "best" and "metrics" in damage
+        report = store.check()
+        assert not report.ok and {p.kind for p in report.problems} == {"catalog"}, report.problems
+        try:  # the version's row cannot be read whole: a typed error, or the exact data
+            restored = store.restore("r@1")
+        except CatalogError as exc:
+            assert "not" in damage and "shape" not in damage, exc
+        else:
+            assert torch.equal(restored["w"], torch.arange(12.0).reshape(3, 4))
