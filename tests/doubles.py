@@ -88,3 +88,16 @@ class Zygote:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def empty_postgres_catalog(url: str) -> None:
+    """Drop every table of the PostgreSQL database at ``url`` (a catalog lost, the database kept)."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sqlalchemy.text("DROP SCHEMA public CASCADE"))
+            conn.execute(sqlalchemy.text("CREATE SCHEMA public"))
+    finally:
+        engine.dispose()

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from doubles import empty_postgres_catalog
 from typer.testing import CliRunner
 
 import casckpt
@@ -208,20 +209,13 @@ def test_gc_refuses_a_location_whose_record_went_missing(tmp_path: Path) -> None
 
 
 def test_postgres_catalog_dropped_is_refused_then_rebuilt(tmp_path: Path, pg_url: str) -> None:
-    import sqlalchemy
 
     root = tmp_path / "store"
     with casckpt.open(root, catalog=pg_url, chunk_size=CHUNK) as store:
         for step in (1, 2):
             store.commit(_state(step), run="r", step=step)
     before = _objects(root)
-    engine = sqlalchemy.create_engine(pg_url)
-    try:
-        with engine.begin() as conn:
-            conn.execute(sqlalchemy.text("DROP SCHEMA public CASCADE"))
-            conn.execute(sqlalchemy.text("CREATE SCHEMA public"))
-    finally:
-        engine.dispose()
+    empty_postgres_catalog(pg_url)
     with pytest.raises(StoreIdentityError):
         casckpt.open(root)
     assert _objects(root) == before

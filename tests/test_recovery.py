@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 import torch
+from doubles import empty_postgres_catalog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner, Result
@@ -533,15 +534,7 @@ def _sqlite_catalog(root: Path) -> Catalogs:
 
 
 def _postgres_catalog(url: str) -> Catalogs:
-    def drop() -> None:
-        engine = sa.create_engine(url)
-        try:
-            with engine.begin() as conn:
-                conn.execute(sa.text("DROP SCHEMA public CASCADE"))
-                conn.execute(sa.text("CREATE SCHEMA public"))
-        finally:
-            engine.dispose()
-    return Catalogs(url, drop)
+    return Catalogs(url, lambda: empty_postgres_catalog(url))
 
 
 def snapshot(location: Path) -> dict[str, bytes]:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from doubles import WriteHookStore, Zygote
+from doubles import WriteHookStore, Zygote, empty_postgres_catalog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -659,19 +659,12 @@ def test_rebuild_sqlite_catalog_from_blobs(tmp_path: Path) -> None:
 
 
 def test_rebuild_postgres_catalog_from_blobs(tmp_path: Path, pg_url: str) -> None:
-    import sqlalchemy
 
     root = tmp_path / "store"
     with open_store(root, catalog=pg_url) as store:
         _fill_history(store)
         expected = _history(store)
-    engine = sqlalchemy.create_engine(pg_url)
-    try:
-        with engine.begin() as conn:
-            conn.execute(sqlalchemy.text("DROP SCHEMA public CASCADE"))
-            conn.execute(sqlalchemy.text("CREATE SCHEMA public"))
-    finally:
-        engine.dispose()
+    empty_postgres_catalog(pg_url)
     with open_store(root, cache=tmp_path / "cache2", recover=True) as store:
         assert store.log() == []
         _check_rebuilt(store, expected)

@@ -17,11 +17,9 @@ If that call never happens the process exits with status 3, so a test whose
 kill point is not reached fails instead of passing vacuously.
 
 ``--zygote`` imports torch and casckpt once, then forks one such process per
-JSON command read on stdin (``{"op": "spawn", "args": [...], "stdout": PATH,
-"stderr": PATH}`` -> ``{"pid": N}``; ``{"op": "wait", "pid": N}`` ->
-``{"status": EXIT_CODE}``, negative for a signal). The forked processes are
+JSON command read on stdin (forkserver.py says how). The forked processes are
 separate processes like any other; the zygote only saves each of them the
-second or two of importing torch.
+seconds of importing torch.
 
 The parent imports this file for :func:`make_state` and :func:`assert_same`,
 so both sides build the identical deterministic state.
@@ -29,11 +27,9 @@ so both sides build the identical deterministic state.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
-import traceback
 from typing import Any
 
 import numpy as np
@@ -159,42 +155,13 @@ def main(argv: list[str]) -> int:
     return 3 if len(argv) > 4 else 0
 
 
-def _forked(cmd: dict[str, Any]) -> None:
-    """Body of a forked child: run :func:`main` with its own stdio, then exit. Never returns."""
-    code = 1
-    try:
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        for fd, path in ((1, cmd["stdout"]), (2, cmd["stderr"])):
-            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.dup2(target, fd)
-            os.close(target)
-        code = main(cmd["args"])
-    except BaseException:  # noqa: BLE001 - reported on the child's stderr
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
-
 def zygote() -> int:
     """Serve spawn/wait commands (see module docstring) until stdin closes."""
+    import forkserver  # beside this file: the script's directory is on sys.path
+
     import casckpt  # noqa: F401 - preloaded so that forked children start warm
 
-    for line in sys.stdin:
-        cmd = json.loads(line)
-        if cmd["op"] == "spawn":
-            sys.stdout.flush()
-            pid = os.fork()
-            if pid == 0:
-                _forked(cmd)
-            reply: dict[str, int] = {"pid": pid}
-        else:
-            _, status = os.waitpid(cmd["pid"], 0)
-            reply = {"status": os.waitstatus_to_exitcode(status)}
-        print(json.dumps(reply), flush=True)
-    return 0
+    return forkserver.serve(main)
 
 
 if __name__ == "__main__":

@@ -21,10 +21,8 @@ JSON command on stdin, as tests/helpers/crash_child.py does (same protocol:
 from __future__ import annotations
 
 import json
-import os
 import resource
 import sys
-import traceback
 from typing import Any
 
 
@@ -80,44 +78,17 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _forked(cmd: dict[str, Any]) -> None:
-    """Body of a forked child: run :func:`main` with its own stdio, then exit. Never returns."""
-    code = 1
-    try:
-        for fd, path in ((1, cmd["stdout"]), (2, cmd["stderr"])):
-            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.dup2(target, fd)
-            os.close(target)
-        code = main(cmd["args"])
-    except BaseException:  # noqa: BLE001 - reported on the child's stderr
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
-
 def zygote() -> int:
     """Serve spawn/wait commands until stdin closes."""
-    import blake3  # noqa: F401 - preloaded, with what opening a store imports, so that
-    import torch  # noqa: F401 - forked children start warm
+    # preloaded, with what opening a store imports, so that forked children start warm
+    import blake3  # noqa: F401
+    import forkserver  # beside this file: the script's directory is on sys.path
+    import torch  # noqa: F401
 
     import casckpt.store  # noqa: F401
     from casckpt.catalog import migrate  # noqa: F401
 
-    for line in sys.stdin:
-        cmd = json.loads(line)
-        if cmd["op"] == "spawn":
-            sys.stdout.flush()
-            pid = os.fork()
-            if pid == 0:
-                _forked(cmd)
-            reply: dict[str, int] = {"pid": pid}
-        else:
-            _, status = os.waitpid(cmd["pid"], 0)
-            reply = {"status": os.waitstatus_to_exitcode(status)}
-        print(json.dumps(reply), flush=True)
-    return 0
+    return forkserver.serve(main)
 
 
 if __name__ == "__main__":
