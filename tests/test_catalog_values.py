@@ -1,7 +1,8 @@
-"""Damaged JSON values in the catalog are typed errors that ``check`` finds (found by the
-10,000-case fuzz run): a tensor's shape, a version's metadata or metrics that are not JSON, or
-JSON that disagrees with the version's manifest. Before, ``show``, ``log``, ``history`` and
-``check`` raised ``json.JSONDecodeError`` (not a CasckptError), or ``check`` passed.
+"""Damaged values in the catalog are typed errors that ``check`` finds (found by the 10,000-case
+fuzz run): a tensor's shape, a version's metadata or metrics that are not JSON, JSON that
+disagrees with the version's manifest, a tensor size that is not a number. Before, ``show``,
+``log``, ``history`` and ``check`` raised ``json.JSONDecodeError`` or ``TypeError`` (not a
+CasckptError), or ``check`` passed.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from casckpt.errors import CatalogError, MetricNotFoundError
 
 DAMAGE = {
     "shape not JSON": "UPDATE tensors SET shape = ''",
+    "size not a number": "UPDATE tensors SET nbytes = x'0000000000000000'",
     "metadata not JSON": "UPDATE versions SET meta = '{'",
     "metrics not JSON": "UPDATE versions SET metrics = 'x'",
     "metrics not an object": "UPDATE versions SET metrics = '[1, 2]'",
@@ -39,8 +41,9 @@ READS: dict[str, Callable[[casckpt.Store], Any]] = {
 def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("template") / "store"
     with casckpt.open(root) as store:
-        store.commit({"w": torch.arange(12.0).reshape(3, 4)}, run="r", step=1,
-                     metadata={"lr": 1, "note": [1, 2.5, None]}, metrics={"loss": 0.5})
+        for step in (1, 2):  # the tensor changes: history compares the two rows
+            store.commit({"w": torch.arange(12.0).reshape(3, 4) + step - 1}, run="r", step=step,
+                         metadata={"lr": 1, "note": [1, 2.5, None]}, metrics={"loss": 0.5})
         assert store.check().ok
     return root
 
@@ -65,6 +68,6 @@ def test_a_damaged_json_value_is_a_typed_error_and_check_finds_it(template: Path
         try:  # the version's row cannot be read whole: a typed error, or the exact data
             restored = store.restore("r@1")
         except CatalogError as exc:
-            assert "not" in damage and "shape" not in damage, exc
+            assert "not" in damage and "shape" not in damage and "size" not in damage, exc
         else:
             assert torch.equal(restored["w"], torch.arange(12.0).reshape(3, 4))

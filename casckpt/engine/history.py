@@ -350,11 +350,21 @@ def _ids(row: Sequence[Any]) -> bool:
         isinstance(size, int) and size > 0
 
 
+def _checked(row: Sequence[Any]) -> Sequence[Any]:
+    """``row`` once the values an entry is made of are of their types (the catalog may be damaged)."""
+    nbytes, dtype, digest = row[_NBYTES], row[_DTYPE], row[_DIGEST]
+    if not (isinstance(nbytes, int) and not isinstance(nbytes, bool) and nbytes >= 0
+            and isinstance(dtype, str) and (digest is None or isinstance(digest, str))):
+        raise damaged("the row of a tensor of the run's history holds values of the wrong type")
+    return row
+
+
 def _entry(version: Version, change: str, before: Sequence[Any] | None, now: Sequence[Any],
            shapes: _Shapes) -> TensorHistoryEntry:
-    if change == "removed":
+    if change == "removed":  # ``now`` is the version without the tensor; ``before`` had it
         return TensorHistoryEntry(version, change, None, None, 0, None,
-                                  before[_NBYTES] if before is not None else 0)
+                                  _checked(before)[_NBYTES] if before is not None else 0)
+    now = _checked(now)
     shape, nbytes = shapes[now[_SHAPE]], now[_NBYTES]
     moved = nbytes
     if (change == "changed" and before is not None and before[_DTYPE] == now[_DTYPE]
