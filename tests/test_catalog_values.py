@@ -71,3 +71,19 @@ def test_a_damaged_json_value_is_a_typed_error_and_check_finds_it(template: Path
             assert "not" in damage and "shape" not in damage and "size" not in damage, exc
         else:
             assert torch.equal(restored["w"], torch.arange(12.0).reshape(3, 4))
+
+
+@pytest.mark.parametrize("column", ["stripe", "data_offset"])
+def test_an_ec_pack_row_without_its_stripe_is_a_typed_error(tmp_path: Path, column: str) -> None:
+    root = tmp_path / "store"
+    state = {"w": torch.randn(50_000, generator=torch.Generator().manual_seed(3))}
+    with casckpt.open(root, blobs=[str(tmp_path / f"d{i}") for i in range(3)],
+                      redundancy="ec:2+1") as store:
+        store.commit(state, run="r", step=1)
+    with closing(sqlite3.connect(root / "catalog.db")) as db, db:
+        assert db.execute(f"UPDATE packs SET {column} = NULL WHERE scheme = 'ec'").rowcount > 0
+    with casckpt.open(root) as store:
+        with pytest.raises(CatalogError, match="an ec pack has both"):  # was a ZeroDivisionError
+            store.restore("r@1")
+        with pytest.raises(CatalogError, match="an ec pack has both"):
+            store.load_tensor("r@1", "w")
