@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -152,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     console = Console(width=None if sys.stdout.isatty() else 140)
     base = Path(tempfile.mkdtemp(prefix=".casckpt-fuzz-", dir=args.dir))
+    os.environ["XDG_CACHE_HOME"] = str(base / "cache")  # stores' per-host caches go with the scratch
     started = datetime.now(timezone.utc)
     try:
         build_seeds(base / "seeds", args.seed)

@@ -30,6 +30,7 @@ targets are reported, not failed.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -148,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(width=None if sys.stdout.isatty() else 132)
     args.dir.mkdir(parents=True, exist_ok=True)
     base = Path(tempfile.mkdtemp(prefix=".casckpt-bench-", dir=args.dir))
+    os.environ["XDG_CACHE_HOME"] = str(base / "cache")  # stores' per-host caches go with the scratch
     started = datetime.now(timezone.utc)
     try:
         header = {
