@@ -13,6 +13,7 @@ import time
 import weakref
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import TracebackType
@@ -29,7 +30,7 @@ from casckpt.catalog import deltas as deltas_sql
 from casckpt.catalog import history as history_sql
 from casckpt.catalog import retention as retention_sql
 from casckpt.engine import commit as commit_engine
-from casckpt.engine import degraded, records
+from casckpt.engine import degraded, records, trees, treeviews
 from casckpt.engine import gc as gc_engine
 from casckpt.engine import history as history_engine
 from casckpt.engine import restore as restore_engine
@@ -40,7 +41,7 @@ from casckpt.engine.deltabase import BaseCache
 from casckpt.engine.leftovers import reclaim_leftovers
 from casckpt.engine.packstore import PackStore
 from casckpt.engine.probe import LocationProber
-from casckpt.engine.refs import load_manifest, resolve
+from casckpt.engine.refs import bind, load_manifest, resolve
 from casckpt.engine.staging import StagingBuffers
 from casckpt.engine.validate import check_name
 from casckpt.errors import (
@@ -69,6 +70,7 @@ from casckpt.types import (
     Version,
     VersionDetail,
     VersionDiff,
+    natural_key,
 )
 
 Ref = str | Version
@@ -282,7 +284,15 @@ class Store(StoreAdmin, StoreDistributed):
         Raises:
             TensorNotFoundError: no tensor at ``path`` (near matches listed).
         """
-        manifest, path = self._tensor_manifest(self._manifest(ref), path)
+        row = self._row(ref)
+        head = bind(row, decode_manifest(self._ctx.catalog.manifest(row.id), row.id))
+        if head.tree is not None:  # only the nodes on the way to the tensor are read
+            found = treeviews.Trees(self._ctx.catalog).entry(head, path)
+            if found is not None:
+                entry, blobs = found
+                one = replace(head, root={"t": "tensor", "i": 0}, tensors=(entry,), blobs=tuple(blobs))
+                return restore_engine.load_tensor(self._ctx, one, entry.path, map_location)
+        manifest, path = self._tensor_manifest(load_manifest(self._ctx.catalog, row), path)
         return restore_engine.load_tensor(self._ctx, manifest, path, map_location)
 
     # -- queries ------------------------------------------------------------
@@ -343,13 +353,14 @@ class Store(StoreAdmin, StoreDistributed):
         row = self._row(ref)
         manifest = load_manifest(self._ctx.catalog, row)
         pieces = sharding(manifest)
-        tensors = tuple(
+        found = self._ctx.catalog.tensors_of(row.id) if manifest.tree is None else \
+            treeviews.Trees(self._ctx.catalog).tensor_rows(manifest)[0]
+        tensors = tuple(sorted((
             TensorInfo(t.path, t.dtype, tuple(t.shape), t.nbytes, t.chunks, t.digest,
                        *pieces.get(t.path, (1, ())))
-            for t in self._ctx.catalog.tensors_of(row.id)
-        )
+            for t in found), key=lambda t: natural_key(t.path)))
         world = manifest.world
-        ids = list(dict.fromkeys(c.hex() for b in manifest.blobs for c in b.chunks))
+        ids = list(dict.fromkeys(c.hex() for c in manifest.chunk_ids()))
         delta_chunks, longest = deltas_sql.version_deltas(self._ctx.catalog, ids)
         below = degraded.of_chunks(self._ctx, ids)
         return VersionDetail(self._version(row), tensors, dict(iter_values(manifest.root)),
@@ -510,8 +521,8 @@ class Store(StoreAdmin, StoreDistributed):
         label = f"{row.run}@{row.step}"
         if not self._ctx.locations.exists_anywhere(manifest_key(row.id)):
             raise VersionSweptError(label, "GC already removed its manifest; it cannot be undeleted")
-        manifest = decode_manifest(self._ctx.catalog.manifest(row.id), row.id)
-        chunk_ids = (cid.hex() for blob in manifest.blobs for cid in blob.chunks)
+        manifest = trees.decode(self._ctx, self._ctx.catalog, self._ctx.catalog.manifest(row.id), row.id)
+        chunk_ids = [cid.hex() for cid in manifest.chunk_ids()]
         try:
             if not retention_sql.undelete_version(self._ctx.catalog, row.id, chunk_ids):
                 raise RefNotFoundError(label, "it is no longer deleted (undeleted or purged meanwhile)")

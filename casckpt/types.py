@@ -7,6 +7,7 @@ build, and convertible to plain JSON with :meth:`to_dict` (the CLI's ``--json``)
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -136,6 +137,37 @@ class VersionDetail(_ToDict):
     degraded: bool = False
     degraded_packs: int = 0
     degraded_detail: str | None = None
+
+    @property
+    def groups(self) -> tuple[TensorGroup, ...]:
+        """Tensors by the first part of their path (``model``, ``optim``; ``rank1/model``), with
+        their count and bytes, in natural order: the summary ``casckpt show`` prints."""
+        found: dict[str, list[int]] = {}
+        for t in self.tensors:
+            head, _, _ = t.path.partition(".")
+            slot = found.setdefault(head, [0, 0])
+            slot[0] += 1
+            slot[1] += t.nbytes
+        return tuple(TensorGroup(name, n, size) for name, (n, size) in
+                     sorted(found.items(), key=lambda item: natural_key(item[0])))
+
+
+@dataclass(frozen=True, slots=True)
+class TensorGroup(_ToDict):
+    """Tensors whose paths start with ``name`` (:attr:`VersionDetail.groups`)."""
+
+    name: str
+    tensors: int
+    nbytes: int
+
+
+def natural_key(path: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key putting ``layers.2`` before ``layers.10`` (digit runs compare as numbers)."""
+    return tuple((0, int(part)) if part.isascii() and part.isdigit() else (1, part)
+                 for part in _DIGITS.split(path) if part)
+
+
+_DIGITS = re.compile(r"([0-9]+)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -469,6 +501,8 @@ class RepairReport(_ToDict):
             held a differing copy).
         records_written: ``refs/`` records written to locations that lacked them (or
             held a stale one).
+        tree_nodes_restored: tree nodes whose catalog row was missing or damaged, restored
+            from their verified copy in the packs.
         degraded: ``pack id: what`` for each pack with shards still sharing a failure
             domain (too few domains active to spread them).
     """
@@ -482,6 +516,7 @@ class RepairReport(_ToDict):
     manifests_written: int = 0
     records_written: int = 0
     degraded: tuple[str, ...] = ()
+    tree_nodes_restored: int = 0
 
     @property
     def ok(self) -> bool:
@@ -492,7 +527,7 @@ class RepairReport(_ToDict):
     def nothing_to_do(self) -> bool:
         """True when repair found every pack, manifest and record where it belongs."""
         return self.ok and not (self.packs or self.catalog_manifests_restored or self.manifests_written
-                                or self.records_written)
+                                or self.records_written or self.tree_nodes_restored)
 
 
 @dataclass(frozen=True, slots=True)

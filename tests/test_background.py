@@ -545,7 +545,7 @@ def test_publish_failure_in_the_catalog(env: Env, monkeypatch: pytest.MonkeyPatc
     monkeypatch.undo()
     assert calls and _steps(store) == [0]
     assert store.check(read_data=True).ok
-    assert store.gc(grace=0).chunks_swept == 3  # the chunks written for it are orphans
+    assert store.gc(grace=0).chunks_swept == 3 + 1  # orphans: its 3 chunks and its tree's root node
     assert store.stats() == before
     store.commit(state, run="r", step=1, block=False).wait(WAIT)
     assert_same(store.restore("r@1"), state)

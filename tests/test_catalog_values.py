@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import casckpt
+from casckpt.engine import commit as commit_engine
 from casckpt.errors import CatalogError, MetricNotFoundError
 
 DAMAGE = {
@@ -40,7 +41,9 @@ READS: dict[str, Callable[[casckpt.Store], Any]] = {
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("template") / "store"
-    with casckpt.open(root) as store:
+    # versions as casckpt wrote them before tree manifests: with tensor rows to damage
+    with pytest.MonkeyPatch.context() as patch, casckpt.open(root) as store:
+        patch.setattr(commit_engine, "TREE_MANIFESTS", False)
         for step in (1, 2):  # the tensor changes: history compares the two rows
             store.commit({"w": torch.arange(12.0).reshape(3, 4) + step - 1}, run="r", step=step,
                          metadata={"lr": 1, "note": [1, 2.5, None]}, metrics={"loss": 0.5})

@@ -109,7 +109,7 @@ def test_log_json_respects_limit(shared_store: Path) -> None:
 
 
 def test_show_table_lists_tensors_and_values(shared_store: Path) -> None:
-    result = cli(shared_store, "show", f"{RUN}@100")
+    result = cli(shared_store, "show", f"{RUN}@100", "--tensors")
     assert result.exit_code == 0, result.output
     for text in (
         "model.weight",
@@ -121,6 +121,26 @@ def test_show_table_lists_tensors_and_values(shared_store: Path) -> None:
         _version(shared_store, f"{RUN}@100").id,
     ):
         assert text in result.stdout
+
+
+def test_show_summarises_tensors_by_group_unless_asked_for_each(shared_store: Path) -> None:
+    result = cli(shared_store, "show", f"{RUN}@100")
+    assert result.exit_code == 0, result.output
+    assert "3 tensor(s)" in result.stdout and "model.weight" not in result.stdout
+    groups = [line.split()[:2] for line in result.stdout.splitlines()
+              if line.split()[:1] in (["model"], ["counts"])]
+    assert groups == [["counts", "1"], ["model", "2"]]
+
+
+def test_show_lists_tensors_in_natural_order(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    with casckpt.open(path) as store:
+        store.commit({f"layers.{i}.w": torch.zeros(1) for i in (10, 2, 1)}, run="r", step=1)
+    listed = cli(path, "show", "r@1", "--tensors")
+    paths = [line.split()[0] for line in listed.stdout.splitlines() if line.startswith("layers.")]
+    assert paths == ["layers.1.w", "layers.2.w", "layers.10.w"]
+    as_json = json.loads(cli(path, "show", "r@1", "--json").stdout)
+    assert [t["path"] for t in as_json["tensors"]] == paths
 
 
 def test_show_json_has_step_tensors_and_values(shared_store: Path) -> None:

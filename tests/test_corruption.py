@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import casckpt
+from casckpt.engine.trees import StoreNodes
 from casckpt.errors import (
     CasckptError,
     CorruptChunkError,
@@ -93,7 +94,7 @@ class Damaged:
 
     def chunks_of(self, version_id: str, path: str | None = None) -> list[ChunkRow]:
         """Chunk rows of a version (or of one tensor of it), in manifest order."""
-        m = decode_manifest(self.manifest(version_id), version_id)
+        m = decode_manifest(self.manifest(version_id), version_id, StoreNodes(self.store._ctx.catalog))
         blobs = [t.blob for t in m.tensors if path is None or t.path == path]
         ids = [c.hex() for i in blobs for c in m.blobs[i].chunks]
         with self.db() as conn:

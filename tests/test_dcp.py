@@ -103,7 +103,7 @@ def test_dcp_save_and_load_reshard_bit_exact_for_every_world_size(ranks: Zygote,
             new = versions[f"n{world}"].new_bytes
             assert 0 < new <= _boundary_bytes(full, world), (world, new)
         assert store.check(read_data=True).ok
-    shown = CliRunner().invoke(app, ["--store", str(store_path), "show", "n4@1"])
+    shown = CliRunner().invoke(app, ["--store", str(store_path), "show", "n4@1", "--tensors"])
     assert shown.exit_code == 0, shown.output
     assert "saved by 4 rank(s)" in shown.output and "4 on dim 0" in shown.output
     assert "4 on dim 1" in shown.output  # model.w2

@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 import casckpt
 from casckpt.catalog import Catalog
 from casckpt.cli.main import app
+from casckpt.engine import commit as commit_engine
 from casckpt.errors import CatalogError, GCRefusedError
 
 CHUNK = 4096
@@ -64,8 +65,20 @@ def root(tmp_path: Path) -> Path:
     return root
 
 
-def test_swapped_content_rows_are_reported_and_gc_sweeps_nothing_needed(root: Path) -> None:
+@pytest.fixture
+def legacy_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A store whose versions are of the format before tree manifests (with contents rows)."""
+    monkeypatch.setattr(commit_engine, "TREE_MANIFESTS", False)
+    root = tmp_path / "store"
+    with _open(root) as store:
+        for step in (1, 2, 3):
+            store.commit(_state(step), run="r", step=step)
+    return root
+
+
+def test_swapped_content_rows_are_reported_and_gc_sweeps_nothing_needed(legacy_root: Path) -> None:
     """The issue's reproduction: two equal-size contents rows trade chunk lists."""
+    root = legacy_root
     rows = _sql(root, "SELECT digest, chunk_ids FROM contents ORDER BY digest")
     (d1, c1), (d2, c2) = rows[0], rows[-1]
     assert len(c1) == len(c2) and c1 != c2

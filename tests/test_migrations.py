@@ -24,6 +24,15 @@ from casckpt.format.identity import IDENTITY_KEY
 FUTURE = "9999_future"
 
 
+@pytest.fixture(autouse=True)
+def _previous_format(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests take stores back to old schema revisions, which know no tree manifests:
+    their versions are written as casckpt wrote them before (format 1, tensor rows)."""
+    from casckpt.engine import commit as commit_engine
+
+    monkeypatch.setattr(commit_engine, "TREE_MANIFESTS", False)
+
+
 @contextmanager
 def _db(root: Path) -> Iterator[sqlite3.Connection]:
     with closing(sqlite3.connect(root / cfg.CATALOG_FILE)) as conn, conn:

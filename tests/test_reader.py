@@ -44,7 +44,7 @@ def _delta(column: str, value: str) -> str:
 
 def _plain(column: str, value: str) -> str:
     return f"UPDATE chunks SET {column} = {value} WHERE rowid = (SELECT max(rowid) FROM chunks " \
-        "WHERE base_id IS NULL)"
+        "WHERE base_id IS NULL AND id NOT IN (SELECT id FROM tree_nodes))"  # tensor data
 
 
 DAMAGE: dict[str, Callable[[], list[str]]] = {

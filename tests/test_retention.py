@@ -434,11 +434,12 @@ def test_undelete_after_gc_swept_the_chunks_is_refused(store: casckpt.Store) -> 
 
 def _own_chunks(store: casckpt.Store, version_id: str) -> list[str]:
     """Chunks of a version that no other version references."""
+    from casckpt.engine.trees import StoreNodes
     from casckpt.format.manifest import decode_manifest
 
     def chunks(vid: str) -> set[str]:
-        manifest = decode_manifest(store._ctx.catalog.manifest(vid), vid)
-        return {c.hex() for blob in manifest.blobs for c in blob.chunks}
+        manifest = decode_manifest(store._ctx.catalog.manifest(vid), vid, StoreNodes(store._ctx.catalog))
+        return {c.hex() for c in manifest.chunk_ids()}
 
     others = set().union(*(chunks(v.id) for v in store.log()))
     return sorted(chunks(version_id) - others)

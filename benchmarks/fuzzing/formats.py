@@ -15,7 +15,7 @@ import math
 import random
 import struct
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,7 @@ from casckpt.engine.restore import _assemble, _stored_leaves
 from casckpt.errors import CasckptError, CorruptPackError
 from casckpt.format.chunks import chunk_id, object_id
 from casckpt.format.manifest import Manifest, decode_manifest, rank_count, rank_view, sharding
+from casckpt.format.merkle import Nodes, NodeSource, TreeReader
 from casckpt.format.pack import (
     ENTRY_HEADER_SIZE,
     TRAILER_SIZE,
@@ -284,23 +285,37 @@ def _raw(data: bytes) -> bytes:
     return raw
 
 
+class _SeedNodes(NodeSource):
+    def __init__(self, nodes: dict[bytes, bytes]) -> None:
+        self.nodes = nodes
+
+    def get_many(self, ids: Sequence[bytes]) -> dict[bytes, bytes]:
+        return {i: self.nodes[i] for i in ids if i in self.nodes}
+
+
 class ManifestTarget:
     """Manifests decoded against an id (the original, or the forged bytes' own id, as a catalog
     written by a forger would hold), then used as restore, rebuild and history use them."""
 
     name = "manifest"
-    kinds: tuple[str, ...] = ("bytes", "json-bytes", "json", "json-original-id", "zstd")
-    weights = {"json": 3.0, "json-bytes": 2.0}  # the kinds that reach past the id check
+    kinds: tuple[str, ...] = ("bytes", "json-bytes", "json", "json-original-id", "zstd", "node")
+    weights = {"json": 3.0, "json-bytes": 2.0, "node": 2.0}  # the kinds that reach past the id checks
 
     def __init__(self, seeds: FormatSeeds) -> None:
         self.seeds = seeds.manifests
         self.docs = [json.loads(_raw(data)) for _, data in self.seeds]
+        self.nodes = _SeedNodes(seeds.nodes)  # a tree manifest is read whole, its nodes verified
 
     def run(self, rng: random.Random, kind: str, note: Callable[[str], None]) -> None:
         which = rng.randrange(len(self.seeds))
         version_id, data = self.seeds[which]
         expected: str | None = version_id
-        if kind == "bytes":
+        nodes = self.nodes
+        if kind == "node" and "tree" not in self.docs[which]:
+            kind = "json"  # a manifest of format 1 or 2 has no nodes
+        if kind == "node":  # a forged node, and every node above it re-hashed, as a forger would
+            data, expected, nodes, what = self._forged_node(self.docs[which], rng)
+        elif kind == "bytes":
             data, what = mutate_bytes(data, rng)
         elif kind == "json-bytes":
             raw, what = mutate_bytes(_raw(data), rng)
@@ -317,7 +332,7 @@ class ManifestTarget:
         if rng.random() < 0.1:
             expected = None
         note(f"manifest seed {which}: {what} (expected id {'none' if expected is None else expected[:12]})")
-        manifest = decode_manifest(data, expected)
+        manifest = decode_manifest(data, expected, nodes)
         raw = _raw(data)
         if expected is not None and object_id(raw) != expected:
             raise WrongData(f"a manifest that does not hash to {expected[:12]} was accepted")
@@ -325,6 +340,39 @@ class ManifestTarget:
         if violation is not None:
             raise WrongData(f"accepted a manifest the encoder could not have written: {violation}")
         use_manifest(manifest, expected or "0" * 64)
+
+    def _forged_node(self, doc: dict[str, Any], rng: random.Random
+                     ) -> tuple[bytes, str, _SeedNodes, str]:
+        """One node of ``doc``'s tree mutated; its parents (up to the root, and the document)
+        rewritten to name the forged ids, so every id check passes."""
+        reader = TreeReader(Nodes(self.nodes))
+        reader.expand(bytes.fromhex(doc["tree"]["root"]))
+        victim = rng.choice(sorted(reader.visited))
+        forged, what = mutate_json(json.loads(self.nodes.nodes[victim]), rng)
+        text, _ = json_text(forged, rng)
+        raw = text.encode("utf-8", "surrogatepass")
+        nodes = dict(self.nodes.nodes)
+        renamed = {victim.hex(): chunk_id(raw).hex()}
+        nodes[chunk_id(raw)] = raw
+        while True:  # parents naming a renamed node are renamed in turn
+            fresh = {}
+            for node_id in reader.visited:
+                body = nodes.get(node_id, b"")
+                if node_id.hex() in renamed:
+                    continue
+                if any(old.encode() in body for old in renamed):
+                    for old, new in renamed.items():
+                        body = body.replace(old.encode(), new.encode())
+                    nodes[chunk_id(body)] = body
+                    fresh[node_id.hex()] = chunk_id(body).hex()
+            if not fresh:
+                break
+            renamed.update(fresh)
+        top = json.loads(json.dumps(doc))
+        top["tree"]["root"] = renamed.get(top["tree"]["root"], top["tree"]["root"])
+        doc_raw = json.dumps(top, sort_keys=True, separators=(",", ":")).encode()
+        return (zstandard.ZstdCompressor().compress(doc_raw), object_id(doc_raw), _SeedNodes(nodes),
+                f"node {victim.hex()[:12]}: {what}")
 
 
 def _zstd_trick(raw: bytes, rng: random.Random) -> tuple[bytes, str | None, str]:
@@ -365,7 +413,7 @@ def _is_hex_id(v: Any) -> bool:
 
 
 _TOP = {  # what encode_manifest writes, field by field
-    "format": lambda v: v == "casckpt.manifest", "version": lambda v: _is_int(v) and v in (1, 2),
+    "format": lambda v: v == "casckpt.manifest", "version": lambda v: _is_int(v) and v in (1, 2, 3),
     "run": lambda v: isinstance(v, str), "step": _is_int, "parent": lambda v: v is None or isinstance(v, str),
     "created_at": _is_number, "message": lambda v: v is None or isinstance(v, str),
     "metadata": lambda v: isinstance(v, dict),
@@ -375,8 +423,10 @@ _TOP = {  # what encode_manifest writes, field by field
     "tensors": lambda v: isinstance(v, list),
     "world": lambda v: v is None or (isinstance(v, dict) and _is_int(v.get("size"))
                                      and isinstance(v.get("api"), str)),
+    "tree": lambda v: isinstance(v, dict) and _is_hex_id(v.get("root")) and _is_int(v.get("n"))
+    and _is_int(v.get("b")) and isinstance(v.get("shared"), list),
 }
-_BLOB = {"nbytes": _is_int, "chunk_size": _is_int, "phase": _is_int,
+_BLOB = {"nbytes": _is_int, "chunk_size": _is_int, "phase": _is_int, "packed": lambda v: v is True,
          "chunks": lambda v: isinstance(v, list) and all(_is_hex_id(c) for c in v)}
 _TENSOR = {"path": lambda v: isinstance(v, str), "kind": lambda v: isinstance(v, str),
            "dtype": lambda v: isinstance(v, str), "shape": _ints, "blob": _is_int, "offset": _is_int,
@@ -408,7 +458,9 @@ def schema_violation(doc: Any) -> str | None:
     found = _fields(doc, _TOP, "manifest")
     if found is not None:
         return found
-    for i, blob in enumerate(doc.get("blobs", ())):
+    tree = doc.get("tree")
+    shared = tree.get("shared", ()) if isinstance(tree, dict) else ()
+    for i, blob in enumerate([*doc.get("blobs", ()), *shared]):
         found = found or _fields(blob, _BLOB, f"blob {i}")
     for i, tensor in enumerate(doc.get("tensors", ())):
         found = found or _fields(tensor, _TENSOR, f"tensor {i}")

@@ -23,7 +23,9 @@ import io
 import pickle
 import random
 import shutil
-from dataclasses import dataclass
+import sqlite3
+from contextlib import closing
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,7 @@ import casckpt
 from casckpt.format.chunks import chunk_id
 from casckpt.format.codecs import Codec, CompressionPolicy, encode_chunk, encode_delta
 from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, World, encode_manifest
+from casckpt.format.merkle import node_json
 from casckpt.format.pack import PackWriter
 from casckpt.format.shard import ShardHeader, encode_shard_header, payload_checksum
 from casckpt.storage.erasure import ErasureCode
@@ -67,6 +70,7 @@ class FormatSeeds:
     packs: list[PackSeed]
     shards: list[ShardSeed]
     manifests: list[tuple[str, bytes]]  # (version id, compressed manifest)
+    nodes: dict[bytes, bytes] = field(default_factory=dict)  # tree nodes of those manifests: id -> JSON
 
 
 def _smooth(rng: np.random.Generator, n: int, dtype: Any) -> np.ndarray:
@@ -224,7 +228,10 @@ def build_seeds(directory: Path, seed: int) -> None:
     manifests = [encode_manifest(m) for m in _v2_manifests()]
     for path in sorted((stores / "plain" / "store" / "manifests").iterdir()):
         manifests.append((path.name, path.read_bytes()))
-    (directory / "formats.pickle").write_bytes(pickle.dumps(FormatSeeds(packs, shards, manifests)))
+    with closing(sqlite3.connect(stores / "plain" / "store" / "catalog.db")) as db:
+        rows = db.execute("SELECT id, body FROM tree_nodes").fetchall()
+    nodes = {bytes.fromhex(i): node_json(body) for i, body in rows}
+    (directory / "formats.pickle").write_bytes(pickle.dumps(FormatSeeds(packs, shards, manifests, nodes)))
 
 
 def load_format_seeds(directory: Path) -> FormatSeeds:

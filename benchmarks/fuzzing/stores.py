@@ -280,6 +280,7 @@ _COLUMNS: dict[str, tuple[str, str, str]] = {  # kind -> (store, table, column)
     "versions.run_id": ("plain", "versions", "run_id"),
     "versions.manifest": ("plain", "versions", "manifest"),
     "contents.chunk_ids": ("plain", "contents", "chunk_ids"),
+    "tree_nodes.body": ("plain", "tree_nodes", "body"),
     "tensors.row": ("plain", "tensors", "shape|dtype|nbytes|chunks|digest"),
 }
 
@@ -332,8 +333,10 @@ class CatalogTarget:
         _, table, columns = _COLUMNS[kind]
         column = rng.choice(columns.split("|"))
         rows = db.execute(f"SELECT rowid, {column} FROM {table}").fetchall()
+        if not rows:  # tensors and contents rows exist for versions of the format before trees
+            return f"{table}: no rows to damage"
         rowid, old = rng.choice(rows)
-        if kind == "versions.manifest" or kind == "contents.chunk_ids":
+        if kind in ("versions.manifest", "contents.chunk_ids", "tree_nodes.body"):
             new: Any = rng.choice((mutate_bytes(old, rng)[0], b"", rng.choice(rows)[1], "text"))
         else:
             new = rng.choice(_sql_values([r[1] for r in rows], rng))

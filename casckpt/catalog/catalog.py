@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from sqlalchemy import ColumnElement, Connection, Row, func, select, text
+from sqlalchemy import ColumnElement, Connection, Row, exists, func, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
@@ -33,6 +33,7 @@ from casckpt.catalog import schema as s
 from casckpt.catalog.database import Database
 from casckpt.catalog.rows import manifest_bytes, tensor_row
 from casckpt.errors import CatalogError, CatalogUnavailableError, VersionExistsError
+from casckpt.format.merkle import decompress_node, node_references
 from casckpt.format.pack import PackEntry
 
 BATCH = 500
@@ -333,8 +334,14 @@ class Catalog:
     def add_version(
         self, version: dict[str, Any], run: str, tensor_rows: list[dict[str, Any]],
         content_rows: list[dict[str, Any]], tag_names: Sequence[str], chunk_ids: Iterable[str],
+        node_rows: Sequence[dict[str, Any]] = (),
     ) -> None:
         """Make a version visible: ONE transaction that re-checks every referenced chunk.
+
+        A tree version (``version["tree_root"]`` set) passes the rows of the nodes it adds
+        (``node_rows``: id, zstd body) and only the chunks those nodes reference, and its
+        root: a node that is live has every node and chunk below it live (gc marks whole
+        trees), and a reused node gc condemned is revived with everything below it.
 
         Retried while the database is unreachable: a retry that finds this
         version's id already published knows the earlier COMMIT succeeded.
@@ -352,7 +359,8 @@ class Catalog:
             nonlocal in_doubt
             try:
                 with self.write() as conn:
-                    self._publish(conn, version, run, tensor_rows, content_rows, tag_names, ids)
+                    self._publish(conn, version, run, tensor_rows, content_rows, tag_names, ids,
+                                  node_rows)
             except CatalogUnavailableError as exc:
                 in_doubt = in_doubt or exc.in_doubt
                 raise
@@ -383,7 +391,8 @@ class Catalog:
 
     def _publish(self, conn: Connection, version: dict[str, Any], run: str,
                  tensor_rows: list[dict[str, Any]], content_rows: list[dict[str, Any]],
-                 tag_names: Sequence[str], ids: list[str]) -> None:
+                 tag_names: Sequence[str], ids: list[str],
+                 node_rows: Sequence[dict[str, Any]] = ()) -> None:
         run_id = self.run_id(conn, run, create=True)
         if run_id is None:
             raise CatalogError(f"run {run!r} vanished while committing; retry")
@@ -399,6 +408,8 @@ class Catalog:
                 f"run {run!r} already has a version at step {version['step']} "
                 f"({existing[:12]}); commit with another step, or fork a new run"
             )
+        if version.get("tree_root") is not None:
+            ids = ids + self._condemned_below(conn, ids, node_rows)
         missing = self.revive_or_missing(conn, ids)
         if missing:
             raise MissingChunksError(missing)
@@ -406,8 +417,79 @@ class Catalog:
         for i in range(0, len(tensor_rows), BATCH):
             conn.execute(s.tensors.insert(), tensor_rows[i : i + BATCH])
         insert_ignore(conn, s.contents, content_rows, "digest")
+        insert_ignore(conn, s.tree_nodes, list(node_rows), "id")
         for name in tag_names:
             self._set_tag(conn, name, version["id"])
+
+    def _condemned_below(self, conn: Connection, ids: list[str],
+                         node_rows: Sequence[dict[str, Any]]) -> list[str]:
+        """Everything below the condemned nodes among ``ids`` (nodes a commit reuses after gc
+        condemned them): reviving a node alone would leave what it needs to be swept."""
+        bodies = {row["id"]: row["body"] for row in node_rows}
+        todo = [i for i in self._states(conn, ids) if i[1] == "condemned"]
+        wanted = [cid for cid, _ in todo]
+        found: list[str] = []
+        seen = set(ids)
+        while wanted:
+            known = dict(self._node_bodies(conn, [w for w in wanted if w not in bodies]))
+            known.update((w, bodies[w]) for w in wanted if w in bodies)
+            below: list[str] = []
+            for body in known.values():
+                for ref in node_references(decompress_node(body)):
+                    if ref not in seen:
+                        seen.add(ref)
+                        below.append(ref)
+            found += below
+            wanted = below
+        return found
+
+    def _states(self, conn: Connection, ids: list[str]) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        for i in range(0, len(ids), BATCH):
+            out += [(r[0], r[1]) for r in conn.execute(
+                select(s.chunks.c.id, s.chunks.c.state).where(s.chunks.c.id.in_(ids[i : i + BATCH])))]
+        return out
+
+    @staticmethod
+    def _node_bodies(conn: Connection, ids: Sequence[str]) -> list[tuple[str, bytes]]:
+        out: list[tuple[str, bytes]] = []
+        for i in range(0, len(ids), BATCH):
+            out += [(r[0], bytes(r[1])) for r in conn.execute(
+                select(s.tree_nodes.c.id, s.tree_nodes.c.body)
+                .where(s.tree_nodes.c.id.in_(ids[i : i + BATCH])))]
+        return out
+
+    @_idempotent
+    def tree_nodes(self, ids: Sequence[str]) -> dict[str, bytes]:
+        """Compressed bodies of the tree nodes among ``ids`` the catalog holds."""
+        with self.read() as conn:
+            return dict(self._node_bodies(conn, list(dict.fromkeys(ids))))
+
+    @_idempotent
+    def tree_node_ids(self, ids: Sequence[str]) -> set[str]:
+        """The tree nodes among ``ids`` the catalog has a row for."""
+        wanted = list(dict.fromkeys(ids))
+        out: set[str] = set()
+        with self.read() as conn:
+            for i in range(0, len(wanted), BATCH):
+                out.update(conn.execute(select(s.tree_nodes.c.id).where(
+                    s.tree_nodes.c.id.in_(wanted[i : i + BATCH]))).scalars())
+        return out
+
+    @_idempotent
+    def replace_tree_nodes(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Write tree node rows (id, zstd body) over any there (repair, with verified nodes)."""
+        with self.write() as conn:
+            for i in range(0, len(rows), BATCH):
+                batch = list(rows[i : i + BATCH])
+                conn.execute(s.tree_nodes.delete().where(s.tree_nodes.c.id.in_([r["id"] for r in batch])))
+                conn.execute(s.tree_nodes.insert(), batch)
+
+    @_idempotent
+    def add_tree_nodes(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Record tree nodes (id, zstd body); rows that exist are kept (catalog rebuild, repair)."""
+        with self.write() as conn:
+            insert_ignore(conn, s.tree_nodes, list(rows), "id")
 
     def run_id(self, conn: Connection, run: str, *, create: bool) -> int | None:
         """The id of run ``run`` within ``conn``'s transaction (created if asked and missing)."""
@@ -614,15 +696,23 @@ class Catalog:
                              .values(verified_at=now))
 
     @_idempotent
+    @_idempotent
+    def live_chunk_count(self) -> int:
+        """Live chunks, tree nodes included (what a full check reads)."""
+        with self.read() as conn:
+            return int(conn.execute(select(func.count(s.chunks.c.id))
+                                    .where(s.chunks.c.state == "live")).scalar_one())
+
     def totals(self) -> dict[str, int]:
-        """Counts and byte sums for ``Store.stats``."""
+        """Counts and byte sums for ``Store.stats`` (chunks: of tensor data, tree nodes left out)."""
         v, c, p = s.versions, s.chunks, s.packs
         with self.read() as conn:
             vrow = conn.execute(select(func.count(v.c.id), func.coalesce(func.sum(v.c.logical_bytes), 0))
                                 .where(v.c.state == "visible")).one()
             crow = conn.execute(select(func.count(c.c.id), func.coalesce(func.sum(c.c.raw_len), 0),
                                        func.coalesce(func.sum(c.c.stored_len), 0))
-                                .where(c.c.state == "live")).one()
+                                .where(c.c.state == "live",  # tensor data: tree nodes are not
+                                       ~exists().where(s.tree_nodes.c.id == c.c.id))).one()
             prow = conn.execute(select(func.count(p.c.id), func.coalesce(func.sum(p.c.size), 0))
                                 .where(p.c.state == "live")).one()
             shard_bytes = conn.execute(select(func.coalesce(func.sum(s.shards.c.size), 0))

@@ -184,12 +184,12 @@ def visible_ids(catalog: Catalog) -> set[str]:
 
 
 def manifest_batches(catalog: Catalog, version_ids: Collection[str], size: int = 100) -> Iterator[list[Any]]:
-    """Rows (id, run, step, parent_id, created_at, manifest, meta_text, metrics_text) of these
+    """Rows (id, run, step, parent_id, created_at, manifest, tree_root, meta_text, metrics_text) of these
     versions, ``size`` at a time (bounded memory); versions that vanished meanwhile are left out.
     Metadata and metrics come as text, undecoded (check compares them with the manifest)."""
     v = s.versions
     query = select(v.c.id, s.runs.c.name.label("run"), v.c.step, v.c.parent_id, v.c.created_at,
-                   v.c.manifest, cast(v.c.meta, Text).label("meta_text"),
+                   v.c.manifest, v.c.tree_root, cast(v.c.meta, Text).label("meta_text"),
                    cast(v.c.metrics, Text).label("metrics_text")).join(s.runs, s.runs.c.id == v.c.run_id)
     ids = sorted(version_ids)
     for i in range(0, len(ids), size):
@@ -301,6 +301,9 @@ def sweep(catalog: Catalog, *, cutoff: float, dry_run: bool,
             found = layouts_in(conn, [row[0] for row in rows])
             return chunks, [DeadPack(*row, found.get(row[0])) for row in rows]
         chunks = int(conn.execute(delete(c).where(doomed)).rowcount)
+        if chunks:  # a tree node goes with its chunk (a version needing it keeps both)
+            n = s.tree_nodes
+            conn.execute(delete(n).where(~exists().where(c.c.id == n.c.id)))
         rows = conn.execute(select(p.c.id, p.c.key, p.c.size).where(empty)).all()
         ids = [row[0] for row in rows]
         found = layouts_in(conn, ids)

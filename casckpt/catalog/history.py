@@ -202,7 +202,8 @@ def tensor_changes(catalog: Catalog, segments: Sequence[Segment],
     :data:`VERSION_COLUMNS`, then ``dtype, shape`` (JSON text), ``nbytes,
     digest`` of the tensor (NULL where the version has none), ``n`` (1 for the
     segment's first version), then ``chunk_size, content_nbytes, chunk_ids``
-    from its ``contents`` row.
+    from its ``contents`` row, and ``tree_root`` (every tree version is listed:
+    its tensor is read from its tree, not from rows).
     """
     rows: list[Row[Any]] = []
     with catalog.read() as conn:
@@ -221,17 +222,19 @@ def _changes_query(seg: Segment, path: str) -> Select[Any]:
         select(v.c.id.label("vid"), v.c.step.label("vstep"), t.c.dtype,
                cast(t.c.shape, Text).label("shape"), t.c.nbytes, t.c.digest,
                func.lag(t.c.digest).over(order_by=v.c.step).label("prev_digest"),
-               func.row_number().over(order_by=v.c.step).label("n"))
+               func.row_number().over(order_by=v.c.step).label("n"), v.c.tree_root)
         .select_from(v.outerjoin(t, (t.c.version_id == v.c.id) & (t.c.path == path)))
         .where(*conditions).subquery()
     )
     c = s.contents
     return (
         select(*VERSION_COLUMNS, states.c.dtype, states.c.shape, states.c.nbytes, states.c.digest,
-               states.c.n, c.c.chunk_size, c.c.nbytes.label("content_nbytes"), c.c.chunk_ids)
+               states.c.n, c.c.chunk_size, c.c.nbytes.label("content_nbytes"), c.c.chunk_ids,
+               states.c.tree_root)
         .select_from(states.join(v, v.c.id == states.c.vid).join(s.runs, s.runs.c.id == v.c.run_id)
                      .outerjoin(c, c.c.digest == states.c.digest))
-        .where((states.c.n == 1) | states.c.digest.is_distinct_from(states.c.prev_digest))
+        .where((states.c.n == 1) | states.c.digest.is_distinct_from(states.c.prev_digest)
+               | states.c.tree_root.is_not(None))  # a tree version's tensor is read from its tree
         .order_by(states.c.vstep)
     )
 

@@ -66,6 +66,7 @@ versions = Table(
     Column("manifest", LargeBinary, nullable=False),
     Column("deleted_at", Float, nullable=True),
     Column("deleted_reason", Text, nullable=True),
+    Column("tree_root", String(64), nullable=True),  # a tree manifest's root node (see tree_nodes)
     UniqueConstraint("run_id", "step", name="uq_versions_run_step"),
 )
 Index("ix_versions_created_at", versions.c.created_at)
@@ -102,6 +103,13 @@ contents = Table(
     Column("nbytes", BigInteger, nullable=False),
     Column("chunk_size", BigInteger, nullable=False),
     Column("chunk_ids", LargeBinary, nullable=False),
+)
+
+tree_nodes = Table(  # the nodes of tree manifests (each also a chunk in the packs), zstd JSON
+    "tree_nodes",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("body", LargeBinary, nullable=False),
 )
 
 packs = Table(

@@ -295,14 +295,23 @@ def runs(ctx: typer.Context, as_json: JsonOption = False) -> None:
 
 
 @app.command()
-def show(ctx: typer.Context, ref: RefArgument, as_json: JsonOption = False) -> None:
-    """Show one version: its metadata, tensors and plain values."""
+def show(
+    ctx: typer.Context, ref: RefArgument,
+    tensors: Annotated[bool, typer.Option(
+        "--tensors", help="List every tensor (streamed, in natural order: layers.2 before layers.10).",
+    )] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Show one version: its metadata, a summary of its tensors (--tensors: each one) and its
+    plain values. --json streams every tensor."""
     with _open_store(ctx) as store:
         detail = store.show(ref)
     if as_json:
-        render.print_json(detail.to_dict())
+        render.stream_json(detail.to_dict(), "tensors")
     else:
-        render.out(*render.detail_view(detail))
+        render.out(*render.detail_view(detail, tensors=tensors))
+        if tensors:
+            render.stream_tensors(detail)
 
 
 @app.command()

@@ -227,8 +227,12 @@ def version_table(v: Version) -> Table:
     return table
 
 
-def detail_view(detail: VersionDetail) -> list[RenderableType]:
-    """The version, then its tensors, then its plain values."""
+_VALUES_SHOWN = 50  # plain values listed by `show` before "N more"
+
+
+def detail_view(detail: VersionDetail, *, tensors: bool = False) -> list[RenderableType]:
+    """The version, a summary of its tensors (by group), then its plain values; with
+    ``tensors`` the tensor table is left to :func:`stream_tensors`."""
     parts: list[RenderableType] = [version_table(detail.version), ""]
     if detail.degraded:
         parts[-1:] = [Text(f"DEGRADED: {detail.degraded_packs} pack(s) holding this version are below "
@@ -241,22 +245,61 @@ def detail_view(detail: VersionDetail) -> list[RenderableType]:
         how = ("torch.distributed.checkpoint: tensors sharded across ranks" if detail.saved_with == "dcp"
                else "Store.commit(group=): one state per rank (paths rankN/...)")
         parts[-1:] = [Text(f"saved by {detail.world_size} rank(s) with {how}"), ""]
-    columns = ("TENSOR", "DTYPE", "SHAPE", "SIZE", "CHUNKS", "DIGEST")
-    sharded = any(t.shards > 1 for t in detail.tensors)
-    tensors = _table(*columns, *(("SHARDS",) if sharded else ()), right=("SIZE", "CHUNKS"))
-    for t in detail.tensors:
-        cells = [t.path, t.dtype, str(tuple(t.shape)), human_bytes(t.nbytes), str(t.chunks), t.digest[:12]]
-        if sharded:
-            dims = ",".join(str(d) for d in t.split_dims)
-            cells.append(f"{t.shards} on dim {dims}" if t.split_dims else str(t.shards))
-        tensors.add_row(*cells)
-    parts.append(tensors if detail.tensors else Text("no tensors", style="dim"))
+    total = sum(t.nbytes for t in detail.tensors)
+    parts.append(Text(f"{len(detail.tensors)} tensor(s), {human_bytes(total)}" if detail.tensors
+                      else "no tensors", style=None if detail.tensors else "dim"))
+    if detail.tensors and not tensors:
+        groups = _table("GROUP", "TENSORS", "SIZE", right=("TENSORS", "SIZE"))
+        for g in detail.groups:
+            groups.add_row(g.name, str(g.tensors), human_bytes(g.nbytes))
+        parts += [groups, Text("`casckpt show REF --tensors` lists every tensor", style="dim")]
     if detail.values:
         values = _table("VALUE", "TYPE", "CONTENT")
-        for path, value in detail.values.items():
+        for path, value in list(detail.values.items())[:_VALUES_SHOWN]:
             values.add_row(path, type(value).__name__, short_value(value))
         parts += ["", values]
+        if len(detail.values) > _VALUES_SHOWN:
+            parts.append(Text(f"... {len(detail.values) - _VALUES_SHOWN} more value(s): --json lists "
+                              "them all", style="dim"))
     return parts
+
+
+def stream_tensors(detail: VersionDetail, batch: int = 1000) -> None:
+    """Every tensor of a version as aligned text lines, written a batch at a time (a rich
+    table of 100,000 rows takes seconds to lay out before printing anything)."""
+    sharded = any(t.shards > 1 for t in detail.tensors)
+    width = min(80, max((len(t.path) for t in detail.tensors), default=6))
+    head = f"{'TENSOR':<{width}}  {'DTYPE':<9}  {'SHAPE':<18}  {'SIZE':>10}  {'CHUNKS':>6}  DIGEST"
+    lines = [head + ("  SHARDS" if sharded else "")]
+    for t in detail.tensors:
+        line = (f"{t.path:<{width}}  {t.dtype:<9}  {str(tuple(t.shape)):<18}  {human_bytes(t.nbytes):>10}  "
+                f"{t.chunks:>6}  {t.digest[:12]}")
+        if sharded:
+            dims = ",".join(str(d) for d in t.split_dims)
+            line += f"  {t.shards} on dim {dims}" if t.split_dims else f"  {t.shards}"
+        lines.append(line)
+        if len(lines) >= batch:
+            sys.stdout.write("\n".join(lines) + "\n")
+            lines = []
+    if lines:
+        sys.stdout.write("\n".join(lines) + "\n")
+    sys.stdout.flush()
+
+
+def stream_json(value: dict[str, Any], key: str, batch: int = 1000) -> None:
+    """Write ``value`` as JSON to stdout, the list under ``key`` an item at a time (``--json``
+    of a version with 100,000 tensors starts at once and holds no second copy as text)."""
+    items = value.pop(key)
+    text = dumps(value, indent=2)
+    sys.stdout.write(text[:-1].rstrip() + (",\n" if value else "\n") + f'  "{key}": [')
+    lines: list[str] = []
+    for i, item in enumerate(items):
+        lines.append(("," if i else "") + "\n    " + dumps(item, indent=None))
+        if len(lines) >= batch:
+            sys.stdout.write("".join(lines))
+            lines = []
+    sys.stdout.write("".join(lines) + ("\n  ]\n}\n" if items else "]\n}\n"))
+    sys.stdout.flush()
 
 
 def stats_dict(stats: StoreStats) -> dict[str, Any]:

@@ -263,6 +263,7 @@ def _repair_view(report: RepairReport) -> list[RenderableType]:
         ("damaged catalog manifests restored", report.catalog_manifests_restored),
         ("manifest copies written", report.manifests_written),
         ("refs records written", report.records_written),
+        ("tree node rows restored from the packs", report.tree_nodes_restored),
     ])
     parts: list[RenderableType] = [table, *_listing("unrepaired packs", report.unrepaired),
                                    *_listing("degraded packs", report.degraded)]

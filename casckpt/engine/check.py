@@ -204,6 +204,6 @@ def check(ctx: EngineContext, *, read_data: bool, progress: ProgressCallback | N
     found.problems.extend(_dependents(ctx, found.manifests, tally.corrupt))
     return CheckReport(
         versions=len(found.manifests), packs=len(packs),
-        chunks=ctx.catalog.totals()["chunks"], chunks_read=tally.chunks_read,
+        chunks=ctx.catalog.live_chunk_count(), chunks_read=tally.chunks_read,
         bytes_read=tally.bytes_read, problems=tuple(found.problems), packs_read=tally.packs_read,
     )

@@ -35,14 +35,22 @@ from casckpt.catalog import history as history_sql
 from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
 from casckpt.catalog.rows import manifest_bytes
-from casckpt.engine import identity, records
+from casckpt.engine import identity, records, trees
 from casckpt.engine.commit import tensor_rows
 from casckpt.engine.context import EngineContext, manifest_key
 from casckpt.engine.degraded import doubled_domains
 from casckpt.engine.discovery import MANIFEST_OBJECT
 from casckpt.engine.refs import bind
-from casckpt.errors import CasckptError, CatalogError, CatalogUnavailableError, IntegrityError, StorageError
+from casckpt.errors import (
+    CasckptError,
+    CatalogError,
+    CatalogUnavailableError,
+    CorruptManifestError,
+    IntegrityError,
+    StorageError,
+)
 from casckpt.format.manifest import Manifest, decode_manifest
+from casckpt.format.merkle import decode_node, node_json
 from casckpt.storage import BlobInfo
 from casckpt.storage.locations import Location
 from casckpt.types import CheckProblem
@@ -113,10 +121,12 @@ def check_manifests(ctx: EngineContext, found: Findings, *, read_data: bool) -> 
         for row in batch:
             try:
                 data = manifest_bytes(row.manifest, row.id)
-                manifest = bind(row, decode_manifest(data, row.id))
+                manifest = bind(row, trees.decode(ctx, ctx.catalog, data, row.id, heal=False))
             except IntegrityError as exc:
                 found.add("manifest", row.id, f"{row.run}@{row.step}: the catalog's copy: {exc}")
                 continue
+            if manifest.tree is not None:
+                _check_tree_rows(ctx, found, row, manifest)
             found.manifests.append((row.id, manifest))
             _check_values(found, row, manifest)
             for loc in holders:
@@ -182,12 +192,32 @@ def _check_copy(loc: Location, found: Findings, row: Any, data: bytes, read_data
                   "`casckpt repair` writes it again")
 
 
+def _check_tree_rows(ctx: EngineContext, found: Findings, row: Any, manifest: Manifest) -> None:
+    """A tree version's root in its row, and a verified catalog row for each of its nodes."""
+    label = f"{row.run}@{row.step}"
+    if manifest.tree is not None and row.tree_root != manifest.tree.root.hex():
+        found.add("catalog", label, "the version row names another tree root than its manifest; "
+                  "the catalog is damaged")
+    have = ctx.catalog.tree_nodes([n.hex() for n in manifest.nodes])
+    for node_id in manifest.nodes:
+        body = have.get(node_id.hex())
+        try:
+            if body is None:
+                raise CorruptManifestError("the catalog has no row for it")
+            decode_node(node_json(body), node_id)
+        except CorruptManifestError as exc:
+            found.add("catalog", f"{label}:node {node_id.hex()[:12]}",
+                      f"tree node row is missing or damaged ({exc}); `casckpt repair` restores it "
+                      "from the packs")
+
+
 def check_rows(ctx: EngineContext, found: Findings) -> None:
     """Tensor and content rows, chunk rows and delta bases, against the verified manifests."""
     verified: set[str] = set()
     for version_id, manifest in found.manifests:
         label = f"{manifest.run}@{manifest.step}"
-        want_rows, want_contents = tensor_rows(version_id, manifest.tensors, manifest.blobs)
+        want_rows, want_contents = tensor_rows(version_id, manifest.tensors, manifest.blobs) \
+            if manifest.tree is None else ([], [])  # a tree version's nodes are its rows
         try:
             have = {r.path: r for r in ctx.catalog.tensors_of(version_id)}
         except CatalogUnavailableError:
@@ -212,7 +242,7 @@ def check_rows(ctx: EngineContext, found: Findings) -> None:
                           "disagrees with the manifest; the catalog is damaged")
             else:
                 verified.add(digest)
-        ids = {cid.hex() for blob in manifest.blobs for cid in blob.chunks}
+        ids = {cid.hex() for cid in manifest.chunk_ids()}
         known = ctx.catalog.find_chunks(ids, live_only=False)  # condemned ones are still stored
         for cid in sorted(ids - set(known)):
             found.add("chunk", cid, f"referenced by {label} but not in the catalog")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -23,11 +23,11 @@ from casckpt.catalog import MissingChunksError
 from casckpt.catalog.deltas import delta_chain_for
 from casckpt.catalog.gc import begin_lease, end_lease, lease_version
 from casckpt.catalog.history import fork_point
-from casckpt.engine import records
+from casckpt.engine import records, trees
 from casckpt.engine.context import EngineContext, manifest_key
 from casckpt.engine.degraded import Shortfall, shortfalls, summary
 from casckpt.engine.deltabase import DeltaPlan, candidate_bases
-from casckpt.engine.layout import BlobSource, plan_blobs
+from casckpt.engine.layout import SMALL_TENSOR, BlobSource, plan_blobs
 from casckpt.engine.packer import Packer
 from casckpt.engine.validate import (
     check_message,
@@ -41,14 +41,19 @@ from casckpt.errors import CasckptError, CatalogError, VersionExistsError
 from casckpt.format.chunks import aligned_chunk_size, chunk_id, chunk_spans, object_id
 from casckpt.format.codecs import CompressionPolicy, encode_chunk
 from casckpt.format.dtypes import element_size
-from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, decode_manifest, encode_manifest
+from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, TreeHead, encode_manifest
+from casckpt.format.merkle import Tree
 from casckpt.format.tree import encode_tree, rank_path
+from casckpt.format.treemanifest import encode_tree_manifest
 from casckpt.storage.erasure import Redundancy
 from casckpt.types import ProgressCallback, Version
 
 log = logging.getLogger(__name__)
 
 _PUBLISH_ATTEMPTS = 3
+TREE_MANIFESTS = True
+"""One-process commits write tree manifests (format 3); False writes format 1 with a
+``tensors`` row per tensor, as casckpt did before (tests build such stores with it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +89,7 @@ class _Chunk:
     end: int
     align: int
     owned: bool = False
+    node: bool = False  # a tree node (counted apart from tensor bytes)
 
     def data(self) -> memoryview:
         return self.view[self.start : self.end]
@@ -140,7 +146,7 @@ def _hash_blobs(
             ids = list(ctx.pool.map(chunk_id, (view[start:end] for start, end in spans)))
             for cid, (start, end) in zip(ids, spans, strict=True):
                 out.chunks.setdefault(cid, _Chunk(view, start, end, source.align))
-        out.blobs.append(BlobEntry(source.nbytes, size, tuple(ids), phase))
+        out.blobs.append(BlobEntry(source.nbytes, size, tuple(ids), phase, packed=source.packed))
         bar.advance(source.nbytes)
     return out
 
@@ -214,8 +220,9 @@ def _encoded(ctx: EngineContext, chunks: Mapping[bytes, _Chunk], ids: Sequence[b
 
 @dataclass(frozen=True, slots=True)
 class ChunkWrite:
-    """What :func:`write_chunks` wrote: raw and stored bytes, and the packs it could not place
-    as their redundancy asks (see :mod:`.degraded`)."""
+    """What :func:`write_chunks` wrote: raw and stored bytes of tensor data (tree nodes, the
+    body of a tree manifest, are not counted: manifests never were), and the packs it could
+    not place as their redundancy asks (see :mod:`.degraded`)."""
 
     raw_bytes: int
     stored_bytes: int
@@ -229,15 +236,18 @@ def write_chunks(
     """Encode (delta-coding where ``delta`` says it pays) and pack ``ids``."""
     packer = Packer(ctx, redundancy)
     bar = _Progress(progress, "write", sum(chunks[c].end - chunks[c].start for c in ids))
+    nodes = node_stored = 0
     try:
         for cid, codec, raw_len, payload, base in _encoded(ctx, chunks, ids, delta):
             packer.add(cid, codec, raw_len, payload, base)
             bar.advance(raw_len)
+            if chunks[cid].node:
+                nodes, node_stored = nodes + raw_len, node_stored + len(payload)
         packs = packer.finish()
     except BaseException:
         packer.abort()
         raise
-    return ChunkWrite(bar.done, packer.stored_bytes,
+    return ChunkWrite(bar.done - nodes, packer.stored_bytes - node_stored,
                       tuple(shortfalls(ctx, (p.layout for p in packs))))
 
 
@@ -259,20 +269,31 @@ def tensor_rows(
         first = group[0]
         layout: object = [(t.dtype, t.shape, t.stride, t.offset, t.global_offset,
                            [c.hex() for c in blobs[t.blob].chunks]) for t in group]
-        if not first.is_shard:  # as before shards existed: digests of older versions stay the same
+        if first.digest is not None:  # packed: as it would be alone, one chunk of its own bytes
+            layout = (first.dtype, first.shape, first.stride, 0, [first.digest.hex()])
+        elif not first.is_shard:  # as before shards existed: digests of older versions stay the same
             layout = (first.dtype, first.shape, first.stride, first.offset,
                       [c.hex() for c in blobs[first.blob].chunks])
         digest = object_id(repr(layout).encode())
-        chunks = [c for t in group for c in blobs[t.blob].chunks]
+        chunks = [c for t in group for c in _own_chunks(t, blobs)]
         rows.append({
             "version_id": version_id, "path": path, "dtype": first.dtype,
             "shape": list(first.global_shape if first.global_shape is not None else first.shape),
             "nbytes": sum(t.numel for t in group) * element_size(first.kind, first.dtype),
             "chunks": len(chunks), "digest": digest,
         })
-        contents[digest] = {"digest": digest, "nbytes": sum(blobs[t.blob].nbytes for t in group),
+        contents[digest] = {"digest": digest, "nbytes": sum(_own_nbytes(t, blobs) for t in group),
                             "chunk_size": blobs[first.blob].chunk_size, "chunk_ids": b"".join(chunks)}
     return rows, list(contents.values())
+
+
+def _own_chunks(t: TensorEntry, blobs: Sequence[BlobEntry]) -> Sequence[bytes]:
+    """A tensor's chunk list: its blob's, or for a packed tensor the one chunk it would be alone."""
+    return (t.digest,) if t.digest is not None else blobs[t.blob].chunks
+
+
+def _own_nbytes(t: TensorEntry, blobs: Sequence[BlobEntry]) -> int:
+    return t.numel * element_size(t.kind, t.dtype) if t.digest is not None else blobs[t.blob].nbytes
 
 
 @dataclass(slots=True)
@@ -298,6 +319,8 @@ class Snapshot:
     bases: dict[bytes, bytes] = field(default_factory=dict)  # new chunk -> its candidate delta base
     delta: DeltaPlan | None = None
     degraded: list[Shortfall] = field(default_factory=list)  # packs written below their redundancy
+    tree: Tree | None = None  # a tree manifest's nodes (one-process commits)
+    full_check: bool = False  # publish re-checks every chunk and node, not just what is new
 
     def wrote(self, written: ChunkWrite) -> None:
         """Count what a :func:`write_chunks` of this snapshot's chunks wrote."""
@@ -325,11 +348,32 @@ def snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: flo
     itself should the earlier commit fail.
     """
     root, leaves = encode_tree(state)
-    entries, sources = plan_blobs(leaves, stage_host=ctx.config.stage_host_tensors)
+    pack = min(SMALL_TENSOR, ctx.config.chunk_size - ctx.config.chunk_size % 16) if TREE_MANIFESTS else 0
+    entries, sources = plan_blobs(leaves, stage_host=ctx.config.stage_host_tensors, pack=pack)
     hashed = _hash_blobs(ctx, sources, progress, pending, reserve)
     blobs, chunks = hashed.blobs, hashed.chunks
-    known = hashed.known | _known_chunks(  # streamed chunks were looked up while streaming
-        ctx, [c for c, chunk in chunks.items() if c not in hashed.known and not chunk.owned])
+    manifest = Manifest(
+        run=req.run, step=req.step, parent=parent,
+        created_at=created, root=root, tensors=tuple(entries), blobs=tuple(blobs),
+        metadata=req.metadata, metrics=req.metrics, message=req.message, tags=req.tags,
+    )
+    lookup = [c for c, chunk in chunks.items() if c not in hashed.known and not chunk.owned]
+    rows: list[dict[str, Any]] = []
+    content_rows: list[dict[str, Any]] = []
+    tree: Tree | None = None
+    if TREE_MANIFESTS:
+        version_id, manifest_bytes, tree = encode_tree_manifest(manifest)
+        manifest = replace(manifest, tree=TreeHead(tree.root, tree.tensors, tree.nbytes,
+                                                   tuple(manifest.blobs[i] for i in tree.shared_blobs)),
+                           nodes=tuple(tree.nodes))
+        for node_id, raw in tree.nodes.items():  # a node is a chunk: stored in packs, kept by gc
+            if node_id not in chunks:
+                chunks[node_id] = _Chunk(memoryview(raw), 0, len(raw), 1, owned=True, node=True)
+                lookup.append(node_id)
+    else:  # what casckpt wrote before tree manifests (tests build older stores with it)
+        version_id, manifest_bytes = encode_manifest(manifest)
+        rows, content_rows = tensor_rows(version_id, entries, blobs)
+    known = hashed.known | _known_chunks(ctx, lookup)  # streamed chunks were looked up while streaming
     new_ids = []
     for cid in chunks:
         if cid in known:
@@ -348,18 +392,11 @@ def snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: flo
             owned += need
         else:
             foreground = bool(todo)
-    manifest = Manifest(
-        run=req.run, step=req.step, parent=parent,
-        created_at=created, root=root, tensors=tuple(entries), blobs=tuple(blobs),
-        metadata=req.metadata, metrics=req.metrics, message=req.message, tags=req.tags,
-    )
-    version_id, manifest_bytes = encode_manifest(manifest)
-    rows, content_rows = tensor_rows(version_id, entries, blobs)
     before = _parent_manifest(ctx, req.run, parent)
     bases = candidate_bases(before, entries, blobs, new_ids) if before is not None else {}
     ctx.bases.remember(req.run, version_id, manifest)
     return Snapshot(manifest, version_id, manifest_bytes, chunks, new_ids, rows, content_rows, owned,
-                    foreground=foreground, bases=bases)
+                    foreground=foreground, bases=bases, tree=tree)
 
 
 def _parent_manifest(ctx: EngineContext, run: str, parent: str | None) -> Manifest | None:
@@ -370,7 +407,7 @@ def _parent_manifest(ctx: EngineContext, run: str, parent: str | None) -> Manife
     if found is not None:
         return found
     try:
-        return decode_manifest(ctx.catalog.manifest(parent), parent)
+        return trees.decode(ctx, ctx.catalog, ctx.catalog.manifest(parent), parent)
     except CasckptError:  # a parent not visible yet (a pending commit of another process)
         return None
 
@@ -404,7 +441,8 @@ def hash_and_dedup(ctx: EngineContext, sources: Sequence[BlobSource], progress: 
 def _copy(chunk: _Chunk) -> _Chunk:
     """An owned copy of a chunk's bytes (numpy copies release the GIL: the pool copies in parallel)."""
     copy = np.frombuffer(chunk.data(), dtype=np.uint8).copy()
-    return _Chunk(memoryview(copy), 0, len(copy), chunk.align, owned=True)  # type: ignore[arg-type]
+    return _Chunk(memoryview(copy), 0, len(copy), chunk.align, owned=True,  # type: ignore[arg-type]
+                  node=chunk.node)
 
 
 def parent_of(ctx: EngineContext, run: str) -> str | None:
@@ -419,17 +457,22 @@ def _publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, started: fl
     row: dict[str, Any] = {
         "id": snap.version_id, "step": req.step, "parent_id": snap.manifest.parent,
         "state": "visible", "created_at": snap.manifest.created_at,
-        "logical_bytes": snap.manifest.logical_bytes, "meta": req.metadata,
+        "logical_bytes": snap.manifest.tree.nbytes if snap.manifest.tree else snap.manifest.logical_bytes,
+        "meta": req.metadata,
         "metrics": req.metrics, "message": req.message, "manifest": snap.manifest_bytes,
     }
+    if snap.tree is not None:
+        row["tree_root"] = snap.tree.root.hex()
     for _ in range(_PUBLISH_ATTEMPTS):
         row.update(new_bytes=snap.new_bytes, stored_bytes=snap.stored_bytes,
                    duration_s=time.monotonic() - started, committed_at=time.time())
+        checks, nodes = _checks(ctx, snap)
         try:
             ctx.catalog.add_version(row, req.run, snap.tensor_rows, snap.content_rows,
-                                    req.tags, (c.hex() for c in snap.chunks))
+                                    req.tags, [c.hex() for c in checks], nodes)
             return row
         except MissingChunksError as exc:
+            snap.full_check = True  # a node reused below the root may have lost what it needs
             gone_bases = set(exc.missing) - {cid.hex() for cid in snap.chunks}
             if gone_bases:  # the next commit finds them gone and stores those chunks plainly
                 raise CatalogError(
@@ -445,6 +488,24 @@ def _publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, started: fl
         f"could not publish version {snap.version_id[:12]}: its chunks kept disappearing "
         "(is a GC with --grace 0 running?); retry the commit"
     )
+
+
+def _checks(ctx: EngineContext, snap: Snapshot) -> tuple[Sequence[bytes], list[dict[str, Any]]]:
+    """What publishing re-checks, and the tree nodes it records.
+
+    A tree version records the nodes the catalog has no row for, and re-checks
+    what they reference: a node with a row was published whole, and gc keeps or
+    condemns it with everything below it (a condemned one is revived with its
+    subtree). After chunks went missing, everything is re-checked.
+    """
+    if snap.tree is None:
+        return list(snap.chunks), []
+    tree = snap.tree
+    have = {bytes.fromhex(h) for h in ctx.catalog.tree_node_ids([i.hex() for i in tree.nodes])}
+    new = {i for i in tree.nodes if i not in have}
+    shared = [c for b in snap.manifest.tree.shared for c in b.chunks] if snap.manifest.tree else []
+    checks = list(snap.chunks) if snap.full_check else trees.publish_checks(tree, new, shared)
+    return checks, trees.node_rows(tree, sorted(new))
 
 
 def _hold_unchanged(snap: Snapshot, ids: Sequence[bytes]) -> None:

@@ -43,7 +43,7 @@ from functools import partial
 from casckpt.catalog import gc as sql
 from casckpt.catalog import retention as retention_sql
 from casckpt.catalog.rows import manifest_bytes
-from casckpt.engine import retention
+from casckpt.engine import retention, trees
 from casckpt.engine.context import EngineContext, manifest_key
 from casckpt.engine.gcguard import DeletionGuard, Listing
 from casckpt.engine.leftovers import reclaim_leftovers
@@ -113,17 +113,18 @@ def _mark(ctx: EngineContext, exclude: set[str], done: set[str]) -> set[str]:
     """
     wanted = sql.visible_ids(ctx.catalog) - exclude - done
     pending: set[str] = set()
+    nodes = trees.StoreNodes(ctx.catalog, ctx, heal=False)
     for batch in sql.manifest_batches(ctx.catalog, wanted):
         for row in batch:
             try:
-                manifest = bind(row, decode_manifest(manifest_bytes(row.manifest, row.id), row.id))
+                manifest = bind(row, decode_manifest(manifest_bytes(row.manifest, row.id), row.id, nodes))
             except IntegrityError as exc:
                 raise GCRefusedError(
                     f"gc stopped before deleting any pack: the catalog's manifest of {row.run}@{row.step} "
                     f"({row.id[:12]}) cannot be trusted ({exc}), so what versions reference is unknown. "
                     "Run `casckpt check`, then `casckpt repair` (it restores a catalog manifest "
                     "from a verified copy on a location)") from exc
-            pending.update(cid.hex() for blob in manifest.blobs for cid in blob.chunks)
+            pending.update(cid.hex() for cid in manifest.chunk_ids())
             if len(pending) >= _MARK_BATCH:
                 sql.add_live(ctx.catalog, pending)
                 pending = set()

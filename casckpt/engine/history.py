@@ -28,7 +28,8 @@ from casckpt.catalog import Catalog, rows
 from casckpt.catalog import history as sql
 from casckpt.catalog.history import LogFilter, Predicate
 from casckpt.catalog.rows import damaged
-from casckpt.engine.refs import load_manifest
+from casckpt.engine import treeviews
+from casckpt.engine.refs import bind, load_manifest
 from casckpt.engine.validate import MAX_STEP
 from casckpt.errors import (
     InvalidArgumentError,
@@ -37,6 +38,7 @@ from casckpt.errors import (
     TensorNotFoundError,
 )
 from casckpt.format.chunks import ID_BYTES
+from casckpt.format.manifest import Manifest
 from casckpt.format.tree import iter_values
 from casckpt.types import (
     RunNode,
@@ -296,25 +298,56 @@ def _values(catalog: Catalog, row: Row[Any]) -> dict[str, object]:
 
 
 def diff(catalog: Catalog, a: Row[Any], b: Row[Any]) -> VersionDiff:
-    """What changed from version ``a`` to version ``b`` (rows with ``VERSION_COLUMNS`` first)."""
-    old = {t.path: t for t in catalog.tensors_of(a.id)}
-    new = {t.path: t for t in catalog.tensors_of(b.id)}
+    """What changed from version ``a`` to version ``b`` (rows with ``VERSION_COLUMNS`` first).
+
+    Two tree versions are compared by walking only the subtrees whose node ids differ;
+    otherwise every tensor of each side is compared (rows, or a tree read whole)."""
+    heads = treeviews.head(catalog, a.id), treeviews.head(catalog, b.id)
+    if heads[0].tree is not None and heads[1].tree is not None:
+        return _tree_diff(catalog, a, b, bind(a, heads[0]), bind(b, heads[1]))
+    old, old_contents = _tensors_of(catalog, a, heads[0])
+    new, new_contents = _tensors_of(catalog, b, heads[1])
     differ = [p for p in sorted(old.keys() | new.keys())
               if p not in old or p not in new or old[p].digest != new[p].digest]
     both = [p for p in differ if p in old and p in new]
-    found = sql.contents(catalog, [old[p].digest for p in both] + [new[p].digest for p in both])
+    wanted = [old[p].digest for p in both] + [new[p].digest for p in both]
+    found = sql.contents(catalog, [d for d in wanted if d not in old_contents and d not in new_contents])
     contents = {d: Content(r.nbytes, r.chunk_size, r.chunk_ids) for d, r in found.items()}
+    contents.update((d, Content(*c)) for d, c in {**old_contents, **new_contents}.items())
     changes = [_change(p, old.get(p), new.get(p), contents) for p in differ]
+    return _version_diff(catalog, a, b, changes, len(old.keys() & new.keys()) - len(both),
+                         value_changes(_values(catalog, a), _values(catalog, b)))
+
+
+def _version_diff(catalog: Catalog, a: Row[Any], b: Row[Any], changes: Sequence[TensorChange],
+                  unchanged: int, values: tuple[ValueChange, ...]) -> VersionDiff:
     va, vb = versions([a, b], catalog.tags_of([a.id, b.id]))
     return VersionDiff(
         a=va, b=vb,
         added=tuple(c for c in changes if c.change == "added"),
         removed=tuple(c for c in changes if c.change == "removed"),
         changed=tuple(c for c in changes if c.change == "changed"),
-        unchanged=len(old.keys() & new.keys()) - len(both),
-        changed_bytes=sum(c.changed_bytes for c in changes),
-        values=value_changes(_values(catalog, a), _values(catalog, b)),
+        unchanged=unchanged, changed_bytes=sum(c.changed_bytes for c in changes), values=values,
     )
+
+
+def _tensors_of(catalog: Catalog, row: Row[Any], head: Manifest) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A version's tensor rows by path, and the contents rows a tree version derives."""
+    if head.tree is None:
+        return {t.path: t for t in catalog.tensors_of(row.id)}, {}
+    rows_, contents = treeviews.Trees(catalog).tensor_rows(load_manifest(catalog, row))
+    return {r.path: r for r in rows_}, contents
+
+
+def _tree_diff(catalog: Catalog, a: Row[Any], b: Row[Any], ha: Manifest, hb: Manifest) -> VersionDiff:
+    tensors, found, before, after = treeviews.Trees(catalog).differences(ha, hb)
+    contents = {d: Content(*c) for d, c in found.items()}
+    changes = [_change(p, x, y, contents) for p, (x, y) in sorted(tensors.items())]
+    both = sum(1 for x, y in tensors.values() if x is not None and y is not None)
+    removed = sum(1 for x, y in tensors.values() if y is None)
+    tree_a = ha.tree
+    unchanged = (tree_a.tensors if tree_a is not None else 0) - removed - both
+    return _version_diff(catalog, a, b, changes, unchanged, value_changes(before, after))
 
 
 # -- tensor history -----------------------------------------------------------------------
@@ -322,8 +355,8 @@ def diff(catalog: Catalog, a: Row[Any], b: Row[Any]) -> VersionDiff:
 
 # positions in a ``sql.tensor_changes`` row, after the version columns (rows are read by
 # position and the loop allocates as little as it can: 10,000 entries are a common case)
-_DTYPE, _SHAPE, _NBYTES, _DIGEST, _N, _SIZE, _CONTENT_NBYTES, _IDS = range(
-    len(sql.VERSION_COLUMNS), len(sql.VERSION_COLUMNS) + 8)
+_DTYPE, _SHAPE, _NBYTES, _DIGEST, _N, _SIZE, _CONTENT_NBYTES, _IDS, _ROOT = range(
+    len(sql.VERSION_COLUMNS), len(sql.VERSION_COLUMNS) + 9)
 
 
 def _kind(before: Sequence[Any] | None, now: Sequence[Any]) -> str | None:
@@ -388,6 +421,7 @@ def tensor_history(catalog: Catalog, run: str, path: str) -> list[TensorHistoryE
         check_run(catalog, run)
         raise RefNotFoundError(run, "the run disappeared")
     rows, tags = sql.tensor_changes(catalog, segments, path)
+    rows = _from_trees(catalog, rows, path)
     kept: list[Sequence[Any]] = []
     kinds: list[str] = []
     before: list[Sequence[Any] | None] = []
@@ -406,9 +440,40 @@ def tensor_history(catalog: Catalog, run: str, path: str) -> list[TensorHistoryE
             for i, v in enumerate(versions(kept, tags))]
 
 
+def _from_trees(catalog: Catalog, found: Sequence[Row[Any]], path: str) -> list[Sequence[Any]]:
+    """``tensor_changes`` rows with the tensor of each tree version read from its tree, and
+    only the rows where the tensor may have changed kept (as the query keeps older versions')."""
+    trees = treeviews.Trees(catalog)
+    out: list[Sequence[Any]] = []
+    last: Any = None
+    roots = [bytes.fromhex(r[_ROOT]) for r in found if isinstance(r[_ROOT], str) and len(r[_ROOT]) == 64]
+    trees.reader.nodes.prefetch(roots)
+    for row in found:
+        if row[_ROOT] is None:
+            out.append(row)
+            last = row[_DIGEST]
+            continue
+        head = bind(row, treeviews.head(catalog, row[0]))
+        hit = trees.find(head, path)
+        values = list(row)
+        if hit is None:
+            values[_DTYPE:_IDS + 1] = [None, None, None, None, values[_N], None, None, None]
+        else:
+            t, c = hit
+            values[_DTYPE:_IDS + 1] = [t.dtype, json.dumps(list(t.shape)), t.nbytes, t.digest, values[_N],
+                                       c.chunk_size, c.nbytes, c.chunk_ids]
+        if values[_N] == 1 or values[_DIGEST] != last:
+            out.append(values)
+        last = values[_DIGEST]
+    return out
+
+
 def _tensor_not_found(catalog: Catalog, run: str, path: str) -> TensorNotFoundError:
     latest = catalog.nth_latest(run, 0)
-    paths = [t.path for t in catalog.tensors_of(latest.id)] if latest is not None else []
+    paths: list[str] = []
+    if latest is not None:
+        head = treeviews.head(catalog, latest.id)
+        paths = [t.path for t in (_tensors_of(catalog, latest, head)[0].values())]
     near = difflib.get_close_matches(path, paths, n=3)
     hint = f" Did you mean: {', '.join(near)}?" if near else ""
     return TensorNotFoundError(

@@ -10,6 +10,7 @@ Planning touches no storage: it only makes byte views of the tensors.
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -18,11 +19,16 @@ import numpy as np
 import torch
 
 from casckpt.errors import UnsupportedStateError
+from casckpt.format.chunks import chunk_id
 from casckpt.format.dtypes import numpy_dtype, numpy_dtype_name, torch_dtype, torch_dtype_name
 from casckpt.format.manifest import TensorEntry
 from casckpt.format.tree import TensorLeaf
 
 _SPAN_ALIGN = 16  # the largest element size (complex128), so every member stays aligned
+SMALL_TENSOR = 16 << 10
+"""Tensors of at most this many bytes are packed with their neighbours (``plan_blobs(pack=True)``)."""
+PACK_AVERAGE = 64  # tensors per pack group, on average
+PACK_MAX = 256 << 10  # a pack group closes once it holds this many bytes
 
 
 @dataclass(slots=True)
@@ -42,6 +48,7 @@ class BlobSource:
     read: Callable[[], memoryview]
     staged: Callable[[], torch.Tensor] | None = None
     grid_offset: int = 0
+    packed: bool = False  # small tensors packed together (see plan_blobs)
 
 
 def _as_memoryview(array: np.ndarray) -> memoryview:
@@ -151,7 +158,55 @@ def _shared(group: list[TensorLeaf], blob: int, stage: bool) -> tuple[list[Tenso
     )
 
 
-def plan_blobs(leaves: Sequence[TensorLeaf], *, stage_host: bool = False,
+def _packable(value: object, limit: int) -> bool:
+    """A small, plain, contiguous CPU tensor with its own bytes (see :func:`plan_blobs`)."""
+    if type(value) not in (torch.Tensor, torch.nn.Parameter):
+        return False
+    t = cast(torch.Tensor, value)
+    return (t.device.type == "cpu" and 0 < t.numel() * t.element_size() <= limit
+            and t.is_contiguous() and not (t.is_conj() or t.is_neg()))
+
+
+def _group_end(path: str) -> bool:
+    """Whether a pack group ends after the tensor at ``path`` (content-defined: adding or
+    removing a tensor moves one group boundary, not the ones after it)."""
+    return zlib.crc32(path.encode("utf-8")) % PACK_AVERAGE == 0
+
+
+def _pack(members: list[TensorLeaf], blob: int) -> tuple[list[TensorEntry], BlobSource]:
+    """Small tensors packed into one blob: their bytes copied now, each at a 16-byte boundary,
+    each tensor's own chunk id recorded (its digest: history and diff tell them apart)."""
+    tensors = [cast(torch.Tensor, m.value).detach() for m in members]
+    offsets, pieces, total = [], [], 0
+    for m, t in zip(members, tensors, strict=True):
+        pad = -total % _SPAN_ALIGN
+        if pad:
+            pieces.append(torch.zeros(pad, dtype=torch.uint8))
+            total += pad
+        offsets.append(total)
+        try:
+            flat = t.reshape(-1)
+            if flat.stride(0) != 1:  # one-element slices count as contiguous yet keep their stride
+                flat = flat.clone(memory_format=torch.contiguous_format)
+            flat = flat.view(torch.uint8)
+        except (RuntimeError, TypeError, NotImplementedError) as exc:
+            raise UnsupportedStateError(
+                f"tensor at {m.path!r} ({t.dtype}) cannot be stored as bytes: {exc}") from exc
+        pieces.append(flat)
+        total += flat.numel()
+    buffer = torch.cat(pieces).numpy()
+    view = _as_memoryview(buffer)
+    entries = [
+        TensorEntry(m.path, "torch", torch_dtype_name(t.dtype), tuple(t.shape), blob, offset=o,
+                    digest=chunk_id(view[o : o + t.numel() * t.element_size()]))
+        for m, t, o in zip(members, tensors, offsets, strict=True)
+    ]
+    sizes = {t.element_size() for t in tensors}
+    align = sizes.pop() if len(sizes) == 1 else 1
+    return entries, BlobSource(total, align, lambda: view, packed=True)
+
+
+def plan_blobs(leaves: Sequence[TensorLeaf], *, stage_host: bool = False, pack: int = 0,
                ) -> tuple[list[TensorEntry], list[BlobSource]]:
     """Assign every tensor leaf to a blob; views of one storage share a blob.
 
@@ -159,6 +214,13 @@ def plan_blobs(leaves: Sequence[TensorLeaf], *, stage_host: bool = False,
     Tensors off the CPU are streamed through staging buffers (``staged``);
     ``stage_host`` does the same for CPU tensors (the tests' way to run the
     GPU path without a GPU).
+
+    With ``pack`` (a size in bytes, at most the chunk size: such a tensor alone
+    would be one chunk, whose id its digest is), CPU tensors of at most that
+    size, not sharing storage with another leaf, are packed into shared blobs, in leaf
+    order, a group ending after a tensor whose path hashes to a boundary (or
+    at :data:`PACK_MAX` bytes): one chunk holds many tensors, and a changed
+    tensor rewrites its group, not every group after it.
     """
     groups: dict[tuple[str, int], list[int]] = {}
     for i, leaf in enumerate(leaves):
@@ -185,10 +247,32 @@ def plan_blobs(leaves: Sequence[TensorLeaf], *, stage_host: bool = False,
                 entries[i] = entry
         sources.append(source)
         done.update(members)
+    group: list[int] = []
+    size = 0
+
+    def close() -> None:
+        nonlocal size
+        packed, source = _pack([leaves[i] for i in group], len(sources))
+        for i, entry in zip(group, packed, strict=True):
+            entries[i] = entry
+        sources.append(source)
+        group.clear()
+        size = 0
+
     for i, leaf in enumerate(leaves):
-        if i not in done:
-            entries[i], source = _single(leaf, len(sources), stage_host)
-            sources.append(source)
+        if i in done:
+            continue
+        if pack and not stage_host and _packable(leaf.value, pack):
+            group.append(i)
+            t = cast(torch.Tensor, leaf.value)
+            size += t.numel() * t.element_size() + _SPAN_ALIGN
+            if size >= PACK_MAX or _group_end(leaf.path):
+                close()
+            continue
+        entries[i], source = _single(leaf, len(sources), stage_host)
+        sources.append(source)
+    if group:
+        close()
     return [e for e in entries if e is not None], sources
 
 

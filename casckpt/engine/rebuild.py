@@ -37,13 +37,14 @@ from casckpt.catalog import MissingChunksError, PackLayout, PackRecord, ShardRow
 from casckpt.catalog import deltas as deltas_sql
 from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
-from casckpt.engine import identity, records, scrub
+from casckpt.engine import identity, records, scrub, trees
 from casckpt.engine.commit import tensor_rows
 from casckpt.engine.context import EngineContext
 from casckpt.engine.discovery import MANIFEST_OBJECT, FoundPack, pack_layout, scan_packs
 from casckpt.errors import CasckptError, CorruptPackError, InvalidArgumentError, StoreIdentityError
 from casckpt.format.identity import StoreIdentity
 from casckpt.format.manifest import MAX_MANIFEST_OBJECT, Manifest, decode_manifest
+from casckpt.format.merkle import compress_node
 from casckpt.format.pack import read_index
 from casckpt.format.shard import shard_key
 from casckpt.storage import BlobInfo
@@ -110,7 +111,14 @@ def _manifests(ctx: EngineContext, listing: Listing,
 
 
 def _publish(ctx: EngineContext, manifest: Manifest, data: bytes, version_id: str) -> None:
-    rows, contents = tensor_rows(version_id, manifest.tensors, manifest.blobs)
+    node_rows: list[dict[str, object]] = []
+    if manifest.tree is not None:  # its nodes are chunks in the recovered packs
+        # rebuild only reads: damaged shards are recorded for repair, not rewritten here
+        manifest = trees.decode(ctx, ctx.catalog, data, version_id, heal=False)
+        found = trees.read_nodes(ctx, manifest.nodes, heal=False)
+        node_rows = [{"id": i.hex(), "body": compress_node(raw)} for i, raw in found.items()]
+    rows, contents = tensor_rows(version_id, manifest.tensors, manifest.blobs) \
+        if manifest.tree is None else ([], [])
     row = {
         "id": version_id, "step": manifest.step, "parent_id": manifest.parent, "state": "visible",
         "created_at": manifest.created_at, "committed_at": manifest.created_at,
@@ -118,8 +126,10 @@ def _publish(ctx: EngineContext, manifest: Manifest, data: bytes, version_id: st
         "duration_s": 0.0, "meta": dict(manifest.metadata), "metrics": dict(manifest.metrics),
         "message": manifest.message, "manifest": data,
     }
-    chunk_ids = (cid.hex() for blob in manifest.blobs for cid in blob.chunks)
-    ctx.catalog.add_version(row, manifest.run, rows, contents, manifest.tags, chunk_ids)
+    if manifest.tree is not None:
+        row["tree_root"] = manifest.tree.root.hex()
+    chunk_ids = [cid.hex() for cid in manifest.chunk_ids()]  # every one: nothing is known yet
+    ctx.catalog.add_version(row, manifest.run, rows, contents, manifest.tags, chunk_ids, node_rows)
 
 
 def rebuild(ctx: EngineContext, progress: ProgressCallback | None = None) -> RebuildReport:

@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import Row
 
 from casckpt.catalog import Catalog
+from casckpt.engine.trees import StoreNodes
 from casckpt.engine.validate import MAX_STEP
 from casckpt.errors import AmbiguousRefError, InvalidArgumentError, RefNotFoundError, VersionMismatchError
 from casckpt.format.manifest import Manifest, decode_manifest
@@ -126,4 +127,4 @@ def load_manifest(catalog: Catalog, row: Any) -> Manifest:
         CorruptManifestError: the catalog's copy does not decode or hash to the id.
         VersionMismatchError: it is another version than the row says.
     """
-    return bind(row, decode_manifest(catalog.manifest(row.id), row.id))
+    return bind(row, decode_manifest(catalog.manifest(row.id), row.id, StoreNodes(catalog)))

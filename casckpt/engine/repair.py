@@ -38,7 +38,7 @@ from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
 from casckpt.catalog.gc import begin_lease, end_lease
 from casckpt.catalog.rows import manifest_bytes
-from casckpt.engine import checkmeta, identity, records
+from casckpt.engine import checkmeta, identity, records, trees
 from casckpt.engine.checkmeta import Findings
 from casckpt.engine.context import EngineContext, manifest_key
 from casckpt.engine.degraded import doubled_domains
@@ -54,6 +54,7 @@ class _Recovery:
     catalog_manifests: int = 0
     manifests: int = 0
     records: int = 0
+    nodes: int = 0
 
 
 def repair(ctx: EngineContext, progress: ProgressCallback | None = None) -> RepairReport:
@@ -91,6 +92,7 @@ def repair(ctx: EngineContext, progress: ProgressCallback | None = None) -> Repa
                         unrepaired=tuple(unrepaired), duration_s=time.monotonic() - started,
                         catalog_manifests_restored=recovery.catalog_manifests,
                         manifests_written=recovery.manifests, records_written=recovery.records,
+                        tree_nodes_restored=recovery.nodes,
                         degraded=tuple(_degraded(ctx)))
 
 
@@ -146,6 +148,8 @@ def _recovery_data(ctx: EngineContext, found: Findings,
                 gc_sql.replace_manifest(ctx.catalog, row.id, restored)
                 done.catalog_manifests += 1
                 data = restored
+            if row.tree_root is not None:
+                done.nodes += trees.restore_node_rows(ctx, data, row.id)
             for loc in holders:
                 if _copy_differs(loc, found, manifest_key(row.id), data):
                     try:

@@ -22,7 +22,7 @@ from casckpt.engine.layout import byte_buffer, can_fill_in_place, tensor_from_bl
 from casckpt.engine.reader import Destination, read_chunks
 from casckpt.engine.targets import check_targets
 from casckpt.errors import RestoreTargetError, TensorNotFoundError
-from casckpt.format.dtypes import torch_dtype
+from casckpt.format.dtypes import element_size, torch_dtype
 from casckpt.format.manifest import Manifest, TensorEntry
 from casckpt.format.tree import MAX_DEPTH, decode_tree, iter_leaves, iter_values, join_path
 from casckpt.types import ProgressCallback
@@ -142,14 +142,24 @@ def _fill(
 ) -> None:
     wanted: dict[bytes, list[Destination]] = {}
     owner: dict[bytes, str] = {}
-    paths = {t.blob: t.path for t in manifest.tensors}
+    paths: dict[int, list[str]] = {}
+    for t in manifest.tensors:
+        paths.setdefault(t.blob, []).append(t.path)
     for index, buffer in buffers.items():
         blob = manifest.blobs[index]
         view = byte_buffer(buffer)
         for cid, (start, end) in zip(blob.chunks, blob.spans(), strict=True):
             wanted.setdefault(cid, []).append(view[start:end])
-            owner.setdefault(cid, f"tensor {paths[index]!r} of {manifest.run}@{manifest.step}")
+            owner.setdefault(cid, f"{_tensors(paths[index])} of {manifest.run}@{manifest.step}")
     read_chunks(ctx, wanted, lambda cid: owner[cid], progress)
+
+
+def _tensors(paths: list[str], shown: int = 10) -> str:
+    """``tensor 'a'``, or ``tensors 'a', 'b'`` (a blob several tensors share or are packed in)."""
+    if len(paths) == 1:
+        return f"tensor {paths[0]!r}"
+    more = f" and {len(paths) - shown} more" if len(paths) > shown else ""
+    return "tensors " + ", ".join(repr(p) for p in paths[:shown]) + more
 
 
 def materialize(
@@ -169,12 +179,23 @@ def materialize(
         entry = manifest.tensors[i]
         if entry.blob in in_place:
             return in_place[entry.blob]
-        return tensor_from_blob(entry, buffers[entry.blob])
+        return _tensor(manifest, entry, buffers[entry.blob])
 
     def sharded(indices: list[int], path: str) -> object:
         return _assemble([manifest.tensors[i] for i in indices], buffers)
 
     return decode_tree(manifest.root, tensor, sharded)
+
+
+def _tensor(manifest: Manifest, entry: TensorEntry, buffer: Buffer) -> Buffer:
+    """The tensor ``entry`` over its filled blob buffer; from a packed blob, over a copy of its
+    own bytes (not a view sharing its neighbours' storage)."""
+    if not manifest.blobs[entry.blob].packed:
+        return tensor_from_blob(entry, buffer)
+    end = entry.offset + entry.numel * element_size(entry.kind, entry.dtype)
+    part = buffer[entry.offset : end]
+    own = part.clone() if isinstance(part, torch.Tensor) else part.copy()
+    return tensor_from_blob(replace(entry, offset=0), own)
 
 
 def _assemble(shards: list[TensorEntry], buffers: Mapping[int, Buffer]) -> torch.Tensor:
@@ -199,7 +220,8 @@ def load_tensor(
     buffers, _ = _blob_buffers(manifest, {t.blob for t in entries}, {})
     _fill(ctx, manifest, buffers, None)
     first = entries[0]
-    out = _assemble(entries, buffers) if first.is_shard else tensor_from_blob(first, buffers[first.blob])
+    out = _assemble(entries, buffers) if first.is_shard else \
+        _tensor(manifest, first, buffers[first.blob])
     if isinstance(out, torch.Tensor) and map_location is not None:
         return out.to(map_location)
     return out

@@ -156,6 +156,8 @@ def _as_stored(manifest: Manifest, ea: TensorEntry | None, a: _Layout,
     any byte they share receives the same stored byte from both (tied weights, views)."""
     if ea is None or eb is None:
         return False
+    if ea.digest is not None or eb.digest is not None:  # packed: equal when their own bytes are
+        return ea.digest == eb.digest and _matches(ea, a) and _matches(eb, b) and a.address == b.address
     same_bytes = ea.blob == eb.blob or manifest.blobs[ea.blob] == manifest.blobs[eb.blob]
     return same_bytes and _matches(ea, a) and _matches(eb, b) and \
         a.address - b.address == ea.offset - eb.offset

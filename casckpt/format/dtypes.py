@@ -66,6 +66,14 @@ def numpy_dtype(name: str) -> np.dtype:
 
 def element_size(kind: str, name: str) -> int:
     """Bytes per element of a dtype named in a manifest."""
-    if kind == "torch":
-        return torch.empty((), dtype=torch_dtype(name)).element_size()
-    return numpy_dtype(name).itemsize
+    size = _SIZES.get((kind, name))
+    if size is None:
+        if kind == "torch":
+            size = torch.empty((), dtype=torch_dtype(name)).element_size()
+        else:
+            size = numpy_dtype(name).itemsize
+        _SIZES[(kind, name)] = size  # only names the tables know get here (others raised)
+    return size
+
+
+_SIZES: dict[tuple[str, str], int] = {}

@@ -16,7 +16,7 @@ import json
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import zstandard
 
@@ -25,9 +25,13 @@ from casckpt.format.chunks import chunk_count, chunk_spans, object_id
 from casckpt.format.dtypes import element_size
 from casckpt.format.tree import MAX_MANIFEST_NESTING, Node, json_nesting
 
+if TYPE_CHECKING:
+    from casckpt.format.merkle import NodeSource
+
 MANIFEST_FORMAT = "casckpt.manifest"
 MANIFEST_VERSION = 2  # written only by versions that use its additions (sharded tensors, ranks)
-_READS = (1, 2)
+TREE_VERSION = 3  # a tree manifest: the state tree as shared nodes (casckpt.format.merkle)
+_READS = (1, 2, 3)
 _MAX_MANIFEST = 512 << 20  # JSON of ~5 million tensors; decompression stops here, whatever a frame declares
 MAX_MANIFEST_OBJECT = _MAX_MANIFEST  # compressed, it is never larger: a bigger object is not one
 
@@ -44,6 +48,7 @@ class BlobEntry:
     chunk_size: int
     chunks: tuple[bytes, ...]
     phase: int = 0
+    packed: bool = False  # small tensors packed together: each restores as its own tensor
 
     def spans(self) -> list[tuple[int, int]]:
         """``(start, end)`` of each chunk within the blob, in chunk order."""
@@ -88,6 +93,7 @@ class TensorEntry:
     global_shape: tuple[int, ...] | None = None
     global_offset: tuple[int, ...] | None = None
     rank: int | None = None
+    digest: bytes | None = None  # the chunk id of its own bytes, for a tensor in a packed blob
 
     @property
     def numel(self) -> int:
@@ -98,6 +104,16 @@ class TensorEntry:
     def is_shard(self) -> bool:
         """Whether the entry is one piece of a tensor sharded across ranks."""
         return self.global_shape is not None
+
+
+@dataclass(frozen=True, slots=True)
+class TreeHead:
+    """What a tree manifest says about its tree: the root node, and what it holds."""
+
+    root: bytes
+    tensors: int
+    nbytes: int
+    shared: tuple[BlobEntry, ...] = ()  # blobs several tensors share (views of one storage)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +132,14 @@ class Manifest:
     message: str | None = None
     tags: tuple[str, ...] = ()
     world: World | None = None
+    tree: TreeHead | None = None  # a tree manifest's root node (None: versions 1 and 2)
+    nodes: tuple[bytes, ...] = ()  # a tree manifest's nodes (chunks too: gc keeps them, check reads them)
+
+    def chunk_ids(self) -> Iterator[bytes]:
+        """Every chunk the version needs: its blobs' chunks, then its tree nodes."""
+        for b in self.blobs:
+            yield from b.chunks
+        yield from self.nodes
 
     @property
     def logical_bytes(self) -> int:
@@ -198,16 +222,40 @@ def _decompress(data: bytes) -> bytes:
     return b"".join(parts)
 
 
-def decode_manifest(data: bytes, expected_id: str | None = None) -> Manifest:
+def decode_manifest(data: bytes, expected_id: str | None = None,
+                    nodes: NodeSource | None = None) -> Manifest:
     """Decode and validate compressed manifest bytes.
 
     Only what :func:`encode_manifest` can write is accepted: every field of
     its JSON type (nothing is coerced: ``"step": 1.5`` or ``"tags": "ab"`` is
-    refused, not read as 1 or two tags).
+    refused, not read as 1 or two tags). A tree manifest (version 3) is read
+    whole, its nodes through ``nodes`` (each verified against its id); without
+    ``nodes`` only its head is read (``tree`` set, ``root`` empty, no tensors).
 
     Raises:
         CorruptManifestError: the bytes do not decompress, do not hash to
             ``expected_id``, or describe something impossible.
+    """
+    doc = decode_document(data, expected_id)
+    try:
+        if doc["version"] == TREE_VERSION:
+            from casckpt.format.treemanifest import from_tree_json  # it builds on this module
+
+            manifest = from_tree_json(doc, nodes)
+        else:
+            manifest = _from_json(doc)
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
+        raise CorruptManifestError(f"manifest is malformed: {exc}") from exc
+    if manifest.tree is None or nodes is not None:
+        _validate(manifest)
+    return manifest
+
+
+def decode_document(data: bytes, expected_id: str | None = None) -> dict[str, Any]:
+    """The JSON document of compressed manifest bytes, checked against its id and format.
+
+    Raises:
+        CorruptManifestError: as :func:`decode_manifest`.
     """
     raw = _decompress(data)
     if expected_id is not None and object_id(raw) != expected_id:
@@ -228,13 +276,11 @@ def decode_manifest(data: bytes, expected_id: str | None = None) -> Manifest:
         if not isinstance(version, int) or isinstance(version, bool) or version not in _READS:
             raise ValueError(
                 f"manifest version {version!r:.20} is not supported by this casckpt "
-                f"(reads version {MANIFEST_VERSION}); upgrade casckpt"
+                f"(reads versions up to {TREE_VERSION}); upgrade casckpt"
             )
-        manifest = _from_json(doc)
     except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
         raise CorruptManifestError(f"manifest is malformed: {exc}") from exc
-    _validate(manifest)
-    return manifest
+    return doc
 
 
 def _str(value: Any, what: str) -> str:

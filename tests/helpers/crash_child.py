@@ -52,7 +52,9 @@ def make_state(seed: int, step: int) -> dict[str, Any]:
         "model": {
             "shared": shared,
             "weight": weight.reshape(-1, 64),
-            "bias": torch.arange(step, step + 33, dtype=torch.int64),
+            # a counter table that shifts by one each step: later steps store it as deltas (8 KiB:
+            # above CHUNK_SIZE, so it is not packed with the small tensors)
+            "bias": torch.arange(step, step + 1024, dtype=torch.int64),
             "half": weight[:1000].to(torch.bfloat16),
             # nudged a little every step, like trained weights: later steps store it as deltas
             "drift": shared[: BASE_ELEMS // 2] * (1.0 + 1e-3 * step),

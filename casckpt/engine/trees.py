@@ -1,0 +1,121 @@
+"""Tree manifests in the engine: where their nodes are read from, and what a commit adds.
+
+A node is read from the catalog (``tree_nodes``); a node the catalog lacks
+(a catalog being rebuilt, a row lost) is read from the packs like any chunk,
+verified against its id either way (:func:`casckpt.format.merkle.decode_node`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from casckpt.catalog import Catalog
+from casckpt.engine.context import EngineContext
+from casckpt.engine.reader import read_chunks
+from casckpt.errors import CorruptManifestError
+from casckpt.format.manifest import Manifest, decode_manifest
+from casckpt.format.merkle import Nodes, NodeSource, Tree, TreeReader, compress_node, decode_node, node_json
+
+
+class StoreNodes(NodeSource):
+    """Nodes from the catalog, else from the packs (``ctx`` None: the catalog only; ``heal``:
+    whether reading the packs rewrites damaged shards, as restores do)."""
+
+    def __init__(self, catalog: Catalog, ctx: EngineContext | None = None, *, heal: bool = True) -> None:
+        self.catalog, self.ctx, self.heal = catalog, ctx, heal
+
+    def get_many(self, ids: Sequence[bytes]) -> Mapping[bytes, bytes]:
+        rows = self.catalog.tree_nodes([i.hex() for i in ids])
+        found = {bytes.fromhex(k): node_json(v) for k, v in rows.items()}
+        missing = [i for i in ids if i not in found]
+        if missing and self.ctx is not None:
+            found.update(read_nodes(self.ctx, missing, heal=self.heal))
+        return found
+
+
+def read_nodes(ctx: EngineContext, ids: Sequence[bytes], *, heal: bool = True) -> dict[bytes, bytes]:
+    """Nodes read from the packs, as chunks (the ones the catalog has no chunk row for are left out)."""
+    located = ctx.catalog.find_chunks([i.hex() for i in ids], live_only=False)
+    buffers = {bytes.fromhex(h): bytearray(loc.raw_len) for h, loc in located.items()}
+    if buffers:
+        read_chunks(ctx, {cid: [memoryview(buf)] for cid, buf in buffers.items()},
+                    lambda cid: f"tree node {cid.hex()[:12]}", heal=heal)
+    return {cid: bytes(buf) for cid, buf in buffers.items()}
+
+
+def nodes_of(ctx: EngineContext) -> Nodes:
+    """A node cache reading through the catalog, then the packs."""
+    return Nodes(StoreNodes(ctx.catalog, ctx))
+
+
+def reader(ctx: EngineContext) -> TreeReader:
+    """A :class:`TreeReader` over this store's nodes."""
+    return TreeReader(nodes_of(ctx))
+
+
+def decode(ctx: EngineContext | None, catalog: Catalog, data: bytes, version_id: str, *,
+           heal: bool = True) -> Manifest:
+    """A manifest of any version, a tree manifest read whole (nodes from the catalog, then the
+    packs when ``ctx`` is given)."""
+    return decode_manifest(data, version_id, StoreNodes(catalog, ctx, heal=heal))
+
+
+class _PackNodes(NodeSource):
+    def __init__(self, ctx: EngineContext) -> None:
+        self.ctx = ctx
+
+    def get_many(self, ids: Sequence[bytes]) -> Mapping[bytes, bytes]:
+        return read_nodes(self.ctx, ids)
+
+
+def restore_node_rows(ctx: EngineContext, data: bytes, version_id: str) -> int:
+    """Put back the catalog rows of a tree version's nodes that are missing or do not verify,
+    from the nodes' copies in the packs (verified); returns how many rows were written.
+
+    Raises:
+        CorruptManifestError: a node is in neither place intact (check reports it).
+    """
+    try:
+        decode_manifest(data, version_id, StoreNodes(ctx.catalog))
+        return 0  # every row is there and verifies
+    except CorruptManifestError:
+        pass
+    reader = TreeReader(Nodes(_PackNodes(ctx)))
+    head = decode_manifest(data, version_id)
+    if head.tree is None:
+        return 0
+    reader.expand(head.tree.root)
+    have = ctx.catalog.tree_nodes([i.hex() for i in reader.visited])
+    bad = []
+    for node_id in reader.visited:
+        body = have.get(node_id.hex())
+        try:
+            if body is None:
+                raise CorruptManifestError("no row")
+            decode_node(node_json(body), node_id)
+        except CorruptManifestError:
+            bad.append(node_id)
+    found = read_nodes(ctx, bad)
+    rows = []
+    for node_id in bad:
+        decode_node(found[node_id], node_id)  # verified again: this copy is what is written
+        rows.append({"id": node_id.hex(), "body": compress_node(found[node_id])})
+    ctx.catalog.replace_tree_nodes(rows)
+    return len(rows)
+
+
+def node_rows(tree: Tree, ids: Sequence[bytes]) -> list[dict[str, Any]]:
+    """Catalog rows of the nodes ``ids`` of ``tree``."""
+    return [{"id": i.hex(), "body": compress_node(tree.nodes[i])} for i in ids]
+
+
+def publish_checks(tree: Tree, new: set[bytes], shared: Sequence[bytes]) -> list[bytes]:
+    """What publishing a tree version re-checks: the root, the blobs' chunks the manifest
+    lists itself (``shared``), and what every new node references (a reused node stands for
+    everything below it)."""
+    out: dict[bytes, None] = {tree.root: None}
+    out.update(dict.fromkeys(shared))
+    for node_id in new:
+        out.update(dict.fromkeys(tree.refs.get(node_id, ())))
+    return list(out)

@@ -1,0 +1,143 @@
+"""Queries on tree versions: tensors, diff, history and one tensor, read from their nodes.
+
+A tree version has no ``tensors`` rows: what those rows say (dtype, shape,
+bytes, chunk count, content digest) is derived from the node that holds the
+tensor, with the same digest a row would carry, so trees and older versions
+compare alike. Diff walks only the subtrees whose ids differ; history
+follows the path down each version's tree, reading a node once however many
+versions share it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from casckpt.catalog import Catalog
+from casckpt.engine.commit import tensor_rows
+from casckpt.engine.trees import StoreNodes
+from casckpt.errors import CorruptManifestError
+from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, decode_manifest
+from casckpt.format.merkle import Nodes, TreeReader
+from casckpt.format.tree import decode_tree
+from casckpt.format.treemanifest import tensor_entry
+
+
+class TensorRow(NamedTuple):
+    """What a ``tensors`` row holds, for a tensor of any version."""
+
+    path: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    chunks: int
+    digest: str
+
+
+class ContentRow(NamedTuple):
+    """What a ``contents`` row holds."""
+
+    nbytes: int
+    chunk_size: int
+    chunk_ids: bytes
+
+
+def rows_from(entries: Sequence[TensorEntry], blobs: Sequence[BlobEntry]
+              ) -> tuple[list[TensorRow], dict[str, ContentRow]]:
+    """Tensor and content rows of tensors, as a commit of an older version records them."""
+    rows, contents = tensor_rows("", entries, blobs)
+    return ([TensorRow(r["path"], r["dtype"], tuple(r["shape"]), r["nbytes"], r["chunks"], r["digest"])
+             for r in rows],
+            {c["digest"]: ContentRow(c["nbytes"], c["chunk_size"], c["chunk_ids"]) for c in contents})
+
+
+def entry_row(path: str, entry: Any, shared: Sequence[BlobEntry]) -> tuple[TensorRow, ContentRow]:
+    """The rows of one tensor entry of a node."""
+    blobs = list(shared)
+    try:
+        tensor = tensor_entry(path, entry, blobs)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptManifestError(f"tree tensor at {path!r} is malformed: {exc}") from exc
+    rows, contents = rows_from([tensor], blobs)
+    return rows[0], contents[rows[0].digest]
+
+
+def head(catalog: Catalog, version_id: str) -> Manifest:
+    """A version's manifest head (a tree manifest's tree not read)."""
+    return decode_manifest(catalog.manifest(version_id), version_id)
+
+
+class Trees:
+    """Tree queries over one store, sharing one node cache."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self.reader = TreeReader(Nodes(StoreNodes(catalog)))
+
+    def tensor_rows(self, manifest: Manifest) -> tuple[list[TensorRow], dict[str, ContentRow]]:
+        """Every tensor of a whole (expanded) manifest, by path."""
+        rows, contents = rows_from(manifest.tensors, manifest.blobs)
+        rows.sort(key=lambda r: r.path)
+        return rows, contents
+
+    def find(self, manifest: Manifest, path: str) -> tuple[TensorRow, ContentRow] | None:
+        """The rows of the tensor at ``path`` in a tree version (None: no tensor there)."""
+        if manifest.tree is None:
+            raise ValueError("not a tree version")
+        for found_path, value in self.reader.find(manifest.tree.root, path):
+            if isinstance(value, dict) and value.get("t") == "tensor":
+                return entry_row(found_path, value.get("e"), manifest.tree.shared)
+        return None
+
+    def entry(self, manifest: Manifest, path: str) -> tuple[TensorEntry, list[BlobEntry]] | None:
+        """The tensor at ``path`` in a tree version with its blobs (None: no tensor there)."""
+        if manifest.tree is None:
+            raise ValueError("not a tree version")
+        for found_path, value in self.reader.find(manifest.tree.root, path):
+            if isinstance(value, dict) and value.get("t") == "tensor":
+                blobs = list(manifest.tree.shared)
+                try:
+                    return tensor_entry(found_path, value.get("e"), blobs), blobs
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise CorruptManifestError(f"tree tensor at {path!r} is malformed: {exc}") from exc
+        return None
+
+    def differences(self, a: Manifest, b: Manifest) -> tuple[
+            dict[str, tuple[TensorRow | None, TensorRow | None]], dict[str, ContentRow],
+            dict[str, object], dict[str, object]]:
+        """Tensors and plain values that differ between two tree versions: rows by path (None
+        where a side lacks the tensor), their contents, and each side's differing values."""
+        if a.tree is None or b.tree is None:
+            raise ValueError("not tree versions")
+        tensors: dict[str, tuple[TensorRow | None, TensorRow | None]] = {}
+        contents: dict[str, ContentRow] = {}
+        values: tuple[dict[str, object], dict[str, object]] = ({}, {})
+        for path, x, y in self.reader.differences(a.tree.root, b.tree.root):
+            pair: list[TensorRow | None] = [None, None]
+            for side, (value, shared) in enumerate(((x, a.tree.shared), (y, b.tree.shared))):
+                if not isinstance(value, dict):
+                    continue
+                if value.get("t") == "tensor":
+                    row, content = entry_row(path, value.get("e"), shared)
+                    pair[side] = row
+                    contents[row.digest] = content
+                else:
+                    values[side][path] = _plain(value, path)
+            a_row, b_row = pair
+            if (a_row, b_row) != (None, None) and (
+                    a_row is None or b_row is None or a_row.digest != b_row.digest):
+                tensors[path] = (a_row, b_row)
+        return tensors, contents, values[0], values[1]
+
+    def history_states(self, manifests: Iterable[Manifest], path: str
+                       ) -> list[tuple[TensorRow, ContentRow] | None]:
+        """The tensor at ``path`` in each tree version (None where it has none)."""
+        return [self.find(m, path) for m in manifests]
+
+
+def _plain(value: Mapping[str, Any], path: str) -> object:
+    return decode_tree(dict(value), _no_tensor)
+
+
+def _no_tensor(i: int, path: str) -> object:
+    raise CorruptManifestError(f"unexpected tensor at {path!r}")

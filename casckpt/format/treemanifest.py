@@ -1,0 +1,182 @@
+"""Tree manifests (version 3): a version's description and the root of its node tree.
+
+The document holds what versions 1 and 2 hold except the state tree, which
+is replaced by ``"tree": {"root", "n", "b", "shared"}``: the root node's id
+(:mod:`casckpt.format.merkle`), the tensor count and logical bytes, and the
+blobs several tensors share. The version id is the object id of the document,
+so it names the whole state (the root id is a hash of every node below it).
+
+This module does no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import zstandard
+
+from casckpt.errors import CorruptManifestError
+from casckpt.format.chunks import object_id
+from casckpt.format.dtypes import element_size
+from casckpt.format.manifest import (
+    MANIFEST_FORMAT,
+    TREE_VERSION,
+    BlobEntry,
+    Manifest,
+    TensorEntry,
+    TreeHead,
+    _blob_from_json,
+    _dict,
+    _int,
+    _ints,
+    _list,
+    _number,
+    _opt_str,
+    _str,
+)
+from casckpt.format.merkle import Nodes, NodeSource, Tree, TreeEncoder, TreeReader, blob_json
+
+
+def encode_tree_manifest(m: Manifest) -> tuple[str, bytes, Tree]:
+    """``(version id, compressed document, tree)`` of a one-process manifest.
+
+    Raises:
+        ValueError: the manifest has ranks or shards (those stay versions 1 and 2).
+    """
+    if m.world is not None:
+        raise ValueError("tree manifests hold one process's state")
+    users = Counter(t.blob for t in m.tensors)
+    shared: dict[int, int] = {}
+    shared_chunks: set[bytes] = set()
+    packed: dict[int, tuple[dict[str, Any], set[bytes]]] = {}  # one JSON per packed blob
+
+    def tensor(i: int) -> tuple[dict[str, Any], int, set[bytes]]:
+        t = m.tensors[i]
+        if t.is_shard or t.rank is not None:
+            raise ValueError("tree manifests hold no shards")
+        blob = m.blobs[t.blob]
+        chunks: set[bytes] = set()
+        if blob.packed:  # named by each of its tensors (they restore separately)
+            found = packed.get(t.blob)
+            if found is None:
+                found = packed[t.blob] = ({**blob_json(blob.nbytes, blob.chunk_size, blob.chunks, blob.phase),
+                                           "packed": True}, set(blob.chunks))
+            ref, chunks = found
+        elif users[t.blob] > 1:
+            ref = {"s": shared.setdefault(t.blob, len(shared))}
+            shared_chunks.update(blob.chunks)
+        else:
+            ref = blob_json(blob.nbytes, blob.chunk_size, blob.chunks, blob.phase)
+            chunks = set(blob.chunks)
+        entry = {"kind": t.kind, "dtype": t.dtype, "shape": list(t.shape), "offset": t.offset,
+                 "stride": list(t.stride) if t.stride is not None else None, "blob": ref}
+        if t.digest is not None:
+            entry["h"] = t.digest.hex()
+        return entry, t.numel * element_size(t.kind, t.dtype), chunks
+
+    encoder = TreeEncoder(tensor)
+    root, count, nbytes = encoder.encode(m.root)
+    shared_blobs = [m.blobs[b] for b in sorted(shared, key=shared.__getitem__)]
+    shared_json = [blob_json(b.nbytes, b.chunk_size, b.chunks, b.phase) for b in shared_blobs]
+    doc = {
+        "format": MANIFEST_FORMAT, "version": TREE_VERSION, "run": m.run, "step": m.step,
+        "parent": m.parent, "created_at": m.created_at, "metadata": dict(m.metadata),
+        "metrics": dict(m.metrics), "message": m.message, "tags": list(m.tags),
+        "tree": {"root": root.hex(), "n": count, "b": nbytes, "shared": shared_json},
+    }
+    raw = json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    refs = dict(encoder.refs)
+    refs[root] = refs.get(root, set()) | shared_chunks  # the document references them through the root
+    tree = Tree(root, count, nbytes, encoder.nodes, refs, sorted(shared, key=shared.__getitem__))
+    return object_id(raw), zstandard.ZstdCompressor(level=3).compress(raw), tree
+
+
+def tree_head(doc: dict[str, Any]) -> TreeHead:
+    """The ``tree`` of a version 3 document, checked."""
+    tree = _dict(doc["tree"], "tree")
+    root = _str(tree["root"], "tree root")
+    if len(root) != 64:
+        raise ValueError("tree root is not a node id")
+    shared = tuple(_blob_from_json(_dict(b, "blob")) for b in _list(tree["shared"], "shared blobs"))
+    return TreeHead(bytes.fromhex(root), _int(tree["n"], "tree tensor count"),
+                    _int(tree["b"], "tree bytes"), shared)
+
+
+def from_tree_json(doc: dict[str, Any], nodes: NodeSource | None) -> Manifest:
+    """A version 3 document as a :class:`Manifest`, its tree read through ``nodes`` (None:
+    the head only)."""
+    head = tree_head(doc)
+    metrics = _dict(doc["metrics"], "metrics")
+    manifest = Manifest(
+        run=_str(doc["run"], "run"), step=_int(doc["step"], "step"), parent=_opt_str(doc["parent"], "parent"),
+        created_at=_number(doc["created_at"], "created_at"), root={}, tensors=(), blobs=(),
+        metadata=_dict(doc["metadata"], "metadata"),
+        metrics={k: v for k, v in metrics.items() if _number(v, f"metric {k!r}") is not None},
+        message=_opt_str(doc["message"], "message"),
+        tags=tuple(_str(t, "tag") for t in _list(doc.get("tags", []), "tags")), tree=head,
+    )
+    if nodes is None:
+        return manifest
+    reader = TreeReader(Nodes(nodes))
+    root, found = reader.expand(head.root)
+    blobs: list[BlobEntry] = list(head.shared)
+    packed: dict[BlobEntry, int] = {}
+    tensors = [tensor_entry(path, entry, blobs, packed) for path, entry in found]
+    if len(tensors) != head.tensors:
+        raise CorruptManifestError(
+            f"tree manifest counts {head.tensors} tensors but its tree holds {len(tensors)}: it is corrupt")
+    return Manifest(
+        run=manifest.run, step=manifest.step, parent=manifest.parent, created_at=manifest.created_at,
+        root=root, tensors=tuple(tensors), blobs=tuple(blobs), metadata=manifest.metadata,
+        metrics=manifest.metrics, message=manifest.message, tags=manifest.tags, tree=head,
+        nodes=tuple(sorted(reader.visited)),
+    )
+
+
+_ENTRY_FIELDS = frozenset({"kind", "dtype", "shape", "offset", "stride", "blob"})
+
+
+def tensor_entry(path: str, entry: Any, blobs: list[BlobEntry],
+                 packed: dict[BlobEntry, int] | None = None) -> TensorEntry:
+    """A node's tensor entry as a :class:`TensorEntry`, its blob appended to ``blobs`` (or
+    pointing at a shared one, which ``blobs`` starts with; or at a packed one ``packed``
+    already lists, so a packed blob is read once)."""
+    e = _dict(entry, "tensor entry")
+    if not (_ENTRY_FIELDS <= set(e) <= _ENTRY_FIELDS | {"h"}):
+        raise ValueError(f"tensor {path!r} has unexpected fields")
+    ref = _dict(e["blob"], "tensor blob")
+    digest = None
+    if set(ref) == {"s"}:
+        index = _int(ref["s"], "shared blob")
+        if not 0 <= index < len(blobs):
+            raise ValueError(f"tensor {path!r} names a shared blob the manifest does not list")
+    else:
+        is_packed = ref.get("packed", False)
+        if is_packed is not True and "packed" in ref:
+            raise ValueError(f"tensor {path!r} has a malformed packed flag")
+        fields = {k: v for k, v in ref.items() if k != "packed"}
+        blob = _blob_from_json(fields)
+        if is_packed:
+            blob = BlobEntry(blob.nbytes, blob.chunk_size, blob.chunks, blob.phase, packed=True)
+            digest = _digest(e.get("h"), path)
+        elif "h" in e:
+            raise ValueError(f"tensor {path!r} has a digest but no packed blob")
+        index = packed.get(blob) if packed is not None and is_packed else None
+        if index is None:
+            blobs.append(blob)
+            index = len(blobs) - 1
+            if packed is not None and is_packed:
+                packed[blob] = index
+    stride = e["stride"]
+    return TensorEntry(path, _str(e["kind"], "tensor kind"), _str(e["dtype"], "tensor dtype"),
+                       _ints(e["shape"], "shape"), index, _int(e["offset"], "tensor offset"),
+                       _ints(stride, "stride") if stride is not None else None, digest=digest)
+
+
+def _digest(value: Any, path: str) -> bytes:
+    text = _str(value, f"digest of tensor {path!r}")
+    if len(text) != 64:
+        raise ValueError(f"digest of tensor {path!r} is not 64 hex digits")
+    return bytes.fromhex(text)

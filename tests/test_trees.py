@@ -1,0 +1,417 @@
+"""Tree manifests: versions share the nodes of unchanged subtrees; catalog rows grow with
+what changed; queries read only the nodes they need; forged nodes are refused."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import casckpt
+from casckpt.engine import commit as commit_engine
+from casckpt.errors import CorruptManifestError, TensorNotFoundError
+from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, decode_manifest
+from casckpt.format.merkle import PART_MAX_ITEMS, SPLIT_ITEMS, Nodes, NodeSource, TreeReader
+from casckpt.format.tree import encode_tree, iter_leaves
+from casckpt.format.treemanifest import encode_tree_manifest
+
+
+def _count(root: Path, sql: str) -> int:
+    with closing(sqlite3.connect(root / "catalog.db")) as conn:
+        return int(conn.execute(sql).fetchone()[0])
+
+
+def _flat(n: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {f"layers.{i}.w": torch.randn(8, generator=g) for i in range(n)}
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8) if t.numel() else t.reshape(-1)
+
+
+def _equal(a: object, b: object) -> bool:
+    la, lb = dict(iter_leaves(a)), dict(iter_leaves(b))
+    if la.keys() != lb.keys():
+        return False
+    for k, x in la.items():
+        y = lb[k]
+        if isinstance(x, torch.Tensor):
+            if not (isinstance(y, torch.Tensor) and x.dtype == y.dtype and x.shape == y.shape
+                    and torch.equal(_bytes(x), _bytes(y))):
+                return False
+        elif type(x) is not type(y) or (x != y and not (x != x and y != y)):
+            return False
+    return True
+
+
+# -- sharing: rows and nodes per commit ----------------------------------------------------
+
+
+def test_rows_and_nodes_grow_with_what_changed(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    n = 3 * PART_MAX_ITEMS  # a flat dict cut into parts, with an index above them
+    state = {"model": _flat(n), "opt": {"step": 1, "lr": 0.5}}
+    with casckpt.open(root) as store:
+        store.commit(state, run="r", step=1)
+        nodes_1 = _count(root, "SELECT COUNT(*) FROM tree_nodes")
+        chunks_1 = _count(root, "SELECT COUNT(*) FROM chunks")
+        assert nodes_1 >= 3
+        assert _count(root, "SELECT COUNT(*) FROM tensors") == 0
+        assert _count(root, "SELECT COUNT(*) FROM contents") == 0
+
+        store.commit(state, run="r", step=2)  # unchanged: the same root, nothing new
+        assert _count(root, "SELECT COUNT(*) FROM tree_nodes") == nodes_1
+        assert _count(root, "SELECT COUNT(*) FROM chunks") == chunks_1
+        v1, v2 = store.log("r", order="asc")
+        assert v2.new_bytes == 0
+        roots = [r for (r,) in sqlite3.connect(root / "catalog.db").execute(
+            "SELECT tree_root FROM versions ORDER BY step")]
+        assert roots[0] == roots[1] and roots[0] is not None
+
+        state["model"]["layers.7.w"] = state["model"]["layers.7.w"] + 1  # one tensor
+        store.commit(state, run="r", step=3)
+        added = _count(root, "SELECT COUNT(*) FROM tree_nodes") - nodes_1
+        assert 1 <= added <= 4  # its part, the model dict's top, the root (at most one index level)
+        assert _count(root, "SELECT COUNT(*) FROM chunks") - chunks_1 == 1 + added
+
+        state = {"model": _flat(n, seed=9), "opt": {"step": 2, "lr": 0.5}}  # everything
+        store.commit(state, run="r", step=4)
+        assert _count(root, "SELECT COUNT(*) FROM tree_nodes") - nodes_1 - added >= nodes_1 - 1
+        for step, seed in ((1, 0), (4, 9)):
+            assert _equal(store.restore(f"r@{step}")["model"], _flat(n, seed))
+
+
+def test_unchanged_recommit_adds_little_to_the_catalog(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    with casckpt.open(root) as store:
+        state = _flat(4000)
+        store.commit(state, run="r", step=1)
+        before = _count(root, "SELECT SUM(LENGTH(manifest)) FROM versions")
+        store.commit(state, run="r", step=2)
+        after = _count(root, "SELECT SUM(LENGTH(manifest)) FROM versions")
+        assert after - before < 1024  # the manifest names the root; nodes are shared
+        assert _count(root, "SELECT COUNT(*) FROM tree_nodes") == _count(
+            root, "SELECT COUNT(DISTINCT id) FROM tree_nodes")
+
+
+# -- round trips ---------------------------------------------------------------------------
+
+
+class _Dict(NodeSource):
+    def __init__(self, nodes: dict[bytes, bytes]) -> None:
+        self.nodes = nodes
+
+    def get_many(self, ids: Any) -> dict[bytes, bytes]:
+        return {i: self.nodes[i] for i in ids if i in self.nodes}
+
+
+_leaf = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(1 << 70), max_value=1 << 70),
+    st.floats(allow_nan=True), st.text(max_size=8), st.binary(max_size=8),
+    st.integers(min_value=0, max_value=40).map(lambda n: torch.arange(n, dtype=torch.float32)),
+)
+_key = st.one_of(st.text(alphabet="abcxyz_019", min_size=1, max_size=6), st.integers(-3, 300))
+_trees = st.recursive(_leaf, lambda inner: st.one_of(
+    st.lists(inner, max_size=6), st.lists(inner, max_size=6).map(tuple),
+    st.dictionaries(_key, inner, max_size=6)), max_leaves=40)
+
+
+def _manifest(state: object) -> Manifest:
+    root, leaves = encode_tree(state)
+    sizes = [4 * leaf.value.numel() for leaf in leaves]
+    blobs = tuple(BlobEntry(n, 64, tuple(bytes([i % 256, j]) * 16 for j in range(-(-n // 64))))
+                  for i, n in enumerate(sizes))
+    tensors = tuple(TensorEntry(leaf.path, "torch", "float32", tuple(leaf.value.shape), i)
+                    for i, leaf in enumerate(leaves))
+    return Manifest("r", 1, None, 1.0, root, tensors, blobs)
+
+
+@given(_trees)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_any_tree_round_trips_through_nodes(state: object) -> None:
+    try:
+        manifest = _manifest(state)
+    except casckpt.CasckptError:
+        return  # a state commit refuses (two keys joining to one path)
+    vid, data, tree = encode_tree_manifest(manifest)
+    back = decode_manifest(data, vid, _Dict(tree.nodes))
+    assert back.root == manifest.root
+    assert [(t.path, t.shape) for t in back.tensors] == [(t.path, t.shape) for t in manifest.tensors]
+    assert [back.blobs[t.blob] for t in back.tensors] == [manifest.blobs[t.blob] for t in manifest.tensors]
+    assert set(back.nodes) == set(tree.nodes)
+
+
+def test_large_containers_round_trip_and_find_one_key() -> None:
+    state = {"flat": {f"k{i}": torch.zeros(1) for i in range(5 * SPLIT_ITEMS * 4)},
+             "seq": [torch.zeros(1) for _ in range(3 * SPLIT_ITEMS)],
+             "deep": {"a": {"b": {"c": torch.ones(2)}}}}
+    manifest = _manifest(state)
+    vid, data, tree = encode_tree_manifest(manifest)
+    assert decode_manifest(data, vid, _Dict(tree.nodes)).root == manifest.root
+    reader = TreeReader(Nodes(_Dict(tree.nodes)))
+    for path in ("flat.k4321", "seq.700", "deep.a.b.c"):
+        (found,) = reader.find(tree.root, path)
+        assert found[0] == path and found[1]["t"] == "tensor"
+    assert reader.find(tree.root, "flat.nope") == []
+    assert len(reader.visited) < len(tree.nodes) // 2  # lookups read few of the nodes
+
+
+def test_store_round_trip_of_nested_state(tmp_path: Path) -> None:
+    g = torch.Generator().manual_seed(1)
+    state = {"model": {f"blocks.{i}": {"w": torch.randn(3, 4, generator=g), "b": torch.randn(4, generator=g)}
+                       for i in range(300)},
+             "optim": {"state": {i: {"step": torch.tensor(5.0), "exp_avg": torch.randn(4, generator=g)}
+                                 for i in range(600)},
+                       "param_groups": [{"lr": 1e-3, "params": list(range(600))}]},
+             "rng": torch.get_rng_state(), "epoch": 3, "tied": None}
+    state["tied"] = state["model"]["blocks.0"]["w"]  # shares storage with another tensor
+    with casckpt.open(tmp_path / "s") as store:
+        store.commit(state, run="r", step=1)
+        back = store.restore("r@1")
+        assert _equal(back, state)
+        tied = back["model"]["blocks.0"]["w"]
+        assert back["tied"].untyped_storage().data_ptr() == tied.untyped_storage().data_ptr()
+        last = state["optim"]["state"][599]["exp_avg"]
+        assert torch.equal(store.load_tensor("r@1", "optim.state.599.exp_avg"), last)
+        assert torch.equal(store.load_tensor("r@1", "tied"), state["tied"])
+        with pytest.raises(TensorNotFoundError):
+            store.load_tensor("r@1", "optim.state.600.exp_avg")
+        assert store.check(read_data=True).ok
+
+
+# -- diff and history against a brute-force reference ---------------------------------------
+
+
+def _reference_diff(a: dict[str, Any], b: dict[str, Any]) -> tuple[set[str], set[str], set[str]]:
+    la, lb = dict(iter_leaves(a)), dict(iter_leaves(b))
+    ta = {k for k, v in la.items() if isinstance(v, torch.Tensor)}
+    tb = {k for k, v in lb.items() if isinstance(v, torch.Tensor)}
+    changed = {k for k in ta & tb if not torch.equal(la[k], lb[k]) or la[k].shape != lb[k].shape}
+    return tb - ta, ta - tb, changed
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_diff_and_history_match_brute_force(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    keys = [f"m.{i}" for i in range(700)]
+    state: dict[str, Any] = {"model": {k: torch.full((2,), float(i)) for i, k in enumerate(keys)}, "lr": 0.1}
+    states = []
+    with casckpt.open(tmp_path / "s") as store:
+        for step in range(1, 7):
+            model = dict(state["model"])
+            for _ in range(rng.randint(0, 5)):
+                k = rng.choice(keys)
+                if rng.random() < 0.2:
+                    model.pop(k, None)
+                else:
+                    model[k] = torch.full((2,), rng.random())
+            state = {"model": model, "lr": rng.choice([0.1, 0.2])}
+            states.append(state)
+            store.commit(state, run="r", step=step)
+        for i in range(len(states) - 1):
+            d = store.diff(f"r@{i + 1}", f"r@{i + 2}")
+            added, removed, changed = _reference_diff(states[i], states[i + 1])
+            assert {c.path for c in d.added} == added
+            assert {c.path for c in d.removed} == removed
+            assert {c.path for c in d.changed} == changed
+            assert d.unchanged == len(states[i]["model"]) - len(removed) - len(changed)
+            want_values = {"lr"} if states[i]["lr"] != states[i + 1]["lr"] else set()
+            assert {v.path for v in d.values} == want_values
+        for k in rng.sample(keys, 20):
+            path = f"model.{k}"
+            want, last = [], None
+            for step, s in enumerate(states, 1):
+                now = s["model"].get(k)
+                if now is None and last is not None:
+                    want.append((step, "removed"))
+                elif now is not None and last is None:
+                    want.append((step, "added"))
+                elif now is not None and last is not None and not torch.equal(now, last):
+                    want.append((step, "changed"))
+                last = now
+            got = [(e.version.step, e.change) for e in store.history("r", path)]
+            assert got == want
+
+
+# -- forged and damaged nodes ----------------------------------------------------------------
+
+
+def test_forged_or_truncated_nodes_are_refused(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    with casckpt.open(root) as store:
+        store.commit({"model": _flat(600)}, run="r", step=1)
+    with closing(sqlite3.connect(root / "catalog.db")) as conn, conn:
+        ids = [r[0] for r in conn.execute("SELECT id FROM tree_nodes")]
+        import zstandard
+
+        from casckpt.format.merkle import node_json
+        body = conn.execute("SELECT body FROM tree_nodes WHERE id = ?", (ids[0],)).fetchone()[0]
+        raw = node_json(body)
+        forged = raw.replace(b'"float32"', b'"float64"', 1) if b'"float32"' in raw else raw[:-1]
+        conn.execute("UPDATE tree_nodes SET body = ? WHERE id = ?",
+                     (zstandard.ZstdCompressor().compress(forged), ids[0]))
+    with casckpt.open(root) as store:
+        with pytest.raises(CorruptManifestError):
+            store.restore("r@1")
+        assert not store.check().ok
+    with closing(sqlite3.connect(root / "catalog.db")) as conn, conn:
+        conn.execute("UPDATE tree_nodes SET body = ? WHERE id = ?",
+                     (zstandard.ZstdCompressor().compress(raw[: len(raw) // 2]), ids[0]))
+    with casckpt.open(root) as store:
+        with pytest.raises(CorruptManifestError):
+            store.restore("r@1")
+        report = store.repair()  # the node's copy in the packs is intact
+        assert report.tree_nodes_restored == 1
+        assert store.check(read_data=True).ok
+        assert _equal(store.restore("r@1"), {"model": _flat(600)})
+    with closing(sqlite3.connect(root / "catalog.db")) as conn, conn:
+        conn.execute("DELETE FROM tree_nodes WHERE id = ?", (ids[-1],))
+    with casckpt.open(root) as store:
+        assert not store.check().ok
+        assert store.repair().tree_nodes_restored == 1
+        assert store.check(read_data=True).ok
+
+
+# -- gc and retention ------------------------------------------------------------------------
+
+
+def test_gc_frees_exactly_the_unreachable_nodes_and_chunks(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    with casckpt.open(root) as store:
+        base = _flat(2 * PART_MAX_ITEMS)
+        store.commit({"model": base}, run="r", step=1)
+        one = dict(base)
+        one["layers.3.w"] = one["layers.3.w"] + 1
+        store.commit({"model": one}, run="r", step=2)
+        store.commit({"model": base, "extra": torch.ones(3)}, run="r", step=3)
+        nodes = {r[0] for r in sqlite3.connect(root / "catalog.db").execute("SELECT id FROM tree_nodes")}
+        store.delete("r@2")
+        store.gc(grace=0)
+        left = {r[0] for r in sqlite3.connect(root / "catalog.db").execute("SELECT id FROM tree_nodes")}
+        reachable = set()
+        for ref in ("r@1", "r@3"):
+            catalog = store._ctx.catalog
+            m = casckpt.engine.refs.load_manifest(catalog, casckpt.engine.refs.resolve(catalog, ref))
+            reachable |= {n.hex() for n in m.nodes}
+            live = {c[0] for c in sqlite3.connect(root / "catalog.db").execute("SELECT id FROM chunks")}
+            assert {c.hex() for c in m.chunk_ids()} <= live
+        assert left == reachable and left < nodes
+        assert _equal(store.restore("r@1")["model"], base)
+        assert store.check(read_data=True).ok
+
+
+def test_a_commit_reusing_a_subtree_gc_condemned_revives_everything_below_it(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    with casckpt.open(root) as store:
+        state = {"model": _flat(2 * PART_MAX_ITEMS)}
+        store.commit(state, run="r", step=1)
+        store.delete("r@1")
+        store.gc(grace=3600)  # condemns the whole tree; sweeps nothing yet
+        assert _count(root, "SELECT COUNT(*) FROM chunks WHERE state = 'condemned'") > 0
+        store.commit(state, run="r", step=2)  # the same tree again: its nodes are reused
+        assert _count(root, "SELECT COUNT(*) FROM chunks WHERE state = 'condemned'") == 0
+        store.gc(grace=0)
+        assert _equal(store.restore("r@2")["model"], state["model"])
+        assert store.check(read_data=True).ok
+
+
+# -- older stores ----------------------------------------------------------------------------
+
+
+def test_versions_of_the_previous_format_read_and_compare_with_trees(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "s"
+    a, b = _flat(300, 1), _flat(300, 1)
+    b["layers.5.w"] = b["layers.5.w"] * 2
+    with casckpt.open(root) as store:
+        monkeypatch.setattr(commit_engine, "TREE_MANIFESTS", False)
+        store.commit({"model": a}, run="r", step=1)
+        assert _count(root, "SELECT COUNT(*) FROM tensors") == 300
+        monkeypatch.setattr(commit_engine, "TREE_MANIFESTS", True)
+        store.commit({"model": b}, run="r", step=2)
+        d = store.diff("r@1", "r@2")
+        assert [c.path for c in d.changed] == ["model.layers.5.w"] and d.unchanged == 299
+        assert [(e.version.step, e.change) for e in store.history("r", "model.layers.5.w")] == [
+            (1, "added"), (2, "changed")]
+        assert [(e.version.step, e.change) for e in store.history("r", "model.layers.6.w")] == [(1, "added")]
+        assert _equal(store.restore("r@1")["model"], a) and _equal(store.restore("r@2")["model"], b)
+        shown = {t.path: t.digest for t in store.show("r@1").tensors}
+        assert shown == {t.path: t.digest for t in store.show("r@2").tensors} | {
+            "model.layers.5.w": shown["model.layers.5.w"]}
+        assert store.check(read_data=True).ok
+
+
+def _downgrade(url: str, revision: str) -> None:
+    from alembic import command
+    from sqlalchemy import create_engine
+
+    from casckpt.catalog.migrate import _config
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            command.downgrade(_config(conn), revision)
+            conn.commit()
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_store_of_the_previous_release_upgrades_and_every_version_stays_bit_exact(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str,
+        request: pytest.FixtureRequest) -> None:
+    """Versions written as the release before tree manifests wrote them, on its schema (0006),
+    then opened by this one: the catalog gains its tree tables, every old version restores bit
+    for bit and keeps its id, and new (tree) versions build on them."""
+    root = tmp_path / "s"
+    catalog = request.getfixturevalue("pg_url") if backend == "postgres" else None
+    url = catalog or f"sqlite:///{root / 'catalog.db'}"
+    states = [{"model": _flat(600, seed), "step": seed} for seed in range(3)]
+    monkeypatch.setattr(commit_engine, "TREE_MANIFESTS", False)
+    with casckpt.open(root, catalog=catalog) as store:
+        old = [store.commit(s, run="r", step=i) for i, s in enumerate(states)]
+    _downgrade(url, "0006")
+    monkeypatch.setattr(commit_engine, "TREE_MANIFESTS", True)
+    with casckpt.open(root, catalog=catalog) as store:  # upgraded on open
+        assert [v.id for v in store.log("r", order="asc")] == [v.id for v in old]
+        for i, s in enumerate(states):
+            assert _equal(store.restore(f"r@{i}"), s)
+        newer = {"model": dict(states[-1]["model"]), "step": 3}
+        newer["model"]["layers.1.w"] = newer["model"]["layers.1.w"] * 3
+        store.commit(newer, run="r", step=3)
+        assert _equal(store.restore("r@3"), newer)
+        d = store.diff("r@2", "r@3")
+        assert [c.path for c in d.changed] == ["model.layers.1.w"]
+        assert [e.version.step for e in store.history("r", "model.layers.1.w")] == [0, 1, 2, 3]
+        assert store.check(read_data=True).ok
+
+
+def test_catalog_rebuild_restores_the_trees(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    states = [{"model": _flat(2 * PART_MAX_ITEMS, seed), "lr": 0.1 * seed} for seed in range(3)]
+    states[2]["model"] = dict(states[1]["model"], **{"layers.9.w": torch.ones(8)})
+    with casckpt.open(root) as store:
+        for i, s in enumerate(states):
+            store.commit(s, run="r", step=i)
+        before = {r[0] for r in sqlite3.connect(root / "catalog.db").execute("SELECT id FROM tree_nodes")}
+        ids = [v.id for v in store.log("r", order="asc")]
+    for name in ("catalog.db", "catalog.db-wal", "catalog.db-shm"):
+        (root / name).unlink(missing_ok=True)
+    with casckpt.open(root, recover=True) as store:
+        report = store.rebuild_catalog()
+        assert report.versions == 3 and not report.skipped
+        after = {r[0] for r in sqlite3.connect(root / "catalog.db").execute("SELECT id FROM tree_nodes")}
+        assert after == before
+        assert [v.id for v in store.log("r", order="asc")] == ids
+        for i, s in enumerate(states):
+            assert _equal(store.restore(f"r@{i}"), s)
+        assert [c.path for c in store.diff("r@1", "r@2").changed] == ["model.layers.9.w"]
+        assert store.check(read_data=True).ok
