@@ -23,15 +23,19 @@ from benchmarks.delta import NOTES as DELTA_NOTES
 from benchmarks.delta import TARGETS as DELTA_TARGETS
 from benchmarks.delta import DeltaResult
 from benchmarks.delta import tables as delta_tables
+from benchmarks.many import NAME as MANY_NAME
+from benchmarks.many import ManyResult, ManyState
 from benchmarks.redundancy import EC, RedundancyResult
 from benchmarks.redundancy import NAME as REDUNDANCY_NAME
 from benchmarks.s3 import NAME as S3_NAME
 from benchmarks.s3 import S3Result, Timing
 from benchmarks.suite import WorkloadResult
 
-Result = WorkloadResult | S3Result | CatalogResult | RedundancyResult | DcpResult | DeltaResult
+Result = (WorkloadResult | S3Result | CatalogResult | RedundancyResult | DcpResult | DeltaResult
+          | ManyResult)
 Outcome = Result | str  # a result, or the error that stopped the workload
-R = TypeVar("R", WorkloadResult, S3Result, CatalogResult, RedundancyResult, DcpResult, DeltaResult)
+R = TypeVar("R", WorkloadResult, S3Result, CatalogResult, RedundancyResult, DcpResult, DeltaResult,
+            ManyResult)
 
 
 @dataclass(frozen=True)
@@ -350,6 +354,14 @@ FLOORS: Mapping[tuple[str, str], float] = {
 }
 
 # (workload or "*", metric key) -> upper limit, from BENCHMARKS.md "Targets".
+MANY_TARGETS = {  # issue 15
+    **{f"{n}_commit_first_vs_save": 1.5 for n in ("20k", "100k")},
+    **{f"{n}_commit_unchanged_vs_save": 0.25 for n in ("20k", "100k")},
+    **{f"{n}_restore_vs_load": 1.0 for n in ("20k", "100k")},
+    **{f"{n}_catalog_unchanged_kib": 16.0 for n in ("20k", "100k")},
+    "100k_show_s": 0.3, "100k_cli_show_s": 1.0, "100k_load_tensor_s": 0.05, "100k_diff_s": 0.2,
+}
+
 TARGETS: Mapping[tuple[str, str], float] = {
     ("unchanged", "commit_next_vs_save"): 0.1,
     ("lora", "new_next_of_logical"): 0.02,
@@ -375,6 +387,7 @@ TARGETS: Mapping[tuple[str, str], float] = {
     # "unchanged re-commit: new bytes <= 0.1% of logical", through DCP on 2 ranks
     (DCP_NAME, "new_unchanged_of_logical"): 0.001,
     **{(DELTA_NAME, key): limit for key, limit in DELTA_TARGETS.items()},
+    **{(MANY_NAME, key): limit for key, limit in MANY_TARGETS.items()},
 }
 
 
@@ -387,8 +400,44 @@ def target_for(workload: str, key: str) -> tuple[float | None, str | None]:
     return ceiling, None if ceiling is None else "<="
 
 
+def _many(i: int, of: Callable[[ManyState], float | None]) -> Callable[[ManyResult], float | None]:
+    def compute(r: ManyResult) -> float | None:
+        state = r.state(i)
+        return of(state) if state is not None else None
+    return compute
+
+
+def _many_metrics(i: int, label: str) -> tuple[Metric[ManyResult], ...]:
+    return (
+        Metric(f"{label}_commit_first_vs_save", f"{label}: first commit / torch.save", "ratio",
+               _many(i, lambda s: s.commit_first_s / s.save_s)),
+        Metric(f"{label}_commit_unchanged_vs_save", f"{label}: unchanged re-commit / torch.save", "ratio",
+               _many(i, lambda s: s.commit_unchanged_s / s.save_s)),
+        Metric(f"{label}_commit_changed_vs_save", f"{label}: commit of 10 changed / torch.save", "ratio",
+               _many(i, lambda s: s.commit_changed_s / s.save_s)),
+        Metric(f"{label}_restore_vs_load", f"{label}: restore, full, verified / torch.load", "ratio",
+               _many(i, lambda s: s.restore_s / s.load_s)),
+        Metric(f"{label}_catalog_unchanged_kib", f"{label}: catalog + manifest KiB, unchanged re-commit",
+               "ratio", _many(i, lambda s: s.catalog_unchanged_bytes / 1024)),
+        Metric(f"{label}_catalog_changed_kib", f"{label}: catalog + manifest KiB, 10 tensors changed",
+               "ratio", _many(i, lambda s: s.catalog_changed_bytes / 1024)),
+        Metric(f"{label}_show_s", f"{label}: Store.show", "seconds", _many(i, lambda s: s.show_s)),
+        Metric(f"{label}_cli_show_s", f"{label}: casckpt show (new process)", "seconds",
+               _many(i, lambda s: s.cli_show_s)),
+        Metric(f"{label}_diff_s", f"{label}: diff of versions 10 tensors apart", "seconds",
+               _many(i, lambda s: s.diff_s)),
+        Metric(f"{label}_load_tensor_s", f"{label}: load_tensor of one tensor", "seconds",
+               _many(i, lambda s: s.load_tensor_s)),
+    )
+
+
+MANY_METRICS: tuple[Metric[ManyResult], ...] = (*_many_metrics(0, "20k"), *_many_metrics(1, "100k"))
+
+
 def metrics_for(result: Result) -> Sequence[Metric[Any]]:
     """The measures reported for ``result``'s kind of workload."""
+    if isinstance(result, ManyResult):
+        return MANY_METRICS
     if isinstance(result, CatalogResult):
         return CATALOG_METRICS
     if isinstance(result, RedundancyResult):
@@ -460,6 +509,10 @@ def _is_dcp(name: str, outcome: Outcome) -> bool:
     return isinstance(outcome, DcpResult) or (isinstance(outcome, str) and name == DCP_NAME)
 
 
+def _is_many(name: str, outcome: Outcome) -> bool:
+    return isinstance(outcome, ManyResult) or (isinstance(outcome, str) and name == MANY_NAME)
+
+
 def _is_delta(name: str, outcome: Outcome) -> bool:
     return isinstance(outcome, DeltaResult) or (isinstance(outcome, str) and name == DELTA_NAME)
 
@@ -467,7 +520,8 @@ def _is_delta(name: str, outcome: Outcome) -> bool:
 def _local(outcomes: Mapping[str, Outcome]) -> dict[str, WorkloadResult | str]:
     return {n: r for n, r in outcomes.items()
             if isinstance(r, (WorkloadResult, str)) and not _is_s3(n, r) and not _is_catalog(n, r)
-            and not _is_redundancy(n, r) and not _is_dcp(n, r) and not _is_delta(n, r)}
+            and not _is_redundancy(n, r) and not _is_dcp(n, r) and not _is_delta(n, r)
+            and not _is_many(n, r)}
 
 
 def _delta(outcomes: Mapping[str, Outcome]) -> dict[str, DeltaResult | str]:
@@ -771,7 +825,29 @@ def print_report(console: Console, outcomes: Mapping[str, Outcome], scale: float
         console.print(dcp_raw_table(dcp))
     for table in delta_tables(_delta(outcomes)):
         console.print(table)
+    many = {n: r for n, r in outcomes.items() if isinstance(r, ManyResult)}
+    if many:
+        console.print(many_raw_table(many))
     console.print(ratio_table(outcomes, scale))
+
+
+def many_raw_table(outcomes: Mapping[str, ManyResult]) -> Table:
+    """many-tensors: each state's raw times and catalog growth."""
+    table = Table(title="many-tensors raw measurements (fp32, flat dict; SQLite catalog; same directory)")
+    for column in ("state", "torch.save", "torch.load", "commit", "unchanged", "10 changed", "restore",
+                   "show", "CLI show", "diff", "load_tensor", "catalog +unchanged", "catalog +10",
+                   "store"):
+        table.add_column(column, justify="left" if column == "state" else "right")
+    for r in outcomes.values():
+        for s in r.states:
+            table.add_row(
+                f"{s.tensors:,} x {s.elements} ({measure.fmt_bytes(s.logical_bytes)})",
+                *(_seconds(t) for t in (s.save_s, s.load_s, s.commit_first_s, s.commit_unchanged_s,
+                                        s.commit_changed_s, s.restore_s, s.show_s, s.cli_show_s,
+                                        s.diff_s, s.load_tensor_s)),
+                measure.fmt_bytes(s.catalog_unchanged_bytes), measure.fmt_bytes(s.catalog_changed_bytes),
+                measure.fmt_bytes(s.store_bytes))
+    return table
 
 
 NOTES = {
@@ -927,6 +1003,8 @@ def write_json(path: Path, outcomes: Mapping[str, Outcome], header: dict[str, An
         notes[DCP_NAME] = DCP_NOTES
     if _delta(outcomes):
         notes[DELTA_NAME] = DELTA_NOTES
+    if any(isinstance(r, ManyResult) for r in outcomes.values()):
+        notes[MANY_NAME] = "see benchmarks/many.py; KiB figures are kibibytes, not ratios"
     document = {**header, "notes": notes, "results": results}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2, default=str) + "\n")

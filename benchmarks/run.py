@@ -51,6 +51,8 @@ from benchmarks.dcp import run_dcp  # noqa: E402
 from benchmarks.delta import NAME as DELTA_NAME  # noqa: E402
 from benchmarks.delta import run_delta  # noqa: E402
 from benchmarks.machine import machine_info  # noqa: E402
+from benchmarks.many import NAME as MANY_NAME  # noqa: E402
+from benchmarks.many import run_many  # noqa: E402
 from benchmarks.redundancy import NAME as REDUNDANCY_NAME  # noqa: E402
 from benchmarks.redundancy import run_redundancy  # noqa: E402
 from benchmarks.report import Outcome, print_report, write_json  # noqa: E402
@@ -60,7 +62,7 @@ from benchmarks.suite import Log, run_workload  # noqa: E402
 from benchmarks.workloads import WORKLOADS as LOCAL_WORKLOADS  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "latest.json"
-WORKLOADS = (*LOCAL_WORKLOADS, S3_NAME, CATALOG_NAME, REDUNDANCY_NAME, DCP_NAME, DELTA_NAME)
+WORKLOADS = (*LOCAL_WORKLOADS, S3_NAME, CATALOG_NAME, REDUNDANCY_NAME, DCP_NAME, DELTA_NAME, MANY_NAME)
 
 
 def _workload_list(text: str) -> list[str]:
@@ -124,6 +126,8 @@ def _run_one(name: str, scale: float, workdir: Path, log: Log) -> Outcome:
         return run_dcp(scale, workdir, log)
     if name == DELTA_NAME:
         return run_delta(scale, workdir, log)
+    if name == MANY_NAME:
+        return run_many(scale, workdir, log)
     return run_workload(name, scale, workdir, log)
 
 

@@ -51,8 +51,9 @@ from casckpt.errors import (
     RefNotFoundError,
     VersionSweptError,
 )
+from casckpt.format.dtypes import element_size
 from casckpt.format.manifest import Manifest, decode_manifest, sharding
-from casckpt.format.tree import iter_values
+from casckpt.format.tree import iter_values, rank_path
 from casckpt.storage import redact_url
 from casckpt.storage.locations import LocationSet
 from casckpt.storage.scratch import ScratchDir
@@ -70,6 +71,7 @@ from casckpt.types import (
     Version,
     VersionDetail,
     VersionDiff,
+    group_tensors,
     natural_key,
 )
 
@@ -347,26 +349,39 @@ class Store(StoreAdmin, StoreDistributed):
         rows, tags = history_sql.log(self._ctx.catalog, query)
         return history_engine.versions(rows, tags)
 
-    def show(self, ref: Ref) -> VersionDetail:
-        """A version with its tensors (from the catalog), plain values (from its manifest), and
-        whether it is degraded now (see :class:`~casckpt.types.VersionDetail`)."""
+    def show(self, ref: Ref, *, tensors: bool = True) -> VersionDetail:
+        """A version with its tensors (in natural order: ``layers.2`` before ``layers.10``),
+        plain values (from its manifest), and whether it is degraded now (see
+        :class:`~casckpt.types.VersionDetail`).
+
+        ``tensors=False`` leaves the per-tensor list out (``tensors`` is empty) and fills
+        only the summary (``tensor_count``, ``tensor_bytes``, ``tensor_groups``): what
+        ``casckpt show`` prints by default, without a row per tensor of a 100,000-tensor state.
+        """
         row = self._row(ref)
         manifest = load_manifest(self._ctx.catalog, row)
         pieces = sharding(manifest)
-        found = self._ctx.catalog.tensors_of(row.id) if manifest.tree is None else \
-            treeviews.Trees(self._ctx.catalog).tensor_rows(manifest)[0]
-        tensors = tuple(sorted((
-            TensorInfo(t.path, t.dtype, tuple(t.shape), t.nbytes, t.chunks, t.digest,
-                       *pieces.get(t.path, (1, ())))
-            for t in found), key=lambda t: natural_key(t.path)))
+        if tensors:
+            found = self._ctx.catalog.tensors_of(row.id) if manifest.tree is None else \
+                treeviews.Trees(self._ctx.catalog).tensor_rows(manifest)[0]
+            listed = tuple(sorted((
+                TensorInfo(t.path, t.dtype, tuple(t.shape), t.nbytes, t.chunks, t.digest,
+                           *pieces.get(t.path, (1, ())))
+                for t in found), key=lambda t: natural_key(t.path)))
+            groups = group_tensors((t.path, t.nbytes) for t in listed)
+        else:
+            listed = ()
+            groups = group_tensors(_tensor_sizes(manifest))
         world = manifest.world
         ids = list(dict.fromkeys(c.hex() for c in manifest.chunk_ids()))
         delta_chunks, longest = deltas_sql.version_deltas(self._ctx.catalog, ids)
         below = degraded.of_chunks(self._ctx, ids)
-        return VersionDetail(self._version(row), tensors, dict(iter_values(manifest.root)),
+        return VersionDetail(self._version(row), listed, dict(iter_values(manifest.root)),
                              world.size if world else None, world.api if world else None,
                              delta_chunks, longest, degraded=bool(below), degraded_packs=len(below),
-                             degraded_detail=degraded.summary(below) if below else None)
+                             degraded_detail=degraded.summary(below) if below else None,
+                             tensor_count=sum(g.tensors for g in groups),
+                             tensor_bytes=sum(g.nbytes for g in groups), tensor_groups=groups)
 
     def runs(self) -> list[RunInfo]:
         """Every run with a summary of its versions."""
@@ -625,3 +640,14 @@ class Store(StoreAdmin, StoreDistributed):
             stored_bytes=row.stored_bytes, duration_s=row.duration_s, parent=row.parent_id,
             tags=tags, metadata=row.meta, metrics=row.metrics, message=row.message,
         )
+
+
+def _tensor_sizes(manifest: Manifest) -> list[tuple[str, int]]:
+    """``(path, logical bytes)`` of every tensor (a sharded one once, whole; a rank's own
+    tensors under ``rankN/``), as show's rows count them."""
+    sizes: dict[str, int] = {}
+    for t in manifest.tensors:
+        path = rank_path(t.rank, t.path) if t.rank is not None and not t.is_shard else t.path
+        sizes[path] = sizes.get(path, 0) + t.numel * element_size(t.kind, t.dtype)
+    return list(sizes.items())
+

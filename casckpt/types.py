@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -137,19 +137,22 @@ class VersionDetail(_ToDict):
     degraded: bool = False
     degraded_packs: int = 0
     degraded_detail: str | None = None
+    tensor_count: int = 0  # the summary (also with ``show(ref, tensors=False)``)
+    tensor_bytes: int = 0
+    tensor_groups: tuple[TensorGroup, ...] = ()  # by the first part of the path (group_tensors)
 
-    @property
-    def groups(self) -> tuple[TensorGroup, ...]:
-        """Tensors by the first part of their path (``model``, ``optim``; ``rank1/model``), with
-        their count and bytes, in natural order: the summary ``casckpt show`` prints."""
-        found: dict[str, list[int]] = {}
-        for t in self.tensors:
-            head, _, _ = t.path.partition(".")
-            slot = found.setdefault(head, [0, 0])
-            slot[0] += 1
-            slot[1] += t.nbytes
-        return tuple(TensorGroup(name, n, size) for name, (n, size) in
-                     sorted(found.items(), key=lambda item: natural_key(item[0])))
+
+def group_tensors(sizes: Iterable[tuple[str, int]]) -> tuple[TensorGroup, ...]:
+    """Tensors by the first part of their path (``model``, ``optim``; ``rank1/model``), with
+    their count and bytes, in natural order: the summary ``casckpt show`` prints."""
+    found: dict[str, list[int]] = {}
+    for path, nbytes in sizes:
+        head, _, _ = path.partition(".")
+        slot = found.setdefault(head, [0, 0])
+        slot[0] += 1
+        slot[1] += nbytes
+    return tuple(TensorGroup(name, n, size) for name, (n, size) in
+                 sorted(found.items(), key=lambda item: natural_key(item[0])))
 
 
 @dataclass(frozen=True, slots=True)

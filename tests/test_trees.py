@@ -415,3 +415,16 @@ def test_catalog_rebuild_restores_the_trees(tmp_path: Path) -> None:
             assert _equal(store.restore(f"r@{i}"), s)
         assert [c.path for c in store.diff("r@1", "r@2").changed] == ["model.layers.9.w"]
         assert store.check(read_data=True).ok
+
+
+def test_show_summary_without_the_tensor_list_agrees_with_the_full_listing(tmp_path: Path) -> None:
+    with casckpt.open(tmp_path / "s") as store:
+        store.commit({"model": _flat(700), "optim": {"state": {0: {"m": torch.ones(3)}}}, "lr": 0.5},
+                     run="r", step=1)
+        full, summary = store.show("r@1"), store.show("r@1", tensors=False)
+    assert summary.tensors == () and len(full.tensors) == 701
+    assert (summary.tensor_count, summary.tensor_bytes, summary.tensor_groups) == (
+        full.tensor_count, full.tensor_bytes, full.tensor_groups)
+    assert [(g.name, g.tensors) for g in full.tensor_groups] == [("model", 700), ("optim", 1)]
+    assert full.tensor_bytes == sum(t.nbytes for t in full.tensors) == 700 * 32 + 12
+    assert summary.values == full.values == {"lr": 0.5}

@@ -305,7 +305,7 @@ def show(
     """Show one version: its metadata, a summary of its tensors (--tensors: each one) and its
     plain values. --json streams every tensor."""
     with _open_store(ctx) as store:
-        detail = store.show(ref)
+        detail = store.show(ref, tensors=tensors or as_json)
     if as_json:
         render.stream_json(detail.to_dict(), "tensors")
     else:

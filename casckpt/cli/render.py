@@ -245,12 +245,12 @@ def detail_view(detail: VersionDetail, *, tensors: bool = False) -> list[Rendera
         how = ("torch.distributed.checkpoint: tensors sharded across ranks" if detail.saved_with == "dcp"
                else "Store.commit(group=): one state per rank (paths rankN/...)")
         parts[-1:] = [Text(f"saved by {detail.world_size} rank(s) with {how}"), ""]
-    total = sum(t.nbytes for t in detail.tensors)
-    parts.append(Text(f"{len(detail.tensors)} tensor(s), {human_bytes(total)}" if detail.tensors
-                      else "no tensors", style=None if detail.tensors else "dim"))
-    if detail.tensors and not tensors:
+    count = detail.tensor_count
+    parts.append(Text(f"{count} tensor(s), {human_bytes(detail.tensor_bytes)}" if count
+                      else "no tensors", style=None if count else "dim"))
+    if count and not tensors:
         groups = _table("GROUP", "TENSORS", "SIZE", right=("TENSORS", "SIZE"))
-        for g in detail.groups:
+        for g in detail.tensor_groups:
             groups.add_row(g.name, str(g.tensors), human_bytes(g.nbytes))
         parts += [groups, Text("`casckpt show REF --tensors` lists every tensor", style="dim")]
     if detail.values:

@@ -84,23 +84,21 @@ class Trees:
         """The rows of the tensor at ``path`` in a tree version (None: no tensor there)."""
         if manifest.tree is None:
             raise ValueError("not a tree version")
-        for found_path, value in self.reader.find(manifest.tree.root, path):
-            if isinstance(value, dict) and value.get("t") == "tensor":
-                return entry_row(found_path, value.get("e"), manifest.tree.shared)
-        return None
+        hit = self.reader.find_tensor(manifest.tree.root, path)
+        return None if hit is None else entry_row(hit[0], hit[1].get("e"), manifest.tree.shared)
 
     def entry(self, manifest: Manifest, path: str) -> tuple[TensorEntry, list[BlobEntry]] | None:
         """The tensor at ``path`` in a tree version with its blobs (None: no tensor there)."""
         if manifest.tree is None:
             raise ValueError("not a tree version")
-        for found_path, value in self.reader.find(manifest.tree.root, path):
-            if isinstance(value, dict) and value.get("t") == "tensor":
-                blobs = list(manifest.tree.shared)
-                try:
-                    return tensor_entry(found_path, value.get("e"), blobs), blobs
-                except (ValueError, KeyError, TypeError) as exc:
-                    raise CorruptManifestError(f"tree tensor at {path!r} is malformed: {exc}") from exc
-        return None
+        hit = self.reader.find_tensor(manifest.tree.root, path)
+        if hit is None:
+            return None
+        blobs = list(manifest.tree.shared)
+        try:
+            return tensor_entry(hit[0], hit[1].get("e"), blobs), blobs
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptManifestError(f"tree tensor at {path!r} is malformed: {exc}") from exc
 
     def differences(self, a: Manifest, b: Manifest) -> tuple[
             dict[str, tuple[TensorRow | None, TensorRow | None]], dict[str, ContentRow],

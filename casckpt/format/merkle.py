@@ -518,15 +518,48 @@ class TreeReader:
                         stack.append((child, join_path(prefix, int(head)), depth + 1))
         return out
 
+    def find_tensor(self, root: bytes, path: str) -> tuple[str, Any] | None:
+        """The tensor at ``path`` (None: there is none), reading as few nodes as it can: at
+        each dict the longest key ``path`` may continue with is tried first (a state's dotted
+        path names one tensor at most: commits refuse two), and only the parts whose filters
+        may hold it are read, in one batch."""
+        def walk(value: Any, prefix: str, depth: int) -> tuple[str, Any] | None:
+            value = self.resolve(value)
+            if prefix == path:
+                return (prefix, value) if isinstance(value, dict) and value.get("t") == "tensor" else None
+            kind = value.get("t") if isinstance(value, dict) else None
+            if kind not in ("dict", "list", "tuple") or depth > MAX_DEPTH:
+                return None
+            rest = path[len(prefix) + 1:] if prefix else path
+            if kind != "dict":
+                head = rest.split(".", 1)[0]
+                if not (head.isascii() and head.isdigit() and str(int(head)) == head):
+                    return None
+                child = self._at(value, int(head))
+                return None if child is None else walk(child, join_path(prefix, int(head)), depth + 1)
+            keys = [rest] + [rest[:i] for i in range(len(rest) - 1, 0, -1) if rest[i] == "."]
+            for key in keys:
+                for found_key, child in self._keyed(value, {key}):
+                    hit = walk(child, join_path(prefix, key_text(found_key)), depth + 1)
+                    if hit is not None:
+                        return hit
+            return None
+
+        return walk(self.node(root)["v"], "", 0)
+
     def _keyed(self, value: Any, wanted: set[str]) -> Iterator[tuple[Any, Any]]:
         if "parts" not in value:
             yield from ((k, c) for k, c in self._own_items(value) if key_text(k) in wanted)
             return
+        maybe = []
         for ref in self.part_refs(value):
             filter_hex = ref.get("h")
             if isinstance(filter_hex, str) and not any(may_hold(filter_hex, w) for w in wanted):
                 continue
-            part = self.node(_ref_id(ref))["v"]
+            maybe.append(_ref_id(ref))
+        self.nodes.prefetch(maybe)
+        for part_id in maybe:
+            part = self.node(part_id)["v"]
             yield from ((k, c) for k, c in self._own_items(part) if key_text(k) in wanted)
 
     def _at(self, value: Any, index: int) -> Any:

@@ -19,6 +19,8 @@ This module does no I/O.
 from __future__ import annotations
 
 import base64
+import functools
+import re
 import struct
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -44,7 +46,7 @@ _QUOTE, _BACKSLASH = ord('"'), ord("\\")
 _BRACKET_STEPS = np.zeros(256, dtype=np.int8)  # by byte: +1 opens an array or object, -1 closes one
 _BRACKET_STEPS[np.frombuffer(b"[{", dtype=np.uint8)] = 1
 _BRACKET_STEPS[np.frombuffer(b"]}", dtype=np.uint8)] = -1
-_FORBIDDEN_KEY_CHARS = frozenset("/\\") | {chr(c) for c in range(32)} | {"\x7f"}
+_FORBIDDEN_KEY = re.compile(r"[/\\\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,12 +70,17 @@ def check_key(key: str, where: str) -> None:
         InvalidNameError: ``key`` is empty, ``.``/``..``, or holds ``/``, ``\\``
             or a control character.
     """
-    if key in ("", ".", "..") or any(ch in _FORBIDDEN_KEY_CHARS for ch in key) or not _utf8(key):
+    if not _key_ok(key):
         raise InvalidNameError(
             f"state key {key!r} under {where or '<root>'!r} cannot be stored: keys must be valid "
             "UTF-8, not empty, '.' or '..', nor contain '/', '\\' or control characters, because "
             "tensor paths are used as names on export. Rename the key."
         )
+
+
+@functools.lru_cache(maxsize=1 << 20)  # a state's keys come back in every commit
+def _key_ok(key: str) -> bool:
+    return key not in ("", ".", "..") and _FORBIDDEN_KEY.search(key) is None and _utf8(key)
 
 
 def _utf8(text: str) -> bool:
