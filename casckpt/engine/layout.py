@@ -27,8 +27,8 @@ from casckpt.format.tree import TensorLeaf
 _SPAN_ALIGN = 16  # the largest element size (complex128), so every member stays aligned
 SMALL_TENSOR = 16 << 10
 """Tensors of at most this many bytes are packed with their neighbours (``plan_blobs(pack=True)``)."""
-PACK_AVERAGE = 64  # tensors per pack group, on average
-PACK_MAX = 256 << 10  # a pack group closes once it holds this many bytes
+PACK_AVERAGE = 32  # tensors per pack group, on average (a changed tensor rewrites its group)
+PACK_MAX = 128 << 10  # a pack group closes once it holds this many bytes
 
 
 @dataclass(slots=True)
