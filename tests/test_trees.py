@@ -428,3 +428,109 @@ def test_show_summary_without_the_tensor_list_agrees_with_the_full_listing(tmp_p
     assert [(g.name, g.tensors) for g in full.tensor_groups] == [("model", 700), ("optim", 1)]
     assert full.tensor_bytes == sum(t.nbytes for t in full.tensors) == 700 * 32 + 12
     assert summary.values == full.values == {"lr": 0.5}
+
+
+def test_a_commit_reusing_a_node_newer_than_gcs_floor_keeps_the_old_chunks_below_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found in review: gc condemns by age, so a node written after a gc's floor stayed live
+    over condemned chunks; a commit reusing that node re-checked only the node, and the next
+    gc swept the chunks a visible version needed. Publishing re-checks every chunk now."""
+    import time
+
+    from casckpt.catalog import gc as gc_sql
+
+    g = torch.Generator().manual_seed(0)
+    shared = {f"k{i}": torch.randn(5000, generator=g) for i in range(20)}
+
+    def state(y: int) -> dict[str, Any]:
+        return {"a": {"m": shared}, "y": y}
+
+    during: list[Any] = []
+    condemn = gc_sql.condemn
+
+    def condemn_after_a_commit(*args: Any, **kwargs: Any) -> Any:  # a commit racing the gc
+        while during:
+            during.pop()()
+        return condemn(*args, **kwargs)
+
+    monkeypatch.setattr(gc_sql, "condemn", condemn_after_a_commit)
+    with casckpt.open(tmp_path / "s") as store:
+        store.delete(store.commit(state(0), run="r", step=1))
+        during.append(lambda: store.commit(state(1), run="r", step=2))  # a new root over old nodes
+        store.gc(grace=1.0)
+        store.delete("r@2")
+        time.sleep(1.2)
+        during.append(lambda: store.commit(state(1), run="r", step=3))  # reuses r@2's root
+        store.gc(grace=1.0)
+        assert _equal(store.restore("r@3"), state(1))
+        assert store.check(read_data=True).ok
+
+
+def test_a_forged_tree_of_shared_nodes_is_refused_promptly() -> None:
+    """Found in review: a list node naming one child twice, 24 levels deep, expanded 2^24
+    values (minutes); the work of a walk is bounded by the bytes of the nodes it read."""
+    import json
+
+    from casckpt.format.chunks import chunk_id
+    from casckpt.format.merkle import TreeReader
+
+    nodes: dict[bytes, bytes] = {}
+    raw = json.dumps({"n": 0, "b": 0, "v": {"t": "int", "v": 1}}, sort_keys=True,
+                     separators=(",", ":")).encode()
+    for _ in range(24):
+        node_id = chunk_id(raw)
+        nodes[node_id] = raw
+        ref = {"t": "ref", "id": node_id.hex(), "n": 0, "b": 0, "c": 1}
+        raw = json.dumps({"n": 0, "b": 0, "v": {"t": "list", "v": [ref, ref]}}, sort_keys=True,
+                         separators=(",", ":")).encode()
+    root = chunk_id(raw)
+    nodes[root] = raw
+    for walk in (lambda r: r.expand(root), lambda r: list(r.leaves({"t": "ref", "id": root.hex()}))):
+        reader = TreeReader(Nodes(_Dict(nodes)))
+        with pytest.raises(CorruptManifestError, match="forged or corrupt"):
+            walk(reader)
+        assert reader.work < 2 * (1 << 18)  # 2^24 values unless bounded
+
+
+@pytest.mark.parametrize("forgery", ["parts not refs", "ref id a list", "key neither str nor int"])
+def test_malformed_nodes_with_valid_ids_are_typed_errors_in_every_walk(forgery: str) -> None:
+    import json
+
+    from casckpt.format.chunks import chunk_id
+    from casckpt.format.merkle import TreeReader
+
+    def node(value: dict[str, Any]) -> tuple[bytes, bytes]:
+        raw = json.dumps({"n": 1, "b": 4, "v": value}, sort_keys=True, separators=(",", ":")).encode()
+        return chunk_id(raw), raw
+
+    leaf = {"t": "tensor", "e": {"kind": "torch", "dtype": "float32", "shape": [1], "offset": 0,
+                                 "stride": None, "blob": {"nbytes": 4, "chunk_size": 64,
+                                                          "chunks": ["ab" * 32]}}}
+    value: dict[str, Any] = {
+        "parts not refs": {"t": "dict", "parts": [1, "zz"]},
+        "ref id a list": {"t": "dict", "parts": [{"t": "ref", "id": ["x"], "n": 1, "b": 4, "c": 1}]},
+        "key neither str nor int": {"t": "dict", "k": [{"z": 1}], "v": [leaf]},
+    }[forgery]
+    a, raw_a = node(value)
+    b, raw_b = node({"t": "dict", "k": ["w"], "v": [leaf]})
+    nodes = {a: raw_a, b: raw_b}
+    for walk in (lambda r: r.expand(a), lambda r: r.find_tensor(a, "w"),
+                 lambda r: list(r.differences(a, b))):
+        with pytest.raises(CorruptManifestError):
+            walk(TreeReader(Nodes(_Dict(nodes))))
+
+
+@pytest.mark.parametrize("field,value", [("offset", 1 << 20), ("shape", [-4]), ("shape", [10**30])])
+def test_one_tensor_read_from_a_tree_is_validated_like_a_whole_manifest(field: str, value: Any) -> None:
+    """Found in review: load_tensor, diff and history took one entry of a node as it was
+    (an offset past its blob reached torch as an untyped RuntimeError)."""
+    from casckpt.engine.treeviews import checked_entry, entry_row
+
+    entry = {"kind": "torch", "dtype": "float32", "shape": [4], "offset": 0, "stride": None,
+             "blob": {"nbytes": 16, "chunk_size": 64, "chunks": ["ab" * 32]}}
+    checked_entry("w", entry, ())  # the unforged entry is fine
+    entry[field] = value
+    with pytest.raises(CorruptManifestError):
+        checked_entry("w", entry, ())
+    with pytest.raises(CorruptManifestError):
+        entry_row("w", entry, ())

@@ -33,7 +33,6 @@ from casckpt.catalog import schema as s
 from casckpt.catalog.database import Database
 from casckpt.catalog.rows import manifest_bytes, tensor_row
 from casckpt.errors import CatalogError, CatalogUnavailableError, VersionExistsError
-from casckpt.format.merkle import decompress_node, node_references
 from casckpt.format.pack import PackEntry
 
 BATCH = 500
@@ -338,10 +337,10 @@ class Catalog:
     ) -> None:
         """Make a version visible: ONE transaction that re-checks every referenced chunk.
 
-        A tree version (``version["tree_root"]`` set) passes the rows of the nodes it adds
-        (``node_rows``: id, zstd body) and only the chunks those nodes reference, and its
-        root: a node that is live has every node and chunk below it live (gc marks whole
-        trees), and a reused node gc condemned is revived with everything below it.
+        A tree version (``version["tree_root"]``) also passes the rows of the nodes the
+        catalog lacks (``node_rows``: id, zstd body); ``chunk_ids`` are all of its chunks
+        and nodes, as for any version (gc condemns by age, so a live node may sit over
+        condemned chunks: only re-checking each one revives them).
 
         Retried while the database is unreachable: a retry that finds this
         version's id already published knows the earlier COMMIT succeeded.
@@ -408,8 +407,6 @@ class Catalog:
                 f"run {run!r} already has a version at step {version['step']} "
                 f"({existing[:12]}); commit with another step, or fork a new run"
             )
-        if version.get("tree_root") is not None:
-            ids = ids + self._condemned_below(conn, ids, node_rows)
         missing = self.revive_or_missing(conn, ids)
         if missing:
             raise MissingChunksError(missing)
@@ -420,35 +417,6 @@ class Catalog:
         insert_ignore(conn, s.tree_nodes, list(node_rows), "id")
         for name in tag_names:
             self._set_tag(conn, name, version["id"])
-
-    def _condemned_below(self, conn: Connection, ids: list[str],
-                         node_rows: Sequence[dict[str, Any]]) -> list[str]:
-        """Everything below the condemned nodes among ``ids`` (nodes a commit reuses after gc
-        condemned them): reviving a node alone would leave what it needs to be swept."""
-        bodies = {row["id"]: row["body"] for row in node_rows}
-        todo = [i for i in self._states(conn, ids) if i[1] == "condemned"]
-        wanted = [cid for cid, _ in todo]
-        found: list[str] = []
-        seen = set(ids)
-        while wanted:
-            known = dict(self._node_bodies(conn, [w for w in wanted if w not in bodies]))
-            known.update((w, bodies[w]) for w in wanted if w in bodies)
-            below: list[str] = []
-            for body in known.values():
-                for ref in node_references(decompress_node(body)):
-                    if ref not in seen:
-                        seen.add(ref)
-                        below.append(ref)
-            found += below
-            wanted = below
-        return found
-
-    def _states(self, conn: Connection, ids: list[str]) -> list[tuple[str, str]]:
-        out: list[tuple[str, str]] = []
-        for i in range(0, len(ids), BATCH):
-            out += [(r[0], r[1]) for r in conn.execute(
-                select(s.chunks.c.id, s.chunks.c.state).where(s.chunks.c.id.in_(ids[i : i + BATCH])))]
-        return out
 
     @staticmethod
     def _node_bodies(conn: Connection, ids: Sequence[str]) -> list[tuple[str, bytes]]:
@@ -696,13 +664,13 @@ class Catalog:
                              .values(verified_at=now))
 
     @_idempotent
-    @_idempotent
     def live_chunk_count(self) -> int:
         """Live chunks, tree nodes included (what a full check reads)."""
         with self.read() as conn:
             return int(conn.execute(select(func.count(s.chunks.c.id))
                                     .where(s.chunks.c.state == "live")).scalar_one())
 
+    @_idempotent
     def totals(self) -> dict[str, int]:
         """Counts and byte sums for ``Store.stats`` (chunks: of tensor data, tree nodes left out)."""
         v, c, p = s.versions, s.chunks, s.packs

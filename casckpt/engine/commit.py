@@ -320,7 +320,6 @@ class Snapshot:
     delta: DeltaPlan | None = None
     degraded: list[Shortfall] = field(default_factory=list)  # packs written below their redundancy
     tree: Tree | None = None  # a tree manifest's nodes (one-process commits)
-    full_check: bool = False  # publish re-checks every chunk and node, not just what is new
 
     def wrote(self, written: ChunkWrite) -> None:
         """Count what a :func:`write_chunks` of this snapshot's chunks wrote."""
@@ -472,7 +471,6 @@ def _publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, started: fl
                                     req.tags, [c.hex() for c in checks], nodes)
             return row
         except MissingChunksError as exc:
-            snap.full_check = True  # a node reused below the root may have lost what it needs
             gone_bases = set(exc.missing) - {cid.hex() for cid in snap.chunks}
             if gone_bases:  # the next commit finds them gone and stores those chunks plainly
                 raise CatalogError(
@@ -491,21 +489,14 @@ def _publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, started: fl
 
 
 def _checks(ctx: EngineContext, snap: Snapshot) -> tuple[Sequence[bytes], list[dict[str, Any]]]:
-    """What publishing re-checks, and the tree nodes it records.
-
-    A tree version records the nodes the catalog has no row for, and re-checks
-    what they reference: a node with a row was published whole, and gc keeps or
-    condemns it with everything below it (a condemned one is revived with its
-    subtree). After chunks went missing, everything is re-checked.
-    """
+    """What publishing re-checks (every chunk and tree node of the version: gc condemns by
+    age, so a live node may sit over condemned chunks a reused subtree still needs, and only
+    this re-check revives them), and the tree nodes it records (those without a row)."""
     if snap.tree is None:
         return list(snap.chunks), []
     tree = snap.tree
     have = {bytes.fromhex(h) for h in ctx.catalog.tree_node_ids([i.hex() for i in tree.nodes])}
-    new = {i for i in tree.nodes if i not in have}
-    shared = [c for b in snap.manifest.tree.shared for c in b.chunks] if snap.manifest.tree else []
-    checks = list(snap.chunks) if snap.full_check else trees.publish_checks(tree, new, shared)
-    return checks, trees.node_rows(tree, sorted(new))
+    return list(snap.chunks), trees.node_rows(tree, sorted(i for i in tree.nodes if i not in have))
 
 
 def _hold_unchanged(snap: Snapshot, ids: Sequence[bytes]) -> None:

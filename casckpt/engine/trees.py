@@ -85,7 +85,10 @@ def restore_node_rows(ctx: EngineContext, data: bytes, version_id: str) -> int:
     head = decode_manifest(data, version_id)
     if head.tree is None:
         return 0
-    reader.expand(head.tree.root)
+    try:
+        reader.expand(head.tree.root)
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError) as exc:
+        raise CorruptManifestError(f"a tree node in the packs is malformed: {exc}") from exc
     have = ctx.catalog.tree_nodes([i.hex() for i in reader.visited])
     bad = []
     for node_id in reader.visited:
@@ -108,14 +111,3 @@ def restore_node_rows(ctx: EngineContext, data: bytes, version_id: str) -> int:
 def node_rows(tree: Tree, ids: Sequence[bytes]) -> list[dict[str, Any]]:
     """Catalog rows of the nodes ``ids`` of ``tree``."""
     return [{"id": i.hex(), "body": compress_node(tree.nodes[i])} for i in ids]
-
-
-def publish_checks(tree: Tree, new: set[bytes], shared: Sequence[bytes]) -> list[bytes]:
-    """What publishing a tree version re-checks: the root, the blobs' chunks the manifest
-    lists itself (``shared``), and what every new node references (a reused node stands for
-    everything below it)."""
-    out: dict[bytes, None] = {tree.root: None}
-    out.update(dict.fromkeys(shared))
-    for node_id in new:
-        out.update(dict.fromkeys(tree.refs.get(node_id, ())))
-    return list(out)

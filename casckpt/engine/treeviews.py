@@ -10,14 +10,14 @@ versions share it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 from casckpt.catalog import Catalog
 from casckpt.engine.commit import tensor_rows
 from casckpt.engine.trees import StoreNodes
 from casckpt.errors import CorruptManifestError
-from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, decode_manifest
+from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, decode_manifest, validate
 from casckpt.format.merkle import Nodes, TreeReader
 from casckpt.format.tree import decode_tree
 from casckpt.format.treemanifest import tensor_entry
@@ -51,13 +51,27 @@ def rows_from(entries: Sequence[TensorEntry], blobs: Sequence[BlobEntry]
             {c["digest"]: ContentRow(c["nbytes"], c["chunk_size"], c["chunk_ids"]) for c in contents})
 
 
-def entry_row(path: str, entry: Any, shared: Sequence[BlobEntry]) -> tuple[TensorRow, ContentRow]:
-    """The rows of one tensor entry of a node."""
+_MALFORMED = (ValueError, KeyError, TypeError, AttributeError, OverflowError, IndexError, RecursionError)
+
+
+def checked_entry(path: str, entry: Any, shared: Sequence[BlobEntry]) -> tuple[TensorEntry, list[BlobEntry]]:
+    """One tensor entry of a node, validated as a tensor of a decoded manifest is.
+
+    Raises:
+        CorruptManifestError: the entry is malformed or impossible (outside its blob, ...).
+    """
     blobs = list(shared)
     try:
         tensor = tensor_entry(path, entry, blobs)
-    except (ValueError, KeyError, TypeError) as exc:
+    except _MALFORMED as exc:
         raise CorruptManifestError(f"tree tensor at {path!r} is malformed: {exc}") from exc
+    validate(Manifest("", 0, None, 0.0, {"t": "tensor", "i": 0}, (tensor,), tuple(blobs)))
+    return tensor, blobs
+
+
+def entry_row(path: str, entry: Any, shared: Sequence[BlobEntry]) -> tuple[TensorRow, ContentRow]:
+    """The rows of one tensor entry of a node."""
+    tensor, blobs = checked_entry(path, entry, shared)
     rows, contents = rows_from([tensor], blobs)
     return rows[0], contents[rows[0].digest]
 
@@ -84,21 +98,15 @@ class Trees:
         """The rows of the tensor at ``path`` in a tree version (None: no tensor there)."""
         if manifest.tree is None:
             raise ValueError("not a tree version")
-        hit = self.reader.find_tensor(manifest.tree.root, path)
+        hit = _typed(lambda: self.reader.find_tensor(manifest.tree.root, path))
         return None if hit is None else entry_row(hit[0], hit[1].get("e"), manifest.tree.shared)
 
     def entry(self, manifest: Manifest, path: str) -> tuple[TensorEntry, list[BlobEntry]] | None:
         """The tensor at ``path`` in a tree version with its blobs (None: no tensor there)."""
         if manifest.tree is None:
             raise ValueError("not a tree version")
-        hit = self.reader.find_tensor(manifest.tree.root, path)
-        if hit is None:
-            return None
-        blobs = list(manifest.tree.shared)
-        try:
-            return tensor_entry(hit[0], hit[1].get("e"), blobs), blobs
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptManifestError(f"tree tensor at {path!r} is malformed: {exc}") from exc
+        hit = _typed(lambda: self.reader.find_tensor(manifest.tree.root, path))
+        return None if hit is None else checked_entry(hit[0], hit[1].get("e"), manifest.tree.shared)
 
     def differences(self, a: Manifest, b: Manifest) -> tuple[
             dict[str, tuple[TensorRow | None, TensorRow | None]], dict[str, ContentRow],
@@ -110,7 +118,7 @@ class Trees:
         tensors: dict[str, tuple[TensorRow | None, TensorRow | None]] = {}
         contents: dict[str, ContentRow] = {}
         values: tuple[dict[str, object], dict[str, object]] = ({}, {})
-        for path, x, y in self.reader.differences(a.tree.root, b.tree.root):
+        for path, x, y in _typed(lambda: list(self.reader.differences(a.tree.root, b.tree.root))):
             pair: list[TensorRow | None] = [None, None]
             for side, (value, shared) in enumerate(((x, a.tree.shared), (y, b.tree.shared))):
                 if not isinstance(value, dict):
@@ -131,6 +139,17 @@ class Trees:
                        ) -> list[tuple[TensorRow, ContentRow] | None]:
         """The tensor at ``path`` in each tree version (None where it has none)."""
         return [self.find(m, path) for m in manifests]
+
+
+T = TypeVar("T")
+
+
+def _typed(walk: Callable[[], T]) -> T:
+    """``walk()``, a malformed node's Python error turned into CorruptManifestError."""
+    try:
+        return walk()
+    except _MALFORMED as exc:
+        raise CorruptManifestError(f"a tree node is malformed: {type(exc).__name__}: {exc}") from exc
 
 
 def _plain(value: Mapping[str, Any], path: str) -> object:

@@ -244,7 +244,8 @@ def decode_manifest(data: bytes, expected_id: str | None = None,
             manifest = from_tree_json(doc, nodes)
         else:
             manifest = _from_json(doc)
-    except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError,
+            IndexError) as exc:
         raise CorruptManifestError(f"manifest is malformed: {exc}") from exc
     if manifest.tree is None or nodes is not None:
         _validate(manifest)
@@ -480,6 +481,15 @@ def _check_nodes(m: Manifest) -> None:
         raise CorruptManifestError(
             "manifest tree and tensor list disagree (each tensor must appear exactly once)"
         )
+
+
+def validate(m: Manifest) -> None:
+    """Check a manifest built from parts (one tensor of a tree) as a decoded one is checked.
+
+    Raises:
+        CorruptManifestError: it describes something impossible.
+    """
+    _validate(m)
 
 
 def _validate(m: Manifest) -> None:

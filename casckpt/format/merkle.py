@@ -60,6 +60,8 @@ MAX_NODE = 64 << 20
 _BLOOM_BITS_PER_KEY = 10
 _BLOOM_HASHES = 3
 _MAX_LEVELS = 8  # index levels above the parts of one container: 256^8 items is far past any state
+_WORK_FLOOR = 1 << 18  # values any walk may visit, plus _WORK_PER_BYTE per byte of nodes read
+_WORK_PER_BYTE = 4
 
 Encoder = Callable[[Any], str]
 _dumps: Encoder = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False,
@@ -79,6 +81,7 @@ class Nodes:
 
     source: NodeSource
     cache: dict[bytes, dict[str, Any]] = field(default_factory=dict)
+    loaded_bytes: int = 0  # JSON bytes of the distinct nodes read (bounds the work of a walk)
 
     def get(self, node_id: bytes) -> dict[str, Any]:
         found = self.cache.get(node_id)
@@ -100,6 +103,7 @@ class Nodes:
                     f"tree node {node_id.hex()[:12]} is missing (the catalog and the packs have "
                     "no copy): run `casckpt check`, then `casckpt repair`")
             self.cache[node_id] = decode_node(raw, node_id)
+            self.loaded_bytes += len(raw)
 
 
 def decode_node(raw: bytes, node_id: bytes) -> dict[str, Any]:
@@ -154,34 +158,6 @@ def decompress_node(body: bytes) -> Any:
         raise CorruptManifestError(f"a tree node in the catalog is not JSON: {exc}") from exc
 
 
-def node_references(doc: Any) -> set[str]:
-    """Hex ids of the chunks and nodes a node references directly (its tensors' blobs' chunks
-    and its refs); empty for anything malformed (the caller verifies nodes it reads)."""
-    out: set[str] = set()
-    stack = [doc.get("v") if isinstance(doc, dict) else None]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, dict):
-            kind = value.get("t")
-            if kind == "ref":
-                if isinstance(value.get("id"), str):
-                    out.add(value["id"])
-            elif kind == "tensor":
-                entry = value.get("e")
-                blob = entry.get("blob") if isinstance(entry, dict) else None
-                chunks = blob.get("chunks") if isinstance(blob, dict) else None
-                if isinstance(chunks, list):
-                    out.update(c for c in chunks if isinstance(c, str))
-            else:
-                for field_name in ("v", "parts"):
-                    children = value.get(field_name)
-                    if isinstance(children, list):
-                        stack.extend(children)
-    return out
-
-
-
-
 def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
@@ -197,7 +173,6 @@ class Tree:
     tensors: int
     nbytes: int
     nodes: dict[bytes, bytes]  # every node of the tree, id -> JSON bytes
-    refs: dict[bytes, set[bytes]]  # node -> the chunks and nodes it references directly
     shared_blobs: list[int]  # the manifest's blobs several tensors share, in the document's order
 
 
@@ -215,32 +190,29 @@ class _Sized:
     tensors: int
     nbytes: int
     size: int  # estimated JSON bytes
-    chunks: set[bytes]  # chunks and nodes referenced from within (up to the nearest nodes)
 
 
 class TreeEncoder:
     """Cuts a manifest's state tree into nodes (see the module docstring)."""
 
-    def __init__(self, tensor: Callable[[int], tuple[dict[str, Any], int, set[bytes]]]) -> None:
-        # tensor(i) -> (entry JSON, logical bytes, chunks it references)
+    def __init__(self, tensor: Callable[[int], tuple[dict[str, Any], int]]) -> None:
+        # tensor(i) -> (entry JSON, logical bytes)
         self._tensor = tensor
         self.nodes: dict[bytes, bytes] = {}
-        self.refs: dict[bytes, set[bytes]] = {}
 
-    def _store(self, value: Any, tensors: int, nbytes: int, chunks: set[bytes]) -> bytes:
+    def _store(self, value: Any, tensors: int, nbytes: int) -> bytes:
         raw = _dumps({"n": tensors, "b": nbytes, "v": value}).encode("utf-8")
         node_id = chunk_id(raw)
         self.nodes[node_id] = raw
-        self.refs[node_id] = chunks
         return node_id
 
-    def _ref(self, value: Any, tensors: int, nbytes: int, chunks: set[bytes], count: int,
+    def _ref(self, value: Any, tensors: int, nbytes: int, count: int,
              keys: Sequence[str] | None = None) -> _Sized:
-        node_id = self._store(value, tensors, nbytes, chunks)
+        node_id = self._store(value, tensors, nbytes)
         ref: dict[str, Any] = {"t": "ref", "id": node_id.hex(), "n": tensors, "b": nbytes, "c": count}
         if keys is not None:
             ref["h"] = bloom(keys)
-        return _Sized(ref, tensors, nbytes, 120 + len(ref.get("h", "")), {node_id})
+        return _Sized(ref, tensors, nbytes, 120 + len(ref.get("h", "")))
 
     def encode(self, root: Node) -> tuple[bytes, int, int]:
         """Store every node of ``root``; returns ``(root id, tensors, bytes)``."""
@@ -248,20 +220,20 @@ class TreeEncoder:
         if top.value.get("t") == "ref":
             node_id = bytes.fromhex(top.value["id"])
         else:
-            node_id = self._store(top.value, top.tensors, top.nbytes, top.chunks)
+            node_id = self._store(top.value, top.tensors, top.nbytes)
         return node_id, top.tensors, top.nbytes
 
     def _value(self, node: Node, depth: int) -> _Sized:
         kind = node.get("t")
         if kind == "tensor":
-            entry, nbytes, chunks = self._tensor(node["i"])
+            entry, nbytes = self._tensor(node["i"])
             return _Sized({"t": "tensor", "e": entry}, 1, nbytes,
-                          160 + 67 * len(entry["blob"].get("chunks", ())), chunks)
+                          160 + 67 * len(entry["blob"].get("chunks", ())))
         if kind in ("dict", "list", "tuple"):
             return self._container(node, depth + 1)
         if kind in ("ranks", "sharded"):
             raise ValueError("tree manifests hold one process's state (no ranks, no shards)")
-        return _Sized(node, 0, 0, 24 + len(str(node.get("v", ""))), set())
+        return _Sized(node, 0, 0, 24 + len(str(node.get("v", ""))))
 
     def _container(self, node: Node, depth: int) -> _Sized:
         kind = node["t"]
@@ -273,10 +245,10 @@ class TreeEncoder:
         if keys is not None:
             value["k"] = keys
         sized = _Sized(value, sum(i.tensors for i in items), sum(i.nbytes for i in items),
-                       24 + sum(i.size + 12 for i in items), set().union(*(i.chunks for i in items)))
+                       24 + sum(i.size + 12 for i in items))
         if sized.size <= INLINE_MAX or depth <= 1:
             return sized  # the root is stored by encode()
-        return self._ref(value, sized.tensors, sized.nbytes, sized.chunks, len(items))
+        return self._ref(value, sized.tensors, sized.nbytes, len(items))
 
     def _split(self, kind: str, keys: list[Any] | None, items: list[_Sized], depth: int) -> _Sized:
         parts: list[_Sized] = []
@@ -296,13 +268,13 @@ class TreeEncoder:
                     value["k"] = keys[start : i + 1]
                     names = [key_text(k) for k in value["k"]]
                 parts.append(self._ref(value, sum(p.tensors for p in piece), sum(p.nbytes for p in piece),
-                                       set().union(*(p.chunks for p in piece)), len(piece), names))
+                                       len(piece), names))
                 start, size = i + 1, 0
         refs = self._index(parts)
         value = {"t": kind, "parts": [r.value for r in refs]}
         sized = _Sized(value, sum(r.tensors for r in refs), sum(r.nbytes for r in refs),
-                       24 + sum(r.size for r in refs), set().union(*(r.chunks for r in refs)))
-        return self._ref(value, sized.tensors, sized.nbytes, sized.chunks, len(items)) if depth > 1 else sized
+                       24 + sum(r.size for r in refs))
+        return self._ref(value, sized.tensors, sized.nbytes, len(items)) if depth > 1 else sized
 
     def _index(self, refs: list[_Sized]) -> list[_Sized]:
         """Group part refs into index nodes until at most SPLIT_ITEMS remain."""
@@ -316,8 +288,7 @@ class TreeEncoder:
                     piece = refs[start : i + 1]
                     index = self._ref(
                         {"t": "parts", "v": [p.value for p in piece]}, sum(p.tensors for p in piece),
-                        sum(p.nbytes for p in piece), set().union(*(p.chunks for p in piece)),
-                        sum(p.value["c"] for p in piece))
+                        sum(p.nbytes for p in piece), sum(p.value["c"] for p in piece))
                     index.value["x"] = 1  # an index node: read to find parts, unlike a part
                     grouped.append(index)
                     start = i + 1
@@ -326,8 +297,16 @@ class TreeEncoder:
 
 
 def key_text(key: Any) -> str:
-    """A dict key as it appears in dotted paths."""
-    return str(key["i"]) if isinstance(key, dict) else str(key)
+    """A dict key as it appears in dotted paths.
+
+    Raises:
+        CorruptManifestError: neither a str nor ``{"i": int}``.
+    """
+    if isinstance(key, str):
+        return key
+    if isinstance(key, dict) and isinstance(key.get("i"), int) and not isinstance(key["i"], bool):
+        return str(key["i"])
+    raise CorruptManifestError(f"tree dict key {str(key)[:40]!r} is neither a str nor an int")
 
 
 @functools.lru_cache(maxsize=1 << 20)  # keys come back in every commit of a process
@@ -388,6 +367,17 @@ class TreeReader:
     def __init__(self, nodes: Nodes) -> None:
         self.nodes = nodes
         self.visited: set[bytes] = set()  # every node read through this reader
+        self.work = 0
+
+    def _tick(self) -> None:
+        """Count one value walked. A tree's walk is bounded by the nodes it reads (each value
+        is a few bytes of some node, shared subtrees aside); a forged tree of nodes naming one
+        another many times over would expand exponentially: refused instead."""
+        self.work += 1
+        if self.work > _WORK_FLOOR + _WORK_PER_BYTE * self.nodes.loaded_bytes:
+            raise CorruptManifestError(
+                f"tree expands to over {self.work} values from {self.nodes.loaded_bytes} bytes of "
+                "nodes: it is forged or corrupt. Run `casckpt check`")
 
     def node(self, node_id: bytes) -> dict[str, Any]:
         self.visited.add(node_id)
@@ -446,6 +436,8 @@ class TreeReader:
             refs, level = stack.pop()
             if not isinstance(refs, list) or level > _MAX_LEVELS:
                 raise CorruptManifestError("tree container has a malformed list of parts")
+            if not all(isinstance(r, dict) for r in refs):
+                raise CorruptManifestError("tree container has a malformed list of parts")
             self.nodes.prefetch([_ref_id(r) for r in refs if r.get("x") == 1])
             for i, ref in enumerate(refs):
                 if ref.get("x") == 1:
@@ -463,6 +455,7 @@ class TreeReader:
         tensors: list[tuple[str, dict[str, Any]]] = []
 
         def build(value: Any, path: str, depth: int) -> Node:
+            self._tick()
             value = self.resolve(value)
             if not isinstance(value, dict):
                 raise CorruptManifestError(f"tree node at {path!r} is not an object")
@@ -582,6 +575,7 @@ class TreeReader:
         stack: list[tuple[str, Any, Any, int]] = [("", self.node(a)["v"], self.node(b)["v"], 0)]
         while stack:
             path, x, y, depth = stack.pop()
+            self._tick()
             if x == y:  # the same ref (same id), or equal inline values
                 continue
             x, y = self.resolve(x) if x is not None else None, self.resolve(y) if y is not None else None
@@ -610,12 +604,15 @@ class TreeReader:
         """Items of a dict, skipping parts the other side holds unchanged (same id)."""
         if "parts" not in value:
             return {key_text(k): c for k, c in self._own_items(value)}
-        same = {r.get("id") for r in self.part_refs(other)} if "parts" in other else set()
+        same = {_ref_id(r) for r in self.part_refs(other)} if "parts" in other else set()
         out: dict[str, Any] = {}
         for ref in self.part_refs(value):
-            if ref.get("id") in same:
+            if _ref_id(ref) in same:
                 continue
-            out.update((key_text(k), c) for k, c in self._own_items(self.node(_ref_id(ref))["v"]))
+            part = self.node(_ref_id(ref))["v"]
+            if part.get("t") != "dict" or "parts" in part:
+                raise CorruptManifestError(f"tree part of a dict holds a {str(part.get('t'))[:20]!r}")
+            out.update((key_text(k), c) for k, c in self._own_items(part))
         return out
 
     def _leaves_pair(self, path: str, x: Any, y: Any, depth: int) -> Iterator[tuple[str, Any, Any]]:
@@ -631,6 +628,7 @@ class TreeReader:
         stack: list[tuple[Any, str, int]] = [(value, path, depth)]
         while stack:
             v, p, d = stack.pop()
+            self._tick()
             v = self.resolve(v)
             kind = v.get("t") if isinstance(v, dict) else None
             if kind in ("dict", "list", "tuple"):

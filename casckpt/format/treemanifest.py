@@ -49,32 +49,27 @@ def encode_tree_manifest(m: Manifest) -> tuple[str, bytes, Tree]:
         raise ValueError("tree manifests hold one process's state")
     users = Counter(t.blob for t in m.tensors)
     shared: dict[int, int] = {}
-    shared_chunks: set[bytes] = set()
-    packed: dict[int, tuple[dict[str, Any], set[bytes]]] = {}  # one JSON per packed blob
+    packed: dict[int, dict[str, Any]] = {}  # one JSON per packed blob
 
-    def tensor(i: int) -> tuple[dict[str, Any], int, set[bytes]]:
+    def tensor(i: int) -> tuple[dict[str, Any], int]:
         t = m.tensors[i]
         if t.is_shard or t.rank is not None:
             raise ValueError("tree manifests hold no shards")
         blob = m.blobs[t.blob]
-        chunks: set[bytes] = set()
         if blob.packed:  # named by each of its tensors (they restore separately)
-            found = packed.get(t.blob)
-            if found is None:
-                found = packed[t.blob] = ({**blob_json(blob.nbytes, blob.chunk_size, blob.chunks, blob.phase),
-                                           "packed": True}, set(blob.chunks))
-            ref, chunks = found
+            ref = packed.get(t.blob)
+            if ref is None:
+                ref = packed[t.blob] = {**blob_json(blob.nbytes, blob.chunk_size, blob.chunks, blob.phase),
+                                        "packed": True}
         elif users[t.blob] > 1:
             ref = {"s": shared.setdefault(t.blob, len(shared))}
-            shared_chunks.update(blob.chunks)
         else:
             ref = blob_json(blob.nbytes, blob.chunk_size, blob.chunks, blob.phase)
-            chunks = set(blob.chunks)
         entry = {"kind": t.kind, "dtype": t.dtype, "shape": list(t.shape), "offset": t.offset,
                  "stride": list(t.stride) if t.stride is not None else None, "blob": ref}
         if t.digest is not None:
             entry["h"] = t.digest.hex()
-        return entry, t.numel * element_size(t.kind, t.dtype), chunks
+        return entry, t.numel * element_size(t.kind, t.dtype)
 
     encoder = TreeEncoder(tensor)
     root, count, nbytes = encoder.encode(m.root)
@@ -87,9 +82,7 @@ def encode_tree_manifest(m: Manifest) -> tuple[str, bytes, Tree]:
         "tree": {"root": root.hex(), "n": count, "b": nbytes, "shared": shared_json},
     }
     raw = json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("utf-8")
-    refs = dict(encoder.refs)
-    refs[root] = refs.get(root, set()) | shared_chunks  # the document references them through the root
-    tree = Tree(root, count, nbytes, encoder.nodes, refs, sorted(shared, key=shared.__getitem__))
+    tree = Tree(root, count, nbytes, encoder.nodes, sorted(shared, key=shared.__getitem__))
     return object_id(raw), zstandard.ZstdCompressor(level=3).compress(raw), tree
 
 
