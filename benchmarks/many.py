@@ -8,9 +8,10 @@ counts (not their sizes), at least 1,000. For each state, on a fresh SQLite stor
 * torch.save (to a file, fsync'd) and torch.load(weights_only=True) of the state;
 * the first commit, an unchanged re-commit, and a commit changing 10 tensors;
 * catalog + manifest bytes each commit adds (the catalog file and its WAL, checkpointed);
-* a full restore (verified), ``Store.show`` and ``Store.diff`` of the versions 10 tensors apart,
-  ``Store.load_tensor`` of one tensor, ``casckpt show`` (the CLI, default summary) in a
-  fresh process.
+* a full restore (verified), ``Store.show`` (the summary, ``tensors=False``, and the full
+  listing) and ``Store.diff`` of the versions 10 tensors apart, ``Store.load_tensor`` of one
+  tensor, ``casckpt show`` (the CLI, default summary) in a fresh process, and the start-up
+  of ``casckpt --help`` alone (what any command pays before its work).
 
 Times are medians of ``REPEATS`` where the operation does not change the store (restore,
 show, diff, load_tensor), single runs otherwise.
@@ -56,10 +57,12 @@ class ManyState:
     commit_unchanged_s: float
     commit_changed_s: float
     restore_s: float
-    show_s: float
+    show_s: float  # the summary (tensors=False)
+    show_tensors_s: float  # every tensor listed
     diff_s: float
     load_tensor_s: float
     cli_show_s: float
+    cli_start_s: float
     catalog_first_bytes: int
     catalog_unchanged_bytes: int  # catalog + manifest bytes the unchanged re-commit added
     catalog_changed_bytes: int
@@ -138,7 +141,8 @@ def _one(count: int, elements: int, workdir: Path, log: Log) -> ManyState:
         changed = _timed(lambda: v3.append(store.commit(state, run="r", step=3)))
         after_changed = _catalog_bytes(root)
         restore_s = _median(lambda: store.restore("r@3"))
-        show_s = _median(lambda: store.show("r@3"))
+        show_s = _median(lambda: store.show("r@3", tensors=False))
+        show_tensors_s = _median(lambda: store.show("r@3"))
         diff = store.diff("r@2", "r@3")
         if len(diff.changed) != CHANGED:
             raise AssertionError(f"diff found {len(diff.changed)} changed tensors, not {CHANGED}")
@@ -146,12 +150,14 @@ def _one(count: int, elements: int, workdir: Path, log: Log) -> ManyState:
         load_tensor_s = _median(lambda: store.load_tensor("r@3", f"model.{paths[count // 2]}"))
     cli = [sys.executable, "-m", "casckpt.cli.main", "--store", str(root), "show", "r@3"]
     cli_s = _median(lambda: subprocess.run(cli, check=True, capture_output=True))
+    start = [sys.executable, "-m", "casckpt.cli.main", "--help"]
+    start_s = _median(lambda: subprocess.run(start, check=True, capture_output=True))
     log(f"{NAME} {count} x {elements}: commit {first:.2f} s (torch.save {save_s:.2f} s), unchanged "
         f"{unchanged:.2f} s, restore {restore_s:.2f} s (torch.load {load_s:.2f} s)")
     return ManyState(
-        count, elements, logical, save_s, load_s, first, unchanged, changed, restore_s, show_s, diff_s,
-        load_tensor_s, cli_s, after_first, after_unchanged - after_first, after_changed - after_unchanged,
-        _tree_size(root), v2[0].new_bytes, v3[0].new_bytes)
+        count, elements, logical, save_s, load_s, first, unchanged, changed, restore_s, show_s,
+        show_tensors_s, diff_s, load_tensor_s, cli_s, start_s, after_first, after_unchanged - after_first,
+        after_changed - after_unchanged, _tree_size(root), v2[0].new_bytes, v3[0].new_bytes)
 
 
 def run_many(scale: float, workdir: Path, log: Log) -> ManyResult:

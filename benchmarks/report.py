@@ -421,9 +421,13 @@ def _many_metrics(i: int, label: str) -> tuple[Metric[ManyResult], ...]:
                "ratio", _many(i, lambda s: s.catalog_unchanged_bytes / 1024)),
         Metric(f"{label}_catalog_changed_kib", f"{label}: catalog + manifest KiB, 10 tensors changed",
                "ratio", _many(i, lambda s: s.catalog_changed_bytes / 1024)),
-        Metric(f"{label}_show_s", f"{label}: Store.show", "seconds", _many(i, lambda s: s.show_s)),
+        Metric(f"{label}_show_s", f"{label}: Store.show summary", "seconds", _many(i, lambda s: s.show_s)),
+        Metric(f"{label}_show_tensors_s", f"{label}: Store.show, every tensor", "seconds",
+               _many(i, lambda s: s.show_tensors_s)),
         Metric(f"{label}_cli_show_s", f"{label}: casckpt show (new process)", "seconds",
                _many(i, lambda s: s.cli_show_s)),
+        Metric(f"{label}_cli_start_s", f"{label}: casckpt --help (start-up alone)", "seconds",
+               _many(i, lambda s: s.cli_start_s)),
         Metric(f"{label}_diff_s", f"{label}: diff of versions 10 tensors apart", "seconds",
                _many(i, lambda s: s.diff_s)),
         Metric(f"{label}_load_tensor_s", f"{label}: load_tensor of one tensor", "seconds",
@@ -835,7 +839,8 @@ def many_raw_table(outcomes: Mapping[str, ManyResult]) -> Table:
     """many-tensors: each state's raw times and catalog growth."""
     table = Table(title="many-tensors raw measurements (fp32, flat dict; SQLite catalog; same directory)")
     for column in ("state", "torch.save", "torch.load", "commit", "unchanged", "10 changed", "restore",
-                   "show", "CLI show", "diff", "load_tensor", "catalog +unchanged", "catalog +10",
+                   "show", "show all", "CLI show", "CLI start", "diff", "load_tensor", "catalog +unchanged",
+                   "catalog +10",
                    "store"):
         table.add_column(column, justify="left" if column == "state" else "right")
     for r in outcomes.values():
@@ -843,8 +848,8 @@ def many_raw_table(outcomes: Mapping[str, ManyResult]) -> Table:
             table.add_row(
                 f"{s.tensors:,} x {s.elements} ({measure.fmt_bytes(s.logical_bytes)})",
                 *(_seconds(t) for t in (s.save_s, s.load_s, s.commit_first_s, s.commit_unchanged_s,
-                                        s.commit_changed_s, s.restore_s, s.show_s, s.cli_show_s,
-                                        s.diff_s, s.load_tensor_s)),
+                                        s.commit_changed_s, s.restore_s, s.show_s, s.show_tensors_s,
+                                        s.cli_show_s, s.cli_start_s, s.diff_s, s.load_tensor_s)),
                 measure.fmt_bytes(s.catalog_unchanged_bytes), measure.fmt_bytes(s.catalog_changed_bytes),
                 measure.fmt_bytes(s.store_bytes))
     return table

@@ -52,8 +52,9 @@ from casckpt.errors import (
     VersionSweptError,
 )
 from casckpt.format.dtypes import element_size
-from casckpt.format.manifest import Manifest, decode_manifest, sharding
+from casckpt.format.manifest import Manifest, TreeHead, decode_manifest, sharding
 from casckpt.format.tree import iter_values, rank_path
+from casckpt.format.treemanifest import head_values
 from casckpt.storage import redact_url
 from casckpt.storage.locations import LocationSet
 from casckpt.storage.scratch import ScratchDir
@@ -73,6 +74,7 @@ from casckpt.types import (
     VersionDiff,
     group_tensors,
     natural_key,
+    sorted_groups,
 )
 
 Ref = str | Version
@@ -359,7 +361,12 @@ class Store(StoreAdmin, StoreDistributed):
         ``casckpt show`` prints by default, without a row per tensor of a 100,000-tensor state.
         """
         row = self._row(ref)
-        manifest = load_manifest(self._ctx.catalog, row)
+        manifest = bind(row, decode_manifest(self._ctx.catalog.manifest(row.id), row.id))  # a tree's head
+        if manifest.tree is not None:
+            quick = None if tensors else self._summary(row, manifest.tree)
+            if quick is not None:
+                return quick
+            manifest = load_manifest(self._ctx.catalog, row)
         pieces = sharding(manifest)
         if tensors:
             found = self._ctx.catalog.tensors_of(row.id) if manifest.tree is None else \
@@ -382,6 +389,17 @@ class Store(StoreAdmin, StoreDistributed):
                              degraded_detail=degraded.summary(below) if below else None,
                              tensor_count=sum(g.tensors for g in groups),
                              tensor_bytes=sum(g.nbytes for g in groups), tensor_groups=groups)
+
+    def _summary(self, row: Row[Any], tree: TreeHead) -> VersionDetail | None:
+        """``show(tensors=False)`` of a tree version from its document alone (None: the document
+        keeps no summary, or the store has degraded packs or delta chunks: read the tree)."""
+        values = head_values(tree)
+        if tree.groups is None or values is None or \
+                deltas_sql.any_deltas(self._ctx.catalog) or degraded.anywhere(self._ctx):
+            return None
+        return VersionDetail(self._version(row), (), values, None, None, 0, 0, degraded=False,
+                             tensor_count=tree.tensors, tensor_bytes=tree.nbytes,
+                             tensor_groups=sorted_groups(tree.groups))
 
     def runs(self) -> list[RunInfo]:
         """Every run with a summary of its versions."""

@@ -145,14 +145,22 @@ class VersionDetail(_ToDict):
 def group_tensors(sizes: Iterable[tuple[str, int]]) -> tuple[TensorGroup, ...]:
     """Tensors by the first part of their path (``model``, ``optim``; ``rank1/model``), with
     their count and bytes, in natural order: the summary ``casckpt show`` prints."""
+    return sorted_groups((name, n, size) for name, (n, size) in group_sizes(sizes).items())
+
+
+def group_sizes(sizes: Iterable[tuple[str, int]]) -> dict[str, tuple[int, int]]:
+    """Tensors by the first part of their path: head -> (count, bytes), in first-seen order."""
     found: dict[str, list[int]] = {}
     for path, nbytes in sizes:
-        head, _, _ = path.partition(".")
-        slot = found.setdefault(head, [0, 0])
+        slot = found.setdefault(path.partition(".")[0], [0, 0])
         slot[0] += 1
         slot[1] += nbytes
-    return tuple(TensorGroup(name, n, size) for name, (n, size) in
-                 sorted(found.items(), key=lambda item: natural_key(item[0])))
+    return {head: (n, b) for head, (n, b) in found.items()}
+
+
+def sorted_groups(groups: Iterable[tuple[str, int, int]]) -> tuple[TensorGroup, ...]:
+    """``(name, tensors, bytes)`` as :class:`TensorGroup` values, in natural order of their names."""
+    return tuple(TensorGroup(*g) for g in sorted(groups, key=lambda g: natural_key(g[0])))
 
 
 @dataclass(frozen=True, slots=True)

@@ -430,6 +430,70 @@ def test_show_summary_without_the_tensor_list_agrees_with_the_full_listing(tmp_p
     assert summary.values == full.values == {"lr": 0.5}
 
 
+def _no_node_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    from casckpt.catalog import Catalog
+
+    def refuse(self: object, ids: object) -> None:
+        raise AssertionError("the summary read tree nodes")
+
+    monkeypatch.setattr(Catalog, "tree_nodes", refuse)
+
+
+def test_show_summary_reads_no_tree_node_unless_it_must(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The summary comes from the version's document; a document that could not keep it (too
+    many path heads, large values) or a store with degraded packs has the tree read instead."""
+    many_heads = {f"h{i}": torch.ones(2) for i in range(100)}
+    big_value = {"model": _flat(300), "sampler": list(range(2000))}
+    with casckpt.open(tmp_path / "s") as store:
+        store.commit({"model": _flat(300), "step": 7}, run="r", step=1)
+        store.commit(many_heads, run="r", step=2)
+        store.commit(big_value, run="r", step=3)
+        expected = {i: store.show(f"r@{i}") for i in (1, 2, 3)}
+        with monkeypatch.context() as m:
+            _no_node_reads(m)
+            quick = store.show("r@1", tensors=False)
+            for i in (2, 3):
+                with pytest.raises(AssertionError, match="read tree nodes"):
+                    store.show(f"r@{i}", tensors=False)
+        for i in (1, 2, 3):
+            got = store.show(f"r@{i}", tensors=False)
+            assert (got.tensor_count, got.tensor_bytes, got.tensor_groups, got.values) == (
+                expected[i].tensor_count, expected[i].tensor_bytes, expected[i].tensor_groups,
+                expected[i].values)
+        assert quick.values == {"step": 7} and quick.tensor_count == 300
+        assert len(expected[2].tensor_groups) == 100 and expected[3].values["sampler.1999"] == 1999
+
+
+def test_a_summary_disagreeing_with_its_tree_is_refused() -> None:
+    """A document is trusted as far as its id; one written wrong (a bug) must not pass a full read."""
+    import json
+
+    import zstandard
+
+    from casckpt.format.chunks import object_id
+
+    state = {"model": _flat(20), "lr": 0.1}
+    root, leaves = encode_tree(state)
+    tensors = tuple(TensorEntry(leaf.path, "torch", "float32", (8,), i) for i, leaf in enumerate(leaves))
+    blobs = tuple(BlobEntry(32, 1 << 20, (bytes([i]) * 32,)) for i in range(len(leaves)))
+    manifest = Manifest("r", 1, None, 0.0, root, tensors, blobs)
+    _, data, tree = encode_tree_manifest(manifest)
+    doc = json.loads(zstandard.ZstdDecompressor().decompress(data))
+    assert doc["tree"]["groups"] == [["model", 20, 640]] and doc["tree"]["values"][0][0] == "lr"
+
+    class Source(NodeSource):
+        def get_many(self, ids: Any) -> Any:
+            return {i: tree.nodes[i] for i in ids if i in tree.nodes}
+
+    for field, forged in (("groups", [["model", 20, 641]]), ("values", [["lr", {"t": "int", "v": 1}]])):
+        bad = json.loads(json.dumps(doc))
+        bad["tree"][field] = forged
+        raw = json.dumps(bad, sort_keys=True, separators=(",", ":")).encode()
+        with pytest.raises(CorruptManifestError, match="disagree with its tree"):
+            decode_manifest(zstandard.ZstdCompressor().compress(raw), object_id(raw), Source())
+
+
 def test_a_commit_reusing_a_node_newer_than_gcs_floor_keeps_the_old_chunks_below_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Found in review: gc condemns by age, so a node written after a gc's floor stayed live

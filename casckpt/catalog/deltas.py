@@ -101,6 +101,13 @@ def dependents(catalog: Catalog, ids: list[str]) -> set[str]:
         return {row[0] for row in conn.execute(query, {"ids": ids})}
 
 
+def any_deltas(catalog: Catalog) -> bool:
+    """Whether the store holds any delta-coded chunk."""
+    with catalog.read() as conn:
+        return conn.execute(select(s.chunks.c.id).where(s.chunks.c.base_id.is_not(None)).limit(1)).first() \
+            is not None
+
+
 def version_deltas(catalog: Catalog, ids: list[str]) -> tuple[int, int]:
     """Of the chunks ``ids`` (a version's): how many are deltas, and the longest chain among them."""
     if not ids:

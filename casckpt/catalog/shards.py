@@ -261,6 +261,22 @@ def packs_to_repair(catalog: Catalog) -> list[str]:
     return sorted(damaged | doubled)
 
 
+def degraded_candidates(catalog: Catalog, unreadable: Sequence[int]) -> list[str]:
+    """Every pack that may be degraded (see :mod:`casckpt.engine.degraded`), and maybe some
+    that are not: :func:`packs_to_repair`, packs with fewer shard rows than their scheme has,
+    and packs with a shard on the locations ``unreadable`` (ids). Empty: none is degraded."""
+    sh, p = s.shards, s.packs
+    found = set(packs_to_repair(catalog))
+    with catalog.read() as conn:
+        found.update(conn.execute(
+            select(p.c.id).outerjoin(sh, sh.c.pack_id == p.c.id).group_by(p.c.id, p.c.k, p.c.m)
+            .having(func.count(sh.c.idx) < p.c.k + p.c.m)).scalars())
+        if unreadable:
+            found.update(conn.execute(
+                select(sh.c.pack_id).where(sh.c.location_id.in_(list(unreadable))).distinct()).scalars())
+    return sorted(found)
+
+
 def scrub_order(catalog: Catalog) -> list[tuple[str, int]]:
     """Every pack (id, size), least recently verified first (never verified before all)."""
     p = s.packs

@@ -9,9 +9,11 @@ hint, a chunk GC removed) are written again before retrying.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
@@ -27,7 +29,7 @@ from casckpt.engine import records, trees
 from casckpt.engine.context import EngineContext, manifest_key
 from casckpt.engine.degraded import Shortfall, shortfalls, summary
 from casckpt.engine.deltabase import DeltaPlan, candidate_bases
-from casckpt.engine.layout import SMALL_TENSOR, BlobSource, plan_blobs
+from casckpt.engine.layout import SMALL_TENSOR, BlobSource, PackMemo, plan_blobs
 from casckpt.engine.packer import Packer
 from casckpt.engine.validate import (
     check_message,
@@ -42,7 +44,7 @@ from casckpt.format.chunks import aligned_chunk_size, chunk_id, chunk_spans, obj
 from casckpt.format.codecs import CompressionPolicy, encode_chunk
 from casckpt.format.dtypes import element_size
 from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, TreeHead, encode_manifest
-from casckpt.format.merkle import Tree
+from casckpt.format.merkle import Tree, TreeMemo
 from casckpt.format.tree import encode_tree, rank_path
 from casckpt.format.treemanifest import encode_tree_manifest
 from casckpt.storage.erasure import Redundancy
@@ -143,7 +145,10 @@ def _hash_blobs(
         else:
             view = source.read() if source.nbytes else memoryview(b"")
             spans = list(chunk_spans(source.nbytes, size, phase))
-            ids = list(ctx.pool.map(chunk_id, (view[start:end] for start, end in spans)))
+            if source.digest is not None and spans == [(0, source.nbytes)]:
+                ids = [source.digest]  # one chunk, hashed already
+            else:
+                ids = list(ctx.pool.map(chunk_id, (view[start:end] for start, end in spans)))
             for cid, (start, end) in zip(ids, spans, strict=True):
                 out.chunks.setdefault(cid, _Chunk(view, start, end, source.align))
         out.blobs.append(BlobEntry(source.nbytes, size, tuple(ids), phase, packed=source.packed))
@@ -346,9 +351,43 @@ def snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: flo
     copied again); this snapshot keeps a reference to the copy, to write it
     itself should the earlier commit fail.
     """
+    last = ctx.memos.take(req.run)  # what the run's last commit in this process derived
+    memo = _RunMemo(PackMemo(last.packs if last else None), TreeMemo(last.tree if last else None))
+    try:
+        with _collector_paused():
+            return _snapshot(ctx, state, req, created, parent, reserve, progress, pending, memo)
+    finally:
+        ctx.memos.keep(req.run, memo)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused while a snapshot makes its many small
+    objects: each collection of the oldest generation walks every object the process
+    holds (a large state, the memos), so it would run many times per commit for nothing
+    (a snapshot makes no reference cycles). Resumed as it was found."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            gc.enable()
+
+
+@dataclass(slots=True)
+class _RunMemo:
+    packs: PackMemo
+    tree: TreeMemo
+
+
+def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: float, parent: str | None,
+              reserve: Reserve | None, progress: ProgressCallback | None,
+              pending: Mapping[bytes, _Chunk] | None, memo: _RunMemo) -> Snapshot:
     root, leaves = encode_tree(state)
     pack = min(SMALL_TENSOR, ctx.config.chunk_size - ctx.config.chunk_size % 16) if TREE_MANIFESTS else 0
-    entries, sources = plan_blobs(leaves, stage_host=ctx.config.stage_host_tensors, pack=pack)
+    entries, sources = plan_blobs(leaves, stage_host=ctx.config.stage_host_tensors, pack=pack,
+                                  memo=memo.packs)
     hashed = _hash_blobs(ctx, sources, progress, pending, reserve)
     blobs, chunks = hashed.blobs, hashed.chunks
     manifest = Manifest(
@@ -361,9 +400,10 @@ def snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: flo
     content_rows: list[dict[str, Any]] = []
     tree: Tree | None = None
     if TREE_MANIFESTS:
-        version_id, manifest_bytes, tree = encode_tree_manifest(manifest)
+        version_id, manifest_bytes, tree = encode_tree_manifest(manifest, memo.tree)
         manifest = replace(manifest, tree=TreeHead(tree.root, tree.tensors, tree.nbytes,
-                                                   tuple(manifest.blobs[i] for i in tree.shared_blobs)),
+                                                   tuple(manifest.blobs[i] for i in tree.shared_blobs),
+                                                   tree.groups, tree.values),
                            nodes=tuple(tree.nodes))
         for node_id, raw in tree.nodes.items():  # a node is a chunk: stored in packs, kept by gc
             if node_id not in chunks:
@@ -391,7 +431,8 @@ def snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: flo
             owned += need
         else:
             foreground = bool(todo)
-    before = _parent_manifest(ctx, req.run, parent)
+    before = _parent_manifest(ctx, req.run, parent) if new_ids and delta_chain_for(ctx.catalog, req.run) > 0 \
+        else None  # bases only serve delta coding of new chunks
     bases = candidate_bases(before, entries, blobs, new_ids) if before is not None else {}
     ctx.bases.remember(req.run, version_id, manifest)
     return Snapshot(manifest, version_id, manifest_bytes, chunks, new_ids, rows, content_rows, owned,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from casckpt.cache import IndexCache
 from casckpt.catalog import Catalog
@@ -38,6 +40,26 @@ class EngineContext:
     uploads: ThreadPoolExecutor
     device_buffers: StagingBuffers
     bases: BaseCache
+    memos: Memos = field(default_factory=lambda: Memos())
+
+
+class Memos:
+    """What each run's last commit in this process derived from its state (pack groups,
+    tree nodes), for the run's next commit to reuse where its state did not change. Each
+    memo is keyed by content, so a stale one costs misses, never a wrong version."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs: dict[str, Any] = {}
+
+    def take(self, run: str) -> Any:
+        """The run's memo (None: none yet, or another commit of the run holds it)."""
+        with self._lock:
+            return self._runs.pop(run, None)
+
+    def keep(self, run: str, memo: Any) -> None:
+        with self._lock:
+            self._runs[run] = memo
 
 
 def manifest_key(version_id: str) -> str:

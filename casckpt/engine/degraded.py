@@ -102,6 +102,13 @@ def of_chunks(ctx: EngineContext, chunk_ids: Sequence[str]) -> list[Shortfall]:
     return shortfalls(ctx, (layouts[p] for p in sorted(layouts)))
 
 
+def anywhere(ctx: EngineContext) -> bool:
+    """Whether any pack of the store is degraded now (a version cannot be, when none is)."""
+    unreadable = [loc.id for loc in ctx.locations.all if not loc.readable]
+    suspects = shard_sql.degraded_candidates(ctx.catalog, unreadable)
+    return bool(shortfalls(ctx, shard_sql.layouts(ctx.catalog, suspects).values())) if suspects else False
+
+
 def summary(found: Sequence[Shortfall], limit: int = 3) -> str:
     """The first few packs' problems, and how many more, for a log line or a report."""
     shown = "; ".join(s.describe() for s in found[:limit])

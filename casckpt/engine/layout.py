@@ -9,6 +9,8 @@ Planning touches no storage: it only makes byte views of the tensors.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
 import zlib
 from collections.abc import Callable, Sequence
@@ -49,6 +51,7 @@ class BlobSource:
     staged: Callable[[], torch.Tensor] | None = None
     grid_offset: int = 0
     packed: bool = False  # small tensors packed together (see plan_blobs)
+    digest: bytes | None = None  # the chunk id of all its bytes, when known already
 
 
 def _as_memoryview(array: np.ndarray) -> memoryview:
@@ -163,51 +166,69 @@ def _packable(value: object, limit: int) -> bool:
     if type(value) not in (torch.Tensor, torch.nn.Parameter):
         return False
     t = cast(torch.Tensor, value)
-    return (t.device.type == "cpu" and 0 < t.numel() * t.element_size() <= limit
-            and t.is_contiguous() and not (t.is_conj() or t.is_neg()))
+    return (t.is_cpu and 0 < t.nbytes <= limit and t.is_contiguous()
+            and not (t.is_conj() or t.is_neg()))
 
 
+@functools.lru_cache(maxsize=1 << 20)  # a state's paths come back in every commit
 def _group_end(path: str) -> bool:
     """Whether a pack group ends after the tensor at ``path`` (content-defined: adding or
     removing a tensor moves one group boundary, not the ones after it)."""
     return zlib.crc32(path.encode("utf-8")) % PACK_AVERAGE == 0
 
 
-def _pack(members: list[TensorLeaf], blob: int) -> tuple[list[TensorEntry], BlobSource]:
-    """Small tensors packed into one blob: their bytes copied now, each at a 16-byte boundary,
-    each tensor's own chunk id recorded (its digest: history and diff tell them apart)."""
-    tensors = [cast(torch.Tensor, m.value).detach() for m in members]
-    offsets, pieces, total = [], [], 0
-    for m, t in zip(members, tensors, strict=True):
-        pad = -total % _SPAN_ALIGN
-        if pad:
-            pieces.append(torch.zeros(pad, dtype=torch.uint8))
-            total += pad
+class PackMemo:
+    """The tensor entries of the pack groups one commit made, for the next commit of the run
+    to reuse when a group's bytes and layout are the same (its tensors' digests are not
+    computed again). Keyed by the group's bytes' chunk id, blob index, paths, dtypes and
+    shapes: entries are a function of these. Holds one commit's groups."""
+
+    def __init__(self, previous: PackMemo | None = None) -> None:
+        self._old = previous._new if previous is not None else {}
+        self._new: dict[tuple[object, ...], list[TensorEntry]] = {}
+
+    def entries(self, key: tuple[object, ...], make: Callable[[], list[TensorEntry]]) -> list[TensorEntry]:
+        found = self._old.get(key)
+        if found is None:
+            found = make()
+        self._new[key] = found
+        return found
+
+
+def _pack(members: list[TensorLeaf], blob: int, memo: PackMemo) -> tuple[list[TensorEntry], BlobSource]:
+    """Small tensors packed into one blob: their bytes copied now (contiguous CPU tensors:
+    :func:`_packable`), each at a 16-byte boundary, each tensor's own chunk id recorded
+    (its digest: history and diff tell them apart)."""
+    tensors = [cast(torch.Tensor, m.value) for m in members]
+    sizes = [t.nbytes for t in tensors]
+    offsets, total = [], 0
+    for size in sizes:
+        total += -total % _SPAN_ALIGN
         offsets.append(total)
-        try:
-            flat = t.reshape(-1)
-            if flat.stride(0) != 1:  # one-element slices count as contiguous yet keep their stride
-                flat = flat.clone(memory_format=torch.contiguous_format)
-            flat = flat.view(torch.uint8)
-        except (RuntimeError, TypeError, NotImplementedError) as exc:
-            raise UnsupportedStateError(
-                f"tensor at {m.path!r} ({t.dtype}) cannot be stored as bytes: {exc}") from exc
-        pieces.append(flat)
-        total += flat.numel()
-    buffer = torch.cat(pieces).numpy()
+        total += size
+    buffer = np.zeros(total, dtype=np.uint8)
+    base = buffer.ctypes.data
+    for t, offset, size in zip(tensors, offsets, sizes, strict=True):
+        ctypes.memmove(base + offset, t.data_ptr(), size)  # contiguous: its bytes are one run
     view = _as_memoryview(buffer)
-    entries = [
-        TensorEntry(m.path, "torch", torch_dtype_name(t.dtype), tuple(t.shape), blob, offset=o,
-                    digest=chunk_id(view[o : o + t.numel() * t.element_size()]))
-        for m, t, o in zip(members, tensors, offsets, strict=True)
-    ]
-    sizes = {t.element_size() for t in tensors}
-    align = sizes.pop() if len(sizes) == 1 else 1
-    return entries, BlobSource(total, align, lambda: view, packed=True)
+    paths = tuple(m.path for m in members)
+    dtypes = tuple(t.dtype for t in tensors)
+    shapes = tuple(t.shape for t in tensors)
+
+    def make() -> list[TensorEntry]:
+        return [TensorEntry(path, "torch", torch_dtype_name(dtype), tuple(shape), blob, offset=o,
+                            digest=chunk_id(view[o : o + size]))
+                for path, dtype, shape, o, size in zip(paths, dtypes, shapes, offsets, sizes, strict=True)]
+
+    digest = chunk_id(view)
+    entries = memo.entries((digest, blob, paths, dtypes, shapes), make)
+    sizes_of = {t.element_size() for t in tensors}
+    align = sizes_of.pop() if len(sizes_of) == 1 else 1
+    return entries, BlobSource(total, align, lambda: view, packed=True, digest=digest)
 
 
 def plan_blobs(leaves: Sequence[TensorLeaf], *, stage_host: bool = False, pack: int = 0,
-               ) -> tuple[list[TensorEntry], list[BlobSource]]:
+               memo: PackMemo | None = None) -> tuple[list[TensorEntry], list[BlobSource]]:
     """Assign every tensor leaf to a blob; views of one storage share a blob.
 
     Returns tensor entries in leaf order and the blob sources they index.
@@ -220,15 +241,18 @@ def plan_blobs(leaves: Sequence[TensorLeaf], *, stage_host: bool = False, pack: 
     size, not sharing storage with another leaf, are packed into shared blobs, in leaf
     order, a group ending after a tensor whose path hashes to a boundary (or
     at :data:`PACK_MAX` bytes): one chunk holds many tensors, and a changed
-    tensor rewrites its group, not every group after it.
+    tensor rewrites its group, not every group after it. ``memo`` (the previous
+    commit's, see :class:`PackMemo`) spares re-deriving unchanged groups.
     """
-    groups: dict[tuple[str, int], list[int]] = {}
+    memo = memo if memo is not None else PackMemo()
+    groups: dict[tuple[str | None, int], list[int]] = {}
     for i, leaf in enumerate(leaves):
         value = leaf.value
         if isinstance(value, torch.Tensor) and value.numel() > 0 and not (
             value.is_conj() or value.is_neg()  # stored as the values they read as, not shared
         ):
-            groups.setdefault((str(value.device), value.untyped_storage().data_ptr()), []).append(i)
+            device = None if value.is_cpu else str(value.device)
+            groups.setdefault((device, value.untyped_storage().data_ptr()), []).append(i)
     entries: list[TensorEntry | None] = [None] * len(leaves)
     sources: list[BlobSource] = []
     done: set[int] = set()
@@ -252,20 +276,20 @@ def plan_blobs(leaves: Sequence[TensorLeaf], *, stage_host: bool = False, pack: 
 
     def close() -> None:
         nonlocal size
-        packed, source = _pack([leaves[i] for i in group], len(sources))
+        packed, source = _pack([leaves[i] for i in group], len(sources), memo)
         for i, entry in zip(group, packed, strict=True):
             entries[i] = entry
         sources.append(source)
         group.clear()
         size = 0
 
+    packing = pack and not stage_host
     for i, leaf in enumerate(leaves):
         if i in done:
             continue
-        if pack and not stage_host and _packable(leaf.value, pack):
+        if packing and _packable(leaf.value, pack):
             group.append(i)
-            t = cast(torch.Tensor, leaf.value)
-            size += t.numel() * t.element_size() + _SPAN_ALIGN
+            size += cast(torch.Tensor, leaf.value).nbytes + _SPAN_ALIGN
             if size >= PACK_MAX or _group_end(leaf.path):
                 close()
             continue

@@ -114,6 +114,8 @@ class TreeHead:
     tensors: int
     nbytes: int
     shared: tuple[BlobEntry, ...] = ()  # blobs several tensors share (views of one storage)
+    groups: tuple[tuple[str, int, int], ...] | None = None  # (path head, tensors, bytes); None: not kept
+    values: tuple[tuple[str, Any], ...] | None = None  # (path, plain-value node); None: not kept
 
 
 @dataclass(frozen=True, slots=True)

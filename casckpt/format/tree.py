@@ -105,6 +105,9 @@ def _describe(obj: object) -> str:
 
 
 def _check_tensor(t: torch.Tensor, path: str) -> None:
+    if t.is_cpu and t.layout is torch.strided and not (t.is_nested or t.is_quantized) and \
+            type(t) in _PLAIN_TENSORS:
+        return  # the common case, in few calls
     if t.is_nested:
         raise UnsupportedStateError(
             f"tensor at {path!r} is a nested (ragged) tensor; only dense tensors can be stored. "
@@ -121,15 +124,18 @@ def _check_tensor(t: torch.Tensor, path: str) -> None:
             f"tensor at {path!r} is quantized ({t.dtype}); store its int_repr(), scale and "
             "zero_point instead."
         )
-    if t.device.type == "meta":
+    if t.is_meta:
         raise UnsupportedStateError(
             f"tensor at {path!r} is on the meta device and holds no data; materialise it first."
         )
-    if type(t) not in (torch.Tensor, torch.nn.Parameter):
+    if type(t) not in _PLAIN_TENSORS:
         raise UnsupportedStateError(
             f"tensor at {path!r} is a {_describe(t)}; only plain torch.Tensor and "
             "nn.Parameter are supported in this version. Convert it to a local tensor first."
         )
+
+
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 def _check_array(a: np.ndarray, path: str) -> None:
@@ -159,6 +165,9 @@ def encode_tree(state: object) -> tuple[Node, list[TensorLeaf]]:
 
     def enc(obj: object, path: str, depth: int = 0) -> Node:
         kind = type(obj)
+        if kind in _PLAIN_TENSORS:  # most leaves of a large state
+            _check_tensor(cast(torch.Tensor, obj), path)
+            return leaf(TensorLeaf(path, "torch", obj))
         if obj is None:
             return {"t": "none"}
         if kind is bool:
@@ -348,19 +357,33 @@ def iter_values(root: Node) -> Iterator[tuple[str, object]]:
             for path, value in iter_values(tree):
                 yield rank_path(rank, path), value
         return
+    for path, node in iter_value_nodes(root):
+        yield path, decode_tree(node, _no_tensor)
+
+
+def iter_value_nodes(root: Node) -> Iterator[tuple[str, Node]]:
+    """``(path, node)`` of every plain leaf of a one-process ``root``, the node as encoded
+    (tensors are skipped without making their paths)."""
     stack: list[tuple[str, Any]] = [("", root)]
     while stack:
         path, node = stack.pop()
         kind = node.get("t")
         if kind == "dict":
-            for key, value in reversed(list(zip(node["k"], node["v"], strict=True))):
-                k = key["i"] if isinstance(key, dict) else key
-                stack.append((join_path(path, k), value))
+            found = [(join_path(path, key["i"] if isinstance(key, dict) else key), value)
+                     for key, value in zip(node["k"], node["v"], strict=True)
+                     if value.get("t") not in _NOT_VALUES]
         elif kind in ("list", "tuple"):
-            for i, value in reversed(list(enumerate(node["v"]))):
-                stack.append((join_path(path, i), value))
-        elif kind not in ("tensor", "sharded"):
-            yield path, decode_tree(node, _no_tensor)
+            found = [(join_path(path, i), value) for i, value in enumerate(node["v"])
+                     if value.get("t") not in _NOT_VALUES]
+        elif kind not in _NOT_VALUES:
+            yield path, node
+            continue
+        else:
+            continue
+        stack.extend(reversed(found))
+
+
+_NOT_VALUES = frozenset({"tensor", "sharded"})
 
 
 def _no_tensor(i: int, path: str) -> object:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import zstandard
@@ -36,11 +37,21 @@ from casckpt.format.manifest import (
     _opt_str,
     _str,
 )
-from casckpt.format.merkle import Nodes, NodeSource, Tree, TreeEncoder, TreeReader, blob_json
+from casckpt.format.merkle import Nodes, NodeSource, Tree, TreeEncoder, TreeMemo, TreeReader, blob_json
+from casckpt.format.tree import Node, decode_tree, iter_value_nodes
+from casckpt.types import group_sizes
+
+SUMMARY_GROUPS = 64
+"""A document lists its tensors by path head when they have at most this many heads."""
+SUMMARY_VALUES = 4096
+"""A document repeats its plain values when their JSON is at most this many bytes."""
+Groups = tuple[tuple[str, int, int], ...]
+Values = tuple[tuple[str, Node], ...]
 
 
-def encode_tree_manifest(m: Manifest) -> tuple[str, bytes, Tree]:
-    """``(version id, compressed document, tree)`` of a one-process manifest.
+def encode_tree_manifest(m: Manifest, memo: TreeMemo | None = None) -> tuple[str, bytes, Tree]:
+    """``(version id, compressed document, tree)`` of a one-process manifest (reusing what
+    ``memo``, the run's previous commit's, made for what did not change).
 
     Raises:
         ValueError: the manifest has ranks or shards (those stay versions 1 and 2).
@@ -56,6 +67,13 @@ def encode_tree_manifest(m: Manifest) -> tuple[str, bytes, Tree]:
         if t.is_shard or t.rank is not None:
             raise ValueError("tree manifests hold no shards")
         blob = m.blobs[t.blob]
+        if users[t.blob] > 1 and not blob.packed:  # its entry names the blob by its place in the document
+            entry, nbytes = make(t, blob)
+        else:
+            entry, nbytes = encoder.memo.entry(t, blob, lambda: make(t, blob))
+        return entry, nbytes
+
+    def make(t: TensorEntry, blob: BlobEntry) -> tuple[dict[str, Any], int]:
         if blob.packed:  # named by each of its tensors (they restore separately)
             ref = packed.get(t.blob)
             if ref is None:
@@ -71,7 +89,7 @@ def encode_tree_manifest(m: Manifest) -> tuple[str, bytes, Tree]:
             entry["h"] = t.digest.hex()
         return entry, t.numel * element_size(t.kind, t.dtype)
 
-    encoder = TreeEncoder(tensor)
+    encoder = TreeEncoder(tensor, memo)
     root, count, nbytes = encoder.encode(m.root)
     shared_blobs = [m.blobs[b] for b in sorted(shared, key=shared.__getitem__)]
     shared_json = [blob_json(b.nbytes, b.chunk_size, b.chunks, b.phase) for b in shared_blobs]
@@ -81,9 +99,56 @@ def encode_tree_manifest(m: Manifest) -> tuple[str, bytes, Tree]:
         "metrics": dict(m.metrics), "message": m.message, "tags": list(m.tags),
         "tree": {"root": root.hex(), "n": count, "b": nbytes, "shared": shared_json},
     }
+    groups, values = _summary(encoder.top, m.root)
+    if groups is not None:
+        doc["tree"]["groups"] = [list(g) for g in groups]
+    if values is not None:
+        doc["tree"]["values"] = [list(v) for v in values]
     raw = json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("utf-8")
-    tree = Tree(root, count, nbytes, encoder.nodes, sorted(shared, key=shared.__getitem__))
+    tree = Tree(root, count, nbytes, encoder.nodes, sorted(shared, key=shared.__getitem__), groups, values)
     return object_id(raw), zstandard.ZstdCompressor(level=3).compress(raw), tree
+
+
+def _summary(top: Sequence[tuple[str, int, int]], root: Node) -> tuple[Groups | None, Values | None]:
+    """What ``show`` prints without reading the tree: tensors by path head (at most
+    :data:`SUMMARY_GROUPS` heads; from the root's items, ``(key, tensors, bytes)``: a
+    path's head is its root key's) and the plain values (at most :data:`SUMMARY_VALUES`
+    bytes of JSON); a part over its limit is left out (``show`` then reads the tree)."""
+    found: dict[str, list[int]] = {}
+    for key, tensors, nbytes in top:
+        slot = found.setdefault(key.partition(".")[0], [0, 0])
+        slot[0] += tensors
+        slot[1] += nbytes
+    groups = tuple(sorted((h, n, b) for h, (n, b) in found.items())) if len(found) <= SUMMARY_GROUPS else None
+    values: Values | None = tuple(iter_value_nodes(root))
+    if len(_canonical(values)) > SUMMARY_VALUES:
+        values = None
+    return groups, values
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def _check_summary(head: TreeHead, root: Node, tensors: Sequence[TensorEntry]) -> None:
+    """A document's summary must say what its tree holds (it is written from the same state)."""
+    if head.groups is not None:
+        found = group_sizes((t.path, t.numel * element_size(t.kind, t.dtype)) for t in tensors)
+        if sorted((h, n, b) for h, (n, b) in found.items()) != sorted(head.groups):
+            raise CorruptManifestError("tree manifest's tensor groups disagree with its tree: it is corrupt")
+    if head.values is not None and _canonical(head.values) != _canonical(tuple(iter_value_nodes(root))):
+        raise CorruptManifestError("tree manifest's plain values disagree with its tree: it is corrupt")
+
+
+def head_values(head: TreeHead) -> dict[str, object] | None:
+    """The plain values a document's summary keeps, by path (None: not kept, read the tree)."""
+    if head.values is None:
+        return None
+    return {path: decode_tree(node, _no_tensor) for path, node in head.values}
+
+
+def _no_tensor(i: int, path: str) -> object:
+    raise CorruptManifestError(f"tree manifest's values hold a tensor at {path!r}: it is corrupt")
 
 
 def tree_head(doc: dict[str, Any]) -> TreeHead:
@@ -93,8 +158,19 @@ def tree_head(doc: dict[str, Any]) -> TreeHead:
     if len(root) != 64:
         raise ValueError("tree root is not a node id")
     shared = tuple(_blob_from_json(_dict(b, "blob")) for b in _list(tree["shared"], "shared blobs"))
+    groups = values = None
+    if "groups" in tree:
+        groups = tuple((_str(g[0], "group"), _int(g[1], "group tensors"), _int(g[2], "group bytes"))
+                       for g in (_list(g, "group") for g in _list(tree["groups"], "groups")) if len(g) == 3)
+        if len(groups) != len(tree["groups"]) or len(groups) > SUMMARY_GROUPS:
+            raise ValueError("tree manifest has malformed tensor groups")
+    if "values" in tree:
+        values = tuple((_str(v[0], "value path"), _dict(v[1], "value"))
+                       for v in (_list(v, "value") for v in _list(tree["values"], "values")) if len(v) == 2)
+        if len(values) != len(tree["values"]):
+            raise ValueError("tree manifest has malformed plain values")
     return TreeHead(bytes.fromhex(root), _int(tree["n"], "tree tensor count"),
-                    _int(tree["b"], "tree bytes"), shared)
+                    _int(tree["b"], "tree bytes"), shared, groups, values)
 
 
 def from_tree_json(doc: dict[str, Any], nodes: NodeSource | None) -> Manifest:
@@ -120,6 +196,7 @@ def from_tree_json(doc: dict[str, Any], nodes: NodeSource | None) -> Manifest:
     if len(tensors) != head.tensors:
         raise CorruptManifestError(
             f"tree manifest counts {head.tensors} tensors but its tree holds {len(tensors)}: it is corrupt")
+    _check_summary(head, root, tensors)
     return Manifest(
         run=manifest.run, step=manifest.step, parent=manifest.parent, created_at=manifest.created_at,
         root=root, tensors=tuple(tensors), blobs=tuple(blobs), metadata=manifest.metadata,
