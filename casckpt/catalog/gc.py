@@ -183,6 +183,14 @@ def visible_ids(catalog: Catalog) -> set[str]:
         return set(conn.execute(select(s.versions.c.id).where(s.versions.c.state == "visible")).scalars())
 
 
+def visible_roots(catalog: Catalog) -> dict[str, str | None]:
+    """Every visible version's id -> its tree root (None: no tree)."""
+    with catalog.read() as conn:
+        rows = conn.execute(select(s.versions.c.id, s.versions.c.tree_root)
+                            .where(s.versions.c.state == "visible")).all()
+    return {r[0]: r[1] for r in rows}
+
+
 def manifest_batches(catalog: Catalog, version_ids: Collection[str], size: int = 100) -> Iterator[list[Any]]:
     """Rows (id, run, step, parent_id, created_at, manifest, tree_root, meta_text, metrics_text) of these
     versions, ``size`` at a time (bounded memory); versions that vanished meanwhile are left out.

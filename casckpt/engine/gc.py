@@ -37,8 +37,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from functools import partial
+from typing import Any
 
 from casckpt.catalog import gc as sql
 from casckpt.catalog import retention as retention_sql
@@ -50,8 +53,9 @@ from casckpt.engine.leftovers import reclaim_leftovers
 from casckpt.engine.packer import Packer
 from casckpt.engine.reader import read_chunks
 from casckpt.engine.refs import bind
-from casckpt.errors import CasckptError, GCRefusedError, IntegrityError, StorageError
-from casckpt.format.manifest import decode_manifest
+from casckpt.errors import CasckptError, CorruptManifestError, GCRefusedError, IntegrityError, StorageError
+from casckpt.format import merkle
+from casckpt.format.manifest import TREE_VERSION, Manifest, decode_document, decode_manifest
 from casckpt.format.pack import ENTRY_HEADER_SIZE, PackEntry, decode_entry
 from casckpt.storage.erasure import Redundancy
 from casckpt.types import GCReport, ProgressCallback, RetentionPlan
@@ -93,6 +97,7 @@ def _apply_retention(ctx: EngineContext, dry_run: bool) -> tuple[RetentionPlan, 
 
 
 _Object = tuple[int, str]  # (location id, object key)
+_Marked = tuple[str, "str | None"]  # (version id, tree root) of a version marked
 _MARK_BATCH = 50_000
 
 
@@ -102,34 +107,81 @@ def _listing(ctx: EngineContext) -> Listing:
             for loc, info in ctx.locations.list_all(prefix)]
 
 
-def _mark(ctx: EngineContext, exclude: set[str], done: set[str]) -> set[str]:
+def _mark(ctx: EngineContext, exclude: set[str], done: set[_Marked]) -> set[_Marked]:
     """Add to the mark set every chunk the visible versions not in ``done`` reference, from
     their manifests (verified, bound to their rows); ``exclude`` are treated as gone.
 
-    Returns the version ids marked (with ``done``).
+    A version with a tree is marked through its nodes, each read once per mark however many
+    versions share it (:func:`merkle.referenced`). ``done`` holds (version id, tree root)
+    pairs, so a version migrated to a tree since (:mod:`.treemigrate`) is marked again: its
+    nodes are new to this mark.
+
+    Returns the pairs marked (with ``done``).
 
     Raises:
-        GCRefusedError: a manifest in the catalog cannot be trusted.
+        GCRefusedError: a manifest or tree node in the catalog cannot be trusted.
     """
-    wanted = sql.visible_ids(ctx.catalog) - exclude - done
+    wanted = {i for i, root in sql.visible_roots(ctx.catalog).items()
+              if i not in exclude and (i, root) not in done}
+    marked = set(done)
     pending: set[str] = set()
     nodes = trees.StoreNodes(ctx.catalog, ctx, heal=False)
+    seen: set[bytes] = set()  # nodes walked in this mark, with everything under them
     for batch in sql.manifest_batches(ctx.catalog, wanted):
         for row in batch:
             try:
-                manifest = bind(row, decode_manifest(manifest_bytes(row.manifest, row.id), row.id, nodes))
+                for cid in _references(row, nodes, seen):
+                    pending.add(cid if isinstance(cid, str) else cid.hex())
+                    if len(pending) >= _MARK_BATCH:
+                        sql.add_live(ctx.catalog, pending)
+                        pending = set()
             except IntegrityError as exc:
                 raise GCRefusedError(
                     f"gc stopped before deleting any pack: the catalog's manifest of {row.run}@{row.step} "
                     f"({row.id[:12]}) cannot be trusted ({exc}), so what versions reference is unknown. "
                     "Run `casckpt check`, then `casckpt repair` (it restores a catalog manifest "
                     "from a verified copy on a location)") from exc
-            pending.update(cid.hex() for cid in manifest.chunk_ids())
-            if len(pending) >= _MARK_BATCH:
-                sql.add_live(ctx.catalog, pending)
-                pending = set()
+            marked.add((row.id, row.tree_root))
     sql.add_live(ctx.catalog, pending)
-    return done | wanted
+    return marked
+
+
+def _references(row: Any, nodes: trees.StoreNodes, seen: set[bytes]) -> Iterator[bytes | str]:
+    """The chunk and node ids a version references (hex or bytes). A tree is walked from its
+    root (a document of version 1 migrated to a tree names it only in its row), skipping the
+    nodes in ``seen``; other versions' manifests are read whole."""
+    data = manifest_bytes(row.manifest, row.id)
+    if row.tree_root is None:
+        yield from bind(row, decode_manifest(data, row.id, nodes)).chunk_ids()
+        return
+    doc = decode_document(data, row.id)
+    if doc["version"] == TREE_VERSION:
+        head = bind(row, decode_manifest(data, row.id))  # the head only: the tree is walked below
+        if head.tree is None:
+            raise CorruptManifestError("tree manifest has no tree")
+        root, shared = head.tree.root, [c for b in head.tree.shared for c in b.chunks]
+    else:
+        root, shared = _migrated(row, doc)
+    yield from shared
+    yield from merkle.referenced(nodes, root, seen)
+
+
+def _migrated(row: Any, doc: dict[str, Any]) -> tuple[bytes, list[str]]:
+    """The tree root of a version whose document is of version 1 (migrated: its row names the
+    root) and the chunks (hex) of the blobs several of its tensors share, which its tree
+    names by index. The document (verified against the id) is bound to the row first; its
+    tensors are not decoded (the tree says the same)."""
+    try:
+        said = Manifest(doc["run"], doc["step"], doc["parent"], 0.0, {}, (), ())
+        users = Counter(t["blob"] for t in doc["tensors"])
+        shared = [c for i, n in users.items() if n > 1 for c in doc["blobs"][i]["chunks"]]
+        root = bytes.fromhex(row.tree_root)
+    except (KeyError, TypeError, IndexError, ValueError) as exc:
+        raise CorruptManifestError(f"manifest is malformed: {exc}") from exc
+    if len(root) != 32 or not all(isinstance(c, str) for c in shared):
+        raise CorruptManifestError("the version row's tree root or the manifest's blobs are malformed")
+    bind(row, said)
+    return root, shared
 
 
 class _Deleter:

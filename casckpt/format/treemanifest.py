@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import zstandard
@@ -47,8 +48,8 @@ def encode_tree_manifest(m: Manifest) -> tuple[str, bytes, Tree]:
     """
     if m.world is not None:
         raise ValueError("tree manifests hold one process's state")
-    users = Counter(t.blob for t in m.tensors)
-    shared: dict[int, int] = {}
+    order = shared_blobs(m)
+    shared = {blob: n for n, blob in enumerate(order)}
     packed: dict[int, dict[str, Any]] = {}  # one JSON per packed blob
 
     def tensor(i: int) -> tuple[dict[str, Any], int]:
@@ -61,8 +62,8 @@ def encode_tree_manifest(m: Manifest) -> tuple[str, bytes, Tree]:
             if ref is None:
                 ref = packed[t.blob] = {**blob_json(blob.nbytes, blob.chunk_size, blob.chunks, blob.phase),
                                         "packed": True}
-        elif users[t.blob] > 1:
-            ref = {"s": shared.setdefault(t.blob, len(shared))}
+        elif t.blob in shared:
+            ref = {"s": shared[t.blob]}
         else:
             ref = blob_json(blob.nbytes, blob.chunk_size, blob.chunks, blob.phase)
         entry = {"kind": t.kind, "dtype": t.dtype, "shape": list(t.shape), "offset": t.offset,
@@ -73,8 +74,8 @@ def encode_tree_manifest(m: Manifest) -> tuple[str, bytes, Tree]:
 
     encoder = TreeEncoder(tensor)
     root, count, nbytes = encoder.encode(m.root)
-    shared_blobs = [m.blobs[b] for b in sorted(shared, key=shared.__getitem__)]
-    shared_json = [blob_json(b.nbytes, b.chunk_size, b.chunks, b.phase) for b in shared_blobs]
+    shared_json = [blob_json(m.blobs[b].nbytes, m.blobs[b].chunk_size, m.blobs[b].chunks, m.blobs[b].phase)
+                   for b in order]
     doc = {
         "format": MANIFEST_FORMAT, "version": TREE_VERSION, "run": m.run, "step": m.step,
         "parent": m.parent, "created_at": m.created_at, "metadata": dict(m.metadata),
@@ -82,8 +83,41 @@ def encode_tree_manifest(m: Manifest) -> tuple[str, bytes, Tree]:
         "tree": {"root": root.hex(), "n": count, "b": nbytes, "shared": shared_json},
     }
     raw = json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("utf-8")
-    tree = Tree(root, count, nbytes, encoder.nodes, sorted(shared, key=shared.__getitem__))
+    tree = Tree(root, count, nbytes, encoder.nodes, order)
     return object_id(raw), zstandard.ZstdCompressor(level=3).compress(raw), tree
+
+
+def shared_blobs(m: Manifest) -> list[int]:
+    """The blobs (indexes) a tree manifest of ``m`` lists as shared: unpacked blobs several
+    tensors use, in the order the encoder meets their first tensor (depth first, as
+    :class:`~casckpt.format.merkle.TreeEncoder` walks ``m.root``)."""
+    users = Counter(t.blob for t in m.tensors)
+    order: dict[int, None] = {}
+    stack: list[Any] = [m.root]
+    while stack:
+        node = stack.pop()
+        kind = node.get("t")
+        if kind == "tensor":
+            blob = m.tensors[node["i"]].blob
+            if users[blob] > 1 and not m.blobs[blob].packed:
+                order.setdefault(blob)
+        elif kind in ("dict", "list", "tuple", "ranks", "sharded"):
+            stack.extend(reversed(node["v"]) if kind != "sharded" else ())
+    return list(order)
+
+
+def with_tree(m: Manifest) -> tuple[Manifest, Tree]:
+    """``m`` cut into its tree (what a one-process commit stores), with its tree head and
+    nodes set: for a manifest of version 1, the tree it migrates to (same blobs, chunks and
+    digests), whose root a migrated version's catalog row names."""
+    _, _, tree = encode_tree_manifest(m)
+    return replace(m, tree=head_of(m, tree.root), nodes=tuple(tree.nodes)), tree
+
+
+def head_of(m: Manifest, root: bytes) -> TreeHead:
+    """The tree head of a version-1 manifest whose tree is ``root`` (a migrated version)."""
+    return TreeHead(root, len(m.tensors), sum(t.numel * element_size(t.kind, t.dtype) for t in m.tensors),
+                    tuple(m.blobs[b] for b in shared_blobs(m)))
 
 
 def tree_head(doc: dict[str, Any]) -> TreeHead:
