@@ -152,12 +152,23 @@ def purge_versions(catalog: Catalog, version_ids: list[str]) -> list[str]:
             _tombstone(conn, batch, "purged")
             purged += batch
     with catalog.write() as conn:
-        if conn.dialect.name == "postgresql":  # a commit must not add a user of a row we drop
-            conn.execute(text("LOCK TABLE tensors IN SHARE MODE"))
-        conn.execute(delete(s.contents).where(
-            ~exists().where(t.c.digest == s.contents.c.digest)
-        ))
+        drop_unused_contents(conn)
     return purged
+
+
+def drop_unused_contents(conn: Any, digests: Collection[str] | None = None) -> None:
+    """Delete the ``contents`` rows no tensor row uses (only among ``digests`` when given),
+    within the caller's transaction."""
+    if conn.dialect.name == "postgresql":  # a commit must not add a user of a row we drop
+        conn.execute(text("LOCK TABLE tensors IN SHARE MODE"))
+    c = s.contents
+    unused = ~exists().where(s.tensors.c.digest == c.c.digest)
+    if digests is None:
+        conn.execute(delete(c).where(unused))
+        return
+    wanted = list(dict.fromkeys(digests))
+    for i in range(0, len(wanted), 500):
+        conn.execute(delete(c).where(c.c.digest.in_(wanted[i : i + 500]), unused))
 
 
 def clear_live(catalog: Catalog) -> None:
