@@ -99,7 +99,8 @@ def _answers(store: casckpt.Store, refs: list[str]) -> dict[str, Any]:
         out[f"diff {a} {b}"] = (d.added, d.removed, d.changed, d.unchanged, d.changed_bytes)
     for run in ("r", "f"):
         for path in ("model.layers.l1.w", "model.layers.l2.w", "model.w", "model.head"):
-            out[f"history {run} {path}"] = [(e.version.id, e.change, e.digest) for e in store.history(run, path)]
+            out[f"history {run} {path}"] = [(e.version.id, e.change, e.digest)
+                                            for e in store.history(run, path)]
     return out
 
 
@@ -120,7 +121,8 @@ def _nodes_of(store: casckpt.Store, ref: str) -> set[str]:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_store_of_the_previous_release_migrates_and_answers_the_same(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str, request: pytest.FixtureRequest) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str,
+        request: pytest.FixtureRequest) -> None:
     root = tmp_path / "s"
     catalog = request.getfixturevalue("pg_url") if backend == "postgres" else None
     url = _url(root, catalog)
