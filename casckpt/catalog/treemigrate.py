@@ -63,7 +63,7 @@ def adopt_trees(catalog: Catalog, roots: Mapping[str, str], node_rows: Sequence[
             v.c.id.in_(list(roots)), v.c.state == "visible", v.c.tree_root.is_(None)
         ).with_for_update()).scalars())
         insert_ignore(conn, s.tree_nodes, list(node_rows), "id")
-        deleted, digests = 0, []
+        deleted, digests = 0, list[str]()
         for version_id in ids:
             conn.execute(update(v).where(v.c.id == version_id).values(tree_root=roots[version_id]))
             used = select(distinct(t.c.digest)).where(t.c.version_id == version_id)

@@ -155,6 +155,7 @@ def _references(row: Any, nodes: trees.StoreNodes, seen: set[bytes]) -> Iterator
         yield from bind(row, decode_manifest(data, row.id, nodes)).chunk_ids()
         return
     doc = decode_document(data, row.id)
+    shared: list[bytes] | list[str]
     if doc["version"] == TREE_VERSION:
         head = bind(row, decode_manifest(data, row.id))  # the head only: the tree is walked below
         if head.tree is None:

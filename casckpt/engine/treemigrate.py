@@ -33,6 +33,7 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from itertools import groupby
 from typing import Any
 
@@ -142,8 +143,8 @@ def _publish_batch(ctx: EngineContext, batch: dict[str, Tree], chunks: dict[byte
         rows = [{"id": i.hex(), "body": compress_node(raw)}
                 for i, raw in bodies.items() if i.hex() not in have]
         try:
-            versions, deleted = ctx.catalog.retrying(
-                lambda rows=rows: sql.adopt_trees(ctx.catalog, roots, rows, [i.hex() for i in bodies]))
+            versions, deleted = ctx.catalog.retrying(partial(
+                sql.adopt_trees, ctx.catalog, roots, rows, [i.hex() for i in bodies]))
         except MissingChunksError as exc:
             rewrite_lost(ctx, chunks, exc.missing, redundancy, None, next(iter(roots)))
             tally.nodes += len(set(exc.missing))
