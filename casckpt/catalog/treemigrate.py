@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import delete, distinct, exists, func, select, update
+from sqlalchemy import delete, distinct, select, update
 
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import Catalog, MissingChunksError, insert_ignore
@@ -22,15 +22,6 @@ def without_tree(catalog: Catalog) -> list[tuple[str, str]]:
                             .where(v.c.state == "visible", v.c.tree_root.is_(None))
                             .order_by(s.runs.c.name, v.c.step)).all()
     return [(r[0], r[1]) for r in rows]
-
-
-def with_tensor_rows(catalog: Catalog) -> int:
-    """How many visible versions without a tree keep ``tensors`` rows (format 1 or 2)."""
-    v, t = s.versions, s.tensors
-    with catalog.read() as conn:
-        return int(conn.execute(select(func.count()).where(
-            v.c.state == "visible", v.c.tree_root.is_(None),
-            exists().where(t.c.version_id == v.c.id))).scalar_one())
 
 
 def tree_root(catalog: Catalog, version_id: str) -> str | None:
