@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import delete, distinct, select, update
+from sqlalchemy import delete, select, update
 
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import Catalog, MissingChunksError, insert_ignore
@@ -57,7 +57,7 @@ def adopt_trees(catalog: Catalog, roots: Mapping[str, str], node_rows: Sequence[
         deleted, digests = 0, list[str]()
         for version_id in ids:
             conn.execute(update(v).where(v.c.id == version_id).values(tree_root=roots[version_id]))
-            used = select(distinct(t.c.digest)).where(t.c.version_id == version_id)
+            used = select(t.c.digest).where(t.c.version_id == version_id).distinct()
             digests += conn.execute(used).scalars()
             deleted += int(conn.execute(delete(t).where(t.c.version_id == version_id)).rowcount)
         drop_unused_contents(conn, digests)
