@@ -23,6 +23,7 @@ from casckpt.errors import CasckptError
 from casckpt.types import (
     CheckProblem,
     CheckReport,
+    MigrationReport,
     RunInfo,
     RunNode,
     StoreStats,
@@ -137,6 +138,7 @@ __all__ = [
     "CheckProblem",
     "CommitHandle",
     "CheckReport",
+    "MigrationReport",
     "RunInfo",
     "RunNode",
     "Store",

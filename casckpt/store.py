@@ -29,6 +29,7 @@ from casckpt.catalog import Catalog, MissingChunksError
 from casckpt.catalog import deltas as deltas_sql
 from casckpt.catalog import history as history_sql
 from casckpt.catalog import retention as retention_sql
+from casckpt.catalog.treemigrate import tree_root
 from casckpt.engine import commit as commit_engine
 from casckpt.engine import degraded, records, trees, treeviews
 from casckpt.engine import gc as gc_engine
@@ -367,6 +368,8 @@ class Store(StoreAdmin, StoreDistributed):
             if quick is not None:
                 return quick
             manifest = load_manifest(self._ctx.catalog, row)
+        else:  # a version of format 1 migrated to a tree reads as one (its tensor rows are gone)
+            manifest = trees.adopted(manifest, tree_root(self._ctx.catalog, row.id))
         pieces = sharding(manifest)
         if tensors:
             found = self._ctx.catalog.tensors_of(row.id) if manifest.tree is None else \
@@ -554,7 +557,9 @@ class Store(StoreAdmin, StoreDistributed):
         label = f"{row.run}@{row.step}"
         if not self._ctx.locations.exists_anywhere(manifest_key(row.id)):
             raise VersionSweptError(label, "GC already removed its manifest; it cannot be undeleted")
-        manifest = trees.decode(self._ctx, self._ctx.catalog, self._ctx.catalog.manifest(row.id), row.id)
+        manifest = trees.migrated(  # a migrated version's nodes are revived with its chunks
+            trees.decode(self._ctx, self._ctx.catalog, self._ctx.catalog.manifest(row.id), row.id),
+            tree_root(self._ctx.catalog, row.id))
         chunk_ids = [cid.hex() for cid in manifest.chunk_ids()]
         try:
             if not retention_sql.undelete_version(self._ctx.catalog, row.id, chunk_ids):

@@ -20,6 +20,7 @@ from casckpt.engine import check as check_engine
 from casckpt.engine import identity, records
 from casckpt.engine import rebuild as rebuild_engine
 from casckpt.engine import repair as repair_engine
+from casckpt.engine import treemigrate as treemigrate_engine
 from casckpt.engine.context import EngineContext
 from casckpt.engine.probe import LocationProber
 from casckpt.engine.validate import check_name
@@ -31,6 +32,7 @@ from casckpt.storage.unreachable import UnreachableBlobStore
 from casckpt.types import (
     CheckReport,
     LocationInfo,
+    MigrationReport,
     ProgressCallback,
     RebuildReport,
     RepairReport,
@@ -326,6 +328,21 @@ class StoreAdmin:
         self._recovering = False
         self._reload_locations({})  # the states the locations record restored
         return report
+
+    def migrate_trees(self, *, progress: ProgressCallback | None = None) -> MigrationReport:
+        """Give every version of manifest format 1 (written before tree manifests) its tree, so
+        queries read it as a tree and its ``tensors`` rows go (see
+        :mod:`casckpt.engine.treemigrate`). Version ids and restores do not change.
+
+        Resumable and idempotent (run it again after an interruption; a second run does
+        nothing); safe while other processes commit, restore and run gc. ``open`` never runs
+        it: on a large store it takes a while.
+
+        Raises:
+            CatalogError: nodes kept disappearing under a gc with grace 0; run it again.
+            StorageError: nodes could not be written (the batches done so far stay done).
+        """
+        return treemigrate_engine.migrate(self._ctx, progress)
 
     def rebuild_cache(self) -> int:
         """Drop and refill this host's index cache from the catalog; returns the chunks cached."""

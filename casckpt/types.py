@@ -559,3 +559,23 @@ class RebuildReport(_ToDict):
     lost_packs: tuple[str, ...]
     skipped: tuple[str, ...]
     duration_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationReport(_ToDict):
+    """What ``Store.migrate_trees`` did (see :mod:`casckpt.engine.treemigrate`).
+
+    Attributes:
+        versions_migrated: versions of manifest format 1 that got a tree in this run.
+        versions_left: versions of format 1 still without one (a manifest that does not
+            verify, or a version deleted meanwhile); run again, or `casckpt check`.
+        nodes_written: tree nodes written to the packs (the others were there already).
+        tensor_rows_deleted: ``tensors`` rows the migrated versions no longer need.
+        seconds: how long the run took.
+    """
+
+    versions_migrated: int
+    versions_left: int
+    nodes_written: int
+    tensor_rows_deleted: int
+    seconds: float

@@ -308,6 +308,36 @@ def test_gc_frees_exactly_the_unreachable_nodes_and_chunks(tmp_path: Path) -> No
         assert store.check(read_data=True).ok
 
 
+def test_gc_reads_each_shared_node_once_however_many_versions_share_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mark walks trees through a set of visited nodes: a node (and its subtree) shared by
+    every version is read once, not once per version as expanding each manifest did."""
+    from casckpt.engine import trees
+
+    root = tmp_path / "s"
+    requested: list[bytes] = []
+    get_many = trees.StoreNodes.get_many
+
+    def counting(self: trees.StoreNodes, ids: Any) -> Any:
+        requested.extend(ids)
+        return get_many(self, ids)
+
+    with casckpt.open(root) as store:
+        state = {"model": _flat(2 * PART_MAX_ITEMS), "opt": {"lr": 0.1}}
+        for step in range(5):
+            state["model"] = dict(state["model"], **{f"layers.{step}.w": torch.full((8,), float(step))})
+            store.commit(state, run="r", step=step)
+        monkeypatch.setattr(trees.StoreNodes, "get_many", counting)
+        store.gc(grace=0)
+        monkeypatch.undo()
+        nodes = {bytes.fromhex(r[0]) for r in sqlite3.connect(root / "catalog.db").execute(
+            "SELECT id FROM tree_nodes")}
+        assert requested and len(requested) == len(set(requested)), "a node was read twice"
+        assert set(requested) == nodes  # every node of every version, each once
+        assert _equal(store.restore("r@4"), state)
+        assert store.check(read_data=True).ok
+
+
 def test_a_commit_reusing_a_subtree_gc_condemned_revives_everything_below_it(tmp_path: Path) -> None:
     root = tmp_path / "s"
     with casckpt.open(root) as store:

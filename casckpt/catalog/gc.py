@@ -152,12 +152,23 @@ def purge_versions(catalog: Catalog, version_ids: list[str]) -> list[str]:
             _tombstone(conn, batch, "purged")
             purged += batch
     with catalog.write() as conn:
-        if conn.dialect.name == "postgresql":  # a commit must not add a user of a row we drop
-            conn.execute(text("LOCK TABLE tensors IN SHARE MODE"))
-        conn.execute(delete(s.contents).where(
-            ~exists().where(t.c.digest == s.contents.c.digest)
-        ))
+        drop_unused_contents(conn)
     return purged
+
+
+def drop_unused_contents(conn: Any, digests: Collection[str] | None = None) -> None:
+    """Delete the ``contents`` rows no tensor row uses (only among ``digests`` when given),
+    within the caller's transaction."""
+    if conn.dialect.name == "postgresql":  # a commit must not add a user of a row we drop
+        conn.execute(text("LOCK TABLE tensors IN SHARE MODE"))
+    c = s.contents
+    unused = ~exists().where(s.tensors.c.digest == c.c.digest)
+    if digests is None:
+        conn.execute(delete(c).where(unused))
+        return
+    wanted = list(dict.fromkeys(digests))
+    for i in range(0, len(wanted), 500):
+        conn.execute(delete(c).where(c.c.digest.in_(wanted[i : i + 500]), unused))
 
 
 def clear_live(catalog: Catalog) -> None:
@@ -181,6 +192,14 @@ def visible_ids(catalog: Catalog) -> set[str]:
     """Ids of every visible version."""
     with catalog.read() as conn:
         return set(conn.execute(select(s.versions.c.id).where(s.versions.c.state == "visible")).scalars())
+
+
+def visible_roots(catalog: Catalog) -> dict[str, str | None]:
+    """Every visible version's id -> its tree root (None: no tree)."""
+    with catalog.read() as conn:
+        rows = conn.execute(select(s.versions.c.id, s.versions.c.tree_root)
+                            .where(s.versions.c.state == "visible")).all()
+    return {r[0]: r[1] for r in rows}
 
 
 def manifest_batches(catalog: Catalog, version_ids: Collection[str], size: int = 100) -> Iterator[list[Any]]:

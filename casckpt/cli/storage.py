@@ -1,4 +1,5 @@
-"""Storage administration: ``location``, ``redundancy``, ``repair``, ``catalog rebuild``, ``cache rebuild``.
+"""Storage administration: ``location``, ``redundancy``, ``repair``, ``catalog rebuild``,
+``catalog migrate-trees``, ``cache rebuild``.
 
 A store keeps its packs on one or more blob locations, each in a failure
 domain (what fails together: a disk, a host, a bucket's region). New packs
@@ -319,6 +320,29 @@ def rebuild_catalog(ctx: typer.Context, as_json: JsonOption = False) -> None:
         render.out(table, *_listing("lost packs (too few readable shards)", report.lost_packs),
                    *_listing("skipped versions", report.skipped))
     if not ok:
+        raise typer.Exit(EXIT_PROBLEMS)
+
+
+@catalog_app.command("migrate-trees")
+def migrate_trees(ctx: typer.Context, as_json: JsonOption = False) -> None:
+    """Give versions written before tree manifests their trees; exit 1 if some are left.
+
+    Version ids and restores do not change; history, diff and show then read
+    those versions from their trees, and their per-tensor catalog rows go.
+    Resumable (run it again after an interruption), idempotent, and safe
+    while training commits and gc runs.
+    """
+    with _open_store(ctx) as store, progress_bars() as progress:
+        report = store.migrate_trees(progress=progress)
+    if as_json:
+        render.print_json({**report.to_dict(), "ok": not report.versions_left})
+    else:
+        render.out(_count_table("versions migrated to trees", [
+            ("versions migrated", report.versions_migrated), ("versions left", report.versions_left),
+            ("tree nodes written", report.nodes_written),
+            ("tensor rows deleted", report.tensor_rows_deleted),
+        ]), f"took {report.seconds:.1f}s")
+    if report.versions_left:
         raise typer.Exit(EXIT_PROBLEMS)
 
 

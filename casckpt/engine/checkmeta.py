@@ -125,6 +125,10 @@ def check_manifests(ctx: EngineContext, found: Findings, *, read_data: bool) -> 
             except IntegrityError as exc:
                 found.add("manifest", row.id, f"{row.run}@{row.step}: the catalog's copy: {exc}")
                 continue
+            try:
+                manifest = trees.migrated(manifest, row.tree_root)  # a version migrated to a tree
+            except IntegrityError as exc:
+                found.add("catalog", f"{row.run}@{row.step}", str(exc))
             if manifest.tree is not None:
                 _check_tree_rows(ctx, found, row, manifest)
             found.manifests.append((row.id, manifest))

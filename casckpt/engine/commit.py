@@ -405,9 +405,9 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
                                                    tuple(manifest.blobs[i] for i in tree.shared_blobs),
                                                    tree.groups, tree.values),
                            nodes=tuple(tree.nodes))
-        for node_id, raw in tree.nodes.items():  # a node is a chunk: stored in packs, kept by gc
+        for node_id, chunk in node_chunks(tree).items():
             if node_id not in chunks:
-                chunks[node_id] = _Chunk(memoryview(raw), 0, len(raw), 1, owned=True, node=True)
+                chunks[node_id] = chunk
                 lookup.append(node_id)
     else:  # what casckpt wrote before tree manifests (tests build older stores with it)
         version_id, manifest_bytes = encode_manifest(manifest)
@@ -519,10 +519,7 @@ def _publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, started: fl
                     f"{', '.join(sorted(gone_bases)[:3])} while the commit ran (is a GC with --grace 0 "
                     "running?); commit again"
                 ) from exc
-            lost = [cid for cid in snap.chunks if cid.hex() in exc.missing]
-            ctx.cache.discard(lost)
-            _hold_unchanged(snap, lost)
-            snap.wrote(write_chunks(ctx, snap.chunks, lost, redundancy, progress))
+            snap.wrote(rewrite_lost(ctx, snap.chunks, exc.missing, redundancy, progress, snap.version_id))
     raise CatalogError(
         f"could not publish version {snap.version_id[:12]}: its chunks kept disappearing "
         "(is a GC with --grace 0 running?); retry the commit"
@@ -540,19 +537,36 @@ def _checks(ctx: EngineContext, snap: Snapshot) -> tuple[Sequence[bytes], list[d
     return list(snap.chunks), trees.node_rows(tree, sorted(i for i in tree.nodes if i not in have))
 
 
-def _hold_unchanged(snap: Snapshot, ids: Sequence[bytes]) -> None:
+def rewrite_lost(ctx: EngineContext, chunks: dict[bytes, _Chunk], missing: Iterable[str],
+                 redundancy: Redundancy, progress: ProgressCallback | None, version_id: str) -> ChunkWrite:
+    """Write again the chunks among ``chunks`` that publishing found gone (``missing``, hex):
+    GC swept them while the commit (or tree migration) was in flight."""
+    gone = set(missing)
+    lost = [cid for cid in chunks if cid.hex() in gone]
+    ctx.cache.discard(lost)
+    _hold_unchanged(chunks, lost, version_id)
+    return write_chunks(ctx, chunks, lost, redundancy, progress)
+
+
+def _hold_unchanged(chunks: dict[bytes, _Chunk], ids: Sequence[bytes], version_id: str) -> None:
     """Before writing chunks again, copy each and check the copy still hashes to its id: the
     copy is what gets written, so bytes changed meanwhile can never go under the old id."""
     for cid in ids:
-        chunk = snap.chunks[cid]
+        chunk = chunks[cid]
         held = chunk if chunk.owned else _copy(chunk)
         if held.view is _NOT_HELD or chunk_id(held.data()) != cid:
             raise CatalogError(
-                f"version {snap.version_id[:12]} reuses a chunk GC removed while the commit was in "
+                f"version {version_id[:12]} reuses a chunk GC removed while the commit was in "
                 "flight, and its bytes are no longer at hand (the state changed since, they stayed "
                 "on the GPU, or another rank wrote them); commit again"
             )
-        snap.chunks[cid] = held
+        chunks[cid] = held
+
+
+def node_chunks(tree: Tree) -> dict[bytes, _Chunk]:
+    """The nodes of a tree as chunks to write (a node is a chunk: stored in packs, kept by gc)."""
+    return {node_id: _Chunk(memoryview(raw), 0, len(raw), 1, owned=True, node=True)
+            for node_id, raw in tree.nodes.items()}
 
 
 def write_new(ctx: EngineContext, run: str, snap: Snapshot, redundancy: Redundancy,

@@ -37,8 +37,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from functools import partial
+from typing import Any
 
 from casckpt.catalog import gc as sql
 from casckpt.catalog import retention as retention_sql
@@ -51,6 +53,7 @@ from casckpt.engine.packer import Packer
 from casckpt.engine.reader import read_chunks
 from casckpt.engine.refs import bind
 from casckpt.errors import CasckptError, GCRefusedError, IntegrityError, StorageError
+from casckpt.format import merkle
 from casckpt.format.manifest import decode_manifest
 from casckpt.format.pack import ENTRY_HEADER_SIZE, PackEntry, decode_entry
 from casckpt.storage.erasure import Redundancy
@@ -93,6 +96,7 @@ def _apply_retention(ctx: EngineContext, dry_run: bool) -> tuple[RetentionPlan, 
 
 
 _Object = tuple[int, str]  # (location id, object key)
+_Marked = tuple[str, "str | None"]  # (version id, tree root) of a version marked
 _MARK_BATCH = 50_000
 
 
@@ -102,34 +106,62 @@ def _listing(ctx: EngineContext) -> Listing:
             for loc, info in ctx.locations.list_all(prefix)]
 
 
-def _mark(ctx: EngineContext, exclude: set[str], done: set[str]) -> set[str]:
+def _mark(ctx: EngineContext, exclude: set[str], done: set[_Marked]) -> set[_Marked]:
     """Add to the mark set every chunk the visible versions not in ``done`` reference, from
     their manifests (verified, bound to their rows); ``exclude`` are treated as gone.
 
-    Returns the version ids marked (with ``done``).
+    A version with a tree is marked through its nodes, each read once per mark however many
+    versions share it (:func:`merkle.referenced`). ``done`` holds (version id, tree root)
+    pairs, so a version migrated to a tree since (:mod:`.treemigrate`) is marked again: its
+    nodes are new to this mark.
+
+    Returns the pairs marked (with ``done``).
 
     Raises:
-        GCRefusedError: a manifest in the catalog cannot be trusted.
+        GCRefusedError: a manifest or tree node in the catalog cannot be trusted.
     """
-    wanted = sql.visible_ids(ctx.catalog) - exclude - done
+    wanted = {i for i, root in sql.visible_roots(ctx.catalog).items()
+              if i not in exclude and (i, root) not in done}
+    marked = set(done)
     pending: set[str] = set()
     nodes = trees.StoreNodes(ctx.catalog, ctx, heal=False)
+    seen: set[bytes] = set()  # nodes walked in this mark, with everything under them
     for batch in sql.manifest_batches(ctx.catalog, wanted):
         for row in batch:
             try:
-                manifest = bind(row, decode_manifest(manifest_bytes(row.manifest, row.id), row.id, nodes))
+                for cid in _references(row, nodes, seen):
+                    pending.add(cid.hex())
+                    if len(pending) >= _MARK_BATCH:
+                        sql.add_live(ctx.catalog, pending)
+                        pending = set()
             except IntegrityError as exc:
                 raise GCRefusedError(
                     f"gc stopped before deleting any pack: the catalog's manifest of {row.run}@{row.step} "
                     f"({row.id[:12]}) cannot be trusted ({exc}), so what versions reference is unknown. "
                     "Run `casckpt check`, then `casckpt repair` (it restores a catalog manifest "
                     "from a verified copy on a location)") from exc
-            pending.update(cid.hex() for cid in manifest.chunk_ids())
-            if len(pending) >= _MARK_BATCH:
-                sql.add_live(ctx.catalog, pending)
-                pending = set()
+            marked.add((row.id, row.tree_root))
     sql.add_live(ctx.catalog, pending)
-    return done | wanted
+    return marked
+
+
+def _references(row: Any, nodes: trees.StoreNodes, seen: set[bytes]) -> Iterator[bytes]:
+    """The chunk and node ids a version references. A tree is walked from its root, skipping
+    the nodes in ``seen``; other versions' manifests are read whole -- a document of version
+    1 migrated to a tree (its row names the root) too: the root is the catalog's word alone,
+    so the version's data is marked from its document, and a damaged root can cost the
+    nodes of its tree (check reports it; migrate-trees or a rebuild restores them), never
+    the data."""
+    data = manifest_bytes(row.manifest, row.id)
+    manifest = bind(row, decode_manifest(data, row.id))  # a tree manifest's head; others whole
+    if manifest.tree is None:
+        yield from manifest.chunk_ids()
+        root = trees.parse_root(row.tree_root) if manifest.world is None else None
+    else:
+        yield from (c for b in manifest.tree.shared for c in b.chunks)
+        root = manifest.tree.root
+    if root is not None:
+        yield from merkle.referenced(nodes, root, seen)
 
 
 class _Deleter:

@@ -11,7 +11,9 @@ Everything the catalog records is recoverable from the objects:
 2. Versions: every manifest (``manifests/<id>``, verified against its id)
    gives run, step, parent, time, metadata, metrics, message, commit-time
    tags and the tensors; a version is published only if every chunk it
-   references was recovered.
+   references was recovered. A manifest of version 1 whose tree (the one
+   ``casckpt catalog migrate-trees`` gave it) has every node in the packs
+   comes back migrated: its tree root and node rows, no tensor rows.
 3. Mutable state from ``refs/`` records (see :mod:`casckpt.engine.records`):
    location domains and states, forks, retention, redundancy and delta-chain
    policies of runs and of the store, tags set after commit. The copy on an
@@ -47,6 +49,7 @@ from casckpt.format.manifest import MAX_MANIFEST_OBJECT, Manifest, decode_manife
 from casckpt.format.merkle import compress_node
 from casckpt.format.pack import read_index
 from casckpt.format.shard import shard_key
+from casckpt.format.treemanifest import with_tree
 from casckpt.storage import BlobInfo
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.locations import Location
@@ -117,6 +120,10 @@ def _publish(ctx: EngineContext, manifest: Manifest, data: bytes, version_id: st
         manifest = trees.decode(ctx, ctx.catalog, data, version_id, heal=False)
         found = trees.read_nodes(ctx, manifest.nodes, heal=False)
         node_rows = [{"id": i.hex(), "body": compress_node(raw)} for i, raw in found.items()]
+    elif manifest.world is None:  # version 1: migrated to a tree if the packs hold all its nodes
+        derived, tree = with_tree(manifest)
+        if len(ctx.catalog.find_chunks([i.hex() for i in tree.nodes], live_only=False)) == len(tree.nodes):
+            manifest, node_rows = derived, trees.node_rows(tree, list(tree.nodes))
     rows, contents = tensor_rows(version_id, manifest.tensors, manifest.blobs) \
         if manifest.tree is None else ([], [])
     row = {

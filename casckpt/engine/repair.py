@@ -150,7 +150,7 @@ def _recovery_data(ctx: EngineContext, found: Findings,
                 data = restored
             if row.tree_root is not None:
                 try:
-                    done.nodes += trees.restore_node_rows(ctx, data, row.id)
+                    done.nodes += trees.restore_node_rows(ctx, data, row.id, row.tree_root)
                 except CasckptError:
                     pass  # a node intact nowhere: check keeps reporting it
             for loc in holders:

@@ -8,6 +8,7 @@ verified against its id either way (:func:`casckpt.format.merkle.decode_node`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from casckpt.catalog import Catalog
@@ -16,6 +17,7 @@ from casckpt.engine.reader import read_chunks
 from casckpt.errors import CorruptManifestError
 from casckpt.format.manifest import Manifest, decode_manifest
 from casckpt.format.merkle import Nodes, NodeSource, Tree, TreeReader, compress_node, decode_node, node_json
+from casckpt.format.treemanifest import head_of, with_tree
 
 
 class StoreNodes(NodeSource):
@@ -69,24 +71,26 @@ class _PackNodes(NodeSource):
         return read_nodes(self.ctx, ids)
 
 
-def restore_node_rows(ctx: EngineContext, data: bytes, version_id: str) -> int:
+def restore_node_rows(ctx: EngineContext, data: bytes, version_id: str, tree_root: str | None = None) -> int:
     """Put back the catalog rows of a tree version's nodes that are missing or do not verify,
     from the nodes' copies in the packs (verified); returns how many rows were written.
+    ``tree_root``: the root the version's row names (a migrated version's document has none).
 
     Raises:
         CorruptManifestError: a node is in neither place intact (check reports it).
     """
+    head = decode_manifest(data, version_id)
+    root = head.tree.root if head.tree is not None else parse_root(tree_root)
+    if root is None:
+        return 0
     try:
-        decode_manifest(data, version_id, StoreNodes(ctx.catalog))
+        TreeReader(Nodes(StoreNodes(ctx.catalog))).expand(root)
         return 0  # every row is there and verifies
     except CorruptManifestError:
         pass
     reader = TreeReader(Nodes(_PackNodes(ctx)))
-    head = decode_manifest(data, version_id)
-    if head.tree is None:
-        return 0
     try:
-        reader.expand(head.tree.root)
+        reader.expand(root)
     except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError) as exc:
         raise CorruptManifestError(f"a tree node in the packs is malformed: {exc}") from exc
     have = ctx.catalog.tree_nodes([i.hex() for i in reader.visited])
@@ -111,3 +115,48 @@ def restore_node_rows(ctx: EngineContext, data: bytes, version_id: str) -> int:
 def node_rows(tree: Tree, ids: Sequence[bytes]) -> list[dict[str, Any]]:
     """Catalog rows of the nodes ``ids`` of ``tree``."""
     return [{"id": i.hex(), "body": compress_node(tree.nodes[i])} for i in ids]
+
+
+def parse_root(tree_root: str | None) -> bytes | None:
+    """A tree root as a version row names it (None: no tree).
+
+    Raises:
+        CorruptManifestError: it is not a node id.
+    """
+    if tree_root is None:
+        return None
+    try:
+        root = bytes.fromhex(tree_root)
+    except ValueError:
+        root = b""
+    if len(root) != 32:
+        raise CorruptManifestError(f"the catalog names a malformed tree root {tree_root[:16]!r}")
+    return root
+
+
+def adopted(manifest: Manifest, tree_root: str | None) -> Manifest:
+    """A version's manifest as queries read it: a document of version 1 whose row names a
+    tree (migrated, :mod:`.treemigrate`) gets that tree's head, so history, diff and show
+    read its nodes (its ``tensors`` rows are gone). Nothing is hashed: ``casckpt check``
+    verifies that the root is the tree of the document (:func:`migrated`)."""
+    root = parse_root(tree_root) if manifest.tree is None and manifest.world is None else None
+    return manifest if root is None else replace(manifest, tree=head_of(manifest, root))
+
+
+def migrated(manifest: Manifest, tree_root: str | None) -> Manifest:
+    """:func:`adopted`, the tree derived from the document and verified to be the one the row
+    names, with its nodes (so ``chunk_ids`` names them: check reads them, undelete revives
+    them).
+
+    Raises:
+        CorruptManifestError: the row names another tree than the document's (the catalog
+            is damaged; `casckpt repair` does not fix it: rebuild the catalog, or migrate again).
+    """
+    if parse_root(tree_root) is None or manifest.tree is not None or manifest.world is not None:
+        return manifest
+    derived, _ = with_tree(manifest)
+    if derived.tree is None or derived.tree.root.hex() != tree_root:
+        raise CorruptManifestError(
+            "the catalog names another tree root than the tree of the version's manifest: the "
+            "catalog is damaged. Rebuild it from the locations (`casckpt catalog rebuild`)")
+    return derived

@@ -14,8 +14,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from casckpt.catalog import Catalog
+from casckpt.catalog.treemigrate import tree_root
 from casckpt.engine.commit import tensor_rows
-from casckpt.engine.trees import StoreNodes
+from casckpt.engine.trees import StoreNodes, adopted
 from casckpt.errors import CorruptManifestError
 from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, decode_manifest, validate
 from casckpt.format.merkle import Nodes, TreeReader
@@ -77,8 +78,12 @@ def entry_row(path: str, entry: Any, shared: Sequence[BlobEntry]) -> tuple[Tenso
 
 
 def head(catalog: Catalog, version_id: str) -> Manifest:
-    """A version's manifest head (a tree manifest's tree not read)."""
-    return decode_manifest(catalog.manifest(version_id), version_id)
+    """A version's manifest head (a tree manifest's tree not read); a version migrated to a
+    tree reads as one (:func:`casckpt.engine.trees.adopted`)."""
+    manifest = decode_manifest(catalog.manifest(version_id), version_id)
+    if manifest.tree is not None or manifest.world is not None:
+        return manifest
+    return adopted(manifest, tree_root(catalog, version_id))
 
 
 class Trees:

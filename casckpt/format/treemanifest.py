@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import zstandard
@@ -58,8 +59,8 @@ def encode_tree_manifest(m: Manifest, memo: TreeMemo | None = None) -> tuple[str
     """
     if m.world is not None:
         raise ValueError("tree manifests hold one process's state")
-    users = Counter(t.blob for t in m.tensors)
-    shared: dict[int, int] = {}
+    order = shared_blobs(m)
+    shared = {blob: n for n, blob in enumerate(order)}
     packed: dict[int, dict[str, Any]] = {}  # one JSON per packed blob
 
     def tensor(i: int) -> tuple[dict[str, Any], int]:
@@ -67,7 +68,7 @@ def encode_tree_manifest(m: Manifest, memo: TreeMemo | None = None) -> tuple[str
         if t.is_shard or t.rank is not None:
             raise ValueError("tree manifests hold no shards")
         blob = m.blobs[t.blob]
-        if users[t.blob] > 1 and not blob.packed:  # its entry names the blob by its place in the document
+        if t.blob in shared:  # its entry names the blob by its place in the document
             entry, nbytes = make(t, blob)
         else:
             entry, nbytes = encoder.memo.entry(t, blob, lambda: make(t, blob))
@@ -79,8 +80,8 @@ def encode_tree_manifest(m: Manifest, memo: TreeMemo | None = None) -> tuple[str
             if ref is None:
                 ref = packed[t.blob] = {**blob_json(blob.nbytes, blob.chunk_size, blob.chunks, blob.phase),
                                         "packed": True}
-        elif users[t.blob] > 1:
-            ref = {"s": shared.setdefault(t.blob, len(shared))}
+        elif t.blob in shared:
+            ref = {"s": shared[t.blob]}
         else:
             ref = blob_json(blob.nbytes, blob.chunk_size, blob.chunks, blob.phase)
         entry = {"kind": t.kind, "dtype": t.dtype, "shape": list(t.shape), "offset": t.offset,
@@ -91,8 +92,8 @@ def encode_tree_manifest(m: Manifest, memo: TreeMemo | None = None) -> tuple[str
 
     encoder = TreeEncoder(tensor, memo)
     root, count, nbytes = encoder.encode(m.root)
-    shared_blobs = [m.blobs[b] for b in sorted(shared, key=shared.__getitem__)]
-    shared_json = [blob_json(b.nbytes, b.chunk_size, b.chunks, b.phase) for b in shared_blobs]
+    shared_json = [blob_json(m.blobs[b].nbytes, m.blobs[b].chunk_size, m.blobs[b].chunks, m.blobs[b].phase)
+                   for b in order]
     doc = {
         "format": MANIFEST_FORMAT, "version": TREE_VERSION, "run": m.run, "step": m.step,
         "parent": m.parent, "created_at": m.created_at, "metadata": dict(m.metadata),
@@ -105,8 +106,43 @@ def encode_tree_manifest(m: Manifest, memo: TreeMemo | None = None) -> tuple[str
     if values is not None:
         doc["tree"]["values"] = [list(v) for v in values]
     raw = json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("utf-8")
-    tree = Tree(root, count, nbytes, encoder.nodes, sorted(shared, key=shared.__getitem__), groups, values)
+    tree = Tree(root, count, nbytes, encoder.nodes, order, groups, values)
     return object_id(raw), zstandard.ZstdCompressor(level=3).compress(raw), tree
+
+
+def shared_blobs(m: Manifest) -> list[int]:
+    """The blobs (indexes) a tree manifest of ``m`` lists as shared: unpacked blobs several
+    tensors use, in the order the encoder meets their first tensor (depth first, as
+    :class:`~casckpt.format.merkle.TreeEncoder` walks ``m.root``)."""
+    users = Counter(t.blob for t in m.tensors)
+    if not any(n > 1 and not m.blobs[b].packed for b, n in users.items()):
+        return []  # the common case, without a walk of the tree
+    order: dict[int, None] = {}
+    stack: list[Any] = [m.root]
+    while stack:
+        node = stack.pop()
+        kind = node.get("t")
+        if kind == "tensor":
+            blob = m.tensors[node["i"]].blob
+            if users[blob] > 1 and not m.blobs[blob].packed:
+                order.setdefault(blob)
+        elif kind in ("dict", "list", "tuple", "ranks", "sharded"):
+            stack.extend(reversed(node["v"]) if kind != "sharded" else ())
+    return list(order)
+
+
+def with_tree(m: Manifest) -> tuple[Manifest, Tree]:
+    """``m`` cut into its tree (what a one-process commit stores), with its tree head and
+    nodes set: for a manifest of version 1, the tree it migrates to (same blobs, chunks and
+    digests), whose root a migrated version's catalog row names."""
+    _, _, tree = encode_tree_manifest(m)
+    return replace(m, tree=head_of(m, tree.root), nodes=tuple(tree.nodes)), tree
+
+
+def head_of(m: Manifest, root: bytes) -> TreeHead:
+    """The tree head of a version-1 manifest whose tree is ``root`` (a migrated version)."""
+    return TreeHead(root, len(m.tensors), sum(t.numel * element_size(t.kind, t.dtype) for t in m.tensors),
+                    tuple(m.blobs[b] for b in shared_blobs(m)))
 
 
 def _summary(top: Sequence[tuple[str, int, int]], root: Node) -> tuple[Groups | None, Values | None]:
