@@ -208,6 +208,10 @@ class StoreStats(_ToDict):
     most ``longest_chain`` deltas deep (``mean_chain`` on average);
     ``delta_chain`` is the store's policy (deltas before a keyframe, 0: off)
     and ``run_delta_chains`` the runs with their own.
+
+    ``versions_without_tree`` are read through per-tensor catalog rows: versions saved by
+    many ranks (DCP, ``commit(group=)``), and versions from before tree manifests until
+    ``casckpt catalog migrate-trees`` converts them (``Store.migrate_trees``).
     """
 
     runs: int
@@ -228,6 +232,7 @@ class StoreStats(_ToDict):
     mean_chain: float = 0.0
     delta_chain: int = 0
     run_delta_chains: Mapping[str, int] = field(default_factory=dict)
+    versions_without_tree: int = 0
 
     @property
     def dedup_ratio(self) -> float:

@@ -132,12 +132,14 @@ def test_a_store_of_the_previous_release_migrates_and_answers_the_same(
         before = _answers(store, refs)
         rows_bytes = int(_sql(url, "SELECT COALESCE(SUM(LENGTH(chunk_ids)), 0) FROM contents")[0][0])
         assert _count(url, "tensors") == 9 * len(refs) and _count(url, "tree_nodes") == 0
+        assert store.stats().versions_without_tree == len(refs)
 
         report = store.migrate_trees()
         assert (report.versions_migrated, report.versions_left) == (len(refs), 0)
         assert report.tensor_rows_deleted == 9 * len(refs) and report.nodes_written > 0
         assert _count(url, "tensors") == 0 and _count(url, "contents") == 0
         assert _sql(url, "SELECT COUNT(*) FROM versions WHERE tree_root IS NULL")[0][0] == 0
+        assert store.stats().versions_without_tree == 0
         node_bytes = int(_sql(url, "SELECT SUM(LENGTH(body)) FROM tree_nodes")[0][0])
         assert node_bytes < rows_bytes + 9 * len(refs) * 100  # the catalog shrinks
         assert [store.resolve(r).id for r in refs] == ids

@@ -675,7 +675,8 @@ class Catalog:
         """Counts and byte sums for ``Store.stats`` (chunks: of tensor data, tree nodes left out)."""
         v, c, p = s.versions, s.chunks, s.packs
         with self.read() as conn:
-            vrow = conn.execute(select(func.count(v.c.id), func.coalesce(func.sum(v.c.logical_bytes), 0))
+            vrow = conn.execute(select(func.count(v.c.id), func.coalesce(func.sum(v.c.logical_bytes), 0),
+                                       func.count(v.c.tree_root))
                                 .where(v.c.state == "visible")).one()
             crow = conn.execute(select(func.count(c.c.id), func.coalesce(func.sum(c.c.raw_len), 0),
                                        func.coalesce(func.sum(c.c.stored_len), 0))
@@ -691,5 +692,5 @@ class Catalog:
             "runs": runs, "versions": vrow[0], "tags": tags, "chunks": crow[0], "packs": prow[0],
             "logical_bytes": int(vrow[1]), "unique_bytes": int(crow[1]),
             "stored_bytes": int(crow[2]), "pack_bytes": int(prow[1]),
-            "location_bytes": int(shard_bytes),
+            "location_bytes": int(shard_bytes), "versions_without_tree": vrow[0] - vrow[2],
         }

@@ -334,6 +334,10 @@ def stats_table(stats: StoreStats) -> Table:
                          f"{human_bytes(stats.delta_stored_bytes)}"),
         ("delta chains", f"longest {stats.longest_chain}, mean {stats.mean_chain:.1f}"),
     ]
+    if stats.versions_without_tree:
+        rows.append(("without a tree", f"{stats.versions_without_tree} version(s) read through per-tensor "
+                     "rows (saved by many ranks, or from before tree manifests: `casckpt catalog "
+                     "migrate-trees` converts those)"))
     for key, value in rows:
         table.add_row(key, value)
     return table

@@ -161,13 +161,7 @@ def _shared(group: list[TensorLeaf], blob: int, stage: bool) -> tuple[list[Tenso
     )
 
 
-def _packable(value: object, limit: int) -> bool:
-    """A small, plain, contiguous CPU tensor with its own bytes (see :func:`plan_blobs`)."""
-    if type(value) not in (torch.Tensor, torch.nn.Parameter):
-        return False
-    t = cast(torch.Tensor, value)
-    return (t.is_cpu and 0 < t.nbytes <= limit and t.is_contiguous()
-            and not (t.is_conj() or t.is_neg()))
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # packable: no subclass with bytes of its own
 
 
 @functools.lru_cache(maxsize=1 << 20)  # a state's paths come back in every commit
@@ -196,8 +190,8 @@ class PackMemo:
 
 
 def _pack(members: list[TensorLeaf], blob: int, memo: PackMemo) -> tuple[list[TensorEntry], BlobSource]:
-    """Small tensors packed into one blob: their bytes copied now (contiguous CPU tensors:
-    :func:`_packable`), each at a 16-byte boundary, each tensor's own chunk id recorded
+    """Small tensors packed into one blob: their bytes copied now (plain contiguous CPU
+    tensors, see :func:`plan_blobs`), each at a 16-byte boundary, each tensor's own chunk id recorded
     (its digest: history and diff tell them apart)."""
     tensors = [cast(torch.Tensor, m.value) for m in members]
     sizes = [t.nbytes for t in tensors]
@@ -245,14 +239,19 @@ def plan_blobs(leaves: Sequence[TensorLeaf], *, stage_host: bool = False, pack: 
     commit's, see :class:`PackMemo`) spares re-deriving unchanged groups.
     """
     memo = memo if memo is not None else PackMemo()
+    packing = pack and not stage_host
     groups: dict[tuple[str | None, int], list[int]] = {}
+    sizes: dict[int, int] = {}  # leaf -> bytes, of the tensors small and plain enough to pack
     for i, leaf in enumerate(leaves):
         value = leaf.value
         if isinstance(value, torch.Tensor) and value.numel() > 0 and not (
             value.is_conj() or value.is_neg()  # stored as the values they read as, not shared
         ):
-            device = None if value.is_cpu else str(value.device)
-            groups.setdefault((device, value.untyped_storage().data_ptr()), []).append(i)
+            cpu = value.is_cpu
+            groups.setdefault((None if cpu else str(value.device), value.untyped_storage().data_ptr()),
+                              []).append(i)
+            if packing and cpu and value.nbytes <= pack and type(value) in _PLAIN and value.is_contiguous():
+                sizes[i] = value.nbytes
     entries: list[TensorEntry | None] = [None] * len(leaves)
     sources: list[BlobSource] = []
     done: set[int] = set()
@@ -283,13 +282,13 @@ def plan_blobs(leaves: Sequence[TensorLeaf], *, stage_host: bool = False, pack: 
         group.clear()
         size = 0
 
-    packing = pack and not stage_host
     for i, leaf in enumerate(leaves):
         if i in done:
             continue
-        if packing and _packable(leaf.value, pack):
+        nbytes = sizes.get(i)
+        if nbytes is not None:
             group.append(i)
-            size += cast(torch.Tensor, leaf.value).nbytes + _SPAN_ALIGN
+            size += nbytes + _SPAN_ALIGN
             if size >= PACK_MAX or _group_end(leaf.path):
                 close()
             continue

@@ -65,16 +65,14 @@ def encode_tree_manifest(m: Manifest, memo: TreeMemo | None = None) -> tuple[str
 
     def tensor(i: int) -> tuple[dict[str, Any], int]:
         t = m.tensors[i]
-        if t.is_shard or t.rank is not None:
-            raise ValueError("tree manifests hold no shards")
         blob = m.blobs[t.blob]
         if t.blob in shared:  # its entry names the blob by its place in the document
-            entry, nbytes = make(t, blob)
-        else:
-            entry, nbytes = encoder.memo.entry(t, blob, lambda: make(t, blob))
-        return entry, nbytes
+            return make(t, blob)
+        return encoder.memo.entry(t, blob, lambda: make(t, blob))
 
     def make(t: TensorEntry, blob: BlobEntry) -> tuple[dict[str, Any], int]:
+        if t.is_shard or t.rank is not None:
+            raise ValueError("tree manifests hold no shards")
         if blob.packed:  # named by each of its tensors (they restore separately)
             ref = packed.get(t.blob)
             if ref is None:
