@@ -706,8 +706,10 @@ class TreeReader:
     def _pairs(self, path: str, x: Any, y: Any) -> Iterator[tuple[str, Any, Any]]:
         kind = x["t"]
         if kind == "dict":
-            left = self._dict_items(x, y)
-            right = self._dict_items(y, x)
+            changed = self._changed_parts(x, y), self._changed_parts(y, x)
+            self.nodes.prefetch([_ref_id(r) for refs in changed for r in refs or ()])  # one read
+            left = self._dict_items(x, changed[0])
+            right = self._dict_items(y, changed[1])
             for key in dict.fromkeys([*left, *right]):
                 yield join_path(path, key), left.get(key), right.get(key)
         else:
@@ -716,15 +718,19 @@ class TreeReader:
             for i in range(max(len(xs), len(ys))):
                 yield (join_path(path, i), xs[i] if i < len(xs) else None, ys[i] if i < len(ys) else None)
 
-    def _dict_items(self, value: Any, other: Any) -> dict[str, Any]:
-        """Items of a dict, skipping parts the other side holds unchanged (same id)."""
+    def _changed_parts(self, value: Any, other: Any) -> list[dict[str, Any]] | None:
+        """The part refs of a split dict the other side does not hold (same id); None: not split."""
         if "parts" not in value:
-            return {key_text(k): c for k, c in self._own_items(value)}
+            return None
         same = {_ref_id(r) for r in self.part_refs(other)} if "parts" in other else set()
+        return [r for r in self.part_refs(value) if _ref_id(r) not in same]
+
+    def _dict_items(self, value: Any, parts: list[dict[str, Any]] | None) -> dict[str, Any]:
+        """Items of a dict: its own, or those of ``parts`` (:meth:`_changed_parts`)."""
+        if parts is None:
+            return {key_text(k): c for k, c in self._own_items(value)}
         out: dict[str, Any] = {}
-        for ref in self.part_refs(value):
-            if _ref_id(ref) in same:
-                continue
+        for ref in parts:
             part = self.node(_ref_id(ref))["v"]
             if part.get("t") != "dict" or "parts" in part:
                 raise CorruptManifestError(f"tree part of a dict holds a {str(part.get('t'))[:20]!r}")
