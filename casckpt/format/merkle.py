@@ -215,33 +215,23 @@ class TreeMemo:
     def __init__(self, previous: TreeMemo | None = None) -> None:
         self._old_entries = previous._entries if previous is not None else {}
         self._old_made = previous._made if previous is not None else {}
-        self._old_tensors = previous._tensors if previous is not None else {}
-        self._entries: dict[Any, tuple[Any, Any, dict[str, Any], int]] = {}  # by id, and by value
+        self._entries: dict[Any, tuple[Any, Any, _Sized]] = {}  # by id of the tensor, and by value
         self._made: dict[tuple[Any, ...], _Made] = {}
-        self._tensors: dict[int, _Sized] = {}  # id(entry JSON) -> its value (which keeps the entry)
 
-    def entry(self, tensor: Any, blob: Any, make: Callable[[], tuple[dict[str, Any], int]]
-              ) -> tuple[dict[str, Any], int]:
-        """A tensor's entry JSON and logical bytes, a function of ``tensor`` and ``blob``
-        (hashable values): found by the identity of ``tensor`` (a pack's entries come back
-        as the same objects), else by value."""
+    def entry(self, tensor: Any, blob: Any, make: Callable[[Any, Any], tuple[dict[str, Any], int]]
+              ) -> _Sized:
+        """A tensor's value in its parent, ``make(tensor, blob)`` (its entry JSON and logical
+        bytes) being a function of ``tensor`` and ``blob`` (hashable values): found by the
+        identity of ``tensor`` (a pack's entries come back as the same objects), else by
+        value; the same object for the same entry."""
         found = self._old_entries.get(id(tensor))
-        if found is None or found[0] is not tensor or found[1] != blob:
+        if found is None or found[0] is not tensor or not (found[1] is blob or found[1] == blob):
             found = self._old_entries.get((tensor, blob))
             if found is None:
-                found = (tensor, blob, *make())
+                found = (tensor, blob, tensor_value(*make(tensor, blob)))
             self._entries[(tensor, blob)] = found
         self._entries[id(tensor)] = found
-        return found[2], found[3]
-
-    def tensor(self, entry: dict[str, Any], nbytes: int) -> _Sized:
-        """A tensor's value in its parent (the same object for the same entry object)."""
-        found = self._tensors.get(id(entry)) or self._old_tensors.get(id(entry))
-        if found is None or found.value["e"] is not entry or found.nbytes != nbytes:
-            found = _Sized({"t": "tensor", "e": entry}, 1, nbytes,
-                           160 + 67 * len(entry["blob"].get("chunks", ())))
-        self._tensors[id(entry)] = found
-        return found
+        return found[2]
 
     def made(self, sig: tuple[Any, ...]) -> _Made | None:
         """What the previous commit made for ``sig`` (kept for the next commit too)."""
@@ -252,6 +242,11 @@ class TreeMemo:
 
     def keep(self, sig: tuple[Any, ...], made: _Made) -> None:
         self._made[sig] = made
+
+
+def tensor_value(entry: dict[str, Any], nbytes: int) -> _Sized:
+    """A tensor's value in its parent node (:class:`TreeEncoder`)."""
+    return _Sized({"t": "tensor", "e": entry}, 1, nbytes, 160 + 67 * len(entry["blob"].get("chunks", ())))
 
 
 def _key_sig(keys: Sequence[Any] | None) -> tuple[Any, ...] | None:
@@ -265,9 +260,8 @@ class TreeEncoder:
     """Cuts a manifest's state tree into nodes (see the module docstring), reusing what a
     :class:`TreeMemo` of the previous commit made for unchanged subtrees."""
 
-    def __init__(self, tensor: Callable[[int], tuple[dict[str, Any], int]],
-                 memo: TreeMemo | None = None) -> None:
-        # tensor(i) -> (entry JSON, logical bytes)
+    def __init__(self, tensor: Callable[[int, TreeMemo], _Sized], memo: TreeMemo | None = None) -> None:
+        # tensor(i, memo) -> the value of the i-th tensor (tensor_value, or memo.entry)
         self._tensor = tensor
         self.memo = memo if memo is not None else TreeMemo()
         self.nodes: dict[bytes, bytes] = {}
@@ -318,7 +312,7 @@ class TreeEncoder:
     def _value(self, node: Node, depth: int) -> _Sized:
         kind = node.get("t")
         if kind == "tensor":
-            return self.memo.tensor(*self._tensor(node["i"]))
+            return self._tensor(node["i"], self.memo)
         if kind in ("dict", "list", "tuple"):
             return self._container(node, depth + 1)
         if kind in ("ranks", "sharded"):

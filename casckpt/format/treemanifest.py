@@ -38,7 +38,16 @@ from casckpt.format.manifest import (
     _opt_str,
     _str,
 )
-from casckpt.format.merkle import Nodes, NodeSource, Tree, TreeEncoder, TreeMemo, TreeReader, blob_json
+from casckpt.format.merkle import (
+    Nodes,
+    NodeSource,
+    Tree,
+    TreeEncoder,
+    TreeMemo,
+    TreeReader,
+    blob_json,
+    tensor_value,
+)
 from casckpt.format.tree import Node, decode_tree, iter_value_nodes
 from casckpt.types import group_sizes
 
@@ -63,12 +72,12 @@ def encode_tree_manifest(m: Manifest, memo: TreeMemo | None = None) -> tuple[str
     shared = {blob: n for n, blob in enumerate(order)}
     packed: dict[int, dict[str, Any]] = {}  # one JSON per packed blob
 
-    def tensor(i: int) -> tuple[dict[str, Any], int]:
+    def tensor(i: int, memo: TreeMemo) -> Any:
         t = m.tensors[i]
         blob = m.blobs[t.blob]
         if t.blob in shared:  # its entry names the blob by its place in the document
-            return make(t, blob)
-        return encoder.memo.entry(t, blob, lambda: make(t, blob))
+            return tensor_value(*make(t, blob))
+        return memo.entry(t, blob, make)
 
     def make(t: TensorEntry, blob: BlobEntry) -> tuple[dict[str, Any], int]:
         if t.is_shard or t.rank is not None:
