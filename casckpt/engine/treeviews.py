@@ -123,7 +123,11 @@ class Trees:
         tensors: dict[str, tuple[TensorRow | None, TensorRow | None]] = {}
         contents: dict[str, ContentRow] = {}
         values: tuple[dict[str, object], dict[str, object]] = ({}, {})
-        for path, x, y in _typed(lambda: list(self.reader.differences(a.tree.root, b.tree.root))):
+        ra, rb = a.tree.root, b.tree.root
+        found = _typed(lambda: list(self.reader.differences(ra, rb)))
+        if a.tree.shared != b.tree.shared:
+            found += _typed(lambda: self._same_shared_entries(ra, rb))
+        for path, x, y in found:
             if _same_packed(x, y):
                 continue  # its group was rewritten around it: the same digest, in another pack
             pair: list[TensorRow | None] = [None, None]
@@ -141,6 +145,15 @@ class Trees:
                     a_row is None or b_row is None or a_row.digest != b_row.digest):
                 tensors[path] = (a_row, b_row)
         return tensors, contents, values[0], values[1]
+
+    def _same_shared_entries(self, a: bytes, b: bytes) -> list[tuple[str, Any, Any]]:
+        """``(path, entry, entry)`` of every tensor both trees hold as the same entry naming a
+        shared blob (``{"s": i}``, an index into each document's own list): equal nodes, which
+        the walk of :meth:`differences` skips, though the blobs they name may differ. Reads
+        both trees whole (only when two versions' shared blobs differ)."""
+        left = dict(self.reader.leaves(self.reader.node(a)["v"]))
+        return [(path, value, value) for path, value in self.reader.leaves(self.reader.node(b)["v"])
+                if _names_shared(value) and left.get(path) == value]
 
     def history_states(self, manifests: Iterable[Manifest], path: str
                        ) -> list[tuple[TensorRow, ContentRow] | None]:
@@ -167,6 +180,12 @@ def _typed(walk: Callable[[], T]) -> T:
         return walk()
     except _MALFORMED as exc:
         raise CorruptManifestError(f"a tree node is malformed: {type(exc).__name__}: {exc}") from exc
+
+
+def _names_shared(value: Any) -> bool:
+    """Whether a leaf is a tensor entry naming a shared blob by its index (``{"s": i}``)."""
+    entry = value.get("e") if isinstance(value, dict) and value.get("t") == "tensor" else None
+    return isinstance(entry, dict) and isinstance(entry.get("blob"), dict) and "s" in entry["blob"]
 
 
 def _plain(value: Mapping[str, Any], path: str) -> object:

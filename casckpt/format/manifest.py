@@ -33,6 +33,8 @@ MANIFEST_VERSION = 2  # written only by versions that use its additions (sharded
 TREE_VERSION = 3  # a tree manifest: the state tree as shared nodes (casckpt.format.merkle)
 _READS = (1, 2, 3)
 _MAX_MANIFEST = 512 << 20  # JSON of ~5 million tensors; decompression stops here, whatever a frame declares
+MAX_MANIFEST_JSON = _MAX_MANIFEST
+"""No manifest document is larger (decoded JSON): a larger one is corrupt."""
 MAX_MANIFEST_OBJECT = _MAX_MANIFEST  # compressed, it is never larger: a bigger object is not one
 
 
@@ -208,19 +210,27 @@ def encode_manifest(m: Manifest) -> tuple[str, bytes]:
 
 
 def _decompress(data: bytes) -> bytes:
-    """The manifest JSON, decompressed a piece at a time: a frame's declared size is never
-    trusted to allocate, and more than :data:`_MAX_MANIFEST` bytes is refused."""
+    """The manifest JSON (at most :data:`_MAX_MANIFEST` bytes, see :func:`decompress_capped`)."""
+    return decompress_capped(data, _MAX_MANIFEST, "manifest")
+
+
+def decompress_capped(data: bytes, limit: int, what: str) -> bytes:
+    """zstd ``data`` decompressed a piece at a time: a frame's declared size is never trusted
+    to allocate, and more than ``limit`` bytes is refused.
+
+    Raises:
+        CorruptManifestError: ``what`` (for the message) does not decompress, or passes ``limit``.
+    """
     parts, total = [], 0
     try:
         reader = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True)
         while piece := reader.read(1 << 20):
             total += len(piece)
-            if total > _MAX_MANIFEST:
-                raise CorruptManifestError(
-                    f"manifest decompresses to more than {_MAX_MANIFEST} bytes; it is corrupt")
+            if total > limit:
+                raise CorruptManifestError(f"{what} decompresses to more than {limit} bytes; it is corrupt")
             parts.append(piece)
     except zstandard.ZstdError as exc:
-        raise CorruptManifestError(f"manifest does not decompress: {exc}") from exc
+        raise CorruptManifestError(f"{what} does not decompress: {exc}") from exc
     return b"".join(parts)
 
 

@@ -42,9 +42,10 @@ from typing import Any
 
 import zstandard
 
-from casckpt.errors import CorruptManifestError
+from casckpt.errors import CorruptManifestError, UnsupportedStateError
 from casckpt.format.chunks import chunk_id
 from casckpt.format.dtypes import element_size
+from casckpt.format.manifest import MAX_MANIFEST_JSON, decompress_capped
 from casckpt.format.tree import MAX_DEPTH, MAX_MANIFEST_NESTING, Node, join_path, json_nesting
 
 INLINE_MAX = 2048
@@ -55,8 +56,10 @@ PART_AVERAGE = 128  # a dict part ends after a key whose hash is 0 modulo this (
 PART_MAX_ITEMS = 512
 PART_MAX_BYTES = 256 << 10  # a part also ends once its estimated encoding passes this
 PART_MIN_ITEMS = 16
-MAX_NODE = 64 << 20
-"""No node is larger (decoded JSON): a larger one is corrupt."""
+MAX_NODE = MAX_MANIFEST_JSON
+"""No node is larger (decoded JSON): a larger one is corrupt. As large as a document may be:
+a node holds part of what a document of format 1 held (a plain value of any size a document
+could hold, which a migrated version's tree must hold too), and no commit writes a larger one."""
 _BLOOM_BITS_PER_KEY = 10
 _BLOOM_HASHES = 3
 _MAX_LEVELS = 8  # index levels above the parts of one container: 256^8 items is far past any state
@@ -140,14 +143,7 @@ def node_json(body: bytes) -> bytes:
     Raises:
         CorruptManifestError: it does not decompress, or is too large.
     """
-    try:
-        reader = zstandard.ZstdDecompressor().stream_reader(body, read_across_frames=True)
-        raw = reader.read(MAX_NODE + 1)
-    except zstandard.ZstdError as exc:
-        raise CorruptManifestError(f"a tree node in the catalog does not decompress: {exc}") from exc
-    if len(raw) > MAX_NODE:
-        raise CorruptManifestError("a tree node in the catalog is impossibly large")
-    return raw
+    return decompress_capped(body, MAX_NODE, "a tree node in the catalog")
 
 
 def decompress_node(body: bytes) -> Any:
@@ -269,7 +265,18 @@ class TreeEncoder:
         self.top: list[tuple[str, int, int]] = []  # the root container's items: (key, tensors, bytes)
 
     def _store(self, value: Any, tensors: int, nbytes: int) -> bytes:
+        """Store one node; returns its id.
+
+        Raises:
+            UnsupportedStateError: the node is larger than :data:`MAX_NODE` (no reader would
+                accept it): a plain value too large to store.
+        """
         raw = _dumps({"n": tensors, "b": nbytes, "v": value}).encode("utf-8")
+        if len(raw) > MAX_NODE:
+            raise UnsupportedStateError(
+                f"the state's plain values make a tree node of {len(raw)} bytes, more than a node "
+                f"may hold ({MAX_NODE}); store large str or bytes values as tensors instead "
+                "(torch.frombuffer(bytearray(value), dtype=torch.uint8))")
         node_id = chunk_id(raw)
         self.nodes[node_id] = raw
         self._log.append((node_id, raw))
