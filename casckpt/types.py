@@ -572,8 +572,9 @@ class MigrationReport(_ToDict):
 
     Attributes:
         versions_migrated: versions of manifest format 1 that got a tree in this run.
-        versions_left: versions of format 1 still without one (a manifest that does not
-            verify, or a version deleted meanwhile); run again, or `casckpt check`.
+        versions_left: versions of format 1 left without one because their manifest does
+            not verify (`casckpt check` says why; `casckpt repair` may restore it). A version
+            deleted while the run worked is skipped, not counted.
         nodes_written: tree nodes written to the packs (the others were there already).
         tensor_rows_deleted: ``tensors`` rows the migrated versions no longer need.
         seconds: how long the run took.

@@ -166,3 +166,22 @@ def test_a_commit_leaves_the_garbage_collector_as_it_found_it(tmp_path: Path, en
             assert gc.isenabled() is enabled
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_snapshots_of_several_threads_share_the_pause_and_resume_the_collector(tmp_path: Path) -> None:
+    import threading
+
+    assert gc.isenabled()
+    g = torch.Generator().manual_seed(5)
+    states = [{f"w{i}": torch.randn(4, generator=g) for i in range(3000)} for _ in range(3)]
+    with casckpt.open(tmp_path / "s") as store:
+        threads = [threading.Thread(target=lambda n=n: [store.commit(states[n], run=f"r{n}", step=s)
+                                                         for s in range(3)]) for n in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert gc.isenabled()
+        for n in range(3):
+            back = store.restore(f"r{n}@2")
+            assert all(torch.equal(back[k], v) for k, v in states[n].items())

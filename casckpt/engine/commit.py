@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -360,19 +361,30 @@ def snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: flo
         ctx.memos.keep(req.run, memo)
 
 
+_PAUSES = threading.Lock()
+_paused = [0, False]  # snapshots running with the collector paused; whether it ran before them
+
+
 @contextmanager
 def _collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector paused while a snapshot makes its many small
     objects: each collection of the oldest generation walks every object the process
     holds (a large state, the memos), so it would run many times per commit for nothing
-    (a snapshot makes no reference cycles). Resumed as it was found."""
-    paused = gc.isenabled()
-    gc.disable()
+    (a snapshot makes no reference cycles). Snapshots of several threads at once share the
+    pause; the last one out resumes the collector if it ran before the first one came in
+    (a ``gc.disable()`` another thread makes meanwhile is undone then)."""
+    with _PAUSES:
+        if not _paused[0]:
+            _paused[1] = gc.isenabled()
+            gc.disable()
+        _paused[0] += 1
     try:
         yield
     finally:
-        if paused:
-            gc.enable()
+        with _PAUSES:
+            _paused[0] -= 1
+            if not _paused[0] and _paused[1]:
+                gc.enable()
 
 
 @dataclass(slots=True)

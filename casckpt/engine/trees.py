@@ -150,7 +150,8 @@ def migrated(manifest: Manifest, tree_root: str | None) -> Manifest:
 
     Raises:
         CorruptManifestError: the row names another tree than the document's (the catalog
-            is damaged; `casckpt repair` does not fix it: rebuild the catalog, or migrate again).
+            is damaged; neither `casckpt repair` nor migrate-trees fixes it: rebuild the catalog
+            from the locations, which derives the tree again).
     """
     if parse_root(tree_root) is None or manifest.tree is not None or manifest.world is not None:
         return manifest
