@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 import casckpt
 from casckpt.engine.layout import PackMemo, plan_blobs
 from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry
-from casckpt.format.merkle import SPLIT_ITEMS, TreeMemo
+from casckpt.format.merkle import SPLIT_ITEMS
 from casckpt.format.tree import encode_tree, iter_leaves
+from casckpt.format.treeencode import TreeMemo
 from casckpt.format.treemanifest import encode_tree_manifest
 
 _leaf = st.one_of(

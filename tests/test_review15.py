@@ -61,9 +61,10 @@ def test_a_commit_whose_node_no_reader_accepts_is_refused_before_publishing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A node over MAX_NODE is refused when the commit encodes it (a typed error, nothing
     published), never written for every reader (and gc) to refuse afterwards."""
-    from casckpt.format import merkle
+    from casckpt.format import merkle, treeencode
 
     monkeypatch.setattr(merkle, "MAX_NODE", 1 << 20)
+    monkeypatch.setattr(treeencode, "MAX_NODE", 1 << 20)
     with casckpt.open(tmp_path / "s") as store:
         store.commit({"w": torch.ones(3)}, run="r", step=0)
         with pytest.raises(casckpt.errors.UnsupportedStateError, match="tree node"):

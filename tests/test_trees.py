@@ -18,9 +18,10 @@ import casckpt
 from casckpt.engine import commit as commit_engine
 from casckpt.errors import CorruptManifestError, TensorNotFoundError
 from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, decode_manifest
-from casckpt.format.merkle import PART_MAX_ITEMS, SPLIT_ITEMS, Nodes, NodeSource, TreeReader
+from casckpt.format.merkle import PART_MAX_ITEMS, SPLIT_ITEMS, Nodes, NodeSource
 from casckpt.format.tree import encode_tree, iter_leaves
 from casckpt.format.treemanifest import encode_tree_manifest
+from casckpt.format.treeread import TreeReader
 
 
 def _count(root: Path, sql: str) -> int:
@@ -566,7 +567,7 @@ def test_a_forged_tree_of_shared_nodes_is_refused_promptly() -> None:
     import json
 
     from casckpt.format.chunks import chunk_id
-    from casckpt.format.merkle import TreeReader
+    from casckpt.format.treeread import TreeReader
 
     nodes: dict[bytes, bytes] = {}
     raw = json.dumps({"n": 0, "b": 0, "v": {"t": "int", "v": 1}}, sort_keys=True,
@@ -591,7 +592,7 @@ def test_malformed_nodes_with_valid_ids_are_typed_errors_in_every_walk(forgery: 
     import json
 
     from casckpt.format.chunks import chunk_id
-    from casckpt.format.merkle import TreeReader
+    from casckpt.format.treeread import TreeReader
 
     def node(value: dict[str, Any]) -> tuple[bytes, bytes]:
         raw = json.dumps({"n": 1, "b": 4, "v": value}, sort_keys=True, separators=(",", ":")).encode()

@@ -32,7 +32,7 @@ from casckpt.engine.restore import _assemble, _stored_leaves
 from casckpt.errors import CasckptError, CorruptPackError
 from casckpt.format.chunks import chunk_id, object_id
 from casckpt.format.manifest import Manifest, decode_manifest, rank_count, rank_view, sharding
-from casckpt.format.merkle import Nodes, NodeSource, TreeReader
+from casckpt.format.merkle import Nodes, NodeSource
 from casckpt.format.pack import (
     ENTRY_HEADER_SIZE,
     TRAILER_SIZE,
@@ -43,6 +43,7 @@ from casckpt.format.pack import (
 )
 from casckpt.format.shard import SHARD_HEADER_SIZE, decode_shard_header, payload_checksum
 from casckpt.format.tree import decode_tree, iter_values
+from casckpt.format.treeread import TreeReader
 from casckpt.storage.erasure import ErasureCode
 
 _BUFFER_LIMIT = 64 << 20  # blob bytes a case may allocate to build tensor views of an accepted manifest

@@ -45,8 +45,8 @@ from casckpt.format.chunks import aligned_chunk_size, chunk_id, chunk_spans, obj
 from casckpt.format.codecs import CompressionPolicy, encode_chunk
 from casckpt.format.dtypes import element_size
 from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, TreeHead, encode_manifest
-from casckpt.format.merkle import Tree, TreeMemo
 from casckpt.format.tree import encode_tree, rank_path
+from casckpt.format.treeencode import Tree, TreeMemo
 from casckpt.format.treemanifest import encode_tree_manifest
 from casckpt.storage.erasure import Redundancy
 from casckpt.types import ProgressCallback, Version

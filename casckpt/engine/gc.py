@@ -53,7 +53,7 @@ from casckpt.engine.packer import Packer
 from casckpt.engine.reader import read_chunks
 from casckpt.engine.refs import bind
 from casckpt.errors import CasckptError, GCRefusedError, IntegrityError, StorageError
-from casckpt.format import merkle
+from casckpt.format import treeread
 from casckpt.format.manifest import decode_manifest
 from casckpt.format.pack import ENTRY_HEADER_SIZE, PackEntry, decode_entry
 from casckpt.storage.erasure import Redundancy
@@ -111,7 +111,7 @@ def _mark(ctx: EngineContext, exclude: set[str], done: set[_Marked]) -> set[_Mar
     their manifests (verified, bound to their rows); ``exclude`` are treated as gone.
 
     A version with a tree is marked through its nodes, each read once per mark however many
-    versions share it (:func:`merkle.referenced`). ``done`` holds (version id, tree root)
+    versions share it (:func:`treeread.referenced`). ``done`` holds (version id, tree root)
     pairs, so a version migrated to a tree since (:mod:`.treemigrate`) is marked again: its
     nodes are new to this mark.
 
@@ -161,7 +161,7 @@ def _references(row: Any, nodes: trees.StoreNodes, seen: set[bytes]) -> Iterator
         yield from (c for b in manifest.tree.shared for c in b.chunks)
         root = manifest.tree.root
     if root is not None:
-        yield from merkle.referenced(nodes, root, seen)
+        yield from treeread.referenced(nodes, root, seen)
 
 
 class _Deleter:

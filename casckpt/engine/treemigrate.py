@@ -47,7 +47,8 @@ from casckpt.engine.context import EngineContext
 from casckpt.engine.refs import bind
 from casckpt.errors import CatalogError, IntegrityError
 from casckpt.format.manifest import decode_manifest
-from casckpt.format.merkle import Tree, compress_node
+from casckpt.format.merkle import compress_node
+from casckpt.format.treeencode import Tree
 from casckpt.format.treemanifest import with_tree
 from casckpt.storage.erasure import Redundancy
 from casckpt.types import MigrationReport, ProgressCallback

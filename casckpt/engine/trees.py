@@ -16,8 +16,10 @@ from casckpt.engine.context import EngineContext
 from casckpt.engine.reader import read_chunks
 from casckpt.errors import CorruptManifestError
 from casckpt.format.manifest import Manifest, decode_manifest
-from casckpt.format.merkle import Nodes, NodeSource, Tree, TreeReader, compress_node, decode_node, node_json
+from casckpt.format.merkle import Nodes, NodeSource, compress_node, decode_node, node_json
+from casckpt.format.treeencode import Tree
 from casckpt.format.treemanifest import head_of, with_tree
+from casckpt.format.treeread import TreeReader
 
 
 class StoreNodes(NodeSource):

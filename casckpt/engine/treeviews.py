@@ -19,9 +19,10 @@ from casckpt.engine.commit import tensor_rows
 from casckpt.engine.trees import StoreNodes, adopted
 from casckpt.errors import CorruptManifestError
 from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, decode_manifest, validate
-from casckpt.format.merkle import Nodes, TreeReader
+from casckpt.format.merkle import Nodes
 from casckpt.format.tree import decode_tree
 from casckpt.format.treemanifest import tensor_entry
+from casckpt.format.treeread import TreeReader
 
 
 class TensorRow(NamedTuple):

@@ -38,17 +38,10 @@ from casckpt.format.manifest import (
     _opt_str,
     _str,
 )
-from casckpt.format.merkle import (
-    Nodes,
-    NodeSource,
-    Tree,
-    TreeEncoder,
-    TreeMemo,
-    TreeReader,
-    blob_json,
-    tensor_value,
-)
+from casckpt.format.merkle import Nodes, NodeSource
 from casckpt.format.tree import Node, decode_tree, iter_value_nodes
+from casckpt.format.treeencode import Tree, TreeEncoder, TreeMemo, blob_json, tensor_value
+from casckpt.format.treeread import TreeReader
 from casckpt.types import group_sizes
 
 SUMMARY_GROUPS = 64
@@ -120,7 +113,7 @@ def encode_tree_manifest(m: Manifest, memo: TreeMemo | None = None) -> tuple[str
 def shared_blobs(m: Manifest) -> list[int]:
     """The blobs (indexes) a tree manifest of ``m`` lists as shared: unpacked blobs several
     tensors use, in the order the encoder meets their first tensor (depth first, as
-    :class:`~casckpt.format.merkle.TreeEncoder` walks ``m.root``)."""
+    :class:`~casckpt.format.treeencode.TreeEncoder` walks ``m.root``)."""
     users = Counter(t.blob for t in m.tensors)
     if not any(n > 1 and not m.blobs[b].packed for b, n in users.items()):
         return []  # the common case, without a walk of the tree
