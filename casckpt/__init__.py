@@ -20,10 +20,12 @@ from typing import TYPE_CHECKING, Any
 from casckpt import errors
 from casckpt.config import BlobLocation
 from casckpt.errors import CasckptError
+from casckpt.run import Run
 from casckpt.types import (
     CheckProblem,
     CheckReport,
     MigrationReport,
+    RetentionPolicy,
     RunInfo,
     RunNode,
     StoreStats,
@@ -139,6 +141,8 @@ __all__ = [
     "CommitHandle",
     "CheckReport",
     "MigrationReport",
+    "RetentionPolicy",
+    "Run",
     "RunInfo",
     "RunNode",
     "Store",

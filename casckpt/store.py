@@ -56,6 +56,7 @@ from casckpt.format.dtypes import element_size
 from casckpt.format.manifest import Manifest, TreeHead, decode_manifest, sharding
 from casckpt.format.tree import iter_values, rank_path
 from casckpt.format.treemanifest import head_values
+from casckpt.run import Run, save_rule, set_policy
 from casckpt.storage import redact_url
 from casckpt.storage.locations import LocationSet
 from casckpt.storage.scratch import ScratchDir
@@ -403,6 +404,28 @@ class Store(StoreAdmin, StoreDistributed):
         return VersionDetail(self._version(row), (), values, None, None, 0, 0, degraded=False,
                              tensor_count=tree.tensors, tensor_bytes=tree.nbytes,
                              tensor_groups=sorted_groups(tree.groups))
+
+    def run(self, name: str, *, retention: RetentionPolicy | Mapping[str, Any] | None = None,
+            redundancy: str | None = None, delta_chain: int | None = None,
+            save_every: int | timedelta | tuple[int, timedelta] | None = None) -> Run:
+        """A handle on run ``name``: ``save``, ``restore``, ``should_save`` and the rest without
+        repeating ``run=`` (see :class:`casckpt.run.Run`). The policies given are stored for
+        the run now (as ``set_retention``, ``set_redundancy``, ``set_delta_chain``: creating
+        the run); ``save_every`` (steps, a timedelta, or both) is what ``should_save`` asks.
+
+        Raises:
+            InvalidNameError: bad run name.
+            InvalidArgumentError: a bad ``save_every`` or policy, naming it.
+        """
+        check_name(name, "run")
+        handle = Run(self, name, save_rule(save_every))
+        if retention is not None:
+            set_policy(self, name, retention)
+        if redundancy is not None:
+            self.set_redundancy(redundancy, run=name)
+        if delta_chain is not None:
+            self.set_delta_chain(delta_chain, run=name)
+        return handle
 
     def runs(self) -> list[RunInfo]:
         """Every run with a summary of its versions."""

@@ -85,14 +85,11 @@ class Trainer:
         return loss.item()
 
 
-def train(
-    trainer: Trainer, store: casckpt.Store | None = None, crash_at: int | None = None
-) -> None:
+def train(trainer: Trainer, run: casckpt.Run | None = None, crash_at: int | None = None) -> None:
     while trainer.step < STEPS:
         loss = trainer.train_step()
-        if store is not None and trainer.step % EVERY == 0:
-            state = trainer.state_dict()
-            v = store.commit(state, run=RUN, step=trainer.step, metrics={"loss": loss})
+        if run is not None and trainer.step % EVERY == 0:
+            v = run.save(trainer.state_dict(), trainer.step, metrics={"loss": loss})
             print(f"   commit {RUN}@{v.step:<3} loss {loss:.4f}  {v.short_id}  logical "
                   f"{human(v.logical_bytes)}, new {human(v.new_bytes)}, stored "
                   f"{human(v.stored_bytes)}", flush=True)
@@ -131,7 +128,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.crash_at is not None:
         with casckpt.open(args.store) as store:
-            train(Trainer(), store, crash_at=args.crash_at)
+            train(Trainer(), store.run(RUN), crash_at=args.crash_at)
         return 0
 
     path = args.store or tempfile.mkdtemp(prefix="casckpt-quickstart-")
@@ -140,10 +137,12 @@ def main() -> int:
     print(f"   child exited with code {child.returncode}")
 
     with casckpt.open(path) as store:
+        run = store.run(RUN)  # a handle on the run: save / restore / latest_step / log ...
         resumed = Trainer()  # fresh weights, empty optimizer state, reseeded RNG
-        store.restore(f"{RUN}@latest", into=resumed)  # calls resumed.load_state_dict(...)
-        print(f"2. restored {RUN}@latest into a fresh trainer at step {resumed.step}")
-        train(resumed, store)
+        run.restore("latest", into=resumed)  # calls resumed.load_state_dict(...)
+        print(f"2. restored {RUN}@latest (step {run.latest_step()}) into a fresh trainer at step "
+              f"{resumed.step}")
+        train(resumed, run)
         final = resumed.state_dict()
 
         print(f"3. an uninterrupted {STEPS}-step run, for comparison")
