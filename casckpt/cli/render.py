@@ -247,7 +247,7 @@ def detail_view(detail: VersionDetail, *, tensors: bool = False) -> list[Rendera
         parts[-1:] = [Text(f"saved by {detail.world_size} rank(s) with {how}"), ""]
     count = detail.tensor_count
     parts.append(Text(f"{count} tensor(s), {human_bytes(detail.tensor_bytes)}" if count
-                      else "no tensors", style=None if count else "dim"))
+                      else "no tensors", style="" if count else "dim"))
     if count and not tensors:
         groups = _table("GROUP", "TENSORS", "SIZE", right=("TENSORS", "SIZE"))
         for g in detail.tensor_groups:

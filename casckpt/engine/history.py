@@ -256,7 +256,7 @@ def _differing_vector(size: int, content_nbytes: int, old: bytes, new: bytes) ->
     return int(np.clip(content_nbytes - starts, 0, size).sum())
 
 
-def _change(path: str, a: Row[Any] | None, b: Row[Any] | None,
+def _change(path: str, a: Row[Any] | treeviews.TensorRow | None, b: Row[Any] | treeviews.TensorRow | None,
             contents: Mapping[str, Content]) -> TensorChange:
     if a is not None and b is not None:
         same_layout = a.dtype == b.dtype and list(a.shape) == list(b.shape)
@@ -420,8 +420,8 @@ def tensor_history(catalog: Catalog, run: str, path: str) -> list[TensorHistoryE
     if segments is None:
         check_run(catalog, run)
         raise RefNotFoundError(run, "the run disappeared")
-    rows, tags = sql.tensor_changes(catalog, segments, path)
-    rows = _from_trees(catalog, rows, path)
+    found, tags = sql.tensor_changes(catalog, segments, path)
+    rows = _from_trees(catalog, found, path)
     kept: list[Sequence[Any]] = []
     kinds: list[str] = []
     before: list[Sequence[Any] | None] = []

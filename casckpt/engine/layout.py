@@ -270,16 +270,16 @@ def plan_blobs(leaves: Sequence[TensorLeaf], *, stage_host: bool = False, pack: 
                 entries[i] = entry
         sources.append(source)
         done.update(members)
-    group: list[int] = []
+    pending: list[int] = []  # the pack group being filled
     size = 0
 
     def close() -> None:
         nonlocal size
-        packed, source = _pack([leaves[i] for i in group], len(sources), memo)
-        for i, entry in zip(group, packed, strict=True):
+        packed, source = _pack([leaves[i] for i in pending], len(sources), memo)
+        for i, entry in zip(pending, packed, strict=True):
             entries[i] = entry
         sources.append(source)
-        group.clear()
+        pending.clear()
         size = 0
 
     for i, leaf in enumerate(leaves):
@@ -287,14 +287,14 @@ def plan_blobs(leaves: Sequence[TensorLeaf], *, stage_host: bool = False, pack: 
             continue
         nbytes = sizes.get(i)
         if nbytes is not None:
-            group.append(i)
+            pending.append(i)
             size += nbytes + _SPAN_ALIGN
             if size >= PACK_MAX or _group_end(leaf.path):
                 close()
             continue
         entries[i], source = _single(leaf, len(sources), stage_host)
         sources.append(source)
-    if group:
+    if pending:
         close()
     return [e for e in entries if e is not None], sources
 

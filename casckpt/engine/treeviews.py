@@ -102,17 +102,19 @@ class Trees:
 
     def find(self, manifest: Manifest, path: str) -> tuple[TensorRow, ContentRow] | None:
         """The rows of the tensor at ``path`` in a tree version (None: no tensor there)."""
-        if manifest.tree is None:
+        tree = manifest.tree
+        if tree is None:
             raise ValueError("not a tree version")
-        hit = _typed(lambda: self.reader.find_tensor(manifest.tree.root, path))
-        return None if hit is None else entry_row(hit[0], hit[1].get("e"), manifest.tree.shared)
+        hit = _typed(lambda: self.reader.find_tensor(tree.root, path))
+        return None if hit is None else entry_row(hit[0], hit[1].get("e"), tree.shared)
 
     def entry(self, manifest: Manifest, path: str) -> tuple[TensorEntry, list[BlobEntry]] | None:
         """The tensor at ``path`` in a tree version with its blobs (None: no tensor there)."""
-        if manifest.tree is None:
+        tree = manifest.tree
+        if tree is None:
             raise ValueError("not a tree version")
-        hit = _typed(lambda: self.reader.find_tensor(manifest.tree.root, path))
-        return None if hit is None else checked_entry(hit[0], hit[1].get("e"), manifest.tree.shared)
+        hit = _typed(lambda: self.reader.find_tensor(tree.root, path))
+        return None if hit is None else checked_entry(hit[0], hit[1].get("e"), tree.shared)
 
     def differences(self, a: Manifest, b: Manifest) -> tuple[
             dict[str, tuple[TensorRow | None, TensorRow | None]], dict[str, ContentRow],

@@ -40,7 +40,7 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import zstandard
 
@@ -152,7 +152,8 @@ def decompress_node(body: bytes) -> Any:
         raise CorruptManifestError(f"a tree node in the catalog is not JSON: {exc}") from exc
 
 
-def is_count(value: object) -> bool:
+def is_count(value: object) -> TypeGuard[int]:
+    """A non-negative int (not a bool): a node's counts."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 

@@ -167,7 +167,7 @@ def encode_tree(state: object) -> tuple[Node, list[TensorLeaf]]:
         kind = type(obj)
         if kind in _PLAIN_TENSORS:  # most leaves of a large state
             _check_tensor(cast(torch.Tensor, obj), path)
-            return leaf(TensorLeaf(path, "torch", obj))
+            return leaf(TensorLeaf(path, "torch", cast(torch.Tensor, obj)))
         if obj is None:
             return {"t": "none"}
         if kind is bool:

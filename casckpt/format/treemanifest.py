@@ -94,7 +94,7 @@ def encode_tree_manifest(m: Manifest, memo: TreeMemo | None = None) -> tuple[str
     root, count, nbytes = encoder.encode(m.root)
     shared_json = [blob_json(m.blobs[b].nbytes, m.blobs[b].chunk_size, m.blobs[b].chunks, m.blobs[b].phase)
                    for b in order]
-    doc = {
+    doc: dict[str, Any] = {
         "format": MANIFEST_FORMAT, "version": TREE_VERSION, "run": m.run, "step": m.step,
         "parent": m.parent, "created_at": m.created_at, "metadata": dict(m.metadata),
         "metrics": dict(m.metrics), "message": m.message, "tags": list(m.tags),
@@ -254,6 +254,7 @@ def tensor_entry(path: str, entry: Any, blobs: list[BlobEntry],
         raise ValueError(f"tensor {path!r} has unexpected fields")
     ref = _dict(e["blob"], "tensor blob")
     digest = None
+    index: int | None
     if set(ref) == {"s"}:
         index = _int(ref["s"], "shared blob")
         if not 0 <= index < len(blobs):
