@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from casckpt import errors
 from casckpt.config import BlobLocation
 from casckpt.errors import CasckptError
+from casckpt.options import Options
 from casckpt.run import Run
 from casckpt.types import (
     CheckProblem,
@@ -61,14 +62,14 @@ def __getattr__(name: str) -> Any:
 
 
 def open(  # noqa: A001 - the documented name of the entry point
-    path: str | os.PathLike[str] | None = None, *,
+    path: str | os.PathLike[str] | None = None, options: Options | None = None, *,
     blobs: (str | BlobLocation | BlobStore
             | Sequence[str | BlobLocation | BlobStore | Mapping[str, str]] | None) = None,
     catalog: str | None = None, cache: str | os.PathLike[str] | None = None,
-    create: bool = True, chunk_size: int | None = None, pack_size: int | None = None,
+    create: bool | None = None, chunk_size: int | None = None, pack_size: int | None = None,
     workers: int | None = None, s3: Mapping[str, Any] | None = None, redundancy: str | None = None,
     max_pending_commits: int | None = None, commit_memory: int | None = None,
-    backpressure: str | None = None, staging_memory: int | None = None, recover: bool = False,
+    backpressure: str | None = None, staging_memory: int | None = None, recover: bool | None = None,
 ) -> Store:
     """Open (or create) a store.
 
@@ -83,8 +84,13 @@ def open(  # noqa: A001 - the documented name of the entry point
     them created, with the same catalog and config file. Opening an existing
     store takes no lock.
 
+    Everything besides ``path`` can come as one :class:`casckpt.Options` (checked when
+    made: a bad value is an InvalidArgumentError naming the field), as keyword
+    arguments, or both: a keyword argument given (not None) replaces the option.
+
     Args:
         path: the store's root directory.
+        options: how to open it (the keyword arguments below are its fields).
         blobs: where packs live instead of ``path``: a directory, ``file:///dir`` or
             ``s3://bucket/prefix`` -- or several such locations (a list), each its
             own failure domain unless given as ``casckpt.BlobLocation(url,
@@ -127,11 +133,14 @@ def open(  # noqa: A001 - the documented name of the entry point
     """
     from casckpt.opening import open_store
 
-    return open_store(path, blobs=blobs, catalog=catalog, cache=cache, create=create,
-                      chunk_size=chunk_size, pack_size=pack_size, workers=workers, s3=s3,
-                      redundancy=redundancy, max_pending_commits=max_pending_commits,
-                      commit_memory=commit_memory, backpressure=backpressure,
-                      staging_memory=staging_memory, recover=recover)
+    if options is not None and not isinstance(options, Options):
+        raise errors.InvalidArgumentError(f"options must be a casckpt.Options, got {options!r}")
+    chosen = (options or Options()).with_given(
+        blobs=blobs, catalog=catalog, cache=cache, create=create, chunk_size=chunk_size,
+        pack_size=pack_size, workers=workers, s3=s3, redundancy=redundancy,
+        max_pending_commits=max_pending_commits, commit_memory=commit_memory,
+        backpressure=backpressure, staging_memory=staging_memory, recover=recover)
+    return open_store(path, chosen)
 
 
 __all__ = [
@@ -141,6 +150,7 @@ __all__ = [
     "CommitHandle",
     "CheckReport",
     "MigrationReport",
+    "Options",
     "RetentionPolicy",
     "Run",
     "RunInfo",

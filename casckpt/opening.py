@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from casckpt import config as cfg
 from casckpt.cache import IndexCache
@@ -19,6 +17,7 @@ from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
 from casckpt.engine import identity, records
 from casckpt.errors import InvalidArgumentError, StoreIdentityError
+from casckpt.options import Options
 from casckpt.storage import BlobStore, redact_url
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.locations import Location, LocationSet
@@ -78,20 +77,12 @@ def open_locations(catalog: Catalog, spec: cfg.StoreSpec, given: dict[str, BlobS
     return located
 
 
-def open_store(
-    path: str | os.PathLike[str] | None = None, *, blobs: object = None,
-    catalog: str | None = None, cache: str | os.PathLike[str] | None = None,
-    create: bool = True, chunk_size: int | None = None, pack_size: int | None = None,
-    workers: int | None = None, s3: Mapping[str, Any] | None = None,
-    redundancy: str | None = None, max_pending_commits: int | None = None,
-    commit_memory: int | None = None, backpressure: str | None = None,
-    staging_memory: int | None = None, recover: bool = False,
-) -> Store:
-    """See :func:`casckpt.open`."""
-    settings = cfg.settings({"chunk_size": chunk_size, "pack_size": pack_size, "workers": workers,
-                             "max_pending_commits": max_pending_commits,
-                             "commit_memory": commit_memory, "backpressure": backpressure,
-                             "staging_memory": staging_memory})
+def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
+    """See :func:`casckpt.open` (``options`` checked already: :class:`casckpt.Options`)."""
+    settings = options.settings()
+    blobs, catalog, cache, create, s3, redundancy, recover = (
+        options.blobs, options.catalog, options.cache, options.create, options.s3, options.redundancy,
+        options.recover)
     given: dict[str, BlobStore] = {}
     items = [blobs] if isinstance(blobs, BlobStore) else blobs
     if isinstance(items, (list, tuple)):
