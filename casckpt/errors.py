@@ -7,7 +7,16 @@ so callers can catch either. Messages say what went wrong *and* what to do.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
+
+_LISTED = 10
+"""How many names a "not found" message lists before it says how many more there are."""
+
+
+def _listing(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:_LISTED])
+    return shown + (f" and {len(names) - _LISTED} more" if len(names) > _LISTED else "")
 
 
 class CasckptError(Exception):
@@ -177,8 +186,34 @@ class RunExistsError(InvalidArgumentError):
     """A run of that name already exists (``fork`` needs a new name)."""
 
 
+class RunNotFoundError(RefNotFoundError):
+    """There is no run of the name asked for. The message suggests the nearest names, or
+    lists the runs there are when none is near; ``near`` holds the suggestions (as
+    ``run@latest`` refs when a ref named the run)."""
+
+    def __init__(self, run: str, runs: Sequence[str], *, ref: str | None = None) -> None:
+        self.run = run
+        close = difflib.get_close_matches(run, list(runs), n=3)
+        reason = "there is no run with that name" if ref is None else f"there is no run named {run!r}"
+        if not close:
+            reason += f"; runs: {_listing(runs)}" if runs else "; the store has no runs yet"
+        super().__init__(run if ref is None else ref, reason,
+                         close if ref is None else [f"{n}@latest" for n in close])
+
+
 class MetricNotFoundError(RefNotFoundError):
-    """No version of the run records the metric asked for (``best``)."""
+    """No version of the run records the metric asked for (``best``). The message suggests
+    the nearest metric names, or lists the metrics the run's versions record."""
+
+    def __init__(self, metric: str, run: str, recorded: Sequence[str]) -> None:
+        self.metric = metric
+        self.run = run
+        close = difflib.get_close_matches(metric, list(recorded), n=3, cutoff=0.4)
+        reason = f"no version of run {run!r} records this metric"
+        if not close:
+            reason += (f"; its versions record: {_listing(recorded)}" if recorded else
+                       "; its versions record no metrics (commit(..., metrics={...}) records them)")
+        super().__init__(metric, reason, close)
 
 
 class VersionSweptError(RefNotFoundError):

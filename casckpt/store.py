@@ -7,7 +7,6 @@ several threads share its pools (the catalog serialises what must be serial).
 
 from __future__ import annotations
 
-import difflib
 import logging
 import time
 import weakref
@@ -50,6 +49,7 @@ from casckpt.errors import (
     CommitTimeoutError,
     InvalidArgumentError,
     RefNotFoundError,
+    RunNotFoundError,
     VersionSweptError,
 )
 from casckpt.format.dtypes import element_size
@@ -337,11 +337,7 @@ class Store(StoreAdmin, StoreDistributed):
                 message gives the predicate grammar).
         """
         if run is not None:
-            check_name(run, "run")
-            names = self._ctx.catalog.run_names()
-            if run not in names:
-                near = difflib.get_close_matches(run, names, n=3)
-                raise RefNotFoundError(run, "there is no run with that name", near)
+            history_engine.check_run(self._ctx.catalog, check_name(run, "run"))
         if limit is not None and (not isinstance(limit, int) or limit < 0):
             raise InvalidArgumentError(f"limit must be a non-negative int, got {limit!r}")
         query = history_engine.make_filter(
@@ -528,7 +524,7 @@ class Store(StoreAdmin, StoreDistributed):
             RefNotFoundError: there is no such run.
         """
         if not retention_sql.store_policy(self._ctx.catalog, self._existing_run(run), None, create=False):
-            raise RefNotFoundError(run, "there is no run with that name")
+            raise RunNotFoundError(run, self._ctx.catalog.run_names())
         records.record_run(self._ctx.locations, self._ctx.catalog, run)
 
     def plan_retention(self, run: str | None = None) -> list[RetentionPlan]:
@@ -594,11 +590,7 @@ class Store(StoreAdmin, StoreDistributed):
         return self.resolve(row.id)
 
     def _existing_run(self, run: str) -> str:
-        check_name(run, "run")
-        names = self._ctx.catalog.run_names()
-        if run not in names:
-            raise RefNotFoundError(run, "there is no run with that name",
-                                   difflib.get_close_matches(run, names, n=3))
+        history_engine.check_run(self._ctx.catalog, check_name(run, "run"))
         return run
 
     # -- history and lineage ------------------------------------------------

@@ -113,9 +113,18 @@ def split_tree(tree: object) -> tuple[dict[str, torch.Tensor], dict[str, object]
 
 
 def _write_atomically(target: Path, write: Callable[[Path], object]) -> None:
+    """Write ``target`` through a temporary file beside it, renamed over it when whole.
+
+    The file gets the mode a new file gets from the umask (0666 & ~umask), whatever mode
+    ``write`` creates files with (safetensors creates them 0600): the temporary file is
+    created first, so the kernel applies the umask, and its mode is restored after ``write``.
+    """
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666))
+        mode = tmp.stat().st_mode & 0o777
         write(tmp)
+        tmp.chmod(mode)
         os.replace(tmp, target)
     except OSError as exc:
         raise RestoreTargetError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from exc

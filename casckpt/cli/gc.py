@@ -24,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from casckpt.cli import logs, render
-from casckpt.cli.main import JsonOption, _open_store, app, exit_code_for
+from casckpt.cli.main import FLAG, JsonOption, _open_store, app, exit_code_for
 from casckpt.cli.progress import progress_bars
 from casckpt.engine.retention import parse_duration
 from casckpt.errors import CasckptError
@@ -85,15 +85,19 @@ def _json_line(value: dict[str, Any]) -> None:
 @app.command()
 def gc(
     ctx: typer.Context,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would go; change nothing.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", metavar=FLAG,
+        help="Show what would go; change nothing.")] = False,
     grace: Annotated[str, typer.Option(
+        metavar="AGE",
         help="Keep deleted versions undeletable and unreferenced data in place this long "
              "(e.g. 6h, 0s).")] = "6h",
     force: Annotated[bool, typer.Option(
-        "--force", help="Delete even when the locations hold manifests the catalog does not know "
-                        "or many objects of unknown packs (after `casckpt check`).")] = False,
+        "--force", metavar=FLAG,
+        help="Delete even when the locations hold manifests the catalog does not know "
+             "or many objects of unknown packs (after `casckpt check`).")] = False,
     explain: Annotated[bool, typer.Option(
-        "--explain", help="Show every version's retention decision and the rule that keeps it.")] = False,
+        "--explain", metavar=FLAG,
+        help="Show every version's retention decision and the rule that keeps it.")] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Apply retention policies and reclaim space; safe while other jobs commit."""

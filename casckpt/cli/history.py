@@ -20,7 +20,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from casckpt.cli import render
-from casckpt.cli.main import JsonOption, RefArgument, _open_store, app
+from casckpt.cli.main import FLAG, JsonOption, RefArgument, _open_store, app
 from casckpt.types import RunNode, TensorChange, TensorHistoryEntry, VersionDiff
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -48,18 +48,20 @@ def parse_time(text: str) -> float:
 def log(
     ctx: typer.Context,
     run: Annotated[str | None, typer.Argument(help="Only this run (default: all runs).")] = None,
-    since: Annotated[str | None, typer.Option(help=f"Created at or after: {_TIME_HELP}.")] = None,
-    until: Annotated[str | None, typer.Option(help=f"Created at or before: {_TIME_HELP}.")] = None,
-    min_step: Annotated[int | None, typer.Option(min=0, help="Lowest step.")] = None,
-    max_step: Annotated[int | None, typer.Option(min=0, help="Highest step.")] = None,
+    since: Annotated[str | None, typer.Option(metavar="TIME",
+        help=f"Created at or after: {_TIME_HELP}.")] = None,
+    until: Annotated[str | None, typer.Option(metavar="TIME",
+        help=f"Created at or before: {_TIME_HELP}.")] = None,
+    min_step: Annotated[int | None, typer.Option(min=0, metavar="STEP", help="Lowest step.")] = None,
+    max_step: Annotated[int | None, typer.Option(min=0, metavar="STEP", help="Highest step.")] = None,
     tag: Annotated[str | None, typer.Option(help="Only the version this tag names.")] = None,
     where: Annotated[list[str] | None, typer.Option(
-        "--where", "-w", help="NAME OP VALUE, e.g. 'loss<2.1' or 'metadata.optimizer==adamw' "
+        "--where", "-w", metavar="EXPR", help="NAME OP VALUE, e.g. 'loss<2.1' or 'metadata.optimizer==adamw' "
         "(OP: < <= > >= == !=); repeat for AND.")] = None,
     limit: Annotated[
-        int | None, typer.Option("--limit", "-n", min=1, help="Show at most N versions.")
+        int | None, typer.Option("--limit", "-n", min=1, metavar="N", help="Show at most N versions.")
     ] = None,
-    asc: Annotated[bool, typer.Option("--asc", help="Oldest first.")] = False,
+    asc: Annotated[bool, typer.Option("--asc", metavar=FLAG, help="Oldest first.")] = False,
     as_json: JsonOption = False,
 ) -> None:
     """List versions, newest first, optionally filtered."""
@@ -137,8 +139,10 @@ def tree(ctx: typer.Context, as_json: JsonOption = False) -> None:
 @app.command()
 def best(
     ctx: typer.Context, run: RunArgument,
-    metric: Annotated[str, typer.Option("--metric", "-m", help="Metric name, e.g. val_loss.")],
-    maximize: Annotated[bool, typer.Option("--max/--min", help="Highest or lowest value wins.")] = False,
+    metric: Annotated[str, typer.Option("--metric", "-m", metavar="METRIC",
+        help="Metric name, e.g. val_loss.")],
+    maximize: Annotated[bool, typer.Option("--max/--min", metavar=FLAG,
+        help="Highest or lowest value wins.")] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Show the version of RUN with the lowest (or --max: highest) METRIC."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import sys
 import traceback
 from collections.abc import Iterator
@@ -93,6 +94,8 @@ _CLI_EXCEPTIONS: tuple[type[Exception], ...] = (
     # usage errors is ClickException, reached through the public BadParameter
     next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"),
 )
+_UsageError: type[Any] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+_STORE_OPTIONS = ("--store", "-s")
 _NOT_FOUND = (NotAStoreError, RefNotFoundError, AmbiguousRefError, TensorNotFoundError)
 _BAD_INPUT = (InvalidNameError, InvalidArgumentError, UnsupportedStateError, RestoreTargetError)
 
@@ -112,16 +115,63 @@ def exit_code_for(error: CasckptError) -> int:
     return EXIT_OTHER
 
 
+def _store_goes_first(root: Any, failed: Any, after: list[str]) -> str:
+    """What to say when ``--store`` came after the command: it is an option of ``casckpt``
+    itself, so it goes before the command. ``root`` is the context of ``casckpt``, ``failed``
+    that of the (sub)command that refused the option, ``after`` the words after the command's
+    name; the command line is given rearranged."""
+    command = failed
+    while command is not None and command.parent is not root:
+        command = command.parent
+    words, store = [*([command.info_name] if command is not None else []), *after], "PATH"
+    for i, word in enumerate(words):
+        name, eq, value = word.partition("=")
+        if name in _STORE_OPTIONS:
+            store = value if eq else (words[i + 1] if i + 1 < len(words) else store)
+            del words[i:i + (1 if eq else 2)]
+            break
+    fixed = shlex.join(["casckpt", "--store", store, *words])
+    return (f"--store goes before the command, since it names the store for every command: "
+            f"{fixed} (or set CASCKPT_STORE)")
+
+
+def _help_flag(option: Any) -> Any:
+    """``--help`` is a flag: like every flag of casckpt's, it shows no type label."""
+    if option is not None:
+        option.metavar = FLAG
+    return option
+
+
+def _quiet_help(command: Any, ctx: Any) -> None:
+    """Give the ``--help`` of ``command`` and of every command under it no type label."""
+    _help_flag(command.get_help_option(ctx))
+    for sub in getattr(command, "commands", {}).values():
+        _quiet_help(sub, ctx)
+
+
 class _CasckptGroup(TyperGroup):
     """Turns every :class:`CasckptError` into one red line on stderr and its exit code, and
     anything else into a code of its own: never 1, which scripts read as "check found problems".
     While a command runs, casckpt's warnings print on stderr (:mod:`casckpt.cli.logs`)."""
 
+    def get_help_option(self, ctx: Any) -> Any:
+        return _help_flag(super().get_help_option(ctx))
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            _quiet_help(command, ctx)
+        return command
+
     def invoke(self, ctx: Any) -> Any:
+        after = list(ctx.args)  # the command consumes them
         try:
             with logs.command_logging():
                 return super().invoke(ctx)
-        except _CLI_EXCEPTIONS:
+        except _CLI_EXCEPTIONS as exc:
+            if ctx.parent is None and getattr(exc, "option_name", None) in _STORE_OPTIONS:
+                failed = getattr(exc, "ctx", None)
+                raise _UsageError(_store_goes_first(ctx, failed, after), ctx=failed) from None
             raise  # typer's own exits and usage errors carry their codes
         except CasckptError as exc:
             render.error(str(exc))
@@ -152,11 +202,15 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
+FLAG = ""
+"""The metavar of a flag: it takes no value, so help shows no type (typer would show <bool>)."""
+
 StoreOption = Annotated[
     Path | None,
     typer.Option(
         "--store",
         "-s",
+        metavar="DIR",
         envvar="CASCKPT_STORE",
         show_envvar=True,
         help="Store directory.",
@@ -164,7 +218,7 @@ StoreOption = Annotated[
     ),
 ]
 JsonOption = Annotated[
-    bool, typer.Option("--json", help="Print machine-readable JSON on stdout, nothing else.")
+    bool, typer.Option("--json", metavar=FLAG, help="Print machine-readable JSON on stdout, nothing else.")
 ]
 RefArgument = Annotated[
     str, typer.Argument(help="A version: run@step, run@latest, run@~N, tag:NAME or an id prefix.")
@@ -298,7 +352,8 @@ def runs(ctx: typer.Context, as_json: JsonOption = False) -> None:
 def show(
     ctx: typer.Context, ref: RefArgument,
     tensors: Annotated[bool, typer.Option(
-        "--tensors", help="List every tensor (streamed, in natural order: layers.2 before layers.10).",
+        "--tensors", metavar=FLAG,
+        help="List every tensor (streamed, in natural order: layers.2 before layers.10).",
     )] = False,
     as_json: JsonOption = False,
 ) -> None:
@@ -334,8 +389,9 @@ def tag(
 def restore(
     ctx: typer.Context,
     ref: RefArgument,
-    to: Annotated[Path, typer.Option("--to", help="Target .safetensors file.", dir_okay=False)],
-    force: Annotated[bool, typer.Option("--force", "-f", help="Overwrite the target.")] = False,
+    to: Annotated[Path, typer.Option("--to", metavar="FILE",
+        help="Target .safetensors file.", dir_okay=False)],
+    force: Annotated[bool, typer.Option("--force", "-f", metavar=FLAG, help="Overwrite the target.")] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Export a version to a safetensors file (tensors by dotted path, plain values as JSON).
@@ -372,7 +428,7 @@ def restore(
 def check(
     ctx: typer.Context,
     read_data: Annotated[
-        bool, typer.Option("--read-data", help="Also read and verify every pack and chunk.")
+        bool, typer.Option("--read-data", metavar=FLAG, help="Also read and verify every pack and chunk.")
     ] = False,
     read_data_subset: Annotated[str | None, typer.Option(
         "--read-data-subset", metavar="P%",

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from casckpt.cli import render
-from casckpt.cli.main import JsonOption, RefArgument, _open_store, app
+from casckpt.cli.main import FLAG, JsonOption, RefArgument, _open_store, app
 from casckpt.engine.retention import describe, parse_duration
 from casckpt.errors import InvalidArgumentError
 from casckpt.types import RetentionPlan, RetentionPolicy
@@ -55,21 +55,27 @@ def _policy_json(run: str, policy: RetentionPolicy | None) -> dict[str, Any]:
 def set_policy(
     ctx: typer.Context,
     run: RunArgument,
-    keep_last: Annotated[int | None, typer.Option(min=1, help="Keep the N newest versions.")] = None,
+    keep_last: Annotated[int | None, typer.Option(min=1, metavar="N",
+        help="Keep the N versions with the highest steps.")] = None,
     keep_every: Annotated[int | None, typer.Option(
-        min=1, help="Keep the first version of every K steps (step // K).")] = None,
+        min=1, metavar="K", help="Keep the first version of every K steps (step // K).")] = None,
     keep_hourly: Annotated[int | None, typer.Option(
-        min=1, help="Keep the newest version of each of the last N hours that have one (UTC).")] = None,
+        min=1, metavar="N",
+        help="Keep the newest version of each of the last N hours that have one (UTC).")] = None,
     keep_daily: Annotated[int | None, typer.Option(
-        min=1, help="Keep the newest version of each of the last N days that have one (UTC).")] = None,
+        min=1, metavar="N",
+        help="Keep the newest version of each of the last N days that have one (UTC).")] = None,
     keep_weekly: Annotated[int | None, typer.Option(
-        min=1, help="Keep the newest version of each of the last N ISO weeks that have one.")] = None,
+        min=1, metavar="N",
+        help="Keep the newest version of each of the last N ISO weeks that have one.")] = None,
     keep_within: Annotated[str | None, typer.Option(
+        metavar="AGE",
         help="Keep versions made within this long of the run's newest one: 90m, 36h, 7d, 2w.")] = None,
     keep_best: Annotated[str | None, typer.Option(
+        metavar="METRIC:N:min|max",
         help="Keep the N best versions by a metric: METRIC:N:min or METRIC:N:max.")] = None,
     keep_tagged: Annotated[bool, typer.Option(
-        "--keep-tagged/--no-keep-tagged", help="Keep every tagged version.")] = True,
+        "--keep-tagged/--no-keep-tagged", metavar=FLAG, help="Keep every tagged version.")] = True,
     as_json: JsonOption = False,
 ) -> None:
     """Set the retention policy of RUN (replacing any); `casckpt gc` applies it.
@@ -78,6 +84,13 @@ def set_policy(
     --no-keep-tagged) and fork points of live runs are always kept. Give at
     least one keep rule.
     """
+    rules = (keep_last, keep_every, keep_hourly, keep_daily, keep_weekly, keep_within, keep_best)
+    if all(rule is None for rule in rules):
+        raise InvalidArgumentError(
+            "give at least one keep rule (--keep-last, --keep-every, --keep-hourly, --keep-daily, "
+            "--keep-weekly, --keep-within or --keep-best); without one every untagged version "
+            f"would be deleted. To keep everything, clear the policy instead: casckpt retention clear {run}"
+        )
     within = None if keep_within is None else parse_duration(keep_within)
     best = None if keep_best is None else parse_best(keep_best)
     with _open_store(ctx) as store:

@@ -74,8 +74,9 @@ def _print_location(info: LocationInfo, as_json: bool, hint: str | None = None) 
 def list_locations(
     ctx: typer.Context,
     timeout: Annotated[float | None, typer.Option(
-        "--timeout", min=0, help="Seconds each location has to answer its probe (all are probed "
-        "at once; default: CASCKPT_PROBE_TIMEOUT_S, else 5).")] = None,
+        "--timeout", min=0, metavar="SECONDS",
+        help="Seconds each location has to answer its probe (all are probed at once; "
+        "default: CASCKPT_PROBE_TIMEOUT_S, else 5).")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """List the blob locations: domain, state, URL, shards held, damaged shards, and health.

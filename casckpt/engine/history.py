@@ -35,6 +35,7 @@ from casckpt.errors import (
     InvalidArgumentError,
     MetricNotFoundError,
     RefNotFoundError,
+    RunNotFoundError,
     TensorNotFoundError,
 )
 from casckpt.format.chunks import ID_BYTES
@@ -151,11 +152,10 @@ def make_filter(
 
 
 def check_run(catalog: Catalog, run: str) -> None:
-    """Raise RefNotFoundError (with near names) unless a run named ``run`` exists."""
+    """Raise RunNotFoundError (near names, or the runs there are) unless a run named ``run`` exists."""
     names = catalog.run_names()
     if run not in names:
-        near = difflib.get_close_matches(run, names, n=3)
-        raise RefNotFoundError(run, "there is no run with that name", near)
+        raise RunNotFoundError(run, names)
 
 
 def check_tag(catalog: Catalog, tag: str) -> None:
@@ -522,6 +522,5 @@ def best(catalog: Catalog, run: str, metric: str, mode: str) -> Version:
     check_run(catalog, run)
     rows, tags = sql.best(catalog, run, metric, mode == "max")
     if not rows:
-        near = difflib.get_close_matches(metric, sql.metric_names(catalog, run), n=3, cutoff=0.4)
-        raise MetricNotFoundError(metric, f"no version of run {run!r} records this metric", near)
+        raise MetricNotFoundError(metric, run, sql.metric_names(catalog, run))
     return versions(rows, tags)[0]

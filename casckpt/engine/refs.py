@@ -13,17 +13,40 @@ from typing import Any
 from sqlalchemy import Row
 
 from casckpt.catalog import Catalog
+from casckpt.catalog.history import fork_point
 from casckpt.engine.trees import StoreNodes
 from casckpt.engine.validate import MAX_STEP
-from casckpt.errors import AmbiguousRefError, InvalidArgumentError, RefNotFoundError, VersionMismatchError
+from casckpt.errors import (
+    AmbiguousRefError,
+    InvalidArgumentError,
+    RefNotFoundError,
+    RunNotFoundError,
+    VersionMismatchError,
+)
 from casckpt.format.manifest import Manifest, decode_manifest
 
 _HEX = re.compile(r"^[0-9a-f]{4,64}$")
 
 
-def _run_not_found(catalog: Catalog, ref: str, run: str) -> RefNotFoundError:
-    near = difflib.get_close_matches(run, catalog.run_names(), n=3)
-    return RefNotFoundError(ref, f"there is no run named {run!r}", [f"{n}@latest" for n in near])
+def _no_version(catalog: Catalog, ref: str, run: str, reason: str, near: list[str]) -> RefNotFoundError:
+    """Why ``ref``, naming a version of ``run`` that is not there, names nothing: no such run, a
+    run with no versions yet (a fork names the version it starts from), or else ``reason``."""
+    names = catalog.run_names()
+    if run not in names:
+        return RunNotFoundError(run, names, ref=ref)
+    if catalog.nth_latest(run, 0) is not None:
+        return RefNotFoundError(ref, reason, near)
+    parent_id = fork_point(catalog, run)
+    if parent_id is None:
+        return RefNotFoundError(ref, f"run {run!r} has no versions yet; commit one to it first")
+    parent = catalog.version(parent_id)
+    if parent is None:
+        return RefNotFoundError(ref, f"run {run!r} has no versions yet, and the version it was "
+                                f"forked from ({parent_id[:12]}) is deleted")
+    point = f"{parent.run}@{parent.step}"
+    return RefNotFoundError(
+        ref, f"run {run!r} has no versions yet; it was forked from {point}, which holds the "
+        f"state it starts from: restore {point} until {run} has a commit of its own", [point])
 
 
 def resolve(catalog: Catalog, ref: str) -> Row[Any]:
@@ -82,10 +105,8 @@ def _resolve_run(catalog: Catalog, ref: str, run: str, selector: str) -> Row[Any
                                        [f"{run}@latest"])
         row = catalog.nth_latest(run, back)
         if row is None:
-            if run not in catalog.run_names():
-                raise _run_not_found(catalog, ref, run)
-            raise RefNotFoundError(ref, f"run {run!r} has fewer than {back + 1} versions",
-                                   [f"{run}@latest"])
+            raise _no_version(catalog, ref, run, f"run {run!r} has fewer than {back + 1} versions",
+                              [f"{run}@latest"])
         return row
     if not selector.lstrip("-").isdigit():
         raise RefNotFoundError(ref, f"{selector!r} is not a step, 'latest' or ~N",
@@ -93,11 +114,9 @@ def _resolve_run(catalog: Catalog, ref: str, run: str, selector: str) -> Row[Any
     step = int(selector)
     row = catalog.at_step(run, step) if -MAX_STEP <= step < MAX_STEP else None
     if row is None:
-        if run not in catalog.run_names():
-            raise _run_not_found(catalog, ref, run)
         near = catalog.steps_near(run, max(-MAX_STEP, min(step, MAX_STEP - 1)))
-        raise RefNotFoundError(ref, f"run {run!r} has no version at step {selector}",
-                               [f"{run}@{s}" for s in near])
+        raise _no_version(catalog, ref, run, f"run {run!r} has no version at step {selector}",
+                          [f"{run}@{s}" for s in near])
     return row
 
 

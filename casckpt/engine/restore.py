@@ -87,6 +87,8 @@ def _precheck(manifest: Manifest, expanded: object, stateful: dict[str, str]) ->
         owner = _owner(path, stateful)
         where = f"{path!r}" + (f" (in the {owner})" if owner else "")
         if path not in stored:
+            if "" in stateful:
+                _refuse_unkeyed(manifest, stored, expanded, stateful[""])
             raise RestoreTargetError(
                 f"the stored state of {version} has no {where}; remove those keys from `into`, "
                 "or restore with into=None and pick what you need. Nothing was restored."
@@ -108,6 +110,34 @@ def _precheck(manifest: Manifest, expanded: object, stateful: dict[str, str]) ->
                 f"{path!r}: the target is {target.dtype} but the stored tensor is {entry.dtype}; "
                 "nothing was restored (restore with into=None to get it as stored)"
             )
+
+
+def _refuse_unkeyed(manifest: Manifest, stored: Mapping[str, object], expanded: object,
+                    owner: str) -> None:
+    """``into`` is one module or optimizer but the stored state keeps its state under a key
+    (``{"model": ..., "optim": ...}``): refuse it, saying under which key to pass it. Returns
+    when the stored state is no dict, so the caller's general message applies."""
+    root = manifest.root
+    if not isinstance(root, Mapping) or root.get("t") != "dict":
+        return
+    keys = [str(k["i"]) if isinstance(k, Mapping) else str(k) for k in root.get("k", ())]
+    if not keys:
+        return
+    paths = [path for path, _ in iter_leaves(expanded)]
+    fits = [k for k in keys if all(join_path(k, p) in stored for p in paths)]
+    version, listed = f"{manifest.run}@{manifest.step}", ", ".join(map(repr, keys))
+    if fits:
+        key = fits[0]
+        name = key if key.isidentifier() else "obj"
+        where = (f"keeps it under the key {key!r} (its top level holds {listed}); pass "
+                 f'into={{"{key}": {name}}}')
+    else:
+        where = (f"holds {listed} at its top level, and none of them holds the {owner}'s keys; "
+                 f'pass a dict naming the key of each object (into={{"{keys[0]}": ...}})')
+    raise RestoreTargetError(
+        f"`into` is the {owner} itself, but the stored state of {version} {where}, or restore "
+        "with into=None. Nothing was restored."
+    )
 
 
 def _numpy_name(entry: TensorEntry) -> str:
