@@ -101,7 +101,9 @@ def open(  # noqa: A001 - the documented name of the entry point
         cache: directory for the local index cache (default ``path/cache`` for a
             self-contained store, else ``~/.cache/casckpt/<store id>``).
         create: False refuses to create a store that does not exist.
-        chunk_size, pack_size, workers: override the defaults (see :mod:`casckpt.config`).
+        chunk_size: overrides the default chunk size (see :mod:`casckpt.config`).
+        pack_size: overrides the default pack size.
+        workers: overrides the default number of worker threads.
         s3: S3 options for a new store (``endpoint_url``, ``region``, ``sse``,
             ``kms_key_id``, ``multipart_threshold``, ...), recorded in its
             config file's ``[s3]`` table. Credentials come from the AWS chain.
@@ -110,10 +112,11 @@ def open(  # noqa: A001 - the documented name of the entry point
             failure domains; any 4 rebuild it). Recorded in the catalog for a
             new store; for an existing one it must match (change it with
             :meth:`Store.set_redundancy`).
-        max_pending_commits, commit_memory, backpressure: bounds of background
-            commits (``commit(..., block=False)``): commits in flight (default 2),
-            bytes their copies of changed chunks may hold (default RAM/4, at
-            most 8 GiB), and ``"block"`` (default) or ``"raise"`` when full.
+        max_pending_commits: background commits (``commit(..., block=False)``)
+            in flight at once (default 2).
+        commit_memory: bytes the background commits' copies of changed chunks
+            may hold (default RAM/4, at most 8 GiB).
+        backpressure: ``"block"`` (default) or ``"raise"`` when either bound is full.
         staging_memory: host bytes (pinned, with CUDA) that GPU tensors stream
             through on commit, in two reused buffers (default 256 MiB).
         recover: accept an empty catalog over locations that hold data, to rebuild

@@ -260,10 +260,11 @@ class Store(StoreAdmin, StoreDistributed):
                 place (existing CPU tensors of matching dtype and shape are
                 filled directly, without a second copy).
             map_location: device for new tensors (e.g. ``"cuda:0"``).
-            group, rank: for a version a process group committed rank by rank
+            group: for a version a process group committed rank by rank
                 (``commit(..., group=)``): each rank of ``group`` gets its own
-                state, or ``rank`` names whose state to get. A version saved
-                with ``dcp.save`` restores whole here (every shard assembled).
+                state. A version saved with ``dcp.save`` restores whole here
+                (every shard assembled).
+            rank: for such a version, whose state to get.
 
         Returns:
             The new tree, or ``into`` updated.
@@ -320,9 +321,11 @@ class Store(StoreAdmin, StoreDistributed):
         Args:
             run: only this run; versions are then ordered by step, else by creation time.
             limit: at most this many versions (after ordering).
-            since, until: creation time bounds, inclusive (datetime, naive = local
+            since: creation time lower bound, inclusive (datetime, naive = local
                 time, or epoch seconds).
-            min_step, max_step: step bounds, inclusive.
+            until: creation time upper bound, inclusive (as ``since``).
+            min_step: lowest step, inclusive.
+            max_step: highest step, inclusive.
             tag: only the version this tag points at.
             where: predicates that must all hold, ``NAME OP VALUE`` with OP one of
                 ``< <= > >= == !=``; NAME a metric (``"loss<2.1"``) or

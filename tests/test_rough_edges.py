@@ -203,8 +203,8 @@ def test_retention_set_without_a_rule_names_the_cli_flags(store_path: Path) -> N
 def test_keep_last_keeps_the_highest_steps_as_its_help_says(tmp_path: Path) -> None:
     help_text = " ".join(cli("retention", "set", "--help").stdout.split())
     assert "Keep the N versions with the highest steps." in help_text
-    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
-    assert "`keep_last N` (the N highest steps" in readme
+    usage = (Path(__file__).parents[1] / "docs" / "usage.md").read_text(encoding="utf-8")
+    assert "`keep_last N` (the N highest steps" in usage
     with casckpt.open(tmp_path / "store") as store:
         for step in (300, 100, 200):  # step 200 is the newest, step 300 the highest
             store.commit({"w": torch.full((2,), float(step))}, run=RUN, step=step)
