@@ -64,7 +64,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
-from casckpt.catalog.gc import begin_lease, end_lease
+from casckpt.catalog.leases import begin_lease, end_lease
 from casckpt.engine import commit as commit_engine
 from casckpt.engine.degraded import Shortfall
 from casckpt.engine.distributed import ShardPiece, StoredShard, compose, shard_entries, write_shards
