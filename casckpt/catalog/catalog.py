@@ -31,7 +31,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from casckpt.catalog import migrate
 from casckpt.catalog import schema as s
 from casckpt.catalog.database import Database
-from casckpt.catalog.rows import manifest_bytes, tensor_row
+from casckpt.catalog.rows import VersionRow, manifest_bytes, tensor_row, version_query, version_row
 from casckpt.errors import CatalogError, CatalogUnavailableError, VersionExistsError
 from casckpt.format.pack import PackEntry
 
@@ -479,23 +479,11 @@ class Catalog:
 
     # -- queries ------------------------------------------------------------
 
-    VERSION_COLS = (  # what a Version is built from, in this order
-        s.versions.c.id, s.runs.c.name.label("run"), s.versions.c.step, s.versions.c.parent_id,
-        s.versions.c.created_at, s.versions.c.logical_bytes, s.versions.c.new_bytes,
-        s.versions.c.stored_bytes, s.versions.c.duration_s, s.versions.c.meta,
-        s.versions.c.metrics, s.versions.c.message,
-    )
-
-    def _versions(self) -> Any:
-        return select(*self.VERSION_COLS).join(s.runs, s.runs.c.id == s.versions.c.run_id).where(
-            s.versions.c.state == "visible"
-        )
-
     @_idempotent
-    def version(self, version_id: str) -> Row[Any] | None:
+    def version(self, version_id: str) -> VersionRow | None:
         """The visible version with this exact id."""
         with self.read() as conn:
-            return conn.execute(self._versions().where(s.versions.c.id == version_id)).first()
+            return version_row(conn.execute(version_query().where(s.versions.c.id == version_id)).first())
 
     @_idempotent
     def ids_with_prefix(self, prefix: str, limit: int = 5) -> list[str]:
@@ -508,21 +496,21 @@ class Catalog:
             ).scalars())
 
     @_idempotent
-    def at_step(self, run: str, step: int) -> Row[Any] | None:
+    def at_step(self, run: str, step: int) -> VersionRow | None:
         """The visible version of ``run`` at ``step``."""
         with self.read() as conn:
-            return conn.execute(
-                self._versions().where(s.runs.c.name == run, s.versions.c.step == step)
-            ).first()
+            return version_row(conn.execute(
+                version_query().where(s.runs.c.name == run, s.versions.c.step == step)
+            ).first())
 
     @_idempotent
-    def nth_latest(self, run: str, back: int) -> Row[Any] | None:
+    def nth_latest(self, run: str, back: int) -> VersionRow | None:
         """The visible version ``back`` versions before the latest of ``run`` (0: latest)."""
         with self.read() as conn:
-            return conn.execute(
-                self._versions().where(s.runs.c.name == run)
+            return version_row(conn.execute(
+                version_query().where(s.runs.c.name == run)
                 .order_by(s.versions.c.step.desc()).offset(back).limit(1)
-            ).first()
+            ).first())
 
     @_idempotent
     def steps_near(self, run: str, step: int, limit: int = 3) -> list[int]:
@@ -533,17 +521,6 @@ class Catalog:
                 .where(s.runs.c.name == run, s.versions.c.state == "visible")
                 .order_by(func.abs(s.versions.c.step - step)).limit(limit)
             ).scalars())
-
-    @_idempotent
-    def log(self, run: str | None, limit: int | None) -> list[Row[Any]]:
-        """Visible versions, newest first (by step within a run, by time across runs)."""
-        query = self._versions()
-        if run is not None:
-            query = query.where(s.runs.c.name == run).order_by(s.versions.c.step.desc())
-        else:
-            query = query.order_by(s.versions.c.created_at.desc())
-        with self.read() as conn:
-            return list(conn.execute(query.limit(limit)))
 
     @_idempotent
     def run_names(self) -> list[str]:
