@@ -20,8 +20,10 @@ from typing import Any
 from sqlalchemy import Text, and_, bindparam, cast, delete, exists, func, insert, or_, select, text, update
 
 from casckpt.catalog import schema as s
-from casckpt.catalog.catalog import Catalog, PackLayout, PackRecord, insert_ignore, insert_pack
+from casckpt.catalog.catalog import Catalog
+from casckpt.catalog.database import insert_ignore
 from casckpt.catalog.leases import tombstone
+from casckpt.catalog.packs import PackLayout, PackRecord, insert_pack
 from casckpt.catalog.shards import layouts_in
 from casckpt.errors import CatalogError
 

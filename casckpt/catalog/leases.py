@@ -34,7 +34,8 @@ from typing import Any
 from sqlalchemy import delete, insert, select, update
 
 from casckpt.catalog import schema as s
-from casckpt.catalog.catalog import Catalog, insert_ignore
+from casckpt.catalog.catalog import Catalog
+from casckpt.catalog.database import insert_ignore
 
 
 def tombstone(conn: Any, version_ids: Collection[str], reason: str) -> None:
