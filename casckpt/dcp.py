@@ -12,9 +12,12 @@ pieces of the state in ``write_data``; the coordinator refuses a step the run
 already has and takes a GC lease in ``prepare_global_plan``, before any rank
 writes, and publishes ONE version in ``finish``, which DCP calls only after
 every rank succeeded. A rank that fails or dies means no version; the packs
-already written are reclaimed by GC. DCP's metadata is kept as the version's
-manifest (JSON), never pickled: each tensor a list of shards (offsets, sizes,
-chunks), each non-tensor value a plain-value tree (so a value must be made
+already written are reclaimed by GC. The writer reaches the store only
+through :mod:`casckpt.engine.distributed` (``begin_save``, ``save_pieces``,
+``publish_save``, ``end_save``); the reader through ``engine.restore.read_ranges``.
+DCP's metadata is kept as the version's manifest (JSON), never pickled: each
+tensor a list of pieces (one rank's box of it: offsets, sizes, chunks; DCP
+calls them chunks or shards), each non-tensor value a plain-value tree (so a value must be made
 of what :func:`casckpt.Store.commit` accepts: dicts, lists, tuples, numbers,
 strings, bytes, None).
 
@@ -36,7 +39,6 @@ import os
 import pickle
 import re
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -64,10 +66,17 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
-from casckpt.catalog.gc import begin_lease, end_lease
 from casckpt.engine import commit as commit_engine
 from casckpt.engine.degraded import Shortfall
-from casckpt.engine.distributed import ShardPiece, StoredShard, compose, shard_entries, write_shards
+from casckpt.engine.distributed import (
+    SaveStart,
+    StoredPiece,
+    TensorPiece,
+    begin_save,
+    end_save,
+    publish_save,
+    save_pieces,
+)
 from casckpt.engine.layout import tensor_from_blob
 from casckpt.engine.restore import read_ranges
 from casckpt.errors import CasckptError, InvalidArgumentError, RestoreTargetError, UnsupportedStateError
@@ -76,7 +85,6 @@ from casckpt.format.manifest import Manifest, TensorEntry, World, rank_count
 from casckpt.format.tree import Node, decode_tree, encode_tree, join_path
 
 if TYPE_CHECKING:
-    from casckpt.catalog import Catalog
     from casckpt.engine.context import EngineContext
 
 log = logging.getLogger(__name__)
@@ -88,16 +96,16 @@ __all__ = ["StoreReader", "StoreWriter"]
 class _Written:
     """``WriteResult.storage_data``: what a rank stored for one item (travels to the coordinator)."""
 
-    shard: StoredShard | None = None
+    piece: StoredPiece | None = None
     value: Node | None = None
     new_bytes: int = 0  # the rank's totals, carried by its first result only
     stored_bytes: int = 0
     degraded: tuple[Shortfall, ...] = ()  # packs the rank wrote below their redundancy (first result)
 
 
-def _end_lease(catalog: Catalog, lease: str) -> None:
+def _end_lease(ctx: EngineContext, lease: str) -> None:
     try:
-        end_lease(catalog, lease)
+        end_save(ctx, lease)
     except CasckptError as exc:  # e.g. the store closed first: the lease dies with the process
         log.warning("could not end the GC lease of a DCP save: %s", exc)
 
@@ -145,11 +153,9 @@ class StoreWriter(StorageWriter):
         self._ctx, self._request = ctx, request
         self._coordinator = False
         self._lease: Callable[[], object] | None = None  # ends the GC lease (weakref.finalize)
-        self._lease_id = ""
+        self._start: SaveStart | None = None  # set by the coordinator before any rank writes
         self._busy = 0  # write_data / finish running: the store must stay open
         self._busy_lock = threading.Lock()
-        self._parent: str | None = None
-        self._created = self._started = 0.0
 
     @property
     def checkpoint_id(self) -> str:
@@ -176,14 +182,10 @@ class StoreWriter(StorageWriter):
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         """Coordinator, before any rank writes: refuse a taken step, take the GC lease."""
-        self._started, self._created = time.monotonic(), time.time()
-        commit_engine.refuse_existing(self._ctx, self._request)
-        self._ctx.packs.check_writable(self._ctx.packs.redundancy_for(self._request.run))
-        self._parent = commit_engine.parent_of(self._ctx, self._request.run)
+        self._start = begin_save(self._ctx, self._request)
         # DCP tells no one when a save fails: a writer dropped after a failure ends its lease
         # when it is collected (or the store closes, or it is reused)
-        self._lease_id = begin_lease(self._ctx.catalog)
-        self._lease = weakref.finalize(self, _end_lease, self._ctx.catalog, self._lease_id)
+        self._lease = weakref.finalize(self, _end_lease, self._ctx, self._start.lease)
         return plans
 
     @property
@@ -218,13 +220,12 @@ class StoreWriter(StorageWriter):
             chunk = item.tensor_data.chunk if item.tensor_data is not None else None
             whole = tuple(item.tensor_data.size) if item.tensor_data is not None else tuple(tensor.shape)
             offsets = tuple(chunk.offsets) if chunk is not None else (0,) * tensor.dim()
-            pieces.append(ShardPiece(item.index.fqn, tensor, whole, offsets))
+            pieces.append(TensorPiece(item.index.fqn, tensor, whole, offsets))
             indices.append(item.index)
-        redundancy = self._ctx.packs.redundancy_for(self._request.run)
-        wrote = write_shards(self._ctx, pieces, redundancy)
+        wrote = save_pieces(self._ctx, self._request, pieces)
         results = [
-            WriteResult(index, shard.blob.nbytes, _Written(shard=shard))
-            for index, shard in zip(indices, wrote.shards, strict=True)
+            WriteResult(index, piece.blob.nbytes, _Written(piece=piece))
+            for index, piece in zip(indices, wrote.pieces, strict=True)
         ] + values
         if results:
             first = results[0]
@@ -246,24 +247,23 @@ class StoreWriter(StorageWriter):
                        for rank in results for r in rank}
             keys: list[str] = []
             nodes: list[Node] = []
-            shards: list[StoredShard] = []
+            pieces: list[StoredPiece] = []
             for fqn, meta in metadata.state_dict_metadata.items():
                 keys.append(fqn)
                 if isinstance(meta, BytesStorageMetadata):
                     nodes.append(cast(Node, written[(fqn, ())].value))
                     continue
-                first = len(shards)
-                shards.extend(cast(StoredShard, written[(fqn, tuple(c.offsets))].shard) for c in meta.chunks)
-                nodes.append({"t": "sharded", "i": list(range(first, len(shards)))})
+                first = len(pieces)
+                pieces.extend(cast(StoredPiece, written[(fqn, tuple(c.offsets))].piece) for c in meta.chunks)
+                nodes.append({"t": "sharded", "i": list(range(first, len(pieces)))})
             parts = [cast(_Written, r.storage_data) for rank in results for r in rank]
-            entries, blobs = shard_entries(shards)
-            snap = compose(self._request, self._parent, self._created, World(len(results), "dcp"),
-                           {"t": "dict", "k": keys, "v": nodes}, entries, blobs,
-                           sum(p.new_bytes for p in parts), sum(p.stored_bytes for p in parts),
-                           [s for p in parts for s in p.degraded])
-            redundancy = self._ctx.packs.redundancy_for(self._request.run)
-            commit_engine.publish(self._ctx, self._request, snap, redundancy, self._started,
-                                  self._lease_id)
+            if self._start is None:
+                raise InvalidArgumentError("DCP called finish before prepare_global_plan on the "
+                                           "coordinator; save with dcp.save / dcp.async_save")
+            publish_save(self._ctx, self._request, self._start, World(len(results), "dcp"),
+                         {"t": "dict", "k": keys, "v": nodes}, pieces,
+                         sum(p.new_bytes for p in parts), sum(p.stored_bytes for p in parts),
+                         [s for p in parts for s in p.degraded])
         finally:
             self.release()
 
@@ -343,7 +343,7 @@ class StoreReader(StorageReader):
             )
         self._ctx, self._version_id, self._manifest = ctx, version_id, manifest
         self._fqns: dict[str, Node] = {}
-        self._shards: dict[tuple[str, tuple[int, ...]], TensorEntry] = {}
+        self._pieces: dict[tuple[str, tuple[int, ...]], TensorEntry] = {}
 
     @property
     def checkpoint_id(self) -> str:
@@ -355,7 +355,7 @@ class StoreReader(StorageReader):
         _check_id(checkpoint_id, self._version_id)
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        """DCP's view of the version: every tensor's shards, every value, from the manifest."""
+        """DCP's view of the version: every tensor's pieces, every value, from the manifest."""
         state: dict[str, Any] = {}
         for fqn, node in _leaves(self._manifest.root, ""):
             self._fqns[fqn] = node
@@ -366,7 +366,7 @@ class StoreReader(StorageReader):
                 if not _loadable(entries[0]):
                     continue  # a byte-swapped numpy array: torch has no such dtype
                 state[fqn] = _tensor_metadata(entries)
-                self._shards.update(((fqn, _box(t)), t) for t in entries)
+                self._pieces.update(((fqn, _box(t)), t) for t in entries)
             else:
                 state[fqn] = BytesStorageMetadata()
         return Metadata(state_dict_metadata=state)
@@ -423,7 +423,7 @@ class StoreReader(StorageReader):
 
     def _entry(self, index: MetadataIndex) -> TensorEntry:
         try:
-            return self._shards[(index.fqn, tuple(index.offset or ()))]
+            return self._pieces[(index.fqn, tuple(index.offset or ()))]
         except KeyError:
             raise RestoreTargetError(
                 f"{self._manifest.run}@{self._manifest.step} holds no piece of {index.fqn!r} at "

@@ -20,7 +20,6 @@ from typing import Any, Literal, overload
 
 import numpy as np
 import torch
-from sqlalchemy import Row
 
 from casckpt import config as cfg
 from casckpt.cache import IndexCache
@@ -28,6 +27,8 @@ from casckpt.catalog import Catalog, MissingChunksError
 from casckpt.catalog import deltas as deltas_sql
 from casckpt.catalog import history as history_sql
 from casckpt.catalog import retention as retention_sql
+from casckpt.catalog.rows import VersionRow
+from casckpt.catalog.rows import version as version_of
 from casckpt.catalog.treemigrate import tree_root
 from casckpt.engine import commit as commit_engine
 from casckpt.engine import degraded, records, trees, treeviews
@@ -41,7 +42,7 @@ from casckpt.engine.deltabase import BaseCache
 from casckpt.engine.leftovers import reclaim_leftovers
 from casckpt.engine.packstore import PackStore
 from casckpt.engine.probe import LocationProber
-from casckpt.engine.refs import bind, load_manifest, resolve
+from casckpt.engine.refs import bind, check_run, load_manifest, resolve, run_not_found
 from casckpt.engine.staging import StagingBuffers
 from casckpt.engine.validate import check_name
 from casckpt.errors import (
@@ -49,7 +50,6 @@ from casckpt.errors import (
     CommitTimeoutError,
     InvalidArgumentError,
     RefNotFoundError,
-    RunNotFoundError,
     VersionSweptError,
 )
 from casckpt.format.dtypes import element_size
@@ -340,7 +340,7 @@ class Store(StoreAdmin, StoreDistributed):
                 message gives the predicate grammar).
         """
         if run is not None:
-            history_engine.check_run(self._ctx.catalog, check_name(run, "run"))
+            check_run(self._ctx.catalog, check_name(run, "run"))
         if limit is not None and (not isinstance(limit, int) or limit < 0):
             raise InvalidArgumentError(f"limit must be a non-negative int, got {limit!r}")
         query = history_engine.make_filter(
@@ -349,8 +349,7 @@ class Store(StoreAdmin, StoreDistributed):
         )
         if tag is not None:
             history_engine.check_tag(self._ctx.catalog, tag)
-        rows, tags = history_sql.log(self._ctx.catalog, query)
-        return history_engine.versions(rows, tags)
+        return history_sql.log(self._ctx.catalog, query)
 
     def show(self, ref: Ref, *, tensors: bool = True) -> VersionDetail:
         """A version with its tensors (in natural order: ``layers.2`` before ``layers.10``),
@@ -393,7 +392,7 @@ class Store(StoreAdmin, StoreDistributed):
                              tensor_count=sum(g.tensors for g in groups),
                              tensor_bytes=sum(g.nbytes for g in groups), tensor_groups=groups)
 
-    def _summary(self, row: Row[Any], tree: TreeHead) -> VersionDetail | None:
+    def _summary(self, row: VersionRow, tree: TreeHead) -> VersionDetail | None:
         """``show(tensors=False)`` of a tree version from its document alone (None: the document
         keeps no summary, or the store has degraded packs or delta chunks: read the tree)."""
         values = head_values(tree)
@@ -527,7 +526,7 @@ class Store(StoreAdmin, StoreDistributed):
             RefNotFoundError: there is no such run.
         """
         if not retention_sql.store_policy(self._ctx.catalog, self._existing_run(run), None, create=False):
-            raise RunNotFoundError(run, self._ctx.catalog.run_names())
+            raise run_not_found(self._ctx.catalog, run)
         records.record_run(self._ctx.locations, self._ctx.catalog, run)
 
     def plan_retention(self, run: str | None = None) -> list[RetentionPlan]:
@@ -593,7 +592,7 @@ class Store(StoreAdmin, StoreDistributed):
         return self.resolve(row.id)
 
     def _existing_run(self, run: str) -> str:
-        history_engine.check_run(self._ctx.catalog, check_name(run, "run"))
+        check_run(self._ctx.catalog, check_name(run, "run"))
         return run
 
     # -- history and lineage ------------------------------------------------
@@ -662,25 +661,14 @@ class Store(StoreAdmin, StoreDistributed):
 
     # -- helpers ------------------------------------------------------------
 
-    def _row(self, ref: Ref) -> Row[Any]:
+    def _row(self, ref: Ref) -> VersionRow:
         return resolve(self._ctx.catalog, ref.id if isinstance(ref, Version) else ref)
 
     def _manifest(self, ref: Ref) -> Manifest:
         return load_manifest(self._ctx.catalog, self._row(ref))
 
-    def _versions(self, rows: list[Row[Any]]) -> list[Version]:
-        tags = self._ctx.catalog.tags_of([r.id for r in rows])
-        return [self._version(r, tags.get(r.id, ())) for r in rows]
-
-    def _version(self, row: Row[Any], tags: tuple[str, ...] | None = None) -> Version:
-        if tags is None:
-            tags = self._ctx.catalog.tags_of([row.id]).get(row.id, ())
-        return Version(
-            id=row.id, run=row.run, step=row.step, created_at=_utc(row.created_at),
-            logical_bytes=row.logical_bytes, new_bytes=row.new_bytes,
-            stored_bytes=row.stored_bytes, duration_s=row.duration_s, parent=row.parent_id,
-            tags=tags, metadata=row.meta, metrics=row.metrics, message=row.message,
-        )
+    def _version(self, row: VersionRow) -> Version:
+        return version_of(row, self._ctx.catalog.tags_of([row.id]).get(row.id, ()))
 
 
 def _tensor_sizes(manifest: Manifest) -> list[tuple[str, int]]:

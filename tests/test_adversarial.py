@@ -125,7 +125,7 @@ def test_an_alias_of_a_location_is_refused_so_gc_never_takes_its_packs_for_copie
 _LEASE_HOLDER = """
 import sys, time
 import casckpt
-from casckpt.catalog.gc import begin_lease
+from casckpt.catalog.leases import begin_lease
 store = casckpt.open(sys.argv[1])
 begin_lease(store._ctx.catalog)  # what every commit does first; this one stays in flight
 print("leased", flush=True)

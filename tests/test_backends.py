@@ -148,7 +148,7 @@ def _pack_holds(blobs: Any, key: str, tensor: torch.Tensor) -> bool:
 
 def test_gc_and_retention(store_config: Any) -> None:
     """Retention + GC reclaim space on every backend, and only one GC runs at a time."""
-    from casckpt.catalog import gc as gc_sql
+    from casckpt.catalog.locks import gc_lock
     from casckpt.errors import GCRunningError
 
     with store_config.open(chunk_size=CHUNK, pack_size=16 << 10) as store:
@@ -157,7 +157,7 @@ def test_gc_and_retention(store_config: Any) -> None:
             store.commit(state, run="r", step=step)
         store.set_retention("r", keep_last=2)
         before = store.stats()
-        with gc_sql.gc_lock(store._ctx.catalog), pytest.raises(GCRunningError):
+        with gc_lock(store._ctx.catalog), pytest.raises(GCRunningError):
             store.gc(grace=0)
         report = store.gc(grace=0)
         assert report.versions_deleted == 2 and report.versions_purged == 2

@@ -10,6 +10,7 @@ import torch
 
 import casckpt
 from casckpt.catalog import gc as sql
+from casckpt.catalog.locks import gc_lock
 from casckpt.errors import CatalogError, GCRunningError, StorageError
 
 CHUNK = 4096
@@ -128,7 +129,7 @@ def test_partly_dead_packs_are_repacked(tmp_path: Path) -> None:
 
 
 def test_only_one_gc_at_a_time(store: casckpt.Store) -> None:
-    with sql.gc_lock(store._ctx.catalog):
+    with gc_lock(store._ctx.catalog):
         with pytest.raises(GCRunningError):
             store.gc(grace=0)
     store.gc(grace=0)

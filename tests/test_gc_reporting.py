@@ -19,7 +19,7 @@ import torch
 from typer.testing import CliRunner
 
 import casckpt
-from casckpt.catalog.gc import gc_lock
+from casckpt.catalog.locks import gc_lock
 from casckpt.cli.main import app
 
 CHUNK = 4096

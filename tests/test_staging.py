@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import casckpt
-from casckpt.engine.distributed import ShardPiece, write_shards
+from casckpt.engine.distributed import TensorPiece, write_pieces
 from casckpt.engine.staging import StagingBuffers
 from casckpt.storage.erasure import Redundancy
 
@@ -112,18 +112,18 @@ def test_cuda_tensors_commit_through_pinned_buffers(tmp_path: Path) -> None:
 @settings(max_examples=25, deadline=None)
 def test_shards_chunk_alike_staged_or_not_and_share_the_whole_tensors_chunks(
         tmp_path_factory: pytest.TempPathFactory, rows: int, cuts: list[int], dtype: torch.dtype) -> None:
-    """Dim-0 shards of a tensor are chunked on the whole tensor's grid on both paths (the staged
-    one is the GPU path): every chunk not cut by a shard boundary is one the whole tensor has."""
+    """Dim-0 pieces of a tensor are chunked on the whole tensor's grid on both paths (the staged
+    one is the GPU path): every chunk not cut by a piece boundary is one the whole tensor has."""
     whole = (torch.randn(rows, 33) * 100).to(dtype)
     bounds = sorted({0, rows, *(c for c in cuts if c < rows)})
-    pieces = [ShardPiece("w", whole[a:b], tuple(whole.shape), (a, 0))
+    pieces = [TensorPiece("w", whole[a:b], tuple(whole.shape), (a, 0))
               for a, b in zip(bounds, bounds[1:], strict=False)]
     results = []
     for staged in (False, True):
         with _open(tmp_path_factory.mktemp("s"), staged=staged, staging_memory=2 * CHUNK) as store:
-            (single,) = write_shards(store._ctx, [ShardPiece("w", whole, tuple(whole.shape), (0, 0))],
-                                     Redundancy("none")).shards
-            results.append([s.blob for s in write_shards(store._ctx, pieces, Redundancy("none")).shards])
+            (single,) = write_pieces(store._ctx, [TensorPiece("w", whole, tuple(whole.shape), (0, 0))],
+                                     Redundancy("none")).pieces
+            results.append([s.blob for s in write_pieces(store._ctx, pieces, Redundancy("none")).pieces])
     assert results[0] == results[1]
     grid = set(single.blob.chunks)
     row_bytes = 33 * whole.element_size()

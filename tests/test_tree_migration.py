@@ -238,7 +238,7 @@ def _deleted_tree_twin(store: casckpt.Store) -> set[str]:
 
 def test_gc_between_the_node_write_and_the_publish_loses_no_node(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from casckpt.catalog import gc as gc_sql
+    from casckpt.catalog import leases
 
     root = tmp_path / "s"
     url = _url(root, None)
@@ -248,7 +248,7 @@ def test_gc_between_the_node_write_and_the_publish_loses_no_node(
         before = _answers(store, refs)
         reused = _deleted_tree_twin(store)
         r3 = store.resolve("r@3").id
-        monkeypatch.setattr(gc_sql, "CLOCK_SKEW_S", 0.0)  # the twin is older than the lease: fair game
+        monkeypatch.setattr(leases, "CLOCK_SKEW_S", 0.0)  # the twin is older than the lease: fair game
         rewritten: list[str] = []
         rewrite = treemigrate.rewrite_lost
 

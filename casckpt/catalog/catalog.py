@@ -21,45 +21,23 @@ import functools
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from sqlalchemy import ColumnElement, Connection, Row, exists, func, select, text
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import ColumnElement, Connection, Row, exists, func, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from casckpt.catalog import migrate
 from casckpt.catalog import schema as s
-from casckpt.catalog.database import Database
-from casckpt.catalog.rows import manifest_bytes, tensor_row
+from casckpt.catalog.database import Database, insert_ignore
+from casckpt.catalog.packs import ChunkLocation, PackRecord, insert_pack, upsert_chunks
+from casckpt.catalog.rows import VersionRow, manifest_bytes, tensor_row, version_query, version_row
 from casckpt.errors import CatalogError, CatalogUnavailableError, VersionExistsError
-from casckpt.format.pack import PackEntry
 
 BATCH = 500
-_MIGRATION_LOCK = 0x6361736B  # "cask": PostgreSQL advisory lock key for schema upgrades
 DEFAULT_RETRY_S = 5.0
 
 P = ParamSpec("P")
 T = TypeVar("T")
-
-
-def _upsert_chunks(conn: Connection, rows: list[dict[str, Any]]) -> None:
-    """Insert chunk rows; a row GC has condemned, or whose pack is lost, is pointed at this
-    new copy and made live.
-
-    A live row is kept as it is (another writer stored the chunk first; this
-    copy is dead space in its pack until repacking).
-    """
-    if not rows:
-        return
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    stmt = dialect.insert(s.chunks)
-    conn.execute(stmt.on_conflict_do_update(
-        index_elements=["id"],
-        set_={c: stmt.excluded[c] for c in ("pack_id", "offset", "stored_len", "raw_len", "codec",
-                                             "base_id", "state", "created_at", "condemned_at")},
-        where=(s.chunks.c.state == "condemned") | (s.chunks.c.state == "lost"),  # no IN: executemany
-    ), rows)
 
 
 class MissingChunksError(CatalogError):
@@ -68,115 +46,6 @@ class MissingChunksError(CatalogError):
     def __init__(self, missing: set[str]) -> None:
         self.missing = missing
         super().__init__(f"{len(missing)} referenced chunks are not live in the catalog")
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkLocation:
-    """Where a live chunk's encoded bytes are."""
-
-    chunk_id: str
-    pack_id: str
-    pack_key: str
-    offset: int
-    stored_len: int
-    raw_len: int
-    codec: int
-    base_id: str | None = None  # the chunk a delta-coded chunk is decoded against
-
-    def entry(self) -> PackEntry:
-        """The pack entry this location describes."""
-        return PackEntry(bytes.fromhex(self.chunk_id), self.offset, self.stored_len,
-                         self.raw_len, self.codec, bytes.fromhex(self.base_id) if self.base_id else None)
-
-
-@dataclass(frozen=True, slots=True)
-class ShardRow:
-    """Where one copy (``none``, ``replicate``) or shard (``ec``) of a pack lives.
-
-    ``state`` is ``ok``, ``missing`` (not written, or found gone) or
-    ``corrupt`` (found damaged); the last two are repair's queue.
-    """
-
-    index: int
-    location_id: int
-    key: str
-    size: int
-    checksum: str | None = None
-    state: str = "ok"
-    verified_at: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class PackLayout:
-    """How a pack is stored: its scheme and every shard.
-
-    ``scheme`` is ``none``, ``replicate`` or ``ec``; for ``ec``, data shard
-    ``i`` holds pack bytes ``[i*stripe, (i+1)*stripe)`` from payload byte
-    ``data_offset`` (after the shard header).
-    """
-
-    id: str
-    key: str
-    size: int
-    scheme: str = "none"
-    k: int = 1
-    m: int = 0
-    algorithm: str | None = None
-    stripe: int | None = None
-    data_offset: int | None = None
-    shards: tuple[ShardRow, ...] = ()
-
-    def shard(self, index: int) -> ShardRow | None:
-        """The shard with this index, if recorded."""
-        return next((sh for sh in self.shards if sh.index == index), None)
-
-
-@dataclass(frozen=True, slots=True)
-class PackRecord:
-    """A pack that has just been made durable in the blob store."""
-
-    layout: PackLayout
-    entries: Sequence[PackEntry]
-
-    @property
-    def id(self) -> str:
-        """The pack id."""
-        return self.layout.id
-
-    @property
-    def key(self) -> str:
-        """The pack's base object key."""
-        return self.layout.key
-
-    @property
-    def size(self) -> int:
-        """The pack's length in bytes."""
-        return self.layout.size
-
-
-def insert_pack(conn: Connection, layout: PackLayout, chunks: int, now: float) -> None:
-    """Insert a pack row and its shard rows (rows that exist are kept)."""
-    insert_ignore(conn, s.packs, [{
-        "id": layout.id, "key": layout.key, "size": layout.size, "chunks": chunks,
-        "state": "live", "created_at": now, "verified_at": None, "scheme": layout.scheme,
-        "k": layout.k, "m": layout.m, "algorithm": layout.algorithm, "stripe": layout.stripe,
-        "data_offset": layout.data_offset,
-    }], "id")
-    rows = [{"pack_id": layout.id, "idx": sh.index, "location_id": sh.location_id, "key": sh.key,
-             "size": sh.size, "checksum": sh.checksum, "state": sh.state, "verified_at": None}
-            for sh in layout.shards]
-    if rows:
-        dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-        conn.execute(dialect.insert(s.shards).on_conflict_do_nothing(
-            index_elements=["pack_id", "idx"]), rows)
-
-
-def insert_ignore(conn: Connection, table: Any, rows: list[dict[str, Any]], key: str) -> None:
-    """INSERT rows, skipping those whose ``key`` exists (another writer got there first)."""
-    if not rows:
-        return
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    conn.execute(dialect.insert(table).on_conflict_do_nothing(index_elements=[key]), rows)
 
 
 def _idempotent(method: Callable[Concatenate[Catalog, P], T]) -> Callable[Concatenate[Catalog, P], T]:
@@ -201,7 +70,7 @@ class Catalog:
         self._db = Database(url, where=where, retry_s=retry_s)
         self.engine = self._db.engine
         try:
-            self._migrate()
+            migrate.upgrade_once(self._db, where)
             self.store_id: str = self.retrying(self._read_store_id)
         except SQLAlchemyError as exc:
             self.close()
@@ -223,28 +92,6 @@ class Catalog:
         """Run an idempotent catalog operation, again while the database is unreachable,
         for at most ``retry_s`` seconds (see :meth:`Database.retrying`)."""
         return self._db.retrying(operation)
-
-    def _migrate(self) -> None:
-        """Refuse a newer schema, then upgrade an older one; one process at a time.
-
-        On PostgreSQL a session advisory lock serialises hosts opening the
-        catalog at once; on SQLite ``BEGIN IMMEDIATE`` does.
-        """
-        with self._db.connect(write=True) as conn:
-            postgres = conn.dialect.name == "postgresql"
-            if postgres:
-                conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": _MIGRATION_LOCK})
-                conn.commit()
-            try:
-                with conn.begin():
-                    migrate.check_not_newer(conn, self.where)
-                migrate.upgrade(conn)
-                conn.commit()
-            finally:
-                if postgres:
-                    conn.rollback()
-                    conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": _MIGRATION_LOCK})
-                    conn.commit()
 
     def close(self) -> None:
         """Dispose of pooled connections."""
@@ -304,7 +151,7 @@ class Catalog:
         ]
         with self.write() as conn:
             insert_pack(conn, pack.layout, len(pack.entries), now)
-            _upsert_chunks(conn, chunk_rows)
+            upsert_chunks(conn, chunk_rows)
 
     def revive_or_missing(self, conn: Connection, ids: list[str]) -> set[str]:
         """Revive referenced chunks GC condemned but has not swept, and the delta bases they
@@ -479,23 +326,11 @@ class Catalog:
 
     # -- queries ------------------------------------------------------------
 
-    VERSION_COLS = (  # what a Version is built from, in this order
-        s.versions.c.id, s.runs.c.name.label("run"), s.versions.c.step, s.versions.c.parent_id,
-        s.versions.c.created_at, s.versions.c.logical_bytes, s.versions.c.new_bytes,
-        s.versions.c.stored_bytes, s.versions.c.duration_s, s.versions.c.meta,
-        s.versions.c.metrics, s.versions.c.message,
-    )
-
-    def _versions(self) -> Any:
-        return select(*self.VERSION_COLS).join(s.runs, s.runs.c.id == s.versions.c.run_id).where(
-            s.versions.c.state == "visible"
-        )
-
     @_idempotent
-    def version(self, version_id: str) -> Row[Any] | None:
+    def version(self, version_id: str) -> VersionRow | None:
         """The visible version with this exact id."""
         with self.read() as conn:
-            return conn.execute(self._versions().where(s.versions.c.id == version_id)).first()
+            return version_row(conn.execute(version_query().where(s.versions.c.id == version_id)).first())
 
     @_idempotent
     def ids_with_prefix(self, prefix: str, limit: int = 5) -> list[str]:
@@ -508,21 +343,21 @@ class Catalog:
             ).scalars())
 
     @_idempotent
-    def at_step(self, run: str, step: int) -> Row[Any] | None:
+    def at_step(self, run: str, step: int) -> VersionRow | None:
         """The visible version of ``run`` at ``step``."""
         with self.read() as conn:
-            return conn.execute(
-                self._versions().where(s.runs.c.name == run, s.versions.c.step == step)
-            ).first()
+            return version_row(conn.execute(
+                version_query().where(s.runs.c.name == run, s.versions.c.step == step)
+            ).first())
 
     @_idempotent
-    def nth_latest(self, run: str, back: int) -> Row[Any] | None:
+    def nth_latest(self, run: str, back: int) -> VersionRow | None:
         """The visible version ``back`` versions before the latest of ``run`` (0: latest)."""
         with self.read() as conn:
-            return conn.execute(
-                self._versions().where(s.runs.c.name == run)
+            return version_row(conn.execute(
+                version_query().where(s.runs.c.name == run)
                 .order_by(s.versions.c.step.desc()).offset(back).limit(1)
-            ).first()
+            ).first())
 
     @_idempotent
     def steps_near(self, run: str, step: int, limit: int = 3) -> list[int]:
@@ -533,17 +368,6 @@ class Catalog:
                 .where(s.runs.c.name == run, s.versions.c.state == "visible")
                 .order_by(func.abs(s.versions.c.step - step)).limit(limit)
             ).scalars())
-
-    @_idempotent
-    def log(self, run: str | None, limit: int | None) -> list[Row[Any]]:
-        """Visible versions, newest first (by step within a run, by time across runs)."""
-        query = self._versions()
-        if run is not None:
-            query = query.where(s.runs.c.name == run).order_by(s.versions.c.step.desc())
-        else:
-            query = query.order_by(s.versions.c.created_at.desc())
-        with self.read() as conn:
-            return list(conn.execute(query.limit(limit)))
 
     @_idempotent
     def run_names(self) -> list[str]:

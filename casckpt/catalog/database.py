@@ -35,6 +35,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
@@ -218,3 +219,11 @@ class Database:
                     delay = min(2 * delay, _BACKOFF_MAX_S)
         finally:
             self._local.deadline = None
+
+
+def insert_ignore(conn: Connection, table: Any, rows: list[dict[str, Any]], key: str) -> None:
+    """INSERT rows, skipping those whose ``key`` exists (another writer got there first)."""
+    if not rows:
+        return
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    conn.execute(dialect.insert(table).on_conflict_do_nothing(index_elements=[key]), rows)

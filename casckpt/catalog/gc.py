@@ -1,34 +1,34 @@
-"""The SQL side of garbage collection: the GC lock, mark, condemn, revive, sweep.
+"""The SQL side of garbage collection: mark, condemn, revive, sweep, purge, repack.
 
 Referenced chunk ids are collected into the ``gc_live`` table in batches, so
 the set work happens in the database and GC's memory stays bounded however
 large the store is. Every function is one or a few short transactions; none
-deletes an object (the engine does that after the rows are gone).
+deletes an object (the engine does that after the rows are gone). The GC lock is
+in :mod:`casckpt.catalog.locks`; the leases that keep commits in flight safe
+from a collection are in :mod:`casckpt.catalog.leases`.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import socket
 import time
-import uuid
 from collections.abc import Collection, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Text, and_, bindparam, cast, delete, exists, func, insert, or_, select, text, update
-from sqlalchemy.exc import SQLAlchemyError
 
 from casckpt.catalog import schema as s
-from casckpt.catalog.catalog import Catalog, PackLayout, PackRecord, insert_ignore, insert_pack
+from casckpt.catalog.catalog import Catalog
+from casckpt.catalog.database import insert_ignore
+from casckpt.catalog.leases import tombstone
+from casckpt.catalog.packs import PackLayout, PackRecord, insert_pack
 from casckpt.catalog.shards import layouts_in
-from casckpt.errors import CatalogError, GCRunningError
+from casckpt.errors import CatalogError
 
 _BATCH = 5000
 _CHUNK_OVERHEAD = 92 + 90  # a chunk's entry header and footer record in its pack (format/pack.py)
-_GC_LOCK = 0x63676331  # "cgc1": PostgreSQL advisory lock key held while a GC runs
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,65 +45,6 @@ class DeadPack:
     def shards(self) -> tuple[tuple[int, str], ...]:
         """(location id, object key) of every shard."""
         return tuple((sh.location_id, sh.key) for sh in self.layout.shards) if self.layout else ()
-
-
-@contextmanager
-def gc_lock(catalog: Catalog) -> Iterator[None]:
-    """Hold the store-wide GC lock; raise GCRunningError if another GC holds it.
-
-    SQLite: an flock on ``<catalog file>.gc-lock``; PostgreSQL: a session
-    advisory lock on a dedicated connection. Both vanish with the process, so
-    a GC killed with SIGKILL never leaves the store locked.
-    """
-    url = catalog.engine.url
-    if url.get_backend_name() == "sqlite":
-        with _file_lock(f"{url.database}.gc-lock"):
-            yield
-    elif url.get_backend_name() == "postgresql":
-        with _advisory_lock(catalog):
-            yield
-    else:
-        raise CatalogError(f"gc does not support {url.get_backend_name()} catalogs")
-
-
-@contextmanager
-def _advisory_lock(catalog: Catalog) -> Iterator[None]:
-    try:
-        conn = catalog.engine.connect()
-        held = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": _GC_LOCK}).scalar()
-        conn.commit()
-    except SQLAlchemyError as exc:
-        raise CatalogError(f"cannot take the gc lock at {catalog.where}: {exc}") from exc
-    try:
-        if not held:
-            raise GCRunningError("another casckpt gc is running on this store; try again later")
-        yield
-    finally:
-        try:
-            if held:
-                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _GC_LOCK})
-                conn.commit()
-        except SQLAlchemyError:
-            pass  # closing the session below releases the lock anyway
-        conn.close()
-
-
-@contextmanager
-def _file_lock(path: str) -> Iterator[None]:
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise CatalogError(f"cannot create the gc lock file {path}: {exc}") from exc
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise GCRunningError(
-                "another casckpt gc is running on this store; try again later"
-            ) from None
-        yield
-    finally:
-        os.close(fd)
 
 
 def start_run(catalog: Catalog, dry_run: bool) -> int:
@@ -149,7 +90,7 @@ def purge_versions(catalog: Catalog, version_ids: list[str]) -> list[str]:
             conn.execute(delete(s.tags).where(s.tags.c.version_id.in_(batch)))
             conn.execute(delete(t).where(t.c.version_id.in_(batch)))
             conn.execute(delete(v).where(v.c.id.in_(batch)))
-            _tombstone(conn, batch, "purged")
+            tombstone(conn, batch, "purged")
             purged += batch
     with catalog.write() as conn:
         drop_unused_contents(conn)
@@ -408,16 +349,6 @@ def known_manifests(catalog: Catalog, version_ids: Collection[str]) -> set[str]:
     return found
 
 
-def _tombstone(conn: Any, version_ids: Collection[str], reason: str) -> None:
-    """Tombstone versions that are not (or no longer) version rows."""
-    ids = [i for i in version_ids if i]
-    if not ids:
-        return
-    published = set(conn.execute(select(s.versions.c.id).where(s.versions.c.id.in_(ids))).scalars())
-    insert_ignore(conn, s.tombstones, [{"version_id": i, "reason": reason, "created_at": time.time()}
-                                       for i in ids if i not in published], "version_id")
-
-
 def repack_candidates(catalog: Catalog, *, max_live_fraction: float) -> list[tuple[str, str, int]]:
     """Packs whose live chunks fill at most ``max_live_fraction`` of them, with nothing condemned
     or lost. A chunk counts with its entry header and footer record, so a pack of small chunks
@@ -456,89 +387,3 @@ def relocate(catalog: Catalog, record: PackRecord, old_pack_id: str) -> None:
             .values(pack_id=bindparam("new"), offset=bindparam("off")),
             moves,
         )
-
-
-LEASE_TTL = 24 * 3600.0  # a lease from another host older than this is a crashed commit
-
-
-def _process_space() -> str:
-    """Names the space our pids live in: host, boot and pid namespace.
-
-    Two containers sharing a host name (host networking) have different pid
-    namespaces, so neither takes the other's live commit for a dead one.
-    """
-    def read(path: str) -> str:
-        try:
-            return (os.readlink(path) if path.startswith("/proc/self/ns") else
-                    open(path).read().strip())  # noqa: SIM115 - tiny /proc reads
-        except OSError:
-            return "?"
-
-    space = f"{socket.gethostname()}|{read('/proc/sys/kernel/random/boot_id')}|"
-    return (space + read("/proc/self/ns/pid"))[:255]
-
-
-def begin_lease(catalog: Catalog) -> str:
-    """Announce a commit in flight; returns the lease id to pass to :func:`end_lease`."""
-    lease = uuid.uuid4().hex
-    with catalog.write() as conn:
-        conn.execute(insert(s.leases).values(
-            id=lease, host=_process_space(), pid=os.getpid(), started_at=time.time()
-        ))
-    return lease
-
-
-def lease_version(catalog: Catalog, lease: str, version_id: str) -> None:
-    """Name the version the commit holding ``lease`` is about to publish: called before its
-    manifest object is written, so a commit that ends without publishing leaves a tombstone
-    (its manifest is garbage), never an unexplained manifest."""
-    with catalog.write() as conn:
-        conn.execute(update(s.leases).where(s.leases.c.id == lease).values(version_id=version_id))
-
-
-def end_lease(catalog: Catalog, lease: str) -> None:
-    """The commit holding ``lease`` is over (published or failed)."""
-    with catalog.write() as conn:
-        version = conn.execute(select(s.leases.c.version_id).where(s.leases.c.id == lease)).scalar()
-        _tombstone(conn, [version] if version else [], "unpublished")
-        conn.execute(delete(s.leases).where(s.leases.c.id == lease))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def oldest_lease(catalog: Catalog, now: float) -> float | None:
-    """Start time of the oldest commit in flight (None if none).
-
-    Leases of dead processes in this process space (host, boot, pid
-    namespace), and leases older than :data:`LEASE_TTL`, are crashed commits:
-    they are removed.
-    """
-    host = _process_space()
-    with catalog.read() as conn:
-        rows = conn.execute(select(s.leases.c.id, s.leases.c.host, s.leases.c.pid,
-                                   s.leases.c.started_at, s.leases.c.version_id)).all()
-    stale = [r.id for r in rows if (r.host == host and not _alive(r.pid))
-             or now - r.started_at > LEASE_TTL]
-    if stale:
-        with catalog.write() as conn:
-            _tombstone(conn, [r.version_id for r in rows if r.id in stale and r.version_id], "crashed")
-            conn.execute(delete(s.leases).where(s.leases.c.id.in_(stale)))
-    starts = [r.started_at for r in rows if r.id not in stale]
-    return min(starts, default=None)
-
-
-CLOCK_SKEW_S = 5.0  # object mtimes (S3: whole seconds) and lease times come from different clocks
-
-
-def safe_floor(catalog: Catalog, cutoff: float) -> float:
-    """The newest time before which nothing a commit in flight wrote can lie."""
-    lease = oldest_lease(catalog, time.time())
-    return cutoff if lease is None else min(cutoff, lease - CLOCK_SKEW_S)

@@ -14,27 +14,18 @@ import operator
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import ColumnElement, Connection, Row, Select, Text, case, cast, func, select
+from sqlalchemy import ColumnElement, Connection, Select, Text, case, cast, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import Catalog
-from casckpt.catalog.rows import content_row
+from casckpt.catalog.rows import VERSION_COLUMNS, StoredContent, content_row, version_query, versions
 from casckpt.errors import RefNotFoundError, RunExistsError
+from casckpt.types import Version
 
 _BATCH = 500
-
-VERSION_COLUMNS = (
-    s.versions.c.id, s.runs.c.name.label("run"), s.versions.c.step, s.versions.c.parent_id,
-    s.versions.c.created_at, s.versions.c.logical_bytes, s.versions.c.new_bytes,
-    s.versions.c.stored_bytes, s.versions.c.duration_s,
-    cast(s.versions.c.meta, Text).label("meta"), cast(s.versions.c.metrics, Text).label("metrics"),
-    s.versions.c.message,
-)
-"""The columns of a :class:`casckpt.Version`, in its field order, ``meta`` and ``metrics``
-as JSON text: long listings decode them in one call instead of one per value."""
 
 COMPARISONS: dict[str, Callable[[Any, Any], ColumnElement[bool]]] = {
     "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
@@ -80,13 +71,6 @@ class Segment:
     run_id: int
     run: str
     max_step: int | None
-
-
-def version_query() -> Select[Any]:
-    """Visible versions with the columns of :data:`VERSION_COLUMNS`."""
-    return select(*VERSION_COLUMNS).join(s.runs, s.runs.c.id == s.versions.c.run_id).where(
-        s.versions.c.state == "visible"
-    )
 
 
 def _json_type(column: Any, key: tuple[str, ...], dialect: str) -> ColumnElement[Any]:
@@ -137,15 +121,15 @@ def _log_query(f: LogFilter, dialect: str) -> Select[Any]:
     return query.limit(f.limit) if f.limit is not None else query
 
 
-def log(catalog: Catalog, f: LogFilter) -> tuple[list[Row[Any]], dict[str, tuple[str, ...]]]:
-    """Visible versions matching ``f`` (by step within a run, else by time) and their tag names.
+def log(catalog: Catalog, f: LogFilter) -> list[Version]:
+    """Visible versions matching ``f`` (by step within a run, else by time), with their tags.
 
     One read transaction, two statements whatever the number of versions.
     """
     with catalog.read() as conn:
         rows = list(conn.execute(_log_query(f, conn.dialect.name)).all())
         tags = _tags_of(conn, [r[0] for r in rows])
-    return rows, tags
+    return versions(rows, tags)
 
 
 def _tags_of(conn: Connection, ids: Sequence[str]) -> dict[str, tuple[str, ...]]:
@@ -192,7 +176,7 @@ def lineage(catalog: Catalog, run: str) -> list[Segment] | None:
 
 
 def tensor_changes(catalog: Catalog, segments: Sequence[Segment],
-                   path: str) -> tuple[list[Row[Any]], dict[str, tuple[str, ...]]]:
+                   path: str) -> tuple[list[tuple[Any, ...]], dict[str, tuple[str, ...]]]:
     """Versions of the lineage where the tensor at ``path`` may have changed, ascending; their tags.
 
     One statement per segment: a window over the segment's visible versions
@@ -205,10 +189,10 @@ def tensor_changes(catalog: Catalog, segments: Sequence[Segment],
     from its ``contents`` row, and ``tree_root`` (every tree version is listed:
     its tensor is read from its tree, not from rows).
     """
-    rows: list[Row[Any]] = []
+    rows: list[tuple[Any, ...]] = []
     with catalog.read() as conn:
         for seg in segments:
-            rows += conn.execute(_changes_query(seg, path)).all()
+            rows += map(tuple, conn.execute(_changes_query(seg, path)))
         tags = _tags_of(conn, [r[0] for r in rows])
     return rows, tags
 
@@ -239,15 +223,19 @@ def _changes_query(seg: Segment, path: str) -> Select[Any]:
     )
 
 
-def contents(catalog: Catalog, digests: Iterable[str]) -> dict[str, Row[Any]]:
-    """``contents`` rows (``digest, nbytes, chunk_size, chunk_ids``) by digest; unknown ones left out."""
+def contents(catalog: Catalog, digests: Iterable[str]) -> dict[str, StoredContent]:
+    """``contents`` rows by digest; unknown ones left out."""
     wanted = list(dict.fromkeys(digests))
-    out: dict[str, Row[Any]] = {}
+    out: dict[str, StoredContent] = {}
     with catalog.read() as conn:
         for i in range(0, len(wanted), _BATCH):
             rows = conn.execute(select(s.contents).where(s.contents.c.digest.in_(wanted[i : i + _BATCH])))
-            out.update((r.digest, content_row(r)) for r in rows)
+            out.update((r.digest, _content(content_row(r))) for r in rows)
     return out
+
+
+def _content(row: Any) -> StoredContent:
+    return StoredContent(row.nbytes, row.chunk_size, row.chunk_ids)
 
 
 # -- lineage ----------------------------------------------------------------------------
@@ -284,8 +272,51 @@ def fork_point(catalog: Catalog, run: str) -> str | None:
         return parent
 
 
-def run_tree(catalog: Catalog) -> list[Row[Any]]:
-    """Every run by name: ``name, created_at, parent_version, parent_run, fork_step, versions``."""
+class RunTreeRow(NamedTuple):
+    """A run, where it was forked from, and how many visible versions it has."""
+
+    name: str
+    created_at: float
+    parent_version: str | None
+    parent_run: str | None
+    fork_step: int | None
+    versions: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunSettings:
+    """A run's row as the ``refs/`` records mirror it: its fork point and policies."""
+
+    name: str
+    created_at: float
+    parent_version: str | None
+    retention: Any
+    redundancy: str | None
+    delta_chain: int | None
+
+
+def _settings(row: Any) -> RunSettings:
+    return RunSettings(row.name, row.created_at, row.parent_version, row.retention, row.redundancy,
+                       row.delta_chain)
+
+
+def run_settings(catalog: Catalog, run: str) -> RunSettings | None:
+    """The settings of run ``run`` (None: no such run)."""
+    with catalog.read() as conn:
+        row = conn.execute(select(s.runs).where(s.runs.c.name == run)).first()
+    return None if row is None else _settings(row)
+
+
+def tags_and_runs(catalog: Catalog) -> tuple[list[tuple[str, str]], list[RunSettings]]:
+    """Every tag (name, version id) and every run's settings, read in one transaction."""
+    with catalog.read() as conn:
+        tags = [(name, version) for name, version in conn.execute(select(s.tags.c.name, s.tags.c.version_id))]
+        runs = [_settings(row) for row in conn.execute(select(s.runs))]
+    return tags, runs
+
+
+def run_tree(catalog: Catalog) -> list[RunTreeRow]:
+    """Every run by name."""
     v, pv, pr = s.versions, s.versions.alias("pv"), s.runs.alias("pr")
     counts = (select(v.c.run_id, func.count(v.c.id).label("n")).where(v.c.state == "visible")
               .group_by(v.c.run_id).subquery())
@@ -300,19 +331,20 @@ def run_tree(catalog: Catalog) -> list[Row[Any]]:
         .order_by(s.runs.c.name)
     )
     with catalog.read() as conn:
-        return list(conn.execute(query))
+        return [RunTreeRow(*row) for row in conn.execute(query)]
 
 
 def best(catalog: Catalog, run: str, metric: str,
-         maximize: bool) -> tuple[list[Row[Any]], dict[str, tuple[str, ...]]]:
+         maximize: bool) -> Version | None:
     """The visible version of ``run`` with the lowest (highest) ``metric`` (ties: the latest
-    step) as a list of at most one row, and its tags."""
+    step), with its tags; None when no version records ``metric``."""
     value = s.versions.c.metrics[metric].as_float()
     query = version_query().where(s.runs.c.name == run, value.is_not(None)).order_by(
         value.desc() if maximize else value.asc(), s.versions.c.step.desc()).limit(1)
     with catalog.read() as conn:
         rows = list(conn.execute(query))
-        return rows, _tags_of(conn, [r[0] for r in rows])
+        tags = _tags_of(conn, [r[0] for r in rows])
+    return versions(rows, tags)[0] if rows else None
 
 
 def metric_names(catalog: Catalog, run: str) -> list[str]:

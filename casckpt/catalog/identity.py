@@ -5,7 +5,8 @@ from __future__ import annotations
 from sqlalchemy import delete, select, update
 
 from casckpt.catalog import schema as s
-from casckpt.catalog.catalog import Catalog, insert_ignore
+from casckpt.catalog.catalog import Catalog
+from casckpt.catalog.database import insert_ignore
 from casckpt.errors import CatalogError
 from casckpt.format.identity import StoreIdentity
 

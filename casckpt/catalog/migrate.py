@@ -16,8 +16,9 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection
+from sqlalchemy import Connection, text
 
+from casckpt.catalog.database import Database
 from casckpt.errors import CatalogError, SchemaTooNewError
 
 
@@ -91,3 +92,32 @@ def upgrade(connection: Connection) -> None:
         return
     with _ALEMBIC_LOCK:
         command.upgrade(_config(connection), "head")
+
+
+_MIGRATION_LOCK = 0x6361736B  # "cask": PostgreSQL advisory lock key for schema upgrades
+
+
+def upgrade_once(db: Database, where: str) -> None:
+    """Refuse a newer schema, then upgrade an older one; one process at a time.
+
+    On PostgreSQL a session advisory lock serialises hosts opening the
+    catalog at once; on SQLite ``BEGIN IMMEDIATE`` does.
+
+    Raises:
+        SchemaTooNewError: the catalog at ``where`` was written by a newer casckpt.
+    """
+    with db.connect(write=True) as conn:
+        postgres = conn.dialect.name == "postgresql"
+        if postgres:
+            conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": _MIGRATION_LOCK})
+            conn.commit()
+        try:
+            with conn.begin():
+                check_not_newer(conn, where)
+            upgrade(conn)
+            conn.commit()
+        finally:
+            if postgres:
+                conn.rollback()
+                conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": _MIGRATION_LOCK})
+                conn.commit()

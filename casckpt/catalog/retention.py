@@ -17,13 +17,13 @@ import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import Connection, Row, null, or_, select
 
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import BATCH, Catalog, MissingChunksError
+from casckpt.catalog.rows import VERSION_COLUMNS, version
 from casckpt.errors import AmbiguousRefError, InvalidArgumentError, RefNotFoundError
 from casckpt.types import Version
 
@@ -85,16 +85,6 @@ def run_policies(catalog: Catalog, run: str | None = None) -> dict[str, Any]:
 # -- what retention looks at --------------------------------------------------------
 
 
-def _version(row: Any, tags: tuple[str, ...]) -> Version:
-    return Version(
-        id=row.id, run=row.run, step=row.step,
-        created_at=datetime.fromtimestamp(row.created_at, tz=timezone.utc),
-        logical_bytes=row.logical_bytes, new_bytes=row.new_bytes, stored_bytes=row.stored_bytes,
-        duration_s=row.duration_s, parent=row.parent_id, tags=tags, metadata=row.meta,
-        metrics=row.metrics, message=row.message,
-    )
-
-
 def fork_points(conn: Connection) -> dict[str, tuple[str, ...]]:
     """Version id -> names of the live runs forked from it.
 
@@ -145,7 +135,7 @@ def load_histories(conn: Connection, run: str | None = None) -> list[RunHistory]
         return []
     run_ids = [r.id for r in runs]
     rows = conn.execute(
-        select(*Catalog.VERSION_COLS, s.versions.c.run_id)
+        select(*VERSION_COLUMNS, s.versions.c.run_id)
         .join(s.runs, s.runs.c.id == s.versions.c.run_id)
         .where(s.versions.c.run_id.in_(run_ids), s.versions.c.state == "visible")
         .order_by(s.versions.c.step.desc())
@@ -153,7 +143,7 @@ def load_histories(conn: Connection, run: str | None = None) -> list[RunHistory]
     tags = _tags(conn, run_ids)
     versions: dict[int, list[Version]] = {run_id: [] for run_id in run_ids}
     for row in rows:
-        versions[row.run_id].append(_version(row, tags.get(row.id, ())))
+        versions[row.run_id].append(version(row, tags.get(row.id, ())))
     forks = fork_points(conn)
     return [
         RunHistory(r.name, r.retention, tuple(versions[r.id]),

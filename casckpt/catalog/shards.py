@@ -18,7 +18,9 @@ from sqlalchemy import Connection, case, func, null, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from casckpt.catalog import schema as s
-from casckpt.catalog.catalog import BATCH, Catalog, PackLayout, ShardRow, insert_ignore
+from casckpt.catalog.catalog import BATCH, Catalog
+from casckpt.catalog.database import insert_ignore
+from casckpt.catalog.packs import PackLayout, ShardRow
 from casckpt.errors import CatalogError, InvalidArgumentError, RefNotFoundError
 
 LOCATION_STATES = ("active", "draining", "failed")

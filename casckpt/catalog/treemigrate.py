@@ -9,7 +9,8 @@ from typing import Any
 from sqlalchemy import delete, select, update
 
 from casckpt.catalog import schema as s
-from casckpt.catalog.catalog import Catalog, MissingChunksError, insert_ignore
+from casckpt.catalog.catalog import Catalog, MissingChunksError
+from casckpt.catalog.database import insert_ignore
 from casckpt.catalog.gc import drop_unused_contents
 
 

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
-from casckpt.catalog.gc import begin_lease
+from casckpt.catalog.leases import begin_lease
 from casckpt.engine import commit as commit_engine
 from casckpt.engine.commit import CommitRequest, Snapshot, _Chunk
 from casckpt.engine.context import EngineContext

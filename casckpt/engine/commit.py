@@ -24,8 +24,8 @@ import torch
 
 from casckpt.catalog import MissingChunksError
 from casckpt.catalog.deltas import delta_chain_for
-from casckpt.catalog.gc import begin_lease, end_lease, lease_version
 from casckpt.catalog.history import fork_point
+from casckpt.catalog.leases import begin_lease, end_lease, lease_version
 from casckpt.engine import records, trees
 from casckpt.engine.context import EngineContext, manifest_key
 from casckpt.engine.degraded import Shortfall, shortfalls, summary

@@ -4,36 +4,52 @@ The protocol, for ``torch.distributed.checkpoint`` (see :mod:`casckpt.dcp`)
 and for ``Store.commit(..., group=)`` (see :mod:`casckpt.engine.group`):
 
 1. The coordinator refuses a step the run already has and takes a catalog
-   lease *before* any rank writes: the lease keeps every rank's fresh chunks
-   and objects out of GC's reach until the version is published (or the
-   save failed and the lease ended).
-2. Every rank chunks, hashes and dedups its own pieces (:func:`write_shards`)
+   lease *before* any rank writes (:func:`begin_save`): the lease keeps every
+   rank's fresh chunks and objects out of GC's reach until the version is
+   published (or the save failed and the lease ended, :func:`end_save`).
+2. Every rank chunks, hashes and dedups its own pieces (:func:`save_pieces`)
    and writes the chunks the store does not hold, in packs of its own. What
-   it wrote is described by :class:`StoredShard` values sent to the coordinator.
+   it wrote is described by :class:`StoredPiece` values sent to the coordinator.
 3. Only after every rank succeeded, the coordinator composes one manifest
-   (:func:`compose`) and publishes it in ONE catalog transaction. If any rank
-   fails, nothing is published: the packs already written are leftovers that
-   GC reclaims like those of any failed commit.
+   (:func:`compose`) and publishes it in ONE catalog transaction
+   (:func:`publish_save`), then ends the lease. If any rank fails, nothing is
+   published: the packs already written are leftovers that GC reclaims like
+   those of any failed commit.
 
-A shard of a tensor split along dim 0 is a contiguous run of the whole
+:mod:`casckpt.dcp` drives a save through :func:`begin_save`, :func:`save_pieces`,
+:func:`publish_save` and :func:`end_save` only, in that order, and never the
+catalog.
+
+Words: a *piece* is the part of one tensor one rank saves (DCP calls it a
+chunk or shard of a sharded tensor); casckpt keeps "chunk" for the hashed unit
+of dedup and "shard" for an erasure-coded fragment of a pack. The manifest
+still marks a tensor stored as pieces with the node kind ``"sharded"`` and
+``TensorEntry.is_shard`` (stored format, unchanged).
+
+A piece of a tensor split along dim 0 is a contiguous run of the whole
 tensor's bytes; it is chunked on the whole tensor's grid (``grid_offset``),
 so the same content saved by another number of ranks reuses every chunk
-except the few cut by shard boundaries.
+except the few cut by piece boundaries.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from casckpt.catalog.leases import begin_lease, end_lease
 from casckpt.engine.commit import (
     CommitRequest,
     Snapshot,
     hash_and_dedup,
     held_elsewhere,
+    parent_of,
+    publish,
+    refuse_existing,
     tensor_rows,
     write_chunks,
 )
@@ -43,11 +59,11 @@ from casckpt.engine.layout import plan_blobs
 from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, World, encode_manifest
 from casckpt.format.tree import Node, TensorLeaf
 from casckpt.storage.erasure import Redundancy
-from casckpt.types import ProgressCallback
+from casckpt.types import ProgressCallback, Version
 
 
 @dataclass(frozen=True, slots=True)
-class ShardPiece:
+class TensorPiece:
     """A piece of a tensor one rank saves: the box at ``global_offset`` of a ``global_shape`` tensor.
 
     ``global_shape`` None: the tensor is saved whole by this rank.
@@ -60,7 +76,7 @@ class ShardPiece:
 
 
 @dataclass(frozen=True, slots=True)
-class StoredShard:
+class StoredPiece:
     """What a rank stored for one piece: sent to the coordinator (plain, small values)."""
 
     path: str
@@ -73,16 +89,16 @@ class StoredShard:
 
 @dataclass(frozen=True, slots=True)
 class RankWrite:
-    """A rank's share of a version: its shards, the bytes it wrote, and the packs it wrote below
+    """A rank's share of a version: its pieces, the bytes it wrote, and the packs it wrote below
     their redundancy."""
 
-    shards: tuple[StoredShard, ...]
+    pieces: tuple[StoredPiece, ...]
     new_bytes: int
     stored_bytes: int
     degraded: tuple[Shortfall, ...] = ()
 
 
-def _grid_offset(piece: ShardPiece, itemsize: int) -> int:
+def _grid_offset(piece: TensorPiece, itemsize: int) -> int:
     """Where the piece's bytes start in the whole tensor's bytes, when they are one run there."""
     if piece.global_shape is None or piece.global_offset is None or not piece.tensor.dim():
         return 0
@@ -92,7 +108,7 @@ def _grid_offset(piece: ShardPiece, itemsize: int) -> int:
     return piece.global_offset[0] * math.prod(whole[1:]) * itemsize
 
 
-def write_shards(ctx: EngineContext, pieces: Sequence[ShardPiece], redundancy: Redundancy,
+def write_pieces(ctx: EngineContext, pieces: Sequence[TensorPiece], redundancy: Redundancy,
                  progress: ProgressCallback | None = None) -> RankWrite:
     """Chunk, hash and dedup ``pieces``; write the chunks the store does not hold.
 
@@ -110,11 +126,11 @@ def write_shards(ctx: EngineContext, pieces: Sequence[ShardPiece], redundancy: R
     # write a chunk this rank wrongly skipped
     blobs, chunks, new_ids = hash_and_dedup(ctx, sources, progress, confirm=True)
     written = write_chunks(ctx, chunks, new_ids, redundancy, progress)
-    shards = tuple(
-        StoredShard(p.path, e.dtype, e.shape, blob, p.global_shape, p.global_offset)
+    stored = tuple(
+        StoredPiece(p.path, e.dtype, e.shape, blob, p.global_shape, p.global_offset)
         for p, e, blob in zip(pieces, entries, blobs, strict=True)
     )
-    return RankWrite(shards, written.raw_bytes, written.stored_bytes, written.degraded)
+    return RankWrite(stored, written.raw_bytes, written.stored_bytes, written.degraded)
 
 
 def compose(req: CommitRequest, parent: str | None, created: float, world: World, root: Node,
@@ -137,8 +153,63 @@ def compose(req: CommitRequest, parent: str | None, created: float, world: World
     return snap
 
 
-def shard_entries(shards: Sequence[StoredShard]) -> tuple[list[TensorEntry], list[BlobEntry]]:
-    """Manifest entries for ``shards``: shard ``i`` becomes tensor ``i`` with blob ``i``."""
-    entries = [TensorEntry(shard.path, "torch", shard.dtype, shard.shape, i, global_shape=shard.global_shape,
-                           global_offset=shard.global_offset) for i, shard in enumerate(shards)]
-    return entries, [shard.blob for shard in shards]
+def piece_entries(pieces: Sequence[StoredPiece]) -> tuple[list[TensorEntry], list[BlobEntry]]:
+    """Manifest entries for ``pieces``: piece ``i`` becomes tensor ``i`` with blob ``i``."""
+    entries = [TensorEntry(p.path, "torch", p.dtype, p.shape, i, global_shape=p.global_shape,
+                           global_offset=p.global_offset) for i, p in enumerate(pieces)]
+    return entries, [p.blob for p in pieces]
+
+
+# -- the coordinator's side, as casckpt.dcp drives it ---------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SaveStart:
+    """What the coordinator fixed before any rank wrote (:func:`begin_save`)."""
+
+    parent: str | None  # the new version's parent
+    created: float  # the version's creation time (epoch seconds)
+    started: float  # time.monotonic() at the start, for the version's duration
+    lease: str  # the GC lease the save holds until :func:`publish_save` or :func:`end_save`
+
+
+def begin_save(ctx: EngineContext, req: CommitRequest) -> SaveStart:
+    """Coordinator, before any rank writes: refuse a step the run already has, check the
+    locations can take the run's packs, fix the parent, and take the GC lease.
+
+    Raises:
+        VersionExistsError: the run has a version at this step.
+        StorageError: fewer active failure domains than the run's write quorum.
+    """
+    started, created = time.monotonic(), time.time()
+    refuse_existing(ctx, req)
+    ctx.packs.check_writable(ctx.packs.redundancy_for(req.run))
+    parent = parent_of(ctx, req.run)
+    return SaveStart(parent, created, started, begin_lease(ctx.catalog))
+
+
+def save_pieces(ctx: EngineContext, req: CommitRequest, pieces: Sequence[TensorPiece]) -> RankWrite:
+    """Every rank: :func:`write_pieces` with the run's redundancy."""
+    return write_pieces(ctx, pieces, ctx.packs.redundancy_for(req.run))
+
+
+def publish_save(ctx: EngineContext, req: CommitRequest, start: SaveStart, world: World, root: Node,
+                 pieces: Sequence[StoredPiece], new_bytes: int, stored_bytes: int,
+                 degraded: Sequence[Shortfall]) -> Version:
+    """Coordinator, after every rank succeeded: compose the manifest from every rank's pieces
+    (``root`` refers to them by index) and publish it in one catalog transaction. The lease
+    stays: the caller ends it (:func:`end_save`) whether or not publishing succeeded.
+
+    Raises:
+        VersionExistsError: the step was taken meanwhile.
+    """
+    entries, blobs = piece_entries(pieces)
+    snap = compose(req, start.parent, start.created, world, root, entries, blobs, new_bytes,
+                   stored_bytes, degraded)
+    return publish(ctx, req, snap, ctx.packs.redundancy_for(req.run), start.started, start.lease)
+
+
+def end_save(ctx: EngineContext, lease: str) -> None:
+    """End the GC lease of a save that will not be published (DCP tells no one of a failure).
+    The version the lease named, if any, is tombstoned. Idempotent."""
+    end_lease(ctx.catalog, lease)

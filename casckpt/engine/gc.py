@@ -44,6 +44,8 @@ from typing import Any
 
 from casckpt.catalog import gc as sql
 from casckpt.catalog import retention as retention_sql
+from casckpt.catalog.leases import safe_floor
+from casckpt.catalog.locks import gc_lock
 from casckpt.catalog.rows import manifest_bytes
 from casckpt.engine import retention, trees
 from casckpt.engine.context import EngineContext, manifest_key
@@ -200,7 +202,7 @@ def _mark_and_sweep(ctx: EngineContext, tally: _Tally, guard: DeletionGuard, del
     mark_start = time.time()
     sql.clear_live(catalog)
     marked = _mark(ctx, exclude, set())
-    floor = sql.safe_floor(catalog, mark_start)
+    floor = safe_floor(catalog, mark_start)
     tally.chunks_kept_as_bases = sql.mark_bases(catalog, created_after=floor)
     if not dry_run:
         tally.chunks_revived = sql.revive(catalog)
@@ -247,7 +249,7 @@ def _orphans(ctx: EngineContext, listing: Listing, cutoff: float,
              removed: set[_Object]) -> Listing:
     """Listed objects no catalog row knows, old enough, and not removed by this run already."""
     # leases first: a commit that ends after this has recorded its rows before the reads below
-    floor = sql.safe_floor(ctx.catalog, cutoff)
+    floor = safe_floor(ctx.catalog, cutoff)
     shards = sql.known_shard_keys(ctx.catalog)
     versions = sql.known_version_ids(ctx.catalog)
     orphans = []
@@ -312,10 +314,10 @@ def collect(ctx: EngineContext, *, grace: float, dry_run: bool, force: bool = Fa
     """
     started = time.monotonic()
     tally = _Tally()
-    with sql.gc_lock(ctx.catalog):
+    with gc_lock(ctx.catalog):
         listing = _listing(ctx)
         guard = DeletionGuard(ctx, listing, force=force)
-        guard.refuse_unsafe_run(sql.safe_floor(ctx.catalog, time.time()))
+        guard.refuse_unsafe_run(safe_floor(ctx.catalog, time.time()))
         deleter = _Deleter(ctx, tally, listing, progress)
         run_id = sql.start_run(ctx.catalog, dry_run)
         plans = _apply_retention(ctx, dry_run)

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
-from casckpt.catalog.gc import begin_lease, end_lease
+from casckpt.catalog.leases import begin_lease, end_lease
 from casckpt.engine import commit as commit_engine
 from casckpt.engine.commit import ChunkWrite, CommitRequest
 from casckpt.engine.context import EngineContext

@@ -18,24 +18,22 @@ import json
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, NamedTuple
 
 import numpy as np
-from sqlalchemy import Row
 
 from casckpt.catalog import Catalog, rows
 from casckpt.catalog import history as sql
 from casckpt.catalog.history import LogFilter, Predicate
-from casckpt.catalog.rows import damaged
+from casckpt.catalog.rows import VersionRow, damaged, versions
 from casckpt.engine import treeviews
-from casckpt.engine.refs import bind, load_manifest
+from casckpt.engine.refs import bind, check_run, load_manifest, tag_not_found
 from casckpt.engine.validate import MAX_STEP
 from casckpt.errors import (
     InvalidArgumentError,
     MetricNotFoundError,
     RefNotFoundError,
-    RunNotFoundError,
     TensorNotFoundError,
 )
 from casckpt.format.chunks import ID_BYTES
@@ -151,64 +149,13 @@ def make_filter(
     )
 
 
-def check_run(catalog: Catalog, run: str) -> None:
-    """Raise RunNotFoundError (near names, or the runs there are) unless a run named ``run`` exists."""
-    names = catalog.run_names()
-    if run not in names:
-        raise RunNotFoundError(run, names)
-
-
 def check_tag(catalog: Catalog, tag: str) -> None:
     """Raise RefNotFoundError (with near names) unless tag ``tag`` exists."""
     if catalog.tag_target(tag) is None:
-        near = difflib.get_close_matches(tag, catalog.tag_names(), n=3)
-        raise RefNotFoundError(f"tag:{tag}", f"there is no tag {tag!r}", [f"tag:{n}" for n in near])
+        raise tag_not_found(catalog, f"tag:{tag}", tag)
 
 
 # -- versions -----------------------------------------------------------------------------
-
-
-def _decoded(values: list[Any]) -> list[dict[str, Any]]:
-    """JSON object texts (a version's metadata or metrics) -> dicts; one ``json.loads`` for all
-    of them when all are text (3x faster).
-
-    Raises:
-        CatalogError: one is not a JSON object (a damaged catalog row).
-    """
-    if all(isinstance(v, str) for v in values):
-        try:
-            decoded: list[Any] = json.loads("[" + ",".join(values) + "]")
-        except ValueError:
-            decoded = []
-        if len(decoded) == len(values) and all(isinstance(d, dict) for d in decoded):
-            return decoded
-    return [_object(v) for v in values]  # find the damaged one
-
-
-def _object(value: Any) -> dict[str, Any]:
-    try:
-        decoded = json.loads(value) if isinstance(value, str) else value
-    except ValueError:
-        decoded = None
-    if not isinstance(decoded, dict):
-        raise damaged(f"a version's metadata or metrics hold {str(value)[:60]!r}, not a JSON object")
-    return decoded
-
-
-def versions(rows: Sequence[Sequence[Any]], tags: Mapping[str, tuple[str, ...]]) -> list[Version]:
-    """:class:`Version` values of rows whose first items are ``sql.VERSION_COLUMNS``.
-
-    ``meta`` / ``metrics`` may be JSON text or already decoded. Rows are read by
-    position: at 10,000 versions, attribute access alone would cost ~100 ms.
-    """
-    metas = _decoded([r[9] for r in rows])
-    metrics = _decoded([r[10] for r in rows])
-    utc, moment, make = timezone.utc, datetime.fromtimestamp, Version  # hot loop: local names
-    out = []
-    for r, meta, metric in zip(rows, metas, metrics, strict=True):
-        out.append(make(r[0], r[1], r[2], moment(r[4], utc), r[5], r[6], r[7], r[8], r[3],
-                        tags.get(r[0], ()), meta, metric, r[11]))
-    return out
 
 
 # -- diff ---------------------------------------------------------------------------------
@@ -256,7 +203,7 @@ def _differing_vector(size: int, content_nbytes: int, old: bytes, new: bytes) ->
     return int(np.clip(content_nbytes - starts, 0, size).sum())
 
 
-def _change(path: str, a: Row[Any] | treeviews.TensorRow | None, b: Row[Any] | treeviews.TensorRow | None,
+def _change(path: str, a: Any, b: Any,
             contents: Mapping[str, Content]) -> TensorChange:
     if a is not None and b is not None:
         same_layout = a.dtype == b.dtype and list(a.shape) == list(b.shape)
@@ -293,12 +240,12 @@ def value_changes(before: Mapping[str, object], after: Mapping[str, object]) -> 
     return tuple(out)
 
 
-def _values(catalog: Catalog, row: Row[Any]) -> dict[str, object]:
+def _values(catalog: Catalog, row: VersionRow) -> dict[str, object]:
     return dict(iter_values(load_manifest(catalog, row).root))
 
 
-def diff(catalog: Catalog, a: Row[Any], b: Row[Any]) -> VersionDiff:
-    """What changed from version ``a`` to version ``b`` (rows with ``VERSION_COLUMNS`` first).
+def diff(catalog: Catalog, a: VersionRow, b: VersionRow) -> VersionDiff:
+    """What changed from version ``a`` to version ``b`` (:func:`~casckpt.engine.refs.resolve` rows).
 
     Two tree versions are compared by walking only the subtrees whose node ids differ;
     otherwise every tensor of each side is compared (rows, or a tree read whole)."""
@@ -312,14 +259,14 @@ def diff(catalog: Catalog, a: Row[Any], b: Row[Any]) -> VersionDiff:
     both = [p for p in differ if p in old and p in new]
     wanted = [old[p].digest for p in both] + [new[p].digest for p in both]
     found = sql.contents(catalog, [d for d in wanted if d not in old_contents and d not in new_contents])
-    contents = {d: Content(r.nbytes, r.chunk_size, r.chunk_ids) for d, r in found.items()}
+    contents = {d: Content(*r) for d, r in found.items()}
     contents.update((d, Content(*c)) for d, c in {**old_contents, **new_contents}.items())
     changes = [_change(p, old.get(p), new.get(p), contents) for p in differ]
     return _version_diff(catalog, a, b, changes, len(old.keys() & new.keys()) - len(both),
                          value_changes(_values(catalog, a), _values(catalog, b)))
 
 
-def _version_diff(catalog: Catalog, a: Row[Any], b: Row[Any], changes: Sequence[TensorChange],
+def _version_diff(catalog: Catalog, a: VersionRow, b: VersionRow, changes: Sequence[TensorChange],
                   unchanged: int, values: tuple[ValueChange, ...]) -> VersionDiff:
     va, vb = versions([a, b], catalog.tags_of([a.id, b.id]))
     return VersionDiff(
@@ -331,7 +278,7 @@ def _version_diff(catalog: Catalog, a: Row[Any], b: Row[Any], changes: Sequence[
     )
 
 
-def _tensors_of(catalog: Catalog, row: Row[Any], head: Manifest) -> tuple[dict[str, Any], dict[str, Any]]:
+def _tensors_of(catalog: Catalog, row: VersionRow, head: Manifest) -> tuple[dict[str, Any], dict[str, Any]]:
     """A version's tensor rows by path, and the contents rows a tree version derives."""
     if head.tree is None:
         return {t.path: t for t in catalog.tensors_of(row.id)}, {}
@@ -339,7 +286,7 @@ def _tensors_of(catalog: Catalog, row: Row[Any], head: Manifest) -> tuple[dict[s
     return {r.path: r for r in rows_}, contents
 
 
-def _tree_diff(catalog: Catalog, a: Row[Any], b: Row[Any], ha: Manifest, hb: Manifest) -> VersionDiff:
+def _tree_diff(catalog: Catalog, a: VersionRow, b: VersionRow, ha: Manifest, hb: Manifest) -> VersionDiff:
     tensors, found, before, after = treeviews.Trees(catalog).differences(ha, hb)
     contents = {d: Content(*c) for d, c in found.items()}
     changes = [_change(p, x, y, contents) for p, (x, y) in sorted(tensors.items())]
@@ -356,7 +303,7 @@ def _tree_diff(catalog: Catalog, a: Row[Any], b: Row[Any], ha: Manifest, hb: Man
 # positions in a ``sql.tensor_changes`` row, after the version columns (rows are read by
 # position and the loop allocates as little as it can: 10,000 entries are a common case)
 _DTYPE, _SHAPE, _NBYTES, _DIGEST, _N, _SIZE, _CONTENT_NBYTES, _IDS, _ROOT = range(
-    len(sql.VERSION_COLUMNS), len(sql.VERSION_COLUMNS) + 9)
+    len(VersionRow._fields), len(VersionRow._fields) + 9)
 
 
 def _kind(before: Sequence[Any] | None, now: Sequence[Any]) -> str | None:
@@ -440,7 +387,7 @@ def tensor_history(catalog: Catalog, run: str, path: str) -> list[TensorHistoryE
             for i, v in enumerate(versions(kept, tags))]
 
 
-def _from_trees(catalog: Catalog, found: Sequence[Row[Any]], path: str) -> list[Sequence[Any]]:
+def _from_trees(catalog: Catalog, found: Sequence[Sequence[Any]], path: str) -> list[Sequence[Any]]:
     """``tensor_changes`` rows with the tensor of each tree version read from its tree, and
     only the rows where the tensor may have changed kept (as the query keeps older versions')."""
     trees = treeviews.Trees(catalog)
@@ -453,7 +400,7 @@ def _from_trees(catalog: Catalog, found: Sequence[Row[Any]], path: str) -> list[
             out.append(row)
             last = row[_DIGEST]
             continue
-        head = bind(row, treeviews.head(catalog, row[0]))
+        head = bind(VersionRow(*row[:_DTYPE]), treeviews.head(catalog, row[0]))
         hit = trees.find(head, path)
         values = list(row)
         if hit is None:
@@ -484,7 +431,7 @@ def _tensor_not_found(catalog: Catalog, run: str, path: str) -> TensorNotFoundEr
 # -- lineage ------------------------------------------------------------------------------
 
 
-def run_nodes(rows: Sequence[Row[Any]], utc: Callable[[float], datetime]) -> list[RunNode]:
+def run_nodes(rows: Sequence[sql.RunTreeRow], utc: Callable[[float], datetime]) -> list[RunNode]:
     """The run tree, depth first: each root run (by name), then its forks, recursively."""
     children: dict[str | None, list[str]] = {}
     by_name = {r.name: r for r in rows}
@@ -520,7 +467,7 @@ def best(catalog: Catalog, run: str, metric: str, mode: str) -> Version:
     if not isinstance(metric, str) or not metric or '"' in metric or "\\" in metric:
         raise InvalidArgumentError(f"metric must be a non-empty str without quotes, got {metric!r}")
     check_run(catalog, run)
-    rows, tags = sql.best(catalog, run, metric, mode == "max")
-    if not rows:
+    found = sql.best(catalog, run, metric, mode == "max")
+    if found is None:
         raise MetricNotFoundError(metric, run, sql.metric_names(catalog, run))
-    return versions(rows, tags)[0]
+    return found

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from casckpt.catalog import PackLayout, ShardRow
 from casckpt.catalog import shards as sql
-from casckpt.catalog.gc import begin_lease, end_lease
+from casckpt.catalog.leases import begin_lease, end_lease
 from casckpt.errors import CorruptPackError, StorageError
 from casckpt.format.shard import ShardHeader, encode_shard_header, payload_checksum
 from casckpt.storage.erasure import DEFAULT_ALGORITHM, Redundancy

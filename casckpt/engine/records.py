@@ -34,11 +34,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
-
-from casckpt.catalog import schema as s
 from casckpt.catalog import shards as shard_sql
 from casckpt.catalog.deltas import stored_delta_chain
+from casckpt.catalog.history import RunSettings, run_settings, tags_and_runs
 from casckpt.catalog.identity import next_record_seq
 from casckpt.errors import CasckptError
 from casckpt.format.chunks import object_id
@@ -90,15 +88,14 @@ def record_tag(locations: LocationSet, catalog: Any, name: str, version_id: str)
     _put(locations, catalog, name_key(TAGS, name), {"name": name, "version": version_id})
 
 
-def _run_doc(row: Any) -> dict[str, Any]:
+def _run_doc(row: RunSettings) -> dict[str, Any]:
     return {"name": row.name, "created_at": row.created_at, "parent_version": row.parent_version,
             "retention": row.retention, "redundancy": row.redundancy, "delta_chain": row.delta_chain}
 
 
 def record_run(locations: LocationSet, catalog: Any, run: str) -> None:
     """Mirror a run's fork point and policies, as the catalog has them now."""
-    with catalog.read() as conn:
-        row = conn.execute(select(s.runs).where(s.runs.c.name == run)).first()
+    row = run_settings(catalog, run)
     if row is not None:
         _put(locations, catalog, name_key(RUNS, run), _run_doc(row))
 
@@ -131,13 +128,13 @@ _COMPARED = {TAGS: ("name", "version"),
 def expected(catalog: Any) -> dict[str, dict[str, Any]]:
     """The records the catalog implies now, by key (what ``check`` compares, ``repair`` writes)."""
     out: dict[str, dict[str, Any]] = {}
-    with catalog.read() as conn:
-        for name, version in conn.execute(select(s.tags.c.name, s.tags.c.version_id)):
-            out[name_key(TAGS, name)] = {"name": name, "version": version}
-        for row in conn.execute(select(s.runs)):
-            doc = _run_doc(row)
-            if any(doc[k] is not None for k in ("parent_version", "retention", "redundancy", "delta_chain")):
-                out[name_key(RUNS, row.name)] = doc
+    tags, runs = tags_and_runs(catalog)
+    for name, version in tags:
+        out[name_key(TAGS, name)] = {"name": name, "version": version}
+    for row in runs:
+        doc = _run_doc(row)
+        if any(doc[k] is not None for k in ("parent_version", "retention", "redundancy", "delta_chain")):
+            out[name_key(RUNS, row.name)] = doc
     store = _store_doc(catalog)
     if any(value is not None for value in store.values()):
         out[STORE] = store

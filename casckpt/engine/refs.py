@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import Any
-
-from sqlalchemy import Row
+from collections.abc import Sequence
 
 from casckpt.catalog import Catalog
 from casckpt.catalog.history import fork_point
+from casckpt.catalog.rows import VersionRow
 from casckpt.engine.trees import StoreNodes
 from casckpt.engine.validate import MAX_STEP
 from casckpt.errors import (
@@ -28,12 +27,33 @@ from casckpt.format.manifest import Manifest, decode_manifest
 _HEX = re.compile(r"^[0-9a-f]{4,64}$")
 
 
+def run_not_found(catalog: Catalog, run: str, *, ref: str | None = None,
+                  names: Sequence[str] | None = None) -> RunNotFoundError:
+    """The "no such run" error, built here only: its message suggests the nearest run names
+    (or lists the runs there are; :class:`RunNotFoundError` words it). ``names``: the run
+    names, when the caller has just read them."""
+    return RunNotFoundError(run, catalog.run_names() if names is None else names, ref=ref)
+
+
+def check_run(catalog: Catalog, run: str) -> None:
+    """Raise :func:`run_not_found` unless a run named ``run`` exists."""
+    names = catalog.run_names()
+    if run not in names:
+        raise run_not_found(catalog, run, names=names)
+
+
+def tag_not_found(catalog: Catalog, ref: str, name: str) -> RefNotFoundError:
+    """The "no such tag" error for ``ref`` (``tag:NAME``), with the nearest tag names."""
+    near = difflib.get_close_matches(name, catalog.tag_names(), n=3)
+    return RefNotFoundError(ref, f"there is no tag {name!r}", [f"tag:{n}" for n in near])
+
+
 def _no_version(catalog: Catalog, ref: str, run: str, reason: str, near: list[str]) -> RefNotFoundError:
     """Why ``ref``, naming a version of ``run`` that is not there, names nothing: no such run, a
     run with no versions yet (a fork names the version it starts from), or else ``reason``."""
     names = catalog.run_names()
     if run not in names:
-        return RunNotFoundError(run, names, ref=ref)
+        return run_not_found(catalog, run, ref=ref, names=names)
     if catalog.nth_latest(run, 0) is not None:
         return RefNotFoundError(ref, reason, near)
     parent_id = fork_point(catalog, run)
@@ -49,7 +69,7 @@ def _no_version(catalog: Catalog, ref: str, run: str, reason: str, near: list[st
         f"state it starts from: restore {point} until {run} has a commit of its own", [point])
 
 
-def resolve(catalog: Catalog, ref: str) -> Row[Any]:
+def resolve(catalog: Catalog, ref: str) -> VersionRow:
     """Return the catalog row of the visible version ``ref`` names.
 
     Raises:
@@ -84,16 +104,15 @@ def resolve(catalog: Catalog, ref: str) -> Row[Any]:
                            "run@latest, run@~N, tag:NAME or an id prefix)", near)
 
 
-def _resolve_tag(catalog: Catalog, ref: str, name: str) -> Row[Any]:
+def _resolve_tag(catalog: Catalog, ref: str, name: str) -> VersionRow:
     target = catalog.tag_target(name)
     row = catalog.version(target) if target is not None else None
     if row is None:
-        near = difflib.get_close_matches(name, catalog.tag_names(), n=3)
-        raise RefNotFoundError(ref, f"there is no tag {name!r}", [f"tag:{n}" for n in near])
+        raise tag_not_found(catalog, ref, name)
     return row
 
 
-def _resolve_run(catalog: Catalog, ref: str, run: str, selector: str) -> Row[Any]:
+def _resolve_run(catalog: Catalog, ref: str, run: str, selector: str) -> VersionRow:
     if selector == "latest" or selector.startswith("~"):
         back = 0
         if selector.startswith("~"):
@@ -120,7 +139,7 @@ def _resolve_run(catalog: Catalog, ref: str, run: str, selector: str) -> Row[Any
     return row
 
 
-def bind(row: Any, manifest: Manifest) -> Manifest:
+def bind(row: VersionRow, manifest: Manifest) -> Manifest:
     """``manifest`` if it is the version the catalog row says it is, else VersionMismatchError.
 
     The manifest was verified against the row's id when decoded; this checks what
@@ -139,7 +158,7 @@ def bind(row: Any, manifest: Manifest) -> Manifest:
     return manifest
 
 
-def load_manifest(catalog: Catalog, row: Any) -> Manifest:
+def load_manifest(catalog: Catalog, row: VersionRow) -> Manifest:
     """The verified manifest of the version ``row`` (a :func:`resolve` row), bound to it (:func:`bind`).
 
     Raises:

@@ -36,7 +36,7 @@ from typing import Any
 from casckpt.catalog import gc as gc_sql
 from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
-from casckpt.catalog.gc import begin_lease, end_lease
+from casckpt.catalog.leases import begin_lease, end_lease
 from casckpt.catalog.rows import manifest_bytes
 from casckpt.engine import checkmeta, identity, records, trees
 from casckpt.engine.checkmeta import Findings

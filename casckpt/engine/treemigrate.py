@@ -40,7 +40,7 @@ from typing import Any
 from casckpt.catalog import MissingChunksError
 from casckpt.catalog import gc as gc_sql
 from casckpt.catalog import treemigrate as sql
-from casckpt.catalog.gc import begin_lease
+from casckpt.catalog.leases import begin_lease
 from casckpt.catalog.rows import manifest_bytes
 from casckpt.engine.commit import node_chunks, release_lease, rewrite_lost, write_chunks
 from casckpt.engine.context import EngineContext

@@ -1,0 +1,134 @@
+"""Leases: the rows that say a commit (or a migration, repair or drain) is in flight.
+
+What a lease protects: a commit writes chunks and packs before it publishes
+the version that references them. Until then nothing in the catalog points at
+them, so GC would take them for garbage. Every commit holds a lease from before
+its first write until it published or failed; GC condemns only chunks created
+before the oldest lease started, and deletes unknown objects only if older than
+it (:func:`safe_floor`, with a :data:`CLOCK_SKEW_S` margin for object mtimes
+written by other clocks).
+
+Tombstones: a commit names the version it is about to publish on its lease
+(:func:`lease_version`) before the manifest object is written. A lease that
+ends without that version published (:func:`end_lease`), or that GC reaps as
+crashed, tombstones the version, so its manifest object is known garbage.
+
+Liveness across hosts and pid namespaces: a lease records the process space
+it was taken in (host name, boot id and pid namespace, from ``/proc``) and the
+pid. Only a lease from our own process space can be judged by its pid: if
+that pid is gone, the commit crashed. A lease from another space (another
+host, a reboot, another container sharing the host name) is never judged by
+pid: it counts as crashed only once older than :data:`LEASE_TTL`, as does any
+lease. A pid that exists but is not ours to signal counts as alive.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from collections.abc import Collection
+from typing import Any
+
+from sqlalchemy import delete, insert, select, update
+
+from casckpt.catalog import schema as s
+from casckpt.catalog.catalog import Catalog
+from casckpt.catalog.database import insert_ignore
+
+
+def tombstone(conn: Any, version_ids: Collection[str], reason: str) -> None:
+    """Tombstone versions that are not (or no longer) version rows."""
+    ids = [i for i in version_ids if i]
+    if not ids:
+        return
+    published = set(conn.execute(select(s.versions.c.id).where(s.versions.c.id.in_(ids))).scalars())
+    insert_ignore(conn, s.tombstones, [{"version_id": i, "reason": reason, "created_at": time.time()}
+                                       for i in ids if i not in published], "version_id")
+
+
+LEASE_TTL = 24 * 3600.0  # a lease from another host older than this is a crashed commit
+
+
+def _process_space() -> str:
+    """Names the space our pids live in: host, boot and pid namespace.
+
+    Two containers sharing a host name (host networking) have different pid
+    namespaces, so neither takes the other's live commit for a dead one.
+    """
+    def read(path: str) -> str:
+        try:
+            return (os.readlink(path) if path.startswith("/proc/self/ns") else
+                    open(path).read().strip())  # noqa: SIM115 - tiny /proc reads
+        except OSError:
+            return "?"
+
+    space = f"{socket.gethostname()}|{read('/proc/sys/kernel/random/boot_id')}|"
+    return (space + read("/proc/self/ns/pid"))[:255]
+
+
+def begin_lease(catalog: Catalog) -> str:
+    """Announce a commit in flight; returns the lease id to pass to :func:`end_lease`."""
+    lease = uuid.uuid4().hex
+    with catalog.write() as conn:
+        conn.execute(insert(s.leases).values(
+            id=lease, host=_process_space(), pid=os.getpid(), started_at=time.time()
+        ))
+    return lease
+
+
+def lease_version(catalog: Catalog, lease: str, version_id: str) -> None:
+    """Name the version the commit holding ``lease`` is about to publish: called before its
+    manifest object is written, so a commit that ends without publishing leaves a tombstone
+    (its manifest is garbage), never an unexplained manifest."""
+    with catalog.write() as conn:
+        conn.execute(update(s.leases).where(s.leases.c.id == lease).values(version_id=version_id))
+
+
+def end_lease(catalog: Catalog, lease: str) -> None:
+    """The commit holding ``lease`` is over (published or failed)."""
+    with catalog.write() as conn:
+        version = conn.execute(select(s.leases.c.version_id).where(s.leases.c.id == lease)).scalar()
+        tombstone(conn, [version] if version else [], "unpublished")
+        conn.execute(delete(s.leases).where(s.leases.c.id == lease))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def oldest_lease(catalog: Catalog, now: float) -> float | None:
+    """Start time of the oldest commit in flight (None if none).
+
+    Leases of dead processes in this process space (host, boot, pid
+    namespace), and leases older than :data:`LEASE_TTL`, are crashed commits:
+    they are removed.
+    """
+    host = _process_space()
+    with catalog.read() as conn:
+        rows = conn.execute(select(s.leases.c.id, s.leases.c.host, s.leases.c.pid,
+                                   s.leases.c.started_at, s.leases.c.version_id)).all()
+    stale = [r.id for r in rows if (r.host == host and not _alive(r.pid))
+             or now - r.started_at > LEASE_TTL]
+    if stale:
+        with catalog.write() as conn:
+            tombstone(conn, [r.version_id for r in rows if r.id in stale and r.version_id], "crashed")
+            conn.execute(delete(s.leases).where(s.leases.c.id.in_(stale)))
+    starts = [r.started_at for r in rows if r.id not in stale]
+    return min(starts, default=None)
+
+
+CLOCK_SKEW_S = 5.0  # object mtimes (S3: whole seconds) and lease times come from different clocks
+
+
+def safe_floor(catalog: Catalog, cutoff: float) -> float:
+    """The newest time before which nothing a commit in flight wrote can lie."""
+    lease = oldest_lease(catalog, time.time())
+    return cutoff if lease is None else min(cutoff, lease - CLOCK_SKEW_S)

@@ -1,0 +1,140 @@
+"""Pack and chunk records: the values the pack layer and the catalog exchange about packs,
+their shards and the chunks in them, and the statements that insert their rows.
+
+A pack row and its shard rows are inserted together (:func:`insert_pack`), keeping
+rows another writer inserted first; chunk rows are upserted (:func:`upsert_chunks`)
+so a chunk GC condemned, or whose pack is lost, points at the new copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy.dialects import postgresql, sqlite
+
+from casckpt.catalog import schema as s
+from casckpt.catalog.database import insert_ignore
+from casckpt.format.pack import PackEntry
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkLocation:
+    """Where a live chunk's encoded bytes are."""
+
+    chunk_id: str
+    pack_id: str
+    pack_key: str
+    offset: int
+    stored_len: int
+    raw_len: int
+    codec: int
+    base_id: str | None = None  # the chunk a delta-coded chunk is decoded against
+
+    def entry(self) -> PackEntry:
+        """The pack entry this location describes."""
+        return PackEntry(bytes.fromhex(self.chunk_id), self.offset, self.stored_len,
+                         self.raw_len, self.codec, bytes.fromhex(self.base_id) if self.base_id else None)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardRow:
+    """Where one copy (``none``, ``replicate``) or shard (``ec``) of a pack lives.
+
+    ``state`` is ``ok``, ``missing`` (not written, or found gone) or
+    ``corrupt`` (found damaged); the last two are repair's queue.
+    """
+
+    index: int
+    location_id: int
+    key: str
+    size: int
+    checksum: str | None = None
+    state: str = "ok"
+    verified_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PackLayout:
+    """How a pack is stored: its scheme and every shard.
+
+    ``scheme`` is ``none``, ``replicate`` or ``ec``; for ``ec``, data shard
+    ``i`` holds pack bytes ``[i*stripe, (i+1)*stripe)`` from payload byte
+    ``data_offset`` (after the shard header).
+    """
+
+    id: str
+    key: str
+    size: int
+    scheme: str = "none"
+    k: int = 1
+    m: int = 0
+    algorithm: str | None = None
+    stripe: int | None = None
+    data_offset: int | None = None
+    shards: tuple[ShardRow, ...] = ()
+
+    def shard(self, index: int) -> ShardRow | None:
+        """The shard with this index, if recorded."""
+        return next((sh for sh in self.shards if sh.index == index), None)
+
+
+@dataclass(frozen=True, slots=True)
+class PackRecord:
+    """A pack that has just been made durable in the blob store."""
+
+    layout: PackLayout
+    entries: Sequence[PackEntry]
+
+    @property
+    def id(self) -> str:
+        """The pack id."""
+        return self.layout.id
+
+    @property
+    def key(self) -> str:
+        """The pack's base object key."""
+        return self.layout.key
+
+    @property
+    def size(self) -> int:
+        """The pack's length in bytes."""
+        return self.layout.size
+
+
+def insert_pack(conn: Connection, layout: PackLayout, chunks: int, now: float) -> None:
+    """Insert a pack row and its shard rows (rows that exist are kept)."""
+    insert_ignore(conn, s.packs, [{
+        "id": layout.id, "key": layout.key, "size": layout.size, "chunks": chunks,
+        "state": "live", "created_at": now, "verified_at": None, "scheme": layout.scheme,
+        "k": layout.k, "m": layout.m, "algorithm": layout.algorithm, "stripe": layout.stripe,
+        "data_offset": layout.data_offset,
+    }], "id")
+    rows = [{"pack_id": layout.id, "idx": sh.index, "location_id": sh.location_id, "key": sh.key,
+             "size": sh.size, "checksum": sh.checksum, "state": sh.state, "verified_at": None}
+            for sh in layout.shards]
+    if rows:
+        dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+        conn.execute(dialect.insert(s.shards).on_conflict_do_nothing(
+            index_elements=["pack_id", "idx"]), rows)
+
+
+def upsert_chunks(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    """Insert chunk rows; a row GC has condemned, or whose pack is lost, is pointed at this
+    new copy and made live.
+
+    A live row is kept as it is (another writer stored the chunk first; this
+    copy is dead space in its pack until repacking).
+    """
+    if not rows:
+        return
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    stmt = dialect.insert(s.chunks)
+    conn.execute(stmt.on_conflict_do_update(
+        index_elements=["id"],
+        set_={c: stmt.excluded[c] for c in ("pack_id", "offset", "stored_len", "raw_len", "codec",
+                                             "base_id", "state", "created_at", "condemned_at")},
+        where=(s.chunks.c.state == "condemned") | (s.chunks.c.state == "lost"),  # no IN: executemany
+    ), rows)
