@@ -36,7 +36,7 @@ from casckpt.engine import history as history_engine
 from casckpt.engine import restore as restore_engine
 from casckpt.engine import retention as retention_engine
 from casckpt.engine.background import BackgroundCommitter, CommitHandle
-from casckpt.engine.context import EngineContext, manifest_key
+from casckpt.engine.context import EngineContext
 from casckpt.engine.deltabase import BaseCache
 from casckpt.engine.leftovers import reclaim_leftovers
 from casckpt.engine.packstore import PackStore
@@ -52,6 +52,7 @@ from casckpt.errors import (
     RunNotFoundError,
     VersionSweptError,
 )
+from casckpt.format import keys
 from casckpt.format.dtypes import element_size
 from casckpt.format.manifest import Manifest, TreeHead, decode_manifest, sharding
 from casckpt.format.tree import iter_values, rank_path
@@ -574,7 +575,7 @@ class Store(StoreAdmin, StoreDistributed):
         """
         row = retention_sql.resolve_deleted(self._ctx.catalog, ref.id if isinstance(ref, Version) else ref)
         label = f"{row.run}@{row.step}"
-        if not self._ctx.locations.exists_anywhere(manifest_key(row.id)):
+        if not self._ctx.locations.exists_anywhere(keys.manifest_key(row.id)):
             raise VersionSweptError(label, "GC already removed its manifest; it cannot be undeleted")
         manifest = trees.migrated(  # a migrated version's nodes are revived with its chunks
             trees.decode(self._ctx, self._ctx.catalog, self._ctx.catalog.manifest(row.id), row.id),

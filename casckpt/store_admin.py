@@ -25,6 +25,7 @@ from casckpt.engine.context import EngineContext
 from casckpt.engine.probe import LocationProber
 from casckpt.engine.validate import check_name
 from casckpt.errors import CasckptError, InvalidArgumentError, StoreIdentityError
+from casckpt.format import keys
 from casckpt.storage import BlobStore, open_blob_store, redact_url
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.locations import Location, LocationSet
@@ -192,7 +193,7 @@ class StoreAdmin:
         absolute = cfg._resolved([spec], base)[0]  # noqa: SLF001 - one URL rule for files and args
         try:
             blob_store = open_blob_store(absolute.url, self._s3)
-            for _ in blob_store.list("packs/"):  # reachable and listable
+            for _ in blob_store.list(keys.PACKS):  # reachable and listable
                 break
         except (CasckptError, OSError) as exc:
             raise InvalidArgumentError(f"cannot use {redact_url(url)} as a blob location: {exc}") from exc

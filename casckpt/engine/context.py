@@ -60,8 +60,3 @@ class Memos:
     def keep(self, run: str, memo: Any) -> None:
         with self._lock:
             self._runs[run] = memo
-
-
-def manifest_key(version_id: str) -> str:
-    """The object key of a version's manifest."""
-    return f"manifests/{version_id}"

@@ -46,14 +46,14 @@ from casckpt.catalog import gc as sql
 from casckpt.catalog import retention as retention_sql
 from casckpt.catalog.rows import manifest_bytes
 from casckpt.engine import retention, trees
-from casckpt.engine.context import EngineContext, manifest_key
+from casckpt.engine.context import EngineContext
 from casckpt.engine.gcguard import DeletionGuard, Listing
 from casckpt.engine.leftovers import reclaim_leftovers
 from casckpt.engine.packer import Packer
 from casckpt.engine.reader import read_chunks
 from casckpt.engine.refs import bind
 from casckpt.errors import CasckptError, GCRefusedError, IntegrityError, StorageError
-from casckpt.format import treeread
+from casckpt.format import keys, treeread
 from casckpt.format.manifest import decode_manifest
 from casckpt.format.pack import ENTRY_HEADER_SIZE, PackEntry, decode_entry
 from casckpt.storage.erasure import Redundancy
@@ -102,7 +102,7 @@ _MARK_BATCH = 50_000
 
 def _listing(ctx: EngineContext) -> Listing:
     """Packs, shards and manifests on every readable location (an error aborts GC)."""
-    return [(loc, info) for prefix in ("packs/", "manifests/")
+    return [(loc, info) for prefix in (keys.PACKS, keys.MANIFESTS)
             for loc, info in ctx.locations.list_all(prefix)]
 
 
@@ -253,8 +253,8 @@ def _orphans(ctx: EngineContext, listing: Listing, cutoff: float,
     orphans = []
     for loc, info in listing:
         obj = (loc.id, info.key)
-        known = obj in shards if info.key.startswith("packs/") else (
-            info.key.removeprefix("manifests/") in versions
+        known = obj in shards if info.key.startswith(keys.PACKS) else (
+            info.key.removeprefix(keys.MANIFESTS) in versions
         )
         if not known and info.mtime <= floor and obj not in removed:
             orphans.append((loc, info))
@@ -329,7 +329,7 @@ def collect(ctx: EngineContext, *, grace: float, dry_run: bool, force: bool = Fa
         if not dry_run:
             purged = sql.purge_versions(ctx.catalog, expired)
             tally.versions_purged = len(purged)
-            gone = sorted({obj for v in purged for obj in _everywhere(ctx, manifest_key(v))})
+            gone = sorted({obj for v in purged for obj in _everywhere(ctx, keys.manifest_key(v))})
             deleter.delete(gone)
             removed.update(gone)
         orphans = _orphans(ctx, listing, time.time() - grace, removed)

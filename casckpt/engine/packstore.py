@@ -45,12 +45,12 @@ from casckpt.errors import (
     UnsafeObjectError,
 )
 from casckpt.format.chunks import object_id
+from casckpt.format.keys import pack_key, shard_key
 from casckpt.format.shard import (
     SHARD_HEADER_SIZE,
     ShardHeader,
     encode_shard_header,
     payload_checksum,
-    shard_key,
 )
 from casckpt.storage.base import scatter
 from casckpt.storage.erasure import DEFAULT_ALGORITHM, ErasureCode, Redundancy
@@ -60,11 +60,6 @@ log = logging.getLogger(__name__)
 
 _LAYOUT_CACHE = 4096
 _RECOVERED_KEPT = 2  # rebuilt packs kept for the other ranges of one restore (~64 MiB each)
-
-
-def pack_key(pack_id: str) -> str:
-    """The object key of a whole pack (or a copy of it): ``packs/<first 2 hex>/<id>``."""
-    return f"packs/{pack_id[:2]}/{pack_id}"
 
 
 class PackStore:

@@ -40,10 +40,11 @@ from casckpt.catalog.gc import begin_lease, end_lease
 from casckpt.catalog.rows import manifest_bytes
 from casckpt.engine import checkmeta, identity, records, trees
 from casckpt.engine.checkmeta import Findings
-from casckpt.engine.context import EngineContext, manifest_key
+from casckpt.engine.context import EngineContext
 from casckpt.engine.degraded import doubled_domains
 from casckpt.engine.refs import bind
 from casckpt.errors import BlobNotFoundError, CasckptError, IntegrityError, StorageError
+from casckpt.format import keys
 from casckpt.format.manifest import MAX_MANIFEST_OBJECT, decode_manifest
 from casckpt.storage.locations import Location
 from casckpt.types import ProgressCallback, RepairReport
@@ -154,9 +155,9 @@ def _recovery_data(ctx: EngineContext, found: Findings,
                 except CasckptError:
                     pass  # a node intact nowhere: check keeps reporting it
             for loc in holders:
-                if _copy_differs(loc, found, manifest_key(row.id), data):
+                if _copy_differs(loc, found, keys.manifest_key(row.id), data):
                     try:
-                        loc.blobs.put(manifest_key(row.id), data)
+                        loc.blobs.put(keys.manifest_key(row.id), data)
                         done.manifests += 1
                     except StorageError:
                         pass  # check keeps reporting it
@@ -175,7 +176,7 @@ def _verified_copy(ctx: EngineContext, row: Any) -> bytes | None:
     """A copy of the version's manifest from some location that verifies and binds to its row."""
     for loc in ctx.locations.read_order():
         try:
-            data = loc.blobs.get(manifest_key(row.id), max_size=MAX_MANIFEST_OBJECT)
+            data = loc.blobs.get(keys.manifest_key(row.id), max_size=MAX_MANIFEST_OBJECT)
             bind(row, decode_manifest(data, row.id))
         except CasckptError:
             continue
