@@ -52,7 +52,7 @@ from casckpt.engine.leftovers import reclaim_leftovers
 from casckpt.engine.packer import Packer
 from casckpt.engine.reader import read_chunks
 from casckpt.engine.refs import bind
-from casckpt.errors import CasckptError, GCRefusedError, IntegrityError, StorageError
+from casckpt.errors import GCRefusedError, IntegrityError, StorageError
 from casckpt.format import keys, treeread
 from casckpt.format.manifest import decode_manifest
 from casckpt.format.pack import ENTRY_HEADER_SIZE, PackEntry, decode_entry
@@ -173,20 +173,13 @@ class _Deleter:
         self.sizes: dict[_Object, int] = {(loc.id, info.key): info.size for loc, info in listing}
 
     def delete(self, objects: list[_Object]) -> int:
-        """Delete ``objects`` (errors logged: a later run retries); returns how many went."""
-        deleted = 0
-        for location_id, key in objects:
-            loc = self._ctx.locations.get(location_id)
-            try:
-                if loc is not None and loc.readable:  # a failed location is never touched
-                    loc.blobs.delete(key)
-                    deleted += 1
-                    self._tally.bytes_freed += self.sizes.get((location_id, key), 0)
-            except CasckptError as exc:  # the row is gone: the object is an orphan for a later run
-                log.warning("gc: could not delete %s (%s); a later gc removes it", key, exc)
-            if self._progress is not None:
-                self._progress("sweep", deleted, len(objects))
-        return deleted
+        """Delete ``objects`` (:meth:`LocationSet.delete`: errors logged, a later run
+        retries); returns how many went."""
+        progress = self._progress
+        each = None if progress is None else lambda done, total: progress("sweep", done, total)
+        deleted = self._ctx.locations.delete(objects, progress=each)
+        self._tally.bytes_freed += sum(self.sizes.get(obj, 0) for obj in deleted)
+        return len(deleted)
 
 
 def _everywhere(ctx: EngineContext, key: str) -> list[_Object]:

@@ -195,10 +195,7 @@ class PackStore:
         written = self._place(layout, payloads, self.locations.placement(pack_id), failures)
         healthy = self._durable(written)
         if healthy < self.quorum(redundancy):
-            for sh in written:
-                target = self.locations.get(sh.location_id)
-                if sh.state == "ok" and target is not None:
-                    _quiet_delete(target, sh.key)
+            self.locations.delete([(sh.location_id, sh.key) for sh in written if sh.state == "ok"])
             message = (f"pack {pack_id} is durable on only {healthy} of {redundancy.shards} shards "
                        f"(shards sharing a failure domain count once); the write quorum is "
                        f"{self.quorum(redundancy)}")
@@ -493,28 +490,15 @@ class PackStore:
         return packrepair.repair(self, pack_id)
 
     def delete(self, shards: Sequence[tuple[int, str]]) -> int:
-        """Delete shard objects ((location id, key)); returns how many went. Errors are logged."""
-        deleted = 0
-        for location_id, key in shards:
-            loc = self.locations.get(location_id)
-            if loc is not None and loc.readable and _quiet_delete(loc, key):
-                deleted += 1
-        return deleted
+        """Delete shard objects ((location id, key)); returns how many went (see
+        :meth:`LocationSet.delete`)."""
+        return len(self.locations.delete(shards))
 
 
 def _state_of(exc: StorageError) -> str:
     """A shard that could not be read: ``corrupt`` when something else sits at its key (not a
     regular file, or larger than recorded), else ``missing``."""
     return "corrupt" if isinstance(exc, (OversizedObjectError, UnsafeObjectError)) else "missing"
-
-
-def _quiet_delete(loc: Location, key: str) -> bool:
-    try:
-        loc.blobs.delete(key)
-        return True
-    except StorageError as exc:
-        log.warning("could not delete %s from %s: %s (a later gc removes it)", key, loc.describe(), exc)
-        return False
 
 
 def _split(buffers: list[memoryview], count: int) -> tuple[list[memoryview], list[memoryview]]:
