@@ -59,7 +59,7 @@ from casckpt.format.tree import iter_values, rank_path
 from casckpt.format.treemanifest import head_values
 from casckpt.run import Run, save_rule, set_policy
 from casckpt.storage import redact_url
-from casckpt.storage.locations import LocationSet
+from casckpt.storage.locations import CurrentLocations, LocationSet
 from casckpt.storage.scratch import ScratchDir
 from casckpt.store_admin import StoreAdmin
 from casckpt.store_distributed import StoreDistributed
@@ -107,9 +107,10 @@ class Store(StoreAdmin, StoreDistributed):
         reclaim_leftovers(staging, locations)  # staging and tmp files of dead commits
         self._staging = ScratchDir(staging)
         self._io = ThreadPoolExecutor(max(4, len(locations.all)), thread_name_prefix="casckpt-shard")
+        current = CurrentLocations(locations)
         self._ctx = EngineContext(
-            catalog=catalog, cache=cache, locations=locations,
-            packs=PackStore(catalog, locations, self._io, write_quorum),
+            catalog=catalog, cache=cache, current_locations=current,
+            packs=PackStore(catalog, current, self._io, write_quorum),
             staging=self._staging, config=settings, device_buffers=StagingBuffers(settings.staging_memory),
             bases=BaseCache(settings.delta_memory),
             pool=ThreadPoolExecutor(settings.workers, thread_name_prefix="casckpt"),

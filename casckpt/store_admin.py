@@ -243,15 +243,14 @@ class StoreAdmin:
 
     def _reload_locations(self, opened: dict[str, BlobStore]) -> None:
         """Re-read locations from the catalog, keeping the blob stores already open."""
-        current = {loc.id: loc.blobs for loc in self._ctx.locations.all}
+        current = {loc.id: loc.blobs for loc in self._ctx.current_locations.get().all}
         fresh = []
         for row in shard_sql.locations(self._ctx.catalog):
             if row.id in current:
                 fresh.append(Location(row.id, row.name, row.domain, row.state, current[row.id]))
             else:
                 fresh.append(open_location(row, row.url or "", self._s3, opened))
-        self._ctx.locations = LocationSet(fresh)
-        self._ctx.packs.locations = self._ctx.locations
+        self._ctx.current_locations.swap(LocationSet(fresh))  # running operations keep the set they took
         self._locations_loaded = time.monotonic()
 
     # -- integrity --------------------------------------------------------------

@@ -54,7 +54,7 @@ from casckpt.format.shard import (
 )
 from casckpt.storage.base import scatter
 from casckpt.storage.erasure import DEFAULT_ALGORITHM, ErasureCode, Redundancy
-from casckpt.storage.locations import Location, LocationSet, refused
+from casckpt.storage.locations import CurrentLocations, Location, LocationSet, refused
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +69,10 @@ class PackStore:
     whose tasks call into this object (the engine's read pool may).
     """
 
-    def __init__(self, catalog: Catalog, locations: LocationSet, io: ThreadPoolExecutor,
+    def __init__(self, catalog: Catalog, locations: CurrentLocations, io: ThreadPoolExecutor,
                  quorum: int | None = None) -> None:
         self.catalog = catalog
-        self.locations = locations
+        self._current = locations
         self._io = io
         self._quorum = quorum
         self._codes: dict[tuple[int, int, str], ErasureCode] = {}
@@ -80,6 +80,11 @@ class PackStore:
         self._recovered: OrderedDict[str, bytes] = OrderedDict()
         self._pack_locks: dict[str, Lock] = {}
         self._lock = Lock()
+
+    @property
+    def locations(self) -> LocationSet:
+        """The store's locations now."""
+        return self._current.get()
 
     # -- policy ---------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from threading import Lock
 
 from casckpt.errors import BlobNotFoundError, CasckptError, StorageError, StorageFullError
 from casckpt.storage.base import BlobInfo, BlobStore
@@ -193,6 +194,33 @@ class LocationSet:
         """Close every location's blob store."""
         for loc in self.all:
             loc.blobs.close()
+
+
+class CurrentLocations:
+    """The store's current :class:`LocationSet`, replaced as a whole when locations change.
+
+    A ``LocationSet`` never changes; adding, draining, failing or re-reading
+    locations builds a new one and :meth:`swap` s it in. An operation that must see
+    one consistent set (a pack write: placement, quorum, clean-up) calls :meth:`get`
+    once at its start and uses that set throughout; operations already running keep
+    the set they took. Thread-safe.
+    """
+
+    def __init__(self, initial: LocationSet) -> None:
+        self._lock = Lock()
+        self._current = initial
+
+    def get(self) -> LocationSet:
+        """The set in force now (a snapshot: later swaps do not change it)."""
+        with self._lock:
+            return self._current
+
+    def swap(self, new: LocationSet) -> LocationSet:
+        """Make ``new`` the current set; returns the one it replaced. The blob stores are
+        not closed: the new set usually shares them, and running operations may hold the old."""
+        with self._lock:
+            old, self._current = self._current, new
+            return old
 
 
 def refused(what: str, failures: Sequence[StorageError]) -> StorageError:
