@@ -39,7 +39,7 @@ from casckpt.engine.background import BackgroundCommitter, CommitHandle
 from casckpt.engine.context import EngineContext
 from casckpt.engine.deltabase import BaseCache
 from casckpt.engine.leftovers import reclaim_leftovers
-from casckpt.engine.packstore import PackStore
+from casckpt.engine.packs import Packs
 from casckpt.engine.probe import LocationProber
 from casckpt.engine.refs import bind, load_manifest, resolve
 from casckpt.engine.staging import StagingBuffers
@@ -110,7 +110,7 @@ class Store(StoreAdmin, StoreDistributed):
         current = CurrentLocations(locations)
         self._ctx = EngineContext(
             catalog=catalog, cache=cache, current_locations=current,
-            packs=PackStore(catalog, current, self._io, write_quorum),
+            packs=Packs(catalog, current, self._io, write_quorum),
             staging=self._staging, config=settings, device_buffers=StagingBuffers(settings.staging_memory),
             bases=BaseCache(settings.delta_memory),
             pool=ThreadPoolExecutor(settings.workers, thread_name_prefix="casckpt"),

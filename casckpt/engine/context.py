@@ -11,7 +11,7 @@ from casckpt.cache import IndexCache
 from casckpt.catalog import Catalog
 from casckpt.config import Settings
 from casckpt.engine.deltabase import BaseCache
-from casckpt.engine.packstore import PackStore
+from casckpt.engine.packs import Packs
 from casckpt.engine.staging import StagingBuffers
 from casckpt.storage.locations import CurrentLocations, LocationSet
 from casckpt.storage.scratch import ScratchDir
@@ -27,7 +27,7 @@ class EngineContext:
     ``device_buffers`` stream GPU tensors to the host (pinned, reused).
     ``bases`` holds recent commits' raw chunks, the bases of delta coding.
     ``staging`` is this store's own directory for packs being filled.
-    ``packs`` stores and reads packs on the locations; manifests and refs
+    ``packs`` writes and reads packs on the locations; manifests and refs
     are replicated to every location. ``current_locations`` holds the store's
     locations; ``locations`` is the set in force now (see :class:`CurrentLocations`:
     an operation that needs one consistent set reads it once and keeps it).
@@ -36,7 +36,7 @@ class EngineContext:
     catalog: Catalog
     cache: IndexCache
     current_locations: CurrentLocations
-    packs: PackStore
+    packs: Packs
     staging: ScratchDir
     config: Settings
     pool: ThreadPoolExecutor

@@ -194,7 +194,7 @@ class DeletionGuard:
         try:
             entries = self._entries(layout)
         except (CorruptPackError, MissingDataError):
-            out.delete.extend(objects)  # no chunk can be read from it, even rebuilt: it serves nothing
+            out.delete.extend(objects)  # no chunk can be read from it, even reconstructed: it serves nothing
             return
         except StorageError as exc:
             out.kept.extend(f"{key}: cannot be read now ({exc}); a later gc decides" for _, key in objects)
@@ -211,7 +211,7 @@ class DeletionGuard:
 
     def _entries(self, layout: PackLayout) -> list[PackEntry]:
         """A pack's footer: read by range, or -- an erasure-coded pack missing a data shard --
-        from the pack rebuilt out of any K healthy shards, as a rebuild or a repair would.
+        from the pack reconstructed out of any K healthy shards, as a catalog rebuild or a repair would.
 
         Raises:
             MissingDataError, CorruptPackError: no footer can be had, the pack serves nothing.
@@ -223,7 +223,7 @@ class DeletionGuard:
             if layout.scheme != "ec" or len(layout.shards) < layout.k:
                 raise
         if sum(sh.size for sh in layout.shards) > IN_MEMORY_LIMIT:
-            raise StorageError(f"pack {layout.id} claims {layout.size} bytes, more than gc rebuilds "
+            raise StorageError(f"pack {layout.id} claims {layout.size} bytes, more than gc reconstructs "
                                "in memory to read its footer")
         data, _ = self._ctx.packs.read_detached(layout)
         if data is None:

@@ -7,7 +7,7 @@
 2. **Packs**: work through the catalog's queue -- shards marked missing or
    corrupt (by this listing, by restores that healed around them, by
    ``check``) and shards on locations marked ``failed`` or ``draining`` --
-   rebuilding each pack from its healthy shards, verifying it against its
+   reconstructing each pack from its healthy shards, verifying it against its
    id, and writing the shards it lacks: back to their own location when it
    is active, else to an active location in a failure domain the pack does
    not use yet. A moved shard's old object is left for GC to delete as an
