@@ -109,7 +109,7 @@ def open(  # noqa: A001 - the documented name of the entry point
             config file's ``[s3]`` table. Credentials come from the AWS chain.
         redundancy: ``"none"`` (default), ``"replicate:N"`` or ``"ec:K+M"``
             (e.g. ``"ec:4+2"``: each pack as 4 data + 2 parity shards on 6
-            failure domains; any 4 rebuild it). Recorded in the catalog for a
+            failure domains; any 4 reconstruct it). Recorded in the catalog for a
             new store; for an existing one it must match (change it with
             :meth:`Store.set_redundancy`).
         max_pending_commits: background commits (``commit(..., block=False)``)

@@ -40,8 +40,8 @@ def open_locations(catalog: Catalog, spec: cfg.StoreSpec, given: dict[str, BlobS
     The identity check (:mod:`casckpt.engine.identity`) runs before the catalog
     is written to, so a foreign or empty catalog is never taught this store's
     locations. A location this host cannot open (a removed disk, a bad URL) is
-    still listed, as unreachable: reads skip it, and ``repair`` rebuilds its
-    shards once it is marked failed. The directory of a location the catalog
+    still listed, as unreachable: reads skip it, and ``repair`` writes its
+    shards again once it is marked failed. The directory of a location the catalog
     already knows is never made again: gone, it is unreachable. This host's config file may name another
     URL for a location than the catalog records (a different mount point).
 

@@ -37,10 +37,10 @@ from casckpt.engine import history as history_engine
 from casckpt.engine import restore as restore_engine
 from casckpt.engine import retention as retention_engine
 from casckpt.engine.background import BackgroundCommitter, CommitHandle
-from casckpt.engine.context import EngineContext, manifest_key
+from casckpt.engine.context import EngineContext
 from casckpt.engine.deltabase import BaseCache
 from casckpt.engine.leftovers import reclaim_leftovers
-from casckpt.engine.packstore import PackStore
+from casckpt.engine.packs import Packs
 from casckpt.engine.probe import LocationProber
 from casckpt.engine.refs import bind, check_run, load_manifest, resolve, run_not_found
 from casckpt.engine.staging import StagingBuffers
@@ -52,13 +52,14 @@ from casckpt.errors import (
     RefNotFoundError,
     VersionSweptError,
 )
+from casckpt.format import keys
 from casckpt.format.dtypes import element_size
 from casckpt.format.manifest import Manifest, TreeHead, decode_manifest, sharding
 from casckpt.format.tree import iter_values, rank_path
 from casckpt.format.treemanifest import head_values
 from casckpt.run import Run, save_rule, set_policy
 from casckpt.storage import redact_url
-from casckpt.storage.locations import LocationSet
+from casckpt.storage.locations import CurrentLocations, LocationSet
 from casckpt.storage.scratch import ScratchDir
 from casckpt.store_admin import StoreAdmin
 from casckpt.store_distributed import StoreDistributed
@@ -106,9 +107,10 @@ class Store(StoreAdmin, StoreDistributed):
         reclaim_leftovers(staging, locations)  # staging and tmp files of dead commits
         self._staging = ScratchDir(staging)
         self._io = ThreadPoolExecutor(max(4, len(locations.all)), thread_name_prefix="casckpt-shard")
+        current = CurrentLocations(locations)
         self._ctx = EngineContext(
-            catalog=catalog, cache=cache, locations=locations,
-            packs=PackStore(catalog, locations, self._io, write_quorum),
+            catalog=catalog, cache=cache, current_locations=current,
+            packs=Packs(catalog, current, self._io, write_quorum),
             staging=self._staging, config=settings, device_buffers=StagingBuffers(settings.staging_memory),
             bases=BaseCache(settings.delta_memory),
             pool=ThreadPoolExecutor(settings.workers, thread_name_prefix="casckpt"),
@@ -576,7 +578,7 @@ class Store(StoreAdmin, StoreDistributed):
         """
         row = retention_sql.resolve_deleted(self._ctx.catalog, ref.id if isinstance(ref, Version) else ref)
         label = f"{row.run}@{row.step}"
-        if not self._ctx.locations.exists_anywhere(manifest_key(row.id)):
+        if not self._ctx.locations.exists_anywhere(keys.manifest_key(row.id)):
             raise VersionSweptError(label, "GC already removed its manifest; it cannot be undeleted")
         manifest = trees.migrated(  # a migrated version's nodes are revived with its chunks
             trees.decode(self._ctx, self._ctx.catalog, self._ctx.catalog.manifest(row.id), row.id),

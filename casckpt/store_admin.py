@@ -25,6 +25,7 @@ from casckpt.engine.context import EngineContext
 from casckpt.engine.probe import LocationProber
 from casckpt.engine.validate import check_name
 from casckpt.errors import CasckptError, InvalidArgumentError, StoreIdentityError
+from casckpt.format import keys
 from casckpt.storage import BlobStore, open_blob_store, redact_url
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.locations import Location, LocationSet
@@ -192,7 +193,7 @@ class StoreAdmin:
         absolute = cfg._resolved([spec], base)[0]  # noqa: SLF001 - one URL rule for files and args
         try:
             blob_store = open_blob_store(absolute.url, self._s3)
-            for _ in blob_store.list("packs/"):  # reachable and listable
+            for _ in blob_store.list(keys.PACKS):  # reachable and listable
                 break
         except (CasckptError, OSError) as exc:
             raise InvalidArgumentError(f"cannot use {redact_url(url)} as a blob location: {exc}") from exc
@@ -242,15 +243,14 @@ class StoreAdmin:
 
     def _reload_locations(self, opened: dict[str, BlobStore]) -> None:
         """Re-read locations from the catalog, keeping the blob stores already open."""
-        current = {loc.id: loc.blobs for loc in self._ctx.locations.all}
+        current = {loc.id: loc.blobs for loc in self._ctx.current_locations.get().all}
         fresh = []
         for row in shard_sql.locations(self._ctx.catalog):
             if row.id in current:
                 fresh.append(Location(row.id, row.name, row.domain, row.state, current[row.id]))
             else:
                 fresh.append(open_location(row, row.url or "", self._s3, opened))
-        self._ctx.locations = LocationSet(fresh)
-        self._ctx.packs.locations = self._ctx.locations
+        self._ctx.current_locations.swap(LocationSet(fresh))  # running operations keep the set they took
         self._locations_loaded = time.monotonic()
 
     # -- integrity --------------------------------------------------------------

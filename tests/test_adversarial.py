@@ -182,7 +182,7 @@ def test_a_stale_catalog_backup_carrying_an_old_lease_still_makes_gc_refuse(tmp_
 # -- 3. the footer guard gave up on packs it could still read ---------------------------
 
 
-def test_gc_keeps_an_unknown_ec_pack_it_can_rebuild_without_a_data_shard(tmp_path: Path) -> None:
+def test_gc_keeps_an_unknown_ec_pack_it_can_reconstruct_without_a_data_shard(tmp_path: Path) -> None:
     """GUARANTEES 3: "a pack object goes only if its footer lists no chunk a visible version
     references that the catalog does not verifiably hold in another pack; objects gc cannot
     prove are left in place".

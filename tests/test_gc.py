@@ -156,8 +156,8 @@ def test_listing_error_aborts_before_anything_is_deleted(store: casckpt.Store) -
 
     from casckpt.storage.locations import LocationSet
 
-    store._ctx.locations = LocationSet(
-        [replace(loc, blobs=_FailingList(loc.blobs)) for loc in store._ctx.locations.all])
+    store._ctx.current_locations.swap(LocationSet(
+        [replace(loc, blobs=_FailingList(loc.blobs)) for loc in store._ctx.locations.all]))
     with pytest.raises(StorageError):
         store.gc(grace=0)
     assert _objects(store.path) == objects and store.stats() == stats

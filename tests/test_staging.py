@@ -9,8 +9,11 @@ chunks copied out), so CI exercises it without a GPU. With CUDA present,
 from __future__ import annotations
 
 import dataclasses
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -18,19 +21,24 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import casckpt
+from casckpt.config import Settings
 from casckpt.engine.distributed import TensorPiece, write_pieces
-from casckpt.engine.staging import StagingBuffers
+from casckpt.options import Options
 from casckpt.storage.erasure import Redundancy
 
 CHUNK = 4096
 
 
 def _open(path: Path, *, staged: bool, staging_memory: int = 4 * CHUNK, **kwargs: Any) -> Any:
-    store = casckpt.open(path, chunk_size=CHUNK, **kwargs)
-    store._ctx.config = dataclasses.replace(store._ctx.config, stage_host_tensors=staged,
-                                            staging_memory=staging_memory)
-    store._ctx.device_buffers = StagingBuffers(staging_memory)
-    return store
+    real = Options.settings
+
+    def staged_settings(self: Options, env: Mapping[str, str] = os.environ) -> Settings:
+        # stage_host_tensors is no option of casckpt.open: the (immutable) engine context
+        # takes it from the settings the store is opened with
+        return dataclasses.replace(real(self, env), stage_host_tensors=staged)
+
+    with mock.patch.object(Options, "settings", staged_settings):
+        return casckpt.open(path, chunk_size=CHUNK, staging_memory=staging_memory, **kwargs)
 
 
 def _state(seed: int) -> dict[str, Any]:

@@ -69,7 +69,8 @@ def _check_pack_data(ctx: EngineContext, layout: PackLayout, found: Findings, ta
         tally.lost.add(layout.id)
         if layout.scheme != "none":
             healthy = len(layout.shards) - len(verdict.damaged)
-            found.add("pack", layout.id, f"cannot be rebuilt: {healthy} healthy shard(s), {layout.k} needed")
+            found.add("pack", layout.id,
+                      f"cannot be reconstructed: {healthy} healthy shard(s), {layout.k} needed")
         elif not verdict.notes:
             found.add("pack", layout.id, "pack bytes do not hash to the pack id (bit rot?)")
     if verdict.ok or verdict.entries:
@@ -194,8 +195,8 @@ def check(ctx: EngineContext, *, read_data: bool, progress: ProgressCallback | N
         elif len(layout.shards) - unusable.get(pack.id, 0) < layout.k:
             tally.lost.add(pack.id)
             if layout.scheme != "none":
-                found.add("pack", pack.id, f"cannot be rebuilt: {len(layout.shards) - unusable[pack.id]} "
-                          f"healthy shard(s), {layout.k} needed")
+                found.add("pack", pack.id, "cannot be reconstructed: "
+                          f"{len(layout.shards) - unusable[pack.id]} healthy shard(s), {layout.k} needed")
         done += 1
         if progress is not None:
             progress("check", done, total)

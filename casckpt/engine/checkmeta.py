@@ -37,9 +37,8 @@ from casckpt.catalog import shards as shard_sql
 from casckpt.catalog.rows import manifest_bytes
 from casckpt.engine import identity, records, trees
 from casckpt.engine.commit import tensor_rows
-from casckpt.engine.context import EngineContext, manifest_key
+from casckpt.engine.context import EngineContext
 from casckpt.engine.degraded import doubled_domains
-from casckpt.engine.discovery import MANIFEST_OBJECT
 from casckpt.engine.refs import bind
 from casckpt.errors import (
     CasckptError,
@@ -49,6 +48,7 @@ from casckpt.errors import (
     IntegrityError,
     StorageError,
 )
+from casckpt.format import keys
 from casckpt.format.manifest import Manifest, decode_manifest
 from casckpt.format.merkle import decode_node, node_json
 from casckpt.storage import BlobInfo
@@ -102,7 +102,7 @@ def list_locations(ctx: EngineContext, found: Findings) -> None:
         if not loc.readable:
             continue
         try:
-            found.listed[loc.id] = {info.key: info for prefix in ("packs/", "manifests/", "refs/")
+            found.listed[loc.id] = {info.key: info for prefix in (keys.PACKS, keys.MANIFESTS, keys.REFS)
                                     for info in loc.blobs.list(prefix)}
         except StorageError as exc:
             found.unlisted.add(loc.id)
@@ -137,7 +137,7 @@ def check_manifests(ctx: EngineContext, found: Findings, *, read_data: bool) -> 
                 _check_copy(loc, found, row, data, read_data)
     known: set[str] = set()
     for loc_id, objects in found.listed.items():
-        ids = {m.group(1) for key in objects if (m := MANIFEST_OBJECT.match(key)) is not None}
+        ids = {v for key in objects if (v := keys.version_of(key)) is not None}
         unknown = (ids - known) - gc_sql.known_manifests(ctx.catalog, ids - known)
         known |= ids - unknown
         holder = ctx.locations.get(loc_id)
@@ -168,7 +168,7 @@ def _check_values(found: Findings, row: Any, manifest: Manifest) -> None:
 def _check_copy(loc: Location, found: Findings, row: Any, data: bytes, read_data: bool) -> None:
     if loc.id in found.unlisted or loc.id not in found.listed:
         return
-    key = manifest_key(row.id)
+    key = keys.manifest_key(row.id)
     label = f"{row.run}@{row.step}"
     if key not in found.listed[loc.id]:
         found.add("manifest", row.id, f"{label}: missing from {loc.describe()}; "

@@ -27,7 +27,7 @@ from casckpt.catalog.deltas import delta_chain_for
 from casckpt.catalog.history import fork_point
 from casckpt.catalog.leases import begin_lease, end_lease, lease_version
 from casckpt.engine import records, trees
-from casckpt.engine.context import EngineContext, manifest_key
+from casckpt.engine.context import EngineContext
 from casckpt.engine.degraded import Shortfall, shortfalls, summary
 from casckpt.engine.deltabase import DeltaPlan, candidate_bases
 from casckpt.engine.layout import SMALL_TENSOR, BlobSource, PackMemo, plan_blobs
@@ -41,6 +41,7 @@ from casckpt.engine.validate import (
     check_tags,
 )
 from casckpt.errors import CasckptError, CatalogError, VersionExistsError
+from casckpt.format import keys
 from casckpt.format.chunks import aligned_chunk_size, chunk_id, chunk_spans, object_id
 from casckpt.format.codecs import CompressionPolicy, encode_chunk
 from casckpt.format.dtypes import element_size
@@ -597,7 +598,7 @@ def publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: 
     written, so a commit that fails from here on leaves a tombstone GC may act on.
     """
     lease_version(ctx.catalog, lease, snap.version_id)
-    ctx.locations.put_everywhere(manifest_key(snap.version_id), snap.manifest_bytes)
+    ctx.locations.put_everywhere(keys.manifest_key(snap.version_id), snap.manifest_bytes)
     row = _publish(ctx, req, snap, started, redundancy, progress)
     if snap.delta is not None:
         snap.delta.published(snap.chunks)

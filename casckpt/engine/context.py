@@ -11,29 +11,32 @@ from casckpt.cache import IndexCache
 from casckpt.catalog import Catalog
 from casckpt.config import Settings
 from casckpt.engine.deltabase import BaseCache
-from casckpt.engine.packstore import PackStore
+from casckpt.engine.packs import Packs
 from casckpt.engine.staging import StagingBuffers
-from casckpt.storage.locations import LocationSet
+from casckpt.storage.locations import CurrentLocations, LocationSet
 from casckpt.storage.scratch import ScratchDir
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class EngineContext:
-    """The components one store's engine operations share. Owned by ``Store``.
+    """The components one store's engine operations share. Owned by ``Store``. Immutable:
+    what changes while the store is open (its locations) sits behind a holder.
 
     ``pool`` runs CPU work and reads (hashing, encoding, ranged reads);
     ``uploads`` stores finished packs, so they upload while the next fills.
     ``device_buffers`` stream GPU tensors to the host (pinned, reused).
     ``bases`` holds recent commits' raw chunks, the bases of delta coding.
     ``staging`` is this store's own directory for packs being filled.
-    ``packs`` stores and reads packs on the ``locations``; manifests and refs
-    are replicated to every location.
+    ``packs`` writes and reads packs on the locations; manifests and refs
+    are replicated to every location. ``current_locations`` holds the store's
+    locations; ``locations`` is the set in force now (see :class:`CurrentLocations`:
+    an operation that needs one consistent set reads it once and keeps it).
     """
 
     catalog: Catalog
     cache: IndexCache
-    locations: LocationSet
-    packs: PackStore
+    current_locations: CurrentLocations
+    packs: Packs
     staging: ScratchDir
     config: Settings
     pool: ThreadPoolExecutor
@@ -41,6 +44,11 @@ class EngineContext:
     device_buffers: StagingBuffers
     bases: BaseCache
     memos: Memos = field(default_factory=lambda: Memos())
+
+    @property
+    def locations(self) -> LocationSet:
+        """The store's locations now (a snapshot; a later swap does not change it)."""
+        return self.current_locations.get()
 
 
 class Memos:
@@ -60,8 +68,3 @@ class Memos:
     def keep(self, run: str, memo: Any) -> None:
         with self._lock:
             self._runs[run] = memo
-
-
-def manifest_key(version_id: str) -> str:
-    """The object key of a version's manifest."""
-    return f"manifests/{version_id}"

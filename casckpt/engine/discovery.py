@@ -11,7 +11,6 @@ layout (copies or data shards, by range, nothing rebuilt or healed).
 from __future__ import annotations
 
 import logging
-import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from casckpt.errors import (
     StorageError,
     UnsafeObjectError,
 )
+from casckpt.format import keys
 from casckpt.format.pack import TRAILER_SIZE, PackEntry, parse_footer, parse_trailer
 from casckpt.format.shard import SHARD_HEADER_SIZE, decode_shard_header
 from casckpt.storage import BlobInfo
@@ -33,18 +33,6 @@ from casckpt.storage.locations import Location, LocationSet
 
 log = logging.getLogger(__name__)
 
-PACK_OBJECT = re.compile(r"^packs/[0-9a-f]{2}/([0-9a-f]{64})$")
-SHARD_OBJECT = re.compile(r"^packs/[0-9a-f]{2}/([0-9a-f]{64})\.s(\d+)$")
-MANIFEST_OBJECT = re.compile(r"^manifests/([0-9a-f]{64})$")
-
-
-def pack_of(key: str) -> tuple[str, int | None] | None:
-    """``(pack id, shard index or None for a whole copy)`` an object key names, or None."""
-    if (m := PACK_OBJECT.match(key)) is not None:
-        return m.group(1), None
-    if (m := SHARD_OBJECT.match(key)) is not None:
-        return m.group(1), int(m.group(2))
-    return None
 
 
 @dataclass(slots=True)
@@ -59,7 +47,7 @@ def scan_packs(listing: Iterable[tuple[Location, BlobInfo]]) -> dict[str, FoundP
     """Group listed ``packs/`` objects by pack."""
     found: dict[str, FoundPack] = defaultdict(FoundPack)
     for loc, info in listing:
-        named = pack_of(info.key)
+        named = keys.pack_of(info.key)
         if named is None:
             continue
         pack_id, index = named
@@ -76,13 +64,11 @@ def pack_layout(pack_id: str, found: FoundPack) -> PackLayout | None:
     Shards are read by their headers (a small ranged read each); a shard
     whose header is damaged or names another pack is left out.
     """
-    from casckpt.engine.packstore import pack_key
-
     if found.copies:
         size = found.copies[0][2]
         rows = tuple(ShardRow(i, loc.id, key, sz) for i, (loc, key, sz) in enumerate(found.copies))
         scheme = "none" if len(rows) == 1 else "replicate"
-        return PackLayout(pack_id, pack_key(pack_id), size, scheme, 1, len(rows) - 1, shards=rows)
+        return PackLayout(pack_id, keys.pack_key(pack_id), size, scheme, 1, len(rows) - 1, shards=rows)
     headers = {}
     for index, (loc, key, size) in sorted(found.shards.items()):
         try:
@@ -99,7 +85,7 @@ def pack_layout(pack_id: str, found: FoundPack) -> PackLayout | None:
     code = (first.k, first.m, first.algorithm, first.pack_len)
     rows = tuple(ShardRow(i, loc.id, key, size, h.checksum) for i, (h, loc, key, size) in headers.items()
                  if (h.k, h.m, h.algorithm, h.pack_len) == code)
-    return PackLayout(pack_id, pack_key(pack_id), first.pack_len, "ec", first.k, first.m,
+    return PackLayout(pack_id, keys.pack_key(pack_id), first.pack_len, "ec", first.k, first.m,
                       first.algorithm, first.stripe, first.data_offset, rows)
 
 

@@ -48,14 +48,14 @@ from casckpt.catalog.leases import safe_floor
 from casckpt.catalog.locks import gc_lock
 from casckpt.catalog.rows import manifest_bytes
 from casckpt.engine import retention, trees
-from casckpt.engine.context import EngineContext, manifest_key
+from casckpt.engine.context import EngineContext
 from casckpt.engine.gcguard import DeletionGuard, Listing
 from casckpt.engine.leftovers import reclaim_leftovers
 from casckpt.engine.packer import Packer
 from casckpt.engine.reader import read_chunks
 from casckpt.engine.refs import bind
-from casckpt.errors import CasckptError, GCRefusedError, IntegrityError, StorageError
-from casckpt.format import treeread
+from casckpt.errors import GCRefusedError, IntegrityError, StorageError
+from casckpt.format import keys, treeread
 from casckpt.format.manifest import decode_manifest
 from casckpt.format.pack import ENTRY_HEADER_SIZE, PackEntry, decode_entry
 from casckpt.storage.erasure import Redundancy
@@ -104,7 +104,7 @@ _MARK_BATCH = 50_000
 
 def _listing(ctx: EngineContext) -> Listing:
     """Packs, shards and manifests on every readable location (an error aborts GC)."""
-    return [(loc, info) for prefix in ("packs/", "manifests/")
+    return [(loc, info) for prefix in (keys.PACKS, keys.MANIFESTS)
             for loc, info in ctx.locations.list_all(prefix)]
 
 
@@ -175,20 +175,13 @@ class _Deleter:
         self.sizes: dict[_Object, int] = {(loc.id, info.key): info.size for loc, info in listing}
 
     def delete(self, objects: list[_Object]) -> int:
-        """Delete ``objects`` (errors logged: a later run retries); returns how many went."""
-        deleted = 0
-        for location_id, key in objects:
-            loc = self._ctx.locations.get(location_id)
-            try:
-                if loc is not None and loc.readable:  # a failed location is never touched
-                    loc.blobs.delete(key)
-                    deleted += 1
-                    self._tally.bytes_freed += self.sizes.get((location_id, key), 0)
-            except CasckptError as exc:  # the row is gone: the object is an orphan for a later run
-                log.warning("gc: could not delete %s (%s); a later gc removes it", key, exc)
-            if self._progress is not None:
-                self._progress("sweep", deleted, len(objects))
-        return deleted
+        """Delete ``objects`` (:meth:`LocationSet.delete`: errors logged, a later run
+        retries); returns how many went."""
+        progress = self._progress
+        each = None if progress is None else lambda done, total: progress("sweep", done, total)
+        deleted = self._ctx.locations.delete(objects, progress=each)
+        self._tally.bytes_freed += sum(self.sizes.get(obj, 0) for obj in deleted)
+        return len(deleted)
 
 
 def _everywhere(ctx: EngineContext, key: str) -> list[_Object]:
@@ -255,8 +248,8 @@ def _orphans(ctx: EngineContext, listing: Listing, cutoff: float,
     orphans = []
     for loc, info in listing:
         obj = (loc.id, info.key)
-        known = obj in shards if info.key.startswith("packs/") else (
-            info.key.removeprefix("manifests/") in versions
+        known = obj in shards if info.key.startswith(keys.PACKS) else (
+            info.key.removeprefix(keys.MANIFESTS) in versions
         )
         if not known and info.mtime <= floor and obj not in removed:
             orphans.append((loc, info))
@@ -331,7 +324,7 @@ def collect(ctx: EngineContext, *, grace: float, dry_run: bool, force: bool = Fa
         if not dry_run:
             purged = sql.purge_versions(ctx.catalog, expired)
             tally.versions_purged = len(purged)
-            gone = sorted({obj for v in purged for obj in _everywhere(ctx, manifest_key(v))})
+            gone = sorted({obj for v in purged for obj in _everywhere(ctx, keys.manifest_key(v))})
             deleter.delete(gone)
             removed.update(gone)
         orphans = _orphans(ctx, listing, time.time() - grace, removed)

@@ -37,16 +37,10 @@ from casckpt.catalog import gc as sql
 from casckpt.catalog import shards as shard_sql
 from casckpt.engine import identity
 from casckpt.engine.context import EngineContext
-from casckpt.engine.discovery import (
-    MANIFEST_OBJECT,
-    FoundPack,
-    pack_layout,
-    pack_of,
-    read_footer,
-    scan_packs,
-)
+from casckpt.engine.discovery import FoundPack, pack_layout, read_footer, scan_packs
 from casckpt.engine.scrub import IN_MEMORY_LIMIT
 from casckpt.errors import CorruptPackError, GCRefusedError, MissingDataError, StorageError
+from casckpt.format import keys
 from casckpt.format.pack import PackEntry, read_index
 from casckpt.storage import BlobInfo
 from casckpt.storage.locations import Location
@@ -105,7 +99,7 @@ class DeletionGuard:
         exempts one: a commit names its version on its lease before it writes the manifest, so
         one in flight is known -- and an old lease carried in by a stale catalog backup must not
         excuse the manifests written since."""
-        ids = {m.group(1) for _, info in self._listing if (m := MANIFEST_OBJECT.match(info.key)) is not None}
+        ids = {v for _, info in self._listing if (v := keys.version_of(info.key)) is not None}
         return ids - sql.known_manifests(self._ctx.catalog, ids)
 
     def _breaker(self, floor: float) -> None:
@@ -114,7 +108,7 @@ class DeletionGuard:
         unknown: dict[int, int] = {}
         for loc, info in self._listing:
             total[loc.id] = total.get(loc.id, 0) + 1
-            named = pack_of(info.key)
+            named = keys.pack_of(info.key)
             if named is not None and named[0] not in known and info.mtime <= floor:
                 unknown[loc.id] = unknown.get(loc.id, 0) + 1
         for loc in self._ctx.locations.all:
@@ -145,13 +139,13 @@ class DeletionGuard:
         tombstoned = sql.tombstoned_ids(self._ctx.catalog)
         packs: dict[str, FoundPack] = {}
         for loc, info in candidates:
-            if (m := MANIFEST_OBJECT.match(info.key)) is not None:
-                if m.group(1) in tombstoned:
+            if (version_id := keys.version_of(info.key)) is not None:
+                if version_id in tombstoned:
                     out.delete.append((loc.id, info.key))
                 else:
                     out.kept.append(f"{info.key} on {loc.name}: a manifest the catalog does not know")
                 continue
-            named = pack_of(info.key)
+            named = keys.pack_of(info.key)
             if named is None:
                 continue
             found = packs.setdefault(named[0], FoundPack())
@@ -200,7 +194,7 @@ class DeletionGuard:
         try:
             entries = self._entries(layout)
         except (CorruptPackError, MissingDataError):
-            out.delete.extend(objects)  # no chunk can be read from it, even rebuilt: it serves nothing
+            out.delete.extend(objects)  # no chunk can be read from it, even reconstructed: it serves nothing
             return
         except StorageError as exc:
             out.kept.extend(f"{key}: cannot be read now ({exc}); a later gc decides" for _, key in objects)
@@ -217,7 +211,7 @@ class DeletionGuard:
 
     def _entries(self, layout: PackLayout) -> list[PackEntry]:
         """A pack's footer: read by range, or -- an erasure-coded pack missing a data shard --
-        from the pack rebuilt out of any K healthy shards, as a rebuild or a repair would.
+        from the pack reconstructed out of any K healthy shards, as a catalog rebuild or a repair would.
 
         Raises:
             MissingDataError, CorruptPackError: no footer can be had, the pack serves nothing.
@@ -229,7 +223,7 @@ class DeletionGuard:
             if layout.scheme != "ec" or len(layout.shards) < layout.k:
                 raise
         if sum(sh.size for sh in layout.shards) > IN_MEMORY_LIMIT:
-            raise StorageError(f"pack {layout.id} claims {layout.size} bytes, more than gc rebuilds "
+            raise StorageError(f"pack {layout.id} claims {layout.size} bytes, more than gc reconstructs "
                                "in memory to read its footer")
         data, _ = self._ctx.packs.read_detached(layout)
         if data is None:

@@ -38,6 +38,7 @@ from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
 from casckpt.catalog.gc import known_manifests
 from casckpt.errors import BlobNotFoundError, GCRefusedError, StorageError, StoreIdentityError
+from casckpt.format import keys
 from casckpt.format.identity import (
     IDENTITY_KEY,
     MAX_IDENTITY_BYTES,
@@ -52,7 +53,6 @@ from casckpt.storage.locations import LocationSet
 log = logging.getLogger(__name__)
 
 _SAMPLE = 64  # objects of an unmarked location checked against the catalog before adopting it
-_MANIFEST_PREFIX = "manifests/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,12 +106,12 @@ def survey(name: str, blobs: BlobStore) -> Survey:
 
 
 def _sample(blobs: BlobStore, prefix: str) -> list[str]:
-    keys = []
+    found = []
     for info in blobs.list(prefix):
-        keys.append(info.key)
-        if len(keys) >= _SAMPLE:
+        found.append(info.key)
+        if len(found) >= _SAMPLE:
             break
-    return keys
+    return found
 
 
 def _refusal(catalog: Catalog, mine: StoreIdentity, loc: Survey, what: str) -> StoreIdentityError:
@@ -137,8 +137,8 @@ def _adoptable(loc: Survey, knows: Callable[[str, Sequence[str]], bool]) -> bool
     """For a location without a usable record: None if it holds no data; else whether the
     catalog already knows some of its objects (then it is this store's, from before records)."""
     try:
-        manifests = _sample(loc.blobs, _MANIFEST_PREFIX)
-        packs = [] if manifests else _sample(loc.blobs, "packs/")
+        manifests = _sample(loc.blobs, keys.MANIFESTS)
+        packs = [] if manifests else _sample(loc.blobs, keys.PACKS)
     except StorageError as exc:
         log.warning("cannot list blob location %s to check whose data it holds: %s", loc.name, exc)
         return False
@@ -148,11 +148,11 @@ def _adoptable(loc: Survey, knows: Callable[[str, Sequence[str]], bool]) -> bool
 
 
 def _knows(catalog: Catalog) -> Callable[[str, Sequence[str]], bool]:
-    def knows(location: str, keys: Sequence[str]) -> bool:
-        manifests = [k.removeprefix(_MANIFEST_PREFIX) for k in keys if k.startswith(_MANIFEST_PREFIX)]
+    def knows(location: str, objects: Sequence[str]) -> bool:
+        manifests = [k.removeprefix(keys.MANIFESTS) for k in objects if k.startswith(keys.MANIFESTS)]
         if manifests:
             return bool(known_manifests(catalog, manifests))
-        return bool(shard_sql.keys_on_location(catalog, location, keys))
+        return bool(shard_sql.keys_on_location(catalog, location, objects))
     return knows
 
 

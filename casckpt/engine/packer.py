@@ -93,7 +93,7 @@ class Packer:
 
     def _store(self, pack_id: str, size: int, entries: Sequence[PackEntry], path: Path) -> PackRecord:
         try:
-            layout = self._ctx.packs.store(pack_id, path, size, self._redundancy)
+            layout = self._ctx.packs.write(pack_id, path, size, self._redundancy)
         finally:
             path.unlink(missing_ok=True)
         record = PackRecord(layout, entries)

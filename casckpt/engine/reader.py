@@ -313,7 +313,7 @@ class _DeltaReader:
     def _window(self, wanted: Mapping[bytes, list[Destination]]) -> int:
         """Decode a window's chains in grouped byte order, verifying each wanted chunk once at the
         end of its chain; on any mismatch, decode again verifying every level (which finds the
-        damaged chunk and, with redundancy, rebuilds and heals its pack)."""
+        damaged chunk and, with redundancy, reconstructs its pack and heals its shards)."""
         try:
             return self._decode_levels(wanted, verify_all=False)
         except IntegrityError:
@@ -469,11 +469,11 @@ def _read_located(
                 )
             decoder(plan)
         except IntegrityError:
-            if not ctx.packs.can_rebuild(r.pack_id):
+            if not ctx.packs.can_reconstruct(r.pack_id):
                 raise
-            # a copy or shard is damaged: rebuild the pack from healthy shards (healing them)
+            # a copy or shard is damaged: reconstruct the pack from healthy shards (healing them)
             try:
-                pack = ctx.packs.recover(r.pack_id, heal=heal)
+                pack = ctx.packs.reconstruct(r.pack_id, heal=heal)
             except MissingDataError as exc:
                 raise _unreadable(r.pack_id, exc) from exc
             scatter(memoryview(pack)[r.start : r.end], buffers)

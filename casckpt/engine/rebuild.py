@@ -42,13 +42,13 @@ from casckpt.catalog import shards as shard_sql
 from casckpt.engine import identity, records, scrub, trees
 from casckpt.engine.commit import tensor_rows
 from casckpt.engine.context import EngineContext
-from casckpt.engine.discovery import MANIFEST_OBJECT, FoundPack, pack_layout, scan_packs
+from casckpt.engine.discovery import FoundPack, pack_layout, scan_packs
 from casckpt.errors import CasckptError, CorruptPackError, InvalidArgumentError, StoreIdentityError
+from casckpt.format import keys
 from casckpt.format.identity import StoreIdentity
 from casckpt.format.manifest import MAX_MANIFEST_OBJECT, Manifest, decode_manifest
 from casckpt.format.merkle import compress_node
 from casckpt.format.pack import read_index
-from casckpt.format.shard import shard_key
 from casckpt.format.treemanifest import with_tree
 from casckpt.storage import BlobInfo
 from casckpt.storage.erasure import Redundancy
@@ -83,7 +83,7 @@ def _recover_pack(ctx: EngineContext, layout: PackLayout) -> int:
     rows = [replace(sh, state=states.get(sh.index, "missing")) for sh in layout.shards]
     if layout.scheme == "ec" and rows:
         present = {sh.index for sh in rows}
-        rows += [ShardRow(i, rows[0].location_id, shard_key(layout.id, i), 0, None, "missing")
+        rows += [ShardRow(i, rows[0].location_id, keys.shard_key(layout.id, i), 0, None, "missing")
                  for i in range(layout.k + layout.m) if i not in present]
     ctx.catalog.add_pack(PackRecord(replace(layout, shards=tuple(rows)), entries))
     shard_sql.set_pack_chunks(ctx.catalog, layout.id, len(entries))
@@ -95,14 +95,14 @@ def _manifests(ctx: EngineContext, listing: Listing,
     """Every manifest found, verified against its id (each copy tried until one is)."""
     holders: dict[str, list[Location]] = {}
     for loc, info in listing:
-        if (m := MANIFEST_OBJECT.match(info.key)) is not None:
-            holders.setdefault(m.group(1), []).append(loc)
+        if (named := keys.version_of(info.key)) is not None:
+            holders.setdefault(named, []).append(loc)
     out = []
     for version_id, locations in sorted(holders.items()):
         problem: CasckptError | None = None
         for loc in locations:
             try:
-                data = loc.blobs.get(f"manifests/{version_id}", max_size=MAX_MANIFEST_OBJECT)
+                data = loc.blobs.get(keys.manifest_key(version_id), max_size=MAX_MANIFEST_OBJECT)
                 out.append((decode_manifest(data, version_id), data, version_id))
                 break
             except CasckptError as exc:
@@ -157,13 +157,13 @@ def rebuild(ctx: EngineContext, progress: ProgressCallback | None = None) -> Reb
             "the catalog is not empty; `catalog rebuild` fills a new, empty catalog. Move the "
             "old catalog away (SQLite) or create an empty database (PostgreSQL) first")
     identity_sql.set_rebuilding(ctx.catalog, True)  # until the last record is restored
-    found_records = records.read_all(ctx.locations, "refs/")
+    found_records = records.read_all(ctx.locations, keys.REFS)
     recorded = _recorded_locations(found_records)
     states = {name: state for name, _, _, state in recorded}
     _adopt_identity(ctx, states)
     _restore_locations(ctx, recorded)
     listing = _listing(ctx, states)
-    found = scan_packs((loc, info) for loc, info in listing if info.key.startswith("packs/"))
+    found = scan_packs((loc, info) for loc, info in listing if info.key.startswith(keys.PACKS))
     packs = chunks = 0
     lost: list[str] = []
     for done, (pack_id, objects) in enumerate(sorted(found.items()), 1):
@@ -249,8 +249,8 @@ Listing = list[tuple[Location, BlobInfo]]
 def _listing(ctx: EngineContext, states: dict[str, str]) -> Listing:
     """Packs and manifests on every location not failed, active locations first."""
     rank = {"active": 0, "draining": 1}
-    out = [(loc, info) for prefix in ("packs/", "manifests/") for loc, info in ctx.locations.list_all(prefix)
-           if states.get(loc.name, "active") != "failed"]
+    out = [(loc, info) for prefix in (keys.PACKS, keys.MANIFESTS)
+           for loc, info in ctx.locations.list_all(prefix) if states.get(loc.name, "active") != "failed"]
     out.sort(key=lambda pair: rank.get(states.get(pair[0].name, "active"), 2))
     return out
 
@@ -275,7 +275,7 @@ _LocationEntry = tuple[str, str | None, str, str]  # name, url, failure domain, 
 
 def _recorded_locations(found: dict[str, list[records.Found]]) -> list[_LocationEntry]:
     """The locations the newest locations record names (entries that make no sense skipped)."""
-    doc = next(iter(_newest(found, records.LOCATIONS, {})), None)
+    doc = next(iter(_newest(found, keys.LOCATIONS_RECORD, {})), None)
     entries = doc.get("locations") if doc is not None else None
     out: list[_LocationEntry] = []
     for entry in entries if isinstance(entries, list) else ():
@@ -310,7 +310,7 @@ def _restore_locations(ctx: EngineContext, recorded: list[_LocationEntry]) -> No
 
 def _restore_runs(ctx: EngineContext, found: dict[str, list[records.Found]], states: dict[str, str]) -> int:
     shard_sql.date_runs_from_versions(ctx.catalog)
-    for doc in _newest(found, records.RUNS, states):
+    for doc in _newest(found, keys.RUNS, states):
         if not records.valid_run(doc):
             log.warning("rebuild: skipping a damaged run record %r", doc)
             continue
@@ -325,7 +325,7 @@ def _restore_runs(ctx: EngineContext, found: dict[str, list[records.Found]], sta
 
 
 def _restore_tags(ctx: EngineContext, found: dict[str, list[records.Found]], states: dict[str, str]) -> int:
-    for doc in _newest(found, records.TAGS, states):
+    for doc in _newest(found, keys.TAGS, states):
         name, version = doc.get("name"), doc.get("version")
         if isinstance(name, str) and isinstance(version, str) and ctx.catalog.version(version) is not None:
             ctx.catalog.set_tag(name, version)
@@ -333,7 +333,7 @@ def _restore_tags(ctx: EngineContext, found: dict[str, list[records.Found]], sta
 
 
 def _restore_store(ctx: EngineContext, found: dict[str, list[records.Found]], states: dict[str, str]) -> None:
-    doc = next(iter(_newest(found, records.STORE, states)), {})
+    doc = next(iter(_newest(found, keys.STORE_RECORD, states)), {})
     redundancy, chain = doc.get("redundancy"), doc.get("delta_chain")
     try:
         if isinstance(redundancy, str) and redundancy:

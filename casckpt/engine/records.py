@@ -39,27 +39,20 @@ from casckpt.catalog.deltas import stored_delta_chain
 from casckpt.catalog.history import RunSettings, run_settings, tags_and_runs
 from casckpt.catalog.identity import next_record_seq
 from casckpt.errors import CasckptError
-from casckpt.format.chunks import object_id
+from casckpt.format import keys
 from casckpt.format.tree import json_nesting
 from casckpt.storage.locations import Location, LocationSet
 
 log = logging.getLogger(__name__)
 
-TAGS = "refs/tags/"
-RUNS = "refs/runs/"
-STORE = "refs/store"
-LOCATIONS = "refs/locations"
+TAGS = keys.TAGS
+RUNS = keys.RUNS
+STORE = keys.STORE_RECORD
+LOCATIONS = keys.LOCATIONS_RECORD
 MAX_RECORD = 1 << 20  # a record is a few hundred bytes; anything near this is not one
 _MAX_NESTING = 64  # a retention policy is the deepest thing a record holds: 3 levels
 
 _HEX_ID = re.compile(r"^[0-9a-f]{64}$")
-_MAX_HEX_NAME = 200  # a file name holds at most 255 bytes on most local file systems
-
-
-def name_key(prefix: str, name: str) -> str:
-    """The record key of a tag or run name (see the module docstring)."""
-    encoded = name.encode("utf-8").hex()
-    return prefix + (encoded if len(encoded) <= _MAX_HEX_NAME else "h" + object_id(name.encode("utf-8")))
 
 
 def _encode(catalog: Any, doc: dict[str, Any]) -> bytes:
@@ -85,7 +78,7 @@ def write_to(location: Location, catalog: Any, key: str, doc: dict[str, Any]) ->
 
 def record_tag(locations: LocationSet, catalog: Any, name: str, version_id: str) -> None:
     """Mirror tag ``name`` -> ``version_id``."""
-    _put(locations, catalog, name_key(TAGS, name), {"name": name, "version": version_id})
+    _put(locations, catalog, keys.name_key(TAGS, name), {"name": name, "version": version_id})
 
 
 def _run_doc(row: RunSettings) -> dict[str, Any]:
@@ -97,7 +90,7 @@ def record_run(locations: LocationSet, catalog: Any, run: str) -> None:
     """Mirror a run's fork point and policies, as the catalog has them now."""
     row = run_settings(catalog, run)
     if row is not None:
-        _put(locations, catalog, name_key(RUNS, run), _run_doc(row))
+        _put(locations, catalog, keys.name_key(RUNS, run), _run_doc(row))
 
 
 def _store_doc(catalog: Any) -> dict[str, Any]:
@@ -130,11 +123,11 @@ def expected(catalog: Any) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     tags, runs = tags_and_runs(catalog)
     for name, version in tags:
-        out[name_key(TAGS, name)] = {"name": name, "version": version}
+        out[keys.name_key(TAGS, name)] = {"name": name, "version": version}
     for row in runs:
         doc = _run_doc(row)
         if any(doc[k] is not None for k in ("parent_version", "retention", "redundancy", "delta_chain")):
-            out[name_key(RUNS, row.name)] = doc
+            out[keys.name_key(RUNS, row.name)] = doc
     store = _store_doc(catalog)
     if any(value is not None for value in store.values()):
         out[STORE] = store

@@ -7,7 +7,7 @@
 2. **Packs**: work through the catalog's queue -- shards marked missing or
    corrupt (by this listing, by restores that healed around them, by
    ``check``) and shards on locations marked ``failed`` or ``draining`` --
-   rebuilding each pack from its healthy shards, verifying it against its
+   reconstructing each pack from its healthy shards, verifying it against its
    id, and writing the shards it lacks: back to their own location when it
    is active, else to an active location in a failure domain the pack does
    not use yet. A moved shard's old object is left for GC to delete as an
@@ -40,10 +40,11 @@ from casckpt.catalog.leases import begin_lease, end_lease
 from casckpt.catalog.rows import manifest_bytes
 from casckpt.engine import checkmeta, identity, records, trees
 from casckpt.engine.checkmeta import Findings
-from casckpt.engine.context import EngineContext, manifest_key
+from casckpt.engine.context import EngineContext
 from casckpt.engine.degraded import doubled_domains
 from casckpt.engine.refs import bind
 from casckpt.errors import BlobNotFoundError, CasckptError, IntegrityError, StorageError
+from casckpt.format import keys
 from casckpt.format.manifest import MAX_MANIFEST_OBJECT, decode_manifest
 from casckpt.storage.locations import Location
 from casckpt.types import ProgressCallback, RepairReport
@@ -154,9 +155,9 @@ def _recovery_data(ctx: EngineContext, found: Findings,
                 except CasckptError:
                     pass  # a node intact nowhere: check keeps reporting it
             for loc in holders:
-                if _copy_differs(loc, found, manifest_key(row.id), data):
+                if _copy_differs(loc, found, keys.manifest_key(row.id), data):
                     try:
-                        loc.blobs.put(manifest_key(row.id), data)
+                        loc.blobs.put(keys.manifest_key(row.id), data)
                         done.manifests += 1
                     except StorageError:
                         pass  # check keeps reporting it
@@ -175,7 +176,7 @@ def _verified_copy(ctx: EngineContext, row: Any) -> bytes | None:
     """A copy of the version's manifest from some location that verifies and binds to its row."""
     for loc in ctx.locations.read_order():
         try:
-            data = loc.blobs.get(manifest_key(row.id), max_size=MAX_MANIFEST_OBJECT)
+            data = loc.blobs.get(keys.manifest_key(row.id), max_size=MAX_MANIFEST_OBJECT)
             bind(row, decode_manifest(data, row.id))
         except CasckptError:
             continue

@@ -10,8 +10,8 @@ bytes go past -- so memory is one window plus the largest entry, whatever
 the pack size. Before any object is read its listed size is compared with
 the catalog's: a larger object is reported, not read.
 
-Only when a shard turns out damaged is the pack rebuilt in memory from its
-healthy shards (:meth:`PackStore.examine`, bounded by the pack's recorded
+Only when a shard turns out damaged is the pack reconstructed in memory from its
+healthy shards (:meth:`PackVerifier.examine`, bounded by the pack's recorded
 size), which also finds which shard is inconsistent and queues it for repair.
 """
 
@@ -32,7 +32,7 @@ from casckpt.storage import BlobInfo
 from casckpt.storage.locations import Location, LocationSet
 
 WINDOW = 8 << 20
-IN_MEMORY_LIMIT = 1 << 30  # shard bytes rebuilt in memory when a pack cannot be streamed whole
+IN_MEMORY_LIMIT = 1 << 30  # shard bytes reconstructed in memory when a pack cannot be streamed whole
 
 Listed = dict[int, dict[str, BlobInfo]]  # location id -> object key -> what a listing said
 
@@ -137,7 +137,7 @@ def verify(locations: LocationSet, layout: PackLayout, listed: Listed) -> PackVe
 
     Needs no catalog and records nothing (``catalog rebuild`` verifies packs the catalog does
     not know yet this way); ``listed`` gives the objects' sizes. A pack with a damaged data
-    shard is not rebuilt here: the verdict says so (``ok`` False, ``damaged``).
+    shard is not reconstructed here: the verdict says so (``ok`` False, ``damaged``).
     """
     verdict = PackVerdict()
     footer_error: CasckptError | None = None
@@ -155,11 +155,11 @@ def verify(locations: LocationSet, layout: PackLayout, listed: Listed) -> PackVe
 
 
 def scrub(ctx: EngineContext, layout: PackLayout, listed: Listed) -> PackVerdict:
-    """:func:`verify` a pack the catalog knows, rebuild it in memory if a shard is damaged, and
+    """:func:`verify` a pack the catalog knows, reconstruct it in memory if a shard is damaged, and
     record what was found (shard health, ``verified_at``; a pack that cannot be read is lost)."""
     verdict = verify(ctx.locations, layout, listed)
     if not verdict.ok and layout.scheme == "ec":
-        _rebuild_in_memory(ctx, layout, verdict)  # records shard health itself
+        _reconstruct_in_memory(ctx, layout, verdict)  # records shard health itself
     else:
         _record(ctx, layout, verdict)
     return verdict
@@ -270,8 +270,8 @@ def _verify_shards(locations: LocationSet, layout: PackLayout, listed: Listed,
     verdict.corrupt_chunks = pack.corrupt
 
 
-def _rebuild_in_memory(ctx: EngineContext, layout: PackLayout, verdict: PackVerdict) -> None:
-    """A shard is damaged: rebuild the pack from the healthy ones (in memory) and verify it."""
+def _reconstruct_in_memory(ctx: EngineContext, layout: PackLayout, verdict: PackVerdict) -> None:
+    """A shard is damaged: reconstruct the pack from the healthy ones (in memory) and verify it."""
     try:
         found = ctx.packs.examine(layout.id, read_all=True)  # records shard health itself
     except CasckptError as exc:

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from casckpt.errors import IntegrityError
+from casckpt.format import keys
 from casckpt.format.chunks import object_id
 
-IDENTITY_KEY = "casckpt-identity"
+IDENTITY_KEY = keys.IDENTITY
 IDENTITY_FORMAT = "casckpt.identity"
 IDENTITY_VERSION = 1
 MAX_IDENTITY_BYTES = 4096  # a record is ~250 bytes; anything larger is not one

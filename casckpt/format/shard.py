@@ -106,8 +106,3 @@ def decode_shard_header(data: bytes | memoryview, where: str) -> ShardHeader:
         raise CorruptPackError(f"{where}: shard header is inconsistent (index {index} of {k}+{m})")
     return ShardHeader(pack_id.hex(), index, k, m, algorithm.rstrip(b"\0").decode("ascii", "replace"),
                        pack_len, payload_len, data_offset, checksum.hex())
-
-
-def shard_key(pack_id: str, index: int) -> str:
-    """The object key of shard ``index`` of a pack: ``packs/<2 hex>/<id>.s<index>``."""
-    return f"packs/{pack_id[:2]}/{pack_id}.s{index}"

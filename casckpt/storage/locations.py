@@ -11,8 +11,9 @@ rebuild the catalog.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from threading import Lock
 
 from casckpt.errors import BlobNotFoundError, CasckptError, StorageError, StorageFullError
 from casckpt.storage.base import BlobInfo, BlobStore
@@ -139,14 +140,43 @@ class LocationSet:
                 continue
         return False
 
-    def delete_everywhere(self, key: str) -> None:
-        """Delete ``key`` from every location not failed (errors logged; GC retries orphans)."""
-        for loc in self.all:
-            if loc.readable:
+    def delete(self, objects: Sequence[tuple[int, str]], *,
+               progress: Callable[[int, int], None] | None = None) -> list[tuple[int, str]]:
+        """Delete objects, each named by (location id, key): the one path every deletion of
+        an object on a location takes (gc's sweep and orphans, a pack write below quorum,
+        shards a repair wrote for a pack gc removed meanwhile).
+
+        Deciding *what* may go is the caller's job (for gc: :mod:`casckpt.engine.gcguard`,
+        DESIGN.md invariant 8); this only carries it out. Idempotent: an object already
+        absent counts as deleted (``BlobStore.delete`` of a missing key succeeds). An object
+        on a failed or unknown location is never touched and does not count. A location that
+        refuses (unreachable, permission) is logged at WARNING and does not count; nothing is
+        raised, as whatever is left behind is an orphan a later gc removes. Thread-safe.
+
+        Args:
+            objects: (location id, key) pairs, deleted in order.
+            progress: called after each object with (objects deleted so far, len(objects)).
+
+        Returns:
+            The objects deleted (or found absent), in order.
+        """
+        done: list[tuple[int, str]] = []
+        for location_id, key in objects:
+            loc = self._by_id.get(location_id)
+            if loc is not None and loc.readable:  # a failed location is never touched
                 try:
                     loc.blobs.delete(key)
-                except StorageError as exc:
-                    log.warning("could not delete %s from %s: %s", key, loc.describe(), exc)
+                    done.append((location_id, key))
+                except CasckptError as exc:
+                    log.warning("could not delete %s from %s: %s (a later gc removes it)",
+                                key, loc.describe(), exc)
+            if progress is not None:
+                progress(len(done), len(objects))
+        return done
+
+    def delete_everywhere(self, key: str) -> list[tuple[int, str]]:
+        """Delete ``key`` from every location not failed (see :meth:`delete`)."""
+        return self.delete([(loc.id, key) for loc in self.all])
 
     def list_all(self, prefix: str) -> Iterator[tuple[Location, BlobInfo]]:
         """Every object under ``prefix`` on every readable location.
@@ -164,6 +194,33 @@ class LocationSet:
         """Close every location's blob store."""
         for loc in self.all:
             loc.blobs.close()
+
+
+class CurrentLocations:
+    """The store's current :class:`LocationSet`, replaced as a whole when locations change.
+
+    A ``LocationSet`` never changes; adding, draining, failing or re-reading
+    locations builds a new one and :meth:`swap` s it in. An operation that must see
+    one consistent set (a pack write: placement, quorum, clean-up) calls :meth:`get`
+    once at its start and uses that set throughout; operations already running keep
+    the set they took. Thread-safe.
+    """
+
+    def __init__(self, initial: LocationSet) -> None:
+        self._lock = Lock()
+        self._current = initial
+
+    def get(self) -> LocationSet:
+        """The set in force now (a snapshot: later swaps do not change it)."""
+        with self._lock:
+            return self._current
+
+    def swap(self, new: LocationSet) -> LocationSet:
+        """Make ``new`` the current set; returns the one it replaced. The blob stores are
+        not closed: the new set usually shares them, and running operations may hold the old."""
+        with self._lock:
+            old, self._current = self._current, new
+            return old
 
 
 def refused(what: str, failures: Sequence[StorageError]) -> StorageError:

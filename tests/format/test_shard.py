@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from casckpt.errors import CorruptPackError
+from casckpt.format.keys import shard_key
 from casckpt.format.shard import (
     SHARD_HEADER_SIZE,
     SHARD_MAGIC,
@@ -24,7 +25,6 @@ from casckpt.format.shard import (
     decode_shard_header,
     encode_shard_header,
     payload_checksum,
-    shard_key,
 )
 
 PROPERTY = settings(max_examples=50, deadline=None)

@@ -1,6 +1,6 @@
 """Redundancy specs and the erasure code (pyeclib, ISA-L Reed-Solomon, Cauchy).
 
-What pyeclib does and does not check matters to the PackStore above it:
+What pyeclib does and does not check matters to the pack layer above it (`Packs`):
 its fragments carry a small header with their index and an integrity check
 of that header only. A fragment whose *payload* is damaged (bit rot, a
 truncated write) decodes without error to wrong bytes. That is why every
@@ -286,7 +286,7 @@ def test_one_code_is_usable_from_many_threads() -> None:
     assert not errors
 
 
-# -- the PackStore's protection against damaged payloads --------------------------------
+# -- the pack layer's protection against damaged payloads -----------------------------
 
 
 def _state() -> dict[str, torch.Tensor]:

@@ -1,0 +1,119 @@
+"""The pack layer: packs on the store's locations, composed of small pieces.
+
+Every pack is stored as shards (see ``storage/erasure.py`` for the schemes):
+one copy (``none``), N copies (``replicate``) or K+M erasure-coded shards
+(``ec``), on distinct failure domains, each recorded in the catalog.
+
+The pieces, each usable on its own:
+
+- :class:`~.packlayouts.Layouts`: where each pack's shards are (cached) and their health.
+- :class:`~.packcoding.ErasureCoder`: a pack to shard objects and back (codes cached).
+- :class:`~.packplacement.Placement`: the redundancy policy and which location gets which shard.
+- :class:`~.packwrite.PackWriter`: a new pack written to quorum.
+- :class:`~.packread.PackReader`: ranged, striped and whole reads; reconstruction.
+- :class:`~.packverify.PackVerifier`: every shard read in full and checked.
+- :class:`~.packrepair.PackRepairer`: heal (write shards again) and repair.
+
+:class:`Packs` builds them over one catalog and one :class:`CurrentLocations`
+and forwards the calls the rest of the engine makes. Objects are deleted only
+through :meth:`LocationSet.delete`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from casckpt.catalog import Catalog, PackLayout
+from casckpt.engine.packcoding import ErasureCoder
+from casckpt.engine.packlayouts import Layouts
+from casckpt.engine.packplacement import Placement
+from casckpt.engine.packread import PackReader
+from casckpt.engine.packrepair import PackRepairer, RepairOutcome
+from casckpt.engine.packverify import PackVerifier, ShardCheck
+from casckpt.engine.packwrite import PackWriter
+from casckpt.storage.erasure import Redundancy
+from casckpt.storage.locations import CurrentLocations
+
+
+class Packs:
+    """Writes, reads, verifies and repairs packs on the store's current locations. Thread-safe.
+
+    ``io`` runs shard writes and reads in parallel; it must not be a pool
+    whose tasks call into this object (the engine's read pool may).
+    """
+
+    def __init__(self, catalog: Catalog, locations: CurrentLocations, io: ThreadPoolExecutor,
+                 quorum: int | None = None) -> None:
+        self.layouts = Layouts(catalog)
+        self.coder = ErasureCoder()
+        self.placement = Placement(catalog, locations, io, quorum)
+        self.writer = PackWriter(locations, self.coder, self.placement)
+        self.verifier = PackVerifier(catalog, locations, self.layouts, self.coder, io)
+        self.repairer = PackRepairer(catalog, locations, self.layouts, self.coder, self.placement,
+                                     self.verifier)
+        self.reader = PackReader(catalog, locations, self.layouts, self.verifier, self.repairer)
+
+    # -- policy (see Placement) --------------------------------------------------
+
+    def check_redundancy(self, redundancy: Redundancy) -> None:
+        """See :meth:`Placement.check_redundancy`."""
+        self.placement.check_redundancy(redundancy)
+
+    def redundancy_for(self, run: str | None) -> Redundancy:
+        """See :meth:`Placement.redundancy_for`."""
+        return self.placement.redundancy_for(run)
+
+    def check_writable(self, redundancy: Redundancy) -> None:
+        """See :meth:`Placement.check_writable`."""
+        self.placement.check_writable(redundancy)
+
+    def quorum(self, redundancy: Redundancy) -> int:
+        """See :meth:`Placement.quorum`."""
+        return self.placement.quorum(redundancy)
+
+    # -- layouts (see Layouts) ---------------------------------------------------
+
+    def layout(self, pack_id: str, *, fresh: bool = False) -> PackLayout | None:
+        """See :meth:`Layouts.get`."""
+        return self.layouts.get(pack_id, fresh=fresh)
+
+    def forget(self, pack_id: str) -> None:
+        """See :meth:`Layouts.forget`."""
+        self.layouts.forget(pack_id)
+
+    # -- writing, reading, verifying, repairing -------------------------------------
+
+    def write(self, pack_id: str, path: Path, size: int, redundancy: Redundancy) -> PackLayout:
+        """See :meth:`PackWriter.write`."""
+        return self.writer.write(pack_id, path, size, redundancy)
+
+    def read_into(self, pack_id: str, offset: int, buffers: Sequence[memoryview], *,
+                  heal: bool = True) -> int:
+        """See :meth:`PackReader.read_into`."""
+        return self.reader.read_into(pack_id, offset, buffers, heal=heal)
+
+    def get(self, pack_id: str) -> bytes:
+        """See :meth:`PackReader.get`."""
+        return self.reader.get(pack_id)
+
+    def can_reconstruct(self, pack_id: str) -> bool:
+        """See :meth:`PackReader.can_reconstruct`."""
+        return self.reader.can_reconstruct(pack_id)
+
+    def reconstruct(self, pack_id: str, *, heal: bool = True) -> bytes:
+        """See :meth:`PackReader.reconstruct`."""
+        return self.reader.reconstruct(pack_id, heal=heal)
+
+    def examine(self, pack_id: str, *, read_all: bool = True) -> ShardCheck:
+        """See :meth:`PackVerifier.examine`."""
+        return self.verifier.examine(pack_id, read_all=read_all)
+
+    def read_detached(self, layout: PackLayout) -> tuple[bytes | None, dict[int, str]]:
+        """See :meth:`PackVerifier.read_detached`."""
+        return self.verifier.read_detached(layout)
+
+    def repair(self, pack_id: str) -> RepairOutcome:
+        """See :meth:`PackRepairer.repair`."""
+        return self.repairer.repair(pack_id)

@@ -1,0 +1,75 @@
+"""Writing a new pack: encode it, place its shards, and hold it to the write quorum."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+from casckpt.catalog import PackLayout, ShardRow
+from casckpt.engine.packcoding import ErasureCoder
+from casckpt.engine.packplacement import Placement
+from casckpt.errors import StorageError, StorageFullError
+from casckpt.format import keys
+from casckpt.storage.erasure import Redundancy
+from casckpt.storage.locations import CurrentLocations, refused
+
+log = logging.getLogger(__name__)
+
+
+class PackWriter:
+    """Makes finished pack files durable on the locations. Thread-safe."""
+
+    def __init__(self, locations: CurrentLocations, coder: ErasureCoder, placement: Placement) -> None:
+        self._locations = locations
+        self._coder = coder
+        self._placement = placement
+
+    def write(self, pack_id: str, path: Path, size: int, redundancy: Redundancy) -> PackLayout:
+        """Make the finished pack file ``path`` durable at quorum; returns its layout (the
+        catalog is not touched: the caller records the layout).
+
+        One snapshot of the locations serves the whole write (placement, quorum, clean-up),
+        whatever changes meanwhile. ``path`` may be consumed.
+
+        Raises:
+            StorageFullError: every location that refused a shard was full.
+            StorageError: fewer than the quorum of shards could be written (nothing is
+                recorded; the shards that were written are deleted, or left as orphans
+                for GC where that fails).
+        """
+        locations = self._locations.get()
+        key = keys.pack_key(pack_id)
+        if redundancy.kind == "none":
+            targets = locations.placement(pack_id)
+            if not targets:
+                raise StorageError("no active blob location to store packs on; see `casckpt location list`")
+            failures: list[StorageError] = []
+            for loc in targets:
+                try:
+                    loc.blobs.put_file(key, path)
+                    return PackLayout(pack_id, key, size, shards=(ShardRow(0, loc.id, key, size),))
+                except StorageError as exc:
+                    log.warning("pack %s: location %s refused it: %s", pack_id, loc.describe(), exc)
+                    failures.append(exc)
+            raise refused(f"pack {pack_id}", failures)
+        self._placement.check_writable(redundancy, locations)
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise StorageError(f"cannot read the staging pack {path}: {exc}") from exc
+        path.unlink(missing_ok=True)
+        layout, payloads = self._coder.encode(pack_id, data, redundancy)
+        del data  # shards hold every byte now; bound the memory of the packs in flight
+        failures = []
+        written = self._placement.place(layout, payloads, locations.placement(pack_id), failures)
+        healthy = self._placement.durable(written, locations)
+        quorum = self._placement.quorum(redundancy)
+        if healthy < quorum:
+            locations.delete([(sh.location_id, sh.key) for sh in written if sh.state == "ok"])
+            message = (f"pack {pack_id} is durable on only {healthy} of {redundancy.shards} shards "
+                       f"(shards sharing a failure domain count once); the write quorum is {quorum}")
+            if failures and all(isinstance(f, StorageFullError) for f in failures):
+                raise refused(f"shards of pack {pack_id}", failures)
+            raise StorageError(f"{message}. Check the locations (`casckpt location list`)")
+        return replace(layout, shards=tuple(written))
