@@ -48,11 +48,20 @@ from casckpt.cli import retention as retention_cli
 from casckpt.cli import storage as storage_cli
 from casckpt.cli.export import check_target, export_safetensors
 from casckpt.cli.progress import progress_bars
+
+# the exit codes the module docstring documents, importable from here as they always were
+from casckpt.cli.shared import EXIT_BROKEN_PIPE as EXIT_BROKEN_PIPE
+from casckpt.cli.shared import EXIT_BUSY as EXIT_BUSY
+from casckpt.cli.shared import EXIT_GC_REFUSED as EXIT_GC_REFUSED
+from casckpt.cli.shared import EXIT_INTEGRITY as EXIT_INTEGRITY
+from casckpt.cli.shared import EXIT_INTERNAL as EXIT_INTERNAL
+from casckpt.cli.shared import EXIT_INTERRUPTED as EXIT_INTERRUPTED
+from casckpt.cli.shared import EXIT_NOT_FOUND as EXIT_NOT_FOUND
+from casckpt.cli.shared import EXIT_OK as EXIT_OK
+from casckpt.cli.shared import EXIT_OTHER as EXIT_OTHER
+from casckpt.cli.shared import EXIT_PROBLEMS as EXIT_PROBLEMS
+from casckpt.cli.shared import EXIT_USAGE as EXIT_USAGE
 from casckpt.cli.shared import (
-    EXIT_BROKEN_PIPE,
-    EXIT_INTERNAL,
-    EXIT_INTERRUPTED,
-    EXIT_PROBLEMS,
     FLAG,
     JsonOption,
     RefArgument,
