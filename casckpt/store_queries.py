@@ -19,6 +19,7 @@ from casckpt.catalog import history as history_sql
 from casckpt.catalog.treemigrate import tree_root
 from casckpt.engine import degraded, records, trees, treeviews
 from casckpt.engine import history as history_engine
+from casckpt.engine.logfilter import make_filter
 from casckpt.engine.refs import bind, load_manifest
 from casckpt.engine.validate import check_name
 from casckpt.errors import InvalidArgumentError
@@ -67,7 +68,7 @@ class StoreQueries:
             history_engine.check_run(self._core.ctx.catalog, check_name(run, "run"))
         if limit is not None and (not isinstance(limit, int) or limit < 0):
             raise InvalidArgumentError(f"limit must be a non-negative int, got {limit!r}")
-        query = history_engine.make_filter(
+        query = make_filter(
             run, limit=limit, since=since, until=until, min_step=min_step, max_step=max_step,
             tag=check_name(tag, "tag") if tag is not None else None, where=where, order=order,
         )
