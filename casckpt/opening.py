@@ -22,7 +22,7 @@ from casckpt.storage import BlobStore, redact_url
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.locations import Location, LocationSet
 from casckpt.store import Store
-from casckpt.store_admin import open_location_store
+from casckpt.store_core import open_location_store
 
 log = logging.getLogger(__name__)
 

@@ -1,94 +1,79 @@
-"""The Store facade: wires catalog, index cache, blob store and engine together.
+"""The Store facade: the public API of one open store, delegating to its parts.
 
 This is the only module that builds components; everything below it receives
-what it needs. A ``Store`` is thread-safe: concurrent commits and restores from
+what it needs. ``Store`` owns a :class:`~casckpt.store_core.StoreCore` (the state
+every part shares: engine context, pools, committer, close) and the parts built on
+it, each a class taking the core in its constructor:
+:class:`~casckpt.store_queries.StoreQueries` (versions, runs, lineage),
+:class:`~casckpt.store_retention.StoreRetention` (policies, deletes, gc),
+:class:`~casckpt.store_admin.StoreAdmin` (locations, redundancy, check, repair) and
+:class:`~casckpt.store_distributed.StoreDistributed` (many ranks, DCP). Commit and
+restore are ``Store``'s own. Every public method is documented here.
+
+A ``Store`` is thread-safe: concurrent commits and restores from
 several threads share its pools (the catalog serialises what must be serial).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 import weakref
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 import torch
 
 from casckpt import config as cfg
 from casckpt.cache import IndexCache
-from casckpt.catalog import Catalog, MissingChunksError
-from casckpt.catalog import deltas as deltas_sql
-from casckpt.catalog import history as history_sql
-from casckpt.catalog import retention as retention_sql
-from casckpt.catalog.rows import VersionRow
-from casckpt.catalog.rows import version as version_of
-from casckpt.catalog.treemigrate import tree_root
+from casckpt.catalog import Catalog
 from casckpt.engine import commit as commit_engine
-from casckpt.engine import degraded, records, trees, treeviews
-from casckpt.engine import gc as gc_engine
-from casckpt.engine import history as history_engine
 from casckpt.engine import restore as restore_engine
-from casckpt.engine import retention as retention_engine
+from casckpt.engine import treeviews
 from casckpt.engine.background import BackgroundCommitter, CommitHandle
 from casckpt.engine.context import EngineContext
-from casckpt.engine.deltabase import BaseCache
-from casckpt.engine.leftovers import reclaim_leftovers
-from casckpt.engine.packs import Packs
-from casckpt.engine.probe import LocationProber
-from casckpt.engine.refs import bind, check_run, load_manifest, resolve, run_not_found
-from casckpt.engine.staging import StagingBuffers
+from casckpt.engine.refs import bind, load_manifest
 from casckpt.engine.validate import check_name
-from casckpt.errors import (
-    CasckptError,
-    CommitTimeoutError,
-    InvalidArgumentError,
-    RefNotFoundError,
-    VersionSweptError,
-)
-from casckpt.format import keys
-from casckpt.format.dtypes import element_size
-from casckpt.format.manifest import Manifest, TreeHead, decode_manifest, sharding
-from casckpt.format.tree import iter_values, rank_path
-from casckpt.format.treemanifest import head_values
+from casckpt.errors import CasckptError, CommitTimeoutError, InvalidArgumentError
+from casckpt.format.manifest import Manifest, decode_manifest
 from casckpt.run import Run, save_rule, set_policy
 from casckpt.storage import redact_url
-from casckpt.storage.locations import CurrentLocations, LocationSet
-from casckpt.storage.scratch import ScratchDir
+from casckpt.storage.locations import LocationSet
 from casckpt.store_admin import StoreAdmin
+from casckpt.store_core import Ref, StoreCore
 from casckpt.store_distributed import StoreDistributed
+from casckpt.store_queries import StoreQueries
+from casckpt.store_retention import StoreRetention
 from casckpt.types import (
+    CheckReport,
     GCReport,
+    LocationInfo,
+    MigrationReport,
     ProgressCallback,
+    RebuildReport,
+    RepairReport,
     RetentionPlan,
     RetentionPolicy,
     RunInfo,
     RunNode,
+    StoreStats,
     TensorHistoryEntry,
-    TensorInfo,
     Version,
     VersionDetail,
     VersionDiff,
-    group_tensors,
-    natural_key,
-    sorted_groups,
 )
 
-Ref = str | Version
+if TYPE_CHECKING:
+    from casckpt.dcp import StoreReader, StoreWriter
+
 log = logging.getLogger(__name__)
 
 
-def _utc(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, tz=timezone.utc)
-
-
-class Store(StoreAdmin, StoreDistributed):
+class Store:
     """A casckpt store: commit, restore and query checkpoint versions.
 
     Build one with :func:`casckpt.open`. Use it as a context manager, or call
@@ -100,28 +85,13 @@ class Store(StoreAdmin, StoreDistributed):
                  write_quorum: int | None = None, s3: Mapping[str, Any] | None = None,
                  config_file: Path | None = None, recovering: bool = False) -> None:
         self.path = root
-        self._recovering = recovering  # opened with recover=True over data the catalog lacks
-        self._locations_loaded = time.monotonic()
-        self._s3 = dict(s3 or {})
-        self._config_file = config_file
-        reclaim_leftovers(staging, locations)  # staging and tmp files of dead commits
-        self._staging = ScratchDir(staging)
-        self._io = ThreadPoolExecutor(max(4, len(locations.all)), thread_name_prefix="casckpt-shard")
-        current = CurrentLocations(locations)
-        self._ctx = EngineContext(
-            catalog=catalog, cache=cache, current_locations=current,
-            packs=Packs(catalog, current, self._io, write_quorum),
-            staging=self._staging, config=settings, device_buffers=StagingBuffers(settings.staging_memory),
-            bases=BaseCache(settings.delta_memory),
-            pool=ThreadPoolExecutor(settings.workers, thread_name_prefix="casckpt"),
-            uploads=ThreadPoolExecutor(settings.upload_workers, thread_name_prefix="casckpt-upload"),
-        )
-        self._prober = LocationProber()
-        self._committer = BackgroundCommitter(
-            self._ctx, max_pending=settings.max_pending_commits, memory=settings.commit_memory,
-            backpressure=settings.backpressure)
-        self._closed = False
-        self._dcp_writers = weakref.WeakSet()  # DCP saves through this store
+        self._core = StoreCore(catalog=catalog, cache=cache, locations=locations, staging=staging,
+                               settings=settings, write_quorum=write_quorum, s3=s3,
+                               config_file=config_file, recovering=recovering)
+        self._queries = StoreQueries(self._core)
+        self._retention = StoreRetention(self._core)
+        self._admin = StoreAdmin(self._core)
+        self._distributed = StoreDistributed(self._core)
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -135,24 +105,7 @@ class Store(StoreAdmin, StoreDistributed):
             InvalidArgumentError: a ``dcp.async_save`` is still writing through the store
                 (nothing is closed; wait for its future, then close).
         """
-        if self._closed:
-            return
-        self._refuse_close_while_saving()
-        self._closed = True
-        try:
-            self._committer.close()
-        finally:
-            self._release()
-
-    def _release(self) -> None:
-        self._release_dcp_writers()
-        self._ctx.pool.shutdown(wait=True)
-        self._ctx.uploads.shutdown(wait=True)
-        self._io.shutdown(wait=True)
-        self._ctx.cache.close()
-        self._ctx.catalog.close()
-        self._ctx.locations.close()
-        self._staging.close()
+        self._core.close()
 
     def __enter__(self) -> Store:
         return self
@@ -168,7 +121,31 @@ class Store(StoreAdmin, StoreDistributed):
             log.error("while closing the store after %s: %s", exc_type.__name__ if exc_type else "?", failure)
 
     def __repr__(self) -> str:
-        return f"<casckpt.Store {redact_url(self._ctx.locations.all[0].blobs.url)}>"
+        return f"<casckpt.Store {redact_url(self._core.ctx.locations.all[0].blobs.url)}>"
+
+    # -- internals (tests and benchmarks look at these) ---------------------
+
+    @property
+    def _ctx(self) -> EngineContext:
+        return self._core.ctx
+
+    @property
+    def _committer(self) -> BackgroundCommitter:
+        return self._core.committer
+
+    @property
+    def _closed(self) -> bool:
+        return self._core.closed
+
+    @property
+    def _dcp_writers(self) -> weakref.WeakSet[StoreWriter]:
+        return self._core.dcp_writers
+
+    def _manifest(self, ref: Ref) -> Manifest:
+        return self._core.manifest(ref)
+
+    def _refresh_locations(self) -> None:
+        self._core.refresh_locations()
 
     # -- commit and restore -------------------------------------------------
 
@@ -216,7 +193,7 @@ class Store(StoreAdmin, StoreDistributed):
             GroupCommitError: with ``group``, some rank failed (raised on every rank).
         """
         req = commit_engine.make_request(run, step, metadata, metrics, message, tags)
-        self._refuse_while_recovering("commit")
+        self._core.refuse_while_recovering("commit")
         if group is not None:
             if not block:
                 raise InvalidArgumentError(
@@ -225,18 +202,19 @@ class Store(StoreAdmin, StoreDistributed):
                 )
             def preflight() -> None:  # on every rank, inside the first collective step
                 self._refresh_locations()
-                self._committer.raise_unreported()  # a background failure nobody saw yet
-                self._committer.drain()  # versions of a run appear in commit order
+                self._core.committer.raise_unreported()  # a background failure nobody saw yet
+                self._core.committer.drain()  # versions of a run appear in commit order
 
-            return self._group_commit(state, req, group, progress, preflight)
+            return self._distributed.group_commit(state, req, group, progress, preflight)
         self._refresh_locations()
         if not block:
-            return self._committer.commit(state, req, progress)
-        return self._committer.foreground(lambda: commit_engine.commit(self._ctx, state, req, progress))
+            return self._core.committer.commit(state, req, progress)
+        return self._core.committer.foreground(
+            lambda: commit_engine.commit(self._core.ctx, state, req, progress))
 
     def pending_commits(self) -> list[CommitHandle]:
         """Background commits not finished yet, oldest first."""
-        return self._committer.pending()
+        return self._core.committer.pending()
 
     def wait_commits(self, timeout: float | None = None) -> None:
         """Wait for every background commit; raise the first failure nobody waited on.
@@ -245,9 +223,9 @@ class Store(StoreAdmin, StoreDistributed):
             CommitTimeoutError: ``timeout`` seconds passed with commits still running.
             BackgroundCommitError: a background commit failed unseen.
         """
-        if not self._committer.drain(timeout):
+        if not self._core.committer.drain(timeout):
             raise CommitTimeoutError(f"background commits still running after {timeout} s")
-        self._committer.raise_unreported()
+        self._core.committer.raise_unreported()
 
     def restore(self, ref: Ref, into: object = None, *, map_location: Any = None,
                 progress: ProgressCallback | None = None, group: Any = None,
@@ -277,11 +255,11 @@ class Store(StoreAdmin, StoreDistributed):
                 saved rank by rank without ``group``/``rank`` (or with another group size).
             CorruptChunkError, MissingDataError: stored data is damaged or gone.
         """
-        manifest = self._rank_manifest(self._manifest(ref), group, rank)
+        manifest = self._distributed.rank_manifest(self._core.manifest(ref), group, rank)
         if into is None:
-            return restore_engine.materialize(self._ctx, manifest, map_location=map_location,
+            return restore_engine.materialize(self._core.ctx, manifest, map_location=map_location,
                                               progress=progress)
-        return restore_engine.restore_into(self._ctx, manifest, into, map_location=map_location,
+        return restore_engine.restore_into(self._core.ctx, manifest, into, map_location=map_location,
                                            progress=progress)
 
     def load_tensor(self, ref: Ref, path: str, *, map_location: Any = None) -> torch.Tensor | np.ndarray:
@@ -293,22 +271,22 @@ class Store(StoreAdmin, StoreDistributed):
         Raises:
             TensorNotFoundError: no tensor at ``path`` (near matches listed).
         """
-        row = self._row(ref)
-        head = bind(row, decode_manifest(self._ctx.catalog.manifest(row.id), row.id))
+        row = self._core.row(ref)
+        head = bind(row, decode_manifest(self._core.ctx.catalog.manifest(row.id), row.id))
         if head.tree is not None:  # only the nodes on the way to the tensor are read
-            found = treeviews.Trees(self._ctx.catalog).entry(head, path)  # validated
+            found = treeviews.Trees(self._core.ctx.catalog).entry(head, path)  # validated
             if found is not None:
                 entry, blobs = found
                 one = replace(head, root={"t": "tensor", "i": 0}, tensors=(entry,), blobs=tuple(blobs))
-                return restore_engine.load_tensor(self._ctx, one, entry.path, map_location)
-        manifest, path = self._tensor_manifest(load_manifest(self._ctx.catalog, row), path)
-        return restore_engine.load_tensor(self._ctx, manifest, path, map_location)
+                return restore_engine.load_tensor(self._core.ctx, one, entry.path, map_location)
+        manifest, path = self._distributed.tensor_manifest(load_manifest(self._core.ctx.catalog, row), path)
+        return restore_engine.load_tensor(self._core.ctx, manifest, path, map_location)
 
     # -- queries ------------------------------------------------------------
 
     def resolve(self, ref: Ref) -> Version:
         """The version a ref names."""
-        return self._version(self._row(ref))
+        return self._queries.resolve(ref)
 
     def log(
         self, run: str | None = None, *, limit: int | None = None,
@@ -341,17 +319,8 @@ class Store(StoreAdmin, StoreDistributed):
             InvalidArgumentError: a bad limit, bound, order or predicate (the
                 message gives the predicate grammar).
         """
-        if run is not None:
-            check_run(self._ctx.catalog, check_name(run, "run"))
-        if limit is not None and (not isinstance(limit, int) or limit < 0):
-            raise InvalidArgumentError(f"limit must be a non-negative int, got {limit!r}")
-        query = history_engine.make_filter(
-            run, limit=limit, since=since, until=until, min_step=min_step, max_step=max_step,
-            tag=check_name(tag, "tag") if tag is not None else None, where=where, order=order,
-        )
-        if tag is not None:
-            history_engine.check_tag(self._ctx.catalog, tag)
-        return history_sql.log(self._ctx.catalog, query)
+        return self._queries.log(run, limit=limit, since=since, until=until, min_step=min_step,
+                                 max_step=max_step, tag=tag, where=where, order=order)
 
     def show(self, ref: Ref, *, tensors: bool = True) -> VersionDetail:
         """A version with its tensors (in natural order: ``layers.2`` before ``layers.10``),
@@ -362,48 +331,7 @@ class Store(StoreAdmin, StoreDistributed):
         only the summary (``tensor_count``, ``tensor_bytes``, ``tensor_groups``): what
         ``casckpt show`` prints by default, without a row per tensor of a 100,000-tensor state.
         """
-        row = self._row(ref)
-        manifest = bind(row, decode_manifest(self._ctx.catalog.manifest(row.id), row.id))  # a tree's head
-        if manifest.tree is not None:
-            quick = None if tensors else self._summary(row, manifest.tree)
-            if quick is not None:
-                return quick
-            manifest = load_manifest(self._ctx.catalog, row)
-        else:  # a version of format 1 migrated to a tree reads as one (its tensor rows are gone)
-            manifest = trees.adopted(manifest, tree_root(self._ctx.catalog, row.id))
-        pieces = sharding(manifest)
-        if tensors:
-            found = self._ctx.catalog.tensors_of(row.id) if manifest.tree is None else \
-                treeviews.Trees(self._ctx.catalog).tensor_rows(manifest)[0]
-            listed = tuple(sorted((
-                TensorInfo(t.path, t.dtype, tuple(t.shape), t.nbytes, t.chunks, t.digest,
-                           *pieces.get(t.path, (1, ())))
-                for t in found), key=lambda t: natural_key(t.path)))
-            groups = group_tensors((t.path, t.nbytes) for t in listed)
-        else:
-            listed = ()
-            groups = group_tensors(_tensor_sizes(manifest))
-        world = manifest.world
-        ids = list(dict.fromkeys(c.hex() for c in manifest.chunk_ids()))
-        delta_chunks, longest = deltas_sql.version_deltas(self._ctx.catalog, ids)
-        below = degraded.of_chunks(self._ctx, ids)
-        return VersionDetail(self._version(row), listed, dict(iter_values(manifest.root)),
-                             world.size if world else None, world.api if world else None,
-                             delta_chunks, longest, degraded=bool(below), degraded_packs=len(below),
-                             degraded_detail=degraded.summary(below) if below else None,
-                             tensor_count=sum(g.tensors for g in groups),
-                             tensor_bytes=sum(g.nbytes for g in groups), tensor_groups=groups)
-
-    def _summary(self, row: VersionRow, tree: TreeHead) -> VersionDetail | None:
-        """``show(tensors=False)`` of a tree version from its document alone (None: the document
-        keeps no summary, or the store has degraded packs or delta chunks: read the tree)."""
-        values = head_values(tree)
-        if tree.groups is None or values is None or \
-                deltas_sql.any_deltas(self._ctx.catalog) or degraded.anywhere(self._ctx):
-            return None
-        return VersionDetail(self._version(row), (), values, None, None, 0, 0, degraded=False,
-                             tensor_count=tree.tensors, tensor_bytes=tree.nbytes,
-                             tensor_groups=sorted_groups(tree.groups))
+        return self._queries.show(ref, tensors=tensors)
 
     def run(self, name: str, *, retention: RetentionPolicy | Mapping[str, Any] | None = None,
             redundancy: str | None = None, delta_chain: int | None = None,
@@ -429,17 +357,11 @@ class Store(StoreAdmin, StoreDistributed):
 
     def runs(self) -> list[RunInfo]:
         """Every run with a summary of its versions."""
-        return [
-            RunInfo(r[0], _utc(r[1]), r[2], r[3], r[4], int(r[5])) for r in self._ctx.catalog.runs()
-        ]
+        return self._queries.runs()
 
     def tag(self, ref: Ref, name: str) -> Version:
         """Point tag ``name`` at the version ``ref`` names (moving it if it exists)."""
-        check_name(name, "tag")
-        row = self._row(ref)
-        self._ctx.catalog.set_tag(name, row.id)
-        records.record_tag(self._ctx.locations, self._ctx.catalog, name, row.id)
-        return self._version(row)
+        return self._queries.tag(ref, name)
 
     def gc(self, *, dry_run: bool = False, grace: float | timedelta | None = None,
            force: bool = False, progress: ProgressCallback | None = None) -> GCReport:
@@ -468,16 +390,7 @@ class Store(StoreAdmin, StoreDistributed):
                 stopped without deleting any object it had not already
                 unlinked from the catalog.
         """
-        self._refuse_while_recovering("gc")
-        seconds = grace.total_seconds() if isinstance(grace, timedelta) else grace
-        if seconds is None:
-            seconds = gc_engine.DEFAULT_GRACE_S
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
-            0 <= seconds < float("inf")
-        ):
-            raise InvalidArgumentError(f"grace must be a finite number of seconds >= 0, got {grace!r}")
-        return gc_engine.collect(self._ctx, grace=float(seconds), dry_run=dry_run, force=force,
-                                 progress=progress)
+        return self._retention.gc(dry_run=dry_run, grace=grace, force=force, progress=progress)
 
     # -- retention ----------------------------------------------------------
 
@@ -501,16 +414,10 @@ class Store(StoreAdmin, StoreDistributed):
             InvalidArgumentError: a value is not positive, or no keep rule is
                 given (``keep_tagged`` alone would delete every untagged version).
         """
-        check_name(run, "run")
-        policy = retention_engine.make_policy(
-            keep_last=keep_last, keep_every=keep_every, keep_hourly=keep_hourly,
+        return self._retention.set_retention(
+            run, keep_last=keep_last, keep_every=keep_every, keep_hourly=keep_hourly,
             keep_daily=keep_daily, keep_weekly=keep_weekly, keep_within=keep_within,
-            keep_best=keep_best, keep_tagged=keep_tagged,
-        )
-        retention_sql.store_policy(self._ctx.catalog, run, retention_engine.policy_to_json(policy),
-                                   create=True)
-        records.record_run(self._ctx.locations, self._ctx.catalog, run)
-        return policy
+            keep_best=keep_best, keep_tagged=keep_tagged)
 
     def retention(self, run: str) -> RetentionPolicy | None:
         """The retention policy of ``run``; None when it has none (it keeps every version).
@@ -518,8 +425,7 @@ class Store(StoreAdmin, StoreDistributed):
         Raises:
             RefNotFoundError: there is no such run.
         """
-        stored = retention_sql.run_policies(self._ctx.catalog, self._existing_run(run)).get(run)
-        return None if stored is None else retention_engine.policy_from_json(stored, run)
+        return self._retention.retention(run)
 
     def clear_retention(self, run: str) -> None:
         """Remove the retention policy of ``run``: it keeps every version again. Idempotent.
@@ -527,9 +433,7 @@ class Store(StoreAdmin, StoreDistributed):
         Raises:
             RefNotFoundError: there is no such run.
         """
-        if not retention_sql.store_policy(self._ctx.catalog, self._existing_run(run), None, create=False):
-            raise run_not_found(self._ctx.catalog, run)
-        records.record_run(self._ctx.locations, self._ctx.catalog, run)
+        self._retention.clear_retention(run)
 
     def plan_retention(self, run: str | None = None) -> list[RetentionPlan]:
         """What retention would do, writing nothing: a decision per visible version, with reasons.
@@ -542,11 +446,7 @@ class Store(StoreAdmin, StoreDistributed):
             RefNotFoundError: there is no such run.
             CatalogError: a stored policy is malformed.
         """
-        if run is not None:
-            self._existing_run(run)
-        with self._ctx.catalog.read() as conn:
-            histories = retention_sql.load_histories(conn, run)
-        return [retention_engine.plan(history) for history in histories]
+        return self._retention.plan_retention(run)
 
     def delete(self, ref: Ref, reason: str = "manual") -> Version:
         """Soft-delete a version: it leaves refs, log and show at once; GC reclaims its data later.
@@ -560,11 +460,7 @@ class Store(StoreAdmin, StoreDistributed):
             RefNotFoundError, AmbiguousRefError: bad ref.
             InvalidArgumentError: ``reason`` is not a non-empty str.
         """
-        if not isinstance(reason, str) or not reason:
-            raise InvalidArgumentError(f"reason must be a non-empty str, got {reason!r}")
-        version = self.resolve(ref)
-        retention_sql.delete_version(self._ctx.catalog, version.id, reason)
-        return version
+        return self._retention.delete(ref, reason)
 
     def undelete(self, ref: str | Version) -> Version:
         """Make a deleted version visible again, exactly as it was (tags included).
@@ -576,26 +472,7 @@ class Store(StoreAdmin, StoreDistributed):
             RefNotFoundError, AmbiguousRefError: no (single) deleted version matches.
             VersionSweptError: GC already swept some of its data; it is gone.
         """
-        row = retention_sql.resolve_deleted(self._ctx.catalog, ref.id if isinstance(ref, Version) else ref)
-        label = f"{row.run}@{row.step}"
-        if not self._ctx.locations.exists_anywhere(keys.manifest_key(row.id)):
-            raise VersionSweptError(label, "GC already removed its manifest; it cannot be undeleted")
-        manifest = trees.migrated(  # a migrated version's nodes are revived with its chunks
-            trees.decode(self._ctx, self._ctx.catalog, self._ctx.catalog.manifest(row.id), row.id),
-            tree_root(self._ctx.catalog, row.id))
-        chunk_ids = [cid.hex() for cid in manifest.chunk_ids()]
-        try:
-            if not retention_sql.undelete_version(self._ctx.catalog, row.id, chunk_ids):
-                raise RefNotFoundError(label, "it is no longer deleted (undeleted or purged meanwhile)")
-        except MissingChunksError as exc:
-            raise VersionSweptError(
-                label, f"GC already swept {len(exc.missing)} of its chunks; it cannot be undeleted"
-            ) from None
-        return self.resolve(row.id)
-
-    def _existing_run(self, run: str) -> str:
-        check_run(self._ctx.catalog, check_name(run, "run"))
-        return run
+        return self._retention.undelete(ref)
 
     # -- history and lineage ------------------------------------------------
 
@@ -609,7 +486,7 @@ class Store(StoreAdmin, StoreDistributed):
         Raises:
             RefNotFoundError, AmbiguousRefError: bad ref.
         """
-        return history_engine.diff(self._ctx.catalog, self._row(a), self._row(b))
+        return self._queries.diff(a, b)
 
     def history(self, run: str, path: str) -> list[TensorHistoryEntry]:
         """The versions of ``run`` in which the tensor at ``path`` changed, by step.
@@ -623,10 +500,7 @@ class Store(StoreAdmin, StoreDistributed):
             TensorNotFoundError: no version has a tensor at ``path`` (near paths of
                 the latest version suggested).
         """
-        check_name(run, "run")
-        if not isinstance(path, str) or not path:
-            raise InvalidArgumentError(f"path must be a non-empty str, got {path!r}")
-        return history_engine.tensor_history(self._ctx.catalog, run, path)
+        return self._queries.history(run, path)
 
     def fork(self, ref: Ref, run: str) -> RunInfo:
         """Create run ``run`` branching from the version ``ref`` names (fine-tunes, sweeps).
@@ -639,15 +513,11 @@ class Store(StoreAdmin, StoreDistributed):
             RunExistsError: a run named ``run`` exists.
             RefNotFoundError, AmbiguousRefError: bad ref.
         """
-        check_name(run, "run")
-        row = self._row(ref)
-        created = history_sql.fork(self._ctx.catalog, run, row.id)
-        records.record_run(self._ctx.locations, self._ctx.catalog, run)
-        return RunInfo(run, _utc(created), 0, None, None, 0)
+        return self._queries.fork(ref, run)
 
     def tree(self) -> list[RunNode]:
         """Every run with its fork point and forks, depth first (root runs by name)."""
-        return history_engine.run_nodes(history_sql.run_tree(self._ctx.catalog), _utc)
+        return self._queries.tree()
 
     def best(self, run: str, metric: str, mode: str = "min") -> Version:
         """The visible version of ``run`` with the lowest (``mode="min"``) or highest
@@ -658,27 +528,167 @@ class Store(StoreAdmin, StoreDistributed):
             MetricNotFoundError: no version of ``run`` records ``metric``.
             InvalidArgumentError: ``mode`` is not "min" or "max".
         """
-        check_name(run, "run")
-        return history_engine.best(self._ctx.catalog, run, metric, mode)
+        return self._queries.best(run, metric, mode)
 
-    # -- helpers ------------------------------------------------------------
+    # -- storage administration ---------------------------------------------
 
-    def _row(self, ref: Ref) -> VersionRow:
-        return resolve(self._ctx.catalog, ref.id if isinstance(ref, Version) else ref)
+    def redundancy(self, run: str | None = None) -> str:
+        """The redundancy new packs get: the store's, or ``run``'s own if it has one."""
+        return self._admin.redundancy(run)
 
-    def _manifest(self, ref: Ref) -> Manifest:
-        return load_manifest(self._ctx.catalog, self._row(ref))
+    def set_redundancy(self, spec: str, *, run: str | None = None) -> str:
+        """Set the redundancy of new packs: ``"none"``, ``"replicate:N"`` or ``"ec:K+M"``.
 
-    def _version(self, row: VersionRow) -> Version:
-        return version_of(row, self._ctx.catalog.tags_of([row.id]).get(row.id, ()))
+        For the whole store, or for one run (``run=``; ``spec=None`` is not
+        accepted here: use ``"inherit"`` to make a run follow the store again).
+        Packs already stored keep their scheme.
 
+        Raises:
+            InvalidArgumentError: a bad spec, or more shards than active failure domains.
+        """
+        return self._admin.set_redundancy(spec, run=run)
 
-def _tensor_sizes(manifest: Manifest) -> list[tuple[str, int]]:
-    """``(path, logical bytes)`` of every tensor (a sharded one once, whole; a rank's own
-    tensors under ``rankN/``), as show's rows count them."""
-    sizes: dict[str, int] = {}
-    for t in manifest.tensors:
-        path = rank_path(t.rank, t.path) if t.rank is not None and not t.is_shard else t.path
-        sizes[path] = sizes.get(path, 0) + t.numel * element_size(t.kind, t.dtype)
-    return list(sizes.items())
+    def locations(self, *, timeout: float | None = None) -> list[LocationInfo]:
+        """Every blob location with its failure domain, state, what it holds, and its health.
 
+        Health is measured: each location (failed ones too, to tell whether one came
+        back) is sent a real request -- a read of its identity record -- all at once,
+        and ``reachable`` says whether it answered with this store's record within
+        ``timeout`` seconds (default: the ``probe_timeout_s`` setting, 5 s), with
+        ``reason`` why not and ``probe_s`` how long it took. The call returns after at
+        most about ``timeout`` seconds, however many locations are silent.
+
+        Raises:
+            InvalidArgumentError: ``timeout`` is negative.
+        """
+        return self._admin.locations(timeout=timeout)
+
+    def add_location(self, url: str, *, domain: str | None = None, name: str | None = None) -> LocationInfo:
+        """Add a blob location (a directory, ``file:///``, ``s3://``); new packs may use it at once.
+
+        Recorded in the catalog (every host sees it) and in this store's
+        config file. It receives a copy of every manifest and ``refs/``
+        record at once (what a catalog rebuild needs). Existing packs stay
+        where they are; ``repair`` uses the new location for shards it has
+        to re-place.
+
+        Raises:
+            InvalidArgumentError: the name or URL is taken, or the location cannot be opened.
+            StoreIdentityError: the location holds another store's data (or data this
+                catalog knows nothing of); nothing was changed.
+        """
+        return self._admin.add_location(url, domain=domain, name=name)
+
+    def drain_location(self, name: str) -> LocationInfo:
+        """Stop writing to a location; ``repair`` then moves its shards to others (``gc``
+        deletes the old objects after its grace period)."""
+        return self._admin.drain_location(name)
+
+    def fail_location(self, name: str) -> LocationInfo:
+        """Declare a location lost: it is never read again; ``repair`` re-creates its shards elsewhere."""
+        return self._admin.fail_location(name)
+
+    def activate_location(self, name: str) -> LocationInfo:
+        """Return a drained or failed location to service (its shards count again once verified)."""
+        return self._admin.activate_location(name)
+
+    def check(self, *, read_data: bool = False, read_data_subset: float | str | None = None,
+              progress: ProgressCallback | None = None) -> CheckReport:
+        """Check the catalog against the blob locations.
+
+        Args:
+            read_data: read every pack in full: verify each shard and every chunk.
+            read_data_subset: scrub only this share of the stored bytes (``"5%"``,
+                ``0.05``), least recently verified packs first; a cron job running
+                ``check --read-data-subset 5%`` daily verifies everything every 20 days.
+
+        Damaged shards found are queued for :meth:`repair`. Data is never modified.
+        """
+        return self._admin.check(read_data=read_data, read_data_subset=read_data_subset, progress=progress)
+
+    def repair(self, *, progress: ProgressCallback | None = None) -> RepairReport:
+        """Rebuild lost or corrupt shards and move shards off draining or failed locations.
+
+        Safe while other processes commit, restore and collect garbage.
+        """
+        return self._admin.repair(progress=progress)
+
+    def stats(self) -> StoreStats:
+        """Space accounting: logical vs unique vs stored bytes, and what delta coding saved."""
+        return self._admin.stats()
+
+    def delta_chain(self, run: str | None = None) -> int:
+        """Deltas deep a chunk may be stored before a keyframe (0: no delta coding): the
+        store's, or what commits to ``run`` use (its own, else the store's)."""
+        return self._admin.delta_chain(run)
+
+    def set_delta_chain(self, chain: int, *, run: str | None = None) -> None:
+        """Set how many deltas deep a chunk may be stored before a keyframe (0: no delta coding),
+        for the whole store or (``run``) one run; ``run`` with ``chain=-1`` follows the store again.
+
+        Longer chains store less (a chunk that changes a little each commit costs only its
+        delta) but restoring the end of a chain decodes every delta down from its keyframe.
+
+        Raises:
+            InvalidArgumentError: ``chain`` is out of range.
+        """
+        self._admin.set_delta_chain(chain, run=run)
+
+    def rebuild_catalog(self, *, progress: ProgressCallback | None = None) -> RebuildReport:
+        """Recreate an empty catalog from the blob locations alone (see :mod:`casckpt.engine.rebuild`).
+
+        Raises:
+            InvalidArgumentError: the catalog is not empty.
+        """
+        return self._admin.rebuild_catalog(progress=progress)
+
+    def migrate_trees(self, *, progress: ProgressCallback | None = None) -> MigrationReport:
+        """Give every version of manifest format 1 (written before tree manifests) its tree, so
+        queries read it as a tree and its ``tensors`` rows go (see
+        :mod:`casckpt.engine.treemigrate`). Version ids and restores do not change.
+
+        Resumable and idempotent (run it again after an interruption; a second run does
+        nothing); safe while other processes commit, restore and run gc. ``open`` never runs
+        it: on a large store it takes a while.
+
+        Raises:
+            CatalogError: nodes kept disappearing under a gc with grace 0; run it again.
+            StorageError: nodes could not be written (the batches done so far stay done).
+        """
+        return self._admin.migrate_trees(progress=progress)
+
+    def rebuild_cache(self) -> int:
+        """Drop and refill this host's index cache from the catalog; returns the chunks cached."""
+        return self._admin.rebuild_cache()
+
+    # -- many ranks ---------------------------------------------------------
+
+    def dcp_writer(self, *, run: str, step: int, metadata: Mapping[str, Any] | None = None,
+                   metrics: Mapping[str, float] | None = None, message: str | None = None,
+                   tags: Iterable[str] = ()) -> StoreWriter:
+        """A ``torch.distributed.checkpoint`` StorageWriter that saves version ``run@step``.
+
+        Call on every rank (each with its own open store), then pass it to
+        ``dcp.save`` / ``dcp.async_save``: every rank writes its own chunks
+        (only new ones), and the version becomes visible in one catalog
+        transaction once every rank succeeded (see :mod:`casckpt.dcp`). Use a
+        new writer for every checkpoint.
+
+        Raises:
+            InvalidNameError, InvalidArgumentError: bad run/tag name, step, metadata or metrics.
+        """
+        return self._distributed.dcp_writer(run=run, step=step, metadata=metadata, metrics=metrics,
+                                            message=message, tags=tags)
+
+    def dcp_reader(self, ref: Any) -> StoreReader:
+        """A ``torch.distributed.checkpoint`` StorageReader for the version ``ref`` names.
+
+        ``dcp.load`` with it reshards onto any number of ranks, each reading only
+        the chunks its pieces need. Works for versions saved by ``dcp.save`` and
+        by :meth:`commit` (not those saved rank by rank with ``group=``).
+
+        Raises:
+            RefNotFoundError, AmbiguousRefError: bad ref.
+            RestoreTargetError: the version was saved rank by rank.
+        """
+        return self._distributed.dcp_reader(ref)

@@ -1,17 +1,29 @@
 """Public value types returned by :class:`casckpt.Store`.
 
+Versions, runs, tensors, diffs and retention are defined here; the reports of storage
+administration (stats, check, locations, repair, rebuilds) in :mod:`casckpt.reports`,
+importable from here as well.
+
 All are frozen, slotted dataclasses: safe to share between threads, cheap to
 build, and convertible to plain JSON with :meth:`to_dict` (the CLI's ``--json``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+from casckpt.jsonable import ToDict
+from casckpt.reports import CheckProblem as CheckProblem
+from casckpt.reports import CheckReport as CheckReport
+from casckpt.reports import LocationInfo as LocationInfo
+from casckpt.reports import MigrationReport as MigrationReport
+from casckpt.reports import RebuildReport as RebuildReport
+from casckpt.reports import RepairReport as RepairReport
+from casckpt.reports import StoreStats as StoreStats
 
 ProgressCallback = Callable[[str, int, int], None]
 """``callback(phase, done, total)``: called from the calling thread as work advances.
@@ -21,29 +33,8 @@ ProgressCallback = Callable[[str, int, int], None]
 """
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
-
-
-class _ToDict:
-    __slots__ = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-serialisable dict of this value."""
-        result: dict[str, Any] = _jsonable(self)
-        return result
-
-
 @dataclass(frozen=True, slots=True)
-class Version(_ToDict):
+class Version(ToDict):
     """One committed checkpoint.
 
     Attributes:
@@ -91,7 +82,7 @@ class Version(_ToDict):
 
 
 @dataclass(frozen=True, slots=True)
-class TensorInfo(_ToDict):
+class TensorInfo(ToDict):
     """One tensor of a version, as the catalog records it.
 
     ``shards``: how many pieces ranks saved it as (1: whole); ``split_dims``:
@@ -109,7 +100,7 @@ class TensorInfo(_ToDict):
 
 
 @dataclass(frozen=True, slots=True)
-class VersionDetail(_ToDict):
+class VersionDetail(ToDict):
     """A version together with its tensors and plain values (``Store.show``).
 
     ``world_size`` is how many ranks saved the version (None: one process,
@@ -164,7 +155,7 @@ def sorted_groups(groups: Iterable[tuple[str, int, int]]) -> tuple[TensorGroup, 
 
 
 @dataclass(frozen=True, slots=True)
-class TensorGroup(_ToDict):
+class TensorGroup(ToDict):
     """Tensors whose paths start with ``name`` (:attr:`VersionDetail.groups`)."""
 
     name: str
@@ -182,7 +173,7 @@ _DIGITS = re.compile(r"([0-9]+)")
 
 
 @dataclass(frozen=True, slots=True)
-class RunInfo(_ToDict):
+class RunInfo(ToDict):
     """A run and a summary of its versions."""
 
     name: str
@@ -194,86 +185,7 @@ class RunInfo(_ToDict):
 
 
 @dataclass(frozen=True, slots=True)
-class StoreStats(_ToDict):
-    """Space accounting for the whole store.
-
-    ``logical_bytes`` sums every version's tensor bytes (what N torch.save files
-    would hold); ``unique_bytes`` is the raw size of distinct chunks;
-    ``stored_bytes`` their encoded size; ``pack_bytes`` the packs in full (headers, footers);
-    ``location_bytes`` what the blob locations hold for them (every copy and
-    shard, parity included); ``redundancy`` the scheme new packs get.
-
-    Delta coding: ``delta_chunks`` chunks are stored as deltas against a base
-    chunk, ``delta_raw_bytes`` raw in ``delta_stored_bytes``; chains are at
-    most ``longest_chain`` deltas deep (``mean_chain`` on average);
-    ``delta_chain`` is the store's policy (deltas before a keyframe, 0: off)
-    and ``run_delta_chains`` the runs with their own.
-
-    ``versions_without_tree`` are read through per-tensor catalog rows: versions saved by
-    many ranks (DCP, ``commit(group=)``), and versions from before tree manifests until
-    ``casckpt catalog migrate-trees`` converts them (``Store.migrate_trees``).
-    """
-
-    runs: int
-    versions: int
-    tags: int
-    chunks: int
-    packs: int
-    logical_bytes: int
-    unique_bytes: int
-    stored_bytes: int
-    pack_bytes: int
-    location_bytes: int = 0
-    redundancy: str = "none"
-    delta_chunks: int = 0
-    delta_raw_bytes: int = 0
-    delta_stored_bytes: int = 0
-    longest_chain: int = 0
-    mean_chain: float = 0.0
-    delta_chain: int = 0
-    run_delta_chains: Mapping[str, int] = field(default_factory=dict)
-    versions_without_tree: int = 0
-
-    @property
-    def dedup_ratio(self) -> float:
-        """Logical bytes per unique byte (higher is better)."""
-        return self.logical_bytes / self.unique_bytes if self.unique_bytes else 1.0
-
-    @property
-    def compression_ratio(self) -> float:
-        """Unique bytes per stored byte (higher is better)."""
-        return self.unique_bytes / self.stored_bytes if self.stored_bytes else 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class CheckProblem(_ToDict):
-    """One inconsistency found by ``Store.check``."""
-
-    kind: str
-    subject: str
-    detail: str
-
-
-@dataclass(frozen=True, slots=True)
-class CheckReport(_ToDict):
-    """What ``Store.check`` looked at and what it found."""
-
-    versions: int
-    packs: int
-    chunks: int
-    chunks_read: int
-    bytes_read: int
-    problems: tuple[CheckProblem, ...]
-    packs_read: int = 0
-
-    @property
-    def ok(self) -> bool:
-        """True when no problem was found."""
-        return not self.problems
-
-
-@dataclass(frozen=True, slots=True)
-class RetentionPolicy(_ToDict):
+class RetentionPolicy(ToDict):
     """Which versions of a run to keep; combinable like restic's ``forget``.
 
     A version is kept if ANY rule keeps it. ``keep_within`` is in seconds,
@@ -293,7 +205,7 @@ class RetentionPolicy(_ToDict):
 
 
 @dataclass(frozen=True, slots=True)
-class RetentionDecision(_ToDict):
+class RetentionDecision(ToDict):
     """Whether retention keeps one version, and the rules that keep it."""
 
     version: Version
@@ -302,7 +214,7 @@ class RetentionDecision(_ToDict):
 
 
 @dataclass(frozen=True, slots=True)
-class RetentionPlan(_ToDict):
+class RetentionPlan(ToDict):
     """Retention applied to one run: a decision per visible version, newest first."""
 
     run: str
@@ -316,7 +228,7 @@ class RetentionPlan(_ToDict):
 
 
 @dataclass(frozen=True, slots=True)
-class GCReport(_ToDict):
+class GCReport(ToDict):
     """What one garbage collection did (or, with ``dry_run``, would do).
 
     Attributes:
@@ -379,7 +291,7 @@ class GCReport(_ToDict):
 
 
 @dataclass(frozen=True, slots=True)
-class TensorChange(_ToDict):
+class TensorChange(ToDict):
     """One tensor that differs between two versions (``Store.diff``).
 
     ``change`` is ``"added"``, ``"removed"`` or ``"changed"``; the ``*_before``
@@ -401,7 +313,7 @@ class TensorChange(_ToDict):
 
 
 @dataclass(frozen=True, slots=True)
-class ValueChange(_ToDict):
+class ValueChange(ToDict):
     """One plain (non-tensor) value that differs between two versions.
 
     ``change`` is ``"added"``, ``"removed"`` or ``"changed"``; ``before`` /
@@ -415,7 +327,7 @@ class ValueChange(_ToDict):
 
 
 @dataclass(frozen=True, slots=True)
-class VersionDiff(_ToDict):
+class VersionDiff(ToDict):
     """What changed from version ``a`` to version ``b`` (``Store.diff``).
 
     ``changed_bytes`` sums ``TensorChange.changed_bytes`` over every entry of
@@ -434,7 +346,7 @@ class VersionDiff(_ToDict):
 
 
 @dataclass(frozen=True, slots=True)
-class TensorHistoryEntry(_ToDict):
+class TensorHistoryEntry(ToDict):
     """A version in which one tensor changed (``Store.history``).
 
     ``change`` is ``"added"`` (first appearance, or back after a removal),
@@ -453,7 +365,7 @@ class TensorHistoryEntry(_ToDict):
 
 
 @dataclass(frozen=True, slots=True)
-class RunNode(_ToDict):
+class RunNode(ToDict):
     """A run in the lineage tree (``Store.tree``).
 
     ``parent_run`` / ``fork_step`` are None for a root run, and also when the
@@ -467,121 +379,3 @@ class RunNode(_ToDict):
     fork_step: int | None
     children: tuple[str, ...]
     versions: int
-
-
-@dataclass(frozen=True, slots=True)
-class LocationInfo(_ToDict):
-    """A blob location and what it holds.
-
-    Attributes:
-        name: how commands refer to it.
-        url: where it is (credentials redacted).
-        domain: its failure domain.
-        state: ``active``, ``draining`` (repair moves its shards off) or
-            ``failed`` (never read; repair re-creates its shards elsewhere).
-        shards: pack copies or shards recorded on it.
-        bytes: their total size.
-        damaged: those of them known missing or corrupt.
-        reachable: whether it answered a real request (a read of its identity record)
-            within the probe timeout, with this store's record: measured when the
-            value was made, not assumed.
-        reason: why it is not reachable (None when it is): a short line, credentials
-            redacted.
-        probe_s: how long the probe took, in seconds (the timeout, when it got no answer).
-    """
-
-    name: str
-    url: str
-    domain: str
-    state: str
-    shards: int
-    bytes: int
-    damaged: int
-    reachable: bool
-    reason: str | None = None
-    probe_s: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class RepairReport(_ToDict):
-    """What ``Store.repair`` did.
-
-    Attributes:
-        packs: packs that needed repair (and could be worked on).
-        shards_rewritten: shards written again (re-encoded or copied).
-        shards_moved: of those, shards placed on another location than before.
-        unrepaired: ``pack id: reason`` for each pack left short of full redundancy.
-        catalog_manifests_restored: damaged manifests in the catalog replaced by a
-            verified copy from a location.
-        manifests_written: manifest copies written to locations that lacked them (or
-            held a differing copy).
-        records_written: ``refs/`` records written to locations that lacked them (or
-            held a stale one).
-        tree_nodes_restored: tree nodes whose catalog row was missing or damaged, restored
-            from their verified copy in the packs.
-        degraded: ``pack id: what`` for each pack with shards still sharing a failure
-            domain (too few domains active to spread them).
-    """
-
-    packs: int
-    shards_rewritten: int
-    shards_moved: int
-    unrepaired: tuple[str, ...]
-    duration_s: float
-    catalog_manifests_restored: int = 0
-    manifests_written: int = 0
-    records_written: int = 0
-    degraded: tuple[str, ...] = ()
-    tree_nodes_restored: int = 0
-
-    @property
-    def ok(self) -> bool:
-        """True when every pack is back at full redundancy, on distinct failure domains."""
-        return not self.unrepaired and not self.degraded
-
-    @property
-    def nothing_to_do(self) -> bool:
-        """True when repair found every pack, manifest and record where it belongs."""
-        return self.ok and not (self.packs or self.catalog_manifests_restored or self.manifests_written
-                                or self.records_written or self.tree_nodes_restored)
-
-
-@dataclass(frozen=True, slots=True)
-class RebuildReport(_ToDict):
-    """What ``Store.rebuild_catalog`` recovered from the blob locations.
-
-    Attributes:
-        packs, chunks, versions, runs, tags: what the new catalog now holds.
-        lost_packs: packs found with too few readable shards (their chunks are gone).
-        skipped: ``version id: reason`` for manifests that could not be restored.
-    """
-
-    packs: int
-    chunks: int
-    versions: int
-    runs: int
-    tags: int
-    lost_packs: tuple[str, ...]
-    skipped: tuple[str, ...]
-    duration_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class MigrationReport(_ToDict):
-    """What ``Store.migrate_trees`` did (see :mod:`casckpt.engine.treemigrate`).
-
-    Attributes:
-        versions_migrated: versions of manifest format 1 that got a tree in this run.
-        versions_left: versions of format 1 left without one because their manifest does
-            not verify (`casckpt check` says why; `casckpt repair` may restore it). A version
-            deleted while the run worked is skipped, not counted.
-        nodes_written: tree nodes written to the packs (the others were there already).
-        tensor_rows_deleted: ``tensors`` rows the migrated versions no longer need.
-        seconds: how long the run took.
-    """
-
-    versions_migrated: int
-    versions_left: int
-    nodes_written: int
-    tensor_rows_deleted: int
-    seconds: float

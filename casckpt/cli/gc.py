@@ -24,8 +24,8 @@ from rich.table import Table
 from rich.text import Text
 
 from casckpt.cli import logs, render
-from casckpt.cli.main import FLAG, JsonOption, _open_store, app, exit_code_for
 from casckpt.cli.progress import progress_bars
+from casckpt.cli.shared import FLAG, JsonOption, exit_code_for, open_store
 from casckpt.engine.retention import parse_duration
 from casckpt.errors import CasckptError
 from casckpt.types import GCReport
@@ -82,7 +82,6 @@ def _json_line(value: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-@app.command()
 def gc(
     ctx: typer.Context,
     dry_run: Annotated[bool, typer.Option("--dry-run", metavar=FLAG,
@@ -104,7 +103,7 @@ def gc(
     seconds = parse_duration(grace, allow_zero=True)
     logs.show_info()  # the run's one-line summary, for cron mail and logs
     try:
-        with _open_store(ctx) as store, progress_bars() as progress:
+        with open_store(ctx) as store, progress_bars() as progress:
             report = store.gc(dry_run=dry_run, grace=seconds, force=force, progress=progress)
     except CasckptError as exc:
         if not as_json:
@@ -120,3 +119,8 @@ def gc(
         _json_line(doc)
     else:
         render.out(*(_decisions(report) if explain else _per_run(report)), _summary(report))
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to ``app``, the root command (in their order in help)."""
+    app.command()(gc)

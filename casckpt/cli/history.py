@@ -20,7 +20,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from casckpt.cli import render
-from casckpt.cli.main import FLAG, JsonOption, RefArgument, _open_store, app
+from casckpt.cli.shared import FLAG, JsonOption, RefArgument, open_store
 from casckpt.types import RunNode, TensorChange, TensorHistoryEntry, VersionDiff
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -44,7 +44,6 @@ def parse_time(text: str) -> float:
         raise typer.BadParameter(f"cannot read time {text!r}: use {_TIME_HELP}") from None
 
 
-@app.command()
 def log(
     ctx: typer.Context,
     run: Annotated[str | None, typer.Argument(help="Only this run (default: all runs).")] = None,
@@ -67,7 +66,7 @@ def log(
     """List versions, newest first, optionally filtered."""
     since_s = parse_time(since) if since is not None else None
     until_s = parse_time(until) if until is not None else None
-    with _open_store(ctx) as store:
+    with open_store(ctx) as store:
         versions = store.log(run, limit=limit, since=since_s, until=until_s, min_step=min_step,
                              max_step=max_step, tag=tag, where=where,
                              order="asc" if asc else "desc")
@@ -81,10 +80,9 @@ def log(
         render.out(render.log_table(versions))
 
 
-@app.command()
 def diff(ctx: typer.Context, a: RefArgument, b: RefArgument, as_json: JsonOption = False) -> None:
     """Show what changed from version A to version B: tensors (with changed bytes) and values."""
-    with _open_store(ctx) as store:
+    with open_store(ctx) as store:
         result = store.diff(a, b)
     if as_json:
         render.print_json(result.to_dict())
@@ -92,14 +90,13 @@ def diff(ctx: typer.Context, a: RefArgument, b: RefArgument, as_json: JsonOption
         render.out(*diff_view(result))
 
 
-@app.command()
 def history(
     ctx: typer.Context, run: RunArgument,
     path: Annotated[str, typer.Argument(help="Dotted tensor path, e.g. model.layers.0.weight.")],
     as_json: JsonOption = False,
 ) -> None:
     """List the versions of RUN in which the tensor at PATH changed, oldest first."""
-    with _open_store(ctx) as store:
+    with open_store(ctx) as store:
         entries = store.history(run, path)
     if as_json:
         render.print_json([e.to_dict() for e in entries])
@@ -107,14 +104,13 @@ def history(
         render.out(history_table(entries))
 
 
-@app.command()
 def fork(
     ctx: typer.Context, ref: RefArgument,
     new_run: Annotated[str, typer.Argument(help="Name of the new run.")],
     as_json: JsonOption = False,
 ) -> None:
     """Start run NEW_RUN from a version; its first commit gets that version as parent."""
-    with _open_store(ctx) as store:
+    with open_store(ctx) as store:
         version = store.resolve(ref)
         run = store.fork(version, new_run)
     if as_json:
@@ -123,10 +119,9 @@ def fork(
         render.out(f"Forked run {run.name} from {version.short_id} ({version.run}@{version.step})")
 
 
-@app.command()
 def tree(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """Show runs as a tree: each fork under the run it was forked from."""
-    with _open_store(ctx) as store:
+    with open_store(ctx) as store:
         nodes = store.tree()
     if as_json:
         render.print_json([n.to_dict() for n in nodes])
@@ -136,7 +131,6 @@ def tree(ctx: typer.Context, as_json: JsonOption = False) -> None:
         render.out(run_tree(nodes))
 
 
-@app.command()
 def best(
     ctx: typer.Context, run: RunArgument,
     metric: Annotated[str, typer.Option("--metric", "-m", metavar="METRIC",
@@ -147,7 +141,7 @@ def best(
 ) -> None:
     """Show the version of RUN with the lowest (or --max: highest) METRIC."""
     mode = "max" if maximize else "min"
-    with _open_store(ctx) as store:
+    with open_store(ctx) as store:
         version = store.best(run, metric, mode)
     if as_json:
         render.print_json(version.to_dict())
@@ -234,3 +228,13 @@ def run_tree(nodes: list[RunNode]) -> Tree:
         parent = placed.get(node.parent_run) if node.parent_run in by_name else None
         placed[node.name] = (parent or root).add(_label(node))
     return root
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to ``app``, the root command (in their order in help)."""
+    app.command()(log)
+    app.command()(diff)
+    app.command()(history)
+    app.command()(fork)
+    app.command()(tree)
+    app.command()(best)

@@ -32,9 +32,7 @@ import re
 import shlex
 import sys
 import traceback
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from contextlib import suppress
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -43,37 +41,43 @@ from typer.core import TyperGroup
 
 import casckpt
 from casckpt.catalog.migrate import head_revision
+from casckpt.cli import gc as gc_cli
+from casckpt.cli import history as history_cli
 from casckpt.cli import logs, render
+from casckpt.cli import retention as retention_cli
+from casckpt.cli import storage as storage_cli
 from casckpt.cli.export import check_target, export_safetensors
 from casckpt.cli.progress import progress_bars
+
+# the exit codes the module docstring documents, importable from here as they always were
+from casckpt.cli.shared import EXIT_BROKEN_PIPE as EXIT_BROKEN_PIPE
+from casckpt.cli.shared import EXIT_BUSY as EXIT_BUSY
+from casckpt.cli.shared import EXIT_GC_REFUSED as EXIT_GC_REFUSED
+from casckpt.cli.shared import EXIT_INTEGRITY as EXIT_INTEGRITY
+from casckpt.cli.shared import EXIT_INTERNAL as EXIT_INTERNAL
+from casckpt.cli.shared import EXIT_INTERRUPTED as EXIT_INTERRUPTED
+from casckpt.cli.shared import EXIT_NOT_FOUND as EXIT_NOT_FOUND
+from casckpt.cli.shared import EXIT_OK as EXIT_OK
+from casckpt.cli.shared import EXIT_OTHER as EXIT_OTHER
+from casckpt.cli.shared import EXIT_PROBLEMS as EXIT_PROBLEMS
+from casckpt.cli.shared import EXIT_USAGE as EXIT_USAGE
+from casckpt.cli.shared import (
+    FLAG,
+    JsonOption,
+    RefArgument,
+    StoreChoice,
+    StoreOption,
+    exit_code_for,
+    open_store,
+    store_path,
+)
 from casckpt.config import BlobLocation, blob_locations
 from casckpt.errors import (
-    AmbiguousRefError,
     CasckptError,
-    GCRefusedError,
-    GCRunningError,
-    IntegrityError,
     InvalidArgumentError,
-    InvalidNameError,
     NotAStoreError,
-    RefNotFoundError,
-    RestoreTargetError,
-    TensorNotFoundError,
-    UnsupportedStateError,
 )
 from casckpt.storage.erasure import Redundancy
-
-EXIT_OK = 0
-EXIT_PROBLEMS = 1
-EXIT_USAGE = 2
-EXIT_NOT_FOUND = 3
-EXIT_INTEGRITY = 4
-EXIT_OTHER = 5
-EXIT_BUSY = 6
-EXIT_GC_REFUSED = 7
-EXIT_INTERNAL = 70  # EX_SOFTWARE in sysexits.h
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
-EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
 
 _DOMAIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 """A failure domain given as ``--location DOMAIN=URL``."""
@@ -96,23 +100,7 @@ _CLI_EXCEPTIONS: tuple[type[Exception], ...] = (
 )
 _UsageError: type[Any] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 _STORE_OPTIONS = ("--store", "-s")
-_NOT_FOUND = (NotAStoreError, RefNotFoundError, AmbiguousRefError, TensorNotFoundError)
-_BAD_INPUT = (InvalidNameError, InvalidArgumentError, UnsupportedStateError, RestoreTargetError)
 
-
-def exit_code_for(error: CasckptError) -> int:
-    """The documented exit code for ``error`` (see the module docstring)."""
-    if isinstance(error, IntegrityError):
-        return EXIT_INTEGRITY
-    if isinstance(error, _NOT_FOUND):
-        return EXIT_NOT_FOUND
-    if isinstance(error, _BAD_INPUT):
-        return EXIT_USAGE
-    if isinstance(error, GCRunningError):
-        return EXIT_BUSY
-    if isinstance(error, GCRefusedError):
-        return EXIT_GC_REFUSED
-    return EXIT_OTHER
 
 
 def _store_goes_first(root: Any, failed: Any, after: list[str]) -> str:
@@ -202,53 +190,9 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
-FLAG = ""
-"""The metavar of a flag: it takes no value, so help shows no type (typer would show <bool>)."""
-
-StoreOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--store",
-        "-s",
-        metavar="DIR",
-        envvar="CASCKPT_STORE",
-        show_envvar=True,
-        help="Store directory.",
-        file_okay=False,
-    ),
-]
-JsonOption = Annotated[
-    bool, typer.Option("--json", metavar=FLAG, help="Print machine-readable JSON on stdout, nothing else.")
-]
-RefArgument = Annotated[
-    str, typer.Argument(help="A version: run@step, run@latest, run@~N, tag:NAME or an id prefix.")
-]
-
-
-@dataclass(frozen=True, slots=True)
-class _Options:
-    store: Path | None
-
-
 @app.callback()
 def _main(ctx: typer.Context, store: StoreOption = None) -> None:
-    ctx.obj = _Options(store=store)
-
-
-def _store_path(ctx: typer.Context) -> Path:
-    options: _Options = ctx.find_root().obj
-    if options.store is None:
-        raise typer.BadParameter(
-            "no store given: pass --store PATH (before the command) or set CASCKPT_STORE",
-            param_hint="--store",
-        )
-    return options.store
-
-
-@contextmanager
-def _open_store(ctx: typer.Context, *, recover: bool = False) -> Iterator[casckpt.Store]:
-    with casckpt.open(_store_path(ctx), create=False, recover=recover) as store:
-        yield store
+    ctx.obj = StoreChoice(store=store)
 
 
 @app.command()
@@ -289,7 +233,7 @@ def init(
     every pack: casckpt init /ckpt --redundancy ec:4+2 --location d0=/mnt/d0
     --location d1=/mnt/d1 ... --location d5=/mnt/d5
     """
-    target = path if path is not None else _store_path(ctx)
+    target = path if path is not None else store_path(ctx)
     if blobs is not None and location:
         raise typer.BadParameter("give either --blobs or --location, not both", param_hint="--location")
     places = parse_locations(location) if location else blobs
@@ -338,7 +282,7 @@ def check_init_redundancy(spec: str, places: str | list[BlobLocation] | None) ->
 @app.command()
 def runs(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """List the runs of the store."""
-    with _open_store(ctx) as store:
+    with open_store(ctx) as store:
         found = store.runs()
     if as_json:
         render.print_json([run.to_dict() for run in found])
@@ -359,7 +303,7 @@ def show(
 ) -> None:
     """Show one version: its metadata, a summary of its tensors (--tensors: each one) and its
     plain values. --json streams every tensor."""
-    with _open_store(ctx) as store:
+    with open_store(ctx) as store:
         detail = store.show(ref, tensors=tensors or as_json)
     if as_json:
         render.stream_json(detail.to_dict(), "tensors")
@@ -377,7 +321,7 @@ def tag(
     as_json: JsonOption = False,
 ) -> None:
     """Point tag NAME at a version."""
-    with _open_store(ctx) as store:
+    with open_store(ctx) as store:
         version = store.tag(ref, name)
     if as_json:
         render.print_json(version.to_dict())
@@ -400,7 +344,7 @@ def restore(
     (JSON); values over 64 KiB go to a sidecar FILE.values.json instead.
     """
     check_target(to, overwrite=force)
-    with _open_store(ctx) as store:
+    with open_store(ctx) as store:
         version = store.resolve(ref)
         with progress_bars() as progress:
             tree = store.restore(version, map_location="cpu", progress=progress)
@@ -450,7 +394,7 @@ def check(
     if read_data and read_data_subset is not None:
         raise typer.BadParameter("--read-data reads everything; drop it to read only a subset",
                                  param_hint="--read-data-subset")
-    with _open_store(ctx) as store, progress_bars() as progress:
+    with open_store(ctx) as store, progress_bars() as progress:
         report = store.check(read_data=read_data, read_data_subset=read_data_subset,
                              progress=progress)
     if as_json:
@@ -464,7 +408,7 @@ def check(
 @app.command()
 def stats(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """Space accounting: logical, unique and stored bytes; dedup and compression ratios."""
-    with _open_store(ctx) as store:
+    with open_store(ctx) as store:
         result = store.stats()
     if as_json:
         render.print_json(render.stats_dict(result))
@@ -475,21 +419,17 @@ def stats(ctx: typer.Context, as_json: JsonOption = False) -> None:
 @app.command()
 def migrate(ctx: typer.Context) -> None:
     """Upgrade the store's catalog to this casckpt's schema (opening a store does it)."""
-    path = _store_path(ctx)
-    with _open_store(ctx):
+    path = store_path(ctx)
+    with open_store(ctx):
         pass  # casckpt.open upgrades an older catalog, or refuses a newer one
     render.out(f"Catalog of {path} is up to date at schema revision {head_revision()}")
 
 
-# commands defined in other modules register themselves on `app`
-from casckpt.cli import gc as _gc  # noqa: E402,F401
-from casckpt.cli import history as _history  # noqa: E402,F401
-from casckpt.cli import retention as _retention  # noqa: E402,F401
-from casckpt.cli import storage as _storage  # noqa: E402,F401
+# the commands of the other modules come after init ... migrate in help, as they always have
+gc_cli.register(app)
+history_cli.register(app)
+retention_cli.register(app)
+storage_cli.register(app)
 
-if __name__ == "__main__":
-    # `python -m casckpt.cli.main`: run the app of the imported module, which is
-    # the one the other command modules registered their commands on
-    from casckpt.cli.main import app as registered_app
-
-    registered_app()
+if __name__ == "__main__":  # `python -m casckpt.cli.main`
+    app()

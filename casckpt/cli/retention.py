@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from casckpt.cli import render
-from casckpt.cli.main import FLAG, JsonOption, RefArgument, _open_store, app
+from casckpt.cli.shared import FLAG, JsonOption, RefArgument, open_store
 from casckpt.engine.retention import describe, parse_duration
 from casckpt.errors import InvalidArgumentError
 from casckpt.types import RetentionPlan, RetentionPolicy
@@ -26,7 +26,6 @@ retention_app = typer.Typer(
     help="Retention policies: which versions `casckpt gc` keeps (combinable, as in restic forget).",
     no_args_is_help=True,
 )
-app.add_typer(retention_app, name="retention")
 
 RunArgument = Annotated[str, typer.Argument(help="Run name.")]
 OptionalRun = Annotated[str | None, typer.Argument(help="Only this run (default: every run with a policy).")]
@@ -93,7 +92,7 @@ def set_policy(
         )
     within = None if keep_within is None else parse_duration(keep_within)
     best = None if keep_best is None else parse_best(keep_best)
-    with _open_store(ctx) as store:
+    with open_store(ctx) as store:
         policy = store.set_retention(
             run, keep_last=keep_last, keep_every=keep_every, keep_hourly=keep_hourly,
             keep_daily=keep_daily, keep_weekly=keep_weekly, keep_within=within, keep_best=best,
@@ -112,7 +111,7 @@ def set_policy(
 @retention_app.command("show")
 def show_policy(ctx: typer.Context, run: OptionalRun = None, as_json: JsonOption = False) -> None:
     """Show the retention policy of RUN, or of every run that has one."""
-    with _open_store(ctx) as store:
+    with open_store(ctx) as store:
         if run is not None:
             policies = [(run, store.retention(run))]
         else:
@@ -134,7 +133,7 @@ def show_policy(ctx: typer.Context, run: OptionalRun = None, as_json: JsonOption
 @retention_app.command("clear")
 def clear_policy(ctx: typer.Context, run: RunArgument) -> None:
     """Remove the retention policy of RUN: it keeps every version again."""
-    with _open_store(ctx) as store:
+    with open_store(ctx) as store:
         store.clear_retention(run)
     render.out(f"Retention of {run} cleared: every version is kept")
 
@@ -158,7 +157,7 @@ def _plan_dict(plan: RetentionPlan) -> dict[str, Any]:
 @retention_app.command("plan")
 def plan_policy(ctx: typer.Context, run: OptionalRun = None, as_json: JsonOption = False) -> None:
     """Dry run: which versions `casckpt gc` would delete, which it keeps, and why. Writes nothing."""
-    with _open_store(ctx) as store:
+    with open_store(ctx) as store:
         plans = store.plan_retention(run)
     if as_json:
         render.print_json([_plan_dict(plan) for plan in plans])
@@ -172,7 +171,6 @@ def plan_policy(ctx: typer.Context, run: OptionalRun = None, as_json: JsonOption
     render.note("bytes freed: see `casckpt gc --dry-run`")
 
 
-@app.command()
 def delete(
     ctx: typer.Context,
     ref: RefArgument,
@@ -180,7 +178,7 @@ def delete(
     as_json: JsonOption = False,
 ) -> None:
     """Delete a version (soft: `casckpt undelete` brings it back until gc sweeps its data)."""
-    with _open_store(ctx) as store:
+    with open_store(ctx) as store:
         version = store.delete(ref, reason=reason)
     if as_json:
         render.print_json(version.to_dict())
@@ -189,16 +187,22 @@ def delete(
     render.note(f"undo with: casckpt undelete {version.short_id}")
 
 
-@app.command()
 def undelete(
     ctx: typer.Context,
     ref: Annotated[str, typer.Argument(help="A deleted version: its id, a unique id prefix, or run@step.")],
     as_json: JsonOption = False,
 ) -> None:
     """Bring back a deleted version, unless gc already swept its data."""
-    with _open_store(ctx) as store:
+    with open_store(ctx) as store:
         version = store.undelete(ref)
     if as_json:
         render.print_json(version.to_dict())
         return
     render.out(f"Undeleted {version.short_id} ({version.run}@{version.step})")
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to ``app``, the root command (in their order in help)."""
+    app.add_typer(retention_app, name="retention")
+    app.command()(delete)
+    app.command()(undelete)

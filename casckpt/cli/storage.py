@@ -24,33 +24,28 @@ from rich.table import Table
 from rich.text import Text
 
 from casckpt.cli import render
-from casckpt.cli.main import EXIT_PROBLEMS, JsonOption, _open_store, app
 from casckpt.cli.progress import progress_bars
+from casckpt.cli.shared import EXIT_PROBLEMS, JsonOption, open_store
 from casckpt.types import LocationInfo, RebuildReport, RepairReport
 
 location_app = typer.Typer(
     help="Blob locations: where packs live, their failure domains and states.",
     no_args_is_help=True,
 )
-app.add_typer(location_app, name="location")
 
 redundancy_app = typer.Typer(
     help="Redundancy of new packs: none, replicate:N or ec:K+M (store-wide or per run).",
     no_args_is_help=True,
 )
-app.add_typer(redundancy_app, name="redundancy")
 
 delta_app = typer.Typer(
     help="Delta coding: how many deltas deep a chunk may be stored before a keyframe (0: off).",
     no_args_is_help=True,
 )
-app.add_typer(delta_app, name="delta")
 
 catalog_app = typer.Typer(help="The catalog: disaster recovery.", no_args_is_help=True)
-app.add_typer(catalog_app, name="catalog")
 
 cache_app = typer.Typer(help="This host's local index cache.", no_args_is_help=True)
-app.add_typer(cache_app, name="cache")
 
 NameArgument = Annotated[str, typer.Argument(help="Location name (see `casckpt location list`).")]
 RunOption = Annotated[
@@ -85,7 +80,7 @@ def list_locations(
     identity record) and is reachable only if it answers with this store's
     record in time; the ones that do not are listed with the reason.
     """
-    with _open_store(ctx) as store:
+    with open_store(ctx) as store:
         found = store.locations(timeout=timeout)
     if as_json:
         render.print_json([info.to_dict() for info in found])
@@ -109,7 +104,7 @@ def add_location(
     Packs already stored stay where they are; `casckpt repair` places the
     shards it re-creates on it when their pack lacks its failure domain.
     """
-    with _open_store(ctx) as store:
+    with open_store(ctx) as store:
         info = store.add_location(url, domain=domain, name=name)
     _print_location(info, as_json)
 
@@ -117,7 +112,7 @@ def add_location(
 @location_app.command("drain")
 def drain_location(ctx: typer.Context, name: NameArgument, as_json: JsonOption = False) -> None:
     """Stop writing to a location; `casckpt repair` then moves its shards to the others."""
-    with _open_store(ctx) as store:
+    with open_store(ctx) as store:
         info = store.drain_location(name)
     _print_location(info, as_json, f"no new shards go to {name}; " + (
         f"move its {info.shards} shard(s) off with: casckpt repair" if info.shards
@@ -127,7 +122,7 @@ def drain_location(ctx: typer.Context, name: NameArgument, as_json: JsonOption =
 @location_app.command("fail")
 def fail_location(ctx: typer.Context, name: NameArgument, as_json: JsonOption = False) -> None:
     """Declare a location lost: it is never read again; `casckpt repair` re-creates its shards elsewhere."""
-    with _open_store(ctx) as store:
+    with open_store(ctx) as store:
         info = store.fail_location(name)
     _print_location(info, as_json, f"{name} is no longer read; " + (
         f"re-create its {info.shards} shard(s) with: casckpt repair" if info.shards
@@ -137,7 +132,7 @@ def fail_location(ctx: typer.Context, name: NameArgument, as_json: JsonOption = 
 @location_app.command("activate")
 def activate_location(ctx: typer.Context, name: NameArgument, as_json: JsonOption = False) -> None:
     """Return a drained or failed location to service: new packs may use it again."""
-    with _open_store(ctx) as store:
+    with open_store(ctx) as store:
         info = store.activate_location(name)
     _print_location(info, as_json)
 
@@ -148,7 +143,7 @@ def activate_location(ctx: typer.Context, name: NameArgument, as_json: JsonOptio
 @redundancy_app.command("show")
 def show_redundancy(ctx: typer.Context, run: RunOption = None, as_json: JsonOption = False) -> None:
     """Show the redundancy new packs get: the store's, or RUN's (its own or the store's)."""
-    with _open_store(ctx) as store:
+    with open_store(ctx) as store:
         spec = store.redundancy(run)
         store_spec = spec if run is None else store.redundancy()
         others = [] if run is not None else [
@@ -183,7 +178,7 @@ def set_redundancy(
     store needs at least N (replicate:N) or K+M (ec:K+M) domains with an
     active location.
     """
-    with _open_store(ctx) as store:
+    with open_store(ctx) as store:
         result = store.set_redundancy(spec, run=run)
     if as_json:
         render.print_json({"run": run, "redundancy": result})
@@ -199,7 +194,7 @@ def set_redundancy(
 @delta_app.command("show")
 def show_delta(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """Show the delta chain policy (store and runs with their own) and what delta coding stores."""
-    with _open_store(ctx) as store:
+    with open_store(ctx) as store:
         stats = store.stats()
     doc = {"delta_chain": stats.delta_chain, "runs": dict(stats.run_delta_chains),
            "delta_chunks": stats.delta_chunks, "delta_raw_bytes": stats.delta_raw_bytes,
@@ -225,7 +220,7 @@ def set_delta(
     as_json: JsonOption = False,
 ) -> None:
     """Set the delta chain length of new chunks, store-wide or for one run; stored chunks keep theirs."""
-    with _open_store(ctx) as store:
+    with open_store(ctx) as store:
         store.set_delta_chain(chain, run=run)
         result = store.delta_chain(run)
     if as_json:
@@ -274,7 +269,6 @@ def _repair_view(report: RepairReport) -> list[RenderableType]:
     return parts
 
 
-@app.command()
 def repair(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """Rebuild damaged shards, move shards off draining/failed locations; exit 1 if a pack stays short.
 
@@ -282,7 +276,7 @@ def repair(ctx: typer.Context, as_json: JsonOption = False) -> None:
     shards on draining or failed locations. Safe while other jobs commit,
     restore and collect garbage.
     """
-    with _open_store(ctx) as store, progress_bars() as progress:
+    with open_store(ctx) as store, progress_bars() as progress:
         report = store.repair(progress=progress)
     if as_json:
         render.print_json({**report.to_dict(), "ok": report.ok})
@@ -307,7 +301,7 @@ def rebuild_catalog(ctx: typer.Context, as_json: JsonOption = False) -> None:
     catalog takes over the store's identity with a higher generation, so the
     old catalog, if it turns up again, is refused.
     """
-    with _open_store(ctx, recover=True) as store, progress_bars() as progress:
+    with open_store(ctx, recover=True) as store, progress_bars() as progress:
         report = store.rebuild_catalog(progress=progress)
     ok = _rebuild_ok(report)
     if as_json:
@@ -333,7 +327,7 @@ def migrate_trees(ctx: typer.Context, as_json: JsonOption = False) -> None:
     Resumable (run it again after an interruption), idempotent, and safe
     while training commits and gc runs.
     """
-    with _open_store(ctx) as store, progress_bars() as progress:
+    with open_store(ctx) as store, progress_bars() as progress:
         report = store.migrate_trees(progress=progress)
     if as_json:
         render.print_json({**report.to_dict(), "ok": not report.versions_left})
@@ -350,9 +344,19 @@ def migrate_trees(ctx: typer.Context, as_json: JsonOption = False) -> None:
 @cache_app.command("rebuild")
 def rebuild_cache(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """Empty this host's index cache and refill it from the catalog."""
-    with _open_store(ctx) as store:
+    with open_store(ctx) as store:
         chunks = store.rebuild_cache()
     if as_json:
         render.print_json({"chunks": chunks})
     else:
         render.out(f"Rebuilt the index cache: {chunks} chunks")
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to ``app``, the root command (in their order in help)."""
+    app.add_typer(location_app, name="location")
+    app.add_typer(redundancy_app, name="redundancy")
+    app.add_typer(delta_app, name="delta")
+    app.add_typer(catalog_app, name="catalog")
+    app.add_typer(cache_app, name="cache")
+    app.command()(repair)

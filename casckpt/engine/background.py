@@ -36,7 +36,8 @@ from typing import cast
 
 from casckpt.catalog.leases import begin_lease
 from casckpt.engine import commit as commit_engine
-from casckpt.engine.commit import CommitRequest, Snapshot, _Chunk
+from casckpt.engine.commit import CommitRequest, Snapshot
+from casckpt.engine.commitchunks import ChunkBytes
 from casckpt.engine.context import EngineContext
 from casckpt.errors import (
     BackgroundCommitError,
@@ -137,7 +138,7 @@ class BackgroundCommitter:
         self._staged = 0  # bytes of new chunks copied and not yet written
         self.peak_staged = 0
         self._last: dict[str, str] = {}  # run -> version id of its newest pending commit
-        self._inflight: dict[bytes, _Chunk] = {}  # chunk id -> copy a pending commit will write
+        self._inflight: dict[bytes, ChunkBytes] = {}  # chunk id -> copy a pending commit will write
         self._failed: list[CommitHandle] = []
         self._worker: threading.Thread | None = None
         self._exit_hook = False

@@ -36,10 +36,10 @@ from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
 from casckpt.catalog.rows import manifest_bytes
 from casckpt.engine import identity, records, trees
-from casckpt.engine.commit import tensor_rows
 from casckpt.engine.context import EngineContext
 from casckpt.engine.degraded import doubled_domains
 from casckpt.engine.refs import bind
+from casckpt.engine.tensorrows import tensor_rows
 from casckpt.errors import (
     CasckptError,
     CatalogError,

@@ -5,6 +5,9 @@ before the first byte is written. The version becomes visible in ONE catalog
 transaction, after every pack it references is durable; that transaction
 re-checks every referenced chunk, and chunks found missing (a stale cache
 hint, a chunk GC removed) are written again before retrying.
+
+This module holds the ends of the pipeline (the request, the snapshot, publishing);
+the chunks in between (hash, dedup, encode, pack) are :mod:`casckpt.engine.commitchunks`.
 """
 
 from __future__ import annotations
@@ -13,25 +16,33 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
-
-import numpy as np
-import torch
 
 from casckpt.catalog import MissingChunksError
 from casckpt.catalog.deltas import delta_chain_for
 from casckpt.catalog.history import fork_point
 from casckpt.catalog.leases import begin_lease, end_lease, lease_version
 from casckpt.engine import records, trees
+from casckpt.engine.commitchunks import (
+    NOT_HELD,
+    ChunkBytes,
+    ChunkWrite,
+    Reserve,
+    hash_blobs,
+    known_chunks,
+    node_chunks,
+    write_chunks,
+)
+from casckpt.engine.commitchunks import owned_copy as _copy  # a global here: tests make it fail
 from casckpt.engine.context import EngineContext
-from casckpt.engine.degraded import Shortfall, shortfalls, summary
+from casckpt.engine.degraded import Shortfall, summary
 from casckpt.engine.deltabase import DeltaPlan, candidate_bases
-from casckpt.engine.layout import SMALL_TENSOR, BlobSource, PackMemo, plan_blobs
-from casckpt.engine.packer import Packer
+from casckpt.engine.layout import SMALL_TENSOR, PackMemo, plan_blobs
+from casckpt.engine.tensorrows import tensor_rows
 from casckpt.engine.validate import (
     check_message,
     check_metadata,
@@ -42,11 +53,9 @@ from casckpt.engine.validate import (
 )
 from casckpt.errors import CasckptError, CatalogError, VersionExistsError
 from casckpt.format import keys
-from casckpt.format.chunks import aligned_chunk_size, chunk_id, chunk_spans, object_id
-from casckpt.format.codecs import CompressionPolicy, encode_chunk
-from casckpt.format.dtypes import element_size
-from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, TreeHead, encode_manifest
-from casckpt.format.tree import encode_tree, rank_path
+from casckpt.format.chunks import chunk_id
+from casckpt.format.manifest import Manifest, TreeHead, encode_manifest
+from casckpt.format.tree import encode_tree
 from casckpt.format.treeencode import Tree, TreeMemo
 from casckpt.format.treemanifest import encode_tree_manifest
 from casckpt.storage.erasure import Redundancy
@@ -84,226 +93,6 @@ def make_request(
 
 
 @dataclass(slots=True)
-class _Chunk:
-    """Where a chunk's raw bytes are: in this commit's state (first occurrence), or, when
-    ``owned``, in a copy the commit made (the state may change meanwhile)."""
-
-    view: memoryview
-    start: int
-    end: int
-    align: int
-    owned: bool = False
-    node: bool = False  # a tree node (counted apart from tensor bytes)
-
-    def data(self) -> memoryview:
-        return self.view[self.start : self.end]
-
-
-class _Progress:
-    def __init__(self, callback: ProgressCallback | None, phase: str, total: int) -> None:
-        self.callback, self.phase, self.total, self.done = callback, phase, total, 0
-
-    def advance(self, amount: int) -> None:
-        self.done += amount
-        if self.callback is not None:
-            self.callback(self.phase, self.done, self.total)
-
-
-@dataclass(slots=True)
-class _Hashed:
-    """Every chunk of a state: its blobs' chunk lists, and where each chunk's bytes are.
-
-    Streamed (staged) blobs are classified while they stream, since their
-    bytes do not stay on the host: ``known`` the chunks the store holds (no
-    bytes kept), ``copied`` the new ones, copied out of the staging buffers.
-    """
-
-    blobs: list[BlobEntry]
-    chunks: dict[bytes, _Chunk]
-    known: set[bytes]
-    copied: int
-    reserved: int = 0  # of ``copied``, bytes admitted into a background commit's budget
-
-
-_NOT_HELD = memoryview(b"")  # a streamed chunk the store holds: its bytes stayed on the device
-
-
-def _hash_blobs(
-    ctx: EngineContext, sources: Sequence[BlobSource], progress: ProgressCallback | None,
-    pending: Mapping[bytes, _Chunk] | None, reserve: Reserve | None = None, confirm: bool = False,
-) -> _Hashed:
-    out = _Hashed([], {}, set(), 0)
-    bar = _Progress(progress, "hash", sum(s.nbytes for s in sources))
-    for source in sources:
-        size = aligned_chunk_size(ctx.config.chunk_size, source.align)
-        phase = source.grid_offset % size
-        if source.staged is not None and source.nbytes:
-            flat = source.staged()
-            head = min(size - phase, source.nbytes) if phase else 0
-            ids = _hash_staged(ctx, flat[:head], source.align, head, out, pending, reserve, confirm) \
-                if head else []
-            if head < source.nbytes:
-                ids += _hash_staged(ctx, flat[head:], source.align, size, out, pending, reserve, confirm)
-        else:
-            view = source.read() if source.nbytes else memoryview(b"")
-            spans = list(chunk_spans(source.nbytes, size, phase))
-            if source.digest is not None and spans == [(0, source.nbytes)]:
-                ids = [source.digest]  # one chunk, hashed already
-            else:
-                ids = list(ctx.pool.map(chunk_id, (view[start:end] for start, end in spans)))
-            for cid, (start, end) in zip(ids, spans, strict=True):
-                out.chunks.setdefault(cid, _Chunk(view, start, end, source.align))
-        out.blobs.append(BlobEntry(source.nbytes, size, tuple(ids), phase, packed=source.packed))
-        bar.advance(source.nbytes)
-    return out
-
-
-def _hash_staged(ctx: EngineContext, flat: torch.Tensor, align: int, size: int, out: _Hashed,
-                 pending: Mapping[bytes, _Chunk] | None, reserve: Reserve | None,
-                 confirm: bool = False) -> list[bytes]:
-    """Stream a device blob through the staging buffers: hash each window, look its chunks
-    up, and copy out only the ones the store does not hold -- admitted into a background
-    commit's budget window by window (a window larger than the whole budget is copied anyway:
-    the bytes cannot stay on the device)."""
-    ids: list[bytes] = []
-    for _offset, view in ctx.device_buffers.stream(flat, size):
-        spans = list(chunk_spans(len(view), size))
-        window = list(ctx.pool.map(chunk_id, (view[start:end] for start, end in spans)))
-        fresh = [c for c in dict.fromkeys(window) if c not in out.chunks]
-        known = _known_chunks(ctx, fresh, confirm)
-        known |= {c for c in fresh if pending is not None and c in pending}
-        need = sum(end - start for cid, (start, end) in dict(zip(window, spans, strict=True)).items()
-                   if cid in fresh and cid not in known)
-        if reserve is not None and need and reserve(need):
-            out.reserved += need
-        for cid, (start, end) in zip(window, spans, strict=True):
-            if cid in out.chunks:
-                continue
-            if cid in known:
-                out.known.add(cid)
-                held = pending.get(cid) if pending is not None else None
-                out.chunks[cid] = held or _Chunk(_NOT_HELD, 0, 0, align)
-            else:
-                out.chunks[cid] = _copy(_Chunk(view, start, end, align))
-                out.copied += end - start
-        ids.extend(window)
-    return ids
-
-
-def _known_chunks(ctx: EngineContext, ids: Sequence[bytes], confirm: bool = False) -> set[bytes]:
-    """The chunks among ``ids`` the store holds: the cache's hints, then the catalog (only the
-    catalog with ``confirm``: for chunks whose writer could not write them again at publish)."""
-    hinted = set() if confirm else set(ctx.cache.get_many(ids))
-    unknown = [cid.hex() for cid in ids if cid not in hinted]
-    confirmed = {bytes.fromhex(h) for h in ctx.catalog.find_chunks(unknown)}
-    return hinted | confirmed
-
-
-Encoded = tuple[bytes, int, int, "bytes | memoryview", "bytes | None"]  # id, codec, raw length, payload, base
-
-
-def _encoded(ctx: EngineContext, chunks: Mapping[bytes, _Chunk], ids: Sequence[bytes],
-             delta: DeltaPlan | None) -> Iterator[Encoded]:
-    window = 4 * ctx.config.workers
-    policy = CompressionPolicy(level=ctx.config.zstd_level, enabled=ctx.config.compress)
-
-    def encode(cid: bytes) -> Encoded:
-        chunk = chunks[cid]
-        data = chunk.data()
-
-        def plain() -> tuple[int, bytes | memoryview]:
-            codec, payload = encode_chunk(data, chunk.align, policy)
-            return int(codec), payload
-
-        if delta is None:
-            codec, payload = plain()
-            return cid, codec, len(data), payload, None
-        chosen, payload, base = delta.encode(cid, data, chunk.align, chunk.owned, plain)
-        return cid, chosen, len(data), payload, base
-
-    for i in range(0, len(ids), window):
-        yield from ctx.pool.map(encode, ids[i : i + window])
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkWrite:
-    """What :func:`write_chunks` wrote: raw and stored bytes of tensor data (tree nodes, the
-    body of a tree manifest, are not counted: manifests never were), and the packs it could
-    not place as their redundancy asks (see :mod:`.degraded`)."""
-
-    raw_bytes: int
-    stored_bytes: int
-    degraded: tuple[Shortfall, ...] = ()
-
-
-def write_chunks(
-    ctx: EngineContext, chunks: Mapping[bytes, _Chunk], ids: Sequence[bytes],
-    redundancy: Redundancy, progress: ProgressCallback | None, delta: DeltaPlan | None = None,
-) -> ChunkWrite:
-    """Encode (delta-coding where ``delta`` says it pays) and pack ``ids``."""
-    packer = Packer(ctx, redundancy)
-    bar = _Progress(progress, "write", sum(chunks[c].end - chunks[c].start for c in ids))
-    nodes = node_stored = 0
-    try:
-        for cid, codec, raw_len, payload, base in _encoded(ctx, chunks, ids, delta):
-            packer.add(cid, codec, raw_len, payload, base)
-            bar.advance(raw_len)
-            if chunks[cid].node:
-                nodes, node_stored = nodes + raw_len, node_stored + len(payload)
-        packs = packer.finish()
-    except BaseException:
-        packer.abort()
-        raise
-    return ChunkWrite(bar.done - nodes, packer.stored_bytes - node_stored,
-                      tuple(shortfalls(ctx, (p.layout for p in packs))))
-
-
-def tensor_rows(
-    version_id: str, entries: Sequence[TensorEntry], blobs: Sequence[BlobEntry]
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Catalog rows: one per tensor, and one per distinct tensor content (its chunk list).
-
-    A tensor sharded across ranks is one row (its whole shape, every shard's
-    chunks); a tensor of one rank's own state is named by :func:`rank_path`.
-    """
-    groups: dict[str, list[TensorEntry]] = {}
-    for t in entries:
-        path = rank_path(t.rank, t.path) if t.rank is not None and not t.is_shard else t.path
-        groups.setdefault(path, []).append(t)
-    rows, contents = [], {}
-    for path, group in groups.items():
-        group.sort(key=lambda t: t.global_offset or ())
-        first = group[0]
-        layout: object = [(t.dtype, t.shape, t.stride, t.offset, t.global_offset,
-                           [c.hex() for c in blobs[t.blob].chunks]) for t in group]
-        if first.digest is not None:  # packed: as it would be alone, one chunk of its own bytes
-            layout = (first.dtype, first.shape, first.stride, 0, [first.digest.hex()])
-        elif not first.is_shard:  # as before shards existed: digests of older versions stay the same
-            layout = (first.dtype, first.shape, first.stride, first.offset,
-                      [c.hex() for c in blobs[first.blob].chunks])
-        digest = object_id(repr(layout).encode())
-        chunks = [c for t in group for c in _own_chunks(t, blobs)]
-        rows.append({
-            "version_id": version_id, "path": path, "dtype": first.dtype,
-            "shape": list(first.global_shape if first.global_shape is not None else first.shape),
-            "nbytes": sum(t.numel for t in group) * element_size(first.kind, first.dtype),
-            "chunks": len(chunks), "digest": digest,
-        })
-        contents[digest] = {"digest": digest, "nbytes": sum(_own_nbytes(t, blobs) for t in group),
-                            "chunk_size": blobs[first.blob].chunk_size, "chunk_ids": b"".join(chunks)}
-    return rows, list(contents.values())
-
-
-def _own_chunks(t: TensorEntry, blobs: Sequence[BlobEntry]) -> Sequence[bytes]:
-    """A tensor's chunk list: its blob's, or for a packed tensor the one chunk it would be alone."""
-    return (t.digest,) if t.digest is not None else blobs[t.blob].chunks
-
-
-def _own_nbytes(t: TensorEntry, blobs: Sequence[BlobEntry]) -> int:
-    return t.numel * element_size(t.kind, t.dtype) if t.digest is not None else blobs[t.blob].nbytes
-
-
-@dataclass(slots=True)
 class Snapshot:
     """A commit's state, captured: chunk ids, manifest, and the bytes of new chunks.
 
@@ -315,7 +104,7 @@ class Snapshot:
     manifest: Manifest
     version_id: str
     manifest_bytes: bytes
-    chunks: dict[bytes, _Chunk]
+    chunks: dict[bytes, ChunkBytes]
     new_ids: list[bytes]
     tensor_rows: list[dict[str, Any]]
     content_rows: list[dict[str, Any]]
@@ -335,13 +124,10 @@ class Snapshot:
         self.degraded.extend(written.degraded)
 
 
-Reserve = Callable[[int], bool]  # asked for the bytes to copy; False: do not copy (write from the views)
-
-
 def snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: float, *,
              parent: str | None, reserve: Reserve | None = None,
              progress: ProgressCallback | None = None,
-             pending: Mapping[bytes, _Chunk] | None = None) -> Snapshot:
+             pending: Mapping[bytes, ChunkBytes] | None = None) -> Snapshot:
     """Encode, hash (in place) and dedup ``state``; build its manifest.
 
     With ``reserve``, the chunks the store does not hold are copied out of
@@ -396,12 +182,12 @@ class _RunMemo:
 
 def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: float, parent: str | None,
               reserve: Reserve | None, progress: ProgressCallback | None,
-              pending: Mapping[bytes, _Chunk] | None, memo: _RunMemo) -> Snapshot:
+              pending: Mapping[bytes, ChunkBytes] | None, memo: _RunMemo) -> Snapshot:
     root, leaves = encode_tree(state)
     pack = min(SMALL_TENSOR, ctx.config.chunk_size - ctx.config.chunk_size % 16) if TREE_MANIFESTS else 0
     entries, sources = plan_blobs(leaves, stage_host=ctx.config.stage_host_tensors, pack=pack,
                                   memo=memo.packs)
-    hashed = _hash_blobs(ctx, sources, progress, pending, reserve)
+    hashed = hash_blobs(ctx, sources, progress, pending, reserve)
     blobs, chunks = hashed.blobs, hashed.chunks
     manifest = Manifest(
         run=req.run, step=req.step, parent=parent,
@@ -425,7 +211,7 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
     else:  # what casckpt wrote before tree manifests (tests build older stores with it)
         version_id, manifest_bytes = encode_manifest(manifest)
         rows, content_rows = tensor_rows(version_id, entries, blobs)
-    known = hashed.known | _known_chunks(ctx, lookup)  # streamed chunks were looked up while streaming
+    known = hashed.known | known_chunks(ctx, lookup)  # streamed chunks were looked up while streaming
     new_ids = []
     for cid in chunks:
         if cid in known:
@@ -473,29 +259,6 @@ def _delta_plan(ctx: EngineContext, run: str, snap: Snapshot) -> DeltaPlan | Non
     cached = [b for b in set(snap.bases.values()) if ctx.bases.get(b) is not None]
     live = {bytes.fromhex(h) for h in ctx.catalog.find_chunks((b.hex() for b in cached), live_only=True)}
     return DeltaPlan(ctx.bases, snap.bases, live, chain, ctx.config.zstd_level)
-
-
-def held_elsewhere(ids: Iterable[bytes]) -> dict[bytes, _Chunk]:
-    """Chunks a snapshot references whose bytes this process does not hold (other ranks wrote
-    them): publishing can re-check them, not write them again."""
-    return {cid: _Chunk(_NOT_HELD, 0, 0, 1) for cid in ids}
-
-
-def hash_and_dedup(ctx: EngineContext, sources: Sequence[BlobSource], progress: ProgressCallback | None,
-                   *, confirm: bool = False) -> tuple[list[BlobEntry], dict[bytes, _Chunk], list[bytes]]:
-    """Chunk and hash blobs in place; returns their entries, every chunk, and the ids of the
-    chunks the store does not hold (to be written from the views, which must not change).
-    ``confirm``: trust only the catalog, not this host's cache (see :func:`_known_chunks`)."""
-    hashed = _hash_blobs(ctx, sources, progress, None, confirm=confirm)
-    known = hashed.known | _known_chunks(ctx, [c for c in hashed.chunks if c not in hashed.known], confirm)
-    return hashed.blobs, hashed.chunks, [c for c in hashed.chunks if c not in known]
-
-
-def _copy(chunk: _Chunk) -> _Chunk:
-    """An owned copy of a chunk's bytes (numpy copies release the GIL: the pool copies in parallel)."""
-    copy = np.frombuffer(chunk.data(), dtype=np.uint8).copy()
-    return _Chunk(memoryview(copy), 0, len(copy), chunk.align, owned=True,  # type: ignore[arg-type]
-                  node=chunk.node)
 
 
 def parent_of(ctx: EngineContext, run: str) -> str | None:
@@ -550,7 +313,7 @@ def _checks(ctx: EngineContext, snap: Snapshot) -> tuple[Sequence[bytes], list[d
     return list(snap.chunks), trees.node_rows(tree, sorted(i for i in tree.nodes if i not in have))
 
 
-def rewrite_lost(ctx: EngineContext, chunks: dict[bytes, _Chunk], missing: Iterable[str],
+def rewrite_lost(ctx: EngineContext, chunks: dict[bytes, ChunkBytes], missing: Iterable[str],
                  redundancy: Redundancy, progress: ProgressCallback | None, version_id: str) -> ChunkWrite:
     """Write again the chunks among ``chunks`` that publishing found gone (``missing``, hex):
     GC swept them while the commit (or tree migration) was in flight."""
@@ -561,25 +324,19 @@ def rewrite_lost(ctx: EngineContext, chunks: dict[bytes, _Chunk], missing: Itera
     return write_chunks(ctx, chunks, lost, redundancy, progress)
 
 
-def _hold_unchanged(chunks: dict[bytes, _Chunk], ids: Sequence[bytes], version_id: str) -> None:
+def _hold_unchanged(chunks: dict[bytes, ChunkBytes], ids: Sequence[bytes], version_id: str) -> None:
     """Before writing chunks again, copy each and check the copy still hashes to its id: the
     copy is what gets written, so bytes changed meanwhile can never go under the old id."""
     for cid in ids:
         chunk = chunks[cid]
         held = chunk if chunk.owned else _copy(chunk)
-        if held.view is _NOT_HELD or chunk_id(held.data()) != cid:
+        if held.view is NOT_HELD or chunk_id(held.data()) != cid:
             raise CatalogError(
                 f"version {version_id[:12]} reuses a chunk GC removed while the commit was in "
                 "flight, and its bytes are no longer at hand (the state changed since, they stayed "
                 "on the GPU, or another rank wrote them); commit again"
             )
         chunks[cid] = held
-
-
-def node_chunks(tree: Tree) -> dict[bytes, _Chunk]:
-    """The nodes of a tree as chunks to write (a node is a chunk: stored in packs, kept by gc)."""
-    return {node_id: _Chunk(memoryview(raw), 0, len(raw), 1, owned=True, node=True)
-            for node_id, raw in tree.nodes.items()}
 
 
 def write_new(ctx: EngineContext, run: str, snap: Snapshot, redundancy: Redundancy,

@@ -42,20 +42,12 @@ from dataclasses import dataclass
 import torch
 
 from casckpt.catalog.leases import begin_lease, end_lease
-from casckpt.engine.commit import (
-    CommitRequest,
-    Snapshot,
-    hash_and_dedup,
-    held_elsewhere,
-    parent_of,
-    publish,
-    refuse_existing,
-    tensor_rows,
-    write_chunks,
-)
+from casckpt.engine.commit import CommitRequest, Snapshot, parent_of, publish, refuse_existing
+from casckpt.engine.commitchunks import hash_and_dedup, held_elsewhere, write_chunks
 from casckpt.engine.context import EngineContext
 from casckpt.engine.degraded import Shortfall
 from casckpt.engine.layout import plan_blobs
+from casckpt.engine.tensorrows import tensor_rows
 from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, World, encode_manifest
 from casckpt.format.tree import Node, TensorLeaf
 from casckpt.storage.erasure import Redundancy

@@ -31,7 +31,8 @@ import torch.distributed as dist
 
 from casckpt.catalog.leases import begin_lease, end_lease
 from casckpt.engine import commit as commit_engine
-from casckpt.engine.commit import ChunkWrite, CommitRequest
+from casckpt.engine.commit import CommitRequest
+from casckpt.engine.commitchunks import ChunkWrite, hash_and_dedup, write_chunks
 from casckpt.engine.context import EngineContext
 from casckpt.engine.distributed import compose
 from casckpt.engine.layout import plan_blobs
@@ -109,7 +110,7 @@ def group_commit(ctx: EngineContext, state: object, req: CommitRequest, group: A
             entries, sources = plan_blobs(leaves, stage_host=ctx.config.stage_host_tensors)
             # chunks other ranks or hosts rely on are confirmed in the catalog, never taken from
             # this host's cache: the coordinator could not write them again
-            blobs, chunks, new_ids = commit_engine.hash_and_dedup(ctx, sources, progress, confirm=True)
+            blobs, chunks, new_ids = hash_and_dedup(ctx, sources, progress, confirm=True)
             return root, entries, blobs, chunks, new_ids
 
         root, entries, blobs, chunks, new_ids = _together(group, "hashing", snapshot)
@@ -120,7 +121,7 @@ def group_commit(ctx: EngineContext, state: object, req: CommitRequest, group: A
         mine = [cid for cid in new_ids if writer[cid] == rank]
 
         def write() -> Part:
-            written = commit_engine.write_chunks(ctx, chunks, mine, redundancy, progress)
+            written = write_chunks(ctx, chunks, mine, redundancy, progress)
             return root, entries, blobs, written
 
         parts = _at_coordinator(group, _together(group, "writing chunks", write))

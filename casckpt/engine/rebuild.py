@@ -40,9 +40,9 @@ from casckpt.catalog import deltas as deltas_sql
 from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
 from casckpt.engine import identity, records, scrub, trees
-from casckpt.engine.commit import tensor_rows
 from casckpt.engine.context import EngineContext
 from casckpt.engine.discovery import FoundPack, pack_layout, scan_packs
+from casckpt.engine.tensorrows import tensor_rows
 from casckpt.errors import CasckptError, CorruptPackError, InvalidArgumentError, StoreIdentityError
 from casckpt.format import keys
 from casckpt.format.identity import StoreIdentity

@@ -42,7 +42,8 @@ from casckpt.catalog import gc as gc_sql
 from casckpt.catalog import treemigrate as sql
 from casckpt.catalog.leases import begin_lease
 from casckpt.catalog.rows import manifest_bytes
-from casckpt.engine.commit import node_chunks, release_lease, rewrite_lost, write_chunks
+from casckpt.engine.commit import release_lease, rewrite_lost
+from casckpt.engine.commitchunks import node_chunks, write_chunks
 from casckpt.engine.context import EngineContext
 from casckpt.engine.refs import bind
 from casckpt.errors import CatalogError, IntegrityError

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from casckpt.catalog import Catalog
 from casckpt.catalog.treemigrate import tree_root
-from casckpt.engine.commit import tensor_rows
+from casckpt.engine.tensorrows import tensor_rows
 from casckpt.engine.trees import StoreNodes, adopted
 from casckpt.errors import CorruptManifestError
 from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, decode_manifest, validate

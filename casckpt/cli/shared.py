@@ -1,0 +1,114 @@
+"""What the command modules of the CLI share: exit codes, option types, opening the store.
+
+The exit codes are documented in :mod:`casckpt.cli.main`; the store is the one ``--store``
+(or ``CASCKPT_STORE``) names on the root command, recorded by its callback as
+:class:`StoreChoice`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+import casckpt
+from casckpt.errors import (
+    AmbiguousRefError,
+    CasckptError,
+    GCRefusedError,
+    GCRunningError,
+    IntegrityError,
+    InvalidArgumentError,
+    InvalidNameError,
+    NotAStoreError,
+    RefNotFoundError,
+    RestoreTargetError,
+    TensorNotFoundError,
+    UnsupportedStateError,
+)
+
+EXIT_OK = 0
+EXIT_PROBLEMS = 1
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 3
+EXIT_INTEGRITY = 4
+EXIT_OTHER = 5
+EXIT_BUSY = 6
+EXIT_GC_REFUSED = 7
+EXIT_INTERNAL = 70  # EX_SOFTWARE in sysexits.h
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
+
+_NOT_FOUND = (NotAStoreError, RefNotFoundError, AmbiguousRefError, TensorNotFoundError)
+_BAD_INPUT = (InvalidNameError, InvalidArgumentError, UnsupportedStateError, RestoreTargetError)
+
+
+def exit_code_for(error: CasckptError) -> int:
+    """The documented exit code for ``error`` (see :mod:`casckpt.cli.main`)."""
+    if isinstance(error, IntegrityError):
+        return EXIT_INTEGRITY
+    if isinstance(error, _NOT_FOUND):
+        return EXIT_NOT_FOUND
+    if isinstance(error, _BAD_INPUT):
+        return EXIT_USAGE
+    if isinstance(error, GCRunningError):
+        return EXIT_BUSY
+    if isinstance(error, GCRefusedError):
+        return EXIT_GC_REFUSED
+    return EXIT_OTHER
+
+
+FLAG = ""
+"""The metavar of a flag: it takes no value, so help shows no type (typer would show <bool>)."""
+
+StoreOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--store",
+        "-s",
+        metavar="DIR",
+        envvar="CASCKPT_STORE",
+        show_envvar=True,
+        help="Store directory.",
+        file_okay=False,
+    ),
+]
+JsonOption = Annotated[
+    bool, typer.Option("--json", metavar=FLAG, help="Print machine-readable JSON on stdout, nothing else.")
+]
+RefArgument = Annotated[
+    str, typer.Argument(help="A version: run@step, run@latest, run@~N, tag:NAME or an id prefix.")
+]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreChoice:
+    """What the root command was told: the store every command opens."""
+
+    store: Path | None
+
+
+def store_path(ctx: typer.Context) -> Path:
+    """The store the command line names.
+
+    Raises:
+        typer.BadParameter: neither ``--store`` nor ``CASCKPT_STORE`` gave one.
+    """
+    options: StoreChoice = ctx.find_root().obj
+    if options.store is None:
+        raise typer.BadParameter(
+            "no store given: pass --store PATH (before the command) or set CASCKPT_STORE",
+            param_hint="--store",
+        )
+    return options.store
+
+
+@contextmanager
+def open_store(ctx: typer.Context, *, recover: bool = False) -> Iterator[casckpt.Store]:
+    """Open the existing store the command line names (see :func:`store_path`); close it after."""
+    with casckpt.open(store_path(ctx), create=False, recover=recover) as store:
+        yield store

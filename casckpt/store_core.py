@@ -1,0 +1,215 @@
+"""What the parts of a :class:`casckpt.store.Store` share: one open store's state and lifecycle.
+
+``Store`` is a facade over parts that each take this object in their constructor
+(:class:`~casckpt.store_admin.StoreAdmin`, :class:`~casckpt.store_distributed.StoreDistributed`,
+:class:`~casckpt.store_queries.StoreQueries`, :class:`~casckpt.store_retention.StoreRetention`);
+none of them reaches into another. Lifecycle: built once by ``Store.__init__``; usable until
+:meth:`StoreCore.close`, which finishes background commits and releases every resource.
+
+Thread-safety: the fields are set at construction; ``ctx.locations`` is replaced (never
+mutated in place) when locations change, so readers see the old set or the new one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from casckpt import config as cfg
+from casckpt.cache import IndexCache
+from casckpt.catalog import Catalog
+from casckpt.catalog import shards as shard_sql
+from casckpt.catalog.rows import VersionRow
+from casckpt.catalog.rows import version as version_of
+from casckpt.engine.background import BackgroundCommitter
+from casckpt.engine.context import EngineContext
+from casckpt.engine.deltabase import BaseCache
+from casckpt.engine.leftovers import reclaim_leftovers
+from casckpt.engine.packs import Packs
+from casckpt.engine.probe import LocationProber
+from casckpt.engine.refs import load_manifest, resolve
+from casckpt.engine.staging import StagingBuffers
+from casckpt.errors import CasckptError, InvalidArgumentError, StoreIdentityError
+from casckpt.format.manifest import Manifest
+from casckpt.storage import BlobStore, open_blob_store, redact_url
+from casckpt.storage.locations import CurrentLocations, Location, LocationSet
+from casckpt.storage.scratch import ScratchDir
+from casckpt.storage.unreachable import UnreachableBlobStore
+from casckpt.types import Version
+
+if TYPE_CHECKING:
+    from casckpt.dcp import StoreWriter
+
+Ref = str | Version
+log = logging.getLogger(__name__)
+
+LOCATION_REFRESH_S = 30.0  # how stale this process's view of location states may get
+
+
+def utc(ts: float) -> datetime:
+    """A catalog timestamp (epoch seconds) as an aware UTC datetime."""
+    return datetime.fromtimestamp(ts, tz=timezone.utc)
+
+
+def open_location_store(name: str, url: str, s3: Any, given: dict[str, BlobStore], *,
+                        create: bool = True, failed: bool = False) -> BlobStore:
+    """Open one location's blob store; one this host cannot open is kept as unreachable.
+
+    ``create=False`` for a location the catalog knows already: its directory, gone, is
+    then unreachable rather than made again, empty (see :class:`~casckpt.storage.LocalBlobStore`).
+    A location marked failed that cannot be opened is what was expected: no warning.
+    """
+    blob_store = given.get(url)
+    if blob_store is None:
+        try:
+            blob_store = open_blob_store(url, s3, create=create)
+        except (CasckptError, OSError) as exc:
+            if not failed:
+                log.warning("blob location %s (%s) cannot be opened: %s", name, redact_url(url), exc)
+            blob_store = UnreachableBlobStore(url, str(exc))
+    return blob_store
+
+
+def open_location(row: shard_sql.LocationRow, url: str, s3: Any, given: dict[str, BlobStore]) -> Location:
+    """Open one catalog location (see :func:`open_location_store`)."""
+    return Location(row.id, row.name, row.domain, row.state,
+                    open_location_store(row.name, url, s3, given, create=False,
+                                        failed=row.state == "failed"))
+
+
+class StoreCore:
+    """One open store's shared state: the engine context, its pools, the committer, close.
+
+    Fields (set by the constructor; the parts read them, only this class reassigns them):
+
+    - ``ctx``: the :class:`~casckpt.engine.context.EngineContext` every engine call takes;
+      ``ctx.config`` holds the store's settings.
+    - ``committer``: the :class:`~casckpt.engine.background.BackgroundCommitter` that
+      orders every commit of this store (foreground and background).
+    - ``prober``: measures location health for ``Store.locations``.
+    - ``dcp_writers``: DCP saves writing through this store (close waits for none, but
+      refuses while one is busy, and ends the leases of failed ones).
+    - ``s3``: the backend options new locations are opened with.
+    - ``config_file``: the store's ``casckpt.toml`` (None: opened without one).
+    - ``recovering``: opened with ``recover=True`` over data the empty catalog lacks;
+      cleared by a catalog rebuild.
+    - ``closed``: :meth:`close` has run.
+    """
+
+    def __init__(self, *, catalog: Catalog, cache: IndexCache, locations: LocationSet,
+                 staging: Path, settings: cfg.Settings, write_quorum: int | None = None,
+                 s3: Mapping[str, Any] | None = None, config_file: Path | None = None,
+                 recovering: bool = False) -> None:
+        self.recovering = recovering
+        self._locations_loaded = time.monotonic()
+        self.s3: dict[str, Any] = dict(s3 or {})
+        self.config_file = config_file
+        reclaim_leftovers(staging, locations)  # staging and tmp files of dead commits
+        self._staging = ScratchDir(staging)
+        self._io = ThreadPoolExecutor(max(4, len(locations.all)), thread_name_prefix="casckpt-shard")
+        current = CurrentLocations(locations)
+        self.ctx = EngineContext(
+            catalog=catalog, cache=cache, current_locations=current,
+            packs=Packs(catalog, current, self._io, write_quorum),
+            staging=self._staging, config=settings, device_buffers=StagingBuffers(settings.staging_memory),
+            bases=BaseCache(settings.delta_memory),
+            pool=ThreadPoolExecutor(settings.workers, thread_name_prefix="casckpt"),
+            uploads=ThreadPoolExecutor(settings.upload_workers, thread_name_prefix="casckpt-upload"),
+        )
+        self.prober = LocationProber()
+        self.committer = BackgroundCommitter(
+            self.ctx, max_pending=settings.max_pending_commits, memory=settings.commit_memory,
+            backpressure=settings.backpressure)
+        self.closed = False
+        self.dcp_writers: weakref.WeakSet[StoreWriter] = weakref.WeakSet()
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def close(self) -> None:
+        """Finish pending background commits, then release threads, the cache, pooled
+        connections and clients. Idempotent (see ``Store.close`` for what it raises)."""
+        if self.closed:
+            return
+        self._refuse_close_while_saving()
+        self.closed = True
+        try:
+            self.committer.close()
+        finally:
+            self._release()
+
+    def _refuse_close_while_saving(self) -> None:
+        """A DCP save (``dcp.async_save``) still writing through this store must finish first."""
+        if any(writer.busy for writer in list(self.dcp_writers)):
+            raise InvalidArgumentError(
+                "a dcp.save / dcp.async_save is writing through this store: wait for it (the "
+                "future async_save returned) before closing the store"
+            )
+
+    def _release(self) -> None:
+        for writer in list(self.dcp_writers):  # DCP tells a writer nothing when a save fails
+            writer.release()  # so end the GC leases of failed saves here
+        self.ctx.pool.shutdown(wait=True)
+        self.ctx.uploads.shutdown(wait=True)
+        self._io.shutdown(wait=True)
+        self.ctx.cache.close()
+        self.ctx.catalog.close()
+        self.ctx.locations.close()
+        self._staging.close()
+
+    def refuse_while_recovering(self, what: str) -> None:
+        """A store opened with ``recover=True`` over data its empty catalog lacks does nothing
+        but rebuild the catalog until it has.
+
+        Raises:
+            StoreIdentityError: the store is recovering; names the rebuild to run.
+        """
+        if self.recovering:
+            raise StoreIdentityError(
+                f"cannot {what}: this store was opened with recover=True and its catalog is empty "
+                "while its locations hold data; run store.rebuild_catalog() (`casckpt catalog "
+                "rebuild`) first")
+
+    # -- locations ----------------------------------------------------------
+
+    def refresh_locations(self) -> None:
+        """Pick up location changes other processes made (add, drain, fail) every so often."""
+        if time.monotonic() - self._locations_loaded >= LOCATION_REFRESH_S:
+            self.reload_locations({})
+
+    def reload_locations(self, opened: dict[str, BlobStore]) -> None:
+        """Re-read locations from the catalog, keeping the blob stores already open."""
+        current = {loc.id: loc.blobs for loc in self.ctx.current_locations.get().all}
+        fresh = []
+        for row in shard_sql.locations(self.ctx.catalog):
+            if row.id in current:
+                fresh.append(Location(row.id, row.name, row.domain, row.state, current[row.id]))
+            else:
+                fresh.append(open_location(row, row.url or "", self.s3, opened))
+        self.ctx.current_locations.swap(LocationSet(fresh))  # running operations keep the set they took
+        self._locations_loaded = time.monotonic()
+
+    # -- refs and versions --------------------------------------------------
+
+    def row(self, ref: Ref) -> VersionRow:
+        """The catalog row of the version ``ref`` names.
+
+        Raises:
+            RefNotFoundError, AmbiguousRefError: bad ref.
+        """
+        return resolve(self.ctx.catalog, ref.id if isinstance(ref, Version) else ref)
+
+    def manifest(self, ref: Ref) -> Manifest:
+        """The whole manifest of the version ``ref`` names (see :meth:`row` for errors)."""
+        return load_manifest(self.ctx.catalog, self.row(ref))
+
+    def version(self, row: VersionRow, tags: tuple[str, ...] | None = None) -> Version:
+        """A catalog row as a :class:`Version` (its tags read unless given)."""
+        if tags is None:
+            tags = self.ctx.catalog.tags_of([row.id]).get(row.id, ())
+        return version_of(row, tags)
