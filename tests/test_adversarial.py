@@ -22,6 +22,7 @@ import torch
 
 import casckpt
 from casckpt.errors import GCRefusedError, StorageError
+from casckpt.testing.internals import internals
 
 # -- helpers ---------------------------------------------------------------------------
 
@@ -114,7 +115,7 @@ def test_an_alias_of_a_location_is_refused_so_gc_never_takes_its_packs_for_copie
     two.commit({"w": w}, run="r", step=1)
     shutil.copy(tmp_path / "a" / "casckpt-identity", tmp_path / "b" / "casckpt-identity")
     with pytest.raises(GCRefusedError, match="same storage under two names"):
-        require_match(two._ctx.catalog, two._ctx.locations)
+        require_match(internals(two).catalog, internals(two).locations)
     with pytest.raises(GCRefusedError):
         two.gc(grace=0)
     two.close()
@@ -126,8 +127,9 @@ _LEASE_HOLDER = """
 import sys, time
 import casckpt
 from casckpt.catalog.gc import begin_lease
+from casckpt.testing.internals import internals
 store = casckpt.open(sys.argv[1])
-begin_lease(store._ctx.catalog)  # what every commit does first; this one stays in flight
+begin_lease(internals(store).catalog)  # what every commit does first; this one stays in flight
 print("leased", flush=True)
 time.sleep(600)
 """
@@ -237,7 +239,7 @@ def test_gc_keeps_an_unknown_pack_it_cannot_read_for_now(tmp_path: Path,
 
     store_dir, b = _stale_catalog_after_repack(tmp_path, blobs=None, redundancy=None)
     store = casckpt.open(store_dir)
-    known = {p.id for p in store._ctx.catalog.packs()}
+    known = {p.id for p in internals(store).catalog.packs()}
     listed = [Path(p).name for p in glob.glob(str(store_dir / "packs" / "*" / "*"))]
     (p2,) = [name for name in listed if name not in known]
     real = LocalBlobStore.get_range

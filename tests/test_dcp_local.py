@@ -27,6 +27,7 @@ from casckpt.catalog import schema
 from casckpt.engine.restore import read_ranges
 from casckpt.errors import InvalidArgumentError
 from casckpt.format.pack import ENTRY_HEADER_SIZE
+from casckpt.testing.internals import internals
 
 CHUNK = 4096
 
@@ -56,7 +57,7 @@ def _zeros(state: Any) -> Any:
 
 
 def _lease_count(store: casckpt.Store) -> int:
-    with store._ctx.catalog.read() as conn:
+    with internals(store).catalog.read() as conn:
         return int(conn.execute(select(func.count()).select_from(schema.leases)).scalar_one())
 
 
@@ -213,7 +214,7 @@ def test_ranged_reads_return_exact_bytes_and_read_only_covering_chunks(
         store.commit({"blob": data}, run=run, step=1)
     manifest = store._manifest(f"{run}@1")
     read: list[int] = []
-    outs = read_ranges(store._ctx, manifest, [(0, a, b) for a, b in spans],
+    outs = read_ranges(internals(store).context, manifest, [(0, a, b) for a, b in spans],
                        progress=lambda phase, done, total: read.append(total))
     for (a, b), out in zip(spans, outs, strict=True):
         assert bytes(out.numpy()) == bytes(data[a:b].numpy())

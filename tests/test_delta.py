@@ -21,6 +21,7 @@ from casckpt.cli.main import app
 from casckpt.errors import CorruptChunkError, InvalidArgumentError
 from casckpt.format.codecs import Codec
 from casckpt.format.pack import ENTRY_HEADER_SIZE
+from casckpt.testing.internals import internals
 
 CHUNK = 16 << 10
 
@@ -66,7 +67,7 @@ def _state(g: torch.Generator) -> dict[str, torch.Tensor]:
 
 
 def _delta_rows(store: casckpt.Store) -> list[Any]:
-    with store._ctx.catalog.read() as conn:
+    with internals(store).catalog.read() as conn:
         return list(conn.execute(select(schema.chunks).where(schema.chunks.c.base_id.is_not(None))))
 
 
@@ -221,7 +222,7 @@ def test_repacking_a_base_out_of_a_mostly_dead_pack_keeps_its_chain(tmp_path: Pa
 
 
 def _flip_payload_byte(store: casckpt.Store, chunk_id: str) -> None:
-    with store._ctx.catalog.read() as conn:
+    with internals(store).catalog.read() as conn:
         row = conn.execute(select(schema.chunks.c.pack_id, schema.chunks.c.offset)
                            .where(schema.chunks.c.id == chunk_id)).one()
     path = next(p for p in Path(str(store.path)).rglob(row.pack_id) if p.is_file())
@@ -261,7 +262,7 @@ def test_with_copies_a_corrupt_base_is_repaired_first(tmp_path: Path) -> None:
             store.commit(state, run="r", step=step)
             state = {"w": _nudge(state["w"], g, 1e-3)}
         base = next(r.base_id for r in _delta_rows(store))
-        with store._ctx.catalog.read() as conn:
+        with internals(store).catalog.read() as conn:
             pack, offset = conn.execute(select(schema.chunks.c.pack_id, schema.chunks.c.offset)
                                         .where(schema.chunks.c.id == base)).one()
         for where in ("a", "b"):  # one of the two is the copy reads go to first
@@ -270,7 +271,7 @@ def test_with_copies_a_corrupt_base_is_repaired_first(tmp_path: Path) -> None:
             data[offset + ENTRY_HEADER_SIZE + 100] ^= 1
             os.chmod(copy, 0o644)
             copy.write_bytes(bytes(data))
-            store._ctx.packs.forget(pack)
+            internals(store).packs.forget(pack)
             _same(store.restore("r@2"), kept[2])  # the base from a good copy (healing a bad one read)
             report = store.check(read_data=True)  # a bad copy left is found; no chunk is corrupt
             assert all(p.kind in ("pack", "shard") for p in report.problems), report.problems

@@ -11,6 +11,7 @@ import torch
 import casckpt
 from casckpt.catalog import gc as sql
 from casckpt.errors import CatalogError, GCRunningError, StorageError
+from casckpt.testing.internals import internals
 
 CHUNK = 4096
 
@@ -128,7 +129,7 @@ def test_partly_dead_packs_are_repacked(tmp_path: Path) -> None:
 
 
 def test_only_one_gc_at_a_time(store: casckpt.Store) -> None:
-    with sql.gc_lock(store._ctx.catalog):
+    with sql.gc_lock(internals(store).catalog):
         with pytest.raises(GCRunningError):
             store.gc(grace=0)
     store.gc(grace=0)
@@ -155,8 +156,8 @@ def test_listing_error_aborts_before_anything_is_deleted(store: casckpt.Store) -
 
     from casckpt.storage.locations import LocationSet
 
-    store._ctx.locations = LocationSet(
-        [replace(loc, blobs=_FailingList(loc.blobs)) for loc in store._ctx.locations.all])
+    internals(store).replace_locations(LocationSet(
+        [replace(loc, blobs=_FailingList(loc.blobs)) for loc in internals(store).locations.all]))
     with pytest.raises(StorageError):
         store.gc(grace=0)
     assert _objects(store.path) == objects and store.stats() == stats

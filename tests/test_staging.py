@@ -8,7 +8,6 @@ chunks copied out), so CI exercises it without a GPU. With CUDA present,
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +18,15 @@ from hypothesis import strategies as st
 
 import casckpt
 from casckpt.engine.distributed import ShardPiece, write_shards
-from casckpt.engine.staging import StagingBuffers
 from casckpt.storage.erasure import Redundancy
+from casckpt.testing.internals import internals
 
 CHUNK = 4096
 
 
 def _open(path: Path, *, staged: bool, staging_memory: int = 4 * CHUNK, **kwargs: Any) -> Any:
-    store = casckpt.open(path, chunk_size=CHUNK, **kwargs)
-    store._ctx.config = dataclasses.replace(store._ctx.config, stage_host_tensors=staged,
-                                            staging_memory=staging_memory)
-    store._ctx.device_buffers = StagingBuffers(staging_memory)
+    store = casckpt.open(path, chunk_size=CHUNK, staging_memory=staging_memory, **kwargs)
+    internals(store).reconfigure(stage_host_tensors=staged)
     return store
 
 
@@ -66,7 +63,7 @@ def test_staged_commits_equal_direct_ones(tmp_path: Path) -> None:
                 [t.digest for t in staged.show(b.id).tensors]
             _same(staged.restore(b.id), state)
         assert b.new_bytes == 0
-        assert staged._ctx.device_buffers.windows > 25_000 * 4 // (2 * CHUNK)
+        assert internals(staged).device_buffers.windows > 25_000 * 4 // (2 * CHUNK)
         assert staged.check(read_data=True).ok
 
 
@@ -80,7 +77,7 @@ def test_staged_background_commit_copies_only_changed_chunks(tmp_path: Path) -> 
         state["w"].zero_()  # mutate at once: the snapshot holds what it needs
         version = handle.wait(30)
         assert version.new_bytes == CHUNK
-        assert store._committer.peak_staged == CHUNK
+        assert internals(store).committer.peak_staged == CHUNK
         assert torch.equal(store.restore("r@1")["w"], expected)
 
 
@@ -102,7 +99,7 @@ def test_cuda_tensors_commit_through_pinned_buffers(tmp_path: Path) -> None:
     state = {"w": torch.randn(3_000_000, device="cuda"), "b": torch.arange(100, device="cuda")}
     with casckpt.open(tmp_path / "s", chunk_size=1 << 16, staging_memory=8 << 20) as store:
         store.commit(state, run="r", step=0)
-        assert store._ctx.device_buffers._buffers[0].is_pinned()
+        assert internals(store).device_buffers.pinned
         back = store.restore("r@0", map_location="cuda")
         assert all(torch.equal(back[k], state[k]) for k in state)
 
@@ -121,9 +118,10 @@ def test_shards_chunk_alike_staged_or_not_and_share_the_whole_tensors_chunks(
     results = []
     for staged in (False, True):
         with _open(tmp_path_factory.mktemp("s"), staged=staged, staging_memory=2 * CHUNK) as store:
-            (single,) = write_shards(store._ctx, [ShardPiece("w", whole, tuple(whole.shape), (0, 0))],
+            ctx = internals(store).context
+            (single,) = write_shards(ctx, [ShardPiece("w", whole, tuple(whole.shape), (0, 0))],
                                      Redundancy("none")).shards
-            results.append([s.blob for s in write_shards(store._ctx, pieces, Redundancy("none")).shards])
+            results.append([s.blob for s in write_shards(ctx, pieces, Redundancy("none")).shards])
     assert results[0] == results[1]
     grid = set(single.blob.chunks)
     row_bytes = 33 * whole.element_size()
