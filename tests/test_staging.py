@@ -81,17 +81,23 @@ def test_staged_background_commit_copies_only_changed_chunks(tmp_path: Path) -> 
         assert torch.equal(store.restore("r@1")["w"], expected)
 
 
-@settings(max_examples=15, deadline=None)
-@given(sizes=st.lists(st.integers(0, 20_000), min_size=1, max_size=4),
-       buffer_chunks=st.integers(2, 9))
-def test_any_window_size_round_trips(tmp_path_factory: pytest.TempPathFactory, sizes: list[int],
-                                     buffer_chunks: int) -> None:
-    path = tmp_path_factory.mktemp("w")
-    state = {f"t{i}": torch.randint(-(2**31), 2**31 - 1, (n,), dtype=torch.int32)
-             for i, n in enumerate(sizes)}
-    with _open(path / "s", staged=True, staging_memory=buffer_chunks * CHUNK) as store:
-        store.commit(state, run="r", step=0)
-        _same(store.restore("r@0"), state)
+def test_any_window_size_round_trips(tmp_path: Path) -> None:
+    # one store for every example: each commits its own run, so what differs is the window size
+    with _open(tmp_path / "s", staged=True) as store:
+        tried = iter(range(1_000_000))
+
+        @settings(max_examples=15, deadline=None)
+        @given(sizes=st.lists(st.integers(0, 20_000), min_size=1, max_size=4),
+               buffer_chunks=st.integers(2, 9))
+        def round_trips(sizes: list[int], buffer_chunks: int) -> None:
+            internals(store).reconfigure(staging_memory=buffer_chunks * CHUNK)
+            state = {f"t{i}": torch.randint(-(2**31), 2**31 - 1, (n,), dtype=torch.int32)
+                     for i, n in enumerate(sizes)}
+            run = f"r{next(tried)}"
+            store.commit(state, run=run, step=0)
+            _same(store.restore(f"{run}@0"), state)
+
+        round_trips()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -104,24 +110,34 @@ def test_cuda_tensors_commit_through_pinned_buffers(tmp_path: Path) -> None:
         assert all(torch.equal(back[k], state[k]) for k in state)
 
 
-@given(rows=st.integers(1, 400), cuts=st.lists(st.integers(1, 399), max_size=3),
-       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.int64]))
-@settings(max_examples=25, deadline=None)
-def test_shards_chunk_alike_staged_or_not_and_share_the_whole_tensors_chunks(
-        tmp_path_factory: pytest.TempPathFactory, rows: int, cuts: list[int], dtype: torch.dtype) -> None:
+def test_shards_chunk_alike_staged_or_not_and_share_the_whole_tensors_chunks(tmp_path: Path) -> None:
     """Dim-0 shards of a tensor are chunked on the whole tensor's grid on both paths (the staged
     one is the GPU path): every chunk not cut by a shard boundary is one the whole tensor has."""
+    # two stores for all examples: chunk ids depend on content alone, not on what a store holds
+    with _open(tmp_path / "direct", staged=False, staging_memory=2 * CHUNK) as direct, \
+            _open(tmp_path / "staged", staged=True, staging_memory=2 * CHUNK) as staged:
+
+        @given(rows=st.integers(1, 400), cuts=st.lists(st.integers(1, 399), max_size=3),
+               dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.int64]))
+        @settings(max_examples=25, deadline=None)
+        def chunk_alike(rows: int, cuts: list[int], dtype: torch.dtype) -> None:
+            _chunk_alike(direct, staged, rows, cuts, dtype)
+
+        chunk_alike()
+
+
+def _chunk_alike(direct: casckpt.Store, staged: casckpt.Store, rows: int, cuts: list[int],
+                 dtype: torch.dtype) -> None:
     whole = (torch.randn(rows, 33) * 100).to(dtype)
     bounds = sorted({0, rows, *(c for c in cuts if c < rows)})
     pieces = [ShardPiece("w", whole[a:b], tuple(whole.shape), (a, 0))
               for a, b in zip(bounds, bounds[1:], strict=False)]
     results = []
-    for staged in (False, True):
-        with _open(tmp_path_factory.mktemp("s"), staged=staged, staging_memory=2 * CHUNK) as store:
-            ctx = internals(store).context
-            (single,) = write_shards(ctx, [ShardPiece("w", whole, tuple(whole.shape), (0, 0))],
-                                     Redundancy("none")).shards
-            results.append([s.blob for s in write_shards(ctx, pieces, Redundancy("none")).shards])
+    for store in (direct, staged):
+        ctx = internals(store).context
+        (single,) = write_shards(ctx, [ShardPiece("w", whole, tuple(whole.shape), (0, 0))],
+                                 Redundancy("none")).shards
+        results.append([s.blob for s in write_shards(ctx, pieces, Redundancy("none")).shards])
     assert results[0] == results[1]
     grid = set(single.blob.chunks)
     row_bytes = 33 * whole.element_size()
