@@ -339,11 +339,20 @@ def _apply(ops: Sequence[tuple[Any, ...]]) -> Mutation:
     return mutate
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(plan=st.lists(st.lists(OP, max_size=3), min_size=2, max_size=5), hold=st.booleans())
-def test_background_commits_snapshot_the_state_at_commit_time(plan: list[list[tuple[Any, ...]]],
-                                                              hold: bool) -> None:
+# each example opens two new stores: 4 examples in the default tier, 8 in the slow one
+@pytest.mark.parametrize("examples", [4, pytest.param(8, marks=pytest.mark.slow)])
+def test_background_commits_snapshot_the_state_at_commit_time(examples: int) -> None:
     """Random in-place mutations right after each commit; held (all queued) or racing the worker."""
+
+    @settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(plan=st.lists(st.lists(OP, max_size=3), min_size=2, max_size=5), hold=st.booleans())
+    def snapshots(plan: list[list[tuple[Any, ...]]], hold: bool) -> None:
+        _snapshot_at_commit_time(plan, hold)
+
+    snapshots()
+
+
+def _snapshot_at_commit_time(plan: list[list[tuple[Any, ...]]], hold: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="casckpt-bg-") as tmp:
         root = Path(tmp)
         env = Env(root)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from sqlalchemy import select
@@ -94,13 +94,22 @@ def test_a_run_of_small_updates_is_stored_as_deltas_within_the_chain_policy(stor
     assert store.show("r@8").delta_chunks == 0  # a keyframe
 
 
-@given(dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64]),
-       chain=st.integers(1, 6), scale=st.sampled_from([1e-4, 1e-3, 1e-1]),
-       fraction=st.sampled_from([0.001, 0.3, 1.0]), commits=st.integers(2, 9), seed=st.integers(0, 1000))
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_long_chains_round_trip_bit_exact(tmp_path_factory: pytest.TempPathFactory, dtype: torch.dtype,
-                                          chain: int, scale: float, fraction: float, commits: int,
-                                          seed: int) -> None:
+# each example is a new store and up to 9 commits: 6 examples in the default tier, 12 in the slow one
+@pytest.mark.parametrize("examples", [6, pytest.param(12, marks=pytest.mark.slow)])
+def test_long_chains_round_trip_bit_exact(tmp_path_factory: pytest.TempPathFactory, examples: int) -> None:
+    @given(dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64]),
+           chain=st.integers(1, 6), scale=st.sampled_from([1e-4, 1e-3, 1e-1]),
+           fraction=st.sampled_from([0.001, 0.3, 1.0]), commits=st.integers(2, 9), seed=st.integers(0, 1000))
+    @settings(max_examples=examples, deadline=None)
+    def round_trips(dtype: torch.dtype, chain: int, scale: float, fraction: float, commits: int,
+                    seed: int) -> None:
+        _long_chain_round_trips(tmp_path_factory, dtype, chain, scale, fraction, commits, seed)
+
+    round_trips()
+
+
+def _long_chain_round_trips(tmp_path_factory: pytest.TempPathFactory, dtype: torch.dtype, chain: int,
+                            scale: float, fraction: float, commits: int, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     tensor = (torch.randn(20_000, generator=g) * 100).to(dtype)
     kept = []
@@ -363,5 +372,11 @@ class DeltaGC(RuleBasedStateMachine):
             self.store.close()
 
 
-DeltaGC.TestCase.settings = settings(max_examples=8, stateful_step_count=14, deadline=None)
+# each example opens a store and gc's it up to 14 times: 4 in the default tier, 8 in the slow one
+DeltaGC.TestCase.settings = settings(max_examples=4, stateful_step_count=14, deadline=None)
 test_delta_gc_state_machine = DeltaGC.TestCase
+
+
+@pytest.mark.slow
+class TestDeltaGCThorough(DeltaGC.TestCase):
+    settings = settings(max_examples=8, stateful_step_count=14, deadline=None)
