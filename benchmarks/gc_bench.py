@@ -33,6 +33,7 @@ import casckpt  # noqa: E402
 from casckpt.catalog import schema as s  # noqa: E402
 from casckpt.engine.tensorrows import tensor_rows  # noqa: E402
 from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, encode_manifest  # noqa: E402
+from casckpt.testing.internals import internals  # noqa: E402
 
 VERSIONS, CHUNKS = 1000, 1_000_000
 TENSORS_PER_VERSION = 10
@@ -50,7 +51,7 @@ def build(root: Path, scale: float) -> dict[str, int]:
     per_tensor = max(1, int(CHUNKS * scale) // (versions * TENSORS_PER_VERSION))
     chunks = versions * TENSORS_PER_VERSION * per_tensor
     with casckpt.open(root) as store:
-        catalog = store._ctx.catalog
+        catalog = internals(store).catalog
         now = time.time()
         _insert_packs_and_chunks(catalog, root, chunks, now)
         _insert_versions(catalog, versions, per_tensor, now)

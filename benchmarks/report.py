@@ -879,7 +879,7 @@ NOTES = {
     "async": "stall_s: until commit(block=False) returned (what training waits for); total_s: "
     "until handle.wait() returned; the stall target compares the stall with the blocking "
     "commit of the previous interval (same kind of change); peak_extra_rss sampled over both; "
-    "peak_staged: store._committer.peak_staged, the bytes the background commit copied out of "
+    "peak_staged: internals(store).committer.peak_staged, the bytes the background commit copied out of "
     "the state; memory target: peak extra RSS <= that interval's changed bytes (embed: by rows) "
     "+ 256 MiB",
     "changed_bytes": "total size of tensors whose content (BLAKE3 of dtype, shape, data) "

@@ -30,6 +30,7 @@ from typing import Any
 import casckpt
 from benchmarks import measure
 from benchmarks.workloads import BRANCHES, Workload, build
+from casckpt.testing.internals import internals
 
 Log = Callable[[str], None]
 
@@ -60,7 +61,7 @@ class AsyncCommit:
     ``stall_s``: until ``commit`` returned (what training waits for);
     ``total_s``: until ``wait`` returned. ``peak_extra_rss`` is sampled over
     both; ``peak_staged`` is the committer's high-water mark of bytes copied
-    out of the state (``store._committer.peak_staged``; None if absent).
+    out of the state (``internals(store).committer.peak_staged``).
     ``changed_bytes``: tensors that changed since the previous commit;
     ``touched_bytes``: the same with sparse tensors counted by the rows that
     changed (``embed``; None elsewhere).
@@ -172,7 +173,7 @@ def _async_commit(store: casckpt.Store, state: Any, run: str, step: int,
         stall_s = time.perf_counter() - start
         version = handle.wait()
         total_s = time.perf_counter() - start
-    staged = getattr(getattr(store, "_committer", None), "peak_staged", None)
+    staged = internals(store).committer.peak_staged
     return AsyncCommit(stall_s, total_s, rss.peak_extra, staged, *changed, version.to_dict())
 
 

@@ -84,6 +84,7 @@ from torch import nn  # noqa: E402
 
 import casckpt  # noqa: E402
 from benchmarks import measure  # noqa: E402
+from casckpt.testing.internals import internals  # noqa: E402
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -539,8 +540,8 @@ def _dir_bytes(path: Path, pattern: str = "*") -> int:
 
 
 def _catalog_view(store: Any, version_id: str) -> dict[str, int]:
-    manifest = store._manifest(version_id)  # noqa: SLF001 - measuring internals on purpose
-    return {"manifest_bytes": len(store._ctx.catalog.manifest(version_id)),  # noqa: SLF001
+    manifest = internals(store).manifest(version_id)
+    return {"manifest_bytes": len(internals(store).catalog.manifest(version_id)),
             "chunk_refs": sum(len(b.chunks) for b in manifest.blobs)}
 
 

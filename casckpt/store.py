@@ -17,7 +17,6 @@ several threads share its pools (the catalog serialises what must be serial).
 from __future__ import annotations
 
 import logging
-import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -34,12 +33,11 @@ from casckpt.catalog import Catalog
 from casckpt.engine import commit as commit_engine
 from casckpt.engine import restore as restore_engine
 from casckpt.engine import treeviews
-from casckpt.engine.background import BackgroundCommitter, CommitHandle
-from casckpt.engine.context import EngineContext
+from casckpt.engine.background import CommitHandle
 from casckpt.engine.refs import bind, load_manifest
 from casckpt.engine.validate import check_name
 from casckpt.errors import CasckptError, CommitTimeoutError, InvalidArgumentError
-from casckpt.format.manifest import Manifest, decode_manifest
+from casckpt.format.manifest import decode_manifest
 from casckpt.run import Run, save_rule, set_policy
 from casckpt.storage import redact_url
 from casckpt.storage.locations import LocationSet
@@ -123,30 +121,6 @@ class Store:
     def __repr__(self) -> str:
         return f"<casckpt.Store {redact_url(self._core.ctx.locations.all[0].blobs.url)}>"
 
-    # -- internals (tests and benchmarks look at these) ---------------------
-
-    @property
-    def _ctx(self) -> EngineContext:
-        return self._core.ctx
-
-    @property
-    def _committer(self) -> BackgroundCommitter:
-        return self._core.committer
-
-    @property
-    def _closed(self) -> bool:
-        return self._core.closed
-
-    @property
-    def _dcp_writers(self) -> weakref.WeakSet[StoreWriter]:
-        return self._core.dcp_writers
-
-    def _manifest(self, ref: Ref) -> Manifest:
-        return self._core.manifest(ref)
-
-    def _refresh_locations(self) -> None:
-        self._core.refresh_locations()
-
     # -- commit and restore -------------------------------------------------
 
     @overload
@@ -201,12 +175,12 @@ class Store:
                     "dcp.async_save(state, storage_writer=store.dcp_writer(run=..., step=...))"
                 )
             def preflight() -> None:  # on every rank, inside the first collective step
-                self._refresh_locations()
+                self._core.refresh_locations()
                 self._core.committer.raise_unreported()  # a background failure nobody saw yet
                 self._core.committer.drain()  # versions of a run appear in commit order
 
             return self._distributed.group_commit(state, req, group, progress, preflight)
-        self._refresh_locations()
+        self._core.refresh_locations()
         if not block:
             return self._core.committer.commit(state, req, progress)
         return self._core.committer.foreground(

@@ -21,7 +21,9 @@ import pytest
 import torch
 
 import casckpt
+from casckpt.catalog import gc as gc_sql
 from casckpt.errors import GCRefusedError, StorageError
+from casckpt.testing.internals import internals
 
 # -- helpers ---------------------------------------------------------------------------
 
@@ -114,7 +116,7 @@ def test_an_alias_of_a_location_is_refused_so_gc_never_takes_its_packs_for_copie
     two.commit({"w": w}, run="r", step=1)
     shutil.copy(tmp_path / "a" / "casckpt-identity", tmp_path / "b" / "casckpt-identity")
     with pytest.raises(GCRefusedError, match="same storage under two names"):
-        require_match(two._ctx.catalog, two._ctx.locations)
+        require_match(internals(two).catalog, internals(two).locations)
     with pytest.raises(GCRefusedError):
         two.gc(grace=0)
     two.close()
@@ -126,14 +128,16 @@ _LEASE_HOLDER = """
 import sys, time
 import casckpt
 from casckpt.catalog.leases import begin_lease
+from casckpt.testing.internals import internals
 store = casckpt.open(sys.argv[1])
-begin_lease(store._ctx.catalog)  # what every commit does first; this one stays in flight
+begin_lease(internals(store).catalog)  # what every commit does first; this one stays in flight
 print("leased", flush=True)
 time.sleep(600)
 """
 
 
-def test_a_stale_catalog_backup_carrying_an_old_lease_still_makes_gc_refuse(tmp_path: Path) -> None:
+def test_a_stale_catalog_backup_carrying_an_old_lease_still_makes_gc_refuse(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """GUARANTEES 3: gc "refuses to run when the locations hold manifests the catalog neither
     knows nor has tombstoned" -- a stale catalog backup must never make gc delete anything.
 
@@ -156,7 +160,8 @@ def test_a_stale_catalog_backup_carrying_an_old_lease_still_makes_gc_refuse(tmp_
     store.commit({"b": torch.ones(1000)}, run="r", step=1)
     store.delete("r@0")
     store.close()
-    time.sleep(6)  # the chunks above predate the lease by more than the clock-skew margin
+    monkeypatch.setattr(gc_sql, "CLOCK_SKEW_S", 0.5)  # 5 s in the product: the sleep would be 6 s
+    time.sleep(1)  # the chunks above predate the lease by more than the clock-skew margin
     holder = subprocess.Popen([sys.executable, "-c", _LEASE_HOLDER, str(store_dir)],
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -237,7 +242,7 @@ def test_gc_keeps_an_unknown_pack_it_cannot_read_for_now(tmp_path: Path,
 
     store_dir, b = _stale_catalog_after_repack(tmp_path, blobs=None, redundancy=None)
     store = casckpt.open(store_dir)
-    known = {p.id for p in store._ctx.catalog.packs()}
+    known = {p.id for p in internals(store).catalog.packs()}
     listed = [Path(p).name for p in glob.glob(str(store_dir / "packs" / "*" / "*"))]
     (p2,) = [name for name in listed if name not in known]
     real = LocalBlobStore.get_range

@@ -13,6 +13,7 @@ import torch
 from casckpt.errors import CorruptChunkError, RefNotFoundError, VersionExistsError
 from casckpt.format.tree import iter_leaves
 from casckpt.storage import open_blob_store
+from casckpt.testing.internals import internals
 
 CHUNK = 4096
 
@@ -157,7 +158,7 @@ def test_gc_and_retention(store_config: Any) -> None:
             store.commit(state, run="r", step=step)
         store.set_retention("r", keep_last=2)
         before = store.stats()
-        with gc_lock(store._ctx.catalog), pytest.raises(GCRunningError):
+        with gc_lock(internals(store).catalog), pytest.raises(GCRunningError):
             store.gc(grace=0)
         report = store.gc(grace=0)
         assert report.versions_deleted == 2 and report.versions_purged == 2
@@ -177,4 +178,4 @@ def test_gc_and_retention(store_config: Any) -> None:
     with store_config.open() as store:
         from casckpt.catalog.gc import known_shard_keys
 
-        assert listed == {key for _, key in known_shard_keys(store._ctx.catalog)}  # nothing left behind
+        assert listed == {key for _, key in known_shard_keys(internals(store).catalog)}  # nothing left behind

@@ -57,6 +57,7 @@ from casckpt.errors import (
     VersionExistsError,
 )
 from casckpt.storage import BlobStore
+from casckpt.testing.internals import internals
 
 CHUNK = 4096
 ELEMS = CHUNK // 4  # float32 elements per chunk
@@ -207,7 +208,7 @@ def _steps(store: casckpt.Store, run: str = "r") -> list[int]:
 
 
 def _leases(store: casckpt.Store) -> int:
-    with store._ctx.catalog.read() as conn:
+    with internals(store).catalog.read() as conn:
         return int(conn.execute(select(func.count()).select_from(schema.leases)).scalar_one())
 
 
@@ -313,7 +314,7 @@ def test_background_versions_equal_blocking_ones_even_when_queued(env: Env, tmp_
     _assert_equivalent(blocking, background, versions, handles, expected)
     new = [h.wait().new_bytes for h in handles]
     assert new == [9 * CHUNK, 4 * CHUNK, CHUNK, 0, CHUNK, 0, 0, CHUNK]  # dedup across queued commits
-    assert background._committer.peak_staged == sum(new)  # only new chunks were copied
+    assert internals(background).committer.peak_staged == sum(new)  # only new chunks were copied
 
 
 OP = st.one_of(
@@ -338,11 +339,20 @@ def _apply(ops: Sequence[tuple[Any, ...]]) -> Mutation:
     return mutate
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(plan=st.lists(st.lists(OP, max_size=3), min_size=2, max_size=5), hold=st.booleans())
-def test_background_commits_snapshot_the_state_at_commit_time(plan: list[list[tuple[Any, ...]]],
-                                                              hold: bool) -> None:
+# each example opens two new stores: 4 examples in the default tier, 8 in the slow one
+@pytest.mark.parametrize("examples", [4, pytest.param(8, marks=pytest.mark.slow)])
+def test_background_commits_snapshot_the_state_at_commit_time(examples: int) -> None:
     """Random in-place mutations right after each commit; held (all queued) or racing the worker."""
+
+    @settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(plan=st.lists(st.lists(OP, max_size=3), min_size=2, max_size=5), hold=st.booleans())
+    def snapshots(plan: list[list[tuple[Any, ...]]], hold: bool) -> None:
+        _snapshot_at_commit_time(plan, hold)
+
+    snapshots()
+
+
+def _snapshot_at_commit_time(plan: list[list[tuple[Any, ...]]], hold: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="casckpt-bg-") as tmp:
         root = Path(tmp)
         env = Env(root)
@@ -537,7 +547,7 @@ def test_publish_failure_in_the_catalog(env: Env, monkeypatch: pytest.MonkeyPatc
         calls.append(args)
         raise CatalogError("the catalog went away")
 
-    monkeypatch.setattr(store._ctx.catalog, "add_version", broken)
+    monkeypatch.setattr(internals(store).catalog, "add_version", broken)
     state["optim"]["m"].add_(1)
     handle = store.commit(state, run="r", step=1, block=False)
     with pytest.raises(CatalogError, match="went away"):
@@ -570,7 +580,7 @@ def _two_chunks(state: dict[str, Any], step: int) -> None:
 @pytest.mark.parametrize("bounds", BOUNDS)
 def test_block_waits_for_room_and_never_exceeds_the_bounds(env: Env, bounds: dict[str, int]) -> None:
     store = env.open(**bounds)
-    memory, max_pending = store._committer.memory, store._committer.max_pending
+    memory, max_pending = internals(store).committer.memory, internals(store).committer.max_pending
     state = {"w": _noise(1, 16)}
     store.commit(state, run="r", step=0)
     handles: list[CommitHandle] = []
@@ -590,14 +600,14 @@ def test_block_waits_for_room_and_never_exceeds_the_bounds(env: Env, bounds: dic
     time.sleep(0.2)
     assert thread.is_alive() and len(handles) == 2, "the third commit did not wait for room"
     assert len(store.pending_commits()) == 2
-    assert store._committer.peak_staged == 4 * CHUNK
+    assert internals(store).committer.peak_staged == 4 * CHUNK
     env.blobs.gate.set()
     _join(thread, errors)
     versions = [h.wait(WAIT) for h in handles]
     assert max(seen_pending) <= max_pending
-    assert 0 < store._committer.peak_staged <= memory
+    assert 0 < internals(store).committer.peak_staged <= memory
     assert all(v.new_bytes == 2 * CHUNK for v in versions)
-    assert store._committer._staged == 0
+    assert internals(store).committer.staged == 0
     for step, want in enumerate(expected):
         assert_same(store.restore(f"r@{step}"), want)
     _assert_chain(store, [store.resolve("r@0").id] + [h.id for h in handles])
@@ -663,7 +673,7 @@ def test_commit_bigger_than_the_budget_is_written_in_the_foreground(env: Env) ->
     expected.append(copy.deepcopy(state))
     state["w"].zero_()
     assert big[0].wait().parent == small.wait().id  # still in commit order
-    assert store._committer.peak_staged == CHUNK  # the big one copied nothing
+    assert internals(store).committer.peak_staged == CHUNK  # the big one copied nothing
     assert big[0].wait().new_bytes == 16 * CHUNK
     for step, want in zip((1, 2), expected, strict=True):
         assert_same(store.restore(f"r@{step}"), want)
@@ -726,7 +736,7 @@ def test_context_manager_does_not_mask_the_exception(env: Env, caplog: pytest.Lo
                 store.commit(_state(), run="r", step=0, block=False)
                 raise ValueError("boom")
     assert info.value.__context__ is None  # nothing was chained onto it either
-    assert store._closed
+    assert internals(store).closed
     assert any("r@0" in r.getMessage() and "ValueError" in r.getMessage() for r in caplog.records)
     env.blobs.failing = 0
     assert _steps(env.reopen()) == []
@@ -838,7 +848,7 @@ def test_a_snapshot_failing_after_admission_gives_its_budget_back(tmp_path: Path
         monkeypatch.setattr(commit_engine, "_copy", flaky)
         with pytest.raises(MemoryError):
             store.commit({"w": torch.randn(4 * ELEMS)}, run="r", step=0, block=False)
-        assert store._committer._staged == 0 and _leases(store) == 0
+        assert internals(store).committer.staged == 0 and _leases(store) == 0
         state = {"w": torch.randn(6 * ELEMS)}
         store.commit(state, run="r", step=1, block=False).wait(WAIT)  # would block forever before
         assert torch.equal(store.restore("r@1")["w"], state["w"])

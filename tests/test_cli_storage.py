@@ -24,6 +24,7 @@ import casckpt
 from casckpt.cli import storage as storage_cli
 from casckpt.cli.main import app, parse_locations
 from casckpt.config import BlobLocation
+from casckpt.testing.internals import internals
 
 RUN = "ec-run"
 DOMAINS = [f"d{i}" for i in range(6)]
@@ -319,7 +320,8 @@ def test_catalog_rebuild_exits_1_when_packs_are_lost(ec_store: EcStore) -> None:
 
 def test_cache_rebuild_counts_every_chunk(ec_store: EcStore) -> None:
     with casckpt.open(ec_store.root, create=False) as store:
-        chunks = store._ctx.catalog.live_chunk_count()  # stats leaves tree nodes out; the cache has them
+        # stats leaves tree nodes out; the cache has them
+        chunks = internals(store).catalog.live_chunk_count()
     assert ok_json(ec_store.root, "cache", "rebuild") == {"chunks": chunks}
     table = cli(ec_store.root, "cache", "rebuild")
     assert table.exit_code == 0 and f"{chunks} chunks" in table.stdout

@@ -30,6 +30,7 @@ from casckpt.errors import (
 )
 from casckpt.format.manifest import decode_manifest
 from casckpt.format.pack import ENTRY_HEADER_SIZE, TRAILER_SIZE
+from casckpt.testing.internals import internals
 
 CHUNK = 4096
 
@@ -94,7 +95,7 @@ class Damaged:
 
     def chunks_of(self, version_id: str, path: str | None = None) -> list[ChunkRow]:
         """Chunk rows of a version (or of one tensor of it), in manifest order."""
-        m = decode_manifest(self.manifest(version_id), version_id, StoreNodes(self.store._ctx.catalog))
+        m = decode_manifest(self.manifest(version_id), version_id, StoreNodes(internals(self.store).catalog))
         blobs = [t.blob for t in m.tensors if path is None or t.path == path]
         ids = [c.hex() for i in blobs for c in m.blobs[i].chunks]
         with self.db() as conn:

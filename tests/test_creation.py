@@ -21,6 +21,7 @@ import pytest
 import casckpt
 from casckpt import config as cfg
 from casckpt.catalog import Catalog
+from casckpt.testing.internals import internals
 
 HELPER = Path(__file__).parent / "helpers" / "creator.py"
 PROCESSES, THREADS, ROUNDS = 4, 4, 2
@@ -83,7 +84,7 @@ def _assert_one_store(root: Path, reports: list[dict[str, Any]]) -> None:
     leftovers = [p.name for p in root.iterdir() if p.name.startswith(f".{cfg.CONFIG_FILE}")]
     assert not leftovers, f"temporary config files left behind: {leftovers}"
     with casckpt.open(root, create=False) as store:
-        assert store._ctx.catalog.store_id in ids
+        assert internals(store).catalog.store_id in ids
         assert sorted(v.step for v in store.log("r")) == list(range(PROCESSES * THREADS))
         report = store.check()
         assert report.ok, report.problems[:5]

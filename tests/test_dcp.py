@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 import casckpt
 from casckpt.cli.main import app
 from casckpt.errors import RestoreTargetError
+from casckpt.testing.internals import internals
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 from dist_worker import CHUNK, PACK, PLACEMENT, bits, full_state, group_state  # noqa: E402
@@ -218,7 +219,7 @@ def test_group_commit_failing_rank_fails_every_rank(ranks: Zygote, tmp_path: Pat
     reply = launch(ranks, "group_commit", 2, path=str(store_path), run="g", step=1, seed=12)
     assert reply["results"][0]["id"] == reply["results"][1]["id"]
     with _open(store_path) as store:
-        with store._ctx.catalog.read() as conn:  # every failed attempt ended its lease
+        with internals(store).catalog.read() as conn:  # every failed attempt ended its lease
             assert conn.exec_driver_sql("SELECT COUNT(*) FROM leases").scalar_one() == 0
 
 

@@ -27,6 +27,7 @@ from casckpt.catalog import schema
 from casckpt.engine.restore import read_ranges
 from casckpt.errors import InvalidArgumentError
 from casckpt.format.pack import ENTRY_HEADER_SIZE
+from casckpt.testing.internals import internals
 
 CHUNK = 4096
 
@@ -56,7 +57,7 @@ def _zeros(state: Any) -> Any:
 
 
 def _lease_count(store: casckpt.Store) -> int:
-    with store._ctx.catalog.read() as conn:
+    with internals(store).catalog.read() as conn:
         return int(conn.execute(select(func.count()).select_from(schema.leases)).scalar_one())
 
 
@@ -159,7 +160,7 @@ def test_close_refuses_while_an_async_save_writes(store: casckpt.Store) -> None:
     future = dcp.async_save({"w": torch.ones(100)}, storage_writer=store.dcp_writer(run="a", step=1),
                             planner=Slow())
     deadline = time.monotonic() + 30
-    while not any(w.busy for w in store._dcp_writers) and time.monotonic() < deadline:
+    while not any(w.busy for w in internals(store).dcp_writers) and time.monotonic() < deadline:
         time.sleep(0.01)
     with pytest.raises(InvalidArgumentError, match="wait for it"):
         store.close()
@@ -211,9 +212,9 @@ def test_ranged_reads_return_exact_bytes_and_read_only_covering_chunks(
     run = f"r{nbytes}"
     if run not in {r.name for r in store.runs()}:
         store.commit({"blob": data}, run=run, step=1)
-    manifest = store._manifest(f"{run}@1")
+    manifest = internals(store).manifest(f"{run}@1")
     read: list[int] = []
-    outs = read_ranges(store._ctx, manifest, [(0, a, b) for a, b in spans],
+    outs = read_ranges(internals(store).context, manifest, [(0, a, b) for a, b in spans],
                        progress=lambda phase, done, total: read.append(total))
     for (a, b), out in zip(spans, outs, strict=True):
         assert bytes(out.numpy()) == bytes(data[a:b].numpy())

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from sqlalchemy import select
@@ -21,6 +21,7 @@ from casckpt.cli.main import app
 from casckpt.errors import CorruptChunkError, InvalidArgumentError
 from casckpt.format.codecs import Codec
 from casckpt.format.pack import ENTRY_HEADER_SIZE
+from casckpt.testing.internals import internals
 
 CHUNK = 16 << 10
 
@@ -66,7 +67,7 @@ def _state(g: torch.Generator) -> dict[str, torch.Tensor]:
 
 
 def _delta_rows(store: casckpt.Store) -> list[Any]:
-    with store._ctx.catalog.read() as conn:
+    with internals(store).catalog.read() as conn:
         return list(conn.execute(select(schema.chunks).where(schema.chunks.c.base_id.is_not(None))))
 
 
@@ -93,13 +94,22 @@ def test_a_run_of_small_updates_is_stored_as_deltas_within_the_chain_policy(stor
     assert store.show("r@8").delta_chunks == 0  # a keyframe
 
 
-@given(dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64]),
-       chain=st.integers(1, 6), scale=st.sampled_from([1e-4, 1e-3, 1e-1]),
-       fraction=st.sampled_from([0.001, 0.3, 1.0]), commits=st.integers(2, 9), seed=st.integers(0, 1000))
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_long_chains_round_trip_bit_exact(tmp_path_factory: pytest.TempPathFactory, dtype: torch.dtype,
-                                          chain: int, scale: float, fraction: float, commits: int,
-                                          seed: int) -> None:
+# each example is a new store and up to 9 commits: 6 examples in the default tier, 12 in the slow one
+@pytest.mark.parametrize("examples", [6, pytest.param(12, marks=pytest.mark.slow)])
+def test_long_chains_round_trip_bit_exact(tmp_path_factory: pytest.TempPathFactory, examples: int) -> None:
+    @given(dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64]),
+           chain=st.integers(1, 6), scale=st.sampled_from([1e-4, 1e-3, 1e-1]),
+           fraction=st.sampled_from([0.001, 0.3, 1.0]), commits=st.integers(2, 9), seed=st.integers(0, 1000))
+    @settings(max_examples=examples, deadline=None)
+    def round_trips(dtype: torch.dtype, chain: int, scale: float, fraction: float, commits: int,
+                    seed: int) -> None:
+        _long_chain_round_trips(tmp_path_factory, dtype, chain, scale, fraction, commits, seed)
+
+    round_trips()
+
+
+def _long_chain_round_trips(tmp_path_factory: pytest.TempPathFactory, dtype: torch.dtype, chain: int,
+                            scale: float, fraction: float, commits: int, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     tensor = (torch.randn(20_000, generator=g) * 100).to(dtype)
     kept = []
@@ -221,7 +231,7 @@ def test_repacking_a_base_out_of_a_mostly_dead_pack_keeps_its_chain(tmp_path: Pa
 
 
 def _flip_payload_byte(store: casckpt.Store, chunk_id: str) -> None:
-    with store._ctx.catalog.read() as conn:
+    with internals(store).catalog.read() as conn:
         row = conn.execute(select(schema.chunks.c.pack_id, schema.chunks.c.offset)
                            .where(schema.chunks.c.id == chunk_id)).one()
     path = next(p for p in Path(str(store.path)).rglob(row.pack_id) if p.is_file())
@@ -261,7 +271,7 @@ def test_with_copies_a_corrupt_base_is_repaired_first(tmp_path: Path) -> None:
             store.commit(state, run="r", step=step)
             state = {"w": _nudge(state["w"], g, 1e-3)}
         base = next(r.base_id for r in _delta_rows(store))
-        with store._ctx.catalog.read() as conn:
+        with internals(store).catalog.read() as conn:
             pack, offset = conn.execute(select(schema.chunks.c.pack_id, schema.chunks.c.offset)
                                         .where(schema.chunks.c.id == base)).one()
         for where in ("a", "b"):  # one of the two is the copy reads go to first
@@ -270,7 +280,7 @@ def test_with_copies_a_corrupt_base_is_repaired_first(tmp_path: Path) -> None:
             data[offset + ENTRY_HEADER_SIZE + 100] ^= 1
             os.chmod(copy, 0o644)
             copy.write_bytes(bytes(data))
-            store._ctx.packs.forget(pack)
+            internals(store).packs.forget(pack)
             _same(store.restore("r@2"), kept[2])  # the base from a good copy (healing a bad one read)
             report = store.check(read_data=True)  # a bad copy left is found; no chunk is corrupt
             assert all(p.kind in ("pack", "shard") for p in report.problems), report.problems
@@ -362,5 +372,11 @@ class DeltaGC(RuleBasedStateMachine):
             self.store.close()
 
 
-DeltaGC.TestCase.settings = settings(max_examples=8, stateful_step_count=14, deadline=None)
+# each example opens a store and gc's it up to 14 times: 4 in the default tier, 8 in the slow one
+DeltaGC.TestCase.settings = settings(max_examples=4, stateful_step_count=14, deadline=None)
 test_delta_gc_state_machine = DeltaGC.TestCase
+
+
+@pytest.mark.slow
+class TestDeltaGCThorough(DeltaGC.TestCase):
+    settings = settings(max_examples=8, stateful_step_count=14, deadline=None)

@@ -12,6 +12,7 @@ import casckpt
 from casckpt.catalog import gc as sql
 from casckpt.catalog.locks import gc_lock
 from casckpt.errors import CatalogError, GCRunningError, StorageError
+from casckpt.testing.internals import internals
 
 CHUNK = 4096
 
@@ -129,7 +130,7 @@ def test_partly_dead_packs_are_repacked(tmp_path: Path) -> None:
 
 
 def test_only_one_gc_at_a_time(store: casckpt.Store) -> None:
-    with gc_lock(store._ctx.catalog):
+    with gc_lock(internals(store).catalog):
         with pytest.raises(GCRunningError):
             store.gc(grace=0)
     store.gc(grace=0)
@@ -156,8 +157,8 @@ def test_listing_error_aborts_before_anything_is_deleted(store: casckpt.Store) -
 
     from casckpt.storage.locations import LocationSet
 
-    store._ctx.current_locations.swap(LocationSet(
-        [replace(loc, blobs=_FailingList(loc.blobs)) for loc in store._ctx.locations.all]))
+    internals(store).replace_locations(LocationSet(
+        [replace(loc, blobs=_FailingList(loc.blobs)) for loc in internals(store).locations.all]))
     with pytest.raises(StorageError):
         store.gc(grace=0)
     assert _objects(store.path) == objects and store.stats() == stats

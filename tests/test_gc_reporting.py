@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 import casckpt
 from casckpt.catalog.locks import gc_lock
 from casckpt.cli.main import app
+from casckpt.testing.internals import internals
 
 CHUNK = 4096
 
@@ -126,7 +127,7 @@ def test_json_is_one_line_per_run_and_small(tmp_path: Path) -> None:
 
 
 def test_a_locked_out_run_prints_a_json_object_and_exits_6(root: Path) -> None:
-    with _open(root) as store, gc_lock(store._ctx.catalog):
+    with _open(root) as store, gc_lock(internals(store).catalog):
         result = _cli(root, "gc", "--json")
     assert result.exit_code == 6
     doc = json.loads(result.stdout)
@@ -137,8 +138,9 @@ def test_a_locked_out_run_prints_a_json_object_and_exits_6(root: Path) -> None:
 KILLED = """
 import os, signal, sys
 import casckpt
+from casckpt.testing.internals import internals
 store = casckpt.open(sys.argv[1], create=False)
-scratch = store._ctx.staging.path()  # what a commit writes its staging packs into
+scratch = internals(store).staging.path()  # what a commit writes its staging packs into
 (scratch / "half-written.pack").write_bytes(b"x" * 4096)
 print(scratch, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)

@@ -23,6 +23,7 @@ import casckpt
 from casckpt.cli.main import app
 from casckpt.errors import GCRefusedError, StoreIdentityError
 from casckpt.format.identity import IDENTITY_KEY, decode_identity
+from casckpt.testing.internals import internals
 
 CHUNK = 4096
 
@@ -69,7 +70,7 @@ def test_a_new_store_writes_its_identity_on_every_location(tmp_path: Path) -> No
     dirs = [tmp_path / f"d{i}" for i in range(3)]
     with casckpt.open(root, blobs=[str(d) for d in dirs]) as store:
         store.commit(_state(1), run="r", step=1)
-        store_id = store._ctx.catalog.store_id
+        store_id = internals(store).catalog.store_id
     for d in dirs:
         record = decode_identity((d / IDENTITY_KEY).read_bytes(), str(d))
         assert (record.store_id, record.generation) == (store_id, 1)
@@ -109,7 +110,7 @@ def test_catalog_rebuild_recovers_a_lost_catalog_and_takes_over_the_store(tmp_pa
         _assert_restores(store)
         assert store.check(read_data=True).ok
         assert store.gc(grace=0).orphans_deleted == 0
-        new_id = store._ctx.catalog.store_id
+        new_id = internals(store).catalog.store_id
     record = decode_identity((root / IDENTITY_KEY).read_bytes(), "")
     assert record.generation == 2 and record.store_id == new_id  # the store keeps its id
     # the catalog from before the rebuild turns up again: refused (a lower generation)
@@ -156,7 +157,7 @@ def test_a_store_from_before_identity_records_is_adopted_by_its_own_catalog(tmp_
     (root / IDENTITY_KEY).unlink()
     with _open(root) as store:
         _assert_restores(store)
-        store_id = store._ctx.catalog.store_id
+        store_id = internals(store).catalog.store_id
     assert decode_identity((root / IDENTITY_KEY).read_bytes(), "").store_id == store_id
 
 
@@ -231,12 +232,13 @@ def test_s3_location_with_a_lost_catalog_is_refused(tmp_path: Path, s3_bucket_ur
     s3 = {"endpoint_url": moto_endpoint}
     with casckpt.open(root, blobs=bucket, s3=s3, chunk_size=CHUNK) as store:
         store.commit(_state(1), run="r", step=1)
-        keys = sorted(info.key for loc in store._ctx.locations.all for info in loc.blobs.list(""))
+        keys = sorted(info.key for loc in internals(store).locations.all for info in loc.blobs.list(""))
     _drop_catalog(root)
     with pytest.raises(StoreIdentityError):
         casckpt.open(root)
     with casckpt.open(root, recover=True) as store:
-        assert sorted(info.key for loc in store._ctx.locations.all for info in loc.blobs.list("")) == keys
+        locations = internals(store).locations.all
+        assert sorted(info.key for loc in locations for info in loc.blobs.list("")) == keys
         store.rebuild_catalog()
         _assert_restores(store, (1,))
 

@@ -16,13 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import casckpt
+from casckpt.testing.internals import internals
 
 OPENER = """
 import json, sys
 import casckpt
+from casckpt.testing.internals import internals
 with casckpt.open(sys.argv[1], blobs=sys.argv[2]) as store:
     store.commit({"a": 1}, run="r", step=0)
-    print(json.dumps({"id": store._ctx.catalog.store_id, "cache": str(store._ctx.cache.path)}))
+    print(json.dumps({"id": internals(store).catalog.store_id, "cache": str(internals(store).cache.path)}))
 """
 
 
@@ -42,7 +44,7 @@ def test_a_store_cache_in_this_process_stays_in_the_temp_home(
         tmp_path: Path, isolated_home: Any) -> None:
     with casckpt.open(tmp_path / "store", blobs=str(tmp_path / "blobs")) as store:
         store.commit({"a": 1}, run="r", step=0)
-        _assert_isolated(store._ctx.cache.path, store._ctx.catalog.store_id, isolated_home)
+        _assert_isolated(internals(store).cache.path, internals(store).catalog.store_id, isolated_home)
 
 
 def test_a_store_cache_in_a_subprocess_stays_in_the_temp_home(

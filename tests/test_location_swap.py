@@ -18,6 +18,7 @@ from doubles import WriteHookStore
 import casckpt
 from casckpt.catalog import shards as shard_sql
 from casckpt.storage.locations import CurrentLocations, Location, LocationSet
+from casckpt.testing.internals import internals
 
 CHUNK = 4096
 
@@ -47,8 +48,8 @@ def test_a_background_commit_keeps_its_location_set_while_locations_change(tmp_p
     with casckpt.open(tmp_path / "store", blobs=blobs, redundancy="ec:2+1", chunk_size=CHUNK,
                       workers=2) as store:
         store.commit(_state(0), run="r", step=0)
-        before = store._ctx.locations
-        old_packs = {p.id for p in store._ctx.catalog.packs()}
+        before = internals(store).locations
+        old_packs = {p.id for p in internals(store).catalog.packs()}
         names = [info.name for info in store.locations()]
         for b in blobs:
             b.gate.clear()
@@ -57,7 +58,7 @@ def test_a_background_commit_keeps_its_location_set_while_locations_change(tmp_p
         assert any(b.held.wait(30) for b in blobs), "the commit never reached its pack upload"
         drained = store.drain_location(names[0])  # swaps the location set mid-upload
         store.add_location(str(tmp_path / "d3"))  # and again
-        after = store._ctx.locations
+        after = internals(store).locations
         assert drained.state == "draining" and after is not before and len(after.all) == 4
         assert before.get(before.all[0].id).state == "active"  # the old set itself never changes
         for b in blobs:
@@ -66,8 +67,8 @@ def test_a_background_commit_keeps_its_location_set_while_locations_change(tmp_p
 
         # every shard was written where the placement the commit took put it: the three
         # locations of the set it started with, one shard each, all healthy
-        packs = {p.id for p in store._ctx.catalog.packs()} - old_packs
-        layouts = shard_sql.layouts(store._ctx.catalog, sorted(packs))
+        packs = {p.id for p in internals(store).catalog.packs()} - old_packs
+        layouts = shard_sql.layouts(internals(store).catalog, sorted(packs))
         assert layouts
         original = {loc.id for loc in before.all}
         for layout in layouts.values():

@@ -45,6 +45,7 @@ from casckpt.catalog import shards as shard_sql
 from casckpt.cli.main import app
 from casckpt.engine import records
 from casckpt.format.identity import IDENTITY_KEY
+from casckpt.testing.internals import internals
 
 CHUNK = 8 << 10
 PACK = 48 << 10
@@ -118,7 +119,7 @@ def local_lister(dirs: dict[str, Path]) -> Lister:
 def expected_objects(store: casckpt.Store) -> dict[str, set[str]]:
     """Location name -> the keys the catalog says it must hold: its shards, and on active
     locations every visible version's manifest, every record and the identity record."""
-    catalog = store._ctx.catalog
+    catalog = internals(store).catalog
     with catalog.read() as conn:
         names = dict(conn.execute(sa.select(schema.locations.c.id, schema.locations.c.name)).all())
         states = dict(conn.execute(sa.select(schema.locations.c.name, schema.locations.c.state)).all())
@@ -137,8 +138,8 @@ def expected_objects(store: casckpt.Store) -> dict[str, set[str]]:
 
 def assert_every_location_holds_what_the_catalog_says(store: casckpt.Store, lister: Lister) -> None:
     """Listed: exactly the catalog's shards, every manifest and record, each record agreeing."""
-    wanted = records.expected(store._ctx.catalog)
-    active = {loc.name for loc in store._ctx.locations.active()}
+    wanted = records.expected(internals(store).catalog)
+    active = {loc.name for loc in internals(store).locations.active()}
     for name, want in expected_objects(store).items():
         have = lister(name)
         packs = {k for k in have if k.startswith("packs/")}
@@ -147,7 +148,7 @@ def assert_every_location_holds_what_the_catalog_says(store: casckpt.Store, list
         refs = {k for k in have if k.startswith("refs/")}
         if name in active:  # others keep the records they had when they left service
             assert refs == {k for k in want if k.startswith("refs/")}, f"{name}: records differ"
-    for loc in store._ctx.locations.active():
+    for loc in internals(store).locations.active():
         for key, doc in wanted.items():
             assert records.agrees(key, json.loads(loc.blobs.get(key)), doc), (loc.name, key)
 
@@ -187,8 +188,8 @@ def wipe_dir(path: Path) -> None:
 
 def parity_pairs(store: casckpt.Store) -> set[tuple[int, int]]:
     """Pairs of locations (by number) that hold both parity shards of some ec:K+2 pack."""
-    catalog = store._ctx.catalog
-    numbers = {loc.id: int(loc.name.removeprefix("loc")) for loc in store._ctx.locations.all}
+    catalog = internals(store).catalog
+    numbers = {loc.id: int(loc.name.removeprefix("loc")) for loc in internals(store).locations.all}
     out = set()
     for layout in shard_sql.layouts(catalog, [p.id for p in catalog.packs()]).values():
         a, b = sorted(numbers[sh.location_id] for sh in layout.shards if sh.index >= layout.k)
@@ -198,8 +199,8 @@ def parity_pairs(store: casckpt.Store) -> set[tuple[int, int]]:
 
 def parity_keys(store: casckpt.Store, names: Sequence[str]) -> dict[str, set[str]]:
     """Location name -> keys of the parity shards (index >= k) the catalog places there."""
-    catalog = store._ctx.catalog
-    ids = {loc.id: loc.name for loc in store._ctx.locations.all if loc.name in names}
+    catalog = internals(store).catalog
+    ids = {loc.id: loc.name for loc in internals(store).locations.all if loc.name in names}
     out: dict[str, set[str]] = {name: set() for name in names}
     for layout in shard_sql.layouts(catalog, [p.id for p in catalog.packs()]).values():
         for sh in layout.shards:
@@ -375,7 +376,7 @@ def test_a_failed_location_without_a_spare_domain_stays_degraded_until_a_domain_
     with casckpt.open(root, create=False, chunk_size=CHUNK, pack_size=PACK) as store:
         for step in STEPS[:3]:
             store.commit(make_state(step), run=RUN, step=step, tags=[f"t{step}"])
-        packs = {p.id for p in store._ctx.catalog.packs()}
+        packs = {p.id for p in internals(store).catalog.packs()}
     shutil.rmtree(dirs["loc2"])  # the disk is gone, and no other domain is free
     cli_json(root, "location", "fail", "loc2")
     assert {p["kind"] for p in cli_json(root, "check", exit_code=1)["problems"]} == {"shard"}
@@ -545,7 +546,7 @@ def snapshot(location: Path) -> dict[str, bytes]:
 def rebuild_and_compare(root: Path, catalogs: Catalogs, *, catalog: str | None) -> casckpt.Store:
     """Lose the catalog, rebuild it from the locations, compare; returns the store, rebuilt."""
     with open_store(root, catalog=catalog) as store:
-        store_id = store._ctx.catalog.store_id
+        store_id = internals(store).catalog.store_id
     old = catalog_rows(catalogs.url)
     mirrored = ("parent_version", "retention", "redundancy", "delta_chain")  # a run's refs/ record
     recorded = {name for (name,), run in old["runs"].items() if any(run[c] is not None for c in mirrored)}
@@ -560,7 +561,7 @@ def rebuild_and_compare(root: Path, catalogs: Catalogs, *, catalog: str | None) 
         for name, d in failed.items():
             assert snapshot(d) == before[name], f"the rebuild wrote to {name}, a failed location"
         assert_rebuilt_catalog_matches(old, catalog_rows(catalogs.url), recorded)
-        assert store._ctx.catalog.store_id == store_id
+        assert internals(store).catalog.store_id == store_id
         check = store.check(read_data=True)
         assert check.ok, check.problems
     except BaseException:

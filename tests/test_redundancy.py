@@ -46,6 +46,7 @@ from casckpt.errors import (
 from casckpt.format.pack import ENTRY_HEADER_SIZE, PACK_HEADER_SIZE
 from casckpt.format.shard import SHARD_HEADER_SIZE, decode_shard_header
 from casckpt.storage import LocalBlobStore
+from casckpt.testing.internals import internals
 
 HELPERS = Path(__file__).resolve().parent / "helpers"
 CHUNK = 16 << 10
@@ -325,10 +326,10 @@ def test_heal_on_read_rewrites_the_data_shard_a_restore_needed(ec_template: Temp
 
 def pack_users(store: Any, pack: str, refs: Sequence[str]) -> dict[str, set[str]]:
     """ref -> tensor paths of that version with a chunk in ``pack`` (from manifests + catalog)."""
-    catalog = store._ctx.catalog
+    catalog = internals(store).catalog
     out: dict[str, set[str]] = {}
     for ref in refs:
-        manifest = store._manifest(ref)
+        manifest = internals(store).manifest(ref)
         for tensor in manifest.tensors:
             ids = {c.hex() for c in manifest.blobs[tensor.blob].chunks}
             if any(loc.pack_id == pack for loc in catalog.find_chunks(ids, live_only=False).values()):
@@ -429,7 +430,7 @@ def pack_verified_at(store: Any) -> dict[str, float | None]:
 
     from casckpt.catalog import schema
 
-    with store._ctx.catalog.read() as conn:
+    with internals(store).catalog.read() as conn:
         rows = conn.execute(select(schema.packs.c.id, schema.packs.c.verified_at))
         return {r.id: r.verified_at for r in rows}
 
@@ -602,7 +603,7 @@ def _history(store: Any) -> dict[str, Any]:
         "redundancy": {run: store.redundancy(run) for run in (None, "r", "ft")},
         "tags": {t: store.resolve(f"tag:{t}").id for t in ("best", "release", "first", "s1")},
         "stats": replace(store.stats(), stored_bytes=0),
-        "all_chunks": store._ctx.catalog.live_chunk_count(),  # tree nodes too: rebuild counts them
+        "all_chunks": internals(store).catalog.live_chunk_count(),  # tree nodes too: rebuild counts them
     }
 
 
@@ -1035,7 +1036,7 @@ def test_gc_repack_keeps_the_redundancy_of_the_pack(tmp_path: Path) -> None:
         store.gc(grace=0)
         store.gc(grace=0)
         schemes = {layout.scheme for layout in
-                   (store._ctx.packs.layout(p.id, fresh=True) for p in store._ctx.catalog.packs())
+                   (internals(store).packs.layout(p.id, fresh=True) for p in internals(store).catalog.packs())
                    if layout is not None}
         assert schemes == {"ec"}
         assert store.check(read_data=True).ok

@@ -28,6 +28,7 @@ from casckpt.errors import (
     RefNotFoundError,
     VersionSweptError,
 )
+from casckpt.testing.internals import internals
 from casckpt.types import RetentionPolicy
 
 # -- the planner against a reference -------------------------------------------------------
@@ -250,7 +251,7 @@ def _state(i: int) -> dict[str, Any]:
 
 def _set_time(store: casckpt.Store, run: str, step: int, ts: float) -> None:
     run_id = select(s.runs.c.id).where(s.runs.c.name == run).scalar_subquery()
-    with store._ctx.catalog.write() as conn:
+    with internals(store).catalog.write() as conn:
         conn.execute(update(s.versions).where(s.versions.c.run_id == run_id, s.versions.c.step == step)
                      .values(created_at=ts))
 
@@ -375,7 +376,7 @@ def test_delete_hides_a_version_everywhere(store: casckpt.Store) -> None:
             store.resolve(ref)
     assert store.stats().versions == 7
     assert next(r for r in store.runs() if r.name == RUN).versions == 7
-    with store._ctx.catalog.read() as conn:
+    with internals(store).catalog.read() as conn:
         row = conn.execute(select(s.versions.c.state, s.versions.c.deleted_reason, s.versions.c.deleted_at)
                            .where(s.versions.c.id == victim.id)).one()
     assert row.state == "deleted" and row.deleted_reason == "bad run" and row.deleted_at > 0
@@ -410,11 +411,11 @@ def test_undelete_revives_condemned_chunks(store: casckpt.Store) -> None:
     victim = store.delete(f"{RUN}@600")
     ids = _own_chunks(store, victim.id)
     assert ids
-    with store._ctx.catalog.write() as conn:  # what GC's mark phase does to unreferenced chunks
+    with internals(store).catalog.write() as conn:  # what GC's mark phase does to unreferenced chunks
         conn.execute(update(s.chunks).where(s.chunks.c.id.in_(ids))
                      .values(state="condemned", condemned_at=1.0))
     store.undelete(victim.id)
-    with store._ctx.catalog.read() as conn:
+    with internals(store).catalog.read() as conn:
         states = set(conn.execute(select(s.chunks.c.state).where(s.chunks.c.id.in_(ids))).scalars())
     assert states == {"live"}
     assert store.restore(victim)["i"] == 6
@@ -424,7 +425,7 @@ def test_undelete_after_gc_swept_the_chunks_is_refused(store: casckpt.Store) -> 
     victim = store.delete(f"{RUN}@600")
     ids = _own_chunks(store, victim.id)
     assert ids
-    with store._ctx.catalog.write() as conn:  # what GC's sweep does to unreferenced chunks
+    with internals(store).catalog.write() as conn:  # what GC's sweep does to unreferenced chunks
         conn.execute(s.chunks.delete().where(s.chunks.c.id.in_(ids)))
     with pytest.raises(VersionSweptError, match="GC already swept"):
         store.undelete(victim.id)
@@ -438,7 +439,8 @@ def _own_chunks(store: casckpt.Store, version_id: str) -> list[str]:
     from casckpt.format.manifest import decode_manifest
 
     def chunks(vid: str) -> set[str]:
-        manifest = decode_manifest(store._ctx.catalog.manifest(vid), vid, StoreNodes(store._ctx.catalog))
+        catalog = internals(store).catalog
+        manifest = decode_manifest(catalog.manifest(vid), vid, StoreNodes(catalog))
         return {c.hex() for c in manifest.chunk_ids()}
 
     others = set().union(*(chunks(v.id) for v in store.log()))

@@ -25,6 +25,7 @@ from casckpt.config import Settings
 from casckpt.engine.distributed import TensorPiece, write_pieces
 from casckpt.options import Options
 from casckpt.storage.erasure import Redundancy
+from casckpt.testing.internals import internals
 
 CHUNK = 4096
 
@@ -74,7 +75,7 @@ def test_staged_commits_equal_direct_ones(tmp_path: Path) -> None:
                 [t.digest for t in staged.show(b.id).tensors]
             _same(staged.restore(b.id), state)
         assert b.new_bytes == 0
-        assert staged._ctx.device_buffers.windows > 25_000 * 4 // (2 * CHUNK)
+        assert internals(staged).device_buffers.windows > 25_000 * 4 // (2 * CHUNK)
         assert staged.check(read_data=True).ok
 
 
@@ -88,21 +89,26 @@ def test_staged_background_commit_copies_only_changed_chunks(tmp_path: Path) -> 
         state["w"].zero_()  # mutate at once: the snapshot holds what it needs
         version = handle.wait(30)
         assert version.new_bytes == CHUNK
-        assert store._committer.peak_staged == CHUNK
+        assert internals(store).committer.peak_staged == CHUNK
         assert torch.equal(store.restore("r@1")["w"], expected)
 
 
-@settings(max_examples=15, deadline=None)
-@given(sizes=st.lists(st.integers(0, 20_000), min_size=1, max_size=4),
-       buffer_chunks=st.integers(2, 9))
-def test_any_window_size_round_trips(tmp_path_factory: pytest.TempPathFactory, sizes: list[int],
-                                     buffer_chunks: int) -> None:
-    path = tmp_path_factory.mktemp("w")
-    state = {f"t{i}": torch.randint(-(2**31), 2**31 - 1, (n,), dtype=torch.int32)
-             for i, n in enumerate(sizes)}
-    with _open(path / "s", staged=True, staging_memory=buffer_chunks * CHUNK) as store:
-        store.commit(state, run="r", step=0)
-        _same(store.restore("r@0"), state)
+def test_any_window_size_round_trips(tmp_path: Path) -> None:
+    # the window size is fixed when a store opens (its engine context is immutable): one store
+    # per example, each in its own directory
+    tried = iter(range(1_000_000))
+
+    @settings(max_examples=15, deadline=None)
+    @given(sizes=st.lists(st.integers(0, 20_000), min_size=1, max_size=4),
+           buffer_chunks=st.integers(2, 9))
+    def round_trips(sizes: list[int], buffer_chunks: int) -> None:
+        state = {f"t{i}": torch.randint(-(2**31), 2**31 - 1, (n,), dtype=torch.int32)
+                 for i, n in enumerate(sizes)}
+        with _open(tmp_path / f"s{next(tried)}", staged=True, staging_memory=buffer_chunks * CHUNK) as store:
+            store.commit(state, run="r", step=0)
+            _same(store.restore("r@0"), state)
+
+    round_trips()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -110,28 +116,39 @@ def test_cuda_tensors_commit_through_pinned_buffers(tmp_path: Path) -> None:
     state = {"w": torch.randn(3_000_000, device="cuda"), "b": torch.arange(100, device="cuda")}
     with casckpt.open(tmp_path / "s", chunk_size=1 << 16, staging_memory=8 << 20) as store:
         store.commit(state, run="r", step=0)
-        assert store._ctx.device_buffers._buffers[0].is_pinned()
+        assert internals(store).device_buffers.pinned
         back = store.restore("r@0", map_location="cuda")
         assert all(torch.equal(back[k], state[k]) for k in state)
 
 
-@given(rows=st.integers(1, 400), cuts=st.lists(st.integers(1, 399), max_size=3),
-       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.int64]))
-@settings(max_examples=25, deadline=None)
-def test_shards_chunk_alike_staged_or_not_and_share_the_whole_tensors_chunks(
-        tmp_path_factory: pytest.TempPathFactory, rows: int, cuts: list[int], dtype: torch.dtype) -> None:
+def test_shards_chunk_alike_staged_or_not_and_share_the_whole_tensors_chunks(tmp_path: Path) -> None:
     """Dim-0 pieces of a tensor are chunked on the whole tensor's grid on both paths (the staged
     one is the GPU path): every chunk not cut by a piece boundary is one the whole tensor has."""
+    # two stores for all examples: chunk ids depend on content alone, not on what a store holds
+    with _open(tmp_path / "direct", staged=False, staging_memory=2 * CHUNK) as direct, \
+            _open(tmp_path / "staged", staged=True, staging_memory=2 * CHUNK) as staged:
+
+        @given(rows=st.integers(1, 400), cuts=st.lists(st.integers(1, 399), max_size=3),
+               dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.int64]))
+        @settings(max_examples=25, deadline=None)
+        def chunk_alike(rows: int, cuts: list[int], dtype: torch.dtype) -> None:
+            _chunk_alike(direct, staged, rows, cuts, dtype)
+
+        chunk_alike()
+
+
+def _chunk_alike(direct: casckpt.Store, staged: casckpt.Store, rows: int, cuts: list[int],
+                 dtype: torch.dtype) -> None:
     whole = (torch.randn(rows, 33) * 100).to(dtype)
     bounds = sorted({0, rows, *(c for c in cuts if c < rows)})
     pieces = [TensorPiece("w", whole[a:b], tuple(whole.shape), (a, 0))
               for a, b in zip(bounds, bounds[1:], strict=False)]
     results = []
-    for staged in (False, True):
-        with _open(tmp_path_factory.mktemp("s"), staged=staged, staging_memory=2 * CHUNK) as store:
-            (single,) = write_pieces(store._ctx, [TensorPiece("w", whole, tuple(whole.shape), (0, 0))],
-                                     Redundancy("none")).pieces
-            results.append([s.blob for s in write_pieces(store._ctx, pieces, Redundancy("none")).pieces])
+    for store in (direct, staged):
+        ctx = internals(store).context
+        (single,) = write_pieces(ctx, [TensorPiece("w", whole, tuple(whole.shape), (0, 0))],
+                                 Redundancy("none")).pieces
+        results.append([s.blob for s in write_pieces(ctx, pieces, Redundancy("none")).pieces])
     assert results[0] == results[1]
     grid = set(single.blob.chunks)
     row_bytes = 33 * whole.element_size()

@@ -23,6 +23,7 @@ from casckpt.engine import treemigrate
 from casckpt.format.manifest import decode_manifest
 from casckpt.format.tree import iter_leaves
 from casckpt.format.treemanifest import with_tree
+from casckpt.testing.internals import internals
 
 BACKENDS = ["sqlite", "postgres"]
 LAYERS = 6
@@ -114,7 +115,7 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
 
 
 def _nodes_of(store: casckpt.Store, ref: str) -> set[str]:
-    catalog = store._ctx.catalog
+    catalog = internals(store).catalog
     row = casckpt.engine.refs.resolve(catalog, ref)
     return {n.hex() for n in with_tree(decode_manifest(catalog.manifest(row.id), row.id))[1].nodes}
 
@@ -230,7 +231,7 @@ def _deleted_tree_twin(store: casckpt.Store) -> set[str]:
     migration reuses, and no visible version references them. Returns those nodes."""
     store.delete(store.commit(_state(3), run="twin", step=3))
     nodes = _nodes_of(store, "r@3")
-    with store._ctx.catalog.read() as conn:
+    with internals(store).catalog.read() as conn:
         have = {r[0] for r in conn.execute(text("SELECT id FROM tree_nodes"))}
     assert nodes <= have, "the twin should have written r@3's very tree"
     return nodes

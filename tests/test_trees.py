@@ -22,6 +22,7 @@ from casckpt.format.merkle import PART_MAX_ITEMS, SPLIT_ITEMS, Nodes, NodeSource
 from casckpt.format.tree import encode_tree, iter_leaves
 from casckpt.format.treemanifest import encode_tree_manifest
 from casckpt.format.treeread import TreeReader
+from casckpt.testing.internals import internals
 
 
 def _count(root: Path, sql: str) -> int:
@@ -299,7 +300,7 @@ def test_gc_frees_exactly_the_unreachable_nodes_and_chunks(tmp_path: Path) -> No
         left = {r[0] for r in sqlite3.connect(root / "catalog.db").execute("SELECT id FROM tree_nodes")}
         reachable = set()
         for ref in ("r@1", "r@3"):
-            catalog = store._ctx.catalog
+            catalog = internals(store).catalog
             m = casckpt.engine.refs.load_manifest(catalog, casckpt.engine.refs.resolve(catalog, ref))
             reachable |= {n.hex() for n in m.nodes}
             live = {c[0] for c in sqlite3.connect(root / "catalog.db").execute("SELECT id FROM chunks")}

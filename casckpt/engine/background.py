@@ -144,6 +144,12 @@ class BackgroundCommitter:
         self._exit_hook = False
         self._closed = False
 
+    @property
+    def staged(self) -> int:
+        """Bytes of new chunks copied out of pending commits' states and not yet written."""
+        with self._cond:
+            return self._staged
+
     # -- submitting ---------------------------------------------------------------
 
     def commit(self, state: object, req: CommitRequest, progress: ProgressCallback | None) -> CommitHandle:

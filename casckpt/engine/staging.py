@@ -35,6 +35,12 @@ class StagingBuffers:
         self._lock = threading.Lock()
         self.windows = 0  # windows streamed so far (for tests and benchmarks)
 
+    @property
+    def pinned(self) -> bool:
+        """Whether the buffers are page-locked host memory (False until the first stream allocates them)."""
+        buffers = self._buffers
+        return bool(buffers) and buffers[0].is_pinned()
+
     def _allocate(self) -> list[torch.Tensor]:
         if not self._buffers:
             pinned = torch.cuda.is_available()

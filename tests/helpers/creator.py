@@ -30,6 +30,7 @@ import torch
 
 import casckpt
 from casckpt.cli.main import app
+from casckpt.testing.internals import internals
 
 RUN = "r"
 
@@ -46,7 +47,7 @@ def _one(root: str, how: str, kwargs: dict[str, Any], step: int, barrier: thread
     barrier.wait()
     try:
         with _open(root, how, kwargs) as store:
-            ids.append(store._ctx.catalog.store_id)
+            ids.append(internals(store).catalog.store_id)
             store.commit({"step": torch.full((64,), float(step))}, run=RUN, step=step)
     except BaseException:  # noqa: BLE001 - reported to the test, which asserts there are none
         errors.append(traceback.format_exc())

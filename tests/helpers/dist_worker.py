@@ -29,6 +29,7 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor, init_device_mesh
 
 import casckpt
+from casckpt.testing.internals import internals
 
 CHUNK = 1 << 16  # small chunks, so shard boundaries cut through tensors of test size
 PACK = 1 << 18
@@ -156,7 +157,7 @@ def scenario_group_commit(rank: int, world: int, args: dict[str, Any]) -> dict[s
             def unreachable() -> None:
                 raise casckpt.errors.StorageError("injected: a location cannot be listed")
 
-            store._refresh_locations = unreachable  # type: ignore[method-assign]
+            internals(store).core.refresh_locations = unreachable  # type: ignore[method-assign]
         try:
             version = store.commit(state, run=args["run"], step=args["step"], group=dist.group.WORLD)
         except casckpt.errors.GroupCommitError as exc:
