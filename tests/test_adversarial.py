@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import casckpt
-from casckpt.catalog import gc as gc_sql
+from casckpt.catalog import leases as leases_sql
 from casckpt.errors import GCRefusedError, StorageError
 from casckpt.testing.internals import internals
 
@@ -160,7 +160,7 @@ def test_a_stale_catalog_backup_carrying_an_old_lease_still_makes_gc_refuse(
     store.commit({"b": torch.ones(1000)}, run="r", step=1)
     store.delete("r@0")
     store.close()
-    monkeypatch.setattr(gc_sql, "CLOCK_SKEW_S", 0.5)  # 5 s in the product: the sleep would be 6 s
+    monkeypatch.setattr(leases_sql, "CLOCK_SKEW_S", 0.5)  # 5 s in the product: the sleep would be 6 s
     time.sleep(1)  # the chunks above predate the lease by more than the clock-skew margin
     holder = subprocess.Popen([sys.executable, "-c", _LEASE_HOLDER, str(store_dir)],
                               stdout=subprocess.PIPE, text=True)
