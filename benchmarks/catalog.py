@@ -38,7 +38,7 @@ import casckpt
 from casckpt.catalog import Catalog
 from casckpt.catalog import schema as s
 from casckpt.format.chunks import chunk_id, object_id
-from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, encode_manifest
+from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, encode_manifest
 
 Log = Callable[[str], None]
 
@@ -95,12 +95,12 @@ def _ids(seed: str, n: int) -> list[bytes]:
 
 def _manifest_size() -> int:
     """The compressed size of a real manifest of one such version."""
-    blobs = tuple(BlobEntry(CHUNKS * CHUNK_SIZE, CHUNK_SIZE, tuple(_ids(f"m{k}", CHUNKS)))
-                  for k in range(TENSORS))
+    extents = tuple(ExtentEntry(CHUNKS * CHUNK_SIZE, CHUNK_SIZE, tuple(_ids(f"m{k}", CHUNKS)))
+                    for k in range(TENSORS))
     tensors = tuple(TensorEntry(_path(k), "torch", "float32", (1024, 256), k) for k in range(TENSORS))
     root = {"t": "dict", "k": [_path(k) for k in range(TENSORS)],
             "v": [{"t": "tensor", "i": k} for k in range(TENSORS)]}
-    manifest = Manifest(RUN, 0, None, time.time(), root, tensors, blobs,
+    manifest = Manifest(RUN, 0, None, time.time(), root, tensors, extents,
                         {"optimizer": "adamw"}, {"loss": 1.0})
     return len(encode_manifest(manifest)[1])
 

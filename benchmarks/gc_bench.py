@@ -32,7 +32,7 @@ from rich.table import Table  # noqa: E402
 import casckpt  # noqa: E402
 from casckpt.catalog import schema as s  # noqa: E402
 from casckpt.engine.tensorrows import tensor_rows  # noqa: E402
-from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, encode_manifest  # noqa: E402
+from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, encode_manifest  # noqa: E402
 from casckpt.testing.internals import internals  # noqa: E402
 
 VERSIONS, CHUNKS = 1000, 1_000_000
@@ -90,15 +90,15 @@ def _manifest(v: int, first: int, per_tensor: int, now: float) -> tuple[str, byt
     content rows a commit would derive from it).
     """
     names = [f"layer{t}.weight" for t in range(TENSORS_PER_VERSION)]
-    blobs = tuple(BlobEntry(per_tensor * 4096, 4096, tuple(_chunk_id(first + t * per_tensor + i)
-                                                           for i in range(per_tensor)))
+    extents = tuple(ExtentEntry(per_tensor * 4096, 4096, tuple(_chunk_id(first + t * per_tensor + i)
+                                                               for i in range(per_tensor)))
                   for t in range(TENSORS_PER_VERSION))
     tensors = tuple(TensorEntry(name, "torch", "float32", (per_tensor * 1024,), t)
                     for t, name in enumerate(names))
     root = {"t": "dict", "k": names, "v": [{"t": "tensor", "i": t} for t in range(len(names))]}
-    manifest = Manifest("bench", v, None, now - 3600, root, tensors, blobs)  # type: ignore[arg-type]
+    manifest = Manifest("bench", v, None, now - 3600, root, tensors, extents)  # type: ignore[arg-type]
     version_id, data = encode_manifest(manifest)
-    rows, contents = tensor_rows(version_id, manifest.tensors, manifest.blobs)
+    rows, contents = tensor_rows(version_id, manifest.tensors, manifest.extents)
     return version_id, data, rows, contents
 
 

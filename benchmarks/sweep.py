@@ -542,7 +542,7 @@ def _dir_bytes(path: Path, pattern: str = "*") -> int:
 def _catalog_view(store: Any, version_id: str) -> dict[str, int]:
     manifest = internals(store).manifest(version_id)
     return {"manifest_bytes": len(internals(store).catalog.manifest(version_id)),
-            "chunk_refs": sum(len(b.chunks) for b in manifest.blobs)}
+            "chunk_refs": sum(len(b.chunks) for b in manifest.extents)}
 
 
 def _version(v: Any) -> dict[str, Any]:

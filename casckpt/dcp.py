@@ -77,7 +77,7 @@ from casckpt.engine.distributed import (
     publish_save,
     save_pieces,
 )
-from casckpt.engine.layout import tensor_from_blob
+from casckpt.engine.layout import tensor_from_extent
 from casckpt.engine.restore import read_ranges
 from casckpt.errors import CasckptError, InvalidArgumentError, RestoreTargetError, UnsupportedStateError
 from casckpt.format.dtypes import numpy_dtype, torch_dtype
@@ -224,7 +224,7 @@ class StoreWriter(StorageWriter):
             indices.append(item.index)
         wrote = save_pieces(self._ctx, self._request, pieces)
         results = [
-            WriteResult(index, piece.blob.nbytes, _Written(piece=piece))
+            WriteResult(index, piece.extent.nbytes, _Written(piece=piece))
             for index, piece in zip(indices, wrote.pieces, strict=True)
         ] + values
         if results:
@@ -409,7 +409,7 @@ class StoreReader(StorageReader):
                 tensors, requests, datas, targets, direct, strict=True):
             if filled is None:
                 if entry.stride is not None or not entry.shape:
-                    found = tensor_from_blob(entry, data)
+                    found = tensor_from_extent(entry, data)
                     source = torch.from_numpy(found) if isinstance(found, np.ndarray) else found
                 else:
                     source = data.view(_element_type(entry)).reshape(-1, *entry.shape[1:])
@@ -460,13 +460,13 @@ def _reads_into(item: ReadItem, entry: TensorEntry, target: torch.Tensor) -> boo
 
 
 def _rows(item: ReadItem, entry: TensorEntry, manifest: Manifest) -> tuple[tuple[int, int, int], int]:
-    """The byte range of ``entry``'s blob holding the rows ``item`` reads, and its first row.
+    """The byte range of ``entry``'s extent holding the rows ``item`` reads, and its first row.
 
-    A view committed sharing its storage with others is read whole (its blob).
+    A view committed sharing its storage with others is read whole (its extent).
     """
     if entry.stride is not None or not entry.shape:
-        return (entry.blob, 0, manifest.blobs[entry.blob].nbytes), 0
+        return (entry.extent, 0, manifest.extents[entry.extent].nbytes), 0
     itemsize = torch.empty((), dtype=_element_type(entry)).element_size()
     row = entry.numel // entry.shape[0] * itemsize if entry.shape[0] else 0
     first, count = item.storage_offsets[0], item.lengths[0]
-    return (entry.blob, first * row, (first + count) * row), first
+    return (entry.extent, first * row, (first + count) * row), first

@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import casckpt
-from casckpt.engine.layout import PackMemo, plan_blobs
-from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry
+from casckpt.engine.layout import PackMemo, plan_extents
+from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry
 from casckpt.format.merkle import SPLIT_ITEMS
 from casckpt.format.tree import encode_tree, iter_leaves
 from casckpt.format.treeencode import TreeMemo
@@ -39,14 +39,14 @@ _trees = st.recursive(_leaf, lambda inner: st.one_of(
 
 
 def _manifest(state: object) -> Manifest:
-    """A manifest of ``state`` with made-up blobs (a function of each tensor's values)."""
+    """A manifest of ``state`` with made-up extents (a function of each tensor's values)."""
     root, leaves = encode_tree(state)
-    tensors, blobs = [], []
+    tensors, extents = [], []
     for i, leaf in enumerate(leaves):
         t = torch.as_tensor(leaf.value)
         tensors.append(TensorEntry(leaf.path, "torch", "float32", tuple(t.shape), i))
-        blobs.append(BlobEntry(4 * t.numel(), 64, (t.numpy().tobytes()[:32].ljust(32, b"-"),)))
-    return Manifest("r", 1, None, 1.0, root, tuple(tensors), tuple(blobs))
+        extents.append(ExtentEntry(4 * t.numel(), 64, (t.numpy().tobytes()[:32].ljust(32, b"-"),)))
+    return Manifest("r", 1, None, 1.0, root, tuple(tensors), tuple(extents))
 
 
 def _wide(seed: int, n: int) -> dict[str, Any]:
@@ -114,8 +114,8 @@ def test_a_pack_memo_never_changes_the_entries() -> None:
         edit(state)
         memo = PackMemo(memo)
         _, leaves = encode_tree(state)
-        got, _ = plan_blobs(leaves, pack=16 << 10, memo=memo)
-        want, _ = plan_blobs(leaves, pack=16 << 10)
+        got, _ = plan_extents(leaves, pack=16 << 10, memo=memo)
+        want, _ = plan_extents(leaves, pack=16 << 10)
         assert got == want
 
 

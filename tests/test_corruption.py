@@ -96,8 +96,8 @@ class Damaged:
     def chunks_of(self, version_id: str, path: str | None = None) -> list[ChunkRow]:
         """Chunk rows of a version (or of one tensor of it), in manifest order."""
         m = decode_manifest(self.manifest(version_id), version_id, StoreNodes(internals(self.store).catalog))
-        blobs = [t.blob for t in m.tensors if path is None or t.path == path]
-        ids = [c.hex() for i in blobs for c in m.blobs[i].chunks]
+        extents = [t.extent for t in m.tensors if path is None or t.path == path]
+        ids = [c.hex() for i in extents for c in m.extents[i].chunks]
         with self.db() as conn:
             rows = {r[0]: ChunkRow(*r) for r in conn.execute(
                 "SELECT id, pack_id, offset, stored_len, codec FROM chunks")}

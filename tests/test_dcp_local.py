@@ -211,14 +211,14 @@ def test_ranged_reads_return_exact_bytes_and_read_only_covering_chunks(
     data = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=generator)
     run = f"r{nbytes}"
     if run not in {r.name for r in store.runs()}:
-        store.commit({"blob": data}, run=run, step=1)
+        store.commit({"bytes": data}, run=run, step=1)
     manifest = internals(store).manifest(f"{run}@1")
     read: list[int] = []
     outs = read_ranges(internals(store).context, manifest, [(0, a, b) for a, b in spans],
                        progress=lambda phase, done, total: read.append(total))
     for (a, b), out in zip(spans, outs, strict=True):
         assert bytes(out.numpy()) == bytes(data[a:b].numpy())
-    covering = {i for a, b in spans for i in manifest.blobs[0].covering(a, b)}
+    covering = {i for a, b in spans for i in manifest.extents[0].covering(a, b)}
     limit = sum(min(CHUNK, nbytes - i * CHUNK) + ENTRY_HEADER_SIZE for i in covering)  # with headers
     assert (read[-1] if read else 0) <= limit
     assert not covering or read

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import casckpt
-from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, encode_manifest
+from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, encode_manifest
 from casckpt.format.tree import encode_tree, iter_leaves
 from casckpt.format.treemanifest import encode_tree_manifest
 
@@ -79,9 +79,9 @@ def _manifest(tree_state: Any) -> Manifest:
     root, leaves = encode_tree(tree_state)
     tensors = tuple(TensorEntry(leaf.path, "torch", "float32", tuple(leaf.value.shape), i)
                     for i, leaf in enumerate(leaves))
-    blobs = tuple(BlobEntry(4 * leaf.value.numel(), 1 << 20, (bytes([i]) * 32,))
-                  for i, leaf in enumerate(leaves))
-    return Manifest("golden", 3, "a" * 64, 1700000000.5, root, tensors, blobs,
+    extents = tuple(ExtentEntry(4 * leaf.value.numel(), 1 << 20, (bytes([i]) * 32,))
+                    for i, leaf in enumerate(leaves))
+    return Manifest("golden", 3, "a" * 64, 1700000000.5, root, tensors, extents,
                     metadata={"k": [1, "x"]}, metrics={"loss": 0.25}, message="pinned", tags=("t",))
 
 

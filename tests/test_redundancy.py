@@ -331,7 +331,7 @@ def pack_users(store: Any, pack: str, refs: Sequence[str]) -> dict[str, set[str]
     for ref in refs:
         manifest = internals(store).manifest(ref)
         for tensor in manifest.tensors:
-            ids = {c.hex() for c in manifest.blobs[tensor.blob].chunks}
+            ids = {c.hex() for c in manifest.extents[tensor.extent].chunks}
             if any(loc.pack_id == pack for loc in catalog.find_chunks(ids, live_only=False).values()):
                 out.setdefault(ref, set()).add(tensor.path)
     return out

@@ -76,7 +76,7 @@ def test_a_commit_whose_node_no_reader_accepts_is_refused_before_publishing(
 
 def _tied(step: int) -> dict[str, torch.Tensor]:
     w = torch.arange(24, dtype=torch.float32).reshape(4, 6) + step
-    return {"w": w, "wt": w.t(), "b": torch.ones(3)}  # w and wt: one storage, one shared blob
+    return {"w": w, "wt": w.t(), "b": torch.ones(3)}  # w and wt: one storage, one shared extent
 
 
 def _changed(diff: casckpt.VersionDiff) -> tuple[list[str], int]:
@@ -86,7 +86,7 @@ def _changed(diff: casckpt.VersionDiff) -> tuple[list[str], int]:
 def test_diff_sees_a_change_of_tensors_sharing_a_storage(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Tensors sharing one storage (tied weights) are tree entries ``{"s": i}`` naming the
-    document's shared blob i: equal JSON in two versions whatever the blob holds, so the
+    document's shared extent i: equal JSON in two versions whatever the extent holds, so the
     tree walk of diff skipped them (versions whose only change is a tied pair even have one
     tree root) and reported them unchanged. Format-1 versions, right before, got the same
     wrong answer once migrated."""

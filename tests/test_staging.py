@@ -47,7 +47,7 @@ def _state(seed: int) -> dict[str, Any]:
     base = torch.randn(10_000, generator=g)
     return {
         "w": torch.randn(25_000, generator=g),          # many windows
-        "view": base[1000:3000],                        # a view: shared blob
+        "view": base[1000:3000],                        # a view: shared extent
         "whole": base,
         "bf16": torch.randn(3_333, generator=g).to(torch.bfloat16),
         "odd": torch.arange(7, dtype=torch.int16),      # smaller than a chunk
@@ -148,11 +148,11 @@ def _chunk_alike(direct: casckpt.Store, staged: casckpt.Store, rows: int, cuts: 
         ctx = internals(store).context
         (single,) = write_pieces(ctx, [TensorPiece("w", whole, tuple(whole.shape), (0, 0))],
                                  Redundancy("none")).pieces
-        results.append([s.blob for s in write_pieces(ctx, pieces, Redundancy("none")).pieces])
+        results.append([s.extent for s in write_pieces(ctx, pieces, Redundancy("none")).pieces])
     assert results[0] == results[1]
-    grid = set(single.blob.chunks)
+    grid = set(single.extent.chunks)
     row_bytes = 33 * whole.element_size()
-    cut_chunks = sum(1 for b in bounds[1:-1] if (b * row_bytes) % single.blob.chunk_size)
-    shard_chunks = [c for blob in results[0] for c in blob.chunks]
+    cut_chunks = sum(1 for b in bounds[1:-1] if (b * row_bytes) % single.extent.chunk_size)
+    shard_chunks = [c for extent in results[0] for c in extent.chunks]
     assert sum(1 for c in shard_chunks if c not in grid) <= 2 * cut_chunks
-    assert len(shard_chunks) == len(single.blob.chunks) + cut_chunks
+    assert len(shard_chunks) == len(single.extent.chunks) + cut_chunks

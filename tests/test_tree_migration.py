@@ -36,7 +36,7 @@ def _state(step: int) -> dict[str, Any]:
     layers = {f"l{i}.w": torch.randn(2000, generator=g) for i in range(LAYERS)}
     layers[f"l{step % LAYERS}.w"] = layers[f"l{step % LAYERS}.w"] + step
     emb = torch.arange(4000, dtype=torch.float32) / 7
-    return {"model": {"layers": layers, "emb": emb, "head": emb,  # tied: one blob, two tensors
+    return {"model": {"layers": layers, "emb": emb, "head": emb,  # tied: one extent, two tensors
                       "w": torch.arange(3000, dtype=torch.float32) * (1 + step * 1e-4)},
             "opt": {"lr": 0.1 / (step + 1), "betas": (0.9, 0.99), "name": "adam"}, "step": step}
 

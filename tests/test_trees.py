@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import casckpt
 from casckpt.engine import commit as commit_engine
 from casckpt.errors import CorruptManifestError, TensorNotFoundError
-from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, decode_manifest
+from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, decode_manifest
 from casckpt.format.merkle import PART_MAX_ITEMS, SPLIT_ITEMS, Nodes, NodeSource
 from casckpt.format.tree import encode_tree, iter_leaves
 from casckpt.format.treemanifest import encode_tree_manifest
@@ -129,11 +129,11 @@ _trees = st.recursive(_leaf, lambda inner: st.one_of(
 def _manifest(state: object) -> Manifest:
     root, leaves = encode_tree(state)
     sizes = [4 * leaf.value.numel() for leaf in leaves]
-    blobs = tuple(BlobEntry(n, 64, tuple(bytes([i % 256, j]) * 16 for j in range(-(-n // 64))))
-                  for i, n in enumerate(sizes))
+    extents = tuple(ExtentEntry(n, 64, tuple(bytes([i % 256, j]) * 16 for j in range(-(-n // 64))))
+                    for i, n in enumerate(sizes))
     tensors = tuple(TensorEntry(leaf.path, "torch", "float32", tuple(leaf.value.shape), i)
                     for i, leaf in enumerate(leaves))
-    return Manifest("r", 1, None, 1.0, root, tensors, blobs)
+    return Manifest("r", 1, None, 1.0, root, tensors, extents)
 
 
 @given(_trees)
@@ -147,7 +147,8 @@ def test_any_tree_round_trips_through_nodes(state: object) -> None:
     back = decode_manifest(data, vid, _Dict(tree.nodes))
     assert back.root == manifest.root
     assert [(t.path, t.shape) for t in back.tensors] == [(t.path, t.shape) for t in manifest.tensors]
-    assert [back.blobs[t.blob] for t in back.tensors] == [manifest.blobs[t.blob] for t in manifest.tensors]
+    assert ([back.extents[t.extent] for t in back.tensors]
+            == [manifest.extents[t.extent] for t in manifest.tensors])
     assert set(back.nodes) == set(tree.nodes)
 
 
@@ -508,8 +509,8 @@ def test_a_summary_disagreeing_with_its_tree_is_refused() -> None:
     state = {"model": _flat(20), "lr": 0.1}
     root, leaves = encode_tree(state)
     tensors = tuple(TensorEntry(leaf.path, "torch", "float32", (8,), i) for i, leaf in enumerate(leaves))
-    blobs = tuple(BlobEntry(32, 1 << 20, (bytes([i]) * 32,)) for i in range(len(leaves)))
-    manifest = Manifest("r", 1, None, 0.0, root, tensors, blobs)
+    extents = tuple(ExtentEntry(32, 1 << 20, (bytes([i]) * 32,)) for i in range(len(leaves)))
+    manifest = Manifest("r", 1, None, 0.0, root, tensors, extents)
     _, data, tree = encode_tree_manifest(manifest)
     doc = json.loads(zstandard.ZstdDecompressor().decompress(data))
     assert doc["tree"]["groups"] == [["model", 20, 640]] and doc["tree"]["values"][0][0] == "lr"
@@ -619,7 +620,7 @@ def test_malformed_nodes_with_valid_ids_are_typed_errors_in_every_walk(forgery: 
 @pytest.mark.parametrize("field,value", [("offset", 1 << 20), ("shape", [-4]), ("shape", [10**30])])
 def test_one_tensor_read_from_a_tree_is_validated_like_a_whole_manifest(field: str, value: Any) -> None:
     """Found in review: load_tensor, diff and history took one entry of a node as it was
-    (an offset past its blob reached torch as an untyped RuntimeError)."""
+    (an offset past its extent reached torch as an untyped RuntimeError)."""
     from casckpt.engine.treeviews import checked_entry, entry_row
 
     entry = {"kind": "torch", "dtype": "float32", "shape": [4], "offset": 0, "stride": None,

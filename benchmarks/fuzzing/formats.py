@@ -5,7 +5,7 @@ a chunk a pack reader returns must hash to its id and equal the chunk that
 was stored; a pack rebuilt from shards must be the pack; a manifest accepted
 must be the one whose id was asked for, and everything the engine does with
 an accepted manifest (tree decoding, rank views, catalog rows, tensor views
-over blob buffers) must work or raise a CasckptError.
+over extent buffers) must work or raise a CasckptError.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from blake3 import blake3
 from benchmarks.fuzzing.harness import WrongData
 from benchmarks.fuzzing.mutate import Field, forge_field, json_text, mutate_bytes, mutate_json, splice
 from benchmarks.fuzzing.seeds import FormatSeeds, PackSeed
-from casckpt.engine.layout import tensor_from_blob
+from casckpt.engine.layout import tensor_from_extent
 from casckpt.engine.restore import _assemble, _stored_leaves
 from casckpt.engine.tensorrows import tensor_rows
 from casckpt.errors import CasckptError, CorruptPackError
@@ -46,7 +46,7 @@ from casckpt.format.tree import decode_tree, iter_values
 from casckpt.format.treeread import TreeReader
 from casckpt.storage.erasure import ErasureCode
 
-_BUFFER_LIMIT = 64 << 20  # blob bytes a case may allocate to build tensor views of an accepted manifest
+_BUFFER_LIMIT = 64 << 20  # extent bytes a case may allocate to build tensor views of an accepted manifest
 
 
 def all_paths(attempts: list[Callable[[], None]]) -> None:
@@ -427,8 +427,8 @@ _TOP = {  # what encode_manifest writes, field by field
     "tree": lambda v: isinstance(v, dict) and _is_hex_id(v.get("root")) and _is_int(v.get("n"))
     and _is_int(v.get("b")) and isinstance(v.get("shared"), list),
 }
-_BLOB = {"nbytes": _is_int, "chunk_size": _is_int, "phase": _is_int, "packed": lambda v: v is True,
-         "chunks": lambda v: isinstance(v, list) and all(_is_hex_id(c) for c in v)}
+_EXTENT = {"nbytes": _is_int, "chunk_size": _is_int, "phase": _is_int, "packed": lambda v: v is True,
+           "chunks": lambda v: isinstance(v, list) and all(_is_hex_id(c) for c in v)}
 _TENSOR = {"path": lambda v: isinstance(v, str), "kind": lambda v: isinstance(v, str),
            "dtype": lambda v: isinstance(v, str), "shape": _ints, "blob": _is_int, "offset": _is_int,
            "stride": lambda v: v is None or _ints(v), "global_shape": _ints, "global_offset": _ints,
@@ -461,8 +461,8 @@ def schema_violation(doc: Any) -> str | None:
         return found
     tree = doc.get("tree")
     shared = tree.get("shared", ()) if isinstance(tree, dict) else ()
-    for i, blob in enumerate([*doc.get("blobs", ()), *shared]):
-        found = found or _fields(blob, _BLOB, f"blob {i}")
+    for i, extent in enumerate([*doc.get("blobs", ()), *shared]):
+        found = found or _fields(extent, _EXTENT, f"extent {i}")
     for i, tensor in enumerate(doc.get("tensors", ())):
         found = found or _fields(tensor, _TENSOR, f"tensor {i}")
         if found is None and ("global_shape" in tensor) != ("global_offset" in tensor):
@@ -490,8 +490,8 @@ def use_manifest(m: Manifest, version_id: str) -> None:
     """Everything the engine does with a decoded manifest without reading chunks."""
     _ = m.logical_bytes, m.uses_v2, sharding(m), _stored_leaves(m)
     list(iter_values(m.root))
-    tensor_rows(version_id, m.tensors, m.blobs)
-    for b in m.blobs:
+    tensor_rows(version_id, m.tensors, m.extents)
+    for b in m.extents:
         b.spans()
         b.covering(0, b.nbytes)
     views = [m] if rank_count(m) is None else [rank_view(m, r) for r in range(rank_count(m) or 0)]
@@ -500,19 +500,19 @@ def use_manifest(m: Manifest, version_id: str) -> None:
 
 
 def _materialize(m: Manifest) -> None:
-    """Build the state tree over zero-filled blob buffers, as restore does over filled ones."""
-    if sum(b.nbytes for b in m.blobs) > _BUFFER_LIMIT:
+    """Build the state tree over zero-filled extent buffers, as restore does over filled ones."""
+    if sum(b.nbytes for b in m.extents) > _BUFFER_LIMIT:
         decode_tree(m.root, lambda i, p: None, lambda i, p: None)
         return
     buffers: dict[int, Any] = {}
     for t in m.tensors:
-        nbytes = m.blobs[t.blob].nbytes
-        buffers.setdefault(t.blob, np.zeros(nbytes, np.uint8) if t.kind == "numpy"
+        nbytes = m.extents[t.extent].nbytes
+        buffers.setdefault(t.extent, np.zeros(nbytes, np.uint8) if t.kind == "numpy"
                            else torch.zeros(nbytes, dtype=torch.uint8))
 
     def tensor(i: int, path: str) -> object:
         entry = m.tensors[i]
-        return tensor_from_blob(entry, buffers[entry.blob])
+        return tensor_from_extent(entry, buffers[entry.extent])
 
     def sharded(indices: list[int], path: str) -> object:
         return _assemble([m.tensors[i] for i in indices], buffers)

@@ -35,7 +35,7 @@ import torch
 import casckpt
 from casckpt.format.chunks import chunk_id
 from casckpt.format.codecs import Codec, CompressionPolicy, encode_chunk, encode_delta
-from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, World, encode_manifest
+from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, World, encode_manifest
 from casckpt.format.merkle import node_json
 from casckpt.format.pack import PackWriter
 from casckpt.format.shard import ShardHeader, encode_shard_header, payload_checksum
@@ -145,7 +145,7 @@ def _v2_manifests() -> list[Manifest]:
             TensorEntry("w", "torch", "float32", (6, 4), 0, global_shape=(10, 4), global_offset=(0, 0)),
             TensorEntry("w", "torch", "float32", (4, 4), 1, global_shape=(10, 4), global_offset=(6, 0)),
         ),
-        blobs=(BlobEntry(96, 64, (_cid(1), _cid(2))), BlobEntry(64, 64, (_cid(2), _cid(3)), phase=32)),
+        extents=(ExtentEntry(96, 64, (_cid(1), _cid(2))), ExtentEntry(64, 64, (_cid(2), _cid(3)), phase=32)),
         metadata={"note": "v2"}, metrics={"loss": 0.5}, world=World(2, "dcp"),
     )
     tree = {"t": "dict", "k": ["x", "pos"], "v": [{"t": "tensor", "i": 0}, {"t": "int", "v": 0}]}
@@ -154,7 +154,7 @@ def _v2_manifests() -> list[Manifest]:
         run="group", step=2, parent="ab" * 32, created_at=2.0, root={"t": "ranks", "v": [tree, other]},
         tensors=(TensorEntry("x", "torch", "int8", (3,), 0, rank=0),
                  TensorEntry("x", "numpy", "<i4", (2, 2), 1, stride=(2, 1), rank=1)),
-        blobs=(BlobEntry(3, 64, (_cid(4),)), BlobEntry(16, 64, (_cid(5),))), tags=("t1",),
+        extents=(ExtentEntry(3, 64, (_cid(4),)), ExtentEntry(16, 64, (_cid(5),))), tags=("t1",),
         world=World(2, "group"),
     )
     return [sharded, ranks]

@@ -101,7 +101,7 @@ def _affected(ctx: EngineContext, manifests: list[tuple[str, Manifest]],
     for _, manifest in manifests:
         hit: dict[str, set[str]] = {}
         for tensor in manifest.tensors:
-            for cid in manifest.blobs[tensor.blob].chunks:
+            for cid in manifest.extents[tensor.extent].chunks:
                 pack = in_lost.get(cid.hex())
                 if pack is not None:
                     hit.setdefault(pack, set()).add(tensor.path)
@@ -143,7 +143,7 @@ def _dependents(ctx: EngineContext, manifests: list[tuple[str, Manifest]],
         needing = dependents(ctx.catalog, [cid])
         hit = needing | {cid}
         versions = sorted({f"{m.run}@{m.step}" for _, m in manifests
-                           if any(c.hex() in hit for b in m.blobs for c in b.chunks)})
+                           if any(c.hex() in hit for b in m.extents for c in b.chunks)})
         if not needing and not versions:
             continue
         shown = ", ".join(versions[:10]) + (" ..." if len(versions) > 10 else "")

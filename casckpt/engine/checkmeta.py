@@ -220,7 +220,7 @@ def check_rows(ctx: EngineContext, found: Findings) -> None:
     verified: set[str] = set()
     for version_id, manifest in found.manifests:
         label = f"{manifest.run}@{manifest.step}"
-        want_rows, want_contents = tensor_rows(version_id, manifest.tensors, manifest.blobs) \
+        want_rows, want_contents = tensor_rows(version_id, manifest.tensors, manifest.extents) \
             if manifest.tree is None else ([], [])  # a tree version's nodes are its rows
         try:
             have = {r.path: r for r in ctx.catalog.tensors_of(version_id)}

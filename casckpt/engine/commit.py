@@ -32,7 +32,7 @@ from casckpt.engine.commitchunks import (
     ChunkBytes,
     ChunkWrite,
     Reserve,
-    hash_blobs,
+    hash_extents,
     known_chunks,
     node_chunks,
     write_chunks,
@@ -41,7 +41,7 @@ from casckpt.engine.commitchunks import owned_copy as _copy  # a global here: te
 from casckpt.engine.context import EngineContext
 from casckpt.engine.degraded import Shortfall, summary
 from casckpt.engine.deltabase import DeltaPlan, candidate_bases
-from casckpt.engine.layout import SMALL_TENSOR, PackMemo, plan_blobs
+from casckpt.engine.layout import SMALL_TENSOR, PackMemo, plan_extents
 from casckpt.engine.tensorrows import tensor_rows
 from casckpt.engine.validate import (
     check_message,
@@ -185,13 +185,13 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
               pending: Mapping[bytes, ChunkBytes] | None, memo: _RunMemo) -> Snapshot:
     root, leaves = encode_tree(state)
     pack = min(SMALL_TENSOR, ctx.config.chunk_size - ctx.config.chunk_size % 16) if TREE_MANIFESTS else 0
-    entries, sources = plan_blobs(leaves, stage_host=ctx.config.stage_host_tensors, pack=pack,
-                                  memo=memo.packs)
-    hashed = hash_blobs(ctx, sources, progress, pending, reserve)
-    blobs, chunks = hashed.blobs, hashed.chunks
+    entries, sources = plan_extents(leaves, stage_host=ctx.config.stage_host_tensors, pack=pack,
+                                    memo=memo.packs)
+    hashed = hash_extents(ctx, sources, progress, pending, reserve)
+    extents, chunks = hashed.extents, hashed.chunks
     manifest = Manifest(
         run=req.run, step=req.step, parent=parent,
-        created_at=created, root=root, tensors=tuple(entries), blobs=tuple(blobs),
+        created_at=created, root=root, tensors=tuple(entries), extents=tuple(extents),
         metadata=req.metadata, metrics=req.metrics, message=req.message, tags=req.tags,
     )
     lookup = [c for c, chunk in chunks.items() if c not in hashed.known and not chunk.owned]
@@ -201,7 +201,7 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
     if TREE_MANIFESTS:
         version_id, manifest_bytes, tree = encode_tree_manifest(manifest, memo.tree)
         manifest = replace(manifest, tree=TreeHead(tree.root, tree.tensors, tree.nbytes,
-                                                   tuple(manifest.blobs[i] for i in tree.shared_blobs),
+                                                   tuple(manifest.extents[i] for i in tree.shared_extents),
                                                    tree.groups, tree.values),
                            nodes=tuple(tree.nodes))
         for node_id, chunk in node_chunks(tree).items():
@@ -210,7 +210,7 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
                 lookup.append(node_id)
     else:  # what casckpt wrote before tree manifests (tests build older stores with it)
         version_id, manifest_bytes = encode_manifest(manifest)
-        rows, content_rows = tensor_rows(version_id, entries, blobs)
+        rows, content_rows = tensor_rows(version_id, entries, extents)
     known = hashed.known | known_chunks(ctx, lookup)  # streamed chunks were looked up while streaming
     new_ids = []
     for cid in chunks:
@@ -232,7 +232,7 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
             foreground = bool(todo)
     before = _parent_manifest(ctx, req.run, parent) if new_ids and delta_chain_for(ctx.catalog, req.run) > 0 \
         else None  # bases only serve delta coding of new chunks
-    bases = candidate_bases(before, entries, blobs, new_ids) if before is not None else {}
+    bases = candidate_bases(before, entries, extents, new_ids) if before is not None else {}
     ctx.bases.remember(req.run, version_id, manifest)
     return Snapshot(manifest, version_id, manifest_bytes, chunks, new_ids, rows, content_rows, owned,
                     foreground=foreground, bases=bases, tree=tree)

@@ -1,6 +1,6 @@
 """A commit's chunks: where their bytes are, hashing and dedup, encoding and packing.
 
-The middle of the commit pipeline (:mod:`casckpt.engine.commit`): blobs are cut into
+The middle of the commit pipeline (:mod:`casckpt.engine.commit`): extents are cut into
 chunks and hashed in place (device tensors streamed through staging buffers), the chunks
 the store holds are looked up (cache hints, then the catalog), and the new ones are
 encoded (delta-coded where it pays) and packed. :class:`ChunkBytes` says where each
@@ -19,11 +19,11 @@ import torch
 from casckpt.engine.context import EngineContext
 from casckpt.engine.degraded import Shortfall, shortfalls
 from casckpt.engine.deltabase import DeltaPlan
-from casckpt.engine.layout import BlobSource
+from casckpt.engine.layout import ExtentSource
 from casckpt.engine.packer import Packer
 from casckpt.format.chunks import aligned_chunk_size, chunk_id, chunk_spans
 from casckpt.format.codecs import CompressionPolicy, encode_chunk
-from casckpt.format.manifest import BlobEntry
+from casckpt.format.manifest import ExtentEntry
 from casckpt.format.treeencode import Tree
 from casckpt.storage.erasure import Redundancy
 from casckpt.types import ProgressCallback
@@ -60,14 +60,14 @@ class Progress:
 
 @dataclass(slots=True)
 class Hashed:
-    """Every chunk of a state: its blobs' chunk lists, and where each chunk's bytes are.
+    """Every chunk of a state: its extents' chunk lists, and where each chunk's bytes are.
 
-    Streamed (staged) blobs are classified while they stream, since their
+    Streamed (staged) extents are classified while they stream, since their
     bytes do not stay on the host: ``known`` the chunks the store holds (no
     bytes kept), ``copied`` the new ones, copied out of the staging buffers.
     """
 
-    blobs: list[BlobEntry]
+    extents: list[ExtentEntry]
     chunks: dict[bytes, ChunkBytes]
     known: set[bytes]
     copied: int
@@ -80,8 +80,8 @@ NOT_HELD = memoryview(b"")  # a streamed chunk the store holds: its bytes stayed
 Reserve = Callable[[int], bool]  # asked for the bytes to copy; False: do not copy (write from the views)
 
 
-def hash_blobs(
-    ctx: EngineContext, sources: Sequence[BlobSource], progress: ProgressCallback | None,
+def hash_extents(
+    ctx: EngineContext, sources: Sequence[ExtentSource], progress: ProgressCallback | None,
     pending: Mapping[bytes, ChunkBytes] | None, reserve: Reserve | None = None, confirm: bool = False,
 ) -> Hashed:
     out = Hashed([], {}, set(), 0)
@@ -105,7 +105,7 @@ def hash_blobs(
                 ids = list(ctx.pool.map(chunk_id, (view[start:end] for start, end in spans)))
             for cid, (start, end) in zip(ids, spans, strict=True):
                 out.chunks.setdefault(cid, ChunkBytes(view, start, end, source.align))
-        out.blobs.append(BlobEntry(source.nbytes, size, tuple(ids), phase, packed=source.packed))
+        out.extents.append(ExtentEntry(source.nbytes, size, tuple(ids), phase, packed=source.packed))
         bar.advance(source.nbytes)
     return out
 
@@ -113,7 +113,7 @@ def hash_blobs(
 def _hash_staged(ctx: EngineContext, flat: torch.Tensor, align: int, size: int, out: Hashed,
                  pending: Mapping[bytes, ChunkBytes] | None, reserve: Reserve | None,
                  confirm: bool = False) -> list[bytes]:
-    """Stream a device blob through the staging buffers: hash each window, look its chunks
+    """Stream a device extent through the staging buffers: hash each window, look its chunks
     up, and copy out only the ones the store does not hold -- admitted into a background
     commit's budget window by window (a window larger than the whole budget is copied anyway:
     the bytes cannot stay on the device)."""
@@ -216,14 +216,16 @@ def held_elsewhere(ids: Iterable[bytes]) -> dict[bytes, ChunkBytes]:
     return {cid: ChunkBytes(NOT_HELD, 0, 0, 1) for cid in ids}
 
 
-def hash_and_dedup(ctx: EngineContext, sources: Sequence[BlobSource], progress: ProgressCallback | None,
-                   *, confirm: bool = False) -> tuple[list[BlobEntry], dict[bytes, ChunkBytes], list[bytes]]:
-    """Chunk and hash blobs in place; returns their entries, every chunk, and the ids of the
+def hash_and_dedup(
+    ctx: EngineContext, sources: Sequence[ExtentSource], progress: ProgressCallback | None,
+    *, confirm: bool = False,
+) -> tuple[list[ExtentEntry], dict[bytes, ChunkBytes], list[bytes]]:
+    """Chunk and hash extents in place; returns their entries, every chunk, and the ids of the
     chunks the store does not hold (to be written from the views, which must not change).
     ``confirm``: trust only the catalog, not this host's cache (see :func:`known_chunks`)."""
-    hashed = hash_blobs(ctx, sources, progress, None, confirm=confirm)
+    hashed = hash_extents(ctx, sources, progress, None, confirm=confirm)
     known = hashed.known | known_chunks(ctx, [c for c in hashed.chunks if c not in hashed.known], confirm)
-    return hashed.blobs, hashed.chunks, [c for c in hashed.chunks if c not in known]
+    return hashed.extents, hashed.chunks, [c for c in hashed.chunks if c not in known]
 
 
 def owned_copy(chunk: ChunkBytes) -> ChunkBytes:

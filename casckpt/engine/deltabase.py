@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from casckpt.format.codecs import delta_ratio_probe, encode_delta
-from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry
+from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry
 
 DELTA_MAX_RATIO = 0.8  # a delta must be at most this fraction of the plain encoding's size ...
 DELTA_MAX_RAW = 0.5  # ... and of the raw chunk: a delta that saves less costs restores more than it saves
@@ -101,27 +101,27 @@ class BaseCache:
         return found[1] if found is not None and found[0] == version_id else None
 
 
-def _blobs_by_path(manifest: Manifest) -> dict[tuple[str, int | None], BlobEntry]:
+def _extents_by_path(manifest: Manifest) -> dict[tuple[str, int | None], ExtentEntry]:
     users: dict[int, int] = {}
     for t in manifest.tensors:
-        users[t.blob] = users.get(t.blob, 0) + 1
-    return {(t.path, t.rank): manifest.blobs[t.blob] for t in manifest.tensors
-            if users[t.blob] == 1 and not t.is_shard}
+        users[t.extent] = users.get(t.extent, 0) + 1
+    return {(t.path, t.rank): manifest.extents[t.extent] for t in manifest.tensors
+            if users[t.extent] == 1 and not t.is_shard}
 
 
-def candidate_bases(parent: Manifest, tensors: Sequence[TensorEntry], blobs: Sequence[BlobEntry],
+def candidate_bases(parent: Manifest, tensors: Sequence[TensorEntry], extents: Sequence[ExtentEntry],
                     new_ids: Iterable[bytes]) -> dict[bytes, bytes]:
     """New chunk id -> the parent's chunk at the same tensor path and position (same length)."""
-    before = _blobs_by_path(parent)
+    before = _extents_by_path(parent)
     wanted = set(new_ids)
     found: dict[bytes, bytes] = {}
     for t in tensors:
         old = before.get((t.path, t.rank))
-        blob = blobs[t.blob]
-        if old is None or t.is_shard or old.chunk_size != blob.chunk_size or old.phase != blob.phase:
+        extent = extents[t.extent]
+        if old is None or t.is_shard or old.chunk_size != extent.chunk_size or old.phase != extent.phase:
             continue
         old_spans = old.spans()
-        for i, ((start, end), cid) in enumerate(zip(blob.spans(), blob.chunks, strict=True)):
+        for i, ((start, end), cid) in enumerate(zip(extent.spans(), extent.chunks, strict=True)):
             if cid not in wanted or cid in found or i >= len(old.chunks):
                 continue
             if old_spans[i] == (start, end) and old.chunks[i] != cid:

@@ -46,9 +46,9 @@ from casckpt.engine.commit import CommitRequest, Snapshot, parent_of, publish, r
 from casckpt.engine.commitchunks import hash_and_dedup, held_elsewhere, write_chunks
 from casckpt.engine.context import EngineContext
 from casckpt.engine.degraded import Shortfall
-from casckpt.engine.layout import plan_blobs
+from casckpt.engine.layout import plan_extents
 from casckpt.engine.tensorrows import tensor_rows
-from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, World, encode_manifest
+from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, World, encode_manifest
 from casckpt.format.tree import Node, TensorLeaf
 from casckpt.storage.erasure import Redundancy
 from casckpt.types import ProgressCallback, Version
@@ -74,7 +74,7 @@ class StoredPiece:
     path: str
     dtype: str
     shape: tuple[int, ...]
-    blob: BlobEntry
+    extent: ExtentEntry
     global_shape: tuple[int, ...] | None = None
     global_offset: tuple[int, ...] | None = None
 
@@ -108,48 +108,48 @@ def write_pieces(ctx: EngineContext, pieces: Sequence[TensorPiece], redundancy: 
     nothing is visible until the coordinator publishes the version.
     """
     entries, sources = [], []
-    for piece in pieces:  # one blob per piece, even for views of one storage
-        (entry,), (source,) = plan_blobs([TensorLeaf(piece.path, "torch", piece.tensor)],
-                                         stage_host=ctx.config.stage_host_tensors)
+    for piece in pieces:  # one extent per piece, even for views of one storage
+        (entry,), (source,) = plan_extents([TensorLeaf(piece.path, "torch", piece.tensor)],
+                                           stage_host=ctx.config.stage_host_tensors)
         source.grid_offset = _grid_offset(piece, piece.tensor.element_size())
         entries.append(entry)
         sources.append(source)
     # confirmed in the catalog, not taken from this host's cache: the coordinator could not
     # write a chunk this rank wrongly skipped
-    blobs, chunks, new_ids = hash_and_dedup(ctx, sources, progress, confirm=True)
+    extents, chunks, new_ids = hash_and_dedup(ctx, sources, progress, confirm=True)
     written = write_chunks(ctx, chunks, new_ids, redundancy, progress)
     stored = tuple(
-        StoredPiece(p.path, e.dtype, e.shape, blob, p.global_shape, p.global_offset)
-        for p, e, blob in zip(pieces, entries, blobs, strict=True)
+        StoredPiece(p.path, e.dtype, e.shape, extent, p.global_shape, p.global_offset)
+        for p, e, extent in zip(pieces, entries, extents, strict=True)
     )
     return RankWrite(stored, written.raw_bytes, written.stored_bytes, written.degraded)
 
 
 def compose(req: CommitRequest, parent: str | None, created: float, world: World, root: Node,
-            entries: Sequence[TensorEntry], blobs: Sequence[BlobEntry], new_bytes: int,
+            entries: Sequence[TensorEntry], extents: Sequence[ExtentEntry], new_bytes: int,
             stored_bytes: int, degraded: Sequence[Shortfall] = ()) -> Snapshot:
     """The snapshot of a version whose chunks the ranks wrote already (nothing is left to write:
     publishing re-checks the chunks, it cannot write them again); ``degraded``: the packs the
     ranks wrote below their redundancy."""
     manifest = Manifest(
         run=req.run, step=req.step, parent=parent, created_at=created, root=root,
-        tensors=tuple(entries), blobs=tuple(blobs), metadata=req.metadata, metrics=req.metrics,
+        tensors=tuple(entries), extents=tuple(extents), metadata=req.metadata, metrics=req.metrics,
         message=req.message, tags=req.tags, world=world,
     )
     version_id, manifest_bytes = encode_manifest(manifest)
-    rows, content_rows = tensor_rows(version_id, entries, blobs)
-    chunks = held_elsewhere(cid for b in blobs for cid in b.chunks)
+    rows, content_rows = tensor_rows(version_id, entries, extents)
+    chunks = held_elsewhere(cid for b in extents for cid in b.chunks)
     snap = Snapshot(manifest, version_id, manifest_bytes, chunks, [], rows, content_rows)
     snap.new_bytes, snap.stored_bytes = new_bytes, stored_bytes
     snap.degraded = list(degraded)
     return snap
 
 
-def piece_entries(pieces: Sequence[StoredPiece]) -> tuple[list[TensorEntry], list[BlobEntry]]:
-    """Manifest entries for ``pieces``: piece ``i`` becomes tensor ``i`` with blob ``i``."""
+def piece_entries(pieces: Sequence[StoredPiece]) -> tuple[list[TensorEntry], list[ExtentEntry]]:
+    """Manifest entries for ``pieces``: piece ``i`` becomes tensor ``i`` with extent ``i``."""
     entries = [TensorEntry(p.path, "torch", p.dtype, p.shape, i, global_shape=p.global_shape,
                            global_offset=p.global_offset) for i, p in enumerate(pieces)]
-    return entries, [p.blob for p in pieces]
+    return entries, [p.extent for p in pieces]
 
 
 # -- the coordinator's side, as casckpt.dcp drives it ---------------------------------------
@@ -195,8 +195,8 @@ def publish_save(ctx: EngineContext, req: CommitRequest, start: SaveStart, world
     Raises:
         VersionExistsError: the step was taken meanwhile.
     """
-    entries, blobs = piece_entries(pieces)
-    snap = compose(req, start.parent, start.created, world, root, entries, blobs, new_bytes,
+    entries, extents = piece_entries(pieces)
+    snap = compose(req, start.parent, start.created, world, root, entries, extents, new_bytes,
                    stored_bytes, degraded)
     return publish(ctx, req, snap, ctx.packs.redundancy_for(req.run), start.started, start.lease)
 

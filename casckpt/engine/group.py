@@ -35,9 +35,9 @@ from casckpt.engine.commit import CommitRequest
 from casckpt.engine.commitchunks import ChunkWrite, hash_and_dedup, write_chunks
 from casckpt.engine.context import EngineContext
 from casckpt.engine.distributed import compose
-from casckpt.engine.layout import plan_blobs
+from casckpt.engine.layout import plan_extents
 from casckpt.errors import GroupCommitError
-from casckpt.format.manifest import BlobEntry, TensorEntry, World, renumber_tensors
+from casckpt.format.manifest import ExtentEntry, TensorEntry, World, renumber_tensors
 from casckpt.format.tree import Node, encode_tree
 from casckpt.types import ProgressCallback, Version
 
@@ -74,7 +74,7 @@ def _prepare(ctx: EngineContext, req: CommitRequest) -> tuple[str | None, float,
     return commit_engine.parent_of(ctx, req.run), time.time(), begin_lease(ctx.catalog)
 
 
-Part = tuple[Node, list[TensorEntry], list[BlobEntry], ChunkWrite]
+Part = tuple[Node, list[TensorEntry], list[ExtentEntry], ChunkWrite]
 
 
 def group_commit(ctx: EngineContext, state: object, req: CommitRequest, group: Any,
@@ -105,15 +105,15 @@ def group_commit(ctx: EngineContext, state: object, req: CommitRequest, group: A
         parent, created = _everyone(group, _together(group, "preparing", prepare))[0]
         redundancy = ctx.packs.redundancy_for(req.run)
 
-        def snapshot() -> tuple[Node, list[TensorEntry], list[BlobEntry], Any, list[bytes]]:
+        def snapshot() -> tuple[Node, list[TensorEntry], list[ExtentEntry], Any, list[bytes]]:
             root, leaves = encode_tree(state)
-            entries, sources = plan_blobs(leaves, stage_host=ctx.config.stage_host_tensors)
+            entries, sources = plan_extents(leaves, stage_host=ctx.config.stage_host_tensors)
             # chunks other ranks or hosts rely on are confirmed in the catalog, never taken from
             # this host's cache: the coordinator could not write them again
-            blobs, chunks, new_ids = hash_and_dedup(ctx, sources, progress, confirm=True)
-            return root, entries, blobs, chunks, new_ids
+            extents, chunks, new_ids = hash_and_dedup(ctx, sources, progress, confirm=True)
+            return root, entries, extents, chunks, new_ids
 
-        root, entries, blobs, chunks, new_ids = _together(group, "hashing", snapshot)
+        root, entries, extents, chunks, new_ids = _together(group, "hashing", snapshot)
         writer: dict[bytes, int] = {}
         for holder, ids in enumerate(_everyone(group, new_ids)):
             for cid in ids:
@@ -122,7 +122,7 @@ def group_commit(ctx: EngineContext, state: object, req: CommitRequest, group: A
 
         def write() -> Part:
             written = write_chunks(ctx, chunks, mine, redundancy, progress)
-            return root, entries, blobs, written
+            return root, entries, extents, written
 
         parts = _at_coordinator(group, _together(group, "writing chunks", write))
         version = _together(group, "publishing", lambda: _publish(
@@ -145,13 +145,13 @@ def _publish(ctx: EngineContext, req: CommitRequest, parts: list[Part], parent: 
              created: float, started: float, lease: str) -> Version:
     trees: list[Node] = []
     entries: list[TensorEntry] = []
-    blobs: list[BlobEntry] = []
-    for rank, (root, rank_entries, rank_blobs, _) in enumerate(parts):
+    extents: list[ExtentEntry] = []
+    for rank, (root, rank_entries, rank_extents, _) in enumerate(parts):
         base = len(entries)  # this rank's tensors follow earlier ranks'
         trees.append(renumber_tensors(root, base.__add__))
-        entries.extend(replace(e, blob=e.blob + len(blobs), rank=rank) for e in rank_entries)
-        blobs.extend(rank_blobs)
+        entries.extend(replace(e, extent=e.extent + len(extents), rank=rank) for e in rank_entries)
+        extents.extend(rank_extents)
     snap = compose(req, parent, created, World(len(parts), "group"), {"t": "ranks", "v": trees},
-                   entries, blobs, sum(p[3].raw_bytes for p in parts),
+                   entries, extents, sum(p[3].raw_bytes for p in parts),
                    sum(p[3].stored_bytes for p in parts), [s for p in parts for s in p[3].degraded])
     return commit_engine.publish(ctx, req, snap, ctx.packs.redundancy_for(req.run), started, lease)

@@ -1,9 +1,9 @@
-"""From tensors to blobs and back.
+"""From tensors to extents and back.
 
-:func:`plan_blobs` decides which bytes each tensor of a state tree is stored
+:func:`plan_extents` decides which bytes each tensor of a state tree is stored
 as: normally its own contiguous bytes; for tensors that are views of one
-storage, one shared blob covering the span they use (written once, restored
-shared). :func:`build_tensors` does the inverse from filled blob buffers.
+storage, one shared extent covering the span they use (written once, restored
+shared). :func:`build_tensors` does the inverse from filled extent buffers.
 Planning touches no storage: it only makes byte views of the tensors.
 """
 
@@ -28,20 +28,20 @@ from casckpt.format.tree import TensorLeaf
 
 _SPAN_ALIGN = 16  # the largest element size (complex128), so every member stays aligned
 SMALL_TENSOR = 16 << 10
-"""Tensors of at most this many bytes are packed with their neighbours (``plan_blobs(pack=True)``)."""
+"""Tensors of at most this many bytes are packed with their neighbours (``plan_extents(pack=True)``)."""
 PACK_AVERAGE = 32  # tensors per pack group, on average (a changed tensor rewrites its group)
 PACK_MAX = 128 << 10  # a pack group closes once it holds this many bytes
 
 
 @dataclass(slots=True)
-class BlobSource:
-    """The bytes of one blob to commit, produced on demand.
+class ExtentSource:
+    """The bytes of one extent to commit, produced on demand.
 
     ``align`` is the element size chunk boundaries must respect. ``staged``,
-    when set, gives the blob as a flat uint8 tensor on its device (a GPU
+    when set, gives the extent as a flat uint8 tensor on its device (a GPU
     tensor, never copied to the host whole): the commit streams it through
     staging buffers instead of calling ``read``. ``grid_offset`` is where the
-    blob's bytes start within a larger tensor it is a shard of: chunks are cut
+    extent's bytes start within a larger tensor it is a shard of: chunks are cut
     on that tensor's grid (see :func:`casckpt.format.chunks.chunk_spans`).
     """
 
@@ -50,7 +50,7 @@ class BlobSource:
     read: Callable[[], memoryview]
     staged: Callable[[], torch.Tensor] | None = None
     grid_offset: int = 0
-    packed: bool = False  # small tensors packed together (see plan_blobs)
+    packed: bool = False  # small tensors packed together (see plan_extents)
     digest: bytes | None = None  # the chunk id of all its bytes, when known already
 
 
@@ -112,22 +112,22 @@ def _extent(t: torch.Tensor) -> int:
     return (last + 1) * _itemsize(t)
 
 
-def _single(leaf: TensorLeaf, blob: int, stage: bool) -> tuple[TensorEntry, BlobSource]:
+def _single(leaf: TensorLeaf, extent: int, stage: bool) -> tuple[TensorEntry, ExtentSource]:
     value = leaf.value
     if isinstance(value, np.ndarray):
         array = np.ascontiguousarray(value).reshape(value.shape)  # ascontiguousarray makes 0-d 1-d
-        entry = TensorEntry(leaf.path, "numpy", numpy_dtype_name(array.dtype), tuple(array.shape), blob)
-        return entry, BlobSource(
+        entry = TensorEntry(leaf.path, "numpy", numpy_dtype_name(array.dtype), tuple(array.shape), extent)
+        return entry, ExtentSource(
             array.nbytes, array.itemsize, lambda: _as_memoryview(array.reshape(-1).view(np.uint8))
         )
     t = value
-    entry = TensorEntry(leaf.path, "torch", torch_dtype_name(t.dtype), tuple(t.shape), blob)
+    entry = TensorEntry(leaf.path, "torch", torch_dtype_name(t.dtype), tuple(t.shape), extent)
     if t.element_size() == 0:
         raise UnsupportedStateError(f"tensor at {leaf.path!r} has dtype {t.dtype} with no byte size")
     _byte_view(torch.empty(1, dtype=t.dtype), leaf.path)  # refuse unviewable dtypes before any write
     staged = (lambda: _flat_bytes(t, leaf.path)) if stage or t.device.type != "cpu" else None
-    return entry, BlobSource(t.numel() * _itemsize(t), _itemsize(t), lambda: _byte_view(t, leaf.path),
-                             staged)
+    return entry, ExtentSource(t.numel() * _itemsize(t), _itemsize(t), lambda: _byte_view(t, leaf.path),
+                               staged)
 
 
 def _same_view(tensors: Sequence[torch.Tensor]) -> bool:
@@ -139,14 +139,14 @@ def _same_view(tensors: Sequence[torch.Tensor]) -> bool:
     )
 
 
-def _shared(group: list[TensorLeaf], blob: int, stage: bool) -> tuple[list[TensorEntry], BlobSource]:
+def _shared(group: list[TensorLeaf], extent: int, stage: bool) -> tuple[list[TensorEntry], ExtentSource]:
     tensors = [cast(torch.Tensor, leaf.value) for leaf in group]
     starts = [int(t.storage_offset()) * _itemsize(t) for t in tensors]
     span_start = min(starts) - min(starts) % _SPAN_ALIGN
     span_end = max(s + _extent(t) for s, t in zip(starts, tensors, strict=True))
     entries = [
         TensorEntry(
-            leaf.path, "torch", torch_dtype_name(t.dtype), tuple(t.shape), blob,
+            leaf.path, "torch", torch_dtype_name(t.dtype), tuple(t.shape), extent,
             offset=start - span_start, stride=tuple(t.stride()),
         )
         for leaf, t, start in zip(group, tensors, starts, strict=True)
@@ -156,7 +156,7 @@ def _shared(group: list[TensorLeaf], blob: int, stage: bool) -> tuple[list[Tenso
     anchor = max(tensors, key=lambda t: t.untyped_storage().nbytes())
     staged = (lambda: _storage_flat(anchor, span_start, span_end)) \
         if stage or anchor.device.type != "cpu" else None
-    return entries, BlobSource(
+    return entries, ExtentSource(
         span_end - span_start, _SPAN_ALIGN, lambda: _storage_bytes(anchor, span_start, span_end), staged
     )
 
@@ -174,7 +174,7 @@ def _group_end(path: str) -> bool:
 class PackMemo:
     """The tensor entries of the pack groups one commit made, for the next commit of the run
     to reuse when a group's bytes and layout are the same (its tensors' digests are not
-    computed again). Keyed by the group's bytes' chunk id, blob index, paths, dtypes and
+    computed again). Keyed by the group's bytes' chunk id, extent index, paths, dtypes and
     shapes: entries are a function of these. Holds one commit's groups."""
 
     def __init__(self, previous: PackMemo | None = None) -> None:
@@ -189,9 +189,9 @@ class PackMemo:
         return found
 
 
-def _pack(members: list[TensorLeaf], blob: int, memo: PackMemo) -> tuple[list[TensorEntry], BlobSource]:
-    """Small tensors packed into one blob: their bytes copied now (plain contiguous CPU
-    tensors, see :func:`plan_blobs`), each at a 16-byte boundary, each tensor's own chunk id recorded
+def _pack(members: list[TensorLeaf], extent: int, memo: PackMemo) -> tuple[list[TensorEntry], ExtentSource]:
+    """Small tensors packed into one extent: their bytes copied now (plain contiguous CPU
+    tensors, see :func:`plan_extents`), each at a 16-byte boundary, each tensor's own chunk id recorded
     (its digest: history and diff tell them apart)."""
     tensors = [cast(torch.Tensor, m.value) for m in members]
     sizes = [t.nbytes for t in tensors]
@@ -210,29 +210,29 @@ def _pack(members: list[TensorLeaf], blob: int, memo: PackMemo) -> tuple[list[Te
     shapes = tuple(t.shape for t in tensors)
 
     def make() -> list[TensorEntry]:
-        return [TensorEntry(path, "torch", torch_dtype_name(dtype), tuple(shape), blob, offset=o,
+        return [TensorEntry(path, "torch", torch_dtype_name(dtype), tuple(shape), extent, offset=o,
                             digest=chunk_id(view[o : o + size]))
                 for path, dtype, shape, o, size in zip(paths, dtypes, shapes, offsets, sizes, strict=True)]
 
     digest = chunk_id(view)
-    entries = memo.entries((digest, blob, paths, dtypes, shapes), make)
+    entries = memo.entries((digest, extent, paths, dtypes, shapes), make)
     sizes_of = {t.element_size() for t in tensors}
     align = sizes_of.pop() if len(sizes_of) == 1 else 1
-    return entries, BlobSource(total, align, lambda: view, packed=True, digest=digest)
+    return entries, ExtentSource(total, align, lambda: view, packed=True, digest=digest)
 
 
-def plan_blobs(leaves: Sequence[TensorLeaf], *, stage_host: bool = False, pack: int = 0,
-               memo: PackMemo | None = None) -> tuple[list[TensorEntry], list[BlobSource]]:
-    """Assign every tensor leaf to a blob; views of one storage share a blob.
+def plan_extents(leaves: Sequence[TensorLeaf], *, stage_host: bool = False, pack: int = 0,
+                 memo: PackMemo | None = None) -> tuple[list[TensorEntry], list[ExtentSource]]:
+    """Assign every tensor leaf to an extent; views of one storage share an extent.
 
-    Returns tensor entries in leaf order and the blob sources they index.
+    Returns tensor entries in leaf order and the extent sources they index.
     Tensors off the CPU are streamed through staging buffers (``staged``);
     ``stage_host`` does the same for CPU tensors (the tests' way to run the
     GPU path without a GPU).
 
     With ``pack`` (a size in bytes, at most the chunk size: such a tensor alone
     would be one chunk, whose id its digest is), CPU tensors of at most that
-    size, not sharing storage with another leaf, are packed into shared blobs, in leaf
+    size, not sharing storage with another leaf, are packed into shared extents, in leaf
     order, a group ending after a tensor whose path hashes to a boundary (or
     at :data:`PACK_MAX` bytes): one chunk holds many tensors, and a changed
     tensor rewrites its group, not every group after it. ``memo`` (the previous
@@ -253,7 +253,7 @@ def plan_blobs(leaves: Sequence[TensorLeaf], *, stage_host: bool = False, pack: 
             if packing and cpu and value.nbytes <= pack and type(value) in _PLAIN and value.is_contiguous():
                 sizes[i] = value.nbytes
     entries: list[TensorEntry | None] = [None] * len(leaves)
-    sources: list[BlobSource] = []
+    sources: list[ExtentSource] = []
     done: set[int] = set()
     for members in groups.values():
         if len(members) < 2:
@@ -263,7 +263,7 @@ def plan_blobs(leaves: Sequence[TensorLeaf], *, stage_host: bool = False, pack: 
         if _same_view(tensors) and tensors[0].is_contiguous():
             entry, source = _single(group[0], len(sources), stage_host)
             for i, leaf in zip(members, group, strict=True):
-                entries[i] = TensorEntry(leaf.path, entry.kind, entry.dtype, entry.shape, entry.blob)
+                entries[i] = TensorEntry(leaf.path, entry.kind, entry.dtype, entry.shape, entry.extent)
         else:
             shared, source = _shared(group, len(sources), stage_host)
             for i, entry in zip(members, shared, strict=True):
@@ -308,8 +308,8 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def tensor_from_blob(entry: TensorEntry, buffer: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
-    """Build the tensor ``entry`` describes as a view of a filled blob buffer (uint8)."""
+def tensor_from_extent(entry: TensorEntry, buffer: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
+    """Build the tensor ``entry`` describes as a view of a filled extent buffer (uint8)."""
     if entry.kind == "numpy":
         np_dtype = numpy_dtype(entry.dtype)
         end = entry.offset + math.prod(entry.shape) * np_dtype.itemsize
@@ -324,9 +324,9 @@ def tensor_from_blob(entry: TensorEntry, buffer: torch.Tensor | np.ndarray) -> t
     return out.set_(buffer.untyped_storage(), entry.offset // itemsize, entry.shape, stride)
 
 
-def can_fill_in_place(entry: TensorEntry, target: object, blob_users: int) -> bool:
-    """Whether ``target`` can receive this tensor's blob bytes directly (no second copy)."""
-    if blob_users != 1 or entry.stride is not None or entry.offset:
+def can_fill_in_place(entry: TensorEntry, target: object, extent_users: int) -> bool:
+    """Whether ``target`` can receive this tensor's extent bytes directly (no second copy)."""
+    if extent_users != 1 or entry.stride is not None or entry.offset:
         return False
     if entry.kind == "torch":
         return (

@@ -124,7 +124,7 @@ def _publish(ctx: EngineContext, manifest: Manifest, data: bytes, version_id: st
         derived, tree = with_tree(manifest)
         if len(ctx.catalog.find_chunks([i.hex() for i in tree.nodes], live_only=False)) == len(tree.nodes):
             manifest, node_rows = derived, trees.node_rows(tree, list(tree.nodes))
-    rows, contents = tensor_rows(version_id, manifest.tensors, manifest.blobs) \
+    rows, contents = tensor_rows(version_id, manifest.tensors, manifest.extents) \
         if manifest.tree is None else ([], [])
     row = {
         "id": version_id, "step": manifest.step, "parent_id": manifest.parent, "state": "visible",

@@ -1,4 +1,4 @@
-"""Restore: manifest -> blob buffers (filled in place where possible) -> state tree.
+"""Restore: manifest -> extent buffers (filled in place where possible) -> state tree.
 
 With ``into``, tensors that already exist with the right dtype and shape on
 the CPU receive their bytes directly (no second copy of the state is
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from casckpt.engine.context import EngineContext
-from casckpt.engine.layout import byte_buffer, can_fill_in_place, tensor_from_blob
+from casckpt.engine.layout import byte_buffer, can_fill_in_place, tensor_from_extent
 from casckpt.engine.reader import Destination, read_chunks
 from casckpt.engine.targets import check_targets
 from casckpt.errors import RestoreTargetError, TensorNotFoundError
@@ -144,25 +144,25 @@ def _numpy_name(entry: TensorEntry) -> str:
     return entry.dtype if entry.kind == "torch" else str(np.dtype(entry.dtype))
 
 
-def _blob_buffers(
+def _extent_buffers(
     manifest: Manifest, wanted: set[int], targets: Mapping[str, object]
 ) -> tuple[dict[int, Buffer], dict[int, object]]:
     users: dict[int, int] = {}
     for t in manifest.tensors:
-        users[t.blob] = users.get(t.blob, 0) + 1
+        users[t.extent] = users.get(t.extent, 0) + 1
     buffers: dict[int, Buffer] = {}
     in_place: dict[int, object] = {}
     for t in manifest.tensors:
-        if t.blob not in wanted or t.blob in buffers:
+        if t.extent not in wanted or t.extent in buffers:
             continue
         target = targets.get(t.path)
-        if target is not None and can_fill_in_place(t, target, users[t.blob]):
-            in_place[t.blob] = target
-            buffers[t.blob] = target  # type: ignore[assignment]
+        if target is not None and can_fill_in_place(t, target, users[t.extent]):
+            in_place[t.extent] = target
+            buffers[t.extent] = target  # type: ignore[assignment]
         elif t.kind == "numpy":
-            buffers[t.blob] = np.empty(manifest.blobs[t.blob].nbytes, dtype=np.uint8)
+            buffers[t.extent] = np.empty(manifest.extents[t.extent].nbytes, dtype=np.uint8)
         else:
-            buffers[t.blob] = torch.empty(manifest.blobs[t.blob].nbytes, dtype=torch.uint8)
+            buffers[t.extent] = torch.empty(manifest.extents[t.extent].nbytes, dtype=torch.uint8)
     return buffers, in_place
 
 
@@ -174,18 +174,18 @@ def _fill(
     owner: dict[bytes, str] = {}
     paths: dict[int, list[str]] = {}
     for t in manifest.tensors:
-        paths.setdefault(t.blob, []).append(t.path)
+        paths.setdefault(t.extent, []).append(t.path)
     for index, buffer in buffers.items():
-        blob = manifest.blobs[index]
+        extent = manifest.extents[index]
         view = byte_buffer(buffer)
-        for cid, (start, end) in zip(blob.chunks, blob.spans(), strict=True):
+        for cid, (start, end) in zip(extent.chunks, extent.spans(), strict=True):
             wanted.setdefault(cid, []).append(view[start:end])
             owner.setdefault(cid, f"{_tensors(paths[index])} of {manifest.run}@{manifest.step}")
     read_chunks(ctx, wanted, lambda cid: owner[cid], progress)
 
 
 def _tensors(paths: list[str], shown: int = 10) -> str:
-    """``tensor 'a'``, or ``tensors 'a', 'b'`` (a blob several tensors share or are packed in)."""
+    """``tensor 'a'``, or ``tensors 'a', 'b'`` (an extent several tensors share or are packed in)."""
     if len(paths) == 1:
         return f"tensor {paths[0]!r}"
     more = f" and {len(paths) - shown} more" if len(paths) > shown else ""
@@ -197,7 +197,7 @@ def materialize(
     map_location: Any = None, progress: ProgressCallback | None = None,
 ) -> object:
     """Read every tensor of ``manifest`` and rebuild the state tree."""
-    buffers, in_place = _blob_buffers(manifest, set(range(len(manifest.blobs))), targets or {})
+    buffers, in_place = _extent_buffers(manifest, set(range(len(manifest.extents))), targets or {})
     _fill(ctx, manifest, buffers, progress)
     if map_location is not None:
         buffers = {
@@ -207,9 +207,9 @@ def materialize(
 
     def tensor(i: int, path: str) -> object:
         entry = manifest.tensors[i]
-        if entry.blob in in_place:
-            return in_place[entry.blob]
-        return _tensor(manifest, entry, buffers[entry.blob])
+        if entry.extent in in_place:
+            return in_place[entry.extent]
+        return _tensor(manifest, entry, buffers[entry.extent])
 
     def sharded(indices: list[int], path: str) -> object:
         return _assemble([manifest.tensors[i] for i in indices], buffers)
@@ -218,27 +218,27 @@ def materialize(
 
 
 def _tensor(manifest: Manifest, entry: TensorEntry, buffer: Buffer) -> Buffer:
-    """The tensor ``entry`` over its filled blob buffer; from a packed blob, over a copy of its
+    """The tensor ``entry`` over its filled extent buffer; from a packed extent, over a copy of its
     own bytes (not a view sharing its neighbours' storage)."""
-    if not manifest.blobs[entry.blob].packed:
-        return tensor_from_blob(entry, buffer)
+    if not manifest.extents[entry.extent].packed:
+        return tensor_from_extent(entry, buffer)
     end = entry.offset + entry.numel * element_size(entry.kind, entry.dtype)
     part = buffer[entry.offset : end]
     own = part.clone() if isinstance(part, torch.Tensor) else part.copy()
-    return tensor_from_blob(replace(entry, offset=0), own)
+    return tensor_from_extent(replace(entry, offset=0), own)
 
 
 def _assemble(shards: list[TensorEntry], buffers: Mapping[int, Buffer]) -> torch.Tensor:
     """The whole tensor a list of shards covers, copied together (a box at a time)."""
     first = shards[0]
     shape = first.global_shape or first.shape
-    device = next((b.device for t in shards if isinstance(b := buffers[t.blob], torch.Tensor)), None)
+    device = next((b.device for t in shards if isinstance(b := buffers[t.extent], torch.Tensor)), None)
     whole = torch.zeros(shape, dtype=torch_dtype(first.dtype), device=device)  # never uninitialised
     for t in shards:
         box = whole
         for dim, (start, size) in enumerate(zip(t.global_offset or (), t.shape, strict=True)):
             box = box.narrow(dim, start, size)
-        box.copy_(cast(torch.Tensor, tensor_from_blob(t, buffers[t.blob])))
+        box.copy_(cast(torch.Tensor, tensor_from_extent(t, buffers[t.extent])))
     return whole
 
 
@@ -247,11 +247,11 @@ def load_tensor(
 ) -> torch.Tensor | np.ndarray:
     """Read one tensor, fetching only its own chunks (of every shard, for a sharded one)."""
     entries = _find_tensor(manifest, path)
-    buffers, _ = _blob_buffers(manifest, {t.blob for t in entries}, {})
+    buffers, _ = _extent_buffers(manifest, {t.extent for t in entries}, {})
     _fill(ctx, manifest, buffers, None)
     first = entries[0]
     out = _assemble(entries, buffers) if first.is_shard else \
-        _tensor(manifest, first, buffers[first.blob])
+        _tensor(manifest, first, buffers[first.extent])
     if isinstance(out, torch.Tensor) and map_location is not None:
         return out.to(map_location)
     return out
@@ -352,7 +352,7 @@ def _merge_tensor(into: torch.Tensor, stored: object, path: str) -> torch.Tensor
 def read_ranges(ctx: EngineContext, manifest: Manifest, requests: Sequence[tuple[int, int, int]],
                 progress: ProgressCallback | None = None,
                 into: Sequence[torch.Tensor | None] | None = None) -> list[torch.Tensor]:
-    """Bytes ``[start, end)`` of blob ``index`` for each ``(index, start, end)``, verified.
+    """Bytes ``[start, end)`` of extent ``index`` for each ``(index, start, end)``, verified.
 
     Only the chunks holding the requested bytes are read (by range from their
     packs); a chunk cut by a request's edge is read whole, verified, then
@@ -366,12 +366,12 @@ def read_ranges(ctx: EngineContext, manifest: Manifest, requests: Sequence[tuple
     whole: dict[bytes, memoryview] = {}
     trims: list[tuple[memoryview, int, int, memoryview]] = []
     names: dict[bytes, str] = {}
-    paths = {t.blob: t.path for t in manifest.tensors}
+    paths = {t.extent: t.path for t in manifest.tensors}
     for (index, start, end), out in zip(requests, outs, strict=True):
-        blob, view = manifest.blobs[index], byte_buffer(out)
-        spans = blob.spans()
-        for i in blob.covering(start, end):
-            cid, (lo, hi) = blob.chunks[i], spans[i]
+        extent, view = manifest.extents[index], byte_buffer(out)
+        spans = extent.spans()
+        for i in extent.covering(start, end):
+            cid, (lo, hi) = extent.chunks[i], spans[i]
             names.setdefault(cid, f"tensor {paths.get(index)!r} of {manifest.run}@{manifest.step}")
             if start <= lo and hi <= end:
                 wanted.setdefault(cid, []).append(view[lo - start : hi - start])

@@ -158,13 +158,13 @@ def _as_stored(manifest: Manifest, ea: TensorEntry | None, a: _Layout,
         return False
     if ea.digest is not None or eb.digest is not None:  # packed: equal when their own bytes are
         return ea.digest == eb.digest and _matches(ea, a) and _matches(eb, b) and a.address == b.address
-    same_bytes = ea.blob == eb.blob or manifest.blobs[ea.blob] == manifest.blobs[eb.blob]
+    same_bytes = ea.extent == eb.extent or manifest.extents[ea.extent] == manifest.extents[eb.extent]
     return same_bytes and _matches(ea, a) and _matches(eb, b) and \
         a.address - b.address == ea.offset - eb.offset
 
 
 def _matches(entry: TensorEntry, layout: _Layout) -> bool:
-    """Whether ``layout`` lays elements out as ``entry`` does in its blob (dims of one element aside)."""
+    """Whether ``layout`` lays elements out as ``entry`` does in its extent (dims of one element aside)."""
     itemsize = element_size(entry.kind, entry.dtype)
     strides = entry.stride if entry.stride is not None else contiguous_strides(entry.shape)
     return itemsize == layout.itemsize and entry.shape == layout.shape and all(

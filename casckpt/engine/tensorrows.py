@@ -12,12 +12,12 @@ from typing import Any
 
 from casckpt.format.chunks import object_id
 from casckpt.format.dtypes import element_size
-from casckpt.format.manifest import BlobEntry, TensorEntry
+from casckpt.format.manifest import ExtentEntry, TensorEntry
 from casckpt.format.tree import rank_path
 
 
 def tensor_rows(
-    version_id: str, entries: Sequence[TensorEntry], blobs: Sequence[BlobEntry]
+    version_id: str, entries: Sequence[TensorEntry], extents: Sequence[ExtentEntry]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Catalog rows: one per tensor, and one per distinct tensor content (its chunk list).
 
@@ -33,29 +33,29 @@ def tensor_rows(
         group.sort(key=lambda t: t.global_offset or ())
         first = group[0]
         layout: object = [(t.dtype, t.shape, t.stride, t.offset, t.global_offset,
-                           [c.hex() for c in blobs[t.blob].chunks]) for t in group]
+                           [c.hex() for c in extents[t.extent].chunks]) for t in group]
         if first.digest is not None:  # packed: as it would be alone, one chunk of its own bytes
             layout = (first.dtype, first.shape, first.stride, 0, [first.digest.hex()])
         elif not first.is_shard:  # as before shards existed: digests of older versions stay the same
             layout = (first.dtype, first.shape, first.stride, first.offset,
-                      [c.hex() for c in blobs[first.blob].chunks])
+                      [c.hex() for c in extents[first.extent].chunks])
         digest = object_id(repr(layout).encode())
-        chunks = [c for t in group for c in _own_chunks(t, blobs)]
+        chunks = [c for t in group for c in _own_chunks(t, extents)]
         rows.append({
             "version_id": version_id, "path": path, "dtype": first.dtype,
             "shape": list(first.global_shape if first.global_shape is not None else first.shape),
             "nbytes": sum(t.numel for t in group) * element_size(first.kind, first.dtype),
             "chunks": len(chunks), "digest": digest,
         })
-        contents[digest] = {"digest": digest, "nbytes": sum(_own_nbytes(t, blobs) for t in group),
-                            "chunk_size": blobs[first.blob].chunk_size, "chunk_ids": b"".join(chunks)}
+        contents[digest] = {"digest": digest, "nbytes": sum(_own_nbytes(t, extents) for t in group),
+                            "chunk_size": extents[first.extent].chunk_size, "chunk_ids": b"".join(chunks)}
     return rows, list(contents.values())
 
 
-def _own_chunks(t: TensorEntry, blobs: Sequence[BlobEntry]) -> Sequence[bytes]:
-    """A tensor's chunk list: its blob's, or for a packed tensor the one chunk it would be alone."""
-    return (t.digest,) if t.digest is not None else blobs[t.blob].chunks
+def _own_chunks(t: TensorEntry, extents: Sequence[ExtentEntry]) -> Sequence[bytes]:
+    """A tensor's chunk list: its extent's, or for a packed tensor the one chunk it would be alone."""
+    return (t.digest,) if t.digest is not None else extents[t.extent].chunks
 
 
-def _own_nbytes(t: TensorEntry, blobs: Sequence[BlobEntry]) -> int:
-    return t.numel * element_size(t.kind, t.dtype) if t.digest is not None else blobs[t.blob].nbytes
+def _own_nbytes(t: TensorEntry, extents: Sequence[ExtentEntry]) -> int:
+    return t.numel * element_size(t.kind, t.dtype) if t.digest is not None else extents[t.extent].nbytes

@@ -4,7 +4,7 @@ A version id is the object id of its manifest document, so the document stays
 as it is (format 1, in the catalog and on every location) and restores keep
 reading it, bit for bit. What changes is the catalog: the version gets the
 tree a commit of its state would write (:func:`casckpt.format.treemanifest.with_tree`:
-the same encoder, the same blobs and chunks), its nodes are written to the
+the same encoder, the same extents and chunks), its nodes are written to the
 packs like any commit's (the run's redundancy; kept, repaired and checked like
 native nodes) and recorded as ``tree_nodes`` rows, ``versions.tree_root``
 names the root, and its ``tensors`` rows (and the ``contents`` rows no one

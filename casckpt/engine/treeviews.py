@@ -18,7 +18,7 @@ from casckpt.catalog.treemigrate import tree_root
 from casckpt.engine.tensorrows import tensor_rows
 from casckpt.engine.trees import StoreNodes, adopted
 from casckpt.errors import CorruptManifestError
-from casckpt.format.manifest import BlobEntry, Manifest, TensorEntry, decode_manifest, validate
+from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, decode_manifest, validate
 from casckpt.format.merkle import Nodes
 from casckpt.format.tree import decode_tree
 from casckpt.format.treemanifest import tensor_entry
@@ -44,10 +44,10 @@ class ContentRow(NamedTuple):
     chunk_ids: bytes
 
 
-def rows_from(entries: Sequence[TensorEntry], blobs: Sequence[BlobEntry]
+def rows_from(entries: Sequence[TensorEntry], extents: Sequence[ExtentEntry]
               ) -> tuple[list[TensorRow], dict[str, ContentRow]]:
     """Tensor and content rows of tensors, as a commit of an older version records them."""
-    rows, contents = tensor_rows("", entries, blobs)
+    rows, contents = tensor_rows("", entries, extents)
     return ([TensorRow(r["path"], r["dtype"], tuple(r["shape"]), r["nbytes"], r["chunks"], r["digest"])
              for r in rows],
             {c["digest"]: ContentRow(c["nbytes"], c["chunk_size"], c["chunk_ids"]) for c in contents})
@@ -56,25 +56,26 @@ def rows_from(entries: Sequence[TensorEntry], blobs: Sequence[BlobEntry]
 _MALFORMED = (ValueError, KeyError, TypeError, AttributeError, OverflowError, IndexError, RecursionError)
 
 
-def checked_entry(path: str, entry: Any, shared: Sequence[BlobEntry]) -> tuple[TensorEntry, list[BlobEntry]]:
+def checked_entry(path: str, entry: Any,
+                  shared: Sequence[ExtentEntry]) -> tuple[TensorEntry, list[ExtentEntry]]:
     """One tensor entry of a node, validated as a tensor of a decoded manifest is.
 
     Raises:
-        CorruptManifestError: the entry is malformed or impossible (outside its blob, ...).
+        CorruptManifestError: the entry is malformed or impossible (outside its extent, ...).
     """
-    blobs = list(shared)
+    extents = list(shared)
     try:
-        tensor = tensor_entry(path, entry, blobs)
+        tensor = tensor_entry(path, entry, extents)
     except _MALFORMED as exc:
         raise CorruptManifestError(f"tree tensor at {path!r} is malformed: {exc}") from exc
-    validate(Manifest("", 0, None, 0.0, {"t": "tensor", "i": 0}, (tensor,), tuple(blobs)))
-    return tensor, blobs
+    validate(Manifest("", 0, None, 0.0, {"t": "tensor", "i": 0}, (tensor,), tuple(extents)))
+    return tensor, extents
 
 
-def entry_row(path: str, entry: Any, shared: Sequence[BlobEntry]) -> tuple[TensorRow, ContentRow]:
+def entry_row(path: str, entry: Any, shared: Sequence[ExtentEntry]) -> tuple[TensorRow, ContentRow]:
     """The rows of one tensor entry of a node."""
-    tensor, blobs = checked_entry(path, entry, shared)
-    rows, contents = rows_from([tensor], blobs)
+    tensor, extents = checked_entry(path, entry, shared)
+    rows, contents = rows_from([tensor], extents)
     return rows[0], contents[rows[0].digest]
 
 
@@ -96,7 +97,7 @@ class Trees:
 
     def tensor_rows(self, manifest: Manifest) -> tuple[list[TensorRow], dict[str, ContentRow]]:
         """Every tensor of a whole (expanded) manifest, by path."""
-        rows, contents = rows_from(manifest.tensors, manifest.blobs)
+        rows, contents = rows_from(manifest.tensors, manifest.extents)
         rows.sort(key=lambda r: r.path)
         return rows, contents
 
@@ -108,8 +109,8 @@ class Trees:
         hit = _typed(lambda: self.reader.find_tensor(tree.root, path))
         return None if hit is None else entry_row(hit[0], hit[1].get("e"), tree.shared)
 
-    def entry(self, manifest: Manifest, path: str) -> tuple[TensorEntry, list[BlobEntry]] | None:
-        """The tensor at ``path`` in a tree version with its blobs (None: no tensor there)."""
+    def entry(self, manifest: Manifest, path: str) -> tuple[TensorEntry, list[ExtentEntry]] | None:
+        """The tensor at ``path`` in a tree version with its extents (None: no tensor there)."""
         tree = manifest.tree
         if tree is None:
             raise ValueError("not a tree version")
@@ -151,9 +152,9 @@ class Trees:
 
     def _same_shared_entries(self, a: bytes, b: bytes) -> list[tuple[str, Any, Any]]:
         """``(path, entry, entry)`` of every tensor both trees hold as the same entry naming a
-        shared blob (``{"s": i}``, an index into each document's own list): equal nodes, which
-        the walk of :meth:`differences` skips, though the blobs they name may differ. Reads
-        both trees whole (only when two versions' shared blobs differ)."""
+        shared extent (``{"s": i}``, an index into each document's own list): equal nodes, which
+        the walk of :meth:`differences` skips, though the extents they name may differ. Reads
+        both trees whole (only when two versions' shared extents differ)."""
         left = dict(self.reader.leaves(self.reader.node(a)["v"]))
         return [(path, value, value) for path, value in self.reader.leaves(self.reader.node(b)["v"])
                 if _names_shared(value) and left.get(path) == value]
@@ -186,7 +187,7 @@ def _typed(walk: Callable[[], T]) -> T:
 
 
 def _names_shared(value: Any) -> bool:
-    """Whether a leaf is a tensor entry naming a shared blob by its index (``{"s": i}``)."""
+    """Whether a leaf is a tensor entry naming a shared extent by its index (``{"s": i}``)."""
     entry = value.get("e") if isinstance(value, dict) and value.get("t") == "tensor" else None
     return isinstance(entry, dict) and isinstance(entry.get("blob"), dict) and "s" in entry["blob"]
 

@@ -39,9 +39,9 @@ def aligned_chunk_size(chunk_size: int, align: int) -> int:
 
 
 def chunk_spans(nbytes: int, chunk_size: int, phase: int = 0) -> Iterator[tuple[int, int]]:
-    """Yield ``(start, end)`` byte offsets of the chunks of an ``nbytes`` blob.
+    """Yield ``(start, end)`` byte offsets of the chunks of an ``nbytes`` extent.
 
-    ``phase`` places the blob on a grid of ``chunk_size`` cells that starts
+    ``phase`` places the extent on a grid of ``chunk_size`` cells that starts
     ``phase`` bytes before it (0 <= phase < chunk_size): the first chunk ends at
     the first grid line, so a shard of a larger tensor, chunked on the grid of
     the whole tensor's bytes, yields the same chunks whichever way it was cut.
@@ -54,5 +54,5 @@ def chunk_spans(nbytes: int, chunk_size: int, phase: int = 0) -> Iterator[tuple[
 
 
 def chunk_count(nbytes: int, chunk_size: int, phase: int = 0) -> int:
-    """How many chunks :func:`chunk_spans` cuts an ``nbytes`` blob into."""
+    """How many chunks :func:`chunk_spans` cuts an ``nbytes`` extent into."""
     return -(-(nbytes + phase) // chunk_size) if nbytes else 0

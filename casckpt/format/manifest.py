@@ -1,10 +1,17 @@
 """Manifests: a version's tree, tensors and chunk lists, as versioned JSON.
 
-A manifest is self-describing and never pickled. Tensors reference *blobs*:
-a blob is a run of bytes cut into chunks. A tensor normally owns one blob
-holding its contiguous bytes; tensors that are views of one storage share a
-blob covering the span they use, each recording its byte offset and strides,
+A manifest is self-describing and never pickled. Tensors reference *extents*:
+an extent is a run of bytes cut into chunks. A tensor normally owns one extent
+holding its contiguous bytes; tensors that are views of one storage share an
+extent covering the span they use, each recording its byte offset and strides,
 so shared storage is written once and restored shared.
+
+The stored JSON keeps the historical name of an extent: the key ``"blobs"``
+lists a manifest's extents, a tensor's ``"blob"`` is the index of its extent
+(and in a tree manifest, :mod:`casckpt.format.treemanifest`, a tensor entry's
+``"blob"`` is its extent inline or ``{"s": i}``). The keys stay as they are so
+stored manifests and version ids do not change; the code says extent. (A
+*blob* in this package is only ever an object a location stores.)
 
 The manifest's JSON bytes are hashed (object context) to give the version id;
 the blob store keeps them zstd-compressed under ``manifests/<id>``.
@@ -24,7 +31,7 @@ from casckpt.errors import CorruptManifestError
 from casckpt.format.chunks import chunk_spans, object_id
 from casckpt.format.dtypes import element_size
 from casckpt.format.manifestcheck import HEX_DIGITS, tensor_nodes
-from casckpt.format.manifestcheck import tensor_extent as tensor_extent
+from casckpt.format.manifestcheck import tensor_span as tensor_span
 from casckpt.format.manifestcheck import validate as validate
 from casckpt.format.tree import MAX_MANIFEST_NESTING, Node, json_nesting
 
@@ -42,11 +49,11 @@ MAX_MANIFEST_OBJECT = _MAX_MANIFEST  # compressed, it is never larger: a bigger 
 
 
 @dataclass(frozen=True, slots=True)
-class BlobEntry:
+class ExtentEntry:
     """A run of bytes stored as chunks of ``chunk_size`` (the first and last may be shorter).
 
-    ``phase`` (0 unless the blob is a shard of a larger tensor) is where the
-    blob starts on the chunk grid: see :func:`casckpt.format.chunks.chunk_spans`.
+    ``phase`` (0 unless the extent is a shard of a larger tensor) is where the
+    extent starts on the chunk grid: see :func:`casckpt.format.chunks.chunk_spans`.
     """
 
     nbytes: int
@@ -56,11 +63,11 @@ class BlobEntry:
     packed: bool = False  # small tensors packed together: each restores as its own tensor
 
     def spans(self) -> list[tuple[int, int]]:
-        """``(start, end)`` of each chunk within the blob, in chunk order."""
+        """``(start, end)`` of each chunk within the extent, in chunk order."""
         return list(chunk_spans(self.nbytes, self.chunk_size, self.phase))
 
     def covering(self, start: int, end: int) -> range:
-        """Indices of the chunks holding bytes ``[start, end)`` of the blob."""
+        """Indices of the chunks holding bytes ``[start, end)`` of the extent."""
         if end <= start:
             return range(0)
         first = (start + self.phase) // self.chunk_size
@@ -78,7 +85,7 @@ class World:
 
 @dataclass(frozen=True, slots=True)
 class TensorEntry:
-    """A tensor: a typed, shaped view of bytes in a blob.
+    """A tensor: a typed, shaped view of bytes in an extent.
 
     ``stride`` is None for a contiguous tensor starting at ``offset``.
 
@@ -92,13 +99,13 @@ class TensorEntry:
     kind: str
     dtype: str
     shape: tuple[int, ...]
-    blob: int
+    extent: int
     offset: int = 0
     stride: tuple[int, ...] | None = None
     global_shape: tuple[int, ...] | None = None
     global_offset: tuple[int, ...] | None = None
     rank: int | None = None
-    digest: bytes | None = None  # the chunk id of its own bytes, for a tensor in a packed blob
+    digest: bytes | None = None  # the chunk id of its own bytes, for a tensor in a packed extent
 
     @property
     def numel(self) -> int:
@@ -118,7 +125,7 @@ class TreeHead:
     root: bytes
     tensors: int
     nbytes: int
-    shared: tuple[BlobEntry, ...] = ()  # blobs several tensors share (views of one storage)
+    shared: tuple[ExtentEntry, ...] = ()  # extents several tensors share (views of one storage)
     groups: tuple[tuple[str, int, int], ...] | None = None  # (path head, tensors, bytes); None: not kept
     values: tuple[tuple[str, Any], ...] | None = None  # (path, plain-value node); None: not kept
 
@@ -133,7 +140,7 @@ class Manifest:
     created_at: float
     root: Node
     tensors: tuple[TensorEntry, ...]
-    blobs: tuple[BlobEntry, ...]
+    extents: tuple[ExtentEntry, ...]
     metadata: Mapping[str, Any] = field(default_factory=dict)
     metrics: Mapping[str, float] = field(default_factory=dict)
     message: str | None = None
@@ -143,8 +150,8 @@ class Manifest:
     nodes: tuple[bytes, ...] = ()  # a tree manifest's nodes (chunks too: gc keeps them, check reads them)
 
     def chunk_ids(self) -> Iterator[bytes]:
-        """Every chunk the version needs: its blobs' chunks, then its tree nodes."""
-        for b in self.blobs:
+        """Every chunk the version needs: its extents' chunks, then its tree nodes."""
+        for b in self.extents:
             yield from b.chunks
         yield from self.nodes
 
@@ -160,10 +167,10 @@ class Manifest:
     def uses_v2(self) -> bool:
         """Whether the manifest needs format version 2 (older readers could not read it)."""
         return self.world is not None or any(
-            t.is_shard or t.rank is not None for t in self.tensors) or any(b.phase for b in self.blobs)
+            t.is_shard or t.rank is not None for t in self.tensors) or any(b.phase for b in self.extents)
 
 
-def _blob_json(b: BlobEntry) -> dict[str, Any]:
+def _extent_json(b: ExtentEntry) -> dict[str, Any]:
     doc: dict[str, Any] = {"nbytes": b.nbytes, "chunk_size": b.chunk_size,
                            "chunks": [c.hex() for c in b.chunks]}
     if b.phase:
@@ -174,7 +181,7 @@ def _blob_json(b: BlobEntry) -> dict[str, Any]:
 def _tensor_json(t: TensorEntry) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "path": t.path, "kind": t.kind, "dtype": t.dtype, "shape": list(t.shape),
-        "blob": t.blob, "offset": t.offset,
+        "blob": t.extent, "offset": t.offset,
         "stride": list(t.stride) if t.stride is not None else None,
     }
     if t.global_shape is not None and t.global_offset is not None:
@@ -197,7 +204,7 @@ def _to_json(m: Manifest) -> dict[str, Any]:
         "message": m.message,
         "tags": list(m.tags),
         "root": m.root,
-        "blobs": [_blob_json(b) for b in m.blobs],
+        "blobs": [_extent_json(b) for b in m.extents],
         "tensors": [_tensor_json(t) for t in m.tensors],
     }
     if m.world is not None:
@@ -344,14 +351,14 @@ def _chunk_id(value: Any) -> bytes:
 
 
 def _from_json(doc: dict[str, Any]) -> Manifest:
-    blobs = tuple(_blob_from_json(_dict(b, "blob")) for b in _list(doc["blobs"], "blobs"))
+    extents = tuple(_extent_from_json(_dict(b, "extent")) for b in _list(doc["blobs"], "blobs"))
     tensors = tuple(_tensor_from_json(_dict(t, "tensor")) for t in _list(doc["tensors"], "tensors"))
     world = doc.get("world")
     metrics = _dict(doc["metrics"], "metrics")
     return Manifest(
         run=_str(doc["run"], "run"), step=_int(doc["step"], "step"), parent=_opt_str(doc["parent"], "parent"),
         created_at=_number(doc["created_at"], "created_at"), root=_dict(doc["root"], "root"), tensors=tensors,
-        blobs=blobs, metadata=_dict(doc["metadata"], "metadata"),
+        extents=extents, metadata=_dict(doc["metadata"], "metadata"),
         metrics={k: v for k, v in metrics.items() if _number(v, f"metric {k!r}") is not None},
         message=_opt_str(doc["message"], "message"),
         tags=tuple(_str(t, "tag") for t in _list(doc.get("tags", []), "tags")),
@@ -360,10 +367,10 @@ def _from_json(doc: dict[str, Any]) -> Manifest:
     )
 
 
-def _blob_from_json(b: dict[str, Any]) -> BlobEntry:
-    return BlobEntry(_int(b["nbytes"], "blob nbytes"), _int(b["chunk_size"], "blob chunk_size"),
-                     tuple(_chunk_id(c) for c in _list(b["chunks"], "blob chunks")),
-                     _int(b.get("phase", 0), "blob phase"))
+def _extent_from_json(b: dict[str, Any]) -> ExtentEntry:
+    return ExtentEntry(_int(b["nbytes"], "extent nbytes"), _int(b["chunk_size"], "extent chunk_size"),
+                       tuple(_chunk_id(c) for c in _list(b["chunks"], "extent chunks")),
+                       _int(b.get("phase", 0), "extent phase"))
 
 
 def _tensor_from_json(t: dict[str, Any]) -> TensorEntry:
@@ -373,7 +380,7 @@ def _tensor_from_json(t: dict[str, Any]) -> TensorEntry:
     stride, rank = t["stride"], t.get("rank")
     return TensorEntry(
         path, _str(t["kind"], "tensor kind"), _str(t["dtype"], "tensor dtype"), _ints(t["shape"], "shape"),
-        _int(t["blob"], "tensor blob"), _int(t["offset"], "tensor offset"),
+        _int(t["blob"], "tensor extent"), _int(t["offset"], "tensor offset"),
         _ints(stride, "stride") if stride is not None else None,
         _ints(t["global_shape"], "global_shape") if "global_shape" in t else None,
         _ints(t["global_offset"], "global_offset") if "global_shape" in t else None,

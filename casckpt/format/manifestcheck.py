@@ -1,7 +1,7 @@
 """What a manifest may hold: the bounds and consistency checks every decoded manifest passes.
 
 A manifest comes from storage that may be damaged or forged: its tree must be well formed,
-each tensor must lie inside its blob, shards must tile their tensor exactly once, and no
+each tensor must lie inside its extent, shards must tile their tensor exactly once, and no
 size may be impossible. :func:`validate` raises :class:`CorruptManifestError` saying which
 check failed. Used by :func:`casckpt.format.manifest.decode_manifest`; no I/O.
 """
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 HEX_DIGITS = frozenset("0123456789abcdef")
 
 
-def tensor_extent(t: TensorEntry, itemsize: int) -> int:
+def tensor_span(t: TensorEntry, itemsize: int) -> int:
     """Bytes from the tensor's offset to one past its last element."""
     if t.numel == 0:
         return 0
@@ -146,14 +146,14 @@ def validate(m: Manifest) -> None:
     if m.world is not None and (m.world.size < 1 or m.world.api not in ("dcp", "group")):
         raise CorruptManifestError("manifest names an impossible world of ranks")
     _check_nodes(m)
-    for i, b in enumerate(m.blobs):
+    for i, b in enumerate(m.extents):
         sane = b.nbytes >= 0 and b.chunk_size > 0 and 0 <= b.phase < b.chunk_size
         if not sane or len(b.chunks) != chunk_count(b.nbytes, b.chunk_size, b.phase):
-            raise CorruptManifestError(f"manifest blob {i} has inconsistent sizes")
+            raise CorruptManifestError(f"manifest extent {i} has inconsistent sizes")
         if any(len(c) != 32 for c in b.chunks):
-            raise CorruptManifestError(f"manifest blob {i} has a malformed chunk id")
+            raise CorruptManifestError(f"manifest extent {i} has a malformed chunk id")
     for t in m.tensors:
-        if t.kind not in ("torch", "numpy") or not 0 <= t.blob < len(m.blobs):
+        if t.kind not in ("torch", "numpy") or not 0 <= t.extent < len(m.extents):
             raise CorruptManifestError(f"manifest tensor {t.path!r} is malformed")
         if any(n < 0 for n in t.shape) or (t.stride is not None and (
             len(t.stride) != len(t.shape) or any(s < 0 for s in t.stride) or t.kind == "numpy"
@@ -161,6 +161,6 @@ def validate(m: Manifest) -> None:
             raise CorruptManifestError(f"manifest tensor {t.path!r} has a bad shape or stride")
         itemsize = element_size(t.kind, t.dtype)
         if t.offset < 0 or t.offset % itemsize or (
-            t.offset + tensor_extent(t, itemsize) > m.blobs[t.blob].nbytes
+            t.offset + tensor_span(t, itemsize) > m.extents[t.extent].nbytes
         ):
-            raise CorruptManifestError(f"manifest tensor {t.path!r} lies outside its blob")
+            raise CorruptManifestError(f"manifest tensor {t.path!r} lies outside its extent")

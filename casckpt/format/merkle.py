@@ -10,9 +10,11 @@ A node is canonical JSON ``{"n": tensors, "b": bytes, "v": value}`` (tensor
 count and logical bytes below it), its id is the chunk id of those bytes. A
 value is a plain-value node of :mod:`casckpt.format.tree`, or:
 
-- ``{"t": "tensor", "e": {...}}``: a tensor inline, with its blob (``nbytes``,
-  ``chunk_size``, ``chunks``, ``phase``) inline, or ``{"s": i}`` for a blob
-  several tensors share (views of one storage), listed in the manifest;
+- ``{"t": "tensor", "e": {...}}``: a tensor inline, with its extent (``nbytes``,
+  ``chunk_size``, ``chunks``, ``phase``) inline under the key ``"blob"`` (the
+  historical name of an extent, see :mod:`casckpt.format.manifest`), or
+  ``{"s": i}`` for an extent several tensors share (views of one storage),
+  listed in the manifest;
 - ``{"t": "dict", "k": [...], "v": [...]}`` / ``{"t": "list" | "tuple", "v": [...]}``;
 - ``{"t": "ref", "id": hex, "n", "b", "c"}``: a container stored as its own
   node (a container is inline while its encoding is small, :data:`INLINE_MAX`);

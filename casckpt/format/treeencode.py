@@ -36,13 +36,13 @@ class Tree:
     tensors: int
     nbytes: int
     nodes: dict[bytes, bytes]  # every node of the tree, id -> JSON bytes
-    shared_blobs: list[int]  # the manifest's blobs several tensors share, in the document's order
+    shared_extents: list[int]  # the manifest's extents several tensors share, in the document's order
     groups: tuple[tuple[str, int, int], ...] | None = None  # the document's summary (treemanifest)
     values: tuple[tuple[str, Any], ...] | None = None
 
 
-def blob_json(nbytes: int, chunk_size: int, chunks: Sequence[bytes], phase: int) -> dict[str, Any]:
-    """A blob as JSON (the same fields as in manifests of versions 1 and 2)."""
+def extent_json(nbytes: int, chunk_size: int, chunks: Sequence[bytes], phase: int) -> dict[str, Any]:
+    """An extent as JSON (the same fields as in manifests of versions 1 and 2)."""
     doc: dict[str, Any] = {"nbytes": nbytes, "chunk_size": chunk_size, "chunks": [c.hex() for c in chunks]}
     if phase:
         doc["phase"] = phase
@@ -81,18 +81,18 @@ class TreeMemo:
         self._entries: dict[Any, tuple[Any, Any, _Sized]] = {}  # by id of the tensor, and by value
         self._made: dict[tuple[Any, ...], _Made] = {}
 
-    def entry(self, tensor: Any, blob: Any, make: Callable[[Any, Any], tuple[dict[str, Any], int]]
+    def entry(self, tensor: Any, extent: Any, make: Callable[[Any, Any], tuple[dict[str, Any], int]]
               ) -> _Sized:
-        """A tensor's value in its parent, ``make(tensor, blob)`` (its entry JSON and logical
-        bytes) being a function of ``tensor`` and ``blob`` (hashable values): found by the
+        """A tensor's value in its parent, ``make(tensor, extent)`` (its entry JSON and logical
+        bytes) being a function of ``tensor`` and ``extent`` (hashable values): found by the
         identity of ``tensor`` (a pack's entries come back as the same objects), else by
         value; the same object for the same entry."""
         found = self._old_entries.get(id(tensor))
-        if found is None or found[0] is not tensor or not (found[1] is blob or found[1] == blob):
-            found = self._old_entries.get((tensor, blob))
+        if found is None or found[0] is not tensor or not (found[1] is extent or found[1] == extent):
+            found = self._old_entries.get((tensor, extent))
             if found is None:
-                found = (tensor, blob, tensor_value(*make(tensor, blob)))
-            self._entries[(tensor, blob)] = found
+                found = (tensor, extent, tensor_value(*make(tensor, extent)))
+            self._entries[(tensor, extent)] = found
         self._entries[id(tensor)] = found
         return found[2]
 

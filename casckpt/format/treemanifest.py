@@ -3,7 +3,7 @@
 The document holds what versions 1 and 2 hold except the state tree, which
 is replaced by ``"tree": {"root", "n", "b", "shared"}``: the root node's id
 (:mod:`casckpt.format.merkle`), the tensor count and logical bytes, and the
-blobs several tensors share. The version id is the object id of the document,
+extents several tensors share. The version id is the object id of the document,
 so it names the whole state (the root id is a hash of every node below it).
 
 This module does no I/O.
@@ -25,12 +25,12 @@ from casckpt.format.dtypes import element_size
 from casckpt.format.manifest import (
     MANIFEST_FORMAT,
     TREE_VERSION,
-    BlobEntry,
+    ExtentEntry,
     Manifest,
     TensorEntry,
     TreeHead,
-    _blob_from_json,
     _dict,
+    _extent_from_json,
     _int,
     _ints,
     _list,
@@ -40,7 +40,7 @@ from casckpt.format.manifest import (
 )
 from casckpt.format.merkle import Nodes, NodeSource
 from casckpt.format.tree import Node, decode_tree, iter_value_nodes
-from casckpt.format.treeencode import Tree, TreeEncoder, TreeMemo, blob_json, tensor_value
+from casckpt.format.treeencode import Tree, TreeEncoder, TreeMemo, extent_json, tensor_value
 from casckpt.format.treeread import TreeReader
 from casckpt.types import group_sizes
 
@@ -61,29 +61,30 @@ def encode_tree_manifest(m: Manifest, memo: TreeMemo | None = None) -> tuple[str
     """
     if m.world is not None:
         raise ValueError("tree manifests hold one process's state")
-    order = shared_blobs(m)
-    shared = {blob: n for n, blob in enumerate(order)}
-    packed: dict[int, dict[str, Any]] = {}  # one JSON per packed blob
+    order = shared_extents(m)
+    shared = {extent: n for n, extent in enumerate(order)}
+    packed: dict[int, dict[str, Any]] = {}  # one JSON per packed extent
 
     def tensor(i: int, memo: TreeMemo) -> Any:
         t = m.tensors[i]
-        blob = m.blobs[t.blob]
-        if t.blob in shared:  # its entry names the blob by its place in the document
-            return tensor_value(*make(t, blob))
-        return memo.entry(t, blob, make)
+        extent = m.extents[t.extent]
+        if t.extent in shared:  # its entry names the extent by its place in the document
+            return tensor_value(*make(t, extent))
+        return memo.entry(t, extent, make)
 
-    def make(t: TensorEntry, blob: BlobEntry) -> tuple[dict[str, Any], int]:
+    def make(t: TensorEntry, extent: ExtentEntry) -> tuple[dict[str, Any], int]:
         if t.is_shard or t.rank is not None:
             raise ValueError("tree manifests hold no shards")
-        if blob.packed:  # named by each of its tensors (they restore separately)
-            ref = packed.get(t.blob)
+        if extent.packed:  # named by each of its tensors (they restore separately)
+            ref = packed.get(t.extent)
             if ref is None:
-                ref = packed[t.blob] = {**blob_json(blob.nbytes, blob.chunk_size, blob.chunks, blob.phase),
-                                        "packed": True}
-        elif t.blob in shared:
-            ref = {"s": shared[t.blob]}
+                ref = packed[t.extent] = {
+                    **extent_json(extent.nbytes, extent.chunk_size, extent.chunks, extent.phase),
+                    "packed": True}
+        elif t.extent in shared:
+            ref = {"s": shared[t.extent]}
         else:
-            ref = blob_json(blob.nbytes, blob.chunk_size, blob.chunks, blob.phase)
+            ref = extent_json(extent.nbytes, extent.chunk_size, extent.chunks, extent.phase)
         entry = {"kind": t.kind, "dtype": t.dtype, "shape": list(t.shape), "offset": t.offset,
                  "stride": list(t.stride) if t.stride is not None else None, "blob": ref}
         if t.digest is not None:
@@ -92,8 +93,8 @@ def encode_tree_manifest(m: Manifest, memo: TreeMemo | None = None) -> tuple[str
 
     encoder = TreeEncoder(tensor, memo)
     root, count, nbytes = encoder.encode(m.root)
-    shared_json = [blob_json(m.blobs[b].nbytes, m.blobs[b].chunk_size, m.blobs[b].chunks, m.blobs[b].phase)
-                   for b in order]
+    shared_json = [extent_json(e.nbytes, e.chunk_size, e.chunks, e.phase)
+                   for e in (m.extents[b] for b in order)]
     doc: dict[str, Any] = {
         "format": MANIFEST_FORMAT, "version": TREE_VERSION, "run": m.run, "step": m.step,
         "parent": m.parent, "created_at": m.created_at, "metadata": dict(m.metadata),
@@ -110,12 +111,12 @@ def encode_tree_manifest(m: Manifest, memo: TreeMemo | None = None) -> tuple[str
     return object_id(raw), zstandard.ZstdCompressor(level=3).compress(raw), tree
 
 
-def shared_blobs(m: Manifest) -> list[int]:
-    """The blobs (indexes) a tree manifest of ``m`` lists as shared: unpacked blobs several
+def shared_extents(m: Manifest) -> list[int]:
+    """The extents (indexes) a tree manifest of ``m`` lists as shared: unpacked extents several
     tensors use, in the order the encoder meets their first tensor (depth first, as
     :class:`~casckpt.format.treeencode.TreeEncoder` walks ``m.root``)."""
-    users = Counter(t.blob for t in m.tensors)
-    if not any(n > 1 and not m.blobs[b].packed for b, n in users.items()):
+    users = Counter(t.extent for t in m.tensors)
+    if not any(n > 1 and not m.extents[b].packed for b, n in users.items()):
         return []  # the common case, without a walk of the tree
     order: dict[int, None] = {}
     stack: list[Any] = [m.root]
@@ -123,9 +124,9 @@ def shared_blobs(m: Manifest) -> list[int]:
         node = stack.pop()
         kind = node.get("t")
         if kind == "tensor":
-            blob = m.tensors[node["i"]].blob
-            if users[blob] > 1 and not m.blobs[blob].packed:
-                order.setdefault(blob)
+            extent = m.tensors[node["i"]].extent
+            if users[extent] > 1 and not m.extents[extent].packed:
+                order.setdefault(extent)
         elif kind in ("dict", "list", "tuple", "ranks", "sharded"):
             stack.extend(reversed(node["v"]) if kind != "sharded" else ())
     return list(order)
@@ -133,7 +134,7 @@ def shared_blobs(m: Manifest) -> list[int]:
 
 def with_tree(m: Manifest) -> tuple[Manifest, Tree]:
     """``m`` cut into its tree (what a one-process commit stores), with its tree head and
-    nodes set: for a manifest of version 1, the tree it migrates to (same blobs, chunks and
+    nodes set: for a manifest of version 1, the tree it migrates to (same extents, chunks and
     digests), whose root a migrated version's catalog row names."""
     _, _, tree = encode_tree_manifest(m)
     return replace(m, tree=head_of(m, tree.root), nodes=tuple(tree.nodes)), tree
@@ -142,7 +143,7 @@ def with_tree(m: Manifest) -> tuple[Manifest, Tree]:
 def head_of(m: Manifest, root: bytes) -> TreeHead:
     """The tree head of a version-1 manifest whose tree is ``root`` (a migrated version)."""
     return TreeHead(root, len(m.tensors), sum(t.numel * element_size(t.kind, t.dtype) for t in m.tensors),
-                    tuple(m.blobs[b] for b in shared_blobs(m)))
+                    tuple(m.extents[b] for b in shared_extents(m)))
 
 
 def _summary(top: Sequence[tuple[str, int, int]], root: Node) -> tuple[Groups | None, Values | None]:
@@ -193,7 +194,7 @@ def tree_head(doc: dict[str, Any]) -> TreeHead:
     root = _str(tree["root"], "tree root")
     if len(root) != 64:
         raise ValueError("tree root is not a node id")
-    shared = tuple(_blob_from_json(_dict(b, "blob")) for b in _list(tree["shared"], "shared blobs"))
+    shared = tuple(_extent_from_json(_dict(b, "extent")) for b in _list(tree["shared"], "shared extents"))
     groups = values = None
     if "groups" in tree:
         groups = tuple((_str(g[0], "group"), _int(g[1], "group tensors"), _int(g[2], "group bytes"))
@@ -216,7 +217,7 @@ def from_tree_json(doc: dict[str, Any], nodes: NodeSource | None) -> Manifest:
     metrics = _dict(doc["metrics"], "metrics")
     manifest = Manifest(
         run=_str(doc["run"], "run"), step=_int(doc["step"], "step"), parent=_opt_str(doc["parent"], "parent"),
-        created_at=_number(doc["created_at"], "created_at"), root={}, tensors=(), blobs=(),
+        created_at=_number(doc["created_at"], "created_at"), root={}, tensors=(), extents=(),
         metadata=_dict(doc["metadata"], "metadata"),
         metrics={k: v for k, v in metrics.items() if _number(v, f"metric {k!r}") is not None},
         message=_opt_str(doc["message"], "message"),
@@ -226,16 +227,16 @@ def from_tree_json(doc: dict[str, Any], nodes: NodeSource | None) -> Manifest:
         return manifest
     reader = TreeReader(Nodes(nodes))
     root, found = reader.expand(head.root)
-    blobs: list[BlobEntry] = list(head.shared)
-    packed: dict[BlobEntry, int] = {}
-    tensors = [tensor_entry(path, entry, blobs, packed) for path, entry in found]
+    extents: list[ExtentEntry] = list(head.shared)
+    packed: dict[ExtentEntry, int] = {}
+    tensors = [tensor_entry(path, entry, extents, packed) for path, entry in found]
     if len(tensors) != head.tensors:
         raise CorruptManifestError(
             f"tree manifest counts {head.tensors} tensors but its tree holds {len(tensors)}: it is corrupt")
     _check_summary(head, root, tensors)
     return Manifest(
         run=manifest.run, step=manifest.step, parent=manifest.parent, created_at=manifest.created_at,
-        root=root, tensors=tuple(tensors), blobs=tuple(blobs), metadata=manifest.metadata,
+        root=root, tensors=tuple(tensors), extents=tuple(extents), metadata=manifest.metadata,
         metrics=manifest.metrics, message=manifest.message, tags=manifest.tags, tree=head,
         nodes=tuple(sorted(reader.visited)),
     )
@@ -244,38 +245,38 @@ def from_tree_json(doc: dict[str, Any], nodes: NodeSource | None) -> Manifest:
 _ENTRY_FIELDS = frozenset({"kind", "dtype", "shape", "offset", "stride", "blob"})
 
 
-def tensor_entry(path: str, entry: Any, blobs: list[BlobEntry],
-                 packed: dict[BlobEntry, int] | None = None) -> TensorEntry:
-    """A node's tensor entry as a :class:`TensorEntry`, its blob appended to ``blobs`` (or
-    pointing at a shared one, which ``blobs`` starts with; or at a packed one ``packed``
-    already lists, so a packed blob is read once)."""
+def tensor_entry(path: str, entry: Any, extents: list[ExtentEntry],
+                 packed: dict[ExtentEntry, int] | None = None) -> TensorEntry:
+    """A node's tensor entry as a :class:`TensorEntry`, its extent appended to ``extents`` (or
+    pointing at a shared one, which ``extents`` starts with; or at a packed one ``packed``
+    already lists, so a packed extent is read once)."""
     e = _dict(entry, "tensor entry")
     if not (_ENTRY_FIELDS <= set(e) <= _ENTRY_FIELDS | {"h"}):
         raise ValueError(f"tensor {path!r} has unexpected fields")
-    ref = _dict(e["blob"], "tensor blob")
+    ref = _dict(e["blob"], "tensor extent")
     digest = None
     index: int | None
     if set(ref) == {"s"}:
-        index = _int(ref["s"], "shared blob")
-        if not 0 <= index < len(blobs):
-            raise ValueError(f"tensor {path!r} names a shared blob the manifest does not list")
+        index = _int(ref["s"], "shared extent")
+        if not 0 <= index < len(extents):
+            raise ValueError(f"tensor {path!r} names a shared extent the manifest does not list")
     else:
         is_packed = ref.get("packed", False)
         if is_packed is not True and "packed" in ref:
             raise ValueError(f"tensor {path!r} has a malformed packed flag")
         fields = {k: v for k, v in ref.items() if k != "packed"}
-        blob = _blob_from_json(fields)
+        extent = _extent_from_json(fields)
         if is_packed:
-            blob = BlobEntry(blob.nbytes, blob.chunk_size, blob.chunks, blob.phase, packed=True)
+            extent = ExtentEntry(extent.nbytes, extent.chunk_size, extent.chunks, extent.phase, packed=True)
             digest = _digest(e.get("h"), path)
         elif "h" in e:
-            raise ValueError(f"tensor {path!r} has a digest but no packed blob")
-        index = packed.get(blob) if packed is not None and is_packed else None
+            raise ValueError(f"tensor {path!r} has a digest but no packed extent")
+        index = packed.get(extent) if packed is not None and is_packed else None
         if index is None:
-            blobs.append(blob)
-            index = len(blobs) - 1
+            extents.append(extent)
+            index = len(extents) - 1
             if packed is not None and is_packed:
-                packed[blob] = index
+                packed[extent] = index
     stride = e["stride"]
     return TensorEntry(path, _str(e["kind"], "tensor kind"), _str(e["dtype"], "tensor dtype"),
                        _ints(e["shape"], "shape"), index, _int(e["offset"], "tensor offset"),

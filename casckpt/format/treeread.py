@@ -326,7 +326,7 @@ def tensor_nbytes(entry: Mapping[str, Any]) -> int:
 
 def referenced(source: NodeSource, root: bytes, seen: set[bytes]) -> Iterator[bytes]:
     """Every node and chunk id the tree under ``root`` references -- its nodes, and the chunks
-    of the blobs inline in them (a tree manifest lists its shared blobs itself) -- reading
+    of the extents inline in them (a tree manifest lists its shared extents itself) -- reading
     each node once: a node in ``seen`` is skipped with everything under it (nodes are
     content-addressed, so its subtree was walked already), and every node read is added.
 
@@ -357,7 +357,7 @@ def referenced(source: NodeSource, root: bytes, seen: set[bytes]) -> Iterator[by
                         seen.add(child)
                         below.append(child)
                 elif kind == "tensor":
-                    yield from _blob_chunks(value, node_id)
+                    yield from _extent_chunks(value, node_id)
                 elif kind in ("dict", "list", "tuple", "parts"):
                     items = value.get("parts", value.get("v"))
                     if not isinstance(items, list):
@@ -366,15 +366,15 @@ def referenced(source: NodeSource, root: bytes, seen: set[bytes]) -> Iterator[by
         level = below
 
 
-def _blob_chunks(value: dict[str, Any], node_id: bytes) -> list[bytes]:
-    """The chunk ids of a tensor's inline blob (none for a shared one, ``{"s": i}``)."""
+def _extent_chunks(value: dict[str, Any], node_id: bytes) -> list[bytes]:
+    """The chunk ids of a tensor's inline extent (none for a shared one, ``{"s": i}``)."""
     entry = value.get("e")
-    blob = entry.get("blob") if isinstance(entry, dict) else None
-    if not isinstance(blob, dict):
+    extent = entry.get("blob") if isinstance(entry, dict) else None
+    if not isinstance(extent, dict):
         raise CorruptManifestError(f"tree node {node_id.hex()[:12]} holds a malformed tensor")
-    chunks = blob.get("chunks", [])
+    chunks = extent.get("chunks", [])
     if not isinstance(chunks, list):
-        raise CorruptManifestError(f"tree node {node_id.hex()[:12]} holds a malformed blob")
+        raise CorruptManifestError(f"tree node {node_id.hex()[:12]} holds a malformed extent")
     try:
         out = [bytes.fromhex(c) for c in chunks]
     except (TypeError, ValueError) as exc:

@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 from casckpt.errors import CorruptManifestError
 from casckpt.format.dtypes import TORCH_DTYPES, element_size
 from casckpt.format.manifest import (
-    BlobEntry,
+    ExtentEntry,
     Manifest,
     TensorEntry,
     decode_manifest,
     encode_manifest,
-    tensor_extent,
+    tensor_span,
 )
 from casckpt.format.tree import encode_tree
 
@@ -49,10 +49,10 @@ def _manifest() -> Manifest:
             TensorEntry("opt.0", "numpy", ">f8", (2, 3), 2),
             TensorEntry("view", "torch", "int8", (4, 2), 0, offset=4, stride=(1, 4)),
         ),
-        blobs=(
-            BlobEntry(100, 64, (_cid(1), _cid(2))),
-            BlobEntry(0, 64, ()),
-            BlobEntry(56, 16, (_cid(3), _cid(4), _cid(5), _cid(6))),  # 8 spare bytes
+        extents=(
+            ExtentEntry(100, 64, (_cid(1), _cid(2))),
+            ExtentEntry(0, 64, ()),
+            ExtentEntry(56, 16, (_cid(3), _cid(4), _cid(5), _cid(6))),  # 8 spare bytes
         ),
         metadata={"lr": 0.001, "nested": {"a": [1, 2]}}, metrics={"loss": 1.5},
         message="hello", tags=("best",),
@@ -89,7 +89,7 @@ def test_id_is_deterministic_and_covers_every_field() -> None:
         "step": 4, "run": "run-2", "parent": None, "created_at": 1.0, "message": None,
         "tags": (), "metrics": {"loss": 1.25}, "metadata": {},
         "tensors": m.tensors[:1] + m.tensors[2:],
-        "blobs": (BlobEntry(100, 64, (_cid(1), _cid(9))), *m.blobs[1:]),
+        "extents": (ExtentEntry(100, 64, (_cid(1), _cid(9))), *m.extents[1:]),
         "root": {"t": "none"},
     }
     ids = {version_id}
@@ -105,7 +105,7 @@ def _fields(m: Manifest) -> dict[str, Any]:
 @st.composite
 def manifests(draw: st.DrawFn) -> Manifest:
     tensors: list[TensorEntry] = []
-    blobs: list[BlobEntry] = []
+    extents: list[ExtentEntry] = []
     for i in range(draw(st.integers(0, 5))):
         kind = draw(st.sampled_from(["torch", "numpy"]))
         dtype = draw(st.sampled_from(sorted(TORCH_DTYPES) if kind == "torch" else NUMPY_DTYPES))
@@ -113,8 +113,8 @@ def manifests(draw: st.DrawFn) -> Manifest:
         nbytes = math.prod(shape) * element_size(kind, dtype)
         chunk_size = draw(st.integers(1, 64))
         chunks = tuple(draw(st.binary(min_size=32, max_size=32)) for _ in range(-(-nbytes // chunk_size)))
-        tensors.append(TensorEntry(f"t.{i}", kind, dtype, shape, len(blobs)))
-        blobs.append(BlobEntry(nbytes, chunk_size, chunks))
+        tensors.append(TensorEntry(f"t.{i}", kind, dtype, shape, len(extents)))
+        extents.append(ExtentEntry(nbytes, chunk_size, chunks))
     plain = draw(st.lists(st.one_of(st.none(), st.integers(), st.floats(), st.text(max_size=5)), max_size=4))
     root, _ = encode_tree(plain)
     root["v"].extend({"t": "tensor", "i": i} for i in range(len(tensors)))
@@ -125,7 +125,7 @@ def manifests(draw: st.DrawFn) -> Manifest:
         step=draw(st.integers(0, 2**62)),
         parent=draw(st.one_of(st.none(), st.binary(min_size=32, max_size=32).map(bytes.hex))),
         created_at=draw(st.floats(0, 2e9)),
-        root=root, tensors=tuple(tensors), blobs=tuple(blobs),
+        root=root, tensors=tuple(tensors), extents=tuple(extents),
         metadata=draw(st.dictionaries(st.text(max_size=5), json_values, max_size=3)),
         metrics=draw(st.dictionaries(st.text(min_size=1, max_size=5),
                                      st.floats(allow_nan=False, allow_infinity=False), max_size=3)),
@@ -142,16 +142,16 @@ def test_manifest_roundtrip_property(m: Manifest) -> None:
     assert encode_manifest(decode_manifest(data))[0] == version_id
 
 
-def test_tensor_extent() -> None:
-    assert tensor_extent(TensorEntry("a", "torch", "float32", (3, 4), 0), 4) == 48
-    assert tensor_extent(TensorEntry("a", "torch", "float32", (3, 0), 0), 4) == 0
-    assert tensor_extent(TensorEntry("a", "torch", "float32", (), 0), 4) == 4
+def test_tensor_span() -> None:
+    assert tensor_span(TensorEntry("a", "torch", "float32", (3, 4), 0), 4) == 48
+    assert tensor_span(TensorEntry("a", "torch", "float32", (3, 0), 0), 4) == 0
+    assert tensor_span(TensorEntry("a", "torch", "float32", (), 0), 4) == 4
     # transposed 4x3 view of a 3x4 tensor: last element at 3*1 + 2*4 = 11
-    assert tensor_extent(TensorEntry("a", "torch", "float32", (4, 3), 0, stride=(1, 4)), 4) == 48
+    assert tensor_span(TensorEntry("a", "torch", "float32", (4, 3), 0, stride=(1, 4)), 4) == 48
     # a broadcast (stride 0) view touches one element
-    assert tensor_extent(TensorEntry("a", "torch", "float64", (5, 7), 0, stride=(0, 0)), 8) == 8
+    assert tensor_span(TensorEntry("a", "torch", "float64", (5, 7), 0, stride=(0, 0)), 8) == 8
     # every second element of 10
-    assert tensor_extent(TensorEntry("a", "torch", "int16", (5,), 0, stride=(2,)), 2) == 18
+    assert tensor_span(TensorEntry("a", "torch", "int16", (5,), 0, stride=(2,)), 2) == 18
 
 
 def _set(path: tuple[Any, ...], value: Any) -> Callable[[dict[str, Any]], None]:
@@ -181,15 +181,15 @@ def _drop_chunk(doc: dict[str, Any]) -> None:
 
 
 TAMPERING: dict[str, Callable[[dict[str, Any]], None]] = {
-    "offset_outside_blob": _set(("tensors", 0, "offset"), 4),
-    "offset_far_outside_blob": _set(("tensors", 0, "offset"), 2**40),
+    "offset_outside_extent": _set(("tensors", 0, "offset"), 4),
+    "offset_far_outside_extent": _set(("tensors", 0, "offset"), 2**40),
     "offset_negative": _set(("tensors", 0, "offset"), -4),
-    "offset_misaligned": _set(("tensors", 2, "offset"), 4),  # inside the blob, but >f8 needs 8
-    "shape_larger_than_blob": _set(("tensors", 0, "shape"), [5, 6]),
+    "offset_misaligned": _set(("tensors", 2, "offset"), 4),  # inside the extent, but >f8 needs 8
+    "shape_larger_than_extent": _set(("tensors", 0, "shape"), [5, 6]),
     "shape_negative": _set(("tensors", 0, "shape"), [-5, -5]),
     "shape_not_int": _set(("tensors", 0, "shape"), ["x"]),
     "shape_not_list": _set(("tensors", 0, "shape"), 7),
-    "stride_outside_blob": _set(("tensors", 3, "stride"), [1, 400]),
+    "stride_outside_extent": _set(("tensors", 3, "stride"), [1, 400]),
     "stride_wrong_length": _set(("tensors", 3, "stride"), [1]),
     "stride_negative": _set(("tensors", 3, "stride"), [-1, 4]),
     "chunks_too_few": _drop_chunk,
@@ -202,8 +202,8 @@ TAMPERING: dict[str, Callable[[dict[str, Any]], None]] = {
     "nbytes_larger_than_chunks": _set(("blobs", 0, "nbytes"), 129),
     "chunk_size_zero": _set(("blobs", 1, "chunk_size"), 0),
     "chunk_size_negative": _set(("blobs", 0, "chunk_size"), -64),
-    "blob_index_out_of_range": _set(("tensors", 0, "blob"), 3),
-    "blob_index_negative": _set(("tensors", 0, "blob"), -1),
+    "extent_index_out_of_range": _set(("tensors", 0, "blob"), 3),
+    "extent_index_negative": _set(("tensors", 0, "blob"), -1),
     "kind_unknown": _set(("tensors", 0, "kind"), "pickle"),
     "torch_dtype_os_system": _set(("tensors", 0, "dtype"), "os.system"),
     "torch_dtype_prefixed": _set(("tensors", 0, "dtype"), "torch.float32"),
@@ -225,7 +225,7 @@ TAMPERING: dict[str, Callable[[dict[str, Any]], None]] = {
     "tensors_missing": _delete(("tensors",)),
     "blobs_missing": _delete(("blobs",)),
     "tensors_not_a_list": _set(("tensors",), 5),
-    "blob_not_an_object": _set(("blobs", 0), "blob"),
+    "extent_not_an_object": _set(("blobs", 0), "blob"),
     "tensor_not_an_object": _set(("tensors", 0), ["model.w"]),
     "tags_not_a_list": _set(("tags",), 5),
     "step_not_int": _set(("step",), "three"),
@@ -418,7 +418,7 @@ COERCED: dict[str, Callable[[dict[str, Any]], None]] = {
     "offset_float": _set(("tensors", 3, "offset"), 4.0),
     "stride_item_text": _set(("tensors", 3, "stride"), [1, "4"]),
     "shape_item_float": _set(("tensors", 0, "shape"), [5.0, 5]),
-    "blob_index_bool": _set(("tensors", 1, "blob"), True),
+    "extent_index_bool": _set(("tensors", 1, "blob"), True),
     "global_offset_alone": _set(("tensors", 0, "global_offset"), [0, 0]),
     "numpy_stride": _set(("tensors", 2, "stride"), [1, 2]),  # restore ignored it: another array
     "world_size_text": _set(("world",), {"size": "1", "api": "dcp"}),

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from casckpt.errors import CorruptManifestError
 from casckpt.format.chunks import chunk_count, chunk_spans
 from casckpt.format.manifest import (
-    BlobEntry,
+    ExtentEntry,
     Manifest,
     TensorEntry,
     World,
@@ -41,7 +41,7 @@ def _sharded() -> Manifest:
             TensorEntry("w", "torch", "float32", (6, 4), 0, global_shape=(10, 4), global_offset=(0, 0)),
             TensorEntry("w", "torch", "float32", (4, 4), 1, global_shape=(10, 4), global_offset=(6, 0)),
         ),
-        blobs=(BlobEntry(96, 64, (_cid(1), _cid(2))), BlobEntry(64, 64, (_cid(2), _cid(3)), phase=32)),
+        extents=(ExtentEntry(96, 64, (_cid(1), _cid(2))), ExtentEntry(64, 64, (_cid(2), _cid(3)), phase=32)),
         world=World(2, "dcp"),
     )
 
@@ -54,7 +54,7 @@ def _ranks() -> Manifest:
         run="g", step=2, parent=None, created_at=1.0, root={"t": "ranks", "v": [tree, other]},
         tensors=(TensorEntry("x", "torch", "int8", (3,), 0, rank=0),
                  TensorEntry("x", "torch", "int8", (5,), 1, rank=1)),
-        blobs=(BlobEntry(3, 64, (_cid(4),)), BlobEntry(5, 64, (_cid(5),))), world=World(2, "group"),
+        extents=(ExtentEntry(3, 64, (_cid(4),)), ExtentEntry(5, 64, (_cid(5),))), world=World(2, "group"),
     )
 
 
@@ -80,7 +80,7 @@ def test_rank_view_is_one_ranks_state_renumbered() -> None:
     assert rank_count(manifest) == 2 and rank_count(_sharded()) is None
     view = rank_view(manifest, 1)
     assert view.root["v"][0] == {"t": "tensor", "i": 0} and view.tensors == (manifest.tensors[1],)
-    assert view.blobs == manifest.blobs  # entries keep pointing at the version's blobs
+    assert view.extents == manifest.extents  # entries keep pointing at the version's extents
     with pytest.raises(IndexError):
         rank_view(manifest, 2)
 
@@ -91,7 +91,7 @@ def test_sharding_names_the_cut_dimensions() -> None:
 
 
 def _damage(doc: dict[str, Any], how: str) -> None:
-    tensors, blobs = doc["tensors"], doc["blobs"]
+    tensors, extents = doc["tensors"], doc["blobs"]
     if how == "shard_outside":
         tensors[1]["global_offset"] = [7, 0]
     elif how == "shard_rank_mismatch":
@@ -105,9 +105,9 @@ def _damage(doc: dict[str, Any], how: str) -> None:
     elif how == "sharded_no_list":
         doc["root"]["v"][0]["i"] = 0
     elif how == "phase_too_big":
-        blobs[1]["phase"] = 64
+        extents[1]["phase"] = 64
     elif how == "phase_wrong_count":
-        blobs[1]["phase"] = 0  # 64 bytes from 0 on a 64-byte grid is one chunk, not two
+        extents[1]["phase"] = 0  # 64 bytes from 0 on a 64-byte grid is one chunk, not two
     elif how == "ranks_below_root":
         doc["root"]["v"][1] = {"t": "ranks", "v": []}
     elif how == "shard_gap":
@@ -158,7 +158,7 @@ def test_shards_chunked_on_the_whole_grid_share_every_uncut_chunk(
     cut_inside = {span for span in grid if any(span[0] < c < span[1] for c in bounds)}
     assert {p for p in pieces if p in grid} == set(grid) - cut_inside
     assert len(pieces) == len(grid) + sum(1 for c in bounds[1:-1] if c % chunk)
-    blob = BlobEntry(whole, chunk, tuple(_cid(0) for _ in grid))
+    extent = ExtentEntry(whole, chunk, tuple(_cid(0) for _ in grid))
     for start, end in zip(bounds, bounds[1:], strict=False):
         touched = [s for s in grid if s[0] < end and start < s[1]]
-        assert [grid[i] for i in blob.covering(start, end)] == touched
+        assert [grid[i] for i in extent.covering(start, end)] == touched
