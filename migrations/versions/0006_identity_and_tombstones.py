@@ -58,7 +58,7 @@ def upgrade() -> None:
 
 def _backfill_contents(conn: sa.Connection) -> None:
     """Content rows for tensors that have none, from their versions' manifests."""
-    from casckpt.engine.commit import tensor_rows
+    from casckpt.engine.tensorrows import tensor_rows
     from casckpt.errors import CasckptError
     from casckpt.format.manifest import decode_manifest
 
@@ -71,7 +71,7 @@ def _backfill_contents(conn: sa.Connection) -> None:
             manifest = decode_manifest(bytes(data), version_id)
         except (CasckptError, TypeError):
             continue  # `casckpt check` reports it
-        _, contents = tensor_rows(version_id, manifest.tensors, manifest.blobs)
+        _, contents = tensor_rows(version_id, manifest.tensors, manifest.extents)
         for row in contents:
             conn.execute(sa.text(
                 "INSERT INTO contents (digest, nbytes, chunk_size, chunk_ids) "
