@@ -66,7 +66,10 @@ def _backfill_contents(conn: sa.Connection) -> None:
         "SELECT DISTINCT t.version_id FROM tensors t WHERE NOT EXISTS "
         "(SELECT 1 FROM contents c WHERE c.digest = t.digest)")).scalars())
     for version_id in lacking:
-        data = conn.execute(sa.text("SELECT manifest FROM versions WHERE id = :id"), {"id": version_id}).scalar()
+        data = conn.execute(sa.text("SELECT manifest FROM versions WHERE id = :id"),
+                            {"id": version_id}).scalar()
+        if data is None:
+            continue  # `casckpt check` reports it
         try:
             manifest = decode_manifest(bytes(data), version_id)
         except (CasckptError, TypeError):
