@@ -9,8 +9,10 @@ versions (a stale backup) or a location full of unknown packs stops the run.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sqlite3
+import time
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,8 @@ import casckpt
 from casckpt.catalog import Catalog
 from casckpt.cli.main import app
 from casckpt.engine import commit as commit_engine
+from casckpt.engine import gc as gc_engine
+from casckpt.engine.gcguard import DeletionGuard
 from casckpt.errors import CatalogError, GCRefusedError
 
 CHUNK = 4096
@@ -197,3 +201,111 @@ def test_a_commit_failing_after_its_manifest_leaves_a_tombstone_gc_acts_on(
         assert len({p.name for p in (root / "manifests").iterdir()}) == 3
         _assert_restores(store, (1, 2, 3))
         assert store.check(read_data=True).ok
+
+
+
+class _StaleCopyOnX:
+    """``ec:2+1`` over four directories, one pack: shard i moved from X to the free location W
+    by a repair (X keeps a stale copy, backdated an hour), X active again, W draining -- so
+    the next repair moves shard i back onto X, at the stale copy's key."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.dirs = [tmp_path / f"d{i}" for i in range(4)]
+        self.root = tmp_path / "store"
+        self.a = self.open()
+        self.a.commit(_state(0), run="r", step=0)
+        name_of = {Path(info.url.removeprefix("file://")).name: info.name
+                   for info in self.a.locations()}
+        used = {Path(url.removeprefix("file://")).name for url, _, _ in self.shard_rows()}
+        w = next(d for d in self.dirs if d.name not in used)  # the location holding no shard
+        x = next(d for d in self.dirs if d.name in used)
+        self.a.drain_location(name_of[x.name])
+        assert self.a.repair().shards_moved == 1
+        stale = [p for p in (x / "packs").rglob("*") if p.is_file()]
+        assert stale
+        self.a.activate_location(name_of[x.name])
+        hour_ago = time.time() - 3600
+        for p in stale:
+            os.utime(p, (hour_ago, hour_ago))
+        self.a.drain_location(name_of[w.name])
+        self.b = self.open()  # a second process's handle: the concurrent repair
+
+    def open(self) -> casckpt.Store:  # big packs: one pack, so one location holds no shard
+        return casckpt.open(self.root, blobs=[str(d) for d in self.dirs], redundancy="ec:2+1",
+                            chunk_size=CHUNK, pack_size=4 << 20)
+
+    def shard_rows(self) -> list[tuple[str, str, str]]:  # (location url, key, state)
+        return _sql(self.root, "SELECT l.url, s.key, s.state FROM shards s JOIN locations l "
+                               "ON l.id = s.location_id")
+
+    def catalog_shards_on_disk(self) -> list[tuple[str, bool]]:
+        return [(state, (Path(url.removeprefix("file://")) / key).is_file())
+                for url, key, state in self.shard_rows()]
+
+    def close(self) -> None:
+        self.a.close()
+        self.b.close()
+
+
+def test_gc_keeps_a_shard_a_concurrent_repair_moved_back_onto_its_listed_stale_copy(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The repair lands after gc listed X's stale copy as an orphan and before gc judged it:
+    the catalog names X's object by then, so gc keeps it."""
+    s = _StaleCopyOnX(tmp_path)
+    real = gc_engine._orphans
+
+    def orphans_then_repair(*args: Any, **kwargs: Any) -> Any:
+        found = real(*args, **kwargs)
+        assert found, "gc should have listed X's stale copy as an orphan"
+        s.b.repair()  # moves the shard from W back onto X, at the stale copy's key
+        return found
+
+    monkeypatch.setattr(gc_engine, "_orphans", orphans_then_repair)
+    s.a.gc(grace=0)
+    assert s.catalog_shards_on_disk() == [("ok", True)] * 3
+    with s.open() as fresh:
+        assert fresh.check(read_data=True).ok
+        _assert_restores(fresh, (0,))
+    s.close()
+
+
+def test_a_shard_deleted_as_repair_recorded_it_is_marked_missing_and_repair_restores_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The repair records X's object after gc judged the stale copy and before it deleted
+    it: gc's recheck sees the catalog naming what it just deleted and marks it missing, so
+    nothing is silently short of redundancy, and the next repair writes it again."""
+    s = _StaleCopyOnX(tmp_path)
+    real = DeletionGuard.orphans
+
+    def judge_then_repair(self: DeletionGuard, *args: Any, **kwargs: Any) -> Any:
+        verdicts = real(self, *args, **kwargs)
+        assert verdicts.delete, "gc should have cleared X's stale copy to go"
+        s.b.repair()
+        return verdicts
+
+    monkeypatch.setattr(DeletionGuard, "orphans", judge_then_repair)
+    report = s.a.gc(grace=0)
+    assert any("concurrent repair" in note for note in report.kept), report.kept
+    assert sorted(s.catalog_shards_on_disk()) == [("missing", False), ("ok", True), ("ok", True)]
+    with s.open() as fresh:
+        assert fresh.repair().shards_rewritten == 1
+        assert fresh.check(read_data=True).ok
+        _assert_restores(fresh, (0,))
+    assert s.catalog_shards_on_disk() == [("ok", True)] * 3
+    s.close()
+
+
+def test_gc_keeps_a_stale_copy_when_the_catalogs_own_shard_is_gone_unnoticed(tmp_path: Path) -> None:
+    """The catalog says shard i is ``ok`` on W, but W's object vanished without a reader
+    noticing: X's stale copy is then the only one of shard i, and gc keeps it."""
+    s = _StaleCopyOnX(tmp_path)
+    on_disk = {Path(url.removeprefix("file://")) / key for url, key, _ in s.shard_rows()}
+    stale = [p for d in s.dirs for p in (d / "packs").rglob("*") if p.is_file() and p not in on_disk]
+    assert len(stale) == 1
+    moved = next(p for p in on_disk if p.name == stale[0].name)
+    moved.unlink()
+    report = s.a.gc(grace=0)
+    assert stale[0].is_file()
+    assert report.orphans_deleted == 0
+    assert any("not healthy" in note for note in report.kept), report.kept
+    s.close()

@@ -334,7 +334,7 @@ def collect(ctx: EngineContext, *, grace: float, dry_run: bool, force: bool = Fa
         else:
             verdicts = guard.orphans(orphans, removed)
             tally.orphans_deleted = deleter.delete(verdicts.delete)
-            tally.kept += verdicts.kept
+            tally.kept += verdicts.kept + guard.recheck_superseded(verdicts.delete)
             tally.packs_repacked = _repack(ctx, progress)
             if tally.packs_repacked and grace == 0:  # the packs just emptied go in this run too
                 _sweep(ctx, tally, guard, deleter, time.time())

@@ -23,7 +23,12 @@ copy). A pack whose footer cannot be read at all (truncated, too few data
 shards) serves no chunk and may go; one that cannot be read *now* (a
 storage error) stays for a later run. A stale copy of a pack the catalog
 knows (a shard repair moved) goes only while the catalog's own shard at
-that index is healthy; an orphan manifest only if it is tombstoned.
+that index is ``ok`` and present at its size, and never while the catalog
+names that very object (a repair may have moved the shard back onto the
+stale copy's key since the listing); a repair recording it between this
+judgement and the delete is caught by :meth:`DeletionGuard.recheck_superseded`,
+which marks the shard missing for repair. An orphan manifest goes only if
+it is tombstoned.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-from casckpt.catalog import PackLayout
+from casckpt.catalog import PackLayout, ShardRow
 from casckpt.catalog import gc as sql
 from casckpt.catalog import shards as shard_sql
 from casckpt.engine import identity
@@ -72,6 +77,7 @@ class DeletionGuard:
         self._footers: dict[str, set[str] | None] = {}  # catalog pack -> chunk ids in its footer
         self._by_pack: dict[str, FoundPack] | None = None  # every listed pack object, by pack
         self._removed: set[Object] = set()  # objects this run deleted
+        self._stale: dict[str, set[Object]] = {}  # known pack -> its stale objects cleared to go
 
     # -- before anything changes ------------------------------------------------
 
@@ -175,20 +181,60 @@ class DeletionGuard:
         return pack_layout(pack_id, self._by_pack.get(pack_id, FoundPack()))
 
     def _superseded(self, layout: PackLayout, found: FoundPack, out: Verdicts) -> None:
-        """Stale copies of a pack the catalog knows go while the catalog's shard is healthy."""
-        healthy = {sh.index for sh in layout.shards if sh.state == "ok"
-                   and (loc := self._ctx.locations.get(sh.location_id)) is not None and loc.readable}
+        """Stale copies of a pack the catalog knows go while the catalog's own object for the
+        same shard (or a copy) is healthy and present. An object the catalog names now is
+        never stale: a repair or heal may have written the shard back at that key since the
+        listing (it had been listed as a stale copy, with the stale copy's old mtime)."""
+        current = {(sh.location_id, sh.key) for sh in layout.shards}
+        healthy = {sh.index for sh in layout.shards if sh.state == "ok" and self._present(sh)}
+        stale: list[Object] = []
         for loc, key, _ in found.copies:
+            if (loc.id, key) in current:
+                continue
             if layout.scheme != "ec" and healthy:
-                out.delete.append((loc.id, key))
+                stale.append((loc.id, key))
             else:
                 out.kept.append(f"{key} on {loc.name}: the catalog's copies of its pack are not healthy")
         for index, (loc, key, _) in found.shards.items():
+            if (loc.id, key) in current:
+                continue
             if index in healthy:
-                out.delete.append((loc.id, key))
+                stale.append((loc.id, key))
             else:
                 out.kept.append(f"{key} on {loc.name}: the catalog's shard {index} of its pack is "
                                 "not healthy; run `casckpt repair`")
+        out.delete.extend(stale)
+        self._stale[layout.id] = set(stale)
+
+    def _present(self, shard: ShardRow) -> bool:
+        """Whether the catalog's object for a shard is there, at its recorded size (one size
+        request; a location that cannot answer counts as not healthy)."""
+        loc = self._ctx.locations.get(shard.location_id)
+        if loc is None or not loc.readable:
+            return False
+        try:
+            return loc.blobs.size(shard.key) == shard.size
+        except StorageError:
+            return False
+
+    def recheck_superseded(self, deleted: Collection[Object]) -> list[str]:
+        """After deleting stale copies: any the catalog names now (a repair recorded it between
+        the check above and the delete) is marked missing, so reads reconstruct it and
+        ``repair`` writes it again. Returns what was found, for the report."""
+        notes = []
+        gone = set(deleted)
+        packs = [pack_id for pack_id, stale in self._stale.items() if stale & gone]
+        for pack_id, layout in shard_sql.layouts(self._ctx.catalog, packs).items():
+            hit = {sh.index: ("missing", sh.location_id, sh.key) for sh in layout.shards
+                   if (sh.location_id, sh.key) in gone & self._stale[pack_id]}
+            if hit:
+                shard_sql.mark_shards(self._ctx.catalog, pack_id, hit)
+                self._ctx.packs.forget(pack_id)
+                log.error("gc deleted shard(s) %s of pack %s that a concurrent repair had just "
+                          "written back; marked missing (run `casckpt repair`)", sorted(hit), pack_id)
+                notes.append(f"pack {pack_id}: shard(s) {sorted(hit)} written back by a concurrent "
+                             "repair while gc deleted their stale copies; run `casckpt repair`")
+        return notes
 
     def _judge(self, layout: PackLayout, objects: list[Object], out: Verdicts) -> None:
         try:
