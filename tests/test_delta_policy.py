@@ -3,11 +3,14 @@ keyframes placed by cost and staggered."""
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
+import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
@@ -18,7 +21,15 @@ from casckpt.catalog import schema
 from casckpt.catalog.deltas import DEFAULT_DELTA_CHAIN
 from casckpt.engine import deltabase
 from casckpt.engine.deltabase import ChainPolicy, chain_within
-from casckpt.errors import InvalidArgumentError
+from casckpt.errors import CorruptChunkError, InvalidArgumentError
+from casckpt.format.codecs import (
+    SPARSE_BLOCK,
+    Codec,
+    apply_sparse,
+    decode_chunk,
+    sparse_delta,
+    sparse_planes,
+)
 from casckpt.testing.internals import internals
 
 CHUNK = 16 << 10
@@ -147,7 +158,7 @@ def _check_chains(store: casckpt.Store, policy: ChainPolicy) -> int:
     for row in rows.values():
         levels, node = [], row
         while node.base_id is not None:
-            levels.append((node.raw_len, node.stored_len))
+            levels.append((node.raw_len, node.stored_len, node.codec))
             node = rows[node.base_id]
         assert chain_within(policy, levels[::-1], node.stored_len), (row.id, levels, node.stored_len)
         longest = max(longest, len(levels))
@@ -215,10 +226,78 @@ def test_a_chain_length_that_was_set_is_a_fixed_depth(tmp_path: Path) -> None:
 def test_chain_policy_bounds() -> None:
     by_cost = ChainPolicy(32, by_cost=True)
     # a delta of 1% of the chunk costs 0.11 keyframe restores: four fit under 0.5, five do not
-    assert chain_within(by_cost, [(1000, 10)] * 4, 1000)
-    assert not chain_within(by_cost, [(1000, 10)] * 5, 1000)
+    dense, sparse = int(Codec.XOR_GROUP4_ZSTD), int(Codec.XOR_SPARSE_ZSTD)
+    assert chain_within(by_cost, [(1000, 10, dense)] * 4, 1000)
+    assert not chain_within(by_cost, [(1000, 10, dense)] * 5, 1000)
+    # sparse deltas patch only what changed: 0.03 each, 16 fit
+    assert chain_within(by_cost, [(1000, 10, sparse)] * 16, 1000)
+    assert not chain_within(by_cost, [(1000, 10, sparse)] * 17, 1000)
+    assert not chain_within(by_cost, [(1000, 1, sparse)] * 33, 1000)  # the depth bound
     # a delta of 45% costs 0.55: none fits; deltas adding up past the keyframe's bytes end a chain
-    assert not chain_within(by_cost, [(1000, 450)], 1000)
-    assert not chain_within(by_cost, [(1000, 300)], 250)
+    assert not chain_within(by_cost, [(1000, 450, dense)], 1000)
+    assert not chain_within(by_cost, [(1000, 300, sparse)], 250)
     fixed = ChainPolicy(3)
-    assert chain_within(fixed, [(1000, 450)] * 3, 1000) and not chain_within(fixed, [(1000, 1)] * 4, 1000)
+    assert chain_within(fixed, [(1000, 450, dense)] * 3, 1000)
+    assert not chain_within(fixed, [(1000, 1, sparse)] * 4, 1000)
+
+
+# ---- sparse deltas ---------------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(blocks=st.integers(1, 64), width=st.sampled_from([1, 2, 4, 8]),
+       changed=st.lists(st.integers(0, 4095), max_size=40), seed=st.integers(0, 1 << 16))
+def test_sparse_deltas_round_trip_and_touch_only_changed_blocks(blocks: int, width: int, changed: list[int],
+                                                                seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randint(0, 256, (blocks * SPARSE_BLOCK,), generator=g, dtype=torch.uint8).numpy()
+    data = base.copy()
+    for at in changed:
+        data[at % len(data)] ^= 1 + at % 255
+    payload = sparse_delta(data.data, base.data, width, 1, 1.0)
+    assert payload is not None
+    index, xor = sparse_planes(payload, len(data))
+    assert np.flatnonzero((data != base).reshape(-1, SPARSE_BLOCK).any(axis=1)).tolist() == index.tolist()
+    assert bytes(decode_chunk(Codec.XOR_SPARSE_ZSTD, payload, len(data), base.tobytes())) == data.tobytes()
+    assert apply_sparse(base.copy(), index, xor).tobytes() == data.tobytes()
+
+
+def test_sparse_deltas_refuse_dense_changes_and_malformed_payloads() -> None:
+    base = np.zeros(64 * SPARSE_BLOCK, dtype=np.uint8)
+    data = base.copy()
+    data[::SPARSE_BLOCK] = 1  # every block changed
+    assert sparse_delta(data.data, base.data, 4, 1, 0.25) is None
+    assert sparse_delta(data[:100].data, base[:100].data, 4, 1, 1.0) is None  # not whole blocks
+    data = base.copy()
+    data[5] = 7
+    payload = sparse_delta(data.data, base.data, 4, 1, 0.25)
+    assert payload is not None
+    with pytest.raises(CorruptChunkError):
+        sparse_planes(payload, 32 * SPARSE_BLOCK + 1)  # another length
+    head = zstandard.ZstdCompressor().compress(struct.pack("<BBHI", 4, 6, 0, 2) + struct.pack("<II", 3, 0)
+                                               + bytes(2 * SPARSE_BLOCK))
+    with pytest.raises(CorruptChunkError, match="out of order"):
+        sparse_planes(head, 64 * SPARSE_BLOCK)  # block 3 twice
+    with pytest.raises(CorruptChunkError, match="out of order"):
+        sparse_planes(zstandard.ZstdCompressor().compress(struct.pack("<BBHI", 4, 6, 0, 1) + struct.pack(
+            "<I", 64) + bytes(SPARSE_BLOCK)), 64 * SPARSE_BLOCK)  # past the end
+    with pytest.raises(CorruptChunkError):
+        sparse_planes(b"not zstd", 64 * SPARSE_BLOCK)
+
+
+def test_an_embedding_table_stores_long_cheap_chains_of_sparse_deltas(tmp_path: Path) -> None:
+    g = torch.Generator().manual_seed(6)
+    table = torch.randn(32 * CHUNK // 256, 64, generator=g)
+    kept = []
+    with _open(tmp_path / "s") as store:
+        for step in range(14):
+            kept.append(table.clone())
+            store.commit({"t": table}, run="r", step=step)
+            table = _rows(table, g, 0.005)
+        rows = _chunk_rows(store)
+        assert {Codec(r.codec) for r in rows.values() if r.base_id is not None} == {Codec.XOR_SPARSE_ZSTD}
+        assert _check_chains(store, ChainPolicy(DEFAULT_DELTA_CHAIN, by_cost=True)) > 5  # longer than dense
+        for step, want in enumerate(kept):
+            assert _bits(store.restore(f"r@{step}")["t"]) == _bits(want)
+            assert _bits(store.load_tensor(f"r@{step}", "t")) == _bits(want)
+        assert store.check(read_data=True).ok

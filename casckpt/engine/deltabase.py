@@ -22,7 +22,8 @@ at most half the raw chunk (:data:`DELTA_MAX_RATIO`, :data:`DELTA_MAX_RAW`).
 When a chunk gets a new keyframe (:class:`ChainPolicy`): with a chain length
 set on the run or store, after that many deltas (a fixed depth); by default
 by cost -- when the chain's estimated restore cost (:func:`level_cost` per
-delta, in restores of the keyframe) would pass :data:`RESTORE_BOUND`, or its
+delta, in restores of the keyframe; a sparse delta, patching only its
+changed blocks, costs far less than a dense one) would pass :data:`RESTORE_BOUND`, or its
 deltas' stored bytes would pass the keyframe's, or its depth the default
 chain length. Chunks that near their bound together are staggered: a chunk
 takes its keyframe early when one more delta would pass a threshold drawn
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from casckpt.format.codecs import delta_ratio_probe, encode_delta
+from casckpt.format.codecs import Codec, delta_ratio_probe, encode_delta, sparse_delta
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry
 
 DELTA_MAX_RATIO = 0.8  # a delta must be at most this fraction of the plain encoding's size ...
@@ -58,12 +59,14 @@ FIRST_FULL = 256 << 20  # full copies per commit of chunks seen for the first ti
 RESTORE_BOUND = 0.5  # by cost: a chain's restore costs at most 1.5x its keyframe's (BENCHMARKS.md)
 LEVEL_BASE = 0.1  # one delta level's restore cost, in keyframe restores: a pass over the chunk ...
 LEVEL_PER_BYTE = 1.0  # ... plus decompressing its payload (per payload byte over raw bytes)
+SPARSE_LEVEL_BASE = 0.02  # a sparse delta patches its changed blocks in place: no pass over the chunk
+SPARSE_MAX = 0.25  # a delta is sparse when at most this fraction of the chunk's 64-byte blocks changed
 STAGGER_FROM = 0.5  # by cost: past this fraction of its bound a chain may take its keyframe early
 
 
-def level_cost(raw_len: int, payload_len: int) -> float:
+def level_cost(raw_len: int, payload_len: int, sparse: bool = False) -> float:
     """Estimated cost of decoding one delta level, in restores of a keyframe of the same chunk."""
-    return LEVEL_BASE + LEVEL_PER_BYTE * payload_len / max(raw_len, 1)
+    return (SPARSE_LEVEL_BASE if sparse else LEVEL_BASE) + LEVEL_PER_BYTE * payload_len / max(raw_len, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,11 +116,12 @@ class ChainPolicy:
         threshold = STAGGER_FROM + (1.0 - STAGGER_FROM) * draw
         return self.fraction(base) * (base.depth + 1) / base.depth >= threshold
 
-    def extend(self, base: CachedChunk, raw_len: int, payload_len: int) -> CachedChunk | None:
-        """The chain state after a delta of ``payload_len`` bytes on ``base`` (data left empty),
-        or None if that chain would pass the policy's bounds."""
+    def extend(self, base: CachedChunk, raw_len: int, payload_len: int,
+               sparse: bool = False) -> CachedChunk | None:
+        """The chain state after a delta of ``payload_len`` bytes (``sparse``: a sparse one) on
+        ``base`` (data left empty), or None if that chain would pass the policy's bounds."""
         state = CachedChunk(memoryview(b""), base.depth + 1, False,
-                            base.cost + level_cost(raw_len, payload_len),
+                            base.cost + level_cost(raw_len, payload_len, sparse),
                             base.delta_bytes + payload_len, base.key_bytes)
         if state.depth > self.chain:
             return None
@@ -129,17 +133,18 @@ class ChainPolicy:
         """The largest delta, as a fraction of the raw chunk, that may still extend ``base``'s chain."""
         if not self.by_cost:
             return DELTA_MAX_RAW
-        by_cost = (self.restore_bound - base.cost - LEVEL_BASE) / LEVEL_PER_BYTE
+        by_cost = (self.restore_bound - base.cost - SPARSE_LEVEL_BASE) / LEVEL_PER_BYTE
         by_bytes = (base.key_bytes - base.delta_bytes) / max(raw_len, 1)
         return min(DELTA_MAX_RAW, by_cost, by_bytes)
 
 
-def chain_within(policy: ChainPolicy, levels: Sequence[tuple[int, int]], key_bytes: int) -> bool:
+def chain_within(policy: ChainPolicy, levels: Sequence[tuple[int, int, int]], key_bytes: int) -> bool:
     """Whether a stored chain is within ``policy``: ``levels`` are its deltas' (raw length,
-    stored length), keyframe first; ``key_bytes`` the keyframe's stored length."""
+    stored length, codec), keyframe first; ``key_bytes`` the keyframe's stored length."""
     state: CachedChunk | None = CachedChunk(memoryview(b""), 0, key_bytes=key_bytes)
-    for raw_len, stored in levels:
-        state = policy.extend(state, raw_len, stored) if state is not None else None
+    for raw_len, stored, codec in levels:
+        sparse = codec == Codec.XOR_SPARSE_ZSTD
+        state = policy.extend(state, raw_len, stored, sparse) if state is not None else None
     return state is not None
 
 
@@ -268,13 +273,17 @@ class DeltaPlan:
         if limit <= 0 or (len(data) > 2 * _PROBE
                           and delta_ratio_probe(data, cached.data, align, self.level) > limit):
             return self._no_delta(cid, data, owned, plain, cached)
-        delta_codec, delta = encode_delta(data, cached.data, align, self.level)
+        sparse = sparse_delta(data, cached.data, align, self.level, SPARSE_MAX)
+        if sparse is not None:
+            delta_codec, delta = Codec.XOR_SPARSE_ZSTD, sparse
+        else:
+            delta_codec, delta = encode_delta(data, cached.data, align, self.level)
         if len(delta) > DELTA_SURE_RATIO * len(data):  # compare with the plain encoding
             codec, payload = plain()
             if len(delta) > min(DELTA_MAX_RATIO * len(payload), DELTA_MAX_RAW * len(data)):
                 self._keep(cid, data, owned, CachedChunk(data, 0, sample=True))
                 return codec, payload, None
-        state = self.policy.extend(cached, len(data), len(delta))
+        state = self.policy.extend(cached, len(data), len(delta), sparse is not None)
         if state is None:
             return self._no_delta(cid, data, owned, plain, cached)
         self._keep(cid, data, owned, state)
