@@ -54,7 +54,7 @@ T = TypeVar("T")
 
 NAME = "delta"
 WORKLOADS = ("dense", "dense-bf16", "embed", "frozen")
-RESTORE_ROUNDS = 3  # each restore pair is repeated (median kept): single restores vary by ~20%, more on a busy machine
+RESTORE_ROUNDS = 3  # restore pairs repeated (median kept): single restores vary by ~20%, more when busy
 
 
 @dataclass(frozen=True)
