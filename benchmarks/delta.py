@@ -54,7 +54,7 @@ T = TypeVar("T")
 
 NAME = "delta"
 WORKLOADS = ("dense", "dense-bf16", "embed", "frozen")
-RESTORE_ROUNDS = 2  # each restore pair is repeated (median kept): single restores vary by ~20%
+RESTORE_ROUNDS = 3  # restore pairs repeated (median kept): single restores vary by ~20%, more when busy
 
 
 @dataclass(frozen=True)
@@ -205,17 +205,22 @@ def _restore_pair(on: casckpt.Store, off: casckpt.Store, wl: Workload, chain: in
     return ChainEnd(chain, commit.step, commit.longest_chain, rounds["on"], rounds["off"])
 
 
+COMMITS = 12  # issue 17: stored bytes averaged over 12 consecutive commits
+
+
 def _chains(default: int) -> list[int]:
-    """The chain lengths measured: the store default, then half of it where that is >= 1."""
+    """The sequence lengths measured: the store default chain (at most :data:`COMMITS`: by
+    default keyframes are placed by cost within a deeper cap), then half of it where >= 1."""
     if default < 1:
         raise RuntimeError(f"delta: a new store's default delta chain is {default} (off): there is "
                            "no chain to measure; the workload needs delta coding on by default")
+    default = min(default, COMMITS)
     short = default // 2
     return [default, short] if 1 <= short < default else [default]
 
 
 def _sequence(wl: Workload, on: casckpt.Store, off: casckpt.Store, chains: Sequence[int],
-              log: Log) -> tuple[list[DeltaCommit], list[DeltaCommit], list[ChainEnd]]:
+              log: Log, cap: int) -> tuple[list[DeltaCommit], list[DeltaCommit], list[ChainEnd]]:
     """Steps 1-3 of the module docstring: (commits to on, commits to off, restores per chain)."""
     ons: list[DeltaCommit] = []
     offs: list[DeltaCommit] = []
@@ -223,7 +228,7 @@ def _sequence(wl: Workload, on: casckpt.Store, off: casckpt.Store, chains: Seque
     for step in range(1, chains[0] + 3):
         if step > 1:
             wl.advance()
-        pairs = [(on, chains[0], ons)] + ([(off, 0, offs)] if step <= chains[0] + 1 else [])
+        pairs = [(on, cap, ons)] + ([(off, 0, offs)] if step <= chains[0] + 1 else [])
         log(f"{NAME} {wl.name}: step {step}: commit to {len(pairs)} store(s)")
         measure.release_memory()
         for store, chain, into in pairs[::-1] if step % 2 else pairs:
@@ -249,15 +254,15 @@ def _one_workload(name: str, scale: float, workdir: Path, log: Log) -> WorkloadD
     with casckpt.open(root / "on") as on, casckpt.open(root / "off") as off:
         off.set_delta_chain(0)
         chains = _chains(on.delta_chain())
-        ons, offs, ends = _sequence(wl, on, off, chains, log)
+        ons, offs, ends = _sequence(wl, on, off, chains, log, on.delta_chain())
         runs = (StoreRun(chains[0], ons, on.stats().to_dict()), StoreRun(0, offs, off.stats().to_dict()))
     measure.remove(root)
     return WorkloadDelta(name, tensors, logical, baseline, *runs, ends)
 
 
-def run_delta(scale: float, workdir: Path, log: Log) -> DeltaResult:
+def run_delta(scale: float, workdir: Path, log: Log, workloads: Sequence[str] = WORKLOADS) -> DeltaResult:
     """Measure the ``delta`` workload at ``scale``; ``workdir`` must be an empty directory."""
-    results = [_one_workload(name, scale, workdir, log) for name in WORKLOADS]
+    results = [_one_workload(name, scale, workdir, log) for name in workloads]
     return DeltaResult(NAME, [end.chain for end in results[0].ends], results)
 
 
@@ -455,3 +460,127 @@ NOTES = {
     "chain_check": "after each commit Store.show(version).longest_chain is checked against the "
     "store's chain length; a deeper version fails the workload",
 }
+
+
+# ---- first commit: what delta coding's base cache costs a commit with no base yet (issue 17) ---------
+
+FIRST_MODES = ("off", "on", "save")  # CASCKPT_DELTA_MEMORY=0, the default, torch.save + fsync
+FIRST_RSS_SLACK = 256 << 20  # target: extra peak RSS <= 10% of the state + 256 MiB
+
+
+@dataclass(frozen=True)
+class FirstCommit:
+    """Medians over rounds of one fresh process per mode: a single fp32 tensor's first commit."""
+
+    nbytes: int
+    wall_s: dict[str, float]
+    peak_extra: dict[str, int]  # peak RSS over the process's RSS before the call
+    held: int  # bytes the base cache holds after the commit (mode "on")
+
+    def ratio(self, a: str, b: str) -> float:
+        return self.wall_s[a] / self.wall_s[b]
+
+
+def _first_child(mode: str, nbytes: int, workdir: Path) -> dict[str, Any]:
+    """In a fresh process: commit (or torch.save) one new ``nbytes`` fp32 tensor."""
+    from casckpt.testing.internals import internals
+
+    tensor = torch.randn(nbytes // 4)
+    path, held = workdir / mode, 0
+    if mode == "save":
+        _, wall, rss = measure.timed_with_rss(lambda: measure.torch_save_fsync({"t": tensor}, path))
+    else:
+        with casckpt.open(path) as store:
+            _, wall, rss = measure.timed_with_rss(lambda: store.commit({"t": tensor}, run="r", step=0))
+            held = internals(store).context.bases.held
+    return {"wall_s": wall, "peak_extra": rss, "held": held}
+
+
+def first_commit(nbytes: int, workdir: Path, log: Log, rounds: int = 2) -> FirstCommit:
+    """Each mode in its own fresh process, ``rounds`` times in alternating order; medians."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    walls: dict[str, list[float]] = {m: [] for m in FIRST_MODES}
+    rss: dict[str, list[int]] = {m: [] for m in FIRST_MODES}
+    held = 0
+    for r in range(rounds):
+        for mode in FIRST_MODES if r % 2 == 0 else FIRST_MODES[::-1]:
+            env = dict(os.environ)
+            env.pop("CASCKPT_DELTA_MEMORY", None)
+            if mode == "off":
+                env["CASCKPT_DELTA_MEMORY"] = "0"
+            where = workdir / f"first-{r}-{mode}"
+            where.mkdir(parents=True)
+            log(f"{NAME} first commit: {measure.fmt_bytes(nbytes)} tensor, delta {mode}, round {r + 1}")
+            out = subprocess.run([sys.executable, "-m", "benchmarks.delta", "--first-child", mode,
+                                  str(nbytes), str(where)], env=env, check=True, capture_output=True,
+                                 text=True).stdout
+            got = json.loads(out.strip().splitlines()[-1])
+            walls[mode].append(got["wall_s"])
+            rss[mode].append(got["peak_extra"])
+            held = max(held, got["held"])
+            measure.remove(where)
+    return FirstCommit(nbytes, {m: statistics.median(v) for m, v in walls.items()},
+                       {m: int(statistics.median(v)) for m, v in rss.items()}, held)
+
+
+def first_commit_table(first: FirstCommit) -> Table:
+    """The first commit with delta coding on vs off vs torch.save, against issue 17's targets."""
+    table = Table(title=f"First commit of one {measure.fmt_bytes(first.nbytes)} fp32 tensor, fresh "
+                  "process per mode, median (targets: on/off <= 1.1x, on/save <= 1.0x, extra RSS "
+                  "<= 10% of the state + 256 MiB)")
+    for column in ("mode", "wall", "/ off", "/ torch.save", "peak extra RSS", "RSS target", "cache held"):
+        table.add_column(column, justify="right", no_wrap=True)
+    limit = first.nbytes // 10 + FIRST_RSS_SLACK
+    for mode in FIRST_MODES:
+        rss, on = first.peak_extra[mode], mode == "on"
+        table.add_row(mode, f"{first.wall_s[mode]:.3f} s",
+                      _judged(first.ratio(mode, "off"), 1.1 if on else None, _x(first.ratio(mode, "off"))),
+                      _judged(first.ratio(mode, "save"), 1.0 if on else None, _x(first.ratio(mode, "save"))),
+                      _judged(rss, limit if on else None, measure.fmt_bytes(rss)),
+                      measure.fmt_bytes(limit), measure.fmt_bytes(first.held) if on else "")
+    return table
+
+
+def _main() -> None:
+    """``python -m benchmarks.delta --scale 0.25 --workloads embed,dense-bf16 --first-mib 1024``:
+    issue 17's delta figures alone (the full suite runs the workload through benchmarks/run.py)."""
+    import argparse
+    import json
+    import sys
+    import tempfile
+
+    from rich.console import Console
+
+    parser = argparse.ArgumentParser(description=_main.__doc__)
+    parser.add_argument("--scale", type=float, default=0.25)
+    parser.add_argument("--workloads", default="embed,dense-bf16")
+    parser.add_argument("--first-mib", type=int, default=1024, help="first-commit tensor (0: skip)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--dir", default=None)
+    parser.add_argument("--first-child", nargs=3, metavar=("MODE", "NBYTES", "DIR"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.first_child:
+        mode, nbytes, where = args.first_child
+        print(json.dumps(_first_child(mode, int(nbytes), Path(where))))
+        return
+    console = Console()
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        if args.first_mib:
+            console.print(first_commit_table(first_commit(args.first_mib << 20, Path(tmp), log, args.rounds)))
+        names = [w for w in args.workloads.split(",") if w]
+        if names:
+            result = run_delta(args.scale, Path(tmp), log, names)
+            for table in tables({NAME: result}):
+                console.print(table)
+
+
+if __name__ == "__main__":
+    _main()

@@ -63,9 +63,11 @@ class Settings:
             (what GPU tensors always do; lets the GPU path run without a GPU).
         delta_memory: host memory holding the raw chunks of recent commits,
             the bases the next commit's chunks are delta-coded against
-            (default: an eighth of RAM, at most 4 GiB; a state larger than
-            this gets keyframes where its bases do not fit). Setting it to 0
-            is not allowed; turn delta coding off with a chain length of 0.
+            (default: a sixteenth of RAM, at most 1 GiB; only chunks whose
+            deltas pay are kept in full, see docs/DEFAULTS.md; a state whose
+            bases do not fit gets keyframes where they do not). 0 turns delta
+            coding off in this process (``CASCKPT_DELTA_MEMORY=0``); a chain
+            length of 0 turns it off for a run or store.
         catalog_retry_s: how long each catalog step (a query, recording a pack,
             publishing a version) is retried while the catalog database is
             unreachable before it raises CatalogUnavailableError (0: no retries).
@@ -86,7 +88,7 @@ class Settings:
     backpressure: str = "block"
     staging_memory: int = 256 << 20
     stage_host_tensors: bool = False
-    delta_memory: int = field(default_factory=lambda: int(min(4 << 30, _ram() // 8)))
+    delta_memory: int = field(default_factory=lambda: _default_delta_memory())
     catalog_retry_s: float = 5.0
     probe_timeout_s: float = 5.0
 
@@ -98,11 +100,16 @@ def _ram() -> int:
         return 8 << 30
 
 
+def _default_delta_memory() -> int:
+    return int(min(1 << 30, _ram() // 16))
+
+
 def _default_commit_memory() -> int:
     return int(min(8 << 30, _ram() // 4))
 
 
-def _int_env(env: Mapping[str, str], name: str) -> int | None:
+def _int_env(env: Mapping[str, str], name: str, zero: bool = False) -> int | None:
+    """The integer in ``env[name]`` (None: unset); positive, or with ``zero`` also 0."""
     value = env.get(name)
     if value is None or value == "":
         return None
@@ -110,8 +117,8 @@ def _int_env(env: Mapping[str, str], name: str) -> int | None:
         number = int(value)
     except ValueError:
         raise InvalidArgumentError(f"{name}={value!r} is not an integer") from None
-    if number <= 0:
-        raise InvalidArgumentError(f"{name}={value!r} must be positive")
+    if number < 0 or (number == 0 and not zero):
+        raise InvalidArgumentError(f"{name}={value!r} must be {'0 (off) or more' if zero else 'positive'}")
     return number
 
 
@@ -134,6 +141,9 @@ def _backpressure(value: object) -> str:
     return str(value)
 
 
+_ZERO_MEANS_OFF = frozenset({"delta_memory"})  # settings whose 0 turns their feature off
+
+
 def settings(overrides: Mapping[str, Any] | None = None,
              env: Mapping[str, str] = os.environ) -> Settings:
     """Defaults, then environment variables, then explicit ``overrides``."""
@@ -144,7 +154,7 @@ def settings(overrides: Mapping[str, Any] | None = None,
                        ("commit_memory", "CASCKPT_COMMIT_MEMORY"),
                        ("staging_memory", "CASCKPT_STAGING_MEMORY"),
                        ("delta_memory", "CASCKPT_DELTA_MEMORY")):
-        value = _int_env(env, var)
+        value = _int_env(env, var, zero=name_ in _ZERO_MEANS_OFF)
         if value is not None:
             config = replace(config, **{name_: value})  # type: ignore[arg-type]
     if env.get("CASCKPT_COMPRESSION", "1") == "0":
@@ -163,7 +173,8 @@ def settings(overrides: Mapping[str, Any] | None = None,
         if key == "backpressure":
             config = replace(config, backpressure=_backpressure(value))
             continue
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0 \
+                or (value == 0 and key not in _ZERO_MEANS_OFF):
             raise InvalidArgumentError(f"{key} must be a positive int, got {value!r}")
         config = replace(config, **{key: value})  # type: ignore[arg-type]
     return config

@@ -9,7 +9,7 @@ from sqlalchemy import bindparam, func, select, text, update
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import Catalog
 
-DEFAULT_DELTA_CHAIN = 4  # docs/DEFAULTS.md: chain 4 vs 2, stored bytes against chain-end restores
+DEFAULT_DELTA_CHAIN = 32  # docs/DEFAULTS.md: unset, keyframes are placed by cost within this depth
 
 
 def store_delta_chain(catalog: Catalog) -> int:
@@ -48,9 +48,19 @@ def set_run_delta_chain(catalog: Catalog, run: str, chain: int | None) -> None:
 
 def delta_chain_for(catalog: Catalog, run: str) -> int:
     """The chain length commits to ``run`` use."""
+    return delta_policy_for(catalog, run)[0]
+
+
+def delta_policy_for(catalog: Catalog, run: str) -> tuple[int, bool]:
+    """``(chain length, by cost)`` for commits to ``run``: by cost when neither the run nor the
+    store has a chain length set (the default): keyframes are then placed by each chain's cost
+    within :data:`DEFAULT_DELTA_CHAIN`; a chain length that was set is a fixed depth."""
     with catalog.read() as conn:
         own = conn.execute(select(s.runs.c.delta_chain).where(s.runs.c.name == run)).scalar()
-    return int(own) if own is not None else store_delta_chain(catalog)
+    if own is not None:
+        return int(own), False
+    stored = stored_delta_chain(catalog)
+    return (stored, False) if stored is not None else (DEFAULT_DELTA_CHAIN, True)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from casckpt.catalog import MissingChunksError
-from casckpt.catalog.deltas import delta_chain_for
+from casckpt.catalog.deltas import delta_chain_for, delta_policy_for
 from casckpt.catalog.history import fork_point
 from casckpt.catalog.leases import begin_lease, end_lease, lease_version
 from casckpt.engine import records, trees
@@ -40,7 +40,7 @@ from casckpt.engine.commitchunks import (
 from casckpt.engine.commitchunks import owned_copy as _copy  # a global here: tests make it fail
 from casckpt.engine.context import EngineContext
 from casckpt.engine.degraded import Shortfall, summary
-from casckpt.engine.deltabase import DeltaPlan, candidate_bases
+from casckpt.engine.deltabase import ChainPolicy, DeltaPlan, candidate_bases
 from casckpt.engine.layout import SMALL_TENSOR, PackMemo, plan_extents
 from casckpt.engine.tensorrows import tensor_rows
 from casckpt.engine.validate import (
@@ -230,8 +230,8 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
             owned += need
         else:
             foreground = bool(todo)
-    before = _parent_manifest(ctx, req.run, parent) if new_ids and delta_chain_for(ctx.catalog, req.run) > 0 \
-        else None  # bases only serve delta coding of new chunks
+    delta_on = new_ids and ctx.bases.budget > 0 and delta_chain_for(ctx.catalog, req.run) > 0
+    before = _parent_manifest(ctx, req.run, parent) if delta_on else None  # bases serve delta coding only
     bases = candidate_bases(before, entries, extents, new_ids) if before is not None else {}
     ctx.bases.remember(req.run, version_id, manifest)
     return Snapshot(manifest, version_id, manifest_bytes, chunks, new_ids, rows, content_rows, owned,
@@ -252,13 +252,13 @@ def _parent_manifest(ctx: EngineContext, run: str, parent: str | None) -> Manife
 
 
 def _delta_plan(ctx: EngineContext, run: str, snap: Snapshot) -> DeltaPlan | None:
-    """How this commit delta-codes (None: the run's chain length is 0)."""
-    chain = delta_chain_for(ctx.catalog, run)
-    if chain <= 0:
+    """How this commit delta-codes (None: the run's chain length or ``delta_memory`` is 0)."""
+    chain, by_cost = delta_policy_for(ctx.catalog, run)
+    if chain <= 0 or ctx.bases.budget <= 0:
         return None
     cached = [b for b in set(snap.bases.values()) if ctx.bases.get(b) is not None]
     live = {bytes.fromhex(h) for h in ctx.catalog.find_chunks((b.hex() for b in cached), live_only=True)}
-    return DeltaPlan(ctx.bases, snap.bases, live, chain, ctx.config.zstd_level)
+    return DeltaPlan(ctx.bases, snap.bases, live, ChainPolicy(chain, by_cost), ctx.config.zstd_level)
 
 
 def parent_of(ctx: EngineContext, run: str) -> str | None:

@@ -1,16 +1,34 @@
-"""Delta coding on commit: which base each new chunk is coded against, and where its bytes are.
+"""Delta coding on commit: which base each new chunk is coded against, where its bytes are,
+and when a chunk gets a new keyframe.
 
 A chunk's base is the chunk at the same tensor path and position in the
 parent version (the previous version of the run, or the fork point of a new
 fork). Its raw bytes must be at hand: they come from :class:`BaseCache`, the
 raw chunks of this process's recent commits kept in memory (bounded by
-``delta_memory``, least recently used first out) -- never read back from
-storage on the commit path. A chunk whose base is not cached, not live in the
-catalog, or already at the end of a chain of ``delta_chain`` deltas is stored
-plainly (a keyframe). A delta is kept only when it is clearly smaller than the
-plain encoding and at most half the raw chunk (:data:`DELTA_MAX_RATIO`,
-:data:`DELTA_MAX_RAW`): a delta that saves less than that would cost every
-restore of the chain more than it saves.
+``delta_memory``, least recently used first out; 0 turns delta coding off) --
+never read back from storage on the commit path.
+
+What the cache holds is chosen so that delta coding never makes a commit
+fatter than it pays for (docs/DEFAULTS.md): only chunks of multi-byte
+elements of at least :data:`MIN_BASE` bytes; a full copy only of a chunk
+whose delta paid (or whose 64 KiB probe says it will), and, for a chunk seen
+for the first time, of at most :data:`FIRST_FULL` bytes per commit; of every
+other eligible chunk only its first 64 KiB (:data:`SAMPLE`), which the next
+commit probes against to decide whether the chunk is worth a full copy. A
+chunk whose delta does not pay is dropped back to its sample.
+
+A delta is kept only when it is clearly smaller than the plain encoding and
+at most half the raw chunk (:data:`DELTA_MAX_RATIO`, :data:`DELTA_MAX_RAW`).
+When a chunk gets a new keyframe (:class:`ChainPolicy`): with a chain length
+set on the run or store, after that many deltas (a fixed depth); by default
+by cost -- when the chain's estimated restore cost (:func:`level_cost` per
+delta, in restores of the keyframe; a sparse delta, patching only its
+changed blocks, costs far less than a dense one) would pass :data:`RESTORE_BOUND`, or its
+deltas' stored bytes would pass the keyframe's, or its depth the default
+chain length. Chunks that near their bound together are staggered: a chunk
+takes its keyframe early when one more delta would pass a threshold drawn
+(from its chunk id) between half its bound and its bound, so no commit
+rewrites every chunk at once.
 
 The cache is a hint (invariant 6): a base is used only after the catalog says
 it is live, and publishing re-checks every base a version's chunks need,
@@ -26,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from casckpt.format.codecs import delta_ratio_probe, encode_delta
+from casckpt.format.codecs import Codec, delta_ratio_probe, encode_delta, sparse_delta
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry
 
 DELTA_MAX_RATIO = 0.8  # a delta must be at most this fraction of the plain encoding's size ...
@@ -34,21 +52,109 @@ DELTA_MAX_RAW = 0.5  # ... and of the raw chunk: a delta that saves less costs r
 DELTA_SURE_RATIO = 0.25  # a delta this small of the raw chunk is kept without trying the plain encoding
 _PROBE = 64 << 10  # a chunk over twice this is probed on its first 64 KiB before a full delta
 
+SAMPLE = 64 << 10  # what the cache keeps of a chunk that is not (yet) worth a full copy: the probe's bytes
+MIN_BASE = 1 << 10  # smaller chunks (and chunks of 1-byte elements) are never kept as bases
+FIRST_FULL = 256 << 20  # full copies per commit of chunks seen for the first time (the rest: samples)
+
+RESTORE_BOUND = 0.5  # by cost: a chain's restore costs at most 1.5x its keyframe's (BENCHMARKS.md)
+LEVEL_BASE = 0.1  # one delta level's restore cost, in keyframe restores: a pass over the chunk ...
+LEVEL_PER_BYTE = 1.0  # ... plus decompressing its payload (per payload byte over raw bytes)
+SPARSE_LEVEL_BASE = 0.02  # a sparse delta patches its changed blocks in place: no pass over the chunk
+SPARSE_MAX = 0.25  # a delta is sparse when at most this fraction of the chunk's 64-byte blocks changed
+STAGGER_FROM = 0.5  # by cost: past this fraction of its bound a chain may take its keyframe early
+
+
+def level_cost(raw_len: int, payload_len: int, sparse: bool = False) -> float:
+    """Estimated cost of decoding one delta level, in restores of a keyframe of the same chunk."""
+    return (SPARSE_LEVEL_BASE if sparse else LEVEL_BASE) + LEVEL_PER_BYTE * payload_len / max(raw_len, 1)
+
 
 @dataclass(frozen=True, slots=True)
 class CachedChunk:
-    """A committed chunk's raw bytes and how many deltas deep it is stored (0: plainly)."""
+    """A committed chunk's raw bytes (only the first :data:`SAMPLE` bytes when ``sample``) and
+    the state of the chain it ends: deltas deep (0: a keyframe), estimated restore cost, stored
+    bytes of its deltas since the keyframe, and the keyframe's stored bytes."""
 
     data: memoryview
     depth: int
+    sample: bool = False
+    cost: float = 0.0
+    delta_bytes: int = 0
+    key_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ChainPolicy:
+    """When a chunk gets a new keyframe (see the module docstring).
+
+    ``chain``: the most deltas deep a chunk may be; ``by_cost``: also bound each chain's
+    restore cost (``restore_bound``) and its deltas' bytes (the keyframe's), staggered.
+    """
+
+    chain: int
+    by_cost: bool = False
+    restore_bound: float = RESTORE_BOUND
+
+    def fraction(self, state: CachedChunk) -> float:
+        """How far along its bounds the chain ending in ``state`` is (1: at a bound)."""
+        if not self.by_cost:
+            return state.depth / max(self.chain, 1)
+        return max(state.cost / self.restore_bound, state.delta_bytes / max(state.key_bytes, 1),
+                   state.depth / max(self.chain, 1))
+
+    def due(self, base: CachedChunk, cid: bytes) -> bool:
+        """Whether the chunk ``cid``, whose base is ``base``, takes a keyframe without trying a
+        delta: its base is at the depth bound, or (by cost) one more delta like the chain's
+        average would take it past a threshold drawn between :data:`STAGGER_FROM` and 1 of its
+        bounds (``cid`` draws it, so chunks nearing their bounds together take their keyframes
+        over several commits)."""
+        if base.depth >= self.chain:
+            return True
+        if not self.by_cost or base.depth == 0:
+            return False
+        draw = int.from_bytes(cid[:8], "little") / float(1 << 64)
+        threshold = STAGGER_FROM + (1.0 - STAGGER_FROM) * draw
+        return self.fraction(base) * (base.depth + 1) / base.depth >= threshold
+
+    def extend(self, base: CachedChunk, raw_len: int, payload_len: int,
+               sparse: bool = False) -> CachedChunk | None:
+        """The chain state after a delta of ``payload_len`` bytes (``sparse``: a sparse one) on
+        ``base`` (data left empty), or None if that chain would pass the policy's bounds."""
+        state = CachedChunk(memoryview(b""), base.depth + 1, False,
+                            base.cost + level_cost(raw_len, payload_len, sparse),
+                            base.delta_bytes + payload_len, base.key_bytes)
+        if state.depth > self.chain:
+            return None
+        if self.by_cost and (state.cost > self.restore_bound or state.delta_bytes > state.key_bytes):
+            return None
+        return state
+
+    def probe_limit(self, base: CachedChunk, raw_len: int) -> float:
+        """The largest delta, as a fraction of the raw chunk, that may still extend ``base``'s chain."""
+        if not self.by_cost:
+            return DELTA_MAX_RAW
+        by_cost = (self.restore_bound - base.cost - SPARSE_LEVEL_BASE) / LEVEL_PER_BYTE
+        by_bytes = (base.key_bytes - base.delta_bytes) / max(raw_len, 1)
+        return min(DELTA_MAX_RAW, by_cost, by_bytes)
+
+
+def chain_within(policy: ChainPolicy, levels: Sequence[tuple[int, int, int]], key_bytes: int) -> bool:
+    """Whether a stored chain is within ``policy``: ``levels`` are its deltas' (raw length,
+    stored length, codec), keyframe first; ``key_bytes`` the keyframe's stored length."""
+    state: CachedChunk | None = CachedChunk(memoryview(b""), 0, key_bytes=key_bytes)
+    for raw_len, stored, codec in levels:
+        sparse = codec == Codec.XOR_SPARSE_ZSTD
+        state = policy.extend(state, raw_len, stored, sparse) if state is not None else None
+    return state is not None
 
 
 class BaseCache:
     """Raw bytes of recently committed chunks, by chunk id, for delta-coding later commits.
 
-    Thread-safe. Holds at most ``budget`` bytes; the least recently used chunks
-    leave first. Also remembers the last manifest this process committed for
-    each run (a background commit's parent may not be visible yet).
+    Thread-safe. Holds at most ``budget`` bytes (0: delta coding off); the least
+    recently used chunks leave first. Also remembers the last manifest this
+    process committed for each run (a background commit's parent may not be
+    visible yet).
     """
 
     def __init__(self, budget: int) -> None:
@@ -57,6 +163,12 @@ class BaseCache:
         self._bytes = 0
         self._manifests: dict[str, tuple[str, Manifest]] = {}
         self._lock = threading.Lock()
+
+    @property
+    def held(self) -> int:
+        """Bytes the cache holds now."""
+        with self._lock:
+            return self._bytes
 
     def get(self, cid: bytes) -> CachedChunk | None:
         """The cached chunk (marked recently used), or None."""
@@ -136,10 +248,12 @@ class DeltaPlan:
     """
 
     def __init__(self, bases: BaseCache, candidates: Mapping[bytes, bytes], live: set[bytes],
-                 chain: int, level: int) -> None:
-        self.bases, self.candidates, self.live, self.chain, self.level = bases, candidates, live, chain, level
+                 policy: ChainPolicy | int, level: int) -> None:
+        self.bases, self.candidates, self.live, self.level = bases, candidates, live, level
+        self.policy = policy if isinstance(policy, ChainPolicy) else ChainPolicy(policy)
         self.fresh: dict[bytes, CachedChunk] = {}
         self._fresh_bytes = 0
+        self._first_full = FIRST_FULL
         self._lock = threading.Lock()
 
     def encode(self, cid: bytes, data: memoryview, align: int, owned: bool,
@@ -149,28 +263,86 @@ class DeltaPlan:
         ``plain()`` encoding (not even computed when the delta is tiny)."""
         base = self.candidates.get(cid)
         cached = self.bases.get(base) if base is not None and base in self.live else None
-        unpromising = len(data) > 2 * _PROBE and cached is not None and len(cached.data) == len(data) \
-            and delta_ratio_probe(data, cached.data, align, self.level) > DELTA_MAX_RAW
-        if cached is None or cached.depth >= self.chain or len(cached.data) != len(data) or unpromising:
-            self._keep(cid, data, owned, 0)
-            return (*plain(), None)
-        delta_codec, delta = encode_delta(data, cached.data, align, self.level)
+        if cached is not None and cached.sample:
+            return self._plain(cid, data, align, owned, plain, cached)
+        if cached is None or len(cached.data) != len(data):
+            return self._plain(cid, data, align, owned, plain, None)
+        if self.policy.due(cached, cid):
+            return self._keyframe(cid, data, owned, plain)
+        limit = self.policy.probe_limit(cached, len(data))
+        if limit <= 0 or (len(data) > 2 * _PROBE
+                          and delta_ratio_probe(data, cached.data, align, self.level) > limit):
+            return self._no_delta(cid, data, owned, plain, cached)
+        sparse = sparse_delta(data, cached.data, align, self.level, SPARSE_MAX)
+        if sparse is not None:
+            delta_codec, delta = Codec.XOR_SPARSE_ZSTD, sparse
+        else:
+            delta_codec, delta = encode_delta(data, cached.data, align, self.level)
         if len(delta) > DELTA_SURE_RATIO * len(data):  # compare with the plain encoding
             codec, payload = plain()
             if len(delta) > min(DELTA_MAX_RATIO * len(payload), DELTA_MAX_RAW * len(data)):
-                self._keep(cid, data, owned, 0)
+                self._keep(cid, data, owned, CachedChunk(data, 0, sample=True))
                 return codec, payload, None
-        self._keep(cid, data, owned, cached.depth + 1)
+        state = self.policy.extend(cached, len(data), len(delta), sparse is not None)
+        if state is None:
+            return self._no_delta(cid, data, owned, plain, cached)
+        self._keep(cid, data, owned, state)
         return int(delta_codec), delta, base
 
-    def _keep(self, cid: bytes, data: memoryview, owned: bool, depth: int) -> None:
+    def _no_delta(self, cid: bytes, data: memoryview, owned: bool,
+                  plain: Callable[[], tuple[int, bytes | memoryview]], base: CachedChunk,
+                  ) -> tuple[int, bytes | memoryview, bytes | None]:
+        """No delta on ``base``: a chain ended (a keyframe, kept in full to start the next one),
+        or even one delta does not fit (the chunk drops back to a sample)."""
+        if base.depth > 0:
+            return self._keyframe(cid, data, owned, plain)
+        codec, payload = plain()
+        self._keep(cid, data, owned, CachedChunk(data, 0, sample=True))
+        return codec, payload, None
+
+    def _keyframe(self, cid: bytes, data: memoryview, owned: bool,
+                  plain: Callable[[], tuple[int, bytes | memoryview]],
+                  ) -> tuple[int, bytes | memoryview, bytes | None]:
+        codec, payload = plain()
+        self._keep(cid, data, owned, CachedChunk(data, 0, key_bytes=len(payload)))
+        return codec, payload, None
+
+    def _plain(self, cid: bytes, data: memoryview, align: int, owned: bool,
+               plain: Callable[[], tuple[int, bytes | memoryview]], sample: CachedChunk | None,
+               ) -> tuple[int, bytes | memoryview, bytes | None]:
+        """A chunk with no full base: stored plainly; kept in full if a delta on it promises to
+        pay (its base's sample says so, or, seen for the first time, while this commit's
+        :data:`FIRST_FULL` lasts), else as a sample."""
+        codec, payload = plain()
+        if align <= 1 or len(data) < MIN_BASE:
+            return codec, payload, None
+        if sample is not None:
+            size = min(len(sample.data), len(data))
+            size -= size % align
+            full = size > 0 and delta_ratio_probe(data[:size], sample.data[:size], align, self.level) \
+                <= self.policy.probe_limit(CachedChunk(data, 0, key_bytes=len(payload)), len(data))
+        else:
+            with self._lock:
+                full = self._first_full >= len(data)
+                if full:
+                    self._first_full -= len(data)
+        self._keep(cid, data, owned, CachedChunk(data, 0, sample=not full, key_bytes=len(payload)))
+        return codec, payload, None
+
+    def _keep(self, cid: bytes, data: memoryview, owned: bool, state: CachedChunk) -> None:
+        """Keep ``data`` (its sample when ``state.sample``) for the next commit, with ``state``."""
+        size = min(len(data), SAMPLE) if state.sample else len(data)
         with self._lock:
-            if self._fresh_bytes + len(data) > self.bases.budget:
+            if self._fresh_bytes + size > self.bases.budget:
                 return
-            self._fresh_bytes += len(data)
-        copy = data if owned else memoryview(np.frombuffer(data, dtype=np.uint8).copy())  # type: ignore[arg-type]
+            self._fresh_bytes += size
+        if owned and not state.sample:
+            copy = data
+        else:  # a sample is always copied: a slice would hold a background commit's whole copy
+            copy = memoryview(np.frombuffer(data[:size], dtype=np.uint8).copy())  # type: ignore[arg-type]
+        kept = CachedChunk(copy, state.depth, state.sample, state.cost, state.delta_bytes, state.key_bytes)
         with self._lock:
-            self.fresh[cid] = CachedChunk(copy, depth)
+            self.fresh[cid] = kept
 
     def published(self, used: Iterable[bytes]) -> None:
         """The version is visible: its new chunks become bases for the next commit, and the

@@ -33,7 +33,15 @@ from casckpt.errors import (
     MissingDataError,
 )
 from casckpt.format.chunks import chunk_id
-from casckpt.format.codecs import Codec, delta_planes, is_delta, regroup, ungroup_into
+from casckpt.format.codecs import (
+    Codec,
+    apply_sparse,
+    delta_planes,
+    is_delta,
+    regroup,
+    sparse_planes,
+    ungroup_into,
+)
 from casckpt.format.pack import ENTRY_HEADER_SIZE, PackEntry, check_entry_header, decode_split_entry
 from casckpt.storage.base import scatter
 from casckpt.types import ProgressCallback
@@ -323,24 +331,34 @@ class _DeltaReader:
 
     def _decode_levels(self, wanted: Mapping[bytes, list[Destination]], verify_all: bool) -> int:
         levels = self._chains(wanted)
-        needed = {bytes.fromhex(h) for c in levels if (h := self.locations[c].base_id) is not None}
+        users: dict[bytes, int] = {}  # base -> how many chunks of this window are coded on it
+        for c in levels:
+            if (h := self.locations[c].base_id) is not None:
+                users[bytes.fromhex(h)] = users.get(bytes.fromhex(h), 0) + 1
+        needed = set(users)
+        # a base only one sparse delta needs, wanted by no one, is patched in place (then forgotten)
+        # (not when verifying every level: a range decoded again after a repair needs its bases intact)
+        consumable = set() if verify_all else {b for b, n in users.items() if n == 1 and b not in wanted}
         reps: dict[bytes, Rep] = {}  # decoded bases of the level being decoded
         done = 0
         for level in range(max(levels.values()) + 1):
             todo = {cid: list(wanted.get(cid, ())) for cid, at in levels.items() if at == level}
             made: dict[bytes, Rep] = {}
-            decode = self._decoder(reps, needed, made, verify_all)
+            consumed: set[bytes] = set()
+            decode = self._decoder(reps, needed, made, verify_all, consumable, consumed)
             done += _read_located(self.ctx, todo, self.locations, self.describe, None, self.last_try,
                                   self.heal, decode)
             for cid, rep in reps.items():  # a base's dependents are all one level up: done with it
-                self._remember(cid, rep)
+                if cid not in consumed:
+                    self._remember(cid, rep)
             reps = made
         for cid, rep in reps.items():
             self._remember(cid, rep)
         return done
 
     def _decoder(self, reps: Mapping[bytes, Rep], needed: set[bytes], made: dict[bytes, Rep],
-                 verify_all: bool) -> Callable[[Sequence[_Slot]], None]:
+                 verify_all: bool, consumable: set[bytes], consumed: set[bytes],
+                 ) -> Callable[[Sequence[_Slot]], None]:
         lock = threading.Lock()
 
         def decode(plan: Sequence[_Slot]) -> None:
@@ -352,10 +370,15 @@ class _DeltaReader:
                                              verify=bool(slot.destinations) or verify_all)
                     rep: Rep = (1, np.frombuffer(raw, dtype=np.uint8))
                 else:
+                    own = entry.base_id in reps and entry.base_id in consumable
                     base = reps[entry.base_id] if entry.base_id in reps else self.decoded[entry.base_id]
                     last = entry.chunk_id not in needed and bool(slot.destinations)
-                    into = slot.destinations[0] if last and base[0] == 1 else None
-                    rep = _apply(slot, base, into)
+                    sparse = entry.codec == Codec.XOR_SPARSE_ZSTD
+                    into = slot.destinations[0] if last and (base[0] == 1 or sparse) else None
+                    if sparse and own and into is None:
+                        with lock:
+                            consumed.add(entry.base_id)
+                    rep = _apply(slot, base, into, own)
                     if slot.destinations or verify_all:
                         raw = _ungrouped(rep, slot.destinations)
                         grouped = rep[0] != 1
@@ -393,14 +416,18 @@ def _ungrouped(rep: Rep, destinations: Sequence[Destination]) -> memoryview:
     return memoryview(ungroup_into(data, width, out))  # type: ignore[arg-type]
 
 
-def _apply(slot: _Slot, base: Rep, into: Destination | None = None) -> Rep:
+def _apply(slot: _Slot, base: Rep, into: Destination | None = None, own: bool = False) -> Rep:
     """A delta slot's chunk in the delta's grouped order: its XOR planes applied to its base.
 
     With ``into`` (the chunk ends its chain and its base is in element order), the planes are
     ungrouped straight into ``into`` and the base XORed there: one pass fewer than regrouping.
+    A sparse delta is applied in element order, patching only its changed blocks: into
+    ``into``, or into the base itself when this delta ``own``s it (no one else needs it).
     """
     entry = slot.entry
     check_entry_header(slot.header, entry, slot.pack_id)
+    if entry.codec == Codec.XOR_SPARSE_ZSTD:
+        return _apply_sparse(slot, base, into, own)
     try:
         width, planes = delta_planes(entry.codec, slot.payload, entry.raw_len)
     except CorruptChunkError as exc:
@@ -416,6 +443,26 @@ def _apply(slot: _Slot, base: Rep, into: Destination | None = None) -> Rep:
             np.bitwise_xor(ungroup_into(planes, width, out), base[1], out=out)
         return 1, out
     return width, np.bitwise_xor(planes, regroup(base[1], base[0], width))
+
+
+def _apply_sparse(slot: _Slot, base: Rep, into: Destination | None, own: bool) -> Rep:
+    entry = slot.entry
+    try:
+        index, blocks = sparse_planes(slot.payload, entry.raw_len)
+    except CorruptChunkError as exc:
+        raise CorruptChunkError(f"chunk {entry.chunk_id.hex()} in pack {slot.pack_id} is corrupt: {exc}",
+                                pack_id=slot.pack_id, chunk_id=entry.chunk_id.hex()) from exc
+    if base[1].nbytes != entry.raw_len:
+        raise _chain_mismatch(slot)
+    plain = regroup(base[1], base[0], 1)
+    if into is not None:
+        out = np.frombuffer(into, dtype=np.uint8)
+        out[:] = plain
+    elif (own or plain is not base[1]) and plain.flags.writeable:
+        out = plain  # the base is this delta's alone (or a fresh regrouped copy): patch it in place
+    else:
+        out = plain.copy()
+    return 1, apply_sparse(out, index, blocks)
 
 
 def _chain_mismatch(slot: _Slot) -> CorruptChunkError:

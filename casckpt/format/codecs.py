@@ -9,6 +9,7 @@ bytes of floats next to each other, which zstd then compresses well.
 from __future__ import annotations
 
 import enum
+import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +32,7 @@ class Codec(enum.IntEnum):
     XOR_GROUP2_ZSTD = 6
     XOR_GROUP4_ZSTD = 7
     XOR_GROUP8_ZSTD = 8
+    XOR_SPARSE_ZSTD = 9  # the changed 64-byte blocks' XOR and their indices, compressed (see sparse_delta)
 
     @property
     def group(self) -> int:
@@ -156,6 +158,75 @@ def encode_delta(data: memoryview | bytes, base: memoryview | bytes, element_siz
     return codec, _compress(_xor(data, base).data, codec, level)
 
 
+SPARSE_BLOCK = 64  # bytes: the unit a sparse delta records as changed or not
+_SPARSE_HEAD = struct.Struct("<BBHI")  # element width, log2 of the block, reserved, blocks changed
+
+
+def sparse_delta(data: memoryview | bytes, base: memoryview | bytes, element_size: int, level: int,
+                 max_fraction: float) -> bytes | None:
+    """Encode ``data`` against ``base`` (same length) as a sparse delta, or None when more than
+    ``max_fraction`` of its 64-byte blocks changed (or its length is not whole blocks).
+
+    The payload is one zstd frame of: a header (element width, block size, blocks changed),
+    the changed blocks' indices (the first, then the gaps: mostly small numbers), and those
+    blocks' XOR against the base, byte-grouped by element width. Applying it touches only
+    the changed blocks (:func:`apply_sparse`), so a long chain of sparse deltas costs a
+    restore in proportion to what changed, not to the chunk's size per delta.
+    """
+    if len(data) != len(base):
+        raise ValueError("a delta needs a base of the same length")
+    width = element_size if element_size in _XOR_GROUPED and SPARSE_BLOCK % element_size == 0 else 1
+    if not data or len(data) % SPARSE_BLOCK:
+        return None
+    xor = _xor(data, base).reshape(-1, SPARSE_BLOCK)
+    changed = np.flatnonzero(xor.view(np.uint64).any(axis=1))
+    if len(changed) > max_fraction * len(xor):
+        return None
+    gaps = np.diff(changed, prepend=0).astype("<u4")
+    blocks = xor[changed].tobytes()
+    body = _group(blocks, width) if width > 1 and blocks else blocks
+    head = _SPARSE_HEAD.pack(width, SPARSE_BLOCK.bit_length() - 1, 0, len(changed))
+    return zstandard.ZstdCompressor(level=level).compress(head + gaps.tobytes() + body)
+
+
+def sparse_planes(payload: bytes | memoryview, raw_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """A sparse delta decompressed: ``(indices of the changed blocks, their XOR bytes (n, block))``.
+
+    Raises:
+        CorruptChunkError: the payload is not a sparse delta of a ``raw_len``-byte chunk.
+    """
+    if raw_len % SPARSE_BLOCK:
+        raise CorruptChunkError(f"a sparse delta cannot hold {raw_len} bytes")
+    blocks = raw_len // SPARSE_BLOCK
+    bound = _SPARSE_HEAD.size + blocks * (4 + SPARSE_BLOCK)
+    try:
+        declared = zstandard.frame_content_size(payload)
+        if declared < _SPARSE_HEAD.size or declared > bound:
+            raise CorruptChunkError(f"sparse delta frame declares {declared} bytes, at most {bound} fit")
+        out = zstandard.ZstdDecompressor().decompress(payload, max_output_size=declared)
+    except zstandard.ZstdError as exc:
+        raise CorruptChunkError(f"chunk payload does not decompress: {exc}") from exc
+    width, log2, _, count = _SPARSE_HEAD.unpack_from(out)
+    if width not in (1, 2, 4, 8) or 1 << log2 != SPARSE_BLOCK or len(out) != declared \
+            or declared != _SPARSE_HEAD.size + count * (4 + SPARSE_BLOCK):
+        raise CorruptChunkError(f"sparse delta of {raw_len} bytes has a malformed header")
+    at = _SPARSE_HEAD.size + 4 * count
+    index = np.cumsum(np.frombuffer(out, dtype="<u4", count=count, offset=_SPARSE_HEAD.size), dtype=np.int64)
+    if count and (index[-1] >= blocks or (count > 1 and int(np.diff(index).min()) < 1)):
+        raise CorruptChunkError(f"sparse delta of {raw_len} bytes names blocks out of order or range")
+    body = memoryview(out)[at:]
+    plain = _ungroup(body, width) if width > 1 and count else body
+    return index, np.frombuffer(plain, dtype=np.uint8).reshape(count, SPARSE_BLOCK)
+
+
+def apply_sparse(out: np.ndarray, index: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    """XOR a sparse delta's blocks into ``out`` (a chunk's bytes in element order, writable) in place."""
+    if len(index):
+        view = out.reshape(-1, SPARSE_BLOCK)
+        view[index] ^= blocks
+    return out
+
+
 def _decompress(payload: bytes | memoryview, raw_len: int) -> bytes:
     """A zstd frame's ``raw_len`` bytes, refusing any other size before allocating."""
     try:
@@ -184,7 +255,7 @@ def delta_planes(codec: int, payload: bytes | memoryview, raw_len: int) -> tuple
         kind: Codec | None = Codec(codec)
     except ValueError:
         kind = None
-    if kind is None or not kind.is_delta or raw_len % kind.group:
+    if kind is None or not kind.is_delta or kind is Codec.XOR_SPARSE_ZSTD or raw_len % kind.group:
         raise CorruptChunkError(f"codec {codec} cannot hold a delta of {raw_len} bytes")
     return kind.group, np.frombuffer(_decompress(payload, raw_len), dtype=np.uint8)
 
@@ -213,6 +284,9 @@ def decode_chunk(codec: int, payload: bytes | memoryview, raw_len: int,
         ) from None
     if kind.is_delta and (base is None or len(base) != raw_len):
         raise CorruptChunkError(f"a delta chunk of {raw_len} bytes needs its base chunk of the same size")
+    if kind is Codec.XOR_SPARSE_ZSTD and base is not None:
+        index, blocks = sparse_planes(payload, raw_len)
+        return memoryview(apply_sparse(np.frombuffer(base, dtype=np.uint8).copy(), index, blocks))  # type: ignore[arg-type]
     if kind is Codec.RAW:
         if len(payload) != raw_len:
             raise CorruptChunkError(f"raw chunk holds {len(payload)} bytes, expected {raw_len}")
