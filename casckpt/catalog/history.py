@@ -215,6 +215,8 @@ def tensor_changes(catalog: Catalog, segments: Sequence[Segment],
         tags = _tags_of(conn, [k[1] for k in kept])
     rows = []
     for _, vid, n, dtype, shape, nbytes, digest, root in kept:
+        if vid not in columns:  # deleted meanwhile (PostgreSQL reads each statement afresh)
+            continue
         content = found.get(digest) if digest is not None else None
         rows.append((*columns[vid], dtype, shape, nbytes, digest, n,
                      *(content if content is not None else (None, None, None)), root))
