@@ -654,9 +654,13 @@ def catalog_raw_table(outcomes: Mapping[str, CatalogResult | str]) -> Table:
             continue
         size = (f"{r.versions} versions, {r.tensor_rows} tensor rows, {r.content_rows} contents, "
                 f"built in {_seconds(r.build_s)}")
+        floor = r.rows_floor.median_s
         for label, q in (("log, all versions", r.log_all), ("log, filtered", r.log_filtered),
-                         ("history, changed every version", r.history_trained),
-                         ("history, never changed", r.history_frozen)):
+                         ("floor: the tensor's rows, sqlite3 alone", r.rows_floor),
+                         (f"history, changed every version ({r.history_trained.median_s / floor:.1f}x floor)",
+                          r.history_trained),
+                         ("history, never changed", r.history_frozen),
+                         ("best(run, loss)", r.best), ("tree()", r.tree)):
             table.add_row(name, size, label, str(q.results), f"{q.median_s * 1000:.1f} ms",
                           " ".join(f"{s * 1000:.0f}" for s in q.rounds_s))
             name = size = ""

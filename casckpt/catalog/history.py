@@ -179,29 +179,104 @@ def tensor_changes(catalog: Catalog, segments: Sequence[Segment],
                    path: str) -> tuple[list[tuple[Any, ...]], dict[str, tuple[str, ...]]]:
     """Versions of the lineage where the tensor at ``path`` may have changed, ascending; their tags.
 
-    One statement per segment: a window over the segment's visible versions
-    keeps the first one and those whose tensor digest at ``path`` differs from
-    the version before. Between two such versions the tensor is unchanged, so
-    each row's predecessor state is the previous row's. Each row holds
-    :data:`VERSION_COLUMNS`, then ``dtype, shape`` (JSON text), ``nbytes,
-    digest`` of the tensor (NULL where the version has none), ``n`` (1 for the
-    segment's first version), then ``chunk_size, content_nbytes, chunk_ids``
-    from its ``contents`` row, and ``tree_root`` (every tree version is listed:
-    its tensor is read from its tree, not from rows).
+    The first visible version of each segment is kept, then those whose tensor
+    digest at ``path`` differs from the version before, and every tree version
+    (its tensor is read from its tree, not from rows). Between two kept versions
+    the tensor is unchanged, so each row's predecessor state is the previous
+    row's. Each row holds :data:`VERSION_COLUMNS`, then ``dtype, shape`` (JSON
+    text), ``nbytes, digest`` of the tensor (NULL where the version has none),
+    ``n`` (1 for the segment's first version), then ``chunk_size,
+    content_nbytes, chunk_ids`` from its ``contents`` row, and ``tree_root``.
+
+    One read transaction. When the tensor has few distinct contents (it rarely
+    changes), the kept versions are found from two index ranges joined here --
+    the tensor's rows (``ix_tensors_history``, covering) and each segment's
+    visible versions in step order -- and only their version and ``contents``
+    rows are read, by key. Otherwise (or when that keeps many versions: tree
+    versions) one statement per segment joins them in the database (a window
+    over the segment), which costs less than thousands of keyed reads.
     """
-    rows: list[tuple[Any, ...]] = []
+    kept: list[tuple[Any, ...]] = []  # (segment index, version id, n, dtype, shape, nbytes, digest, root)
+    t = s.tensors.c
     with catalog.read() as conn:
-        for seg in segments:
-            rows += map(tuple, conn.execute(_changes_query(seg, path)))
-        tags = _tags_of(conn, [r[0] for r in rows])
+        # the tensor's distinct contents and its rows in every version of the store: ranges of
+        # the covering index (cheaper than probing it once per version of the lineage)
+        contents_seen = conn.execute(select(func.count(func.distinct(t.digest))).where(t.path == path))
+        if contents_seen.scalar_one() <= _BATCH:
+            states = {row[0]: row[1:] for row in conn.execute(
+                select(t.version_id, t.dtype, cast(t.shape, Text), t.nbytes, t.digest).where(t.path == path))}
+            for i, seg in enumerate(segments):
+                kept += ((i, *state) for state in _changed_states(conn, seg, states))
+        if not kept or len(kept) > _BATCH:  # many changes (or tree versions): joined in the database
+            rows = [tuple(r) for seg in segments for r in conn.execute(_changes_query(seg, path))]
+            return rows, _tags_of(conn, [r[0] for r in rows])
+        columns = _version_columns(conn, kept)
+        found = _contents_in(conn, [k[6] for k in kept if k[6] is not None])
+        tags = _tags_of(conn, [k[1] for k in kept])
+    rows = []
+    for _, vid, n, dtype, shape, nbytes, digest, root in kept:
+        if vid not in columns:  # deleted meanwhile (PostgreSQL reads each statement afresh)
+            continue
+        content = found.get(digest) if digest is not None else None
+        rows.append((*columns[vid], dtype, shape, nbytes, digest, n,
+                     *(content if content is not None else (None, None, None)), root))
     return rows, tags
+
+
+def _segment_conditions(seg: Segment) -> list[ColumnElement[bool]]:
+    v = s.versions.c
+    conditions = [v.run_id == seg.run_id, v.state == "visible"]
+    if seg.max_step is not None:
+        conditions.append(v.step <= seg.max_step)
+    return conditions
+
+
+_ABSENT = (None, None, None, None)
+
+
+def _changed_states(conn: Connection, seg: Segment,
+                    states: dict[str, tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """``(version id, n, dtype, shape, nbytes, digest, tree_root)`` of the segment's versions
+    where the tensor may have changed (see :func:`tensor_changes`), by step; ``states``: the
+    tensor's ``(dtype, shape, nbytes, digest)`` by version id."""
+    v = s.versions.c
+    order = conn.execute(select(v.id, v.tree_root).where(*_segment_conditions(seg)).order_by(v.step))
+    out: list[tuple[Any, ...]] = []
+    previous: Any = None
+    absent, get = _ABSENT, states.get
+    for n, (vid, root) in enumerate(order, 1):
+        state = get(vid, absent)
+        digest = state[3]
+        if n == 1 or digest != previous or root is not None:
+            out.append((vid, n, *state, root))
+        previous = digest
+    return out
+
+
+def _version_columns(conn: Connection, kept: Sequence[tuple[Any, ...]]) -> dict[str, tuple[Any, ...]]:
+    """:data:`VERSION_COLUMNS` of the kept versions (at most ``_BATCH``) by id."""
+    ids = [k[1] for k in kept]
+    if not ids:
+        return {}
+    return {r[0]: tuple(r) for r in conn.execute(version_query().where(s.versions.c.id.in_(ids)))}
+
+
+def _contents_in(conn: Connection, digests: Iterable[str]) -> dict[str, tuple[Any, Any, Any]]:
+    """``(chunk_size, nbytes, chunk_ids)`` of ``contents`` rows by digest, unchecked (the
+    engine checks what it uses)."""
+    c = s.contents.c
+    wanted = list(dict.fromkeys(digests))
+    out: dict[str, tuple[Any, Any, Any]] = {}
+    for i in range(0, len(wanted), _BATCH):
+        query = select(c.digest, c.chunk_size, c.nbytes, c.chunk_ids).where(
+            c.digest.in_(wanted[i : i + _BATCH]))
+        out.update((r[0], (r[1], r[2], r[3])) for r in conn.execute(query))
+    return out
 
 
 def _changes_query(seg: Segment, path: str) -> Select[Any]:
     v, t = s.versions, s.tensors
-    conditions = [v.c.run_id == seg.run_id, v.c.state == "visible"]
-    if seg.max_step is not None:
-        conditions.append(v.c.step <= seg.max_step)
+    conditions = _segment_conditions(seg)
     states = (
         select(v.c.id.label("vid"), v.c.step.label("vstep"), t.c.dtype,
                cast(t.c.shape, Text).label("shape"), t.c.nbytes, t.c.digest,
@@ -221,6 +296,17 @@ def _changes_query(seg: Segment, path: str) -> Select[Any]:
                | states.c.tree_root.is_not(None))  # a tree version's tensor is read from its tree
         .order_by(states.c.vstep)
     )
+
+
+def manifests(catalog: Catalog, version_ids: Sequence[str]) -> dict[str, Any]:
+    """The compressed manifests (``versions.manifest``, unchecked) of versions, by id."""
+    out: dict[str, Any] = {}
+    with catalog.read() as conn:
+        for i in range(0, len(version_ids), _BATCH):
+            out.update((r[0], r[1]) for r in conn.execute(
+                select(s.versions.c.id, s.versions.c.manifest)
+                .where(s.versions.c.id.in_(version_ids[i : i + _BATCH]))))
+    return out
 
 
 def contents(catalog: Catalog, digests: Iterable[str]) -> dict[str, StoredContent]:

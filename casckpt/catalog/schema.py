@@ -70,7 +70,8 @@ versions = Table(
     UniqueConstraint("run_id", "step", name="uq_versions_run_step"),
 )
 Index("ix_versions_created_at", versions.c.created_at)
-Index("ix_versions_run_state_step", versions.c.run_id, versions.c.state, versions.c.step)
+Index("ix_versions_history", versions.c.run_id, versions.c.state, versions.c.step, versions.c.id,
+      versions.c.tree_root)  # covering: a run's version ids from the index alone
 
 tags = Table(
     "tags",
@@ -92,9 +93,11 @@ tensors = Table(
     Column("chunks", Integer, nullable=False),
     Column("digest", String(64), nullable=False),
 )
-Index("ix_tensors_path", tensors.c.path)
 Index("ix_tensors_digest", tensors.c.digest)
-Index("ix_tensors_path_version", tensors.c.path, tensors.c.version_id)
+# covering: one path's history is one range of the index (migration 0008; PostgreSQL keys
+# path, version_id and INCLUDEs the rest, since JSON has no btree order)
+Index("ix_tensors_history", tensors.c.path, tensors.c.version_id, tensors.c.digest, tensors.c.nbytes,
+      tensors.c.dtype, tensors.c.shape)
 
 contents = Table(
     "contents",

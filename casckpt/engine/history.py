@@ -293,18 +293,23 @@ def tensor_history(catalog: Catalog, run: str, path: str) -> list[TensorHistoryE
 
 def _from_trees(catalog: Catalog, found: Sequence[Sequence[Any]], path: str) -> list[Sequence[Any]]:
     """``tensor_changes`` rows with the tensor of each tree version read from its tree, and
-    only the rows where the tensor may have changed kept (as the query keeps older versions')."""
+    only the rows where the tensor may have changed kept (as the query keeps older versions').
+    The tree versions' manifests are read in one query, their root nodes fetched at once."""
+    tree_rows = [r for r in found if r[_ROOT] is not None]
+    if not tree_rows:
+        return list(found)
     trees = treeviews.Trees(catalog)
+    stored = sql.manifests(catalog, [r[0] for r in tree_rows])
+    roots = [bytes.fromhex(r[_ROOT]) for r in tree_rows if isinstance(r[_ROOT], str) and len(r[_ROOT]) == 64]
+    trees.reader.nodes.prefetch(roots)
     out: list[Sequence[Any]] = []
     last: Any = None
-    roots = [bytes.fromhex(r[_ROOT]) for r in found if isinstance(r[_ROOT], str) and len(r[_ROOT]) == 64]
-    trees.reader.nodes.prefetch(roots)
     for row in found:
         if row[_ROOT] is None:
             out.append(row)
             last = row[_DIGEST]
             continue
-        head = bind(VersionRow(*row[:_DTYPE]), treeviews.head(catalog, row[0]))
+        head = bind(VersionRow(*row[:_DTYPE]), treeviews.head_of(stored.get(row[0]), row[0], row[_ROOT]))
         hit = trees.find(head, path)
         values = list(row)
         if hit is None:

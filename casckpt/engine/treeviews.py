@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from casckpt.catalog import Catalog
+from casckpt.catalog.rows import manifest_bytes
 from casckpt.catalog.treemigrate import tree_root
 from casckpt.engine.tensorrows import tensor_rows
 from casckpt.engine.trees import StoreNodes, adopted
@@ -86,6 +87,19 @@ def head(catalog: Catalog, version_id: str) -> Manifest:
     if manifest.tree is not None or manifest.world is not None:
         return manifest
     return adopted(manifest, tree_root(catalog, version_id))
+
+
+def head_of(data: object, version_id: str, root: str | None) -> Manifest:
+    """:func:`head` of a manifest already read (``versions.manifest``) and the row's
+    ``tree_root``: what history uses to read many versions' heads in one query.
+
+    Raises:
+        CorruptManifestError: the manifest column does not hold a valid manifest.
+    """
+    manifest = decode_manifest(manifest_bytes(data, version_id), version_id)
+    if manifest.tree is not None or manifest.world is not None:
+        return manifest
+    return adopted(manifest, root)
 
 
 class Trees:
