@@ -39,6 +39,7 @@ from casckpt.engine import commit as commit_engine
 from casckpt.engine.commit import CommitRequest, Snapshot
 from casckpt.engine.commitchunks import ChunkBytes
 from casckpt.engine.context import EngineContext
+from casckpt.engine.hint import ChangeHint
 from casckpt.errors import (
     BackgroundCommitError,
     CatalogUnavailableError,
@@ -152,8 +153,10 @@ class BackgroundCommitter:
 
     # -- submitting ---------------------------------------------------------------
 
-    def commit(self, state: object, req: CommitRequest, progress: ProgressCallback | None) -> CommitHandle:
-        """Snapshot ``state`` now; write and publish it in the background."""
+    def commit(self, state: object, req: CommitRequest, progress: ProgressCallback | None,
+               hint: ChangeHint | None = None) -> CommitHandle:
+        """Snapshot ``state`` now (``hint``: see :mod:`casckpt.engine.hint`); write and publish
+        it in the background."""
         self.raise_unreported()
         with self._submit:
             if self._closed:
@@ -181,7 +184,8 @@ class BackgroundCommitter:
                 with self._cond:
                     inflight = dict(self._inflight)
                 snap = commit_engine.snapshot(self._ctx, state, req, created, parent=parent,
-                                              reserve=reserve, progress=progress, pending=inflight)
+                                              reserve=reserve, progress=progress, pending=inflight,
+                                              hint=hint)
                 handle = CommitHandle(snap.version_id, req.run, req.step)
                 job = _Job(handle, req, snap, redundancy, started, lease, progress)
                 if snap.foreground:  # too big to copy: write it now, after the others
