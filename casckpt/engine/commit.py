@@ -25,7 +25,7 @@ from typing import Any
 from casckpt.catalog import MissingChunksError
 from casckpt.catalog.deltas import delta_chain_for
 from casckpt.catalog.history import fork_point
-from casckpt.catalog.leases import begin_lease, end_lease, lease_version
+from casckpt.catalog.leases import begin_lease, end_lease
 from casckpt.engine import records, trees
 from casckpt.engine.commitchunks import (
     NOT_HELD,
@@ -298,8 +298,9 @@ def parent_of(ctx: EngineContext, run: str) -> str | None:
 
 
 def _publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, started: float,
-             redundancy: Redundancy, progress: ProgressCallback | None) -> dict[str, Any]:
-    """ONE catalog transaction makes the version visible; chunks found gone are rewritten."""
+             redundancy: Redundancy, progress: ProgressCallback | None, lease: str) -> dict[str, Any]:
+    """ONE catalog transaction makes the version visible and ends the commit's ``lease``;
+    chunks found gone are rewritten."""
     row: dict[str, Any] = {
         "id": snap.version_id, "step": req.step, "parent_id": snap.manifest.parent,
         "state": "visible", "created_at": snap.manifest.created_at,
@@ -315,7 +316,7 @@ def _publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, started: fl
         checks, nodes = _checks(ctx, snap)
         try:
             ctx.catalog.add_version(row, req.run, snap.tensor_rows, snap.content_rows,
-                                    req.tags, [c.hex() for c in checks], nodes)
+                                    req.tags, [c.hex() for c in checks], nodes, lease=lease)
             return row
         except MissingChunksError as exc:
             gone_bases = set(exc.missing) - {cid.hex() for cid in snap.chunks}
@@ -381,12 +382,12 @@ def publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: 
             started: float, lease: str, progress: ProgressCallback | None = None) -> Version:
     """Store the manifest, then make the version visible (its chunks must be durable).
 
-    ``lease`` is the commit's GC lease: it names the version before the manifest object is
-    written, so a commit that fails from here on leaves a tombstone GC may act on.
+    ``lease`` is the commit's GC lease, begun naming the version (``begin_lease(catalog,
+    snap.version_id)``) before the manifest object is written, so a commit that fails from
+    here on leaves a tombstone GC may act on; the publishing transaction ends it.
     """
-    lease_version(ctx.catalog, lease, snap.version_id)
     ctx.locations.put_everywhere(keys.manifest_key(snap.version_id), snap.manifest_bytes)
-    row = _publish(ctx, req, snap, started, redundancy, progress)
+    row = _publish(ctx, req, snap, started, redundancy, progress, lease)
     if snap.delta is not None:
         snap.delta.published(snap.chunks)
     for name in req.tags:  # a tag given at commit may have moved from another version
@@ -451,17 +452,20 @@ def commit(ctx: EngineContext, state: object, req: CommitRequest,
            progress: ProgressCallback | None = None, hint: ChangeHint | None = None) -> Version:
     """Store ``state`` as a new version of ``req.run`` (see module docstring for the protocol).
 
-    The commit holds a catalog lease from start to end, so a concurrent GC
-    neither condemns the chunks it writes nor deletes its objects as orphans.
+    The commit holds a catalog lease from its first write to its end, so a concurrent GC
+    neither condemns the chunks it writes nor deletes its objects as orphans. The lease
+    begins after the snapshot (which writes nothing), naming the version in the same
+    transaction. Chunks the snapshot found in the store are not the lease's to keep: GC may
+    condemn them meanwhile, and publishing revives them or writes them again.
     """
     started, created = time.monotonic(), time.time()
     refuse_existing(ctx, req)
     redundancy = ctx.packs.redundancy_for(req.run)
     ctx.packs.check_writable(redundancy)
-    lease = begin_lease(ctx.catalog)
+    snap = snapshot(ctx, state, req, created, parent=parent_of(ctx, req.run), progress=progress, hint=hint)
+    lease = begin_lease(ctx.catalog, snap.version_id)
     try:
-        snap = snapshot(ctx, state, req, created, parent=parent_of(ctx, req.run), progress=progress,
-                        hint=hint)
         return finish(ctx, req, snap, redundancy, started, lease, progress)
-    finally:
-        release_lease(ctx, lease, f"{req.run}@{req.step}")
+    except BaseException:
+        release_lease(ctx, lease, f"{req.run}@{req.step}")  # publishing ends it otherwise
+        raise
