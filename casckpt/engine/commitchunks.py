@@ -167,6 +167,8 @@ def known_chunks(ctx: EngineContext, ids: Sequence[bytes], confirm: bool = False
     catalog with ``confirm``: for chunks whose writer could not write them again at publish)."""
     hinted = set() if confirm else set(ctx.cache.get_many(ids))
     unknown = [cid.hex() for cid in ids if cid not in hinted]
+    if not unknown:  # no catalog round trip when the cache knows them all
+        return hinted
     confirmed = {bytes.fromhex(h) for h in ctx.catalog.find_chunks(unknown)}
     return hinted | confirmed
 
