@@ -9,9 +9,12 @@ with ``check(read_data=True)``.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable, Iterator
+import dataclasses
+import os
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -20,9 +23,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import casckpt
+from casckpt.config import Settings
 from casckpt.engine import commit as commit_engine
 from casckpt.engine import commitchunks
 from casckpt.errors import ChangeHintError, InvalidArgumentError
+from casckpt.options import Options
 
 N = 8192  # fp32 elements: 32 KiB per tensor, above the size small tensors are packed at
 
@@ -334,4 +339,24 @@ def test_random_states_and_mutations_restore_bit_exact(tmp_path_factory: pytest.
             hint: dict[str, Any] = {"unchanged": untouched, "trust_versions": True} if hinted else {}
             store.commit(state, run="r", step=step, **hint)
             assert _equal(store.restore(f"r@{step}"), state)
+        assert store.check(read_data=True).ok
+
+
+def test_hinted_device_tensors_are_not_staged(tmp_path: Path, hashed: Hashed) -> None:
+    """Tensors streamed through staging buffers (the GPU path, run on CPU tensors with
+    ``stage_host_tensors``): hinted ones are neither streamed nor hashed, restores stay exact."""
+    real = Options.settings
+
+    def staged(self: Options, env: Mapping[str, str] = os.environ) -> Settings:
+        return dataclasses.replace(real(self, env), stage_host_tensors=True)
+
+    state = _state()
+    with mock.patch.object(Options, "settings", staged), \
+            casckpt.open(tmp_path / "s", chunk_size=8192, staging_memory=4 * 8192) as store:
+        store.commit(state, run="r", step=1, trust_versions=True)
+        state["model"]["b"].add_(1.0)
+        hashed.reset()
+        store.commit(state, run="r", step=2, unchanged=["model.a"], trust_versions=True)
+        assert hashed.bytes == _bytes(state["model"]["b"])
+        assert _equal(store.restore("r@2"), state)
         assert store.check(read_data=True).ok
