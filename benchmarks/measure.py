@@ -15,7 +15,7 @@ import shutil
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -212,6 +212,15 @@ def tensor_leaves(state: Any) -> Iterator[tuple[str, torch.Tensor]]:
 def raw_bytes(t: torch.Tensor) -> memoryview:
     """The tensor's data as a flat byte view (a contiguous copy only if it is not contiguous)."""
     return t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().data
+
+
+def blake3_all(views: Sequence[memoryview]) -> bytes:
+    """BLAKE3 of all ``views`` on all cores (one hasher, ``max_threads=AUTO``): the floor of a
+    verified re-commit, which must hash every byte."""
+    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    for view in views:
+        hasher.update(view)
+    return hasher.digest()
 
 
 def tensor_digests(state: Any) -> dict[str, tuple[int, bytes]]:

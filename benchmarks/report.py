@@ -23,6 +23,12 @@ from benchmarks.delta import NOTES as DELTA_NOTES
 from benchmarks.delta import TARGETS as DELTA_TARGETS
 from benchmarks.delta import DeltaResult
 from benchmarks.delta import tables as delta_tables
+from benchmarks.hint import MEASURES as HINT_MEASURES
+from benchmarks.hint import NAME as HINT_NAME
+from benchmarks.hint import NOTES as HINT_NOTES
+from benchmarks.hint import TARGETS as HINT_TARGETS
+from benchmarks.hint import HintResult
+from benchmarks.hint import raw_table as hint_raw_table
 from benchmarks.many import NAME as MANY_NAME
 from benchmarks.many import ManyResult, ManyState
 from benchmarks.redundancy import EC, RedundancyResult
@@ -32,10 +38,10 @@ from benchmarks.s3 import S3Result, Timing
 from benchmarks.suite import WorkloadResult
 
 Result = (WorkloadResult | S3Result | CatalogResult | RedundancyResult | DcpResult | DeltaResult
-          | ManyResult)
+          | ManyResult | HintResult)
 Outcome = Result | str  # a result, or the error that stopped the workload
 R = TypeVar("R", WorkloadResult, S3Result, CatalogResult, RedundancyResult, DcpResult, DeltaResult,
-            ManyResult)
+            ManyResult, HintResult)
 
 
 @dataclass(frozen=True)
@@ -114,6 +120,8 @@ METRICS: tuple[Metric[WorkloadResult], ...] = (
              lambda r: r.first.wall_s, "save"),
     _vs_file("commit_next_vs_save", "commit, next version / torch.save",
              lambda r: r.next.wall_s, "save"),
+    Metric("commit_next_vs_blake3", "commit, next version / BLAKE3 of the state, all cores", "ratio",
+           lambda r: _over(r.next.wall_s, r.blake3_s)),
     _vs_file("async_stall_vs_save", "async commit: stall / torch.save",
              lambda r: r.async_commit.stall_s, "save"),
     _vs_file("async_total_vs_save", "async commit: commit + wait / torch.save",
@@ -347,6 +355,8 @@ DCP_METRICS: tuple[Metric[DcpResult], ...] = (
 
 DELTA_METRICS: tuple[Metric[DeltaResult], ...] = tuple(Metric(*m) for m in DELTA_MEASURES)
 
+HINT_METRICS: tuple[Metric[HintResult], ...] = tuple(Metric(*m) for m in HINT_MEASURES)
+
 # (workload or "*", metric key) -> lower limit, from BENCHMARKS.md "Targets".
 FLOORS: Mapping[tuple[str, str], float] = {
     (S3_NAME, "commit_vs_raw_upload"): 0.8,
@@ -364,6 +374,7 @@ MANY_TARGETS = {  # issue 15
 
 TARGETS: Mapping[tuple[str, str], float] = {
     ("unchanged", "commit_next_vs_save"): 0.1,
+    ("unchanged", "commit_next_vs_blake3"): 1.3,  # issue 17: the floor of a verified re-commit
     ("lora", "new_next_of_logical"): 0.02,
     ("embed", "new_next_of_logical"): 0.10,  # plain chunk dedup
     # stored bytes per commit with delta coding (XOR + zstd; not in casckpt yet)
@@ -388,6 +399,7 @@ TARGETS: Mapping[tuple[str, str], float] = {
     (DCP_NAME, "new_unchanged_of_logical"): 0.001,
     **{(DELTA_NAME, key): limit for key, limit in DELTA_TARGETS.items()},
     **{(MANY_NAME, key): limit for key, limit in MANY_TARGETS.items()},
+    **{(HINT_NAME, key): limit for key, limit in HINT_TARGETS.items()},
 }
 
 
@@ -450,6 +462,8 @@ def metrics_for(result: Result) -> Sequence[Metric[Any]]:
         return DCP_METRICS
     if isinstance(result, DeltaResult):
         return DELTA_METRICS
+    if isinstance(result, HintResult):
+        return HINT_METRICS
     return S3_METRICS if isinstance(result, S3Result) else METRICS
 
 
@@ -525,7 +539,7 @@ def _local(outcomes: Mapping[str, Outcome]) -> dict[str, WorkloadResult | str]:
     return {n: r for n, r in outcomes.items()
             if isinstance(r, (WorkloadResult, str)) and not _is_s3(n, r) and not _is_catalog(n, r)
             and not _is_redundancy(n, r) and not _is_dcp(n, r) and not _is_delta(n, r)
-            and not _is_many(n, r)}
+            and not _is_many(n, r) and not (isinstance(r, str) and n == HINT_NAME)}
 
 
 def _delta(outcomes: Mapping[str, Outcome]) -> dict[str, DeltaResult | str]:
@@ -836,6 +850,9 @@ def print_report(console: Console, outcomes: Mapping[str, Outcome], scale: float
     many = {n: r for n, r in outcomes.items() if isinstance(r, ManyResult)}
     if many:
         console.print(many_raw_table(many))
+    hint = {n: r for n, r in outcomes.items() if isinstance(r, HintResult)}
+    if hint:
+        console.print(hint_raw_table(hint))
     console.print(ratio_table(outcomes, scale))
 
 
@@ -1014,6 +1031,8 @@ def write_json(path: Path, outcomes: Mapping[str, Outcome], header: dict[str, An
         notes[DELTA_NAME] = DELTA_NOTES
     if any(isinstance(r, ManyResult) for r in outcomes.values()):
         notes[MANY_NAME] = "see benchmarks/many.py; KiB figures are kibibytes, not ratios"
+    if any(isinstance(r, HintResult) for r in outcomes.values()):
+        notes[HINT_NAME] = HINT_NOTES
     document = {**header, "notes": notes, "results": results}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2, default=str) + "\n")

@@ -13,7 +13,10 @@ scrub, repair, and the raw erasure code; the ``dcp`` workload saves and loads
 a DTensor state on 2 ranks with torch.distributed.checkpoint through casckpt
 and through DCP's own FileSystemWriter/Reader; the ``delta`` workload commits
 the same sequences with delta coding on and off: stored bytes, commit time,
-and restore at the end of a delta chain against a keyframe.
+and restore at the end of a delta chain against a keyframe; the ``hint`` workload
+times an unchanged re-commit against BLAKE3 of the state on all cores, commits
+with change hints against torch.save, and the background-commit stall against
+``torch.distributed.checkpoint.async_save``'s.
 
 Usage::
 
@@ -50,6 +53,8 @@ from benchmarks.dcp import NAME as DCP_NAME  # noqa: E402
 from benchmarks.dcp import run_dcp  # noqa: E402
 from benchmarks.delta import NAME as DELTA_NAME  # noqa: E402
 from benchmarks.delta import run_delta  # noqa: E402
+from benchmarks.hint import NAME as HINT_NAME  # noqa: E402
+from benchmarks.hint import run_hint  # noqa: E402
 from benchmarks.machine import machine_info  # noqa: E402
 from benchmarks.many import NAME as MANY_NAME  # noqa: E402
 from benchmarks.many import run_many  # noqa: E402
@@ -62,7 +67,8 @@ from benchmarks.suite import Log, run_workload  # noqa: E402
 from benchmarks.workloads import WORKLOADS as LOCAL_WORKLOADS  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "latest.json"
-WORKLOADS = (*LOCAL_WORKLOADS, S3_NAME, CATALOG_NAME, REDUNDANCY_NAME, DCP_NAME, DELTA_NAME, MANY_NAME)
+WORKLOADS = (*LOCAL_WORKLOADS, S3_NAME, CATALOG_NAME, REDUNDANCY_NAME, DCP_NAME, DELTA_NAME, MANY_NAME,
+             HINT_NAME)
 
 
 def _workload_list(text: str) -> list[str]:
@@ -128,6 +134,8 @@ def _run_one(name: str, scale: float, workdir: Path, log: Log) -> Outcome:
         return run_delta(scale, workdir, log)
     if name == MANY_NAME:
         return run_many(scale, workdir, log)
+    if name == HINT_NAME:
+        return run_hint(scale, workdir, log)
     return run_workload(name, scale, workdir, log)
 
 

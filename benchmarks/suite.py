@@ -5,7 +5,8 @@ Per workload, in this order (all in one fresh work directory):
 1. baselines on the first state: ``torch.save`` + fsync / ``torch.load``;
    safetensors ``save_file`` + fsync / ``load_file`` (tensors only);
    ``torch.distributed.checkpoint`` save / load (FileSystemWriter/Reader, one
-   process, files fsync'd);
+   process, files fsync'd); BLAKE3 of every tensor byte on all cores (the floor
+   of a verified re-commit);
 2. a new store: blocking commit of the first state (step 1);
 3. one interval (``advance``), blocking commit (step 2). For ``branch``: the
    base is step 1 of run ``branch``; each of the ``BRANCHES`` branches is
@@ -117,6 +118,7 @@ class WorkloadResult:
     baseline: Baseline
     safetensors: Baseline
     dcp: Baseline
+    blake3_s: float  # BLAKE3 of every tensor byte of the first state, on all cores
     first: Commit
     next: Commit
     async_commit: AsyncCommit
@@ -157,6 +159,12 @@ def _dcp_baseline(state: Any, workdir: Path) -> Baseline:
     path = workdir / "baseline.dcp"
     return _file_baseline(lambda: measure.dcp_save(state, path),
                           lambda: measure.dcp_load(state, path), path)
+
+
+def _blake3_baseline(state: Any) -> float:
+    """BLAKE3 of every tensor byte of the state on all cores (the floor of a verified re-commit)."""
+    views = [measure.raw_bytes(t) for _, t in measure.tensor_leaves(state)]
+    return measure.timed(lambda: measure.blake3_all(views))[1]
 
 
 def _commit(store: casckpt.Store, state: Any, run: str, step: int) -> Commit:
@@ -241,6 +249,8 @@ def run_workload(name: str, scale: float, workdir: Path, log: Log) -> WorkloadRe
     safetensors = _safetensors_baseline(state, workdir)
     log(f"{name}: baselines: torch.distributed.checkpoint save / load")
     dcp = _dcp_baseline(state, workdir)
+    log(f"{name}: baselines: BLAKE3 of the state on all cores")
+    blake3_s = _blake3_baseline(state)
     del state
     branches: list[BranchCommit] = []
     touched: int | None = None
@@ -266,6 +276,7 @@ def run_workload(name: str, scale: float, workdir: Path, log: Log) -> WorkloadRe
         baseline=baseline,
         safetensors=safetensors,
         dcp=dcp,
+        blake3_s=blake3_s,
         first=first,
         next=second,
         async_commit=background,

@@ -35,6 +35,11 @@ class InvalidArgumentError(CasckptError, ValueError):
     """An argument has the wrong type or value."""
 
 
+class ChangeHintError(InvalidArgumentError):
+    """A commit's change hint (``unchanged=``) is demonstrably wrong: a tensor declared
+    unchanged has another dtype or shape than in the run's previous version."""
+
+
 class NotAStoreError(CasckptError, FileNotFoundError):
     """A path that should hold a store does not hold one."""
 

@@ -34,6 +34,7 @@ from casckpt.engine import commit as commit_engine
 from casckpt.engine import restore as restore_engine
 from casckpt.engine import treeviews
 from casckpt.engine.background import CommitHandle
+from casckpt.engine.hint import PathSpec, make_hint
 from casckpt.engine.refs import bind, load_manifest
 from casckpt.engine.validate import check_name
 from casckpt.errors import CasckptError, CommitTimeoutError, InvalidArgumentError
@@ -127,19 +128,21 @@ class Store:
     def commit(self, state: object, *, run: str, step: int, metadata: Mapping[str, Any] | None = None,
                metrics: Mapping[str, float] | None = None, message: str | None = None,
                tags: Iterable[str] = (), progress: ProgressCallback | None = None,
-               block: Literal[True] = True, group: Any = None) -> Version: ...
+               block: Literal[True] = True, group: Any = None, unchanged: PathSpec | None = None,
+               trust_versions: PathSpec | bool = False) -> Version: ...
 
     @overload
     def commit(self, state: object, *, run: str, step: int, metadata: Mapping[str, Any] | None = None,
                metrics: Mapping[str, float] | None = None, message: str | None = None,
                tags: Iterable[str] = (), progress: ProgressCallback | None = None,
-               block: Literal[False], group: None = None) -> CommitHandle: ...
+               block: Literal[False], group: None = None, unchanged: PathSpec | None = None,
+               trust_versions: PathSpec | bool = False) -> CommitHandle: ...
 
     def commit(
         self, state: object, *, run: str, step: int, metadata: Mapping[str, Any] | None = None,
         metrics: Mapping[str, float] | None = None, message: str | None = None,
         tags: Iterable[str] = (), progress: ProgressCallback | None = None, block: bool = True,
-        group: Any = None,
+        group: Any = None, unchanged: PathSpec | None = None, trust_versions: PathSpec | bool = False,
     ) -> Version | CommitHandle:
         """Store ``state`` as version ``run@step``.
 
@@ -158,6 +161,29 @@ class Store:
         ``backpressure`` of :func:`casckpt.open` (see
         :mod:`casckpt.engine.background`).
 
+        By default every byte of the state is hashed, so the version holds exactly what the
+        state held. A caller that knows what it did not mutate may say so (off by default;
+        tensors are named by dotted path, e.g. ``model.blocks.0.fc.weight``):
+
+        * ``unchanged``: paths, ``fnmatch`` globs (``"model.blocks.*"``) or a predicate
+          ``path -> bool``; the caller promises each matching tensor holds, bit for bit,
+          what it held in the run's previous version (this commit's parent).
+        * ``trust_versions``: ``True`` or paths / globs / a predicate; the caller promises
+          that every write to each matching tensor since the run's previous commit in this
+          process bumped its ``tensor._version`` (in-place torch ops on the tensor, its
+          views or ``.detach()``, e.g. non-fused optimizers, ``copy_``, ``load_state_dict``).
+          Writes that do NOT bump it: through ``.data``, numpy arrays (``.numpy()``),
+          DLPack, ``untyped_storage()``, ctypes / raw pointers, fused optimizers
+          (``fused=True``), CUDA kernels of other libraries; ``.data =`` assignments,
+          ``set_()`` and ``torch.utils.swap_tensors`` change the storage and are caught.
+          Trusted tensors are held until the run's next commit.
+
+        Such tensors are not read: the version reuses the parent's chunk ids for them. A
+        tensor the hint names that is new to the run (or shares storage, or is packed
+        with small neighbours) is hashed as usual. **A wrong hint is not detected**: the
+        version then holds (and restores) the previous version's bytes for that tensor,
+        and ``check(read_data=True)`` still passes, since stored bytes match their ids.
+
         Raises:
             UnsupportedStateError: the tree holds an unsupported object (nothing written).
             InvalidNameError, InvalidArgumentError: bad run/tag name, step, metadata or metrics.
@@ -165,10 +191,16 @@ class Store:
             StorageError, CatalogError: the blob store or catalog failed; the
                 version is not visible and the store stays consistent.
             GroupCommitError: with ``group``, some rank failed (raised on every rank).
+            ChangeHintError: a tensor declared ``unchanged`` has another dtype or shape than
+                in the previous version (nothing written).
         """
         req = commit_engine.make_request(run, step, metadata, metrics, message, tags)
+        hint = make_hint(unchanged, trust_versions)
         self._core.refuse_while_recovering("commit")
         if group is not None:
+            if hint is not None:
+                raise InvalidArgumentError("group commits take no change hint (unchanged=, "
+                                           "trust_versions=); commit without it")
             if not block:
                 raise InvalidArgumentError(
                     "group commits block; for a background save of many ranks use "
@@ -182,9 +214,9 @@ class Store:
             return self._distributed.group_commit(state, req, group, progress, preflight)
         self._core.refresh_locations()
         if not block:
-            return self._core.committer.commit(state, req, progress)
+            return self._core.committer.commit(state, req, progress, hint)
         return self._core.committer.foreground(
-            lambda: commit_engine.commit(self._core.ctx, state, req, progress))
+            lambda: commit_engine.commit(self._core.ctx, state, req, progress, hint))
 
     def pending_commits(self) -> list[CommitHandle]:
         """Background commits not finished yet, oldest first."""

@@ -180,9 +180,12 @@ class Catalog:
     def add_version(
         self, version: dict[str, Any], run: str, tensor_rows: list[dict[str, Any]],
         content_rows: list[dict[str, Any]], tag_names: Sequence[str], chunk_ids: Iterable[str],
-        node_rows: Sequence[dict[str, Any]] = (),
+        node_rows: Sequence[dict[str, Any]] = (), lease: str | None = None,
     ) -> None:
         """Make a version visible: ONE transaction that re-checks every referenced chunk.
+
+        ``lease``: the commit's lease, ended in the same transaction (once the version is
+        visible it keeps its chunks itself; a failed publish leaves the lease as it was).
 
         A tree version (``version["tree_root"]``) also passes the rows of the nodes the
         catalog lacks (``node_rows``: id, zstd body); ``chunk_ids`` are all of its chunks
@@ -205,6 +208,8 @@ class Catalog:
             nonlocal in_doubt
             try:
                 with self.write() as conn:
+                    if lease is not None:  # rolled back with the rest if publishing fails
+                        conn.execute(s.leases.delete().where(s.leases.c.id == lease))
                     self._publish(conn, version, run, tensor_rows, content_rows, tag_names, ids,
                                   node_rows)
             except CatalogUnavailableError as exc:

@@ -9,7 +9,8 @@ it (:func:`safe_floor`, with a :data:`CLOCK_SKEW_S` margin for object mtimes
 written by other clocks).
 
 Tombstones: a commit names the version it is about to publish on its lease
-(:func:`lease_version`) before the manifest object is written. A lease that
+(:func:`begin_lease`, which it calls once its snapshot -- which writes nothing -- has fixed the
+version id) before the manifest object is written. A lease that
 ends without that version published (:func:`end_lease`), or that GC reaps as
 crashed, tombstones the version, so its manifest object is known garbage.
 
@@ -31,7 +32,7 @@ import uuid
 from collections.abc import Collection
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, insert, select
 
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import Catalog
@@ -68,22 +69,19 @@ def _process_space() -> str:
     return (space + read("/proc/self/ns/pid"))[:255]
 
 
-def begin_lease(catalog: Catalog) -> str:
-    """Announce a commit in flight; returns the lease id to pass to :func:`end_lease`."""
+def begin_lease(catalog: Catalog, version_id: str | None = None) -> str:
+    """Announce a commit in flight; returns the lease id to pass to :func:`end_lease`.
+
+    ``version_id``: the version the commit will publish, named before its manifest object is
+    written, so a commit that ends without publishing leaves a tombstone (its manifest is
+    garbage), never an unexplained manifest.
+    """
     lease = uuid.uuid4().hex
     with catalog.write() as conn:
         conn.execute(insert(s.leases).values(
-            id=lease, host=_process_space(), pid=os.getpid(), started_at=time.time()
+            id=lease, host=_process_space(), pid=os.getpid(), started_at=time.time(), version_id=version_id,
         ))
     return lease
-
-
-def lease_version(catalog: Catalog, lease: str, version_id: str) -> None:
-    """Name the version the commit holding ``lease`` is about to publish: called before its
-    manifest object is written, so a commit that ends without publishing leaves a tombstone
-    (its manifest is garbage), never an unexplained manifest."""
-    with catalog.write() as conn:
-        conn.execute(update(s.leases).where(s.leases.c.id == lease).values(version_id=version_id))
 
 
 def end_lease(catalog: Catalog, lease: str) -> None:

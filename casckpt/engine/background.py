@@ -39,6 +39,7 @@ from casckpt.engine import commit as commit_engine
 from casckpt.engine.commit import CommitRequest, Snapshot
 from casckpt.engine.commitchunks import ChunkBytes
 from casckpt.engine.context import EngineContext
+from casckpt.engine.hint import ChangeHint
 from casckpt.errors import (
     BackgroundCommitError,
     CatalogUnavailableError,
@@ -119,7 +120,6 @@ class _Job:
     snapshot: Snapshot
     redundancy: Redundancy
     started: float
-    lease: str
     progress: ProgressCallback | None
 
 
@@ -152,8 +152,10 @@ class BackgroundCommitter:
 
     # -- submitting ---------------------------------------------------------------
 
-    def commit(self, state: object, req: CommitRequest, progress: ProgressCallback | None) -> CommitHandle:
-        """Snapshot ``state`` now; write and publish it in the background."""
+    def commit(self, state: object, req: CommitRequest, progress: ProgressCallback | None,
+               hint: ChangeHint | None = None) -> CommitHandle:
+        """Snapshot ``state`` now (``hint``: see :mod:`casckpt.engine.hint`); write and publish
+        it in the background."""
         self.raise_unreported()
         with self._submit:
             if self._closed:
@@ -167,7 +169,6 @@ class BackgroundCommitter:
             commit_engine.refuse_existing(self._ctx, req)
             redundancy = self._ctx.packs.redundancy_for(req.run)
             self._ctx.packs.check_writable(redundancy)
-            lease = begin_lease(self._ctx.catalog)
             reserved: list[int] = []
 
             def reserve(nbytes: int) -> bool:
@@ -181,13 +182,13 @@ class BackgroundCommitter:
                 with self._cond:
                     inflight = dict(self._inflight)
                 snap = commit_engine.snapshot(self._ctx, state, req, created, parent=parent,
-                                              reserve=reserve, progress=progress, pending=inflight)
+                                              reserve=reserve, progress=progress, pending=inflight,
+                                              hint=hint)
                 handle = CommitHandle(snap.version_id, req.run, req.step)
-                job = _Job(handle, req, snap, redundancy, started, lease, progress)
+                job = _Job(handle, req, snap, redundancy, started, progress)
                 if snap.foreground:  # too big to copy: write it now, after the others
                     self.drain()
             except BaseException:
-                commit_engine.release_lease(self._ctx, lease, f"{req.run}@{req.step}")
                 self._release(sum(reserved))
                 raise
             if snap.foreground:
@@ -274,13 +275,16 @@ class BackgroundCommitter:
 
     def _run(self, job: _Job, foreground: bool = False) -> None:
         outcome: Version | BaseException
-        try:
+        lease: str | None = None
+        try:  # the lease begins here, off the caller's thread: the snapshot wrote nothing
+            lease = begin_lease(self._ctx.catalog, job.snapshot.version_id)
             outcome = commit_engine.finish(self._ctx, job.request, job.snapshot, job.redundancy,
-                                           job.started, job.lease, job.progress)
+                                           job.started, lease, job.progress)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller through the handle
             outcome = exc
             log.warning("background commit %s@%s failed: %s", job.request.run, job.request.step, exc)
-        commit_engine.release_lease(self._ctx, job.lease, f"{job.request.run}@{job.request.step}")
+        if lease is not None and isinstance(outcome, BaseException):  # publishing ends it otherwise
+            commit_engine.release_lease(self._ctx, lease, f"{job.request.run}@{job.request.step}")
         with self._cond:
             for cid in job.snapshot.new_ids:
                 if self._inflight.get(cid) is job.snapshot.chunks.get(cid):

@@ -25,7 +25,7 @@ from typing import Any
 from casckpt.catalog import MissingChunksError
 from casckpt.catalog.deltas import delta_chain_for, delta_policy_for
 from casckpt.catalog.history import fork_point
-from casckpt.catalog.leases import begin_lease, end_lease, lease_version
+from casckpt.catalog.leases import begin_lease, end_lease
 from casckpt.engine import records, trees
 from casckpt.engine.commitchunks import (
     NOT_HELD,
@@ -41,6 +41,7 @@ from casckpt.engine.commitchunks import owned_copy as _copy  # a global here: te
 from casckpt.engine.context import EngineContext
 from casckpt.engine.degraded import Shortfall, summary
 from casckpt.engine.deltabase import ChainPolicy, DeltaPlan, candidate_bases
+from casckpt.engine.hint import ChangeHint, Counters, record_counters, reusable
 from casckpt.engine.layout import SMALL_TENSOR, PackMemo, plan_extents
 from casckpt.engine.tensorrows import tensor_rows
 from casckpt.engine.validate import (
@@ -54,7 +55,7 @@ from casckpt.engine.validate import (
 from casckpt.errors import CasckptError, CatalogError, VersionExistsError
 from casckpt.format import keys
 from casckpt.format.chunks import chunk_id
-from casckpt.format.manifest import Manifest, TreeHead, encode_manifest
+from casckpt.format.manifest import ExtentEntry, Manifest, TreeHead, encode_manifest
 from casckpt.format.tree import encode_tree
 from casckpt.format.treeencode import Tree, TreeMemo
 from casckpt.format.treemanifest import encode_tree_manifest
@@ -127,8 +128,11 @@ class Snapshot:
 def snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: float, *,
              parent: str | None, reserve: Reserve | None = None,
              progress: ProgressCallback | None = None,
-             pending: Mapping[bytes, ChunkBytes] | None = None) -> Snapshot:
+             pending: Mapping[bytes, ChunkBytes] | None = None, hint: ChangeHint | None = None) -> Snapshot:
     """Encode, hash (in place) and dedup ``state``; build its manifest.
+
+    With ``hint`` (see :mod:`casckpt.engine.hint`), the tensors it vouches for are not
+    hashed: their chunk ids are the parent's.
 
     With ``reserve``, the chunks the store does not hold are copied out of
     the state (after ``reserve(nbytes)`` agrees), so only changed bytes are
@@ -140,10 +144,11 @@ def snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: flo
     itself should the earlier commit fail.
     """
     last = ctx.memos.take(req.run)  # what the run's last commit in this process derived
-    memo = _RunMemo(PackMemo(last.packs if last else None), TreeMemo(last.tree if last else None))
+    memo = _RunMemo(PackMemo(last.packs if last else None), TreeMemo(last.tree if last else None),
+                    last.counters if last and hint is not None else None)
     try:
         with _collector_paused():
-            return _snapshot(ctx, state, req, created, parent, reserve, progress, pending, memo)
+            return _snapshot(ctx, state, req, created, parent, reserve, progress, pending, memo, hint)
     finally:
         ctx.memos.keep(req.run, memo)
 
@@ -178,16 +183,26 @@ def _collector_paused() -> Iterator[None]:
 class _RunMemo:
     packs: PackMemo
     tree: TreeMemo
+    counters: Counters | None = None  # the trusted version counters (``trust_versions``)
 
 
 def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: float, parent: str | None,
               reserve: Reserve | None, progress: ProgressCallback | None,
-              pending: Mapping[bytes, ChunkBytes] | None, memo: _RunMemo) -> Snapshot:
+              pending: Mapping[bytes, ChunkBytes] | None, memo: _RunMemo,
+              hint: ChangeHint | None) -> Snapshot:
     root, leaves = encode_tree(state)
     pack = min(SMALL_TENSOR, ctx.config.chunk_size - ctx.config.chunk_size % 16) if TREE_MANIFESTS else 0
     entries, sources = plan_extents(leaves, stage_host=ctx.config.stage_host_tensors, pack=pack,
                                     memo=memo.packs)
-    hashed = hash_extents(ctx, sources, progress, pending, reserve)
+    reuse: dict[int, ExtentEntry] = {}
+    held: set[bytes] = set()
+    if hint is not None:
+        counters = memo.counters if memo.counters is not None and memo.counters.version_id == parent else None
+        reuse = reusable(hint, leaves, entries, sources, ctx.config.chunk_size,
+                         _parent_manifest(ctx, req.run, parent), counters)
+        reuse, held = _held(ctx, reuse, pending)
+    hashed = hash_extents(ctx, sources, progress, pending, reserve, reuse=reuse)
+    hashed.known |= held
     extents, chunks = hashed.extents, hashed.chunks
     manifest = Manifest(
         run=req.run, step=req.step, parent=parent,
@@ -211,6 +226,7 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
     else:  # what casckpt wrote before tree manifests (tests build older stores with it)
         version_id, manifest_bytes = encode_manifest(manifest)
         rows, content_rows = tensor_rows(version_id, entries, extents)
+    memo.counters = record_counters(hint, version_id, leaves)
     known = hashed.known | known_chunks(ctx, lookup)  # streamed chunks were looked up while streaming
     new_ids = []
     for cid in chunks:
@@ -236,6 +252,20 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
     ctx.bases.remember(req.run, version_id, manifest)
     return Snapshot(manifest, version_id, manifest_bytes, chunks, new_ids, rows, content_rows, owned,
                     foreground=foreground, bases=bases, tree=tree)
+
+
+def _held(ctx: EngineContext, reuse: dict[int, ExtentEntry], pending: Mapping[bytes, ChunkBytes] | None
+          ) -> tuple[dict[int, ExtentEntry], set[bytes]]:
+    """The hinted extents all of whose chunks the store (cache hint, then catalog) or a commit
+    in flight holds, and the chunks among them the store holds: a hint never references a
+    chunk that is gone (such a tensor is hashed instead)."""
+    ids = list(dict.fromkeys(c for e in reuse.values() for c in e.chunks))
+    if not ids:
+        return {}, set()
+    known = known_chunks(ctx, ids)
+    have = known | {c for c in ids if pending is not None and c in pending}
+    kept = {i: e for i, e in reuse.items() if all(c in have for c in e.chunks)}
+    return kept, {c for e in kept.values() for c in e.chunks if c in known}
 
 
 def _parent_manifest(ctx: EngineContext, run: str, parent: str | None) -> Manifest | None:
@@ -268,8 +298,9 @@ def parent_of(ctx: EngineContext, run: str) -> str | None:
 
 
 def _publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, started: float,
-             redundancy: Redundancy, progress: ProgressCallback | None) -> dict[str, Any]:
-    """ONE catalog transaction makes the version visible; chunks found gone are rewritten."""
+             redundancy: Redundancy, progress: ProgressCallback | None, lease: str) -> dict[str, Any]:
+    """ONE catalog transaction makes the version visible and ends the commit's ``lease``;
+    chunks found gone are rewritten."""
     row: dict[str, Any] = {
         "id": snap.version_id, "step": req.step, "parent_id": snap.manifest.parent,
         "state": "visible", "created_at": snap.manifest.created_at,
@@ -285,7 +316,7 @@ def _publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, started: fl
         checks, nodes = _checks(ctx, snap)
         try:
             ctx.catalog.add_version(row, req.run, snap.tensor_rows, snap.content_rows,
-                                    req.tags, [c.hex() for c in checks], nodes)
+                                    req.tags, [c.hex() for c in checks], nodes, lease=lease)
             return row
         except MissingChunksError as exc:
             gone_bases = set(exc.missing) - {cid.hex() for cid in snap.chunks}
@@ -351,12 +382,12 @@ def publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: 
             started: float, lease: str, progress: ProgressCallback | None = None) -> Version:
     """Store the manifest, then make the version visible (its chunks must be durable).
 
-    ``lease`` is the commit's GC lease: it names the version before the manifest object is
-    written, so a commit that fails from here on leaves a tombstone GC may act on.
+    ``lease`` is the commit's GC lease, begun naming the version (``begin_lease(catalog,
+    snap.version_id)``) before the manifest object is written, so a commit that fails from
+    here on leaves a tombstone GC may act on; the publishing transaction ends it.
     """
-    lease_version(ctx.catalog, lease, snap.version_id)
     ctx.locations.put_everywhere(keys.manifest_key(snap.version_id), snap.manifest_bytes)
-    row = _publish(ctx, req, snap, started, redundancy, progress)
+    row = _publish(ctx, req, snap, started, redundancy, progress, lease)
     if snap.delta is not None:
         snap.delta.published(snap.chunks)
     for name in req.tags:  # a tag given at commit may have moved from another version
@@ -418,19 +449,23 @@ def refuse_existing(ctx: EngineContext, req: CommitRequest) -> None:
 
 
 def commit(ctx: EngineContext, state: object, req: CommitRequest,
-           progress: ProgressCallback | None = None) -> Version:
+           progress: ProgressCallback | None = None, hint: ChangeHint | None = None) -> Version:
     """Store ``state`` as a new version of ``req.run`` (see module docstring for the protocol).
 
-    The commit holds a catalog lease from start to end, so a concurrent GC
-    neither condemns the chunks it writes nor deletes its objects as orphans.
+    The commit holds a catalog lease from its first write to its end, so a concurrent GC
+    neither condemns the chunks it writes nor deletes its objects as orphans. The lease
+    begins after the snapshot (which writes nothing), naming the version in the same
+    transaction. Chunks the snapshot found in the store are not the lease's to keep: GC may
+    condemn them meanwhile, and publishing revives them or writes them again.
     """
     started, created = time.monotonic(), time.time()
     refuse_existing(ctx, req)
     redundancy = ctx.packs.redundancy_for(req.run)
     ctx.packs.check_writable(redundancy)
-    lease = begin_lease(ctx.catalog)
+    snap = snapshot(ctx, state, req, created, parent=parent_of(ctx, req.run), progress=progress, hint=hint)
+    lease = begin_lease(ctx.catalog, snap.version_id)
     try:
-        snap = snapshot(ctx, state, req, created, parent=parent_of(ctx, req.run), progress=progress)
         return finish(ctx, req, snap, redundancy, started, lease, progress)
-    finally:
-        release_lease(ctx, lease, f"{req.run}@{req.step}")
+    except BaseException:
+        release_lease(ctx, lease, f"{req.run}@{req.step}")  # publishing ends it otherwise
+        raise

@@ -83,12 +83,21 @@ Reserve = Callable[[int], bool]  # asked for the bytes to copy; False: do not co
 def hash_extents(
     ctx: EngineContext, sources: Sequence[ExtentSource], progress: ProgressCallback | None,
     pending: Mapping[bytes, ChunkBytes] | None, reserve: Reserve | None = None, confirm: bool = False,
+    reuse: Mapping[int, ExtentEntry] | None = None,
 ) -> Hashed:
+    """Cut every extent into chunks and hash them in place, except the extents of ``reuse``
+    (index -> the previous version's entry, see :mod:`casckpt.engine.hint`): their chunk
+    ids are taken as they are, their bytes not read."""
     out = Hashed([], {}, set(), 0)
     bar = Progress(progress, "hash", sum(s.nbytes for s in sources))
-    for source in sources:
+    for index, source in enumerate(sources):
         size = aligned_chunk_size(ctx.config.chunk_size, source.align)
         phase = source.grid_offset % size
+        reused = reuse.get(index) if reuse else None
+        if reused is not None:
+            _take_reused(source, reused, out)
+            bar.advance(source.nbytes)
+            continue
         if source.staged is not None and source.nbytes:
             flat = source.staged()
             head = min(size - phase, source.nbytes) if phase else 0
@@ -108,6 +117,17 @@ def hash_extents(
         out.extents.append(ExtentEntry(source.nbytes, size, tuple(ids), phase, packed=source.packed))
         bar.advance(source.nbytes)
     return out
+
+
+def _take_reused(source: ExtentSource, extent: ExtentEntry, out: Hashed) -> None:
+    """A hinted extent's chunks, from the previous version's entry: their bytes stay where
+    they are (read only should publishing find a chunk gone, and then verified against its
+    id; a device tensor's are not held)."""
+    view = NOT_HELD if source.staged is not None or not source.nbytes else source.read()
+    for cid, (start, end) in zip(extent.chunks, extent.spans(), strict=True):
+        out.chunks.setdefault(cid, ChunkBytes(view, start, end, source.align) if view is not NOT_HELD
+                              else ChunkBytes(NOT_HELD, 0, 0, source.align))
+    out.extents.append(extent)
 
 
 def _hash_staged(ctx: EngineContext, flat: torch.Tensor, align: int, size: int, out: Hashed,
@@ -147,6 +167,8 @@ def known_chunks(ctx: EngineContext, ids: Sequence[bytes], confirm: bool = False
     catalog with ``confirm``: for chunks whose writer could not write them again at publish)."""
     hinted = set() if confirm else set(ctx.cache.get_many(ids))
     unknown = [cid.hex() for cid in ids if cid not in hinted]
+    if not unknown:  # no catalog round trip when the cache knows them all
+        return hinted
     confirmed = {bytes.fromhex(h) for h in ctx.catalog.find_chunks(unknown)}
     return hinted | confirmed
 

@@ -124,10 +124,26 @@ def _single(leaf: TensorLeaf, extent: int, stage: bool) -> tuple[TensorEntry, Ex
     entry = TensorEntry(leaf.path, "torch", torch_dtype_name(t.dtype), tuple(t.shape), extent)
     if t.element_size() == 0:
         raise UnsupportedStateError(f"tensor at {leaf.path!r} has dtype {t.dtype} with no byte size")
-    _byte_view(torch.empty(1, dtype=t.dtype), leaf.path)  # refuse unviewable dtypes before any write
+    _refuse_unviewable(t.dtype, leaf.path)
     staged = (lambda: _flat_bytes(t, leaf.path)) if stage or t.device.type != "cpu" else None
     return entry, ExtentSource(t.numel() * _itemsize(t), _itemsize(t), lambda: _byte_view(t, leaf.path),
                                staged)
+
+
+@functools.lru_cache(maxsize=64)  # a few dtypes, checked for every tensor of every commit
+def _unviewable(dtype: torch.dtype) -> str | None:
+    try:
+        _byte_view(torch.empty(1, dtype=dtype), "")
+    except UnsupportedStateError as exc:
+        return str(exc.__cause__)
+    return None
+
+
+def _refuse_unviewable(dtype: torch.dtype, path: str) -> None:
+    """Refuse a dtype whose bytes cannot be viewed, before any write."""
+    why = _unviewable(dtype)
+    if why is not None:
+        raise UnsupportedStateError(f"tensor at {path!r} ({dtype}) cannot be stored as bytes: {why}")
 
 
 def _same_view(tensors: Sequence[torch.Tensor]) -> bool:
