@@ -254,8 +254,12 @@ class EncodePool:
                 self._cond.wait()
             if self._closed:
                 raise StorageError("the store is closed: its erasure-coding workers are stopped")
-            if self._idle:
-                return self._idle.pop()
+            while self._idle:
+                worker = self._idle.pop()
+                if worker.process.poll() is None:
+                    return worker
+                worker.kill()  # died while idle (the OOM killer, say): a fresh one replaces it
+                self._started -= 1
             self._started += 1
         try:
             return _Worker()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,15 @@ def _pack(directory: Path, data: bytes) -> tuple[Path, list[Path]]:
     path = directory / "p.pack"
     path.write_bytes(data)
     return path, [directory / f"p.pack.s{i}" for i in range(32)]
+
+
+def _exited(pid: int) -> bool:
+    """The process has exited (a zombie until its parent reaps it), or is gone (Linux)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
 
 
 def _alive(pid: int) -> bool:
@@ -142,6 +152,24 @@ def test_a_worker_killed_mid_encode_is_a_typed_error_and_a_fresh_one_takes_over(
         encoded = pool.encode(pack, PACK_ID, len(data), 4, 2, DEFAULT_ALGORITHM, out[:6])
         assert _data(encoded, 4)[: len(data)] == data
         assert pool.pids() and pool.pids()[0] != killed[0]
+    finally:
+        pool.close()
+
+
+def test_a_worker_that_died_while_idle_is_replaced_without_an_error(tmp_path: Path) -> None:
+    data = os.urandom(10_000)
+    pack, out = _pack(tmp_path, data)
+    pool = EncodePool(1)
+    try:
+        pool.encode(pack, PACK_ID, len(data), 2, 1, DEFAULT_ALGORITHM, out[:3])
+        (pid,) = pool.pids()
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while not _exited(pid) and time.monotonic() < deadline:  # dead, not yet reaped
+            time.sleep(0.01)
+        encoded = pool.encode(pack, PACK_ID, len(data), 2, 1, DEFAULT_ALGORITHM, out[3:6])
+        assert _data(encoded, 2)[: len(data)] == data
+        assert pool.pids() != [pid]
     finally:
         pool.close()
 
