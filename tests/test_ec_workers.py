@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,11 @@ def test_a_worker_killed_mid_encode_fails_the_commit_cleanly_and_the_store_goes_
 
         def send_then_kill(self: Any, request: dict[str, Any]) -> None:
             send(self, request)
-            if not killed:  # the first pack of the next commit: its worker dies while encoding it
+            if not killed:  # the first pack of the next commit: its worker dies writing its shards
+                first = Path(request["out"][0])
+                deadline = time.monotonic() + 60
+                while not first.exists() and time.monotonic() < deadline:
+                    time.sleep(0.001)
                 os.kill(self.pid, signal.SIGKILL)
                 killed.append(self.pid)
 
@@ -91,7 +96,8 @@ def test_a_worker_killed_mid_encode_fails_the_commit_cleanly_and_the_store_goes_
         assert [v.step for v in store.log(RUN)] == [0]
         with pytest.raises(RefNotFoundError):
             store.resolve(f"{RUN}@1")
-        assert staging_files(store) == []  # no pack or shard file of the failed commit is left
+        assert staging_files(store) == []  # no pack or shard file of the failed commit is left,
+        # not even the shard files the worker was writing when it died
 
         monkeypatch.undo()
         store.commit(make_state(1), run=RUN, step=1)  # a fresh worker takes over
@@ -121,7 +127,7 @@ def test_workers_start_with_the_first_erasure_coded_pack_and_stop_with_the_store
     pids = coder.worker_pids()
     assert pids and all(alive(pid) for pid in pids)
     store.commit(make_state(1), run=RUN, step=1)
-    assert coder.worker_pids() == pids  # kept from one commit to the next
+    assert set(pids) <= set(coder.worker_pids())  # kept from one commit to the next
     store.close()
     assert not any(alive(pid) for pid in pids)
 

@@ -146,10 +146,16 @@ class ErasureCoder:
             try:
                 encoded = pool.encode(path, pack_id, size, redundancy.k, redundancy.m,
                                       DEFAULT_ALGORITHM, out)
-            except WorkersUnavailableError as exc:
-                log.warning("%s; erasure coding runs in this process instead (slower: it holds "
-                            "the GIL)", exc)
-                self._pool = None
+            except BaseException as exc:
+                for shard in out:  # what a worker that died mid-write left behind
+                    shard.unlink(missing_ok=True)
+                if not isinstance(exc, WorkersUnavailableError):
+                    raise
+                with self._lock:  # the upload threads may all find out at once: say it once
+                    first, self._pool = self._pool is pool, None
+                if first:
+                    log.warning("%s; erasure coding runs in this process instead (slower: it "
+                                "holds the GIL)", exc)
             else:
                 path.unlink(missing_ok=True)
                 layout = PackLayout(pack_id, keys.pack_key(pack_id), size, "ec", redundancy.k,
