@@ -108,7 +108,12 @@ class _Worker:
             raise _Died() from exc
         if not line:
             raise _Died()
-        reply: dict[str, Any] = json.loads(line)
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            reply = None
+        if not isinstance(reply, dict):  # not our worker talking (a foreign sys.executable?)
+            raise _Died()
         return reply
 
     def ask(self, request: dict[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ and kill workers mid-encode.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import time
@@ -205,3 +206,17 @@ def test_a_worker_that_cannot_start_is_reported_as_unavailable(tmp_path: Path,
 def test_a_pool_needs_a_worker() -> None:
     with pytest.raises(InvalidArgumentError):
         EncodePool(0)
+
+
+def test_a_foreign_program_as_the_worker_is_reported_as_unavailable(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    echo = shutil.which("echo")
+    if echo is None:
+        pytest.skip("needs echo")
+    data = os.urandom(10_000)
+    pack, out = _pack(tmp_path, data)
+    pool = EncodePool(1)
+    monkeypatch.setattr(sys, "executable", echo)  # prints its arguments: not a worker's greeting
+    with pytest.raises(WorkersUnavailableError, match="exited as it started"):
+        pool.encode(pack, PACK_ID, len(data), 2, 1, DEFAULT_ALGORITHM, out[:3])
+    pool.close()
