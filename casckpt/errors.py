@@ -179,6 +179,11 @@ class OversizedObjectError(StorageError):
     refused before its bytes were read, so a damaged or forged object cannot exhaust memory."""
 
 
+class EncodeWorkerError(StorageError):
+    """An erasure-coding worker process died (killed, out of memory) or could not start while
+    encoding a pack; that pack was not stored, so the commit that wrote it published nothing."""
+
+
 class RetryableStorageError(StorageError):
     """A blob store operation failed in a way that may succeed if tried again."""
 

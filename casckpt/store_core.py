@@ -116,7 +116,7 @@ class StoreCore:
         current = CurrentLocations(locations)
         self.ctx = EngineContext(
             catalog=catalog, cache=cache, current_locations=current,
-            packs=Packs(catalog, current, self._io, write_quorum),
+            packs=Packs(catalog, current, self._io, write_quorum, encode_workers=settings.upload_workers),
             staging=self._staging, config=settings, device_buffers=StagingBuffers(settings.staging_memory),
             bases=BaseCache(settings.delta_memory),
             pool=ThreadPoolExecutor(settings.workers, thread_name_prefix="casckpt"),
@@ -156,6 +156,7 @@ class StoreCore:
             writer.release()  # so end the GC leases of failed saves here
         self.ctx.pool.shutdown(wait=True)
         self.ctx.uploads.shutdown(wait=True)
+        self.ctx.packs.close()
         self._io.shutdown(wait=True)
         self.ctx.cache.close()
         self.ctx.catalog.close()

@@ -9,26 +9,54 @@ payload, then the fragment. Nothing here reads or writes a location.
 from __future__ import annotations
 
 import itertools
+import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from threading import Lock
 
 from casckpt.catalog import PackLayout
-from casckpt.errors import CorruptPackError
+from casckpt.errors import CorruptPackError, StorageError
 from casckpt.format import keys
 from casckpt.format.chunks import object_id
 from casckpt.format.shard import ShardHeader, encode_shard_header, payload_checksum
+from casckpt.storage.base import BlobStore
+from casckpt.storage.ecpool import EncodePool, WorkersUnavailableError
 from casckpt.storage.erasure import DEFAULT_ALGORITHM, ErasureCode, Redundancy
+
+log = logging.getLogger(__name__)
 
 _SUBSETS_TRIED = 64  # K-subsets tried when shards pass their checksums yet do not decode
 
 
 @dataclass(frozen=True, slots=True)
 class ShardPayload:
-    """One object of a pack to write: a copy, or a shard (header + fragment) and its checksum."""
+    """One object of a pack to write: a copy, or a shard (header + fragment) and its checksum.
 
-    data: bytes | memoryview
+    ``data`` holds its bytes, or is the staging file holding them (made by an encoding
+    worker), which :meth:`put` may consume; ``size`` is the object's length either way.
+    """
+
+    data: bytes | memoryview | Path
     checksum: str | None
+    size: int
+
+    @classmethod
+    def of(cls, data: bytes | memoryview, checksum: str | None) -> ShardPayload:
+        """A payload held in memory."""
+        return cls(data, checksum, len(data))
+
+    def put(self, blobs: BlobStore, key: str) -> None:
+        """Write the object under ``key`` (a staging file is moved or uploaded).
+
+        Raises:
+            StorageError: the location refused it.
+        """
+        if isinstance(self.data, Path):
+            blobs.put_file(key, self.data)
+        else:
+            blobs.put(key, self.data)
 
 
 def object_key(layout: PackLayout, index: int) -> str:
@@ -40,12 +68,33 @@ class ErasureCoder:
     """Encodes packs into the objects they are stored as and reconstructs packs from them.
 
     One :class:`ErasureCode` per (k, m, algorithm) is built on first use and
-    kept for the life of the coder. Thread-safe.
+    kept for the life of the coder. With ``workers`` > 0, :meth:`encode_file`
+    encodes in up to that many worker processes (at most half the CPUs; the
+    first starts when :meth:`prepare` or :meth:`encode_file` first needs it,
+    see :class:`~casckpt.storage.ecpool.EncodePool`), so encoding never holds
+    this process's GIL; everything else runs here. Thread-safe; call
+    :meth:`close` last.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, workers: int = 0) -> None:
         self._codes: dict[tuple[int, int, str], ErasureCode] = {}
         self._lock = Lock()
+        workers = min(workers, max(1, (os.cpu_count() or 2) // 2))  # leave the hashing a core
+        self._pool = EncodePool(workers) if workers > 0 else None
+
+    def prepare(self, redundancy: Redundancy) -> None:
+        """About to fill a pack of ``redundancy``: start an encoding worker if it will need one."""
+        if redundancy.kind == "ec" and self._pool is not None:
+            self._pool.warm()
+
+    def worker_pids(self) -> list[int]:
+        """The process ids of the encoding workers now idle (none before the first is needed)."""
+        return self._pool.pids() if self._pool is not None else []
+
+    def close(self) -> None:
+        """Stop the worker processes (idempotent)."""
+        if self._pool is not None:
+            self._pool.close()
 
     def code(self, k: int, m: int, algorithm: str) -> ErasureCode:
         """The code for ``k`` data and ``m`` parity fragments (cached).
@@ -68,20 +117,56 @@ class ErasureCoder:
         wanted = set(range(redundancy.shards) if only is None else only)
         if redundancy.kind != "ec":  # a copy is checked against the pack id itself
             layout = PackLayout(pack_id, key, len(data), redundancy.kind, 1, redundancy.m)
-            return layout, {i: ShardPayload(data, None) for i in sorted(wanted)}
+            return layout, {i: ShardPayload.of(data, None) for i in sorted(wanted)}
         code = self.code(redundancy.k, redundancy.m, algorithm)
-        fragments, stripe, offset = code.encode(data)
-        payloads: dict[int, ShardPayload] = {}
-        for index, fragment in enumerate(fragments):
-            fragments[index] = b""  # bound peak memory: each fragment is held once
-            if index in wanted:
-                checksum = payload_checksum(fragment)
-                header = ShardHeader(pack_id, index, code.k, code.m, code.algorithm, len(data),
-                                     len(fragment), offset, checksum)
-                payloads[index] = ShardPayload(encode_shard_header(header) + fragment, checksum)
-            del fragment
+        stripe, offset, shards = code.shards(pack_id, data, wanted)
+        payloads = {shard.index: ShardPayload.of(shard.header + shard.fragment, shard.checksum)
+                    for shard in shards}
         layout = PackLayout(pack_id, key, len(data), "ec", code.k, code.m, code.algorithm, stripe, offset)
         return layout, payloads
+
+    def encode_file(self, pack_id: str, path: Path, size: int, redundancy: Redundancy,
+                    ) -> tuple[PackLayout, dict[int, ShardPayload]]:
+        """Like :meth:`encode`, of the finished pack file ``path`` (``size`` bytes), which is
+        removed once encoded.
+
+        An erasure-coded pack is encoded by a worker process when the coder has
+        workers: its payloads are then staging files beside ``path`` (the same bytes
+        :meth:`encode` gives), which storing them may consume; the caller removes what
+        is left. Where no worker can start, this warns once and encodes here.
+
+        Raises:
+            EncodeWorkerError: the worker died while encoding (nothing was stored).
+            StorageFullError: no room for the shard files beside ``path``.
+            StorageError: ``path`` cannot be read, or the encode failed.
+        """
+        pool = self._pool
+        if redundancy.kind == "ec" and pool is not None:
+            out = [path.with_name(f"{path.name}.s{i}") for i in range(redundancy.shards)]
+            try:
+                encoded = pool.encode(path, pack_id, size, redundancy.k, redundancy.m,
+                                      DEFAULT_ALGORITHM, out)
+            except BaseException as exc:
+                for shard in out:  # what a worker that died mid-write left behind
+                    shard.unlink(missing_ok=True)
+                if not isinstance(exc, WorkersUnavailableError):
+                    raise
+                with self._lock:  # the upload threads may all find out at once: say it once
+                    first, self._pool = self._pool is pool, None
+                if first:
+                    log.warning("%s; erasure coding runs in this process instead (slower: it "
+                                "holds the GIL)", exc)
+            else:
+                path.unlink(missing_ok=True)
+                layout = PackLayout(pack_id, keys.pack_key(pack_id), size, "ec", redundancy.k,
+                                    redundancy.m, DEFAULT_ALGORITHM, encoded.stripe, encoded.offset)
+                return layout, {s.index: ShardPayload(s.path, s.checksum, s.size) for s in encoded.shards}
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise StorageError(f"cannot read the staging pack {path}: {exc}") from exc
+        path.unlink(missing_ok=True)
+        return self.encode(pack_id, data, redundancy)
 
     def payloads_from_fragments(self, layout: PackLayout, indexes: Sequence[int],
                                 fragments: dict[int, bytes]) -> dict[int, ShardPayload] | None:
@@ -104,7 +189,7 @@ class ErasureCoder:
                 return None
             header = ShardHeader(layout.id, index, layout.k, layout.m, code.algorithm, layout.size,
                                  len(fragment), layout.data_offset or 0, checksum)
-            payloads[index] = ShardPayload(encode_shard_header(header) + fragment, checksum)
+            payloads[index] = ShardPayload.of(encode_shard_header(header) + fragment, checksum)
         return payloads
 
     def reconstruct(self, layout: PackLayout, payloads: dict[int, bytes],

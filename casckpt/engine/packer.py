@@ -63,6 +63,7 @@ class Packer:
             self._close()
 
     def _open(self) -> PackWriter:
+        self._ctx.packs.prepare(self._redundancy)  # an encoding worker starts while this pack fills
         self._path = self._ctx.staging.path() / f"{uuid.uuid4().hex}.pack"
         self._file = open(self._path, "wb")  # noqa: SIM115 - closed in _close()/abort()
         self._writer = PackWriter(self._file)

@@ -129,7 +129,7 @@ class Placement:
 
         def write(index: int, loc: Location) -> bool:
             try:
-                loc.blobs.put(object_key(layout, index), payloads[index].data)
+                payloads[index].put(loc.blobs, object_key(layout, index))
                 return True
             except StorageError as exc:
                 log.warning("pack %s shard %d: location %s refused it: %s",
@@ -147,7 +147,7 @@ class Placement:
                 loc = spares.pop(0)
                 ok = write(index, loc)
             nominal = loc or order[0]  # a shard never written still names where it belongs
-            rows.append(ShardRow(index, nominal.id, object_key(layout, index), len(payload.data),
+            rows.append(ShardRow(index, nominal.id, object_key(layout, index), payload.size,
                                  payload.checksum, "ok" if ok else "missing"))
         return rows
 
@@ -175,11 +175,11 @@ class Placement:
                 log.warning("pack %s shard %d shares failure domain %s with another shard: no "
                             "unused domain is active", layout.id, index, loc.domain)
             try:
-                loc.blobs.put(key, payload.data)
+                payload.put(loc.blobs, key)
             except StorageError as exc:
                 log.warning("pack %s shard %d: %s refused it: %s", layout.id, index, loc.describe(), exc)
                 continue
-            return ShardRow(index, loc.id, key, len(payload.data), payload.checksum, "ok", time.time())
+            return ShardRow(index, loc.id, key, payload.size, payload.checksum, "ok", time.time())
         return None
 
     @staticmethod

@@ -41,19 +41,30 @@ class Packs:
     """Writes, reads, verifies and repairs packs on the store's current locations. Thread-safe.
 
     ``io`` runs shard writes and reads in parallel; it must not be a pool
-    whose tasks call into this object (the engine's read pool may).
+    whose tasks call into this object (the engine's read pool may). New
+    erasure-coded packs are encoded in up to ``encode_workers`` worker
+    processes (0: in this process), started when the first is filled
+    (:meth:`prepare`); :meth:`close` stops them.
     """
 
     def __init__(self, catalog: Catalog, locations: CurrentLocations, io: ThreadPoolExecutor,
-                 quorum: int | None = None) -> None:
+                 quorum: int | None = None, encode_workers: int = 0) -> None:
         self.layouts = Layouts(catalog)
-        self.coder = ErasureCoder()
+        self.coder = ErasureCoder(encode_workers)
         self.placement = Placement(catalog, locations, io, quorum)
         self.writer = PackWriter(locations, self.coder, self.placement)
         self.verifier = PackVerifier(catalog, locations, self.layouts, self.coder, io)
         self.repairer = PackRepairer(catalog, locations, self.layouts, self.coder, self.placement,
                                      self.verifier)
         self.reader = PackReader(catalog, locations, self.layouts, self.verifier, self.repairer)
+
+    def prepare(self, redundancy: Redundancy) -> None:
+        """See :meth:`ErasureCoder.prepare`."""
+        self.coder.prepare(redundancy)
+
+    def close(self) -> None:
+        """Stop the erasure-coding worker processes; call once no pack is being written."""
+        self.coder.close()
 
     # -- policy (see Placement) --------------------------------------------------
 

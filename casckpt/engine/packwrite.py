@@ -7,12 +7,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from casckpt.catalog import PackLayout, ShardRow
-from casckpt.engine.packcoding import ErasureCoder
+from casckpt.engine.packcoding import ErasureCoder, ShardPayload
 from casckpt.engine.packplacement import Placement
 from casckpt.errors import StorageError, StorageFullError
 from casckpt.format import keys
 from casckpt.storage.erasure import Redundancy
-from casckpt.storage.locations import CurrentLocations, refused
+from casckpt.storage.locations import CurrentLocations, LocationSet, refused
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,7 @@ class PackWriter:
             StorageError: fewer than the quorum of shards could be written (nothing is
                 recorded; the shards that were written are deleted, or left as orphans
                 for GC where that fails).
+            EncodeWorkerError: the erasure-coding worker died (nothing was written).
         """
         locations = self._locations.get()
         key = keys.pack_key(pack_id)
@@ -54,14 +55,19 @@ class PackWriter:
                     failures.append(exc)
             raise refused(f"pack {pack_id}", failures)
         self._placement.check_writable(redundancy, locations)
+        layout, payloads = self._coder.encode_file(pack_id, path, size, redundancy)
         try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise StorageError(f"cannot read the staging pack {path}: {exc}") from exc
-        path.unlink(missing_ok=True)
-        layout, payloads = self._coder.encode(pack_id, data, redundancy)
-        del data  # shards hold every byte now; bound the memory of the packs in flight
-        failures = []
+            return self._place(layout, payloads, redundancy, locations)
+        finally:
+            for payload in payloads.values():  # staging shard files the locations did not consume
+                if isinstance(payload.data, Path):
+                    payload.data.unlink(missing_ok=True)
+
+    def _place(self, layout: PackLayout, payloads: dict[int, ShardPayload], redundancy: Redundancy,
+               locations: LocationSet) -> PackLayout:
+        """Write the payloads and hold them to the write quorum (see :meth:`write`)."""
+        pack_id = layout.id
+        failures: list[StorageError] = []
         written = self._placement.place(layout, payloads, locations.placement(pack_id), failures)
         healthy = self._placement.durable(written, locations)
         quorum = self._placement.quorum(redundancy)
@@ -73,3 +79,7 @@ class PackWriter:
                 raise refused(f"shards of pack {pack_id}", failures)
             raise StorageError(f"{message}. Check the locations (`casckpt location list`)")
         return replace(layout, shards=tuple(written))
+
+    def close(self) -> None:
+        """Stop the coder's worker processes (see :meth:`ErasureCoder.close`)."""
+        self._coder.close()

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from casckpt.errors import CorruptPackError, InvalidArgumentError, StorageError
+from casckpt.format.shard import ShardHeader, encode_shard_header, payload_checksum
 
 DEFAULT_ALGORITHM = "isa_l_rs_cauchy"  # MDS for every k+m, unlike isa_l_rs_vand
 _SPEC = re.compile(r"^(?:(none)|replicate:(\d+)|ec:(\d+)\+(\d+))$")
@@ -92,6 +93,22 @@ class Redundancy:
         return f"ec:{self.k}+{self.m}"
 
 
+@dataclass(frozen=True, slots=True)
+class EncodedShard:
+    """One shard object of an erasure-coded pack: ``header + fragment``, and the fragment's
+    checksum (the one its header and the catalog record)."""
+
+    index: int
+    header: bytes
+    fragment: bytes
+    checksum: str
+
+    @property
+    def size(self) -> int:
+        """Bytes of the shard object."""
+        return len(self.header) + len(self.fragment)
+
+
 class ErasureCode:
     """Encode packs into K+M fragments and decode them from any K.
 
@@ -123,20 +140,47 @@ class ErasureCode:
         Data fragment ``i`` holds ``pack[i*stripe:(i+1)*stripe]`` from byte
         ``data_offset``; this is checked, not assumed.
         """
+        data = pack if isinstance(pack, bytes) else bytes(pack)  # pyeclib takes bytes only
         try:
-            fragments: list[bytes] = self._driver().encode(bytes(pack))
+            fragments: list[bytes] = self._driver().encode(data)
         except Exception as exc:  # pyeclib's ECDriverError family
             raise StorageError(f"erasure encoding with {self.algorithm} failed: {exc}") from exc
-        stripe = -(-len(pack) // self.k)
+        stripe = -(-len(data) // self.k)
         offset = len(fragments[0]) - stripe
-        for i in range(self.k):
-            part = pack[i * stripe : (i + 1) * stripe]
-            if offset < 0 or fragments[i][offset : offset + len(part)] != part:
+        whole = memoryview(data)
+        for i in range(self.k):  # startswith compares in place (memcmp), slicing would copy
+            if offset < 0 or not fragments[i].startswith(whole[i * stripe : (i + 1) * stripe], offset):
                 raise StorageError(
                     f"{self.algorithm} is not laid out systematically; casckpt cannot use it "
                     "(choose another pyeclib release or backend)"
                 )
         return fragments, stripe, offset
+
+    def shards(self, pack_id: str, pack: bytes | memoryview, wanted: Collection[int] | None = None,
+               ) -> tuple[int, int, Iterator[EncodedShard]]:
+        """Encode ``pack`` (whose id is ``pack_id``) into the shard objects it is stored as:
+        (stripe, data_offset, the shards ``wanted`` (default all) in index order).
+
+        Every shard object casckpt writes is made here, in this process or in an
+        encoding worker (:mod:`casckpt.storage.ecworker`), so both give the same bytes.
+        The iterator drops each fragment once its shard is yielded, bounding memory.
+        """
+        fragments, stripe, offset = self.encode(pack)
+        keep = set(range(len(fragments))) if wanted is None else set(wanted)
+        pack_len = len(pack)  # the iterator must not keep the pack alive
+
+        def each() -> Iterator[EncodedShard]:
+            for index in range(len(fragments)):
+                fragment, fragments[index] = fragments[index], b""
+                if index in keep:
+                    checksum = payload_checksum(fragment)
+                    header = encode_shard_header(ShardHeader(
+                        pack_id, index, self.k, self.m, self.algorithm, pack_len, len(fragment),
+                        offset, checksum))
+                    yield EncodedShard(index, header, fragment, checksum)
+                del fragment
+
+        return stripe, offset, each()
 
     def decode(self, fragments: Mapping[int, bytes | memoryview] | Sequence[bytes | memoryview],
                pack_len: int, where: str) -> bytes:

@@ -4,7 +4,8 @@ Usage is that of crash_child.py (``STORE SEED STEPS DONE_FILE [POINT WHEN STEP N
 ``--zygote``); the store must already exist (its config file sets the blob
 locations and redundancy). Extra kill point:
 
-``shard.put``  an erasure-coded shard (``packs/<xx>/<id>.s<i>``) is being written.
+``shard.put``  an erasure-coded shard (``packs/<xx>/<id>.s<i>``) is being written (an encoding
+              worker made it as a staging file; the location moves it into place).
 
 tests/test_redundancy.py starts it.
 """
@@ -33,7 +34,7 @@ def _targets() -> dict[str, tuple[type, str, Any]]:
     from casckpt.storage import LocalBlobStore
 
     targets: dict[str, tuple[type, str, Any]] = _base_targets()
-    targets["shard.put"] = (LocalBlobStore, "put", _is_shard)
+    targets["shard.put"] = (LocalBlobStore, "put_file", _is_shard)
     return targets
 
 

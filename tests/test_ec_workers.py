@@ -1,0 +1,148 @@
+"""Erasure-coded commits encode in worker processes: what a store sees of them.
+
+A worker killed mid-encode fails that commit with a typed error and
+publishes nothing, and the store goes on (next commit, gc, check); workers
+start only when an erasure-coded pack is filled and stop with the store; a
+store whose workers cannot start encodes in its own process. The shards a
+worker makes are held byte for byte to the in-process code in
+tests/storage/test_ecpool.py; healing and repairing packs written by workers
+are covered by tests/test_redundancy.py (every erasure-coded commit there
+goes through workers).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import casckpt
+from casckpt.errors import CasckptError, EncodeWorkerError, RefNotFoundError
+from casckpt.storage import ecpool
+from casckpt.testing.internals import internals
+
+PACK = 256 << 10
+RUN = "r"
+
+
+def make_state(step: int) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(step)
+    return {"w": torch.randn(300_000, generator=g), "b": torch.randn(50_000, generator=g).to(torch.bfloat16),
+            "step": step}
+
+
+def open_store(root: Path, redundancy: str = "ec:4+2") -> casckpt.Store:
+    return casckpt.open(root, blobs=[f"blobs/d{i}" for i in range(6)], redundancy=redundancy,
+                        chunk_size=64 << 10, pack_size=PACK, workers=2)
+
+
+def same(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert a.keys() == b.keys()
+    for key, value in a.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, b[key]), key
+        else:
+            assert value == b[key], key
+
+
+def shard_files(root: Path) -> list[Path]:
+    return sorted(p for p in (root / "blobs").rglob("*.s[0-9]*") if p.is_file())
+
+
+def staging_files(store: casckpt.Store) -> list[Path]:
+    return sorted(p for p in internals(store).staging.path().rglob("*") if p.is_file())
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_worker_killed_mid_encode_fails_the_commit_cleanly_and_the_store_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "store"
+    with open_store(root) as store:
+        store.commit(make_state(0), run=RUN, step=0)
+        before = shard_files(root)
+        killed: list[int] = []
+        send = ecpool._Worker.send
+
+        def send_then_kill(self: Any, request: dict[str, Any]) -> None:
+            send(self, request)
+            if not killed:  # the first pack of the next commit: its worker dies writing its shards
+                first = Path(request["out"][0])
+                deadline = time.monotonic() + 60
+                while not first.exists() and time.monotonic() < deadline:
+                    time.sleep(0.001)
+                os.kill(self.pid, signal.SIGKILL)
+                killed.append(self.pid)
+
+        monkeypatch.setattr(ecpool._Worker, "send", send_then_kill)
+        with pytest.raises(EncodeWorkerError) as info:
+            store.commit(make_state(1), run=RUN, step=1)
+        assert isinstance(info.value, CasckptError)
+        assert "SIGKILL" in str(info.value) and "commit again" in str(info.value)
+        assert killed and not alive(killed[0])
+        assert [v.step for v in store.log(RUN)] == [0]
+        with pytest.raises(RefNotFoundError):
+            store.resolve(f"{RUN}@1")
+        assert staging_files(store) == []  # no pack or shard file of the failed commit is left,
+        # not even the shard files the worker was writing when it died
+
+        monkeypatch.undo()
+        store.commit(make_state(1), run=RUN, step=1)  # a fresh worker takes over
+        assert killed[0] not in internals(store).packs.coder.worker_pids()
+        for step in (0, 1):
+            same(store.restore(f"{RUN}@{step}"), make_state(step))
+        report = store.check(read_data=True)
+        assert report.ok, report.problems
+        store.gc(grace=0)
+        report = store.check(read_data=True)
+        assert report.ok, report.problems
+        recorded = sum(info.shards for info in store.locations())
+        assert len(shard_files(root)) == recorded  # shards of packs the failed commit stored are gone
+        assert set(before) <= set(shard_files(root))
+
+
+def test_workers_start_with_the_first_erasure_coded_pack_and_stop_with_the_store(tmp_path: Path) -> None:
+    plain = open_store(tmp_path / "plain", redundancy="none")
+    plain.commit(make_state(0), run=RUN, step=0)
+    assert internals(plain).packs.coder.worker_pids() == []  # no erasure-coded pack, no worker
+    plain.close()
+
+    store = open_store(tmp_path / "ec")
+    coder = internals(store).packs.coder
+    assert coder.worker_pids() == []  # opening starts none
+    store.commit(make_state(0), run=RUN, step=0)
+    pids = coder.worker_pids()
+    assert pids and all(alive(pid) for pid in pids)
+    store.commit(make_state(1), run=RUN, step=1)
+    assert set(pids) <= set(coder.worker_pids())  # kept from one commit to the next
+    store.close()
+    assert not any(alive(pid) for pid in pids)
+
+
+def test_without_workers_a_store_encodes_in_its_own_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
+    root = tmp_path / "store"
+    with caplog.at_level(logging.WARNING, logger="casckpt"), open_store(root) as store:
+        store.commit(make_state(0), run=RUN, step=0)
+        store.commit(make_state(1), run=RUN, step=1)
+        assert internals(store).packs.coder.worker_pids() == []
+        for step in (0, 1):
+            same(store.restore(f"{RUN}@{step}"), make_state(step))
+        assert store.check(read_data=True).ok
+    warnings = [r for r in caplog.records if "erasure coding runs in this process" in r.getMessage()]
+    assert len(warnings) == 1  # said once, not per pack
+    assert shard_files(root)
