@@ -24,14 +24,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-import numpy as np
-import torch
-
 from casckpt import config as cfg
 from casckpt.cache import IndexCache
 from casckpt.catalog import Catalog
-from casckpt.engine import commit as commit_engine
-from casckpt.engine import restore as restore_engine
 from casckpt.engine import treeviews
 from casckpt.engine.background import CommitHandle
 from casckpt.engine.refs import bind, load_manifest
@@ -66,6 +61,9 @@ from casckpt.types import (
 )
 
 if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
     from casckpt.dcp import StoreReader, StoreWriter
 
 log = logging.getLogger(__name__)
@@ -166,6 +164,8 @@ class Store:
                 version is not visible and the store stays consistent.
             GroupCommitError: with ``group``, some rank failed (raised on every rank).
         """
+        from casckpt.engine import commit as commit_engine  # torch: only where tensors are handled
+
         req = commit_engine.make_request(run, step, metadata, metrics, message, tags)
         self._core.refuse_while_recovering("commit")
         if group is not None:
@@ -229,6 +229,8 @@ class Store:
                 saved rank by rank without ``group``/``rank`` (or with another group size).
             CorruptChunkError, MissingDataError: stored data is damaged or gone.
         """
+        from casckpt.engine import restore as restore_engine  # torch: see commit
+
         manifest = self._distributed.rank_manifest(self._core.manifest(ref), group, rank)
         if into is None:
             return restore_engine.materialize(self._core.ctx, manifest, map_location=map_location,
@@ -245,6 +247,8 @@ class Store:
         Raises:
             TensorNotFoundError: no tensor at ``path`` (near matches listed).
         """
+        from casckpt.engine import restore as restore_engine  # torch: see commit
+
         row = self._core.row(ref)
         head = bind(row, decode_manifest(self._core.ctx.catalog.manifest(row.id), row.id))
         if head.tree is not None:  # only the nodes on the way to the tensor are read

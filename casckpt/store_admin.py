@@ -18,7 +18,6 @@ from casckpt.engine import check as check_engine
 from casckpt.engine import identity, records
 from casckpt.engine import rebuild as rebuild_engine
 from casckpt.engine import repair as repair_engine
-from casckpt.engine import treemigrate as treemigrate_engine
 from casckpt.engine.validate import check_name
 from casckpt.errors import CasckptError, InvalidArgumentError
 from casckpt.format import keys
@@ -220,6 +219,8 @@ class StoreAdmin:
         """Give every version of manifest format 1 (written before tree manifests) its tree, so
         queries read it as a tree and its ``tensors`` rows go (see
         :mod:`casckpt.engine.treemigrate`). Version ids and restores do not change."""
+        from casckpt.engine import treemigrate as treemigrate_engine  # the commit engine: torch
+
         return treemigrate_engine.migrate(self._core.ctx, progress)
 
     def rebuild_cache(self) -> int:

@@ -32,12 +32,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from casckpt.catalog.leases import begin_lease
-from casckpt.engine import commit as commit_engine
-from casckpt.engine.commit import CommitRequest, Snapshot
-from casckpt.engine.commitchunks import ChunkBytes
 from casckpt.engine.context import EngineContext
 from casckpt.errors import (
     BackgroundCommitError,
@@ -47,8 +44,12 @@ from casckpt.errors import (
     InvalidArgumentError,
     VersionExistsError,
 )
-from casckpt.storage.erasure import Redundancy
 from casckpt.types import ProgressCallback, Version
+
+if TYPE_CHECKING:  # the commit engine (and torch) load with the first commit, not at open
+    from casckpt.engine.commit import CommitRequest, Snapshot
+    from casckpt.engine.commitchunks import ChunkBytes
+    from casckpt.storage.erasure import Redundancy
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +155,8 @@ class BackgroundCommitter:
 
     def commit(self, state: object, req: CommitRequest, progress: ProgressCallback | None) -> CommitHandle:
         """Snapshot ``state`` now; write and publish it in the background."""
+        from casckpt.engine import commit as commit_engine
+
         self.raise_unreported()
         with self._submit:
             if self._closed:
@@ -273,6 +276,8 @@ class BackgroundCommitter:
             self._run(job)
 
     def _run(self, job: _Job, foreground: bool = False) -> None:
+        from casckpt.engine import commit as commit_engine
+
         outcome: Version | BaseException
         try:
             outcome = commit_engine.finish(self._ctx, job.request, job.snapshot, job.redundancy,
