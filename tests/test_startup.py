@@ -152,3 +152,17 @@ def test_shipped_head_is_alembics_head() -> None:
         if script.down_revision is not None:
             assert int(str(script.down_revision)) == int(revision) - 1, name
     assert migrate.shipped_head() == migrate.head_revision()
+
+
+def test_a_catalog_query_opens_no_index_cache(small_store: Path, tmp_path: Path) -> None:
+    """The LMDB index cache opens on first use: a store opened to query its catalog never
+    creates it; a commit (which looks chunks up in it) does."""
+    cache = tmp_path / "cache"
+    with casckpt.open(small_store, create=False, cache=cache) as store:
+        assert [v.step for v in store.log(RUN)] == [2, 1, 0]
+        store.show(f"{RUN}@1")
+    assert not (cache / "index").exists()
+    with casckpt.open(small_store, create=False, cache=cache) as store:
+        assert torch.equal(store.restore(f"{RUN}@1")["w"], torch.full((8,), 1.0))
+        store.commit({"w": torch.ones(8)}, run="cached", step=0)
+    assert (cache / "index" / "data.mdb").is_file()

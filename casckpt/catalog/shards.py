@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, case, func, null, or_, select, update
+from sqlalchemy import Connection, case, exists, func, null, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from casckpt.catalog import schema as s
@@ -329,9 +329,9 @@ def set_pack_chunks(catalog: Catalog, pack_id: str, chunks: int) -> None:
 
 def is_empty(catalog: Catalog) -> bool:
     """Whether the catalog holds no version and no pack (a rebuild's precondition)."""
-    with catalog.read() as conn:
-        return (conn.execute(select(func.count()).select_from(s.versions)).scalar_one() == 0
-                and conn.execute(select(func.count()).select_from(s.packs)).scalar_one() == 0)
+    with catalog.read() as conn:  # EXISTS, not a count: a store of many versions answers at once
+        held = exists(select(s.versions.c.id)) | exists(select(s.packs.c.id))
+        return not conn.execute(select(held)).scalar_one()
 
 
 def restore_location(catalog: Catalog, name: str, url: str | None, domain: str, state: str) -> None:
