@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, case, exists, func, null, or_, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import BATCH, Catalog
-from casckpt.catalog.database import insert_ignore
+from casckpt.catalog.database import insert_ignore, upsert
 from casckpt.catalog.packs import PackLayout, ShardRow
 from casckpt.errors import CatalogError, InvalidArgumentError, RefNotFoundError
 
@@ -302,8 +301,7 @@ def set_store_redundancy(catalog: Catalog, spec: str) -> None:
     not collide on the row (on PostgreSQL a delete-then-insert does).
     """
     with catalog.write() as conn:
-        dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-        stmt = dialect.insert(s.store_info).values(key="redundancy", value=spec)
+        stmt = upsert(conn, s.store_info).values(key="redundancy", value=spec)
         conn.execute(stmt.on_conflict_do_update(index_elements=["key"], set_={"value": spec}))
 
 
