@@ -166,3 +166,25 @@ def test_a_catalog_query_opens_no_index_cache(small_store: Path, tmp_path: Path)
         assert torch.equal(store.restore(f"{RUN}@1")["w"], torch.full((8,), 1.0))
         store.commit({"w": torch.ones(8)}, run="cached", step=0)
     assert (cache / "index" / "data.mdb").is_file()
+
+
+def test_a_long_log_streams_the_same_rows_as_the_table(small_store: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past LOG_TABLE_ROWS versions, `log` writes aligned lines instead of laying out a rich
+    table (seconds for thousands of rows): the same columns, the same cells."""
+    from typer.testing import CliRunner
+
+    from casckpt.cli import render
+    from casckpt.cli.main import app
+
+    def rows(limit: int) -> list[list[str]]:
+        monkeypatch.setattr(render, "LOG_TABLE_ROWS", limit)
+        result = CliRunner().invoke(app, ["--store", str(small_store), "log", RUN])
+        assert result.exit_code == 0, result.output
+        lines = result.output.splitlines()
+        assert set(lines[1].strip()) == {"─"}
+        return [line.split() for line in [lines[0], *lines[2:]]]
+
+    table, streamed = rows(100), rows(1)
+    assert streamed == table
+    assert [r[2] for r in streamed[1:]] == ["2", "1", "0"]
