@@ -29,13 +29,19 @@ from benchmarks.redundancy import EC, RedundancyResult
 from benchmarks.redundancy import NAME as REDUNDANCY_NAME
 from benchmarks.s3 import NAME as S3_NAME
 from benchmarks.s3 import S3Result, Timing
+from benchmarks.startup import MEASURES as STARTUP_MEASURES
+from benchmarks.startup import NAME as STARTUP_NAME
+from benchmarks.startup import NOTES as STARTUP_NOTES
+from benchmarks.startup import TARGETS as STARTUP_TARGETS
+from benchmarks.startup import StartupResult
+from benchmarks.startup import table as startup_table
 from benchmarks.suite import WorkloadResult
 
 Result = (WorkloadResult | S3Result | CatalogResult | RedundancyResult | DcpResult | DeltaResult
-          | ManyResult)
+          | ManyResult | StartupResult)
 Outcome = Result | str  # a result, or the error that stopped the workload
 R = TypeVar("R", WorkloadResult, S3Result, CatalogResult, RedundancyResult, DcpResult, DeltaResult,
-            ManyResult)
+            ManyResult, StartupResult)
 
 
 @dataclass(frozen=True)
@@ -346,6 +352,7 @@ DCP_METRICS: tuple[Metric[DcpResult], ...] = (
 )
 
 DELTA_METRICS: tuple[Metric[DeltaResult], ...] = tuple(Metric(*m) for m in DELTA_MEASURES)
+STARTUP_METRICS: tuple[Metric[StartupResult], ...] = tuple(Metric(*m) for m in STARTUP_MEASURES)
 
 # (workload or "*", metric key) -> lower limit, from BENCHMARKS.md "Targets".
 FLOORS: Mapping[tuple[str, str], float] = {
@@ -387,6 +394,7 @@ TARGETS: Mapping[tuple[str, str], float] = {
     # "unchanged re-commit: new bytes <= 0.1% of logical", through DCP on 2 ranks
     (DCP_NAME, "new_unchanged_of_logical"): 0.001,
     **{(DELTA_NAME, key): limit for key, limit in DELTA_TARGETS.items()},
+    **{(STARTUP_NAME, key): limit for key, limit in STARTUP_TARGETS.items()},
     **{(MANY_NAME, key): limit for key, limit in MANY_TARGETS.items()},
 }
 
@@ -450,6 +458,8 @@ def metrics_for(result: Result) -> Sequence[Metric[Any]]:
         return DCP_METRICS
     if isinstance(result, DeltaResult):
         return DELTA_METRICS
+    if isinstance(result, StartupResult):
+        return STARTUP_METRICS
     return S3_METRICS if isinstance(result, S3Result) else METRICS
 
 
@@ -521,11 +531,15 @@ def _is_delta(name: str, outcome: Outcome) -> bool:
     return isinstance(outcome, DeltaResult) or (isinstance(outcome, str) and name == DELTA_NAME)
 
 
+def _is_startup(name: str, outcome: Outcome) -> bool:
+    return isinstance(outcome, StartupResult) or (isinstance(outcome, str) and name == STARTUP_NAME)
+
+
 def _local(outcomes: Mapping[str, Outcome]) -> dict[str, WorkloadResult | str]:
     return {n: r for n, r in outcomes.items()
             if isinstance(r, (WorkloadResult, str)) and not _is_s3(n, r) and not _is_catalog(n, r)
             and not _is_redundancy(n, r) and not _is_dcp(n, r) and not _is_delta(n, r)
-            and not _is_many(n, r)}
+            and not _is_many(n, r) and not _is_startup(n, r)}
 
 
 def _delta(outcomes: Mapping[str, Outcome]) -> dict[str, DeltaResult | str]:
@@ -832,6 +846,9 @@ def print_report(console: Console, outcomes: Mapping[str, Outcome], scale: float
     many = {n: r for n, r in outcomes.items() if isinstance(r, ManyResult)}
     if many:
         console.print(many_raw_table(many))
+    startup = startup_table({n: r for n, r in outcomes.items() if isinstance(r, StartupResult)})
+    if startup is not None:
+        console.print(startup)
     console.print(ratio_table(outcomes, scale))
 
 
@@ -1008,6 +1025,8 @@ def write_json(path: Path, outcomes: Mapping[str, Outcome], header: dict[str, An
         notes[DCP_NAME] = DCP_NOTES
     if _delta(outcomes):
         notes[DELTA_NAME] = DELTA_NOTES
+    if any(isinstance(r, StartupResult) for r in outcomes.values()):
+        notes[STARTUP_NAME] = STARTUP_NOTES
     if any(isinstance(r, ManyResult) for r in outcomes.values()):
         notes[MANY_NAME] = "see benchmarks/many.py; KiB figures are kibibytes, not ratios"
     document = {**header, "notes": notes, "results": results}
