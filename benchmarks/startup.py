@@ -28,6 +28,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import resource
 import sqlite3
 import statistics
 import subprocess
@@ -126,6 +127,8 @@ class StartupResult:
     state_bytes: int
     baseline_rounds_s: list[float]
     command_rounds_s: dict[str, list[float]]
+    baseline_cpu_s: list[float]
+    command_cpu_s: dict[str, list[float]]
     open_first_s: list[float]
     open_again_s: list[float]
     load_rounds_s: list[float]
@@ -162,10 +165,19 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _wall(argv: Sequence[str]) -> float:
-    started = time.perf_counter()
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _wall(argv: Sequence[str], cpu: list[float] | None = None) -> float:
+    """Wall seconds of the process ``argv``; its CPU seconds (user + system) appended to ``cpu``."""
+    cpu_before, started = _children_cpu_s(), time.perf_counter()
     subprocess.run(argv, check=True, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    return time.perf_counter() - started
+    wall = time.perf_counter() - started
+    if cpu is not None:
+        cpu.append(_children_cpu_s() - cpu_before)
+    return wall
 
 
 def _output(argv: Sequence[str]) -> list[float]:
@@ -226,14 +238,16 @@ def run_startup(scale: float, workdir: Path, log: Log) -> StartupResult:
     _output([python, "-c", _RESTORE_CODE, str(root), f"{DENSE_RUN}@0"])
     baseline: list[float] = []
     commands: dict[str, list[float]] = {key: [] for key in COMMANDS}
+    baseline_cpu: list[float] = []
+    commands_cpu: dict[str, list[float]] = {key: [] for key in COMMANDS}
     opens: list[list[float]] = []
     loads: list[float] = []
     restores: list[float] = []
     log(f"{NAME}: {ROUNDS} rounds of CLI commands, open, fresh-process restore vs torch.load")
     for _ in range(ROUNDS):
-        baseline.append(_wall([python, "-c", BASELINE_CODE]))
+        baseline.append(_wall([python, "-c", BASELINE_CODE], baseline_cpu))
         for key, args in COMMANDS.items():
-            commands[key].append(_wall([*cli, *args]))
+            commands[key].append(_wall([*cli, *args], commands_cpu[key]))
         opens.append(_output([python, "-c", _OPEN_CODE, str(root)]))
         loads.append(_output([python, "-c", _LOAD_CODE, str(state_file)])[-1])
         restores.append(_output([python, "-c", _RESTORE_CODE, str(root), f"{DENSE_RUN}@0"])[-1])
@@ -241,8 +255,9 @@ def run_startup(scale: float, workdir: Path, log: Log) -> StartupResult:
     pairs = [_output([python, "-c", _FIRST_SECOND_CODE, str(root), str(state_file), DENSE_RUN])
              for _ in range(ROUNDS)]
     return StartupResult(
-        NAME, versions, state_bytes, baseline, commands, [o[0] for o in opens], [o[1] for o in opens],
-        loads, restores, [p[0] for p in pairs], [p[1] for p in pairs])
+        NAME, versions, state_bytes, baseline, commands, baseline_cpu, commands_cpu,
+        [o[0] for o in opens], [o[1] for o in opens], loads, restores,
+        [p[0] for p in pairs], [p[1] for p in pairs])
 
 
 class Measure(NamedTuple):
@@ -258,9 +273,15 @@ def _cli(key: str) -> Callable[[StartupResult], float | None]:
     return lambda r: r.command_s(key) / r.baseline_s
 
 
+def _cli_cpu(key: str) -> Callable[[StartupResult], float | None]:
+    return lambda r: statistics.median(r.command_cpu_s[key]) / statistics.median(r.baseline_cpu_s)
+
+
 MEASURES: tuple[Measure, ...] = (
     *(Measure(f"cli_{key}_vs_imports", f"casckpt {' '.join(args)} / python -c '{BASELINE_CODE}'",
               "ratio", _cli(key)) for key, args in COMMANDS.items()),
+    *(Measure(f"cli_{key}_cpu_vs_imports", f"CPU time of casckpt {' '.join(args)} / of the imports",
+              "ratio", _cli_cpu(key)) for key, args in COMMANDS.items()),
     Measure("open_first_s", "casckpt.open of an existing store, first in a process", "seconds",
             lambda r: statistics.median(r.open_first_s)),
     Measure("open_again_s", "casckpt.open of an existing store, again in the process", "seconds",
@@ -283,7 +304,9 @@ NOTES = {
     "VERSIONS x scale versions (at least 200, 10,000 at scale 1); run 'dense': a dense fp32 "
     "state of 16 tensors (1 GiB x scale)",
     "cli": "python -m casckpt.cli.main --store DIR ARGS, stdout to /dev/null, wall of the whole "
-    "process; the baseline is python -c 'import sqlalchemy, typer, rich' in the same rounds",
+    "process; the baseline is python -c 'import sqlalchemy, typer, rich' in the same rounds; "
+    "the CPU measures (user + system seconds of the child, no target) are what a loaded "
+    "machine distorts least",
     "open": "in a fresh process after import casckpt, casckpt.opening: the first casckpt.open "
     "(create=False), then the median of 5 more",
     "fresh_restore": "in a fresh process after import torch, sqlalchemy, casckpt (libraries; "
