@@ -35,6 +35,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.dialects import sqlite  # the default catalog's; PostgreSQL's loads in upsert()
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
@@ -228,8 +229,6 @@ def upsert(conn: Connection, table: Any) -> Any:
         from sqlalchemy.dialects import postgresql
 
         return postgresql.insert(table)
-    from sqlalchemy.dialects import sqlite
-
     return sqlite.insert(table)
 
 
