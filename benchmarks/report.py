@@ -35,13 +35,19 @@ from benchmarks.redundancy import EC, RedundancyResult
 from benchmarks.redundancy import NAME as REDUNDANCY_NAME
 from benchmarks.s3 import NAME as S3_NAME
 from benchmarks.s3 import S3Result, Timing
+from benchmarks.startup import MEASURES as STARTUP_MEASURES
+from benchmarks.startup import NAME as STARTUP_NAME
+from benchmarks.startup import NOTES as STARTUP_NOTES
+from benchmarks.startup import TARGETS as STARTUP_TARGETS
+from benchmarks.startup import StartupResult
+from benchmarks.startup import table as startup_table
 from benchmarks.suite import WorkloadResult
 
 Result = (WorkloadResult | S3Result | CatalogResult | RedundancyResult | DcpResult | DeltaResult
-          | ManyResult | HintResult)
+          | ManyResult | HintResult | StartupResult)
 Outcome = Result | str  # a result, or the error that stopped the workload
 R = TypeVar("R", WorkloadResult, S3Result, CatalogResult, RedundancyResult, DcpResult, DeltaResult,
-            ManyResult, HintResult)
+            ManyResult, HintResult, StartupResult)
 
 
 @dataclass(frozen=True)
@@ -368,6 +374,7 @@ DCP_METRICS: tuple[Metric[DcpResult], ...] = (
 )
 
 DELTA_METRICS: tuple[Metric[DeltaResult], ...] = tuple(Metric(*m) for m in DELTA_MEASURES)
+STARTUP_METRICS: tuple[Metric[StartupResult], ...] = tuple(Metric(*m) for m in STARTUP_MEASURES)
 
 HINT_METRICS: tuple[Metric[HintResult], ...] = tuple(Metric(*m) for m in HINT_MEASURES)
 
@@ -413,6 +420,7 @@ TARGETS: Mapping[tuple[str, str], float] = {
     # "unchanged re-commit: new bytes <= 0.1% of logical", through DCP on 2 ranks
     (DCP_NAME, "new_unchanged_of_logical"): 0.001,
     **{(DELTA_NAME, key): limit for key, limit in DELTA_TARGETS.items()},
+    **{(STARTUP_NAME, key): limit for key, limit in STARTUP_TARGETS.items()},
     **{(MANY_NAME, key): limit for key, limit in MANY_TARGETS.items()},
     **{(HINT_NAME, key): limit for key, limit in HINT_TARGETS.items()},
 }
@@ -479,6 +487,8 @@ def metrics_for(result: Result) -> Sequence[Metric[Any]]:
         return DELTA_METRICS
     if isinstance(result, HintResult):
         return HINT_METRICS
+    if isinstance(result, StartupResult):
+        return STARTUP_METRICS
     return S3_METRICS if isinstance(result, S3Result) else METRICS
 
 
@@ -550,11 +560,16 @@ def _is_delta(name: str, outcome: Outcome) -> bool:
     return isinstance(outcome, DeltaResult) or (isinstance(outcome, str) and name == DELTA_NAME)
 
 
+def _is_startup(name: str, outcome: Outcome) -> bool:
+    return isinstance(outcome, StartupResult) or (isinstance(outcome, str) and name == STARTUP_NAME)
+
+
 def _local(outcomes: Mapping[str, Outcome]) -> dict[str, WorkloadResult | str]:
     return {n: r for n, r in outcomes.items()
             if isinstance(r, (WorkloadResult, str)) and not _is_s3(n, r) and not _is_catalog(n, r)
             and not _is_redundancy(n, r) and not _is_dcp(n, r) and not _is_delta(n, r)
-            and not _is_many(n, r) and not (isinstance(r, str) and n == HINT_NAME)}
+            and not _is_many(n, r) and not _is_startup(n, r)
+            and not (isinstance(r, str) and n == HINT_NAME)}
 
 
 def _delta(outcomes: Mapping[str, Outcome]) -> dict[str, DeltaResult | str]:
@@ -868,6 +883,9 @@ def print_report(console: Console, outcomes: Mapping[str, Outcome], scale: float
     hint = {n: r for n, r in outcomes.items() if isinstance(r, HintResult)}
     if hint:
         console.print(hint_raw_table(hint))
+    startup = startup_table({n: r for n, r in outcomes.items() if isinstance(r, StartupResult)})
+    if startup is not None:
+        console.print(startup)
     console.print(ratio_table(outcomes, scale))
 
 
@@ -1044,6 +1062,8 @@ def write_json(path: Path, outcomes: Mapping[str, Outcome], header: dict[str, An
         notes[DCP_NAME] = DCP_NOTES
     if _delta(outcomes):
         notes[DELTA_NAME] = DELTA_NOTES
+    if any(isinstance(r, StartupResult) for r in outcomes.values()):
+        notes[STARTUP_NAME] = STARTUP_NOTES
     if any(isinstance(r, ManyResult) for r in outcomes.values()):
         notes[MANY_NAME] = "see benchmarks/many.py; KiB figures are kibibytes, not ratios"
     if any(isinstance(r, HintResult) for r in outcomes.values()):

@@ -16,13 +16,14 @@ the same sequences with delta coding on and off: stored bytes, commit time,
 and restore at the end of a delta chain against a keyframe; the ``hint`` workload
 times an unchanged re-commit against BLAKE3 of the state on all cores, commits
 with change hints against torch.save, and the background-commit stall against
-``torch.distributed.checkpoint.async_save``'s.
+``torch.distributed.checkpoint.async_save``'s; the ``startup``
+workload times CLI commands, ``casckpt.open`` and cold restores in fresh processes.
 
 Usage::
 
     python benchmarks/run.py [--scale S]
                              [--workloads dense,dense-bf16,frozen,lora,embed,unchanged,
-                                          branch,s3,catalog,redundancy,dcp,delta]
+                                          branch,s3,catalog,redundancy,dcp,delta,startup]
                              [--out FILE] [--dir TMPDIR]
 
 Prints a table of ratios with pass/miss against BENCHMARKS.md targets and writes
@@ -63,12 +64,14 @@ from benchmarks.redundancy import run_redundancy  # noqa: E402
 from benchmarks.report import Outcome, print_report, write_json  # noqa: E402
 from benchmarks.s3 import NAME as S3_NAME  # noqa: E402
 from benchmarks.s3 import run_s3  # noqa: E402
+from benchmarks.startup import NAME as STARTUP_NAME  # noqa: E402
+from benchmarks.startup import run_startup  # noqa: E402
 from benchmarks.suite import Log, run_workload  # noqa: E402
 from benchmarks.workloads import WORKLOADS as LOCAL_WORKLOADS  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "latest.json"
 WORKLOADS = (*LOCAL_WORKLOADS, S3_NAME, CATALOG_NAME, REDUNDANCY_NAME, DCP_NAME, DELTA_NAME, MANY_NAME,
-             HINT_NAME)
+             HINT_NAME, STARTUP_NAME)
 
 
 def _workload_list(text: str) -> list[str]:
@@ -136,6 +139,8 @@ def _run_one(name: str, scale: float, workdir: Path, log: Log) -> Outcome:
         return run_many(scale, workdir, log)
     if name == HINT_NAME:
         return run_hint(scale, workdir, log)
+    if name == STARTUP_NAME:
+        return run_startup(scale, workdir, log)
     return run_workload(name, scale, workdir, log)
 
 

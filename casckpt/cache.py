@@ -97,20 +97,35 @@ def _release(path: Path, shared: _SharedEnv) -> None:
 class IndexCache:
     """chunk id (32 bytes) -> (pack id, offset, stored_len, raw_len, codec).
 
-    Thread-safe and multi-process safe (LMDB's own locking).
+    Thread-safe and multi-process safe (LMDB's own locking). The environment is opened
+    on first use, not by the constructor: opening a store to query its catalog touches no
+    LMDB file.
     """
 
     def __init__(self, path: Path, store_id: str, *, map_size: int = DEFAULT_MAP_SIZE) -> None:
         self.path = path
+        self._store_id, self._map_size = store_id.encode(), map_size
         self._env: lmdb.Environment | None = None
         self._shared: _SharedEnv | None = None
-        try:
-            self._shared = _acquire(path, map_size)
-            self._env, self._chunks = self._shared.env, self._shared.chunks
-            self._bind(store_id.encode())
-        except (lmdb.Error, OSError) as exc:
-            log.warning("index cache at %s unusable, continuing without it: %s", path, exc)
-            self.close()
+        self._tried = False  # opened once, or failed once, or closed: never opened again
+        self._opening = threading.Lock()
+
+    def _opened(self) -> lmdb.Environment | None:
+        """The environment, opened by the first caller (None: unusable or closed)."""
+        if self._tried:
+            return self._env
+        with self._opening:
+            if not self._tried:
+                try:
+                    self._shared = _acquire(self.path, self._map_size)
+                    self._env, self._chunks = self._shared.env, self._shared.chunks
+                    self._bind(self._store_id)
+                except (lmdb.Error, OSError) as exc:
+                    log.warning("index cache at %s unusable, continuing without it: %s", self.path, exc)
+                    self._drop()
+                finally:
+                    self._tried = True
+        return self._env
 
     def _bind(self, store_id: bytes) -> None:
         if self._env is None:
@@ -122,11 +137,12 @@ class IndexCache:
 
     def get_many(self, ids: Iterable[bytes]) -> dict[bytes, tuple[str, int, int, int, int]]:
         """Return cached locations for the ids that have one."""
-        if self._env is None:
+        env = self._opened()
+        if env is None:
             return {}
         found = {}
         try:
-            with self._env.begin(db=self._chunks) as txn:
+            with env.begin(db=self._chunks) as txn:
                 for cid in ids:
                     value = txn.get(cid)
                     if value is not None and len(value) == _VALUE.size:
@@ -139,10 +155,11 @@ class IndexCache:
 
     def put_many(self, items: Iterable[tuple[bytes, str, int, int, int, int]]) -> None:
         """Record ``(chunk_id, pack_id, offset, stored_len, raw_len, codec)`` entries."""
-        if self._env is None:
+        env = self._opened()
+        if env is None:
             return
         try:
-            with self._env.begin(write=True, db=self._chunks) as txn:
+            with env.begin(write=True, db=self._chunks) as txn:
                 for cid, pack, off, stored, raw, codec in items:
                     txn.put(cid, _VALUE.pack(bytes.fromhex(pack), off, stored, raw, codec))
         except lmdb.MapFullError:
@@ -153,10 +170,11 @@ class IndexCache:
 
     def discard(self, ids: Iterable[bytes]) -> None:
         """Forget entries found to be stale."""
-        if self._env is None:
+        env = self._opened()
+        if env is None:
             return
         try:
-            with self._env.begin(write=True, db=self._chunks) as txn:
+            with env.begin(write=True, db=self._chunks) as txn:
                 for cid in ids:
                     txn.delete(cid)
         except lmdb.Error as exc:
@@ -164,19 +182,26 @@ class IndexCache:
 
     def clear(self) -> None:
         """Drop every chunk entry."""
-        if self._env is None:
+        env = self._opened()
+        if env is None:
             return
-        with self._env.begin(write=True) as txn:
+        with env.begin(write=True) as txn:
             txn.drop(self._chunks, delete=False)
 
     def __len__(self) -> int:
-        if self._env is None:
+        env = self._opened()
+        if env is None:
             return 0
-        with self._env.begin(db=self._chunks) as txn:
+        with env.begin(db=self._chunks) as txn:
             return int(txn.stat(self._chunks)["entries"])
 
     def close(self) -> None:
         """Stop using the LMDB environment (closed once no cache of this process uses it)."""
+        with self._opening:
+            self._tried = True
+            self._drop()
+
+    def _drop(self) -> None:
         shared, self._shared, self._env = self._shared, None, None
         if shared is not None:
             _release(self.path, shared)

@@ -55,6 +55,7 @@ def open_locations(catalog: Catalog, spec: cfg.StoreSpec, given: dict[str, BlobS
             for row in known}
     urls.update((name, loc.url) for name, loc in configured.items() if name not in urls)
     states = {row.name: row.state for row in known}
+    known_urls = {row.name: row.url for row in known}
     opened: dict[str, BlobStore] = {}
     try:
         for name, url in urls.items():
@@ -63,8 +64,10 @@ def open_locations(catalog: Catalog, spec: cfg.StoreSpec, given: dict[str, BlobS
         surveys = [identity.survey(name, blobs) for name, blobs in opened.items()
                    if states.get(name) != "failed"]
         to_write = identity.check_at_open(catalog, surveys, recover=recover)
-        rows = shard_sql.ensure_locations(
-            catalog, [(loc.name or "", loc.url, loc.domain or loc.name or "") for loc in spec.locations])
+        rows = known
+        if any(name not in states or not known_urls.get(name) for name in configured):
+            rows = shard_sql.ensure_locations(  # a write transaction only when there is news
+                catalog, [(loc.name or "", loc.url, loc.domain or loc.name or "") for loc in spec.locations])
         identity.write_records(catalog, to_write)
     except BaseException:
         for blobs in opened.values():

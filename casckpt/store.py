@@ -24,17 +24,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-import numpy as np
-import torch
-
 from casckpt import config as cfg
 from casckpt.cache import IndexCache
 from casckpt.catalog import Catalog
-from casckpt.engine import commit as commit_engine
-from casckpt.engine import restore as restore_engine
 from casckpt.engine import treeviews
 from casckpt.engine.background import CommitHandle
-from casckpt.engine.hint import PathSpec, make_hint
 from casckpt.engine.refs import bind, load_manifest
 from casckpt.engine.validate import check_name
 from casckpt.errors import CasckptError, CommitTimeoutError, InvalidArgumentError
@@ -67,7 +61,11 @@ from casckpt.types import (
 )
 
 if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
     from casckpt.dcp import StoreReader, StoreWriter
+    from casckpt.engine.hint import PathSpec
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +192,9 @@ class Store:
             ChangeHintError: a tensor declared ``unchanged`` has another dtype or shape than
                 in the previous version (nothing written).
         """
+        from casckpt.engine import commit as commit_engine  # torch: only where tensors are handled
+        from casckpt.engine.hint import make_hint
+
         req = commit_engine.make_request(run, step, metadata, metrics, message, tags)
         hint = make_hint(unchanged, trust_versions)
         self._core.refuse_while_recovering("commit")
@@ -261,6 +262,8 @@ class Store:
                 saved rank by rank without ``group``/``rank`` (or with another group size).
             CorruptChunkError, MissingDataError: stored data is damaged or gone.
         """
+        from casckpt.engine import restore as restore_engine  # torch: see commit
+
         manifest = self._distributed.rank_manifest(self._core.manifest(ref), group, rank)
         if into is None:
             return restore_engine.materialize(self._core.ctx, manifest, map_location=map_location,
@@ -277,6 +280,8 @@ class Store:
         Raises:
             TensorNotFoundError: no tensor at ``path`` (near matches listed).
         """
+        from casckpt.engine import restore as restore_engine  # torch: see commit
+
         row = self._core.row(ref)
         head = bind(row, decode_manifest(self._core.ctx.catalog.manifest(row.id), row.id))
         if head.tree is not None:  # only the nodes on the way to the tensor are read

@@ -3,6 +3,8 @@
 :class:`StoreAdmin` is the part of :class:`casckpt.store.Store` that administers where and
 how data is stored; ``Store`` delegates to it and documents each method. It works on the
 :class:`~casckpt.store_core.StoreCore` it is given (queries and commits live elsewhere).
+The engines of check, repair and rebuilds are imported by the methods that run them, so
+opening a store for a query (every CLI command) does not load them.
 """
 
 from __future__ import annotations
@@ -14,11 +16,7 @@ from casckpt import config as cfg
 from casckpt.catalog import deltas as deltas_sql
 from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
-from casckpt.engine import check as check_engine
 from casckpt.engine import identity, records
-from casckpt.engine import rebuild as rebuild_engine
-from casckpt.engine import repair as repair_engine
-from casckpt.engine import treemigrate as treemigrate_engine
 from casckpt.engine.validate import check_name
 from casckpt.errors import CasckptError, InvalidArgumentError
 from casckpt.format import keys
@@ -137,6 +135,8 @@ class StoreAdmin:
         self._core.reload_locations({absolute.url: blob_store})
         records.record_locations(self._core.ctx.locations, self._core.ctx.catalog)
         added = next(loc for loc in self._core.ctx.locations.all if loc.name == row.name)
+        from casckpt.engine import repair as repair_engine  # engines load when used: see the module doc
+
         repair_engine.copy_recovery_data(self._core.ctx, added)  # a full disaster-recovery copy at once
         return self._location_info(row.name)
 
@@ -169,12 +169,16 @@ class StoreAdmin:
               progress: ProgressCallback | None = None) -> CheckReport:
         """Check the catalog against the blob locations."""
         subset = parse_fraction(read_data_subset) if read_data_subset is not None else None
+        from casckpt.engine import check as check_engine
+
         return check_engine.check(self._core.ctx, read_data=read_data, progress=progress,
                                   read_data_subset=subset)
 
     def repair(self, *, progress: ProgressCallback | None = None) -> RepairReport:
         """Rebuild lost or corrupt shards and move shards off draining or failed locations."""
         self._core.refuse_while_recovering("repair")
+        from casckpt.engine import repair as repair_engine
+
         return repair_engine.repair(self._core.ctx, progress)
 
     def stats(self) -> StoreStats:
@@ -211,6 +215,8 @@ class StoreAdmin:
 
     def rebuild_catalog(self, *, progress: ProgressCallback | None = None) -> RebuildReport:
         """Recreate an empty catalog from the blob locations alone (see :mod:`casckpt.engine.rebuild`)."""
+        from casckpt.engine import rebuild as rebuild_engine
+
         report = rebuild_engine.rebuild(self._core.ctx, progress)
         self._core.recovering = False
         self._core.reload_locations({})  # the states the locations record restored
@@ -220,8 +226,12 @@ class StoreAdmin:
         """Give every version of manifest format 1 (written before tree manifests) its tree, so
         queries read it as a tree and its ``tensors`` rows go (see
         :mod:`casckpt.engine.treemigrate`). Version ids and restores do not change."""
+        from casckpt.engine import treemigrate as treemigrate_engine  # the commit engine: torch
+
         return treemigrate_engine.migrate(self._core.ctx, progress)
 
     def rebuild_cache(self) -> int:
         """Drop and refill this host's index cache from the catalog; returns the chunks cached."""
+        from casckpt.engine import rebuild as rebuild_engine
+
         return rebuild_engine.refill_cache(self._core.ctx)

@@ -12,13 +12,13 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from casckpt.engine import commit as commit_engine
 from casckpt.errors import InvalidArgumentError, RestoreTargetError
 from casckpt.format.manifest import Manifest, rank_count, rank_view
 from casckpt.store_core import StoreCore
 
 if TYPE_CHECKING:
     from casckpt.dcp import StoreReader, StoreWriter
+    from casckpt.engine import commit as commit_engine
     from casckpt.types import Version
 
 _RANK_PATH = re.compile(r"rank(\d+)/(.+)", re.DOTALL)
@@ -38,6 +38,7 @@ class StoreDistributed:
                    tags: Iterable[str] = ()) -> StoreWriter:
         """A ``torch.distributed.checkpoint`` StorageWriter that saves version ``run@step``."""
         from casckpt.dcp import StoreWriter
+        from casckpt.engine import commit as commit_engine
 
         request = commit_engine.make_request(run, step, metadata, metrics, message, tags)
         writer = StoreWriter(self._core.ctx, request)

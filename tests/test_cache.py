@@ -83,12 +83,13 @@ def test_caches_of_one_path_in_a_process_share_one_lmdb_environment(tmp_path: Pa
     # (seen as concurrent creation hanging: threads of two processes each opening the store)
     path = tmp_path / "cache"
     first, second = IndexCache(path, "s"), IndexCache(path / "." / "", "s")
+    assert len(first) == len(second) == 0  # opened on first use
     assert first._env is not None and first._env is second._env
     first.put_many([(b"\x02" * 32, "ab" * 32, 0, 4, 4, 0)])
     first.close()
     assert second.get_many([b"\x02" * 32])  # still open: the other cache uses it
     third = IndexCache(path, "s")
-    assert third._env is second._env
+    assert not third.get_many([b"\x09" * 32]) and third._env is second._env
     second.close()
     third.close()
     fresh = IndexCache(path, "s")

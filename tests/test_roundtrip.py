@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 import casckpt
 from casckpt.errors import InvalidNameError, UnsupportedStateError
-from casckpt.format.dtypes import TORCH_DTYPES
+from casckpt.format.dtypes import torch_dtypes
 
 CHUNK = 64
 PROPERTY = settings(
@@ -57,8 +57,8 @@ def _copyable(dtype: torch.dtype) -> bool:
     return True
 
 
-DTYPES = sorted((n for n, d in TORCH_DTYPES.items() if _viewable(d)), key=str)
-COPYABLE = [n for n in DTYPES if _copyable(TORCH_DTYPES[n])]
+DTYPES = sorted((n for n, d in torch_dtypes().items() if _viewable(d)), key=str)
+COPYABLE = [n for n in DTYPES if _copyable(torch_dtypes()[n])]
 NUMPY_DTYPES = ["<f4", ">f4", "<f8", ">f8", "<f2", "|i1", "|u1", "<i2", ">i4", "<i8", ">u2",
                 "<u8", "<c8", ">c16", "|b1"]
 
@@ -158,7 +158,7 @@ def random_bytes(rng: np.random.Generator, n: int, dtype_name: str) -> torch.Ten
 
 def make_tensor(dtype_name: str, shape: tuple[int, ...], layout: str, seed: int) -> torch.Tensor:
     """A tensor of random bytes, viewed through ``layout`` (contiguous, transposed, strided...)."""
-    dtype = TORCH_DTYPES[dtype_name]
+    dtype = torch_dtypes()[dtype_name]
     itemsize = torch.empty((), dtype=dtype).element_size()
     rng = np.random.default_rng(seed)
 

@@ -70,8 +70,11 @@ class Catalog:
         self._db = Database(url, where=where, retry_s=retry_s)
         self.engine = self._db.engine
         try:
-            migrate.upgrade_once(self._db, where)
-            self.store_id: str = self.retrying(self._read_store_id)
+            store_id = self.retrying(self._current_store_id)
+            if store_id is None:  # new, older (or newer: refused) schema: Alembic decides
+                migrate.upgrade_once(self._db, where)
+                store_id = self.retrying(self._read_store_id)
+            self.store_id: str = store_id
         except SQLAlchemyError as exc:
             self.close()
             error = self._db.error(exc, "opening the catalog")
@@ -82,11 +85,23 @@ class Catalog:
             self.close()
             raise
 
+    def _current_store_id(self) -> str | None:
+        """The store id of a catalog at this casckpt's schema revision, in one read (None:
+        the schema is another revision, or there is none yet)."""
+        with self.read() as conn:
+            if migrate.stored_revision(conn) != migrate.shipped_head():
+                return None
+            return self._store_id(conn)
+
     def _read_store_id(self) -> str:
         with self.read() as conn:
-            return str(conn.execute(
-                select(s.store_info.c.value).where(s.store_info.c.key == "store_id")
-            ).scalar_one())
+            return self._store_id(conn)
+
+    @staticmethod
+    def _store_id(conn: Connection) -> str:
+        return str(conn.execute(
+            select(s.store_info.c.value).where(s.store_info.c.key == "store_id")
+        ).scalar_one())
 
     def retrying(self, operation: Callable[[], T]) -> T:
         """Run an idempotent catalog operation, again while the database is unreachable,

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from sqlalchemy import ColumnElement, Connection, Select, Text, case, cast, func, select
-from sqlalchemy.dialects import postgresql, sqlite
 
+from casckpt.catalog import database
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import Catalog
 from casckpt.catalog.rows import VERSION_COLUMNS, StoredContent, content_row, version_query, versions
@@ -340,8 +340,7 @@ def fork(catalog: Catalog, run: str, version_id: str) -> float:
             s.versions.c.id == version_id, s.versions.c.state == "visible")).scalar()
         if visible is None:
             raise RefNotFoundError(version_id[:12], "the version was deleted while forking")
-        dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-        created = conn.execute(dialect.insert(s.runs).on_conflict_do_nothing(index_elements=["name"])
+        created = conn.execute(database.upsert(conn, s.runs).on_conflict_do_nothing(index_elements=["name"])
                                .values(name=run, created_at=now, parent_version=version_id)
                                .returning(s.runs.c.id)).first()
         if created is None:

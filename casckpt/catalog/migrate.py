@@ -4,22 +4,31 @@ The migration scripts live in the repository's top-level ``migrations/`` and
 are shipped inside the wheel as ``casckpt/_migrations``. ``casckpt.open``
 upgrades an older catalog automatically (migrations are additive and run in
 one transaction per revision); a catalog from a newer casckpt is refused.
+
+Opening a current catalog costs one cheap read (:func:`stored_revision` against
+:func:`shipped_head`, the newest script by its file name) and imports no Alembic:
+Alembic (and its loading of every script) runs only when the two differ.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, inspect, text
 
 from casckpt.catalog.database import Database
 from casckpt.errors import CatalogError, SchemaTooNewError
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+SCRIPT_NAME = re.compile(r"(\d{4})_\w+\.py")
+"""How a migration script is named: ``NNNN_what.py``, its Alembic revision ``"NNNN"``, each
+revising the one before (tests/test_migrations.py holds every script to this)."""
 
 
 def migrations_dir() -> Path:
@@ -33,12 +42,33 @@ def migrations_dir() -> Path:
     raise CatalogError("casckpt's catalog migrations are missing from this installation; reinstall it")
 
 
+def shipped_head() -> str:
+    """The newest schema revision this casckpt ships, read from the scripts' file names (a
+    directory listing; :func:`head_revision` asks Alembic, which loads every script)."""
+    found = [m.group(1) for p in (migrations_dir() / "versions").iterdir()
+             if (m := SCRIPT_NAME.fullmatch(p.name))]
+    if not found:
+        raise CatalogError("casckpt ships no catalog migrations; reinstall it")
+    return max(found)
+
+
+def stored_revision(connection: Connection) -> str | None:
+    """The catalog's schema revision as recorded in Alembic's table, without Alembic (None:
+    no such table, an empty or foreign database)."""
+    if not inspect(connection).has_table("alembic_version"):
+        return None
+    rows = connection.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+    return str(rows[0]) if len(rows) == 1 else None
+
+
 # Alembic keeps its migration context and loaded scripts in module globals, so
 # every use of it in this process goes through one (re-entrant) lock.
 _ALEMBIC_LOCK = threading.RLock()
 
 
 def _config(connection: Connection | None = None) -> Config:
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(migrations_dir()))
     config.attributes["connection"] = connection
@@ -47,6 +77,8 @@ def _config(connection: Connection | None = None) -> Config:
 
 def head_revision() -> str:
     """The newest schema revision this casckpt knows."""
+    from alembic.script import ScriptDirectory
+
     with _ALEMBIC_LOCK:
         head = ScriptDirectory.from_config(_config()).get_current_head()
     if head is None:
@@ -56,12 +88,16 @@ def head_revision() -> str:
 
 def current_revision(connection: Connection) -> str | None:
     """The catalog's schema revision, or None for an empty database."""
+    from alembic.runtime.migration import MigrationContext
+
     with _ALEMBIC_LOCK:
         return MigrationContext.configure(connection).get_current_revision()
 
 
 def check_not_newer(connection: Connection, where: str) -> str | None:
     """Raise SchemaTooNewError if the catalog's revision is unknown to this casckpt."""
+    from alembic.script import ScriptDirectory
+
     revision = current_revision(connection)
     if revision is None:
         return None
@@ -86,6 +122,8 @@ def upgrade(connection: Connection) -> None:
     :func:`check_not_newer`'s callers take them in; the other order deadlocks
     two threads creating one catalog until SQLite's busy timeout.
     """
+    from alembic import command
+
     if not connection.in_transaction():
         connection.begin()
     if current_revision(connection) == head_revision():

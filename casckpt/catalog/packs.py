@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection
-from sqlalchemy.dialects import postgresql, sqlite
 
 from casckpt.catalog import schema as s
-from casckpt.catalog.database import insert_ignore
+from casckpt.catalog.database import insert_ignore, upsert
 from casckpt.format.pack import PackEntry
 
 
@@ -116,8 +115,7 @@ def insert_pack(conn: Connection, layout: PackLayout, chunks: int, now: float) -
              "size": sh.size, "checksum": sh.checksum, "state": sh.state, "verified_at": None}
             for sh in layout.shards]
     if rows:
-        dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-        conn.execute(dialect.insert(s.shards).on_conflict_do_nothing(
+        conn.execute(upsert(conn, s.shards).on_conflict_do_nothing(
             index_elements=["pack_id", "idx"]), rows)
 
 
@@ -130,8 +128,7 @@ def upsert_chunks(conn: Connection, rows: list[dict[str, Any]]) -> None:
     """
     if not rows:
         return
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    stmt = dialect.insert(s.chunks)
+    stmt = upsert(conn, s.chunks)
     conn.execute(stmt.on_conflict_do_update(
         index_elements=["id"],
         set_={c: stmt.excluded[c] for c in ("pack_id", "offset", "stored_len", "raw_len", "codec",

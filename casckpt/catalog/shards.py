@@ -14,12 +14,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, case, func, null, or_, select, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import Connection, case, exists, func, null, or_, select, update
 
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import BATCH, Catalog
-from casckpt.catalog.database import insert_ignore
+from casckpt.catalog.database import insert_ignore, upsert
 from casckpt.catalog.packs import PackLayout, ShardRow
 from casckpt.errors import CatalogError, InvalidArgumentError, RefNotFoundError
 
@@ -302,8 +301,7 @@ def set_store_redundancy(catalog: Catalog, spec: str) -> None:
     not collide on the row (on PostgreSQL a delete-then-insert does).
     """
     with catalog.write() as conn:
-        dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-        stmt = dialect.insert(s.store_info).values(key="redundancy", value=spec)
+        stmt = upsert(conn, s.store_info).values(key="redundancy", value=spec)
         conn.execute(stmt.on_conflict_do_update(index_elements=["key"], set_={"value": spec}))
 
 
@@ -329,9 +327,9 @@ def set_pack_chunks(catalog: Catalog, pack_id: str, chunks: int) -> None:
 
 def is_empty(catalog: Catalog) -> bool:
     """Whether the catalog holds no version and no pack (a rebuild's precondition)."""
-    with catalog.read() as conn:
-        return (conn.execute(select(func.count()).select_from(s.versions)).scalar_one() == 0
-                and conn.execute(select(func.count()).select_from(s.packs)).scalar_one() == 0)
+    with catalog.read() as conn:  # EXISTS, not a count: a store of many versions answers at once
+        held = exists(select(s.versions.c.id)) | exists(select(s.packs.c.id))
+        return not conn.execute(select(held)).scalar_one()
 
 
 def restore_location(catalog: Catalog, name: str, url: str | None, domain: str, state: str) -> None:

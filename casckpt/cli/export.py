@@ -18,15 +18,16 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
-import torch
-from safetensors.torch import save_file
+from typing import TYPE_CHECKING
 
 from casckpt.cli.render import dumps
 from casckpt.errors import InvalidArgumentError, RestoreTargetError, UnsupportedStateError
 from casckpt.format.tree import iter_leaves
 from casckpt.types import Version
+
+if TYPE_CHECKING:  # imported where a tensor is handled, so catalog-only commands never load torch
+    import numpy as np
+    import torch
 
 MAX_INLINE_VALUES = 64 * 1024
 """Largest ``casckpt.values`` JSON (bytes, UTF-8) kept inside the safetensors header."""
@@ -67,6 +68,9 @@ def check_target(target: Path, *, overwrite: bool) -> None:
 
 
 def _as_cpu_tensor(path: str, leaf: torch.Tensor | np.ndarray) -> torch.Tensor:
+    import numpy as np
+    import torch
+
     if isinstance(leaf, np.ndarray):
         native = np.ascontiguousarray(leaf, dtype=leaf.dtype.newbyteorder("="))
         if not native.flags.writeable:
@@ -90,6 +94,9 @@ def split_tree(tree: object) -> tuple[dict[str, torch.Tensor], dict[str, object]
         InvalidArgumentError: two leaves have the same dotted path (``{1: a, "1": b}``).
         UnsupportedStateError: a numpy array torch cannot represent.
     """
+    import numpy as np
+    import torch
+
     tensors: dict[str, torch.Tensor] = {}
     values: dict[str, object] = {}
     storages: set[int] = set()
@@ -133,6 +140,8 @@ def _write_atomically(target: Path, write: Callable[[Path], object]) -> None:
 
 
 def _save(tensors: Mapping[str, torch.Tensor], metadata: dict[str, str], target: Path) -> None:
+    from safetensors.torch import save_file
+
     def write(tmp: Path) -> None:
         try:
             save_file(dict(tensors), str(tmp), metadata=metadata)

@@ -76,6 +76,8 @@ def log(
         filtered = any(x is not None for x in (since, until, min_step, max_step, tag, where))
         render.note("no versions match" if filtered else
                     f"no versions in run {run!r}" if run else "no versions yet")
+    elif len(versions) > render.LOG_TABLE_ROWS:
+        render.stream_log(versions)
     else:
         render.out(render.log_table(versions))
 

@@ -40,7 +40,6 @@ import typer
 from typer.core import TyperGroup
 
 import casckpt
-from casckpt.catalog.migrate import head_revision
 from casckpt.cli import gc as gc_cli
 from casckpt.cli import history as history_cli
 from casckpt.cli import logs, render
@@ -190,8 +189,19 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        render.out(f"casckpt {casckpt.__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _main(ctx: typer.Context, store: StoreOption = None) -> None:
+def _main(
+    ctx: typer.Context, store: StoreOption = None,
+    version: Annotated[bool, typer.Option(
+        "--version", metavar=FLAG, callback=_print_version, is_eager=True,
+        help="Print casckpt's version and exit.")] = False,
+) -> None:
     ctx.obj = StoreChoice(store=store)
 
 
@@ -419,6 +429,8 @@ def stats(ctx: typer.Context, as_json: JsonOption = False) -> None:
 @app.command()
 def migrate(ctx: typer.Context) -> None:
     """Upgrade the store's catalog to this casckpt's schema (opening a store does it)."""
+    from casckpt.catalog.migrate import head_revision  # Alembic: only this command needs it
+
     path = store_path(ctx)
     with open_store(ctx):
         pass  # casckpt.open upgrades an older catalog, or refuses a newer one

@@ -163,35 +163,48 @@ def runs_table(runs: Iterable[RunInfo]) -> Table:
     return table
 
 
+_LOG_COLUMNS = ("ID", "RUN", "STEP", "CREATED", "SIZE", "NEW", "STORED", "TAGS", "METRICS", "MESSAGE")
+_LOG_RIGHT = ("STEP", "SIZE", "NEW", "STORED")
+LOG_TABLE_ROWS = 200
+"""Longer logs are written as aligned text lines (:func:`stream_log`): rich lays a table out
+whole before printing it, seconds for thousands of rows."""
+
+
+def _log_row(v: Version) -> tuple[str, ...]:
+    return (v.short_id, v.run, str(v.step), local_time(v.created_at), human_bytes(v.logical_bytes),
+            human_bytes(v.new_bytes), human_bytes(v.stored_bytes), ",".join(v.tags),
+            _metrics(v.metrics), _first_line(v.message))
+
+
 def log_table(versions: Iterable[Version]) -> Table:
     """One row per version, in the order given (``Store.log`` gives newest first)."""
-    table = _table(
-        "ID",
-        "RUN",
-        "STEP",
-        "CREATED",
-        "SIZE",
-        "NEW",
-        "STORED",
-        "TAGS",
-        "METRICS",
-        "MESSAGE",
-        right=("STEP", "SIZE", "NEW", "STORED"),
-    )
+    table = _table(*_LOG_COLUMNS, right=_LOG_RIGHT)
     for v in versions:
-        table.add_row(
-            v.short_id,
-            v.run,
-            str(v.step),
-            local_time(v.created_at),
-            human_bytes(v.logical_bytes),
-            human_bytes(v.new_bytes),
-            human_bytes(v.stored_bytes),
-            ",".join(v.tags),
-            _metrics(v.metrics),
-            _first_line(v.message),
-        )
+        table.add_row(*_log_row(v))
     return table
+
+
+def stream_log(versions: Iterable[Version], batch: int = 1000) -> None:
+    """The rows of :func:`log_table` as aligned text lines on stdout, a batch at a time: the
+    columns of a table (three spaces apart, a rule under the head), not wrapped to the
+    terminal."""
+    rows = [_log_row(v) for v in versions]
+    widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(_LOG_COLUMNS)]
+    right = [c in _LOG_RIGHT for c in _LOG_COLUMNS]
+
+    def line(cells: Iterable[str]) -> str:
+        return "   ".join(c.rjust(w) if r else c.ljust(w)
+                          for c, w, r in zip(cells, widths, right, strict=True)).rstrip()
+
+    lines = [line(_LOG_COLUMNS), "─" * (sum(widths) + 3 * (len(widths) - 1))]
+    for row in rows:
+        lines.append(line(row))
+        if len(lines) >= batch:
+            sys.stdout.write("\n".join(lines) + "\n")
+            lines = []
+    if lines:
+        sys.stdout.write("\n".join(lines) + "\n")
+    sys.stdout.flush()
 
 
 def _sizes(v: Version) -> str:

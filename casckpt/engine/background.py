@@ -32,14 +32,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from casckpt.catalog.leases import begin_lease
-from casckpt.engine import commit as commit_engine
-from casckpt.engine.commit import CommitRequest, Snapshot
-from casckpt.engine.commitchunks import ChunkBytes
 from casckpt.engine.context import EngineContext
-from casckpt.engine.hint import ChangeHint
 from casckpt.errors import (
     BackgroundCommitError,
     CatalogUnavailableError,
@@ -48,8 +44,13 @@ from casckpt.errors import (
     InvalidArgumentError,
     VersionExistsError,
 )
-from casckpt.storage.erasure import Redundancy
 from casckpt.types import ProgressCallback, Version
+
+if TYPE_CHECKING:  # the commit engine (and torch) load with the first commit, not at open
+    from casckpt.engine.commit import CommitRequest, Snapshot
+    from casckpt.engine.commitchunks import ChunkBytes
+    from casckpt.engine.hint import ChangeHint
+    from casckpt.storage.erasure import Redundancy
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +157,8 @@ class BackgroundCommitter:
                hint: ChangeHint | None = None) -> CommitHandle:
         """Snapshot ``state`` now (``hint``: see :mod:`casckpt.engine.hint`); write and publish
         it in the background."""
+        from casckpt.engine import commit as commit_engine
+
         self.raise_unreported()
         with self._submit:
             if self._closed:
@@ -274,6 +277,8 @@ class BackgroundCommitter:
             self._run(job)
 
     def _run(self, job: _Job, foreground: bool = False) -> None:
+        from casckpt.engine import commit as commit_engine
+
         outcome: Version | BaseException
         lease: str | None = None
         try:  # the lease begins here, off the caller's thread: the snapshot wrote nothing

@@ -166,8 +166,7 @@ def check_at_open(catalog: Catalog, surveys: Sequence[Survey], *, recover: bool)
         StoreIdentityError: some location is not this catalog's store (see the module docstring).
     """
     mine = identity_sql.read(catalog)
-    empty = shard_sql.is_empty(catalog)
-    if recover and empty:
+    if recover and shard_sql.is_empty(catalog):
         return []
     knows = _knows(catalog)
     to_write = []
@@ -186,7 +185,7 @@ def check_at_open(catalog: Catalog, surveys: Sequence[Survey], *, recover: bool)
             if record.generation < mine.generation:
                 to_write.append(loc)
             continue
-        held = _adoptable(loc, (lambda *_: False) if empty else knows)
+        held = _adoptable(loc, (lambda *_: False) if shard_sql.is_empty(catalog) else knows)
         if held is False:
             what = ("holds checkpoint data but no identity record" if loc.damaged is None
                     else f"holds checkpoint data and a damaged identity record ({loc.damaged})")

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # imported when the first tensor is staged: opening a store needs no torch
+    import torch
 
 
 class StagingBuffers:
@@ -42,6 +44,8 @@ class StagingBuffers:
         return bool(buffers) and buffers[0].is_pinned()
 
     def _allocate(self) -> list[torch.Tensor]:
+        import torch
+
         if not self._buffers:
             pinned = torch.cuda.is_available()
             self._buffers = [torch.empty(max(1, self.total // 2), dtype=torch.uint8, pin_memory=pinned)
@@ -54,6 +58,8 @@ class StagingBuffers:
         Each window is a multiple of ``unit`` bytes (the chunk size) except
         the last. A yielded view is valid until the generator is resumed.
         """
+        import torch
+
         with self._lock:
             buffers = self._allocate()
             window = max(unit, (len(buffers[0]) // unit) * unit)
@@ -64,6 +70,8 @@ class StagingBuffers:
 
     def _windows(self, flat: torch.Tensor, buffers: list[torch.Tensor],
                  window: int) -> Iterator[tuple[int, memoryview]]:
+        import torch
+
         n = flat.numel()
         count = -(-n // window)
         cuda = flat.device.type == "cuda"

@@ -2,15 +2,37 @@
 
 from __future__ import annotations
 
+import functools
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from casckpt.errors import CorruptManifestError
 
+if TYPE_CHECKING:  # imported by the functions that make torch dtypes: sizes need no torch
+    import torch
+
 _QUANTIZED = {"qint8", "quint8", "qint32", "quint4x2", "quint2x4"}
 
+TORCH_SIZES: dict[str, int] = {
+    "bool": 1, "uint8": 1, "int8": 1, "uint16": 2, "int16": 2, "uint32": 4, "int32": 4,
+    "uint64": 8, "int64": 8, "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,
+    "complex32": 4, "complex64": 8, "complex128": 16,
+    "float8_e4m3fn": 1, "float8_e4m3fnuz": 1, "float8_e5m2": 1, "float8_e5m2fnuz": 1,
+    "float8_e8m0fnu": 1, "float4_e2m1fn_x2": 1,
+    "bits8": 1, "bits16": 2, "bits1x8": 1, "bits2x4": 1, "bits4x2": 1,
+    **{f"{sign}int{bits}": 1 for sign in ("", "u") for bits in range(1, 8)},
+}
+"""Bytes per element of the torch dtypes manifests name, so sizes are known without
+importing torch (``casckpt show`` and the other catalog-only commands); a test pins the
+table to torch's own answers, and a name outside it asks torch."""
 
-def _torch_dtypes() -> dict[str, torch.dtype]:
+
+@functools.cache
+def torch_dtypes() -> dict[str, torch.dtype]:
+    """Every torch dtype by the name manifests record (quantized ones excluded); imports torch."""
+    import torch
+
     found: dict[str, torch.dtype] = {}
     for name in dir(torch):
         value = getattr(torch, name, None)
@@ -18,9 +40,6 @@ def _torch_dtypes() -> dict[str, torch.dtype]:
             canonical = str(value).removeprefix("torch.")
             found.setdefault(canonical, value)
     return found
-
-
-TORCH_DTYPES: dict[str, torch.dtype] = _torch_dtypes()
 
 
 def torch_dtype_name(dtype: torch.dtype) -> str:
@@ -31,8 +50,10 @@ def torch_dtype_name(dtype: torch.dtype) -> str:
 def torch_dtype(name: str) -> torch.dtype:
     """The torch dtype a manifest names; never evaluates the name."""
     try:
-        return TORCH_DTYPES[name]
+        return torch_dtypes()[name]
     except KeyError:
+        import torch
+
         raise CorruptManifestError(
             f"manifest names torch dtype {name!r}, which this torch ({torch.__version__}) lacks; "
             "upgrade torch or restore with a matching version"
@@ -69,7 +90,7 @@ def element_size(kind: str, name: str) -> int:
     size = _SIZES.get((kind, name))
     if size is None:
         if kind == "torch":
-            size = torch.empty((), dtype=torch_dtype(name)).element_size()
+            size = TORCH_SIZES.get(name) or _torch_element_size(name)
         else:
             size = numpy_dtype(name).itemsize
         _SIZES[(kind, name)] = size  # only names the tables know get here (others raised)
@@ -77,3 +98,9 @@ def element_size(kind: str, name: str) -> int:
 
 
 _SIZES: dict[tuple[str, str], int] = {}
+
+
+def _torch_element_size(name: str) -> int:
+    import torch
+
+    return torch.empty((), dtype=torch_dtype(name)).element_size()

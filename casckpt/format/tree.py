@@ -24,12 +24,14 @@ import re
 import struct
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
-import torch
 
 from casckpt.errors import CorruptManifestError, InvalidNameError, UnsupportedStateError
+
+if TYPE_CHECKING:  # imported by encode_tree: reading manifests needs no torch (the CLI's queries)
+    import torch
 
 Node = dict[str, Any]
 TensorKind = Literal["torch", "numpy"]
@@ -105,9 +107,9 @@ def _describe(obj: object) -> str:
 
 
 def _check_tensor(t: torch.Tensor, path: str) -> None:
-    if t.is_cpu and t.layout is torch.strided and not (t.is_nested or t.is_quantized) and \
-            type(t) in _PLAIN_TENSORS:
-        return  # the common case, in few calls
+    """Refuse a tensor casckpt cannot store (the common case is decided by encode_tree)."""
+    import torch
+
     if t.is_nested:
         raise UnsupportedStateError(
             f"tensor at {path!r} is a nested (ragged) tensor; only dense tensors can be stored. "
@@ -128,14 +130,11 @@ def _check_tensor(t: torch.Tensor, path: str) -> None:
         raise UnsupportedStateError(
             f"tensor at {path!r} is on the meta device and holds no data; materialise it first."
         )
-    if type(t) not in _PLAIN_TENSORS:
+    if type(t) not in (torch.Tensor, torch.nn.Parameter):
         raise UnsupportedStateError(
             f"tensor at {path!r} is a {_describe(t)}; only plain torch.Tensor and "
             "nn.Parameter are supported in this version. Convert it to a local tensor first."
         )
-
-
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 def _check_array(a: np.ndarray, path: str) -> None:
@@ -159,15 +158,20 @@ def encode_tree(state: object) -> tuple[Node, list[TensorLeaf]]:
             or containers nested deeper than :data:`MAX_DEPTH`, naming the path.
         InvalidNameError: a dict key that could escape a directory.
     """
+    import torch
+
+    plain_tensors, strided = (torch.Tensor, torch.nn.Parameter), torch.strided
     leaves: list[TensorLeaf] = []
     paths: dict[str, int] = {}
     active: set[int] = set()
 
     def enc(obj: object, path: str, depth: int = 0) -> Node:
         kind = type(obj)
-        if kind in _PLAIN_TENSORS:  # most leaves of a large state
-            _check_tensor(cast(torch.Tensor, obj), path)
-            return leaf(TensorLeaf(path, "torch", cast(torch.Tensor, obj)))
+        if kind in plain_tensors:  # most leaves of a large state
+            t = cast(torch.Tensor, obj)
+            if not (t.is_cpu and t.layout is strided and not (t.is_nested or t.is_quantized)):
+                _check_tensor(t, path)  # the common case is decided here, in few calls
+            return leaf(TensorLeaf(path, "torch", t))
         if obj is None:
             return {"t": "none"}
         if kind is bool:

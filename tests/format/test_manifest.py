@@ -15,7 +15,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from casckpt.errors import CorruptManifestError
-from casckpt.format.dtypes import TORCH_DTYPES, element_size
+from casckpt.format.dtypes import element_size, torch_dtypes
 from casckpt.format.manifest import (
     ExtentEntry,
     Manifest,
@@ -108,7 +108,7 @@ def manifests(draw: st.DrawFn) -> Manifest:
     extents: list[ExtentEntry] = []
     for i in range(draw(st.integers(0, 5))):
         kind = draw(st.sampled_from(["torch", "numpy"]))
-        dtype = draw(st.sampled_from(sorted(TORCH_DTYPES) if kind == "torch" else NUMPY_DTYPES))
+        dtype = draw(st.sampled_from(sorted(torch_dtypes()) if kind == "torch" else NUMPY_DTYPES))
         shape = tuple(draw(st.lists(st.integers(0, 6), max_size=3)))
         nbytes = math.prod(shape) * element_size(kind, dtype)
         chunk_size = draw(st.integers(1, 64))
