@@ -222,3 +222,21 @@ def test_ranged_reads_return_exact_bytes_and_read_only_covering_chunks(
     limit = sum(min(CHUNK, nbytes - i * CHUNK) + ENTRY_HEADER_SIZE for i in covering)  # with headers
     assert (read[-1] if read else 0) <= limit
     assert not covering or read
+
+
+def test_a_save_failing_while_planning_ends_the_lease_taken_alongside(store: casckpt.Store) -> None:
+    """The coordinator takes the GC lease while DCP plans: a save failing in planning leaves no
+    version, and its lease ends with the writer."""
+
+    class Failing(DefaultSavePlanner):
+        def create_local_plan(self) -> Any:
+            raise RuntimeError("planner failed")
+
+    writer = store.dcp_writer(run="r", step=1)
+    with pytest.raises(CheckpointException, match="planner failed"):
+        dcp.save({"w": torch.ones(4)}, storage_writer=writer, planner=Failing())
+    assert store.log() == []
+    writer.release()
+    assert _lease_count(store) == 0
+    dcp.save({"w": torch.ones(4)}, storage_writer=writer)  # the writer can be used again
+    assert store.resolve("r@1").new_bytes == 16 and _lease_count(store) == 0
