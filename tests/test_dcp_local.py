@@ -224,6 +224,28 @@ def test_ranged_reads_return_exact_bytes_and_read_only_covering_chunks(
     assert not covering or read
 
 
+def test_pieces_over_many_windows_write_each_chunk_once_and_count_it(tmp_path: Path) -> None:
+    """Saves are hashed and packed window by window (half a pack each): a chunk that recurs in
+    later windows is written and counted once, an unchanged re-save writes nothing, and every
+    byte loads back."""
+    g = torch.Generator().manual_seed(5)
+    shared = torch.randn(3 * CHUNK // 4, generator=g)  # three chunks, in four tensors
+    state = {f"t{i}": shared.clone() if i % 2 == 0 else torch.randn(3 * CHUNK // 4, generator=g)
+             for i in range(8)}
+    state["small"] = torch.arange(7.0)
+    unique = 5 * 3 * CHUNK + state["small"].nbytes  # t0 (= t2, t4, t6), t1, t3, t5, t7, small
+    with casckpt.open(tmp_path / "s", chunk_size=CHUNK, pack_size=4 * CHUNK) as store:
+        dcp.save(state, storage_writer=store.dcp_writer(run="r", step=1))
+        first = store.resolve("r@1")
+        assert first.new_bytes == unique and store.stats().packs > 2  # several windows, packs
+        dcp.save(state, storage_writer=store.dcp_writer(run="r", step=2))
+        assert store.resolve("r@2").new_bytes == 0
+        target = _zeros(state)
+        dcp.load(target, storage_reader=store.dcp_reader("r@2"))
+        assert all(torch.equal(target[k].view(torch.uint8), v.view(torch.uint8)) for k, v in state.items())
+        assert store.check(read_data=True).ok
+
+
 def test_a_save_failing_while_planning_ends_the_lease_taken_alongside(store: casckpt.Store) -> None:
     """The coordinator takes the GC lease while DCP plans: a save failing in planning leaves no
     version, and its lease ends with the writer."""
