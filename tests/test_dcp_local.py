@@ -24,9 +24,12 @@ from torch.distributed.checkpoint.planner import LoadPlan
 
 import casckpt
 from casckpt.catalog import schema
+from casckpt.engine import distributed
+from casckpt.engine.distributed import TensorPiece, write_pieces
 from casckpt.engine.restore import read_ranges
-from casckpt.errors import InvalidArgumentError
+from casckpt.errors import InvalidArgumentError, UnsupportedStateError
 from casckpt.format.pack import ENTRY_HEADER_SIZE
+from casckpt.storage.erasure import Redundancy
 from casckpt.testing.internals import internals
 
 CHUNK = 4096
@@ -262,3 +265,26 @@ def test_a_save_failing_while_planning_ends_the_lease_taken_alongside(store: cas
     assert _lease_count(store) == 0
     dcp.save({"w": torch.ones(4)}, storage_writer=writer)  # the writer can be used again
     assert store.resolve("r@1").new_bytes == 16 and _lease_count(store) == 0
+
+
+def test_a_piece_that_cannot_be_stored_is_refused_before_any_window_is_packed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Windows are hashed and packed one after another, but every piece is planned first: a
+    piece refused in the last window leaves no pack behind."""
+    plan = distributed.plan_extents
+
+    def refusing(leaves: Any, **kwargs: Any) -> Any:
+        if leaves[0].path == "last":
+            raise UnsupportedStateError("tensor at 'last' cannot be stored as bytes")
+        return plan(leaves, **kwargs)
+
+    monkeypatch.setattr(distributed, "plan_extents", refusing)
+    g = torch.Generator().manual_seed(9)
+    pieces = [TensorPiece(f"t{i}", torch.randn(3 * CHUNK // 4, generator=g)) for i in range(6)]
+    with casckpt.open(tmp_path / "s", chunk_size=CHUNK, pack_size=4 * CHUNK) as store:
+        ctx = internals(store).context
+        with pytest.raises(UnsupportedStateError, match="'last'"):
+            write_pieces(ctx, [*pieces, TensorPiece("last", torch.ones(3))], Redundancy("none"))
+        assert store.stats().packs == 0
+        assert write_pieces(ctx, pieces, Redundancy("none")).new_bytes == 6 * 3 * CHUNK
+        assert store.stats().packs > 2

@@ -47,7 +47,7 @@ from casckpt.engine.commit import CommitRequest, Snapshot, parent_of, publish, r
 from casckpt.engine.commitchunks import ChunkBytes, Progress, hash_and_dedup, held_elsewhere
 from casckpt.engine.context import EngineContext
 from casckpt.engine.degraded import Shortfall, shortfalls
-from casckpt.engine.layout import plan_extents
+from casckpt.engine.layout import ExtentSource, plan_extents
 from casckpt.engine.packer import Packer
 from casckpt.engine.tensorrows import tensor_rows
 from casckpt.format.codecs import CompressionPolicy, encode_chunk
@@ -107,10 +107,11 @@ def write_pieces(ctx: EngineContext, pieces: Sequence[TensorPiece], redundancy: 
                  progress: ProgressCallback | None = None) -> RankWrite:
     """Chunk, hash and dedup ``pieces``; write the chunks the store does not hold.
 
-    Pipelined by windows of about half a pack: a thread plans and hashes the next window
-    (and confirms its chunks in the catalog) while this one encodes and packs the new chunks
-    of the window before, so hashing overlaps packing and the first packs reach the disk
-    early. Every chunk is written once, whichever windows it occurs in. The chunks are
+    Pipelined by windows of about half a pack: a thread hashes the next window (and
+    confirms its chunks in the catalog) while this one encodes and packs the new chunks of
+    the window before, so hashing overlaps packing and the first packs reach the disk early.
+    Every piece is planned (and refused, if it cannot be stored) before the first chunk is
+    packed; every chunk is written once, whichever windows it occurs in. The chunks are
     durable (and in the catalog, unreferenced) when this returns; nothing is visible until
     the coordinator publishes the version.
     """
@@ -124,11 +125,13 @@ def write_pieces(ctx: EngineContext, pieces: Sequence[TensorPiece], redundancy: 
     with ThreadPoolExecutor(1, thread_name_prefix="casckpt-hash") as ahead:
         hashed: list[Future[_Hashed]] = []
         try:
+            plans = [_plan(ctx, windows[0])] if windows else []
+            if plans:
+                hashed.append(ahead.submit(_hash_window, ctx, windows[0], plans[0]))
+            plans.extend(_plan(ctx, run) for run in windows[1:])  # while the first window hashes
             for i, run in enumerate(windows):
-                if i == 0:
-                    hashed.append(ahead.submit(_hash_window, ctx, run))
                 if i + 1 < len(windows):  # the next window hashes while this one is packed
-                    hashed.append(ahead.submit(_hash_window, ctx, windows[i + 1]))
+                    hashed.append(ahead.submit(_hash_window, ctx, windows[i + 1], plans[i + 1]))
                 window = hashed[i].result()
                 hashing.advance(sum(p.tensor.nbytes for p in run))
                 stored.extend(window.pieces)
@@ -168,7 +171,8 @@ def _windows(pieces: Sequence[TensorPiece], size: int) -> Iterator[list[TensorPi
         yield run
 
 
-def _hash_window(ctx: EngineContext, pieces: Sequence[TensorPiece]) -> _Hashed:
+def _plan(ctx: EngineContext, pieces: Sequence[TensorPiece]) -> tuple[list[TensorEntry], list[ExtentSource]]:
+    """Each piece's entry and extent source (raises for a piece that cannot be stored)."""
     entries, sources = [], []
     for piece in pieces:  # one extent per piece, even for views of one storage
         (entry,), (source,) = plan_extents([TensorLeaf(piece.path, "torch", piece.tensor)],
@@ -176,6 +180,12 @@ def _hash_window(ctx: EngineContext, pieces: Sequence[TensorPiece]) -> _Hashed:
         source.grid_offset = _grid_offset(piece, piece.tensor.element_size())
         entries.append(entry)
         sources.append(source)
+    return entries, sources
+
+
+def _hash_window(ctx: EngineContext, pieces: Sequence[TensorPiece],
+                 plan: tuple[list[TensorEntry], list[ExtentSource]]) -> _Hashed:
+    entries, sources = plan
     # confirmed in the catalog, not taken from this host's cache: the coordinator could not
     # write a chunk this rank wrongly skipped
     extents, chunks, new_ids = hash_and_dedup(ctx, sources, None, confirm=True)
