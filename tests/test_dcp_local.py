@@ -269,13 +269,13 @@ def test_a_save_failing_while_planning_ends_the_lease_taken_alongside(store: cas
 
 def test_a_piece_that_cannot_be_stored_is_refused_before_any_window_is_packed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Windows are hashed and packed one after another, but every piece is planned first: a
-    piece refused in the last window leaves no pack behind."""
+    """Windows are planned, hashed and packed one after another, but a piece refused in the
+    last window (planning refuses a tensor for its dtype) leaves no pack behind."""
     plan = distributed.plan_extents
 
     def refusing(leaves: Any, **kwargs: Any) -> Any:
-        if leaves[0].path == "last":
-            raise UnsupportedStateError("tensor at 'last' cannot be stored as bytes")
+        if leaves[0].value.dtype == torch.float64:
+            raise UnsupportedStateError(f"tensor at {leaves[0].path!r} cannot be stored as bytes")
         return plan(leaves, **kwargs)
 
     monkeypatch.setattr(distributed, "plan_extents", refusing)
@@ -284,7 +284,8 @@ def test_a_piece_that_cannot_be_stored_is_refused_before_any_window_is_packed(
     with casckpt.open(tmp_path / "s", chunk_size=CHUNK, pack_size=4 * CHUNK) as store:
         ctx = internals(store).context
         with pytest.raises(UnsupportedStateError, match="'last'"):
-            write_pieces(ctx, [*pieces, TensorPiece("last", torch.ones(3))], Redundancy("none"))
+            write_pieces(ctx, [*pieces, TensorPiece("last", torch.ones(3, dtype=torch.float64))],
+                         Redundancy("none"))
         assert store.stats().packs == 0
         assert write_pieces(ctx, pieces, Redundancy("none")).new_bytes == 6 * 3 * CHUNK
         assert store.stats().packs > 2

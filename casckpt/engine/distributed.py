@@ -107,11 +107,11 @@ def write_pieces(ctx: EngineContext, pieces: Sequence[TensorPiece], redundancy: 
                  progress: ProgressCallback | None = None) -> RankWrite:
     """Chunk, hash and dedup ``pieces``; write the chunks the store does not hold.
 
-    Pipelined by windows of about half a pack: a thread hashes the next window (and
-    confirms its chunks in the catalog) while this one encodes and packs the new chunks of
-    the window before, so hashing overlaps packing and the first packs reach the disk early.
-    Every piece is planned (and refused, if it cannot be stored) before the first chunk is
-    packed; every chunk is written once, whichever windows it occurs in. The chunks are
+    Pipelined by windows of about half a pack: a thread plans and hashes the next window
+    (and confirms its chunks in the catalog) while this one encodes and packs the new chunks
+    of the window before, so hashing overlaps packing and the first packs reach the disk
+    early. A piece that cannot be stored is refused before the first chunk is packed; every
+    chunk is written once, whichever windows it occurs in. The chunks are
     durable (and in the catalog, unreferenced) when this returns; nothing is visible until
     the coordinator publishes the version.
     """
@@ -125,13 +125,16 @@ def write_pieces(ctx: EngineContext, pieces: Sequence[TensorPiece], redundancy: 
     with ThreadPoolExecutor(1, thread_name_prefix="casckpt-hash") as ahead:
         hashed: list[Future[_Hashed]] = []
         try:
-            plans = [_plan(ctx, windows[0])] if windows else []
-            if plans:
-                hashed.append(ahead.submit(_hash_window, ctx, windows[0], plans[0]))
-            plans.extend(_plan(ctx, run) for run in windows[1:])  # while the first window hashes
+            if windows:
+                hashed.append(ahead.submit(_hash_window, ctx, windows[0]))
+            # planning refuses a torch tensor for its dtype alone: one piece of each dtype,
+            # planned now, refuses the state before anything is packed (the rest are planned
+            # with their window, on the hashing thread)
+            for piece in {p.tensor.dtype: p for p in reversed(pieces)}.values():
+                _plan(ctx, [piece])
             for i, run in enumerate(windows):
                 if i + 1 < len(windows):  # the next window hashes while this one is packed
-                    hashed.append(ahead.submit(_hash_window, ctx, windows[i + 1], plans[i + 1]))
+                    hashed.append(ahead.submit(_hash_window, ctx, windows[i + 1]))
                 window = hashed[i].result()
                 hashing.advance(sum(p.tensor.nbytes for p in run))
                 stored.extend(window.pieces)
@@ -183,9 +186,8 @@ def _plan(ctx: EngineContext, pieces: Sequence[TensorPiece]) -> tuple[list[Tenso
     return entries, sources
 
 
-def _hash_window(ctx: EngineContext, pieces: Sequence[TensorPiece],
-                 plan: tuple[list[TensorEntry], list[ExtentSource]]) -> _Hashed:
-    entries, sources = plan
+def _hash_window(ctx: EngineContext, pieces: Sequence[TensorPiece]) -> _Hashed:
+    entries, sources = _plan(ctx, pieces)
     # confirmed in the catalog, not taken from this host's cache: the coordinator could not
     # write a chunk this rank wrongly skipped
     extents, chunks, new_ids = hash_and_dedup(ctx, sources, None, confirm=True)
