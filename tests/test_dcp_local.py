@@ -24,9 +24,12 @@ from torch.distributed.checkpoint.planner import LoadPlan
 
 import casckpt
 from casckpt.catalog import schema
+from casckpt.engine import distributed
+from casckpt.engine.distributed import TensorPiece, write_pieces
 from casckpt.engine.restore import read_ranges
-from casckpt.errors import InvalidArgumentError
+from casckpt.errors import InvalidArgumentError, UnsupportedStateError
 from casckpt.format.pack import ENTRY_HEADER_SIZE
+from casckpt.storage.erasure import Redundancy
 from casckpt.testing.internals import internals
 
 CHUNK = 4096
@@ -222,3 +225,67 @@ def test_ranged_reads_return_exact_bytes_and_read_only_covering_chunks(
     limit = sum(min(CHUNK, nbytes - i * CHUNK) + ENTRY_HEADER_SIZE for i in covering)  # with headers
     assert (read[-1] if read else 0) <= limit
     assert not covering or read
+
+
+def test_pieces_over_many_windows_write_each_chunk_once_and_count_it(tmp_path: Path) -> None:
+    """Saves are hashed and packed window by window (half a pack each): a chunk that recurs in
+    later windows is written and counted once, an unchanged re-save writes nothing, and every
+    byte loads back."""
+    g = torch.Generator().manual_seed(5)
+    shared = torch.randn(3 * CHUNK // 4, generator=g)  # three chunks, in four tensors
+    state = {f"t{i}": shared.clone() if i % 2 == 0 else torch.randn(3 * CHUNK // 4, generator=g)
+             for i in range(8)}
+    state["small"] = torch.arange(7.0)
+    unique = 5 * 3 * CHUNK + state["small"].nbytes  # t0 (= t2, t4, t6), t1, t3, t5, t7, small
+    with casckpt.open(tmp_path / "s", chunk_size=CHUNK, pack_size=4 * CHUNK) as store:
+        dcp.save(state, storage_writer=store.dcp_writer(run="r", step=1))
+        first = store.resolve("r@1")
+        assert first.new_bytes == unique and store.stats().packs > 2  # several windows, packs
+        dcp.save(state, storage_writer=store.dcp_writer(run="r", step=2))
+        assert store.resolve("r@2").new_bytes == 0
+        target = _zeros(state)
+        dcp.load(target, storage_reader=store.dcp_reader("r@2"))
+        assert all(torch.equal(target[k].view(torch.uint8), v.view(torch.uint8)) for k, v in state.items())
+        assert store.check(read_data=True).ok
+
+
+def test_a_save_failing_while_planning_ends_the_lease_taken_alongside(store: casckpt.Store) -> None:
+    """The coordinator takes the GC lease while DCP plans: a save failing in planning leaves no
+    version, and its lease ends with the writer."""
+
+    class Failing(DefaultSavePlanner):
+        def create_local_plan(self) -> Any:
+            raise RuntimeError("planner failed")
+
+    writer = store.dcp_writer(run="r", step=1)
+    with pytest.raises(CheckpointException, match="planner failed"):
+        dcp.save({"w": torch.ones(4)}, storage_writer=writer, planner=Failing())
+    assert store.log() == []
+    writer.release()
+    assert _lease_count(store) == 0
+    dcp.save({"w": torch.ones(4)}, storage_writer=writer)  # the writer can be used again
+    assert store.resolve("r@1").new_bytes == 16 and _lease_count(store) == 0
+
+
+def test_a_piece_that_cannot_be_stored_is_refused_before_any_window_is_packed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Windows are planned, hashed and packed one after another, but a piece refused in the
+    last window (planning refuses a tensor for its dtype) leaves no pack behind."""
+    plan = distributed.plan_extents
+
+    def refusing(leaves: Any, **kwargs: Any) -> Any:
+        if leaves[0].value.dtype == torch.float64:
+            raise UnsupportedStateError(f"tensor at {leaves[0].path!r} cannot be stored as bytes")
+        return plan(leaves, **kwargs)
+
+    monkeypatch.setattr(distributed, "plan_extents", refusing)
+    g = torch.Generator().manual_seed(9)
+    pieces = [TensorPiece(f"t{i}", torch.randn(3 * CHUNK // 4, generator=g)) for i in range(6)]
+    with casckpt.open(tmp_path / "s", chunk_size=CHUNK, pack_size=4 * CHUNK) as store:
+        ctx = internals(store).context
+        with pytest.raises(UnsupportedStateError, match="'last'"):
+            write_pieces(ctx, [*pieces, TensorPiece("last", torch.ones(3, dtype=torch.float64))],
+                         Redundancy("none"))
+        assert store.stats().packs == 0
+        assert write_pieces(ctx, pieces, Redundancy("none")).new_bytes == 6 * 3 * CHUNK
+        assert store.stats().packs > 2

@@ -36,18 +36,21 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
 from casckpt.catalog.leases import begin_lease, end_lease
 from casckpt.engine.commit import CommitRequest, Snapshot, parent_of, publish, refuse_existing
-from casckpt.engine.commitchunks import hash_and_dedup, held_elsewhere, write_chunks
+from casckpt.engine.commitchunks import ChunkBytes, Progress, hash_and_dedup, held_elsewhere
 from casckpt.engine.context import EngineContext
-from casckpt.engine.degraded import Shortfall
-from casckpt.engine.layout import plan_extents
+from casckpt.engine.degraded import Shortfall, shortfalls
+from casckpt.engine.layout import ExtentSource, plan_extents
+from casckpt.engine.packer import Packer
 from casckpt.engine.tensorrows import tensor_rows
+from casckpt.format.codecs import CompressionPolicy, encode_chunk
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, World, encode_manifest
 from casckpt.format.tree import Node, TensorLeaf
 from casckpt.storage.erasure import Redundancy
@@ -104,9 +107,75 @@ def write_pieces(ctx: EngineContext, pieces: Sequence[TensorPiece], redundancy: 
                  progress: ProgressCallback | None = None) -> RankWrite:
     """Chunk, hash and dedup ``pieces``; write the chunks the store does not hold.
 
-    The chunks are durable (and in the catalog, unreferenced) when this returns;
-    nothing is visible until the coordinator publishes the version.
+    Pipelined by windows of about half a pack: a thread plans and hashes the next window
+    (and confirms its chunks in the catalog) while this one encodes and packs the new chunks
+    of the window before, so hashing overlaps packing and the first packs reach the disk
+    early. A piece that cannot be stored is refused before the first chunk is packed; every
+    chunk is written once, whichever windows it occurs in. The chunks are
+    durable (and in the catalog, unreferenced) when this returns; nothing is visible until
+    the coordinator publishes the version.
     """
+    windows = list(_windows(pieces, max(ctx.config.pack_size // 2, ctx.config.chunk_size)))
+    total = sum(p.tensor.nbytes for p in pieces)
+    hashing = Progress(progress, "hash", total)
+    writing = Progress(progress, "write", total)  # advanced by new bytes: ends below total
+    stored: list[StoredPiece] = []
+    taken: set[bytes] = set()  # chunks written (or being written) by an earlier window
+    packer = Packer(ctx, redundancy)
+    with ThreadPoolExecutor(1, thread_name_prefix="casckpt-hash") as ahead:
+        hashed: list[Future[_Hashed]] = []
+        try:
+            if windows:
+                hashed.append(ahead.submit(_hash_window, ctx, windows[0]))
+            # planning refuses a torch tensor for its dtype alone: one piece of each dtype,
+            # planned now, refuses the state before anything is packed (the rest are planned
+            # with their window, on the hashing thread)
+            for piece in {p.tensor.dtype: p for p in reversed(pieces)}.values():
+                _plan(ctx, [piece])
+            for i, run in enumerate(windows):
+                if i + 1 < len(windows):  # the next window hashes while this one is packed
+                    hashed.append(ahead.submit(_hash_window, ctx, windows[i + 1]))
+                window = hashed[i].result()
+                hashing.advance(sum(p.tensor.nbytes for p in run))
+                stored.extend(window.pieces)
+                fresh = [cid for cid in window.new_ids if cid not in taken]
+                taken.update(fresh)
+                _pack(ctx, packer, window.chunks, fresh, writing)
+            packs = packer.finish()
+        except BaseException:
+            packer.abort()
+            for future in hashed:
+                future.cancel()
+            raise
+    return RankWrite(tuple(stored), writing.done, packer.stored_bytes,
+                     tuple(shortfalls(ctx, (p.layout for p in packs))))
+
+
+@dataclass(frozen=True, slots=True)
+class _Hashed:
+    """A window of pieces, hashed: what each stored, every chunk's bytes, the new chunks."""
+
+    pieces: list[StoredPiece]
+    chunks: dict[bytes, ChunkBytes]
+    new_ids: list[bytes]
+
+
+def _windows(pieces: Sequence[TensorPiece], size: int) -> Iterator[list[TensorPiece]]:
+    """``pieces`` in order, in runs of about ``size`` bytes (a larger piece is a run alone)."""
+    run: list[TensorPiece] = []
+    nbytes = 0
+    for piece in pieces:
+        if run and nbytes + piece.tensor.nbytes > size:
+            yield run
+            run, nbytes = [], 0
+        run.append(piece)
+        nbytes += piece.tensor.nbytes
+    if run:
+        yield run
+
+
+def _plan(ctx: EngineContext, pieces: Sequence[TensorPiece]) -> tuple[list[TensorEntry], list[ExtentSource]]:
+    """Each piece's entry and extent source (raises for a piece that cannot be stored)."""
     entries, sources = [], []
     for piece in pieces:  # one extent per piece, even for views of one storage
         (entry,), (source,) = plan_extents([TensorLeaf(piece.path, "torch", piece.tensor)],
@@ -114,15 +183,34 @@ def write_pieces(ctx: EngineContext, pieces: Sequence[TensorPiece], redundancy: 
         source.grid_offset = _grid_offset(piece, piece.tensor.element_size())
         entries.append(entry)
         sources.append(source)
+    return entries, sources
+
+
+def _hash_window(ctx: EngineContext, pieces: Sequence[TensorPiece]) -> _Hashed:
+    entries, sources = _plan(ctx, pieces)
     # confirmed in the catalog, not taken from this host's cache: the coordinator could not
     # write a chunk this rank wrongly skipped
-    extents, chunks, new_ids = hash_and_dedup(ctx, sources, progress, confirm=True)
-    written = write_chunks(ctx, chunks, new_ids, redundancy, progress)
-    stored = tuple(
-        StoredPiece(p.path, e.dtype, e.shape, extent, p.global_shape, p.global_offset)
-        for p, e, extent in zip(pieces, entries, extents, strict=True)
-    )
-    return RankWrite(stored, written.raw_bytes, written.stored_bytes, written.degraded)
+    extents, chunks, new_ids = hash_and_dedup(ctx, sources, None, confirm=True)
+    stored = [StoredPiece(p.path, e.dtype, e.shape, extent, p.global_shape, p.global_offset)
+              for p, e, extent in zip(pieces, entries, extents, strict=True)]
+    return _Hashed(stored, chunks, new_ids)
+
+
+def _pack(ctx: EngineContext, packer: Packer, chunks: Mapping[bytes, ChunkBytes], ids: Sequence[bytes],
+          bar: Progress) -> None:
+    """Encode ``ids`` on the pool (compressed where that pays; pieces are never delta-coded)
+    and add them to ``packer`` in order."""
+    policy = CompressionPolicy(level=ctx.config.zstd_level, enabled=ctx.config.compress)
+
+    def encode(cid: bytes) -> tuple[bytes, int, int, bytes | memoryview]:
+        chunk = chunks[cid]
+        data = chunk.data()
+        codec, payload = encode_chunk(data, chunk.align, policy)
+        return cid, int(codec), len(data), payload
+
+    for cid, codec, raw_len, payload in ctx.pool.map(encode, ids):
+        packer.add(cid, codec, raw_len, payload)
+        bar.advance(raw_len)
 
 
 def compose(req: CommitRequest, parent: str | None, created: float, world: World, root: Node,
