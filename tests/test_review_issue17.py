@@ -1,0 +1,57 @@
+"""Hostile review of issue 17's speed changes: what each attack found (see the report)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+import torch
+
+import casckpt
+from casckpt.errors import CasckptError, CatalogError, SchemaTooNewError
+
+
+def _store(path: Path) -> Path:
+    with casckpt.open(path) as store:
+        store.commit({"w": torch.arange(64.0)}, run="r", step=1)
+    return path / "catalog.db"
+
+
+def _tamper(db: Path, sql: str) -> None:
+    conn = sqlite3.connect(db)
+    conn.execute(sql)
+    conn.commit()
+    conn.close()
+
+
+def test_two_alembic_version_rows_are_a_typed_refusal(tmp_path: Path) -> None:
+    """Open without Alembic: a catalog recording two revisions fell through to Alembic, whose
+    CommandError is no CasckptError. Refused, typed, and nothing changed."""
+    db = _store(tmp_path / "s")
+    _tamper(db, "INSERT INTO alembic_version VALUES ('0007')")
+    with pytest.raises(CatalogError, match="2 schema revisions"):
+        casckpt.open(tmp_path / "s")
+    conn = sqlite3.connect(db)
+    rows = conn.execute("SELECT version_num FROM alembic_version").fetchall()
+    assert sorted(rows) == [("0007",), ("0008",)]
+    conn.close()
+
+
+@pytest.mark.parametrize("revision", ["zzzz", "0009", "0008 "])
+def test_unknown_revision_is_refused(tmp_path: Path, revision: str) -> None:
+    db = _store(tmp_path / "s")
+    _tamper(db, f"UPDATE alembic_version SET version_num='{revision}'")
+    with pytest.raises(SchemaTooNewError):
+        casckpt.open(tmp_path / "s")
+
+
+@pytest.mark.parametrize("sql", ["DELETE FROM alembic_version", "DROP TABLE alembic_version"])
+def test_missing_revision_is_a_typed_error_and_changes_nothing(tmp_path: Path, sql: str) -> None:
+    db = _store(tmp_path / "s")
+    _tamper(db, sql)
+    with pytest.raises(CasckptError):
+        casckpt.open(tmp_path / "s")
+    conn = sqlite3.connect(db)
+    assert conn.execute("SELECT count(*) FROM versions").fetchone() == (1,)
+    conn.close()
