@@ -55,3 +55,17 @@ def test_missing_revision_is_a_typed_error_and_changes_nothing(tmp_path: Path, s
     conn = sqlite3.connect(db)
     assert conn.execute("SELECT count(*) FROM versions").fetchone() == (1,)
     conn.close()
+
+
+def test_unchanged_hint_after_the_parent_was_deleted_stores_the_state(tmp_path: Path) -> None:
+    """Change hints: another handle deletes the run's newest version; this process's next
+    ``unchanged=`` commit vouched for its tensors since ITS last commit, but the hint reused
+    the older surviving version's chunk ids: the version silently stored stale bytes."""
+    with casckpt.open(tmp_path / "s") as mine, casckpt.open(tmp_path / "s") as other:
+        frozen = torch.arange(65536.0)
+        mine.commit({"frozen": frozen, "w": torch.ones(65536)}, run="r", step=1)
+        w = torch.full((65536,), 2.0)
+        mine.commit({"frozen": frozen, "w": w}, run="r", step=2)
+        other.delete("r@2")
+        version = mine.commit({"frozen": frozen, "w": w}, run="r", step=3, unchanged="w")
+        assert torch.equal(other.restore(version.id)["w"], w)
