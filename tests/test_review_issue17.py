@@ -69,3 +69,47 @@ def test_unchanged_hint_after_the_parent_was_deleted_stores_the_state(tmp_path: 
         other.delete("r@2")
         version = mine.commit({"frozen": frozen, "w": w}, run="r", step=3, unchanged="w")
         assert torch.equal(other.restore(version.id)["w"], w)
+
+
+@pytest.mark.parametrize("mutate", [False, True])
+def test_gc_between_a_background_snapshot_and_its_lease(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        mutate: bool) -> None:
+    """The lease now begins after the snapshot: another handle deletes the only version holding
+    the chunks a queued background commit deduped against, and gc(grace=0) sweeps them before
+    the lease. The commit must publish a version that restores bit-exact (rewritten from the
+    state), or -- the state mutated meanwhile -- fail loudly with nothing visible."""
+    import threading
+
+    import casckpt.engine.background as background
+
+    torch.manual_seed(0)
+    a, b = torch.randn(200_000), torch.randn(1000)
+    with casckpt.open(tmp_path / "s") as mine, casckpt.open(tmp_path / "s") as other:
+        mine.commit({"a": a, "b": b}, run="r", step=1)
+        mine.commit({"a": torch.randn(200_000), "b": b}, run="r", step=2)
+        reached, go = threading.Event(), threading.Event()
+        real = background.begin_lease
+
+        def paused(catalog: object, version_id: str | None = None) -> str:
+            reached.set()
+            go.wait(30)
+            return real(catalog, version_id)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(background, "begin_lease", paused)
+        state = {"a": a.clone(), "b": b}
+        handle = mine.commit(state, run="r", step=3, block=False)
+        assert reached.wait(30)
+        if mutate:
+            state["a"].add_(1.0)  # allowed: a background commit's snapshot is taken
+        other.delete("r@1")
+        assert other.gc(grace=0).chunks_swept > 0
+        go.set()
+        if mutate:
+            with pytest.raises(CatalogError, match="commit again"):
+                handle.wait()
+            assert [v.step for v in other.log("r")] == [2]
+        else:
+            restored = other.restore(handle.wait().id)
+            assert torch.equal(restored["a"], a) and torch.equal(restored["b"], b)
+        other.gc(grace=0)
+        assert other.check(read_data=True).ok
