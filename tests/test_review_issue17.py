@@ -113,3 +113,88 @@ def test_gc_between_a_background_snapshot_and_its_lease(tmp_path: Path, monkeypa
             assert torch.equal(restored["a"], a) and torch.equal(restored["b"], b)
         other.gc(grace=0)
         assert other.check(read_data=True).ok
+
+
+def _blob_files(root: Path, kind: str) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and kind in p.parts)
+
+
+def test_worker_killed_mid_encode_publishes_nothing_and_leaves_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Erasure-coding workers: SIGKILL the worker as it gets its second pack. The commit fails
+    typed, no shard file of the dead worker is stored or left in staging, gc(grace=0) takes the
+    packs stored before, and a new commit restores bit-exact."""
+    import os
+    import signal
+
+    from casckpt.errors import EncodeWorkerError
+    from casckpt.storage import ecpool
+
+    locations = [str(tmp_path / f"loc{i}") for i in range(3)]
+    torch.manual_seed(0)
+    state = {"a": torch.randn(1 << 19), "b": torch.randn(1 << 18)}
+    real, sent = ecpool._Worker.send, [0]
+
+    def send_then_kill(worker: ecpool._Worker, request: dict[str, object]) -> None:
+        real(worker, request)
+        sent[0] += 1
+        if sent[0] == 2:
+            os.kill(worker.pid, signal.SIGKILL)
+
+    with casckpt.open(tmp_path / "s", blobs=locations, redundancy="ec:2+1", pack_size=1 << 20) as store:
+        monkeypatch.setattr(ecpool._Worker, "send", send_then_kill)
+        with pytest.raises(EncodeWorkerError):
+            store.commit(state, run="r", step=1)
+        monkeypatch.setattr(ecpool._Worker, "send", real)
+        assert store.runs() == []
+        assert not [p for p in (tmp_path / "s").rglob("*") if p.is_file() and ".s" in p.name
+                    and "packs" not in p.parts]  # no staging shard left behind
+        store.gc(grace=0)
+        assert _blob_files(tmp_path, "packs") == []
+        version = store.commit(state, run="r", step=1)
+        restored = store.restore(version.id)
+        assert all(torch.equal(restored[k], state[k]) for k in state)
+        assert store.check(read_data=True).ok
+
+
+_CRASH = """
+import os, signal, sys, torch, casckpt
+import casckpt.engine.commit as ce
+where = sys.argv[2]
+def die(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)
+if where == "publish":
+    ce._publish = die           # packs, chunk rows and manifest written; lease held
+else:
+    ce.begin_lease = die        # between the snapshot and the lease: nothing written yet
+with casckpt.open(sys.argv[1]) as store:
+    torch.manual_seed(1)
+    store.commit({"a": torch.randn(100_000), "b": torch.randn(5000)}, run="r", step=2)
+"""
+
+
+@pytest.mark.parametrize("where", ["lease", "publish"])
+def test_commit_killed_around_its_lease_leaves_nothing_gc_misses(tmp_path: Path, where: str) -> None:
+    """kill -9 a committing process between its snapshot and its lease, or with its lease held
+    after its packs and manifest are written: nothing becomes visible, gc(grace=0) reaps the
+    lease and takes every object of the dead commit, and the earlier version is intact."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "s"
+    torch.manual_seed(0)
+    state = {"a": torch.randn(100_000), "b": torch.randn(5000)}
+    with casckpt.open(root) as store:
+        store.commit(state, run="r", step=1)
+    before = (_blob_files(root, "packs"), _blob_files(root, "manifests"))
+    done = subprocess.run([sys.executable, "-c", _CRASH, str(root), where], capture_output=True)
+    assert done.returncode == -9, done.stderr.decode()[-2000:]
+    with casckpt.open(root) as store:
+        assert [v.step for v in store.log("r")] == [1]
+        if where == "publish":
+            assert _blob_files(root, "packs") != before[0]
+        store.gc(grace=0)
+        assert (_blob_files(root, "packs"), _blob_files(root, "manifests")) == before
+        restored = store.restore("r@1")
+        assert all(torch.equal(restored[k], state[k]) for k in state)
+        assert store.check(read_data=True).ok
