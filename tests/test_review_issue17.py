@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import casckpt
-from casckpt.errors import CasckptError, CatalogError, SchemaTooNewError
+from casckpt.errors import CatalogError, SchemaTooNewError
 
 
 def _store(path: Path) -> Path:
@@ -50,7 +50,7 @@ def test_unknown_revision_is_refused(tmp_path: Path, revision: str) -> None:
 def test_missing_revision_is_a_typed_error_and_changes_nothing(tmp_path: Path, sql: str) -> None:
     db = _store(tmp_path / "s")
     _tamper(db, sql)
-    with pytest.raises(CasckptError):
+    with pytest.raises(CatalogError, match="records no schema revision"):
         casckpt.open(tmp_path / "s")
     conn = sqlite3.connect(db)
     assert conn.execute("SELECT count(*) FROM versions").fetchone() == (1,)

@@ -109,6 +109,13 @@ def check_not_newer(connection: Connection, where: str) -> str | None:
             )
     revision = current_revision(connection)
     if revision is None:
+        if inspect(connection).has_table("versions"):  # Alembic would create the tables again
+            raise CatalogError(
+                f"the catalog at {where} holds casckpt's tables but records no schema revision "
+                "(its alembic_version row or table is gone), so which migrations it has is "
+                "unknown. Restore the catalog from a backup, or rebuild it (`casckpt catalog "
+                "rebuild`); nothing was changed."
+            )
         return None
     with _ALEMBIC_LOCK:
         scripts = ScriptDirectory.from_config(_config())
