@@ -198,3 +198,44 @@ def test_commit_killed_around_its_lease_leaves_nothing_gc_misses(tmp_path: Path,
         restored = store.restore("r@1")
         assert all(torch.equal(restored[k], state[k]) for k in state)
         assert store.check(read_data=True).ok
+
+
+def test_hinted_background_commit_whose_reused_chunks_gc_swept_fails_loudly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Change hints + lease after the snapshot: a queued hinted commit reuses its parent's chunk
+    ids without reading them; another handle deletes the parent and gc(grace=0) sweeps them
+    before the lease. Publishing must not make a version over chunks that are gone: it rewrites
+    them from the state after checking they still hash to their ids, or fails typed."""
+    import threading
+
+    import casckpt.engine.background as background
+
+    torch.manual_seed(0)
+    frozen, w = torch.randn(100_000), torch.randn(100_000)
+    with casckpt.open(tmp_path / "s") as mine, casckpt.open(tmp_path / "s") as other:
+        mine.commit({"frozen": torch.zeros(100_000), "w": torch.zeros(100_000)}, run="r", step=1)
+        mine.commit({"frozen": frozen, "w": w}, run="r", step=2)
+        reached, go = threading.Event(), threading.Event()
+        real = background.begin_lease
+
+        def paused(catalog: object, version_id: str | None = None) -> str:
+            reached.set()
+            go.wait(30)
+            return real(catalog, version_id)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(background, "begin_lease", paused)
+        handle = mine.commit({"frozen": frozen, "w": w.add(1.0)}, run="r", step=3, block=False,
+                             unchanged="frozen")
+        assert reached.wait(30)
+        other.delete("r@2")
+        assert other.gc(grace=0).chunks_swept > 0
+        go.set()
+        try:
+            version = handle.wait()
+        except CatalogError as exc:
+            assert "commit again" in str(exc)
+            assert [v.step for v in other.log("r")] == [1]
+        else:
+            restored = other.restore(version.id)
+            assert torch.equal(restored["frozen"], frozen) and torch.equal(restored["w"], w + 1.0)
+        assert other.check(read_data=True).ok
