@@ -239,3 +239,28 @@ def test_hinted_background_commit_whose_reused_chunks_gc_swept_fails_loudly(
             restored = other.restore(version.id)
             assert torch.equal(restored["frozen"], frozen) and torch.equal(restored["w"], w + 1.0)
         assert other.check(read_data=True).ok
+
+
+def test_unchanged_hint_after_a_failed_background_commit_stores_the_state(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Change hints: a background commit fails (a catalog outage is not even raised by the next
+    commit); the next ``unchanged=`` commit's parent is then the version before the failed one,
+    whose chunk ids hold older bytes of the tensor the caller vouches for."""
+    import casckpt.engine.commit as commit_engine
+    from casckpt.errors import CatalogUnavailableError
+
+    w1, w2 = torch.ones(65536), torch.full((65536,), 2.0)
+    with casckpt.open(tmp_path / "s") as store:
+        store.commit({"w": w1}, run="r", step=1)
+        real = commit_engine.finish
+
+        def outage(*args: object, **kwargs: object) -> object:
+            raise CatalogUnavailableError("the catalog is down (injected)")
+
+        monkeypatch.setattr(commit_engine, "finish", outage)
+        failed = store.commit({"w": w2}, run="r", step=2, block=False)
+        with pytest.raises(CatalogUnavailableError):
+            failed.wait(30)
+        monkeypatch.setattr(commit_engine, "finish", real)
+        version = store.commit({"w": w2}, run="r", step=3, unchanged="w")
+        assert torch.equal(store.restore(version.id)["w"], w2)

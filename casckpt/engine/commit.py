@@ -200,11 +200,11 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
     held: set[bytes] = set()
     if hint is not None and memo.version_id is not None and memo.version_id != parent:
         # the caller vouches for its tensors since the version it committed last; that is no
-        # longer the parent (deleted meanwhile, by another handle or process, say), so the
+        # longer the parent (it failed, or another handle or process deleted it), so the
         # parent's chunk ids may hold older bytes: hash every tensor instead
         log.warning("commit %s@%s: ignoring the change hint: the run's previous version is no "
-                    "longer %s, the one this process committed last (deleted meanwhile?); every "
-                    "tensor is hashed", req.run, req.step, memo.version_id[:12])
+                    "longer %s, the one this process committed last (it failed, or was deleted "
+                    "meanwhile); every tensor is hashed", req.run, req.step, memo.version_id[:12])
         hint = None
     if hint is not None:
         counters = memo.counters if memo.counters is not None and memo.counters.version_id == parent else None
