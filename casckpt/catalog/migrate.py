@@ -98,8 +98,24 @@ def check_not_newer(connection: Connection, where: str) -> str | None:
     """Raise SchemaTooNewError if the catalog's revision is unknown to this casckpt."""
     from alembic.script import ScriptDirectory
 
+    if inspect(connection).has_table("alembic_version"):
+        rows = connection.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+        if len(rows) > 1:  # Alembic raises its own (untyped) CommandError for this
+            raise CatalogError(
+                f"the catalog at {where} records {len(rows)} schema revisions "
+                f"({', '.join(sorted(map(str, rows)))}) where it must record one: its "
+                "alembic_version table was tampered with or merged. Restore the catalog from a "
+                "backup, or rebuild it (`casckpt catalog rebuild`); nothing was changed."
+            )
     revision = current_revision(connection)
     if revision is None:
+        if inspect(connection).has_table("versions"):  # Alembic would create the tables again
+            raise CatalogError(
+                f"the catalog at {where} holds casckpt's tables but records no schema revision "
+                "(its alembic_version row or table is gone), so which migrations it has is "
+                "unknown. Restore the catalog from a backup, or rebuild it (`casckpt catalog "
+                "rebuild`); nothing was changed."
+            )
         return None
     with _ALEMBIC_LOCK:
         scripts = ScriptDirectory.from_config(_config())

@@ -145,7 +145,8 @@ def snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: flo
     """
     last = ctx.memos.take(req.run)  # what the run's last commit in this process derived
     memo = _RunMemo(PackMemo(last.packs if last else None), TreeMemo(last.tree if last else None),
-                    last.counters if last and hint is not None else None)
+                    last.counters if last and hint is not None else None,
+                    last.version_id if last else None)
     try:
         with _collector_paused():
             return _snapshot(ctx, state, req, created, parent, reserve, progress, pending, memo, hint)
@@ -184,6 +185,7 @@ class _RunMemo:
     packs: PackMemo
     tree: TreeMemo
     counters: Counters | None = None  # the trusted version counters (``trust_versions``)
+    version_id: str | None = None  # the version the run's last snapshot in this process made
 
 
 def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: float, parent: str | None,
@@ -196,6 +198,14 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
                                     memo=memo.packs)
     reuse: dict[int, ExtentEntry] = {}
     held: set[bytes] = set()
+    if hint is not None and memo.version_id is not None and memo.version_id != parent:
+        # the caller vouches for its tensors since the version it committed last; that is no
+        # longer the parent (it failed, or another handle or process deleted it), so the
+        # parent's chunk ids may hold older bytes: hash every tensor instead
+        log.warning("commit %s@%s: ignoring the change hint: the run's previous version is no "
+                    "longer %s, the one this process committed last (it failed, or was deleted "
+                    "meanwhile); every tensor is hashed", req.run, req.step, memo.version_id[:12])
+        hint = None
     if hint is not None:
         counters = memo.counters if memo.counters is not None and memo.counters.version_id == parent else None
         reuse = reusable(hint, leaves, entries, sources, ctx.config.chunk_size,
@@ -227,6 +237,7 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
         version_id, manifest_bytes = encode_manifest(manifest)
         rows, content_rows = tensor_rows(version_id, entries, extents)
     memo.counters = record_counters(hint, version_id, leaves)
+    memo.version_id = version_id
     known = hashed.known | known_chunks(ctx, lookup)  # streamed chunks were looked up while streaming
     new_ids = []
     for cid in chunks:

@@ -15,6 +15,10 @@ What a hint may reuse, and what it never does:
   declared tensor is hashed as usual (a tensor new to the run, a first commit).
 * A declared tensor whose dtype or shape differs from the previous version's is refused
   (:class:`~casckpt.errors.ChangeHintError`): the hint is demonstrably wrong.
+* The parent must be the version the run's last commit in this process made, if there was
+  one (:func:`casckpt.engine.commit.snapshot` ignores the hint otherwise: that commit
+  failed, or its version was deleted meanwhile, and an older parent's chunks may hold
+  older bytes of a tensor the caller rightly vouches for).
 * Reused chunks must still be held by the store (cache hint, then catalog) or by a
   commit in flight in this process; otherwise the tensor is hashed.
 * ``trust_versions``: a tensor counts as unchanged when it has the same storage address,

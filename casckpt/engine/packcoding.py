@@ -22,7 +22,7 @@ from casckpt.format import keys
 from casckpt.format.chunks import object_id
 from casckpt.format.shard import ShardHeader, encode_shard_header, payload_checksum
 from casckpt.storage.base import BlobStore
-from casckpt.storage.ecpool import EncodePool, WorkersUnavailableError
+from casckpt.storage.ecpool import EncodePool, ShardFile, WorkersUnavailableError
 from casckpt.storage.erasure import DEFAULT_ALGORITHM, ErasureCode, Redundancy
 
 log = logging.getLogger(__name__)
@@ -146,6 +146,7 @@ class ErasureCoder:
             try:
                 encoded = pool.encode(path, pack_id, size, redundancy.k, redundancy.m,
                                       DEFAULT_ALGORITHM, out)
+                _check_shard_files(pack_id, encoded.shards)
             except BaseException as exc:
                 for shard in out:  # what a worker that died mid-write left behind
                     shard.unlink(missing_ok=True)
@@ -240,3 +241,22 @@ class ErasureCoder:
                 encoded, _, _ = code.encode(whole)
                 return whole, {i for i, p in payloads.items() if p != encoded[i]}
         return None, set()
+
+
+def _check_shard_files(pack_id: str, shards: Sequence[ShardFile]) -> None:
+    """A worker's shard files are as long as it says (a stat each; their bytes are not read
+    back): a short or missing one is never stored under a checksum it does not match.
+
+    Raises:
+        StorageError: a shard file is missing or of another length.
+    """
+    for shard in shards:
+        try:
+            found: int | str = shard.path.stat().st_size
+        except OSError as exc:
+            found = f"unreadable ({exc})"
+        if found != shard.size:
+            raise StorageError(
+                f"the erasure-coding worker's shard {shard.index} of pack {pack_id} ({shard.path}) "
+                f"is {found} bytes, not the {shard.size} it reported: nothing was published; "
+                "commit again, and check the disk holding the store's staging directory")
