@@ -8,6 +8,7 @@ are built per call (never at import) so they write to whatever ``sys.stdout`` /
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import math
 import sys
@@ -25,6 +26,7 @@ from casckpt.types import (
     LocationInfo,
     RunInfo,
     StoreStats,
+    TensorInfo,
     Version,
     VersionDetail,
 )
@@ -196,14 +198,15 @@ def stream_log(versions: Iterable[Version], batch: int = 1000) -> None:
         return "   ".join(c.rjust(w) if r else c.ljust(w)
                           for c, w, r in zip(cells, widths, right, strict=True)).rstrip()
 
-    lines = [line(_LOG_COLUMNS), "─" * (sum(widths) + 3 * (len(widths) - 1))]
-    for row in rows:
-        lines.append(line(row))
-        if len(lines) >= batch:
-            sys.stdout.write("\n".join(lines) + "\n")
-            lines = []
-    if lines:
-        sys.stdout.write("\n".join(lines) + "\n")
+    head = [line(_LOG_COLUMNS), "─" * (sum(widths) + 3 * (len(widths) - 1))]
+    _write_lines(itertools.chain(head, (line(row) for row in rows)), batch)
+
+
+def _write_lines(lines: Iterable[str], batch: int) -> None:
+    """Write ``lines`` to stdout ``batch`` at a time, then flush."""
+    it = iter(lines)
+    while chunk := list(itertools.islice(it, batch)):
+        sys.stdout.write("\n".join(chunk) + "\n")
     sys.stdout.flush()
 
 
@@ -283,20 +286,16 @@ def stream_tensors(detail: VersionDetail, batch: int = 1000) -> None:
     sharded = any(t.shards > 1 for t in detail.tensors)
     width = min(80, max((len(t.path) for t in detail.tensors), default=6))
     head = f"{'TENSOR':<{width}}  {'DTYPE':<9}  {'SHAPE':<18}  {'SIZE':>10}  {'CHUNKS':>6}  DIGEST"
-    lines = [head + ("  SHARDS" if sharded else "")]
-    for t in detail.tensors:
-        line = (f"{t.path:<{width}}  {t.dtype:<9}  {str(tuple(t.shape)):<18}  {human_bytes(t.nbytes):>10}  "
+
+    def line(t: TensorInfo) -> str:
+        text = (f"{t.path:<{width}}  {t.dtype:<9}  {str(tuple(t.shape)):<18}  {human_bytes(t.nbytes):>10}  "
                 f"{t.chunks:>6}  {t.digest[:12]}")
         if sharded:
             dims = ",".join(str(d) for d in t.split_dims)
-            line += f"  {t.shards} on dim {dims}" if t.split_dims else f"  {t.shards}"
-        lines.append(line)
-        if len(lines) >= batch:
-            sys.stdout.write("\n".join(lines) + "\n")
-            lines = []
-    if lines:
-        sys.stdout.write("\n".join(lines) + "\n")
-    sys.stdout.flush()
+            text += f"  {t.shards} on dim {dims}" if t.split_dims else f"  {t.shards}"
+        return text
+
+    _write_lines(itertools.chain([head + ("  SHARDS" if sharded else "")], map(line, detail.tensors)), batch)
 
 
 def stream_json(value: dict[str, Any], key: str, batch: int = 1000) -> None:
