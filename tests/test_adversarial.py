@@ -130,7 +130,7 @@ import casckpt
 from casckpt.catalog.leases import begin_lease
 from casckpt.testing.internals import internals
 store = casckpt.open(sys.argv[1])
-begin_lease(internals(store).catalog)  # what every commit does first; this one stays in flight
+begin_lease(internals(store).catalog)  # as a commit before its first write; this one stays in flight
 print("leased", flush=True)
 time.sleep(600)
 """
