@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 
 import casckpt
+import casckpt.engine.background as background
 from casckpt.errors import CasckptError, CatalogError, SchemaTooNewError
 
 
@@ -23,6 +25,21 @@ def _tamper(db: Path, sql: str) -> None:
     conn.execute(sql)
     conn.commit()
     conn.close()
+
+
+def _pause_before_lease(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Hold background commits between their snapshot and their lease: ``reached`` is set
+    there; they go on once ``go`` is set."""
+    reached, go = threading.Event(), threading.Event()
+    real = background.begin_lease
+
+    def paused(catalog: object, version_id: str | None = None) -> str:
+        reached.set()
+        go.wait(30)
+        return real(catalog, version_id)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(background, "begin_lease", paused)
+    return reached, go
 
 
 def test_two_alembic_version_rows_are_a_typed_refusal(tmp_path: Path) -> None:
@@ -78,24 +95,14 @@ def test_gc_between_a_background_snapshot_and_its_lease(tmp_path: Path, monkeypa
     the chunks a queued background commit deduped against, and gc(grace=0) sweeps them before
     the lease. The commit must publish a version that restores bit-exact (rewritten from the
     state), or -- the state mutated meanwhile -- fail loudly with nothing visible."""
-    import threading
 
-    import casckpt.engine.background as background
 
     torch.manual_seed(0)
     a, b = torch.randn(200_000), torch.randn(1000)
     with casckpt.open(tmp_path / "s") as mine, casckpt.open(tmp_path / "s") as other:
         mine.commit({"a": a, "b": b}, run="r", step=1)
         mine.commit({"a": torch.randn(200_000), "b": b}, run="r", step=2)
-        reached, go = threading.Event(), threading.Event()
-        real = background.begin_lease
-
-        def paused(catalog: object, version_id: str | None = None) -> str:
-            reached.set()
-            go.wait(30)
-            return real(catalog, version_id)  # type: ignore[arg-type]
-
-        monkeypatch.setattr(background, "begin_lease", paused)
+        reached, go = _pause_before_lease(monkeypatch)
         state = {"a": a.clone(), "b": b}
         handle = mine.commit(state, run="r", step=3, block=False)
         assert reached.wait(30)
@@ -206,24 +213,14 @@ def test_hinted_background_commit_whose_reused_chunks_gc_swept_fails_loudly(
     ids without reading them; another handle deletes the parent and gc(grace=0) sweeps them
     before the lease. Publishing must not make a version over chunks that are gone: it rewrites
     them from the state after checking they still hash to their ids, or fails typed."""
-    import threading
 
-    import casckpt.engine.background as background
 
     torch.manual_seed(0)
     frozen, w = torch.randn(100_000), torch.randn(100_000)
     with casckpt.open(tmp_path / "s") as mine, casckpt.open(tmp_path / "s") as other:
         mine.commit({"frozen": torch.zeros(100_000), "w": torch.zeros(100_000)}, run="r", step=1)
         mine.commit({"frozen": frozen, "w": w}, run="r", step=2)
-        reached, go = threading.Event(), threading.Event()
-        real = background.begin_lease
-
-        def paused(catalog: object, version_id: str | None = None) -> str:
-            reached.set()
-            go.wait(30)
-            return real(catalog, version_id)  # type: ignore[arg-type]
-
-        monkeypatch.setattr(background, "begin_lease", paused)
+        reached, go = _pause_before_lease(monkeypatch)
         handle = mine.commit({"frozen": frozen, "w": w.add(1.0)}, run="r", step=3, block=False,
                              unchanged="frozen")
         assert reached.wait(30)

@@ -225,8 +225,9 @@ class DeletionGuard:
         gone = set(deleted)
         packs = [pack_id for pack_id, stale in self._stale.items() if stale & gone]
         for pack_id, layout in shard_sql.layouts(self._ctx.catalog, packs).items():
+            deleted_stale = gone & self._stale[pack_id]
             hit = {sh.index: ("missing", sh.location_id, sh.key) for sh in layout.shards
-                   if (sh.location_id, sh.key) in gone & self._stale[pack_id]}
+                   if (sh.location_id, sh.key) in deleted_stale}
             if hit:
                 shard_sql.mark_shards(self._ctx.catalog, pack_id, hit)
                 self._ctx.packs.forget(pack_id)
