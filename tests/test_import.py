@@ -35,6 +35,15 @@ def store(tmp_path: Path) -> Iterator[casckpt.Store]:
         assert s.check(read_data=True).ok
 
 
+@pytest.fixture(scope="module")
+def empty_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[casckpt.Store]:
+    """One store for the tests of refused imports: each leaves it empty."""
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    with casckpt.open(tmp_path_factory.mktemp("refusing") / "store") as s:
+        yield s
+        assert s.check(read_data=True).ok and s.runs() == []
+
+
 def assert_same(a: object, b: object, path: str = "") -> None:
     """Trees equal in structure, types and values; tensors bit for bit (dtype and shape too)."""
     same = type(a) is type(b) or all(isinstance(x, torch.Tensor) for x in (a, b))
@@ -111,7 +120,7 @@ def _nothing_committed(store: casckpt.Store) -> None:
     assert store.runs() == [] and store.log() == []
 
 
-def test_a_pickle_that_runs_code_is_refused_and_the_code_never_runs(store: casckpt.Store,
+def test_a_pickle_that_runs_code_is_refused_and_the_code_never_runs(empty_store: casckpt.Store,
                                                                       tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     torch.save({"w": torch.ones(2), "evil": RunsCode(marker)}, tmp_path / "evil.pt")
@@ -119,26 +128,27 @@ def test_a_pickle_that_runs_code_is_refused_and_the_code_never_runs(store: casck
         pickle.dump(RunsCode(marker), f)
     for name in ("evil.pt", "raw.bin"):
         with pytest.raises(UnsafeCheckpointError) as caught:
-            store.import_checkpoint(tmp_path / name, run="r", step=1)
+            empty_store.import_checkpoint(tmp_path / name, run="r", step=1)
         assert name in str(caught.value) and caught.value.path == str(tmp_path / name)
         assert "convert" in str(caught.value)
         assert "system" in str(caught.value) or name == "raw.bin"  # a bare pickle fails on its first opcode
     assert not marker.exists()
-    _nothing_committed(store)
+    _nothing_committed(empty_store)
 
 
-def test_a_custom_class_is_refused_naming_it(store: casckpt.Store, tmp_path: Path) -> None:
+def test_a_custom_class_is_refused_naming_it(empty_store: casckpt.Store, tmp_path: Path) -> None:
     torch.save({"obj": CustomClass()}, tmp_path / "custom.ckpt")
     with pytest.raises(UnsafeCheckpointError, match="CustomClass"):
-        store.import_checkpoint(tmp_path / "custom.ckpt", run="r", step=1)
-    _nothing_committed(store)
+        empty_store.import_checkpoint(tmp_path / "custom.ckpt", run="r", step=1)
+    _nothing_committed(empty_store)
 
 
-def test_a_loaded_object_the_tree_cannot_hold_is_named_by_path(store: casckpt.Store, tmp_path: Path) -> None:
+def test_a_loaded_object_the_tree_cannot_hold_is_named_by_path(empty_store: casckpt.Store,
+                                                               tmp_path: Path) -> None:
     torch.save({"opt": {"shape": torch.Size([2, 3])}}, tmp_path / "size.pt")  # weights_only loads it
     with pytest.raises(UnsupportedStateError, match="opt.shape"):
-        store.import_checkpoint(tmp_path / "size.pt", run="r", step=1)
-    _nothing_committed(store)
+        empty_store.import_checkpoint(tmp_path / "size.pt", run="r", step=1)
+    _nothing_committed(empty_store)
 
 
 def test_safetensors_with_metadata(store: casckpt.Store, tmp_path: Path) -> None:
@@ -204,13 +214,14 @@ FORGED = {
 
 
 @pytest.mark.parametrize("forgery", sorted(FORGED))
-def test_forged_safetensors_headers_are_refused(store: casckpt.Store, tmp_path: Path, forgery: str) -> None:
+def test_forged_safetensors_headers_are_refused(empty_store: casckpt.Store, tmp_path: Path,
+                                                forgery: str) -> None:
     path = tmp_path / "forged.safetensors"
     path.write_bytes(FORGED[forgery])
     with pytest.raises(UnreadableCheckpointError) as caught:
-        store.import_checkpoint(path, run="r", step=1)
+        empty_store.import_checkpoint(path, run="r", step=1)
     assert str(path) in str(caught.value) and "not a valid safetensors file" in str(caught.value)
-    _nothing_committed(store)
+    _nothing_committed(empty_store)
 
 
 def test_dcp_directory(store: casckpt.Store, tmp_path: Path) -> None:
@@ -227,25 +238,25 @@ def test_dcp_directory(store: casckpt.Store, tmp_path: Path) -> None:
     assert torch.equal(store.load_tensor("d@1", "model.w"), state["model"]["w"])
 
 
-def test_dcp_metadata_that_runs_code_is_refused(store: casckpt.Store, tmp_path: Path) -> None:
+def test_dcp_metadata_that_runs_code_is_refused(empty_store: casckpt.Store, tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     dcp.save({"w": torch.ones(3)}, storage_writer=dcp.FileSystemWriter(str(tmp_path / "dcp")), no_dist=True)
     with open(tmp_path / "dcp" / ".metadata", "wb") as f:
         pickle.dump(RunsCode(marker), f)
     with pytest.raises(UnsafeCheckpointError, match=r"\.metadata.*system"):
-        store.import_checkpoint(tmp_path / "dcp", run="d", step=1)
+        empty_store.import_checkpoint(tmp_path / "dcp", run="d", step=1)
     assert not marker.exists()
-    _nothing_committed(store)
+    _nothing_committed(empty_store)
 
 
-def test_a_dcp_value_that_runs_code_is_refused(store: casckpt.Store, tmp_path: Path) -> None:
+def test_a_dcp_value_that_runs_code_is_refused(empty_store: casckpt.Store, tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     dcp.save({"w": torch.ones(3), "evil": RunsCode(marker)},
              storage_writer=dcp.FileSystemWriter(str(tmp_path / "dcp")), no_dist=True)
     with pytest.raises(UnsafeCheckpointError, match="evil"):
-        store.import_checkpoint(tmp_path / "dcp", run="d", step=1)
+        empty_store.import_checkpoint(tmp_path / "dcp", run="d", step=1)
     assert not marker.exists()
-    _nothing_committed(store)
+    _nothing_committed(empty_store)
 
 
 def tiny_gpt2() -> Any:
@@ -278,20 +289,33 @@ def test_hugging_face_directory(store: casckpt.Store, tmp_path: Path, shard: str
                        expected["transformer.h.1.mlp.c_fc.weight"])
 
 
+def test_hugging_face_directory_of_pytorch_model_bin(store: casckpt.Store, tmp_path: Path) -> None:
+    model = tiny_gpt2()
+    model.config.save_pretrained(tmp_path / "hf")
+    torch.save(model.state_dict(), tmp_path / "hf" / "pytorch_model.bin")  # loaded weights-only
+    store.import_checkpoint(tmp_path / "hf", run="bin", step=1)
+    restored = store.restore("bin@1")
+    assert restored["files"] == {} and restored["model"].keys() == model.state_dict().keys()
+    for name, tensor in model.state_dict().items():
+        assert_same(restored["model"][name], tensor, name)
+
+
 @pytest.mark.parametrize("name", ["notes.txt", "empty-dir", "missing.pt"])
-def test_anything_else_is_refused_listing_what_is_supported(store: casckpt.Store, tmp_path: Path,
+def test_anything_else_is_refused_listing_what_is_supported(empty_store: casckpt.Store, tmp_path: Path,
                                                             name: str) -> None:
     if name == "notes.txt":
         (tmp_path / name).write_text("hi")
     elif name == "empty-dir":
         (tmp_path / name).mkdir()
     with pytest.raises(UnreadableCheckpointError, match="safetensors file, a torch.distributed.checkpoint"):
-        store.import_checkpoint(tmp_path / name, run="r", step=1)
-    _nothing_committed(store)
+        empty_store.import_checkpoint(tmp_path / name, run="r", step=1)
+    _nothing_committed(empty_store)
 
 
-def test_a_bad_run_name_is_refused_before_the_file_is_read(store: casckpt.Store, tmp_path: Path) -> None:
+def test_a_bad_run_name_is_refused_before_the_file_is_read(empty_store: casckpt.Store,
+                                                           tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     torch.save({"evil": RunsCode(marker)}, tmp_path / "evil.pt")
     with pytest.raises(casckpt.errors.InvalidNameError):
-        store.import_checkpoint(tmp_path / "evil.pt", run="../x", step=1)
+        empty_store.import_checkpoint(tmp_path / "evil.pt", run="../x", step=1)
+    assert not marker.exists()
