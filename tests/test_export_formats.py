@@ -61,6 +61,19 @@ def test_each_format_re_imports_bit_exact(store: casckpt.Store, tmp_path: Path, 
         assert_same(_leaves(back), _leaves(state))
 
 
+@pytest.mark.parametrize("fmt", ["dcp", "pt"])
+def test_numpy_arrays_export_as_tensors_that_load_weights_only(store: casckpt.Store, tmp_path: Path,
+                                                               fmt: str) -> None:
+    import numpy as np
+
+    store.commit({"counts": np.arange(5, dtype=np.int16), "nested": [np.ones((2, 2))]}, run="np", step=1)
+    store.export("np@1", tmp_path / "out", format=fmt)
+    store.import_checkpoint(tmp_path / "out" / ("checkpoint.pt" if fmt == "pt" else ""), run="np", step=2)
+    back = _leaves(store.restore("np@2"))
+    assert torch.equal(back["counts"], torch.arange(5, dtype=torch.int16))  # type: ignore[arg-type]
+    assert torch.equal(back["nested.0"], torch.ones((2, 2), dtype=torch.float64))  # type: ignore[arg-type]
+
+
 def test_safetensors_metadata_survives_a_round_trip(store: casckpt.Store, tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
@@ -71,13 +84,11 @@ def test_safetensors_metadata_survives_a_round_trip(store: casckpt.Store, tmp_pa
         assert f.metadata()["format"] == "pt" and "casckpt.version" in f.metadata()
 
 
-@pytest.mark.parametrize("shard", [None, "20KB"])
-def test_a_hugging_face_import_exports_as_a_model_directory(store: casckpt.Store, tmp_path: Path,
-                                                            shard: str | None) -> None:
+def test_a_hugging_face_import_exports_as_a_model_directory(store: casckpt.Store, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     model = tiny_gpt2()
-    model.save_pretrained(tmp_path / "hf", **({} if shard is None else {"max_shard_size": shard}))
+    model.save_pretrained(tmp_path / "hf", max_shard_size="20KB")  # sharded: merged on import
     (tmp_path / "hf" / "vocab.json").write_text('{"a": 0, "/": 1}')
     store.import_checkpoint(tmp_path / "hf", run="hf", step=1)
     result = store.export("hf@1", tmp_path / "out")

@@ -249,6 +249,15 @@ def test_dcp_metadata_that_runs_code_is_refused(empty_store: casckpt.Store, tmp_
     _nothing_committed(empty_store)
 
 
+def test_a_dcp_directory_missing_its_data_is_refused(empty_store: casckpt.Store, tmp_path: Path) -> None:
+    dcp.save({"w": torch.ones(3)}, storage_writer=dcp.FileSystemWriter(str(tmp_path / "dcp")), no_dist=True)
+    for piece in (tmp_path / "dcp").glob("*.distcp"):
+        piece.unlink()
+    with pytest.raises(UnreadableCheckpointError, match="DCP could not read"):
+        empty_store.import_checkpoint(tmp_path / "dcp", run="d", step=1)
+    _nothing_committed(empty_store)
+
+
 def test_a_dcp_value_that_runs_code_is_refused(empty_store: casckpt.Store, tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     dcp.save({"w": torch.ones(3), "evil": RunsCode(marker)},

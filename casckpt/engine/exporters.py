@@ -20,6 +20,8 @@ Layout of the file written by :func:`export_safetensors`:
   (metadata ``format: pt``) and every other file it had, byte for byte.
 * ``dcp``: a ``torch.distributed.checkpoint`` directory (``FileSystemWriter``, no process group).
 * ``pt``: ``checkpoint.pt``, ``torch.save`` of the restored tree.
+
+In all three, numpy arrays become torch tensors, so every file loads weights-only.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from casckpt.engine.importers import is_hf_state
 from casckpt.errors import InvalidArgumentError, RestoreTargetError, UnsupportedStateError
-from casckpt.format.tree import iter_leaves
+from casckpt.format.tree import iter_leaves, join_path
 from casckpt.jsonable import dumps
 from casckpt.types import Version
 
@@ -241,13 +243,28 @@ def _write_dcp(tree: object, tmp: Path) -> None:
         save(tree, storage_writer=FileSystemWriter(str(tmp)), no_dist=True)
 
 
+def torch_arrays(tree: object, path: str = "") -> object:
+    """``tree`` with every numpy array made a torch tensor (``torch.load(weights_only=True)``
+    refuses numpy arrays, and both ``pt`` and ``dcp`` files are read that way)."""
+    import numpy as np
+
+    if isinstance(tree, np.ndarray):
+        return _as_cpu_tensor(path, tree)
+    if isinstance(tree, dict):
+        return {k: torch_arrays(v, join_path(path, k)) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        items = [torch_arrays(v, join_path(path, i)) for i, v in enumerate(tree)]
+        return items if isinstance(tree, list) else tuple(items)
+    return tree
+
+
 def _write(tree: object, version: Version, fmt: str, tmp: Path) -> bool:
     import torch
 
     if fmt == "pt":
-        torch.save(tree, tmp / "checkpoint.pt")
+        torch.save(torch_arrays(tree), tmp / "checkpoint.pt")
     elif fmt == "dcp":
-        _write_dcp(tree, tmp)
+        _write_dcp(torch_arrays(tree), tmp)
     elif is_hf_state(tree):
         _write_hf(tree, tmp)  # type: ignore[arg-type]
         return True
