@@ -18,8 +18,7 @@ from casckpt.cli.shared import FLAG, JsonOption, RefArgument, open_store
 
 def import_checkpoint(
     ctx: typer.Context,
-    path: Annotated[Path, typer.Argument(
-        metavar="FILE_OR_DIR",
+    file_or_dir: Annotated[Path, typer.Argument(
         help="A .pt/.bin/.ckpt/.pth file (loaded weights-only), a .safetensors file, a DCP "
              "checkpoint directory or a Hugging Face model directory.")],
     run: Annotated[str, typer.Option("--run", metavar="RUN", help="Run to commit to.")],
@@ -36,11 +35,12 @@ def import_checkpoint(
     each kind becomes.
     """
     with open_store(ctx) as store, progress_bars() as progress:
-        version = store.import_checkpoint(path, run=run, step=step, message=message, progress=progress)
+        version = store.import_checkpoint(file_or_dir, run=run, step=step, message=message,
+                                          progress=progress)
     if as_json:
-        render.print_json({"version": version.to_dict(), "source": str(path)})
+        render.print_json({"version": version.to_dict(), "source": str(file_or_dir)})
         return
-    render.out(f"Imported {path} as {version.short_id} ({version.run}@{version.step}): "
+    render.out(f"Imported {file_or_dir} as {version.short_id} ({version.run}@{version.step}): "
                f"{render.human_bytes(version.logical_bytes)} of tensors, "
                f"{render.human_bytes(version.new_bytes)} new")
 
