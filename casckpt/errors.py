@@ -122,6 +122,22 @@ class RestoreTargetError(CasckptError, ValueError):
     """``into`` does not match the stored state (missing keys, wrong shapes or dtypes)."""
 
 
+class UnreadableCheckpointError(InvalidArgumentError):
+    """A checkpoint file or directory given to ``import_checkpoint`` cannot be read as what
+    it claims to be (a forged or truncated safetensors header, a damaged DCP directory, a
+    format casckpt does not import). Nothing was committed; ``path`` names the file."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        self.path = path
+        super().__init__(message)
+
+
+class UnsafeCheckpointError(UnreadableCheckpointError):
+    """A pickle given to ``import_checkpoint`` needs code execution to load (``torch.load``
+    with ``weights_only=True`` refused a global it names); it was not loaded, so no code ran.
+    Convert it in a trusted environment to safetensors or a weights-only state dict."""
+
+
 class IntegrityError(CasckptError, ValueError):
     """Stored bytes are not what they should be."""
 

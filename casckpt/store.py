@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     import torch
 
     from casckpt.dcp import StoreReader, StoreWriter
+    from casckpt.engine.exporters import DirExport
     from casckpt.engine.hint import PathSpec
 
 log = logging.getLogger(__name__)
@@ -218,6 +219,58 @@ class Store:
             return self._core.committer.commit(state, req, progress, hint)
         return self._core.committer.foreground(
             lambda: commit_engine.commit(self._core.ctx, state, req, progress, hint))
+
+    def import_checkpoint(
+        self, path: str | Path, *, run: str, step: int, metadata: Mapping[str, Any] | None = None,
+        metrics: Mapping[str, float] | None = None, message: str | None = None,
+        tags: Iterable[str] = (), progress: ProgressCallback | None = None,
+    ) -> Version:
+        """Commit an existing checkpoint as version ``run@step``: an ordinary state version
+        (tensors and plain values) that :meth:`restore`, :meth:`load_tensor` and ``dcp.load``
+        read like any other.
+
+        ``path`` is a ``.pt`` / ``.bin`` / ``.ckpt`` / ``.pth`` file (read with
+        ``torch.load(weights_only=True)`` only), a ``.safetensors`` file (its header
+        validated before any tensor is read), a ``torch.distributed.checkpoint`` directory,
+        or a Hugging Face model directory; :mod:`casckpt.engine.importers` gives the state
+        each becomes. Nothing in the file runs code.
+
+        Raises:
+            UnsafeCheckpointError: a pickle needs code execution to load (nothing committed).
+            UnreadableCheckpointError: ``path`` is of no supported kind, or damaged or forged
+                (nothing committed).
+            UnsupportedStateError: the loaded state holds an object a version cannot hold.
+            And what :meth:`commit` raises.
+        """
+        from casckpt.engine import commit as commit_engine
+        from casckpt.engine.importers import read_checkpoint
+
+        commit_engine.make_request(run, step, metadata, metrics, message, tags)  # bad names: before reading
+        state = read_checkpoint(Path(path))
+        return self.commit(state, run=run, step=step, metadata=metadata, metrics=metrics,
+                           message=message, tags=tags, progress=progress)
+
+    def export(self, ref: Ref, to: str | Path, *, format: str = "safetensors",
+               overwrite: bool = False, progress: ProgressCallback | None = None) -> DirExport:
+        """Write version ``ref`` into directory ``to`` as ``format``: ``"safetensors"``
+        (``model.safetensors``; a version imported from a Hugging Face directory becomes such a
+        directory again), ``"dcp"`` (a ``torch.distributed.checkpoint`` directory) or ``"pt"``
+        (``checkpoint.pt``); layouts in :mod:`casckpt.engine.exporters`.
+
+        Raises:
+            InvalidArgumentError: an unknown format.
+            RestoreTargetError: ``to`` cannot be written, or is a non-empty directory and
+                ``overwrite`` is false (checked before any data is read).
+            UnsupportedStateError: the format cannot hold the state.
+            And what :meth:`restore` raises.
+        """
+        from casckpt.engine.exporters import check_export_dir, export_dir
+
+        target = Path(to)
+        check_export_dir(target, format, overwrite=overwrite)
+        version = self.resolve(ref)
+        tree = self.restore(version, map_location="cpu", progress=progress)
+        return export_dir(tree, version, target, format, overwrite=overwrite)
 
     def pending_commits(self) -> list[CommitHandle]:
         """Background commits not finished yet, oldest first."""
