@@ -47,6 +47,11 @@ CDC_MAX = 4 << 20
 segment; longer ones are cut where their content says, so an insertion moves only the cuts
 near it and the other segments dedup."""
 
+SMALL_SEGMENT = 64 << 10
+SMALL_RUN = 128 << 10
+"""Segments under ``SMALL_SEGMENT`` bytes are merged with their small neighbours into runs of
+at most ``SMALL_RUN`` bytes (see :func:`_coalesce`)."""
+
 MAX_PATH_BYTES = 4096
 _HEX = re.compile(r"[0-9a-f]{64}")
 
@@ -95,8 +100,38 @@ def plan_segments(name: str, data: memoryview,
     if planned is None and bytes(data[:4]) == b"PK\x03\x04":
         planned = zip_segments(data)
     if planned is None:
-        planned = cdc_segments(data, cdc)
-    return planned
+        return cdc_segments(data, cdc)
+    return _coalesce(_cut_gaps(planned, data, cdc))
+
+
+def _cut_gaps(planned: list[Segment], data: memoryview,
+              cdc: Callable[[memoryview], list[tuple[int, int]]] | None) -> list[Segment]:
+    """Long untyped stretches between a format's items (a zip's compressed entries, bytes
+    before an archive) cut by content, so they dedup too."""
+    out: list[Segment] = []
+    for seg in planned:
+        if seg.shape is None and seg.dtype == "|u1" and seg.end - seg.start > 2 * CDC_MIN:
+            out += [Segment(seg.start + s.start, seg.start + s.end)
+                    for s in cdc_segments(data[seg.start : seg.end], cdc)]
+        else:
+            out.append(seg)
+    return out
+
+
+def _coalesce(planned: list[Segment]) -> list[Segment]:
+    """Neighbouring segments under :data:`SMALL_SEGMENT` bytes merged (as bytes) into runs of at
+    most :data:`SMALL_RUN`: a checkpoint's many tiny pieces (zip headers, biases, scalars) cost
+    one chunk per run instead of one each, and a changed one rewrites only its run."""
+    out: list[Segment] = []
+    run_start = -1
+    for seg in planned:
+        small = seg.end - seg.start < SMALL_SEGMENT
+        if small and run_start >= 0 and seg.end - run_start <= SMALL_RUN:
+            out[-1] = Segment(run_start, seg.end)
+            continue
+        out.append(seg)
+        run_start = seg.start if small else -1
+    return out
 
 
 def cdc_segments(data: memoryview,
