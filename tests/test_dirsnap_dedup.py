@@ -182,3 +182,47 @@ def test_cli_add_and_checkout_round_trip_with_json(tmp_path: Path) -> None:
     bad = runner.invoke(app, ["--store", store, "add", str(src), "--run", "ft", "--step", "30",
                               "--metric", "loss"])
     assert bad.exit_code == 2 and "NAME=NUMBER" in bad.output
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_dcp_an_unchanged_tensor_writes_no_new_chunk(store: casckpt.Store, tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    state: dict[str, Any] = {**weights(), "extra": {"lr": 0.1}}
+    dcp.save(state, checkpoint_id=str(tmp_path / "dcp"))
+    size = sum(p.stat().st_size for p in (tmp_path / "dcp").iterdir())
+    store.add_dir(tmp_path / "dcp", run="dcp", step=1)
+    state["layers.6.weight"] = state["layers.6.weight"] * 3
+    for p in (tmp_path / "dcp").iterdir():
+        p.unlink()
+    dcp.save(state, checkpoint_id=str(tmp_path / "dcp"))
+    second = store.add_dir(tmp_path / "dcp", run="dcp", step=2)
+    assert second.new_bytes <= TENSOR * 4 + 2 * SMALL_RUN
+    assert second.new_bytes * 6 < size
+    out = store.checkout("dcp@2", tmp_path / "out")
+    assert files_equal(out, tmp_path / "dcp")
+    loaded = {k: torch.empty_like(v) for k, v in weights().items()} | {"extra": {"lr": 0.0}}
+    dcp.load(loaded, checkpoint_id=str(out))
+    assert torch.equal(loaded["layers.6.weight"], state["layers.6.weight"])
+
+
+class _Planted:
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.mkdir, (PLANTED,))
+
+
+PLANTED = ""
+
+
+def test_dcp_metadata_that_names_other_code_is_never_run(store: casckpt.Store, tmp_path: Path) -> None:
+    import pickle
+
+    global PLANTED
+    PLANTED = str(tmp_path / "planted")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / ".metadata").write_bytes(pickle.dumps(_Planted()))
+    (ckpt / "__0_0.distcp").write_bytes(np.random.default_rng(2).bytes(1 << 20))
+    store.add_dir(ckpt, run="hostile", step=1)
+    assert not (tmp_path / "planted").exists()
+    assert files_equal(store.checkout("hostile@1", tmp_path / "out"), ckpt)

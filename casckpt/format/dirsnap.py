@@ -27,7 +27,7 @@ import math
 import re
 import struct
 import zipfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,10 +82,12 @@ class Segment:
     shape: tuple[int, ...] | None = None
 
 
-def plan_segments(name: str, data: memoryview,
+def plan_segments(name: str, data: memoryview, items: Sequence[tuple[int, int]] | None = None,
                   cdc: Callable[[memoryview], list[tuple[int, int]]] | None = None) -> list[Segment]:
     """The segments of a file named ``name`` holding ``data``: format-aware where the bytes
-    validate as safetensors or as a zip archive with stored entries, else content-defined.
+    validate as safetensors, as a DCP ``.distcp`` file whose write ``items`` (``(offset,
+    length)``, from its checkpoint's metadata) are given, or as a zip archive with stored
+    entries; else content-defined.
 
     ``cdc`` cuts a buffer into ``(offset, length)`` pieces (default: :func:`fastcdc_cuts`).
     The segments are sorted, contiguous and cover ``data`` exactly; none is empty.
@@ -97,11 +99,34 @@ def plan_segments(name: str, data: memoryview,
     lowered = name.lower()
     if lowered.endswith(".safetensors"):
         planned = safetensors_segments(data)
+    if planned is None and items is not None:
+        planned = item_segments(data, items)
     if planned is None and bytes(data[:4]) == b"PK\x03\x04":
         planned = zip_segments(data)
     if planned is None:
         return cdc_segments(data, cdc)
     return _coalesce(_cut_gaps(planned, data, cdc))
+
+
+def item_segments(data: memoryview, items: Sequence[tuple[int, int]]) -> list[Segment] | None:
+    """A file made of items at known ``(offset, length)`` (DCP's ``.distcp``): each item its own
+    segment, or entry by entry when it is a ``torch.save`` archive; the bytes between items
+    segments of their own. None when the items overlap or run past the end."""
+    out: list[Segment] = []
+    position = 0
+    for offset, length in sorted(items):
+        if offset < position or length < 0 or offset + length > len(data):
+            return None
+        if offset > position:
+            out.append(Segment(position, offset))
+        piece = data[offset : offset + length]
+        inner = zip_segments(piece) if bytes(piece[:4]) == b"PK\x03\x04" else None
+        out += [Segment(offset + s.start, offset + s.end, s.dtype, s.shape)
+                for s in inner or [Segment(0, length)] if s.end > s.start]
+        position = offset + length
+    if position < len(data):
+        out.append(Segment(position, len(data)))
+    return out
 
 
 def _cut_gaps(planned: list[Segment], data: memoryview,
