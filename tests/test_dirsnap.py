@@ -256,3 +256,52 @@ def test_a_corrupt_pack_leaves_no_partial_directory(tmp_path: Path) -> None:
 
 def test_corrupt_chunk_error_is_an_integrity_error() -> None:
     assert issubclass(CorruptChunkError, IntegrityError)
+
+
+def test_an_unreadable_file_is_a_typed_error(store: casckpt.Store, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    src = sample_tree(tmp_path / "src")
+    real_open = os.open
+
+    def refusing(path: Any, flags: int, *args: Any) -> int:
+        if str(path).endswith("exec.sh"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", refusing)
+    with pytest.raises(UnsupportedFileError, match="exec.sh.*Permission denied"):
+        store.add_dir(src, run="d", step=1)
+    monkeypatch.undo()
+    assert store.runs() == []
+
+
+def test_a_failed_write_leaves_nothing_and_is_typed(store: casckpt.Store, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    src = sample_tree(tmp_path / "src")
+    store.add_dir(src, run="d", step=1)
+    real_write = os.write
+    calls = {"n": 0}
+
+    def full(fd: int, data: Any) -> int:
+        calls["n"] += 1
+        if calls["n"] > 2:
+            raise OSError(28, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(CheckoutTargetError, match="No space left"):
+        store.checkout("d@1", tmp_path / "out")
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src", "store"]
+
+
+def test_setuid_bits_are_recorded_but_not_applied(store: casckpt.Store, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "tool").write_bytes(b"#!/bin/sh\n")
+    os.chmod(src / "tool", 0o4755)
+    version = store.add_dir(src, run="d", step=1)
+    files = store.restore(version)["files"]
+    assert files[0]["mode"] == 0o4755
+    out = store.checkout(version, tmp_path / "out")
+    assert stat.S_IMODE((out / "tool").stat().st_mode) == 0o755

@@ -51,15 +51,22 @@ def scan(root: str | os.PathLike[str],
     Raises:
         InvalidArgumentError: ``root`` is not a directory.
         UnsupportedFileError: the tree holds something that is not a regular file, directory
-            or symbolic link (a fifo, socket, device), or a name that is not valid UTF-8;
-            the message names it. Nothing was written.
+            or symbolic link (a fifo, socket, device), a name that is not valid UTF-8, or an
+            entry that cannot be read (or changed while read); the message names it. Nothing
+            was written.
     """
     top = Path(root)
     if not top.is_dir():
         raise InvalidArgumentError(f"{str(top)!r} is not a directory; add_dir stores a directory "
                                    "tree (for one checkpoint file, pass its folder)")
     state = _Scan(top, progress)
-    _walk(state, top, "")
+    try:
+        _walk(state, top, "")
+    except OSError as exc:  # unreadable, or changed under the walk (removed, replaced by a link)
+        raise UnsupportedFileError(
+            f"could not read {exc.filename or str(top)!r}: {exc.strerror or exc}; make the directory "
+            "readable and keep it still while add_dir reads it. Nothing was stored."
+        ) from exc
     entries = state.entries
     return {DIR_KEY: DIR_FORMAT, "files": entries}, summary(entries)
 
