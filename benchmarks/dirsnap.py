@@ -37,7 +37,7 @@ from safetensors.torch import save_file
 import casckpt
 from benchmarks.measure import flat_tensors, path_bytes
 from benchmarks.workloads import build
-from casckpt.format import dirsnap
+from casckpt.format import segments
 
 SAVES = 5
 
@@ -67,8 +67,8 @@ def _save_checkpoint(state: dict[str, Any], folder: Path, step: int) -> None:
     (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
 
 
-def _cdc_only(name: str, data: memoryview, items: Any = None, cdc: Any = None) -> list[dirsnap.Segment]:
-    return dirsnap.cdc_segments(data)
+def _cdc_only(name: str, data: memoryview, items: Any = None, cdc: Any = None) -> list[segments.Segment]:
+    return segments.cdc_segments(data)
 
 
 def run(scale: float, work: Path, log: Callable[[str], None]) -> dict[str, Any]:

@@ -258,7 +258,7 @@ class Store:
         followed). Files are cut where their format says (safetensors tensor by tensor, zip
         archives such as ``torch.save`` output entry by entry, anything else by content-defined
         chunking), so what an earlier version holds is not written again (see
-        :mod:`casckpt.format.dirsnap`). :meth:`checkout` writes it back.
+        :mod:`casckpt.format.segments`). :meth:`checkout` writes it back.
 
         The files are read through memory maps until the commit has read them: they must not
         change until this returns (with ``block=False``: until the handle's snapshot is taken,

@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 import casckpt
 from casckpt.cli.main import app
 from casckpt.errors import CorruptManifestError, FileHashMismatchError
-from casckpt.format.dirsnap import CDC_MAX, SMALL_RUN, plan_segments
+from casckpt.format.segments import CDC_MAX, SMALL_RUN, plan_segments
 
 TENSOR = 64 << 10  # float32 elements: 256 KiB a tensor
 N = 8

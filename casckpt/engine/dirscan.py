@@ -23,7 +23,8 @@ import numpy as np
 
 from casckpt.engine.dcpitems import dcp_items
 from casckpt.errors import InvalidArgumentError, UnsupportedFileError
-from casckpt.format.dirsnap import DIR_FORMAT, DIR_KEY, Segment, plan_segments, summary
+from casckpt.format.dirsnap import DIR_FORMAT, DIR_KEY, summary
+from casckpt.format.segments import Segment, plan_segments
 from casckpt.types import ProgressCallback
 
 READ_WHOLE = 64 << 10

@@ -1,4 +1,4 @@
-"""casckpt.format.dirsnap: how a file's bytes are cut, and which listings are accepted (no I/O).
+"""casckpt.format.segments and dirsnap: how a file's bytes are cut, and which listings are accepted (no I/O).
 
 Whatever the bytes, the segments are sorted, contiguous, non-empty and cover the file; a
 safetensors header or zip archive that does not validate falls back to content-defined
@@ -18,13 +18,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from casckpt.errors import CorruptManifestError
-from casckpt.format.dirsnap import (
+from casckpt.format.dirsnap import check_path, read_listing
+from casckpt.format.segments import (
     CDC_MIN,
     Segment,
-    check_path,
     item_segments,
     plan_segments,
-    read_listing,
     safetensors_segments,
     zip_segments,
 )
