@@ -131,6 +131,7 @@ def _link(path: str, target: str) -> dict[str, Any]:
     [_file("escape", b"x"), _file("escape", b"y")],  # twice
     [{**_file("escape", b"xy"), "size": 3}],  # parts do not add up
     [_file("./escape", b"x")],
+    [{**_file("escape", b"xy"), "size": 1, "parts": [np.frombuffer(b"xy", np.uint8), "not a part"]}],
 ])
 def test_forged_listings_are_refused_before_anything_is_written(
         store: casckpt.Store, tmp_path: Path, files: list[dict[str, Any]]) -> None:

@@ -66,8 +66,8 @@ def listing(manifest: Manifest) -> list[DirEntry]:
 
 
 def _nbytes(part: object) -> int:
-    if not isinstance(part, TensorEntry) or part.is_shard:
-        return -1  # makes the sizes disagree: the entry is refused as malformed
+    if not isinstance(part, TensorEntry) or part.is_shard or part.stride is not None:
+        return -1  # not a part add_dir writes: the entry is refused as malformed
     return part.numel * element_size(part.kind, part.dtype)
 
 

@@ -55,8 +55,9 @@ def is_snapshot(tree: object) -> bool:
 
 
 def read_listing(tree: object, part_size: Callable[[Any], int]) -> list[DirEntry]:
-    """Validate a decoded snapshot tree (parts replaced by handles ``part_size`` measures) and
-    return its entries, parents before children.
+    """Validate a decoded snapshot tree (parts replaced by handles ``part_size`` measures; it
+    returns a negative size for anything that is not a part) and return its entries, parents
+    before children.
 
     Every name is relative, normalised (no ``.``, ``..``, empty parts, NUL) and unique; every
     entry's parent is a directory of the snapshot (so nothing is written through a symbolic
@@ -95,13 +96,14 @@ def _entry(raw: object, part_size: Callable[[Any], int]) -> DirEntry:
     path, kind, mode, size = raw["path"], raw["kind"], raw["mode"], raw["size"]
     digest, target, parts = raw["blake3"], raw["target"], raw["parts"]
     check_path(path)
+    sizes = [part_size(p) for p in parts] if isinstance(parts, list) else [-1]
     bad = (
         kind not in KINDS or type(mode) is not int or not 0 <= mode <= 0o7777
         or type(size) is not int or size < 0 or not isinstance(parts, list)
         or (kind == "file") != (isinstance(digest, str) and _HEX.fullmatch(digest) is not None)
         or (kind == "link") != (isinstance(target, str) and 0 < len(target) and "\0" not in target)
         or (kind != "file" and (parts or size or digest is not None))
-        or (kind == "file" and sum(part_size(p) for p in parts) != size)
+        or any(n < 0 for n in sizes) or (kind == "file" and sum(sizes) != size)
     )
     if bad:
         raise CorruptManifestError(f"directory snapshot entry {path!r} is malformed; refused")
