@@ -17,13 +17,16 @@ and restore at the end of a delta chain against a keyframe; the ``hint`` workloa
 times an unchanged re-commit against BLAKE3 of the state on all cores, commits
 with change hints against torch.save, and the background-commit stall against
 ``torch.distributed.checkpoint.async_save``'s; the ``startup``
-workload times CLI commands, ``casckpt.open`` and cold restores in fresh processes.
+workload times CLI commands, ``casckpt.open`` and cold restores in fresh processes; the ``hf``
+workload runs a Hugging Face Trainer fine-tune (full, frozen backbone, LoRA) with and without
+``casckpt.integrations.transformers.CasckptCallback``: checkpoint-directory bytes vs stored
+bytes, time per save, ``checkout_for_resume`` vs ``shutil.copytree``.
 
 Usage::
 
     python benchmarks/run.py [--scale S]
                              [--workloads dense,dense-bf16,frozen,lora,embed,unchanged,
-                                          branch,s3,catalog,redundancy,dcp,delta,startup]
+                                          branch,s3,catalog,redundancy,dcp,delta,startup,hf]
                              [--out FILE] [--dir TMPDIR]
 
 Prints a table of ratios with pass/miss against BENCHMARKS.md targets and writes
@@ -55,6 +58,8 @@ from benchmarks.dcp import run_dcp  # noqa: E402
 from benchmarks.delta import NAME as DELTA_NAME  # noqa: E402
 from benchmarks.delta import run_delta  # noqa: E402
 from benchmarks.hint import NAME as HINT_NAME  # noqa: E402
+from benchmarks.hf import NAME as HF_NAME  # noqa: E402
+from benchmarks.hf import run_hf  # noqa: E402
 from benchmarks.hint import run_hint  # noqa: E402
 from benchmarks.machine import machine_info  # noqa: E402
 from benchmarks.many import NAME as MANY_NAME  # noqa: E402
@@ -71,7 +76,7 @@ from benchmarks.workloads import WORKLOADS as LOCAL_WORKLOADS  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "latest.json"
 WORKLOADS = (*LOCAL_WORKLOADS, S3_NAME, CATALOG_NAME, REDUNDANCY_NAME, DCP_NAME, DELTA_NAME, MANY_NAME,
-             HINT_NAME, STARTUP_NAME)
+             HINT_NAME, STARTUP_NAME, HF_NAME)
 
 
 def _workload_list(text: str) -> list[str]:
@@ -141,6 +146,8 @@ def _run_one(name: str, scale: float, workdir: Path, log: Log) -> Outcome:
         return run_hint(scale, workdir, log)
     if name == STARTUP_NAME:
         return run_startup(scale, workdir, log)
+    if name == HF_NAME:
+        return run_hf(scale, workdir, log)
     return run_workload(name, scale, workdir, log)
 
 
