@@ -57,9 +57,9 @@ from benchmarks.dcp import NAME as DCP_NAME  # noqa: E402
 from benchmarks.dcp import run_dcp  # noqa: E402
 from benchmarks.delta import NAME as DELTA_NAME  # noqa: E402
 from benchmarks.delta import run_delta  # noqa: E402
-from benchmarks.hint import NAME as HINT_NAME  # noqa: E402
 from benchmarks.hf import NAME as HF_NAME  # noqa: E402
 from benchmarks.hf import run_hf  # noqa: E402
+from benchmarks.hint import NAME as HINT_NAME  # noqa: E402
 from benchmarks.hint import run_hint  # noqa: E402
 from benchmarks.machine import machine_info  # noqa: E402
 from benchmarks.many import NAME as MANY_NAME  # noqa: E402
