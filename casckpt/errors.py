@@ -259,7 +259,8 @@ class NotADirectorySnapshotError(InvalidArgumentError):
 
 
 class CheckoutTargetError(RestoreTargetError):
-    """``checkout``'s target exists and is not an empty directory; nothing was touched."""
+    """``checkout``'s target exists and is not an empty directory (nothing was touched), or
+    writing next to it failed (no space, no permission: nothing was left at the target)."""
 
 
 class FileHashMismatchError(IntegrityError):

@@ -258,7 +258,7 @@ class Store:
         followed). Files are cut where their format says (safetensors tensor by tensor, zip
         archives such as ``torch.save`` output entry by entry, anything else by content-defined
         chunking), so what an earlier version holds is not written again (see
-        :mod:`casckpt.format.dirsnap`). :meth:`checkout` writes it back.
+        :mod:`casckpt.format.segments`). :meth:`checkout` writes it back.
 
         The files are read through memory maps until the commit has read them: they must not
         change until this returns (with ``block=False``: until the handle's snapshot is taken,
@@ -267,8 +267,8 @@ class Store:
         ``progress`` also gets ``("scan", bytes_hashed, 0)`` while the files are read.
 
         Raises:
-            InvalidArgumentError: ``path`` is not a directory, or ``metadata`` uses the
-                reserved key ``"casckpt.dir"``.
+            InvalidArgumentError: ``path`` is not a directory or holds the store itself, or
+                ``metadata`` uses the reserved key ``"casckpt.dir"``.
             UnsupportedFileError: the tree holds a fifo, socket or device, or a name that is
                 not UTF-8 (named in the message); nothing was stored.
             Others: as :meth:`commit`.
@@ -281,6 +281,10 @@ class Store:
             raise InvalidArgumentError(f"metadata key {DIR_KEY!r} is reserved for the directory "
                                        "summary add_dir records; rename it")
         commit_engine.make_request(run, step, metadata, metrics, message, tags)  # refuse before reading
+        if self.path is not None and Path(os.path.realpath(self.path)).is_relative_to(os.path.realpath(path)):
+            raise InvalidArgumentError(
+                f"the store {str(self.path)!r} is inside {str(path)!r}, which would change while it is "
+                "read; add a directory that does not hold the store")
         state, counts = scan(path, progress)
         meta = {**(metadata or {}), DIR_KEY: counts}
         if block:

@@ -69,13 +69,14 @@ def sample_tree(root: Path) -> Path:
     os.chmod(root / "nested" / "deeper", 0o711)
     os.symlink("nested/deeper/w.bin", root / "link")
     os.symlink("/nonexistent/elsewhere", root / "dangling")
+    os.symlink("nested", root / "dirlink")  # a link to a directory: kept as a link, not walked
     return root
 
 
 def test_a_directory_comes_back_byte_identical(store: casckpt.Store, tmp_path: Path) -> None:
     src = sample_tree(tmp_path / "src")
     version = store.add_dir(src, run="d", step=1, metrics={"loss": 1.0}, tags=("first",))
-    assert version.metadata["casckpt.dir"] == {"files": 4, "dirs": 3, "links": 2, "bytes": (3 << 20) + 16}
+    assert version.metadata["casckpt.dir"] == {"files": 4, "dirs": 3, "links": 3, "bytes": (3 << 20) + 16}
     out = store.checkout("tag:first", tmp_path / "out")
     assert out == tmp_path / "out"
     assert listing(out) == listing(src)
@@ -96,6 +97,40 @@ def test_re_adding_an_unchanged_directory_writes_nothing(store: casckpt.Store, t
     again = store.add_dir(src, run="d", step=2)
     assert first.new_bytes >= 3 << 20
     assert again.new_bytes == 0
+
+
+def test_checkout_streams_in_bounded_batches(store: casckpt.Store, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from casckpt.engine import checkout as checkout_engine
+
+    monkeypatch.setattr(checkout_engine, "BATCH_BYTES", 100 << 10)  # a 3 MiB file in 31 pieces
+    monkeypatch.setattr(checkout_engine, "BATCH_FILES", 1)
+    reads: list[int] = []
+    real = checkout_engine.read_ranges
+
+    def counted(ctx: Any, manifest: Any, pieces: Any, *args: Any, **kwargs: Any) -> Any:
+        reads.append(sum(end - start for _, start, end in pieces))
+        return real(ctx, manifest, pieces, *args, **kwargs)
+
+    monkeypatch.setattr(checkout_engine, "read_ranges", counted)
+    src = sample_tree(tmp_path / "src")
+    store.add_dir(src, run="d", step=1)
+    phases: list[tuple[str, int, int]] = []
+    out = store.checkout("d@1", tmp_path / "out", progress=lambda *p: phases.append(p))
+    assert listing(out) == listing(src)
+    assert len(reads) > 30 and max(reads) <= 100 << 10
+    assert phases[-1] == ("write", (3 << 20) + 16, (3 << 20) + 16)
+
+
+def test_add_dir_reports_progress_and_refuses_a_store_inside(tmp_path: Path) -> None:
+    src = sample_tree(tmp_path / "src")
+    phases: list[str] = []
+    with casckpt.open(tmp_path / "store") as store:
+        store.add_dir(src, run="d", step=1, progress=lambda phase, done, total: phases.append(phase))
+    assert "scan" in phases
+    with casckpt.open(src / "nested" / "store") as inner:
+        with pytest.raises(InvalidArgumentError, match="inside"):
+            inner.add_dir(src, run="d", step=1)
 
 
 def test_background_add_dir(store: casckpt.Store, tmp_path: Path) -> None:
@@ -221,3 +256,52 @@ def test_a_corrupt_pack_leaves_no_partial_directory(tmp_path: Path) -> None:
 
 def test_corrupt_chunk_error_is_an_integrity_error() -> None:
     assert issubclass(CorruptChunkError, IntegrityError)
+
+
+def test_an_unreadable_file_is_a_typed_error(store: casckpt.Store, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    src = sample_tree(tmp_path / "src")
+    real_open = os.open
+
+    def refusing(path: Any, flags: int, *args: Any) -> int:
+        if str(path).endswith("exec.sh"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", refusing)
+    with pytest.raises(UnsupportedFileError, match="exec.sh.*Permission denied"):
+        store.add_dir(src, run="d", step=1)
+    monkeypatch.undo()
+    assert store.runs() == []
+
+
+def test_a_failed_write_leaves_nothing_and_is_typed(store: casckpt.Store, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    src = sample_tree(tmp_path / "src")
+    store.add_dir(src, run="d", step=1)
+    real_write = os.write
+    calls = {"n": 0}
+
+    def full(fd: int, data: Any) -> int:
+        calls["n"] += 1
+        if calls["n"] > 2:
+            raise OSError(28, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(CheckoutTargetError, match="No space left"):
+        store.checkout("d@1", tmp_path / "out")
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src", "store"]
+
+
+def test_setuid_bits_are_recorded_but_not_applied(store: casckpt.Store, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "tool").write_bytes(b"#!/bin/sh\n")
+    os.chmod(src / "tool", 0o4755)
+    version = store.add_dir(src, run="d", step=1)
+    files = store.restore(version)["files"]
+    assert files[0]["mode"] == 0o4755
+    out = store.checkout(version, tmp_path / "out")
+    assert stat.S_IMODE((out / "tool").stat().st_mode) == 0o755

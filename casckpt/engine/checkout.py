@@ -24,7 +24,12 @@ import blake3
 
 from casckpt.engine.context import EngineContext
 from casckpt.engine.restore import read_ranges
-from casckpt.errors import CheckoutTargetError, FileHashMismatchError, NotADirectorySnapshotError
+from casckpt.errors import (
+    CasckptError,
+    CheckoutTargetError,
+    FileHashMismatchError,
+    NotADirectorySnapshotError,
+)
 from casckpt.format.dirsnap import DIR_KEY, DirEntry, is_snapshot, read_listing
 from casckpt.format.dtypes import element_size
 from casckpt.format.manifest import Manifest, TensorEntry
@@ -36,6 +41,10 @@ BATCH_BYTES = 64 << 20
 BATCH_FILES = 256  # files open at once, at most, while a batch is written
 
 Piece = tuple[int, int, int]  # (extent, start, end) of a manifest
+_APPLIED_MODE = 0o1777
+"""Mode bits checkout applies: permissions and the sticky bit. setuid and setgid are recorded
+but not applied (as ``tar`` does for other users): a store must not be able to plant a
+set-user-id program by way of a checkout run as root."""
 
 
 def listing(manifest: Manifest) -> list[DirEntry]:
@@ -57,8 +66,8 @@ def listing(manifest: Manifest) -> list[DirEntry]:
 
 
 def _nbytes(part: object) -> int:
-    if not isinstance(part, TensorEntry) or part.is_shard:
-        return -1  # makes the sizes disagree: the entry is refused as malformed
+    if not isinstance(part, TensorEntry) or part.is_shard or part.stride is not None:
+        return -1  # not a part add_dir writes: the entry is refused as malformed
     return part.numel * element_size(part.kind, part.dtype)
 
 
@@ -83,25 +92,38 @@ def checkout(ctx: EngineContext, manifest: Manifest, target: Path,
 
     Raises:
         NotADirectorySnapshotError, CorruptManifestError: see :func:`listing`.
-        CheckoutTargetError: ``target`` exists and is not an empty directory.
+        CheckoutTargetError: ``target`` exists and is not an empty directory, or writing next to
+            it failed (no space, no permission; the temporary directory is removed).
         CorruptChunkError, MissingDataError: stored data is damaged or gone.
         FileHashMismatchError: a file's bytes do not hash to the recorded BLAKE3.
     """
     entries = listing(manifest)
     target = Path(os.path.abspath(target))
     check_target(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{target.name}.checkout-", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{target.name}.checkout-", dir=target.parent))
+    except OSError as exc:
+        raise CheckoutTargetError(f"cannot write next to {str(target)!r}: {exc.strerror or exc}; "
+                                  "pick a place you can write to. Nothing was written.") from exc
     try:
         _Writer(ctx, manifest, work, entries, progress).write()
         os.chmod(work, 0o777 & ~_umask())
-        try:
-            os.rename(work, target)  # replaces an empty directory atomically
-        except OSError as exc:
-            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
-                raise CheckoutTargetError(f"{str(target)!r} was filled while the checkout ran; "
-                                          "nothing was written there. Pick another path.") from exc
-            raise
+        os.rename(work, target)  # replaces an empty directory atomically
+    except CasckptError:  # the store's own errors (StorageError is an OSError too) as they are
+        _remove(work)
+        raise
+    except OSError as exc:
+        _remove(work)
+        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR) \
+                and exc.filename == str(work):
+            raise CheckoutTargetError(f"{str(target)!r} was filled while the checkout ran; "
+                                      "nothing was written there. Pick another path.") from exc
+        raise CheckoutTargetError(
+            f"could not write the checkout of {manifest.run}@{manifest.step} next to {str(target)!r}: "
+            f"{exc.strerror or exc} ({exc.filename or 'the target'}); nothing was left at the "
+            "target. Free space or fix permissions, then check out again."
+        ) from exc
     except BaseException:
         _remove(work)
         raise
@@ -143,7 +165,7 @@ class _Writer:
             self._flush()
             for entry in reversed(self.entries):  # deepest first: a read-only parent comes last
                 if entry.kind == "dir":
-                    os.chmod(self.root / entry.path, entry.mode)
+                    os.chmod(self.root / entry.path, entry.mode & _APPLIED_MODE)
         finally:
             for handle in self.open.values():
                 os.close(handle.fd)
@@ -191,7 +213,7 @@ class _Writer:
                     "the snapshot is forged); nothing was written at the target. Add the directory "
                     "again from a quiet copy."
                 )
-            os.fchmod(handle.fd, handle.entry.mode)
+            os.fchmod(handle.fd, handle.entry.mode & _APPLIED_MODE)
         finally:
             os.close(handle.fd)
 

@@ -14,7 +14,6 @@ import mmap
 import os
 import resource
 import stat
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,8 +21,10 @@ from typing import Any
 import blake3
 import numpy as np
 
+from casckpt.engine.dcpitems import dcp_items
 from casckpt.errors import InvalidArgumentError, UnsupportedFileError
-from casckpt.format.dirsnap import DIR_FORMAT, DIR_KEY, Segment, plan_segments, summary
+from casckpt.format.dirsnap import DIR_FORMAT, DIR_KEY, summary
+from casckpt.format.segments import Segment, plan_segments
 from casckpt.types import ProgressCallback
 
 READ_WHOLE = 64 << 10
@@ -41,11 +42,8 @@ class _Scan:
     done: int = 0
 
 
-Cutter = Callable[[str, memoryview], list[Segment]]
-
-
-def scan(root: str | os.PathLike[str], progress: ProgressCallback | None = None,
-         cut: Cutter = plan_segments) -> tuple[dict[str, Any], dict[str, int]]:
+def scan(root: str | os.PathLike[str],
+         progress: ProgressCallback | None = None) -> tuple[dict[str, Any], dict[str, int]]:
     """The snapshot state of the directory ``root`` and its summary (files, dirs, links, bytes).
 
     ``progress("scan", bytes_done, 0)`` is called after each file is hashed (the total is not
@@ -54,22 +52,33 @@ def scan(root: str | os.PathLike[str], progress: ProgressCallback | None = None,
     Raises:
         InvalidArgumentError: ``root`` is not a directory.
         UnsupportedFileError: the tree holds something that is not a regular file, directory
-            or symbolic link (a fifo, socket, device), or a name that is not valid UTF-8;
-            the message names it. Nothing was written.
+            or symbolic link (a fifo, socket, device), a name that is not valid UTF-8, or an
+            entry that cannot be read (or changed while read); the message names it. Nothing
+            was written.
     """
     top = Path(root)
     if not top.is_dir():
         raise InvalidArgumentError(f"{str(top)!r} is not a directory; add_dir stores a directory "
                                    "tree (for one checkpoint file, pass its folder)")
     state = _Scan(top, progress)
-    _walk(state, top, "", cut)
+    try:
+        _walk(state, top, "")
+    except OSError as exc:  # unreadable, or changed under the walk (removed, replaced by a link)
+        raise UnsupportedFileError(
+            f"could not read {exc.filename or str(top)!r}: {exc.strerror or exc}; make the directory "
+            "readable and keep it still while add_dir reads it. Nothing was stored."
+        ) from exc
     entries = state.entries
     return {DIR_KEY: DIR_FORMAT, "files": entries}, summary(entries)
 
 
-def _walk(state: _Scan, folder: Path, prefix: str, cut: Cutter) -> None:
+def _walk(state: _Scan, folder: Path, prefix: str) -> None:
     with os.scandir(folder) as listing:
         children = sorted(listing, key=lambda e: e.name)
+    names = {child.name for child in children}
+    items: dict[str, list[tuple[int, int]]] = {}
+    if ".metadata" in names and any(n.endswith(".distcp") for n in names):  # a DCP checkpoint
+        items = dcp_items(folder / ".metadata")
     for child in children:
         name = _name(folder / child.name, child.name)
         rel = f"{prefix}{name}"
@@ -80,9 +89,9 @@ def _walk(state: _Scan, folder: Path, prefix: str, cut: Cutter) -> None:
             state.entries.append(_entry(rel, "link", 0, target=target))
         elif stat.S_ISDIR(info.st_mode):
             state.entries.append(_entry(rel, "dir", mode))
-            _walk(state, folder / child.name, rel + "/", cut)
+            _walk(state, folder / child.name, rel + "/")
         elif stat.S_ISREG(info.st_mode):
-            state.entries.append(_file(state, folder / child.name, rel, mode, cut))
+            state.entries.append(_file(state, folder / child.name, rel, mode, items.get(child.name)))
         else:
             raise UnsupportedFileError(
                 f"{str(folder / child.name)!r} is {_what(info.st_mode)}, not a regular file, directory "
@@ -98,7 +107,7 @@ def _entry(path: str, kind: str, mode: int, *, size: int = 0, digest: str | None
 
 
 def _file(state: _Scan, path: Path, rel: str, mode: int,
-          cut: Cutter) -> dict[str, Any]:
+          items: list[tuple[int, int]] | None) -> dict[str, Any]:
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
     try:
         info = os.fstat(fd)
@@ -120,7 +129,7 @@ def _file(state: _Scan, path: Path, rel: str, mode: int,
     state.done += len(view)
     if state.progress is not None:
         state.progress("scan", state.done, 0)
-    parts = [_array(buffer, s) for s in cut(path.name, view)]
+    parts = [_array(buffer, s) for s in plan_segments(path.name, view, items)]
     view.release()
     return _entry(rel, "file", mode, size=len(buffer), digest=hasher.hexdigest(), parts=parts)
 

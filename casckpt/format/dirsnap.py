@@ -1,5 +1,4 @@
-"""Directory snapshots as state trees: the listing's shape, its validation, and how a file's
-bytes are cut into segments (no I/O: everything here works on buffers and decoded trees).
+"""Directory snapshots as state trees: the listing's shape and its validation (no I/O).
 
 A directory snapshot is an ordinary state tree::
 
@@ -11,22 +10,13 @@ with one entry per directory, file and symbolic link, parents before children::
      "size": 123, "blake3": "<hex of the whole file>" | None, "target": None | "link text",
      "parts": [segment, ...]}
 
-``parts`` are the file's bytes in order, each a tensor leaf (a numpy array over the file), so
-the commit machinery chunks each from its own byte 0: a segment that recurs (an unchanged
-tensor in a rewritten checkpoint) dedups like any tensor. :func:`plan_segments` picks the
-cut: safetensors files tensor by tensor (:func:`safetensors_segments`), zip archives such as
-``torch.save`` output entry by entry (:func:`zip_segments`), anything else by content-defined
-chunking (:func:`cdc_segments`, FastCDC).
+``parts`` are the file's bytes in order, each a tensor leaf (a numpy array over the file),
+cut by :mod:`casckpt.format.segments`.
 """
 
 from __future__ import annotations
 
-import io
-import json
-import math
 import re
-import struct
-import zipfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -39,214 +29,8 @@ snapshot; its value is the snapshot format (:data:`DIR_FORMAT`) in the tree, a s
 metadata."""
 DIR_FORMAT = 1
 KINDS = ("dir", "file", "link")
-
-CDC_MIN = 256 << 10
-CDC_AVG = 768 << 10  # FastCDC's average is avg + min: about 1 MiB, the default chunk size
-CDC_MAX = 4 << 20
-"""Content-defined chunking bounds (bytes). A file of at most ``CDC_MIN * 2`` bytes is one
-segment; longer ones are cut where their content says, so an insertion moves only the cuts
-near it and the other segments dedup."""
-
 MAX_PATH_BYTES = 4096
 _HEX = re.compile(r"[0-9a-f]{64}")
-
-# safetensors dtype -> numpy dtype of its segment. bfloat16 and the float8 formats, which
-# numpy lacks, keep their element width (uint16 / uint8), which is all chunking and the
-# byte-grouped codecs look at.
-_SAFETENSORS_DTYPES = {
-    "F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2",
-    "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "|i1",
-    "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "|u1", "BOOL": "|u1",
-    "F8_E4M3": "|u1", "F8_E5M2": "|u1", "F8_E4M3FN": "|u1", "F8_E5M2FNUZ": "|u1",
-    "F8_E4M3FNUZ": "|u1", "F8_E8M0": "|u1",
-    "C64": "<c8", "C128": "<c16",
-}
-_ITEMSIZE = {"<f8": 8, "<f4": 4, "<f2": 2, "<u2": 2, "<i8": 8, "<i4": 4, "<i2": 2, "|i1": 1,
-             "<u8": 8, "<u4": 4, "|u1": 1, "<c8": 8, "<c16": 16}
-_MAX_SAFETENSORS_HEADER = 100 << 20  # the safetensors library's own limit
-
-
-@dataclass(frozen=True, slots=True)
-class Segment:
-    """Bytes ``[start, end)`` of a file, stored as an array of ``dtype`` (numpy ``str``) and
-    ``shape`` (None: flat)."""
-
-    start: int
-    end: int
-    dtype: str = "|u1"
-    shape: tuple[int, ...] | None = None
-
-
-def plan_segments(name: str, data: memoryview,
-                  cdc: Callable[[memoryview], list[tuple[int, int]]] | None = None) -> list[Segment]:
-    """The segments of a file named ``name`` holding ``data``: format-aware where the bytes
-    validate as safetensors or as a zip archive with stored entries, else content-defined.
-
-    ``cdc`` cuts a buffer into ``(offset, length)`` pieces (default: :func:`fastcdc_cuts`).
-    The segments are sorted, contiguous and cover ``data`` exactly; none is empty.
-    """
-    size = len(data)
-    if size == 0:
-        return []
-    planned: list[Segment] | None = None
-    lowered = name.lower()
-    if lowered.endswith(".safetensors"):
-        planned = safetensors_segments(data)
-    if planned is None and bytes(data[:4]) == b"PK\x03\x04":
-        planned = zip_segments(data)
-    if planned is None:
-        planned = cdc_segments(data, cdc)
-    return planned
-
-
-def cdc_segments(data: memoryview,
-                 cdc: Callable[[memoryview], list[tuple[int, int]]] | None = None) -> list[Segment]:
-    """Content-defined segments of ``data`` (one segment for a file of at most ``2 * CDC_MIN``)."""
-    if len(data) <= 2 * CDC_MIN:
-        return [Segment(0, len(data))] if len(data) else []
-    cuts = (cdc or fastcdc_cuts)(data)
-    return [Segment(offset, offset + length) for offset, length in cuts if length]
-
-
-def fastcdc_cuts(data: memoryview) -> list[tuple[int, int]]:
-    """FastCDC 2020 (pyfastcdc, imported here only) cut points of ``data``."""
-    from pyfastcdc import FastCDC  # lazily: `import casckpt` never loads it
-
-    return [(c.offset, c.length) for c in FastCDC(CDC_AVG, min_size=CDC_MIN, max_size=CDC_MAX).cut_buf(data)]
-
-
-def safetensors_segments(data: memoryview) -> list[Segment] | None:
-    """The header (length prefix and JSON) as one segment, then each tensor's bytes as its own
-    segment of its dtype and shape; None when ``data`` is not a valid safetensors file
-    (header out of range, not JSON, offsets unsorted, overlapping, leaving holes, or not
-    matching dtype and shape)."""
-    if len(data) < 8:
-        return None
-    (length,) = struct.unpack("<Q", data[:8])
-    start = 8 + length
-    if length < 2 or length > _MAX_SAFETENSORS_HEADER or start > len(data):
-        return None
-    try:
-        header = json.loads(bytes(data[8:start]))
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return None
-    if not isinstance(header, dict):
-        return None
-    tensors = _safetensors_tensors(header, len(data) - start)
-    if tensors is None:
-        return None
-    out = [Segment(0, start)]
-    for begin, end, dtype, shape in tensors:
-        if end == begin:
-            continue
-        aligned = (start + begin) % _ITEMSIZE[dtype] == 0
-        out.append(Segment(start + begin, start + end, dtype if aligned else "|u1",
-                           shape if aligned else None))
-    return out
-
-
-def _safetensors_tensors(header: Mapping[str, Any], data_len: int
-                         ) -> list[tuple[int, int, str, tuple[int, ...]]] | None:
-    found: list[tuple[int, int, str, tuple[int, ...]]] = []
-    for key, info in header.items():
-        if key == "__metadata__":
-            continue
-        if not isinstance(info, dict) or info.get("dtype") not in _SAFETENSORS_DTYPES:
-            return None
-        shape, offsets = info.get("shape"), info.get("data_offsets")
-        if not isinstance(shape, list) or not isinstance(offsets, list) or not _ints(shape) \
-                or not _ints(offsets) or len(offsets) != 2:
-            return None
-        dtype = _SAFETENSORS_DTYPES[info["dtype"]]
-        begin, end = offsets
-        if end < begin or end - begin != math.prod(shape) * _ITEMSIZE[dtype]:
-            return None
-        found.append((begin, end, dtype, tuple(shape)))
-    found.sort()
-    position = 0
-    for begin, end, _, _ in found:
-        if begin != position:
-            return None
-        position = end
-    return found if position == data_len else None
-
-
-def _ints(value: object) -> bool:
-    return isinstance(value, list) and all(type(v) is int and v >= 0 for v in value)
-
-
-class _ViewFile(io.RawIOBase):
-    """A read-only, seekable file over a buffer, for :mod:`zipfile` (no copy of the bytes)."""
-
-    def __init__(self, data: memoryview) -> None:
-        self._data = data
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._data)}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def readinto(self, buffer: Any) -> int:
-        piece = self._data[self._pos : self._pos + len(buffer)]
-        memoryview(buffer).cast("B")[: len(piece)] = piece
-        self._pos += len(piece)
-        return len(piece)
-
-
-def zip_segments(data: memoryview) -> list[Segment] | None:
-    """A zip archive (``torch.save`` writes one) entry by entry: each stored entry's data its
-    own segment, the bytes between them (local headers, the central directory) segments of
-    their own; compressed entries stay inside those. None when ``data`` is not a zip archive
-    whose central directory agrees with its local headers. Nothing is unpickled."""
-    try:
-        with zipfile.ZipFile(_ViewFile(data)) as archive:
-            infos = archive.infolist()
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError, struct.error, NotImplementedError):
-        return None
-    spans: list[tuple[int, int]] = []
-    for info in infos:
-        span = _stored_span(data, info)
-        if span is None:
-            return None
-        if span[1] > span[0]:
-            spans.append(span)
-    spans.sort()
-    out: list[Segment] = []
-    position = 0
-    for begin, end in spans:
-        if begin < position:
-            return None
-        if begin > position:
-            out.append(Segment(position, begin))
-        out.append(Segment(begin, end))
-        position = end
-    if position < len(data):
-        out.append(Segment(position, len(data)))
-    return out
-
-
-def _stored_span(data: memoryview, info: zipfile.ZipInfo) -> tuple[int, int] | None:
-    """Where a stored entry's data lies (an empty span for a compressed one); None when its
-    local header is not where the central directory says."""
-    at = info.header_offset
-    if at < 0 or at + 30 > len(data) or bytes(data[at : at + 4]) != b"PK\x03\x04":
-        return None
-    name_len, extra_len = struct.unpack("<HH", data[at + 26 : at + 30])
-    begin = at + 30 + name_len + extra_len
-    if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
-        return (begin, begin)
-    end = begin + info.compress_size
-    return (begin, end) if end <= len(data) else None
 
 
 # -- reading a listing back -------------------------------------------------------------
@@ -271,8 +55,9 @@ def is_snapshot(tree: object) -> bool:
 
 
 def read_listing(tree: object, part_size: Callable[[Any], int]) -> list[DirEntry]:
-    """Validate a decoded snapshot tree (parts replaced by handles ``part_size`` measures) and
-    return its entries, parents before children.
+    """Validate a decoded snapshot tree (parts replaced by handles ``part_size`` measures; it
+    returns a negative size for anything that is not a part) and return its entries, parents
+    before children.
 
     Every name is relative, normalised (no ``.``, ``..``, empty parts, NUL) and unique; every
     entry's parent is a directory of the snapshot (so nothing is written through a symbolic
@@ -311,13 +96,14 @@ def _entry(raw: object, part_size: Callable[[Any], int]) -> DirEntry:
     path, kind, mode, size = raw["path"], raw["kind"], raw["mode"], raw["size"]
     digest, target, parts = raw["blake3"], raw["target"], raw["parts"]
     check_path(path)
+    sizes = [part_size(p) for p in parts] if isinstance(parts, list) else [-1]
     bad = (
         kind not in KINDS or type(mode) is not int or not 0 <= mode <= 0o7777
         or type(size) is not int or size < 0 or not isinstance(parts, list)
         or (kind == "file") != (isinstance(digest, str) and _HEX.fullmatch(digest) is not None)
         or (kind == "link") != (isinstance(target, str) and 0 < len(target) and "\0" not in target)
         or (kind != "file" and (parts or size or digest is not None))
-        or (kind == "file" and sum(part_size(p) for p in parts) != size)
+        or any(n < 0 for n in sizes) or (kind == "file" and sum(sizes) != size)
     )
     if bad:
         raise CorruptManifestError(f"directory snapshot entry {path!r} is malformed; refused")
