@@ -113,7 +113,8 @@ def _model(variant: str, n_embd: int) -> torch.nn.Module:
 
     set_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=N_LAYER, n_head=N_HEAD, n_embd=n_embd, vocab_size=VOCAB,
-                                       n_positions=SEQ, tie_word_embeddings=False))
+                                       n_positions=SEQ, tie_word_embeddings=False, bos_token_id=0,
+                                       eos_token_id=0))
     if variant == "frozen":
         for name, param in model.named_parameters():
             param.requires_grad_(name.startswith("lm_head."))
@@ -227,6 +228,9 @@ class _EndClock:
 
 def run_hf(scale: float, workdir: Path, log: Log) -> HfResult:
     """Run the three variants at ``scale`` (1.0: a ~1 GiB full fine-tune checkpoint)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Writing model shards" bars, one per save
     n_embd = n_embd_for(scale)
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     log(f"hf: GPT-2 n_layer={N_LAYER} n_embd={n_embd} vocab={VOCAB}, {SAVES} saves every {EVERY} steps")

@@ -13,6 +13,8 @@ synthetic dataset on CPU, on one thread; every run takes about a second.
   Trainer wrote, taken at save time; a ``save_total_limit`` that could race a background
   commit is refused before training.
 - peft/LoRA: adapter-only checkpoints commit and resume, bitwise again.
+- The default run name comes from ``run_name`` / ``output_dir`` made a valid run name; metrics
+  are the finite numbers logged up to the save's step, the latest of each.
 - A background commit that fails surfaces from ``trainer.train()`` as CheckpointCommitError
   and the checkpoint directory it was storing stays on disk, byte-identical.
 """
@@ -30,6 +32,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import transformers
 from doubles import WriteHookStore
 from peft import LoraConfig, get_peft_model
 from transformers import (
@@ -43,7 +46,7 @@ from transformers import (
 
 import casckpt
 from casckpt.errors import CheckoutTargetError, CheckpointCommitError, InvalidArgumentError, StorageError
-from casckpt.integrations.transformers import CasckptCallback, checkout_for_resume, metrics_at
+from casckpt.integrations.transformers import CasckptCallback, checkout_for_resume, metrics_at, run_name_for
 
 STEPS, EVERY = 9, 3
 
@@ -216,6 +219,7 @@ def test_keep_local_and_every_version_checks_out_as_written(
     for version in versions:
         name = f"checkpoint-{version.step}"
         assert version.metadata["checkpoint"] == name
+        assert version.metadata["transformers"] == transformers.__version__
         assert version.metrics["loss"] == metrics_at(t.state.log_history, version.step)["loss"]
         target = tmp_path / "checkout" / name
         assert tree(Path(checkout_for_resume(store, version, target.parent))) == tree(copies / name)
@@ -231,6 +235,20 @@ def test_a_save_total_limit_that_races_background_commits_is_refused(
     assert not store.log()
     with pytest.raises(InvalidArgumentError, match="keep_local"):
         CasckptCallback(store, keep_local=-1)
+
+
+def test_run_names_and_metrics_from_the_trainer(tmp_path: Path) -> None:
+    def args(**kwargs: Any) -> TrainingArguments:
+        return TrainingArguments(output_dir=str(tmp_path / "my out"), report_to=[], use_cpu=True, **kwargs)
+
+    assert run_name_for(args()) == "my-out"
+    assert run_name_for(args(run_name="sweep/#3 lr=1e-4")) == "sweep-3-lr-1e-4"
+    assert run_name_for(args(run_name="..")) == "my-out"
+    history = [{"loss": 2.0, "epoch": 0.5, "step": 1}, {"loss": float("nan"), "step": 2},
+               {"eval_loss": 1.5, "eval_runtime": 0.1, "step": 2}, {"loss": 1.0, "step": 3},
+               {"train_runtime": 3.0, "total_flos": 7, "flag": True, "note": "x", "step": 3}]
+    assert metrics_at(history, 2) == {"loss": 2.0, "epoch": 0.5, "eval_loss": 1.5, "eval_runtime": 0.1}
+    assert metrics_at(history, 3)["loss"] == 1.0 and "flag" not in metrics_at(history, 3)
 
 
 class NoSpace(WriteHookStore):
