@@ -45,7 +45,13 @@ from transformers import (
 )
 
 import casckpt
-from casckpt.errors import CheckoutTargetError, CheckpointCommitError, InvalidArgumentError, StorageError
+from casckpt.errors import (
+    CheckoutTargetError,
+    CheckpointCommitError,
+    InvalidArgumentError,
+    NotADirectorySnapshotError,
+    StorageError,
+)
 from casckpt.integrations.transformers import CasckptCallback, checkout_for_resume, metrics_at, run_name_for
 
 STEPS, EVERY = 9, 3
@@ -225,6 +231,10 @@ def test_keep_local_and_every_version_checks_out_as_written(
         assert tree(Path(checkout_for_resume(store, version, target.parent))) == tree(copies / name)
     with pytest.raises(CheckoutTargetError):
         checkout_for_resume(store, versions[0], tmp_path / "checkout")
+    store.commit({"w": torch.zeros(2)}, run="state", step=0)
+    with pytest.raises(NotADirectorySnapshotError):
+        checkout_for_resume(store, "state@0", tmp_path / "nothing")
+    assert not (tmp_path / "nothing").exists()
 
 
 def test_a_save_total_limit_that_races_background_commits_is_refused(
