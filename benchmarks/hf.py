@@ -18,7 +18,8 @@ on a fresh SQLite store. Measured:
 * bytes of the 10 ``checkpoint-N`` directories (plain run) vs bytes the store holds after
   the callback's 10 commits (``StoreStats.pack_bytes``: packs in full; catalog not counted);
 * time per save: from the step's ``on_step_end`` to the end of ``on_save`` (the Trainer's
-  writes, plus the callback's: ``add_dir`` returning a handle and pruning), median of the 10
+  writes, plus the callback's: handing the directory to its commit thread, and pruning, which
+  waits for the previous directory's commit with ``keep_local=1``), median of the 10
   saves, with vs without the callback; plus the wait at ``on_train_end`` for pending commits;
 * ``checkout_for_resume`` of the last version vs ``shutil.copytree`` of the plain run's last
   checkpoint directory (medians of ``REPEATS``, each into a fresh directory); the checkout is
@@ -275,7 +276,8 @@ NOTES = {
     "stored": "StoreStats.pack_bytes (packs in full) after the callback's 10 commits vs the sum of "
     "file sizes of the plain run's 10 checkpoint-N directories",
     "save": "from on_step_end of a saving step to the end of its on_save (Trainer writes + the "
-    "callback's add_dir(block=False) and pruning with keep_local=1), median of 10 saves; the "
+    "callback's hand-off to its commit thread and pruning with keep_local=1, which waits for the "
+    "previous save's commit), median of 10 saves; the "
     "callback's wait at on_train_end is reported raw (end_wait_s)",
     "checkout": "checkout_for_resume of the last version vs shutil.copytree of the plain run's "
     "last checkpoint directory, medians of 3, each into a fresh directory",

@@ -18,10 +18,12 @@ Importing :mod:`casckpt` never imports this module nor transformers; import it e
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import shutil
 from collections.abc import Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,12 +31,13 @@ from typing import Any
 import transformers
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from casckpt.engine.background import CommitHandle
 from casckpt.engine.validate import check_name
 from casckpt.errors import CasckptError, CheckpointCommitError, InvalidArgumentError
 from casckpt.store import Store
 from casckpt.store_core import Ref
 from casckpt.types import Version
+
+logger = logging.getLogger(__name__)
 
 PREFIX = "checkpoint"  # transformers.trainer_utils.PREFIX_CHECKPOINT_DIR: the Trainer names dirs checkpoint-N
 _NOT_IN_NAME = re.compile(r"[^A-Za-z0-9._-]+")
@@ -42,11 +45,11 @@ _NOT_IN_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
 @dataclass
 class _Saved:
-    """A checkpoint directory this callback committed; ``handle`` is None once durable."""
+    """A checkpoint directory this callback committed; ``commit`` is None once durable."""
 
     directory: Path
     step: int
-    handle: CommitHandle | None
+    commit: Future[Version] | None
 
 
 class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is untyped for mypy
@@ -58,17 +61,24 @@ class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
     ``metadata`` = ``{"integration": "transformers", "transformers": <version>, "checkpoint":
     "checkpoint-N"}``. Only the world's process zero commits.
 
+    Background commits (``block=False``, the default): ``on_save`` hands the directory to the
+    callback's one commit thread and returns at once, so the Trainer does not wait for the
+    directory to be read; commits run one at a time, in step order, each a blocking
+    ``add_dir`` (the files are read in place, no copy is staged). The Trainer never writes to a
+    checkpoint directory once saved; nothing else may either until its commit is done.
+
     Local disk: the callback deletes checkpoint directories it committed, oldest first, so that
     at most ``keep_local`` remain, and never one whose commit is not durable: with ``block=False``
-    it waits for that commit's handle first. The newest directory's own background commit is not
-    waited for at its save, so with ``keep_local=0`` each directory is deleted at the next save or
-    at the end of training (``on_train_end``, which waits for every pending commit). Directories
+    it waits for that commit first. The newest directory's own commit is not waited for at its
+    save, so with ``keep_local=0`` each directory is deleted at the next save or at the end of
+    training (``on_train_end``, which waits for every pending commit). Directories
     it did not commit (one checked out to resume from, say) and ``state.best_model_checkpoint``
     (``load_best_model_at_end`` loads it) are never deleted by the callback.
 
     ``TrainingArguments.save_total_limit`` rotates before the callback sees a save, so with
-    ``block=False`` it could delete a directory whose commit is not durable yet (and lose that
-    checkpoint if the commit then failed): the callback refuses a limit below
+    ``block=False`` it could delete a directory before its commit has read it (or before the
+    commit is durable, losing that checkpoint if the commit then failed): the callback refuses
+    a limit below
     ``max(keep_local, 1) + 1`` at ``on_train_begin``. Leave it ``None`` and let ``keep_local``
     bound local checkpoints.
 
@@ -77,7 +87,8 @@ class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
     ``trainer.train()``; the directory it was storing is kept. A blocking commit's error
     propagates as the store raised it.
 
-    Not thread-safe: the Trainer calls it from its training loop.
+    Close the store only after ``trainer.train()`` returns: commits may still be running until
+    ``on_train_end``. Not thread-safe: the Trainer calls it from its training loop.
     """
 
     def __init__(self, store: Store, run: str | None = None, keep_local: int = 1,
@@ -87,7 +98,8 @@ class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
             run: the run to commit into; default: ``args.run_name`` or the name of
                 ``args.output_dir``, with characters a run name cannot hold replaced by ``-``.
             keep_local: how many committed checkpoint directories to keep on local disk (>= 0).
-            block: commit in the foreground (the Trainer waits for each commit).
+            block: commit in the foreground (the Trainer waits for each commit at its save);
+                False: on the callback's commit thread.
 
         Raises:
             InvalidArgumentError, InvalidNameError: a bad ``keep_local`` or ``run``.
@@ -99,6 +111,7 @@ class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
         self._keep_local = keep_local
         self._block = bool(block)
         self._saved: list[_Saved] = []  # oldest first
+        self._committer: ThreadPoolExecutor | None = None  # one thread: commits in step order
 
     @property
     def run(self) -> str | None:
@@ -113,7 +126,7 @@ class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
         if not self._block and limit is not None and 0 < limit < need:
             raise InvalidArgumentError(
                 f"save_total_limit={limit} lets the Trainer delete a checkpoint directory before "
-                f"its background commit is durable; set save_total_limit=None (keep_local="
+                f"its background commit has stored it; set save_total_limit=None (keep_local="
                 f"{self._keep_local} bounds local checkpoints) or >= {need}, or pass block=True"
             )
         if self._run is None:
@@ -145,12 +158,15 @@ class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
                       "checkpoint": directory.name},
             message=f"transformers.Trainer {directory.name}",
         )
-        handle = None
+        pending = None
         if self._block:
             self._store.add_dir(directory, **commit)
         else:
-            handle = self._store.add_dir(directory, **commit, block=False)
-        self._saved.append(_Saved(directory, step, handle))
+            if self._committer is None:
+                self._committer = ThreadPoolExecutor(1, thread_name_prefix="casckpt-hf-commit")
+            store = self._store
+            pending = self._committer.submit(lambda: store.add_dir(directory, **commit))
+        self._saved.append(_Saved(directory, step, pending))
         self._prune(state, keep_newest_pending=True)
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
@@ -162,19 +178,33 @@ class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
         """
         if not state.is_world_process_zero:
             return
-        self._collect(wait=True)
+        try:
+            self._collect(wait=True)
+        finally:
+            if self._committer is not None:  # a failure above leaves the later commits running
+                self._committer.shutdown(wait=True)
+                self._committer = None
         self._prune(state, keep_newest_pending=False)
 
     def _collect(self, *, wait: bool) -> None:
-        """Take the outcome of finished commits (of all when ``wait``); raise the first failure."""
+        """Take the outcome of finished commits (of all when ``wait``); raise the first failure
+        (each later one is logged: its directory is kept too)."""
+        failures: list[CheckpointCommitError] = []
         for saved in list(self._saved):
-            if saved.handle is not None and (wait or saved.handle.done()):
-                self._settle(saved)
+            if saved.commit is not None and (wait or saved.commit.done()):
+                try:
+                    self._settle(saved)
+                except CheckpointCommitError as exc:
+                    failures.append(exc)
+        for later in failures[1:]:
+            logger.error("%s", later)
+        if failures:
+            raise failures[0]
 
     def _settle(self, saved: _Saved) -> None:
-        assert saved.handle is not None
+        assert saved.commit is not None
         try:
-            saved.handle.wait()
+            saved.commit.result()
         except CasckptError as exc:
             self._saved.remove(saved)  # kept on disk, no longer ours to delete
             raise CheckpointCommitError(
@@ -182,14 +212,14 @@ class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
                 "directory is kept: fix the store and commit it with "
                 f"store.add_dir({str(saved.directory)!r}, run={self._run!r}, step={saved.step})"
             ) from exc
-        saved.handle = None
+        saved.commit = None
 
     def _prune(self, state: TrainerState, *, keep_newest_pending: bool) -> None:
         surplus = len(self._saved) - self._keep_local
         best = state.best_model_checkpoint
         for saved in list(self._saved[:max(surplus, 0)]):
-            if saved.handle is not None:
-                if keep_newest_pending and saved is self._saved[-1] and not saved.handle.done():
+            if saved.commit is not None:
+                if keep_newest_pending and saved is self._saved[-1] and not saved.commit.done():
                     break  # its commit just started; deleted at the next save or at train end
                 self._settle(saved)
             self._saved.remove(saved)
