@@ -272,10 +272,12 @@ class NoSpace(WriteHookStore):
 def test_a_failed_background_commit_surfaces_and_keeps_its_directory(tmp_path: Path) -> None:
     copies, out = tmp_path / "copies", tmp_path / "out"
     with casckpt.open(tmp_path / "store", blobs=NoSpace(tmp_path / "blobs")) as broken:
-        t = trainer(out, [Witness(copies), CasckptCallback(broken, run="ft", keep_local=0)],
-                    steps=EVERY)
+        t = trainer(out, [Witness(copies), CasckptCallback(broken, run="ft", keep_local=0)])
         with pytest.raises(CheckpointCommitError, match="checkpoint-3") as caught:
-            t.train()
+            t.train()  # raised by the next save, at step 6: training stops there
         assert isinstance(caught.value.__cause__, StorageError)
-        assert tree(out / "checkpoint-3") == tree(copies / "checkpoint-3")
+        assert t.state.global_step == 2 * EVERY
+        assert checkpoints(out) == ["checkpoint-3", "checkpoint-6"]
+        for name in checkpoints(out):
+            assert tree(out / name) == tree(copies / name)
         assert not broken.log()
