@@ -17,8 +17,10 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import blake3
 
@@ -36,8 +38,12 @@ from casckpt.format.manifest import Manifest, TensorEntry
 from casckpt.format.tree import decode_tree
 from casckpt.types import ProgressCallback
 
+if TYPE_CHECKING:
+    import torch
+
 BATCH_BYTES = 64 << 20
-"""Bytes read per batch of chunk reads (a segment larger than this is read in pieces)."""
+"""Bytes read per batch of chunk reads (a segment larger than this is read in pieces). One
+batch is read while the one before it is hashed and written: at most two are held."""
 BATCH_FILES = 256  # files open at once, at most, while a batch is written
 
 Piece = tuple[int, int, int]  # (extent, start, end) of a manifest
@@ -150,6 +156,9 @@ class _Writer:
     batch: list[tuple[int, Piece]] = field(default_factory=list)
     batch_bytes: int = 0
     open: dict[int, _Open] = field(default_factory=dict)
+    reading: tuple[list[tuple[int, Piece]], Future[list[torch.Tensor]]] | None = None
+    reader: ThreadPoolExecutor = field(  # its thread starts with the first read
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="casckpt-checkout"))
 
     def write(self) -> None:
         self.total = sum(e.size for e in self.entries)
@@ -163,10 +172,12 @@ class _Writer:
                 else:
                     self._start(index, entry, where)
             self._flush()
+            self._flush()  # the last batch read
             for entry in reversed(self.entries):  # deepest first: a read-only parent comes last
                 if entry.kind == "dir":
                     os.chmod(self.root / entry.path, entry.mode & _APPLIED_MODE)
         finally:
+            self.reader.shutdown(wait=True, cancel_futures=True)
             for handle in self.open.values():
                 os.close(handle.fd)
 
@@ -184,10 +195,19 @@ class _Writer:
             self.batch_bytes += piece[2] - piece[1]
 
     def _flush(self) -> None:
-        if not self.batch:
-            return
-        outs = read_ranges(self.ctx, self.manifest, [piece for _, piece in self.batch])
-        for (index, _), out in zip(self.batch, outs, strict=True):
+        """Start reading the batch gathered so far; write the one read before it."""
+        started = None
+        if self.batch:
+            pieces = [piece for _, piece in self.batch]
+            started = (self.batch, self.reader.submit(read_ranges, self.ctx, self.manifest, pieces))
+            self.batch = []
+            self.batch_bytes = 0
+        previous, self.reading = self.reading, started
+        if previous is not None:
+            self._write(previous[0], previous[1].result())
+
+    def _write(self, batch: list[tuple[int, Piece]], outs: list[torch.Tensor]) -> None:
+        for (index, _), out in zip(batch, outs, strict=True):
             handle = self.open[index]
             data = memoryview(out.numpy().data)
             handle.hasher.update(data)
@@ -198,8 +218,6 @@ class _Writer:
             self.done += len(data)
             if handle.written == handle.entry.size:
                 self._finish(index)
-        self.batch.clear()
-        self.batch_bytes = 0
         if self.progress is not None:
             self.progress("write", self.done, self.total)
 

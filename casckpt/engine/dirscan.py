@@ -117,7 +117,7 @@ def _file(state: _Scan, path: Path, rel: str, mode: int,
         buffer: bytes | mmap.mmap
         if size <= READ_WHOLE:
             with os.fdopen(os.dup(fd), "rb") as f:
-                buffer = f.read()
+                buffer = f.read(size)  # what it held when measured, even if it grows
         else:
             _count_map(state, path)
             buffer = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
