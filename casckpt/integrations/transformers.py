@@ -65,7 +65,8 @@ class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
     callback's one commit thread and returns at once, so the Trainer does not wait for the
     directory to be read; commits run one at a time, in step order, each a blocking
     ``add_dir`` (the files are read in place, no copy is staged). The Trainer never writes to a
-    checkpoint directory once saved; nothing else may either until its commit is done.
+    checkpoint directory once saved; nothing else may either until its commit is done (a file
+    truncated while ``add_dir`` maps it ends the process with SIGBUS).
 
     Local disk: the callback deletes checkpoint directories it committed, oldest first, so that
     at most ``keep_local`` remain, and never one whose commit is not durable: with ``block=False``
