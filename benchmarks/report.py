@@ -23,6 +23,12 @@ from benchmarks.delta import NOTES as DELTA_NOTES
 from benchmarks.delta import TARGETS as DELTA_TARGETS
 from benchmarks.delta import DeltaResult
 from benchmarks.delta import tables as delta_tables
+from benchmarks.hf import MEASURES as HF_MEASURES
+from benchmarks.hf import NAME as HF_NAME
+from benchmarks.hf import NOTES as HF_NOTES
+from benchmarks.hf import TARGETS as HF_TARGETS
+from benchmarks.hf import HfResult
+from benchmarks.hf import raw_table as hf_raw_table
 from benchmarks.hint import MEASURES as HINT_MEASURES
 from benchmarks.hint import NAME as HINT_NAME
 from benchmarks.hint import NOTES as HINT_NOTES
@@ -49,10 +55,11 @@ from benchmarks.startup import table as startup_table
 from benchmarks.suite import WorkloadResult
 
 Result = (WorkloadResult | S3Result | CatalogResult | RedundancyResult | DcpResult | DeltaResult
-          | ManyResult | HintResult | StartupResult | ImportResult)
+          | ManyResult | HintResult | StartupResult | ImportResult
+          | HfResult)
 Outcome = Result | str  # a result, or the error that stopped the workload
 R = TypeVar("R", WorkloadResult, S3Result, CatalogResult, RedundancyResult, DcpResult, DeltaResult,
-            ManyResult, HintResult, StartupResult, ImportResult)
+            ManyResult, HintResult, StartupResult, ImportResult, HfResult)
 
 
 @dataclass(frozen=True)
@@ -380,6 +387,7 @@ DCP_METRICS: tuple[Metric[DcpResult], ...] = (
 
 DELTA_METRICS: tuple[Metric[DeltaResult], ...] = tuple(Metric(*m) for m in DELTA_MEASURES)
 STARTUP_METRICS: tuple[Metric[StartupResult], ...] = tuple(Metric(*m) for m in STARTUP_MEASURES)
+HF_METRICS: tuple[Metric[HfResult], ...] = tuple(Metric(*m) for m in HF_MEASURES)
 
 HINT_METRICS: tuple[Metric[HintResult], ...] = tuple(Metric(*m) for m in HINT_MEASURES)
 IMPORT_METRICS: tuple[Metric[ImportResult], ...] = tuple(Metric(*m) for m in IMPORT_MEASURES)
@@ -427,6 +435,7 @@ TARGETS: Mapping[tuple[str, str], float] = {
     (DCP_NAME, "new_unchanged_of_logical"): 0.001,
     **{(DELTA_NAME, key): limit for key, limit in DELTA_TARGETS.items()},
     **{(STARTUP_NAME, key): limit for key, limit in STARTUP_TARGETS.items()},
+    **{(HF_NAME, key): limit for key, limit in HF_TARGETS.items()},
     **{(MANY_NAME, key): limit for key, limit in MANY_TARGETS.items()},
     **{(HINT_NAME, key): limit for key, limit in HINT_TARGETS.items()},
 }
@@ -497,6 +506,8 @@ def metrics_for(result: Result) -> Sequence[Metric[Any]]:
         return STARTUP_METRICS
     if isinstance(result, ImportResult):
         return IMPORT_METRICS
+    if isinstance(result, HfResult):
+        return HF_METRICS
     return S3_METRICS if isinstance(result, S3Result) else METRICS
 
 
@@ -577,7 +588,7 @@ def _local(outcomes: Mapping[str, Outcome]) -> dict[str, WorkloadResult | str]:
             if isinstance(r, (WorkloadResult, str)) and not _is_s3(n, r) and not _is_catalog(n, r)
             and not _is_redundancy(n, r) and not _is_dcp(n, r) and not _is_delta(n, r)
             and not _is_many(n, r) and not _is_startup(n, r)
-            and not (isinstance(r, str) and n in (HINT_NAME, IMPORT_NAME))}
+            and not (isinstance(r, str) and n in (HINT_NAME, IMPORT_NAME, HF_NAME))}
 
 
 def _delta(outcomes: Mapping[str, Outcome]) -> dict[str, DeltaResult | str]:
@@ -897,6 +908,9 @@ def print_report(console: Console, outcomes: Mapping[str, Outcome], scale: float
     startup = startup_table({n: r for n, r in outcomes.items() if isinstance(r, StartupResult)})
     if startup is not None:
         console.print(startup)
+    hf = {n: r for n, r in outcomes.items() if isinstance(r, HfResult)}
+    if hf:
+        console.print(hf_raw_table(hf))
     console.print(ratio_table(outcomes, scale))
 
 
@@ -1081,6 +1095,8 @@ def write_json(path: Path, outcomes: Mapping[str, Outcome], header: dict[str, An
         notes[HINT_NAME] = HINT_NOTES
     if any(isinstance(r, ImportResult) for r in outcomes.values()):
         notes[IMPORT_NAME] = IMPORT_NOTES
+    if any(isinstance(r, HfResult) for r in outcomes.values()):
+        notes[HF_NAME] = HF_NOTES
     document = {**header, "notes": notes, "results": results}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2, default=str) + "\n")

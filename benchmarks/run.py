@@ -19,13 +19,16 @@ with change hints against torch.save, and the background-commit stall against
 ``torch.distributed.checkpoint.async_save``'s; the ``startup``
 workload times CLI commands, ``casckpt.open`` and cold restores in fresh processes; the
 ``import`` workload imports a folder of fine-tuning ``.pt`` checkpoints one by one (stored vs
-logical bytes, import vs torch.load time).
+logical bytes, import vs torch.load time); the ``hf``
+workload runs a Hugging Face Trainer fine-tune (full, frozen backbone, LoRA) with and without
+``casckpt.integrations.transformers.CasckptCallback``: checkpoint-directory bytes vs stored
+bytes, time per save, ``checkout_for_resume`` vs ``shutil.copytree``.
 
 Usage::
 
     python benchmarks/run.py [--scale S]
                              [--workloads dense,dense-bf16,frozen,lora,embed,unchanged,
-                                          branch,s3,catalog,redundancy,dcp,delta,startup,import]
+                                          branch,s3,catalog,redundancy,dcp,delta,startup,import,hf]
                              [--out FILE] [--dir TMPDIR]
 
 Prints a table of ratios with pass/miss against BENCHMARKS.md targets and writes
@@ -56,6 +59,8 @@ from benchmarks.dcp import NAME as DCP_NAME  # noqa: E402
 from benchmarks.dcp import run_dcp  # noqa: E402
 from benchmarks.delta import NAME as DELTA_NAME  # noqa: E402
 from benchmarks.delta import run_delta  # noqa: E402
+from benchmarks.hf import NAME as HF_NAME  # noqa: E402
+from benchmarks.hf import run_hf  # noqa: E402
 from benchmarks.hint import NAME as HINT_NAME  # noqa: E402
 from benchmarks.hint import run_hint  # noqa: E402
 from benchmarks.importing import NAME as IMPORT_NAME  # noqa: E402
@@ -75,7 +80,7 @@ from benchmarks.workloads import WORKLOADS as LOCAL_WORKLOADS  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "latest.json"
 WORKLOADS = (*LOCAL_WORKLOADS, S3_NAME, CATALOG_NAME, REDUNDANCY_NAME, DCP_NAME, DELTA_NAME, MANY_NAME,
-             HINT_NAME, STARTUP_NAME, IMPORT_NAME)
+             HINT_NAME, STARTUP_NAME, IMPORT_NAME, HF_NAME)
 
 
 def _workload_list(text: str) -> list[str]:
@@ -147,6 +152,8 @@ def _run_one(name: str, scale: float, workdir: Path, log: Log) -> Outcome:
         return run_startup(scale, workdir, log)
     if name == IMPORT_NAME:
         return run_import(scale, workdir, log)
+    if name == HF_NAME:
+        return run_hf(scale, workdir, log)
     return run_workload(name, scale, workdir, log)
 
 

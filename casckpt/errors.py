@@ -283,3 +283,8 @@ class FileHashMismatchError(IntegrityError):
     """A file written by ``checkout`` does not hash to the BLAKE3 recorded when it was added
     (it changed while ``add_dir`` read it, or the snapshot is forged); nothing was left at the
     target."""
+
+
+class CheckpointCommitError(BackgroundCommitError):
+    """A framework integration's background commit of a checkpoint failed; the local checkpoint
+    it was storing is kept. The store's error is the ``__cause__``."""

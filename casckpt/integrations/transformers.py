@@ -1,0 +1,275 @@
+"""Hugging Face ``transformers.Trainer`` integration (``pip install casckpt[transformers]``).
+
+:class:`CasckptCallback` commits each ``checkpoint-N`` directory the Trainer saves as a
+directory snapshot (:meth:`casckpt.Store.add_dir`) and keeps at most ``keep_local`` of them on
+local disk; :func:`checkout_for_resume` writes a committed one back, byte-identical, for
+``trainer.train(resume_from_checkpoint=...)``::
+
+    from casckpt.integrations.transformers import CasckptCallback, checkout_for_resume
+
+    trainer = Trainer(..., callbacks=[CasckptCallback(store, run="ft")])
+    trainer.train()
+    # later, anywhere, even with output_dir gone:
+    path = checkout_for_resume(store, "ft@latest", args.output_dir)
+    trainer.train(resume_from_checkpoint=path)
+
+Importing :mod:`casckpt` never imports this module nor transformers; import it explicitly.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import shutil
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import transformers
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from casckpt.engine.validate import check_name
+from casckpt.errors import CasckptError, CheckpointCommitError, InvalidArgumentError
+from casckpt.store import Store
+from casckpt.store_core import Ref
+from casckpt.types import Version
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "checkpoint"  # transformers.trainer_utils.PREFIX_CHECKPOINT_DIR: the Trainer names dirs checkpoint-N
+_NOT_IN_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@dataclass
+class _Saved:
+    """A checkpoint directory this callback committed; ``commit`` is None once durable."""
+
+    directory: Path
+    step: int
+    commit: Future[Version] | None
+
+
+class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is untyped for mypy
+    """Commit every checkpoint the Trainer saves; keep at most ``keep_local`` on local disk.
+
+    After each save (``on_save``) the new ``output_dir/checkpoint-N`` directory becomes version
+    ``run@N`` (``N`` = ``state.global_step``) with ``metrics`` = the finite numeric entries of
+    ``state.log_history`` logged at steps up to ``N`` (the latest value of each name) and
+    ``metadata`` = ``{"integration": "transformers", "transformers": <version>, "checkpoint":
+    "checkpoint-N"}``. Only the world's process zero commits.
+
+    Background commits (``block=False``, the default): ``on_save`` hands the directory to the
+    callback's one commit thread and returns at once, so the Trainer does not wait for the
+    directory to be read; commits run one at a time, in step order, each a blocking
+    ``add_dir`` (the files are read in place, no copy is staged). The Trainer never writes to a
+    checkpoint directory once saved; nothing else may either until its commit is done (a file
+    truncated while ``add_dir`` maps it ends the process with SIGBUS).
+
+    Local disk: the callback deletes checkpoint directories it committed, oldest first, so that
+    at most ``keep_local`` remain, and never one whose commit is not durable: with ``block=False``
+    it waits for that commit first. The newest directory's own commit is not waited for at its
+    save, so with ``keep_local=0`` each directory is deleted at the next save or at the end of
+    training (``on_train_end``, which waits for every pending commit). Directories
+    it did not commit (one checked out to resume from, say) and ``state.best_model_checkpoint``
+    (``load_best_model_at_end`` loads it) are never deleted by the callback.
+
+    ``TrainingArguments.save_total_limit`` rotates before the callback sees a save, so with
+    ``block=False`` it could delete a directory before its commit has read it (or before the
+    commit is durable, losing that checkpoint if the commit then failed): the callback refuses
+    a limit below
+    ``max(keep_local, 1) + 1`` at ``on_train_begin``. Leave it ``None`` and let ``keep_local``
+    bound local checkpoints.
+
+    Errors: a failed commit raises :class:`~casckpt.errors.CheckpointCommitError` (the store's
+    error is its ``__cause__``) from the next save or from ``on_train_end``, and so out of
+    ``trainer.train()``; the directory it was storing is kept. A blocking commit's error
+    propagates as the store raised it.
+
+    Close the store only after ``trainer.train()`` returns: commits may still be running until
+    ``on_train_end``. Not thread-safe: the Trainer calls it from its training loop.
+    """
+
+    def __init__(self, store: Store, run: str | None = None, keep_local: int = 1,
+                 block: bool = False) -> None:
+        """Args:
+            store: an open store; the callback does not close it.
+            run: the run to commit into; default: ``args.run_name`` or the name of
+                ``args.output_dir``, with characters a run name cannot hold replaced by ``-``.
+            keep_local: how many committed checkpoint directories to keep on local disk (>= 0).
+            block: commit in the foreground (the Trainer waits for each commit at its save);
+                False: on the callback's commit thread.
+
+        Raises:
+            InvalidArgumentError, InvalidNameError: a bad ``keep_local`` or ``run``.
+        """
+        if isinstance(keep_local, bool) or not isinstance(keep_local, int) or keep_local < 0:
+            raise InvalidArgumentError(f"keep_local must be an int >= 0, got {keep_local!r}")
+        self._store = store
+        self._run = None if run is None else check_name(run, "run")
+        self._keep_local = keep_local
+        self._block = bool(block)
+        self._saved: list[_Saved] = []  # oldest first
+        self._committer: ThreadPoolExecutor | None = None  # one thread: commits in step order
+
+    @property
+    def run(self) -> str | None:
+        """The run committed into (None until training begins when not given)."""
+        return self._run
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: Any) -> None:
+        """Pick the run name; refuse a ``save_total_limit`` that could race a background commit."""
+        limit = args.save_total_limit
+        need = max(self._keep_local, 1) + 1
+        if not self._block and limit is not None and 0 < limit < need:
+            raise InvalidArgumentError(
+                f"save_total_limit={limit} lets the Trainer delete a checkpoint directory before "
+                f"its background commit has stored it; set save_total_limit=None (keep_local="
+                f"{self._keep_local} bounds local checkpoints) or >= {need}, or pass block=True"
+            )
+        if self._run is None:
+            self._run = run_name_for(args)
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                **kwargs: Any) -> None:
+        """Commit ``checkpoint-<global_step>``; delete local directories beyond ``keep_local``.
+
+        Raises:
+            CheckpointCommitError: an earlier background commit failed.
+            InvalidArgumentError: the Trainer saved no such directory.
+        """
+        if not state.is_world_process_zero:
+            return
+        self._collect(wait=False)
+        step = state.global_step
+        directory = Path(str(args.output_dir)) / f"{PREFIX}-{step}"
+        if not directory.is_dir():
+            raise InvalidArgumentError(
+                f"the Trainer reported a save at step {step} but {directory} is not a directory; "
+                "CasckptCallback commits the Trainer's own checkpoint-N directories"
+            )
+        if self._run is None:
+            self._run = run_name_for(args)
+        commit: dict[str, Any] = dict(
+            run=self._run, step=step, metrics=metrics_at(state.log_history, step),
+            metadata={"integration": "transformers", "transformers": transformers.__version__,
+                      "checkpoint": directory.name},
+            message=f"transformers.Trainer {directory.name}",
+        )
+        pending = None
+        if self._block:
+            self._store.add_dir(directory, **commit)
+        else:
+            if self._committer is None:
+                self._committer = ThreadPoolExecutor(1, thread_name_prefix="casckpt-hf-commit")
+            store = self._store
+            pending = self._committer.submit(lambda: store.add_dir(directory, **commit))
+        self._saved.append(_Saved(directory, step, pending))
+        self._prune(state, keep_newest_pending=True)
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> None:
+        """Wait for every pending commit, then delete local directories beyond ``keep_local``.
+
+        Raises:
+            CheckpointCommitError: a background commit failed.
+        """
+        if not state.is_world_process_zero:
+            return
+        try:
+            self._collect(wait=True)
+        finally:
+            if self._committer is not None:  # a failure above leaves the later commits running
+                self._committer.shutdown(wait=True)
+                self._committer = None
+        self._prune(state, keep_newest_pending=False)
+
+    def _collect(self, *, wait: bool) -> None:
+        """Take the outcome of finished commits (of all when ``wait``); raise the first failure
+        (each later one is logged: its directory is kept too)."""
+        failures: list[CheckpointCommitError] = []
+        for saved in list(self._saved):
+            if saved.commit is not None and (wait or saved.commit.done()):
+                try:
+                    self._settle(saved)
+                except CheckpointCommitError as exc:
+                    failures.append(exc)
+        for later in failures[1:]:
+            logger.error("%s", later)
+        if failures:
+            raise failures[0]
+
+    def _settle(self, saved: _Saved) -> None:
+        assert saved.commit is not None
+        try:
+            saved.commit.result()
+        except CasckptError as exc:
+            self._saved.remove(saved)  # kept on disk, no longer ours to delete
+            raise CheckpointCommitError(
+                f"committing {saved.directory} as {self._run}@{saved.step} failed: {exc}; the "
+                "directory is kept: fix the store and commit it with "
+                f"store.add_dir({str(saved.directory)!r}, run={self._run!r}, step={saved.step})"
+            ) from exc
+        saved.commit = None
+
+    def _prune(self, state: TrainerState, *, keep_newest_pending: bool) -> None:
+        surplus = len(self._saved) - self._keep_local
+        best = state.best_model_checkpoint
+        for saved in list(self._saved[:max(surplus, 0)]):
+            if saved.commit is not None:
+                if keep_newest_pending and saved is self._saved[-1] and not saved.commit.done():
+                    break  # its commit just started; deleted at the next save or at train end
+                self._settle(saved)
+            self._saved.remove(saved)
+            if best is not None and Path(best).resolve() == saved.directory.resolve():
+                continue
+            if saved.directory.exists():
+                shutil.rmtree(saved.directory)
+
+
+def run_name_for(args: TrainingArguments) -> str:
+    """A run name from ``args.run_name`` or the name of ``args.output_dir`` (``hf-trainer`` if
+    neither gives one), characters a run name cannot hold replaced by ``-``."""
+    for text in (args.run_name, Path(args.output_dir or "").name):
+        name = _NOT_IN_NAME.sub("-", str(text or "")).replace("..", ".").strip("-._")[:128]
+        if name:
+            return name
+    return "hf-trainer"
+
+
+def metrics_at(log_history: Iterable[Mapping[str, Any]], step: int) -> dict[str, float]:
+    """The finite numeric entries of ``log_history`` logged at steps <= ``step``, latest wins."""
+    out: dict[str, float] = {}
+    for entry in log_history:
+        if entry.get("step", 0) > step:
+            continue
+        for key, value in entry.items():
+            if key == "step" or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            if math.isfinite(value):
+                out[key] = float(value)
+    return out
+
+
+def checkout_for_resume(store: Store, ref: Ref, output_dir: str | Path) -> str:
+    """Check out the directory snapshot ``ref`` into ``output_dir/checkpoint-<step>``.
+
+    The files come back byte-identical (verified before this returns), so
+    ``trainer.train(resume_from_checkpoint=<returned path>)`` resumes exactly where the
+    committed save left off: weights, optimizer, scheduler, RNG and Trainer state.
+
+    Returns:
+        The checkpoint directory's path, as a str.
+
+    Raises:
+        RefNotFoundError: no such version.
+        NotADirectorySnapshotError: the version was stored with ``commit``, not ``add_dir``.
+        CheckoutTargetError: ``output_dir/checkpoint-<step>`` exists and is not an empty
+            directory (nothing is overwritten: resume from it directly, or move it away).
+        Others: as :meth:`casckpt.Store.checkout`.
+    """
+    version: Version = store.resolve(ref)
+    return str(store.checkout(version.id, Path(output_dir) / f"{PREFIX}-{version.step}"))

@@ -1,0 +1,283 @@
+"""The Hugging Face Trainer integration, on a real ``transformers.Trainer`` (and real peft).
+
+A 2-layer GPT-2 built from a config (random init, nothing downloaded) trains on a tiny
+synthetic dataset on CPU, on one thread; every run takes about a second.
+
+- Resume through the callback: a run interrupted after its step-6 save, its whole output
+  directory deleted, checked out from the store and resumed, ends bit for bit where an
+  uninterrupted run ends: weights, optimizer state, the CPU RNG states (torch, numpy, Python)
+  and the bytes of the final checkpoint's model, optimizer, scheduler and RNG files. On CPU
+  the Trainer is deterministic here, so the comparison is bitwise (``torch.equal``).
+- ``keep_local`` is honoured (checkpoint directories counted on disk after each save and at
+  the end) and every committed version checks out byte-identical to a copy of what the
+  Trainer wrote, taken at save time; a ``save_total_limit`` that could race a background
+  commit is refused before training.
+- peft/LoRA: adapter-only checkpoints commit and resume, bitwise again.
+- The default run name comes from ``run_name`` / ``output_dir`` made a valid run name; metrics
+  are the finite numbers logged up to the save's step, the latest of each.
+- A background commit that fails surfaces from ``trainer.train()`` as CheckpointCommitError
+  and the checkpoint directory it was storing stays on disk, byte-identical.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from doubles import WriteHookStore
+from peft import LoraConfig, get_peft_model
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+    set_seed,
+)
+
+import casckpt
+from casckpt.errors import (
+    CheckoutTargetError,
+    CheckpointCommitError,
+    InvalidArgumentError,
+    NotADirectorySnapshotError,
+    StorageError,
+)
+from casckpt.integrations.transformers import CasckptCallback, checkout_for_resume, metrics_at, run_name_for
+
+STEPS, EVERY = 9, 3
+
+
+class Tokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    """32 random sequences of 16 tokens, the same every time."""
+
+    def __init__(self) -> None:
+        self.ids = torch.randint(0, 64, (32, 16), generator=torch.Generator().manual_seed(0))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def gpt2(lora: bool = False) -> torch.nn.Module:
+    set_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=32))
+    if lora:
+        return get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn"],
+                                                task_type="CAUSAL_LM"))
+    return model
+
+
+def trainer(out: Path, callbacks: list[Any], *, lora: bool = False, steps: int = STEPS,
+            every: int = EVERY, **kwargs: Any) -> Trainer:
+    args = TrainingArguments(
+        output_dir=str(out), use_cpu=True, save_strategy="steps", save_steps=every, max_steps=steps,
+        seed=1, data_seed=2, report_to=[], disable_tqdm=True, logging_steps=1,
+        per_device_train_batch_size=4, learning_rate=1e-2, **kwargs,
+    )
+    return Trainer(model=gpt2(lora), args=args, train_dataset=Tokens(), callbacks=callbacks)
+
+
+class StopAt(TrainerCallback):  # type: ignore[misc]
+    """Interrupt training after ``step`` (its save still happens): the run a crash cuts short."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if state.global_step >= self.step:
+            control.should_training_stop = True
+        return control
+
+
+class Witness(TrainerCallback):  # type: ignore[misc]
+    """Copies each checkpoint directory at save time (placed before CasckptCallback) or counts
+    the checkpoint directories left on disk after each save (placed after it)."""
+
+    def __init__(self, copies: Path | None = None) -> None:
+        self.copies = copies
+        self.counts: list[int] = []
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.copies is not None:
+            name = f"checkpoint-{state.global_step}"
+            shutil.copytree(Path(args.output_dir) / name, self.copies / name)
+        else:
+            self.counts.append(len(checkpoints(Path(args.output_dir))))
+
+
+def checkpoints(out: Path) -> list[str]:
+    return sorted(p.name for p in out.glob("checkpoint-*")) if out.exists() else []
+
+
+def tree(root: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under ``root``: relative path -> (bytes, permission bits)."""
+    return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mode & 0o777)
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def final_state(t: Trainer) -> dict[str, Any]:
+    return {"model": {k: v.detach().clone() for k, v in t.model.state_dict().items()},
+            "optim": t.optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
+            "numpy_rng": np.random.get_state(), "python_rng": random.getstate()}
+
+
+def assert_same_state(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert a["model"].keys() == b["model"].keys()
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    sa, sb = a["optim"]["state"], b["optim"]["state"]
+    assert sa.keys() == sb.keys() and sa
+    for pid in sa:
+        assert sa[pid].keys() == sb[pid].keys()
+        for name, value in sa[pid].items():
+            same = torch.equal(value, sb[pid][name]) if torch.is_tensor(value) else value == sb[pid][name]
+            assert same, (pid, name)
+    assert a["optim"]["param_groups"] == b["optim"]["param_groups"]
+    assert torch.equal(a["torch_rng"], b["torch_rng"])
+    assert a["python_rng"] == b["python_rng"]
+    na, nb = a["numpy_rng"], b["numpy_rng"]
+    assert na[0] == nb[0] and np.array_equal(na[1], nb[1]) and na[2:] == nb[2:]
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """A 2-layer model trains fastest on one thread (several only contend on a shared machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[casckpt.Store]:
+    with casckpt.open(tmp_path / "store") as opened:
+        yield opened
+        opened.check()
+
+
+STATE_FILES = ("model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json")
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_resume_from_the_store_matches_an_uninterrupted_run(
+        store: casckpt.Store, tmp_path: Path, lora: bool) -> None:
+    reference = trainer(tmp_path / "reference", [], lora=lora)
+    reference.train()
+    expected = final_state(reference)
+
+    out = tmp_path / "out"
+    cut = trainer(out, [StopAt(6), CasckptCallback(store, run="ft", keep_local=1)], lora=lora)
+    cut.train()
+    assert [v.step for v in store.log("ft")] == [6, 3]
+    shutil.rmtree(out)  # the machine is gone; only the store remains
+
+    path = checkout_for_resume(store, "ft@latest", out)
+    assert path == str(out / "checkpoint-6")
+    files = set(os.listdir(path))
+    if lora:  # peft saves the adapter only
+        assert {"adapter_model.safetensors", "adapter_config.json"} <= files
+        assert "model.safetensors" not in files
+    resumed = trainer(out, [CasckptCallback(store, run="ft", keep_local=1)], lora=lora)
+    resumed.train(resume_from_checkpoint=path)
+
+    assert_same_state(final_state(resumed), expected)
+    model_file = "adapter_model.safetensors" if lora else "model.safetensors"
+    want = tree(tmp_path / "reference" / "checkpoint-9")
+    got = tree(out / "checkpoint-9")
+    for name in (model_file, *STATE_FILES[1:]):
+        assert got[name] == want[name], name
+    assert [v.step for v in store.log("ft")] == [9, 6, 3]
+    again = tmp_path / "again"
+    assert tree(Path(checkout_for_resume(store, "ft@9", again))) == got
+
+
+@pytest.mark.parametrize(("keep_local", "block"), [(0, False), (1, False), (2, True)])
+def test_keep_local_and_every_version_checks_out_as_written(
+        store: casckpt.Store, tmp_path: Path, keep_local: int, block: bool) -> None:
+    copies, out = tmp_path / "copies", tmp_path / "out"
+    counter = Witness()
+    t = trainer(out, [Witness(copies), CasckptCallback(store, keep_local=keep_local, block=block),
+                      counter])
+    t.train()
+
+    # the newest directory's background commit is not waited for at its own save
+    bound = keep_local + (0 if block or keep_local else 1)
+    for saves, count in enumerate(counter.counts, start=1):  # a background commit may finish early
+        assert min(saves, keep_local) <= count <= min(saves, bound)
+    assert len(counter.counts) == STEPS // EVERY
+    assert len(checkpoints(out)) == keep_local  # on_train_end waited, then pruned
+    assert checkpoints(out) == sorted(f"checkpoint-{s}" for s in (3, 6, 9)[3 - keep_local:])
+
+    versions = store.log("out")  # the run is named after output_dir
+    assert [v.step for v in versions] == [9, 6, 3]
+    for version in versions:
+        name = f"checkpoint-{version.step}"
+        assert version.metadata["checkpoint"] == name
+        assert version.metadata["transformers"] == transformers.__version__
+        assert version.metrics["loss"] == metrics_at(t.state.log_history, version.step)["loss"]
+        target = tmp_path / "checkout" / name
+        assert tree(Path(checkout_for_resume(store, version, target.parent))) == tree(copies / name)
+    with pytest.raises(CheckoutTargetError):
+        checkout_for_resume(store, versions[0], tmp_path / "checkout")
+    store.commit({"w": torch.zeros(2)}, run="state", step=0)
+    with pytest.raises(NotADirectorySnapshotError):
+        checkout_for_resume(store, "state@0", tmp_path / "nothing")
+    assert not (tmp_path / "nothing").exists()
+
+
+def test_a_save_total_limit_that_races_background_commits_is_refused(
+        store: casckpt.Store, tmp_path: Path) -> None:
+    t = trainer(tmp_path / "out", [CasckptCallback(store, run="ft", keep_local=1)], save_total_limit=1)
+    with pytest.raises(InvalidArgumentError, match="save_total_limit"):
+        t.train()
+    assert not store.log()
+    with pytest.raises(InvalidArgumentError, match="keep_local"):
+        CasckptCallback(store, keep_local=-1)
+
+
+def test_run_names_and_metrics_from_the_trainer(tmp_path: Path) -> None:
+    def args(**kwargs: Any) -> TrainingArguments:
+        return TrainingArguments(output_dir=str(tmp_path / "my out"), report_to=[], use_cpu=True, **kwargs)
+
+    assert run_name_for(args()) == "my-out"
+    assert run_name_for(args(run_name="sweep/#3 lr=1e-4")) == "sweep-3-lr-1e-4"
+    assert run_name_for(args(run_name="..")) == "my-out"
+    history = [{"loss": 2.0, "epoch": 0.5, "step": 1}, {"loss": float("nan"), "step": 2},
+               {"eval_loss": 1.5, "eval_runtime": 0.1, "step": 2}, {"loss": 1.0, "step": 3},
+               {"train_runtime": 3.0, "total_flos": 7, "flag": True, "note": "x", "step": 3}]
+    assert metrics_at(history, 2) == {"loss": 2.0, "epoch": 0.5, "eval_loss": 1.5, "eval_runtime": 0.1}
+    assert metrics_at(history, 3)["loss"] == 1.0 and "flag" not in metrics_at(history, 3)
+
+
+class NoSpace(WriteHookStore):
+    """A local blob store whose every write fails with ENOSPC."""
+
+    def before_write(self, key: str) -> None:
+        cause = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        raise StorageError(f"cannot write {key}: {cause}") from cause
+
+
+def test_a_failed_background_commit_surfaces_and_keeps_its_directory(tmp_path: Path) -> None:
+    copies, out = tmp_path / "copies", tmp_path / "out"
+    with casckpt.open(tmp_path / "store", blobs=NoSpace(tmp_path / "blobs")) as broken:
+        t = trainer(out, [Witness(copies), CasckptCallback(broken, run="ft", keep_local=0)])
+        with pytest.raises(CheckpointCommitError, match="checkpoint-3") as caught:
+            t.train()  # raised by the next save, at step 6: training stops there
+        assert isinstance(caught.value.__cause__, StorageError)
+        assert t.state.global_step == 2 * EVERY
+        assert checkpoints(out) == ["checkpoint-3", "checkpoint-6"]
+        for name in checkpoints(out):
+            assert tree(out / name) == tree(copies / name)
+        assert not broken.log()
