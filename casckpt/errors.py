@@ -246,3 +246,12 @@ class CommitTimeoutError(CasckptError, TimeoutError):
 class GroupCommitError(CasckptError, RuntimeError):
     """A commit by a process group failed on some rank; every rank raises it, naming the ranks
     and their errors (this rank's own error, if any, is the ``__cause__``). Nothing was published."""
+
+
+class CheckpointPathNotFoundError(RefNotFoundError):
+    """A framework asked for a checkpoint by a path the store holds no version for (never
+    saved through casckpt, removed since, or saved to another run)."""
+
+
+class OptionalDependencyError(CasckptError, ImportError):
+    """An integration needs a library that is not installed; the message names the extra."""
