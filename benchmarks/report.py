@@ -29,6 +29,11 @@ from benchmarks.hint import NOTES as HINT_NOTES
 from benchmarks.hint import TARGETS as HINT_TARGETS
 from benchmarks.hint import HintResult
 from benchmarks.hint import raw_table as hint_raw_table
+from benchmarks.lightning_ckpt import MEASURES as LIGHTNING_MEASURES
+from benchmarks.lightning_ckpt import NAME as LIGHTNING_NAME
+from benchmarks.lightning_ckpt import NOTES as LIGHTNING_NOTES
+from benchmarks.lightning_ckpt import LightningResult
+from benchmarks.lightning_ckpt import table as lightning_table
 from benchmarks.many import NAME as MANY_NAME
 from benchmarks.many import ManyResult, ManyState
 from benchmarks.redundancy import EC, RedundancyResult
@@ -44,10 +49,10 @@ from benchmarks.startup import table as startup_table
 from benchmarks.suite import WorkloadResult
 
 Result = (WorkloadResult | S3Result | CatalogResult | RedundancyResult | DcpResult | DeltaResult
-          | ManyResult | HintResult | StartupResult)
+          | ManyResult | HintResult | StartupResult | LightningResult)
 Outcome = Result | str  # a result, or the error that stopped the workload
 R = TypeVar("R", WorkloadResult, S3Result, CatalogResult, RedundancyResult, DcpResult, DeltaResult,
-            ManyResult, HintResult, StartupResult)
+            ManyResult, HintResult, StartupResult, LightningResult)
 
 
 @dataclass(frozen=True)
@@ -377,6 +382,7 @@ DELTA_METRICS: tuple[Metric[DeltaResult], ...] = tuple(Metric(*m) for m in DELTA
 STARTUP_METRICS: tuple[Metric[StartupResult], ...] = tuple(Metric(*m) for m in STARTUP_MEASURES)
 
 HINT_METRICS: tuple[Metric[HintResult], ...] = tuple(Metric(*m) for m in HINT_MEASURES)
+LIGHTNING_METRICS: tuple[Metric[LightningResult], ...] = tuple(Metric(*m) for m in LIGHTNING_MEASURES)
 
 # (workload or "*", metric key) -> lower limit, from BENCHMARKS.md "Targets".
 FLOORS: Mapping[tuple[str, str], float] = {
@@ -489,6 +495,8 @@ def metrics_for(result: Result) -> Sequence[Metric[Any]]:
         return HINT_METRICS
     if isinstance(result, StartupResult):
         return STARTUP_METRICS
+    if isinstance(result, LightningResult):
+        return LIGHTNING_METRICS
     return S3_METRICS if isinstance(result, S3Result) else METRICS
 
 
@@ -564,11 +572,15 @@ def _is_startup(name: str, outcome: Outcome) -> bool:
     return isinstance(outcome, StartupResult) or (isinstance(outcome, str) and name == STARTUP_NAME)
 
 
+def _is_lightning(name: str, outcome: Outcome) -> bool:
+    return isinstance(outcome, LightningResult) or (isinstance(outcome, str) and name == LIGHTNING_NAME)
+
+
 def _local(outcomes: Mapping[str, Outcome]) -> dict[str, WorkloadResult | str]:
     return {n: r for n, r in outcomes.items()
             if isinstance(r, (WorkloadResult, str)) and not _is_s3(n, r) and not _is_catalog(n, r)
             and not _is_redundancy(n, r) and not _is_dcp(n, r) and not _is_delta(n, r)
-            and not _is_many(n, r) and not _is_startup(n, r)
+            and not _is_many(n, r) and not _is_startup(n, r) and not _is_lightning(n, r)
             and not (isinstance(r, str) and n == HINT_NAME)}
 
 
@@ -886,6 +898,9 @@ def print_report(console: Console, outcomes: Mapping[str, Outcome], scale: float
     startup = startup_table({n: r for n, r in outcomes.items() if isinstance(r, StartupResult)})
     if startup is not None:
         console.print(startup)
+    lightning = {n: r for n, r in outcomes.items() if isinstance(r, LightningResult)}
+    if lightning:
+        console.print(lightning_table(lightning))
     console.print(ratio_table(outcomes, scale))
 
 
@@ -1068,6 +1083,8 @@ def write_json(path: Path, outcomes: Mapping[str, Outcome], header: dict[str, An
         notes[MANY_NAME] = "see benchmarks/many.py; KiB figures are kibibytes, not ratios"
     if any(isinstance(r, HintResult) for r in outcomes.values()):
         notes[HINT_NAME] = HINT_NOTES
+    if any(isinstance(r, LightningResult) for r in outcomes.values()):
+        notes[LIGHTNING_NAME] = LIGHTNING_NOTES
     document = {**header, "notes": notes, "results": results}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2, default=str) + "\n")
