@@ -125,8 +125,13 @@ def test_resume_from_the_store_matches_an_uninterrupted_fit(tmp_path: Path) -> N
 
     with casckpt.open(tmp_path / "store") as store:
         whole = fit(CasckptCheckpointIO(store, "whole"), 4)
-        fit(CasckptCheckpointIO(store, "split"), 2)
+        first = fit(CasckptCheckpointIO(store, "split"), 2)
         assert store.resolve("split@latest").step == 2 * BATCHES_PER_EPOCH
+        reader = CasckptCheckpointIO(store, "split")  # as a new process would: nothing in memory
+        by_path = reader.load_checkpoint(first.checkpoint_callback.best_model_path)
+        by_ref = reader.load_checkpoint("casckpt://split@latest")
+        assert by_path["global_step"] == by_ref["global_step"] == 2 * BATCHES_PER_EPOCH
+        assert all(torch.equal(by_path["state_dict"][k], v) for k, v in by_ref["state_dict"].items())
         resumed = fit(CasckptCheckpointIO(store, "split"), 4, ckpt_path="casckpt://split@latest")
 
         assert resumed.global_step == whole.global_step == 4 * BATCHES_PER_EPOCH
