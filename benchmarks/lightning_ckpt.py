@@ -10,9 +10,10 @@ Two variants:
 * ``frozen``: only the head, final norm and the last blocks train (~15% of parameters, the
   ``frozen`` workload's choice); the frozen weights are saved unchanged every time.
 
-Each variant is trained twice from the same seed, in the same directory, in this order:
-once with Lightning's default ``TorchCheckpointIO`` (``.ckpt`` files, each fsync'd after
-Lightning wrote it, as the other baselines are) and once with ``CasckptCheckpointIO``.
+Each variant is trained three times from the same seed, in the same directory, in this
+order: with Lightning's default ``TorchCheckpointIO`` (``.ckpt`` files, each fsync'd after
+Lightning wrote it, as the other baselines are), with ``CasckptCheckpointIO`` and with
+``CasckptCheckpointIO(block=False)`` (a store of its own); the three must end equal.
 Measured per variant:
 
 * bytes: the ``.ckpt`` files on disk against what the store holds on disk after the same
@@ -20,7 +21,8 @@ Measured per variant:
   versions' ``stored_bytes``;
 * time per save: the ``CheckpointIO.save_checkpoint`` call (the dict Lightning builds is
   the same either way and not timed), mean over the checkpoints; torch.save's fsync
-  included and also reported apart;
+  included and also reported apart; with ``block=False`` the call returns after the
+  snapshot (and after waiting for the previous checkpoint's commit, if still running);
 * resume: ``load_checkpoint("casckpt://run@latest")`` (open store, every byte verified)
   against ``torch.load(weights_only=True)`` of the last ``.ckpt``, median of ``ROUNDS``
   alternating rounds in this process.
@@ -71,6 +73,7 @@ class VariantResult:
     default_save_s: list[float]  # TorchCheckpointIO.save_checkpoint, then fsync, per checkpoint
     fsync_s: list[float]  # the fsync part of the above
     casckpt_save_s: list[float]  # CasckptCheckpointIO.save_checkpoint per checkpoint
+    background_save_s: list[float]  # the same with block=False: what training waits for
     torch_load_s: list[float]
     casckpt_load_s: list[float]
     verified: bool  # the last checkpoint loads back equal both ways
@@ -127,7 +130,12 @@ def _variant(variant: str, cfg: ModelConfig, workdir: Path, log: Log) -> Variant
             loaded["store"], seconds = measure.timed(
                 lambda: reader.load_checkpoint(f"casckpt://{variant}@latest"))  # noqa: B023
             casckpt_load_s.append(seconds)
-    if not measure.trees_equal(first, second):
+    background_s: list[float] = []
+    with casckpt.open(workdir / "store-background") as store:
+        third = _fit(variant, cfg, _timed_casckpt_io(store, variant, background_s, block=False),
+                     workdir / "unused", workdir)
+        log(f"lightning {variant}: casckpt (block=False) committed {len(store.log(variant))} versions")
+    if not measure.trees_equal(first, second) or not measure.trees_equal(first, third):
         raise RuntimeError(f"lightning {variant}: the two trainings diverged; the comparison is void")
     return VariantResult(
         trainable_fraction=second["trainable"], checkpoints=len(versions),
@@ -135,7 +143,8 @@ def _variant(variant: str, cfg: ModelConfig, workdir: Path, log: Log) -> Variant
         ckpt_bytes=sum(p.stat().st_size for p in ckpts.glob("*.ckpt")),
         store_bytes=measure.path_bytes(store_dir) - measure.path_bytes(store_dir / "cache"),
         stored_bytes=sum(v.stored_bytes for v in versions), default_save_s=default_s, fsync_s=fsync_s,
-        casckpt_save_s=casckpt_s, torch_load_s=torch_load_s, casckpt_load_s=casckpt_load_s,
+        casckpt_save_s=casckpt_s, background_save_s=background_s, torch_load_s=torch_load_s,
+        casckpt_load_s=casckpt_load_s,
         verified=all(measure.trees_equal(loaded["file"][k], loaded["store"][k])
                      for k in ("state_dict", "optimizer_states")))
 
@@ -160,7 +169,7 @@ def _timed_torch_io(seconds: list[float], fsync_seconds: list[float]) -> Any:
     return TimedTorchIO()
 
 
-def _timed_casckpt_io(store: Any, run: str, seconds: list[float]) -> Any:
+def _timed_casckpt_io(store: Any, run: str, seconds: list[float], *, block: bool = True) -> Any:
     """CasckptCheckpointIO on ``store``; appends each save's wall time."""
     from casckpt.integrations.lightning import CasckptCheckpointIO
 
@@ -170,7 +179,7 @@ def _timed_casckpt_io(store: Any, run: str, seconds: list[float]) -> Any:
             super().save_checkpoint(checkpoint, path, storage_options)
             seconds.append(time.perf_counter() - start)
 
-    return TimedCasckptIO(store, run)
+    return TimedCasckptIO(store, run, block=block)
 
 
 def _fit(variant: str, cfg: ModelConfig, io: Any, dirpath: Path, root: Path) -> dict[str, Any]:
@@ -244,6 +253,8 @@ MEASURES: tuple[Measure, ...] = tuple(m for v in VARIANTS for m in (
     Measure(f"{v}_save_vs_default_nofsync", f"{v}: save with casckpt / default CheckpointIO, no fsync",
             "ratio", _of(v, lambda r: _mean(r.casckpt_save_s)
                          / (_mean(r.default_save_s) - _mean(r.fsync_s)))),
+    Measure(f"{v}_background_save_vs_default", f"{v}: save with casckpt, block=False / default (+fsync)",
+            "ratio", _of(v, lambda r: _mean(r.background_save_s) / _mean(r.default_save_s))),
     Measure(f"{v}_resume_vs_torch_load", f"{v}: load casckpt://run@latest / torch.load of the .ckpt",
             "ratio", _of(v, lambda r: statistics.median(r.casckpt_load_s)
                          / statistics.median(r.torch_load_s))),
@@ -257,7 +268,8 @@ NOTES = {
     "bytes": "store on disk: packs, manifests and catalog (index cache left out); .ckpt: Lightning's "
     "TorchCheckpointIO files",
     "save": "the CheckpointIO.save_checkpoint call only (Lightning builds the same dict either way); "
-    "the default's file is fsync'd after it is written (also reported without)",
+    "the default's file is fsync'd after it is written (also reported without); block=False: the "
+    "call returns once the state is snapshotted, after the previous commit finished",
     "resume": f"median of {ROUNDS}: load_checkpoint('casckpt://run@latest') vs torch.load(weights_only=True)",
 }
 
@@ -266,7 +278,7 @@ def table(outcomes: dict[str, LightningResult]) -> Table:
     """The raw figures of each variant."""
     out = Table(title=f"lightning raw measurements ({CHECKPOINTS} checkpoints every {EVERY} steps)")
     for column in ("variant", "trainable", "logical", ".ckpt files", "store", "stored", "save default",
-                   "of it fsync", "save casckpt", "torch.load", "casckpt load", "verified"):
+                   "of it fsync", "save casckpt", "block=False", "torch.load", "casckpt load", "verified"):
         out.add_column(column, justify="left" if column == "variant" else "right")
     for r in outcomes.values():
         for name, v in r.variants.items():
@@ -274,6 +286,7 @@ def table(outcomes: dict[str, LightningResult]) -> Table:
                         measure.fmt_bytes(v.ckpt_bytes), measure.fmt_bytes(v.store_bytes),
                         measure.fmt_bytes(v.stored_bytes), f"{_mean(v.default_save_s) * 1e3:.1f} ms",
                         f"{_mean(v.fsync_s) * 1e3:.1f} ms", f"{_mean(v.casckpt_save_s) * 1e3:.1f} ms",
+                        f"{_mean(v.background_save_s) * 1e3:.1f} ms",
                         f"{statistics.median(v.torch_load_s) * 1e3:.1f} ms",
                         f"{statistics.median(v.casckpt_load_s) * 1e3:.1f} ms", str(v.verified))
     return out

@@ -81,9 +81,10 @@ def model(seed: int = 0, **kwargs: Any) -> Regressor:
     return Regressor(**kwargs)
 
 
-def test_save_top_k_removals_become_deletions(tmp_path: Path) -> None:
+@pytest.mark.parametrize("block", [True, False], ids=["blocking", "background"])
+def test_save_top_k_removals_become_deletions(tmp_path: Path, block: bool) -> None:
     with casckpt.open(tmp_path / "store") as store:
-        plugin = CasckptCheckpointIO(store, "fit")
+        plugin = CasckptCheckpointIO(store, "fit", block=block)
         ckpts = tmp_path / "ckpts"
         cb = ModelCheckpoint(dirpath=ckpts, save_top_k=2, monitor="train_loss", every_n_train_steps=2,
                              save_last=True)
@@ -147,9 +148,11 @@ def test_resume_from_the_store_matches_an_uninterrupted_fit(tmp_path: Path) -> N
         assert store.check().ok
 
 
-def test_a_non_plain_object_is_refused_with_its_path_and_nothing_is_committed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("block", [True, False], ids=["blocking", "background"])
+def test_a_non_plain_object_is_refused_with_its_path_and_nothing_is_committed(tmp_path: Path,
+                                                                              block: bool) -> None:
     with casckpt.open(tmp_path / "store") as store:
-        t = trainer(CasckptCheckpointIO(store, "bad"), tmp_path,
+        t = trainer(CasckptCheckpointIO(store, "bad", block=block), tmp_path,
                     ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=2), max_steps=2)
         with pytest.raises(UnsupportedStateError, match=r"extra\.thing") as err:
             t.fit(model(extra={"thing": Opaque(), "fine": 1}))

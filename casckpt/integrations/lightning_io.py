@@ -44,6 +44,7 @@ import logging
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +61,7 @@ from casckpt.format.tree import check_key
 from casckpt.types import Version
 
 if TYPE_CHECKING:
+    from casckpt.engine.background import CommitHandle
     from casckpt.store import Store
 
 log = logging.getLogger(__name__)
@@ -76,6 +78,15 @@ PAIRS = "casckpt.pairs"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 
+@dataclass
+class _Pending:
+    """A background commit, and the paths to point at its version once it is visible."""
+
+    handle: CommitHandle
+    step: int
+    names: list[tuple[str, Version | None, str]]  # (path tag, version it named before, reason)
+
+
 class StoreCheckpointIO:
     """Lightning's ``CheckpointIO`` calls, served by a casckpt store (see the module text).
 
@@ -86,16 +97,27 @@ class StoreCheckpointIO:
     Args:
         store: an open store (``casckpt.open(...)``).
         run: the run the checkpoints are committed to, one version per global step.
+        block: with True (default) a save returns once its version is visible. With False
+            it returns once the checkpoint's tensors are snapshotted (``Store.commit(...,
+            block=False)``: only chunks the store does not hold are copied) and the commit
+            finishes in the background while training goes on. At most one commit is in
+            flight: a save at another step, a load, a removal of the path being committed
+            and ``teardown`` (which Lightning calls at the end of ``fit``) first wait for
+            it and raise its error, if any; a second save at the same step only notes its
+            path. A checkpoint whose commit had not been published when the process died
+            is not in the store (the ones before it are).
 
     Raises:
         InvalidNameError: ``run`` is not a valid run name.
     """
 
-    def __init__(self, store: Store, run: str) -> None:
+    def __init__(self, store: Store, run: str, *, block: bool = True) -> None:
         self.store = store
         self.run = check_name(run, "run")
+        self.block = block
         self._known: set[str] = set()  # ids this object committed or loaded
         self._removed: set[str] = set()  # path tags removed while their version lives on
+        self._pending: _Pending | None = None
 
     # -- Lightning's CheckpointIO -----------------------------------------------
 
@@ -119,10 +141,19 @@ class StoreCheckpointIO:
                 f"a Lightning checkpoint carries an int 'global_step', this one has {step!r}; "
                 "save through Trainer.save_checkpoint or ModelCheckpoint")
         tag = self.path_tag(path)
+        reason = f"lightning: {os.fspath(path)} saved again at step {step}"
+        if self._pending is not None and self._pending.step == step:  # named once it is visible
+            self._pending.names.append((tag, self._holder(tag), reason))
+            return
+        self.wait()
         before = self._holder(tag)
         at_step = self._version_at(step)
         if at_step is None:
-            version = self._commit(checkpoint, path, step, tag)
+            committed = self._commit(checkpoint, path, step, tag)
+            if not isinstance(committed, Version):
+                self._pending = _Pending(committed, step, [(tag, before, reason)])
+                return
+            version = committed
         elif at_step.id in self._known or tag in at_step.tags:
             version = self.store.tag(at_step.id, tag)
         else:
@@ -131,10 +162,7 @@ class StoreCheckpointIO:
                 f"{os.fspath(path)!r} cannot be stored: resume with "
                 f"ckpt_path='{SCHEME}{self.run}@latest', use a new run name, or delete that "
                 f"version first (casckpt delete {self.run}@{step})")
-        self._known.add(version.id)
-        self._removed.discard(tag)
-        if before is not None and before.id != version.id:
-            self._delete_if_unnamed(before.id, f"lightning: {os.fspath(path)} saved again at step {step}")
+        self._published(version, tag, before, reason)
 
     def load_checkpoint(self, path: str | Path, map_location: Any | None = None,
                         weights_only: bool | None = None) -> dict[str, Any]:
@@ -158,6 +186,7 @@ class StoreCheckpointIO:
             raise InvalidArgumentError(
                 "CasckptCheckpointIO takes map_location as a device or a device string "
                 f"(e.g. 'cpu', 'cuda:0'), not {type(map_location).__name__}")
+        self.wait()
         version = self.resolve(path)
         self._known.add(version.id)
         tree = self.store.restore(version.id, map_location=map_location)
@@ -173,6 +202,8 @@ class StoreCheckpointIO:
         """``ModelCheckpoint`` no longer keeps ``path``: delete the version it names once no
         other path or tag names it. A path that names nothing is ignored (as a missing file)."""
         tag = self.path_tag(path)
+        if self._pending is not None and any(tag == name[0] for name in self._pending.names):
+            self.wait()
         holder = self._holder(tag)
         if holder is None:
             log.debug("remove_checkpoint(%r): no live version saved under it", os.fspath(path))
@@ -181,7 +212,25 @@ class StoreCheckpointIO:
         self._delete_if_unnamed(holder.id, f"lightning: ModelCheckpoint removed {os.fspath(path)}")
 
     def teardown(self) -> None:
-        """Nothing to release: the store belongs to the caller."""
+        """Wait for a background commit (``block=False``); the store stays open (it is the caller's).
+
+        Raises:
+            CasckptError: why that commit failed.
+        """
+        self.wait()
+
+    def wait(self) -> None:
+        """Wait until the background commit of the last save (``block=False``) is visible.
+
+        Raises:
+            CasckptError: why that commit failed (no version was published for it).
+        """
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        version = pending.handle.wait()  # the first path's tag came with the commit
+        for i, (tag, before, reason) in enumerate(pending.names):
+            self._published(version if i == 0 else self.store.tag(version.id, tag), tag, before, reason)
 
     # -- names ------------------------------------------------------------------
 
@@ -217,16 +266,26 @@ class StoreCheckpointIO:
 
     # -- internals ---------------------------------------------------------------
 
-    def _commit(self, checkpoint: dict[str, Any], path: str | Path, step: int, tag: str) -> Version:
+    def _commit(self, checkpoint: dict[str, Any], path: str | Path, step: int,
+                tag: str) -> Version | CommitHandle:
+        plain, metadata = to_plain(checkpoint), {"lightning.path": os.fspath(path)}
         try:
-            return self.store.commit(to_plain(checkpoint), run=self.run, step=step, tags=(tag,),
-                                     metadata={"lightning.path": os.fspath(path)})
+            if self.block:
+                return self.store.commit(plain, run=self.run, step=step, tags=(tag,), metadata=metadata)
+            return self.store.commit(plain, run=self.run, step=step, tags=(tag,), metadata=metadata,
+                                     block=False)
         except (UnsupportedStateError, InvalidNameError) as exc:
             raise type(exc)(
                 f"Lightning checkpoint {os.fspath(path)!r} (step {step}) was not stored: {exc} "
                 "(casckpt stores tensors and plain values only: return such data from "
                 "state_dict / on_save_checkpoint, or leave the object out of save_hyperparameters)"
             ) from exc
+
+    def _published(self, version: Version, tag: str, before: Version | None, reason: str) -> None:
+        self._known.add(version.id)
+        self._removed.discard(tag)
+        if before is not None and before.id != version.id:
+            self._delete_if_unnamed(before.id, reason)
 
     def _version_at(self, step: int) -> Version | None:
         try:
