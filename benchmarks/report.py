@@ -29,6 +29,11 @@ from benchmarks.hint import NOTES as HINT_NOTES
 from benchmarks.hint import TARGETS as HINT_TARGETS
 from benchmarks.hint import HintResult
 from benchmarks.hint import raw_table as hint_raw_table
+from benchmarks.importing import MEASURES as IMPORT_MEASURES
+from benchmarks.importing import NAME as IMPORT_NAME
+from benchmarks.importing import NOTES as IMPORT_NOTES
+from benchmarks.importing import ImportResult
+from benchmarks.importing import raw_table as import_raw_table
 from benchmarks.lightning_ckpt import MEASURES as LIGHTNING_MEASURES
 from benchmarks.lightning_ckpt import NAME as LIGHTNING_NAME
 from benchmarks.lightning_ckpt import NOTES as LIGHTNING_NOTES
@@ -49,10 +54,10 @@ from benchmarks.startup import table as startup_table
 from benchmarks.suite import WorkloadResult
 
 Result = (WorkloadResult | S3Result | CatalogResult | RedundancyResult | DcpResult | DeltaResult
-          | ManyResult | HintResult | StartupResult | LightningResult)
+          | ManyResult | HintResult | StartupResult | ImportResult | LightningResult)
 Outcome = Result | str  # a result, or the error that stopped the workload
 R = TypeVar("R", WorkloadResult, S3Result, CatalogResult, RedundancyResult, DcpResult, DeltaResult,
-            ManyResult, HintResult, StartupResult, LightningResult)
+            ManyResult, HintResult, StartupResult, ImportResult, LightningResult)
 
 
 @dataclass(frozen=True)
@@ -382,6 +387,7 @@ DELTA_METRICS: tuple[Metric[DeltaResult], ...] = tuple(Metric(*m) for m in DELTA
 STARTUP_METRICS: tuple[Metric[StartupResult], ...] = tuple(Metric(*m) for m in STARTUP_MEASURES)
 
 HINT_METRICS: tuple[Metric[HintResult], ...] = tuple(Metric(*m) for m in HINT_MEASURES)
+IMPORT_METRICS: tuple[Metric[ImportResult], ...] = tuple(Metric(*m) for m in IMPORT_MEASURES)
 LIGHTNING_METRICS: tuple[Metric[LightningResult], ...] = tuple(Metric(*m) for m in LIGHTNING_MEASURES)
 
 # (workload or "*", metric key) -> lower limit, from BENCHMARKS.md "Targets".
@@ -495,6 +501,8 @@ def metrics_for(result: Result) -> Sequence[Metric[Any]]:
         return HINT_METRICS
     if isinstance(result, StartupResult):
         return STARTUP_METRICS
+    if isinstance(result, ImportResult):
+        return IMPORT_METRICS
     if isinstance(result, LightningResult):
         return LIGHTNING_METRICS
     return S3_METRICS if isinstance(result, S3Result) else METRICS
@@ -581,7 +589,7 @@ def _local(outcomes: Mapping[str, Outcome]) -> dict[str, WorkloadResult | str]:
             if isinstance(r, (WorkloadResult, str)) and not _is_s3(n, r) and not _is_catalog(n, r)
             and not _is_redundancy(n, r) and not _is_dcp(n, r) and not _is_delta(n, r)
             and not _is_many(n, r) and not _is_startup(n, r) and not _is_lightning(n, r)
-            and not (isinstance(r, str) and n == HINT_NAME)}
+            and not (isinstance(r, str) and n in (HINT_NAME, IMPORT_NAME))}
 
 
 def _delta(outcomes: Mapping[str, Outcome]) -> dict[str, DeltaResult | str]:
@@ -895,6 +903,9 @@ def print_report(console: Console, outcomes: Mapping[str, Outcome], scale: float
     hint = {n: r for n, r in outcomes.items() if isinstance(r, HintResult)}
     if hint:
         console.print(hint_raw_table(hint))
+    imported = {n: r for n, r in outcomes.items() if isinstance(r, ImportResult)}
+    if imported:
+        console.print(import_raw_table(imported))
     startup = startup_table({n: r for n, r in outcomes.items() if isinstance(r, StartupResult)})
     if startup is not None:
         console.print(startup)
@@ -1083,6 +1094,8 @@ def write_json(path: Path, outcomes: Mapping[str, Outcome], header: dict[str, An
         notes[MANY_NAME] = "see benchmarks/many.py; KiB figures are kibibytes, not ratios"
     if any(isinstance(r, HintResult) for r in outcomes.values()):
         notes[HINT_NAME] = HINT_NOTES
+    if any(isinstance(r, ImportResult) for r in outcomes.values()):
+        notes[IMPORT_NAME] = IMPORT_NOTES
     if any(isinstance(r, LightningResult) for r in outcomes.values()):
         notes[LIGHTNING_NAME] = LIGHTNING_NOTES
     document = {**header, "notes": notes, "results": results}

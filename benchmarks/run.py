@@ -18,14 +18,16 @@ times an unchanged re-commit against BLAKE3 of the state on all cores, commits
 with change hints against torch.save, and the background-commit stall against
 ``torch.distributed.checkpoint.async_save``'s; the ``startup``
 workload times CLI commands, ``casckpt.open`` and cold restores in fresh processes; the
-``lightning`` workload trains a LightningModule with casckpt's CheckpointIO and with
-Lightning's default one: .ckpt bytes against stored bytes, save and resume times.
+``import`` workload imports a folder of fine-tuning ``.pt`` checkpoints one by one (stored vs
+logical bytes, import vs torch.load time); the ``lightning`` workload trains a
+LightningModule with casckpt's CheckpointIO and with Lightning's default one: .ckpt bytes
+against stored bytes, save and resume times.
 
 Usage::
 
     python benchmarks/run.py [--scale S]
                              [--workloads dense,dense-bf16,frozen,lora,embed,unchanged,
-                                          branch,s3,catalog,redundancy,dcp,delta,startup,
+                                          branch,s3,catalog,redundancy,dcp,delta,startup,import,
                                           lightning]
                              [--out FILE] [--dir TMPDIR]
 
@@ -59,6 +61,8 @@ from benchmarks.delta import NAME as DELTA_NAME  # noqa: E402
 from benchmarks.delta import run_delta  # noqa: E402
 from benchmarks.hint import NAME as HINT_NAME  # noqa: E402
 from benchmarks.hint import run_hint  # noqa: E402
+from benchmarks.importing import NAME as IMPORT_NAME  # noqa: E402
+from benchmarks.importing import run_import  # noqa: E402
 from benchmarks.lightning_ckpt import NAME as LIGHTNING_NAME  # noqa: E402
 from benchmarks.lightning_ckpt import run_lightning  # noqa: E402
 from benchmarks.machine import machine_info  # noqa: E402
@@ -76,7 +80,7 @@ from benchmarks.workloads import WORKLOADS as LOCAL_WORKLOADS  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "latest.json"
 WORKLOADS = (*LOCAL_WORKLOADS, S3_NAME, CATALOG_NAME, REDUNDANCY_NAME, DCP_NAME, DELTA_NAME, MANY_NAME,
-             HINT_NAME, STARTUP_NAME, LIGHTNING_NAME)
+             HINT_NAME, STARTUP_NAME, IMPORT_NAME, LIGHTNING_NAME)
 
 
 def _workload_list(text: str) -> list[str]:
@@ -146,6 +150,8 @@ def _run_one(name: str, scale: float, workdir: Path, log: Log) -> Outcome:
         return run_hint(scale, workdir, log)
     if name == STARTUP_NAME:
         return run_startup(scale, workdir, log)
+    if name == IMPORT_NAME:
+        return run_import(scale, workdir, log)
     if name == LIGHTNING_NAME:
         return run_lightning(scale, workdir, log)
     return run_workload(name, scale, workdir, log)

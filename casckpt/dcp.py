@@ -513,11 +513,13 @@ def _reads_into(item: ReadItem, entry: TensorEntry, target: torch.Tensor) -> boo
 def _rows(item: ReadItem, entry: TensorEntry, manifest: Manifest) -> tuple[tuple[int, int, int], int]:
     """The byte range of ``entry``'s extent holding the rows ``item`` reads, and its first row.
 
-    A view committed sharing its storage with others is read whole (its extent).
+    A view committed sharing its storage with others is read whole (its extent). A tensor
+    packed with small neighbours starts ``entry.offset`` bytes into its extent.
     """
     if entry.stride is not None or not entry.shape:
         return (entry.extent, 0, manifest.extents[entry.extent].nbytes), 0
     itemsize = torch.empty((), dtype=_element_type(entry)).element_size()
     row = entry.numel // entry.shape[0] * itemsize if entry.shape[0] else 0
     first, count = item.storage_offsets[0], item.lengths[0]
-    return (entry.extent, first * row, (first + count) * row), first
+    start = entry.offset + first * row
+    return (entry.extent, start, start + count * row), first

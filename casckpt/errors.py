@@ -122,6 +122,22 @@ class RestoreTargetError(CasckptError, ValueError):
     """``into`` does not match the stored state (missing keys, wrong shapes or dtypes)."""
 
 
+class UnreadableCheckpointError(InvalidArgumentError):
+    """A checkpoint file or directory given to ``import_checkpoint`` cannot be read as what
+    it claims to be (a forged or truncated safetensors header, a damaged DCP directory, a
+    format casckpt does not import). Nothing was committed; ``path`` names the file."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        self.path = path
+        super().__init__(message)
+
+
+class UnsafeCheckpointError(UnreadableCheckpointError):
+    """A pickle given to ``import_checkpoint`` needs code execution to load (``torch.load``
+    with ``weights_only=True`` refused a global it names); it was not loaded, so no code ran.
+    Convert it in a trusted environment to safetensors or a weights-only state dict."""
+
+
 class IntegrityError(CasckptError, ValueError):
     """Stored bytes are not what they should be."""
 
@@ -246,6 +262,27 @@ class CommitTimeoutError(CasckptError, TimeoutError):
 class GroupCommitError(CasckptError, RuntimeError):
     """A commit by a process group failed on some rank; every rank raises it, naming the ranks
     and their errors (this rank's own error, if any, is the ``__cause__``). Nothing was published."""
+
+
+class UnsupportedFileError(InvalidArgumentError):
+    """``add_dir`` met something it cannot store byte-identically (a fifo, socket or device,
+    or a name that is not UTF-8); the message names it. Nothing was stored."""
+
+
+class NotADirectorySnapshotError(InvalidArgumentError):
+    """``checkout`` was asked for a version that is not a directory snapshot (one ``commit``
+    stored): ``restore`` reads it back as a state tree."""
+
+
+class CheckoutTargetError(RestoreTargetError):
+    """``checkout``'s target exists and is not an empty directory (nothing was touched), or
+    writing next to it failed (no space, no permission: nothing was left at the target)."""
+
+
+class FileHashMismatchError(IntegrityError):
+    """A file written by ``checkout`` does not hash to the BLAKE3 recorded when it was added
+    (it changed while ``add_dir`` read it, or the snapshot is forged); nothing was left at the
+    target."""
 
 
 class CheckpointPathNotFoundError(RefNotFoundError):

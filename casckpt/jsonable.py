@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import json
+import math
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -30,3 +33,23 @@ class ToDict:
         """Return a JSON-serialisable dict of this value."""
         result: dict[str, Any] = jsonable(self)
         return result
+
+
+def to_json_value(value: object) -> Any:
+    """Make ``value`` strict JSON: bytes become base64, NaN/±inf the strings "NaN"/"Infinity"."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Mapping):
+        return {str(k): to_json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json_value(v) for v in value]
+    return value
+
+
+def dumps(value: object, *, indent: int | None = None) -> str:
+    """Serialise ``value`` (after :func:`to_json_value`) as strict JSON."""
+    return json.dumps(to_json_value(value), indent=indent, allow_nan=False, ensure_ascii=False)

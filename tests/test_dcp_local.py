@@ -289,3 +289,15 @@ def test_a_piece_that_cannot_be_stored_is_refused_before_any_window_is_packed(
         assert store.stats().packs == 0
         assert write_pieces(ctx, pieces, Redundancy("none")).new_bytes == 6 * 3 * CHUNK
         assert store.stats().packs > 2
+
+
+def test_dcp_load_of_small_tensors_packed_in_one_extent(store: casckpt.Store) -> None:
+    """A commit packs small tensors into one extent; dcp.load reads each from its own offset."""
+    g = torch.Generator().manual_seed(3)
+    state = {"model": {"w": torch.randn(16, 8, generator=g), "b": torch.randn(16, generator=g),
+                       "c": torch.arange(5)}}
+    store.commit(state, run="packed", step=1)
+    target = {"model": {k: torch.zeros_like(v) for k, v in state["model"].items()}}
+    dcp.load(target, storage_reader=store.dcp_reader("packed@1"))
+    for key, tensor in state["model"].items():
+        assert torch.equal(target["model"][key], tensor), key

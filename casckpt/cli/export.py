@@ -1,53 +1,19 @@
-"""Export a restored version to one safetensors file.
+"""Export a restored version to one safetensors file (``casckpt restore --to FILE``).
 
-Layout of the file written by :func:`export_safetensors`:
-
-* every tensor of the version under its dotted path (``model.layers.0.weight``),
-  numpy arrays converted with ``torch.from_numpy``;
-* metadata ``casckpt.version`` (the full version id), ``casckpt.run`` and
-  ``casckpt.step``;
-* metadata ``casckpt.values``: a JSON object mapping the dotted path of every
-  plain value to the value (bytes as base64, NaN/±inf as strings). When that
-  JSON is over 64 KiB it goes to a sidecar ``<file stem>.values.json`` instead
-  and ``casckpt.values_file`` names it.
+The file layout is :mod:`casckpt.engine.exporters`'; this module adds the check of the
+target the command line names, made before any data is read.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from casckpt.cli.render import dumps
-from casckpt.errors import InvalidArgumentError, RestoreTargetError, UnsupportedStateError
-from casckpt.format.tree import iter_leaves
-from casckpt.types import Version
-
-if TYPE_CHECKING:  # imported where a tensor is handled, so catalog-only commands never load torch
-    import numpy as np
-    import torch
-
-MAX_INLINE_VALUES = 64 * 1024
-"""Largest ``casckpt.values`` JSON (bytes, UTF-8) kept inside the safetensors header."""
-
-
-@dataclass(frozen=True, slots=True)
-class ExportResult:
-    """What :func:`export_safetensors` wrote."""
-
-    file: Path
-    tensors: int
-    values: int
-    values_file: Path | None
-
-
-def sidecar_path(target: Path) -> Path:
-    """``x.safetensors`` -> ``x.values.json``; any other name gets ``.values.json`` appended."""
-    if target.suffix == ".safetensors":
-        return target.with_suffix(".values.json")
-    return target.with_name(target.name + ".values.json")
+from casckpt.engine.exporters import MAX_INLINE_VALUES as MAX_INLINE_VALUES
+from casckpt.engine.exporters import ExportResult as ExportResult
+from casckpt.engine.exporters import export_safetensors as export_safetensors
+from casckpt.engine.exporters import sidecar_path as sidecar_path
+from casckpt.engine.exporters import split_tree as split_tree
+from casckpt.errors import RestoreTargetError
 
 
 def check_target(target: Path, *, overwrite: bool) -> None:
@@ -65,121 +31,3 @@ def check_target(target: Path, *, overwrite: bool) -> None:
         raise RestoreTargetError(f"{str(target)!r} is a directory; name a .safetensors file")
     if target.exists() and not overwrite:
         raise RestoreTargetError(f"{str(target)!r} exists; pass --force to overwrite it")
-
-
-def _as_cpu_tensor(path: str, leaf: torch.Tensor | np.ndarray) -> torch.Tensor:
-    import numpy as np
-    import torch
-
-    if isinstance(leaf, np.ndarray):
-        native = np.ascontiguousarray(leaf, dtype=leaf.dtype.newbyteorder("="))
-        if not native.flags.writeable:
-            native = native.copy()
-        try:
-            return torch.from_numpy(native)
-        except TypeError as exc:
-            raise UnsupportedStateError(
-                f"numpy array at {path!r} has dtype {leaf.dtype}, which torch cannot hold: {exc}"
-            ) from exc
-    return leaf.detach().cpu().contiguous()
-
-
-def split_tree(tree: object) -> tuple[dict[str, torch.Tensor], dict[str, object]]:
-    """Split a restored state tree into ``{path: tensor}`` and ``{path: plain value}``.
-
-    Tensors that share storage with an earlier one are cloned, because a
-    safetensors file holds each tensor's bytes separately.
-
-    Raises:
-        InvalidArgumentError: two leaves have the same dotted path (``{1: a, "1": b}``).
-        UnsupportedStateError: a numpy array torch cannot represent.
-    """
-    import numpy as np
-    import torch
-
-    tensors: dict[str, torch.Tensor] = {}
-    values: dict[str, object] = {}
-    storages: set[int] = set()
-    for path, leaf in iter_leaves(tree):
-        if path in tensors or path in values:
-            raise InvalidArgumentError(
-                f"two leaves share the dotted path {path!r} (an int and a str key that print "
-                "alike); safetensors needs unique names, so restore this version from Python"
-            )
-        if not isinstance(leaf, (torch.Tensor, np.ndarray)):
-            values[path] = leaf
-            continue
-        tensor = _as_cpu_tensor(path, leaf)
-        pointer = tensor.untyped_storage().data_ptr()
-        if pointer in storages:
-            tensor = tensor.clone()
-        elif pointer:
-            storages.add(pointer)
-        tensors[path] = tensor
-    return tensors, values
-
-
-def _write_atomically(target: Path, write: Callable[[Path], object]) -> None:
-    """Write ``target`` through a temporary file beside it, renamed over it when whole.
-
-    The file gets the mode a new file gets from the umask (0666 & ~umask), whatever mode
-    ``write`` creates files with (safetensors creates them 0600): the temporary file is
-    created first, so the kernel applies the umask, and its mode is restored after ``write``.
-    """
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666))
-        mode = tmp.stat().st_mode & 0o777
-        write(tmp)
-        tmp.chmod(mode)
-        os.replace(tmp, target)
-    except OSError as exc:
-        raise RestoreTargetError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from exc
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _save(tensors: Mapping[str, torch.Tensor], metadata: dict[str, str], target: Path) -> None:
-    from safetensors.torch import save_file
-
-    def write(tmp: Path) -> None:
-        try:
-            save_file(dict(tensors), str(tmp), metadata=metadata)
-        except KeyError as exc:  # safetensors' answer to a dtype it has no code for
-            dtype = exc.args[0] if exc.args else "?"
-            paths = [p for p, t in tensors.items() if t.dtype == dtype][:3]
-            raise UnsupportedStateError(
-                f"safetensors cannot hold dtype {dtype} (tensors {', '.join(paths)}); "
-                "restore this version from Python instead"
-            ) from exc
-
-    _write_atomically(target, write)
-
-
-def export_safetensors(tree: object, version: Version, target: Path) -> ExportResult:
-    """Write ``tree`` (restored from ``version``) to ``target`` as described in the module doc.
-
-    The file (and sidecar) appear atomically: a failed export leaves no partial file.
-
-    Raises:
-        RestoreTargetError: the target cannot be written.
-        UnsupportedStateError: a tensor dtype safetensors cannot hold.
-        InvalidArgumentError: two leaves with the same dotted path.
-    """
-    tensors, values = split_tree(tree)
-    values_json = dumps(values)
-    metadata = {
-        "casckpt.version": version.id,
-        "casckpt.run": version.run,
-        "casckpt.step": str(version.step),
-    }
-    sidecar: Path | None = None
-    if len(values_json.encode("utf-8")) > MAX_INLINE_VALUES:
-        sidecar = sidecar_path(target)
-        payload = values_json
-        _write_atomically(sidecar, lambda tmp: tmp.write_text(payload, encoding="utf-8"))
-        metadata["casckpt.values_file"] = sidecar.name
-    else:
-        metadata["casckpt.values"] = values_json
-    _save(tensors, metadata, target)
-    return ExportResult(target, len(tensors), len(values), sidecar)

@@ -40,11 +40,13 @@ import typer
 from typer.core import TyperGroup
 
 import casckpt
+from casckpt.cli import dirs as dirs_cli
 from casckpt.cli import gc as gc_cli
 from casckpt.cli import history as history_cli
 from casckpt.cli import logs, render
 from casckpt.cli import retention as retention_cli
 from casckpt.cli import storage as storage_cli
+from casckpt.cli import transfer as transfer_cli
 from casckpt.cli.export import check_target, export_safetensors
 from casckpt.cli.progress import progress_bars
 
@@ -442,6 +444,8 @@ gc_cli.register(app)
 history_cli.register(app)
 retention_cli.register(app)
 storage_cli.register(app)
+transfer_cli.register(app)
+dirs_cli.register(app)
 
 if __name__ == "__main__":  # `python -m casckpt.cli.main`
     app()

@@ -7,10 +7,7 @@ are built per call (never at import) so they write to whatever ``sys.stdout`` /
 
 from __future__ import annotations
 
-import base64
 import itertools
-import json
-import math
 import sys
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
@@ -21,6 +18,8 @@ from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from casckpt.jsonable import dumps as dumps
+from casckpt.jsonable import to_json_value as to_json_value
 from casckpt.types import (
     CheckReport,
     LocationInfo,
@@ -67,26 +66,6 @@ def error(message: str) -> None:
 def note(message: str) -> None:
     """Print an informational line on stderr (never pollutes stdout, which may be JSON)."""
     stderr_console().print(Text(message, style="yellow"), soft_wrap=True)
-
-
-def to_json_value(value: object) -> Any:
-    """Make ``value`` strict JSON: bytes become base64, NaN/±inf the strings "NaN"/"Infinity"."""
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return base64.b64encode(bytes(value)).decode("ascii")
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, Mapping):
-        return {str(k): to_json_value(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_json_value(v) for v in value]
-    return value
-
-
-def dumps(value: object, *, indent: int | None = None) -> str:
-    """Serialise ``value`` (after :func:`to_json_value`) as strict JSON."""
-    return json.dumps(to_json_value(value), indent=indent, allow_nan=False, ensure_ascii=False)
 
 
 def print_json(value: object) -> None:
@@ -261,6 +240,14 @@ def detail_view(detail: VersionDetail, *, tensors: bool = False) -> list[Rendera
         how = ("torch.distributed.checkpoint: tensors sharded across ranks" if detail.saved_with == "dcp"
                else "Store.commit(group=): one state per rank (paths rankN/...)")
         parts[-1:] = [Text(f"saved by {detail.world_size} rank(s) with {how}"), ""]
+    snapshot = detail.version.metadata.get("casckpt.dir")
+    if isinstance(snapshot, dict):  # Store.add_dir: its tensors and values are the file listing
+        counts = {k: int(v) if isinstance(v, int) else 0 for k, v in snapshot.items()}
+        parts.append(Text(
+            f"directory snapshot: {counts.get('files', 0)} file(s), {counts.get('dirs', 0)} dir(s), "
+            f"{counts.get('links', 0)} link(s), {human_bytes(counts.get('bytes', 0))}; "
+            "`casckpt checkout REF DIR` writes it back"))
+        return parts
     count = detail.tensor_count
     parts.append(Text(f"{count} tensor(s), {human_bytes(detail.tensor_bytes)}" if count
                       else "no tensors", style="" if count else "dim"))

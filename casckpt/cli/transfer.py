@@ -1,0 +1,81 @@
+"""``casckpt import`` and ``casckpt export``: existing checkpoints in, directories out.
+
+Both read or write tensors, so torch is imported inside the commands only (the
+catalog-only commands stay torch-free).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from casckpt.cli import render
+from casckpt.cli.progress import progress_bars
+from casckpt.cli.shared import FLAG, JsonOption, RefArgument, open_store
+
+
+def import_checkpoint(
+    ctx: typer.Context,
+    file_or_dir: Annotated[Path, typer.Argument(
+        help="A .pt/.bin/.ckpt/.pth file (loaded weights-only), a .safetensors file, a DCP "
+             "checkpoint directory or a Hugging Face model directory.")],
+    run: Annotated[str, typer.Option("--run", metavar="RUN", help="Run to commit to.")],
+    step: Annotated[int, typer.Option("--step", metavar="N", help="Step of the new version.")],
+    message: Annotated[str | None, typer.Option("--message", "-m", metavar="TEXT",
+                                                help="Message of the new version.")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Import an existing checkpoint as version RUN@N (tensors and plain values).
+
+    Pickles are loaded with torch.load(weights_only=True) only: one that needs code
+    execution is refused, naming the global torch refused. Safetensors headers are
+    validated before any tensor is read. See docs/guides/import-export.md for the state
+    each kind becomes.
+    """
+    with open_store(ctx) as store, progress_bars() as progress:
+        version = store.import_checkpoint(file_or_dir, run=run, step=step, message=message,
+                                          progress=progress)
+    if as_json:
+        render.print_json({"version": version.to_dict(), "source": str(file_or_dir)})
+        return
+    render.out(f"Imported {file_or_dir} as {version.short_id} ({version.run}@{version.step}): "
+               f"{render.human_bytes(version.logical_bytes)} of tensors, "
+               f"{render.human_bytes(version.new_bytes)} new")
+
+
+def export(
+    ctx: typer.Context,
+    ref: RefArgument,
+    to: Annotated[Path, typer.Option("--to", metavar="DIR", help="Directory to write.", file_okay=False)],
+    fmt: Annotated[str, typer.Option(
+        "--format", metavar="safetensors|dcp|pt",
+        help="safetensors: DIR/model.safetensors (a Hugging Face import: the model directory "
+             "again); dcp: a torch.distributed.checkpoint directory; pt: DIR/checkpoint.pt.",
+    )] = "safetensors",
+    force: Annotated[bool, typer.Option("--force", "-f", metavar=FLAG,
+                                        help="Write into a non-empty DIR.")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Export a version into a directory as safetensors, DCP or torch.save."""
+    from casckpt.engine.exporters import check_export_dir
+
+    check_export_dir(to, fmt, overwrite=force)
+    with open_store(ctx) as store, progress_bars() as progress:
+        version = store.resolve(ref)
+        result = store.export(version, to, format=fmt, overwrite=force, progress=progress)
+    if as_json:
+        render.print_json({"version": version.to_dict(), "directory": str(result.directory),
+                           "format": result.format, "files": list(result.files),
+                           "huggingface": result.huggingface})
+        return
+    kind = " (a Hugging Face model directory)" if result.huggingface else ""
+    render.out(f"Wrote {version.short_id} ({version.run}@{version.step}) to {result.directory} "
+               f"as {result.format}{kind}: {', '.join(result.files)}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to ``app``, the root command (in their order in help)."""
+    app.command("import")(import_checkpoint)
+    app.command()(export)
