@@ -40,6 +40,11 @@ from benchmarks.importing import NAME as IMPORT_NAME
 from benchmarks.importing import NOTES as IMPORT_NOTES
 from benchmarks.importing import ImportResult
 from benchmarks.importing import raw_table as import_raw_table
+from benchmarks.lightning_ckpt import MEASURES as LIGHTNING_MEASURES
+from benchmarks.lightning_ckpt import NAME as LIGHTNING_NAME
+from benchmarks.lightning_ckpt import NOTES as LIGHTNING_NOTES
+from benchmarks.lightning_ckpt import LightningResult
+from benchmarks.lightning_ckpt import table as lightning_table
 from benchmarks.many import NAME as MANY_NAME
 from benchmarks.many import ManyResult, ManyState
 from benchmarks.redundancy import EC, RedundancyResult
@@ -56,10 +61,11 @@ from benchmarks.suite import WorkloadResult
 
 Result = (WorkloadResult | S3Result | CatalogResult | RedundancyResult | DcpResult | DeltaResult
           | ManyResult | HintResult | StartupResult | ImportResult
-          | HfResult)
+          | HfResult | LightningResult)
 Outcome = Result | str  # a result, or the error that stopped the workload
 R = TypeVar("R", WorkloadResult, S3Result, CatalogResult, RedundancyResult, DcpResult, DeltaResult,
-            ManyResult, HintResult, StartupResult, ImportResult, HfResult)
+            ManyResult, HintResult, StartupResult, ImportResult, HfResult,
+            LightningResult)
 
 
 @dataclass(frozen=True)
@@ -391,6 +397,7 @@ HF_METRICS: tuple[Metric[HfResult], ...] = tuple(Metric(*m) for m in HF_MEASURES
 
 HINT_METRICS: tuple[Metric[HintResult], ...] = tuple(Metric(*m) for m in HINT_MEASURES)
 IMPORT_METRICS: tuple[Metric[ImportResult], ...] = tuple(Metric(*m) for m in IMPORT_MEASURES)
+LIGHTNING_METRICS: tuple[Metric[LightningResult], ...] = tuple(Metric(*m) for m in LIGHTNING_MEASURES)
 
 # (workload or "*", metric key) -> lower limit, from BENCHMARKS.md "Targets".
 FLOORS: Mapping[tuple[str, str], float] = {
@@ -508,6 +515,8 @@ def metrics_for(result: Result) -> Sequence[Metric[Any]]:
         return IMPORT_METRICS
     if isinstance(result, HfResult):
         return HF_METRICS
+    if isinstance(result, LightningResult):
+        return LIGHTNING_METRICS
     return S3_METRICS if isinstance(result, S3Result) else METRICS
 
 
@@ -583,11 +592,15 @@ def _is_startup(name: str, outcome: Outcome) -> bool:
     return isinstance(outcome, StartupResult) or (isinstance(outcome, str) and name == STARTUP_NAME)
 
 
+def _is_lightning(name: str, outcome: Outcome) -> bool:
+    return isinstance(outcome, LightningResult) or (isinstance(outcome, str) and name == LIGHTNING_NAME)
+
+
 def _local(outcomes: Mapping[str, Outcome]) -> dict[str, WorkloadResult | str]:
     return {n: r for n, r in outcomes.items()
             if isinstance(r, (WorkloadResult, str)) and not _is_s3(n, r) and not _is_catalog(n, r)
             and not _is_redundancy(n, r) and not _is_dcp(n, r) and not _is_delta(n, r)
-            and not _is_many(n, r) and not _is_startup(n, r)
+            and not _is_many(n, r) and not _is_startup(n, r) and not _is_lightning(n, r)
             and not (isinstance(r, str) and n in (HINT_NAME, IMPORT_NAME, HF_NAME))}
 
 
@@ -911,6 +924,9 @@ def print_report(console: Console, outcomes: Mapping[str, Outcome], scale: float
     hf = {n: r for n, r in outcomes.items() if isinstance(r, HfResult)}
     if hf:
         console.print(hf_raw_table(hf))
+    lightning = {n: r for n, r in outcomes.items() if isinstance(r, LightningResult)}
+    if lightning:
+        console.print(lightning_table(lightning))
     console.print(ratio_table(outcomes, scale))
 
 
@@ -1097,6 +1113,8 @@ def write_json(path: Path, outcomes: Mapping[str, Outcome], header: dict[str, An
         notes[IMPORT_NAME] = IMPORT_NOTES
     if any(isinstance(r, HfResult) for r in outcomes.values()):
         notes[HF_NAME] = HF_NOTES
+    if any(isinstance(r, LightningResult) for r in outcomes.values()):
+        notes[LIGHTNING_NAME] = LIGHTNING_NOTES
     document = {**header, "notes": notes, "results": results}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2, default=str) + "\n")

@@ -22,13 +22,16 @@ workload times CLI commands, ``casckpt.open`` and cold restores in fresh process
 logical bytes, import vs torch.load time); the ``hf``
 workload runs a Hugging Face Trainer fine-tune (full, frozen backbone, LoRA) with and without
 ``casckpt.integrations.transformers.CasckptCallback``: checkpoint-directory bytes vs stored
-bytes, time per save, ``checkout_for_resume`` vs ``shutil.copytree``.
+bytes, time per save, ``checkout_for_resume`` vs ``shutil.copytree``; the ``lightning`` workload trains a
+LightningModule with casckpt's CheckpointIO and with Lightning's default one: .ckpt bytes
+against stored bytes, save and resume times.
 
 Usage::
 
     python benchmarks/run.py [--scale S]
                              [--workloads dense,dense-bf16,frozen,lora,embed,unchanged,
-                                          branch,s3,catalog,redundancy,dcp,delta,startup,import,hf]
+                                          branch,s3,catalog,redundancy,dcp,delta,startup,import,hf,
+                                          lightning]
                              [--out FILE] [--dir TMPDIR]
 
 Prints a table of ratios with pass/miss against BENCHMARKS.md targets and writes
@@ -65,6 +68,8 @@ from benchmarks.hint import NAME as HINT_NAME  # noqa: E402
 from benchmarks.hint import run_hint  # noqa: E402
 from benchmarks.importing import NAME as IMPORT_NAME  # noqa: E402
 from benchmarks.importing import run_import  # noqa: E402
+from benchmarks.lightning_ckpt import NAME as LIGHTNING_NAME  # noqa: E402
+from benchmarks.lightning_ckpt import run_lightning  # noqa: E402
 from benchmarks.machine import machine_info  # noqa: E402
 from benchmarks.many import NAME as MANY_NAME  # noqa: E402
 from benchmarks.many import run_many  # noqa: E402
@@ -80,7 +85,8 @@ from benchmarks.workloads import WORKLOADS as LOCAL_WORKLOADS  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "latest.json"
 WORKLOADS = (*LOCAL_WORKLOADS, S3_NAME, CATALOG_NAME, REDUNDANCY_NAME, DCP_NAME, DELTA_NAME, MANY_NAME,
-             HINT_NAME, STARTUP_NAME, IMPORT_NAME, HF_NAME)
+             HINT_NAME, STARTUP_NAME, IMPORT_NAME, HF_NAME,
+             LIGHTNING_NAME)
 
 
 def _workload_list(text: str) -> list[str]:
@@ -154,6 +160,8 @@ def _run_one(name: str, scale: float, workdir: Path, log: Log) -> Outcome:
         return run_import(scale, workdir, log)
     if name == HF_NAME:
         return run_hf(scale, workdir, log)
+    if name == LIGHTNING_NAME:
+        return run_lightning(scale, workdir, log)
     return run_workload(name, scale, workdir, log)
 
 

@@ -288,3 +288,12 @@ class FileHashMismatchError(IntegrityError):
 class CheckpointCommitError(BackgroundCommitError):
     """A framework integration's background commit of a checkpoint failed; the local checkpoint
     it was storing is kept. The store's error is the ``__cause__``."""
+
+
+class CheckpointPathNotFoundError(RefNotFoundError):
+    """A framework asked for a checkpoint by a path the store holds no version for (never
+    saved through casckpt, removed since, or saved to another run)."""
+
+
+class OptionalDependencyError(CasckptError, ImportError):
+    """An integration needs a library that is not installed; the message names the extra."""

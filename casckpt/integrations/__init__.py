@@ -1,2 +1,6 @@
-"""Integrations with training frameworks, each an optional extra imported explicitly
-(``casckpt.integrations.transformers``); importing :mod:`casckpt` imports none of them."""
+"""Integrations with training frameworks, each an optional extra.
+
+Import the submodule you need (``casckpt.integrations.transformers``,
+``casckpt.integrations.lightning``); this package itself imports nothing, so
+``import casckpt`` never pulls in a framework.
+"""

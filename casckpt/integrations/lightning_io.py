@@ -1,0 +1,345 @@
+"""What ``CasckptCheckpointIO`` does, without importing Lightning.
+
+:class:`StoreCheckpointIO` turns Lightning's checkpoint calls into store operations; the
+classes Lightning accepts as plugins (:mod:`casckpt.integrations.lightning` for
+``lightning.pytorch``, :mod:`casckpt.integrations.pytorch_lightning` for the
+``pytorch_lightning`` package) add only the base class of their framework.
+
+How paths become versions. Lightning names a checkpoint by the file path ``ModelCheckpoint``
+picks (``.../epoch=0-step=40.ckpt``, ``.../last.ckpt``); the store names a version by
+``run@step``. Each save commits the checkpoint dict as version ``run@global_step`` and points
+a *path tag* at it: ``lightning.<stem>.<digest>``, where the digest is of the run and the
+absolute path (so a tag can name any path, and two runs writing one directory never share
+one). The first path a version was saved under is also its metadata ``lightning.path``.
+
+* Several saves at one step (``ModelCheckpoint`` writes ``epoch=..-step=N.ckpt`` and then
+  ``last.ckpt`` at the same step): the store holds one version per ``(run, step)``, so the
+  first save commits and the later ones only point their path tag at that version. They
+  hold the same weights and optimizer state; ``ModelCheckpoint``'s own bookkeeping in the
+  later dicts (``last_model_path``) is not kept -- Lightning restores it from the dict it
+  loads and it only decides which files to remove next.
+* A step already in the run from an earlier training (a restarted job reusing the run
+  name) is refused with :class:`~casckpt.errors.VersionExistsError`, unless this plugin
+  loaded that very version to resume from (a save right after resuming holds that state).
+* A path saved again at a later step (``last.ckpt``, a fixed ``filename``) moves its tag to
+  the new version, as a file would be overwritten.
+* ``remove_checkpoint(path)``, and an overwrite, delete the version the path named
+  (``Store.delete``: soft, undeletable until GC) once no live path tag and no tag of the
+  user's own names it. A removal while another path still names the version is
+  remembered by this plugin object only: after a restart that version is kept until
+  retention or ``casckpt delete`` removes it (space, never data, is what can be lost).
+
+Only plain data is stored: tensors, numbers, strings, bytes, None, lists, tuples and dicts.
+Dict subclasses (``AttributeDict`` hyper-parameters, ``OrderedDict`` state dicts) become
+plain dicts; a dict whose str keys could not be a tensor path (``ModelCheckpoint``'s
+``best_k_models`` is keyed by file paths, and ``/`` is not allowed in a key) is stored as a
+``{"casckpt.pairs": [(key, value), ...]}`` node and comes back as the dict it was. Anything
+else is refused with its key path, before anything is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from casckpt.engine.validate import check_name
+from casckpt.errors import (
+    CheckpointPathNotFoundError,
+    InvalidArgumentError,
+    InvalidNameError,
+    RefNotFoundError,
+    UnsupportedStateError,
+    VersionExistsError,
+)
+from casckpt.format.tree import check_key
+from casckpt.types import Version
+
+if TYPE_CHECKING:
+    from casckpt.engine.background import CommitHandle
+    from casckpt.store import Store
+
+log = logging.getLogger(__name__)
+
+SCHEME = "casckpt://"
+"""``ckpt_path="casckpt://REF"`` loads the version REF names (``run@latest``, ``tag:best``, ...)."""
+
+PATH_TAG_PREFIX = "lightning."
+"""Tags this plugin points at versions, one per checkpoint path."""
+
+PAIRS = "casckpt.pairs"
+"""The single key of a node that stands for a dict whose keys cannot be tensor paths."""
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+@dataclass
+class _Pending:
+    """A background commit, and the paths to point at its version once it is visible."""
+
+    handle: CommitHandle
+    step: int
+    names: list[tuple[str, Version | None, str]]  # (path tag, version it named before, reason)
+
+
+class StoreCheckpointIO:
+    """Lightning's ``CheckpointIO`` calls, served by a casckpt store (see the module text).
+
+    Lightning calls ``save_checkpoint`` and ``remove_checkpoint`` on global rank 0 only, and
+    ``load_checkpoint`` on every rank; one object serves one trainer at a time (not
+    thread-safe). The store stays open and owned by the caller.
+
+    Args:
+        store: an open store (``casckpt.open(...)``).
+        run: the run the checkpoints are committed to, one version per global step.
+        block: with True (default) a save returns once its version is visible. With False
+            it returns once the checkpoint's tensors are snapshotted (``Store.commit(...,
+            block=False)``: only chunks the store does not hold are copied) and the commit
+            finishes in the background while training goes on. At most one commit is in
+            flight: a save at another step, a load, a removal of the path being committed
+            and ``teardown`` (which Lightning calls at the end of ``fit``) first wait for
+            it and raise its error, if any; a second save at the same step only notes its
+            path. A checkpoint whose commit had not been published when the process died
+            is not in the store (the ones before it are).
+
+    Raises:
+        InvalidNameError: ``run`` is not a valid run name.
+    """
+
+    def __init__(self, store: Store, run: str, *, block: bool = True) -> None:
+        self.store = store
+        self.run = check_name(run, "run")
+        self.block = block
+        self._known: set[str] = set()  # ids this object committed or loaded
+        self._removed: set[str] = set()  # path tags removed while their version lives on
+        self._pending: _Pending | None = None
+
+    # -- Lightning's CheckpointIO -----------------------------------------------
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path,
+                        storage_options: Any | None = None) -> None:
+        """Commit ``checkpoint`` as version ``run@checkpoint["global_step"]``, named by ``path``.
+
+        Raises:
+            UnsupportedStateError: the dict holds an object that is not plain data (its key
+                path is named; nothing is written).
+            VersionExistsError: the run already holds that step from another training.
+            InvalidArgumentError: ``storage_options`` given, or no int ``global_step``.
+        """
+        if storage_options is not None:
+            raise InvalidArgumentError(
+                f"CasckptCheckpointIO takes no storage_options (got {storage_options!r}); the "
+                "store's options (casckpt.open) decide how checkpoints are stored")
+        step = checkpoint.get("global_step")
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise InvalidArgumentError(
+                f"a Lightning checkpoint carries an int 'global_step', this one has {step!r}; "
+                "save through Trainer.save_checkpoint or ModelCheckpoint")
+        tag = self.path_tag(path)
+        reason = f"lightning: {os.fspath(path)} saved again at step {step}"
+        if self._pending is not None and self._pending.step == step:  # named once it is visible
+            self._pending.names.append((tag, self._holder(tag), reason))
+            return
+        self.wait()
+        before = self._holder(tag)
+        at_step = self._version_at(step)
+        if at_step is None:
+            committed = self._commit(checkpoint, path, step, tag)
+            if not isinstance(committed, Version):
+                self._pending = _Pending(committed, step, [(tag, before, reason)])
+                return
+            version = committed
+        elif at_step.id in self._known or tag in at_step.tags:
+            version = self.store.tag(at_step.id, tag)
+        else:
+            raise VersionExistsError(
+                f"run {self.run!r} already holds step {step} from an earlier training, so "
+                f"{os.fspath(path)!r} cannot be stored: resume with "
+                f"ckpt_path='{SCHEME}{self.run}@latest', use a new run name, or delete that "
+                f"version first (casckpt delete {self.run}@{step})")
+        self._published(version, tag, before, reason)
+
+    def load_checkpoint(self, path: str | Path, map_location: Any | None = None,
+                        weights_only: bool | None = None) -> dict[str, Any]:
+        """The checkpoint dict a ``casckpt://REF`` or a path ``ModelCheckpoint`` saved names.
+
+        Nothing is unpickled whatever ``weights_only`` says: the store holds tensors and
+        plain values only.
+
+        Args:
+            path: ``casckpt://run@latest`` (any ref after ``casckpt://``) or a path this run
+                saved a checkpoint under (``best_model_path``, ``last_model_path``).
+            map_location: None, a device or a device string for the tensors.
+            weights_only: accepted for Lightning's signature; loading is always safe.
+
+        Raises:
+            CheckpointPathNotFoundError: no live version was saved under ``path``.
+            RefNotFoundError, AmbiguousRefError: a bad ref after ``casckpt://``.
+            InvalidArgumentError: ``map_location`` is a dict or a function.
+        """
+        if map_location is not None and (callable(map_location) or isinstance(map_location, Mapping)):
+            raise InvalidArgumentError(
+                "CasckptCheckpointIO takes map_location as a device or a device string "
+                f"(e.g. 'cpu', 'cuda:0'), not {type(map_location).__name__}")
+        self.wait()
+        version = self.resolve(path)
+        self._known.add(version.id)
+        tree = self.store.restore(version.id, map_location=map_location)
+        loaded = from_plain(tree)
+        if not isinstance(loaded, dict):
+            raise InvalidArgumentError(
+                f"{os.fspath(path)!r} names version {version.run}@{version.step}, which holds a "
+                f"{type(loaded).__name__}, not a Lightning checkpoint dict; name a version "
+                "committed through CasckptCheckpointIO")
+        return loaded
+
+    def remove_checkpoint(self, path: str | Path) -> None:
+        """``ModelCheckpoint`` no longer keeps ``path``: delete the version it names once no
+        other path or tag names it. A path that names nothing is ignored (as a missing file)."""
+        tag = self.path_tag(path)
+        if self._pending is not None and any(tag == name[0] for name in self._pending.names):
+            self.wait()
+        holder = self._holder(tag)
+        if holder is None:
+            log.debug("remove_checkpoint(%r): no live version saved under it", os.fspath(path))
+            return
+        self._removed.add(tag)
+        self._delete_if_unnamed(holder.id, f"lightning: ModelCheckpoint removed {os.fspath(path)}")
+
+    def teardown(self) -> None:
+        """Wait for a background commit (``block=False``); the store stays open (it is the caller's).
+
+        Raises:
+            CasckptError: why that commit failed.
+        """
+        self.wait()
+
+    def wait(self) -> None:
+        """Wait until the background commit of the last save (``block=False``) is visible.
+
+        Raises:
+            CasckptError: why that commit failed (no version was published for it).
+        """
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        version = pending.handle.wait()  # the first path's tag came with the commit
+        for i, (tag, before, reason) in enumerate(pending.names):
+            self._published(version if i == 0 else self.store.tag(version.id, tag), tag, before, reason)
+
+    # -- names ------------------------------------------------------------------
+
+    def resolve(self, path: str | Path) -> Version:
+        """The version ``path`` names (``casckpt://REF`` or a saved checkpoint path).
+
+        Raises:
+            CheckpointPathNotFoundError, RefNotFoundError: as :meth:`load_checkpoint`.
+        """
+        text = os.fspath(path)
+        if text.startswith(SCHEME):
+            ref = text[len(SCHEME):]
+            if not ref:
+                raise RefNotFoundError(text, "no ref after casckpt://", [f"{SCHEME}{self.run}@latest"])
+            return self.store.resolve(ref)
+        tag = self.path_tag(path)
+        holder = None if tag in self._removed else self._holder(tag)
+        if holder is None:
+            raise CheckpointPathNotFoundError(
+                text, f"run {self.run!r} holds no checkpoint saved under this path (never saved "
+                "through casckpt, removed by ModelCheckpoint since, or saved to another run); "
+                f"pass ckpt_path='{SCHEME}{self.run}@latest' or '{SCHEME}<ref>' "
+                f"(`casckpt log {self.run}` lists the versions)", [f"{SCHEME}{self.run}@latest"])
+        return holder
+
+    def path_tag(self, path: str | Path) -> str:
+        """The tag naming the version saved under ``path`` in this run."""
+        text = os.fspath(path)
+        where = text if "://" in text else os.path.abspath(text)
+        digest = hashlib.sha256(f"{self.run}\0{where}".encode()).hexdigest()[:16]
+        stem = _UNSAFE.sub("_", Path(where).stem).strip("_-")[:80] or "checkpoint"
+        return f"{PATH_TAG_PREFIX}{stem}.{digest}"
+
+    # -- internals ---------------------------------------------------------------
+
+    def _commit(self, checkpoint: dict[str, Any], path: str | Path, step: int,
+                tag: str) -> Version | CommitHandle:
+        plain, metadata = to_plain(checkpoint), {"lightning.path": os.fspath(path)}
+        try:
+            if self.block:
+                return self.store.commit(plain, run=self.run, step=step, tags=(tag,), metadata=metadata)
+            return self.store.commit(plain, run=self.run, step=step, tags=(tag,), metadata=metadata,
+                                     block=False)
+        except (UnsupportedStateError, InvalidNameError) as exc:
+            raise type(exc)(
+                f"Lightning checkpoint {os.fspath(path)!r} (step {step}) was not stored: {exc} "
+                "(casckpt stores tensors and plain values only: return such data from "
+                "state_dict / on_save_checkpoint, or leave the object out of save_hyperparameters)"
+            ) from exc
+
+    def _published(self, version: Version, tag: str, before: Version | None, reason: str) -> None:
+        self._known.add(version.id)
+        self._removed.discard(tag)
+        if before is not None and before.id != version.id:
+            self._delete_if_unnamed(before.id, reason)
+
+    def _version_at(self, step: int) -> Version | None:
+        try:
+            return self.store.resolve(f"{self.run}@{step}")
+        except RefNotFoundError:
+            return None
+
+    def _holder(self, tag: str) -> Version | None:
+        try:
+            return self.store.resolve(f"tag:{tag}")  # a deleted version is not found
+        except RefNotFoundError:
+            return None
+
+    def _delete_if_unnamed(self, version_id: str, reason: str) -> None:
+        try:
+            version = self.store.resolve(version_id)
+        except RefNotFoundError:
+            return  # deleted meanwhile
+        if all(t in self._removed for t in version.tags):
+            self.store.delete(version.id, reason=reason)
+
+
+def to_plain(obj: Any) -> Any:
+    """``obj`` with dict subclasses as plain dicts and path-keyed dicts as pair nodes."""
+    if isinstance(obj, dict):
+        items = [(key, to_plain(value)) for key, value in obj.items()]
+        if any(isinstance(key, str) and not _key_ok(key) for key, _ in items):
+            return {PAIRS: [(key, value) for key, value in items]}
+        return dict(items)
+    if type(obj) is list:
+        return [to_plain(v) for v in obj]
+    if type(obj) is tuple:
+        return tuple(to_plain(v) for v in obj)
+    return obj
+
+
+def from_plain(obj: Any) -> Any:
+    """The inverse of :func:`to_plain` (dict subclasses stay plain dicts)."""
+    if isinstance(obj, dict):
+        pairs = obj.get(PAIRS) if len(obj) == 1 else None
+        if isinstance(pairs, (list, tuple)) and all(isinstance(p, (list, tuple)) and len(p) == 2
+                                                   for p in pairs):
+            return {key: from_plain(value) for key, value in pairs}
+        return {key: from_plain(value) for key, value in obj.items()}
+    if type(obj) is list:
+        return [from_plain(v) for v in obj]
+    if type(obj) is tuple:
+        return tuple(from_plain(v) for v in obj)
+    return obj
+
+
+def _key_ok(key: str) -> bool:
+    try:
+        check_key(key, "")
+    except InvalidNameError:
+        return False
+    return True
