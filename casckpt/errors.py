@@ -262,3 +262,24 @@ class CommitTimeoutError(CasckptError, TimeoutError):
 class GroupCommitError(CasckptError, RuntimeError):
     """A commit by a process group failed on some rank; every rank raises it, naming the ranks
     and their errors (this rank's own error, if any, is the ``__cause__``). Nothing was published."""
+
+
+class UnsupportedFileError(InvalidArgumentError):
+    """``add_dir`` met something it cannot store byte-identically (a fifo, socket or device,
+    or a name that is not UTF-8); the message names it. Nothing was stored."""
+
+
+class NotADirectorySnapshotError(InvalidArgumentError):
+    """``checkout`` was asked for a version that is not a directory snapshot (one ``commit``
+    stored): ``restore`` reads it back as a state tree."""
+
+
+class CheckoutTargetError(RestoreTargetError):
+    """``checkout``'s target exists and is not an empty directory (nothing was touched), or
+    writing next to it failed (no space, no permission: nothing was left at the target)."""
+
+
+class FileHashMismatchError(IntegrityError):
+    """A file written by ``checkout`` does not hash to the BLAKE3 recorded when it was added
+    (it changed while ``add_dir`` read it, or the snapshot is forged); nothing was left at the
+    target."""

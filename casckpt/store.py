@@ -17,6 +17,7 @@ several threads share its pools (the catalog serialises what must be serial).
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -286,6 +287,93 @@ class Store:
         if not self._core.committer.drain(timeout):
             raise CommitTimeoutError(f"background commits still running after {timeout} s")
         self._core.committer.raise_unreported()
+
+    @overload
+    def add_dir(self, path: str | os.PathLike[str], *, run: str, step: int,
+                metadata: Mapping[str, Any] | None = None, metrics: Mapping[str, float] | None = None,
+                message: str | None = None, tags: Iterable[str] = (),
+                progress: ProgressCallback | None = None, block: Literal[True] = True) -> Version: ...
+
+    @overload
+    def add_dir(self, path: str | os.PathLike[str], *, run: str, step: int,
+                metadata: Mapping[str, Any] | None = None, metrics: Mapping[str, float] | None = None,
+                message: str | None = None, tags: Iterable[str] = (),
+                progress: ProgressCallback | None = None, block: Literal[False]) -> CommitHandle: ...
+
+    def add_dir(self, path: str | os.PathLike[str], *, run: str, step: int,
+                metadata: Mapping[str, Any] | None = None, metrics: Mapping[str, float] | None = None,
+                message: str | None = None, tags: Iterable[str] = (),
+                progress: ProgressCallback | None = None, block: bool = True) -> Version | CommitHandle:
+        """Store the directory tree at ``path`` as version ``run@step``, byte-identical.
+
+        Every directory, regular file and symbolic link is recorded: relative name, permission
+        bits, size, bytes, a whole-file BLAKE3, and for a link its target text (links are never
+        followed). Files are cut where their format says (safetensors tensor by tensor, zip
+        archives such as ``torch.save`` output entry by entry, anything else by content-defined
+        chunking), so what an earlier version holds is not written again (see
+        :mod:`casckpt.format.segments`). :meth:`checkout` writes it back.
+
+        The files are read through memory maps until the commit has read them: they must not
+        change until this returns (with ``block=False``: until the handle's snapshot is taken,
+        which ``add_dir`` waits for). The version's metadata records ``"casckpt.dir"``: the
+        counts of files, dirs, links and their bytes. Other arguments are :meth:`commit`'s;
+        ``progress`` also gets ``("scan", bytes_hashed, 0)`` while the files are read.
+
+        Raises:
+            InvalidArgumentError: ``path`` is not a directory or holds the store itself, or
+                ``metadata`` uses the reserved key ``"casckpt.dir"``.
+            UnsupportedFileError: the tree holds a fifo, socket or device, or a name that is
+                not UTF-8 (named in the message); nothing was stored.
+            Others: as :meth:`commit`.
+        """
+        from casckpt.engine import commit as commit_engine  # torch: only where tensors are handled
+        from casckpt.engine.dirscan import scan
+        from casckpt.format.dirsnap import DIR_KEY
+
+        if metadata is not None and DIR_KEY in metadata:
+            raise InvalidArgumentError(f"metadata key {DIR_KEY!r} is reserved for the directory "
+                                       "summary add_dir records; rename it")
+        commit_engine.make_request(run, step, metadata, metrics, message, tags)  # refuse before reading
+        if self.path is not None and Path(os.path.realpath(self.path)).is_relative_to(os.path.realpath(path)):
+            raise InvalidArgumentError(
+                f"the store {str(self.path)!r} is inside {str(path)!r}, which would change while it is "
+                "read; add a directory that does not hold the store")
+        state, counts = scan(path, progress)
+        meta = {**(metadata or {}), DIR_KEY: counts}
+        if block:
+            return self.commit(state, run=run, step=step, metadata=meta, metrics=metrics,
+                               message=message, tags=tags, progress=progress)
+        return self.commit(state, run=run, step=step, metadata=meta, metrics=metrics,
+                           message=message, tags=tags, progress=progress, block=False)
+
+    def checkout(self, ref: Ref, path: str | os.PathLike[str], *,
+                 progress: ProgressCallback | None = None) -> Path:
+        """Write the directory snapshot ``ref`` names (stored by :meth:`add_dir`) to ``path``.
+
+        ``path`` must not exist or be an empty directory. Everything is written into a
+        temporary sibling and renamed onto ``path`` at the end, every file checked against
+        the BLAKE3 recorded when it was added, so ``path`` either holds the whole snapshot
+        or is left as it was. Reads are streamed (at most ``BATCH_BYTES`` of
+        :mod:`casckpt.engine.checkout` at a time); ``progress`` gets ``("write", bytes, total)``.
+        Nothing is ever written outside ``path``: a listing naming ``..``, an absolute path or
+        a path through a link is refused before anything is created.
+
+        Returns:
+            The absolute path written.
+
+        Raises:
+            RefNotFoundError, AmbiguousRefError: bad ref.
+            NotADirectorySnapshotError: the version was stored with :meth:`commit` (read it
+                with :meth:`restore`).
+            CheckoutTargetError: ``path`` exists and is not an empty directory (untouched).
+            CorruptChunkError, MissingDataError, FileHashMismatchError, CorruptManifestError:
+                stored data is damaged, gone or forged; nothing is left at ``path``.
+        """
+        from casckpt.engine import checkout as checkout_engine  # torch: reads go through restore
+
+        target = Path(path)
+        checkout_engine.check_target(Path(os.path.abspath(target)))  # before the manifest is read
+        return checkout_engine.checkout(self._core.ctx, self._core.manifest(ref), target, progress)
 
     def restore(self, ref: Ref, into: object = None, *, map_location: Any = None,
                 progress: ProgressCallback | None = None, group: Any = None,

@@ -40,6 +40,7 @@ import typer
 from typer.core import TyperGroup
 
 import casckpt
+from casckpt.cli import dirs as dirs_cli
 from casckpt.cli import gc as gc_cli
 from casckpt.cli import history as history_cli
 from casckpt.cli import logs, render
@@ -444,6 +445,7 @@ history_cli.register(app)
 retention_cli.register(app)
 storage_cli.register(app)
 transfer_cli.register(app)
+dirs_cli.register(app)
 
 if __name__ == "__main__":  # `python -m casckpt.cli.main`
     app()

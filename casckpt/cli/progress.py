@@ -23,13 +23,13 @@ from rich.progress import (
 from casckpt.cli.render import human_bytes
 from casckpt.types import ProgressCallback
 
-_BYTE_PHASES = frozenset({"hash", "write", "read"})
+_BYTE_PHASES = frozenset({"hash", "write", "read", "scan"})
 """Phases whose ``done``/``total`` count bytes (see :data:`casckpt.types.ProgressCallback`)."""
 
 
 def _amount(phase: str, done: int, total: int) -> str:
     if phase in _BYTE_PHASES:
-        return f"{human_bytes(done)} / {human_bytes(total)}"
+        return f"{human_bytes(done)} / {human_bytes(total)}" if total else human_bytes(done)
     return f"{done} / {total}"
 
 

@@ -240,6 +240,14 @@ def detail_view(detail: VersionDetail, *, tensors: bool = False) -> list[Rendera
         how = ("torch.distributed.checkpoint: tensors sharded across ranks" if detail.saved_with == "dcp"
                else "Store.commit(group=): one state per rank (paths rankN/...)")
         parts[-1:] = [Text(f"saved by {detail.world_size} rank(s) with {how}"), ""]
+    snapshot = detail.version.metadata.get("casckpt.dir")
+    if isinstance(snapshot, dict):  # Store.add_dir: its tensors and values are the file listing
+        counts = {k: int(v) if isinstance(v, int) else 0 for k, v in snapshot.items()}
+        parts.append(Text(
+            f"directory snapshot: {counts.get('files', 0)} file(s), {counts.get('dirs', 0)} dir(s), "
+            f"{counts.get('links', 0)} link(s), {human_bytes(counts.get('bytes', 0))}; "
+            "`casckpt checkout REF DIR` writes it back"))
+        return parts
     count = detail.tensor_count
     parts.append(Text(f"{count} tensor(s), {human_bytes(detail.tensor_bytes)}" if count
                       else "no tensors", style="" if count else "dim"))

@@ -1,0 +1,251 @@
+"""Writing a directory snapshot back, byte-identical (``Store.checkout``).
+
+The whole listing is validated first (:func:`casckpt.format.dirsnap.read_listing`: plain
+relative names, parents that are directories of the snapshot, parts that add up), so a forged
+manifest is refused before anything is created. Everything is then written into a new
+temporary sibling of the target (mode 0700, so nobody else can plant links in it), file by
+file in bounded batches of verified chunk reads, each file hashed as it is written and
+compared with the BLAKE3 recorded by ``add_dir``; modes are applied last and the directory is
+renamed onto the target (which must be absent or an empty directory). On any failure the
+temporary directory is removed: the target is never left half written.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import blake3
+
+from casckpt.engine.context import EngineContext
+from casckpt.engine.restore import read_ranges
+from casckpt.errors import (
+    CasckptError,
+    CheckoutTargetError,
+    FileHashMismatchError,
+    NotADirectorySnapshotError,
+)
+from casckpt.format.dirsnap import DIR_KEY, DirEntry, is_snapshot, read_listing
+from casckpt.format.dtypes import element_size
+from casckpt.format.manifest import Manifest, TensorEntry
+from casckpt.format.tree import decode_tree
+from casckpt.types import ProgressCallback
+
+BATCH_BYTES = 64 << 20
+"""Bytes read per batch of chunk reads (a segment larger than this is read in pieces)."""
+BATCH_FILES = 256  # files open at once, at most, while a batch is written
+
+Piece = tuple[int, int, int]  # (extent, start, end) of a manifest
+_APPLIED_MODE = 0o1777
+"""Mode bits checkout applies: permissions and the sticky bit. setuid and setgid are recorded
+but not applied (as ``tar`` does for other users): a store must not be able to plant a
+set-user-id program by way of a checkout run as root."""
+
+
+def listing(manifest: Manifest) -> list[DirEntry]:
+    """The validated entries of a directory snapshot version (parts: its tensor entries).
+
+    Raises:
+        NotADirectorySnapshotError: the version was stored by ``commit``, not ``add_dir``.
+        CorruptManifestError: the listing is malformed or names an unsafe path.
+    """
+    keys = manifest.root.get("k") if manifest.root.get("t") == "dict" else None
+    tree = decode_tree(manifest.root, lambda i, _: manifest.tensors[i]) \
+        if isinstance(keys, list) and DIR_KEY in keys else None
+    if not is_snapshot(tree):
+        raise NotADirectorySnapshotError(
+            f"{manifest.run}@{manifest.step} is not a directory snapshot (it was stored with commit, "
+            "not add_dir); read it with restore() or load_tensor(), or `casckpt export` it"
+        )
+    return read_listing(tree, _nbytes)
+
+
+def _nbytes(part: object) -> int:
+    if not isinstance(part, TensorEntry) or part.is_shard or part.stride is not None:
+        return -1  # not a part add_dir writes: the entry is refused as malformed
+    return part.numel * element_size(part.kind, part.dtype)
+
+
+def check_target(target: Path) -> None:
+    """Refuse a target that exists and is not an empty directory (nothing is touched).
+
+    Raises:
+        CheckoutTargetError: it is a file, a link, or a directory with something in it.
+    """
+    if target.is_symlink() or (target.exists() and not target.is_dir()):
+        raise CheckoutTargetError(f"{str(target)!r} exists and is not a directory; checkout writes "
+                                  "into a new or empty directory. Pick another path.")
+    if target.is_dir() and any(os.scandir(target)):
+        raise CheckoutTargetError(f"{str(target)!r} is not empty; checkout writes into a new or "
+                                  "empty directory (it never mixes a snapshot with other files). "
+                                  "Pick another path or empty it.")
+
+
+def checkout(ctx: EngineContext, manifest: Manifest, target: Path,
+             progress: ProgressCallback | None = None) -> Path:
+    """Write the snapshot ``manifest`` holds to ``target``; returns the absolute target path.
+
+    Raises:
+        NotADirectorySnapshotError, CorruptManifestError: see :func:`listing`.
+        CheckoutTargetError: ``target`` exists and is not an empty directory, or writing next to
+            it failed (no space, no permission; the temporary directory is removed).
+        CorruptChunkError, MissingDataError: stored data is damaged or gone.
+        FileHashMismatchError: a file's bytes do not hash to the recorded BLAKE3.
+    """
+    entries = listing(manifest)
+    target = Path(os.path.abspath(target))
+    check_target(target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{target.name}.checkout-", dir=target.parent))
+    except OSError as exc:
+        raise CheckoutTargetError(f"cannot write next to {str(target)!r}: {exc.strerror or exc}; "
+                                  "pick a place you can write to. Nothing was written.") from exc
+    try:
+        _Writer(ctx, manifest, work, entries, progress).write()
+        os.chmod(work, 0o777 & ~_umask())
+        os.rename(work, target)  # replaces an empty directory atomically
+    except CasckptError:  # the store's own errors (StorageError is an OSError too) as they are
+        _remove(work)
+        raise
+    except OSError as exc:
+        _remove(work)
+        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR) \
+                and exc.filename == str(work):
+            raise CheckoutTargetError(f"{str(target)!r} was filled while the checkout ran; "
+                                      "nothing was written there. Pick another path.") from exc
+        raise CheckoutTargetError(
+            f"could not write the checkout of {manifest.run}@{manifest.step} next to {str(target)!r}: "
+            f"{exc.strerror or exc} ({exc.filename or 'the target'}); nothing was left at the "
+            "target. Free space or fix permissions, then check out again."
+        ) from exc
+    except BaseException:
+        _remove(work)
+        raise
+    return target
+
+
+@dataclass(slots=True)
+class _Open:
+    fd: int
+    entry: DirEntry
+    hasher: blake3.blake3
+    written: int = 0
+
+
+@dataclass(slots=True)
+class _Writer:
+    ctx: EngineContext
+    manifest: Manifest
+    root: Path
+    entries: list[DirEntry]
+    progress: ProgressCallback | None
+    total: int = 0
+    done: int = 0
+    batch: list[tuple[int, Piece]] = field(default_factory=list)
+    batch_bytes: int = 0
+    open: dict[int, _Open] = field(default_factory=dict)
+
+    def write(self) -> None:
+        self.total = sum(e.size for e in self.entries)
+        try:
+            for index, entry in enumerate(self.entries):
+                where = self.root / entry.path
+                if entry.kind == "dir":
+                    os.mkdir(where, 0o700)
+                elif entry.kind == "link":
+                    os.symlink(entry.target or "", where)
+                else:
+                    self._start(index, entry, where)
+            self._flush()
+            for entry in reversed(self.entries):  # deepest first: a read-only parent comes last
+                if entry.kind == "dir":
+                    os.chmod(self.root / entry.path, entry.mode & _APPLIED_MODE)
+        finally:
+            for handle in self.open.values():
+                os.close(handle.fd)
+
+    def _start(self, index: int, entry: DirEntry, where: Path) -> None:
+        fd = os.open(where, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        self.open[index] = _Open(fd, entry, blake3.blake3())
+        if entry.size == 0:
+            self._finish(index)
+            return
+        for piece in _pieces(entry):
+            if self.batch and (self.batch_bytes + piece[2] - piece[1] > BATCH_BYTES
+                               or len(self.open) > BATCH_FILES):
+                self._flush()
+            self.batch.append((index, piece))
+            self.batch_bytes += piece[2] - piece[1]
+
+    def _flush(self) -> None:
+        if not self.batch:
+            return
+        outs = read_ranges(self.ctx, self.manifest, [piece for _, piece in self.batch])
+        for (index, _), out in zip(self.batch, outs, strict=True):
+            handle = self.open[index]
+            data = memoryview(out.numpy().data)
+            handle.hasher.update(data)
+            view = data
+            while view:
+                view = view[os.write(handle.fd, view):]
+            handle.written += len(data)
+            self.done += len(data)
+            if handle.written == handle.entry.size:
+                self._finish(index)
+        self.batch.clear()
+        self.batch_bytes = 0
+        if self.progress is not None:
+            self.progress("write", self.done, self.total)
+
+    def _finish(self, index: int) -> None:
+        handle = self.open.pop(index)
+        try:
+            if handle.hasher.hexdigest() != handle.entry.blake3:
+                raise FileHashMismatchError(
+                    f"{handle.entry.path!r} of {self.manifest.run}@{self.manifest.step} does not hash to "
+                    "the BLAKE3 recorded when it was added (the file changed while add_dir read it, or "
+                    "the snapshot is forged); nothing was written at the target. Add the directory "
+                    "again from a quiet copy."
+                )
+            os.fchmod(handle.fd, handle.entry.mode & _APPLIED_MODE)
+        finally:
+            os.close(handle.fd)
+
+
+def _pieces(entry: DirEntry) -> Iterator[Piece]:
+    """The byte ranges of extents that make up a file, in order, none over BATCH_BYTES."""
+    for part in entry.parts:
+        start = part.offset
+        end = start + _nbytes(part)
+        while start < end:
+            step = min(end, start + BATCH_BYTES)
+            yield (part.extent, start, step)
+            start = step
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (Linux); 0o022 where it cannot be read."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
+def _remove(work: Path) -> None:
+    """Remove a temporary checkout, making its directories writable first (modes were applied)."""
+    for folder, dirs, _ in os.walk(work):
+        for name in dirs:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o700)
+    shutil.rmtree(work, ignore_errors=True)
