@@ -1,0 +1,73 @@
+"""Hostile review of issue 18 (directory snapshots, import, export): each test is an attack
+that once worked (or a guarantee that was only claimed), kept so it stays closed."""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+import casckpt
+from casckpt.errors import (
+    UnreadableCheckpointError,
+    UnsafeCheckpointError,
+)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[casckpt.Store]:
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    with casckpt.open(tmp_path / "store") as s:
+        yield s
+        assert s.check(read_data=True).ok
+
+
+def _str(op: bytes, text: str) -> bytes:
+    data = text.encode()
+    return op + len(data).to_bytes(1, "little") + data
+
+
+def dotted_global_pickle(module: str, name: str, arg: str) -> bytes:
+    """Protocol 4: ``module`` / ``name`` by STACK_GLOBAL (a dotted name walks attributes), called
+    with ``arg``."""
+    return (b"\x80\x04" + _str(b"\x8c", module) + _str(b"\x8c", name) + b"\x93"
+            + _str(b"\x8c", arg) + b"\x85R.")
+
+
+# -- import ------------------------------------------------------------------------------
+
+
+def test_dcp_metadata_cannot_reach_os_through_the_metadata_module(store: casckpt.Store,
+                                                                  tmp_path: Path) -> None:
+    """``torch.distributed.checkpoint.metadata`` imports ``os``: a dotted name
+    (``os.mkdir``) under that module was admitted and called."""
+    planted = tmp_path / "planted"
+    dcp.save({"w": torch.ones(3)}, storage_writer=dcp.FileSystemWriter(str(tmp_path / "dcp")), no_dist=True)
+    (tmp_path / "dcp" / ".metadata").write_bytes(
+        dotted_global_pickle("torch.distributed.checkpoint.metadata", "os.mkdir", str(planted)))
+    with pytest.raises(UnsafeCheckpointError, match="os.mkdir"):
+        store.import_checkpoint(tmp_path / "dcp", run="d", step=1)
+    assert not planted.exists()
+    assert store.runs() == []
+
+
+def test_dcp_metadata_cannot_read_a_file_outside_the_checkpoint(store: casckpt.Store,
+                                                                tmp_path: Path) -> None:
+    """A ``.metadata`` whose storage items name ``../other/__0_0.distcp`` made the import read
+    (and store) another checkpoint's file outside the directory."""
+    secret = {"w": torch.full((3,), 42.0)}
+    dcp.save(secret, storage_writer=dcp.FileSystemWriter(str(tmp_path / "other")), no_dist=True)
+    dcp.save({"w": torch.ones(3)}, storage_writer=dcp.FileSystemWriter(str(tmp_path / "dcp")), no_dist=True)
+    meta_path = tmp_path / "dcp" / ".metadata"
+    meta = pickle.loads(meta_path.read_bytes())  # our own file: trusted here
+    for info in meta.storage_data.values():
+        info.relative_path = "../other/" + info.relative_path
+    meta_path.write_bytes(pickle.dumps(meta))
+    with pytest.raises(UnreadableCheckpointError, match="outside"):
+        store.import_checkpoint(tmp_path / "dcp", run="d", step=1)
+    assert store.runs() == []
