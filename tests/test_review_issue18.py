@@ -3,7 +3,9 @@ that once worked (or a guarantee that was only claimed), kept so it stays closed
 
 from __future__ import annotations
 
+import os
 import pickle
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +18,7 @@ import casckpt
 from casckpt.errors import (
     UnreadableCheckpointError,
     UnsafeCheckpointError,
+    UnsupportedFileError,
 )
 
 
@@ -71,3 +74,51 @@ def test_dcp_metadata_cannot_read_a_file_outside_the_checkpoint(store: casckpt.S
     with pytest.raises(UnreadableCheckpointError, match="outside"):
         store.import_checkpoint(tmp_path / "dcp", run="d", step=1)
     assert store.runs() == []
+
+
+# -- add_dir -----------------------------------------------------------------------------
+
+
+def test_add_dir_never_reads_a_fifo_named_dot_metadata(store: casckpt.Store, tmp_path: Path) -> None:
+    """A fifo named ``.metadata`` beside a ``.distcp`` file was opened and read before the walk
+    refused it: ``add_dir`` hung until someone wrote to the fifo."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "__0_0.distcp").write_bytes(b"x" * 100)
+    fifo = src / ".metadata"
+    os.mkfifo(fifo)
+    unblocked = threading.Event()
+
+    def unblock() -> None:  # the watchdog: the test never hangs, it fails
+        unblocked.set()
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        os.close(fd)
+
+    timer = threading.Timer(5.0, unblock)
+    timer.start()
+    try:
+        with pytest.raises(UnsupportedFileError, match="fifo"):
+            store.add_dir(src, run="r", step=1)
+    finally:
+        timer.cancel()
+    assert not unblocked.is_set(), "add_dir blocked opening the fifo"
+
+
+def test_add_dir_does_not_follow_a_dot_metadata_link_out(store: casckpt.Store, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """``.metadata`` as a link to a file outside the directory was followed and read."""
+    from casckpt.engine import dirscan
+
+    outside = tmp_path / "outside.metadata"
+    outside.write_bytes(b"not a pickle")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "__0_0.distcp").write_bytes(b"x" * 100)
+    os.symlink(outside, src / ".metadata")
+    read: list[Path] = []
+    real = dirscan.dcp_items
+    monkeypatch.setattr(dirscan, "dcp_items", lambda p: read.append(p) or real(p))
+    store.add_dir(src, run="r", step=1)
+    assert read == []
+    out = store.checkout("r@1", tmp_path / "out")
+    assert os.readlink(out / ".metadata") == str(outside)

@@ -77,7 +77,9 @@ def _walk(state: _Scan, folder: Path, prefix: str) -> None:
         children = sorted(listing, key=lambda e: e.name)
     names = {child.name for child in children}
     items: dict[str, list[tuple[int, int]]] = {}
-    if ".metadata" in names and any(n.endswith(".distcp") for n in names):  # a DCP checkpoint
+    metadata = next((c for c in children if c.name == ".metadata"), None)
+    if metadata is not None and metadata.is_file(follow_symlinks=False) \
+            and any(n.endswith(".distcp") for n in names):  # a DCP checkpoint (never a link out)
         items = dcp_items(folder / ".metadata")
     for child in children:
         name = _name(folder / child.name, child.name)
