@@ -10,12 +10,14 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
 import casckpt
 from casckpt.errors import (
+    RestoreTargetError,
     UnreadableCheckpointError,
     UnsafeCheckpointError,
     UnsupportedFileError,
@@ -122,3 +124,80 @@ def test_add_dir_does_not_follow_a_dot_metadata_link_out(store: casckpt.Store, t
     assert read == []
     out = store.checkout("r@1", tmp_path / "out")
     assert os.readlink(out / ".metadata") == str(outside)
+
+
+# -- export ------------------------------------------------------------------------------
+
+
+def test_export_never_deletes_a_directory_it_did_not_create(store: casckpt.Store, tmp_path: Path) -> None:
+    """The temporary directory had a fixed name (``.<target>.<pid>.export``); when one existed
+    the export failed and then removed it, with the user's files."""
+    store.commit({"w": np.zeros(3, np.float32)}, run="e", step=1)
+    mine = tmp_path / f".out.{os.getpid()}.export"
+    mine.mkdir()
+    (mine / "keep").write_text("mine")
+    store.export("e@1", tmp_path / "out")
+    assert (mine / "keep").read_text() == "mine"
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
+def test_export_refuses_a_target_that_is_a_link(store: casckpt.Store, tmp_path: Path) -> None:
+    """``--to`` naming a link to a directory elsewhere wrote (and with --force replaced) files
+    out there."""
+    store.commit({"w": np.zeros(3, np.float32)}, run="e", step=1)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "model.safetensors").write_bytes(b"precious")
+    os.symlink(elsewhere, tmp_path / "link")
+    with pytest.raises(RestoreTargetError, match="link"):
+        store.export("e@1", tmp_path / "link", overwrite=True)
+    assert (elsewhere / "model.safetensors").read_bytes() == b"precious"
+
+
+def test_export_to_the_current_directory_is_not_a_crash(store: casckpt.Store, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--to .`` raised ValueError (``Path('.')`` has no name to put the temporary beside)."""
+    store.commit({"w": np.zeros(3, np.float32)}, run="e", step=1)
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    store.export("e@1", ".")
+    assert (tmp_path / "here" / "model.safetensors").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["here", "store"]
+
+
+def test_export_force_replaces_a_link_not_what_it_points_to(store: casckpt.Store, tmp_path: Path) -> None:
+    """(Held.) --force over a directory whose model.safetensors is a link: the link is replaced,
+    the file it pointed to is untouched; other files are kept."""
+    store.commit({"w": np.zeros(3, np.float32)}, run="e", step=1)
+    precious = tmp_path / "precious"
+    precious.write_bytes(b"precious")
+    out = tmp_path / "out"
+    out.mkdir()
+    os.symlink(precious, out / "model.safetensors")
+    (out / "notes.txt").write_text("keep")
+    store.export("e@1", out, overwrite=True)
+    assert precious.read_bytes() == b"precious"
+    assert not (out / "model.safetensors").is_symlink()
+    assert (out / "notes.txt").read_text() == "keep"
+
+
+def test_hf_directory_code_and_pickles_are_kept_as_bytes_never_run(store: casckpt.Store,
+                                                                    tmp_path: Path) -> None:
+    """(Held.) A Hugging Face directory's ``*.py`` and ``training_args.bin`` are stored as
+    bytes: importing and exporting it runs neither."""
+    from safetensors.torch import save_file
+
+    planted = tmp_path / "planted"
+    src = tmp_path / "hf"
+    src.mkdir()
+    (src / "config.json").write_text('{"model_type": "gpt2", "auto_map": {"AutoModel": "evil.M"}}')
+    save_file({"w": torch.ones(2)}, src / "model.safetensors")
+    (src / "evil.py").write_text(f"import os\nos.mkdir({str(planted)!r})\n")
+    (src / "training_args.bin").write_bytes(
+        dotted_global_pickle("os", "mkdir", str(planted)))
+    store.import_checkpoint(src, run="hf", step=1)
+    result = store.export("hf@1", tmp_path / "out")
+    assert not planted.exists()
+    for name in ("evil.py", "training_args.bin"):
+        assert (tmp_path / "out" / name).read_bytes() == (src / name).read_bytes()
+    assert result.huggingface

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import warnings
 from collections.abc import Callable, Mapping
@@ -212,6 +213,10 @@ def check_export_dir(target: Path, fmt: str, *, overwrite: bool) -> None:
     """
     if fmt not in FORMATS:
         raise InvalidArgumentError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if target.is_symlink():
+        raise RestoreTargetError(f"{str(target)!r} is a link; export writes into a real directory "
+                                 "(never through a link, out of the place named): name the "
+                                 "directory itself")
     if not target.parent.is_dir():
         raise RestoreTargetError(f"directory {str(target.parent)!r} does not exist; create it first")
     if target.exists() and not target.is_dir():
@@ -279,6 +284,25 @@ def _write(tree: object, version: Version, fmt: str, tmp: Path) -> bool:
     return False
 
 
+def _new_dir(target: Path) -> Path:
+    """A new, empty directory beside ``target`` (mode from the umask, as ``mkdir`` gives), under
+    a name nobody else uses: a fixed name could be an existing directory of someone else's.
+
+    Raises:
+        RestoreTargetError: nothing can be created beside ``target``.
+    """
+    for _ in range(100):
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.export")
+        try:
+            tmp.mkdir()
+            return tmp
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise RestoreTargetError(f"cannot write beside {str(target)!r}: {exc.strerror or exc}") from exc
+    raise RestoreTargetError(f"cannot create a temporary directory beside {str(target)!r}")
+
+
 def export_dir(tree: object, version: Version, target: Path, fmt: str, *,
                overwrite: bool = False) -> DirExport:
     """Write ``tree`` (restored from ``version``) into directory ``target`` as ``fmt`` (module doc).
@@ -292,10 +316,10 @@ def export_dir(tree: object, version: Version, target: Path, fmt: str, *,
         UnsupportedStateError: the state cannot be held by the format (a dtype safetensors
             lacks, a state DCP cannot save).
     """
+    target = Path(os.path.abspath(target))  # ``.`` has no name to put the temporary beside
     check_export_dir(target, fmt, overwrite=overwrite)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.export")
+    tmp = _new_dir(target)  # our own: only what this export created is removed below
     try:
-        tmp.mkdir()
         huggingface = _write(tree, version, fmt, tmp)
         files = tuple(sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file()))
         if not target.exists():
