@@ -3,10 +3,15 @@ that once worked (or a guarantee that was only claimed), kept so it stays closed
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import pickle
+import stat
+import struct
 import threading
 import warnings
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,9 +19,12 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import casckpt
 from casckpt.errors import (
+    CasckptError,
     RestoreTargetError,
     UnreadableCheckpointError,
     UnsafeCheckpointError,
@@ -201,3 +209,277 @@ def test_hf_directory_code_and_pickles_are_kept_as_bytes_never_run(store: casckp
     for name in ("evil.py", "training_args.bin"):
         assert (tmp_path / "out" / name).read_bytes() == (src / name).read_bytes()
     assert result.huggingface
+
+
+# -- format-aware cutting: files that only look like a format ------------------------------
+
+
+def _stored_zip(entries: list[tuple[str, bytes]], *, zip64: bool, deflate_every: int) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for i, (name, data) in enumerate(entries):
+            info = zipfile.ZipInfo(name)
+            info.compress_type = zipfile.ZIP_DEFLATED if deflate_every and i % deflate_every == 0 \
+                else zipfile.ZIP_STORED
+            with archive.open(info, "w", force_zip64=zip64) as f:
+                f.write(data)
+    return buffer.getvalue()
+
+
+def _duplicate_central_record(blob: bytes) -> bytes:
+    """A zip whose central directory lists its first entry twice (two entries, one data range)."""
+    eocd = blob.rindex(b"PK\x05\x06")
+    count, cd_size, cd_offset = struct.unpack("<HII", blob[eocd + 10 : eocd + 20])
+    first = blob[cd_offset : cd_offset + 46]
+    name_len, extra_len, comment_len = struct.unpack("<HHH", first[28:34])
+    record = blob[cd_offset : cd_offset + 46 + name_len + extra_len + comment_len]
+    tail = struct.pack("<HHII", count + 1, count + 1, cd_size + len(record), cd_offset)
+    return (blob[:cd_offset] + record + blob[cd_offset : eocd] + blob[eocd : eocd + 8] + tail
+            + blob[eocd + 20 :])
+
+
+def _safetensors_like(entries: list[tuple[str, str, list[int], int, int]], data: bytes) -> bytes:
+    header = {name: {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
+              for name, dtype, shape, begin, end in entries}
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text + data
+
+
+_BYTES = st.binary(max_size=2048)
+_ZIPS = st.builds(
+    _stored_zip,
+    st.lists(st.tuples(st.text("abc/.", min_size=1, max_size=8), _BYTES), min_size=1, max_size=4,
+             unique_by=lambda entry: entry[0]),
+    zip64=st.booleans(), deflate_every=st.integers(0, 2),
+)
+_HOSTILE_ZIPS = st.one_of(
+    _ZIPS,
+    _ZIPS.map(_duplicate_central_record),
+    st.tuples(_ZIPS, st.lists(st.tuples(st.integers(0, 4096), st.binary(min_size=1, max_size=8)),
+                              max_size=4)).map(
+        lambda z: bytes(_patch(z[0], z[1]))),
+)
+_SAFETENSORS = st.builds(
+    _safetensors_like,
+    st.lists(st.tuples(st.text("xyz", min_size=1, max_size=3),
+                       st.sampled_from(["F32", "BF16", "I8", "C64", "F64", "BOOL", "U16"]),
+                       st.lists(st.integers(0, 9), max_size=3) | st.just([1] * 70),
+                       st.integers(-2, 300), st.integers(-2, 300)), max_size=4),
+    _BYTES,
+)
+
+
+def _patch(blob: bytes, patches: list[tuple[int, bytes]]) -> bytearray:
+    out = bytearray(blob)
+    for at, data in patches:
+        at %= max(len(out), 1)
+        out[at : at + len(data)] = data
+    return out
+
+
+@pytest.fixture(scope="module")
+def fuzz_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[casckpt.Store]:
+    with casckpt.open(tmp_path_factory.mktemp("fuzz") / "store") as s:
+        yield s
+        assert s.check(read_data=True).ok
+
+
+_STEP = iter(range(1, 1 << 30))
+
+
+def _dcp_dir(root: Path, blob: bytes, items: list[tuple[int, int]]) -> None:
+    """A directory with ``__0_0.distcp`` = ``blob`` and a .metadata naming ``items`` in it."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
+
+    storage = {MetadataIndex(f"k{i}"): _StorageInfo("__0_0.distcp", offset, length)
+               for i, (offset, length) in enumerate(items)}
+    (root / ".metadata").write_bytes(pickle.dumps(Metadata({}, storage_data=storage)))
+    (root / "__0_0.distcp").write_bytes(blob)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(zipped=_HOSTILE_ZIPS, safetensors=_SAFETENSORS, inner=_ZIPS,
+       items=st.lists(st.tuples(st.integers(-5, 6000), st.integers(-5, 3000)), max_size=4),
+       filler=st.binary(max_size=700))
+def test_files_that_look_like_a_format_round_trip_byte_identical(
+        fuzz_store: casckpt.Store, tmp_path_factory: pytest.TempPathFactory, zipped: bytes,
+        safetensors: bytes, inner: bytes, items: list[tuple[int, int]], filler: bytes) -> None:
+    """Forged zips (overlapping entries, zip64, patched bytes), safetensors headers with hostile
+    offsets and shapes, and .distcp files whose metadata names arbitrary items (a torch.save
+    zip inside one): whatever the cut, checkout gives the same bytes (or add_dir refuses, typed)."""
+    root = tmp_path_factory.mktemp("src")
+    src = root / "src"
+    src.mkdir()
+    (src / "a.pt").write_bytes(zipped)
+    (src / "b.safetensors").write_bytes(safetensors)
+    (src / "c.bin").write_bytes(filler + zipped)
+    distcp = filler + inner + filler
+    _dcp_dir(src, distcp, items + [(len(filler), len(inner))])
+    step = next(_STEP)
+    try:
+        fuzz_store.add_dir(src, run="fuzz", step=step)
+    except CasckptError:
+        return
+    out = fuzz_store.checkout(f"fuzz@{step}", root / "out")
+    for name in ("a.pt", "b.safetensors", "c.bin", "__0_0.distcp", ".metadata"):
+        assert (out / name).read_bytes() == (src / name).read_bytes(), name
+
+
+def test_add_dir_metadata_with_a_dotted_global_never_runs(store: casckpt.Store, tmp_path: Path) -> None:
+    """(Held.) add_dir's own .metadata reader refuses the dotted name that broke import."""
+    planted = tmp_path / "planted"
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / ".metadata").write_bytes(
+        dotted_global_pickle("torch.distributed.checkpoint.metadata", "os.mkdir", str(planted)))
+    (src / "__0_0.distcp").write_bytes(b"x" * 1000)
+    store.add_dir(src, run="r", step=1)
+    assert not planted.exists()
+    assert (store.checkout("r@1", tmp_path / "out") / ".metadata").read_bytes() == \
+        (src / ".metadata").read_bytes()
+
+
+# -- add_dir while the files change ------------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "add_dir hashes each file at scan time and the commit reads the memory map later: a file "
+    "rewritten in place in between is published with bytes that do not match the recorded "
+    "BLAKE3, and only checkout finds out. Needs a design choice (re-verify after the commit and "
+    "retract the version, or hash what the commit chunked)"))
+def test_a_file_rewritten_in_place_during_add_dir_is_not_published(
+        store: casckpt.Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from casckpt.engine import dirscan
+
+    src = tmp_path / "src"
+    src.mkdir()
+    big = src / "w.bin"
+    big.write_bytes(np.random.default_rng(0).bytes(1 << 20))  # over READ_WHOLE: memory-mapped
+    real = dirscan.scan
+
+    def scan_then_rewrite(*args: object, **kwargs: object) -> object:
+        found = real(*args, **kwargs)  # type: ignore[arg-type]
+        with open(big, "r+b") as f:  # same size: no SIGBUS, other bytes
+            f.write(b"\xff" * 4096)
+        return found
+
+    monkeypatch.setattr(dirscan, "scan", scan_then_rewrite)
+    try:
+        store.add_dir(src, run="r", step=1)
+    except CasckptError:
+        return  # refused, typed: fine
+    store.checkout("r@1", tmp_path / "out")  # published: it must then check out
+
+
+# -- snapshot versions and the rest of the store -----------------------------------------
+
+
+def _tree_bytes(root: Path) -> dict[str, bytes | str]:
+    return {p.relative_to(root).as_posix(): (os.readlink(p) if p.is_symlink() else p.read_bytes())
+            for p in sorted(root.rglob("*")) if p.is_symlink() or p.is_file()}
+
+
+def test_snapshots_survive_gc_retention_delete_and_a_lost_catalog(tmp_path: Path) -> None:
+    """(Held.) gc and retention keep what live snapshots need and reclaim the rest;
+    check --read-data reads them; undelete works; after the catalog is lost and rebuilt,
+    checkout still writes every snapshot back; log, show and diff read them."""
+    from safetensors.torch import save_file
+
+    root = tmp_path / "store"
+    rng = np.random.default_rng(3)
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    shared = rng.bytes(3 << 20)
+    expected: dict[int, dict[str, bytes | str]] = {}
+    with casckpt.open(root) as store:
+        for step in (1, 2, 3):
+            save_file({"w": torch.from_numpy(rng.standard_normal(70_000).astype(np.float32)),
+                       "frozen": torch.arange(50_000, dtype=torch.float32)}, src / "model.safetensors")
+            (src / "sub" / "shared.bin").write_bytes(shared)
+            (src / "sub" / f"only{step}.bin").write_bytes(rng.bytes(1 << 20))
+            if not (src / "link").is_symlink():
+                os.symlink("sub/shared.bin", src / "link")
+            store.add_dir(src, run="snap", step=step)
+            expected[step] = _tree_bytes(src)
+            (src / "sub" / f"only{step}.bin").unlink()
+        store.delete("snap@1")
+        store.gc(grace=0)
+        store.set_retention("snap", keep_last=1)
+        store.gc(grace=0)
+        assert [v.step for v in store.log("snap")] == [3]
+        assert store.check(read_data=True).ok
+        assert _tree_bytes(store.checkout("snap@3", tmp_path / "out3")) == expected[3]
+        store.clear_retention("snap")
+        store.delete("snap@3")
+        store.undelete("snap@3")
+        assert store.resolve("snap@3").metadata["casckpt.dir"]["files"] == 3
+        assert store.show("snap@3").tensors and store.diff("snap@3", "snap@3") is not None
+    for name in ("catalog.db", "catalog.db-wal", "catalog.db-shm"):  # the catalog is lost
+        (root / name).unlink(missing_ok=True)
+    with casckpt.open(root, recover=True) as store:
+        store.rebuild_catalog()
+        assert store.resolve("snap@3").metadata["casckpt.dir"]["files"] == 3
+        assert _tree_bytes(store.checkout("snap@3", tmp_path / "rebuilt")) == expected[3]
+        assert store.check(read_data=True).ok
+
+
+_KILLED_MID_CHECKOUT = """
+import os, signal, sys
+import casckpt
+from casckpt.engine import checkout
+checkout.BATCH_BYTES = 1 << 20
+def progress(stage, done, total):
+    if stage == "write" and done >= 2 << 20:
+        os.kill(os.getpid(), signal.SIGKILL)
+with casckpt.open(sys.argv[1]) as store:
+    store.checkout("r@1", sys.argv[2], progress=progress)
+"""
+
+
+def test_kill_9_mid_checkout_leaves_the_target_absent(store: casckpt.Store, tmp_path: Path) -> None:
+    """(Held, with a wart.) A checkout killed with SIGKILL after writing part of a file leaves
+    no target; what remains is its hidden temporary sibling ``.out.checkout-*`` (mode 0700),
+    which nothing removes; a new checkout to the same target works."""
+    import subprocess
+    import sys
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "w.bin").write_bytes(np.random.default_rng(1).bytes(6 << 20))
+    store.add_dir(src, run="r", step=1)
+    store.close()
+    done = subprocess.run([sys.executable, "-c", _KILLED_MID_CHECKOUT, str(tmp_path / "store"),
+                           str(tmp_path / "out")], env={**os.environ}, capture_output=True, timeout=120)
+    assert done.returncode == -9, done.stderr.decode()[-2000:]
+    assert not (tmp_path / "out").exists()
+    left = [p for p in tmp_path.iterdir() if p.name.startswith(".out.checkout-")]
+    assert len(left) == 1 and stat.S_IMODE(left[0].stat().st_mode) == 0o700
+    with casckpt.open(tmp_path / "store") as again:
+        assert (again.checkout("r@1", tmp_path / "out") / "w.bin").read_bytes() == \
+            (src / "w.bin").read_bytes()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "read_hf_dir keeps every other top-level file by following links (is_file/read_bytes): a "
+    "model directory from an untrusted source (git keeps links) with tokenizer.json -> "
+    "/proc/self/environ or -> ../../.aws/credentials copies the user's secrets into the store "
+    "and into every export. Following links is needed for the Hub cache (snapshots/<rev>/x -> "
+    "../../blobs/<hash>), so the rule (e.g. inside the directory or its cache's blobs/) is the "
+    "authors' call"))
+def test_hf_import_does_not_copy_a_file_linked_from_outside(store: casckpt.Store, tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    secret = tmp_path / "credentials"
+    secret.write_text("aws_secret_access_key = hunter2\n")
+    src = tmp_path / "hf"
+    src.mkdir()
+    (src / "config.json").write_text('{"model_type": "gpt2"}')
+    save_file({"w": torch.ones(2)}, src / "model.safetensors")
+    os.symlink("../credentials", src / "tokenizer.json")
+    try:
+        store.import_checkpoint(src, run="hf", step=1)
+    except CasckptError:
+        return  # refused, typed: fine
+    files = store.restore("hf@1")["files"]
+    assert b"hunter2" not in files.get("tokenizer.json", b"")
