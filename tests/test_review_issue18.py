@@ -483,3 +483,35 @@ def test_hf_import_does_not_copy_a_file_linked_from_outside(store: casckpt.Store
         return  # refused, typed: fine
     files = store.restore("hf@1")["files"]
     assert b"hunter2" not in files.get("tokenizer.json", b"")
+
+
+def test_export_force_that_fails_leaves_the_old_files(store: casckpt.Store, tmp_path: Path) -> None:
+    """--force replaced the files one by one: when one could not be replaced (a directory of
+    that name is in the way) the ones before it were already gone, and the export failed with
+    the directory half old, half new. Now it is refused before anything is replaced."""
+    store.commit({"w": torch.ones(3)}, run="e", step=1)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".metadata").write_bytes(b"old metadata")
+    (out / "__0_0.distcp").mkdir()
+    (out / "__0_0.distcp" / "mine").write_text("keep")
+    with pytest.raises(RestoreTargetError, match="__0_0.distcp"):
+        store.export("e@1", out, format="dcp", overwrite=True)
+    assert (out / ".metadata").read_bytes() == b"old metadata"
+    assert (out / "__0_0.distcp" / "mine").read_text() == "keep"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "store"]  # no temporary left
+
+
+def test_export_that_fails_before_replacing_leaves_the_target(store: casckpt.Store, tmp_path: Path) -> None:
+    """(Held.) A state the format cannot hold (DCP saves a dict; this is a list) fails before
+    --force touches anything, and leaves no temporary directory."""
+    from casckpt.errors import UnsupportedStateError
+
+    store.commit([torch.ones(3)], run="e", step=1)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".metadata").write_bytes(b"old")
+    with pytest.raises(UnsupportedStateError):
+        store.export("e@1", out, format="dcp", overwrite=True)
+    assert [p.name for p in out.iterdir()] == [".metadata"] and (out / ".metadata").read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "store"]

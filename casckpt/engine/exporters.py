@@ -325,6 +325,12 @@ def export_dir(tree: object, version: Version, target: Path, fmt: str, *,
         if not target.exists():
             os.replace(tmp, target)
         else:
+            in_the_way = [n for n in files if (target / n).is_dir() and not (target / n).is_symlink()]
+            if in_the_way:  # refused before any file is replaced: never half old, half new
+                raise RestoreTargetError(
+                    f"{str(target)!r} holds directories named like files the export writes "
+                    f"({', '.join(in_the_way[:3])}); move them away, then export again. Nothing "
+                    "was replaced.")
             for name in files:
                 (target / name).parent.mkdir(parents=True, exist_ok=True)
                 os.replace(tmp / name, target / name)
