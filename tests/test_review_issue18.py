@@ -515,3 +515,45 @@ def test_export_that_fails_before_replacing_leaves_the_target(store: casckpt.Sto
         store.export("e@1", out, format="dcp", overwrite=True)
     assert [p.name for p in out.iterdir()] == [".metadata"] and (out / ".metadata").read_bytes() == b"old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "store"]
+
+
+def _nest(root: Path, depth: int) -> Path:
+    folder = root
+    folder.mkdir()
+    for _ in range(depth):
+        folder = folder / "a"
+        folder.mkdir()
+    return folder
+
+
+def test_a_too_deep_tree_is_refused_typed_and_the_deepest_allowed_round_trips(
+        store: casckpt.Store, tmp_path: Path) -> None:
+    """A tree ~1000 directories deep made add_dir raise RecursionError (untyped)."""
+    from casckpt.format.dirsnap import MAX_DEPTH
+
+    (_nest(tmp_path / "deep", MAX_DEPTH + 40) / "f").write_bytes(b"x")
+    with pytest.raises(UnsupportedFileError, match="deep"):
+        store.add_dir(tmp_path / "deep", run="d", step=1)
+    (_nest(tmp_path / "ok", MAX_DEPTH - 1) / "f").write_bytes(b"x")
+    out = store.checkout(store.add_dir(tmp_path / "ok", run="d", step=2), tmp_path / "out")
+    assert (out / ("a/" * (MAX_DEPTH - 1)) / "f").read_bytes() == b"x"
+
+
+def test_a_deep_forged_listing_that_fails_leaves_nothing(store: casckpt.Store, tmp_path: Path) -> None:
+    """A forged listing 1100 directories deep whose file does not match its hash: the removal
+    of the temporary checkout raised RecursionError, which replaced the hash error, and the
+    temporary directory stayed beside the target."""
+    import blake3
+
+    from casckpt.errors import CorruptManifestError
+
+    dirs = ["/".join(["a"] * n) for n in range(1, 1101)]
+    files = [{"path": d, "kind": "dir", "mode": 0o755, "size": 0, "blake3": None, "target": None,
+              "parts": []} for d in dirs]
+    files.append({"path": dirs[-1] + "/f", "kind": "file", "mode": 0o644, "size": 2,
+                  "blake3": blake3.blake3(b"no").hexdigest(), "target": None,
+                  "parts": [np.frombuffer(b"hi", np.uint8)]})
+    store.commit({"casckpt.dir": 1, "files": files}, run="f", step=1)
+    with pytest.raises(CorruptManifestError):
+        store.checkout("f@1", tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["store"]

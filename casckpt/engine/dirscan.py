@@ -23,7 +23,7 @@ import numpy as np
 
 from casckpt.engine.dcpitems import dcp_items
 from casckpt.errors import InvalidArgumentError, UnsupportedFileError
-from casckpt.format.dirsnap import DIR_FORMAT, DIR_KEY, summary
+from casckpt.format.dirsnap import DIR_FORMAT, DIR_KEY, MAX_DEPTH, summary
 from casckpt.format.segments import Segment, plan_segments
 from casckpt.types import ProgressCallback
 
@@ -75,6 +75,10 @@ def scan(root: str | os.PathLike[str],
 def _walk(state: _Scan, folder: Path, prefix: str) -> None:
     with os.scandir(folder) as listing:
         children = sorted(listing, key=lambda e: e.name)
+    if children and prefix.count("/") >= MAX_DEPTH:
+        raise UnsupportedFileError(
+            f"{str(folder)!r} is nested {MAX_DEPTH} directories deep and holds more; a snapshot keeps "
+            f"at most {MAX_DEPTH} levels: add a shallower directory. Nothing was stored.")
     names = {child.name for child in children}
     items: dict[str, list[tuple[int, int]]] = {}
     metadata = next((c for c in children if c.name == ".metadata"), None)
