@@ -557,3 +557,45 @@ def test_a_deep_forged_listing_that_fails_leaves_nothing(store: casckpt.Store, t
     with pytest.raises(CorruptManifestError):
         store.checkout("f@1", tmp_path / "out")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["store"]
+
+
+_PARTS = st.sampled_from(["a", "A", "b", "..", ".", "", "a\0", "é", "e\u0301"])
+_FORGED_PATHS = st.lists(_PARTS, min_size=1, max_size=3).map("/".join) | st.sampled_from(
+    ["/abs", "//a", "a/", "/", "bait/x", "bait/../x"])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(entries=st.lists(st.tuples(st.sampled_from(["dir", "file", "link"]), _FORGED_PATHS,
+                                  st.sampled_from(["BAIT", "..", "/", "a", "../.."])),
+                        min_size=1, max_size=6))
+def test_forged_listings_never_write_outside_the_target(
+        fuzz_store: casckpt.Store, tmp_path_factory: pytest.TempPathFactory,
+        entries: list[tuple[str, str, str]]) -> None:
+    """(Held.) Random listings of dirs, files and links (links to a bait directory outside,
+    names with .., NUL, case and normalisation twins, entries under links): checkout either
+    writes inside the target only or refuses, typed, leaving nothing."""
+    import blake3
+
+    root = tmp_path_factory.mktemp("forged")
+    bait = root / "bait"
+    bait.mkdir()
+    files = []
+    for kind, path, target in entries:
+        data = b"x" if kind == "file" else b""
+        digest = blake3.blake3(data).hexdigest() if kind == "file" else None
+        files.append({"path": path, "kind": kind, "mode": 0o755 if kind == "dir" else 0o644,
+                      "size": len(data), "blake3": digest,
+                      "target": (str(bait) if target == "BAIT" else target) if kind == "link" else None,
+                      "parts": [np.frombuffer(data, np.uint8)] if data else []})
+    step = next(_STEP)
+    fuzz_store.commit({"casckpt.dir": 1, "files": files}, run="forged", step=step)
+    try:
+        out = fuzz_store.checkout(f"forged@{step}", root / "t" / "out")
+    except CasckptError:
+        assert sorted(p.name for p in root.iterdir()) in (["bait"], ["bait", "t"])
+        assert not (root / "t").exists() or list((root / "t").iterdir()) == []
+    else:
+        assert sorted(p.name for p in (root / "t").iterdir()) == ["out"]
+        for p in out.rglob("*"):
+            assert p.is_symlink() or os.path.realpath(p).startswith(str(out) + os.sep)
+    assert list(bait.iterdir()) == []
