@@ -599,3 +599,20 @@ def test_forged_listings_never_write_outside_the_target(
         for p in out.rglob("*"):
             assert p.is_symlink() or os.path.realpath(p).startswith(str(out) + os.sep)
     assert list(bait.iterdir()) == []
+
+
+def test_a_safetensors_tensor_of_many_dimensions_round_trips(store: casckpt.Store, tmp_path: Path) -> None:
+    """A valid safetensors file holding a 65-dimensional tensor (64 KiB+, so not merged into a
+    byte run) made add_dir raise ValueError: numpy arrays have at most 64 dimensions."""
+    n = 1 << 15
+    src = tmp_path / "src"
+    src.mkdir()
+    for rank in (33, 65):
+        header = json.dumps({"t": {"dtype": "F32", "shape": [1] * (rank - 1) + [n],
+                                   "data_offsets": [0, 4 * n]}}).encode()
+        header += b" " * (-(len(header) + 8) % 8)
+        (src / f"x{rank}.safetensors").write_bytes(
+            struct.pack("<Q", len(header)) + header + np.arange(n, dtype=np.float32).tobytes())
+    out = store.checkout(store.add_dir(src, run="r", step=1), tmp_path / "out")
+    for name in ("x33.safetensors", "x65.safetensors"):
+        assert (out / name).read_bytes() == (src / name).read_bytes()
