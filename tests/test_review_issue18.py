@@ -616,3 +616,28 @@ def test_a_safetensors_tensor_of_many_dimensions_round_trips(store: casckpt.Stor
     out = store.checkout(store.add_dir(src, run="r", step=1), tmp_path / "out")
     for name in ("x33.safetensors", "x65.safetensors"):
         assert (out / name).read_bytes() == (src / name).read_bytes()
+
+
+def test_a_single_file_export_never_truncates_a_file_or_link_at_its_temporary_name(
+        store: casckpt.Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The temporary file beside an exported safetensors file had a predictable name
+    (``.<name>.<pid>.tmp``) opened with O_TRUNC and no O_NOFOLLOW, then unlinked: a file of
+    that name was emptied and deleted, a link planted there (a shared directory) truncated
+    what it pointed to."""
+    from casckpt.engine import exporters
+
+    store.commit({"w": np.zeros(3, np.float32)}, run="e", step=1)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    monkeypatch.setattr(exporters.secrets, "token_hex", lambda n: "0" * (2 * n))
+    planted = [tmp_path / f".x.safetensors.{os.getpid()}.tmp",  # the old name, and the new one
+               tmp_path / f".x.safetensors.{os.getpid()}.{'0' * 8}.tmp"]
+    for link in planted:
+        os.symlink(victim, link)
+    tree = store.restore("e@1")
+    with pytest.raises(RestoreTargetError):
+        exporters.export_safetensors(tree, store.resolve("e@1"), tmp_path / "x.safetensors")
+    assert victim.read_bytes() == b"precious" and all(link.is_symlink() for link in planted)
+    monkeypatch.undo()
+    exporters.export_safetensors(tree, store.resolve("e@1"), tmp_path / "x.safetensors")
+    assert (tmp_path / "x.safetensors").is_file() and victim.read_bytes() == b"precious"

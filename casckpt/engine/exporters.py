@@ -126,9 +126,11 @@ def _write_atomically(target: Path, write: Callable[[Path], object]) -> None:
     ``write`` creates files with (safetensors creates them 0600): the temporary file is
     created first, so the kernel applies the umask, and its mode is restored after ``write``.
     """
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666))
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    created = False
+    try:  # a new file of our own: an existing one (or a link planted there) is never truncated
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666))
+        created = True
         mode = tmp.stat().st_mode & 0o777
         write(tmp)
         tmp.chmod(mode)
@@ -136,7 +138,8 @@ def _write_atomically(target: Path, write: Callable[[Path], object]) -> None:
     except OSError as exc:
         raise RestoreTargetError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from exc
     finally:
-        tmp.unlink(missing_ok=True)
+        if created:
+            tmp.unlink(missing_ok=True)
 
 
 def _save(tensors: Mapping[str, torch.Tensor], metadata: dict[str, str], target: Path) -> None:
