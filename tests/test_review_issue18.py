@@ -641,3 +641,34 @@ def test_a_single_file_export_never_truncates_a_file_or_link_at_its_temporary_na
     monkeypatch.undo()
     exporters.export_safetensors(tree, store.resolve("e@1"), tmp_path / "x.safetensors")
     assert (tmp_path / "x.safetensors").is_file() and victim.read_bytes() == b"precious"
+
+
+def test_a_directory_swapped_for_a_link_mid_walk_is_not_followed_out(
+        store: casckpt.Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """add_dir listed a directory, then opened its children by path: a subdirectory replaced by
+    a link to a directory elsewhere between the two (someone else writing there) was walked,
+    and the files out there were stored in the snapshot."""
+    from casckpt.engine import dirscan
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("hunter2")
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "ok.txt").write_text("fine")
+    real = dirscan._entry
+
+    def swap_after_listing(path: str, kind: str, *args: object, **kwargs: object) -> object:
+        if path == "sub" and kind == "dir":  # listed as a directory: now swap it for a link
+            os.rename(src / "sub", tmp_path / "moved")
+            os.symlink(outside, src / "sub")
+        return real(path, kind, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dirscan, "_entry", swap_after_listing)
+    try:
+        version = store.add_dir(src, run="r", step=1)
+    except UnsupportedFileError:
+        return  # refused, typed: fine
+    assert "hunter2" not in str(store.restore(version))
+    out = store.checkout(version, tmp_path / "out")
+    assert not (out / "sub" / "secret.txt").exists()
