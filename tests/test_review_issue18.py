@@ -672,3 +672,18 @@ def test_a_directory_swapped_for_a_link_mid_walk_is_not_followed_out(
     assert "hunter2" not in str(store.restore(version))
     out = store.checkout(version, tmp_path / "out")
     assert not (out / "sub" / "secret.txt").exists()
+
+
+def test_a_failed_checkout_removes_the_parents_it_created(store: casckpt.Store, tmp_path: Path) -> None:
+    """A checkout into a/b/out that failed (a file not matching its hash) left a/b behind."""
+    import blake3
+
+    from casckpt.errors import FileHashMismatchError
+
+    files = [{"path": "f", "kind": "file", "mode": 0o644, "size": 2, "target": None,
+              "blake3": blake3.blake3(b"no").hexdigest(), "parts": [np.frombuffer(b"hi", np.uint8)]}]
+    store.commit({"casckpt.dir": 1, "files": files}, run="f", step=1)
+    (tmp_path / "a").mkdir()
+    with pytest.raises(FileHashMismatchError):
+        store.checkout("f@1", tmp_path / "a" / "b" / "c" / "out")
+    assert list((tmp_path / "a").iterdir()) == []  # "a" was there before: kept
