@@ -263,10 +263,10 @@ def test_an_unreadable_file_is_a_typed_error(store: casckpt.Store, tmp_path: Pat
     src = sample_tree(tmp_path / "src")
     real_open = os.open
 
-    def refusing(path: Any, flags: int, *args: Any) -> int:
+    def refusing(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
         if str(path).endswith("exec.sh"):
             raise PermissionError(13, "Permission denied", str(path))
-        return real_open(path, flags, *args)
+        return real_open(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", refusing)
     with pytest.raises(UnsupportedFileError, match="exec.sh.*Permission denied"):

@@ -106,10 +106,12 @@ def checkout(ctx: EngineContext, manifest: Manifest, target: Path,
     entries = listing(manifest)
     target = Path(os.path.abspath(target))
     check_target(target)
+    made = [d for d in target.parents if not d.exists()]  # removed again if the checkout fails
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=f".{target.name}.checkout-", dir=target.parent))
     except OSError as exc:
+        _unmake(made)
         raise CheckoutTargetError(f"cannot write next to {str(target)!r}: {exc.strerror or exc}; "
                                   "pick a place you can write to. Nothing was written.") from exc
     try:
@@ -118,9 +120,11 @@ def checkout(ctx: EngineContext, manifest: Manifest, target: Path,
         os.rename(work, target)  # replaces an empty directory atomically
     except CasckptError:  # the store's own errors (StorageError is an OSError too) as they are
         _remove(work)
+        _unmake(made)
         raise
     except OSError as exc:
         _remove(work)
+        _unmake(made)
         if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR) \
                 and exc.filename == str(work):
             raise CheckoutTargetError(f"{str(target)!r} was filled while the checkout ran; "
@@ -132,8 +136,18 @@ def checkout(ctx: EngineContext, manifest: Manifest, target: Path,
         ) from exc
     except BaseException:
         _remove(work)
+        _unmake(made)
         raise
     return target
+
+
+def _unmake(made: list[Path]) -> None:
+    """Remove the missing parents a failed checkout created (deepest first; only if empty)."""
+    for folder in made:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 @dataclass(slots=True)

@@ -13,7 +13,9 @@ from __future__ import annotations
 import importlib
 import io
 import logging
+import os
 import pickle
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +57,14 @@ def dcp_items(metadata: Path) -> dict[str, list[tuple[int, int]]]:
     """``{".distcp" file name: [(offset, length), ...]}`` of the checkpoint whose metadata file
     is ``metadata``; empty when it cannot be read as DCP metadata (a debug line says why)."""
     try:
-        if metadata.stat().st_size > MAX_METADATA:
-            return {}
-        loaded = _MetadataUnpickler(io.BytesIO(metadata.read_bytes())).load()
+        # a regular file of the directory only: not a link out, never a fifo that blocks
+        fd = os.open(metadata, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as file:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_METADATA:
+                return {}
+            data = file.read(MAX_METADATA)  # a file grown meanwhile: cut short, unreadable
+        loaded = _MetadataUnpickler(io.BytesIO(data)).load()
         storage = getattr(loaded, "storage_data", None)
         out: dict[str, list[tuple[int, int]]] = {}
         for info in (storage or {}).values():

@@ -23,7 +23,7 @@ import numpy as np
 
 from casckpt.engine.dcpitems import dcp_items
 from casckpt.errors import InvalidArgumentError, UnsupportedFileError
-from casckpt.format.dirsnap import DIR_FORMAT, DIR_KEY, summary
+from casckpt.format.dirsnap import DIR_FORMAT, DIR_KEY, MAX_DEPTH, summary
 from casckpt.format.segments import Segment, plan_segments
 from casckpt.types import ProgressCallback
 
@@ -62,7 +62,11 @@ def scan(root: str | os.PathLike[str],
                                    "tree (for one checkpoint file, pass its folder)")
     state = _Scan(top, progress)
     try:
-        _walk(state, top, "")
+        fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            _walk(state, top, "", fd)
+        finally:
+            os.close(fd)
     except OSError as exc:  # unreadable, or changed under the walk (removed, replaced by a link)
         raise UnsupportedFileError(
             f"could not read {exc.filename or str(top)!r}: {exc.strerror or exc}; make the directory "
@@ -72,12 +76,23 @@ def scan(root: str | os.PathLike[str],
     return {DIR_KEY: DIR_FORMAT, "files": entries}, summary(entries)
 
 
-def _walk(state: _Scan, folder: Path, prefix: str) -> None:
-    with os.scandir(folder) as listing:
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+
+
+def _walk(state: _Scan, folder: Path, prefix: str, fd: int) -> None:
+    """Entries under the open directory ``fd`` (named ``folder``): everything below is opened
+    relative to it, never by a path whose directories could be swapped for links meanwhile."""
+    with os.scandir(fd) as listing:
         children = sorted(listing, key=lambda e: e.name)
+    if children and prefix.count("/") >= MAX_DEPTH:
+        raise UnsupportedFileError(
+            f"{str(folder)!r} is nested {MAX_DEPTH} directories deep and holds more; a snapshot keeps "
+            f"at most {MAX_DEPTH} levels: add a shallower directory. Nothing was stored.")
     names = {child.name for child in children}
     items: dict[str, list[tuple[int, int]]] = {}
-    if ".metadata" in names and any(n.endswith(".distcp") for n in names):  # a DCP checkpoint
+    metadata = next((c for c in children if c.name == ".metadata"), None)
+    if metadata is not None and metadata.is_file(follow_symlinks=False) \
+            and any(n.endswith(".distcp") for n in names):  # a DCP checkpoint (never a link out)
         items = dcp_items(folder / ".metadata")
     for child in children:
         name = _name(folder / child.name, child.name)
@@ -85,19 +100,37 @@ def _walk(state: _Scan, folder: Path, prefix: str) -> None:
         info = child.stat(follow_symlinks=False)
         mode = stat.S_IMODE(info.st_mode)
         if stat.S_ISLNK(info.st_mode):
-            target = _name(folder / child.name, os.readlink(folder / child.name))
+            target = _name(folder / child.name, os.readlink(child.name, dir_fd=fd))
             state.entries.append(_entry(rel, "link", 0, target=target))
         elif stat.S_ISDIR(info.st_mode):
             state.entries.append(_entry(rel, "dir", mode))
-            _walk(state, folder / child.name, rel + "/")
+            sub = _open_at(folder / child.name, _DIR_FLAGS, fd)  # a link put there since: ELOOP
+            try:
+                now = os.fstat(sub)
+                if (now.st_dev, now.st_ino) != (info.st_dev, info.st_ino):
+                    raise UnsupportedFileError(f"{str(folder / child.name)!r} was replaced while "
+                                               "add_dir read it; keep the directory still. "
+                                               "Nothing was stored.")
+                _walk(state, folder / child.name, rel + "/", sub)
+            finally:
+                os.close(sub)
         elif stat.S_ISREG(info.st_mode):
-            state.entries.append(_file(state, folder / child.name, rel, mode, items.get(child.name)))
+            state.entries.append(_file(state, folder / child.name, rel, mode, items.get(child.name), fd))
         else:
             raise UnsupportedFileError(
                 f"{str(folder / child.name)!r} is {_what(info.st_mode)}, not a regular file, directory "
                 "or symbolic link; move it out of the directory (add_dir stores only those). "
                 "Nothing was stored."
             )
+
+
+def _open_at(path: Path, flags: int, dir_fd: int) -> int:
+    """``path``'s last part opened relative to ``dir_fd``; an error names the whole path."""
+    try:
+        return os.open(path.name, flags, dir_fd=dir_fd)
+    except OSError as exc:
+        exc.filename = str(path)
+        raise
 
 
 def _entry(path: str, kind: str, mode: int, *, size: int = 0, digest: str | None = None,
@@ -107,8 +140,8 @@ def _entry(path: str, kind: str, mode: int, *, size: int = 0, digest: str | None
 
 
 def _file(state: _Scan, path: Path, rel: str, mode: int,
-          items: list[tuple[int, int]] | None) -> dict[str, Any]:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+          items: list[tuple[int, int]] | None, dir_fd: int) -> dict[str, Any]:
+    fd = _open_at(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0), dir_fd)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):  # replaced since the listing

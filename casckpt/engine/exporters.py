@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import warnings
 from collections.abc import Callable, Mapping
@@ -125,9 +126,11 @@ def _write_atomically(target: Path, write: Callable[[Path], object]) -> None:
     ``write`` creates files with (safetensors creates them 0600): the temporary file is
     created first, so the kernel applies the umask, and its mode is restored after ``write``.
     """
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666))
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    created = False
+    try:  # a new file of our own: an existing one (or a link planted there) is never truncated
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666))
+        created = True
         mode = tmp.stat().st_mode & 0o777
         write(tmp)
         tmp.chmod(mode)
@@ -135,7 +138,8 @@ def _write_atomically(target: Path, write: Callable[[Path], object]) -> None:
     except OSError as exc:
         raise RestoreTargetError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from exc
     finally:
-        tmp.unlink(missing_ok=True)
+        if created:
+            tmp.unlink(missing_ok=True)
 
 
 def _save(tensors: Mapping[str, torch.Tensor], metadata: dict[str, str], target: Path) -> None:
@@ -212,6 +216,10 @@ def check_export_dir(target: Path, fmt: str, *, overwrite: bool) -> None:
     """
     if fmt not in FORMATS:
         raise InvalidArgumentError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if target.is_symlink():
+        raise RestoreTargetError(f"{str(target)!r} is a link; export writes into a real directory "
+                                 "(never through a link, out of the place named): name the "
+                                 "directory itself")
     if not target.parent.is_dir():
         raise RestoreTargetError(f"directory {str(target.parent)!r} does not exist; create it first")
     if target.exists() and not target.is_dir():
@@ -279,6 +287,25 @@ def _write(tree: object, version: Version, fmt: str, tmp: Path) -> bool:
     return False
 
 
+def _new_dir(target: Path) -> Path:
+    """A new, empty directory beside ``target`` (mode from the umask, as ``mkdir`` gives), under
+    a name nobody else uses: a fixed name could be an existing directory of someone else's.
+
+    Raises:
+        RestoreTargetError: nothing can be created beside ``target``.
+    """
+    for _ in range(100):
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.export")
+        try:
+            tmp.mkdir()
+            return tmp
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise RestoreTargetError(f"cannot write beside {str(target)!r}: {exc.strerror or exc}") from exc
+    raise RestoreTargetError(f"cannot create a temporary directory beside {str(target)!r}")
+
+
 def export_dir(tree: object, version: Version, target: Path, fmt: str, *,
                overwrite: bool = False) -> DirExport:
     """Write ``tree`` (restored from ``version``) into directory ``target`` as ``fmt`` (module doc).
@@ -292,15 +319,21 @@ def export_dir(tree: object, version: Version, target: Path, fmt: str, *,
         UnsupportedStateError: the state cannot be held by the format (a dtype safetensors
             lacks, a state DCP cannot save).
     """
+    target = Path(os.path.abspath(target))  # ``.`` has no name to put the temporary beside
     check_export_dir(target, fmt, overwrite=overwrite)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.export")
+    tmp = _new_dir(target)  # our own: only what this export created is removed below
     try:
-        tmp.mkdir()
         huggingface = _write(tree, version, fmt, tmp)
         files = tuple(sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file()))
         if not target.exists():
             os.replace(tmp, target)
         else:
+            in_the_way = [n for n in files if (target / n).is_dir() and not (target / n).is_symlink()]
+            if in_the_way:  # refused before any file is replaced: never half old, half new
+                raise RestoreTargetError(
+                    f"{str(target)!r} holds directories named like files the export writes "
+                    f"({', '.join(in_the_way[:3])}); move them away, then export again. Nothing "
+                    "was replaced.")
             for name in files:
                 (target / name).parent.mkdir(parents=True, exist_ok=True)
                 os.replace(tmp / name, target / name)

@@ -18,6 +18,7 @@ DCP flattens dict keys to strings, so an int key saved by ``dcp.save`` comes bac
 
 from __future__ import annotations
 
+import importlib
 import io
 import pickle
 from pathlib import Path
@@ -58,8 +59,12 @@ class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         import torch
 
-        if module == _METADATA_MODULE and not name.startswith("__"):
-            return super().find_class(module, name)
+        if module == _METADATA_MODULE and "." not in name and not name.startswith("__"):
+            # a class defined there, by its plain name: a dotted one would walk into what the
+            # module imports (its ``os``), and its imported helpers are not metadata either
+            found = getattr(importlib.import_module(module), name, None)
+            if isinstance(found, type) and found.__module__ == module:
+                return found
         if module == "torch":
             found = getattr(torch, name, None)
             if isinstance(found, (torch.dtype, torch.layout, torch.memory_format)):
@@ -68,6 +73,20 @@ class _MetadataUnpickler(pickle.Unpickler):
             return super().find_class(module, name)
         raise _unsafe(self._path, f"its metadata names the global {module}.{name}, which DCP "
                                   "metadata does not hold")
+
+
+def _check_items(metadata: Any, file: Path) -> None:
+    """Refuse metadata whose items name a data file other than a plain name beside it
+    (``../other/__0_0.distcp``, an absolute path): the import would read a file outside the
+    checkpoint directory."""
+    storage = getattr(metadata, "storage_data", None)
+    for info in (storage.values() if isinstance(storage, dict) else ()):
+        name = getattr(info, "relative_path", None)
+        if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name:
+            raise UnreadableCheckpointError(
+                f"{str(file)!r} names the data file {name!r}, which is not a file beside it (it "
+                "points outside the checkpoint directory); the checkpoint is forged or damaged and "
+                "was not imported", path=str(file))
 
 
 def _reader(path: Path, refused: list[CasckptError]) -> Any:
@@ -82,6 +101,7 @@ def _reader(path: Path, refused: list[CasckptError]) -> Any:
             with self.fs.create_stream(file, "rb") as stream:
                 try:
                     metadata = _MetadataUnpickler(stream, Path(file)).load()
+                    _check_items(metadata, Path(file))
                 except CasckptError as exc:  # DCP words a metadata failure as its own text
                     refused.append(exc)
                     raise

@@ -30,6 +30,10 @@ metadata."""
 DIR_FORMAT = 1
 KINDS = ("dir", "file", "link")
 MAX_PATH_BYTES = 4096
+MAX_DEPTH = 256
+"""Most ``/`` a snapshot name may hold: deeper trees hit Python's recursion limit in the walk
+and in the removal of a failed checkout (which then masked the error and left the temporary
+directory), so ``add_dir`` refuses them and a listing naming one is refused whole."""
 _HEX = re.compile(r"[0-9a-f]{64}")
 
 
@@ -114,6 +118,7 @@ def check_path(path: object) -> str:
     """``path`` if it is a safe relative name (``a/b``); else CorruptManifestError."""
     if (not isinstance(path, str) or not path or "\0" in path or path.startswith("/")
             or len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES
+            or path.count("/") >= MAX_DEPTH
             or any(part in ("", ".", "..") for part in path.split("/"))):
         raise CorruptManifestError(
             f"directory snapshot names {path!r}, which is not a plain relative path; refused "

@@ -47,6 +47,9 @@ _SAFETENSORS_DTYPES = {
 _ITEMSIZE = {"<f8": 8, "<f4": 4, "<f2": 2, "<u2": 2, "<i8": 8, "<i4": 4, "<i2": 2, "|i1": 1,
              "<u8": 8, "<u4": 4, "|u1": 1, "<c8": 8, "<c16": 16}
 _MAX_SAFETENSORS_HEADER = 100 << 20  # the safetensors library's own limit
+_MAX_NDIM = 32
+"""A tensor of more dimensions (valid safetensors) is kept flat: numpy arrays hold at most 64
+(32 before numpy 2), and reshaping to more raised ValueError out of ``add_dir``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +182,7 @@ def safetensors_segments(data: memoryview) -> list[Segment] | None:
             continue
         aligned = (start + begin) % _ITEMSIZE[dtype] == 0
         out.append(Segment(start + begin, start + end, dtype if aligned else "|u1",
-                           shape if aligned else None))
+                           shape if aligned and len(shape) <= _MAX_NDIM else None))
     return out
 
 
