@@ -460,14 +460,10 @@ def test_kill_9_mid_checkout_leaves_the_target_absent(store: casckpt.Store, tmp_
             (src / "w.bin").read_bytes()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "read_hf_dir keeps every other top-level file by following links (is_file/read_bytes): a "
-    "model directory from an untrusted source (git keeps links) with tokenizer.json -> "
-    "/proc/self/environ or -> ../../.aws/credentials copies the user's secrets into the store "
-    "and into every export. Following links is needed for the Hub cache (snapshots/<rev>/x -> "
-    "../../blobs/<hash>), so the rule (e.g. inside the directory or its cache's blobs/) is the "
-    "authors' call"))
 def test_hf_import_does_not_copy_a_file_linked_from_outside(store: casckpt.Store, tmp_path: Path) -> None:
+    """read_hf_dir kept every other top-level file by following links: a model directory from
+    an untrusted source (git keeps links) with tokenizer.json -> ../credentials copied the
+    secret into the store and into every export. Links may not lead out of the directory."""
     from safetensors.torch import save_file
 
     secret = tmp_path / "credentials"
@@ -687,3 +683,46 @@ def test_a_failed_checkout_removes_the_parents_it_created(store: casckpt.Store, 
     with pytest.raises(FileHashMismatchError):
         store.checkout("f@1", tmp_path / "a" / "b" / "c" / "out")
     assert list((tmp_path / "a").iterdir()) == []  # "a" was there before: kept
+
+
+def test_hf_hub_cache_snapshots_import_through_their_links(store: casckpt.Store, tmp_path: Path) -> None:
+    """The rule above keeps the Hugging Face hub cache working: every file of
+    ``<repo>/snapshots/<rev>/`` is a link to ``../../blobs/<hash>``."""
+    from safetensors.torch import save_file
+
+    repo = tmp_path / "models--org--tiny"
+    blobs, snap = repo / "blobs", repo / "snapshots" / "abc123"
+    blobs.mkdir(parents=True)
+    snap.mkdir(parents=True)
+    (blobs / "c0").write_text('{"model_type": "gpt2"}')
+    save_file({"w": torch.arange(4.0)}, blobs / "w0")
+    (blobs / "t0").write_text('{"tok": 1}')
+    for name, blob in (("config.json", "c0"), ("model.safetensors", "w0"), ("tokenizer.json", "t0")):
+        os.symlink(f"../../blobs/{blob}", snap / name)
+    store.import_checkpoint(snap, run="hub", step=1)
+    state = store.restore("hub@1")
+    assert torch.equal(state["model"]["w"], torch.arange(4.0))
+    assert state["files"] == {"tokenizer.json": b'{"tok": 1}'}
+
+
+def test_dcp_import_refuses_a_data_file_linked_from_outside(store: casckpt.Store, tmp_path: Path) -> None:
+    """A DCP directory whose ``.distcp`` file (or ``.metadata``) is a link out of it: the import
+    would read another checkpoint's (or any) file. Refused, nothing committed."""
+    import torch.distributed.checkpoint as dcp
+
+    src, other = tmp_path / "dcp", tmp_path / "other"
+    for where, value in ((src, 1.0), (other, 2.0)):
+        dcp.save({"w": torch.full((4,), value)}, checkpoint_id=str(where), no_dist=True)
+    data = sorted(src.glob("*.distcp"))
+    assert data
+    for file in data:
+        file.unlink()
+        os.symlink(other / file.name, file)
+    with pytest.raises(UnreadableCheckpointError, match="outside the imported directory"):
+        store.import_checkpoint(src, run="d", step=1)
+    meta = src / ".metadata"
+    meta.unlink()
+    os.symlink(other / ".metadata", meta)
+    with pytest.raises(UnreadableCheckpointError, match="outside the imported directory"):
+        store.import_checkpoint(src, run="d", step=1)
+    assert store.runs() == []

@@ -24,6 +24,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+from casckpt.engine.importlinks import check_inside
 from casckpt.errors import CasckptError, UnreadableCheckpointError, UnsafeCheckpointError
 
 _METADATA_MODULE = "torch.distributed.checkpoint.metadata"
@@ -78,7 +79,7 @@ class _MetadataUnpickler(pickle.Unpickler):
 def _check_items(metadata: Any, file: Path) -> None:
     """Refuse metadata whose items name a data file other than a plain name beside it
     (``../other/__0_0.distcp``, an absolute path): the import would read a file outside the
-    checkpoint directory."""
+    checkpoint directory), or a data file a link leads out of it."""
     storage = getattr(metadata, "storage_data", None)
     for info in (storage.values() if isinstance(storage, dict) else ()):
         name = getattr(info, "relative_path", None)
@@ -87,6 +88,7 @@ def _check_items(metadata: Any, file: Path) -> None:
                 f"{str(file)!r} names the data file {name!r}, which is not a file beside it (it "
                 "points outside the checkpoint directory); the checkpoint is forged or damaged and "
                 "was not imported", path=str(file))
+        check_inside(file.parent / name, file.parent)
 
 
 def _reader(path: Path, refused: list[CasckptError]) -> Any:
@@ -140,11 +142,13 @@ def read_dcp(path: Path) -> dict[str, Any]:
 
     Raises:
         UnsafeCheckpointError: the metadata or a value needs code execution to load.
-        UnreadableCheckpointError: DCP could not read the directory.
+        UnreadableCheckpointError: DCP could not read the directory, or a link leads one of
+            its files out of it.
     """
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
+    check_inside(path / ".metadata", path)
     state: dict[str, Any] = {}
     refused: list[CasckptError] = []
     try:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from casckpt.engine.importdcp import read_dcp
+from casckpt.engine.importlinks import check_inside
 from casckpt.engine.importsafetensors import read_safetensors
 from casckpt.errors import UnreadableCheckpointError, UnsafeCheckpointError
 
@@ -141,23 +142,30 @@ def read_hf_dir(path: Path) -> dict[str, Any]:
     weight files, e.g. ``transformer.h.0.attn.c_attn.weight``) to its tensor, all shards
     merged, sorted by name (so the same weights sharded otherwise store the same chunks);
     ``files`` maps the name of every other top-level file (``generation_config.json``,
-    tokenizer files, ...) to its bytes, unchanged. Weight files and their indexes are not
+    tokenizer files, ...) to its bytes, unchanged. Files are read only inside the directory
+    (or its hub cache's ``blobs/``; :mod:`casckpt.engine.importlinks`). Weight files and their indexes are not
     kept as files (export writes them anew); subdirectories are not imported.
 
     Raises:
         UnreadableCheckpointError: no weights, an unreadable config or index, a tensor in two
-            shards, or another file over :data:`MAX_HF_FILE` bytes.
+            shards, another file over :data:`MAX_HF_FILE` bytes, or a file a link leads out of
+            the directory.
         UnsafeCheckpointError: a ``.bin`` weight file needs code execution to load.
     """
+    check_inside(path / "config.json", path)
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise _unsupported(path / "config.json", f"it is not a JSON file ({exc})") from exc
-    model = _hf_tensors(_hf_weight_files(path))
+    weights = _hf_weight_files(path)
+    for file in weights:
+        check_inside(file, path)
+    model = _hf_tensors(weights)
     files: dict[str, bytes] = {}
     for file in sorted(path.iterdir()):
         if not file.is_file() or file.name == "config.json" or HF_WEIGHTS.match(file.name):
             continue
+        check_inside(file, path)
         if file.stat().st_size > MAX_HF_FILE:
             raise _unsupported(file, f"it is over {MAX_HF_FILE >> 20} MiB; only the weights of a "
                                      "Hugging Face directory may be that large")
