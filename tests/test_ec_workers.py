@@ -78,14 +78,22 @@ def test_a_worker_killed_mid_encode_fails_the_commit_cleanly_and_the_store_goes_
         send = ecpool._Worker.send
 
         def send_then_kill(self: Any, request: dict[str, Any]) -> None:
+            if killed:
+                send(self, request)
+                return
+            # the first pack of the next commit: its worker dies writing its shards. It runs in
+            # short slices between SIGSTOPs, so on a loaded machine it cannot finish every shard
+            # and reply while this thread waits to be scheduled (the kill would come too late)
+            os.kill(self.pid, signal.SIGSTOP)
             send(self, request)
-            if not killed:  # the first pack of the next commit: its worker dies writing its shards
-                first = Path(request["out"][0])
-                deadline = time.monotonic() + 60
-                while not first.exists() and time.monotonic() < deadline:
-                    time.sleep(0.001)
-                os.kill(self.pid, signal.SIGKILL)
-                killed.append(self.pid)
+            first = Path(request["out"][0])
+            deadline = time.monotonic() + 60
+            while not first.exists() and time.monotonic() < deadline:
+                os.kill(self.pid, signal.SIGCONT)
+                time.sleep(0.001)
+                os.kill(self.pid, signal.SIGSTOP)
+            os.kill(self.pid, signal.SIGKILL)
+            killed.append(self.pid)
 
         monkeypatch.setattr(ecpool._Worker, "send", send_then_kill)
         with pytest.raises(EncodeWorkerError) as info:
