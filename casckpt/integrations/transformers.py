@@ -80,8 +80,10 @@ class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
     ``block=False`` it could delete a directory before its commit has read it (or before the
     commit is durable, losing that checkpoint if the commit then failed): the callback refuses
     a limit below
-    ``max(keep_local, 1) + 1`` at ``on_train_begin``. Leave it ``None`` and let ``keep_local``
-    bound local checkpoints.
+    ``max(keep_local, 1) + 1`` at ``on_train_begin``, and with a limit set it waits for every
+    pending commit before each save (the Trainer also keeps the best checkpoint, so the newest
+    one's directory can be rotated away at the next save). Leave it ``None`` and let
+    ``keep_local`` bound local checkpoints.
 
     Errors: a failed commit raises :class:`~casckpt.errors.CheckpointCommitError` (the store's
     error is its ``__cause__``) from the next save or from ``on_train_end``, and so out of
@@ -169,6 +171,28 @@ class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
             pending = self._committer.submit(lambda: store.add_dir(directory, **commit))
         self._saved.append(_Saved(directory, step, pending))
         self._prune(state, keep_newest_pending=True)
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> None:
+        """Before a save that rotates (``save_total_limit``), wait for pending commits."""
+        self._before_rotation(args, state, bool(control.should_save))
+
+    def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> None:
+        """As :meth:`on_step_end`, for saves at the end of an epoch."""
+        self._before_rotation(args, state, bool(control.should_save))
+
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> None:
+        """As :meth:`on_step_end`, for ``save_strategy="best"`` (it decides after evaluating)."""
+        self._before_rotation(args, state, args.save_strategy == "best")
+
+    def _before_rotation(self, args: TrainingArguments, state: TrainerState, saving: bool) -> None:
+        # The Trainer's save_total_limit rotation runs inside its save, before on_save, and may
+        # delete any checkpoint directory but the newest and the best: every one of them must be
+        # durable in the store by then (the kept best dir makes the newest pending one a target).
+        if saving and not self._block and args.save_total_limit and state.is_world_process_zero:
+            self._collect(wait=True)
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:

@@ -1,0 +1,87 @@
+"""Hostile review of issue 18's framework integrations: ways to lose, miswrite or misresume.
+
+Real transformers Trainer (2-layer GPT-2 from a config) and real Lightning, tiny and on CPU.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from test_transformers import Tokens, checkpoints, gpt2
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+import casckpt
+from casckpt.errors import CasckptError
+from casckpt.integrations.transformers import CasckptCallback
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Any:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def hf_trainer(out: Path, callbacks: list[Any], **kwargs: Any) -> Trainer:
+    args = TrainingArguments(
+        output_dir=str(out), use_cpu=True, save_strategy="steps", save_steps=3, seed=1, data_seed=2,
+        report_to=[], disable_tqdm=True, logging_steps=1, per_device_train_batch_size=4,
+        learning_rate=1e-2, **kwargs)
+    return Trainer(model=gpt2(), args=args, train_dataset=Tokens(), eval_dataset=Tokens(),
+                   callbacks=callbacks)
+
+
+class FirstIsBest(TrainerCallback):  # type: ignore[misc]
+    """Adds metric ``eval_first`` = -step: the first evaluated checkpoint stays the best."""
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, float],
+                    **kwargs: Any) -> None:
+        metrics["eval_first"] = -float(state.global_step)
+
+
+class Rotated(TrainerCallback):  # type: ignore[misc]
+    """Placed before CasckptCallback: its on_save runs after the Trainer's save_total_limit rotation."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == 9:
+            self.event.set()
+
+
+def test_hf_save_total_limit_and_a_kept_best_never_rotate_away_an_uncommitted_checkpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Trainer keeps ``best_model_checkpoint`` besides the newest; with save_total_limit=2
+    its rotation at the step-9 save deletes checkpoint-6, whose background commit (the newest
+    at the step-6 save, so not waited for) may not have read it yet. Was: checkpoint-6 ended in
+    neither place. The commit of step 6 is held until the rotation (or 3 s) to make it certain."""
+    out, rotated = tmp_path / "out", Rotated()
+    with casckpt.open(tmp_path / "store") as store:
+        real = store.add_dir
+
+        def add_dir(path: Any, **kwargs: Any) -> Any:
+            if kwargs["step"] == 6:
+                rotated.event.wait(3.0)
+            return real(path, **kwargs)
+
+        monkeypatch.setattr(store, "add_dir", add_dir)
+        t = hf_trainer(out, [FirstIsBest(), rotated, CasckptCallback(store, run="ft", keep_local=1)],
+                       max_steps=9, eval_strategy="steps", eval_steps=3, save_total_limit=2,
+                       metric_for_best_model="first", greater_is_better=True)
+        error = None
+        try:
+            t.train()
+        except CasckptError as exc:
+            error = exc
+        assert t.state.best_model_checkpoint == str(out / "checkpoint-3")
+        committed = {v.step for v in store.log("ft")}
+        on_disk = {int(name.split("-")[1]) for name in checkpoints(out)}
+        assert committed | on_disk == {3, 6, 9}, (committed, on_disk, error)
+        assert error is None
+        assert "checkpoint-3" in checkpoints(out)  # the best is never deleted
