@@ -5,14 +5,16 @@ Real transformers Trainer (2-layer GPT-2 from a config) and real Lightning, tiny
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from test_transformers import Tokens, checkpoints, gpt2
+from test_transformers import Tokens, checkpoints, gpt2, tree
 from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_utils import get_last_checkpoint
 
 import casckpt
 from casckpt.errors import CasckptError
@@ -85,3 +87,45 @@ def test_hf_save_total_limit_and_a_kept_best_never_rotate_away_an_uncommitted_ch
         assert committed | on_disk == {3, 6, 9}, (committed, on_disk, error)
         assert error is None
         assert "checkpoint-3" in checkpoints(out)  # the best is never deleted
+
+
+class Killed(BaseException):
+    """The process dying (kill -9) at this point."""
+
+
+class CrashWhilePruning(TrainerCallback):  # type: ignore[misc]
+    """Before CasckptCallback: at the step-9 save the process "dies" once rmtree unlinked a file."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.monkeypatch = monkeypatch
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step != 9:
+            return
+        real = os.unlink
+
+        def unlink(*a: Any, **k: Any) -> None:
+            real(*a, **k)
+            raise Killed("killed while deleting")
+
+        self.monkeypatch.setattr(os, "unlink", unlink)
+
+
+def test_hf_a_crash_while_pruning_leaves_no_half_deleted_checkpoint_to_resume_from(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """keep_local=0, block=True deletes checkpoint-9 right after its commit; a kill part-way
+    through rmtree left a ``checkpoint-9`` missing files, which ``resume_from_checkpoint=True``
+    (``get_last_checkpoint``) then picks: a resume with, say, no optimizer state."""
+    out = tmp_path / "out"
+    with casckpt.open(tmp_path / "store") as store:
+        t = hf_trainer(out, [CrashWhilePruning(monkeypatch),
+                             CasckptCallback(store, run="ft", keep_local=0, block=True)], max_steps=9)
+        with pytest.raises(Killed):
+            t.train()
+        monkeypatch.undo()
+        assert {v.step for v in store.log("ft")} == {3, 6, 9}
+        last = get_last_checkpoint(str(out))
+        if last is not None:  # whatever the Trainer would resume from must be whole
+            step = int(Path(last).name.split("-")[1])
+            store.checkout(f"ft@{step}", tmp_path / "want")
+            assert tree(Path(last)) == tree(tmp_path / "want")

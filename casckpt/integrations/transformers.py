@@ -83,7 +83,9 @@ class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
     ``max(keep_local, 1) + 1`` at ``on_train_begin``, and with a limit set it waits for every
     pending commit before each save (the Trainer also keeps the best checkpoint, so the newest
     one's directory can be rotated away at the next save). Leave it ``None`` and let
-    ``keep_local`` bound local checkpoints.
+    ``keep_local`` bound local checkpoints. A directory is deleted by renaming it to a hidden
+    ``.checkpoint-N.casckpt-deleting`` first, so a crash part-way leaves no partial
+    ``checkpoint-N`` for ``resume_from_checkpoint=True`` to pick.
 
     Errors: a failed commit raises :class:`~casckpt.errors.CheckpointCommitError` (the store's
     error is its ``__cause__``) from the next save or from ``on_train_end``, and so out of
@@ -251,7 +253,17 @@ class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
             if best is not None and Path(best).resolve() == saved.directory.resolve():
                 continue
             if saved.directory.exists():
-                shutil.rmtree(saved.directory)
+                _remove(saved.directory)
+
+
+def _remove(directory: Path) -> None:
+    """Delete ``directory`` so that a crash part-way leaves no partial ``checkpoint-N`` behind
+    (``resume_from_checkpoint=True`` would resume from it): renamed to a hidden name first."""
+    doomed = directory.with_name(f".{directory.name}.casckpt-deleting")
+    if doomed.exists():  # left by an earlier crash
+        shutil.rmtree(doomed)
+    directory.rename(doomed)
+    shutil.rmtree(doomed)
 
 
 def run_name_for(args: TrainingArguments) -> str:
