@@ -5,6 +5,8 @@ Real transformers Trainer (2-layer GPT-2 from a config) and real Lightning, tiny
 
 from __future__ import annotations
 
+import io
+import math
 import os
 import threading
 from pathlib import Path
@@ -19,6 +21,11 @@ from transformers.trainer_utils import get_last_checkpoint
 import casckpt
 from casckpt.errors import CasckptError
 from casckpt.integrations.transformers import CasckptCallback
+
+pytest.importorskip("lightning")
+
+
+from casckpt.integrations.lightning import CasckptCheckpointIO  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -129,3 +136,53 @@ def test_hf_a_crash_while_pruning_leaves_no_half_deleted_checkpoint_to_resume_fr
             step = int(Path(last).name.split("-")[1])
             store.checkout(f"ft@{step}", tmp_path / "want")
             assert tree(Path(last)) == tree(tmp_path / "want")
+
+
+def torch_round_trip(obj: Any) -> Any:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+def same(a: Any, b: Any, where: str = "") -> None:
+    assert type(a) is type(b), where
+    if isinstance(a, torch.Tensor):
+        assert (a.dtype, a.shape, a.stride()) == (b.dtype, b.shape, b.stride()), where
+        assert torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)), where
+    elif isinstance(a, dict):
+        assert list(a) == list(b), where
+        for key in a:
+            same(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            same(x, y, f"{where}[{i}]")
+    elif isinstance(a, float) and math.isnan(a):
+        assert math.isnan(b), where
+    else:
+        assert a == b and (not isinstance(a, float) or math.copysign(1, a) == math.copysign(1, b)), where
+
+
+def test_lightning_odd_checkpoint_dicts_round_trip_as_torch_save_gives_them(tmp_path: Path) -> None:
+    """Shared storage, views, bf16, int keys, tuples, None, NaN, -0.0 held; a user dict whose one
+    key is ``casckpt.pairs`` (the plugin's own escape key) came back as a different dict."""
+    base = torch.arange(12, dtype=torch.float32)
+    checkpoint = {
+        "global_step": 1, "base": base, "view": base[2:6], "t": base.view(3, 4).t(),
+        "bf16": torch.tensor([1.5, float("nan"), -0.0], dtype=torch.bfloat16),
+        "ints": {1: "one", 2: None}, "tup": (1, 2.5, None, (float("nan"),)), "neg0": -0.0,
+        "user": {"casckpt.pairs": [("k", 1)]}, "user2": {"casckpt.pairs": [["a/b", torch.ones(1)]]},
+    }
+    want = torch_round_trip(checkpoint)
+    with casckpt.open(tmp_path / "store") as store:
+        plugin = CasckptCheckpointIO(store, "r")
+        plugin.save_checkpoint(checkpoint, tmp_path / "x.ckpt")
+        got = CasckptCheckpointIO(store, "r").load_checkpoint(tmp_path / "x.ckpt")
+    same(want["user"], got["user"], "user")
+    same(want["user2"], got["user2"], "user2")
+    for key in want:
+        if key not in ("t", "view"):  # torch.save keeps views' strides; the store packs them
+            same(want[key], got[key], key)
+        else:
+            assert torch.equal(want[key], got[key]) and want[key].dtype == got[key].dtype

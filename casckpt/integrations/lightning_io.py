@@ -33,7 +33,8 @@ Only plain data is stored: tensors, numbers, strings, bytes, None, lists, tuples
 Dict subclasses (``AttributeDict`` hyper-parameters, ``OrderedDict`` state dicts) become
 plain dicts; a dict whose str keys could not be a tensor path (``ModelCheckpoint``'s
 ``best_k_models`` is keyed by file paths, and ``/`` is not allowed in a key) is stored as a
-``{"casckpt.pairs": [(key, value), ...]}`` node and comes back as the dict it was. Anything
+``{"casckpt.pairs": [(key, value), ...]}`` node and comes back as the dict it was (so is a
+dict holding that key itself, lest it be read back as such a node). Anything
 else is refused with its key path, before anything is written.
 """
 
@@ -312,7 +313,7 @@ def to_plain(obj: Any) -> Any:
     """``obj`` with dict subclasses as plain dicts and path-keyed dicts as pair nodes."""
     if isinstance(obj, dict):
         items = [(key, to_plain(value)) for key, value in obj.items()]
-        if any(isinstance(key, str) and not _key_ok(key) for key, _ in items):
+        if any(isinstance(key, str) and (key == PAIRS or not _key_ok(key)) for key, _ in items):
             return {PAIRS: [(key, value) for key, value in items]}
         return dict(items)
     if type(obj) is list:
