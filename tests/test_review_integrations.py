@@ -19,7 +19,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 
 import casckpt
-from casckpt.errors import CasckptError
+from casckpt.errors import CasckptError, VersionExistsError
 from casckpt.integrations.transformers import CasckptCallback
 
 pytest.importorskip("lightning")
@@ -136,6 +136,22 @@ def test_hf_a_crash_while_pruning_leaves_no_half_deleted_checkpoint_to_resume_fr
             step = int(Path(last).name.split("-")[1])
             store.checkout(f"ft@{step}", tmp_path / "want")
             assert tree(Path(last)) == tree(tmp_path / "want")
+
+
+@pytest.mark.parametrize("block", [False, True], ids=["background", "blocking"])
+def test_hf_a_second_training_into_a_used_run_is_told_how_to_resume(tmp_path: Path, block: bool) -> None:
+    """Was: the store's 'commit with another step, or fork a new run' (and, in the background,
+    'fix the store and commit it with store.add_dir(...)', which fails the same way) one save
+    late; nothing tells the user to resume or to pick a new run name."""
+    with casckpt.open(tmp_path / "store") as store:
+        hf_trainer(tmp_path / "first", [CasckptCallback(store, run="ft")], max_steps=3).train()
+        again = tmp_path / "again"
+        t = hf_trainer(again, [CasckptCallback(store, run="ft", block=block)], max_steps=6)
+        with pytest.raises(VersionExistsError, match=r"checkout_for_resume.*run=<a new name>"):
+            t.train()
+        assert t.state.global_step == 3  # refused at the first save
+        assert checkpoints(again) == ["checkpoint-3"]  # kept
+        assert [v.step for v in store.log("ft")] == [3]
 
 
 def torch_round_trip(obj: Any) -> Any:

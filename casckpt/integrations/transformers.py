@@ -32,7 +32,13 @@ import transformers
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from casckpt.engine.validate import check_name
-from casckpt.errors import CasckptError, CheckpointCommitError, InvalidArgumentError
+from casckpt.errors import (
+    CasckptError,
+    CheckpointCommitError,
+    InvalidArgumentError,
+    RefNotFoundError,
+    VersionExistsError,
+)
 from casckpt.store import Store
 from casckpt.store_core import Ref
 from casckpt.types import Version
@@ -90,7 +96,9 @@ class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
     Errors: a failed commit raises :class:`~casckpt.errors.CheckpointCommitError` (the store's
     error is its ``__cause__``) from the next save or from ``on_train_end``, and so out of
     ``trainer.train()``; the directory it was storing is kept. A blocking commit's error
-    propagates as the store raised it.
+    propagates as the store raised it. A save at a step the run already holds (a second
+    training reusing the run name) raises :class:`~casckpt.errors.VersionExistsError`, saying
+    how to resume or pick a new name, at that save; its directory is kept.
 
     Close the store only after ``trainer.train()`` returns: commits may still be running until
     ``on_train_end``. Not thread-safe: the Trainer calls it from its training loop.
@@ -144,6 +152,7 @@ class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
         Raises:
             CheckpointCommitError: an earlier background commit failed.
             InvalidArgumentError: the Trainer saved no such directory.
+            VersionExistsError: the run already holds this step (another training's).
         """
         if not state.is_world_process_zero:
             return
@@ -157,6 +166,17 @@ class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
             )
         if self._run is None:
             self._run = run_name_for(args)
+        try:
+            held: Version | None = self._store.resolve(f"{self._run}@{step}")
+        except RefNotFoundError:
+            held = None
+        if held is not None:  # another training's: checked here, so both modes say what to do
+            raise VersionExistsError(
+                f"run {self._run!r} already holds step {step} ({held.id[:12]}) from another "
+                f"training, so {directory} was not stored (it is kept): to continue that "
+                f"training, resume from the store (path = checkout_for_resume(store, "
+                f"'{self._run}@latest', output_dir); trainer.train(resume_from_checkpoint=path)); "
+                "to start over, pass CasckptCallback(run=<a new name>)")
         commit: dict[str, Any] = dict(
             run=self._run, step=step, metrics=metrics_at(state.log_history, step),
             metadata={"integration": "transformers", "transformers": transformers.__version__,
