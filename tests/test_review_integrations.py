@@ -154,6 +154,37 @@ def test_hf_a_second_training_into_a_used_run_is_told_how_to_resume(tmp_path: Pa
         assert [v.step for v in store.log("ft")] == [3]
 
 
+def test_hf_a_checkpoint_whose_commit_died_is_stored_when_training_resumes_from_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process dies while checkpoint-6 is being committed; the restarted job resumes from
+    it (resume_from_checkpoint=True). Was: nothing ever committed checkpoint-6, and the
+    Trainer's save_total_limit rotation deleted it at the step-12 save: in neither place."""
+    out = tmp_path / "out"
+    with casckpt.open(tmp_path / "store") as store:
+        real = store.add_dir
+
+        def dies_at_6(path: Any, **kwargs: Any) -> Any:
+            if kwargs["step"] == 6:
+                raise Killed("killed while committing checkpoint-6")
+            return real(path, **kwargs)
+
+        monkeypatch.setattr(store, "add_dir", dies_at_6)
+        with pytest.raises(Killed):
+            hf_trainer(out, [CasckptCallback(store, run="ft", keep_local=1)], max_steps=6).train()
+        monkeypatch.undo()
+        assert checkpoints(out) == ["checkpoint-6"] and [v.step for v in store.log("ft")] == [3]
+        copy = tree(out / "checkpoint-6")
+
+        t = hf_trainer(out, [CasckptCallback(store, run="ft", keep_local=1)], max_steps=12,
+                       save_total_limit=2)
+        t.train(resume_from_checkpoint=True)
+        committed = {v.step for v in store.log("ft")}
+        on_disk = {int(name.split("-")[1]) for name in checkpoints(out)}
+        assert committed | on_disk == {3, 6, 9, 12}, (committed, on_disk)
+        store.checkout("ft@6", tmp_path / "six")
+        assert tree(tmp_path / "six") == copy
+
+
 def torch_round_trip(obj: Any) -> Any:
     buffer = io.BytesIO()
     torch.save(obj, buffer)

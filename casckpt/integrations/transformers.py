@@ -100,6 +100,10 @@ class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
     training reusing the run name) raises :class:`~casckpt.errors.VersionExistsError`, saying
     how to resume or pick a new name, at that save; its directory is kept.
 
+    Crash recovery: a training resumed from ``output_dir/checkpoint-N`` whose commit died with
+    the process that saved it (the run lacks step ``N``) commits that directory at
+    ``on_train_begin``, blocking, before training goes on (the callback never deletes it).
+
     Close the store only after ``trainer.train()`` returns: commits may still be running until
     ``on_train_end``. Not thread-safe: the Trainer calls it from its training loop.
     """
@@ -144,6 +148,33 @@ class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
             )
         if self._run is None:
             self._run = run_name_for(args)
+        self._adopt_resumed(args, state)
+
+    def _adopt_resumed(self, args: TrainingArguments, state: TrainerState) -> None:
+        # A resumed training starts from output_dir/checkpoint-<global_step>; if the run lacks
+        # that step, its commit died with the process that saved it: store it now (blocking,
+        # once), as the Trainer's save_total_limit rotation or the user may delete it later.
+        step, run = state.global_step, self._run
+        directory = Path(str(args.output_dir)) / f"{PREFIX}-{step}"
+        if not state.is_world_process_zero or step <= 0 or run is None or not directory.is_dir():
+            return
+        try:
+            self._store.resolve(f"{run}@{step}")
+            return
+        except RefNotFoundError:
+            pass
+        try:
+            self._store.add_dir(directory, **self._commit_args(state, directory, step))
+        except VersionExistsError as exc:  # a deleted version holds the step: deleted on purpose
+            logger.warning("not committing the resumed %s: %s", directory, exc)
+
+    def _commit_args(self, state: TrainerState, directory: Path, step: int) -> dict[str, Any]:
+        return dict(
+            run=self._run, step=step, metrics=metrics_at(state.log_history, step),
+            metadata={"integration": "transformers", "transformers": transformers.__version__,
+                      "checkpoint": directory.name},
+            message=f"transformers.Trainer {directory.name}",
+        )
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                 **kwargs: Any) -> None:
@@ -177,12 +208,7 @@ class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
                 f"training, resume from the store (path = checkout_for_resume(store, "
                 f"'{self._run}@latest', output_dir); trainer.train(resume_from_checkpoint=path)); "
                 "to start over, pass CasckptCallback(run=<a new name>)")
-        commit: dict[str, Any] = dict(
-            run=self._run, step=step, metrics=metrics_at(state.log_history, step),
-            metadata={"integration": "transformers", "transformers": transformers.__version__,
-                      "checkpoint": directory.name},
-            message=f"transformers.Trainer {directory.name}",
-        )
+        commit = self._commit_args(state, directory, step)
         pending = None
         if self._block:
             self._store.add_dir(directory, **commit)
