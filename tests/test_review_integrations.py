@@ -19,7 +19,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 
 import casckpt
-from casckpt.errors import CasckptError, VersionExistsError
+from casckpt.errors import CasckptError, CheckpointPathNotFoundError, VersionExistsError
 from casckpt.integrations.transformers import CasckptCallback
 
 pytest.importorskip("lightning")
@@ -238,13 +238,12 @@ def test_lightning_odd_checkpoint_dicts_round_trip_as_torch_save_gives_them(tmp_
             assert torch.equal(want[key], got[key]) and want[key].dtype == got[key].dtype
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a later save at a step the plugin already committed only tags that version, assuming the "
-    "same state; SWA (and EMA-style callbacks) change the weights at train end without a step: "
-    "swa.ckpt silently loads the pre-SWA weights. Needs a content check (or a refusal) on "
-    "same-step saves -- left to the lead"))
 def test_lightning_a_same_step_save_with_other_weights_is_not_silently_the_old_ones(
         tmp_path: Path) -> None:
+    """Was: a later save at a step the plugin already committed only tagged that version;
+    StochasticWeightAveraging swaps the averaged weights in at train end without a step, so
+    ``trainer.save_checkpoint('swa.ckpt')`` silently loaded the pre-SWA weights. Now refused
+    (the path names nothing); unchanged same-step saves (last.ckpt) still just name it."""
     with casckpt.open(tmp_path / "store") as store:
         plugin = CasckptCheckpointIO(store, "swa")
         m = lightning_model()
@@ -253,6 +252,13 @@ def test_lightning_a_same_step_save_with_other_weights_is_not_silently_the_old_o
         t.fit(m)
         averaged = m.state_dict()["lin.weight"].clone()
         assert not torch.equal(m.saved[t.global_step]["lin.weight"], averaged)  # SWA moved them
-        t.save_checkpoint(tmp_path / "swa.ckpt")  # Lightning's way to keep the SWA weights
-        loaded = plugin.load_checkpoint(tmp_path / "swa.ckpt")
-        assert torch.equal(loaded["state_dict"]["lin.weight"], averaged)
+        with pytest.raises(VersionExistsError, match=r"other weights.*StochasticWeightAveraging"):
+            t.save_checkpoint(tmp_path / "swa.ckpt")  # Lightning's way to keep the SWA weights
+        with pytest.raises(CheckpointPathNotFoundError):
+            plugin.load_checkpoint(tmp_path / "swa.ckpt")
+        assert [v.step for v in store.log("swa")] == [t.global_step]
+        # a fresh plugin (a resumed process) re-saving the unchanged state at that step: fine
+        again = CasckptCheckpointIO(store, "swa")
+        loaded = again.load_checkpoint(f"casckpt://swa@{t.global_step}")
+        again.save_checkpoint(loaded, tmp_path / "last.ckpt")
+        assert len(store.resolve(f"swa@{t.global_step}").tags) == 2
