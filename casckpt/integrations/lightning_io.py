@@ -17,7 +17,12 @@ one). The first path a version was saved under is also its metadata ``lightning.
   first save commits and the later ones only point their path tag at that version. They
   hold the same weights and optimizer state; ``ModelCheckpoint``'s own bookkeeping in the
   later dicts (``last_model_path``) is not kept -- Lightning restores it from the dict it
-  loads and it only decides which files to remove next.
+  loads and it only decides which files to remove next. A later save whose weights or
+  optimizer state differ from the stored ones (``StochasticWeightAveraging`` swaps weights
+  in at the end of fit without a step; a weights-only save first, a full one second) is
+  refused with :class:`~casckpt.errors.VersionExistsError` rather than named: its path would
+  load other tensors than were saved. The check is free when the tensors are the very ones
+  committed, untouched; otherwise the stored version is read back and compared bit for bit.
 * A step already in the run from an earlier training (a restarted job reusing the run
   name) is refused with :class:`~casckpt.errors.VersionExistsError`, unless this plugin
   loaded that very version to resume from (a save right after resuming holds that state).
@@ -33,7 +38,8 @@ Only plain data is stored: tensors, numbers, strings, bytes, None, lists, tuples
 Dict subclasses (``AttributeDict`` hyper-parameters, ``OrderedDict`` state dicts) become
 plain dicts; a dict whose str keys could not be a tensor path (``ModelCheckpoint``'s
 ``best_k_models`` is keyed by file paths, and ``/`` is not allowed in a key) is stored as a
-``{"casckpt.pairs": [(key, value), ...]}`` node and comes back as the dict it was. Anything
+``{"casckpt.pairs": [(key, value), ...]}`` node and comes back as the dict it was (so is a
+dict holding that key itself, lest it be read back as such a node). Anything
 else is refused with its key path, before anything is written.
 """
 
@@ -118,6 +124,7 @@ class StoreCheckpointIO:
         self._known: set[str] = set()  # ids this object committed or loaded
         self._removed: set[str] = set()  # path tags removed while their version lives on
         self._pending: _Pending | None = None
+        self._prints: tuple[int, dict[str, tuple[Any, ...]]] | None = None  # last commit's tensors
 
     # -- Lightning's CheckpointIO -----------------------------------------------
 
@@ -142,7 +149,8 @@ class StoreCheckpointIO:
                 "save through Trainer.save_checkpoint or ModelCheckpoint")
         tag = self.path_tag(path)
         reason = f"lightning: {os.fspath(path)} saved again at step {step}"
-        if self._pending is not None and self._pending.step == step:  # named once it is visible
+        if (self._pending is not None and self._pending.step == step
+                and self._unchanged(step, checkpoint)):  # named once it is visible
             self._pending.names.append((tag, self._holder(tag), reason))
             return
         self.wait()
@@ -155,6 +163,7 @@ class StoreCheckpointIO:
                 return
             version = committed
         elif at_step.id in self._known or tag in at_step.tags:
+            self._check_same_weights(checkpoint, at_step, path)
             version = self.store.tag(at_step.id, tag)
         else:
             raise VersionExistsError(
@@ -271,15 +280,45 @@ class StoreCheckpointIO:
         plain, metadata = to_plain(checkpoint), {"lightning.path": os.fspath(path)}
         try:
             if self.block:
-                return self.store.commit(plain, run=self.run, step=step, tags=(tag,), metadata=metadata)
-            return self.store.commit(plain, run=self.run, step=step, tags=(tag,), metadata=metadata,
-                                     block=False)
+                done: Version | CommitHandle = self.store.commit(
+                    plain, run=self.run, step=step, tags=(tag,), metadata=metadata)
+            else:
+                done = self.store.commit(plain, run=self.run, step=step, tags=(tag,),
+                                         metadata=metadata, block=False)
+            self._prints = (step, _fingerprint(checkpoint))
+            return done
         except (UnsupportedStateError, InvalidNameError) as exc:
             raise type(exc)(
                 f"Lightning checkpoint {os.fspath(path)!r} (step {step}) was not stored: {exc} "
                 "(casckpt stores tensors and plain values only: return such data from "
                 "state_dict / on_save_checkpoint, or leave the object out of save_hyperparameters)"
             ) from exc
+
+    def _unchanged(self, step: int, checkpoint: Mapping[str, Any]) -> bool:
+        """Whether ``checkpoint``'s weights and optimizer state are the very tensors this object
+        committed at ``step``, untouched since (same storage, same in-place version counter)."""
+        return self._prints is not None and self._prints == (step, _fingerprint(checkpoint))
+
+    def _check_same_weights(self, checkpoint: Mapping[str, Any], version: Version,
+                            path: str | Path) -> None:
+        """A save at a step already stored only names that version: refuse one whose weights or
+        optimizer state differ (StochasticWeightAveraging swaps weights at train end, at the
+        same step), rather than let its path load the stored ones."""
+        step = version.step
+        if self._unchanged(step, checkpoint):
+            return
+        stored = _weights(from_plain(self.store.restore(version.id, map_location="cpu")))
+        for where, tensor in _weights(checkpoint).items():
+            other = stored.get(where)
+            if other is None or not _bitwise_equal(tensor, other):
+                raise VersionExistsError(
+                    f"{os.fspath(path)!r} holds other weights or optimizer state ({where}) than "
+                    f"{self.run}@{step}, which the store already holds for step {step} (weights "
+                    "changed without a training step, e.g. by StochasticWeightAveraging at the "
+                    "end of fit), and a run holds one version per step, so it was not stored: "
+                    f"commit it yourself under another run (store.commit(..., run="
+                    f"'{self.run}-final', step={step})) or save it after another step")
+        self._prints = (step, _fingerprint(checkpoint))
 
     def _published(self, version: Version, tag: str, before: Version | None, reason: str) -> None:
         self._known.add(version.id)
@@ -312,7 +351,7 @@ def to_plain(obj: Any) -> Any:
     """``obj`` with dict subclasses as plain dicts and path-keyed dicts as pair nodes."""
     if isinstance(obj, dict):
         items = [(key, to_plain(value)) for key, value in obj.items()]
-        if any(isinstance(key, str) and not _key_ok(key) for key, _ in items):
+        if any(isinstance(key, str) and (key == PAIRS or not _key_ok(key)) for key, _ in items):
             return {PAIRS: [(key, value) for key, value in items]}
         return dict(items)
     if type(obj) is list:
@@ -335,6 +374,46 @@ def from_plain(obj: Any) -> Any:
     if type(obj) is tuple:
         return tuple(from_plain(v) for v in obj)
     return obj
+
+
+_SAME_STATE = ("state_dict", "optimizer_states")
+"""What several saves at one step must share: they are stored as one version."""
+
+
+def _weights(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
+    """The tensors under ``state_dict`` and ``optimizer_states``, by key path."""
+    import torch  # Lightning is loaded whenever a checkpoint reaches here
+
+    out: dict[str, Any] = {}
+
+    def walk(obj: Any, where: str) -> None:
+        if isinstance(obj, torch.Tensor):
+            out[where] = obj
+        elif isinstance(obj, Mapping):
+            for key, value in obj.items():
+                walk(value, f"{where}/{key!r}")
+        elif isinstance(obj, (list, tuple)):
+            for i, value in enumerate(obj):
+                walk(value, f"{where}/{i}")
+
+    for key in _SAME_STATE:
+        if key in checkpoint:
+            walk(checkpoint[key], key)
+    return out
+
+
+def _fingerprint(checkpoint: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
+    return {where: (t.data_ptr(), t._version, tuple(t.shape), t.dtype, tuple(t.stride()), str(t.device))
+            for where, t in _weights(checkpoint).items()}
+
+
+def _bitwise_equal(a: Any, b: Any) -> bool:
+    import torch
+
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return bool(torch.equal(a.detach().cpu().reshape(-1).contiguous().view(torch.uint8),
+                            b.detach().cpu().reshape(-1).contiguous().view(torch.uint8)))
 
 
 def _key_ok(key: str) -> bool:

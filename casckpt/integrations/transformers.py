@@ -32,7 +32,13 @@ import transformers
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from casckpt.engine.validate import check_name
-from casckpt.errors import CasckptError, CheckpointCommitError, InvalidArgumentError
+from casckpt.errors import (
+    CasckptError,
+    CheckpointCommitError,
+    InvalidArgumentError,
+    RefNotFoundError,
+    VersionExistsError,
+)
 from casckpt.store import Store
 from casckpt.store_core import Ref
 from casckpt.types import Version
@@ -80,13 +86,23 @@ class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
     ``block=False`` it could delete a directory before its commit has read it (or before the
     commit is durable, losing that checkpoint if the commit then failed): the callback refuses
     a limit below
-    ``max(keep_local, 1) + 1`` at ``on_train_begin``. Leave it ``None`` and let ``keep_local``
-    bound local checkpoints.
+    ``max(keep_local, 1) + 1`` at ``on_train_begin``, and with a limit set it waits for every
+    pending commit before each save (the Trainer also keeps the best checkpoint, so the newest
+    one's directory can be rotated away at the next save). Leave it ``None`` and let
+    ``keep_local`` bound local checkpoints. A directory is deleted by renaming it to a hidden
+    ``.checkpoint-N.casckpt-deleting`` first, so a crash part-way leaves no partial
+    ``checkpoint-N`` for ``resume_from_checkpoint=True`` to pick.
 
     Errors: a failed commit raises :class:`~casckpt.errors.CheckpointCommitError` (the store's
     error is its ``__cause__``) from the next save or from ``on_train_end``, and so out of
     ``trainer.train()``; the directory it was storing is kept. A blocking commit's error
-    propagates as the store raised it.
+    propagates as the store raised it. A save at a step the run already holds (a second
+    training reusing the run name) raises :class:`~casckpt.errors.VersionExistsError`, saying
+    how to resume or pick a new name, at that save; its directory is kept.
+
+    Crash recovery: a training resumed from ``output_dir/checkpoint-N`` whose commit died with
+    the process that saved it (the run lacks step ``N``) commits that directory at
+    ``on_train_begin``, blocking, before training goes on (the callback never deletes it).
 
     Close the store only after ``trainer.train()`` returns: commits may still be running until
     ``on_train_end``. Not thread-safe: the Trainer calls it from its training loop.
@@ -132,6 +148,33 @@ class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
             )
         if self._run is None:
             self._run = run_name_for(args)
+        self._adopt_resumed(args, state)
+
+    def _adopt_resumed(self, args: TrainingArguments, state: TrainerState) -> None:
+        # A resumed training starts from output_dir/checkpoint-<global_step>; if the run lacks
+        # that step, its commit died with the process that saved it: store it now (blocking,
+        # once), as the Trainer's save_total_limit rotation or the user may delete it later.
+        step, run = state.global_step, self._run
+        directory = Path(str(args.output_dir)) / f"{PREFIX}-{step}"
+        if not state.is_world_process_zero or step <= 0 or run is None or not directory.is_dir():
+            return
+        try:
+            self._store.resolve(f"{run}@{step}")
+            return
+        except RefNotFoundError:
+            pass
+        try:
+            self._store.add_dir(directory, **self._commit_args(state, directory, step))
+        except VersionExistsError as exc:  # a deleted version holds the step: deleted on purpose
+            logger.warning("not committing the resumed %s: %s", directory, exc)
+
+    def _commit_args(self, state: TrainerState, directory: Path, step: int) -> dict[str, Any]:
+        return dict(
+            run=self._run, step=step, metrics=metrics_at(state.log_history, step),
+            metadata={"integration": "transformers", "transformers": transformers.__version__,
+                      "checkpoint": directory.name},
+            message=f"transformers.Trainer {directory.name}",
+        )
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                 **kwargs: Any) -> None:
@@ -140,6 +183,7 @@ class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
         Raises:
             CheckpointCommitError: an earlier background commit failed.
             InvalidArgumentError: the Trainer saved no such directory.
+            VersionExistsError: the run already holds this step (another training's).
         """
         if not state.is_world_process_zero:
             return
@@ -153,12 +197,18 @@ class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
             )
         if self._run is None:
             self._run = run_name_for(args)
-        commit: dict[str, Any] = dict(
-            run=self._run, step=step, metrics=metrics_at(state.log_history, step),
-            metadata={"integration": "transformers", "transformers": transformers.__version__,
-                      "checkpoint": directory.name},
-            message=f"transformers.Trainer {directory.name}",
-        )
+        try:
+            held: Version | None = self._store.resolve(f"{self._run}@{step}")
+        except RefNotFoundError:
+            held = None
+        if held is not None:  # another training's: checked here, so both modes say what to do
+            raise VersionExistsError(
+                f"run {self._run!r} already holds step {step} ({held.id[:12]}) from another "
+                f"training, so {directory} was not stored (it is kept): to continue that "
+                f"training, resume from the store (path = checkout_for_resume(store, "
+                f"'{self._run}@latest', output_dir); trainer.train(resume_from_checkpoint=path)); "
+                "to start over, pass CasckptCallback(run=<a new name>)")
+        commit = self._commit_args(state, directory, step)
         pending = None
         if self._block:
             self._store.add_dir(directory, **commit)
@@ -169,6 +219,28 @@ class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
             pending = self._committer.submit(lambda: store.add_dir(directory, **commit))
         self._saved.append(_Saved(directory, step, pending))
         self._prune(state, keep_newest_pending=True)
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> None:
+        """Before a save that rotates (``save_total_limit``), wait for pending commits."""
+        self._before_rotation(args, state, bool(control.should_save))
+
+    def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> None:
+        """As :meth:`on_step_end`, for saves at the end of an epoch."""
+        self._before_rotation(args, state, bool(control.should_save))
+
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> None:
+        """As :meth:`on_step_end`, for ``save_strategy="best"`` (it decides after evaluating)."""
+        self._before_rotation(args, state, args.save_strategy == "best")
+
+    def _before_rotation(self, args: TrainingArguments, state: TrainerState, saving: bool) -> None:
+        # The Trainer's save_total_limit rotation runs inside its save, before on_save, and may
+        # delete any checkpoint directory but the newest and the best: every one of them must be
+        # durable in the store by then (the kept best dir makes the newest pending one a target).
+        if saving and not self._block and args.save_total_limit and state.is_world_process_zero:
+            self._collect(wait=True)
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
@@ -227,7 +299,17 @@ class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
             if best is not None and Path(best).resolve() == saved.directory.resolve():
                 continue
             if saved.directory.exists():
-                shutil.rmtree(saved.directory)
+                _remove(saved.directory)
+
+
+def _remove(directory: Path) -> None:
+    """Delete ``directory`` so that a crash part-way leaves no partial ``checkpoint-N`` behind
+    (``resume_from_checkpoint=True`` would resume from it): renamed to a hidden name first."""
+    doomed = directory.with_name(f".{directory.name}.casckpt-deleting")
+    if doomed.exists():  # left by an earlier crash
+        shutil.rmtree(doomed)
+    directory.rename(doomed)
+    shutil.rmtree(doomed)
 
 
 def run_name_for(args: TrainingArguments) -> str:
