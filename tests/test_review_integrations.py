@@ -139,6 +139,11 @@ def test_hf_a_crash_while_pruning_leaves_no_half_deleted_checkpoint_to_resume_fr
             step = int(Path(last).name.split("-")[1])
             store.checkout(f"ft@{step}", tmp_path / "want")
             assert tree(Path(last)) == tree(tmp_path / "want")
+        leftovers = list(out.glob(".checkpoint-*.casckpt-deleting"))
+        assert leftovers  # the crash left the renamed directory half deleted
+        t = hf_trainer(out, [CasckptCallback(store, run="ft2", keep_local=0, block=True)], max_steps=1)
+        t.callback_handler.on_train_begin(t.args, t.state, t.control)  # the next training cleans up
+        assert not any(p.exists() for p in leftovers)
 
 
 @pytest.mark.parametrize("block", [False, True], ids=["background", "blocking"])

@@ -148,6 +148,8 @@ class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
             )
         if self._run is None:
             self._run = run_name_for(args)
+        if state.is_world_process_zero:
+            _finish_removals(Path(str(args.output_dir)))
         self._adopt_resumed(args, state)
 
     def _adopt_resumed(self, args: TrainingArguments, state: TrainerState) -> None:
@@ -300,6 +302,14 @@ class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
                 continue
             if saved.directory.exists():
                 _remove(saved.directory)
+
+
+def _finish_removals(output_dir: Path) -> None:
+    """Delete what a crash left half-deleted by :func:`_remove` (only ever directories whose
+    commit had returned: nothing else is given that name)."""
+    for doomed in output_dir.glob(f".{PREFIX}-*.casckpt-deleting"):
+        if doomed.is_dir() and not doomed.is_symlink():
+            shutil.rmtree(doomed)
 
 
 def _remove(directory: Path) -> None:
