@@ -21,10 +21,13 @@ import torch
 import torch.distributed.checkpoint as dcp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
 import casckpt
+from casckpt.cli.main import app
 from casckpt.errors import (
     CasckptError,
+    InvalidArgumentError,
     RestoreTargetError,
     UnreadableCheckpointError,
     UnsafeCheckpointError,
@@ -726,3 +729,19 @@ def test_dcp_import_refuses_a_data_file_linked_from_outside(store: casckpt.Store
     with pytest.raises(UnreadableCheckpointError, match="outside the imported directory"):
         store.import_checkpoint(src, run="d", step=1)
     assert store.runs() == []
+
+
+def test_export_of_a_directory_snapshot_points_to_checkout(store: casckpt.Store, tmp_path: Path) -> None:
+    """export (and `restore --to`) of an add_dir version wrote its files' raw pieces as tensors
+    of a safetensors file; it is refused, naming checkout, and nothing is written."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.bin").write_bytes(b"x" * 100)
+    store.add_dir(src, run="snap", step=1)
+    with pytest.raises(InvalidArgumentError, match="checkout"):
+        store.export("snap@1", tmp_path / "out", format="pt")
+    assert not (tmp_path / "out").exists()
+    result = CliRunner().invoke(app, ["--store", str(store.path), "restore", "snap@1", "--to",
+                                      str(tmp_path / "x.safetensors")])
+    assert result.exit_code == 2 and "checkout" in result.output
+    assert not (tmp_path / "x.safetensors").exists()

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from casckpt.engine.importers import is_hf_state
 from casckpt.errors import InvalidArgumentError, RestoreTargetError, UnsupportedStateError
+from casckpt.format.dirsnap import is_snapshot
 from casckpt.format.tree import iter_leaves, join_path
 from casckpt.jsonable import dumps
 from casckpt.types import Version
@@ -169,8 +170,10 @@ def export_safetensors(tree: object, version: Version, target: Path, *,
     Raises:
         RestoreTargetError: the target cannot be written.
         UnsupportedStateError: a tensor dtype safetensors cannot hold.
-        InvalidArgumentError: two leaves with the same dotted path.
+        InvalidArgumentError: two leaves with the same dotted path, or ``tree`` is a
+            directory snapshot.
     """
+    refuse_snapshot(tree, version)
     tensors, values = split_tree(tree)
     values_json = dumps(values)
     metadata = {
@@ -204,6 +207,18 @@ class DirExport:
     format: str
     files: tuple[str, ...]
     huggingface: bool
+
+
+def refuse_snapshot(tree: object, version: Version) -> None:
+    """Refuse to export a directory snapshot (its files would come out as raw pieces).
+
+    Raises:
+        InvalidArgumentError: ``tree`` is a snapshot ``Store.add_dir`` stored.
+    """
+    if is_snapshot(tree):
+        raise InvalidArgumentError(
+            f"{version.run}@{version.step} is a directory snapshot (stored with add_dir): write its "
+            "files back with `casckpt checkout REF DIR` (Store.checkout), not export")
 
 
 def check_export_dir(target: Path, fmt: str, *, overwrite: bool) -> None:
@@ -318,9 +333,11 @@ def export_dir(tree: object, version: Version, target: Path, fmt: str, *,
             target cannot be written.
         UnsupportedStateError: the state cannot be held by the format (a dtype safetensors
             lacks, a state DCP cannot save).
+        InvalidArgumentError: ``tree`` is a directory snapshot (use checkout).
     """
     target = Path(os.path.abspath(target))  # ``.`` has no name to put the temporary beside
     check_export_dir(target, fmt, overwrite=overwrite)
+    refuse_snapshot(tree, version)
     tmp = _new_dir(target)  # our own: only what this export created is removed below
     try:
         huggingface = _write(tree, version, fmt, tmp)
