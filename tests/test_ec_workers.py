@@ -68,9 +68,40 @@ def alive(pid: int) -> bool:
     return True
 
 
+# A worker that stops itself (SIGSTOP) right after creating a shard file, once, when the test
+# has armed it by creating ``<STOP_DIR>/<its pid>``: it is then certainly mid-encode when killed.
+STOPPING_WORKER = """
+import builtins, os, pathlib, runpy, signal
+real_open = builtins.open
+armed = pathlib.Path(os.environ["CASCKPT_TEST_STOP_DIR"]) / str(os.getpid())
+def open_then_stop(file, mode="r", *args, **kwargs):
+    f = real_open(file, mode, *args, **kwargs)
+    if mode == "xb" and armed.exists():
+        armed.unlink()
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return f
+builtins.open = open_then_stop
+runpy.run_module("casckpt.storage.ecworker", run_name="__main__", alter_sys=True)
+"""
+
+
+def stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
 def test_a_worker_killed_mid_encode_fails_the_commit_cleanly_and_the_store_goes_on(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    root = tmp_path / "store"
+    root, stop_dir = tmp_path / "store", tmp_path / "stop"
+    stop_dir.mkdir()
+    monkeypatch.setenv("CASCKPT_TEST_STOP_DIR", str(stop_dir))
+    popen = ecpool.subprocess.Popen
+
+    def stopping_popen(args: list[str], **kwargs: Any) -> Any:
+        assert args[1:] == ["-m", "casckpt.storage.ecworker"]
+        return popen([args[0], "-c", STOPPING_WORKER], **kwargs)
+
+    monkeypatch.setattr(ecpool.subprocess, "Popen", stopping_popen)
     with open_store(root) as store:
         store.commit(make_state(0), run=RUN, step=0)
         before = shard_files(root)
@@ -81,19 +112,17 @@ def test_a_worker_killed_mid_encode_fails_the_commit_cleanly_and_the_store_goes_
             if killed:
                 send(self, request)
                 return
-            # the first pack of the next commit: its worker dies writing its shards. It runs in
-            # short slices between SIGSTOPs, so on a loaded machine it cannot finish every shard
-            # and reply while this thread waits to be scheduled (the kill would come too late)
-            os.kill(self.pid, signal.SIGSTOP)
+            # the first pack of the next commit: its worker dies writing its first shard
+            (stop_dir / str(self.pid)).touch()
             send(self, request)
-            first = Path(request["out"][0])
             deadline = time.monotonic() + 60
-            while not first.exists() and time.monotonic() < deadline:
-                os.kill(self.pid, signal.SIGCONT)
+            while not stopped(self.pid) and time.monotonic() < deadline:
                 time.sleep(0.001)
-                os.kill(self.pid, signal.SIGSTOP)
             os.kill(self.pid, signal.SIGKILL)
             killed.append(self.pid)
+            # it was stopped holding a shard file it had just created (the pool removes it once
+            # it sees the worker die, after this send returns)
+            assert any(Path(path).exists() for path in request["out"])
 
         monkeypatch.setattr(ecpool._Worker, "send", send_then_kill)
         with pytest.raises(EncodeWorkerError) as info:
