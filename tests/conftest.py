@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+import casckpt
 from casckpt.testing import s3 as s3_testing
 from casckpt.testing.s3 import fake_aws_environment, moto_server
 
@@ -105,6 +106,17 @@ class StoreConfig:
 
 
 BACKENDS = ["local-sqlite", "local-postgres", "s3-sqlite", "s3-postgres"]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[casckpt.Store]:
+    """A local store (SQLite, one directory) whose every byte is read back and verified
+    (``check(read_data=True)``) after the test. Test files that need another store define
+    their own ``store``."""
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    with casckpt.open(tmp_path / "store") as s:
+        yield s
+        assert s.check(read_data=True).ok
 
 
 @pytest.fixture(params=BACKENDS)

@@ -4,8 +4,6 @@ a Hugging Face import exported back loads with transformers; the CLI's import an
 from __future__ import annotations
 
 import json
-import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +17,6 @@ import casckpt
 from casckpt.cli.main import app
 from casckpt.errors import InvalidArgumentError, RestoreTargetError
 from casckpt.format.tree import iter_leaves
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[casckpt.Store]:
-    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-    with casckpt.open(tmp_path / "store") as s:
-        yield s
-        assert s.check(read_data=True).ok
 
 
 def _leaves(tree: object) -> dict[str, object]:

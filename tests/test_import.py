@@ -27,14 +27,6 @@ from casckpt.format.tree import iter_leaves
 MARKER_ENV = "CASCKPT_TEST_MARKER"
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[casckpt.Store]:
-    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-    with casckpt.open(tmp_path / "store") as s:
-        yield s
-        assert s.check(read_data=True).ok
-
-
 @pytest.fixture(scope="module")
 def empty_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[casckpt.Store]:
     """One store for the tests of refused imports: each leaves it empty."""

@@ -10,7 +10,6 @@ import pickle
 import stat
 import struct
 import threading
-import warnings
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,14 +32,6 @@ from casckpt.errors import (
     UnsafeCheckpointError,
     UnsupportedFileError,
 )
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[casckpt.Store]:
-    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-    with casckpt.open(tmp_path / "store") as s:
-        yield s
-        assert s.check(read_data=True).ok
 
 
 def _str(op: bytes, text: str) -> bytes:

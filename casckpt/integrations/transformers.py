@@ -268,7 +268,7 @@ class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
         for saved in list(self._saved):
             if saved.commit is not None and (wait or saved.commit.done()):
                 try:
-                    self._settle(saved)
+                    self._settle(saved, saved.commit)
                 except CheckpointCommitError as exc:
                     failures.append(exc)
         for later in failures[1:]:
@@ -276,10 +276,9 @@ class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
         if failures:
             raise failures[0]
 
-    def _settle(self, saved: _Saved) -> None:
-        assert saved.commit is not None
+    def _settle(self, saved: _Saved, commit: Future[Version]) -> None:
         try:
-            saved.commit.result()
+            commit.result()
         except CasckptError as exc:
             self._saved.remove(saved)  # kept on disk, no longer ours to delete
             raise CheckpointCommitError(
@@ -296,7 +295,7 @@ class CasckptCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
             if saved.commit is not None:
                 if keep_newest_pending and saved is self._saved[-1] and not saved.commit.done():
                     break  # its commit just started; deleted at the next save or at train end
-                self._settle(saved)
+                self._settle(saved, saved.commit)
             self._saved.remove(saved)
             if best is not None and Path(best).resolve() == saved.directory.resolve():
                 continue
