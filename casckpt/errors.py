@@ -297,3 +297,38 @@ class CheckpointPathNotFoundError(RefNotFoundError):
 
 class OptionalDependencyError(CasckptError, ImportError):
     """An integration needs a library that is not installed; the message names the extra."""
+
+
+class AccessDeniedError(CasckptError, PermissionError):
+    """The credentials in use lack a right an operation needs (deleting objects, deleting
+    catalog rows, writing a location). ``right`` names it; nothing was changed."""
+
+    def __init__(self, message: str, *, right: str | None = None) -> None:
+        self.right = right
+        super().__init__(message)
+
+
+class ReadOnlyStoreError(AccessDeniedError):
+    """The store was opened read-only (``read_only=True``, ``--read-only``, or because it
+    could not be written), and the call needs to write; ``right`` names what it needed."""
+
+
+class StoreKeyError(CasckptError, PermissionError):
+    """A key problem on an encrypted store: a key is required, the key given opens none of
+    the store's key slots, or the key file itself is unusable."""
+
+
+class KeyRequiredError(StoreKeyError):
+    """The store is encrypted and no key was given (``key_file=`` or ``CASCKPT_KEY_FILE``)."""
+
+
+class WrongKeyError(StoreKeyError):
+    """The key given unwraps none of the store's data keys."""
+
+
+class NotEncryptedError(InvalidArgumentError):
+    """A key was given for a store that is not encrypted (or a key command run on one)."""
+
+
+class LastKeyError(InvalidArgumentError):
+    """Removing this master key would leave the store with none: refused."""
