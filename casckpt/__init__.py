@@ -70,6 +70,7 @@ def open(  # noqa: A001 - the documented name of the entry point
     workers: int | None = None, s3: Mapping[str, Any] | None = None, redundancy: str | None = None,
     max_pending_commits: int | None = None, commit_memory: int | None = None,
     backpressure: str | None = None, staging_memory: int | None = None, recover: bool | None = None,
+    key_file: str | os.PathLike[str] | None = None,
 ) -> Store:
     """Open (or create) a store.
 
@@ -122,6 +123,9 @@ def open(  # noqa: A001 - the documented name of the entry point
         recover: accept an empty catalog over locations that hold data, to rebuild
             it (:meth:`Store.rebuild_catalog`, `casckpt catalog rebuild`); until the
             rebuild ran, the store refuses to commit, gc or repair.
+        key_file: the master key file of an encrypted store (default: ``CASCKPT_KEY_FILE``).
+            Given for a new store, the store is created encrypted: every object on every
+            location sealed (AES-256-GCM), chunk ids keyed; see docs/SECURITY.md.
 
     Every location carries an identity record (store id, catalog generation);
     a catalog that is missing, emptied, stale or another store's is refused
@@ -133,6 +137,8 @@ def open(  # noqa: A001 - the documented name of the entry point
         SchemaTooNewError: the catalog was written by a newer casckpt.
         CatalogError: the catalog database cannot be opened.
         InvalidArgumentError: a bad location list or redundancy spec.
+        KeyRequiredError, WrongKeyError: the store is encrypted; no key, or not one of its keys.
+        NotEncryptedError: a key was given for an existing store that is not encrypted.
     """
     from casckpt.opening import open_store
 
@@ -142,7 +148,8 @@ def open(  # noqa: A001 - the documented name of the entry point
         blobs=blobs, catalog=catalog, cache=cache, create=create, chunk_size=chunk_size,
         pack_size=pack_size, workers=workers, s3=s3, redundancy=redundancy,
         max_pending_commits=max_pending_commits, commit_memory=commit_memory,
-        backpressure=backpressure, staging_memory=staging_memory, recover=recover)
+        backpressure=backpressure, staging_memory=staging_memory, recover=recover,
+        key_file=key_file)
     return open_store(path, chosen)
 
 

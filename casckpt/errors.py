@@ -332,3 +332,9 @@ class NotEncryptedError(InvalidArgumentError):
 
 class LastKeyError(InvalidArgumentError):
     """Removing this master key would leave the store with none: refused."""
+
+
+class SealedObjectError(UnsafeObjectError):
+    """An object of an encrypted store fails authentication: altered, swapped for another,
+    truncated, extended, written without encryption, or sealed under another store's key.
+    Its bytes are refused unread (a shard with redundancy is reconstructed from the others)."""

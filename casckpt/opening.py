@@ -15,12 +15,13 @@ from casckpt.cache import IndexCache
 from casckpt.catalog import Catalog
 from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
-from casckpt.engine import identity, records
+from casckpt.engine import identity, keyring, records
 from casckpt.errors import InvalidArgumentError, StoreIdentityError
 from casckpt.options import Options
 from casckpt.storage import BlobStore, redact_url
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.locations import Location, LocationSet
+from casckpt.storage.sealed import sealed
 from casckpt.store import Store
 from casckpt.store_core import open_location_store
 
@@ -33,7 +34,7 @@ def _default_cache_dir(store_id: str) -> Path:
 
 
 def open_locations(catalog: Catalog, spec: cfg.StoreSpec, given: dict[str, BlobStore], *,
-                   recover: bool = False) -> LocationSet:
+                   recover: bool = False, master: bytes | None = None) -> LocationSet:
     """Open every location the catalog knows or the config names, check they are this store's,
     then register the configured ones the catalog does not know yet.
 
@@ -44,6 +45,10 @@ def open_locations(catalog: Catalog, spec: cfg.StoreSpec, given: dict[str, BlobS
     shards again once it is marked failed. The directory of a location the catalog
     already knows is never made again: gone, it is unreachable. This host's config file may name another
     URL for a location than the catalog records (a different mount point).
+
+    Before anything but the identity and key records is read, the store is unlocked
+    (:func:`casckpt.engine.keyring.unlock`, with the master key ``master``): an encrypted
+    store's locations are then sealed (:mod:`casckpt.storage.sealed`).
 
     Raises:
         StoreIdentityError: a location holds another store's data, or data this catalog
@@ -61,6 +66,9 @@ def open_locations(catalog: Catalog, spec: cfg.StoreSpec, given: dict[str, BlobS
         for name, url in urls.items():
             opened[name] = open_location_store(name, url, spec.s3, given, create=name not in states,
                                                failed=states.get(name) == "failed")
+        usable = {name: blobs for name, blobs in opened.items() if states.get(name) != "failed"}
+        crypto = keyring.unlock(catalog, usable, master, recover=recover)
+        opened = {name: sealed(blobs, crypto) for name, blobs in opened.items()}
         surveys = [identity.survey(name, blobs) for name, blobs in opened.items()
                    if states.get(name) != "failed"]
         to_write = identity.check_at_open(catalog, surveys, recover=recover)
@@ -69,6 +77,8 @@ def open_locations(catalog: Catalog, spec: cfg.StoreSpec, given: dict[str, BlobS
             rows = shard_sql.ensure_locations(  # a write transaction only when there is news
                 catalog, [(loc.name or "", loc.url, loc.domain or loc.name or "") for loc in spec.locations])
         identity.write_records(catalog, to_write)
+        if crypto.encrypted and not recover:
+            keyring.publish(catalog, {name: opened[name] for name in usable})
     except BaseException:
         for blobs in opened.values():
             blobs.close()
@@ -112,7 +122,9 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
                 "midway?): it lacks some of the store's tags, runs or policies and must not be "
                 "used. Rebuild again into a new, empty catalog: move this one away (SQLite) or "
                 "create an empty database (PostgreSQL), then `casckpt catalog rebuild`")
-        locations = open_locations(cat, spec, given, recover=recover)
+        key_file = options.key_file or os.environ.get("CASCKPT_KEY_FILE") or None
+        master = keyring.read_key_file(key_file) if key_file else None
+        locations = open_locations(cat, spec, given, recover=recover, master=master)
         recovering = recover and (shard_sql.is_empty(cat) or identity_sql.rebuilding(cat))
         if not recovering:  # a rebuild restores the store's policies from its records
             _seed_redundancy(cat, spec.redundancy, redundancy, locations)

@@ -35,6 +35,8 @@ class Options:
             commits (2; RAM/4 up to 8 GiB; ``"block"`` or ``"raise"``).
         staging_memory: host bytes GPU tensors stream through on commit (256 MiB).
         recover: accept an empty catalog over locations holding data, to rebuild it.
+        key_file: the master key file of an encrypted store (``CASCKPT_KEY_FILE``); given
+            for a new store, the store is created encrypted.
     """
 
     blobs: object = None  # str | BlobLocation | BlobStore, or a list of those (or mappings)
@@ -51,6 +53,7 @@ class Options:
     backpressure: str | None = None
     staging_memory: int | None = None
     recover: bool = False
+    key_file: str | os.PathLike[str] | None = None
 
     def __post_init__(self) -> None:
         for name in ("chunk_size", "pack_size", "workers", "max_pending_commits", "commit_memory",
@@ -68,6 +71,8 @@ class Options:
         for name in ("catalog", "redundancy"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise InvalidArgumentError(f"Options.{name} must be a str, got {getattr(self, name)!r}")
+        if self.key_file is not None and not isinstance(self.key_file, (str, os.PathLike)):
+            raise InvalidArgumentError(f"Options.key_file must be a path, got {self.key_file!r}")
         if self.s3 is not None and not isinstance(self.s3, Mapping):
             raise InvalidArgumentError(f"Options.s3 must be a mapping of S3 options, got {self.s3!r}")
         if self.redundancy is not None:

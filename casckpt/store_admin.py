@@ -16,13 +16,14 @@ from casckpt import config as cfg
 from casckpt.catalog import deltas as deltas_sql
 from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
-from casckpt.engine import identity, records
+from casckpt.engine import identity, keyring, records
 from casckpt.engine.validate import check_name
 from casckpt.errors import CasckptError, InvalidArgumentError
 from casckpt.format import keys
 from casckpt.storage import open_blob_store, redact_url
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.locations import Location
+from casckpt.storage.sealed import sealed
 from casckpt.store_core import StoreCore
 from casckpt.types import (
     CheckReport,
@@ -117,7 +118,7 @@ class StoreAdmin:
         spec = cfg.BlobLocation(url, domain, name)
         absolute = cfg._resolved([spec], base)[0]  # noqa: SLF001 - one URL rule for files and args
         try:
-            blob_store = open_blob_store(absolute.url, self._core.s3)
+            blob_store = sealed(open_blob_store(absolute.url, self._core.s3), self._core.ctx.crypto)
             for _ in blob_store.list(keys.PACKS):  # reachable and listable
                 break
         except (CasckptError, OSError) as exc:
@@ -130,6 +131,7 @@ class StoreAdmin:
             raise
         row = shard_sql.add_location(self._core.ctx.catalog, name, absolute.url, absolute.domain or name)
         identity.write_records(self._core.ctx.catalog, to_write)
+        keyring.publish(self._core.ctx.catalog, {name: blob_store})
         if self._core.config_file is not None:
             cfg.add_location_to_file(self._core.config_file, spec)
         self._core.reload_locations({absolute.url: blob_store})

@@ -36,10 +36,12 @@ from casckpt.engine.probe import LocationProber
 from casckpt.engine.refs import load_manifest, resolve
 from casckpt.engine.staging import StagingBuffers
 from casckpt.errors import CasckptError, InvalidArgumentError, StoreIdentityError
+from casckpt.format.crypto import PLAIN, StoreCrypto
 from casckpt.format.manifest import Manifest
 from casckpt.storage import BlobStore, open_blob_store, redact_url
 from casckpt.storage.locations import CurrentLocations, Location, LocationSet
 from casckpt.storage.scratch import ScratchDir
+from casckpt.storage.sealed import sealed
 from casckpt.storage.unreachable import UnreachableBlobStore
 from casckpt.types import Version
 
@@ -58,12 +60,13 @@ def utc(ts: float) -> datetime:
 
 
 def open_location_store(name: str, url: str, s3: Any, given: dict[str, BlobStore], *,
-                        create: bool = True, failed: bool = False) -> BlobStore:
+                        create: bool = True, failed: bool = False, crypto: StoreCrypto = PLAIN) -> BlobStore:
     """Open one location's blob store; one this host cannot open is kept as unreachable.
 
     ``create=False`` for a location the catalog knows already: its directory, gone, is
     then unreachable rather than made again, empty (see :class:`~casckpt.storage.LocalBlobStore`).
     A location marked failed that cannot be opened is what was expected: no warning.
+    An encrypted store's (``crypto``) is sealed (:mod:`casckpt.storage.sealed`).
     """
     blob_store = given.get(url)
     if blob_store is None:
@@ -73,14 +76,15 @@ def open_location_store(name: str, url: str, s3: Any, given: dict[str, BlobStore
             if not failed:
                 log.warning("blob location %s (%s) cannot be opened: %s", name, redact_url(url), exc)
             blob_store = UnreachableBlobStore(url, str(exc))
-    return blob_store
+    return sealed(blob_store, crypto)
 
 
-def open_location(row: shard_sql.LocationRow, url: str, s3: Any, given: dict[str, BlobStore]) -> Location:
+def open_location(row: shard_sql.LocationRow, url: str, s3: Any, given: dict[str, BlobStore],
+                  crypto: StoreCrypto = PLAIN) -> Location:
     """Open one catalog location (see :func:`open_location_store`)."""
     return Location(row.id, row.name, row.domain, row.state,
                     open_location_store(row.name, url, s3, given, create=False,
-                                        failed=row.state == "failed"))
+                                        failed=row.state == "failed", crypto=crypto))
 
 
 class StoreCore:
@@ -191,7 +195,7 @@ class StoreCore:
             if row.id in current:
                 fresh.append(Location(row.id, row.name, row.domain, row.state, current[row.id]))
             else:
-                fresh.append(open_location(row, row.url or "", self.s3, opened))
+                fresh.append(open_location(row, row.url or "", self.s3, opened, self.ctx.crypto))
         self.ctx.current_locations.swap(LocationSet(fresh))  # running operations keep the set they took
         self._locations_loaded = time.monotonic()
 

@@ -32,6 +32,7 @@ from casckpt.catalog.database import Database, insert_ignore
 from casckpt.catalog.packs import ChunkLocation, PackRecord, insert_pack, upsert_chunks
 from casckpt.catalog.rows import VersionRow, manifest_bytes, tensor_row, version_query, version_row
 from casckpt.errors import CatalogError, CatalogUnavailableError, VersionExistsError
+from casckpt.format.crypto import PLAIN, StoreCrypto
 
 BATCH = 500
 DEFAULT_RETRY_S = 5.0
@@ -67,6 +68,7 @@ class Catalog:
     def __init__(self, url: str, *, where: str, retry_s: float = DEFAULT_RETRY_S) -> None:
         self.url = url
         self.where = where
+        self.crypto: StoreCrypto = PLAIN  # set once by opening, for an encrypted store
         self._db = Database(url, where=where, retry_s=retry_s)
         self.engine = self._db.engine
         try:

@@ -208,7 +208,7 @@ def _check_tree_rows(ctx: EngineContext, found: Findings, row: Any, manifest: Ma
         try:
             if body is None:
                 raise CorruptManifestError("the catalog has no row for it")
-            decode_node(node_json(body), node_id)
+            decode_node(node_json(body), node_id, ctx.crypto.chunk_id)
         except CorruptManifestError as exc:
             found.add("catalog", f"{label}:node {node_id.hex()[:12]}",
                       f"tree node row is missing or damaged ({exc}); `casckpt repair` restores it "

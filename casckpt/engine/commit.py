@@ -54,7 +54,6 @@ from casckpt.engine.validate import (
 )
 from casckpt.errors import CasckptError, CatalogError, VersionExistsError
 from casckpt.format import keys
-from casckpt.format.chunks import chunk_id
 from casckpt.format.manifest import ExtentEntry, Manifest, TreeHead, encode_manifest
 from casckpt.format.tree import encode_tree
 from casckpt.format.treeencode import Tree, TreeMemo
@@ -195,7 +194,7 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
     root, leaves = encode_tree(state)
     pack = min(SMALL_TENSOR, ctx.config.chunk_size - ctx.config.chunk_size % 16) if TREE_MANIFESTS else 0
     entries, sources = plan_extents(leaves, stage_host=ctx.config.stage_host_tensors, pack=pack,
-                                    memo=memo.packs)
+                                    memo=memo.packs, ids=ctx.crypto.chunk_id)
     reuse: dict[int, ExtentEntry] = {}
     held: set[bytes] = set()
     if hint is not None and memo.version_id is not None and memo.version_id != parent:
@@ -224,7 +223,7 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
     content_rows: list[dict[str, Any]] = []
     tree: Tree | None = None
     if TREE_MANIFESTS:
-        version_id, manifest_bytes, tree = encode_tree_manifest(manifest, memo.tree)
+        version_id, manifest_bytes, tree = encode_tree_manifest(manifest, memo.tree, ctx.crypto.chunk_id)
         manifest = replace(manifest, tree=TreeHead(tree.root, tree.tensors, tree.nbytes,
                                                    tuple(manifest.extents[i] for i in tree.shared_extents),
                                                    tree.groups, tree.values),
@@ -362,17 +361,18 @@ def rewrite_lost(ctx: EngineContext, chunks: dict[bytes, ChunkBytes], missing: I
     gone = set(missing)
     lost = [cid for cid in chunks if cid.hex() in gone]
     ctx.cache.discard(lost)
-    _hold_unchanged(chunks, lost, version_id)
+    _hold_unchanged(ctx, chunks, lost, version_id)
     return write_chunks(ctx, chunks, lost, redundancy, progress)
 
 
-def _hold_unchanged(chunks: dict[bytes, ChunkBytes], ids: Sequence[bytes], version_id: str) -> None:
+def _hold_unchanged(ctx: EngineContext, chunks: dict[bytes, ChunkBytes], ids: Sequence[bytes],
+                    version_id: str) -> None:
     """Before writing chunks again, copy each and check the copy still hashes to its id: the
     copy is what gets written, so bytes changed meanwhile can never go under the old id."""
     for cid in ids:
         chunk = chunks[cid]
         held = chunk if chunk.owned else _copy(chunk)
-        if held.view is NOT_HELD or chunk_id(held.data()) != cid:
+        if held.view is NOT_HELD or ctx.crypto.chunk_id(held.data()) != cid:
             raise CatalogError(
                 f"version {version_id[:12]} reuses a chunk GC removed while the commit was in "
                 "flight, and its bytes are no longer at hand (the state changed since, they stayed "

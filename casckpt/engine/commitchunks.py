@@ -21,7 +21,7 @@ from casckpt.engine.degraded import Shortfall, shortfalls
 from casckpt.engine.deltabase import DeltaPlan
 from casckpt.engine.layout import ExtentSource
 from casckpt.engine.packer import Packer
-from casckpt.format.chunks import aligned_chunk_size, chunk_id, chunk_spans
+from casckpt.format.chunks import aligned_chunk_size, chunk_spans
 from casckpt.format.codecs import CompressionPolicy, encode_chunk
 from casckpt.format.manifest import ExtentEntry
 from casckpt.format.treeencode import Tree
@@ -111,7 +111,7 @@ def hash_extents(
             if source.digest is not None and spans == [(0, source.nbytes)]:
                 ids = [source.digest]  # one chunk, hashed already
             else:
-                ids = list(ctx.pool.map(chunk_id, (view[start:end] for start, end in spans)))
+                ids = list(ctx.pool.map(ctx.crypto.chunk_id, (view[start:end] for start, end in spans)))
             for cid, (start, end) in zip(ids, spans, strict=True):
                 out.chunks.setdefault(cid, ChunkBytes(view, start, end, source.align))
         out.extents.append(ExtentEntry(source.nbytes, size, tuple(ids), phase, packed=source.packed))
@@ -140,7 +140,7 @@ def _hash_staged(ctx: EngineContext, flat: torch.Tensor, align: int, size: int, 
     ids: list[bytes] = []
     for _offset, view in ctx.device_buffers.stream(flat, size):
         spans = list(chunk_spans(len(view), size))
-        window = list(ctx.pool.map(chunk_id, (view[start:end] for start, end in spans)))
+        window = list(ctx.pool.map(ctx.crypto.chunk_id, (view[start:end] for start, end in spans)))
         fresh = [c for c in dict.fromkeys(window) if c not in out.chunks]
         known = known_chunks(ctx, fresh, confirm)
         known |= {c for c in fresh if pending is not None and c in pending}

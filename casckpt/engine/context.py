@@ -13,6 +13,7 @@ from casckpt.config import Settings
 from casckpt.engine.deltabase import BaseCache
 from casckpt.engine.packs import Packs
 from casckpt.engine.staging import StagingBuffers
+from casckpt.format.crypto import StoreCrypto
 from casckpt.storage.locations import CurrentLocations, LocationSet
 from casckpt.storage.scratch import ScratchDir
 
@@ -44,6 +45,12 @@ class EngineContext:
     device_buffers: StagingBuffers
     bases: BaseCache
     memos: Memos = field(default_factory=lambda: Memos())
+
+    @property
+    def crypto(self) -> StoreCrypto:
+        """The store's encryption (keyed chunk ids; :data:`~casckpt.format.crypto.PLAIN` when
+        the store is not encrypted): the catalog's, set once when the store is opened."""
+        return self.catalog.crypto
 
     @property
     def locations(self) -> LocationSet:

@@ -269,7 +269,8 @@ def _repack_one(ctx: EngineContext, pack_id: str) -> None:
             base = bytes.fromhex(row.base_id) if row.base_id else None
             entry = PackEntry(bytes.fromhex(row.id), row.offset, row.stored_len, row.raw_len, row.codec, base)
             if base is None:
-                decode_entry(data[row.offset : row.offset + entry.span], entry, pack_id)  # verify
+                decode_entry(data[row.offset : row.offset + entry.span], entry, pack_id,  # verify
+                             ids=ctx.crypto.chunk_id)
             else:  # a delta is verified through its chain (the reader checks the decoded bytes)
                 read_chunks(ctx, {entry.chunk_id: [memoryview(bytearray(row.raw_len))]},
                             lambda cid: f"chunk {cid.hex()} of pack {pack_id}")

@@ -205,7 +205,8 @@ class PackMemo:
         return found
 
 
-def _pack(members: list[TensorLeaf], extent: int, memo: PackMemo) -> tuple[list[TensorEntry], ExtentSource]:
+def _pack(members: list[TensorLeaf], extent: int, memo: PackMemo,
+          ids: Callable[[bytes | memoryview], bytes]) -> tuple[list[TensorEntry], ExtentSource]:
     """Small tensors packed into one extent: their bytes copied now (plain contiguous CPU
     tensors, see :func:`plan_extents`), each at a 16-byte boundary, each tensor's own chunk id recorded
     (its digest: history and diff tell them apart)."""
@@ -227,10 +228,10 @@ def _pack(members: list[TensorLeaf], extent: int, memo: PackMemo) -> tuple[list[
 
     def make() -> list[TensorEntry]:
         return [TensorEntry(path, "torch", torch_dtype_name(dtype), tuple(shape), extent, offset=o,
-                            digest=chunk_id(view[o : o + size]))
+                            digest=ids(view[o : o + size]))
                 for path, dtype, shape, o, size in zip(paths, dtypes, shapes, offsets, sizes, strict=True)]
 
-    digest = chunk_id(view)
+    digest = ids(view)
     entries = memo.entries((digest, extent, paths, dtypes, shapes), make)
     sizes_of = {t.element_size() for t in tensors}
     align = sizes_of.pop() if len(sizes_of) == 1 else 1
@@ -238,7 +239,8 @@ def _pack(members: list[TensorLeaf], extent: int, memo: PackMemo) -> tuple[list[
 
 
 def plan_extents(leaves: Sequence[TensorLeaf], *, stage_host: bool = False, pack: int = 0,
-                 memo: PackMemo | None = None) -> tuple[list[TensorEntry], list[ExtentSource]]:
+                 memo: PackMemo | None = None, ids: Callable[[bytes | memoryview], bytes] = chunk_id,
+                 ) -> tuple[list[TensorEntry], list[ExtentSource]]:
     """Assign every tensor leaf to an extent; views of one storage share an extent.
 
     Returns tensor entries in leaf order and the extent sources they index.
@@ -252,7 +254,8 @@ def plan_extents(leaves: Sequence[TensorLeaf], *, stage_host: bool = False, pack
     order, a group ending after a tensor whose path hashes to a boundary (or
     at :data:`PACK_MAX` bytes): one chunk holds many tensors, and a changed
     tensor rewrites its group, not every group after it. ``memo`` (the previous
-    commit's, see :class:`PackMemo`) spares re-deriving unchanged groups.
+    commit's, see :class:`PackMemo`) spares re-deriving unchanged groups. ``ids`` hashes
+    a chunk (the store's chunk ids: keyed in an encrypted store).
     """
     memo = memo if memo is not None else PackMemo()
     packing = pack and not stage_host
@@ -291,7 +294,7 @@ def plan_extents(leaves: Sequence[TensorLeaf], *, stage_host: bool = False, pack
 
     def close() -> None:
         nonlocal size
-        packed, source = _pack([leaves[i] for i in pending], len(sources), memo)
+        packed, source = _pack([leaves[i] for i in pending], len(sources), memo, ids)
         for i, entry in zip(pending, packed, strict=True):
             entries[i] = entry
         sources.append(source)

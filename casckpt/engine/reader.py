@@ -20,6 +20,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -32,7 +33,7 @@ from casckpt.errors import (
     IntegrityError,
     MissingDataError,
 )
-from casckpt.format.chunks import chunk_id
+from casckpt.format.chunks import ChunkIds
 from casckpt.format.codecs import (
     Codec,
     apply_sparse,
@@ -142,10 +143,14 @@ class _Slot:
         return cls(entry, loc.pack_id, memoryview(bytearray(ENTRY_HEADER_SIZE)), payload, destinations)
 
 
-def _decode(plan: Sequence[_Slot]) -> None:
-    """Verify each (plain) chunk read and copy it to its other destinations."""
+def _decoder(ctx: EngineContext) -> Callable[[Sequence[_Slot]], None]:
+    """Verifies each (plain) chunk read and copies it to its other destinations."""
+    return partial(_decode, ctx.crypto.chunk_id)
+
+
+def _decode(ids: ChunkIds, plan: Sequence[_Slot]) -> None:
     for slot in plan:
-        raw = decode_split_entry(slot.header, slot.payload, slot.entry, slot.pack_id)
+        raw = decode_split_entry(slot.header, slot.payload, slot.entry, slot.pack_id, ids=ids)
         for dst in slot.destinations:
             if dst is not slot.payload:
                 dst[:] = raw
@@ -367,7 +372,8 @@ class _DeltaReader:
                 filled: memoryview | None = slot.payload  # a destination that holds the bytes already
                 if entry.base_id is None:  # a keyframe: verified when wanted (else through its dependents)
                     raw = decode_split_entry(slot.header, slot.payload, entry, slot.pack_id,
-                                             verify=bool(slot.destinations) or verify_all)
+                                             verify=bool(slot.destinations) or verify_all,
+                                             ids=self.ctx.crypto.chunk_id)
                     rep: Rep = (1, np.frombuffer(raw, dtype=np.uint8))
                 else:
                     own = entry.base_id in reps and entry.base_id in consumable
@@ -383,7 +389,7 @@ class _DeltaReader:
                         raw = _ungrouped(rep, slot.destinations)
                         grouped = rep[0] != 1
                         filled = slot.destinations[0] if slot.destinations and (grouped or into) else None
-                        if chunk_id(raw) != entry.chunk_id:
+                        if self.ctx.crypto.chunk_id(raw) != entry.chunk_id:
                             raise _chain_mismatch(slot)
                 for dst in slot.destinations:
                     if dst is not filled:
@@ -485,7 +491,7 @@ def _read_located(
     replaces the default decoding of each range's slots."""
     if not wanted:
         return 0
-    decoder = decode or _decode
+    decoder = decode or _decoder(ctx)
     ranges = _coalesce([locations[cid] for cid in wanted], ctx.config.read_coalesce)
     total = sum(r.end - r.start for r in ranges)
     done = 0

@@ -68,7 +68,7 @@ def _recover_pack(ctx: EngineContext, layout: PackLayout) -> int:
     listed: scrub.Listed = {}
     for sh in layout.shards:
         listed.setdefault(sh.location_id, {})[sh.key] = BlobInfo(sh.key, sh.size, 0.0)
-    verdict = scrub.verify(ctx.locations, layout, listed)
+    verdict = scrub.verify(ctx.locations, layout, listed, ctx.crypto.chunk_id)
     states = {sh.index: verdict.damaged.get(sh.index, "ok") for sh in layout.shards}
     entries = verdict.entries
     if not verdict.ok:
@@ -121,7 +121,7 @@ def _publish(ctx: EngineContext, manifest: Manifest, data: bytes, version_id: st
         found = trees.read_nodes(ctx, manifest.nodes, heal=False)
         node_rows = [{"id": i.hex(), "body": compress_node(raw)} for i, raw in found.items()]
     elif manifest.world is None:  # version 1: migrated to a tree if the packs hold all its nodes
-        derived, tree = with_tree(manifest)
+        derived, tree = with_tree(manifest, ctx.crypto.chunk_id)
         if len(ctx.catalog.find_chunks([i.hex() for i in tree.nodes], live_only=False)) == len(tree.nodes):
             manifest, node_rows = derived, trees.node_rows(tree, list(tree.nodes))
     rows, contents = tensor_rows(version_id, manifest.tensors, manifest.extents) \

@@ -15,7 +15,9 @@ their states -- is mirrored here as JSON objects:
 plus, in each, ``seq`` (a counter the catalog raises with every record it
 writes, so the newest record of a key wins by counter, never by clock
 alone) and ``at`` (when). A name key is the name's UTF-8 in hex, or for a
-name too long for a file name, ``h`` and its BLAKE3. The store's identity
+name too long for a file name, ``h`` and its BLAKE3; in an encrypted store, ``k`` and a
+keyed hash, so no name shows in an object key (and every record is sealed, see
+:mod:`casckpt.storage.sealed`). The store's identity
 (id, generation) is the identity record (:mod:`casckpt.format.identity`).
 
 Records are written after the catalog change succeeds (the catalog stays
@@ -78,7 +80,8 @@ def write_to(location: Location, catalog: Any, key: str, doc: dict[str, Any]) ->
 
 def record_tag(locations: LocationSet, catalog: Any, name: str, version_id: str) -> None:
     """Mirror tag ``name`` -> ``version_id``."""
-    _put(locations, catalog, keys.name_key(TAGS, name), {"name": name, "version": version_id})
+    _put(locations, catalog, keys.name_key(TAGS, name, catalog.crypto.name_hash),
+         {"name": name, "version": version_id})
 
 
 def _run_doc(row: RunSettings) -> dict[str, Any]:
@@ -90,7 +93,7 @@ def record_run(locations: LocationSet, catalog: Any, run: str) -> None:
     """Mirror a run's fork point and policies, as the catalog has them now."""
     row = run_settings(catalog, run)
     if row is not None:
-        _put(locations, catalog, keys.name_key(RUNS, run), _run_doc(row))
+        _put(locations, catalog, keys.name_key(RUNS, run, catalog.crypto.name_hash), _run_doc(row))
 
 
 def _store_doc(catalog: Any) -> dict[str, Any]:
@@ -123,11 +126,11 @@ def expected(catalog: Any) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     tags, runs = tags_and_runs(catalog)
     for name, version in tags:
-        out[keys.name_key(TAGS, name)] = {"name": name, "version": version}
+        out[keys.name_key(TAGS, name, catalog.crypto.name_hash)] = {"name": name, "version": version}
     for row in runs:
         doc = _run_doc(row)
         if any(doc[k] is not None for k in ("parent_version", "retention", "redundancy", "delta_chain")):
-            out[keys.name_key(RUNS, row.name)] = doc
+            out[keys.name_key(RUNS, row.name, catalog.crypto.name_hash)] = doc
     store = _store_doc(catalog)
     if any(value is not None for value in store.values()):
         out[STORE] = store

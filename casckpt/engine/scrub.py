@@ -25,7 +25,7 @@ from casckpt.catalog import shards as shard_sql
 from casckpt.engine.context import EngineContext
 from casckpt.engine.discovery import read_footer
 from casckpt.errors import CasckptError, IntegrityError, StorageError
-from casckpt.format.chunks import object_hasher
+from casckpt.format.chunks import ChunkIds, object_hasher
 from casckpt.format.pack import PackEntry, decode_entry, read_index
 from casckpt.format.shard import SHARD_HEADER_SIZE, decode_shard_header, payload_hasher
 from casckpt.storage import BlobInfo
@@ -52,7 +52,8 @@ class PackVerdict:
 class _EntryVerifier:
     """Verifies a pack's entries, in offset order, as the pack's bytes stream past."""
 
-    def __init__(self, entries: list[PackEntry], pack_id: str) -> None:
+    def __init__(self, entries: list[PackEntry], pack_id: str, ids: ChunkIds) -> None:
+        self._ids = ids
         self._entries = sorted(entries, key=lambda e: e.offset)
         self._next = 0
         self._buf = bytearray()
@@ -76,7 +77,7 @@ class _EntryVerifier:
             if entry.base_id is None:  # a delta is verified later, through its base (check.py)
                 view = memoryview(self._buf)[entry.offset - self._start : end - self._start]
                 try:
-                    decode_entry(view, entry, self._pack_id)
+                    decode_entry(view, entry, self._pack_id, ids=self._ids)
                 except IntegrityError as exc:
                     self.corrupt[entry.chunk_id.hex()] = str(exc)
                 finally:
@@ -132,11 +133,12 @@ def _listed_size(listed: Listed, sh: ShardRow) -> int | None:
     return None if info is None else info.size
 
 
-def verify(locations: LocationSet, layout: PackLayout, listed: Listed) -> PackVerdict:
+def verify(locations: LocationSet, layout: PackLayout, listed: Listed, ids: ChunkIds) -> PackVerdict:
     """Read one pack back object by object, streamed, and verify it (see the module docstring).
 
     Needs no catalog and records nothing (``catalog rebuild`` verifies packs the catalog does
-    not know yet this way); ``listed`` gives the objects' sizes. A pack with a damaged data
+    not know yet this way); ``listed`` gives the objects' sizes, ``ids`` hashes a chunk (the
+    store's chunk ids). A pack with a damaged data
     shard is not reconstructed here: the verdict says so (``ok`` False, ``damaged``).
     """
     verdict = PackVerdict()
@@ -146,9 +148,9 @@ def verify(locations: LocationSet, layout: PackLayout, listed: Listed) -> PackVe
     except CasckptError as exc:  # a damaged copy or data shard: read from what verifies below
         footer_error = exc
     if layout.scheme == "ec":
-        _verify_shards(locations, layout, listed, verdict)
+        _verify_shards(locations, layout, listed, verdict, ids)
     else:
-        _verify_copies(locations, layout, listed, verdict)
+        _verify_copies(locations, layout, listed, verdict, ids)
     if verdict.ok and not verdict.entries and footer_error is not None:
         verdict.notes.append((None, f"its footer cannot be read: {footer_error}"))
     return verdict
@@ -157,7 +159,7 @@ def verify(locations: LocationSet, layout: PackLayout, listed: Listed) -> PackVe
 def scrub(ctx: EngineContext, layout: PackLayout, listed: Listed) -> PackVerdict:
     """:func:`verify` a pack the catalog knows, reconstruct it in memory if a shard is damaged, and
     record what was found (shard health, ``verified_at``; a pack that cannot be read is lost)."""
-    verdict = verify(ctx.locations, layout, listed)
+    verdict = verify(ctx.locations, layout, listed, ctx.crypto.chunk_id)
     if not verdict.ok and layout.scheme == "ec":
         _reconstruct_in_memory(ctx, layout, verdict)  # records shard health itself
     else:
@@ -195,7 +197,7 @@ def _usable(locations: LocationSet, layout: PackLayout, sh: ShardRow, listed: Li
 
 
 def _verify_copies(locations: LocationSet, layout: PackLayout, listed: Listed,
-                   verdict: PackVerdict) -> None:
+                   verdict: PackVerdict, ids: ChunkIds) -> None:
     last: _EntryVerifier | None = None
     for sh in layout.shards:
         loc = _usable(locations, layout, sh, listed, layout.size, verdict)
@@ -206,7 +208,7 @@ def _verify_copies(locations: LocationSet, layout: PackLayout, listed: Listed,
                 verdict.entries = read_footer(locations, replace(layout, shards=(sh,)))
             except CasckptError:
                 pass
-        check = _EntryVerifier(verdict.entries if not verdict.ok else [], layout.id)
+        check = _EntryVerifier(verdict.entries if not verdict.ok else [], layout.id, ids)
         try:
             verdict.read += _stream(loc, sh.key, 0, layout.size, check.feed)
         except StorageError as exc:
@@ -228,8 +230,8 @@ def _verify_copies(locations: LocationSet, layout: PackLayout, listed: Listed,
 
 
 def _verify_shards(locations: LocationSet, layout: PackLayout, listed: Listed,
-                   verdict: PackVerdict) -> None:
-    pack = _EntryVerifier(verdict.entries, layout.id)
+                   verdict: PackVerdict, ids: ChunkIds) -> None:
+    pack = _EntryVerifier(verdict.entries, layout.id, ids)
     stripe, offset = layout.stripe or 0, layout.data_offset or 0
     fed = 0  # pack bytes handed to ``pack`` so far (data shards, in order)
     for sh in sorted(layout.shards, key=lambda s: s.index):
@@ -289,7 +291,7 @@ def _reconstruct_in_memory(ctx: EngineContext, layout: PackLayout, verdict: Pack
         except CasckptError as exc:
             verdict.notes.append((None, f"its footer cannot be read: {exc}"))
     if found.data is not None and verdict.entries:
-        check = _EntryVerifier(verdict.entries, layout.id)
+        check = _EntryVerifier(verdict.entries, layout.id, ctx.crypto.chunk_id)
         view = memoryview(found.data)
         for start in range(0, len(view), WINDOW):
             check.feed(view[start : start + WINDOW])

@@ -114,7 +114,7 @@ def _batches(ctx: EngineContext, ids: list[str], tally: _Tally) -> Iterator[dict
                 continue
             if manifest.world is not None or manifest.tree is not None:
                 continue  # format 2 (DCP, group commits) keeps its rows
-            batch[row.id] = with_tree(manifest)[1]
+            batch[row.id] = with_tree(manifest, ctx.crypto.chunk_id)[1]
             tensors += len(manifest.tensors)
             if len(batch) >= BATCH_VERSIONS or tensors >= BATCH_TENSORS:
                 yield batch

@@ -28,6 +28,7 @@ class StoreNodes(NodeSource):
 
     def __init__(self, catalog: Catalog, ctx: EngineContext | None = None, *, heal: bool = True) -> None:
         self.catalog, self.ctx, self.heal = catalog, ctx, heal
+        self.chunk_ids = catalog.crypto.chunk_id
 
     def get_many(self, ids: Sequence[bytes]) -> Mapping[bytes, bytes]:
         rows = self.catalog.tree_nodes([i.hex() for i in ids])
@@ -68,6 +69,7 @@ def decode(ctx: EngineContext | None, catalog: Catalog, data: bytes, version_id:
 class _PackNodes(NodeSource):
     def __init__(self, ctx: EngineContext) -> None:
         self.ctx = ctx
+        self.chunk_ids = ctx.crypto.chunk_id
 
     def get_many(self, ids: Sequence[bytes]) -> Mapping[bytes, bytes]:
         return read_nodes(self.ctx, ids)
@@ -102,13 +104,13 @@ def restore_node_rows(ctx: EngineContext, data: bytes, version_id: str, tree_roo
         try:
             if body is None:
                 raise CorruptManifestError("no row")
-            decode_node(node_json(body), node_id)
+            decode_node(node_json(body), node_id, ctx.crypto.chunk_id)
         except CorruptManifestError:
             bad.append(node_id)
     found = read_nodes(ctx, bad)
     rows = []
     for node_id in bad:
-        decode_node(found[node_id], node_id)  # verified again: this copy is what is written
+        decode_node(found[node_id], node_id, ctx.crypto.chunk_id)  # verified again: this copy is written
         rows.append({"id": node_id.hex(), "body": compress_node(found[node_id])})
     ctx.catalog.replace_tree_nodes(rows)
     return len(rows)

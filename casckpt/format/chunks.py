@@ -7,13 +7,17 @@ bytes, so an id can never collide with a hash of anything else casckpt stores.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from blake3 import blake3
 
 CHUNK_ID_CONTEXT = "casckpt 2026-11-29 chunk id v1"
 OBJECT_ID_CONTEXT = "casckpt 2026-11-29 object id v1"
 ID_BYTES = 32
+
+ChunkIds = Callable[[bytes | memoryview], bytes]
+"""How a store hashes a chunk: :func:`chunk_id`, or keyed in an encrypted store
+(:meth:`casckpt.format.crypto.StoreCrypto.chunk_id`)."""
 
 
 def chunk_id(data: bytes | memoryview) -> bytes:

@@ -10,6 +10,7 @@ A location holds:
     refs/store
     refs/locations
     casckpt-identity                   the identity record (:mod:`casckpt.format.identity`)
+    casckpt-keys                       an encrypted store's key record (:mod:`casckpt.format.crypto`)
 
 Tree nodes are chunks inside packs; they have no keys of their own. The
 ``<2 hex>`` fan-out keeps directories of a local location small.
@@ -18,6 +19,7 @@ Tree nodes are chunks inside packs; they have no keys of their own. The
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from casckpt.format.chunks import object_id
 
@@ -29,6 +31,7 @@ RUNS = "refs/runs/"
 STORE_RECORD = "refs/store"
 LOCATIONS_RECORD = "refs/locations"
 IDENTITY = "casckpt-identity"
+KEYS_RECORD = "casckpt-keys"
 
 _PACK_OBJECT = re.compile(r"^packs/[0-9a-f]{2}/([0-9a-f]{64})$")
 _SHARD_OBJECT = re.compile(r"^packs/[0-9a-f]{2}/([0-9a-f]{64})\.s(\d+)$")
@@ -66,8 +69,13 @@ def version_of(key: str) -> str | None:
     return m.group(1) if m is not None else None
 
 
-def name_key(prefix: str, name: str) -> str:
+def name_key(prefix: str, name: str, hashed: Callable[[bytes], str | None] | None = None) -> str:
     """The record key of a tag or run name under ``prefix`` (:data:`TAGS`, :data:`RUNS`): the
-    name's UTF-8 in hex, or for a name too long for a file name, ``h`` and its BLAKE3."""
+    name's UTF-8 in hex, or for a name too long for a file name, ``h`` and its BLAKE3.
+    ``hashed`` (an encrypted store's keyed name hash) names every name by ``k`` and its
+    keyed hash instead, so object keys reveal no names."""
+    keyed = hashed(name.encode("utf-8")) if hashed is not None else None
+    if keyed is not None:
+        return prefix + "k" + keyed
     encoded = name.encode("utf-8").hex()
     return prefix + (encoded if len(encoded) <= _MAX_HEX_NAME else "h" + object_id(name.encode("utf-8")))

@@ -47,7 +47,7 @@ from typing import Any, TypeGuard
 import zstandard
 
 from casckpt.errors import CorruptManifestError
-from casckpt.format.chunks import chunk_id
+from casckpt.format.chunks import ChunkIds, chunk_id
 from casckpt.format.manifest import MAX_MANIFEST_JSON, decompress_capped
 from casckpt.format.tree import MAX_MANIFEST_NESTING, json_nesting
 
@@ -72,7 +72,10 @@ node_dumps: Encoder = json.JSONEncoder(sort_keys=True, separators=(",", ":"), al
 
 
 class NodeSource:
-    """Where nodes come from (the catalog, packs): ``get(id)`` returns a node's JSON bytes."""
+    """Where nodes come from (the catalog, packs): ``get(id)`` returns a node's JSON bytes;
+    ``chunk_ids`` is how the store hashes them (keyed in an encrypted store)."""
+
+    chunk_ids: ChunkIds = staticmethod(chunk_id)
 
     def get_many(self, ids: Sequence[bytes]) -> Mapping[bytes, bytes]:  # pragma: no cover - protocol
         raise NotImplementedError
@@ -105,17 +108,17 @@ class Nodes:
                 raise CorruptManifestError(
                     f"tree node {node_id.hex()[:12]} is missing (the catalog and the packs have "
                     "no copy): run `casckpt check`, then `casckpt repair`")
-            self.cache[node_id] = decode_node(raw, node_id)
+            self.cache[node_id] = decode_node(raw, node_id, self.source.chunk_ids)
             self.loaded_bytes += len(raw)
 
 
-def decode_node(raw: bytes, node_id: bytes) -> dict[str, Any]:
-    """Parse and check one node's JSON bytes (they must hash to ``node_id``).
+def decode_node(raw: bytes, node_id: bytes, ids: ChunkIds = chunk_id) -> dict[str, Any]:
+    """Parse and check one node's JSON bytes (they must hash to ``node_id`` by ``ids``).
 
     Raises:
         CorruptManifestError: forged, truncated or malformed.
     """
-    if len(raw) > MAX_NODE or chunk_id(raw) != node_id:
+    if len(raw) > MAX_NODE or ids(raw) != node_id:
         raise CorruptManifestError(
             f"tree node {node_id.hex()[:12]} does not match its id: it is corrupt or forged. "
             "Restore another version, and run `casckpt check` to find what else is damaged")

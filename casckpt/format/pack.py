@@ -30,7 +30,7 @@ from typing import BinaryIO
 from blake3 import blake3
 
 from casckpt.errors import CorruptChunkError, CorruptPackError, InvalidArgumentError
-from casckpt.format.chunks import chunk_id, object_hasher
+from casckpt.format.chunks import ChunkIds, chunk_id, object_hasher
 from casckpt.format.codecs import decode_chunk
 
 PACK_MAGIC = b"CKPACK02"
@@ -99,10 +99,11 @@ def decode_entry_header(data: bytes | memoryview, offset: int) -> PackEntry:
 
 
 def decode_entry(data: bytes | memoryview, expected: PackEntry, pack_id: str,
-                 base: bytes | memoryview | None = None) -> bytes | memoryview:
+                 base: bytes | memoryview | None = None, *, ids: ChunkIds = chunk_id) -> bytes | memoryview:
     """Decode the entry ``data`` (header + payload) and verify it against ``expected``.
 
-    Returns the chunk's raw bytes, verified to hash to ``expected.chunk_id``.
+    Returns the chunk's raw bytes, verified to hash to ``expected.chunk_id`` (by ``ids``:
+    the store's chunk ids, keyed in an encrypted store).
 
     Raises:
         CorruptChunkError: the header disagrees with the index, the payload does
@@ -111,13 +112,14 @@ def decode_entry(data: bytes | memoryview, expected: PackEntry, pack_id: str,
     view = memoryview(data)
     return decode_split_entry(
         view[:ENTRY_HEADER_SIZE], view[ENTRY_HEADER_SIZE : ENTRY_HEADER_SIZE + expected.stored_len],
-        expected, pack_id, base,
+        expected, pack_id, base, ids=ids,
     )
 
 
 def decode_split_entry(header_bytes: bytes | memoryview, payload: bytes | memoryview,
                        expected: PackEntry, pack_id: str,
-                       base: bytes | memoryview | None = None, *, verify: bool = True) -> bytes | memoryview:
+                       base: bytes | memoryview | None = None, *, verify: bool = True,
+                       ids: ChunkIds = chunk_id) -> bytes | memoryview:
     """:func:`decode_entry` for a header and payload read into separate buffers.
 
     A RAW payload is verified where it lies and returned as is, so a reader
@@ -136,7 +138,7 @@ def decode_split_entry(header_bytes: bytes | memoryview, payload: bytes | memory
         raise CorruptChunkError(
             f"chunk {cid_hex} in pack {pack_id} is corrupt: {exc}", pack_id=pack_id, chunk_id=cid_hex
         ) from exc
-    if verify and chunk_id(raw) != expected.chunk_id:
+    if verify and ids(raw) != expected.chunk_id:
         raise CorruptChunkError(
             f"chunk {cid_hex} in pack {pack_id} (offset {expected.offset}) does not match its id: "
             "the stored bytes are corrupt. Restore another version or repair the store.",

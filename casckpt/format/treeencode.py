@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from casckpt.errors import UnsupportedStateError
-from casckpt.format.chunks import chunk_id
+from casckpt.format.chunks import ChunkIds, chunk_id
 from casckpt.format.merkle import (
     INLINE_MAX,
     MAX_NODE,
@@ -123,9 +123,12 @@ class TreeEncoder:
     """Cuts a manifest's state tree into nodes (see the module docstring), reusing what a
     :class:`TreeMemo` of the previous commit made for unchanged subtrees."""
 
-    def __init__(self, tensor: Callable[[int, TreeMemo], _Sized], memo: TreeMemo | None = None) -> None:
-        # tensor(i, memo) -> the value of the i-th tensor (tensor_value, or memo.entry)
+    def __init__(self, tensor: Callable[[int, TreeMemo], _Sized], memo: TreeMemo | None = None,
+                 ids: ChunkIds = chunk_id) -> None:
+        # tensor(i, memo) -> the value of the i-th tensor (tensor_value, or memo.entry);
+        # ids(raw) -> a node's id (the store's chunk ids: keyed in an encrypted store)
         self._tensor = tensor
+        self._ids = ids
         self.memo = memo if memo is not None else TreeMemo()
         self.nodes: dict[bytes, bytes] = {}
         self._log: list[tuple[bytes, bytes]] = []  # nodes in the order made or reused
@@ -144,7 +147,7 @@ class TreeEncoder:
                 f"the state's plain values make a tree node of {len(raw)} bytes, more than a node "
                 f"may hold ({MAX_NODE}); store large str or bytes values as tensors instead "
                 "(torch.frombuffer(bytearray(value), dtype=torch.uint8))")
-        node_id = chunk_id(raw)
+        node_id = self._ids(raw)
         self.nodes[node_id] = raw
         self._log.append((node_id, raw))
         return node_id

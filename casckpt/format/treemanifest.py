@@ -20,7 +20,7 @@ from typing import Any
 import zstandard
 
 from casckpt.errors import CorruptManifestError
-from casckpt.format.chunks import object_id
+from casckpt.format.chunks import ChunkIds, chunk_id, object_id
 from casckpt.format.dtypes import element_size
 from casckpt.format.manifest import (
     MANIFEST_FORMAT,
@@ -52,9 +52,11 @@ Groups = tuple[tuple[str, int, int], ...]
 Values = tuple[tuple[str, Node], ...]
 
 
-def encode_tree_manifest(m: Manifest, memo: TreeMemo | None = None) -> tuple[str, bytes, Tree]:
+def encode_tree_manifest(m: Manifest, memo: TreeMemo | None = None, ids: ChunkIds = chunk_id,
+                         ) -> tuple[str, bytes, Tree]:
     """``(version id, compressed document, tree)`` of a one-process manifest (reusing what
-    ``memo``, the run's previous commit's, made for what did not change).
+    ``memo``, the run's previous commit's, made for what did not change; ``ids`` names the
+    nodes: the store's chunk ids).
 
     Raises:
         ValueError: the manifest has ranks or shards (those stay versions 1 and 2).
@@ -91,7 +93,7 @@ def encode_tree_manifest(m: Manifest, memo: TreeMemo | None = None) -> tuple[str
             entry["h"] = t.digest.hex()
         return entry, t.numel * element_size(t.kind, t.dtype)
 
-    encoder = TreeEncoder(tensor, memo)
+    encoder = TreeEncoder(tensor, memo, ids)
     root, count, nbytes = encoder.encode(m.root)
     shared_json = [extent_json(e.nbytes, e.chunk_size, e.chunks, e.phase)
                    for e in (m.extents[b] for b in order)]
@@ -132,11 +134,11 @@ def shared_extents(m: Manifest) -> list[int]:
     return list(order)
 
 
-def with_tree(m: Manifest) -> tuple[Manifest, Tree]:
+def with_tree(m: Manifest, ids: ChunkIds = chunk_id) -> tuple[Manifest, Tree]:
     """``m`` cut into its tree (what a one-process commit stores), with its tree head and
     nodes set: for a manifest of version 1, the tree it migrates to (same extents, chunks and
     digests), whose root a migrated version's catalog row names."""
-    _, _, tree = encode_tree_manifest(m)
+    _, _, tree = encode_tree_manifest(m, ids=ids)
     return replace(m, tree=head_of(m, tree.root), nodes=tuple(tree.nodes)), tree
 
 

@@ -1,0 +1,277 @@
+"""An encrypted store's keys: unlocking at open, creating, and the master-key operations.
+
+The key record (:class:`~casckpt.format.crypto.KeyRecord`) lives in the catalog
+(authoritative) and, unsealed, on every location as ``casckpt-keys`` (so ``catalog
+rebuild`` can unlock the store from its locations alone). It holds only wrapped
+data keys. Unlocking happens at open, before any object but the identity and key
+records is read or written: a missing or wrong key is refused there.
+
+- A catalog with a key record: unlocked with the key given.
+- A catalog without one, over locations that carry one: a catalog rebuild
+  (``recover=True``) adopts it; anything else is refused (a catalog that lost its
+  record would let a writer put plaintext into an encrypted store).
+- Neither: with a key, a new store is created encrypted (a store holding data
+  already is refused: it cannot be encrypted in place); without, a plain store.
+
+Master-key changes (:func:`add_key`, :func:`remove_key`, :func:`rotate_key`)
+rewrite the record only: the data key, and so every object, stays as it is.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+import os
+import socket
+import stat
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+
+from casckpt.catalog import Catalog
+from casckpt.catalog import keys as keys_sql
+from casckpt.catalog import shards as shard_sql
+from casckpt.errors import (
+    BlobNotFoundError,
+    CasckptError,
+    InvalidArgumentError,
+    LastKeyError,
+    NotEncryptedError,
+    StorageError,
+    StoreIdentityError,
+    StoreKeyError,
+)
+from casckpt.format import crypto
+from casckpt.format import keys as object_keys
+from casckpt.format.crypto import KeyRecord, StoreCrypto
+from casckpt.storage import BlobStore
+from casckpt.storage.locations import LocationSet
+from casckpt.storage.sealed import CLEAR_KEYS
+
+log = logging.getLogger(__name__)
+
+_MAX_RECORD = 1 << 20
+
+
+def who() -> str:
+    """``user@host`` of this process (for key slots)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"
+
+
+def read_key_file(path: str | os.PathLike[str]) -> bytes:
+    """The master key in a key file (a warning when others may read it).
+
+    Raises:
+        StoreKeyError: the file cannot be read or is not a key file.
+    """
+    where = Path(path).expanduser()
+    try:
+        text = where.read_text(encoding="ascii")
+        mode = where.stat().st_mode
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StoreKeyError(f"cannot read the key file {where}: {exc}") from exc
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        log.warning("the key file %s may be read by other users (mode %o): `chmod 600 %s`",
+                    where, stat.S_IMODE(mode), where)
+    return crypto.parse_key_file(text, str(where))
+
+
+def write_key_file(path: str | os.PathLike[str], key: bytes) -> Path:
+    """Write a new key file holding ``key``, mode 0600, refusing to overwrite one.
+
+    Raises:
+        StoreKeyError: the file exists or cannot be written.
+    """
+    where = Path(path).expanduser()
+    try:
+        fd = os.open(where, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        raise StoreKeyError(f"{where} exists already: a key file is never overwritten (a lost key "
+                            "loses the store); choose another path") from None
+    except OSError as exc:
+        raise StoreKeyError(f"cannot create the key file {where}: {exc}") from exc
+    try:
+        os.fchmod(fd, 0o600)  # whatever the umask
+        os.write(fd, crypto.key_file_text(key).encode("ascii"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return where
+
+
+def catalog_record(catalog: Catalog) -> KeyRecord | None:
+    """The key record the catalog holds (None: the store is not encrypted).
+
+    Raises:
+        StoreKeyError: the catalog's record is damaged.
+    """
+    try:
+        doc = keys_sql.read_key_record(catalog)
+    except ValueError as exc:
+        raise StoreKeyError(f"the key record in the catalog at {catalog.where} is damaged: {exc}") from exc
+    return None if doc is None else KeyRecord.from_json(doc, f"in the catalog at {catalog.where}")
+
+
+def location_record(name: str, blobs: BlobStore) -> KeyRecord | None:
+    """The key record a location carries (None: none, or the location cannot be read)."""
+    try:
+        data = blobs.get(object_keys.KEYS_RECORD, max_size=_MAX_RECORD)
+    except BlobNotFoundError:
+        return None
+    except StorageError as exc:
+        log.warning("cannot read the key record of blob location %s: %s", name, exc)
+        return None
+    try:
+        return KeyRecord.from_json(json.loads(data), f"on blob location {name}")
+    except (ValueError, StoreKeyError) as exc:
+        log.warning("the key record on blob location %s is damaged (%s); `casckpt key list` "
+                    "writes it again from the catalog", name, exc)
+        return None
+
+
+def _holds_data(blobs: BlobStore) -> bool:
+    for info in blobs.list():
+        if info.key not in CLEAR_KEYS:
+            return True
+    return False
+
+
+def unlock(catalog: Catalog, opened: Mapping[str, BlobStore], master: bytes | None, *,
+           recover: bool = False) -> StoreCrypto:
+    """Decide the store's encryption at open (see the module docstring), creating it for a new
+    store opened with a key. Sets ``catalog.crypto``.
+
+    Raises:
+        KeyRequiredError, WrongKeyError: the store is encrypted; no key, or not one of its keys.
+        NotEncryptedError: a key was given for a store that exists unencrypted.
+        StoreIdentityError: the locations are encrypted and the catalog has no key record.
+    """
+    record = catalog_record(catalog)
+    if record is None:
+        found = next((r for r in (location_record(n, b) for n, b in opened.items()) if r is not None), None)
+        if found is not None:
+            if not recover:
+                if master is None:
+                    crypto.unlock(found, None)  # raises KeyRequiredError
+                raise StoreIdentityError(
+                    f"the blob locations hold an encrypted store (id {found.store_id}) but the "
+                    f"catalog at {catalog.where} records no key for it: it is not this store's "
+                    "catalog, or it lost its key record. Rebuild the catalog from the locations "
+                    "(`casckpt --key-file FILE catalog rebuild`) into a new, empty catalog")
+            store = crypto.unlock(found, master)
+            keys_sql.write_key_record(catalog, found.to_json())
+            catalog.crypto = store
+            return store
+        if master is None:
+            return crypto.PLAIN
+        if not shard_sql.is_empty(catalog) or any(_holds_data(b) for b in opened.values()):
+            raise NotEncryptedError(
+                "this store exists and is not encrypted; a store is encrypted when it is created "
+                "(an existing one cannot be encrypted in place): create a new store with the key "
+                "and copy the versions you need into it (`casckpt export` / `casckpt import`), "
+                "or open this one without a key")
+        record = _create(catalog, master)
+    store = crypto.unlock(record, master)
+    catalog.crypto = store
+    return store
+
+
+def _create(catalog: Catalog, master: bytes) -> KeyRecord:
+    data_key = os.urandom(crypto.KEY_BYTES)
+    record = KeyRecord(catalog.store_id, (crypto.wrap(data_key, master, catalog.store_id, who()),))
+    keys_sql.write_key_record(catalog, record.to_json())
+    # two processes creating one store at once: the first record written wins; unlock the one kept
+    kept = catalog_record(catalog)
+    if kept is None:
+        raise StoreKeyError(f"the catalog at {catalog.where} did not keep the new store's key record")
+    log.info("created the key record of encrypted store %s (key %s)", catalog.store_id, record.slots[0].id)
+    return kept
+
+
+def publish(catalog: Catalog, blobs: Mapping[str, BlobStore]) -> None:
+    """Write the catalog's key record to each of ``blobs`` (by location name) that lacks it or
+    holds another (failures logged: the catalog's copy is authoritative)."""
+    record = catalog_record(catalog)
+    if record is None:
+        return
+    data = json.dumps(record.to_json(), sort_keys=True).encode()
+    for name, store in blobs.items():
+        if location_record(name, store) == record:
+            continue
+        try:
+            store.put(object_keys.KEYS_RECORD, data)
+        except CasckptError as exc:
+            log.warning("could not write the key record to blob location %s: %s", name, exc)
+
+
+def _change(catalog: Catalog, locations: LocationSet, record: KeyRecord) -> None:
+    keys_sql.write_key_record(catalog, record.to_json())
+    publish(catalog, {loc.name: loc.blobs for loc in locations.all if loc.readable})
+
+
+def _require(catalog: Catalog) -> KeyRecord:
+    record = catalog_record(catalog)
+    if record is None:
+        raise NotEncryptedError("this store is not encrypted: it has no keys (create an encrypted "
+                                "store with `casckpt init PATH --encrypt --key-file FILE`)")
+    return record
+
+
+def key_slots(catalog: Catalog) -> tuple[crypto.KeySlot, ...]:
+    """The store's master-key slots (ids, when and by whom each was added)."""
+    return _require(catalog).slots
+
+
+def add_key(catalog: Catalog, locations: LocationSet, opened: StoreCrypto, master: bytes) -> crypto.KeySlot:
+    """Let ``master`` open the store too (a new slot wrapping the same data key).
+
+    Raises:
+        InvalidArgumentError: ``master`` is one of the store's keys already.
+    """
+    record = _require(catalog)
+    if record.slot(crypto.key_id(master)) is not None:
+        raise InvalidArgumentError(
+            f"key {crypto.key_id(master)} is one of this store's keys already")
+    slot = opened.wrap_for(master, record.store_id, who())
+    _change(catalog, locations, replace(record, slots=(*record.slots, slot)))
+    return slot
+
+
+def remove_key(catalog: Catalog, locations: LocationSet, kid: str) -> None:
+    """Remove the slot of master key ``kid``; the last one is never removed.
+
+    Raises:
+        LastKeyError: it is the store's only key.
+        InvalidArgumentError: no key has that id.
+    """
+    record = _require(catalog)
+    if record.slot(kid) is None:
+        raise InvalidArgumentError(
+            f"this store has no key {kid!r}; its keys: {', '.join(s.id for s in record.slots)}")
+    if len(record.slots) == 1:
+        raise LastKeyError(f"key {kid} is this store's only key: removing it would make every version "
+                           "unreadable. Add another key first (`casckpt key add FILE`)")
+    _change(catalog, locations, replace(record, slots=tuple(s for s in record.slots if s.id != kid)))
+
+
+def rotate_key(catalog: Catalog, locations: LocationSet, opened: StoreCrypto, old: str,
+               master: bytes) -> crypto.KeySlot:
+    """Replace master key ``old`` by ``master`` in one change of the record (no data rewritten).
+
+    Raises:
+        InvalidArgumentError: ``old`` is not a key of the store, or ``master`` is one already.
+    """
+    record = _require(catalog)
+    if record.slot(old) is None:
+        raise InvalidArgumentError(f"this store has no key {old!r}")
+    if record.slot(crypto.key_id(master)) is not None:
+        raise InvalidArgumentError(
+            f"key {crypto.key_id(master)} is one of this store's keys already")
+    slot = opened.wrap_for(master, record.store_id, who())
+    _change(catalog, locations, replace(record, slots=(*(s for s in record.slots if s.id != old), slot)))
+    return slot

@@ -1,0 +1,141 @@
+"""SealedBlobStore: an encrypted store's view of one location, every object sealed.
+
+Everything above this layer reads and writes plaintext objects; every byte that
+reaches the location is sealed (:mod:`casckpt.format.crypto`: AES-256-GCM in
+fixed segments, each bound to the object's key and header). Two objects stay in
+the clear because a store must be recognised before its key is known: the identity
+record and the key record (wrapped keys only). Sizes are reported as plaintext
+sizes, so catalog sizes, listings and ranges mean what they mean in a plain store.
+
+A range read fetches the header once per object (cached: objects are immutable
+under their key, and a rewrite under the same key -- a healed shard -- is caught by
+authentication and read again with a fresh header), then only the segments the
+range covers, each checked before a byte of it is returned.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from casckpt.errors import SealedObjectError, StorageError
+from casckpt.format import keys
+from casckpt.format.crypto import HEADER_SIZE, SEGMENT, SealedHead, StoreCrypto, plain_size, sealed_size
+from casckpt.storage.base import BlobInfo, BlobStore, scatter
+
+CLEAR_KEYS = frozenset({keys.IDENTITY, keys.KEYS_RECORD})
+"""Objects a location keeps unsealed: they say whose store it is and hold only wrapped keys."""
+
+_HEADS = 4096
+
+
+class SealedBlobStore:
+    """A :class:`~casckpt.storage.BlobStore` sealing what it writes and opening what it reads."""
+
+    def __init__(self, inner: BlobStore, crypto: StoreCrypto) -> None:
+        self.inner = inner
+        self.crypto = crypto
+        self.url = inner.url
+        self._heads: OrderedDict[str, SealedHead] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"SealedBlobStore({self.inner!r})"
+
+    # -- writing --
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        if key in CLEAR_KEYS:
+            self.inner.put(key, data)
+            return
+        self._forget(key)
+        self.inner.put(key, memoryview(self.crypto.seal(key, data)))
+
+    def put_file(self, key: str, path: Path) -> None:
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise StorageError(f"cannot read {path} to store it as {key}: {exc}") from exc
+        self.put(key, data)
+        path.unlink(missing_ok=True)
+
+    def delete(self, key: str) -> None:
+        self._forget(key)
+        self.inner.delete(key)
+
+    # -- reading --
+
+    def get(self, key: str, *, max_size: int | None = None) -> bytes:
+        if key in CLEAR_KEYS:
+            return self.inner.get(key, max_size=max_size)
+        data = self.inner.get(key, max_size=None if max_size is None else sealed_size(max_size))
+        return bytes(self.crypto.open(key, data))
+
+    def _head(self, key: str) -> SealedHead:
+        with self._lock:
+            head = self._heads.get(key)
+            if head is not None:
+                self._heads.move_to_end(key)
+                return head
+        head = self.crypto.head(key, self.inner.get_range(key, 0, HEADER_SIZE))
+        with self._lock:
+            self._heads[key] = head
+            while len(self._heads) > _HEADS:
+                self._heads.popitem(last=False)
+        return head
+
+    def _forget(self, key: str) -> None:
+        with self._lock:
+            self._heads.pop(key, None)
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        if key in CLEAR_KEYS:
+            return self.inner.get_range(key, offset, length)
+        try:
+            return self._range(key, offset, length)
+        except SealedObjectError:  # maybe rewritten under its key since its header was cached
+            self._forget(key)
+            return self._range(key, offset, length)
+
+    def _range(self, key: str, offset: int, length: int) -> bytes:
+        head = self._head(key)
+        if length <= 0 or offset >= head.length:
+            return b""
+        first, start, stop = self.crypto.segment_span(offset, length, head.length)
+        body = self.inner.get_range(key, start, stop - start)
+        if len(body) != stop - start:
+            raise SealedObjectError(f"object {key} is truncated: {len(body)} of the {stop - start} "
+                                    "sealed bytes a read needs are there")
+        plain = self.crypto.open_segments(key, head, first, body)
+        skip = offset - first * SEGMENT
+        return bytes(memoryview(plain)[skip : skip + length])
+
+    def read_into(self, key: str, offset: int, buffers: Sequence[memoryview]) -> int:
+        return scatter(self.get_range(key, offset, sum(len(b) for b in buffers)), buffers)
+
+    def size(self, key: str) -> int | None:
+        stored = self.inner.size(key)
+        return stored if stored is None or key in CLEAR_KEYS else _plain(stored)
+
+    def list(self, prefix: str = "") -> Iterator[BlobInfo]:
+        for info in self.inner.list(prefix):
+            yield info if info.key in CLEAR_KEYS else BlobInfo(info.key, _plain(info.size), info.mtime)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def sealed(blobs: BlobStore, crypto: StoreCrypto) -> BlobStore:
+    """``blobs`` as an encrypted store's location (as it is for a plain store, or sealed already)."""
+    if not crypto.encrypted or isinstance(blobs, SealedBlobStore):
+        return blobs
+    return SealedBlobStore(blobs, crypto)
+
+
+def _plain(stored: int) -> int:
+    """A sealed object's plaintext size; a size no sealed object has is passed on as is
+    (the catalog's size check then reports the object damaged)."""
+    size = plain_size(stored)
+    return size if size >= 0 else stored
