@@ -25,6 +25,7 @@ from casckpt.run import Run
 from casckpt.types import (
     CheckProblem,
     CheckReport,
+    KeyInfo,
     MigrationReport,
     RetentionPolicy,
     RunInfo,
@@ -59,6 +60,22 @@ def __getattr__(name: str) -> Any:
 
         return CommitHandle
     raise AttributeError(f"module 'casckpt' has no attribute {name!r}")
+
+
+def generate_key_file(path: str | os.PathLike[str]) -> str:
+    """Write a new random master key to ``path`` (mode 0600; an existing file is never
+    overwritten) and return its public id. Keep it safe: a store whose every key is lost
+    cannot be read by anyone, casckpt included.
+
+    Raises:
+        StoreKeyError: ``path`` exists or cannot be written.
+    """
+    from casckpt.engine.keyring import write_key_file
+    from casckpt.format.crypto import key_id, new_master_key
+
+    key = new_master_key()
+    write_key_file(path, key)
+    return key_id(key)
 
 
 def open(  # noqa: A001 - the documented name of the entry point
@@ -159,6 +176,7 @@ __all__ = [
     "CheckProblem",
     "CommitHandle",
     "CheckReport",
+    "KeyInfo",
     "MigrationReport",
     "Options",
     "RetentionPolicy",
@@ -175,5 +193,6 @@ __all__ = [
     "VersionDetail",
     "VersionDiff",
     "errors",
+    "generate_key_file",
     "open",
 ]

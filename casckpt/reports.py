@@ -208,3 +208,20 @@ class MigrationReport(ToDict):
     nodes_written: int
     tensor_rows_deleted: int
     seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class KeyInfo(ToDict):
+    """One master key of an encrypted store (its slot in the key record; never the key).
+
+    Attributes:
+        id: the key's public id (16 hex digits, derived from the key; reveals nothing of it).
+        created_at: when it was added (seconds since the epoch).
+        created_by: ``user@host`` that added it.
+        in_use: whether this store handle was opened with it.
+    """
+
+    id: str
+    created_at: float
+    created_by: str
+    in_use: bool

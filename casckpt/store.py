@@ -45,6 +45,7 @@ from casckpt.store_retention import StoreRetention
 from casckpt.types import (
     CheckReport,
     GCReport,
+    KeyInfo,
     LocationInfo,
     MigrationReport,
     ProgressCallback,
@@ -730,6 +731,52 @@ class Store:
                 catalog knows nothing of); nothing was changed.
         """
         return self._admin.add_location(url, domain=domain, name=name)
+
+    def keys(self) -> list[KeyInfo]:
+        """The master keys of an encrypted store: each key's public id, when and by whom it
+        was added, and whether this handle was opened with it (never the keys themselves).
+
+        Raises:
+            NotEncryptedError: the store is not encrypted.
+        """
+        return self._admin.keys()
+
+    def add_key(self, key_file: str | os.PathLike[str]) -> KeyInfo:
+        """Let the master key in ``key_file`` open this encrypted store too.
+
+        The store's data key is wrapped under the new key and the key record rewritten
+        (in the catalog and on every location); no data is rewritten. Make a key file with
+        :func:`casckpt.generate_key_file` (`casckpt key generate FILE`).
+
+        Raises:
+            NotEncryptedError: the store is not encrypted.
+            StoreKeyError: ``key_file`` is not a key file.
+            InvalidArgumentError: the key is one of the store's already.
+        """
+        return self._admin.add_key(key_file)
+
+    def remove_key(self, key_id: str) -> None:
+        """Remove master key ``key_id`` (see :meth:`keys`): it no longer opens the store.
+
+        A copy of the key record taken before (a backup of the catalog or a location)
+        still opens with the removed key: rotate keys you believe stolen *and* treat old
+        backups of the catalog and the ``casckpt-keys`` objects as holding the old key.
+
+        Raises:
+            LastKeyError: it is the store's only key (nothing would open the store).
+            InvalidArgumentError: the store has no key of that id.
+        """
+        self._admin.remove_key(key_id)
+
+    def rotate_key(self, new_key_file: str | os.PathLike[str], old: str | None = None) -> KeyInfo:
+        """Replace master key ``old`` (default: the one this handle was opened with) by the
+        key in ``new_key_file``, in one change of the key record; no data is rewritten.
+
+        Raises:
+            NotEncryptedError: the store is not encrypted.
+            InvalidArgumentError: ``old`` is not one of its keys, or the new key is already.
+        """
+        return self._admin.rotate_key(new_key_file, old)
 
     def drain_location(self, name: str) -> LocationInfo:
         """Stop writing to a location; ``repair`` then moves its shards to others (``gc``

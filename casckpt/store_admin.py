@@ -9,6 +9,7 @@ opening a store for a query (every CLI command) does not load them.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from casckpt.storage.sealed import sealed
 from casckpt.store_core import StoreCore
 from casckpt.types import (
     CheckReport,
+    KeyInfo,
     LocationInfo,
     MigrationReport,
     ProgressCallback,
@@ -154,6 +156,39 @@ class StoreAdmin:
     def activate_location(self, name: str) -> LocationInfo:
         """Return a drained or failed location to service (its shards count again once verified)."""
         return self._set_location_state(name, "active")
+
+    # -- master keys (an encrypted store) ----------------------------------
+
+    def keys(self) -> list[KeyInfo]:
+        """See :meth:`casckpt.Store.keys`."""
+        ctx = self._core.ctx
+        return [KeyInfo(s.id, s.created_at, s.created_by, s.id == ctx.crypto.opened_with)
+                for s in keyring.key_slots(ctx.catalog)]
+
+    def add_key(self, key_file: str | os.PathLike[str]) -> KeyInfo:
+        """See :meth:`casckpt.Store.add_key`."""
+        ctx = self._core.ctx
+        self._core.refuse_while_recovering("add a key")
+        slot = keyring.add_key(ctx.catalog, ctx.locations, ctx.crypto, keyring.read_key_file(key_file))
+        return KeyInfo(slot.id, slot.created_at, slot.created_by, False)
+
+    def remove_key(self, key_id: str) -> None:
+        """See :meth:`casckpt.Store.remove_key`."""
+        ctx = self._core.ctx
+        self._core.refuse_while_recovering("remove a key")
+        keyring.remove_key(ctx.catalog, ctx.locations, key_id)
+
+    def rotate_key(self, new_key_file: str | os.PathLike[str], old: str | None = None) -> KeyInfo:
+        """See :meth:`casckpt.Store.rotate_key`."""
+        ctx = self._core.ctx
+        self._core.refuse_while_recovering("rotate a key")
+        replaced = old or ctx.crypto.opened_with
+        if replaced is None:
+            keyring.key_slots(ctx.catalog)  # raises NotEncryptedError
+            raise InvalidArgumentError("name the key to replace (old=KEY_ID)")
+        slot = keyring.rotate_key(ctx.catalog, ctx.locations, ctx.crypto, replaced,
+                                  keyring.read_key_file(new_key_file))
+        return KeyInfo(slot.id, slot.created_at, slot.created_by, False)
 
     def _set_location_state(self, name: str, state: str) -> LocationInfo:
         shard_sql.set_location_state(self._core.ctx.catalog, name, state)

@@ -19,6 +19,7 @@ from typing import Any
 from casckpt.jsonable import ToDict
 from casckpt.reports import CheckProblem as CheckProblem
 from casckpt.reports import CheckReport as CheckReport
+from casckpt.reports import KeyInfo as KeyInfo
 from casckpt.reports import LocationInfo as LocationInfo
 from casckpt.reports import MigrationReport as MigrationReport
 from casckpt.reports import RebuildReport as RebuildReport

@@ -43,6 +43,7 @@ import casckpt
 from casckpt.cli import dirs as dirs_cli
 from casckpt.cli import gc as gc_cli
 from casckpt.cli import history as history_cli
+from casckpt.cli import keys as keys_cli
 from casckpt.cli import logs, render
 from casckpt.cli import retention as retention_cli
 from casckpt.cli import storage as storage_cli
@@ -65,6 +66,7 @@ from casckpt.cli.shared import EXIT_USAGE as EXIT_USAGE
 from casckpt.cli.shared import (
     FLAG,
     JsonOption,
+    KeyFileOption,
     RefArgument,
     StoreChoice,
     StoreOption,
@@ -199,12 +201,12 @@ def _print_version(asked: bool) -> None:
 
 @app.callback()
 def _main(
-    ctx: typer.Context, store: StoreOption = None,
+    ctx: typer.Context, store: StoreOption = None, key_file: KeyFileOption = None,
     version: Annotated[bool, typer.Option(
         "--version", metavar=FLAG, callback=_print_version, is_eager=True,
         help="Print casckpt's version and exit.")] = False,
 ) -> None:
-    ctx.obj = StoreChoice(store=store)
+    ctx.obj = StoreChoice(store=store, key_file=key_file)
 
 
 @app.command()
@@ -234,6 +236,15 @@ def init(
     redundancy: Annotated[str | None, typer.Option(
         help="Redundancy of new packs: none, replicate:N or ec:K+M (needs K+M failure "
              "domains) (default: none).")] = None,
+    encrypt: Annotated[bool, typer.Option(
+        "--encrypt", metavar=FLAG,
+        help="Create the store encrypted (every object sealed, chunk ids keyed; see "
+             "docs/SECURITY.md): requires a key file. A key file given any way (--key-file, "
+             "CASCKPT_KEY_FILE) makes a new store encrypted.")] = False,
+    key_file: Annotated[Path | None, typer.Option(
+        "--key-file", metavar="FILE", dir_okay=False,
+        help="The master key file (--encrypt); default: casckpt --key-file / CASCKPT_KEY_FILE. "
+             "`casckpt key generate FILE` makes one.")] = None,
 ) -> None:
     """Create a store (does nothing to an existing one).
 
@@ -246,19 +257,23 @@ def init(
     --location d1=/mnt/d1 ... --location d5=/mnt/d5
     """
     target = path if path is not None else store_path(ctx)
+    key_file = key_file or ctx.find_root().obj.key_file
+    if encrypt and key_file is None:
+        raise typer.BadParameter("--encrypt needs a master key: pass --key-file FILE (make one with "
+                                 "`casckpt key generate FILE`)", param_hint="--key-file")
     if blobs is not None and location:
         raise typer.BadParameter("give either --blobs or --location, not both", param_hint="--location")
     places = parse_locations(location) if location else blobs
     try:
-        casckpt.open(target, create=False).close()
+        casckpt.open(target, create=False, key_file=key_file).close()
     except NotAStoreError:
         if redundancy is not None:
             check_init_redundancy(redundancy, places)
         s3 = {k: v for k, v in (("endpoint_url", s3_endpoint), ("region", s3_region),
                                 ("sse", sse), ("kms_key_id", kms_key_id)) if v is not None}
         with casckpt.open(target, create=True, blobs=places, catalog=catalog, s3=s3,
-                          redundancy=redundancy) as store:
-            render.out(f"Created an empty casckpt store in {store.path}")
+                          redundancy=redundancy, key_file=key_file) as store:
+            render.out(f"Created an empty{' encrypted' if key_file else ''} casckpt store in {store.path}")
             if redundancy is not None or location:
                 render.out(f"redundancy {store.redundancy()} over {len(store.locations())} location(s)")
         return
@@ -446,6 +461,7 @@ retention_cli.register(app)
 storage_cli.register(app)
 transfer_cli.register(app)
 dirs_cli.register(app)
+keys_cli.register(app)
 
 if __name__ == "__main__":  # `python -m casckpt.cli.main`
     app()

@@ -85,11 +85,25 @@ RefArgument = Annotated[
 ]
 
 
+KeyFileOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--key-file",
+        metavar="FILE",
+        envvar="CASCKPT_KEY_FILE",
+        show_envvar=True,
+        help="Master key file of an encrypted store (`casckpt key generate FILE`).",
+        dir_okay=False,
+    ),
+]
+
+
 @dataclass(frozen=True, slots=True)
 class StoreChoice:
-    """What the root command was told: the store every command opens."""
+    """What the root command was told: the store every command opens, and its key."""
 
     store: Path | None
+    key_file: Path | None = None
 
 
 def store_path(ctx: typer.Context) -> Path:
@@ -110,5 +124,6 @@ def store_path(ctx: typer.Context) -> Path:
 @contextmanager
 def open_store(ctx: typer.Context, *, recover: bool = False) -> Iterator[casckpt.Store]:
     """Open the existing store the command line names (see :func:`store_path`); close it after."""
-    with casckpt.open(store_path(ctx), create=False, recover=recover) as store:
+    options: StoreChoice = ctx.find_root().obj
+    with casckpt.open(store_path(ctx), create=False, recover=recover, key_file=options.key_file) as store:
         yield store
