@@ -1,0 +1,95 @@
+"""SealedBlobStore (an encrypted store's locations): passes the BlobStore conformance suite,
+returns exactly the plaintext of any range, and refuses every altered byte."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from casckpt.errors import SealedObjectError
+from casckpt.format import keys
+from casckpt.format.crypto import HEADER_SIZE, SEGMENT, TAG_SIZE, StoreCrypto, plain_size, sealed_size
+from casckpt.storage import BlobStore, LocalBlobStore
+from casckpt.storage.sealed import SealedBlobStore
+from casckpt.testing import BlobStoreConformance
+
+CRYPTO = StoreCrypto(bytes(range(32)))
+
+
+class TestSealedLocalBlobStore(BlobStoreConformance):
+    def make_store(self, tmp_path: Path) -> BlobStore:
+        return SealedBlobStore(LocalBlobStore(tmp_path / "blobs"), CRYPTO)
+
+
+# lengths around segment boundaries, where off-by-ones live
+LENGTHS = st.one_of(st.integers(0, 3 * SEGMENT + 7),
+                    st.sampled_from([0, 1, SEGMENT - 1, SEGMENT, SEGMENT + 1, 2 * SEGMENT]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(length=LENGTHS, data=st.data())
+def test_seal_open_and_any_range_round_trip(length: int, data: st.DataObject) -> None:
+    plain = os.urandom(length)
+    sealed = CRYPTO.seal("packs/ab/x", plain)
+    assert len(sealed) == sealed_size(length) and plain_size(len(sealed)) == length
+    assert CRYPTO.open("packs/ab/x", sealed) == plain
+    offset = data.draw(st.integers(0, length + 2))
+    count = data.draw(st.integers(0, length + 2))
+    head = CRYPTO.head("packs/ab/x", sealed)
+    if count and offset < length:
+        first, start, stop = CRYPTO.segment_span(offset, count, length)
+        opened = CRYPTO.open_segments("packs/ab/x", head, first, memoryview(sealed)[start:stop])
+        skip = offset - first * SEGMENT
+        assert bytes(opened[skip : skip + count]) == plain[offset : offset + count]
+
+
+@settings(max_examples=40, deadline=None)
+@given(length=st.integers(0, 2 * SEGMENT + 5), data=st.data())
+def test_any_flipped_byte_or_cut_is_refused(length: int, data: st.DataObject) -> None:
+    sealed = bytearray(CRYPTO.seal("manifests/m", os.urandom(length)))
+    at = data.draw(st.integers(0, len(sealed) - 1))
+    flipped = bytearray(sealed)
+    flipped[at] ^= 1 << data.draw(st.integers(0, 7))
+    with pytest.raises(SealedObjectError):
+        CRYPTO.open("manifests/m", flipped)
+    cut = data.draw(st.integers(0, len(sealed) - 1))
+    with pytest.raises(SealedObjectError):
+        CRYPTO.open("manifests/m", sealed[:cut])
+
+
+def test_an_object_opens_only_under_its_own_name_and_key() -> None:
+    sealed = CRYPTO.seal("refs/tags/ka", b"record")
+    with pytest.raises(SealedObjectError, match="fails authentication"):
+        CRYPTO.open("refs/tags/kb", sealed)
+    with pytest.raises(SealedObjectError):
+        StoreCrypto(bytes(32)).open("refs/tags/ka", sealed)
+    assert CRYPTO.seal("refs/tags/ka", b"record") != sealed  # a fresh salt every time
+
+
+def test_ranges_through_the_store_and_a_rewritten_object(tmp_path: Path) -> None:
+    inner = LocalBlobStore(tmp_path / "blobs")
+    store = SealedBlobStore(inner, CRYPTO)
+    first, second = os.urandom(3 * SEGMENT + 11), os.urandom(3 * SEGMENT + 11)
+    store.put("packs/aa/p.s0", first)
+    assert store.get_range("packs/aa/p.s0", SEGMENT - 3, 10) == first[SEGMENT - 3 : SEGMENT + 7]
+    assert store.size("packs/aa/p.s0") == len(first)
+    assert [i.size for i in store.list("packs/")] == [len(first)]
+    other = SealedBlobStore(inner, CRYPTO)  # another process heals the shard: same key, new salt
+    other.put("packs/aa/p.s0", second)
+    assert store.get_range("packs/aa/p.s0", 5, SEGMENT) == second[5 : SEGMENT + 5]  # header re-read
+    assert store.get_range("packs/aa/p.s0", len(second) - 4, 100) == second[-4:]
+    assert store.get_range("packs/aa/p.s0", len(second) + 1, 5) == b""
+    raw = (tmp_path / "blobs" / "packs" / "aa" / "p.s0").read_bytes()
+    assert second[:64] not in raw and len(raw) == HEADER_SIZE + len(second) + 4 * TAG_SIZE
+
+
+def test_the_identity_and_key_records_stay_readable_without_the_key(tmp_path: Path) -> None:
+    inner = LocalBlobStore(tmp_path / "blobs")
+    store = SealedBlobStore(inner, CRYPTO)
+    for key in (keys.IDENTITY, keys.KEYS_RECORD):
+        store.put(key, b'{"clear": true}')
+        assert inner.get(key) == b'{"clear": true}' == store.get(key)

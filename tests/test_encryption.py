@@ -1,0 +1,399 @@
+"""Encrypted stores (docs/SECURITY.md): nothing readable on a location, ids that say nothing
+across stores, tampering refused, keys that can be added, rotated and removed safely."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import casckpt
+from casckpt.errors import (
+    CasckptError,
+    IntegrityError,
+    InvalidArgumentError,
+    KeyRequiredError,
+    LastKeyError,
+    NotEncryptedError,
+    SealedObjectError,
+    StorageError,
+    StoreIdentityError,
+    StoreKeyError,
+    WrongKeyError,
+)
+from casckpt.format import keys as object_keys
+from casckpt.testing.internals import internals
+
+SECRET_NOTE = "zq-metadata-note-7d1c"
+SECRET_VALUE = "zq-plain-value-93fa"
+RUN = "zq-secret-run"
+TAG = "zq-secret-tag"
+
+
+def _pattern(seed: int, nbytes: int) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8).tobytes()
+
+
+PATTERN = _pattern(7, 3 << 20)  # incompressible: stored as it is unless encrypted
+
+
+def _state(pattern: bytes = PATTERN) -> dict[str, Any]:
+    return {
+        "model": {"w": torch.frombuffer(bytearray(pattern), dtype=torch.uint8).clone(),
+                  "b": torch.arange(4096, dtype=torch.float32)},  # compressible, distinctive
+        "note": SECRET_VALUE,
+        "step": 12,
+    }
+
+
+def _needles() -> list[bytes]:
+    out = [PATTERN[i : i + 24] for i in range(0, len(PATTERN), len(PATTERN) // 16)]
+    out += [SECRET_NOTE.encode(), SECRET_VALUE.encode(), RUN.encode(), TAG.encode(),
+            RUN.encode().hex().encode(), TAG.encode().hex().encode(),
+            torch.arange(4096, dtype=torch.float32).numpy().tobytes()[4000:4032]]
+    return out
+
+
+def _tree(root: Path) -> dict[str, tuple[int, str]]:
+    """Every file under ``root``: size and SHA-256 (what 'unchanged' compares)."""
+    return {str(p.relative_to(root)): (p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def key_file(tmp_path: Path) -> Path:
+    path = tmp_path / "keys" / "master.key"
+    path.parent.mkdir()
+    casckpt.generate_key_file(path)
+    return path
+
+
+def _key(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / "keys" / name
+    path.parent.mkdir(exist_ok=True)
+    casckpt.generate_key_file(path)
+    return path
+
+
+@pytest.fixture
+def split(tmp_path: Path, key_file: Path) -> Iterator[tuple[Path, Callable[..., casckpt.Store]]]:
+    """An encrypted store whose location is its own directory (the catalog lives apart)."""
+    loc = tmp_path / "loc"
+
+    def open_(**kw: Any) -> casckpt.Store:
+        kw.setdefault("key_file", key_file)
+        return casckpt.open(tmp_path / "store", blobs=str(loc), **kw)
+
+    yield loc, open_
+
+
+def _commit_secrets(store: casckpt.Store) -> None:
+    store.commit(_state(), run=RUN, step=1, metadata={"note": SECRET_NOTE}, message=SECRET_NOTE)
+    store.tag(f"{RUN}@1", TAG)
+
+
+# -- nothing readable on a location -----------------------------------------------------------
+
+
+def test_a_key_file_is_private_and_never_overwritten(tmp_path: Path) -> None:
+    path = tmp_path / "k"
+    kid = casckpt.generate_key_file(path)
+    assert len(kid) == 16 and (path.stat().st_mode & 0o777) == 0o600
+    before = path.read_bytes()
+    with pytest.raises(StoreKeyError, match="never overwritten"):
+        casckpt.generate_key_file(path)
+    assert path.read_bytes() == before
+
+
+def test_no_plaintext_reaches_a_local_location(split: Any) -> None:
+    loc, open_ = split
+    with open_() as store:
+        _commit_secrets(store)
+        assert torch.equal(store.restore(f"tag:{TAG}")["model"]["w"], _state()["model"]["w"])
+    files = [p for p in loc.rglob("*") if p.is_file()]
+    assert any(p.name == object_keys.KEYS_RECORD for p in files)
+    for path in files:
+        data = path.read_bytes()
+        for needle in _needles():
+            assert needle not in data, f"{needle[:16]!r} in {path}"
+    names = " ".join(str(p.relative_to(loc)) for p in files)
+    assert RUN.encode().hex() not in names and TAG.encode().hex() not in names
+
+
+def test_no_plaintext_reaches_an_s3_location(tmp_path: Path, key_file: Path, s3_bucket_url: Any,
+                                              moto_endpoint: str) -> None:
+    import boto3
+
+    url = s3_bucket_url()
+    with casckpt.open(tmp_path / "store", blobs=url, s3={"endpoint_url": moto_endpoint},
+                      key_file=key_file) as store:
+        _commit_secrets(store)
+        assert store.restore(f"{RUN}@1")["note"] == SECRET_VALUE
+    bucket = url.removeprefix("s3://").split("/")[0]
+    client = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1")
+    listed = client.list_objects_v2(Bucket=bucket)["Contents"]
+    assert len(listed) >= 4
+    for item in listed:
+        data = client.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
+        for needle in _needles():
+            assert needle not in data, f"{needle[:16]!r} in {item['Key']}"
+        assert RUN.encode().hex() not in item["Key"] and TAG.encode().hex() not in item["Key"]
+
+
+def _ids(store: casckpt.Store, ref: str) -> set[str]:
+    manifest = internals(store).manifest(ref)
+    return {c.hex() for e in manifest.extents for c in e.chunks}
+
+
+def test_the_same_tensor_has_unrelated_ids_and_names_in_two_stores(tmp_path: Path) -> None:
+    stores = []
+    for name, key in (("a", _key(tmp_path, "a.key")), ("b", _key(tmp_path, "b.key")), ("plain", None)):
+        with casckpt.open(tmp_path / name, blobs=str(tmp_path / f"{name}-loc"), key_file=key) as store:
+            version = store.commit(_state(), run="r", step=1)
+            stores.append((version.id, _ids(store, "r@1"),
+                           {str(p.relative_to(tmp_path / f"{name}-loc"))
+                            for p in (tmp_path / f"{name}-loc").rglob("*") if p.is_file()}))
+    (va, ia, na), (vb, ib, nb), (vp, ip, np_) = stores
+    assert ia and ib and ip
+    assert not ia & ib and not ia & ip and not ib & ip
+    assert len({va, vb, vp}) == 3
+    shared = {object_keys.IDENTITY, object_keys.KEYS_RECORD, "refs/locations"}
+    assert not (na & nb) - shared
+
+
+def test_an_unchanged_recommit_writes_no_new_bytes(split: Any) -> None:
+    _, open_ = split
+    with open_() as store:
+        store.commit(_state(), run="r", step=1)
+    with open_() as store:  # a new process would have no memo: dedup is by keyed id in the catalog
+        second = store.commit(_state(), run="r", step=2)
+        assert second.new_bytes == 0
+        changed = _state()
+        changed["model"]["b"][0] = -1.0
+        third = store.commit(changed, run="r", step=3)
+        assert 0 < third.new_bytes < 64 << 10
+
+
+# -- keys: missing, wrong, rotated, removed -----------------------------------------------------
+
+
+def test_a_missing_or_wrong_key_is_refused_before_anything_is_touched(split: Any, tmp_path: Path) -> None:
+    loc, open_ = split
+    with open_() as store:
+        _commit_secrets(store)
+    before = _tree(tmp_path)
+    with pytest.raises(KeyRequiredError, match="key_file"):
+        open_(key_file=None)
+    with pytest.raises(WrongKeyError, match="not one of this store's keys"):
+        open_(key_file=_key(tmp_path, "other.key"))
+    (tmp_path / "keys" / "garbage.key").write_text("hello\n")
+    with pytest.raises(StoreKeyError, match="not a casckpt key file"):
+        open_(key_file=tmp_path / "keys" / "garbage.key")
+    after = _tree(tmp_path)
+    after.pop("keys/other.key"), after.pop("keys/garbage.key")
+    assert after == before
+
+
+def test_a_key_for_a_plain_store_is_refused(tmp_path: Path, key_file: Path) -> None:
+    with casckpt.open(tmp_path / "s") as store:
+        store.commit(_state(), run="r", step=1)
+    before = _tree(tmp_path / "s")
+    with pytest.raises(NotEncryptedError, match="not encrypted"):
+        casckpt.open(tmp_path / "s", key_file=key_file)
+    with casckpt.open(tmp_path / "s") as store, pytest.raises(NotEncryptedError):
+        store.keys()
+    assert _tree(tmp_path / "s").keys() == before.keys()
+
+
+def test_keys_can_be_added_rotated_and_removed_and_every_version_stays_readable(
+        split: Any, tmp_path: Path, key_file: Path) -> None:
+    loc, open_ = split
+    second, third = _key(tmp_path, "second.key"), _key(tmp_path, "third.key")
+    with open_() as store:
+        for step in range(3):
+            store.commit(_state(_pattern(step, 1 << 20)), run="r", step=step)
+        first_id = store.keys()[0].id
+        assert store.keys()[0].in_use
+        added = store.add_key(second)
+        with pytest.raises(InvalidArgumentError, match="already"):
+            store.add_key(second)
+    with open_(key_file=second) as store:
+        assert {k.id for k in store.keys()} == {first_id, added.id}
+        rotated = store.rotate_key(third)  # replaces the key it was opened with
+        assert {k.id for k in store.keys()} == {first_id, rotated.id}
+    with pytest.raises(WrongKeyError):
+        open_(key_file=second)
+    with open_(key_file=third) as store:
+        store.remove_key(first_id)
+        with pytest.raises(LastKeyError, match="only key"):
+            store.remove_key(rotated.id)
+        for step in range(3):
+            got = store.restore(f"r@{step}")["model"]["w"]
+            assert got.numpy().tobytes() == _pattern(step, 1 << 20)
+        assert store.check(read_data=True).ok
+    with pytest.raises(WrongKeyError):
+        open_()
+    record = json.loads((loc / object_keys.KEYS_RECORD).read_text())
+    assert [s["id"] for s in record["slots"]] == [rotated.id]  # the location's copy follows
+
+
+def test_the_catalog_can_be_rebuilt_from_encrypted_locations_with_the_key(split: Any, tmp_path: Path) -> None:
+    loc, open_ = split
+    with open_() as store:
+        _commit_secrets(store)
+        store.commit(_state(_pattern(3, 1 << 20)), run=RUN, step=2)
+    shutil.rmtree(tmp_path / "store")
+    with pytest.raises(KeyRequiredError):
+        casckpt.open(tmp_path / "store2", blobs=str(loc), recover=True)
+    with casckpt.open(tmp_path / "store2", blobs=str(loc), recover=True,
+                      key_file=tmp_path / "keys" / "master.key") as store:
+        report = store.rebuild_catalog()
+        assert report.versions == 2
+        assert store.restore(f"tag:{TAG}")["note"] == SECRET_VALUE
+        assert store.check(read_data=True).ok
+
+
+def test_a_catalog_that_lost_its_key_record_is_refused(split: Any, tmp_path: Path, key_file: Path) -> None:
+    loc, open_ = split
+    with open_() as store:
+        store.commit(_state(), run="r", step=1)
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "store" / "catalog.db") as db:
+        db.execute("DELETE FROM store_info WHERE key = 'key_record'")
+    with pytest.raises(StoreIdentityError, match="records no key"):
+        open_()
+    with pytest.raises(KeyRequiredError):
+        open_(key_file=None)
+
+
+# -- tampering: typed errors, never wrong data ------------------------------------------------
+
+
+def _objects(loc: Path, prefix: str) -> list[Path]:
+    return sorted(p for p in (loc / prefix).rglob("*") if p.is_file())
+
+
+def _flip(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["flip-payload", "flip-header", "truncate", "extend", "swap", "plain"])
+def test_a_tampered_pack_is_refused_never_returned(split: Any, damage: str) -> None:
+    loc, open_ = split
+    with open_() as store:
+        store.commit(_state(), run="a", step=1)
+        other = _state(_pattern(11, 1 << 20))
+        other["model"]["b"] += 1  # nothing shared with run a: b's packs are untouched
+        store.commit(other, run="b", step=1)
+        a_pack = {internals(store).catalog.find_chunks([c], live_only=False)[c].pack_id
+                  for c in _ids(store, "a@1")}
+    packs = _objects(loc, "packs")
+    target = next(p for p in packs if p.name in a_pack)
+    other = next(p for p in packs if p.name not in a_pack)
+    size = target.stat().st_size
+    if damage == "flip-payload":
+        _flip(target, size // 2)
+    elif damage == "flip-header":
+        _flip(target, 20)  # inside the salt: every segment's key changes
+    elif damage == "truncate":
+        target.write_bytes(target.read_bytes()[: size - 100])
+    elif damage == "extend":
+        target.write_bytes(target.read_bytes() + b"\0" * 16)
+    elif damage == "swap":
+        shutil.copyfile(other, target)  # another pack's valid ciphertext under this name
+    else:
+        target.write_bytes(b"CKPACK02" + bytes(size))  # plaintext where a sealed object belongs
+    with open_() as store:
+        if damage == "extend":  # bytes past the end are never read: a restore returns exact bytes
+            assert torch.equal(store.restore("a@1")["model"]["w"], _state()["model"]["w"])
+        else:
+            with pytest.raises((IntegrityError, StorageError)) as caught:
+                store.restore("a@1")
+            assert isinstance(caught.value, CasckptError)
+        assert not store.check(read_data=True).ok  # check reads every object whole
+        assert store.restore("b@1")["model"]["w"].numpy().tobytes() == _pattern(11, 1 << 20)
+
+
+def test_a_damaged_shard_of_an_encrypted_ec_store_is_reconstructed_and_healed(
+        tmp_path: Path, key_file: Path) -> None:
+    locs = [str(tmp_path / f"d{i}") for i in range(3)]
+    with casckpt.open(tmp_path / "s", blobs=locs, redundancy="ec:2+1", key_file=key_file) as store:
+        store.commit(_state(), run="r", step=1)
+    shard = sorted((tmp_path / "d0" / "packs").rglob("*.s*"))[0]
+    _flip(shard, shard.stat().st_size // 2)
+    with casckpt.open(tmp_path / "s", key_file=key_file) as store:
+        assert torch.equal(store.restore("r@1")["model"]["w"], _state()["model"]["w"])
+        store.repair()
+        assert store.check(read_data=True).ok
+
+
+def test_a_record_or_manifest_swapped_between_names_fails_authentication(split: Any) -> None:
+    loc, open_ = split
+    with open_() as store:
+        store.commit(_state(), run="r", step=1)
+        store.commit(_state(_pattern(5, 1 << 20)), run="r", step=2)
+        store.tag("r@1", "one")
+        store.tag("r@2", "two")
+    manifests = _objects(loc, "manifests")
+    shutil.copyfile(manifests[0], manifests[1])
+    blobs = internals(open_()).locations.all[0].blobs
+    with pytest.raises(SealedObjectError, match="fails authentication"):
+        blobs.get(f"manifests/{manifests[1].name}")
+    assert len(blobs.get(f"manifests/{manifests[0].name}")) > 0
+    tags = _objects(loc, "refs/tags")
+    shutil.copyfile(tags[0], tags[1])
+    with pytest.raises(SealedObjectError):
+        blobs.get(str(tags[1].relative_to(loc)))
+
+
+def test_a_deleted_key_record_on_a_location_is_written_again_at_open(split: Any) -> None:
+    loc, open_ = split
+    with open_() as store:
+        store.commit(_state(), run="r", step=1)
+    record = (loc / object_keys.KEYS_RECORD).read_bytes()
+    (loc / object_keys.KEYS_RECORD).unlink()
+    with open_() as store:
+        assert store.restore("r@1")["note"] == SECRET_VALUE
+    assert (loc / object_keys.KEYS_RECORD).read_bytes() == record
+
+
+def test_the_cli_creates_and_opens_an_encrypted_store(tmp_path: Path, key_file: Path) -> None:
+    from typer.testing import CliRunner
+
+    from casckpt.cli.main import app
+
+    runner = CliRunner()
+    made = runner.invoke(app, ["init", str(tmp_path / "s"), "--encrypt", "--key-file", str(key_file)])
+    assert made.exit_code == 0, made.output
+    assert "encrypted" in made.output
+    refused = runner.invoke(app, ["init", str(tmp_path / "t"), "--encrypt"], env={"CASCKPT_KEY_FILE": ""})
+    assert refused.exit_code == 2 and not (tmp_path / "t").exists()
+    no_key = runner.invoke(app, ["--store", str(tmp_path / "s"), "log"], env={"CASCKPT_KEY_FILE": ""})
+    assert no_key.exit_code != 0 and "encrypted" in no_key.output
+    listed = runner.invoke(app, ["--store", str(tmp_path / "s"), "--key-file", str(key_file),
+                                 "key", "list", "--json"])
+    assert listed.exit_code == 0, listed.output
+    assert json.loads(listed.output)[0]["in_use"] is True
+    env = {"CASCKPT_KEY_FILE": str(key_file)}
+    second = tmp_path / "keys" / "second.key"
+    assert runner.invoke(app, ["key", "generate", str(second)]).exit_code == 0
+    added = runner.invoke(app, ["--store", str(tmp_path / "s"), "key", "add", str(second)], env=env)
+    assert added.exit_code == 0, added.output
+    kid = json.loads(runner.invoke(app, ["--store", str(tmp_path / "s"), "key", "list", "--json"],
+                                   env=env).output)
+    assert len(kid) == 2
+    gone = runner.invoke(app, ["--store", str(tmp_path / "s"), "key", "remove", kid[0]["id"]], env=env)
+    assert gone.exit_code == 0, gone.output
+    last = runner.invoke(app, ["--store", str(tmp_path / "s"), "--key-file", str(second),
+                               "key", "remove", kid[1]["id"]])
+    assert last.exit_code == 2 and "only key" in last.output
