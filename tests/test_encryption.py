@@ -397,3 +397,71 @@ def test_the_cli_creates_and_opens_an_encrypted_store(tmp_path: Path, key_file: 
     last = runner.invoke(app, ["--store", str(tmp_path / "s"), "--key-file", str(second),
                                "key", "remove", kid[1]["id"]])
     assert last.exit_code == 2 and "only key" in last.output
+
+
+# -- the rest of the store works the same encrypted -------------------------------------------
+
+
+def test_gc_delta_coding_and_a_new_location_work_encrypted(split: Any, tmp_path: Path) -> None:
+    loc, open_ = split
+    with open_() as store:
+        store.set_delta_chain(4)
+        base = torch.randn(256, 1024)
+        for step in range(4):
+            state = {"w": base.clone(), "step": step}
+            state["w"][step] += 1.0  # one row changes: delta-coded against the previous chunk
+            store.commit(state, run="r", step=step)
+        for step in range(4):
+            got = store.restore(f"r@{step}")["w"]
+            want = base.clone()
+            want[step] += 1.0
+            assert torch.equal(got, want)
+        store.commit(_state(), run="gone", step=1)
+        store.delete("gone@1")
+        report = store.gc(grace=0)
+        assert report.bytes_freed > 0
+        assert (loc / object_keys.KEYS_RECORD).exists()  # gc never takes the key record
+        added = store.add_location(str(tmp_path / "second"))
+        assert (tmp_path / "second" / object_keys.KEYS_RECORD).exists()
+        store.drain_location("loc0")
+        store.repair()
+        assert store.restore("r@3")["step"] == 3
+        assert store.check(read_data=True).ok
+        assert added.name != "loc0"
+    for path in (tmp_path / "second").rglob("*"):
+        if path.is_file():
+            assert PATTERN[:24] not in path.read_bytes()
+
+
+def test_dcp_saves_and_loads_an_encrypted_store(tmp_path: Path, key_file: Path) -> None:
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    state = {"model": {"w": torch.randn(70, 33), "h": torch.randn(9, 5).half()}, "step": 3}
+    with casckpt.open(tmp_path / "s", blobs=str(tmp_path / "loc"), key_file=key_file) as store:
+        dcp.save(state, storage_writer=store.dcp_writer(run="r", step=3))
+        target = {"model": {"w": torch.zeros(70, 33), "h": torch.zeros(9, 5).half()}, "step": 0}
+        dcp.load(target, storage_reader=store.dcp_reader("r@3"))
+        assert torch.equal(target["model"]["w"], state["model"]["w"]) and target["step"] == 3
+        assert store.check(read_data=True).ok
+    raw = b"".join(p.read_bytes() for p in (tmp_path / "loc").rglob("*") if p.is_file())
+    assert state["model"]["w"].numpy().tobytes()[:32] not in raw
+
+
+def test_threads_creating_one_encrypted_store_at_once_all_get_the_same_key(tmp_path: Path,
+                                                                            key_file: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    def make(i: int) -> str:
+        with casckpt.open(tmp_path / "s", key_file=key_file) as store:
+            return store.commit({"w": torch.full((1024,), float(i))}, run=f"r{i}", step=1).id
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(make, range(4)))
+    with casckpt.open(tmp_path / "s", key_file=key_file) as store:
+        assert len(store.keys()) == 1
+        for i in range(4):
+            assert store.restore(f"r{i}@1")["w"][0] == float(i)
+        assert store.check(read_data=True).ok

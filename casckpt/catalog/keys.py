@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import select, update
 
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import Catalog
@@ -28,8 +28,24 @@ def read_key_record(catalog: Catalog) -> dict[str, Any] | None:
     return doc
 
 
-def write_key_record(catalog: Catalog, doc: dict[str, Any]) -> None:
-    """Make ``doc`` the store's key record (replacing the one there), in one transaction."""
+def _text(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, sort_keys=True)
+
+
+def create_key_record(catalog: Catalog, doc: dict[str, Any]) -> None:
+    """Record ``doc`` as the store's key record unless it has one: of two processes creating
+    one store at once, the first record written wins (each then unlocks the one kept)."""
     with catalog.write() as conn:
-        conn.execute(delete(s.store_info).where(s.store_info.c.key == _KEY))
-        insert_ignore(conn, s.store_info, [{"key": _KEY, "value": json.dumps(doc, sort_keys=True)}], "key")
+        insert_ignore(conn, s.store_info, [{"key": _KEY, "value": _text(doc)}], "key")
+
+
+def replace_key_record(catalog: Catalog, old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Replace the key record by ``new`` if it is still ``old`` (read, compared and written in one
+    transaction, the row locked on PostgreSQL); False: another change came first."""
+    with catalog.write() as conn:
+        current = conn.execute(select(s.store_info.c.value).where(s.store_info.c.key == _KEY)
+                               .with_for_update()).scalar()
+        if current is None or json.loads(current) != old:
+            return False
+        conn.execute(update(s.store_info).where(s.store_info.c.key == _KEY).values(value=_text(new)))
+        return True

@@ -164,7 +164,7 @@ def unlock(catalog: Catalog, opened: Mapping[str, BlobStore], master: bytes | No
                     "catalog, or it lost its key record. Rebuild the catalog from the locations "
                     "(`casckpt --key-file FILE catalog rebuild`) into a new, empty catalog")
             store = crypto.unlock(found, master)
-            keys_sql.write_key_record(catalog, found.to_json())
+            keys_sql.create_key_record(catalog, found.to_json())
             catalog.crypto = store
             return store
         if master is None:
@@ -184,7 +184,7 @@ def unlock(catalog: Catalog, opened: Mapping[str, BlobStore], master: bytes | No
 def _create(catalog: Catalog, master: bytes) -> KeyRecord:
     data_key = os.urandom(crypto.KEY_BYTES)
     record = KeyRecord(catalog.store_id, (crypto.wrap(data_key, master, catalog.store_id, who()),))
-    keys_sql.write_key_record(catalog, record.to_json())
+    keys_sql.create_key_record(catalog, record.to_json())
     # two processes creating one store at once: the first record written wins; unlock the one kept
     kept = catalog_record(catalog)
     if kept is None:
@@ -209,8 +209,10 @@ def publish(catalog: Catalog, blobs: Mapping[str, BlobStore]) -> None:
             log.warning("could not write the key record to blob location %s: %s", name, exc)
 
 
-def _change(catalog: Catalog, locations: LocationSet, record: KeyRecord) -> None:
-    keys_sql.write_key_record(catalog, record.to_json())
+def _change(catalog: Catalog, locations: LocationSet, old: KeyRecord, new: KeyRecord) -> None:
+    if not keys_sql.replace_key_record(catalog, old.to_json(), new.to_json()):
+        raise StoreKeyError("the store's keys changed while this change was made (another `casckpt "
+                            "key` command?); nothing was changed: run it again")
     publish(catalog, {loc.name: loc.blobs for loc in locations.all if loc.readable})
 
 
@@ -238,7 +240,7 @@ def add_key(catalog: Catalog, locations: LocationSet, opened: StoreCrypto, maste
         raise InvalidArgumentError(
             f"key {crypto.key_id(master)} is one of this store's keys already")
     slot = opened.wrap_for(master, record.store_id, who())
-    _change(catalog, locations, replace(record, slots=(*record.slots, slot)))
+    _change(catalog, locations, record, replace(record, slots=(*record.slots, slot)))
     return slot
 
 
@@ -256,7 +258,7 @@ def remove_key(catalog: Catalog, locations: LocationSet, kid: str) -> None:
     if len(record.slots) == 1:
         raise LastKeyError(f"key {kid} is this store's only key: removing it would make every version "
                            "unreadable. Add another key first (`casckpt key add FILE`)")
-    _change(catalog, locations, replace(record, slots=tuple(s for s in record.slots if s.id != kid)))
+    _change(catalog, locations, record, replace(record, slots=tuple(s for s in record.slots if s.id != kid)))
 
 
 def rotate_key(catalog: Catalog, locations: LocationSet, opened: StoreCrypto, old: str,
@@ -273,5 +275,6 @@ def rotate_key(catalog: Catalog, locations: LocationSet, opened: StoreCrypto, ol
         raise InvalidArgumentError(
             f"key {crypto.key_id(master)} is one of this store's keys already")
     slot = opened.wrap_for(master, record.store_id, who())
-    _change(catalog, locations, replace(record, slots=(*(s for s in record.slots if s.id != old), slot)))
+    _change(catalog, locations, record,
+            replace(record, slots=(*(s for s in record.slots if s.id != old), slot)))
     return slot
