@@ -7,9 +7,10 @@ data keys. Unlocking happens at open, before any object but the identity and key
 records is read or written: a missing or wrong key is refused there.
 
 - A catalog with a key record: unlocked with the key given.
-- A catalog without one, over locations that carry one: a catalog rebuild
-  (``recover=True``) adopts it; anything else is refused (a catalog that lost its
-  record would let a writer put plaintext into an encrypted store).
+- An empty catalog (new, or recovering) without one, over locations that carry one:
+  a catalog rebuild (``recover=True``) adopts it; anything else is refused. A catalog
+  holding versions answers alone (no location is read): one that lost its record
+  row opens as a plain store, whose every read of a sealed object fails as damaged.
 - Neither: with a key, a new store is created encrypted (a store holding data
   already is refused: it cannot be encrypted in place); without, a plain store.
 
@@ -123,8 +124,8 @@ def location_record(name: str, blobs: BlobStore) -> KeyRecord | None:
         data = blobs.get(object_keys.KEYS_RECORD, max_size=_MAX_RECORD)
     except BlobNotFoundError:
         return None
-    except StorageError as exc:
-        log.warning("cannot read the key record of blob location %s: %s", name, exc)
+    except StorageError as exc:  # an unreachable location: its identity survey says so
+        log.debug("cannot read the key record of blob location %s: %s", name, exc)
         return None
     try:
         return KeyRecord.from_json(json.loads(data), f"on blob location {name}")
@@ -152,7 +153,9 @@ def unlock(catalog: Catalog, opened: Mapping[str, BlobStore], master: bytes | No
         StoreIdentityError: the locations are encrypted and the catalog has no key record.
     """
     record = catalog_record(catalog)
-    if record is None:
+    if record is None and (recover or master is not None or shard_sql.is_empty(catalog)):
+        # a new or recovering catalog, or a key given: are the locations an encrypted store's? (a
+        # catalog holding versions opened without a key is a plain store's: no location is read)
         found = next((r for r in (location_record(n, b) for n, b in opened.items()) if r is not None), None)
         if found is not None:
             if not recover:
@@ -167,6 +170,7 @@ def unlock(catalog: Catalog, opened: Mapping[str, BlobStore], master: bytes | No
             keys_sql.create_key_record(catalog, found.to_json())
             catalog.crypto = store
             return store
+    if record is None:
         if master is None:
             return crypto.PLAIN
         if not shard_sql.is_empty(catalog) or any(_holds_data(b) for b in opened.values()):
