@@ -42,6 +42,7 @@ from typer.core import TyperGroup
 import casckpt
 from casckpt.cli import dirs as dirs_cli
 from casckpt.cli import gc as gc_cli
+from casckpt.cli import grants
 from casckpt.cli import history as history_cli
 from casckpt.cli import logs, render
 from casckpt.cli import retention as retention_cli
@@ -234,6 +235,14 @@ def init(
     redundancy: Annotated[str | None, typer.Option(
         help="Redundancy of new packs: none, replicate:N or ec:K+M (needs K+M failure "
              "domains) (default: none).")] = None,
+    print_grants: Annotated[str | None, typer.Option(
+        "--print-grants", metavar="reader|writer|admin",
+        help="Create nothing: print the PostgreSQL GRANT statements and the S3 IAM policy of "
+             "this role for the store at PATH (or the --blobs/--location given; placeholders "
+             "otherwise). See docs/guides/roles.md.")] = None,
+    role_name: Annotated[str | None, typer.Option(
+        help="The PostgreSQL role --print-grants grants to (default: casckpt_ROLE).")] = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Create a store (does nothing to an existing one).
 
@@ -245,6 +254,11 @@ def init(
     every pack: casckpt init /ckpt --redundancy ec:4+2 --location d0=/mnt/d0
     --location d1=/mnt/d1 ... --location d5=/mnt/d5
     """
+    if print_grants is not None:
+        urls = ([loc.url for loc in parse_locations(location)] if location else [blobs] if blobs
+                else grants.store_urls(path if path is not None else ctx.obj.store))
+        grants.print_grants(print_grants, role_name, urls, as_json=as_json)
+        return
     target = path if path is not None else store_path(ctx)
     if blobs is not None and location:
         raise typer.BadParameter("give either --blobs or --location, not both", param_hint="--location")
