@@ -42,9 +42,8 @@ from typer.core import TyperGroup
 import casckpt
 from casckpt.cli import dirs as dirs_cli
 from casckpt.cli import gc as gc_cli
-from casckpt.cli import grants
+from casckpt.cli import grants, logs, render
 from casckpt.cli import history as history_cli
-from casckpt.cli import logs, render
 from casckpt.cli import retention as retention_cli
 from casckpt.cli import storage as storage_cli
 from casckpt.cli import transfer as transfer_cli

@@ -28,8 +28,9 @@ def require_delete_rights(ctx: EngineContext, operation: str, *, objects: bool =
     """
     missing = missing_rights(ctx.catalog, "admin")
     if missing:
-        more = f" (and {len(missing) - 1} more: {', '.join(missing[1:4])}{', ...' if len(missing) > 4 else ''})" \
-            if len(missing) > 1 else ""
+        rest = missing[1:]
+        listed = ", ".join(rest[:3]) + (", ..." if len(rest) > 3 else "")
+        more = f" (and {len(rest)} more: {listed})" if rest else ""
         raise AccessDeniedError(
             f"{operation} needs {missing[0]} in the catalog{more}, which these credentials lack; "
             f"nothing was changed: {_HINT}", right=missing[0])
