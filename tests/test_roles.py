@@ -145,6 +145,10 @@ def test_postgres_roles(pg_roles: dict[str, Any], monkeypatch: pytest.MonkeyPatc
         assert "admin" in str(refused.value)
         with pytest.raises(AccessDeniedError):
             writer.gc(dry_run=True)
+        with pytest.raises(AccessDeniedError, match="repair needs"):
+            writer.repair()
+        with pytest.raises(AccessDeniedError, match="migrate-trees needs"):
+            writer.migrate_trees()
     assert (catalog_dump(owner_url), tree_hash(root)) == before  # nothing marked, condemned, deleted
 
     result = CliRunner().invoke(app, ["--store", str(root), "gc", "--grace", "0"])
