@@ -18,6 +18,7 @@ from casckpt.catalog import deltas as deltas_sql
 from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
 from casckpt.engine import identity, keyring, records
+from casckpt.engine.deleterights import require_delete_rights
 from casckpt.engine.validate import check_name
 from casckpt.errors import CasckptError, InvalidArgumentError
 from casckpt.format import keys
@@ -214,6 +215,7 @@ class StoreAdmin:
     def repair(self, *, progress: ProgressCallback | None = None) -> RepairReport:
         """Rebuild lost or corrupt shards and move shards off draining or failed locations."""
         self._core.refuse_while_recovering("repair")
+        require_delete_rights(self._core.ctx, "repair", objects=False)  # the admin role's catalog rights
         from casckpt.engine import repair as repair_engine
 
         return repair_engine.repair(self._core.ctx, progress)
@@ -263,6 +265,7 @@ class StoreAdmin:
         """Give every version of manifest format 1 (written before tree manifests) its tree, so
         queries read it as a tree and its ``tensors`` rows go (see
         :mod:`casckpt.engine.treemigrate`). Version ids and restores do not change."""
+        require_delete_rights(self._core.ctx, "migrate-trees", objects=False)  # deletes tensors rows
         from casckpt.engine import treemigrate as treemigrate_engine  # the commit engine: torch
 
         return treemigrate_engine.migrate(self._core.ctx, progress)

@@ -337,8 +337,11 @@ class Catalog:
         return run_id
 
     def _set_tag(self, conn: Connection, name: str, version_id: str) -> None:
-        conn.execute(s.tags.delete().where(s.tags.c.name == name))
-        conn.execute(s.tags.insert().values(name=name, version_id=version_id, created_at=time.time()))
+        # moved by UPDATE, never DELETE + INSERT: the writer role may not delete catalog rows
+        moved = conn.execute(s.tags.update().where(s.tags.c.name == name)
+                             .values(version_id=version_id, created_at=time.time())).rowcount
+        if not moved:
+            conn.execute(s.tags.insert().values(name=name, version_id=version_id, created_at=time.time()))
 
     @_idempotent
     def set_tag(self, name: str, version_id: str) -> None:

@@ -42,9 +42,9 @@ from typer.core import TyperGroup
 import casckpt
 from casckpt.cli import dirs as dirs_cli
 from casckpt.cli import gc as gc_cli
+from casckpt.cli import grants, logs, render
 from casckpt.cli import history as history_cli
 from casckpt.cli import keys as keys_cli
-from casckpt.cli import logs, render
 from casckpt.cli import retention as retention_cli
 from casckpt.cli import storage as storage_cli
 from casckpt.cli import transfer as transfer_cli
@@ -245,6 +245,14 @@ def init(
         "--key-file", metavar="FILE", dir_okay=False,
         help="The master key file (--encrypt); default: casckpt --key-file / CASCKPT_KEY_FILE. "
              "`casckpt key generate FILE` makes one.")] = None,
+    print_grants: Annotated[str | None, typer.Option(
+        "--print-grants", metavar="reader|writer|admin",
+        help="Create nothing: print the PostgreSQL GRANT statements and the S3 IAM policy of "
+             "this role for the store at PATH (or the --blobs/--location given; placeholders "
+             "otherwise). See docs/guides/roles.md.")] = None,
+    role_name: Annotated[str | None, typer.Option(
+        help="The PostgreSQL role --print-grants grants to (default: casckpt_ROLE).")] = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Create a store (does nothing to an existing one).
 
@@ -256,6 +264,11 @@ def init(
     every pack: casckpt init /ckpt --redundancy ec:4+2 --location d0=/mnt/d0
     --location d1=/mnt/d1 ... --location d5=/mnt/d5
     """
+    if print_grants is not None:
+        urls = ([loc.url for loc in parse_locations(location)] if location else [blobs] if blobs
+                else grants.store_urls(path if path is not None else ctx.obj.store))
+        grants.print_grants(print_grants, role_name, urls, as_json=as_json)
+        return
     target = path if path is not None else store_path(ctx)
     key_file = key_file or ctx.find_root().obj.key_file
     if encrypt and key_file is None:

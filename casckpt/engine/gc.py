@@ -49,6 +49,7 @@ from casckpt.catalog.locks import gc_lock
 from casckpt.catalog.rows import manifest_bytes
 from casckpt.engine import retention, trees
 from casckpt.engine.context import EngineContext
+from casckpt.engine.deleterights import require_delete_rights
 from casckpt.engine.gcguard import DeletionGuard, Listing
 from casckpt.engine.leftovers import reclaim_leftovers
 from casckpt.engine.packer import Packer
@@ -305,9 +306,12 @@ def collect(ctx: EngineContext, *, grace: float, dry_run: bool, force: bool = Fa
     Raises:
         GCRunningError: another GC holds the lock.
         GCRefusedError: deleting is not proven safe (nothing was changed).
+        AccessDeniedError: the credentials lack a right gc needs (nothing was changed).
     """
     started = time.monotonic()
     tally = _Tally()
+    # before anything changes; a dry run deletes no object but still keeps its mark set in gc_live
+    require_delete_rights(ctx, "gc --dry-run" if dry_run else "gc", objects=not dry_run)
     with gc_lock(ctx.catalog):
         listing = _listing(ctx)
         guard = DeletionGuard(ctx, listing, force=force)

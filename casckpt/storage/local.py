@@ -23,6 +23,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from casckpt.errors import (
+    AccessDeniedError,
     BlobNotFoundError,
     OversizedObjectError,
     StorageError,
@@ -322,6 +323,10 @@ class LocalBlobStore:
     def delete(self, key: str) -> None:
         try:
             self._path(key).unlink(missing_ok=True)
+        except PermissionError as exc:
+            right = f"write access to {self._path(key).parent}"
+            raise AccessDeniedError(f"cannot delete {key} under {self.root}: {exc}; deleting needs "
+                                    f"{right} (the admin role)", right=right) from exc
         except OSError as exc:
             raise StorageError(f"cannot delete {key} under {self.root}: {exc}") from exc
 

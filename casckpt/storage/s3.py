@@ -45,6 +45,7 @@ from botocore.exceptions import ClientError
 from s3transfer.manager import TransferConfig, TransferManager
 
 from casckpt.errors import (
+    AccessDeniedError,
     BlobNotFoundError,
     InvalidArgumentError,
     InvalidNameError,
@@ -376,7 +377,17 @@ class S3BlobStore:
                 if not isinstance(map_s3_error(exc, "delete", ""), BlobNotFoundError):
                     raise
 
-        self._call("delete", key, remove)
+        try:
+            self._call("delete", key, remove)
+        except StorageError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ClientError) and error_code(cause.response)[0] == "AccessDenied":
+                right = f"s3:DeleteObject on {self.bucket}/{self.prefix}*"
+                raise AccessDeniedError(
+                    f"the credentials may not delete {self._where(key)} ({right} refused); deleting "
+                    "needs the admin role (`casckpt init --print-grants admin` prints its policy)",
+                    right=right) from None
+            raise
 
     def close(self) -> None:
         """Wait for uploads in flight, then release the thread pool and connections.

@@ -1,0 +1,55 @@
+"""``casckpt init --print-grants ROLE``: the PostgreSQL GRANTs and the S3 IAM policy of a role.
+
+Creates nothing and connects to nothing: the SQL comes from the catalog's table metadata
+(:mod:`casckpt.catalog.grants`), the policy from the store's S3 URLs (:mod:`casckpt.storage.iam`),
+read from ``--blobs``/``--location`` or from PATH's ``casckpt.toml`` when it has one.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from casckpt.cli import render
+from casckpt.config_file import read_config_file
+from casckpt.errors import NotAStoreError
+
+
+def store_urls(path: Path | None) -> list[str]:
+    """The blob URLs a store config at ``path`` (a directory or its casckpt.toml) names; none
+    when there is no store there."""
+    if path is None:
+        return []
+    file = path if path.suffix == ".toml" else path / "casckpt.toml"
+    try:
+        doc = read_config_file(file)
+    except NotAStoreError:
+        return []
+    blobs = doc["store"].get("blobs", [])
+    items: list[Any] = list(doc.get("locations", [])) + (blobs if isinstance(blobs, list) else [blobs])
+    return [item["url"] if isinstance(item, dict) else item for item in items]
+
+
+def grants_document(role: str, role_name: str | None, urls: list[str]) -> dict[str, Any]:
+    """``{"role", "role_name", "sql": [statement, ...], "s3_policy": {...}}``."""
+    from casckpt.catalog import grants
+    from casckpt.storage.iam import s3_policy
+
+    name = grants.check_role_name(role_name or grants.default_role_name(grants.check_role(role)))
+    return {"role": role, "role_name": name, "sql": grants.grant_statements(role, name),
+            "s3_policy": s3_policy(role, urls)}
+
+
+def print_grants(role: str, role_name: str | None, urls: list[str], *, as_json: bool) -> None:
+    """Print the role's GRANTs, then its IAM policy (or both as one JSON object)."""
+    import json
+
+    doc = grants_document(role, role_name, urls)
+    if as_json:
+        render.print_json(doc)
+        return
+    lines = ["-- PostgreSQL (run as the catalog tables' owner, e.g. psql -f):", *doc["sql"], "",
+             f"# S3 IAM policy of the {role} role:", json.dumps(doc["s3_policy"], indent=2)]
+    sys.stdout.write("\n".join(lines) + "\n")  # verbatim: no wrapping, copied into psql / IAM
+    sys.stdout.flush()

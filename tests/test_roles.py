@@ -1,0 +1,270 @@
+"""The three roles (reader, writer, admin), run under the credentials `casckpt init --print-grants`
+describes: PostgreSQL login roles created in pgserver and granted exactly the printed SQL, and
+IAM users on a moto server that enforces their printed policies.
+
+What each role may do is found by running it: a writer commits, tags and soft-deletes; gc as a
+writer is refused before anything changes (catalog rows and objects hashed before and after);
+gc as admin reclaims; a reader restores and lists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+import torch
+from typer.testing import CliRunner
+
+import casckpt
+from casckpt.catalog import schema
+from casckpt.cli.main import app
+from casckpt.cli.shared import EXIT_OTHER
+from casckpt.errors import AccessDeniedError, RefNotFoundError
+from casckpt.testing.internals import internals
+
+
+def print_grants(role: str, *args: str) -> dict[str, Any]:
+    """What `casckpt init ... --print-grants ROLE --json` prints, as a dict."""
+    result = CliRunner().invoke(app, ["init", *args, "--print-grants", role, "--json"])
+    assert result.exit_code == 0, result.output
+    doc: dict[str, Any] = json.loads(result.stdout)
+    return doc
+
+
+def state(seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {"w": torch.randn(64, 64, generator=gen), "b": torch.randn(64, generator=gen)}
+
+
+def catalog_dump(url: str) -> list[tuple[str, list[str]]]:
+    """Every row of every catalog table, as sorted reprs (read with the owner's rights)."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return [(t.name, sorted(repr(tuple(r)) for r in conn.execute(sa.select(t))))
+                    for t in schema.metadata.sorted_tables]
+    finally:
+        engine.dispose()
+
+
+def tree_hash(root: Path) -> dict[str, str]:
+    """Path -> BLAKE2 of the content of every file under ``root``, but ``tmp/`` (the scratch
+    files of open store handles, removed when they close)."""
+    return {str(p.relative_to(root)): hashlib.blake2b(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and p.relative_to(root).parts[0] != "tmp"}
+
+
+# -- the printed statements themselves ------------------------------------------------------
+
+def test_print_grants_creates_nothing_and_covers_every_table(tmp_path: Path) -> None:
+    target = tmp_path / "not-yet"
+    doc = print_grants("writer", str(target), "--role-name", "trainer")
+    assert not target.exists()
+    sql = "\n".join(doc["sql"])
+    for table in schema.metadata.sorted_tables:
+        assert f'"public"."{table.name}" TO "trainer"' in sql
+    deletes = [line for line in doc["sql"] if "DELETE" in line and not line.startswith("--")]
+    assert deletes == ['GRANT SELECT, INSERT, DELETE ON TABLE "public"."leases" TO "trainer";']
+    assert '"public"."runs_id_seq"' in sql
+    actions = {a for st in doc["s3_policy"]["Statement"] for a in st["Action"]}
+    assert "s3:PutObject" in actions and "s3:DeleteObject" not in actions
+    assert "BUCKET" in json.dumps(doc["s3_policy"])  # no store: placeholders
+
+
+def test_print_grants_reads_the_store_config_and_text_output(tmp_path: Path) -> None:
+    (tmp_path / "casckpt.toml").write_text('[store]\nformat = 1\nblobs = "s3://ckpts/team/a"\n')
+    doc = print_grants("admin", str(tmp_path))
+    resources = {st["Resource"] for st in doc["s3_policy"]["Statement"]}
+    assert resources == {"arn:aws:s3:::ckpts/team/a/*", "arn:aws:s3:::ckpts"}
+    assert "s3:DeleteObject" in doc["s3_policy"]["Statement"][0]["Action"]
+    text = CliRunner().invoke(app, ["init", str(tmp_path), "--print-grants", "reader"])
+    assert text.exit_code == 0
+    assert 'GRANT SELECT ON TABLE "public"."packs" TO "casckpt_reader";' in text.stdout
+    assert '"s3:GetObject"' in text.stdout and "s3:PutObject" not in text.stdout
+    bad = CliRunner().invoke(app, ["init", "--print-grants", "owner"])
+    assert bad.exit_code == 2 and "reader, writer, admin" in bad.output
+    bad = CliRunner().invoke(app, ["init", "--print-grants", "reader", "--role-name", "x; DROP"])
+    assert bad.exit_code == 2
+
+
+# -- PostgreSQL: login roles granted the printed SQL ------------------------------------------
+
+@pytest.fixture
+def pg_roles(pg_server: Any, new_pg_url: Callable[[], str], tmp_path: Path,
+             monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """A store (local blobs) whose catalog URL names no user, so ``PGUSER`` picks the role,
+    and three login roles granted what `--print-grants` printed for each."""
+    owner_url = new_pg_url()
+    url = owner_url.replace("postgresql+psycopg://postgres:@/", "postgresql+psycopg:///", 1)
+    assert url != owner_url
+    monkeypatch.setenv("PGUSER", "postgres")
+    root = tmp_path / "store"
+    casckpt.open(root, catalog=url).close()
+    names = {}
+    suffix = uuid.uuid4().hex[:8]
+    engine = sa.create_engine(owner_url)
+    for role in ("reader", "writer", "admin"):
+        names[role] = f"casckpt_{role}_{suffix}"
+        pg_server.psql(f"CREATE ROLE {names[role]} LOGIN;")
+        doc = print_grants(role, str(root), "--role-name", names[role])
+        with engine.begin() as conn:
+            conn.exec_driver_sql("\n".join(doc["sql"]))  # the printed statements, as printed
+    engine.dispose()
+    return {"root": root, "owner_url": owner_url, "names": names}  # roles die with the server
+
+
+def as_role(monkeypatch: pytest.MonkeyPatch, roles: dict[str, Any], role: str) -> casckpt.Store:
+    monkeypatch.setenv("PGUSER", roles["names"][role])
+    return casckpt.open(roles["root"])
+
+
+def test_postgres_roles(pg_roles: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    root, owner_url = pg_roles["root"], pg_roles["owner_url"]
+    with as_role(monkeypatch, pg_roles, "writer") as writer:
+        first = writer.commit(state(1), run="r", step=1, tags=["best"])
+        second = writer.commit(state(2), run="r", step=2, tags=["best"])  # moves the tag
+        writer.tag("r@2", "release")
+        writer.delete("r@1")  # a soft delete: an UPDATE, no row deleted
+        writer.set_retention("r", keep_last=5)
+        assert writer.check(read_data=True).ok
+        before = catalog_dump(owner_url), tree_hash(root)
+        with pytest.raises(AccessDeniedError) as refused:
+            writer.gc(grace=0)
+        assert refused.value.right is not None and refused.value.right.startswith("DELETE on table ")
+        assert "admin" in str(refused.value)
+        with pytest.raises(AccessDeniedError):
+            writer.gc(dry_run=True)
+        with pytest.raises(AccessDeniedError, match="repair needs"):
+            writer.repair()
+        with pytest.raises(AccessDeniedError, match="migrate-trees needs"):
+            writer.migrate_trees()
+    assert (catalog_dump(owner_url), tree_hash(root)) == before  # nothing marked, condemned, deleted
+
+    result = CliRunner().invoke(app, ["--store", str(root), "gc", "--grace", "0"])
+    assert result.exit_code == EXIT_OTHER and "DELETE on table" in result.output
+    assert (catalog_dump(owner_url), tree_hash(root)) == before
+
+    with as_role(monkeypatch, pg_roles, "reader") as reader:
+        assert [v.id for v in reader.log("r")] == [second.id]
+        restored = reader.restore("tag:release")
+        assert torch.equal(restored["w"], state(2)["w"])
+        assert reader.check().ok
+    assert catalog_dump(owner_url) == before[0]
+
+    with as_role(monkeypatch, pg_roles, "admin") as admin:
+        report = admin.gc(grace=0)
+        assert report.versions_purged == 1 and report.bytes_freed > 0
+        assert admin.check(read_data=True).ok
+        assert torch.equal(admin.restore("r@2")["b"], state(2)["b"])
+        with pytest.raises(RefNotFoundError):
+            admin.undelete(first.id)  # purged
+
+
+# -- S3: a moto server enforcing the printed IAM policies ---------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def iam_moto(aws_env: None, tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """A moto server of its own on 127.0.0.1 that enforces IAM after its first three calls
+    (which create an all-powerful user to set up the rest); yields its URL and that user's keys."""
+    boto3 = pytest.importorskip("boto3")
+    port = _free_port()
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"}
+    log = (tmp_path / "moto.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, "moto did not start"
+                time.sleep(0.1)
+        iam = boto3.client("iam", endpoint_url=url)
+        iam.create_user(UserName="root")
+        iam.put_user_policy(UserName="root", PolicyName="all", PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+        key = iam.create_access_key(UserName="root")["AccessKey"]
+        yield url, {"aws_access_key_id": key["AccessKeyId"], "aws_secret_access_key": key["SecretAccessKey"]}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+def test_s3_roles(iam_moto: tuple[str, dict[str, str]], tmp_path: Path,
+                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import boto3
+    from botocore.exceptions import ClientError
+
+    url, root_keys = iam_moto
+    s3 = boto3.client("s3", endpoint_url=url, **root_keys)
+    iam = boto3.client("iam", endpoint_url=url, **root_keys)
+    with pytest.raises(ClientError, match="InvalidAccessKeyId"):  # IAM is enforced: unknown keys fail
+        boto3.client("s3", endpoint_url=url).list_buckets()
+    s3.create_bucket(Bucket="ckpts")
+    blobs = "s3://ckpts/team/store"
+    keys = {}
+    for role in ("reader", "writer", "admin"):
+        policy = print_grants(role, "--blobs", blobs)["s3_policy"]
+        iam.create_user(UserName=role)
+        iam.put_user_policy(UserName=role, PolicyName="casckpt", PolicyDocument=json.dumps(policy))
+        keys[role] = iam.create_access_key(UserName=role)["AccessKey"]
+
+    root = tmp_path / "store"
+    catalog = f"sqlite:///{tmp_path / 'catalog.db'}"
+
+    def open_as(role: str) -> casckpt.Store:
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", keys[role]["AccessKeyId"])
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", keys[role]["SecretAccessKey"])
+        return casckpt.open(root, blobs=blobs, catalog=catalog, s3={"endpoint_url": url})
+
+    def objects() -> dict[str, str]:
+        pages = s3.get_paginator("list_objects_v2").paginate(Bucket="ckpts")
+        return {o["Key"]: o["ETag"] for page in pages for o in page.get("Contents", [])}
+
+    open_as("admin").close()  # creating the store writes its identity record
+    with open_as("writer") as writer:
+        writer.commit(state(1), run="r", step=1)
+        second = writer.commit(state(2), run="r", step=2, tags=["release"])
+        writer.delete("r@1")
+        assert writer.check(read_data=True).ok
+        before = catalog_dump(catalog), objects()
+        with pytest.raises(AccessDeniedError) as refused:
+            writer.gc(grace=0)
+        assert refused.value.right == "s3:DeleteObject on ckpts/team/store/*"
+        # a writer's deletion (a pack write below quorum cleaning up) is logged, not raised
+        locations = internals(writer).locations  # the one path every object deletion takes
+        some_key = next(iter(before[1])).removeprefix("team/store/")
+        assert locations.delete([(locations.all[0].id, some_key)]) == []
+    assert (catalog_dump(catalog), objects()) == before
+
+    with open_as("reader") as reader:
+        assert [v.id for v in reader.log("r")] == [second.id]
+        assert torch.equal(reader.restore("tag:release")["w"], state(2)["w"])
+    assert objects() == before[1]
+
+    with open_as("admin") as admin:
+        report = admin.gc(grace=0)
+        assert report.versions_purged == 1 and report.bytes_freed > 0
+        assert admin.check(read_data=True).ok
+    assert len(objects()) < len(before[1])
