@@ -70,6 +70,7 @@ def open(  # noqa: A001 - the documented name of the entry point
     workers: int | None = None, s3: Mapping[str, Any] | None = None, redundancy: str | None = None,
     max_pending_commits: int | None = None, commit_memory: int | None = None,
     backpressure: str | None = None, staging_memory: int | None = None, recover: bool | None = None,
+    read_only: bool | None = None,
 ) -> Store:
     """Open (or create) a store.
 
@@ -122,6 +123,13 @@ def open(  # noqa: A001 - the documented name of the entry point
         recover: accept an empty catalog over locations that hold data, to rebuild
             it (:meth:`Store.rebuild_catalog`, `casckpt catalog rebuild`); until the
             rebuild ran, the store refuses to commit, gc or repair.
+        read_only: True opens the store for reads only: restore, load_tensor, log, show,
+            diff, history, check (no repair), checkout, export and DCP loads work; nothing
+            in the store is written (no migration, no cache, no lease, no healing) and every
+            write call raises ReadOnlyStoreError before touching anything. None (default):
+            read-only when this process cannot write the store (the directory, a local
+            location or the catalog), with a ReadOnlyStoreWarning. False: never
+            (``CASCKPT_READ_ONLY`` decides when None; docs/guides/read-only.md).
 
     Every location carries an identity record (store id, catalog generation);
     a catalog that is missing, emptied, stale or another store's is refused
@@ -131,6 +139,8 @@ def open(  # noqa: A001 - the documented name of the entry point
         NotAStoreError: ``path`` is not a store and cannot become one.
         StoreIdentityError: the catalog and the locations are not of one store.
         SchemaTooNewError: the catalog was written by a newer casckpt.
+        ReadOnlyStoreError: read-only, and the catalog's schema is older (upgrading it
+            writes), or there is no store at ``path`` (creating one writes).
         CatalogError: the catalog database cannot be opened.
         InvalidArgumentError: a bad location list or redundancy spec.
     """
@@ -142,7 +152,8 @@ def open(  # noqa: A001 - the documented name of the entry point
         blobs=blobs, catalog=catalog, cache=cache, create=create, chunk_size=chunk_size,
         pack_size=pack_size, workers=workers, s3=s3, redundancy=redundancy,
         max_pending_commits=max_pending_commits, commit_memory=commit_memory,
-        backpressure=backpressure, staging_memory=staging_memory, recover=recover)
+        backpressure=backpressure, staging_memory=staging_memory, recover=recover,
+        read_only=read_only)
     return open_store(path, chosen)
 
 

@@ -332,3 +332,8 @@ class NotEncryptedError(InvalidArgumentError):
 
 class LastKeyError(InvalidArgumentError):
     """Removing this master key would leave the store with none: refused."""
+
+
+class ReadOnlyStoreWarning(UserWarning):
+    """A store was opened read-only because this process cannot write it (the catalog, the
+    store directory or a location); the message says which. Not raised: warned, once per open."""

@@ -35,6 +35,11 @@ class Options:
             commits (2; RAM/4 up to 8 GiB; ``"block"`` or ``"raise"``).
         staging_memory: host bytes GPU tensors stream through on commit (256 MiB).
         recover: accept an empty catalog over locations holding data, to rebuild it.
+        read_only: True opens the store for reads only (nothing in it is ever written; every
+            write call raises :class:`~casckpt.errors.ReadOnlyStoreError`); None (default)
+            does so when this process cannot write the store, with a
+            :class:`~casckpt.errors.ReadOnlyStoreWarning`; False never (a write the
+            credentials forbid then fails as it happens). ``CASCKPT_READ_ONLY`` when None.
     """
 
     blobs: object = None  # str | BlobLocation | BlobStore, or a list of those (or mappings)
@@ -51,6 +56,7 @@ class Options:
     backpressure: str | None = None
     staging_memory: int | None = None
     recover: bool = False
+    read_only: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("chunk_size", "pack_size", "workers", "max_pending_commits", "commit_memory",
@@ -62,6 +68,8 @@ class Options:
             if not isinstance(getattr(self, name), bool):
                 raise InvalidArgumentError(
                     f"Options.{name} must be True or False, got {getattr(self, name)!r}")
+        if self.read_only is not None and not isinstance(self.read_only, bool):
+            raise InvalidArgumentError(f"Options.read_only must be True, False or None, got {self.read_only!r}")
         if self.backpressure is not None and self.backpressure not in ("block", "raise"):
             raise InvalidArgumentError(
                 f"Options.backpressure must be 'block' or 'raise', got {self.backpressure!r}")

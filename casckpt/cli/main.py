@@ -203,8 +203,12 @@ def _main(
     version: Annotated[bool, typer.Option(
         "--version", metavar=FLAG, callback=_print_version, is_eager=True,
         help="Print casckpt's version and exit.")] = False,
+    read_only: Annotated[bool, typer.Option(
+        "--read-only", metavar=FLAG,
+        help="Open the store read-only: nothing in it is written; commands that write fail "
+             "(exit 5). Automatic, with a warning, when the store cannot be written.")] = False,
 ) -> None:
-    ctx.obj = StoreChoice(store=store)
+    ctx.obj = StoreChoice(store=store, read_only=read_only)
 
 
 @app.command()
@@ -434,8 +438,9 @@ def migrate(ctx: typer.Context) -> None:
     from casckpt.catalog.migrate import head_revision  # Alembic: only this command needs it
 
     path = store_path(ctx)
-    with open_store(ctx):
-        pass  # casckpt.open upgrades an older catalog, or refuses a newer one
+    with open_store(ctx) as store:  # casckpt.open upgrades an older catalog, or refuses a newer one
+        if store.read_only is not None:  # at the shipped revision already, or opening had refused
+            render.note(f"casckpt: read-only ({store.read_only}): nothing to upgrade")
     render.out(f"Catalog of {path} is up to date at schema revision {head_revision()}")
 
 

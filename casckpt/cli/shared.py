@@ -7,6 +7,7 @@ The exit codes are documented in :mod:`casckpt.cli.main`; the store is the one `
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Annotated
 import typer
 
 import casckpt
+from casckpt.cli import render
 from casckpt.errors import (
     AmbiguousRefError,
     CasckptError,
@@ -26,6 +28,7 @@ from casckpt.errors import (
     InvalidNameError,
     NotAStoreError,
     RefNotFoundError,
+    ReadOnlyStoreWarning,
     RestoreTargetError,
     TensorNotFoundError,
     UnsupportedStateError,
@@ -90,6 +93,7 @@ class StoreChoice:
     """What the root command was told: the store every command opens."""
 
     store: Path | None
+    read_only: bool = False
 
 
 def store_path(ctx: typer.Context) -> Path:
@@ -109,6 +113,20 @@ def store_path(ctx: typer.Context) -> Path:
 
 @contextmanager
 def open_store(ctx: typer.Context, *, recover: bool = False) -> Iterator[casckpt.Store]:
-    """Open the existing store the command line names (see :func:`store_path`); close it after."""
-    with casckpt.open(store_path(ctx), create=False, recover=recover) as store:
+    """Open the existing store the command line names (see :func:`store_path`); close it after.
+
+    ``casckpt --read-only`` opens it read-only; a store opened read-only because it cannot be
+    written says so once on stderr (the :class:`~casckpt.errors.ReadOnlyStoreWarning`).
+    """
+    options: StoreChoice = ctx.find_root().obj
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", ReadOnlyStoreWarning)
+        opened = casckpt.open(store_path(ctx), create=False, recover=recover,
+                              read_only=True if options.read_only else None)
+    for warning in seen:
+        if issubclass(warning.category, ReadOnlyStoreWarning):
+            render.note(f"casckpt: warning: {warning.message}")
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    with opened as store:
         yield store
