@@ -69,7 +69,8 @@ class Options:
                 raise InvalidArgumentError(
                     f"Options.{name} must be True or False, got {getattr(self, name)!r}")
         if self.read_only is not None and not isinstance(self.read_only, bool):
-            raise InvalidArgumentError(f"Options.read_only must be True, False or None, got {self.read_only!r}")
+            raise InvalidArgumentError(
+                f"Options.read_only must be True, False or None, got {self.read_only!r}")
         if self.backpressure is not None and self.backpressure not in ("block", "raise"):
             raise InvalidArgumentError(
                 f"Options.backpressure must be 'block' or 'raise', got {self.backpressure!r}")

@@ -17,6 +17,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import pytest
 import torch
@@ -200,6 +201,57 @@ def test_read_only_store_writes_nothing_even_where_it_could(tmp_path: Path) -> N
         with casckpt.open(root, read_only=True) as store:
             _assert_reader(exercise(store), "it was asked to be")
     assert _tree_digest(root) == before
+
+
+def test_dcp_load_checkout_and_export_read_only(tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    root, files = tmp_path / "store", tmp_path / "files"
+    (files / "sub").mkdir(parents=True)
+    (files / "sub" / "a.txt").write_bytes(b"hello read-only")
+    with casckpt.open(root) as store:
+        _build(store)
+        dcp.save({"w": _state(5)["w"]}, storage_writer=store.dcp_writer(run="d", step=1))
+        store.add_dir(files, run="dirs", step=1)
+    before = _tree_digest(root)
+    with casckpt.open(root, read_only=True) as store:
+        target = {"w": torch.zeros(300, 70)}
+        dcp.load(target, storage_reader=store.dcp_reader("d@1"))
+        assert torch.equal(target["w"], _state(5)["w"])
+        out = store.checkout("dirs@1", tmp_path / "out")
+        assert (out / "sub" / "a.txt").read_bytes() == b"hello read-only"
+        store.export("r@2", tmp_path / "export", format="pt")
+        assert (tmp_path / "export" / "checkpoint.pt").is_file()
+        with pytest.raises(ReadOnlyStoreError, match="rebuild_catalog needs"):
+            store.rebuild_catalog()
+    assert _tree_digest(root) == before
+
+
+def test_a_reader_does_not_heal_what_it_reconstructs(tmp_path: Path) -> None:
+    root, dirs = tmp_path / "store", [tmp_path / "d0", tmp_path / "d1"]
+    with casckpt.open(root, blobs=[str(d) for d in dirs], redundancy="replicate:2") as store:
+        _build(store)
+    db = sqlite3.connect(root / "catalog.db")
+    first = [Path(unquote(urlsplit(url).path)) / key for url, key in db.execute(
+        "SELECT l.url, s.key FROM shards s JOIN locations l ON l.id = s.location_id WHERE s.idx = 0")]
+    db.close()
+    assert first and all(p.is_file() for p in first)
+    intact = {p: p.read_bytes() for p in first}
+    for path in first:  # damage the copy each read tries first: it must reconstruct
+        data = bytearray(intact[path])
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+    damaged, catalog = _tree_digest(tmp_path), (root / "catalog.db").read_bytes()
+    with casckpt.open(root, read_only=True) as store:
+        assert torch.equal(store.restore("r@2")["w"], _state(2)["w"])
+        assert torch.equal(store.restore("r@1")["w"], _state(1)["w"])
+        assert not store.check(read_data=True).ok  # reported, not repaired
+    assert _tree_digest(tmp_path) == damaged and (root / "catalog.db").read_bytes() == catalog
+    with casckpt.open(root) as store:  # a writer reading the same way heals: the test can fail
+        store.restore("r@2")
+        store.restore("r@1")
+    assert any(p.read_bytes() == intact[p] for p in first)
 
 
 def test_env_var_opens_read_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -83,7 +83,8 @@ class Catalog:
         self._db = Database(url, where=where, retry_s=retry_s,
                             read_only=bool(read_only) or self.write_denied is not None)
         try:
-            if read_only is None and self.write_denied is None and self._db.engine.dialect.name == "postgresql":
+            server = self._db.engine.dialect.name == "postgresql"
+            if read_only is None and self.write_denied is None and server:
                 self.write_denied = self.retrying(self._role_write_denied)
                 if self.write_denied is not None:  # reopen with read-only sessions
                     self._db.close()
