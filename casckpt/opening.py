@@ -162,16 +162,17 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
 
 
 def _unwritable(spec: cfg.StoreSpec) -> str | None:
-    """Why this process cannot write the store's directory or a local location (None: it
-    can, as far as the file system says; the catalog answers for itself, see
-    :class:`~casckpt.catalog.Catalog`). S3 is not probed: a bucket refusing writes is only
-    known by writing, so such stores are opened read-only by asking."""
-    places = [("store directory", spec.root)] if spec.root is not None else []
-    places += [(f"blob location {loc.name or ''}".rstrip(), Path(unquote(urlsplit(loc.url).path)))
-               for loc in spec.locations if urlsplit(loc.url).scheme == "file"]
-    for what, place in places:
-        if place.is_dir() and not os.access(place, os.W_OK):
-            return f"the {what} {place} is not writable by this process (uid {os.geteuid()})"
+    """Why this process cannot write a local location of the store (None: it can, as far as
+    the file system says). The directory of a store whose data lives elsewhere only holds its
+    config file, which commits do not write: a root-owned one shared by many users is fine.
+    The catalog answers for itself (see :class:`~casckpt.catalog.Catalog`). S3 is not probed:
+    a bucket refusing writes is only known by writing, so such stores are opened read-only
+    by asking."""
+    for loc in spec.locations:
+        place = Path(unquote(urlsplit(loc.url).path))
+        if urlsplit(loc.url).scheme == "file" and place.is_dir() and not os.access(place, os.W_OK):
+            where = "store directory" if place == spec.root else f"blob location {loc.name or ''}".rstrip()
+            return f"the {where} {place} is not writable by this process (uid {os.geteuid()})"
     return None
 
 

@@ -368,3 +368,29 @@ def test_s3_refusing_writes(tmp_path: Path, proxy: FaultProxy, moto_endpoint: st
         assert torch.equal(store.restore("r@2")["w"], _state(2)["w"])
     assert proxy.faults_fired()
     assert _objects(moto_endpoint, url) == objects
+
+
+def test_cli_read_only_flag_in_process(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from casckpt.cli.main import app
+
+    root = tmp_path / "store"
+    with casckpt.open(root) as store:
+        _build(store)
+    before = _tree_digest(root)
+
+    def cli(*args: str) -> Any:
+        return CliRunner().invoke(app, ["--read-only", *args])
+
+    shown = cli("--store", str(root), "show", "r@2")
+    assert shown.exit_code == 0 and "warning" not in shown.output, shown.output
+    for args in (["tag", "r@1", "x"], ["retention", "set", "r", "--keep-last", "1"], ["repair"]):
+        done = cli("--store", str(root), *args)
+        assert done.exit_code == 5 and "needs write access" in done.output, (args, done.output)
+    migrated = cli("--store", str(root), "migrate")
+    assert migrated.exit_code == 0 and "nothing to upgrade" in migrated.output
+    created = cli("init", str(tmp_path / "new"))
+    assert created.exit_code == 5 and "creating one needs write access" in created.output
+    assert not (tmp_path / "new").exists()
+    assert _tree_digest(root) == before

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from sqlalchemy import ColumnElement, Connection, Row, exists, func, inspect, select, text
+from sqlalchemy import ColumnElement, Connection, Row, exists, func, select, text
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from casckpt.catalog import migrate
@@ -113,14 +113,17 @@ class Catalog:
             raise
 
     def _role_write_denied(self) -> str | None:
-        """Why this PostgreSQL role cannot write the catalog (None: it may INSERT into every table)."""
+        """Why this PostgreSQL role cannot write the catalog (None: it may INSERT into every
+        table, or there are none yet: creating them needs writing, and says so if denied).
+        One query: the table names are the schema's own constants."""
+        names = [t.name for t in s.metadata.sorted_tables]
+        may = ", ".join(f"CASE WHEN to_regclass('{n}') IS NULL THEN NULL "
+                        f"ELSE has_table_privilege('{n}', 'INSERT') END" for n in names)
         with self.read() as conn:
-            if not inspect(conn).has_table("versions"):
-                return None  # a new catalog: creating it needs writing, and says so if denied
-            role = conn.execute(text("SELECT current_user")).scalar_one()
-            denied = [t.name for t in s.metadata.sorted_tables if inspect(conn).has_table(t.name)
-                      and not conn.execute(text("SELECT has_table_privilege(:t, 'INSERT')"),
-                                           {"t": t.name}).scalar_one()]
+            role, *allowed = conn.execute(text(f"SELECT current_user, {may}")).one()
+        if allowed[names.index("versions")] is None:
+            return None
+        denied = [n for n, ok in zip(names, allowed, strict=True) if ok is False]
         if not denied:
             return None
         return (f"the PostgreSQL role {role!r} may not INSERT into the catalog tables "

@@ -69,7 +69,9 @@ from casckpt.cli.shared import (
     StoreChoice,
     StoreOption,
     exit_code_for,
+    open_path,
     open_store,
+    read_only_asked,
     store_path,
 )
 from casckpt.config import BlobLocation, blob_locations
@@ -77,6 +79,7 @@ from casckpt.errors import (
     CasckptError,
     InvalidArgumentError,
     NotAStoreError,
+    ReadOnlyStoreError,
 )
 from casckpt.storage.erasure import Redundancy
 
@@ -254,8 +257,11 @@ def init(
         raise typer.BadParameter("give either --blobs or --location, not both", param_hint="--location")
     places = parse_locations(location) if location else blobs
     try:
-        casckpt.open(target, create=False).close()
+        open_path(ctx, target, create=False).close()
     except NotAStoreError:
+        if read_only_asked(ctx):
+            raise ReadOnlyStoreError(f"no casckpt store at {target}, and creating one needs write "
+                                     "access: run init without --read-only", right="store:create") from None
         if redundancy is not None:
             check_init_redundancy(redundancy, places)
         s3 = {k: v for k, v in (("endpoint_url", s3_endpoint), ("region", s3_region),

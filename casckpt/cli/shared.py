@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -111,22 +111,30 @@ def store_path(ctx: typer.Context) -> Path:
     return options.store
 
 
-@contextmanager
-def open_store(ctx: typer.Context, *, recover: bool = False) -> Iterator[casckpt.Store]:
-    """Open the existing store the command line names (see :func:`store_path`); close it after.
-
-    ``casckpt --read-only`` opens it read-only; a store opened read-only because it cannot be
-    written says so once on stderr (the :class:`~casckpt.errors.ReadOnlyStoreWarning`).
-    """
+def read_only_asked(ctx: typer.Context) -> bool:
+    """Whether the command line says ``casckpt --read-only``."""
     options: StoreChoice = ctx.find_root().obj
+    return options.read_only
+
+
+def open_path(ctx: typer.Context, path: Path, **kwargs: Any) -> casckpt.Store:
+    """``casckpt.open(path, **kwargs)``, read-only under ``--read-only``; a store opened
+    read-only because it cannot be written says so once on stderr (the
+    :class:`~casckpt.errors.ReadOnlyStoreWarning`), as a line, not a Python warning."""
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always", ReadOnlyStoreWarning)
-        opened = casckpt.open(store_path(ctx), create=False, recover=recover,
-                              read_only=True if options.read_only else None)
+        opened = casckpt.open(path, read_only=True if read_only_asked(ctx) else None, **kwargs)
     for warning in seen:
         if issubclass(warning.category, ReadOnlyStoreWarning):
             render.note(f"casckpt: warning: {warning.message}")
         else:
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
-    with opened as store:
+    return opened
+
+
+@contextmanager
+def open_store(ctx: typer.Context, *, recover: bool = False) -> Iterator[casckpt.Store]:
+    """Open the existing store the command line names (see :func:`store_path` and
+    :func:`open_path`); close it after."""
+    with open_path(ctx, store_path(ctx), create=False, recover=recover) as store:
         yield store
