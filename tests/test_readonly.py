@@ -254,6 +254,24 @@ def test_a_reader_does_not_heal_what_it_reconstructs(tmp_path: Path) -> None:
     assert any(p.read_bytes() == intact[p] for p in first)
 
 
+def test_reader_sees_a_live_writers_commits(tmp_path: Path) -> None:
+    """With a writer holding the SQLite catalog open (its -shm exists) a reader opens it
+    ``mode=ro`` and sees commits as they land (an ``immutable`` one would not)."""
+    root = tmp_path / "store"
+    with casckpt.open(root) as writer:
+        _build(writer)
+        writer.log()  # the writer's pooled connection keeps the WAL index
+        assert (root / "catalog.db-shm").exists()
+        with casckpt.open(root, read_only=True) as reader:
+            assert [v.step for v in reader.log("r")] == [2, 1]
+            writer.commit(_state(3), run="r", step=3)
+            assert [v.step for v in reader.log("r")] == [3, 2, 1]
+            assert torch.equal(reader.restore("r@3")["w"], _state(3)["w"])
+            with pytest.raises(ReadOnlyStoreError):
+                reader.commit(_state(4), run="r", step=4)
+        assert writer.check(read_data=True).ok
+
+
 def test_env_var_opens_read_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "store"
     with casckpt.open(root) as store:
