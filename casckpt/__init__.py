@@ -88,6 +88,7 @@ def open(  # noqa: A001 - the documented name of the entry point
     max_pending_commits: int | None = None, commit_memory: int | None = None,
     backpressure: str | None = None, staging_memory: int | None = None, recover: bool | None = None,
     key_file: str | os.PathLike[str] | None = None,
+    read_only: bool | None = None,
 ) -> Store:
     """Open (or create) a store.
 
@@ -143,6 +144,13 @@ def open(  # noqa: A001 - the documented name of the entry point
         key_file: the master key file of an encrypted store (default: ``CASCKPT_KEY_FILE``).
             Given for a new store, the store is created encrypted: every object on every
             location sealed (AES-256-GCM), chunk ids keyed; see docs/SECURITY.md.
+        read_only: True opens the store for reads only: restore, load_tensor, log, show,
+            diff, history, check (no repair), checkout, export and DCP loads work; nothing
+            in the store is written (no migration, no cache, no lease, no healing) and every
+            write call raises ReadOnlyStoreError before touching anything. None (default):
+            read-only when this process cannot write the store (the directory, a local
+            location or the catalog), with a ReadOnlyStoreWarning. False: never
+            (``CASCKPT_READ_ONLY`` decides when None; docs/guides/read-only.md).
 
     Every location carries an identity record (store id, catalog generation);
     a catalog that is missing, emptied, stale or another store's is refused
@@ -152,6 +160,8 @@ def open(  # noqa: A001 - the documented name of the entry point
         NotAStoreError: ``path`` is not a store and cannot become one.
         StoreIdentityError: the catalog and the locations are not of one store.
         SchemaTooNewError: the catalog was written by a newer casckpt.
+        ReadOnlyStoreError: read-only, and the catalog's schema is older (upgrading it
+            writes), or there is no store at ``path`` (creating one writes).
         CatalogError: the catalog database cannot be opened.
         InvalidArgumentError: a bad location list or redundancy spec.
         KeyRequiredError, WrongKeyError: the store is encrypted; no key, or not one of its keys.
@@ -166,7 +176,7 @@ def open(  # noqa: A001 - the documented name of the entry point
         pack_size=pack_size, workers=workers, s3=s3, redundancy=redundancy,
         max_pending_commits=max_pending_commits, commit_memory=commit_memory,
         backpressure=backpressure, staging_memory=staging_memory, recover=recover,
-        key_file=key_file)
+        key_file=key_file, read_only=read_only)
     return open_store(path, chosen)
 
 

@@ -110,6 +110,16 @@ class IndexCache:
         self._tried = False  # opened once, or failed once, or closed: never opened again
         self._opening = threading.Lock()
 
+    @classmethod
+    def unused(cls, path: Path, store_id: str) -> IndexCache:
+        """A cache that holds nothing and never touches ``path``: every lookup misses, every
+        update is dropped. A read-only store's: only commits use the cache, and the shared
+        one on disk is the writers' (opening LMDB writes its lock file, and its entries bind
+        to one store generation)."""
+        cache = cls(path, store_id)
+        cache.close()
+        return cache
+
     def _opened(self) -> lmdb.Environment | None:
         """The environment, opened by the first caller (None: unusable or closed)."""
         if self._tried:

@@ -16,6 +16,8 @@ Environment variables (all optional):
 ``CASCKPT_CATALOG_RETRY_S``  seconds a catalog step is retried while the database is unreachable
                            (default 5; 0: no retries).
 ``CASCKPT_PROBE_TIMEOUT_S``  seconds a location has to answer its health probe (default 5).
+``CASCKPT_READ_ONLY``      ``1`` opens every store read-only, ``0`` never (default: read-only
+                           only where this process cannot write it).
 """
 
 from __future__ import annotations
@@ -139,6 +141,21 @@ def _backpressure(value: object) -> str:
     if value not in ("block", "raise"):
         raise InvalidArgumentError(f"backpressure must be 'block' or 'raise', got {value!r}")
     return str(value)
+
+
+def read_only_env(env: Mapping[str, str] = os.environ) -> bool | None:
+    """``CASCKPT_READ_ONLY``: True (``1``/``true``/``yes``), False (``0``/``false``/``no``),
+    None when unset or empty (decide by whether the store can be written).
+
+    Raises:
+        InvalidArgumentError: another value.
+    """
+    value = env.get("CASCKPT_READ_ONLY", "").strip().lower()
+    if not value:
+        return None
+    if value in ("1", "true", "yes", "0", "false", "no"):
+        return value in ("1", "true", "yes")
+    raise InvalidArgumentError(f"CASCKPT_READ_ONLY must be 1 or 0, got {env['CASCKPT_READ_ONLY']!r}")
 
 
 _ZERO_MEANS_OFF = frozenset({"delta_memory"})  # settings whose 0 turns their feature off

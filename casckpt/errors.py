@@ -338,3 +338,6 @@ class SealedObjectError(UnsafeObjectError):
     """An object of an encrypted store fails authentication: altered, swapped for another,
     truncated, extended, written without encryption, or sealed under another store's key.
     Its bytes are refused unread (a shard with redundancy is reconstructed from the others)."""
+class ReadOnlyStoreWarning(UserWarning):
+    """A store was opened read-only because this process cannot write it (the catalog, the
+    store directory or a location); the message says which. Not raised: warned, once per open."""

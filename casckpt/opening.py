@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 from casckpt import config as cfg
 from casckpt.cache import IndexCache
@@ -16,7 +18,13 @@ from casckpt.catalog import Catalog
 from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
 from casckpt.engine import identity, keyring, records
-from casckpt.errors import InvalidArgumentError, StoreIdentityError
+from casckpt.errors import (
+    InvalidArgumentError,
+    NotAStoreError,
+    ReadOnlyStoreError,
+    ReadOnlyStoreWarning,
+    StoreIdentityError,
+)
 from casckpt.options import Options
 from casckpt.storage import BlobStore, redact_url
 from casckpt.storage.erasure import Redundancy
@@ -34,7 +42,8 @@ def _default_cache_dir(store_id: str) -> Path:
 
 
 def open_locations(catalog: Catalog, spec: cfg.StoreSpec, given: dict[str, BlobStore], *,
-                   recover: bool = False, master: bytes | None = None) -> LocationSet:
+                   recover: bool = False, master: bytes | None = None, read_only: bool = False,
+                   ) -> LocationSet:
     """Open every location the catalog knows or the config names, check they are this store's,
     then register the configured ones the catalog does not know yet.
 
@@ -49,6 +58,9 @@ def open_locations(catalog: Catalog, spec: cfg.StoreSpec, given: dict[str, BlobS
     Before anything but the identity and key records is read, the store is unlocked
     (:func:`casckpt.engine.keyring.unlock`, with the master key ``master``): an encrypted
     store's locations are then sealed (:mod:`casckpt.storage.sealed`).
+    ``read_only``: the identity check runs, but nothing is written or made: no identity
+    record, no catalog row, no directory; a configured location the catalog does not know
+    is left out.
 
     Raises:
         StoreIdentityError: a location holds another store's data, or data this catalog
@@ -64,15 +76,21 @@ def open_locations(catalog: Catalog, spec: cfg.StoreSpec, given: dict[str, BlobS
     opened: dict[str, BlobStore] = {}
     try:
         for name, url in urls.items():
-            opened[name] = open_location_store(name, url, spec.s3, given, create=name not in states,
+            if read_only and name not in states:
+                continue
+            opened[name] = open_location_store(name, url, spec.s3, given,
+                                               create=name not in states and not read_only,
                                                failed=states.get(name) == "failed")
         usable = {name: blobs for name, blobs in opened.items() if states.get(name) != "failed"}
-        crypto = keyring.unlock(catalog, usable, master, recover=recover)
+        crypto = keyring.unlock(catalog, usable, master, recover=recover, read_only=read_only)
         opened = {name: sealed(blobs, crypto) for name, blobs in opened.items()}
         surveys = [identity.survey(name, blobs) for name, blobs in opened.items()
                    if states.get(name) != "failed"]
         to_write = identity.check_at_open(catalog, surveys, recover=recover)
         rows = known
+        if read_only:
+            return LocationSet([Location(row.id, row.name, row.domain, row.state, opened[row.name])
+                                for row in rows])
         if any(name not in states or not known_urls.get(name) for name in configured):
             rows = shard_sql.ensure_locations(  # a write transaction only when there is news
                 catalog, [(loc.name or "", loc.url, loc.domain or loc.name or "") for loc in spec.locations])
@@ -108,13 +126,30 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
                 f"redundancy {scheme} puts each pack on {scheme.shards} failure domains, but blobs= "
                 f"gives {len(domains)}; pass more locations or choose a smaller scheme")
         redundancy = str(scheme)
-    spec = cfg.locate_store(
-        Path(path).expanduser().resolve() if path is not None else None,
-        blobs=items,  # type: ignore[arg-type]
-        catalog=catalog, cache=Path(cache).expanduser() if cache is not None else None,
-        create=create, s3=s3, redundancy=redundancy,
-    )
-    cat = Catalog(spec.catalog, where=redact_url(spec.catalog), retry_s=settings.catalog_retry_s)
+    asked = options.read_only if options.read_only is not None else cfg.read_only_env()
+    try:
+        spec = cfg.locate_store(
+            Path(path).expanduser().resolve() if path is not None else None,
+            blobs=items,  # type: ignore[arg-type]
+            catalog=catalog, cache=Path(cache).expanduser() if cache is not None else None,
+            create=create and not asked, s3=s3, redundancy=redundancy,
+        )
+    except NotAStoreError as exc:
+        if asked and create:
+            raise ReadOnlyStoreError(f"{exc}; creating a store needs write access, and it is "
+                                     "opened read-only", right="store:create") from None
+        raise
+    read_only = _unwritable(spec) if asked is None else None
+    cat = Catalog(spec.catalog, where=redact_url(spec.catalog), retry_s=settings.catalog_retry_s,
+                  read_only=True if asked or read_only else None if asked is None else False)
+    if cat.read_only and not asked:
+        read_only = read_only or cat.write_denied
+        warnings.warn(ReadOnlyStoreWarning(
+            f"opening the store read-only: {read_only}. Restores and queries work; "
+            "commits, tags, gc and other writes raise ReadOnlyStoreError (pass read_only=True or "
+            "--read-only to say so and silence this warning)"), stacklevel=3)
+    why = (read_only if not asked else "it was asked to be (read_only=True, --read-only or "
+           "CASCKPT_READ_ONLY=1)") if cat.read_only else None
     try:
         if identity_sql.rebuilding(cat) and not recover:
             raise StoreIdentityError(
@@ -124,18 +159,34 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
                 "create an empty database (PostgreSQL), then `casckpt catalog rebuild`")
         key_file = options.key_file or os.environ.get("CASCKPT_KEY_FILE") or None
         master = keyring.read_key_file(key_file) if key_file else None
-        locations = open_locations(cat, spec, given, recover=recover, master=master)
+        locations = open_locations(cat, spec, given, recover=recover, master=master,
+                                   read_only=cat.read_only)
         recovering = recover and (shard_sql.is_empty(cat) or identity_sql.rebuilding(cat))
-        if not recovering:  # a rebuild restores the store's policies from its records
+        if not recovering and not cat.read_only:  # a rebuild restores the store's policies from its records
             _seed_redundancy(cat, spec.redundancy, redundancy, locations)
     except BaseException:
         cat.close()
         raise
     cache_dir = spec.cache if spec.cache is not None else _default_cache_dir(cat.store_id)
-    index = IndexCache(cache_dir / "index", _cache_binding(cat))
+    index = (IndexCache.unused if cat.read_only else IndexCache)(cache_dir / "index", _cache_binding(cat))
     return Store(root=spec.root, catalog=cat, cache=index, locations=locations,
                  staging=cache_dir / "staging", settings=settings, write_quorum=spec.write_quorum,
-                 s3=spec.s3, config_file=spec.config_file, recovering=recovering)
+                 s3=spec.s3, config_file=spec.config_file, recovering=recovering, read_only=why)
+
+
+def _unwritable(spec: cfg.StoreSpec) -> str | None:
+    """Why this process cannot write a local location of the store (None: it can, as far as
+    the file system says). The directory of a store whose data lives elsewhere only holds its
+    config file, which commits do not write: a root-owned one shared by many users is fine.
+    The catalog answers for itself (see :class:`~casckpt.catalog.Catalog`). S3 is not probed:
+    a bucket refusing writes is only known by writing, so such stores are opened read-only
+    by asking."""
+    for loc in spec.locations:
+        place = Path(unquote(urlsplit(loc.url).path))
+        if urlsplit(loc.url).scheme == "file" and place.is_dir() and not os.access(place, os.W_OK):
+            where = "store directory" if place == spec.root else f"blob location {loc.name or ''}".rstrip()
+            return f"the {where} {place} is not writable by this process (uid {os.geteuid()})"
+    return None
 
 
 def _cache_binding(catalog: Catalog) -> str:

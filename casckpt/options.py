@@ -37,6 +37,11 @@ class Options:
         recover: accept an empty catalog over locations holding data, to rebuild it.
         key_file: the master key file of an encrypted store (``CASCKPT_KEY_FILE``); given
             for a new store, the store is created encrypted.
+        read_only: True opens the store for reads only (nothing in it is ever written; every
+            write call raises :class:`~casckpt.errors.ReadOnlyStoreError`); None (default)
+            does so when this process cannot write the store, with a
+            :class:`~casckpt.errors.ReadOnlyStoreWarning`; False never (a write the
+            credentials forbid then fails as it happens). ``CASCKPT_READ_ONLY`` when None.
     """
 
     blobs: object = None  # str | BlobLocation | BlobStore, or a list of those (or mappings)
@@ -54,6 +59,7 @@ class Options:
     staging_memory: int | None = None
     recover: bool = False
     key_file: str | os.PathLike[str] | None = None
+    read_only: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("chunk_size", "pack_size", "workers", "max_pending_commits", "commit_memory",
@@ -65,6 +71,9 @@ class Options:
             if not isinstance(getattr(self, name), bool):
                 raise InvalidArgumentError(
                     f"Options.{name} must be True or False, got {getattr(self, name)!r}")
+        if self.read_only is not None and not isinstance(self.read_only, bool):
+            raise InvalidArgumentError(
+                f"Options.read_only must be True, False or None, got {self.read_only!r}")
         if self.backpressure is not None and self.backpressure not in ("block", "raise"):
             raise InvalidArgumentError(
                 f"Options.backpressure must be 'block' or 'raise', got {self.backpressure!r}")

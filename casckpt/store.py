@@ -83,11 +83,12 @@ class Store:
     def __init__(self, *, root: Path | None, catalog: Catalog, cache: IndexCache,
                  locations: LocationSet, staging: Path, settings: cfg.Settings,
                  write_quorum: int | None = None, s3: Mapping[str, Any] | None = None,
-                 config_file: Path | None = None, recovering: bool = False) -> None:
+                 config_file: Path | None = None, recovering: bool = False,
+                 read_only: str | None = None) -> None:
         self.path = root
         self._core = StoreCore(catalog=catalog, cache=cache, locations=locations, staging=staging,
                                settings=settings, write_quorum=write_quorum, s3=s3,
-                               config_file=config_file, recovering=recovering)
+                               config_file=config_file, recovering=recovering, read_only=read_only)
         self._queries = StoreQueries(self._core)
         self._retention = StoreRetention(self._core)
         self._admin = StoreAdmin(self._core)
@@ -119,6 +120,12 @@ class Store:
             self.close()
         except CasckptError as failure:
             log.error("while closing the store after %s: %s", exc_type.__name__ if exc_type else "?", failure)
+
+    @property
+    def read_only(self) -> str | None:
+        """Why this store is read-only (``read_only=True`` given, or what this process cannot
+        write), or None: writable. A read-only store's write calls raise ReadOnlyStoreError."""
+        return self._core.read_only
 
     def __repr__(self) -> str:
         return f"<casckpt.Store {redact_url(self._core.ctx.locations.all[0].blobs.url)}>"
@@ -195,6 +202,7 @@ class Store:
             ChangeHintError: a tensor declared ``unchanged`` has another dtype or shape than
                 in the previous version (nothing written).
         """
+        self._core.refuse_write("commit", "the catalog and the locations")
         from casckpt.engine import commit as commit_engine  # torch: only where tensors are handled
         from casckpt.engine.hint import make_hint
 
@@ -244,6 +252,7 @@ class Store:
             UnsupportedStateError: the loaded state holds an object a version cannot hold.
             And what :meth:`commit` raises.
         """
+        self._core.refuse_write("import_checkpoint", "the catalog and the locations")
         from casckpt.engine import commit as commit_engine
         from casckpt.engine.importers import read_checkpoint
 
@@ -327,6 +336,7 @@ class Store:
                 not UTF-8 (named in the message); nothing was stored.
             Others: as :meth:`commit`.
         """
+        self._core.refuse_write("add_dir", "the catalog and the locations")
         from casckpt.engine import commit as commit_engine  # torch: only where tensors are handled
         from casckpt.engine.dirscan import scan
         from casckpt.format.dirsnap import DIR_KEY
@@ -514,6 +524,7 @@ class Store:
 
     def tag(self, ref: Ref, name: str) -> Version:
         """Point tag ``name`` at the version ``ref`` names (moving it if it exists)."""
+        self._core.refuse_write("tag", "the catalog")
         return self._queries.tag(ref, name)
 
     def gc(self, *, dry_run: bool = False, grace: float | timedelta | None = None,
@@ -543,6 +554,7 @@ class Store:
                 stopped without deleting any object it had not already
                 unlinked from the catalog.
         """
+        self._core.refuse_write("gc", "the catalog and the locations (it deletes from both)")
         return self._retention.gc(dry_run=dry_run, grace=grace, force=force, progress=progress)
 
     # -- retention ----------------------------------------------------------
@@ -567,6 +579,7 @@ class Store:
             InvalidArgumentError: a value is not positive, or no keep rule is
                 given (``keep_tagged`` alone would delete every untagged version).
         """
+        self._core.refuse_write("set_retention", "the catalog")
         return self._retention.set_retention(
             run, keep_last=keep_last, keep_every=keep_every, keep_hourly=keep_hourly,
             keep_daily=keep_daily, keep_weekly=keep_weekly, keep_within=keep_within,
@@ -586,6 +599,7 @@ class Store:
         Raises:
             RefNotFoundError: there is no such run.
         """
+        self._core.refuse_write("clear_retention", "the catalog")
         self._retention.clear_retention(run)
 
     def plan_retention(self, run: str | None = None) -> list[RetentionPlan]:
@@ -613,6 +627,7 @@ class Store:
             RefNotFoundError, AmbiguousRefError: bad ref.
             InvalidArgumentError: ``reason`` is not a non-empty str.
         """
+        self._core.refuse_write("delete", "the catalog")
         return self._retention.delete(ref, reason)
 
     def undelete(self, ref: str | Version) -> Version:
@@ -625,6 +640,7 @@ class Store:
             RefNotFoundError, AmbiguousRefError: no (single) deleted version matches.
             VersionSweptError: GC already swept some of its data; it is gone.
         """
+        self._core.refuse_write("undelete", "the catalog")
         return self._retention.undelete(ref)
 
     # -- history and lineage ------------------------------------------------
@@ -666,6 +682,7 @@ class Store:
             RunExistsError: a run named ``run`` exists.
             RefNotFoundError, AmbiguousRefError: bad ref.
         """
+        self._core.refuse_write("fork", "the catalog")
         return self._queries.fork(ref, run)
 
     def tree(self) -> list[RunNode]:
@@ -699,6 +716,7 @@ class Store:
         Raises:
             InvalidArgumentError: a bad spec, or more shards than active failure domains.
         """
+        self._core.refuse_write("set_redundancy", "the catalog and the locations")
         return self._admin.set_redundancy(spec, run=run)
 
     def locations(self, *, timeout: float | None = None) -> list[LocationInfo]:
@@ -730,6 +748,7 @@ class Store:
             StoreIdentityError: the location holds another store's data (or data this
                 catalog knows nothing of); nothing was changed.
         """
+        self._core.refuse_write("add_location", "the catalog and the locations")
         return self._admin.add_location(url, domain=domain, name=name)
 
     def keys(self) -> list[KeyInfo]:
@@ -781,14 +800,17 @@ class Store:
     def drain_location(self, name: str) -> LocationInfo:
         """Stop writing to a location; ``repair`` then moves its shards to others (``gc``
         deletes the old objects after its grace period)."""
+        self._core.refuse_write("drain_location", "the catalog and the locations")
         return self._admin.drain_location(name)
 
     def fail_location(self, name: str) -> LocationInfo:
         """Declare a location lost: it is never read again; ``repair`` re-creates its shards elsewhere."""
+        self._core.refuse_write("fail_location", "the catalog")
         return self._admin.fail_location(name)
 
     def activate_location(self, name: str) -> LocationInfo:
         """Return a drained or failed location to service (its shards count again once verified)."""
+        self._core.refuse_write("activate_location", "the catalog")
         return self._admin.activate_location(name)
 
     def check(self, *, read_data: bool = False, read_data_subset: float | str | None = None,
@@ -810,6 +832,7 @@ class Store:
 
         Safe while other processes commit, restore and collect garbage.
         """
+        self._core.refuse_write("repair", "the catalog and the locations")
         return self._admin.repair(progress=progress)
 
     def stats(self) -> StoreStats:
@@ -831,6 +854,7 @@ class Store:
         Raises:
             InvalidArgumentError: ``chain`` is out of range.
         """
+        self._core.refuse_write("set_delta_chain", "the catalog")
         self._admin.set_delta_chain(chain, run=run)
 
     def rebuild_catalog(self, *, progress: ProgressCallback | None = None) -> RebuildReport:
@@ -839,6 +863,7 @@ class Store:
         Raises:
             InvalidArgumentError: the catalog is not empty.
         """
+        self._core.refuse_write("rebuild_catalog", "the catalog and the locations")
         return self._admin.rebuild_catalog(progress=progress)
 
     def migrate_trees(self, *, progress: ProgressCallback | None = None) -> MigrationReport:
@@ -854,10 +879,12 @@ class Store:
             CatalogError: nodes kept disappearing under a gc with grace 0; run it again.
             StorageError: nodes could not be written (the batches done so far stay done).
         """
+        self._core.refuse_write("migrate_trees", "the catalog and the locations")
         return self._admin.migrate_trees(progress=progress)
 
     def rebuild_cache(self) -> int:
         """Drop and refill this host's index cache from the catalog; returns the chunks cached."""
+        self._core.refuse_write("rebuild_cache", "this host's index cache")
         return self._admin.rebuild_cache()
 
     # -- many ranks ---------------------------------------------------------
@@ -876,6 +903,7 @@ class Store:
         Raises:
             InvalidNameError, InvalidArgumentError: bad run/tag name, step, metadata or metrics.
         """
+        self._core.refuse_write("a DCP save (dcp_writer)", "the catalog and the locations")
         return self._distributed.dcp_writer(run=run, step=step, metadata=metadata, metrics=metrics,
                                             message=message, tags=tags)
 

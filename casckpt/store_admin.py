@@ -170,6 +170,7 @@ class StoreAdmin:
         """See :meth:`casckpt.Store.add_key`."""
         ctx = self._core.ctx
         self._core.refuse_while_recovering("add a key")
+        self._core.refuse_write("add a key", "the catalog and the locations (the key record)")
         slot = keyring.add_key(ctx.catalog, ctx.locations, ctx.crypto, keyring.read_key_file(key_file))
         return KeyInfo(slot.id, slot.created_at, slot.created_by, False)
 
@@ -177,12 +178,14 @@ class StoreAdmin:
         """See :meth:`casckpt.Store.remove_key`."""
         ctx = self._core.ctx
         self._core.refuse_while_recovering("remove a key")
+        self._core.refuse_write("remove a key", "the catalog and the locations (the key record)")
         keyring.remove_key(ctx.catalog, ctx.locations, key_id)
 
     def rotate_key(self, new_key_file: str | os.PathLike[str], old: str | None = None) -> KeyInfo:
         """See :meth:`casckpt.Store.rotate_key`."""
         ctx = self._core.ctx
         self._core.refuse_while_recovering("rotate a key")
+        self._core.refuse_write("rotate a key", "the catalog and the locations (the key record)")
         replaced = old or ctx.crypto.opened_with
         if replaced is None:
             keyring.key_slots(ctx.catalog)  # raises NotEncryptedError

@@ -35,7 +35,7 @@ from casckpt.engine.packs import Packs
 from casckpt.engine.probe import LocationProber
 from casckpt.engine.refs import load_manifest, resolve
 from casckpt.engine.staging import StagingBuffers
-from casckpt.errors import CasckptError, InvalidArgumentError, StoreIdentityError
+from casckpt.errors import CasckptError, InvalidArgumentError, ReadOnlyStoreError, StoreIdentityError
 from casckpt.format.crypto import PLAIN, StoreCrypto
 from casckpt.format.manifest import Manifest
 from casckpt.storage import BlobStore, open_blob_store, redact_url
@@ -103,18 +103,22 @@ class StoreCore:
     - ``config_file``: the store's ``casckpt.toml`` (None: opened without one).
     - ``recovering``: opened with ``recover=True`` over data the empty catalog lacks;
       cleared by a catalog rebuild.
+    - ``read_only``: why the store was opened read-only (None: writable); see
+      :meth:`refuse_write`.
     - ``closed``: :meth:`close` has run.
     """
 
     def __init__(self, *, catalog: Catalog, cache: IndexCache, locations: LocationSet,
                  staging: Path, settings: cfg.Settings, write_quorum: int | None = None,
                  s3: Mapping[str, Any] | None = None, config_file: Path | None = None,
-                 recovering: bool = False) -> None:
+                 recovering: bool = False, read_only: str | None = None) -> None:
         self.recovering = recovering
+        self.read_only = read_only
         self._locations_loaded = time.monotonic()
         self.s3: dict[str, Any] = dict(s3 or {})
         self.config_file = config_file
-        reclaim_leftovers(staging, locations)  # staging and tmp files of dead commits
+        if read_only is None:  # a reader leaves dead commits' files to the writers
+            reclaim_leftovers(staging, locations)  # staging and tmp files of dead commits
         self._staging = ScratchDir(staging)
         self._io = ThreadPoolExecutor(max(4, len(locations.all)), thread_name_prefix="casckpt-shard")
         current = CurrentLocations(locations)
@@ -179,6 +183,19 @@ class StoreCore:
                 f"cannot {what}: this store was opened with recover=True and its catalog is empty "
                 "while its locations hold data; run store.rebuild_catalog() (`casckpt catalog "
                 "rebuild`) first")
+
+    def refuse_write(self, what: str, needs: str = "the catalog and the locations") -> None:
+        """Called first by every operation that writes, before it touches anything.
+
+        Raises:
+            ReadOnlyStoreError: the store is read-only; names ``what`` and what it ``needs``.
+        """
+        if self.read_only is not None:
+            raise ReadOnlyStoreError(
+                f"{what} needs write access to {needs}; this store was opened read-only because "
+                f"{self.read_only}. Open it writable (without read_only=True / --read-only / "
+                "CASCKPT_READ_ONLY=1, with credentials that may write) to do this",
+                right=needs)
 
     # -- locations ----------------------------------------------------------
 

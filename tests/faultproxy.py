@@ -48,6 +48,7 @@ _MESSAGES = {
     "SlowDown": "Please reduce your request rate.",
     "InternalError": "We encountered an internal error. Please try again.",
     "ServiceUnavailable": "Service is unable to handle request.",
+    "AccessDenied": "Access Denied",
 }
 
 
@@ -161,6 +162,11 @@ class FaultProxy:
         """Answer the next ``n`` matching requests with ``status`` and an S3 error ``code``."""
         self._add(_Fault("status", n, self._methods(methods), path_contains,
                          status=status, code=code))
+
+    def refuse_writes(self) -> None:
+        """From now on (until :meth:`clear_faults`) answer every PUT, POST and DELETE with 403
+        AccessDenied, as S3 does for credentials with only GetObject/ListBucket."""
+        self.fail_next(2**62, status=403, code="AccessDenied", methods=("PUT", "POST", "DELETE"))
 
     def cut_next_upload(self, n: int = 1, *, fraction: float = 0.5,
                         methods: Iterable[str] | None = ("PUT", "POST"),

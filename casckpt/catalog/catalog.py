@@ -23,15 +23,15 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from sqlalchemy import ColumnElement, Connection, Row, exists, func, select
+from sqlalchemy import ColumnElement, Connection, Row, exists, func, select, text
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from casckpt.catalog import migrate
 from casckpt.catalog import schema as s
-from casckpt.catalog.database import Database, insert_ignore
+from casckpt.catalog.database import Database, insert_ignore, sqlite_write_denied
 from casckpt.catalog.packs import ChunkLocation, PackRecord, insert_pack, upsert_chunks
 from casckpt.catalog.rows import VersionRow, manifest_bytes, tensor_row, version_query, version_row
-from casckpt.errors import CatalogError, CatalogUnavailableError, VersionExistsError
+from casckpt.errors import CatalogError, CatalogUnavailableError, ReadOnlyStoreError, VersionExistsError
 from casckpt.format.crypto import PLAIN, StoreCrypto
 
 BATCH = 500
@@ -65,14 +65,41 @@ class Catalog:
     be reached within ``retry_s`` seconds; CatalogError for other failures.
     """
 
-    def __init__(self, url: str, *, where: str, retry_s: float = DEFAULT_RETRY_S) -> None:
+    def __init__(self, url: str, *, where: str, retry_s: float = DEFAULT_RETRY_S,
+                 read_only: bool | None = False) -> None:
+        """Open the catalog, upgrading an older schema unless read-only.
+
+        ``read_only``: True opens it for queries only (no migration; :meth:`write` refuses;
+        SQLite opened ``mode=ro`` or ``immutable``, PostgreSQL sessions read-only); None
+        decides by whether this process may write it (:attr:`write_denied` says why not);
+        False writes as ever.
+
+        Raises:
+            ReadOnlyStoreError: read-only, and the schema is older than this casckpt's.
+            SchemaTooNewError: the schema is newer than this casckpt's.
+        """
         self.url = url
         self.where = where
         self.crypto: StoreCrypto = PLAIN  # set once by opening, for an encrypted store
-        self._db = Database(url, where=where, retry_s=retry_s)
+        self.write_denied: str | None = sqlite_write_denied(url) if read_only is None else None
+        self._db = Database(url, where=where, retry_s=retry_s,
+                            read_only=bool(read_only) or self.write_denied is not None)
+        try:
+            server = self._db.engine.dialect.name == "postgresql"
+            if read_only is None and self.write_denied is None and server:
+                self.write_denied = self.retrying(self._role_write_denied)
+                if self.write_denied is not None:  # reopen with read-only sessions
+                    self._db.close()
+                    self._db = Database(url, where=where, retry_s=retry_s, read_only=True)
+        except SQLAlchemyError as exc:
+            self.close()
+            raise self._db.error(exc, "opening the catalog") from exc
+        self.read_only: bool = self._db.read_only
         self.engine = self._db.engine
         try:
             store_id = self.retrying(self._current_store_id)
+            if store_id is None and self.read_only:
+                self._refuse_migration()
             if store_id is None:  # new, older (or newer: refused) schema: Alembic decides
                 migrate.upgrade_once(self._db, where)
                 store_id = self.retrying(self._read_store_id)
@@ -86,6 +113,36 @@ class Catalog:
         except CatalogError:
             self.close()
             raise
+
+    def _role_write_denied(self) -> str | None:
+        """Why this PostgreSQL role cannot write the catalog (None: it may INSERT into every
+        table, or there are none yet: creating them needs writing, and says so if denied).
+        One query: the table names are the schema's own constants."""
+        names = [t.name for t in s.metadata.sorted_tables]
+        may = ", ".join(f"CASE WHEN to_regclass('{n}') IS NULL THEN NULL "
+                        f"ELSE has_table_privilege('{n}', 'INSERT') END" for n in names)
+        with self.read() as conn:
+            role, *allowed = conn.execute(text(f"SELECT current_user, {may}")).one()
+        if allowed[names.index("versions")] is None:
+            return None
+        denied = [n for n, ok in zip(names, allowed, strict=True) if ok is False]
+        if not denied:
+            return None
+        return (f"the PostgreSQL role {role!r} may not INSERT into the catalog tables "
+                f"{', '.join(denied[:3])}{' ...' if len(denied) > 3 else ''}")
+
+    def _refuse_migration(self) -> None:
+        """A read-only catalog at another schema revision: newer is refused as ever, older
+        cannot be upgraded from here."""
+        with self.read() as conn:
+            migrate.check_not_newer(conn, self.where)
+            stored = migrate.stored_revision(conn)
+        raise ReadOnlyStoreError(
+            f"the catalog at {self.where} is at schema revision {stored or 'none'}, older than "
+            f"this casckpt's {migrate.shipped_head()}, and upgrading it needs write access; this "
+            "store is opened read-only. Open it writable once (any casckpt command without "
+            "--read-only, by a user who may write it), or run `casckpt migrate`",
+            right="catalog:migrate")
 
     def _current_store_id(self) -> str | None:
         """The store id of a catalog at this casckpt's schema revision, in one read (None:
@@ -123,7 +180,16 @@ class Catalog:
 
     @contextmanager
     def write(self) -> Iterator[Connection]:
-        """A connection in a write transaction (SQLite: BEGIN IMMEDIATE), committed on exit."""
+        """A connection in a write transaction (SQLite: BEGIN IMMEDIATE), committed on exit.
+
+        Raises:
+            ReadOnlyStoreError: the catalog was opened read-only (the last line of defence:
+                the store refuses write calls before they get here).
+        """
+        if self.read_only:
+            raise ReadOnlyStoreError(
+                f"writing to the catalog at {self.where} needs write access; it was opened "
+                "read-only", right="catalog:write")
         with self._db.transaction(write=True) as conn:
             yield conn
 

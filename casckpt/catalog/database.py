@@ -26,13 +26,16 @@ Thread-safety: a :class:`Database` may be shared by threads.
 from __future__ import annotations
 
 import json
+import os
 import random
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.dialects import sqlite  # the default catalog's; PostgreSQL's loads in upsert()
@@ -81,7 +84,42 @@ def _json_loads(text: str | bytes) -> Any:
         raise damaged(f"a JSON column holds {str(text)[:60]!r}, which is not JSON ({exc})") from exc
 
 
-def _sqlite_engine(url: str) -> Engine:
+def sqlite_path(url: str) -> Path | None:
+    """The database file of an SQLite URL (None: another database, or an in-memory one)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return None
+    return Path(parsed.database)
+
+
+def sqlite_write_denied(url: str) -> str | None:
+    """Why this process cannot write the SQLite catalog at ``url`` (None: it can, or it is not
+    SQLite). Writing needs the file and its directory (SQLite makes its journal files there)."""
+    path = sqlite_path(url)
+    if path is None or not path.exists():
+        return None
+    for what, where in (("file", path), ("directory", path.parent)):
+        if not os.access(where, os.W_OK):
+            return f"the catalog {what} {where} is not writable by this process (uid {os.geteuid()})"
+    return None
+
+
+def _read_only_sqlite_url(url: str) -> str:
+    """``url`` opened read-only and making no file: ``mode=ro`` when writers have the catalog
+    open (their ``-shm`` index exists: the reader coordinates with them through it), else
+    ``immutable=1`` (``mode=ro`` would create ``-wal`` and ``-shm`` files owned by this
+    process, which can lock another user's writers out). docs/guides/read-only.md says what
+    an immutable reader does not see."""
+    path = sqlite_path(url)
+    if path is None:
+        return url
+    flag = "mode=ro" if path.with_name(path.name + "-shm").exists() else "immutable=1"
+    return f"sqlite:///file:{quote(str(path))}?{flag}&uri=true"
+
+
+def _sqlite_engine(url: str, read_only: bool = False) -> Engine:
+    if read_only:
+        url = _read_only_sqlite_url(url)
     engine = create_engine(url, connect_args={"timeout": 120, "check_same_thread": False},
                            json_deserializer=_json_loads)
 
@@ -90,8 +128,9 @@ def _sqlite_engine(url: str) -> Engine:
         dbapi_conn.isolation_level = None
         cursor = dbapi_conn.cursor()
         cursor.execute("PRAGMA busy_timeout=120000")
-        _wal(cursor)
-        cursor.execute("PRAGMA synchronous=FULL")
+        if not read_only:  # the journal mode is the writers' to set
+            _wal(cursor)
+            cursor.execute("PRAGMA synchronous=FULL")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA busy_timeout=120000")
         cursor.close()
@@ -104,11 +143,13 @@ def _sqlite_engine(url: str) -> Engine:
     return engine
 
 
-def _server_engine(url: str) -> Engine:
+def _server_engine(url: str, read_only: bool = False) -> Engine:
     parsed = make_url(url)
     connect_args: dict[str, Any] = {}
     if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() in ("psycopg", "psycopg2"):
         connect_args = {k: v for k, v in _LIBPQ_DEFAULTS.items() if k not in parsed.query}
+        if read_only:  # the server itself refuses a write that slipped through
+            connect_args["options"] = "-c default_transaction_read_only=on"
     return create_engine(url, pool_pre_ping=True, pool_size=4, max_overflow=8,
                          json_deserializer=_json_loads,
                          connect_args=connect_args)
@@ -139,9 +180,10 @@ def _reason(exc: SQLAlchemyError) -> str:
 class Database:
     """An engine with its pool, typed errors and bounded retries (see the module docstring)."""
 
-    def __init__(self, url: str, *, where: str, retry_s: float) -> None:
-        self.where, self.retry_s = where, retry_s
-        self.engine = _sqlite_engine(url) if url.startswith("sqlite") else _server_engine(url)
+    def __init__(self, url: str, *, where: str, retry_s: float, read_only: bool = False) -> None:
+        self.where, self.retry_s, self.read_only = where, retry_s, read_only
+        self.engine = (_sqlite_engine(url, read_only) if url.startswith("sqlite")
+                       else _server_engine(url, read_only))
         self._unreachable_since: float | None = None  # set once an operation gave up
         self._local = threading.local()  # the deadline of this thread's outermost retrying()
 

@@ -197,6 +197,8 @@ def mark_shards(catalog: Catalog, pack_id: str, states: Mapping[int, tuple[str, 
     ``missing`` / ``corrupt`` queue a shard for repair. A row that meanwhile
     points elsewhere (another process moved the shard) is left alone.
     """
+    if catalog.read_only:  # health notes are hints for repair and scrubs: a reader keeps none
+        return
     with catalog.write() as conn:
         for index, (state, location_id, key) in states.items():
             conn.execute(update(s.shards).where(
@@ -207,6 +209,8 @@ def mark_shards(catalog: Catalog, pack_id: str, states: Mapping[int, tuple[str, 
 def mark_pack_lost(catalog: Catalog, pack_id: str) -> None:
     """A pack cannot be read back: its chunks stop counting for dedup (state ``lost``), so
     the next commit holding one writes it again (publishing treats lost chunks as missing)."""
+    if catalog.read_only:  # health notes are hints for repair and scrubs: a reader keeps none
+        return
     with catalog.write() as conn:
         conn.execute(update(s.chunks).where(s.chunks.c.pack_id == pack_id, s.chunks.c.state == "live")
                      .values(state="lost"))
@@ -214,6 +218,8 @@ def mark_pack_lost(catalog: Catalog, pack_id: str) -> None:
 
 def mark_pack_found(catalog: Catalog, pack_id: str) -> None:
     """A pack was read back intact (repaired, or a location returned): its lost chunks are live."""
+    if catalog.read_only:  # health notes are hints for repair and scrubs: a reader keeps none
+        return
     with catalog.write() as conn:
         conn.execute(update(s.chunks).where(s.chunks.c.pack_id == pack_id, s.chunks.c.state == "lost")
                      .values(state="live"))
@@ -239,6 +245,8 @@ def replace_shards(catalog: Catalog, pack_id: str, rows: Sequence[ShardRow]) -> 
 def mark_verified(catalog: Catalog, pack_id: str, indexes: Iterable[int], whole_pack: bool) -> None:
     """Record that these shards (and, if ``whole_pack``, the pack) were read and verified now."""
     now = time.time()
+    if catalog.read_only:  # health notes are hints for repair and scrubs: a reader keeps none
+        return
     with catalog.write() as conn:
         conn.execute(update(s.shards).where(s.shards.c.pack_id == pack_id,
                                             s.shards.c.idx.in_(list(indexes))).values(verified_at=now))

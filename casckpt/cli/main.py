@@ -71,7 +71,9 @@ from casckpt.cli.shared import (
     StoreChoice,
     StoreOption,
     exit_code_for,
+    open_path,
     open_store,
+    read_only_asked,
     store_path,
 )
 from casckpt.config import BlobLocation, blob_locations
@@ -79,6 +81,7 @@ from casckpt.errors import (
     CasckptError,
     InvalidArgumentError,
     NotAStoreError,
+    ReadOnlyStoreError,
 )
 from casckpt.storage.erasure import Redundancy
 
@@ -205,8 +208,12 @@ def _main(
     version: Annotated[bool, typer.Option(
         "--version", metavar=FLAG, callback=_print_version, is_eager=True,
         help="Print casckpt's version and exit.")] = False,
+    read_only: Annotated[bool, typer.Option(
+        "--read-only", metavar=FLAG,
+        help="Open the store read-only: nothing in it is written; commands that write fail "
+             "(exit 5). Automatic, with a warning, when the store cannot be written.")] = False,
 ) -> None:
-    ctx.obj = StoreChoice(store=store, key_file=key_file)
+    ctx.obj = StoreChoice(store=store, key_file=key_file, read_only=read_only)
 
 
 @app.command()
@@ -278,8 +285,11 @@ def init(
         raise typer.BadParameter("give either --blobs or --location, not both", param_hint="--location")
     places = parse_locations(location) if location else blobs
     try:
-        casckpt.open(target, create=False, key_file=key_file).close()
+        open_path(ctx, target, create=False, key_file=key_file).close()
     except NotAStoreError:
+        if read_only_asked(ctx):
+            raise ReadOnlyStoreError(f"no casckpt store at {target}, and creating one needs write "
+                                     "access: run init without --read-only", right="store:create") from None
         if redundancy is not None:
             check_init_redundancy(redundancy, places)
         s3 = {k: v for k, v in (("endpoint_url", s3_endpoint), ("region", s3_region),
@@ -462,8 +472,9 @@ def migrate(ctx: typer.Context) -> None:
     from casckpt.catalog.migrate import head_revision  # Alembic: only this command needs it
 
     path = store_path(ctx)
-    with open_store(ctx):
-        pass  # casckpt.open upgrades an older catalog, or refuses a newer one
+    with open_store(ctx) as store:  # casckpt.open upgrades an older catalog, or refuses a newer one
+        if store.read_only is not None:  # at the shipped revision already, or opening had refused
+            render.note(f"casckpt: read-only ({store.read_only}): nothing to upgrade")
     render.out(f"Catalog of {path} is up to date at schema revision {head_revision()}")
 
 

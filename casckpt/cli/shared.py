@@ -7,15 +7,17 @@ The exit codes are documented in :mod:`casckpt.cli.main`; the store is the one `
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 import casckpt
+from casckpt.cli import render
 from casckpt.errors import (
     AmbiguousRefError,
     CasckptError,
@@ -25,6 +27,7 @@ from casckpt.errors import (
     InvalidArgumentError,
     InvalidNameError,
     NotAStoreError,
+    ReadOnlyStoreWarning,
     RefNotFoundError,
     RestoreTargetError,
     TensorNotFoundError,
@@ -104,6 +107,7 @@ class StoreChoice:
 
     store: Path | None
     key_file: Path | None = None
+    read_only: bool = False
 
 
 def store_path(ctx: typer.Context) -> Path:
@@ -121,9 +125,31 @@ def store_path(ctx: typer.Context) -> Path:
     return options.store
 
 
+def read_only_asked(ctx: typer.Context) -> bool:
+    """Whether the command line says ``casckpt --read-only``."""
+    options: StoreChoice = ctx.find_root().obj
+    return options.read_only
+
+
+def open_path(ctx: typer.Context, path: Path, **kwargs: Any) -> casckpt.Store:
+    """``casckpt.open(path, **kwargs)``, read-only under ``--read-only``; a store opened
+    read-only because it cannot be written says so once on stderr (the
+    :class:`~casckpt.errors.ReadOnlyStoreWarning`), as a line, not a Python warning."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", ReadOnlyStoreWarning)
+        kwargs.setdefault("key_file", ctx.find_root().obj.key_file)
+        opened = casckpt.open(path, read_only=True if read_only_asked(ctx) else None, **kwargs)
+    for warning in seen:
+        if issubclass(warning.category, ReadOnlyStoreWarning):
+            render.note(f"casckpt: warning: {warning.message}")
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return opened
+
+
 @contextmanager
 def open_store(ctx: typer.Context, *, recover: bool = False) -> Iterator[casckpt.Store]:
-    """Open the existing store the command line names (see :func:`store_path`); close it after."""
-    options: StoreChoice = ctx.find_root().obj
-    with casckpt.open(store_path(ctx), create=False, recover=recover, key_file=options.key_file) as store:
+    """Open the existing store the command line names (see :func:`store_path` and
+    :func:`open_path`); close it after."""
+    with open_path(ctx, store_path(ctx), create=False, recover=recover) as store:
         yield store

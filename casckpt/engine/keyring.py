@@ -39,6 +39,7 @@ from casckpt.errors import (
     InvalidArgumentError,
     LastKeyError,
     NotEncryptedError,
+    ReadOnlyStoreError,
     StorageError,
     StoreIdentityError,
     StoreKeyError,
@@ -143,7 +144,7 @@ def _holds_data(blobs: BlobStore) -> bool:
 
 
 def unlock(catalog: Catalog, opened: Mapping[str, BlobStore], master: bytes | None, *,
-           recover: bool = False) -> StoreCrypto:
+           recover: bool = False, read_only: bool = False) -> StoreCrypto:
     """Decide the store's encryption at open (see the module docstring), creating it for a new
     store opened with a key. Sets ``catalog.crypto``.
 
@@ -167,7 +168,8 @@ def unlock(catalog: Catalog, opened: Mapping[str, BlobStore], master: bytes | No
                     "catalog, or it lost its key record. Rebuild the catalog from the locations "
                     "(`casckpt --key-file FILE catalog rebuild`) into a new, empty catalog")
             store = crypto.unlock(found, master)
-            keys_sql.create_key_record(catalog, found.to_json())
+            if not read_only:
+                keys_sql.create_key_record(catalog, found.to_json())
             catalog.crypto = store
             return store
     if record is None:
@@ -179,6 +181,9 @@ def unlock(catalog: Catalog, opened: Mapping[str, BlobStore], master: bytes | No
                 "(an existing one cannot be encrypted in place): create a new store with the key "
                 "and copy the versions you need into it (`casckpt export` / `casckpt import`), "
                 "or open this one without a key")
+        if read_only:
+            raise ReadOnlyStoreError("creating an encrypted store needs write access to the "
+                                     "catalog; it was opened read-only", right="catalog:write")
         record = _create(catalog, master)
     store = crypto.unlock(record, master)
     catalog.crypto = store

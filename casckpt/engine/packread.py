@@ -162,7 +162,8 @@ class PackReader:
         Single-flight per pack: restore reads a pack in several ranges at
         once, and all of them wait for one reconstruction. The last few
         reconstructed packs are kept (packs are immutable, so they never go stale).
-        A heal that fails is logged and leaves the shards marked for ``repair``.
+        A heal that fails is logged and leaves the shards marked for ``repair``. A read-only
+        catalog (store opened read-only) heals nothing and marks nothing.
 
         Raises:
             BlobNotFoundError: the pack is not in the catalog.
@@ -203,7 +204,7 @@ class PackReader:
                 f"{len(layout.shards)}, {needed} needed ({details}). Restore another version; "
                 "`casckpt check` lists every version affected")
         damaged = [sh.index for sh in self._layouts.require(pack_id, fresh=True).shards if sh.state != "ok"]
-        if damaged and heal:
+        if damaged and heal and not self._catalog.read_only:  # a reader never writes shards
             try:
                 self._repairer.heal(self._layouts.require(pack_id, fresh=True), found.data, damaged,
                                     found.fragments)
