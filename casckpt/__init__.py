@@ -23,6 +23,7 @@ from casckpt.errors import CasckptError
 from casckpt.options import Options
 from casckpt.run import Run
 from casckpt.types import (
+    AuditEntry,
     CheckProblem,
     CheckReport,
     MigrationReport,
@@ -147,6 +148,7 @@ def open(  # noqa: A001 - the documented name of the entry point
 
 
 __all__ = [
+    "AuditEntry",
     "BlobLocation",
     "CasckptError",
     "CheckProblem",

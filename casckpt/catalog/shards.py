@@ -23,6 +23,8 @@ from casckpt.catalog.packs import PackLayout, ShardRow
 from casckpt.errors import CatalogError, InvalidArgumentError, RefNotFoundError
 
 LOCATION_STATES = ("active", "draining", "failed")
+_STATE_ACTIONS = {"active": "location.activate", "draining": "location.drain", "failed": "location.fail"}
+"""The audit action that putting a location in each state records."""
 SCHEMES = ("none", "replicate", "ec")
 
 
@@ -83,6 +85,7 @@ def add_location(catalog: Catalog, name: str, url: str, domain: str) -> Location
                 )
         conn.execute(s.locations.insert().values(
             name=name, url=url, domain=domain, state="active", created_at=time.time()))
+        catalog.audit_in(conn, "location.add", f"location:{name}", {"url": url, "domain": domain})
         return _location(conn.execute(select(s.locations).where(s.locations.c.name == name)).one())
 
 
@@ -102,6 +105,8 @@ def set_location_state(catalog: Catalog, name: str, state: str) -> LocationRow:
             raise RefNotFoundError(name, "there is no location with that name (see `casckpt location "
                                    "list`)", difflib.get_close_matches(name, names, n=3))
         conn.execute(update(s.locations).where(s.locations.c.id == row.id).values(state=state))
+        if row.state != state:
+            catalog.audit_in(conn, _STATE_ACTIONS[state], f"location:{name}", {"from": row.state})
         return LocationRow(row.id, row.name, row.url, row.domain, state)
 
 
@@ -350,7 +355,7 @@ def restore_run(catalog: Catalog, name: str, created_at: float, parent_version: 
                 retention: Any, redundancy: str | None) -> None:
     """Create or update a run from a rebuild record."""
     with catalog.write() as conn:
-        run_id = catalog.run_id(conn, name, create=True)
+        run_id = catalog.run_id(conn, name, create=True, audit=False)  # the rebuild records itself
         conn.execute(update(s.runs).where(s.runs.c.id == run_id).values(
             created_at=created_at, parent_version=parent_version,
             retention=null() if retention is None else retention, redundancy=redundancy))
