@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from casckpt import errors
+from casckpt._version import __version__ as __version__
 from casckpt.config import BlobLocation
 from casckpt.errors import CasckptError
 from casckpt.options import Options
@@ -44,8 +45,6 @@ if TYPE_CHECKING:
     from casckpt.engine.background import CommitHandle
     from casckpt.storage import BlobStore
     from casckpt.store import Store
-
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:

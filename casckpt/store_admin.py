@@ -19,8 +19,8 @@ from casckpt.catalog import shards as shard_sql
 from casckpt.engine import identity, records
 from casckpt.engine.validate import check_name
 from casckpt.errors import CasckptError, InvalidArgumentError
-from casckpt.jsonable import jsonable
 from casckpt.format import keys
+from casckpt.jsonable import jsonable
 from casckpt.storage import open_blob_store, redact_url
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.locations import Location

@@ -12,12 +12,13 @@ import subprocess
 import sys
 import time
 from contextlib import closing
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 import torch
 from sqlalchemy import create_engine, text
+from test_migrations import _migrate, _revision, _tables
 from typer.testing import CliRunner
 
 import casckpt
@@ -25,7 +26,6 @@ from casckpt.catalog import audit
 from casckpt.catalog.migrate import head_revision
 from casckpt.cli.main import app
 from casckpt.types import AuditEntry
-from test_migrations import _migrate, _revision, _tables
 
 
 def _state(step: int) -> dict[str, object]:
@@ -202,7 +202,8 @@ def test_filters(store: casckpt.Store) -> None:
 
     assert [r.target for r in store.audit(since=middle)] == [b.id, "tag:best"]
     assert [r.target for r in store.audit(until=middle)] == ["run:r", a.id]
-    assert [r.target for r in store.audit(since=datetime.fromtimestamp(middle, UTC))] == [b.id, "tag:best"]
+    aware = datetime.fromtimestamp(middle, timezone.utc)
+    assert [r.target for r in store.audit(since=aware)] == [b.id, "tag:best"]
     assert [r.target for r in store.audit(action="commit")] == [a.id, b.id]
     assert [r.target for r in store.audit(action="run")] == ["run:r"]  # a family: run.*
     assert store.audit(action="com") == []  # not a prefix match within a word
@@ -283,7 +284,8 @@ def test_upgrade_from_0008_keeps_data_and_records_the_migration(tmp_path: Path) 
         assert [r.target for r in store.audit(action="commit")] == [v2.id]
     casckpt.open(root).close()  # at head: nothing to migrate, nothing recorded
     with closing_db(root) as conn:
-        assert conn.execute("SELECT COUNT(*) FROM audit_log WHERE action = 'catalog.migrate'").fetchone() == (1,)
+        migrations = "SELECT COUNT(*) FROM audit_log WHERE action = 'catalog.migrate'"
+        assert conn.execute(migrations).fetchone() == (1,)
     _migrate(root, "0008", down=True)
     _migrate(root, "0009")
     with closing_db(root) as conn:

@@ -16,13 +16,15 @@ from __future__ import annotations
 import getpass
 import os
 import socket
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import Connection, func, or_, select
 
+from casckpt._version import __version__
 from casckpt.catalog import schema as s
 from casckpt.types import AuditEntry
 
@@ -56,12 +58,6 @@ def who() -> Who:
     return Who(os_user=user[:128], host=socket.gethostname()[:255], pid=os.getpid())
 
 
-def _software() -> str:
-    from casckpt import __version__  # at call time: the package has finished importing
-
-    return __version__
-
-
 def record(conn: Connection, action: str, target: str | None = None,
            detail: Mapping[str, object] | None = None) -> None:
     """Add one audit row inside ``conn``'s (write) transaction: it commits, or rolls back, with
@@ -70,10 +66,10 @@ def record(conn: Connection, action: str, target: str | None = None,
         raise ValueError(f"an audit action is a non-empty str of at most 64 characters, got {action!r}")
     me = who()
     values: dict[str, Any] = {
-        "at": datetime.now(UTC).timestamp(), "action": action,
+        "at": time.time(), "action": action,
         "target": None if target is None else str(target)[:256],
         "detail": dict(detail) if detail else {}, "os_user": me.os_user, "host": me.host,
-        "pid": me.pid, "casckpt_version": _software(),
+        "pid": me.pid, "casckpt_version": __version__,
     }
     if conn.dialect.name == "postgresql":  # the role the catalog knows this client as
         values["db_user"] = func.current_user()
@@ -109,7 +105,7 @@ def entries(conn: Connection, *, since: float | None, until: float | None, actio
         query = query.limit(limit)
     rows = list(conn.execute(query))
     return [
-        AuditEntry(id=int(r.id), at=datetime.fromtimestamp(float(r.at), UTC), action=str(r.action),
+        AuditEntry(id=int(r.id), at=datetime.fromtimestamp(float(r.at), timezone.utc), action=str(r.action),
                    target=r.target, detail=dict(r.detail or {}), os_user=str(r.os_user),
                    host=str(r.host), pid=int(r.pid), db_user=r.db_user,
                    casckpt_version=str(r.casckpt_version))
