@@ -120,6 +120,20 @@ def test_each_action_leaves_exactly_its_row(tmp_path: Path) -> None:
         assert store.check(read_data=True).ok
 
 
+def test_storage_policy_changes_are_recorded_once(store: casckpt.Store) -> None:
+    store.set_delta_chain(4)
+    store.set_delta_chain(4)  # unchanged: nothing recorded
+    store.set_delta_chain(2, run="r")  # creates the run
+    store.set_redundancy("none", run="r")
+    store.set_redundancy("none", run="r")
+    assert [(r.action, r.target, dict(r.detail)) for r in store.audit()] == [
+        ("delta_chain.set", None, {"delta_chain": 4, "from": None}),
+        ("run.create", "run:r", {}),
+        ("delta_chain.set", "run:r", {"delta_chain": 2, "from": None}),
+        ("redundancy.set", "run:r", {"redundancy": "none", "from": None}),
+    ]
+
+
 def test_other_components_record_through_the_catalog(store: casckpt.Store) -> None:
     """The hook the encryption work (``key.*``) and a read-only open (switched off) use."""
     catalog = store._core.ctx.catalog

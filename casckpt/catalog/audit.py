@@ -30,7 +30,8 @@ from casckpt.types import AuditEntry
 
 ACTIONS = (
     "commit", "delete", "undelete", "tag", "run.create", "run.fork", "gc", "retention.set",
-    "retention.clear", "location.add", "location.drain", "location.fail", "location.activate",
+    "retention.clear", "redundancy.set", "delta_chain.set", "location.add", "location.drain",
+    "location.fail", "location.activate",
     "repair", "catalog.rebuild", "catalog.migrate", "trees.migrate",
 )
 """The actions casckpt itself records (other components add their own, e.g. ``key.rotate``)."""

@@ -339,9 +339,7 @@ class Catalog:
         insert_ignore(conn, s.contents, content_rows, "digest")
         insert_ignore(conn, s.tree_nodes, list(node_rows), "id")
         for name in tag_names:
-            conn.execute(s.tags.delete().where(s.tags.c.name == name))
-            conn.execute(s.tags.insert().values(name=name, version_id=version["id"],
-                                                created_at=time.time()))
+            self._set_tag(conn, name, version["id"])
         if audit:
             self.audit_in(conn, "commit", version["id"], {
                 "run": run, "step": version["step"], "new_bytes": version["new_bytes"],
@@ -402,6 +400,10 @@ class Catalog:
             run_id = conn.execute(select(s.runs.c.id).where(s.runs.c.name == run)).scalar_one()
         return run_id
 
+    def _set_tag(self, conn: Connection, name: str, version_id: str) -> None:
+        conn.execute(s.tags.delete().where(s.tags.c.name == name))
+        conn.execute(s.tags.insert().values(name=name, version_id=version_id, created_at=time.time()))
+
     @_idempotent  # a retry after a lost COMMIT finds the tag in place: nothing more recorded
     def set_tag(self, name: str, version_id: str) -> None:
         """Point tag ``name`` at a version (moving it if it exists), recorded as ``tag``
@@ -410,8 +412,7 @@ class Catalog:
             before = conn.execute(select(s.tags.c.version_id).where(s.tags.c.name == name)).scalar()
             if before == version_id:
                 return
-            conn.execute(s.tags.delete().where(s.tags.c.name == name))
-            conn.execute(s.tags.insert().values(name=name, version_id=version_id, created_at=time.time()))
+            self._set_tag(conn, name, version_id)
             self.audit_in(conn, "tag", f"tag:{name}", {"version": version_id, "moved_from": before})
 
     # -- queries ------------------------------------------------------------

@@ -306,8 +306,11 @@ def set_store_redundancy(catalog: Catalog, spec: str) -> None:
     not collide on the row (on PostgreSQL a delete-then-insert does).
     """
     with catalog.write() as conn:
+        before = conn.execute(select(s.store_info.c.value).where(s.store_info.c.key == "redundancy")).scalar()
         stmt = upsert(conn, s.store_info).values(key="redundancy", value=spec)
         conn.execute(stmt.on_conflict_do_update(index_elements=["key"], set_={"value": spec}))
+        if before != spec:
+            catalog.audit_in(conn, "redundancy.set", None, {"redundancy": spec, "from": before})
 
 
 def run_redundancy(catalog: Catalog) -> dict[str, str]:
@@ -321,7 +324,10 @@ def set_run_redundancy(catalog: Catalog, run: str, spec: str | None) -> None:
     """Give ``run`` its own redundancy (None: follow the store's); creates the run if new."""
     with catalog.write() as conn:
         run_id = catalog.run_id(conn, run, create=True)
+        before = conn.execute(select(s.runs.c.redundancy).where(s.runs.c.id == run_id)).scalar()
         conn.execute(update(s.runs).where(s.runs.c.id == run_id).values(redundancy=spec))
+        if before != spec:
+            catalog.audit_in(conn, "redundancy.set", f"run:{run}", {"redundancy": spec, "from": before})
 
 
 def set_pack_chunks(catalog: Catalog, pack_id: str, chunks: int) -> None:
