@@ -26,6 +26,7 @@ from sqlalchemy import Connection, func, or_, select
 
 from casckpt._version import __version__
 from casckpt.catalog import schema as s
+from casckpt.errors import InvalidArgumentError
 from casckpt.types import AuditEntry
 
 ACTIONS = (
@@ -64,7 +65,8 @@ def record(conn: Connection, action: str, target: str | None = None,
     """Add one audit row inside ``conn``'s (write) transaction: it commits, or rolls back, with
     the change it records."""
     if not isinstance(action, str) or not action or len(action) > 64:
-        raise ValueError(f"an audit action is a non-empty str of at most 64 characters, got {action!r}")
+        raise InvalidArgumentError(
+            f"an audit action is a non-empty str of at most 64 characters, got {action!r}")
     me = who()
     values: dict[str, Any] = {
         "at": time.time(), "action": action,

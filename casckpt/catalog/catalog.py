@@ -153,7 +153,7 @@ class Catalog:
         filled in. A no-op while :attr:`audit_enabled` is False.
 
         Raises:
-            ValueError: ``action`` is empty or too long.
+            InvalidArgumentError: ``action`` is empty or too long (a ValueError).
             CatalogError, CatalogUnavailableError: the row could not be written.
         """
         if not self.audit_enabled:
