@@ -18,11 +18,13 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from casckpt import errors
+from casckpt._version import __version__ as __version__
 from casckpt.config import BlobLocation
 from casckpt.errors import CasckptError
 from casckpt.options import Options
 from casckpt.run import Run
 from casckpt.types import (
+    AuditEntry,
     CheckProblem,
     CheckReport,
     KeyInfo,
@@ -44,8 +46,6 @@ if TYPE_CHECKING:
     from casckpt.engine.background import CommitHandle
     from casckpt.storage import BlobStore
     from casckpt.store import Store
-
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
@@ -181,6 +181,7 @@ def open(  # noqa: A001 - the documented name of the entry point
 
 
 __all__ = [
+    "AuditEntry",
     "BlobLocation",
     "CasckptError",
     "CheckProblem",

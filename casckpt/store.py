@@ -43,6 +43,7 @@ from casckpt.store_distributed import StoreDistributed
 from casckpt.store_queries import StoreQueries
 from casckpt.store_retention import StoreRetention
 from casckpt.types import (
+    AuditEntry,
     CheckReport,
     GCReport,
     KeyInfo,
@@ -834,6 +835,29 @@ class Store:
         """
         self._core.refuse_write("repair", "the catalog and the locations")
         return self._admin.repair(progress=progress)
+
+    def audit(self, *, since: datetime | float | None = None, until: datetime | float | None = None,
+              action: str | None = None, target: str | None = None,
+              limit: int | None = None) -> list[AuditEntry]:
+        """The store's audit trail: who changed what, and when, oldest first.
+
+        Every commit, delete and undelete, tag, run created or forked, gc that changed
+        anything (not dry runs), retention policy change, location change, repair, catalog
+        rebuild and schema migration leaves one row, written in the transaction that made the
+        change (see :class:`~casckpt.types.AuditEntry` and docs/guides/audit.md). gc never
+        deletes rows.
+
+        Args:
+            since, until: inclusive time bounds (datetime, naive = local time, or epoch seconds).
+            action: an action (``"commit"``), or a family (``"location"``: every ``location.*``).
+            target: a version id (or a prefix of 4+ hex digits), ``run:NAME``, ``tag:NAME``,
+                ``location:NAME``.
+            limit: only the newest ``limit`` rows (still oldest first).
+
+        Raises:
+            InvalidArgumentError: a bad bound, filter or limit.
+        """
+        return self._queries.audit(since=since, until=until, action=action, target=target, limit=limit)
 
     def stats(self) -> StoreStats:
         """Space accounting: logical vs unique vs stored bytes, and what delta coding saved."""

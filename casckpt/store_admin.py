@@ -22,6 +22,7 @@ from casckpt.engine.deleterights import require_delete_rights
 from casckpt.engine.validate import check_name
 from casckpt.errors import CasckptError, InvalidArgumentError
 from casckpt.format import keys
+from casckpt.jsonable import jsonable
 from casckpt.storage import open_blob_store, redact_url
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.locations import Location
@@ -221,7 +222,9 @@ class StoreAdmin:
         require_delete_rights(self._core.ctx, "repair", objects=False)  # the admin role's catalog rights
         from casckpt.engine import repair as repair_engine
 
-        return repair_engine.repair(self._core.ctx, progress)
+        report = repair_engine.repair(self._core.ctx, progress)
+        self._core.ctx.catalog.record_audit("repair", None, _counts(report))
+        return report
 
     def stats(self) -> StoreStats:
         """Space accounting: logical vs unique vs stored bytes, and what delta coding saved."""
@@ -260,6 +263,7 @@ class StoreAdmin:
         from casckpt.engine import rebuild as rebuild_engine
 
         report = rebuild_engine.rebuild(self._core.ctx, progress)
+        self._core.ctx.catalog.record_audit("catalog.rebuild", None, _counts(report))
         self._core.recovering = False
         self._core.reload_locations({})  # the states the locations record restored
         return report
@@ -271,10 +275,20 @@ class StoreAdmin:
         require_delete_rights(self._core.ctx, "migrate-trees", objects=False)  # deletes tensors rows
         from casckpt.engine import treemigrate as treemigrate_engine  # the commit engine: torch
 
-        return treemigrate_engine.migrate(self._core.ctx, progress)
+        report = treemigrate_engine.migrate(self._core.ctx, progress)
+        if report.versions_migrated or report.nodes_written or report.tensor_rows_deleted:
+            self._core.ctx.catalog.record_audit("trees.migrate", None, _counts(report))
+        return report
 
     def rebuild_cache(self) -> int:
         """Drop and refill this host's index cache from the catalog; returns the chunks cached."""
         from casckpt.engine import rebuild as rebuild_engine
 
         return rebuild_engine.refill_cache(self._core.ctx)
+
+
+def _counts(report: object) -> dict[str, object]:
+    """A report as an audit row's detail: its numbers, and how many items each list holds
+    (the pack ids and reasons themselves stay in the report and the log)."""
+    return {k: len(v) if isinstance(v, (list, tuple)) else v
+            for k, v in jsonable(report).items()}

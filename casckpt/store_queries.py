@@ -17,7 +17,7 @@ from casckpt.catalog.rows import VersionRow
 from casckpt.catalog.treemigrate import tree_root
 from casckpt.engine import degraded, records, trees, treeviews
 from casckpt.engine import history as history_engine
-from casckpt.engine.logfilter import make_filter
+from casckpt.engine.logfilter import make_filter, time_bound
 from casckpt.engine.refs import bind, check_run, load_manifest
 from casckpt.engine.validate import check_name
 from casckpt.errors import InvalidArgumentError
@@ -27,6 +27,7 @@ from casckpt.format.tree import iter_values, rank_path
 from casckpt.format.treemanifest import head_values
 from casckpt.store_core import Ref, StoreCore, utc
 from casckpt.types import (
+    AuditEntry,
     RunInfo,
     RunNode,
     TensorHistoryEntry,
@@ -74,6 +75,19 @@ class StoreQueries:
             history_engine.check_tag(self._core.ctx.catalog, tag)
         return history_sql.log(self._core.ctx.catalog, query)
 
+
+    def audit(self, *, since: datetime | float | None = None, until: datetime | float | None = None,
+              action: str | None = None, target: str | None = None,
+              limit: int | None = None) -> list[AuditEntry]:
+        """The audit trail's rows that pass every filter given, oldest first."""
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
+            raise InvalidArgumentError(f"limit must be a non-negative int, got {limit!r}")
+        for name, value in (("action", action), ("target", target)):
+            if value is not None and (not isinstance(value, str) or not value):
+                raise InvalidArgumentError(f"{name} must be a non-empty str, got {value!r}")
+        return self._core.ctx.catalog.audit_entries(
+            since=time_bound(since, "since", upper=False), until=time_bound(until, "until", upper=True),
+            action=action, target=target, limit=limit)
 
     def show(self, ref: Ref, *, tensors: bool = True) -> VersionDetail:
         """A version with its tensors (in natural order: ``layers.2`` before ``layers.10``),

@@ -380,3 +380,32 @@ class RunNode(ToDict):
     fork_step: int | None
     children: tuple[str, ...]
     versions: int
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry(ToDict):
+    """One row of the store's audit trail (``Store.audit``, ``casckpt audit``).
+
+    Attributes:
+        id: its position in the trail (increasing).
+        at: when the change committed (UTC).
+        action: what was done: ``commit``, ``delete``, ``tag``, ``gc``, ``location.add``, ...
+            (docs/guides/audit.md lists them).
+        target: what it was done to: a version id, ``run:NAME``, ``tag:NAME``,
+            ``location:NAME``; None for the whole store (gc, repair, migrate).
+        detail: the particulars, as JSON (a commit's run, step and new bytes; gc's counts).
+        os_user, host, pid: the process that made the change.
+        db_user: the PostgreSQL role it connected as (None on SQLite).
+        casckpt_version: the casckpt that made it.
+    """
+
+    id: int
+    at: datetime
+    action: str
+    target: str | None
+    detail: Mapping[str, Any]
+    os_user: str
+    host: str
+    pid: int
+    db_user: str | None
+    casckpt_version: str

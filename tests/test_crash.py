@@ -150,6 +150,8 @@ def _assert_recovered(store_dir: Path, done: list[int], interrupted: int | None,
         expected = sorted(done + ([interrupted] if interrupted_visible else []))
         assert visible == expected, f"visible steps {visible}, committed before the kill {done}"
         assert store.stats().versions == len(expected)
+        commits = [r.target for r in store.audit(action="commit")]  # a row iff the version is visible
+        assert sorted(commits) == sorted(v.id for v in store.log()), "audit rows != visible versions"
         if len(done) >= 2:  # the child delta-coded its later commits (the crash hit such a commit)
             assert store.stats().delta_chunks > 0
         for step in expected:
@@ -180,6 +182,7 @@ KILL_POINTS = [
     pytest.param("blobs.put_manifest", "after", 2, 1, id="manifest-written"),
     pytest.param("catalog.add_version", "before", 2, 1, id="before-publish"),
     pytest.param("catalog._set_tag", "before", 2, 1, id="inside-publish-transaction"),
+    pytest.param("catalog.audit_in", "after", 2, 1, id="audit-row-written-not-committed"),
     pytest.param("catalog.add_version", "after", 2, 1, id="after-publish"),
     pytest.param("catalog.add_pack", "before", 0, 3, id="first-commit-of-new-store"),
 ]

@@ -238,6 +238,9 @@ def test_keys_can_be_added_rotated_and_removed_and_every_version_stays_readable(
             got = store.restore(f"r@{step}")["model"]["w"]
             assert got.numpy().tobytes() == _pattern(step, 1 << 20)
         assert store.check(read_data=True).ok
+        actions = [(e.action, e.detail.get("key_id")) for e in store.audit(action="key")]
+        assert actions == [("key.create", None), ("key.add", added.id), ("key.rotate", rotated.id),
+                           ("key.remove", first_id)]
     with pytest.raises(WrongKeyError):
         open_()
     record = json.loads((loc / object_keys.KEYS_RECORD).read_text())

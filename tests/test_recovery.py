@@ -488,6 +488,7 @@ REBUILD_LOSES = {
     "`created_at` of `tags`, `packs`, `chunks`, `locations`": "the time of the rebuild",
     "`runs` of no version and no record": "absent (a run created before its first commit, with no policy)",
     "`gc_runs`, `leases`, `gc_live`, `tombstones`": "empty (GC history, commits in flight, purged versions)",
+    "`audit_log`": "one `catalog.rebuild` row (the trail before the loss went with the old catalog)",
 }
 
 def _explained(table: str, column: str, old: dict[str, Any], new: dict[str, Any],

@@ -46,16 +46,16 @@ def test_two_alembic_version_rows_are_a_typed_refusal(tmp_path: Path) -> None:
     """Open without Alembic: a catalog recording two revisions fell through to Alembic, whose
     CommandError is no CasckptError. Refused, typed, and nothing changed."""
     db = _store(tmp_path / "s")
-    _tamper(db, "INSERT INTO alembic_version VALUES ('0007')")
+    _tamper(db, "INSERT INTO alembic_version VALUES ('0008')")
     with pytest.raises(CatalogError, match="2 schema revisions"):
         casckpt.open(tmp_path / "s")
     conn = sqlite3.connect(db)
     rows = conn.execute("SELECT version_num FROM alembic_version").fetchall()
-    assert sorted(rows) == [("0007",), ("0008",)]
+    assert sorted(rows) == [("0008",), ("0009",)]
     conn.close()
 
 
-@pytest.mark.parametrize("revision", ["zzzz", "0009", "0008 "])
+@pytest.mark.parametrize("revision", ["zzzz", "0010", "0009 "])
 def test_unknown_revision_is_refused(tmp_path: Path, revision: str) -> None:
     db = _store(tmp_path / "s")
     _tamper(db, f"UPDATE alembic_version SET version_num='{revision}'")

@@ -72,7 +72,7 @@ def test_catalog_only_commands_import_no_torch(small_store: Path) -> None:
         ["--help"], ["--version"], ["runs"], ["runs", "--json"], ["log", RUN], ["log", RUN, "--json"],
         ["show", f"{RUN}@1"], ["show", f"{RUN}@1", "--tensors"], ["show", f"{RUN}@1", "--json"],
         ["tag", f"{RUN}@1", "good"], ["best", RUN, "--metric", "loss"], ["tree"], ["stats"],
-        ["gc", "--dry-run"],
+        ["gc", "--dry-run"], ["audit"], ["audit", "--since", "1h", "--action", "tag", "--json"],
     ]
     results = _commands_in_one_process(small_store, commands)
     assert [r["code"] for r in results] == [0] * len(commands), results

@@ -19,20 +19,21 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy import ColumnElement, Connection, Row, exists, func, select, text
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from casckpt.catalog import migrate
+from casckpt.catalog import audit, migrate
 from casckpt.catalog import schema as s
-from casckpt.catalog.database import Database, insert_ignore, sqlite_write_denied
+from casckpt.catalog.database import Database, insert_ignore, sqlite_write_denied, upsert
 from casckpt.catalog.packs import ChunkLocation, PackRecord, insert_pack, upsert_chunks
 from casckpt.catalog.rows import VersionRow, manifest_bytes, tensor_row, version_query, version_row
 from casckpt.errors import CatalogError, CatalogUnavailableError, ReadOnlyStoreError, VersionExistsError
 from casckpt.format.crypto import PLAIN, StoreCrypto
+from casckpt.types import AuditEntry
 
 BATCH = 500
 DEFAULT_RETRY_S = 5.0
@@ -193,6 +194,57 @@ class Catalog:
         with self._db.transaction(write=True) as conn:
             yield conn
 
+    # -- audit trail --------------------------------------------------------
+
+    audit_enabled: bool = True
+    """Whether :meth:`record_audit` and :meth:`audit_in` write rows. A read-only open sets it
+    False on its catalog (it never writes: every change it would record is refused anyway)."""
+
+    def record_audit(self, action: str, target: str | None = None,
+                     detail: Mapping[str, object] | None = None) -> None:
+        """Add one row to the audit trail, in a transaction of its own.
+
+        For changes made outside the catalog, once they are done; a change the catalog makes
+        records itself inside its own transaction with :meth:`audit_in`. Example (the
+        encryption work)::
+
+            catalog.record_audit("key.rotate", None, {"key_id": new_id, "previous": old_id})
+
+        Args:
+            action: what was done, at most 64 characters; dotted families
+                (``key.add``, ``key.remove``) filter together (``casckpt audit --action key``).
+            target: what it was done to (a version id, ``run:NAME``, ``tag:NAME``,
+                ``location:NAME``, ``key:ID``), or None for the whole store.
+            detail: JSON-able particulars; never secrets (the catalog is plaintext).
+
+        Who (OS user, host, pid; on PostgreSQL the role), when, and the casckpt version are
+        filled in. A no-op while :attr:`audit_enabled` is False.
+
+        Raises:
+            InvalidArgumentError: ``action`` is empty or too long (a ValueError).
+            CatalogError, CatalogUnavailableError: the row could not be written.
+        """
+        if not self.audit_enabled:
+            return
+        with self.write() as conn:
+            audit.record(conn, action, target, detail)
+
+    def audit_in(self, conn: Connection, action: str, target: str | None = None,
+                 detail: Mapping[str, object] | None = None) -> None:
+        """:meth:`record_audit` inside ``conn``'s write transaction: the row commits, or
+        rolls back, with the change it records (so no change is visible without its row)."""
+        if self.audit_enabled:
+            audit.record(conn, action, target, detail)
+
+    @_idempotent
+    def audit_entries(self, *, since: float | None = None, until: float | None = None,
+                      action: str | None = None, target: str | None = None,
+                      limit: int | None = None) -> list[AuditEntry]:
+        """Audit rows oldest first (see :func:`casckpt.catalog.audit.entries`)."""
+        with self.read() as conn:
+            return audit.entries(conn, since=since, until=until, action=action, target=target,
+                                 limit=limit)
+
     # -- chunks and packs -------------------------------------------------
 
     def find_chunks(self, ids: Iterable[str], *, live_only: bool = True) -> dict[str, ChunkLocation]:
@@ -263,9 +315,13 @@ class Catalog:
     def add_version(
         self, version: dict[str, Any], run: str, tensor_rows: list[dict[str, Any]],
         content_rows: list[dict[str, Any]], tag_names: Sequence[str], chunk_ids: Iterable[str],
-        node_rows: Sequence[dict[str, Any]] = (), lease: str | None = None,
+        node_rows: Sequence[dict[str, Any]] = (), lease: str | None = None, audit: bool = True,
     ) -> None:
         """Make a version visible: ONE transaction that re-checks every referenced chunk.
+
+        The same transaction adds the ``commit`` row of the audit trail (and ``run.create``
+        for a new run): a version is visible exactly when its row exists. ``audit=False``
+        (a catalog rebuild, which records itself once) leaves them out.
 
         ``lease``: the commit's lease, ended in the same transaction (once the version is
         visible it keeps its chunks itself; a failed publish leaves the lease as it was).
@@ -294,7 +350,7 @@ class Catalog:
                     if lease is not None:  # rolled back with the rest if publishing fails
                         conn.execute(s.leases.delete().where(s.leases.c.id == lease))
                     self._publish(conn, version, run, tensor_rows, content_rows, tag_names, ids,
-                                  node_rows)
+                                  node_rows, audit)
             except CatalogUnavailableError as exc:
                 in_doubt = in_doubt or exc.in_doubt
                 raise
@@ -326,8 +382,8 @@ class Catalog:
     def _publish(self, conn: Connection, version: dict[str, Any], run: str,
                  tensor_rows: list[dict[str, Any]], content_rows: list[dict[str, Any]],
                  tag_names: Sequence[str], ids: list[str],
-                 node_rows: Sequence[dict[str, Any]] = ()) -> None:
-        run_id = self.run_id(conn, run, create=True)
+                 node_rows: Sequence[dict[str, Any]] = (), audit: bool = True) -> None:
+        run_id = self.run_id(conn, run, create=True, audit=audit)
         if run_id is None:
             raise CatalogError(f"run {run!r} vanished while committing; retry")
         # serialise commits to one run (PostgreSQL row lock; SQLite already holds the db lock)
@@ -352,6 +408,11 @@ class Catalog:
         insert_ignore(conn, s.tree_nodes, list(node_rows), "id")
         for name in tag_names:
             self._set_tag(conn, name, version["id"])
+        if audit:
+            self.audit_in(conn, "commit", version["id"], {
+                "run": run, "step": version["step"], "new_bytes": version["new_bytes"],
+                "stored_bytes": version["stored_bytes"], "logical_bytes": version["logical_bytes"],
+                "tags": list(tag_names)})
 
     @staticmethod
     def _node_bodies(conn: Connection, ids: Sequence[str]) -> list[tuple[str, bytes]]:
@@ -394,11 +455,16 @@ class Catalog:
         with self.write() as conn:
             insert_ignore(conn, s.tree_nodes, list(rows), "id")
 
-    def run_id(self, conn: Connection, run: str, *, create: bool) -> int | None:
-        """The id of run ``run`` within ``conn``'s transaction (created if asked and missing)."""
+    def run_id(self, conn: Connection, run: str, *, create: bool, audit: bool = True) -> int | None:
+        """The id of run ``run`` within ``conn``'s transaction (created if asked and missing;
+        a run this call creates is recorded as ``run.create`` unless ``audit`` is False)."""
         run_id = conn.execute(select(s.runs.c.id).where(s.runs.c.name == run)).scalar()
         if run_id is None and create:
-            insert_ignore(conn, s.runs, [{"name": run, "created_at": time.time()}], "name")
+            created = conn.execute(
+                upsert(conn, s.runs).on_conflict_do_nothing(index_elements=["name"])
+                .values(name=run, created_at=time.time()).returning(s.runs.c.id)).first()
+            if created is not None and audit:
+                self.audit_in(conn, "run.create", f"run:{run}")
             run_id = conn.execute(select(s.runs.c.id).where(s.runs.c.name == run)).scalar_one()
         return run_id
 
@@ -409,11 +475,16 @@ class Catalog:
         if not moved:
             conn.execute(s.tags.insert().values(name=name, version_id=version_id, created_at=time.time()))
 
-    @_idempotent
+    @_idempotent  # a retry after a lost COMMIT finds the tag in place: nothing more recorded
     def set_tag(self, name: str, version_id: str) -> None:
-        """Point tag ``name`` at a version (moving it if it exists)."""
+        """Point tag ``name`` at a version (moving it if it exists), recorded as ``tag``
+        (with the version it pointed at before, ``moved_from``) unless it pointed there."""
         with self.write() as conn:
+            before = conn.execute(select(s.tags.c.version_id).where(s.tags.c.name == name)).scalar()
+            if before == version_id:
+                return
             self._set_tag(conn, name, version_id)
+            self.audit_in(conn, "tag", f"tag:{name}", {"version": version_id, "moved_from": before})
 
     # -- queries ------------------------------------------------------------
 

@@ -28,8 +28,13 @@ def stored_delta_chain(catalog: Catalog) -> int | None:
 def set_store_delta_chain(catalog: Catalog, chain: int) -> None:
     """Set the store's chain length (0: no delta coding)."""
     with catalog.write() as conn:
+        key = s.store_info.c.key == "delta_chain"
+        before = conn.execute(select(s.store_info.c.value).where(key)).scalar()
         conn.execute(s.store_info.delete().where(s.store_info.c.key == "delta_chain"))
         conn.execute(s.store_info.insert().values(key="delta_chain", value=str(chain)))
+        if before != str(chain):
+            catalog.audit_in(conn, "delta_chain.set", None,
+                             {"delta_chain": chain, "from": None if before is None else int(before)})
 
 
 def run_delta_chains(catalog: Catalog) -> dict[str, int]:
@@ -43,7 +48,10 @@ def set_run_delta_chain(catalog: Catalog, run: str, chain: int | None) -> None:
     """Give ``run`` its own chain length (None: follow the store's); creates the run if new."""
     with catalog.write() as conn:
         run_id = catalog.run_id(conn, run, create=True)
+        before = conn.execute(select(s.runs.c.delta_chain).where(s.runs.c.id == run_id)).scalar()
         conn.execute(update(s.runs).where(s.runs.c.id == run_id).values(delta_chain=chain))
+        if before != chain:
+            catalog.audit_in(conn, "delta_chain.set", f"run:{run}", {"delta_chain": chain, "from": before})
 
 
 def delta_chain_for(catalog: Catalog, run: str) -> int:

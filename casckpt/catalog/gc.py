@@ -10,8 +10,6 @@ from a collection are in :mod:`casckpt.catalog.leases`.
 
 from __future__ import annotations
 
-import os
-import socket
 import time
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
@@ -20,6 +18,7 @@ from typing import Any
 from sqlalchemy import Text, and_, bindparam, cast, delete, exists, func, insert, or_, select, text, update
 
 from casckpt.catalog import schema as s
+from casckpt.catalog.audit import who
 from casckpt.catalog.catalog import Catalog
 from casckpt.catalog.database import insert_ignore
 from casckpt.catalog.leases import tombstone
@@ -49,9 +48,10 @@ class DeadPack:
 
 def start_run(catalog: Catalog, dry_run: bool) -> int:
     """Record the start of a GC run; returns its id."""
+    me = who()
     with catalog.write() as conn:
         key = conn.execute(insert(s.gc_runs).values(
-            started_at=time.time(), host=socket.gethostname()[:255], pid=os.getpid(),
+            started_at=time.time(), host=me.host, pid=me.pid,
             dry_run=dry_run,
         )).inserted_primary_key
     if key is None:
@@ -60,10 +60,16 @@ def start_run(catalog: Catalog, dry_run: bool) -> int:
 
 
 def finish_run(catalog: Catalog, run_id: int, report: dict[str, Any]) -> None:
-    """Record the end of a GC run and its report."""
+    """Record the end of a GC run and its report (a run that changed anything, not a dry
+    run, also as a ``gc`` audit row: its counts and bytes, the objects it kept but not their
+    names)."""
     with catalog.write() as conn:
         conn.execute(update(s.gc_runs).where(s.gc_runs.c.id == run_id)
                      .values(finished_at=time.time(), report=report))
+        if not report.get("dry_run"):
+            summary = {k: v for k, v in report.items() if k != "kept"}
+            catalog.audit_in(conn, "gc", None, {**summary, "gc_run": run_id,
+                                                "kept": len(report.get("kept") or ())})
 
 
 def expired_deleted_versions(catalog: Catalog, cutoff: float) -> list[str]:

@@ -346,6 +346,7 @@ def fork(catalog: Catalog, run: str, version_id: str) -> float:
         if created is None:
             raise RunExistsError(
                 f"run {run!r} already exists; fork into a new run name (see `casckpt runs`)")
+        catalog.audit_in(conn, "run.fork", f"run:{run}", {"from": version_id})
     return now
 
 

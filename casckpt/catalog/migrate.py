@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, inspect, text
 
+from casckpt.catalog import audit
 from casckpt.catalog.database import Database
 from casckpt.errors import CatalogError, SchemaTooNewError
 
@@ -132,6 +133,9 @@ def check_not_newer(connection: Connection, where: str) -> str | None:
 def upgrade(connection: Connection) -> None:
     """Bring the catalog to the head revision (a no-op when it is already there).
 
+    Upgrading an existing catalog adds a ``catalog.migrate`` row to its audit trail in
+    the same transaction (creating a new one adds none).
+
     Thread-safe: upgrades within one process run one at a time. The
     connection's transaction (on SQLite ``BEGIN IMMEDIATE``: the database's
     write lock) is begun before ``_ALEMBIC_LOCK`` is taken, the order
@@ -142,10 +146,13 @@ def upgrade(connection: Connection) -> None:
 
     if not connection.in_transaction():
         connection.begin()
-    if current_revision(connection) == head_revision():
+    before, head = current_revision(connection), head_revision()
+    if before == head:
         return
     with _ALEMBIC_LOCK:
         command.upgrade(_config(connection), "head")
+    if before is not None:  # an existing store's schema changed (a new one was created)
+        audit.record(connection, "catalog.migrate", None, {"from": before, "to": head})
 
 
 _MIGRATION_LOCK = 0x6361736B  # "cask": PostgreSQL advisory lock key for schema upgrades

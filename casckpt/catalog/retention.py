@@ -65,6 +65,10 @@ def store_policy(catalog: Catalog, run: str, policy: Mapping[str, Any] | None, *
             return False
         conn.execute(s.runs.update().where(s.runs.c.id == run_id)
                      .values(retention=null() if policy is None else dict(policy)))  # SQL NULL, not JSON null
+        if policy is None:
+            catalog.audit_in(conn, "retention.clear", f"run:{run}")
+        else:
+            catalog.audit_in(conn, "retention.set", f"run:{run}", {"policy": dict(policy)})
         return True
 
 
@@ -180,6 +184,15 @@ def delete_version(catalog: Catalog, version_id: str, reason: str) -> None:
     with catalog.write() as conn:
         if not soft_delete(conn, [version_id], reason):
             raise RefNotFoundError(version_id, "the version was deleted meanwhile")
+        catalog.audit_in(conn, "delete", version_id, {**_run_step(conn, version_id), "reason": reason})
+
+
+def _run_step(conn: Connection, version_id: str) -> dict[str, Any]:
+    """The run and step of a version, for its audit row."""
+    row = conn.execute(select(s.runs.c.name, s.versions.c.step)
+                       .join(s.runs, s.runs.c.id == s.versions.c.run_id)
+                       .where(s.versions.c.id == version_id)).one()
+    return {"run": row[0], "step": row[1]}
 
 
 def find_deleted(catalog: Catalog, *, prefix: str | None = None, run: str | None = None,
@@ -222,6 +235,7 @@ def undelete_version(catalog: Catalog, version_id: str, chunk_ids: Iterable[str]
             raise MissingChunksError(missing)
         conn.execute(s.versions.update().where(s.versions.c.id == version_id)
                      .values(state="visible", deleted_at=None, deleted_reason=None))
+        catalog.audit_in(conn, "undelete", version_id, _run_step(conn, version_id))
         return True
 
 

@@ -210,3 +210,21 @@ gc_runs = Table(
     Column("dry_run", Boolean, nullable=False),
     Column("report", JSON, nullable=True),
 )
+
+audit_log = Table(  # the audit trail (casckpt.catalog.audit): appended to, never deleted from
+    "audit_log",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at", Float, nullable=False),
+    Column("action", String(64), nullable=False),
+    Column("target", String(256), nullable=True),
+    Column("detail", JSON, nullable=False),
+    Column("os_user", String(128), nullable=False),
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("db_user", String(128), nullable=True),  # PostgreSQL's current_user; NULL on SQLite
+    Column("casckpt_version", String(32), nullable=False),
+)
+Index("ix_audit_log_at", audit_log.c.at)
+Index("ix_audit_log_action", audit_log.c.action)
+Index("ix_audit_log_target", audit_log.c.target)

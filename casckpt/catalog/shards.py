@@ -23,6 +23,8 @@ from casckpt.catalog.packs import PackLayout, ShardRow
 from casckpt.errors import CatalogError, InvalidArgumentError, RefNotFoundError
 
 LOCATION_STATES = ("active", "draining", "failed")
+_STATE_ACTIONS = {"active": "location.activate", "draining": "location.drain", "failed": "location.fail"}
+"""The audit action that putting a location in each state records."""
 SCHEMES = ("none", "replicate", "ec")
 
 
@@ -83,6 +85,7 @@ def add_location(catalog: Catalog, name: str, url: str, domain: str) -> Location
                 )
         conn.execute(s.locations.insert().values(
             name=name, url=url, domain=domain, state="active", created_at=time.time()))
+        catalog.audit_in(conn, "location.add", f"location:{name}", {"url": url, "domain": domain})
         return _location(conn.execute(select(s.locations).where(s.locations.c.name == name)).one())
 
 
@@ -102,6 +105,8 @@ def set_location_state(catalog: Catalog, name: str, state: str) -> LocationRow:
             raise RefNotFoundError(name, "there is no location with that name (see `casckpt location "
                                    "list`)", difflib.get_close_matches(name, names, n=3))
         conn.execute(update(s.locations).where(s.locations.c.id == row.id).values(state=state))
+        if row.state != state:
+            catalog.audit_in(conn, _STATE_ACTIONS[state], f"location:{name}", {"from": row.state})
         return LocationRow(row.id, row.name, row.url, row.domain, state)
 
 
@@ -309,8 +314,11 @@ def set_store_redundancy(catalog: Catalog, spec: str) -> None:
     not collide on the row (on PostgreSQL a delete-then-insert does).
     """
     with catalog.write() as conn:
+        before = conn.execute(select(s.store_info.c.value).where(s.store_info.c.key == "redundancy")).scalar()
         stmt = upsert(conn, s.store_info).values(key="redundancy", value=spec)
         conn.execute(stmt.on_conflict_do_update(index_elements=["key"], set_={"value": spec}))
+        if before != spec:
+            catalog.audit_in(conn, "redundancy.set", None, {"redundancy": spec, "from": before})
 
 
 def run_redundancy(catalog: Catalog) -> dict[str, str]:
@@ -324,7 +332,10 @@ def set_run_redundancy(catalog: Catalog, run: str, spec: str | None) -> None:
     """Give ``run`` its own redundancy (None: follow the store's); creates the run if new."""
     with catalog.write() as conn:
         run_id = catalog.run_id(conn, run, create=True)
+        before = conn.execute(select(s.runs.c.redundancy).where(s.runs.c.id == run_id)).scalar()
         conn.execute(update(s.runs).where(s.runs.c.id == run_id).values(redundancy=spec))
+        if before != spec:
+            catalog.audit_in(conn, "redundancy.set", f"run:{run}", {"redundancy": spec, "from": before})
 
 
 def set_pack_chunks(catalog: Catalog, pack_id: str, chunks: int) -> None:
@@ -358,7 +369,7 @@ def restore_run(catalog: Catalog, name: str, created_at: float, parent_version: 
                 retention: Any, redundancy: str | None) -> None:
     """Create or update a run from a rebuild record."""
     with catalog.write() as conn:
-        run_id = catalog.run_id(conn, name, create=True)
+        run_id = catalog.run_id(conn, name, create=True, audit=False)  # the rebuild records itself
         conn.execute(update(s.runs).where(s.runs.c.id == run_id).values(
             created_at=created_at, parent_version=parent_version,
             retention=null() if retention is None else retention, redundancy=redundancy))

@@ -1,4 +1,5 @@
-"""History and lineage commands: ``log``, ``diff``, ``history``, ``fork``, ``tree``, ``best``.
+"""History and lineage commands: ``log``, ``diff``, ``history``, ``fork``, ``tree``, ``best``,
+and ``audit`` (who changed the store, and when).
 
 All are answered from the catalog; none reads tensor data. Exit codes are
 those of ``casckpt --help`` (2 bad input, e.g. a bad ``--where``; 3 unknown
@@ -21,7 +22,7 @@ from rich.tree import Tree
 
 from casckpt.cli import render
 from casckpt.cli.shared import FLAG, JsonOption, RefArgument, open_store
-from casckpt.types import RunNode, TensorChange, TensorHistoryEntry, VersionDiff
+from casckpt.types import AuditEntry, RunNode, TensorChange, TensorHistoryEntry, VersionDiff
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _AGO = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
@@ -212,6 +213,71 @@ def history_table(entries: list[TensorHistoryEntry]) -> RenderableType:
     return table
 
 
+def audit(
+    ctx: typer.Context,
+    since: Annotated[str | None, typer.Option(metavar="TIME",
+        help=f"Changes at or after: {_TIME_HELP}.")] = None,
+    until: Annotated[str | None, typer.Option(metavar="TIME",
+        help=f"Changes at or before: {_TIME_HELP}.")] = None,
+    action: Annotated[str | None, typer.Option(metavar="ACTION",
+        help="Only this action (commit, delete, tag, gc, ...) or family (location: every "
+             "location.*).")] = None,
+    target: Annotated[str | None, typer.Option(metavar="TARGET",
+        help="Only this target: a version id (or a prefix), run:NAME, tag:NAME, location:NAME.")] = None,
+    limit: Annotated[
+        int | None, typer.Option("--limit", "-n", min=1, metavar="N", help="Only the newest N entries.")
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Show the audit trail, oldest first: who (user, host, pid; database role) committed,
+    deleted, tagged, ran gc, changed policies or locations, and when."""
+    since_s = parse_time(since) if since is not None else None
+    until_s = parse_time(until) if until is not None else None
+    with open_store(ctx) as store:
+        entries = store.audit(since=since_s, until=until_s, action=action, target=target, limit=limit)
+    if as_json:
+        render.print_json([e.to_dict() for e in entries])
+    elif not entries:
+        filtered = any(x is not None for x in (since, until, action, target))
+        render.note("no audit entries match" if filtered else "no audit entries yet")
+    else:
+        render.out(audit_table(entries))
+
+
+_VERSION_ID = re.compile(r"[0-9a-f]{64}")
+
+
+def _audit_target(target: str | None) -> str:
+    if target is None:
+        return "-"
+    return target[:12] if len(target) == 64 and ":" not in target else target
+
+
+def _audit_detail(entry: AuditEntry) -> str:
+    detail = dict(entry.detail)
+    if entry.action == "commit":  # what a reader scans for: where it went and what it cost
+        return (f"{detail.get('run')}@{detail.get('step')} "
+                f"new {render.human_bytes(int(detail.get('new_bytes') or 0))}")
+    if entry.action == "gc":
+        return (f"{detail.get('versions_deleted', 0)} deleted, {detail.get('versions_purged', 0)} "
+                f"purged, {render.human_bytes(int(detail.get('bytes_freed') or 0))} freed")
+    shown = {k: v[:12] if isinstance(v, str) and _VERSION_ID.fullmatch(v) else v
+             for k, v in detail.items()}  # version ids as everywhere else in tables
+    return render.short_value(shown) if shown else ""
+
+
+def audit_table(entries: list[AuditEntry]) -> RenderableType:
+    """One row per audit entry, in the order given."""
+    roles = any(e.db_user is not None for e in entries)
+    columns = ["AT", "ACTION", "TARGET", "WHO", *(["ROLE"] if roles else []), "DETAIL"]
+    table = _table(*columns)
+    for e in entries:
+        who = f"{e.os_user}@{e.host}:{e.pid}"
+        table.add_row(render.local_time(e.at), e.action, _audit_target(e.target), who,
+                      *([e.db_user or "-"] if roles else []), _audit_detail(e))
+    return table
+
+
 def _label(node: RunNode) -> Text:
     label = Text(node.name, style="bold")
     if node.fork_version is not None:
@@ -240,3 +306,4 @@ def register(app: typer.Typer) -> None:
     app.command()(fork)
     app.command()(tree)
     app.command()(best)
+    app.command()(audit)

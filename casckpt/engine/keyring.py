@@ -20,11 +20,9 @@ rewrite the record only: the data key, and so every object, stays as it is.
 
 from __future__ import annotations
 
-import getpass
 import json
 import logging
 import os
-import socket
 import stat
 from collections.abc import Mapping
 from dataclasses import replace
@@ -33,6 +31,7 @@ from pathlib import Path
 from casckpt.catalog import Catalog
 from casckpt.catalog import keys as keys_sql
 from casckpt.catalog import shards as shard_sql
+from casckpt.catalog.audit import who as audit_who
 from casckpt.errors import (
     BlobNotFoundError,
     CasckptError,
@@ -57,12 +56,9 @@ _MAX_RECORD = 1 << 20
 
 
 def who() -> str:
-    """``user@host`` of this process (for key slots)."""
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = str(os.getuid())
-    return f"{user}@{socket.gethostname()}"
+    """``user@host`` of this process (for key slots; the audit trail records the same)."""
+    me = audit_who()
+    return f"{me.os_user}@{me.host}"
 
 
 def read_key_file(path: str | os.PathLike[str]) -> bytes:
@@ -218,8 +214,9 @@ def publish(catalog: Catalog, blobs: Mapping[str, BlobStore]) -> None:
             log.warning("could not write the key record to blob location %s: %s", name, exc)
 
 
-def _change(catalog: Catalog, locations: LocationSet, old: KeyRecord, new: KeyRecord) -> None:
-    if not keys_sql.replace_key_record(catalog, old.to_json(), new.to_json()):
+def _change(catalog: Catalog, locations: LocationSet, old: KeyRecord, new: KeyRecord, action: str,
+            **detail: str) -> None:
+    if not keys_sql.replace_key_record(catalog, old.to_json(), new.to_json(), action, detail):
         raise StoreKeyError("the store's keys changed while this change was made (another `casckpt "
                             "key` command?); nothing was changed: run it again")
     publish(catalog, {loc.name: loc.blobs for loc in locations.all if loc.readable})
@@ -249,7 +246,8 @@ def add_key(catalog: Catalog, locations: LocationSet, opened: StoreCrypto, maste
         raise InvalidArgumentError(
             f"key {crypto.key_id(master)} is one of this store's keys already")
     slot = opened.wrap_for(master, record.store_id, who())
-    _change(catalog, locations, record, replace(record, slots=(*record.slots, slot)))
+    _change(catalog, locations, record, replace(record, slots=(*record.slots, slot)), "key.add",
+            key_id=slot.id)
     return slot
 
 
@@ -267,7 +265,8 @@ def remove_key(catalog: Catalog, locations: LocationSet, kid: str) -> None:
     if len(record.slots) == 1:
         raise LastKeyError(f"key {kid} is this store's only key: removing it would make every version "
                            "unreadable. Add another key first (`casckpt key add FILE`)")
-    _change(catalog, locations, record, replace(record, slots=tuple(s for s in record.slots if s.id != kid)))
+    _change(catalog, locations, record, replace(record, slots=tuple(s for s in record.slots if s.id != kid)),
+            "key.remove", key_id=kid)
 
 
 def rotate_key(catalog: Catalog, locations: LocationSet, opened: StoreCrypto, old: str,
@@ -285,5 +284,6 @@ def rotate_key(catalog: Catalog, locations: LocationSet, opened: StoreCrypto, ol
             f"key {crypto.key_id(master)} is one of this store's keys already")
     slot = opened.wrap_for(master, record.store_id, who())
     _change(catalog, locations, record,
-            replace(record, slots=(*(s for s in record.slots if s.id != old), slot)))
+            replace(record, slots=(*(s for s in record.slots if s.id != old), slot)), "key.rotate",
+            key_id=slot.id, previous=old)
     return slot

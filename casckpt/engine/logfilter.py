@@ -80,6 +80,16 @@ def _epoch(value: object, what: str, slack: float) -> float | None:
     raise InvalidArgumentError(f"{what} must be a datetime or epoch seconds, got {value!r}")
 
 
+def time_bound(value: object, what: str, *, upper: bool) -> float | None:
+    """A ``since`` (lower) or ``until`` (upper) bound as epoch seconds, inclusive: a datetime
+    (naive: local time) or epoch seconds, as ``Store.log`` takes them.
+
+    Raises:
+        InvalidArgumentError: neither.
+    """
+    return _epoch(value, what, 1e-6 if upper else -1e-6)
+
+
 def _step(value: object, what: str) -> int | None:
     if value is None:
         return None

@@ -136,7 +136,8 @@ def _publish(ctx: EngineContext, manifest: Manifest, data: bytes, version_id: st
     if manifest.tree is not None:
         row["tree_root"] = manifest.tree.root.hex()
     chunk_ids = [cid.hex() for cid in manifest.chunk_ids()]  # every one: nothing is known yet
-    ctx.catalog.add_version(row, manifest.run, rows, contents, manifest.tags, chunk_ids, node_rows)
+    ctx.catalog.add_version(row, manifest.run, rows, contents, manifest.tags, chunk_ids, node_rows,
+                            audit=False)  # the rebuild is recorded once, as catalog.rebuild
 
 
 def rebuild(ctx: EngineContext, progress: ProgressCallback | None = None) -> RebuildReport:

@@ -112,6 +112,8 @@ def _targets() -> dict[str, tuple[type, str, Any]]:
         "catalog.add_version": (Catalog, "add_version", None),
         # inside the publishing transaction, after the version and tensor rows are inserted
         "catalog._set_tag": (Catalog, "_set_tag", None),
+        # the publishing transaction's last statement: the commit's audit row
+        "catalog.audit_in": (Catalog, "audit_in", lambda args: args[1] == "commit"),
     }
 
 
