@@ -32,7 +32,7 @@ ROLES = ("reader", "writer", "admin")
 ALEMBIC_TABLE = "alembic_version"
 """Alembic's revision table: every role reads it when opening the store."""
 
-GC_TABLES = frozenset({"gc_live", "gc_runs"})
+GC_TABLES = s.GC_TABLES
 """Tables only gc writes (its mark set and its run log)."""
 
 WRITER_UPDATES = {

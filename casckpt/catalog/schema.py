@@ -228,3 +228,6 @@ audit_log = Table(  # the audit trail (casckpt.catalog.audit): appended to, neve
 Index("ix_audit_log_at", audit_log.c.at)
 Index("ix_audit_log_action", audit_log.c.action)
 Index("ix_audit_log_target", audit_log.c.target)
+
+GC_TABLES = frozenset({"gc_live", "gc_runs"})
+"""gc's own tables: the admin role writes them; a writer role only reads them."""
