@@ -184,7 +184,7 @@ def test_cli_as_unprivileged_uid(root_owned_store: tuple[Path, Path]) -> None:
     assert quiet.returncode == 0 and "read-only" not in quiet.stderr, quiet.stderr
     for args in (["tag", "r@1", "x"], ["gc", "--grace", "0"], ["delete", "r@1"]):
         done = cli(*args)
-        assert done.returncode == 5, (args, done.stdout, done.stderr)
+        assert done.returncode == 8, (args, done.stdout, done.stderr)
         assert "needs write access" in done.stderr, (args, done.stderr)
     assert _tree_digest(root) == before
 
@@ -405,10 +405,10 @@ def test_cli_read_only_flag_in_process(tmp_path: Path) -> None:
     assert shown.exit_code == 0 and "warning" not in shown.output, shown.output
     for args in (["tag", "r@1", "x"], ["retention", "set", "r", "--keep-last", "1"], ["repair"]):
         done = cli("--store", str(root), *args)
-        assert done.exit_code == 5 and "needs write access" in done.output, (args, done.output)
+        assert done.exit_code == 8 and "needs write access" in done.output, (args, done.output)
     migrated = cli("--store", str(root), "migrate")
     assert migrated.exit_code == 0 and "nothing to upgrade" in migrated.output
     created = cli("init", str(tmp_path / "new"))
-    assert created.exit_code == 5 and "creating one needs write access" in created.output
+    assert created.exit_code == 8 and "creating one needs write access" in created.output
     assert not (tmp_path / "new").exists()
     assert _tree_digest(root) == before

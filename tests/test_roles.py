@@ -29,7 +29,7 @@ from typer.testing import CliRunner
 import casckpt
 from casckpt.catalog import schema
 from casckpt.cli.main import app
-from casckpt.cli.shared import EXIT_OTHER
+from casckpt.cli.shared import EXIT_DENIED
 from casckpt.errors import AccessDeniedError, RefNotFoundError
 from casckpt.testing.internals import internals
 
@@ -152,7 +152,7 @@ def test_postgres_roles(pg_roles: dict[str, Any], monkeypatch: pytest.MonkeyPatc
     assert (catalog_dump(owner_url), tree_hash(root)) == before  # nothing marked, condemned, deleted
 
     result = CliRunner().invoke(app, ["--store", str(root), "gc", "--grace", "0"])
-    assert result.exit_code == EXIT_OTHER and "DELETE on table" in result.output
+    assert result.exit_code == EXIT_DENIED and "DELETE on table" in result.output
     assert (catalog_dump(owner_url), tree_hash(root)) == before
 
     with as_role(monkeypatch, pg_roles, "reader") as reader:

@@ -2,7 +2,8 @@
 
 Exit codes: 0 done (or dry run printed), 6 another gc holds the lock (try
 later), 7 gc refused to delete anything because the catalog does not prove
-it safe (the message says what to look at), and the usual codes for other
+it safe (the message says what to look at), 8 denied (the credentials may not delete:
+gc needs the admin role; the message names the right), and the usual codes for other
 errors (see ``casckpt --help``).
 
 Output: one readable line on stderr saying what the run did (a dry run:

@@ -20,6 +20,9 @@ Exit codes (scripts may rely on them):
        a catalog and location that are not of the same store
     6  another `casckpt gc` is running on this store (try again later)
     7  gc refused: the catalog does not prove deletion is safe; see the message
+    8  denied: the store is read-only (--read-only, or it cannot be written), the
+       credentials lack a right the command needs (the message names it), or an
+       encrypted store's key is missing or not one of its keys
     70 internal error: a bug in casckpt; the traceback is printed, please report it
     130 interrupted (Ctrl-C)
     141 stdout was closed early (e.g. piped into `head`)
@@ -54,6 +57,7 @@ from casckpt.cli.progress import progress_bars
 # the exit codes the module docstring documents, importable from here as they always were
 from casckpt.cli.shared import EXIT_BROKEN_PIPE as EXIT_BROKEN_PIPE
 from casckpt.cli.shared import EXIT_BUSY as EXIT_BUSY
+from casckpt.cli.shared import EXIT_DENIED as EXIT_DENIED
 from casckpt.cli.shared import EXIT_GC_REFUSED as EXIT_GC_REFUSED
 from casckpt.cli.shared import EXIT_INTEGRITY as EXIT_INTEGRITY
 from casckpt.cli.shared import EXIT_INTERNAL as EXIT_INTERNAL
@@ -94,7 +98,8 @@ _EPILOG = (
     "3 not found (store, ref, tensor); 4 integrity error (corrupt or missing data); "
     "5 other error (storage, catalog, catalog schema too new, store identity); "
     "6 another gc is running; 7 gc refused (the catalog does not prove deletion is safe; "
-    "see the message); 70 internal error (a bug: please report it with the traceback); "
+    "see the message); 8 denied (read-only store, a missing right, or a missing or wrong key); "
+    "70 internal error (a bug: please report it with the traceback); "
     "130 interrupted; 141 stdout closed early."
 )
 

@@ -19,6 +19,7 @@ import typer
 import casckpt
 from casckpt.cli import render
 from casckpt.errors import (
+    AccessDeniedError,
     AmbiguousRefError,
     CasckptError,
     GCRefusedError,
@@ -30,6 +31,7 @@ from casckpt.errors import (
     ReadOnlyStoreWarning,
     RefNotFoundError,
     RestoreTargetError,
+    StoreKeyError,
     TensorNotFoundError,
     UnsupportedStateError,
 )
@@ -42,6 +44,7 @@ EXIT_INTEGRITY = 4
 EXIT_OTHER = 5
 EXIT_BUSY = 6
 EXIT_GC_REFUSED = 7
+EXIT_DENIED = 8
 EXIT_INTERNAL = 70  # EX_SOFTWARE in sysexits.h
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
@@ -62,6 +65,8 @@ def exit_code_for(error: CasckptError) -> int:
         return EXIT_BUSY
     if isinstance(error, GCRefusedError):
         return EXIT_GC_REFUSED
+    if isinstance(error, (AccessDeniedError, StoreKeyError)):
+        return EXIT_DENIED
     return EXIT_OTHER
 
 
