@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -45,13 +45,13 @@ class Hashed:
 @pytest.fixture
 def hashed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Hashed]:
     counter = Hashed()
-    real = commitchunks.chunk_id
+    real = commitchunks.hash_chunks  # where a commit hashes tensor bytes (not tree nodes)
 
-    def counting(data: bytes | memoryview) -> bytes:
-        counter.bytes += len(data)
-        return real(data)
+    def counting(ctx: Any, views: Sequence[memoryview]) -> list[bytes]:
+        counter.bytes += sum(len(v) for v in views)
+        return real(ctx, views)
 
-    monkeypatch.setattr(commitchunks, "chunk_id", counting)
+    monkeypatch.setattr(commitchunks, "hash_chunks", counting)
     yield counter
 
 

@@ -143,8 +143,10 @@ def test_worker_killed_mid_encode_publishes_nothing_and_leaves_nothing(
     real, sent = ecpool._Worker.send, [0]
 
     def send_then_kill(worker: ecpool._Worker, request: dict[str, object]) -> None:
-        real(worker, request)
         sent[0] += 1
+        if sent[0] == 2:  # stopped first: however loaded the machine, it never answers this one
+            os.kill(worker.pid, signal.SIGSTOP)
+        real(worker, request)
         if sent[0] == 2:
             os.kill(worker.pid, signal.SIGKILL)
 

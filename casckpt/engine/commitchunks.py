@@ -80,6 +80,12 @@ NOT_HELD = memoryview(b"")  # a streamed chunk the store holds: its bytes stayed
 Reserve = Callable[[int], bool]  # asked for the bytes to copy; False: do not copy (write from the views)
 
 
+def hash_chunks(ctx: EngineContext, views: Sequence[memoryview]) -> list[bytes]:
+    """The ids of chunks' bytes, hashed on the pool (the store's chunk ids: keyed in an
+    encrypted store). Every tensor byte a commit hashes goes through here."""
+    return list(ctx.pool.map(ctx.crypto.chunk_id, views))
+
+
 def hash_extents(
     ctx: EngineContext, sources: Sequence[ExtentSource], progress: ProgressCallback | None,
     pending: Mapping[bytes, ChunkBytes] | None, reserve: Reserve | None = None, confirm: bool = False,
@@ -111,7 +117,7 @@ def hash_extents(
             if source.digest is not None and spans == [(0, source.nbytes)]:
                 ids = [source.digest]  # one chunk, hashed already
             else:
-                ids = list(ctx.pool.map(ctx.crypto.chunk_id, (view[start:end] for start, end in spans)))
+                ids = hash_chunks(ctx, [view[start:end] for start, end in spans])
             for cid, (start, end) in zip(ids, spans, strict=True):
                 out.chunks.setdefault(cid, ChunkBytes(view, start, end, source.align))
         out.extents.append(ExtentEntry(source.nbytes, size, tuple(ids), phase, packed=source.packed))
@@ -140,7 +146,7 @@ def _hash_staged(ctx: EngineContext, flat: torch.Tensor, align: int, size: int, 
     ids: list[bytes] = []
     for _offset, view in ctx.device_buffers.stream(flat, size):
         spans = list(chunk_spans(len(view), size))
-        window = list(ctx.pool.map(ctx.crypto.chunk_id, (view[start:end] for start, end in spans)))
+        window = hash_chunks(ctx, [view[start:end] for start, end in spans])
         fresh = [c for c in dict.fromkeys(window) if c not in out.chunks]
         known = known_chunks(ctx, fresh, confirm)
         known |= {c for c in fresh if pending is not None and c in pending}
