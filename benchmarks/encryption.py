@@ -178,8 +178,9 @@ def raw_table(outcomes: Mapping[str, EncryptionResult]) -> Table:
 
     for r in outcomes.values():
         for kind in KINDS:
-            table.add_row(kind, measure.fmt_bytes(r.logical_bytes), ms(r.commit_s[kind]), ms(r.restore_s[kind]),
-                          ms(r.recommit_s[kind]), measure.fmt_bytes(r.recommit_new_bytes[kind]),
+            table.add_row(kind, measure.fmt_bytes(r.logical_bytes), ms(r.commit_s[kind]),
+                          ms(r.restore_s[kind]), ms(r.recommit_s[kind]),
+                          measure.fmt_bytes(r.recommit_new_bytes[kind]),
                           measure.fmt_bytes(r.disk_bytes[kind]),
                           "yes" if r.restores_match else "[red]NO[/]")
     return table
