@@ -23,6 +23,12 @@ from benchmarks.delta import NOTES as DELTA_NOTES
 from benchmarks.delta import TARGETS as DELTA_TARGETS
 from benchmarks.delta import DeltaResult
 from benchmarks.delta import tables as delta_tables
+from benchmarks.encryption import MEASURES as ENCRYPTION_MEASURES
+from benchmarks.encryption import NAME as ENCRYPTION_NAME
+from benchmarks.encryption import NOTES as ENCRYPTION_NOTES
+from benchmarks.encryption import TARGETS as ENCRYPTION_TARGETS
+from benchmarks.encryption import EncryptionResult
+from benchmarks.encryption import raw_table as encryption_raw_table
 from benchmarks.hf import MEASURES as HF_MEASURES
 from benchmarks.hf import NAME as HF_NAME
 from benchmarks.hf import NOTES as HF_NOTES
@@ -61,11 +67,11 @@ from benchmarks.suite import WorkloadResult
 
 Result = (WorkloadResult | S3Result | CatalogResult | RedundancyResult | DcpResult | DeltaResult
           | ManyResult | HintResult | StartupResult | ImportResult
-          | HfResult | LightningResult)
+          | HfResult | LightningResult | EncryptionResult)
 Outcome = Result | str  # a result, or the error that stopped the workload
 R = TypeVar("R", WorkloadResult, S3Result, CatalogResult, RedundancyResult, DcpResult, DeltaResult,
             ManyResult, HintResult, StartupResult, ImportResult, HfResult,
-            LightningResult)
+            LightningResult, EncryptionResult)
 
 
 @dataclass(frozen=True)
@@ -398,6 +404,7 @@ HF_METRICS: tuple[Metric[HfResult], ...] = tuple(Metric(*m) for m in HF_MEASURES
 HINT_METRICS: tuple[Metric[HintResult], ...] = tuple(Metric(*m) for m in HINT_MEASURES)
 IMPORT_METRICS: tuple[Metric[ImportResult], ...] = tuple(Metric(*m) for m in IMPORT_MEASURES)
 LIGHTNING_METRICS: tuple[Metric[LightningResult], ...] = tuple(Metric(*m) for m in LIGHTNING_MEASURES)
+ENCRYPTION_METRICS: tuple[Metric[EncryptionResult], ...] = tuple(Metric(*m) for m in ENCRYPTION_MEASURES)
 
 # (workload or "*", metric key) -> lower limit, from BENCHMARKS.md "Targets".
 FLOORS: Mapping[tuple[str, str], float] = {
@@ -445,6 +452,7 @@ TARGETS: Mapping[tuple[str, str], float] = {
     **{(HF_NAME, key): limit for key, limit in HF_TARGETS.items()},
     **{(MANY_NAME, key): limit for key, limit in MANY_TARGETS.items()},
     **{(HINT_NAME, key): limit for key, limit in HINT_TARGETS.items()},
+    **{(ENCRYPTION_NAME, key): limit for key, limit in ENCRYPTION_TARGETS.items()},
 }
 
 
@@ -517,6 +525,8 @@ def metrics_for(result: Result) -> Sequence[Metric[Any]]:
         return HF_METRICS
     if isinstance(result, LightningResult):
         return LIGHTNING_METRICS
+    if isinstance(result, EncryptionResult):
+        return ENCRYPTION_METRICS
     return S3_METRICS if isinstance(result, S3Result) else METRICS
 
 
@@ -601,7 +611,7 @@ def _local(outcomes: Mapping[str, Outcome]) -> dict[str, WorkloadResult | str]:
             if isinstance(r, (WorkloadResult, str)) and not _is_s3(n, r) and not _is_catalog(n, r)
             and not _is_redundancy(n, r) and not _is_dcp(n, r) and not _is_delta(n, r)
             and not _is_many(n, r) and not _is_startup(n, r) and not _is_lightning(n, r)
-            and not (isinstance(r, str) and n in (HINT_NAME, IMPORT_NAME, HF_NAME))}
+            and not (isinstance(r, str) and n in (HINT_NAME, IMPORT_NAME, HF_NAME, ENCRYPTION_NAME))}
 
 
 def _delta(outcomes: Mapping[str, Outcome]) -> dict[str, DeltaResult | str]:
@@ -927,6 +937,9 @@ def print_report(console: Console, outcomes: Mapping[str, Outcome], scale: float
     lightning = {n: r for n, r in outcomes.items() if isinstance(r, LightningResult)}
     if lightning:
         console.print(lightning_table(lightning))
+    encryption = {n: r for n, r in outcomes.items() if isinstance(r, EncryptionResult)}
+    if encryption:
+        console.print(encryption_raw_table(encryption))
     console.print(ratio_table(outcomes, scale))
 
 
@@ -1115,6 +1128,8 @@ def write_json(path: Path, outcomes: Mapping[str, Outcome], header: dict[str, An
         notes[HF_NAME] = HF_NOTES
     if any(isinstance(r, LightningResult) for r in outcomes.values()):
         notes[LIGHTNING_NAME] = LIGHTNING_NOTES
+    if any(isinstance(r, EncryptionResult) for r in outcomes.values()):
+        notes[ENCRYPTION_NAME] = ENCRYPTION_NOTES
     document = {**header, "notes": notes, "results": results}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2, default=str) + "\n")

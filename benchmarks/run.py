@@ -31,7 +31,7 @@ Usage::
     python benchmarks/run.py [--scale S]
                              [--workloads dense,dense-bf16,frozen,lora,embed,unchanged,
                                           branch,s3,catalog,redundancy,dcp,delta,startup,import,hf,
-                                          lightning]
+                                          lightning,encryption]
                              [--out FILE] [--dir TMPDIR]
 
 Prints a table of ratios with pass/miss against BENCHMARKS.md targets and writes
@@ -62,6 +62,8 @@ from benchmarks.dcp import NAME as DCP_NAME  # noqa: E402
 from benchmarks.dcp import run_dcp  # noqa: E402
 from benchmarks.delta import NAME as DELTA_NAME  # noqa: E402
 from benchmarks.delta import run_delta  # noqa: E402
+from benchmarks.encryption import NAME as ENCRYPTION_NAME  # noqa: E402
+from benchmarks.encryption import run_encryption  # noqa: E402
 from benchmarks.hf import NAME as HF_NAME  # noqa: E402
 from benchmarks.hf import run_hf  # noqa: E402
 from benchmarks.hint import NAME as HINT_NAME  # noqa: E402
@@ -86,7 +88,7 @@ from benchmarks.workloads import WORKLOADS as LOCAL_WORKLOADS  # noqa: E402
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "latest.json"
 WORKLOADS = (*LOCAL_WORKLOADS, S3_NAME, CATALOG_NAME, REDUNDANCY_NAME, DCP_NAME, DELTA_NAME, MANY_NAME,
              HINT_NAME, STARTUP_NAME, IMPORT_NAME, HF_NAME,
-             LIGHTNING_NAME)
+             LIGHTNING_NAME, ENCRYPTION_NAME)
 
 
 def _workload_list(text: str) -> list[str]:
@@ -162,6 +164,8 @@ def _run_one(name: str, scale: float, workdir: Path, log: Log) -> Outcome:
         return run_hf(scale, workdir, log)
     if name == LIGHTNING_NAME:
         return run_lightning(scale, workdir, log)
+    if name == ENCRYPTION_NAME:
+        return run_encryption(scale, workdir, log)
     return run_workload(name, scale, workdir, log)
 
 

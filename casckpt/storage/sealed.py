@@ -15,15 +15,17 @@ range covers, each checked before a byte of it is returned.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from casckpt.errors import SealedObjectError, StorageError
+from casckpt.errors import SealedObjectError
 from casckpt.format import keys
 from casckpt.format.crypto import HEADER_SIZE, SEGMENT, SealedHead, StoreCrypto, plain_size, sealed_size
 from casckpt.storage.base import BlobInfo, BlobStore, scatter
+from casckpt.storage.local import full_error
 
 CLEAR_KEYS = frozenset({keys.IDENTITY, keys.KEYS_RECORD})
 """Objects a location keeps unsealed: they say whose store it is and hold only wrapped keys."""
@@ -54,11 +56,21 @@ class SealedBlobStore:
         self.inner.put(key, memoryview(self.crypto.seal(key, data)))
 
     def put_file(self, key: str, path: Path) -> None:
+        if key in CLEAR_KEYS:
+            self.inner.put_file(key, path)
+            return
+        self._forget(key)
+        sealed_path = path.with_name(path.name + ".sealed")  # beside it: a rename away on local disks
         try:
-            data = path.read_bytes()
+            with open(path, "rb") as src, open(sealed_path, "wb") as dst:
+                self.crypto.seal_file(key, src, os.fstat(src.fileno()).st_size, dst)
         except OSError as exc:
-            raise StorageError(f"cannot read {path} to store it as {key}: {exc}") from exc
-        self.put(key, data)
+            sealed_path.unlink(missing_ok=True)
+            raise full_error(exc, f"{key} (sealing {path})", str(path.parent), None) from exc
+        try:
+            self.inner.put_file(key, sealed_path)
+        finally:
+            sealed_path.unlink(missing_ok=True)
         path.unlink(missing_ok=True)
 
     def delete(self, key: str) -> None:
@@ -93,16 +105,19 @@ class SealedBlobStore:
     def get_range(self, key: str, offset: int, length: int) -> bytes:
         if key in CLEAR_KEYS:
             return self.inner.get_range(key, offset, length)
+        return bytes(self._opened(key, offset, length))
+
+    def _opened(self, key: str, offset: int, length: int) -> memoryview:
         try:
             return self._range(key, offset, length)
         except SealedObjectError:  # maybe rewritten under its key since its header was cached
             self._forget(key)
             return self._range(key, offset, length)
 
-    def _range(self, key: str, offset: int, length: int) -> bytes:
+    def _range(self, key: str, offset: int, length: int) -> memoryview:
         head = self._head(key)
         if length <= 0 or offset >= head.length:
-            return b""
+            return memoryview(b"")
         first, start, stop = self.crypto.segment_span(offset, length, head.length)
         body = self.inner.get_range(key, start, stop - start)
         if len(body) != stop - start:
@@ -110,10 +125,13 @@ class SealedBlobStore:
                                     "sealed bytes a read needs are there")
         plain = self.crypto.open_segments(key, head, first, body)
         skip = offset - first * SEGMENT
-        return bytes(memoryview(plain)[skip : skip + length])
+        return memoryview(plain)[skip : skip + length]
 
     def read_into(self, key: str, offset: int, buffers: Sequence[memoryview]) -> int:
-        return scatter(self.get_range(key, offset, sum(len(b) for b in buffers)), buffers)
+        want = sum(len(b) for b in buffers)
+        if key in CLEAR_KEYS:
+            return scatter(self.inner.get_range(key, offset, want), buffers)
+        return scatter(self._opened(key, offset, want), buffers)  # no copy between them
 
     def size(self, key: str) -> int | None:
         stored = self.inner.size(key)

@@ -93,3 +93,32 @@ def test_the_identity_and_key_records_stay_readable_without_the_key(tmp_path: Pa
     for key in (keys.IDENTITY, keys.KEYS_RECORD):
         store.put(key, b'{"clear": true}')
         assert inner.get(key) == b'{"clear": true}' == store.get(key)
+
+
+@pytest.mark.parametrize("length", [0, 1, SEGMENT - 1, SEGMENT, SEGMENT + 1, 3 * SEGMENT + 7])
+def test_a_file_sealed_segment_by_segment_is_a_sealed_object(tmp_path: Path, length: int) -> None:
+    """put_file seals a pack file in reused segment buffers (no whole pack in memory): what it
+    stores opens to the file's bytes, through the location and through the store."""
+    data = os.urandom(length)
+    src = tmp_path / "pack.staging"
+    src.write_bytes(data)
+    inner = LocalBlobStore(tmp_path / "loc")
+    store = SealedBlobStore(inner, CRYPTO)
+    key = keys.pack_key("ab" * 32)
+    store.put_file(key, src)
+    assert not src.exists() and not list(tmp_path.glob("*.sealed"))
+    raw = inner.get(key)
+    assert len(raw) == sealed_size(length)
+    assert length < 64 or data[:64] not in raw
+    assert bytes(CRYPTO.open(key, raw)) == data
+    assert store.get(key) == data
+    assert store.get_range(key, length // 3, SEGMENT) == data[length // 3 : length // 3 + SEGMENT]
+
+
+def test_a_file_that_ends_early_while_sealed_is_refused(tmp_path: Path) -> None:
+    class Short:
+        def readinto(self, buf: memoryview) -> int:
+            return 0
+
+    with open(os.devnull, "wb") as sink, pytest.raises(OSError, match="ended after 0 of its 10 bytes"):
+        CRYPTO.seal_file("k", Short(), 10, sink)  # type: ignore[arg-type]
