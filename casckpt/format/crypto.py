@@ -34,6 +34,7 @@ import io
 import os
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -358,6 +359,29 @@ class StoreCrypto:
                                    "damaged or written by another casckpt")
         return SealedHead(salt, length, raw)
 
+    def segment_opener(self, key: str, head: SealedHead) -> Callable[[int, memoryview, memoryview], None]:
+        """``open_one(index, sealed, into)``: decrypt and check segment ``index`` of the object
+        ``key`` (its sealed bytes, tag included) into ``into`` (exactly its plaintext size).
+
+        ``into`` may hold unauthenticated bytes when ``open_one`` raises: callers discard it.
+
+        Raises (from ``open_one``):
+            SealedObjectError: the segment fails authentication.
+        """
+        cipher, invalid = self._cipher(head.salt), _invalid_tag()
+
+        def open_one(index: int, sealed: memoryview, into: memoryview) -> None:
+            try:
+                cipher.decrypt_into(index.to_bytes(12, "little"), sealed, self._aad(key, head.raw, index),
+                                    into)
+            except invalid:
+                raise SealedObjectError(
+                    f"object {key} fails authentication (segment {index}): it was altered, swapped "
+                    "or damaged, or sealed with another key; its bytes are refused. Run `casckpt "
+                    "check --read-data`, then `casckpt repair`") from None
+
+        return open_one
+
     def open_segments(self, key: str, head: SealedHead, first: int,
                       body: bytes | memoryview) -> bytearray:
         """Decrypt and check the consecutive segments from index ``first`` in ``body`` (their
@@ -379,18 +403,10 @@ class StoreCrypto:
         # one allocation, each segment decrypted in place (growing the output per segment cost
         # more than AES-GCM itself)
         out = bytearray(len(view) - TAG_SIZE * len(spans))
-        target, done = memoryview(out), 0
-        cipher, invalid = self._cipher(head.salt), _invalid_tag()
+        target, done, open_one = memoryview(out), 0, self.segment_opener(key, head)
         for at, end, index in spans:
             size = end - at - TAG_SIZE
-            try:
-                cipher.decrypt_into(index.to_bytes(12, "little"), view[at:end],
-                                    self._aad(key, head.raw, index), target[done : done + size])
-            except invalid:
-                raise SealedObjectError(
-                    f"object {key} fails authentication (segment {index}): it was altered, swapped "
-                    "or damaged, or sealed with another key; its bytes are refused. Run `casckpt "
-                    "check --read-data`, then `casckpt repair`") from None
+            open_one(index, view[at:end], target[done : done + size])
             done += size
         return out
 

@@ -122,3 +122,31 @@ def test_a_file_that_ends_early_while_sealed_is_refused(tmp_path: Path) -> None:
 
     with open(os.devnull, "wb") as sink, pytest.raises(OSError, match="ended after 0 of its 10 bytes"):
         CRYPTO.seal_file("k", Short(), 10, sink)  # type: ignore[arg-type]
+
+
+@settings(max_examples=40, deadline=None)
+@given(length=st.integers(1, 3 * SEGMENT + 9), data=st.data())
+def test_a_scatter_read_fills_any_buffers_with_exactly_the_plaintext(
+        tmp_path_factory: pytest.TempPathFactory, length: int, data: st.DataObject) -> None:
+    store = SealedBlobStore(LocalBlobStore(tmp_path_factory.mktemp("blobs")), CRYPTO)
+    plain = os.urandom(length)
+    store.put("packs/ab/p", plain)
+    offset = data.draw(st.integers(0, length - 1))
+    sizes = data.draw(st.lists(st.integers(0, SEGMENT + 300), min_size=1, max_size=6))
+    buffers = [memoryview(bytearray(n)) for n in sizes]
+    got = store.read_into("packs/ab/p", offset, buffers)
+    want = plain[offset : offset + sum(sizes)]
+    assert got == len(want)
+    assert b"".join(bytes(b) for b in buffers)[:got] == want
+
+
+def test_a_scatter_read_of_a_damaged_segment_raises(tmp_path: Path) -> None:
+    inner = LocalBlobStore(tmp_path / "blobs")
+    store = SealedBlobStore(inner, CRYPTO)
+    store.put("packs/ab/p", os.urandom(2 * SEGMENT))
+    path = tmp_path / "blobs" / "packs" / "ab" / "p"
+    raw = bytearray(path.read_bytes())
+    raw[HEADER_SIZE + SEGMENT + TAG_SIZE + 5] ^= 1  # inside the second segment
+    path.write_bytes(bytes(raw))
+    with pytest.raises(SealedObjectError, match="segment 1"):
+        store.read_into("packs/ab/p", 0, [memoryview(bytearray(2 * SEGMENT))])
