@@ -848,7 +848,8 @@ class Store:
         deletes rows.
 
         Args:
-            since, until: inclusive time bounds (datetime, naive = local time, or epoch seconds).
+            since: the inclusive lower time bound (datetime, naive = local time, or epoch seconds).
+            until: the inclusive upper time bound (as ``since``).
             action: an action (``"commit"``), or a family (``"location"``: every ``location.*``).
             target: a version id (or a prefix of 4+ hex digits), ``run:NAME``, ``tag:NAME``,
                 ``location:NAME``.
