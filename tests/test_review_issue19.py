@@ -1,0 +1,82 @@
+"""A hostile review of issue 19 (encryption, read-only mode, roles, audit): each test is a way
+the merged work could be broken that its own tests missed, run for real."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import casckpt
+from casckpt.errors import StoreKeyError
+from casckpt.format import keys as object_keys
+
+NEEDLE_SEED = 5
+
+
+def _pattern(seed: int, nbytes: int) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8).tobytes()
+
+
+def _state(seed: int = NEEDLE_SEED, nbytes: int = 1 << 20) -> dict[str, torch.Tensor]:
+    return {"w": torch.frombuffer(bytearray(_pattern(seed, nbytes)), dtype=torch.uint8).clone()}
+
+
+def _key(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / "keys" / name
+    path.parent.mkdir(exist_ok=True)
+    casckpt.generate_key_file(path)
+    return path
+
+
+def _files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file()]
+
+
+# -- the key record ------------------------------------------------------------------------------
+
+
+def test_a_key_record_row_holding_json_null_is_damaged_not_a_plain_store(tmp_path: Path) -> None:
+    """A catalog writer (the writer role has UPDATE on store_info: the refs counter lives there)
+    sets the key record's value to the JSON text ``null``. That must read as a damaged record
+    (the store refuses to open), never as 'no record' -- a keyless open would then take the
+    store for a plain one and a commit would write plaintext to the locations."""
+    key, loc = _key(tmp_path, "k.key"), tmp_path / "loc"
+    with casckpt.open(tmp_path / "store", blobs=str(loc), key_file=key) as store:
+        store.commit(_state(), run="r", step=1)
+    with sqlite3.connect(tmp_path / "store" / "catalog.db") as db:
+        db.execute("UPDATE store_info SET value = 'null' WHERE key = 'key_record'")
+    with pytest.raises(StoreKeyError, match="damaged"):
+        casckpt.open(tmp_path / "store", blobs=str(loc)).close()
+    with pytest.raises(StoreKeyError, match="damaged"):
+        casckpt.open(tmp_path / "store", blobs=str(loc), key_file=key).close()
+
+
+def test_a_rebuild_finds_the_current_key_record_beside_a_stale_one(tmp_path: Path) -> None:
+    """A location unreachable while a key is rotated keeps the old key record (publish writes
+    to readable locations only). If the catalog is then lost, a rebuild with the NEW key must
+    still unlock the store from the location that holds the current record, whatever the
+    order the locations are named in -- not fail with WrongKeyError on the stale copy (the
+    old key may be destroyed by then: rotation is how a stolen key is retired)."""
+    old, new = _key(tmp_path, "old.key"), _key(tmp_path, "new.key")
+    a, b = tmp_path / "a", tmp_path / "b"
+    with casckpt.open(tmp_path / "store", blobs=[str(a), str(b)], key_file=old) as store:
+        store.commit(_state(), run="r", step=1)
+        stale = (b / object_keys.KEYS_RECORD).read_bytes()
+        assert (a / object_keys.KEYS_RECORD).read_bytes() == stale
+    b.rename(tmp_path / "b-away")  # b is unreachable while the key is rotated
+    with casckpt.open(tmp_path / "store", blobs=[str(a), str(b)], key_file=old) as store:
+        rotated = store.rotate_key(new)
+    (tmp_path / "b-away").rename(b)
+    assert (b / object_keys.KEYS_RECORD).read_bytes() == stale
+    assert (a / object_keys.KEYS_RECORD).read_bytes() != stale
+    old.unlink()  # the retired key is gone
+    shutil.rmtree(tmp_path / "store")
+    with casckpt.open(tmp_path / "store2", blobs=[str(b), str(a)], recover=True, key_file=new) as store:
+        assert store.rebuild_catalog().versions == 1
+        assert torch.equal(store.restore("r@1")["w"], _state()["w"])
+        assert [k.id for k in store.keys()] == [rotated.id]  # the current record was adopted
