@@ -3,9 +3,13 @@ the merged work could be broken that its own tests missed, run for real."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
+import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -80,3 +84,74 @@ def test_a_rebuild_finds_the_current_key_record_beside_a_stale_one(tmp_path: Pat
         assert store.rebuild_catalog().versions == 1
         assert torch.equal(store.restore("r@1")["w"], _state()["w"])
         assert [k.id for k in store.keys()] == [rotated.id]  # the current record was adopted
+
+
+def test_the_writer_role_cannot_take_the_key_record_row_away(
+        pg_server: Any, new_pg_url: Callable[[], str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """SECURITY.md: a catalog writer who removes the key record row makes keyless processes
+    commit plaintext, and 'the writer role cannot delete catalog rows'. But it may UPDATE
+    store_info (the refs counter): renaming the row's key is a delete by another name. The
+    printed writer grants must let it bump the counter (a commit still works) and nothing else
+    of store_info's keys."""
+    import sqlalchemy as sa
+    from typer.testing import CliRunner
+
+    from casckpt.cli.main import app
+
+    key = _key(tmp_path, "k.key")
+    owner_url = new_pg_url()
+    url = owner_url.replace("postgresql+psycopg://postgres:@/", "postgresql+psycopg:///", 1)
+    monkeypatch.setenv("PGUSER", "postgres")
+    root = tmp_path / "store"
+    with casckpt.open(root, catalog=url, key_file=key) as store:
+        store.commit(_state(), run="r", step=1)
+    writer = f"casckpt_writer_{uuid.uuid4().hex[:8]}"
+    pg_server.psql(f"CREATE ROLE {writer} LOGIN;")
+    printed = CliRunner().invoke(app, ["init", str(root), "--print-grants", "writer",
+                                       "--role-name", writer, "--json"])
+    assert printed.exit_code == 0, printed.output
+    owner = sa.create_engine(owner_url)
+    with owner.begin() as conn:
+        conn.exec_driver_sql("\n".join(json.loads(printed.stdout)["sql"]))
+    owner.dispose()
+    monkeypatch.setenv("PGUSER", writer)
+    with casckpt.open(root, key_file=key) as store:  # a writer commits an encrypted store
+        store.commit(_state(6), run="r", step=2, tags=["t"])
+        assert torch.equal(store.restore("tag:t")["w"], _state(6)["w"])
+    as_writer = sa.create_engine(url)
+    try:
+        with pytest.raises(sa.exc.ProgrammingError, match="permission denied"), as_writer.begin() as conn:
+            conn.exec_driver_sql("UPDATE store_info SET key = 'gone' WHERE key = 'key_record'")
+        with pytest.raises(sa.exc.ProgrammingError, match="permission denied"), as_writer.begin() as conn:
+            conn.exec_driver_sql("DELETE FROM store_info WHERE key = 'key_record'")
+    finally:
+        as_writer.dispose()
+    monkeypatch.setenv("PGUSER", "postgres")
+    with casckpt.open(root, key_file=key) as store:
+        assert [v.step for v in store.log("r")] == [2, 1]
+
+
+def test_an_encrypted_store_on_s3_is_rebuilt_from_its_bucket_with_a_rotated_key(
+        tmp_path: Path, s3_bucket_url: Callable[[], str], moto_endpoint: str) -> None:
+    """`catalog rebuild` of an encrypted store whose only location is S3, after a rotation:
+    the new key unlocks the record on the bucket and every version reads back; the retired key
+    and no key are refused."""
+    from casckpt.errors import KeyRequiredError, WrongKeyError
+
+    old, new = _key(tmp_path, "old.key"), _key(tmp_path, "new.key")
+    url, s3 = s3_bucket_url(), {"endpoint_url": moto_endpoint}
+    with casckpt.open(tmp_path / "store", blobs=url, s3=s3, key_file=old) as store:
+        store.commit(_state(), run="r", step=1, tags=["t"])
+        store.commit(_state(8, 300_000), run="r", step=2)
+        store.rotate_key(new)
+    shutil.rmtree(tmp_path / "store")
+    with pytest.raises(KeyRequiredError):
+        casckpt.open(tmp_path / "a", blobs=url, s3=s3, recover=True)
+    with pytest.raises(WrongKeyError):
+        casckpt.open(tmp_path / "b", blobs=url, s3=s3, recover=True, key_file=old)
+    with casckpt.open(tmp_path / "c", blobs=url, s3=s3, recover=True, key_file=new) as store:
+        assert store.rebuild_catalog().versions == 2
+        assert torch.equal(store.restore("tag:t")["w"], _state()["w"])
+        assert torch.equal(store.restore("r@2")["w"], _state(8, 300_000)["w"])
+        assert store.check(read_data=True).ok
