@@ -81,8 +81,9 @@ def table_privileges(role: str) -> dict[str, tuple[str, ...]]:
         if role == "reader" or (role == "writer" and table.name in GC_TABLES):
             out[table.name] = ("SELECT",)
         elif role == "writer":
+            update = WRITER_UPDATE_COLUMNS.get(table.name, "UPDATE")
             out[table.name] = ("SELECT", "INSERT") + (
-                (WRITER_UPDATE_COLUMNS.get(table.name, "UPDATE"),) if table.name in WRITER_UPDATES else ()) + (
+                (update,) if table.name in WRITER_UPDATES else ()) + (
                 ("DELETE",) if table.name in WRITER_DELETES else ())
         else:
             out[table.name] = ("SELECT", "INSERT", "UPDATE", "DELETE")
