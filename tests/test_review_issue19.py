@@ -176,3 +176,56 @@ def test_an_encrypted_store_migrated_to_trees_checks_clean(tmp_path: Path,
         store.delete("r@1")
         store.undelete("r@1")
         assert torch.equal(store.restore("r@1")["w"], _state()["w"])
+
+
+def _catalog_text(db: Path) -> bytes:
+    """Every value of every row of a SQLite catalog, compressed manifests and nodes opened."""
+    import zstandard
+
+    out = [db.read_bytes()]
+    with sqlite3.connect(db) as con:
+        tables = [t for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        for table in tables:
+            for row in con.execute(f'SELECT * FROM "{table}"'):
+                for value in row:
+                    if isinstance(value, bytes):
+                        try:
+                            value = zstandard.ZstdDecompressor().decompress(value, max_output_size=1 << 26)
+                        except zstandard.ZstdError:
+                            pass
+                        out.append(value)
+                    elif isinstance(value, str):
+                        out.append(value.encode())
+    return b"\n".join(out)
+
+
+def test_a_directory_snapshot_lets_no_one_test_the_catalog_for_a_known_file(tmp_path: Path) -> None:
+    """SECURITY.md: chunk ids in the catalog are keyed and let no one test for content. An
+    add_dir snapshot records each file's whole-file digest in the manifest and tree nodes,
+    which the catalog keeps in the clear: a plain BLAKE3 there lets whoever reads the catalog
+    test whether the store holds a file they have (a public config, a leaked weights file).
+    Encrypted, the digest is keyed; checkout still verifies every file against it."""
+    import blake3
+
+    key, loc = _key(tmp_path, "k.key"), tmp_path / "loc"
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    known = b"a file everyone has, e.g. a public tokenizer config\n" * 500
+    big = _pattern(4, (9 << 20) + 17)  # hashed with threads
+    (src / "config.json").write_bytes(known)
+    (src / "sub" / "weights.bin").write_bytes(big)
+    (src / "empty").write_bytes(b"")
+    digests = [blake3.blake3(data).hexdigest().encode() for data in (known, big, b"")]
+    with casckpt.open(tmp_path / "store", blobs=str(loc), key_file=key) as store:
+        store.add_dir(src, run="snap", step=1)
+        store.checkout("snap@1", tmp_path / "out")
+    assert (tmp_path / "out" / "config.json").read_bytes() == known
+    assert (tmp_path / "out" / "sub" / "weights.bin").read_bytes() == big
+    assert (tmp_path / "out" / "empty").read_bytes() == b""
+    catalog = _catalog_text(tmp_path / "store" / "catalog.db")
+    for digest in digests:
+        assert digest not in catalog
+    with casckpt.open(tmp_path / "plain", blobs=str(tmp_path / "plainloc")) as store:  # unchanged
+        store.add_dir(src, run="snap", step=1)
+        store.checkout("snap@1", tmp_path / "out2")
+    assert digests[0] in _catalog_text(tmp_path / "plain" / "catalog.db")
