@@ -256,3 +256,27 @@ def test_a_gc_that_purged_versions_then_failed_is_in_the_audit_trail(
         with pytest.raises(casckpt.errors.RefNotFoundError):
             store.undelete(gone.id)  # purged: the catalog row and the manifest are gone
         assert [e.action for e in store.audit(action="gc")] != [], "a purge nobody recorded"
+
+
+@pytest.mark.parametrize("loss", ["deleted", "garbage"])
+def test_a_rebuild_over_encrypted_objects_without_a_key_record_is_refused(tmp_path: Path, loss: str) -> None:
+    """Every location lost its key record (deleted by whoever may delete in the bucket, or
+    damaged) and the catalog is gone. A `catalog rebuild` -- without a key, or with it -- must
+    refuse, not build a plain catalog over the sealed objects (0 versions, every pack 'lost')
+    whose next commit writes plaintext into the encrypted store's bucket."""
+    key, loc = _key(tmp_path, "k.key"), tmp_path / "loc"
+    with casckpt.open(tmp_path / "store", blobs=str(loc), key_file=key) as store:
+        store.commit(_state(), run="r", step=1)
+    if loss == "deleted":
+        (loc / object_keys.KEYS_RECORD).unlink()
+    else:
+        (loc / object_keys.KEYS_RECORD).write_text("{not json")
+    shutil.rmtree(tmp_path / "store")
+    before = {str(p): p.read_bytes() for p in _files(loc)}
+    for kw in ({}, {"key_file": key}):
+        with pytest.raises(StoreKeyError, match="no location has a readable key record"):
+            casckpt.open(tmp_path / "store2", blobs=str(loc), recover=True, **kw).close()
+        with pytest.raises(StoreKeyError, match="no location has a readable key record"):
+            casckpt.open(tmp_path / "store3", blobs=str(loc), **kw).close()  # a new catalog
+    assert {str(p): p.read_bytes() for p in _files(loc) if "/tmp/" not in str(p)} == {
+        k: v for k, v in before.items() if "/tmp/" not in k}

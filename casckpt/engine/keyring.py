@@ -139,6 +139,18 @@ def _holds_data(blobs: BlobStore) -> bool:
     return False
 
 
+def _holds_sealed(blobs: BlobStore) -> bool:
+    """Whether the first manifest (else pack object) on ``blobs`` is sealed (False: none, or
+    the location cannot be read)."""
+    try:
+        for prefix in (object_keys.MANIFESTS, object_keys.PACKS):
+            for info in blobs.list(prefix):
+                return blobs.get_range(info.key, 0, len(crypto.SEAL_MAGIC)) == crypto.SEAL_MAGIC
+    except StorageError as exc:
+        log.debug("cannot look for sealed objects: %s", exc)
+    return False
+
+
 def unlock(catalog: Catalog, opened: Mapping[str, BlobStore], master: bytes | None, *,
            recover: bool = False, read_only: bool = False) -> StoreCrypto:
     """Decide the store's encryption at open (see the module docstring), creating it for a new
@@ -148,6 +160,8 @@ def unlock(catalog: Catalog, opened: Mapping[str, BlobStore], master: bytes | No
         KeyRequiredError, WrongKeyError: the store is encrypted; no key, or not one of its keys.
         NotEncryptedError: a key was given for a store that exists unencrypted.
         StoreIdentityError: the locations are encrypted and the catalog has no key record.
+        StoreKeyError: a new or recovering catalog over encrypted objects whose key record
+            is on no location (never opened as a plain store: its commits would be plaintext).
     """
     record = catalog_record(catalog)
     if record is None and (recover or master is not None or shard_sql.is_empty(catalog)):
@@ -168,6 +182,16 @@ def unlock(catalog: Catalog, opened: Mapping[str, BlobStore], master: bytes | No
                 keys_sql.create_key_record(catalog, kept.to_json())
             catalog.crypto = store
             return store
+        if recover or shard_sql.is_empty(catalog):
+            sealed_on = next((n for n, b in opened.items() if _holds_sealed(b)), None)
+            if sealed_on is not None:  # never a plain catalog over an encrypted store's objects
+                raise StoreKeyError(
+                    f"blob location {sealed_on} holds encrypted objects but no location has a "
+                    f"readable key record ({object_keys.KEYS_RECORD}), and the catalog at "
+                    f"{catalog.where} has none: the store's data key is wrapped only there. Put "
+                    f"back a copy of {object_keys.KEYS_RECORD} (a bucket version, a backup, "
+                    "another location) or open the catalog that holds the record; nothing was "
+                    "written")
     if record is None:
         if master is None:
             return crypto.PLAIN

@@ -6,11 +6,12 @@ one or more **master keys**, one *slot* per master key; a master key is 32 rando
 bytes in a key file the user keeps (``casckpt key generate``). Adding, removing or
 rotating a master key rewrites the key record only, never data.
 
-Three subkeys are derived from the data key (BLAKE3 derive-key mode, one context
+Four subkeys are derived from the data key (BLAKE3 derive-key mode, one context
 each): the **id key** makes chunk ids keyed hashes (:meth:`StoreCrypto.chunk_id`),
 so an id says nothing to anyone without the key and the same tensor has unrelated
 ids in two stores; the **name key** hashes tag and run names into object keys; the
-**seal key** encrypts objects.
+**file key** keys the whole-file digests of directory snapshots (:meth:`StoreCrypto.file_hasher`);
+the **seal key** encrypts objects.
 
 A **sealed object** (:meth:`StoreCrypto.seal`) is::
 
