@@ -350,7 +350,7 @@ class Store:
             raise InvalidArgumentError(
                 f"the store {str(self.path)!r} is inside {str(path)!r}, which would change while it is "
                 "read; add a directory that does not hold the store")
-        state, counts = scan(path, progress)
+        state, counts = scan(path, progress, self._core.ctx.crypto.file_hasher)
         meta = {**(metadata or {}), DIR_KEY: counts}
         if block:
             return self.commit(state, run=run, step=step, metadata=meta, metrics=metrics,

@@ -102,7 +102,7 @@ class StoreRetention:
             raise VersionSweptError(label, "GC already removed its manifest; it cannot be undeleted")
         manifest = trees.migrated(  # a migrated version's nodes are revived with its chunks
             trees.decode(ctx, ctx.catalog, ctx.catalog.manifest(row.id), row.id),
-            tree_root(ctx.catalog, row.id))
+            tree_root(ctx.catalog, row.id), ctx.crypto.chunk_id)
         chunk_ids = [cid.hex() for cid in manifest.chunk_ids()]
         try:
             if not retention_sql.undelete_version(ctx.catalog, row.id, chunk_ids):

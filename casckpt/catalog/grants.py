@@ -48,6 +48,10 @@ WRITER_UPDATES = {
 }
 """Tables a writer UPDATEs, each with why."""
 
+WRITER_UPDATE_COLUMNS = {"store_info": 'UPDATE ("value")'}
+"""A writer's UPDATE limited to some columns: renaming a ``store_info`` key would remove a
+row by another name (the key record's: keyless processes would then write plaintext)."""
+
 WRITER_DELETES = {"leases": "a commit ends its own lease (gc reaps crashed ones)"}
 """The only rows a writer deletes, with why."""
 
@@ -77,8 +81,9 @@ def table_privileges(role: str) -> dict[str, tuple[str, ...]]:
         if role == "reader" or (role == "writer" and table.name in GC_TABLES):
             out[table.name] = ("SELECT",)
         elif role == "writer":
+            update = WRITER_UPDATE_COLUMNS.get(table.name, "UPDATE")
             out[table.name] = ("SELECT", "INSERT") + (
-                ("UPDATE",) if table.name in WRITER_UPDATES else ()) + (
+                (update,) if table.name in WRITER_UPDATES else ()) + (
                 ("DELETE",) if table.name in WRITER_DELETES else ())
         else:
             out[table.name] = ("SELECT", "INSERT", "UPDATE", "DELETE")
@@ -136,7 +141,7 @@ def grant_statements(role: str, role_name: str | None = None, *, schema: str = "
 
 
 def _privilege_order(privilege: str) -> int:
-    return ("DELETE", "UPDATE", "INSERT", "SELECT").index(privilege)
+    return ("DELETE", "UPDATE", "INSERT", "SELECT").index(privilege.split()[0])
 
 
 def missing_rights(catalog: Catalog, role: str = "admin") -> list[str]:
@@ -158,8 +163,14 @@ def missing_rights(catalog: Catalog, role: str = "admin") -> list[str]:
     missing: list[str] = []
     with catalog.read() as conn:
         for table, privilege in wanted:
-            if not conn.execute(text("SELECT has_table_privilege(:t, :p)"),
-                                {"t": table, "p": privilege}).scalar():
+            kind, _, column = privilege.partition(" ")  # 'UPDATE ("value")': one column's
+            if column:
+                held = conn.execute(text("SELECT has_column_privilege(:t, :c, :p)"),
+                                    {"t": table, "c": column.strip('()"'), "p": kind}).scalar()
+            else:
+                held = conn.execute(text("SELECT has_table_privilege(:t, :p)"),
+                                    {"t": table, "p": privilege}).scalar()
+            if not held:
                 missing.append(f"{privilege} on table {table}")
         for seq, privilege in seqs:
             if not conn.execute(text("SELECT has_sequence_privilege(:q, :p)"),

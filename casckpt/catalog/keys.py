@@ -19,12 +19,17 @@ def read_key_record(catalog: Catalog) -> dict[str, Any] | None:
 
     Raises:
         CatalogError: the catalog cannot be read.
+        ValueError: the row is there but holds no JSON object (``null`` included: a row that
+            is there is never read as "not encrypted", or whoever may UPDATE ``store_info``
+            -- the writer role -- could make keyless processes write plaintext).
     """
     with catalog.read() as conn:
         value = conn.execute(select(s.store_info.c.value).where(s.store_info.c.key == _KEY)).scalar()
     if value is None:
         return None
-    doc: dict[str, Any] = json.loads(value)
+    doc = json.loads(value)
+    if not isinstance(doc, dict):
+        raise ValueError(f"it holds a JSON {type(doc).__name__}, not a key record")
     return doc
 
 

@@ -126,7 +126,8 @@ def check_manifests(ctx: EngineContext, found: Findings, *, read_data: bool) -> 
                 found.add("manifest", row.id, f"{row.run}@{row.step}: the catalog's copy: {exc}")
                 continue
             try:
-                manifest = trees.migrated(manifest, row.tree_root)  # a version migrated to a tree
+                # a version migrated to a tree
+                manifest = trees.migrated(manifest, row.tree_root, ctx.crypto.chunk_id)
             except IntegrityError as exc:
                 found.add("catalog", f"{row.run}@{row.step}", str(exc))
             if manifest.tree is not None:

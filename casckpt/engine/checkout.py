@@ -197,7 +197,7 @@ class _Writer:
 
     def _start(self, index: int, entry: DirEntry, where: Path) -> None:
         fd = os.open(where, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        self.open[index] = _Open(fd, entry, blake3.blake3())
+        self.open[index] = _Open(fd, entry, self.ctx.crypto.file_hasher(entry.size))
         if entry.size == 0:
             self._finish(index)
             return

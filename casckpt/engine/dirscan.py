@@ -14,15 +14,16 @@ import mmap
 import os
 import resource
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import blake3
 import numpy as np
 
 from casckpt.engine.dcpitems import dcp_items
 from casckpt.errors import InvalidArgumentError, UnsupportedFileError
+from casckpt.format.crypto import PLAIN
 from casckpt.format.dirsnap import DIR_FORMAT, DIR_KEY, MAX_DEPTH, summary
 from casckpt.format.segments import Segment, plan_segments
 from casckpt.types import ProgressCallback
@@ -37,14 +38,19 @@ _SPARE_DESCRIPTORS = 256
 class _Scan:
     root: Path
     progress: ProgressCallback | None
+    hasher: Callable[[int], Any]
     entries: list[dict[str, Any]] = field(default_factory=list)
     mapped: int = 0
     done: int = 0
 
 
-def scan(root: str | os.PathLike[str],
-         progress: ProgressCallback | None = None) -> tuple[dict[str, Any], dict[str, int]]:
+def scan(root: str | os.PathLike[str], progress: ProgressCallback | None = None,
+         hasher: Callable[[int], Any] | None = None) -> tuple[dict[str, Any], dict[str, int]]:
     """The snapshot state of the directory ``root`` and its summary (files, dirs, links, bytes).
+
+    ``hasher(size)``: a new BLAKE3 hasher for a file of ``size`` bytes (the store's
+    :meth:`~casckpt.format.crypto.StoreCrypto.file_hasher`: keyed in an encrypted store);
+    plain BLAKE3 when None.
 
     ``progress("scan", bytes_done, 0)`` is called after each file is hashed (the total is not
     known before the walk ends).
@@ -60,7 +66,7 @@ def scan(root: str | os.PathLike[str],
     if not top.is_dir():
         raise InvalidArgumentError(f"{str(top)!r} is not a directory; add_dir stores a directory "
                                    "tree (for one checkpoint file, pass its folder)")
-    state = _Scan(top, progress)
+    state = _Scan(top, progress, hasher or PLAIN.file_hasher)
     try:
         fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
         try:
@@ -157,7 +163,7 @@ def _file(state: _Scan, path: Path, rel: str, mode: int,
     finally:
         os.close(fd)
     view = memoryview(buffer)
-    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO if len(view) >= 8 << 20 else 1)
+    hasher = state.hasher(len(view))
     hasher.update(view)
     state.done += len(view)
     if state.progress is not None:

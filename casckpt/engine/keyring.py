@@ -139,6 +139,18 @@ def _holds_data(blobs: BlobStore) -> bool:
     return False
 
 
+def _holds_sealed(blobs: BlobStore) -> bool:
+    """Whether the first manifest (else pack object) on ``blobs`` is sealed (False: none, or
+    the location cannot be read)."""
+    try:
+        for prefix in (object_keys.MANIFESTS, object_keys.PACKS):
+            for info in blobs.list(prefix):
+                return blobs.get_range(info.key, 0, len(crypto.SEAL_MAGIC)) == crypto.SEAL_MAGIC
+    except StorageError as exc:
+        log.debug("cannot look for sealed objects: %s", exc)
+    return False
+
+
 def unlock(catalog: Catalog, opened: Mapping[str, BlobStore], master: bytes | None, *,
            recover: bool = False, read_only: bool = False) -> StoreCrypto:
     """Decide the store's encryption at open (see the module docstring), creating it for a new
@@ -148,26 +160,38 @@ def unlock(catalog: Catalog, opened: Mapping[str, BlobStore], master: bytes | No
         KeyRequiredError, WrongKeyError: the store is encrypted; no key, or not one of its keys.
         NotEncryptedError: a key was given for a store that exists unencrypted.
         StoreIdentityError: the locations are encrypted and the catalog has no key record.
+        StoreKeyError: a new or recovering catalog over encrypted objects whose key record
+            is on no location (never opened as a plain store: its commits would be plaintext).
     """
     record = catalog_record(catalog)
     if record is None and (recover or master is not None or shard_sql.is_empty(catalog)):
         # a new or recovering catalog, or a key given: are the locations an encrypted store's? (a
         # catalog holding versions opened without a key is a plain store's: no location is read)
-        found = next((r for r in (location_record(n, b) for n, b in opened.items()) if r is not None), None)
-        if found is not None:
+        found = [r for r in (location_record(n, b) for n, b in opened.items()) if r is not None]
+        if found:
             if not recover:
                 if master is None:
-                    crypto.unlock(found, None)  # raises KeyRequiredError
+                    crypto.unlock(found[0], None)  # raises KeyRequiredError
                 raise StoreIdentityError(
-                    f"the blob locations hold an encrypted store (id {found.store_id}) but the "
+                    f"the blob locations hold an encrypted store (id {found[0].store_id}) but the "
                     f"catalog at {catalog.where} records no key for it: it is not this store's "
                     "catalog, or it lost its key record. Rebuild the catalog from the locations "
                     "(`casckpt --key-file FILE catalog rebuild`) into a new, empty catalog")
-            store = crypto.unlock(found, master)
+            store, kept = _unlock_any(found, master)
             if not read_only:
-                keys_sql.create_key_record(catalog, found.to_json())
+                keys_sql.create_key_record(catalog, kept.to_json())
             catalog.crypto = store
             return store
+        if recover or shard_sql.is_empty(catalog):
+            sealed_on = next((n for n, b in opened.items() if _holds_sealed(b)), None)
+            if sealed_on is not None:  # never a plain catalog over an encrypted store's objects
+                raise StoreKeyError(
+                    f"blob location {sealed_on} holds encrypted objects but no location has a "
+                    f"readable key record ({object_keys.KEYS_RECORD}), and the catalog at "
+                    f"{catalog.where} has none: the store's data key is wrapped only there. Put "
+                    f"back a copy of {object_keys.KEYS_RECORD} (a bucket version, a backup, "
+                    "another location) or open the catalog that holds the record; nothing was "
+                    "written")
     if record is None:
         if master is None:
             return crypto.PLAIN
@@ -184,6 +208,33 @@ def unlock(catalog: Catalog, opened: Mapping[str, BlobStore], master: bytes | No
     store = crypto.unlock(record, master)
     catalog.crypto = store
     return store
+
+
+def _unlock_any(found: list[KeyRecord], master: bytes | None) -> tuple[StoreCrypto, KeyRecord]:
+    """Unlock with the first of the locations' key records (the one most locations hold first)
+    that ``master`` opens. Locations can disagree: one unreachable while a key was rotated or
+    removed keeps the record from before, which the new key does not open (and the old key
+    may be destroyed by then).
+
+    Raises:
+        KeyRequiredError, WrongKeyError: of the most common record, when none opens.
+    """
+    distinct: list[KeyRecord] = []
+    for record in found:
+        if record not in distinct:
+            distinct.append(record)
+    distinct.sort(key=found.count, reverse=True)  # stable: ties keep the locations' order
+    if len(distinct) > 1:
+        log.warning("the blob locations hold %d different key records (one was unreachable "
+                    "while the keys changed?); using the one the key given opens", len(distinct))
+    first_error: CasckptError | None = None
+    for record in distinct:
+        try:
+            return crypto.unlock(record, master), record
+        except CasckptError as exc:  # KeyRequiredError, WrongKeyError
+            first_error = first_error or exc
+    assert first_error is not None
+    raise first_error
 
 
 def _create(catalog: Catalog, master: bytes) -> KeyRecord:

@@ -15,6 +15,7 @@ from casckpt.catalog import Catalog
 from casckpt.engine.context import EngineContext
 from casckpt.engine.reader import read_chunks
 from casckpt.errors import CorruptManifestError
+from casckpt.format.chunks import ChunkIds
 from casckpt.format.manifest import Manifest, decode_manifest
 from casckpt.format.merkle import Nodes, NodeSource, compress_node, decode_node, node_json
 from casckpt.format.treeencode import Tree
@@ -147,10 +148,11 @@ def adopted(manifest: Manifest, tree_root: str | None) -> Manifest:
     return manifest if root is None else replace(manifest, tree=head_of(manifest, root))
 
 
-def migrated(manifest: Manifest, tree_root: str | None) -> Manifest:
+def migrated(manifest: Manifest, tree_root: str | None, ids: ChunkIds) -> Manifest:
     """:func:`adopted`, the tree derived from the document and verified to be the one the row
     names, with its nodes (so ``chunk_ids`` names them: check reads them, undelete revives
-    them).
+    them). ``ids`` hashes chunks as the store does (``ctx.crypto.chunk_id``: keyed in an
+    encrypted store, whose trees migrate-trees derived with keyed ids).
 
     Raises:
         CorruptManifestError: the row names another tree than the document's (the catalog
@@ -159,7 +161,7 @@ def migrated(manifest: Manifest, tree_root: str | None) -> Manifest:
     """
     if parse_root(tree_root) is None or manifest.tree is not None or manifest.world is not None:
         return manifest
-    derived, _ = with_tree(manifest)
+    derived, _ = with_tree(manifest, ids)
     if derived.tree is None or derived.tree.root.hex() != tree_root:
         raise CorruptManifestError(
             "the catalog names another tree root than the tree of the version's manifest: the "

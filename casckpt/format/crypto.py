@@ -6,11 +6,12 @@ one or more **master keys**, one *slot* per master key; a master key is 32 rando
 bytes in a key file the user keeps (``casckpt key generate``). Adding, removing or
 rotating a master key rewrites the key record only, never data.
 
-Three subkeys are derived from the data key (BLAKE3 derive-key mode, one context
+Four subkeys are derived from the data key (BLAKE3 derive-key mode, one context
 each): the **id key** makes chunk ids keyed hashes (:meth:`StoreCrypto.chunk_id`),
 so an id says nothing to anyone without the key and the same tensor has unrelated
 ids in two stores; the **name key** hashes tag and run names into object keys; the
-**seal key** encrypts objects.
+**file key** keys the whole-file digests of directory snapshots (:meth:`StoreCrypto.file_hasher`);
+the **seal key** encrypts objects.
 
 A **sealed object** (:meth:`StoreCrypto.seal`) is::
 
@@ -80,6 +81,7 @@ _NAME_CONTEXT = "casckpt 2026-12-02 keyed object name v1"
 _SEAL_CONTEXT = "casckpt 2026-12-02 seal key v1"
 _WRAP_CONTEXT = "casckpt 2026-12-02 key wrapping v1"
 _KEY_ID_CONTEXT = "casckpt 2026-12-02 master key id v1"
+_FILE_CONTEXT = "casckpt 2026-12-02 keyed file digest v1"
 _AAD = b"casckpt sealed object v1\0"
 _WRAP_AAD = b"casckpt data key v1\0"
 
@@ -264,6 +266,7 @@ class StoreCrypto:
         self._id_key = _derive(_ID_CONTEXT, data_key) if data_key else b""
         self._name_key = _derive(_NAME_CONTEXT, data_key) if data_key else b""
         self._seal_key = _derive(_SEAL_CONTEXT, data_key) if data_key else b""
+        self._file_key = _derive(_FILE_CONTEXT, data_key) if data_key else b""
 
     def __repr__(self) -> str:
         return "StoreCrypto(encrypted)" if self.encrypted else "StoreCrypto(plain)"
@@ -286,6 +289,15 @@ class StoreCrypto:
     def name_hash(self, name: bytes) -> str | None:
         """A keyed hash (hex) naming ``name`` in object keys; None for a plain store."""
         return blake3(name, key=self._name_key).hexdigest() if self.encrypted else None
+
+    def file_hasher(self, size: int = 0) -> blake3:
+        """A hasher of a whole file of ``size`` bytes for a directory snapshot's digest: keyed
+        when encrypted (the digests sit in the catalog, which must not let anyone test whether
+        the store holds a file they know), plain BLAKE3 otherwise. Threads for 8 MiB and up."""
+        threads = blake3.AUTO if size >= 8 << 20 else 1
+        if self.encrypted:
+            return blake3(key=self._file_key, max_threads=threads)
+        return blake3(max_threads=threads)
 
     @property
     def id_context(self) -> str:
