@@ -72,6 +72,16 @@ def finish_run(catalog: Catalog, run_id: int, report: dict[str, Any]) -> None:
                                                 "kept": len(report.get("kept") or ())})
 
 
+def fail_run(catalog: Catalog, run_id: int, counts: dict[str, Any], error: str) -> None:
+    """Record a GC run that stopped on ``error`` after doing what ``counts`` says (versions it
+    purged, objects it deleted): its ``gc_runs`` row finished, and a ``gc`` audit row with
+    ``failed`` set -- a purge is never unaccounted for because the run did not finish."""
+    with catalog.write() as conn:
+        conn.execute(update(s.gc_runs).where(s.gc_runs.c.id == run_id)
+                     .values(finished_at=time.time(), report={**counts, "failed": error}))
+        catalog.audit_in(conn, "gc", None, {**counts, "gc_run": run_id, "failed": error})
+
+
 def expired_deleted_versions(catalog: Catalog, cutoff: float) -> list[str]:
     """Ids of soft-deleted versions whose grace period has passed."""
     with catalog.read() as conn:

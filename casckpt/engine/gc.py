@@ -55,7 +55,7 @@ from casckpt.engine.leftovers import reclaim_leftovers
 from casckpt.engine.packer import Packer
 from casckpt.engine.reader import read_chunks
 from casckpt.engine.refs import bind
-from casckpt.errors import GCRefusedError, IntegrityError, StorageError
+from casckpt.errors import CasckptError, GCRefusedError, IntegrityError, StorageError
 from casckpt.format import keys, treeread
 from casckpt.format.manifest import decode_manifest
 from casckpt.format.pack import ENTRY_HEADER_SIZE, PackEntry, decode_entry
@@ -318,39 +318,59 @@ def collect(ctx: EngineContext, *, grace: float, dry_run: bool, force: bool = Fa
         guard.refuse_unsafe_run(safe_floor(ctx.catalog, time.time()))
         deleter = _Deleter(ctx, tally, listing, progress)
         run_id = sql.start_run(ctx.catalog, dry_run)
-        plans = _apply_retention(ctx, dry_run)
-        dropped = {v.id for plan in plans for v in plan.deleted}
-        tally.versions_deleted = len(dropped)
-        expired = sql.expired_deleted_versions(ctx.catalog, time.time() - grace)
-        tally.versions_purged = len(expired)
-        # mark first: a manifest that cannot be trusted stops the run before anything is deleted
-        removed = set(_mark_and_sweep(ctx, tally, guard, deleter, grace=grace, dry_run=dry_run,
-                                      exclude=(dropped | set(expired)) if dry_run else set()))
-        if not dry_run:
-            purged = sql.purge_versions(ctx.catalog, expired)
-            tally.versions_purged = len(purged)
-            gone = sorted({obj for v in purged for obj in _everywhere(ctx, keys.manifest_key(v))})
-            deleter.delete(gone)
-            removed.update(gone)
-        orphans = _orphans(ctx, listing, time.time() - grace, removed)
-        if dry_run:
-            tally.orphans_deleted = len(orphans)
-            tally.bytes_freed += sum(info.size for _, info in orphans)
-        else:
-            verdicts = guard.orphans(orphans, removed)
-            tally.orphans_deleted = deleter.delete(verdicts.delete)
-            tally.kept += verdicts.kept + guard.recheck_superseded(verdicts.delete)
-            tally.packs_repacked = _repack(ctx, progress)
-            if tally.packs_repacked and grace == 0:  # the packs just emptied go in this run too
-                _sweep(ctx, tally, guard, deleter, time.time())
-            tally.bytes_pending = sql.condemned_bytes(ctx.catalog)
-            leftovers = reclaim_leftovers(ctx.staging.base, ctx.locations)  # of dead commits
-            tally.leftovers_deleted, tally.bytes_freed = leftovers.files, tally.bytes_freed + leftovers.nbytes
-        counts = {k: v for k, v in asdict(tally).items() if k != "kept"}
-        report = GCReport(dry_run=dry_run, grace_s=grace, retention=plans, kept=tuple(tally.kept),
-                          duration_s=time.monotonic() - started, **counts)
+        try:
+            report = _run(ctx, tally, guard, deleter, listing, grace=grace, dry_run=dry_run,
+                          progress=progress, started=started)
+        except BaseException as exc:  # what a failed run did before it stopped is audited too
+            if not dry_run:
+                _record_failure(ctx, run_id, tally, exc)
+            raise
         sql.finish_run(ctx.catalog, run_id, report.summary())
     log.info("%s", report.describe())
     for note in tally.kept:
         log.warning("gc kept %s", note)
     return report
+
+
+def _record_failure(ctx: EngineContext, run_id: int, tally: _Tally, exc: BaseException) -> None:
+    counts = {k: v for k, v in asdict(tally).items() if k != "kept"}
+    try:
+        sql.fail_run(ctx.catalog, run_id, counts, f"{type(exc).__name__}: {exc}")
+    except CasckptError as also:  # the catalog may be what failed: the run's own error wins
+        log.warning("could not record the failed gc run %s: %s", run_id, also)
+
+
+def _run(ctx: EngineContext, tally: _Tally, guard: DeletionGuard, deleter: _Deleter, listing: Listing, *,
+         grace: float, dry_run: bool, progress: ProgressCallback | None, started: float) -> GCReport:
+    """The body of :func:`collect` once its run is recorded (the lock held)."""
+    plans = _apply_retention(ctx, dry_run)
+    dropped = {v.id for plan in plans for v in plan.deleted}
+    tally.versions_deleted = len(dropped)
+    expired = sql.expired_deleted_versions(ctx.catalog, time.time() - grace)
+    tally.versions_purged = len(expired) if dry_run else 0  # a real run counts what it purged
+    # mark first: a manifest that cannot be trusted stops the run before anything is deleted
+    removed = set(_mark_and_sweep(ctx, tally, guard, deleter, grace=grace, dry_run=dry_run,
+                                  exclude=(dropped | set(expired)) if dry_run else set()))
+    if not dry_run:
+        purged = sql.purge_versions(ctx.catalog, expired)
+        tally.versions_purged = len(purged)
+        gone = sorted({obj for v in purged for obj in _everywhere(ctx, keys.manifest_key(v))})
+        deleter.delete(gone)
+        removed.update(gone)
+    orphans = _orphans(ctx, listing, time.time() - grace, removed)
+    if dry_run:
+        tally.orphans_deleted = len(orphans)
+        tally.bytes_freed += sum(info.size for _, info in orphans)
+    else:
+        verdicts = guard.orphans(orphans, removed)
+        tally.orphans_deleted = deleter.delete(verdicts.delete)
+        tally.kept += verdicts.kept + guard.recheck_superseded(verdicts.delete)
+        tally.packs_repacked = _repack(ctx, progress)
+        if tally.packs_repacked and grace == 0:  # the packs just emptied go in this run too
+            _sweep(ctx, tally, guard, deleter, time.time())
+        tally.bytes_pending = sql.condemned_bytes(ctx.catalog)
+        leftovers = reclaim_leftovers(ctx.staging.base, ctx.locations)  # of dead commits
+        tally.leftovers_deleted, tally.bytes_freed = leftovers.files, tally.bytes_freed + leftovers.nbytes
+    counts = {k: v for k, v in asdict(tally).items() if k != "kept"}
+    return GCReport(dry_run=dry_run, grace_s=grace, retention=plans, kept=tuple(tally.kept),
+                    duration_s=time.monotonic() - started, **counts)
