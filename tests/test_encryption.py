@@ -291,7 +291,8 @@ def _flip(path: Path, at: int) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("damage", ["flip-payload", "flip-header", "truncate", "extend", "swap", "plain"])
+@pytest.mark.parametrize("damage", ["flip-payload", "flip-header", "truncate", "extend", "swap", "plain",
+                                    "swap-segment"])
 def test_a_tampered_pack_is_refused_never_returned(split: Any, damage: str) -> None:
     loc, open_ = split
     with open_() as store:
@@ -315,6 +316,14 @@ def test_a_tampered_pack_is_refused_never_returned(split: Any, damage: str) -> N
         target.write_bytes(target.read_bytes() + b"\0" * 16)
     elif damage == "swap":
         shutil.copyfile(other, target)  # another pack's valid ciphertext under this name
+    elif damage == "swap-segment":  # one sealed segment of another pack, in place of this one's
+        from casckpt.format.crypto import HEADER_SIZE, SEGMENT, TAG_SIZE
+
+        span, at = SEGMENT + TAG_SIZE, HEADER_SIZE + SEGMENT + TAG_SIZE  # the second segment
+        data, theirs = bytearray(target.read_bytes()), other.read_bytes()
+        assert len(data) >= at + span and len(theirs) >= at + span
+        data[at : at + span] = theirs[at : at + span]
+        target.write_bytes(bytes(data))
     else:
         target.write_bytes(b"CKPACK02" + bytes(size))  # plaintext where a sealed object belongs
     with open_() as store:
