@@ -227,14 +227,15 @@ def _unlock_any(found: list[KeyRecord], master: bytes | None) -> tuple[StoreCryp
     if len(distinct) > 1:
         log.warning("the blob locations hold %d different key records (one was unreachable "
                     "while the keys changed?); using the one the key given opens", len(distinct))
-    first_error: CasckptError | None = None
-    for record in distinct:
-        try:
-            return crypto.unlock(record, master), record
-        except CasckptError as exc:  # KeyRequiredError, WrongKeyError
-            first_error = first_error or exc
-    assert first_error is not None
-    raise first_error
+    try:
+        return crypto.unlock(distinct[0], master), distinct[0]
+    except CasckptError as first:  # KeyRequiredError, WrongKeyError: the most common record's is raised
+        for record in distinct[1:]:
+            try:
+                return crypto.unlock(record, master), record
+            except CasckptError:
+                continue
+        raise first from None
 
 
 def _create(catalog: Catalog, master: bytes) -> KeyRecord:
