@@ -88,7 +88,8 @@ def open(  # noqa: A001 - the documented name of the entry point
     max_pending_commits: int | None = None, commit_memory: int | None = None,
     backpressure: str | None = None, staging_memory: int | None = None, recover: bool | None = None,
     key_file: str | os.PathLike[str] | None = None,
-    read_only: bool | None = None,
+    read_only: bool | None = None, fast_tier: str | os.PathLike[str] | None = None,
+    fast_tier_bytes: int | str | None = None, keep_fast_last: int | None = None,
 ) -> Store:
     """Open (or create) a store.
 
@@ -151,6 +152,17 @@ def open(  # noqa: A001 - the documented name of the entry point
             read-only when this process cannot write the store (the directory, a local
             location or the catalog), with a ReadOnlyStoreWarning. False: never
             (``CASCKPT_READ_ONLY`` decides when None; docs/guides/read-only.md).
+        fast_tier: a directory on this host's fast local disk (NVMe): commits land there
+            at local disk speed, their versions ``durability="fast"``, and a background
+            drain stores them on the locations (then ``"durable"``); restores read from it
+            while it holds the packs. ``Store.wait_durable`` waits for the drain, ``close``
+            drains what is left. Recorded in ``casckpt.toml`` for a new store
+            (docs/guides/fast-tier.md).
+        fast_tier_bytes: the tier's budget (an int, or ``"200GiB"``; default half the free
+            space of its disk): drained packs are evicted least recently used beyond it;
+            packs not drained never are, and commits wait (``backpressure``) while those
+            fill it.
+        keep_fast_last: eviction keeps the packs of the newest N versions (default 1).
 
     Every location carries an identity record (store id, catalog generation);
     a catalog that is missing, emptied, stale or another store's is refused
@@ -176,7 +188,8 @@ def open(  # noqa: A001 - the documented name of the entry point
         pack_size=pack_size, workers=workers, s3=s3, redundancy=redundancy,
         max_pending_commits=max_pending_commits, commit_memory=commit_memory,
         backpressure=backpressure, staging_memory=staging_memory, recover=recover,
-        key_file=key_file, read_only=read_only)
+        key_file=key_file, read_only=read_only, fast_tier=fast_tier,
+        fast_tier_bytes=fast_tier_bytes, keep_fast_last=keep_fast_last)
     return open_store(path, chosen)
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -228,6 +229,8 @@ class StoreSpec:
         s3: options for the S3 backend (``endpoint_url``, ``region``, ``sse``, ...).
         redundancy: the redundancy a new store starts with (None: ``none``).
         write_quorum: shards a pack needs durable before a commit publishes (None: default).
+        fast_tier, fast_tier_bytes, keep_fast_last: this host's fast tier as the config file
+            records it (a relative ``fast_tier`` is relative to the store directory).
     """
 
     root: Path | None
@@ -238,6 +241,9 @@ class StoreSpec:
     redundancy: str | None = None
     write_quorum: int | None = None
     config_file: Path | None = None
+    fast_tier: Path | None = None  # the [store] table's fast tier settings (None: none recorded)
+    fast_tier_bytes: int | None = None
+    keep_fast_last: int | None = None
 
     @property
     def blobs(self) -> str:
@@ -358,19 +364,22 @@ def _spec_from_file(file: Path, blobs: BlobsArg | None, catalog: str | None,
         redundancy=store.get("redundancy"),
         write_quorum=store.get("write_quorum"),
         config_file=file,
+        fast_tier=root / Path(store["fast_tier"]).expanduser() if store.get("fast_tier") else None,
+        fast_tier_bytes=store.get("fast_tier_bytes"),
+        keep_fast_last=store.get("keep_fast_last"),
     )
 
 
 def locate_store(path: Path | None, *, blobs: BlobsArg | None, catalog: str | None,
                  cache: Path | None, create: bool, s3: Mapping[str, Any] | None = None,
-                 redundancy: str | None = None) -> StoreSpec:
+                 redundancy: str | None = None, record: Mapping[str, Any] | None = None) -> StoreSpec:
     """Work out where a store's parts are, creating its config file for a new store.
 
     ``path`` is a store directory or a ``.toml`` config file. A new or empty
     directory becomes a store; ``blobs`` / ``catalog`` / ``s3`` /
-    ``redundancy`` given for a new store are recorded in its config file so
-    every later open needs only the path. For an existing store, ``s3``
-    options override the file's for this open.
+    ``redundancy`` (and the ``[store]`` values in ``record``: a fast tier) given for a new
+    store are recorded in its config file so every later open needs only the path. For an
+    existing store, ``s3`` options override the file's for this open.
 
     Raises:
         NotAStoreError: ``path`` is a non-empty directory without a store, a
@@ -403,7 +412,7 @@ def locate_store(path: Path | None, *, blobs: BlobsArg | None, catalog: str | No
     single = given is not None and len(given) == 1 and given[0].domain is None and given[0].name == "loc0"
     text = render_config(
         {"blobs": given[0].url if single and given else None, "catalog": catalog,
-         "redundancy": redundancy}, s3 or {}, () if single or given is None else given)
+         "redundancy": redundancy, **(record or {})}, s3 or {}, () if single or given is None else given)
     if not _create_config_file(file, text):  # another process or thread created the store first
         return _spec_from_file(file, blobs, catalog, cache, s3)
     return _spec_from_file(file, None, None, cache, None)
@@ -517,3 +526,27 @@ def add_location_to_file(file: Path, location: BlobLocation) -> None:
     tmp = file.with_name(f".{file.name}.tmp")
     tmp.write_text(text)
     os.replace(tmp, file)
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?)b?\s*$", re.IGNORECASE)
+
+
+def parse_size(value: object, what: str) -> int:
+    """A byte count from an int or a string like ``"200GiB"``, ``"1.5 TB"``, ``"4096"``
+    (``KiB``/``MiB``/... are powers of 1024, ``KB``/``MB``/... of 1000).
+
+    Raises:
+        InvalidArgumentError: anything else, or not positive.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value > 0:
+            return value
+    elif isinstance(value, str) and (m := _SIZE.match(value)):
+        number, unit, binary = m.groups()
+        power = "kmgtp".find(unit.lower()) + 1 if unit else 0
+        size = int(float(number) * (1024 if binary else 1000) ** power)
+        if size > 0:
+            return size
+    raise InvalidArgumentError(f"{what} must be a positive number of bytes (an int, or a string "
+                               f"such as '200GiB' or '500GB'), got {value!r}")
+

@@ -31,6 +31,7 @@ _TEXT, _INT, _NUMBER = "a string", "a positive integer", "a positive number"
 
 STORE_KEYS: Mapping[str, str] = {
     "catalog": _TEXT, "cache": _TEXT, "redundancy": _TEXT, "write_quorum": _INT,
+    "fast_tier": _TEXT, "fast_tier_bytes": _INT, "keep_fast_last": _INT,
 }
 """Typed keys of the ``[store]`` table besides ``format`` and ``blobs`` (others are kept as they are)."""
 

@@ -341,3 +341,17 @@ class SealedObjectError(UnsafeObjectError):
 class ReadOnlyStoreWarning(UserWarning):
     """A store was opened read-only because this process cannot write it (the catalog, the
     store directory or a location); the message says which. Not raised: warned, once per open."""
+
+
+class VersionNotDurableError(CasckptError):
+    """The version is committed to another host's fast tier and not drained to the store's
+    locations yet: it cannot be read from here until it is (``Store.wait_durable``)."""
+
+
+class VersionLostError(MissingDataError):
+    """The version was committed to a fast tier that was lost (wiped, its host gone) before it
+    drained: it cannot be restored. Versions committed before it are not affected."""
+
+
+class DrainTimeoutError(CasckptError, TimeoutError):
+    """``Store.wait_durable`` (or ``commit(durable=True)``) gave up waiting for a drain."""

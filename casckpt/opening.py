@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from casckpt import config as cfg
@@ -32,6 +34,9 @@ from casckpt.storage.locations import Location, LocationSet
 from casckpt.storage.sealed import sealed
 from casckpt.store import Store
 from casckpt.store_core import open_location_store
+
+if TYPE_CHECKING:
+    from casckpt.engine.tier import FastTier
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +138,7 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
             blobs=items,  # type: ignore[arg-type]
             catalog=catalog, cache=Path(cache).expanduser() if cache is not None else None,
             create=create and not asked, s3=s3, redundancy=redundancy,
+            record=_tier_record(options),
         )
     except NotAStoreError as exc:
         if asked and create:
@@ -169,9 +175,41 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
         raise
     cache_dir = spec.cache if spec.cache is not None else _default_cache_dir(cat.store_id)
     index = (IndexCache.unused if cat.read_only else IndexCache)(cache_dir / "index", _cache_binding(cat))
+    tier = None if recovering else _open_tier(cat, spec, options)
     return Store(root=spec.root, catalog=cat, cache=index, locations=locations,
-                 staging=cache_dir / "staging", settings=settings, write_quorum=spec.write_quorum,
-                 s3=spec.s3, config_file=spec.config_file, recovering=recovering, read_only=why)
+                 staging=tier.dir.staging if tier is not None else cache_dir / "staging",
+                 settings=settings, write_quorum=spec.write_quorum,
+                 s3=spec.s3, config_file=spec.config_file, recovering=recovering, read_only=why,
+                 tier=tier)
+
+
+def _tier_record(options: Options) -> dict[str, Any]:
+    """What a new store's config file records of the fast tier it was opened with."""
+    return {"fast_tier": str(Path(options.fast_tier).expanduser().resolve()) if options.fast_tier else None,
+            "fast_tier_bytes": cfg.parse_size(options.fast_tier_bytes, "fast_tier_bytes")
+            if options.fast_tier_bytes is not None else None,
+            "keep_fast_last": options.keep_fast_last}
+
+
+def _open_tier(cat: Catalog, spec: cfg.StoreSpec, options: Options) -> FastTier | None:
+    """This host's fast tier (options first, then the config file), or None."""
+    where = Path(options.fast_tier).expanduser() if options.fast_tier else spec.fast_tier
+    if where is None:
+        return None
+    from casckpt.engine.tier import open_tier
+
+    given = options.fast_tier_bytes if options.fast_tier_bytes is not None else spec.fast_tier_bytes
+    budget = cfg.parse_size(given, "fast_tier_bytes") if given is not None else _half_free(where)
+    keep = options.keep_fast_last if options.keep_fast_last is not None else spec.keep_fast_last
+    return open_tier(cat, where, budget, 1 if keep is None else keep, read_only=cat.read_only)
+
+
+def _half_free(where: Path) -> int:
+    """Half the free space of the disk ``where`` is (or would be) on."""
+    probe = where
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return max(1, shutil.disk_usage(probe).free // 2)
 
 
 def _unwritable(spec: cfg.StoreSpec) -> str | None:

@@ -42,6 +42,13 @@ class Options:
             does so when this process cannot write the store, with a
             :class:`~casckpt.errors.ReadOnlyStoreWarning`; False never (a write the
             credentials forbid then fails as it happens). ``CASCKPT_READ_ONLY`` when None.
+        fast_tier: a directory on this host's fast local disk: commits land there (at local
+            disk speed) and drain to the locations in the background; restores read from
+            it while it holds the packs (see ``Store.wait_durable``). Recorded in
+            ``casckpt.toml`` for a new store.
+        fast_tier_bytes: the tier's budget (an int or ``"200GiB"``; default: half the free
+            space of its disk when opened); drained packs beyond it are evicted.
+        keep_fast_last: the newest N versions whose packs eviction keeps on the tier (1).
     """
 
     blobs: object = None  # str | BlobLocation | BlobStore, or a list of those (or mappings)
@@ -60,6 +67,9 @@ class Options:
     recover: bool = False
     key_file: str | os.PathLike[str] | None = None
     read_only: bool | None = None
+    fast_tier: str | os.PathLike[str] | None = None
+    fast_tier_bytes: int | str | None = None
+    keep_fast_last: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("chunk_size", "pack_size", "workers", "max_pending_commits", "commit_memory",
@@ -82,6 +92,14 @@ class Options:
                 raise InvalidArgumentError(f"Options.{name} must be a str, got {getattr(self, name)!r}")
         if self.key_file is not None and not isinstance(self.key_file, (str, os.PathLike)):
             raise InvalidArgumentError(f"Options.key_file must be a path, got {self.key_file!r}")
+        if self.fast_tier is not None and not isinstance(self.fast_tier, (str, os.PathLike)):
+            raise InvalidArgumentError(f"Options.fast_tier must be a directory path, got {self.fast_tier!r}")
+        if self.fast_tier_bytes is not None:
+            cfg.parse_size(self.fast_tier_bytes, "Options.fast_tier_bytes")
+        if self.keep_fast_last is not None and (not isinstance(self.keep_fast_last, int) or isinstance(
+                self.keep_fast_last, bool) or self.keep_fast_last < 0):
+            raise InvalidArgumentError(
+                f"Options.keep_fast_last must be an int >= 0, got {self.keep_fast_last!r}")
         if self.s3 is not None and not isinstance(self.s3, Mapping):
             raise InvalidArgumentError(f"Options.s3 must be a mapping of S3 options, got {self.s3!r}")
         if self.redundancy is not None:

@@ -225,3 +225,86 @@ class KeyInfo(ToDict):
     created_at: float
     created_by: str
     in_use: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DrainReport(ToDict):
+    """What one drain of a fast tier did (``Store.drain``, ``casckpt drain``).
+
+    Attributes:
+        packs, bytes: packs (and their bytes) stored on the locations and made durable.
+        versions: versions that became durable.
+        lost_packs, lost_versions: packs found gone from the tier before they drained, and
+            the versions lost with them.
+        evicted_bytes: drained packs evicted afterwards to keep the tier within its budget.
+        seconds: wall time.
+        busy: another process of this host was draining the tier (nothing was done).
+        error: why the drain stopped early (what it did until then is counted); it resumes
+            on the next drain.
+    """
+
+    packs: int = 0
+    bytes: int = 0
+    versions: int = 0
+    lost_packs: tuple[str, ...] = ()
+    lost_versions: tuple[str, ...] = ()
+    evicted_bytes: int = 0
+    seconds: float = 0.0
+    busy: bool = False
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TierInfo(ToDict):
+    """One host's fast tier as the catalog knows it.
+
+    Attributes:
+        id: the tier's id (its directory's ``casckpt-tier`` record).
+        host, path: where it is.
+        state: ``active`` or ``lost``.
+        undrained_packs, undrained_bytes: packs still waiting on it for the drain.
+        this_host: whether it is the tier this store handle uses.
+    """
+
+    id: str
+    host: str
+    path: str
+    state: str
+    created_at: float
+    lost_at: float | None
+    undrained_packs: int
+    undrained_bytes: int
+    this_host: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TierStatus(ToDict):
+    """Where a store's bytes are, by tier (``Store.tier_status``, ``casckpt tier status``).
+
+    Attributes:
+        durable_bytes: bytes of the packs on the store's locations (before redundancy).
+        versions: visible versions per durability (``durable``, ``fast``, ``lost``).
+        not_durable: ids of the visible versions not durable yet (oldest first, at most 100).
+        tiers: every fast tier the catalog knows.
+        local_path: this handle's fast tier directory (None: opened without one).
+        budget: its budget in bytes (``fast_tier_bytes``).
+        held_bytes, held_packs: what it holds now (drained packs kept as a cache included).
+        drained_bytes, drain_seconds: what this process drained, and how long that took (the
+            drain rate is their ratio).
+    """
+
+    durable_bytes: int
+    versions: dict[str, int]
+    not_durable: tuple[str, ...]
+    tiers: tuple[TierInfo, ...]
+    local_path: str | None = None
+    budget: int | None = None
+    held_bytes: int = 0
+    held_packs: int = 0
+    drained_bytes: int = 0
+    drain_seconds: float = 0.0
+
+    @property
+    def drain_rate(self) -> float | None:
+        """Bytes per second this process drained at (None before it drained anything)."""
+        return self.drained_bytes / self.drain_seconds if self.drain_seconds > 0 else None

@@ -45,6 +45,7 @@ from casckpt.store_retention import StoreRetention
 from casckpt.types import (
     AuditEntry,
     CheckReport,
+    DrainReport,
     GCReport,
     KeyInfo,
     LocationInfo,
@@ -58,6 +59,7 @@ from casckpt.types import (
     RunNode,
     StoreStats,
     TensorHistoryEntry,
+    TierStatus,
     Version,
     VersionDetail,
     VersionDiff,
@@ -70,6 +72,7 @@ if TYPE_CHECKING:
     from casckpt.dcp import StoreReader, StoreWriter
     from casckpt.engine.exporters import DirExport
     from casckpt.engine.hint import PathSpec
+    from casckpt.engine.tier import FastTier
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +88,12 @@ class Store:
                  locations: LocationSet, staging: Path, settings: cfg.Settings,
                  write_quorum: int | None = None, s3: Mapping[str, Any] | None = None,
                  config_file: Path | None = None, recovering: bool = False,
-                 read_only: str | None = None) -> None:
+                 read_only: str | None = None, tier: FastTier | None = None) -> None:
         self.path = root
         self._core = StoreCore(catalog=catalog, cache=cache, locations=locations, staging=staging,
                                settings=settings, write_quorum=write_quorum, s3=s3,
-                               config_file=config_file, recovering=recovering, read_only=read_only)
+                               config_file=config_file, recovering=recovering, read_only=read_only,
+                               tier=tier)
         self._queries = StoreQueries(self._core)
         self._retention = StoreRetention(self._core)
         self._admin = StoreAdmin(self._core)
@@ -98,8 +102,9 @@ class Store:
     # -- lifecycle ----------------------------------------------------------
 
     def close(self) -> None:
-        """Finish pending background commits, then release threads, the cache, pooled
-        connections and clients. Idempotent.
+        """Finish pending background commits, drain the fast tier (when the store has one:
+        a drain that fails is logged and resumes at the next open), then release threads,
+        the cache, pooled connections and clients. Idempotent.
 
         Raises:
             BackgroundCommitError: a background commit failed and nobody waited on its
@@ -138,20 +143,21 @@ class Store:
                metrics: Mapping[str, float] | None = None, message: str | None = None,
                tags: Iterable[str] = (), progress: ProgressCallback | None = None,
                block: Literal[True] = True, group: Any = None, unchanged: PathSpec | None = None,
-               trust_versions: PathSpec | bool = False) -> Version: ...
+               trust_versions: PathSpec | bool = False, durable: bool = False) -> Version: ...
 
     @overload
     def commit(self, state: object, *, run: str, step: int, metadata: Mapping[str, Any] | None = None,
                metrics: Mapping[str, float] | None = None, message: str | None = None,
                tags: Iterable[str] = (), progress: ProgressCallback | None = None,
                block: Literal[False], group: None = None, unchanged: PathSpec | None = None,
-               trust_versions: PathSpec | bool = False) -> CommitHandle: ...
+               trust_versions: PathSpec | bool = False, durable: Literal[False] = False) -> CommitHandle: ...
 
     def commit(
         self, state: object, *, run: str, step: int, metadata: Mapping[str, Any] | None = None,
         metrics: Mapping[str, float] | None = None, message: str | None = None,
         tags: Iterable[str] = (), progress: ProgressCallback | None = None, block: bool = True,
         group: Any = None, unchanged: PathSpec | None = None, trust_versions: PathSpec | bool = False,
+        durable: bool = False,
     ) -> Version | CommitHandle:
         """Store ``state`` as version ``run@step``.
 
@@ -193,6 +199,12 @@ class Store:
         version then holds (and restores) the previous version's bytes for that tensor,
         and ``check(read_data=True)`` still passes, since stored bytes match their ids.
 
+        With a fast tier (``casckpt.open(..., fast_tier=DIR)``) the commit returns once its
+        packs and manifest are on the tier (fsync'd) and the version is published with
+        ``durability="fast"``; the drain makes it ``"durable"`` in the background.
+        ``durable=True`` returns only once it is (blocking commits; for a background one,
+        ``store.wait_durable(handle.wait())``).
+
         Raises:
             UnsupportedStateError: the tree holds an unsupported object (nothing written).
             InvalidNameError, InvalidArgumentError: bad run/tag name, step, metadata or metrics.
@@ -227,9 +239,66 @@ class Store:
             return self._distributed.group_commit(state, req, group, progress, preflight)
         self._core.refresh_locations()
         if not block:
+            if durable:
+                raise InvalidArgumentError("durable=True needs block=True; for a background commit "
+                                           "call store.wait_durable(handle.wait())")
             return self._core.committer.commit(state, req, progress, hint)
-        return self._core.committer.foreground(
+        version = self._core.committer.foreground(
             lambda: commit_engine.commit(self._core.ctx, state, req, progress, hint))
+        if durable and version.durability != "durable":
+            self.wait_durable(version)
+            version = replace(version, durability="durable")
+        return version
+
+    def wait_durable(self, ref: Ref | None = None, timeout: float | None = None) -> None:
+        """Wait until ``ref`` is durable: drained from the fast tier it was committed to, every
+        pack and its manifest on the store's locations with their redundancy. ``ref`` None:
+        every version of this store not durable when called (those waiting on this host's
+        fast tier, when the store has one). Returns at once for durable versions, and in a
+        store without a fast tier. Works from any host (it polls the catalog); the drain
+        itself runs on the committing host.
+
+        Raises:
+            VersionLostError: a version was lost with its fast tier before it drained.
+            DrainTimeoutError: ``timeout`` seconds passed first (the drain goes on).
+            RefNotFoundError, AmbiguousRefError: bad ref.
+        """
+        from casckpt.catalog import tiers as tier_sql
+        from casckpt.engine.tier import wait_durable
+
+        catalog = self._core.ctx.catalog
+        if ref is not None:
+            ids = [self._core.row(ref).id]
+        else:
+            tier = self._core.tier
+            ids = [v for v, state in tier_sql.not_durable(catalog, tier_id=tier.id if tier else None)
+                   if state == "fast"]
+        tier = self._core.tier
+        wait_durable(catalog, ids, timeout, tier.wake if tier is not None else lambda: None)
+
+    def drain(self, *, wait: bool = True, progress: ProgressCallback | None = None) -> DrainReport:
+        """Drain this host's fast tier now, in this thread: every pack not drained to the
+        locations, then the manifests of the versions that become durable, then eviction to
+        the budget. ``wait``: if another process of this host is draining the tier, wait for it
+        (else return at once with ``busy``). The background drain worker does the same; this
+        is for scripts and ``casckpt drain``.
+
+        Raises:
+            InvalidArgumentError: the store was opened without a fast tier.
+            ReadOnlyStoreError: the store is read-only.
+        """
+        self._core.refuse_write("drain the fast tier", "the catalog and the locations")
+        if self._core.tier is None:
+            raise InvalidArgumentError("this store was opened without a fast tier (fast_tier=, or "
+                                       "fast_tier in casckpt.toml); there is nothing to drain")
+        return self._core.drain(wait=wait, progress=progress)
+
+    def tier_status(self) -> TierStatus:
+        """Bytes per tier, versions not durable yet, this host's fast tier and its drain rate
+        (see :class:`casckpt.TierStatus`)."""
+        from casckpt.engine.tierstatus import tier_status
+
+        return tier_status(self._core.ctx.catalog, self._core.tier)
 
     def import_checkpoint(
         self, path: str | Path, *, run: str, step: int, metadata: Mapping[str, Any] | None = None,
@@ -435,7 +504,7 @@ class Store:
         """
         from casckpt.engine import restore as restore_engine  # torch: see commit
 
-        row = self._core.row(ref)
+        row = self._core.readable_row(ref)
         head = bind(row, decode_manifest(self._core.ctx.catalog.manifest(row.id), row.id))
         if head.tree is not None:  # only the nodes on the way to the tensor are read
             found = treeviews.Trees(self._core.ctx.catalog).entry(head, path)  # validated

@@ -13,6 +13,7 @@ mutated in place) when locations change, so readers see the old set or the new o
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import weakref
 from collections.abc import Mapping
@@ -43,10 +44,11 @@ from casckpt.storage.locations import CurrentLocations, Location, LocationSet
 from casckpt.storage.scratch import ScratchDir
 from casckpt.storage.sealed import sealed
 from casckpt.storage.unreachable import UnreachableBlobStore
-from casckpt.types import Version
+from casckpt.types import DrainReport, ProgressCallback, Version
 
 if TYPE_CHECKING:
     from casckpt.dcp import StoreWriter
+    from casckpt.engine.tier import DrainWorker, FastTier
 
 Ref = str | Version
 log = logging.getLogger(__name__)
@@ -111,7 +113,8 @@ class StoreCore:
     def __init__(self, *, catalog: Catalog, cache: IndexCache, locations: LocationSet,
                  staging: Path, settings: cfg.Settings, write_quorum: int | None = None,
                  s3: Mapping[str, Any] | None = None, config_file: Path | None = None,
-                 recovering: bool = False, read_only: str | None = None) -> None:
+                 recovering: bool = False, read_only: str | None = None,
+                 tier: FastTier | None = None) -> None:
         self.recovering = recovering
         self.read_only = read_only
         self._locations_loaded = time.monotonic()
@@ -136,6 +139,23 @@ class StoreCore:
             backpressure=settings.backpressure)
         self.closed = False
         self.dcp_writers: weakref.WeakSet[StoreWriter] = weakref.WeakSet()
+        self.tier = tier
+        self.ctx.packs.tier = tier
+        self.drainer: DrainWorker | None = None
+        if tier is not None and read_only is None and not recovering:
+            from casckpt.engine.tier import DrainWorker
+
+            self.drainer = DrainWorker(tier, lambda stop: self.drain(stop=stop))
+
+    def drain(self, *, wait: bool = False, progress: ProgressCallback | None = None,
+              stop: threading.Event | None = None) -> DrainReport:
+        """Drain the fast tier once (see :func:`casckpt.engine.tier.drain`)."""
+        from casckpt.engine.tier import drain
+
+        if self.tier is None:
+            return DrainReport()
+        return drain(self.tier, self.ctx.packs.write, self.ctx.locations.put_everywhere, wait=wait,
+                     progress=progress, stop=stop)
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -149,7 +169,22 @@ class StoreCore:
         try:
             self.committer.close()
         finally:
-            self._release()
+            try:
+                self._last_drain()
+            finally:
+                self._release()
+
+    def _last_drain(self) -> None:
+        """Stop the drain worker and drain what is left (a failure is logged: the next open on
+        this host, or `casckpt drain`, resumes it)."""
+        if self.drainer is None:
+            return
+        self.drainer.stop()
+        report = self.drain(wait=True)
+        if report.error is not None:
+            log.warning("closing the store: the fast tier %s could not drain everything (%s); "
+                        "`casckpt drain` or the next open on this host resumes it",
+                        self.tier.dir.root if self.tier else "?", report.error)
 
     def _refuse_close_while_saving(self) -> None:
         """A DCP save (``dcp.async_save``) still writing through this store must finish first."""
@@ -170,6 +205,8 @@ class StoreCore:
         self.ctx.catalog.close()
         self.ctx.locations.close()
         self._staging.close()
+        if self.tier is not None:
+            self.tier.close()
 
     def refuse_while_recovering(self, what: str) -> None:
         """A store opened with ``recover=True`` over data its empty catalog lacks does nothing
@@ -226,9 +263,25 @@ class StoreCore:
         """
         return resolve(self.ctx.catalog, ref.id if isinstance(ref, Version) else ref)
 
+    def readable_row(self, ref: Ref) -> VersionRow:
+        """:meth:`row`, for a version about to be read: refused before any byte is read when
+        it cannot be read whole from this host.
+
+        Raises:
+            VersionLostError: it was lost with its fast tier before it drained.
+            VersionNotDurableError: it waits on another host's fast tier.
+        """
+        row = self.row(ref)
+        if row.durability != "durable":
+            from casckpt.engine.tier import check_readable
+
+            check_readable(self.ctx.catalog, row.id, row.durability)
+        return row
+
     def manifest(self, ref: Ref) -> Manifest:
-        """The whole manifest of the version ``ref`` names (see :meth:`row` for errors)."""
-        return load_manifest(self.ctx.catalog, self.row(ref))
+        """The whole manifest of the version ``ref`` names, to read its data (see
+        :meth:`readable_row` for errors)."""
+        return load_manifest(self.ctx.catalog, self.readable_row(ref))
 
     def version(self, row: VersionRow, tags: tuple[str, ...] | None = None) -> Version:
         """A catalog row as a :class:`Version` (its tags read unless given)."""

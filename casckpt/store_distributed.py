@@ -49,7 +49,7 @@ class StoreDistributed:
         """A ``torch.distributed.checkpoint`` StorageReader for the version ``ref`` names."""
         from casckpt.dcp import StoreReader
 
-        row = self._core.row(ref)
+        row = self._core.readable_row(ref)
         return StoreReader(self._core.ctx, row.id, self._core.manifest(row.id))
 
     def rank_manifest(self, manifest: Manifest, group: Any, rank: int | None) -> Manifest:

@@ -19,12 +19,15 @@ from typing import Any
 from casckpt.jsonable import ToDict
 from casckpt.reports import CheckProblem as CheckProblem
 from casckpt.reports import CheckReport as CheckReport
+from casckpt.reports import DrainReport as DrainReport
 from casckpt.reports import KeyInfo as KeyInfo
 from casckpt.reports import LocationInfo as LocationInfo
 from casckpt.reports import MigrationReport as MigrationReport
 from casckpt.reports import RebuildReport as RebuildReport
 from casckpt.reports import RepairReport as RepairReport
 from casckpt.reports import StoreStats as StoreStats
+from casckpt.reports import TierInfo as TierInfo
+from casckpt.reports import TierStatus as TierStatus
 
 ProgressCallback = Callable[[str, int, int], None]
 """``callback(phase, done, total)``: called from the calling thread as work advances.
@@ -59,6 +62,11 @@ class Version(ToDict):
             is committed; ``casckpt repair`` restores the redundancy. Versions read
             back from the catalog (``log``, ``resolve``, ...) say False: ask
             ``Store.show(ref).degraded`` for a version's state now.
+        durability: ``"durable"``: every byte is on the store's locations, with their
+            redundancy. ``"fast"``: committed to a host's fast tier (``fast_tier=``) and
+            not yet drained to the locations -- restorable on that host only, lost if that
+            disk is lost first (``Store.wait_durable`` waits for the drain). ``"lost"``:
+            its fast tier was lost before the drain; it cannot be restored.
     """
 
     id: str
@@ -75,6 +83,7 @@ class Version(ToDict):
     metrics: Mapping[str, float] = field(default_factory=dict)
     message: str | None = None
     degraded: bool = False
+    durability: str = "durable"
 
     @property
     def short_id(self) -> str:

@@ -287,11 +287,11 @@ def test_upgrade_from_0008_keeps_data_and_records_the_migration(tmp_path: Path) 
     assert _revision(root) == "0008" and "audit_log" not in _tables(root)
 
     with casckpt.open(root) as store:
-        assert _revision(root) == head_revision() == "0009"
+        assert _revision(root) == head_revision() >= "0009"
         assert store.resolve("tag:t").id == v.id
         (row,) = store.audit()
         assert (row.action, row.target, dict(row.detail)) == (
-            "catalog.migrate", None, {"from": "0008", "to": "0009"})
+            "catalog.migrate", None, {"from": "0008", "to": head_revision()})
         _is_this_process(row)
         assert torch.equal(store.restore("r@1")["w"], _state(1)["w"])  # type: ignore[index]
         v2 = store.commit(_state(2), run="r", step=2)

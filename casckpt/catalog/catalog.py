@@ -31,6 +31,7 @@ from casckpt.catalog import schema as s
 from casckpt.catalog.database import Database, insert_ignore, sqlite_write_denied, upsert
 from casckpt.catalog.packs import ChunkLocation, PackRecord, insert_pack, upsert_chunks
 from casckpt.catalog.rows import VersionRow, manifest_bytes, tensor_row, version_query, version_row
+from casckpt.catalog.tiers import record_deps
 from casckpt.errors import CatalogError, CatalogUnavailableError, ReadOnlyStoreError, VersionExistsError
 from casckpt.format.crypto import PLAIN, StoreCrypto
 from casckpt.types import AuditEntry
@@ -82,6 +83,7 @@ class Catalog:
         self.url = url
         self.where = where
         self.crypto: StoreCrypto = PLAIN  # set once by opening, for an encrypted store
+        self.fast_tier: str | None = None  # this process's fast tier (engine/tier.py), set at open
         self.write_denied: str | None = sqlite_write_denied(url) if read_only is None else None
         self._db = Database(url, where=where, retry_s=retry_s,
                             read_only=bool(read_only) or self.write_denied is not None)
@@ -267,8 +269,10 @@ class Catalog:
             for i in range(0, len(wanted), BATCH):
                 batch = wanted[i : i + BATCH]
                 where: list[ColumnElement[bool]] = [s.chunks.c.id.in_(batch)]
-                if live_only:
+                if live_only:  # dedup: not against other hosts' fast tiers, which may be lost
                     where.append(s.chunks.c.state == "live")
+                    where.append(s.packs.c.state == "live" if self.fast_tier is None else
+                                 (s.packs.c.state == "live") | (s.packs.c.tier == self.fast_tier))
                 rows = conn.execute(query.where(*where))
                 for row in rows:
                     found[row[0]] = ChunkLocation(*row)
@@ -403,6 +407,8 @@ class Catalog:
         if missing:
             raise MissingChunksError(missing)
         conn.execute(s.versions.insert().values(run_id=run_id, **version))
+        if record_deps(conn, version["id"], ids):  # it needs a pack still on a fast tier
+            version["durability"] = "fast"
         for i in range(0, len(tensor_rows), BATCH):
             conn.execute(s.tensors.insert(), tensor_rows[i : i + BATCH])
         insert_ignore(conn, s.contents, content_rows, "digest")

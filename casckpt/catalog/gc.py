@@ -24,6 +24,7 @@ from casckpt.catalog.database import insert_ignore
 from casckpt.catalog.leases import tombstone
 from casckpt.catalog.packs import PackLayout, PackRecord, insert_pack
 from casckpt.catalog.shards import layouts_in
+from casckpt.catalog.tiers import forget_deps
 from casckpt.errors import CatalogError
 
 _BATCH = 5000
@@ -105,6 +106,7 @@ def purge_versions(catalog: Catalog, version_ids: list[str]) -> list[str]:
             ).with_for_update()).scalars())
             conn.execute(delete(s.tags).where(s.tags.c.version_id.in_(batch)))
             conn.execute(delete(t).where(t.c.version_id.in_(batch)))
+            forget_deps(conn, batch)
             conn.execute(delete(v).where(v.c.id.in_(batch)))
             tombstone(conn, batch, "purged")
             purged += batch
@@ -230,6 +232,12 @@ def _unreferenced() -> Any:
     return ~exists().where(s.gc_live.c.id == s.chunks.c.id)
 
 
+def _on_fast_tier() -> Any:
+    """Chunks in a pack still waiting on a fast tier: gc leaves them (and their pack) alone
+    until the drain has made the pack ``live``; it cannot read or delete them from here."""
+    return exists().where(s.packs.c.id == s.chunks.c.pack_id, s.packs.c.state != "live")
+
+
 def revive(catalog: Catalog) -> int:
     """Condemned chunks that are referenced again (undelete, a commit) become live."""
     with catalog.write() as conn:
@@ -246,7 +254,8 @@ def condemn(catalog: Catalog, *, created_before: float, now: float, dry_run: boo
     after the mark began are never condemned; older ones that a commit in
     flight needs are revived when it publishes, or written again.
     """
-    where = and_(s.chunks.c.state == "live", s.chunks.c.created_at < created_before, _unreferenced())
+    where = and_(s.chunks.c.state == "live", s.chunks.c.created_at < created_before, _unreferenced(),
+                 ~_on_fast_tier())
     with catalog.write() as conn:
         count, size = conn.execute(
             select(func.count(), func.coalesce(func.sum(s.chunks.c.stored_len), 0)).where(where)
@@ -266,13 +275,13 @@ def sweep(catalog: Catalog, *, cutoff: float, dry_run: bool,
     """
     c, p = s.chunks, s.packs
     doomed = _doomed(cutoff, condemned_before if dry_run else None)
-    empty = and_(~exists().where(c.c.pack_id == p.c.id), p.c.created_at <= cutoff)
+    empty = and_(~exists().where(c.c.pack_id == p.c.id), p.c.created_at <= cutoff, p.c.state == "live")
     with catalog.write() as conn:
         if dry_run:
             chunks = int(conn.execute(select(func.count()).where(doomed)).scalar_one())
             survivors = select(c.c.id).where(c.c.pack_id == p.c.id, ~doomed)
             rows = conn.execute(select(p.c.id, p.c.key, p.c.size).where(
-                ~exists(survivors), p.c.created_at <= cutoff
+                ~exists(survivors), p.c.created_at <= cutoff, p.c.state == "live"
             )).all()
             found = layouts_in(conn, [row[0] for row in rows])
             return chunks, [DeadPack(*row, found.get(row[0])) for row in rows]
@@ -297,7 +306,7 @@ def _doomed(cutoff: float, condemned_before: float | None) -> Any:
     doomed = and_(c.c.state == "condemned", c.c.condemned_at <= cutoff, _unreferenced())
     if condemned_before is not None:
         doomed = or_(doomed, and_(c.c.state == "live", c.c.created_at < condemned_before,
-                                  _unreferenced()))
+                                  _unreferenced(), ~_on_fast_tier()))
     return doomed
 
 
@@ -312,7 +321,7 @@ def would_repack(catalog: Catalog, *, cutoff: float, condemned_before: float,
         survives).scalar_subquery()
     with catalog.read() as conn:
         rows = conn.execute(select(p.c.id, p.c.key, p.c.size).where(
-            exists().where(survives),
+            p.c.state == "live", exists().where(survives),
             ~exists().where(survives, c.c.state.in_(("condemned", "lost"))),
             live <= p.c.size * max_live_fraction,
         )).all()
@@ -376,7 +385,7 @@ def repack_candidates(catalog: Catalog, *, max_live_fraction: float) -> list[tup
     condemned = exists().where(c.c.pack_id == p.c.id, c.c.state.in_(("condemned", "lost")))
     with catalog.read() as conn:
         rows = conn.execute(select(p.c.id, p.c.key, p.c.size).where(
-            ~condemned, live <= p.c.size * max_live_fraction,
+            p.c.state == "live", ~condemned, live <= p.c.size * max_live_fraction,
             exists().where(c.c.pack_id == p.c.id),
         )).all()
     return [(row[0], row[1], int(row[2])) for row in rows]

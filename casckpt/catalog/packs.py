@@ -61,7 +61,8 @@ class PackLayout:
 
     ``scheme`` is ``none``, ``replicate`` or ``ec``; for ``ec``, data shard
     ``i`` holds pack bytes ``[i*stripe, (i+1)*stripe)`` from payload byte
-    ``data_offset`` (after the shard header).
+    ``data_offset`` (after the shard header). A pack on a fast ``tier`` that has not
+    drained yet has no shards; its scheme, ``k`` and ``m`` say what the drain makes of it.
     """
 
     id: str
@@ -74,6 +75,7 @@ class PackLayout:
     stripe: int | None = None
     data_offset: int | None = None
     shards: tuple[ShardRow, ...] = ()
+    tier: str | None = None  # the fast tier holding it, not yet drained (no shards): see engine/tier.py
 
     def shard(self, index: int) -> ShardRow | None:
         """The shard with this index, if recorded."""
@@ -104,10 +106,12 @@ class PackRecord:
 
 
 def insert_pack(conn: Connection, layout: PackLayout, chunks: int, now: float) -> None:
-    """Insert a pack row and its shard rows (rows that exist are kept)."""
+    """Insert a pack row and its shard rows (rows that exist are kept); a pack on a fast tier
+    (``layout.tier``) is recorded ``fast``, waiting for its drain."""
     insert_ignore(conn, s.packs, [{
         "id": layout.id, "key": layout.key, "size": layout.size, "chunks": chunks,
-        "state": "live", "created_at": now, "verified_at": None, "scheme": layout.scheme,
+        "state": "live" if layout.tier is None else "fast", "tier": layout.tier,
+        "created_at": now, "verified_at": None, "scheme": layout.scheme,
         "k": layout.k, "m": layout.m, "algorithm": layout.algorithm, "stripe": layout.stripe,
         "data_offset": layout.data_offset,
     }], "id")

@@ -30,7 +30,7 @@ VERSION_COLUMNS = (
     s.versions.c.created_at, s.versions.c.logical_bytes, s.versions.c.new_bytes,
     s.versions.c.stored_bytes, s.versions.c.duration_s,
     cast(s.versions.c.meta, Text).label("meta"), cast(s.versions.c.metrics, Text).label("metrics"),
-    s.versions.c.message,
+    s.versions.c.message, s.versions.c.durability,
 )
 """The columns of a version row (:class:`VersionRow`), ``meta`` and ``metrics`` as JSON
 text: long listings decode them in one call instead of one per value."""
@@ -59,6 +59,7 @@ class VersionRow(NamedTuple):
     meta: Any  # JSON text (or a decoded dict)
     metrics: Any
     message: str | None
+    durability: str = "durable"  # see Version.durability
 
 
 def version_row(row: Sequence[Any] | None) -> VersionRow | None:
@@ -112,7 +113,7 @@ def versions(rows: Sequence[Sequence[Any]], tags: Mapping[str, tuple[str, ...]])
     out = []
     for r, meta, metric in zip(rows, metas, metrics, strict=True):
         out.append(make(r[0], r[1], r[2], moment(r[4], utc), r[5], r[6], r[7], r[8], r[3],
-                        tags.get(r[0], ()), meta, metric, r[11]))
+                        tags.get(r[0], ()), meta, metric, r[11], durability=r[12]))
     return out
 
 

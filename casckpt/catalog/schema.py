@@ -67,6 +67,9 @@ versions = Table(
     Column("deleted_at", Float, nullable=True),
     Column("deleted_reason", Text, nullable=True),
     Column("tree_root", String(64), nullable=True),  # a tree manifest's root node (see tree_nodes)
+    # "durable" (every pack on the locations), "fast" (some pack only on a host's fast tier,
+    # see tier_deps), "lost" (a fast tier was lost before it drained); migration 0010
+    Column("durability", String(16), nullable=False, server_default="durable"),
     UniqueConstraint("run_id", "step", name="uq_versions_run_step"),
 )
 Index("ix_versions_created_at", versions.c.created_at)
@@ -131,6 +134,9 @@ packs = Table(
     Column("algorithm", String(32), nullable=True),
     Column("stripe", BigInteger, nullable=True),
     Column("data_offset", Integer, nullable=True),
+    # state "fast": on the fast tier ``tier`` only, not yet drained to the locations (no shard
+    # rows; scheme, k, m say the redundancy the drain gives it); "lost": that tier was lost
+    Column("tier", String(32), nullable=True),
 )
 Index("ix_packs_state", packs.c.state)
 Index("ix_packs_verified_at", packs.c.verified_at)
@@ -228,6 +234,27 @@ audit_log = Table(  # the audit trail (casckpt.catalog.audit): appended to, neve
 Index("ix_audit_log_at", audit_log.c.at)
 Index("ix_audit_log_action", audit_log.c.action)
 Index("ix_audit_log_target", audit_log.c.target)
+
+tiers = Table(  # the fast tiers of hosts (one directory each), see casckpt.engine.tier
+    "tiers",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("host", String(255), nullable=False),
+    Column("path", Text, nullable=False),
+    Column("state", String(16), nullable=False),  # "active" or "lost"
+    Column("created_at", Float, nullable=False),
+    Column("lost_at", Float, nullable=True),
+)
+
+tier_deps = Table(  # the fast packs a version needed when it was published
+    "tier_deps",
+    metadata,
+    Column("version_id", String(64), primary_key=True),
+    Column("pack_id", String(64), primary_key=True),
+)
+Index("ix_tier_deps_pack", tier_deps.c.pack_id)
+Index("ix_versions_durability", versions.c.durability)
+Index("ix_packs_tier", packs.c.tier)
 
 GC_TABLES = frozenset({"gc_live", "gc_runs"})
 """gc's own tables: the admin role writes them; a writer role only reads them."""

@@ -161,12 +161,15 @@ def _layout(row: Any, shards: Sequence[ShardRow]) -> PackLayout:
             raise _damaged(pack_id, f"shard index {sh.index}")
     if row.algorithm is not None and not isinstance(row.algorithm, str):
         raise _damaged(pack_id, "algorithm")
-    if row.scheme == "ec" and (row.stripe is None or row.data_offset is None):
+    tier = row.tier if row.state != "live" else None
+    if tier is not None and not isinstance(tier, str):
+        raise _damaged(pack_id, "tier")
+    if row.scheme == "ec" and tier is None and (row.stripe is None or row.data_offset is None):
         raise _damaged(pack_id, "stripe and data offset (an ec pack has both)")
     return PackLayout(pack_id, row.key, _count(row.size, "size", pack_id), row.scheme, k, m, row.algorithm,
                       _optional_count(row.stripe, "stripe", pack_id, 1),
                       _optional_count(row.data_offset, "data_offset", pack_id),
-                      tuple(sorted(shards, key=lambda x: x.index)))
+                      tuple(sorted(shards, key=lambda x: x.index)), tier)
 
 
 def _shard(r: Any) -> ShardRow:

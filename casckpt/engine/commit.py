@@ -308,15 +308,19 @@ def parent_of(ctx: EngineContext, run: str) -> str | None:
 
 
 def _publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, started: float,
-             redundancy: Redundancy, progress: ProgressCallback | None, lease: str) -> dict[str, Any]:
+             redundancy: Redundancy, progress: ProgressCallback | None, lease: str, *,
+             fast: bool = False) -> dict[str, Any]:
     """ONE catalog transaction makes the version visible and ends the commit's ``lease``;
-    chunks found gone are rewritten."""
+    chunks found gone are rewritten. ``fast``: committed to the fast tier (durability
+    ``fast`` until the drain; the catalog also makes a version that needs a pack still on
+    some fast tier ``fast``)."""
     row: dict[str, Any] = {
         "id": snap.version_id, "step": req.step, "parent_id": snap.manifest.parent,
         "state": "visible", "created_at": snap.manifest.created_at,
         "logical_bytes": snap.manifest.tree.nbytes if snap.manifest.tree else snap.manifest.logical_bytes,
         "meta": req.metadata,
         "metrics": req.metrics, "message": req.message, "manifest": snap.manifest_bytes,
+        "durability": "fast" if fast else "durable",
     }
     if snap.tree is not None:
         row["tree_root"] = snap.tree.root.hex()
@@ -362,7 +366,7 @@ def rewrite_lost(ctx: EngineContext, chunks: dict[bytes, ChunkBytes], missing: I
     lost = [cid for cid in chunks if cid.hex() in gone]
     ctx.cache.discard(lost)
     _hold_unchanged(ctx, chunks, lost, version_id)
-    return write_chunks(ctx, chunks, lost, redundancy, progress)
+    return write_chunks(ctx, chunks, lost, redundancy, progress, fast=True)
 
 
 def _hold_unchanged(ctx: EngineContext, chunks: dict[bytes, ChunkBytes], ids: Sequence[bytes],
@@ -386,7 +390,7 @@ def write_new(ctx: EngineContext, run: str, snap: Snapshot, redundancy: Redundan
     """Encode, pack and store the snapshot's new chunks (counted in ``new_bytes`` / ``stored_bytes``),
     delta-coded against their bases where that pays."""
     snap.delta = _delta_plan(ctx, run, snap)
-    snap.wrote(write_chunks(ctx, snap.chunks, snap.new_ids, redundancy, progress, snap.delta))
+    snap.wrote(write_chunks(ctx, snap.chunks, snap.new_ids, redundancy, progress, snap.delta, fast=True))
 
 
 def publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: Redundancy,
@@ -397,8 +401,14 @@ def publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: 
     snap.version_id)``) before the manifest object is written, so a commit that fails from
     here on leaves a tombstone GC may act on; the publishing transaction ends it.
     """
-    ctx.locations.put_everywhere(keys.manifest_key(snap.version_id), snap.manifest_bytes)
-    row = _publish(ctx, req, snap, started, redundancy, progress, lease)
+    tier = ctx.packs.tier
+    if tier is None:
+        ctx.locations.put_everywhere(keys.manifest_key(snap.version_id), snap.manifest_bytes)
+    else:  # the drain writes it to the locations once the version's packs are there
+        tier.dir.put_manifest(snap.version_id, snap.manifest_bytes)
+    row = _publish(ctx, req, snap, started, redundancy, progress, lease, fast=tier is not None)
+    if tier is not None:
+        tier.wake()
     if snap.delta is not None:
         snap.delta.published(snap.chunks)
     for name in req.tags:  # a tag given at commit may have moved from another version
@@ -412,6 +422,7 @@ def publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: 
         stored_bytes=snap.stored_bytes, duration_s=row["duration_s"],
         parent=snap.manifest.parent, tags=req.tags, metadata=req.metadata,
         metrics=req.metrics, message=req.message, degraded=bool(snap.degraded),
+        durability=row["durability"],
     )
 
 

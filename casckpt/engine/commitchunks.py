@@ -219,9 +219,11 @@ class ChunkWrite:
 def write_chunks(
     ctx: EngineContext, chunks: Mapping[bytes, ChunkBytes], ids: Sequence[bytes],
     redundancy: Redundancy, progress: ProgressCallback | None, delta: DeltaPlan | None = None,
+    *, fast: bool = False,
 ) -> ChunkWrite:
-    """Encode (delta-coding where ``delta`` says it pays) and pack ``ids``."""
-    packer = Packer(ctx, redundancy)
+    """Encode (delta-coding where ``delta`` says it pays) and pack ``ids`` (``fast``: onto the
+    store's fast tier, when it has one: see :class:`Packer`)."""
+    packer = Packer(ctx, redundancy, fast=fast)
     bar = Progress(progress, "write", sum(chunks[c].end - chunks[c].start for c in ids))
     nodes = node_stored = 0
     try:
@@ -235,7 +237,7 @@ def write_chunks(
         packer.abort()
         raise
     return ChunkWrite(bar.done - nodes, packer.stored_bytes - node_stored,
-                      tuple(shortfalls(ctx, (p.layout for p in packs))))
+                      tuple(shortfalls(ctx, (p.layout for p in packs if p.layout.tier is None))))
 
 
 def held_elsewhere(ids: Iterable[bytes]) -> dict[bytes, ChunkBytes]:

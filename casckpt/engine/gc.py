@@ -132,7 +132,7 @@ def _mark(ctx: EngineContext, exclude: set[str], done: set[_Marked]) -> set[_Mar
     for batch in sql.manifest_batches(ctx.catalog, wanted):
         for row in batch:
             try:
-                for cid in _references(row, nodes, seen):
+                for cid in references(row, nodes, seen):
                     pending.add(cid.hex())
                     if len(pending) >= _MARK_BATCH:
                         sql.add_live(ctx.catalog, pending)
@@ -148,7 +148,7 @@ def _mark(ctx: EngineContext, exclude: set[str], done: set[_Marked]) -> set[_Mar
     return marked
 
 
-def _references(row: Any, nodes: trees.StoreNodes, seen: set[bytes]) -> Iterator[bytes]:
+def references(row: Any, nodes: trees.StoreNodes, seen: set[bytes]) -> Iterator[bytes]:
     """The chunk and node ids a version references. A tree is walked from its root, skipping
     the nodes in ``seen``; other versions' manifests are read whole -- a document of version
     1 migrated to a tree (its row names the root) too: the root is the catalog's word alone,

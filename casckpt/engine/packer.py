@@ -38,9 +38,12 @@ class Packer:
     _IN_FLIGHT = 2
 
     def __init__(self, ctx: EngineContext, redundancy: Redundancy,
-                 on_stored: Callable[[PackRecord], None] | None = None) -> None:
-        """``on_stored`` records a stored pack (default: ``catalog.add_pack``)."""
+                 on_stored: Callable[[PackRecord], None] | None = None, *, fast: bool = False) -> None:
+        """``on_stored`` records a stored pack (default: ``catalog.add_pack``). ``fast``: hold
+        packs on the store's fast tier, when it has one, for the drain to store (a commit's
+        packs); otherwise they go to the locations."""
         self._ctx = ctx
+        self._tier = ctx.packs.tier if fast else None
         self._redundancy = redundancy
         self._record = on_stored or ctx.catalog.add_pack
         self._file: BinaryIO | None = None
@@ -94,7 +97,10 @@ class Packer:
 
     def _store(self, pack_id: str, size: int, entries: Sequence[PackEntry], path: Path) -> PackRecord:
         try:
-            layout = self._ctx.packs.write(pack_id, path, size, self._redundancy)
+            layout = (self._tier.write(pack_id, path, size, self._redundancy, self._ctx.config.backpressure)
+                      if self._tier is not None else None)
+            if layout is None:
+                layout = self._ctx.packs.write(pack_id, path, size, self._redundancy)
         finally:
             path.unlink(missing_ok=True)
         record = PackRecord(layout, entries)

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from casckpt.catalog import Catalog, PackLayout
 from casckpt.engine.packcoding import ErasureCoder
@@ -33,8 +34,13 @@ from casckpt.engine.packread import PackReader
 from casckpt.engine.packrepair import PackRepairer, RepairOutcome
 from casckpt.engine.packverify import PackVerifier, ShardCheck
 from casckpt.engine.packwrite import PackWriter
+from casckpt.errors import BlobNotFoundError, CorruptPackError
+from casckpt.format.chunks import object_id
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.locations import CurrentLocations
+
+if TYPE_CHECKING:
+    from casckpt.engine.tier import FastTier
 
 
 class Packs:
@@ -57,6 +63,8 @@ class Packs:
         self.repairer = PackRepairer(catalog, locations, self.layouts, self.coder, self.placement,
                                      self.verifier)
         self.reader = PackReader(catalog, locations, self.layouts, self.verifier, self.repairer)
+        self.tier: FastTier | None = None  # this host's fast tier (engine/tier.py), set at open
+        self._catalog = catalog
 
     def prepare(self, redundancy: Redundancy) -> None:
         """See :meth:`ErasureCoder.prepare`."""
@@ -102,19 +110,73 @@ class Packs:
 
     def read_into(self, pack_id: str, offset: int, buffers: Sequence[memoryview], *,
                   heal: bool = True) -> int:
-        """See :meth:`PackReader.read_into`."""
+        """See :meth:`PackReader.read_into`; from this host's fast tier when it holds the pack.
+
+        Raises:
+            VersionNotDurableError, VersionLostError: the pack is on another host's fast tier,
+                or was lost with one, and not on the locations.
+        """
+        tier = self.tier
+        if tier is not None and tier.dir.holds(pack_id):
+            try:
+                return tier.dir.read_into(pack_id, offset, buffers)
+            except BlobNotFoundError:
+                pass  # evicted meanwhile: it had drained
+        self._on_locations(pack_id)
         return self.reader.read_into(pack_id, offset, buffers, heal=heal)
 
+    def _on_locations(self, pack_id: str) -> None:
+        """Raise unless the pack is (as far as the catalog says now) on the locations."""
+        layout = self.layouts.get(pack_id)
+        if layout is None or layout.tier is None:
+            return
+        layout = self.layouts.get(pack_id, fresh=True)  # drained since it was cached?
+        if layout is None or layout.tier is None:
+            return
+        from casckpt.catalog.tiers import pack_states
+        from casckpt.engine.tier import not_durable_error
+
+        state = pack_states(self._catalog, [pack_id]).get(pack_id, ("fast", layout.tier))
+        raise not_durable_error(self._catalog, pack_id, layout.tier, state[0])
+
     def get(self, pack_id: str) -> bytes:
-        """See :meth:`PackReader.get`."""
+        """See :meth:`PackReader.get`; from this host's fast tier when it holds the pack intact."""
+        tier = self.tier
+        if tier is not None and tier.dir.holds(pack_id):
+            try:
+                data = tier.dir.get(pack_id)
+                if object_id(data) == pack_id:
+                    return data
+            except BlobNotFoundError:
+                pass
+        self._on_locations(pack_id)
         return self.reader.get(pack_id)
 
     def can_reconstruct(self, pack_id: str) -> bool:
-        """See :meth:`PackReader.can_reconstruct`."""
+        """See :meth:`PackReader.can_reconstruct`. A drained pack the fast tier served can
+        always be read again from the locations; a pack not drained cannot."""
+        tier = self.tier
+        if tier is not None and tier.dir.holds(pack_id):
+            layout = self.layouts.get(pack_id, fresh=True)
+            return layout is not None and layout.tier is None
         return self.reader.can_reconstruct(pack_id)
 
     def reconstruct(self, pack_id: str, *, heal: bool = True) -> bytes:
-        """See :meth:`PackReader.reconstruct`."""
+        """See :meth:`PackReader.reconstruct`. A damaged fast-tier copy of a drained pack is
+        evicted and the pack read from the locations instead.
+
+        Raises:
+            CorruptPackError: the damaged copy is of a pack not drained yet (the only one).
+        """
+        tier = self.tier
+        if tier is not None and tier.dir.holds(pack_id):
+            layout = self.layouts.get(pack_id, fresh=True)
+            if layout is not None and layout.tier is not None:
+                raise CorruptPackError(
+                    f"pack {pack_id} on the fast tier {tier.dir.root} is damaged and has not "
+                    "drained yet: it is the only copy. Restore another version")
+            tier.dir.evict(pack_id)
+            return self.reader.get(pack_id)
         return self.reader.reconstruct(pack_id, heal=heal)
 
     def examine(self, pack_id: str, *, read_all: bool = True) -> ShardCheck:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import difflib
+import logging
 import re
 from collections.abc import Sequence
 
@@ -23,6 +24,8 @@ from casckpt.errors import (
     VersionMismatchError,
 )
 from casckpt.format.manifest import Manifest, decode_manifest
+
+log = logging.getLogger(__name__)
 
 _HEX = re.compile(r"^[0-9a-f]{4,64}$")
 
@@ -104,6 +107,31 @@ def resolve(catalog: Catalog, ref: str) -> VersionRow:
                            "run@latest, run@~N, tag:NAME or an id prefix)", near)
 
 
+def _latest_restorable(catalog: Catalog, run: str, newest: VersionRow) -> VersionRow:
+    """``run@latest`` is the newest version this host can restore: versions lost before their
+    fast tier drained, and versions still on another host's fast tier, are skipped (with a
+    warning naming them)."""
+    from casckpt.engine.tier import restorable_here
+
+    skipped: list[VersionRow] = []
+    back, row = 0, newest
+    while not restorable_here(catalog, row.id, row.durability):
+        skipped.append(row)
+        back += 1
+        older = catalog.nth_latest(run, back)
+        if older is None:
+            raise RefNotFoundError(f"{run}@latest", f"no version of run {run!r} can be restored "
+                                   "from this host: every one is lost or waits on another host's "
+                                   "fast tier")
+        row = older
+    if skipped:
+        log.warning("%s@latest skips %d version(s) that cannot be restored from this host (%s): "
+                    "%s", run, len(skipped), "lost before their fast tier drained, or not drained "
+                    "from another host's fast tier yet", ", ".join(
+                        f"{run}@{r.step} ({r.durability})" for r in skipped[:5]))
+    return row
+
+
 def _resolve_tag(catalog: Catalog, ref: str, name: str) -> VersionRow:
     target = catalog.tag_target(name)
     row = catalog.version(target) if target is not None else None
@@ -126,6 +154,8 @@ def _resolve_run(catalog: Catalog, ref: str, run: str, selector: str) -> Version
         if row is None:
             raise _no_version(catalog, ref, run, f"run {run!r} has fewer than {back + 1} versions",
                               [f"{run}@latest"])
+        if selector == "latest" and row.durability != "durable":
+            return _latest_restorable(catalog, run, row)
         return row
     if not selector.lstrip("-").isdigit():
         raise RefNotFoundError(ref, f"{selector!r} is not a step, 'latest' or ~N",
