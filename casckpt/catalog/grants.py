@@ -40,10 +40,12 @@ WRITER_UPDATES = {
               "chunks gc condemned but has not swept",
     "runs": "a publish locks its run's row (SELECT ... FOR UPDATE); retention policies",
     "versions": "soft delete and undelete (versions.state), e.g. the Lightning plugin's "
-                "remove_checkpoint; gc purges the rows later",
+                "remove_checkpoint; gc purges the rows later; durability, set by the drain",
     "tags": "moving a tag to another version",
     "store_info": "the counter of refs/ records, read FOR UPDATE and bumped",
-    "packs": "verified_at, set when check reads a pack",
+    "packs": "verified_at, set when check reads a pack; state and shards' scheme when a drain "
+             "makes a fast-tier pack live, or finds it lost",
+    "tiers": "a fast tier found wiped at open is marked lost",
     "shards": "verified_at, set when check reads a shard",
 }
 """Tables a writer UPDATEs, each with why."""
