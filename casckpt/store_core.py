@@ -176,11 +176,12 @@ class StoreCore:
 
     def _last_drain(self) -> None:
         """Stop the drain worker and drain what is left (a failure is logged: the next open on
-        this host, or `casckpt drain`, resumes it)."""
+        this host, or `casckpt drain`, resumes it; another process draining the tier now
+        finishes it)."""
         if self.drainer is None:
             return
         self.drainer.stop()
-        report = self.drain(wait=True)
+        report = self.drain()  # a drain another process of this host runs finishes it instead
         if report.error is not None:
             log.warning("closing the store: the fast tier %s could not drain everything (%s); "
                         "`casckpt drain` or the next open on this host resumes it",

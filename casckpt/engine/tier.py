@@ -310,7 +310,7 @@ def _drain_packs(tier: FastTier, store_pack: Callable[[str, Path, int, Redundanc
         lease = begin_lease(tier.catalog)  # gc deletes none of the objects being written
         try:
             try:
-                copy = tier.dir.linked_copy(pack.id, tier.scratch.path())
+                copy = tier.dir.copy_of(pack.id, tier.scratch.path())
             except BlobNotFoundError:
                 report.lost_packs.append(pack.id)
                 continue

@@ -19,10 +19,10 @@ reader is read from the locations instead (it is drained, or it would not be evi
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import os
+import shutil
 import threading
 import time
 import uuid
@@ -170,29 +170,26 @@ class FastTierDir:
         with suppress(OSError):  # evicted meanwhile: nothing to age
             os.utime(self.pack_path(pack_id))
 
-    def linked_copy(self, pack_id: str, into: Path) -> Path:
-        """A file in directory ``into`` with the pack's bytes that a blob store may consume
-        (a hard link; a copy where links cannot be made), the held pack staying here.
+    def copy_of(self, pack_id: str, into: Path) -> Path:
+        """A copy of the pack in directory ``into``, for a blob store to consume. Never a hard
+        link: a local location would then share the tier's inode, and one bad write or bit
+        flip would damage both copies.
 
         Raises:
             BlobNotFoundError: the pack is not here.
+            StorageError: the copy cannot be made.
         """
-        source, target = self.pack_path(pack_id), into / f"{uuid.uuid4().hex}.drain"
+        target = into / f"{uuid.uuid4().hex}.drain"
         try:
-            os.link(source, target)
-            return target
-        except FileNotFoundError:
-            raise BlobNotFoundError(f"pack {pack_id} is not on the fast tier {self.root}") from None
-        except OSError as exc:
-            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
-                raise StorageError(f"cannot link pack {pack_id} for its drain: {exc}") from exc
-        try:
-            with open(source, "rb") as src, open(target, "wb") as dst:
-                while block := src.read(1 << 22):
-                    dst.write(block)
+            shutil.copyfile(self.pack_path(pack_id), target)
         except FileNotFoundError:
             target.unlink(missing_ok=True)
-            raise BlobNotFoundError(f"pack {pack_id} is not on the fast tier {self.root}") from None
+            if not self.holds(pack_id):
+                raise BlobNotFoundError(f"pack {pack_id} is not on the fast tier {self.root}") from None
+            raise StorageError(f"cannot copy pack {pack_id} for its drain into {into}") from None
+        except OSError as exc:
+            target.unlink(missing_ok=True)
+            raise StorageError(f"cannot copy pack {pack_id} for its drain into {into}: {exc}") from exc
         return target
 
     def evict(self, pack_id: str) -> int:
