@@ -333,3 +333,20 @@ def test_a_store_without_a_tier_cannot_drain(tmp_path: Path) -> None:
         store.wait_durable()  # nothing to wait for
         with pytest.raises(InvalidArgumentError, match="without a fast tier"):
             store.drain()
+
+
+def test_retention_keeps_the_newest_durable_version_while_newer_ones_are_fast(tmp_path: Path) -> None:
+    with _open(tmp_path) as store:
+        store.set_retention("r", keep_last=1)
+        first = store.commit(_state(100), run="r", step=1, durable=True)
+        with _drain_held(store):
+            second = store.commit(_state(101), run="r", step=2)
+            (plan,) = store.plan_retention("r")
+            kept = {d.version.id: d.reasons for d in plan.decisions if d.keep}
+            assert set(kept) == {first.id, second.id}
+            assert any("newest durable" in r for r in kept[first.id])
+            store.gc(grace=0)
+            assert _same(store.restore(first), _state(100))
+        store.wait_durable(timeout=30)
+        (plan,) = store.plan_retention("r")  # once drained, the policy alone decides
+        assert {d.version.id for d in plan.decisions if d.keep} == {second.id}
