@@ -350,3 +350,17 @@ def test_retention_keeps_the_newest_durable_version_while_newer_ones_are_fast(tm
         store.wait_durable(timeout=30)
         (plan,) = store.plan_retention("r")  # once drained, the policy alone decides
         assert {d.version.id for d in plan.decisions if d.keep} == {second.id}
+
+
+def test_an_encrypted_store_seals_what_drains(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    casckpt.generate_key_file(key)
+    state = _state(110)
+    with _open(tmp_path, key_file=str(key)) as store:
+        v = store.commit(state, run="r", step=1, durable=True)
+        held = {p.name for p in (_tier_root(store) / "packs").glob("*/*")}
+        assert held and held == _durable_packs(tmp_path)
+    for pack in (tmp_path / "durable" / "packs").glob("*/*"):  # sealed on the location
+        assert pack.read_bytes() != (tmp_path / "fast").glob(f"*/packs/*/{pack.name}").__next__().read_bytes()
+    with _open(tmp_path, fast="other", key_file=str(key)) as store:
+        assert _same(store.restore(v), state)
