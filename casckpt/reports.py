@@ -289,8 +289,8 @@ class TierStatus(ToDict):
         local_path: this handle's fast tier directory (None: opened without one).
         budget: its budget in bytes (``fast_tier_bytes``).
         held_bytes, held_packs: what it holds now (drained packs kept as a cache included).
-        drained_bytes, drain_seconds: what this process drained, and how long that took (the
-            drain rate is their ratio).
+        drained_bytes, drain_seconds: what every drain of this tier moved, and how long that
+            took (the drain rate is their ratio).
     """
 
     durable_bytes: int
@@ -306,5 +306,5 @@ class TierStatus(ToDict):
 
     @property
     def drain_rate(self) -> float | None:
-        """Bytes per second this process drained at (None before it drained anything)."""
+        """Bytes per second this tier drains at (None before it drained anything)."""
         return self.drained_bytes / self.drain_seconds if self.drain_seconds > 0 else None

@@ -364,3 +364,12 @@ def test_an_encrypted_store_seals_what_drains(tmp_path: Path) -> None:
         assert pack.read_bytes() != (tmp_path / "fast").glob(f"*/packs/*/{pack.name}").__next__().read_bytes()
     with _open(tmp_path, fast="other", key_file=str(key)) as store:
         assert _same(store.restore(v), state)
+
+
+def test_the_drain_rate_is_kept_for_every_process_of_the_host(tmp_path: Path) -> None:
+    with _open(tmp_path) as store:
+        store.commit(_state(120), run="r", step=1, durable=True)
+    with _open(tmp_path) as store:  # another process, as far as the numbers go
+        status = store.tier_status()
+        assert status.drained_bytes > 3 * MiB and status.drain_rate is not None
+        assert status.drain_rate > 0

@@ -8,6 +8,7 @@ Layout under ``<dir>/<store id>/`` (one directory can serve several stores)::
     manifests/<version id>  manifests of versions committed here
     tmp/, staging/          objects being written, packs being filled (scratch, see scratch.py)
     drain.lock              flock held by the one process draining this tier at a time
+    drain-stats             what every drain moved and how long it took (the drain rate)
 
 Packs are written by rename after fsync (:class:`LocalBlobStore`), read by range, and kept
 in least-recently-used order by their mtime: a read touches it (at most every
@@ -36,6 +37,7 @@ from casckpt.format import keys
 from casckpt.storage.local import LocalBlobStore, fsync_dir
 
 IDENTITY = "casckpt-tier"
+_STATS = "drain-stats"  # JSON: bytes and seconds of every drain so far (the drain rate)
 TOUCH_S = 10.0  # a pack read more often than this is touched once (its mtime is its LRU age)
 
 
@@ -260,6 +262,23 @@ class FastTierDir:
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
+
+    def record_drain(self, nbytes: int, seconds: float) -> None:
+        """Add a drain's bytes and time to ``drain-stats`` (call holding the drain lock): the
+        tier's drain rate, for every process of the host."""
+        totals = self.drain_totals()
+        record = {"bytes": totals[0] + nbytes, "seconds": totals[1] + seconds, "last_at": time.time(),
+                  "last_bytes": nbytes, "last_seconds": seconds}
+        with suppress(StorageError):  # statistics: never worth failing a drain over
+            self.blobs.put(_STATS, json.dumps(record, sort_keys=True).encode())
+
+    def drain_totals(self) -> tuple[int, float]:
+        """(bytes, seconds) every drain of this tier recorded."""
+        try:
+            record = json.loads(self.blobs.get(_STATS, max_size=4096))
+            return int(record["bytes"]), float(record["seconds"])
+        except (StorageError, ValueError, KeyError, TypeError):
+            return 0, 0.0
 
     def close(self) -> None:
         """Release the scratch directory."""
