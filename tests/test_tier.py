@@ -373,3 +373,46 @@ def test_the_drain_rate_is_kept_for_every_process_of_the_host(tmp_path: Path) ->
         status = store.tier_status()
         assert status.drained_bytes > 3 * MiB and status.drain_rate is not None
         assert status.drain_rate > 0
+
+
+def _pack_files(store: casckpt.Store) -> dict[str, Path]:
+    return {p.name: p for p in (_tier_root(store) / "packs").glob("*/*")}
+
+
+def test_a_version_reusing_undrained_chunks_waits_on_their_packs(tmp_path: Path) -> None:
+    """Dependencies are every fast pack a version's chunks lie in, not only those it wrote:
+    losing the first commit's packs loses the second, which reused its unchanged chunks."""
+    from casckpt.catalog import tiers as tier_sql
+
+    first = _state(130)
+    second = dict(first) | {"w0": torch.zeros(256, 1024)}
+    with _open(tmp_path) as store:
+        with _drain_held(store):
+            v1 = store.commit(first, run="r", step=1)
+            v1_packs = set(_pack_files(store))
+            v2 = store.commit(second, run="r", step=2)
+            catalog = internals(store).context.catalog
+            v2_packs = set(_pack_files(store)) - v1_packs
+            assert sum(tier_sql.waiting_on(catalog, v2.id).values()) > len(v2_packs)
+            for name in v1_packs:
+                _pack_files(store)[name].unlink()
+        store.drain()  # this drain, or the worker's before it, finds v1's packs gone
+        durability = {v.id: v.durability for v in store.log("r")}
+        assert durability[v1.id] == durability[v2.id] == "lost"
+        assert set(_durable_packs(tmp_path)) == v2_packs  # what was there still drained
+
+
+def test_a_small_change_to_a_large_durable_state_depends_only_on_its_new_pack(tmp_path: Path) -> None:
+    from casckpt.catalog import tiers as tier_sql
+
+    big = _state(140, n=24)
+    with _open(tmp_path) as store:
+        store.commit(big, run="r", step=1, durable=True)
+        with _drain_held(store):
+            changed = dict(big) | {"w5": torch.ones(256, 1024)}
+            v2 = store.commit(changed, run="r", step=2)
+            catalog = internals(store).context.catalog
+            new_packs = set(_pack_files(store)) - _durable_packs(tmp_path)
+            assert sum(tier_sql.waiting_on(catalog, v2.id).values()) == len(new_packs) >= 1
+        store.wait_durable(v2, timeout=30)
+        assert _same(store.restore(v2), changed)
