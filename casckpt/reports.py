@@ -308,3 +308,21 @@ class TierStatus(ToDict):
     def drain_rate(self) -> float | None:
         """Bytes per second this tier drains at (None before it drained anything)."""
         return self.drained_bytes / self.drain_seconds if self.drain_seconds > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class TierLoss(ToDict):
+    """A fast tier declared lost by hand (``Store.forget_tier``, ``casckpt tier forget``).
+
+    Attributes:
+        tier: the tier's id.
+        host, path: where it was.
+        packs: the packs that were still waiting on it to drain, lost with it.
+        versions: the versions needing one of those packs, now ``lost``.
+    """
+
+    tier: str
+    host: str
+    path: str
+    packs: tuple[str, ...]
+    versions: tuple[str, ...]

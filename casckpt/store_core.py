@@ -114,7 +114,7 @@ class StoreCore:
                  staging: Path, settings: cfg.Settings, write_quorum: int | None = None,
                  s3: Mapping[str, Any] | None = None, config_file: Path | None = None,
                  recovering: bool = False, read_only: str | None = None,
-                 tier: FastTier | None = None) -> None:
+                 tier: FastTier | None = None, background_drain: bool = True) -> None:
         self.recovering = recovering
         self.read_only = read_only
         self._locations_loaded = time.monotonic()
@@ -142,7 +142,7 @@ class StoreCore:
         self.tier = tier
         self.ctx.packs.tier = tier
         self.drainer: DrainWorker | None = None
-        if tier is not None and read_only is None and not recovering:
+        if tier is not None and read_only is None and not recovering and background_drain:
             from casckpt.engine.tier import DrainWorker
 
             self.drainer = DrainWorker(tier, lambda stop: self.drain(stop=stop))
