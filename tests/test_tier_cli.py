@@ -49,10 +49,14 @@ def _durable(path: Path, steps: range) -> None:
             store.commit(_state(step), run=RUN, step=step, durable=True)
 
 
-def _check(path: Path) -> None:
+def _check(path: Path, *, lost: int = 0) -> None:
+    """``check`` finds nothing wrong but the ``lost`` versions (reported, never hidden)."""
     with casckpt.open(path, create=False, options=casckpt.Options(background_drain=False)) as store:
         report = store.check()
-        assert report.ok, report.problems
+        gone = {v.id for v in store.log() if v.durability == "lost"}
+    assert len(gone) == lost
+    assert [p for p in report.problems if p.subject not in gone] == [], report.problems
+    assert {p.subject for p in report.problems} == gone
 
 
 def _tier_dir(path: Path, tier: Path) -> Path:
@@ -286,7 +290,7 @@ def test_drain_finding_a_pack_gone_reports_lost_versions_and_exits_1(tiered: tup
     assert logged == {0: "durable", 1: "durable", 2: "durable", 3: "lost"}
     restored = cli(path, "restore", f"{RUN}@3", "--to", str(path.parent / "out.safetensors"))
     assert restored.exit_code == 4 and "lost before it drained" in restored.output
-    _check(path)
+    _check(path, lost=1)
 
 
 # -- a tier lost -------------------------------------------------------------------------
@@ -309,7 +313,7 @@ def test_a_wiped_tier_shows_its_versions_lost_in_log(tiered: tuple[Path, Path]) 
     assert status["versions"] == {"durable": 2, "lost": 2}
     assert sorted(t["state"] for t in status["tiers"]) == ["active", "lost"]
     assert cli(path, "drain").exit_code == 0  # nothing left to drain on the new tier
-    _check(path)
+    _check(path, lost=2)
 
 
 def _another_hosts_tier(tmp_path: Path) -> tuple[Path, Path, str]:
@@ -341,7 +345,7 @@ def test_tier_forget_declares_a_gone_tier_lost(tmp_path: Path) -> None:
     assert again.exit_code == 0, again.output
     loss = json.loads(again.stdout)
     assert (loss["tier"], loss["packs"], loss["versions"]) == (tier_id, [], [])
-    _check(path)
+    _check(path, lost=2)
 
 
 def test_tier_forget_refuses_a_tier_that_is_not_lost(tmp_path: Path) -> None:
