@@ -180,7 +180,8 @@ def test_tier_status_json(tiered: tuple[Path, Path]) -> None:
     assert status["local_path"] == str(_tier_dir(path, tier))
     [info] = status["tiers"]
     assert info["this_host"] and info["state"] == "active" and info["undrained_packs"] == 2
-    assert status["held_bytes"] >= info["undrained_bytes"] > 0 and status["drain_rate"] is None
+    assert status["held_bytes"] >= info["undrained_bytes"] > 0
+    assert status["drain_rate"] > 0  # the host's: the durable commits drained
     assert status["durable_bytes"] > 0
 
 
