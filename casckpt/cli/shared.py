@@ -100,7 +100,7 @@ FastTierOption = Annotated[
         metavar="DIR",
         envvar="CASCKPT_FAST_TIER",
         show_envvar=True,
-        help="This host's fast tier directory, where casckpt.toml records none (see "
+        help="This host's fast tier directory, instead of the one casckpt.toml records (see "
              "docs/guides/fast-tier.md): `drain` drains it, `tier status` reports it.",
         file_okay=False,
     ),
