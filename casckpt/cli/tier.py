@@ -39,7 +39,7 @@ _SHOWN = 10  # version ids listed before "N more"
 def drain(
     ctx: typer.Context,
     wait: Annotated[bool, typer.Option(
-        "--wait/--no-wait",
+        "--wait/--no-wait", metavar=FLAG,
         help="Wait for another process of this host draining the tier, then for every version "
              "waiting on it to be durable (--no-wait: return at once if another process is "
              "draining).")] = True,
@@ -144,7 +144,7 @@ def status_view(found: TierStatus) -> list[RenderableType]:
 def forget(
     ctx: typer.Context,
     tier_id: Annotated[str, typer.Argument(
-        metavar="TIER_ID", help="The tier's id, or the start of it (`casckpt tier status`).")],
+        help="The tier's id, or the start of it (`casckpt tier status`).")],
     yes: Annotated[bool, typer.Option(
         "--yes", metavar=FLAG, help="Yes: declare it lost (without it, nothing is done).")] = False,
     as_json: JsonOption = False,
