@@ -275,8 +275,7 @@ class Store:
             tier = self._core.tier
             ids = [v for v, state in tier_sql.not_durable(catalog, tier_id=tier.id if tier else None)
                    if state == "fast"]
-        tier = self._core.tier
-        wait_durable(catalog, ids, timeout, tier.wake if tier is not None else lambda: None)
+        wait_durable(catalog, ids, timeout, self._core.nudge_drain)
 
     def drain(self, *, wait: bool = True, progress: ProgressCallback | None = None) -> DrainReport:
         """Drain this host's fast tier now, in this thread: every pack not drained to the

@@ -147,6 +147,14 @@ class StoreCore:
 
             self.drainer = DrainWorker(tier, lambda stop: self.drain(stop=stop))
 
+    def nudge_drain(self) -> None:
+        """Get the drain going: wake the drain worker, or without one (``background_drain=False``,
+        the CLI) drain once in this thread, unless another process of the host is draining."""
+        if self.drainer is not None and self.tier is not None:
+            self.tier.wake()
+        elif self.tier is not None and self.read_only is None:
+            self.drain()
+
     def drain(self, *, wait: bool = False, progress: ProgressCallback | None = None,
               stop: threading.Event | None = None) -> DrainReport:
         """Drain the fast tier once (see :func:`casckpt.engine.tier.drain`)."""

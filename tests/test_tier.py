@@ -273,12 +273,12 @@ def test_a_damaged_tier_copy_of_a_drained_pack_is_read_from_the_locations(tmp_pa
     state = _state(60)
     with _open(tmp_path) as store:
         store.commit(state, run="r", step=1, durable=True)
-        packs = sorted((_tier_root(store) / "packs").glob("*/*"))
-        with open(packs[0], "r+b") as f:
+        pack = max((_tier_root(store) / "packs").glob("*/*"), key=lambda p: p.stat().st_size)
+        with open(pack, "r+b") as f:  # the largest: a tensor's chunks (not a small node pack)
             f.seek(200)
             f.write(b"\xff" * 64)
         assert _same(store.restore("r@1"), state)
-        assert not packs[0].exists()  # the damaged copy was evicted
+        assert not pack.exists()  # the damaged copy was evicted
 
 
 def test_a_damaged_tier_copy_of_an_undrained_pack_is_refused(tmp_path: Path) -> None:
