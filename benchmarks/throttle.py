@@ -8,14 +8,15 @@ uploads (client to upstream) together get at most ``rate`` bytes per second, and
 downloads, like one link of that bandwidth between a host and its object store.
 
 ``throttled_s3(rate)`` starts a moto server and a proxy in front of it in a **child
-process** and yields the proxy's URL (and moto's, unthrottled): the S3 side's CPU
+process** and yields a ``ThrottledS3``: the proxy's URL, moto's own (unthrottled) and the
+proxy's byte counters. The S3 side's CPU
 (moto parses, hashes and stores every byte) then does not share this process's GIL with
 the client being measured, as a remote object store would not.
 
 Usage::
 
-    with throttled_s3(50e6) as (endpoint, direct):
-        client = boto3.client("s3", endpoint_url=endpoint)  # ~50 MB/s each way
+    with throttled_s3(50e6) as s3:
+        client = boto3.client("s3", endpoint_url=s3.endpoint)  # ~50 MB/s each way
 """
 
 from __future__ import annotations
@@ -170,21 +171,41 @@ def _close(sock: socket.socket) -> None:
 
 
 def _serve(rate: float, conn: Connection) -> None:
-    """Child process: moto + a proxy in front of it; send both URLs, wait for any message, stop."""
+    """Child process: moto + a proxy in front of it; answers "counters" until told to stop."""
     from casckpt.testing.s3 import moto_server
 
     with moto_server() as direct, ThrottledProxy(direct, rate=rate) as proxy:
         conn.send((proxy.endpoint_url, direct))
-        conn.recv()
+        while conn.recv() == "counters":
+            conn.send((proxy.bytes_up, proxy.bytes_down))
     conn.close()
 
 
+class ThrottledS3:
+    """A moto S3 server behind a proxy in a child process (made by :func:`throttled_s3`).
+
+    ``endpoint``: the throttled URL; ``direct``: moto's own. ``counters()``: bytes the
+    proxy relayed so far, ``(up, down)``. Not thread-safe (one pipe to the child).
+    """
+
+    def __init__(self, endpoint: str, direct: str, conn: Connection) -> None:
+        self.endpoint = endpoint
+        self.direct = direct
+        self._conn = conn
+
+    def counters(self) -> tuple[int, int]:
+        """Bytes relayed so far: (client to S3, S3 to client), HTTP headers included."""
+        self._conn.send("counters")
+        up, down = self._conn.recv()
+        return int(up), int(down)
+
+
 @contextmanager
-def throttled_s3(rate: float = DEFAULT_RATE) -> Iterator[tuple[str, str]]:
+def throttled_s3(rate: float = DEFAULT_RATE) -> Iterator[ThrottledS3]:
     """A moto S3 server behind a ``rate`` bytes/s proxy, both in a child process.
 
-    Yields ``(throttled URL, direct URL)``. Use it inside
-    ``casckpt.testing.s3.fake_aws_environment`` (the clients need fake credentials).
+    Use it inside ``casckpt.testing.s3.fake_aws_environment`` (the clients need fake
+    credentials). The child is stopped (killed if it does not stop) on leaving.
     """
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
@@ -195,7 +216,7 @@ def throttled_s3(rate: float = DEFAULT_RATE) -> Iterator[tuple[str, str]]:
         if not parent.poll(60):
             raise RuntimeError("the throttled S3 server did not start within 60 s")
         endpoint, direct = parent.recv()
-        yield endpoint, direct
+        yield ThrottledS3(endpoint, direct, parent)
     finally:
         try:
             parent.send("stop")

@@ -20,7 +20,8 @@ order (each timed step gets ``measure.release_memory`` first):
 4. a first commit to an S3 store **with a fast tier** (``fast_tier=DIR``): the commit
    returns once its packs are on the fast tier (``durability == "fast"``); then
    ``wait_durable()``: the **drain** (from the commit's return to ``wait_durable``'s);
-   then ``restore`` on this, the committing host (the fast tier holds every pack);
+   then the store is closed and opened again with the same fast tier and index cache (the
+   job restarted on the committing host) and ``restore``d: the fast tier holds every pack;
 5. a first commit to an S3 store **without** a fast tier (the same S3, its own prefix);
 6. raw boto3 download of the objects of step 2 with ``download_fileobj``;
 7. the store of step 4 opened again as **another host**: an empty fast tier directory and
@@ -28,7 +29,9 @@ order (each timed step gets ``measure.release_memory`` first):
 
 Drain throughput is the commit's stored bytes over the drain time; raw throughputs and
 restore throughputs are logical bytes over time (as in the ``s3`` workload). Every
-restore is compared with the state bit for bit, the raw download with what went up.
+restore is compared with the state bit for bit, the raw download with what went up. The
+proxy counts the bytes each step sent and received through it (``s3_traffic``): a restore
+on the committing host should read nothing from S3, a fast-tier commit write nothing.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from rich.table import Table
 
@@ -55,7 +58,7 @@ from benchmarks.s3 import (
     transfer_config,
     warm_up,
 )
-from benchmarks.throttle import throttled_s3
+from benchmarks.throttle import ThrottledS3, throttled_s3
 from benchmarks.workloads import build
 from casckpt.testing.s3 import fake_aws_environment
 
@@ -65,6 +68,7 @@ NAME = "tiers"
 MB = 1_000_000
 RATE = 50 * MB  # bytes per second through the proxy, each way
 FAST_TIER_BYTES = "8GiB"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,8 @@ class TiersResult:
     ``durability``: ``Version.durability`` as the fast-tier commit returned it, and as
     the catalog says after ``wait_durable``. ``fast_tier_bytes``: the committing host's
     fast-tier directory after the drain, and the other host's after its restore.
+    ``s3_traffic``: bytes through the proxy ``[up, down]`` (HTTP headers included) during
+    each step: ``commit_fast``, ``drain``, ``restore_fast``, ``commit_s3``, ``restore_empty``.
     ``verified``: both restores bit-exact and the raw download equal to the upload.
     """
 
@@ -95,6 +101,7 @@ class TiersResult:
     restore_empty_s: float
     durability: dict[str, str | None]
     fast_tier_bytes: dict[str, int]
+    s3_traffic: dict[str, list[int]]
     verified: bool
     versions: dict[str, dict[str, Any]]
 
@@ -109,9 +116,9 @@ class TiersResult:
 
 @dataclass(frozen=True)
 class _S3:
-    """What the S3 steps share: the proxy's URL, a client, the raw objects, the settings."""
+    """What the S3 steps share: the throttled server, a client, the raw objects, the settings."""
 
-    endpoint: str
+    server: ThrottledS3
     client: Any
     objects: list[bytes]
     object_size: int
@@ -120,7 +127,14 @@ class _S3:
     def open(self, root: Path, prefix: str, **options: Any) -> casckpt.Store:
         """A store at ``root`` whose packs live under ``s3://BUCKET/prefix`` through the proxy."""
         return casckpt.open(root, blobs=f"s3://{BUCKET}/{prefix}", pack_size=self.object_size,
-                            s3={"endpoint_url": self.endpoint}, **options)
+                            s3={"endpoint_url": self.server.endpoint}, **options)
+
+    def traffic(self, fn: Callable[[], T]) -> tuple[T, list[int]]:
+        """``fn()`` and the bytes that crossed the proxy meanwhile, ``[up, down]``."""
+        up, down = self.server.counters()
+        result = fn()
+        after_up, after_down = self.server.counters()
+        return result, [after_up - up, after_down - down]
 
 
 def _clock(fn: Callable[[], Any]) -> tuple[Any, float]:
@@ -193,37 +207,41 @@ def _durability(version: Any) -> str | None:
 
 
 def _fast_commit(s3: _S3, state: Any, workdir: Path, check: _Check) -> dict[str, Any]:
-    """Commit to the fast tier, drain, restore on this host: times, versions, tier bytes."""
-    tier = workdir / "tier-a"
-    with s3.open(workdir / "fast", "fast", cache=workdir / "cache-a", fast_tier=str(tier),
-                 fast_tier_bytes=FAST_TIER_BYTES) as store:
-        version, commit_s = _clock(lambda: store.commit(state, run=NAME, step=1))
+    """Commit to the fast tier and drain; then restore on this host after opening the store again."""
+    host = {"cache": workdir / "cache-a", "fast_tier": str(workdir / "tier-a"),
+            "fast_tier_bytes": FAST_TIER_BYTES}
+    with s3.open(workdir / "fast", "fast", **host) as store:
+        (version, commit_s), commit_bytes = s3.traffic(
+            lambda: _clock(lambda: store.commit(state, run=NAME, step=1)))
         start = time.perf_counter()
-        store.wait_durable()
+        _, drain_bytes = s3.traffic(store.wait_durable)
         drain_s = time.perf_counter() - start
         drained = store.resolve(version.id)
-        restore_s = check.restore(store, version.id)
+    with s3.open(workdir / "fast", "fast", **host) as store:  # the training job restarted
+        restore_s, restore_bytes = s3.traffic(lambda: check.restore(store, version.id))
     return {"commit_s": commit_s, "drain_s": drain_s, "restore_s": restore_s, "version": version,
             "durability": {"commit": _durability(version), "drained": _durability(drained)},
-            "tier_bytes": measure.path_bytes(tier)}
+            "tier_bytes": measure.path_bytes(workdir / "tier-a"),
+            "traffic": {"commit_fast": commit_bytes, "drain": drain_bytes, "restore_fast": restore_bytes}}
 
 
-def _s3_commit(s3: _S3, state: Any, workdir: Path) -> tuple[float, dict[str, Any]]:
+def _s3_commit(s3: _S3, state: Any, workdir: Path) -> tuple[float, dict[str, Any], list[int]]:
     root = workdir / "s3-only"
     with s3.open(root, "s3-only", cache=workdir / "cache-s3") as store:
-        version, seconds = _clock(lambda: store.commit(state, run=NAME, step=1))
+        (version, seconds), traffic = s3.traffic(
+            lambda: _clock(lambda: store.commit(state, run=NAME, step=1)))
     remove_prefix(s3.client, "s3-only/")
     measure.remove(root)
-    return seconds, version.to_dict()
+    return seconds, version.to_dict(), traffic
 
 
-def _other_host(s3: _S3, workdir: Path, ref: str, check: _Check) -> tuple[float, int]:
+def _other_host(s3: _S3, workdir: Path, ref: str, check: _Check) -> tuple[float, int, list[int]]:
     """Restore from the committing host's store as a host with an empty fast tier and cache."""
     tier = workdir / "tier-b"
     with s3.open(workdir / "fast", "fast", cache=workdir / "cache-b", fast_tier=str(tier),
                  fast_tier_bytes=FAST_TIER_BYTES) as store:
-        seconds = check.restore(store, ref)
-    return seconds, measure.path_bytes(tier)
+        seconds, traffic = s3.traffic(lambda: check.restore(store, ref))
+    return seconds, measure.path_bytes(tier), traffic
 
 
 def run_tiers(scale: float, workdir: Path, log: Log) -> TiersResult:
@@ -236,29 +254,30 @@ def run_tiers(scale: float, workdir: Path, log: Log) -> TiersResult:
     save_s, load_s = _torch_file(state, workdir)
     objects = split_objects((measure.raw_bytes(t) for _, t in measure.tensor_leaves(state)), size)
     defaults = casckpt_transfer_defaults()
-    with fake_aws_environment(workdir), throttled_s3(RATE) as (endpoint, _):
-        log(f"{NAME}: moto S3 behind a {RATE / MB:g} MB/s proxy at {endpoint} (child process)")
-        client = s3_client(endpoint, defaults)
+    with fake_aws_environment(workdir), throttled_s3(RATE) as server:
+        log(f"{NAME}: moto S3 behind a {RATE / MB:g} MB/s proxy at {server.endpoint} (child process)")
+        client = s3_client(server.endpoint, defaults)
         client.create_bucket(Bucket=BUCKET)
         warm_up(client)
-        s3 = _S3(endpoint, client, objects, size, defaults)
+        s3 = _S3(server, client, objects, size, defaults)
         keys = [f"raw/{i:06d}" for i in range(len(objects))]
         log(f"{NAME}: raw boto3 upload ({len(objects)} objects)")
         up_s = _raw_upload(s3, keys)
-        log(f"{NAME}: commit to a local-only store, then to S3 with a fast tier, drain, restore")
+        log(f"{NAME}: commit to a local-only store, then to S3 with a fast tier, drain, reopen, restore")
         local_s, local_version = _local_commit(state, workdir, size)
         fast = _fast_commit(s3, state, workdir, check)
         log(f"{NAME}: commit to S3 without a fast tier")
-        s3_s, s3_version = _s3_commit(s3, state, workdir)
+        s3_s, s3_version, s3_traffic = _s3_commit(s3, state, workdir)
         log(f"{NAME}: raw boto3 download, then restore on a host with an empty fast tier")
         down_s, raw_ok = _raw_download(s3, keys)
         remove_prefix(client, "raw/")
-        empty_s, empty_tier = _other_host(s3, workdir, fast["version"].id, check)
+        empty_s, empty_tier, empty_traffic = _other_host(s3, workdir, fast["version"].id, check)
         client.close()
     return TiersResult(
         NAME, RATE / MB, logical, fast["version"].stored_bytes, size, len(objects), save_s, load_s,
         up_s, down_s, local_s, fast["commit_s"], fast["drain_s"], s3_s, fast["restore_s"], empty_s,
         fast["durability"], {"committing_host": fast["tier_bytes"], "other_host": empty_tier},
+        {**fast["traffic"], "commit_s3": s3_traffic, "restore_empty": empty_traffic},
         check.ok and raw_ok,
         {"local": local_version, "fast": fast["version"].to_dict(), "s3_only": s3_version},
     )
@@ -310,6 +329,10 @@ MEASURES: tuple[Measure, ...] = (
             lambda r: r.raw_upload_s / r.commit_s3_s),
     Measure("commit_fast_vs_save", "commit with a fast tier / torch.save", "ratio",
             lambda r: r.commit_fast_s / r.torch_save_s),
+    Measure("restore_fast_s3_of_logical", "S3 bytes read by the restore on the committing host / logical",
+            "fraction", lambda r: r.s3_traffic["restore_fast"][1] / r.logical_bytes),
+    Measure("commit_fast_s3_of_logical", "S3 bytes sent during the fast-tier commit / logical",
+            "fraction", lambda r: r.s3_traffic["commit_fast"][0] / r.logical_bytes),
     Measure("raw_upload_mb_per_s", "raw boto3 upload through the proxy", "mb_per_s", _raw_up),
     Measure("raw_download_mb_per_s", "raw boto3 download through the proxy", "mb_per_s", _raw_down),
 )

@@ -108,16 +108,20 @@ def test_stopped_proxy_refuses_connections(aws_env: None, moto_endpoint: str) ->
         _client(endpoint).list_buckets()
 
 
-def test_throttled_s3_serves_from_a_child_process_and_stops(aws_env: None) -> None:
+def test_throttled_s3_serves_from_a_child_process_counts_and_stops(aws_env: None) -> None:
     import multiprocessing
 
     before = set(multiprocessing.active_children())
-    with throttled_s3(50 * MB) as (endpoint, direct):
-        assert endpoint != direct
-        client = _client(endpoint)
+    with throttled_s3(50 * MB) as s3:
+        assert s3.endpoint != s3.direct
+        client = _client(s3.endpoint)
         client.create_bucket(Bucket="throttle-c")
-        client.upload_fileobj(io.BytesIO(b"x" * 1000), "throttle-c", "k")
-        got = _client(direct).get_object(Bucket="throttle-c", Key="k")["Body"].read()
-        assert got == b"x" * 1000
+        up, down = s3.counters()
+        client.upload_fileobj(io.BytesIO(b"x" * 100_000), "throttle-c", "k")
+        got = _client(s3.direct).get_object(Bucket="throttle-c", Key="k")["Body"].read()
+        assert got == b"x" * 100_000
+        after_up, after_down = s3.counters()
+        assert 100_000 <= after_up - up < 110_000  # the body and its request's headers
+        assert after_down - down < 10_000  # the answer only: the get went around the proxy
         assert set(multiprocessing.active_children()) - before
     assert not set(multiprocessing.active_children()) - before
