@@ -24,7 +24,9 @@ workload runs a Hugging Face Trainer fine-tune (full, frozen backbone, LoRA) wit
 ``casckpt.integrations.transformers.CasckptCallback``: checkpoint-directory bytes vs stored
 bytes, time per save, ``checkout_for_resume`` vs ``shutil.copytree``; the ``lightning`` workload trains a
 LightningModule with casckpt's CheckpointIO and with Lightning's default one: .ckpt bytes
-against stored bytes, save and resume times.
+against stored bytes, save and resume times; the ``tiers`` workload commits to a store with a fast local tier
+that drains to S3 throttled to 50 MB/s by a loopback proxy, against a local-only store, the same S3
+without the tier, torch.save / torch.load and raw boto3 through the same proxy.
 
 Usage::
 

@@ -323,6 +323,8 @@ MEASURES: tuple[Measure, ...] = (
             lambda r: r.restore_fast_s / r.torch_load_s),
     Measure("restore_empty_vs_raw_download", "restore, empty fast tier, MB/s / raw boto3 download MB/s",
             "ratio", lambda r: r.raw_download_s / r.restore_empty_s),
+    Measure("drain_vs_link", "drain MB/s (stored bytes) / the proxy's rate", "ratio",
+            lambda r: (_drain(r) or 0) / r.rate_mb_per_s),
     Measure("commit_and_drain_vs_s3", "commit + drain / commit to S3 without a fast tier", "ratio",
             lambda r: (r.commit_fast_s + r.drain_s) / r.commit_s3_s),
     Measure("commit_s3_vs_raw_upload", "commit to S3 without a fast tier MB/s / raw upload MB/s", "ratio",
