@@ -9,14 +9,17 @@ boto3 download."
 The S3 side is a moto server behind a bandwidth-throttling TCP proxy (``RATE`` bytes/s
 each way, one token bucket per direction shared by all connections), both in a child
 process (``benchmarks/throttle.py``), so this process holds only the client side, as
-against a remote bucket. The state is the ``dense`` workload's at ``--scale``; every
-store has the pack size of the ``s3`` workload (64 MiB at scale 1.0). One round, in this
-order (each timed step gets ``measure.release_memory`` first):
+against a remote bucket. The state is the ``dense`` workload's at half ``--scale`` (512 MiB
+at 1.0: five transfers of it at <= 50 MB/s already take about two minutes); every store has
+the pack size of the ``s3`` workload (64 MiB at scale 1.0). One round, in this order (each
+timed step gets ``measure.release_memory`` first):
 
 1. ``torch.save`` + fsync of the state to local disk, then ``torch.load``;
 2. raw boto3 upload of the state's tensor bytes, cut into objects of the pack size, one
    after the other with ``upload_fileobj`` (casckpt's TransferConfig), through the proxy;
-3. a first commit to a **local-only** store (packs in its directory, no S3);
+3. a first commit to a **local-only** store (packs in its directory, no S3); timed again,
+   in a fresh store, right after step 4's commit: the figure is the mean of the two, so
+   drift over the fast-tier commit cancels;
 4. a first commit to an S3 store **with a fast tier** (``fast_tier=DIR``): the commit
    returns once its packs are on the fast tier (``durability == "fast"``); then
    ``wait_durable()``: the **drain** (from the commit's return to ``wait_durable``'s);
@@ -68,6 +71,7 @@ NAME = "tiers"
 MB = 1_000_000
 RATE = 50 * MB  # bytes per second through the proxy, each way
 FAST_TIER_BYTES = "8GiB"
+STATE_SCALE = 0.5  # of --scale: the dense state at 1.0 is 1 GiB, 512 MiB here
 T = TypeVar("T")
 
 
@@ -94,6 +98,7 @@ class TiersResult:
     raw_upload_s: float
     raw_download_s: float
     commit_local_s: float
+    commit_local_samples: list[float]
     commit_fast_s: float
     drain_s: float
     commit_s3_s: float
@@ -246,7 +251,7 @@ def _other_host(s3: _S3, workdir: Path, ref: str, check: _Check) -> tuple[float,
 
 def run_tiers(scale: float, workdir: Path, log: Log) -> TiersResult:
     """Measure the ``tiers`` workload at ``scale`` in the empty directory ``workdir``."""
-    state = build("dense", scale).state()
+    state = build("dense", scale * STATE_SCALE).state()
     logical = measure.logical_bytes(state)
     check = _Check(state)
     size = object_size_for(scale)
@@ -264,8 +269,10 @@ def run_tiers(scale: float, workdir: Path, log: Log) -> TiersResult:
         log(f"{NAME}: raw boto3 upload ({len(objects)} objects)")
         up_s = _raw_upload(s3, keys)
         log(f"{NAME}: commit to a local-only store, then to S3 with a fast tier, drain, reopen, restore")
-        local_s, local_version = _local_commit(state, workdir, size)
+        local_before, local_version = _local_commit(state, workdir, size)
         fast = _fast_commit(s3, state, workdir, check)
+        local_after, _ = _local_commit(state, workdir, size)
+        local_samples = [local_before, local_after]
         log(f"{NAME}: commit to S3 without a fast tier")
         s3_s, s3_version, s3_traffic = _s3_commit(s3, state, workdir)
         log(f"{NAME}: raw boto3 download, then restore on a host with an empty fast tier")
@@ -274,12 +281,16 @@ def run_tiers(scale: float, workdir: Path, log: Log) -> TiersResult:
         empty_s, empty_tier, empty_traffic = _other_host(s3, workdir, fast["version"].id, check)
         client.close()
     return TiersResult(
-        NAME, RATE / MB, logical, fast["version"].stored_bytes, size, len(objects), save_s, load_s,
-        up_s, down_s, local_s, fast["commit_s"], fast["drain_s"], s3_s, fast["restore_s"], empty_s,
-        fast["durability"], {"committing_host": fast["tier_bytes"], "other_host": empty_tier},
-        {**fast["traffic"], "commit_s3": s3_traffic, "restore_empty": empty_traffic},
-        check.ok and raw_ok,
-        {"local": local_version, "fast": fast["version"].to_dict(), "s3_only": s3_version},
+        name=NAME, rate_mb_per_s=RATE / MB, logical_bytes=logical,
+        stored_bytes=fast["version"].stored_bytes, object_size=size, raw_objects=len(objects),
+        torch_save_s=save_s, torch_load_s=load_s, raw_upload_s=up_s, raw_download_s=down_s,
+        commit_local_s=sum(local_samples) / len(local_samples), commit_local_samples=local_samples,
+        commit_fast_s=fast["commit_s"], drain_s=fast["drain_s"], commit_s3_s=s3_s,
+        restore_fast_s=fast["restore_s"], restore_empty_s=empty_s, durability=fast["durability"],
+        fast_tier_bytes={"committing_host": fast["tier_bytes"], "other_host": empty_tier},
+        s3_traffic={**fast["traffic"], "commit_s3": s3_traffic, "restore_empty": empty_traffic},
+        verified=check.ok and raw_ok,
+        versions={"local": local_version, "fast": fast["version"].to_dict(), "s3_only": s3_version},
     )
 
 
@@ -350,7 +361,8 @@ FLOORS: dict[str, float] = {  # issue 20, lower limits
     "restore_empty_vs_raw_download": 0.8,
 }
 
-NOTES = (f"see benchmarks/tiers.py; the dense state at --scale, one round; S3 is moto behind a "
+NOTES = (f"see benchmarks/tiers.py; the dense state at {STATE_SCALE:g}x --scale, one round (the local-only "
+         "commit: mean of one before and one after the fast-tier commit); S3 is moto behind a "
          f"{RATE / MB:g} MB/s-each-way TCP proxy in a child process; drain = stored bytes over the time "
          "from the fast-tier commit's return to wait_durable's; other throughputs logical bytes over "
          "time; the 'empty fast tier' restore opens the same store with a new fast tier and index cache")
@@ -372,7 +384,7 @@ def raw_table(outcomes: Mapping[str, TiersResult]) -> Table:
         row(r, "torch.load", r.torch_load_s, None)
         row(r, "raw boto3 upload", r.raw_upload_s, r.logical_bytes)
         row(r, "raw boto3 download", r.raw_download_s, r.logical_bytes)
-        row(r, "commit, local-only store", r.commit_local_s, None)
+        row(r, "commit, local-only store (mean of 2)", r.commit_local_s, None)
         row(r, f"commit, fast tier (durability {r.durability['commit']})", r.commit_fast_s, None)
         row(r, f"drain to S3 (then {r.durability['drained']})", r.drain_s, r.stored_bytes)
         row(r, "commit, S3 without a fast tier", r.commit_s3_s, r.logical_bytes)
