@@ -9,12 +9,12 @@ boto3 download."
 The S3 side is a moto server behind a bandwidth-throttling TCP proxy (``RATE`` bytes/s
 each way, one token bucket per direction shared by all connections), both in a child
 process (``benchmarks/throttle.py``), so this process holds only the client side, as
-against a remote bucket. The state is the ``dense`` workload's at half ``--scale`` (512 MiB
+against a remote bucket. The state is the ``dense`` workload's at half ``--scale`` (467 MiB
 at 1.0: five transfers of it at <= 50 MB/s already take about two minutes); every store has
 the pack size of the ``s3`` workload (64 MiB at scale 1.0). One round, in this order (each
 timed step gets ``measure.release_memory`` first):
 
-1. ``torch.save`` + fsync of the state to local disk, then ``torch.load``;
+1. ``torch.save`` + fsync of the state to local disk (the file is kept for step 4);
 2. raw boto3 upload of the state's tensor bytes, cut into objects of the pack size, one
    after the other with ``upload_fileobj`` (casckpt's TransferConfig), through the proxy;
 3. a first commit to a **local-only** store (packs in its directory, no S3); timed again,
@@ -24,7 +24,8 @@ timed step gets ``measure.release_memory`` first):
    returns once its packs are on the fast tier (``durability == "fast"``); then
    ``wait_durable()``: the **drain** (from the commit's return to ``wait_durable``'s);
    then the store is closed and opened again with the same fast tier and index cache (the
-   job restarted on the committing host) and ``restore``d: the fast tier holds every pack;
+   job restarted on the committing host): ``RESTORES`` times ``torch.load`` of the file of
+   step 1, then ``restore`` (the fast tier holds every pack); medians of each;
 5. a first commit to an S3 store **without** a fast tier (the same S3, its own prefix);
 6. raw boto3 download of the objects of step 2 with ``download_fileobj``;
 7. the store of step 4 opened again as **another host**: an empty fast tier directory and
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -71,13 +73,15 @@ NAME = "tiers"
 MB = 1_000_000
 RATE = 50 * MB  # bytes per second through the proxy, each way
 FAST_TIER_BYTES = "8GiB"
-STATE_SCALE = 0.5  # of --scale: the dense state at 1.0 is 1 GiB, 512 MiB here
+RESTORES = 3  # restores on the committing host, alternating with torch.load; medians
+STATE_SCALE = 0.5  # of --scale: the dense state at 1.0 is 1.01 GiB, 467 MiB here
 T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class TiersResult:
-    """Raw numbers of the ``tiers`` workload (seconds, one round).
+    """Raw numbers of the ``tiers`` workload (seconds, one round; ``torch_load_s`` and
+    ``restore_fast_s`` are medians of their ``*_samples``, ``commit_local_s`` the mean of its).
 
     ``durability``: ``Version.durability`` as the fast-tier commit returned it, and as
     the catalog says after ``wait_durable``. ``fast_tier_bytes``: the committing host's
@@ -95,6 +99,7 @@ class TiersResult:
     raw_objects: int
     torch_save_s: float
     torch_load_s: float
+    torch_load_samples: list[float]
     raw_upload_s: float
     raw_download_s: float
     commit_local_s: float
@@ -103,6 +108,7 @@ class TiersResult:
     drain_s: float
     commit_s3_s: float
     restore_fast_s: float
+    restore_fast_samples: list[float]
     restore_empty_s: float
     durability: dict[str, str | None]
     fast_tier_bytes: dict[str, int]
@@ -190,13 +196,10 @@ class _Check:
         return seconds
 
 
-def _torch_file(state: Any, workdir: Path) -> tuple[float, float]:
-    path = workdir / "baseline.pt"
-    _, save_s = _clock(lambda: measure.torch_save_fsync(state, path))
-    loaded, load_s = _clock(lambda: measure.torch_load(path))
+def _torch_load(path: Path) -> float:
+    loaded, seconds = _clock(lambda: measure.torch_load(path))
     del loaded
-    measure.remove(path)
-    return save_s, load_s
+    return seconds
 
 
 def _local_commit(state: Any, workdir: Path, pack_size: int) -> tuple[float, dict[str, Any]]:
@@ -211,8 +214,9 @@ def _durability(version: Any) -> str | None:
     return getattr(version, "durability", None)
 
 
-def _fast_commit(s3: _S3, state: Any, workdir: Path, check: _Check) -> dict[str, Any]:
-    """Commit to the fast tier and drain; then restore on this host after opening the store again."""
+def _fast_commit(s3: _S3, state: Any, workdir: Path, check: _Check, saved: Path) -> dict[str, Any]:
+    """Commit to the fast tier and drain; then, after opening the store again on this host,
+    ``RESTORES`` restores alternating with ``torch.load`` of the file ``saved``."""
     host = {"cache": workdir / "cache-a", "fast_tier": str(workdir / "tier-a"),
             "fast_tier_bytes": FAST_TIER_BYTES}
     with s3.open(workdir / "fast", "fast", **host) as store:
@@ -222,9 +226,17 @@ def _fast_commit(s3: _S3, state: Any, workdir: Path, check: _Check) -> dict[str,
         _, drain_bytes = s3.traffic(store.wait_durable)
         drain_s = time.perf_counter() - start
         drained = store.resolve(version.id)
+    restores: list[float] = []
+    loads: list[float] = []
     with s3.open(workdir / "fast", "fast", **host) as store:  # the training job restarted
-        restore_s, restore_bytes = s3.traffic(lambda: check.restore(store, version.id))
-    return {"commit_s": commit_s, "drain_s": drain_s, "restore_s": restore_s, "version": version,
+        def alternate() -> None:
+            for _ in range(RESTORES):
+                loads.append(_torch_load(saved))
+                restores.append(check.restore(store, version.id))
+
+        _, restore_bytes = s3.traffic(alternate)
+    return {"commit_s": commit_s, "drain_s": drain_s, "restores": restores, "loads": loads,
+            "version": version,
             "durability": {"commit": _durability(version), "drained": _durability(drained)},
             "tier_bytes": measure.path_bytes(workdir / "tier-a"),
             "traffic": {"commit_fast": commit_bytes, "drain": drain_bytes, "restore_fast": restore_bytes}}
@@ -256,7 +268,8 @@ def run_tiers(scale: float, workdir: Path, log: Log) -> TiersResult:
     check = _Check(state)
     size = object_size_for(scale)
     log(f"{NAME}: dense ({measure.fmt_bytes(logical)}): torch.save + fsync / torch.load")
-    save_s, load_s = _torch_file(state, workdir)
+    saved = workdir / "baseline.pt"
+    _, save_s = _clock(lambda: measure.torch_save_fsync(state, saved))
     objects = split_objects((measure.raw_bytes(t) for _, t in measure.tensor_leaves(state)), size)
     defaults = casckpt_transfer_defaults()
     with fake_aws_environment(workdir), throttled_s3(RATE) as server:
@@ -270,7 +283,8 @@ def run_tiers(scale: float, workdir: Path, log: Log) -> TiersResult:
         up_s = _raw_upload(s3, keys)
         log(f"{NAME}: commit to a local-only store, then to S3 with a fast tier, drain, reopen, restore")
         local_before, local_version = _local_commit(state, workdir, size)
-        fast = _fast_commit(s3, state, workdir, check)
+        fast = _fast_commit(s3, state, workdir, check, saved)
+        measure.remove(saved)
         local_after, _ = _local_commit(state, workdir, size)
         local_samples = [local_before, local_after]
         log(f"{NAME}: commit to S3 without a fast tier")
@@ -283,10 +297,12 @@ def run_tiers(scale: float, workdir: Path, log: Log) -> TiersResult:
     return TiersResult(
         name=NAME, rate_mb_per_s=RATE / MB, logical_bytes=logical,
         stored_bytes=fast["version"].stored_bytes, object_size=size, raw_objects=len(objects),
-        torch_save_s=save_s, torch_load_s=load_s, raw_upload_s=up_s, raw_download_s=down_s,
+        torch_save_s=save_s, torch_load_s=statistics.median(fast["loads"]),
+        torch_load_samples=fast["loads"], raw_upload_s=up_s, raw_download_s=down_s,
         commit_local_s=sum(local_samples) / len(local_samples), commit_local_samples=local_samples,
         commit_fast_s=fast["commit_s"], drain_s=fast["drain_s"], commit_s3_s=s3_s,
-        restore_fast_s=fast["restore_s"], restore_empty_s=empty_s, durability=fast["durability"],
+        restore_fast_s=statistics.median(fast["restores"]), restore_fast_samples=fast["restores"],
+        restore_empty_s=empty_s, durability=fast["durability"],
         fast_tier_bytes={"committing_host": fast["tier_bytes"], "other_host": empty_tier},
         s3_traffic={**fast["traffic"], "commit_s3": s3_traffic, "restore_empty": empty_traffic},
         verified=check.ok and raw_ok,
@@ -381,14 +397,15 @@ def raw_table(outcomes: Mapping[str, TiersResult]) -> Table:
 
     for r in outcomes.values():
         row(r, "torch.save + fsync (local disk)", r.torch_save_s, None)
-        row(r, "torch.load", r.torch_load_s, None)
+        row(r, f"torch.load (median of {len(r.torch_load_samples)})", r.torch_load_s, None)
         row(r, "raw boto3 upload", r.raw_upload_s, r.logical_bytes)
         row(r, "raw boto3 download", r.raw_download_s, r.logical_bytes)
         row(r, "commit, local-only store (mean of 2)", r.commit_local_s, None)
         row(r, f"commit, fast tier (durability {r.durability['commit']})", r.commit_fast_s, None)
         row(r, f"drain to S3 (then {r.durability['drained']})", r.drain_s, r.stored_bytes)
         row(r, "commit, S3 without a fast tier", r.commit_s3_s, r.logical_bytes)
-        row(r, "restore, committing host", r.restore_fast_s, None)
+        row(r, f"restore, committing host (median of {len(r.restore_fast_samples)})", r.restore_fast_s,
+            None)
         row(r, "restore, empty fast tier", r.restore_empty_s, r.logical_bytes)
         table.add_row("bit-exact", "yes" if r.verified else "[red]NO[/]", "",
                       measure.fmt_bytes(r.logical_bytes) + " logical")
