@@ -73,7 +73,7 @@ NAME = "tiers"
 MB = 1_000_000
 RATE = 50 * MB  # bytes per second through the proxy, each way
 FAST_TIER_BYTES = "8GiB"
-RESTORES = 3  # restores on the committing host, alternating with torch.load; medians
+RESTORES = 5  # restores on the committing host, alternating with torch.load; medians
 STATE_SCALE = 0.5  # of --scale: the dense state at 1.0 is 1.01 GiB, 467 MiB here
 T = TypeVar("T")
 
