@@ -3,13 +3,16 @@
 Its figures are only worth what the run checks: both restores bit-exact, the version
 ``fast`` when the commit returns and ``durable`` after ``wait_durable``, and the proxy's
 byte counters showing where the bytes went -- nothing read from S3 by a restart on the
-committing host, everything by a host with an empty fast tier.
+committing host, everything by a host with an empty fast tier. Marked slow: a model to
+build, moto in a child process and five throttled transfers take 20-60 s on 2 cores.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # the workload lives with the benchmarks
@@ -19,6 +22,7 @@ from benchmarks.report import evaluate  # noqa: E402
 from benchmarks.tiers import FLOORS, TARGETS, run_tiers  # noqa: E402
 
 
+@pytest.mark.slow
 def test_tiers_workload_runs_and_its_bytes_go_where_the_tiers_say(tmp_path: Path) -> None:
     r = run_tiers(0.01, tmp_path, lambda _: None)
     assert r.verified
