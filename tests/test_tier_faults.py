@@ -1,0 +1,261 @@
+"""The fast tier under faults (issue 20): durability with a real S3 server, processes killed
+with SIGKILL at points of the drain, a tier wiped before it drained, gc racing the drain, two
+processes sharing a tier, and two hosts sharing a PostgreSQL catalog.
+
+Every store here keeps a few MiB in 1 MiB packs (several packs per version); the S3 location is
+the moto server of tests/conftest.py, the catalog SQLite or the real PostgreSQL server there.
+Child processes are tests/helpers/tier_child.py (it kills itself where the test asks).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import casckpt
+from casckpt.catalog import shards as shard_sql
+from casckpt.catalog import tiers as tier_sql
+from casckpt.errors import VersionLostError, VersionNotDurableError
+from casckpt.testing import s3 as s3_testing
+
+HELPER = Path(__file__).parent / "helpers" / "tier_child.py"
+sys.path.insert(0, str(HELPER.parent))
+
+from tier_child import CHUNK, PACK, open_store, state  # noqa: E402
+
+KILLED = -signal.SIGKILL
+
+
+@pytest.fixture
+def s3(s3_bucket_url: Callable[[], str], moto_endpoint: str) -> Iterator[S3]:
+    """A new bucket on the moto server, and a plain client to look into it."""
+    import boto3
+
+    url = s3_bucket_url()
+    client = boto3.client("s3", endpoint_url=moto_endpoint, region_name=s3_testing.REGION)
+    yield S3(url, moto_endpoint, client)
+    client.close()
+
+
+class S3:
+    def __init__(self, url: str, endpoint: str, client: Any) -> None:
+        self.url, self.endpoint, self.client = url, endpoint, client
+        self.bucket, self.prefix = url.removeprefix("s3://").split("/", 1)
+
+    def keys(self, under: str = "") -> set[str]:
+        """Every object key under the store's prefix (relative to it)."""
+        out: set[str] = set()
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=f"{self.prefix}/{under}")
+        for page in pages:
+            out.update(o["Key"].removeprefix(self.prefix + "/") for o in page.get("Contents", ()))
+        return out
+
+
+def _open(tmp: Path, s3: S3, **kwargs: Any) -> casckpt.Store:
+    return open_store(str(tmp / "store"), s3.url, str(tmp / "fast"), s3.endpoint, **kwargs)
+
+
+def _assert_exact(store: casckpt.Store, ref: str, want: dict[str, torch.Tensor]) -> None:
+    got = store.restore(ref)
+    assert set(got) == set(want), ref
+    for name, tensor in want.items():
+        assert torch.equal(got[name], tensor), f"{ref}: {name} differs"
+
+
+def _catalog(store: casckpt.Store) -> Any:
+    return store._core.ctx.catalog
+
+
+def _assert_drained_once(store: casckpt.Store, s3: S3) -> None:
+    """Nothing waits on a tier; every live pack has exactly its one copy, on S3, and S3 holds
+    no pack object the catalog does not know (after a gc with no grace)."""
+    catalog = _catalog(store)
+    assert tier_sql.pending_summary(catalog).keys() == {""}, "packs still wait on a tier"
+    store.gc(grace=0)
+    packs = [p.id for p in catalog.packs()]
+    layouts = shard_sql.layouts(catalog, packs)
+    assert all(len(layouts[p].shards) == 1 and layouts[p].tier is None for p in packs)
+    recorded = {sh.key for p in packs for sh in layouts[p].shards}
+    assert s3.keys("packs/") == recorded, "pack objects on S3 that the catalog does not know"
+    report = store.check(read_data=True)
+    assert report.ok, report.problems
+
+
+# -- 1. fast -> durable with a real S3 server ---------------------------------------------------
+
+
+def test_commit_is_fast_then_drains_to_s3(tmp_path: Path, s3: S3) -> None:
+    with _open(tmp_path, s3) as store:
+        started = time.monotonic()
+        v0 = store.commit(state("r", 0), run="r", step=0)
+        assert v0.durability == "fast"
+        assert store.resolve("r@0").durability in ("fast", "durable")
+        store.wait_durable(v0, timeout=60)
+        assert store.resolve("r@0").durability == "durable"
+        assert [v.durability for v in store.log("r")] == ["durable"]
+        v1 = store.commit(state("r", 1), run="r", step=1, durable=True)
+        assert v1.durability == "durable" and store.resolve("r@1").durability == "durable"
+        assert time.monotonic() - started < 60
+        on_s3 = s3.keys()
+        assert {f"manifests/{v0.id}", f"manifests/{v1.id}"} <= {k for k in on_s3 if "manifests/" in k}
+        assert len([k for k in on_s3 if k.startswith("packs/")]) >= 3  # several 1 MiB packs
+        _assert_exact(store, "r@0", state("r", 0))
+        _assert_exact(store, "r@1", state("r", 1))
+        _assert_drained_once(store, s3)
+    # a host with an empty fast tier reads it all from S3
+    shutil.rmtree(tmp_path / "fast")
+    with _open(tmp_path, s3) as store:
+        _assert_exact(store, "r@1", state("r", 1))
+        assert store.check().ok
+
+
+# -- 2. the drain killed with SIGKILL, then resumed at open ---------------------------------------
+
+
+def _run_child(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(HELPER), *args], capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+@pytest.mark.parametrize(("point", "n"), [
+    pytest.param("before-record", 3, id="packs-uploaded-not-made-live"),
+    pytest.param("upload", 2, id="mid-upload"),
+    pytest.param("after-record", 2, id="packs-live-versions-not-finished"),
+    pytest.param("manifest-up", 1, id="manifest-up-version-still-fast"),
+    pytest.param("before-finish", 1, id="all-manifests-up-nothing-finished"),
+])
+def test_drain_killed_then_resumed_at_open_drains_exactly_once(
+        tmp_path: Path, s3: S3, point: str, n: int) -> None:
+    versions = 3
+    proc = _run_child("killed-drain", str(tmp_path / "store"), s3.url, str(tmp_path / "fast"),
+                      s3.endpoint, str(versions), point, str(n))
+    assert proc.returncode == KILLED, f"not killed at {point} #{n}: {proc.returncode}\n{proc.stderr}"
+    with _open(tmp_path, s3) as store:  # its drain worker resumes at once
+        assert {v.durability for v in store.log("r")} <= {"fast", "durable"}
+        store.wait_durable(timeout=60)
+        assert [v.durability for v in store.log("r")] == ["durable"] * versions
+        for i in range(versions):
+            _assert_exact(store, f"r@{i}", state("r", i))
+        _assert_drained_once(store, s3)
+        audit = [e.action for e in store.audit()]
+        assert "tier.lost" not in audit and "tier.lost_packs" not in audit
+    shutil.rmtree(tmp_path / "fast")  # every byte is on S3 now
+    with _open(tmp_path, s3) as store:
+        for i in range(versions):
+            _assert_exact(store, f"r@{i}", state("r", i))
+
+
+# -- 3. the fast tier wiped before it drained ---------------------------------------------------
+
+
+class _NoWorker:
+    """Stands in for the drain worker: nothing drains unless the test drains."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+@pytest.fixture
+def no_drain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No drain worker, and no last drain at close (as if the process were killed): the
+    test drains with ``store.drain()``."""
+    from casckpt.engine import tier
+    from casckpt.store_core import StoreCore
+
+    monkeypatch.setattr(tier, "DrainWorker", _NoWorker)
+    monkeypatch.setattr(StoreCore, "_last_drain", lambda self: None)
+
+
+def test_tier_wiped_before_drain_loses_only_its_versions(
+        tmp_path: Path, s3: S3, no_drain: None, caplog: pytest.LogCaptureFixture) -> None:
+    with _open(tmp_path, s3) as store:
+        store.commit(state("r", 0), run="r", step=0)
+        assert store.drain().versions == 1  # r@0 durable; r@1 and r@2 only on the tier
+        v1 = store.commit(state("r", 1), run="r", step=1)
+        store.commit(state("r", 2), run="r", step=2, tags=["two"])
+        assert [v.durability for v in store.log("r")] == ["fast", "fast", "durable"]
+        fast_only = store.check()
+        assert fast_only.ok, fast_only.problems  # waiting to drain is not a problem
+    shutil.rmtree(tmp_path / "fast")
+    with caplog.at_level(logging.WARNING), _open(tmp_path, s3) as store:
+        assert "lost" in caplog.text and v1.id[:12] in caplog.text
+        assert [v.durability for v in store.log("r")] == ["lost", "lost", "durable"]
+        for ref in ("r@1", "r@2", "tag:two", v1.id):
+            with pytest.raises(VersionLostError, match="lost before it drained"):
+                store.restore(ref)
+        with pytest.raises(VersionLostError):
+            store.load_tensor("r@2", "own")
+        caplog.clear()
+        assert store.resolve("r@latest").step == 0
+        assert "skips 2 version" in caplog.text
+        _assert_exact(store, "r@latest", state("r", 0))
+        report = store.check(read_data=True)
+        lost = sorted(p.subject for p in report.problems)
+        assert lost == ["r@1", "r@2"], report.problems
+        assert all(p.kind == "version" and "lost" in p.detail for p in report.problems)
+        assert "tier.lost" in [e.action for e in store.audit()]
+        with pytest.raises(VersionLostError):
+            store.wait_durable(v1)
+        # the chunks that were only in the lost packs are written again by a new commit
+        v3 = store.commit(state("r", 2), run="r", step=3)
+        assert v3.durability == "fast"
+        assert store.drain().versions == 1
+        assert store.resolve("r@3").durability == "durable"
+        store.wait_durable()  # the lost versions are not waited for
+        _assert_exact(store, "r@3", state("r", 2))
+        store.delete("r@1")
+        store.delete("r@2")
+        store.gc(grace=0)
+        report = store.check(read_data=True)
+        assert report.ok, report.problems
+    shutil.rmtree(tmp_path / "fast")  # all of it on S3
+    with _open(tmp_path, s3) as store:
+        _assert_exact(store, "r@3", state("r", 2))
+        _assert_exact(store, "r@0", state("r", 0))
+        _assert_drained_once(store, s3)
+
+
+def test_tier_packs_gone_under_a_running_store_are_reported_lost(
+        tmp_path: Path, s3: S3, no_drain: None) -> None:
+    with _open(tmp_path, s3) as store:
+        store.commit(state("r", 0), run="r", step=0)
+        store.drain()
+        store.commit(state("r", 1), run="r", step=1)
+        shutil.rmtree(tmp_path / "fast")  # the whole tier, under the running store
+        report = store.drain()
+        assert report.lost_packs and len(report.lost_versions) == 1, report
+        assert [v.durability for v in store.log("r")] == ["lost", "durable"]
+        with pytest.raises(VersionLostError):
+            store.restore("r@1")
+        _assert_exact(store, "r@0", state("r", 0))
+        assert store.resolve("r@latest").step == 0
+        store.commit(state("r", 1), run="r", step=2)
+        assert store.drain().versions == 1
+        assert store.resolve("r@2").durability == "durable"
+        _assert_exact(store, "r@2", state("r", 1))
+        assert {p.subject for p in store.check().problems} == {"r@1"}
+
+
+def test_closing_a_store_whose_tier_was_wiped_does_not_raise(tmp_path: Path, s3: S3) -> None:
+    store = _open(tmp_path, s3)
+    store.commit(state("r", 0), run="r", step=0, durable=True)
+    shutil.rmtree(tmp_path / "fast")
+    store.close()  # its last drain finds nothing to do (it raised FileNotFoundError)
+    with _open(tmp_path, s3) as store:
+        _assert_exact(store, "r@0", state("r", 0))
+        assert store.check().ok
