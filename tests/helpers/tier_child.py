@@ -9,6 +9,7 @@ the N-th call of the drain step POINT (exit status 3 if that call never happens)
 
 ``committer`` commits COUNT versions of run RUN with the drain running as usual, appending
 each step to DONE_FILE once its commit returned; then closes the store (the last drain).
+With TIER_UPLOAD_LOG set, it appends the id of every pack it stores on the locations there.
 
 ENDPOINT is the S3 endpoint of the moto server ("-": BLOBS is a local directory).
 """
@@ -95,9 +96,26 @@ def killed_drain(root: str, blobs: str, fast: str, endpoint: str, versions: int,
     sys.exit(3)
 
 
+def _log_uploads(path: str) -> None:
+    """Append the id of every pack this process stores on the locations to ``path``."""
+    from casckpt.engine.packs import Packs
+
+    real = Packs.write
+
+    def write(self: Packs, pack_id: str, *args: Any, **kwargs: Any) -> Any:
+        layout = real(self, pack_id, *args, **kwargs)
+        with open(path, "a") as f:
+            f.write(f"{pack_id}\n")
+        return layout
+
+    Packs.write = write  # type: ignore[method-assign]
+
+
 def committer(root: str, blobs: str, fast: str, endpoint: str, run: str, count: int,
               done: str) -> None:
-    with open_store(root, blobs, fast, endpoint) as store:
+    if os.environ.get("TIER_UPLOAD_LOG"):
+        _log_uploads(os.environ["TIER_UPLOAD_LOG"])
+    with open_store(root, blobs, fast, endpoint, create=False) as store:
         for i in range(count):
             store.commit(state(run, i), run=run, step=i)
             with open(done, "a") as f:
