@@ -130,19 +130,29 @@ def _run_child(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[
                           timeout=timeout, check=False)
 
 
-@pytest.mark.parametrize(("point", "n"), [
-    pytest.param("before-record", 3, id="packs-uploaded-not-made-live"),
-    pytest.param("upload", 2, id="mid-upload"),
-    pytest.param("after-record", 2, id="packs-live-versions-not-finished"),
-    pytest.param("manifest-up", 1, id="manifest-up-version-still-fast"),
-    pytest.param("before-finish", 1, id="all-manifests-up-nothing-finished"),
+@pytest.mark.parametrize(("point", "n", "gc_first"), [
+    pytest.param("before-record", 3, False, id="packs-uploaded-not-made-live"),
+    pytest.param("before-finish", 1, False, id="all-manifests-up-nothing-finished"),
+    *(pytest.param(*p, marks=pytest.mark.slow, id=i) for *p, i in [
+        ("upload", 2, False, "mid-upload"),
+        ("after-record", 2, False, "packs-live-versions-not-finished"),
+        ("manifest-up", 1, False, "manifest-up-version-still-fast"),
+        ("before-record", 3, True, "packs-uploaded-not-made-live-then-gc-elsewhere"),
+        ("manifest-up", 1, True, "manifest-up-version-still-fast-then-gc-elsewhere"),
+    ]),
 ])
 def test_drain_killed_then_resumed_at_open_drains_exactly_once(
-        tmp_path: Path, s3: S3, point: str, n: int) -> None:
+        tmp_path: Path, s3: S3, point: str, n: int, gc_first: bool) -> None:
     versions = 3
     proc = _run_child("killed-drain", str(tmp_path / "store"), s3.url, str(tmp_path / "fast"),
                       s3.endpoint, str(versions), point, str(n))
     assert proc.returncode == KILLED, f"not killed at {point} #{n}: {proc.returncode}\n{proc.stderr}"
+    if gc_first:  # another host (its own tier) collects before the killed host comes back
+        with casckpt.open(tmp_path / "store", blobs=[s3.url], s3={"endpoint_url": s3.endpoint},
+                          fast_tier=tmp_path / "other", cache=tmp_path / "other-cache",
+                          create=False) as other:
+            other.gc(grace=0)  # (its drain finishes the versions whose packs are all live)
+            assert other.check().ok
     with _open(tmp_path, s3) as store:  # its drain worker resumes at once
         assert {v.durability for v in store.log("r")} <= {"fast", "durable"}
         store.wait_durable(timeout=60)
@@ -156,6 +166,22 @@ def test_drain_killed_then_resumed_at_open_drains_exactly_once(
     with _open(tmp_path, s3) as store:
         for i in range(versions):
             _assert_exact(store, f"r@{i}", state("r", i))
+
+
+def test_commit_killed_before_publishing_leaves_packs_the_drain_and_gc_clean_up(
+        tmp_path: Path, s3: S3) -> None:
+    proc = _run_child("killed-commit", str(tmp_path / "store"), s3.url, str(tmp_path / "fast"),
+                      s3.endpoint)
+    assert proc.returncode == KILLED, f"{proc.returncode}\n{proc.stderr}"
+    with _open(tmp_path, s3) as store:
+        assert [v.step for v in store.log("r")] == [0]
+        store.wait_durable(timeout=60)
+        store.drain()  # the unpublished commit's packs too
+        _assert_exact(store, "r@0", state("r", 0))
+        _assert_drained_once(store, s3)  # its packs are gone after gc
+        store.commit(state("r", 1), run="r", step=1, durable=True)
+        _assert_exact(store, "r@1", state("r", 1))
+        _assert_drained_once(store, s3)
 
 
 # -- 3. the fast tier wiped before it drained ---------------------------------------------------
@@ -328,6 +354,7 @@ def test_gc_racing_a_slow_drain_loses_nothing(tmp_path: Path, s3: S3,
 # -- 5. two processes sharing one fast tier -------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_two_processes_share_one_fast_tier(tmp_path: Path, s3: S3) -> None:
     casckpt.open(tmp_path / "store", blobs=[s3.url], s3={"endpoint_url": s3.endpoint},
                  chunk_size=CHUNK, pack_size=PACK).close()  # the tier is made by the racers

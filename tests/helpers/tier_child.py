@@ -1,11 +1,14 @@
 """Processes for the fast tier fault tests (tests/test_tier_faults.py).
 
     python tier_child.py killed-drain ROOT BLOBS FAST ENDPOINT VERSIONS POINT N
+    python tier_child.py killed-commit ROOT BLOBS FAST ENDPOINT
     python tier_child.py committer ROOT BLOBS FAST ENDPOINT RUN COUNT DONE_FILE
 
 ``killed-drain`` opens the store with its drain worker switched off, commits versions
 0..VERSIONS-1 of run ``r`` (all ``fast``), then drains the tier itself and SIGKILLs itself at
 the N-th call of the drain step POINT (exit status 3 if that call never happens).
+
+``killed-commit`` commits r@0 (left on the tier) and SIGKILLs itself as it publishes r@1.
 
 ``committer`` commits COUNT versions of run RUN with the drain running as usual, appending
 each step to DONE_FILE once its commit returned; then closes the store (the last drain).
@@ -20,7 +23,6 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -65,6 +67,16 @@ def _die_at(owner: Any, name: str, n: int, after: bool) -> None:
     setattr(owner, name, wrapped)
 
 
+class _NoWorker:
+    """Stands in for the drain worker (nothing drains unless the child drains)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
 def killed_drain(root: str, blobs: str, fast: str, endpoint: str, versions: int, point: str,
                  n: int) -> None:
     from casckpt.catalog import tiers
@@ -72,14 +84,7 @@ def killed_drain(root: str, blobs: str, fast: str, endpoint: str, versions: int,
     from casckpt.storage.local import LocalBlobStore
     from casckpt.storage.s3 import S3BlobStore
 
-    class NoWorker:
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
-        def stop(self) -> None:
-            pass
-
-    tier.DrainWorker = NoWorker  # type: ignore[assignment,misc]
+    tier.DrainWorker = _NoWorker  # type: ignore[assignment,misc]
     store = open_store(root, blobs, fast, endpoint)
     for i in range(versions):
         assert store.commit(state("r", i), run="r", step=i).durability == "fast"
@@ -93,6 +98,19 @@ def killed_drain(root: str, blobs: str, fast: str, endpoint: str, versions: int,
     }[point]
     _die_at(owner, name, n, after)
     store.drain(wait=True)
+    sys.exit(3)
+
+
+def killed_commit(root: str, blobs: str, fast: str, endpoint: str) -> None:
+    """Commit r@0 (left on the tier), then die publishing r@1: its packs are on the tier."""
+    from casckpt.catalog.catalog import Catalog
+    from casckpt.engine import tier
+
+    tier.DrainWorker = _NoWorker  # type: ignore[assignment,misc]
+    store = open_store(root, blobs, fast, endpoint)
+    store.commit(state("r", 0), run="r", step=0)
+    _die_at(Catalog, "add_version", 1, after=False)
+    store.commit(state("r", 1), run="r", step=1)
     sys.exit(3)
 
 
@@ -125,8 +143,13 @@ def committer(root: str, blobs: str, fast: str, endpoint: str, run: str, count: 
 if __name__ == "__main__":
     mode, *args = sys.argv[1:]
     if mode == "killed-drain":
-        killed_drain(*args[:4], int(args[4]), args[5], int(args[6]))
+        root, blobs, fast, endpoint, versions, point, n = args
+        killed_drain(root, blobs, fast, endpoint, int(versions), point, int(n))
+    elif mode == "killed-commit":
+        root, blobs, fast, endpoint = args
+        killed_commit(root, blobs, fast, endpoint)
     elif mode == "committer":
-        committer(*args[:5], int(args[5]), args[6])
+        root, blobs, fast, endpoint, run, count, done = args
+        committer(root, blobs, fast, endpoint, run, int(count), done)
     else:
         raise SystemExit(f"unknown mode {mode}")
