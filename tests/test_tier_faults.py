@@ -168,6 +168,29 @@ def test_drain_killed_then_resumed_at_open_drains_exactly_once(
             _assert_exact(store, f"r@{i}", state("r", i))
 
 
+@pytest.mark.slow
+def test_ec_drain_killed_between_shards_is_resumed(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three local locations, ec:2+1: the drain dies after the first shard of its second pack."""
+    monkeypatch.setenv("TIER_REDUNDANCY", "ec:2+1")
+    dirs = [tmp_path / f"loc{i}" for i in range(3)]
+    blobs, fast = ",".join(map(str, dirs)), str(tmp_path / "fast")
+    proc = _run_child("killed-drain", str(tmp_path / "store"), blobs, fast, "-", "3", "upload", "5")
+    assert proc.returncode == KILLED, f"{proc.returncode}\n{proc.stderr}"
+    with open_store(str(tmp_path / "store"), blobs, fast, "-") as store:
+        store.wait_durable(timeout=60)
+        for i in range(3):
+            _assert_exact(store, f"r@{i}", state("r", i))
+        store.gc(grace=0)
+        catalog = _catalog(store)
+        layouts = shard_sql.layouts(catalog, [p.id for p in catalog.packs()])
+        assert {(lay.scheme, len(lay.shards)) for lay in layouts.values()} == {("ec", 3)}
+        on_disk = {p.name for d in dirs for p in (d / "packs").rglob("*") if p.is_file()}
+        assert on_disk == {sh.key.rsplit("/", 1)[1] for lay in layouts.values() for sh in lay.shards}
+        report = store.check(read_data=True)
+        assert report.ok, report.problems
+
+
 def test_commit_killed_before_publishing_leaves_packs_the_drain_and_gc_clean_up(
         tmp_path: Path, s3: S3) -> None:
     proc = _run_child("killed-commit", str(tmp_path / "store"), s3.url, str(tmp_path / "fast"),
@@ -279,6 +302,23 @@ def test_tier_packs_gone_under_a_running_store_are_reported_lost(
         assert store.resolve("r@2").durability == "durable"
         _assert_exact(store, "r@2", state("r", 1))
         assert {p.subject for p in store.check().problems} == {"r@1"}
+
+
+def test_a_drain_stopped_early_still_records_the_packs_it_found_lost(
+        tmp_path: Path, s3: S3, no_drain: None) -> None:
+    with _open(tmp_path, s3) as store:
+        v0 = store.commit(state("r", 0), run="r", step=0)
+        store.commit(state("r", 1), run="r", step=1)
+        catalog = _catalog(store)
+        first, *rest = tier_sql.fast_packs(catalog, store._core.tier.id)
+        assert len(rest) >= 2
+        store._core.tier.dir.evict(first.id)  # gone from the tier before it drained
+        stop = threading.Event()
+        report = store._core.drain(stop=stop, progress=lambda *_: stop.set())
+        assert report.lost_packs == (first.id,) and report.packs == 1
+        assert v0.id in report.lost_versions  # (r@1 too, when it shares a chunk of that pack)
+        assert tier_sql.pack_states(catalog, [first.id])[first.id][0] == "lost"
+        assert store.resolve("r@0").durability == "lost"
 
 
 def test_closing_a_store_whose_tier_was_wiped_does_not_raise(tmp_path: Path, s3: S3) -> None:

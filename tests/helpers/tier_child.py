@@ -45,8 +45,12 @@ def state(run: str, i: int) -> dict[str, torch.Tensor]:
 
 
 def open_store(root: str, blobs: str, fast: str, endpoint: str, **kwargs: Any) -> casckpt.Store:
+    """BLOBS: one location, or several separated by commas (then with the redundancy
+    TIER_REDUNDANCY says, e.g. ``ec:2+1``)."""
     s3 = None if endpoint == "-" else {"endpoint_url": endpoint}
-    return casckpt.open(root, blobs=[blobs], s3=s3, fast_tier=fast, chunk_size=CHUNK,
+    if "," in blobs:
+        kwargs.setdefault("redundancy", os.environ.get("TIER_REDUNDANCY"))
+    return casckpt.open(root, blobs=blobs.split(","), s3=s3, fast_tier=fast, chunk_size=CHUNK,
                         pack_size=PACK, **kwargs)
 
 
