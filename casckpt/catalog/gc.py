@@ -162,13 +162,15 @@ def visible_roots(catalog: Catalog) -> dict[str, str | None]:
 
 
 def manifest_batches(catalog: Catalog, version_ids: Collection[str], size: int = 100) -> Iterator[list[Any]]:
-    """Rows (id, run, step, parent_id, created_at, manifest, tree_root, meta_text, metrics_text) of these
-    versions, ``size`` at a time (bounded memory); versions that vanished meanwhile are left out.
-    Metadata and metrics come as text, undecoded (check compares them with the manifest)."""
+    """Rows (id, run, step, parent_id, created_at, manifest, tree_root, meta_text, metrics_text,
+    durability) of these versions, ``size`` at a time (bounded memory); versions that vanished
+    meanwhile are left out. Metadata and metrics come as text, undecoded (check compares them
+    with the manifest)."""
     v = s.versions
     query = select(v.c.id, s.runs.c.name.label("run"), v.c.step, v.c.parent_id, v.c.created_at,
                    v.c.manifest, v.c.tree_root, cast(v.c.meta, Text).label("meta_text"),
-                   cast(v.c.metrics, Text).label("metrics_text")).join(s.runs, s.runs.c.id == v.c.run_id)
+                   cast(v.c.metrics, Text).label("metrics_text"), v.c.durability,
+                   ).join(s.runs, s.runs.c.id == v.c.run_id)
     ids = sorted(version_ids)
     for i in range(0, len(ids), size):
         with catalog.read() as conn:

@@ -5,8 +5,10 @@
   ``refs/``); presence and sizes below come from it, not from stat calls.
 - **Manifests**: each visible version's manifest in the catalog decodes,
   hashes to its id and says the run, step, parent and time its row says; a
-  copy of it is on every active location (with ``read_data``:
-  each copy is read, verified and identical to the catalog's); a manifest
+  copy of it is on every active location once the version is durable (with
+  ``read_data``: each copy is read, verified and identical to the catalog's;
+  a version still on a fast tier has its copies written by the drain); a
+  version lost with its fast tier before it drained is reported; a manifest
   on a location the catalog neither knows nor has tombstoned is reported
   (the catalog is missing a version: stale, partly rebuilt or damaged).
 - **Derived rows**: each version's tensor rows and the content rows they
@@ -134,6 +136,13 @@ def check_manifests(ctx: EngineContext, found: Findings, *, read_data: bool) -> 
                 _check_tree_rows(ctx, found, row, manifest)
             found.manifests.append((row.id, manifest))
             _check_values(found, row, manifest)
+            if row.durability == "lost":
+                found.add("version", f"{row.run}@{row.step}", f"version {row.id[:12]} was lost "
+                          "before it drained: its fast tier was lost (wiped, or its host gone), "
+                          "and it cannot be restored; delete it (`casckpt delete`) once nothing "
+                          "needs it")
+            if row.durability != "durable":
+                continue  # its manifest goes to the locations when it drains
             for loc in holders:
                 _check_copy(loc, found, row, data, read_data)
     known: set[str] = set()

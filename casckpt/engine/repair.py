@@ -15,7 +15,8 @@
    the old layout are not cut off.
 3. **Recovery data** (what ``catalog rebuild`` needs): a manifest the catalog
    holds damaged is replaced by a verified copy from a location; every
-   visible version's manifest, and every ``refs/`` record the catalog
+   visible durable version's manifest (a version on a fast tier gets its
+   copies from the drain, a lost one none), and every ``refs/`` record the catalog
    implies, is written again on each active location that lacks it or holds
    a copy that differs; an identity record missing or damaged is written
    again where the catalog proves the location is the store's.
@@ -154,6 +155,8 @@ def _recovery_data(ctx: EngineContext, found: Findings,
                     done.nodes += trees.restore_node_rows(ctx, data, row.id, row.tree_root)
                 except CasckptError:
                     pass  # a node intact nowhere: check keeps reporting it
+            if row.durability != "durable":
+                continue  # on a fast tier: the drain writes it once its packs are there
             for loc in holders:
                 if _copy_differs(loc, found, keys.manifest_key(row.id), data):
                     try:

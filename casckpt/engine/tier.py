@@ -305,7 +305,7 @@ def _drain_packs(tier: FastTier, store_pack: Callable[[str, Path, int, Redundanc
     total = sum(p.size for p in todo)
     for pack in todo:
         if stop is not None and stop.is_set():
-            return
+            break  # what was found lost so far is still recorded below
         lease = begin_lease(tier.catalog)  # gc deletes none of the objects being written
         try:
             try:

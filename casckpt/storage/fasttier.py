@@ -248,8 +248,21 @@ class FastTierDir:
     @contextmanager
     def drain_lock(self, *, wait: bool) -> Iterator[bool]:
         """Hold this tier's drain lock (one drainer per tier on the host); yields False at once
-        when another process holds it and ``wait`` is False."""
-        fd = os.open(self.root / "drain.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        when another process holds it and ``wait`` is False. The directory is made again if it
+        was removed under the store (the drain then finds its packs gone: lost).
+
+        Raises:
+            StorageError: the lock file cannot be made.
+        """
+        path = self.root / "drain.lock"
+        try:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except FileNotFoundError:
+                self.root.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise StorageError(f"cannot open the fast tier's drain lock {path}: {exc}") from exc
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
