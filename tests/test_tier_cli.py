@@ -53,10 +53,11 @@ def _check(path: Path, *, lost: int = 0) -> None:
     """``check`` finds nothing wrong but the ``lost`` versions (reported, never hidden)."""
     with casckpt.open(path, create=False, options=casckpt.Options(background_drain=False)) as store:
         report = store.check()
-        gone = {v.id for v in store.log() if v.durability == "lost"}
+        gone = {f"{v.run}@{v.step}" for v in store.log() if v.durability == "lost"}
     assert len(gone) == lost
     assert [p for p in report.problems if p.subject not in gone] == [], report.problems
     assert {p.subject for p in report.problems} == gone
+    assert all("lost before it drained" in p.detail for p in report.problems)
 
 
 def _tier_dir(path: Path, tier: Path) -> Path:

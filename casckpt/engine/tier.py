@@ -42,13 +42,16 @@ import logging
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from casckpt.catalog import Catalog, PackLayout
 from casckpt.catalog import tiers as sql
 from casckpt.catalog.leases import begin_lease, end_lease
+from casckpt.catalog.tiers import FastPack
 from casckpt.errors import (
     BlobNotFoundError,
     CasckptError,
@@ -66,6 +69,7 @@ from casckpt.types import DrainReport, ProgressCallback
 
 log = logging.getLogger(__name__)
 
+DRAIN_IN_FLIGHT = 2  # packs a drain uploads at once
 ORPHAN_AGE_S = 3600.0  # a held pack the catalog does not know is evicted only once this old
 _WAIT_POLL_S = (0.02, 0.5)  # wait_durable and backpressure poll from the first to the second
 
@@ -301,29 +305,60 @@ def drain(tier: FastTier, store_pack: Callable[[str, Path, int, Redundancy], Pac
 def _drain_packs(tier: FastTier, store_pack: Callable[[str, Path, int, Redundancy], PackLayout],
                  report: _Tally, progress: ProgressCallback | None,
                  stop: threading.Event | None) -> None:
-    todo = sql.fast_packs(tier.catalog, tier.id)
+    """Store the tier's fast packs on the locations, :data:`DRAIN_IN_FLIGHT` at a time (one
+    upload's request latency hides behind another's bytes, as a commit's packs do), oldest
+    first; the first error stops the drain once the uploads in flight are done."""
+    todo = deque(sql.fast_packs(tier.catalog, tier.id))
     total = sum(p.size for p in todo)
-    for pack in todo:
-        if stop is not None and stop.is_set():
-            break  # what was found lost so far is still recorded below
-        lease = begin_lease(tier.catalog)  # gc deletes none of the objects being written
-        try:
+    failure: BaseException | None = None
+    with ThreadPoolExecutor(DRAIN_IN_FLIGHT, thread_name_prefix="casckpt-drain") as pool:
+        running: deque[tuple[FastPack, Future[bool | None]]] = deque()
+        while todo or running:
+            while todo and len(running) < DRAIN_IN_FLIGHT and failure is None and not (
+                    stop is not None and stop.is_set()):
+                pack = todo.popleft()
+                running.append((pack, pool.submit(_drain_one, tier, store_pack, pack)))
+            if not running:
+                break  # stopped (what was found lost so far is still recorded below)
+            pack, future = running.popleft()
             try:
-                copy = tier.dir.copy_of(pack.id, tier.scratch.path())
-            except BlobNotFoundError:
-                report.lost_packs.append(pack.id)
+                drained = future.result()
+            except BaseException as exc:  # noqa: BLE001 - re-raised once the others are done
+                failure = failure or exc
                 continue
-            try:
-                layout = store_pack(pack.id, copy, pack.size, Redundancy(pack.scheme, pack.k, pack.m))
-            finally:
-                copy.unlink(missing_ok=True)
-            if sql.record_drained(tier.catalog, layout):
+            if drained is None:
+                report.lost_packs.append(pack.id)
+            elif drained:
                 report.packs += 1
                 report.bytes += pack.size
+            if progress is not None:
+                progress("drain", report.bytes, total)
+    _record_lost(tier, report)
+    if failure is not None:
+        raise failure
+
+
+def _drain_one(tier: FastTier, store_pack: Callable[[str, Path, int, Redundancy], PackLayout],
+               pack: FastPack) -> bool | None:
+    """Drain one pack under its own lease (gc deletes none of the objects being written):
+    True when this drain made it live, False when it no longer waited (drained by another, or
+    its tier declared lost meanwhile), None when it is gone from the tier."""
+    lease = begin_lease(tier.catalog)
+    try:
+        try:
+            copy = tier.dir.copy_of(pack.id, tier.scratch.path())
+        except BlobNotFoundError:
+            return None
+        try:
+            layout = store_pack(pack.id, copy, pack.size, Redundancy(pack.scheme, pack.k, pack.m))
         finally:
-            end_lease(tier.catalog, lease)
-        if progress is not None:
-            progress("drain", report.bytes, total)
+            copy.unlink(missing_ok=True)
+        return sql.record_drained(tier.catalog, layout)
+    finally:
+        end_lease(tier.catalog, lease)
+
+
+def _record_lost(tier: FastTier, report: _Tally) -> None:
     if report.lost_packs:
         lost = sql.lose_packs(tier.catalog, report.lost_packs, tier.id)
         report.lost_versions += list(lost.versions)
