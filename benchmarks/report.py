@@ -64,14 +64,21 @@ from benchmarks.startup import TARGETS as STARTUP_TARGETS
 from benchmarks.startup import StartupResult
 from benchmarks.startup import table as startup_table
 from benchmarks.suite import WorkloadResult
+from benchmarks.tiers import FLOORS as TIERS_FLOORS
+from benchmarks.tiers import MEASURES as TIERS_MEASURES
+from benchmarks.tiers import NAME as TIERS_NAME
+from benchmarks.tiers import NOTES as TIERS_NOTES
+from benchmarks.tiers import TARGETS as TIERS_TARGETS
+from benchmarks.tiers import TiersResult
+from benchmarks.tiers import raw_table as tiers_raw_table
 
 Result = (WorkloadResult | S3Result | CatalogResult | RedundancyResult | DcpResult | DeltaResult
           | ManyResult | HintResult | StartupResult | ImportResult
-          | HfResult | LightningResult | EncryptionResult)
+          | HfResult | LightningResult | EncryptionResult | TiersResult)
 Outcome = Result | str  # a result, or the error that stopped the workload
 R = TypeVar("R", WorkloadResult, S3Result, CatalogResult, RedundancyResult, DcpResult, DeltaResult,
             ManyResult, HintResult, StartupResult, ImportResult, HfResult,
-            LightningResult, EncryptionResult)
+            LightningResult, EncryptionResult, TiersResult)
 
 
 @dataclass(frozen=True)
@@ -405,11 +412,13 @@ HINT_METRICS: tuple[Metric[HintResult], ...] = tuple(Metric(*m) for m in HINT_ME
 IMPORT_METRICS: tuple[Metric[ImportResult], ...] = tuple(Metric(*m) for m in IMPORT_MEASURES)
 LIGHTNING_METRICS: tuple[Metric[LightningResult], ...] = tuple(Metric(*m) for m in LIGHTNING_MEASURES)
 ENCRYPTION_METRICS: tuple[Metric[EncryptionResult], ...] = tuple(Metric(*m) for m in ENCRYPTION_MEASURES)
+TIERS_METRICS: tuple[Metric[TiersResult], ...] = tuple(Metric(*m) for m in TIERS_MEASURES)
 
 # (workload or "*", metric key) -> lower limit, from BENCHMARKS.md "Targets".
 FLOORS: Mapping[tuple[str, str], float] = {
     (S3_NAME, "commit_vs_raw_upload"): 0.8,
     (S3_NAME, "restore_vs_raw_download"): 0.8,
+    **{(TIERS_NAME, key): limit for key, limit in TIERS_FLOORS.items()},
 }
 
 # (workload or "*", metric key) -> upper limit, from BENCHMARKS.md "Targets".
@@ -453,6 +462,7 @@ TARGETS: Mapping[tuple[str, str], float] = {
     **{(MANY_NAME, key): limit for key, limit in MANY_TARGETS.items()},
     **{(HINT_NAME, key): limit for key, limit in HINT_TARGETS.items()},
     **{(ENCRYPTION_NAME, key): limit for key, limit in ENCRYPTION_TARGETS.items()},
+    **{(TIERS_NAME, key): limit for key, limit in TIERS_TARGETS.items()},
 }
 
 
@@ -527,6 +537,8 @@ def metrics_for(result: Result) -> Sequence[Metric[Any]]:
         return LIGHTNING_METRICS
     if isinstance(result, EncryptionResult):
         return ENCRYPTION_METRICS
+    if isinstance(result, TiersResult):
+        return TIERS_METRICS
     return S3_METRICS if isinstance(result, S3Result) else METRICS
 
 
@@ -611,7 +623,8 @@ def _local(outcomes: Mapping[str, Outcome]) -> dict[str, WorkloadResult | str]:
             if isinstance(r, (WorkloadResult, str)) and not _is_s3(n, r) and not _is_catalog(n, r)
             and not _is_redundancy(n, r) and not _is_dcp(n, r) and not _is_delta(n, r)
             and not _is_many(n, r) and not _is_startup(n, r) and not _is_lightning(n, r)
-            and not (isinstance(r, str) and n in (HINT_NAME, IMPORT_NAME, HF_NAME, ENCRYPTION_NAME))}
+            and not (isinstance(r, str) and n in (HINT_NAME, IMPORT_NAME, HF_NAME, ENCRYPTION_NAME,
+                                                        TIERS_NAME))}
 
 
 def _delta(outcomes: Mapping[str, Outcome]) -> dict[str, DeltaResult | str]:
@@ -940,6 +953,9 @@ def print_report(console: Console, outcomes: Mapping[str, Outcome], scale: float
     encryption = {n: r for n, r in outcomes.items() if isinstance(r, EncryptionResult)}
     if encryption:
         console.print(encryption_raw_table(encryption))
+    tiers = {n: r for n, r in outcomes.items() if isinstance(r, TiersResult)}
+    if tiers:
+        console.print(tiers_raw_table(tiers))
     console.print(ratio_table(outcomes, scale))
 
 
@@ -1130,6 +1146,8 @@ def write_json(path: Path, outcomes: Mapping[str, Outcome], header: dict[str, An
         notes[LIGHTNING_NAME] = LIGHTNING_NOTES
     if any(isinstance(r, EncryptionResult) for r in outcomes.values()):
         notes[ENCRYPTION_NAME] = ENCRYPTION_NOTES
+    if any(isinstance(r, TiersResult) for r in outcomes.values()):
+        notes[TIERS_NAME] = TIERS_NOTES
     document = {**header, "notes": notes, "results": results}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2, default=str) + "\n")

@@ -24,14 +24,16 @@ workload runs a Hugging Face Trainer fine-tune (full, frozen backbone, LoRA) wit
 ``casckpt.integrations.transformers.CasckptCallback``: checkpoint-directory bytes vs stored
 bytes, time per save, ``checkout_for_resume`` vs ``shutil.copytree``; the ``lightning`` workload trains a
 LightningModule with casckpt's CheckpointIO and with Lightning's default one: .ckpt bytes
-against stored bytes, save and resume times.
+against stored bytes, save and resume times; the ``tiers`` workload commits to a store with a fast local tier
+that drains to S3 throttled to 50 MB/s by a loopback proxy, against a local-only store, the same S3
+without the tier, torch.save / torch.load and raw boto3 through the same proxy.
 
 Usage::
 
     python benchmarks/run.py [--scale S]
                              [--workloads dense,dense-bf16,frozen,lora,embed,unchanged,
                                           branch,s3,catalog,redundancy,dcp,delta,startup,import,hf,
-                                          lightning,encryption]
+                                          lightning,encryption,tiers]
                              [--out FILE] [--dir TMPDIR]
 
 Prints a table of ratios with pass/miss against BENCHMARKS.md targets and writes
@@ -83,12 +85,14 @@ from benchmarks.s3 import run_s3  # noqa: E402
 from benchmarks.startup import NAME as STARTUP_NAME  # noqa: E402
 from benchmarks.startup import run_startup  # noqa: E402
 from benchmarks.suite import Log, run_workload  # noqa: E402
+from benchmarks.tiers import NAME as TIERS_NAME  # noqa: E402
+from benchmarks.tiers import run_tiers  # noqa: E402
 from benchmarks.workloads import WORKLOADS as LOCAL_WORKLOADS  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "latest.json"
 WORKLOADS = (*LOCAL_WORKLOADS, S3_NAME, CATALOG_NAME, REDUNDANCY_NAME, DCP_NAME, DELTA_NAME, MANY_NAME,
              HINT_NAME, STARTUP_NAME, IMPORT_NAME, HF_NAME,
-             LIGHTNING_NAME, ENCRYPTION_NAME)
+             LIGHTNING_NAME, ENCRYPTION_NAME, TIERS_NAME)
 
 
 def _workload_list(text: str) -> list[str]:
@@ -166,6 +170,8 @@ def _run_one(name: str, scale: float, workdir: Path, log: Log) -> Outcome:
         return run_lightning(scale, workdir, log)
     if name == ENCRYPTION_NAME:
         return run_encryption(scale, workdir, log)
+    if name == TIERS_NAME:
+        return run_tiers(scale, workdir, log)
     return run_workload(name, scale, workdir, log)
 
 

@@ -4,6 +4,8 @@
 Environment variables (all optional):
 
 ``CASCKPT_STORE``        the store (directory or .toml file) the CLI opens without ``--store``.
+``CASCKPT_FAST_TIER``    this host's fast tier directory for the CLI without ``--fast-tier``, where
+                         the store's casckpt.toml records none (``casckpt drain``).
 ``CASCKPT_CHUNK_SIZE``   bytes per chunk (default 1 MiB).
 ``CASCKPT_PACK_SIZE``    target pack size in bytes (default 64 MiB).
 ``CASCKPT_WORKERS``      threads for hashing, compression and I/O.

@@ -355,3 +355,7 @@ class VersionLostError(MissingDataError):
 
 class DrainTimeoutError(CasckptError, TimeoutError):
     """``Store.wait_durable`` (or ``commit(durable=True)``) gave up waiting for a drain."""
+
+
+class TierNotFoundError(RefNotFoundError):
+    """No fast tier of the store has this id (``casckpt tier status`` lists them)."""

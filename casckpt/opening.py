@@ -180,7 +180,7 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
                  staging=tier.dir.staging if tier is not None else cache_dir / "staging",
                  settings=settings, write_quorum=spec.write_quorum,
                  s3=spec.s3, config_file=spec.config_file, recovering=recovering, read_only=why,
-                 tier=tier)
+                 tier=tier, background_drain=options.background_drain)
 
 
 def _tier_record(options: Options) -> dict[str, Any]:

@@ -49,6 +49,9 @@ class Options:
         fast_tier_bytes: the tier's budget (an int or ``"200GiB"``; default: half the free
             space of its disk when opened); drained packs beyond it are evicted.
         keep_fast_last: the newest N versions whose packs eviction keeps on the tier (1).
+        background_drain: False: no drain worker thread, and ``close`` does not drain; only
+            ``Store.drain`` drains the fast tier (the CLI opens stores so, but for commands
+            that commit: looking at a store never uploads as a side effect).
     """
 
     blobs: object = None  # str | BlobLocation | BlobStore, or a list of those (or mappings)
@@ -70,6 +73,7 @@ class Options:
     fast_tier: str | os.PathLike[str] | None = None
     fast_tier_bytes: int | str | None = None
     keep_fast_last: int | None = None
+    background_drain: bool = True
 
     def __post_init__(self) -> None:
         for name in ("chunk_size", "pack_size", "workers", "max_pending_commits", "commit_memory",
@@ -77,7 +81,7 @@ class Options:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
                 raise InvalidArgumentError(f"Options.{name} must be a positive int, got {value!r}")
-        for name in ("create", "recover"):
+        for name in ("create", "recover", "background_drain"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidArgumentError(
                     f"Options.{name} must be True or False, got {getattr(self, name)!r}")

@@ -289,8 +289,8 @@ class TierStatus(ToDict):
         local_path: this handle's fast tier directory (None: opened without one).
         budget: its budget in bytes (``fast_tier_bytes``).
         held_bytes, held_packs: what it holds now (drained packs kept as a cache included).
-        drained_bytes, drain_seconds: what this process drained, and how long that took (the
-            drain rate is their ratio).
+        drained_bytes, drain_seconds: what every drain of this tier moved, and how long that
+            took (the drain rate is their ratio).
     """
 
     durable_bytes: int
@@ -306,5 +306,23 @@ class TierStatus(ToDict):
 
     @property
     def drain_rate(self) -> float | None:
-        """Bytes per second this process drained at (None before it drained anything)."""
+        """Bytes per second this tier drains at (None before it drained anything)."""
         return self.drained_bytes / self.drain_seconds if self.drain_seconds > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class TierLoss(ToDict):
+    """A fast tier declared lost by hand (``Store.forget_tier``, ``casckpt tier forget``).
+
+    Attributes:
+        tier: the tier's id.
+        host, path: where it was.
+        packs: the packs that were still waiting on it to drain, lost with it.
+        versions: the versions needing one of those packs, now ``lost``.
+    """
+
+    tier: str
+    host: str
+    path: str
+    packs: tuple[str, ...]
+    versions: tuple[str, ...]

@@ -59,6 +59,7 @@ from casckpt.types import (
     RunNode,
     StoreStats,
     TensorHistoryEntry,
+    TierLoss,
     TierStatus,
     Version,
     VersionDetail,
@@ -88,12 +89,13 @@ class Store:
                  locations: LocationSet, staging: Path, settings: cfg.Settings,
                  write_quorum: int | None = None, s3: Mapping[str, Any] | None = None,
                  config_file: Path | None = None, recovering: bool = False,
-                 read_only: str | None = None, tier: FastTier | None = None) -> None:
+                 read_only: str | None = None, tier: FastTier | None = None,
+                 background_drain: bool = True) -> None:
         self.path = root
         self._core = StoreCore(catalog=catalog, cache=cache, locations=locations, staging=staging,
                                settings=settings, write_quorum=write_quorum, s3=s3,
                                config_file=config_file, recovering=recovering, read_only=read_only,
-                               tier=tier)
+                               tier=tier, background_drain=background_drain)
         self._queries = StoreQueries(self._core)
         self._retention = StoreRetention(self._core)
         self._admin = StoreAdmin(self._core)
@@ -273,8 +275,7 @@ class Store:
             tier = self._core.tier
             ids = [v for v, state in tier_sql.not_durable(catalog, tier_id=tier.id if tier else None)
                    if state == "fast"]
-        tier = self._core.tier
-        wait_durable(catalog, ids, timeout, tier.wake if tier is not None else lambda: None)
+        wait_durable(catalog, ids, timeout, self._core.nudge_drain)
 
     def drain(self, *, wait: bool = True, progress: ProgressCallback | None = None) -> DrainReport:
         """Drain this host's fast tier now, in this thread: every pack not drained to the
@@ -299,6 +300,25 @@ class Store:
         from casckpt.engine.tierstatus import tier_status
 
         return tier_status(self._core.ctx.catalog, self._core.tier)
+
+    def forget_tier(self, tier_id: str) -> TierLoss:
+        """Declare another host's fast tier lost by hand (its host is gone for good): the packs
+        still waiting on it to drain are lost, and so is every version needing one of them
+        (``log`` marks them, restore refuses them). Versions already durable are unaffected.
+        ``tier_id``: the tier's id or a unique prefix of it (``casckpt tier status``). A tier
+        lost already is left as it is (the report lists nothing).
+
+        Raises:
+            TierNotFoundError: no tier of this store has that id.
+            AmbiguousRefError: the prefix names several tiers.
+            InvalidArgumentError: it is this handle's own tier, or a tier of this host whose
+                directory still holds it (drain it instead: ``casckpt drain``).
+            ReadOnlyStoreError: the store is read-only.
+        """
+        from casckpt.engine.tierforget import forget
+
+        self._core.refuse_write("declare a fast tier lost", "the catalog")
+        return forget(self._core.ctx.catalog, self._core.tier, tier_id)
 
     def import_checkpoint(
         self, path: str | Path, *, run: str, step: int, metadata: Mapping[str, Any] | None = None,

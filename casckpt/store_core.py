@@ -114,7 +114,7 @@ class StoreCore:
                  staging: Path, settings: cfg.Settings, write_quorum: int | None = None,
                  s3: Mapping[str, Any] | None = None, config_file: Path | None = None,
                  recovering: bool = False, read_only: str | None = None,
-                 tier: FastTier | None = None) -> None:
+                 tier: FastTier | None = None, background_drain: bool = True) -> None:
         self.recovering = recovering
         self.read_only = read_only
         self._locations_loaded = time.monotonic()
@@ -142,10 +142,18 @@ class StoreCore:
         self.tier = tier
         self.ctx.packs.tier = tier
         self.drainer: DrainWorker | None = None
-        if tier is not None and read_only is None and not recovering:
+        if tier is not None and read_only is None and not recovering and background_drain:
             from casckpt.engine.tier import DrainWorker
 
             self.drainer = DrainWorker(tier, lambda stop: self.drain(stop=stop))
+
+    def nudge_drain(self) -> None:
+        """Get the drain going: wake the drain worker, or without one (``background_drain=False``,
+        the CLI) drain once in this thread, unless another process of the host is draining."""
+        if self.drainer is not None and self.tier is not None:
+            self.tier.wake()
+        elif self.tier is not None and self.read_only is None:
+            self.drain()
 
     def drain(self, *, wait: bool = False, progress: ProgressCallback | None = None,
               stop: threading.Event | None = None) -> DrainReport:
@@ -176,11 +184,17 @@ class StoreCore:
 
     def _last_drain(self) -> None:
         """Stop the drain worker and drain what is left (a failure is logged: the next open on
-        this host, or `casckpt drain`, resumes it)."""
+        this host, or `casckpt drain`, resumes it; another process draining the tier now
+        finishes it)."""
         if self.drainer is None:
             return
         self.drainer.stop()
-        report = self.drain(wait=True)
+        try:
+            report = self.drain()  # a drain another process of this host runs finishes it instead
+        except CasckptError as exc:
+            log.warning("closing the store: the drain of the fast tier failed (%s); `casckpt drain` "
+                        "or the next open on this host resumes it", exc)
+            return
         if report.error is not None:
             log.warning("closing the store: the fast tier %s could not drain everything (%s); "
                         "`casckpt drain` or the next open on this host resumes it",

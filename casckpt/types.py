@@ -27,6 +27,7 @@ from casckpt.reports import RebuildReport as RebuildReport
 from casckpt.reports import RepairReport as RepairReport
 from casckpt.reports import StoreStats as StoreStats
 from casckpt.reports import TierInfo as TierInfo
+from casckpt.reports import TierLoss as TierLoss
 from casckpt.reports import TierStatus as TierStatus
 
 ProgressCallback = Callable[[str, int, int], None]

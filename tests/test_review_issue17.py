@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import casckpt
-from casckpt.catalog.migrate import head_revision
 import casckpt.engine.background as background
+from casckpt.catalog.migrate import head_revision
 from casckpt.errors import CasckptError, CatalogError, SchemaTooNewError
 
 

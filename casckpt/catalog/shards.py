@@ -286,7 +286,8 @@ def degraded_candidates(catalog: Catalog, unreadable: Sequence[int]) -> list[str
     found = set(packs_to_repair(catalog))
     with catalog.read() as conn:
         found.update(conn.execute(
-            select(p.c.id).outerjoin(sh, sh.c.pack_id == p.c.id).group_by(p.c.id, p.c.k, p.c.m)
+            select(p.c.id).outerjoin(sh, sh.c.pack_id == p.c.id).where(p.c.state == "live")
+            .group_by(p.c.id, p.c.k, p.c.m)
             .having(func.count(sh.c.idx) < p.c.k + p.c.m)).scalars())
         if unreadable:
             found.update(conn.execute(
@@ -295,11 +296,13 @@ def degraded_candidates(catalog: Catalog, unreadable: Sequence[int]) -> list[str
 
 
 def scrub_order(catalog: Catalog) -> list[tuple[str, int]]:
-    """Every pack (id, size), least recently verified first (never verified before all)."""
+    """Every pack on the locations (id, size), least recently verified first (never verified
+    before all); packs still on a fast tier are not on the locations yet."""
     p = s.packs
     with catalog.read() as conn:
         return [(r[0], int(r[1])) for r in conn.execute(
-            select(p.c.id, p.c.size).order_by(p.c.verified_at.is_not(None), p.c.verified_at, p.c.id))]
+            select(p.c.id, p.c.size).where(p.c.state == "live")
+            .order_by(p.c.verified_at.is_not(None), p.c.verified_at, p.c.id))]
 
 
 def store_redundancy(catalog: Catalog) -> str | None:

@@ -67,15 +67,22 @@ def record_deps(conn: Connection, version_id: str, chunk_ids: Sequence[str]) -> 
     """Within a publishing transaction: record the ``fast`` packs ``chunk_ids`` lie in as the
     version's dependencies, and make it ``fast`` if there are any. Returns how many.
 
-    One indexed probe when the store has no fast pack at all (the usual case)."""
+    One indexed probe when the store has no fast pack at all; otherwise whichever is smaller
+    is matched against the other: the version's chunks, or the chunks waiting to drain."""
     p, c = s.packs, s.chunks
     if conn.execute(select(p.c.id).where(p.c.state == "fast").limit(1)).first() is None:
         return 0
+    in_fast = select(c.c.id, c.c.pack_id).join(p, p.c.id == c.c.pack_id).where(p.c.state == "fast")
+    waiting = conn.execute(select(func.count()).select_from(in_fast.subquery())).scalar_one()
     packs: set[str] = set()
-    for i in range(0, len(chunk_ids), _BATCH):
-        batch = list(chunk_ids[i : i + _BATCH])
-        packs.update(conn.execute(select(c.c.pack_id).join(p, p.c.id == c.c.pack_id).where(
-            c.c.id.in_(batch), p.c.state == "fast").distinct()).scalars())
+    if waiting <= len(chunk_ids):  # the chunks waiting to drain are the fewer: match them here
+        wanted = set(chunk_ids)
+        packs.update(pack for chunk, pack in conn.execute(in_fast) if chunk in wanted)
+    else:
+        for i in range(0, len(chunk_ids), _BATCH):
+            batch = list(chunk_ids[i : i + _BATCH])
+            packs.update(conn.execute(select(c.c.pack_id).join(p, p.c.id == c.c.pack_id).where(
+                c.c.id.in_(batch), p.c.state == "fast").distinct()).scalars())
     if packs:
         conn.execute(upsert(conn, s.tier_deps).on_conflict_do_nothing(
             index_elements=["version_id", "pack_id"]),

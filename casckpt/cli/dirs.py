@@ -58,7 +58,7 @@ def add(
     of any other file, are not stored again. `casckpt checkout` writes it back.
     """
     metrics = parse_metrics(metric)
-    with open_store(ctx) as store, progress_bars() as progress:
+    with open_store(ctx, drain=True) as store, progress_bars() as progress:
         version = store.add_dir(directory, run=run, step=step, metrics=metrics, message=message,
                                 tags=tuple(tag or ()), progress=progress)
     if as_json:

@@ -50,6 +50,7 @@ from casckpt.cli import history as history_cli
 from casckpt.cli import keys as keys_cli
 from casckpt.cli import retention as retention_cli
 from casckpt.cli import storage as storage_cli
+from casckpt.cli import tier as tier_cli
 from casckpt.cli import transfer as transfer_cli
 from casckpt.cli.export import check_target, export_safetensors
 from casckpt.cli.progress import progress_bars
@@ -69,6 +70,7 @@ from casckpt.cli.shared import EXIT_PROBLEMS as EXIT_PROBLEMS
 from casckpt.cli.shared import EXIT_USAGE as EXIT_USAGE
 from casckpt.cli.shared import (
     FLAG,
+    FastTierOption,
     JsonOption,
     KeyFileOption,
     RefArgument,
@@ -210,6 +212,7 @@ def _print_version(asked: bool) -> None:
 @app.callback()
 def _main(
     ctx: typer.Context, store: StoreOption = None, key_file: KeyFileOption = None,
+    fast_tier: FastTierOption = None,
     version: Annotated[bool, typer.Option(
         "--version", metavar=FLAG, callback=_print_version, is_eager=True,
         help="Print casckpt's version and exit.")] = False,
@@ -218,7 +221,7 @@ def _main(
         help="Open the store read-only: nothing in it is written; commands that write fail "
              "(exit 5). Automatic, with a warning, when the store cannot be written.")] = False,
 ) -> None:
-    ctx.obj = StoreChoice(store=store, key_file=key_file, read_only=read_only)
+    ctx.obj = StoreChoice(store=store, key_file=key_file, read_only=read_only, fast_tier=fast_tier)
 
 
 @app.command()
@@ -264,6 +267,15 @@ def init(
              "otherwise). See docs/guides/roles.md.")] = None,
     role_name: Annotated[str | None, typer.Option(
         help="The PostgreSQL role --print-grants grants to (default: casckpt_ROLE).")] = None,
+    fast_tier: Annotated[Path | None, typer.Option(
+        "--fast-tier", metavar="DIR", file_okay=False,
+        help="A directory on each host's fast local disk (recorded in casckpt.toml): commits "
+             "land there and drain to the locations in the background (see "
+             "docs/guides/fast-tier.md); default: casckpt --fast-tier / CASCKPT_FAST_TIER.")] = None,
+    fast_tier_bytes: Annotated[str | None, typer.Option(
+        "--fast-tier-bytes", metavar="SIZE",
+        help="The fast tier's budget, e.g. 200GiB (recorded; default: half its disk's free "
+             "space when opened).")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Create a store (does nothing to an existing one).
@@ -289,6 +301,10 @@ def init(
     if blobs is not None and location:
         raise typer.BadParameter("give either --blobs or --location, not both", param_hint="--location")
     places = parse_locations(location) if location else blobs
+    fast_tier = fast_tier or ctx.find_root().obj.fast_tier
+    if fast_tier_bytes is not None and fast_tier is None:
+        raise typer.BadParameter("a budget needs a fast tier: pass --fast-tier DIR too",
+                                 param_hint="--fast-tier-bytes")
     try:
         open_path(ctx, target, create=False, key_file=key_file).close()
     except NotAStoreError:
@@ -300,10 +316,15 @@ def init(
         s3 = {k: v for k, v in (("endpoint_url", s3_endpoint), ("region", s3_region),
                                 ("sse", sse), ("kms_key_id", kms_key_id)) if v is not None}
         with casckpt.open(target, create=True, blobs=places, catalog=catalog, s3=s3,
-                          redundancy=redundancy, key_file=key_file) as store:
+                          redundancy=redundancy, key_file=key_file, fast_tier=fast_tier,
+                          fast_tier_bytes=fast_tier_bytes) as store:
             render.out(f"Created an empty{' encrypted' if key_file else ''} casckpt store in {store.path}")
             if redundancy is not None or location:
                 render.out(f"redundancy {store.redundancy()} over {len(store.locations())} location(s)")
+            if fast_tier is not None:
+                budget = (render.human_bytes(store.tier_status().budget or 0) if fast_tier_bytes
+                          else "half its disk's free space")
+                render.out(f"fast tier {fast_tier.expanduser().resolve()} (budget {budget})")
         return
     render.out(f"A casckpt store already exists in {target}; left it as it is")
 
@@ -488,6 +509,7 @@ gc_cli.register(app)
 history_cli.register(app)
 retention_cli.register(app)
 storage_cli.register(app)
+tier_cli.register(app)
 transfer_cli.register(app)
 dirs_cli.register(app)
 keys_cli.register(app)

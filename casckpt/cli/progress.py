@@ -23,7 +23,7 @@ from rich.progress import (
 from casckpt.cli.render import human_bytes
 from casckpt.types import ProgressCallback
 
-_BYTE_PHASES = frozenset({"hash", "write", "read", "scan"})
+_BYTE_PHASES = frozenset({"hash", "write", "read", "scan", "drain"})
 """Phases whose ``done``/``total`` count bytes (see :data:`casckpt.types.ProgressCallback`)."""
 
 

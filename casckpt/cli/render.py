@@ -104,6 +104,11 @@ def short_value(value: object, width: int = _VALUE_WIDTH) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def table(*columns: str, right: Iterable[str] = ()) -> Table:
+    """An empty table of these columns in casckpt's style (``right``: right-aligned ones)."""
+    return _table(*columns, right=right)
+
+
 def _table(*columns: str, right: Iterable[str] = ()) -> Table:
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     right_aligned = set(right)
@@ -151,33 +156,57 @@ LOG_TABLE_ROWS = 200
 whole before printing it, seconds for thousands of rows."""
 
 
-def _log_row(v: Version) -> tuple[str, ...]:
-    return (v.short_id, v.run, str(v.step), local_time(v.created_at), human_bytes(v.logical_bytes),
-            human_bytes(v.new_bytes), human_bytes(v.stored_bytes), ",".join(v.tags),
-            _metrics(v.metrics), _first_line(v.message))
+_DURABILITY_AT = _LOG_COLUMNS.index("STEP") + 1
+"""Where a log shows the DURABILITY column: only when some version is not durable (with a
+fast tier, see ``Version.durability``), so a store without one logs as it always did."""
+
+
+def _log_columns(versions: list[Version]) -> tuple[str, ...]:
+    if all(v.durability == "durable" for v in versions):
+        return _LOG_COLUMNS
+    return (*_LOG_COLUMNS[:_DURABILITY_AT], "DURABILITY", *_LOG_COLUMNS[_DURABILITY_AT:])
+
+
+def _log_row(v: Version, durability: bool = False) -> tuple[str, ...]:
+    row = (v.short_id, v.run, str(v.step), local_time(v.created_at), human_bytes(v.logical_bytes),
+           human_bytes(v.new_bytes), human_bytes(v.stored_bytes), ",".join(v.tags),
+           _metrics(v.metrics), _first_line(v.message))
+    return (*row[:_DURABILITY_AT], v.durability, *row[_DURABILITY_AT:]) if durability else row
 
 
 def log_table(versions: Iterable[Version]) -> Table:
     """One row per version, in the order given (``Store.log`` gives newest first)."""
-    table = _table(*_LOG_COLUMNS, right=_LOG_RIGHT)
-    for v in versions:
-        table.add_row(*_log_row(v))
+    listed = list(versions)
+    columns = _log_columns(listed)
+    durability = len(columns) > len(_LOG_COLUMNS)
+    table = _table(*columns, right=_LOG_RIGHT)
+    for v in listed:
+        cells: list[str | Text] = list(_log_row(v, durability=durability))
+        if durability:
+            cells[_DURABILITY_AT] = _durability_cell(v.durability)
+        table.add_row(*cells)
     return table
+
+
+def _durability_cell(durability: str) -> Text:
+    return Text(durability, style={"lost": "bold red", "fast": "yellow"}.get(durability, ""))
 
 
 def stream_log(versions: Iterable[Version], batch: int = 1000) -> None:
     """The rows of :func:`log_table` as aligned text lines on stdout, a batch at a time: the
     columns of a table (three spaces apart, a rule under the head), not wrapped to the
     terminal."""
-    rows = [_log_row(v) for v in versions]
-    widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(_LOG_COLUMNS)]
-    right = [c in _LOG_RIGHT for c in _LOG_COLUMNS]
+    listed = list(versions)
+    columns = _log_columns(listed)
+    rows = [_log_row(v, durability=len(columns) > len(_LOG_COLUMNS)) for v in listed]
+    widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(columns)]
+    right = [c in _LOG_RIGHT for c in columns]
 
     def line(cells: Iterable[str]) -> str:
         return "   ".join(c.rjust(w) if r else c.ljust(w)
                           for c, w, r in zip(cells, widths, right, strict=True)).rstrip()
 
-    head = [line(_LOG_COLUMNS), "─" * (sum(widths) + 3 * (len(widths) - 1))]
+    head = [line(columns), "─" * (sum(widths) + 3 * (len(widths) - 1))]
     _write_lines(itertools.chain(head, (line(row) for row in rows)), batch)
 
 
@@ -196,6 +225,13 @@ def _sizes(v: Version) -> str:
     )
 
 
+_DURABILITY_NOTES = {
+    "fast": "fast: on the fast tier of the host that committed it, not drained to the "
+            "locations yet (`casckpt drain` there)",
+    "lost": "lost: its fast tier was lost before it drained; it cannot be restored",
+}
+
+
 def version_table(v: Version) -> Table:
     """Key/value rows describing one version."""
     table = Table.grid(padding=(0, 2))
@@ -211,6 +247,8 @@ def version_table(v: Version) -> Table:
         ("size", _sizes(v)),
         ("duration", f"{v.duration_s:.2f} s"),
     ]
+    if v.durability != "durable":
+        rows.append(("durability", _DURABILITY_NOTES.get(v.durability, v.durability)))
     if v.metrics:
         rows.append(("metrics", _metrics(v.metrics)))
     if v.metadata:

@@ -93,6 +93,18 @@ RefArgument = Annotated[
 ]
 
 
+FastTierOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--fast-tier",
+        metavar="DIR",
+        envvar="CASCKPT_FAST_TIER",
+        show_envvar=True,
+        help="This host's fast tier directory, instead of the one casckpt.toml records (see "
+             "docs/guides/fast-tier.md): `drain` drains it, `tier status` reports it.",
+        file_okay=False,
+    ),
+]
 KeyFileOption = Annotated[
     Path | None,
     typer.Option(
@@ -113,6 +125,7 @@ class StoreChoice:
     store: Path | None
     key_file: Path | None = None
     read_only: bool = False
+    fast_tier: Path | None = None
 
 
 def store_path(ctx: typer.Context) -> Path:
@@ -136,13 +149,20 @@ def read_only_asked(ctx: typer.Context) -> bool:
     return options.read_only
 
 
-def open_path(ctx: typer.Context, path: Path, **kwargs: Any) -> casckpt.Store:
-    """``casckpt.open(path, **kwargs)``, read-only under ``--read-only``; a store opened
-    read-only because it cannot be written says so once on stderr (the
-    :class:`~casckpt.errors.ReadOnlyStoreWarning`), as a line, not a Python warning."""
+def open_path(ctx: typer.Context, path: Path, *, drain: bool = False, **kwargs: Any) -> casckpt.Store:
+    """``casckpt.open(path, **kwargs)``, read-only under ``--read-only``, with the root's
+    ``--fast-tier``; a store opened read-only because it cannot be written says so once on
+    stderr (the :class:`~casckpt.errors.ReadOnlyStoreWarning`), as a line, not a Python warning.
+
+    ``drain``: whether the store drains its fast tier in the background and at close (for
+    commands that commit); otherwise a command leaves the tier to ``casckpt drain`` and the
+    processes that commit, so that looking at a store never uploads as a side effect.
+    """
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always", ReadOnlyStoreWarning)
         kwargs.setdefault("key_file", ctx.find_root().obj.key_file)
+        kwargs.setdefault("fast_tier", ctx.find_root().obj.fast_tier)
+        kwargs.setdefault("options", casckpt.Options(background_drain=drain))
         opened = casckpt.open(path, read_only=True if read_only_asked(ctx) else None, **kwargs)
     for warning in seen:
         if issubclass(warning.category, ReadOnlyStoreWarning):
@@ -153,8 +173,9 @@ def open_path(ctx: typer.Context, path: Path, **kwargs: Any) -> casckpt.Store:
 
 
 @contextmanager
-def open_store(ctx: typer.Context, *, recover: bool = False) -> Iterator[casckpt.Store]:
+def open_store(ctx: typer.Context, *, recover: bool = False,
+               drain: bool = False) -> Iterator[casckpt.Store]:
     """Open the existing store the command line names (see :func:`store_path` and
     :func:`open_path`); close it after."""
-    with open_path(ctx, store_path(ctx), create=False, recover=recover) as store:
+    with open_path(ctx, store_path(ctx), create=False, recover=recover, drain=drain) as store:
         yield store

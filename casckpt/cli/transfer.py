@@ -34,7 +34,7 @@ def import_checkpoint(
     validated before any tensor is read. See docs/guides/import-export.md for the state
     each kind becomes.
     """
-    with open_store(ctx) as store, progress_bars() as progress:
+    with open_store(ctx, drain=True) as store, progress_bars() as progress:
         version = store.import_checkpoint(file_or_dir, run=run, step=step, message=message,
                                           progress=progress)
     if as_json:

@@ -47,7 +47,10 @@ class Shortfall:
 
 def shortfall(ctx: EngineContext, layout: PackLayout) -> Shortfall | None:
     """What keeps ``layout`` below its scheme's redundancy (None: nothing). Locations this
-    process does not know yet (added meanwhile by another) are given the benefit of the doubt."""
+    process does not know yet (added meanwhile by another) are given the benefit of the doubt.
+    A pack still on a fast tier has no shards yet: it is waiting for its drain, not degraded."""
+    if layout.tier is not None:
+        return None
     problems: list[str] = []
     refused: list[str] = []
     for sh in layout.shards:

@@ -105,7 +105,9 @@ class Packer:
             path.unlink(missing_ok=True)
         record = PackRecord(layout, entries)
         self._record(record)
-        self._ctx.cache.put_many(_cache_items(record.id, record.entries))
+        if layout.tier is None:  # a fast-tier pack is found through the catalog until it drained:
+            # the cache is shared by every store handle of this host, whatever tier it uses
+            self._ctx.cache.put_many(_cache_items(record.id, record.entries))
         return record
 
     def finish(self) -> list[PackRecord]:

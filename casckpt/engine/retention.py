@@ -19,6 +19,8 @@ ties broken by the higher step.
   highest (``max``) value of ``metric``, ties broken by the higher step;
   versions without the metric are not eligible. Reason ``"best n by metric (mode)"``.
 - ``keep_tagged`` (default True): versions with any tag. Reason ``"tagged: a, b"``.
+- The newest durable version is kept while a newer version of the run is not durable (on
+  a fast tier, or lost with one). Reason ``"newest durable (...)"``.
 - Fork points: versions another run was forked from are always kept while
   that run has visible versions, or has none yet (a fresh fork is about to
   restore its fork point); once all its versions are deleted the fork point
@@ -46,6 +48,7 @@ from casckpt.errors import CatalogError, InvalidArgumentError
 from casckpt.types import RetentionDecision, RetentionPlan, RetentionPolicy, Version
 
 NO_POLICY = "no retention policy"
+NEWEST_DURABLE = "newest durable (newer versions are not drained from a fast tier)"
 
 _UNITS = (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([wdhms])\s*$")
@@ -319,7 +322,21 @@ def keep_reasons(versions: Sequence[Candidate], policy: RetentionPolicy | None,
         reasons[version_id].append(reason)
     for version_id, found in reasons.items():
         found.extend(f"fork point of run {child}" for child in sorted(forks.get(version_id, ())))
+    guard = _newest_durable(versions)
+    if guard is not None:
+        reasons[guard].append(NEWEST_DURABLE)
     return {k: tuple(v) for k, v in reasons.items()}
+
+
+def _newest_durable(versions: Sequence[Candidate]) -> str | None:
+    """The newest durable version, when a newer one is not durable yet (still on a fast tier,
+    or lost with one): a policy keeping only the newest versions would otherwise leave the run
+    nothing that survives the loss of that tier."""
+    ordered = sorted(versions, key=lambda v: v.step, reverse=True)
+    for v in ordered:
+        if getattr(v, "durability", "durable") == "durable":
+            return v.id if v is not ordered[0] else None
+    return None
 
 
 def decide(versions: Sequence[Version], policy: RetentionPolicy | None,

@@ -97,8 +97,6 @@ class FastTier:
         self.budget = budget
         self.keep_last = keep_last
         self.scratch = ScratchDir(directory.staging)
-        self.drained_bytes = 0  # by this process, for the drain rate
-        self.drain_seconds = 0.0
         self._wake: Callable[[], None] = lambda: None
         self._keep: dict[str, frozenset[str]] = {}  # version id -> packs it references (memo)
 
@@ -291,7 +289,8 @@ def drain(tier: FastTier, store_pack: Callable[[str, Path, int, Redundancy], Pac
             log.warning("the drain of fast tier %s stopped: %s (it resumes on the next drain)",
                         tier.dir.root, exc)
         seconds = time.monotonic() - started
-        tier.drain_seconds += seconds if report.packs else 0.0
+        if report.packs:
+            tier.dir.record_drain(report.bytes, seconds)
         try:
             report.evicted = tier.evict()
         except CasckptError as exc:
@@ -310,7 +309,7 @@ def _drain_packs(tier: FastTier, store_pack: Callable[[str, Path, int, Redundanc
         lease = begin_lease(tier.catalog)  # gc deletes none of the objects being written
         try:
             try:
-                copy = tier.dir.linked_copy(pack.id, tier.scratch.path())
+                copy = tier.dir.copy_of(pack.id, tier.scratch.path())
             except BlobNotFoundError:
                 report.lost_packs.append(pack.id)
                 continue
@@ -321,7 +320,6 @@ def _drain_packs(tier: FastTier, store_pack: Callable[[str, Path, int, Redundanc
             if sql.record_drained(tier.catalog, layout):
                 report.packs += 1
                 report.bytes += pack.size
-                tier.drained_bytes += pack.size
         finally:
             end_lease(tier.catalog, lease)
         if progress is not None:

@@ -27,7 +27,8 @@ def tier_status(catalog: Catalog, tier: FastTier | None) -> TierStatus:
     if tier is None:
         return status
     held = tier.dir.resident()
+    drained, seconds = tier.dir.drain_totals()
     return TierStatus(status.durable_bytes, status.versions, status.not_durable, status.tiers,
                       local_path=str(tier.dir.root), budget=tier.budget,
                       held_bytes=sum(r.size for r in held), held_packs=len(held),
-                      drained_bytes=tier.drained_bytes, drain_seconds=tier.drain_seconds)
+                      drained_bytes=drained, drain_seconds=seconds)

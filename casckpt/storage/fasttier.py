@@ -8,6 +8,7 @@ Layout under ``<dir>/<store id>/`` (one directory can serve several stores)::
     manifests/<version id>  manifests of versions committed here
     tmp/, staging/          objects being written, packs being filled (scratch, see scratch.py)
     drain.lock              flock held by the one process draining this tier at a time
+    drain-stats             what every drain moved and how long it took (the drain rate)
 
 Packs are written by rename after fsync (:class:`LocalBlobStore`), read by range, and kept
 in least-recently-used order by their mtime: a read touches it (at most every
@@ -19,10 +20,10 @@ reader is read from the locations instead (it is drained, or it would not be evi
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import os
+import shutil
 import threading
 import time
 import uuid
@@ -36,6 +37,7 @@ from casckpt.format import keys
 from casckpt.storage.local import LocalBlobStore, fsync_dir
 
 IDENTITY = "casckpt-tier"
+_STATS = "drain-stats"  # JSON: bytes and seconds of every drain so far (the drain rate)
 TOUCH_S = 10.0  # a pack read more often than this is touched once (its mtime is its LRU age)
 
 
@@ -170,29 +172,26 @@ class FastTierDir:
         with suppress(OSError):  # evicted meanwhile: nothing to age
             os.utime(self.pack_path(pack_id))
 
-    def linked_copy(self, pack_id: str, into: Path) -> Path:
-        """A file in directory ``into`` with the pack's bytes that a blob store may consume
-        (a hard link; a copy where links cannot be made), the held pack staying here.
+    def copy_of(self, pack_id: str, into: Path) -> Path:
+        """A copy of the pack in directory ``into``, for a blob store to consume. Never a hard
+        link: a local location would then share the tier's inode, and one bad write or bit
+        flip would damage both copies.
 
         Raises:
             BlobNotFoundError: the pack is not here.
+            StorageError: the copy cannot be made.
         """
-        source, target = self.pack_path(pack_id), into / f"{uuid.uuid4().hex}.drain"
+        target = into / f"{uuid.uuid4().hex}.drain"
         try:
-            os.link(source, target)
-            return target
-        except FileNotFoundError:
-            raise BlobNotFoundError(f"pack {pack_id} is not on the fast tier {self.root}") from None
-        except OSError as exc:
-            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
-                raise StorageError(f"cannot link pack {pack_id} for its drain: {exc}") from exc
-        try:
-            with open(source, "rb") as src, open(target, "wb") as dst:
-                while block := src.read(1 << 22):
-                    dst.write(block)
+            shutil.copyfile(self.pack_path(pack_id), target)
         except FileNotFoundError:
             target.unlink(missing_ok=True)
-            raise BlobNotFoundError(f"pack {pack_id} is not on the fast tier {self.root}") from None
+            if not self.holds(pack_id):
+                raise BlobNotFoundError(f"pack {pack_id} is not on the fast tier {self.root}") from None
+            raise StorageError(f"cannot copy pack {pack_id} for its drain into {into}") from None
+        except OSError as exc:
+            target.unlink(missing_ok=True)
+            raise StorageError(f"cannot copy pack {pack_id} for its drain into {into}: {exc}") from exc
         return target
 
     def evict(self, pack_id: str) -> int:
@@ -276,6 +275,23 @@ class FastTierDir:
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
+
+    def record_drain(self, nbytes: int, seconds: float) -> None:
+        """Add a drain's bytes and time to ``drain-stats`` (call holding the drain lock): the
+        tier's drain rate, for every process of the host."""
+        totals = self.drain_totals()
+        record = {"bytes": totals[0] + nbytes, "seconds": totals[1] + seconds, "last_at": time.time(),
+                  "last_bytes": nbytes, "last_seconds": seconds}
+        with suppress(StorageError):  # statistics: never worth failing a drain over
+            self.blobs.put(_STATS, json.dumps(record, sort_keys=True).encode())
+
+    def drain_totals(self) -> tuple[int, float]:
+        """(bytes, seconds) every drain of this tier recorded."""
+        try:
+            record = json.loads(self.blobs.get(_STATS, max_size=4096))
+            return int(record["bytes"]), float(record["seconds"])
+        except (StorageError, ValueError, KeyError, TypeError):
+            return 0, 0.0
 
     def close(self) -> None:
         """Release the scratch directory."""

@@ -1,0 +1,418 @@
+"""The fast tier (issue 20): commits land on local disk, drain to the locations, and every
+version says how durable it is. Fault injection and many processes: test_tier_faults.py."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+
+import casckpt
+from casckpt.config import parse_size
+from casckpt.errors import (
+    CommitBackpressureError,
+    DrainTimeoutError,
+    IntegrityError,
+    InvalidArgumentError,
+    VersionLostError,
+    VersionNotDurableError,
+)
+from casckpt.testing.internals import internals
+
+MiB = 1 << 20
+
+
+def _state(seed: int, n: int = 3) -> dict[str, object]:
+    g = torch.Generator().manual_seed(seed)
+    return {f"w{i}": torch.randn(256, 1024, generator=g) for i in range(n)} | {"step": seed}
+
+
+def _same(a: dict[str, object], b: dict[str, object]) -> bool:
+    return a.keys() == b.keys() and all(
+        torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
+
+
+def _open(tmp: Path, fast: str = "fast", **kw: object) -> casckpt.Store:
+    kw.setdefault("pack_size", MiB)
+    kw.setdefault("fast_tier_bytes", "64MiB")
+    return casckpt.open(tmp / "store", blobs=[str(tmp / "durable")], fast_tier=str(tmp / fast), **kw)
+
+
+def _tier_root(store: casckpt.Store) -> Path:
+    path = store.tier_status().local_path
+    assert path is not None
+    return Path(path)
+
+
+@contextmanager
+def _drain_held(store: casckpt.Store) -> Iterator[None]:
+    """Hold the tier's drain lock, as another process draining it would: nothing drains."""
+    fd = os.open(_tier_root(store) / "drain.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _durable_packs(tmp: Path) -> set[str]:
+    return {p.name for p in (tmp / "durable" / "packs").glob("*/*")}
+
+
+def test_commit_is_fast_then_drains_durable(tmp_path: Path) -> None:
+    state = _state(1)
+    with _open(tmp_path) as store:
+        with _drain_held(store):
+            v = store.commit(state, run="r", step=1)
+            assert v.durability == "fast"
+            assert store.resolve("r@1").durability == "fast"
+            assert _durable_packs(tmp_path) == set()  # nothing remote yet
+            held = {p.name for p in (_tier_root(store) / "packs").glob("*/*")}
+            assert held and store.tier_status().tiers[0].undrained_packs == len(held)
+            assert not (tmp_path / "durable" / "manifests" / v.id).exists()
+            with pytest.raises(DrainTimeoutError):
+                store.wait_durable(v, timeout=0.2)
+        store.wait_durable(timeout=30)
+        assert store.resolve("r@1").durability == "durable"
+        assert _durable_packs(tmp_path) == held
+        assert (tmp_path / "durable" / "manifests" / v.id).is_file()
+        status = store.tier_status()
+        assert status.versions == {"durable": 1} and status.not_durable == ()
+        assert status.tiers[0].undrained_bytes == 0 and status.durable_bytes > 0
+        assert _same(store.restore("r@1"), state)
+        assert store.check(read_data=True).ok
+
+
+def test_durable_true_returns_a_durable_version(tmp_path: Path) -> None:
+    with _open(tmp_path) as store:
+        v = store.commit(_state(2), run="r", step=1, durable=True)
+        assert v.durability == "durable" == store.resolve(v.id).durability
+        with pytest.raises(InvalidArgumentError):
+            store.commit(_state(3), run="r", step=2, block=False, durable=True)
+
+
+def test_restart_on_the_same_host_reads_nothing_remote(tmp_path: Path) -> None:
+    state = _state(3)
+    with _open(tmp_path) as store:
+        store.commit(state, run="r", step=1, durable=True)
+    hidden = tmp_path / "hidden-packs"
+    (tmp_path / "durable" / "packs").rename(hidden)  # the remote packs are out of reach
+    try:
+        with _open(tmp_path) as store:
+            assert _same(store.restore("r@latest"), state)
+            assert torch.equal(store.load_tensor("r@1", "w1"), state["w1"])  # type: ignore[arg-type]
+    finally:
+        hidden.rename(tmp_path / "durable" / "packs")
+
+
+def test_a_host_with_an_empty_tier_reads_the_locations(tmp_path: Path) -> None:
+    state = _state(4)
+    with _open(tmp_path) as store:
+        store.commit(state, run="r", step=1, durable=True)
+    with _open(tmp_path, fast="other") as store:
+        assert _same(store.restore("r@1"), state)
+        assert store.tier_status().held_packs == 0  # reads are not copied onto the tier
+
+
+def test_close_drains_what_is_left(tmp_path: Path) -> None:
+    with _open(tmp_path) as store:
+        v = store.commit(_state(5), run="r", step=1)
+    with casckpt.open(tmp_path / "store") as store:  # no tier: the drain finished at close
+        assert store.resolve(v.id).durability == "durable"
+        assert store.check(read_data=True).ok
+
+
+def test_wiped_tier_loses_only_what_had_not_drained(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    first, second, third = _state(6), _state(7), _state(8)
+    store = _open(tmp_path)
+    store.commit(first, run="r", step=1, durable=True)
+    with _drain_held(store):
+        store.commit(second, run="r", step=2)
+        v3 = store.commit(third, run="r", step=3)
+        store.close()  # the drain is busy (another process, as far as close can tell)
+    shutil.rmtree(tmp_path / "fast")  # the disk is wiped before anything drained
+    with caplog.at_level(logging.WARNING), _open(tmp_path) as store:
+        assert "lost" in caplog.text and v3.id[:12] in caplog.text
+        durability = {v.step: v.durability for v in store.log("r")}
+        assert durability == {1: "durable", 2: "lost", 3: "lost"}
+        with pytest.raises(VersionLostError):
+            store.restore("r@3")
+        with pytest.raises(VersionLostError):
+            store.load_tensor("r@2", "w0")
+        caplog.clear()
+        assert store.resolve("r@latest").step == 1  # skipped, with a warning
+        assert "skips 2 version(s)" in caplog.text
+        assert _same(store.restore("r@latest"), first)
+        again = store.commit(third, run="r", step=4, durable=True)  # lost chunks written again
+        assert again.durability == "durable"
+        assert _same(store.restore("r@4"), third)
+        assert store.tier_status().versions == {"durable": 2, "lost": 2}
+        assert [a.action for a in store.audit(action="tier.lost")] == ["tier.lost"]
+
+
+def test_a_pack_gone_from_its_tier_before_the_drain_is_lost(tmp_path: Path) -> None:
+    with _open(tmp_path) as store:
+        base = store.commit(_state(9), run="r", step=1, durable=True)
+        with _drain_held(store):
+            v = store.commit(_state(10), run="r", step=2)
+            for pack in (_tier_root(store) / "packs").glob("*/*"):
+                if pack.name not in _durable_packs(tmp_path):
+                    pack.unlink()
+        report = store.drain()
+        assert report.lost_versions == (v.id,) and report.lost_packs
+        assert store.resolve(v.id).durability == "lost"
+        assert store.resolve("r@latest").id == base.id
+
+
+def test_budget_evicts_drained_packs_least_recently_used(tmp_path: Path) -> None:
+    states = [_state(20 + i) for i in range(4)]  # 3 MiB each, in 1 MiB packs
+    with _open(tmp_path, fast_tier_bytes=7 * MiB, keep_fast_last=1) as store:
+        versions = [store.commit(s, run="r", step=i, durable=True) for i, s in enumerate(states)]
+        store.drain()
+        status = store.tier_status()
+        assert status.held_bytes <= status.budget == 7 * MiB  # type: ignore[operator]
+        held = {p.name for p in (_tier_root(store) / "packs").glob("*/*")}
+        newest = _packs_of(store, versions[-1].id)
+        assert newest <= held  # keep_fast_last keeps the newest version resident
+        assert not _packs_of(store, versions[0].id) & held  # the oldest went first
+        for v, s in zip(versions, states, strict=True):  # evicted packs come from the locations
+            assert _same(store.restore(v), s)
+
+
+def _packs_of(store: casckpt.Store, version_id: str) -> set[str]:
+    from casckpt.catalog import gc as gc_sql
+    from casckpt.engine import trees
+    from casckpt.engine.gc import references
+
+    core = internals(store).context
+    ids: set[str] = set()
+    for batch in gc_sql.manifest_batches(core.catalog, [version_id]):
+        for row in batch:
+            ids |= {c.hex() for c in references(row, trees.StoreNodes(core.catalog), set())}
+    return {loc.pack_id for loc in core.catalog.find_chunks(ids, live_only=False).values()}
+
+
+def test_packs_not_drained_are_never_evicted_and_backpressure_raises(tmp_path: Path) -> None:
+    with _open(tmp_path, fast_tier_bytes=4 * MiB, backpressure="raise") as store:
+        with _drain_held(store):
+            store.commit(_state(30), run="r", step=1)  # 3 MiB: fits
+            before = {p.name for p in (_tier_root(store) / "packs").glob("*/*")}
+            with pytest.raises(CommitBackpressureError, match="fast_tier_bytes"):
+                store.commit(_state(31), run="r", step=2)
+            assert before <= {p.name for p in (_tier_root(store) / "packs").glob("*/*")}
+        store.wait_durable(timeout=30)
+        store.commit(_state(31), run="r", step=2, durable=True)  # room again once drained
+        assert store.check(read_data=True).ok
+
+
+def test_backpressure_block_waits_for_the_drain(tmp_path: Path) -> None:
+    with _open(tmp_path, fast_tier_bytes=4 * MiB) as store:
+        held, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with _drain_held(store):
+                held.set()
+                release.wait()
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        held.wait()
+        store.commit(_state(32), run="r", step=1)  # 3 MiB: fits
+        threading.Timer(1.0, release.set).start()
+        started = time.monotonic()
+        v = store.commit(_state(33), run="r", step=2)  # waits until the drain made room
+        assert time.monotonic() - started >= 0.9
+        holder.join()
+        store.wait_durable(timeout=30)
+        assert _same(store.restore(v), _state(33))
+
+
+def test_gc_leaves_fast_packs_alone(tmp_path: Path) -> None:
+    state = _state(40)
+    with _open(tmp_path) as store:
+        old = store.commit(_state(41), run="old", step=1, durable=True)
+        with _drain_held(store):
+            v = store.commit(state, run="r", step=1)
+            store.delete(old.id)
+            store.gc(grace=0)
+            assert _same(store.restore(v), state)
+        store.wait_durable(timeout=30)
+        store.gc(grace=0)
+        assert _same(store.restore(v), state)
+        assert store.check(read_data=True).ok
+
+
+def test_another_tier_cannot_read_a_fast_version_until_it_drains(tmp_path: Path) -> None:
+    state = _state(50)
+    with _open(tmp_path) as a, _open(tmp_path, fast="b-tier") as b:
+        with _drain_held(a):
+            v = a.commit(state, run="r", step=1)
+            with pytest.raises(VersionNotDurableError, match="not drained"):
+                b.restore(v)
+            with pytest.raises(VersionNotDurableError):
+                b.load_tensor(v, "w0")
+            with pytest.raises(casckpt.errors.RefNotFoundError):
+                b.resolve("r@latest")  # nothing of r is restorable on b yet
+            b_own = b.commit(state, run="s", step=1)  # never dedups against a's undrained packs
+            assert b_own.new_bytes == v.new_bytes
+        b.wait_durable(v, timeout=30)  # a's worker drains it once the lock is free
+        assert _same(b.restore(v), state)
+
+
+def test_a_damaged_tier_copy_of_a_drained_pack_is_read_from_the_locations(tmp_path: Path) -> None:
+    state = _state(60)
+    with _open(tmp_path) as store:
+        store.commit(state, run="r", step=1, durable=True)
+        pack = max((_tier_root(store) / "packs").glob("*/*"), key=lambda p: p.stat().st_size)
+        with open(pack, "r+b") as f:  # the largest: a tensor's chunks (not a small node pack)
+            f.seek(200)
+            f.write(b"\xff" * 64)
+        assert _same(store.restore("r@1"), state)
+        assert not pack.exists()  # the damaged copy was evicted
+
+
+def test_a_damaged_tier_copy_of_an_undrained_pack_is_refused(tmp_path: Path) -> None:
+    with _open(tmp_path) as store, _drain_held(store):
+        store.commit(_state(61), run="r", step=1)
+        for pack in (_tier_root(store) / "packs").glob("*/*"):
+            with open(pack, "r+b") as f:
+                f.seek(200)
+                f.write(b"\xff" * 64)
+        with pytest.raises(IntegrityError):
+            store.restore("r@1")
+
+
+def test_the_config_file_records_the_tier(tmp_path: Path) -> None:
+    with _open(tmp_path, fast_tier_bytes="5MiB", keep_fast_last=2) as store:
+        store.commit(_state(70), run="r", step=1)
+    text = (tmp_path / "store" / "casckpt.toml").read_text()
+    assert "fast_tier = " in text and "fast_tier_bytes = 5242880" in text and "keep_fast_last = 2" in text
+    with casckpt.open(tmp_path / "store") as store:  # the recorded tier, without arguments
+        status = store.tier_status()
+        assert status.budget == 5 * MiB and status.local_path is not None
+
+
+def test_a_read_only_store_uses_the_tier_and_writes_nothing(tmp_path: Path) -> None:
+    state = _state(80)
+    with _open(tmp_path) as store:
+        store.commit(state, run="r", step=1, durable=True)
+    with _open(tmp_path, read_only=True) as store:
+        assert _same(store.restore("r@1"), state)
+        with pytest.raises(casckpt.errors.ReadOnlyStoreError):
+            store.drain()
+
+
+@pytest.mark.parametrize("bad", [0, -1, "lots", "5 XB", True, 1.5])
+def test_bad_budgets_are_refused(tmp_path: Path, bad: object) -> None:
+    with pytest.raises(InvalidArgumentError, match="fast_tier_bytes"):
+        casckpt.open(tmp_path / "s", fast_tier=str(tmp_path / "f"), fast_tier_bytes=bad)  # type: ignore[arg-type]
+    assert not (tmp_path / "s").exists()
+
+
+def test_sizes_parse() -> None:
+    assert parse_size("200GiB", "x") == 200 << 30
+    assert parse_size("1.5 TB", "x") == 1_500_000_000_000
+    assert parse_size("4096", "x") == parse_size(4096, "x") == 4096
+    assert parse_size("64mib", "x") == 64 * MiB
+
+
+def test_a_store_without_a_tier_cannot_drain(tmp_path: Path) -> None:
+    with casckpt.open(tmp_path / "s") as store:
+        store.commit(_state(90), run="r", step=1)
+        assert store.resolve("r@1").durability == "durable"
+        store.wait_durable()  # nothing to wait for
+        with pytest.raises(InvalidArgumentError, match="without a fast tier"):
+            store.drain()
+
+
+def test_retention_keeps_the_newest_durable_version_while_newer_ones_are_fast(tmp_path: Path) -> None:
+    with _open(tmp_path) as store:
+        store.set_retention("r", keep_last=1)
+        first = store.commit(_state(100), run="r", step=1, durable=True)
+        with _drain_held(store):
+            second = store.commit(_state(101), run="r", step=2)
+            (plan,) = store.plan_retention("r")
+            kept = {d.version.id: d.reasons for d in plan.decisions if d.keep}
+            assert set(kept) == {first.id, second.id}
+            assert any("newest durable" in r for r in kept[first.id])
+            store.gc(grace=0)
+            assert _same(store.restore(first), _state(100))
+        store.wait_durable(timeout=30)
+        (plan,) = store.plan_retention("r")  # once drained, the policy alone decides
+        assert {d.version.id for d in plan.decisions if d.keep} == {second.id}
+
+
+def test_an_encrypted_store_seals_what_drains(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    casckpt.generate_key_file(key)
+    state = _state(110)
+    with _open(tmp_path, key_file=str(key)) as store:
+        v = store.commit(state, run="r", step=1, durable=True)
+        held = {p.name for p in (_tier_root(store) / "packs").glob("*/*")}
+        assert held and held == _durable_packs(tmp_path)
+    for pack in (tmp_path / "durable" / "packs").glob("*/*"):  # sealed on the location
+        assert pack.read_bytes() != (tmp_path / "fast").glob(f"*/packs/*/{pack.name}").__next__().read_bytes()
+    with _open(tmp_path, fast="other", key_file=str(key)) as store:
+        assert _same(store.restore(v), state)
+
+
+def test_the_drain_rate_is_kept_for_every_process_of_the_host(tmp_path: Path) -> None:
+    with _open(tmp_path) as store:
+        store.commit(_state(120), run="r", step=1, durable=True)
+    with _open(tmp_path) as store:  # another process, as far as the numbers go
+        status = store.tier_status()
+        assert status.drained_bytes > 3 * MiB and status.drain_rate is not None
+        assert status.drain_rate > 0
+
+
+def _pack_files(store: casckpt.Store) -> dict[str, Path]:
+    return {p.name: p for p in (_tier_root(store) / "packs").glob("*/*")}
+
+
+def test_a_version_reusing_undrained_chunks_waits_on_their_packs(tmp_path: Path) -> None:
+    """Dependencies are every fast pack a version's chunks lie in, not only those it wrote:
+    losing the first commit's packs loses the second, which reused its unchanged chunks."""
+    from casckpt.catalog import tiers as tier_sql
+
+    first = _state(130)
+    second = dict(first) | {"w0": torch.zeros(256, 1024)}
+    with _open(tmp_path) as store:
+        with _drain_held(store):
+            v1 = store.commit(first, run="r", step=1)
+            v1_packs = set(_pack_files(store))
+            v2 = store.commit(second, run="r", step=2)
+            catalog = internals(store).context.catalog
+            v2_packs = set(_pack_files(store)) - v1_packs
+            assert sum(tier_sql.waiting_on(catalog, v2.id).values()) > len(v2_packs)
+            for name in v1_packs:
+                _pack_files(store)[name].unlink()
+        store.drain()  # this drain, or the worker's before it, finds v1's packs gone
+        durability = {v.id: v.durability for v in store.log("r")}
+        assert durability[v1.id] == durability[v2.id] == "lost"
+        assert set(_durable_packs(tmp_path)) == v2_packs  # what was there still drained
+
+
+def test_a_small_change_to_a_large_durable_state_depends_only_on_its_new_pack(tmp_path: Path) -> None:
+    from casckpt.catalog import tiers as tier_sql
+
+    big = _state(140, n=24)
+    with _open(tmp_path) as store:
+        store.commit(big, run="r", step=1, durable=True)
+        with _drain_held(store):
+            changed = dict(big) | {"w5": torch.ones(256, 1024)}
+            v2 = store.commit(changed, run="r", step=2)
+            catalog = internals(store).context.catalog
+            new_packs = set(_pack_files(store)) - _durable_packs(tmp_path)
+            assert sum(tier_sql.waiting_on(catalog, v2.id).values()) == len(new_packs) >= 1
+        store.wait_durable(v2, timeout=30)
+        assert _same(store.restore(v2), changed)
