@@ -309,10 +309,11 @@ def test_a_drain_stopped_early_still_records_the_packs_it_found_lost(
     with _open(tmp_path, s3) as store:
         v0 = store.commit(state("r", 0), run="r", step=0)
         store.commit(state("r", 1), run="r", step=1)
-        catalog = _catalog(store)
-        first, *rest = tier_sql.fast_packs(catalog, store._core.tier.id)
+        catalog, tier = _catalog(store), store._core.tier
+        assert tier is not None
+        first, *rest = tier_sql.fast_packs(catalog, tier.id)
         assert len(rest) >= 2
-        store._core.tier.dir.evict(first.id)  # gone from the tier before it drained
+        tier.dir.evict(first.id)  # gone from the tier before it drained
         stop = threading.Event()
         report = store._core.drain(stop=stop, progress=lambda *_: stop.set())
         assert report.lost_packs == (first.id,) and report.packs == 1
