@@ -416,3 +416,15 @@ def test_a_small_change_to_a_large_durable_state_depends_only_on_its_new_pack(tm
             assert sum(tier_sql.waiting_on(catalog, v2.id).values()) == len(new_packs) >= 1
         store.wait_durable(v2, timeout=30)
         assert _same(store.restore(v2), changed)
+
+
+def test_a_process_whose_tier_was_declared_lost_writes_to_the_locations(tmp_path: Path) -> None:
+    from casckpt.engine.tier import forget_tier
+
+    with _open(tmp_path) as store:
+        catalog = internals(store).context.catalog
+        forget_tier(catalog, store.tier_status().tiers[0].id)  # another process found it wiped
+        v = store.commit(_state(150), run="r", step=1)
+        assert _durable_packs(tmp_path)  # straight to the locations
+        store.wait_durable(v, timeout=30)
+        assert _same(store.restore(v), _state(150))

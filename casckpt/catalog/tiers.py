@@ -300,3 +300,10 @@ def durable_bytes(catalog: Catalog) -> int:
     with catalog.read() as conn:
         return int(conn.execute(select(func.coalesce(func.sum(s.packs.c.size), 0))
                                 .where(s.packs.c.state == "live")).scalar_one())
+
+
+def tier_state(catalog: Catalog, tier_id: str) -> str | None:
+    """``active``, ``lost``, or None for a tier the catalog does not know."""
+    with catalog.read() as conn:
+        state: str | None = conn.execute(select(s.tiers.c.state).where(s.tiers.c.id == tier_id)).scalar()
+    return state

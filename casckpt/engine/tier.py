@@ -103,6 +103,7 @@ class FastTier:
         self.scratch = ScratchDir(directory.staging)
         self._wake: Callable[[], None] = lambda: None
         self._keep: dict[str, frozenset[str]] = {}  # version id -> packs it references (memo)
+        self._lost_warned = False
 
     def __repr__(self) -> str:
         return f"FastTier({self.id}, {str(self.dir.root)!r})"
@@ -127,6 +128,13 @@ class FastTier:
             CommitBackpressureError: the packs not yet drained fill the budget and
                 ``backpressure`` is ``"raise"``.
         """
+        if sql.tier_state(self.catalog, self.id) != "active":
+            if not self._lost_warned:
+                log.warning("fast tier %s was declared lost (by another process that found it "
+                            "wiped, or by hand); this process's packs go straight to the locations",
+                            self.dir.root)
+                self._lost_warned = True
+            return None
         self._make_room(size, backpressure)
         try:
             self.dir.put_pack(pack_id, path)
