@@ -24,9 +24,12 @@ from casckpt.errors import CasckptError
 from casckpt.options import Options
 from casckpt.run import Run
 from casckpt.types import (
+    Advice,
     AuditEntry,
     CheckProblem,
     CheckReport,
+    DrillReport,
+    DrillResult,
     KeyInfo,
     MigrationReport,
     RetentionPolicy,
@@ -194,12 +197,15 @@ def open(  # noqa: A001 - the documented name of the entry point
 
 
 __all__ = [
+    "Advice",
     "AuditEntry",
     "BlobLocation",
     "CasckptError",
     "CheckProblem",
     "CommitHandle",
     "CheckReport",
+    "DrillReport",
+    "DrillResult",
     "KeyInfo",
     "MigrationReport",
     "Options",

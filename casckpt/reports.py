@@ -1,5 +1,5 @@
 """What the storage-administration calls of :class:`casckpt.Store` report: space, check,
-locations, repair, catalog rebuild, tree migration.
+locations, repair, catalog rebuild, tree migration, restore drills, interval advice.
 
 Frozen, slotted dataclasses like every public value type (see :mod:`casckpt.types`, which
 re-exports them: ``from casckpt.types import CheckReport`` keeps working).
@@ -326,3 +326,88 @@ class TierLoss(ToDict):
     path: str
     packs: tuple[str, ...]
     versions: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DrillResult(ToDict):
+    """One version a restore drill read back (``Store.drill``, ``Store.drill_history``).
+
+    Attributes:
+        drill_id: the drill run it belongs to (every version of one ``Store.drill`` call
+            shares it).
+        at: when the version's restore started, UTC epoch seconds.
+        version_id, run, step: the version.
+        bytes: its tensor bytes (``Version.logical_bytes``): what the drill read back when ok.
+        seconds: how long the restore took (into memory, every byte verified), or failed after.
+        ok: it restored whole.
+        error: why not (the typed error's message), None when ok.
+    """
+
+    drill_id: str
+    at: float
+    version_id: str
+    run: str
+    step: int
+    bytes: int
+    seconds: float
+    ok: bool
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DrillReport(ToDict):
+    """What one restore drill found (``Store.drill``, ``casckpt drill``).
+
+    ``recorded``: the results are in the catalog's ``drills`` table (``Store.drill_history``);
+    False when the store is read-only (the drill ran, nothing was written).
+    """
+
+    drill_id: str
+    results: tuple[DrillResult, ...]
+    recorded: bool = True
+
+    @property
+    def ok(self) -> bool:
+        """Every version drilled restored."""
+        return all(r.ok for r in self.results)
+
+    @property
+    def failed(self) -> tuple[DrillResult, ...]:
+        """The versions that did not restore."""
+        return tuple(r for r in self.results if not r.ok)
+
+
+@dataclass(frozen=True, slots=True)
+class Advice(ToDict):
+    """The checkpoint interval advised for a run (``Store.advise``, ``casckpt advise``).
+
+    Inputs, measured: ``checkpoint_cost_s`` (C: median training-visible stall of the run's
+    recent commits, ``Version.stall_s``), ``restore_s`` (median seconds of the run's successful
+    drill restores, or of one restore measured now: ``restore_source`` is ``"drills"`` or
+    ``"measured"``), ``restart_s`` (given; R = ``restore_s + restart_s``), ``mtbf_s`` (M:
+    given). ``current_interval_s`` / ``current_interval_steps``: median time and
+    step difference between consecutive commits; ``step_rate``: steps per second over them.
+
+    Advice: ``advised_interval_s`` (Daly's higher-order optimum), ``young_interval_s``
+    (Young's sqrt(2CM)), ``advised_interval_steps`` (the advised interval at the step rate,
+    at least 1). ``expected_overhead`` (fraction of wall time lost to checkpoints and to
+    failures, C/tau + (tau/2 + R)/M) and ``expected_lost_work_s`` (per failure, tau/2 + R):
+    each ``{"current": ..., "advised": ...}``. docs/guides/drills-and-intervals.md has the
+    formulas and their assumptions.
+    """
+
+    run: str
+    checkpoint_cost_s: float
+    restore_s: float
+    restore_source: str
+    restart_s: float
+    mtbf_s: float
+    advised_interval_s: float
+    young_interval_s: float
+    advised_interval_steps: int
+    current_interval_s: float
+    current_interval_steps: float
+    step_rate: float
+    expected_overhead: Mapping[str, float]
+    expected_lost_work_s: Mapping[str, float]
+    commits: int

@@ -40,12 +40,16 @@ from casckpt.storage.locations import LocationSet
 from casckpt.store_admin import StoreAdmin
 from casckpt.store_core import Ref, StoreCore
 from casckpt.store_distributed import StoreDistributed
+from casckpt.store_drills import Duration, StoreDrills
 from casckpt.store_queries import StoreQueries
 from casckpt.store_retention import StoreRetention
 from casckpt.types import (
+    Advice,
     AuditEntry,
     CheckReport,
     DrainReport,
+    DrillReport,
+    DrillResult,
     GCReport,
     KeyInfo,
     LocationInfo,
@@ -100,6 +104,7 @@ class Store:
         self._retention = StoreRetention(self._core)
         self._admin = StoreAdmin(self._core)
         self._distributed = StoreDistributed(self._core)
+        self._drills = StoreDrills(self._core)
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -948,6 +953,64 @@ class Store:
             InvalidArgumentError: a bad bound, filter or limit.
         """
         return self._queries.audit(since=since, until=until, action=action, target=target, limit=limit)
+
+    def drill(self, runs: str | Iterable[str] | None = None, count: int = 3, seed: int | None = None,
+              progress: ProgressCallback | None = None) -> DrillReport:
+        """A restore drill: read versions back as a restart would, and record what happened.
+
+        Picks the latest version of each run in ``runs`` (every run: None), then random older
+        visible versions (``seed``: a repeatable choice) up to ``count`` in all, and restores
+        each one into memory through the verified path :meth:`restore` takes (every byte
+        checked against its id; nothing written to disk), timing it. A version that does not
+        restore -- damaged or missing data, a lost version, one not drained from a fast tier
+        yet -- is a failed result with the error's message; the drill goes on to the next.
+
+        The results go to the catalog's ``drills`` table in one transaction, with a ``drill``
+        row in the audit trail (:meth:`drill_history` reads them); a read-only store drills
+        and records nothing (``DrillReport.recorded`` False). Nothing else in the store
+        changes: reads do not heal what they find (``casckpt repair`` does; a damaged shard
+        of a pack with redundancy is marked for it, as ``check`` marks it).
+
+        ``progress`` gets ``("drill", versions done, versions)`` and each restore's ``read``.
+        Each version is held in memory whole while it is checked (one at a time).
+
+        Raises:
+            RunNotFoundError: a run in ``runs`` does not exist.
+            InvalidArgumentError: ``count`` is not a positive int.
+            CatalogError: the results could not be recorded.
+        """
+        return self._drills.drill(runs, count, seed, progress)
+
+    def drill_history(self, limit: int | None = 100, run: str | None = None) -> list[DrillResult]:
+        """Past drills' results, newest first: at most ``limit`` (None: all), of ``run`` only
+        when given.
+
+        Raises:
+            InvalidArgumentError: ``limit`` is not a positive int or None.
+        """
+        return self._drills.drill_history(limit, run)
+
+    def advise(self, run: str, *, mtbf: Duration, restart: Duration = 0.0) -> Advice:
+        """The checkpoint interval that minimises the time ``run`` loses to checkpoints and
+        failures (Young 1974, Daly 2006; :mod:`casckpt.engine.advise` has the formulas and
+        their assumptions), from what the run measured: the median stall of its last 20
+        commits (``Version.stall_s``), the median time of its successful drills (or, with
+        none, one restore of its latest version measured now, unrecorded), plus ``restart``.
+
+        Args:
+            run: the run.
+            mtbf: mean time between failures of the job: seconds, a timedelta or text
+                (``"8h"``).
+            restart: time to get the job running again before the restore (``"5m"``).
+
+        Raises:
+            RunNotFoundError: no such run.
+            InvalidArgumentError: ``mtbf`` not positive, ``restart`` negative, or the run has
+                fewer than 2 commits with a recorded stall.
+            IntegrityError, VersionLostError, ...: the restore measured failed (the run's
+                latest version does not restore: see ``casckpt drill``).
+        """
+        return self._drills.advise(run, mtbf, restart)
 
     def stats(self) -> StoreStats:
         """Space accounting: logical vs unique vs stored bytes, and what delta coding saved."""

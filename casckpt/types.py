@@ -17,9 +17,12 @@ from datetime import datetime
 from typing import Any
 
 from casckpt.jsonable import ToDict
+from casckpt.reports import Advice as Advice
 from casckpt.reports import CheckProblem as CheckProblem
 from casckpt.reports import CheckReport as CheckReport
 from casckpt.reports import DrainReport as DrainReport
+from casckpt.reports import DrillReport as DrillReport
+from casckpt.reports import DrillResult as DrillResult
 from casckpt.reports import KeyInfo as KeyInfo
 from casckpt.reports import LocationInfo as LocationInfo
 from casckpt.reports import MigrationReport as MigrationReport
@@ -68,6 +71,11 @@ class Version(ToDict):
             not yet drained to the locations -- restorable on that host only, lost if that
             disk is lost first (``Store.wait_durable`` waits for the drain). ``"lost"``:
             its fast tier was lost before the drain; it cannot be restored.
+        stall_s: how long the commit held the caller up, in seconds: a blocking commit's
+            whole wall time (``duration_s``); a background commit's (``block=False``) time
+            until ``commit()`` returned (waiting for room, and the snapshot). None for
+            versions committed before casckpt recorded it (schema 0011) and for versions a
+            catalog rebuild restored. ``casckpt advise`` reads it.
     """
 
     id: str
@@ -85,6 +93,7 @@ class Version(ToDict):
     message: str | None = None
     degraded: bool = False
     durability: str = "durable"
+    stall_s: float | None = None
 
     @property
     def short_id(self) -> str:

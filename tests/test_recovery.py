@@ -476,6 +476,7 @@ REBUILD_LOSES = {
     "`store_info` `record_seq`": "one above the highest counter of a record found",
     "`versions` `new_bytes`, `stored_bytes`, `duration_s`": "0",
     "`versions` `committed_at`": "the version's `created_at`",
+    "`versions` `stall_s`": "NULL (unknown: `casckpt advise` measures the commits after the rebuild)",
     "`versions` `state`, `deleted_at`, `deleted_reason`": "soft-deleted versions come back visible "
                                                           "(the next `gc` re-applies retention)",
     "`chunks` `state`, `condemned_at`": "condemned chunks are live again (the versions holding "
@@ -489,6 +490,7 @@ REBUILD_LOSES = {
     "`runs` of no version and no record": "absent (a run created before its first commit, with no policy)",
     "`gc_runs`, `leases`, `gc_live`, `tombstones`": "empty (GC history, commits in flight, purged versions)",
     "`audit_log`": "one `catalog.rebuild` row (the trail before the loss went with the old catalog)",
+    "`drills`": "empty (the drill history went with the old catalog)",
 }
 
 def _explained(table: str, column: str, old: dict[str, Any], new: dict[str, Any],
@@ -500,6 +502,8 @@ def _explained(table: str, column: str, old: dict[str, Any], new: dict[str, Any]
         return int(new["value"]) > int(old["value"])
     if table == "versions" and column in ("new_bytes", "stored_bytes", "duration_s"):
         return bool(new[column] == 0)
+    if table == "versions" and column == "stall_s":
+        return new[column] is None
     if table == "versions" and column == "committed_at":
         return bool(new[column] == new["created_at"])
     if table == "versions" and column in ("state", "deleted_at", "deleted_reason"):

@@ -30,7 +30,7 @@ VERSION_COLUMNS = (
     s.versions.c.created_at, s.versions.c.logical_bytes, s.versions.c.new_bytes,
     s.versions.c.stored_bytes, s.versions.c.duration_s,
     cast(s.versions.c.meta, Text).label("meta"), cast(s.versions.c.metrics, Text).label("metrics"),
-    s.versions.c.message, s.versions.c.durability,
+    s.versions.c.message, s.versions.c.durability, s.versions.c.stall_s,
 )
 """The columns of a version row (:class:`VersionRow`), ``meta`` and ``metrics`` as JSON
 text: long listings decode them in one call instead of one per value."""
@@ -60,6 +60,7 @@ class VersionRow(NamedTuple):
     metrics: Any
     message: str | None
     durability: str = "durable"  # see Version.durability
+    stall_s: float | None = None  # see Version.stall_s
 
 
 def version_row(row: Sequence[Any] | None) -> VersionRow | None:
@@ -113,8 +114,18 @@ def versions(rows: Sequence[Sequence[Any]], tags: Mapping[str, tuple[str, ...]])
     out = []
     for r, meta, metric in zip(rows, metas, metrics, strict=True):
         out.append(make(r[0], r[1], r[2], moment(r[4], utc), r[5], r[6], r[7], r[8], r[3],
-                        tags.get(r[0], ()), meta, metric, r[11], durability=r[12]))
+                        tags.get(r[0], ()), meta, metric, r[11], durability=r[12],
+                        stall_s=_stall(r[13])))
     return out
+
+
+def _stall(value: object) -> float | None:
+    """A version's ``stall_s`` (NULL: unknown, before migration 0011 or after a rebuild)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise damaged(f"a version's stall_s is {value!r}, not a non-negative number")
+    return float(value)
 
 
 def version(row: Sequence[Any], tags: tuple[str, ...] = ()) -> Version:

@@ -70,6 +70,9 @@ versions = Table(
     # "durable" (every pack on the locations), "fast" (some pack only on a host's fast tier,
     # see tier_deps), "lost" (a fast tier was lost before it drained); migration 0010
     Column("durability", String(16), nullable=False, server_default="durable"),
+    # the training-visible stall of the commit, seconds (blocking: its wall time; background:
+    # until commit() returned); NULL before migration 0011, and for versions a rebuild restored
+    Column("stall_s", Float, nullable=True),
     UniqueConstraint("run_id", "step", name="uq_versions_run_step"),
 )
 Index("ix_versions_created_at", versions.c.created_at)
@@ -255,6 +258,23 @@ tier_deps = Table(  # the fast packs a version needed when it was published
 Index("ix_tier_deps_pack", tier_deps.c.pack_id)
 Index("ix_versions_durability", versions.c.durability)
 Index("ix_packs_tier", packs.c.tier)
+
+drills = Table(  # restore drills (casckpt.engine.drill): one row per version read back
+    "drills",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("drill_id", String(32), nullable=False),  # one per drill run (Store.drill)
+    Column("at", Float, nullable=False),
+    Column("version_id", String(64), nullable=False),
+    Column("run", String(128), nullable=False),
+    Column("step", BigInteger, nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    Column("seconds", Float, nullable=False),
+    Column("ok", Boolean, nullable=False),
+    Column("error", Text, nullable=True),
+)
+Index("ix_drills_at", drills.c.at)
+Index("ix_drills_version_id", drills.c.version_id)
 
 GC_TABLES = frozenset({"gc_live", "gc_runs"})
 """gc's own tables: the admin role writes them; a writer role only reads them."""

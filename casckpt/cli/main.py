@@ -44,6 +44,7 @@ from typer.core import TyperGroup
 
 import casckpt
 from casckpt.cli import dirs as dirs_cli
+from casckpt.cli import drill as drill_cli
 from casckpt.cli import gc as gc_cli
 from casckpt.cli import grants, logs, render
 from casckpt.cli import history as history_cli
@@ -513,6 +514,7 @@ tier_cli.register(app)
 transfer_cli.register(app)
 dirs_cli.register(app)
 keys_cli.register(app)
+drill_cli.register(app)
 
 if __name__ == "__main__":  # `python -m casckpt.cli.main`
     app()

@@ -159,6 +159,7 @@ class BackgroundCommitter:
         it in the background."""
         from casckpt.engine import commit as commit_engine
 
+        entered = time.monotonic()  # the caller's stall runs from here (waits for room included)
         self.raise_unreported()
         with self._submit:
             if self._closed:
@@ -194,11 +195,12 @@ class BackgroundCommitter:
             except BaseException:
                 self._release(sum(reserved))
                 raise
-            if snap.foreground:
+            if snap.foreground:  # written in the caller's thread: its wall time is the stall
                 with self._cond:
                     self._pending.append(handle)
                 self._run(job, foreground=True)
                 return handle
+            snap.stall_s = time.monotonic() - entered
             with self._cond:
                 self._pending.append(handle)
                 self._last[req.run] = snap.version_id

@@ -116,6 +116,7 @@ class Snapshot:
     delta: DeltaPlan | None = None
     degraded: list[Shortfall] = field(default_factory=list)  # packs written below their redundancy
     tree: Tree | None = None  # a tree manifest's nodes (one-process commits)
+    stall_s: float | None = None  # a background commit: how long commit() held its caller up
 
     def wrote(self, written: ChunkWrite) -> None:
         """Count what a :func:`write_chunks` of this snapshot's chunks wrote."""
@@ -327,6 +328,8 @@ def _publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, started: fl
     for _ in range(_PUBLISH_ATTEMPTS):
         row.update(new_bytes=snap.new_bytes, stored_bytes=snap.stored_bytes,
                    duration_s=time.monotonic() - started, committed_at=time.time())
+        # what the caller waited for: a blocking commit (and a save of many ranks) all of it
+        row["stall_s"] = row["duration_s"] if snap.stall_s is None else snap.stall_s
         checks, nodes = _checks(ctx, snap)
         try:
             ctx.catalog.add_version(row, req.run, snap.tensor_rows, snap.content_rows,
@@ -422,7 +425,7 @@ def publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: 
         stored_bytes=snap.stored_bytes, duration_s=row["duration_s"],
         parent=snap.manifest.parent, tags=req.tags, metadata=req.metadata,
         metrics=req.metrics, message=req.message, degraded=bool(snap.degraded),
-        durability=row["durability"],
+        durability=row["durability"], stall_s=row["stall_s"],
     )
 
 

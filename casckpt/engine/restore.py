@@ -168,7 +168,7 @@ def _extent_buffers(
 
 def _fill(
     ctx: EngineContext, manifest: Manifest, buffers: Mapping[int, Buffer],
-    progress: ProgressCallback | None,
+    progress: ProgressCallback | None, *, heal: bool = True,
 ) -> None:
     wanted: dict[bytes, list[Destination]] = {}
     owner: dict[bytes, str] = {}
@@ -181,7 +181,7 @@ def _fill(
         for cid, (start, end) in zip(extent.chunks, extent.spans(), strict=True):
             wanted.setdefault(cid, []).append(view[start:end])
             owner.setdefault(cid, f"{_tensors(paths[index])} of {manifest.run}@{manifest.step}")
-    read_chunks(ctx, wanted, lambda cid: owner[cid], progress)
+    read_chunks(ctx, wanted, lambda cid: owner[cid], progress, heal=heal)
 
 
 def _tensors(paths: list[str], shown: int = 10) -> str:
@@ -194,11 +194,12 @@ def _tensors(paths: list[str], shown: int = 10) -> str:
 
 def materialize(
     ctx: EngineContext, manifest: Manifest, *, targets: Mapping[str, object] | None = None,
-    map_location: Any = None, progress: ProgressCallback | None = None,
+    map_location: Any = None, progress: ProgressCallback | None = None, heal: bool = True,
 ) -> object:
-    """Read every tensor of ``manifest`` and rebuild the state tree."""
+    """Read every tensor of ``manifest`` and rebuild the state tree. ``heal=False`` leaves the
+    damaged shards a read meets to ``repair`` (a restore drill changes nothing it finds)."""
     buffers, in_place = _extent_buffers(manifest, set(range(len(manifest.extents))), targets or {})
-    _fill(ctx, manifest, buffers, progress)
+    _fill(ctx, manifest, buffers, progress, heal=heal)
     if map_location is not None:
         buffers = {
             i: b.to(map_location) if isinstance(b, torch.Tensor) and i not in in_place else b

@@ -1,0 +1,131 @@
+"""The checkpoint-interval advisor: Young's and Daly's optimum from what a run measured.
+
+Inputs: C, the checkpoint cost (the median training-visible stall of the run's recent commits,
+``versions.stall_s``); R, the time to get going again after a failure (a restore, measured by
+drills or on demand, plus the restart time the caller gives); M, the mean time between
+failures (given). With failures arriving as a Poisson process (exponentially distributed
+times between them) and C, R constant:
+
+- Young (1974, "A first order approximation to the optimum checkpoint interval", CACM
+  17(9)): tau = sqrt(2 C M).
+- Daly (2006, "A higher order estimate of the optimum checkpoint interval for restart
+  dumps", FGCS 22(3)): tau = sqrt(2 C M) (1 + sqrt(C / 2M) / 3 + (C / 2M) / 9) - C for
+  C < 2M, else tau = M. This is the interval advised.
+
+At an interval tau (compute time between checkpoints), to first order, a fraction C / tau of
+the wall time goes to checkpoints, and each failure (one per M seconds) loses on average
+tau / 2 of work since the last checkpoint plus R: the expected overhead is
+C / tau + (tau / 2 + R) / M, the expected lost work per failure tau / 2 + R. Both are
+computed at the run's current interval (the median time between its commits) and at the
+advised one. Everything here is pure arithmetic on values (no I/O).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections.abc import Sequence
+from datetime import timedelta
+
+from casckpt.catalog.drills import Commit
+from casckpt.engine.retention import parse_duration
+from casckpt.errors import InvalidArgumentError
+from casckpt.types import Advice
+
+HISTORY = 20
+"""Recent commits (with a recorded stall) and drill results the advisor takes medians over."""
+
+
+def young(cost: float, mtbf: float) -> float:
+    """Young's first-order optimum interval: sqrt(2 C M)."""
+    return math.sqrt(2 * cost * mtbf)
+
+
+def daly(cost: float, mtbf: float) -> float:
+    """Daly's higher-order optimum interval (M when C >= 2M: checkpointing cannot pay)."""
+    if cost >= 2 * mtbf:
+        return mtbf
+    ratio = cost / (2 * mtbf)
+    return math.sqrt(2 * cost * mtbf) * (1 + math.sqrt(ratio) / 3 + ratio / 9) - cost
+
+
+def overhead(interval: float, cost: float, restore: float, mtbf: float) -> float:
+    """Fraction of wall time lost to checkpoints and failures, first order: C/tau + (tau/2 + R)/M."""
+    return cost / interval + (interval / 2 + restore) / mtbf
+
+
+def lost_work(interval: float, restore: float) -> float:
+    """Expected seconds lost per failure: half an interval of work, plus the restore."""
+    return interval / 2 + restore
+
+
+def seconds(value: float | int | timedelta | str, what: str, *, allow_zero: bool = False) -> float:
+    """A duration as seconds: a number, a timedelta, or text such as ``"8h"``, ``"5m"``.
+
+    Raises:
+        InvalidArgumentError: not a positive (or, with ``allow_zero``, zero) finite duration.
+    """
+    if isinstance(value, str):
+        try:
+            return parse_duration(value, allow_zero=allow_zero)
+        except InvalidArgumentError:
+            raise InvalidArgumentError(
+                f"{what} {value!r} is not a {'' if allow_zero else 'positive '}duration; give "
+                "seconds or a number with a unit "
+                f"(45s, 90m, 8h, 7d){', or 0' if allow_zero else ''}") from None
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < 0 or (value == 0 and not allow_zero):
+        bound = "zero or more" if allow_zero else "more than zero"
+        raise InvalidArgumentError(
+            f"{what} must be a duration of {bound} seconds (a number, a timedelta, or text such "
+            f"as '8h'), got {value!r}")
+    return float(value)
+
+
+def check_history(run: str, commits: Sequence[Commit]) -> None:
+    """Refuse a history too short to advise on.
+
+    Raises:
+        InvalidArgumentError: fewer than two commits with a recorded stall.
+    """
+    if len(commits) < 2:
+        raise InvalidArgumentError(
+            f"run {run!r} has {len(commits)} commit(s) with a recorded stall; the advisor needs "
+            "at least 2 to measure the checkpoint cost and interval. Versions committed before "
+            "casckpt recorded stalls (schema 0011) have none: commit a few more, then ask again")
+
+
+def advise(run: str, commits: Sequence[Commit], *, restore_s: float, restore_source: str,
+           restart_s: float, mtbf_s: float) -> Advice:
+    """The advice for ``run`` from its recent ``commits`` (oldest first, each with a stall).
+
+    Raises:
+        InvalidArgumentError: see :func:`check_history`; or commits that measure no interval
+            or no cost (the message says what to do).
+    """
+    check_history(run, commits)
+    cost = statistics.median(c.stall_s for c in commits)
+    pairs = list(itertools.pairwise(commits))
+    interval = statistics.median(b.created_at - a.created_at for a, b in pairs)
+    interval_steps = statistics.median(b.step - a.step for a, b in pairs)
+    span = commits[-1].created_at - commits[0].created_at
+    if cost <= 0 or interval <= 0 or span <= 0:
+        raise InvalidArgumentError(
+            f"run {run!r}'s recent commits measure no checkpoint cost or interval (stall "
+            f"{cost:g} s, interval {interval:g} s); commit a few more at your usual interval")
+    rate = (commits[-1].step - commits[0].step) / span
+    restore = restore_s + restart_s
+    tau = daly(cost, mtbf_s)
+    return Advice(
+        run=run, checkpoint_cost_s=cost, restore_s=restore_s, restore_source=restore_source,
+        restart_s=restart_s, mtbf_s=mtbf_s, advised_interval_s=tau,
+        young_interval_s=young(cost, mtbf_s), advised_interval_steps=max(1, round(tau * rate)),
+        current_interval_s=interval, current_interval_steps=float(interval_steps), step_rate=rate,
+        expected_overhead={"current": overhead(interval, cost, restore, mtbf_s),
+                           "advised": overhead(tau, cost, restore, mtbf_s)},
+        expected_lost_work_s={"current": lost_work(interval, restore),
+                              "advised": lost_work(tau, restore)},
+        commits=len(commits))
