@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 import casckpt
 from casckpt.catalog.rows import VersionRow
@@ -66,7 +66,7 @@ def _tables(root: Path) -> dict[str, list[tuple[object, ...]]]:
         return {n: sorted(db.execute(f'SELECT * FROM "{n}"').fetchall(), key=repr) for n in names}
 
 
-def cli(root: Path, *args: str) -> object:
+def cli(root: Path, *args: str) -> Result:
     return CliRunner().invoke(app, ["--store", str(root), *args])
 
 
@@ -111,26 +111,27 @@ def test_the_cli_exits_with_the_integrity_code_naming_the_version(damaged: Path)
     with casckpt.open(damaged, create=False) as store:
         bad = store.resolve("a@3")
     result = cli(damaged, "drill", "--run", "a", "--count", "1")
-    assert result.exit_code == EXIT_INTEGRITY, result.output  # type: ignore[attr-defined]
-    assert f"a@3 ({bad.short_id}) did not restore" in result.stderr  # type: ignore[attr-defined]
-    assert "FAILED" in result.stdout  # type: ignore[attr-defined]
+    assert result.exit_code == EXIT_INTEGRITY, result.output
+    assert f"a@3 ({bad.short_id}) did not restore" in result.stderr
+    assert "FAILED" in result.stdout
 
     result = cli(damaged, "drill", "--run", "b", "--json")
-    assert result.exit_code == 0, result.output  # type: ignore[attr-defined]
-    doc = json.loads(result.stdout)  # type: ignore[attr-defined]
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
     assert doc["ok"] and doc["recorded"] and [r["step"] for r in doc["results"]] == [1]
 
     result = cli(damaged, "drill", "--json", "--seed", "1")
-    assert result.exit_code == EXIT_INTEGRITY  # type: ignore[attr-defined]
-    doc = json.loads(result.stdout)  # type: ignore[attr-defined]
+    assert result.exit_code == EXIT_INTEGRITY
+    doc = json.loads(result.stdout)
     assert not doc["ok"] and [r["ok"] for r in doc["results"] if r["version_id"] == bad.id] == [False]
 
     history = cli(damaged, "drill", "--history", "--json")
-    past = json.loads(history.stdout)  # type: ignore[attr-defined]
-    assert [(r["run"], r["step"], r["ok"]) for r in past][-2:] == [("b", 1, True), ("a", 3, False)]  # newest first
+    past = json.loads(history.stdout)
+    newest_first = [(r["run"], r["step"], r["ok"]) for r in past]
+    assert newest_first[-2:] == [("b", 1, True), ("a", 3, False)]
     assert len(past) == 1 + 1 + 3  # three drills: a@3; b@1; the latest of each run and one more
     table = cli(damaged, "drill", "--history", "--run", "a", "--limit", "1")
-    assert table.exit_code == 0 and "a@3" in table.stdout and "b@1" not in table.stdout  # type: ignore[attr-defined]
+    assert table.exit_code == 0 and "a@3" in table.stdout and "b@1" not in table.stdout
 
 
 def test_a_read_only_store_drills_without_recording(damaged: Path) -> None:
@@ -140,7 +141,7 @@ def test_a_read_only_store_drills_without_recording(damaged: Path) -> None:
         assert report.ok and not report.recorded and store.drill_history() == []
     assert _tables(damaged) == before
     result = cli(damaged, "--read-only", "drill", "--run", "b")
-    assert result.exit_code == 0 and "not recorded" in result.stderr  # type: ignore[attr-defined]
+    assert result.exit_code == 0 and "not recorded" in result.stderr
 
 
 def test_a_lost_version_fails_the_drill_without_a_read(tmp_path: Path) -> None:
@@ -192,3 +193,14 @@ def test_commits_record_their_stall(tmp_path: Path) -> None:
         logged = {v.step: v.stall_s for v in store.log("a")}
         assert logged == {1: blocking.stall_s, 2: background.stall_s}
         assert store.show("a@2").version.stall_s == background.stall_s
+
+
+def test_drills_are_recorded_in_a_postgresql_catalog(tmp_path: Path, pg_url: str) -> None:
+    with casckpt.open(tmp_path / "store", catalog=pg_url) as store:
+        store.commit(_state(1), run="a", step=1)
+        store.commit(_state(2), run="a", step=2, block=False).wait()
+        report = store.drill(count=2)
+        assert report.ok and store.drill_history() == list(reversed(report.results))
+        (row,) = store.audit(action="drill")
+        assert row.detail["versions"] == 2 and row.db_user  # the role that recorded it
+        assert all(v.stall_s is not None and v.stall_s > 0 for v in store.log("a"))

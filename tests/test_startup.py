@@ -73,6 +73,7 @@ def test_catalog_only_commands_import_no_torch(small_store: Path) -> None:
         ["show", f"{RUN}@1"], ["show", f"{RUN}@1", "--tensors"], ["show", f"{RUN}@1", "--json"],
         ["tag", f"{RUN}@1", "good"], ["best", RUN, "--metric", "loss"], ["tree"], ["stats"],
         ["gc", "--dry-run"], ["audit"], ["audit", "--since", "1h", "--action", "tag", "--json"],
+        ["drill", "--history"], ["drill", "--history", "--json"],
     ]
     results = _commands_in_one_process(small_store, commands)
     assert [r["code"] for r in results] == [0] * len(commands), results

@@ -33,7 +33,7 @@ ACTIONS = (
     "commit", "delete", "undelete", "tag", "run.create", "run.fork", "gc", "retention.set",
     "retention.clear", "redundancy.set", "delta_chain.set", "location.add", "location.drain",
     "location.fail", "location.activate",
-    "repair", "catalog.rebuild", "catalog.migrate", "trees.migrate",
+    "repair", "catalog.rebuild", "catalog.migrate", "trees.migrate", "drill",
 )
 """The actions casckpt itself records (other components add their own, e.g. ``key.rotate``)."""
 
