@@ -204,3 +204,21 @@ def test_drills_are_recorded_in_a_postgresql_catalog(tmp_path: Path, pg_url: str
         (row,) = store.audit(action="drill")
         assert row.detail["versions"] == 2 and row.db_user  # the role that recorded it
         assert all(v.stall_s is not None and v.stall_s > 0 for v in store.log("a"))
+
+
+def test_a_drill_reads_around_a_damaged_shard_without_healing_it(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    with casckpt.open(root, blobs=["d0", "d1", "d2"]) as store:
+        store.set_redundancy("ec:2+1")
+        store.commit(_state(1), run="a", step=1)
+    with closing(sqlite3.connect(root / "catalog.db")) as db:  # data shard 0 of the biggest pack
+        key, url = db.execute(
+            "SELECT s.key, l.url FROM shards s JOIN locations l ON l.id = s.location_id "
+            "JOIN packs p ON p.id = s.pack_id WHERE s.idx = 0 ORDER BY p.size DESC LIMIT 1").fetchone()
+    shard = Path(url.removeprefix("file://")) / key
+    _corrupt(shard)
+    damaged = shard.read_bytes()
+    with casckpt.open(root, create=False) as store:
+        assert store.drill().ok  # reconstructed from the other shards
+        assert store.show("a@1").degraded  # marked for repair, as check marks it
+    assert shard.read_bytes() == damaged  # ... and not healed: repair does that
