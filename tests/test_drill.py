@@ -222,3 +222,32 @@ def test_a_drill_reads_around_a_damaged_shard_without_healing_it(tmp_path: Path)
         assert store.drill().ok  # reconstructed from the other shards
         assert store.show("a@1").degraded  # marked for repair, as check marks it
     assert shard.read_bytes() == damaged  # ... and not healed: repair does that
+
+
+def test_a_drill_reads_the_locations_not_this_hosts_fast_tier(tmp_path: Path) -> None:
+    """A restore on the committing host reads its fast tier; a drill asks what a restart
+    anywhere gets, so it reads the locations (here damaged) and fails, and it does not drill
+    a version still waiting for its drain."""
+    import fcntl
+    import os
+
+    state = {"w": torch.arange(1 << 18, dtype=torch.float32)}
+    with casckpt.open(tmp_path / "s", blobs=[str(tmp_path / "durable")],
+                      fast_tier=str(tmp_path / "fast")) as store:
+        v1 = store.commit(state, run="r", step=1, durable=True)
+        for pack in (tmp_path / "durable" / "packs").glob("*/*"):
+            data = bytearray(pack.read_bytes())
+            data[300:364] = b"\xff" * 64
+            pack.write_bytes(bytes(data))
+        assert torch.equal(store.restore(v1)["w"], state["w"])  # from the tier: intact
+        tier = Path(store.tier_status().local_path or "")
+        fd = os.open(tier / "drain.lock", os.O_RDWR | os.O_CREAT)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # nothing drains: step 2 stays on the tier
+        try:
+            store.commit({"w": state["w"] + 1}, run="r", step=2)
+            report = store.drill(count=5)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+    assert [(r.step, r.ok) for r in report.results] == [(1, False)]
+    assert "corrupt" in (report.results[0].error or "").lower()

@@ -8,18 +8,21 @@ drops it. Nothing is written to disk, and nothing in the store is repaired: read
 ``heal=False``, so a damaged shard found on the way is left for ``casckpt repair`` (marked
 for it, as ``check`` marks it), and a drill reports what a restore would have met.
 
-A version that is not durable fails the drill: one lost with its fast tier
-(:class:`~casckpt.errors.VersionLostError`), and one still waiting on a fast tier,
-this host's included (:class:`~casckpt.errors.VersionNotDurableError`): a drill asks whether
-the store's locations can bring a version back, which they cannot until its drain.
+A drill asks whether the store's locations bring a version back, as a restart on any host
+would: it reads from the locations only, never from this host's fast tier, and picks durable
+versions (one still waiting for its drain is not drilled yet). A run whose versions are all
+lost with a fast tier is drilled on its newest lost one, which fails
+(:class:`~casckpt.errors.VersionLostError`).
 """
 
 from __future__ import annotations
 
+import copy
 import random
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from casckpt.catalog import drills as sql
 from casckpt.catalog.rows import VersionRow
@@ -30,14 +33,22 @@ from casckpt.types import DrillResult, ProgressCallback
 
 
 def pick(versions: Sequence[VersionRow], count: int, rng: random.Random) -> list[VersionRow]:
-    """The versions to drill: the latest (highest step) of each run among ``versions``, then
-    random others up to ``count`` in all (never fewer than one per run), by run and step."""
+    """The versions to drill: the newest durable version (highest step) of each run among
+    ``versions``, then random older durable ones up to ``count`` in all (never fewer than
+    one per run), by run and step. Versions still on a fast tier are not drilled yet (their
+    drain is not done); a run with no durable version but lost ones is drilled on its newest
+    lost one, which fails: that run cannot restart."""
+    durable = [row for row in versions if row.durability == "durable"]
     latest: dict[str, VersionRow] = {}
-    for row in versions:
+    for row in durable:
         if row.run not in latest or row.step > latest[row.run].step:
             latest[row.run] = row
+    for row in versions:
+        if row.durability == "lost" and row.run not in {r.run for r in durable}:
+            if row.run not in latest or row.step > latest[row.run].step:
+                latest[row.run] = row
     chosen = {row.id for row in latest.values()}
-    older = sorted((row for row in versions if row.id not in chosen), key=lambda r: (r.run, r.step))
+    older = sorted((row for row in durable if row.id not in chosen), key=lambda r: (r.run, r.step))
     extra = rng.sample(older, min(len(older), max(0, count - len(latest))))
     return sorted([*latest.values(), *extra], key=lambda r: (r.run, r.step))
 
@@ -66,6 +77,8 @@ def reader(ctx: EngineContext, progress: ProgressCallback | None = None) -> Call
     from casckpt.engine.restore import materialize
     from casckpt.engine.tier import check_readable
 
+    located = _locations_only(ctx)
+
     def read_back(row: VersionRow) -> None:
         if row.durability != "durable":
             check_readable(ctx.catalog, row.id, row.durability)  # lost, or on another host's tier
@@ -73,9 +86,20 @@ def reader(ctx: EngineContext, progress: ProgressCallback | None = None) -> Call
                 f"version {row.id[:12]} ({row.run}@{row.step}) is on this host's fast tier and not "
                 "drained to the store's locations yet, so losing this host would lose it. Run "
                 "`casckpt drain --wait` (or store.wait_durable()) and drill again")
-        materialize(ctx, load_manifest(ctx.catalog, row), map_location="cpu", progress=progress,
+        materialize(located, load_manifest(ctx.catalog, row), map_location="cpu", progress=progress,
                     heal=False)
     return read_back
+
+
+def _locations_only(ctx: EngineContext) -> EngineContext:
+    """``ctx`` reading from the store's locations only, never from this host's fast tier: a
+    drill asks whether a restart anywhere brings the version back, not whether this host's
+    disk still holds a copy."""
+    if ctx.packs.tier is None:
+        return ctx
+    packs = copy.copy(ctx.packs)
+    packs.tier = None
+    return replace(ctx, packs=packs)
 
 
 def drill(ctx: EngineContext, rows: Sequence[VersionRow], *, record: bool,
