@@ -48,7 +48,8 @@ class Browser:
         to_child, self._write = os.pipe()
         self._read, from_child = os.pipe()
 
-        def pipes() -> None:  # in the child: the protocol's fds 3 and 4 (dup first: dup2 keeps CLOEXEC on a no-op)
+        def pipes() -> None:  # in the child: the protocol's fds 3 and 4
+            # dup first: dup2 onto the same number is a no-op that keeps close-on-exec
             a, b = os.dup(to_child), os.dup(from_child)
             os.dup2(a, 3)
             os.dup2(b, 4)
@@ -166,5 +167,6 @@ if __name__ == "__main__":
     out.write_bytes(loaded.screenshot)
     if len(sys.argv) > 3:  # keep the top HEIGHT pixels, in 256 colours: small enough to commit
         image = Image.open(out)
-        image.crop((0, 0, image.width, min(image.height, int(sys.argv[3])))).quantize(256).save(out, optimize=True)
+        top = image.crop((0, 0, image.width, min(image.height, int(sys.argv[3]))))
+        top.quantize(256).save(out, optimize=True)
     print(out, out.stat().st_size)

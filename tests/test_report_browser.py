@@ -16,7 +16,8 @@ import pytest
 from headless import CHROMIUM, Browser
 from report_store import build, contract_stand_ins
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (CI installs it: .ci/run)")
+pytestmark = pytest.mark.skipif(CHROMIUM is None,
+                                reason="chromium is not installed (CI installs it: .ci/run)")
 
 PLOTS = {"space", "new-bytes", "metrics", "lineage", "storage", "durability", "stalls", "gc", "locations",
          "drills"}

@@ -8,6 +8,8 @@ one frozen :class:`ReportData`. Nothing here writes, and nothing here knows abou
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -18,6 +20,10 @@ from casckpt.reports import LocationInfo, StoreStats
 from casckpt.types import AuditEntry, RetentionPolicy, RunInfo, RunNode, Version
 
 DRILL_LIMIT = 200  # the newest drill results a report shows
+# metric names that say which way is better (a run's keep_best retention says it for its metric)
+_LOWER = frozenset({"loss", "error", "err", "perplexity", "ppl", "wer", "cer", "mse", "mae", "rmse", "nll"})
+_HIGHER = frozenset({"acc", "accuracy", "f1", "score", "reward", "auc", "bleu", "rouge", "precision",
+                     "recall", "map", "iou", "top1", "top5"})
 
 
 class DrillRecord(Protocol):
@@ -61,8 +67,9 @@ class RunData:
     """One run's visible versions (ascending step) and, per metric, its best version.
 
     ``best`` maps a metric to ``(mode, version id)``: the mode is the run's retention
-    ``keep_best`` mode for that metric, else ``"min"``; ties go to the latest step, as
-    :meth:`casckpt.Store.best` breaks them.
+    ``keep_best`` mode for that metric, else what the metric's name says (``val_loss``: min,
+    ``accuracy``: max; a name that says neither gets no best); ties go to the latest step,
+    as :meth:`casckpt.Store.best` breaks them.
     """
 
     name: str
@@ -109,6 +116,14 @@ def collect(source: ReportSource, runs: Sequence[str] | None = None, *,
         drills=drills)
 
 
+def _mode(metric: str) -> str | None:
+    """Whether lower or higher ``metric`` is better, from its name; None when the name does not say."""
+    words = set(re.split(r"[^a-z0-9]+", metric.lower()))
+    if words & _HIGHER:
+        return "max"
+    return "min" if words & _LOWER else None
+
+
 def _wanted(runs: Sequence[str] | None) -> frozenset[str] | None:
     if runs is None:
         return None
@@ -124,8 +139,13 @@ def _run_data(source: ReportSource, name: str) -> RunData:
     metrics = sorted({m for v in versions for m in v.metrics})
     best: dict[str, tuple[str, str]] = {}
     for metric in metrics:
-        mode = kept[2] if kept is not None and kept[0] == metric else "min"
-        scored = [v for v in versions if isinstance(v.metrics.get(metric), (int, float))]
+        mode = kept[2] if kept is not None and kept[0] == metric else _mode(metric)
+        if mode is None:
+            continue
+        scored = [v for v in versions if isinstance(v.metrics.get(metric), (int, float))
+                  and math.isfinite(v.metrics[metric])]
+        if not scored:
+            continue
         sign = 1.0 if mode == "min" else -1.0
         # lowest (or highest) value; ties go to the latest step
         winner = min(scored, key=lambda v: (sign * float(v.metrics[metric]), -v.step))

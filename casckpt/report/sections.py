@@ -131,8 +131,9 @@ def metrics(data: ReportData) -> Section:
                 mark = f"best ({best[0]})" if best is not None and best[1] == v.id else ""
                 rows.append((r.name, str(v.step), m, f"{v.metrics[m]:.6g}", ", ".join(v.tags), mark))
     table = Table(("run", "step", "metric", "value", "tags", "best"), tuple(rows))
-    intro = ("Metrics recorded with each commit. Triangles mark tagged versions, stars the best "
-             "version of each run (lowest, or the mode of the run's keep_best retention).")
+    intro = ("Metrics recorded with each commit. Triangles mark tagged versions, stars the best version "
+             "of each run (by the run's keep_best retention, else by the metric's name: loss lowest, "
+             "accuracy highest).")
     if not names:
         return Section("metrics", "Metrics", intro, None, table, "No version records metrics.")
     shown = names[:MAX_METRICS]
