@@ -87,7 +87,9 @@ def test_report_has_every_section_with_its_table(demo: casckpt.Store, tmp_path: 
         assert f"{version.run}@{version.step}" in cells
     assert {"warmup-done", "release"} <= cells  # tags in the metrics table
     assert "best (min)" in cells
-    assert any(c.startswith("FAILED: ChunkCorruptError") for c in cells)  # the failed drill
+    assert "ok" in cells  # drill results
+    if not hasattr(casckpt.Store, "drill"):  # the stand-in's drills (report_store.py) include a failure
+        assert any(c.startswith("FAILED: ChunkCorruptError") for c in cells)
 
 
 def test_report_of_some_runs_and_of_an_empty_store(demo: casckpt.Store, tmp_path: Path) -> None:
@@ -115,7 +117,7 @@ def test_cli_report(tmp_path: Path) -> None:
     with casckpt.open(tmp_path / "s") as store:
         for step in (1, 2):
             store.commit({"w": torch.full((64,), float(step))}, run=RUNS[0], step=step,
-                         metrics={"loss": 1 / step})
+                         metrics={"loss": 1 / step, "<i>$x$": float(step)})
     with contract_stand_ins():
         ok = CliRunner().invoke(app, ["--store", str(tmp_path / "s"), "report", "--html",
                                       str(tmp_path / "r.html"), "--run", RUNS[0]])
@@ -123,6 +125,8 @@ def test_cli_report(tmp_path: Path) -> None:
                                            str(tmp_path / "x.html"), "--run", "nope"])
     assert ok.exit_code == 0, ok.output
     assert "Wrote report" in ok.output and (tmp_path / "r.html").is_file()
+    text = (tmp_path / "r.html").read_text(encoding="utf-8")  # a metric's name is text, escaped
+    assert "<i>" not in text and text.count("&lt;i&gt;$x$") >= 2  # the plot's label, the table
     assert missing.exit_code == 3 and not (tmp_path / "x.html").exists()
 
 

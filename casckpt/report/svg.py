@@ -43,6 +43,7 @@ OK_COLOUR, WARN_COLOUR, BAD_COLOUR = "#59a14f", "#f28e2b", "#e15759"
 WIDTH_IN = 8.0
 _RC: dict[Any, Any] = {
     "date.epoch": "1970-01-01T00:00:00",  # so a date is unix seconds / 86400
+    "text.parse_math": False,  # a metric named "cost $x$" is text, not TeX
     "svg.fonttype": "none",  # text stays text: searchable, and no glyph paths to bloat the file
     "font.family": "sans-serif",
     "font.size": 9.0,
