@@ -1016,6 +1016,27 @@ class Store:
         """Space accounting: logical vs unique vs stored bytes, and what delta coding saved."""
         return self._admin.stats()
 
+    def report(self, path: str | os.PathLike[str], runs: Iterable[str] | None = None) -> Path:
+        """Write a self-contained HTML report of the store to ``path`` and return it.
+
+        Plots (inline SVG, light and dark mode, each with its data as a table): space saved
+        by dedup and delta coding, new bytes per commit, metric curves with tagged and best
+        versions marked, the lineage of runs and forks, storage by run, versions by
+        durability, commit stalls, gc history, location health (probed now) and restore
+        drills. ``runs`` limits the per-run plots to those runs (default: every run).
+        Read-only: a read-only store can report. Needs the ``report`` extra (matplotlib).
+
+        Raises:
+            OptionalDependencyError: matplotlib is not installed (``pip install 'casckpt[report]'``).
+            RefNotFoundError: a run in ``runs`` does not exist.
+            InvalidArgumentError: ``runs`` is not a list of run names.
+        """
+        from casckpt.report import write_report  # matplotlib: only when a report is asked for
+
+        chosen = None if runs is None else ([runs] if isinstance(runs, str) else list(runs))
+        title = f"casckpt store {self.path}" if self.path is not None else "casckpt store"
+        return write_report(self, path, chosen, title=title)
+
     def delta_chain(self, run: str | None = None) -> int:
         """Deltas deep a chunk may be stored before a keyframe (0: no delta coding): the
         store's, or what commits to ``run`` use (its own, else the store's)."""

@@ -49,6 +49,7 @@ from casckpt.cli import gc as gc_cli
 from casckpt.cli import grants, logs, render
 from casckpt.cli import history as history_cli
 from casckpt.cli import keys as keys_cli
+from casckpt.cli import report as report_cli
 from casckpt.cli import retention as retention_cli
 from casckpt.cli import storage as storage_cli
 from casckpt.cli import tier as tier_cli
@@ -515,6 +516,7 @@ transfer_cli.register(app)
 dirs_cli.register(app)
 keys_cli.register(app)
 drill_cli.register(app)
+report_cli.register(app)
 
 if __name__ == "__main__":  # `python -m casckpt.cli.main`
     app()

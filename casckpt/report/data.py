@@ -1,0 +1,153 @@
+"""What a report shows, read from a store through its public queries only.
+
+:func:`collect` asks the store (anything with the :class:`ReportSource` methods: a
+:class:`casckpt.Store`) for its runs, their versions, the lineage tree, space accounting,
+gc history (the audit trail's ``gc`` rows), location health and restore drills, and returns
+one frozen :class:`ReportData`. Nothing here writes, and nothing here knows about HTML.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Protocol
+
+from casckpt.errors import InvalidArgumentError
+from casckpt.reports import LocationInfo, StoreStats
+from casckpt.types import AuditEntry, RetentionPolicy, RunInfo, RunNode, Version
+
+DRILL_LIMIT = 200  # the newest drill results a report shows
+# metric names that say which way is better (a run's keep_best retention says it for its metric)
+_LOWER = frozenset({"loss", "error", "err", "perplexity", "ppl", "wer", "cer", "mse", "mae", "rmse", "nll"})
+_HIGHER = frozenset({"acc", "accuracy", "f1", "score", "reward", "auc", "bleu", "rouge", "precision",
+                     "recall", "map", "iou", "top1", "top5"})
+
+
+class DrillRecord(Protocol):
+    """One recorded restore drill result (``Store.drill_history()``'s items), as read here."""
+
+    @property
+    def drill_id(self) -> str: ...
+    @property
+    def at(self) -> float: ...
+    @property
+    def version_id(self) -> str: ...
+    @property
+    def run(self) -> str: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def seconds(self) -> float: ...
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def error(self) -> str | None: ...
+
+
+class ReportSource(Protocol):
+    """The read-only queries a report needs; :class:`casckpt.Store` has them all."""
+
+    def runs(self) -> list[RunInfo]: ...
+    def tree(self) -> list[RunNode]: ...
+    def log(self, run: str | None = None, *, order: str = "desc") -> list[Version]: ...
+    def stats(self) -> StoreStats: ...
+    def audit(self, *, action: str | None = None) -> list[AuditEntry]: ...
+    def locations(self) -> list[LocationInfo]: ...
+    def retention(self, run: str) -> RetentionPolicy | None: ...
+    def drill_history(self, limit: int = 100, run: str | None = None) -> Sequence[DrillRecord]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RunData:
+    """One run's visible versions (ascending step) and, per metric, its best version.
+
+    ``best`` maps a metric to ``(mode, version id)``: the mode is the run's retention
+    ``keep_best`` mode for that metric, else what the metric's name says (``val_loss``: min,
+    ``accuracy``: max; a name that says neither gets no best); ties go to the latest step,
+    as :meth:`casckpt.Store.best` breaks them.
+    """
+
+    name: str
+    versions: tuple[Version, ...]
+    best: Mapping[str, tuple[str, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class ReportData:
+    """Everything a report shows, read at ``generated_at``."""
+
+    title: str
+    generated_at: datetime
+    stats: StoreStats
+    runs: tuple[RunData, ...]
+    tree: tuple[RunNode, ...]  # the runs shown, depth first
+    gc_runs: tuple[AuditEntry, ...]  # oldest first
+    locations: tuple[LocationInfo, ...]
+    drills: tuple[DrillRecord, ...]  # newest first
+
+
+def collect(source: ReportSource, runs: Sequence[str] | None = None, *,
+            title: str = "casckpt store") -> ReportData:
+    """Read what a report shows from ``source``: every run, or only ``runs`` (in tree order).
+
+    Store-wide sections (space, gc history, locations) cover the whole store either way.
+
+    Raises:
+        InvalidArgumentError: ``runs`` is a str or holds something other than run names.
+        RefNotFoundError: a run in ``runs`` does not exist (near names suggested).
+    """
+    wanted = _wanted(runs)
+    tree = tuple(n for n in source.tree() if wanted is None or n.name in wanted)
+    if wanted is not None:
+        missing = sorted(wanted - {n.name for n in tree})
+        for name in missing:
+            source.log(name)  # raises RefNotFoundError with its suggestions
+    run_data = tuple(_run_data(source, node.name) for node in tree)
+    drills = tuple(d for d in source.drill_history(limit=DRILL_LIMIT)
+                   if wanted is None or d.run in wanted)
+    return ReportData(
+        title=title, generated_at=datetime.now(timezone.utc), stats=source.stats(), runs=run_data,
+        tree=tree, gc_runs=tuple(source.audit(action="gc")), locations=tuple(source.locations()),
+        drills=drills)
+
+
+def _mode(metric: str) -> str | None:
+    """Whether lower or higher ``metric`` is better, from its name; None when the name does not say."""
+    words = set(re.split(r"[^a-z0-9]+", metric.lower()))
+    if words & _HIGHER:
+        return "max"
+    return "min" if words & _LOWER else None
+
+
+def _wanted(runs: Sequence[str] | None) -> frozenset[str] | None:
+    if runs is None:
+        return None
+    if isinstance(runs, str) or not all(isinstance(r, str) and r for r in runs):
+        raise InvalidArgumentError(f"runs must be a list of run names, got {runs!r}")
+    return frozenset(runs) or None
+
+
+def _run_data(source: ReportSource, name: str) -> RunData:
+    versions = tuple(source.log(name, order="asc"))
+    policy = source.retention(name)
+    kept = policy.keep_best if policy is not None else None
+    metrics = sorted({m for v in versions for m in v.metrics})
+    best: dict[str, tuple[str, str]] = {}
+    for metric in metrics:
+        mode = kept[2] if kept is not None and kept[0] == metric else _mode(metric)
+        if mode is None:
+            continue
+        scored = [v for v in versions if isinstance(v.metrics.get(metric), (int, float))
+                  and math.isfinite(v.metrics[metric])]
+        if not scored:
+            continue
+        sign = 1.0 if mode == "min" else -1.0
+        # lowest (or highest) value; ties go to the latest step
+        winner = min(scored, key=lambda v: (sign * float(v.metrics[metric]), -v.step))
+        best[metric] = (mode, winner.id)
+    return RunData(name=name, versions=versions, best=best)
