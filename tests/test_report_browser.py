@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from headless import CHROMIUM, Browser
-from report_store import build, contract_stand_ins
+from report_store import build
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None,
                                 reason="chromium is not installed (CI installs it: .ci/run)")
@@ -39,7 +39,7 @@ PROBE = {
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     root = tmp_path_factory.mktemp("report-browser")
-    with contract_stand_ins(), build(root / "store") as store:
+    with build(root / "store") as store:
         yield store.report(root / "report.html")
 
 
