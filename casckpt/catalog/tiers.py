@@ -203,9 +203,10 @@ def record_drained(catalog: Catalog, layout: PackLayout) -> bool:
 
 
 def _waiting() -> Any:
-    """Versions one of whose packs is still on a fast tier."""
+    """Versions one of whose packs is not on the locations: still on a fast tier, or lost
+    with one (such a version is never finished as durable, however it got the dependency)."""
     d, p = s.tier_deps, s.packs
-    return exists().where(d.c.version_id == s.versions.c.id, p.c.id == d.c.pack_id, p.c.state == "fast")
+    return exists().where(d.c.version_id == s.versions.c.id, p.c.id == d.c.pack_id, p.c.state != "live")
 
 
 def finishable(catalog: Catalog, limit: int = 1000) -> list[str]:
