@@ -4,10 +4,12 @@ or call a version durable too early, found in review and fixed."""
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import casckpt
 from casckpt.errors import IntegrityError, VersionLostError
@@ -85,3 +87,61 @@ def test_the_drain_does_not_finish_a_version_whose_pack_was_lost(tmp_path: Path)
                 conn.execute(s.packs.update().where(s.packs.c.state == "fast").values(state="lost"))
             assert v.id not in tier_sql.finishable(catalog)
             assert tier_sql.finish(catalog, [v.id]) == []
+
+
+def test_the_same_state_committed_again_after_its_tier_was_lost_drains(tmp_path: Path) -> None:
+    """A pack is named by its bytes: committing again, after the tier was wiped, the state it
+    held writes packs with the same ids as the lost ones. The new copies must be recorded and
+    drained, not hidden behind the old ``lost`` rows (the version would then be called durable
+    while its packs are on no location)."""
+    state = _state(5)
+    store = _open(tmp_path)
+    with _drain_held(store):
+        store.commit(state, run="r", step=1)
+        store.close()  # the drain is busy: nothing drained
+    shutil.rmtree(tmp_path / "fast")
+    with _open(tmp_path) as store:
+        assert store.resolve("r@1").durability == "lost"
+        v = store.commit(state, run="r", step=2, durable=True)
+        assert v.durability == "durable" or store.resolve(v.id).durability == "durable"
+    with casckpt.open(tmp_path / "store", blobs=[str(tmp_path / "durable")]) as plain:
+        assert _same(plain.restore(v.id), state)
+        problems = plain.check(read_data=True).problems
+        assert problems and all(p.kind == "version" and "lost" in p.detail for p in problems)
+
+
+def _tweaked(state: dict[str, object]) -> dict[str, object]:
+    out = dict(state)
+    for k, t in state.items():
+        if isinstance(t, torch.Tensor):
+            t = t.clone()
+            t[0, :8] += 1.0  # a small change: delta-coded against the previous chunk
+            out[k] = t
+    return out
+
+
+def test_a_delta_on_an_undrained_base_waits_on_the_base_pack(tmp_path: Path) -> None:
+    """A chunk delta-coded against a base in a pack not drained yet needs that pack too: the
+    version must not become durable (nor survive the base pack's loss) on its own packs."""
+    from casckpt.catalog import schema as s
+
+    first = _state(6)
+    second = _tweaked(first)
+    with _open(tmp_path) as store:
+        with _drain_held(store):
+            v1 = store.commit(first, run="r", step=1)
+            v1_packs = {p.name for p in (_tier_root(store) / "packs").glob("*/*")}
+            v2 = store.commit(second, run="r", step=2)
+            catalog = internals(store).context.catalog
+            with catalog.read() as conn:
+                deltas = conn.execute(s.chunks.select().where(s.chunks.c.base_id.is_not(None))).all()
+            assert deltas, "the second commit was expected to delta-code"
+            for pack in (_tier_root(store) / "packs").glob("*/*"):
+                if pack.name in v1_packs:
+                    pack.unlink()  # v1's packs (v2's delta bases) are gone before they drain
+        store.drain()
+        durability = {v.id: v.durability for v in store.log("r")}
+        assert durability[v1.id] == "lost"
+        assert durability[v2.id] == "lost"  # never "durable" without its bases
+        with pytest.raises(VersionLostError):
+            store.restore(v2.id)

@@ -148,7 +148,8 @@ class FastTierDir:
         the time it was written, and eviction would take it for an orphan (held, unknown to
         the catalog, old) in the moment before the commit records it."""
         try:
-            os.utime(path)
+            now = time.time()  # this host's clock, explicitly: the eviction compares with it
+            os.utime(path, (now, now))
         except OSError as exc:
             raise StorageError(f"cannot put pack {pack_id} on the fast tier: {exc}") from exc
         self.blobs.put_file(keys.pack_key(pack_id), path)
