@@ -145,3 +145,31 @@ def test_a_delta_on_an_undrained_base_waits_on_the_base_pack(tmp_path: Path) -> 
         assert durability[v2.id] == "lost"  # never "durable" without its bases
         with pytest.raises(VersionLostError):
             store.restore(v2.id)
+
+
+def test_after_a_delta_base_was_lost_the_state_commits_again(tmp_path: Path) -> None:
+    """A drained delta chunk whose base was lost with the tier is unreadable: a later commit of
+    the same state must not keep deduplicating against it (and fail, or publish unreadable)."""
+    first = _state(7)
+    second = _tweaked(first)
+    with _open(tmp_path) as store:
+        with _drain_held(store):
+            v1 = store.commit(first, run="r", step=1)
+            v1_packs = {p.name for p in (_tier_root(store) / "packs").glob("*/*")}
+            store.commit(second, run="r", step=2)
+            for pack in (_tier_root(store) / "packs").glob("*/*"):
+                if pack.name in v1_packs:
+                    pack.unlink()
+        store.drain()
+        assert store.resolve(v1.id).durability == "lost"
+        errors = []
+        for attempt in range(2):
+            try:
+                v3 = store.commit(second, run="r", step=3 + attempt, durable=True)
+                break
+            except casckpt.errors.CasckptError as exc:
+                errors.append(exc)
+        else:
+            pytest.fail(f"the state cannot be committed again: {errors}")
+    with casckpt.open(tmp_path / "store", blobs=[str(tmp_path / "durable")]) as plain:
+        assert _same(plain.restore(v3.id), second)
