@@ -293,11 +293,14 @@ class Catalog:
             insert_pack(conn, pack.layout, len(pack.entries), now)
             upsert_chunks(conn, chunk_rows)
 
-    def revive_or_missing(self, conn: Connection, ids: list[str]) -> set[str]:
+    def revive_or_missing(self, conn: Connection, ids: list[str],
+                          needed: set[str] | None = None) -> set[str]:
         """Revive referenced chunks GC condemned but has not swept, and the delta bases they
-        need, transitively; return those (chunks or bases) that are gone."""
+        need, transitively; return those (chunks or bases) that are gone. ``needed``, when
+        given, receives every chunk read (``ids`` and their bases, transitively)."""
         wanted, missing = list(ids), set()
-        seen = set(wanted)
+        seen = needed if needed is not None else set()
+        seen.update(wanted)
         while wanted:
             bases: set[str] = set()
             for i in range(0, len(wanted), BATCH):
@@ -403,11 +406,12 @@ class Catalog:
                 f"run {run!r} already has a version at step {version['step']} "
                 f"({existing[:12]}); commit with another step, or fork a new run"
             )
-        missing = self.revive_or_missing(conn, ids)
+        needed: set[str] = set()  # its chunks and their delta bases: all are read to restore it
+        missing = self.revive_or_missing(conn, ids, needed)
         if missing:
             raise MissingChunksError(missing)
         conn.execute(s.versions.insert().values(run_id=run_id, **version))
-        if record_deps(conn, version["id"], ids):  # it needs a pack still on a fast tier
+        if record_deps(conn, version["id"], sorted(needed)):  # it needs a pack still on a fast tier
             version["durability"] = "fast"
         for i in range(0, len(tensor_rows), BATCH):
             conn.execute(s.tensors.insert(), tensor_rows[i : i + BATCH])

@@ -137,13 +137,23 @@ def lose_packs(catalog: Catalog, pack_ids: Sequence[str], tier_id: str) -> Lost:
 
 def _lose(conn: Connection, packs: list[str]) -> list[str]:
     p, d, v = s.packs, s.tier_deps, s.versions
+    c, readable = s.chunks, s.chunks.c.state.in_(("live", "condemned"))
     lost: set[str] = set()
+    frontier: list[str] = []
     for i in range(0, len(packs), _BATCH):
         batch = packs[i : i + _BATCH]
         conn.execute(update(p).where(p.c.id.in_(batch)).values(state="lost"))
-        conn.execute(update(s.chunks).where(s.chunks.c.pack_id.in_(batch),
-                                            s.chunks.c.state.in_(("live", "condemned")))
-                     .values(state="lost"))
+        frontier += conn.execute(select(c.c.id).where(c.c.pack_id.in_(batch), readable)).scalars()
+    while frontier:  # a chunk delta-coded against a lost one is unreadable too, wherever it lies:
+        found: list[str] = []  # lost, so a commit holding it writes it again rather than reuse it
+        for i in range(0, len(frontier), _BATCH):
+            batch = frontier[i : i + _BATCH]
+            conn.execute(update(c).where(c.c.id.in_(batch), readable).values(state="lost"))
+            found += conn.execute(select(c.c.id).where(c.c.base_id.in_(batch), readable)).scalars()
+        frontier = found
+    for i in range(0, len(packs), _BATCH):  # after the chunk updates: on PostgreSQL they wait
+        # for a commit publishing against these chunks, whose dependencies this then sees
+        batch = packs[i : i + _BATCH]
         lost.update(conn.execute(select(d.c.version_id).where(d.c.pack_id.in_(batch))).scalars())
     ids = sorted(lost)
     for i in range(0, len(ids), _BATCH):
@@ -203,9 +213,10 @@ def record_drained(catalog: Catalog, layout: PackLayout) -> bool:
 
 
 def _waiting() -> Any:
-    """Versions one of whose packs is still on a fast tier."""
+    """Versions one of whose packs is not on the locations: still on a fast tier, or lost
+    with one (such a version is never finished as durable, however it got the dependency)."""
     d, p = s.tier_deps, s.packs
-    return exists().where(d.c.version_id == s.versions.c.id, p.c.id == d.c.pack_id, p.c.state == "fast")
+    return exists().where(d.c.version_id == s.versions.c.id, p.c.id == d.c.pack_id, p.c.state != "live")
 
 
 def finishable(catalog: Catalog, limit: int = 1000) -> list[str]:

@@ -52,7 +52,7 @@ from casckpt.engine.validate import (
     check_step,
     check_tags,
 )
-from casckpt.errors import CasckptError, CatalogError, VersionExistsError
+from casckpt.errors import CasckptError, CatalogError, StorageError, VersionExistsError
 from casckpt.format import keys
 from casckpt.format.manifest import ExtentEntry, Manifest, TreeHead, encode_manifest
 from casckpt.format.tree import encode_tree
@@ -408,7 +408,11 @@ def publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: 
     if tier is None:
         ctx.locations.put_everywhere(keys.manifest_key(snap.version_id), snap.manifest_bytes)
     else:  # the drain writes it to the locations once the version's packs are there
-        tier.dir.put_manifest(snap.version_id, snap.manifest_bytes)
+        try:  # a convenience copy: the catalog row holds it too, and the drain falls back on it
+            tier.dir.put_manifest(snap.version_id, snap.manifest_bytes)
+        except StorageError as exc:
+            log.warning("fast tier %s could not keep the manifest of %s (%s); the drain takes it "
+                        "from the catalog", tier.dir.root, snap.version_id[:12], exc)
     row = _publish(ctx, req, snap, started, redundancy, progress, lease, fast=tier is not None)
     if tier is not None:
         tier.wake()

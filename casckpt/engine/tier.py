@@ -45,6 +45,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +57,7 @@ from casckpt.errors import (
     BlobNotFoundError,
     CasckptError,
     CommitBackpressureError,
+    CorruptPackError,
     DrainTimeoutError,
     StorageError,
     VersionLostError,
@@ -350,12 +352,18 @@ def _drain_one(tier: FastTier, store_pack: Callable[[str, Path, int, Redundancy]
                pack: FastPack) -> bool | None:
     """Drain one pack under its own lease (gc deletes none of the objects being written):
     True when this drain made it live, False when it no longer waited (drained by another, or
-    its tier declared lost meanwhile), None when it is gone from the tier."""
+    its tier declared lost meanwhile), None when it is gone from the tier or damaged there
+    (the only copy: lost, never stored under its id)."""
     lease = begin_lease(tier.catalog)
     try:
         try:
             copy = tier.dir.copy_of(pack.id, tier.scratch.path())
         except BlobNotFoundError:
+            return None
+        except CorruptPackError as exc:  # the only copy is damaged: lost, never stored as is
+            log.warning("%s", exc)
+            with suppress(StorageError):
+                tier.dir.evict(pack.id)
             return None
         try:
             layout = store_pack(pack.id, copy, pack.size, Redundancy(pack.scheme, pack.k, pack.m))

@@ -23,7 +23,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import shutil
 import threading
 import time
 import uuid
@@ -32,12 +31,14 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from casckpt.errors import BlobNotFoundError, InvalidArgumentError, StorageError
+from casckpt.errors import BlobNotFoundError, CorruptPackError, InvalidArgumentError, StorageError
 from casckpt.format import keys
+from casckpt.format.chunks import object_hasher
 from casckpt.storage.local import LocalBlobStore, fsync_dir
 
 IDENTITY = "casckpt-tier"
 _STATS = "drain-stats"  # JSON: bytes and seconds of every drain so far (the drain rate)
+_COPY_BLOCK = 8 << 20  # bytes a drain copies (and hashes) at a time
 TOUCH_S = 10.0  # a pack read more often than this is touched once (its mtime is its LRU age)
 
 
@@ -142,7 +143,15 @@ class FastTierDir:
         return self.pack_path(pack_id).is_file()
 
     def put_pack(self, pack_id: str, path: Path) -> None:
-        """Make the finished pack file ``path`` durable here (fsync, rename; consumes it)."""
+        """Make the finished pack file ``path`` durable here (fsync, rename; consumes it).
+        Its mtime (its age for eviction) is made now first: a pack that waited for room keeps
+        the time it was written, and eviction would take it for an orphan (held, unknown to
+        the catalog, old) in the moment before the commit records it."""
+        try:
+            now = time.time()  # this host's clock, explicitly: the eviction compares with it
+            os.utime(path, (now, now))
+        except OSError as exc:
+            raise StorageError(f"cannot put pack {pack_id} on the fast tier: {exc}") from exc
         self.blobs.put_file(keys.pack_key(pack_id), path)
 
     def read_into(self, pack_id: str, offset: int, buffers: Sequence[memoryview]) -> int:
@@ -173,17 +182,24 @@ class FastTierDir:
             os.utime(self.pack_path(pack_id))
 
     def copy_of(self, pack_id: str, into: Path) -> Path:
-        """A copy of the pack in directory ``into``, for a blob store to consume. Never a hard
-        link: a local location would then share the tier's inode, and one bad write or bit
-        flip would damage both copies.
+        """A copy of the pack in directory ``into``, for a blob store to consume, checked
+        against its id while copying: the copy is about to become the durable one, so bytes
+        damaged on this disk must never be stored under the pack's id. Never a hard link: a
+        local location would then share the tier's inode, and one bad write or bit flip would
+        damage both copies.
 
         Raises:
             BlobNotFoundError: the pack is not here.
+            CorruptPackError: the copy here is damaged (its bytes do not hash to its id).
             StorageError: the copy cannot be made.
         """
         target = into / f"{uuid.uuid4().hex}.drain"
+        hasher = object_hasher()
         try:
-            shutil.copyfile(self.pack_path(pack_id), target)
+            with open(self.pack_path(pack_id), "rb") as src, open(target, "wb") as dst:
+                while block := src.read(_COPY_BLOCK):
+                    hasher.update(block)
+                    dst.write(block)
         except FileNotFoundError:
             target.unlink(missing_ok=True)
             if not self.holds(pack_id):
@@ -192,6 +208,10 @@ class FastTierDir:
         except OSError as exc:
             target.unlink(missing_ok=True)
             raise StorageError(f"cannot copy pack {pack_id} for its drain into {into}: {exc}") from exc
+        if hasher.hexdigest() != pack_id:
+            target.unlink(missing_ok=True)
+            raise CorruptPackError(f"pack {pack_id} on the fast tier {self.root} is damaged (its "
+                                   "bytes do not hash to its id) and has not drained: it is lost")
         return target
 
     def evict(self, pack_id: str) -> int:
@@ -232,10 +252,10 @@ class FastTierDir:
         self.blobs.put(keys.manifest_key(version_id), data)
 
     def manifest(self, version_id: str) -> bytes | None:
-        """A manifest kept here (None: not here)."""
+        """A manifest kept here (None: not here, or not readable: the catalog has it too)."""
         try:
             return self.blobs.get(keys.manifest_key(version_id))
-        except BlobNotFoundError:
+        except StorageError:
             return None
 
     def drop_manifest(self, version_id: str) -> None:
