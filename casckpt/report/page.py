@@ -12,6 +12,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from casckpt.errors import InvalidArgumentError
 from casckpt.report import operations, sections
 from casckpt.report.data import ReportData, ReportSource, collect
 from casckpt.report.sections import Section, when
@@ -51,15 +52,23 @@ def write_report(source: ReportSource, path: str | os.PathLike[str], runs: Seque
     report. Returns the path written.
 
     Raises:
-        InvalidArgumentError: a bad ``runs``.
+        InvalidArgumentError: a bad ``runs``; or ``path`` exists and is not a file (a folder,
+            a pipe, a device: never replaced by the report).
         RefNotFoundError: a run in ``runs`` does not exist.
         OSError: ``path`` cannot be written.
     """
     target = Path(path)
+    if target.exists() and not target.is_file():
+        raise InvalidArgumentError(
+            f"{target} exists and is not a file; the report replaces a file only: give a file path")
     page = render_page(collect(source, runs, title=title))
     temporary = target.with_name(f".{target.name}.tmp")
-    temporary.write_text(page, encoding="utf-8")
-    os.replace(temporary, target)
+    try:
+        temporary.write_text(page, encoding="utf-8")
+        os.replace(temporary, target)
+    except BaseException:
+        temporary.unlink(missing_ok=True)  # no half report left beside the path
+        raise
     return target
 
 

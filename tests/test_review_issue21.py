@@ -1,0 +1,59 @@
+"""Hostile review of issue 21 (drills, the interval advisor, the HTML report): each test a finding."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import casckpt
+from casckpt.catalog.drills import Commit
+from casckpt.engine.advise import advise
+from casckpt.errors import InvalidArgumentError
+
+COMMITS = [Commit(i * 100, 1_800_000_000.0 + i * 600, 30.0) for i in range(6)]
+
+
+def test_an_mtbf_that_overflows_the_arithmetic_is_refused_not_infinity() -> None:
+    # C / M is inf: --json printed an "Infinity" overhead
+    with pytest.raises(InvalidArgumentError, match="mtbf"):
+        advise("r", COMMITS, restore_s=3.0, restore_source="drills", restart_s=0.0, mtbf_s=1e-320)
+
+
+@pytest.mark.parametrize("mtbf", [1e200, 1e308])
+def test_a_huge_finite_mtbf_gets_finite_advice_not_a_traceback(mtbf: float) -> None:
+    # 1e308: sqrt(2 C M) overflowed to inf and round(inf * rate) raised OverflowError
+    advice = advise("r", COMMITS, restore_s=3.0, restore_source="drills", restart_s=0.0, mtbf_s=mtbf)
+    assert math.isfinite(advice.advised_interval_s) and advice.advised_interval_steps > 1
+    assert all(math.isfinite(x) for x in advice.expected_overhead.values())
+
+
+_EVIL = '<script>alert(1)</script><img src=x onerror=alert(2)>"\'&'
+
+
+def test_the_report_escapes_what_users_typed(tmp_path: Path) -> None:
+    with casckpt.open(tmp_path / "store") as store:
+        for step in (1, 2):
+            store.commit({"w": torch.full((64,), float(step))}, run="r", step=step,
+                         metrics={_EVIL: 1.0 / step}, message=_EVIL, metadata={_EVIL: _EVIL})
+        store.drill(count=2)
+        out = store.report(tmp_path / "r.html")
+    page = out.read_text(encoding="utf-8")
+    assert "<script" not in page and "<img" not in page
+
+
+def test_the_report_refuses_to_replace_what_is_not_a_file(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    with casckpt.open(tmp_path / "store") as store:
+        store.commit({"w": torch.zeros(8)}, run="r", step=1)
+        for target in (fifo, folder):
+            with pytest.raises((InvalidArgumentError, OSError)):
+                store.report(target)
+    assert fifo.exists() and not fifo.is_file() and folder.is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "pipe", "store"]  # no temporary left
