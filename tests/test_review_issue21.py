@@ -23,6 +23,11 @@ def test_an_mtbf_that_overflows_the_arithmetic_is_refused_not_infinity() -> None
         advise("r", COMMITS, restore_s=3.0, restore_source="drills", restart_s=0.0, mtbf_s=1e-320)
 
 
+def test_a_restart_that_overflows_the_overhead_is_refused_not_infinity() -> None:
+    with pytest.raises(InvalidArgumentError, match="restart"):
+        advise("r", COMMITS, restore_s=3.0, restore_source="drills", restart_s=1e308, mtbf_s=0.1)
+
+
 @pytest.mark.parametrize("mtbf", [1e200, 1e308])
 def test_a_huge_finite_mtbf_gets_finite_advice_not_a_traceback(mtbf: float) -> None:
     # 1e308: sqrt(2 C M) overflowed to inf and round(inf * rate) raised OverflowError
@@ -57,3 +62,13 @@ def test_the_report_refuses_to_replace_what_is_not_a_file(tmp_path: Path) -> Non
                 store.report(target)
     assert fifo.exists() and not fifo.is_file() and folder.is_dir()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "pipe", "store"]  # no temporary left
+
+
+def test_metrics_matplotlib_cannot_plot_still_get_a_report_with_their_table(tmp_path: Path) -> None:
+    # finite, so commit accepts them; matplotlib's tick locator raised ValueError and no report was written
+    with casckpt.open(tmp_path / "store") as store:
+        store.commit({"w": torch.zeros(4)}, run="x", step=0, metrics={"loss": 1e308, "acc": -1e308})
+        store.commit({"w": torch.zeros(4)}, run="x", step=1, metrics={"loss": 5e-324, "acc": 1e308})
+        page = store.report(tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "The plot could not be drawn" in page and "<td>1e+308</td>" in page
+    assert page.count("<svg") >= 3  # the other sections still have their plots

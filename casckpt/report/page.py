@@ -104,7 +104,8 @@ def _section(s: Section) -> str:
              f'<h2 id="{s.key}-title">{html.escape(s.title)}</h2>',
              f'<p class="intro">{html.escape(s.intro)}</p>']
     if s.plot is None:
-        parts.append(f'<p class="empty">{html.escape(s.empty)}</p>')
+        empty = s.empty or "The plot could not be drawn from these values; the table below has them."
+        parts.append(f'<p class="empty">{html.escape(empty)}</p>')
     else:
         parts.append(f'<figure class="plot" data-plot="{s.key}" data-width="{s.plot.width}" '
                      f'data-height="{s.plot.height}">{s.plot.svg}</figure>')
