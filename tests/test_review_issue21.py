@@ -93,3 +93,16 @@ def test_drilling_a_named_run_with_nothing_to_restore_is_not_ok(tmp_path: Path) 
         assert store.drill().ok  # every run: b is drilled, a (empty) is not named
     result = CliRunner().invoke(app, ["--store", str(root), "drill", "--run", "a"])
     assert result.exit_code == EXIT_NOT_FOUND and "no version to drill" in result.output
+
+
+def test_the_report_never_writes_through_a_link_at_a_temporary_name(tmp_path: Path) -> None:
+    # the temporary was always ".NAME.tmp": a symlink planted there was followed, writing the report
+    # over whatever it pointed at (and two reports to one path wrote into one temporary)
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (tmp_path / ".r.html.tmp").symlink_to(victim)
+    with casckpt.open(tmp_path / "store") as store:
+        store.commit({"w": torch.zeros(8)}, run="r", step=1)
+        out = store.report(tmp_path / "r.html")
+    assert victim.read_text() == "precious" and out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".r.html.tmp", "r.html", "store", "victim"]

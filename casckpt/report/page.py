@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import os
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -62,9 +63,13 @@ def write_report(source: ReportSource, path: str | os.PathLike[str], runs: Seque
         raise InvalidArgumentError(
             f"{target} exists and is not a file; the report replaces a file only: give a file path")
     page = render_page(collect(source, runs, title=title))
-    temporary = target.with_name(f".{target.name}.tmp")
+    # a fresh name, created exclusively: two reports to one path never write into each other's
+    # temporary, and a link planted at a fixed temporary name is never followed
+    temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
     try:
-        temporary.write_text(page, encoding="utf-8")
+        with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w",
+                       encoding="utf-8") as out:
+            out.write(page)
         os.replace(temporary, target)
     except BaseException:
         temporary.unlink(missing_ok=True)  # no half report left beside the path
