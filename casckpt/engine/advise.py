@@ -119,7 +119,8 @@ def advise(run: str, commits: Sequence[Commit], *, restore_s: float, restore_sou
     rate = (commits[-1].step - commits[0].step) / span
     restore = restore_s + restart_s
     tau = daly(cost, mtbf_s)
-    overheads = {"current": overhead(interval, cost, restore, mtbf_s), "advised": overhead(tau, cost, restore, mtbf_s)}
+    overheads = {"current": overhead(interval, cost, restore, mtbf_s),
+                 "advised": overhead(tau, cost, restore, mtbf_s)}
     lost = {"current": lost_work(interval, restore), "advised": lost_work(tau, restore)}
     if not all(math.isfinite(x) for x in (tau, young(cost, mtbf_s), tau * rate, *overheads.values(),
                                           *lost.values())):
