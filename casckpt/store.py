@@ -976,6 +976,8 @@ class Store:
 
         Raises:
             RunNotFoundError: a run in ``runs`` does not exist.
+            VersionNotFound: a run in ``runs`` has no version to drill (a restart of it
+                would have nothing to restore; nothing is recorded).
             InvalidArgumentError: ``count`` is not a positive int.
             CatalogError: the results could not be recorded.
         """
@@ -1029,7 +1031,8 @@ class Store:
         Raises:
             OptionalDependencyError: matplotlib is not installed (``pip install 'casckpt[report]'``).
             RefNotFoundError: a run in ``runs`` does not exist.
-            InvalidArgumentError: ``runs`` is not a list of run names.
+            InvalidArgumentError: ``runs`` is not a list of run names, or ``path`` exists and is
+                not a file (a folder, a pipe: never replaced).
         """
         from casckpt.report import write_report  # matplotlib: only when a report is asked for
 

@@ -18,7 +18,7 @@ from casckpt.catalog import drills as sql
 from casckpt.engine import advise as advisor
 from casckpt.engine import drill as drills
 from casckpt.engine.refs import check_run
-from casckpt.errors import InvalidArgumentError
+from casckpt.errors import InvalidArgumentError, VersionNotFound
 from casckpt.store_core import StoreCore
 from casckpt.types import Advice, DrillReport, DrillResult, ProgressCallback
 
@@ -40,6 +40,11 @@ class StoreDrills:
         for name in names or ():
             check_run(catalog, name)
         chosen = drills.pick(sql.visible_versions(catalog, names), count, random.Random(seed))
+        for name in sorted(set(names or ()) - {row.run for row in chosen}):
+            # a run asked for by name that has nothing a restart could restore is not "ok"
+            raise VersionNotFound(name, "the run has no version to drill (none committed, or every one "
+                                  "deleted; a version still on this host's fast tier is drilled once "
+                                  "drained): a restart of it would have nothing to restore")
         record = self._core.read_only is None
         drill_id, results = drills.drill(self._core.ctx, chosen, record=record, progress=progress)
         return DrillReport(drill_id, results, recorded=record)

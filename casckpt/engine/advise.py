@@ -38,8 +38,8 @@ HISTORY = 20
 
 
 def young(cost: float, mtbf: float) -> float:
-    """Young's first-order optimum interval: sqrt(2 C M)."""
-    return math.sqrt(2 * cost * mtbf)
+    """Young's first-order optimum interval: sqrt(2 C M) (as sqrt(2C) sqrt(M): no overflow)."""
+    return math.sqrt(2 * cost) * math.sqrt(mtbf)
 
 
 def daly(cost: float, mtbf: float) -> float:
@@ -47,7 +47,7 @@ def daly(cost: float, mtbf: float) -> float:
     if cost >= 2 * mtbf:
         return mtbf
     ratio = cost / (2 * mtbf)
-    return math.sqrt(2 * cost * mtbf) * (1 + math.sqrt(ratio) / 3 + ratio / 9) - cost
+    return young(cost, mtbf) * (1 + math.sqrt(ratio) / 3 + ratio / 9) - cost
 
 
 def overhead(interval: float, cost: float, restore: float, mtbf: float) -> float:
@@ -119,13 +119,20 @@ def advise(run: str, commits: Sequence[Commit], *, restore_s: float, restore_sou
     rate = (commits[-1].step - commits[0].step) / span
     restore = restore_s + restart_s
     tau = daly(cost, mtbf_s)
+    overheads = {"current": overhead(interval, cost, restore, mtbf_s),
+                 "advised": overhead(tau, cost, restore, mtbf_s)}
+    lost = {"current": lost_work(interval, restore), "advised": lost_work(tau, restore)}
+    if not all(math.isfinite(x) for x in (tau, young(cost, mtbf_s), tau * rate, *overheads.values(),
+                                          *lost.values())):
+        raise InvalidArgumentError(
+            f"mtbf {mtbf_s:g} s (restart {restart_s:g} s) is out of range for run {run!r}'s "
+            f"checkpoint cost {cost:g} s: the advice overflows; give the job's real mean time "
+            "between failures and restart time (e.g. 8h, 5m)")
     return Advice(
         run=run, checkpoint_cost_s=cost, restore_s=restore_s, restore_source=restore_source,
         restart_s=restart_s, mtbf_s=mtbf_s, advised_interval_s=tau,
         young_interval_s=young(cost, mtbf_s), advised_interval_steps=max(1, round(tau * rate)),
         current_interval_s=interval, current_interval_steps=float(interval_steps), step_rate=rate,
-        expected_overhead={"current": overhead(interval, cost, restore, mtbf_s),
-                           "advised": overhead(tau, cost, restore, mtbf_s)},
-        expected_lost_work_s={"current": lost_work(interval, restore),
-                              "advised": lost_work(tau, restore)},
+        expected_overhead=overheads,
+        expected_lost_work_s=lost,
         commits=len(commits))

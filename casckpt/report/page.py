@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import html
 import os
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+from casckpt.errors import InvalidArgumentError
 from casckpt.report import operations, sections
 from casckpt.report.data import ReportData, ReportSource, collect
 from casckpt.report.sections import Section, when
@@ -51,15 +53,27 @@ def write_report(source: ReportSource, path: str | os.PathLike[str], runs: Seque
     report. Returns the path written.
 
     Raises:
-        InvalidArgumentError: a bad ``runs``.
+        InvalidArgumentError: a bad ``runs``; or ``path`` exists and is not a file (a folder,
+            a pipe, a device: never replaced by the report).
         RefNotFoundError: a run in ``runs`` does not exist.
         OSError: ``path`` cannot be written.
     """
     target = Path(path)
+    if target.exists() and not target.is_file():
+        raise InvalidArgumentError(
+            f"{target} exists and is not a file; the report replaces a file only: give a file path")
     page = render_page(collect(source, runs, title=title))
-    temporary = target.with_name(f".{target.name}.tmp")
-    temporary.write_text(page, encoding="utf-8")
-    os.replace(temporary, target)
+    # a fresh name, created exclusively: two reports to one path never write into each other's
+    # temporary, and a link planted at a fixed temporary name is never followed
+    temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w",
+                       encoding="utf-8") as out:
+            out.write(page)
+        os.replace(temporary, target)
+    except BaseException:
+        temporary.unlink(missing_ok=True)  # no half report left beside the path
+        raise
     return target
 
 
@@ -95,7 +109,8 @@ def _section(s: Section) -> str:
              f'<h2 id="{s.key}-title">{html.escape(s.title)}</h2>',
              f'<p class="intro">{html.escape(s.intro)}</p>']
     if s.plot is None:
-        parts.append(f'<p class="empty">{html.escape(s.empty)}</p>')
+        empty = s.empty or "The plot could not be drawn from these values; the table below has them."
+        parts.append(f'<p class="empty">{html.escape(empty)}</p>')
     else:
         parts.append(f'<figure class="plot" data-plot="{s.key}" data-width="{s.plot.width}" '
                      f'data-height="{s.plot.height}">{s.plot.svg}</figure>')

@@ -89,11 +89,16 @@ def figure(key: str, height_in: float = 3.2, *, rows: int = 1) -> Iterator[tuple
         yield fig, axes
 
 
-def render(fig: Figure, key: str) -> Plot:
-    """``fig`` as inline SVG, foreground in ``currentColor``."""
+def render(fig: Figure, key: str) -> Plot | None:
+    """``fig`` as inline SVG, foreground in ``currentColor``; None when matplotlib cannot draw
+    it (values it cannot lay ticks out for, such as metrics spanning -1e308..1e308: finite, so
+    a commit accepts them): the section keeps its table and says the plot is missing."""
     buffer = io.StringIO()
     with matplotlib.rc_context({**_RC, "svg.hashsalt": f"casckpt-report-{key}"}):
-        fig.savefig(buffer, format="svg", metadata={"Date": None, "Creator": "casckpt"})
+        try:
+            fig.savefig(buffer, format="svg", metadata={"Date": None, "Creator": "casckpt"})
+        except (ValueError, OverflowError, FloatingPointError):
+            return None
     svg = _HEAD.sub("", buffer.getvalue(), count=1).replace(FOREGROUND, "currentColor")
     width = re.search(r'<svg[^>]*\bwidth="([^"]+)"', svg)
     height = re.search(r'<svg[^>]*\bheight="([^"]+)"', svg)
