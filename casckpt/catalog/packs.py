@@ -115,6 +115,11 @@ def insert_pack(conn: Connection, layout: PackLayout, chunks: int, now: float) -
         "k": layout.k, "m": layout.m, "algorithm": layout.algorithm, "stripe": layout.stripe,
         "data_offset": layout.data_offset,
     }], "id")
+    insert_shards(conn, layout)
+
+
+def insert_shards(conn: Connection, layout: PackLayout) -> None:
+    """Insert the shard rows of ``layout`` (rows that exist are kept)."""
     rows = [{"pack_id": layout.id, "idx": sh.index, "location_id": sh.location_id, "key": sh.key,
              "size": sh.size, "checksum": sh.checksum, "state": sh.state, "verified_at": None}
             for sh in layout.shards]

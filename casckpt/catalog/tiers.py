@@ -22,7 +22,7 @@ from sqlalchemy import Connection, exists, func, select, update
 
 from casckpt.catalog import schema as s
 from casckpt.catalog.database import insert_ignore, upsert
-from casckpt.catalog.packs import PackLayout
+from casckpt.catalog.packs import PackLayout, insert_shards
 
 if TYPE_CHECKING:
     from casckpt.catalog.catalog import Catalog
@@ -203,12 +203,7 @@ def record_drained(catalog: Catalog, layout: PackLayout) -> bool:
         conn.execute(update(p).where(p.c.id == layout.id).values(
             state="live", tier=None, scheme=layout.scheme, k=layout.k, m=layout.m,
             algorithm=layout.algorithm, stripe=layout.stripe, data_offset=layout.data_offset))
-        rows = [{"pack_id": layout.id, "idx": sh.index, "location_id": sh.location_id, "key": sh.key,
-                 "size": sh.size, "checksum": sh.checksum, "state": sh.state, "verified_at": None}
-                for sh in layout.shards]
-        if rows:
-            conn.execute(upsert(conn, s.shards).on_conflict_do_nothing(
-                index_elements=["pack_id", "idx"]), rows)
+        insert_shards(conn, layout)
     return True
 
 
