@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from casckpt.config_file import STORE_FORMAT, read_config_file
-from casckpt.errors import InvalidArgumentError, NotAStoreError
+from casckpt.errors import AccessDeniedError, InvalidArgumentError, NotAStoreError
 
 CONFIG_FILE = "casckpt.toml"
 DEFAULT_CHUNK_SIZE = 1 << 20
@@ -397,7 +397,14 @@ def locate_store(path: Path | None, *, blobs: BlobsArg | None, catalog: str | No
         return StoreSpec(None, _resolved(blob_locations(blobs), Path.cwd()), catalog, cache,
                          dict(s3 or {}), redundancy)
     file = _config_file(path)
-    if file.is_file():
+    try:
+        found = file.is_file()
+    except PermissionError as exc:  # pathlib lets EACCES through: a parent this uid cannot search
+        raise AccessDeniedError(
+            f"cannot reach the store at {path}: {exc.strerror} ({exc.filename}); give this user "
+            "search (x) rights on every directory above the store and read rights on the store",
+            right=f"read {file}") from exc
+    if found:
         return _spec_from_file(file, blobs, catalog, cache, s3)
     root = file.parent
     if root.exists() and not root.is_dir():

@@ -12,6 +12,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import textwrap
 import warnings
 from collections.abc import Callable, Iterator
@@ -132,28 +133,29 @@ def _as_nobody(args: list[str], home: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture
-def root_owned_store(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+def root_owned_store() -> Iterator[tuple[Path, Path]]:
     """A store built by root, readable by everyone, writable by root only; and a home the
     unprivileged uid owns."""
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.skip("needs root and setpriv: builds a root-owned store and reads it as uid 65534")
-    root = tmp_path / "store"
-    with casckpt.open(root) as store:
-        _build(store)
-    for path in [root, *root.rglob("*")]:
-        os.chown(path, 0, 0)
-        os.chmod(path, 0o755 if path.is_dir() else 0o644)
-    for parent in [tmp_path, *tmp_path.parents]:  # let the uid reach it (tmp dirs are 0700)
-        if parent == Path(parent.anchor):
-            break
-        os.chmod(parent, parent.stat().st_mode | 0o005)
-    home = tmp_path / "nobody"
-    home.mkdir()
-    os.chown(home, NOBODY, NOBODY)
-    probe = _as_nobody(["-c", "import casckpt, torch"], home)
-    if probe.returncode != 0:
-        pytest.skip(f"uid {NOBODY} cannot run this Python and casckpt: {probe.stderr.strip()[-300:]}")
-    yield root, home
+    # pytest's tmp dirs sit under a 0700 pytest-of-<user> that every pytest session starting
+    # meanwhile resets to 0700, so the uid gets a temporary directory of its own beside them
+    with tempfile.TemporaryDirectory(prefix="casckpt-readonly-") as tmp:
+        top = Path(tmp)
+        os.chmod(top, 0o755)
+        root = top / "store"
+        with casckpt.open(root) as store:
+            _build(store)
+        for path in [root, *root.rglob("*")]:
+            os.chown(path, 0, 0)
+            os.chmod(path, 0o755 if path.is_dir() else 0o644)
+        home = top / "nobody"
+        home.mkdir()
+        os.chown(home, NOBODY, NOBODY)
+        probe = _as_nobody(["-c", "import casckpt, torch"], home)
+        if probe.returncode != 0:
+            pytest.skip(f"uid {NOBODY} cannot run this Python and casckpt: {probe.stderr.strip()[-300:]}")
+        yield root, home
 
 
 def test_unprivileged_uid_reads_a_root_owned_store(root_owned_store: tuple[Path, Path]) -> None:
@@ -187,6 +189,15 @@ def test_cli_as_unprivileged_uid(root_owned_store: tuple[Path, Path]) -> None:
         assert done.returncode == 8, (args, done.stdout, done.stderr)
         assert "needs write access" in done.stderr, (args, done.stderr)
     assert _tree_digest(root) == before
+
+
+def test_a_store_behind_a_directory_the_uid_cannot_search_is_denied(
+        root_owned_store: tuple[Path, Path]) -> None:
+    root, home = root_owned_store
+    os.chmod(root.parent, 0o700)  # the uid may no longer look inside the store's parent
+    done = _as_nobody(["-m", "casckpt.cli.main", "--store", str(root), "log"], home)
+    assert done.returncode == 8, (done.stdout, done.stderr)  # denied, not an internal error
+    assert "cannot reach the store" in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
 # -- explicit read_only on a writable store; migrations ------------------------------------
