@@ -1,8 +1,9 @@
 """Packs encoded chunks into pack objects and makes them durable.
 
 A pack is written to a staging file (in the store's own staging directory,
-see ``storage/scratch.py``), finished (footer, trailer, id), stored in the
-blob store under its content-addressed key, and only then recorded in the
+see ``storage/scratch.py``, or the fast tier's when the pack is to be held
+there and the tier's disk has room for it), finished (footer, trailer, id),
+stored in the blob store (or held on the tier) under its content-addressed key, and only then recorded in the
 catalog and the index cache. A crash at any point leaves at worst an object
 or chunk rows no version references, which GC reclaims, and staging files
 the next open reclaims. A staging disk that fills up raises StorageFullError.
@@ -48,6 +49,7 @@ class Packer:
         self._record = on_stored or ctx.catalog.add_pack
         self._file: BinaryIO | None = None
         self._path: Path | None = None
+        self._held = False  # the open pack is filled on the fast tier, to be held there
         self._writer: PackWriter | None = None
         self._pending: deque[Future[PackRecord]] = deque()
         self.stored_bytes = 0
@@ -67,7 +69,11 @@ class Packer:
 
     def _open(self) -> PackWriter:
         self._ctx.packs.prepare(self._redundancy)  # an encoding worker starts while this pack fills
-        self._path = self._ctx.staging.path() / f"{uuid.uuid4().hex}.pack"
+        # a tier whose disk is full, whatever its budget says, is passed by: the pack goes to
+        # the locations, as without a tier, rather than failing the commit
+        self._held = self._tier is not None and self._tier.room_for(self._ctx.config.pack_size)
+        staging = self._tier.scratch if self._held and self._tier is not None else self._ctx.staging
+        self._path = staging.path() / f"{uuid.uuid4().hex}.pack"
         self._file = open(self._path, "wb")  # noqa: SIM115 - closed in _close()/abort()
         self._writer = PackWriter(self._file)
         return self._writer
@@ -91,14 +97,16 @@ class Packer:
             raise self._write_error(exc, 0) from exc
         size, entries = self._writer.size, self._writer.entries
         path, self._writer, self._file, self._path = self._path, None, None, None
-        self._pending.append(self._ctx.uploads.submit(self._store, pack_id, size, entries, path))
+        self._pending.append(self._ctx.uploads.submit(self._store, pack_id, size, entries, path,
+                                                      self._held))
         while len(self._pending) > self._IN_FLIGHT:
             self.packs.append(self._pending.popleft().result())
 
-    def _store(self, pack_id: str, size: int, entries: Sequence[PackEntry], path: Path) -> PackRecord:
+    def _store(self, pack_id: str, size: int, entries: Sequence[PackEntry], path: Path,
+               held: bool) -> PackRecord:
         try:
             layout = (self._tier.write(pack_id, path, size, self._redundancy, self._ctx.config.backpressure)
-                      if self._tier is not None else None)
+                      if held and self._tier is not None else None)
             if layout is None:
                 layout = self._ctx.packs.write(pack_id, path, size, self._redundancy)
         finally:
