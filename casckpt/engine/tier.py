@@ -31,9 +31,9 @@ Reads (:class:`~casckpt.engine.packs.Packs`) take a pack from the tier when it h
 verified like any read; a damaged copy of a drained pack is evicted and the pack read from
 the locations. The tier is a cache with a budget (``fast_tier_bytes``): after each drain,
 drained packs are evicted least recently used first, except those of the newest
-``keep_fast_last`` versions, until what is held fits the budget and the tier's disk has
-room for the next pack (:data:`ROOM_PACKS` packs): the disk's real free space counts, a
-budget larger than the disk included. A pack not drained yet is never evicted. When the packs not
+``keep_fast_last`` versions, until what is held fits the budget and the tier's disk has room
+for the next pack (:data:`ROOM_PACKS` packs): the disk's real free space counts, a budget
+larger than the disk included. A pack not drained yet is never evicted. When the packs not
 yet drained fill the budget, a commit's next pack waits for the drain (``backpressure=
 "block"``) or raises :class:`~casckpt.errors.CommitBackpressureError` (``"raise"``).
 
@@ -162,9 +162,10 @@ class FastTier:
         if disk is None or disk.free >= want:
             return True
         if not self._full_warned:
-            log.warning("fast tier %s: its disk has %d bytes free, too few for the next pack (the "
-                        "budget, %d bytes, is not the limit: the disk is); packs go straight to the "
-                        "locations until the drain frees room", self.dir.root, disk.free, self.budget)
+            log.warning("fast tier %s: its disk has %s free, too few for the next pack (the "
+                        "budget, %s, is not the limit: the disk is); packs go straight to the "
+                        "locations until the drain frees room", self.dir.root, _mib(disk.free),
+                        _mib(self.budget))
             self._full_warned = True
         return False
 
@@ -172,8 +173,8 @@ class FastTier:
               backpressure: str) -> PackLayout | None:
         """Hold the finished pack ``path``, filled in :attr:`scratch` (the tier's own disk:
         a rename), on the tier (consuming it); its layout, recorded by the caller, makes it a
-        ``fast`` pack. None: the tier could not take it (its disk
-        failed or is full: logged), so the caller stores the pack on the locations.
+        ``fast`` pack. None: the tier could not take it (declared lost, or its disk failed:
+        logged), so the caller stores the pack on the locations.
 
         Raises:
             CommitBackpressureError: the packs not yet drained fill the budget and
@@ -255,14 +256,14 @@ class FastTier:
             return []
         found = []
         if self.budget > disk.total:
-            found.append(f"the budget ({self.budget} bytes, fast_tier_bytes) exceeds the file system "
-                         f"holding the tier ({disk.total} bytes): the disk, not the budget, limits "
-                         "what the tier holds; give it a budget below the disk's size")
+            found.append(f"the budget ({_mib(self.budget)}, fast_tier_bytes) exceeds the file "
+                         f"system holding the tier ({_mib(disk.total)}): the disk, not the budget, "
+                         "limits what the tier holds; give it a budget below the disk's size")
         if disk.free < self.room:
-            found.append(f"the tier's file system has {disk.free} bytes free, less than the "
-                         f"{self.room} a commit wants to fill a pack there: commits store their "
-                         "packs on the locations (slower) until drained packs are evicted or "
-                         "space is freed")
+            found.append(f"the tier's file system has {_mib(disk.free)} free, less than the "
+                         f"{_mib(self.room)} a commit wants to fill a pack there: commits store "
+                         "their packs on the locations (slower) until drained packs are evicted "
+                         "or space is freed")
         return found
 
     def _kept(self) -> frozenset[str]:
@@ -297,13 +298,18 @@ class FastTier:
         self.dir.close()
 
 
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
 def open_tier(catalog: Catalog, base: Path | str, budget: int, keep_last: int, *,
               read_only: bool = False, pack_size: int = DEFAULT_PACK_SIZE) -> FastTier | None:
     """This host's fast tier of the store at ``base`` (its directory made if need be), recorded
     in the catalog; a tier this host had at the same path and lost (the directory wiped) is
     declared lost, with a warning naming the versions lost with it, and what dead commits
     left in its ``staging/`` is reclaimed. A read-only store uses a tier only if it exists
-    (None otherwise) and records nothing. ``pack_size``: the store's, for :meth:`FastTier.room_for`."""
+    (None otherwise) and records nothing. ``pack_size``: the store's (see
+    :meth:`FastTier.room_for`)."""
     root = Path(base).expanduser() / catalog.store_id
     if read_only and not (root / "casckpt-tier").is_file():
         return None
