@@ -11,6 +11,8 @@ the next open reclaims. A staging disk that fills up raises StorageFullError.
 
 from __future__ import annotations
 
+import errno
+import os
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -25,6 +27,9 @@ from casckpt.errors import StorageError
 from casckpt.format.pack import PackEntry, PackWriter
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.local import full_error
+
+# fallocate refused by the file system itself, not for want of room
+_NO_FALLOCATE = (errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS)
 
 
 class Packer:
@@ -69,14 +74,38 @@ class Packer:
 
     def _open(self) -> PackWriter:
         self._ctx.packs.prepare(self._redundancy)  # an encoding worker starts while this pack fills
-        # a tier whose disk is full, whatever its budget says, is passed by: the pack goes to
-        # the locations, as without a tier, rather than failing the commit
-        self._held = self._tier is not None and self._tier.room_for(self._ctx.config.pack_size)
-        staging = self._tier.scratch if self._held and self._tier is not None else self._ctx.staging
-        self._path = staging.path() / f"{uuid.uuid4().hex}.pack"
-        self._file = open(self._path, "wb")  # noqa: SIM115 - closed in _close()/abort()
+        reserved = self._on_tier()
+        self._held = reserved is not None
+        if reserved is None:
+            path = self._ctx.staging.path() / f"{uuid.uuid4().hex}.pack"
+            reserved = path, open(path, "wb")  # noqa: SIM115 - closed in _close()/abort()
+        self._path, self._file = reserved
         self._writer = PackWriter(self._file)
         return self._writer
+
+    def _on_tier(self) -> tuple[Path, BinaryIO] | None:
+        """The pack's staging file, opened on the fast tier with the room for a whole pack
+        reserved, so it cannot find the disk full halfway (another process filling it
+        meanwhile); None, with nothing left behind, without a tier or where its disk has no
+        such room, whatever its budget says: the pack then goes to the locations, as without
+        a tier, rather than failing the commit. A file system without ``fallocate`` is
+        trusted with what :meth:`FastTier.room_for` saw."""
+        tier = self._tier
+        if tier is None or not tier.room_for(self._ctx.config.pack_size):
+            return None
+        try:
+            path = tier.scratch.path() / f"{uuid.uuid4().hex}.pack"
+            file = open(path, "wb")  # noqa: SIM115 - closed in _close()/abort(), or below
+        except OSError:
+            return None
+        try:
+            os.posix_fallocate(file.fileno(), 0, self._ctx.config.pack_size + self._ctx.config.chunk_size)
+        except OSError as exc:
+            if exc.errno not in _NO_FALLOCATE:
+                file.close()
+                path.unlink(missing_ok=True)
+                return None
+        return path, file
 
     def _write_error(self, exc: OSError, adding: int) -> StorageError:
         """A failed staging write: StorageFullError naming the staging directory when it has no
@@ -92,6 +121,8 @@ class Packer:
             return
         try:
             pack_id = self._writer.finish()
+            if self._held:
+                self._file.truncate()  # what was reserved and not filled
             self._file.close()  # the blob store makes it durable (local: fsync + rename)
         except OSError as exc:
             raise self._write_error(exc, 0) from exc
