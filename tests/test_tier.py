@@ -471,11 +471,9 @@ def test_a_tier_on_a_disk_smaller_than_its_budget_never_wedges(tmp_path: Path, t
 
 def _fill(disk: Path) -> None:
     """Write on ``disk`` until it is full."""
-    with open(disk / "filler", "wb") as f:
-        with suppress(OSError):
-            while True:
-                f.write(b"\0" * (64 << 10))
-                f.flush()
+    with open(disk / "filler", "wb", buffering=0) as f, suppress(OSError):
+        while True:
+            f.write(b"\0" * (4 << 10))
 
 
 def test_a_full_tier_still_drains_and_commits_pass_it_by(tmp_path: Path, tiny_disk: Path) -> None:
@@ -494,3 +492,23 @@ def test_a_full_tier_still_drains_and_commits_pass_it_by(tmp_path: Path, tiny_di
         for version, s in [*zip(versions, states, strict=True), (v, _state(230, n=1))]:
             assert store.resolve(version.id).durability == "durable"
             assert _same(store.restore(version), s)
+
+
+def test_a_pack_filled_on_the_tier_survives_its_disk_filling_meanwhile(tmp_path: Path,
+                                                                      tiny_disk: Path) -> None:
+    state = _state(240, n=1)  # 1 MiB in 256 KiB chunks: one pack, filled a chunk at a time
+    filled: list[bool] = []
+
+    def fill_once(phase: str, done: int, total: int) -> None:
+        if phase == "write" and not filled:  # the pack is open on the tier: take every free byte
+            _fill(tiny_disk)
+            filled.append(True)
+
+    with casckpt.open(tmp_path / "store", blobs=[str(tmp_path / "durable")], fast_tier=str(tiny_disk),
+                      fast_tier_bytes="100MiB", pack_size=MiB, chunk_size=256 << 10) as store:
+        with _drain_held(store):
+            v = store.commit(state, run="r", step=1, progress=fill_once)  # its room was reserved
+            assert filled and {p.name for p in (_tier_root(store) / "packs").glob("*/*")}
+        store.wait_durable(v, timeout=60)
+        assert _same(store.restore(v), state)
+        assert store.check(read_data=True).ok
