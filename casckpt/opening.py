@@ -175,9 +175,9 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
         raise
     cache_dir = spec.cache if spec.cache is not None else _default_cache_dir(cat.store_id)
     index = (IndexCache.unused if cat.read_only else IndexCache)(cache_dir / "index", _cache_binding(cat))
-    tier = None if recovering else _open_tier(cat, spec, options)
+    tier = None if recovering else _open_tier(cat, spec, options, settings.pack_size)
     return Store(root=spec.root, catalog=cat, cache=index, locations=locations,
-                 staging=tier.dir.staging if tier is not None else cache_dir / "staging",
+                 staging=cache_dir / "staging",  # the tier's packs fill in its own staging/
                  settings=settings, write_quorum=spec.write_quorum,
                  s3=spec.s3, config_file=spec.config_file, recovering=recovering, read_only=why,
                  tier=tier, background_drain=options.background_drain)
@@ -191,7 +191,7 @@ def _tier_record(options: Options) -> dict[str, Any]:
             "keep_fast_last": options.keep_fast_last}
 
 
-def _open_tier(cat: Catalog, spec: cfg.StoreSpec, options: Options) -> FastTier | None:
+def _open_tier(cat: Catalog, spec: cfg.StoreSpec, options: Options, pack_size: int) -> FastTier | None:
     """This host's fast tier (options first, then the config file), or None."""
     where = Path(options.fast_tier).expanduser() if options.fast_tier else spec.fast_tier
     if where is None:
@@ -201,7 +201,8 @@ def _open_tier(cat: Catalog, spec: cfg.StoreSpec, options: Options) -> FastTier 
     given = options.fast_tier_bytes if options.fast_tier_bytes is not None else spec.fast_tier_bytes
     budget = cfg.parse_size(given, "fast_tier_bytes") if given is not None else _half_free(where)
     keep = options.keep_fast_last if options.keep_fast_last is not None else spec.keep_fast_last
-    return open_tier(cat, where, budget, 1 if keep is None else keep, read_only=cat.read_only)
+    return open_tier(cat, where, budget, 1 if keep is None else keep, read_only=cat.read_only,
+                     pack_size=pack_size)
 
 
 def _half_free(where: Path) -> int:

@@ -85,6 +85,7 @@ class CheckReport(ToDict):
     bytes_read: int
     problems: tuple[CheckProblem, ...]
     packs_read: int = 0
+    warnings: tuple[str, ...] = ()  # worth knowing, nothing wrong with the data (``ok`` ignores them)
 
     @property
     def ok(self) -> bool:
@@ -291,6 +292,11 @@ class TierStatus(ToDict):
         held_bytes, held_packs: what it holds now (drained packs kept as a cache included).
         drained_bytes, drain_seconds: what every drain of this tier moved, and how long that
             took (the drain rate is their ratio).
+        disk_bytes, disk_free: the size of the file system holding this host's tier and the
+            bytes free on it (None: no tier, or the file system could not be asked).
+        warnings: what makes the tier's budget untrue: a budget larger than its file system,
+            or too little free space there for the next pack (commits then store their packs
+            on the locations).
     """
 
     durable_bytes: int
@@ -303,6 +309,9 @@ class TierStatus(ToDict):
     held_packs: int = 0
     drained_bytes: int = 0
     drain_seconds: float = 0.0
+    disk_bytes: int | None = None
+    disk_free: int | None = None
+    warnings: tuple[str, ...] = ()
 
     @property
     def drain_rate(self) -> float | None:

@@ -162,7 +162,7 @@ class StoreCore:
 
         if self.tier is None:
             return DrainReport()
-        return drain(self.tier, self.ctx.packs.write, self.ctx.locations.put_everywhere, wait=wait,
+        return drain(self.tier, self.ctx.packs.write_bytes, self.ctx.locations.put_everywhere, wait=wait,
                      progress=progress, stop=stop)
 
     # -- lifecycle ----------------------------------------------------------

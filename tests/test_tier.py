@@ -7,10 +7,11 @@ import fcntl
 import logging
 import os
 import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
@@ -428,3 +429,86 @@ def test_a_process_whose_tier_was_declared_lost_writes_to_the_locations(tmp_path
         assert _durable_packs(tmp_path)  # straight to the locations
         store.wait_durable(v, timeout=30)
         assert _same(store.restore(v), _state(150))
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 3 MiB tmpfs mounted inside ``tmp_path``: a fast tier's disk far smaller than its budget
+    (skipped where this process may not mount: not root, no CAP_SYS_ADMIN)."""
+    where = tmp_path / "tiny"
+    where.mkdir()
+    try:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(where)],
+                              capture_output=True, text=True, check=False, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        pytest.skip(f"cannot mount a tmpfs here: {exc}")
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        if subprocess.run(["umount", str(where)], check=False, timeout=30).returncode != 0:
+            subprocess.run(["umount", "-l", str(where)], check=False, timeout=30)
+
+
+def test_a_tier_on_a_disk_smaller_than_its_budget_never_wedges(tmp_path: Path, tiny_disk: Path) -> None:
+    states = [_state(200 + i, n=1) for i in range(8)]  # 1 MiB each: 8 MiB through a 3 MiB disk
+    with casckpt.open(tmp_path / "store", blobs=[str(tmp_path / "durable")], fast_tier=str(tiny_disk),
+                      fast_tier_bytes="100MiB", pack_size=MiB) as store:
+        versions = [store.commit(s, run="r", step=i) for i, s in enumerate(states)]  # none raises
+        store.wait_durable(timeout=60)  # the drain needs no room on the full tier
+        status = store.tier_status()
+        assert status.drained_bytes > 0  # the tier was used while it had room
+        assert status.disk_bytes is not None and status.disk_bytes < 100 * MiB
+        assert any("exceeds the file system" in w for w in status.warnings)
+        for v, s in zip(versions, states, strict=True):
+            assert store.resolve(v.id).durability == "durable"
+            assert _same(store.restore(v), s)
+        report = store.check(read_data=True)
+        assert report.ok, report.problems
+        assert any("exceeds the file system" in w for w in report.warnings)
+
+
+def _fill(disk: Path) -> None:
+    """Write on ``disk`` until it is full."""
+    with open(disk / "filler", "wb", buffering=0) as f, suppress(OSError):
+        while True:
+            f.write(b"\0" * (4 << 10))
+
+
+def test_a_full_tier_still_drains_and_commits_pass_it_by(tmp_path: Path, tiny_disk: Path) -> None:
+    states = [_state(220 + i, n=1) for i in range(4)]
+    with casckpt.open(tmp_path / "store", blobs=[str(tmp_path / "durable")], fast_tier=str(tiny_disk),
+                      fast_tier_bytes="100MiB", pack_size=MiB) as store:
+        with _drain_held(store):
+            versions = [store.commit(s, run="r", step=i) for i, s in enumerate(states)]
+            waiting = {p.name for p in (_tier_root(store) / "packs").glob("*/*")}
+            assert waiting and not waiting & _durable_packs(tmp_path)  # held here, not drained
+            assert _durable_packs(tmp_path)  # what the disk had no room for went to the locations
+            _fill(tiny_disk)  # not a byte left for the drain
+            v = store.commit(_state(230, n=1), run="r", step=9)
+        store.wait_durable(timeout=60)
+        assert waiting <= _durable_packs(tmp_path)
+        for version, s in [*zip(versions, states, strict=True), (v, _state(230, n=1))]:
+            assert store.resolve(version.id).durability == "durable"
+            assert _same(store.restore(version), s)
+
+
+def test_a_pack_filled_on_the_tier_survives_its_disk_filling_meanwhile(tmp_path: Path,
+                                                                      tiny_disk: Path) -> None:
+    state = _state(240, n=1)  # 1 MiB in 256 KiB chunks: one pack, filled a chunk at a time
+    filled: list[bool] = []
+
+    def fill_once(phase: str, done: int, total: int) -> None:
+        if phase == "write" and not filled:  # the pack is open on the tier: take every free byte
+            _fill(tiny_disk)
+            filled.append(True)
+
+    with casckpt.open(tmp_path / "store", blobs=[str(tmp_path / "durable")], fast_tier=str(tiny_disk),
+                      fast_tier_bytes="100MiB", pack_size=MiB, chunk_size=256 << 10) as store:
+        with _drain_held(store):
+            v = store.commit(state, run="r", step=1, progress=fill_once)  # its room was reserved
+            assert filled and {p.name for p in (_tier_root(store) / "packs").glob("*/*")}
+        store.wait_durable(v, timeout=60)
+        assert _same(store.restore(v), state)
+        assert store.check(read_data=True).ok

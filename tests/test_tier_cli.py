@@ -186,6 +186,24 @@ def test_tier_status_json(tiered: tuple[Path, Path]) -> None:
     assert status["durable_bytes"] > 0
 
 
+def test_tier_status_and_check_say_when_the_budget_exceeds_the_disk(tmp_path: Path) -> None:
+    path, tier = tmp_path / "store", tmp_path / "nvme"
+    result = cli(None, "init", str(path), "--fast-tier", str(tier), "--fast-tier-bytes", "1000000TiB")
+    assert result.exit_code == 0, result.output
+    _commit(path, range(1))
+    shown = " ".join(cli(path, "tier", "status").stdout.split())  # rich wraps long lines
+    assert "warning: the budget" in shown and "exceeds the file system holding the tier" in shown
+    assert " free of " in shown  # the disk row
+    status = json.loads(cli(path, "tier", "status", "--json").stdout)
+    assert 0 < status["disk_free"] <= status["disk_bytes"] < status["budget"]
+    assert any("exceeds the file system" in w for w in status["warnings"])
+    checked = cli(path, "check")
+    assert checked.exit_code == 0, checked.output  # a warning, not a problem with the data
+    assert "exceeds the file system" in " ".join(checked.stdout.split())
+    report = json.loads(cli(path, "check", "--json").stdout)
+    assert report["ok"] and any("exceeds the file system" in w for w in report["warnings"])
+
+
 def test_tier_status_of_a_store_without_a_tier(tmp_path: Path) -> None:
     path = tmp_path / "store"
     with casckpt.open(path) as store:

@@ -396,13 +396,14 @@ def check_view(report: CheckReport) -> list[RenderableType]:
     summary = (
         f"checked {report.versions} versions, {report.packs} packs, {report.chunks} chunks{read}"
     )
+    notes: list[RenderableType] = [Text(f"warning: {w}", style="yellow") for w in report.warnings]
     if report.ok:
-        return [summary, Text("no problems found", style="green")]
+        return [summary, Text("no problems found", style="green"), *notes]
     problems = _table("KIND", "SUBJECT", "DETAIL")
     for p in report.problems:
         problems.add_row(p.kind, p.subject, p.detail)
     found = Text(f"{len(report.problems)} problem(s) found", style="bold red")
-    return [summary, found, problems]
+    return [summary, found, problems, *notes]
 
 
 _STATE_STYLES = {"active": "green", "draining": "yellow", "failed": "bold red"}

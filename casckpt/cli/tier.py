@@ -121,6 +121,9 @@ def status_view(found: TierStatus) -> list[RenderableType]:
                           f"budget {render.human_bytes(found.budget or 0)}"),
                  ("not drained", f"{render.human_bytes(here.undrained_bytes if here else 0)} in "
                                  f"{here.undrained_packs if here else 0} pack(s)")]
+        if found.disk_bytes is not None and found.disk_free is not None:
+            rows.append(("disk", f"{render.human_bytes(found.disk_free)} free of "
+                                 f"{render.human_bytes(found.disk_bytes)}"))
         if found.drain_rate is not None:
             rows.append(("drain rate", f"{render.human_bytes(int(found.drain_rate))}/s"))
     else:
@@ -137,6 +140,7 @@ def status_view(found: TierStatus) -> list[RenderableType]:
         parts += ["", table]
     if found.not_durable:
         parts += ["", Text(f"not durable yet: {_ids(found.not_durable)}", style="yellow")]
+    parts += [Text(f"warning: {w}", style="yellow") for w in found.warnings]
     return parts
 
 

@@ -203,8 +203,11 @@ def check(ctx: EngineContext, *, read_data: bool, progress: ProgressCallback | N
     _check_deltas(ctx, found, tally)
     found.problems.extend(_affected(ctx, found.manifests, tally.lost))
     found.problems.extend(_dependents(ctx, found.manifests, tally.corrupt))
+    tier = ctx.packs.tier
     return CheckReport(
         versions=len(found.manifests), packs=len(packs),
         chunks=ctx.catalog.live_chunk_count(), chunks_read=tally.chunks_read,
         bytes_read=tally.bytes_read, problems=tuple(found.problems), packs_read=tally.packs_read,
+        warnings=tuple(f"fast tier {tier.dir.root}: {w}" for w in tier.disk_problems())
+        if tier is not None else (),
     )

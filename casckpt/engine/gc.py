@@ -60,6 +60,7 @@ from casckpt.format import keys, treeread
 from casckpt.format.manifest import decode_manifest
 from casckpt.format.pack import ENTRY_HEADER_SIZE, PackEntry, decode_entry
 from casckpt.storage.erasure import Redundancy
+from casckpt.storage.scratch import reclaim
 from casckpt.types import GCReport, ProgressCallback, RetentionPlan
 
 log = logging.getLogger(__name__)
@@ -370,6 +371,8 @@ def _run(ctx: EngineContext, tally: _Tally, guard: DeletionGuard, deleter: _Dele
             _sweep(ctx, tally, guard, deleter, time.time())
         tally.bytes_pending = sql.condemned_bytes(ctx.catalog)
         leftovers = reclaim_leftovers(ctx.staging.base, ctx.locations)  # of dead commits
+        if ctx.packs.tier is not None:  # the packs they were filling on this host's fast tier
+            leftovers += reclaim(ctx.packs.tier.dir.staging)
         tally.leftovers_deleted, tally.bytes_freed = leftovers.files, tally.bytes_freed + leftovers.nbytes
     counts = {k: v for k, v in asdict(tally).items() if k != "kept"}
     return GCReport(dry_run=dry_run, grace_s=grace, retention=plans, kept=tuple(tally.kept),

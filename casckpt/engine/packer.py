@@ -1,8 +1,9 @@
 """Packs encoded chunks into pack objects and makes them durable.
 
 A pack is written to a staging file (in the store's own staging directory,
-see ``storage/scratch.py``), finished (footer, trailer, id), stored in the
-blob store under its content-addressed key, and only then recorded in the
+see ``storage/scratch.py``, or the fast tier's when the pack is to be held
+there and the tier's disk has room for it), finished (footer, trailer, id),
+stored in the blob store (or held on the tier) under its content-addressed key, and only then recorded in the
 catalog and the index cache. A crash at any point leaves at worst an object
 or chunk rows no version references, which GC reclaims, and staging files
 the next open reclaims. A staging disk that fills up raises StorageFullError.
@@ -10,6 +11,8 @@ the next open reclaims. A staging disk that fills up raises StorageFullError.
 
 from __future__ import annotations
 
+import errno
+import os
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -24,6 +27,9 @@ from casckpt.errors import StorageError
 from casckpt.format.pack import PackEntry, PackWriter
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.local import full_error
+
+# fallocate refused by the file system itself, not for want of room
+_NO_FALLOCATE = (errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS)
 
 
 class Packer:
@@ -48,6 +54,7 @@ class Packer:
         self._record = on_stored or ctx.catalog.add_pack
         self._file: BinaryIO | None = None
         self._path: Path | None = None
+        self._held = False  # the open pack is filled on the fast tier, to be held there
         self._writer: PackWriter | None = None
         self._pending: deque[Future[PackRecord]] = deque()
         self.stored_bytes = 0
@@ -67,10 +74,38 @@ class Packer:
 
     def _open(self) -> PackWriter:
         self._ctx.packs.prepare(self._redundancy)  # an encoding worker starts while this pack fills
-        self._path = self._ctx.staging.path() / f"{uuid.uuid4().hex}.pack"
-        self._file = open(self._path, "wb")  # noqa: SIM115 - closed in _close()/abort()
+        reserved = self._on_tier()
+        self._held = reserved is not None
+        if reserved is None:
+            path = self._ctx.staging.path() / f"{uuid.uuid4().hex}.pack"
+            reserved = path, open(path, "wb")  # noqa: SIM115 - closed in _close()/abort()
+        self._path, self._file = reserved
         self._writer = PackWriter(self._file)
         return self._writer
+
+    def _on_tier(self) -> tuple[Path, BinaryIO] | None:
+        """The pack's staging file, opened on the fast tier with the room for a whole pack
+        reserved, so it cannot find the disk full halfway (another process filling it
+        meanwhile); None, with nothing left behind, without a tier or where its disk has no
+        such room, whatever its budget says: the pack then goes to the locations, as without
+        a tier, rather than failing the commit. A file system without ``fallocate`` is
+        trusted with what :meth:`FastTier.room_for` saw."""
+        tier = self._tier
+        if tier is None or not tier.room_for(self._ctx.config.pack_size):
+            return None
+        try:
+            path = tier.scratch.path() / f"{uuid.uuid4().hex}.pack"
+            file = open(path, "wb")  # noqa: SIM115 - closed in _close()/abort(), or below
+        except OSError:
+            return None
+        try:
+            os.posix_fallocate(file.fileno(), 0, self._ctx.config.pack_size + self._ctx.config.chunk_size)
+        except OSError as exc:
+            if exc.errno not in _NO_FALLOCATE:
+                file.close()
+                path.unlink(missing_ok=True)
+                return None
+        return path, file
 
     def _write_error(self, exc: OSError, adding: int) -> StorageError:
         """A failed staging write: StorageFullError naming the staging directory when it has no
@@ -86,19 +121,23 @@ class Packer:
             return
         try:
             pack_id = self._writer.finish()
+            if self._held:
+                self._file.truncate()  # what was reserved and not filled
             self._file.close()  # the blob store makes it durable (local: fsync + rename)
         except OSError as exc:
             raise self._write_error(exc, 0) from exc
         size, entries = self._writer.size, self._writer.entries
         path, self._writer, self._file, self._path = self._path, None, None, None
-        self._pending.append(self._ctx.uploads.submit(self._store, pack_id, size, entries, path))
+        self._pending.append(self._ctx.uploads.submit(self._store, pack_id, size, entries, path,
+                                                      self._held))
         while len(self._pending) > self._IN_FLIGHT:
             self.packs.append(self._pending.popleft().result())
 
-    def _store(self, pack_id: str, size: int, entries: Sequence[PackEntry], path: Path) -> PackRecord:
+    def _store(self, pack_id: str, size: int, entries: Sequence[PackEntry], path: Path,
+               held: bool) -> PackRecord:
         try:
             layout = (self._tier.write(pack_id, path, size, self._redundancy, self._ctx.config.backpressure)
-                      if self._tier is not None else None)
+                      if held and self._tier is not None else None)
             if layout is None:
                 layout = self._ctx.packs.write(pack_id, path, size, self._redundancy)
         finally:

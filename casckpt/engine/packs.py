@@ -108,6 +108,10 @@ class Packs:
         """See :meth:`PackWriter.write`."""
         return self.writer.write(pack_id, path, size, redundancy)
 
+    def write_bytes(self, pack_id: str, data: bytes, redundancy: Redundancy) -> PackLayout:
+        """See :meth:`PackWriter.write_bytes`."""
+        return self.writer.write_bytes(pack_id, data, redundancy)
+
     def read_into(self, pack_id: str, offset: int, buffers: Sequence[memoryview], *,
                   heal: bool = True) -> int:
         """See :meth:`PackReader.read_into`; from this host's fast tier when it holds the pack.

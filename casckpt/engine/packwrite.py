@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from casckpt.engine.packcoding import ErasureCoder, ShardPayload
 from casckpt.engine.packplacement import Placement
 from casckpt.errors import StorageError, StorageFullError
 from casckpt.format import keys
+from casckpt.storage.base import BlobStore
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.locations import CurrentLocations, LocationSet, refused
 
@@ -40,20 +42,8 @@ class PackWriter:
             EncodeWorkerError: the erasure-coding worker died (nothing was written).
         """
         locations = self._locations.get()
-        key = keys.pack_key(pack_id)
         if redundancy.kind == "none":
-            targets = locations.placement(pack_id)
-            if not targets:
-                raise StorageError("no active blob location to store packs on; see `casckpt location list`")
-            failures: list[StorageError] = []
-            for loc in targets:
-                try:
-                    loc.blobs.put_file(key, path)
-                    return PackLayout(pack_id, key, size, shards=(ShardRow(0, loc.id, key, size),))
-                except StorageError as exc:
-                    log.warning("pack %s: location %s refused it: %s", pack_id, loc.describe(), exc)
-                    failures.append(exc)
-            raise refused(f"pack {pack_id}", failures)
+            return self._one_copy(pack_id, size, locations, lambda blobs, key: blobs.put_file(key, path))
         self._placement.check_writable(redundancy, locations)
         layout, payloads = self._coder.encode_file(pack_id, path, size, redundancy)
         try:
@@ -62,6 +52,33 @@ class PackWriter:
             for payload in payloads.values():  # staging shard files the locations did not consume
                 if isinstance(payload.data, Path):
                     payload.data.unlink(missing_ok=True)
+
+    def write_bytes(self, pack_id: str, data: bytes, redundancy: Redundancy) -> PackLayout:
+        """Like :meth:`write`, of the pack's bytes in memory (a drain's, read from the fast
+        tier: it leaves the tier's file where it is and needs no room beside it)."""
+        locations = self._locations.get()
+        if redundancy.kind == "none":
+            return self._one_copy(pack_id, len(data), locations, lambda blobs, key: blobs.put(key, data))
+        self._placement.check_writable(redundancy, locations)
+        layout, payloads = self._coder.encode(pack_id, data, redundancy)
+        return self._place(layout, payloads, redundancy, locations)
+
+    def _one_copy(self, pack_id: str, size: int, locations: LocationSet,
+                  put: Callable[[BlobStore, str], None]) -> PackLayout:
+        """Store a pack of redundancy ``none`` on the first location of its placement that takes it."""
+        key = keys.pack_key(pack_id)
+        targets = locations.placement(pack_id)
+        if not targets:
+            raise StorageError("no active blob location to store packs on; see `casckpt location list`")
+        failures: list[StorageError] = []
+        for loc in targets:
+            try:
+                put(loc.blobs, key)
+                return PackLayout(pack_id, key, size, shards=(ShardRow(0, loc.id, key, size),))
+            except StorageError as exc:
+                log.warning("pack %s: location %s refused it: %s", pack_id, loc.describe(), exc)
+                failures.append(exc)
+        raise refused(f"pack {pack_id}", failures)
 
     def _place(self, layout: PackLayout, payloads: dict[int, ShardPayload], redundancy: Redundancy,
                locations: LocationSet) -> PackLayout:

@@ -2,29 +2,38 @@
 them to the locations in the background, and every version says how durable it is.
 
 The write path (one-process commits: ``Store.commit``, blocking or in the background):
-the packer hands each finished pack to :meth:`FastTier.write`, which renames it into the
-tier directory (fsync'd, :class:`~casckpt.storage.fasttier.FastTierDir`) and records it
-as a ``fast`` pack of this tier (no shards). The manifest is kept on the tier, and the
+the packer fills each pack in the tier's ``staging/`` when the tier's disk has room for it
+(:meth:`FastTier.room_for`) and hands the finished pack to :meth:`FastTier.write`, which
+renames it into the tier directory (fsync'd, :class:`~casckpt.storage.fasttier.FastTierDir`)
+and records it as a ``fast`` pack of this tier (no shards). A pack the tier's disk has no
+room for, whatever the budget says, is filled in the store's own staging directory and
+stored on the locations as if there were no tier: a full tier slows commits down to the
+locations' speed, it never fails them. The manifest is kept on the tier, and the
 version is published ``durability="fast"`` with the ``fast`` packs it needs
-(:func:`casckpt.catalog.tiers.record_deps`). The commit returns; nothing remote was written
-but the tag records.
+(:func:`casckpt.catalog.tiers.record_deps`: only packs held on a tier count, so a version
+whose packs all went to the locations waits only for the drain to store its manifest). The
+commit returns; nothing remote was written but the tag records.
 
 The drain (:func:`drain`, run by a :class:`DrainWorker` thread of every writable store with
 a tier, by ``casckpt drain``, and once more by ``Store.close``) takes the tier's ``fast``
-packs oldest first. Each is stored on the locations with the redundancy recorded on its
-row, exactly as a commit without a tier would store it, under a catalog lease (gc deletes
-no object a drain is writing), and then made ``live`` with its shards in one transaction.
-A version none of whose packs is ``fast`` any more gets its manifest written to every
-location and becomes ``durable``. A process killed anywhere in this leaves either a
-``fast`` pack (drained again from the start: the objects are content-addressed, so the
-second upload writes the same keys) or a ``live`` one; never a row naming shards that are
-not there. One process drains a tier at a time (the tier's ``drain.lock``).
+packs oldest first. Each is read from the tier into memory, checked against its id (nothing
+is written on the tier: a full tier drains all the same), and stored on the locations with
+the redundancy recorded on its row, exactly as a commit without a tier would store it, under
+a catalog lease (gc deletes no object a drain is writing), and then made ``live`` with its
+shards in one transaction. A version none of whose packs is ``fast`` any more gets its
+manifest written to every location and becomes ``durable``. A process killed anywhere in
+this leaves either a ``fast`` pack (drained again from the start: the objects are
+content-addressed, so the second upload writes the same keys) or a ``live`` one; never a row
+naming shards that are not there. One process drains a tier at a time (the tier's
+``drain.lock``).
 
 Reads (:class:`~casckpt.engine.packs.Packs`) take a pack from the tier when it holds it,
 verified like any read; a damaged copy of a drained pack is evicted and the pack read from
 the locations. The tier is a cache with a budget (``fast_tier_bytes``): after each drain,
 drained packs are evicted least recently used first, except those of the newest
-``keep_fast_last`` versions; a pack not drained yet is never evicted. When the packs not
+``keep_fast_last`` versions, until what is held fits the budget and the tier's disk has room
+for the next pack (:data:`ROOM_PACKS` packs): the disk's real free space counts, a budget
+larger than the disk included. A pack not drained yet is never evicted. When the packs not
 yet drained fill the budget, a commit's next pack waits for the drain (``backpressure=
 "block"``) or raises :class:`~casckpt.errors.CommitBackpressureError` (``"raise"``).
 
@@ -53,6 +62,7 @@ from casckpt.catalog import Catalog, PackLayout
 from casckpt.catalog import tiers as sql
 from casckpt.catalog.leases import begin_lease, end_lease
 from casckpt.catalog.tiers import FastPack
+from casckpt.config import DEFAULT_PACK_SIZE
 from casckpt.errors import (
     BlobNotFoundError,
     CasckptError,
@@ -66,12 +76,15 @@ from casckpt.errors import (
 from casckpt.format import keys
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.fasttier import FastTierDir
-from casckpt.storage.scratch import ScratchDir
+from casckpt.storage.scratch import ScratchDir, reclaim
 from casckpt.types import DrainReport, ProgressCallback
 
 log = logging.getLogger(__name__)
 
 DRAIN_IN_FLIGHT = 2  # packs a drain uploads at once
+# a pack is filled on the tier only while its disk has room for this many packs: the one being
+# filled can pass pack_size by a chunk, and another process of the host may be filling one too
+ROOM_PACKS = 2
 ORPHAN_AGE_S = 3600.0  # a held pack the catalog does not know is evicted only once this old
 _WAIT_POLL_S = (0.02, 0.5)  # wait_durable and backpressure poll from the first to the second
 
@@ -96,16 +109,19 @@ class _Tally:
 class FastTier:
     """This process's fast tier of one store: the directory, its id, its budget. Thread-safe."""
 
-    def __init__(self, catalog: Catalog, directory: FastTierDir, budget: int, keep_last: int) -> None:
+    def __init__(self, catalog: Catalog, directory: FastTierDir, budget: int, keep_last: int,
+                 pack_size: int = DEFAULT_PACK_SIZE) -> None:
         self.catalog = catalog
         self.dir = directory
         self.id = directory.tier_id
         self.budget = budget
         self.keep_last = keep_last
-        self.scratch = ScratchDir(directory.staging)
+        self.room = ROOM_PACKS * pack_size  # free bytes a commit wants on the disk to fill a pack here
+        self.scratch = ScratchDir(directory.staging)  # packs being filled to be held here
         self._wake: Callable[[], None] = lambda: None
         self._keep: dict[str, frozenset[str]] = {}  # version id -> packs it references (memo)
         self._lost_warned = False
+        self._full_warned = False
 
     def __repr__(self) -> str:
         return f"FastTier({self.id}, {str(self.dir.root)!r})"
@@ -120,22 +136,51 @@ class FastTier:
 
     # -- writes ---------------------------------------------------------------
 
+    def _active(self) -> bool:
+        """Whether this tier takes packs (False: it was declared lost; warned once)."""
+        if sql.tier_state(self.catalog, self.id) == "active":
+            return True
+        if not self._lost_warned:
+            log.warning("fast tier %s was declared lost (by another process that found it "
+                        "wiped, or by hand); this process's packs go straight to the locations",
+                        self.dir.root)
+            self._lost_warned = True
+        return False
+
+    def room_for(self, size: int) -> bool:
+        """Whether a pack of about ``size`` bytes is to be filled here: the tier is active and
+        its disk has room for it (drained packs evicted to make some if need be), whatever
+        the budget says. False: the commit fills it elsewhere and stores it on the locations."""
+        if not self._active():
+            return False
+        want = max(self.room, ROOM_PACKS * size)
+        disk = self.dir.disk()
+        if disk is None or disk.free >= want:
+            return True
+        self.evict(free=want)
+        disk = self.dir.disk()
+        if disk is None or disk.free >= want:
+            return True
+        if not self._full_warned:
+            log.warning("fast tier %s: its disk has %s free, too few for the next pack (the "
+                        "budget, %s, is not the limit: the disk is); packs go straight to the "
+                        "locations until the drain frees room", self.dir.root, _mib(disk.free),
+                        _mib(self.budget))
+            self._full_warned = True
+        return False
+
     def write(self, pack_id: str, path: Path, size: int, redundancy: Redundancy,
               backpressure: str) -> PackLayout | None:
-        """Hold the finished pack ``path`` on the tier (consuming it); its layout, recorded by
-        the caller, makes it a ``fast`` pack. None: the tier could not take it (its disk
-        failed or is full: logged), so the caller stores the pack on the locations.
+        """Hold the finished pack ``path``, filled in :attr:`scratch` (the tier's own disk:
+        a rename), on the tier (consuming it); its layout, recorded by the caller, makes it a
+        ``fast`` pack. None: the tier could not take it (declared lost, or its disk failed:
+        logged), so the caller stores the pack on the locations.
 
         Raises:
             CommitBackpressureError: the packs not yet drained fill the budget and
                 ``backpressure`` is ``"raise"``.
         """
-        if sql.tier_state(self.catalog, self.id) != "active":
-            if not self._lost_warned:
-                log.warning("fast tier %s was declared lost (by another process that found it "
-                            "wiped, or by hand); this process's packs go straight to the locations",
-                            self.dir.root)
-                self._lost_warned = True
+        if not self._active():  # declared lost since room_for said yes
             return None
         self._make_room(size, backpressure)
         try:
@@ -174,19 +219,22 @@ class FastTier:
 
     # -- eviction -------------------------------------------------------------
 
-    def evict(self, extra: int = 0) -> int:
+    def evict(self, extra: int = 0, free: int | None = None) -> int:
         """Evict drained packs, least recently used first, until what is held (and ``extra``
-        about to be) fits the budget; never a pack not drained, nor one of the newest
-        ``keep_last`` versions' packs. Returns the bytes freed."""
+        about to be) fits the budget and the tier's disk has ``free`` bytes free (default:
+        :attr:`room`, what a commit wants to fill a pack here); never a pack not drained, nor
+        one of the newest ``keep_last`` versions' packs. Returns the bytes freed."""
         held = self.dir.resident()
-        total = sum(r.size for r in held) + extra
-        if total <= self.budget:
+        over = sum(r.size for r in held) + extra - self.budget
+        disk = self.dir.disk()
+        short = 0 if disk is None else (self.room if free is None else free) - disk.free
+        if over <= 0 and short <= 0:
             return 0
         states = sql.pack_states(self.catalog, (r.pack_id for r in held))
         keep: frozenset[str] | None = None
         freed, now = 0, time.time()
         for r in held:
-            if total - freed <= self.budget:
+            if freed >= over and freed >= short:
                 break
             state = states.get(r.pack_id)
             if state is None and now - r.used_at < ORPHAN_AGE_S:
@@ -199,6 +247,24 @@ class FastTier:
                 continue
             freed += self.dir.evict(r.pack_id)
         return freed
+
+    def disk_problems(self) -> list[str]:
+        """What makes this tier's budget untrue: a budget larger than its disk, or a disk
+        with too little free space for the next pack (``tier status``, ``check``)."""
+        disk = self.dir.disk()
+        if disk is None:
+            return []
+        found = []
+        if self.budget > disk.total:
+            found.append(f"the budget ({_mib(self.budget)}, fast_tier_bytes) exceeds the file "
+                         f"system holding the tier ({_mib(disk.total)}): the disk, not the budget, "
+                         "limits what the tier holds; give it a budget below the disk's size")
+        if disk.free < self.room:
+            found.append(f"the tier's file system has {_mib(disk.free)} free, less than the "
+                         f"{_mib(self.room)} a commit wants to fill a pack there: commits store "
+                         "their packs on the locations (slower) until drained packs are evicted "
+                         "or space is freed")
+        return found
 
     def _kept(self) -> frozenset[str]:
         """The packs the newest ``keep_last`` versions reference (kept resident)."""
@@ -232,20 +298,27 @@ class FastTier:
         self.dir.close()
 
 
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
 def open_tier(catalog: Catalog, base: Path | str, budget: int, keep_last: int, *,
-              read_only: bool = False) -> FastTier | None:
+              read_only: bool = False, pack_size: int = DEFAULT_PACK_SIZE) -> FastTier | None:
     """This host's fast tier of the store at ``base`` (its directory made if need be), recorded
     in the catalog; a tier this host had at the same path and lost (the directory wiped) is
-    declared lost, with a warning naming the versions lost with it. A read-only store uses a
-    tier only if it exists (None otherwise) and records nothing."""
+    declared lost, with a warning naming the versions lost with it, and what dead commits
+    left in its ``staging/`` is reclaimed. A read-only store uses a tier only if it exists
+    (None otherwise) and records nothing. ``pack_size``: the store's (see
+    :meth:`FastTier.room_for`)."""
     root = Path(base).expanduser() / catalog.store_id
     if read_only and not (root / "casckpt-tier").is_file():
         return None
     directory = FastTierDir(base, catalog.store_id)
-    tier = FastTier(catalog, directory, budget, keep_last)
+    tier = FastTier(catalog, directory, budget, keep_last, pack_size)
     catalog.fast_tier = tier.id
     if read_only:
         return tier
+    reclaim(directory.staging)  # packs dead commits were filling here
     host = socket.gethostname()
     known = {t.id: t for t in sql.tiers(catalog)}
     if tier.id not in known:
@@ -279,14 +352,15 @@ def forget_tier(catalog: Catalog, tier_id: str) -> sql.Lost:
 # -- the drain -------------------------------------------------------------------
 
 
-def drain(tier: FastTier, store_pack: Callable[[str, Path, int, Redundancy], PackLayout],
+def drain(tier: FastTier, store_pack: Callable[[str, bytes, Redundancy], PackLayout],
           put_manifest: Callable[[str, bytes], object], *, wait: bool = False,
           progress: ProgressCallback | None = None,
           stop: threading.Event | None = None) -> DrainReport:
     """Drain the tier once: every ``fast`` pack to the locations (``store_pack``, the pack
-    layer's write), then the manifests of the versions this makes durable (``put_manifest``),
-    then evict what the budget says. ``wait``: wait for another process's drain of this tier
-    to finish rather than return at once with ``busy``. Stops early when ``stop`` is set.
+    layer's write of a pack's bytes), then the manifests of the versions this makes durable
+    (``put_manifest``), then evict what the budget and the tier's disk say. ``wait``: wait
+    for another process's drain of this tier to finish rather than return at once with
+    ``busy``. Stops early when ``stop`` is set.
 
     Errors storing a pack stop the drain (``report.error``; the pack stays ``fast``, drained
     again next time); a pack missing from the tier is lost (``report.lost_*``)."""
@@ -312,7 +386,7 @@ def drain(tier: FastTier, store_pack: Callable[[str, Path, int, Redundancy], Pac
     return report.report(seconds)
 
 
-def _drain_packs(tier: FastTier, store_pack: Callable[[str, Path, int, Redundancy], PackLayout],
+def _drain_packs(tier: FastTier, store_pack: Callable[[str, bytes, Redundancy], PackLayout],
                  report: _Tally, progress: ProgressCallback | None,
                  stop: threading.Event | None) -> None:
     """Store the tier's fast packs on the locations, :data:`DRAIN_IN_FLIGHT` at a time (one
@@ -348,7 +422,7 @@ def _drain_packs(tier: FastTier, store_pack: Callable[[str, Path, int, Redundanc
         raise failure
 
 
-def _drain_one(tier: FastTier, store_pack: Callable[[str, Path, int, Redundancy], PackLayout],
+def _drain_one(tier: FastTier, store_pack: Callable[[str, bytes, Redundancy], PackLayout],
                pack: FastPack) -> bool | None:
     """Drain one pack under its own lease (gc deletes none of the objects being written):
     True when this drain made it live, False when it no longer waited (drained by another, or
@@ -357,7 +431,7 @@ def _drain_one(tier: FastTier, store_pack: Callable[[str, Path, int, Redundancy]
     lease = begin_lease(tier.catalog)
     try:
         try:
-            copy = tier.dir.copy_of(pack.id, tier.scratch.path())
+            data = tier.dir.read_verified(pack.id)
         except BlobNotFoundError:
             return None
         except CorruptPackError as exc:  # the only copy is damaged: lost, never stored as is
@@ -365,10 +439,7 @@ def _drain_one(tier: FastTier, store_pack: Callable[[str, Path, int, Redundancy]
             with suppress(StorageError):
                 tier.dir.evict(pack.id)
             return None
-        try:
-            layout = store_pack(pack.id, copy, pack.size, Redundancy(pack.scheme, pack.k, pack.m))
-        finally:
-            copy.unlink(missing_ok=True)
+        layout = store_pack(pack.id, data, Redundancy(pack.scheme, pack.k, pack.m))
         return sql.record_drained(tier.catalog, layout)
     finally:
         end_lease(tier.catalog, lease)

@@ -28,7 +28,11 @@ def tier_status(catalog: Catalog, tier: FastTier | None) -> TierStatus:
         return status
     held = tier.dir.resident()
     drained, seconds = tier.dir.drain_totals()
+    disk = tier.dir.disk()
     return TierStatus(status.durable_bytes, status.versions, status.not_durable, status.tiers,
                       local_path=str(tier.dir.root), budget=tier.budget,
                       held_bytes=sum(r.size for r in held), held_packs=len(held),
-                      drained_bytes=drained, drain_seconds=seconds)
+                      drained_bytes=drained, drain_seconds=seconds,
+                      disk_bytes=disk.total if disk is not None else None,
+                      disk_free=disk.free if disk is not None else None,
+                      warnings=tuple(tier.disk_problems()))

@@ -16,6 +16,10 @@ in least-recently-used order by their mtime: a read touches it (at most every
 the host using this directory shares it: the identity is created once (first writer wins,
 by hard link), one process drains at a time (``drain.lock``), and a pack evicted under a
 reader is read from the locations instead (it is drained, or it would not be evicted).
+
+A drain reads a pack straight from ``packs/`` (:meth:`FastTierDir.read_verified`): it needs
+no room on the tier, so a tier whose disk is full still drains. :meth:`FastTierDir.disk`
+says how large that disk is and how much of it is free, whatever the budget says.
 """
 
 from __future__ import annotations
@@ -38,8 +42,15 @@ from casckpt.storage.local import LocalBlobStore, fsync_dir
 
 IDENTITY = "casckpt-tier"
 _STATS = "drain-stats"  # JSON: bytes and seconds of every drain so far (the drain rate)
-_COPY_BLOCK = 8 << 20  # bytes a drain copies (and hashes) at a time
 TOUCH_S = 10.0  # a pack read more often than this is touched once (its mtime is its LRU age)
+
+
+@dataclass(frozen=True, slots=True)
+class Disk:
+    """The file system holding a tier directory: its size and the bytes free to this user."""
+
+    total: int
+    free: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,38 +192,39 @@ class FastTierDir:
         with suppress(OSError):  # evicted meanwhile: nothing to age
             os.utime(self.pack_path(pack_id))
 
-    def copy_of(self, pack_id: str, into: Path) -> Path:
-        """A copy of the pack in directory ``into``, for a blob store to consume, checked
-        against its id while copying: the copy is about to become the durable one, so bytes
-        damaged on this disk must never be stored under the pack's id. Never a hard link: a
-        local location would then share the tier's inode, and one bad write or bit flip would
-        damage both copies.
+    def read_verified(self, pack_id: str) -> bytes:
+        """The whole pack, read straight from the tier and checked against its id while
+        reading: the bytes are about to become the durable copy, so bytes damaged on this
+        disk must never be stored under the pack's id. Nothing is written here, so a tier
+        whose disk is full drains all the same.
 
         Raises:
             BlobNotFoundError: the pack is not here.
             CorruptPackError: the copy here is damaged (its bytes do not hash to its id).
-            StorageError: the copy cannot be made.
+            StorageError: the pack cannot be read.
         """
-        target = into / f"{uuid.uuid4().hex}.drain"
-        hasher = object_hasher()
         try:
-            with open(self.pack_path(pack_id), "rb") as src, open(target, "wb") as dst:
-                while block := src.read(_COPY_BLOCK):
-                    hasher.update(block)
-                    dst.write(block)
+            with open(self.pack_path(pack_id), "rb") as src:
+                data = src.read()
         except FileNotFoundError:
-            target.unlink(missing_ok=True)
-            if not self.holds(pack_id):
-                raise BlobNotFoundError(f"pack {pack_id} is not on the fast tier {self.root}") from None
-            raise StorageError(f"cannot copy pack {pack_id} for its drain into {into}") from None
+            raise BlobNotFoundError(f"pack {pack_id} is not on the fast tier {self.root}") from None
         except OSError as exc:
-            target.unlink(missing_ok=True)
-            raise StorageError(f"cannot copy pack {pack_id} for its drain into {into}: {exc}") from exc
+            raise StorageError(f"cannot read pack {pack_id} on the fast tier {self.root} to drain "
+                               f"it: {exc}") from exc
+        hasher = object_hasher()
+        hasher.update(data)
         if hasher.hexdigest() != pack_id:
-            target.unlink(missing_ok=True)
             raise CorruptPackError(f"pack {pack_id} on the fast tier {self.root} is damaged (its "
                                    "bytes do not hash to its id) and has not drained: it is lost")
-        return target
+        return data
+
+    def disk(self) -> Disk | None:
+        """The file system holding this directory now (None: it cannot be asked)."""
+        try:
+            st = os.statvfs(self.root)
+        except OSError:
+            return None
+        return Disk(st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize)
 
     def evict(self, pack_id: str) -> int:
         """Remove a held pack; returns the bytes freed (0: it was not here)."""
