@@ -110,7 +110,9 @@ def checkout(ctx: EngineContext, manifest: Manifest, target: Path,
     work_dir.reclaim(target.parent)  # what killed checkouts left here
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        claimed = work_dir.claim(target.parent, target.name, registry(ctx))
+        # a store opened read-only is written nothing: the next checkout into the parent reclaims
+        claimed = work_dir.claim(target.parent, target.name,
+                                 None if ctx.catalog.read_only else registry(ctx))
     except OSError as exc:
         _unmake(made)
         raise CheckoutTargetError(f"cannot write next to {str(target)!r}: {exc.strerror or exc}; "
