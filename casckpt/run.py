@@ -60,6 +60,7 @@ class Run:
     def __init__(self, store: Store, name: str, save_every: SaveEvery = None) -> None:
         self._store, self._name, self._every = store, name, save_every
         self._last: tuple[int, float] | None = None  # (step, time) of the last save seen
+        self._background: list[CommitHandle] = []  # this handle's block=False saves not seen done
 
     def __repr__(self) -> str:
         return f"Run({self._name!r})"
@@ -103,6 +104,9 @@ class Run:
             state, run=self._name, step=step, metrics=metrics, metadata=metadata, message=message,
             tags=tags, block=block)  # type: ignore[call-overload]  # block: one of the overloads
         self._last = (step, started)
+        if not isinstance(done, Version):  # block=False: a handle to a commit in flight
+            self._background = [h for h in self._background if not h.done()]
+            self._background.append(done)
         return done
 
     def restore(self, step: Step = "latest", *, into: object = None, map_location: Any = None) -> Any:
@@ -119,9 +123,19 @@ class Run:
         found = self._versions(limit=1)
         return found[0].step if found else None
 
-    def steps(self) -> list[int]:
-        """Every visible step of the run, ascending."""
-        return [v.step for v in self._versions(order="asc")]
+    def steps(self, *, pending: bool = False) -> list[int]:
+        """Every visible step of the run, ascending.
+
+        A version becomes visible once its commit has published it, so a step saved with
+        ``block=False`` is left out until its background commit finishes (``handle.wait()``,
+        :meth:`Store.wait_commits`). With ``pending=True`` the steps this handle saved with
+        ``block=False`` that are still being committed are included too (a commit that then
+        fails leaves its step out of later answers); other handles' and processes' commits in
+        flight are never seen.
+        """
+        # the handles before the versions: one that finishes in between is among the versions
+        running = [h.step for h in self._background if not h.done()] if pending else []
+        return sorted({v.step for v in self._versions(order="asc")}.union(running))
 
     def should_save(self, step: int, *, now: datetime | float | None = None, final: bool = False) -> bool:
         """Whether ``step`` is due for a checkpoint under ``save_every``: always without a rule,

@@ -1002,13 +1002,15 @@ class Store:
         Args:
             run: the run.
             mtbf: mean time between failures of the job: seconds, a timedelta or text
-                (``"8h"``).
-            restart: time to get the job running again before the restore (``"5m"``).
+                (``"8h"``), from 1 s to 100 years.
+            restart: time to get the job running again before the restore (``"5m"``), from 0
+                to 100 years.
 
         Raises:
             RunNotFoundError: no such run.
-            InvalidArgumentError: ``mtbf`` not positive, ``restart`` negative, or the run has
-                fewer than 2 commits with a recorded stall.
+            InvalidArgumentError: ``mtbf`` or ``restart`` not a duration or out of its range
+                (``casckpt advise`` refuses the same text the same way), or the run has fewer
+                than 2 commits with a recorded stall.
             IntegrityError, VersionLostError, ...: the restore measured failed (the run's
                 latest version does not restore: see ``casckpt drill``).
         """

@@ -57,8 +57,8 @@ class StoreDrills:
 
     def advise(self, run: str, mtbf: Duration, restart: Duration) -> Advice:
         """See :meth:`casckpt.Store.advise`."""
-        mtbf_s = advisor.seconds(mtbf, "mtbf")
-        restart_s = advisor.seconds(restart, "restart", allow_zero=True)
+        mtbf_s = advisor.seconds(mtbf, "mtbf", allowed=advisor.MTBF_RANGE_S)
+        restart_s = advisor.seconds(restart, "restart", allowed=advisor.RESTART_RANGE_S)
         catalog = self._core.ctx.catalog
         check_run(catalog, run)
         commits = sql.recent_commits(catalog, run, advisor.HISTORY)

@@ -273,7 +273,7 @@ class GCReport(ToDict):
     duration_s: float
     bytes_pending: int = 0
     chunks_kept_as_bases: int = 0  # unreferenced by any version, kept as delta bases
-    leftovers_deleted: int = 0  # staging and temporary files of dead commits
+    leftovers_deleted: int = 0  # staging and temporary files of dead commits, killed checkouts' files
     kept: tuple[str, ...] = ()
 
     def summary(self) -> dict[str, Any]:

@@ -118,9 +118,11 @@ class Browser:
                     raise EOFError("chromium closed the protocol pipe")
                 self._buffer += chunk
 
-    def load(self, path: Path, *, dark: bool = False, evaluate: dict[str, str] | None = None) -> Page:
-        """Open ``path`` (a file) offline, wait for its load event, run each ``evaluate`` expression
-        (its JSON value lands in ``Page.values``), take a full-page screenshot."""
+    def load(self, path: Path, *, dark: bool = False, evaluate: dict[str, str] | None = None,
+             width: int = WIDTH) -> Page:
+        """Open ``path`` (a file) offline in a window ``width`` CSS pixels wide, wait for its load
+        event, run each ``evaluate`` expression (its JSON value lands in ``Page.values``), take a
+        full-page screenshot."""
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
         session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         for domain in ("Page", "Runtime", "Log", "Network"):
@@ -129,6 +131,8 @@ class Browser:
                   "downloadThroughput": -1, "uploadThroughput": -1}, session=session)
         self.call("Emulation.setEmulatedMedia", {"features": [
             {"name": "prefers-color-scheme", "value": "dark" if dark else "light"}]}, session=session)
+        self.call("Emulation.setDeviceMetricsOverride", {"width": width, "height": HEIGHT,
+                  "deviceScaleFactor": 1, "mobile": False}, session=session)
         first = len(self._events)
         self.call("Page.navigate", {"url": path.resolve().as_uri()}, session=session)
         self._until(lambda m: m.get("method") == "Page.loadEventFired" and m.get("sessionId") == session, 60)

@@ -145,6 +145,29 @@ def test_runs_without_a_history_to_measure_are_refused(tmp_path: Path) -> None:
                 store.advise(run, mtbf="8h")
     runner = CliRunner()
     zero = runner.invoke(app, ["--store", str(root), "advise", "one", "--mtbf", "0"])
-    assert zero.exit_code == EXIT_USAGE and "positive duration" in zero.stderr
+    assert zero.exit_code == EXIT_USAGE and "mtbf 0 s is out of range" in zero.stderr
     unknown = runner.invoke(app, ["--store", str(root), "advise", "nope", "--mtbf", "8h"])
     assert unknown.exit_code == EXIT_NOT_FOUND
+
+
+@pytest.mark.parametrize(("api", "cli"), [
+    (1e308, "1e308"), (0.0, "0"), (float("inf"), "inf"), (float("nan"), "nan"),
+    (1e-300, "1e-300"), (10**400, "1" + "0" * 400), (0.5, "0.5s"), (3.2e9, "3.2e9")])
+def test_an_extreme_mtbf_is_refused_alike_by_the_api_and_the_cli(
+        synthetic: Path, api: object, cli: str) -> None:
+    with casckpt.open(synthetic, create=False) as store, \
+            pytest.raises(InvalidArgumentError, match="out of range") as refused:
+        store.advise("r", mtbf=api)  # type: ignore[arg-type]
+    result = CliRunner().invoke(app, ["--store", str(synthetic), "advise", "r", "--mtbf", cli])
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert str(refused.value) in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize(("api", "cli"), [(1.0, "1"), (1.0, "1s"), (3.1e9, "3.1e9"), (7200, "2h")])
+def test_the_mtbf_range_edges_advise_alike_in_the_api_and_the_cli(
+        synthetic: Path, api: float, cli: str) -> None:
+    with casckpt.open(synthetic, create=False) as store:
+        advice = store.advise("r", mtbf=api)
+    result = CliRunner().invoke(app, ["--store", str(synthetic), "advise", "r", "--mtbf", cli, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["advised_interval_s"] == advice.advised_interval_s

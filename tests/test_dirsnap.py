@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -305,3 +308,52 @@ def test_setuid_bits_are_recorded_but_not_applied(store: casckpt.Store, tmp_path
     assert files[0]["mode"] == 0o4755
     out = store.checkout(version, tmp_path / "out")
     assert stat.S_IMODE((out / "tool").stat().st_mode) == 0o755
+
+
+CHECKOUT_CHILD = Path(__file__).resolve().parent / "helpers" / "checkout_child.py"
+
+
+def _checkout_stopped(root: Path, target: Path, ready: Path) -> subprocess.Popen[bytes]:
+    """A process in the middle of checking out d@1 into ``target`` (files written, not renamed)."""
+    child = subprocess.Popen([sys.executable, str(CHECKOUT_CHILD), str(root), "d@1", str(target), str(ready)])
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        assert child.poll() is None, "the checkout ended before it wrote anything"
+        assert time.monotonic() < deadline, "the checkout never started writing"
+        time.sleep(0.05)
+    return child
+
+
+def _work_dirs(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if ".checkout-" in p.name)
+
+
+def test_a_killed_checkouts_folder_is_reclaimed_and_a_live_ones_is_not(tmp_path: Path) -> None:
+    src = sample_tree(tmp_path / "src")
+    with casckpt.open(tmp_path / "store") as store:
+        store.add_dir(src, run="d", step=1)
+    first, second = tmp_path / "jobs", tmp_path / "other"
+    live = _checkout_stopped(tmp_path / "store", first / "live", tmp_path / "live.ready")
+    try:
+        killed = _checkout_stopped(tmp_path / "store", first / "out", tmp_path / "out.ready")
+        killed.kill()
+        killed.wait()
+        assert any(n.startswith(".out.checkout-") for n in _work_dirs(first))  # what the kill left
+        live_dirs = _work_dirs(first)
+        with casckpt.open(tmp_path / "store", create=False) as store:
+            store.checkout("d@1", first / "again")  # the next checkout into that parent
+            assert listing(first / "again") == listing(src)
+            assert [n for n in _work_dirs(first) if not n.startswith(".live.")] == []
+            assert [n for n in live_dirs if n.startswith(".live.")] == _work_dirs(first)  # kept
+
+            elsewhere = _checkout_stopped(tmp_path / "store", second / "out", tmp_path / "other.ready")
+            elsewhere.kill()
+            elsewhere.wait()
+            assert _work_dirs(second) != []
+            report = store.gc()
+            assert _work_dirs(second) == [] and report.leftovers_deleted >= 1
+            assert [n for n in live_dirs if n.startswith(".live.")] == _work_dirs(first)  # gc too
+            assert store.check(read_data=True).ok
+    finally:
+        live.kill()
+        live.wait()

@@ -15,8 +15,10 @@ import pytest
 import torch
 
 import casckpt
+from casckpt.catalog import shards as shard_sql
 from casckpt.errors import (
     CasckptError,
+    CorruptPackError,
     IntegrityError,
     InvalidArgumentError,
     KeyRequiredError,
@@ -335,6 +337,38 @@ def test_a_tampered_pack_is_refused_never_returned(split: Any, damage: str) -> N
             assert isinstance(caught.value, CasckptError)
         assert not store.check(read_data=True).ok  # check reads every object whole
         assert store.restore("b@1")["model"]["w"].numpy().tobytes() == _pattern(11, 1 << 20)
+
+
+def test_a_tampered_sealed_pack_is_reported_damaged_not_missing(split: Any) -> None:
+    loc, open_ = split
+    with open_() as store:
+        store.commit(_state(), run="a", step=1)
+    (pack,) = _objects(loc, "packs")
+    _flip(pack, pack.stat().st_size // 2)  # one byte: the segment fails authentication
+    with open_() as store:
+        with pytest.raises(CorruptPackError, match="is damaged") as caught:
+            store.restore("a@1")
+        assert "missing" not in str(caught.value)
+        (found, *_versions) = store.check(read_data=True).problems
+        assert found.subject == pack.name and "is damaged" in found.detail
+        assert "cannot be read" not in found.detail
+
+
+def test_a_tampered_sealed_copy_is_marked_corrupt_and_repaired(tmp_path: Path, key_file: Path) -> None:
+    locs = [str(tmp_path / f"d{i}") for i in range(2)]
+    with casckpt.open(tmp_path / "s", blobs=locs, redundancy="replicate:2", key_file=key_file) as store:
+        store.commit(_state(), run="r", step=1)
+    (pack,) = _objects(Path(locs[1]), "packs")
+    _flip(pack, pack.stat().st_size // 2)
+    with casckpt.open(tmp_path / "s", key_file=key_file) as store:
+        report = store.check(read_data=True)
+        layout = shard_sql.layouts(internals(store).catalog, [pack.name])[pack.name]
+        assert sorted(sh.state for sh in layout.shards) == ["corrupt", "ok"]  # not "missing"
+        (bad,) = [sh.index for sh in layout.shards if sh.state == "corrupt"]
+        assert [p.subject for p in report.problems] == [f"{pack.name}:{bad}"]
+        assert "is damaged" in report.problems[0].detail
+        store.repair()
+        assert store.check(read_data=True).ok
 
 
 def test_a_damaged_shard_of_an_encrypted_ec_store_is_reconstructed_and_healed(

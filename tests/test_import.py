@@ -5,9 +5,12 @@ forged headers refused with typed errors, nothing committed."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import struct
+import subprocess
+import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -239,6 +242,29 @@ def test_dcp_metadata_that_runs_code_is_refused(empty_store: casckpt.Store, tmp_
         empty_store.import_checkpoint(tmp_path / "dcp", run="d", step=1)
     assert not marker.exists()
     _nothing_committed(empty_store)
+
+
+def test_a_refused_dcp_metadata_logs_no_traceback(empty_store: casckpt.Store, tmp_path: Path,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    marker = tmp_path / "pwned"
+    dcp.save({"w": torch.ones(3)}, storage_writer=dcp.FileSystemWriter(str(tmp_path / "dcp")), no_dist=True)
+    with open(tmp_path / "dcp" / ".metadata", "wb") as f:
+        pickle.dump(RunsCode(marker), f)
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(UnsafeCheckpointError):
+        empty_store.import_checkpoint(tmp_path / "dcp", run="d", step=1)
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == []
+    logging.getLogger().warning("after the import", exc_info=ValueError("still logged"))
+    assert caplog.records[-1].exc_info  # the quieting ended with the import
+    # what a user at a terminal sees: casckpt's one line, no traceback of DCP's loader
+    store = tmp_path / "store"
+    cli = [sys.executable, "-m", "casckpt.cli.main"]
+    subprocess.run([*cli, "init", str(store)], check=True, capture_output=True)
+    result = subprocess.run([*cli, "--store", str(store), "import", str(tmp_path / "dcp"), "--run", "d",
+                             "--step", "1"], capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and "needs code execution" in result.stderr
+    assert "Traceback" not in result.stderr and "metadata is not found" not in result.stderr, result.stderr
+    assert not marker.exists()
 
 
 def test_a_dcp_directory_missing_its_data_is_refused(empty_store: casckpt.Store, tmp_path: Path) -> None:

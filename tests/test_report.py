@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -123,6 +124,47 @@ def test_cli_report(tmp_path: Path) -> None:
     text = (tmp_path / "r.html").read_text(encoding="utf-8")  # a metric's name is text, escaped
     assert "<i>" not in text and text.count("&lt;i&gt;$x$") >= 2  # the plot's label, the table
     assert missing.exit_code == 3 and not (tmp_path / "x.html").exists()
+
+
+def _words(path: Path) -> str:
+    """The page's text as a reader sees it: tags gone, whitespace collapsed."""
+    return " ".join(re.sub(r"<[^>]+>", " ", path.read_text(encoding="utf-8")).split())
+
+
+def test_counts_read_as_english(tmp_path: Path) -> None:
+    with casckpt.open(tmp_path / "s") as store:
+        store.commit({"w": torch.ones(64)}, run="only", step=1, metrics={"loss": 1.0})
+        one = _words(store.report(tmp_path / "one.html"))
+        store.commit({"w": torch.zeros(64)}, run="second", step=1, metrics={"loss": 0.5})
+        two = _words(store.report(tmp_path / "two.html"))
+    assert "1 run 1 version" in one and "1 runs" not in one and "1 versions" not in one
+    assert re.search(r"\b1 rows\b", one) is None and ", 1 row" in one
+    assert "2 runs 2 versions" in two and ", 2 rows" in two
+
+
+def test_no_legend_covers_a_plot(demo: casckpt.Store, tmp_path: Path,
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from casckpt.report import operations, sections, svg
+
+    drawn: dict[str, Any] = {}
+
+    def keep(fig: Any, key: str) -> Any:
+        drawn[key] = fig
+        return svg.render(fig, key)
+
+    monkeypatch.setattr(sections, "render", keep)
+    monkeypatch.setattr(operations, "render", keep)
+    demo.report(tmp_path / "r.html")
+    with_legends = set()
+    for key, fig in drawn.items():
+        fig.draw_without_rendering()
+        legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend() is not None)]
+        with_legends |= {key} if legends else set()
+        for found in legends:
+            box = found.get_window_extent()
+            for ax in fig.axes:
+                assert not box.overlaps(ax.get_window_extent()), f"the legend of {key} covers its plot"
+    assert with_legends == {"space", "new-bytes", "metrics", "storage", "durability", "stalls", "drills"}
 
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:

@@ -91,3 +91,26 @@ def test_the_browser_check_sees_errors_and_requests(tmp_path: Path) -> None:
     assert any("broken" in e for e in page.errors)
     assert any("undefined_function" in e for e in page.errors)
     assert "https://cdn.example.com/x.png" in page.requests
+
+
+LEGENDS = """[...document.querySelectorAll('figure.plot svg')].map(svg => {
+    const box = e => e.getBoundingClientRect();
+    const meet = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+    const legends = [...svg.querySelectorAll('g[id^="legend_"]')].map(box);
+    const areas = [...svg.querySelectorAll('g[id^="axes_"] > g[id^="patch_"]:first-child')].map(box);
+    return {key: svg.closest('figure').dataset.plot, legends: legends.length, areas: areas.length,
+            covered: legends.some(l => areas.some(a => meet(l, a)))}; })"""
+
+
+@pytest.mark.parametrize("width", [1280, 700])
+def test_no_legend_covers_a_plot_at_two_widths(report: Path, width: int) -> None:
+    with Browser() as browser:
+        page = browser.load(report, width=width, evaluate={
+            "legends": LEGENDS, "scroll": "document.documentElement.scrollWidth",
+            "cards": "[...document.querySelectorAll('.card')].map(c => c.innerText.replace(/\\s+/g, ' '))"})
+    found = page.values["legends"]
+    assert {f["key"] for f in found if f["legends"]} == PLOTS - {"lineage", "gc", "locations"}
+    assert all(f["areas"] >= 1 for f in found)  # the probe sees every plot's drawing area
+    assert [f["key"] for f in found if f["covered"]] == []  # each legend sits outside every plot area
+    assert page.values["scroll"] <= width  # nothing runs off the side
+    assert "3 runs" in page.values["cards"]

@@ -432,9 +432,9 @@ with casckpt.open(sys.argv[1]) as store:
 
 
 def test_kill_9_mid_checkout_leaves_the_target_absent(store: casckpt.Store, tmp_path: Path) -> None:
-    """(Held, with a wart.) A checkout killed with SIGKILL after writing part of a file leaves
-    no target; what remains is its hidden temporary sibling ``.out.checkout-*`` (mode 0700),
-    which nothing removes; a new checkout to the same target works."""
+    """(Held.) A checkout killed with SIGKILL after writing part of a file leaves no target;
+    what remains is its hidden temporary sibling ``.out.checkout-*`` (mode 0700) and its lock,
+    which the next checkout into the same parent removes (issue 30); that checkout works."""
     import subprocess
     import sys
 
@@ -447,11 +447,12 @@ def test_kill_9_mid_checkout_leaves_the_target_absent(store: casckpt.Store, tmp_
                            str(tmp_path / "out")], env={**os.environ}, capture_output=True, timeout=120)
     assert done.returncode == -9, done.stderr.decode()[-2000:]
     assert not (tmp_path / "out").exists()
-    left = [p for p in tmp_path.iterdir() if p.name.startswith(".out.checkout-")]
+    left = [p for p in tmp_path.iterdir() if p.name.startswith(".out.checkout-") and p.is_dir()]
     assert len(left) == 1 and stat.S_IMODE(left[0].stat().st_mode) == 0o700
     with casckpt.open(tmp_path / "store") as again:
         assert (again.checkout("r@1", tmp_path / "out") / "w.bin").read_bytes() == \
             (src / "w.bin").read_bytes()
+    assert [p for p in tmp_path.iterdir() if p.name.startswith(".out.checkout-")] == []
 
 
 def test_hf_import_does_not_copy_a_file_linked_from_outside(store: casckpt.Store, tmp_path: Path) -> None:

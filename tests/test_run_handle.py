@@ -4,6 +4,7 @@ Store call it replaces, writing the same catalog rows."""
 from __future__ import annotations
 
 import sqlite3
+import threading
 from contextlib import closing
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from doubles import WriteHookStore
 
 import casckpt
 from casckpt.errors import InvalidArgumentError, InvalidNameError, RefNotFoundError
@@ -59,6 +61,40 @@ def test_a_run_handle_end_to_end(tmp_path: Path) -> None:
         run.delta_chain = 2
         assert run.retention == casckpt.RetentionPolicy(keep_last=5, keep_best=("loss", 1, "min"))
         assert run.delta_chain == 2
+
+
+class HeldBlobs(WriteHookStore):
+    """A local blob store whose writes wait while ``gate`` is clear (``held``: one is waiting)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.gate, self.held = threading.Event(), threading.Event()
+        self.gate.set()
+
+    def before_write(self, key: str) -> None:
+        if not self.gate.is_set():
+            self.held.set()
+        assert self.gate.wait(60), f"the test never let {key} be written"
+
+
+def test_steps_leaves_a_background_save_out_until_it_finishes_unless_asked(tmp_path: Path) -> None:
+    blobs = HeldBlobs(tmp_path / "blobs")
+    with casckpt.open(tmp_path / "s", blobs=blobs) as store:
+        run, other = store.run("r"), store.run("r")
+        run.save(_state(0), 0)
+        blobs.gate.clear()
+        try:
+            handle = run.save(_state(1), 1, block=False)
+            assert blobs.held.wait(60) and not handle.done()
+            assert run.steps() == [0]  # not visible yet: documented
+            assert run.steps(pending=True) == [0, 1]
+            assert other.steps(pending=True) == [0]  # another handle's save is not its own
+        finally:
+            blobs.gate.set()
+        handle.wait()
+        assert run.steps() == run.steps(pending=True) == other.steps() == [0, 1]
+        run.delete(1)
+        assert run.steps(pending=True) == [0]  # a finished save is not pending any more
 
 
 def _rows(root: Path) -> list[tuple[Any, ...]]:

@@ -60,29 +60,59 @@ def lost_work(interval: float, restore: float) -> float:
     return interval / 2 + restore
 
 
-def seconds(value: float | int | timedelta | str, what: str, *, allow_zero: bool = False) -> float:
-    """A duration as seconds: a number, a timedelta, or text such as ``"8h"``, ``"5m"``.
+MTBF_RANGE_S = (1.0, 100 * 365 * 86400.0)
+"""The mean times between failures advised on: one second to a century. Outside it the advice
+is a number of steps no job takes (10**154 steps for a 1e308 s MTBF, one step for 1e-300 s)."""
 
-    Raises:
-        InvalidArgumentError: not a positive (or, with ``allow_zero``, zero) finite duration.
+RESTART_RANGE_S = (0.0, MTBF_RANGE_S[1])
+"""The restart times accepted: none, up to a century."""
+
+
+def _as_seconds(value: object) -> float | None:
+    """``value`` as seconds, or None where it is no duration at all (a bool, None, ``"soon"``).
+
+    Text is a duration (``"8h"``, ``"45s"``) or a bare number of seconds, in any notation
+    float() reads (``"1e308"``, ``"inf"``), so the CLI's text and the API's number meet one
+    range check with one message.
     """
     if isinstance(value, str):
         try:
-            return parse_duration(value, allow_zero=allow_zero)
+            return parse_duration(value, allow_zero=True)
         except InvalidArgumentError:
-            raise InvalidArgumentError(
-                f"{what} {value!r} is not a {'' if allow_zero else 'positive '}duration; give "
-                "seconds or a number with a unit "
-                f"(45s, 90m, 8h, 7d){', or 0' if allow_zero else ''}") from None
+            pass
+        try:
+            return float(value)
+        except ValueError:
+            return None
     if isinstance(value, timedelta):
-        value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value < 0 or (value == 0 and not allow_zero):
-        bound = "zero or more" if allow_zero else "more than zero"
+        return value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond any float: as out of range as inf
+        return math.inf
+
+
+def seconds(value: float | int | timedelta | str, what: str, *, allowed: tuple[float, float]) -> float:
+    """A duration as seconds within ``allowed`` (inclusive): a number, a timedelta, or text such
+    as ``"8h"``, ``"5m"``. The one validation of ``Store.advise`` and ``casckpt advise``: the same
+    value refused the same way whichever way it came.
+
+    Raises:
+        InvalidArgumentError: not a duration, or one outside ``allowed`` (nan included).
+    """
+    number = _as_seconds(value)
+    low, high = allowed
+    if number is None:
         raise InvalidArgumentError(
-            f"{what} must be a duration of {bound} seconds (a number, a timedelta, or text such "
-            f"as '8h'), got {value!r}")
-    return float(value)
+            f"{what} {value!r} is not a duration; give seconds, a timedelta, or a number with a "
+            "unit (45s, 90m, 8h, 7d)")
+    if not low <= number <= high:  # also false for nan
+        raise InvalidArgumentError(
+            f"{what} {number:g} s is out of range: give a duration from {low:g} s to "
+            f"{high / (365 * 86400):g} years (45s, 90m, 8h, 7d)")
+    return number
 
 
 def check_history(run: str, commits: Sequence[Commit]) -> None:

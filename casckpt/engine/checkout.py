@@ -3,7 +3,8 @@
 The whole listing is validated first (:func:`casckpt.format.dirsnap.read_listing`: plain
 relative names, parents that are directories of the snapshot, parts that add up), so a forged
 manifest is refused before anything is created. Everything is then written into a new
-temporary sibling of the target (mode 0700, so nobody else can plant links in it), file by
+temporary sibling of the target (mode 0700, so nobody else can plant links in it; locked
+while it runs, so a killed checkout's is reclaimed: :mod:`casckpt.engine.checkoutwork`), file by
 file in bounded batches of verified chunk reads, each file hashed as it is written and
 compared with the BLAKE3 recorded by ``add_dir``; modes are applied last and the directory is
 renamed onto the target (which must be absent or an empty directory). On any failure the
@@ -14,8 +15,6 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import blake3
 
+from casckpt.engine import checkoutwork as work_dir
 from casckpt.engine.context import EngineContext
 from casckpt.engine.restore import read_ranges
 from casckpt.errors import (
@@ -107,24 +107,26 @@ def checkout(ctx: EngineContext, manifest: Manifest, target: Path,
     target = Path(os.path.abspath(target))
     check_target(target)
     made = [d for d in target.parents if not d.exists()]  # removed again if the checkout fails
+    work_dir.reclaim(target.parent)  # what killed checkouts left here
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=f".{target.name}.checkout-", dir=target.parent))
+        # a store opened read-only is written nothing: the next checkout into the parent reclaims
+        claimed = work_dir.claim(target.parent, target.name,
+                                 None if ctx.catalog.read_only else registry(ctx))
     except OSError as exc:
         _unmake(made)
         raise CheckoutTargetError(f"cannot write next to {str(target)!r}: {exc.strerror or exc}; "
                                   "pick a place you can write to. Nothing was written.") from exc
+    work = claimed.path
     try:
         _Writer(ctx, manifest, work, entries, progress).write()
         os.chmod(work, 0o777 & ~_umask())
         os.rename(work, target)  # replaces an empty directory atomically
     except CasckptError:  # the store's own errors (StorageError is an OSError too) as they are
-        _remove(work)
-        _unmake(made)
+        _abandon(claimed, made)
         raise
     except OSError as exc:
-        _remove(work)
-        _unmake(made)
+        _abandon(claimed, made)
         if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR) \
                 and exc.filename == str(work):
             raise CheckoutTargetError(f"{str(target)!r} was filled while the checkout ran; "
@@ -135,10 +137,22 @@ def checkout(ctx: EngineContext, manifest: Manifest, target: Path,
             "target. Free space or fix permissions, then check out again."
         ) from exc
     except BaseException:
-        _remove(work)
-        _unmake(made)
+        _abandon(claimed, made)
         raise
+    claimed.release()
     return target
+
+
+def registry(ctx: EngineContext) -> Path:
+    """Where this store's checkouts on this host record their directories for ``gc``."""
+    return ctx.staging.base / "checkouts"
+
+
+def _abandon(claimed: work_dir.WorkDir, made: list[Path]) -> None:
+    """A failed checkout: remove its directory, then its lock, then the parents it made."""
+    work_dir.remove(claimed.path)
+    claimed.release()
+    _unmake(made)
 
 
 def _unmake(made: list[Path]) -> None:
@@ -271,13 +285,3 @@ def _umask() -> int:
     except (OSError, ValueError):
         pass
     return 0o022
-
-
-def _remove(work: Path) -> None:
-    """Remove a temporary checkout, making its directories writable first (modes were applied)."""
-    for folder, dirs, _ in os.walk(work):
-        for name in dirs:
-            path = os.path.join(folder, name)
-            if not os.path.islink(path):
-                os.chmod(path, 0o700)
-    shutil.rmtree(work, ignore_errors=True)

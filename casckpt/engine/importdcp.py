@@ -13,6 +13,9 @@ directory can run code:
   ``torch.load(weights_only=True)``; DCP itself loads them with ``weights_only=False``.
 
 Tensors are read by DCP's ``FileSystemReader`` (``torch.load(weights_only=True)``).
+DCP's loader logs each failed metadata read with its traceback on the root logger (which,
+with logging unconfigured, prints to stderr); those records are dropped while it runs for
+us, as the error raised here says what failed (:class:`_QuietLoader`).
 DCP flattens dict keys to strings, so an int key saved by ``dcp.save`` comes back a str.
 """
 
@@ -20,7 +23,9 @@ from __future__ import annotations
 
 import importlib
 import io
+import logging
 import pickle
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +96,29 @@ def _check_items(metadata: Any, file: Path) -> None:
         check_inside(file.parent / name, file.parent)
 
 
+class _QuietLoader(logging.Filter):
+    """Drops the root logger's records from DCP's checkpoint package logged by this thread.
+
+    DCP's loader logs a refused ``.metadata`` (and its fallback to a per-rank one that does
+    not exist) as warnings with tracebacks; the typed error :func:`read_dcp` raises says what
+    failed, so the user sees that alone. Records of other threads (a concurrent DCP save)
+    and of other modules pass.
+    """
+
+    def __init__(self, package: Path) -> None:
+        super().__init__()
+        self._package, self._thread = package, threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread != self._thread or self._package not in Path(record.pathname).parents
+
+    def __enter__(self) -> None:
+        logging.getLogger().addFilter(self)
+
+    def __exit__(self, *exc: object) -> None:
+        logging.getLogger().removeFilter(self)
+
+
 def _reader(path: Path, refused: list[CasckptError]) -> Any:
     from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
@@ -145,6 +173,7 @@ def read_dcp(path: Path) -> dict[str, Any]:
         UnreadableCheckpointError: DCP could not read the directory, or a link leads one of
             its files out of it.
     """
+    import torch.distributed.checkpoint as dcp_package
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
@@ -152,7 +181,9 @@ def read_dcp(path: Path) -> dict[str, Any]:
     state: dict[str, Any] = {}
     refused: list[CasckptError] = []
     try:
-        _load_state_dict(state, storage_reader=_reader(path, refused), planner=_planner(path), no_dist=True)
+        with _QuietLoader(Path(dcp_package.__file__).parent):
+            _load_state_dict(state, storage_reader=_reader(path, refused), planner=_planner(path),
+                             no_dist=True)
     except CheckpointException as exc:  # DCP wraps what each step raised, by rank
         if refused:
             raise refused[0] from None

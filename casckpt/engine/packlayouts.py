@@ -8,11 +8,19 @@ from threading import Lock
 
 from casckpt.catalog import Catalog, PackLayout
 from casckpt.catalog import shards as sql
-from casckpt.errors import BlobNotFoundError
+from casckpt.errors import BlobNotFoundError, OversizedObjectError, StorageError, UnsafeObjectError
 
 log = logging.getLogger(__name__)
 
 _LAYOUT_CACHE = 4096
+
+
+def unreadable_state(exc: StorageError) -> str:
+    """The state of a shard or copy whose read raised ``exc``: ``corrupt`` when its bytes are
+    there but refused (not a regular file, larger than recorded, or, in an encrypted store,
+    failing authentication: altered or swapped), else ``missing`` (gone or unreachable). The
+    one mapping of readers, ``check`` and the messages they raise."""
+    return "corrupt" if isinstance(exc, (OversizedObjectError, UnsafeObjectError)) else "missing"
 
 
 class Layouts:

@@ -19,16 +19,14 @@ from threading import Lock
 
 from casckpt.catalog import Catalog, PackLayout, ShardRow
 from casckpt.catalog import shards as sql
-from casckpt.engine.packlayouts import Layouts
+from casckpt.engine.packlayouts import Layouts, unreadable_state
 from casckpt.engine.packrepair import PackRepairer
 from casckpt.engine.packverify import PackVerifier
 from casckpt.errors import (
     BlobNotFoundError,
     CorruptPackError,
     MissingDataError,
-    OversizedObjectError,
     StorageError,
-    UnsafeObjectError,
 )
 from casckpt.format.chunks import object_id
 from casckpt.format.shard import SHARD_HEADER_SIZE
@@ -80,13 +78,18 @@ class PackReader:
             try:
                 return loc.blobs.read_into(sh.key, offset, buffers)
             except StorageError as exc:
-                self._layouts.mark_damaged(layout, {sh.index: _state_of(exc)}, f"{loc.describe()}: {exc}")
+                self._mark_unreadable(layout, sh, loc, exc)
                 last = exc
         if layout.scheme == "none":
+            if last is not None and unreadable_state(last) == "corrupt":
+                raise _damaged(layout, locations, last) from last
             raise BlobNotFoundError(
                 f"pack {pack_id} cannot be read from {_where(layout, locations)} ({last}); restore "
                 "another version, or add redundancy (`casckpt redundancy`) to survive this") from last
         return scatter(memoryview(self.reconstruct(pack_id, heal=heal))[offset:], buffers)
+
+    def _mark_unreadable(self, layout: PackLayout, sh: ShardRow, loc: Location, exc: StorageError) -> None:
+        self._layouts.mark_damaged(layout, {sh.index: unreadable_state(exc)}, f"{loc.describe()}: {exc}")
 
     def _read_striped(self, layout: PackLayout, locations: LocationSet, offset: int,
                       buffers: Sequence[memoryview], heal: bool = True) -> int:
@@ -108,7 +111,7 @@ class PackReader:
             try:
                 got = loc.blobs.read_into(sh.key, at, part)
             except StorageError as exc:
-                self._layouts.mark_damaged(layout, {sh.index: _state_of(exc)}, f"{loc.describe()}: {exc}")
+                self._mark_unreadable(layout, sh, loc, exc)
                 return self._from_reconstructed(layout, offset, buffers, heal)
             if got < sum(len(p) for p in part):
                 self._layouts.mark_damaged(layout, {sh.index: "corrupt"}, "shard is truncated")
@@ -144,11 +147,13 @@ class PackReader:
                     data = loc.blobs.get(sh.key, max_size=layout.size)  # a copy is the whole pack
                     break
                 except StorageError as exc:
-                    self._layouts.mark_damaged(layout, {sh.index: _state_of(exc)}, f"{loc.describe()}: {exc}")
+                    self._mark_unreadable(layout, sh, loc, exc)
                     last = exc
         if data and object_id(data) == pack_id:
             return data
         if layout.scheme == "none":
+            if not data and last is not None and unreadable_state(last) == "corrupt":
+                raise _damaged(layout, locations, last) from last
             why = "damaged (its bytes do not hash to its id)" if data else f"unreadable ({last})"
             raise (CorruptPackError if data else MissingDataError)(
                 f"pack {pack_id} on {_where(layout, locations)} is {why}; it has no redundancy to "
@@ -229,10 +234,12 @@ def _where(layout: PackLayout, locations: LocationSet) -> str:
     return ", ".join(names) or "an unknown location"
 
 
-def _state_of(exc: StorageError) -> str:
-    """A shard that could not be read: ``corrupt`` when something else sits at its key (not a
-    regular file, or larger than recorded), else ``missing``."""
-    return "corrupt" if isinstance(exc, (OversizedObjectError, UnsafeObjectError)) else "missing"
+def _damaged(layout: PackLayout, locations: LocationSet, exc: StorageError) -> CorruptPackError:
+    """A pack without redundancy whose one copy is there but refused (altered, swapped)."""
+    return CorruptPackError(
+        f"pack {layout.id} on {_where(layout, locations)} is damaged ({exc}); it has no redundancy "
+        "to reconstruct it from. Restore another version; `casckpt check` lists every version "
+        "affected, and redundancy (`casckpt redundancy`) survives this")
 
 
 def _split(buffers: list[memoryview], count: int) -> tuple[list[memoryview], list[memoryview]]:

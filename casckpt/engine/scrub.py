@@ -24,6 +24,7 @@ from casckpt.catalog import PackLayout, ShardRow
 from casckpt.catalog import shards as shard_sql
 from casckpt.engine.context import EngineContext
 from casckpt.engine.discovery import read_footer
+from casckpt.engine.packlayouts import unreadable_state
 from casckpt.errors import CasckptError, IntegrityError, StorageError
 from casckpt.format.chunks import ChunkIds, object_hasher
 from casckpt.format.pack import PackEntry, decode_entry, read_index
@@ -196,6 +197,14 @@ def _usable(locations: LocationSet, layout: PackLayout, sh: ShardRow, listed: Li
     return loc
 
 
+def _refused(verdict: PackVerdict, index: int, what: str, exc: StorageError) -> None:
+    """Record a copy or shard whose read raised ``exc``: damaged (its bytes refused, e.g. a
+    sealed object failing authentication) or missing (gone, unreachable)."""
+    verdict.damaged[index] = unreadable_state(exc)
+    verdict.notes.append((index, f"{what} is damaged: {exc}" if verdict.damaged[index] == "corrupt"
+                          else f"{what} cannot be read: {exc}"))
+
+
 def _verify_copies(locations: LocationSet, layout: PackLayout, listed: Listed,
                    verdict: PackVerdict, ids: ChunkIds) -> None:
     last: _EntryVerifier | None = None
@@ -212,8 +221,7 @@ def _verify_copies(locations: LocationSet, layout: PackLayout, listed: Listed,
         try:
             verdict.read += _stream(loc, sh.key, 0, layout.size, check.feed)
         except StorageError as exc:
-            verdict.notes.append((sh.index, f"copy {sh.key} cannot be read from {loc.describe()}: {exc}"))
-            verdict.damaged[sh.index] = "missing"
+            _refused(verdict, sh.index, f"copy {sh.key} on {loc.describe()}", exc)
             continue
         check.finish()
         if check.hasher.hexdigest() != layout.id:
@@ -244,7 +252,7 @@ def _verify_shards(locations: LocationSet, layout: PackLayout, listed: Listed,
             header = decode_shard_header(head, where)
         except CasckptError as exc:
             verdict.notes.append((sh.index, str(exc)))
-            verdict.damaged[sh.index] = "missing" if isinstance(exc, StorageError) else "corrupt"
+            verdict.damaged[sh.index] = unreadable_state(exc) if isinstance(exc, StorageError) else "corrupt"
             continue
         expected = (layout.id, sh.index, sh.size - SHARD_HEADER_SIZE)
         if (header.pack_id, header.index, header.payload_len) != expected:
@@ -257,8 +265,7 @@ def _verify_shards(locations: LocationSet, layout: PackLayout, listed: Listed,
         try:
             verdict.read += _stream(loc, sh.key, SHARD_HEADER_SIZE, header.payload_len, sink.feed)
         except StorageError as exc:
-            verdict.notes.append((sh.index, f"cannot read {where}: {exc}"))
-            verdict.damaged[sh.index] = "missing"
+            _refused(verdict, sh.index, where, exc)
             continue
         fed += sink.fed
         seen, hasher = sink.seen, sink.hasher

@@ -15,6 +15,7 @@ from casckpt.report.svg import (
     bytes_axis,
     figure,
     human_bytes,
+    legend,
     render,
 )
 from casckpt.reports import LocationInfo
@@ -42,7 +43,7 @@ def stalls(data: ReportData) -> Section:
                         label=f"{r.name} commit")
         ax.set_xlabel("step")
         ax.set_ylabel("seconds")
-        ax.legend(loc="upper right", fontsize=8)
+        legend(fig, ax)
         plot = render(fig, "stalls")
     return Section("stalls", "Commit stalls", intro, plot, table)
 
@@ -123,7 +124,7 @@ def drills(data: ReportData) -> Section:
         ax.xaxis_date(timezone.utc)
         ax.set_ylabel("restore seconds")
         ax.tick_params(axis="x", labelrotation=30, labelsize=7)
-        ax.legend(loc="upper left", fontsize=8)
+        legend(fig, ax)
         plot = render(fig, "drills")
     return Section("drills", "Restore drills", intro, plot, table)
 

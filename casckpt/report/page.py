@@ -95,13 +95,18 @@ def render_page(data: ReportData) -> str:
 def _cards(data: ReportData) -> str:
     st = data.stats
     saved = 1 - st.stored_bytes / st.logical_bytes if st.logical_bytes else 0.0
-    items = (("runs", str(st.runs)), ("versions", str(st.versions)),
+    items = ((_plural(st.runs, "run"), str(st.runs)), (_plural(st.versions, "version"), str(st.versions)),
              ("logical", human_bytes(st.logical_bytes)),
              ("stored", human_bytes(st.stored_bytes)), ("saved", f"{saved:.0%}"),
              ("on locations", human_bytes(st.location_bytes)), ("redundancy", st.redundancy))
     cards = "".join(f'<div class="card"><b>{html.escape(v)}</b><span>{html.escape(k)}</span></div>'
                     for k, v in items)
     return f'<div class="cards">{cards}</div>'
+
+
+def _plural(count: int, noun: str) -> str:
+    """``noun`` as it reads after ``count``: 1 run, 0 runs, 2 runs."""
+    return noun if count == 1 else f"{noun}s"
 
 
 def _section(s: Section) -> str:
@@ -125,6 +130,7 @@ def _table(s: Section) -> str:
     note = f" (the last {len(rows)} of {len(s.table.rows)})" if len(rows) < len(s.table.rows) else ""
     head = "".join(f'<th scope="col">{html.escape(h)}</th>' for h in s.table.headers)
     body = "\n".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
-    return (f"<details><summary>Data: {html.escape(s.title)}, {len(s.table.rows)} rows{note}</summary>\n"
+    count = f"{len(s.table.rows)} {_plural(len(s.table.rows), 'row')}"
+    return (f"<details><summary>Data: {html.escape(s.title)}, {count}{note}</summary>\n"
             f"<table><caption>{html.escape(s.title)}</caption><thead><tr>{head}</tr></thead>"
             f"<tbody>\n{body}\n</tbody></table></details>")

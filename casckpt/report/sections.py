@@ -26,6 +26,7 @@ from casckpt.report.svg import (
     bytes_axis,
     figure,
     human_bytes,
+    legend,
     render,
 )
 from casckpt.types import Version
@@ -90,7 +91,7 @@ def space(data: ReportData) -> Section:
         ax.set_ylabel("cumulative bytes")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         bytes_axis(ax.yaxis)
-        ax.legend(loc="upper left")
+        legend(fig, ax)
         plot = render(fig, "space")
     return Section("space", "Space saved", intro, plot, table)
 
@@ -115,7 +116,7 @@ def new_bytes(data: ReportData) -> Section:
         ax.set_ylabel("stored bytes")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         bytes_axis(ax.yaxis)
-        ax.legend(handles=handles, loc="upper right", fontsize=8)
+        legend(fig, ax, handles)
         plot = render(fig, "new-bytes")
     return Section("new-bytes", "New bytes per commit", intro, plot, table)
 
@@ -144,7 +145,7 @@ def metrics(data: ReportData) -> Section:
                 _metric_line(ax, r, metric, colours[r.name])
             ax.set_ylabel(metric)
         axes[-1].set_xlabel("step")
-        axes[0].legend(loc="best", fontsize=8)
+        legend(fig, axes[0])
         plot = render(fig, "metrics")
     return Section("metrics", "Metrics", intro, plot, table)
 
@@ -219,7 +220,7 @@ def storage_by_run(data: ReportData) -> Section:
         ax.set_yticks(list(ys), [s[0] for s in sums])
         ax.invert_yaxis()
         bytes_axis(ax.xaxis)
-        ax.legend(loc="lower right", fontsize=8)
+        legend(fig, ax)
         plot = render(fig, "storage")
     return Section("storage", "Storage by run", intro, plot, table)
 
@@ -242,7 +243,7 @@ def durability(data: ReportData) -> Section:
         ax.set_yticks(range(len(counts)), [name for name, _ in counts])
         ax.invert_yaxis()
         ax.set_xlabel("versions")
-        ax.legend(loc="lower right", fontsize=8)
+        legend(fig, ax)
         plot = render(fig, "durability")
     return Section("durability", "Versions by durability", intro, plot, table)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +24,7 @@ from casckpt.errors import OptionalDependencyError
 try:
     import matplotlib
     from cycler import cycler
+    from matplotlib.artist import Artist
     from matplotlib.axes import Axes
     from matplotlib.axis import Axis
     from matplotlib.figure import Figure
@@ -34,7 +35,7 @@ except ImportError as exc:  # pragma: no cover - the test extra installs it
         f"casckpt.report needs matplotlib ({exc}): pip install 'casckpt[report]'") from exc
 
 __all__ = ["BAD_COLOUR", "FOREGROUND", "OK_COLOUR", "PALETTE", "WARN_COLOUR", "Axes", "MaxNLocator", "Patch",
-           "Plot", "bytes_axis", "figure", "human_bytes", "render"]
+           "Plot", "bytes_axis", "figure", "human_bytes", "legend", "render"]
 
 FOREGROUND = "#010203"  # drawn as currentColor: nothing else uses this exact colour
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2",
@@ -87,6 +88,16 @@ def figure(key: str, height_in: float = 3.2, *, rows: int = 1) -> Iterator[tuple
         fig = Figure(figsize=(WIDTH_IN, height_in), layout="constrained")
         axes = [fig.add_subplot(rows, 1, i + 1) for i in range(rows)]
         yield fig, axes
+
+
+def legend(fig: Figure, ax: Axes, handles: Sequence[Artist] | None = None) -> None:
+    """The figure's legend, in a row above its axes (constrained layout makes room for it), so
+    it never covers data, whatever the data and the page width: inside the axes, any corner
+    sits on some plot's bars or lines. ``handles``: what to list (default: ``ax``'s labelled
+    artists)."""
+    shown = list(handles) if handles is not None else ax.get_legend_handles_labels()[0]
+    if shown:
+        fig.legend(handles=shown, loc="outside upper center", ncols=min(len(shown), 6), fontsize=8)
 
 
 def render(fig: Figure, key: str) -> Plot | None:
