@@ -27,6 +27,8 @@ from casckpt.integrations.lightning_io import SCHEME, StoreCheckpointIO
 
 try:
     from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+    from lightning.fabric.utilities.rank_zero import rank_zero_warn
+    from lightning.pytorch import __version__ as _framework_version
 except ImportError as exc:  # pragma: no cover - the extra is installed wherever tests run
     raise OptionalDependencyError(
         f"casckpt.integrations.lightning needs Lightning ({exc}): pip install 'casckpt[lightning]'; "
@@ -42,3 +44,9 @@ class CasckptCheckpointIO(StoreCheckpointIO, CheckpointIO):
     ``Trainer(plugins=[CasckptCheckpointIO(store, run)])``; every method is documented on
     :class:`~casckpt.integrations.lightning_io.StoreCheckpointIO`.
     """
+
+    lightning_version = _framework_version
+
+    def warn(self, message: str) -> None:
+        """Warn on global rank zero only, as Lightning's own warnings."""
+        rank_zero_warn(message)

@@ -13,6 +13,8 @@ from casckpt.integrations.lightning_io import SCHEME, StoreCheckpointIO
 
 try:
     from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
+    from lightning_fabric.utilities.rank_zero import rank_zero_warn
+    from pytorch_lightning import __version__ as _framework_version
 except ImportError as exc:  # pragma: no cover - installed wherever tests run
     raise OptionalDependencyError(
         f"casckpt.integrations.pytorch_lightning needs pytorch_lightning ({exc}): "
@@ -24,3 +26,9 @@ __all__ = ["SCHEME", "CasckptCheckpointIO"]
 
 class CasckptCheckpointIO(StoreCheckpointIO, CheckpointIO):
     """:class:`casckpt.integrations.lightning.CasckptCheckpointIO` for ``pytorch_lightning.Trainer``."""
+
+    lightning_version = _framework_version
+
+    def warn(self, message: str) -> None:
+        """Warn on global rank zero only, as Lightning's own warnings."""
+        rank_zero_warn(message)
