@@ -184,9 +184,10 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
                   s3=spec.s3, config_file=spec.config_file, recovering=recovering, read_only=why,
                   tier=tier, background_drain=options.background_drain, created=created)
     if created:  # a mistyped path would otherwise start training again from step 0, silently
+        where = str(spec.root) if spec.root is not None else (
+            f"catalog {cat.where}, blobs {', '.join(redact_url(loc.url) for loc in spec.locations)}")
         log.warning("created a new casckpt store at %s; pass create=False to casckpt.open where a "
-                    "store must already exist", spec.root if spec.root is not None else
-                    f"catalog {cat.where}, blobs {', '.join(redact_url(loc.url) for loc in spec.locations)}")
+                    "store must already exist", where, extra={"store_created": where})
     return store
 
 

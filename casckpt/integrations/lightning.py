@@ -26,9 +26,9 @@ from casckpt.errors import OptionalDependencyError
 from casckpt.integrations.lightning_io import SCHEME, StoreCheckpointIO
 
 try:
+    import lightning.pytorch as framework
     from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
-    from lightning.fabric.utilities.rank_zero import rank_zero_warn
-    from lightning.pytorch import __version__ as _framework_version
+    from lightning.fabric.utilities import rank_zero_warn
 except ImportError as exc:  # pragma: no cover - the extra is installed wherever tests run
     raise OptionalDependencyError(
         f"casckpt.integrations.lightning needs Lightning ({exc}): pip install 'casckpt[lightning]'; "
@@ -45,7 +45,7 @@ class CasckptCheckpointIO(StoreCheckpointIO, CheckpointIO):
     :class:`~casckpt.integrations.lightning_io.StoreCheckpointIO`.
     """
 
-    lightning_version = _framework_version
+    lightning_version = str(framework.__version__)  # type: ignore[attr-defined]  # what its migration compares with
 
     def warn(self, message: str) -> None:
         """Warn on global rank zero only, as Lightning's own warnings."""
