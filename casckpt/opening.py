@@ -165,8 +165,9 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
                 "create an empty database (PostgreSQL), then `casckpt catalog rebuild`")
         key_file = options.key_file or os.environ.get("CASCKPT_KEY_FILE") or None
         master = keyring.read_key_file(key_file) if key_file else None
-        created = spec.created if spec.root is not None else (  # a store named by URLs only:
-            not cat.read_only and not shard_sql.locations(cat))  # new when its catalog knows no location
+        # a store named by URLs only is new when its catalog knows no location yet (not a rebuild's)
+        created = spec.created if spec.root is not None else (
+            not cat.read_only and not recover and not shard_sql.locations(cat))
         locations = open_locations(cat, spec, given, recover=recover, master=master,
                                    read_only=cat.read_only)
         recovering = recover and (shard_sql.is_empty(cat) or identity_sql.rebuilding(cat))

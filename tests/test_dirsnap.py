@@ -257,6 +257,18 @@ def test_checkout_reuses_only_a_target_that_holds_exactly_the_snapshot(
         store.checkout("d@1", src)
 
 
+def test_reuse_in_an_encrypted_store_compares_keyed_digests(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    casckpt.generate_key_file(key)
+    src = sample_tree(tmp_path / "src")
+    with casckpt.open(tmp_path / "store", key_file=key) as store:
+        store.add_dir(src, run="d", step=1)
+        assert store.checkout("d@1", src, reuse=True) == src
+        (src / "nested" / "ü ñ spaced name.txt").write_text("hellO\n")
+        with pytest.raises(CheckoutMismatchError, match="bytes of 'nested/ü ñ spaced name.txt' differ"):
+            store.checkout("d@1", src, reuse=True)
+
+
 def _make_writable(root: Path) -> None:
     for folder, dirs, _ in os.walk(root):
         for name in dirs:
