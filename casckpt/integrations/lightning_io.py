@@ -211,12 +211,15 @@ class StoreCheckpointIO:
                 "CasckptCheckpointIO takes map_location as a device or a device string "
                 f"(e.g. 'cpu', 'cuda:0'), not {type(map_location).__name__}")
         self.wait()
-        if os.fspath(path) == f"{SCHEME}{self.run}{LATEST}" and version_to_resume(
-                self.store, f"{self.run}{LATEST}") is None:
-            self.warn(f"ckpt_path={os.fspath(path)!r} is set, but run {self.run!r} has no version "
-                      "yet: no checkpoint will be loaded and training starts from scratch")
-            return NoCheckpoint({LIGHTNING_VERSION_KEY: self.lightning_version})
-        version = self.resolve(path)
+        if os.fspath(path) == f"{SCHEME}{self.run}{LATEST}":
+            found = version_to_resume(self.store, f"{self.run}{LATEST}")
+            if found is None:
+                self.warn(f"ckpt_path={os.fspath(path)!r} is set, but run {self.run!r} has no "
+                          "version yet: no checkpoint will be loaded and training starts from scratch")
+                return NoCheckpoint({LIGHTNING_VERSION_KEY: self.lightning_version})
+            version = found
+        else:
+            version = self.resolve(path)
         self._known.add(version.id)
         tree = self.store.restore(version.id, map_location=map_location)
         loaded = from_plain(tree)
@@ -262,7 +265,7 @@ class StoreCheckpointIO:
             self._published(version if i == 0 else self.store.tag(version.id, tag), tag, before, reason)
 
     def warn(self, message: str) -> None:
-        """Warn once per job (the subclasses warn on rank zero only, as Lightning does)."""
+        """Warn the user (the subclasses warn on global rank zero only, as Lightning does)."""
         warnings.warn(message, stacklevel=3)
 
     # -- names ------------------------------------------------------------------
