@@ -123,7 +123,9 @@ def open(  # noqa: A001 - the documented name of the entry point
             (e.g. ``postgresql+psycopg://user@host/db``). Recorded like ``blobs``.
         cache: directory for the local index cache (default ``path/cache`` for a
             self-contained store, else ``~/.cache/casckpt/<store id>``).
-        create: False refuses to create a store that does not exist.
+        create: False refuses to create a store that does not exist (pass it where one must
+            already exist, such as a job that resumes). Creating one logs a WARNING naming
+            where, and :attr:`Store.created` is True.
         chunk_size: overrides the default chunk size (see :mod:`casckpt.config`).
         pack_size: overrides the default pack size.
         workers: overrides the default number of worker threads.

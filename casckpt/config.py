@@ -233,6 +233,7 @@ class StoreSpec:
         write_quorum: shards a pack needs durable before a commit publishes (None: default).
         fast_tier, fast_tier_bytes, keep_fast_last: this host's fast tier as the config file
             records it (a relative ``fast_tier`` is relative to the store directory).
+        created: :func:`locate_store` created the config file (a new store).
     """
 
     root: Path | None
@@ -246,6 +247,7 @@ class StoreSpec:
     fast_tier: Path | None = None  # the [store] table's fast tier settings (None: none recorded)
     fast_tier_bytes: int | None = None
     keep_fast_last: int | None = None
+    created: bool = False
 
     @property
     def blobs(self) -> str:
@@ -424,7 +426,7 @@ def locate_store(path: Path | None, *, blobs: BlobsArg | None, catalog: str | No
          "redundancy": redundancy, **(record or {})}, s3 or {}, () if single or given is None else given)
     if not _create_config_file(file, text):  # another process or thread created the store first
         return _spec_from_file(file, blobs, catalog, cache, s3)
-    return _spec_from_file(file, None, None, cache, None)
+    return replace(_spec_from_file(file, None, None, cache, None), created=True)
 
 
 def _not_empty(root: Path) -> NotAStoreError:

@@ -279,6 +279,11 @@ class CheckoutTargetError(RestoreTargetError):
     writing next to it failed (no space, no permission: nothing was left at the target)."""
 
 
+class CheckoutMismatchError(CheckoutTargetError):
+    """``checkout(reuse=True)``'s target holds something other than the snapshot (the message
+    names the first difference); nothing was touched."""
+
+
 class FileHashMismatchError(IntegrityError):
     """A file written by ``checkout`` does not hash to the BLAKE3 recorded when it was added
     (it changed while ``add_dir`` read it, or the snapshot is forged); nothing was left at the

@@ -165,6 +165,9 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
                 "create an empty database (PostgreSQL), then `casckpt catalog rebuild`")
         key_file = options.key_file or os.environ.get("CASCKPT_KEY_FILE") or None
         master = keyring.read_key_file(key_file) if key_file else None
+        # a store named by URLs only is new when its catalog knows no location yet (not a rebuild's)
+        created = spec.created if spec.root is not None else (
+            not cat.read_only and not recover and not shard_sql.locations(cat))
         locations = open_locations(cat, spec, given, recover=recover, master=master,
                                    read_only=cat.read_only)
         recovering = recover and (shard_sql.is_empty(cat) or identity_sql.rebuilding(cat))
@@ -176,11 +179,17 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
     cache_dir = spec.cache if spec.cache is not None else _default_cache_dir(cat.store_id)
     index = (IndexCache.unused if cat.read_only else IndexCache)(cache_dir / "index", _cache_binding(cat))
     tier = None if recovering else _open_tier(cat, spec, options, settings.pack_size)
-    return Store(root=spec.root, catalog=cat, cache=index, locations=locations,
-                 staging=cache_dir / "staging",  # the tier's packs fill in its own staging/
-                 settings=settings, write_quorum=spec.write_quorum,
-                 s3=spec.s3, config_file=spec.config_file, recovering=recovering, read_only=why,
-                 tier=tier, background_drain=options.background_drain)
+    store = Store(root=spec.root, catalog=cat, cache=index, locations=locations,
+                  staging=cache_dir / "staging",  # the tier's packs fill in its own staging/
+                  settings=settings, write_quorum=spec.write_quorum,
+                  s3=spec.s3, config_file=spec.config_file, recovering=recovering, read_only=why,
+                  tier=tier, background_drain=options.background_drain, created=created)
+    if created:  # a mistyped path would otherwise start training again from step 0, silently
+        where = str(spec.root) if spec.root is not None else (
+            f"catalog {cat.where}, blobs {', '.join(redact_url(loc.url) for loc in spec.locations)}")
+        log.warning("created a new casckpt store at %s; pass create=False to casckpt.open where a "
+                    "store must already exist", where, extra={"store_created": where})
+    return store
 
 
 def _tier_record(options: Options) -> dict[str, Any]:

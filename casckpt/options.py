@@ -26,7 +26,9 @@ class Options:
             ``{"url", "domain"}`` says otherwise). Recorded in ``casckpt.toml`` for a new store.
         catalog: an SQLAlchemy URL for the catalog (PostgreSQL for many hosts).
         cache: the directory of this host's index cache.
-        create: False refuses to create a store that does not exist.
+        create: False refuses to create a store that does not exist (pass it where one must
+            already exist, such as a job that resumes). Creating one logs a WARNING naming
+            where, and ``Store.created`` is True.
         chunk_size, pack_size: bytes per chunk (1 MiB) and per pack (64 MiB).
         workers: threads for hashing, compression and reads.
         s3: S3 options of a new store (``endpoint_url``, ``region``, ``sse``, ...).

@@ -32,7 +32,7 @@ from casckpt.engine import treeviews
 from casckpt.engine.background import CommitHandle
 from casckpt.engine.refs import bind, load_manifest
 from casckpt.engine.validate import check_name
-from casckpt.errors import CasckptError, CommitTimeoutError, InvalidArgumentError
+from casckpt.errors import CasckptError, CheckoutMismatchError, CommitTimeoutError, InvalidArgumentError
 from casckpt.format.manifest import decode_manifest
 from casckpt.run import Run, save_rule, set_policy
 from casckpt.storage import redact_url
@@ -94,8 +94,9 @@ class Store:
                  write_quorum: int | None = None, s3: Mapping[str, Any] | None = None,
                  config_file: Path | None = None, recovering: bool = False,
                  read_only: str | None = None, tier: FastTier | None = None,
-                 background_drain: bool = True) -> None:
+                 background_drain: bool = True, created: bool = False) -> None:
         self.path = root
+        self._created = created
         self._core = StoreCore(catalog=catalog, cache=cache, locations=locations, staging=staging,
                                settings=settings, write_quorum=write_quorum, s3=s3,
                                config_file=config_file, recovering=recovering, read_only=read_only,
@@ -133,6 +134,13 @@ class Store:
             self.close()
         except CasckptError as failure:
             log.error("while closing the store after %s: %s", exc_type.__name__ if exc_type else "?", failure)
+
+    @property
+    def created(self) -> bool:
+        """Whether :func:`casckpt.open` created this store (a path that held none, or a catalog
+        that knew no location); it then logs one WARNING naming where. Pass ``create=False``
+        where a store must already exist, so a mistyped path fails instead of starting over."""
+        return self._created
 
     @property
     def read_only(self) -> str | None:
@@ -453,10 +461,14 @@ class Store:
                            message=message, tags=tags, progress=progress, block=False)
 
     def checkout(self, ref: Ref, path: str | os.PathLike[str], *,
-                 progress: ProgressCallback | None = None) -> Path:
+                 progress: ProgressCallback | None = None, reuse: bool = False) -> Path:
         """Write the directory snapshot ``ref`` names (stored by :meth:`add_dir`) to ``path``.
 
-        ``path`` must not exist or be an empty directory. Everything is written into a
+        ``path`` must not exist or be an empty directory; with ``reuse=True`` it may also
+        hold exactly this snapshot already (a restarted job's own checkpoint directory): it
+        is then returned as it is, after every name, kind, permission bit and link target is
+        compared and every file hashed against the BLAKE3 recorded when it was added
+        (:mod:`casckpt.engine.dircompare`; nothing is written). Everything is written into a
         temporary sibling and renamed onto ``path`` at the end, every file checked against
         the BLAKE3 recorded when it was added, so ``path`` either holds the whole snapshot
         or is left as it was. Reads are streamed (at most ``BATCH_BYTES`` of
@@ -472,12 +484,24 @@ class Store:
             NotADirectorySnapshotError: the version was stored with :meth:`commit` (read it
                 with :meth:`restore`).
             CheckoutTargetError: ``path`` exists and is not an empty directory (untouched).
+            CheckoutMismatchError: with ``reuse``, ``path`` holds something other than the
+                snapshot (the first difference is named; untouched).
             CorruptChunkError, MissingDataError, FileHashMismatchError, CorruptManifestError:
                 stored data is damaged, gone or forged; nothing is left at ``path``.
         """
         from casckpt.engine import checkout as checkout_engine  # torch: reads go through restore
 
         target = Path(path)
+        if reuse and target.is_dir() and not target.is_symlink() and any(os.scandir(target)):
+            from casckpt.engine.dircompare import first_difference
+
+            manifest = self._core.manifest(ref)
+            difference = first_difference(self._core.ctx, manifest, target)
+            if difference is not None:
+                raise CheckoutMismatchError(
+                    f"{str(target)!r} does not hold {manifest.run}@{manifest.step}: {difference}; "
+                    "nothing was touched. Move it away and check out again.")
+            return Path(os.path.abspath(target))
         checkout_engine.check_target(Path(os.path.abspath(target)))  # before the manifest is read
         return checkout_engine.checkout(self._core.ctx, self._core.manifest(ref), target, progress)
 

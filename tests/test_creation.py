@@ -9,6 +9,7 @@ step, and the store must end with one config file and every step.
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -21,6 +22,7 @@ import pytest
 import casckpt
 from casckpt import config as cfg
 from casckpt.catalog import Catalog
+from casckpt.errors import NotAStoreError
 from casckpt.testing.internals import internals
 
 HELPER = Path(__file__).parent / "helpers" / "creator.py"
@@ -162,3 +164,40 @@ def test_a_directory_with_other_files_is_still_refused(tmp_path: Path) -> None:
     with pytest.raises(casckpt.errors.NotAStoreError, match="is not empty"):
         casckpt.open(root)
     assert sorted(p.name for p in root.iterdir()) == ["notes.txt"]
+
+
+def test_creating_a_store_says_so_and_create_false_refuses_a_mistyped_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    def creations() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.getMessage().startswith("created a new casckpt store")]
+
+    caplog.set_level(logging.WARNING, logger="casckpt")
+    monkeypatch.chdir(tmp_path)
+    with casckpt.open("store") as made:
+        assert made.created
+    [record] = creations()
+    assert record.levelno == logging.WARNING and record.name == "casckpt.opening"
+    assert f"at {tmp_path / 'store'};" in record.getMessage()  # the absolute path
+    assert "create=False" in record.getMessage()
+    caplog.clear()
+    with casckpt.open("store", create=False) as reopened:
+        assert not reopened.created
+    with pytest.raises(NotAStoreError, match="no casckpt store"):
+        casckpt.open("stroe", create=False)  # the typo of a restarted job: refused, not created
+    assert not (tmp_path / "stroe").exists() and not creations()
+
+    catalog = f"sqlite:///{tmp_path / 'catalog.db'}"
+    with casckpt.open(blobs=str(tmp_path / "blobs"), catalog=catalog) as by_urls:
+        assert by_urls.created
+    assert len(creations()) == 1 and "catalog.db" in creations()[0].getMessage()
+    with casckpt.open(blobs=str(tmp_path / "blobs"), catalog=catalog) as again:
+        assert not again.created
+    assert len(creations()) == 1
+    from typer.testing import CliRunner
+
+    from casckpt.cli.main import app
+
+    init = CliRunner().invoke(app, ["init", str(tmp_path / "by-init")])
+    assert init.exit_code == 0 and "Created an empty casckpt store" in init.stdout
+    assert "warning" not in init.stderr  # init says so itself; the record is still logged
+    assert str(tmp_path / "by-init") in creations()[-1].getMessage()

@@ -9,6 +9,7 @@ leaves nothing at the target and never writes outside it; special files are refu
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from hypothesis import strategies as st
 
 import casckpt
 from casckpt.errors import (
+    CheckoutMismatchError,
     CheckoutTargetError,
     CorruptChunkError,
     IntegrityError,
@@ -213,6 +215,68 @@ def test_checkout_refuses_a_non_empty_target_untouched(store: casckpt.Store, tmp
     (tmp_path / "afile").write_text("x")
     with pytest.raises(CheckoutTargetError, match="not a directory"):
         store.checkout("d@1", tmp_path / "afile")
+
+
+def test_checkout_reuses_only_a_target_that_holds_exactly_the_snapshot(
+        store: casckpt.Store, tmp_path: Path) -> None:
+    src = sample_tree(tmp_path / "src")
+    store.add_dir(src, run="d", step=1)
+    assert store.checkout("d@1", src, reuse=True) == src  # the very directory that was added
+    before = {p: p.lstat().st_mtime_ns for p in src.rglob("*")}
+    store.checkout("d@1", src, reuse=True)
+    assert {p: p.lstat().st_mtime_ns for p in src.rglob("*")} == before  # nothing written
+
+    def refused(change: Any, why: str) -> None:
+        target = tmp_path / "copy"
+        store.checkout("d@1", target)
+        change(target)
+        after = listing(target)
+        with pytest.raises(CheckoutMismatchError, match=why):
+            store.checkout("d@1", target, reuse=True)
+        assert listing(target) == after  # untouched
+        _make_writable(target)
+        shutil.rmtree(target)
+
+    weights = "nested/deeper/w.bin"
+
+    def flip(t: Path) -> None:  # same size, same mtime: only the bytes tell
+        path = t / weights
+        stamp = path.stat().st_mtime_ns
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 1
+        path.chmod(0o644)
+        path.write_bytes(bytes(data))
+        path.chmod(stat.S_IMODE((src / weights).stat().st_mode))
+        os.utime(path, ns=(stamp, stamp))
+
+    refused(flip, "the bytes of 'nested/deeper/w.bin' differ")
+    refused(lambda t: (t / ".hidden").write_bytes(b"x"), "'.hidden' holds 1 bytes, not 0")
+    refused(lambda t: (t / "exec.sh").chmod(0o755), "'exec.sh' has mode 755, not 750")
+    refused(lambda t: (t / "extra").write_text("x"), "'extra' is not in the snapshot")
+    refused(lambda t: (t / "exec.sh").unlink(), "'exec.sh' is missing")
+    refused(lambda t: ((t / "link").unlink(), os.symlink("exec.sh", t / "link")), "points elsewhere")
+    refused(lambda t: ((t / "dirlink").unlink(), (t / "dirlink").mkdir()), "'dirlink' is not a link")
+    with pytest.raises(CheckoutTargetError, match="not empty"):  # reuse is asked for, never assumed
+        store.checkout("d@1", src)
+
+
+def test_reuse_in_an_encrypted_store_compares_keyed_digests(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    casckpt.generate_key_file(key)
+    src = sample_tree(tmp_path / "src")
+    with casckpt.open(tmp_path / "store", key_file=key) as store:
+        store.add_dir(src, run="d", step=1)
+        assert store.checkout("d@1", src, reuse=True) == src
+        (src / "nested" / "ü ñ spaced name.txt").write_text("hellO\n")
+        with pytest.raises(CheckoutMismatchError, match="bytes of 'nested/ü ñ spaced name.txt' differ"):
+            store.checkout("d@1", src, reuse=True)
+
+
+def _make_writable(root: Path) -> None:
+    for folder, dirs, _ in os.walk(root):
+        for name in dirs:
+            if not os.path.islink(os.path.join(folder, name)):
+                os.chmod(os.path.join(folder, name), 0o700)
 
 
 def test_checkout_of_a_state_version_says_what_to_use(store: casckpt.Store, tmp_path: Path) -> None:

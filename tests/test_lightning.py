@@ -148,6 +148,35 @@ def test_resume_from_the_store_matches_an_uninterrupted_fit(tmp_path: Path) -> N
         assert store.check().ok
 
 
+def test_the_first_launch_with_latest_starts_from_scratch_and_a_restart_resumes(tmp_path: Path) -> None:
+    """One ``ckpt_path`` for the first launch and every restart, as Lightning's "last"."""
+    def fit(store: casckpt.Store, run: str, steps: int, ckpt_path: str | None) -> L.Trainer:
+        t = trainer(CasckptCheckpointIO(store, run), tmp_path,
+                    ModelCheckpoint(dirpath=tmp_path / run, every_n_train_steps=2, save_top_k=-1),
+                    max_steps=steps)
+        t.fit(model(), ckpt_path=ckpt_path)
+        return t
+
+    with casckpt.open(tmp_path / "store") as store:
+        with pytest.warns(UserWarning, match=r"run 'r' has no version yet.*from scratch"):
+            first = fit(store, "r", 4, "casckpt://r@latest")
+        fresh = fit(store, "fresh", 4, None)  # no ckpt_path at all
+        a, b = first.lightning_module.state_dict(), fresh.lightning_module.state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a)  # nothing was loaded: trained from scratch
+        assert sorted(first.lightning_module.saved) == [2, 4]
+        assert [v.step for v in store.log("r")] == [4, 2]
+
+        restarted = fit(store, "r", 8, "casckpt://r@latest")  # the same line, after a restart
+        assert sorted(restarted.lightning_module.saved) == [6, 8]  # went on from step 4
+
+        store.fork("r@4", "child")  # a fork with no version of its own starts from its fork point
+        for ref, why in (("r@99", "no version at step 99"), ("tag:nope", "no tag"),
+                         ("other@latest", "no run named"), ("child@latest", "forked from r@4")):
+            with pytest.raises(RefNotFoundError, match=why):
+                fit(store, "child" if ref.startswith("child") else "r", 10, f"casckpt://{ref}")
+        assert store.check().ok
+
+
 @pytest.mark.parametrize("block", [True, False], ids=["blocking", "background"])
 def test_a_non_plain_object_is_refused_with_its_path_and_nothing_is_committed(tmp_path: Path,
                                                                               block: bool) -> None:

@@ -17,6 +17,11 @@ synthetic dataset on CPU, on one thread; every run takes about a second.
   are the finite numbers logged up to the save's step, the latest of each.
 - A background commit that fails surfaces from ``trainer.train()`` as CheckpointCommitError
   and the checkpoint directory it was storing stays on disk, byte-identical.
+- The README's resume line on the same host: a training SIGKILLed between two saves (after
+  the second one's commit) leaves ``checkpoint-6`` in ``output_dir``; the same line that
+  returned None on the first launch reuses it once every file verifies against the store's
+  digests (or, one byte flipped, moves it aside and checks the version out afresh), and the
+  resumed training ends bit for bit where an uninterrupted one does.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ import errno
 import os
 import random
 import shutil
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -50,6 +58,7 @@ from casckpt.errors import (
     CheckpointCommitError,
     InvalidArgumentError,
     NotADirectorySnapshotError,
+    RefNotFoundError,
     StorageError,
 )
 from casckpt.integrations.transformers import CasckptCallback, checkout_for_resume, metrics_at, run_name_for
@@ -229,8 +238,12 @@ def test_keep_local_and_every_version_checks_out_as_written(
         assert version.metrics["loss"] == metrics_at(t.state.log_history, version.step)["loss"]
         target = tmp_path / "checkout" / name
         assert tree(Path(checkout_for_resume(store, version, target.parent))) == tree(copies / name)
-    with pytest.raises(CheckoutTargetError):
-        checkout_for_resume(store, versions[0], tmp_path / "checkout")
+    again = checkout_for_resume(store, versions[0], tmp_path / "checkout")  # verified, reused
+    assert again == str(tmp_path / "checkout" / "checkpoint-9")
+    (tmp_path / "file").mkdir()
+    (tmp_path / "file" / "checkpoint-9").write_bytes(b"x")
+    with pytest.raises(CheckoutTargetError, match="not a directory"):
+        checkout_for_resume(store, versions[0], tmp_path / "file")
     store.commit({"w": torch.zeros(2)}, run="state", step=0)
     with pytest.raises(NotADirectorySnapshotError):
         checkout_for_resume(store, "state@0", tmp_path / "nothing")
@@ -281,3 +294,96 @@ def test_a_failed_background_commit_surfaces_and_keeps_its_directory(tmp_path: P
         for name in checkpoints(out):
             assert tree(out / name) == tree(copies / name)
         assert not broken.log()
+
+
+KILLED_BETWEEN_SAVES = """
+import os, signal, sys, time
+sys.path.insert(0, sys.argv[1])
+import torch
+torch.set_num_threads(1)
+import casckpt
+from casckpt.errors import RefNotFoundError
+from casckpt.integrations.transformers import CasckptCallback, checkout_for_resume
+from test_transformers import trainer
+from transformers import TrainerCallback
+
+store = casckpt.open(sys.argv[2], create=False)
+out = sys.argv[3]
+path = checkout_for_resume(store, "ft@latest", out)  # the README's line, on the first launch
+print("first launch resumes from", path, flush=True)
+
+
+class KillAfterSecondSave(TrainerCallback):
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step < 6:
+            return
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the background commit of this save is visible
+            try:
+                store.resolve("ft@6")
+                break
+            except RefNotFoundError:
+                time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+trainer(out, [CasckptCallback(store, run="ft", keep_local=1), KillAfterSecondSave()]).train(
+    resume_from_checkpoint=path)
+"""
+
+
+@pytest.mark.parametrize("tamper", [False, True], ids=["reused", "tampered"])
+def test_the_resume_line_after_a_kill_between_saves_on_the_same_output_dir(
+        store: casckpt.Store, tmp_path: Path, tamper: bool) -> None:
+    reference = trainer(tmp_path / "reference", [])
+    reference.train()
+    expected = final_state(reference)
+
+    out = tmp_path / "out"
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_BETWEEN_SAVES, str(Path(__file__).parent),
+         str(store.path), str(out)], capture_output=True, text=True, timeout=600, check=False)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert "first launch resumes from None" in killed.stdout
+    assert [v.step for v in store.log("ft")] == [6, 3]
+    assert checkpoints(out) == ["checkpoint-6"]  # keep_local=1 left it: the usual restart
+    local = out / "checkpoint-6"
+    stored = tree(local)
+    inode = (local / "model.safetensors").stat().st_ino
+    if tamper:
+        with open(local / "model.safetensors", "r+b") as f:  # same size, one byte flipped
+            f.seek(4096)
+            byte = f.read(1)
+            f.seek(4096)
+            f.write(bytes([byte[0] ^ 0xFF]))
+
+    path = checkout_for_resume(store, "ft@latest", out)  # the same line, on the restart
+
+    assert path == str(local)
+    assert tree(local) == stored  # the version's bytes, whichever copy holds them
+    aside = out / ".checkpoint-6.casckpt-differs"
+    if tamper:  # checked out afresh; the differing copy kept aside, not deleted
+        assert (local / "model.safetensors").stat().st_ino != inode
+        assert tree(aside)["model.safetensors"][0] != stored["model.safetensors"][0]
+    else:  # verified and reused, not written again
+        assert (local / "model.safetensors").stat().st_ino == inode
+        assert not aside.exists()
+    resumed = trainer(out, [CasckptCallback(store, run="ft", keep_local=1)])
+    resumed.train(resume_from_checkpoint=path)
+    assert_same_state(final_state(resumed), expected)
+    assert [v.step for v in store.log("ft")] == [9, 6, 3]
+
+
+def test_the_resume_line_starts_fresh_only_on_a_first_launch(store: casckpt.Store, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert checkout_for_resume(store, "ft@latest", out) is None  # no such run yet
+    assert not out.exists()
+    trainer(out, [StopAt(3), CasckptCallback(store, run="ft", keep_local=0)]).train()
+    with pytest.raises(RefNotFoundError, match="no version at step 5"):
+        checkout_for_resume(store, "ft@5", out)  # a step must be there
+    with pytest.raises(RefNotFoundError, match="no tag"):
+        checkout_for_resume(store, "tag:nope", out)
+    store.fork("ft@3", "child")  # a fork starts from its fork point, never from scratch
+    with pytest.raises(RefNotFoundError, match="forked from ft@3"):
+        checkout_for_resume(store, "child@latest", out)
+    assert checkout_for_resume(store, "ft@latest", out) == str(out / "checkpoint-3")

@@ -36,6 +36,8 @@ class _StderrLines(logging.Handler):
         self._seen: set[str] = set()
 
     def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, "store_created", None) is not None:
+            return  # only `casckpt init` creates a store, and it says so on stdout itself
         try:
             message = record.getMessage()
             if record.levelno >= logging.WARNING:

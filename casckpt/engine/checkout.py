@@ -47,7 +47,7 @@ batch is read while the one before it is hashed and written: at most two are hel
 BATCH_FILES = 256  # files open at once, at most, while a batch is written
 
 Piece = tuple[int, int, int]  # (extent, start, end) of a manifest
-_APPLIED_MODE = 0o1777
+APPLIED_MODE = 0o1777
 """Mode bits checkout applies: permissions and the sticky bit. setuid and setgid are recorded
 but not applied (as ``tar`` does for other users): a store must not be able to plant a
 set-user-id program by way of a checkout run as root."""
@@ -203,7 +203,7 @@ class _Writer:
             self._flush()  # the last batch read
             for entry in reversed(self.entries):  # deepest first: a read-only parent comes last
                 if entry.kind == "dir":
-                    os.chmod(self.root / entry.path, entry.mode & _APPLIED_MODE)
+                    os.chmod(self.root / entry.path, entry.mode & APPLIED_MODE)
         finally:
             self.reader.shutdown(wait=True, cancel_futures=True)
             for handle in self.open.values():
@@ -259,7 +259,7 @@ class _Writer:
                     "the snapshot is forged); nothing was written at the target. Add the directory "
                     "again from a quiet copy."
                 )
-            os.fchmod(handle.fd, handle.entry.mode & _APPLIED_MODE)
+            os.fchmod(handle.fd, handle.entry.mode & APPLIED_MODE)
         finally:
             os.close(handle.fd)
 

@@ -26,7 +26,9 @@ from casckpt.errors import OptionalDependencyError
 from casckpt.integrations.lightning_io import SCHEME, StoreCheckpointIO
 
 try:
+    import lightning.pytorch as framework
     from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+    from lightning.fabric.utilities import rank_zero_warn
 except ImportError as exc:  # pragma: no cover - the extra is installed wherever tests run
     raise OptionalDependencyError(
         f"casckpt.integrations.lightning needs Lightning ({exc}): pip install 'casckpt[lightning]'; "
@@ -42,3 +44,9 @@ class CasckptCheckpointIO(StoreCheckpointIO, CheckpointIO):
     ``Trainer(plugins=[CasckptCheckpointIO(store, run)])``; every method is documented on
     :class:`~casckpt.integrations.lightning_io.StoreCheckpointIO`.
     """
+
+    lightning_version = str(framework.__version__)  # type: ignore[attr-defined]  # what its migration compares with
+
+    def warn(self, message: str) -> None:
+        """Warn on global rank zero only, as Lightning's own warnings."""
+        rank_zero_warn(message)

@@ -49,6 +49,7 @@ import hashlib
 import logging
 import os
 import re
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +65,7 @@ from casckpt.errors import (
     VersionExistsError,
 )
 from casckpt.format.tree import check_key
+from casckpt.integrations.resume import LATEST, version_to_resume
 from casckpt.types import Version
 
 if TYPE_CHECKING:
@@ -77,6 +79,9 @@ SCHEME = "casckpt://"
 
 PATH_TAG_PREFIX = "lightning."
 """Tags this plugin points at versions, one per checkpoint path."""
+
+LIGHTNING_VERSION_KEY = "pytorch-lightning_version"
+"""The key a Lightning checkpoint dict records its Lightning version under."""
 
 PAIRS = "casckpt.pairs"
 """The single key of a node that stands for a dict whose keys cannot be tensor paths."""
@@ -116,6 +121,10 @@ class StoreCheckpointIO:
     Raises:
         InvalidNameError: ``run`` is not a valid run name.
     """
+
+    lightning_version: str
+    """The framework's version (the subclass for each Lightning package sets it): a checkpoint
+    dict carries it, and Lightning migrates a dict that names an older one."""
 
     def __init__(self, store: Store, run: str, *, block: bool = True) -> None:
         self.store = store
@@ -180,6 +189,12 @@ class StoreCheckpointIO:
         Nothing is unpickled whatever ``weights_only`` says: the store holds tensors and
         plain values only.
 
+        First launch: ``casckpt://RUN@latest`` of this plugin's run while the run has no version
+        yet (and was not forked) warns on rank zero and returns a :class:`NoCheckpoint`, so the
+        fit starts from scratch, as Lightning's ``ckpt_path="last"`` does before the first
+        save: the first launch and every restart pass the same ``ckpt_path``. Any other ref
+        (another run, a step, a tag) must name a version.
+
         Args:
             path: ``casckpt://run@latest`` (any ref after ``casckpt://``) or a path this run
                 saved a checkpoint under (``best_model_path``, ``last_model_path``).
@@ -196,7 +211,15 @@ class StoreCheckpointIO:
                 "CasckptCheckpointIO takes map_location as a device or a device string "
                 f"(e.g. 'cpu', 'cuda:0'), not {type(map_location).__name__}")
         self.wait()
-        version = self.resolve(path)
+        if os.fspath(path) == f"{SCHEME}{self.run}{LATEST}":
+            found = version_to_resume(self.store, f"{self.run}{LATEST}")
+            if found is None:
+                self.warn(f"ckpt_path={os.fspath(path)!r} is set, but run {self.run!r} has no "
+                          "version yet: no checkpoint will be loaded and training starts from scratch")
+                return NoCheckpoint({LIGHTNING_VERSION_KEY: self.lightning_version})
+            version = found
+        else:
+            version = self.resolve(path)
         self._known.add(version.id)
         tree = self.store.restore(version.id, map_location=map_location)
         loaded = from_plain(tree)
@@ -240,6 +263,10 @@ class StoreCheckpointIO:
         version = pending.handle.wait()  # the first path's tag came with the commit
         for i, (tag, before, reason) in enumerate(pending.names):
             self._published(version if i == 0 else self.store.tag(version.id, tag), tag, before, reason)
+
+    def warn(self, message: str) -> None:
+        """Warn the user (the subclasses warn on global rank zero only, as Lightning does)."""
+        warnings.warn(message, stacklevel=3)
 
     # -- names ------------------------------------------------------------------
 
@@ -374,6 +401,16 @@ def from_plain(obj: Any) -> Any:
     if type(obj) is tuple:
         return tuple(from_plain(v) for v in obj)
     return obj
+
+
+class NoCheckpoint(dict[str, Any]):
+    """What :meth:`StoreCheckpointIO.load_checkpoint` returns on a first launch: a checkpoint
+    that is false. Lightning restores nothing from a false checkpoint (each of its restore
+    steps starts with ``if not self._loaded_checkpoint: return``, the state of a fit given no
+    ``ckpt_path``); the only key, the Lightning version, is what its migration reads first."""
+
+    def __bool__(self) -> bool:
+        return False
 
 
 _SAME_STATE = ("state_dict", "optimizer_states")

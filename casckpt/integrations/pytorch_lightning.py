@@ -12,7 +12,9 @@ from casckpt.errors import OptionalDependencyError
 from casckpt.integrations.lightning_io import SCHEME, StoreCheckpointIO
 
 try:
+    import pytorch_lightning as framework
     from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
+    from lightning_fabric.utilities import rank_zero_warn
 except ImportError as exc:  # pragma: no cover - installed wherever tests run
     raise OptionalDependencyError(
         f"casckpt.integrations.pytorch_lightning needs pytorch_lightning ({exc}): "
@@ -24,3 +26,9 @@ __all__ = ["SCHEME", "CasckptCheckpointIO"]
 
 class CasckptCheckpointIO(StoreCheckpointIO, CheckpointIO):
     """:class:`casckpt.integrations.lightning.CasckptCheckpointIO` for ``pytorch_lightning.Trainer``."""
+
+    lightning_version = str(framework.__version__)  # type: ignore[attr-defined]  # what its migration compares with
+
+    def warn(self, message: str) -> None:
+        """Warn on global rank zero only, as Lightning's own warnings."""
+        rank_zero_warn(message)

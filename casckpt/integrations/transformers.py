@@ -8,8 +8,8 @@ local disk; :func:`checkout_for_resume` writes a committed one back, byte-identi
     from casckpt.integrations.transformers import CasckptCallback, checkout_for_resume
 
     trainer = Trainer(..., callbacks=[CasckptCallback(store, run="ft")])
-    trainer.train()
-    # later, anywhere, even with output_dir gone:
+    # the same two lines on the first launch (None: from scratch) and every restart, on the
+    # same host (a local copy is reused once verified) or anywhere, even with output_dir gone:
     path = checkout_for_resume(store, "ft@latest", args.output_dir)
     trainer.train(resume_from_checkpoint=path)
 
@@ -34,11 +34,13 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from casckpt.engine.validate import check_name
 from casckpt.errors import (
     CasckptError,
+    CheckoutMismatchError,
     CheckpointCommitError,
     InvalidArgumentError,
     RefNotFoundError,
     VersionExistsError,
 )
+from casckpt.integrations.resume import version_to_resume
 from casckpt.store import Store
 from casckpt.store_core import Ref
 from casckpt.types import Version
@@ -345,22 +347,53 @@ def metrics_at(log_history: Iterable[Mapping[str, Any]], step: int) -> dict[str,
     return out
 
 
-def checkout_for_resume(store: Store, ref: Ref, output_dir: str | Path) -> str:
-    """Check out the directory snapshot ``ref`` into ``output_dir/checkpoint-<step>``.
+def checkout_for_resume(store: Store, ref: Ref, output_dir: str | Path) -> str | None:
+    """The checkpoint directory to resume from: ``output_dir/checkpoint-<step>`` of the
+    directory snapshot ``ref``, or None on a first launch (``ref`` is ``RUN@latest`` and the
+    run has no version yet), so one line serves the first launch and every restart::
 
-    The files come back byte-identical (verified before this returns), so
-    ``trainer.train(resume_from_checkpoint=<returned path>)`` resumes exactly where the
-    committed save left off: weights, optimizer, scheduler, RNG and Trainer state.
+        path = checkout_for_resume(store, "ft@latest", args.output_dir)
+        trainer.train(resume_from_checkpoint=path)  # None: from scratch
+
+    On the same host the directory is usually still there (``keep_local`` keeps it): it is
+    reused if it holds exactly the version, every file hashed against the digest the store
+    recorded (``Store.checkout(reuse=True)``). One that differs is moved aside to a hidden
+    ``.checkpoint-<step>.casckpt-differs[-N]`` (logged at WARNING; nothing is deleted) and the
+    version is checked out in its place. Either way the files are byte-identical to the
+    committed save, so training resumes exactly where it left off: weights, optimizer,
+    scheduler, RNG and Trainer state.
 
     Returns:
-        The checkpoint directory's path, as a str.
+        The checkpoint directory's path, as a str; None on a first launch (logged at WARNING).
 
     Raises:
-        RefNotFoundError: no such version.
+        RefNotFoundError: no such version (a missing step or tag, a fork of a run with no
+            version of its own: see :mod:`casckpt.integrations.resume`).
         NotADirectorySnapshotError: the version was stored with ``commit``, not ``add_dir``.
-        CheckoutTargetError: ``output_dir/checkpoint-<step>`` exists and is not an empty
-            directory (nothing is overwritten: resume from it directly, or move it away).
+        CheckoutTargetError: ``output_dir/checkpoint-<step>`` is a file or a link.
         Others: as :meth:`casckpt.Store.checkout`.
     """
-    version: Version = store.resolve(ref)
-    return str(store.checkout(version.id, Path(output_dir) / f"{PREFIX}-{version.step}"))
+    version = version_to_resume(store, ref)
+    if version is None:
+        logger.warning("%s names no version yet: training starts from scratch", ref)
+        return None
+    target = Path(output_dir) / f"{PREFIX}-{version.step}"
+    try:
+        return str(store.checkout(version.id, target, reuse=True))
+    except CheckoutMismatchError as exc:
+        aside = _aside(target)
+        target.rename(aside)
+        logger.warning("%s; moved it to %s and checking out %s@%s in its place",
+                       exc, aside, version.run, version.step)
+    return str(store.checkout(version.id, target))
+
+
+def _aside(target: Path) -> Path:
+    """A free hidden name next to ``target`` for a directory that differs from the store's
+    version (hidden, so the Trainer's ``checkpoint-*`` globs never pick it up)."""
+    aside = target.with_name(f".{target.name}.casckpt-differs")
+    number = 1
+    while aside.exists() or aside.is_symlink():
+        number += 1
+        aside = target.with_name(f".{target.name}.casckpt-differs-{number}")
+    return aside
