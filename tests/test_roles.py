@@ -373,7 +373,13 @@ def test_s3_listing_refused_at_creation_is_denied_not_foreign_data(s3_users: S3U
     message = str(refused.value)
     assert "s3://ckpts/team/store/manifests/" in message  # the location
     assert '"Sid":"CasckptList0"' in message and "--print-grants reader" in message  # what allows it
-    assert "identity record" not in message
+    assert "no identity record" not in message
+    assert s3_users.objects() == {}
+    s3_users.become("nolist")
+    other = s3_users.root.parent / "other"
+    created = CliRunner().invoke(app, ["init", str(other), "--blobs", S3Users.blobs,
+                                       "--catalog", f"sqlite:///{other.parent / 'other.db'}"])
+    assert created.exit_code == EXIT_DENIED and "s3:ListBucket" in created.output, created.output
     assert s3_users.objects() == {}
 
 
