@@ -411,6 +411,16 @@ def test_s3_denials_stop_check_gc_and_repair_and_delete_nothing(s3_users: S3User
             assert "CasckptObjects0" in str(refused.value)
     assert s3_users.state() == before
 
+    # records (refs/): a refused read of one is not a damaged record for repair to rewrite
+    s3_users.user("norefs", denying(admin, "s3:GetObject", "arn:aws:s3:::ckpts/team/store/refs/*"))
+    with s3_users.open("norefs") as store:
+        for call in (lambda: store.check(), lambda: store.repair()):
+            with pytest.raises(AccessDeniedError) as refused:
+                call()
+            assert refused.value.right is not None
+            assert refused.value.right.startswith("s3:GetObject on arn:aws:s3:::ckpts/team/store/refs/")
+    assert s3_users.state() == before
+
     s3_users.become("nolist")
     for args in (["check"], ["gc", "--grace", "0"], ["repair"]):
         result = CliRunner().invoke(app, ["--store", str(s3_users.root), *args])
