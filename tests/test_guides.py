@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -244,3 +245,25 @@ def test_the_readme_test_command_is_what_ci_runs() -> None:
     command = "pip install 'torch==2.13.0' -e '.[test]' && python -m pytest -q"
     assert command in readme
     assert command in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+
+
+def test_the_test_servers_and_clients_are_bounded_and_ci_resolves_the_newest() -> None:
+    """A fresh venv resolves the newest versions the test extra allows: each server and client
+    the suite runs against is bounded above (moto 5.2 broke the README's command by naming S3
+    actions differently), and CI installs the newest allowed, eagerly, and prints them before
+    the README's command runs."""
+    from packaging.requirements import Requirement
+
+    tomllib = pytest.importorskip("tomllib" if sys.version_info >= (3, 11) else "tomli")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"][
+        "optional-dependencies"]
+    test = {req.name: req.specifier for req in map(Requirement, extras["test"])}
+    bounded = ("moto", "boto3", "pgserver", "psycopg", "pytest", "pytest-xdist", "hypothesis",
+               "transformers", "lightning", "accelerate", "peft", "matplotlib")
+    for name in bounded:
+        assert any(spec.operator in ("<", "<=", "==", "~=") for spec in test[name]), name
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    readme_command = ci.index("pip install 'torch==2.13.0' -e '.[test]' && python -m pytest -q")
+    upgrade = [n for n, line in enumerate(ci) if "--upgrade-strategy eager" in line and "'.[test]'" in line]
+    listing = [n for n, line in enumerate(ci) if "pip list" in line]
+    assert upgrade and listing and upgrade[0] < listing[0] < readme_command

@@ -173,6 +173,35 @@ def test_postgres_roles(pg_roles: dict[str, Any], monkeypatch: pytest.MonkeyPatc
 
 # -- S3: a moto server enforcing the printed IAM policies ---------------------------------------
 
+# The IAM action AWS authorizes each of casckpt's S3 requests under -> the names moto checks
+# instead. AWS ("Actions, resources, and condition keys for Amazon S3" and each API page):
+# ListObjectsV2 needs s3:ListBucket (there is no s3:ListObjectsV2 action), HeadObject needs
+# s3:GetObject, CreateMultipartUpload/UploadPart/CompleteMultipartUpload need s3:PutObject.
+# moto 5.2 (moto/s3/responses.py sets data["Action"] to the operation's name) checks
+# s3:ListObjectsV2, s3:HeadObject and the three multipart operation names, so real S3 grants
+# these requests under the printed policy and moto refuses them.
+MOTO_ACTIONS = {
+    "s3:ListBucket": ["s3:ListObjectsV2"],
+    "s3:GetObject": ["s3:HeadObject"],
+    "s3:PutObject": ["s3:CreateMultipartUpload", "s3:UploadPart", "s3:CompleteMultipartUpload"],
+}
+
+
+def for_moto(policy: dict[str, Any]) -> dict[str, Any]:
+    """``policy`` as moto must be given it to enforce what AWS enforces: every statement also
+    names the operations moto checks in place of each of its IAM actions (same Effect,
+    Resource and Condition). The printed policy is what AWS documents; moto names actions after
+    API operations (see MOTO_ACTIONS). moto also evaluates only StringEquals conditions (and S3
+    requests carry no condition values), so the s3:prefix condition of the listing statement
+    is not enforced there: these tests cannot show a listing outside the prefix is refused."""
+    statements = []
+    for statement in policy["Statement"]:
+        actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+        extra = [name for action in actions for name in MOTO_ACTIONS.get(action, [])]
+        statements.append({**statement, "Action": [*actions, *extra]})
+    return {**policy, "Statement": statements}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -227,7 +256,7 @@ def test_s3_roles(iam_moto: tuple[str, dict[str, str]], tmp_path: Path,
     for role in ("reader", "writer", "admin"):
         policy = print_grants(role, "--blobs", blobs)["s3_policy"]
         iam.create_user(UserName=role)
-        iam.put_user_policy(UserName=role, PolicyName="casckpt", PolicyDocument=json.dumps(policy))
+        iam.put_user_policy(UserName=role, PolicyName="casckpt", PolicyDocument=json.dumps(for_moto(policy)))
         keys[role] = iam.create_access_key(UserName=role)["AccessKey"]
 
     root = tmp_path / "store"
@@ -251,7 +280,9 @@ def test_s3_roles(iam_moto: tuple[str, dict[str, str]], tmp_path: Path,
         before = catalog_dump(catalog), objects()
         with pytest.raises(AccessDeniedError) as refused:
             writer.gc(grace=0)
-        assert refused.value.right == "s3:DeleteObject on ckpts/team/store/*"
+        assert refused.value.right is not None
+        assert refused.value.right.startswith("s3:DeleteObject on arn:aws:s3:::ckpts/team/store/")
+        assert "CasckptObjects0" in str(refused.value)  # the admin statement that would allow it
         # a writer's deletion (a pack write below quorum cleaning up) is logged, not raised
         locations = internals(writer).locations  # the one path every object deletion takes
         some_key = next(iter(before[1])).removeprefix("team/store/")
@@ -268,3 +299,134 @@ def test_s3_roles(iam_moto: tuple[str, dict[str, str]], tmp_path: Path,
         assert report.versions_purged == 1 and report.bytes_freed > 0
         assert admin.check(read_data=True).ok
     assert len(objects()) < len(before[1])
+
+
+# -- S3: a refused request is reported as denied, and nothing is deleted -------------------------
+
+def without(policy: dict[str, Any], action: str) -> dict[str, Any]:
+    """``policy`` with ``action`` taken out of every statement (statements left empty dropped)."""
+    statements = [{**st, "Action": [a for a in st["Action"] if a != action]} for st in policy["Statement"]]
+    return {**policy, "Statement": [st for st in statements if st["Action"]]}
+
+
+def denying(policy: dict[str, Any], action: str, resource: str) -> dict[str, Any]:
+    """``policy`` plus an explicit Deny of ``action`` on ``resource``."""
+    deny = {"Sid": "TestDeny", "Effect": "Deny", "Action": [action], "Resource": resource}
+    return {**policy, "Statement": [*policy["Statement"], deny]}
+
+
+class S3Users:
+    """A bucket ``ckpts`` on an IAM-enforcing moto server, a store on ``s3://ckpts/team/store`` and
+    IAM users made on demand from a policy (given as AWS documents it; :func:`for_moto` applies)."""
+
+    blobs = "s3://ckpts/team/store"
+
+    def __init__(self, url: str, root_keys: dict[str, str], tmp_path: Path,
+                 monkeypatch: pytest.MonkeyPatch) -> None:
+        import boto3
+
+        self.url, self.monkeypatch = url, monkeypatch
+        self.s3 = boto3.client("s3", endpoint_url=url, **root_keys)
+        self.iam = boto3.client("iam", endpoint_url=url, **root_keys)
+        self.s3.create_bucket(Bucket="ckpts")
+        self.root, self.catalog = tmp_path / "store", f"sqlite:///{tmp_path / 'catalog.db'}"
+        self.keys: dict[str, dict[str, str]] = {}
+
+    def user(self, name: str, policy: dict[str, Any]) -> str:
+        self.iam.create_user(UserName=name)
+        self.iam.put_user_policy(UserName=name, PolicyName="casckpt",
+                                 PolicyDocument=json.dumps(for_moto(policy)))
+        self.keys[name] = self.iam.create_access_key(UserName=name)["AccessKey"]
+        return name
+
+    def become(self, name: str) -> None:
+        """Use ``name``'s keys (for the API and the CLI) from now on."""
+        self.monkeypatch.setenv("AWS_ACCESS_KEY_ID", self.keys[name]["AccessKeyId"])
+        self.monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", self.keys[name]["SecretAccessKey"])
+        self.monkeypatch.setenv("AWS_ENDPOINT_URL", self.url)
+
+    def open(self, name: str) -> casckpt.Store:
+        self.become(name)
+        return casckpt.open(self.root, blobs=self.blobs, catalog=self.catalog, s3={"endpoint_url": self.url})
+
+    def objects(self) -> dict[str, str]:
+        pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket="ckpts")
+        return {o["Key"]: o["ETag"] for page in pages for o in page.get("Contents", [])}
+
+    def state(self) -> tuple[list[tuple[str, list[str]]], dict[str, str]]:
+        """Every catalog row and every object (with its ETag)."""
+        return catalog_dump(self.catalog), self.objects()
+
+
+@pytest.fixture
+def s3_users(iam_moto: tuple[str, dict[str, str]], tmp_path: Path,
+             monkeypatch: pytest.MonkeyPatch) -> S3Users:
+    return S3Users(*iam_moto, tmp_path, monkeypatch)
+
+
+def test_s3_listing_refused_at_creation_is_denied_not_foreign_data(s3_users: S3Users) -> None:
+    admin = print_grants("admin", "--blobs", S3Users.blobs)["s3_policy"]
+    s3_users.user("nolist", without(admin, "s3:ListBucket"))
+    with pytest.raises(AccessDeniedError) as refused:
+        s3_users.open("nolist")
+    assert refused.value.right == "s3:ListBucket on arn:aws:s3:::ckpts with s3:prefix 'team/store/manifests/'"
+    message = str(refused.value)
+    assert "s3://ckpts/team/store/manifests/" in message  # the location
+    assert '"Sid":"CasckptList0"' in message and "--print-grants reader" in message  # what allows it
+    assert "no identity record" not in message
+    assert s3_users.objects() == {}
+    s3_users.become("nolist")
+    other = s3_users.root.parent / "other"
+    created = CliRunner().invoke(app, ["init", str(other), "--blobs", S3Users.blobs,
+                                       "--catalog", f"sqlite:///{other.parent / 'other.db'}"])
+    assert created.exit_code == EXIT_DENIED and "s3:ListBucket" in created.output, created.output
+    assert s3_users.objects() == {}
+
+
+def test_s3_denials_stop_check_gc_and_repair_and_delete_nothing(s3_users: S3Users) -> None:
+    admin = print_grants("admin", "--blobs", S3Users.blobs)["s3_policy"]
+    s3_users.user("admin", admin)
+    s3_users.user("nolist", without(admin, "s3:ListBucket"))
+    s3_users.user("nopacks", denying(admin, "s3:GetObject", "arn:aws:s3:::ckpts/team/store/packs/*"))
+    with s3_users.open("admin") as store:
+        store.commit(state(1), run="r", step=1)
+        store.commit(state(2), run="r", step=2)
+        store.delete("r@1")  # gc has a version to purge and objects to delete
+    before = s3_users.state()
+
+    with s3_users.open("nolist") as store:  # the identity record is read, not listed
+        for call in (lambda: store.check(), lambda: store.gc(grace=0), lambda: store.repair()):
+            with pytest.raises(AccessDeniedError) as refused:
+                call()
+            assert refused.value.right is not None and refused.value.right.startswith("s3:ListBucket on ")
+            assert "CasckptList0" in str(refused.value)
+    assert s3_users.state() == before
+
+    with s3_users.open("nopacks") as store:
+        for call in (lambda: store.check(read_data=True), lambda: store.restore("r@2")):
+            with pytest.raises(AccessDeniedError) as refused:
+                call()
+            assert refused.value.right is not None
+            assert refused.value.right.startswith("s3:GetObject on arn:aws:s3:::ckpts/team/store/packs/")
+            assert "CasckptObjects0" in str(refused.value)
+    assert s3_users.state() == before
+
+    # records (refs/): a refused read of one is not a damaged record for repair to rewrite
+    s3_users.user("norefs", denying(admin, "s3:GetObject", "arn:aws:s3:::ckpts/team/store/refs/*"))
+    with s3_users.open("norefs") as store:
+        for call in (lambda: store.check(), lambda: store.repair()):
+            with pytest.raises(AccessDeniedError) as refused:
+                call()
+            assert refused.value.right is not None
+            assert refused.value.right.startswith("s3:GetObject on arn:aws:s3:::ckpts/team/store/refs/")
+    assert s3_users.state() == before
+
+    s3_users.become("nolist")
+    for args in (["check"], ["gc", "--grace", "0"], ["repair"]):
+        result = CliRunner().invoke(app, ["--store", str(s3_users.root), *args])
+        assert result.exit_code == EXIT_DENIED, (args, result.output)
+        assert "s3:ListBucket" in result.output, (args, result.output)
+    assert s3_users.state() == before
+
+    with s3_users.open("admin") as store:  # the store itself was never at fault
+        assert store.check(read_data=True).ok

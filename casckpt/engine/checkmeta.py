@@ -43,6 +43,7 @@ from casckpt.engine.degraded import doubled_domains
 from casckpt.engine.refs import bind
 from casckpt.engine.tensorrows import tensor_rows
 from casckpt.errors import (
+    AccessDeniedError,
     CasckptError,
     CatalogError,
     CatalogUnavailableError,
@@ -297,6 +298,8 @@ def check_records(ctx: EngineContext, found: Findings) -> None:
                 continue
             try:
                 doc = records.parse(loc.blobs.get(key, max_size=records.MAX_RECORD))
+            except AccessDeniedError:
+                raise  # refused, not damaged or missing: stop, naming the right
             except (CasckptError, ValueError, RecursionError) as exc:
                 found.add("record", key, f"unreadable on {loc.describe()} ({exc}); `casckpt repair` "
                           "writes it again")

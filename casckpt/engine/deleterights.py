@@ -39,5 +39,6 @@ def require_delete_rights(ctx: EngineContext, operation: str, *, objects: bool =
             refused = delete_refused(loc.blobs)
             if refused is not None:
                 raise AccessDeniedError(
-                    f"{operation} needs {refused.right} on location {loc.describe()}, which these "
-                    f"credentials lack; nothing was changed: {_HINT}", right=refused.right)
+                    f"{operation} needs to delete objects on location {loc.describe()}, and a probe "
+                    f"found these credentials may not ({refused}); nothing was changed: {_HINT}",
+                    right=refused.right)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from casckpt.catalog import PackLayout, ShardRow
 from casckpt.errors import (
+    AccessDeniedError,
     BlobNotFoundError,
     CasckptError,
     CorruptPackError,
@@ -74,6 +75,8 @@ def pack_layout(pack_id: str, found: FoundPack) -> PackLayout | None:
         try:
             head = loc.blobs.get_range(key, 0, SHARD_HEADER_SIZE)
             header = decode_shard_header(head, f"{key} on {loc.describe()}")
+        except AccessDeniedError:
+            raise  # refused, not damaged or missing: stop, naming the right
         except CasckptError as exc:
             log.warning("skipping shard %s: %s", key, exc)
             continue

@@ -96,7 +96,13 @@ def write_record(blobs: BlobStore, identity: StoreIdentity, location: str) -> No
 
 
 def survey(name: str, blobs: BlobStore) -> Survey:
-    """Read one location's identity record."""
+    """Read one location's identity record.
+
+    Raises:
+        AccessDeniedError: the read was refused. It is not recorded as ``unreachable``, and
+            neither is a refused listing taken for data (:func:`check_at_open`): opening
+            stops, naming the right and the policy statement that grants it.
+    """
     try:
         return Survey(name, blobs.url, blobs, record=read_record(blobs))
     except CorruptIdentityError as exc:

@@ -116,7 +116,9 @@ class Placement:
 
         With fewer domains than payloads, erasure-coded shards double up (in
         placement order); copies of a pack share one key, so they never do.
-        Never raises for a refusal.
+        Never raises for a refusal (a ``StorageError``), but for a request refused for want of
+        a right (``AccessDeniedError``), which stops the write: shards already written are
+        orphans a later gc removes.
 
         Returns:
             One row per payload: ``ok`` where written, else ``missing``; each

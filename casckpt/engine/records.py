@@ -40,7 +40,7 @@ from casckpt.catalog import shards as shard_sql
 from casckpt.catalog.deltas import stored_delta_chain
 from casckpt.catalog.history import RunSettings, run_settings, tags_and_runs
 from casckpt.catalog.identity import next_record_seq
-from casckpt.errors import CasckptError
+from casckpt.errors import AccessDeniedError, CasckptError
 from casckpt.format import keys
 from casckpt.format.tree import json_nesting
 from casckpt.storage.locations import Location, LocationSet
@@ -211,6 +211,8 @@ def read_all(locations: LocationSet, prefix: str) -> dict[str, list[Found]]:
     for loc, info in locations.list_all(prefix):
         try:
             doc = parse(loc.blobs.get(info.key, max_size=MAX_RECORD))
+        except AccessDeniedError:
+            raise  # refused, not damaged or missing: stop, naming the right
         except (CasckptError, ValueError, RecursionError) as exc:
             log.warning("skipping unreadable record %s on %s: %s", info.key, loc.describe(), exc)
             continue

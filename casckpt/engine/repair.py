@@ -44,7 +44,7 @@ from casckpt.engine.checkmeta import Findings
 from casckpt.engine.context import EngineContext
 from casckpt.engine.degraded import doubled_domains
 from casckpt.engine.refs import bind
-from casckpt.errors import BlobNotFoundError, CasckptError, IntegrityError, StorageError
+from casckpt.errors import AccessDeniedError, BlobNotFoundError, CasckptError, IntegrityError, StorageError
 from casckpt.format import keys
 from casckpt.format.manifest import MAX_MANIFEST_OBJECT, decode_manifest
 from casckpt.storage.locations import Location
@@ -153,6 +153,8 @@ def _recovery_data(ctx: EngineContext, found: Findings,
             if row.tree_root is not None:
                 try:
                     done.nodes += trees.restore_node_rows(ctx, data, row.id, row.tree_root)
+                except AccessDeniedError:
+                    raise  # refused, not damaged or missing: stop, naming the right
                 except CasckptError:
                     pass  # a node intact nowhere: check keeps reporting it
             if row.durability != "durable":
@@ -181,6 +183,8 @@ def _verified_copy(ctx: EngineContext, row: Any) -> bytes | None:
         try:
             data = loc.blobs.get(keys.manifest_key(row.id), max_size=MAX_MANIFEST_OBJECT)
             bind(row, decode_manifest(data, row.id))
+        except AccessDeniedError:
+            raise  # refused, not damaged or missing: stop, naming the right
         except CasckptError:
             continue
         return data
@@ -193,6 +197,8 @@ def _copy_differs(loc: Location, found: Findings, key: str, data: bytes) -> bool
         return True
     try:
         return loc.blobs.get(key, max_size=len(data)) != data
+    except AccessDeniedError:
+        raise  # refused, not damaged or missing: stop, naming the right
     except CasckptError:
         return True
 
@@ -202,6 +208,8 @@ def _record_differs(loc: Location, found: Findings, key: str, want: dict[str, An
         return True
     try:
         doc = records.parse(loc.blobs.get(key, max_size=records.MAX_RECORD))
+    except AccessDeniedError:
+        raise  # refused, not damaged or missing: stop, naming the right
     except (CasckptError, ValueError, RecursionError):
         return True
     return not records.agrees(key, doc, want)

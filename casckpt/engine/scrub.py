@@ -25,7 +25,7 @@ from casckpt.catalog import shards as shard_sql
 from casckpt.engine.context import EngineContext
 from casckpt.engine.discovery import read_footer
 from casckpt.engine.packlayouts import unreadable_state
-from casckpt.errors import CasckptError, IntegrityError, StorageError
+from casckpt.errors import AccessDeniedError, CasckptError, IntegrityError, StorageError
 from casckpt.format.chunks import ChunkIds, object_hasher
 from casckpt.format.pack import PackEntry, decode_entry, read_index
 from casckpt.format.shard import SHARD_HEADER_SIZE, decode_shard_header, payload_hasher
@@ -146,6 +146,8 @@ def verify(locations: LocationSet, layout: PackLayout, listed: Listed, ids: Chun
     footer_error: CasckptError | None = None
     try:
         verdict.entries = read_footer(locations, layout)
+    except AccessDeniedError:
+        raise  # refused, not damaged or missing: stop, naming the right
     except CasckptError as exc:  # a damaged copy or data shard: read from what verifies below
         footer_error = exc
     if layout.scheme == "ec":
@@ -215,6 +217,8 @@ def _verify_copies(locations: LocationSet, layout: PackLayout, listed: Listed,
         if not verdict.entries:  # the first copy's footer was damaged: try this one's
             try:
                 verdict.entries = read_footer(locations, replace(layout, shards=(sh,)))
+            except AccessDeniedError:
+                raise  # refused, not damaged or missing: stop, naming the right
             except CasckptError:
                 pass
         check = _EntryVerifier(verdict.entries if not verdict.ok else [], layout.id, ids)
@@ -250,6 +254,8 @@ def _verify_shards(locations: LocationSet, layout: PackLayout, listed: Listed,
         try:
             head = loc.blobs.get_range(sh.key, 0, SHARD_HEADER_SIZE)
             header = decode_shard_header(head, where)
+        except AccessDeniedError:
+            raise  # refused, not damaged or missing: stop, naming the right
         except CasckptError as exc:
             verdict.notes.append((sh.index, str(exc)))
             verdict.damaged[sh.index] = unreadable_state(exc) if isinstance(exc, StorageError) else "corrupt"
@@ -283,6 +289,8 @@ def _reconstruct_in_memory(ctx: EngineContext, layout: PackLayout, verdict: Pack
     """A shard is damaged: reconstruct the pack from the healthy ones (in memory) and verify it."""
     try:
         found = ctx.packs.examine(layout.id, read_all=True)  # records shard health itself
+    except AccessDeniedError:
+        raise  # refused, not damaged or missing: stop, naming the right
     except CasckptError as exc:
         verdict.notes.append((None, str(exc)))
         verdict.ok = False

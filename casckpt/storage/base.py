@@ -58,9 +58,12 @@ class BlobStore(Protocol):
 
     Implementations are thread-safe: the engine calls them from its I/O pool.
     Every method raises :class:`~casckpt.errors.StorageError` (or
-    ``BlobNotFoundError`` for a missing key) and nothing else; a write that
-    found no room (disk full, quota, file-size limit) raises
-    ``StorageFullError`` and leaves nothing visible. No read blocks on or
+    ``BlobNotFoundError`` for a missing key) and nothing else, but for a
+    request refused for want of a right, which raises
+    :class:`~casckpt.errors.AccessDeniedError` (not a ``StorageError``: a
+    refused listing or read is never taken for an unreachable location or a
+    missing object); a write that found no room (disk full, quota, file-size
+    limit) raises ``StorageFullError`` and leaves nothing visible. No read blocks on or
     opens what is not an object (``UnsafeObjectError``).
     """
 

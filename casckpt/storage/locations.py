@@ -102,6 +102,8 @@ class LocationSet:
         Raises:
             StorageFullError: no location took it, each for want of room.
             StorageError: no location took it.
+            AccessDeniedError: a location refused it for want of a right (see
+                :class:`~casckpt.storage.base.BlobStore`): no other location is tried.
         """
         written, failures = 0, []
         for loc in self.active():
@@ -121,6 +123,8 @@ class LocationSet:
 
         Raises:
             BlobNotFoundError: no readable location has it.
+            AccessDeniedError: a location refused the read for want of a right (not taken
+                for a missing copy: the next location is not tried).
         """
         last: CasckptError | None = None
         for loc in self.read_order():

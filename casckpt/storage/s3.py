@@ -226,15 +226,16 @@ class S3BlobStore:
         return f"s3://{self.bucket}/{self.prefix}{key}"
 
     def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
-        """Run ``fn``, mapping whatever the SDK raises into casckpt errors."""
+        """Run ``fn``, mapping whatever the SDK raises into casckpt errors (a refused request
+        into :class:`~casckpt.errors.AccessDeniedError`, which is not a ``StorageError``)."""
         if self._closed:
             raise StorageError(f"S3 {op} of {self._where(key)}: the store is closed")
         try:
             return fn()
-        except StorageError:
+        except (StorageError, AccessDeniedError):
             raise
         except Exception as exc:
-            raise map_s3_error(exc, op, self._where(key)) from exc
+            raise map_s3_error(exc, op, self._where(key), self.url) from exc
 
     # writes ----------------------------------------------------------------
 
@@ -377,17 +378,7 @@ class S3BlobStore:
                 if not isinstance(map_s3_error(exc, "delete", ""), BlobNotFoundError):
                     raise
 
-        try:
-            self._call("delete", key, remove)
-        except StorageError as exc:
-            cause = exc.__cause__
-            if isinstance(cause, ClientError) and error_code(cause.response)[0] == "AccessDenied":
-                right = f"s3:DeleteObject on {self.bucket}/{self.prefix}*"
-                raise AccessDeniedError(
-                    f"the credentials may not delete {self._where(key)} ({right} refused); deleting "
-                    "needs the admin role (`casckpt init --print-grants admin` prints its policy)",
-                    right=right) from None
-            raise
+        self._call("delete", key, remove)
 
     def close(self) -> None:
         """Wait for uploads in flight, then release the thread pool and connections.

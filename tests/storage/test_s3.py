@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from casckpt.errors import (
+    AccessDeniedError,
     BlobNotFoundError,
     InvalidArgumentError,
     InvalidNameError,
@@ -27,6 +28,7 @@ from casckpt.errors import (
 )
 from casckpt.storage import BlobStore, RetryingBlobStore, open_blob_store
 from casckpt.storage.s3 import S3BlobStore, parse_s3_url
+from casckpt.storage.s3_errors import map_s3_error
 from casckpt.testing import BlobStoreConformance
 from casckpt.testing.blobstore import blob
 
@@ -314,7 +316,6 @@ def test_invalid_listing_prefix(store: S3BlobStore) -> None:
     (504, "GatewayTimeout", RetryableStorageError),
     (400, "RequestTimeout", RetryableStorageError),
     (400, "ThrottlingException", RetryableStorageError),
-    (403, "AccessDenied", StorageError),
     (403, "InvalidAccessKeyId", StorageError),
     (403, "SignatureDoesNotMatch", StorageError),
     (400, "KMS.NotFoundException", StorageError),
@@ -334,6 +335,51 @@ def test_error_mapping(proxied: S3BlobStore, fault_proxy: FaultProxy, status: in
         assert code in message
     if expected is StorageError:
         assert "look the error code up" not in message, "known permanent errors say what to do"
+
+
+OBJECT = "arn:aws:s3:::{bucket}/pfx/packs/ff/x"
+
+
+@pytest.mark.parametrize(("op", "method", "right", "sid"), [
+    (lambda s: list(s.list("packs/")), "GET",
+     "s3:ListBucket on arn:aws:s3:::{bucket} with s3:prefix 'pfx/packs/'", "CasckptList0"),
+    (lambda s: s.get("packs/ff/x"), "GET", "s3:GetObject on " + OBJECT, "CasckptObjects0"),
+    (lambda s: s.get_range("packs/ff/x", 1, 2), "GET", "s3:GetObject on " + OBJECT, "CasckptObjects0"),
+    (lambda s: s.size("packs/ff/x"), "HEAD", "s3:GetObject on " + OBJECT, "CasckptObjects0"),
+    (lambda s: s.put("packs/ff/x", b"x"), "PUT", "s3:PutObject on " + OBJECT, "CasckptObjects0"),
+    (lambda s: s.put("packs/ff/x", blob(6 * MiB)), "POST", "s3:PutObject on " + OBJECT,
+     "CasckptObjects0"),  # multipart: its first request is a POST
+    (lambda s: s.delete("packs/ff/x"), "DELETE", "s3:DeleteObject on " + OBJECT, "CasckptObjects0"),
+], ids=["list", "get", "get_range", "size", "put", "multipart", "delete"])
+def test_a_refused_request_is_denied_not_missing(
+        proxied: S3BlobStore, fault_proxy: FaultProxy, op: Any, method: str, right: str,
+        sid: str) -> None:
+    """A 403 is an AccessDeniedError (never a StorageError, which callers may take for an
+    unreachable location or a missing object) naming the IAM action AWS authorizes the request
+    under, the resource (a listing's s3:prefix) and the printed policy's statement that grants it."""
+    proxied.put("packs/ff/x", b"abc")
+    fault_proxy.fail_next(10, status=403, code="AccessDenied", methods={method})
+    with pytest.raises(AccessDeniedError) as info:
+        op(proxied)
+    assert not isinstance(info.value, StorageError)
+    assert info.value.right == right.format(bucket=proxied.bucket)
+    message = str(info.value)
+    assert f'"Sid":"{sid}"' in message and "--print-grants" in message
+    assert f"arn:aws:s3:::{proxied.bucket}" in message
+
+
+def test_denial_mapping_without_a_location_names_the_role() -> None:
+    from botocore.exceptions import ClientError
+
+    refused = ClientError({"Error": {"Code": "403", "Message": ""},
+                           "ResponseMetadata": {"HTTPStatusCode": 403}}, "HeadObject")
+    error = map_s3_error(refused, "size", "s3://b/p/manifests/m")
+    assert isinstance(error, AccessDeniedError)
+    assert error.right == "s3:GetObject on arn:aws:s3:::b/p/manifests/m"
+    assert "--print-grants reader" in str(error) and "Sid" not in str(error)
+    credentials = ClientError({"Error": {"Code": "InvalidAccessKeyId", "Message": "no such key"},
+                               "ResponseMetadata": {"HTTPStatusCode": 403}}, "GetObject")
+    assert type(map_s3_error(credentials, "get", "s3://b/p/x", "s3://b/p")) is StorageError
 
 
 def test_missing_bucket_is_permanent(moto_endpoint: str, boto_session: Any) -> None:
