@@ -175,6 +175,22 @@ def test_a_pack_gone_from_its_tier_before_the_drain_is_lost(tmp_path: Path) -> N
         assert store.resolve("r@latest").id == base.id
 
 
+def test_an_undrained_pack_grown_or_replaced_by_a_fifo_on_its_tier_is_lost_not_read(tmp_path: Path) -> None:
+    with _open(tmp_path) as store:
+        base = store.commit(_state(11), run="r", step=1, durable=True)
+        with _drain_held(store):
+            v = store.commit(_state(12), run="r", step=2)
+            grown, fifo = [p for p in (_tier_root(store) / "packs").glob("*/*")
+                           if p.name not in _durable_packs(tmp_path)][:2]
+            with open(grown, "ab") as f:  # the catalog's size bounds the drain's read
+                f.write(b"\0" * 4096)
+            fifo.unlink()
+            os.mkfifo(fifo)  # a drain that opened it would wait for a writer forever
+        report = store.drain()
+        assert report.lost_versions == (v.id,)
+        assert store.resolve("r@latest").id == base.id
+
+
 def test_budget_evicts_drained_packs_least_recently_used(tmp_path: Path) -> None:
     states = [_state(20 + i) for i in range(4)]  # 3 MiB each, in 1 MiB packs
     with _open(tmp_path, fast_tier_bytes=7 * MiB, keep_fast_last=1) as store:

@@ -431,7 +431,7 @@ def _drain_one(tier: FastTier, store_pack: Callable[[str, bytes, Redundancy], Pa
     lease = begin_lease(tier.catalog)
     try:
         try:
-            data = tier.dir.read_verified(pack.id)
+            data = tier.dir.read_verified(pack.id, pack.size)
         except BlobNotFoundError:
             return None
         except CorruptPackError as exc:  # the only copy is damaged: lost, never stored as is

@@ -35,7 +35,13 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from casckpt.errors import BlobNotFoundError, CorruptPackError, InvalidArgumentError, StorageError
+from casckpt.errors import (
+    BlobNotFoundError,
+    CorruptPackError,
+    InvalidArgumentError,
+    OversizedObjectError,
+    StorageError,
+)
 from casckpt.format import keys
 from casckpt.format.chunks import object_hasher
 from casckpt.storage.local import LocalBlobStore, fsync_dir
@@ -192,7 +198,7 @@ class FastTierDir:
         with suppress(OSError):  # evicted meanwhile: nothing to age
             os.utime(self.pack_path(pack_id))
 
-    def read_verified(self, pack_id: str) -> bytes:
+    def read_verified(self, pack_id: str, size: int) -> bytes:
         """The whole pack, read straight from the tier and checked against its id while
         reading: the bytes are about to become the durable copy, so bytes damaged on this
         disk must never be stored under the pack's id. Nothing is written here, so a tier
@@ -203,17 +209,16 @@ class FastTierDir:
             CorruptPackError: the copy here is damaged (its bytes do not hash to its id).
             StorageError: the pack cannot be read.
         """
-        try:
-            with open(self.pack_path(pack_id), "rb") as src:
-                data = src.read()
-        except FileNotFoundError:
+        try:  # a regular file, at most the catalog's size (invariant 10)
+            data = self.blobs.get(keys.pack_key(pack_id), max_size=size)
+        except BlobNotFoundError:
             raise BlobNotFoundError(f"pack {pack_id} is not on the fast tier {self.root}") from None
-        except OSError as exc:
-            raise StorageError(f"cannot read pack {pack_id} on the fast tier {self.root} to drain "
-                               f"it: {exc}") from exc
+        except OversizedObjectError as exc:
+            raise CorruptPackError(f"pack {pack_id} on the fast tier {self.root} is damaged ({exc}) "
+                                   "and has not drained: it is lost") from exc
         hasher = object_hasher()
         hasher.update(data)
-        if hasher.hexdigest() != pack_id:
+        if len(data) != size or hasher.hexdigest() != pack_id:
             raise CorruptPackError(f"pack {pack_id} on the fast tier {self.root} is damaged (its "
                                    "bytes do not hash to its id) and has not drained: it is lost")
         return data
