@@ -43,12 +43,13 @@ def _open(root: str, how: str, kwargs: dict[str, Any]) -> Any:
 
 
 def _one(root: str, how: str, kwargs: dict[str, Any], step: int, barrier: threading.Barrier,
-         ids: list[str], errors: list[str]) -> None:
+         ids: list[str], commits: list[list[Any]], errors: list[str]) -> None:
     barrier.wait()
     try:
         with _open(root, how, kwargs) as store:
             ids.append(internals(store).catalog.store_id)
-            store.commit({"step": torch.full((64,), float(step))}, run=RUN, step=step)
+            version = store.commit({"step": torch.full((64,), float(step))}, run=RUN, step=step)
+            commits.append([step, version.id])
     except BaseException:  # noqa: BLE001 - reported to the test, which asserts there are none
         errors.append(traceback.format_exc())
 
@@ -65,15 +66,16 @@ def serve(worker: int) -> None:
         threads_n = job["threads"]
         barrier = threading.Barrier(threads_n)
         ids: list[str] = []
+        commits: list[list[Any]] = []
         errors: list[str] = []
         threads = [threading.Thread(target=_one, args=(job["root"], job["how"], job["kwargs"],
-                                                       worker * threads_n + t, barrier, ids, errors))
+                                                       worker * threads_n + t, barrier, ids, commits, errors))
                    for t in range(threads_n)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        print(json.dumps({"store_ids": ids, "errors": errors}), file=replies, flush=True)
+        print(json.dumps({"store_ids": ids, "commits": commits, "errors": errors}), file=replies, flush=True)
 
 
 if __name__ == "__main__":
