@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from doubles import WriteHookStore, Zygote
 
 import casckpt
 from casckpt.errors import (
@@ -499,22 +500,24 @@ def _error_class(traceback_text: str) -> str:
     return traceback_text.strip().splitlines()[-1].split(":")[0].rsplit(".", 1)[-1]
 
 
-def _race_round(procs: list[Any], root: Path, loc: Path, go: Path,
+def _race_round(zygote: Zygote, root: Path, loc: Path, scratch: Path,
                 keys: dict[str, Path]) -> list[dict[str, Any]]:
-    """Every process opens the new store at ``root`` at once and commits; returns the replies."""
-    for proc, held in zip(procs, RACE_KEYS, strict=True):
-        kwargs = {"blobs": str(loc), "key_file": str(keys[held]) if held else None}
-        proc.stdin.write(json.dumps({"root": str(root), "go": str(go), "threads": 1, "how": "open",
-                                     "kwargs": kwargs}) + "\n")
-        proc.stdin.flush()
-    for proc in procs:
-        assert json.loads(proc.stdout.readline()) == {"ready": True}
+    """One forked process per key of :data:`RACE_KEYS` opens the new store at ``root`` as soon
+    as the go file appears, once every one of them exists, and commits; returns the replies."""
+    scratch.mkdir()
+    go = scratch / "go"
+    children = []
+    for w, held in enumerate(RACE_KEYS):
+        job = {"root": str(root), "go": str(go), "threads": 1, "how": "open",
+               "kwargs": {"blobs": str(loc), "key_file": str(keys[held]) if held else None}}
+        out = scratch / f"w{w}.out"
+        children.append((zygote.ask({"op": "spawn", "args": [json.dumps(job), str(w)],
+                                     "stdout": str(out), "stderr": str(out) + ".err"})["pid"], out))
     go.touch()
     replies = []
-    for proc in procs:
-        line = proc.stdout.readline()
-        assert line, f"a creator process died (exit {proc.poll()})"
-        replies.append(json.loads(line))
+    for pid, out in children:
+        assert zygote.ask({"op": "wait", "pid": pid}) == {"status": 0}, Path(f"{out}.err").read_text()
+        replies.append(json.loads(out.read_text().splitlines()[-1]))
     return replies
 
 
@@ -553,30 +556,14 @@ def test_processes_with_two_keys_and_none_creating_one_store_at_once_fix_one_enc
     and commit: the store's encryption is the first creator's, fixed once, and every other
     opener is refused with a typed error; no plaintext object lands beside sealed ones, nor
     one sealed under a losing key."""
-    import os
-    import subprocess
-    import sys
-
     keys = {"a": _key(tmp_path, "a.key"), "b": _key(tmp_path, "b.key")}
-    env = {k: v for k, v in os.environ.items() if k != "CASCKPT_KEY_FILE"}
-    procs = [subprocess.Popen([sys.executable, str(CREATOR), str(w)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, env=env)
-             for w in range(len(RACE_KEYS))]
+    zygote = Zygote(CREATOR)  # imports torch once: the racers are forked, each its own process
     try:
         for i in range(rounds):  # which creator wins is the race's: any one is right, two never
             root, loc = tmp_path / f"s{i}", tmp_path / f"loc{i}"
-            _assert_one_encryption(root, loc, _race_round(procs, root, loc, tmp_path / f"go{i}", keys), keys)
+            _assert_one_encryption(root, loc, _race_round(zygote, root, loc, tmp_path / f"r{i}", keys), keys)
     finally:
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.close()
-        for proc in procs:
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
+        zygote.close()
 
 def test_a_writer_whose_store_encryption_changed_is_refused_before_its_first_object_and_at_publish(
         tmp_path: Path) -> None:
@@ -585,8 +572,6 @@ def test_a_writer_whose_store_encryption_changed_is_refused_before_its_first_obj
     a typed error and nothing is acknowledged (here the row is edited under a keyless writer,
     as an older casckpt racing a key holder would have left it)."""
     import sqlite3
-
-    from doubles import WriteHookStore
 
     def set_state(value: str) -> None:
         with sqlite3.connect(tmp_path / "store" / "catalog.db") as db:

@@ -184,8 +184,9 @@ def unlock(catalog: Catalog, opened: Mapping[str, BlobStore], master: bytes | No
         # a new or recovering catalog, or a key given: are the locations an encrypted store's? (a
         # catalog holding versions opened without a key answers alone: no location is read)
         found = [r for r in (location_record(n, b) for n, b in opened.items()) if r is not None]
-        if found:
-            if not recover:
+        if found and not recover:
+            record = _created_since(catalog)
+            if record is None:
                 if master is None:
                     crypto.unlock(found[0], None)  # raises KeyRequiredError
                 raise StoreIdentityError(
@@ -193,13 +194,15 @@ def unlock(catalog: Catalog, opened: Mapping[str, BlobStore], master: bytes | No
                     f"catalog at {catalog.where} records no key for it: it is not this store's "
                     "catalog, or it lost its key record. Rebuild the catalog from the locations "
                     "(`casckpt --key-file FILE catalog rebuild`) into a new, empty catalog")
+        elif found:
             store, kept = _unlock_any(found, master)
             if not read_only:
                 keys_sql.create_key_record(catalog, kept.to_json(), store.state)
             return _adopt(catalog, store, read_only)
-        if recover or shard_sql.is_empty(catalog):
+        elif recover or shard_sql.is_empty(catalog):
             sealed_on = next((n for n, b in opened.items() if _holds_sealed(b)), None)
-            if sealed_on is not None:  # never a plain catalog over an encrypted store's objects
+            record = None if sealed_on is None else _created_since(catalog)
+            if sealed_on is not None and record is None:  # never a plain catalog over sealed objects
                 raise StoreKeyError(
                     f"blob location {sealed_on} holds encrypted objects but no location has a "
                     f"readable key record ({object_keys.KEYS_RECORD}), and the catalog at "
@@ -211,16 +214,25 @@ def unlock(catalog: Catalog, opened: Mapping[str, BlobStore], master: bytes | No
         return _open_plain(catalog, read_only)
     if record is None:
         fixed = keys_sql.read_state(catalog)
-        if fixed is not None and fixed != STATE_PLAIN:
-            raise _lost_record(catalog)
-        if fixed == STATE_PLAIN or not shard_sql.is_empty(catalog) or any(
+        if fixed is None and shard_sql.is_empty(catalog) and not any(
                 _holds_data(b) for b in opened.values()):
-            raise _not_encrypted()
-        if read_only:
-            raise ReadOnlyStoreError("creating an encrypted store needs write access to the "
-                                     "catalog; it was opened read-only", right="catalog:write")
-        record = _create(catalog, master)
+            if read_only:
+                raise ReadOnlyStoreError("creating an encrypted store needs write access to the "
+                                         "catalog; it was opened read-only", right="catalog:write")
+            record = _create(catalog, master)
+        else:
+            record = _created_since(catalog)
+            if record is None and fixed is not None and fixed != STATE_PLAIN:
+                raise _lost_record(catalog)
+            if record is None:
+                raise _not_encrypted()
     return _adopt(catalog, crypto.unlock(record, master), read_only)
+
+
+def _created_since(catalog: Catalog) -> KeyRecord | None:
+    """The key record, read again before refusing for its absence: an opener racing this one
+    may have created the store since (its record is committed before its first object)."""
+    return catalog_record(catalog)
 
 
 def _open_plain(catalog: Catalog, read_only: bool) -> StoreCrypto:
