@@ -212,7 +212,7 @@ def unlock(catalog: Catalog, opened: Mapping[str, BlobStore], master: bytes | No
                     "written")
     if record is None and master is None:
         return _open_plain(catalog, read_only)
-    if record is None:
+    if record is None and master is not None:
         fixed = keys_sql.read_state(catalog)
         if fixed is None and shard_sql.is_empty(catalog) and not any(
                 _holds_data(b) for b in opened.values()):
@@ -330,13 +330,15 @@ def _create(catalog: Catalog, master: bytes) -> KeyRecord:
     """
     data_key = os.urandom(crypto.KEY_BYTES)
     record = KeyRecord(catalog.store_id, (crypto.wrap(data_key, master, catalog.store_id, who()),))
-    if keys_sql.create_key_record(catalog, record.to_json(), crypto.encryption_state(data_key)) == STATE_PLAIN:
+    kept_state = keys_sql.create_key_record(catalog, record.to_json(), crypto.encryption_state(data_key))
+    if kept_state == STATE_PLAIN:
         raise _not_encrypted()
     kept = catalog_record(catalog)
     if kept is None:
         raise _lost_record(catalog)
     if kept == record:
-        log.info("created the key record of encrypted store %s (key %s)", catalog.store_id, record.slots[0].id)
+        log.info("created the key record of encrypted store %s (key %s)", catalog.store_id,
+                 record.slots[0].id)
     return kept
 
 
