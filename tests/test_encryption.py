@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from doubles import WriteHookStore, Zygote
 
 import casckpt
 from casckpt.catalog import shards as shard_sql
@@ -275,6 +276,12 @@ def test_a_catalog_that_lost_its_key_record_is_refused(split: Any, tmp_path: Pat
         db.execute("DELETE FROM store_info WHERE key = 'key_record'")
     with pytest.raises(StoreIdentityError, match="records no key"):
         open_()
+    before = _tree(tmp_path)
+    with pytest.raises(StoreKeyError, match="lost its key record"):  # it recorded the store encrypted
+        open_(key_file=None)
+    assert _tree(tmp_path) == before
+    with sqlite3.connect(tmp_path / "store" / "catalog.db") as db:  # a catalog from before that record
+        db.execute("DELETE FROM store_info WHERE key = 'encryption'")
     with open_(key_file=None) as store:  # a catalog with versions answers alone: a plain store's
         with pytest.raises((IntegrityError, StorageError)):  # whose sealed packs never read as data
             store.restore("r@1")
@@ -513,4 +520,117 @@ def test_threads_creating_one_encrypted_store_at_once_all_get_the_same_key(tmp_p
         assert len(store.keys()) == 1
         for i in range(4):
             assert store.restore(f"r{i}@1")["w"][0] == float(i)
+        assert store.check(read_data=True).ok
+
+
+# -- openers with different keys, or none, racing to create one store ------------------------
+
+CREATOR = Path(__file__).parent / "helpers" / "creator.py"
+RACE_KEYS = ("a", "b", "a", "b", None)  # the key each racing process holds (worker w commits step w)
+
+
+def _error_class(traceback_text: str) -> str:
+    """The class name of the exception a creator process reported (its traceback's last line)."""
+    return traceback_text.strip().splitlines()[-1].split(":")[0].rsplit(".", 1)[-1]
+
+
+def _race_round(zygote: Zygote, root: Path, loc: Path, scratch: Path,
+                keys: dict[str, Path]) -> list[dict[str, Any]]:
+    """One forked process per key of :data:`RACE_KEYS` opens the new store at ``root`` as soon
+    as the go file appears, once every one of them exists, and commits; returns the replies."""
+    scratch.mkdir()
+    go = scratch / "go"
+    children = []
+    for w, held in enumerate(RACE_KEYS):
+        job = {"root": str(root), "go": str(go), "threads": 1, "how": "open",
+               "kwargs": {"blobs": str(loc), "key_file": str(keys[held]) if held else None}}
+        out = scratch / f"w{w}.out"
+        children.append((zygote.ask({"op": "spawn", "args": [json.dumps(job), str(w)],
+                                     "stdout": str(out), "stderr": str(out) + ".err"})["pid"], out))
+    go.touch()
+    replies = []
+    for pid, out in children:
+        assert zygote.ask({"op": "wait", "pid": pid}) == {"status": 0}, Path(f"{out}.err").read_text()
+        replies.append(json.loads(out.read_text().splitlines()[-1]))
+    return replies
+
+
+def _assert_one_encryption(root: Path, loc: Path, replies: list[dict[str, Any]],
+                           keys: dict[str, Path]) -> None:
+    """Exactly one opener class won; every other opener got the typed refusal its key (or lack
+    of one) deserves; the location holds only the winner's kind of objects; every commit that
+    returned reads back with the winner's key (or none, if the keyless process won)."""
+    outcome = [_error_class(reply["errors"][0]) if reply["errors"] else "committed" for reply in replies]
+    won = {RACE_KEYS[w] for w, reply in enumerate(replies) if reply["commits"]}
+    assert len(won) == 1, f"commits returned under more than one encryption: {outcome}"
+    winner = won.pop()
+    expected = ["committed" if held == winner else "NotEncryptedError" if winner is None
+                else "KeyRequiredError" if held is None else "WrongKeyError" for held in RACE_KEYS]
+    assert outcome == expected, [e for reply in replies for e in reply["errors"]]
+    objects = [p for p in loc.rglob("*") if p.is_file() and p.name not in
+               (object_keys.IDENTITY, object_keys.KEYS_RECORD)]
+    assert objects
+    for path in objects:
+        sealed = path.read_bytes()[:8] == b"CKSEAL01"
+        assert sealed == (winner is not None), f"{path.relative_to(loc)} sealed={sealed}, winner {winner}"
+    with casckpt.open(root, create=False, blobs=str(loc),
+                      key_file=keys[winner] if winner else None) as store:
+        committed = {step: vid for reply in replies for step, vid in reply["commits"]}
+        assert {v.step: v.id for v in store.log("r")} == committed
+        for step in committed:
+            assert torch.equal(store.restore(f"r@{step}")["step"], torch.full((64,), float(step)))
+        report = store.check(read_data=True)
+        assert report.ok, report.problems[:5]
+
+
+@pytest.mark.parametrize("rounds", [4, pytest.param(16, marks=pytest.mark.slow)])
+def test_processes_with_two_keys_and_none_creating_one_store_at_once_fix_one_encryption(
+        tmp_path: Path, rounds: int) -> None:
+    """Four processes holding one of two keys and one holding none open one new path at once
+    and commit: the store's encryption is the first creator's, fixed once, and every other
+    opener is refused with a typed error; no plaintext object lands beside sealed ones, nor
+    one sealed under a losing key."""
+    keys = {"a": _key(tmp_path, "a.key"), "b": _key(tmp_path, "b.key")}
+    zygote = Zygote(CREATOR)  # imports torch once: the racers are forked, each its own process
+    try:
+        for i in range(rounds):  # which creator wins is the race's: any one is right, two never
+            root, loc = tmp_path / f"s{i}", tmp_path / f"loc{i}"
+            _assert_one_encryption(root, loc, _race_round(zygote, root, loc, tmp_path / f"r{i}", keys), keys)
+    finally:
+        zygote.close()
+
+def test_a_writer_whose_store_encryption_changed_is_refused_before_its_first_object_and_at_publish(
+        tmp_path: Path) -> None:
+    """The catalog's record of the store's encryption is re-read when a commit begins writing
+    objects and in the transaction that publishes it: a writer that no longer matches it gets
+    a typed error and nothing is acknowledged (here the row is edited under a keyless writer,
+    as an older casckpt racing a key holder would have left it)."""
+    import sqlite3
+
+    def set_state(value: str) -> None:
+        with sqlite3.connect(tmp_path / "store" / "catalog.db") as db:
+            db.execute("UPDATE store_info SET value = ? WHERE key = 'encryption'", (value,))
+
+    sealed = "sealed:" + "0" * 32
+    flip: list[str] = []
+
+    class Flipping(WriteHookStore):
+        def before_write(self, key: str) -> None:
+            if flip and key.startswith(object_keys.MANIFESTS):  # packs written, not yet published
+                set_state(flip.pop())
+
+    loc = tmp_path / "loc"
+    with casckpt.open(tmp_path / "store", blobs=Flipping(loc), key_file=None) as store:
+        store.commit({"w": torch.full((1024,), 1.0)}, run="r", step=1)
+        flip.append(sealed)
+        with pytest.raises(StoreKeyError, match="records this store as encrypted .* opened it as not"):
+            store.commit({"w": torch.full((1024,), 2.0)}, run="r", step=2)
+        assert [v.step for v in store.log("r")] == [1]
+        before = _tree(loc)
+        with pytest.raises(StoreKeyError, match="nothing of this write was published"):
+            store.commit({"w": torch.full((1024,), 3.0)}, run="r", step=3)
+        assert _tree(loc) == before  # refused before its first object
+        set_state("plain")
+        store.commit({"w": torch.full((1024,), 3.0)}, run="r", step=3)
+        assert [v.step for v in store.log("r")] == [3, 1]
         assert store.check(read_data=True).ok

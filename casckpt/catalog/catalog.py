@@ -27,6 +27,7 @@ from sqlalchemy import ColumnElement, Connection, Row, exists, func, select, tex
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from casckpt.catalog import audit, migrate
+from casckpt.catalog import keys as keys_sql
 from casckpt.catalog import schema as s
 from casckpt.catalog.database import Database, insert_ignore, sqlite_write_denied, upsert
 from casckpt.catalog.packs import ChunkLocation, PackRecord, insert_pack, upsert_chunks
@@ -165,6 +166,14 @@ class Catalog:
         return str(conn.execute(
             select(s.store_info.c.value).where(s.store_info.c.key == "store_id")
         ).scalar_one())
+
+    def require_crypto_in(self, conn: Connection) -> None:
+        """Within a writer's transaction: the store's encryption is still :attr:`crypto`'s.
+
+        Raises:
+            StoreKeyError: it is not (see :func:`casckpt.catalog.keys.require_state_in`).
+        """
+        keys_sql.require_state_in(conn, self.crypto.state, self.where)
 
     def retrying(self, operation: Callable[[], T]) -> T:
         """Run an idempotent catalog operation, again while the database is unreachable,
@@ -391,6 +400,7 @@ class Catalog:
                  tensor_rows: list[dict[str, Any]], content_rows: list[dict[str, Any]],
                  tag_names: Sequence[str], ids: list[str],
                  node_rows: Sequence[dict[str, Any]] = (), audit: bool = True) -> None:
+        self.require_crypto_in(conn)  # never a version its store cannot read
         run_id = self.run_id(conn, run, create=True, audit=audit)
         if run_id is None:
             raise CatalogError(f"run {run!r} vanished while committing; retry")

@@ -75,9 +75,14 @@ def begin_lease(catalog: Catalog, version_id: str | None = None) -> str:
     ``version_id``: the version the commit will publish, named before its manifest object is
     written, so a commit that ends without publishing leaves a tombstone (its manifest is
     garbage), never an unexplained manifest.
+
+    Raises:
+        StoreKeyError: the store's encryption is not the one this process opened it with
+            (commits, drains, repairs and migrations begin here, before their first object).
     """
     lease = uuid.uuid4().hex
     with catalog.write() as conn:
+        catalog.require_crypto_in(conn)  # before the writer's first object
         conn.execute(insert(s.leases).values(
             id=lease, host=_process_space(), pid=os.getpid(), started_at=time.time(), version_id=version_id,
         ))

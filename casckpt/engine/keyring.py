@@ -10,9 +10,20 @@ records is read or written: a missing or wrong key is refused there.
 - An empty catalog (new, or recovering) without one, over locations that carry one:
   a catalog rebuild (``recover=True``) adopts it; anything else is refused. A catalog
   holding versions answers alone (no location is read): one that lost its record
-  row opens as a plain store, whose every read of a sealed object fails as damaged.
+  row is refused when it recorded the store as encrypted; one from before that
+  record (:mod:`casckpt.catalog.keys`) opens as a plain store, whose every read of a
+  sealed object fails as damaged.
 - Neither: with a key, a new store is created encrypted (a store holding data
   already is refused: it cannot be encrypted in place); without, a plain store.
+
+Whether a store is encrypted is fixed once, in the catalog, by the transaction that
+creates its key record -- or, opened without a key, by one that records it plain --
+and only the first of processes creating one store at once fixes it: the others
+read it back, and adopt it or are refused (a keyless process ``KeyRequiredError``,
+a holder of another key ``WrongKeyError``, a key holder after a keyless creator
+``NotEncryptedError``), before any object is written. Every writer checks it again
+when it begins writing objects and when it publishes
+(:func:`casckpt.catalog.keys.require_state_in`).
 
 Master-key changes (:func:`add_key`, :func:`remove_key`, :func:`rotate_key`)
 rewrite the record only: the data key, and so every object, stays as it is.
@@ -45,7 +56,7 @@ from casckpt.errors import (
 )
 from casckpt.format import crypto
 from casckpt.format import keys as object_keys
-from casckpt.format.crypto import KeyRecord, StoreCrypto
+from casckpt.format.crypto import STATE_PLAIN, STATE_SEALED, KeyRecord, StoreCrypto
 from casckpt.storage import BlobStore
 from casckpt.storage.locations import LocationSet
 from casckpt.storage.sealed import CLEAR_KEYS
@@ -154,22 +165,28 @@ def _holds_sealed(blobs: BlobStore) -> bool:
 def unlock(catalog: Catalog, opened: Mapping[str, BlobStore], master: bytes | None, *,
            recover: bool = False, read_only: bool = False) -> StoreCrypto:
     """Decide the store's encryption at open (see the module docstring), creating it for a new
-    store opened with a key. Sets ``catalog.crypto``.
+    store opened with a key, and fixing a new store opened without one as plain. Sets
+    ``catalog.crypto``.
 
     Raises:
-        KeyRequiredError, WrongKeyError: the store is encrypted; no key, or not one of its keys.
-        NotEncryptedError: a key was given for a store that exists unencrypted.
+        KeyRequiredError, WrongKeyError: the store is encrypted; no key, or not one of its keys
+            (a key holder that lost the race to create the store to a holder of another key).
+        NotEncryptedError: a key was given for a store that exists unencrypted (a keyless
+            process created it first, included).
         StoreIdentityError: the locations are encrypted and the catalog has no key record.
         StoreKeyError: a new or recovering catalog over encrypted objects whose key record
-            is on no location (never opened as a plain store: its commits would be plaintext).
+            is on no location, or a catalog that records the store as encrypted but lost its
+            key record or holds another data key's (never opened as a plain store: its commits
+            would be plaintext).
     """
     record = catalog_record(catalog)
     if record is None and (recover or master is not None or shard_sql.is_empty(catalog)):
         # a new or recovering catalog, or a key given: are the locations an encrypted store's? (a
-        # catalog holding versions opened without a key is a plain store's: no location is read)
+        # catalog holding versions opened without a key answers alone: no location is read)
         found = [r for r in (location_record(n, b) for n, b in opened.items()) if r is not None]
-        if found:
-            if not recover:
+        if found and not recover:
+            record = _created_since(catalog)
+            if record is None:
                 if master is None:
                     crypto.unlock(found[0], None)  # raises KeyRequiredError
                 raise StoreIdentityError(
@@ -177,14 +194,15 @@ def unlock(catalog: Catalog, opened: Mapping[str, BlobStore], master: bytes | No
                     f"catalog at {catalog.where} records no key for it: it is not this store's "
                     "catalog, or it lost its key record. Rebuild the catalog from the locations "
                     "(`casckpt --key-file FILE catalog rebuild`) into a new, empty catalog")
+        elif found:
             store, kept = _unlock_any(found, master)
             if not read_only:
-                keys_sql.create_key_record(catalog, kept.to_json())
-            catalog.crypto = store
-            return store
-        if recover or shard_sql.is_empty(catalog):
+                keys_sql.create_key_record(catalog, kept.to_json(), store.state)
+            return _adopt(catalog, store, read_only)
+        elif recover or shard_sql.is_empty(catalog):
             sealed_on = next((n for n, b in opened.items() if _holds_sealed(b)), None)
-            if sealed_on is not None:  # never a plain catalog over an encrypted store's objects
+            record = None if sealed_on is None else _created_since(catalog)
+            if sealed_on is not None and record is None:  # never a plain catalog over sealed objects
                 raise StoreKeyError(
                     f"blob location {sealed_on} holds encrypted objects but no location has a "
                     f"readable key record ({object_keys.KEYS_RECORD}), and the catalog at "
@@ -192,22 +210,86 @@ def unlock(catalog: Catalog, opened: Mapping[str, BlobStore], master: bytes | No
                     f"back a copy of {object_keys.KEYS_RECORD} (a bucket version, a backup, "
                     "another location) or open the catalog that holds the record; nothing was "
                     "written")
+    if record is None and master is None:
+        return _open_plain(catalog, read_only)
+    if record is None and master is not None:
+        fixed = keys_sql.read_state(catalog)
+        if fixed is None and shard_sql.is_empty(catalog) and not any(
+                _holds_data(b) for b in opened.values()):
+            if read_only:
+                raise ReadOnlyStoreError("creating an encrypted store needs write access to the "
+                                         "catalog; it was opened read-only", right="catalog:write")
+            record = _create(catalog, master)
+        else:
+            record = _created_since(catalog)
+            if record is None and fixed is not None and fixed != STATE_PLAIN:
+                raise _lost_record(catalog)
+            if record is None:
+                raise _not_encrypted()
+    return _adopt(catalog, crypto.unlock(record, master), read_only)
+
+
+def _created_since(catalog: Catalog) -> KeyRecord | None:
+    """The key record, read again before refusing for its absence: an opener racing this one
+    may have created the store since (its record is committed before its first object)."""
+    return catalog_record(catalog)
+
+
+def _open_plain(catalog: Catalog, read_only: bool) -> StoreCrypto:
+    """A store opened without a key: plain if its catalog says so, or says nothing yet (then
+    fixed as plain here, unless read-only: a read-only process writes no object either).
+
+    Raises:
+        KeyRequiredError: a key holder fixed it as encrypted (first, when both created it at once).
+        StoreKeyError: it is encrypted but its catalog lost the key record.
+    """
+    fixed = keys_sql.read_state(catalog)
+    if fixed is None and not read_only:
+        fixed = keys_sql.fix_plain(catalog)
+    if fixed is None or fixed == STATE_PLAIN:
+        return crypto.PLAIN
+    record = catalog_record(catalog)
     if record is None:
-        if master is None:
-            return crypto.PLAIN
-        if not shard_sql.is_empty(catalog) or any(_holds_data(b) for b in opened.values()):
-            raise NotEncryptedError(
-                "this store exists and is not encrypted; a store is encrypted when it is created "
-                "(an existing one cannot be encrypted in place): create a new store with the key "
-                "and copy the versions you need into it (`casckpt export` / `casckpt import`), "
-                "or open this one without a key")
-        if read_only:
-            raise ReadOnlyStoreError("creating an encrypted store needs write access to the "
-                                     "catalog; it was opened read-only", right="catalog:write")
-        record = _create(catalog, master)
-    store = crypto.unlock(record, master)
+        raise _lost_record(catalog)
+    return crypto.unlock(record, None)  # raises KeyRequiredError
+
+
+def _adopt(catalog: Catalog, store: StoreCrypto, read_only: bool) -> StoreCrypto:
+    """Make ``store`` (unlocked from the catalog's key record) the catalog's crypto once it is
+    the encryption the catalog fixed; a catalog from before the ``encryption`` row gets it.
+
+    Raises:
+        StoreKeyError: the catalog fixed another encryption (the key record was replaced by
+            one wrapping another data key, or the store was fixed as plain).
+    """
+    fixed = keys_sql.read_state(catalog)
+    if fixed == STATE_SEALED and not read_only:
+        keys_sql.record_state(catalog, store.state)
+    elif fixed is not None and not keys_sql.matches(fixed, store.state):
+        raise StoreKeyError(
+            f"the catalog at {catalog.where} records this store as {keys_sql.describe(fixed)}, but "
+            f"its key record unlocks another data key ({keys_sql.describe(store.state)}): the "
+            "record was replaced. Restore the catalog from a backup, or rebuild it from the "
+            "locations (`casckpt --key-file FILE catalog rebuild`) into a new, empty catalog; "
+            "nothing was written")
     catalog.crypto = store
     return store
+
+
+def _not_encrypted() -> NotEncryptedError:
+    return NotEncryptedError(
+        "this store exists and is not encrypted (or a process without a key created it first, "
+        "at the same moment); a store is encrypted when it is created (an existing one cannot "
+        "be encrypted in place): create a new store with the key and copy the versions you need "
+        "into it (`casckpt export` / `casckpt import`), or open this one without a key")
+
+
+def _lost_record(catalog: Catalog) -> StoreKeyError:
+    return StoreKeyError(
+        f"the catalog at {catalog.where} records this store as encrypted but has lost its key "
+        "record; it is never opened as a plain store (its commits would be plaintext). Rebuild "
+        "the catalog from the locations, which carry the record (`casckpt --key-file FILE "
+        "catalog rebuild`), into a new, empty catalog; nothing was written")
 
 
 def _unlock_any(found: list[KeyRecord], master: bytes | None) -> tuple[StoreCrypto, KeyRecord]:
@@ -239,14 +321,24 @@ def _unlock_any(found: list[KeyRecord], master: bytes | None) -> tuple[StoreCryp
 
 
 def _create(catalog: Catalog, master: bytes) -> KeyRecord:
+    """Create the store's key record, fixing it as encrypted in the same transaction; of
+    processes creating one store at once the first to fix its encryption wins, and each then
+    unlocks the record kept (a holder of another key: WrongKeyError).
+
+    Raises:
+        NotEncryptedError: a process without a key fixed the store as plain first.
+    """
     data_key = os.urandom(crypto.KEY_BYTES)
     record = KeyRecord(catalog.store_id, (crypto.wrap(data_key, master, catalog.store_id, who()),))
-    keys_sql.create_key_record(catalog, record.to_json())
-    # two processes creating one store at once: the first record written wins; unlock the one kept
+    kept_state = keys_sql.create_key_record(catalog, record.to_json(), crypto.encryption_state(data_key))
+    if kept_state == STATE_PLAIN:
+        raise _not_encrypted()
     kept = catalog_record(catalog)
     if kept is None:
-        raise StoreKeyError(f"the catalog at {catalog.where} did not keep the new store's key record")
-    log.info("created the key record of encrypted store %s (key %s)", catalog.store_id, record.slots[0].id)
+        raise _lost_record(catalog)
+    if kept == record:
+        log.info("created the key record of encrypted store %s (key %s)", catalog.store_id,
+                 record.slots[0].id)
     return kept
 
 

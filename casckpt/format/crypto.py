@@ -82,12 +82,26 @@ _SEAL_CONTEXT = "casckpt 2026-12-02 seal key v1"
 _WRAP_CONTEXT = "casckpt 2026-12-02 key wrapping v1"
 _KEY_ID_CONTEXT = "casckpt 2026-12-02 master key id v1"
 _FILE_CONTEXT = "casckpt 2026-12-02 keyed file digest v1"
+_STATE_CONTEXT = "casckpt 2026-12-06 data key fingerprint v1"
 _AAD = b"casckpt sealed object v1\0"
 _WRAP_AAD = b"casckpt data key v1\0"
 
 
 def _derive(context: str, key: bytes) -> bytes:
     return blake3(key, derive_key_context=context).digest()
+
+
+STATE_PLAIN = "plain"
+STATE_SEALED = "sealed"
+
+
+def encryption_state(data_key: bytes | None) -> str:
+    """What the catalog records of a store's encryption (its ``encryption`` row):
+    :data:`STATE_PLAIN`, or :data:`STATE_SEALED`, a colon and a one-way fingerprint of the data
+    key, so a writer's data key and its store's compare without either being revealed."""
+    if data_key is None:
+        return STATE_PLAIN
+    return f"{STATE_SEALED}:{_derive(_STATE_CONTEXT, data_key).hex()[:32]}"
 
 
 # -- master keys -------------------------------------------------------------------------
@@ -267,6 +281,7 @@ class StoreCrypto:
         self._name_key = _derive(_NAME_CONTEXT, data_key) if data_key else b""
         self._seal_key = _derive(_SEAL_CONTEXT, data_key) if data_key else b""
         self._file_key = _derive(_FILE_CONTEXT, data_key) if data_key else b""
+        self.state = encryption_state(data_key)
 
     def __repr__(self) -> str:
         return "StoreCrypto(encrypted)" if self.encrypted else "StoreCrypto(plain)"
