@@ -24,6 +24,7 @@ from casckpt.catalog import PackLayout, ShardRow
 from casckpt.catalog import shards as shard_sql
 from casckpt.engine.context import EngineContext
 from casckpt.engine.discovery import read_footer
+from casckpt.engine.packlayouts import shard_state_of
 from casckpt.errors import CasckptError, IntegrityError, StorageError
 from casckpt.format.chunks import ChunkIds, object_hasher
 from casckpt.format.pack import PackEntry, decode_entry, read_index
@@ -47,6 +48,7 @@ class PackVerdict:
     corrupt_chunks: dict[str, str] = field(default_factory=dict)  # chunk id -> why
     entries: list[PackEntry] = field(default_factory=list)  # the footer, when it could be read
     damaged: dict[int, str] = field(default_factory=dict)  # shard index -> missing | corrupt
+    unreachable: set[int] = field(default_factory=set)  # shards whose location could not be reached
 
 
 class _EntryVerifier:
@@ -181,8 +183,7 @@ def _usable(locations: LocationSet, layout: PackLayout, sh: ShardRow, listed: Li
         try:
             size = loc.blobs.size(sh.key)
         except StorageError as exc:
-            verdict.notes.append((sh.index, f"{name} on {loc.describe()}: {exc}"))
-            verdict.damaged[sh.index] = "corrupt"
+            _failed(verdict, sh.index, f"{name} on {loc.describe()}: {exc}", exc)
             return None
     if size is None:
         verdict.notes.append((sh.index, f"{name} is missing from {loc.describe()}"))
@@ -212,8 +213,7 @@ def _verify_copies(locations: LocationSet, layout: PackLayout, listed: Listed,
         try:
             verdict.read += _stream(loc, sh.key, 0, layout.size, check.feed)
         except StorageError as exc:
-            verdict.notes.append((sh.index, f"copy {sh.key} cannot be read from {loc.describe()}: {exc}"))
-            verdict.damaged[sh.index] = "missing"
+            _failed(verdict, sh.index, f"copy {sh.key} cannot be read from {loc.describe()}: {exc}", exc)
             continue
         check.finish()
         if check.hasher.hexdigest() != layout.id:
@@ -242,9 +242,12 @@ def _verify_shards(locations: LocationSet, layout: PackLayout, listed: Listed,
         try:
             head = loc.blobs.get_range(sh.key, 0, SHARD_HEADER_SIZE)
             header = decode_shard_header(head, where)
+        except StorageError as exc:
+            _failed(verdict, sh.index, str(exc), exc)
+            continue
         except CasckptError as exc:
             verdict.notes.append((sh.index, str(exc)))
-            verdict.damaged[sh.index] = "missing" if isinstance(exc, StorageError) else "corrupt"
+            verdict.damaged[sh.index] = "corrupt"
             continue
         expected = (layout.id, sh.index, sh.size - SHARD_HEADER_SIZE)
         if (header.pack_id, header.index, header.payload_len) != expected:
@@ -257,8 +260,7 @@ def _verify_shards(locations: LocationSet, layout: PackLayout, listed: Listed,
         try:
             verdict.read += _stream(loc, sh.key, SHARD_HEADER_SIZE, header.payload_len, sink.feed)
         except StorageError as exc:
-            verdict.notes.append((sh.index, f"cannot read {where}: {exc}"))
-            verdict.damaged[sh.index] = "missing"
+            _failed(verdict, sh.index, f"cannot read {where}: {exc}", exc)
             continue
         fed += sink.fed
         seen, hasher = sink.seen, sink.hasher
@@ -272,6 +274,18 @@ def _verify_shards(locations: LocationSet, layout: PackLayout, listed: Listed,
     verdict.corrupt_chunks = pack.corrupt
 
 
+def _failed(verdict: PackVerdict, index: int, note: str, exc: StorageError) -> None:
+    """A read of a shard or copy failed: damaged when that proves it missing or corrupt, else
+    (its location could not be reached) unverified."""
+    state = shard_state_of(exc)
+    if state is None:
+        verdict.unreachable.add(index)
+        note += " (unreachable: not verified, not marked)"
+    else:
+        verdict.damaged[index] = state
+    verdict.notes.append((index, note))
+
+
 def _reconstruct_in_memory(ctx: EngineContext, layout: PackLayout, verdict: PackVerdict) -> None:
     """A shard is damaged: reconstruct the pack from the healthy ones (in memory) and verify it."""
     try:
@@ -281,9 +295,12 @@ def _reconstruct_in_memory(ctx: EngineContext, layout: PackLayout, verdict: Pack
         verdict.ok = False
         return
     for index, note in found.notes.items():
-        if index not in verdict.damaged:
+        if index not in verdict.damaged and index not in verdict.unreachable:
             verdict.notes.append((index, note))
-        verdict.damaged[index] = found.damaged.get(index, "corrupt")
+        if index in found.unreachable:
+            verdict.unreachable.add(index)
+        else:
+            verdict.damaged[index] = found.damaged.get(index, "corrupt")
     verdict.ok = found.data is not None
     if found.data is not None and not verdict.entries:
         try:
@@ -306,9 +323,10 @@ def _record(ctx: EngineContext, layout: PackLayout, verdict: PackVerdict) -> Non
     if damaged and layout.scheme != "none":  # a lone copy has nothing to be repaired from
         shard_sql.mark_shards(ctx.catalog, layout.id, damaged)
         ctx.packs.forget(layout.id)
-    healthy = [sh.index for sh in layout.shards if sh.index not in verdict.damaged]
+    healthy = [sh.index for sh in layout.shards
+               if sh.index not in verdict.damaged and sh.index not in verdict.unreachable]
     if verdict.ok:
         shard_sql.mark_verified(ctx.catalog, layout.id, healthy, whole_pack=True)
         shard_sql.mark_pack_found(ctx.catalog, layout.id)
-    else:
+    elif not verdict.unreachable:  # unreached shards may well hold it
         shard_sql.mark_pack_lost(ctx.catalog, layout.id)
