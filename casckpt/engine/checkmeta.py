@@ -323,10 +323,10 @@ def check_presence(ctx: EngineContext, layouts: Iterable[PackLayout], found: Fin
             where = f"shard {sh.index} ({sh.key})" if layout.scheme != "none" else f"object {sh.key}"
             if loc is None or not loc.readable:
                 detail = f"{where} is on a failed or unknown location"
-            elif sh.location_id in found.unlisted:
-                continue
             elif sh.state != "ok" and layout.scheme != "none":
                 detail = f"{where} is {sh.state}; run `casckpt repair`"
+            elif sh.location_id in found.unlisted:
+                continue
             else:
                 info = found.listed.get(sh.location_id, {}).get(sh.key)
                 if info is not None and info.size == sh.size:
