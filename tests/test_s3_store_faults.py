@@ -107,9 +107,9 @@ EC_RETRY_S = "1.5"  # the storage retry budget in these tests: short, so a windo
 
 
 @pytest.fixture
-def ec_store(tmp_path: Path, proxy: FaultProxy, s3_bucket_url: Any,
-             monkeypatch: pytest.MonkeyPatch) -> Iterator[casckpt.Store]:
-    monkeypatch.setenv("CASCKPT_STORAGE_RETRY_S", EC_RETRY_S)
+def ec_store(tmp_path: Path, proxy: FaultProxy, s3_bucket_url: Any, monkeypatch: pytest.MonkeyPatch,
+             request: pytest.FixtureRequest) -> Iterator[casckpt.Store]:
+    monkeypatch.setenv("CASCKPT_STORAGE_RETRY_S", getattr(request, "param", EC_RETRY_S))
     s3 = {"endpoint_url": proxy.endpoint_url, "sdk_attempts": 1, "retry_attempts": 2}
     with casckpt.open(tmp_path / "store", blobs=[s3_bucket_url() for _ in range(6)], s3=s3,
                       redundancy="ec:4+2", chunk_size=CHUNK, pack_size=64 << 10) as opened:
@@ -172,6 +172,7 @@ def test_outage_during_read_data_check_loses_nothing(ec_store: casckpt.Store, pr
     assert ec_store.repair().shards_rewritten == 0
 
 
+@pytest.mark.parametrize("ec_store", ["20"], indirect=True)  # a budget the outage ends well inside
 def test_restore_waits_out_a_short_outage(ec_store: casckpt.Store, proxy: FaultProxy,
                                           caplog: pytest.LogCaptureFixture) -> None:
     state = _state(7)
