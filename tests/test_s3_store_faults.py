@@ -178,10 +178,13 @@ def test_restore_waits_out_a_short_outage(ec_store: casckpt.Store, proxy: FaultP
     state = _state(7)
     ec_store.commit(state, run="r", step=1)
     _outage(proxy, "connection-drop")
-    threading.Timer(0.8, proxy.clear_faults).start()  # the outage ends inside the budget
+    threading.Timer(2.5, proxy.clear_faults).start()  # the outage ends inside the budget
+    phases: list[tuple[str, int, int]] = []
     with caplog.at_level(logging.WARNING, logger="casckpt"):
-        assert _equal(ec_store.restore("r@1"), state)
+        restored = ec_store.restore("r@1", progress=lambda *call: phases.append(call))
+    assert _equal(restored, state)
     assert "waiting for storage" in caplog.text
+    assert ("wait", 20) in {(phase, total) for phase, _, total in phases}  # progress says so too
     assert _damaged(ec_store) == 0
 
 

@@ -66,7 +66,19 @@ class PackReader:
         self._repairer = repairer
         self._reconstructed: OrderedDict[str, bytes] = OrderedDict()
         self._pack_locks: dict[str, Lock] = {}
+        self._waits: dict[str, float] = {}  # pack id -> when its read began waiting for storage
         self._lock = Lock()
+
+    @property
+    def retry_s(self) -> float:
+        """The storage retry budget, in seconds."""
+        return self._retry_s
+
+    def waiting_s(self) -> float | None:
+        """How long the longest read now waiting for storage has waited (None: none waits)."""
+        with self._lock:
+            began = min(self._waits.values(), default=None)
+        return None if began is None else time.monotonic() - began
 
     def read_into(self, pack_id: str, offset: int, buffers: Sequence[memoryview], *,
                   heal: bool = True) -> int:
@@ -246,8 +258,15 @@ class PackReader:
         Raises:
             StoreUnavailableError: the budget ran out with too few shards reachable.
         """
-        needed = layout.k if layout.scheme == "ec" else 1
         started = time.monotonic()
+        try:
+            return self._examine_until(layout, started)
+        finally:
+            with self._lock:
+                self._waits.pop(layout.id, None)
+
+    def _examine_until(self, layout: PackLayout, started: float) -> ShardCheck:
+        needed = layout.k if layout.scheme == "ec" else 1
         waits = 0
         while True:
             found = self._verifier.examine(layout.id, read_all=False)
@@ -271,6 +290,8 @@ class PackReader:
             log.warning("pack %s: waiting for storage: %d of %d shard(s) unreachable, %d needed; "
                         "retrying for up to %.0f s more (%s)", layout.id, len(found.unreachable),
                         len(layout.shards), needed, self._retry_s - waited, details)
+            with self._lock:
+                self._waits.setdefault(layout.id, started)
             time.sleep(pause)
 
 

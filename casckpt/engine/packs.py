@@ -162,6 +162,15 @@ class Packs:
             return layout is not None and layout.tier is None
         return self.reader.can_reconstruct(pack_id)
 
+    def waiting_s(self) -> float | None:
+        """See :meth:`PackReader.waiting_s`."""
+        return self.reader.waiting_s()
+
+    @property
+    def retry_s(self) -> float:
+        """See :attr:`PackReader.retry_s`."""
+        return self.reader.retry_s
+
     def reconstruct(self, pack_id: str, *, heal: bool = True) -> bytes:
         """See :meth:`PackReader.reconstruct`. A damaged fast-tier copy of a drained pack is
         evicted and the pack read from the locations instead.
