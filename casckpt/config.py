@@ -17,6 +17,8 @@ Environment variables (all optional):
 ``CASCKPT_STAGING_MEMORY``  host bytes GPU tensors stream through on commit (default 256 MiB).
 ``CASCKPT_CATALOG_RETRY_S``  seconds a catalog step is retried while the database is unreachable
                            (default 5; 0: no retries).
+``CASCKPT_STORAGE_RETRY_S``  seconds a pack read keeps trying while too few of its locations can be
+                           reached before it raises StoreUnavailableError (default 30; 0: no waiting).
 ``CASCKPT_PROBE_TIMEOUT_S``  seconds a location has to answer its health probe (default 5).
 ``CASCKPT_READ_ONLY``      ``1`` opens every store read-only, ``0`` never (default: read-only
                            only where this process cannot write it).
@@ -76,6 +78,10 @@ class Settings:
         catalog_retry_s: how long each catalog step (a query, recording a pack,
             publishing a version) is retried while the catalog database is
             unreachable before it raises CatalogUnavailableError (0: no retries).
+        storage_retry_s: how long a pack read keeps trying, with backoff, while too few
+            of the locations holding its shards or copies can be reached (connections
+            dropped, timeouts, throttling) before it raises StoreUnavailableError (0: no
+            waiting). Locations that answer "no such object" are not waited for.
         probe_timeout_s: how long ``Store.locations()`` waits for the locations to
             answer their health probes (all probed at once) before it reports the
             silent ones unreachable.
@@ -95,6 +101,7 @@ class Settings:
     stage_host_tensors: bool = False
     delta_memory: int = field(default_factory=lambda: _default_delta_memory())
     catalog_retry_s: float = 5.0
+    storage_retry_s: float = 30.0
     probe_timeout_s: float = 5.0
 
 
@@ -182,6 +189,9 @@ def settings(overrides: Mapping[str, Any] | None = None,
     retry_s = _seconds_env(env, "CASCKPT_CATALOG_RETRY_S")
     if retry_s is not None:
         config = replace(config, catalog_retry_s=retry_s)
+    storage_s = _seconds_env(env, "CASCKPT_STORAGE_RETRY_S")
+    if storage_s is not None:
+        config = replace(config, storage_retry_s=storage_s)
     probe_s = _seconds_env(env, "CASCKPT_PROBE_TIMEOUT_S")
     if probe_s is not None:
         config = replace(config, probe_timeout_s=probe_s)

@@ -208,6 +208,13 @@ class BlobNotFoundError(StorageError, FileNotFoundError):
     """The blob store holds no object under the requested key."""
 
 
+class StoreUnavailableError(RetryableStorageError):
+    """Too few of the locations holding what a read needs could be reached (connections
+    dropped, timeouts, throttling, access denied) within the storage retry budget
+    (``CASCKPT_STORAGE_RETRY_S``). Nothing was found missing or damaged, and no shard was
+    marked for repair: the same read may succeed once the storage is back."""
+
+
 class RunExistsError(InvalidArgumentError):
     """A run of that name already exists (``fork`` needs a new name)."""
 

@@ -127,7 +127,8 @@ class StoreCore:
         current = CurrentLocations(locations)
         self.ctx = EngineContext(
             catalog=catalog, cache=cache, current_locations=current,
-            packs=Packs(catalog, current, self._io, write_quorum, encode_workers=settings.upload_workers),
+            packs=Packs(catalog, current, self._io, write_quorum, encode_workers=settings.upload_workers,
+                        retry_s=settings.storage_retry_s),
             staging=self._staging, config=settings, device_buffers=StagingBuffers(settings.staging_memory),
             bases=BaseCache(settings.delta_memory),
             pool=ThreadPoolExecutor(settings.workers, thread_name_prefix="casckpt"),

@@ -37,7 +37,9 @@ ProgressCallback = Callable[[str, int, int], None]
 """``callback(phase, done, total)``: called from the calling thread as work advances.
 
 ``phase`` names the stage (``"hash"``, ``"write"``, ``"read"``, ``"check"``);
-``done`` and ``total`` are bytes for data stages and items otherwise.
+``done`` and ``total`` are bytes for data stages and items otherwise. A restore
+waiting for storage it cannot reach reports ``"wait"`` about once a second: seconds
+waited so far, of the storage retry budget (``CASCKPT_STORAGE_RETRY_S``).
 """
 
 

@@ -327,6 +327,8 @@ def test_migrate_opens_and_reports(shared_store: Path) -> None:
         (errors.VersionMismatchError("x"), 4),
         (errors.GCRunningError("x"), 6),
         (errors.GCRefusedError("x"), 7),
+        (errors.StoreUnavailableError("x"), 9),
+        (errors.RetryableStorageError("x"), 5),
     ],
 )
 def test_exit_codes(error: errors.CasckptError, code: int) -> None:

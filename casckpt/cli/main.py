@@ -23,6 +23,8 @@ Exit codes (scripts may rely on them):
     8  denied: the store is read-only (--read-only, or it cannot be written), the
        credentials lack a right the command needs (the message names it), or an
        encrypted store's key is missing or not one of its keys
+    9  storage unavailable: too few locations could be reached within the storage
+       retry budget (CASCKPT_STORAGE_RETRY_S); nothing was found missing, try again
     70 internal error: a bug in casckpt; the traceback is printed, please report it
     130 interrupted (Ctrl-C)
     141 stdout was closed early (e.g. piped into `head`)
@@ -103,6 +105,7 @@ _EPILOG = (
     "5 other error (storage, catalog, catalog schema too new, store identity); "
     "6 another gc is running; 7 gc refused (the catalog does not prove deletion is safe; "
     "see the message); 8 denied (read-only store, a missing right, or a missing or wrong key); "
+    "9 storage unavailable (try again once it is back); "
     "70 internal error (a bug: please report it with the traceback); "
     "130 interrupted; 141 stdout closed early."
 )

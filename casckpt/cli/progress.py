@@ -28,6 +28,8 @@ _BYTE_PHASES = frozenset({"hash", "write", "read", "scan", "drain"})
 
 
 def _amount(phase: str, done: int, total: int) -> str:
+    if phase == "wait":  # a read waiting for unreachable storage, of its retry budget
+        return f"waiting for storage: {done} s of {total} s"
     if phase in _BYTE_PHASES:
         return f"{human_bytes(done)} / {human_bytes(total)}" if total else human_bytes(done)
     return f"{done} / {total}"

@@ -32,6 +32,7 @@ from casckpt.errors import (
     RefNotFoundError,
     RestoreTargetError,
     StoreKeyError,
+    StoreUnavailableError,
     TensorNotFoundError,
     UnsupportedStateError,
 )
@@ -45,6 +46,7 @@ EXIT_OTHER = 5
 EXIT_BUSY = 6
 EXIT_GC_REFUSED = 7
 EXIT_DENIED = 8
+EXIT_UNAVAILABLE = 9
 EXIT_INTERNAL = 70  # EX_SOFTWARE in sysexits.h
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
@@ -67,6 +69,8 @@ def exit_code_for(error: CasckptError) -> int:
         return EXIT_GC_REFUSED
     if isinstance(error, (AccessDeniedError, StoreKeyError)):
         return EXIT_DENIED
+    if isinstance(error, StoreUnavailableError):
+        return EXIT_UNAVAILABLE
     return EXIT_OTHER
 
 

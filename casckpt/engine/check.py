@@ -37,7 +37,7 @@ from casckpt.engine import checkmeta, scrub
 from casckpt.engine.checkmeta import Findings
 from casckpt.engine.context import EngineContext
 from casckpt.engine.reader import read_chunks
-from casckpt.errors import IntegrityError, MissingDataError
+from casckpt.errors import IntegrityError, MissingDataError, StoreUnavailableError
 from casckpt.format.manifest import Manifest
 from casckpt.types import CheckProblem, CheckReport, ProgressCallback
 
@@ -65,7 +65,10 @@ def _check_pack_data(ctx: EngineContext, layout: PackLayout, found: Findings, ta
     tally.bytes_read += verdict.read
     for index, note in verdict.notes:
         found.problems.append(_problem(layout, index, note))
-    if not verdict.ok:
+    if not verdict.ok and verdict.unreachable:  # unreached shards may well hold it: not lost
+        found.add("pack", layout.id, f"could not be verified: shard(s) {sorted(verdict.unreachable)} "
+                  "could not be reached; check again once their locations can be")
+    elif not verdict.ok:
         tally.lost.add(layout.id)
         if layout.scheme != "none":
             healthy = len(layout.shards) - len(verdict.damaged)
@@ -122,6 +125,9 @@ def _check_deltas(ctx: EngineContext, found: Findings, tally: _Tally) -> None:
         batch = ids[i : i + _DELTA_BATCH]
         try:
             _decode_deltas(ctx, batch, tally)
+        except StoreUnavailableError as exc:  # not verified, not lost
+            found.add("chunk", batch[0].hex(), f"{len(batch)} delta-coded chunk(s) from here on "
+                      f"could not be verified: {exc}")
         except (IntegrityError, MissingDataError):
             for cid in batch:  # find which ones
                 try:

@@ -40,6 +40,7 @@ from casckpt.catalog.rows import manifest_bytes
 from casckpt.engine import identity, records, trees
 from casckpt.engine.context import EngineContext
 from casckpt.engine.degraded import doubled_domains
+from casckpt.engine.packlayouts import shard_state_of
 from casckpt.engine.refs import bind
 from casckpt.engine.tensorrows import tensor_rows
 from casckpt.errors import (
@@ -109,7 +110,9 @@ def list_locations(ctx: EngineContext, found: Findings) -> None:
                                     for info in loc.blobs.list(prefix)}
         except StorageError as exc:
             found.unlisted.add(loc.id)
-            found.add("location", loc.name, f"{loc.describe()} cannot be listed: {exc}")
+            found.add("location", loc.name, f"{loc.describe()} cannot be listed: {exc}. What it "
+                      "holds could not be verified (nothing was found missing); check again once "
+                      "it can be reached")
 
 
 def copies_expected(ctx: EngineContext, found: Findings) -> list[Location]:
@@ -311,7 +314,8 @@ def check_records(ctx: EngineContext, found: Findings) -> None:
 
 def check_presence(ctx: EngineContext, layouts: Iterable[PackLayout], found: Findings) -> dict[str, int]:
     """Every shard the catalog records is listed with its size; returns, per pack, how many
-    shards are unusable (missing shards are queued for repair)."""
+    shards are unusable (missing shards are queued for repair). A shard on a location that
+    cannot be listed or reached is unverified, not unusable: its location's problem says so."""
     layouts = list(layouts)
     unusable: dict[str, int] = {}
     for layout in layouts:
@@ -322,10 +326,10 @@ def check_presence(ctx: EngineContext, layouts: Iterable[PackLayout], found: Fin
             where = f"shard {sh.index} ({sh.key})" if layout.scheme != "none" else f"object {sh.key}"
             if loc is None or not loc.readable:
                 detail = f"{where} is on a failed or unknown location"
-            elif sh.location_id in found.unlisted:
-                detail = f"{where} is on {loc.describe()}, which cannot be listed"
             elif sh.state != "ok" and layout.scheme != "none":
                 detail = f"{where} is {sh.state}; run `casckpt repair`"
+            elif sh.location_id in found.unlisted:
+                continue
             else:
                 info = found.listed.get(sh.location_id, {}).get(sh.key)
                 if info is not None and info.size == sh.size:
@@ -335,7 +339,12 @@ def check_presence(ctx: EngineContext, layouts: Iterable[PackLayout], found: Fin
                     try:
                         size = loc.blobs.size(sh.key)
                     except StorageError as exc:
-                        detail, damaged[sh.index] = f"{where} on {loc.describe()}: {exc}", "corrupt"
+                        state = shard_state_of(exc)
+                        if state is None:
+                            found.add("location", loc.name, f"{where} on {loc.describe()} could not "
+                                      f"be verified: {exc}; check again once it can be reached")
+                            continue
+                        detail, damaged[sh.index] = f"{where} on {loc.describe()}: {exc}", state
                         size = -1
                 if size is None:
                     detail, damaged[sh.index] = f"{where} is missing from {loc.describe()}", "missing"

@@ -1,4 +1,11 @@
-"""Packs' layouts as the catalog records them (cached), and the shard health readers find."""
+"""Packs' layouts as the catalog records them (cached), and the shard health readers find.
+
+Only evidence changes a shard's health: its location answering that the object does not
+exist (``missing``), or something at its key that is not the shard (``corrupt``, found here
+or by verification). A location that could not be reached -- a dropped connection, a
+timeout, throttling, an access denial -- says nothing about the shard: it is *unreachable*
+and left as it was (:func:`shard_state_of`).
+"""
 
 from __future__ import annotations
 
@@ -15,12 +22,16 @@ log = logging.getLogger(__name__)
 _LAYOUT_CACHE = 4096
 
 
-def unreadable_state(exc: StorageError) -> str:
-    """The state of a shard or copy whose read raised ``exc``: ``corrupt`` when its bytes are
-    there but refused (not a regular file, larger than recorded, or, in an encrypted store,
-    failing authentication: altered or swapped), else ``missing`` (gone or unreachable). The
-    one mapping of readers, ``check`` and the messages they raise."""
-    return "corrupt" if isinstance(exc, (OversizedObjectError, UnsafeObjectError)) else "missing"
+def shard_state_of(exc: StorageError) -> str | None:
+    """What a failed read of a shard or copy proves: ``missing`` (no such object), ``corrupt``
+    (its bytes are there but refused: not a regular file, larger than recorded, or, in an
+    encrypted store, failing authentication: altered or swapped), or None:
+    the location could not be reached, which proves nothing about the shard."""
+    if isinstance(exc, BlobNotFoundError):
+        return "missing"
+    if isinstance(exc, (OversizedObjectError, UnsafeObjectError)):
+        return "corrupt"
+    return None
 
 
 class Layouts:

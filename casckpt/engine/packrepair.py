@@ -125,6 +125,11 @@ class PackRepairer:
                 found = self._verifier.examine(pack_id, read_all=True)
         except StorageError as exc:
             return RepairOutcome(pack_id, (), tuple(bad), str(exc))
+        if found.data is None and found.unreachable:
+            return RepairOutcome(pack_id, (), tuple(bad), (
+                f"{len(found.healthy)} healthy shard(s) and {len(found.unreachable)} unreachable, "
+                f"{layout.k} needed: left alone (nothing rewritten); run repair again once "
+                "the storage can be reached"))
         if found.data is None:
             return RepairOutcome(pack_id, (), tuple(bad), (
                 f"{len(found.healthy)} healthy shard(s), {layout.k} needed: the pack is lost"))

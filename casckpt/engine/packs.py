@@ -50,11 +50,12 @@ class Packs:
     whose tasks call into this object (the engine's read pool may). New
     erasure-coded packs are encoded in up to ``encode_workers`` worker
     processes (0: in this process), started when the first is filled
-    (:meth:`prepare`); :meth:`close` stops them.
+    (:meth:`prepare`); :meth:`close` stops them. ``retry_s``: how long a read waits for
+    unreachable locations (see :class:`PackReader`).
     """
 
     def __init__(self, catalog: Catalog, locations: CurrentLocations, io: ThreadPoolExecutor,
-                 quorum: int | None = None, encode_workers: int = 0) -> None:
+                 quorum: int | None = None, encode_workers: int = 0, retry_s: float = 30.0) -> None:
         self.layouts = Layouts(catalog)
         self.coder = ErasureCoder(encode_workers)
         self.placement = Placement(catalog, locations, io, quorum)
@@ -62,7 +63,7 @@ class Packs:
         self.verifier = PackVerifier(catalog, locations, self.layouts, self.coder, io)
         self.repairer = PackRepairer(catalog, locations, self.layouts, self.coder, self.placement,
                                      self.verifier)
-        self.reader = PackReader(catalog, locations, self.layouts, self.verifier, self.repairer)
+        self.reader = PackReader(catalog, locations, self.layouts, self.verifier, self.repairer, retry_s)
         self.tier: FastTier | None = None  # this host's fast tier (engine/tier.py), set at open
         self._catalog = catalog
 
@@ -164,6 +165,15 @@ class Packs:
             layout = self.layouts.get(pack_id, fresh=True)
             return layout is not None and layout.tier is None
         return self.reader.can_reconstruct(pack_id)
+
+    def waiting_s(self) -> float | None:
+        """See :meth:`PackReader.waiting_s`."""
+        return self.reader.waiting_s()
+
+    @property
+    def retry_s(self) -> float:
+        """See :attr:`PackReader.retry_s`."""
+        return self.reader.retry_s
 
     def reconstruct(self, pack_id: str, *, heal: bool = True) -> bytes:
         """See :meth:`PackReader.reconstruct`. A damaged fast-tier copy of a drained pack is

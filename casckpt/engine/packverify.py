@@ -14,17 +14,13 @@ from dataclasses import dataclass, field
 from casckpt.catalog import Catalog, PackLayout, ShardRow
 from casckpt.catalog import shards as sql
 from casckpt.engine.packcoding import ErasureCoder
-from casckpt.engine.packlayouts import Layouts
-from casckpt.errors import (
-    BlobNotFoundError,
-    CorruptPackError,
-    OversizedObjectError,
-    StorageError,
-    UnsafeObjectError,
-)
+from casckpt.engine.packlayouts import Layouts, shard_state_of
+from casckpt.errors import CorruptPackError, StorageError
 from casckpt.format.chunks import object_id
 from casckpt.format.shard import SHARD_HEADER_SIZE, decode_shard_header, payload_checksum
 from casckpt.storage.locations import CurrentLocations, LocationSet
+
+UNREACHABLE = "unreachable"  # a read's outcome, never a shard state the catalog records
 
 
 @dataclass(slots=True)
@@ -33,6 +29,7 @@ class ShardCheck:
 
     healthy: list[int] = field(default_factory=list)
     damaged: dict[int, str] = field(default_factory=dict)  # index -> "missing" | "corrupt"
+    unreachable: list[int] = field(default_factory=list)  # shards whose location could not be reached
     notes: dict[int, str] = field(default_factory=dict)  # index -> what was wrong
     data: bytes | None = None  # the verified pack, when it could be reconstructed
     fragments: dict[int, bytes] = field(default_factory=dict)  # ec: healthy or reconstructed, by index
@@ -95,7 +92,10 @@ class PackVerifier:
                 checks.extend(self._io.map(read, batch))
         for sh, (payload, state, note) in checks:
             if payload is None:
-                result.damaged[sh.index] = state
+                if state == UNREACHABLE:
+                    result.unreachable.append(sh.index)
+                else:
+                    result.damaged[sh.index] = state
                 result.notes[sh.index] = note
             else:
                 result.healthy.append(sh.index)
@@ -115,10 +115,12 @@ class PackVerifier:
             # a pack reconstructed and verified against its id counts as verified even when some
             # shards were damaged (those are queued for repair): scrubs then move on to others
             sql.mark_verified(self._catalog, pack_id, result.healthy, whole_pack=read_all)
-        elif read_all:
+        elif read_all and not result.unreachable:
             sql.mark_verified(self._catalog, pack_id, [], whole_pack=True)  # scrubs move on to others
-        if read_all:  # a lost pack's chunks stop counting for dedup, so commits write them again
-            (sql.mark_pack_found if result.data is not None else sql.mark_pack_lost)(self._catalog, pack_id)
+        if result.data is not None and read_all:
+            sql.mark_pack_found(self._catalog, pack_id)
+        elif read_all and not result.unreachable:  # a lost pack's chunks stop counting for dedup,
+            sql.mark_pack_lost(self._catalog, pack_id)  # so commits write them again
         return result
 
     def read_detached(self, layout: PackLayout) -> tuple[bytes | None, dict[int, str]]:
@@ -132,25 +134,27 @@ class PackVerifier:
         checks = list(self._io.map(lambda sh: (sh.index, _read_shard(locations, layout, sh)),
                                    layout.shards))
         payloads = {index: p for index, (p, _state, _note) in checks if p is not None}
-        states = {index: state for index, (_p, state, _note) in checks}
+        states = {index: state for index, (_p, state, _note) in checks if state != UNREACHABLE}
         data, inconsistent = self._coder.reconstruct(layout, payloads, {})
         states.update({index: "corrupt" for index in inconsistent})
         return data, states
 
 
 def _read_shard(locations: LocationSet, layout: PackLayout, sh: ShardRow) -> tuple[bytes | None, str, str]:
-    """Read one shard in full and check it: (payload or None, state, note)."""
+    """Read one shard in full and check it: (payload or None, state, note); the state of a
+    shard that could not be reached is :data:`UNREACHABLE` (see :func:`shard_state_of`)."""
     loc = locations.get(sh.location_id)
     if loc is None or not loc.readable:
         return None, "missing", "its location is failed or unknown"
     try:
         data = loc.blobs.get(sh.key, max_size=expected_size(layout))
-    except BlobNotFoundError:
-        return None, "missing", f"object {sh.key} is missing from {loc.describe()}"
-    except (OversizedObjectError, UnsafeObjectError) as exc:
-        return None, "corrupt", f"object {sh.key} on {loc.describe()} is refused: {exc}"
     except StorageError as exc:
-        return None, "missing", f"cannot read from {loc.describe()}: {exc}"
+        state = shard_state_of(exc)
+        if state == "missing":
+            return None, state, f"object {sh.key} is missing from {loc.describe()}"
+        if state == "corrupt":
+            return None, state, f"object {sh.key} on {loc.describe()} is refused: {exc}"
+        return None, UNREACHABLE, f"cannot read from {loc.describe()}: {exc}"
     if layout.scheme != "ec":
         if object_id(data) != layout.id:
             return None, "corrupt", f"copy on {loc.describe()} does not hash to the pack id"

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import wait
 from dataclasses import dataclass
 from functools import partial
 
@@ -533,8 +534,32 @@ def _read_located(
             decoder(plan)
         return r.end - r.start
 
-    for read in ctx.pool.map(fetch, ranges):
+    for read in _results(ctx, fetch, ranges, progress):
         done += read
         if progress is not None:
             progress("read", done, total)
     return done
+
+
+_WAIT_POLL_S = 1.0  # how often a restore waiting for storage says so
+
+
+def _results(ctx: EngineContext, fn: Callable[[_Range], int], items: Sequence[_Range],
+             progress: ProgressCallback | None) -> Iterator[int]:
+    """``ctx.pool.map(fn, items)``; meanwhile, while a pack read waits for storage it cannot
+    reach, ``progress("wait", seconds waited, retry budget)`` from this (the calling) thread."""
+    if progress is None:
+        yield from ctx.pool.map(fn, items)
+        return
+    futures = [ctx.pool.submit(fn, item) for item in items]
+    try:
+        for future in futures:
+            while not future.done():
+                wait([future], timeout=_WAIT_POLL_S)
+                waited = ctx.packs.waiting_s()
+                if waited is not None and not future.done():
+                    progress("wait", int(waited), int(ctx.packs.retry_s))
+            yield future.result()
+    finally:  # a read that failed or was abandoned: the rest are not wanted
+        for future in futures:
+            future.cancel()

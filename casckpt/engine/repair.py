@@ -68,7 +68,9 @@ def repair(ctx: EngineContext, progress: ProgressCallback | None = None) -> Repa
     checkmeta.check_presence(ctx, layouts.values(), found)  # marks what the listing lacks
     queue = shard_sql.packs_to_repair(ctx.catalog)
     rewritten = moved = worked = 0
-    unrepaired: list[str] = []
+    unrepaired = [f"location {loc.name}: could not be listed, so its shards were left alone (none "
+                  "is marked missing); run repair again once it can be reached"
+                  for loc in ctx.locations.all if loc.id in found.unlisted]
     lease = begin_lease(ctx.catalog)
     try:
         for done, pack_id in enumerate(queue, 1):

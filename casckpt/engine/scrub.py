@@ -24,7 +24,7 @@ from casckpt.catalog import PackLayout, ShardRow
 from casckpt.catalog import shards as shard_sql
 from casckpt.engine.context import EngineContext
 from casckpt.engine.discovery import read_footer
-from casckpt.engine.packlayouts import unreadable_state
+from casckpt.engine.packlayouts import shard_state_of
 from casckpt.errors import AccessDeniedError, CasckptError, IntegrityError, StorageError
 from casckpt.format.chunks import ChunkIds, object_hasher
 from casckpt.format.pack import PackEntry, decode_entry, read_index
@@ -48,6 +48,7 @@ class PackVerdict:
     corrupt_chunks: dict[str, str] = field(default_factory=dict)  # chunk id -> why
     entries: list[PackEntry] = field(default_factory=list)  # the footer, when it could be read
     damaged: dict[int, str] = field(default_factory=dict)  # shard index -> missing | corrupt
+    unreachable: set[int] = field(default_factory=set)  # shards whose location could not be reached
 
 
 class _EntryVerifier:
@@ -184,8 +185,7 @@ def _usable(locations: LocationSet, layout: PackLayout, sh: ShardRow, listed: Li
         try:
             size = loc.blobs.size(sh.key)
         except StorageError as exc:
-            verdict.notes.append((sh.index, f"{name} on {loc.describe()}: {exc}"))
-            verdict.damaged[sh.index] = "corrupt"
+            _failed(verdict, sh.index, f"{name} on {loc.describe()}: {exc}", exc)
             return None
     if size is None:
         verdict.notes.append((sh.index, f"{name} is missing from {loc.describe()}"))
@@ -197,14 +197,6 @@ def _usable(locations: LocationSet, layout: PackLayout, sh: ShardRow, listed: Li
         verdict.damaged[sh.index] = "corrupt"
         return None
     return loc
-
-
-def _refused(verdict: PackVerdict, index: int, what: str, exc: StorageError) -> None:
-    """Record a copy or shard whose read raised ``exc``: damaged (its bytes refused, e.g. a
-    sealed object failing authentication) or missing (gone, unreachable)."""
-    verdict.damaged[index] = unreadable_state(exc)
-    verdict.notes.append((index, f"{what} is damaged: {exc}" if verdict.damaged[index] == "corrupt"
-                          else f"{what} cannot be read: {exc}"))
 
 
 def _verify_copies(locations: LocationSet, layout: PackLayout, listed: Listed,
@@ -225,7 +217,7 @@ def _verify_copies(locations: LocationSet, layout: PackLayout, listed: Listed,
         try:
             verdict.read += _stream(loc, sh.key, 0, layout.size, check.feed)
         except StorageError as exc:
-            _refused(verdict, sh.index, f"copy {sh.key} on {loc.describe()}", exc)
+            _failed(verdict, sh.index, f"copy {sh.key} cannot be read from {loc.describe()}: {exc}", exc)
             continue
         check.finish()
         if check.hasher.hexdigest() != layout.id:
@@ -256,9 +248,12 @@ def _verify_shards(locations: LocationSet, layout: PackLayout, listed: Listed,
             header = decode_shard_header(head, where)
         except AccessDeniedError:
             raise  # refused, not damaged or missing: stop, naming the right
+        except StorageError as exc:
+            _failed(verdict, sh.index, str(exc), exc)
+            continue
         except CasckptError as exc:
             verdict.notes.append((sh.index, str(exc)))
-            verdict.damaged[sh.index] = unreadable_state(exc) if isinstance(exc, StorageError) else "corrupt"
+            verdict.damaged[sh.index] = "corrupt"
             continue
         expected = (layout.id, sh.index, sh.size - SHARD_HEADER_SIZE)
         if (header.pack_id, header.index, header.payload_len) != expected:
@@ -271,7 +266,7 @@ def _verify_shards(locations: LocationSet, layout: PackLayout, listed: Listed,
         try:
             verdict.read += _stream(loc, sh.key, SHARD_HEADER_SIZE, header.payload_len, sink.feed)
         except StorageError as exc:
-            _refused(verdict, sh.index, where, exc)
+            _failed(verdict, sh.index, f"cannot read {where}: {exc}", exc)
             continue
         fed += sink.fed
         seen, hasher = sink.seen, sink.hasher
@@ -285,6 +280,20 @@ def _verify_shards(locations: LocationSet, layout: PackLayout, listed: Listed,
     verdict.corrupt_chunks = pack.corrupt
 
 
+def _failed(verdict: PackVerdict, index: int, note: str, exc: StorageError) -> None:
+    """A read of a shard or copy failed: damaged when that proves it missing or corrupt, else
+    (its location could not be reached) unverified."""
+    state = shard_state_of(exc)
+    if state is None:
+        verdict.unreachable.add(index)
+        note += " (unreachable: not verified, not marked)"
+    else:
+        verdict.damaged[index] = state
+        if state == "corrupt":  # its bytes are there but refused (e.g. failing authentication)
+            note += " (damaged)"
+    verdict.notes.append((index, note))
+
+
 def _reconstruct_in_memory(ctx: EngineContext, layout: PackLayout, verdict: PackVerdict) -> None:
     """A shard is damaged: reconstruct the pack from the healthy ones (in memory) and verify it."""
     try:
@@ -296,9 +305,12 @@ def _reconstruct_in_memory(ctx: EngineContext, layout: PackLayout, verdict: Pack
         verdict.ok = False
         return
     for index, note in found.notes.items():
-        if index not in verdict.damaged:
+        if index not in verdict.damaged and index not in verdict.unreachable:
             verdict.notes.append((index, note))
-        verdict.damaged[index] = found.damaged.get(index, "corrupt")
+        if index in found.unreachable:
+            verdict.unreachable.add(index)
+        else:
+            verdict.damaged[index] = found.damaged.get(index, "corrupt")
     verdict.ok = found.data is not None
     if found.data is not None and not verdict.entries:
         try:
@@ -321,9 +333,10 @@ def _record(ctx: EngineContext, layout: PackLayout, verdict: PackVerdict) -> Non
     if damaged and layout.scheme != "none":  # a lone copy has nothing to be repaired from
         shard_sql.mark_shards(ctx.catalog, layout.id, damaged)
         ctx.packs.forget(layout.id)
-    healthy = [sh.index for sh in layout.shards if sh.index not in verdict.damaged]
+    healthy = [sh.index for sh in layout.shards
+               if sh.index not in verdict.damaged and sh.index not in verdict.unreachable]
     if verdict.ok:
         shard_sql.mark_verified(ctx.catalog, layout.id, healthy, whole_pack=True)
         shard_sql.mark_pack_found(ctx.catalog, layout.id)
-    else:
+    elif not verdict.unreachable:  # unreached shards may well hold it
         shard_sql.mark_pack_lost(ctx.catalog, layout.id)

@@ -157,8 +157,11 @@ class S3BlobStore:
         multipart_threshold: objects this large or larger are uploaded in parts.
         multipart_chunksize: the part size (at least 5 MiB).
         max_concurrency: parts uploaded at once, per store.
-        connect_timeout: seconds to wait for a connection.
-        read_timeout: seconds to wait for bytes on an open connection.
+        connect_timeout: seconds to wait for a connection (5: S3 answers in milliseconds).
+        read_timeout: seconds to wait for the next bytes on an open connection (15: a
+            checkpoint object's first byte comes in well under a second and then streams,
+            so an endpoint silent this long went away; the attempt is retried rather than
+            held for botocore's 60 s). See docs/DEFAULTS.md.
         max_pool_connections: the client's connection pool size (cover the
             engine's I/O threads plus ``max_concurrency``).
         sdk_attempts: tries per HTTP request inside botocore (1 = no SDK retry).
@@ -177,7 +180,7 @@ class S3BlobStore:
         kms_key_id: str | None = None,
         checksum: str | None = "CRC32", multipart_threshold: int = 64 * MiB,
         multipart_chunksize: int = 16 * MiB, max_concurrency: int = 8,
-        connect_timeout: float = 10.0, read_timeout: float = 60.0,
+        connect_timeout: float = 5.0, read_timeout: float = 15.0,
         max_pool_connections: int = 32, sdk_attempts: int = 3,
         addressing_style: str | None = None, list_page_size: int = 1000,
     ) -> None:
