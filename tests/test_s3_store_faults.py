@@ -20,8 +20,8 @@ import pytest
 import torch
 
 import casckpt
-from casckpt.cli.shared import EXIT_UNAVAILABLE, exit_code_for
-from casckpt.errors import IntegrityError, StorageError, StoreUnavailableError
+from casckpt.cli.shared import EXIT_DENIED, EXIT_UNAVAILABLE, exit_code_for
+from casckpt.errors import AccessDeniedError, IntegrityError, StorageError, StoreUnavailableError
 
 sys.path.insert(0, str(Path(__file__).parent))
 from faultproxy import FaultProxy  # noqa: E402
@@ -131,7 +131,7 @@ def _damaged(store: casckpt.Store) -> int:
     return sum(loc.damaged for loc in store.locations())
 
 
-@pytest.mark.parametrize("fault", ["connection-drop", "503-slowdown", "access-denied"])
+@pytest.mark.parametrize("fault", ["connection-drop", "503-slowdown"])
 def test_outage_is_unavailable_not_missing(ec_store: casckpt.Store, proxy: FaultProxy, fault: str) -> None:
     state = _state(5)
     ec_store.commit(state, run="r", step=1)
@@ -157,6 +157,22 @@ def test_outage_is_unavailable_not_missing(ec_store: casckpt.Store, proxy: Fault
     assert ec_store.repair().shards_rewritten == 0
     assert _equal(ec_store.restore("r@1"), state)
     assert ec_store.check(read_data=True).ok
+
+
+def test_a_denial_stops_restore_check_and_repair_and_marks_nothing(ec_store: casckpt.Store,
+                                                                   proxy: FaultProxy) -> None:
+    state = _state(5)
+    ec_store.commit(state, run="r", step=1)
+    _outage(proxy, "access-denied")
+    for call in (lambda: ec_store.restore("r@1"), lambda: ec_store.check(read_data=True), ec_store.repair):
+        with pytest.raises(AccessDeniedError) as err:  # refused: neither unavailable nor lost
+            call()
+        assert exit_code_for(err.value) == EXIT_DENIED
+    proxy.clear_faults()
+    assert _damaged(ec_store) == 0  # no shard was marked missing or damaged
+    assert ec_store.check(read_data=True).ok
+    assert ec_store.repair().shards_rewritten == 0
+    assert _equal(ec_store.restore("r@1"), state)
 
 
 def test_outage_during_read_data_check_loses_nothing(ec_store: casckpt.Store, proxy: FaultProxy) -> None:

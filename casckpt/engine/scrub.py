@@ -185,7 +185,7 @@ def _usable(locations: LocationSet, layout: PackLayout, sh: ShardRow, listed: Li
         try:
             size = loc.blobs.size(sh.key)
         except StorageError as exc:
-            _failed(verdict, sh.index, f"{name} on {loc.describe()}: {exc}", exc)
+            _failed(verdict, sh.index, f"{name} on {loc.describe()}", exc)
             return None
     if size is None:
         verdict.notes.append((sh.index, f"{name} is missing from {loc.describe()}"))
@@ -217,7 +217,7 @@ def _verify_copies(locations: LocationSet, layout: PackLayout, listed: Listed,
         try:
             verdict.read += _stream(loc, sh.key, 0, layout.size, check.feed)
         except StorageError as exc:
-            _failed(verdict, sh.index, f"copy {sh.key} cannot be read from {loc.describe()}: {exc}", exc)
+            _failed(verdict, sh.index, f"copy {sh.key} on {loc.describe()}", exc)
             continue
         check.finish()
         if check.hasher.hexdigest() != layout.id:
@@ -249,7 +249,7 @@ def _verify_shards(locations: LocationSet, layout: PackLayout, listed: Listed,
         except AccessDeniedError:
             raise  # refused, not damaged or missing: stop, naming the right
         except StorageError as exc:
-            _failed(verdict, sh.index, str(exc), exc)
+            _failed(verdict, sh.index, where, exc)
             continue
         except CasckptError as exc:
             verdict.notes.append((sh.index, str(exc)))
@@ -266,7 +266,7 @@ def _verify_shards(locations: LocationSet, layout: PackLayout, listed: Listed,
         try:
             verdict.read += _stream(loc, sh.key, SHARD_HEADER_SIZE, header.payload_len, sink.feed)
         except StorageError as exc:
-            _failed(verdict, sh.index, f"cannot read {where}: {exc}", exc)
+            _failed(verdict, sh.index, where, exc)
             continue
         fed += sink.fed
         seen, hasher = sink.seen, sink.hasher
@@ -280,18 +280,18 @@ def _verify_shards(locations: LocationSet, layout: PackLayout, listed: Listed,
     verdict.corrupt_chunks = pack.corrupt
 
 
-def _failed(verdict: PackVerdict, index: int, note: str, exc: StorageError) -> None:
-    """A read of a shard or copy failed: damaged when that proves it missing or corrupt, else
-    (its location could not be reached) unverified."""
+def _failed(verdict: PackVerdict, index: int, what: str, exc: StorageError) -> None:
+    """A read of ``what`` (a shard or copy) raised ``exc``: damaged when that proves it corrupt
+    (its bytes are there but refused, e.g. failing authentication) or missing; else (its
+    location could not be reached) unverified and unmarked."""
     state = shard_state_of(exc)
     if state is None:
         verdict.unreachable.add(index)
-        note += " (unreachable: not verified, not marked)"
-    else:
-        verdict.damaged[index] = state
-        if state == "corrupt":  # its bytes are there but refused (e.g. failing authentication)
-            note += " (damaged)"
-    verdict.notes.append((index, note))
+        verdict.notes.append((index, f"{what} cannot be read: {exc} (unreachable: not verified, not marked)"))
+        return
+    verdict.damaged[index] = state
+    verdict.notes.append((index, f"{what} is damaged: {exc}" if state == "corrupt"
+                          else f"{what} cannot be read: {exc}"))
 
 
 def _reconstruct_in_memory(ctx: EngineContext, layout: PackLayout, verdict: PackVerdict) -> None:
