@@ -89,6 +89,7 @@ from casckpt.errors import (
     CasckptError,
     InvalidArgumentError,
     NotAStoreError,
+    NotEncryptedError,
     ReadOnlyStoreError,
 )
 from casckpt.storage.erasure import Redundancy
@@ -308,7 +309,7 @@ def init(
         raise typer.BadParameter("a budget needs a fast tier: pass --fast-tier DIR too",
                                  param_hint="--fast-tier-bytes")
     try:
-        open_path(ctx, target, create=False, key_file=key_file).close()
+        existing = open_path(ctx, target, create=False, key_file=key_file)
     except NotAStoreError:
         if read_only_asked(ctx):
             raise ReadOnlyStoreError(f"no casckpt store at {target}, and creating one needs write "
@@ -328,7 +329,20 @@ def init(
                           else "half its disk's free space")
                 render.out(f"fast tier {fast_tier.expanduser().resolve()} (budget {budget})")
         return
-    render.out(f"A casckpt store already exists in {target}; left it as it is")
+    with existing as store:
+        render.out(f"A casckpt store already exists in {target} ({_what_it_holds(store)}); "
+                   "init left its settings as they were")
+
+
+def _what_it_holds(store: casckpt.Store) -> str:
+    """Whether an existing store is encrypted and how many versions it holds: what a retried
+    ``init --encrypt`` must tell truthfully."""
+    try:
+        sealed = bool(store.keys())
+    except NotEncryptedError:
+        sealed = False
+    count = sum(run.versions for run in store.runs())
+    return f"{'encrypted' if sealed else 'not encrypted'}, {count} version{'' if count == 1 else 's'}"
 
 
 def parse_locations(values: list[str]) -> list[BlobLocation]:
