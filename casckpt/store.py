@@ -558,7 +558,7 @@ class Store:
 
         Args:
             run: only this run; versions are then ordered by step, else by creation time.
-            limit: at most this many versions (after ordering).
+            limit: at most this many versions (after ordering): 0 to 2**63 - 1.
             since: creation time lower bound, inclusive (datetime, naive = local
                 time, or epoch seconds).
             until: creation time upper bound, inclusive (as ``since``).
@@ -825,7 +825,7 @@ class Store:
         most about ``timeout`` seconds, however many locations are silent.
 
         Raises:
-            InvalidArgumentError: ``timeout`` is negative.
+            InvalidArgumentError: ``timeout`` is not a number of seconds from 0 to an hour.
         """
         return self._admin.locations(timeout=timeout)
 
@@ -988,7 +988,7 @@ class Store:
         when given.
 
         Raises:
-            InvalidArgumentError: ``limit`` is not a positive int or None.
+            InvalidArgumentError: ``limit`` is not None or an int from 1 to 2**63 - 1.
         """
         return self._drills.drill_history(limit, run)
 
