@@ -62,6 +62,7 @@ from casckpt.types import (
     RunInfo,
     RunNode,
     StoreStats,
+    TagInfo,
     TensorHistoryEntry,
     TierLoss,
     TierStatus,
@@ -616,6 +617,20 @@ class Store:
     def runs(self) -> list[RunInfo]:
         """Every run with a summary of its versions."""
         return self._queries.runs()
+
+    def tags(self, run: str | None = None) -> list[TagInfo]:
+        """Every tag with the version it points at, sorted by name (``casckpt tags``).
+
+        Args:
+            run: only the tags pointing at this run's versions.
+
+        Only tags of visible versions are listed: a deleted version's tags come back with
+        :meth:`undelete`.
+
+        Raises:
+            RefNotFoundError: no such run (near names suggested).
+        """
+        return self._queries.tags(run)
 
     def tag(self, ref: Ref, name: str) -> Version:
         """Point tag ``name`` at the version ``ref`` names (moving it if it exists)."""

@@ -30,6 +30,7 @@ from casckpt.types import (
     AuditEntry,
     RunInfo,
     RunNode,
+    TagInfo,
     TensorHistoryEntry,
     TensorInfo,
     Version,
@@ -141,6 +142,13 @@ class StoreQueries:
         return [
             RunInfo(r[0], utc(r[1]), r[2], r[3], r[4], int(r[5])) for r in self._core.ctx.catalog.runs()
         ]
+
+    def tags(self, run: str | None) -> list[TagInfo]:
+        """Every tag with the version it points at, by name; of ``run``'s versions only, when given."""
+        if run is not None:
+            check_run(self._core.ctx.catalog, check_name(run, "run"))
+        return [TagInfo(name, utc(created), version)
+                for name, created, version in history_sql.tags(self._core.ctx.catalog, run)]
 
     def tag(self, ref: Ref, name: str) -> Version:
         """Point tag ``name`` at the version ``ref`` names (moving it if it exists)."""

@@ -176,6 +176,25 @@ def test_tag_then_show_by_tag(store: Path) -> None:
     assert bad.exit_code == 2, bad.output
 
 
+def test_tags_lists_every_tag_with_its_version(store: Path) -> None:
+    assert cli(store, "tags").exit_code == 0 and "no tags yet" in cli(store, "tags").output
+    for ref, name in ((f"{RUN}@100", "first"), (f"{RUN}@200", "best"), (f"{RUN}@200", "release")):
+        assert cli(store, "tag", ref, name).exit_code == 0
+    assert cli(store, "tag", f"{RUN}@100", "best").exit_code == 0  # moved
+    table = cli(store, "tags")
+    assert table.exit_code == 0, table.output
+    names = (["best"], ["first"], ["release"])
+    lines = [line.split() for line in table.stdout.splitlines() if line.split()[:1] in names]
+    assert [(w[0], w[2], w[3]) for w in lines] == [("best", RUN, "100"), ("first", RUN, "100"),
+                                                   ("release", RUN, "200")]
+    listed = json.loads(cli(store, "tags", RUN, "--json").stdout)
+    assert [(t["name"], t["version"]["step"]) for t in listed] == [("best", 100), ("first", 100),
+                                                                   ("release", 200)]
+    assert listed[0]["version"]["id"] == _version(store, f"{RUN}@100").id
+    unknown = cli(store, "tags", "no-such-run")
+    assert unknown.exit_code == 3 and "no run" in unknown.output
+
+
 def test_restore_round_trips_bit_exact(shared_store: Path, tmp_path: Path) -> None:
     target = tmp_path / "out.safetensors"
     result = cli(shared_store, "restore", f"{RUN}@100", "--to", str(target))
