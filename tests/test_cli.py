@@ -440,12 +440,12 @@ def test_usage_errors_keep_their_code(shared_store: Path) -> None:
 
 def test_stdout_closed_early_exits_141_quietly(shared_store: Path) -> None:
     env = {**os.environ, "CASCKPT_STORE": str(shared_store)}
-    proc = subprocess.Popen([sys.executable, "-m", "casckpt.cli.main", "log", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    assert proc.stdout is not None and proc.stderr is not None
-    proc.stdout.close()  # as `casckpt log | head -0` would
-    stderr = proc.stderr.read().decode()
-    assert proc.wait(timeout=120) == 141, stderr
+    with subprocess.Popen([sys.executable, "-m", "casckpt.cli.main", "log", "--json"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()  # as `casckpt log | head -0` would
+        stderr = proc.stderr.read().decode()
+        assert proc.wait(timeout=120) == 141, stderr
     assert stderr == ""
 
 
