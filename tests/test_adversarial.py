@@ -180,6 +180,8 @@ def test_a_stale_catalog_backup_carrying_an_old_lease_still_makes_gc_refuse(
     finally:
         holder.kill()
         holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()
     store = _rebuilt(store_dir, tmp_path)
     assert torch.equal(store.restore("r@2")["a"], x)
     store.close()
