@@ -132,6 +132,9 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
                 f"gives {len(domains)}; pass more locations or choose a smaller scheme")
         redundancy = str(scheme)
     asked = options.read_only if options.read_only is not None else cfg.read_only_env()
+    # the key file is read before anything is created: a bad one leaves no half-made store behind
+    key_file = options.key_file or os.environ.get("CASCKPT_KEY_FILE") or None
+    master = keyring.read_key_file(key_file) if key_file else None
     try:
         spec = cfg.locate_store(
             Path(path).expanduser().resolve() if path is not None else None,
@@ -163,8 +166,6 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
                 "midway?): it lacks some of the store's tags, runs or policies and must not be "
                 "used. Rebuild again into a new, empty catalog: move this one away (SQLite) or "
                 "create an empty database (PostgreSQL), then `casckpt catalog rebuild`")
-        key_file = options.key_file or os.environ.get("CASCKPT_KEY_FILE") or None
-        master = keyring.read_key_file(key_file) if key_file else None
         # a store named by URLs only is new when its catalog knows no location yet (not a rebuild's)
         created = spec.created if spec.root is not None else (
             not cat.read_only and not recover and not shard_sql.locations(cat))

@@ -62,6 +62,7 @@ from casckpt.types import (
     RunInfo,
     RunNode,
     StoreStats,
+    TagInfo,
     TensorHistoryEntry,
     TierLoss,
     TierStatus,
@@ -582,7 +583,7 @@ class Store:
 
         Args:
             run: only this run; versions are then ordered by step, else by creation time.
-            limit: at most this many versions (after ordering).
+            limit: at most this many versions (after ordering): 0 to 2**63 - 1.
             since: creation time lower bound, inclusive (datetime, naive = local
                 time, or epoch seconds).
             until: creation time upper bound, inclusive (as ``since``).
@@ -640,6 +641,20 @@ class Store:
     def runs(self) -> list[RunInfo]:
         """Every run with a summary of its versions."""
         return self._queries.runs()
+
+    def tags(self, run: str | None = None) -> list[TagInfo]:
+        """Every tag with the version it points at, sorted by name (``casckpt tags``).
+
+        Args:
+            run: only the tags pointing at this run's versions.
+
+        Only tags of visible versions are listed: a deleted version's tags come back with
+        :meth:`undelete`.
+
+        Raises:
+            RefNotFoundError: no such run (near names suggested).
+        """
+        return self._queries.tags(run)
 
     def tag(self, ref: Ref, name: str) -> Version:
         """Point tag ``name`` at the version ``ref`` names (moving it if it exists)."""
@@ -849,7 +864,7 @@ class Store:
         most about ``timeout`` seconds, however many locations are silent.
 
         Raises:
-            InvalidArgumentError: ``timeout`` is negative.
+            InvalidArgumentError: ``timeout`` is not a number of seconds from 0 to an hour.
         """
         return self._admin.locations(timeout=timeout)
 
@@ -1012,7 +1027,7 @@ class Store:
         when given.
 
         Raises:
-            InvalidArgumentError: ``limit`` is not a positive int or None.
+            InvalidArgumentError: ``limit`` is not None or an int from 1 to 2**63 - 1.
         """
         return self._drills.drill_history(limit, run)
 

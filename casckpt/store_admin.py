@@ -19,7 +19,7 @@ from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
 from casckpt.engine import identity, keyring, records
 from casckpt.engine.deleterights import require_delete_rights
-from casckpt.engine.validate import check_name
+from casckpt.engine.validate import check_name, check_timeout
 from casckpt.errors import CasckptError, InvalidArgumentError
 from casckpt.format import keys
 from casckpt.jsonable import jsonable
@@ -38,6 +38,9 @@ from casckpt.types import (
     RepairReport,
     StoreStats,
 )
+
+MAX_PROBE_TIMEOUT_S = 3600.0
+"""The longest ``Store.locations(timeout=)`` waits: an hour already means the location is gone."""
 
 
 def parse_fraction(value: float | str) -> float:
@@ -97,9 +100,8 @@ class StoreAdmin:
         return self._location_infos(self._core.ctx.locations.all, timeout)
 
     def _location_infos(self, locations: Sequence[Location], timeout: float | None) -> list[LocationInfo]:
-        timeout = self._core.ctx.config.probe_timeout_s if timeout is None else timeout
-        if not timeout >= 0:
-            raise InvalidArgumentError(f"a probe timeout is 0 or more seconds, not {timeout!r}")
+        timeout = self._core.ctx.config.probe_timeout_s if timeout is None else check_timeout(
+            timeout, "a probe timeout", maximum=MAX_PROBE_TIMEOUT_S)
         usage = shard_sql.location_usage(self._core.ctx.catalog)
         # a recovering store's rebuild adopts the locations' identity
         mine = None if self._core.recovering else identity_sql.read(self._core.ctx.catalog)
@@ -246,10 +248,11 @@ class StoreAdmin:
     def set_delta_chain(self, chain: int, *, run: str | None = None) -> None:
         """Set how many deltas deep a chunk may be stored before a keyframe (0: no delta coding),
         for the whole store or (``run``) one run; ``run`` with ``chain=-1`` follows the store again."""
-        if not -1 <= chain <= 64 or (chain == -1 and run is None):
+        if (isinstance(chain, bool) or not isinstance(chain, int) or not -1 <= chain <= 64
+                or (chain == -1 and run is None)):
             raise InvalidArgumentError(
                 "delta chain length must be 0 (off) to 64, or -1 to make a run follow the store; "
-                f"got {chain}")
+                f"got {chain!r}")
         if run is None:
             deltas_sql.set_store_delta_chain(self._core.ctx.catalog, chain)
             records.record_store(self._core.ctx.locations, self._core.ctx.catalog)

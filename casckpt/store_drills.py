@@ -18,6 +18,7 @@ from casckpt.catalog import drills as sql
 from casckpt.engine import advise as advisor
 from casckpt.engine import drill as drills
 from casckpt.engine.refs import check_run
+from casckpt.engine.validate import check_limit
 from casckpt.errors import InvalidArgumentError, VersionNotFound
 from casckpt.store_core import StoreCore
 from casckpt.types import Advice, DrillReport, DrillResult, ProgressCallback
@@ -51,9 +52,7 @@ class StoreDrills:
 
     def drill_history(self, limit: int | None, run: str | None) -> list[DrillResult]:
         """See :meth:`casckpt.Store.drill_history`."""
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-            raise InvalidArgumentError(f"limit must be a positive int (or None: every result), got {limit!r}")
-        return sql.history(self._core.ctx.catalog, limit=limit, run=run)
+        return sql.history(self._core.ctx.catalog, limit=check_limit(limit, minimum=1), run=run)
 
     def advise(self, run: str, mtbf: Duration, restart: Duration) -> Advice:
         """See :meth:`casckpt.Store.advise`."""

@@ -19,7 +19,7 @@ from casckpt.engine import degraded, records, trees, treeviews
 from casckpt.engine import history as history_engine
 from casckpt.engine.logfilter import make_filter, time_bound
 from casckpt.engine.refs import bind, check_run, load_manifest
-from casckpt.engine.validate import check_name
+from casckpt.engine.validate import check_limit, check_name
 from casckpt.errors import InvalidArgumentError
 from casckpt.format.dtypes import element_size
 from casckpt.format.manifest import Manifest, TreeHead, decode_manifest, sharding
@@ -30,6 +30,7 @@ from casckpt.types import (
     AuditEntry,
     RunInfo,
     RunNode,
+    TagInfo,
     TensorHistoryEntry,
     TensorInfo,
     Version,
@@ -65,8 +66,7 @@ class StoreQueries:
         """Versions of ``run`` (all runs if None) that pass every filter given, newest first."""
         if run is not None:
             check_run(self._core.ctx.catalog, check_name(run, "run"))
-        if limit is not None and (not isinstance(limit, int) or limit < 0):
-            raise InvalidArgumentError(f"limit must be a non-negative int, got {limit!r}")
+        limit = check_limit(limit)
         query = make_filter(
             run, limit=limit, since=since, until=until, min_step=min_step, max_step=max_step,
             tag=check_name(tag, "tag") if tag is not None else None, where=where, order=order,
@@ -80,8 +80,7 @@ class StoreQueries:
               action: str | None = None, target: str | None = None,
               limit: int | None = None) -> list[AuditEntry]:
         """The audit trail's rows that pass every filter given, oldest first."""
-        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
-            raise InvalidArgumentError(f"limit must be a non-negative int, got {limit!r}")
+        limit = check_limit(limit)
         for name, value in (("action", action), ("target", target)):
             if value is not None and (not isinstance(value, str) or not value):
                 raise InvalidArgumentError(f"{name} must be a non-empty str, got {value!r}")
@@ -143,6 +142,13 @@ class StoreQueries:
         return [
             RunInfo(r[0], utc(r[1]), r[2], r[3], r[4], int(r[5])) for r in self._core.ctx.catalog.runs()
         ]
+
+    def tags(self, run: str | None) -> list[TagInfo]:
+        """Every tag with the version it points at, by name; of ``run``'s versions only, when given."""
+        if run is not None:
+            check_run(self._core.ctx.catalog, check_name(run, "run"))
+        return [TagInfo(name, utc(created), version)
+                for name, created, version in history_sql.tags(self._core.ctx.catalog, run)]
 
     def tag(self, ref: Ref, name: str) -> Version:
         """Point tag ``name`` at the version ``ref`` names (moving it if it exists)."""

@@ -207,6 +207,21 @@ class RunInfo(ToDict):
 
 
 @dataclass(frozen=True, slots=True)
+class TagInfo(ToDict):
+    """A tag and the version it points at (:meth:`casckpt.Store.tags`).
+
+    Attributes:
+        name: the tag's name (``tag:NAME`` is a ref).
+        created_at: when the tag was last pointed at a version: set, or moved (UTC).
+        version: the version it points at.
+    """
+
+    name: str
+    created_at: datetime
+    version: Version
+
+
+@dataclass(frozen=True, slots=True)
 class RetentionPolicy(ToDict):
     """Which versions of a run to keep; combinable like restic's ``forget``.
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -179,6 +180,8 @@ def test_a_stale_catalog_backup_carrying_an_old_lease_still_makes_gc_refuse(
     finally:
         holder.kill()
         holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()
     store = _rebuilt(store_dir, tmp_path)
     assert torch.equal(store.restore("r@2")["a"], x)
     store.close()
@@ -457,3 +460,78 @@ def test_a_fifo_in_the_index_cache_does_not_hang_open(tmp_path: Path) -> None:
         proc.communicate()
         pytest.fail("casckpt.open hung on a FIFO in cache/index (killed after 30 s)")
     assert "opened" in out
+
+
+# -- absurd numbers at the API: a typed error or a result, never a raw one -------------------
+
+_NUMERIC_KEYWORDS: dict[str, Any] = {
+    "log(limit=)": lambda s, v: s.log(limit=v),
+    "log(min_step=)": lambda s, v: s.log(min_step=v),
+    "log(max_step=)": lambda s, v: s.log(max_step=v),
+    "log(since=)": lambda s, v: s.log(since=v),
+    "log(until=)": lambda s, v: s.log(until=v),
+    "audit(limit=)": lambda s, v: s.audit(limit=v),
+    "audit(since=)": lambda s, v: s.audit(since=v),
+    "drill(count=)": lambda s, v: s.drill("r", count=v),
+    "drill(seed=)": lambda s, v: s.drill("r", count=1, seed=v),
+    "drill_history(limit=)": lambda s, v: s.drill_history(limit=v),
+    "advise(mtbf=)": lambda s, v: s.advise("r", mtbf=v),
+    "advise(restart=)": lambda s, v: s.advise("r", mtbf=3600, restart=v),
+    "gc(grace=)": lambda s, v: s.gc(dry_run=True, grace=v),
+    "set_retention(keep_last=)": lambda s, v: s.set_retention("r", keep_last=v),
+    "set_retention(keep_every=)": lambda s, v: s.set_retention("r", keep_every=v),
+    "set_retention(keep_hourly=)": lambda s, v: s.set_retention("r", keep_hourly=v),
+    "set_retention(keep_daily=)": lambda s, v: s.set_retention("r", keep_daily=v),
+    "set_retention(keep_weekly=)": lambda s, v: s.set_retention("r", keep_weekly=v),
+    "set_retention(keep_within=)": lambda s, v: s.set_retention("r", keep_within=v),
+    "set_retention(keep_best=)": lambda s, v: s.set_retention("r", keep_best=("loss", v, "min")),
+    "run(retention=)": lambda s, v: s.run("r", retention={"keep_last": v}),
+    "set_delta_chain(chain)": lambda s, v: s.set_delta_chain(v),
+    "set_delta_chain(chain, run=)": lambda s, v: s.set_delta_chain(v, run="r"),
+    "wait_durable(timeout=)": lambda s, v: s.wait_durable(timeout=v),
+    "wait_commits(timeout=)": lambda s, v: s.wait_commits(timeout=v),
+    "locations(timeout=)": lambda s, v: s.locations(timeout=v),
+    "check(read_data_subset=)": lambda s, v: s.check(read_data_subset=v),
+    "commit(step=)": lambda s, v: s.commit({"w": torch.zeros(2)}, run="fuzzed", step=v),
+    "commit(metrics=)": lambda s, v: s.commit({"w": torch.zeros(2)}, run="metrics", step=1,
+                                              metrics={"m": v}),
+}
+
+
+def test_absurd_numbers_at_the_api_give_typed_errors(tmp_path: Path) -> None:
+    """GUARANTEES 6 for numeric keywords: huge, negative, NaN, infinite and bool values give a
+    CasckptError (an InvalidArgumentError) or a result; never a raw OverflowError or ValueError.
+
+    Found: `Store.log(limit=10**23)` raised OverflowError from SQLite, `locations(timeout=1e18)`
+    one from the clock, and `set_delta_chain(True)` stored "True", after which every commit
+    raised ValueError.
+    """
+    from hypothesis import HealthCheck, example, given, settings
+    from hypothesis import strategies as st
+
+    from casckpt.errors import CasckptError
+
+    with casckpt.open(tmp_path / "store") as store:
+        for step in (1, 2):
+            store.commit({"w": torch.arange(8.0) * step}, run="r", step=step, metrics={"loss": 1 / step})
+        numbers = st.one_of(
+            st.integers(min_value=-(10**30), max_value=10**30), st.floats(), st.booleans(),
+            st.sampled_from([2**63 - 1, 2**63, -(2**63) - 1, 10**23, float("inf"), float("nan")]))
+
+        @settings(max_examples=300, deadline=None, derandomize=True,
+                  suppress_health_check=[HealthCheck.too_slow])
+        @given(keyword=st.sampled_from(sorted(_NUMERIC_KEYWORDS)), value=numbers)
+        @example(keyword="log(limit=)", value=10**23)
+        @example(keyword="audit(limit=)", value=2**63)
+        @example(keyword="drill_history(limit=)", value=2**63)
+        @example(keyword="locations(timeout=)", value=1e18)
+        @example(keyword="set_delta_chain(chain)", value=True)
+        def check(keyword: str, value: object) -> None:
+            try:
+                _NUMERIC_KEYWORDS[keyword](store, value)
+            except CasckptError:
+                pass
+
+        check()
+        store.commit({"w": torch.ones(2)}, run="after", step=1)  # nothing accepted broke the store
+        assert store.check().ok

@@ -176,6 +176,25 @@ def test_tag_then_show_by_tag(store: Path) -> None:
     assert bad.exit_code == 2, bad.output
 
 
+def test_tags_lists_every_tag_with_its_version(store: Path) -> None:
+    assert cli(store, "tags").exit_code == 0 and "no tags yet" in cli(store, "tags").output
+    for ref, name in ((f"{RUN}@100", "first"), (f"{RUN}@200", "best"), (f"{RUN}@200", "release")):
+        assert cli(store, "tag", ref, name).exit_code == 0
+    assert cli(store, "tag", f"{RUN}@100", "best").exit_code == 0  # moved
+    table = cli(store, "tags")
+    assert table.exit_code == 0, table.output
+    names = (["best"], ["first"], ["release"])
+    lines = [line.split() for line in table.stdout.splitlines() if line.split()[:1] in names]
+    assert [(w[0], w[2], w[3]) for w in lines] == [("best", RUN, "100"), ("first", RUN, "100"),
+                                                   ("release", RUN, "200")]
+    listed = json.loads(cli(store, "tags", RUN, "--json").stdout)
+    assert [(t["name"], t["version"]["step"]) for t in listed] == [("best", 100), ("first", 100),
+                                                                   ("release", 200)]
+    assert listed[0]["version"]["id"] == _version(store, f"{RUN}@100").id
+    unknown = cli(store, "tags", "no-such-run")
+    assert unknown.exit_code == 3 and "no run" in unknown.output
+
+
 def test_restore_round_trips_bit_exact(shared_store: Path, tmp_path: Path) -> None:
     target = tmp_path / "out.safetensors"
     result = cli(shared_store, "restore", f"{RUN}@100", "--to", str(target))
@@ -329,6 +348,11 @@ def test_migrate_opens_and_reports(shared_store: Path) -> None:
         (errors.GCRefusedError("x"), 7),
         (errors.StoreUnavailableError("x"), 9),
         (errors.RetryableStorageError("x"), 5),
+        (errors.ReadOnlyStoreError("x"), 8),
+        (errors.AccessDeniedError("x"), 8),
+        (errors.StoreKeyError("x"), 8),
+        (errors.KeyRequiredError("x"), 8),
+        (errors.CatalogError("x"), 5),
     ],
 )
 def test_exit_codes(error: errors.CasckptError, code: int) -> None:
@@ -336,16 +360,24 @@ def test_exit_codes(error: errors.CasckptError, code: int) -> None:
 
 
 def test_help_documents_exit_codes() -> None:
+    from casckpt.cli.shared import EXIT_CODES
+
     result = CliRunner().invoke(app, ["--help"])
     assert result.exit_code == 0
-    assert "Exit codes" in result.stdout and "integrity" in result.stdout
-    text = " ".join(result.stdout.split())
-    assert "7 gc refused" in text and "70 internal error" in text and "casckpt.toml" in text
-    import casckpt.cli.main as main_module
+    text = " ".join(result.stdout.replace("│", " ").split())
+    for entry in EXIT_CODES:
+        assert f"{entry.code} {' '.join(entry.meaning.split())}" in text, entry
+    assert "commands that write fail (exit 8)" in text  # --read-only: a ReadOnlyStoreError exits 8
 
-    assert main_module.__doc__ is not None
-    for code in ("7  gc refused", "70 internal error", "130 interrupted", "141 stdout"):
-        assert code in main_module.__doc__
+
+def test_the_troubleshooting_guide_tables_the_exit_codes_the_cli_uses() -> None:
+    """The guide's table is generated from EXIT_CODES: regenerate it when they change, with
+    ``python -c "from casckpt.cli.shared import exit_codes_markdown; print(exit_codes_markdown())"``."""
+    from casckpt.cli.shared import exit_codes_markdown
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "troubleshooting.md").read_text()
+    assert exit_codes_markdown() in guide
+    assert "| 8 | denied" in guide
 
 
 def _one_error_line(result: Result, *words: str) -> None:
@@ -410,12 +442,12 @@ def test_usage_errors_keep_their_code(shared_store: Path) -> None:
 
 def test_stdout_closed_early_exits_141_quietly(shared_store: Path) -> None:
     env = {**os.environ, "CASCKPT_STORE": str(shared_store)}
-    proc = subprocess.Popen([sys.executable, "-m", "casckpt.cli.main", "log", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    assert proc.stdout is not None and proc.stderr is not None
-    proc.stdout.close()  # as `casckpt log | head -0` would
-    stderr = proc.stderr.read().decode()
-    assert proc.wait(timeout=120) == 141, stderr
+    with subprocess.Popen([sys.executable, "-m", "casckpt.cli.main", "log", "--json"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()  # as `casckpt log | head -0` would
+        stderr = proc.stderr.read().decode()
+        assert proc.wait(timeout=120) == 141, stderr
     assert stderr == ""
 
 
@@ -462,3 +494,122 @@ def test_init_records_s3_and_postgres_so_the_path_alone_opens_the_store(
     listed = json.loads(cli(root, "log", RUN, "--json").stdout)
     assert [v["id"] for v in listed] == [version.id]
     assert not any(p.is_dir() and p.name == "packs" for p in root.iterdir())  # packs went to S3
+
+
+# -- absurd numbers: every numeric option gives a typed error or works, never exit 70 -----------
+
+_NUMERIC_METAVARS = {"N", "K", "S", "STEP", "SIZE", "AGE", "TIME", "SECONDS", "P%", "NAME=NUMBER",
+                     "METRIC:N:min|max"}
+"""The metavars of options that take a number (or a number with a unit)."""
+
+_NUMERIC_CASES: list[tuple[tuple[str, ...], str]] = [
+    # (the words before the value, where "{n}" is a fresh name; a template for the value)
+    (("init", "{tmp}/new{n}", "--fast-tier", "{tmp}/tier{n}", "--fast-tier-bytes"), "{}"),
+    (("check", "--read-data-subset"), "{}"),
+    (("gc", "--dry-run", "--grace"), "{}"),
+    (("log", "--since"), "{}"), (("log", "--until"), "{}"), (("log", "--min-step"), "{}"),
+    (("log", "--max-step"), "{}"), (("log", "--limit"), "{}"), (("log", RUN, "--where"), "loss>{}"),
+    (("audit", "--since"), "{}"), (("audit", "--until"), "{}"), (("audit", "--limit"), "{}"),
+    (("drain", "--timeout"), "{}"),
+    (("import", "{tmp}/in.pt", "--run", "imported", "--step"), "{}"),
+    (("add", "{tmp}/tree", "--run", "trees", "--step"), "{}"),
+    (("add", "{tmp}/tree", "--run", "trees", "--step", "{n}", "--metric"), "m={}"),
+    (("drill", "--run", RUN, "--count"), "{}"), (("drill", "--run", RUN, "--count", "1", "--seed"), "{}"),
+    (("drill", "--limit"), "{}"),
+    (("advise", RUN, "--mtbf"), "{}"), (("advise", RUN, "--mtbf", "1h", "--restart"), "{}"),
+    (("retention", "set", RUN, "--keep-last"), "{}"), (("retention", "set", RUN, "--keep-every"), "{}"),
+    (("retention", "set", RUN, "--keep-hourly"), "{}"), (("retention", "set", RUN, "--keep-daily"), "{}"),
+    (("retention", "set", RUN, "--keep-weekly"), "{}"), (("retention", "set", RUN, "--keep-within"), "{}"),
+    (("retention", "set", RUN, "--keep-best"), "loss:{}:min"),
+    (("location", "list", "--timeout"), "{}"),
+    (("delta", "set"), "{}"), (("delta", "set", "--run", RUN), "{}"),
+    (("show",), RUN + "@{}"), (("show",), RUN + "@~{}"),
+]
+
+_ABSURD = ["99999999999999999999999", "-99999999999999999999999", "9223372036854775807",
+           "9223372036854775808", "-9223372036854775809", "1e309", "-1e309", "1e18", "nan", "inf",
+           "-inf", "-0", "0", "-1", "1_000", "0x10", ""]
+
+
+def _numbers() -> Any:
+    from hypothesis import strategies as st
+
+    number = st.one_of(
+        st.sampled_from(_ABSURD),
+        st.integers(min_value=-(10**40), max_value=10**40).map(str),
+        st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    )
+    unit = st.sampled_from(["", "", "s", "m", "h", "d", "w", "y", "%", "KiB", "GiB", "EiB", "B"])
+    return st.tuples(number, unit).map("".join)
+
+
+def _numeric_options() -> set[tuple[str, str]]:
+    """(command, option) for every option of the CLI whose metavar says it takes a number."""
+    import typer
+
+    found: set[tuple[str, str]] = set()
+
+    def walk(command: Any, words: tuple[str, ...]) -> None:
+        for name, sub in (getattr(command, "commands", None) or {}).items():
+            walk(sub, (*words, name))
+        for param in command.params:
+            if param.param_type_name == "option" and param.metavar in _NUMERIC_METAVARS:
+                found.add((" ".join(words), param.opts[0]))
+
+    walk(typer.main.get_command(app), ())
+    return found
+
+
+def test_the_numeric_fuzz_covers_every_numeric_option() -> None:
+    covered = set()
+    for words, _ in _NUMERIC_CASES:
+        command: list[str] = []
+        for word in words:
+            if word.startswith(("--", "{")) or word == RUN:
+                break
+            command.append(word)
+        covered.add((" ".join(command), words[-1]))
+    assert _numeric_options() <= covered, _numeric_options() - covered
+
+
+@pytest.fixture(scope="module")
+def fuzz_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A store with versions, metrics and a drill, plus a checkpoint file and a directory to add."""
+    root = tmp_path_factory.mktemp("numeric-fuzz")
+    _fill(root / "store")
+    torch.save({"w": torch.zeros(3)}, root / "in.pt")
+    (root / "tree").mkdir()
+    (root / "tree" / "a.txt").write_text("a")
+    yield root / "store"
+
+
+def test_absurd_numbers_on_the_command_line_give_typed_errors(
+        fuzz_store: Path, tmp_path_factory: pytest.TempPathFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every numeric option, given huge, negative, NaN, infinite or malformed numbers, either
+    works or exits with a documented code and one line: never 70 (a bug), never a traceback."""
+    from hypothesis import HealthCheck, example, given, settings
+    from hypothesis import strategies as st
+
+    from casckpt.cli.shared import EXIT_INTERNAL
+
+    monkeypatch.chdir(fuzz_store.parent)  # nothing a command writes leaves the test's directory
+    counter = iter(range(10**9))
+
+    @settings(max_examples=100, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(case=st.sampled_from(_NUMERIC_CASES), value=_numbers())
+    @example(case=(("log", "--limit"), "{}"), value="99999999999999999999999")
+    @example(case=(("audit", "--limit"), "{}"), value="9223372036854775808")
+    @example(case=(("location", "list", "--timeout"), "{}"), value="1e18")
+    @example(case=(("delta", "set"), "{}"), value="99999999999999999999999")
+    def check(case: tuple[tuple[str, ...], str], value: str) -> None:
+        words, template = case
+        n = str(next(counter))
+        args = [w.replace("{tmp}", str(fuzz_store.parent)).replace("{n}", n) for w in words]
+        result = cli(fuzz_store, *args, template.format(value))
+        assert result.exit_code in range(9), (args, value, result.output)
+        assert result.exit_code != EXIT_INTERNAL and "Traceback" not in result.output, (args, value)
+        assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+
+    check()

@@ -67,6 +67,8 @@ class Creators:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
 
 
 @pytest.fixture(scope="module")

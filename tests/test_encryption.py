@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -634,3 +636,76 @@ def test_a_writer_whose_store_encryption_changed_is_refused_before_its_first_obj
         store.commit({"w": torch.full((1024,), 3.0)}, run="r", step=3)
         assert [v.step for v in store.log("r")] == [3, 1]
         assert store.check(read_data=True).ok
+
+
+# -- hostile key files and a failed init ------------------------------------------------------
+
+
+@pytest.fixture(params=["fifo", "dev-zero", "directory"])
+def hostile_key(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """A path given as a key file that is no regular file: a FIFO nobody writes (it blocks a
+    plain open), /dev/zero (it never ends), a directory."""
+    if request.param == "fifo":
+        path = tmp_path / "key.fifo"
+        os.mkfifo(path)
+        return path
+    if request.param == "directory":
+        path = tmp_path / "key.d"
+        path.mkdir()
+        return path
+    return Path("/dev/zero")
+
+
+def test_a_key_file_that_is_no_regular_file_is_refused_at_once(tmp_path: Path, hostile_key: Path) -> None:
+    from typer.testing import CliRunner
+
+    from casckpt.cli.main import app
+
+    started = time.monotonic()
+    with pytest.raises(StoreKeyError, match="not a regular file"):
+        casckpt.open(tmp_path / "api", create=True, key_file=hostile_key)
+    assert time.monotonic() - started < 1.0
+    assert not (tmp_path / "api").exists()  # nothing was created before the key was read
+    started = time.monotonic()
+    result = CliRunner().invoke(app, ["init", str(tmp_path / "cli"), "--encrypt", "--key-file",
+                                      str(hostile_key)])
+    assert time.monotonic() - started < 1.0
+    if hostile_key.is_dir():  # the option refuses a directory itself: a usage error
+        assert result.exit_code == 2 and "--key-file" in result.output, result.output
+    else:
+        assert result.exit_code == 8 and "not a regular file" in result.output, result.output
+    assert not (tmp_path / "cli").exists()
+
+
+def test_an_oversized_or_binary_key_file_is_refused(tmp_path: Path) -> None:
+    big = tmp_path / "big.key"
+    big.write_bytes(b"casckpt-key-v1:" + b"A" * 100_000)
+    with pytest.raises(StoreKeyError, match="over 4096 bytes"):
+        casckpt.open(tmp_path / "s", create=True, key_file=big)
+    binary = tmp_path / "binary.key"
+    binary.write_bytes(b"\xff\xfe" * 8)
+    with pytest.raises(StoreKeyError, match="not ASCII"):
+        casckpt.open(tmp_path / "s", create=True, key_file=binary)
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_failed_init_then_a_good_one_makes_a_working_encrypted_store(tmp_path: Path,
+                                                                        key_file: Path) -> None:
+    from typer.testing import CliRunner
+
+    from casckpt.cli.main import app
+
+    runner, target = CliRunner(), tmp_path / "s"
+    failed = runner.invoke(app, ["init", str(target), "--encrypt", "--key-file", str(tmp_path / "missing")])
+    assert failed.exit_code == 8 and "cannot read the key file" in failed.output, failed.output
+    assert not target.exists()
+    made = runner.invoke(app, ["init", str(target), "--encrypt", "--key-file", str(key_file)])
+    assert made.exit_code == 0 and "Created an empty encrypted casckpt store" in made.output, made.output
+    again = runner.invoke(app, ["init", str(target), "--encrypt", "--key-file", str(key_file)])
+    assert again.exit_code == 0, again.output
+    assert "already exists" in again.output and "(encrypted, 0 versions)" in again.output
+    with casckpt.open(target, key_file=key_file) as store:
+        store.commit(_state(), run=RUN, step=1)
+        assert [k.in_use for k in store.keys()] == [True]
+    with pytest.raises(KeyRequiredError):
+        casckpt.open(target, key_file=None).close()

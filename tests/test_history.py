@@ -366,3 +366,25 @@ def test_cli_fork_tree_best(store_path: Path) -> None:
     text = cli(store_path, "best", RUN, "-m", "loss")
     assert text.exit_code == 0 and "base@300" in text.stdout
     assert cli(store_path, "best", RUN, "-m", "nope").exit_code == 3
+
+
+def test_tags_lists_each_tag_with_its_version_by_name(tmp_path: Path) -> None:
+    with casckpt.open(tmp_path / "store") as store:
+        a = store.commit(_state(0), run="a", step=1)
+        b = store.commit(_state(100), run="b", step=2)
+        assert store.tags() == []
+        store.tag("a@1", "zeta")
+        store.tag("b@2", "alpha")
+        store.tag("b@2", "mid")
+        every = store.tags()
+        assert [(t.name, t.version.id) for t in every] == [("alpha", b.id), ("mid", b.id), ("zeta", a.id)]
+        assert every[0].version.tags == ("alpha", "mid")
+        assert every[0].created_at.tzinfo is not None and every[0].created_at <= datetime.now(timezone.utc)
+        assert [t.name for t in store.tags("a")] == ["zeta"]
+        store.delete("a@1")
+        assert [t.name for t in store.tags()] == ["alpha", "mid"]  # a deleted version's tags are hidden
+        store.undelete(a.id)
+        assert [t.name for t in store.tags("a")] == ["zeta"]
+        with pytest.raises(RefNotFoundError):
+            store.tags("c")
+        assert store.check().ok

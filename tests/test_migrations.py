@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import subprocess
 import sys
@@ -159,6 +160,26 @@ def test_reopening_at_head_changes_nothing(tmp_path: Path) -> None:
     casckpt.open(root).close()
     assert _dump(root) == before
 
+
+
+def test_creating_and_upgrading_a_store_logs_no_alembic_lines_at_info(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = tmp_path / "store"
+    root.mkdir()
+    (root / cfg.CONFIG_FILE).write_text(f"[store]\nformat = {cfg.STORE_FORMAT}\n")
+    _migrate(root, "0001")
+    with caplog.at_level(logging.INFO):  # the root logger at INFO, as a training job sets it
+        casckpt.open(tmp_path / "new").close()
+        casckpt.open(root).close()  # an upgrade: 0001 -> head
+    assert not [r for r in caplog.records if r.name.startswith("alembic")], caplog.text
+    assert logging.getLogger("alembic").level == logging.NOTSET  # left as it was found
+
+
+def test_an_alembic_logger_the_application_configured_keeps_its_level(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="alembic"):
+        casckpt.open(tmp_path / "new").close()
+    assert any(r.name.startswith("alembic.runtime.migration") for r in caplog.records)
 
 
 OPENER = """

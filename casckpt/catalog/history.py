@@ -145,6 +145,19 @@ def _tags_of(conn: Connection, ids: Sequence[str]) -> dict[str, tuple[str, ...]]
     return {k: tuple(v) for k, v in out.items()}
 
 
+def tags(catalog: Catalog, run: str | None) -> list[tuple[str, float, Version]]:
+    """Every tag pointing at a visible version (of run ``run`` only, when given), by name:
+    (name, when it was set, the version). One read transaction, two statements."""
+    query = (version_query().add_columns(s.tags.c.name, s.tags.c.created_at)
+             .join(s.tags, s.tags.c.version_id == s.versions.c.id).order_by(s.tags.c.name))
+    if run is not None:
+        query = query.where(s.runs.c.name == run)
+    with catalog.read() as conn:
+        rows = list(conn.execute(query).all())
+        found = versions(rows, _tags_of(conn, list({r[0] for r in rows})))
+    return [(r[-2], float(r[-1]), v) for r, v in zip(rows, found, strict=True)]
+
+
 # -- tensor history ---------------------------------------------------------------------
 
 

@@ -12,8 +12,11 @@ Alembic (and its loading of every script) runs only when the two differ.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -67,8 +70,28 @@ def stored_revision(connection: Connection) -> str | None:
 _ALEMBIC_LOCK = threading.RLock()
 
 
+@contextmanager
+def _alembic() -> Iterator[None]:
+    """Hold ``_ALEMBIC_LOCK`` (import Alembic's modules inside it) with Alembic's logger at
+    WARNING, unless the application set that logger's level itself.
+
+    Alembic logs each plugin, context and revision at INFO: creating a store would print
+    some 25 lines into a training job's INFO log that say nothing the job can act on.
+    """
+    logger = logging.getLogger("alembic")
+    with _ALEMBIC_LOCK:
+        if logger.level != logging.NOTSET:  # configured by the application: its choice stands
+            yield
+            return
+        logger.setLevel(logging.WARNING)
+        try:
+            yield
+        finally:
+            logger.setLevel(logging.NOTSET)
+
+
 def _config(connection: Connection | None = None) -> Config:
-    from alembic.config import Config
+    from alembic.config import Config  # under _alembic(), as every caller is
 
     config = Config()
     config.set_main_option("script_location", str(migrations_dir()))
@@ -78,9 +101,9 @@ def _config(connection: Connection | None = None) -> Config:
 
 def head_revision() -> str:
     """The newest schema revision this casckpt knows."""
-    from alembic.script import ScriptDirectory
+    with _alembic():
+        from alembic.script import ScriptDirectory
 
-    with _ALEMBIC_LOCK:
         head = ScriptDirectory.from_config(_config()).get_current_head()
     if head is None:
         raise CatalogError("casckpt ships no catalog migrations; reinstall it")
@@ -89,16 +112,14 @@ def head_revision() -> str:
 
 def current_revision(connection: Connection) -> str | None:
     """The catalog's schema revision, or None for an empty database."""
-    from alembic.runtime.migration import MigrationContext
+    with _alembic():
+        from alembic.runtime.migration import MigrationContext
 
-    with _ALEMBIC_LOCK:
         return MigrationContext.configure(connection).get_current_revision()
 
 
 def check_not_newer(connection: Connection, where: str) -> str | None:
     """Raise SchemaTooNewError if the catalog's revision is unknown to this casckpt."""
-    from alembic.script import ScriptDirectory
-
     if inspect(connection).has_table("alembic_version"):
         rows = connection.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
         if len(rows) > 1:  # Alembic raises its own (untyped) CommandError for this
@@ -118,7 +139,9 @@ def check_not_newer(connection: Connection, where: str) -> str | None:
                 "rebuild`); nothing was changed."
             )
         return None
-    with _ALEMBIC_LOCK:
+    with _alembic():
+        from alembic.script import ScriptDirectory
+
         scripts = ScriptDirectory.from_config(_config())
         known = {script.revision for script in scripts.walk_revisions()}
     if revision not in known:
@@ -142,14 +165,14 @@ def upgrade(connection: Connection) -> None:
     :func:`check_not_newer`'s callers take them in; the other order deadlocks
     two threads creating one catalog until SQLite's busy timeout.
     """
-    from alembic import command
-
     if not connection.in_transaction():
         connection.begin()
     before, head = current_revision(connection), head_revision()
     if before == head:
         return
-    with _ALEMBIC_LOCK:
+    with _alembic():
+        from alembic import command
+
         command.upgrade(_config(connection), "head")
     if before is not None:  # an existing store's schema changed (a new one was created)
         audit.record(connection, "catalog.migrate", None, {"from": before, "to": head})

@@ -1,5 +1,5 @@
-"""History and lineage commands: ``log``, ``diff``, ``history``, ``fork``, ``tree``, ``best``,
-and ``audit`` (who changed the store, and when).
+"""History and lineage commands: ``log``, ``tags``, ``diff``, ``history``, ``fork``, ``tree``,
+``best``, and ``audit`` (who changed the store, and when).
 
 All are answered from the catalog; none reads tensor data. Exit codes are
 those of ``casckpt --help`` (2 bad input, e.g. a bad ``--where``; 3 unknown
@@ -153,6 +153,28 @@ def best(
                    f"at {version.run}@{version.step}", "", render.version_table(version))
 
 
+def tags(
+    ctx: typer.Context,
+    run: Annotated[str | None, typer.Argument(
+        help="Only the tags of this run's versions (default: every tag).")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List the tags, by name: the version each points at and when it was set (`casckpt tag`
+    sets one; `show tag:NAME` shows its version)."""
+    with open_store(ctx) as store:
+        found = store.tags(run)
+    if as_json:
+        render.print_json([t.to_dict() for t in found])
+    elif not found:
+        render.note("no tags yet" if run is None else f"no tags on the versions of run {run}")
+    else:
+        table = _table("TAG", "ID", "RUN", "STEP", "SET", right=("STEP",))
+        for t in found:
+            table.add_row(t.name, t.version.short_id, t.version.run, str(t.version.step),
+                          render.local_time(t.created_at))
+        render.out(table)
+
+
 # -- rendering ----------------------------------------------------------------------------
 
 
@@ -301,6 +323,7 @@ def run_tree(nodes: list[RunNode]) -> Tree:
 def register(app: typer.Typer) -> None:
     """Add this module's commands to ``app``, the root command (in their order in help)."""
     app.command()(log)
+    app.command()(tags)
     app.command()(diff)
     app.command()(history)
     app.command()(fork)

@@ -5,29 +5,9 @@ or the ``CASCKPT_STORE`` environment variable. Commands that list or show
 take ``--json``: stdout then holds one JSON document and nothing else (bytes
 as base64, NaN/±inf as the strings "NaN"/"Infinity"/"-Infinity").
 
-Exit codes (scripts may rely on them):
-
-    0  success
-    1  ``check`` found problems
-    2  usage error or bad input: a bad option or argument, an invalid name,
-       unsupported state, a restore target that cannot be written, a store
-       config file (casckpt.toml) that cannot be read or holds a bad value
-    3  not found: no store at the path, unknown ref, ambiguous id prefix,
-       unknown tensor
-    4  integrity: stored bytes are corrupt or missing, or not the version asked for
-    5  any other casckpt error: storage (including a full disk), catalog
-       (including one that cannot be reached), a catalog from a newer casckpt,
-       a catalog and location that are not of the same store
-    6  another `casckpt gc` is running on this store (try again later)
-    7  gc refused: the catalog does not prove deletion is safe; see the message
-    8  denied: the store is read-only (--read-only, or it cannot be written), the
-       credentials lack a right the command needs (the message names it), or an
-       encrypted store's key is missing or not one of its keys
-    9  storage unavailable: too few locations could be reached within the storage
-       retry budget (CASCKPT_STORAGE_RETRY_S); nothing was found missing, try again
-    70 internal error: a bug in casckpt; the traceback is printed, please report it
-    130 interrupted (Ctrl-C)
-    141 stdout was closed early (e.g. piped into `head`)
+Exit codes (scripts may rely on them) are listed once, in
+:data:`casckpt.cli.shared.EXIT_CODES`: ``casckpt --help`` prints them and
+docs/guides/troubleshooting.md tables them.
 """
 
 from __future__ import annotations
@@ -81,6 +61,7 @@ from casckpt.cli.shared import (
     StoreChoice,
     StoreOption,
     exit_code_for,
+    exit_codes_help,
     open_path,
     open_store,
     read_only_asked,
@@ -91,6 +72,7 @@ from casckpt.errors import (
     CasckptError,
     InvalidArgumentError,
     NotAStoreError,
+    NotEncryptedError,
     ReadOnlyStoreError,
 )
 from casckpt.storage.erasure import Redundancy
@@ -98,17 +80,7 @@ from casckpt.storage.erasure import Redundancy
 _DOMAIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 """A failure domain given as ``--location DOMAIN=URL``."""
 
-_EPILOG = (
-    "Exit codes: 0 ok; 1 check found problems; 2 usage error or bad input (including an "
-    "unreadable or invalid casckpt.toml); "
-    "3 not found (store, ref, tensor); 4 integrity error (corrupt or missing data); "
-    "5 other error (storage, catalog, catalog schema too new, store identity); "
-    "6 another gc is running; 7 gc refused (the catalog does not prove deletion is safe; "
-    "see the message); 8 denied (read-only store, a missing right, or a missing or wrong key); "
-    "9 storage unavailable (try again once it is back); "
-    "70 internal error (a bug: please report it with the traceback); "
-    "130 interrupted; 141 stdout closed early."
-)
+_EPILOG = exit_codes_help()
 
 _CLI_EXCEPTIONS: tuple[type[Exception], ...] = (
     typer.Exit, typer.Abort,
@@ -224,7 +196,7 @@ def _main(
     read_only: Annotated[bool, typer.Option(
         "--read-only", metavar=FLAG,
         help="Open the store read-only: nothing in it is written; commands that write fail "
-             "(exit 5). Automatic, with a warning, when the store cannot be written.")] = False,
+             f"(exit {EXIT_DENIED}). Automatic, with a warning, when the store cannot be written.")] = False,
 ) -> None:
     ctx.obj = StoreChoice(store=store, key_file=key_file, read_only=read_only, fast_tier=fast_tier)
 
@@ -311,7 +283,7 @@ def init(
         raise typer.BadParameter("a budget needs a fast tier: pass --fast-tier DIR too",
                                  param_hint="--fast-tier-bytes")
     try:
-        open_path(ctx, target, create=False, key_file=key_file).close()
+        existing = open_path(ctx, target, create=False, key_file=key_file)
     except NotAStoreError:
         if read_only_asked(ctx):
             raise ReadOnlyStoreError(f"no casckpt store at {target}, and creating one needs write "
@@ -331,7 +303,20 @@ def init(
                           else "half its disk's free space")
                 render.out(f"fast tier {fast_tier.expanduser().resolve()} (budget {budget})")
         return
-    render.out(f"A casckpt store already exists in {target}; left it as it is")
+    with existing as store:
+        render.out(f"A casckpt store already exists in {target} ({_what_it_holds(store)}); "
+                   "init left its settings as they were")
+
+
+def _what_it_holds(store: casckpt.Store) -> str:
+    """Whether an existing store is encrypted and how many versions it holds: what a retried
+    ``init --encrypt`` must tell truthfully."""
+    try:
+        sealed = bool(store.keys())
+    except NotEncryptedError:
+        sealed = False
+    count = sum(run.versions for run in store.runs())
+    return f"{'encrypted' if sealed else 'not encrypted'}, {count} version{'' if count == 1 else 's'}"
 
 
 def parse_locations(values: list[str]) -> list[BlobLocation]:

@@ -1,6 +1,6 @@
 """What the command modules of the CLI share: exit codes, option types, opening the store.
 
-The exit codes are documented in :mod:`casckpt.cli.main`; the store is the one ``--store``
+The exit codes are documented once, in :data:`EXIT_CODES`; the store is the one ``--store``
 (or ``CASCKPT_STORE``) names on the root command, recorded by its callback as
 :class:`StoreChoice`.
 """
@@ -55,23 +55,70 @@ _NOT_FOUND = (NotAStoreError, RefNotFoundError, AmbiguousRefError, TensorNotFoun
 _BAD_INPUT = (InvalidNameError, InvalidArgumentError, UnsupportedStateError, RestoreTargetError)
 
 
+@dataclass(frozen=True, slots=True)
+class ExitCode:
+    """One documented exit code: what it means, and the errors that exit with it."""
+
+    code: int
+    meaning: str
+    errors: tuple[type[CasckptError], ...] = ()
+
+
+EXIT_CODES: tuple[ExitCode, ...] = (
+    ExitCode(EXIT_OK, "ok"),
+    ExitCode(EXIT_PROBLEMS, "check found problems, or repair, catalog rebuild, migrate-trees or "
+             "drain left some"),
+    ExitCode(EXIT_USAGE, "usage error or bad input: a bad option or argument, an invalid name, "
+             "unsupported state, a restore target that cannot be written, an unreadable or "
+             "invalid casckpt.toml", _BAD_INPUT),
+    ExitCode(EXIT_NOT_FOUND, "not found: no store at the path, unknown ref, ambiguous id "
+             "prefix, unknown tensor", _NOT_FOUND),
+    ExitCode(EXIT_INTEGRITY, "integrity: stored bytes are corrupt or missing, or not the "
+             "version asked for (a failed drill too)", (IntegrityError,)),
+    ExitCode(EXIT_OTHER, "any other casckpt error: storage (a full disk), catalog (unreachable, "
+             "or from a newer casckpt), a catalog and locations of different stores",
+             (CasckptError,)),
+    ExitCode(EXIT_BUSY, "another casckpt gc is running on this store (try again later)",
+             (GCRunningError,)),
+    ExitCode(EXIT_GC_REFUSED, "gc refused: the catalog does not prove deletion is safe (see "
+             "the message)", (GCRefusedError,)),
+    ExitCode(EXIT_DENIED, "denied: the store is read-only (--read-only, or it cannot be "
+             "written), the credentials lack a right (the message names it), or an encrypted "
+             "store's key is missing or wrong", (AccessDeniedError, StoreKeyError)),
+    ExitCode(EXIT_UNAVAILABLE, "storage unavailable: too few locations could be reached within the "
+             "storage retry budget (CASCKPT_STORAGE_RETRY_S); nothing was found missing, try again "
+             "once it is back", (StoreUnavailableError,)),
+    ExitCode(EXIT_INTERNAL, "internal error: a bug in casckpt; the traceback is printed, please "
+             "report it"),
+    ExitCode(EXIT_INTERRUPTED, "interrupted (Ctrl-C)"),
+    ExitCode(EXIT_BROKEN_PIPE, "stdout was closed early (e.g. piped into `head`)"),
+)
+"""Every exit code of the CLI: ``casckpt --help`` and docs/guides/troubleshooting.md are made
+from this table (tests/test_cli.py compares the guide), so they cannot drift from the code."""
+
+# the order errors are matched in: the first whose classes match wins, the catch-all last
+_PRECEDENCE = (EXIT_INTEGRITY, EXIT_NOT_FOUND, EXIT_USAGE, EXIT_BUSY, EXIT_GC_REFUSED, EXIT_DENIED,
+               EXIT_UNAVAILABLE, EXIT_OTHER)
+
+
 def exit_code_for(error: CasckptError) -> int:
-    """The documented exit code for ``error`` (see :mod:`casckpt.cli.main`)."""
-    if isinstance(error, IntegrityError):
-        return EXIT_INTEGRITY
-    if isinstance(error, _NOT_FOUND):
-        return EXIT_NOT_FOUND
-    if isinstance(error, _BAD_INPUT):
-        return EXIT_USAGE
-    if isinstance(error, GCRunningError):
-        return EXIT_BUSY
-    if isinstance(error, GCRefusedError):
-        return EXIT_GC_REFUSED
-    if isinstance(error, (AccessDeniedError, StoreKeyError)):
-        return EXIT_DENIED
-    if isinstance(error, StoreUnavailableError):
-        return EXIT_UNAVAILABLE
-    return EXIT_OTHER
+    """The documented exit code for ``error`` (see :data:`EXIT_CODES`)."""
+    by_code = {entry.code: entry for entry in EXIT_CODES}
+    return next(code for code in _PRECEDENCE if isinstance(error, by_code[code].errors))
+
+
+def exit_codes_help() -> str:
+    """The exit code table as one paragraph, for ``casckpt --help``."""
+    return "Exit codes: " + "; ".join(f"{e.code} {e.meaning}" for e in EXIT_CODES) + "."
+
+
+def exit_codes_markdown() -> str:
+    """The exit code table in Markdown, with the errors of each code (the troubleshooting guide's)."""
+    lines = ["| exit | meaning | errors |", "| --- | --- | --- |"]
+    for e in EXIT_CODES:
+        names = ", ".join(f"`{cls.__name__}`" for cls in e.errors)
+        lines.append(f"| {e.code} | {e.meaning} | {names} |")
+    return "\n".join(lines)
 
 
 FLAG = ""

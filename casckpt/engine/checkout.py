@@ -86,10 +86,15 @@ def check_target(target: Path) -> None:
     if target.is_symlink() or (target.exists() and not target.is_dir()):
         raise CheckoutTargetError(f"{str(target)!r} exists and is not a directory; checkout writes "
                                   "into a new or empty directory. Pick another path.")
-    if target.is_dir() and any(os.scandir(target)):
+    if target.is_dir() and _holds_entries(target):
         raise CheckoutTargetError(f"{str(target)!r} is not empty; checkout writes into a new or "
                                   "empty directory (it never mixes a snapshot with other files). "
                                   "Pick another path or empty it.")
+
+
+def _holds_entries(directory: Path) -> bool:
+    with os.scandir(directory) as entries:  # closed at once: any() stops at the first entry
+        return any(entries)
 
 
 def checkout(ctx: EngineContext, manifest: Manifest, target: Path,

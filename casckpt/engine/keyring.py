@@ -64,6 +64,7 @@ from casckpt.storage.sealed import CLEAR_KEYS
 log = logging.getLogger(__name__)
 
 _MAX_RECORD = 1 << 20
+_MAX_KEY_FILE = 4096  # a key file is one line of about 60 bytes
 
 
 def who() -> str:
@@ -75,19 +76,49 @@ def who() -> str:
 def read_key_file(path: str | os.PathLike[str]) -> bytes:
     """The master key in a key file (a warning when others may read it).
 
+    Only a regular file is read, and only its first :data:`_MAX_KEY_FILE` bytes: a FIFO
+    or a device (``/dev/zero``) is refused at once rather than blocking or reading
+    without end.
+
     Raises:
-        StoreKeyError: the file cannot be read or is not a key file.
+        StoreKeyError: the file cannot be read, is not a regular file, or is not a key file.
     """
     where = Path(path).expanduser()
     try:
-        text = where.read_text(encoding="ascii")
-        mode = where.stat().st_mode
-    except (OSError, UnicodeDecodeError) as exc:
-        raise StoreKeyError(f"cannot read the key file {where}: {exc}") from exc
+        fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not block the open
+    except OSError as exc:
+        raise StoreKeyError(f"cannot read the key file {where}: {exc.strerror or exc}; "
+                            "check the path (`casckpt key generate FILE` makes one)") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        data = _read_regular(fd, mode)
+    except OSError as exc:
+        raise StoreKeyError(f"cannot read the key file {where}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if data is None:
+        raise StoreKeyError(f"the key file {where} is not a regular file; give the path of the "
+                            "file `casckpt key generate` wrote")
+    if len(data) > _MAX_KEY_FILE:
+        raise StoreKeyError(f"{where} is over {_MAX_KEY_FILE} bytes, so it is not a casckpt key file "
+                            "(one is a single line); check the path")
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        raise StoreKeyError(f"{where} is not a casckpt key file (it is not ASCII text); "
+                            "check the path") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         log.warning("the key file %s may be read by other users (mode %o): `chmod 600 %s`",
                     where, stat.S_IMODE(mode), where)
     return crypto.parse_key_file(text, str(where))
+
+
+def _read_regular(fd: int, mode: int) -> bytes | None:
+    """Up to ``_MAX_KEY_FILE + 1`` bytes of the open file ``fd`` (None: not a regular file)."""
+    if not stat.S_ISREG(mode):
+        return None
+    with os.fdopen(os.dup(fd), "rb") as f:
+        return f.read(_MAX_KEY_FILE + 1)
 
 
 def write_key_file(path: str | os.PathLike[str], key: bytes) -> Path:

@@ -73,6 +73,10 @@ class Candidate(Protocol):
 
 # -- durations ----------------------------------------------------------------
 
+MAX_DURATION_S = 1000 * 365.25 * 86400.0
+"""The longest duration taken (a thousand years): longer ones overflow the date arithmetic
+of the planner (a datetime minus them) and mean nothing a policy could want."""
+
 
 def parse_duration(text: str, *, allow_zero: bool = False) -> float:
     """``"90m"``, ``"36h"``, ``"7d"``, ``"2w"``, ``"45s"`` (or a bare number of seconds) -> seconds.
@@ -85,10 +89,10 @@ def parse_duration(text: str, *, allow_zero: bool = False) -> float:
         seconds = float(text) if match is None else float(match[1]) * dict(_UNITS)[match[2]]
     except ValueError:
         seconds = math.nan
-    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
+    if not 0 <= seconds <= MAX_DURATION_S or (seconds == 0 and not allow_zero):  # NaN fails too
         raise InvalidArgumentError(
             f"{text!r} is not a duration; use a positive number with a unit: 90m, 36h, 7d, 2w"
-            + (" (or 0s)" if allow_zero else "")
+            + (" (or 0s)" if allow_zero else "") + ", at most 1000 years"
         )
     return seconds
 
@@ -127,8 +131,9 @@ def _within(value: object) -> float | None:
         raise InvalidArgumentError(
             f"keep_within must be a timedelta, seconds or a string like '7d', got {value!r}"
         )
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise InvalidArgumentError(f"keep_within must be a positive duration, got {value!r}")
+    if not 0 < seconds <= MAX_DURATION_S:  # NaN fails too
+        raise InvalidArgumentError(
+            f"keep_within must be a positive duration of at most 1000 years, got {value!r}")
     return seconds
 
 

@@ -39,6 +39,35 @@ def check_step(step: object) -> int:
     return int(step)
 
 
+MAX_LIMIT = (1 << 63) - 1
+"""The largest ``limit`` a query takes: SQL LIMIT is a signed 64-bit int in every catalog."""
+
+
+def check_limit(limit: object, what: str = "limit", *, minimum: int = 0) -> int | None:
+    """Validate a query's ``limit``: None (no limit) or an int from ``minimum`` to 2**63 - 1.
+
+    Raises:
+        InvalidArgumentError: a bool, a non-int, or an int out of that range.
+    """
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, int) or not minimum <= limit <= MAX_LIMIT:
+        raise InvalidArgumentError(
+            f"{what} must be an int from {minimum} to 2**63 - 1 (or None: no limit), got {limit!r}")
+    return int(limit)
+
+
+def check_timeout(timeout: object, what: str, *, maximum: float) -> float:
+    """Validate a timeout: a real number of seconds from 0 to ``maximum``.
+
+    Raises:
+        InvalidArgumentError: a bool, a non-number, NaN, or a number out of that range.
+    """
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout <= maximum:
+        raise InvalidArgumentError(f"{what} must be from 0 to {maximum:g} seconds, got {timeout!r}")
+    return float(timeout)
+
+
 def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
     """Validate metadata: a JSON-serialisable dict with str keys, at most ``MAX_DEPTH`` deep."""
     if metadata is None:
