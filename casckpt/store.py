@@ -669,7 +669,8 @@ class Store:
         :mod:`casckpt.engine.gc`). Only one GC runs at a time.
 
         Args:
-            dry_run: report what would happen; delete nothing.
+            dry_run: report what would happen; delete nothing. On a read-only store
+                it plans retention only (``GCReport.space_counted`` is False).
             grace: how long deleted versions stay undeletable and unreferenced
                 data stays in place (seconds or timedelta; default 6 hours).
                 ``0`` reclaims at once (tests, or when no reader is active).
@@ -688,7 +689,8 @@ class Store:
                 stopped without deleting any object it had not already
                 unlinked from the catalog.
         """
-        self._core.refuse_write("gc", "the catalog and the locations (it deletes from both)")
+        if not dry_run:
+            self._core.refuse_write("gc", "the catalog and the locations (it deletes from both)")
         return self._retention.gc(dry_run=dry_run, grace=grace, force=force, progress=progress)
 
     # -- retention ----------------------------------------------------------

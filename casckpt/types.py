@@ -273,6 +273,9 @@ class GCReport(ToDict):
         bytes_pending: stored bytes of chunks found unreferenced but left in place for the
             grace period; a later run frees them (with ``grace=0``, this run does).
         kept: objects gc could not prove to be garbage, and why (see ``casckpt check``).
+        space_counted: False for a dry run on a read-only store: it plans retention and counts
+            the versions it would delete and purge, but marks nothing (marking writes gc's
+            own catalog table), so every chunk, pack, object and byte count is 0, not known.
     """
 
     dry_run: bool
@@ -292,6 +295,7 @@ class GCReport(ToDict):
     chunks_kept_as_bases: int = 0  # unreferenced by any version, kept as delta bases
     leftovers_deleted: int = 0  # staging and temporary files of dead commits, killed checkouts' files
     kept: tuple[str, ...] = ()
+    space_counted: bool = True
 
     def summary(self) -> dict[str, Any]:
         """The report without per-version retention decisions: counts, and per run how many
@@ -312,6 +316,10 @@ class GCReport(ToDict):
             return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
 
         verb = "would delete" if self.dry_run else "deleted"
+        if not self.space_counted:
+            return (f"gc {verb} {self.versions_deleted} version(s) by retention and purge "
+                    f"{self.versions_purged} deleted version(s); space not counted (a read-only "
+                    "store marks nothing: run the dry run with write access for the bytes)")
         parts = [f"{self.versions_deleted} version(s) by retention",
                  f"{self.versions_purged} deleted version(s) purged",
                  f"{self.chunks_swept} chunk(s) swept", f"{self.packs_deleted} pack(s)",

@@ -214,6 +214,34 @@ def test_read_only_store_writes_nothing_even_where_it_could(tmp_path: Path) -> N
     assert _tree_digest(root) == before
 
 
+def test_gc_dry_run_on_a_read_only_store_plans_retention_and_writes_nothing(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from casckpt.cli.main import app
+
+    root = tmp_path / "store"
+    with casckpt.open(root) as store:
+        _build(store)
+        store.commit(_state(3), run="r", step=3)
+        store.delete("r@1")
+        store.set_retention("r", keep_last=1)  # r@2 (tagged best) stays; nothing else would
+        writable = store.gc(dry_run=True, grace=0)
+    before = _tree_digest(root)
+    with casckpt.open(root, read_only=True) as store:
+        report = store.gc(dry_run=True, grace=0)
+        assert not report.space_counted and report.bytes_freed == 0
+        assert (report.versions_deleted, report.versions_purged) == (
+            writable.versions_deleted, writable.versions_purged) == (0, 1)
+        assert [len(p.deleted) for p in report.retention] == [len(p.deleted) for p in writable.retention]
+        with pytest.raises(ReadOnlyStoreError):
+            store.gc(grace=0)
+    done = CliRunner().invoke(app, ["--read-only", "--store", str(root), "gc", "--dry-run", "--grace", "0s"])
+    assert done.exit_code == 0 and "not counted" in done.output, done.output
+    as_json = CliRunner().invoke(app, ["--read-only", "--store", str(root), "gc", "--dry-run", "--json"])
+    assert as_json.exit_code == 0 and json.loads(as_json.stdout)["space_counted"] is False
+    assert _tree_digest(root) == before
+
+
 def test_dcp_load_checkout_and_export_read_only(tmp_path: Path) -> None:
     import torch.distributed.checkpoint as dcp
 

@@ -37,6 +37,11 @@ def _summary(report: GCReport) -> Table:
     table = Table(title="gc (dry run: nothing was changed)" if would else "gc", box=None)
     table.add_column("what")
     table.add_column("count", justify="right")
+    if not report.space_counted:  # a read-only store: retention only
+        table.add_row("would be versions deleted by retention", str(report.versions_deleted))
+        table.add_row("would be deleted versions purged", str(report.versions_purged))
+        table.add_row("space", "not counted: a read-only store marks nothing")
+        return table
     rows = [
         ("versions deleted by retention", report.versions_deleted),
         ("deleted versions purged", report.versions_purged),

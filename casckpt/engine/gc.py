@@ -312,6 +312,8 @@ def collect(ctx: EngineContext, *, grace: float, dry_run: bool, force: bool = Fa
         AccessDeniedError: the credentials lack a right gc needs (nothing was changed).
     """
     started = time.monotonic()
+    if dry_run and ctx.catalog.read_only:
+        return _preview(ctx, grace, started)
     tally = _Tally()
     # before anything changes; a dry run deletes no object but still keeps its mark set in gc_live
     require_delete_rights(ctx, "gc --dry-run" if dry_run else "gc", objects=not dry_run)
@@ -333,6 +335,20 @@ def collect(ctx: EngineContext, *, grace: float, dry_run: bool, force: bool = Fa
     for note in tally.kept:
         log.warning("gc kept %s", note)
     return report
+
+
+def _preview(ctx: EngineContext, grace: float, started: float) -> GCReport:
+    """A dry run on a read-only store: retention planned in one read transaction and the
+    versions a run would purge; nothing marked (marks live in gc's own table), so no space
+    is counted (``space_counted=False``)."""
+    with ctx.catalog.read() as conn:
+        plans = tuple(retention.plan(h) for h in retention_sql.load_histories(conn))
+    expired = sql.expired_deleted_versions(ctx.catalog, time.time() - grace)
+    return GCReport(dry_run=True, grace_s=grace, retention=plans,
+                    versions_deleted=sum(len(p.deleted) for p in plans), versions_purged=len(expired),
+                    chunks_condemned=0, chunks_revived=0, chunks_swept=0, packs_deleted=0,
+                    packs_repacked=0, orphans_deleted=0, bytes_freed=0,
+                    duration_s=time.monotonic() - started, space_counted=False)
 
 
 def _record_failure(ctx: EngineContext, run_id: int, tally: _Tally, exc: BaseException) -> None:
