@@ -493,7 +493,7 @@ class Store:
         from casckpt.engine import checkout as checkout_engine  # torch: reads go through restore
 
         target = Path(path)
-        if reuse and target.is_dir() and not target.is_symlink() and any(os.scandir(target)):
+        if reuse and target.is_dir() and not target.is_symlink() and checkout_engine.holds_entries(target):
             from casckpt.engine.dircompare import first_difference
 
             manifest = self._core.manifest(ref)

@@ -86,13 +86,14 @@ def check_target(target: Path) -> None:
     if target.is_symlink() or (target.exists() and not target.is_dir()):
         raise CheckoutTargetError(f"{str(target)!r} exists and is not a directory; checkout writes "
                                   "into a new or empty directory. Pick another path.")
-    if target.is_dir() and _holds_entries(target):
+    if target.is_dir() and holds_entries(target):
         raise CheckoutTargetError(f"{str(target)!r} is not empty; checkout writes into a new or "
                                   "empty directory (it never mixes a snapshot with other files). "
                                   "Pick another path or empty it.")
 
 
-def _holds_entries(directory: Path) -> bool:
+def holds_entries(directory: Path) -> bool:
+    """Whether ``directory`` has any entry (its listing closed at once)."""
     with os.scandir(directory) as entries:  # closed at once: any() stops at the first entry
         return any(entries)
 
@@ -117,7 +118,7 @@ def checkout(ctx: EngineContext, manifest: Manifest, target: Path,
         target.parent.mkdir(parents=True, exist_ok=True)
         # a store opened read-only is written nothing: the next checkout into the parent reclaims
         claimed = work_dir.claim(target.parent, target.name,
-                                 None if ctx.catalog.read_only else registry(ctx))
+                                 None if ctx.catalog.read_only else work_dir.registry(ctx.staging.base))
     except OSError as exc:
         _unmake(made)
         raise CheckoutTargetError(f"cannot write next to {str(target)!r}: {exc.strerror or exc}; "
@@ -146,11 +147,6 @@ def checkout(ctx: EngineContext, manifest: Manifest, target: Path,
         raise
     claimed.release()
     return target
-
-
-def registry(ctx: EngineContext) -> Path:
-    """Where this store's checkouts on this host record their directories for ``gc``."""
-    return ctx.staging.base / "checkouts"
 
 
 def _abandon(claimed: work_dir.WorkDir, made: list[Path]) -> None:

@@ -121,6 +121,12 @@ def reclaim(parent: Path, *, grace: float = DEFAULT_GRACE, now: float | None = N
     return done
 
 
+def registry(staging: Path) -> Path:
+    """Where a store's checkouts on this host record their directories for ``gc``, under the
+    store's staging directory ``staging``."""
+    return staging / "checkouts"
+
+
 def reclaim_registered(registry: Path) -> Reclaimed:
     """:func:`reclaim` in every parent a recorded checkout used; drops the records of those that
     ended. Never raises."""

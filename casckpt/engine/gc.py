@@ -48,8 +48,7 @@ from casckpt.catalog.leases import safe_floor
 from casckpt.catalog.locks import gc_lock
 from casckpt.catalog.rows import manifest_bytes
 from casckpt.engine import retention, trees
-from casckpt.engine.checkout import registry as checkout_registry
-from casckpt.engine.checkoutwork import reclaim_registered
+from casckpt.engine.checkoutwork import reclaim_registered, registry
 from casckpt.engine.context import EngineContext
 from casckpt.engine.deleterights import require_delete_rights
 from casckpt.engine.gcguard import DeletionGuard, Listing
@@ -391,7 +390,7 @@ def _run(ctx: EngineContext, tally: _Tally, guard: DeletionGuard, deleter: _Dele
         leftovers = reclaim_leftovers(ctx.staging.base, ctx.locations)  # of dead commits
         if ctx.packs.tier is not None:  # the packs they were filling on this host's fast tier
             leftovers += reclaim(ctx.packs.tier.dir.staging)
-        leftovers += reclaim_registered(checkout_registry(ctx))  # of killed checkouts
+        leftovers += reclaim_registered(registry(ctx.staging.base))  # of killed checkouts
         tally.leftovers_deleted, tally.bytes_freed = leftovers.files, tally.bytes_freed + leftovers.nbytes
     counts = {k: v for k, v in asdict(tally).items() if k != "kept"}
     return GCReport(dry_run=dry_run, grace_s=grace, retention=plans, kept=tuple(tally.kept),
