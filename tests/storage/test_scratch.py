@@ -35,17 +35,17 @@ os._exit(0)  # dies without close(): the files stay, the lock goes with the proc
 @contextmanager
 def _owner(base: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.Popen([sys.executable, "-c", OWNER, str(base)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().strip()
-        assert line, "the owner process did not start"
-        yield proc, Path(line)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=30)
+    with subprocess.Popen([sys.executable, "-c", OWNER, str(base)], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True, env=env) as proc:  # closes its pipes
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline().strip()
+            assert line, "the owner process did not start"
+            yield proc, Path(line)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=30)
 
 
 def test_a_live_owner_in_another_process_is_never_reclaimed(tmp_path: Path) -> None:
