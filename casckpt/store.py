@@ -51,6 +51,7 @@ from casckpt.types import (
     DrillReport,
     DrillResult,
     GCReport,
+    GCRun,
     KeyInfo,
     LocationInfo,
     MigrationReport,
@@ -692,6 +693,17 @@ class Store:
         if not dry_run:
             self._core.refuse_write("gc", "the catalog and the locations (it deletes from both)")
         return self._retention.gc(dry_run=dry_run, grace=grace, force=force, progress=progress)
+
+    def gc_history(self, *, since: datetime | float | None = None) -> list[GCRun]:
+        """The gc runs (not dry runs) started since ``since`` (a datetime or epoch seconds;
+        None: all), oldest first, each with what it committed to the catalog.
+
+        A run's counts are written in the transactions that delete what they count, so a run
+        killed with -9 or failing is counted too -- unlike the ``gc --json`` lines, which such
+        a run never prints. Sum these for the true totals over a day of cron runs.
+        """
+        when = since.timestamp() if isinstance(since, datetime) else since
+        return self._retention.gc_history(when)
 
     # -- retention ----------------------------------------------------------
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from casckpt.catalog import MissingChunksError
+from casckpt.catalog import gc as gc_sql
 from casckpt.catalog import retention as retention_sql
 from casckpt.catalog.treemigrate import tree_root
 from casckpt.engine import gc as gc_engine
@@ -20,7 +21,7 @@ from casckpt.engine.validate import check_name
 from casckpt.errors import InvalidArgumentError, RefNotFoundError, VersionSweptError
 from casckpt.format import keys
 from casckpt.store_core import Ref, StoreCore
-from casckpt.types import GCReport, ProgressCallback, RetentionPlan, RetentionPolicy, Version
+from casckpt.types import GCReport, GCRun, ProgressCallback, RetentionPlan, RetentionPolicy, Version
 
 
 class StoreRetention:
@@ -47,6 +48,10 @@ class StoreRetention:
         return gc_engine.collect(self._core.ctx, grace=float(seconds), dry_run=dry_run, force=force,
                                  progress=progress)
 
+
+    def gc_history(self, since: float | None) -> list[GCRun]:
+        """Every gc run since ``since`` (epoch seconds) with what it committed, killed ones too."""
+        return gc_sql.runs_since(self._core.ctx.catalog, since)
 
     def set_retention(
         self, run: str, *, keep_last: int | None = None, keep_every: int | None = None,

@@ -265,6 +265,35 @@ class RetentionPlan(ToDict):
 
 
 @dataclass(frozen=True, slots=True)
+class GCRun(ToDict):
+    """One gc run as the catalog recorded it (``casckpt gc --history``).
+
+    Its counts grow in the transactions that delete what they count, so a run killed with
+    -9 (no JSON line, no report) still shows what it committed; ``bytes_freed`` and
+    ``orphans_deleted`` are recorded right after each batch of objects goes (objects are
+    not in a transaction: a kill between the two loses that batch's count).
+
+    Attributes:
+        outcome: ``finished``, ``failed`` (``error`` says why) or ``unfinished`` (killed, or
+            still running).
+    """
+
+    id: int
+    started_at: float
+    finished_at: float | None
+    host: str
+    pid: int
+    outcome: str
+    versions_deleted: int
+    versions_purged: int
+    chunks_swept: int
+    packs_deleted: int
+    orphans_deleted: int
+    bytes_freed: int
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class GCReport(ToDict):
     """What one garbage collection did (or, with ``dry_run``, would do).
 

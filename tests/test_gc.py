@@ -212,11 +212,11 @@ def test_recommitting_swept_content_before_its_objects_go(store: casckpt.Store,
     real_delete = gc_engine._Deleter.delete
     recommitted: list[casckpt.Version] = []
 
-    def commit_first(self: Any, keys: list[tuple[int, str]]) -> int:
+    def commit_first(self: Any, keys: list[tuple[int, str]], **kwargs: Any) -> int:
         if keys and keys[0][1].startswith("packs/") and not recommitted:
             # the same bytes again, after the sweep dropped their rows, before the objects go
             recommitted.append(store.commit({"w": _noise(1)}, run="b", step=1))
-        return real_delete(self, keys)
+        return real_delete(self, keys, **kwargs)
 
     monkeypatch.setattr(gc_engine._Deleter, "delete", commit_first)
     store.gc(grace=0)

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
 import casckpt
+from casckpt.cli.main import app
 
 HELPER = Path(__file__).parent / "helpers" / "gc_worker.py"
 sys.path.insert(0, str(HELPER.parent))
@@ -102,3 +106,40 @@ def test_gc_killed_at_any_point_leaves_a_consistent_store(tmp_path: Path, point:
         assert store.check(read_data=True).ok
         orphans = [p for p in (root / "packs").rglob("*") if p.is_file()]
         assert len(orphans) == stats.packs  # no object left that the catalog does not know
+
+
+def test_gc_history_counts_what_a_killed_gc_committed(tmp_path: Path) -> None:
+    """A gc killed with -9 prints no JSON line; `gc --history` still counts its deletions,
+    exactly as the catalog shows them, and adds them to the totals of the runs after it."""
+    root = tmp_path / "store"
+    with casckpt.open(root, chunk_size=CHUNK, pack_size=32 << 10) as store:
+        for i in range(8):
+            store.commit(content(0, i + 4 * (i // 4)), run="r", step=i)
+        store.set_retention("r", keep_last=2)
+        packs_before = store.stats().packs
+    proc = _spawn("killed-gc", str(root), "purge", "1")  # killed once the purge committed
+    assert proc.wait(timeout=120) == -signal.SIGKILL
+    with sqlite3.connect(root / "catalog.db") as db:
+        purged = db.execute("SELECT count(*) FROM tombstones WHERE reason = 'purged'").fetchone()[0]
+        packs_after = db.execute("SELECT count(*) FROM packs").fetchone()[0]
+    with casckpt.open(root, create=False) as store:
+        assert {v.step for v in store.log("r")} == {6, 7}
+        [killed] = store.gc_history()
+        assert killed.outcome == "unfinished"
+        assert (killed.versions_deleted, killed.versions_purged) == (6, 6) == (6, purged)
+        assert killed.packs_deleted == packs_before - packs_after > 0
+        assert killed.bytes_freed > 0
+        store.gc(grace=0, dry_run=True)  # a dry run deletes nothing and is not a run here
+        store.commit(content(0, 20), run="r", step=8)
+        finished = store.gc(grace=0)  # retention drops step 6 and purges it
+    result = CliRunner().invoke(app, ["--store", str(root), "gc", "--history", "--since", "1h", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert [r["outcome"] for r in doc["runs"]] == ["unfinished", "finished"]
+    total = doc["total"]
+    assert total["runs"] == 2
+    assert total["versions_deleted"] == 6 + finished.versions_deleted == 7
+    assert total["versions_purged"] == 6 + finished.versions_purged == 7
+    assert total["bytes_freed"] == killed.bytes_freed + finished.bytes_freed
+    table = CliRunner().invoke(app, ["--store", str(root), "gc", "--history"])
+    assert table.exit_code == 0 and "unfinished" in table.stdout and "total (2)" in table.stdout

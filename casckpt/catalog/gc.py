@@ -26,6 +26,7 @@ from casckpt.catalog.packs import PackLayout, PackRecord, insert_pack
 from casckpt.catalog.shards import layouts_in
 from casckpt.catalog.tiers import forget_deps
 from casckpt.errors import CatalogError
+from casckpt.types import GCRun
 
 _BATCH = 5000
 _CHUNK_OVERHEAD = 92 + 90  # a chunk's entry header and footer record in its pack (format/pack.py)
@@ -83,6 +84,48 @@ def fail_run(catalog: Catalog, run_id: int, counts: dict[str, Any], error: str) 
         catalog.audit_in(conn, "gc", None, {**counts, "gc_run": run_id, "failed": error})
 
 
+RUN_COUNTS = ("versions_deleted", "versions_purged", "chunks_swept", "packs_deleted",
+              "orphans_deleted", "bytes_freed")
+"""The counts a run's ``gc_runs`` row adds up while it runs (:func:`count_in_run`)."""
+
+
+def count_in_run(conn: Any, run_id: int | None, **done: int) -> None:
+    """Add ``done`` (names from :data:`RUN_COUNTS`) to the counts of gc run ``run_id``, in the
+    caller's transaction -- the one that deletes what they count, so a run killed with -9
+    has recorded exactly what it committed. ``None`` (a dry run) records nothing."""
+    if run_id is None or not any(done.values()):
+        return
+    runs = s.gc_runs
+    report = conn.execute(select(runs.c.report).where(runs.c.id == run_id)).scalar_one_or_none()
+    counts = dict(report or {})
+    for name, n in done.items():
+        counts[name] = int(counts.get(name) or 0) + n
+    conn.execute(update(runs).where(runs.c.id == run_id).values(report=counts))
+
+
+def runs_since(catalog: Catalog, since: float | None) -> list[GCRun]:
+    """The gc runs (not dry runs) started at or after ``since``, oldest first, each with what
+    it committed: a finished or failed run's report, a killed one's counts so far."""
+    runs = s.gc_runs
+    query = select(runs).where(runs.c.dry_run.is_(False)).order_by(runs.c.id)
+    if since is not None:
+        query = query.where(runs.c.started_at >= since)
+    with catalog.read() as conn:
+        rows = conn.execute(query).all()
+    out = []
+    for r in rows:
+        report = dict(r.report or {})
+        outcome = ("unfinished" if r.finished_at is None else
+                   "failed" if report.get("failed") else "finished")
+        out.append(GCRun(
+            id=int(r.id), started_at=float(r.started_at),
+            finished_at=None if r.finished_at is None else float(r.finished_at),
+            host=str(r.host), pid=int(r.pid), outcome=outcome,
+            error=str(report["failed"]) if report.get("failed") else None,
+            **{name: int(report.get(name) or 0) for name in RUN_COUNTS}))
+    return out
+
+
 def expired_deleted_versions(catalog: Catalog, cutoff: float) -> list[str]:
     """Ids of soft-deleted versions whose grace period has passed."""
     with catalog.read() as conn:
@@ -91,11 +134,12 @@ def expired_deleted_versions(catalog: Catalog, cutoff: float) -> list[str]:
         )).scalars())
 
 
-def purge_versions(catalog: Catalog, version_ids: list[str]) -> list[str]:
+def purge_versions(catalog: Catalog, version_ids: list[str], run_id: int | None = None) -> list[str]:
     """Remove soft-deleted versions (their tags, tensor rows, and contents no one uses).
 
     A version undeleted meanwhile is left alone: each batch re-reads, under
-    row locks, which versions are still deleted. Returns the ids purged.
+    row locks, which versions are still deleted. Each batch is counted in gc run ``run_id``'s
+    row in its own transaction. Returns the ids purged.
     """
     v, t = s.versions, s.tensors
     purged: list[str] = []
@@ -109,6 +153,7 @@ def purge_versions(catalog: Catalog, version_ids: list[str]) -> list[str]:
             forget_deps(conn, batch)
             conn.execute(delete(v).where(v.c.id.in_(batch)))
             tombstone(conn, batch, "purged")
+            count_in_run(conn, run_id, versions_purged=len(batch))
             purged += batch
     with catalog.write() as conn:
         drop_unused_contents(conn)
@@ -268,12 +313,13 @@ def condemn(catalog: Catalog, *, created_before: float, now: float, dry_run: boo
 
 
 def sweep(catalog: Catalog, *, cutoff: float, dry_run: bool,
-          condemned_before: float | None = None) -> tuple[int, list[DeadPack]]:
+          condemned_before: float | None = None, run_id: int | None = None) -> tuple[int, list[DeadPack]]:
     """Remove chunks condemned before ``cutoff`` and still unreferenced, then packs left empty.
 
-    One transaction; returns (chunks removed, packs whose objects to delete). A dry run
-    removes nothing and, given ``condemned_before`` (a grace of 0: what the run would
-    condemn it would also sweep), counts live unreferenced chunks made before it as doomed.
+    One transaction, which also counts them in gc run ``run_id``'s row; returns (chunks
+    removed, packs whose objects to delete). A dry run removes nothing and, given
+    ``condemned_before`` (a grace of 0: what the run would condemn it would also sweep), counts
+    live unreferenced chunks made before it as doomed.
     """
     c, p = s.chunks, s.packs
     doomed = _doomed(cutoff, condemned_before if dry_run else None)
@@ -298,6 +344,7 @@ def sweep(catalog: Catalog, *, cutoff: float, dry_run: bool,
             batch = ids[i : i + 500]
             conn.execute(delete(s.shards).where(s.shards.c.pack_id.in_(batch)))
             conn.execute(delete(p).where(p.c.id.in_(batch)))
+        count_in_run(conn, run_id, chunks_swept=chunks, packs_deleted=len(ids))
     return chunks, [DeadPack(*row, found.get(row[0])) for row in rows]
 
 

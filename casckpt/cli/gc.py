@@ -13,11 +13,17 @@ and deletes -- also when gc fails (``{"ok": false, "error": ..., "exit_code":
 ...}``), so ``casckpt gc --json >> gc.jsonl`` from cron is a JSON Lines log.
 ``--explain`` adds every version's retention decision and the rule behind it
 (tables; with ``--json``, a ``"decisions"`` member).
+
+A run killed with -9 prints no line, so summing the lines undercounts: ``--history``
+(optionally ``--since 24h``) runs no gc and shows every run's counts as the catalog recorded
+them, in the transactions that deleted what they count, killed runs included, and the totals.
 """
 
 from __future__ import annotations
 
 import sys
+import time
+from datetime import datetime, timezone
 from typing import Annotated, Any
 
 import typer
@@ -29,7 +35,7 @@ from casckpt.cli.progress import progress_bars
 from casckpt.cli.shared import FLAG, JsonOption, exit_code_for, open_store
 from casckpt.engine.retention import parse_duration
 from casckpt.errors import CasckptError
-from casckpt.types import GCReport
+from casckpt.types import GCReport, GCRun
 
 
 def _summary(report: GCReport) -> Table:
@@ -83,6 +89,30 @@ def _decisions(report: GCReport) -> list[Table]:
     return tables
 
 
+_TOTALS = ("versions_deleted", "versions_purged", "chunks_swept", "packs_deleted", "orphans_deleted",
+           "bytes_freed")
+
+
+def _history(runs: list[GCRun], as_json: bool) -> None:
+    """Every run's counts and their totals (the true totals: killed runs included)."""
+    total = {name: sum(getattr(r, name) for r in runs) for name in _TOTALS}
+    if as_json:
+        _json_line({"runs": [r.to_dict() for r in runs], "total": {"runs": len(runs), **total}})
+        return
+    table = Table(title="gc runs (counts as committed to the catalog)", box=None)
+    for column in ("run", "started", "outcome", "versions deleted", "purged", "packs deleted",
+                   "bytes freed"):
+        table.add_column(column, justify="left" if column in ("started", "outcome") else "right")
+    for r in runs:
+        started = render.local_time(datetime.fromtimestamp(r.started_at, timezone.utc))
+        table.add_row(str(r.id), started, r.outcome, str(r.versions_deleted), str(r.versions_purged),
+                      str(r.packs_deleted), render.human_bytes(r.bytes_freed))
+    table.add_row(f"total ({len(runs)})", "", "", str(total["versions_deleted"]),
+                  str(total["versions_purged"]), str(total["packs_deleted"]),
+                  render.human_bytes(total["bytes_freed"]), style="bold")
+    render.out(table)
+
+
 def _json_line(value: dict[str, Any]) -> None:
     sys.stdout.write(render.dumps(value) + "\n")
     sys.stdout.flush()
@@ -103,9 +133,21 @@ def gc(
     explain: Annotated[bool, typer.Option(
         "--explain", metavar=FLAG,
         help="Show every version's retention decision and the rule that keeps it.")] = False,
+    history: Annotated[bool, typer.Option(
+        "--history", metavar=FLAG,
+        help="Run no gc: show what every gc run deleted, killed ones included, and the totals.")] = False,
+    since: Annotated[str | None, typer.Option(
+        metavar="AGE", help="With --history: only runs started this long ago or later (e.g. 24h).")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Apply retention policies and reclaim space; safe while other jobs commit."""
+    if since is not None and not history:
+        raise typer.BadParameter("--since goes with --history", param_hint="--since")
+    if history:
+        start = None if since is None else time.time() - parse_duration(since)
+        with open_store(ctx) as store:
+            _history(store.gc_history(since=start), as_json)
+        return
     seconds = parse_duration(grace, allow_zero=True)
     logs.show_info()  # the run's one-line summary, for cron mail and logs
     try:

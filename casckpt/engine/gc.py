@@ -87,8 +87,9 @@ class _Tally:
     kept: list[str] = field(default_factory=list)
 
 
-def _apply_retention(ctx: EngineContext, dry_run: bool) -> tuple[RetentionPlan, ...]:
-    """Plan every run's policy and soft-delete what it drops, in ONE transaction.
+def _apply_retention(ctx: EngineContext, dry_run: bool, run_id: int | None) -> tuple[RetentionPlan, ...]:
+    """Plan every run's policy and soft-delete what it drops, in ONE transaction (which also
+    counts them in gc run ``run_id``'s row).
 
     A tag or fork added concurrently either lands before (and protects its
     version) or after (and finds the version deleted).
@@ -96,7 +97,8 @@ def _apply_retention(ctx: EngineContext, dry_run: bool) -> tuple[RetentionPlan, 
     with ctx.catalog.write() as conn:
         plans = tuple(retention.plan(h) for h in retention_sql.load_histories(conn))
         if not dry_run:
-            retention_sql.soft_delete(conn, [v.id for p in plans for v in p.deleted], "retention")
+            dropped = retention_sql.soft_delete(conn, [v.id for p in plans for v in p.deleted], "retention")
+            sql.count_in_run(conn, run_id, versions_deleted=dropped)
     return plans
 
 
@@ -170,20 +172,26 @@ def references(row: Any, nodes: trees.StoreNodes, seen: set[bytes]) -> Iterator[
 
 
 class _Deleter:
-    """Deletes objects and counts them and their bytes (sizes from the listing or the catalog)."""
+    """Deletes objects and counts them and their bytes (sizes from the listing or the catalog),
+    in the tally and in gc run ``run_id``'s row (None: a dry run, which deletes nothing)."""
 
     def __init__(self, ctx: EngineContext, tally: _Tally, listing: Listing,
-                 progress: ProgressCallback | None) -> None:
-        self._ctx, self._tally, self._progress = ctx, tally, progress
+                 progress: ProgressCallback | None, run_id: int | None) -> None:
+        self._ctx, self._tally, self._progress, self.run_id = ctx, tally, progress, run_id
         self.sizes: dict[_Object, int] = {(loc.id, info.key): info.size for loc, info in listing}
 
-    def delete(self, objects: list[_Object]) -> int:
+    def delete(self, objects: list[_Object], *, orphans: bool = False) -> int:
         """Delete ``objects`` (:meth:`LocationSet.delete`: errors logged, a later run
         retries); returns how many went."""
         progress = self._progress
         each = None if progress is None else lambda done, total: progress("sweep", done, total)
         deleted = self._ctx.locations.delete(objects, progress=each)
-        self._tally.bytes_freed += sum(self.sizes.get(obj, 0) for obj in deleted)
+        freed = sum(self.sizes.get(obj, 0) for obj in deleted)
+        self._tally.bytes_freed += freed
+        if deleted:  # objects are outside any transaction: counted as soon as they are gone
+            with self._ctx.catalog.write() as conn:
+                sql.count_in_run(conn, self.run_id, bytes_freed=freed,
+                                 orphans_deleted=len(deleted) if orphans else 0)
         return len(deleted)
 
 
@@ -230,7 +238,7 @@ def _mark_and_sweep(ctx: EngineContext, tally: _Tally, guard: DeletionGuard, del
 def _sweep(ctx: EngineContext, tally: _Tally, guard: DeletionGuard, deleter: _Deleter,
            cutoff: float) -> list[_Object]:
     """Drop condemned chunks and empty packs from the catalog, then the objects the guard clears."""
-    swept, dead = sql.sweep(ctx.catalog, cutoff=cutoff, dry_run=False)
+    swept, dead = sql.sweep(ctx.catalog, cutoff=cutoff, dry_run=False, run_id=deleter.run_id)
     tally.chunks_swept += swept
     tally.packs_deleted += len(dead)
     layouts = [p.layout for p in dead if p.layout is not None]
@@ -320,8 +328,8 @@ def collect(ctx: EngineContext, *, grace: float, dry_run: bool, force: bool = Fa
         listing = _listing(ctx)
         guard = DeletionGuard(ctx, listing, force=force)
         guard.refuse_unsafe_run(safe_floor(ctx.catalog, time.time()))
-        deleter = _Deleter(ctx, tally, listing, progress)
         run_id = sql.start_run(ctx.catalog, dry_run)
+        deleter = _Deleter(ctx, tally, listing, progress, None if dry_run else run_id)
         try:
             report = _run(ctx, tally, guard, deleter, listing, grace=grace, dry_run=dry_run,
                           progress=progress, started=started)
@@ -361,7 +369,7 @@ def _record_failure(ctx: EngineContext, run_id: int, tally: _Tally, exc: BaseExc
 def _run(ctx: EngineContext, tally: _Tally, guard: DeletionGuard, deleter: _Deleter, listing: Listing, *,
          grace: float, dry_run: bool, progress: ProgressCallback | None, started: float) -> GCReport:
     """The body of :func:`collect` once its run is recorded (the lock held)."""
-    plans = _apply_retention(ctx, dry_run)
+    plans = _apply_retention(ctx, dry_run, deleter.run_id)
     dropped = {v.id for plan in plans for v in plan.deleted}
     tally.versions_deleted = len(dropped)
     expired = sql.expired_deleted_versions(ctx.catalog, time.time() - grace)
@@ -370,7 +378,7 @@ def _run(ctx: EngineContext, tally: _Tally, guard: DeletionGuard, deleter: _Dele
     removed = set(_mark_and_sweep(ctx, tally, guard, deleter, grace=grace, dry_run=dry_run,
                                   exclude=(dropped | set(expired)) if dry_run else set()))
     if not dry_run:
-        purged = sql.purge_versions(ctx.catalog, expired)
+        purged = sql.purge_versions(ctx.catalog, expired, run_id=deleter.run_id)
         tally.versions_purged = len(purged)
         gone = sorted({obj for v in purged for obj in _everywhere(ctx, keys.manifest_key(v))})
         deleter.delete(gone)
@@ -381,7 +389,7 @@ def _run(ctx: EngineContext, tally: _Tally, guard: DeletionGuard, deleter: _Dele
         tally.bytes_freed += sum(info.size for _, info in orphans)
     else:
         verdicts = guard.orphans(orphans, removed)
-        tally.orphans_deleted = deleter.delete(verdicts.delete)
+        tally.orphans_deleted = deleter.delete(verdicts.delete, orphans=True)
         tally.kept += verdicts.kept + guard.recheck_superseded(verdicts.delete)
         tally.packs_repacked = _repack(ctx, progress)
         if tally.packs_repacked and grace == 0:  # the packs just emptied go in this run too

@@ -118,8 +118,11 @@ def scenario_dcp_save(rank: int, world: int, args: dict[str, Any]) -> dict[str, 
     planner = FailingPlanner(args["fail"], rank) if "fail" in args else None
     with open_store(args) as store:
         writer = store.dcp_writer(run=args["run"], step=args["step"], metrics={"loss": 0.5})
-        if args.get("async"):
-            future = dcp.async_save(state, storage_writer=writer, planner=planner)
+        if args.get("async"):  # as docs/guides/dcp.md: on a gloo group of its own
+            group = dist.new_group(backend="gloo")
+            future = dcp.async_save(state, storage_writer=writer, planner=planner, process_group=group)
+            for _ in range(3):  # training's collectives on the default group, while the save runs
+                dist.all_reduce(torch.ones(1))
             future.result()
         else:
             dcp.save(state, storage_writer=writer, planner=planner)
