@@ -506,7 +506,7 @@ _NUMERIC_CASES: list[tuple[tuple[str, ...], str]] = [
     # (the words before the value, where "{n}" is a fresh name; a template for the value)
     (("init", "{tmp}/new{n}", "--fast-tier", "{tmp}/tier{n}", "--fast-tier-bytes"), "{}"),
     (("check", "--read-data-subset"), "{}"),
-    (("gc", "--dry-run", "--grace"), "{}"),
+    (("gc", "--dry-run", "--grace"), "{}"), (("gc", "--history", "--since"), "{}"),
     (("log", "--since"), "{}"), (("log", "--until"), "{}"), (("log", "--min-step"), "{}"),
     (("log", "--max-step"), "{}"), (("log", "--limit"), "{}"), (("log", RUN, "--where"), "loss>{}"),
     (("audit", "--since"), "{}"), (("audit", "--until"), "{}"), (("audit", "--limit"), "{}"),

@@ -41,6 +41,7 @@ from casckpt.errors import (
     InvalidArgumentError,
     OversizedObjectError,
     StorageError,
+    UnsafeObjectError,
 )
 from casckpt.format import keys
 from casckpt.format.chunks import object_hasher
@@ -206,14 +207,15 @@ class FastTierDir:
 
         Raises:
             BlobNotFoundError: the pack is not here.
-            CorruptPackError: the copy here is damaged (its bytes do not hash to its id).
+            CorruptPackError: the copy here is damaged: its bytes do not hash to its id, or it is
+                not a regular file of the catalog's size.
             StorageError: the pack cannot be read.
         """
         try:  # a regular file, at most the catalog's size (invariant 10)
             data = self.blobs.get(keys.pack_key(pack_id), max_size=size)
         except BlobNotFoundError:
             raise BlobNotFoundError(f"pack {pack_id} is not on the fast tier {self.root}") from None
-        except OversizedObjectError as exc:
+        except (OversizedObjectError, UnsafeObjectError) as exc:  # its bytes are not the pack's
             raise CorruptPackError(f"pack {pack_id} on the fast tier {self.root} is damaged ({exc}) "
                                    "and has not drained: it is lost") from exc
         hasher = object_hasher()
