@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 import torch
-from faultproxy import FaultProxy
+from casckpt.testing.faultproxy import FaultProxy
 from typer.testing import CliRunner, Result
 
 import casckpt

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from faultproxy import FaultProxy
+from casckpt.testing.faultproxy import FaultProxy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from faultproxy import FaultProxy
+from casckpt.testing.faultproxy import FaultProxy
 
 from casckpt.errors import RetryableStorageError
 from casckpt.storage import RetryingBlobStore
