@@ -19,15 +19,19 @@ Processes (``python -m benchmarks.chaos worker ROLE ...``), each restarted when 
 Each writer appends ``begin STEP`` to its journal before a commit and ``ack STEP DIGEST``
 only after the commit returned: a version is *acknowledged* when its ack line exists.
 A version visible at the end without an ack is *in flight* (allowed) only when its
-writer was killed between begin and ack of that step; any other is *unacknowledged
-visible* (a failure). State contents are a pure function of (run, step), so every
-visible version is checked bit-exact, acknowledged or not.
+writer was killed between begin and ack of that step, or when it is the fast writer's
+(``committed STEP`` journaled: on the fast tier, not yet drained, so not acknowledged as
+durable; if the tier was wiped before its drain it cannot be read, and is counted as
+``undrained_unreadable``); any other is *unacknowledged visible* (a failure). State
+contents are a pure function of (run, step), so every visible version is checked
+bit-exact, acknowledged or not.
 
 Faults, one every 20-60 s of a 25-minute run (scaled by ``minutes / 25``), drawn at random
 from a shuffled deck of every kind so each kind comes up as often:
 kill -9 of a writer, of a running gc, of the fast writer while its drain runs, and of a
 running repair; a PostgreSQL immediate shutdown (restarted after 1-3 s); S3 windows
-(6-10 s, scaled down to no less than 30 %) of dropped responses, delays, blackholes, bodies cut mid-way and 503 SlowDown;
+(6-10 s, scaled down to no less than 30 %) of dropped responses, delays, blackholes,
+bodies cut mid-way and 503 SlowDown;
 a location emptied; the fast tier wiped; one bucket losing every object (an S3 server
 restart without persistence: two locations lost at once). After a loss, ``repair`` runs
 (and is retried) before the next fault, since ec:4+2 survives two lost shards, not three.
@@ -67,6 +71,7 @@ PREFIXES = ("p0", "p1")
 WRITERS = ("w0", "w1", "bg", "fast")
 KEEP_LAST, KEEP_EVERY = 5, 20
 HANG_S = 60.0
+WRITE_PAUSE_S = 0.5  # between a writer's commits: what an emptied location has to repair stays small
 FULL_MINUTES = 25.0
 KINDS = (
     "kill_writer", "kill_gc", "kill_drain", "kill_repair", "pg_immediate_shutdown",
@@ -157,6 +162,13 @@ def _acked(layout: Layout, role: str) -> dict[int, str]:
     return acked
 
 
+def _committed(layout: Layout, role: str) -> set[int]:
+    """Steps the fast writer's commit returned for (on the fast tier) before they were durable."""
+    path = layout.journal(role)
+    lines = path.read_text().splitlines() if path.exists() else []
+    return {int(line.split()[1]) for line in lines if line.startswith("committed ")}
+
+
 def _next_step(layout: Layout, role: str) -> int:
     begun = [int(line.split()[1]) for line in layout.journal(role).read_text().splitlines()
              if line.startswith("begin ")] if layout.journal(role).exists() else []
@@ -177,6 +189,8 @@ def writer(layout: Layout, role: str) -> None:
                 else:
                     version = store.commit(state, run=role, step=step)
                 if role == "fast":
+                    with open(layout.journal(role), "a") as f:
+                        f.write(f"committed {step}\n")
                     store.wait_durable(version.id)
             except Exception as exc:  # noqa: BLE001 - sorted into typed and untyped
                 _typed(layout, role, exc)
@@ -187,7 +201,7 @@ def writer(layout: Layout, role: str) -> None:
                 f.write(f"ack {step} {digest_of(state)}\n")
             _event(layout, role, "commit")
             step += 1
-            time.sleep(0.05)
+            time.sleep(WRITE_PAUSE_S)
 
 
 def reader(layout: Layout, role: str) -> None:
@@ -235,6 +249,7 @@ class Result:
     lost: int = 0
     wrong: int = 0
     in_flight_visible: int = 0
+    undrained_unreadable: int = 0
     unacknowledged_visible: int = 0
     typed_errors: int = 0
     untyped_errors: int = 0
@@ -394,7 +409,11 @@ class Soak:
 
     def repair(self, attempts: int = 5) -> bool:
         for _ in range(attempts):
-            done = self.cli("repair", "--json")
+            try:
+                done = self.cli("repair", "--json", timeout=HANG_S * 3)
+            except subprocess.TimeoutExpired:
+                self.result.problems.append(f"repair ran over {HANG_S * 3:.0f} s")
+                return False
             self.tend()
             if done.returncode == 0:
                 return True
@@ -492,11 +511,13 @@ class Soak:
                 self.verify_run(store, run)
 
     def verify_run(self, store: Any, run: str) -> None:
+        from casckpt.errors import VersionNotDurableError
+
         result = self.result
         acked = _acked(self.layout, run)
         result.acknowledged += len(acked)
         visible = {v.step for v in store.log(run, limit=None)} if self.layout.journal(run).exists() else set()
-        in_flight = set(self.killed_in.get(run, []))
+        in_flight = set(self.killed_in.get(run, [])) | _committed(self.layout, run)
         candidates = sorted(set(acked) | visible)
         kept = set(candidates[-KEEP_LAST:])
         buckets: dict[int, int] = {}
@@ -510,7 +531,15 @@ class Soak:
                 else:
                     result.unacknowledged_visible += 1
                     result.problems.append(f"{run}@{step} visible, never acknowledged")
-            got = digest_of(store.restore(f"{run}@{step}"))
+            try:
+                got = digest_of(store.restore(f"{run}@{step}"))
+            except VersionNotDurableError:
+                if step in acked:
+                    result.lost += 1
+                    result.problems.append(f"{run}@{step} acknowledged durable, not durable")
+                else:  # committed to the fast tier, never drained: its bytes went with the tier
+                    result.undrained_unreadable += 1
+                continue
             if got != digest_of(state_of(run, step)):
                 result.wrong += 1
                 result.problems.append(f"{run}@{step} restores other bytes")
@@ -535,7 +564,8 @@ def render(result: Result) -> str:
         f"acknowledged versions {result.acknowledged}, kept by retention {result.kept_by_retention}, "
         f"restored exactly {result.restored_exactly}",
         f"lost {result.lost}, wrong {result.wrong}, unacknowledged visible "
-        f"{result.unacknowledged_visible}, in flight when killed and visible {result.in_flight_visible}",
+        f"{result.unacknowledged_visible}, in flight when killed and visible {result.in_flight_visible} "
+        f"(of which on a wiped fast tier, never drained: {result.undrained_unreadable})",
         f"reader restores {result.reads} (wrong {result.wrong_reads}), gc runs {result.gc_runs}",
         f"typed errors {result.typed_errors}, untyped {result.untyped_errors}, hangs over "
         f"{HANG_S:.0f} s {result.hangs}",

@@ -152,7 +152,7 @@ class FaultProxy:
         if self._server is None:
             raise RuntimeError("the proxy is not running")
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
     # fault plan ------------------------------------------------------------
 

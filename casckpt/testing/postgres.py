@@ -17,19 +17,19 @@ class CrashablePostgres:
     """A PostgreSQL server of its own, crashed and restarted with pgserver's pg_ctl."""
 
     def __init__(self, root: Path) -> None:
-        import pgserver
-        from pgserver import _commands
+        # pgserver declares no exports (no __all__, no py.typed stubs for these names)
+        from pgserver import _commands, get_server  # type: ignore[attr-defined]
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            self._server = pgserver.get_server(root, cleanup_mode="stop")
+            self._server = get_server(root, cleanup_mode="stop")
         # the crashes are of processes, not of the machine: skipping fsync keeps each restart's
         # recovery (which otherwise fsyncs the whole data directory first) well under a second
         with open(self._server.pgdata / "postgresql.auto.conf", "a") as conf:
             conf.write("fsync = off\n")
         info = self._server.get_postmaster_info()
         self._socket_dir = info.socket_dir
-        self._pg_ctl = _commands.pg_ctl
+        self._pg_ctl = _commands.pg_ctl  # type: ignore[attr-defined]  # made at import by a loop
 
     def new_database(self) -> str:
         """A SQLAlchemy URL of a new, empty database on this server."""

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
 from casckpt.testing.faultproxy import FaultProxy
 
 
