@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import http.client
 import socket
+import sys
 import threading
 import time
 from collections import Counter, deque
@@ -117,7 +118,7 @@ class FaultProxy:
             owner = proxy
             timeout = proxy.timeout
 
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server = _Server(("127.0.0.1", 0), Handler)
         server.daemon_threads = True
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, name="faultproxy",
@@ -269,6 +270,14 @@ class FaultProxy:
                 self._open.add(sock)
             else:
                 self._open.discard(sock)
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        # a client that hangs up (its own timeout, or a process killed mid-request, as the
+        # chaos soak does hundreds of times) is expected here, not a traceback on stderr
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
 class _Handler(BaseHTTPRequestHandler):
