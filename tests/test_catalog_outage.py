@@ -26,8 +26,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-import uuid
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +41,7 @@ from casckpt.catalog import Catalog
 from casckpt.catalog.database import CONNECT_TIMEOUT_S
 from casckpt.engine.background import CommitHandle
 from casckpt.errors import CatalogError, CatalogUnavailableError, VersionExistsError
+from casckpt.testing.postgres import CrashablePostgres
 
 CHUNK = 4096
 RETRY_S = "0.3"  # the catalog's retry budget in this test: shorter than each outage
@@ -50,55 +49,9 @@ UP_S, DOWN_S = 3.0, 0.8  # up 3 s between outages (a loaded machine commits in i
 OUTAGES = 2  # the second proves recovery is not a one-off; a third asserted the same again
 
 
-class CrashablePostgres:
-    """A PostgreSQL server of this test alone, crashed and restarted with pgserver's pg_ctl."""
-
-    def __init__(self, root: Path) -> None:
-        pgserver = pytest.importorskip("pgserver")
-        from pgserver import _commands
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            self._server = pgserver.get_server(root, cleanup_mode="stop")
-        # the crashes are of processes, not of the machine: skipping fsync keeps each restart's
-        # recovery (which otherwise fsyncs the whole data directory first) well under a second
-        with open(self._server.pgdata / "postgresql.auto.conf", "a") as conf:
-            conf.write("fsync = off\n")
-        info = self._server.get_postmaster_info()
-        self._socket_dir = info.socket_dir
-        self._pg_ctl = _commands.pg_ctl
-
-    def new_database(self) -> str:
-        """A SQLAlchemy URL of a new, empty database on this server."""
-        name = f"casckpt_{uuid.uuid4().hex[:12]}"
-        self._server.psql(f"CREATE DATABASE {name};")
-        url = self._server.get_uri().replace("postgresql://", "postgresql+psycopg://", 1)
-        return url.replace("/postgres?", f"/{name}?", 1)
-
-    def _ctl(self, *args: str) -> None:
-        self._pg_ctl(list(args), pgdata=self._server.pgdata, user=self._server.system_user,
-                     timeout=30)
-
-    def crash(self) -> None:
-        """Immediate shutdown: backends are killed, no checkpoint; the next start recovers."""
-        self._ctl("-w", "-m", "immediate", "stop")
-
-    def start(self) -> None:
-        """Start again on the same data directory and socket; returns once it accepts queries."""
-        self._ctl("-w", "-o", '-h ""', "-o", f"-k {self._socket_dir}", "-l", str(self._server.log),
-                  "start")
-
-    def stop(self) -> None:
-        """Stop for good (pgserver's own cleanup only knows the first postmaster)."""
-        try:
-            self._ctl("-w", "-m", "fast", "stop")
-        except Exception:  # noqa: BLE001 - already stopped
-            pass
-        self._server.cleanup()
-
-
 @pytest.fixture(scope="module")
 def crashable_pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CrashablePostgres]:
+    pytest.importorskip("pgserver")
     server = CrashablePostgres(tmp_path_factory.mktemp("pgcrash") / "pg")
     try:
         yield server

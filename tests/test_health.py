@@ -25,12 +25,12 @@ from typing import Any
 
 import pytest
 import torch
-from faultproxy import FaultProxy
 from typer.testing import CliRunner, Result
 
 import casckpt
 from casckpt.cli.main import app
 from casckpt.testing import s3 as s3_testing
+from casckpt.testing.faultproxy import FaultProxy
 
 CHUNK = 16 << 10
 PACK = 64 << 10

@@ -27,7 +27,7 @@ import casckpt
 from casckpt.errors import CasckptError, ReadOnlyStoreError, ReadOnlyStoreWarning
 
 sys.path.insert(0, str(Path(__file__).parent))
-from faultproxy import FaultProxy  # noqa: E402
+from casckpt.testing.faultproxy import FaultProxy
 
 TESTS = Path(__file__).resolve().parent
 WORKTREE = TESTS.parent

@@ -24,7 +24,7 @@ from casckpt.cli.shared import EXIT_DENIED, EXIT_UNAVAILABLE, exit_code_for
 from casckpt.errors import AccessDeniedError, IntegrityError, StorageError, StoreUnavailableError
 
 sys.path.insert(0, str(Path(__file__).parent))
-from faultproxy import FaultProxy  # noqa: E402
+from casckpt.testing.faultproxy import FaultProxy
 
 CHUNK = 4096
 

@@ -1,8 +1,8 @@
 """Fixtures for blob store tests: a shared boto3 session, buckets, a fault proxy.
 
 The moto S3 server (``moto_endpoint``, on 127.0.0.1) and the fake, isolated AWS
-environment (``aws_env``) come from tests/conftest.py, which also puts tests/
-on ``sys.path`` so ``faultproxy`` imports here.
+environment (``aws_env``) come from tests/conftest.py; the proxy from
+:mod:`casckpt.testing.faultproxy`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from faultproxy import FaultProxy
+
+from casckpt.testing.faultproxy import FaultProxy
 
 
 @pytest.fixture

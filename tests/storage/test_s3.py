@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from faultproxy import FaultProxy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,6 +30,7 @@ from casckpt.storage.s3 import S3BlobStore, parse_s3_url
 from casckpt.storage.s3_errors import map_s3_error
 from casckpt.testing import BlobStoreConformance
 from casckpt.testing.blobstore import blob
+from casckpt.testing.faultproxy import FaultProxy
 
 MiB = 1024 * 1024
 SMALL_MULTIPART = {"multipart_threshold": 5 * MiB, "multipart_chunksize": 5 * MiB}

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from faultproxy import FaultProxy
 
 from casckpt.errors import RetryableStorageError
 from casckpt.storage import RetryingBlobStore
 from casckpt.storage.s3 import S3BlobStore
 from casckpt.testing.blobstore import blob
+from casckpt.testing.faultproxy import FaultProxy
 
 MiB = 1024 * 1024
 ATTEMPTS = 4

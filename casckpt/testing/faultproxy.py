@@ -1,7 +1,8 @@
-"""A fault-injecting HTTP/1.1 forwarding proxy for tests of network blob stores.
+"""A fault-injecting HTTP/1.1 forwarding proxy for tests and benchmarks of network
+blob stores (tests/ and benchmarks/chaos.py).
 
 ``FaultProxy`` listens on ``127.0.0.1`` (a free port) and relays every request
-to one upstream HTTP server (the moto S3 server in these tests): method, path,
+to one upstream HTTP server (the moto S3 server of the tests): method, path,
 query, headers (``Host`` unchanged, so SigV4 signatures stay valid) and the raw
 request body, chunked framing included. Tests point a client at
 ``proxy.endpoint_url`` and program faults:
@@ -16,7 +17,13 @@ request body, chunked framing included. Tests point a client at
   the response body (damage in transit that only checksums catch);
 - ``drop_next_response(n)`` forwards the whole request (the upstream acts on
   it), then closes without answering: a response lost on the way back;
-- ``stall_next(n, seconds)`` waits before forwarding (client read timeouts).
+- ``stall_next(n, seconds)`` waits before forwarding (client read timeouts);
+- ``blackhole_next(n, seconds)`` reads the request, never forwards it, and holds
+  the connection silent for ``seconds`` before closing it (an endpoint that went
+  dark: the client sees nothing until its own read timeout).
+
+Faults count requests, not time: a window of outage is ``n=2**62`` of a kind,
+then :meth:`FaultProxy.clear_faults` when the window ends.
 
 Each fault applies to the next ``n`` requests it matches (by method, and by a
 substring of the path and query), in the order faults were added. ``records``,
@@ -31,6 +38,7 @@ from __future__ import annotations
 
 import http.client
 import socket
+import sys
 import threading
 import time
 from collections import Counter, deque
@@ -110,7 +118,7 @@ class FaultProxy:
             owner = proxy
             timeout = proxy.timeout
 
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server = _Server(("127.0.0.1", 0), Handler)
         server.daemon_threads = True
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, name="faultproxy",
@@ -145,7 +153,7 @@ class FaultProxy:
         if self._server is None:
             raise RuntimeError("the proxy is not running")
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
     # fault plan ------------------------------------------------------------
 
@@ -197,6 +205,12 @@ class FaultProxy:
                    path_contains: str | None = None) -> None:
         """Wait ``seconds`` before forwarding the next ``n`` matching requests."""
         self._add(_Fault("stall", n, self._methods(methods), path_contains, seconds=seconds))
+
+    def blackhole_next(self, n: int = 1, *, seconds: float,
+                       methods: Iterable[str] | None = None,
+                       path_contains: str | None = None) -> None:
+        """Swallow the next ``n`` matching requests: no answer for ``seconds``, then hang up."""
+        self._add(_Fault("blackhole", n, self._methods(methods), path_contains, seconds=seconds))
 
     def clear_faults(self) -> None:
         with self._lock:
@@ -256,6 +270,14 @@ class FaultProxy:
                 self._open.add(sock)
             else:
                 self._open.discard(sock)
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        # a client that hangs up (its own timeout, or a process killed mid-request, as the
+        # chaos soak does hundreds of times) is expected here, not a traceback on stderr
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -341,6 +363,11 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if fault is not None and fault.kind == "stall":
             time.sleep(fault.seconds)
+        if fault is not None and fault.kind == "blackhole":
+            self.owner._record(RequestRecord(method, path, headers, n, None, 0, kind))
+            time.sleep(fault.seconds)
+            self.close_connection = True
+            return
 
         status, reason, resp_headers, body = self._forward(method, path, raw)
         if fault is not None and fault.kind == "drop_response":
