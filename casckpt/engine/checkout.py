@@ -36,6 +36,7 @@ from casckpt.format.dirsnap import DIR_KEY, DirEntry, is_snapshot, read_listing
 from casckpt.format.dtypes import element_size
 from casckpt.format.manifest import Manifest, TensorEntry
 from casckpt.format.tree import decode_tree
+from casckpt.storage.scratch import remove_tree
 from casckpt.types import ProgressCallback
 
 if TYPE_CHECKING:
@@ -151,7 +152,7 @@ def checkout(ctx: EngineContext, manifest: Manifest, target: Path,
 
 def _abandon(claimed: work_dir.WorkDir, made: list[Path]) -> None:
     """A failed checkout: remove its directory, then its lock, then the parents it made."""
-    work_dir.remove(claimed.path)
+    remove_tree(claimed.path)
     claimed.release()
     _unmake(made)
 

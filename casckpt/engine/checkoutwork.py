@@ -21,14 +21,12 @@ import fcntl
 import logging
 import os
 import re
-import shutil
-import stat
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from casckpt.storage.scratch import DEFAULT_GRACE, LOCK_SUFFIX, Reclaimed
+from casckpt.storage.scratch import DEFAULT_GRACE, LOCK_SUFFIX, Reclaimed, reclaim_if_dead, remove_tree
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +110,7 @@ def reclaim(parent: Path, *, grace: float = DEFAULT_GRACE, now: float | None = N
                 done += _reclaim_locked(Path(entry.path))
             elif _UNLOCKED.match(entry.name) and entry.is_dir(follow_symlinks=False) and \
                     now - entry.stat(follow_symlinks=False).st_mtime >= grace:
-                done += remove(Path(entry.path))
+                done += remove_tree(Path(entry.path))
         except OSError as exc:
             log.warning("could not reclaim %s: %s", entry.path, exc)
     if done.files:
@@ -148,45 +146,4 @@ def reclaim_registered(registry: Path) -> Reclaimed:
 
 
 def _reclaim_locked(lock: Path) -> Reclaimed:
-    try:
-        fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return Reclaimed()  # the checkout ended, or another reclaim got there first
-    except OSError as exc:
-        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ELOOP):
-            return Reclaimed()
-        raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return Reclaimed()
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return Reclaimed()  # held: the checkout is running
-        work = lock.with_name(lock.name[: -len(LOCK_SUFFIX)])
-        done = remove(work) if work.is_dir() and not work.is_symlink() else Reclaimed()
-        lock.unlink(missing_ok=True)
-        return done
-    finally:
-        os.close(fd)
-
-
-def remove(work: Path) -> Reclaimed:
-    """Remove a checkout directory, making its directories writable first (a checkout applies
-    their modes, read-only ones included, before its rename); symlinks are removed, never
-    followed. Returns what it held."""
-    files = nbytes = 0
-    for folder, dirs, names in os.walk(work):
-        for name in dirs:
-            path = os.path.join(folder, name)
-            if not os.path.islink(path):
-                os.chmod(path, 0o700)
-        for name in names:
-            try:
-                st = os.lstat(os.path.join(folder, name))
-            except OSError:
-                continue
-            files += 1
-            nbytes += st.st_size if stat.S_ISREG(st.st_mode) else 0
-    shutil.rmtree(work, ignore_errors=True)
-    return Reclaimed(files, nbytes)
+    return reclaim_if_dead(lock, lock.with_name(lock.name[: -len(LOCK_SUFFIX)]))

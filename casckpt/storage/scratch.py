@@ -187,7 +187,7 @@ def _reclaim_entry(base: Path, entry: os.DirEntry[str], grace: float, now: float
         # its owner makes the lock before the directory and removes it after: a directory
         # without a lock was left by a reclaim or a close that did not finish
         if not os.path.lexists(base / f"{name}{LOCK_SUFFIX}"):
-            return _remove_tree(base / name)
+            return remove_tree(base / name)
         return Reclaimed()
     if _LOOSE.match(name) and entry.is_file(follow_symlinks=False):
         st = entry.stat(follow_symlinks=False)
@@ -198,13 +198,23 @@ def _reclaim_entry(base: Path, entry: os.DirEntry[str], grace: float, now: float
 
 
 def _reclaim_locked(base: Path, token: str) -> Reclaimed:
-    lock = base / f"{token}{LOCK_SUFFIX}"
+    return reclaim_if_dead(base / f"{token}{LOCK_SUFFIX}", base / token)
+
+
+def reclaim_if_dead(lock: Path, work: Path) -> Reclaimed:
+    """Remove directory ``work`` and then ``lock`` if ``lock`` (a regular file, never followed)
+    can be ``flock``'d: its owner died. A held lock, or one this process may not open for
+    writing (a reader cannot clean up here), leaves both in place.
+
+    Raises:
+        OSError: the lock cannot be opened for another reason.
+    """
     try:  # for writing: an exclusive lock over NFS needs it
         fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return Reclaimed()  # its owner closed, or another reclaim got there first
     except OSError as exc:
-        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):  # a reader cannot clean up here
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ELOOP):
             log.debug("cannot reclaim %s: %s", lock, exc)
             return Reclaimed()
         raise
@@ -215,17 +225,23 @@ def _reclaim_locked(base: Path, token: str) -> Reclaimed:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return Reclaimed()  # held: the owner lives (or the lock cannot be tested: leave it)
-        done = _remove_tree(base / token)
+        done = remove_tree(work) if work.is_dir() and not work.is_symlink() else Reclaimed()
         lock.unlink(missing_ok=True)
         return done
     finally:
         os.close(fd)
 
 
-def _remove_tree(path: Path) -> Reclaimed:
-    """Remove ``path`` (a directory; symlinks in it are removed, never followed)."""
+def remove_tree(path: Path) -> Reclaimed:
+    """Remove directory ``path``, making its directories writable first (a checkout applies
+    read-only modes before its rename); symlinks in it are removed, never followed. Returns
+    what it held."""
     files = nbytes = 0
-    for dirpath, _dirs, names in os.walk(path):
+    for dirpath, dirs, names in os.walk(path):
+        for name in dirs:
+            sub = os.path.join(dirpath, name)
+            if not os.path.islink(sub):
+                os.chmod(sub, 0o700)
         for name in names:
             try:
                 st = os.lstat(os.path.join(dirpath, name))
