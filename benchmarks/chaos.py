@@ -520,7 +520,7 @@ class Soak:
                 self.verify_run(store, run)
 
     def verify_run(self, store: Any, run: str) -> None:
-        from casckpt.errors import VersionNotDurableError
+        from casckpt.errors import VersionLostError, VersionNotDurableError
 
         result = self.result
         acked = _acked(self.layout, run)
@@ -542,7 +542,7 @@ class Soak:
                     result.problems.append(f"{run}@{step} visible, never acknowledged")
             try:
                 got = digest_of(store.restore(f"{run}@{step}"))
-            except VersionNotDurableError:
+            except (VersionNotDurableError, VersionLostError):  # not drained here, or its tier wiped
                 if step in acked:
                     result.lost += 1
                     result.problems.append(f"{run}@{step} acknowledged durable, not durable")

@@ -54,12 +54,16 @@ def open_store(root: str, blobs: str, fast: str, endpoint: str, **kwargs: Any) -
                         pack_size=PACK, **kwargs)
 
 
-def _die_at(owner: Any, name: str, n: int, after: bool) -> None:
+def _die_at(owner: Any, name: str, n: int, after: bool, prefix: str | None = None) -> None:
+    """SIGKILL this process at the ``n``-th call of ``owner.name`` (before it, or ``after``);
+    with ``prefix``, only calls whose object key (the first argument) starts with it count."""
     real: Callable[..., Any] = getattr(owner, name)
     calls = 0
 
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         nonlocal calls
+        if prefix is not None and not str(args[1]).startswith(prefix):
+            return real(*args, **kwargs)
         calls += 1
         if calls == n and not after:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -93,14 +97,14 @@ def killed_drain(root: str, blobs: str, fast: str, endpoint: str, versions: int,
     for i in range(versions):
         assert store.commit(state("r", i), run="r", step=i).durability == "fast"
     location = S3BlobStore if endpoint != "-" else LocalBlobStore
-    owner, name, after = {
-        "upload": (location, "put_file", False),  # N-1 pack objects up, the rest not
-        "before-record": (tiers, "record_drained", False),  # uploaded, not made live
-        "after-record": (tiers, "record_drained", True),  # live, its versions not finished
-        "manifest-up": (location, "put", True),  # a manifest on the locations, version fast
-        "before-finish": (tiers, "finish", False),  # every manifest up, nothing finished
+    owner, name, after, prefix = {  # a drain stores pack bytes read from the tier: put, not put_file
+        "upload": (location, "put", False, "packs/"),  # N-1 pack objects up, the rest not
+        "before-record": (tiers, "record_drained", False, None),  # uploaded, not made live
+        "after-record": (tiers, "record_drained", True, None),  # live, its versions not finished
+        "manifest-up": (location, "put", True, "manifests/"),  # a manifest on the locations, version fast
+        "before-finish": (tiers, "finish", False, None),  # every manifest up, nothing finished
     }[point]
-    _die_at(owner, name, n, after)
+    _die_at(owner, name, n, after, prefix)
     store.drain(wait=True)
     sys.exit(3)
 
@@ -122,15 +126,16 @@ def _log_uploads(path: str) -> None:
     """Append the id of every pack this process stores on the locations to ``path``."""
     from casckpt.engine.packs import Packs
 
-    real = Packs.write
+    def logged(real: Callable[..., Any]) -> Callable[..., Any]:
+        def write(self: Packs, pack_id: str, *args: Any, **kwargs: Any) -> Any:
+            layout = real(self, pack_id, *args, **kwargs)
+            with open(path, "a") as f:
+                f.write(f"{pack_id}\n")
+            return layout
+        return write
 
-    def write(self: Packs, pack_id: str, *args: Any, **kwargs: Any) -> Any:
-        layout = real(self, pack_id, *args, **kwargs)
-        with open(path, "a") as f:
-            f.write(f"{pack_id}\n")
-        return layout
-
-    Packs.write = write  # type: ignore[method-assign]
+    Packs.write = logged(Packs.write)  # type: ignore[method-assign]  # a commit's pack
+    Packs.write_bytes = logged(Packs.write_bytes)  # type: ignore[method-assign]  # a drained one
 
 
 def committer(root: str, blobs: str, fast: str, endpoint: str, run: str, count: int,
