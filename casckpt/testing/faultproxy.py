@@ -47,6 +47,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
+from casckpt.errors import InvalidArgumentError
+
 _HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "te",
      "trailer", "upgrade", "expect"}
@@ -151,7 +153,7 @@ class FaultProxy:
     @property
     def endpoint_url(self) -> str:
         if self._server is None:
-            raise RuntimeError("the proxy is not running")
+            raise InvalidArgumentError("the proxy is not running: start() it, or use it in a with block")
         host, port = self._server.server_address[:2]
         return f"http://{host!s}:{port}"
 
