@@ -20,11 +20,12 @@ from casckpt import config
 from casckpt.catalog import schema
 from casckpt.catalog.deltas import DEFAULT_DELTA_CHAIN
 from casckpt.engine import deltabase
-from casckpt.engine.deltabase import ChainPolicy, chain_within
+from casckpt.engine.deltabase import CachedChunk, ChainPolicy
 from casckpt.errors import CorruptChunkError, InvalidArgumentError
 from casckpt.format.codecs import (
+    CODECS,
     SPARSE_BLOCK,
-    Codec,
+    Delta,
     apply_sparse,
     decode_chunk,
     sparse_delta,
@@ -151,6 +152,17 @@ def test_chunks_whose_deltas_do_not_pay_drop_back_to_samples(
 # ---- keyframes by cost ---------------------------------------------------------------------------
 
 
+def chain_within(policy: ChainPolicy, levels: list[tuple[int, int, int]], key_bytes: int) -> bool:
+    """Whether a stored chain is within ``policy`` as the encoder extends it: ``levels`` are its
+    deltas' (raw length, stored length, codec id), keyframe first; ``key_bytes`` the keyframe's
+    stored length."""
+    state: CachedChunk | None = CachedChunk(memoryview(b""), 0, key_bytes=key_bytes)
+    for raw_len, stored, codec in levels:
+        sparse = CODECS[codec].delta is Delta.SPARSE
+        state = policy.extend(state, raw_len, stored, sparse) if state is not None else None
+    return state is not None
+
+
 def _check_chains(store: casckpt.Store, policy: ChainPolicy) -> int:
     """Every stored chain is within ``policy``; returns the longest."""
     rows = _chunk_rows(store)
@@ -226,7 +238,7 @@ def test_a_chain_length_that_was_set_is_a_fixed_depth(tmp_path: Path) -> None:
 def test_chain_policy_bounds() -> None:
     by_cost = ChainPolicy(32, by_cost=True)
     # a delta of 1% of the chunk costs 0.11 keyframe restores: four fit under 0.5, five do not
-    dense, sparse = int(Codec.XOR_GROUP4_ZSTD), int(Codec.XOR_SPARSE_ZSTD)
+    dense, sparse = 7, 9  # xor-group4-zstd, xor-sparse-zstd
     assert chain_within(by_cost, [(1000, 10, dense)] * 4, 1000)
     assert not chain_within(by_cost, [(1000, 10, dense)] * 5, 1000)
     # sparse deltas patch only what changed: 0.03 each, 16 fit
@@ -254,11 +266,13 @@ def test_sparse_deltas_round_trip_and_touch_only_changed_blocks(blocks: int, wid
     data = base.copy()
     for at in changed:
         data[at % len(data)] ^= 1 + at % 255
-    payload = sparse_delta(data.data, base.data, width, 1, 1.0)
-    assert payload is not None
+    encoded = sparse_delta(data.data, base.data, width, 1, 1.0)
+    assert encoded is not None
+    codec, payload = encoded
+    assert codec.delta is Delta.SPARSE
     index, xor = sparse_planes(payload, len(data))
     assert np.flatnonzero((data != base).reshape(-1, SPARSE_BLOCK).any(axis=1)).tolist() == index.tolist()
-    assert bytes(decode_chunk(Codec.XOR_SPARSE_ZSTD, payload, len(data), base.tobytes())) == data.tobytes()
+    assert bytes(decode_chunk(codec.id, payload, len(data), base.tobytes())) == data.tobytes()
     assert apply_sparse(base.copy(), index, xor).tobytes() == data.tobytes()
 
 
@@ -270,8 +284,9 @@ def test_sparse_deltas_refuse_dense_changes_and_malformed_payloads() -> None:
     assert sparse_delta(data[:100].data, base[:100].data, 4, 1, 1.0) is None  # not whole blocks
     data = base.copy()
     data[5] = 7
-    payload = sparse_delta(data.data, base.data, 4, 1, 0.25)
-    assert payload is not None
+    encoded = sparse_delta(data.data, base.data, 4, 1, 0.25)
+    assert encoded is not None
+    payload = encoded[1]
     with pytest.raises(CorruptChunkError):
         sparse_planes(payload, 32 * SPARSE_BLOCK + 1)  # another length
     head = zstandard.ZstdCompressor().compress(struct.pack("<BBHI", 4, 6, 0, 2) + struct.pack("<II", 3, 0)
@@ -295,7 +310,7 @@ def test_an_embedding_table_stores_long_cheap_chains_of_sparse_deltas(tmp_path: 
             store.commit({"t": table}, run="r", step=step)
             table = _rows(table, g, 0.005)
         rows = _chunk_rows(store)
-        assert {Codec(r.codec) for r in rows.values() if r.base_id is not None} == {Codec.XOR_SPARSE_ZSTD}
+        assert {CODECS[r.codec].delta for r in rows.values() if r.base_id is not None} == {Delta.SPARSE}
         assert _check_chains(store, ChainPolicy(DEFAULT_DELTA_CHAIN, by_cost=True)) > 5  # longer than dense
         for step, want in enumerate(kept):
             assert _bits(store.restore(f"r@{step}")["t"]) == _bits(want)

@@ -34,7 +34,7 @@ import torch
 
 import casckpt
 from casckpt.format.chunks import chunk_id
-from casckpt.format.codecs import Codec, CompressionPolicy, encode_chunk, encode_delta
+from casckpt.format.codecs import CompressionPolicy, encode_chunk, encode_delta
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, World, encode_manifest
 from casckpt.format.merkle import node_json
 from casckpt.format.pack import PackWriter
@@ -96,23 +96,23 @@ def _pack(seed: int, variant: int) -> PackSeed:
         codec, payload = encode_chunk(raw, width, policy)
         cid = chunk_id(raw)
         chunks[cid] = raw
-        writer.add(cid, codec, len(raw), payload)
+        writer.add(cid, codec.id, len(raw), payload)
     for width in (1, 2, 4, 8):  # a keyframe, then two deltas on it
         base = _smooth(rng, 2048 // 4, np.float32).tobytes()
         codec, payload = encode_chunk(base, width, policy)
         prev_id = chunk_id(base)
         chunks[prev_id] = base
-        writer.add(prev_id, codec, len(base), payload)
+        writer.add(prev_id, codec.id, len(base), payload)
         prev = base
         for _ in range(2):
             array = np.frombuffer(prev, dtype=np.float32).copy()
             array[:: 7] *= np.float32(1.0001)
             raw = array.tobytes()
             codec, payload = encode_delta(raw, prev, width, 1)
-            assert Codec(codec).is_delta
+            assert codec.is_delta
             cid = chunk_id(raw)
             chunks[cid] = raw
-            writer.add(cid, codec, len(raw), payload, base_id=prev_id)
+            writer.add(cid, codec.id, len(raw), payload, base_id=prev_id)
             prev, prev_id = raw, cid
     pack_id = writer.finish()
     return PackSeed(pack_id, buffer.getvalue(), chunks)

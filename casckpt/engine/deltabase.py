@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from casckpt.format.codecs import Codec, delta_ratio_probe, encode_delta, sparse_delta
+from casckpt.format.codecs import delta_ratio_probe, encode_delta, sparse_delta
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry
 
 DELTA_MAX_RATIO = 0.8  # a delta must be at most this fraction of the plain encoding's size ...
@@ -136,16 +136,6 @@ class ChainPolicy:
         by_cost = (self.restore_bound - base.cost - SPARSE_LEVEL_BASE) / LEVEL_PER_BYTE
         by_bytes = (base.key_bytes - base.delta_bytes) / max(raw_len, 1)
         return min(DELTA_MAX_RAW, by_cost, by_bytes)
-
-
-def chain_within(policy: ChainPolicy, levels: Sequence[tuple[int, int, int]], key_bytes: int) -> bool:
-    """Whether a stored chain is within ``policy``: ``levels`` are its deltas' (raw length,
-    stored length, codec), keyframe first; ``key_bytes`` the keyframe's stored length."""
-    state: CachedChunk | None = CachedChunk(memoryview(b""), 0, key_bytes=key_bytes)
-    for raw_len, stored, codec in levels:
-        sparse = codec == Codec.XOR_SPARSE_ZSTD
-        state = policy.extend(state, raw_len, stored, sparse) if state is not None else None
-    return state is not None
 
 
 class BaseCache:
@@ -274,10 +264,8 @@ class DeltaPlan:
                           and delta_ratio_probe(data, cached.data, align, self.level) > limit):
             return self._no_delta(cid, data, owned, plain, cached)
         sparse = sparse_delta(data, cached.data, align, self.level, SPARSE_MAX)
-        if sparse is not None:
-            delta_codec, delta = Codec.XOR_SPARSE_ZSTD, sparse
-        else:
-            delta_codec, delta = encode_delta(data, cached.data, align, self.level)
+        delta_codec, delta = sparse if sparse is not None else \
+            encode_delta(data, cached.data, align, self.level)
         if len(delta) > DELTA_SURE_RATIO * len(data):  # compare with the plain encoding
             codec, payload = plain()
             if len(delta) > min(DELTA_MAX_RATIO * len(payload), DELTA_MAX_RAW * len(data)):

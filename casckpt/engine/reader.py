@@ -36,10 +36,11 @@ from casckpt.errors import (
 )
 from casckpt.format.chunks import ChunkIds
 from casckpt.format.codecs import (
-    Codec,
+    CODECS,
+    Delta,
     apply_sparse,
     delta_planes,
-    is_delta,
+    lookup,
     regroup,
     sparse_planes,
     ungroup_into,
@@ -138,7 +139,8 @@ class _Slot:
     @classmethod
     def of(cls, loc: ChunkLocation, destinations: list[Destination]) -> _Slot:
         entry = loc.entry()
-        direct = entry.codec == Codec.RAW and bool(destinations) and len(destinations[0]) == entry.stored_len
+        direct = lookup(entry.codec).stored_as_is and bool(destinations) \
+            and len(destinations[0]) == entry.stored_len
         # not zero-filled: a read fills it whole, or fails (a short read is a truncated pack)
         payload = destinations[0] if direct else memoryview(np.empty(entry.stored_len, np.uint8))  # type: ignore[arg-type]
         return cls(entry, loc.pack_id, memoryview(bytearray(ENTRY_HEADER_SIZE)), payload, destinations)
@@ -194,15 +196,10 @@ def _check_location(loc: ChunkLocation, cid: bytes, describe: Callable[[bytes], 
     sane = all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in numbers) and \
         loc.chunk_id == cid.hex() and _is_id(loc.pack_id) and isinstance(loc.pack_key, str) and \
         (loc.base_id is None or (_is_id(loc.base_id) and loc.base_id != loc.chunk_id))
-    if sane:
-        try:
-            codec = Codec(loc.codec)
-        except ValueError:
-            sane = False
-        else:  # RAW is stored as is; zstd never grows data by more than a small fraction
-            sane = loc.stored_len == loc.raw_len if codec is Codec.RAW else \
-                loc.stored_len <= _compress_bound(loc.raw_len)
-            sane = sane and (loc.base_id is not None) == codec.is_delta
+    codec = CODECS.get(loc.codec) if sane else None  # an unknown id is damage, never a guess
+    sane = codec is not None and (loc.base_id is not None) == codec.is_delta and (
+        loc.stored_len <= _compress_bound(loc.raw_len) if codec.zstd  # zstd grows data by a little at most
+        else loc.stored_len == loc.raw_len)
     if not sane:
         raise CorruptChunkError(
             f"the catalog's record of chunk {cid.hex()} ({describe(cid)}) is damaged (pack "
@@ -233,7 +230,7 @@ def _read_all(ctx: EngineContext, wanted: Mapping[bytes, list[Destination]],
               last_try: bool = False, heal: bool = True) -> int:
     locations = _locate(ctx, wanted, describe)
     _check_sizes(wanted, locations, describe)
-    plain = {cid: dsts for cid, dsts in wanted.items() if not is_delta(locations[cid].codec)}
+    plain = {cid: dsts for cid, dsts in wanted.items() if not lookup(locations[cid].codec).is_delta}
     done = _read_located(ctx, plain, locations, describe, progress, last_try, heal)
     deltas = [cid for cid in wanted if cid not in plain]
     if deltas:
@@ -380,7 +377,7 @@ class _DeltaReader:
                     own = entry.base_id in reps and entry.base_id in consumable
                     base = reps[entry.base_id] if entry.base_id in reps else self.decoded[entry.base_id]
                     last = entry.chunk_id not in needed and bool(slot.destinations)
-                    sparse = entry.codec == Codec.XOR_SPARSE_ZSTD
+                    sparse = lookup(entry.codec).delta is Delta.SPARSE
                     into = slot.destinations[0] if last and (base[0] == 1 or sparse) else None
                     if sparse and own and into is None:
                         with lock:
@@ -433,7 +430,7 @@ def _apply(slot: _Slot, base: Rep, into: Destination | None = None, own: bool = 
     """
     entry = slot.entry
     check_entry_header(slot.header, entry, slot.pack_id)
-    if entry.codec == Codec.XOR_SPARSE_ZSTD:
+    if lookup(entry.codec).delta is Delta.SPARSE:
         return _apply_sparse(slot, base, into, own)
     try:
         width, planes = delta_planes(entry.codec, slot.payload, entry.raw_len)

@@ -1,16 +1,22 @@
 """Chunk codecs: how a chunk's raw bytes are encoded inside a pack.
 
-Each codec has a one-byte id recorded in the chunk's pack header and catalog
-row, so a pack is decodable on its own. Byte grouping (all first bytes of each
-element, then all second bytes, ...) puts the slowly varying sign/exponent
-bytes of floats next to each other, which zstd then compresses well.
+Each codec is a registered :class:`Codec` whose properties are data: its one-byte id
+(recorded in the chunk's pack header and catalog row, so a pack is decodable on its own),
+whether its payload is a zstd frame, the byte grouping it applies, and the base it needs.
+Byte grouping (all first bytes of each element, then all second bytes, ...) puts the
+slowly varying sign/exponent bytes of floats next to each other, which zstd then
+compresses well. Encoding picks a codec by those properties, decoding follows them;
+adding a codec is one entry in :data:`CODECS` (plus its code, if it needs a new kind of
+payload). An id this casckpt does not know is refused (:func:`lookup`), never guessed.
 """
 
 from __future__ import annotations
 
 import enum
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 import zstandard
@@ -20,39 +26,100 @@ from casckpt.errors import CorruptChunkError
 _SAMPLE_BYTES = 64 * 1024
 
 
-class Codec(enum.IntEnum):
-    """Chunk encodings; the value is what packs and the catalog record."""
+class Delta(enum.Enum):
+    """The base a codec needs, and how its payload applies to it."""
 
-    RAW = 0
-    ZSTD = 1
-    GROUP2_ZSTD = 2
-    GROUP4_ZSTD = 3
-    GROUP8_ZSTD = 4
-    XOR_ZSTD = 5  # delta codecs: the XOR of the chunk and its base chunk, (grouped and) compressed
-    XOR_GROUP2_ZSTD = 6
-    XOR_GROUP4_ZSTD = 7
-    XOR_GROUP8_ZSTD = 8
-    XOR_SPARSE_ZSTD = 9  # the changed 64-byte blocks' XOR and their indices, compressed (see sparse_delta)
+    NONE = "none"  # decodes on its own
+    XOR = "xor"  # the XOR with a base chunk of the same length, in the codec's grouped order
+    SPARSE = "sparse"  # the XOR of the 64-byte blocks that changed against a same-length base (sparse_delta)
 
-    @property
-    def group(self) -> int:
-        """Bytes per element grouped before compression (1: no grouping)."""
-        return {Codec.GROUP2_ZSTD: 2, Codec.GROUP4_ZSTD: 4, Codec.GROUP8_ZSTD: 8,
-                Codec.XOR_GROUP2_ZSTD: 2, Codec.XOR_GROUP4_ZSTD: 4, Codec.XOR_GROUP8_ZSTD: 8}.get(self, 1)
+
+@dataclass(frozen=True, slots=True)
+class Codec:
+    """One chunk encoding, described by data.
+
+    Attributes:
+        id: the byte packs and the catalog record; never renumbered or reused.
+        name: a stable name for messages and docs.
+        zstd: the payload is one zstd frame (else the bytes themselves).
+        group: bytes per element grouped before compression (1: none; a sparse
+            delta's payload header says its own).
+        delta: the base it needs (:class:`Delta`); a delta needs the base chunk's raw bytes.
+        lossless: decodes to exactly the bytes encoded. Every registered codec must be:
+            a chunk's id is the hash of its raw bytes, checked on every read.
+    """
+
+    id: int
+    name: str
+    zstd: bool = True
+    group: int = 1
+    delta: Delta = Delta.NONE
+    lossless: bool = True
 
     @property
     def is_delta(self) -> bool:
         """Whether decoding needs the base chunk's raw bytes."""
-        return self >= Codec.XOR_ZSTD
+        return self.delta is not Delta.NONE
+
+    @property
+    def stored_as_is(self) -> bool:
+        """Whether the payload is the chunk's raw bytes (a read may land straight in place)."""
+        return not self.zstd and not self.is_delta
+
+    def __int__(self) -> int:
+        return self.id
 
 
-_GROUPED = {2: Codec.GROUP2_ZSTD, 4: Codec.GROUP4_ZSTD, 8: Codec.GROUP8_ZSTD}
-_XOR_GROUPED = {2: Codec.XOR_GROUP2_ZSTD, 4: Codec.XOR_GROUP4_ZSTD, 8: Codec.XOR_GROUP8_ZSTD}
+def _registry(*codecs: Codec) -> Mapping[int, Codec]:
+    """The codecs by id, refusing a declaration that no pack could hold or no read could trust."""
+    by_id: dict[int, Codec] = {}
+    for codec in codecs:
+        if not 0 <= codec.id <= 255 or codec.id in by_id or codec.name in {c.name for c in by_id.values()}:
+            raise ValueError(f"codec {codec} needs a one-byte id and a name no other codec has")
+        if not codec.lossless or codec.group not in (1, 2, 4, 8):
+            raise ValueError(f"codec {codec.name} must be lossless and group 1, 2, 4 or 8 bytes")
+        if codec.delta is Delta.SPARSE and (not codec.zstd or codec.group != 1):
+            raise ValueError(f"codec {codec.name}: a sparse delta is a zstd frame with its own grouping")
+        by_id[codec.id] = codec
+    return MappingProxyType(by_id)
 
 
-def is_delta(codec: int) -> bool:
-    """Whether a chunk stored with ``codec`` needs its base to decode."""
-    return codec >= Codec.XOR_ZSTD
+CODECS: Mapping[int, Codec] = _registry(
+    Codec(0, "raw", zstd=False),
+    Codec(1, "zstd"),
+    Codec(2, "group2-zstd", group=2),
+    Codec(3, "group4-zstd", group=4),
+    Codec(4, "group8-zstd", group=8),
+    Codec(5, "xor-zstd", delta=Delta.XOR),
+    Codec(6, "xor-group2-zstd", group=2, delta=Delta.XOR),
+    Codec(7, "xor-group4-zstd", group=4, delta=Delta.XOR),
+    Codec(8, "xor-group8-zstd", group=8, delta=Delta.XOR),
+    Codec(9, "xor-sparse-zstd", delta=Delta.SPARSE),
+)
+"""Every codec this casckpt reads and writes, by the id packs record."""
+
+_ZSTD_CODECS = {(c.delta, c.group): c for c in CODECS.values() if c.zstd}
+_RAW = next(c for c in CODECS.values() if c.stored_as_is)
+
+
+def lookup(codec_id: int) -> Codec:
+    """The registered codec recorded as ``codec_id``.
+
+    Raises:
+        CorruptChunkError: no codec has that id (a newer casckpt wrote it, or it is damaged).
+    """
+    codec = CODECS.get(codec_id)
+    if codec is None:
+        raise CorruptChunkError(
+            f"unknown chunk codec {codec_id}; the pack was written by a newer casckpt or is damaged")
+    return codec
+
+
+def _zstd_codec(delta: Delta, element_size: int, size: int) -> Codec:
+    """The zstd codec of ``delta`` grouping ``element_size``-byte elements, ungrouped when
+    no codec groups that width or ``size`` is not whole elements."""
+    grouped = _ZSTD_CODECS.get((delta, element_size))
+    return grouped if grouped is not None and size % grouped.group == 0 else _ZSTD_CODECS[(delta, 1)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,19 +177,17 @@ def encode_chunk(
     """
     size = len(data)
     if not policy.enabled or size < 64:
-        return Codec.RAW, data
-    codec = _GROUPED.get(element_size, Codec.ZSTD)
-    if size % codec.group:
-        codec = Codec.ZSTD
+        return _RAW, data
+    codec = _zstd_codec(Delta.NONE, element_size, size)
     threshold = 1.0 - policy.min_saving
     if size > _SAMPLE_BYTES:
         sample_len = _SAMPLE_BYTES - _SAMPLE_BYTES % codec.group
         sample = memoryview(data)[:sample_len]
         if len(_compress(sample, codec, policy.level)) > threshold * sample_len:
-            return Codec.RAW, data
+            return _RAW, data
     payload = _compress(data, codec, policy.level)
     if len(payload) > threshold * size:
-        return Codec.RAW, data
+        return _RAW, data
     return codec, payload
 
 
@@ -152,20 +217,20 @@ def encode_delta(data: memoryview | bytes, base: memoryview | bytes, element_siz
     """
     if len(data) != len(base):
         raise ValueError("a delta needs a base of the same length")
-    codec = _XOR_GROUPED.get(element_size, Codec.XOR_ZSTD)
-    if len(data) % codec.group:
-        codec = Codec.XOR_ZSTD
+    codec = _zstd_codec(Delta.XOR, element_size, len(data))
     return codec, _compress(_xor(data, base).data, codec, level)
 
 
 SPARSE_BLOCK = 64  # bytes: the unit a sparse delta records as changed or not
 _SPARSE_HEAD = struct.Struct("<BBHI")  # element width, log2 of the block, reserved, blocks changed
+_SPARSE_WIDTHS = (1, 2, 4, 8)  # element widths a sparse delta's header may name (each divides a block)
 
 
 def sparse_delta(data: memoryview | bytes, base: memoryview | bytes, element_size: int, level: int,
-                 max_fraction: float) -> bytes | None:
-    """Encode ``data`` against ``base`` (same length) as a sparse delta, or None when more than
-    ``max_fraction`` of its 64-byte blocks changed (or its length is not whole blocks).
+                 max_fraction: float) -> tuple[Codec, bytes] | None:
+    """Encode ``data`` against ``base`` (same length) as a sparse delta ``(codec, payload)``, or
+    None when more than ``max_fraction`` of its 64-byte blocks changed (or its length is not
+    whole blocks).
 
     The payload is one zstd frame of: a header (element width, block size, blocks changed),
     the changed blocks' indices (the first, then the gaps: mostly small numbers), and those
@@ -175,7 +240,7 @@ def sparse_delta(data: memoryview | bytes, base: memoryview | bytes, element_siz
     """
     if len(data) != len(base):
         raise ValueError("a delta needs a base of the same length")
-    width = element_size if element_size in _XOR_GROUPED and SPARSE_BLOCK % element_size == 0 else 1
+    width = element_size if element_size in _SPARSE_WIDTHS else 1
     if not data or len(data) % SPARSE_BLOCK:
         return None
     xor = _xor(data, base).reshape(-1, SPARSE_BLOCK)
@@ -186,7 +251,8 @@ def sparse_delta(data: memoryview | bytes, base: memoryview | bytes, element_siz
     blocks = xor[changed].tobytes()
     body = _group(blocks, width) if width > 1 and blocks else blocks
     head = _SPARSE_HEAD.pack(width, SPARSE_BLOCK.bit_length() - 1, 0, len(changed))
-    return zstandard.ZstdCompressor(level=level).compress(head + gaps.tobytes() + body)
+    return _ZSTD_CODECS[(Delta.SPARSE, 1)], zstandard.ZstdCompressor(level=level).compress(
+        head + gaps.tobytes() + body)
 
 
 def sparse_planes(payload: bytes | memoryview, raw_len: int) -> tuple[np.ndarray, np.ndarray]:
@@ -207,7 +273,7 @@ def sparse_planes(payload: bytes | memoryview, raw_len: int) -> tuple[np.ndarray
     except zstandard.ZstdError as exc:
         raise CorruptChunkError(f"chunk payload does not decompress: {exc}") from exc
     width, log2, _, count = _SPARSE_HEAD.unpack_from(out)
-    if width not in (1, 2, 4, 8) or 1 << log2 != SPARSE_BLOCK or len(out) != declared \
+    if width not in _SPARSE_WIDTHS or 1 << log2 != SPARSE_BLOCK or len(out) != declared \
             or declared != _SPARSE_HEAD.size + count * (4 + SPARSE_BLOCK):
         raise CorruptChunkError(f"sparse delta of {raw_len} bytes has a malformed header")
     at = _SPARSE_HEAD.size + 4 * count
@@ -242,22 +308,30 @@ def _decompress(payload: bytes | memoryview, raw_len: int) -> bytes:
     return out
 
 
-def delta_planes(codec: int, payload: bytes | memoryview, raw_len: int) -> tuple[int, np.ndarray]:
+def _grouped_bytes(codec: Codec, payload: bytes | memoryview, raw_len: int) -> bytes | memoryview:
+    """A (non-sparse) payload's ``raw_len`` bytes in ``codec``'s grouped order, sizes checked first."""
+    if not codec.zstd:
+        if len(payload) != raw_len:
+            raise CorruptChunkError(f"{codec.name} chunk holds {len(payload)} bytes, expected {raw_len}")
+        return payload
+    if raw_len % codec.group:
+        raise CorruptChunkError(f"a {codec.name} chunk cannot hold {raw_len} bytes")
+    return _decompress(payload, raw_len)
+
+
+def delta_planes(codec_id: int, payload: bytes | memoryview, raw_len: int) -> tuple[int, np.ndarray]:
     """A delta payload decompressed but not applied: ``(group width, XOR bytes in grouped order)``.
 
     XOR commutes with byte grouping (a permutation), so a chain of deltas can be
     applied in grouped order and ungrouped once at its end.
 
     Raises:
-        CorruptChunkError: not a delta codec, or the payload does not decompress to ``raw_len``.
+        CorruptChunkError: not an XOR delta codec, or the payload does not decode to ``raw_len``.
     """
-    try:
-        kind: Codec | None = Codec(codec)
-    except ValueError:
-        kind = None
-    if kind is None or not kind.is_delta or kind is Codec.XOR_SPARSE_ZSTD or raw_len % kind.group:
-        raise CorruptChunkError(f"codec {codec} cannot hold a delta of {raw_len} bytes")
-    return kind.group, np.frombuffer(_decompress(payload, raw_len), dtype=np.uint8)
+    codec = CODECS.get(codec_id)
+    if codec is None or codec.delta is not Delta.XOR or raw_len % codec.group:
+        raise CorruptChunkError(f"codec {codec_id} cannot hold a delta of {raw_len} bytes")
+    return codec.group, np.frombuffer(_grouped_bytes(codec, payload, raw_len), dtype=np.uint8)
 
 
 def regroup(data: np.ndarray, width: int, to: int) -> np.ndarray:
@@ -268,7 +342,7 @@ def regroup(data: np.ndarray, width: int, to: int) -> np.ndarray:
     return plain if to == 1 else np.frombuffer(_group(plain.data, to), dtype=np.uint8)
 
 
-def decode_chunk(codec: int, payload: bytes | memoryview, raw_len: int,
+def decode_chunk(codec_id: int, payload: bytes | memoryview, raw_len: int,
                  base: bytes | memoryview | None = None) -> bytes | memoryview:
     """Decode a chunk payload back to its ``raw_len`` raw bytes (delta codecs need ``base``).
 
@@ -276,25 +350,14 @@ def decode_chunk(codec: int, payload: bytes | memoryview, raw_len: int,
         CorruptChunkError: unknown codec, the payload does not decode to ``raw_len``
             bytes, or a delta's base is missing or of another length.
     """
-    try:
-        kind = Codec(codec)
-    except ValueError:
-        raise CorruptChunkError(
-            f"unknown chunk codec {codec}; the pack was written by a newer casckpt or is damaged"
-        ) from None
-    if kind.is_delta and (base is None or len(base) != raw_len):
+    codec = lookup(codec_id)
+    if codec.is_delta and (base is None or len(base) != raw_len):
         raise CorruptChunkError(f"a delta chunk of {raw_len} bytes needs its base chunk of the same size")
-    if kind is Codec.XOR_SPARSE_ZSTD and base is not None:
+    if codec.delta is Delta.SPARSE and base is not None:
         index, blocks = sparse_planes(payload, raw_len)
         return memoryview(apply_sparse(np.frombuffer(base, dtype=np.uint8).copy(), index, blocks))  # type: ignore[arg-type]
-    if kind is Codec.RAW:
-        if len(payload) != raw_len:
-            raise CorruptChunkError(f"raw chunk holds {len(payload)} bytes, expected {raw_len}")
-        return payload
-    if raw_len % kind.group:
-        raise CorruptChunkError(f"a {kind.name} chunk cannot hold {raw_len} bytes")
-    out = _decompress(payload, raw_len)
-    plain = _ungroup(out, kind.group) if kind.group > 1 else out
-    if kind.is_delta and base is not None:
+    out = _grouped_bytes(codec, payload, raw_len)
+    plain = _ungroup(out, codec.group) if codec.group > 1 else out
+    if codec.delta is Delta.XOR and base is not None:
         return memoryview(_xor(plain, base))  # type: ignore[arg-type]  # numpy exports the buffer
     return plain

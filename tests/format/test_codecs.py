@@ -1,7 +1,8 @@
-"""Chunk codecs: every encoding decodes back to the exact raw bytes.
+"""Chunk codecs: every registered encoding decodes back to the exact raw bytes.
 
-Also: incompressible data is stored raw, byte grouping is chosen by element
-size, and damaged or unknown encodings are refused with ``CorruptChunkError``.
+Also: the registry's ids and properties never change (packs record them),
+incompressible data is stored raw, byte grouping is chosen by element size, and
+damaged or unknown encodings are refused with ``CorruptChunkError``.
 """
 
 from __future__ import annotations
@@ -15,12 +16,27 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from casckpt.errors import CorruptChunkError
-from casckpt.format.codecs import Codec, CompressionPolicy, decode_chunk, encode_chunk, encode_delta, is_delta
+from casckpt.format import codecs
+from casckpt.format.codecs import (
+    CODECS,
+    SPARSE_BLOCK,
+    Codec,
+    CompressionPolicy,
+    Delta,
+    decode_chunk,
+    delta_planes,
+    encode_chunk,
+    encode_delta,
+    lookup,
+    sparse_delta,
+)
 
 DEFAULT = CompressionPolicy()
 PROPERTY = settings(max_examples=80, deadline=None)
 
 NUMERIC = {1: np.int8, 2: np.float16, 4: np.float32, 8: np.float64}
+NAMED = {c.name: c for c in CODECS.values()}
+RAW, ZSTD = NAMED["raw"], NAMED["zstd"]
 
 policies = st.builds(
     CompressionPolicy,
@@ -32,9 +48,9 @@ policies = st.builds(
 
 def _roundtrip(data: bytes, element_size: int, policy: CompressionPolicy) -> Codec:
     codec, payload = encode_chunk(data, element_size, policy)
-    assert isinstance(codec, Codec)
-    assert bytes(decode_chunk(int(codec), bytes(payload), len(data))) == data
-    if codec is Codec.RAW:
+    assert isinstance(codec, Codec) and CODECS[codec.id] is codec and not codec.is_delta
+    assert bytes(decode_chunk(codec.id, bytes(payload), len(data))) == data
+    if codec is RAW:
         assert bytes(payload) == data
     else:
         # a codec other than RAW is only chosen when it saves at least min_saving
@@ -83,15 +99,13 @@ def test_compressible_data_uses_the_grouping_of_its_element_size(element_size: i
     values = np.linspace(0, 1, 4096).astype(NUMERIC[element_size])
     data = values.tobytes()
     codec = _roundtrip(data, element_size, DEFAULT)
-    expected = {1: Codec.ZSTD, 2: Codec.GROUP2_ZSTD, 4: Codec.GROUP4_ZSTD, 8: Codec.GROUP8_ZSTD}
-    assert codec is expected[element_size]
-    assert codec.group == (element_size if element_size > 1 else 1)
+    assert codec.zstd and codec.delta is Delta.NONE and codec.group == element_size
 
 
 def test_length_not_a_multiple_of_the_element_falls_back_to_plain_zstd() -> None:
     data = bytes(4097)  # zeros: very compressible, but 4097 is not a multiple of 4
     codec = _roundtrip(data, 4, DEFAULT)
-    assert codec is Codec.ZSTD
+    assert codec is ZSTD
 
 
 @pytest.mark.parametrize("size", [64, 1000, 65536, 65537, 200_000])
@@ -99,23 +113,23 @@ def test_length_not_a_multiple_of_the_element_falls_back_to_plain_zstd() -> None
 def test_incompressible_data_is_stored_raw(size: int, element_size: int) -> None:
     data = os.urandom(size)
     codec, payload = encode_chunk(data, element_size, DEFAULT)
-    assert codec is Codec.RAW
+    assert codec is RAW
     assert bytes(payload) == data
-    assert bytes(decode_chunk(codec, payload, size)) == data
+    assert bytes(decode_chunk(codec.id, payload, size)) == data
 
 
 @pytest.mark.parametrize("size", [0, 1, 63])
 def test_tiny_chunks_are_stored_raw(size: int) -> None:
     data = bytes(size)
     codec, payload = encode_chunk(data, 1, DEFAULT)
-    assert codec is Codec.RAW
+    assert codec is RAW
     assert bytes(payload) == data
 
 
 def test_disabled_policy_stores_raw() -> None:
     data = bytes(10_000)
     codec, payload = encode_chunk(data, 4, CompressionPolicy(enabled=False))
-    assert codec is Codec.RAW
+    assert codec is RAW
     assert bytes(payload) == data
 
 
@@ -126,13 +140,13 @@ def test_large_chunks_with_mixed_halves_roundtrip(random_head: bool) -> None:
     data = noise + zeros if random_head else zeros + noise
     codec = _roundtrip(data, 4, DEFAULT)
     if not random_head:
-        assert codec is not Codec.RAW
+        assert codec is not RAW
 
 
 def _compressed(element_size: int = 4) -> tuple[Codec, bytes, bytes]:
     data = np.linspace(0, 1, 2048).astype(NUMERIC[element_size]).tobytes()
     codec, payload = encode_chunk(data, element_size, DEFAULT)
-    assert codec is not Codec.RAW
+    assert codec is not RAW
     return codec, bytes(payload), data
 
 
@@ -140,16 +154,16 @@ def test_truncated_payload_is_refused() -> None:
     codec, payload, data = _compressed()
     for cut in range(len(payload)):
         with pytest.raises(CorruptChunkError):
-            decode_chunk(codec, payload[:cut], len(data))
+            decode_chunk(codec.id, payload[:cut], len(data))
 
 
 @PROPERTY
-@given(garbage=st.binary(max_size=512), codec=st.sampled_from([c for c in Codec if c is not Codec.RAW]))
+@given(garbage=st.binary(max_size=512), codec=st.sampled_from([c for c in CODECS.values() if c.zstd]))
 def test_garbage_payload_is_refused(garbage: bytes, codec: Codec) -> None:
     # Any non-zstd payload is refused; a payload that happens to be a zstd frame
     # never decodes to the wrong length.
     try:
-        out = decode_chunk(codec, garbage, 4096)
+        out = decode_chunk(codec.id, garbage, 4096, bytes(4096))
     except CorruptChunkError:
         return
     assert len(out) == 4096
@@ -159,13 +173,13 @@ def test_garbage_payload_is_refused(garbage: bytes, codec: Codec) -> None:
 def test_wrong_raw_length_is_refused(delta: int) -> None:
     codec, payload, data = _compressed()
     with pytest.raises(CorruptChunkError):
-        decode_chunk(codec, payload, len(data) + delta)
+        decode_chunk(codec.id, payload, len(data) + delta)
 
 
 @pytest.mark.parametrize("delta", [-1, 1])
 def test_raw_payload_of_the_wrong_length_is_refused(delta: int) -> None:
     with pytest.raises(CorruptChunkError):
-        decode_chunk(Codec.RAW, bytes(100), 100 + delta)
+        decode_chunk(RAW.id, bytes(100), 100 + delta)
 
 
 def test_every_flipped_byte_is_refused_or_yields_the_right_length() -> None:
@@ -179,7 +193,7 @@ def test_every_flipped_byte_is_refused_or_yields_the_right_length() -> None:
         damaged = bytearray(payload)
         damaged[pos] ^= 0x5A
         try:
-            out = decode_chunk(codec, bytes(damaged), len(data))
+            out = decode_chunk(codec.id, bytes(damaged), len(data))
         except CorruptChunkError:
             caught += 1
             continue
@@ -190,31 +204,98 @@ def test_every_flipped_byte_is_refused_or_yields_the_right_length() -> None:
 @pytest.mark.parametrize("codec", [10, 11, 17, 127, 128, 255, -1])
 def test_unknown_codec_is_refused(codec: int) -> None:
     with pytest.raises(CorruptChunkError, match="codec"):
-        decode_chunk(codec, bytes(16), 16)
+        decode_chunk(codec, bytes(16), 16, bytes(16))
+    with pytest.raises(CorruptChunkError, match="unknown chunk codec"):
+        lookup(codec)
+    with pytest.raises(CorruptChunkError, match="codec"):
+        delta_planes(codec, bytes(16), 16)
 
 
-@pytest.mark.parametrize("codec", [Codec.GROUP2_ZSTD, Codec.GROUP4_ZSTD, Codec.GROUP8_ZSTD])
+@pytest.mark.parametrize("codec", [c for c in CODECS.values() if c.group > 1])
 def test_grouped_codec_with_a_ragged_length_is_refused(codec: Codec) -> None:
-    raw = bytes(range(11 if codec is Codec.GROUP2_ZSTD else 10))  # not a multiple of the group
+    raw = bytes(range(codec.group * 5 + 1))  # not a multiple of the group
     payload = zstandard.ZstdCompressor().compress(raw)
     with pytest.raises(CorruptChunkError):
-        decode_chunk(codec, payload, len(raw))
+        decode_chunk(codec.id, payload, len(raw), bytes(len(raw)))
 
 
-def test_codec_group_widths() -> None:
-    assert [c.group for c in Codec] == [1, 1, 2, 4, 8, 1, 2, 4, 8, 1]  # sparse: its header says
-    assert [int(c) for c in Codec] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]  # recorded in packs: must never change
-    assert [c.is_delta for c in Codec] == [False] * 5 + [True] * 5
+# (id, name, zstd, group, delta): recorded in packs and catalogs, so must never change
+PINNED = [
+    (0, "raw", False, 1, Delta.NONE),
+    (1, "zstd", True, 1, Delta.NONE),
+    (2, "group2-zstd", True, 2, Delta.NONE),
+    (3, "group4-zstd", True, 4, Delta.NONE),
+    (4, "group8-zstd", True, 8, Delta.NONE),
+    (5, "xor-zstd", True, 1, Delta.XOR),
+    (6, "xor-group2-zstd", True, 2, Delta.XOR),
+    (7, "xor-group4-zstd", True, 4, Delta.XOR),
+    (8, "xor-group8-zstd", True, 8, Delta.XOR),
+    (9, "xor-sparse-zstd", True, 1, Delta.SPARSE),  # its payload header says its grouping
+]
+
+
+def test_registered_codecs_are_pinned() -> None:
+    assert [(c.id, c.name, c.zstd, c.group, c.delta) for c in CODECS.values()] == PINNED
+    assert all(c.lossless and int(c) == c.id and lookup(c.id) is c for c in CODECS.values())
+    assert [c.is_delta for c in CODECS.values()] == [False] * 5 + [True] * 5
+    assert [c.stored_as_is for c in CODECS.values()] == [True] + [False] * 9
+
+
+@pytest.mark.parametrize("bad", [
+    (Codec(0, "raw", zstd=False), Codec(0, "again")),  # an id twice
+    (Codec(0, "raw", zstd=False), Codec(1, "raw")),  # a name twice
+    (Codec(256, "wide"),),  # not one byte
+    (Codec(10, "lossy", lossless=False),),  # a chunk id hashes the raw bytes: every read would fail
+    (Codec(10, "group3", group=3),),
+    (Codec(10, "sparse-raw", zstd=False, delta=Delta.SPARSE),),
+])
+def test_registry_refuses_codecs_no_pack_could_hold(bad: tuple[Codec, ...]) -> None:
+    with pytest.raises(ValueError, match="codec"):
+        codecs._registry(*bad)
+
+
+def _encoded_with(codec: Codec, data: bytes, base: bytes) -> tuple[Codec, bytes | memoryview]:
+    """``data`` encoded by the public encoders so that they choose ``codec`` (data and base
+    are whole 64-byte blocks, so every grouping and a sparse delta fit)."""
+    if codec.delta is Delta.SPARSE:
+        encoded = sparse_delta(data, base, 4, 1, 1.0)
+        assert encoded is not None
+        return encoded
+    if codec.delta is Delta.XOR:
+        return encode_delta(data, base, codec.group, 1)
+    if not codec.zstd:
+        return encode_chunk(data, codec.group, CompressionPolicy(enabled=False))
+    return encode_chunk(bytes(len(data)) + data, codec.group, CompressionPolicy(min_saving=0.0))
+
+
+@PROPERTY
+@given(codec=st.sampled_from(list(CODECS.values())), blocks=st.integers(2, 40),
+       seed=st.integers(0, 2**32 - 1), changed=st.floats(0.0, 1.0))
+def test_every_registered_codec_round_trips_bit_exact(codec: Codec, blocks: int, seed: int,
+                                                     changed: float) -> None:
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 256, blocks * SPARSE_BLOCK, dtype=np.uint8)
+    data = np.where(rng.random(base.size) < changed * 0.1, rng.integers(0, 256, base.size), base)
+    raw, base_bytes = data.astype(np.uint8).tobytes(), base.tobytes()
+    chosen, payload = _encoded_with(codec, raw, base_bytes)
+    assert chosen is codec
+    if codec.is_delta:
+        assert bytes(decode_chunk(codec.id, bytes(payload), len(raw), base_bytes)) == raw
+        with pytest.raises(CorruptChunkError, match="needs its base"):
+            decode_chunk(codec.id, bytes(payload), len(raw))
+    else:
+        expected = bytes(len(raw)) + raw if codec.zstd else raw
+        assert bytes(decode_chunk(codec.id, bytes(payload), len(expected))) == expected
 
 
 def test_frame_declaring_a_huge_content_size_is_refused() -> None:
     codec, payload = encode_chunk(bytes(1000), 4, DEFAULT)
-    assert codec is not Codec.RAW
+    assert codec is not RAW
     damaged = bytearray(payload)
     damaged[4] ^= 0x80  # frame header descriptor: content-size field becomes 8 bytes wide
     assert zstandard.get_frame_parameters(bytes(damaged)).content_size > 1 << 40
     with pytest.raises(CorruptChunkError):
-        decode_chunk(codec, bytes(damaged), 1000)
+        decode_chunk(codec.id, bytes(damaged), 1000)
 
 
 @given(data=st.binary(min_size=0, max_size=5000), flips=st.lists(st.integers(0, 4999), max_size=40),
@@ -228,13 +309,13 @@ def test_delta_round_trips_against_its_base_only(data: bytes, flips: list[int], 
         if i < size:
             changed[i] ^= 0x5A
     codec, payload = encode_delta(bytes(changed), base, width, 1)
-    assert codec.is_delta and is_delta(int(codec))
-    assert bytes(decode_chunk(codec, payload, size, base)) == bytes(changed)
+    assert codec.delta is Delta.XOR and codec.group in (1, width)
+    assert bytes(decode_chunk(codec.id, payload, size, base)) == bytes(changed)
     with pytest.raises(CorruptChunkError, match="needs its base"):
-        decode_chunk(codec, payload, size)
+        decode_chunk(codec.id, payload, size)
     if size:
         with pytest.raises(CorruptChunkError, match="needs its base"):
-            decode_chunk(codec, payload, size, base[:-1])
+            decode_chunk(codec.id, payload, size, base[:-1])
 
 
 def test_a_small_update_deltas_to_a_fraction_of_the_chunk() -> None:
@@ -245,4 +326,4 @@ def test_a_small_update_deltas_to_a_fraction_of_the_chunk() -> None:
     nudged = (w.float() * (1 + 1e-3 * torch.randn(65536, generator=g))).bfloat16()
     raw = nudged.view(torch.uint8).numpy().tobytes()
     codec, payload = encode_delta(raw, w.view(torch.uint8).numpy().tobytes(), 2, 1)
-    assert codec is Codec.XOR_GROUP2_ZSTD and len(payload) < 0.25 * len(raw)
+    assert (codec.delta, codec.group) == (Delta.XOR, 2) and len(payload) < 0.25 * len(raw)

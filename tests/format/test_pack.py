@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from casckpt.errors import CasckptError, CorruptChunkError, CorruptPackError, IntegrityError
 from casckpt.format.chunks import chunk_id
-from casckpt.format.codecs import Codec, CompressionPolicy, encode_chunk
+from casckpt.format.codecs import CompressionPolicy, encode_chunk
 from casckpt.format.pack import (
     ENTRY_HEADER_SIZE,
     PACK_HEADER_SIZE,
@@ -37,6 +37,7 @@ from casckpt.format.pack import (
 OBJECT_CONTEXT = "casckpt 2026-11-29 object id v1"
 CHUNK_CONTEXT = "casckpt 2026-11-29 chunk id v1"
 PROPERTY = settings(max_examples=60, deadline=None)
+RAW, GROUP4_ZSTD = 0, 3  # codec ids (pinned in tests/format/test_codecs.py)
 
 
 def _build(chunks: list[tuple[bytes, int, bytes | None]]) -> tuple[bytes, str, list[PackEntry]]:
@@ -46,7 +47,7 @@ def _build(chunks: list[tuple[bytes, int, bytes | None]]) -> tuple[bytes, str, l
     entries = []
     for raw, element_size, base in chunks:
         codec, payload = encode_chunk(raw, element_size, CompressionPolicy())
-        entries.append(writer.add(chunk_id(raw), codec, len(raw), payload, base))
+        entries.append(writer.add(chunk_id(raw), codec.id, len(raw), payload, base))
     pack_id = writer.finish()
     data = sink.getvalue()
     assert writer.size == len(data)
@@ -98,8 +99,8 @@ def test_golden_bytes() -> None:
     sink = io.BytesIO()
     nonce = bytes(range(200, 216))
     writer = PackWriter(sink, nonce=nonce)
-    writer.add(chunk_id(raw_a), Codec.RAW, len(raw_a), raw_a)
-    writer.add(chunk_id(raw_b), Codec.RAW, len(raw_b), raw_b, base_id=base_b)
+    writer.add(chunk_id(raw_a), RAW, len(raw_a), raw_a)
+    writer.add(chunk_id(raw_b), RAW, len(raw_b), raw_b, base_id=base_b)
     pack_id = writer.finish()
     pack = sink.getvalue()
 
@@ -144,7 +145,7 @@ def _small_pack(compressed: bool = True) -> tuple[bytes, list[PackEntry], list[b
     raws = [bytes(range(48)), middle, b"third chunk, raw"]
     pack, _, _ = _build([(raws[0], 1, None), (raws[1], 4, bytes(range(32))), (raws[2], 1, None)])
     index = read_index(pack)
-    codecs = {Codec.RAW, Codec.GROUP4_ZSTD} if compressed else {Codec.RAW}
+    codecs = {RAW, GROUP4_ZSTD} if compressed else {RAW}
     assert {e.codec for e in index} == codecs
     return pack, index, raws
 
@@ -153,7 +154,7 @@ def test_decode_entry_verifies_the_chunk_id() -> None:
     raw = bytes(range(64))
     sink = io.BytesIO()
     writer = PackWriter(sink)
-    writer.add(chunk_id(b"some other chunk"), Codec.RAW, len(raw), raw)  # id does not match bytes
+    writer.add(chunk_id(b"some other chunk"), RAW, len(raw), raw)  # id does not match bytes
     writer.finish()
     pack = sink.getvalue()
     (entry,) = read_index(pack)
@@ -207,7 +208,7 @@ def test_every_flipped_byte_is_detected(mask: int) -> None:
     """
     pack, index, raws = _small_pack()
     zstd_payloads = [
-        range(e.offset + ENTRY_HEADER_SIZE, e.offset + e.span) for e in index if e.codec != Codec.RAW
+        range(e.offset + ENTRY_HEADER_SIZE, e.offset + e.span) for e in index if e.codec != RAW
     ] + [range(len(PACK_MAGIC), PACK_HEADER_SIZE)]
     for pos in range(len(pack)):
         damaged = bytearray(pack)
@@ -323,7 +324,7 @@ def test_forged_grouped_entry_is_a_chunk_error() -> None:
     raw = bytes(range(10))
     sink = io.BytesIO()
     writer = PackWriter(sink)
-    writer.add(chunk_id(raw), Codec.GROUP4_ZSTD, len(raw), zstandard.ZstdCompressor().compress(raw))
+    writer.add(chunk_id(raw), GROUP4_ZSTD, len(raw), zstandard.ZstdCompressor().compress(raw))
     writer.finish()
     pack = sink.getvalue()
     (entry,) = read_index(pack)
