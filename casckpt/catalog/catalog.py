@@ -470,12 +470,6 @@ class Catalog:
                 conn.execute(s.tree_nodes.delete().where(s.tree_nodes.c.id.in_([r["id"] for r in batch])))
                 conn.execute(s.tree_nodes.insert(), batch)
 
-    @_idempotent
-    def add_tree_nodes(self, rows: Sequence[dict[str, Any]]) -> None:
-        """Record tree nodes (id, zstd body); rows that exist are kept (catalog rebuild, repair)."""
-        with self.write() as conn:
-            insert_ignore(conn, s.tree_nodes, list(rows), "id")
-
     def run_id(self, conn: Connection, run: str, *, create: bool, audit: bool = True) -> int | None:
         """The id of run ``run`` within ``conn``'s transaction (created if asked and missing;
         a run this call creates is recorded as ``run.create`` unless ``audit`` is False)."""
@@ -623,14 +617,6 @@ class Catalog:
                 select(s.tensors).where(s.tensors.c.version_id == version_id)
                 .order_by(s.tensors.c.path)
             )]
-
-    @_idempotent
-    def visible_version_ids(self) -> list[str]:
-        """Ids of every visible version."""
-        with self.read() as conn:
-            return list(conn.execute(
-                select(s.versions.c.id).where(s.versions.c.state == "visible")
-            ).scalars())
 
     @_idempotent
     def packs(self) -> list[Row[Any]]:

@@ -186,12 +186,6 @@ def add_live(catalog: Catalog, ids: Collection[str]) -> None:
     _add_live(catalog, set(ids))
 
 
-def live_count(catalog: Catalog) -> int:
-    """How many chunk ids the mark set holds."""
-    with catalog.read() as conn:
-        return int(conn.execute(select(func.count()).select_from(s.gc_live)).scalar_one())
-
-
 def visible_ids(catalog: Catalog) -> set[str]:
     """Ids of every visible version."""
     with catalog.read() as conn:
@@ -237,13 +231,6 @@ def marked(catalog: Catalog, ids: Collection[str]) -> set[str]:
             found.update(conn.execute(select(s.gc_live.c.id).where(
                 s.gc_live.c.id.in_(wanted[i : i + 500]))).scalars())
     return found
-
-
-def marked_without_rows(catalog: Catalog, limit: int = 10) -> list[str]:
-    """Referenced chunk ids the catalog has no chunk row for (the catalog lost them)."""
-    with catalog.read() as conn:
-        return list(conn.execute(select(s.gc_live.c.id).where(
-            ~exists().where(s.chunks.c.id == s.gc_live.c.id)).limit(limit)).scalars())
 
 
 def mark_bases(catalog: Catalog, *, created_after: float) -> int:

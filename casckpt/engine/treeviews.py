@@ -10,7 +10,7 @@ versions share it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from casckpt.catalog import Catalog
@@ -172,12 +172,6 @@ class Trees:
         left = dict(self.reader.leaves(self.reader.node(a)["v"]))
         return [(path, value, value) for path, value in self.reader.leaves(self.reader.node(b)["v"])
                 if _names_shared(value) and left.get(path) == value]
-
-    def history_states(self, manifests: Iterable[Manifest], path: str
-                       ) -> list[tuple[TensorRow, ContentRow] | None]:
-        """The tensor at ``path`` in each tree version (None where it has none)."""
-        return [self.find(m, path) for m in manifests]
-
 
 def _same_packed(x: Any, y: Any) -> bool:
     """Whether two node values are packed tensors with the same bytes, dtype and shape (their

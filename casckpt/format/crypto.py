@@ -48,7 +48,7 @@ from casckpt.errors import (
     StoreKeyError,
     WrongKeyError,
 )
-from casckpt.format.chunks import CHUNK_ID_CONTEXT, chunk_id
+from casckpt.format.chunks import chunk_id
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -313,11 +313,6 @@ class StoreCrypto:
         if self.encrypted:
             return blake3(key=self._file_key, max_threads=threads)
         return blake3(max_threads=threads)
-
-    @property
-    def id_context(self) -> str:
-        """What kind of chunk ids the store uses (for messages and tests)."""
-        return "keyed" if self.encrypted else CHUNK_ID_CONTEXT
 
     # -- sealing --
 

@@ -149,14 +149,6 @@ def node_json(body: bytes) -> bytes:
     return decompress_capped(body, MAX_NODE, "a tree node in the catalog")
 
 
-def decompress_node(body: bytes) -> Any:
-    """A catalog node body parsed (not checked against its id: for finding references only)."""
-    try:
-        return json.loads(node_json(body))
-    except ValueError as exc:
-        raise CorruptManifestError(f"a tree node in the catalog is not JSON: {exc}") from exc
-
-
 def is_count(value: object) -> TypeGuard[int]:
     """A non-negative int (not a bool): a node's counts."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0

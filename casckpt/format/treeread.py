@@ -6,11 +6,10 @@ This module does no I/O: nodes come through :class:`~casckpt.format.merkle.Nodes
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 from casckpt.errors import CorruptManifestError
-from casckpt.format.dtypes import element_size
 from casckpt.format.merkle import Nodes, NodeSource, is_count, key_text, may_hold
 from casckpt.format.tree import MAX_DEPTH, Node, join_path
 
@@ -313,15 +312,6 @@ class TreeReader:
                     stack.append((child, join_path(p, key_text(key) if kind == "dict" else i), d + 1))
             else:
                 yield p, v
-
-
-def tensor_nbytes(entry: Mapping[str, Any]) -> int:
-    """Logical bytes of a tensor entry (as torch.save counts them)."""
-    shape = entry.get("shape")
-    n = 1
-    for d in shape if isinstance(shape, list) else ():
-        n *= int(d)
-    return n * element_size(str(entry.get("kind")), str(entry.get("dtype")))
 
 
 def referenced(source: NodeSource, root: bytes, seen: set[bytes]) -> Iterator[bytes]:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from threading import Lock
 
-from casckpt.errors import BlobNotFoundError, CasckptError, StorageError, StorageFullError
+from casckpt.errors import CasckptError, StorageError, StorageFullError
 from casckpt.storage.base import BlobInfo, BlobStore
 from casckpt.storage.urls import redact_url
 
@@ -117,23 +117,6 @@ class LocationSet:
             raise refused(key, failures)
         return written
 
-    def get_anywhere(self, key: str, *, max_size: int | None = None) -> bytes:
-        """Read ``key`` from the first readable location that has it (an object larger than
-        ``max_size`` is skipped unread, like a damaged one).
-
-        Raises:
-            BlobNotFoundError: no readable location has it.
-            AccessDeniedError: a location refused the read for want of a right (not taken
-                for a missing copy: the next location is not tried).
-        """
-        last: CasckptError | None = None
-        for loc in self.read_order():
-            try:
-                return loc.blobs.get(key, max_size=max_size)
-            except StorageError as exc:
-                last = exc
-        raise BlobNotFoundError(f"{key} is on no readable location ({last})") from last
-
     def exists_anywhere(self, key: str) -> bool:
         """Whether some readable location holds ``key``."""
         for loc in self.read_order():
@@ -177,10 +160,6 @@ class LocationSet:
             if progress is not None:
                 progress(len(done), len(objects))
         return done
-
-    def delete_everywhere(self, key: str) -> list[tuple[int, str]]:
-        """Delete ``key`` from every location not failed (see :meth:`delete`)."""
-        return self.delete([(loc.id, key) for loc in self.all])
 
     def list_all(self, prefix: str) -> Iterator[tuple[Location, BlobInfo]]:
         """Every object under ``prefix`` on every readable location.

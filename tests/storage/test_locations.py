@@ -256,39 +256,6 @@ def test_put_everywhere_with_no_active_location_raises() -> None:
     assert _fake(locations.all[0]).objects == {}
 
 
-def test_get_anywhere_reads_local_first() -> None:
-    remote, local = _loc(1, "cloud", url="s3://bucket/p"), _loc(2, "disk")
-    for loc in (remote, local):
-        _fake(loc).objects["manifests/x"] = f"from {loc.id}".encode()
-    locations = LocationSet([remote, local])
-    assert locations.get_anywhere("manifests/x") == b"from 2"
-    assert _fake(remote).calls == []
-
-
-def test_get_anywhere_falls_through_missing_and_failing_locations() -> None:
-    missing, down = _loc(1, "a"), _loc(2, "b", failing=True)
-    unreachable = Location(3, "c", "c", "active", UnreachableBlobStore("file:///gone", "unplugged"))
-    failed = _loc(4, "d", "failed")
-    holder = _loc(5, "e", url="s3://bucket/p")
-    _fake(holder).objects["refs/r"] = b"ok"
-    _fake(failed).objects["refs/r"] = b"never read"
-    locations = LocationSet([missing, down, unreachable, failed, holder])
-    assert locations.get_anywhere("refs/r") == b"ok"
-    assert _fake(missing).calls == [("get", "refs/r")]
-    assert _fake(down).calls == [("get", "refs/r")]
-    assert _fake(failed).calls == []
-
-
-def test_get_anywhere_raises_not_found_when_no_location_has_it() -> None:
-    locations = LocationSet([_loc(1, "a"), _loc(2, "b", failing=True)])
-    with pytest.raises(BlobNotFoundError, match="refs/r is on no readable location"):
-        locations.get_anywhere("refs/r")
-    only_failed = LocationSet([_loc(1, "a", "failed")])
-    _fake(only_failed.all[0]).objects["refs/r"] = b"x"
-    with pytest.raises(BlobNotFoundError):
-        only_failed.get_anywhere("refs/r")
-
-
 def test_exists_anywhere() -> None:
     down, holder, failed = _loc(1, "a", failing=True), _loc(2, "b"), _loc(3, "c", "failed")
     _fake(holder).objects["manifests/y"] = b"y"
@@ -299,14 +266,15 @@ def test_exists_anywhere() -> None:
     assert not locations.exists_anywhere("manifests/nope")
 
 
-def test_delete_everywhere_skips_failed_and_survives_errors(caplog: pytest.LogCaptureFixture) -> None:
+def test_delete_skips_failed_locations_and_survives_errors(caplog: pytest.LogCaptureFixture) -> None:
     active, draining, down, failed = _loc(1, "a"), _loc(2, "b", "draining"), _loc(3, "c", failing=True), \
         _loc(4, "d", "failed")
     for loc in (active, draining, failed):
         _fake(loc).objects["manifests/x"] = b"x"
     locations = LocationSet([active, draining, down, failed])
     with caplog.at_level(logging.WARNING, logger="casckpt.storage.locations"):
-        locations.delete_everywhere("manifests/x")  # does not raise
+        done = locations.delete([(loc.id, "manifests/x") for loc in locations.all])  # does not raise
+    assert done == [(1, "manifests/x"), (2, "manifests/x")]
     assert _fake(active).objects == {} and _fake(draining).objects == {}
     assert _fake(failed).objects == {"manifests/x": b"x"} and _fake(failed).calls == []
     assert _fake(down).calls == [("delete", "manifests/x")]
