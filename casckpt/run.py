@@ -229,13 +229,8 @@ def set_policy(store: Store, run: str, policy: RetentionPolicy | Mapping[str, An
     if isinstance(policy, RetentionPolicy):
         fields = policy.to_dict()
     elif isinstance(policy, Mapping):
-        fields = dict(policy)
+        fields = {str(name): value for name, value in policy.items()}  # an odd key is an unknown rule
     else:
         raise InvalidArgumentError(
             f"retention must be a casckpt.RetentionPolicy or a mapping of its rules; got {policy!r}")
-    if isinstance(fields.get("keep_best"), list):
-        fields["keep_best"] = tuple(fields["keep_best"])
-    try:
-        store.set_retention(run, **fields)
-    except TypeError as exc:
-        raise InvalidArgumentError(f"retention has an unknown rule: {exc}") from exc
+    store.set_retention(run, **fields)

@@ -707,31 +707,23 @@ class Store:
 
     # -- retention ----------------------------------------------------------
 
-    def set_retention(
-        self, run: str, *, keep_last: int | None = None, keep_every: int | None = None,
-        keep_hourly: int | None = None, keep_daily: int | None = None, keep_weekly: int | None = None,
-        keep_within: float | timedelta | str | None = None,
-        keep_best: tuple[str, int, str] | None = None, keep_tagged: bool = True,
-    ) -> RetentionPolicy:
+    def set_retention(self, run: str, **rules: Any) -> RetentionPolicy:
         """Store the retention policy of ``run`` (replacing any); :meth:`gc` applies it.
 
-        Rules combine as in restic's ``forget``: a version is kept if ANY rule
-        keeps it (semantics in :mod:`casckpt.engine.retention`). ``keep_within``
-        is a timedelta, seconds, or a string like ``"7d"``; ``keep_best`` is
-        ``(metric, n, "min" | "max")``. Fork points of live runs are always
-        kept. A run that does not exist yet is created, so a training
+        ``rules`` are the fields of :class:`casckpt.RetentionPolicy` by name, e.g.
+        ``keep_last=3, keep_within="7d", keep_best=("val_loss", 2, "min")`` (every rule,
+        its value and what it keeps: :mod:`casckpt.retention_rules`). Rules combine as in
+        restic's ``forget``: a version is kept if ANY rule keeps it. Fork points of live
+        runs are always kept. A run that does not exist yet is created, so a training
         script may set its policy before its first commit.
 
         Raises:
             InvalidNameError: bad run name.
-            InvalidArgumentError: a value is not positive, or no keep rule is
-                given (``keep_tagged`` alone would delete every untagged version).
+            InvalidArgumentError: an unknown rule, a value that is not positive, or no
+                keep rule (``keep_tagged`` alone would delete every untagged version).
         """
         self._core.refuse_write("set_retention", "the catalog")
-        return self._retention.set_retention(
-            run, keep_last=keep_last, keep_every=keep_every, keep_hourly=keep_hourly,
-            keep_daily=keep_daily, keep_weekly=keep_weekly, keep_within=keep_within,
-            keep_best=keep_best, keep_tagged=keep_tagged)
+        return self._retention.set_retention(run, **rules)
 
     def retention(self, run: str) -> RetentionPolicy | None:
         """The retention policy of ``run``; None when it has none (it keeps every version).

@@ -8,6 +8,7 @@ method. It works on the :class:`~casckpt.store_core.StoreCore` it is given.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from casckpt.catalog import MissingChunksError
 from casckpt.catalog import gc as gc_sql
@@ -20,6 +21,7 @@ from casckpt.engine.refs import check_run, run_not_found
 from casckpt.engine.validate import check_name
 from casckpt.errors import InvalidArgumentError, RefNotFoundError, VersionSweptError
 from casckpt.format import keys
+from casckpt.retention_rules import make_policy, policy_from_json, policy_to_json
 from casckpt.store_core import Ref, StoreCore
 from casckpt.types import GCReport, GCRun, ProgressCallback, RetentionPlan, RetentionPolicy, Version
 
@@ -53,28 +55,18 @@ class StoreRetention:
         """Every gc run since ``since`` (epoch seconds) with what it committed, killed ones too."""
         return gc_sql.runs_since(self._core.ctx.catalog, since)
 
-    def set_retention(
-        self, run: str, *, keep_last: int | None = None, keep_every: int | None = None,
-        keep_hourly: int | None = None, keep_daily: int | None = None, keep_weekly: int | None = None,
-        keep_within: float | timedelta | str | None = None,
-        keep_best: tuple[str, int, str] | None = None, keep_tagged: bool = True,
-    ) -> RetentionPolicy:
+    def set_retention(self, run: str, **rules: Any) -> RetentionPolicy:
         """Store the retention policy of ``run`` (replacing any); :meth:`gc` applies it."""
         check_name(run, "run")
-        policy = retention_engine.make_policy(
-            keep_last=keep_last, keep_every=keep_every, keep_hourly=keep_hourly,
-            keep_daily=keep_daily, keep_weekly=keep_weekly, keep_within=keep_within,
-            keep_best=keep_best, keep_tagged=keep_tagged,
-        )
-        retention_sql.store_policy(self._core.ctx.catalog, run, retention_engine.policy_to_json(policy),
-                                   create=True)
+        policy = make_policy(**rules)
+        retention_sql.store_policy(self._core.ctx.catalog, run, policy_to_json(policy), create=True)
         records.record_run(self._core.ctx.locations, self._core.ctx.catalog, run)
         return policy
 
     def retention(self, run: str) -> RetentionPolicy | None:
         """The retention policy of ``run``; None when it has none (it keeps every version)."""
         stored = retention_sql.run_policies(self._core.ctx.catalog, self.existing_run(run)).get(run)
-        return None if stored is None else retention_engine.policy_from_json(stored, run)
+        return None if stored is None else policy_from_json(stored, run)
 
     def clear_retention(self, run: str) -> None:
         """Remove the retention policy of ``run``: it keeps every version again. Idempotent."""

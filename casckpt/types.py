@@ -32,6 +32,7 @@ from casckpt.reports import StoreStats as StoreStats
 from casckpt.reports import TierInfo as TierInfo
 from casckpt.reports import TierLoss as TierLoss
 from casckpt.reports import TierStatus as TierStatus
+from casckpt.retention_rules import RetentionPolicy as RetentionPolicy
 
 ProgressCallback = Callable[[str, int, int], None]
 """``callback(phase, done, total)``: called from the calling thread as work advances.
@@ -219,26 +220,6 @@ class TagInfo(ToDict):
     name: str
     created_at: datetime
     version: Version
-
-
-@dataclass(frozen=True, slots=True)
-class RetentionPolicy(ToDict):
-    """Which versions of a run to keep; combinable like restic's ``forget``.
-
-    A version is kept if ANY rule keeps it. ``keep_within`` is in seconds,
-    counted back from the run's newest version. ``keep_best`` is
-    ``(metric, n, "min" | "max")``. Tagged versions are kept unless
-    ``keep_tagged`` is False; fork points of runs with versions always are.
-    """
-
-    keep_last: int | None = None
-    keep_every: int | None = None
-    keep_hourly: int | None = None
-    keep_daily: int | None = None
-    keep_weekly: int | None = None
-    keep_within: float | None = None
-    keep_best: tuple[str, int, str] | None = None
-    keep_tagged: bool = True
 
 
 @dataclass(frozen=True, slots=True)

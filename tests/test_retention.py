@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from sqlalchemy import select, update
 from typer.testing import CliRunner, Result
 
 import casckpt
+from casckpt import retention_rules as rules
 from casckpt.catalog import schema as s
 from casckpt.cli.main import app
 from casckpt.engine import retention as planner
@@ -175,7 +176,7 @@ def test_reasons_read_well() -> None:
     history = [Cand("a", 0, BASE, {"val_loss": 0.9}), Cand("b", 1000, BASE + day, {"val_loss": 0.5}),
                Cand("c", 4100, BASE + 2 * day, {"val_loss": 0.7}, ("best",)),
                Cand("d", 4200, BASE + 9 * day + 3600)]
-    policy = planner.make_policy(keep_last=1, keep_every=1000, keep_daily=2, keep_weekly=1,
+    policy = rules.make_policy(keep_last=1, keep_every=1000, keep_daily=2, keep_weekly=1,
                                  keep_within="7d", keep_best=("val_loss", 2, "min"))
     got = planner.keep_reasons(history, policy, {"a": ("ft-a",)})
     assert got == {
@@ -185,13 +186,13 @@ def test_reasons_read_well() -> None:
               "tagged: best"),
         "d": ("last 1", "daily 2027-01-24", "weekly 2027-W03", "within 7d of newest"),
     }
-    hourly = planner.keep_reasons(history, planner.make_policy(keep_hourly=1), {})
+    hourly = planner.keep_reasons(history, rules.make_policy(keep_hourly=1), {})
     assert hourly["d"] == ("hourly 2027-01-24 09:00",)
 
 
 def test_make_policy_validates() -> None:
     best: Any = ["loss", 2, "max"]  # as JSON gives it back
-    policy = planner.make_policy(keep_within=timedelta(hours=36), keep_best=best, keep_tagged=False)
+    policy = rules.make_policy(keep_within=timedelta(hours=36), keep_best=best, keep_tagged=False)
     assert policy == RetentionPolicy(keep_within=129600.0, keep_best=("loss", 2, "max"), keep_tagged=False)
     bad: list[dict[str, Any]] = [
         {}, {"keep_tagged": True}, {"keep_last": 0}, {"keep_last": True}, {"keep_daily": 1.5},
@@ -202,7 +203,7 @@ def test_make_policy_validates() -> None:
     ]
     for kwargs in bad:
         with pytest.raises(InvalidArgumentError):
-            planner.make_policy(**kwargs)
+            rules.make_policy(**kwargs)
 
 
 @pytest.mark.parametrize(("text", "seconds", "canonical"), [
@@ -210,33 +211,31 @@ def test_make_policy_validates() -> None:
     ("45s", 45, "45s"), ("1.5h", 5400, "90m"), ("120", 120, "2m"), ("0.5", 0.5, "0.5s"),
 ])
 def test_durations(text: str, seconds: float, canonical: str) -> None:
-    assert planner.parse_duration(text) == seconds
-    assert planner.format_duration(seconds) == canonical
-    assert planner.parse_duration(planner.format_duration(seconds)) == seconds
+    assert rules.parse_duration(text) == seconds
+    assert rules.format_duration(seconds) == canonical
+    assert rules.parse_duration(rules.format_duration(seconds)) == seconds
 
 
 @pytest.mark.parametrize("text", ["", "0d", "-1h", "7x", "d", "inf", "nan", "1e400"])
 def test_bad_durations(text: str) -> None:
     with pytest.raises(InvalidArgumentError):
-        planner.parse_duration(text)
+        rules.parse_duration(text)
 
 
 @settings(max_examples=100, deadline=None)
 @given(policy=policies())
 def test_policy_json_round_trip(policy: RetentionPolicy) -> None:
-    rules = ("keep_last", "keep_every", "keep_hourly", "keep_daily", "keep_weekly", "keep_within",
-             "keep_best")
-    if all(getattr(policy, rule) is None for rule in rules):
+    if all(getattr(policy, rule.name) is None for rule in rules.RULES if rule.keeps_alone):
         policy = replace(policy, keep_last=1)
-    stored = json.loads(json.dumps(planner.policy_to_json(policy)))
-    assert planner.policy_from_json(stored, "r") == policy
+    stored = json.loads(json.dumps(rules.policy_to_json(policy)))
+    assert rules.policy_from_json(stored, "r") == policy
 
 
 @pytest.mark.parametrize("stored", [[1], {"keep_last": 2, "keep_forever": True}, {"keep_last": -1},
                                     {"keep_tagged": True}])
 def test_a_bad_stored_policy_is_a_catalog_error(stored: object) -> None:
     with pytest.raises(CatalogError):
-        planner.policy_from_json(stored, "r")
+        rules.policy_from_json(stored, "r")
 
 
 # -- through a real store -------------------------------------------------------------------
@@ -498,12 +497,51 @@ def test_cli_retention_and_delete(store: casckpt.Store) -> None:
 
 
 def test_parse_best() -> None:
-    from casckpt.cli.retention import parse_best
-
-    assert parse_best("val:loss:3:max") == ("val:loss", 3, "max")
+    parse_best = rules.BEST.parse
+    assert parse_best is not None
+    assert parse_best("--keep-best", "val:loss:3:max") == ("val:loss", 3, "max")
     for bad in ("loss", "loss:3", ":3:min", "loss:-3:min", "loss:3:low"):
-        with pytest.raises(InvalidArgumentError):
-            parse_best(bad)
+        with pytest.raises(InvalidArgumentError, match="--keep-best"):
+            parse_best("--keep-best", bad)
+
+
+# -- one declaration: the policy type, the CLI, the catalog and the docs read the same rules ---
+
+
+def test_every_rule_is_a_policy_field_a_cli_option_and_a_docs_row() -> None:
+    assert [rule.name for rule in rules.RULES] == [f.name for f in fields(RetentionPolicy)]
+    help_text = CliRunner().invoke(app, ["retention", "set", "--help"], env={"COLUMNS": "300"}).stdout
+    for rule in rules.RULES:
+        assert rule.flag in help_text and rule.meaning.split(" (")[0] in help_text, rule.name
+    usage = (Path(__file__).parents[1] / "docs" / "usage.md").read_text()
+    assert rules.markdown_table() in usage, "docs/usage.md: paste the new rules.markdown_table()"
+
+
+@settings(max_examples=60, deadline=None)
+@given(policy=policies())
+def test_the_cli_reads_back_the_line_describe_writes(policy: RetentionPolicy) -> None:
+    """``describe`` writes a policy as CLI options; the options' parsing gives the policy back."""
+    if all(getattr(policy, rule.name) is None for rule in rules.RULES if rule.keeps_alone):
+        policy = replace(policy, keep_last=1)
+    words = rules.describe(policy).split(" ")
+    given: dict[str, Any] = {}
+    for rule in rules.RULES:
+        negated = rule.flag.replace("--", "--no-", 1)
+        if rule.kind is rules.FLAG:
+            given[rule.name] = negated not in words
+        elif rule.flag in words:
+            text = words[words.index(rule.flag) + 1]
+            given[rule.name] = rule.kind.parse(rule.flag, text) if rule.kind.parse else int(text)
+    assert rules.make_policy(**given) == policy
+
+
+def test_an_unknown_rule_is_refused_by_name(tmp_path: Path) -> None:
+    with casckpt.open(tmp_path / "s") as store:
+        with pytest.raises(InvalidArgumentError, match="keep_forever.*the rules are keep_last"):
+            store.set_retention(RUN, keep_last=2, keep_forever=True)
+        with pytest.raises(InvalidArgumentError, match="keep_tagged must be a bool"):
+            store.set_retention(RUN, keep_last=2, keep_tagged=None)
+        assert store.set_retention(RUN, keep_within="36h").keep_within == 129600.0
 
 
 def test_retention_on_postgresql(pg_url: str, tmp_path: Path) -> None:

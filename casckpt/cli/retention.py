@@ -9,7 +9,9 @@ version back until GC sweeps its data.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import inspect
+from collections.abc import Callable
+from typing import Annotated, Any, Optional
 
 import typer
 from rich import box
@@ -18,8 +20,8 @@ from rich.text import Text
 
 from casckpt.cli import render
 from casckpt.cli.shared import FLAG, JsonOption, RefArgument, open_store
-from casckpt.engine.retention import describe, parse_duration
 from casckpt.errors import InvalidArgumentError
+from casckpt.retention_rules import RULES, Rule, describe
 from casckpt.types import RetentionPlan, RetentionPolicy
 
 retention_app = typer.Typer(
@@ -31,17 +33,6 @@ RunArgument = Annotated[str, typer.Argument(help="Run name.")]
 OptionalRun = Annotated[str | None, typer.Argument(help="Only this run (default: every run with a policy).")]
 
 
-def parse_best(text: str) -> tuple[str, int, str]:
-    """``"val_loss:3:min"`` -> ``("val_loss", 3, "min")`` (the metric may itself hold ':')."""
-    metric, _, rest = text.rpartition(":")
-    metric, _, count = metric.rpartition(":")
-    if not metric or not count.isdigit() or rest not in ("min", "max"):
-        raise InvalidArgumentError(
-            f"--keep-best {text!r}: use METRIC:N:min or METRIC:N:max, e.g. val_loss:3:min"
-        )
-    return metric, int(count), rest
-
-
 def _policy_line(policy: RetentionPolicy | None) -> str:
     return "no policy (keeps every version)" if policy is None else describe(policy)
 
@@ -50,54 +41,51 @@ def _policy_json(run: str, policy: RetentionPolicy | None) -> dict[str, Any]:
     return {"run": run, "policy": None if policy is None else policy.to_dict()}
 
 
+def _rule_option(rule: Rule) -> inspect.Parameter:
+    """``retention set``'s option for ``rule``: its flag, value and help, from its declaration."""
+    if rule.kind.cli_type is bool:
+        negated = rule.flag.replace("--", "--no-", 1)
+        annotation: Any = Annotated[bool, typer.Option(f"{rule.flag}/{negated}", metavar=FLAG,
+                                                       help=rule.meaning)]
+    else:
+        at_least = 1 if rule.kind.cli_type is int else None
+        annotation = Annotated[Optional[rule.kind.cli_type],  # noqa: UP045  # a runtime value
+                               typer.Option(rule.flag, metavar=rule.metavar, help=rule.meaning, min=at_least)]
+    return inspect.Parameter(rule.name, inspect.Parameter.KEYWORD_ONLY, default=rule.default,
+                             annotation=annotation)
+
+
+def _with_rule_options(command: Callable[..., None]) -> Callable[..., None]:
+    """``command`` taking one option per retention rule (as ``**rules``), before ``--json``."""
+    signature = inspect.signature(command, eval_str=True)
+    *fixed, last, _ = signature.parameters.values()
+    command.__signature__ = signature.replace(  # type: ignore[attr-defined]  # what typer reads
+        parameters=[*fixed, *map(_rule_option, RULES), last.replace(kind=inspect.Parameter.KEYWORD_ONLY)])
+    return command
+
+
 @retention_app.command("set")
-def set_policy(
-    ctx: typer.Context,
-    run: RunArgument,
-    keep_last: Annotated[int | None, typer.Option(min=1, metavar="N",
-        help="Keep the N versions with the highest steps.")] = None,
-    keep_every: Annotated[int | None, typer.Option(
-        min=1, metavar="K", help="Keep the first version of every K steps (step // K).")] = None,
-    keep_hourly: Annotated[int | None, typer.Option(
-        min=1, metavar="N",
-        help="Keep the newest version of each of the last N hours that have one (UTC).")] = None,
-    keep_daily: Annotated[int | None, typer.Option(
-        min=1, metavar="N",
-        help="Keep the newest version of each of the last N days that have one (UTC).")] = None,
-    keep_weekly: Annotated[int | None, typer.Option(
-        min=1, metavar="N",
-        help="Keep the newest version of each of the last N ISO weeks that have one.")] = None,
-    keep_within: Annotated[str | None, typer.Option(
-        metavar="AGE",
-        help="Keep versions made within this long of the run's newest one: 90m, 36h, 7d, 2w.")] = None,
-    keep_best: Annotated[str | None, typer.Option(
-        metavar="METRIC:N:min|max",
-        help="Keep the N best versions by a metric: METRIC:N:min or METRIC:N:max.")] = None,
-    keep_tagged: Annotated[bool, typer.Option(
-        "--keep-tagged/--no-keep-tagged", metavar=FLAG, help="Keep every tagged version.")] = True,
-    as_json: JsonOption = False,
-) -> None:
+@_with_rule_options
+def set_policy(ctx: typer.Context, run: RunArgument, as_json: JsonOption = False, **rules: Any) -> None:
     """Set the retention policy of RUN (replacing any); `casckpt gc` applies it.
 
     A version is kept if any rule keeps it; tagged versions (unless
     --no-keep-tagged) and fork points of live runs are always kept. Give at
     least one keep rule.
     """
-    rules = (keep_last, keep_every, keep_hourly, keep_daily, keep_weekly, keep_within, keep_best)
-    if all(rule is None for rule in rules):
+    given = {}
+    for rule in RULES:
+        value = rules[rule.name]
+        parse = rule.kind.parse
+        given[rule.name] = parse(rule.flag, value) if parse is not None and value is not None else value
+    if all(given[rule.name] is None for rule in RULES if rule.keeps_alone):
         raise InvalidArgumentError(
-            "give at least one keep rule (--keep-last, --keep-every, --keep-hourly, --keep-daily, "
-            "--keep-weekly, --keep-within or --keep-best); without one every untagged version "
-            f"would be deleted. To keep everything, clear the policy instead: casckpt retention clear {run}"
-        )
-    within = None if keep_within is None else parse_duration(keep_within)
-    best = None if keep_best is None else parse_best(keep_best)
+            "give at least one keep rule ("
+            + ", ".join(rule.flag for rule in RULES if rule.keeps_alone)
+            + "); without one every untagged version would be deleted. To keep everything, "
+            f"clear the policy instead: casckpt retention clear {run}")
     with open_store(ctx) as store:
-        policy = store.set_retention(
-            run, keep_last=keep_last, keep_every=keep_every, keep_hourly=keep_hourly,
-            keep_daily=keep_daily, keep_weekly=keep_weekly, keep_within=within, keep_best=best,
-            keep_tagged=keep_tagged,
-        )
+        policy = store.set_retention(run, **given)
         empty = not store.log(run, limit=1)
     if as_json:
         render.print_json(_policy_json(run, policy))

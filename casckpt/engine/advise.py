@@ -29,8 +29,8 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from casckpt.catalog.drills import Commit
-from casckpt.engine.retention import parse_duration
 from casckpt.errors import InvalidArgumentError
+from casckpt.retention_rules import parse_duration
 from casckpt.types import Advice
 
 HISTORY = 20
