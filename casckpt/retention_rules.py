@@ -395,6 +395,7 @@ def markdown_table() -> str:
     rows = ["| Rule (keyword, CLI option) | Value | Keeps | Reason shown |", "| --- | --- | --- | --- |"]
     for r in RULES:
         option = f"{r.flag}/{r.flag.replace('--', '--no-', 1)}" if r.kind is FLAG else f"{r.flag} {r.metavar}"
-        cells = (f"`{r.name}`, `{option}`", r.kind.name, r.meaning, f"`{r.reason}`")
+        # the option outside a code span: there an escaped "|" would show its backslash
+        cells = (f"`{r.name}`, {option}", r.kind.name, r.meaning, f"`{r.reason}`")
         rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     return "\n".join(rows) + "\n"
