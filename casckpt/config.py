@@ -66,8 +66,6 @@ class Settings:
             commit until there is room, or ``"raise"`` CommitBackpressureError.
         staging_memory: host memory (pinned when CUDA is present) that GPU
             tensors stream through on commit: two buffers, allocated once.
-        stage_host_tensors: stream CPU tensors through those buffers too
-            (what GPU tensors always do; lets the GPU path run without a GPU).
         delta_memory: host memory holding the raw chunks of recent commits,
             the bases the next commit's chunks are delta-coded against
             (default: a sixteenth of RAM, at most 1 GiB; only chunks whose
@@ -98,7 +96,6 @@ class Settings:
     commit_memory: int = field(default_factory=lambda: _default_commit_memory())
     backpressure: str = "block"
     staging_memory: int = 256 << 20
-    stage_host_tensors: bool = False
     delta_memory: int = field(default_factory=lambda: _default_delta_memory())
     catalog_retry_s: float = 5.0
     storage_retry_s: float = 30.0

@@ -9,12 +9,9 @@ with ``check(read_data=True)``.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
-import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -23,11 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import casckpt
-from casckpt.config import Settings
 from casckpt.engine import commit as commit_engine
 from casckpt.engine import commitchunks
 from casckpt.errors import ChangeHintError, InvalidArgumentError
-from casckpt.options import Options
 
 N = 8192  # fp32 elements: 32 KiB per tensor, above the size small tensors are packed at
 
@@ -342,21 +337,18 @@ def test_random_states_and_mutations_restore_bit_exact(tmp_path_factory: pytest.
         assert store.check(read_data=True).ok
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_hinted_device_tensors_are_not_staged(tmp_path: Path, hashed: Hashed) -> None:
-    """Tensors streamed through staging buffers (the GPU path, run on CPU tensors with
-    ``stage_host_tensors``): hinted ones are neither streamed nor hashed, restores stay exact."""
-    real = Options.settings
-
-    def staged(self: Options, env: Mapping[str, str] = os.environ) -> Settings:
-        return dataclasses.replace(real(self, env), stage_host_tensors=True)
-
+    """CUDA tensors stream through staging buffers: hinted ones are neither streamed nor
+    hashed, restores stay exact."""
     state = _state()
-    with mock.patch.object(Options, "settings", staged), \
-            casckpt.open(tmp_path / "s", chunk_size=8192, staging_memory=4 * 8192) as store:
+    for part in ("model", "optim"):
+        state[part] = {name: t.cuda() for name, t in state[part].items()}
+    with casckpt.open(tmp_path / "s", chunk_size=8192, staging_memory=4 * 8192) as store:
         store.commit(state, run="r", step=1, trust_versions=True)
         state["model"]["b"].add_(1.0)
         hashed.reset()
         store.commit(state, run="r", step=2, unchanged=["model.a"], trust_versions=True)
         assert hashed.bytes == _bytes(state["model"]["b"])
-        assert _equal(store.restore("r@2"), state)
+        assert _equal(store.restore("r@2", map_location="cuda"), state)
         assert store.check(read_data=True).ok

@@ -1,19 +1,14 @@
-"""The GPU commit path (device tensors streamed through two reused host buffers), run on CPU.
+"""The GPU commit path: device tensors streamed through two reused (pinned) host buffers.
 
-``stage_host_tensors`` sends CPU tensors down exactly the path a CUDA tensor
-takes (windows copied into staging buffers, hashed, looked up, only new
-chunks copied out), so CI exercises it without a GPU. With CUDA present,
-``test_cuda_tensors_commit_through_pinned_buffers`` runs the real thing.
+A CUDA tensor's windows are copied into staging buffers, hashed, looked up, and only
+new chunks copied out; these tests compare that path with the direct one a CPU tensor
+takes (same chunks, same versions, same restores). They need a CUDA device.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import pytest
 import torch
@@ -21,55 +16,46 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import casckpt
-from casckpt.config import Settings
 from casckpt.engine.distributed import TensorPiece, write_pieces
-from casckpt.options import Options
 from casckpt.storage.erasure import Redundancy
 from casckpt.testing.internals import internals
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 CHUNK = 4096
 
 
-def _open(path: Path, *, staged: bool, staging_memory: int = 4 * CHUNK, **kwargs: Any) -> Any:
-    real = Options.settings
-
-    def staged_settings(self: Options, env: Mapping[str, str] = os.environ) -> Settings:
-        # stage_host_tensors is no option of casckpt.open: the (immutable) engine context
-        # takes it from the settings the store is opened with
-        return dataclasses.replace(real(self, env), stage_host_tensors=staged)
-
-    with mock.patch.object(Options, "settings", staged_settings):
-        return casckpt.open(path, chunk_size=CHUNK, staging_memory=staging_memory, **kwargs)
+def _open(path: Path, *, staging_memory: int = 4 * CHUNK, **kwargs: Any) -> Any:
+    return casckpt.open(path, chunk_size=CHUNK, staging_memory=staging_memory, **kwargs)
 
 
-def _state(seed: int) -> dict[str, Any]:
+def _state(seed: int, device: str = "cpu") -> dict[str, Any]:
     g = torch.Generator().manual_seed(seed)
-    base = torch.randn(10_000, generator=g)
+    base = torch.randn(10_000, generator=g).to(device)
     return {
-        "w": torch.randn(25_000, generator=g),          # many windows
-        "view": base[1000:3000],                        # a view: shared extent
+        "w": torch.randn(25_000, generator=g).to(device),   # many windows
+        "view": base[1000:3000],                             # a view: shared extent
         "whole": base,
-        "bf16": torch.randn(3_333, generator=g).to(torch.bfloat16),
-        "odd": torch.arange(7, dtype=torch.int16),      # smaller than a chunk
-        "empty": torch.empty(0),
-        "t": torch.randn(64, 48, generator=g).t(),      # non-contiguous
+        "bf16": torch.randn(3_333, generator=g).to(torch.bfloat16).to(device),
+        "odd": torch.arange(7, dtype=torch.int16).to(device),  # smaller than a chunk
+        "empty": torch.empty(0).to(device),
+        "t": torch.randn(64, 48, generator=g).to(device).t(),  # non-contiguous
     }
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
     assert a.keys() == b.keys()
     for key in a:
-        assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
+        assert a[key].dtype == b[key].dtype and torch.equal(a[key].cpu(), b[key].cpu()), key
 
 
 def test_staged_commits_equal_direct_ones(tmp_path: Path) -> None:
     """Same chunks, same versions' contents, same bytes counted, same restores."""
-    with _open(tmp_path / "direct", staged=False) as direct, \
-            _open(tmp_path / "staged", staged=True) as staged:
+    with _open(tmp_path / "direct") as direct, _open(tmp_path / "staged") as staged:
         for step in range(3):
             state = _state(step % 2)  # step 2 repeats step 0: all known
             a = direct.commit(state, run="r", step=step)
-            b = staged.commit(state, run="r", step=step)
+            b = staged.commit(_state(step % 2, "cuda"), run="r", step=step)
             assert (a.new_bytes, a.logical_bytes) == (b.new_bytes, b.logical_bytes)
             assert [t.digest for t in direct.show(a.id).tensors] == \
                 [t.digest for t in staged.show(b.id).tensors]
@@ -80,8 +66,8 @@ def test_staged_commits_equal_direct_ones(tmp_path: Path) -> None:
 
 
 def test_staged_background_commit_copies_only_changed_chunks(tmp_path: Path) -> None:
-    with _open(tmp_path / "s", staged=True, commit_memory=64 * CHUNK) as store:
-        state = {"w": torch.randn(50_000)}
+    with _open(tmp_path / "s", commit_memory=64 * CHUNK) as store:
+        state = {"w": torch.randn(50_000, device="cuda")}
         store.commit(state, run="r", step=0)
         state["w"][:10] += 1  # one chunk changes
         handle = store.commit(state, run="r", step=1, block=False)
@@ -90,7 +76,7 @@ def test_staged_background_commit_copies_only_changed_chunks(tmp_path: Path) -> 
         version = handle.wait(30)
         assert version.new_bytes == CHUNK
         assert internals(store).committer.peak_staged == CHUNK
-        assert torch.equal(store.restore("r@1")["w"], expected)
+        assert torch.equal(store.restore("r@1")["w"], expected.cpu())
 
 
 def test_any_window_size_round_trips(tmp_path: Path) -> None:
@@ -102,16 +88,15 @@ def test_any_window_size_round_trips(tmp_path: Path) -> None:
     @given(sizes=st.lists(st.integers(0, 20_000), min_size=1, max_size=4),
            buffer_chunks=st.integers(2, 9))
     def round_trips(sizes: list[int], buffer_chunks: int) -> None:
-        state = {f"t{i}": torch.randint(-(2**31), 2**31 - 1, (n,), dtype=torch.int32)
+        state = {f"t{i}": torch.randint(-(2**31), 2**31 - 1, (n,), dtype=torch.int32, device="cuda")
                  for i, n in enumerate(sizes)}
-        with _open(tmp_path / f"s{next(tried)}", staged=True, staging_memory=buffer_chunks * CHUNK) as store:
+        with _open(tmp_path / f"s{next(tried)}", staging_memory=buffer_chunks * CHUNK) as store:
             store.commit(state, run="r", step=0)
             _same(store.restore("r@0"), state)
 
     round_trips()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_tensors_commit_through_pinned_buffers(tmp_path: Path) -> None:
     state = {"w": torch.randn(3_000_000, device="cuda"), "b": torch.arange(100, device="cuda")}
     with casckpt.open(tmp_path / "s", chunk_size=1 << 16, staging_memory=8 << 20) as store:
@@ -122,11 +107,12 @@ def test_cuda_tensors_commit_through_pinned_buffers(tmp_path: Path) -> None:
 
 
 def test_shards_chunk_alike_staged_or_not_and_share_the_whole_tensors_chunks(tmp_path: Path) -> None:
-    """Dim-0 pieces of a tensor are chunked on the whole tensor's grid on both paths (the staged
-    one is the GPU path): every chunk not cut by a piece boundary is one the whole tensor has."""
+    """Dim-0 pieces of a tensor are chunked on the whole tensor's grid on both paths (CPU
+    pieces direct, CUDA ones staged): every chunk not cut by a piece boundary is one the
+    whole tensor has."""
     # two stores for all examples: chunk ids depend on content alone, not on what a store holds
-    with _open(tmp_path / "direct", staged=False, staging_memory=2 * CHUNK) as direct, \
-            _open(tmp_path / "staged", staged=True, staging_memory=2 * CHUNK) as staged:
+    with _open(tmp_path / "direct", staging_memory=2 * CHUNK) as direct, \
+            _open(tmp_path / "staged", staging_memory=2 * CHUNK) as staged:
 
         @given(rows=st.integers(1, 400), cuts=st.lists(st.integers(1, 399), max_size=3),
                dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.int64]))
@@ -139,12 +125,12 @@ def test_shards_chunk_alike_staged_or_not_and_share_the_whole_tensors_chunks(tmp
 
 def _chunk_alike(direct: casckpt.Store, staged: casckpt.Store, rows: int, cuts: list[int],
                  dtype: torch.dtype) -> None:
-    whole = (torch.randn(rows, 33) * 100).to(dtype)
     bounds = sorted({0, rows, *(c for c in cuts if c < rows)})
-    pieces = [TensorPiece("w", whole[a:b], tuple(whole.shape), (a, 0))
-              for a, b in zip(bounds, bounds[1:], strict=False)]
     results = []
-    for store in (direct, staged):
+    on_cpu = (torch.randn(rows, 33) * 100).to(dtype)
+    for store, whole in ((direct, on_cpu), (staged, on_cpu.cuda())):
+        pieces = [TensorPiece("w", whole[a:b], tuple(whole.shape), (a, 0))
+                  for a, b in zip(bounds, bounds[1:], strict=False)]
         ctx = internals(store).context
         (single,) = write_pieces(ctx, [TensorPiece("w", whole, tuple(whole.shape), (0, 0))],
                                  Redundancy("none")).pieces

@@ -194,7 +194,7 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
               hint: ChangeHint | None) -> Snapshot:
     root, leaves = encode_tree(state)
     pack = min(SMALL_TENSOR, ctx.config.chunk_size - ctx.config.chunk_size % 16) if TREE_MANIFESTS else 0
-    entries, sources = plan_extents(leaves, stage_host=ctx.config.stage_host_tensors, pack=pack,
+    entries, sources = plan_extents(leaves, pack=pack,
                                     memo=memo.packs, ids=ctx.crypto.chunk_id)
     reuse: dict[int, ExtentEntry] = {}
     held: set[bytes] = set()

@@ -179,7 +179,6 @@ def _plan(ctx: EngineContext, pieces: Sequence[TensorPiece]) -> tuple[list[Tenso
     entries, sources = [], []
     for piece in pieces:  # one extent per piece, even for views of one storage
         (entry,), (source,) = plan_extents([TensorLeaf(piece.path, "torch", piece.tensor)],
-                                           stage_host=ctx.config.stage_host_tensors,
                                            ids=ctx.crypto.chunk_id)
         source.grid_offset = _grid_offset(piece, piece.tensor.element_size())
         entries.append(entry)

@@ -107,8 +107,7 @@ def group_commit(ctx: EngineContext, state: object, req: CommitRequest, group: A
 
         def snapshot() -> tuple[Node, list[TensorEntry], list[ExtentEntry], Any, list[bytes]]:
             root, leaves = encode_tree(state)
-            entries, sources = plan_extents(leaves, stage_host=ctx.config.stage_host_tensors,
-                                            ids=ctx.crypto.chunk_id)
+            entries, sources = plan_extents(leaves, ids=ctx.crypto.chunk_id)
             # chunks other ranks or hosts rely on are confirmed in the catalog, never taken from
             # this host's cache: the coordinator could not write them again
             extents, chunks, new_ids = hash_and_dedup(ctx, sources, progress, confirm=True)

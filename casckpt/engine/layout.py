@@ -112,7 +112,7 @@ def _extent(t: torch.Tensor) -> int:
     return (last + 1) * _itemsize(t)
 
 
-def _single(leaf: TensorLeaf, extent: int, stage: bool) -> tuple[TensorEntry, ExtentSource]:
+def _single(leaf: TensorLeaf, extent: int) -> tuple[TensorEntry, ExtentSource]:
     value = leaf.value
     if isinstance(value, np.ndarray):
         array = np.ascontiguousarray(value).reshape(value.shape)  # ascontiguousarray makes 0-d 1-d
@@ -125,7 +125,7 @@ def _single(leaf: TensorLeaf, extent: int, stage: bool) -> tuple[TensorEntry, Ex
     if t.element_size() == 0:
         raise UnsupportedStateError(f"tensor at {leaf.path!r} has dtype {t.dtype} with no byte size")
     _refuse_unviewable(t.dtype, leaf.path)
-    staged = (lambda: _flat_bytes(t, leaf.path)) if stage or t.device.type != "cpu" else None
+    staged = (lambda: _flat_bytes(t, leaf.path)) if t.device.type != "cpu" else None
     return entry, ExtentSource(t.numel() * _itemsize(t), _itemsize(t), lambda: _byte_view(t, leaf.path),
                                staged)
 
@@ -155,7 +155,7 @@ def _same_view(tensors: Sequence[torch.Tensor]) -> bool:
     )
 
 
-def _shared(group: list[TensorLeaf], extent: int, stage: bool) -> tuple[list[TensorEntry], ExtentSource]:
+def _shared(group: list[TensorLeaf], extent: int) -> tuple[list[TensorEntry], ExtentSource]:
     tensors = [cast(torch.Tensor, leaf.value) for leaf in group]
     starts = [int(t.storage_offset()) * _itemsize(t) for t in tensors]
     span_start = min(starts) - min(starts) % _SPAN_ALIGN
@@ -170,8 +170,7 @@ def _shared(group: list[TensorLeaf], extent: int, stage: bool) -> tuple[list[Ten
     # views made by torch.from_numpy of one array share memory through separate
     # storages of different sizes: read through the largest
     anchor = max(tensors, key=lambda t: t.untyped_storage().nbytes())
-    staged = (lambda: _storage_flat(anchor, span_start, span_end)) \
-        if stage or anchor.device.type != "cpu" else None
+    staged = (lambda: _storage_flat(anchor, span_start, span_end)) if anchor.device.type != "cpu" else None
     return entries, ExtentSource(
         span_end - span_start, _SPAN_ALIGN, lambda: _storage_bytes(anchor, span_start, span_end), staged
     )
@@ -238,15 +237,13 @@ def _pack(members: list[TensorLeaf], extent: int, memo: PackMemo,
     return entries, ExtentSource(total, align, lambda: view, packed=True, digest=digest)
 
 
-def plan_extents(leaves: Sequence[TensorLeaf], *, stage_host: bool = False, pack: int = 0,
+def plan_extents(leaves: Sequence[TensorLeaf], *, pack: int = 0,
                  memo: PackMemo | None = None, ids: Callable[[bytes | memoryview], bytes] = chunk_id,
                  ) -> tuple[list[TensorEntry], list[ExtentSource]]:
     """Assign every tensor leaf to an extent; views of one storage share an extent.
 
     Returns tensor entries in leaf order and the extent sources they index.
-    Tensors off the CPU are streamed through staging buffers (``staged``);
-    ``stage_host`` does the same for CPU tensors (the tests' way to run the
-    GPU path without a GPU).
+    Tensors off the CPU are streamed through staging buffers (``staged``).
 
     With ``pack`` (a size in bytes, at most the chunk size: such a tensor alone
     would be one chunk, whose id its digest is), CPU tensors of at most that
@@ -258,7 +255,6 @@ def plan_extents(leaves: Sequence[TensorLeaf], *, stage_host: bool = False, pack
     a chunk (the store's chunk ids: keyed in an encrypted store).
     """
     memo = memo if memo is not None else PackMemo()
-    packing = pack and not stage_host
     groups: dict[tuple[str | None, int], list[int]] = {}
     sizes: dict[int, int] = {}  # leaf -> bytes, of the tensors small and plain enough to pack
     for i, leaf in enumerate(leaves):
@@ -269,7 +265,7 @@ def plan_extents(leaves: Sequence[TensorLeaf], *, stage_host: bool = False, pack
             cpu = value.is_cpu
             groups.setdefault((None if cpu else str(value.device), value.untyped_storage().data_ptr()),
                               []).append(i)
-            if packing and cpu and value.nbytes <= pack and type(value) in _PLAIN and value.is_contiguous():
+            if pack and cpu and value.nbytes <= pack and type(value) in _PLAIN and value.is_contiguous():
                 sizes[i] = value.nbytes
     entries: list[TensorEntry | None] = [None] * len(leaves)
     sources: list[ExtentSource] = []
@@ -280,11 +276,11 @@ def plan_extents(leaves: Sequence[TensorLeaf], *, stage_host: bool = False, pack
         group = [leaves[i] for i in members]
         tensors = [cast(torch.Tensor, leaf.value) for leaf in group]
         if _same_view(tensors) and tensors[0].is_contiguous():
-            entry, source = _single(group[0], len(sources), stage_host)
+            entry, source = _single(group[0], len(sources))
             for i, leaf in zip(members, group, strict=True):
                 entries[i] = TensorEntry(leaf.path, entry.kind, entry.dtype, entry.shape, entry.extent)
         else:
-            shared, source = _shared(group, len(sources), stage_host)
+            shared, source = _shared(group, len(sources))
             for i, entry in zip(members, shared, strict=True):
                 entries[i] = entry
         sources.append(source)
@@ -311,7 +307,7 @@ def plan_extents(leaves: Sequence[TensorLeaf], *, stage_host: bool = False, pack
             if size >= PACK_MAX or _group_end(leaf.path):
                 close()
             continue
-        entries[i], source = _single(leaf, len(sources), stage_host)
+        entries[i], source = _single(leaf, len(sources))
         sources.append(source)
     if pending:
         close()
