@@ -16,6 +16,7 @@ from __future__ import annotations
 import concurrent.futures
 import re
 
+import requests
 from azure.core import exceptions as ace
 
 from casckpt.errors import AccessDeniedError, BlobNotFoundError, RetryableStorageError, StorageError
@@ -59,8 +60,10 @@ def map_azure_error(exc: BaseException, op: str, where: str) -> StorageError | A
     if isinstance(exc, ace.ClientAuthenticationError):  # no status: a credential not obtained
         return StorageError(f"Azure {op} of {where} failed: no usable credential "
                             f"({redact(str(exc)).splitlines()[0]}); {_CREDENTIALS_HINT}")
+    # a body cut mid-read escapes the SDK as the transport's own error (ChunkedEncodingError)
     if isinstance(exc, (ace.ServiceRequestError, ace.ServiceResponseError, ace.IncompleteReadError,
-                        ace.DecodeError, ConnectionError, TimeoutError)) or (
+                        ace.DecodeError, ConnectionError, TimeoutError,
+                        requests.RequestException)) or (
             isinstance(exc, ace.AzureError) and "md5" in str(exc).lower()):
         return RetryableStorageError(f"Azure {op} of {where} failed in transit ({type(exc).__name__}: "
                                      f"{_first_line(exc)}); trying again may succeed")
