@@ -212,7 +212,8 @@ class BlobLocation:
     """One blob location of a store, as given to :func:`casckpt.open` or the config file.
 
     Attributes:
-        url: a directory, ``file:///dir`` or ``s3://bucket/prefix``.
+        url: a directory, or a URL of a registered storage backend (``file:///dir``,
+            ``s3://bucket/prefix``, ``az://container/prefix``).
         domain: its failure domain (what fails together: a disk, a host, a
             bucket's region); default: its own.
         name: how commands refer to it; default ``loc0``, ``loc1``, ... by position.
@@ -235,7 +236,8 @@ class StoreSpec:
         locations: the blob locations, URLs absolute, names and domains filled in.
         catalog: the catalog's SQLAlchemy URL.
         cache: the local index cache directory (None: derived from the store id).
-        s3: options for the S3 backend (``endpoint_url``, ``region``, ``sse``, ...).
+        backends: each storage backend's options, by URL scheme (``{"s3": {"region": ...}}``):
+            the config file's ``[s3]``, ``[az]``, ... tables, then what was passed.
         redundancy: the redundancy a new store starts with (None: ``none``).
         write_quorum: shards a pack needs durable before a commit publishes (None: default).
         fast_tier, fast_tier_bytes, keep_fast_last: this host's fast tier as the config file
@@ -247,7 +249,7 @@ class StoreSpec:
     locations: tuple[BlobLocation, ...]
     catalog: str
     cache: Path | None
-    s3: Mapping[str, Any]
+    backends: Mapping[str, Mapping[str, Any]]
     redundancy: str | None = None
     write_quorum: int | None = None
     config_file: Path | None = None
@@ -304,15 +306,17 @@ def _toml_value(value: object) -> str:
     return json.dumps(str(value))  # a JSON string is a valid TOML basic string
 
 
-def render_config(values: Mapping[str, Any], s3: Mapping[str, Any],
+def render_config(values: Mapping[str, Any], backends: Mapping[str, Mapping[str, Any]],
                   locations: Sequence[BlobLocation] = ()) -> str:
-    """The text of a ``casckpt.toml`` recording where a store's parts are."""
+    """The text of a ``casckpt.toml`` recording where a store's parts are (each backend's
+    options in a table named by its scheme)."""
     lines = [
         "# casckpt store. Every job and the CLI open the store from this file:",
         "#   casckpt.open(PATH) / casckpt --store PATH / CASCKPT_STORE=PATH",
         "# blobs defaults to this directory, catalog to catalog.db (SQLite) here,",
         "# cache to cache/ here. Keep passwords out of this file: use PGPASSWORD or",
-        "# ~/.pgpass for PostgreSQL and the AWS credential chain for S3.",
+        "# ~/.pgpass for PostgreSQL, the AWS credential chain for S3 and",
+        "# AZURE_STORAGE_CONNECTION_STRING (or an Azure identity) for Azure.",
         "[store]",
         f"format = {STORE_FORMAT}",
     ]
@@ -321,8 +325,10 @@ def render_config(values: Mapping[str, Any], s3: Mapping[str, Any],
         lines += ["", "[[locations]]"] + [f"{k} = {_toml_value(v)}" for k, v in
                                           (("name", loc.name), ("url", loc.url), ("domain", loc.domain))
                                           if v is not None]
-    if s3:
-        lines += ["", "[s3]"] + [f"{k} = {_toml_value(v)}" for k, v in s3.items() if v is not None]
+    for scheme, options in backends.items():
+        if options:
+            lines += ["", f"[{scheme}]"] + [f"{k} = {_toml_value(v)}" for k, v in options.items()
+                                             if v is not None]
     return "\n".join(lines) + "\n"
 
 
@@ -346,8 +352,25 @@ def _recorded_locations(doc: Mapping[str, Any], file: Path) -> tuple[BlobLocatio
     return None
 
 
+def recorded_backends(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A config document's backend option tables, by scheme: every top-level table but
+    ``[store]`` and ``[[locations]]`` (checked against each backend's declared options when the
+    store opens: :func:`casckpt.storage.registry.check_options`)."""
+    return {name: value for name, value in doc.items() if name not in ("store", "locations")}
+
+
+def merged_backends(*layers: Mapping[str, Mapping[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """Backend options by scheme, later layers' options overriding earlier ones'."""
+    out: dict[str, dict[str, Any]] = {}
+    for layer in layers:
+        for scheme, options in (layer or {}).items():
+            out[scheme] = {**out.get(scheme, {}), **options} if isinstance(options, Mapping) \
+                else options  # type: ignore[assignment]  # not a table: check_options says so
+    return out
+
+
 def _spec_from_file(file: Path, blobs: BlobsArg | None, catalog: str | None,
-                    cache: Path | None, s3: Mapping[str, Any] | None) -> StoreSpec:
+                    cache: Path | None, backends: Mapping[str, Mapping[str, Any]] | None) -> StoreSpec:
     doc = read_config_file(file)
     store, root = doc["store"], file.parent
     recorded = _recorded_locations(doc, file)
@@ -371,7 +394,7 @@ def _spec_from_file(file: Path, blobs: BlobsArg | None, catalog: str | None,
         locations=_resolved(given or recorded or blob_locations("."), root),
         catalog=catalog or store.get("catalog") or f"sqlite:///{root / CATALOG_FILE}",
         cache=cache,
-        s3={**doc.get("s3", {}), **(s3 or {})},
+        backends=merged_backends(recorded_backends(doc), backends),
         redundancy=store.get("redundancy"),
         write_quorum=store.get("write_quorum"),
         config_file=file,
@@ -382,15 +405,16 @@ def _spec_from_file(file: Path, blobs: BlobsArg | None, catalog: str | None,
 
 
 def locate_store(path: Path | None, *, blobs: BlobsArg | None, catalog: str | None,
-                 cache: Path | None, create: bool, s3: Mapping[str, Any] | None = None,
+                 cache: Path | None, create: bool,
+                 backends: Mapping[str, Mapping[str, Any]] | None = None,
                  redundancy: str | None = None, record: Mapping[str, Any] | None = None) -> StoreSpec:
     """Work out where a store's parts are, creating its config file for a new store.
 
     ``path`` is a store directory or a ``.toml`` config file. A new or empty
-    directory becomes a store; ``blobs`` / ``catalog`` / ``s3`` /
+    directory becomes a store; ``blobs`` / ``catalog`` / ``backends`` (options by scheme) /
     ``redundancy`` (and the ``[store]`` values in ``record``: a fast tier) given for a new
     store are recorded in its config file so every later open needs only the path. For an
-    existing store, ``s3`` options override the file's for this open.
+    existing store, ``backends`` options override the file's for this open.
 
     Raises:
         NotAStoreError: ``path`` is a non-empty directory without a store, a
@@ -404,7 +428,7 @@ def locate_store(path: Path | None, *, blobs: BlobsArg | None, catalog: str | No
                 "(e.g. casckpt.open('ckpts/'))"
             )
         return StoreSpec(None, _resolved(blob_locations(blobs), Path.cwd()), catalog, cache,
-                         dict(s3 or {}), redundancy)
+                         merged_backends(backends), redundancy)
     file = _config_file(path)
     try:
         found = file.is_file()
@@ -414,13 +438,13 @@ def locate_store(path: Path | None, *, blobs: BlobsArg | None, catalog: str | No
             "search (x) rights on every directory above the store and read rights on the store",
             right=f"read {file}") from exc
     if found:
-        return _spec_from_file(file, blobs, catalog, cache, s3)
+        return _spec_from_file(file, blobs, catalog, cache, backends)
     root = file.parent
     if root.exists() and not root.is_dir():
         raise NotAStoreError(f"{root} is a file, not a casckpt store directory")
     if root.is_dir() and _holds_other_files(file):
         if file.is_file():  # another opener created the store meanwhile
-            return _spec_from_file(file, blobs, catalog, cache, s3)
+            return _spec_from_file(file, blobs, catalog, cache, backends)
         raise _not_empty(root)
     if not create:
         raise NotAStoreError(
@@ -430,9 +454,10 @@ def locate_store(path: Path | None, *, blobs: BlobsArg | None, catalog: str | No
     single = given is not None and len(given) == 1 and given[0].domain is None and given[0].name == "loc0"
     text = render_config(
         {"blobs": given[0].url if single and given else None, "catalog": catalog,
-         "redundancy": redundancy, **(record or {})}, s3 or {}, () if single or given is None else given)
+         "redundancy": redundancy, **(record or {})},
+        merged_backends(backends), () if single or given is None else given)
     if not _create_config_file(file, text):  # another process or thread created the store first
-        return _spec_from_file(file, blobs, catalog, cache, s3)
+        return _spec_from_file(file, blobs, catalog, cache, backends)
     return replace(_spec_from_file(file, None, None, cache, None), created=True)
 
 
@@ -540,7 +565,7 @@ def add_location_to_file(file: Path, location: BlobLocation) -> None:
     doc = read_config_file(file)
     current = _recorded_locations(doc, file) or blob_locations(".")
     store = {k: v for k, v in doc["store"].items() if k not in ("format", "blobs")}
-    text = render_config(store, doc.get("s3", {}), (*current, location))
+    text = render_config(store, recorded_backends(doc), (*current, location))
     tmp = file.with_name(f".{file.name}.tmp")
     tmp.write_text(text)
     os.replace(tmp, file)

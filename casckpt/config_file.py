@@ -27,22 +27,15 @@ STORE_FORMAT = 1
 MAX_CONFIG_BYTES = 1 << 20
 """A store's config file is a few lines; a bigger one is not read (memory stays bounded)."""
 
-_TEXT, _INT, _NUMBER = "a string", "a positive integer", "a positive number"
+TEXT, INT, NUMBER = "a string", "a positive integer", "a positive number"
+"""The types :func:`check_table` checks option values against."""
 
 STORE_KEYS: Mapping[str, str] = {
-    "catalog": _TEXT, "cache": _TEXT, "redundancy": _TEXT, "write_quorum": _INT,
-    "fast_tier": _TEXT, "fast_tier_bytes": _INT, "keep_fast_last": _INT,
+    "catalog": TEXT, "cache": TEXT, "redundancy": TEXT, "write_quorum": INT,
+    "fast_tier": TEXT, "fast_tier_bytes": INT, "keep_fast_last": INT,
 }
 """Typed keys of the ``[store]`` table besides ``format`` and ``blobs`` (others are kept as they are)."""
 
-S3_OPTIONS: Mapping[str, str] = {
-    "endpoint_url": _TEXT, "region": _TEXT, "profile": _TEXT, "sse": _TEXT, "kms_key_id": _TEXT,
-    "checksum": _TEXT, "addressing_style": _TEXT,
-    "multipart_threshold": _INT, "multipart_chunksize": _INT, "max_concurrency": _INT,
-    "max_pool_connections": _INT, "sdk_attempts": _INT, "list_page_size": _INT,
-    "retry_attempts": _INT, "connect_timeout": _NUMBER, "read_timeout": _NUMBER,
-}
-"""What an ``[s3]`` table may hold (options of the S3 backend and its retry wrapper)."""
 
 _LOCATION_KEYS = ("url", "domain", "name")
 
@@ -132,7 +125,7 @@ def _check_document(doc: dict[str, Any], file: Path) -> None:
             f"{file} declares store format {form}; this casckpt reads format {STORE_FORMAT}. "
             "Upgrade casckpt."
         )
-    _check_table(store, STORE_KEYS, "[store]", file, strict=False)
+    check_table(store, STORE_KEYS, "[store]", file, strict=False)
     if "blobs" in store and "locations" in doc:
         raise InvalidConfigError(f"{file} sets both [store] blobs and [[locations]]; keep one")
     if "blobs" in store:
@@ -146,14 +139,16 @@ def _check_document(doc: dict[str, Any], file: Path) -> None:
                 f"not {tables!r}"
             )
         _check_locations(tables, "[[locations]]", file)
-    s3 = doc.get("s3", {})
-    if not isinstance(s3, dict):
-        raise InvalidConfigError(f"{file}: s3 must be an [s3] table of options, not {s3!r}")
-    _check_table(s3, S3_OPTIONS, "[s3]", file, strict=True)
 
 
-def _check_table(table: Mapping[str, Any], keys: Mapping[str, str], where: str, file: Path,
-                 *, strict: bool) -> None:
+def check_table(table: Mapping[str, Any], keys: Mapping[str, str], where: str, file: object,
+                *, strict: bool) -> None:
+    """Check a table's values against ``keys`` (option -> :data:`TEXT`, :data:`INT` or
+    :data:`NUMBER`); ``strict``: an option not in ``keys`` is an error too.
+
+    Raises:
+        InvalidConfigError: naming ``file`` (a path, or where the table came from) and ``where``.
+    """
     for key, value in table.items():
         want = keys.get(key)
         if want is None:
@@ -168,11 +163,11 @@ def _check_table(table: Mapping[str, Any], keys: Mapping[str, str], where: str, 
 
 
 def _is(value: object, want: str) -> bool:
-    if want == _TEXT:
+    if want == TEXT:
         return isinstance(value, str)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
-    return value > 0 and (want == _NUMBER or isinstance(value, int))
+    return value > 0 and (want == NUMBER or isinstance(value, int))
 
 
 def _check_locations(items: list[Any], where: str, file: Path) -> None:

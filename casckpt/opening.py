@@ -12,7 +12,6 @@ import shutil
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote, urlsplit
 
 from casckpt import config as cfg
 from casckpt.cache import IndexCache
@@ -31,6 +30,7 @@ from casckpt.options import Options
 from casckpt.storage import BlobStore, redact_url
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.locations import Location, LocationSet
+from casckpt.storage.registry import check_options, local_path
 from casckpt.storage.sealed import sealed
 from casckpt.store import Store
 from casckpt.store_core import open_location_store
@@ -83,7 +83,7 @@ def open_locations(catalog: Catalog, spec: cfg.StoreSpec, given: dict[str, BlobS
         for name, url in urls.items():
             if read_only and name not in states:
                 continue
-            opened[name] = open_location_store(name, url, spec.s3, given,
+            opened[name] = open_location_store(name, url, spec.backends, given,
                                                create=name not in states and not read_only,
                                                failed=states.get(name) == "failed")
         usable = {name: blobs for name, blobs in opened.items() if states.get(name) != "failed"}
@@ -116,9 +116,11 @@ def open_locations(catalog: Catalog, spec: cfg.StoreSpec, given: dict[str, BlobS
 def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
     """See :func:`casckpt.open` (``options`` checked already: :class:`casckpt.Options`)."""
     settings = options.settings()
-    blobs, catalog, cache, create, s3, redundancy, recover = (
-        options.blobs, options.catalog, options.cache, options.create, options.s3, options.redundancy,
+    blobs, catalog, cache, create, redundancy, recover = (
+        options.blobs, options.catalog, options.cache, options.create, options.redundancy,
         options.recover)
+    backends = {"s3": options.s3} if options.s3 is not None else {}
+    check_options(backends, "casckpt.open")
     given: dict[str, BlobStore] = {}
     items = [blobs] if isinstance(blobs, BlobStore) else blobs
     if isinstance(items, (list, tuple)):
@@ -140,7 +142,7 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
             Path(path).expanduser().resolve() if path is not None else None,
             blobs=items,  # type: ignore[arg-type]
             catalog=catalog, cache=Path(cache).expanduser() if cache is not None else None,
-            create=create and not asked, s3=s3, redundancy=redundancy,
+            create=create and not asked, backends=backends, redundancy=redundancy,
             record=_tier_record(options),
         )
     except NotAStoreError as exc:
@@ -148,6 +150,7 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
             raise ReadOnlyStoreError(f"{exc}; creating a store needs write access, and it is "
                                      "opened read-only", right="store:create") from None
         raise
+    check_options(spec.backends, str(spec.config_file or "casckpt.open"))
     read_only = _unwritable(spec) if asked is None else None
     cat = Catalog(spec.catalog, where=redact_url(spec.catalog), retry_s=settings.catalog_retry_s,
                   read_only=True if asked or read_only else None if asked is None else False)
@@ -183,7 +186,7 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
     store = Store(root=spec.root, catalog=cat, cache=index, locations=locations,
                   staging=cache_dir / "staging",  # the tier's packs fill in its own staging/
                   settings=settings, write_quorum=spec.write_quorum,
-                  s3=spec.s3, config_file=spec.config_file, recovering=recovering, read_only=why,
+                  backends=spec.backends, config_file=spec.config_file, recovering=recovering, read_only=why,
                   tier=tier, background_drain=options.background_drain, created=created)
     if created:  # a mistyped path would otherwise start training again from step 0, silently
         where = str(spec.root) if spec.root is not None else (
@@ -227,12 +230,12 @@ def _unwritable(spec: cfg.StoreSpec) -> str | None:
     """Why this process cannot write a local location of the store (None: it can, as far as
     the file system says). The directory of a store whose data lives elsewhere only holds its
     config file, which commits do not write: a root-owned one shared by many users is fine.
-    The catalog answers for itself (see :class:`~casckpt.catalog.Catalog`). S3 is not probed:
-    a bucket refusing writes is only known by writing, so such stores are opened read-only
-    by asking."""
+    The catalog answers for itself (see :class:`~casckpt.catalog.Catalog`). Buckets and
+    containers are not probed: one refusing writes is only known by writing, so such stores
+    are opened read-only by asking."""
     for loc in spec.locations:
-        place = Path(unquote(urlsplit(loc.url).path))
-        if urlsplit(loc.url).scheme == "file" and place.is_dir() and not os.access(place, os.W_OK):
+        place = local_path(loc.url)
+        if place is not None and place.is_dir() and not os.access(place, os.W_OK):
             where = "store directory" if place == spec.root else f"blob location {loc.name or ''}".rstrip()
             return f"the {where} {place} is not writable by this process (uid {os.geteuid()})"
     return None

@@ -37,6 +37,7 @@ from casckpt.format.manifest import decode_manifest
 from casckpt.run import Run, save_rule, set_policy
 from casckpt.storage import redact_url
 from casckpt.storage.locations import LocationSet
+from casckpt.storage.registry import BackendOptions
 from casckpt.store_admin import StoreAdmin
 from casckpt.store_core import Ref, StoreCore
 from casckpt.store_distributed import StoreDistributed
@@ -93,14 +94,14 @@ class Store:
 
     def __init__(self, *, root: Path | None, catalog: Catalog, cache: IndexCache,
                  locations: LocationSet, staging: Path, settings: cfg.Settings,
-                 write_quorum: int | None = None, s3: Mapping[str, Any] | None = None,
+                 write_quorum: int | None = None, backends: BackendOptions | None = None,
                  config_file: Path | None = None, recovering: bool = False,
                  read_only: str | None = None, tier: FastTier | None = None,
                  background_drain: bool = True, created: bool = False) -> None:
         self.path = root
         self._created = created
         self._core = StoreCore(catalog=catalog, cache=cache, locations=locations, staging=staging,
-                               settings=settings, write_quorum=write_quorum, s3=s3,
+                               settings=settings, write_quorum=write_quorum, backends=backends,
                                config_file=config_file, recovering=recovering, read_only=read_only,
                                tier=tier, background_drain=background_drain)
         self._queries = StoreQueries(self._core)

@@ -124,7 +124,7 @@ class StoreAdmin:
         spec = cfg.BlobLocation(url, domain, name)
         absolute = cfg._resolved([spec], base)[0]  # noqa: SLF001 - one URL rule for files and args
         try:
-            blob_store = sealed(open_blob_store(absolute.url, self._core.s3), self._core.ctx.crypto)
+            blob_store = sealed(open_blob_store(absolute.url, self._core.backends), self._core.ctx.crypto)
             for _ in blob_store.list(keys.PACKS):  # reachable and listable
                 break
         except (CasckptError, OSError) as exc:

@@ -16,11 +16,10 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from casckpt import config as cfg
 from casckpt.cache import IndexCache
@@ -41,6 +40,7 @@ from casckpt.format.crypto import PLAIN, StoreCrypto
 from casckpt.format.manifest import Manifest
 from casckpt.storage import BlobStore, open_blob_store, redact_url
 from casckpt.storage.locations import CurrentLocations, Location, LocationSet
+from casckpt.storage.registry import BackendOptions
 from casckpt.storage.scratch import ScratchDir
 from casckpt.storage.sealed import sealed
 from casckpt.storage.unreachable import UnreachableBlobStore
@@ -61,7 +61,7 @@ def utc(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, tz=timezone.utc)
 
 
-def open_location_store(name: str, url: str, s3: Any, given: dict[str, BlobStore], *,
+def open_location_store(name: str, url: str, backends: BackendOptions, given: dict[str, BlobStore], *,
                         create: bool = True, failed: bool = False, crypto: StoreCrypto = PLAIN) -> BlobStore:
     """Open one location's blob store; one this host cannot open is kept as unreachable.
 
@@ -73,7 +73,7 @@ def open_location_store(name: str, url: str, s3: Any, given: dict[str, BlobStore
     blob_store = given.get(url)
     if blob_store is None:
         try:
-            blob_store = open_blob_store(url, s3, create=create)
+            blob_store = open_blob_store(url, backends, create=create)
         except (CasckptError, OSError) as exc:
             if not failed:
                 log.warning("blob location %s (%s) cannot be opened: %s", name, redact_url(url), exc)
@@ -81,11 +81,11 @@ def open_location_store(name: str, url: str, s3: Any, given: dict[str, BlobStore
     return sealed(blob_store, crypto)
 
 
-def open_location(row: shard_sql.LocationRow, url: str, s3: Any, given: dict[str, BlobStore],
+def open_location(row: shard_sql.LocationRow, url: str, backends: BackendOptions, given: dict[str, BlobStore],
                   crypto: StoreCrypto = PLAIN) -> Location:
     """Open one catalog location (see :func:`open_location_store`)."""
     return Location(row.id, row.name, row.domain, row.state,
-                    open_location_store(row.name, url, s3, given, create=False,
+                    open_location_store(row.name, url, backends, given, create=False,
                                         failed=row.state == "failed", crypto=crypto))
 
 
@@ -101,7 +101,7 @@ class StoreCore:
     - ``prober``: measures location health for ``Store.locations``.
     - ``dcp_writers``: DCP saves writing through this store (close waits for none, but
       refuses while one is busy, and ends the leases of failed ones).
-    - ``s3``: the backend options new locations are opened with.
+    - ``backends``: the backend options (by URL scheme) locations are opened with.
     - ``config_file``: the store's ``casckpt.toml`` (None: opened without one).
     - ``recovering``: opened with ``recover=True`` over data the empty catalog lacks;
       cleared by a catalog rebuild.
@@ -112,13 +112,13 @@ class StoreCore:
 
     def __init__(self, *, catalog: Catalog, cache: IndexCache, locations: LocationSet,
                  staging: Path, settings: cfg.Settings, write_quorum: int | None = None,
-                 s3: Mapping[str, Any] | None = None, config_file: Path | None = None,
+                 backends: BackendOptions | None = None, config_file: Path | None = None,
                  recovering: bool = False, read_only: str | None = None,
                  tier: FastTier | None = None, background_drain: bool = True) -> None:
         self.recovering = recovering
         self.read_only = read_only
         self._locations_loaded = time.monotonic()
-        self.s3: dict[str, Any] = dict(s3 or {})
+        self.backends: BackendOptions = dict(backends or {})
         self.config_file = config_file
         if read_only is None:  # a reader leaves dead commits' files to the writers
             reclaim_leftovers(staging, locations)  # staging and tmp files of dead commits
@@ -264,7 +264,7 @@ class StoreCore:
             if row.id in current:
                 fresh.append(Location(row.id, row.name, row.domain, row.state, current[row.id]))
             else:
-                fresh.append(open_location(row, row.url or "", self.s3, opened, self.ctx.crypto))
+                fresh.append(open_location(row, row.url or "", self.backends, opened, self.ctx.crypto))
         self.ctx.current_locations.swap(LocationSet(fresh))  # running operations keep the set they took
         self._locations_loaded = time.monotonic()
 

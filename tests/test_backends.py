@@ -138,9 +138,9 @@ def _blob_url(config: Any) -> str:
 
 
 def _s3_options(config: Any) -> dict[str, Any]:
-    from casckpt.config import read_config_file
+    from casckpt.config import read_config_file, recorded_backends
 
-    return dict(read_config_file(config.root / "casckpt.toml").get("s3", {}))
+    return recorded_backends(read_config_file(config.root / "casckpt.toml"))
 
 
 def _pack_holds(blobs: Any, key: str, tensor: torch.Tensor) -> bool:

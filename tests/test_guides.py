@@ -43,7 +43,8 @@ from test_runbooks import Command, Shell, _console, _trim, mismatch
 from typer.main import get_command
 
 from casckpt.cli.main import app
-from casckpt.config_file import S3_OPTIONS, read_config_file
+from casckpt.config_file import read_config_file
+from casckpt.storage.s3_backend import OPTIONS as S3_OPTIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDES = sorted((ROOT / "docs" / "guides").glob("*.md"))

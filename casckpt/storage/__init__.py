@@ -1,5 +1,6 @@
 """Blob stores: where packs and manifests live. No SQL, no LMDB here.
 
+Backends are registered by URL scheme (:mod:`casckpt.storage.registry`).
 ``S3BlobStore`` (and ``parse_s3_url``, ``S3Location``) load boto3 on first
 use, so importing casckpt does not need or pay for the SDK.
 """
@@ -10,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from casckpt.storage.base import BlobInfo, BlobStore, check_key
 from casckpt.storage.local import LocalBlobStore
+from casckpt.storage.registry import open_blob_store
 from casckpt.storage.retry import RetryingBlobStore
-from casckpt.storage.urls import open_blob_store, redact_url
+from casckpt.storage.urls import redact_url
 
 if TYPE_CHECKING:
     from casckpt.storage.s3 import S3BlobStore, S3Location, parse_s3_url

@@ -18,9 +18,11 @@ import errno
 import os
 import stat
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from casckpt.errors import (
     AccessDeniedError,
@@ -31,6 +33,7 @@ from casckpt.errors import (
     UnsafeObjectError,
 )
 from casckpt.storage.base import BlobInfo, check_key, is_key
+from casckpt.storage.registry import Backend, Capabilities
 from casckpt.storage.scratch import DEFAULT_GRACE, Reclaimed, ScratchDir, reclaim
 
 _IOV_MAX = 1024
@@ -361,3 +364,15 @@ def _kind(mode: int) -> str:
         if test(mode):
             return name
     return "not a regular file"
+
+
+def _open(url: str, options: Mapping[str, Any], create: bool) -> LocalBlobStore:
+    return LocalBlobStore(Path(unquote(urlsplit(url).path)), create=create)
+
+
+BACKEND = Backend(
+    scheme="file", example="file:///dir", open=_open,
+    capabilities=Capabilities(local_directory=True, delete_probe=False),
+)
+"""``file:///dir`` locations (a directory given as a path is one too); no options, no roles
+to print (the directory's permissions are the roles)."""

@@ -1,20 +1,23 @@
 """Whether the credentials in use may delete objects on a blob location, found out without
 deleting anything real: gc's preflight (see :mod:`casckpt.engine.deleterights`).
 
-A local directory: every directory of the location (objects live in subdirectories) must be
-writable and searchable by this process. Any other backend (S3): a delete of a probe key that
-does not exist -- S3 answers a delete of a missing key with success when the right is held and
-``AccessDenied`` when it is not, so nothing is removed either way.
+What the backend's capabilities (:class:`~casckpt.storage.registry.Capabilities`) allow:
+a local directory (``local_directory``): every directory of the location (objects live in
+subdirectories) must be writable and searchable by this process. A backend with
+``delete_probe`` (S3, Azure): a delete of a probe key that does not exist -- such a backend
+answers a delete of a missing key with success when the right is held and a refusal when it is
+not, so nothing is removed either way. Neither: nothing is known before deleting.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
+from pathlib import Path
 
 from casckpt.errors import AccessDeniedError
 from casckpt.storage.base import BlobStore
-from casckpt.storage.local import LocalBlobStore
+from casckpt.storage.registry import backend_for, local_path
 
 PROBE_PREFIX = "tmp/casckpt-delete-probe-"
 """Probe keys: under ``tmp/``, where no object casckpt reads lives, with a random suffix."""
@@ -26,11 +29,11 @@ def delete_refused(blobs: BlobStore) -> AccessDeniedError | None:
     Raises:
         StorageError: the location could not be asked (unreachable): nothing is known.
     """
-    local = blobs
-    while not isinstance(local, LocalBlobStore) and isinstance(getattr(local, "inner", None), BlobStore):
-        local = local.inner  # type: ignore[attr-defined]  # a wrapper (retry, sealed): the directory
-    if isinstance(local, LocalBlobStore):
-        return _local_refused(local)
+    root = local_path(blobs.url)
+    if root is not None:
+        return _local_refused(root)
+    if not backend_for(blobs.url).capabilities.delete_probe:
+        return None
     try:
         blobs.delete(PROBE_PREFIX + uuid.uuid4().hex)
     except AccessDeniedError as exc:
@@ -38,9 +41,9 @@ def delete_refused(blobs: BlobStore) -> AccessDeniedError | None:
     return None
 
 
-def _local_refused(blobs: LocalBlobStore) -> AccessDeniedError | None:
-    for top, dirs, _ in os.walk(blobs.root):
-        if os.path.realpath(top) == os.path.realpath(blobs.root / "tmp"):
+def _local_refused(root: Path) -> AccessDeniedError | None:
+    for top, dirs, _ in os.walk(root):
+        if os.path.realpath(top) == os.path.realpath(root / "tmp"):
             dirs[:] = []
             continue
         if not os.access(top, os.W_OK | os.X_OK):

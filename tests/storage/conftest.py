@@ -54,3 +54,49 @@ def fault_proxy(moto_endpoint: str) -> Iterator[FaultProxy]:
     """A fault-injecting proxy in front of the moto server, stopped at teardown."""
     with FaultProxy(moto_endpoint) as proxy:
         yield proxy
+
+
+# -- Azure: Azurite on loopback, the development account's connection string ------------------
+
+@pytest.fixture(scope="session")
+def azurite_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``http://127.0.0.1:PORT`` of an Azurite blob service shared by the session (containers
+    are per test); skipped, saying how to install it, where Azurite or the SDK is missing."""
+    pytest.importorskip("azure.storage.blob", reason="needs casckpt[azure] (azure-storage-blob)")
+    from casckpt.testing.azurite import azurite_server, find_azurite
+
+    if find_azurite() is None:
+        pytest.skip("Azurite is not installed: npm install -g azurite@3 (or npm install --prefix DIR "
+                    "azurite@3 and AZURITE_PREFIX=DIR); .ci/run installs it")
+    with azurite_server(tmp_path_factory.mktemp("azurite")) as url:
+        yield url
+
+
+@pytest.fixture
+def azure_connection(azurite_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The development account's connection string, also in AZURE_STORAGE_CONNECTION_STRING
+    (how casckpt.open finds it) for the test."""
+    from casckpt.testing.azurite import connection_string
+
+    conn = connection_string(azurite_endpoint)
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", conn)
+    monkeypatch.delenv("AZURE_STORAGE_ACCOUNT", raising=False)
+    return conn
+
+
+@pytest.fixture
+def container(azure_connection: str) -> Iterator[Any]:
+    """A new, empty container on Azurite: its plain SDK client, for setting up and inspecting."""
+    from azure.storage.blob import ContainerClient
+
+    client = ContainerClient.from_connection_string(azure_connection, f"casckpt-{uuid.uuid4().hex[:16]}")
+    client.create_container()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def azure_proxy(azurite_endpoint: str) -> Iterator[FaultProxy]:
+    """A fault-injecting proxy in front of Azurite, stopped at teardown."""
+    with FaultProxy(azurite_endpoint) as proxy:
+        yield proxy

@@ -125,7 +125,7 @@ def test_invalid_options(options: dict[str, Any], aws_env: None) -> None:
 
 
 def test_open_blob_store_builds_a_retrying_s3_store(moto_endpoint: str, bucket: str) -> None:
-    s = open_blob_store(f"s3://{bucket}/p", {"endpoint_url": moto_endpoint})
+    s = open_blob_store(f"s3://{bucket}/p", {"s3": {"endpoint_url": moto_endpoint}})
     try:
         assert isinstance(s, RetryingBlobStore) and isinstance(s.inner, S3BlobStore)
         assert s.url == f"s3://{bucket}/p"
