@@ -93,3 +93,13 @@ def test_a_plugin_backend_registers_by_entry_point_and_is_held_to_the_required_c
     done = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=120,
                           env=env)
     assert done.returncode == 0, done.stderr + done.stdout
+
+
+def test_a_bad_s3_option_is_refused_before_anything_is_made(tmp_path: Path) -> None:
+    import casckpt
+    from casckpt.errors import InvalidConfigError
+
+    with pytest.raises(InvalidConfigError) as info:
+        casckpt.open(tmp_path / "store", blobs="s3://bucket/x", s3={"regoin": "eu-west-1"})
+    assert "[s3] has no option 'regoin'" in str(info.value) and "endpoint_url" in str(info.value)
+    assert not (tmp_path / "store").exists()
