@@ -111,7 +111,7 @@ def test_flipped_byte_is_caught(store_config: Any) -> None:
         good = store.commit({"w": _noise(2, 10_000)}, run="a", step=1)
         other = store.commit({"v": _noise(3, 5000)}, run="b", step=1)
         assert store.stats().packs == 2
-    blobs = open_blob_store(_blob_url(store_config), _s3_options(store_config))
+    blobs = open_blob_store(_blob_url(store_config), _backend_options(store_config))
     keys = sorted(info.key for info in blobs.list("packs/"))
     damaged = next(k for k in keys if _pack_holds(blobs, k, _noise(2, 10_000)))
     data = bytearray(blobs.get(damaged))
@@ -137,7 +137,7 @@ def _blob_url(config: Any) -> str:
     return config.blobs or config.root.resolve().as_uri()
 
 
-def _s3_options(config: Any) -> dict[str, Any]:
+def _backend_options(config: Any) -> dict[str, Any]:
     from casckpt.config import read_config_file, recorded_backends
 
     return recorded_backends(read_config_file(config.root / "casckpt.toml"))
@@ -170,7 +170,7 @@ def test_gc_and_retention(store_config: Any) -> None:
         for step in (2, 3):
             assert torch.equal(store.restore(f"r@{step}")["w"], states[step]["w"])
         assert store.check(read_data=True).ok
-    blobs = open_blob_store(_blob_url(store_config), _s3_options(store_config))
+    blobs = open_blob_store(_blob_url(store_config), _backend_options(store_config))
     try:
         listed = {info.key for info in blobs.list("packs/")}
     finally:

@@ -65,6 +65,9 @@ class Capabilities:
     consistent_listing: bool = True
 
 
+# No capability says whether a backend can put only if the key is absent: nothing would read
+# it. Content-addressed keys make a repeated put harmless, and the records written in place
+# (identity, keys, mirrors) must replace what is there.
 REQUIRED = ("atomic_replace", "consistent_listing")
 """Capabilities the engine cannot do without: a backend lacking one is refused when opened."""
 

@@ -202,3 +202,10 @@ def test_print_grants_prints_the_azure_role_of_each_container(tmp_path: Path) ->
                                           "--json"])
     placeholders = json.loads(only_local.stdout)
     assert "CONTAINER" in json.dumps(placeholders["azure_role"]) and "s3_policy" in placeholders
+
+
+def test_the_azure_guide_names_every_az_option() -> None:
+    from casckpt.storage.azure_backend import OPTIONS
+
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "azure.md").read_text()
+    assert [key for key in OPTIONS if f"`{key}`" not in guide] == []

@@ -44,3 +44,24 @@ def test_ec_round_trip_and_gc_across_azure_and_local(tmp_path: Path, container: 
         restored = store.restore("r@2")
         assert all(torch.equal(restored[k], v) for k, v in _state(2).items())
         assert store.check(read_data=True).ok
+
+
+def test_cli_init_and_location_add_take_az_urls(tmp_path: Path, container: Any) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from casckpt.cli.main import app
+
+    root, az = tmp_path / "store", f"az://{container.container_name}/cli"
+    made = CliRunner().invoke(app, ["init", str(root), "--blobs", az])
+    assert made.exit_code == 0, made.output
+    assert f'blobs = "{az}"' in (root / "casckpt.toml").read_text()
+    added = CliRunner().invoke(app, ["--store", str(root), "location", "add", f"{az}-second",
+                                     "--name", "second", "--json"])
+    assert added.exit_code == 0, added.output
+    assert json.loads(added.stdout)["url"] == f"{az}-second" and json.loads(added.stdout)["reachable"]
+    with casckpt.open(root, create=False) as store:
+        store.commit(_state(3), run="r", step=1)
+        assert torch.equal(store.restore("r@1")["w"], _state(3)["w"])
+    assert _blob_names(container, "cli/manifests/") or _blob_names(container, "cli-second/manifests/")

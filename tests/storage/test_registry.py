@@ -3,8 +3,10 @@ declaring backends costs ``import casckpt`` no SDK."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import test_azure
@@ -51,3 +53,53 @@ def test_import_casckpt_and_opening_a_directory_load_no_cloud_sdk(tmp_path: obje
             "assert not loaded, loaded\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+PLUGIN = '''
+from casckpt.storage.local import BACKEND as LOCAL
+from casckpt.storage.registry import Backend, Capabilities
+
+WEAK = Backend(scheme="weak", example="weak://x", open=LOCAL.open,
+               capabilities=Capabilities(consistent_listing=False))
+ELSE = Backend(scheme="other", example="other://x", open=LOCAL.open, capabilities=Capabilities())
+'''
+CHECK = '''
+import sys
+from casckpt.errors import InvalidArgumentError
+from casckpt.storage import open_blob_store
+from casckpt.storage.registry import schemes
+assert {"weak", "wrong", "file", "s3", "az"} <= set(schemes()), schemes()
+for url, words in (("weak://x", "lacks consistent_listing"), ("wrong://x", "not the casckpt")):
+    try:
+        open_blob_store(url)
+    except InvalidArgumentError as exc:
+        assert words in str(exc), exc
+    else:
+        sys.exit(url + " opened")
+'''
+
+
+def test_a_plugin_backend_registers_by_entry_point_and_is_held_to_the_required_capabilities(
+        tmp_path: Path) -> None:
+    """A package outside casckpt adds schemes the way casckpt declares its own; one lacking a
+    capability the engine needs, or naming something that is not a Backend, is refused."""
+    (tmp_path / "weakplugin.py").write_text(PLUGIN)
+    meta = tmp_path / "weakplugin-1.0.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: weakplugin\nVersion: 1.0\n")
+    (meta / "entry_points.txt").write_text(
+        "[casckpt.backends]\nweak = weakplugin:WEAK\nwrong = weakplugin:ELSE\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert done.returncode == 0, done.stderr + done.stdout
+
+
+def test_a_bad_s3_option_is_refused_before_anything_is_made(tmp_path: Path) -> None:
+    import casckpt
+    from casckpt.errors import InvalidConfigError
+
+    with pytest.raises(InvalidConfigError) as info:
+        casckpt.open(tmp_path / "store", blobs="s3://bucket/x", s3={"regoin": "eu-west-1"})
+    assert "[s3] has no option 'regoin'" in str(info.value) and "endpoint_url" in str(info.value)
+    assert not (tmp_path / "store").exists()
