@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -54,10 +54,10 @@ from casckpt.engine.validate import (
 )
 from casckpt.errors import CasckptError, CatalogError, StorageError, VersionExistsError
 from casckpt.format import keys
-from casckpt.format.manifest import ExtentEntry, Manifest, TreeHead, encode_manifest
+from casckpt.format.manifest import ExtentEntry, Manifest, encode_manifest
 from casckpt.format.tree import encode_tree
 from casckpt.format.treeencode import Tree, TreeMemo
-from casckpt.format.treemanifest import encode_tree_manifest
+from casckpt.format.treemanifest import encode_tree_manifest, headed
 from casckpt.storage.erasure import Redundancy
 from casckpt.types import ProgressCallback, Version
 
@@ -225,10 +225,7 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
     tree: Tree | None = None
     if TREE_MANIFESTS:
         version_id, manifest_bytes, tree = encode_tree_manifest(manifest, memo.tree, ctx.crypto.chunk_id)
-        manifest = replace(manifest, tree=TreeHead(tree.root, tree.tensors, tree.nbytes,
-                                                   tuple(manifest.extents[i] for i in tree.shared_extents),
-                                                   tree.groups, tree.values),
-                           nodes=tuple(tree.nodes))
+        manifest = headed(manifest, tree)
         for node_id, chunk in node_chunks(tree).items():
             if node_id not in chunks:
                 chunks[node_id] = chunk

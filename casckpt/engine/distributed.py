@@ -23,8 +23,8 @@ catalog.
 Words: a *piece* is the part of one tensor one rank saves (DCP calls it a
 chunk or shard of a sharded tensor); casckpt keeps "chunk" for the hashed unit
 of dedup and "shard" for an erasure-coded fragment of a pack. The manifest
-still marks a tensor stored as pieces with the node kind ``"sharded"`` and
-``TensorEntry.is_shard`` (stored format, unchanged).
+marks a tensor stored as pieces with the node kind ``"sharded"`` and
+``TensorEntry.is_shard``; it is a tree manifest like a one-process commit's.
 
 A piece of a tensor split along dim 0 is a contiguous run of the whole
 tensor's bytes; it is chunked on the whole tensor's grid (``grid_offset``),
@@ -44,15 +44,23 @@ import torch
 
 from casckpt.catalog.leases import begin_lease, end_lease
 from casckpt.engine.commit import CommitRequest, Snapshot, parent_of, publish, refuse_existing
-from casckpt.engine.commitchunks import ChunkBytes, Progress, hash_and_dedup, held_elsewhere
+from casckpt.engine.commitchunks import (
+    ChunkBytes,
+    Progress,
+    hash_and_dedup,
+    held_elsewhere,
+    known_chunks,
+    node_chunks,
+    write_chunks,
+)
 from casckpt.engine.context import EngineContext
 from casckpt.engine.degraded import Shortfall, shortfalls
 from casckpt.engine.layout import ExtentSource, plan_extents
 from casckpt.engine.packer import Packer
-from casckpt.engine.tensorrows import tensor_rows
 from casckpt.format.codecs import CompressionPolicy, encode_chunk
-from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, World, encode_manifest
+from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, World
 from casckpt.format.tree import Node, TensorLeaf
+from casckpt.format.treemanifest import encode_tree_manifest, headed
 from casckpt.storage.erasure import Redundancy
 from casckpt.types import ProgressCallback, Version
 
@@ -214,23 +222,28 @@ def _pack(ctx: EngineContext, packer: Packer, chunks: Mapping[bytes, ChunkBytes]
         bar.advance(raw_len)
 
 
-def compose(req: CommitRequest, parent: str | None, created: float, world: World, root: Node,
-            entries: Sequence[TensorEntry], extents: Sequence[ExtentEntry], new_bytes: int,
+def compose(ctx: EngineContext, req: CommitRequest, parent: str | None, created: float, world: World,
+            root: Node, entries: Sequence[TensorEntry], extents: Sequence[ExtentEntry], new_bytes: int,
             stored_bytes: int, degraded: Sequence[Shortfall] = ()) -> Snapshot:
-    """The snapshot of a version whose chunks the ranks wrote already (nothing is left to write:
-    publishing re-checks the chunks, it cannot write them again); ``degraded``: the packs the
-    ranks wrote below their redundancy."""
+    """The snapshot of a version whose chunks the ranks wrote already, as a tree manifest
+    (:mod:`casckpt.format.treemanifest`): its tree nodes the store lacks are written here;
+    publishing re-checks the ranks' chunks, it cannot write them again. ``degraded``: the
+    packs the ranks wrote below their redundancy."""
     manifest = Manifest(
         run=req.run, step=req.step, parent=parent, created_at=created, root=root,
         tensors=tuple(entries), extents=tuple(extents), metadata=req.metadata, metrics=req.metrics,
         message=req.message, tags=req.tags, world=world,
     )
-    version_id, manifest_bytes = encode_manifest(manifest)
-    rows, content_rows = tensor_rows(version_id, entries, extents)
+    version_id, manifest_bytes, tree = encode_tree_manifest(manifest, None, ctx.crypto.chunk_id)
     chunks = held_elsewhere(cid for b in extents for cid in b.chunks)
-    snap = Snapshot(manifest, version_id, manifest_bytes, chunks, [], rows, content_rows)
-    snap.new_bytes, snap.stored_bytes = new_bytes, stored_bytes
+    nodes = node_chunks(tree)
+    known = known_chunks(ctx, list(nodes), confirm=True)
+    chunks.update(nodes)
+    snap = Snapshot(headed(manifest, tree), version_id, manifest_bytes, chunks, [], [], [], tree=tree)
     snap.degraded = list(degraded)
+    snap.wrote(write_chunks(ctx, nodes, [n for n in nodes if n not in known],
+                            ctx.packs.redundancy_for(req.run), None))  # nodes: no bytes counted
+    snap.new_bytes, snap.stored_bytes = new_bytes, stored_bytes
     return snap
 
 
@@ -285,7 +298,7 @@ def publish_save(ctx: EngineContext, req: CommitRequest, start: SaveStart, world
         VersionExistsError: the step was taken meanwhile.
     """
     entries, extents = piece_entries(pieces)
-    snap = compose(req, start.parent, start.created, world, root, entries, extents, new_bytes,
+    snap = compose(ctx, req, start.parent, start.created, world, root, entries, extents, new_bytes,
                    stored_bytes, degraded)
     return publish(ctx, req, snap, ctx.packs.redundancy_for(req.run), start.started, start.lease)
 

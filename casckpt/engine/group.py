@@ -152,7 +152,7 @@ def _publish(ctx: EngineContext, req: CommitRequest, parts: list[Part], parent: 
         trees.append(renumber_tensors(root, base.__add__))
         entries.extend(replace(e, extent=e.extent + len(extents), rank=rank) for e in rank_entries)
         extents.extend(rank_extents)
-    snap = compose(req, parent, created, World(len(parts), "group"), {"t": "ranks", "v": trees},
+    snap = compose(ctx, req, parent, created, World(len(parts), "group"), {"t": "ranks", "v": trees},
                    entries, extents, sum(p[3].raw_bytes for p in parts),
                    sum(p[3].stored_bytes for p in parts), [s for p in parts for s in p[3].degraded])
     return commit_engine.publish(ctx, req, snap, ctx.packs.redundancy_for(req.run), started, lease)
