@@ -36,14 +36,22 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from casckpt.catalog.deltas import delta_policy_for
 from casckpt.catalog.leases import begin_lease, end_lease
-from casckpt.engine.commit import CommitRequest, Snapshot, parent_of, publish, refuse_existing
+from casckpt.engine.commit import (
+    CommitRequest,
+    Snapshot,
+    parent_manifest,
+    parent_of,
+    publish,
+    refuse_existing,
+)
 from casckpt.engine.commitchunks import (
     ChunkBytes,
     Progress,
@@ -51,13 +59,14 @@ from casckpt.engine.commitchunks import (
     held_elsewhere,
     known_chunks,
     node_chunks,
+    pack_chunks,
     write_chunks,
 )
 from casckpt.engine.context import EngineContext
 from casckpt.engine.degraded import Shortfall, shortfalls
-from casckpt.engine.layout import ExtentSource, plan_extents
+from casckpt.engine.deltabase import ChainPolicy, DeltaPlan, candidate_bases
+from casckpt.engine.layout import ExtentSource, pack_limit, plan_extents
 from casckpt.engine.packer import Packer
-from casckpt.format.codecs import CompressionPolicy, encode_chunk
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, World
 from casckpt.format.tree import Node, TensorLeaf
 from casckpt.format.treemanifest import encode_tree_manifest, headed
@@ -88,6 +97,8 @@ class StoredPiece:
     extent: ExtentEntry
     global_shape: tuple[int, ...] | None = None
     global_offset: tuple[int, ...] | None = None
+    offset: int = 0  # where it starts in its extent (a small piece packed with others)
+    digest: bytes | None = None  # a packed piece's own chunk id
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,8 +123,11 @@ def _grid_offset(piece: TensorPiece, itemsize: int) -> int:
 
 
 def write_pieces(ctx: EngineContext, pieces: Sequence[TensorPiece], redundancy: Redundancy,
-                 progress: ProgressCallback | None = None) -> RankWrite:
-    """Chunk, hash and dedup ``pieces``; write the chunks the store does not hold.
+                 progress: ProgressCallback | None = None, *, run: str | None = None) -> RankWrite:
+    """Chunk, hash and dedup ``pieces``; write the chunks the store does not hold, through the
+    commit's encoder (:func:`~casckpt.engine.commitchunks.pack_chunks`): small pieces packed
+    together, and, with ``run``, chunks delta-coded against the run's latest version where that
+    pays, as a one-process commit's are.
 
     Pipelined by windows of about half a pack: a thread plans and hashes the next window
     (and confirms its chunks in the catalog) while this one encodes and packs the new chunks
@@ -130,6 +144,8 @@ def write_pieces(ctx: EngineContext, pieces: Sequence[TensorPiece], redundancy: 
     stored: list[StoredPiece] = []
     taken: set[bytes] = set()  # chunks written (or being written) by an earlier window
     packer = Packer(ctx, redundancy)
+    candidates: dict[bytes, bytes] = {}  # the delta plan's: filled window by window
+    delta, before = _delta(ctx, run, candidates)
     with ThreadPoolExecutor(1, thread_name_prefix="casckpt-hash") as ahead:
         hashed: list[Future[_Hashed]] = []
         try:
@@ -148,8 +164,12 @@ def write_pieces(ctx: EngineContext, pieces: Sequence[TensorPiece], redundancy: 
                 stored.extend(window.pieces)
                 fresh = [cid for cid in window.new_ids if cid not in taken]
                 taken.update(fresh)
-                _pack(ctx, packer, window.chunks, fresh, writing)
+                if delta is not None and before is not None:
+                    _bases(ctx, delta, candidates, before, window, fresh)
+                pack_chunks(ctx, packer, window.chunks, fresh, delta, writing)
             packs = packer.finish()
+            if delta is not None:  # this rank's new chunks are the bases of its next save
+                delta.published(c for p in stored for c in p.extent.chunks)
         except BaseException:
             packer.abort()
             for future in hashed:
@@ -182,17 +202,60 @@ def _windows(pieces: Sequence[TensorPiece], size: int) -> Iterator[list[TensorPi
         yield run
 
 
+def _delta(ctx: EngineContext, run: str | None, candidates: dict[bytes, bytes]
+           ) -> tuple[DeltaPlan | None, Manifest | None]:
+    """How this rank delta-codes (None: the run's chain or ``delta_memory`` is 0), and the
+    manifest of the run's latest version it codes against (its bases: what this process
+    saved last)."""
+    if run is None:
+        return None, None
+    chain, by_cost = delta_policy_for(ctx.catalog, run)
+    if chain <= 0 or ctx.bases.budget <= 0:
+        return None, None
+    plan = DeltaPlan(ctx.bases, candidates, set(), ChainPolicy(chain, by_cost), ctx.config.zstd_level)
+    return plan, parent_manifest(ctx, run, parent_of(ctx, run))
+
+
+def _bases(ctx: EngineContext, plan: DeltaPlan, candidates: dict[bytes, bytes], before: Manifest,
+           window: _Hashed, fresh: Sequence[bytes]) -> None:
+    """Add the delta bases of a window's new chunks to ``plan`` (those still live in the store)."""
+    entries = [TensorEntry(p.path, "torch", p.dtype, p.shape, i, global_offset=p.global_offset)
+               for i, p in enumerate(window.pieces)]
+    found = candidate_bases(before, entries, [p.extent for p in window.pieces], fresh)
+    cached = [b for b in set(found.values()) if ctx.bases.get(b) is not None]
+    live = ctx.catalog.find_chunks((b.hex() for b in cached), live_only=True)
+    plan.live |= {bytes.fromhex(h) for h in live}
+    candidates.update(found)
+
+
 def _plan(ctx: EngineContext, pieces: Sequence[TensorPiece]) -> tuple[list[TensorEntry], list[ExtentSource]]:
-    """Each piece's entry and extent source (raises for a piece that cannot be stored)."""
-    entries, sources = [], []
-    for piece in pieces:  # one extent per piece, even for views of one storage
+    """Each piece's entry and extent source (raises for a piece that cannot be stored): small
+    pieces packed together as a one-process commit packs small tensors, every other piece an
+    extent of its own (even views of one storage)."""
+    limit = pack_limit(ctx.config.chunk_size)
+    small = {i for i, p in enumerate(pieces) if p.tensor.nbytes <= limit}
+    if len({pieces[i].tensor.untyped_storage().data_ptr() for i in small}) < len(small):
+        small = set()  # views of one storage: each stored as it is
+    entries: list[TensorEntry | None] = [None] * len(pieces)
+    sources: list[ExtentSource] = []
+    if small:
+        order = sorted(small)
+        packed, packed_sources = plan_extents([TensorLeaf(pieces[i].path, "torch", pieces[i].tensor)
+                                               for i in order], stage_host=ctx.config.stage_host_tensors,
+                                              pack=limit, ids=ctx.crypto.chunk_id)
+        for i, entry in zip(order, packed, strict=True):
+            entries[i] = entry
+        sources.extend(packed_sources)
+    for i, piece in enumerate(pieces):
+        if i in small:
+            continue
         (entry,), (source,) = plan_extents([TensorLeaf(piece.path, "torch", piece.tensor)],
                                            stage_host=ctx.config.stage_host_tensors,
                                            ids=ctx.crypto.chunk_id)
         source.grid_offset = _grid_offset(piece, piece.tensor.element_size())
-        entries.append(entry)
+        entries[i] = replace(entry, extent=len(sources))
         sources.append(source)
-    return entries, sources
+    return [e for e in entries if e is not None], sources
 
 
 def _hash_window(ctx: EngineContext, pieces: Sequence[TensorPiece]) -> _Hashed:
@@ -200,26 +263,10 @@ def _hash_window(ctx: EngineContext, pieces: Sequence[TensorPiece]) -> _Hashed:
     # confirmed in the catalog, not taken from this host's cache: the coordinator could not
     # write a chunk this rank wrongly skipped
     extents, chunks, new_ids = hash_and_dedup(ctx, sources, None, confirm=True)
-    stored = [StoredPiece(p.path, e.dtype, e.shape, extent, p.global_shape, p.global_offset)
-              for p, e, extent in zip(pieces, entries, extents, strict=True)]
+    stored = [StoredPiece(p.path, e.dtype, e.shape, extents[e.extent], p.global_shape, p.global_offset,
+                          e.offset, e.digest)
+              for p, e in zip(pieces, entries, strict=True)]
     return _Hashed(stored, chunks, new_ids)
-
-
-def _pack(ctx: EngineContext, packer: Packer, chunks: Mapping[bytes, ChunkBytes], ids: Sequence[bytes],
-          bar: Progress) -> None:
-    """Encode ``ids`` on the pool (compressed where that pays; pieces are never delta-coded)
-    and add them to ``packer`` in order."""
-    policy = CompressionPolicy(level=ctx.config.zstd_level, enabled=ctx.config.compress)
-
-    def encode(cid: bytes) -> tuple[bytes, int, int, bytes | memoryview]:
-        chunk = chunks[cid]
-        data = chunk.data()
-        codec, payload = encode_chunk(data, chunk.align, policy)
-        return cid, int(codec), len(data), payload
-
-    for cid, codec, raw_len, payload in ctx.pool.map(encode, ids):
-        packer.add(cid, codec, raw_len, payload)
-        bar.advance(raw_len)
 
 
 def compose(ctx: EngineContext, req: CommitRequest, parent: str | None, created: float, world: World,
@@ -249,8 +296,8 @@ def compose(ctx: EngineContext, req: CommitRequest, parent: str | None, created:
 
 def piece_entries(pieces: Sequence[StoredPiece]) -> tuple[list[TensorEntry], list[ExtentEntry]]:
     """Manifest entries for ``pieces``: piece ``i`` becomes tensor ``i`` with extent ``i``."""
-    entries = [TensorEntry(p.path, "torch", p.dtype, p.shape, i, global_shape=p.global_shape,
-                           global_offset=p.global_offset) for i, p in enumerate(pieces)]
+    entries = [TensorEntry(p.path, "torch", p.dtype, p.shape, i, p.offset, global_shape=p.global_shape,
+                           global_offset=p.global_offset, digest=p.digest) for i, p in enumerate(pieces)]
     return entries, [p.extent for p in pieces]
 
 
@@ -284,7 +331,7 @@ def begin_save(ctx: EngineContext, req: CommitRequest) -> SaveStart:
 
 def save_pieces(ctx: EngineContext, req: CommitRequest, pieces: Sequence[TensorPiece]) -> RankWrite:
     """Every rank: :func:`write_pieces` with the run's redundancy."""
-    return write_pieces(ctx, pieces, ctx.packs.redundancy_for(req.run))
+    return write_pieces(ctx, pieces, ctx.packs.redundancy_for(req.run), run=req.run)
 
 
 def publish_save(ctx: EngineContext, req: CommitRequest, start: SaveStart, world: World, root: Node,
