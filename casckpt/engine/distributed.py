@@ -156,11 +156,11 @@ def write_pieces(ctx: EngineContext, pieces: Sequence[TensorPiece], redundancy: 
             # with their window, on the hashing thread)
             for piece in {p.tensor.dtype: p for p in reversed(pieces)}.values():
                 _plan(ctx, [piece])
-            for i, run in enumerate(windows):
+            for i, part in enumerate(windows):
                 if i + 1 < len(windows):  # the next window hashes while this one is packed
                     hashed.append(ahead.submit(_hash_window, ctx, windows[i + 1]))
                 window = hashed[i].result()
-                hashing.advance(sum(p.tensor.nbytes for p in run))
+                hashing.advance(sum(p.tensor.nbytes for p in part))
                 stored.extend(window.pieces)
                 fresh = [cid for cid in window.new_ids if cid not in taken]
                 taken.update(fresh)

@@ -90,7 +90,7 @@ def head(catalog: Catalog, version_id: str) -> Manifest:
     """A version's manifest head (a tree manifest's tree not read); a version migrated to a
     tree reads as one (:func:`casckpt.engine.trees.adopted`)."""
     manifest = decode_manifest(catalog.manifest(version_id), version_id)
-    if manifest.tree is not None or manifest.world is not None:
+    if manifest.tree is not None:
         return manifest
     return adopted(manifest, tree_root(catalog, version_id))
 
@@ -103,7 +103,7 @@ def head_of(data: object, version_id: str, root: str | None) -> Manifest:
         CorruptManifestError: the manifest column does not hold a valid manifest.
     """
     manifest = decode_manifest(manifest_bytes(data, version_id), version_id)
-    if manifest.tree is not None or manifest.world is not None:
+    if manifest.tree is not None:
         return manifest
     return adopted(manifest, root)
 
