@@ -343,3 +343,36 @@ def test_a_dcp_save_stores_what_a_commit_of_the_same_state_stores(tmp_path: Path
     assert grew["commit"][1] < 0.5 * grew["commit"][0]  # delta-coded: the comparison can fail
     for step in range(len(states)):
         assert abs(grew["dcp"][step] - grew["commit"][step]) <= 0.05 * grew["commit"][step], grew
+
+
+def test_small_pieces_of_two_ranks_pack_and_reshard_bit_exact(store: casckpt.Store) -> None:
+    """Pieces small enough to pack (cut by rows, and by columns: strided in the whole tensor)
+    saved by two ranks: each rank packs its own; restore assembles them, load_tensor reads
+    one, DCP reshards them onto one process."""
+    from casckpt.engine.commit import make_request
+    from casckpt.format.manifest import World
+
+    rows = torch.arange(30, dtype=torch.float32).reshape(10, 3)
+    cols = torch.arange(24, dtype=torch.int64).reshape(4, 6)
+    ctx = internals(store).context
+    req = make_request("small", 1, None, None, None, ())
+    start = distributed.begin_save(ctx, req)
+    wrote = [distributed.save_pieces(ctx, req, [
+        TensorPiece("rows", rows[5 * r:5 * r + 5].clone(), (10, 3), (5 * r, 0)),
+        TensorPiece("cols", cols[:, 3 * r:3 * r + 3].contiguous(), (4, 6), (0, 3 * r))]) for r in (0, 1)]
+    pieces = [p for w in wrote for p in w.pieces]
+    assert all(p.digest is not None and p.extent.packed for p in pieces)  # packed, each its own digest
+    order = [0, 2, 1, 3]  # rows' pieces, then cols'
+    root = {"t": "dict", "k": ["rows", "cols"],
+            "v": [{"t": "sharded", "i": [0, 1]}, {"t": "sharded", "i": [2, 3]}]}
+    distributed.publish_save(ctx, req, start, World(2, "dcp"), root, [pieces[i] for i in order],
+                             sum(w.new_bytes for w in wrote), sum(w.stored_bytes for w in wrote), ())
+    distributed.end_save(ctx, start.lease)
+    back = store.restore("small@1")
+    assert torch.equal(back["rows"], rows) and torch.equal(back["cols"], cols)
+    assert torch.equal(store.load_tensor("small@1", "cols"), cols)
+    target = {"rows": torch.zeros(10, 3), "cols": torch.zeros(4, 6, dtype=torch.int64)}
+    dcp.load(target, storage_reader=store.dcp_reader("small@1"))
+    assert torch.equal(target["rows"], rows) and torch.equal(target["cols"], cols)
+    assert {t.path: t.shards for t in store.show("small@1").tensors} == {"rows": 2, "cols": 2}
+    assert store.check(read_data=True).ok
