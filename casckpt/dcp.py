@@ -101,15 +101,16 @@ dataclasses (a state of 500+ tensors: ~0.1 s less on the coordinator's critical 
 def _to_wire(piece: StoredPiece) -> Wire:
     e = piece.extent
     return (piece.path, piece.dtype, piece.shape, e.nbytes, e.chunk_size, e.chunks, e.phase, e.packed,
-            piece.global_shape, piece.global_offset)
+            piece.global_shape, piece.global_offset, piece.offset, piece.digest)
 
 
 def _from_wire(wire: Wire) -> StoredPiece:
-    path, dtype, shape, nbytes, chunk_size, chunks, phase, packed, global_shape, global_offset = wire
+    (path, dtype, shape, nbytes, chunk_size, chunks, phase, packed, global_shape, global_offset,
+     offset, digest) = wire
     extent = ExtentEntry(nbytes, chunk_size, tuple(chunks), phase, packed)
     return StoredPiece(path, dtype, tuple(shape), extent,
                        None if global_shape is None else tuple(global_shape),
-                       None if global_offset is None else tuple(global_offset))
+                       None if global_offset is None else tuple(global_offset), offset, digest)
 
 
 class _Written(NamedTuple):

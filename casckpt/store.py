@@ -559,11 +559,9 @@ class Store:
         row = self._core.readable_row(ref)
         head = bind(row, decode_manifest(self._core.ctx.catalog.manifest(row.id), row.id))
         if head.tree is not None:  # only the nodes on the way to the tensor are read
-            found = treeviews.Trees(self._core.ctx.catalog).entry(head, path)  # validated
-            if found is not None:
-                entry, extents = found
-                one = replace(head, root={"t": "tensor", "i": 0}, tensors=(entry,), extents=tuple(extents))
-                return restore_engine.load_tensor(self._core.ctx, one, entry.path, map_location)
+            one = treeviews.Trees(self._core.ctx.catalog).entry(head, path)  # validated
+            if one is not None:
+                return restore_engine.load_tensor(self._core.ctx, one, one.tensors[0].path, map_location)
         manifest, path = self._distributed.tensor_manifest(load_manifest(self._core.ctx.catalog, row), path)
         return restore_engine.load_tensor(self._core.ctx, manifest, path, map_location)
 

@@ -177,9 +177,11 @@ def test_group_commit_writes_shared_chunks_once_and_restores_each_rank(ranks: Zy
     ids = {r["id"] for r in reply["results"]}
     assert len(ids) == 1  # every rank got the same version
     states = [group_state(rank, 11) for rank in range(2)]
-    model = sum(t.numel() * t.element_size() for t in states[0]["model"].values())
+    w, b = (t.numel() * t.element_size() for t in states[0]["model"].values())
     rng = states[0]["rng"].numel()
-    assert reply["results"][0]["new_bytes"] == model + 2 * rng  # the replicated model written once
+    # the replicated weight written once; small tensors packed with each rank's own (as a
+    # one-process commit packs them): b goes with each rank's rng
+    assert reply["results"][0]["new_bytes"] == w + 2 * (b + rng)
     restored = launch(ranks, "group_restore", 2, path=str(store_path), ref="g@1", seed=11)
     assert [r["same"] for r in restored["results"]] == [True, True]
 

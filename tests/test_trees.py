@@ -621,13 +621,17 @@ def test_malformed_nodes_with_valid_ids_are_typed_errors_in_every_walk(forgery: 
 def test_one_tensor_read_from_a_tree_is_validated_like_a_whole_manifest(field: str, value: Any) -> None:
     """Found in review: load_tensor, diff and history took one entry of a node as it was
     (an offset past its extent reached torch as an untyped RuntimeError)."""
-    from casckpt.engine.treeviews import checked_entry, entry_row
+    from casckpt.engine.treeviews import checked_tensor, value_row
 
     entry = {"kind": "torch", "dtype": "float32", "shape": [4], "offset": 0, "stride": None,
              "blob": {"nbytes": 16, "chunk_size": 64, "chunks": ["ab" * 32]}}
-    checked_entry("w", entry, ())  # the unforged entry is fine
+    pieces = {"t": "sharded", "v": [{"t": "tensor", "e": {**entry, "gs": [4], "go": [0]}}]}
+    checked_tensor("w", {"t": "tensor", "e": entry}, ())  # the unforged entry is fine
+    checked_tensor("w", pieces, ())
     entry[field] = value
-    with pytest.raises(CorruptManifestError):
-        checked_entry("w", entry, ())
-    with pytest.raises(CorruptManifestError):
-        entry_row("w", entry, ())
+    pieces["v"][0]["e"][field] = value
+    for forged in ({"t": "tensor", "e": entry}, pieces):
+        with pytest.raises(CorruptManifestError):
+            checked_tensor("w", forged, ())
+        with pytest.raises(CorruptManifestError):
+            value_row("w", forged, ())

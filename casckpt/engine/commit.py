@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -42,7 +42,7 @@ from casckpt.engine.context import EngineContext
 from casckpt.engine.degraded import Shortfall, summary
 from casckpt.engine.deltabase import ChainPolicy, DeltaPlan, candidate_bases
 from casckpt.engine.hint import ChangeHint, Counters, record_counters, reusable
-from casckpt.engine.layout import SMALL_TENSOR, PackMemo, plan_extents
+from casckpt.engine.layout import PackMemo, pack_limit, plan_extents
 from casckpt.engine.tensorrows import tensor_rows
 from casckpt.engine.validate import (
     check_message,
@@ -54,10 +54,10 @@ from casckpt.engine.validate import (
 )
 from casckpt.errors import CasckptError, CatalogError, StorageError, VersionExistsError
 from casckpt.format import keys
-from casckpt.format.manifest import ExtentEntry, Manifest, TreeHead, encode_manifest
+from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, encode_manifest
 from casckpt.format.tree import encode_tree
 from casckpt.format.treeencode import Tree, TreeMemo
-from casckpt.format.treemanifest import encode_tree_manifest
+from casckpt.format.treemanifest import encode_tree_manifest, headed
 from casckpt.storage.erasure import Redundancy
 from casckpt.types import ProgressCallback, Version
 
@@ -193,7 +193,7 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
               pending: Mapping[bytes, ChunkBytes] | None, memo: _RunMemo,
               hint: ChangeHint | None) -> Snapshot:
     root, leaves = encode_tree(state)
-    pack = min(SMALL_TENSOR, ctx.config.chunk_size - ctx.config.chunk_size % 16) if TREE_MANIFESTS else 0
+    pack = pack_limit(ctx.config.chunk_size) if TREE_MANIFESTS else 0
     entries, sources = plan_extents(leaves, pack=pack,
                                     memo=memo.packs, ids=ctx.crypto.chunk_id)
     reuse: dict[int, ExtentEntry] = {}
@@ -209,7 +209,7 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
     if hint is not None:
         counters = memo.counters if memo.counters is not None and memo.counters.version_id == parent else None
         reuse = reusable(hint, leaves, entries, sources, ctx.config.chunk_size,
-                         _parent_manifest(ctx, req.run, parent), counters)
+                         parent_manifest(ctx, req.run, parent), counters)
         reuse, held = _held(ctx, reuse, pending)
     hashed = hash_extents(ctx, sources, progress, pending, reserve, reuse=reuse)
     hashed.known |= held
@@ -225,10 +225,7 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
     tree: Tree | None = None
     if TREE_MANIFESTS:
         version_id, manifest_bytes, tree = encode_tree_manifest(manifest, memo.tree, ctx.crypto.chunk_id)
-        manifest = replace(manifest, tree=TreeHead(tree.root, tree.tensors, tree.nbytes,
-                                                   tuple(manifest.extents[i] for i in tree.shared_extents),
-                                                   tree.groups, tree.values),
-                           nodes=tuple(tree.nodes))
+        manifest = headed(manifest, tree)
         for node_id, chunk in node_chunks(tree).items():
             if node_id not in chunks:
                 chunks[node_id] = chunk
@@ -258,7 +255,7 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
         else:
             foreground = bool(todo)
     delta_on = new_ids and ctx.bases.budget > 0 and delta_chain_for(ctx.catalog, req.run) > 0
-    before = _parent_manifest(ctx, req.run, parent) if delta_on else None  # bases serve delta coding only
+    before = parent_manifest(ctx, req.run, parent) if delta_on else None  # bases serve delta coding only
     bases = candidate_bases(before, entries, extents, new_ids) if before is not None else {}
     ctx.bases.remember(req.run, version_id, manifest)
     return Snapshot(manifest, version_id, manifest_bytes, chunks, new_ids, rows, content_rows, owned,
@@ -279,7 +276,7 @@ def _held(ctx: EngineContext, reuse: dict[int, ExtentEntry], pending: Mapping[by
     return kept, {c for e in kept.values() for c in e.chunks if c in known}
 
 
-def _parent_manifest(ctx: EngineContext, run: str, parent: str | None) -> Manifest | None:
+def parent_manifest(ctx: EngineContext, run: str, parent: str | None) -> Manifest | None:
     """The parent's manifest, to pick delta bases from (None when it cannot be had cheaply)."""
     if parent is None:
         return None
@@ -300,6 +297,21 @@ def _delta_plan(ctx: EngineContext, run: str, snap: Snapshot) -> DeltaPlan | Non
     cached = [b for b in set(snap.bases.values()) if ctx.bases.get(b) is not None]
     live = {bytes.fromhex(h) for h in ctx.catalog.find_chunks((b.hex() for b in cached), live_only=True)}
     return DeltaPlan(ctx.bases, snap.bases, live, ChainPolicy(chain, by_cost), ctx.config.zstd_level)
+
+
+def plan_delta(ctx: EngineContext, run: str, parent: str | None, entries: Sequence[TensorEntry],
+               extents: Sequence[ExtentEntry], new_ids: Sequence[bytes]) -> DeltaPlan | None:
+    """How a writer that did not snapshot (a rank of a group commit) delta-codes ``new_ids``
+    against ``parent``, the run's latest version (None: the run's chain length or
+    ``delta_memory`` is 0, or nothing is new)."""
+    chain, by_cost = delta_policy_for(ctx.catalog, run)
+    if chain <= 0 or ctx.bases.budget <= 0 or not new_ids:
+        return None
+    before = parent_manifest(ctx, run, parent)
+    bases = candidate_bases(before, entries, extents, new_ids) if before is not None else {}
+    cached = [b for b in set(bases.values()) if ctx.bases.get(b) is not None]
+    live = {bytes.fromhex(h) for h in ctx.catalog.find_chunks((b.hex() for b in cached), live_only=True)}
+    return DeltaPlan(ctx.bases, bases, live, ChainPolicy(chain, by_cost), ctx.config.zstd_level)
 
 
 def parent_of(ctx: EngineContext, run: str) -> str | None:

@@ -225,19 +225,28 @@ def write_chunks(
     store's fast tier, when it has one: see :class:`Packer`)."""
     packer = Packer(ctx, redundancy, fast=fast)
     bar = Progress(progress, "write", sum(chunks[c].end - chunks[c].start for c in ids))
-    nodes = node_stored = 0
     try:
-        for cid, codec, raw_len, payload, base in _encoded(ctx, chunks, ids, delta):
-            packer.add(cid, codec, raw_len, payload, base)
-            bar.advance(raw_len)
-            if chunks[cid].node:
-                nodes, node_stored = nodes + raw_len, node_stored + len(payload)
+        nodes, node_stored = pack_chunks(ctx, packer, chunks, ids, delta, bar)
         packs = packer.finish()
     except BaseException:
         packer.abort()
         raise
     return ChunkWrite(bar.done - nodes, packer.stored_bytes - node_stored,
                       tuple(shortfalls(ctx, (p.layout for p in packs if p.layout.tier is None))))
+
+
+def pack_chunks(ctx: EngineContext, packer: Packer, chunks: Mapping[bytes, ChunkBytes], ids: Sequence[bytes],
+                delta: DeltaPlan | None, bar: Progress) -> tuple[int, int]:
+    """Encode ``ids`` on the pool (delta-coded where ``delta`` says it pays, else compressed
+    where that pays) and add them to ``packer`` in order: every chunk any writer stores goes
+    through here. Returns the raw and stored bytes of the tree nodes among them."""
+    nodes = node_stored = 0
+    for cid, codec, raw_len, payload, base in _encoded(ctx, chunks, ids, delta):
+        packer.add(cid, codec, raw_len, payload, base)
+        bar.advance(raw_len)
+        if chunks[cid].node:
+            nodes, node_stored = nodes + raw_len, node_stored + len(payload)
+    return nodes, node_stored
 
 
 def held_elsewhere(ids: Iterable[bytes]) -> dict[bytes, ChunkBytes]:

@@ -203,24 +203,25 @@ class BaseCache:
         return found[1] if found is not None and found[0] == version_id else None
 
 
-def _extents_by_path(manifest: Manifest) -> dict[tuple[str, int | None], ExtentEntry]:
+def _extents_by_path(manifest: Manifest) -> dict[tuple[str, int | None, tuple[int, ...] | None], ExtentEntry]:
     users: dict[int, int] = {}
     for t in manifest.tensors:
         users[t.extent] = users.get(t.extent, 0) + 1
-    return {(t.path, t.rank): manifest.extents[t.extent] for t in manifest.tensors
-            if users[t.extent] == 1 and not t.is_shard}
+    return {(t.path, t.rank, t.global_offset): manifest.extents[t.extent] for t in manifest.tensors
+            if users[t.extent] == 1}
 
 
 def candidate_bases(parent: Manifest, tensors: Sequence[TensorEntry], extents: Sequence[ExtentEntry],
                     new_ids: Iterable[bytes]) -> dict[bytes, bytes]:
-    """New chunk id -> the parent's chunk at the same tensor path and position (same length)."""
+    """New chunk id -> the parent's chunk at the same tensor path (and rank, and piece offset for
+    a piece of a tensor) and position (same length)."""
     before = _extents_by_path(parent)
     wanted = set(new_ids)
     found: dict[bytes, bytes] = {}
     for t in tensors:
-        old = before.get((t.path, t.rank))
+        old = before.get((t.path, t.rank, t.global_offset))
         extent = extents[t.extent]
-        if old is None or t.is_shard or old.chunk_size != extent.chunk_size or old.phase != extent.phase:
+        if old is None or old.chunk_size != extent.chunk_size or old.phase != extent.phase:
             continue
         old_spans = old.spans()
         for i, ((start, end), cid) in enumerate(zip(extent.spans(), extent.chunks, strict=True)):

@@ -23,8 +23,8 @@ catalog.
 Words: a *piece* is the part of one tensor one rank saves (DCP calls it a
 chunk or shard of a sharded tensor); casckpt keeps "chunk" for the hashed unit
 of dedup and "shard" for an erasure-coded fragment of a pack. The manifest
-still marks a tensor stored as pieces with the node kind ``"sharded"`` and
-``TensorEntry.is_shard`` (stored format, unchanged).
+marks a tensor stored as pieces with the node kind ``"sharded"`` and
+``TensorEntry.is_shard``; it is a tree manifest like a one-process commit's.
 
 A piece of a tensor split along dim 0 is a contiguous run of the whole
 tensor's bytes; it is chunked on the whole tensor's grid (``grid_offset``),
@@ -36,23 +36,40 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from casckpt.catalog.deltas import delta_policy_for
 from casckpt.catalog.leases import begin_lease, end_lease
-from casckpt.engine.commit import CommitRequest, Snapshot, parent_of, publish, refuse_existing
-from casckpt.engine.commitchunks import ChunkBytes, Progress, hash_and_dedup, held_elsewhere
+from casckpt.engine.commit import (
+    CommitRequest,
+    Snapshot,
+    parent_manifest,
+    parent_of,
+    publish,
+    refuse_existing,
+)
+from casckpt.engine.commitchunks import (
+    ChunkBytes,
+    Progress,
+    hash_and_dedup,
+    held_elsewhere,
+    known_chunks,
+    node_chunks,
+    pack_chunks,
+    write_chunks,
+)
 from casckpt.engine.context import EngineContext
 from casckpt.engine.degraded import Shortfall, shortfalls
-from casckpt.engine.layout import ExtentSource, plan_extents
+from casckpt.engine.deltabase import ChainPolicy, DeltaPlan, candidate_bases
+from casckpt.engine.layout import ExtentSource, pack_limit, plan_extents
 from casckpt.engine.packer import Packer
-from casckpt.engine.tensorrows import tensor_rows
-from casckpt.format.codecs import CompressionPolicy, encode_chunk
-from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, World, encode_manifest
+from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, World
 from casckpt.format.tree import Node, TensorLeaf
+from casckpt.format.treemanifest import encode_tree_manifest, headed
 from casckpt.storage.erasure import Redundancy
 from casckpt.types import ProgressCallback, Version
 
@@ -80,6 +97,8 @@ class StoredPiece:
     extent: ExtentEntry
     global_shape: tuple[int, ...] | None = None
     global_offset: tuple[int, ...] | None = None
+    offset: int = 0  # where it starts in its extent (a small piece packed with others)
+    digest: bytes | None = None  # a packed piece's own chunk id
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +123,11 @@ def _grid_offset(piece: TensorPiece, itemsize: int) -> int:
 
 
 def write_pieces(ctx: EngineContext, pieces: Sequence[TensorPiece], redundancy: Redundancy,
-                 progress: ProgressCallback | None = None) -> RankWrite:
-    """Chunk, hash and dedup ``pieces``; write the chunks the store does not hold.
+                 progress: ProgressCallback | None = None, *, run: str | None = None) -> RankWrite:
+    """Chunk, hash and dedup ``pieces``; write the chunks the store does not hold, through the
+    commit's encoder (:func:`~casckpt.engine.commitchunks.pack_chunks`): small pieces packed
+    together, and, with ``run``, chunks delta-coded against the run's latest version where that
+    pays, as a one-process commit's are.
 
     Pipelined by windows of about half a pack: a thread plans and hashes the next window
     (and confirms its chunks in the catalog) while this one encodes and packs the new chunks
@@ -122,6 +144,8 @@ def write_pieces(ctx: EngineContext, pieces: Sequence[TensorPiece], redundancy: 
     stored: list[StoredPiece] = []
     taken: set[bytes] = set()  # chunks written (or being written) by an earlier window
     packer = Packer(ctx, redundancy)
+    candidates: dict[bytes, bytes] = {}  # the delta plan's: filled window by window
+    delta, before = _delta(ctx, run, candidates)
     with ThreadPoolExecutor(1, thread_name_prefix="casckpt-hash") as ahead:
         hashed: list[Future[_Hashed]] = []
         try:
@@ -132,16 +156,20 @@ def write_pieces(ctx: EngineContext, pieces: Sequence[TensorPiece], redundancy: 
             # with their window, on the hashing thread)
             for piece in {p.tensor.dtype: p for p in reversed(pieces)}.values():
                 _plan(ctx, [piece])
-            for i, run in enumerate(windows):
+            for i, part in enumerate(windows):
                 if i + 1 < len(windows):  # the next window hashes while this one is packed
                     hashed.append(ahead.submit(_hash_window, ctx, windows[i + 1]))
                 window = hashed[i].result()
-                hashing.advance(sum(p.tensor.nbytes for p in run))
+                hashing.advance(sum(p.tensor.nbytes for p in part))
                 stored.extend(window.pieces)
                 fresh = [cid for cid in window.new_ids if cid not in taken]
                 taken.update(fresh)
-                _pack(ctx, packer, window.chunks, fresh, writing)
+                if delta is not None and before is not None:
+                    _bases(ctx, delta, candidates, before, window, fresh)
+                pack_chunks(ctx, packer, window.chunks, fresh, delta, writing)
             packs = packer.finish()
+            if delta is not None:  # this rank's new chunks are the bases of its next save
+                delta.published(c for p in stored for c in p.extent.chunks)
         except BaseException:
             packer.abort()
             for future in hashed:
@@ -174,16 +202,59 @@ def _windows(pieces: Sequence[TensorPiece], size: int) -> Iterator[list[TensorPi
         yield run
 
 
+def _delta(ctx: EngineContext, run: str | None, candidates: dict[bytes, bytes]
+           ) -> tuple[DeltaPlan | None, Manifest | None]:
+    """How this rank delta-codes (None: the run's chain or ``delta_memory`` is 0), and the
+    manifest of the run's latest version it codes against (its bases: what this process
+    saved last)."""
+    if run is None:
+        return None, None
+    chain, by_cost = delta_policy_for(ctx.catalog, run)
+    if chain <= 0 or ctx.bases.budget <= 0:
+        return None, None
+    plan = DeltaPlan(ctx.bases, candidates, set(), ChainPolicy(chain, by_cost), ctx.config.zstd_level)
+    return plan, parent_manifest(ctx, run, parent_of(ctx, run))
+
+
+def _bases(ctx: EngineContext, plan: DeltaPlan, candidates: dict[bytes, bytes], before: Manifest,
+           window: _Hashed, fresh: Sequence[bytes]) -> None:
+    """Add the delta bases of a window's new chunks to ``plan`` (those still live in the store)."""
+    entries = [TensorEntry(p.path, "torch", p.dtype, p.shape, i, global_offset=p.global_offset)
+               for i, p in enumerate(window.pieces)]
+    found = candidate_bases(before, entries, [p.extent for p in window.pieces], fresh)
+    cached = [b for b in set(found.values()) if ctx.bases.get(b) is not None]
+    live = ctx.catalog.find_chunks((b.hex() for b in cached), live_only=True)
+    plan.live |= {bytes.fromhex(h) for h in live}
+    candidates.update(found)
+
+
 def _plan(ctx: EngineContext, pieces: Sequence[TensorPiece]) -> tuple[list[TensorEntry], list[ExtentSource]]:
-    """Each piece's entry and extent source (raises for a piece that cannot be stored)."""
-    entries, sources = [], []
-    for piece in pieces:  # one extent per piece, even for views of one storage
+    """Each piece's entry and extent source (raises for a piece that cannot be stored): small
+    pieces packed together as a one-process commit packs small tensors, every other piece an
+    extent of its own (even views of one storage)."""
+    limit = pack_limit(ctx.config.chunk_size)
+    small = {i for i, p in enumerate(pieces) if p.tensor.nbytes <= limit}
+    if len({pieces[i].tensor.untyped_storage().data_ptr() for i in small}) < len(small):
+        small = set()  # views of one storage: each stored as it is
+    entries: list[TensorEntry | None] = [None] * len(pieces)
+    sources: list[ExtentSource] = []
+    if small:
+        order = sorted(small)
+        packed, packed_sources = plan_extents([TensorLeaf(pieces[i].path, "torch", pieces[i].tensor)
+                                               for i in order], stage_host=ctx.config.stage_host_tensors,
+                                              pack=limit, ids=ctx.crypto.chunk_id)
+        for i, entry in zip(order, packed, strict=True):
+            entries[i] = entry
+        sources.extend(packed_sources)
+    for i, piece in enumerate(pieces):
+        if i in small:
+            continue
         (entry,), (source,) = plan_extents([TensorLeaf(piece.path, "torch", piece.tensor)],
                                            ids=ctx.crypto.chunk_id)
         source.grid_offset = _grid_offset(piece, piece.tensor.element_size())
-        entries.append(entry)
+        entries[i] = replace(entry, extent=len(sources))
         sources.append(source)
-    return entries, sources
+    return [e for e in entries if e is not None], sources
 
 
 def _hash_window(ctx: EngineContext, pieces: Sequence[TensorPiece]) -> _Hashed:
@@ -191,52 +262,41 @@ def _hash_window(ctx: EngineContext, pieces: Sequence[TensorPiece]) -> _Hashed:
     # confirmed in the catalog, not taken from this host's cache: the coordinator could not
     # write a chunk this rank wrongly skipped
     extents, chunks, new_ids = hash_and_dedup(ctx, sources, None, confirm=True)
-    stored = [StoredPiece(p.path, e.dtype, e.shape, extent, p.global_shape, p.global_offset)
-              for p, e, extent in zip(pieces, entries, extents, strict=True)]
+    stored = [StoredPiece(p.path, e.dtype, e.shape, extents[e.extent], p.global_shape, p.global_offset,
+                          e.offset, e.digest)
+              for p, e in zip(pieces, entries, strict=True)]
     return _Hashed(stored, chunks, new_ids)
 
 
-def _pack(ctx: EngineContext, packer: Packer, chunks: Mapping[bytes, ChunkBytes], ids: Sequence[bytes],
-          bar: Progress) -> None:
-    """Encode ``ids`` on the pool (compressed where that pays; pieces are never delta-coded)
-    and add them to ``packer`` in order."""
-    policy = CompressionPolicy(level=ctx.config.zstd_level, enabled=ctx.config.compress)
-
-    def encode(cid: bytes) -> tuple[bytes, int, int, bytes | memoryview]:
-        chunk = chunks[cid]
-        data = chunk.data()
-        codec, payload = encode_chunk(data, chunk.align, policy)
-        return cid, int(codec), len(data), payload
-
-    for cid, codec, raw_len, payload in ctx.pool.map(encode, ids):
-        packer.add(cid, codec, raw_len, payload)
-        bar.advance(raw_len)
-
-
-def compose(req: CommitRequest, parent: str | None, created: float, world: World, root: Node,
-            entries: Sequence[TensorEntry], extents: Sequence[ExtentEntry], new_bytes: int,
+def compose(ctx: EngineContext, req: CommitRequest, parent: str | None, created: float, world: World,
+            root: Node, entries: Sequence[TensorEntry], extents: Sequence[ExtentEntry], new_bytes: int,
             stored_bytes: int, degraded: Sequence[Shortfall] = ()) -> Snapshot:
-    """The snapshot of a version whose chunks the ranks wrote already (nothing is left to write:
-    publishing re-checks the chunks, it cannot write them again); ``degraded``: the packs the
-    ranks wrote below their redundancy."""
+    """The snapshot of a version whose chunks the ranks wrote already, as a tree manifest
+    (:mod:`casckpt.format.treemanifest`): its tree nodes the store lacks are written here;
+    publishing re-checks the ranks' chunks, it cannot write them again. ``degraded``: the
+    packs the ranks wrote below their redundancy."""
     manifest = Manifest(
         run=req.run, step=req.step, parent=parent, created_at=created, root=root,
         tensors=tuple(entries), extents=tuple(extents), metadata=req.metadata, metrics=req.metrics,
         message=req.message, tags=req.tags, world=world,
     )
-    version_id, manifest_bytes = encode_manifest(manifest)
-    rows, content_rows = tensor_rows(version_id, entries, extents)
+    version_id, manifest_bytes, tree = encode_tree_manifest(manifest, None, ctx.crypto.chunk_id)
     chunks = held_elsewhere(cid for b in extents for cid in b.chunks)
-    snap = Snapshot(manifest, version_id, manifest_bytes, chunks, [], rows, content_rows)
-    snap.new_bytes, snap.stored_bytes = new_bytes, stored_bytes
+    nodes = node_chunks(tree)
+    known = known_chunks(ctx, list(nodes), confirm=True)
+    chunks.update(nodes)
+    snap = Snapshot(headed(manifest, tree), version_id, manifest_bytes, chunks, [], [], [], tree=tree)
     snap.degraded = list(degraded)
+    snap.wrote(write_chunks(ctx, nodes, [n for n in nodes if n not in known],
+                            ctx.packs.redundancy_for(req.run), None))  # nodes: no bytes counted
+    snap.new_bytes, snap.stored_bytes = new_bytes, stored_bytes
     return snap
 
 
 def piece_entries(pieces: Sequence[StoredPiece]) -> tuple[list[TensorEntry], list[ExtentEntry]]:
     """Manifest entries for ``pieces``: piece ``i`` becomes tensor ``i`` with extent ``i``."""
-    entries = [TensorEntry(p.path, "torch", p.dtype, p.shape, i, global_shape=p.global_shape,
-                           global_offset=p.global_offset) for i, p in enumerate(pieces)]
+    entries = [TensorEntry(p.path, "torch", p.dtype, p.shape, i, p.offset, global_shape=p.global_shape,
+                           global_offset=p.global_offset, digest=p.digest) for i, p in enumerate(pieces)]
     return entries, [p.extent for p in pieces]
 
 
@@ -270,7 +330,7 @@ def begin_save(ctx: EngineContext, req: CommitRequest) -> SaveStart:
 
 def save_pieces(ctx: EngineContext, req: CommitRequest, pieces: Sequence[TensorPiece]) -> RankWrite:
     """Every rank: :func:`write_pieces` with the run's redundancy."""
-    return write_pieces(ctx, pieces, ctx.packs.redundancy_for(req.run))
+    return write_pieces(ctx, pieces, ctx.packs.redundancy_for(req.run), run=req.run)
 
 
 def publish_save(ctx: EngineContext, req: CommitRequest, start: SaveStart, world: World, root: Node,
@@ -284,7 +344,7 @@ def publish_save(ctx: EngineContext, req: CommitRequest, start: SaveStart, world
         VersionExistsError: the step was taken meanwhile.
     """
     entries, extents = piece_entries(pieces)
-    snap = compose(req, start.parent, start.created, world, root, entries, extents, new_bytes,
+    snap = compose(ctx, req, start.parent, start.created, world, root, entries, extents, new_bytes,
                    stored_bytes, degraded)
     return publish(ctx, req, snap, ctx.packs.redundancy_for(req.run), start.started, start.lease)
 

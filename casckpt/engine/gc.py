@@ -158,12 +158,12 @@ def references(row: Any, nodes: trees.StoreNodes, seen: set[bytes]) -> Iterator[
     1 migrated to a tree (its row names the root) too: the root is the catalog's word alone,
     so the version's data is marked from its document, and a damaged root can cost the
     nodes of its tree (check reports it; migrate-trees or a rebuild restores them), never
-    the data."""
+    the data (a document of version 2 alike)."""
     data = manifest_bytes(row.manifest, row.id)
     manifest = bind(row, decode_manifest(data, row.id))  # a tree manifest's head; others whole
     if manifest.tree is None:
         yield from manifest.chunk_ids()
-        root = trees.parse_root(row.tree_root) if manifest.world is None else None
+        root = trees.parse_root(row.tree_root)
     else:
         yield from (c for b in manifest.tree.shared for c in b.chunks)
         root = manifest.tree.root

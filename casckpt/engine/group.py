@@ -34,8 +34,9 @@ from casckpt.engine import commit as commit_engine
 from casckpt.engine.commit import CommitRequest
 from casckpt.engine.commitchunks import ChunkWrite, hash_and_dedup, write_chunks
 from casckpt.engine.context import EngineContext
+from casckpt.engine.deltabase import DeltaPlan
 from casckpt.engine.distributed import compose
-from casckpt.engine.layout import plan_extents
+from casckpt.engine.layout import pack_limit, plan_extents
 from casckpt.errors import GroupCommitError
 from casckpt.format.manifest import ExtentEntry, TensorEntry, World, renumber_tensors
 from casckpt.format.tree import Node, encode_tree
@@ -107,7 +108,8 @@ def group_commit(ctx: EngineContext, state: object, req: CommitRequest, group: A
 
         def snapshot() -> tuple[Node, list[TensorEntry], list[ExtentEntry], Any, list[bytes]]:
             root, leaves = encode_tree(state)
-            entries, sources = plan_extents(leaves, ids=ctx.crypto.chunk_id)
+            entries, sources = plan_extents(leaves, pack=pack_limit(ctx.config.chunk_size),
+                                            ids=ctx.crypto.chunk_id)
             # chunks other ranks or hosts rely on are confirmed in the catalog, never taken from
             # this host's cache: the coordinator could not write them again
             extents, chunks, new_ids = hash_and_dedup(ctx, sources, progress, confirm=True)
@@ -119,15 +121,21 @@ def group_commit(ctx: EngineContext, state: object, req: CommitRequest, group: A
             for cid in ids:
                 writer.setdefault(cid, holder)
         mine = [cid for cid in new_ids if writer[cid] == rank]
+        deltas: list[DeltaPlan] = []
 
         def write() -> Part:
-            written = write_chunks(ctx, chunks, mine, redundancy, progress)
+            ranked = [replace(e, rank=rank) for e in entries]  # as the parent names this rank's tensors
+            delta = commit_engine.plan_delta(ctx, req.run, parent, ranked, extents, mine)
+            deltas.extend([delta] if delta is not None else [])
+            written = write_chunks(ctx, chunks, mine, redundancy, progress, delta)
             return root, entries, extents, written
 
         parts = _at_coordinator(group, _together(group, "writing chunks", write))
         version = _together(group, "publishing", lambda: _publish(
             ctx, req, parts, parent, created, started, leases[0]) if rank == 0 else None)
         published: Version = _everyone(group, version)[0]
+        for delta in deltas:  # this rank's new chunks are the bases of its next commit
+            delta.published(chunks)
         return published
     finally:
         for lease in leases:
@@ -151,7 +159,7 @@ def _publish(ctx: EngineContext, req: CommitRequest, parts: list[Part], parent: 
         trees.append(renumber_tensors(root, base.__add__))
         entries.extend(replace(e, extent=e.extent + len(extents), rank=rank) for e in rank_entries)
         extents.extend(rank_extents)
-    snap = compose(req, parent, created, World(len(parts), "group"), {"t": "ranks", "v": trees},
+    snap = compose(ctx, req, parent, created, World(len(parts), "group"), {"t": "ranks", "v": trees},
                    entries, extents, sum(p[3].raw_bytes for p in parts),
                    sum(p[3].stored_bytes for p in parts), [s for p in parts for s in p[3].degraded])
     return commit_engine.publish(ctx, req, snap, ctx.packs.redundancy_for(req.run), started, lease)

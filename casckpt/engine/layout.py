@@ -28,6 +28,12 @@ from casckpt.format.tree import TensorLeaf
 
 _SPAN_ALIGN = 16  # the largest element size (complex128), so every member stays aligned
 SMALL_TENSOR = 16 << 10
+
+
+def pack_limit(chunk_size: int) -> int:
+    """The largest tensor packed with others (``pack`` of :func:`plan_extents`) in a store of
+    ``chunk_size`` chunks: such a tensor alone is one chunk."""
+    return min(SMALL_TENSOR, chunk_size - chunk_size % 16)
 """Tensors of at most this many bytes are packed with their neighbours (``plan_extents(pack=True)``)."""
 PACK_AVERAGE = 32  # tensors per pack group, on average (a changed tensor rewrites its group)
 PACK_MAX = 128 << 10  # a pack group closes once it holds this many bytes

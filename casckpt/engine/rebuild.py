@@ -120,7 +120,7 @@ def _publish(ctx: EngineContext, manifest: Manifest, data: bytes, version_id: st
         manifest = trees.decode(ctx, ctx.catalog, data, version_id, heal=False)
         found = trees.read_nodes(ctx, manifest.nodes, heal=False)
         node_rows = [{"id": i.hex(), "body": compress_node(raw)} for i, raw in found.items()]
-    elif manifest.world is None:  # version 1: migrated to a tree if the packs hold all its nodes
+    else:  # versions 1 and 2: migrated to a tree if the packs hold all its nodes
         derived, tree = with_tree(manifest, ctx.crypto.chunk_id)
         if len(ctx.catalog.find_chunks([i.hex() for i in tree.nodes], live_only=False)) == len(tree.nodes):
             manifest, node_rows = derived, trees.node_rows(tree, list(tree.nodes))

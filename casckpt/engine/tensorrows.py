@@ -32,9 +32,9 @@ def tensor_rows(
     for path, group in groups.items():
         group.sort(key=lambda t: t.global_offset or ())
         first = group[0]
-        layout: object = [(t.dtype, t.shape, t.stride, t.offset, t.global_offset,
-                           [c.hex() for c in extents[t.extent].chunks]) for t in group]
-        if first.digest is not None:  # packed: as it would be alone, one chunk of its own bytes
+        layout: object = [(t.dtype, t.shape, t.stride, 0 if t.digest else t.offset, t.global_offset,
+                           [c.hex() for c in _own_chunks(t, extents)]) for t in group]
+        if first.digest is not None and len(group) == 1:  # packed: as alone, one chunk of its own bytes
             layout = (first.dtype, first.shape, first.stride, 0, [first.digest.hex()])
         elif not first.is_shard:  # as before shards existed: digests of older versions stay the same
             layout = (first.dtype, first.shape, first.stride, first.offset,

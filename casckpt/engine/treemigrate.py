@@ -1,4 +1,8 @@
-"""Migration of versions of manifest format 1 into trees (``casckpt catalog migrate-trees``).
+"""Migration of versions of manifest formats 1 and 2 into trees (``casckpt catalog migrate-trees``).
+
+Formats 1 (one-process commits) and 2 (DCP saves, group commits: pieces and ranks) are
+read-only: no writer makes them any more; this migration gives their versions the trees
+a writer of today would make of them (:mod:`casckpt.format.treemanifest`).
 
 A version id is the object id of its manifest document, so the document stays
 as it is (format 1, in the catalog and on every location) and restores keep
@@ -12,8 +16,7 @@ else uses) go. Queries then read it as a tree.
 
 Protocol, per batch of versions of one run:
 
-1. decode each manifest (verified, bound to its row); versions of format 2
-   (DCP, group commits) stay as they are;
+1. decode each manifest (verified, bound to its row);
 2. write the nodes the store holds no live copy of, through the commit path;
 3. ONE catalog transaction (:func:`casckpt.catalog.treemigrate.adopt_trees`)
    re-checks every node, reviving condemned ones as publishing a commit does,
@@ -71,7 +74,7 @@ class _Tally:
 
 
 def migrate(ctx: EngineContext, progress: ProgressCallback | None = None) -> MigrationReport:
-    """Give every visible version of manifest format 1 its tree (see the module docstring).
+    """Give every visible version of manifest formats 1 and 2 its tree (see the module docstring).
 
     Safe while other processes commit, restore and collect garbage; idempotent.
 
@@ -100,7 +103,7 @@ def migrate(ctx: EngineContext, progress: ProgressCallback | None = None) -> Mig
 
 
 def _batches(ctx: EngineContext, ids: list[str], tally: _Tally) -> Iterator[dict[str, Tree]]:
-    """The trees of the versions of format 1 among ``ids``, a batch at a time."""
+    """The trees of the versions of formats 1 and 2 among ``ids``, a batch at a time."""
     batch: dict[str, Tree] = {}
     tensors = 0
     for rows in gc_sql.manifest_batches(ctx.catalog, ids, size=BATCH_VERSIONS):
@@ -112,8 +115,8 @@ def _batches(ctx: EngineContext, ids: list[str], tally: _Tally) -> Iterator[dict
                             row.id[:12], exc)
                 tally.left += 1
                 continue
-            if manifest.world is not None or manifest.tree is not None:
-                continue  # format 2 (DCP, group commits) keeps its rows
+            if manifest.tree is not None:
+                continue
             batch[row.id] = with_tree(manifest, ctx.crypto.chunk_id)[1]
             tensors += len(manifest.tensors)
             if len(batch) >= BATCH_VERSIONS or tensors >= BATCH_TENSORS:

@@ -140,11 +140,11 @@ def parse_root(tree_root: str | None) -> bytes | None:
 
 
 def adopted(manifest: Manifest, tree_root: str | None) -> Manifest:
-    """A version's manifest as queries read it: a document of version 1 whose row names a
+    """A version's manifest as queries read it: a document of version 1 or 2 whose row names a
     tree (migrated, :mod:`.treemigrate`) gets that tree's head, so history, diff and show
     read its nodes (its ``tensors`` rows are gone). Nothing is hashed: ``casckpt check``
     verifies that the root is the tree of the document (:func:`migrated`)."""
-    root = parse_root(tree_root) if manifest.tree is None and manifest.world is None else None
+    root = parse_root(tree_root) if manifest.tree is None else None
     return manifest if root is None else replace(manifest, tree=head_of(manifest, root))
 
 
@@ -159,7 +159,7 @@ def migrated(manifest: Manifest, tree_root: str | None, ids: ChunkIds) -> Manife
             is damaged; neither `casckpt repair` nor migrate-trees fixes it: rebuild the catalog
             from the locations, which derives the tree again).
     """
-    if parse_root(tree_root) is None or manifest.tree is not None or manifest.world is not None:
+    if parse_root(tree_root) is None or manifest.tree is not None:
         return manifest
     derived, _ = with_tree(manifest, ids)
     if derived.tree is None or derived.tree.root.hex() != tree_root:

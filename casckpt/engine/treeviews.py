@@ -10,7 +10,8 @@ versions share it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, NamedTuple, TypeVar
 
 from casckpt.catalog import Catalog
@@ -19,11 +20,11 @@ from casckpt.catalog.treemigrate import tree_root
 from casckpt.engine.tensorrows import tensor_rows
 from casckpt.engine.trees import StoreNodes, adopted
 from casckpt.errors import CorruptManifestError
-from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, decode_manifest, validate
+from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, World, decode_manifest, validate
 from casckpt.format.merkle import Nodes
 from casckpt.format.tree import decode_tree
 from casckpt.format.treemanifest import tensor_entry
-from casckpt.format.treeread import TreeReader
+from casckpt.format.treeread import LEAVES, TreeReader
 
 
 class TensorRow(NamedTuple):
@@ -57,26 +58,31 @@ def rows_from(entries: Sequence[TensorEntry], extents: Sequence[ExtentEntry]
 _MALFORMED = (ValueError, KeyError, TypeError, AttributeError, OverflowError, IndexError, RecursionError)
 
 
-def checked_entry(path: str, entry: Any,
-                  shared: Sequence[ExtentEntry]) -> tuple[TensorEntry, list[ExtentEntry]]:
-    """One tensor entry of a node, validated as a tensor of a decoded manifest is.
+def checked_tensor(path: str, value: Any, shared: Sequence[ExtentEntry]) -> Manifest:
+    """The tensor value of a node (a tensor, or a tensor saved in pieces) as a manifest of
+    that tensor alone, validated as a tensor of a decoded manifest is.
 
     Raises:
-        CorruptManifestError: the entry is malformed or impossible (outside its extent, ...).
+        CorruptManifestError: the value is malformed or impossible (outside its extent, ...).
     """
     extents = list(shared)
     try:
-        tensor = tensor_entry(path, entry, extents)
+        sharded = value["t"] == "sharded"
+        tensors = tuple(tensor_entry(path, piece["e"], extents) for piece in
+                        (value["v"] if sharded else [value]))
     except _MALFORMED as exc:
         raise CorruptManifestError(f"tree tensor at {path!r} is malformed: {exc}") from exc
-    validate(Manifest("", 0, None, 0.0, {"t": "tensor", "i": 0}, (tensor,), tuple(extents)))
-    return tensor, extents
+    root = {"t": "sharded", "i": list(range(len(tensors)))} if sharded else {"t": "tensor", "i": 0}
+    world = World(1, "dcp") if sharded else None
+    one = Manifest("", 0, None, 0.0, root, tensors, tuple(extents), world=world)
+    validate(one)
+    return one
 
 
-def entry_row(path: str, entry: Any, shared: Sequence[ExtentEntry]) -> tuple[TensorRow, ContentRow]:
-    """The rows of one tensor entry of a node."""
-    tensor, extents = checked_entry(path, entry, shared)
-    rows, contents = rows_from([tensor], extents)
+def value_row(path: str, value: Any, shared: Sequence[ExtentEntry]) -> tuple[TensorRow, ContentRow]:
+    """The rows of one tensor value of a node (one row for a tensor saved in pieces)."""
+    one = checked_tensor(path, value, shared)
+    rows, contents = rows_from(one.tensors, one.extents)
     return rows[0], contents[rows[0].digest]
 
 
@@ -84,7 +90,7 @@ def head(catalog: Catalog, version_id: str) -> Manifest:
     """A version's manifest head (a tree manifest's tree not read); a version migrated to a
     tree reads as one (:func:`casckpt.engine.trees.adopted`)."""
     manifest = decode_manifest(catalog.manifest(version_id), version_id)
-    if manifest.tree is not None or manifest.world is not None:
+    if manifest.tree is not None:
         return manifest
     return adopted(manifest, tree_root(catalog, version_id))
 
@@ -97,7 +103,7 @@ def head_of(data: object, version_id: str, root: str | None) -> Manifest:
         CorruptManifestError: the manifest column does not hold a valid manifest.
     """
     manifest = decode_manifest(manifest_bytes(data, version_id), version_id)
-    if manifest.tree is not None or manifest.world is not None:
+    if manifest.tree is not None:
         return manifest
     return adopted(manifest, root)
 
@@ -121,15 +127,19 @@ class Trees:
         if tree is None:
             raise ValueError("not a tree version")
         hit = _typed(lambda: self.reader.find_tensor(tree.root, path))
-        return None if hit is None else entry_row(hit[0], hit[1].get("e"), tree.shared)
+        return None if hit is None else value_row(hit[0], hit[1], tree.shared)
 
-    def entry(self, manifest: Manifest, path: str) -> tuple[TensorEntry, list[ExtentEntry]] | None:
-        """The tensor at ``path`` in a tree version with its extents (None: no tensor there)."""
+    def entry(self, manifest: Manifest, path: str) -> Manifest | None:
+        """The tensor at ``path`` in a tree version, as a manifest of it alone (its entries,
+        one per piece, named ``path``; None: no tensor there)."""
         tree = manifest.tree
         if tree is None:
             raise ValueError("not a tree version")
         hit = _typed(lambda: self.reader.find_tensor(tree.root, path))
-        return None if hit is None else checked_entry(hit[0], hit[1].get("e"), tree.shared)
+        if hit is None:
+            return None
+        one = checked_tensor(hit[0], hit[1], tree.shared)
+        return replace(manifest, root=one.root, tensors=one.tensors, extents=one.extents)
 
     def differences(self, a: Manifest, b: Manifest) -> tuple[
             dict[str, tuple[TensorRow | None, TensorRow | None]], dict[str, ContentRow],
@@ -152,8 +162,8 @@ class Trees:
             for side, (value, shared) in enumerate(((x, a.tree.shared), (y, b.tree.shared))):
                 if not isinstance(value, dict):
                     continue
-                if value.get("t") == "tensor":
-                    row, content = entry_row(path, value.get("e"), shared)
+                if value.get("t") in LEAVES:
+                    row, content = value_row(path, value, shared)
                     pair[side] = row
                     contents[row.digest] = content
                 else:

@@ -61,8 +61,9 @@ class TensorLeaf:
 
 
 def join_path(prefix: str, key: str | int) -> str:
-    """Extend a dotted tensor path (``model.layers.0.weight``) by one key."""
-    return f"{prefix}.{key}" if prefix else str(key)
+    """Extend a dotted tensor path (``model.layers.0.weight``) by one key (a prefix ending in
+    ``/`` is a rank's, :func:`rank_path`: no key holds ``/``, so no other prefix does)."""
+    return f"{prefix}.{key}" if prefix and prefix[-1] != "/" else f"{prefix}{key}"
 
 
 def check_key(key: str, where: str) -> None:

@@ -190,10 +190,14 @@ class TreeEncoder:
         kind = node.get("t")
         if kind == "tensor":
             return self._tensor(node["i"], self.memo)
-        if kind in ("dict", "list", "tuple"):
+        if kind in ("dict", "list", "tuple") or (kind == "ranks" and depth == 0):
             return self._container(node, depth + 1)
-        if kind in ("ranks", "sharded"):
-            raise ValueError("tree manifests hold one process's state (no ranks, no shards)")
+        if kind == "sharded":  # a tensor saved in pieces: one value, a tensor value per piece
+            pieces = [self._tensor(i, self.memo) for i in node["i"]]
+            return _Sized({"t": "sharded", "v": [p.value for p in pieces]}, len(pieces),
+                          sum(p.nbytes for p in pieces), 24 + sum(p.size + 12 for p in pieces))
+        if kind == "ranks":
+            raise ValueError("a ranks node may only be the root of a tree")
         return _Sized(node, 0, 0, 24 + len(str(node.get("v", ""))))
 
     def _container(self, node: Node, depth: int) -> _Sized:

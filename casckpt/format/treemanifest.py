@@ -6,6 +6,17 @@ is replaced by ``"tree": {"root", "n", "b", "shared"}``: the root node's id
 extents several tensors share. The version id is the object id of the document,
 so it names the whole state (the root id is a hash of every node below it).
 
+Versions many ranks saved are tree manifests too, with ``"world": {"size", "api"}``:
+
+- a tensor saved in pieces (DCP) is a ``{"t": "sharded", "v": [piece, ...]}`` value, each
+  piece a tensor value whose entry adds the whole tensor's shape ``"gs"`` and the piece's
+  offset in it ``"go"`` (readers reshard from these, as from a version 2 manifest);
+- a version of per-rank states (``commit(group=)``) has a ``{"t": "ranks", "v": [...]}``
+  root, one state tree per rank (paths shown as ``rank<N>/<path>``); ranks with the same
+  state share its nodes.
+
+Such a document keeps no summary (``groups``, ``values``): ``show`` reads its tree.
+
 This module does no I/O.
 """
 
@@ -29,6 +40,7 @@ from casckpt.format.manifest import (
     Manifest,
     TensorEntry,
     TreeHead,
+    World,
     _dict,
     _extent_from_json,
     _int,
@@ -54,15 +66,16 @@ Values = tuple[tuple[str, Node], ...]
 
 def encode_tree_manifest(m: Manifest, memo: TreeMemo | None = None, ids: ChunkIds = chunk_id,
                          ) -> tuple[str, bytes, Tree]:
-    """``(version id, compressed document, tree)`` of a one-process manifest (reusing what
-    ``memo``, the run's previous commit's, made for what did not change; ``ids`` names the
-    nodes: the store's chunk ids).
+    """``(version id, compressed document, tree)`` of a manifest (reusing what ``memo``, the
+    run's previous commit's, made for what did not change; ``ids`` names the nodes: the
+    store's chunk ids).
 
     Raises:
-        ValueError: the manifest has ranks or shards (those stay versions 1 and 2).
+        ValueError: pieces or ranks in a manifest without a world, or a ranks node below the root.
     """
-    if m.world is not None:
-        raise ValueError("tree manifests hold one process's state")
+    if m.world is None and (m.root.get("t") == "ranks" or any(
+            t.is_shard or t.rank is not None for t in m.tensors)):
+        raise ValueError("pieces and ranks are saved by many ranks: the manifest needs its world")
     order = shared_extents(m)
     shared = {extent: n for n, extent in enumerate(order)}
     packed: dict[int, dict[str, Any]] = {}  # one JSON per packed extent
@@ -75,8 +88,6 @@ def encode_tree_manifest(m: Manifest, memo: TreeMemo | None = None, ids: ChunkId
         return memo.entry(t, extent, make)
 
     def make(t: TensorEntry, extent: ExtentEntry) -> tuple[dict[str, Any], int]:
-        if t.is_shard or t.rank is not None:
-            raise ValueError("tree manifests hold no shards")
         if extent.packed:  # named by each of its tensors (they restore separately)
             ref = packed.get(t.extent)
             if ref is None:
@@ -91,6 +102,8 @@ def encode_tree_manifest(m: Manifest, memo: TreeMemo | None = None, ids: ChunkId
                  "stride": list(t.stride) if t.stride is not None else None, "blob": ref}
         if t.digest is not None:
             entry["h"] = t.digest.hex()
+        if t.global_shape is not None and t.global_offset is not None:
+            entry["gs"], entry["go"] = list(t.global_shape), list(t.global_offset)
         return entry, t.numel * element_size(t.kind, t.dtype)
 
     encoder = TreeEncoder(tensor, memo, ids)
@@ -103,7 +116,9 @@ def encode_tree_manifest(m: Manifest, memo: TreeMemo | None = None, ids: ChunkId
         "metrics": dict(m.metrics), "message": m.message, "tags": list(m.tags),
         "tree": {"root": root.hex(), "n": count, "b": nbytes, "shared": shared_json},
     }
-    groups, values = _summary(encoder.top, m.root)
+    if m.world is not None:
+        doc["world"] = {"size": m.world.size, "api": m.world.api}
+    groups, values = _summary(encoder.top, m.root) if m.world is None else (None, None)
     if groups is not None:
         doc["tree"]["groups"] = [list(g) for g in groups]
     if values is not None:
@@ -111,6 +126,13 @@ def encode_tree_manifest(m: Manifest, memo: TreeMemo | None = None, ids: ChunkId
     raw = json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("utf-8")
     tree = Tree(root, count, nbytes, encoder.nodes, order, groups, values)
     return object_id(raw), zstandard.ZstdCompressor(level=3).compress(raw), tree
+
+
+def headed(m: Manifest, tree: Tree) -> Manifest:
+    """``m`` with the head and nodes of ``tree``, its tree (:func:`encode_tree_manifest`)."""
+    return replace(m, tree=TreeHead(tree.root, tree.tensors, tree.nbytes,
+                                    tuple(m.extents[i] for i in tree.shared_extents), tree.groups,
+                                    tree.values), nodes=tuple(tree.nodes))
 
 
 def shared_extents(m: Manifest) -> list[int]:
@@ -224,6 +246,7 @@ def from_tree_json(doc: dict[str, Any], nodes: NodeSource | None) -> Manifest:
         metrics={k: v for k, v in metrics.items() if _number(v, f"metric {k!r}") is not None},
         message=_opt_str(doc["message"], "message"),
         tags=tuple(_str(t, "tag") for t in _list(doc.get("tags", []), "tags")), tree=head,
+        world=_world(doc.get("world")),
     )
     if nodes is None:
         return manifest
@@ -231,7 +254,9 @@ def from_tree_json(doc: dict[str, Any], nodes: NodeSource | None) -> Manifest:
     root, found = reader.expand(head.root)
     extents: list[ExtentEntry] = list(head.shared)
     packed: dict[ExtentEntry, int] = {}
-    tensors = [tensor_entry(path, entry, extents, packed) for path, entry in found]
+    tensors = [tensor_entry(path, entry, extents, packed, rank) for path, entry, rank in found]
+    if (root.get("t") == "ranks" or any(t.is_shard for t in tensors)) and manifest.world is None:
+        raise CorruptManifestError("tree manifest holds pieces or ranks but no world: it is corrupt")
     if len(tensors) != head.tensors:
         raise CorruptManifestError(
             f"tree manifest counts {head.tensors} tensors but its tree holds {len(tensors)}: it is corrupt")
@@ -240,21 +265,32 @@ def from_tree_json(doc: dict[str, Any], nodes: NodeSource | None) -> Manifest:
         run=manifest.run, step=manifest.step, parent=manifest.parent, created_at=manifest.created_at,
         root=root, tensors=tuple(tensors), extents=tuple(extents), metadata=manifest.metadata,
         metrics=manifest.metrics, message=manifest.message, tags=manifest.tags, tree=head,
-        nodes=tuple(sorted(reader.visited)),
+        nodes=tuple(sorted(reader.visited)), world=manifest.world,
     )
 
 
+def _world(value: Any) -> World | None:
+    if value is None:
+        return None
+    world = _dict(value, "world")
+    return World(_int(world["size"], "world size"), _str(world["api"], "world api"))
+
+
 _ENTRY_FIELDS = frozenset({"kind", "dtype", "shape", "offset", "stride", "blob"})
+_OPTIONAL_FIELDS = frozenset({"h", "gs", "go"})
 
 
 def tensor_entry(path: str, entry: Any, extents: list[ExtentEntry],
-                 packed: dict[ExtentEntry, int] | None = None) -> TensorEntry:
+                 packed: dict[ExtentEntry, int] | None = None, rank: int | None = None) -> TensorEntry:
     """A node's tensor entry as a :class:`TensorEntry`, its extent appended to ``extents`` (or
     pointing at a shared one, which ``extents`` starts with; or at a packed one ``packed``
-    already lists, so a packed extent is read once)."""
+    already lists, so a packed extent is read once); ``rank``: the rank whose state holds it
+    (a version of per-rank states)."""
     e = _dict(entry, "tensor entry")
-    if not (_ENTRY_FIELDS <= set(e) <= _ENTRY_FIELDS | {"h"}):
+    if not (_ENTRY_FIELDS <= set(e) <= _ENTRY_FIELDS | _OPTIONAL_FIELDS):
         raise ValueError(f"tensor {path!r} has unexpected fields")
+    if ("gs" in e) != ("go" in e):
+        raise ValueError(f"tensor {path!r} has only one of its whole shape and its offset")
     ref = _dict(e["blob"], "tensor extent")
     digest = None
     index: int | None
@@ -282,7 +318,9 @@ def tensor_entry(path: str, entry: Any, extents: list[ExtentEntry],
     stride = e["stride"]
     return TensorEntry(path, _str(e["kind"], "tensor kind"), _str(e["dtype"], "tensor dtype"),
                        _ints(e["shape"], "shape"), index, _int(e["offset"], "tensor offset"),
-                       _ints(stride, "stride") if stride is not None else None, digest=digest)
+                       _ints(stride, "stride") if stride is not None else None,
+                       _ints(e["gs"], "whole shape") if "gs" in e else None,
+                       _ints(e["go"], "piece offset") if "go" in e else None, rank, digest=digest)
 
 
 def _digest(value: Any, path: str) -> bytes:

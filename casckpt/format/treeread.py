@@ -11,11 +11,22 @@ from typing import Any
 
 from casckpt.errors import CorruptManifestError
 from casckpt.format.merkle import Nodes, NodeSource, is_count, key_text, may_hold
-from casckpt.format.tree import MAX_DEPTH, Node, join_path
+from casckpt.format.tree import MAX_DEPTH, Node, join_path, rank_path
 
 _MAX_LEVELS = 8  # index levels above the parts of one container: 256^8 items is far past any state
 _WORK_FLOOR = 1 << 18  # values any walk may visit, plus _WORK_PER_BYTE per byte of nodes read
 _WORK_PER_BYTE = 4
+_CONTAINERS = ("dict", "list", "tuple")
+LEAVES = ("tensor", "sharded")
+"""Tree values that are one tensor: whole, or saved in pieces."""
+
+
+def child_path(kind: str, path: str, key: Any, index: int) -> str:
+    """The path of a container's ``index``-th item (``key`` in a dict; under a ``ranks`` root,
+    the rank's prefix :func:`~casckpt.format.tree.rank_path`)."""
+    if kind == "ranks":
+        return rank_path(index, "")
+    return join_path(path, key_text(key) if kind == "dict" else index)
 
 
 def _ref_id(ref: Any) -> bytes:
@@ -116,10 +127,19 @@ class TreeReader:
                     break
                 yield ref
 
-    def expand(self, root: bytes) -> tuple[Node, list[tuple[str, dict[str, Any]]]]:
-        """The whole tree as a :mod:`casckpt.format.tree` node tree, and ``(path, entry)`` of
-        every tensor in order (the node's ``i`` indexes that list)."""
-        tensors: list[tuple[str, dict[str, Any]]] = []
+    def expand(self, root: bytes) -> tuple[Node, list[tuple[str, dict[str, Any], int | None]]]:
+        """The whole tree as a :mod:`casckpt.format.tree` node tree, and ``(path, entry, rank)``
+        of every tensor (piece) in order (the node's ``i`` indexes that list; ``rank`` None but
+        under a ``ranks`` root, where paths are each rank's own)."""
+        tensors: list[tuple[str, dict[str, Any], int | None]] = []
+        rank: list[int | None] = [None]  # the rank whose tree is being built
+
+        def piece(value: Any, path: str) -> int:
+            entry = value.get("e") if isinstance(value, dict) and value.get("t") == "tensor" else None
+            if not isinstance(entry, dict):
+                raise CorruptManifestError(f"tree tensor at {path!r} is malformed")
+            tensors.append((path, entry, rank[0]))
+            return len(tensors) - 1
 
         def build(value: Any, path: str, depth: int) -> Node:
             self._tick()
@@ -128,12 +148,20 @@ class TreeReader:
                 raise CorruptManifestError(f"tree node at {path!r} is not an object")
             kind = value.get("t")
             if kind == "tensor":
-                entry = value.get("e")
-                if not isinstance(entry, dict):
-                    raise CorruptManifestError(f"tree tensor at {path!r} is malformed")
-                tensors.append((path, entry))
-                return {"t": "tensor", "i": len(tensors) - 1}
-            if kind in ("dict", "list", "tuple"):
+                return {"t": "tensor", "i": piece(value, path)}
+            if kind == "sharded":
+                pieces = value.get("v")
+                if not isinstance(pieces, list) or not pieces:
+                    raise CorruptManifestError(f"tree tensor at {path!r} has no pieces")
+                return {"t": "sharded", "i": [piece(p, path) for p in pieces]}
+            if kind == "ranks" and depth == 0:
+                out: list[Node] = []
+                for n, (_, child) in enumerate(self.items(value)):
+                    rank[0] = n
+                    out.append(build(child, "", depth + 1))
+                rank[0] = None
+                return {"t": "ranks", "v": out}
+            if kind in _CONTAINERS:
                 if depth >= MAX_DEPTH:
                     raise CorruptManifestError(f"tree nests deeper than {MAX_DEPTH} containers at {path!r}")
                 keys: list[Any] = []
@@ -144,7 +172,7 @@ class TreeReader:
                         keys.append(key)
                     values.append(build(child, join_path(path, name), depth + 1))
                 return {"t": kind, "k": keys, "v": values} if kind == "dict" else {"t": kind, "v": values}
-            if kind in ("ref", "parts"):
+            if kind in ("ref", "parts", "ranks"):
                 raise CorruptManifestError(f"tree holds a misplaced {kind!r} node at {path!r}")
             return value
 
@@ -163,9 +191,14 @@ class TreeReader:
                 out.append((prefix, value))
                 continue
             kind = value.get("t") if isinstance(value, dict) else None
-            if kind not in ("dict", "list", "tuple") or depth > MAX_DEPTH:
+            if kind == "ranks" and depth == 0:
+                child = self._rank_child(value, path)
+                if child is not None:
+                    stack.append((child[1], child[0], depth + 1))
                 continue
-            rest = path[len(prefix) + 1:] if prefix else path
+            if kind not in _CONTAINERS or depth > MAX_DEPTH:
+                continue
+            rest = _rest(path, prefix)
             if kind == "dict":
                 wanted = {rest[:i] for i, ch in enumerate(rest) if ch == "."} | {rest}
                 for key, child in self._keyed(value, wanted):
@@ -186,11 +219,14 @@ class TreeReader:
         def walk(value: Any, prefix: str, depth: int) -> tuple[str, Any] | None:
             value = self.resolve(value)
             if prefix == path:
-                return (prefix, value) if isinstance(value, dict) and value.get("t") == "tensor" else None
+                return (prefix, value) if isinstance(value, dict) and value.get("t") in LEAVES else None
             kind = value.get("t") if isinstance(value, dict) else None
-            if kind not in ("dict", "list", "tuple") or depth > MAX_DEPTH:
+            if kind == "ranks" and depth == 0:
+                child = self._rank_child(value, path)
+                return None if child is None else walk(child[1], child[0], depth + 1)
+            if kind not in _CONTAINERS or depth > MAX_DEPTH:
                 return None
-            rest = path[len(prefix) + 1:] if prefix else path
+            rest = _rest(path, prefix)
             if kind != "dict":
                 head = rest.split(".", 1)[0]
                 if not (head.isascii() and head.isdigit() and str(int(head)) == head):
@@ -206,6 +242,16 @@ class TreeReader:
             return None
 
         return walk(self.node(root)["v"], "", 0)
+
+    def _rank_child(self, value: Any, path: str) -> tuple[str, Any] | None:
+        """``(prefix, tree)`` of the rank a ``rank<N>/...`` path names under a ranks root."""
+        head, slash, _ = path.partition("/")
+        number = head.removeprefix("rank")
+        if not (slash and head.startswith("rank") and number.isascii() and number.isdigit()
+                and str(int(number)) == number):
+            return None
+        child = self._at(value, int(number))
+        return None if child is None else (rank_path(int(number), ""), child)
 
     def _keyed(self, value: Any, wanted: set[str]) -> Iterator[tuple[Any, Any]]:
         if "parts" not in value:
@@ -248,7 +294,7 @@ class TreeReader:
             x, y = self.resolve(x) if x is not None else None, self.resolve(y) if y is not None else None
             kx = x.get("t") if isinstance(x, dict) else None
             ky = y.get("t") if isinstance(y, dict) else None
-            containers = ("dict", "list", "tuple")
+            containers = (*_CONTAINERS, "ranks")
             if kx in containers and kx == ky and depth < MAX_DEPTH:
                 stack.extend((p, cx, cy, depth + 1) for p, cx, cy in reversed(list(self._pairs(path, x, y))))
                 continue
@@ -267,7 +313,8 @@ class TreeReader:
             xs = [c for _, c in self.items(x)]
             ys = [c for _, c in self.items(y)]
             for i in range(max(len(xs), len(ys))):
-                yield (join_path(path, i), xs[i] if i < len(xs) else None, ys[i] if i < len(ys) else None)
+                yield (child_path(kind, path, None, i), xs[i] if i < len(xs) else None,
+                       ys[i] if i < len(ys) else None)
 
     def _changed_parts(self, value: Any, other: Any) -> list[dict[str, Any]] | None:
         """The part refs of a split dict the other side does not hold (same id); None: not split."""
@@ -304,12 +351,12 @@ class TreeReader:
             self._tick()
             v = self.resolve(v)
             kind = v.get("t") if isinstance(v, dict) else None
-            if kind in ("dict", "list", "tuple"):
+            if kind in _CONTAINERS or (kind == "ranks" and d == 0):
                 if d >= MAX_DEPTH:
                     raise CorruptManifestError(f"tree nests deeper than {MAX_DEPTH} containers at {p!r}")
                 children = list(self.items(v))
                 for i, (key, child) in reversed(list(enumerate(children))):
-                    stack.append((child, join_path(p, key_text(key) if kind == "dict" else i), d + 1))
+                    stack.append((child, child_path(str(kind), p, key, i), d + 1))
             else:
                 yield p, v
 
@@ -348,7 +395,12 @@ def referenced(source: NodeSource, root: bytes, seen: set[bytes]) -> Iterator[by
                         below.append(child)
                 elif kind == "tensor":
                     yield from _extent_chunks(value, node_id)
-                elif kind in ("dict", "list", "tuple", "parts"):
+                elif kind == "sharded":
+                    pieces = value.get("v")
+                    if not isinstance(pieces, list):
+                        raise CorruptManifestError(f"tree node {node_id.hex()[:12]} has no piece list")
+                    stack.extend(pieces)
+                elif kind in ("dict", "list", "tuple", "parts", "ranks"):
                     items = value.get("parts", value.get("v"))
                     if not isinstance(items, list):
                         raise CorruptManifestError(f"tree node {node_id.hex()[:12]} has no item list")
@@ -372,3 +424,10 @@ def _extent_chunks(value: dict[str, Any], node_id: bytes) -> list[bytes]:
     if any(len(c) != 32 for c in out):
         raise CorruptManifestError(f"tree node {node_id.hex()[:12]} names a malformed chunk id")
     return out
+
+
+def _rest(path: str, prefix: str) -> str:
+    """What of ``path`` follows ``prefix`` (and its dot; a rank's prefix ends in ``/``)."""
+    if not prefix:
+        return path
+    return path[len(prefix):] if prefix[-1] == "/" else path[len(prefix) + 1:]
