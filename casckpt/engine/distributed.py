@@ -241,7 +241,7 @@ def _plan(ctx: EngineContext, pieces: Sequence[TensorPiece]) -> tuple[list[Tenso
     if small:
         order = sorted(small)
         packed, packed_sources = plan_extents([TensorLeaf(pieces[i].path, "torch", pieces[i].tensor)
-                                               for i in order], stage_host=ctx.config.stage_host_tensors,
+                                               for i in order],
                                               pack=limit, ids=ctx.crypto.chunk_id)
         for i, entry in zip(order, packed, strict=True):
             entries[i] = entry
