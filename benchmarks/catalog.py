@@ -15,7 +15,7 @@ store, each query runs once to warm up and ``REPEATS`` times measured:
   changed (1 entry);
 * ``Store.log(run, where=..., min_step=..., limit=20)``: a filtered listing.
 
-* ``Store.best(run, "loss")`` and ``Store.tree()``: everyday catalog queries;
+* ``Store.best(run, "loss")`` and ``Store.lineage()``: everyday catalog queries;
 * a same-run floor: the tensor's rows read with the ``sqlite3`` module alone
   (``SELECT version_id, digest FROM tensors WHERE path = ?``, 10,000 rows), the
   least any history of that tensor reads; history is reported against it.

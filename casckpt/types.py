@@ -71,7 +71,7 @@ class Version(ToDict):
         durability: ``"durable"``: every byte is on the store's locations, with their
             redundancy. ``"fast"``: committed to a host's fast tier (``fast_tier=``) and
             not yet drained to the locations -- restorable on that host only, lost if that
-            disk is lost first (``Store.wait_durable`` waits for the drain). ``"lost"``:
+            disk is lost first (``store.tier.wait_durable`` waits for the drain). ``"lost"``:
             its fast tier was lost before the drain; it cannot be restored.
         stall_s: how long the commit held the caller up, in seconds: a blocking commit's
             whole wall time (``duration_s``); a background commit's (``block=False``) time
@@ -440,7 +440,7 @@ class TensorHistoryEntry(ToDict):
 
 @dataclass(frozen=True, slots=True)
 class RunNode(ToDict):
-    """A run in the lineage tree (``Store.tree``).
+    """A run in the lineage tree (``store.lineage``).
 
     ``parent_run`` / ``fork_step`` are None for a root run, and also when the
     version it was forked from is gone (``fork_version`` then keeps its id).
@@ -457,7 +457,7 @@ class RunNode(ToDict):
 
 @dataclass(frozen=True, slots=True)
 class AuditEntry(ToDict):
-    """One row of the store's audit trail (``Store.audit``, ``casckpt audit``).
+    """One row of the store's audit trail (``store.ops.audit``, ``casckpt audit``).
 
     Attributes:
         id: its position in the trail (increasing).

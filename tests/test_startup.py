@@ -63,7 +63,7 @@ def small_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
         for step in range(3):
             store.commit({"w": torch.full((8,), float(step)), "step": step}, run=RUN, step=step,
                          metrics={"loss": 1.0 / (step + 1)})
-        store.check()
+        store.ops.check()
     return root
 
 

@@ -125,7 +125,7 @@ def fork(
 def tree(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """Show runs as a tree: each fork under the run it was forked from."""
     with open_store(ctx) as store:
-        nodes = store.tree()
+        nodes = store.lineage()
     if as_json:
         render.print_json([n.to_dict() for n in nodes])
     elif not nodes:
@@ -256,7 +256,7 @@ def audit(
     since_s = parse_time(since) if since is not None else None
     until_s = parse_time(until) if until is not None else None
     with open_store(ctx) as store:
-        entries = store.audit(since=since_s, until=until_s, action=action, target=target, limit=limit)
+        entries = store.ops.audit(since=since_s, until=until_s, action=action, target=target, limit=limit)
     if as_json:
         render.print_json([e.to_dict() for e in entries])
     elif not entries:

@@ -297,9 +297,10 @@ def init(
                           fast_tier_bytes=fast_tier_bytes) as store:
             render.out(f"Created an empty{' encrypted' if key_file else ''} casckpt store in {store.path}")
             if redundancy is not None or location:
-                render.out(f"redundancy {store.redundancy()} over {len(store.locations())} location(s)")
+                render.out(f"redundancy {store.locations.redundancy()} over "
+                           f"{len(store.locations.list())} location(s)")
             if fast_tier is not None:
-                budget = (render.human_bytes(store.tier_status().budget or 0) if fast_tier_bytes
+                budget = (render.human_bytes(store.tier.status().budget or 0) if fast_tier_bytes
                           else "half its disk's free space")
                 render.out(f"fast tier {fast_tier.expanduser().resolve()} (budget {budget})")
         return
@@ -312,7 +313,7 @@ def _what_it_holds(store: casckpt.Store) -> str:
     """Whether an existing store is encrypted and how many versions it holds: what a retried
     ``init --encrypt`` must tell truthfully."""
     try:
-        sealed = bool(store.keys())
+        sealed = bool(store.keys.list())
     except NotEncryptedError:
         sealed = False
     count = sum(run.versions for run in store.runs())
@@ -461,7 +462,7 @@ def check(
         raise typer.BadParameter("--read-data reads everything; drop it to read only a subset",
                                  param_hint="--read-data-subset")
     with open_store(ctx) as store, progress_bars() as progress:
-        report = store.check(read_data=read_data, read_data_subset=read_data_subset,
+        report = store.ops.check(read_data=read_data, read_data_subset=read_data_subset,
                              progress=progress)
     if as_json:
         render.print_json(render.check_dict(report))
@@ -475,7 +476,7 @@ def check(
 def stats(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """Space accounting: logical, unique and stored bytes; dedup and compression ratios."""
     with open_store(ctx) as store:
-        result = store.stats()
+        result = store.ops.stats()
     if as_json:
         render.print_json(render.stats_dict(result))
     else:

@@ -93,7 +93,7 @@ def set_policy(
     within = None if keep_within is None else parse_duration(keep_within)
     best = None if keep_best is None else parse_best(keep_best)
     with open_store(ctx) as store:
-        policy = store.set_retention(
+        policy = store.retention.set(
             run, keep_last=keep_last, keep_every=keep_every, keep_hourly=keep_hourly,
             keep_daily=keep_daily, keep_weekly=keep_weekly, keep_within=within, keep_best=best,
             keep_tagged=keep_tagged,
@@ -113,9 +113,9 @@ def show_policy(ctx: typer.Context, run: OptionalRun = None, as_json: JsonOption
     """Show the retention policy of RUN, or of every run that has one."""
     with open_store(ctx) as store:
         if run is not None:
-            policies = [(run, store.retention(run))]
+            policies = [(run, store.retention.get(run))]
         else:
-            policies = [(r.name, p) for r in store.runs() if (p := store.retention(r.name)) is not None]
+            policies = [(r.name, p) for r in store.runs() if (p := store.retention.get(r.name)) is not None]
     if as_json:
         found = [_policy_json(name, policy) for name, policy in policies]
         render.print_json(found[0] if run is not None else found)
@@ -134,7 +134,7 @@ def show_policy(ctx: typer.Context, run: OptionalRun = None, as_json: JsonOption
 def clear_policy(ctx: typer.Context, run: RunArgument) -> None:
     """Remove the retention policy of RUN: it keeps every version again."""
     with open_store(ctx) as store:
-        store.clear_retention(run)
+        store.retention.clear(run)
     render.out(f"Retention of {run} cleared: every version is kept")
 
 
@@ -158,7 +158,7 @@ def _plan_dict(plan: RetentionPlan) -> dict[str, Any]:
 def plan_policy(ctx: typer.Context, run: OptionalRun = None, as_json: JsonOption = False) -> None:
     """Dry run: which versions `casckpt gc` would delete, which it keeps, and why. Writes nothing."""
     with open_store(ctx) as store:
-        plans = store.plan_retention(run)
+        plans = store.retention.plan(run)
     if as_json:
         render.print_json([_plan_dict(plan) for plan in plans])
         return
