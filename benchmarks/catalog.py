@@ -221,6 +221,6 @@ def run_catalog(scale: float, workdir: Path, log: Log) -> CatalogResult:
         trained = _measure(lambda: store.history(RUN, TRAINED_PATH), count)
         frozen = _measure(lambda: store.history(RUN, FROZEN_PATH), 1)
         best = _measure(lambda: [store.best(RUN, "loss")], 1)
-        tree = _measure(store.tree, 1)
+        tree = _measure(store.lineage, 1)
     return CatalogResult(NAME, count, TENSORS, tensor_rows, content_rows, manifest_size,
                          build_s, log_all, filtered, trained, frozen, best, tree, floor)

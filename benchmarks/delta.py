@@ -255,7 +255,8 @@ def _one_workload(name: str, scale: float, workdir: Path, log: Log) -> WorkloadD
         off.ops.set_delta_chain(0)
         chains = _chains(on.ops.delta_chain())
         ons, offs, ends = _sequence(wl, on, off, chains, log, on.ops.delta_chain())
-        runs = (StoreRun(chains[0], ons, on.ops.stats().to_dict()), StoreRun(0, offs, off.ops.stats().to_dict()))
+        runs = (StoreRun(chains[0], ons, on.ops.stats().to_dict()),
+                StoreRun(0, offs, off.ops.stats().to_dict()))
     measure.remove(root)
     return WorkloadDelta(name, tensors, logical, baseline, *runs, ends)
 

@@ -359,7 +359,7 @@ def _repair(store: casckpt.Store, ref: str, roots: list[Path], state: Any) -> Re
     shutil.rmtree(victim)
     with _quiet_casckpt():
         store.locations.fail(name)
-        report, repair_s = measure.timed(store.repair)
+        report, repair_s = measure.timed(store.ops.repair)
         restore_s, ok = _restore(store, ref, state)
     # with 5 locations for 6 shards, one domain holds two shards of some packs: repair reports
     # those packs degraded (report.ok is False) by design; what it must not leave is a pack short

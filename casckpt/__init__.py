@@ -14,6 +14,7 @@ Typical use::
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from casckpt import errors
@@ -80,6 +81,25 @@ def generate_key_file(path: str | os.PathLike[str]) -> str:
     key = new_master_key()
     write_key_file(path, key)
     return key_id(key)
+
+
+def grants(role: str, *, role_name: str | None = None, urls: Sequence[str] = ()) -> dict[str, Any]:
+    """What role ``role`` (``reader``, ``writer`` or ``admin``; docs/guides/roles.md) may do,
+    as the grants to give it: ``{"role", "role_name", "sql": [GRANT statement, ...],
+    "s3_policy": {...}}`` -- the PostgreSQL GRANTs on the catalog's tables (to ``role_name``,
+    default ``casckpt_<role>``) and the S3 IAM policy over the ``s3://`` URLs in ``urls``.
+    Creates nothing and connects to nothing (``casckpt init --print-grants ROLE``).
+
+    Raises:
+        InvalidArgumentError: an unknown role, or a role name that is not an SQL identifier.
+    """
+    from casckpt.catalog import grants as catalog_grants
+    from casckpt.storage.iam import s3_policy
+
+    name = catalog_grants.check_role_name(
+        role_name or catalog_grants.default_role_name(catalog_grants.check_role(role)))
+    return {"role": role, "role_name": name, "sql": catalog_grants.grant_statements(role, name),
+            "s3_policy": s3_policy(role, list(urls))}
 
 
 def open(  # noqa: A001 - the documented name of the entry point
@@ -161,5 +181,6 @@ __all__ = [
     "VersionDiff",
     "errors",
     "generate_key_file",
+    "grants",
     "open",
 ]

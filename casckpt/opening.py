@@ -126,11 +126,14 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
         items = [given.setdefault(b.url, b).url if isinstance(b, BlobStore) else b for b in items]
     if redundancy is not None:
         scheme = Redundancy.parse(redundancy)
-        domains = {loc.domain or loc.name for loc in cfg.blob_locations(items)} if items else None
+        new = path is not None and not _config_path(Path(path)).exists()  # its directory: one domain
+        places = items if items else ["."] if new else None
+        domains = {loc.domain or loc.name for loc in cfg.blob_locations(places)} if places else None
         if domains is not None and scheme.shards > len(domains):  # before a config file is written
             raise InvalidArgumentError(
-                f"redundancy {scheme} puts each pack on {scheme.shards} failure domains, but blobs= "
-                f"gives {len(domains)}; pass more locations or choose a smaller scheme")
+                f"redundancy {scheme} puts each pack on {scheme.shards} failure domains, but the "
+                f"locations given span {len(domains)}; give one location per failure domain "
+                "(--location DOMAIN=URL, BlobLocation(url, domain=)) or choose a smaller scheme")
         redundancy = str(scheme)
     asked = options.get("read_only")
     asked = asked if asked is not None else cfg.read_only_env()
@@ -193,6 +196,11 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
         log.warning("created a new casckpt store at %s; pass create=False to casckpt.open where a "
                     "store must already exist", where, extra={"store_created": where})
     return store
+
+
+def _config_path(path: Path) -> Path:
+    """The config file of the store at ``path`` (a directory, or the file itself)."""
+    return path if path.suffix == ".toml" else path / "casckpt.toml"
 
 
 def _tier_record(options: Options) -> dict[str, Any]:

@@ -31,12 +31,7 @@ from casckpt.engine.background import CommitHandle
 from casckpt.engine.ranks import rank_manifest, tensor_manifest
 from casckpt.engine.refs import bind, load_manifest
 from casckpt.engine.validate import check_name
-from casckpt.errors import (
-    CasckptError,
-    CheckoutMismatchError,
-    CommitTimeoutError,
-    InvalidArgumentError,
-)
+from casckpt.errors import CasckptError, CheckoutMismatchError, CommitTimeoutError, InvalidArgumentError
 from casckpt.format.manifest import decode_manifest
 from casckpt.run import Run, save_rule, set_policy
 from casckpt.storage import redact_url
@@ -66,20 +61,22 @@ class Store(StoreHistory):
     """A casckpt store: commit, restore and query checkpoint versions.
 
     Build one with :func:`casckpt.open`. Use it as a context manager, or call
-    :meth:`close` when done. ``path`` is its root directory (None: a store named by its
-    catalog and locations only); the namespaces are described in :mod:`casckpt.store`.
+    :meth:`close` when done.
+
+    Attributes:
+        path: the store's root directory (None: named by its catalog and locations only).
+        locations: blob locations and redundancy (:class:`~casckpt.store_locations.Locations`).
+        keys: master keys of an encrypted store (:class:`~casckpt.store_keys.Keys`).
+        tier: the fast tier (:class:`~casckpt.store_tier.Tier`).
+        retention: retention policies (:class:`~casckpt.store_retention.Retention`).
+        ops: check, repair, drills, report, audit, stats, rebuilds (:class:`~casckpt.store_ops.Ops`).
     """
 
     locations: Locations
-    """Blob locations and redundancy (:class:`~casckpt.store_locations.Locations`)."""
     keys: Keys
-    """Master keys of an encrypted store (:class:`~casckpt.store_keys.Keys`)."""
     tier: Tier
-    """The fast tier (:class:`~casckpt.store_tier.Tier`)."""
     retention: Retention
-    """Retention policies (:class:`~casckpt.store_retention.Retention`)."""
     ops: Ops
-    """Check, repair, drills, report, audit, stats, rebuilds (:class:`~casckpt.store_ops.Ops`)."""
 
     def __init__(self, *, root: Path | None, catalog: Catalog, cache: IndexCache,
                  locations: LocationSet, staging: Path, settings: cfg.Settings,
@@ -414,22 +411,22 @@ class Store(StoreHistory):
         """Write version ``ref`` into directory ``to`` as ``format``: ``"safetensors"``
         (``model.safetensors``; a version imported from a Hugging Face directory becomes such a
         directory again), ``"dcp"`` (a ``torch.distributed.checkpoint`` directory) or ``"pt"``
-        (``checkpoint.pt``); layouts in :mod:`casckpt.engine.exporters`.
+        (``checkpoint.pt``); or, as ``"safetensors-file"``, into the one file ``to`` (plain
+        values in its metadata, or a sidecar); layouts in :mod:`casckpt.engine.exporters`.
 
         Raises:
             InvalidArgumentError: an unknown format.
-            RestoreTargetError: ``to`` cannot be written, or is a non-empty directory and
-                ``overwrite`` is false (checked before any data is read).
+            RestoreTargetError: ``to`` cannot be written, or exists (a non-empty directory)
+                and ``overwrite`` is false (checked before any data is read).
             UnsupportedStateError: the format cannot hold the state.
             And what :meth:`restore` raises.
         """
-        from casckpt.engine.exporters import check_export_dir, export_dir
+        from casckpt.engine.exporters import check_export, export
 
-        target = Path(to)
-        check_export_dir(target, format, overwrite=overwrite)
+        check_export(Path(to), format, overwrite=overwrite)
         version = self.resolve(ref)
         tree = self.restore(version, map_location="cpu", progress=progress)
-        return export_dir(tree, version, target, format, overwrite=overwrite)
+        return export(tree, version, Path(to), format, overwrite=overwrite)
 
     def restore(self, ref: Ref, into: object = None, *, map_location: Any = None,
                 progress: ProgressCallback | None = None, group: Any = None,

@@ -5,7 +5,8 @@ administration (stats, check, locations, repair, rebuilds) in :mod:`casckpt.repo
 importable from here as well.
 
 All are frozen, slotted dataclasses: safe to share between threads, cheap to
-build, and convertible to plain JSON with :meth:`to_dict` (the CLI's ``--json``).
+build, and convertible to plain JSON with :meth:`to_dict` (the CLI's ``--json``);
+:func:`dumps` writes any of them (or a structure of them) as strict JSON text.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from datetime import datetime
 from typing import Any
 
 from casckpt.jsonable import ToDict
+from casckpt.jsonable import dumps as dumps
+from casckpt.jsonable import to_json_value as to_json_value
 from casckpt.reports import Advice as Advice
 from casckpt.reports import CheckProblem as CheckProblem
 from casckpt.reports import CheckReport as CheckReport

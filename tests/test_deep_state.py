@@ -114,7 +114,8 @@ def test_trees_up_to_the_limit_roundtrip_and_one_more_level_is_refused(
     before = (len(store.log("deep")), store.ops.stats(), _objects(store.path))
     with pytest.raises(UnsupportedStateError) as info:
         store.commit(deeper, run="deep", step=next(_steps))
-    assert (len(store.log("deep")), store.ops.stats(), _objects(store.path)) == before, "a refused commit wrote"
+    after = (len(store.log("deep")), store.ops.stats(), _objects(store.path))
+    assert after == before, "a refused commit wrote"
     message = str(info.value)
     assert f"deeper than {MAX_DEPTH}" in message and "Flatten" in message
 

@@ -355,11 +355,11 @@ def test_cli_fork_tree_best(store_path: Path) -> None:
     data = json.loads(forked.stdout)
     assert data["name"] == "ft" and data["forked_from"]["step"] == 200
     assert cli(store_path, "fork", f"{RUN}@200", "ft").exit_code == 2
-    tree = cli(store_path, "tree")
+    tree = cli(store_path, "lineage")
     assert tree.exit_code == 0, tree.output
     assert "ft" in tree.stdout and f"forked from {RUN}@200" in tree.stdout
     assert tree.stdout.index(RUN) < tree.stdout.index("ft")
-    nodes = json.loads(cli(store_path, "tree", "--json").stdout)
+    nodes = json.loads(cli(store_path, "lineage", "--json").stdout)
     assert [(n["name"], n["children"]) for n in nodes] == [(RUN, ["ft"]), ("ft", [])]
     best = cli(store_path, "best", RUN, "--metric", "acc", "--max", "--json")
     assert best.exit_code == 0 and json.loads(best.stdout)["step"] == 300

@@ -617,8 +617,8 @@ def test_rebuild_after_every_kind_of_catalog_change_loses_only_what_is_documente
         for step in (22, 23, 24):  # several replicate packs
             store.commit(make_state(step, seed=1), run="ft", step=step)
     with rebuild_and_compare(root, catalogs, catalog=catalog) as store:
-        assert (store.locations.redundancy(), store.locations.redundancy("ft"), store.locations.redundancy(RUN)) == (
-            "ec:3+1", "replicate:2", "ec:3+1")
+        redundancy = store.locations.redundancy
+        assert (redundancy(), redundancy("ft"), redundancy(RUN)) == ("ec:3+1", "replicate:2", "ec:3+1")
         assert (store.ops.delta_chain(), store.ops.delta_chain(RUN), store.ops.delta_chain("ft")) == (4, 2, 0)
 
         # locations: loc0 drained, the tag moved @20 -> @50 while it drains (its copy of the

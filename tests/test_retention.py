@@ -282,7 +282,8 @@ def test_policy_round_trips_and_persists(store: casckpt.Store, tmp_path: Path) -
     store.close()
     with casckpt.open(tmp_path / "store", create=False) as again:
         assert again.retention.get(RUN) == policy
-        assert again.retention.set(RUN, keep_daily=7) == again.retention.get(RUN) == RetentionPolicy(keep_daily=7)
+        daily = RetentionPolicy(keep_daily=7)
+        assert again.retention.set(RUN, keep_daily=7) == again.retention.get(RUN) == daily
         again.retention.clear(RUN)
         again.retention.clear(RUN)
         assert again.retention.get(RUN) is None and again.retention.plan() == []

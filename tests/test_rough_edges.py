@@ -168,7 +168,7 @@ def test_best_of_an_unknown_metric_lists_the_metrics(store_path: Path) -> None:
 
 def test_an_unknown_run_lists_the_runs(store_path: Path) -> None:
     with casckpt.open(store_path, create=False) as store:
-        for call in (store.log, store.retention, store.plan_retention, store.clear_retention,
+        for call in (store.log, store.retention.get, store.retention.plan, store.retention.clear,
                      lambda run: store.best(run, "loss")):
             with pytest.raises(RunNotFoundError) as info:
                 call("nosuchrun")

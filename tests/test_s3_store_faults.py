@@ -164,7 +164,8 @@ def test_a_denial_stops_restore_check_and_repair_and_marks_nothing(ec_store: cas
     state = _state(5)
     ec_store.commit(state, run="r", step=1)
     _outage(proxy, "access-denied")
-    for call in (lambda: ec_store.restore("r@1"), lambda: ec_store.ops.check(read_data=True), ec_store.repair):
+    for call in (lambda: ec_store.restore("r@1"), lambda: ec_store.ops.check(read_data=True),
+                 ec_store.ops.repair):
         with pytest.raises(AccessDeniedError) as err:  # refused: neither unavailable nor lost
             call()
         assert exit_code_for(err.value) == EXIT_DENIED

@@ -289,7 +289,7 @@ def test_a_version_migrated_while_gc_runs_keeps_its_reused_nodes(
     with casckpt.open(root, chunk_size=4096) as store:
         before = _answers(store, refs)
         reused = _deleted_tree_twin(store)
-        during = [store.migrate_trees]
+        during = [store.ops.migrate_trees]
 
         def migrate_then_condemn(*args: Any, **kwargs: Any) -> Any:
             while during:

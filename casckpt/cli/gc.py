@@ -33,7 +33,7 @@ from rich.text import Text
 from casckpt.cli import logs, render
 from casckpt.cli.progress import progress_bars
 from casckpt.cli.shared import FLAG, JsonOption, exit_code_for, open_store
-from casckpt.engine.retention import parse_duration
+from casckpt.config import parse_duration
 from casckpt.errors import CasckptError
 from casckpt.types import GCReport, GCRun
 

@@ -1,8 +1,8 @@
 """``casckpt init --print-grants ROLE``: the PostgreSQL GRANTs and the S3 IAM policy of a role.
 
-Creates nothing and connects to nothing: the SQL comes from the catalog's table metadata
-(:mod:`casckpt.catalog.grants`), the policy from the store's S3 URLs (:mod:`casckpt.storage.iam`),
-read from ``--blobs``/``--location`` or from PATH's ``casckpt.toml`` when it has one.
+Creates nothing and connects to nothing: :func:`casckpt.grants` gives the SQL (from the
+catalog's table metadata) and the policy (from the store's S3 URLs, read from
+``--blobs``/``--location`` or from PATH's ``casckpt.toml`` when it has one).
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import casckpt
 from casckpt.cli import render
-from casckpt.config_file import read_config_file
+from casckpt.config import read_config_file
 from casckpt.errors import NotAStoreError
 
 
@@ -31,21 +32,11 @@ def store_urls(path: Path | None) -> list[str]:
     return [item["url"] if isinstance(item, dict) else item for item in items]
 
 
-def grants_document(role: str, role_name: str | None, urls: list[str]) -> dict[str, Any]:
-    """``{"role", "role_name", "sql": [statement, ...], "s3_policy": {...}}``."""
-    from casckpt.catalog import grants
-    from casckpt.storage.iam import s3_policy
-
-    name = grants.check_role_name(role_name or grants.default_role_name(grants.check_role(role)))
-    return {"role": role, "role_name": name, "sql": grants.grant_statements(role, name),
-            "s3_policy": s3_policy(role, urls)}
-
-
 def print_grants(role: str, role_name: str | None, urls: list[str], *, as_json: bool) -> None:
     """Print the role's GRANTs, then its IAM policy (or both as one JSON object)."""
     import json
 
-    doc = grants_document(role, role_name, urls)
+    doc = casckpt.grants(role, role_name=role_name, urls=urls)
     if as_json:
         render.print_json(doc)
         return

@@ -9,6 +9,7 @@ version back until GC sweeps its data.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any
 
 import typer
@@ -18,7 +19,7 @@ from rich.text import Text
 
 from casckpt.cli import render
 from casckpt.cli.shared import FLAG, JsonOption, RefArgument, open_store
-from casckpt.engine.retention import describe, parse_duration
+from casckpt.config import format_duration, parse_duration
 from casckpt.errors import InvalidArgumentError
 from casckpt.types import RetentionPlan, RetentionPolicy
 
@@ -40,6 +41,22 @@ def parse_best(text: str) -> tuple[str, int, str]:
             f"--keep-best {text!r}: use METRIC:N:min or METRIC:N:max, e.g. val_loss:3:min"
         )
     return metric, int(count), rest
+
+
+def describe(policy: RetentionPolicy) -> str:
+    """One line naming the rules of a policy, in the flag form of ``casckpt retention set``."""
+    parts = []
+    for rule in dataclasses.fields(policy):
+        value, flag = getattr(policy, rule.name), "--" + rule.name.replace("_", "-")
+        if rule.name == "keep_tagged":
+            parts += [] if value else ["--no-keep-tagged"]
+        elif rule.name == "keep_within" and value is not None:
+            parts.append(f"{flag} {format_duration(value)}")
+        elif rule.name == "keep_best" and value is not None:
+            parts.append("{} {}:{}:{}".format(flag, *value))
+        elif value is not None:
+            parts.append(f"{flag} {value}")
+    return " ".join(parts)
 
 
 def _policy_line(policy: RetentionPolicy | None) -> str:

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from casckpt.catalog.drills import Commit
-from casckpt.engine.retention import parse_duration
+from casckpt.config import parse_duration
 from casckpt.errors import InvalidArgumentError
 from casckpt.types import Advice
 

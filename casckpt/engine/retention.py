@@ -37,21 +37,18 @@ the ``deleted`` versions of each plan.
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
 from casckpt.catalog.retention import RunHistory
+from casckpt.config import MAX_DURATION_S, format_duration, parse_duration
 from casckpt.errors import CatalogError, InvalidArgumentError
 from casckpt.types import RetentionDecision, RetentionPlan, RetentionPolicy, Version
 
 NO_POLICY = "no retention policy"
 NEWEST_DURABLE = "newest durable (newer versions are not drained from a fast tier)"
 
-_UNITS = (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([wdhms])\s*$")
 _COUNT_RULES = ("keep_last", "keep_every", "keep_hourly", "keep_daily", "keep_weekly")
 _RULES = (*_COUNT_RULES, "keep_within", "keep_best", "keep_tagged")
 
@@ -69,40 +66,6 @@ class Candidate(Protocol):
     def metrics(self) -> Mapping[str, float]: ...
     @property
     def tags(self) -> tuple[str, ...]: ...
-
-
-# -- durations ----------------------------------------------------------------
-
-MAX_DURATION_S = 1000 * 365.25 * 86400.0
-"""The longest duration taken (a thousand years): longer ones overflow the date arithmetic
-of the planner (a datetime minus them) and mean nothing a policy could want."""
-
-
-def parse_duration(text: str, *, allow_zero: bool = False) -> float:
-    """``"90m"``, ``"36h"``, ``"7d"``, ``"2w"``, ``"45s"`` (or a bare number of seconds) -> seconds.
-
-    Raises:
-        InvalidArgumentError: not a positive (or, with ``allow_zero``, zero) duration.
-    """
-    match = _DURATION.match(text)
-    try:
-        seconds = float(text) if match is None else float(match[1]) * dict(_UNITS)[match[2]]
-    except ValueError:
-        seconds = math.nan
-    if not 0 <= seconds <= MAX_DURATION_S or (seconds == 0 and not allow_zero):  # NaN fails too
-        raise InvalidArgumentError(
-            f"{text!r} is not a duration; use a positive number with a unit: 90m, 36h, 7d, 2w"
-            + (" (or 0s)" if allow_zero else "") + ", at most 1000 years"
-        )
-    return seconds
-
-
-def format_duration(seconds: float) -> str:
-    """Seconds in the largest unit up to days that divides them: 604800 -> ``"7d"``, 5400 -> ``"90m"``."""
-    for unit, size in _UNITS[1:]:
-        if seconds >= size and float(seconds) % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
 
 
 # -- policies -----------------------------------------------------------------
@@ -209,19 +172,6 @@ def policy_from_json(data: object, run: str) -> RetentionPolicy:
         return make_policy(**{**data, "keep_best": tuple(best) if isinstance(best, list) else best})
     except InvalidArgumentError as exc:
         raise CatalogError(f"retention policy of run {run!r} is invalid: {exc}") from exc
-
-
-def describe(policy: RetentionPolicy) -> str:
-    """One line naming the rules of a policy, in CLI flag form."""
-    parts = [f"--{name.replace('_', '-')} {getattr(policy, name)}"
-             for name in _COUNT_RULES if getattr(policy, name) is not None]
-    if policy.keep_within is not None:
-        parts.append(f"--keep-within {format_duration(policy.keep_within)}")
-    if policy.keep_best is not None:
-        parts.append("--keep-best {}:{}:{}".format(*policy.keep_best))
-    if not policy.keep_tagged:
-        parts.append("--no-keep-tagged")
-    return " ".join(parts)
 
 
 # -- rules ----------------------------------------------------------------------

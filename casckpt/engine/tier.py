@@ -589,4 +589,4 @@ def not_durable_error(catalog: Catalog, pack_id: str, tier_id: str, state: str) 
                                 "the versions needing it cannot be restored (`casckpt log`)")
     return VersionNotDurableError(
         f"pack {pack_id} is on the fast tier of {_host_of(catalog, tier_id)} and not drained yet; "
-        "wait for the drain (store.wait_durable) or restore an earlier version")
+        "wait for the drain (store.tier.wait_durable) or restore an earlier version")
