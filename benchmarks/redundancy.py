@@ -20,11 +20,11 @@ give. In this order:
    deleted from disk, then a full restore (checked) has to rebuild every pack
    from the 2 data + 2 parity shards left and writes the 2 lost shards back
    (heal on read);
-4. scrub: ``Store.ops.check(read_data=True)`` of the ``ec:4+2`` store (every shard
+4. scrub: ``store.ops.check(read_data=True)`` of the ``ec:4+2`` store (every shard
    read in full and verified, every pack rebuilt, every chunk decoded) and of
    the ``none`` store, as its baseline;
 5. repair: one location's directory is deleted and the location declared
-   failed (``store.locations.fail``), then ``Store.ops.repair()`` re-creates its
+   failed (``store.locations.fail``), then ``store.ops.repair()`` re-creates its
    shards on the 5 locations left (one failure domain then holds two shards
    of a pack; casckpt warns and proceeds); a full restore afterwards checks
    the result;
@@ -87,7 +87,7 @@ class SchemeRun:
     packs: int
     pack_files: int
     pack_bytes_on_disk: int
-    stats: dict[str, Any]  # Store.ops.stats() after the commit (pack_bytes, location_bytes, ...)
+    stats: dict[str, Any]  # store.ops.stats() after the commit (pack_bytes, location_bytes, ...)
     restore_s: float  # median of restore_rounds_s
     restore_rounds_s: list[float]
     restore_verified: bool
@@ -108,7 +108,7 @@ class Degraded:
 
 @dataclass(frozen=True)
 class Scrub:
-    """``Store.ops.check(read_data=True)`` of the ``ec`` store and of the ``none`` store."""
+    """``store.ops.check(read_data=True)`` of the ``ec`` store and of the ``none`` store."""
 
     ec_s: float
     ec_pack_bytes: int  # CheckReport.bytes_read: the packs' bytes, rebuilt and verified
@@ -121,7 +121,7 @@ class Scrub:
 
 @dataclass(frozen=True)
 class Repair:
-    """``Store.ops.repair()`` after one location's directory vanished and it was declared failed."""
+    """``store.ops.repair()`` after one location's directory vanished and it was declared failed."""
 
     failed_location: str
     files_deleted: int

@@ -84,7 +84,7 @@ class Settings:
             of the locations holding its shards or copies can be reached (connections
             dropped, timeouts, throttling) before it raises StoreUnavailableError (0: no
             waiting). Locations that answer "no such object" are not waited for.
-        probe_timeout_s: how long ``Store.locations.list()`` waits for the locations to
+        probe_timeout_s: how long ``store.locations.list()`` waits for the locations to
             answer their health probes (all probed at once) before it reports the
             silent ones unreachable.
     """

@@ -224,7 +224,7 @@ def set_policy(store: Store, run: str, policy: RetentionPolicy | Mapping[str, An
     """Give ``run`` the retention ``policy`` (a RetentionPolicy, or its fields as a mapping).
 
     Raises:
-        InvalidArgumentError: not a policy, or a rule out of range (as ``set_retention``).
+        InvalidArgumentError: not a policy, or a rule out of range (as ``store.retention.set``).
     """
     if isinstance(policy, RetentionPolicy):
         fields = policy.to_dict()

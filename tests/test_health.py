@@ -1,6 +1,6 @@
 """Location health is measured, and a commit that could not place its shards says so.
 
-- ``Store.locations.list()`` / ``casckpt location list`` send every location a real
+- ``store.locations.list()`` / ``casckpt location list`` send every location a real
   request within a bound: a removed directory, a deleted bucket and an endpoint
   that stops answering are reported not reachable, with a reason and the time
   the probe took, in about the bound.
