@@ -15,7 +15,7 @@ store, each query runs once to warm up and ``REPEATS`` times measured:
   changed (1 entry);
 * ``Store.log(run, where=..., min_step=..., limit=20)``: a filtered listing.
 
-* ``Store.best(run, "loss")`` and ``Store.tree()``: everyday catalog queries;
+* ``Store.best(run, "loss")`` and ``Store.lineage()``: everyday catalog queries;
 * a same-run floor: the tensor's rows read with the ``sqlite3`` module alone
   (``SELECT version_id, digest FROM tensors WHERE path = ?``, 10,000 rows), the
   least any history of that tensor reads; history is reported against it.
@@ -221,6 +221,6 @@ def run_catalog(scale: float, workdir: Path, log: Log) -> CatalogResult:
         trained = _measure(lambda: store.history(RUN, TRAINED_PATH), count)
         frozen = _measure(lambda: store.history(RUN, FROZEN_PATH), 1)
         best = _measure(lambda: [store.best(RUN, "loss")], 1)
-        tree = _measure(store.tree, 1)
+        tree = _measure(store.lineage, 1)
     return CatalogResult(NAME, count, TENSORS, tensor_rows, content_rows, manifest_size,
                          build_s, log_all, filtered, trained, frozen, best, tree, floor)

@@ -193,7 +193,7 @@ def writer(layout: Layout, role: str) -> None:
                 if role == "fast":
                     with open(layout.journal(role), "a") as f:
                         f.write(f"committed {step}\n")
-                    store.wait_durable(version.id)
+                    store.tier.wait_durable(version.id)
             except Exception as exc:  # noqa: BLE001 - sorted into typed and untyped
                 _typed(layout, role, exc)
                 step += 1
@@ -446,7 +446,7 @@ class Soak:
                                  self.proxy.endpoint_url, str(self.work))
             with self.layout.open(redundancy="ec:4+2", create=True) as store:
                 for role in WRITERS:
-                    store.set_retention(role, keep_last=KEEP_LAST, keep_every=KEEP_EVERY)
+                    store.retention.set(role, keep_last=KEEP_LAST, keep_every=KEEP_EVERY)
             stack.callback(self.stop_all)
             self.soak()
             self.stop_all()

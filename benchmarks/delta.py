@@ -3,7 +3,7 @@
 For each of the ``dense``, ``dense-bf16``, ``embed`` and ``frozen`` workloads
 (state builders and intervals from :mod:`benchmarks.workloads`), one process
 holds two fresh stores side by side in one work directory: ``on``, with the
-store's default delta chain length ``C`` (read with ``Store.delta_chain()``),
+store's default delta chain length ``C`` (read with ``store.ops.delta_chain()``),
 and ``off``, with delta coding off (``set_delta_chain(0)``). A delta base comes
 from the committing process's memory, so the whole sequence runs here:
 
@@ -252,10 +252,11 @@ def _one_workload(name: str, scale: float, workdir: Path, log: Log) -> WorkloadD
     del state
     root = workdir / name
     with casckpt.open(root / "on") as on, casckpt.open(root / "off") as off:
-        off.set_delta_chain(0)
-        chains = _chains(on.delta_chain())
-        ons, offs, ends = _sequence(wl, on, off, chains, log, on.delta_chain())
-        runs = (StoreRun(chains[0], ons, on.stats().to_dict()), StoreRun(0, offs, off.stats().to_dict()))
+        off.ops.set_delta_chain(0)
+        chains = _chains(on.ops.delta_chain())
+        ons, offs, ends = _sequence(wl, on, off, chains, log, on.ops.delta_chain())
+        runs = (StoreRun(chains[0], ons, on.ops.stats().to_dict()),
+                StoreRun(0, offs, off.ops.stats().to_dict()))
     measure.remove(root)
     return WorkloadDelta(name, tensors, logical, baseline, *runs, ends)
 
@@ -444,7 +445,7 @@ def tables(outcomes: Mapping[str, DeltaResult | str]) -> Sequence[Table]:
 NOTES = {
     "sequence": "per workload (dense, dense-bf16, embed, frozen at --scale): two fresh stores in "
     "one directory, one process (delta bases live in the committing process's memory): 'on' with "
-    "the store's default chain C (Store.delta_chain()), 'off' with set_delta_chain(0); the first "
+    "the store's default chain C (store.ops.delta_chain()), 'off' with set_delta_chain(0); the first "
     "state then C intervals, each state committed blocking to both (which first alternates per "
     "step); one more interval committed to 'on' only (step C + 2: chains must restart)",
     "short_chain": "chain C // 2: a store with that policy writes exactly what 'on' wrote for "

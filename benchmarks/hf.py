@@ -188,7 +188,7 @@ def _variant(variant: str, n_embd: int, workdir: Path, log: Log) -> HfVariant:
         trainer, save_callback_s = _train(variant, n_embd, out, [end])
         del trainer
         measure.release_memory()
-        stored = store.stats().pack_bytes
+        stored = store.ops.stats().pack_bytes
         last = store.resolve(f"{variant}@latest")
         checkouts, copies = [], []
         for i in range(REPEATS):

@@ -90,7 +90,7 @@ def run_import(scale: float, workdir: Path, log: Log) -> ImportResult:
         for step, file in enumerate(files, start=1):
             logical += store.import_checkpoint(file, run="imported", step=step).logical_bytes
         import_s = time.perf_counter() - start
-        stats = store.stats()
+        stats = store.ops.stats()
         last = store.restore(f"imported@{CHECKPOINTS}")
     original = torch.load(files[-1], weights_only=True)
     match = all(torch.equal(last["model"][k], v) for k, v in original["model"].items())

@@ -20,11 +20,11 @@ give. In this order:
    deleted from disk, then a full restore (checked) has to rebuild every pack
    from the 2 data + 2 parity shards left and writes the 2 lost shards back
    (heal on read);
-4. scrub: ``Store.check(read_data=True)`` of the ``ec:4+2`` store (every shard
+4. scrub: ``store.ops.check(read_data=True)`` of the ``ec:4+2`` store (every shard
    read in full and verified, every pack rebuilt, every chunk decoded) and of
    the ``none`` store, as its baseline;
 5. repair: one location's directory is deleted and the location declared
-   failed (``Store.fail_location``), then ``Store.repair()`` re-creates its
+   failed (``store.locations.fail``), then ``store.ops.repair()`` re-creates its
    shards on the 5 locations left (one failure domain then holds two shards
    of a pack; casckpt warns and proceeds); a full restore afterwards checks
    the result;
@@ -87,7 +87,7 @@ class SchemeRun:
     packs: int
     pack_files: int
     pack_bytes_on_disk: int
-    stats: dict[str, Any]  # Store.stats() after the commit (pack_bytes, location_bytes, ...)
+    stats: dict[str, Any]  # store.ops.stats() after the commit (pack_bytes, location_bytes, ...)
     restore_s: float  # median of restore_rounds_s
     restore_rounds_s: list[float]
     restore_verified: bool
@@ -108,7 +108,7 @@ class Degraded:
 
 @dataclass(frozen=True)
 class Scrub:
-    """``Store.check(read_data=True)`` of the ``ec`` store and of the ``none`` store."""
+    """``store.ops.check(read_data=True)`` of the ``ec`` store and of the ``none`` store."""
 
     ec_s: float
     ec_pack_bytes: int  # CheckReport.bytes_read: the packs' bytes, rebuilt and verified
@@ -121,7 +121,7 @@ class Scrub:
 
 @dataclass(frozen=True)
 class Repair:
-    """``Store.repair()`` after one location's directory vanished and it was declared failed."""
+    """``store.ops.repair()`` after one location's directory vanished and it was declared failed."""
 
     failed_location: str
     files_deleted: int
@@ -259,7 +259,7 @@ def _commit(store: casckpt.Store, roots: list[Path], state: Any) -> _Committed:
     cpu = time.process_time() - cpu
     files = _files(roots)
     return _Committed(store, roots, commit_s, cpu, _worker_cpu_s(store), rss, version.to_dict(),
-                      len(files), _bytes(files), store.stats().to_dict())
+                      len(files), _bytes(files), store.ops.stats().to_dict())
 
 
 def _commit_rounds(workdir: Path, state: Any, log: Log) -> tuple[dict[str, _Committed],
@@ -345,8 +345,8 @@ def _degraded(store: casckpt.Store, ref: str, roots: list[Path], state: Any) -> 
 
 
 def _scrub(ec_store: casckpt.Store, ec_roots: list[Path], none_store: casckpt.Store) -> Scrub:
-    ec_report, ec_s = measure.timed(lambda: ec_store.check(read_data=True))
-    none_report, none_s = measure.timed(lambda: none_store.check(read_data=True))
+    ec_report, ec_s = measure.timed(lambda: ec_store.ops.check(read_data=True))
+    none_report, none_s = measure.timed(lambda: none_store.ops.check(read_data=True))
     return Scrub(ec_s, ec_report.bytes_read, _bytes(_files(ec_roots)), len(ec_report.problems),
                  none_s, none_report.bytes_read, len(none_report.problems))
 
@@ -355,11 +355,11 @@ def _repair(store: casckpt.Store, ref: str, roots: list[Path], state: Any) -> Re
     victim = roots[FAILED_LOCATION]
     files = _files([victim])
     count, size = len(files), _bytes(files)
-    name = next(loc.name for loc in store.locations() if loc.url == victim.resolve().as_uri())
+    name = next(loc.name for loc in store.locations.list() if loc.url == victim.resolve().as_uri())
     shutil.rmtree(victim)
     with _quiet_casckpt():
-        store.fail_location(name)
-        report, repair_s = measure.timed(store.repair)
+        store.locations.fail(name)
+        report, repair_s = measure.timed(store.ops.repair)
         restore_s, ok = _restore(store, ref, state)
     # with 5 locations for 6 shards, one domain holds two shards of some packs: repair reports
     # those packs degraded (report.ok is False) by design; what it must not leave is a pack short

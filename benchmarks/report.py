@@ -1075,10 +1075,10 @@ REDUNDANCY_NOTES = {
     "degraded": "shard files .s0 and .s1 (data shards) of every ec pack deleted behind casckpt's "
     "back, then a full restore: each pack is rebuilt from 2 data + 2 parity shards, verified, "
     "and its 2 lost shards written back (heal on read); casckpt's warnings are counted, not shown",
-    "scrub": "Store.check(read_data=True) after the degraded restore healed the store: every "
+    "scrub": "store.ops.check(read_data=True) after the degraded restore healed the store: every "
     "shard read in full and checked, every pack rebuilt and verified, every chunk decoded; "
     "MB/s is of the packs' bytes (CheckReport.bytes_read); the none store's check is the baseline",
-    "repair": "one location's directory (loc0) deleted, Store.fail_location, then Store.repair(); "
+    "repair": "one location's directory (loc0) deleted, store.locations.fail, then store.ops.repair(); "
     "with 5 active domains for 6 shards, the re-created shard shares a domain with another of "
     "its pack (casckpt warns); a full restore after it checks the result",
     "codec": "casckpt.storage.erasure.ErasureCode(4, 2) on a random 64 MiB buffer: encode (with "

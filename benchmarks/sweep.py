@@ -566,7 +566,7 @@ def run_store(pair: StatePair, store: Any, largest: str) -> dict[str, Any]:
         "one_tensor_s": one_s, "verified": restore_ok and one_ok,
         "first": _version(v1), "next": _version(v2), "unchanged": _version(v3),
         "catalog_v1": _catalog_view(store, v1.id), "catalog_v2": _catalog_view(store, v2.id),
-        "stats": {k: v for k, v in store.stats().to_dict().items()
+        "stats": {k: v for k, v in store.ops.stats().to_dict().items()
                   if k in ("chunks", "packs", "unique_bytes", "stored_bytes", "pack_bytes")},
     }
 

@@ -223,7 +223,7 @@ def _fast_commit(s3: _S3, state: Any, workdir: Path, check: _Check, saved: Path)
         (version, commit_s), commit_bytes = s3.traffic(
             lambda: _clock(lambda: store.commit(state, run=NAME, step=1)))
         start = time.perf_counter()
-        _, drain_bytes = s3.traffic(store.wait_durable)
+        _, drain_bytes = s3.traffic(store.tier.wait_durable)
         drain_s = time.perf_counter() - start
         drained = store.resolve(version.id)
     restores: list[float] = []

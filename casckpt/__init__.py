@@ -14,7 +14,7 @@ Typical use::
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from casckpt import errors
@@ -47,8 +47,9 @@ from casckpt.types import (
 )
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from casckpt.engine.background import CommitHandle
-    from casckpt.storage import BlobStore
     from casckpt.store import Store
 
 
@@ -82,18 +83,32 @@ def generate_key_file(path: str | os.PathLike[str]) -> str:
     return key_id(key)
 
 
+def grants(role: str, *, role_name: str | None = None, urls: Sequence[str] = ()) -> dict[str, Any]:
+    """What role ``role`` (``reader``, ``writer`` or ``admin``; docs/guides/roles.md) may do,
+    as the grants to give it: ``{"role", "role_name", "sql": [GRANT statement, ...],
+    "s3_policy": {...}, ...}`` -- the PostgreSQL GRANTs on the catalog's tables (to
+    ``role_name``, default ``casckpt_<role>``), then one document per storage backend the
+    ``urls`` name (every backend's, with placeholders, when none does): ``s3_policy`` (an S3
+    IAM policy), ``azure_role`` (an Azure role definition). Creates nothing and connects to
+    nothing (``casckpt init --print-grants ROLE``).
+
+    Raises:
+        InvalidArgumentError: an unknown role, or a role name that is not an SQL identifier.
+    """
+    from casckpt.catalog import grants as catalog_grants
+    from casckpt.storage.registry import role_grants
+
+    name = catalog_grants.check_role_name(
+        role_name or catalog_grants.default_role_name(catalog_grants.check_role(role)))
+    doc: dict[str, Any] = {"role": role, "role_name": name,
+                           "sql": catalog_grants.grant_statements(role, name)}
+    doc.update((g.key, g.document) for g in role_grants(role, list(urls)))
+    return doc
+
+
 def open(  # noqa: A001 - the documented name of the entry point
-    path: str | os.PathLike[str] | None = None, options: Options | None = None, *,
-    blobs: (str | BlobLocation | BlobStore
-            | Sequence[str | BlobLocation | BlobStore | Mapping[str, str]] | None) = None,
-    catalog: str | None = None, cache: str | os.PathLike[str] | None = None,
-    create: bool | None = None, chunk_size: int | None = None, pack_size: int | None = None,
-    workers: int | None = None, s3: Mapping[str, Any] | None = None, redundancy: str | None = None,
-    max_pending_commits: int | None = None, commit_memory: int | None = None,
-    backpressure: str | None = None, staging_memory: int | None = None, recover: bool | None = None,
-    key_file: str | os.PathLike[str] | None = None,
-    read_only: bool | None = None, fast_tier: str | os.PathLike[str] | None = None,
-    fast_tier_bytes: int | str | None = None, keep_fast_last: int | None = None,
+    path: str | os.PathLike[str] | None = None, options: Options | None = None,
+    **overrides: Unpack[Options],
 ) -> Store:
     """Open (or create) a store.
 
@@ -108,95 +123,37 @@ def open(  # noqa: A001 - the documented name of the entry point
     them created, with the same catalog and config file. Opening an existing
     store takes no lock.
 
-    Everything besides ``path`` can come as one :class:`casckpt.Options` (checked when
-    made: a bad value is an InvalidArgumentError naming the field), as keyword
-    arguments, or both: a keyword argument given (not None) replaces the option.
-
-    Args:
-        path: the store's root directory.
-        options: how to open it (the keyword arguments below are its fields).
-        blobs: where packs live instead of ``path``: a directory, ``file:///dir`` or
-            ``s3://bucket/prefix`` -- or several such locations (a list), each its
-            own failure domain unless given as ``casckpt.BlobLocation(url,
-            domain=..., name=...)`` or ``{"url": ..., "domain": ...}``. Recorded in
-            ``path/casckpt.toml`` for a new store.
-        catalog: an SQLAlchemy URL for the catalog instead of ``path/catalog.db``
-            (e.g. ``postgresql+psycopg://user@host/db``). Recorded like ``blobs``.
-        cache: directory for the local index cache (default ``path/cache`` for a
-            self-contained store, else ``~/.cache/casckpt/<store id>``).
-        create: False refuses to create a store that does not exist (pass it where one must
-            already exist, such as a job that resumes). Creating one logs a WARNING naming
-            where, and :attr:`Store.created` is True.
-        chunk_size: overrides the default chunk size (see :mod:`casckpt.config`).
-        pack_size: overrides the default pack size.
-        workers: overrides the default number of worker threads.
-        s3: S3 options for a new store (``endpoint_url``, ``region``, ``sse``,
-            ``kms_key_id``, ``multipart_threshold``, ...), recorded in its
-            config file's ``[s3]`` table. Credentials come from the AWS chain.
-        redundancy: ``"none"`` (default), ``"replicate:N"`` or ``"ec:K+M"``
-            (e.g. ``"ec:4+2"``: each pack as 4 data + 2 parity shards on 6
-            failure domains; any 4 reconstruct it). Recorded in the catalog for a
-            new store; for an existing one it must match (change it with
-            :meth:`Store.set_redundancy`).
-        max_pending_commits: background commits (``commit(..., block=False)``)
-            in flight at once (default 2).
-        commit_memory: bytes the background commits' copies of changed chunks
-            may hold (default RAM/4, at most 8 GiB).
-        backpressure: ``"block"`` (default) or ``"raise"`` when either bound is full.
-        staging_memory: host bytes (pinned, with CUDA) that GPU tensors stream
-            through on commit, in two reused buffers (default 256 MiB).
-        recover: accept an empty catalog over locations that hold data, to rebuild
-            it (:meth:`Store.rebuild_catalog`, `casckpt catalog rebuild`); until the
-            rebuild ran, the store refuses to commit, gc or repair.
-        key_file: the master key file of an encrypted store (default: ``CASCKPT_KEY_FILE``).
-            Given for a new store, the store is created encrypted: every object on every
-            location sealed (AES-256-GCM), chunk ids keyed; see docs/SECURITY.md.
-        read_only: True opens the store for reads only: restore, load_tensor, log, show,
-            diff, history, check (no repair), checkout, export and DCP loads work; nothing
-            in the store is written (no migration, no cache, no lease, no healing) and every
-            write call raises ReadOnlyStoreError before touching anything. None (default):
-            read-only when this process cannot write the store (the directory, a local
-            location or the catalog), with a ReadOnlyStoreWarning. False: never
-            (``CASCKPT_READ_ONLY`` decides when None; docs/guides/read-only.md).
-        fast_tier: a directory on this host's fast local disk (NVMe): commits land there
-            at local disk speed, their versions ``durability="fast"``, and a background
-            drain stores them on the locations (then ``"durable"``); restores read from it
-            while it holds the packs. ``Store.wait_durable`` waits for the drain, ``close``
-            drains what is left. Recorded in ``casckpt.toml`` for a new store
-            (docs/guides/fast-tier.md).
-        fast_tier_bytes: the tier's budget (an int, or ``"200GiB"``; default half the free
-            space of its disk): drained packs are evicted least recently used beyond it;
-            packs not drained never are, and commits wait (``backpressure``) while those
-            fill it.
-        keep_fast_last: eviction keeps the packs of the newest N versions (default 1).
-
     Every location carries an identity record (store id, catalog generation);
     a catalog that is missing, emptied, stale or another store's is refused
     with StoreIdentityError before anything is written to it or to the locations.
 
+    Args:
+        path: the store's root directory (None: a store named by ``blobs`` and
+            ``catalog`` alone).
+        options: how to open it: a :class:`casckpt.Options` (its fields are documented there).
+        **overrides: fields of :class:`casckpt.Options` as keywords
+            (``casckpt.open(path, create=False, fast_tier="/nvme")``), each replacing the
+            field of ``options`` it names (None included: the config file, environment or
+            default then decides).
+
     Raises:
+        InvalidArgumentError: an option that is not a field of :class:`casckpt.Options` (the
+            closest field suggested), a bad value (naming its field), a bad location list
+            or redundancy spec. Nothing is created or opened before the options are checked.
         NotAStoreError: ``path`` is not a store and cannot become one.
         StoreIdentityError: the catalog and the locations are not of one store.
         SchemaTooNewError: the catalog was written by a newer casckpt.
         ReadOnlyStoreError: read-only, and the catalog's schema is older (upgrading it
             writes), or there is no store at ``path`` (creating one writes).
         CatalogError: the catalog database cannot be opened.
-        InvalidArgumentError: a bad location list or redundancy spec.
         KeyRequiredError, WrongKeyError: the store is encrypted; no key, or not one of its keys.
         NotEncryptedError: a key was given for an existing store that is not encrypted.
     """
     from casckpt.opening import open_store
+    from casckpt.options import check
 
-    if options is not None and not isinstance(options, Options):
-        raise errors.InvalidArgumentError(f"options must be a casckpt.Options, got {options!r}")
-    chosen = (options or Options()).with_given(
-        blobs=blobs, catalog=catalog, cache=cache, create=create, chunk_size=chunk_size,
-        pack_size=pack_size, workers=workers, s3=s3, redundancy=redundancy,
-        max_pending_commits=max_pending_commits, commit_memory=commit_memory,
-        backpressure=backpressure, staging_memory=staging_memory, recover=recover,
-        key_file=key_file, read_only=read_only, fast_tier=fast_tier,
-        fast_tier_bytes=fast_tier_bytes, keep_fast_last=keep_fast_last)
-    return open_store(path, chosen)
+    chosen = check(options if options is not None else {})
+    return open_store(path, check({**chosen, **overrides}))
 
 
 __all__ = [
@@ -228,5 +185,6 @@ __all__ = [
     "VersionDiff",
     "errors",
     "generate_key_file",
+    "grants",
     "open",
 ]

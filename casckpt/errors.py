@@ -357,7 +357,7 @@ class ReadOnlyStoreWarning(UserWarning):
 
 class VersionNotDurableError(CasckptError):
     """The version is committed to another host's fast tier and not drained to the store's
-    locations yet: it cannot be read from here until it is (``Store.wait_durable``)."""
+    locations yet: it cannot be read from here until it is (``store.tier.wait_durable``)."""
 
 
 class VersionLostError(MissingDataError):
@@ -366,7 +366,7 @@ class VersionLostError(MissingDataError):
 
 
 class DrainTimeoutError(CasckptError, TimeoutError):
-    """``Store.wait_durable`` (or ``commit(durable=True)``) gave up waiting for a drain."""
+    """``store.tier.wait_durable`` (or ``commit(durable=True)``) gave up waiting for a drain."""
 
 
 class TierNotFoundError(RefNotFoundError):

@@ -26,7 +26,7 @@ from casckpt.errors import (
     ReadOnlyStoreWarning,
     StoreIdentityError,
 )
-from casckpt.options import Options
+from casckpt.options import Options, settings
 from casckpt.storage import BlobStore, redact_url
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.locations import Location, LocationSet
@@ -114,12 +114,13 @@ def open_locations(catalog: Catalog, spec: cfg.StoreSpec, given: dict[str, BlobS
 
 
 def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
-    """See :func:`casckpt.open` (``options`` checked already: :class:`casckpt.Options`)."""
-    settings = options.settings()
-    blobs, catalog, cache, create, redundancy, recover = (
-        options.blobs, options.catalog, options.cache, options.create, options.redundancy,
-        options.recover)
-    backends = {"s3": options.s3} if options.s3 is not None else {}
+    """See :func:`casckpt.open` (``options`` checked already: :func:`casckpt.options.check`)."""
+    tuned = settings(options)
+    blobs, catalog, cache, redundancy = (options.get("blobs"), options.get("catalog"),
+                                         options.get("cache"), options.get("redundancy"))
+    create, recover = options.get("create", True), options.get("recover", False)
+    s3 = options.get("s3")
+    backends = {"s3": s3} if s3 is not None else {}
     check_options(backends, "casckpt.open")
     given: dict[str, BlobStore] = {}
     items = [blobs] if isinstance(blobs, BlobStore) else blobs
@@ -127,15 +128,19 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
         items = [given.setdefault(b.url, b).url if isinstance(b, BlobStore) else b for b in items]
     if redundancy is not None:
         scheme = Redundancy.parse(redundancy)
-        domains = {loc.domain or loc.name for loc in cfg.blob_locations(items)} if items else None
+        new = path is not None and not _config_path(Path(path)).exists()  # its directory: one domain
+        places = items if items else ["."] if new else None
+        domains = {loc.domain or loc.name for loc in cfg.blob_locations(places)} if places else None
         if domains is not None and scheme.shards > len(domains):  # before a config file is written
             raise InvalidArgumentError(
-                f"redundancy {scheme} puts each pack on {scheme.shards} failure domains, but blobs= "
-                f"gives {len(domains)}; pass more locations or choose a smaller scheme")
+                f"redundancy {scheme} puts each pack on {scheme.shards} failure domains, but the "
+                f"locations given span {len(domains)}; give one location per failure domain "
+                "(--location DOMAIN=URL, BlobLocation(url, domain=)) or choose a smaller scheme")
         redundancy = str(scheme)
-    asked = options.read_only if options.read_only is not None else cfg.read_only_env()
+    asked = options.get("read_only")
+    asked = asked if asked is not None else cfg.read_only_env()
     # the key file is read before anything is created: a bad one leaves no half-made store behind
-    key_file = options.key_file or os.environ.get("CASCKPT_KEY_FILE") or None
+    key_file = options.get("key_file") or os.environ.get("CASCKPT_KEY_FILE") or None
     master = keyring.read_key_file(key_file) if key_file else None
     try:
         spec = cfg.locate_store(
@@ -152,7 +157,7 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
         raise
     check_options(spec.backends, str(spec.config_file or "casckpt.open"))
     read_only = _unwritable(spec) if asked is None else None
-    cat = Catalog(spec.catalog, where=redact_url(spec.catalog), retry_s=settings.catalog_retry_s,
+    cat = Catalog(spec.catalog, where=redact_url(spec.catalog), retry_s=tuned.catalog_retry_s,
                   read_only=True if asked or read_only else None if asked is None else False)
     if cat.read_only and not asked:
         read_only = read_only or cat.write_denied
@@ -182,12 +187,12 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
         raise
     cache_dir = spec.cache if spec.cache is not None else _default_cache_dir(cat.store_id)
     index = (IndexCache.unused if cat.read_only else IndexCache)(cache_dir / "index", _cache_binding(cat))
-    tier = None if recovering else _open_tier(cat, spec, options, settings.pack_size)
+    tier = None if recovering else _open_tier(cat, spec, options, tuned.pack_size)
     store = Store(root=spec.root, catalog=cat, cache=index, locations=locations,
                   staging=cache_dir / "staging",  # the tier's packs fill in its own staging/
-                  settings=settings, write_quorum=spec.write_quorum,
+                  settings=tuned, write_quorum=spec.write_quorum,
                   backends=spec.backends, config_file=spec.config_file, recovering=recovering, read_only=why,
-                  tier=tier, background_drain=options.background_drain, created=created)
+                  tier=tier, background_drain=options.get("background_drain", True), created=created)
     if created:  # a mistyped path would otherwise start training again from step 0, silently
         where = str(spec.root) if spec.root is not None else (
             f"catalog {cat.where}, blobs {', '.join(redact_url(loc.url) for loc in spec.locations)}")
@@ -196,24 +201,32 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
     return store
 
 
+def _config_path(path: Path) -> Path:
+    """The config file of the store at ``path`` (a directory, or the file itself)."""
+    return path if path.suffix == ".toml" else path / "casckpt.toml"
+
+
 def _tier_record(options: Options) -> dict[str, Any]:
     """What a new store's config file records of the fast tier it was opened with."""
-    return {"fast_tier": str(Path(options.fast_tier).expanduser().resolve()) if options.fast_tier else None,
-            "fast_tier_bytes": cfg.parse_size(options.fast_tier_bytes, "fast_tier_bytes")
-            if options.fast_tier_bytes is not None else None,
-            "keep_fast_last": options.keep_fast_last}
+    where, budget = options.get("fast_tier"), options.get("fast_tier_bytes")
+    return {"fast_tier": str(Path(where).expanduser().resolve()) if where else None,
+            "fast_tier_bytes": cfg.parse_size(budget, "fast_tier_bytes") if budget is not None else None,
+            "keep_fast_last": options.get("keep_fast_last")}
 
 
 def _open_tier(cat: Catalog, spec: cfg.StoreSpec, options: Options, pack_size: int) -> FastTier | None:
     """This host's fast tier (options first, then the config file), or None."""
-    where = Path(options.fast_tier).expanduser() if options.fast_tier else spec.fast_tier
+    given_dir = options.get("fast_tier")
+    where = Path(given_dir).expanduser() if given_dir else spec.fast_tier
     if where is None:
         return None
     from casckpt.engine.tier import open_tier
 
-    given = options.fast_tier_bytes if options.fast_tier_bytes is not None else spec.fast_tier_bytes
+    given = options.get("fast_tier_bytes")
+    given = given if given is not None else spec.fast_tier_bytes
     budget = cfg.parse_size(given, "fast_tier_bytes") if given is not None else _half_free(where)
-    keep = options.keep_fast_last if options.keep_fast_last is not None else spec.keep_fast_last
+    keep = options.get("keep_fast_last")
+    keep = keep if keep is not None else spec.keep_fast_last
     return open_tier(cat, where, budget, 1 if keep is None else keep, read_only=cat.read_only,
                      pack_size=pack_size)
 
@@ -258,5 +271,5 @@ def _seed_redundancy(catalog: Catalog, recorded: str | None, explicit: str | Non
     elif explicit is not None and current is not None and explicit != current:
         raise InvalidArgumentError(
             f"this store's redundancy is {current}, not {explicit}; change it with "
-            "store.set_redundancy() or `casckpt redundancy set`"
+            "store.locations.set_redundancy() or `casckpt redundancy set`"
         )

@@ -31,7 +31,7 @@ class StoreStats(ToDict):
 
     ``versions_without_tree`` are read through per-tensor catalog rows: versions saved by
     many ranks (DCP, ``commit(group=)``), and versions from before tree manifests until
-    ``casckpt catalog migrate-trees`` converts them (``Store.migrate_trees``).
+    ``casckpt catalog migrate-trees`` converts them (``store.ops.migrate_trees``).
     """
 
     runs: int
@@ -67,7 +67,7 @@ class StoreStats(ToDict):
 
 @dataclass(frozen=True, slots=True)
 class CheckProblem(ToDict):
-    """One inconsistency found by ``Store.check``."""
+    """One inconsistency found by ``store.ops.check``."""
 
     kind: str
     subject: str
@@ -76,7 +76,7 @@ class CheckProblem(ToDict):
 
 @dataclass(frozen=True, slots=True)
 class CheckReport(ToDict):
-    """What ``Store.check`` looked at and what it found."""
+    """What ``store.ops.check`` looked at and what it found."""
 
     versions: int
     packs: int
@@ -128,7 +128,7 @@ class LocationInfo(ToDict):
 
 @dataclass(frozen=True, slots=True)
 class RepairReport(ToDict):
-    """What ``Store.repair`` did.
+    """What ``store.ops.repair`` did.
 
     Attributes:
         packs: packs that needed repair (and could be worked on).
@@ -172,7 +172,7 @@ class RepairReport(ToDict):
 
 @dataclass(frozen=True, slots=True)
 class RebuildReport(ToDict):
-    """What ``Store.rebuild_catalog`` recovered from the blob locations.
+    """What ``store.ops.rebuild_catalog`` recovered from the blob locations.
 
     Attributes:
         packs, chunks, versions, runs, tags: what the new catalog now holds.
@@ -192,7 +192,7 @@ class RebuildReport(ToDict):
 
 @dataclass(frozen=True, slots=True)
 class MigrationReport(ToDict):
-    """What ``Store.migrate_trees`` did (see :mod:`casckpt.engine.treemigrate`).
+    """What ``store.ops.migrate_trees`` did (see :mod:`casckpt.engine.treemigrate`).
 
     Attributes:
         versions_migrated: versions of manifest format 1 that got a tree in this run.
@@ -230,7 +230,7 @@ class KeyInfo(ToDict):
 
 @dataclass(frozen=True, slots=True)
 class DrainReport(ToDict):
-    """What one drain of a fast tier did (``Store.drain``, ``casckpt drain``).
+    """What one drain of a fast tier did (``store.tier.drain``, ``casckpt drain``).
 
     Attributes:
         packs, bytes: packs (and their bytes) stored on the locations and made durable.
@@ -280,7 +280,7 @@ class TierInfo(ToDict):
 
 @dataclass(frozen=True, slots=True)
 class TierStatus(ToDict):
-    """Where a store's bytes are, by tier (``Store.tier_status``, ``casckpt tier status``).
+    """Where a store's bytes are, by tier (``store.tier.status``, ``casckpt tier status``).
 
     Attributes:
         durable_bytes: bytes of the packs on the store's locations (before redundancy).
@@ -321,7 +321,7 @@ class TierStatus(ToDict):
 
 @dataclass(frozen=True, slots=True)
 class TierLoss(ToDict):
-    """A fast tier declared lost by hand (``Store.forget_tier``, ``casckpt tier forget``).
+    """A fast tier declared lost by hand (``store.tier.forget``, ``casckpt tier forget``).
 
     Attributes:
         tier: the tier's id.
@@ -339,10 +339,10 @@ class TierLoss(ToDict):
 
 @dataclass(frozen=True, slots=True)
 class DrillResult(ToDict):
-    """One version a restore drill read back (``Store.drill``, ``Store.drill_history``).
+    """One version a restore drill read back (``store.ops.drill``, ``store.ops.drill_history``).
 
     Attributes:
-        drill_id: the drill run it belongs to (every version of one ``Store.drill`` call
+        drill_id: the drill run it belongs to (every version of one ``store.ops.drill`` call
             shares it).
         at: when the version's restore started, UTC epoch seconds.
         version_id, run, step: the version.
@@ -365,9 +365,9 @@ class DrillResult(ToDict):
 
 @dataclass(frozen=True, slots=True)
 class DrillReport(ToDict):
-    """What one restore drill found (``Store.drill``, ``casckpt drill``).
+    """What one restore drill found (``store.ops.drill``, ``casckpt drill``).
 
-    ``recorded``: the results are in the catalog's ``drills`` table (``Store.drill_history``);
+    ``recorded``: the results are in the catalog's ``drills`` table (``store.ops.drill_history``);
     False when the store is read-only (the drill ran, nothing was written).
     """
 
@@ -388,7 +388,7 @@ class DrillReport(ToDict):
 
 @dataclass(frozen=True, slots=True)
 class Advice(ToDict):
-    """The checkpoint interval advised for a run (``Store.advise``, ``casckpt advise``).
+    """The checkpoint interval advised for a run (``store.ops.advise``, ``casckpt advise``).
 
     Inputs, measured: ``checkpoint_cost_s`` (C: median training-visible stall of the run's
     recent commits, ``Version.stall_s``), ``restore_s`` (median seconds of the run's successful

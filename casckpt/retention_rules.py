@@ -3,7 +3,7 @@
 A field declares a rule whole: its name, its value's type (the annotation and a
 :class:`Kind`), what it keeps (``meaning``), the reason ``retention plan`` shows for a
 version it keeps, and the function that finds those versions. Everything else reads
-:data:`RULES`: the policy's checks, ``Store.set_retention``'s keywords, the options of
+:data:`RULES`: the policy's checks, ``store.retention.set``'s keywords, the options of
 ``casckpt retention set`` and their help, the catalog's JSON (``runs.retention``), the
 one-line description, the planner (:mod:`casckpt.engine.retention`) and the table in
 docs/usage.md (:func:`markdown_table`). Adding a rule is one field plus its keep function.

@@ -183,7 +183,7 @@ class Run:
     def retention(self) -> RetentionPolicy | None:
         """The run's retention policy (None: it keeps every version)."""
         try:
-            return self._store.retention(self._name)
+            return self._store.retention.get(self._name)
         except RefNotFoundError:
             return None
 
@@ -194,20 +194,20 @@ class Run:
     @property
     def redundancy(self) -> str:
         """The redundancy new packs of the run get (its own, else the store's)."""
-        return self._store.redundancy(self._name)
+        return self._store.locations.redundancy(self._name)
 
     @redundancy.setter
     def redundancy(self, spec: str) -> None:
-        self._store.set_redundancy(spec, run=self._name)
+        self._store.locations.set_redundancy(spec, run=self._name)
 
     @property
     def delta_chain(self) -> int:
         """Deltas deep the run's chunks may be stored before a keyframe (0: none)."""
-        return self._store.delta_chain(self._name)
+        return self._store.ops.delta_chain(self._name)
 
     @delta_chain.setter
     def delta_chain(self, chain: int) -> None:
-        self._store.set_delta_chain(chain, run=self._name)
+        self._store.ops.set_delta_chain(chain, run=self._name)
 
     def _versions(self, **filters: Any) -> list[Version]:
         try:
@@ -224,7 +224,7 @@ def set_policy(store: Store, run: str, policy: RetentionPolicy | Mapping[str, An
     """Give ``run`` the retention ``policy`` (a RetentionPolicy, or its fields as a mapping).
 
     Raises:
-        InvalidArgumentError: not a policy, or a rule out of range (as ``set_retention``).
+        InvalidArgumentError: not a policy, or a rule out of range (as ``store.retention.set``).
     """
     if isinstance(policy, RetentionPolicy):
         fields = policy.to_dict()
@@ -233,4 +233,4 @@ def set_policy(store: Store, run: str, policy: RetentionPolicy | Mapping[str, An
     else:
         raise InvalidArgumentError(
             f"retention must be a casckpt.RetentionPolicy or a mapping of its rules; got {policy!r}")
-    store.set_retention(run, **fields)
+    store.retention.set(run, **fields)

@@ -1,9 +1,8 @@
-"""What the parts of a :class:`casckpt.store.Store` share: one open store's state and lifecycle.
+"""What a :class:`casckpt.store.Store` and its namespaces share: one open store's state and lifecycle.
 
-``Store`` is a facade over parts that each take this object in their constructor
-(:class:`~casckpt.store_admin.StoreAdmin`, :class:`~casckpt.store_distributed.StoreDistributed`,
-:class:`~casckpt.store_queries.StoreQueries`, :class:`~casckpt.store_retention.StoreRetention`);
-none of them reaches into another. Lifecycle: built once by ``Store.__init__``; usable until
+``Store`` and each namespace (``store.locations``, ``keys``, ``tier``, ``retention``, ``ops``)
+take this object in their constructor; none of them reaches into another. Lifecycle: built
+once by ``Store.__init__``; usable until
 :meth:`StoreCore.close`, which finishes background commits and releases every resource.
 
 Thread-safety: the fields are set at construction; ``ctx.locations`` is replaced (never
@@ -98,7 +97,8 @@ class StoreCore:
       ``ctx.config`` holds the store's settings.
     - ``committer``: the :class:`~casckpt.engine.background.BackgroundCommitter` that
       orders every commit of this store (foreground and background).
-    - ``prober``: measures location health for ``Store.locations``.
+    - ``root``: the store's root directory (None: named by its catalog and locations only).
+    - ``prober``: measures location health for ``store.locations.list``.
     - ``dcp_writers``: DCP saves writing through this store (close waits for none, but
       refuses while one is busy, and ends the leases of failed ones).
     - ``backends``: the backend options (by URL scheme) locations are opened with.
@@ -110,11 +110,12 @@ class StoreCore:
     - ``closed``: :meth:`close` has run.
     """
 
-    def __init__(self, *, catalog: Catalog, cache: IndexCache, locations: LocationSet,
+    def __init__(self, *, root: Path | None, catalog: Catalog, cache: IndexCache, locations: LocationSet,
                  staging: Path, settings: cfg.Settings, write_quorum: int | None = None,
                  backends: BackendOptions | None = None, config_file: Path | None = None,
                  recovering: bool = False, read_only: str | None = None,
                  tier: FastTier | None = None, background_drain: bool = True) -> None:
+        self.root = root
         self.recovering = recovering
         self.read_only = read_only
         self._locations_loaded = time.monotonic()
@@ -233,7 +234,7 @@ class StoreCore:
         if self.recovering:
             raise StoreIdentityError(
                 f"cannot {what}: this store was opened with recover=True and its catalog is empty "
-                "while its locations hold data; run store.rebuild_catalog() (`casckpt catalog "
+                "while its locations hold data; run store.ops.rebuild_catalog() (`casckpt catalog "
                 "rebuild`) first")
 
     def refuse_write(self, what: str, needs: str = "the catalog and the locations") -> None:

@@ -5,7 +5,8 @@ administration (stats, check, locations, repair, rebuilds) in :mod:`casckpt.repo
 importable from here as well.
 
 All are frozen, slotted dataclasses: safe to share between threads, cheap to
-build, and convertible to plain JSON with :meth:`to_dict` (the CLI's ``--json``).
+build, and convertible to plain JSON with :meth:`to_dict` (the CLI's ``--json``);
+:func:`dumps` writes any of them (or a structure of them) as strict JSON text.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from datetime import datetime
 from typing import Any
 
 from casckpt.jsonable import ToDict
+from casckpt.jsonable import dumps as dumps
+from casckpt.jsonable import to_json_value as to_json_value
 from casckpt.reports import Advice as Advice
 from casckpt.reports import CheckProblem as CheckProblem
 from casckpt.reports import CheckReport as CheckReport
@@ -72,7 +75,7 @@ class Version(ToDict):
         durability: ``"durable"``: every byte is on the store's locations, with their
             redundancy. ``"fast"``: committed to a host's fast tier (``fast_tier=``) and
             not yet drained to the locations -- restorable on that host only, lost if that
-            disk is lost first (``Store.wait_durable`` waits for the drain). ``"lost"``:
+            disk is lost first (``store.tier.wait_durable`` waits for the drain). ``"lost"``:
             its fast tier was lost before the drain; it cannot be restored.
         stall_s: how long the commit held the caller up, in seconds: a blocking commit's
             whole wall time (``duration_s``); a background commit's (``block=False``) time
@@ -421,7 +424,7 @@ class TensorHistoryEntry(ToDict):
 
 @dataclass(frozen=True, slots=True)
 class RunNode(ToDict):
-    """A run in the lineage tree (``Store.tree``).
+    """A run in the lineage tree (``store.lineage``).
 
     ``parent_run`` / ``fork_step`` are None for a root run, and also when the
     version it was forked from is gone (``fork_version`` then keeps its id).
@@ -438,7 +441,7 @@ class RunNode(ToDict):
 
 @dataclass(frozen=True, slots=True)
 class AuditEntry(ToDict):
-    """One row of the store's audit trail (``Store.audit``, ``casckpt audit``).
+    """One row of the store's audit trail (``store.ops.audit``, ``casckpt audit``).
 
     Attributes:
         id: its position in the trail (increasing).

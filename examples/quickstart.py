@@ -114,8 +114,8 @@ def show(store: casckpt.Store) -> None:
     for v in store.log(RUN):
         sizes = "  ".join(f"{human(n):>9}" for n in (v.logical_bytes, v.new_bytes, v.stored_bytes))
         print(f"   {v.step:>4}  {v.short_id}  {v.metrics['loss']:>6.4f}  {sizes}")
-    s = store.stats()
-    print(f"\nstore.stats(): {s.versions} versions, {s.chunks} chunks in {s.packs} pack(s); "
+    s = store.ops.stats()
+    print(f"\nstore.ops.stats(): {s.versions} versions, {s.chunks} chunks in {s.packs} pack(s); "
           f"logical {human(s.logical_bytes)}, unique {human(s.unique_bytes)}, stored "
           f"{human(s.stored_bytes)} (dedup {s.dedup_ratio:.2f}x, "
           f"compression {s.compression_ratio:.2f}x)")
@@ -155,8 +155,8 @@ def main() -> int:
             print("   continuation is bit-identical to the uninterrupted run")
 
         show(store)
-        report = store.check()
-        print(f"store.check(): {'ok' if report.ok else report.problems}")
+        report = store.ops.check()
+        print(f"store.ops.check(): {'ok' if report.ok else report.problems}")
 
     crashed = child.returncode == -signal.SIGKILL
     return 0 if crashed and not differ and report.ok else 1

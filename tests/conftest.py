@@ -116,7 +116,7 @@ def store(tmp_path: Path) -> Iterator[casckpt.Store]:
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
     with casckpt.open(tmp_path / "store") as s:
         yield s
-        assert s.check(read_data=True).ok
+        assert s.ops.check(read_data=True).ok
 
 
 @pytest.fixture(params=BACKENDS)

@@ -45,11 +45,11 @@ def build(path: Path) -> casckpt.Store:
     store.tag("ft-lr@1400", "release")
     store.gc(grace=0)
     store.gc(grace=0)  # the first condemns, the second sweeps: two gc rows
-    store.drill(count=3)
-    store.drill(count=5, seed=1)
+    store.ops.drill(count=3)
+    store.ops.drill(count=5, seed=1)
     return store
 
 
 if __name__ == "__main__":
     with build(Path(sys.argv[1])) as demo:
-        print(demo.report(sys.argv[2]))
+        print(demo.ops.report(sys.argv[2]))

@@ -57,7 +57,7 @@ def _rebuilt(store_dir: Path, tmp_path: Path) -> casckpt.Store:
     """Move the catalog away and rebuild a new one from the locations alone."""
     _move_catalog_away(store_dir, tmp_path / "old-catalog.db")
     store = casckpt.open(store_dir, recover=True)
-    store.rebuild_catalog()
+    store.ops.rebuild_catalog()
     return store
 
 
@@ -104,8 +104,8 @@ def test_an_alias_of_a_location_is_refused_so_gc_never_takes_its_packs_for_copie
     w = torch.randn(10_000)
     store.commit({"w": w}, run="r", step=1)
     with pytest.raises(StoreIdentityError, match="same storage under two names"):
-        store.add_location(f"file://{store_dir}/", name="alias")
-    assert [loc.name for loc in store.locations()] == ["loc0"]
+        store.locations.add(f"file://{store_dir}/", name="alias")
+    assert [loc.name for loc in store.locations.list()] == ["loc0"]
     store.gc(grace=0)
     assert torch.equal(store.restore("r@1")["w"], w)
     store.close()
@@ -173,7 +173,7 @@ def test_a_stale_catalog_backup_carrying_an_old_lease_still_makes_gc_refuse(
         store.close()
         _install_catalog(store_dir, tmp_path / "backup.db")  # the catalog was lost: restore it
         store = casckpt.open(store_dir)
-        assert any(p.kind == "manifest" for p in store.check().problems)  # check sees it
+        assert any(p.kind == "manifest" for p in store.ops.check().problems)  # check sees it
         with pytest.raises(GCRefusedError, match="1 manifest"):
             store.gc(grace=0)
         store.close()
@@ -287,7 +287,7 @@ if mode == "gc":
 else:
     os.rename(os.path.join(store_dir, "catalog.db"), os.path.join(store_dir, "..", "old.db"))
     store = casckpt.open(store_dir, recover=True)
-    store.rebuild_catalog()
+    store.ops.rebuild_catalog()
 store.close()
 print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
 """
@@ -326,7 +326,7 @@ def crash(*args, **kwargs):  # power loss right after the versions were publishe
     os.kill(os.getpid(), signal.SIGKILL)
 rebuild._restore_tags = crash
 store = casckpt.open(sys.argv[1], recover=True)
-store.rebuild_catalog()
+store.ops.rebuild_catalog()
 """
 
 
@@ -349,7 +349,7 @@ def test_a_rebuild_killed_midway_leaves_a_catalog_nobody_uses(tmp_path: Path) ->
     store.commit({"w": keep}, run="r", step=1)
     store.commit({"w": torch.randn(1000)}, run="r", step=2)
     store.tag("r@1", "release")
-    store.set_retention("r", keep_last=1)
+    store.retention.set("r", keep_last=1)
     store.close()
     _move_catalog_away(store_dir, tmp_path / "lost.db")
     crashed = subprocess.run([sys.executable, "-c", _KILLED_REBUILD, str(store_dir)], timeout=120)
@@ -358,14 +358,14 @@ def test_a_rebuild_killed_midway_leaves_a_catalog_nobody_uses(tmp_path: Path) ->
         casckpt.open(store_dir)
     with casckpt.open(store_dir, recover=True) as half:
         with pytest.raises(InvalidArgumentError, match="did not finish"):
-            half.rebuild_catalog()
+            half.ops.rebuild_catalog()
         with pytest.raises(StoreIdentityError):
             half.gc(grace=0)
     store = _rebuilt(store_dir, tmp_path)  # into a new, empty catalog
     assert store.resolve("tag:release").step == 1
     store.gc(grace=0)
     assert torch.equal(store.restore("r@1")["w"], keep)
-    assert store.check(read_data=True).ok
+    assert store.ops.check(read_data=True).ok
     store.close()
 
 
@@ -470,28 +470,28 @@ _NUMERIC_KEYWORDS: dict[str, Any] = {
     "log(max_step=)": lambda s, v: s.log(max_step=v),
     "log(since=)": lambda s, v: s.log(since=v),
     "log(until=)": lambda s, v: s.log(until=v),
-    "audit(limit=)": lambda s, v: s.audit(limit=v),
-    "audit(since=)": lambda s, v: s.audit(since=v),
-    "drill(count=)": lambda s, v: s.drill("r", count=v),
-    "drill(seed=)": lambda s, v: s.drill("r", count=1, seed=v),
-    "drill_history(limit=)": lambda s, v: s.drill_history(limit=v),
-    "advise(mtbf=)": lambda s, v: s.advise("r", mtbf=v),
-    "advise(restart=)": lambda s, v: s.advise("r", mtbf=3600, restart=v),
+    "audit(limit=)": lambda s, v: s.ops.audit(limit=v),
+    "audit(since=)": lambda s, v: s.ops.audit(since=v),
+    "drill(count=)": lambda s, v: s.ops.drill("r", count=v),
+    "drill(seed=)": lambda s, v: s.ops.drill("r", count=1, seed=v),
+    "drill_history(limit=)": lambda s, v: s.ops.drill_history(limit=v),
+    "advise(mtbf=)": lambda s, v: s.ops.advise("r", mtbf=v),
+    "advise(restart=)": lambda s, v: s.ops.advise("r", mtbf=3600, restart=v),
     "gc(grace=)": lambda s, v: s.gc(dry_run=True, grace=v),
-    "set_retention(keep_last=)": lambda s, v: s.set_retention("r", keep_last=v),
-    "set_retention(keep_every=)": lambda s, v: s.set_retention("r", keep_every=v),
-    "set_retention(keep_hourly=)": lambda s, v: s.set_retention("r", keep_hourly=v),
-    "set_retention(keep_daily=)": lambda s, v: s.set_retention("r", keep_daily=v),
-    "set_retention(keep_weekly=)": lambda s, v: s.set_retention("r", keep_weekly=v),
-    "set_retention(keep_within=)": lambda s, v: s.set_retention("r", keep_within=v),
-    "set_retention(keep_best=)": lambda s, v: s.set_retention("r", keep_best=("loss", v, "min")),
+    "set_retention(keep_last=)": lambda s, v: s.retention.set("r", keep_last=v),
+    "set_retention(keep_every=)": lambda s, v: s.retention.set("r", keep_every=v),
+    "set_retention(keep_hourly=)": lambda s, v: s.retention.set("r", keep_hourly=v),
+    "set_retention(keep_daily=)": lambda s, v: s.retention.set("r", keep_daily=v),
+    "set_retention(keep_weekly=)": lambda s, v: s.retention.set("r", keep_weekly=v),
+    "set_retention(keep_within=)": lambda s, v: s.retention.set("r", keep_within=v),
+    "set_retention(keep_best=)": lambda s, v: s.retention.set("r", keep_best=("loss", v, "min")),
     "run(retention=)": lambda s, v: s.run("r", retention={"keep_last": v}),
-    "set_delta_chain(chain)": lambda s, v: s.set_delta_chain(v),
-    "set_delta_chain(chain, run=)": lambda s, v: s.set_delta_chain(v, run="r"),
-    "wait_durable(timeout=)": lambda s, v: s.wait_durable(timeout=v),
+    "set_delta_chain(chain)": lambda s, v: s.ops.set_delta_chain(v),
+    "set_delta_chain(chain, run=)": lambda s, v: s.ops.set_delta_chain(v, run="r"),
+    "wait_durable(timeout=)": lambda s, v: s.tier.wait_durable(timeout=v),
     "wait_commits(timeout=)": lambda s, v: s.wait_commits(timeout=v),
-    "locations(timeout=)": lambda s, v: s.locations(timeout=v),
-    "check(read_data_subset=)": lambda s, v: s.check(read_data_subset=v),
+    "locations(timeout=)": lambda s, v: s.locations.list(timeout=v),
+    "check(read_data_subset=)": lambda s, v: s.ops.check(read_data_subset=v),
     "commit(step=)": lambda s, v: s.commit({"w": torch.zeros(2)}, run="fuzzed", step=v),
     "commit(metrics=)": lambda s, v: s.commit({"w": torch.zeros(2)}, run="metrics", step=1,
                                               metrics={"m": v}),
@@ -534,4 +534,4 @@ def test_absurd_numbers_at_the_api_give_typed_errors(tmp_path: Path) -> None:
 
         check()
         store.commit({"w": torch.ones(2)}, run="after", step=1)  # nothing accepted broke the store
-        assert store.check().ok
+        assert store.ops.check().ok

@@ -1,4 +1,4 @@
-"""The checkpoint-interval advisor (``Store.advise``, ``casckpt advise``) on synthetic histories.
+"""The checkpoint-interval advisor (``store.ops.advise``, ``casckpt advise``) on synthetic histories.
 
 Versions are committed for real, then their ``created_at`` and ``stall_s`` (and drill
 results) are set in the catalog to documented values, so the advice can be checked against
@@ -64,7 +64,7 @@ def synthetic(tmp_path: Path) -> Path:
 
 def test_the_advice_is_daly_and_young_on_a_documented_history(synthetic: Path) -> None:
     with casckpt.open(synthetic, create=False) as store:
-        advice = store.advise("r", mtbf="8h", restart="5m")
+        advice = store.ops.advise("r", mtbf="8h", restart="5m")
     c, m, r = 30.0, 8 * 3600.0, 3.0 + 300.0
     assert (advice.checkpoint_cost_s, advice.mtbf_s, advice.restore_s, advice.restart_s) == (c, m, 3.0, 300.0)
     assert advice.restore_source == "drills" and advice.commits == len(STALLS)
@@ -96,10 +96,10 @@ def test_without_drills_the_restore_is_measured_and_not_recorded(tmp_path: Path)
     _commit(root, "r", range(0, 400, 100))
     _rewrite(root, "r", (1.0, 2.0, 3.0, 4.0))
     with casckpt.open(root, create=False) as store:
-        advice = store.advise("r", mtbf=timedelta(hours=2))
+        advice = store.ops.advise("r", mtbf=timedelta(hours=2))
         assert advice.restore_source == "measured" and 0 < advice.restore_s < 60
         assert (advice.checkpoint_cost_s, advice.restart_s, advice.mtbf_s) == (2.5, 0.0, 7200.0)
-        assert store.drill_history() == [] and store.audit(action="drill") == []
+        assert store.ops.drill_history() == [] and store.ops.audit(action="drill") == []
 
 
 def test_the_json_report_has_the_keys_the_issue_lists(synthetic: Path) -> None:
@@ -122,14 +122,14 @@ def test_the_json_report_has_the_keys_the_issue_lists(synthetic: Path) -> None:
 def test_nonsense_mtbf_is_refused(synthetic: Path, mtbf: object) -> None:
     with casckpt.open(synthetic, create=False) as store, \
             pytest.raises(InvalidArgumentError, match="mtbf"):
-        store.advise("r", mtbf=mtbf)  # type: ignore[arg-type]
+        store.ops.advise("r", mtbf=mtbf)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("restart", [-1, "-5m", "soon", float("nan")])
 def test_a_negative_restart_is_refused(synthetic: Path, restart: object) -> None:
     with casckpt.open(synthetic, create=False) as store, \
             pytest.raises(InvalidArgumentError, match="restart"):
-        store.advise("r", mtbf="8h", restart=restart)  # type: ignore[arg-type]
+        store.ops.advise("r", mtbf="8h", restart=restart)  # type: ignore[arg-type]
 
 
 def test_runs_without_a_history_to_measure_are_refused(tmp_path: Path) -> None:
@@ -139,10 +139,10 @@ def test_runs_without_a_history_to_measure_are_refused(tmp_path: Path) -> None:
     _rewrite(root, "old", (None, None, 5.0))  # as versions committed before schema 0011
     with casckpt.open(root, create=False) as store:
         with pytest.raises(RunNotFoundError, match="no run"):
-            store.advise("nope", mtbf="8h")
+            store.ops.advise("nope", mtbf="8h")
         for run, count in (("one", 1), ("old", 1)):
             with pytest.raises(InvalidArgumentError, match=f"{count} commit.*at least 2.*commit a few more"):
-                store.advise(run, mtbf="8h")
+                store.ops.advise(run, mtbf="8h")
     runner = CliRunner()
     zero = runner.invoke(app, ["--store", str(root), "advise", "one", "--mtbf", "0"])
     assert zero.exit_code == EXIT_USAGE and "mtbf 0 s is out of range" in zero.stderr
@@ -157,7 +157,7 @@ def test_an_extreme_mtbf_is_refused_alike_by_the_api_and_the_cli(
         synthetic: Path, api: object, cli: str) -> None:
     with casckpt.open(synthetic, create=False) as store, \
             pytest.raises(InvalidArgumentError, match="out of range") as refused:
-        store.advise("r", mtbf=api)  # type: ignore[arg-type]
+        store.ops.advise("r", mtbf=api)  # type: ignore[arg-type]
     result = CliRunner().invoke(app, ["--store", str(synthetic), "advise", "r", "--mtbf", cli])
     assert result.exit_code == EXIT_USAGE, result.output
     assert str(refused.value) in " ".join(result.output.split())
@@ -167,7 +167,7 @@ def test_an_extreme_mtbf_is_refused_alike_by_the_api_and_the_cli(
 def test_the_mtbf_range_edges_advise_alike_in_the_api_and_the_cli(
         synthetic: Path, api: float, cli: str) -> None:
     with casckpt.open(synthetic, create=False) as store:
-        advice = store.advise("r", mtbf=api)
+        advice = store.ops.advise("r", mtbf=api)
     result = CliRunner().invoke(app, ["--store", str(synthetic), "advise", "r", "--mtbf", cli, "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["advised_interval_s"] == advice.advised_interval_s

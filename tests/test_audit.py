@@ -34,7 +34,7 @@ def _state(step: int) -> dict[str, object]:
 
 def _new(store: casckpt.Store, seen: int) -> list[AuditEntry]:
     """The rows added since the trail held ``seen``."""
-    return store.audit()[seen:]
+    return store.ops.audit()[seen:]
 
 
 def _is_this_process(entry: AuditEntry) -> None:
@@ -52,9 +52,9 @@ def _one(store: casckpt.Store, seen: int, action: str, target: str | None) -> Au
 
 def test_each_action_leaves_exactly_its_row(tmp_path: Path) -> None:
     with casckpt.open(tmp_path / "s", cache=tmp_path / "cache") as store:
-        assert store.audit() == []
+        assert store.ops.audit() == []
         v1 = store.commit(_state(1), run="r", step=1, tags=["first"])
-        rows = store.audit()
+        rows = store.ops.audit()
         assert [(r.action, r.target) for r in rows] == [("run.create", "run:r"), ("commit", v1.id)]
         for row in rows:
             _is_this_process(row)
@@ -65,7 +65,7 @@ def test_each_action_leaves_exactly_its_row(tmp_path: Path) -> None:
         v2 = store.commit(_state(2), run="r", step=2)
         assert _one(store, 2, "commit", v2.id).detail["step"] == 2  # the run exists: no run.create
 
-        seen = len(store.audit())
+        seen = len(store.ops.audit())
         store.tag(v1.id, "best")
         assert _one(store, seen, "tag", "tag:best").detail == {"version": v1.id, "moved_from": None}
         store.tag(v2.id, "best")  # a move names where the tag was
@@ -73,40 +73,40 @@ def test_each_action_leaves_exactly_its_row(tmp_path: Path) -> None:
         store.tag(v2.id, "best")  # already there: nothing changed, nothing recorded
         assert _new(store, seen + 2) == []
 
-        seen = len(store.audit())
+        seen = len(store.ops.audit())
         store.delete(v1.id, reason="bad data")
         assert _one(store, seen, "delete", v1.id).detail == {"run": "r", "step": 1, "reason": "bad data"}
         store.undelete(v1.id)
         assert _one(store, seen + 1, "undelete", v1.id).detail == {"run": "r", "step": 1}
 
-        seen = len(store.audit())
+        seen = len(store.ops.audit())
         store.fork(v1.id, "ft")
         assert _one(store, seen, "run.fork", "run:ft").detail == {"from": v1.id}
-        store.set_retention("r", keep_last=1)
+        store.retention.set("r", keep_last=1)
         assert _one(store, seen + 1, "retention.set", "run:r").detail == {
             "policy": {"keep_last": 1, "keep_tagged": True}}
-        store.clear_retention("r")
+        store.retention.clear("r")
         _one(store, seen + 2, "retention.clear", "run:r")
-        store.set_retention("new-run", keep_last=2)  # creates the run, then sets its policy
+        store.retention.set("new-run", keep_last=2)  # creates the run, then sets its policy
         assert [r.action for r in _new(store, seen + 3)] == ["run.create", "retention.set"]
 
-        seen = len(store.audit())
-        added = store.add_location(str(tmp_path / "second"), domain="other")
+        seen = len(store.ops.audit())
+        added = store.locations.add(str(tmp_path / "second"), domain="other")
         target = f"location:{added.name}"
         assert _one(store, seen, "location.add", target).detail == {
             "url": (tmp_path / "second").as_uri(), "domain": "other"}
-        store.drain_location(added.name)
+        store.locations.drain(added.name)
         assert _one(store, seen + 1, "location.drain", target).detail == {"from": "active"}
-        store.fail_location(added.name)
+        store.locations.fail(added.name)
         assert _one(store, seen + 2, "location.fail", target).detail == {"from": "draining"}
-        store.activate_location(added.name)
+        store.locations.activate(added.name)
         assert _one(store, seen + 3, "location.activate", target).detail == {"from": "failed"}
 
-        seen = len(store.audit())
-        store.repair()
+        seen = len(store.ops.audit())
+        store.ops.repair()
         assert _one(store, seen, "repair", None).detail["unrepaired"] == 0
 
-        seen = len(store.audit())
+        seen = len(store.ops.audit())
         store.delete(v2.id)
         store.gc(dry_run=True, grace=0)  # a plan changes nothing: not recorded
         assert [r.action for r in _new(store, seen)] == ["delete"]
@@ -116,17 +116,17 @@ def test_each_action_leaves_exactly_its_row(tmp_path: Path) -> None:
         assert gc_row.detail["versions_purged"] == 1
         assert gc_row.detail["bytes_freed"] == report.bytes_freed
         assert gc_row.detail["chunks_swept"] == report.chunks_swept and gc_row.detail["dry_run"] is False
-        assert [r.id for r in store.audit()] == list(range(1, seen + 3)), "gc removed audit rows"
-        assert store.check(read_data=True).ok
+        assert [r.id for r in store.ops.audit()] == list(range(1, seen + 3)), "gc removed audit rows"
+        assert store.ops.check(read_data=True).ok
 
 
 def test_storage_policy_changes_are_recorded_once(store: casckpt.Store) -> None:
-    store.set_delta_chain(4)
-    store.set_delta_chain(4)  # unchanged: nothing recorded
-    store.set_delta_chain(2, run="r")  # creates the run
-    store.set_redundancy("none", run="r")
-    store.set_redundancy("none", run="r")
-    assert [(r.action, r.target, dict(r.detail)) for r in store.audit()] == [
+    store.ops.set_delta_chain(4)
+    store.ops.set_delta_chain(4)  # unchanged: nothing recorded
+    store.ops.set_delta_chain(2, run="r")  # creates the run
+    store.locations.set_redundancy("none", run="r")
+    store.locations.set_redundancy("none", run="r")
+    assert [(r.action, r.target, dict(r.detail)) for r in store.ops.audit()] == [
         ("delta_chain.set", None, {"delta_chain": 4, "from": None}),
         ("run.create", "run:r", {}),
         ("delta_chain.set", "run:r", {"delta_chain": 2, "from": None}),
@@ -138,17 +138,17 @@ def test_other_components_record_through_the_catalog(store: casckpt.Store) -> No
     """The hook the encryption work (``key.*``) and a read-only open (switched off) use."""
     catalog = store._core.ctx.catalog
     catalog.record_audit("key.rotate", "key:k2", {"previous": "k1"})
-    (row,) = store.audit()
+    (row,) = store.ops.audit()
     assert (row.action, row.target, dict(row.detail)) == ("key.rotate", "key:k2", {"previous": "k1"})
     _is_this_process(row)
-    assert [r.action for r in store.audit(action="key")] == ["key.rotate"]
+    assert [r.action for r in store.ops.audit(action="key")] == ["key.rotate"]
     with pytest.raises(ValueError, match="audit action"):
         catalog.record_audit("")
     catalog.audit_enabled = False
     try:
         catalog.record_audit("key.add", "key:k3")
         store.commit(_state(1), run="r", step=1)
-        assert [r.action for r in store.audit()] == ["key.rotate"]
+        assert [r.action for r in store.ops.audit()] == ["key.rotate"]
     finally:
         catalog.audit_enabled = True
 
@@ -169,9 +169,9 @@ def test_audit_row_rolls_back_with_a_publish_that_fails(store: casckpt.Store,
         store.commit(_state(1), run="r", step=1)
     monkeypatch.undo()
     assert store.log() == []
-    assert [r.action for r in store.audit()] == []  # not even the run it would have created
+    assert [r.action for r in store.ops.audit()] == []  # not even the run it would have created
     v = store.commit(_state(1), run="r", step=1)
-    assert [(r.action, r.target) for r in store.audit()] == [("run.create", "run:r"), ("commit", v.id)]
+    assert [(r.action, r.target) for r in store.ops.audit()] == [("run.create", "run:r"), ("commit", v.id)]
 
 
 KILLED = """
@@ -197,10 +197,10 @@ def test_a_killed_commit_leaves_no_audit_row(tmp_path: Path) -> None:
     assert done.returncode == 9, done.stderr
     with casckpt.open(root) as store:
         assert [v.step for v in store.log("r")] == [1]
-        assert [(r.action, r.target) for r in store.audit(action="commit")] == [("commit", v1.id)]
+        assert [(r.action, r.target) for r in store.ops.audit(action="commit")] == [("commit", v1.id)]
         visible = {v.id for v in store.log()}
-        assert {r.target for r in store.audit(action="commit")} == visible
-        assert store.check().ok
+        assert {r.target for r in store.ops.audit(action="commit")} == visible
+        assert store.ops.check().ok
 
 
 def test_filters(store: casckpt.Store) -> None:
@@ -210,25 +210,25 @@ def test_filters(store: casckpt.Store) -> None:
     time.sleep(0.05)
     b = store.commit(_state(2), run="r", step=2)
     store.tag(b.id, "best")
-    all_rows = store.audit()
+    all_rows = store.ops.audit()
     assert [r.action for r in all_rows] == ["run.create", "commit", "commit", "tag"]
     assert [r.id for r in all_rows] == sorted(r.id for r in all_rows)
 
-    assert [r.target for r in store.audit(since=middle)] == [b.id, "tag:best"]
-    assert [r.target for r in store.audit(until=middle)] == ["run:r", a.id]
+    assert [r.target for r in store.ops.audit(since=middle)] == [b.id, "tag:best"]
+    assert [r.target for r in store.ops.audit(until=middle)] == ["run:r", a.id]
     aware = datetime.fromtimestamp(middle, timezone.utc)
-    assert [r.target for r in store.audit(since=aware)] == [b.id, "tag:best"]
-    assert [r.target for r in store.audit(action="commit")] == [a.id, b.id]
-    assert [r.target for r in store.audit(action="run")] == ["run:r"]  # a family: run.*
-    assert store.audit(action="com") == []  # not a prefix match within a word
-    assert [r.action for r in store.audit(target=b.id[:10])] == ["commit"]
-    assert [r.action for r in store.audit(target="tag:best")] == ["tag"]
-    assert [r.action for r in store.audit(limit=2)] == ["commit", "tag"]  # the newest, oldest first
-    assert store.audit(limit=0) == []
-    assert store.audit(since=time.time() + 60) == []
+    assert [r.target for r in store.ops.audit(since=aware)] == [b.id, "tag:best"]
+    assert [r.target for r in store.ops.audit(action="commit")] == [a.id, b.id]
+    assert [r.target for r in store.ops.audit(action="run")] == ["run:r"]  # a family: run.*
+    assert store.ops.audit(action="com") == []  # not a prefix match within a word
+    assert [r.action for r in store.ops.audit(target=b.id[:10])] == ["commit"]
+    assert [r.action for r in store.ops.audit(target="tag:best")] == ["tag"]
+    assert [r.action for r in store.ops.audit(limit=2)] == ["commit", "tag"]  # the newest, oldest first
+    assert store.ops.audit(limit=0) == []
+    assert store.ops.audit(since=time.time() + 60) == []
     for bad in ({"limit": -1}, {"since": "yesterday"}, {"action": ""}):
         with pytest.raises(casckpt.errors.InvalidArgumentError):
-            store.audit(**bad)  # type: ignore[arg-type]
+            store.ops.audit(**bad)  # type: ignore[arg-type]
 
 
 def test_cli_table_and_json(tmp_path: Path) -> None:
@@ -270,13 +270,13 @@ def test_postgres_records_the_database_role(tmp_path: Path, pg_url: str) -> None
     with casckpt.open(tmp_path / "s", catalog=pg_url, cache=tmp_path / "cache") as store:
         v = store.commit(_state(1), run="r", step=1)
         store.delete(v.id)
-        rows = store.audit()
+        rows = store.ops.audit()
         assert [(r.action, r.target) for r in rows] == [
             ("run.create", "run:r"), ("commit", v.id), ("delete", v.id)]
         for row in rows:
             _is_this_process(row)
             assert row.db_user == role
-        assert [r.action for r in store.audit(target=v.id[:8], limit=1)] == ["delete"]
+        assert [r.action for r in store.ops.audit(target=v.id[:8], limit=1)] == ["delete"]
 
 
 def test_upgrade_from_0008_keeps_data_and_records_the_migration(tmp_path: Path) -> None:
@@ -289,13 +289,13 @@ def test_upgrade_from_0008_keeps_data_and_records_the_migration(tmp_path: Path) 
     with casckpt.open(root) as store:
         assert _revision(root) == head_revision() >= "0009"
         assert store.resolve("tag:t").id == v.id
-        (row,) = store.audit()
+        (row,) = store.ops.audit()
         assert (row.action, row.target, dict(row.detail)) == (
             "catalog.migrate", None, {"from": "0008", "to": head_revision()})
         _is_this_process(row)
         assert torch.equal(store.restore("r@1")["w"], _state(1)["w"])  # type: ignore[index]
         v2 = store.commit(_state(2), run="r", step=2)
-        assert [r.target for r in store.audit(action="commit")] == [v2.id]
+        assert [r.target for r in store.ops.audit(action="commit")] == [v2.id]
     casckpt.open(root).close()  # at head: nothing to migrate, nothing recorded
     with closing_db(root) as conn:
         migrations = "SELECT COUNT(*) FROM audit_log WHERE action = 'catalog.migrate'"
@@ -320,8 +320,8 @@ def test_a_rebuilt_catalog_records_the_rebuild_not_each_version(tmp_path: Path) 
     for suffix in ("-wal", "-shm"):
         (root / f"catalog.db{suffix}").unlink(missing_ok=True)
     with casckpt.open(root, recover=True) as store:
-        report = store.rebuild_catalog()
-        (row,) = store.audit()
+        report = store.ops.rebuild_catalog()
+        (row,) = store.ops.audit()
         assert (row.action, row.target) == ("catalog.rebuild", None)
         assert row.detail["versions"] == report.versions == 2 and row.detail["skipped"] == 0
         _is_this_process(row)

@@ -85,7 +85,7 @@ def test_commit_restore_dedup_and_check(store_config: Any) -> None:
         assert torch.equal(head, second_state["model"]["head.weight"])
         assert [v.step for v in store.log("train")] == [300, 200, 100]
         assert store.log("train")[-1].metrics == {"loss": 2.5}
-        report = store.check(read_data=True)
+        report = store.ops.check(read_data=True)
         assert report.ok, report.problems
         assert report.chunks_read == report.chunks > 0
 
@@ -110,7 +110,7 @@ def test_flipped_byte_is_caught(store_config: Any) -> None:
     with store_config.open(chunk_size=CHUNK) as store:
         good = store.commit({"w": _noise(2, 10_000)}, run="a", step=1)
         other = store.commit({"v": _noise(3, 5000)}, run="b", step=1)
-        assert store.stats().packs == 2
+        assert store.ops.stats().packs == 2
     blobs = open_blob_store(_blob_url(store_config), _backend_options(store_config))
     keys = sorted(info.key for info in blobs.list("packs/"))
     damaged = next(k for k in keys if _pack_holds(blobs, k, _noise(2, 10_000)))
@@ -124,7 +124,7 @@ def test_flipped_byte_is_caught(store_config: Any) -> None:
             store.restore(good.id)
         assert err.value.pack_id == damaged.rsplit("/", 1)[1]
         assert torch.equal(store.restore(other.id)["v"], _noise(3, 5000))
-        report = store.check(read_data=True)
+        report = store.ops.check(read_data=True)
         assert not report.ok
         assert {p.kind for p in report.problems} <= {"chunk", "pack", "shard", "version"}
 
@@ -156,20 +156,20 @@ def test_gc_and_retention(store_config: Any) -> None:
         states = {step: {"w": _noise(10 + step, 8000)} for step in range(4)}
         for step, state in states.items():
             store.commit(state, run="r", step=step)
-        store.set_retention("r", keep_last=2)
-        before = store.stats()
+        store.retention.set("r", keep_last=2)
+        before = store.ops.stats()
         with gc_lock(internals(store).catalog), pytest.raises(GCRunningError):
             store.gc(grace=0)
         report = store.gc(grace=0)
         assert report.versions_deleted == 2 and report.versions_purged == 2
         assert report.packs_deleted > 0
-        after = store.stats()
+        after = store.ops.stats()
         assert after.unique_bytes == before.unique_bytes // 2
         assert after.pack_bytes < before.pack_bytes
         assert [v.step for v in store.log("r")] == [3, 2]
         for step in (2, 3):
             assert torch.equal(store.restore(f"r@{step}")["w"], states[step]["w"])
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
     blobs = open_blob_store(_blob_url(store_config), _backend_options(store_config))
     try:
         listed = {info.key for info in blobs.list("packs/")}

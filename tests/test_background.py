@@ -298,8 +298,8 @@ def _assert_equivalent(blocking: casckpt.Store, background: casckpt.Store,
         assert b.new_bytes == new, f"step {b.step}: wrote {b.new_bytes} bytes, {new} are new"
         assert_same(background.restore(b.id), want)
         assert_same(blocking.restore(a.id), want)
-    assert blocking.stats() == background.stats()
-    assert background.check(read_data=True).ok
+    assert blocking.ops.stats() == background.ops.stats()
+    assert background.ops.check(read_data=True).ok
 
 
 def test_background_versions_equal_blocking_ones_even_when_queued(env: Env, tmp_path: Path) -> None:
@@ -398,10 +398,10 @@ def test_failed_background_commit_raises_on_wait_and_leaves_no_version(env: Env,
     with pytest.raises(StorageError):
         handle.result()  # still the same answer
     assert env.blobs.failures > 0
-    assert _steps(store) == [0] and store.stats().versions == 1
+    assert _steps(store) == [0] and store.ops.stats().versions == 1
     with pytest.raises(RefNotFoundError):
         store.resolve(handle.id)
-    assert store.check(read_data=True).ok
+    assert store.ops.check(read_data=True).ok
     assert _leases(store) == 0
 
     env.blobs.failing = 0  # the disk has room again: the same step commits fine
@@ -409,7 +409,7 @@ def test_failed_background_commit_raises_on_wait_and_leaves_no_version(env: Env,
     again = store.commit(state, run="r", step=1, block=False).wait(WAIT)
     assert again.parent == first.id
     assert_same(store.restore("r@1"), state)
-    assert store.check(read_data=True).ok
+    assert store.ops.check(read_data=True).ok
 
 
 @pytest.mark.parametrize("then", ["blocking-commit", "background-commit", "wait_commits", "close"])
@@ -436,7 +436,7 @@ def test_unseen_failure_is_raised_by_the_next_call(env: Env, then: str) -> None:
     else:
         calls["wait_commits"]()  # raised once: reported now
     assert _steps(store) == [0]  # neither the failed commit nor the refused one is visible
-    assert store.check(read_data=True).ok
+    assert store.ops.check(read_data=True).ok
     store.commit(state, run="r", step=1, block=False).wait(WAIT)
     assert_same(store.restore("r@1"), state)
     assert _steps(store) == [0, 1]
@@ -474,7 +474,7 @@ def test_commit_queued_behind_a_failed_one_still_stores_its_own_state(env: Env) 
     assert version.new_bytes == 6 * CHUNK  # w and b, all of them written by this commit
     assert _steps(store) == [0, 2]
     assert_same(store.restore("r@2"), expected)
-    assert store.check(read_data=True).ok
+    assert store.ops.check(read_data=True).ok
 
 
 def test_a_commit_queued_behind_a_failed_one_names_it_as_parent(env: Env) -> None:
@@ -497,7 +497,7 @@ def test_a_commit_queued_behind_a_failed_one_names_it_as_parent(env: Env) -> Non
     with pytest.raises(RefNotFoundError):
         store.resolve(failed.id)
     assert_same(store.restore("r@2"), state)
-    assert store.check().ok
+    assert store.ops.check().ok
 
 
 def test_same_step_in_flight_twice_is_refused_at_submit(env: Env) -> None:
@@ -533,14 +533,14 @@ def test_step_published_meanwhile_by_another_process(env: Env) -> None:
         handle.wait(WAIT)
     assert store.resolve("r@1").id == theirs.id
     assert_same(store.restore("r@1"), _state(6))
-    assert store.check(read_data=True).ok
+    assert store.ops.check(read_data=True).ok
 
 
 def test_publish_failure_in_the_catalog(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     store = env.open()
     state = _state()
     store.commit(state, run="r", step=0)
-    before = store.stats()
+    before = store.ops.stats()
     calls = []
 
     def broken(*args: Any, **kwargs: Any) -> None:
@@ -554,12 +554,12 @@ def test_publish_failure_in_the_catalog(env: Env, monkeypatch: pytest.MonkeyPatc
         handle.wait(WAIT)
     monkeypatch.undo()
     assert calls and _steps(store) == [0]
-    assert store.check(read_data=True).ok
+    assert store.ops.check(read_data=True).ok
     assert store.gc(grace=0).chunks_swept == 3 + 1  # orphans: its 3 chunks and its tree's root node
-    assert store.stats() == before
+    assert store.ops.stats() == before
     store.commit(state, run="r", step=1, block=False).wait(WAIT)
     assert_same(store.restore("r@1"), state)
-    assert store.check(read_data=True).ok
+    assert store.ops.check(read_data=True).ok
 
 
 # --- 3. backpressure ------------------------------------------------------------------------
@@ -611,7 +611,7 @@ def test_block_waits_for_room_and_never_exceeds_the_bounds(env: Env, bounds: dic
     for step, want in enumerate(expected):
         assert_same(store.restore(f"r@{step}"), want)
     _assert_chain(store, [store.resolve("r@0").id] + [h.id for h in handles])
-    assert store.check(read_data=True).ok
+    assert store.ops.check(read_data=True).ok
 
 
 @pytest.mark.parametrize("bounds", BOUNDS)
@@ -639,7 +639,7 @@ def test_raise_refuses_beyond_the_bound_and_loses_nothing(env: Env, bounds: dict
         assert_same(store.restore(f"r@{step}"), want)
     _assert_chain(store, [store.resolve("r@0").id] + [h.id for h in handles])
     assert _leases(store) == 0  # the refused commit gave its lease back
-    assert store.check(read_data=True).ok
+    assert store.ops.check(read_data=True).ok
 
 
 def test_commit_bigger_than_the_budget_is_written_in_the_foreground(env: Env) -> None:
@@ -677,7 +677,7 @@ def test_commit_bigger_than_the_budget_is_written_in_the_foreground(env: Env) ->
     assert big[0].wait().new_bytes == 16 * CHUNK
     for step, want in zip((1, 2), expected, strict=True):
         assert_same(store.restore(f"r@{step}"), want)
-    assert store.check(read_data=True).ok
+    assert store.ops.check(read_data=True).ok
 
 
 # --- 4. close() and the context manager ----------------------------------------------------
@@ -702,7 +702,7 @@ def test_close_finishes_pending_commits(env: Env) -> None:
     _assert_chain(reopened, [h.id for h in handles])
     for step, want in enumerate(expected):
         assert_same(reopened.restore(f"r@{step}"), want)
-    assert reopened.check(read_data=True).ok
+    assert reopened.ops.check(read_data=True).ok
 
 
 def _casckpt_threads() -> list[threading.Thread]:
@@ -725,7 +725,7 @@ def test_close_reports_a_failed_pending_commit_and_still_releases_everything(env
     assert _steps(reopened) == [0]
     reopened.commit(_state(2), run="r", step=1, block=False).wait(WAIT)
     assert_same(reopened.restore("r@1"), _state(2))
-    assert reopened.check(read_data=True).ok
+    assert reopened.ops.check(read_data=True).ok
 
 
 def test_context_manager_does_not_mask_the_exception(env: Env, caplog: pytest.LogCaptureFixture) -> None:
@@ -788,7 +788,7 @@ def test_sigkill_with_background_commits_pending(tmp_path: Path) -> None:
     assert int(lines[-1].split()[2]) > 0, "no commit was pending when the process was killed"
 
     with casckpt.open(tmp_path / "store", create=False, chunk_size=child.CHUNK_SIZE) as store:
-        assert store.check().ok
+        assert store.ops.check().ok
         steps = _steps(store)
         assert steps == list(range(len(steps))) and len(steps) < 40, steps  # in commit order
         for step in steps:
@@ -797,7 +797,7 @@ def test_sigkill_with_background_commits_pending(tmp_path: Path) -> None:
         store.commit(state, run="r", step=100, block=False).wait(WAIT)
         assert_same(store.restore("r@100"), state)
         store.gc(grace=0)
-        report = store.check(read_data=True)
+        report = store.ops.check(read_data=True)
         assert report.ok, report.problems
         assert _steps(store) == steps + [100]
         for step in steps:

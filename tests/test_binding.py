@@ -65,7 +65,7 @@ def test_swapped_steps_never_return_the_other_versions_data(root: Path) -> None:
             store.dcp_reader("r@1")
         with pytest.raises(VersionMismatchError):
             store.restore("r@1", into=_state(0))
-        assert not store.check().ok  # check names it too
+        assert not store.ops.check().ok  # check names it too
     result = CliRunner().invoke(app, ["--store", str(root), "show", "r@1"])
     assert result.exit_code == 4 and "damaged" in result.stderr
 

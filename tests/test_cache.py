@@ -46,7 +46,7 @@ def test_stale_cache_entries_are_rewritten(tmp_path: Path) -> None:
         assert again.new_bytes == first.new_bytes
         restored = store.restore("r@2")
         assert all(torch.equal(restored[k], state[k]) for k in state)
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def test_cache_from_another_store_is_wiped(tmp_path: Path) -> None:
@@ -140,4 +140,4 @@ def test_many_threads_open_one_store_and_commit(tmp_path: Path, caplog: pytest.L
     # every handle had the cache: none found it "already open in this process" and went without
     assert "unusable" not in caplog.text
     with casckpt.open(root) as store:
-        assert len(store.log()) == 24 and store.check().ok
+        assert len(store.log()) == 24 and store.ops.check().ok

@@ -159,7 +159,7 @@ def test_commits_survive_catalog_crashes(crashable_pg: CrashablePostgres, tmp_pa
         restored = store.restore(f"train@{attempt.step}")
         assert restored["step"] == attempt.step
         assert torch.equal(restored["w"].view(torch.uint8), attempt.weights.view(torch.uint8))
-    assert store.check().ok
+    assert store.ops.check().ok
     store.close()
 
 
@@ -208,7 +208,7 @@ def test_a_background_commit_rides_out_a_short_restart(
     restored = store.restore("train@2")
     assert version.id == store.resolve("train@latest").id
     assert torch.equal(restored["w"], state["w"])
-    assert store.check().ok
+    assert store.ops.check().ok
     store.close()
 
 

@@ -47,7 +47,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
         for step in (1, 2):  # the tensor changes: history compares the two rows
             store.commit({"w": torch.arange(12.0).reshape(3, 4) + step - 1}, run="r", step=step,
                          metadata={"lr": 1, "note": [1, 2.5, None]}, metrics={"loss": 0.5})
-        assert store.check().ok
+        assert store.ops.check().ok
     return root
 
 
@@ -66,7 +66,7 @@ def test_a_damaged_json_value_is_a_typed_error_and_check_finds_it(template: Path
                 assert "casckpt check" in str(exc) or "catalog query failed" in str(exc), (name, exc)
             except MetricNotFoundError:  # metrics that are not an object record no metric
                 assert name == "best" and "metrics" in damage
-        report = store.check()
+        report = store.ops.check()
         assert not report.ok and {p.kind for p in report.problems} == {"catalog"}, report.problems
         try:  # the version's row cannot be read whole: a typed error, or the exact data
             restored = store.restore("r@1")

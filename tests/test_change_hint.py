@@ -54,7 +54,7 @@ def hashed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Hashed]:
 def store(tmp_path: Path) -> Iterator[casckpt.Store]:
     with casckpt.open(tmp_path / "store") as s:
         yield s
-        assert s.check(read_data=True).ok
+        assert s.ops.check(read_data=True).ok
 
 
 def _state(seed: int = 0) -> dict[str, Any]:
@@ -134,7 +134,7 @@ def test_a_lying_hint_stores_the_previous_bytes_and_check_cannot_tell(store: cas
     state["model"]["a"].add_(1.0)
     store.commit(state, run="r", step=2, unchanged=["model.a"])
     assert torch.equal(store.restore("r@2")["model"]["a"], before)
-    assert store.check(read_data=True).ok
+    assert store.ops.check(read_data=True).ok
 
 
 def test_bad_hint_arguments_are_refused(store: casckpt.Store) -> None:
@@ -283,7 +283,7 @@ def test_which_mutations_trusted_version_counters_see(tmp_path: Path, name: str)
         store.commit({"p": param.detach()}, run="r", step=2, trust_versions=True)
         restored = store.restore("r@2")["p"]
         assert torch.equal(restored, param.detach() if caught else before)
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def test_counters_are_trusted_only_after_a_trusted_commit_of_the_same_parent(
@@ -334,7 +334,7 @@ def test_random_states_and_mutations_restore_bit_exact(tmp_path_factory: pytest.
             hint: dict[str, Any] = {"unchanged": untouched, "trust_versions": True} if hinted else {}
             store.commit(state, run="r", step=step, **hint)
             assert _equal(store.restore(f"r@{step}"), state)
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -351,4 +351,4 @@ def test_hinted_device_tensors_are_not_staged(tmp_path: Path, hashed: Hashed) ->
         store.commit(state, run="r", step=2, unchanged=["model.a"], trust_versions=True)
         assert hashed.bytes == _bytes(state["model"]["b"])
         assert _equal(store.restore("r@2", map_location="cuda"), state)
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok

@@ -32,7 +32,7 @@ def test_check_read_data_memory_does_not_grow_with_the_pack(tmp_path: Path, redu
     with casckpt.open(root, blobs=blobs, redundancy=redundancy, pack_size=PACK * 2,
                       chunk_size=4 << 20) as store:
         store.commit(state, run="r", step=1)
-        assert store.stats().packs == 1
+        assert store.ops.stats().packs == 1
     del state
     run = subprocess.run([sys.executable, str(CHILD), str(root), "check-read-data"],
                          capture_output=True, text=True, timeout=300)

@@ -68,7 +68,7 @@ def _fill(path: Path) -> None:
 
 def _assert_store_ok(path: Path) -> None:
     with casckpt.open(path, create=False) as s:
-        assert s.check().ok
+        assert s.ops.check().ok
 
 
 def _version(path: Path, ref: str) -> casckpt.Version:

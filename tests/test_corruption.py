@@ -81,7 +81,7 @@ class Damaged:
         self.a = self.store.resolve("a@1")
         self.b = self.store.resolve("b@1")
         assert not self.packs_of(self.a.id) & self.packs_of(self.b.id), "versions share a pack"
-        assert self.store.check(read_data=True).ok
+        assert self.store.ops.check(read_data=True).ok
 
     @contextmanager
     def db(self) -> Iterator[sqlite3.Connection]:
@@ -173,8 +173,8 @@ def test_flipped_payload_byte(damaged: Damaged) -> None:
     assert target.pack_id not in b_packs
     assert torch.equal(damaged.store.load_tensor("a@1", "b"), _state(1)["b"])
 
-    assert damaged.store.check().ok, "sizes are unchanged: a check without read_data passes"
-    report = damaged.store.check(read_data=True)
+    assert damaged.store.ops.check().ok, "sizes are unchanged: a check without read_data passes"
+    report = damaged.store.ops.check(read_data=True)
     assert not report.ok
     # the chunk that fails verification, and its pack, which no longer hashes to its id
     assert _problems(report) == {("chunk", target.id), ("pack", target.pack_id)}
@@ -189,7 +189,7 @@ def test_damaged_entry_header(damaged: Damaged) -> None:
     with pytest.raises(CorruptChunkError) as info:
         damaged.store.restore("a@1")
     assert (info.value.pack_id, info.value.chunk_id) == (target.pack_id, target.id)
-    assert _problems(damaged.store.check(read_data=True)) == {
+    assert _problems(damaged.store.ops.check(read_data=True)) == {
         ("chunk", target.id), ("pack", target.pack_id)
     }
     damaged.assert_b_intact()
@@ -203,11 +203,11 @@ def test_truncated_pack(damaged: Damaged) -> None:
     with open(path, "r+b") as f:
         f.truncate(target.offset + ENTRY_HEADER_SIZE + 10)
 
-    report = damaged.store.check()
+    report = damaged.store.ops.check()
     assert not report.ok
     assert _problems(report) == {("pack", target.pack_id)}
     assert str(full) in report.problems[0].detail
-    assert not damaged.store.check(read_data=True).ok
+    assert not damaged.store.ops.check(read_data=True).ok
     with pytest.raises(IntegrityError) as info:
         damaged.store.restore("a@1")
     assert isinstance(info.value, CasckptError)
@@ -225,7 +225,7 @@ def test_deleted_pack(damaged: Damaged) -> None:
     with pytest.raises(MissingDataError):
         damaged.store.load_tensor("a@1", "w")
     for read_data in (False, True):
-        report = damaged.store.check(read_data=read_data)
+        report = damaged.store.ops.check(read_data=read_data)
         assert _problems(report) == {("pack", target.pack_id)}
         assert "missing" in report.problems[0].detail
         affected = [p for p in report.problems if p.kind == "version"]
@@ -242,7 +242,7 @@ def test_chunk_row_deleted_from_catalog(damaged: Damaged) -> None:
     with pytest.raises(MissingDataError) as info:
         damaged.store.restore("a@1")
     assert target.id in str(info.value)
-    assert ("chunk", target.id) in _problems(damaged.store.check())
+    assert ("chunk", target.id) in _problems(damaged.store.ops.check())
     damaged.assert_b_intact()
 
 
@@ -267,7 +267,7 @@ def test_corrupt_manifest_in_catalog(damaged: Damaged, how: str) -> None:
         damaged.store.show("a@1")
     with pytest.raises(CorruptManifestError):
         damaged.store.load_tensor("a@1", "w")
-    report = damaged.store.check()
+    report = damaged.store.ops.check()
     assert _problems(report) == {("manifest", damaged.a.id)}
     assert [v.step for v in damaged.store.log("a")] == [1], "the catalog row itself is fine"
     damaged.assert_b_intact()
@@ -275,7 +275,7 @@ def test_corrupt_manifest_in_catalog(damaged: Damaged, how: str) -> None:
 
 def test_deleted_manifest_object_is_reported(damaged: Damaged) -> None:
     (damaged.root / "manifests" / damaged.a.id).unlink()
-    assert _problems(damaged.store.check()) == {("manifest", damaged.a.id)}
+    assert _problems(damaged.store.ops.check()) == {("manifest", damaged.a.id)}
     # The catalog's copy is authoritative, so the data itself is still there.
     _same(damaged.store.restore("a@1"), _state(1))
 
@@ -306,12 +306,12 @@ def test_forged_pack_with_another_valid_chunk(raw_damaged: Damaged, what: str) -
     length = ENTRY_HEADER_SIZE + donor.stored_len - skip
     d.patch(victim.pack_id, victim.offset + skip, d.read(donor.pack_id, donor.offset + skip, length))
 
-    assert d.store.check().ok
+    assert d.store.ops.check().ok
     with pytest.raises(CorruptChunkError) as info:
         d.store.restore("a@1")
     assert (info.value.pack_id, info.value.chunk_id) == (victim.pack_id, victim.id)
     assert victim.id in str(info.value)
-    assert _problems(d.store.check(read_data=True)) == {("chunk", victim.id), ("pack", victim.pack_id)}
+    assert _problems(d.store.ops.check(read_data=True)) == {("chunk", victim.id), ("pack", victim.pack_id)}
     d.assert_b_intact()
 
 
@@ -320,8 +320,8 @@ def test_damaged_pack_footer(damaged: Damaged) -> None:
     size = damaged.pack_path(pack).stat().st_size
     at = size - TRAILER_SIZE - 10
     damaged.patch(pack, at, bytes([damaged.read(pack, at, 1)[0] ^ 0xFF]))
-    assert damaged.store.check().ok
-    report = damaged.store.check(read_data=True)
+    assert damaged.store.ops.check().ok
+    report = damaged.store.ops.check(read_data=True)
     assert _problems(report) == {("pack", pack)}
     assert any("footer" in p.detail for p in report.problems)
     # Restore reads through the catalog's index and verifies every chunk: the data is fine.

@@ -131,11 +131,11 @@ def _visible_steps(store: casckpt.Store) -> list[int]:
 
 
 def _assert_clean(store: casckpt.Store) -> None:
-    report = store.check(read_data=True)
+    report = store.ops.check(read_data=True)
     if report.problems:  # killed after publishing, before mirroring its tag: repair writes it
         assert {p.kind for p in report.problems} == {"record"}, report.problems
-        assert store.repair().records_written == len(report.problems)
-        report = store.check(read_data=True)
+        assert store.ops.repair().records_written == len(report.problems)
+        report = store.ops.check(read_data=True)
     assert report.ok, f"check found problems after the crash: {report.problems}"
     assert report.chunks_read == report.chunks
     assert report.chunks > 0 or report.versions == 0  # a kill before the first publish leaves none
@@ -149,11 +149,11 @@ def _assert_recovered(store_dir: Path, done: list[int], interrupted: int | None,
         visible = _visible_steps(store)
         expected = sorted(done + ([interrupted] if interrupted_visible else []))
         assert visible == expected, f"visible steps {visible}, committed before the kill {done}"
-        assert store.stats().versions == len(expected)
-        commits = [r.target for r in store.audit(action="commit")]  # a row iff the version is visible
+        assert store.ops.stats().versions == len(expected)
+        commits = [r.target for r in store.ops.audit(action="commit")]  # a row iff the version is visible
         assert sorted(commits) == sorted(v.id for v in store.log()), "audit rows != visible versions"
         if len(done) >= 2:  # the child delta-coded its later commits (the crash hit such a commit)
-            assert store.stats().delta_chunks > 0
+            assert store.ops.stats().delta_chunks > 0
         for step in expected:
             _assert_restores(store, step)
         if interrupted is None:

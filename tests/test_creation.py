@@ -90,7 +90,7 @@ def _assert_one_store(root: Path, reports: list[dict[str, Any]]) -> None:
     with casckpt.open(root, create=False) as store:
         assert internals(store).catalog.store_id in ids
         assert sorted(v.step for v in store.log("r")) == list(range(PROCESSES * THREADS))
-        report = store.check()
+        report = store.ops.check()
         assert report.ok, report.problems[:5]
 
 
@@ -138,8 +138,8 @@ def test_threads_registering_a_new_store_in_a_migrated_postgres_catalog_at_once(
             t.join(timeout=120)
         assert not errors, f"{len(errors)} of 8 opens failed, e.g. {errors[0]!r}"
         with casckpt.open(root, create=False) as store:
-            assert [loc.name for loc in store.locations()] == ["loc0"]
-            assert store.redundancy() == "none"
+            assert [loc.name for loc in store.locations.list()] == ["loc0"]
+            assert store.locations.redundancy() == "none"
 
 
 @pytest.mark.slow

@@ -103,7 +103,7 @@ def test_dcp_save_and_load_reshard_bit_exact_for_every_world_size(ranks: Zygote,
         for world in (2, 4):  # dedup across resharding: only chunks cut by new boundaries
             new = versions[f"n{world}"].new_bytes
             assert 0 < new <= _boundary_bytes(full, world), (world, new)
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
     shown = CliRunner().invoke(app, ["--store", str(store_path), "show", "n4@1", "--tensors"])
     assert shown.exit_code == 0, shown.output
     assert "saved by 4 rank(s)" in shown.output and "4 on dim 0" in shown.output
@@ -137,9 +137,9 @@ def test_dcp_rank_failure_publishes_nothing_and_gc_reclaims(ranks: Zygote, tmp_p
     assert failed["codes"][1] == (-9 if how == "kill" else 1) and failed["codes"][0] == 1
     with _open(store_path) as store:
         assert store.log() == []
-        leftovers = store.stats()
+        leftovers = store.ops.stats()
         assert leftovers.packs > 0 and leftovers.versions == 0  # rank 0 wrote its part
-        assert store.check().ok
+        assert store.ops.check().ok
     launch(ranks, "dcp_save", 2, path=str(store_path), run="f", step=1, seed=6)
     reply = launch(ranks, "dcp_load", 2, path=str(store_path), refs=[["f@1", 6]])
     assert all(r["bad"] == {"f@1": []} for r in reply["results"])
@@ -147,11 +147,11 @@ def test_dcp_rank_failure_publishes_nothing_and_gc_reclaims(ranks: Zygote, tmp_p
         version = store.resolve("f@1")
         store.gc(grace=0)
         store.gc(grace=0)
-        after = store.stats()
+        after = store.ops.stats()
         assert after.unique_bytes == version.new_bytes  # the failed save's chunks are gone
         on_disk = [p for p in (store_path / "packs").rglob("*") if p.is_file()]
         assert len(on_disk) == after.packs
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
         _same_as_full(store.restore("f@1"), full_state(6))
 
 
@@ -167,7 +167,7 @@ def test_dcp_on_s3_and_postgres(ranks: Zygote, tmp_path: Path, s3_bucket_url: An
     assert all(r["bad"] == {"s3@1": []} for r in reply["results"])
     with _open(tmp_path / "store", **where) as store:
         _same_as_full(store.restore("s3@1"), full_state(7))
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def test_group_commit_writes_shared_chunks_once_and_restores_each_rank(ranks: Zygote, tmp_path: Path) -> None:
@@ -197,12 +197,12 @@ def test_group_commit_writes_shared_chunks_once_and_restores_each_rank(ranks: Zy
         assert detail.world_size == 2 and detail.saved_with == "group"
         assert {"rank0/model.w", "rank1/rng"} <= {t.path for t in detail.tensors}
         assert detail.values["rank1/loader.position"] == 1011
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
         rows = [(t.path, t.digest) for t in detail.tensors]
     for name in ("catalog.db", "catalog.db-wal", "catalog.db-shm"):  # the catalog is lost
         (store_path / name).unlink(missing_ok=True)
     with _open(store_path, recover=True) as store:
-        store.rebuild_catalog()  # ... and rebuilt from the manifests and packs alone
+        store.ops.rebuild_catalog()  # ... and rebuilt from the manifests and packs alone
         assert [(t.path, t.digest) for t in store.show("g@1").tensors] == rows
         assert bits(store.restore("g@1", rank=1)["rng"]) == bits(states[1]["rng"])
 

@@ -40,7 +40,7 @@ def store(tmp_path: Path) -> Iterator[casckpt.Store]:
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
     with casckpt.open(tmp_path / "store", chunk_size=CHUNK) as s:
         yield s
-        assert s.check(read_data=True).ok
+        assert s.ops.check(read_data=True).ok
 
 
 def _state(seed: int) -> dict[str, Any]:
@@ -114,10 +114,10 @@ def test_tensors_hidden_in_a_value_are_refused(store: casckpt.Store) -> None:
 
 def test_a_taken_step_is_refused_before_any_write(store: casckpt.Store) -> None:
     store.commit({"w": torch.ones(4)}, run="r", step=1)
-    packs = store.stats().packs
+    packs = store.ops.stats().packs
     with pytest.raises(CheckpointException, match="already has a version at step 1"):
         dcp.save({"w": torch.zeros(4)}, storage_writer=store.dcp_writer(run="r", step=1))
-    assert store.stats().packs == packs and _lease_count(store) == 0
+    assert store.ops.stats().packs == packs and _lease_count(store) == 0
 
 
 def test_checkpoint_ids_and_collectives_are_checked(store: casckpt.Store) -> None:
@@ -189,12 +189,12 @@ def test_shards_are_confirmed_in_the_catalog_not_another_hosts_cache(tmp_path: P
         store.delete("old@1")
         store.gc(grace=0)
         store.gc(grace=0)
-        assert store.stats().chunks == 0
+        assert store.ops.stats().chunks == 0
     with casckpt.open(tmp_path / "s", chunk_size=CHUNK, cache=tmp_path / "host-b") as other:
         dcp.save(state, storage_writer=other.dcp_writer(run="new", step=1))
         assert other.resolve("new@1").new_bytes == 3 * CHUNK
         assert torch.equal(other.restore("new@1")["w"], state["w"])
-        assert other.check(read_data=True).ok
+        assert other.ops.check(read_data=True).ok
 
 
 @st.composite
@@ -239,13 +239,13 @@ def test_pieces_over_many_windows_write_each_chunk_once_and_count_it(tmp_path: P
     with casckpt.open(tmp_path / "s", chunk_size=CHUNK, pack_size=4 * CHUNK) as store:
         dcp.save(state, storage_writer=store.dcp_writer(run="r", step=1))
         first = store.resolve("r@1")
-        assert first.new_bytes == unique and store.stats().packs > 2  # several windows, packs
+        assert first.new_bytes == unique and store.ops.stats().packs > 2  # several windows, packs
         dcp.save(state, storage_writer=store.dcp_writer(run="r", step=2))
         assert store.resolve("r@2").new_bytes == 0
         target = _zeros(state)
         dcp.load(target, storage_reader=store.dcp_reader("r@2"))
         assert all(torch.equal(target[k].view(torch.uint8), v.view(torch.uint8)) for k, v in state.items())
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def test_a_save_failing_while_planning_ends_the_lease_taken_alongside(store: casckpt.Store) -> None:
@@ -285,9 +285,9 @@ def test_a_piece_that_cannot_be_stored_is_refused_before_any_window_is_packed(
         with pytest.raises(UnsupportedStateError, match="'last'"):
             write_pieces(ctx, [*pieces, TensorPiece("last", torch.ones(3, dtype=torch.float64))],
                          Redundancy("none"))
-        assert store.stats().packs == 0
+        assert store.ops.stats().packs == 0
         assert write_pieces(ctx, pieces, Redundancy("none")).new_bytes == 6 * 3 * CHUNK
-        assert store.stats().packs > 2
+        assert store.ops.stats().packs > 2
 
 
 def test_dcp_load_of_small_tensors_packed_in_one_extent(store: casckpt.Store) -> None:
@@ -335,7 +335,7 @@ def test_a_dcp_save_stores_what_a_commit_of_the_same_state_stores(tmp_path: Path
                 else:
                     dcp.save(state, storage_writer=store.dcp_writer(run="r", step=step))
                 grew[how].append(_pack_bytes(root) - before)
-            assert store.check(read_data=True).ok
+            assert store.ops.check(read_data=True).ok
             back = store.restore(f"r@{len(states) - 1}")
             flat = back["model"] if how == "commit" else {k.split(".", 1)[1]: v for k, v in back.items()
                                                            if k.startswith("model.")}
@@ -375,4 +375,4 @@ def test_small_pieces_of_two_ranks_pack_and_reshard_bit_exact(store: casckpt.Sto
     dcp.load(target, storage_reader=store.dcp_reader("small@1"))
     assert torch.equal(target["rows"], rows) and torch.equal(target["cols"], cols)
     assert {t.path: t.shards for t in store.show("small@1").tensors} == {"rows": 2, "cols": 2}
-    assert store.check(read_data=True).ok
+    assert store.ops.check(read_data=True).ok

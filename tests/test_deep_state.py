@@ -38,7 +38,7 @@ def _objects(root: Path) -> list[str]:
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[casckpt.Store]:
     with casckpt.open(tmp_path_factory.mktemp("deep") / "store", chunk_size=256) as s:
         yield s
-        assert s.check(read_data=True).ok
+        assert s.ops.check(read_data=True).ok
 
 
 def _nest(node: Any, kinds: list[str], extras: list[Any]) -> Any:
@@ -111,10 +111,11 @@ def test_trees_up_to_the_limit_roundtrip_and_one_more_level_is_refused(
     deeper = _nest(tree, kinds, [None] * len(kinds))
     assert _depth(deeper) == MAX_DEPTH + 1
     assert store.path is not None
-    before = (len(store.log("deep")), store.stats(), _objects(store.path))
+    before = (len(store.log("deep")), store.ops.stats(), _objects(store.path))
     with pytest.raises(UnsupportedStateError) as info:
         store.commit(deeper, run="deep", step=next(_steps))
-    assert (len(store.log("deep")), store.stats(), _objects(store.path)) == before, "a refused commit wrote"
+    after = (len(store.log("deep")), store.ops.stats(), _objects(store.path))
+    assert after == before, "a refused commit wrote"
     message = str(info.value)
     assert f"deeper than {MAX_DEPTH}" in message and "Flatten" in message
 
@@ -124,10 +125,10 @@ def test_tree_of_500_levels_is_refused_naming_the_path(store: casckpt.Store) -> 
     for _ in range(500):
         tree = {"k": tree}
     assert store.path is not None
-    before = (store.stats(), _objects(store.path))
+    before = (store.ops.stats(), _objects(store.path))
     with pytest.raises(UnsupportedStateError) as info:
         store.commit(tree, run="deep500", step=0, block=False)
-    assert (store.stats(), _objects(store.path)) == before
+    assert (store.ops.stats(), _objects(store.path)) == before
     assert repr(".".join(["k"] * MAX_DEPTH)) in str(info.value)
     with pytest.raises(RefNotFoundError):
         store.resolve("deep500@latest")

@@ -34,7 +34,7 @@ def _open(path: Path, **kwargs: Any) -> casckpt.Store:
 def store(tmp_path: Path) -> Iterator[casckpt.Store]:
     with _open(tmp_path / "store") as s:
         yield s
-        assert s.check(read_data=True).ok
+        assert s.ops.check(read_data=True).ok
 
 
 def _bits(t: torch.Tensor) -> bytes:
@@ -74,7 +74,7 @@ def _delta_rows(store: casckpt.Store) -> list[Any]:
 def test_a_run_of_small_updates_is_stored_as_deltas_within_the_chain_policy(store: casckpt.Store) -> None:
     g = torch.Generator().manual_seed(1)
     state, versions = _state(g), []
-    store.set_delta_chain(3)
+    store.ops.set_delta_chain(3)
     for step in range(9):
         versions.append((store.commit(state, run="r", step=step), {k: v.clone() for k, v in state.items()}))
         state = {k: _nudge(v, g, 1e-3) for k, v in state.items()}
@@ -84,7 +84,7 @@ def test_a_run_of_small_updates_is_stored_as_deltas_within_the_chain_policy(stor
     deltas = [v for v in later if v.stored_bytes < 0.7 * first.stored_bytes]
     assert len(deltas) == 6  # 8 commits after the first: keyframes at steps 4 and 8 (chain 3)
     assert all(v.new_bytes == first.new_bytes for v in later)  # every chunk changed
-    stats = store.stats()
+    stats = store.ops.stats()
     assert 0 < stats.longest_chain <= 3 and stats.delta_chain == 3
     assert stats.delta_stored_bytes < 0.7 * stats.delta_raw_bytes
     codecs = {CODECS[row.codec] for row in _delta_rows(store)}
@@ -114,7 +114,7 @@ def _long_chain_round_trips(tmp_path_factory: pytest.TempPathFactory, dtype: tor
     tensor = (torch.randn(20_000, generator=g) * 100).to(dtype)
     kept = []
     with _open(tmp_path_factory.mktemp("chains")) as store:
-        store.set_delta_chain(chain)
+        store.ops.set_delta_chain(chain)
         for step in range(commits):
             kept.append(tensor.clone())
             store.commit({"t": tensor, "step": step}, run="r", step=step)
@@ -123,8 +123,8 @@ def _long_chain_round_trips(tmp_path_factory: pytest.TempPathFactory, dtype: tor
             got = store.restore(f"r@{step}")
             assert got["step"] == step and _bits(got["t"]) == _bits(want)
             assert _bits(store.load_tensor(f"r@{step}", "t")) == _bits(want)
-        assert store.stats().longest_chain <= chain
-        assert store.check(read_data=True).ok
+        assert store.ops.stats().longest_chain <= chain
+        assert store.ops.check(read_data=True).ok
 
 
 def test_forks_delta_code_against_their_fork_point(store: casckpt.Store) -> None:
@@ -149,27 +149,27 @@ def test_background_commits_delta_code_and_restore(store: casckpt.Store) -> None
     store.wait_commits()
     for step, want in enumerate(kept):
         _same(store.restore(f"bg@{step}"), want)
-    assert store.stats().delta_chunks > 0
+    assert store.ops.stats().delta_chunks > 0
 
 
 def test_chain_zero_turns_delta_coding_off_and_policies_are_per_run(store: casckpt.Store) -> None:
     g = torch.Generator().manual_seed(4)
     state = _state(g)
-    store.set_delta_chain(0, run="plain")
-    assert store.delta_chain("plain") == 0 and store.delta_chain() == store.delta_chain("other")
+    store.ops.set_delta_chain(0, run="plain")
+    assert store.ops.delta_chain("plain") == 0 and store.ops.delta_chain() == store.ops.delta_chain("other")
     for step in range(3):
         store.commit(state, run="plain", step=step)
         state = {k: _nudge(v, g, 1e-3) for k, v in state.items()}
-    assert store.stats().delta_chunks == 0
-    store.set_delta_chain(-1, run="plain")  # follows the store again
+    assert store.ops.stats().delta_chunks == 0
+    store.ops.set_delta_chain(-1, run="plain")  # follows the store again
     store.commit(state, run="plain", step=3)  # keeps its chunks as bases (chain 0 kept none) ...
-    assert store.stats().delta_chunks == 0
+    assert store.ops.stats().delta_chunks == 0
     store.commit({k: _nudge(v, g, 1e-3) for k, v in state.items()}, run="plain", step=4)
-    assert store.stats().delta_chunks > 0  # ... for this one
+    assert store.ops.stats().delta_chunks > 0  # ... for this one
     with pytest.raises(InvalidArgumentError, match="0 \\(off\\) to 64"):
-        store.set_delta_chain(65)
+        store.ops.set_delta_chain(65)
     result = CliRunner().invoke(app, ["--store", str(store.path), "delta", "set", "2", "--run", "plain"])
-    assert result.exit_code == 0 and store.delta_chain("plain") == 2
+    assert result.exit_code == 0 and store.ops.delta_chain("plain") == 2
     shown = CliRunner().invoke(app, ["--store", str(store.path), "delta", "show"])
     assert "run plain: 2" in shown.output and "delta chunks" in shown.output
 
@@ -182,16 +182,16 @@ def test_a_new_process_starts_with_keyframes(tmp_path: Path) -> None:
     state = {k: _nudge(v, g, 1e-3) for k, v in state.items()}
     with _open(tmp_path / "s") as store:  # no bases at hand: never read back from storage
         first = store.commit(state, run="r", step=1)
-        assert store.stats().delta_chunks == 0
+        assert store.ops.stats().delta_chunks == 0
         state = {k: _nudge(v, g, 1e-3) for k, v in state.items()}
         second = store.commit(state, run="r", step=2)
-        assert store.stats().delta_chunks > 0 and second.stored_bytes < 0.7 * first.stored_bytes
+        assert store.ops.stats().delta_chunks > 0 and second.stored_bytes < 0.7 * first.stored_bytes
 
 
 def test_gc_of_intermediate_versions_keeps_their_bases(store: casckpt.Store) -> None:
     g = torch.Generator().manual_seed(6)
     state, kept = _state(g), {}
-    store.set_delta_chain(8)
+    store.ops.set_delta_chain(8)
     for step in range(8):
         store.commit(state, run="r", step=step)
         kept[step] = {k: v.clone() for k, v in state.items()}
@@ -207,7 +207,7 @@ def test_gc_of_intermediate_versions_keeps_their_bases(store: casckpt.Store) -> 
     assert report.chunks_kept_as_bases > 0
     for step in (0, 7):
         _same(store.restore(f"r@{step}"), kept[step])
-    assert store.check(read_data=True).ok
+    assert store.ops.check(read_data=True).ok
 
 
 def test_repacking_a_base_out_of_a_mostly_dead_pack_keeps_its_chain(tmp_path: Path) -> None:
@@ -227,7 +227,7 @@ def test_repacking_a_base_out_of_a_mostly_dead_pack_keeps_its_chain(tmp_path: Pa
         assert report.packs_repacked >= 1 and report.chunks_kept_as_bases >= 1  # a1 moved, b1 gone
         _same(store.restore("r@2"), {"a": a2, "b": fresh})
         _same(store.restore("r@0"), {"a": a, "b": b})
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def _flip_payload_byte(store: casckpt.Store, chunk_id: str) -> None:
@@ -254,7 +254,7 @@ def test_a_corrupt_base_is_found_through_its_dependents(tmp_path: Path) -> None:
         _flip_payload_byte(store, keyframe)
         with pytest.raises(CorruptChunkError):
             store.restore("r@3")
-        report = store.check(read_data=True)
+        report = store.ops.check(read_data=True)
         assert not report.ok
         named = [p for p in report.problems if p.subject == keyframe and "delta-coded on it" in p.detail]
         assert named and "r@3" in named[0].detail and "r@0" in named[0].detail
@@ -282,10 +282,10 @@ def test_with_copies_a_corrupt_base_is_repaired_first(tmp_path: Path) -> None:
             copy.write_bytes(bytes(data))
             internals(store).packs.forget(pack)
             _same(store.restore("r@2"), kept[2])  # the base from a good copy (healing a bad one read)
-            report = store.check(read_data=True)  # a bad copy left is found; no chunk is corrupt
+            report = store.ops.check(read_data=True)  # a bad copy left is found; no chunk is corrupt
             assert all(p.kind in ("pack", "shard") for p in report.problems), report.problems
-            store.repair()
-            assert store.check(read_data=True).ok
+            store.ops.repair()
+            assert store.ops.check(read_data=True).ok
 
 
 def test_catalog_rebuild_keeps_delta_bases(tmp_path: Path) -> None:
@@ -297,16 +297,16 @@ def test_catalog_rebuild_keeps_delta_bases(tmp_path: Path) -> None:
             kept.append({k: v.clone() for k, v in state.items()})
             store.commit(state, run="r", step=step)
             state = {k: _nudge(v, g, 1e-3) for k, v in state.items()}
-        before = store.stats()
+        before = store.ops.stats()
     for name in ("catalog.db", "catalog.db-wal", "catalog.db-shm"):
         (root / name).unlink(missing_ok=True)
     with _open(root, recover=True) as store:
-        store.rebuild_catalog()
-        after = store.stats()
+        store.ops.rebuild_catalog()
+        after = store.ops.stats()
         assert (after.delta_chunks, after.longest_chain) == (before.delta_chunks, before.longest_chain)
         for step, want in enumerate(kept):
             _same(store.restore(f"r@{step}"), want)
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 class DeltaGC(RuleBasedStateMachine):
@@ -319,7 +319,7 @@ class DeltaGC(RuleBasedStateMachine):
 
         self.dir = tempfile.mkdtemp(prefix="delta-gc-")
         self.store = _open(Path(self.dir))
-        self.store.set_delta_chain(3)
+        self.store.ops.set_delta_chain(3)
         self.g = torch.Generator().manual_seed(11)
         self.state = {"w": torch.randn(3 * CHUNK // 4, generator=self.g),
                       "b": torch.randn(CHUNK, generator=self.g).bfloat16()}
@@ -343,10 +343,10 @@ class DeltaGC(RuleBasedStateMachine):
     @precondition(lambda self: len(self.kept) > 2)
     @rule(keep=st.integers(1, 2))
     def retention(self, keep: int) -> None:
-        self.store.set_retention("r", keep_last=keep)
+        self.store.retention.set("r", keep_last=keep)
         self.store.gc(grace=0)
         self.kept = {s: self.kept[s] for s in sorted(self.kept)[-keep:]}
-        self.store.clear_retention("r")
+        self.store.retention.clear("r")
 
     @rule()
     def gc(self) -> None:
@@ -365,7 +365,7 @@ class DeltaGC(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
-            assert self.store.check(read_data=True).ok
+            assert self.store.ops.check(read_data=True).ok
             for step, want in self.kept.items():
                 _same(self.store.restore(f"r@{step}"), want)
         finally:

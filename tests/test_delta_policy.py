@@ -83,12 +83,12 @@ def test_delta_memory_zero_turns_delta_coding_off(tmp_path: Path, monkeypatch: p
     kept = []
     monkeypatch.setenv("CASCKPT_DELTA_MEMORY", "0")
     with _open(tmp_path / "s") as store:
-        assert store.delta_chain() > 0  # the store's policy is untouched: this process codes no deltas
+        assert store.ops.delta_chain() > 0  # the store's policy is untouched: this process codes no deltas
         for step in range(4):
             kept.append(table.clone())
             store.commit({"t": table}, run="r", step=step)
             table = _rows(table, g, 0.01)
-        assert store.stats().delta_chunks == 0 and internals(store).context.bases.held == 0
+        assert store.ops.stats().delta_chunks == 0 and internals(store).context.bases.held == 0
         for step, want in enumerate(kept):
             assert _bits(store.restore(f"r@{step}")["t"]) == _bits(want)
     monkeypatch.delenv("CASCKPT_DELTA_MEMORY")
@@ -96,7 +96,7 @@ def test_delta_memory_zero_turns_delta_coding_off(tmp_path: Path, monkeypatch: p
         for step in range(4, 7):
             store.commit({"t": table}, run="r", step=step)
             table = _rows(table, g, 0.01)
-        assert store.stats().delta_chunks > 0
+        assert store.ops.stats().delta_chunks > 0
 
 
 def test_delta_memory_default_is_a_small_fraction_of_ram() -> None:
@@ -146,7 +146,7 @@ def test_chunks_whose_deltas_do_not_pay_drop_back_to_samples(
         for step in (1, 2):  # every value new: no delta pays
             store.commit({"t": torch.randn(32 * CHUNK // 4, generator=g)}, run="r", step=step)
             assert bases.held == 32 * (1 << 10)
-        assert store.stats().delta_chunks == 0
+        assert store.ops.stats().delta_chunks == 0
 
 
 # ---- keyframes by cost ---------------------------------------------------------------------------
@@ -198,7 +198,7 @@ def test_keyframes_by_cost_keep_every_chain_within_the_policy(
             for step, (t, h) in enumerate(kept):
                 got = store.restore(f"r@{step}")
                 assert _bits(got["t"]) == _bits(t) and _bits(got["h"]) == _bits(h)
-            assert store.check(read_data=True).ok
+            assert store.ops.check(read_data=True).ok
 
     within()
 
@@ -227,7 +227,7 @@ def test_a_chain_length_that_was_set_is_a_fixed_depth(tmp_path: Path) -> None:
     g = torch.Generator().manual_seed(5)
     table = torch.randn(8 * CHUNK // 256, 64, generator=g)
     with _open(tmp_path / "s") as store:
-        store.set_delta_chain(6)
+        store.ops.set_delta_chain(6)
         counts = []
         for step in range(8):
             counts.append(store.show(store.commit({"t": table}, run="r", step=step).id).delta_chunks)
@@ -315,4 +315,4 @@ def test_an_embedding_table_stores_long_cheap_chains_of_sparse_deltas(tmp_path: 
         for step, want in enumerate(kept):
             assert _bits(store.restore(f"r@{step}")["t"]) == _bits(want)
             assert _bits(store.load_tensor(f"r@{step}", "t")) == _bits(want)
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok

@@ -42,7 +42,7 @@ PROPERTY = settings(max_examples=20, deadline=None,
 def store(tmp_path: Path) -> Iterator[casckpt.Store]:
     with casckpt.open(tmp_path / "store") as s:
         yield s
-        assert s.check(read_data=True).ok
+        assert s.ops.check(read_data=True).ok
 
 
 def listing(root: Path) -> dict[str, tuple[Any, ...]]:
@@ -314,7 +314,7 @@ def test_a_corrupt_pack_leaves_no_partial_directory(tmp_path: Path) -> None:
             for i in range(len(data) // 3, len(data) // 3 + 64):
                 data[i] ^= 0xFF
             pack.write_bytes(bytes(data))
-        store.rebuild_cache()
+        store.ops.rebuild_cache()
         with pytest.raises(IntegrityError):
             store.checkout("d@1", tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -417,7 +417,7 @@ def test_a_killed_checkouts_folder_is_reclaimed_and_a_live_ones_is_not(tmp_path:
             report = store.gc()
             assert _work_dirs(second) == [] and report.leftovers_deleted >= 1
             assert [n for n in live_dirs if n.startswith(".live.")] == _work_dirs(first)  # gc too
-            assert store.check(read_data=True).ok
+            assert store.ops.check(read_data=True).ok
     finally:
         live.kill()
         live.wait()

@@ -34,7 +34,7 @@ N = 8
 def store(tmp_path: Path) -> Iterator[casckpt.Store]:
     with casckpt.open(tmp_path / "store") as s:
         yield s
-        assert s.check(read_data=True).ok
+        assert s.ops.check(read_data=True).ok
 
 
 def weights(seed: int = 0) -> dict[str, torch.Tensor]:

@@ -36,4 +36,4 @@ def test_save_pretrained_round_trips_and_dedups(tmp_path: Path) -> None:
         reloaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "out2")
         for (key, a), b in zip(model.state_dict().items(), reloaded.state_dict().values(), strict=True):
             assert torch.equal(a, b), key
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok

@@ -1,4 +1,4 @@
-"""Restore drills (``Store.drill``, ``casckpt drill``) and the stall every commit records.
+"""Restore drills (``store.ops.drill``, ``casckpt drill``) and the stall every commit records.
 
 A drill reads versions back through the verified restore path into memory, records each
 result in the catalog (``drills``, with a ``drill`` audit row) and changes nothing else: the
@@ -81,7 +81,7 @@ def test_a_drill_finds_the_corrupt_pack_records_it_and_changes_nothing_else(dama
     files, tables = _files(damaged), _tables(damaged)
     with casckpt.open(damaged, create=False) as store:
         bad = store.resolve("a@3")
-        report = store.drill(count=10, seed=0)
+        report = store.ops.drill(count=10, seed=0)
         assert report.recorded and not report.ok
         assert [(r.run, r.step) for r in report.results] == [("a", 1), ("a", 2), ("a", 3), ("b", 1)]
         assert [r.version_id for r in report.failed] == [bad.id]
@@ -89,9 +89,9 @@ def test_a_drill_finds_the_corrupt_pack_records_it_and_changes_nothing_else(dama
         assert failure.error is not None and "corrupt" in failure.error  # the typed error's message
         assert all(r.ok and r.error is None and r.bytes == 80_000 for r in report.results if r is not failure)
         assert len({r.drill_id for r in report.results}) == 1
-        assert store.drill_history() == list(reversed(report.results))  # newest first
-        assert store.drill_history(limit=1, run="b") == [report.results[-1]]
-        (row,) = store.audit(action="drill")
+        assert store.ops.drill_history() == list(reversed(report.results))  # newest first
+        assert store.ops.drill_history(limit=1, run="b") == [report.results[-1]]
+        (row,) = store.ops.audit(action="drill")
         assert row.detail["drill_id"] == report.drill_id and row.detail["failed_versions"] == [bad.id]
         # a drill does not repair: a restore still fails the same way
         with pytest.raises(casckpt.errors.IntegrityError):
@@ -137,8 +137,8 @@ def test_the_cli_exits_with_the_integrity_code_naming_the_version(damaged: Path)
 def test_a_read_only_store_drills_without_recording(damaged: Path) -> None:
     before = _tables(damaged)
     with casckpt.open(damaged, create=False, read_only=True) as store:
-        report = store.drill(runs=["b"])
-        assert report.ok and not report.recorded and store.drill_history() == []
+        report = store.ops.drill(runs=["b"])
+        assert report.ok and not report.recorded and store.ops.drill_history() == []
     assert _tables(damaged) == before
     result = cli(damaged, "--read-only", "drill", "--run", "b")
     assert result.exit_code == 0 and "not recorded" in result.stderr
@@ -152,7 +152,7 @@ def test_a_lost_version_fails_the_drill_without_a_read(tmp_path: Path) -> None:
     with closing(sqlite3.connect(root / "catalog.db")) as db, db:  # as a lost fast tier leaves it
         db.execute("UPDATE versions SET durability = 'lost' WHERE id = ?", (lost.id,))
     with casckpt.open(root, create=False) as store:
-        (result,) = store.drill(runs="b").results
+        (result,) = store.ops.drill(runs="b").results
         assert not result.ok and result.error is not None and "lost before it drained" in result.error
 
 
@@ -175,13 +175,13 @@ def test_bad_drill_arguments_are_refused(tmp_path: Path) -> None:
     with casckpt.open(root) as store:
         store.commit(_state(1), run="a", step=1)
         with pytest.raises(RunNotFoundError, match="no run"):
-            store.drill(runs=["a", "nope"])
+            store.ops.drill(runs=["a", "nope"])
         for count in (0, -1, 1.5, True):
             with pytest.raises(InvalidArgumentError, match="count must be a positive int"):
-                store.drill(count=count)  # type: ignore[arg-type]
+                store.ops.drill(count=count)  # type: ignore[arg-type]
         with pytest.raises(InvalidArgumentError, match="limit"):
-            store.drill_history(limit=0)
-        assert store.drill_history() == []
+            store.ops.drill_history(limit=0)
+        assert store.ops.drill_history() == []
 
 
 def test_commits_record_their_stall(tmp_path: Path) -> None:
@@ -199,9 +199,9 @@ def test_drills_are_recorded_in_a_postgresql_catalog(tmp_path: Path, pg_url: str
     with casckpt.open(tmp_path / "store", catalog=pg_url) as store:
         store.commit(_state(1), run="a", step=1)
         store.commit(_state(2), run="a", step=2, block=False).wait()
-        report = store.drill(count=2)
-        assert report.ok and store.drill_history() == list(reversed(report.results))
-        (row,) = store.audit(action="drill")
+        report = store.ops.drill(count=2)
+        assert report.ok and store.ops.drill_history() == list(reversed(report.results))
+        (row,) = store.ops.audit(action="drill")
         assert row.detail["versions"] == 2 and row.db_user  # the role that recorded it
         assert all(v.stall_s is not None and v.stall_s > 0 for v in store.log("a"))
 
@@ -209,7 +209,7 @@ def test_drills_are_recorded_in_a_postgresql_catalog(tmp_path: Path, pg_url: str
 def test_a_drill_reads_around_a_damaged_shard_without_healing_it(tmp_path: Path) -> None:
     root = tmp_path / "store"
     with casckpt.open(root, blobs=["d0", "d1", "d2"]) as store:
-        store.set_redundancy("ec:2+1")
+        store.locations.set_redundancy("ec:2+1")
         store.commit(_state(1), run="a", step=1)
     with closing(sqlite3.connect(root / "catalog.db")) as db:  # data shard 0 of the biggest pack
         key, url = db.execute(
@@ -219,7 +219,7 @@ def test_a_drill_reads_around_a_damaged_shard_without_healing_it(tmp_path: Path)
     _corrupt(shard)
     damaged = shard.read_bytes()
     with casckpt.open(root, create=False) as store:
-        assert store.drill().ok  # reconstructed from the other shards
+        assert store.ops.drill().ok  # reconstructed from the other shards
         assert store.show("a@1").degraded  # marked for repair, as check marks it
     assert shard.read_bytes() == damaged  # ... and not healed: repair does that
 
@@ -240,12 +240,12 @@ def test_a_drill_reads_the_locations_not_this_hosts_fast_tier(tmp_path: Path) ->
             data[300:364] = b"\xff" * 64
             pack.write_bytes(bytes(data))
         assert torch.equal(store.restore(v1)["w"], state["w"])  # from the tier: intact
-        tier = Path(store.tier_status().local_path or "")
+        tier = Path(store.tier.status().local_path or "")
         fd = os.open(tier / "drain.lock", os.O_RDWR | os.O_CREAT)
         fcntl.flock(fd, fcntl.LOCK_EX)  # nothing drains: step 2 stays on the tier
         try:
             store.commit({"w": state["w"] + 1}, run="r", step=2)
-            report = store.drill(count=5)
+            report = store.ops.drill(count=5)
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)

@@ -141,12 +141,12 @@ def test_a_worker_killed_mid_encode_fails_the_commit_cleanly_and_the_store_goes_
         assert killed[0] not in internals(store).packs.coder.worker_pids()
         for step in (0, 1):
             same(store.restore(f"{RUN}@{step}"), make_state(step))
-        report = store.check(read_data=True)
+        report = store.ops.check(read_data=True)
         assert report.ok, report.problems
         store.gc(grace=0)
-        report = store.check(read_data=True)
+        report = store.ops.check(read_data=True)
         assert report.ok, report.problems
-        recorded = sum(info.shards for info in store.locations())
+        recorded = sum(info.shards for info in store.locations.list())
         assert len(shard_files(root)) == recorded  # shards of packs the failed commit stored are gone
         assert set(before) <= set(shard_files(root))
 
@@ -179,7 +179,7 @@ def test_without_workers_a_store_encodes_in_its_own_process(tmp_path: Path, monk
         assert internals(store).packs.coder.worker_pids() == []
         for step in (0, 1):
             same(store.restore(f"{RUN}@{step}"), make_state(step))
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
     warnings = [r for r in caplog.records if "erasure coding runs in this process" in r.getMessage()]
     assert len(warnings) == 1  # said once, not per pack
     assert shard_files(root)

@@ -213,7 +213,7 @@ def test_a_key_for_a_plain_store_is_refused(tmp_path: Path, key_file: Path) -> N
     with pytest.raises(NotEncryptedError, match="not encrypted"):
         casckpt.open(tmp_path / "s", key_file=key_file)
     with casckpt.open(tmp_path / "s") as store, pytest.raises(NotEncryptedError):
-        store.keys()
+        store.keys.list()
     assert _tree(tmp_path / "s").keys() == before.keys()
 
 
@@ -224,26 +224,26 @@ def test_keys_can_be_added_rotated_and_removed_and_every_version_stays_readable(
     with open_() as store:
         for step in range(3):
             store.commit(_state(_pattern(step, 1 << 20)), run="r", step=step)
-        first_id = store.keys()[0].id
-        assert store.keys()[0].in_use
-        added = store.add_key(second)
+        first_id = store.keys.list()[0].id
+        assert store.keys.list()[0].in_use
+        added = store.keys.add(second)
         with pytest.raises(InvalidArgumentError, match="already"):
-            store.add_key(second)
+            store.keys.add(second)
     with open_(key_file=second) as store:
-        assert {k.id for k in store.keys()} == {first_id, added.id}
-        rotated = store.rotate_key(third)  # replaces the key it was opened with
-        assert {k.id for k in store.keys()} == {first_id, rotated.id}
+        assert {k.id for k in store.keys.list()} == {first_id, added.id}
+        rotated = store.keys.rotate(third)  # replaces the key it was opened with
+        assert {k.id for k in store.keys.list()} == {first_id, rotated.id}
     with pytest.raises(WrongKeyError):
         open_(key_file=second)
     with open_(key_file=third) as store:
-        store.remove_key(first_id)
+        store.keys.remove(first_id)
         with pytest.raises(LastKeyError, match="only key"):
-            store.remove_key(rotated.id)
+            store.keys.remove(rotated.id)
         for step in range(3):
             got = store.restore(f"r@{step}")["model"]["w"]
             assert got.numpy().tobytes() == _pattern(step, 1 << 20)
-        assert store.check(read_data=True).ok
-        actions = [(e.action, e.detail.get("key_id")) for e in store.audit(action="key")]
+        assert store.ops.check(read_data=True).ok
+        actions = [(e.action, e.detail.get("key_id")) for e in store.ops.audit(action="key")]
         assert actions == [("key.create", None), ("key.add", added.id), ("key.rotate", rotated.id),
                            ("key.remove", first_id)]
     with pytest.raises(WrongKeyError):
@@ -262,10 +262,10 @@ def test_the_catalog_can_be_rebuilt_from_encrypted_locations_with_the_key(split:
         casckpt.open(tmp_path / "store2", blobs=str(loc), recover=True)
     with casckpt.open(tmp_path / "store2", blobs=str(loc), recover=True,
                       key_file=tmp_path / "keys" / "master.key") as store:
-        report = store.rebuild_catalog()
+        report = store.ops.rebuild_catalog()
         assert report.versions == 2
         assert store.restore(f"tag:{TAG}")["note"] == SECRET_VALUE
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def test_a_catalog_that_lost_its_key_record_is_refused(split: Any, tmp_path: Path, key_file: Path) -> None:
@@ -344,7 +344,7 @@ def test_a_tampered_pack_is_refused_never_returned(split: Any, damage: str) -> N
             with pytest.raises((IntegrityError, StorageError)) as caught:
                 store.restore("a@1")
             assert isinstance(caught.value, CasckptError)
-        assert not store.check(read_data=True).ok  # check reads every object whole
+        assert not store.ops.check(read_data=True).ok  # check reads every object whole
         assert store.restore("b@1")["model"]["w"].numpy().tobytes() == _pattern(11, 1 << 20)
 
 
@@ -358,7 +358,7 @@ def test_a_tampered_sealed_pack_is_reported_damaged_not_missing(split: Any) -> N
         with pytest.raises(CorruptPackError, match="is damaged") as caught:
             store.restore("a@1")
         assert "missing" not in str(caught.value)
-        (found, *_versions) = store.check(read_data=True).problems
+        (found, *_versions) = store.ops.check(read_data=True).problems
         assert found.subject == pack.name and "is damaged" in found.detail
         assert "cannot be read" not in found.detail
 
@@ -370,14 +370,14 @@ def test_a_tampered_sealed_copy_is_marked_corrupt_and_repaired(tmp_path: Path, k
     (pack,) = _objects(Path(locs[1]), "packs")
     _flip(pack, pack.stat().st_size // 2)
     with casckpt.open(tmp_path / "s", key_file=key_file) as store:
-        report = store.check(read_data=True)
+        report = store.ops.check(read_data=True)
         layout = shard_sql.layouts(internals(store).catalog, [pack.name])[pack.name]
         assert sorted(sh.state for sh in layout.shards) == ["corrupt", "ok"]  # not "missing"
         (bad,) = [sh.index for sh in layout.shards if sh.state == "corrupt"]
         assert [p.subject for p in report.problems] == [f"{pack.name}:{bad}"]
         assert "is damaged" in report.problems[0].detail
-        store.repair()
-        assert store.check(read_data=True).ok
+        store.ops.repair()
+        assert store.ops.check(read_data=True).ok
 
 
 def test_a_damaged_shard_of_an_encrypted_ec_store_is_reconstructed_and_healed(
@@ -391,8 +391,8 @@ def test_a_damaged_shard_of_an_encrypted_ec_store_is_reconstructed_and_healed(
     _flip(shard, shard.stat().st_size // 2)
     with casckpt.open(tmp_path / "s", key_file=key_file) as store:
         assert torch.equal(store.restore("r@1")["model"]["w"], _state()["model"]["w"])
-        store.repair()
-        assert store.check(read_data=True).ok
+        store.ops.repair()
+        assert store.ops.check(read_data=True).ok
 
 
 def test_a_record_or_manifest_swapped_between_names_fails_authentication(split: Any) -> None:
@@ -463,7 +463,7 @@ def test_the_cli_creates_and_opens_an_encrypted_store(tmp_path: Path, key_file: 
 def test_gc_delta_coding_and_a_new_location_work_encrypted(split: Any, tmp_path: Path) -> None:
     loc, open_ = split
     with open_() as store:
-        store.set_delta_chain(4)
+        store.ops.set_delta_chain(4)
         base = torch.randn(256, 1024)
         for step in range(4):
             state = {"w": base.clone(), "step": step}
@@ -479,12 +479,12 @@ def test_gc_delta_coding_and_a_new_location_work_encrypted(split: Any, tmp_path:
         report = store.gc(grace=0)
         assert report.bytes_freed > 0
         assert (loc / object_keys.KEYS_RECORD).exists()  # gc never takes the key record
-        added = store.add_location(str(tmp_path / "second"))
+        added = store.locations.add(str(tmp_path / "second"))
         assert (tmp_path / "second" / object_keys.KEYS_RECORD).exists()
-        store.drain_location("loc0")
-        store.repair()
+        store.locations.drain("loc0")
+        store.ops.repair()
         assert store.restore("r@3")["step"] == 3
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
         assert added.name != "loc0"
     for path in (tmp_path / "second").rglob("*"):
         if path.is_file():
@@ -503,7 +503,7 @@ def test_dcp_saves_and_loads_an_encrypted_store(tmp_path: Path, key_file: Path) 
         target = {"model": {"w": torch.zeros(70, 33), "h": torch.zeros(9, 5).half()}, "step": 0}
         dcp.load(target, storage_reader=store.dcp_reader("r@3"))
         assert torch.equal(target["model"]["w"], state["model"]["w"]) and target["step"] == 3
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
     raw = b"".join(p.read_bytes() for p in (tmp_path / "loc").rglob("*") if p.is_file())
     assert state["model"]["w"].numpy().tobytes()[:32] not in raw
 
@@ -519,10 +519,10 @@ def test_threads_creating_one_encrypted_store_at_once_all_get_the_same_key(tmp_p
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(make, range(4)))
     with casckpt.open(tmp_path / "s", key_file=key_file) as store:
-        assert len(store.keys()) == 1
+        assert len(store.keys.list()) == 1
         for i in range(4):
             assert store.restore(f"r{i}@1")["w"][0] == float(i)
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 # -- openers with different keys, or none, racing to create one store ------------------------
@@ -581,7 +581,7 @@ def _assert_one_encryption(root: Path, loc: Path, replies: list[dict[str, Any]],
         assert {v.step: v.id for v in store.log("r")} == committed
         for step in committed:
             assert torch.equal(store.restore(f"r@{step}")["step"], torch.full((64,), float(step)))
-        report = store.check(read_data=True)
+        report = store.ops.check(read_data=True)
         assert report.ok, report.problems[:5]
 
 
@@ -635,7 +635,7 @@ def test_a_writer_whose_store_encryption_changed_is_refused_before_its_first_obj
         set_state("plain")
         store.commit({"w": torch.full((1024,), 3.0)}, run="r", step=3)
         assert [v.step for v in store.log("r")] == [3, 1]
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 # -- hostile key files and a failed init ------------------------------------------------------
@@ -706,6 +706,6 @@ def test_a_failed_init_then_a_good_one_makes_a_working_encrypted_store(tmp_path:
     assert "already exists" in again.output and "(encrypted, 0 versions)" in again.output
     with casckpt.open(target, key_file=key_file) as store:
         store.commit(_state(), run=RUN, step=1)
-        assert [k.in_use for k in store.keys()] == [True]
+        assert [k.in_use for k in store.keys.list()] == [True]
     with pytest.raises(KeyRequiredError):
         casckpt.open(target, key_file=None).close()

@@ -52,11 +52,11 @@ class Unchanged:
         self.root = store.path
 
     def __enter__(self) -> Unchanged:
-        self.before = (self.store.stats(), _files(self.root))
+        self.before = (self.store.ops.stats(), _files(self.root))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        after = (self.store.stats(), _files(self.root))
+        after = (self.store.ops.stats(), _files(self.root))
         assert after == self.before, "a refused call changed the store"
 
 
@@ -65,7 +65,7 @@ def store(tmp_path: Path) -> Iterator[casckpt.Store]:
     with casckpt.open(tmp_path / "store", chunk_size=4096) as s:
         s.commit({"w": torch.arange(5000, dtype=torch.float32)}, run="base", step=0)
         yield s
-        assert s.check(read_data=True).ok
+        assert s.ops.check(read_data=True).ok
 
 
 def _refused(store: casckpt.Store, exc: type[BaseException], state: object = None,

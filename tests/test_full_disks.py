@@ -43,7 +43,7 @@ except Exception as exc:
                location=getattr(exc, "location", None), needed=getattr(exc, "needed", None))
 resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 out["steps"] = [v.step for v in store.log("r")]
-out["problems"] = [p.detail for p in store.check(read_data=True).problems]
+out["problems"] = [p.detail for p in store.ops.check(read_data=True).problems]
 store.commit(state, run="r", step=1)  # no limit now: the same commit goes through
 out["after"] = [v.step for v in store.log("r")]
 store.close()
@@ -126,7 +126,7 @@ def test_full_location_fails_the_commit_at_the_manifest(tmp_path: Path, full_loc
         assert "casckpt location add" in str(full.value)
         assert [v.step for v in store.log("r")] == [0]
         assert _leftovers(root) == []
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
         full_location.stop()
         store.commit(_state(1), run="r", step=1)
         assert sorted(v.step for v in store.log("r")) == [0, 1]
@@ -146,7 +146,7 @@ def test_full_locations_of_a_replicated_store_fail_the_pack_typed(tmp_path: Path
         for d in ("d0", "d1"):
             tmp = root / "blobs" / d / "tmp"
             assert [p for p in tmp.rglob("*") if p.is_file() and p.suffix != ".lock"] == []
-        assert store.check().ok
+        assert store.ops.check().ok
 
 
 class _FillingFile:
@@ -190,4 +190,4 @@ def test_full_staging_disk_fails_the_commit_typed_and_drops_the_staging_pack(
         monkeypatch.undo()
         store.commit(_state(0), run="r", step=0)
         assert [v.step for v in store.log("r")] == [0]
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok

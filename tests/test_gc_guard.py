@@ -89,12 +89,12 @@ def test_swapped_content_rows_are_reported_and_gc_sweeps_nothing_needed(legacy_r
     _sql(root, "UPDATE contents SET chunk_ids = ? WHERE digest = ?", params=(c2, d1))
     _sql(root, "UPDATE contents SET chunk_ids = ? WHERE digest = ?", params=(c1, d2))
     with _open(root) as store:
-        report = store.check()
+        report = store.ops.check()
         assert {p.kind for p in report.problems} == {"catalog"}, report.problems
         store.delete("r@1")
         store.gc(grace=0)
         _assert_restores(store, (2, 3))
-        assert store.check(read_data=True).problems == report.problems  # still only the rows
+        assert store.ops.check(read_data=True).problems == report.problems  # still only the rows
 
 
 def test_a_chunk_row_pointing_elsewhere_does_not_let_gc_delete_the_pack_holding_it(root: Path) -> None:
@@ -123,14 +123,14 @@ def test_a_stale_catalog_backup_makes_gc_refuse_to_delete_anything(root: Path, t
     with _open(root) as store:  # same store, same generation: opening is allowed
         with pytest.raises(GCRefusedError, match="2 manifest"):
             store.gc(grace=0)
-        assert not store.check().ok  # check names the unknown manifests too
+        assert not store.ops.check().ok  # check names the unknown manifests too
     result = CliRunner().invoke(app, ["--store", str(root), "gc", "--grace", "0s"])
     assert result.exit_code == 7 and "catalog rebuild" in result.stderr
     assert _objects(root) == before
     for file in root.glob("catalog.db*"):  # the way out: rebuild from the locations
         file.unlink()
     with _open(root, recover=True) as store:
-        store.rebuild_catalog()
+        store.ops.rebuild_catalog()
         _assert_restores(store, (1, 2, 3, 4, 5))
         assert store.gc(grace=0).orphans_deleted == 0
 
@@ -153,7 +153,7 @@ def test_many_unknown_packs_trip_the_breaker_and_force_deletes_them(root: Path, 
             store.gc(grace=0)
         assert store.gc(grace=0, force=True).orphans_deleted == copied
         _assert_restores(store, (1, 2, 3))
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def test_a_damaged_manifest_in_the_catalog_stops_gc_before_any_pack_goes(root: Path) -> None:
@@ -181,7 +181,7 @@ def test_an_orphan_pack_holding_chunks_the_catalog_lost_is_kept(root: Path) -> N
     with _open(root) as store:
         report = store.gc(grace=0)
         assert report.orphans_deleted == 0 and any("need" in note for note in report.kept)
-        assert any(p.kind == "chunk" for p in store.check().problems)
+        assert any(p.kind == "chunk" for p in store.ops.check().problems)
     assert any(pack in key for key in _objects(root))
 
 
@@ -200,7 +200,7 @@ def test_a_commit_failing_after_its_manifest_leaves_a_tombstone_gc_acts_on(
         store.gc(grace=0)  # not refused: the failed commit tombstoned its version
         assert len({p.name for p in (root / "manifests").iterdir()}) == 3
         _assert_restores(store, (1, 2, 3))
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 
@@ -215,19 +215,19 @@ class _StaleCopyOnX:
         self.a = self.open()
         self.a.commit(_state(0), run="r", step=0)
         name_of = {Path(info.url.removeprefix("file://")).name: info.name
-                   for info in self.a.locations()}
+                   for info in self.a.locations.list()}
         used = {Path(url.removeprefix("file://")).name for url, _, _ in self.shard_rows()}
         w = next(d for d in self.dirs if d.name not in used)  # the location holding no shard
         x = next(d for d in self.dirs if d.name in used)
-        self.a.drain_location(name_of[x.name])
-        assert self.a.repair().shards_moved == 1
+        self.a.locations.drain(name_of[x.name])
+        assert self.a.ops.repair().shards_moved == 1
         stale = [p for p in (x / "packs").rglob("*") if p.is_file()]
         assert stale
-        self.a.activate_location(name_of[x.name])
+        self.a.locations.activate(name_of[x.name])
         hour_ago = time.time() - 3600
         for p in stale:
             os.utime(p, (hour_ago, hour_ago))
-        self.a.drain_location(name_of[w.name])
+        self.a.locations.drain(name_of[w.name])
         self.b = self.open()  # a second process's handle: the concurrent repair
 
     def open(self) -> casckpt.Store:  # big packs: one pack, so one location holds no shard
@@ -257,14 +257,14 @@ def test_gc_keeps_a_shard_a_concurrent_repair_moved_back_onto_its_listed_stale_c
     def orphans_then_repair(*args: Any, **kwargs: Any) -> Any:
         found = real(*args, **kwargs)
         assert found, "gc should have listed X's stale copy as an orphan"
-        s.b.repair()  # moves the shard from W back onto X, at the stale copy's key
+        s.b.ops.repair()  # moves the shard from W back onto X, at the stale copy's key
         return found
 
     monkeypatch.setattr(gc_engine, "_orphans", orphans_then_repair)
     s.a.gc(grace=0)
     assert s.catalog_shards_on_disk() == [("ok", True)] * 3
     with s.open() as fresh:
-        assert fresh.check(read_data=True).ok
+        assert fresh.ops.check(read_data=True).ok
         _assert_restores(fresh, (0,))
     s.close()
 
@@ -280,7 +280,7 @@ def test_a_shard_deleted_as_repair_recorded_it_is_marked_missing_and_repair_rest
     def judge_then_repair(self: DeletionGuard, *args: Any, **kwargs: Any) -> Any:
         verdicts = real(self, *args, **kwargs)
         assert verdicts.delete, "gc should have cleared X's stale copy to go"
-        s.b.repair()
+        s.b.ops.repair()
         return verdicts
 
     monkeypatch.setattr(DeletionGuard, "orphans", judge_then_repair)
@@ -288,8 +288,8 @@ def test_a_shard_deleted_as_repair_recorded_it_is_marked_missing_and_repair_rest
     assert any("concurrent repair" in note for note in report.kept), report.kept
     assert sorted(s.catalog_shards_on_disk()) == [("missing", False), ("ok", True), ("ok", True)]
     with s.open() as fresh:
-        assert fresh.repair().shards_rewritten == 1
-        assert fresh.check(read_data=True).ok
+        assert fresh.ops.repair().shards_rewritten == 1
+        assert fresh.ops.check(read_data=True).ok
         _assert_restores(fresh, (0,))
     assert s.catalog_shards_on_disk() == [("ok", True)] * 3
     s.close()

@@ -63,10 +63,10 @@ def test_commits_racing_a_gc_loop_lose_nothing(tmp_path: Path) -> None:
                 restored = store.restore(f"w{w}@{step}")
                 want = content(w, step)
                 assert all(torch.equal(restored[k], want[k]) for k in want), (w, step)
-        report = store.check(read_data=True)
+        report = store.ops.check(read_data=True)
         assert report.ok, report.problems[:3]
         store.gc(grace=0)
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def _prepare(root: Path) -> tuple[dict[int, dict[str, torch.Tensor]], int]:
@@ -77,7 +77,7 @@ def _prepare(root: Path) -> tuple[dict[int, dict[str, torch.Tensor]], int]:
             store.commit(state, run="r", step=i)
         for i in range(6):
             store.delete(f"r@{i}")
-        pack_bytes = store.stats().pack_bytes
+        pack_bytes = store.ops.stats().pack_bytes
     return {i: states[i] for i in (6, 7)}, pack_bytes
 
 
@@ -92,18 +92,18 @@ def test_gc_killed_at_any_point_leaves_a_consistent_store(tmp_path: Path, point:
     proc = _spawn("killed-gc", str(root), point, str(n))
     assert proc.wait(timeout=120) == -signal.SIGKILL  # killed where intended, not finished
     with casckpt.open(root, create=False) as store:
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
         assert {v.step for v in store.log("r")} == set(survivors)
         for step, state in survivors.items():
             restored = store.restore(f"r@{step}")
             assert all(torch.equal(restored[k], state[k]) for k in state)
         store.gc(grace=0)  # the next run finishes the job (and repacks)
         store.gc(grace=0)  # packs emptied by repacking go one run later
-        stats = store.stats()
+        stats = store.ops.stats()
         assert stats.versions == 2 and stats.pack_bytes < pack_bytes_before
         distinct = {t.numpy().tobytes() for s in survivors.values() for t in s.values()}
         assert stats.unique_bytes == sum(len(b) for b in distinct)  # everything else reclaimed
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
         orphans = [p for p in (root / "packs").rglob("*") if p.is_file()]
         assert len(orphans) == stats.packs  # no object left that the catalog does not know
 
@@ -115,8 +115,8 @@ def test_gc_history_counts_what_a_killed_gc_committed(tmp_path: Path) -> None:
     with casckpt.open(root, chunk_size=CHUNK, pack_size=32 << 10) as store:
         for i in range(8):
             store.commit(content(0, i + 4 * (i // 4)), run="r", step=i)
-        store.set_retention("r", keep_last=2)
-        packs_before = store.stats().packs
+        store.retention.set("r", keep_last=2)
+        packs_before = store.ops.stats().packs
     proc = _spawn("killed-gc", str(root), "purge", "1")  # killed once the purge committed
     assert proc.wait(timeout=120) == -signal.SIGKILL
     with sqlite3.connect(root / "catalog.db") as db:
@@ -124,7 +124,7 @@ def test_gc_history_counts_what_a_killed_gc_committed(tmp_path: Path) -> None:
         packs_after = db.execute("SELECT count(*) FROM packs").fetchone()[0]
     with casckpt.open(root, create=False) as store:
         assert {v.step for v in store.log("r")} == {6, 7}
-        [killed] = store.gc_history()
+        [killed] = store.ops.gc_history()
         assert killed.outcome == "unfinished"
         assert (killed.versions_deleted, killed.versions_purged) == (6, 6) == (6, purged)
         assert killed.packs_deleted == packs_before - packs_after > 0

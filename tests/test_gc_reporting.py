@@ -72,7 +72,7 @@ def test_bytes_freed_is_what_left_the_disk_and_one_grace_0_run_reclaims_everythi
             0, 0, 0, 0)
         assert _disk_bytes(root) == after
         assert torch.equal(store.restore("r@2")["small"], _noise(2, 3_000))
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def test_inside_the_grace_period_nothing_is_freed_and_the_pending_bytes_are_reported(root: Path) -> None:
@@ -87,7 +87,7 @@ def test_inside_the_grace_period_nothing_is_freed_and_the_pending_bytes_are_repo
 
 def test_dry_run_says_would_and_estimates_what_a_real_run_frees(root: Path) -> None:
     with _open(root) as store:
-        store.set_retention("r", keep_last=1)
+        store.retention.set("r", keep_last=1)
         dry = store.gc(dry_run=True, grace=0)
         assert dry.dry_run and dry.versions_deleted == 1
         assert dry.describe().startswith("gc would delete 1 version(s) by retention")
@@ -109,7 +109,7 @@ def test_json_is_one_line_per_run_and_small(tmp_path: Path) -> None:
     with _open(root) as store:
         for step in range(68):
             store.commit({"w": torch.full((100,), float(step))}, run="r", step=step)
-        store.set_retention("r", keep_last=5)
+        store.retention.set("r", keep_last=5)
     log = tmp_path / "gc.jsonl"
     for _ in range(3):
         result = _cli(root, "gc", "--json", "--grace", "0s")
@@ -160,4 +160,4 @@ def test_gc_reclaims_the_staging_files_of_a_killed_committer(root: Path) -> None
         report = store.gc()
         assert report.leftovers_deleted == 1 and report.bytes_freed >= 4096
         assert not scratch.exists()
-        assert store.check().ok
+        assert store.ops.check().ok

@@ -77,7 +77,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(run=runs, keep=st.integers(1, 3))
     def retention(self, run: str, keep: int) -> None:
-        self.store.set_retention(run, keep_last=keep)
+        self.store.retention.set(run, keep_last=keep)
 
     @precondition(lambda self: self.alive)
     @rule(data=st.data())
@@ -95,7 +95,7 @@ class StoreMachine(RuleBasedStateMachine):
                 assert version.id in self.alive, "retention removed a version already gone"
                 self.alive.pop(version.id)
                 self.gone.add(version.id)
-        check = self.store.check(read_data=True)
+        check = self.store.ops.check(read_data=True)
         assert check.ok, check.problems[:3]
 
     @precondition(lambda self: self.alive)

@@ -60,19 +60,19 @@ def test_the_golden_store_opens_and_restores_bit_exact(golden: Path) -> None:
             assert back["model"]["embed.weight"].data_ptr() == back["model"]["head.weight"].data_ptr()
         assert store.resolve("tag:best").id == VERSIONS["main@3"]
         assert store.resolve("ft@5").parent == VERSIONS["main@2"]
-        assert store.retention("main") == casckpt.RetentionPolicy(keep_last=10)
+        assert store.retention.get("main") == casckpt.RetentionPolicy(keep_last=10)
         assert torch.equal(store.load_tensor("main@3", "model.experts.e7"), torch.full((4,), 7.0))
         assert [c.path for c in store.diff("main@2", "main@3").changed] == [
             "model.layers.0.w", "model.layers.1.w", "model.layers.2.w", "optim.mask", "optim.step"]
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def test_the_golden_store_migrates_its_old_version_and_still_restores(golden: Path) -> None:
     with casckpt.open(golden, create=False) as store:
-        report = store.migrate_trees()
-        assert report.versions_migrated == 1 and store.stats().versions_without_tree == 0
+        report = store.ops.migrate_trees()
+        assert report.versions_migrated == 1 and store.ops.stats().versions_without_tree == 0
         _same(store.restore("main@0"), state(0))
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def _manifest(tree_state: Any) -> Manifest:

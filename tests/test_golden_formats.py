@@ -86,7 +86,7 @@ def _check_all(store: casckpt.Store) -> None:
     blank["meta"] = {"lr": 0.0, "name": ""}
     dcp.load(blank, storage_reader=store.dcp_reader("dcp@1"))
     _same(blank, dcp_state())
-    assert store.check(read_data=True).ok
+    assert store.ops.check(read_data=True).ok
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -99,9 +99,9 @@ def test_the_golden_formats_open_and_restore_bit_exact(golden: Path) -> None:
 def test_the_golden_formats_migrate_to_trees_and_still_restore_bit_exact(golden: Path) -> None:
     with casckpt.open(golden, create=False) as store:
         before = {ref: (store.show(ref).tensors, store.show(ref).values) for ref in VERSIONS}
-        report = store.migrate_trees()
-        assert report.versions_migrated == 3 and store.stats().versions_without_tree == 0
-        assert store.migrate_trees().versions_migrated == 0  # nothing left to do
+        report = store.ops.migrate_trees()
+        assert report.versions_migrated == 3 and store.ops.stats().versions_without_tree == 0
+        assert store.ops.migrate_trees().versions_migrated == 0  # nothing left to do
         _check_all(store)  # ids unchanged: the documents stay as they are
         for ref, (tensors, values) in before.items():  # queries read the trees alike
             detail = store.show(ref)
@@ -126,14 +126,14 @@ def test_a_migration_of_the_golden_formats_killed_with_sigkill_resumes(golden: P
             publish(*args)
         treemigrate._publish_batch = dying
         with casckpt.open({str(golden)!r}, create=False) as store:
-            store.migrate_trees()
+            store.ops.migrate_trees()
     """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=300)
     assert done.returncode == -9, done.stderr.decode()[-2000:]
     with casckpt.open(golden, create=False) as store:
-        assert store.stats().versions_without_tree == 2
-        assert store.migrate_trees().versions_migrated == 2
-        assert store.migrate_trees().versions_migrated == 0
+        assert store.ops.stats().versions_without_tree == 2
+        assert store.ops.migrate_trees().versions_migrated == 2
+        assert store.ops.migrate_trees().versions_migrated == 0
         store.gc(grace=0)  # the killed run's lease and leftovers are reaped
         _check_all(store)

@@ -1,6 +1,6 @@
 """Location health is measured, and a commit that could not place its shards says so.
 
-- ``Store.locations()`` / ``casckpt location list`` send every location a real
+- ``store.locations.list()`` / ``casckpt location list`` send every location a real
   request within a bound: a removed directory, a deleted bucket and an endpoint
   that stops answering are reported not reachable, with a reason and the time
   the probe took, in about the bound.
@@ -60,13 +60,13 @@ def by_name(infos: list[Any]) -> dict[str, Any]:
 
 def timed_locations(store: Any) -> tuple[dict[str, Any], float]:
     started = time.monotonic()
-    infos = store.locations(timeout=BOUND)
+    infos = store.locations.list(timeout=BOUND)
     return by_name(infos), time.monotonic() - started
 
 
 def check_kinds(store: Any) -> dict[str, list[Any]]:
     out: dict[str, list[Any]] = {}
-    for problem in store.check().problems:
+    for problem in store.ops.check().problems:
         out.setdefault(problem.kind, []).append(problem)
     return out
 
@@ -125,7 +125,7 @@ def test_a_deleted_bucket_is_unreachable_with_its_reason(tmp_path: Path, s3_buck
     urls = [s3_bucket_url() for _ in range(3)]
     root = tmp_path / "store"
     with open_s3(root, urls, moto_endpoint, redundancy="none") as store:
-        assert all(i.reachable for i in store.locations(timeout=BOUND))
+        assert all(i.reachable for i in store.locations.list(timeout=BOUND))
         delete_bucket(s3_client, urls[1])
         infos, took = timed_locations(store)
         assert took < BOUND + SLACK
@@ -154,7 +154,7 @@ def test_an_endpoint_that_stops_answering_is_unreachable_within_the_bound(
     blobs = [str(tmp_path / "disk0"), url]
     with casckpt.open(root, blobs=blobs, s3={"endpoint_url": proxy.endpoint_url}, chunk_size=CHUNK,
                       pack_size=PACK, workers=2, cache=tmp_path / "cache") as store:
-        assert all(i.reachable for i in store.locations(timeout=BOUND))
+        assert all(i.reachable for i in store.locations.list(timeout=BOUND))
         proxy.stall_next(1000, seconds=60)  # the endpoint accepts requests and never answers
         for _ in range(2):  # a second listing joins the probe still waiting, and is as quick
             infos, took = timed_locations(store)
@@ -172,15 +172,15 @@ def test_before_a_catalog_rebuild_the_locations_records_are_not_held_against_the
     for file in root.glob("catalog.db*"):
         file.unlink()
     with casckpt.open(root, recover=True, cache=tmp_path / "cache2") as store:
-        assert all(i.reachable for i in store.locations(timeout=BOUND))  # the rebuild adopts them
-        store.rebuild_catalog()
-        assert all(i.reachable for i in store.locations(timeout=BOUND))
+        assert all(i.reachable for i in store.locations.list(timeout=BOUND))  # the rebuild adopts them
+        store.ops.rebuild_catalog()
+        assert all(i.reachable for i in store.locations.list(timeout=BOUND))
 
 
 def test_probe_timeout_is_checked(tmp_path: Path) -> None:
     with open_local(tmp_path / "store", n=1, redundancy="none") as store:
         with pytest.raises(casckpt.errors.InvalidArgumentError):
-            store.locations(timeout=-1)
+            store.locations.list(timeout=-1)
     bad = cli(tmp_path / "store", "location", "list", "--timeout", "-1")
     assert bad.exit_code == 2
 
@@ -195,7 +195,7 @@ def test_a_normal_commit_is_not_degraded(tmp_path: Path) -> None:
         assert store.commit(state(1), run="r", step=1, block=False).wait().degraded is False
         detail = store.show("r@0")
         assert detail.degraded is False and detail.degraded_packs == 0 and detail.degraded_detail is None
-        assert store.check().ok
+        assert store.ops.check().ok
 
 
 def test_commit_while_a_directory_is_gone_is_degraded_until_repair(
@@ -221,7 +221,7 @@ def test_commit_while_a_directory_is_gone_is_degraded_until_repair(
             if part.startswith("pack ")}
 
         # the location is declared lost: five domains left for six shards, so they double up
-        store.fail_location("loc1")
+        store.locations.fail("loc1")
         assert store.show(before).degraded  # its shards on loc1 are gone for good now
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="casckpt.engine.commit"):
@@ -230,11 +230,11 @@ def test_commit_while_a_directory_is_gone_is_degraded_until_repair(
         assert any("r@3" in r.getMessage() and "location add" in r.getMessage() for r in caplog.records)
         assert "redundancy" in check_kinds(store)
 
-        store.add_location(str(tmp_path / "disk6"))  # another takes its place
-        assert store.repair().ok
+        store.locations.add(str(tmp_path / "disk6"))  # another takes its place
+        assert store.ops.repair().ok
         for ref in ("r@0", "r@1", "r@2", "r@3"):
             assert store.show(ref).degraded is False, ref
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
         assert store.commit(state(4), run="r", step=4).degraded is False
 
 
@@ -279,11 +279,11 @@ def test_commit_while_a_bucket_is_deleted_is_degraded_until_it_is_back_and_repai
         assert any("loc2" in r.getMessage() and "is degraded" in r.getMessage() for r in caplog.records)
         assert store.show("r@1").degraded and not store.show("r@0").degraded
         assert "shard" in check_kinds(store)
-        assert not by_name(store.locations(timeout=BOUND))["loc2"].reachable
+        assert not by_name(store.locations.list(timeout=BOUND))["loc2"].reachable
 
         s3_client.create_bucket(Bucket=urls[2][len("s3://"):].split("/", 1)[0])  # the bucket is back
-        repaired = store.repair()
+        repaired = store.ops.repair()
         assert repaired.ok, repaired.unrepaired
         assert store.show("r@1").degraded is False
-        assert store.check(read_data=True).ok
-        assert by_name(store.locations(timeout=BOUND))["loc2"].reachable  # repair wrote its record
+        assert store.ops.check(read_data=True).ok
+        assert by_name(store.locations.list(timeout=BOUND))["loc2"].reachable  # repair wrote its record

@@ -73,7 +73,7 @@ def store(tmp_path: Path) -> Iterator[casckpt.Store]:
     with casckpt.open(tmp_path / "store", chunk_size=CHUNK) as s:
         _fill(s)
         yield s
-        assert s.check().ok
+        assert s.ops.check().ok
 
 
 def _steps(versions: list[casckpt.Version]) -> list[int]:
@@ -113,13 +113,13 @@ def test_history_queries_on_every_backend(store_config: Any) -> None:
             s.fork(f"{RUN}@300", "ft")
         first = s.commit({"model": {"w": _weights(5, 10)}}, run="ft", step=0, metrics={"loss": 1.0})
         assert first.parent == versions[200].id
-        assert [(n.name, n.parent_run, n.fork_step, n.versions) for n in s.tree()] == [
+        assert [(n.name, n.parent_run, n.fork_step, n.versions) for n in s.lineage()] == [
             (RUN, None, None, 5), ("ft", RUN, 200, 1)]
         assert [(e.version.run, e.version.step, e.changed_bytes)
                 for e in s.history("ft", "model.w")] == [
             (RUN, 0, 4 * CHUNK), (RUN, 200, CHUNK), ("ft", 0, CHUNK)]  # not base@400: after the fork
         assert s.best(RUN, "acc", "max").step == 300
-        assert s.check().ok
+        assert s.ops.check().ok
 
 
 # -- log ------------------------------------------------------------------------------------
@@ -209,7 +209,7 @@ def test_diff_counts_changed_chunks_exactly(tmp_path: Path) -> None:
             ("v.old", "removed", "x", None)]
         same = s.diff("r@2", "r@2")
         assert (same.changed_bytes, same.values, same.unchanged) == (0, (), 6)
-        assert s.check().ok
+        assert s.ops.check().ok
 
 
 # -- history --------------------------------------------------------------------------------
@@ -275,7 +275,7 @@ def test_tree_nests_forks_depth_first(store: casckpt.Store) -> None:
     store.commit(_state(0), run="ft-a", step=1)
     store.fork("ft-a@1", "sweep-1")
     store.commit(_state(0), run="another", step=1)
-    nodes = store.tree()
+    nodes = store.lineage()
     assert [n.name for n in nodes] == ["another", RUN, "ft-a", "sweep-1", "ft-b"]
     by = {n.name: n for n in nodes}
     assert by[RUN].children == ("ft-a", "ft-b")
@@ -308,7 +308,7 @@ def store_path(tmp_path: Path) -> Iterator[Path]:
         _fill(s)
     yield path
     with casckpt.open(path, create=False) as s:
-        assert s.check().ok
+        assert s.ops.check().ok
 
 
 def cli(path: Path, *args: str) -> Result:
@@ -355,11 +355,11 @@ def test_cli_fork_tree_best(store_path: Path) -> None:
     data = json.loads(forked.stdout)
     assert data["name"] == "ft" and data["forked_from"]["step"] == 200
     assert cli(store_path, "fork", f"{RUN}@200", "ft").exit_code == 2
-    tree = cli(store_path, "tree")
+    tree = cli(store_path, "lineage")
     assert tree.exit_code == 0, tree.output
     assert "ft" in tree.stdout and f"forked from {RUN}@200" in tree.stdout
     assert tree.stdout.index(RUN) < tree.stdout.index("ft")
-    nodes = json.loads(cli(store_path, "tree", "--json").stdout)
+    nodes = json.loads(cli(store_path, "lineage", "--json").stdout)
     assert [(n["name"], n["children"]) for n in nodes] == [(RUN, ["ft"]), ("ft", [])]
     best = cli(store_path, "best", RUN, "--metric", "acc", "--max", "--json")
     assert best.exit_code == 0 and json.loads(best.stdout)["step"] == 300
@@ -387,4 +387,4 @@ def test_tags_lists_each_tag_with_its_version_by_name(tmp_path: Path) -> None:
         assert [t.name for t in store.tags("a")] == ["zeta"]
         with pytest.raises(RefNotFoundError):
             store.tags("c")
-        assert store.check().ok
+        assert store.ops.check().ok

@@ -43,7 +43,7 @@ def _state(step: int, variant: float = 0.0) -> dict[str, Any]:
 
 def _lineage(store: casckpt.Store, run: str) -> list[casckpt.Version]:
     """The visible versions of ``run``'s lineage, oldest first (a fork continues its parent)."""
-    node = {n.name: n for n in store.tree()}[run]
+    node = {n.name: n for n in store.lineage()}[run]
     own = sorted(store.log(run), key=lambda v: v.step)
     if node.parent_run is None or node.fork_step is None:
         return own
@@ -87,7 +87,7 @@ def store(tmp_path: Path) -> Iterator[casckpt.Store]:
         for ref in ("base@5", "base@6", "base@12", "base@13", "base@21", "ft@13", "ft@17"):
             s.delete(ref)
         yield s
-        assert s.check().ok
+        assert s.ops.check().ok
 
 
 @pytest.mark.parametrize("joined_in_sql", [False, True])

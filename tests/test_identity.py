@@ -108,7 +108,7 @@ def test_catalog_rebuild_recovers_a_lost_catalog_and_takes_over_the_store(tmp_pa
     assert result.exit_code == 0, result.output
     with _open(root) as store:
         _assert_restores(store)
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
         assert store.gc(grace=0).orphans_deleted == 0
         new_id = internals(store).catalog.store_id
     record = decode_identity((root / IDENTITY_KEY).read_bytes(), "")
@@ -144,9 +144,9 @@ def test_recover_mode_refuses_to_commit_or_collect_until_rebuilt(tmp_path: Path)
         with pytest.raises(StoreIdentityError, match="rebuild"):
             store.gc(grace=0)
         with pytest.raises(StoreIdentityError, match="rebuild"):
-            store.repair()
+            store.ops.repair()
         assert _objects(root) == before
-        store.rebuild_catalog()
+        store.ops.rebuild_catalog()
         store.commit(_state(3), run="r", step=3)
         _assert_restores(store, (1, 2, 3))
 
@@ -170,7 +170,7 @@ def test_a_store_from_before_identity_records_with_a_lost_catalog_is_refused(tmp
         _open(root)
     assert _objects(root) == before
     with _open(root, recover=True) as store:  # and the rebuild still works
-        store.rebuild_catalog()
+        store.ops.rebuild_catalog()
         _assert_restores(store)
 
 
@@ -194,8 +194,8 @@ def test_adding_another_stores_location_is_refused(tmp_path: Path) -> None:
     before = _make(b, (7,))
     with _open(a) as store:
         with pytest.raises(StoreIdentityError, match="belongs to store"):
-            store.add_location(str(b))
-        assert [loc.name for loc in store.locations()] == ["loc0"]
+            store.locations.add(str(b))
+        assert [loc.name for loc in store.locations.list()] == ["loc0"]
     assert _objects(b) == before
 
 
@@ -221,7 +221,7 @@ def test_postgres_catalog_dropped_is_refused_then_rebuilt(tmp_path: Path, pg_url
         casckpt.open(root)
     assert _objects(root) == before
     with casckpt.open(root, recover=True) as store:
-        store.rebuild_catalog()
+        store.ops.rebuild_catalog()
         _assert_restores(store)
 
 
@@ -239,7 +239,7 @@ def test_s3_location_with_a_lost_catalog_is_refused(tmp_path: Path, s3_bucket_ur
     with casckpt.open(root, recover=True) as store:
         locations = internals(store).locations.all
         assert sorted(info.key for loc in locations for info in loc.blobs.list("")) == keys
-        store.rebuild_catalog()
+        store.ops.rebuild_catalog()
         _assert_restores(store, (1,))
 
 

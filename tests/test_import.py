@@ -36,7 +36,7 @@ def empty_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[casckpt.St
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
     with casckpt.open(tmp_path_factory.mktemp("refusing") / "store") as s:
         yield s
-        assert s.check(read_data=True).ok and s.runs() == []
+        assert s.ops.check(read_data=True).ok and s.runs() == []
 
 
 def assert_same(a: object, b: object, path: str = "") -> None:

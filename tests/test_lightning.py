@@ -114,7 +114,7 @@ def test_save_top_k_removals_become_deletions(tmp_path: Path, block: bool) -> No
         assert not ckpts.exists() and not list(tmp_path.rglob("*.ckpt"))  # nothing on local disk
         undone = store.undelete(f"fit@{min(set(saved_steps) - live)}")  # soft deletion
         assert undone.step == min(set(saved_steps) - live)
-        assert store.check().ok
+        assert store.ops.check().ok
 
 
 def test_resume_from_the_store_matches_an_uninterrupted_fit(tmp_path: Path) -> None:
@@ -145,7 +145,7 @@ def test_resume_from_the_store_matches_an_uninterrupted_fit(tmp_path: Path) -> N
             assert all(torch.equal(v, ob["state"][i][k]) for k, v in state.items())
         # the whole run's last version and the resumed run's last one hold the same tensors
         assert store.diff("whole@latest", "split@latest").changed == ()
-        assert store.check().ok
+        assert store.ops.check().ok
 
 
 def test_the_first_launch_with_latest_starts_from_scratch_and_a_restart_resumes(tmp_path: Path) -> None:
@@ -174,7 +174,7 @@ def test_the_first_launch_with_latest_starts_from_scratch_and_a_restart_resumes(
                          ("other@latest", "no run named"), ("child@latest", "forked from r@4")):
             with pytest.raises(RefNotFoundError, match=why):
                 fit(store, "child" if ref.startswith("child") else "r", 10, f"casckpt://{ref}")
-        assert store.check().ok
+        assert store.ops.check().ok
 
 
 @pytest.mark.parametrize("block", [True, False], ids=["blocking", "background"])
@@ -188,7 +188,7 @@ def test_a_non_plain_object_is_refused_with_its_path_and_nothing_is_committed(tm
         assert "Opaque" in str(err.value) and "plain" in str(err.value)
         assert store.runs() == []
         assert not list(tmp_path.rglob("*.ckpt"))
-        assert store.check().ok
+        assert store.ops.check().ok
 
 
 def test_errors_name_what_to_do(tmp_path: Path) -> None:
@@ -220,7 +220,7 @@ def test_errors_name_what_to_do(tmp_path: Path) -> None:
         assert [v.step for v in store.log("r")] == [5]  # last.ckpt moved: step 3 is unnamed
         plugin.remove_checkpoint(tmp_path / "gone.ckpt")  # like a missing file: nothing happens
         assert torch.equal(plugin.load_checkpoint(tmp_path / "last.ckpt")["w"], torch.zeros(2))
-        assert store.check().ok
+        assert store.ops.check().ok
 
 
 def test_path_keyed_dicts_and_dict_subclasses_round_trip() -> None:

@@ -50,14 +50,14 @@ def test_a_background_commit_keeps_its_location_set_while_locations_change(tmp_p
         store.commit(_state(0), run="r", step=0)
         before = internals(store).locations
         old_packs = {p.id for p in internals(store).catalog.packs()}
-        names = [info.name for info in store.locations()]
+        names = [info.name for info in store.locations.list()]
         for b in blobs:
             b.gate.clear()
             b.held.clear()
         handle = store.commit(_state(1), run="r", step=1, block=False)
         assert any(b.held.wait(30) for b in blobs), "the commit never reached its pack upload"
-        drained = store.drain_location(names[0])  # swaps the location set mid-upload
-        store.add_location(str(tmp_path / "d3"))  # and again
+        drained = store.locations.drain(names[0])  # swaps the location set mid-upload
+        store.locations.add(str(tmp_path / "d3"))  # and again
         after = internals(store).locations
         assert drained.state == "draining" and after is not before and len(after.all) == 4
         assert before.get(before.all[0].id).state == "active"  # the old set itself never changes
@@ -74,11 +74,11 @@ def test_a_background_commit_keeps_its_location_set_while_locations_change(tmp_p
         for layout in layouts.values():
             assert {sh.location_id for sh in layout.shards} == original, layout
             assert all(sh.state == "ok" for sh in layout.shards), layout
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
         restored = store.restore(version.id)
         assert all(torch.equal(restored[k], v) for k, v in _state(1).items())
-        store.repair()  # moves the drained location's shards to the new one
-        assert store.check(read_data=True).ok
+        store.ops.repair()  # moves the drained location's shards to the new one
+        assert store.ops.check(read_data=True).ok
 
 
 def test_current_locations_swap_is_atomic_and_snapshots_stay_put() -> None:

@@ -48,16 +48,16 @@ def test_damaged_manifest_copies_are_found_repaired_and_rebuild_from_them(tmp_pa
                       chunk_size=CHUNK) as store:
         for step in (1, 2, 3):
             store.commit(_state(step), run="r", step=step)
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
         damaged = _damage(sorted((dirs[0] / "manifests").iterdir()), how)
-        listed = store.check()  # a copy of another size is found from the listing alone
+        listed = store.ops.check()  # a copy of another size is found from the listing alone
         assert {p.subject for p in listed.problems} <= damaged
         assert how != "truncate" or {p.subject for p in listed.problems} == damaged
-        found = store.check(read_data=True)
+        found = store.ops.check(read_data=True)
         assert {p.subject for p in found.problems} == damaged and {p.kind for p in found.problems} == {
             "manifest"}, found.problems
-        assert store.repair().manifests_written == len(damaged)
-        assert store.check(read_data=True).ok
+        assert store.ops.repair().manifests_written == len(damaged)
+        assert store.ops.check(read_data=True).ok
     shutil.rmtree(dirs[1])  # the other location is lost too: d0's copies are all there is
     for file in root.glob("catalog.db*"):
         file.unlink()
@@ -65,7 +65,7 @@ def test_damaged_manifest_copies_are_found_repaired_and_rebuild_from_them(tmp_pa
     blocks = config.read_text().split("\n[[locations]]\n")
     config.write_text("\n[[locations]]\n".join(b for b in blocks if str(dirs[1]) not in b))
     with casckpt.open(root, recover=True) as store:
-        report = store.rebuild_catalog()
+        report = store.ops.rebuild_catalog()
         assert report.versions == 3 and report.skipped == ()
         for step in (1, 2, 3):
             assert torch.equal(store.restore(f"r@{step}")["w"], _state(step)["w"])

@@ -124,7 +124,7 @@ def test_catalog_at_first_revision_is_upgraded(tmp_path: Path) -> None:
         assert "store_info" in _tables(root)
         store.commit(_state(1), run="r", step=1)
         _assert_restores(store, 1)
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
     with _db(root) as conn:
         (store_id,) = conn.execute("SELECT value FROM store_info WHERE key = 'store_id'").fetchone()
     assert len(store_id) == 32
@@ -149,7 +149,7 @@ def test_upgrade_keeps_existing_versions(tmp_path: Path) -> None:
             _assert_restores(store, step)
         store.commit(_state(3), run="r", step=3)
         _assert_restores(store, 3)
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def test_reopening_at_head_changes_nothing(tmp_path: Path) -> None:
@@ -224,7 +224,7 @@ def test_processes_opening_an_old_catalog_at_once_upgrade_it_once(tmp_path: Path
         assert conn.execute("SELECT COUNT(*) FROM store_info WHERE key = 'store_id'").fetchone() == (1,)
     with casckpt.open(root) as store:
         assert sorted(r.name for r in store.runs()) == ["rank0", "rank1"]
-        assert store.check().ok
+        assert store.ops.check().ok
 
 
 def test_threads_opening_stores_at_once(tmp_path: Path) -> None:
@@ -332,7 +332,7 @@ def _assert_all_restore(store: casckpt.Store, steps: tuple[int, ...]) -> None:
     for step in steps:
         _assert_restores(store, step)
         assert store.resolve(f"tag:t{step}").step == step
-    assert store.check(read_data=True).ok
+    assert store.ops.check(read_data=True).ok
 
 
 @pytest.mark.parametrize("separate_blobs", [False, True], ids=["self-contained", "blobs-elsewhere"])
@@ -345,9 +345,9 @@ def test_store_at_0003_gets_its_packs_on_loc0(tmp_path: Path, separate_blobs: bo
     with casckpt.open(root, chunk_size=4096, cache=tmp_path / "cache") as store:
         assert _revision(root) == head_revision()
         _assert_single_copies_on_loc0(url, blob_url)
-        assert [(loc.name, loc.url, loc.state, loc.shards) for loc in store.locations()] == [
+        assert [(loc.name, loc.url, loc.state, loc.shards) for loc in store.locations.list()] == [
             ("loc0", blob_url, "active", len(_query(url, "SELECT id FROM packs")))]
-        assert store.redundancy() == "none"
+        assert store.locations.redundancy() == "none"
         _assert_all_restore(store, (1, 2, 3))
         store.commit(_state(4), run="r", step=4, tags=["t4"])
         _assert_all_restore(store, (1, 2, 3, 4))
@@ -358,13 +358,13 @@ def test_store_at_0003_then_gains_a_location_and_redundancy(tmp_path: Path) -> N
     root = tmp_path / "store"
     url, blob_url = _write_at_0003(root)
     with casckpt.open(root, chunk_size=4096, cache=tmp_path / "cache") as store:
-        added = store.add_location(str(tmp_path / "second"), domain="other")
+        added = store.locations.add(str(tmp_path / "second"), domain="other")
         assert (added.name, added.domain) == ("loc1", "other")
         assert _query(url, "SELECT id, name FROM locations ORDER BY id") == [(1, "loc0"), (2, "loc1")]
-        store.set_redundancy("replicate:2")
+        store.locations.set_redundancy("replicate:2")
         store.commit(_state(4), run="r", step=4, tags=["t4"])
         _assert_all_restore(store, (1, 2, 3, 4))
-        assert {loc.name: loc.shards > 0 for loc in store.locations()} == {"loc0": True, "loc1": True}
+        assert {loc.name: loc.shards > 0 for loc in store.locations.list()} == {"loc0": True, "loc1": True}
 
 
 def test_empty_store_at_0003_registers_its_configured_location(tmp_path: Path) -> None:
@@ -411,9 +411,9 @@ def test_postgres_store_at_0003_is_upgraded(tmp_path: Path, pg_url: str) -> None
     with casckpt.open(root, chunk_size=4096, cache=tmp_path / "cache") as store:
         _assert_single_copies_on_loc0(url, blob_url)
         _assert_all_restore(store, (1, 2, 3))
-        store.add_location(str(tmp_path / "second"), domain="other")  # id 2, not a clash with 1
+        store.locations.add(str(tmp_path / "second"), domain="other")  # id 2, not a clash with 1
         assert _query(url, "SELECT id, name FROM locations ORDER BY id") == [(1, "loc0"), (2, "loc1")]
-        store.set_redundancy("replicate:2")
+        store.locations.set_redundancy("replicate:2")
         store.commit(_state(4), run="r", step=4, tags=["t4"])
         _assert_all_restore(store, (1, 2, 3, 4))
     _migrate_url(url, "0003", down=True)
@@ -430,8 +430,8 @@ def test_0005_adds_run_delta_chains_and_downgrades(tmp_path: Path) -> None:
         for step in (1, 2, 3):  # 2 and 3 are delta-coded (small changes of step 1)
             weights = torch.arange(3000, dtype=torch.float32) * (1 + step * 1e-4)
             store.commit({"w": weights}, run="r", step=step)
-        store.set_delta_chain(2, run="r")
-        deltas = store.stats().delta_chunks
+        store.ops.set_delta_chain(2, run="r")
+        deltas = store.ops.stats().delta_chunks
         assert deltas > 0
     url = f"sqlite:///{root / cfg.CATALOG_FILE}"
     _migrate(root, "0004", down=True)
@@ -439,9 +439,9 @@ def test_0005_adds_run_delta_chains_and_downgrades(tmp_path: Path) -> None:
     _migrate(root, "0005")
     assert _revision(root) == "0005" and "delta_chain" in _columns(url, "runs")
     with casckpt.open(root, chunk_size=4096) as store:
-        assert store.delta_chain("r") == store.delta_chain()  # the run's own policy went with 0004
-        assert store.stats().delta_chunks == deltas  # chunks keep their bases either way
+        assert store.ops.delta_chain("r") == store.ops.delta_chain()  # the run's own policy went with 0004
+        assert store.ops.stats().delta_chunks == deltas  # chunks keep their bases either way
         for step in (1, 2, 3):
             assert torch.equal(store.restore(f"r@{step}")["w"], torch.arange(3000, dtype=torch.float32)
                                * (1 + step * 1e-4))
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok

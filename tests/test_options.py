@@ -1,5 +1,5 @@
-"""casckpt.Options: how a store is opened, checked once; keyword arguments and the
-environment meet it in one place."""
+"""casckpt.Options: how a store is opened, declared once, checked by casckpt.open before
+anything is made; keyword overrides and the environment meet it in one place."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 
 import casckpt
 from casckpt.errors import InvalidArgumentError
+from casckpt.options import settings
 
 
 @pytest.mark.parametrize(("field", "value"), [
@@ -19,9 +20,12 @@ from casckpt.errors import InvalidArgumentError
     ("staging_memory", "a lot"), ("create", "yes"), ("recover", 1), ("backpressure", "drop"),
     ("catalog", 5), ("redundancy", "ec:9"), ("redundancy", 3), ("s3", ["endpoint_url"]),
 ])
-def test_a_bad_option_is_a_typed_error_naming_its_field(field: str, value: Any) -> None:
+def test_a_bad_option_is_a_typed_error_naming_its_field(tmp_path: Path, field: str, value: Any) -> None:
     with pytest.raises(InvalidArgumentError, match=f"Options.{field}"):
-        casckpt.Options(**{field: value})
+        casckpt.open(tmp_path / "s", casckpt.Options(**{field: value}))
+    with pytest.raises(InvalidArgumentError, match=f"Options.{field}"):
+        casckpt.open(tmp_path / "s", **{field: value})
+    assert not (tmp_path / "s").exists()  # refused before anything was made
 
 
 def test_options_and_keywords_open_the_same_store(tmp_path: Path) -> None:
@@ -29,30 +33,56 @@ def test_options_and_keywords_open_the_same_store(tmp_path: Path) -> None:
     state = {"w": torch.arange(10_000, dtype=torch.float32)}
     with casckpt.open(tmp_path / "a", options) as a:
         a.commit(state, run="r", step=1)
-        assert (a.stats().chunks, a.resolve("r@1").new_bytes) == (10, 40_000)  # 4 KiB chunks
+        assert (a.ops.stats().chunks, a.resolve("r@1").new_bytes) == (10, 40_000)  # 4 KiB chunks
     with casckpt.open(tmp_path / "b", chunk_size=4096, workers=2, max_pending_commits=3) as b:
         b.commit(state, run="r", step=1)
-        assert b.stats().chunks == 10
+        assert b.ops.stats().chunks == 10
     with casckpt.open(tmp_path / "a", options, chunk_size=8192) as a:  # a keyword wins
         a.commit({"w": state["w"] + 1}, run="r", step=2)
-        assert a.resolve("r@2").new_bytes == 40_000 and a.stats().chunks == 10 + 5
+        assert a.resolve("r@2").new_bytes == 40_000 and a.ops.stats().chunks == 10 + 5
 
 
 def test_an_option_overrides_the_environment_which_overrides_the_default(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CASCKPT_CHUNK_SIZE", "8192")
-    assert casckpt.Options().settings().chunk_size == 8192
-    assert casckpt.Options(chunk_size=4096).settings().chunk_size == 4096
+    assert settings(casckpt.Options()).chunk_size == 8192
+    assert settings(casckpt.Options(chunk_size=4096)).chunk_size == 4096
     monkeypatch.setenv("CASCKPT_CHUNK_SIZE", "nope")
     with pytest.raises(InvalidArgumentError, match="CASCKPT_CHUNK_SIZE"):
-        casckpt.Options().settings()
+        settings(casckpt.Options())
 
 
-def test_options_refuse_what_is_not_an_option(tmp_path: Path) -> None:
-    with pytest.raises(InvalidArgumentError, match="no such option: speed"):
-        casckpt.Options().with_given(speed=2)
-    with pytest.raises(InvalidArgumentError, match="casckpt.Options"):
-        casckpt.open(tmp_path / "s", {"chunk_size": 4096})  # type: ignore[arg-type]
+def test_an_unknown_option_is_refused_with_the_closest_field(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgumentError, match="no such option: 'chunksize'; did you mean 'chunk_size'"):
+        casckpt.open(tmp_path / "s", chunksize=4096)  # type: ignore[call-arg]
+    with pytest.raises(InvalidArgumentError, match="no such option: 'fast_teir'; did you mean 'fast_tier'"):
+        casckpt.open(tmp_path / "s", {"fast_teir": "/nvme"})  # type: ignore[typeddict-unknown-key]
+    with pytest.raises(InvalidArgumentError, match="no such option: 'speed'; the options are backg"):
+        casckpt.open(tmp_path / "s", speed=2)  # type: ignore[call-arg]
+    with pytest.raises(InvalidArgumentError, match="options must be a casckpt.Options"):
+        casckpt.open(tmp_path / "s", ["chunk_size"])  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match="Options.create"):
         casckpt.open(tmp_path / "s", create="no")  # type: ignore[arg-type]
     assert not (tmp_path / "s").exists()
+
+
+def test_an_override_replaces_the_option_it_names_and_leaves_the_rest(tmp_path: Path) -> None:
+    options = casckpt.Options(chunk_size=4096, create=False)
+    with pytest.raises(casckpt.errors.NotAStoreError):
+        casckpt.open(tmp_path / "s", options)  # create=False: nothing there
+    with casckpt.open(tmp_path / "s", options, create=True) as store:  # the override wins
+        store.commit({"w": torch.arange(2048, dtype=torch.float32)}, run="r", step=1)
+        assert store.ops.stats().chunks == 2  # chunk_size kept from options
+    assert options == {"chunk_size": 4096, "create": False}  # the caller's options are not changed
+
+
+def test_every_option_field_is_a_keyword_of_open_and_documented() -> None:
+    import inspect
+
+    from casckpt.options import FIELDS
+
+    assert FIELDS == set(casckpt.Options.__annotations__)
+    doc = inspect.getdoc(casckpt.Options) or ""
+    assert all(f"    {name}:" in doc for name in FIELDS), "every field has its line in Options' docstring"
+    overrides = inspect.signature(casckpt.open).parameters["overrides"]
+    assert overrides.kind is inspect.Parameter.VAR_KEYWORD

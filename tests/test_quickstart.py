@@ -43,4 +43,4 @@ def test_quickstart_resumes_bit_identically(tmp_path: Path) -> None:
     with casckpt.open(store_path, create=False) as store:
         steps = [v.step for v in store.log(qs.RUN)]
         assert steps == list(range(qs.STEPS, 0, -qs.EVERY))  # newest first, none lost
-        assert store.check().ok
+        assert store.ops.check().ok

@@ -25,11 +25,11 @@ def _build(root: Path) -> None:
     g = torch.Generator().manual_seed(3)
     w = torch.randn(4 * 1024, generator=g)
     with casckpt.open(root, chunk_size=CHUNK, pack_size=64 << 10, workers=2) as store:
-        store.set_delta_chain(2)  # a fixed depth: by cost, dense fp32 deltas this size are not kept
+        store.ops.set_delta_chain(2)  # a fixed depth: by cost, dense fp32 deltas this size are not kept
         for step in (1, 2, 3):  # steps 2 and 3: delta-coded, chains of two
             store.commit({"w": w}, run="r", step=step)
             w = w * (1 + 1e-4 * torch.randn(w.shape, generator=g))
-        assert store.stats().longest_chain == 2
+        assert store.ops.stats().longest_chain == 2
 
 
 def _sql(root: Path, *statements: str) -> None:

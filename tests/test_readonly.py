@@ -45,7 +45,7 @@ def _state(step: int) -> dict[str, Any]:
 def _build(store: casckpt.Store) -> None:
     store.commit(_state(1), run="r", step=1, metrics={"loss": 1.0})
     store.commit(_state(2), run="r", step=2, metrics={"loss": 0.5}, tags=["best"])
-    assert store.check(read_data=True).ok
+    assert store.ops.check(read_data=True).ok
 
 
 def exercise(store: casckpt.Store) -> dict[str, Any]:
@@ -58,16 +58,16 @@ def exercise(store: casckpt.Store) -> dict[str, Any]:
     out["diff"] = sorted(c.path for c in store.diff("r@1", "r@2").changed)
     out["history"] = len(store.history("r", "w"))
     out["runs"] = [r.name for r in store.runs()]
-    out["check"] = store.check(read_data=True).ok
+    out["check"] = store.ops.check(read_data=True).ok
     calls: dict[str, Callable[[], object]] = {
         "commit": lambda: store.commit(_state(3), run="r", step=3),
         "commit_async": lambda: store.commit(_state(3), run="r", step=3, block=False),
         "tag": lambda: store.tag("r@1", "other"),
         "gc": lambda: store.gc(grace=0),
         "delete": lambda: store.delete("r@1"),
-        "set_retention": lambda: store.set_retention("r", keep_last=1),
+        "set_retention": lambda: store.retention.set("r", keep_last=1),
         "add_dir": lambda: store.add_dir(".", run="d", step=1),
-        "repair": lambda: store.repair(),
+        "repair": lambda: store.ops.repair(),
         "dcp_writer": lambda: store.dcp_writer(run="r", step=3),
     }
     refused: dict[str, str | None] = {}
@@ -224,7 +224,7 @@ def test_gc_dry_run_on_a_read_only_store_plans_retention_and_writes_nothing(tmp_
         _build(store)
         store.commit(_state(3), run="r", step=3)
         store.delete("r@1")
-        store.set_retention("r", keep_last=1)  # r@2 (tagged best) stays; nothing else would
+        store.retention.set("r", keep_last=1)  # r@2 (tagged best) stays; nothing else would
         writable = store.gc(dry_run=True, grace=0)
     before = _tree_digest(root)
     with casckpt.open(root, read_only=True) as store:
@@ -263,7 +263,7 @@ def test_dcp_load_checkout_and_export_read_only(tmp_path: Path) -> None:
         store.export("r@2", tmp_path / "export", format="pt")
         assert (tmp_path / "export" / "checkpoint.pt").is_file()
         with pytest.raises(ReadOnlyStoreError, match="rebuild_catalog needs"):
-            store.rebuild_catalog()
+            store.ops.rebuild_catalog()
     assert _tree_digest(root) == before
 
 
@@ -285,7 +285,7 @@ def test_a_reader_does_not_heal_what_it_reconstructs(tmp_path: Path) -> None:
     with casckpt.open(root, read_only=True) as store:
         assert torch.equal(store.restore("r@2")["w"], _state(2)["w"])
         assert torch.equal(store.restore("r@1")["w"], _state(1)["w"])
-        assert not store.check(read_data=True).ok  # reported, not repaired
+        assert not store.ops.check(read_data=True).ok  # reported, not repaired
     assert _tree_digest(tmp_path) == damaged and (root / "catalog.db").read_bytes() == catalog
     with casckpt.open(root) as store:  # a writer reading the same way heals: the test can fail
         store.restore("r@2")
@@ -308,7 +308,7 @@ def test_reader_sees_a_live_writers_commits(tmp_path: Path) -> None:
             assert torch.equal(reader.restore("r@3")["w"], _state(3)["w"])
             with pytest.raises(ReadOnlyStoreError):
                 reader.commit(_state(4), run="r", step=4)
-        assert writer.check(read_data=True).ok
+        assert writer.ops.check(read_data=True).ok
 
 
 def test_env_var_opens_read_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -91,9 +91,9 @@ def fill(store: casckpt.Store) -> None:
                      tags=[f"t{step}"], message=f"step {step}")
     store.tag(f"{RUN}@20", "best")
     store.tag(f"{RUN}@30", "t10")  # a commit-time tag moved later
-    store.set_retention(RUN, keep_last=3)
+    store.retention.set(RUN, keep_last=3)
     store.fork(f"{RUN}@20", "ft")
-    store.set_delta_chain(3)
+    store.ops.set_delta_chain(3)
     store.commit(make_state(21, seed=1), run="ft", step=21)
 
 
@@ -174,7 +174,7 @@ def ec_template(tmp_path_factory: pytest.TempPathFactory) -> Template:
     root = tmp_path_factory.mktemp("recovery-template") / "store"
     with open_store(root, [f"blobs/d{i}" for i in range(6)], redundancy="ec:4+2") as store:
         fill(store)
-        assert store.stats().packs >= 6, "every location should hold data and parity shards of some pack"
+        assert store.ops.stats().packs >= 6, "every location should hold data and parity shards of some pack"
         assert_every_location_holds_what_the_catalog_says(store, local_lister(
             {f"loc{i}": root / "blobs" / f"d{i}" for i in range(6)}))
         return Template(root, parity_pairs(store))
@@ -226,22 +226,22 @@ def wipe_two_restore_then_repair(template: Template, dest: Path, pair: tuple[int
         unhealed = {name: keys - lister(name) for name, keys in parity.items()}
         if pair in template.parity_pairs:  # a pack lost both parity shards, and no read needed them
             assert any(unhealed.values()), "its parity shards should still be missing"
-        repaired = store.repair()
+        repaired = store.ops.repair()
         assert repaired.ok, (repaired.unrepaired, repaired.degraded)
         assert repaired.shards_moved == 0  # every location is active: shards go back home
         assert all(keys <= lister(name) for name, keys in unhealed.items()), "parity shards still missing"
         assert_every_location_holds_what_the_catalog_says(store, lister)
         assert repaired.manifests_written and repaired.records_written
-        report = store.check(read_data=True)
+        report = store.ops.check(read_data=True)
         assert report.ok, report.problems
         assert report.chunks_read == report.chunks > 0
         assert_restores(store, STEPS)
         assert_restores(store, (21,), run="ft", seed=1)
-        again = store.repair()
+        again = store.ops.repair()
         assert again.nothing_to_do, again
         store.commit(make_state(50), run=RUN, step=50, tags=["t50"])  # the replaced disks take writes
         assert_every_location_holds_what_the_catalog_says(store, lister)
-        assert store.check().ok
+        assert store.ops.check().ok
 
 
 PAIRS = [(i, j) for i in range(6) for j in range(i + 1, 6)]
@@ -276,15 +276,15 @@ def test_a_catalog_lost_with_two_wiped_locations_is_rebuilt_from_the_other_four(
     for i in min(ec_template.parity_pairs):
         wipe_dir(dirs[f"loc{i}"])
     with open_store(root, recover=True) as store:
-        report = store.rebuild_catalog()
+        report = store.ops.rebuild_catalog()
         assert report.lost_packs == () and report.skipped == () and report.versions == len(STEPS) + 1
-        assert not store.check().ok  # the wiped locations' shards, manifests and records
-        assert store.repair().ok
+        assert not store.ops.check().ok  # the wiped locations' shards, manifests and records
+        assert store.ops.repair().ok
         assert_every_location_holds_what_the_catalog_says(store, local_lister(dirs))
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
         assert_restores(store, STEPS)
         assert_restores(store, (21,), run="ft", seed=1)
-        assert store.resolve("tag:t10").step == 30 and store.retention(RUN) is not None
+        assert store.resolve("tag:t10").step == 30 and store.retention.get(RUN) is not None
 
 
 @pytest.mark.parametrize("damage", [b"[" * 200_000, b"{\"seq\": 1"])
@@ -292,12 +292,12 @@ def test_a_damaged_record_is_reported_by_check_and_rewritten_by_repair(tmp_path:
     root = tmp_path / "store"
     with open_store(root, ["blobs/d0", "blobs/d1"], redundancy="replicate:2") as store:
         store.commit(make_state(10), run=RUN, step=10)
-        store.set_delta_chain(2)
+        store.ops.set_delta_chain(2)
         (root / "blobs" / "d1" / records.STORE).write_bytes(damage)  # nested past the stack; cut short
-        report = store.check()
+        report = store.ops.check()
         assert [(p.kind, p.subject) for p in report.problems] == [("record", records.STORE)], report.problems
-        assert store.repair().records_written == 1
-        assert store.check().ok
+        assert store.ops.repair().records_written == 1
+        assert store.ops.check().ok
         assert_every_location_holds_what_the_catalog_says(store, local_lister(
             {f"loc{i}": root / "blobs" / f"d{i}" for i in range(2)}))
 
@@ -340,14 +340,14 @@ def test_two_wiped_s3_buckets_with_a_postgres_catalog_get_everything_back(
         assert_restores(store, STEPS)
         unhealed = {name: keys - lister(name) for name, keys in parity.items()}
         assert any(unhealed.values()), "a wiped parity shard should be missing when repair starts"
-        repaired = store.repair()
+        repaired = store.ops.repair()
         assert repaired.ok, (repaired.unrepaired, repaired.degraded)
         assert repaired.shards_moved == 0
         assert_every_location_holds_what_the_catalog_says(store, lister)
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
         assert_restores(store, STEPS)
         assert_restores(store, (21,), run="ft", seed=1)
-        assert store.repair().nothing_to_do
+        assert store.ops.repair().nothing_to_do
 
 
 
@@ -402,7 +402,7 @@ def test_a_failed_location_without_a_spare_domain_stays_degraded_until_a_domain_
     with casckpt.open(root, create=False) as store:
         store.gc(grace=0)  # the moved shards' old objects, orphans now
         assert_every_location_holds_what_the_catalog_says(store, local_lister(dirs))
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
         assert_restores(store, STEPS[:3])
 
 
@@ -561,13 +561,13 @@ def rebuild_and_compare(root: Path, catalogs: Catalogs, *, catalog: str | None) 
     catalogs.drop()
     store = open_store(root, catalog=catalog, recover=True)
     try:
-        report = store.rebuild_catalog()
+        report = store.ops.rebuild_catalog()
         assert report.lost_packs == () and report.skipped == (), report
         for name, d in failed.items():
             assert snapshot(d) == before[name], f"the rebuild wrote to {name}, a failed location"
         assert_rebuilt_catalog_matches(old, catalog_rows(catalogs.url), recorded)
         assert internals(store).catalog.store_id == store_id
-        check = store.check(read_data=True)
+        check = store.ops.check(read_data=True)
         assert check.ok, check.problems
     except BaseException:
         store.close()
@@ -587,7 +587,7 @@ def test_rebuild_after_every_kind_of_catalog_change_loses_only_what_is_documente
     # history: commits with tags, a tag moved, a commit-time tag moved, a fork, retention
     # policies, a run without any record, a soft delete
     with open_store(root, blobs, catalog=catalog) as store:
-        store.set_redundancy("ec:2+1")
+        store.locations.set_redundancy("ec:2+1")
         for step in steps:
             store.commit(make_state(step), run=RUN, step=step, metrics={"loss": 1.0 / step},
                          metadata={"lr": 0.1}, message=f"step {step}", tags=[f"t{step}"])
@@ -596,8 +596,8 @@ def test_rebuild_after_every_kind_of_catalog_change_loses_only_what_is_documente
         store.tag(f"{RUN}@30", "t10")  # a commit-time tag moved: r@10 is untagged now
         store.fork(f"{RUN}@20", "ft")
         store.commit(make_state(21, seed=1), run="ft", step=21, tags=["ft-first"])
-        store.set_retention(RUN, keep_last=3, keep_best=("loss", 1, "min"))
-        store.set_retention("ft", keep_every=2, keep_tagged=False)
+        store.retention.set(RUN, keep_last=3, keep_best=("loss", 1, "min"))
+        store.retention.set("ft", keep_every=2, keep_tagged=False)
         store.delete(f"{RUN}@30")
         store.gc()  # retention soft-deletes r@10 (untagged, not among the last 3): chunks condemned
     with rebuild_and_compare(root, catalogs, catalog=catalog) as store:
@@ -605,47 +605,47 @@ def test_rebuild_after_every_kind_of_catalog_change_loses_only_what_is_documente
         store.gc()  # re-applies retention; the explicit delete of @30 stays undone
         assert [v.step for v in store.log(RUN, order="asc")] == list(steps[1:])
         assert store.resolve("tag:best").step == 20 and store.resolve("tag:t10").step == 30
-        assert [(n.name, n.parent_run, n.fork_step) for n in store.tree()][-1] == ("ft", RUN, 20)
+        assert [(n.name, n.parent_run, n.fork_step) for n in store.lineage()][-1] == ("ft", RUN, 20)
 
         # policies: store and run redundancy and delta chains, and commits under them
-        store.set_redundancy("ec:3+1")
-        store.set_redundancy("replicate:2", run="ft")
-        store.set_delta_chain(4)
-        store.set_delta_chain(2, run=RUN)
-        store.set_delta_chain(0, run="ft")
+        store.locations.set_redundancy("ec:3+1")
+        store.locations.set_redundancy("replicate:2", run="ft")
+        store.ops.set_delta_chain(4)
+        store.ops.set_delta_chain(2, run=RUN)
+        store.ops.set_delta_chain(0, run="ft")
         store.commit(make_state(60), run=RUN, step=60)
         for step in (22, 23, 24):  # several replicate packs
             store.commit(make_state(step, seed=1), run="ft", step=step)
     with rebuild_and_compare(root, catalogs, catalog=catalog) as store:
-        assert (store.redundancy(), store.redundancy("ft"), store.redundancy(RUN)) == (
-            "ec:3+1", "replicate:2", "ec:3+1")
-        assert (store.delta_chain(), store.delta_chain(RUN), store.delta_chain("ft")) == (4, 2, 0)
+        redundancy = store.locations.redundancy
+        assert (redundancy(), redundancy("ft"), redundancy(RUN)) == ("ec:3+1", "replicate:2", "ec:3+1")
+        assert (store.ops.delta_chain(), store.ops.delta_chain(RUN), store.ops.delta_chain("ft")) == (4, 2, 0)
 
         # locations: loc0 drained, the tag moved @20 -> @50 while it drains (its copy of the
         # record is stale), loc1 failed, loc6 added in a new domain; repair after each
-        store.drain_location("loc0")
-        assert store.repair().ok
+        store.locations.drain("loc0")
+        assert store.ops.repair().ok
         store.tag(f"{RUN}@50", "best")
-        store.fail_location("loc1")
-        assert store.repair().ok
-        store.add_location("blobs/d6", domain="new", name="loc6")
-        assert store.repair().ok
+        store.locations.fail("loc1")
+        assert store.ops.repair().ok
+        store.locations.add("blobs/d6", domain="new", name="loc6")
+        assert store.ops.repair().ok
         store.commit(make_state(70), run=RUN, step=70)
         stale = local_lister({"loc0": root / "blobs" / "d0"})("loc0")
         assert any(key.startswith("packs/") for key in stale), "drained shards' old objects stay for gc"
         best = root / "blobs" / "d0" / "refs" / "tags" / b"best".hex()
         assert json.loads(best.read_bytes())["version"] == store.resolve(f"{RUN}@20").id  # stale
     with rebuild_and_compare(root, catalogs, catalog=catalog) as store:
-        states = {info.name: (info.state, info.domain) for info in store.locations()}
+        states = {info.name: (info.state, info.domain) for info in store.locations.list()}
         assert states["loc0"] == ("draining", "dom0") and states["loc1"] == ("failed", "dom1")
         assert states["loc6"] == ("active", "new")
         assert store.resolve("tag:best").step == 50  # not the stale record on the draining loc0
-        by_location = {info.name: info.shards for info in store.locations()}
+        by_location = {info.name: info.shards for info in store.locations.list()}
         assert by_location["loc0"] == by_location["loc1"] == 0  # stale copies not registered again
-        assert (store.delta_chain(), store.delta_chain(RUN), store.delta_chain("ft")) == (4, 2, 0)
+        assert (store.ops.delta_chain(), store.ops.delta_chain(RUN), store.ops.delta_chain("ft")) == (4, 2, 0)
         assert_restores(store, (*steps, 60, 70))
         assert_restores(store, (21, 22, 23, 24), run="ft", seed=1)
-        assert store.repair().nothing_to_do
+        assert store.ops.repair().nothing_to_do
 
 
 def test_rebuild_loses_exactly_what_the_architecture_page_says() -> None:
@@ -669,10 +669,10 @@ def test_rebuild_keeps_store_policies_of_a_store_whose_config_names_a_redundancy
         store.commit(make_state(10), run=RUN, step=10)
     cli_json(root, "redundancy", "set", "ec:3+1")
     with casckpt.open(root, create=False) as store:
-        store.set_delta_chain(5)
+        store.ops.set_delta_chain(5)
     for file in root.glob("catalog.db*"):
         file.unlink()
     assert cli_json(root, "catalog", "rebuild")["ok"] is True
     assert cli_json(root, "redundancy", "show")["redundancy"] == "ec:3+1"
     with casckpt.open(root, create=False) as store:
-        assert store.delta_chain() == 5
+        assert store.ops.delta_chain() == 5

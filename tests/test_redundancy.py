@@ -188,7 +188,7 @@ def kinds(report: Any) -> set[str]:
 
 
 def location(store: Any, name: str) -> Any:
-    return next(info for info in store.locations() if info.name == name)
+    return next(info for info in store.locations.list() if info.name == name)
 
 
 def assert_identical(shards: dict[tuple[str, int], Path], original: dict[tuple[str, int], bytes]) -> None:
@@ -251,17 +251,17 @@ def test_ec_two_damaged_shards_of_every_pack_restore_then_repair(ec_template: Te
 
     with open_store(root) as store:
         restore_all(store)  # reads around (and heals) whatever it meets
-        report = store.check(read_data=True)
+        report = store.ops.check(read_data=True)
         assert kinds(report) <= {"shard"}, report.problems  # nothing lost, no version affected
         assert shard_problems(report) <= {f"{p}:{i}" for p, i in damaged}
         assert report.packs_read == report.packs == len(packs_of(shards))
-        repaired = store.repair()
+        repaired = store.ops.repair()
         assert repaired.ok, repaired.unrepaired
         assert repaired.shards_moved == 0  # every location is active: shards go back home
-        after = store.check(read_data=True)
+        after = store.ops.check(read_data=True)
         assert after.ok, after.problems
         assert after.chunks_read == after.chunks > 0
-        assert all(info.damaged == 0 for info in store.locations())
+        assert all(info.damaged == 0 for info in store.locations.list())
         assert_identical(scan_shards(dirs), ec_template.shards)
         restore_all(store)
 
@@ -284,15 +284,15 @@ def test_ec_any_two_shards_scrub_finds_exactly_them_and_repair_rewrites_them(
             damaged.add(f"{pack}:{index}")
 
     with open_store(root) as store:
-        report = store.check(read_data=True)
+        report = store.ops.check(read_data=True)
         assert shard_problems(report) == damaged
         assert kinds(report) == {"shard"}, report.problems
         assert report.chunks_read == report.chunks  # every chunk verified despite the damage
-        repaired = store.repair()
+        repaired = store.ops.repair()
         assert repaired.ok, repaired.unrepaired
         assert repaired.packs == len(packs_of(shards))
         assert repaired.shards_rewritten == len(damaged)
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
         assert_identical(scan_shards(dirs), ec_template.shards)
         restore_all(store)
 
@@ -316,9 +316,9 @@ def test_heal_on_read_rewrites_the_data_shard_a_restore_needed(ec_template: Temp
         restore_all(store)
         # healed during the restores: back in place, byte-identical, nothing queued
         assert_identical(scan_shards(dirs), ec_template.shards)
-        assert all(info.damaged == 0 for info in store.locations())
-        assert store.repair().packs == 0
-        assert store.check(read_data=True).ok
+        assert all(info.damaged == 0 for info in store.locations.list())
+        assert store.ops.repair().packs == 0
+        assert store.ops.check(read_data=True).ok
 
 
 # -- 2. more shards lost than the code tolerates -------------------------------------------
@@ -382,7 +382,7 @@ def test_three_lost_shards_name_version_tensors_and_pack(ec_template: Template, 
                         assert torch.equal(got, want)
             assert failed > 0
 
-        for report in (store.check(), store.check(read_data=True)):
+        for report in (store.ops.check(), store.ops.check(read_data=True)):
             versions = {p.subject for p in report.problems if p.kind == "version"}
             assert versions == set(users[pack]), report.problems
             for p in report.problems:
@@ -391,7 +391,7 @@ def test_three_lost_shards_name_version_tensors_and_pack(ec_template: Template, 
             assert {p.subject for p in report.problems if p.kind == "pack"} == {pack}, report.problems
             assert {f"{pack}:{i}" for i in (0, 1, 4)} <= shard_problems(report)
 
-        repaired = store.repair()
+        repaired = store.ops.repair()
         assert not repaired.ok and len(repaired.unrepaired) == 1
         assert repaired.unrepaired[0].startswith(pack)
 
@@ -413,15 +413,15 @@ def test_bit_rot_in_one_percent_of_shards_is_found_by_a_full_scrub(tmp_path: Pat
         damage(shards[key], "header" if n % 3 == 0 else "flip", rng)  # sizes unchanged
 
     with open_store(root) as store:
-        assert store.check().ok  # sizes match: only reading the data finds rot
-        report = store.check(read_data=True)
+        assert store.ops.check().ok  # sizes match: only reading the data finds rot
+        report = store.ops.check(read_data=True)
         assert shard_problems(report) == {f"{p}:{i}" for p, i in rotten}
         assert kinds(report) == {"shard"}
         assert report.packs_read == report.packs
-        assert {info.name: info.damaged for info in store.locations()} == {
+        assert {info.name: info.damaged for info in store.locations.list()} == {
             f"loc{i}": sum(1 for k in rotten if shards[k].parents[2] == dirs[i]) for i in range(6)}
-        assert store.repair().ok
-        assert store.check(read_data=True).ok
+        assert store.ops.repair().ok
+        assert store.ops.check(read_data=True).ok
         assert_identical(scan_shards(dirs), original)
 
 
@@ -439,14 +439,14 @@ def test_two_half_scrubs_cover_every_pack_least_recently_verified_first(ec_templ
                                                                           tmp_path: Path) -> None:
     root = ec_template.copy(tmp_path / "store")
     with open_store(root) as store:
-        total, pack_bytes = store.stats().packs, store.stats().pack_bytes
+        total, pack_bytes = store.ops.stats().packs, store.ops.stats().pack_bytes
         assert set(pack_verified_at(store).values()) == {None}
-        first = store.check(read_data_subset="50%")
+        first = store.ops.check(read_data_subset="50%")
         mid = pack_verified_at(store)
         read1 = {p for p, at in mid.items() if at is not None}
         assert first.ok and 0 < first.packs_read < total and first.packs_read == len(read1)
         assert first.bytes_read >= pack_bytes / 2
-        second = store.check(read_data_subset=0.5)
+        second = store.ops.check(read_data_subset=0.5)
         after = pack_verified_at(store)
         read2 = {p for p, at in after.items() if at != mid[p]}
         assert second.ok and second.packs_read == len(read2)
@@ -455,7 +455,7 @@ def test_two_half_scrubs_cover_every_pack_least_recently_verified_first(ec_templ
         if read1 & read2:  # re-reads, if any, are of the earliest verified
             oldest = sorted(read1, key=lambda p: (mid[p], p))
             assert set(oldest[: len(read1 & read2)]) == read1 & read2
-        third = store.check(read_data_subset="50%")
+        third = store.ops.check(read_data_subset="50%")
         latest = pack_verified_at(store)
         read3 = {p for p, at in latest.items() if at != after[p]}
         assert third.ok and read3 and set(after) - read3
@@ -471,11 +471,11 @@ def test_half_scrubs_find_rot_in_the_half_they_read(ec_template: Template, tmp_p
     for pack, index in rotten.items():
         damage(shards[(pack, index)], "flip", rng)
     with open_store(root) as store:
-        first = store.check(read_data_subset="50%")
+        first = store.ops.check(read_data_subset="50%")
         assert 0 < first.packs_read < len(rotten) and kinds(first) == {"shard"}
         found = shard_problems(first)  # rot in the packs read; the others look fine by size
         assert len(found) == first.packs_read
-        second = store.check(read_data_subset="50%")
+        second = store.ops.check(read_data_subset="50%")
         assert kinds(second) == {"shard"}
         # a damaged pack that still rebuilds counts as verified (its shards wait in repair's
         # queue), so the second scrub reads the other half instead of the same one again;
@@ -495,24 +495,24 @@ def test_lost_location_restores_then_fail_and_repair_replace_its_shards(ec_templ
         assert location(store, "loc3").shards == len(packs_of(ec_template.shards))
         shutil.rmtree(dirs[3])  # the disk is gone while the store is open
         restore_all(store)
-        info = store.fail_location("loc3")
+        info = store.locations.fail("loc3")
         assert info.state == "failed"
-        report = store.check()
+        report = store.ops.check()
         assert kinds(report) <= {"shard", "redundancy"} and report.problems  # gone, or healed doubled up
-        repaired = store.repair()  # five domains for six shards: every pack doubles one up
+        repaired = store.ops.repair()  # five domains for six shards: every pack doubles one up
         assert repaired.unrepaired == () and not repaired.ok
         assert len(repaired.degraded) == len(packs_of(ec_template.shards))
         assert location(store, "loc3").shards == 0
-        assert sum(i.shards for i in store.locations()) == len(ec_template.shards)
+        assert sum(i.shards for i in store.locations.list()) == len(ec_template.shards)
         assert not dirs[3].exists()  # a failed location is never touched
-        after = store.check(read_data=True)
+        after = store.ops.check(read_data=True)
         assert kinds(after) == {"redundancy"}, after.problems  # whole, but degraded
         restore_all(store)
         # five domains left: still at the write quorum (k+1), so commits go on
         commit_steps(store, (4,))
         restore_all(store, (4,))
         assert location(store, "loc3").shards == 0
-        assert kinds(store.check(read_data=True)) == {"redundancy"}
+        assert kinds(store.ops.check(read_data=True)) == {"redundancy"}
     survivors = scan_shards(dirs[:3] + dirs[4:])
     assert {key for key in survivors if key in ec_template.shards} == set(ec_template.shards)
 
@@ -523,13 +523,13 @@ def test_repair_spreads_doubled_up_shards_once_a_location_is_added(ec_template: 
     dirs = blob_dirs(root, 7)
     with open_store(root) as store:
         shutil.rmtree(dirs[3])
-        store.fail_location("loc3")
-        first = store.repair()  # five domains left: each pack doubles one shard up
+        store.locations.fail("loc3")
+        first = store.ops.repair()  # five domains left: each pack doubles one shard up
         assert not first.ok and len(first.degraded) == len(packs_of(ec_template.shards))
-        store.add_location(str(dirs[6]))
-        assert store.repair().ok
+        store.locations.add(str(dirs[6]))
+        assert store.ops.repair().ok
         assert location(store, "loc6").shards == len(packs_of(ec_template.shards))
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
         store.gc(grace=0)  # the moved shards' old objects are orphans now
     assert_spread(scan_shards(dirs), 6)
 
@@ -543,8 +543,8 @@ def test_drain_location_moves_shards_off_and_deletes_them(tmp_path: Path) -> Non
         original = {key: path.read_bytes() for key, path in before.items()}
         on_d6 = [key for key, path in before.items() if path.parents[2] == dirs[6]]
         assert on_d6 and location(store, "loc6").shards == len(on_d6)
-        assert store.drain_location("loc6").state == "draining"
-        repaired = store.repair()
+        assert store.locations.drain("loc6").state == "draining"
+        repaired = store.ops.repair()
         assert repaired.ok, repaired.unrepaired
         assert repaired.shards_moved == repaired.shards_rewritten == len(on_d6)
         info = location(store, "loc6")
@@ -560,7 +560,7 @@ def test_drain_location_moves_shards_off_and_deletes_them(tmp_path: Path) -> Non
         commit_steps(store, (4,))  # new packs avoid the draining location
         assert location(store, "loc6").shards == 0
         assert not any(path.parents[2] == dirs[6] for path in scan_shards(dirs).values())
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
         restore_all(store, (*STEPS, 4))
 
 
@@ -570,7 +570,7 @@ def test_failure_domains_put_each_shard_of_a_pack_in_another_domain(tmp_path: Pa
     blobs = [casckpt.BlobLocation(f"blobs/d{i}", domain=f"rack{i // 2}", name=f"disk{i}") for i in range(6)]
     with open_store(root, blobs=blobs, redundancy="ec:2+1") as store:
         commit_steps(store)
-        domains = {i.name: i.domain for i in store.locations()}
+        domains = {i.name: i.domain for i in store.locations.list()}
         assert domains == {f"disk{i}": f"rack{i // 2}" for i in range(6)}
     dirs = blob_dirs(root, 6)
     shards = scan_shards(dirs)
@@ -584,8 +584,8 @@ def test_failure_domains_put_each_shard_of_a_pack_in_another_domain(tmp_path: Pa
     # a scheme wider than the failure domains is refused
     with open_store(tmp_path / "other", 3, redundancy="none") as store:
         with pytest.raises(InvalidArgumentError, match="6 failure domains, but the store has 3"):
-            store.set_redundancy("ec:4+2")
-        assert store.set_redundancy("ec:2+1") == "ec:2+1"
+            store.locations.set_redundancy("ec:4+2")
+        assert store.locations.set_redundancy("ec:2+1") == "ec:2+1"
 
 
 # -- 5. catalog disaster recovery --------------------------------------------------------------
@@ -599,11 +599,11 @@ def _history(store: Any) -> dict[str, Any]:
                        tags=tuple(sorted(v.tags)))
     return {
         "log": [strip(v) for v in store.log(order="asc")],
-        "tree": store.tree(),
-        "retention": {run: store.retention(run) for run in ("r", "ft")},
-        "redundancy": {run: store.redundancy(run) for run in (None, "r", "ft")},
+        "tree": store.lineage(),
+        "retention": {run: store.retention.get(run) for run in ("r", "ft")},
+        "redundancy": {run: store.locations.redundancy(run) for run in (None, "r", "ft")},
         "tags": {t: store.resolve(f"tag:{t}").id for t in ("best", "release", "first", "s1")},
-        "stats": replace(store.stats(), stored_bytes=0),
+        "stats": replace(store.ops.stats(), stored_bytes=0),
         "all_chunks": internals(store).catalog.live_chunk_count(),  # tree nodes too: rebuild counts them
     }
 
@@ -618,17 +618,17 @@ def _fill_history(store: Any) -> None:
     store.tag("r@2", "best")  # moved: the newest record wins
     store.tag("r@3", "release")
     store.tag("r@3", "s1")  # a commit-time tag moved later
-    store.set_retention(RUN, keep_last=2, keep_best=("loss", 1, "min"))
+    store.retention.set(RUN, keep_last=2, keep_best=("loss", 1, "min"))
     store.fork("r@1", "ft")
-    store.set_redundancy("replicate:2", run="ft")
-    store.set_retention("ft", keep_every=5, keep_tagged=False)
+    store.locations.set_redundancy("replicate:2", run="ft")
+    store.retention.set("ft", keep_every=5, keep_tagged=False)
     for step in (10, 11):
         store.commit(make_state(step, seed=1), run="ft", step=step, metrics={"loss": 0.01 * step},
                      message=None if step == 10 else "tuned")
 
 
 def _check_rebuilt(store: Any, expected: dict[str, Any]) -> None:
-    report = store.rebuild_catalog()
+    report = store.ops.rebuild_catalog()
     assert report.lost_packs == () and report.skipped == ()
     assert report.versions == len(expected["log"]) and report.runs == 2
     assert report.packs == expected["stats"].packs and report.chunks == expected["all_chunks"]
@@ -639,10 +639,10 @@ def _check_rebuilt(store: Any, expected: dict[str, Any]) -> None:
     assert got["tree"][1].fork_step == 1
     restore_all(store)
     restore_all(store, (10, 11), run="ft", seed=1)
-    assert store.check(read_data=True).ok
+    assert store.ops.check(read_data=True).ok
     with pytest.raises(InvalidArgumentError, match="not empty"):
-        store.rebuild_catalog()
-    assert store.rebuild_cache() == expected["all_chunks"]
+        store.ops.rebuild_catalog()
+    assert store.ops.rebuild_cache() == expected["all_chunks"]
     restore_all(store, (3,))
 
 
@@ -710,11 +710,11 @@ def test_ec_over_s3_buckets(tmp_path: Path, s3_bucket_url: Callable[[], str], mo
             bucket, obj = where[key]
             client.delete_object(Bucket=bucket, Key=obj)
         restore_all(store, STEPS[:2])
-        report = store.check(read_data=True)
+        report = store.ops.check(read_data=True)
         assert kinds(report) <= {"shard"} and shard_problems(report) <= {f"{p}:{i}" for p, i in lost}
-        repaired = store.repair()
+        repaired = store.ops.repair()
         assert repaired.ok, repaired.unrepaired
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
         assert {key for url in urls for key in _s3_shards(client, url)} == set(where)
         restore_all(store, STEPS[:2])
 
@@ -740,11 +740,11 @@ def test_ec_over_mixed_local_and_s3_locations(tmp_path: Path, s3_bucket_url: Cal
         client.delete_object(Bucket=remote[key][0], Key=remote[key][1])
         lost.add(f"{key[0]}:{key[1]}")
     with open_store(root) as store:
-        report = store.check()  # without reading data: the objects are missing
+        report = store.ops.check()  # without reading data: the objects are missing
         assert kinds(report) == {"shard"} and shard_problems(report) == lost
         restore_all(store, STEPS[:2])
-        assert store.repair().ok
-        assert store.check(read_data=True).ok
+        assert store.ops.repair().ok
+        assert store.ops.check(read_data=True).ok
         restore_all(store, STEPS[:2])
     assert set(scan_shards(blob_dirs(root, 3))) == set(local)
     assert {key for url in urls for key in _s3_shards(client, url)} == set(remote)
@@ -789,14 +789,14 @@ def test_quorum_commit_with_a_refusing_location_then_repair(tmp_path: Path) -> N
         info = location(store, "loc1")
         assert info.shards > 0 and info.damaged == info.shards  # recorded, as missing
         assert not scan_shards([tmp_path / "ext" / "d1"])
-        report = store.check()  # its shards, and the recovery data it could not take
+        report = store.ops.check()  # its shards, and the recovery data it could not take
         assert kinds(report) == {"shard", "identity", "manifest", "record"}
         assert len([p for p in report.problems if p.kind == "shard"]) == info.shards
         bad.refusing = False  # the disk is back
-        repaired = store.repair()
+        repaired = store.ops.repair()
         assert repaired.ok and repaired.shards_rewritten == info.shards and repaired.shards_moved == 0
         assert location(store, "loc1").damaged == 0
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
         assert_spread(scan_shards([tmp_path / "ext" / f"d{i}" for i in range(6)]), 6)
         restore_all(store, STEPS[:2])
 
@@ -808,8 +808,8 @@ def test_refused_shard_goes_to_a_spare_failure_domain(tmp_path: Path) -> None:
         commit_steps(store, STEPS[:2])
         assert bad.refused > 0
         assert location(store, "loc2").shards == 0
-        assert all(i.damaged == 0 for i in store.locations())
-        report = store.check(read_data=True)  # every pack whole; only loc2 lacks recovery data
+        assert all(i.damaged == 0 for i in store.locations.list())
+        report = store.ops.check(read_data=True)  # every pack whole; only loc2 lacks recovery data
         assert kinds(report) == {"identity", "manifest", "record"}
         assert all("loc2" in p.subject or "/d2" in p.detail for p in report.problems), report.problems
         assert_spread(scan_shards([tmp_path / "ext" / f"d{i}" for i in range(7)]), 6)
@@ -830,12 +830,12 @@ def test_commit_below_quorum_fails_and_publishes_nothing(tmp_path: Path) -> None
         assert [v.step for v in store.log(RUN)] == [0]
         with pytest.raises(RefNotFoundError):
             store.resolve("r@1")
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
         restore_all(store, STEPS[:1])
         for b in bad:
             b.refusing = False
         commit_steps(store, (1,))
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
         restore_all(store, STEPS[:2])
 
 
@@ -862,11 +862,11 @@ def test_replicate3_survives_two_lost_or_damaged_copies_of_every_pack(tmp_path: 
                 path.write_bytes(bytes(data))
     with open_store(root) as store:
         restore_all(store)
-        report = store.check(read_data=True)
+        report = store.ops.check(read_data=True)
         assert kinds(report) <= {"shard"}, report.problems  # never more than the copies damaged
-        repaired = store.repair()
+        repaired = store.ops.repair()
         assert repaired.ok, repaired.unrepaired
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
         restore_all(store)
     after = scan_copies(dirs)
     assert set(after) == set(copies)
@@ -917,7 +917,7 @@ def test_sigkill_during_ec_commit_leaves_store_consistent(zygote: Zygote, tmp_pa
     assert committed == list(range(step))
 
     with open_store(root, chunk_size=crash.CHUNK_SIZE, pack_size=crash.PACK_SIZE) as store:
-        report = store.check(read_data=True)
+        report = store.ops.check(read_data=True)
         assert report.ok, report.problems
         assert sorted(v.step for v in store.log(crash.RUN)) == committed
         for s in committed:
@@ -926,11 +926,11 @@ def test_sigkill_during_ec_commit_leaves_store_consistent(zygote: Zygote, tmp_pa
             store.resolve(f"{crash.RUN}@{step}")
         store.commit(crash.make_state(CRASH_SEED, step), run=crash.RUN, step=step)
         crash.assert_same(store.restore(f"{crash.RUN}@{step}"), crash.make_state(CRASH_SEED, step))
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
         gc = store.gc(grace=0)
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
         # what the kill left behind (shards of unrecorded packs) is gone after gc
-        recorded = sum(info.shards for info in store.locations())
+        recorded = sum(info.shards for info in store.locations.list())
         assert len(scan_shards(dirs)) == recorded, gc
         for s in (*committed, step):
             crash.assert_same(store.restore(f"{crash.RUN}@{s}"), crash.make_state(CRASH_SEED, s))
@@ -945,9 +945,9 @@ def test_open_refuses_more_shards_than_failure_domains_before_creating_anything(
     with pytest.raises(InvalidArgumentError, match="3 failure domains"):
         casckpt.open(root, blobs=labelled, redundancy="ec:2+1")
     with casckpt.open(root, blobs=labelled, redundancy="replicate:2") as store:
-        assert store.redundancy() == "replicate:2"
+        assert store.locations.redundancy() == "replicate:2"
     with casckpt.open(root, redundancy="replicate:2") as store:  # an existing store: no blobs= needed
-        assert len(store.locations()) == 4
+        assert len(store.locations.list()) == 4
 
 
 # -- regressions from review ----------------------------------------------------------------
@@ -963,8 +963,8 @@ def test_a_commit_after_a_pack_is_lost_writes_its_chunks_again(tmp_path: Path) -
         for pack in packs_of(shards):
             for index in (0, 1, 2):
                 shards[(pack, index)].unlink()
-        assert not store.check(read_data=True).ok  # found lost: its chunks stop counting for dedup
-        assert not store.repair().ok
+        assert not store.ops.check(read_data=True).ok  # found lost: its chunks stop counting for dedup
+        assert not store.ops.repair().ok
         version = store.commit(make_state(0), run=RUN, step=1)  # the same content again
         assert version.new_bytes == version.logical_bytes
         assert_same(store.restore(f"{RUN}@1"), make_state(0))
@@ -976,13 +976,13 @@ def test_repair_of_replicas_never_deletes_a_live_copy(tmp_path: Path) -> None:
     root = tmp_path / "store"
     dirs = blob_dirs(root, 3)
     with open_store(root, 3, "replicate:3") as store:
-        store.fail_location("loc2")
+        store.locations.fail("loc2")
         commit_steps(store, (0,))
-        store.activate_location("loc2")
-        assert store.repair().ok
+        store.locations.activate("loc2")
+        assert store.ops.repair().ok
         store.gc(grace=0)
         assert all(len(paths) == 3 for paths in scan_copies(dirs).values())
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
         shutil.rmtree(dirs[0])
         shutil.rmtree(dirs[1])
         restore_all(store, (0,))
@@ -1002,12 +1002,12 @@ def test_rebuild_recovers_a_pack_with_a_rotten_data_shard_and_restores_its_redun
     for name in ("catalog.db", "catalog.db-wal", "catalog.db-shm"):
         (root / name).unlink(missing_ok=True)
     with open_store(root, recover=True) as store:
-        report = store.rebuild_catalog()
+        report = store.ops.rebuild_catalog()
         assert report.lost_packs == () and report.skipped == ()
-        repaired = store.repair()  # rebuild recorded the rotten and the absent shard
+        repaired = store.ops.repair()  # rebuild recorded the rotten and the absent shard
         assert repaired.ok and repaired.shards_rewritten == 2
         restore_all(store)
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
     assert {index for p, index in scan_shards(dirs) if p == pack} == set(range(6))
 
 
@@ -1021,7 +1021,7 @@ def test_rebuild_keeps_a_tag_moved_by_a_later_commit(tmp_path: Path) -> None:
     for name in ("catalog.db", "catalog.db-wal", "catalog.db-shm"):
         (root / name).unlink(missing_ok=True)
     with open_store(root, recover=True) as store:
-        store.rebuild_catalog()
+        store.ops.rebuild_catalog()
         assert store.resolve("tag:best").id == newest.id
 
 
@@ -1029,15 +1029,15 @@ def test_gc_repack_keeps_the_redundancy_of_the_pack(tmp_path: Path) -> None:
     root = tmp_path / "store"
     blob_dirs(root, 3)
     with open_store(root, 3, "none") as store:
-        store.set_redundancy("ec:2+1", run=RUN)
+        store.locations.set_redundancy("ec:2+1", run=RUN)
         for step in range(4):
             store.commit({"a": torch.full((20_000,), float(step)), "keep": torch.arange(5_000)},
                          run=RUN, step=step)
-        store.set_retention(RUN, keep_last=1)
+        store.retention.set(RUN, keep_last=1)
         store.gc(grace=0)
         store.gc(grace=0)
         schemes = {layout.scheme for layout in
                    (internals(store).packs.layout(p.id, fresh=True) for p in internals(store).catalog.packs())
                    if layout is not None}
         assert schemes == {"ec"}
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok

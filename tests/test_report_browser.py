@@ -40,7 +40,7 @@ PROBE = {
 def report(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     root = tmp_path_factory.mktemp("report-browser")
     with build(root / "store") as store:
-        yield store.report(root / "report.html")
+        yield store.ops.report(root / "report.html")
 
 
 def _rgb(css: str) -> tuple[float, ...]:

@@ -30,7 +30,7 @@ def store(tmp_path: Path) -> Iterator[casckpt.Store]:
         s.commit({"a": torch.arange(N, dtype=torch.float32), "b": torch.arange(N, dtype=torch.float32) + 0.5,
                   "c": np.arange(10, dtype=np.float64)}, run="r", step=0)
         yield s
-        assert s.check(read_data=True).ok
+        assert s.ops.check(read_data=True).ok
 
 
 def _refused(store: casckpt.Store, into: dict[str, Any], *words: str) -> None:

@@ -197,7 +197,7 @@ def test_resume_in_fresh_process_matches_uninterrupted_run(tmp_path: Path) -> No
             assert_same_tree(
                 store.restore(f"resumed-{mode}@{STEPS}"), store.restore(f"train@{STEPS}")
             )
-        assert store.check().ok
+        assert store.ops.check().ok
 
 
 def test_restore_into_module_copies_in_place(tmp_path: Path) -> None:
@@ -218,7 +218,7 @@ def test_restore_into_module_copies_in_place(tmp_path: Path) -> None:
         assert {name: p.data_ptr() for name, p in model.named_parameters()} == params
         assert {name: b.data_ptr() for name, b in model.named_buffers()} == buffers
         assert_same_tree(model.state_dict(), committed)
-        assert store.check().ok
+        assert store.ops.check().ok
 
 
 def test_restore_into_optimizer(tmp_path: Path) -> None:
@@ -236,7 +236,7 @@ def test_restore_into_optimizer(tmp_path: Path) -> None:
         fresh = Trainer()  # a new optimizer with empty state, as after a restart
         assert store.restore("opt@3", into=fresh.opt) is fresh.opt
         assert_optimizer_state_equal(fresh.opt.state_dict(), expected)
-        assert store.check().ok
+        assert store.ops.check().ok
 
 
 def test_restore_without_target_returns_equal_tree(tmp_path: Path) -> None:
@@ -264,7 +264,7 @@ def test_restore_without_target_returns_equal_tree(tmp_path: Path) -> None:
         live = {t.data_ptr() for t in trainer.model.state_dict().values()}
         new = {t.data_ptr() for t in restored["training"]["model"].values()}
         assert not live & new, "restore(into=None) must return new tensors, not the live ones"
-        assert store.check().ok
+        assert store.ops.check().ok
 
 
 if __name__ == "__main__":

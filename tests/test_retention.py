@@ -265,7 +265,7 @@ def store(tmp_path: Path) -> Iterator[casckpt.Store]:
             _set_time(st_, RUN, 100 * i, BASE + i * DAY)
         yield st_
     with casckpt.open(tmp_path / "store", create=False) as again:
-        assert again.check().ok
+        assert again.ops.check().ok
 
 
 def _kept(plan: casckpt.types.RetentionPlan) -> list[int]:
@@ -273,52 +273,53 @@ def _kept(plan: casckpt.types.RetentionPlan) -> list[int]:
 
 
 def test_policy_round_trips_and_persists(store: casckpt.Store, tmp_path: Path) -> None:
-    assert store.retention(RUN) is None
-    policy = store.set_retention(RUN, keep_last=3, keep_within=timedelta(days=2),
+    assert store.retention.get(RUN) is None
+    policy = store.retention.set(RUN, keep_last=3, keep_within=timedelta(days=2),
                                  keep_best=("loss", 1, "min"), keep_tagged=False)
-    assert store.retention(RUN) == policy == RetentionPolicy(
+    assert store.retention.get(RUN) == policy == RetentionPolicy(
         keep_last=3, keep_within=2 * DAY, keep_best=("loss", 1, "min"), keep_tagged=False)
     store.close()
     with casckpt.open(tmp_path / "store", create=False) as again:
-        assert again.retention(RUN) == policy
-        assert again.set_retention(RUN, keep_daily=7) == again.retention(RUN) == RetentionPolicy(keep_daily=7)
-        again.clear_retention(RUN)
-        again.clear_retention(RUN)
-        assert again.retention(RUN) is None and again.plan_retention() == []
+        assert again.retention.get(RUN) == policy
+        daily = RetentionPolicy(keep_daily=7)
+        assert again.retention.set(RUN, keep_daily=7) == again.retention.get(RUN) == daily
+        again.retention.clear(RUN)
+        again.retention.clear(RUN)
+        assert again.retention.get(RUN) is None and again.retention.plan() == []
 
 
 def test_policy_errors(store: casckpt.Store) -> None:
     with pytest.raises(RefNotFoundError, match="train"):
-        store.retention("trian")
+        store.retention.get("trian")
     with pytest.raises(RefNotFoundError):
-        store.clear_retention("nope")
+        store.retention.clear("nope")
     with pytest.raises(RefNotFoundError):
-        store.plan_retention("nope")
+        store.retention.plan("nope")
     with pytest.raises(InvalidArgumentError, match="at least one keep rule"):
-        store.set_retention(RUN)
+        store.retention.set(RUN)
     with pytest.raises(InvalidArgumentError):
-        store.set_retention(RUN, keep_last=0)
+        store.retention.set(RUN, keep_last=0)
     with pytest.raises(casckpt.errors.InvalidNameError):
-        store.set_retention("../x", keep_last=1)
-    assert store.retention(RUN) is None  # nothing was stored
+        store.retention.set("../x", keep_last=1)
+    assert store.retention.get(RUN) is None  # nothing was stored
 
 
 def test_a_policy_set_before_the_first_commit_applies(store: casckpt.Store) -> None:
-    store.set_retention("later", keep_last=1)
-    assert store.retention("later") == RetentionPolicy(keep_last=1)
+    store.retention.set("later", keep_last=1)
+    assert store.retention.get("later") == RetentionPolicy(keep_last=1)
     store.commit(_state(1), run="later", step=1)
     store.commit(_state(2), run="later", step=2)
-    (plan,) = store.plan_retention("later")
+    (plan,) = store.retention.plan("later")
     assert _kept(plan) == [2]
 
 
 def test_plan_explains_every_version_and_writes_nothing(store: casckpt.Store) -> None:
     store.tag(f"{RUN}@100", "first-good")
-    store.set_retention(RUN, keep_last=2, keep_every=400, keep_best=("loss", 1, "min"))
+    store.retention.set(RUN, keep_last=2, keep_every=400, keep_best=("loss", 1, "min"))
     before = store.log(RUN)
-    (plan,) = store.plan_retention()
-    assert store.plan_retention(RUN) == [plan]
-    assert plan.run == RUN and plan.policy == store.retention(RUN)
+    (plan,) = store.retention.plan()
+    assert store.retention.plan(RUN) == [plan]
+    assert plan.run == RUN and plan.policy == store.retention.get(RUN)
     reasons = {d.version.step: d.reasons for d in plan.decisions}
     assert reasons == {
         700: ("last 2", "best 1 by loss (min)"), 600: ("last 2",), 500: (),
@@ -331,33 +332,33 @@ def test_plan_explains_every_version_and_writes_nothing(store: casckpt.Store) ->
 
 def test_runs_without_a_policy_keep_everything(store: casckpt.Store) -> None:
     store.commit(_state(1), run="other", step=1)
-    store.set_retention("other", keep_last=1)
-    assert [p.run for p in store.plan_retention()] == ["other"]
-    (plan,) = store.plan_retention(RUN)
+    store.retention.set("other", keep_last=1)
+    assert [p.run for p in store.retention.plan()] == ["other"]
+    (plan,) = store.retention.plan(RUN)
     assert plan.policy is None and len(_kept(plan)) == 8
     assert {d.reasons for d in plan.decisions} == {(planner.NO_POLICY,)}
 
 
 def test_keep_within_counts_from_the_newest_version_not_now(store: casckpt.Store) -> None:
-    store.set_retention(RUN, keep_within="2d")  # BASE is in 2027: "now" would keep nothing
-    (plan,) = store.plan_retention(RUN)
+    store.retention.set(RUN, keep_within="2d")  # BASE is in 2027: "now" would keep nothing
+    (plan,) = store.retention.plan(RUN)
     assert _kept(plan) == [700, 600, 500]
 
 
 def test_fork_points_of_live_runs_are_kept(store: casckpt.Store) -> None:
-    store.set_retention(RUN, keep_last=1, keep_tagged=False)
+    store.retention.set(RUN, keep_last=1, keep_tagged=False)
     store.fork(f"{RUN}@200", "ft-a")
-    (plan,) = store.plan_retention(RUN)
+    (plan,) = store.retention.plan(RUN)
     assert _kept(plan) == [700, 200]  # a fresh fork is about to restore its fork point
     assert plan.decisions[5].reasons == ("fork point of run ft-a",)
     store.commit(_state(9), run="ft-a", step=1)
     store.fork(f"{RUN}@200", "ft-b")
-    (plan,) = store.plan_retention(RUN)
+    (plan,) = store.retention.plan(RUN)
     assert plan.decisions[5].reasons == ("fork point of run ft-a", "fork point of run ft-b")
     store.commit(_state(10), run="ft-b", step=1)
     store.delete("ft-a@1")
     store.delete("ft-b@1")  # both forks now have only deleted versions: the fork point is free
-    (plan,) = store.plan_retention(RUN)
+    (plan,) = store.retention.plan(RUN)
     assert _kept(plan) == [700]
     store.undelete("ft-b@1")
     store.delete(f"{RUN}@200")  # an explicit delete is the user's call
@@ -373,7 +374,7 @@ def test_delete_hides_a_version_everywhere(store: casckpt.Store) -> None:
     for ref in (f"{RUN}@700", "tag:best", victim.id, victim.id[:10]):
         with pytest.raises(RefNotFoundError):
             store.resolve(ref)
-    assert store.stats().versions == 7
+    assert store.ops.stats().versions == 7
     assert next(r for r in store.runs() if r.name == RUN).versions == 7
     with internals(store).catalog.read() as conn:
         row = conn.execute(select(s.versions.c.state, s.versions.c.deleted_reason, s.versions.c.deleted_at)
@@ -381,7 +382,7 @@ def test_delete_hides_a_version_everywhere(store: casckpt.Store) -> None:
     assert row.state == "deleted" and row.deleted_reason == "bad run" and row.deleted_at > 0
     with pytest.raises(RefNotFoundError):
         store.delete(victim.id)
-    assert store.check().ok
+    assert store.ops.check().ok
 
 
 def test_undelete_restores_the_version_bit_exact(store: casckpt.Store) -> None:
@@ -538,10 +539,10 @@ def test_the_cli_reads_back_the_line_describe_writes(policy: RetentionPolicy) ->
 def test_an_unknown_rule_is_refused_by_name(tmp_path: Path) -> None:
     with casckpt.open(tmp_path / "s") as store:
         with pytest.raises(InvalidArgumentError, match="keep_forever.*the rules are keep_last"):
-            store.set_retention(RUN, keep_last=2, keep_forever=True)
+            store.retention.set(RUN, keep_last=2, keep_forever=True)
         with pytest.raises(InvalidArgumentError, match="keep_tagged must be a bool"):
-            store.set_retention(RUN, keep_last=2, keep_tagged=None)
-        assert store.set_retention(RUN, keep_within="36h").keep_within == 129600.0
+            store.retention.set(RUN, keep_last=2, keep_tagged=None)
+        assert store.retention.set(RUN, keep_within="36h").keep_within == 129600.0
 
 
 def test_retention_on_postgresql(pg_url: str, tmp_path: Path) -> None:
@@ -550,13 +551,13 @@ def test_retention_on_postgresql(pg_url: str, tmp_path: Path) -> None:
             store.commit(_state(i), run=RUN, step=i, metrics={"loss": float(4 - i)})
         store.tag(f"{RUN}@0", "first")
         store.fork(f"{RUN}@1", "ft")
-        store.set_retention(RUN, keep_last=1)
-        (plan,) = store.plan_retention()
+        store.retention.set(RUN, keep_last=1)
+        (plan,) = store.retention.plan()
         assert [(d.version.step, d.reasons) for d in plan.decisions] == [
             (3, ("last 1",)), (2, ()), (1, ("fork point of run ft",)), (0, ("tagged: first",))]
         victim = store.delete(f"{RUN}@2")
         assert [v.step for v in store.log(RUN)] == [3, 1, 0]
         assert store.undelete(f"{RUN}@2") == victim
-        store.clear_retention(RUN)
-        assert store.retention(RUN) is None and store.plan_retention() == []
-        assert store.check().ok
+        store.retention.clear(RUN)
+        assert store.retention.get(RUN) is None and store.retention.plan() == []
+        assert store.ops.check().ok

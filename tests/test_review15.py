@@ -36,12 +36,12 @@ def test_migrating_a_version_with_a_large_plain_value_leaves_gc_and_queries_work
         store.commit(state, run="r", step=0)
     monkeypatch.setattr(commit_engine, "TREE_MANIFESTS", True)
     with casckpt.open(tmp_path / "s") as store:
-        store.migrate_trees()
+        store.ops.migrate_trees()
         store.gc(grace=0)
         shown = store.show("r@0")
         assert shown.tensor_count == 1 and shown.values["blob"] == state["blob"]
         assert _equal(store.restore("r@0"), state)
-        assert store.check().ok
+        assert store.ops.check().ok
 
 
 def test_a_committed_large_plain_value_restores_or_the_commit_is_refused(tmp_path: Path) -> None:
@@ -71,7 +71,7 @@ def test_a_commit_whose_node_no_reader_accepts_is_refused_before_publishing(
             store.commit({"w": torch.ones(3), "blob": bytes(1 << 20)}, run="r", step=1)
         assert [v.step for v in store.log("r")] == [0]
         store.gc(grace=0)
-        assert store.check().ok
+        assert store.ops.check().ok
 
 
 def _tied(step: int) -> dict[str, torch.Tensor]:
@@ -101,5 +101,5 @@ def test_diff_sees_a_change_of_tensors_sharing_a_storage(
     monkeypatch.setattr(commit_engine, "TREE_MANIFESTS", True)
     with casckpt.open(tmp_path / "old") as store:
         assert _changed(store.diff("r@0", "r@2")) == (["w", "wt"], 1)
-        assert store.migrate_trees().versions_migrated == 2
+        assert store.ops.migrate_trees().versions_migrated == 2
         assert _changed(store.diff("r@0", "r@2")) == (["w", "wt"], 1)

@@ -120,7 +120,7 @@ def test_gc_between_a_background_snapshot_and_its_lease(tmp_path: Path, monkeypa
             restored = other.restore(handle.wait().id)
             assert torch.equal(restored["a"], a) and torch.equal(restored["b"], b)
         other.gc(grace=0)
-        assert other.check(read_data=True).ok
+        assert other.ops.check(read_data=True).ok
 
 
 def _blob_files(root: Path, kind: str) -> list[Path]:
@@ -164,7 +164,7 @@ def test_worker_killed_mid_encode_publishes_nothing_and_leaves_nothing(
         version = store.commit(state, run="r", step=1)
         restored = store.restore(version.id)
         assert all(torch.equal(restored[k], state[k]) for k in state)
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 _CRASH = """
@@ -207,7 +207,7 @@ def test_commit_killed_around_its_lease_leaves_nothing_gc_misses(tmp_path: Path,
         assert (_blob_files(root, "packs"), _blob_files(root, "manifests")) == before
         restored = store.restore("r@1")
         assert all(torch.equal(restored[k], state[k]) for k in state)
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def test_hinted_background_commit_whose_reused_chunks_gc_swept_fails_loudly(
@@ -238,7 +238,7 @@ def test_hinted_background_commit_whose_reused_chunks_gc_swept_fails_loudly(
         else:
             restored = other.restore(version.id)
             assert torch.equal(restored["frozen"], frozen) and torch.equal(restored["w"], w + 1.0)
-        assert other.check(read_data=True).ok
+        assert other.ops.check(read_data=True).ok
 
 
 def test_unchanged_hint_after_a_failed_background_commit_stores_the_state(

@@ -275,7 +275,7 @@ def _patch(blob: bytes, patches: list[tuple[int, bytes]]) -> bytearray:
 def fuzz_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[casckpt.Store]:
     with casckpt.open(tmp_path_factory.mktemp("fuzz") / "store") as s:
         yield s
-        assert s.check(read_data=True).ok
+        assert s.ops.check(read_data=True).ok
 
 
 _STEP = iter(range(1, 1 << 30))
@@ -399,12 +399,12 @@ def test_snapshots_survive_gc_retention_delete_and_a_lost_catalog(tmp_path: Path
             (src / "sub" / f"only{step}.bin").unlink()
         store.delete("snap@1")
         store.gc(grace=0)
-        store.set_retention("snap", keep_last=1)
+        store.retention.set("snap", keep_last=1)
         store.gc(grace=0)
         assert [v.step for v in store.log("snap")] == [3]
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
         assert _tree_bytes(store.checkout("snap@3", tmp_path / "out3")) == expected[3]
-        store.clear_retention("snap")
+        store.retention.clear("snap")
         store.delete("snap@3")
         store.undelete("snap@3")
         assert store.resolve("snap@3").metadata["casckpt.dir"]["files"] == 3
@@ -412,10 +412,10 @@ def test_snapshots_survive_gc_retention_delete_and_a_lost_catalog(tmp_path: Path
     for name in ("catalog.db", "catalog.db-wal", "catalog.db-shm"):  # the catalog is lost
         (root / name).unlink(missing_ok=True)
     with casckpt.open(root, recover=True) as store:
-        store.rebuild_catalog()
+        store.ops.rebuild_catalog()
         assert store.resolve("snap@3").metadata["casckpt.dir"]["files"] == 3
         assert _tree_bytes(store.checkout("snap@3", tmp_path / "rebuilt")) == expected[3]
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 _KILLED_MID_CHECKOUT = """

@@ -74,16 +74,16 @@ def test_a_rebuild_finds_the_current_key_record_beside_a_stale_one(tmp_path: Pat
         assert (a / object_keys.KEYS_RECORD).read_bytes() == stale
     b.rename(tmp_path / "b-away")  # b is unreachable while the key is rotated
     with casckpt.open(tmp_path / "store", blobs=[str(a), str(b)], key_file=old) as store:
-        rotated = store.rotate_key(new)
+        rotated = store.keys.rotate(new)
     (tmp_path / "b-away").rename(b)
     assert (b / object_keys.KEYS_RECORD).read_bytes() == stale
     assert (a / object_keys.KEYS_RECORD).read_bytes() != stale
     old.unlink()  # the retired key is gone
     shutil.rmtree(tmp_path / "store")
     with casckpt.open(tmp_path / "store2", blobs=[str(b), str(a)], recover=True, key_file=new) as store:
-        assert store.rebuild_catalog().versions == 1
+        assert store.ops.rebuild_catalog().versions == 1
         assert torch.equal(store.restore("r@1")["w"], _state()["w"])
-        assert [k.id for k in store.keys()] == [rotated.id]  # the current record was adopted
+        assert [k.id for k in store.keys.list()] == [rotated.id]  # the current record was adopted
 
 
 def test_the_writer_role_cannot_take_the_key_record_row_away(
@@ -144,17 +144,17 @@ def test_an_encrypted_store_on_s3_is_rebuilt_from_its_bucket_with_a_rotated_key(
     with casckpt.open(tmp_path / "store", blobs=url, s3=s3, key_file=old) as store:
         store.commit(_state(), run="r", step=1, tags=["t"])
         store.commit(_state(8, 300_000), run="r", step=2)
-        store.rotate_key(new)
+        store.keys.rotate(new)
     shutil.rmtree(tmp_path / "store")
     with pytest.raises(KeyRequiredError):
         casckpt.open(tmp_path / "a", blobs=url, s3=s3, recover=True)
     with pytest.raises(WrongKeyError):
         casckpt.open(tmp_path / "b", blobs=url, s3=s3, recover=True, key_file=old)
     with casckpt.open(tmp_path / "c", blobs=url, s3=s3, recover=True, key_file=new) as store:
-        assert store.rebuild_catalog().versions == 2
+        assert store.ops.rebuild_catalog().versions == 2
         assert torch.equal(store.restore("tag:t")["w"], _state()["w"])
         assert torch.equal(store.restore("r@2")["w"], _state(8, 300_000)["w"])
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def test_an_encrypted_store_migrated_to_trees_checks_clean(tmp_path: Path,
@@ -170,8 +170,8 @@ def test_an_encrypted_store_migrated_to_trees_checks_clean(tmp_path: Path,
         store.commit(_state(), run="r", step=1)
         store.commit(_state(9, 200_000), run="r", step=2)
         monkeypatch.setattr(commit_engine, "TREE_MANIFESTS", True)
-        assert store.migrate_trees().versions_migrated == 2
-        report = store.check(read_data=True)
+        assert store.ops.migrate_trees().versions_migrated == 2
+        report = store.ops.check(read_data=True)
         assert report.ok, report.problems
         store.delete("r@1")
         store.undelete("r@1")
@@ -249,7 +249,7 @@ def test_a_gc_that_purged_versions_then_failed_is_in_the_audit_trail(
             store.gc(grace=0)
         with pytest.raises(casckpt.errors.RefNotFoundError):
             store.undelete(gone.id)  # purged: the catalog row and the manifest are gone
-        (row,) = store.audit(action="gc")  # a purge is never unaccounted for
+        (row,) = store.ops.audit(action="gc")  # a purge is never unaccounted for
         assert row.detail["versions_purged"] == 1 and "a location failed" in row.detail["failed"]
 
 

@@ -29,7 +29,7 @@ def test_a_pack_damaged_on_the_tier_before_it_drains_never_becomes_durable(tmp_p
                 with open(pack, "r+b") as f:
                     f.seek(200)
                     f.write(b"\xff" * 64)
-        report = store.drain()
+        report = store.tier.drain()
         assert store.resolve(v.id).durability != "durable", report
         assert not _durable_packs(tmp_path)  # nothing damaged was stored under a pack id
         with pytest.raises((VersionLostError, IntegrityError)):
@@ -68,7 +68,7 @@ def test_a_tier_whose_manifest_folder_cannot_be_written_still_commits(tmp_path: 
             os.rmdir(root / "manifests")
         (root / "manifests").write_bytes(b"not a directory")  # every manifest write fails
         v = store.commit(state, run="r", step=1)
-        store.wait_durable(v, timeout=60)
+        store.tier.wait_durable(v, timeout=60)
     with casckpt.open(tmp_path / "store", blobs=[str(tmp_path / "durable")]) as plain:
         assert _same(plain.restore(v.id), state)
 
@@ -106,7 +106,7 @@ def test_the_same_state_committed_again_after_its_tier_was_lost_drains(tmp_path:
         assert v.durability == "durable" or store.resolve(v.id).durability == "durable"
     with casckpt.open(tmp_path / "store", blobs=[str(tmp_path / "durable")]) as plain:
         assert _same(plain.restore(v.id), state)
-        problems = plain.check(read_data=True).problems
+        problems = plain.ops.check(read_data=True).problems
         assert problems and all(p.kind == "version" and "lost" in p.detail for p in problems)
 
 
@@ -139,7 +139,7 @@ def test_a_delta_on_an_undrained_base_waits_on_the_base_pack(tmp_path: Path) -> 
             for pack in (_tier_root(store) / "packs").glob("*/*"):
                 if pack.name in v1_packs:
                     pack.unlink()  # v1's packs (v2's delta bases) are gone before they drain
-        store.drain()
+        store.tier.drain()
         durability = {v.id: v.durability for v in store.log("r")}
         assert durability[v1.id] == "lost"
         assert durability[v2.id] == "lost"  # never "durable" without its bases
@@ -160,7 +160,7 @@ def test_after_a_delta_base_was_lost_the_state_commits_again(tmp_path: Path) -> 
             for pack in (_tier_root(store) / "packs").glob("*/*"):
                 if pack.name in v1_packs:
                     pack.unlink()
-        store.drain()
+        store.tier.drain()
         assert store.resolve(v1.id).durability == "lost"
         errors = []
         for attempt in range(2):

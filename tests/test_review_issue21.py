@@ -44,8 +44,8 @@ def test_the_report_escapes_what_users_typed(tmp_path: Path) -> None:
         for step in (1, 2):
             store.commit({"w": torch.full((64,), float(step))}, run="r", step=step,
                          metrics={_EVIL: 1.0 / step}, message=_EVIL, metadata={_EVIL: _EVIL})
-        store.drill(count=2)
-        out = store.report(tmp_path / "r.html")
+        store.ops.drill(count=2)
+        out = store.ops.report(tmp_path / "r.html")
     page = out.read_text(encoding="utf-8")
     assert "<script" not in page and "<img" not in page
 
@@ -59,7 +59,7 @@ def test_the_report_refuses_to_replace_what_is_not_a_file(tmp_path: Path) -> Non
         store.commit({"w": torch.zeros(8)}, run="r", step=1)
         for target in (fifo, folder):
             with pytest.raises((InvalidArgumentError, OSError)):
-                store.report(target)
+                store.ops.report(target)
     assert fifo.exists() and not fifo.is_file() and folder.is_dir()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "pipe", "store"]  # no temporary left
 
@@ -69,7 +69,7 @@ def test_metrics_matplotlib_cannot_plot_still_get_a_report_with_their_table(tmp_
     with casckpt.open(tmp_path / "store") as store:
         store.commit({"w": torch.zeros(4)}, run="x", step=0, metrics={"loss": 1e308, "acc": -1e308})
         store.commit({"w": torch.zeros(4)}, run="x", step=1, metrics={"loss": 5e-324, "acc": 1e308})
-        page = store.report(tmp_path / "r.html").read_text(encoding="utf-8")
+        page = store.ops.report(tmp_path / "r.html").read_text(encoding="utf-8")
     assert "The plot could not be drawn" in page and "<td>1e+308</td>" in page
     assert page.count("<svg") >= 3  # the other sections still have their plots
 
@@ -88,9 +88,9 @@ def test_drilling_a_named_run_with_nothing_to_restore_is_not_ok(tmp_path: Path) 
         store.commit({"w": torch.zeros(4)}, run="b", step=0)
         store.delete("a@0")
         with pytest.raises(casckpt.errors.RefNotFoundError, match="no version to drill"):
-            store.drill(runs=["a", "b"])
-        assert store.drill_history() == []  # nothing recorded
-        assert store.drill().ok  # every run: b is drilled, a (empty) is not named
+            store.ops.drill(runs=["a", "b"])
+        assert store.ops.drill_history() == []  # nothing recorded
+        assert store.ops.drill().ok  # every run: b is drilled, a (empty) is not named
     result = CliRunner().invoke(app, ["--store", str(root), "drill", "--run", "a"])
     assert result.exit_code == EXIT_NOT_FOUND and "no version to drill" in result.output
 
@@ -103,6 +103,6 @@ def test_the_report_never_writes_through_a_link_at_a_temporary_name(tmp_path: Pa
     (tmp_path / ".r.html.tmp").symlink_to(victim)
     with casckpt.open(tmp_path / "store") as store:
         store.commit({"w": torch.zeros(8)}, run="r", step=1)
-        out = store.report(tmp_path / "r.html")
+        out = store.ops.report(tmp_path / "r.html")
     assert victim.read_text() == "precious" and out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
     assert sorted(p.name for p in tmp_path.iterdir()) == [".r.html.tmp", "r.html", "store", "victim"]

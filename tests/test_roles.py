@@ -136,8 +136,8 @@ def test_postgres_roles(pg_roles: dict[str, Any], monkeypatch: pytest.MonkeyPatc
         second = writer.commit(state(2), run="r", step=2, tags=["best"])  # moves the tag
         writer.tag("r@2", "release")
         writer.delete("r@1")  # a soft delete: an UPDATE, no row deleted
-        writer.set_retention("r", keep_last=5)
-        assert writer.check(read_data=True).ok
+        writer.retention.set("r", keep_last=5)
+        assert writer.ops.check(read_data=True).ok
         before = catalog_dump(owner_url), tree_hash(root)
         with pytest.raises(AccessDeniedError) as refused:
             writer.gc(grace=0)
@@ -146,9 +146,9 @@ def test_postgres_roles(pg_roles: dict[str, Any], monkeypatch: pytest.MonkeyPatc
         with pytest.raises(AccessDeniedError):
             writer.gc(dry_run=True)
         with pytest.raises(AccessDeniedError, match="repair needs"):
-            writer.repair()
+            writer.ops.repair()
         with pytest.raises(AccessDeniedError, match="migrate-trees needs"):
-            writer.migrate_trees()
+            writer.ops.migrate_trees()
     assert (catalog_dump(owner_url), tree_hash(root)) == before  # nothing marked, condemned, deleted
 
     result = CliRunner().invoke(app, ["--store", str(root), "gc", "--grace", "0"])
@@ -159,13 +159,13 @@ def test_postgres_roles(pg_roles: dict[str, Any], monkeypatch: pytest.MonkeyPatc
         assert [v.id for v in reader.log("r")] == [second.id]
         restored = reader.restore("tag:release")
         assert torch.equal(restored["w"], state(2)["w"])
-        assert reader.check().ok
+        assert reader.ops.check().ok
     assert catalog_dump(owner_url) == before[0]
 
     with as_role(monkeypatch, pg_roles, "admin") as admin:
         report = admin.gc(grace=0)
         assert report.versions_purged == 1 and report.bytes_freed > 0
-        assert admin.check(read_data=True).ok
+        assert admin.ops.check(read_data=True).ok
         assert torch.equal(admin.restore("r@2")["b"], state(2)["b"])
         with pytest.raises(RefNotFoundError):
             admin.undelete(first.id)  # purged
@@ -276,7 +276,7 @@ def test_s3_roles(iam_moto: tuple[str, dict[str, str]], tmp_path: Path,
         writer.commit(state(1), run="r", step=1)
         second = writer.commit(state(2), run="r", step=2, tags=["release"])
         writer.delete("r@1")
-        assert writer.check(read_data=True).ok
+        assert writer.ops.check(read_data=True).ok
         before = catalog_dump(catalog), objects()
         with pytest.raises(AccessDeniedError) as refused:
             writer.gc(grace=0)
@@ -297,7 +297,7 @@ def test_s3_roles(iam_moto: tuple[str, dict[str, str]], tmp_path: Path,
     with open_as("admin") as admin:
         report = admin.gc(grace=0)
         assert report.versions_purged == 1 and report.bytes_freed > 0
-        assert admin.check(read_data=True).ok
+        assert admin.ops.check(read_data=True).ok
     assert len(objects()) < len(before[1])
 
 
@@ -395,7 +395,7 @@ def test_s3_denials_stop_check_gc_and_repair_and_delete_nothing(s3_users: S3User
     before = s3_users.state()
 
     with s3_users.open("nolist") as store:  # the identity record is read, not listed
-        for call in (lambda: store.check(), lambda: store.gc(grace=0), lambda: store.repair()):
+        for call in (lambda: store.ops.check(), lambda: store.gc(grace=0), lambda: store.ops.repair()):
             with pytest.raises(AccessDeniedError) as refused:
                 call()
             assert refused.value.right is not None and refused.value.right.startswith("s3:ListBucket on ")
@@ -403,7 +403,7 @@ def test_s3_denials_stop_check_gc_and_repair_and_delete_nothing(s3_users: S3User
     assert s3_users.state() == before
 
     with s3_users.open("nopacks") as store:
-        for call in (lambda: store.check(read_data=True), lambda: store.restore("r@2")):
+        for call in (lambda: store.ops.check(read_data=True), lambda: store.restore("r@2")):
             with pytest.raises(AccessDeniedError) as refused:
                 call()
             assert refused.value.right is not None
@@ -414,7 +414,7 @@ def test_s3_denials_stop_check_gc_and_repair_and_delete_nothing(s3_users: S3User
     # records (refs/): a refused read of one is not a damaged record for repair to rewrite
     s3_users.user("norefs", denying(admin, "s3:GetObject", "arn:aws:s3:::ckpts/team/store/refs/*"))
     with s3_users.open("norefs") as store:
-        for call in (lambda: store.check(), lambda: store.repair()):
+        for call in (lambda: store.ops.check(), lambda: store.ops.repair()):
             with pytest.raises(AccessDeniedError) as refused:
                 call()
             assert refused.value.right is not None
@@ -429,4 +429,4 @@ def test_s3_denials_stop_check_gc_and_repair_and_delete_nothing(s3_users: S3User
     assert s3_users.state() == before
 
     with s3_users.open("admin") as store:  # the store itself was never at fault
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok

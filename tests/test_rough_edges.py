@@ -37,7 +37,7 @@ def store_path(tmp_path: Path) -> Iterator[Path]:
         store.fork(f"{RUN}@1", FORK)
     yield path
     with casckpt.open(path, create=False) as store:
-        assert store.check().ok
+        assert store.ops.check().ok
 
 
 def cli(*args: str) -> Result:
@@ -91,7 +91,7 @@ def test_cli_show_of_an_empty_fork_names_its_fork_point(store_path: Path) -> Non
 
 def test_a_run_never_forked_without_versions_says_to_commit(store_path: Path) -> None:
     with casckpt.open(store_path, create=False) as store:
-        store.set_retention("empty", keep_last=1)  # creates the run
+        store.retention.set("empty", keep_last=1)  # creates the run
         with pytest.raises(RefNotFoundError, match="has no versions yet; commit one"):
             store.resolve("empty@latest")
 
@@ -156,7 +156,7 @@ def test_best_of_an_unknown_metric_lists_the_metrics(store_path: Path) -> None:
             store.best(RUN, "acc")
         with pytest.raises(MetricNotFoundError) as near:
             store.best(RUN, "los")
-        store.set_retention("fresh", keep_last=1)  # a run without versions
+        store.retention.set("fresh", keep_last=1)  # a run without versions
         with pytest.raises(MetricNotFoundError) as none:
             store.best("fresh", "acc")
     assert "its versions record: loss, lr" in str(info.value)
@@ -168,7 +168,7 @@ def test_best_of_an_unknown_metric_lists_the_metrics(store_path: Path) -> None:
 
 def test_an_unknown_run_lists_the_runs(store_path: Path) -> None:
     with casckpt.open(store_path, create=False) as store:
-        for call in (store.log, store.retention, store.plan_retention, store.clear_retention,
+        for call in (store.log, store.retention.get, store.retention.plan, store.retention.clear,
                      lambda run: store.best(run, "loss")):
             with pytest.raises(RunNotFoundError) as info:
                 call("nosuchrun")
@@ -208,7 +208,7 @@ def test_keep_last_keeps_the_highest_steps_as_its_help_says(tmp_path: Path) -> N
     with casckpt.open(tmp_path / "store") as store:
         for step in (300, 100, 200):  # step 200 is the newest, step 300 the highest
             store.commit({"w": torch.full((2,), float(step))}, run=RUN, step=step)
-        store.set_retention(RUN, keep_last=1)
-        (plan,) = store.plan_retention(RUN)
+        store.retention.set(RUN, keep_last=1)
+        (plan,) = store.retention.plan(RUN)
         assert [d.version.step for d in plan.decisions if d.keep] == [300]
-        assert store.check().ok
+        assert store.ops.check().ok

@@ -74,7 +74,7 @@ def test_the_dtype_lists_cover_what_the_brief_promises() -> None:
 def store(tmp_path: Path) -> Iterator[casckpt.Store]:
     with casckpt.open(tmp_path / "store", chunk_size=CHUNK) as s:
         yield s
-        assert s.check(read_data=True).ok
+        assert s.ops.check(read_data=True).ok
 
 
 # --- exact comparison ----------------------------------------------------------------------
@@ -237,7 +237,7 @@ def test_any_state_tree_roundtrips_bit_exact(state: Any) -> None:
         pointers = [storage_of(t) for _, t in tensor_leaves(out)
                     if isinstance(t, torch.Tensor) and t.numel() > 0]
         assert len(pointers) == len(set(pointers))
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 @pytest.mark.parametrize("dtype_name", DTYPES)
@@ -353,7 +353,7 @@ def test_views_of_one_storage_are_stored_once_and_restored_shared(
         out[base_key].view(torch.uint8).bitwise_not_()
         for key, t in state.items():
             assert tensor_bytes(out[key]) == bytes(255 - x for x in tensor_bytes(t)), key
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def test_tied_weights(store: casckpt.Store) -> None:
@@ -419,7 +419,7 @@ def test_chunk_size_rounds_down_to_whole_elements(tmp_path: Path) -> None:
         version = store.commit({"w": changed}, run="r", step=2)
         assert version.new_bytes == 96
         assert_restores(store, version, {"w": changed})
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def test_tensor_seen_in_another_run_is_not_written_again(store: casckpt.Store) -> None:
@@ -464,7 +464,7 @@ def test_tensors_whose_paths_print_alike_are_refused_before_writing(
     with pytest.raises(InvalidNameError):
         store.commit(state, run="collide", step=0)
     assert store.log() == []
-    assert store.stats().chunks == 0
+    assert store.ops.stats().chunks == 0
 
 
 @pytest.mark.parametrize(
@@ -501,7 +501,7 @@ def bug_store(tmp_path: Path) -> Iterator[casckpt.Store]:
 def test_zero_dim_numpy_array_keeps_its_shape(bug_store: casckpt.Store) -> None:
     state = {"x": np.array(3.5), "y": np.array(7, dtype=">i4")}
     assert_restores(bug_store, bug_store.commit(state, run="np0d", step=0), state)
-    assert bug_store.check(read_data=True).ok
+    assert bug_store.ops.check(read_data=True).ok
 
 
 def test_conjugate_view_sharing_storage_restores_conjugated(bug_store: casckpt.Store) -> None:
@@ -510,11 +510,11 @@ def test_conjugate_view_sharing_storage_restores_conjugated(bug_store: casckpt.S
     try:
         version = bug_store.commit(state, run="conj", step=0)
     except UnsupportedStateError:
-        assert bug_store.check(read_data=True).ok
+        assert bug_store.ops.check(read_data=True).ok
         return  # refusing is acceptable (a lone conj view is refused the same way)
     out = bug_store.restore(version)
     assert torch.equal(out["conj"].resolve_conj(), c.conj().resolve_conj())
-    assert bug_store.check(read_data=True).ok
+    assert bug_store.ops.check(read_data=True).ok
 
 
 def test_tensors_from_overlapping_numpy_memory(bug_store: casckpt.Store) -> None:
@@ -522,7 +522,7 @@ def test_tensors_from_overlapping_numpy_memory(bug_store: casckpt.Store) -> None
     state = {"head": torch.from_numpy(backing[:4]), "all": torch.from_numpy(backing)}
     version = bug_store.commit(state, run="from-numpy", step=0)
     assert_restores(bug_store, version, state)
-    assert bug_store.check(read_data=True).ok
+    assert bug_store.ops.check(read_data=True).ok
 
 
 def test_huge_int_roundtrips_or_is_refused_up_front(bug_store: casckpt.Store) -> None:
@@ -531,10 +531,10 @@ def test_huge_int_roundtrips_or_is_refused_up_front(bug_store: casckpt.Store) ->
         version = bug_store.commit(state, run="huge", step=0)
     except UnsupportedStateError as exc:
         assert "'x'" in str(exc)
-        assert bug_store.check(read_data=True).ok
+        assert bug_store.ops.check(read_data=True).ok
         return
     assert_identical(state, bug_store.restore(version))
-    assert bug_store.check(read_data=True).ok
+    assert bug_store.ops.check(read_data=True).ok
 
 
 def test_surrogate_key_roundtrips_or_is_refused(bug_store: casckpt.Store) -> None:
@@ -542,10 +542,10 @@ def test_surrogate_key_roundtrips_or_is_refused(bug_store: casckpt.Store) -> Non
     try:
         version = bug_store.commit(state, run="surrogate", step=0)
     except InvalidNameError:
-        assert bug_store.check(read_data=True).ok
+        assert bug_store.ops.check(read_data=True).ok
         return
     assert_identical(state, bug_store.restore(version))
-    assert bug_store.check(read_data=True).ok
+    assert bug_store.ops.check(read_data=True).ok
 
 
 def test_non_contiguous_sub_byte_dtype(bug_store: casckpt.Store) -> None:
@@ -554,7 +554,7 @@ def test_non_contiguous_sub_byte_dtype(bug_store: casckpt.Store) -> None:
         version = bug_store.commit({"t": t}, run="int4", step=0)
     except UnsupportedStateError as exc:
         assert "'t'" in str(exc)
-        assert bug_store.check(read_data=True).ok
+        assert bug_store.ops.check(read_data=True).ok
         return
     assert_identical({"t": t}, bug_store.restore(version))
-    assert bug_store.check(read_data=True).ok
+    assert bug_store.ops.check(read_data=True).ok

@@ -119,8 +119,8 @@ def test_a_run_handle_writes_the_rows_the_store_calls_write(tmp_path: Path) -> N
         run.fork("f", at=2).save(_state(5), 5)
         run.delete(1)
     with casckpt.open(tmp_path / "b") as store:
-        store.set_retention("r", keep_last=3)
-        store.set_delta_chain(1, run="r")
+        store.retention.set("r", keep_last=3)
+        store.ops.set_delta_chain(1, run="r")
         for step in (1, 2, 3):
             store.commit(_state(step), run="r", step=step, metrics={"loss": 1 / step},
                          metadata={"lr": 0.1}, message=f"step {step}", tags=[f"t{step}"])

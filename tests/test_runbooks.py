@@ -381,7 +381,7 @@ def test_runbook(shell: Shell, title: str) -> None:
     # whatever the runbook did, it left a store whose every byte verifies and every version
     # restores to what the job committed
     with casckpt.open(_store(shell.root), create=False) as store:
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
         versions = store.log("llama-ft")
         assert versions
         for version in versions:

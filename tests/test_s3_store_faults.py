@@ -67,7 +67,7 @@ def test_commit_retries_through_faults(store: casckpt.Store, proxy: FaultProxy, 
     version = store.commit(state, run="r", step=1)
     assert proxy.pending_faults() == 0  # every fault really fired
     assert _equal(store.restore(version.id), state)
-    assert store.check(read_data=True).ok
+    assert store.ops.check(read_data=True).ok
 
 
 @pytest.mark.parametrize("fault", ["cut-download", "503", "500"])
@@ -93,12 +93,12 @@ def test_commit_that_cannot_get_through_fails_cleanly(store: casckpt.Store, prox
     assert "SlowDown" in str(err.value) or "503" in str(err.value)
     proxy.clear_faults()
     assert [v.step for v in store.log("r")] == [1]  # nothing half-visible
-    assert store.check(read_data=True).ok
+    assert store.ops.check(read_data=True).ok
     assert _equal(store.restore("r@1"), before)
     after = _state(4)
     store.commit(after, run="r", step=2)  # the store works once S3 does
     assert _equal(store.restore("r@2"), after)
-    assert store.check(read_data=True).ok
+    assert store.ops.check(read_data=True).ok
 
 
 # -- an outage is not data loss (issue 35): ec:4+2 on six buckets behind the proxy ----------
@@ -128,7 +128,7 @@ def _outage(proxy: FaultProxy, fault: str) -> None:
 
 
 def _damaged(store: casckpt.Store) -> int:
-    return sum(loc.damaged for loc in store.locations())
+    return sum(loc.damaged for loc in store.locations.list())
 
 
 @pytest.mark.parametrize("fault", ["connection-drop", "503-slowdown"])
@@ -141,22 +141,22 @@ def test_outage_is_unavailable_not_missing(ec_store: casckpt.Store, proxy: Fault
     assert not isinstance(err.value, IntegrityError)
     assert exit_code_for(err.value) == EXIT_UNAVAILABLE == 9
     assert "nothing was marked" in str(err.value)
-    during = ec_store.check()
+    during = ec_store.ops.check()
     assert not during.ok  # it could not verify ...
     said = " ".join(p.detail for p in during.problems)
     assert "could not be verified" in said
     assert {p.kind for p in during.problems} == {"location"}  # ... and never that data is lost
     assert "missing" not in said.replace("nothing was found missing", "")
     assert "cannot be restored" not in said
-    mended = ec_store.repair()
+    mended = ec_store.ops.repair()
     assert mended.shards_rewritten == 0 and not mended.ok
     assert "left alone" in " ".join(mended.unrepaired)
     proxy.clear_faults()
     assert _damaged(ec_store) == 0  # no shard was marked missing or damaged
-    assert ec_store.check().ok
-    assert ec_store.repair().shards_rewritten == 0
+    assert ec_store.ops.check().ok
+    assert ec_store.ops.repair().shards_rewritten == 0
     assert _equal(ec_store.restore("r@1"), state)
-    assert ec_store.check(read_data=True).ok
+    assert ec_store.ops.check(read_data=True).ok
 
 
 def test_a_denial_stops_restore_check_and_repair_and_marks_nothing(ec_store: casckpt.Store,
@@ -164,28 +164,29 @@ def test_a_denial_stops_restore_check_and_repair_and_marks_nothing(ec_store: cas
     state = _state(5)
     ec_store.commit(state, run="r", step=1)
     _outage(proxy, "access-denied")
-    for call in (lambda: ec_store.restore("r@1"), lambda: ec_store.check(read_data=True), ec_store.repair):
+    for call in (lambda: ec_store.restore("r@1"), lambda: ec_store.ops.check(read_data=True),
+                 ec_store.ops.repair):
         with pytest.raises(AccessDeniedError) as err:  # refused: neither unavailable nor lost
             call()
         assert exit_code_for(err.value) == EXIT_DENIED
     proxy.clear_faults()
     assert _damaged(ec_store) == 0  # no shard was marked missing or damaged
-    assert ec_store.check(read_data=True).ok
-    assert ec_store.repair().shards_rewritten == 0
+    assert ec_store.ops.check(read_data=True).ok
+    assert ec_store.ops.repair().shards_rewritten == 0
     assert _equal(ec_store.restore("r@1"), state)
 
 
 def test_outage_during_read_data_check_loses_nothing(ec_store: casckpt.Store, proxy: FaultProxy) -> None:
     ec_store.commit(_state(6), run="r", step=1)
     proxy.drop_next_response(1_000_000, methods={"GET"}, path_contains="packs/")  # listings work
-    during = ec_store.check(read_data=True)
+    during = ec_store.ops.check(read_data=True)
     said = " ".join(p.detail for p in during.problems)
     assert not during.ok and "could not be" in said and "cannot be restored" not in said
     assert "cannot be reconstructed" not in said
     proxy.clear_faults()
     assert _damaged(ec_store) == 0
-    assert ec_store.check(read_data=True).ok
-    assert ec_store.repair().shards_rewritten == 0
+    assert ec_store.ops.check(read_data=True).ok
+    assert ec_store.ops.repair().shards_rewritten == 0
 
 
 @pytest.mark.parametrize("ec_store", ["20"], indirect=True)  # a budget the outage ends well inside
@@ -209,16 +210,16 @@ def test_a_404_shard_is_still_missing_and_repaired(ec_store: casckpt.Store, moto
 
     state = _state(8)
     ec_store.commit(state, run="r", step=1)
-    url = ec_store.locations()[0].url
+    url = ec_store.locations.list()[0].url
     bucket, prefix = url.removeprefix("s3://").split("/", 1)
     client = boto3.client("s3", endpoint_url=moto_endpoint)
     keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/packs/")
             .get("Contents", [])]
     assert keys
     client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys]})
-    found = ec_store.check()
+    found = ec_store.ops.check()
     assert not found.ok and any("missing" in p.detail for p in found.problems if p.kind == "shard")
-    mended = ec_store.repair()
+    mended = ec_store.ops.repair()
     assert mended.shards_rewritten == len(keys) and mended.ok
-    assert ec_store.check(read_data=True).ok
+    assert ec_store.ops.check(read_data=True).ok
     assert _equal(ec_store.restore("r@1"), state)

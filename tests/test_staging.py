@@ -62,7 +62,7 @@ def test_staged_commits_equal_direct_ones(tmp_path: Path) -> None:
             _same(staged.restore(b.id), state)
         assert b.new_bytes == 0
         assert internals(staged).device_buffers.windows > 25_000 * 4 // (2 * CHUNK)
-        assert staged.check(read_data=True).ok
+        assert staged.ops.check(read_data=True).ok
 
 
 def test_staged_background_commit_copies_only_changed_chunks(tmp_path: Path) -> None:

@@ -63,7 +63,7 @@ def small_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
         for step in range(3):
             store.commit({"w": torch.full((8,), float(step)), "step": step}, run=RUN, step=step,
                          metrics={"loss": 1.0 / (step + 1)})
-        store.check()
+        store.ops.check()
     return root
 
 
@@ -71,7 +71,7 @@ def test_catalog_only_commands_import_no_torch(small_store: Path) -> None:
     commands = [
         ["--help"], ["--version"], ["runs"], ["runs", "--json"], ["log", RUN], ["log", RUN, "--json"],
         ["show", f"{RUN}@1"], ["show", f"{RUN}@1", "--tensors"], ["show", f"{RUN}@1", "--json"],
-        ["tag", f"{RUN}@1", "good"], ["best", RUN, "--metric", "loss"], ["tree"], ["stats"],
+        ["tag", f"{RUN}@1", "good"], ["best", RUN, "--metric", "loss"], ["lineage"], ["stats"],
         ["gc", "--dry-run"], ["audit"], ["audit", "--since", "1h", "--action", "tag", "--json"],
         ["drill", "--history"], ["drill", "--history", "--json"],
     ]

@@ -50,10 +50,10 @@ def test_four_writers_on_postgres_and_s3(tmp_path: Path, pg_url: str, s3_bucket_
             restored = store.restore(f"{run}@{step}")
             want = state_for(w, i)
             assert all(torch.equal(restored[k], want[k]) for k in want), (run, step)
-        stats = store.stats()
+        stats = store.ops.stats()
         distinct = {t.numpy().tobytes() for w in range(WRITERS) for i in range(COMMITS)
                     for t in state_for(w, i).values()}
         # every distinct 4 KiB-chunked payload is stored exactly once in the catalog
         assert stats.unique_bytes == sum(len(b) for b in distinct)
-        report = store.check(read_data=True)
+        report = store.ops.check(read_data=True)
         assert report.ok, report.problems[:5]

@@ -49,7 +49,7 @@ def _open(tmp: Path, fast: str = "fast", **kw: object) -> casckpt.Store:
 
 
 def _tier_root(store: casckpt.Store) -> Path:
-    path = store.tier_status().local_path
+    path = store.tier.status().local_path
     assert path is not None
     return Path(path)
 
@@ -79,19 +79,19 @@ def test_commit_is_fast_then_drains_durable(tmp_path: Path) -> None:
             assert store.resolve("r@1").durability == "fast"
             assert _durable_packs(tmp_path) == set()  # nothing remote yet
             held = {p.name for p in (_tier_root(store) / "packs").glob("*/*")}
-            assert held and store.tier_status().tiers[0].undrained_packs == len(held)
+            assert held and store.tier.status().tiers[0].undrained_packs == len(held)
             assert not (tmp_path / "durable" / "manifests" / v.id).exists()
             with pytest.raises(DrainTimeoutError):
-                store.wait_durable(v, timeout=0.2)
-        store.wait_durable(timeout=30)
+                store.tier.wait_durable(v, timeout=0.2)
+        store.tier.wait_durable(timeout=30)
         assert store.resolve("r@1").durability == "durable"
         assert _durable_packs(tmp_path) == held
         assert (tmp_path / "durable" / "manifests" / v.id).is_file()
-        status = store.tier_status()
+        status = store.tier.status()
         assert status.versions == {"durable": 1} and status.not_durable == ()
         assert status.tiers[0].undrained_bytes == 0 and status.durable_bytes > 0
         assert _same(store.restore("r@1"), state)
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def test_durable_true_returns_a_durable_version(tmp_path: Path) -> None:
@@ -122,7 +122,7 @@ def test_a_host_with_an_empty_tier_reads_the_locations(tmp_path: Path) -> None:
         store.commit(state, run="r", step=1, durable=True)
     with _open(tmp_path, fast="other") as store:
         assert _same(store.restore("r@1"), state)
-        assert store.tier_status().held_packs == 0  # reads are not copied onto the tier
+        assert store.tier.status().held_packs == 0  # reads are not copied onto the tier
 
 
 def test_close_drains_what_is_left(tmp_path: Path) -> None:
@@ -130,7 +130,7 @@ def test_close_drains_what_is_left(tmp_path: Path) -> None:
         v = store.commit(_state(5), run="r", step=1)
     with casckpt.open(tmp_path / "store") as store:  # no tier: the drain finished at close
         assert store.resolve(v.id).durability == "durable"
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def test_wiped_tier_loses_only_what_had_not_drained(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -157,8 +157,8 @@ def test_wiped_tier_loses_only_what_had_not_drained(tmp_path: Path, caplog: pyte
         again = store.commit(third, run="r", step=4, durable=True)  # lost chunks written again
         assert again.durability == "durable"
         assert _same(store.restore("r@4"), third)
-        assert store.tier_status().versions == {"durable": 2, "lost": 2}
-        assert [a.action for a in store.audit(action="tier.lost")] == ["tier.lost"]
+        assert store.tier.status().versions == {"durable": 2, "lost": 2}
+        assert [a.action for a in store.ops.audit(action="tier.lost")] == ["tier.lost"]
 
 
 def test_a_pack_gone_from_its_tier_before_the_drain_is_lost(tmp_path: Path) -> None:
@@ -169,7 +169,7 @@ def test_a_pack_gone_from_its_tier_before_the_drain_is_lost(tmp_path: Path) -> N
             for pack in (_tier_root(store) / "packs").glob("*/*"):
                 if pack.name not in _durable_packs(tmp_path):
                     pack.unlink()
-        report = store.drain()
+        report = store.tier.drain()
         assert report.lost_versions == (v.id,) and report.lost_packs
         assert store.resolve(v.id).durability == "lost"
         assert store.resolve("r@latest").id == base.id
@@ -186,7 +186,7 @@ def test_an_undrained_pack_grown_or_replaced_by_a_fifo_on_its_tier_is_lost_not_r
                 f.write(b"\0" * 4096)
             fifo.unlink()
             os.mkfifo(fifo)  # a drain that opened it would wait for a writer forever
-        store.drain()  # or the drain worker, woken by the commit, got there first
+        store.tier.drain()  # or the drain worker, woken by the commit, got there first
         assert store.resolve(v.id).durability == "lost"
         assert store.resolve("r@latest").id == base.id
 
@@ -195,8 +195,8 @@ def test_budget_evicts_drained_packs_least_recently_used(tmp_path: Path) -> None
     states = [_state(20 + i) for i in range(4)]  # 3 MiB each, in 1 MiB packs
     with _open(tmp_path, fast_tier_bytes=7 * MiB, keep_fast_last=1) as store:
         versions = [store.commit(s, run="r", step=i, durable=True) for i, s in enumerate(states)]
-        store.drain()
-        status = store.tier_status()
+        store.tier.drain()
+        status = store.tier.status()
         assert status.held_bytes <= status.budget == 7 * MiB  # type: ignore[operator]
         held = {p.name for p in (_tier_root(store) / "packs").glob("*/*")}
         newest = _packs_of(store, versions[-1].id)
@@ -227,9 +227,9 @@ def test_packs_not_drained_are_never_evicted_and_backpressure_raises(tmp_path: P
             with pytest.raises(CommitBackpressureError, match="fast_tier_bytes"):
                 store.commit(_state(31), run="r", step=2)
             assert before <= {p.name for p in (_tier_root(store) / "packs").glob("*/*")}
-        store.wait_durable(timeout=30)
+        store.tier.wait_durable(timeout=30)
         store.commit(_state(31), run="r", step=2, durable=True)  # room again once drained
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def test_backpressure_block_waits_for_the_drain(tmp_path: Path) -> None:
@@ -250,7 +250,7 @@ def test_backpressure_block_waits_for_the_drain(tmp_path: Path) -> None:
         v = store.commit(_state(33), run="r", step=2)  # waits until the drain made room
         assert time.monotonic() - started >= 0.9
         holder.join()
-        store.wait_durable(timeout=30)
+        store.tier.wait_durable(timeout=30)
         assert _same(store.restore(v), _state(33))
 
 
@@ -263,10 +263,10 @@ def test_gc_leaves_fast_packs_alone(tmp_path: Path) -> None:
             store.delete(old.id)
             store.gc(grace=0)
             assert _same(store.restore(v), state)
-        store.wait_durable(timeout=30)
+        store.tier.wait_durable(timeout=30)
         store.gc(grace=0)
         assert _same(store.restore(v), state)
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def test_another_tier_cannot_read_a_fast_version_until_it_drains(tmp_path: Path) -> None:
@@ -282,7 +282,7 @@ def test_another_tier_cannot_read_a_fast_version_until_it_drains(tmp_path: Path)
                 b.resolve("r@latest")  # nothing of r is restorable on b yet
             b_own = b.commit(state, run="s", step=1)  # never dedups against a's undrained packs
             assert b_own.new_bytes == v.new_bytes
-        b.wait_durable(v, timeout=30)  # a's worker drains it once the lock is free
+        b.tier.wait_durable(v, timeout=30)  # a's worker drains it once the lock is free
         assert _same(b.restore(v), state)
 
 
@@ -315,7 +315,7 @@ def test_the_config_file_records_the_tier(tmp_path: Path) -> None:
     text = (tmp_path / "store" / "casckpt.toml").read_text()
     assert "fast_tier = " in text and "fast_tier_bytes = 5242880" in text and "keep_fast_last = 2" in text
     with casckpt.open(tmp_path / "store") as store:  # the recorded tier, without arguments
-        status = store.tier_status()
+        status = store.tier.status()
         assert status.budget == 5 * MiB and status.local_path is not None
 
 
@@ -326,7 +326,7 @@ def test_a_read_only_store_uses_the_tier_and_writes_nothing(tmp_path: Path) -> N
     with _open(tmp_path, read_only=True) as store:
         assert _same(store.restore("r@1"), state)
         with pytest.raises(casckpt.errors.ReadOnlyStoreError):
-            store.drain()
+            store.tier.drain()
 
 
 @pytest.mark.parametrize("bad", [0, -1, "lots", "5 XB", True, 1.5])
@@ -347,25 +347,25 @@ def test_a_store_without_a_tier_cannot_drain(tmp_path: Path) -> None:
     with casckpt.open(tmp_path / "s") as store:
         store.commit(_state(90), run="r", step=1)
         assert store.resolve("r@1").durability == "durable"
-        store.wait_durable()  # nothing to wait for
+        store.tier.wait_durable()  # nothing to wait for
         with pytest.raises(InvalidArgumentError, match="without a fast tier"):
-            store.drain()
+            store.tier.drain()
 
 
 def test_retention_keeps_the_newest_durable_version_while_newer_ones_are_fast(tmp_path: Path) -> None:
     with _open(tmp_path) as store:
-        store.set_retention("r", keep_last=1)
+        store.retention.set("r", keep_last=1)
         first = store.commit(_state(100), run="r", step=1, durable=True)
         with _drain_held(store):
             second = store.commit(_state(101), run="r", step=2)
-            (plan,) = store.plan_retention("r")
+            (plan,) = store.retention.plan("r")
             kept = {d.version.id: d.reasons for d in plan.decisions if d.keep}
             assert set(kept) == {first.id, second.id}
             assert any("newest durable" in r for r in kept[first.id])
             store.gc(grace=0)
             assert _same(store.restore(first), _state(100))
-        store.wait_durable(timeout=30)
-        (plan,) = store.plan_retention("r")  # once drained, the policy alone decides
+        store.tier.wait_durable(timeout=30)
+        (plan,) = store.retention.plan("r")  # once drained, the policy alone decides
         assert {d.version.id for d in plan.decisions if d.keep} == {second.id}
 
 
@@ -387,7 +387,7 @@ def test_the_drain_rate_is_kept_for_every_process_of_the_host(tmp_path: Path) ->
     with _open(tmp_path) as store:
         store.commit(_state(120), run="r", step=1, durable=True)
     with _open(tmp_path) as store:  # another process, as far as the numbers go
-        status = store.tier_status()
+        status = store.tier.status()
         assert status.drained_bytes > 3 * MiB and status.drain_rate is not None
         assert status.drain_rate > 0
 
@@ -413,7 +413,7 @@ def test_a_version_reusing_undrained_chunks_waits_on_their_packs(tmp_path: Path)
             assert sum(tier_sql.waiting_on(catalog, v2.id).values()) > len(v2_packs)
             for name in v1_packs:
                 _pack_files(store)[name].unlink()
-        store.drain()  # this drain, or the worker's before it, finds v1's packs gone
+        store.tier.drain()  # this drain, or the worker's before it, finds v1's packs gone
         durability = {v.id: v.durability for v in store.log("r")}
         assert durability[v1.id] == durability[v2.id] == "lost"
         assert set(_durable_packs(tmp_path)) == v2_packs  # what was there still drained
@@ -431,7 +431,7 @@ def test_a_small_change_to_a_large_durable_state_depends_only_on_its_new_pack(tm
             catalog = internals(store).context.catalog
             new_packs = set(_pack_files(store)) - _durable_packs(tmp_path)
             assert sum(tier_sql.waiting_on(catalog, v2.id).values()) == len(new_packs) >= 1
-        store.wait_durable(v2, timeout=30)
+        store.tier.wait_durable(v2, timeout=30)
         assert _same(store.restore(v2), changed)
 
 
@@ -440,10 +440,10 @@ def test_a_process_whose_tier_was_declared_lost_writes_to_the_locations(tmp_path
 
     with _open(tmp_path) as store:
         catalog = internals(store).context.catalog
-        forget_tier(catalog, store.tier_status().tiers[0].id)  # another process found it wiped
+        forget_tier(catalog, store.tier.status().tiers[0].id)  # another process found it wiped
         v = store.commit(_state(150), run="r", step=1)
         assert _durable_packs(tmp_path)  # straight to the locations
-        store.wait_durable(v, timeout=30)
+        store.tier.wait_durable(v, timeout=30)
         assert _same(store.restore(v), _state(150))
 
 
@@ -472,15 +472,15 @@ def test_a_tier_on_a_disk_smaller_than_its_budget_never_wedges(tmp_path: Path, t
     with casckpt.open(tmp_path / "store", blobs=[str(tmp_path / "durable")], fast_tier=str(tiny_disk),
                       fast_tier_bytes="100MiB", pack_size=MiB) as store:
         versions = [store.commit(s, run="r", step=i) for i, s in enumerate(states)]  # none raises
-        store.wait_durable(timeout=60)  # the drain needs no room on the full tier
-        status = store.tier_status()
+        store.tier.wait_durable(timeout=60)  # the drain needs no room on the full tier
+        status = store.tier.status()
         assert status.drained_bytes > 0  # the tier was used while it had room
         assert status.disk_bytes is not None and status.disk_bytes < 100 * MiB
         assert any("exceeds the file system" in w for w in status.warnings)
         for v, s in zip(versions, states, strict=True):
             assert store.resolve(v.id).durability == "durable"
             assert _same(store.restore(v), s)
-        report = store.check(read_data=True)
+        report = store.ops.check(read_data=True)
         assert report.ok, report.problems
         assert any("exceeds the file system" in w for w in report.warnings)
 
@@ -503,7 +503,7 @@ def test_a_full_tier_still_drains_and_commits_pass_it_by(tmp_path: Path, tiny_di
             assert _durable_packs(tmp_path)  # what the disk had no room for went to the locations
             _fill(tiny_disk)  # not a byte left for the drain
             v = store.commit(_state(230, n=1), run="r", step=9)
-        store.wait_durable(timeout=60)
+        store.tier.wait_durable(timeout=60)
         assert waiting <= _durable_packs(tmp_path)
         for version, s in [*zip(versions, states, strict=True), (v, _state(230, n=1))]:
             assert store.resolve(version.id).durability == "durable"
@@ -525,6 +525,6 @@ def test_a_pack_filled_on_the_tier_survives_its_disk_filling_meanwhile(tmp_path:
         with _drain_held(store):
             v = store.commit(state, run="r", step=1, progress=fill_once)  # its room was reserved
             assert filled and {p.name for p in (_tier_root(store) / "packs").glob("*/*")}
-        store.wait_durable(v, timeout=60)
+        store.tier.wait_durable(v, timeout=60)
         assert _same(store.restore(v), state)
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok

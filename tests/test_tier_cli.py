@@ -52,7 +52,7 @@ def _durable(path: Path, steps: range) -> None:
 def _check(path: Path, *, lost: int = 0) -> None:
     """``check`` finds nothing wrong but the ``lost`` versions (reported, never hidden)."""
     with casckpt.open(path, create=False, options=casckpt.Options(background_drain=False)) as store:
-        report = store.check()
+        report = store.ops.check()
         gone = {f"{v.run}@{v.step}" for v in store.log() if v.durability == "lost"}
     assert len(gone) == lost
     assert [p for p in report.problems if p.subject not in gone] == [], report.problems
@@ -62,7 +62,7 @@ def _check(path: Path, *, lost: int = 0) -> None:
 
 def _tier_dir(path: Path, tier: Path) -> Path:
     with casckpt.open(path, create=False, options=casckpt.Options(background_drain=False)) as store:
-        local = store.tier_status().local_path
+        local = store.tier.status().local_path
     assert local is not None and Path(local).parent == tier.resolve()
     return Path(local)
 
@@ -89,7 +89,7 @@ def test_init_records_the_fast_tier(tmp_path: Path) -> None:
     assert result.stdout.splitlines() == [f"Created an empty casckpt store in {path}",
                                           f"fast tier {tier} (budget 2.0 GiB)"]
     with casckpt.open(path, create=False, options=casckpt.Options(background_drain=False)) as store:
-        status = store.tier_status()
+        status = store.tier.status()
     assert status.budget == 2 << 30 and status.local_path == str(tier / Path(status.local_path).name)
 
 

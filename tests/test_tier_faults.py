@@ -90,7 +90,7 @@ def _assert_drained_once(store: casckpt.Store, s3: S3) -> None:
     assert all(len(layouts[p].shards) == 1 and layouts[p].tier is None for p in packs)
     recorded = {sh.key for p in packs for sh in layouts[p].shards}
     assert s3.keys("packs/") == recorded, "pack objects on S3 that the catalog does not know"
-    report = store.check(read_data=True)
+    report = store.ops.check(read_data=True)
     assert report.ok, report.problems
 
 
@@ -103,7 +103,7 @@ def test_commit_is_fast_then_drains_to_s3(tmp_path: Path, s3: S3) -> None:
         v0 = store.commit(state("r", 0), run="r", step=0)
         assert v0.durability == "fast"
         assert store.resolve("r@0").durability in ("fast", "durable")
-        store.wait_durable(v0, timeout=60)
+        store.tier.wait_durable(v0, timeout=60)
         assert store.resolve("r@0").durability == "durable"
         assert [v.durability for v in store.log("r")] == ["durable"]
         v1 = store.commit(state("r", 1), run="r", step=1, durable=True)
@@ -119,7 +119,7 @@ def test_commit_is_fast_then_drains_to_s3(tmp_path: Path, s3: S3) -> None:
     shutil.rmtree(tmp_path / "fast")
     with _open(tmp_path, s3) as store:
         _assert_exact(store, "r@1", state("r", 1))
-        assert store.check().ok
+        assert store.ops.check().ok
 
 
 # -- 2. the drain killed with SIGKILL, then resumed at open ---------------------------------------
@@ -152,15 +152,15 @@ def test_drain_killed_then_resumed_at_open_drains_exactly_once(
                           fast_tier=tmp_path / "other", cache=tmp_path / "other-cache",
                           create=False) as other:
             other.gc(grace=0)  # (its drain finishes the versions whose packs are all live)
-            assert other.check().ok
+            assert other.ops.check().ok
     with _open(tmp_path, s3) as store:  # its drain worker resumes at once
         assert {v.durability for v in store.log("r")} <= {"fast", "durable"}
-        store.wait_durable(timeout=60)
+        store.tier.wait_durable(timeout=60)
         assert [v.durability for v in store.log("r")] == ["durable"] * versions
         for i in range(versions):
             _assert_exact(store, f"r@{i}", state("r", i))
         _assert_drained_once(store, s3)
-        audit = [e.action for e in store.audit()]
+        audit = [e.action for e in store.ops.audit()]
         assert "tier.lost" not in audit and "tier.lost_packs" not in audit
     shutil.rmtree(tmp_path / "fast")  # every byte is on S3 now
     with _open(tmp_path, s3) as store:
@@ -178,7 +178,7 @@ def test_ec_drain_killed_between_shards_is_resumed(tmp_path: Path,
     proc = _run_child("killed-drain", str(tmp_path / "store"), blobs, fast, "-", "3", "upload", "5")
     assert proc.returncode == KILLED, f"{proc.returncode}\n{proc.stderr}"
     with open_store(str(tmp_path / "store"), blobs, fast, "-") as store:
-        store.wait_durable(timeout=60)
+        store.tier.wait_durable(timeout=60)
         for i in range(3):
             _assert_exact(store, f"r@{i}", state("r", i))
         store.gc(grace=0)
@@ -187,7 +187,7 @@ def test_ec_drain_killed_between_shards_is_resumed(tmp_path: Path,
         assert {(lay.scheme, len(lay.shards)) for lay in layouts.values()} == {("ec", 3)}
         on_disk = {p.name for d in dirs for p in (d / "packs").rglob("*") if p.is_file()}
         assert on_disk == {sh.key.rsplit("/", 1)[1] for lay in layouts.values() for sh in lay.shards}
-        report = store.check(read_data=True)
+        report = store.ops.check(read_data=True)
         assert report.ok, report.problems
 
 
@@ -198,8 +198,8 @@ def test_commit_killed_before_publishing_leaves_packs_the_drain_and_gc_clean_up(
     assert proc.returncode == KILLED, f"{proc.returncode}\n{proc.stderr}"
     with _open(tmp_path, s3) as store:
         assert [v.step for v in store.log("r")] == [0]
-        store.wait_durable(timeout=60)
-        store.drain()  # the unpublished commit's packs too
+        store.tier.wait_durable(timeout=60)
+        store.tier.drain()  # the unpublished commit's packs too
         _assert_exact(store, "r@0", state("r", 0))
         _assert_drained_once(store, s3)  # its packs are gone after gc
         store.commit(state("r", 1), run="r", step=1, durable=True)
@@ -223,7 +223,7 @@ class _NoWorker:
 @pytest.fixture
 def no_drain(monkeypatch: pytest.MonkeyPatch) -> None:
     """No drain worker, and no last drain at close (as if the process were killed): the
-    test drains with ``store.drain()``."""
+    test drains with ``store.tier.drain()``."""
     from casckpt.engine import tier
     from casckpt.store_core import StoreCore
 
@@ -235,13 +235,13 @@ def test_tier_wiped_before_drain_loses_only_its_versions(
         tmp_path: Path, s3: S3, no_drain: None, caplog: pytest.LogCaptureFixture) -> None:
     with _open(tmp_path, s3) as store:
         store.commit(state("r", 0), run="r", step=0)
-        assert store.drain().versions == 1  # r@0 durable; r@1 and r@2 only on the tier
+        assert store.tier.drain().versions == 1  # r@0 durable; r@1 and r@2 only on the tier
         v1 = store.commit(state("r", 1), run="r", step=1)
         store.commit(state("r", 2), run="r", step=2, tags=["two"])
         assert [v.durability for v in store.log("r")] == ["fast", "fast", "durable"]
-        fast_only = store.check()
+        fast_only = store.ops.check()
         assert fast_only.ok, fast_only.problems  # waiting to drain is not a problem
-        assert store.repair().manifests_written == 0  # the drain writes them, after the packs
+        assert store.ops.repair().manifests_written == 0  # the drain writes them, after the packs
         assert s3.keys("manifests/") == {f"manifests/{store.resolve('r@0').id}"}
     shutil.rmtree(tmp_path / "fast")
     with caplog.at_level(logging.WARNING), _open(tmp_path, s3) as store:
@@ -256,25 +256,25 @@ def test_tier_wiped_before_drain_loses_only_its_versions(
         assert store.resolve("r@latest").step == 0
         assert "skips 2 version" in caplog.text
         _assert_exact(store, "r@latest", state("r", 0))
-        report = store.check(read_data=True)
+        report = store.ops.check(read_data=True)
         lost = sorted(p.subject for p in report.problems)
         assert lost == ["r@1", "r@2"], report.problems
         assert all(p.kind == "version" and "lost" in p.detail for p in report.problems)
-        assert "tier.lost" in [e.action for e in store.audit()]
-        assert store.repair().manifests_written == 0  # not the lost versions' manifests
+        assert "tier.lost" in [e.action for e in store.ops.audit()]
+        assert store.ops.repair().manifests_written == 0  # not the lost versions' manifests
         with pytest.raises(VersionLostError):
-            store.wait_durable(v1)
+            store.tier.wait_durable(v1)
         # the chunks that were only in the lost packs are written again by a new commit
         v3 = store.commit(state("r", 2), run="r", step=3)
         assert v3.durability == "fast"
-        assert store.drain().versions == 1
+        assert store.tier.drain().versions == 1
         assert store.resolve("r@3").durability == "durable"
-        store.wait_durable()  # the lost versions are not waited for
+        store.tier.wait_durable()  # the lost versions are not waited for
         _assert_exact(store, "r@3", state("r", 2))
         store.delete("r@1")
         store.delete("r@2")
         store.gc(grace=0)
-        report = store.check(read_data=True)
+        report = store.ops.check(read_data=True)
         assert report.ok, report.problems
     shutil.rmtree(tmp_path / "fast")  # all of it on S3
     with _open(tmp_path, s3) as store:
@@ -287,10 +287,10 @@ def test_tier_packs_gone_under_a_running_store_are_reported_lost(
         tmp_path: Path, s3: S3, no_drain: None) -> None:
     with _open(tmp_path, s3) as store:
         store.commit(state("r", 0), run="r", step=0)
-        store.drain()
+        store.tier.drain()
         store.commit(state("r", 1), run="r", step=1)
         shutil.rmtree(tmp_path / "fast")  # the whole tier, under the running store
-        report = store.drain()
+        report = store.tier.drain()
         assert report.lost_packs and len(report.lost_versions) == 1, report
         assert [v.durability for v in store.log("r")] == ["lost", "durable"]
         with pytest.raises(VersionLostError):
@@ -298,10 +298,10 @@ def test_tier_packs_gone_under_a_running_store_are_reported_lost(
         _assert_exact(store, "r@0", state("r", 0))
         assert store.resolve("r@latest").step == 0
         store.commit(state("r", 1), run="r", step=2)
-        assert store.drain().versions == 1
+        assert store.tier.drain().versions == 1
         assert store.resolve("r@2").durability == "durable"
         _assert_exact(store, "r@2", state("r", 1))
-        assert {p.subject for p in store.check().problems} == {"r@1"}
+        assert {p.subject for p in store.ops.check().problems} == {"r@1"}
 
 
 def test_a_drain_stopped_early_still_records_the_packs_it_found_lost(
@@ -329,7 +329,7 @@ def test_closing_a_store_whose_tier_was_wiped_does_not_raise(tmp_path: Path, s3:
     store.close()  # its last drain finds nothing to do (it raised FileNotFoundError)
     with _open(tmp_path, s3) as store:
         _assert_exact(store, "r@0", state("r", 0))
-        assert store.check().ok
+        assert store.ops.check().ok
 
 
 # -- 4. gc with no grace while the drain runs -----------------------------------------------------
@@ -372,7 +372,7 @@ def test_gc_racing_a_slow_drain_loses_nothing(tmp_path: Path, s3: S3,
                 store.commit(state("r", i), run="r", step=i)
                 if i == 3:
                     store.delete("r@2")  # deleted while it waits to drain
-            store.wait_durable(timeout=120)
+            store.tier.wait_durable(timeout=120)
             time.sleep(0.3)
         finally:
             stop.set()
@@ -438,7 +438,7 @@ def test_two_hosts_on_postgres_see_each_others_fast_versions_as_not_restorable(
 
     with _host(tmp_path, "a", s3, pg_url) as a, _host(tmp_path, "b", s3, pg_url) as b:
         a.commit(state("r", 0), run="r", step=0)
-        assert a.drain().versions == 1
+        assert a.tier.drain().versions == 1
         v1 = a.commit(state("r", 1), run="r", step=1)
         assert b.resolve("r@1").durability == "fast"
         for read in (lambda: b.restore("r@1"), lambda: b.load_tensor("r@1", "own")):
@@ -450,8 +450,8 @@ def test_two_hosts_on_postgres_see_each_others_fast_versions_as_not_restorable(
         _assert_exact(b, "r@0", state("r", 0))  # from S3: host b's tier is empty
         _assert_exact(a, "r@1", state("r", 1))  # host a reads its own tier
         with pytest.raises(DrainTimeoutError):
-            b.wait_durable("r@1", timeout=0.3)
-        b.wait_durable(timeout=0.3)  # None waits on host b's own tier
+            b.tier.wait_durable("r@1", timeout=0.3)
+        b.tier.wait_durable(timeout=0.3)  # None waits on host b's own tier
 
         v2 = a.commit(state("r", 2), run="r", step=2)
 
@@ -459,7 +459,7 @@ def test_two_hosts_on_postgres_see_each_others_fast_versions_as_not_restorable(
 
         def wait() -> None:
             try:
-                b.wait_durable(v1.id, timeout=60)
+                b.tier.wait_durable(v1.id, timeout=60)
                 waited.append(None)
             except BaseException as exc:  # noqa: BLE001 - reported by the test
                 waited.append(exc)
@@ -468,10 +468,10 @@ def test_two_hosts_on_postgres_see_each_others_fast_versions_as_not_restorable(
         waiter.start()
         time.sleep(0.3)
         assert not waited  # still waiting for host a
-        assert a.drain().versions == 2
+        assert a.tier.drain().versions == 2
         waiter.join(timeout=30)
         assert waited == [None]
-        b.wait_durable(v2.id, timeout=10)
+        b.tier.wait_durable(v2.id, timeout=10)
         for i in range(3):
             _assert_exact(b, f"r@{i}", state("r", i))
         _assert_drained_once(a, s3)
@@ -485,6 +485,6 @@ def test_a_host_never_depends_on_another_hosts_undrained_packs(
         a.commit(state("r", 2), run="r", step=2)  # undrained on host a
         mine = b.commit(state("r", 2), run="s", step=0)  # the same bytes: b writes them itself
         assert mine.durability == "fast"
-        b.drain()
+        b.tier.drain()
         assert b.resolve("s@0").durability == "durable", "b's version waits on a's tier"
         _assert_exact(b, "s@0", state("r", 2))

@@ -173,7 +173,7 @@ def one_thread() -> Iterator[None]:
 def store(tmp_path: Path) -> Iterator[casckpt.Store]:
     with casckpt.open(tmp_path / "store") as opened:
         yield opened
-        opened.check()
+        opened.ops.check()
 
 
 STATE_FILES = ("model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json")

@@ -68,7 +68,7 @@ def _old_store(root: Path, catalog: str | None, monkeypatch: pytest.MonkeyPatch)
         store.fork("r@1", "f")
         store.commit(_state(7), run="f", step=7)
         store.commit(_state(8), run="f", step=8)
-        assert store.stats().delta_chunks > 0
+        assert store.ops.stats().delta_chunks > 0
     engine = create_engine(_url(root, catalog))
     try:
         with engine.connect() as conn:
@@ -133,14 +133,14 @@ def test_a_store_of_the_previous_release_migrates_and_answers_the_same(
         before = _answers(store, refs)
         rows_bytes = int(_sql(url, "SELECT COALESCE(SUM(LENGTH(chunk_ids)), 0) FROM contents")[0][0])
         assert _count(url, "tensors") == 9 * len(refs) and _count(url, "tree_nodes") == 0
-        assert store.stats().versions_without_tree == len(refs)
+        assert store.ops.stats().versions_without_tree == len(refs)
 
-        report = store.migrate_trees()
+        report = store.ops.migrate_trees()
         assert (report.versions_migrated, report.versions_left) == (len(refs), 0)
         assert report.tensor_rows_deleted == 9 * len(refs) and report.nodes_written > 0
         assert _count(url, "tensors") == 0 and _count(url, "contents") == 0
         assert _sql(url, "SELECT COUNT(*) FROM versions WHERE tree_root IS NULL")[0][0] == 0
-        assert store.stats().versions_without_tree == 0
+        assert store.ops.stats().versions_without_tree == 0
         node_bytes = int(_sql(url, "SELECT SUM(LENGTH(body)) FROM tree_nodes")[0][0])
         assert node_bytes < rows_bytes + 9 * len(refs) * 100  # the catalog shrinks
         assert [store.resolve(r).id for r in refs] == ids
@@ -148,8 +148,8 @@ def test_a_store_of_the_previous_release_migrates_and_answers_the_same(
         for ref, step in zip(refs, (0, 1, 2, 3, 7, 8), strict=True):
             assert _equal(store.restore(ref), _state(step))
         assert store.resolve("tag:best").id == ids[2]
-        assert store.check(read_data=True).ok
-        again = store.migrate_trees()
+        assert store.ops.check(read_data=True).ok
+        again = store.ops.migrate_trees()
         assert (again.versions_migrated, again.nodes_written, again.tensor_rows_deleted) == (0, 0, 0)
 
         gone = _nodes_of(store, "r@0") | _nodes_of(store, "f@7")
@@ -162,7 +162,7 @@ def test_a_store_of_the_previous_release_migrates_and_answers_the_same(
         for ref, step in zip(refs, (0, 1, 2, 3, 7, 8), strict=True):
             if ref not in ("r@0", "f@7"):
                 assert _equal(store.restore(ref), _state(step))
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def test_an_interrupted_migration_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -183,16 +183,16 @@ def test_an_interrupted_migration_resumes(tmp_path: Path, monkeypatch: pytest.Mo
         before = _answers(store, refs)
         monkeypatch.setattr(treemigrate, "_publish_batch", failing)
         with pytest.raises(RuntimeError):
-            store.migrate_trees()
+            store.ops.migrate_trees()
         assert _sql(url, "SELECT COUNT(*) FROM versions WHERE tree_root IS NOT NULL")[0][0] == 2
         assert _count(url, "leases") == 0
         _same(_answers(store, refs), before)  # half migrated: both kinds answer alike
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
         monkeypatch.setattr(treemigrate, "_publish_batch", publish)
-        report = store.migrate_trees()
+        report = store.ops.migrate_trees()
         assert report.versions_migrated == len(refs) - 2
         _same(_answers(store, refs), before)
-        assert _count(url, "tensors") == 0 and store.check(read_data=True).ok
+        assert _count(url, "tensors") == 0 and store.ops.check(read_data=True).ok
 
 
 def test_a_migration_killed_with_sigkill_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -211,7 +211,7 @@ def test_a_migration_killed_with_sigkill_resumes(tmp_path: Path, monkeypatch: py
             publish(*args)
         treemigrate._publish_batch = dying
         with casckpt.open({str(root)!r}, chunk_size=4096) as store:
-            store.migrate_trees()
+            store.ops.migrate_trees()
     """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=300)
@@ -219,11 +219,11 @@ def test_a_migration_killed_with_sigkill_resumes(tmp_path: Path, monkeypatch: py
     url = _url(root, None)
     assert _sql(url, "SELECT COUNT(*) FROM versions WHERE tree_root IS NOT NULL")[0][0] == 3
     with casckpt.open(root, chunk_size=4096) as store:
-        assert store.migrate_trees().versions_migrated == len(refs) - 3
+        assert store.ops.migrate_trees().versions_migrated == len(refs) - 3
         for ref, step in zip(refs, (0, 1, 2, 3, 7, 8), strict=True):
             assert _equal(store.restore(ref), _state(step))
         store.gc(grace=0)  # the killed run's lease and leftovers are reaped
-        assert store.check(read_data=True).ok and _count(url, "tensors") == 0
+        assert store.ops.check(read_data=True).ok and _count(url, "tensors") == 0
 
 
 def _deleted_tree_twin(store: casckpt.Store) -> set[str]:
@@ -264,7 +264,7 @@ def test_gc_between_the_node_write_and_the_publish_loses_no_node(
 
         monkeypatch.setattr(treemigrate, "_publish_batch", gc_first)
         monkeypatch.setattr(treemigrate, "rewrite_lost", recording)
-        report = store.migrate_trees()
+        report = store.ops.migrate_trees()
         assert report.versions_migrated == len(refs)
         assert set(rewritten) & reused, "the publish should have found swept nodes and written them again"
         monkeypatch.setattr(treemigrate, "_publish_batch", publish)
@@ -272,7 +272,7 @@ def test_gc_between_the_node_write_and_the_publish_loses_no_node(
         assert reused <= {r[0] for r in _sql(url, "SELECT id FROM chunks WHERE state = 'live'")}
         store.gc(grace=0)
         _same(_answers(store, refs), before)
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def test_a_version_migrated_while_gc_runs_keeps_its_reused_nodes(
@@ -289,7 +289,7 @@ def test_a_version_migrated_while_gc_runs_keeps_its_reused_nodes(
     with casckpt.open(root, chunk_size=4096) as store:
         before = _answers(store, refs)
         reused = _deleted_tree_twin(store)
-        during = [store.migrate_trees]
+        during = [store.ops.migrate_trees]
 
         def migrate_then_condemn(*args: Any, **kwargs: Any) -> Any:
             while during:
@@ -302,25 +302,25 @@ def test_a_version_migrated_while_gc_runs_keeps_its_reused_nodes(
         assert reused <= {r[0] for r in _sql(url, "SELECT id FROM tree_nodes")}
         store.gc(grace=0)
         _same(_answers(store, refs), before)
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def test_catalog_rebuild_restores_migrated_trees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "s"
     refs = _old_store(root, None, monkeypatch)
     with casckpt.open(root, chunk_size=4096) as store:
-        store.migrate_trees()
+        store.ops.migrate_trees()
         before = _answers(store, refs)
         roots = _sql(_url(root, None), "SELECT id, tree_root FROM versions ORDER BY id")
     for name in ("catalog.db", "catalog.db-wal", "catalog.db-shm"):
         (root / name).unlink(missing_ok=True)
     with casckpt.open(root, recover=True, chunk_size=4096) as store:
-        report = store.rebuild_catalog()
+        report = store.ops.rebuild_catalog()
         assert report.versions == len(refs) and not report.skipped
         assert _sql(_url(root, None), "SELECT id, tree_root FROM versions ORDER BY id") == roots
         assert _count(_url(root, None), "tensors") == 0
         _same(_answers(store, refs), before)
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def test_cli_migrate_trees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

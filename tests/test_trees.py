@@ -187,7 +187,7 @@ def test_store_round_trip_of_nested_state(tmp_path: Path) -> None:
         assert torch.equal(store.load_tensor("r@1", "tied"), state["tied"])
         with pytest.raises(TensorNotFoundError):
             store.load_tensor("r@1", "optim.state.600.exp_avg")
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 # -- diff and history against a brute-force reference ---------------------------------------
@@ -264,23 +264,23 @@ def test_forged_or_truncated_nodes_are_refused(tmp_path: Path) -> None:
     with casckpt.open(root) as store:
         with pytest.raises(CorruptManifestError):
             store.restore("r@1")
-        assert not store.check().ok
+        assert not store.ops.check().ok
     with closing(sqlite3.connect(root / "catalog.db")) as conn, conn:
         conn.execute("UPDATE tree_nodes SET body = ? WHERE id = ?",
                      (zstandard.ZstdCompressor().compress(raw[: len(raw) // 2]), ids[0]))
     with casckpt.open(root) as store:
         with pytest.raises(CorruptManifestError):
             store.restore("r@1")
-        report = store.repair()  # the node's copy in the packs is intact
+        report = store.ops.repair()  # the node's copy in the packs is intact
         assert report.tree_nodes_restored == 1
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
         assert _equal(store.restore("r@1"), {"model": _flat(600)})
     with closing(sqlite3.connect(root / "catalog.db")) as conn, conn:
         conn.execute("DELETE FROM tree_nodes WHERE id = ?", (ids[-1],))
     with casckpt.open(root) as store:
-        assert not store.check().ok
-        assert store.repair().tree_nodes_restored == 1
-        assert store.check(read_data=True).ok
+        assert not store.ops.check().ok
+        assert store.ops.repair().tree_nodes_restored == 1
+        assert store.ops.check(read_data=True).ok
 
 
 # -- gc and retention ------------------------------------------------------------------------
@@ -308,7 +308,7 @@ def test_gc_frees_exactly_the_unreachable_nodes_and_chunks(tmp_path: Path) -> No
             assert {c.hex() for c in m.chunk_ids()} <= live
         assert left == reachable and left < nodes
         assert _equal(store.restore("r@1")["model"], base)
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def test_gc_reads_each_shared_node_once_however_many_versions_share_it(
@@ -338,7 +338,7 @@ def test_gc_reads_each_shared_node_once_however_many_versions_share_it(
         assert requested and len(requested) == len(set(requested)), "a node was read twice"
         assert set(requested) == nodes  # every node of every version, each once
         assert _equal(store.restore("r@4"), state)
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def test_a_commit_reusing_a_subtree_gc_condemned_revives_everything_below_it(tmp_path: Path) -> None:
@@ -353,7 +353,7 @@ def test_a_commit_reusing_a_subtree_gc_condemned_revives_everything_below_it(tmp
         assert _count(root, "SELECT COUNT(*) FROM chunks WHERE state = 'condemned'") == 0
         store.gc(grace=0)
         assert _equal(store.restore("r@2")["model"], state["model"])
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 # -- older stores ----------------------------------------------------------------------------
@@ -379,7 +379,7 @@ def test_versions_of_the_previous_format_read_and_compare_with_trees(
         shown = {t.path: t.digest for t in store.show("r@1").tensors}
         assert shown == {t.path: t.digest for t in store.show("r@2").tensors} | {
             "model.layers.5.w": shown["model.layers.5.w"]}
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def _downgrade(url: str, revision: str) -> None:
@@ -424,7 +424,7 @@ def test_a_store_of_the_previous_release_upgrades_and_every_version_stays_bit_ex
         d = store.diff("r@2", "r@3")
         assert [c.path for c in d.changed] == ["model.layers.1.w"]
         assert [e.version.step for e in store.history("r", "model.layers.1.w")] == [0, 1, 2, 3]
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def test_catalog_rebuild_restores_the_trees(tmp_path: Path) -> None:
@@ -439,7 +439,7 @@ def test_catalog_rebuild_restores_the_trees(tmp_path: Path) -> None:
     for name in ("catalog.db", "catalog.db-wal", "catalog.db-shm"):
         (root / name).unlink(missing_ok=True)
     with casckpt.open(root, recover=True) as store:
-        report = store.rebuild_catalog()
+        report = store.ops.rebuild_catalog()
         assert report.versions == 3 and not report.skipped
         after = {r[0] for r in sqlite3.connect(root / "catalog.db").execute("SELECT id FROM tree_nodes")}
         assert after == before
@@ -447,7 +447,7 @@ def test_catalog_rebuild_restores_the_trees(tmp_path: Path) -> None:
         for i, s in enumerate(states):
             assert _equal(store.restore(f"r@{i}"), s)
         assert [c.path for c in store.diff("r@1", "r@2").changed] == ["model.layers.9.w"]
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def test_show_summary_without_the_tensor_list_agrees_with_the_full_listing(tmp_path: Path) -> None:
@@ -560,7 +560,7 @@ def test_a_commit_reusing_a_node_newer_than_gcs_floor_keeps_the_old_chunks_below
         during.append(lambda: store.commit(state(1), run="r", step=3))  # reuses r@2's root
         store.gc(grace=1.0)
         assert _equal(store.restore("r@3"), state(1))
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def test_a_forged_tree_of_shared_nodes_is_refused_promptly() -> None:

@@ -52,7 +52,7 @@ with casckpt.open("store", chunk_size=4096) as store:
     got = store.restore("wheel@latest")
     assert torch.equal(got["w"], state["w"]) and np.array_equal(got["a"], state["a"])
     assert got["step"] == 1
-    assert store.check(read_data=True).ok
+    assert store.ops.check(read_data=True).ok
 print(json.dumps({"package": str(package), "migrations": str(migrations_dir())}))
 """
 

@@ -192,8 +192,8 @@ def _build_plain(root: Path, seed: int) -> dict[str, Any]:
         store.fork("a@2", "b")
         expected["b@10"] = _state(seed + 1, 1)
         store.commit(expected["b@10"], run="b", step=10)
-        store.set_retention("a", keep_last=5, keep_best=("loss", 1, "min"))
-        assert store.check(read_data=True).ok
+        store.retention.set("a", keep_last=5, keep_best=("loss", 1, "min"))
+        assert store.ops.check(read_data=True).ok
     return expected
 
 
@@ -204,7 +204,7 @@ def _build_ec(root: Path, seed: int) -> dict[str, Any]:
         for step in (1, 2):
             expected[f"a@{step}"] = _state(seed + 7, step)
             store.commit(expected[f"a@{step}"], run="a", step=step)
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
     return expected
 
 

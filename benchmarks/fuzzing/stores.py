@@ -108,7 +108,7 @@ def read_everything(store: Any, expected: dict[str, Any], rng: random.Random,
     if queries:
         attempts += [lambda: store.show("a@2"), lambda: store.diff("a@1", "a@3"),
                      lambda: store.history("a", "model.w"), lambda: store.log("a"), lambda: store.runs()]
-    attempts.append(lambda: store.check(read_data=True))
+    attempts.append(lambda: store.ops.check(read_data=True))
     all_paths(attempts)
 
 
@@ -410,7 +410,7 @@ class ConfigTarget:
                 with closing(_open(root)) as store:
                     ref = rng.choice(sorted(template.expected))
                     all_paths([lambda: _same(store.restore(ref), template.expected[ref], ref),
-                                lambda: store.check()])
+                                lambda: store.ops.check()])
             finally:
                 os.chdir(cwd)
 
@@ -451,10 +451,10 @@ class RecordsTarget:
                 what = _hostile_file(path, rng, root.parent / f"{root.name}-outside", kind == "fifo")
             note(f"{rel}: {what}")
             with closing(_open(root, recover=True)) as store:
-                store.rebuild_catalog()
-                rebuilt = [lambda: store.runs(), lambda: store.tree(), lambda: store.log("a"),
-                           lambda: store.retention("a"), lambda: store.retention("b"),
-                           lambda: store.plan_retention(), lambda: store.resolve("tag:best"),
+                store.ops.rebuild_catalog()
+                rebuilt = [lambda: store.runs(), lambda: store.lineage(), lambda: store.log("a"),
+                           lambda: store.retention.get("a"), lambda: store.retention.get("b"),
+                           lambda: store.retention.plan(), lambda: store.resolve("tag:best"),
                            lambda: store.gc(dry_run=True)]
                 all_paths(rebuilt)
                 read_everything(store, self.template.expected, rng)

@@ -665,7 +665,7 @@ class Catalog:
 
     @_idempotent
     def totals(self) -> dict[str, int]:
-        """Counts and byte sums for ``Store.stats`` (chunks: of tensor data, tree nodes left out)."""
+        """Counts and byte sums for ``store.ops.stats`` (chunks: of tensor data, tree nodes left out)."""
         v, c, p = s.versions, s.chunks, s.packs
         with self.read() as conn:
             vrow = conn.execute(select(func.count(v.c.id), func.coalesce(func.sum(v.c.logical_bytes), 0),

@@ -263,7 +263,7 @@ drills = Table(  # restore drills (casckpt.engine.drill): one row per version re
     "drills",
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("drill_id", String(32), nullable=False),  # one per drill run (Store.drill)
+    Column("drill_id", String(32), nullable=False),  # one per drill run (store.ops.drill)
     Column("at", Float, nullable=False),
     Column("version_id", String(64), nullable=False),
     Column("run", String(128), nullable=False),

@@ -75,7 +75,7 @@ def drill(
     """
     if history:
         with open_store(ctx) as store:
-            past = store.drill_history(None if runs else limit)
+            past = store.ops.drill_history(None if runs else limit)
         if runs:
             past = [r for r in past if r.run in runs][:limit]
         if as_json:
@@ -86,7 +86,7 @@ def drill(
             render.out(_results_table(past, when=True))
         return
     with open_store(ctx) as store, progress_bars() as progress:
-        report = store.drill(runs or None, count=count, seed=seed, progress=progress)
+        report = store.ops.drill(runs or None, count=count, seed=seed, progress=progress)
     if as_json:
         render.print_json(_report_dict(report))
     elif not report.results:
@@ -140,7 +140,7 @@ def advise(
 ) -> None:
     """Advise how often to checkpoint RUN (Young/Daly), from its measured stall and restore time."""
     with open_store(ctx) as store:
-        advice = store.advise(run, mtbf=mtbf, restart=restart)
+        advice = store.ops.advise(run, mtbf=mtbf, restart=restart)
     if as_json:
         render.print_json(advice.to_dict())
     else:

@@ -146,7 +146,7 @@ def gc(
     if history:
         start = None if since is None else time.time() - parse_duration(since)
         with open_store(ctx) as store:
-            _history(store.gc_history(since=start), as_json)
+            _history(store.ops.gc_history(since=start), as_json)
         return
     seconds = parse_duration(grace, allow_zero=True)
     logs.show_info()  # the run's one-line summary, for cron mail and logs

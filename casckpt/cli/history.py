@@ -1,4 +1,4 @@
-"""History and lineage commands: ``log``, ``tags``, ``diff``, ``history``, ``fork``, ``tree``,
+"""History and lineage commands: ``log``, ``tags``, ``diff``, ``history``, ``fork``, ``lineage``,
 ``best``, and ``audit`` (who changed the store, and when).
 
 All are answered from the catalog; none reads tensor data. Exit codes are
@@ -122,10 +122,10 @@ def fork(
         render.out(f"Forked run {run.name} from {version.short_id} ({version.run}@{version.step})")
 
 
-def tree(ctx: typer.Context, as_json: JsonOption = False) -> None:
-    """Show runs as a tree: each fork under the run it was forked from."""
+def lineage(ctx: typer.Context, as_json: JsonOption = False) -> None:
+    """Show the lineage of runs: each fork under the run it was forked from."""
     with open_store(ctx) as store:
-        nodes = store.tree()
+        nodes = store.lineage()
     if as_json:
         render.print_json([n.to_dict() for n in nodes])
     elif not nodes:
@@ -256,7 +256,7 @@ def audit(
     since_s = parse_time(since) if since is not None else None
     until_s = parse_time(until) if until is not None else None
     with open_store(ctx) as store:
-        entries = store.audit(since=since_s, until=until_s, action=action, target=target, limit=limit)
+        entries = store.ops.audit(since=since_s, until=until_s, action=action, target=target, limit=limit)
     if as_json:
         render.print_json([e.to_dict() for e in entries])
     elif not entries:
@@ -327,6 +327,6 @@ def register(app: typer.Typer) -> None:
     app.command()(diff)
     app.command()(history)
     app.command()(fork)
-    app.command()(tree)
+    app.command()(lineage)
     app.command()(best)
     app.command()(audit)

@@ -56,7 +56,7 @@ def generate(path: FileArgument, as_json: JsonOption = False) -> None:
 def list_keys(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """List the store's master keys: public ids, when and by whom each was added."""
     with open_store(ctx) as store:
-        found = store.keys()
+        found = store.keys.list()
     if as_json:
         render.print_json([k.to_dict() for k in found])
         return
@@ -72,7 +72,7 @@ def list_keys(ctx: typer.Context, as_json: JsonOption = False) -> None:
 def add(ctx: typer.Context, path: FileArgument, as_json: JsonOption = False) -> None:
     """Let the key in FILE open the store too (the store is opened with --key-file)."""
     with open_store(ctx) as store:
-        info = store.add_key(path)
+        info = store.keys.add(path)
     _print_key(info, as_json, "Added")
 
 
@@ -81,7 +81,7 @@ def remove(ctx: typer.Context,
            key_id: Annotated[str, typer.Argument(help="The key's id (`casckpt key list`).")]) -> None:
     """Remove a master key: it no longer opens the store (the last key is never removed)."""
     with open_store(ctx) as store:
-        store.remove_key(key_id)
+        store.keys.remove(key_id)
     render.out(f"Removed key {key_id}")
 
 
@@ -93,7 +93,7 @@ def rotate(ctx: typer.Context, path: FileArgument,
            as_json: JsonOption = False) -> None:
     """Replace a master key by the key in FILE, in one change (no data is rewritten)."""
     with open_store(ctx) as store:
-        info = store.rotate_key(path, old)
+        info = store.keys.rotate(path, old)
     _print_key(info, as_json, "Rotated in")
 
 

@@ -36,7 +36,6 @@ from casckpt.cli import retention as retention_cli
 from casckpt.cli import storage as storage_cli
 from casckpt.cli import tier as tier_cli
 from casckpt.cli import transfer as transfer_cli
-from casckpt.cli.export import check_target, export_safetensors
 from casckpt.cli.progress import progress_bars
 
 # the exit codes the module docstring documents, importable from here as they always were
@@ -67,7 +66,7 @@ from casckpt.cli.shared import (
     read_only_asked,
     store_path,
 )
-from casckpt.config import BlobLocation, blob_locations
+from casckpt.config import BlobLocation
 from casckpt.errors import (
     CasckptError,
     InvalidArgumentError,
@@ -75,7 +74,6 @@ from casckpt.errors import (
     NotEncryptedError,
     ReadOnlyStoreError,
 )
-from casckpt.storage.erasure import Redundancy
 
 _DOMAIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 """A failure domain given as ``--location DOMAIN=URL``."""
@@ -288,8 +286,6 @@ def init(
         if read_only_asked(ctx):
             raise ReadOnlyStoreError(f"no casckpt store at {target}, and creating one needs write "
                                      "access: run init without --read-only", right="store:create") from None
-        if redundancy is not None:
-            check_init_redundancy(redundancy, places)
         s3 = {k: v for k, v in (("endpoint_url", s3_endpoint), ("region", s3_region),
                                 ("sse", sse), ("kms_key_id", kms_key_id)) if v is not None}
         with casckpt.open(target, create=True, blobs=places, catalog=catalog, s3=s3,
@@ -297,9 +293,10 @@ def init(
                           fast_tier_bytes=fast_tier_bytes) as store:
             render.out(f"Created an empty{' encrypted' if key_file else ''} casckpt store in {store.path}")
             if redundancy is not None or location:
-                render.out(f"redundancy {store.redundancy()} over {len(store.locations())} location(s)")
+                render.out(f"redundancy {store.locations.redundancy()} over "
+                           f"{len(store.locations.list())} location(s)")
             if fast_tier is not None:
-                budget = (render.human_bytes(store.tier_status().budget or 0) if fast_tier_bytes
+                budget = (render.human_bytes(store.tier.status().budget or 0) if fast_tier_bytes
                           else "half its disk's free space")
                 render.out(f"fast tier {fast_tier.expanduser().resolve()} (budget {budget})")
         return
@@ -312,7 +309,7 @@ def _what_it_holds(store: casckpt.Store) -> str:
     """Whether an existing store is encrypted and how many versions it holds: what a retried
     ``init --encrypt`` must tell truthfully."""
     try:
-        sealed = bool(store.keys())
+        sealed = bool(store.keys.list())
     except NotEncryptedError:
         sealed = False
     count = sum(run.versions for run in store.runs())
@@ -331,18 +328,6 @@ def parse_locations(values: list[str]) -> list[BlobLocation]:
         else:
             out.append(BlobLocation(value))
     return out
-
-
-def check_init_redundancy(spec: str, places: str | list[BlobLocation] | None) -> None:
-    """Refuse, before anything is created, a scheme the new store's failure domains cannot hold."""
-    scheme = Redundancy.parse(spec)
-    locations = blob_locations(places if places is not None else ".")
-    domains = {loc.domain or loc.name for loc in locations}
-    if scheme.shards > len(domains):
-        raise InvalidArgumentError(
-            f"redundancy {scheme} puts each pack on {scheme.shards} failure domains, but the "
-            f"locations given span {len(domains)}; pass --location DOMAIN=URL once per domain"
-        )
 
 
 @app.command()
@@ -409,29 +394,19 @@ def restore(
     Metadata: casckpt.version (id), casckpt.run, casckpt.step and casckpt.values
     (JSON); values over 64 KiB go to a sidecar FILE.values.json instead.
     """
-    check_target(to, overwrite=force)
-    with open_store(ctx) as store:
+    with open_store(ctx) as store, progress_bars() as progress:
         version = store.resolve(ref)
-        with progress_bars() as progress:
-            tree = store.restore(version, map_location="cpu", progress=progress)
-    result = export_safetensors(tree, version, to)
+        result = store.export(version, to, format="safetensors-file", overwrite=force, progress=progress)
+    values_file = next((result.directory / f for f in result.files if f != to.name), None)
     if as_json:
-        render.print_json(
-            {
-                "version": version.to_dict(),
-                "file": str(result.file),
-                "tensors": result.tensors,
-                "values": result.values,
-                "values_file": None if result.values_file is None else str(result.values_file),
-            }
-        )
+        render.print_json({"version": version.to_dict(), "file": str(to), "tensors": result.tensors,
+                           "values": result.values,
+                           "values_file": None if values_file is None else str(values_file)})
         return
-    render.out(
-        f"Wrote {result.tensors} tensors and {result.values} values of {version.short_id} "
-        f"({version.run}@{version.step}) to {result.file}"
-    )
-    if result.values_file is not None:
-        render.note(f"plain values are over 64 KiB: written to {result.values_file}")
+    render.out(f"Wrote {result.tensors} tensors and {result.values} values of {version.short_id} "
+               f"({version.run}@{version.step}) to {to}")
+    if values_file is not None:
+        render.note(f"plain values are over 64 KiB: written to {values_file}")
 
 
 @app.command()
@@ -461,7 +436,7 @@ def check(
         raise typer.BadParameter("--read-data reads everything; drop it to read only a subset",
                                  param_hint="--read-data-subset")
     with open_store(ctx) as store, progress_bars() as progress:
-        report = store.check(read_data=read_data, read_data_subset=read_data_subset,
+        report = store.ops.check(read_data=read_data, read_data_subset=read_data_subset,
                              progress=progress)
     if as_json:
         render.print_json(render.check_dict(report))
@@ -475,7 +450,7 @@ def check(
 def stats(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """Space accounting: logical, unique and stored bytes; dedup and compression ratios."""
     with open_store(ctx) as store:
-        result = store.stats()
+        result = store.ops.stats()
     if as_json:
         render.print_json(render.stats_dict(result))
     else:
@@ -485,13 +460,11 @@ def stats(ctx: typer.Context, as_json: JsonOption = False) -> None:
 @app.command()
 def migrate(ctx: typer.Context) -> None:
     """Upgrade the store's catalog to this casckpt's schema (opening a store does it)."""
-    from casckpt.catalog.migrate import head_revision  # Alembic: only this command needs it
-
     path = store_path(ctx)
     with open_store(ctx) as store:  # casckpt.open upgrades an older catalog, or refuses a newer one
         if store.read_only is not None:  # at the shipped revision already, or opening had refused
             render.note(f"casckpt: read-only ({store.read_only}): nothing to upgrade")
-    render.out(f"Catalog of {path} is up to date at schema revision {head_revision()}")
+    render.out(f"Catalog of {path} is up to date with this casckpt")
 
 
 # the commands of the other modules come after init ... migrate in help, as they always have

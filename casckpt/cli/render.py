@@ -18,8 +18,6 @@ from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from casckpt.jsonable import dumps as dumps
-from casckpt.jsonable import to_json_value as to_json_value
 from casckpt.types import (
     CheckReport,
     LocationInfo,
@@ -29,6 +27,8 @@ from casckpt.types import (
     Version,
     VersionDetail,
 )
+from casckpt.types import dumps as dumps
+from casckpt.types import to_json_value as to_json_value
 
 _PIPE_WIDTH = 1000
 """Console width when stdout is not a terminal: wide enough that no cell is cut or wrapped."""

@@ -24,7 +24,7 @@ def report(
 ) -> None:
     """Write an HTML report: space saved, new bytes, metrics, lineage, storage, gc, locations, drills."""
     with open_store(ctx) as store:
-        written = store.report(html, runs=run or None)
+        written = store.ops.report(html, runs=run or None)
     render.out(f"Wrote report {written}")
 
 

@@ -85,7 +85,7 @@ def set_policy(ctx: typer.Context, run: RunArgument, as_json: JsonOption = False
             + "); without one every untagged version would be deleted. To keep everything, "
             f"clear the policy instead: casckpt retention clear {run}")
     with open_store(ctx) as store:
-        policy = store.set_retention(run, **given)
+        policy = store.retention.set(run, **given)
         empty = not store.log(run, limit=1)
     if as_json:
         render.print_json(_policy_json(run, policy))
@@ -101,9 +101,9 @@ def show_policy(ctx: typer.Context, run: OptionalRun = None, as_json: JsonOption
     """Show the retention policy of RUN, or of every run that has one."""
     with open_store(ctx) as store:
         if run is not None:
-            policies = [(run, store.retention(run))]
+            policies = [(run, store.retention.get(run))]
         else:
-            policies = [(r.name, p) for r in store.runs() if (p := store.retention(r.name)) is not None]
+            policies = [(r.name, p) for r in store.runs() if (p := store.retention.get(r.name)) is not None]
     if as_json:
         found = [_policy_json(name, policy) for name, policy in policies]
         render.print_json(found[0] if run is not None else found)
@@ -122,7 +122,7 @@ def show_policy(ctx: typer.Context, run: OptionalRun = None, as_json: JsonOption
 def clear_policy(ctx: typer.Context, run: RunArgument) -> None:
     """Remove the retention policy of RUN: it keeps every version again."""
     with open_store(ctx) as store:
-        store.clear_retention(run)
+        store.retention.clear(run)
     render.out(f"Retention of {run} cleared: every version is kept")
 
 
@@ -146,7 +146,7 @@ def _plan_dict(plan: RetentionPlan) -> dict[str, Any]:
 def plan_policy(ctx: typer.Context, run: OptionalRun = None, as_json: JsonOption = False) -> None:
     """Dry run: which versions `casckpt gc` would delete, which it keeps, and why. Writes nothing."""
     with open_store(ctx) as store:
-        plans = store.plan_retention(run)
+        plans = store.retention.plan(run)
     if as_json:
         render.print_json([_plan_dict(plan) for plan in plans])
         return

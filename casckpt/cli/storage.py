@@ -81,7 +81,7 @@ def list_locations(
     record in time; the ones that do not are listed with the reason.
     """
     with open_store(ctx) as store:
-        found = store.locations(timeout=timeout)
+        found = store.locations.list(timeout=timeout)
     if as_json:
         render.print_json([info.to_dict() for info in found])
     else:
@@ -105,7 +105,7 @@ def add_location(
     shards it re-creates on it when their pack lacks its failure domain.
     """
     with open_store(ctx) as store:
-        info = store.add_location(url, domain=domain, name=name)
+        info = store.locations.add(url, domain=domain, name=name)
     _print_location(info, as_json)
 
 
@@ -113,7 +113,7 @@ def add_location(
 def drain_location(ctx: typer.Context, name: NameArgument, as_json: JsonOption = False) -> None:
     """Stop writing to a location; `casckpt repair` then moves its shards to the others."""
     with open_store(ctx) as store:
-        info = store.drain_location(name)
+        info = store.locations.drain(name)
     _print_location(info, as_json, f"no new shards go to {name}; " + (
         f"move its {info.shards} shard(s) off with: casckpt repair" if info.shards
         else "it holds no shards, so there is nothing to move"))
@@ -123,7 +123,7 @@ def drain_location(ctx: typer.Context, name: NameArgument, as_json: JsonOption =
 def fail_location(ctx: typer.Context, name: NameArgument, as_json: JsonOption = False) -> None:
     """Declare a location lost: it is never read again; `casckpt repair` re-creates its shards elsewhere."""
     with open_store(ctx) as store:
-        info = store.fail_location(name)
+        info = store.locations.fail(name)
     _print_location(info, as_json, f"{name} is no longer read; " + (
         f"re-create its {info.shards} shard(s) with: casckpt repair" if info.shards
         else "it holds no shards, so there is nothing to repair"))
@@ -133,7 +133,7 @@ def fail_location(ctx: typer.Context, name: NameArgument, as_json: JsonOption = 
 def activate_location(ctx: typer.Context, name: NameArgument, as_json: JsonOption = False) -> None:
     """Return a drained or failed location to service: new packs may use it again."""
     with open_store(ctx) as store:
-        info = store.activate_location(name)
+        info = store.locations.activate(name)
     _print_location(info, as_json)
 
 
@@ -144,10 +144,10 @@ def activate_location(ctx: typer.Context, name: NameArgument, as_json: JsonOptio
 def show_redundancy(ctx: typer.Context, run: RunOption = None, as_json: JsonOption = False) -> None:
     """Show the redundancy new packs get: the store's, or RUN's (its own or the store's)."""
     with open_store(ctx) as store:
-        spec = store.redundancy(run)
-        store_spec = spec if run is None else store.redundancy()
+        spec = store.locations.redundancy(run)
+        store_spec = spec if run is None else store.locations.redundancy()
         others = [] if run is not None else [
-            (r.name, own) for r in store.runs() if (own := store.redundancy(r.name)) != store_spec]
+            (r.name, own) for r in store.runs() if (own := store.locations.redundancy(r.name)) != store_spec]
     if as_json:
         doc: dict[str, Any] = {"run": run, "redundancy": spec}
         if run is None:
@@ -179,7 +179,7 @@ def set_redundancy(
     active location.
     """
     with open_store(ctx) as store:
-        result = store.set_redundancy(spec, run=run)
+        result = store.locations.set_redundancy(spec, run=run)
     if as_json:
         render.print_json({"run": run, "redundancy": result})
         return
@@ -195,7 +195,7 @@ def set_redundancy(
 def show_delta(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """Show the delta chain policy (store and runs with their own) and what delta coding stores."""
     with open_store(ctx) as store:
-        stats = store.stats()
+        stats = store.ops.stats()
     doc = {"delta_chain": stats.delta_chain, "runs": dict(stats.run_delta_chains),
            "delta_chunks": stats.delta_chunks, "delta_raw_bytes": stats.delta_raw_bytes,
            "delta_stored_bytes": stats.delta_stored_bytes, "longest_chain": stats.longest_chain,
@@ -221,8 +221,8 @@ def set_delta(
 ) -> None:
     """Set the delta chain length of new chunks, store-wide or for one run; stored chunks keep theirs."""
     with open_store(ctx) as store:
-        store.set_delta_chain(chain, run=run)
-        result = store.delta_chain(run)
+        store.ops.set_delta_chain(chain, run=run)
+        result = store.ops.delta_chain(run)
     if as_json:
         render.print_json({"run": run, "delta_chain": result})
         return
@@ -277,7 +277,7 @@ def repair(ctx: typer.Context, as_json: JsonOption = False) -> None:
     restore and collect garbage.
     """
     with open_store(ctx) as store, progress_bars() as progress:
-        report = store.repair(progress=progress)
+        report = store.ops.repair(progress=progress)
     if as_json:
         render.print_json({**report.to_dict(), "ok": report.ok})
     else:
@@ -302,7 +302,7 @@ def rebuild_catalog(ctx: typer.Context, as_json: JsonOption = False) -> None:
     old catalog, if it turns up again, is refused.
     """
     with open_store(ctx, recover=True) as store, progress_bars() as progress:
-        report = store.rebuild_catalog(progress=progress)
+        report = store.ops.rebuild_catalog(progress=progress)
     ok = _rebuild_ok(report)
     if as_json:
         render.print_json({**report.to_dict(), "ok": ok})
@@ -328,7 +328,7 @@ def migrate_trees(ctx: typer.Context, as_json: JsonOption = False) -> None:
     while training commits and gc runs.
     """
     with open_store(ctx) as store, progress_bars() as progress:
-        report = store.migrate_trees(progress=progress)
+        report = store.ops.migrate_trees(progress=progress)
     if as_json:
         render.print_json({**report.to_dict(), "ok": not report.versions_left})
     else:
@@ -345,7 +345,7 @@ def migrate_trees(ctx: typer.Context, as_json: JsonOption = False) -> None:
 def rebuild_cache(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """Empty this host's index cache and refill it from the catalog."""
     with open_store(ctx) as store:
-        chunks = store.rebuild_cache()
+        chunks = store.ops.rebuild_cache()
     if as_json:
         render.print_json({"chunks": chunks})
     else:

@@ -53,12 +53,12 @@ def drain(
     then evict drained packs beyond the tier's budget. Exit 1 if the drain stopped early
     (it resumes on the next drain) or found versions lost."""
     with open_store(ctx) as store:
-        if store.tier_status().local_path is None:
+        if store.tier.status().local_path is None:
             raise typer.BadParameter(_NO_TIER, param_hint="--fast-tier")
         with progress_bars() as progress:
-            report = store.drain(wait=wait, progress=progress)
+            report = store.tier.drain(wait=wait, progress=progress)
         if wait and report.error is None and not report.lost_versions:
-            store.wait_durable(timeout=timeout)
+            store.tier.wait_durable(timeout=timeout)
     if as_json:
         render.print_json(report.to_dict())
     else:
@@ -96,7 +96,7 @@ def status(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """Bytes per tier (durable on the locations; this host's fast tier: held, budget, not
     drained), versions per durability, versions not durable yet, every host's tier."""
     with open_store(ctx) as store:
-        found = store.tier_status()
+        found = store.tier.status()
     if as_json:
         render.print_json(status_dict(found))
     else:
@@ -163,7 +163,7 @@ def forget(
             "drain become lost for good (`casckpt tier status` shows what waits on it). Pass "
             "--yes to do it", param_hint="--yes")
     with open_store(ctx) as store:
-        loss = store.forget_tier(tier_id)
+        loss = store.tier.forget(tier_id)
     if as_json:
         render.print_json(loss.to_dict())
     else:

@@ -59,9 +59,6 @@ def export(
     as_json: JsonOption = False,
 ) -> None:
     """Export a version into a directory as safetensors, DCP or torch.save."""
-    from casckpt.engine.exporters import check_export_dir
-
-    check_export_dir(to, fmt, overwrite=force)
     with open_store(ctx) as store, progress_bars() as progress:
         version = store.resolve(ref)
         result = store.export(version, to, format=fmt, overwrite=force, progress=progress)

@@ -96,7 +96,7 @@ def _as_seconds(value: object) -> float | None:
 
 def seconds(value: float | int | timedelta | str, what: str, *, allowed: tuple[float, float]) -> float:
     """A duration as seconds within ``allowed`` (inclusive): a number, a timedelta, or text such
-    as ``"8h"``, ``"5m"``. The one validation of ``Store.advise`` and ``casckpt advise``: the same
+    as ``"8h"``, ``"5m"``. The one validation of ``store.ops.advise`` and ``casckpt advise``: the same
     value refused the same way whichever way it came.
 
     Raises:

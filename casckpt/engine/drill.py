@@ -85,7 +85,7 @@ def reader(ctx: EngineContext, progress: ProgressCallback | None = None) -> Call
             raise VersionNotDurableError(
                 f"version {row.id[:12]} ({row.run}@{row.step}) is on this host's fast tier and not "
                 "drained to the store's locations yet, so losing this host would lose it. Run "
-                "`casckpt drain --wait` (or store.wait_durable()) and drill again")
+                "`casckpt drain --wait` (or store.tier.wait_durable()) and drill again")
         materialize(located, load_manifest(ctx.catalog, row), map_location="cpu", progress=progress,
                     heal=False)
     return read_back

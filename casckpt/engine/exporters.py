@@ -22,6 +22,10 @@ Layout of the file written by :func:`export_safetensors`:
 * ``pt``: ``checkpoint.pt``, ``torch.save`` of the restored tree.
 
 In all three, numpy arrays become torch tensors, so every file loads weights-only.
+
+``safetensors-file`` writes the one file of the layout above at the path given (and its
+sidecar beside it), as ``casckpt restore --to FILE`` does. :func:`check_export` and
+:func:`export` take any of :data:`FORMATS`.
 """
 
 from __future__ import annotations
@@ -194,19 +198,24 @@ def export_safetensors(tree: object, version: Version, target: Path, *,
     return ExportResult(target, len(tensors), len(values), sidecar)
 
 
-FORMATS = ("safetensors", "dcp", "pt")
-"""The formats :func:`export_dir` writes."""
+FILE_FORMAT = "safetensors-file"
+"""The format of one safetensors file at the path given (not a directory)."""
+FORMATS = ("safetensors", "dcp", "pt", FILE_FORMAT)
+"""The formats :func:`export` writes."""
 
 
 @dataclass(frozen=True, slots=True)
 class DirExport:
-    """What :func:`export_dir` wrote: the directory, its format, the files written (names
-    relative to it, sorted), and whether it holds a Hugging Face model directory."""
+    """What :func:`export` wrote: the directory, its format, the files written (names
+    relative to it, sorted), and whether it holds a Hugging Face model directory; for
+    ``safetensors-file`` also how many tensors and plain values the file holds."""
 
     directory: Path
     format: str
     files: tuple[str, ...]
     huggingface: bool
+    tensors: int | None = None
+    values: int | None = None
 
 
 def refuse_snapshot(tree: object, version: Version) -> None:
@@ -221,6 +230,50 @@ def refuse_snapshot(tree: object, version: Version) -> None:
             "files back with `casckpt checkout REF DIR` (Store.checkout), not export")
 
 
+def check_export(target: Path, fmt: str, *, overwrite: bool) -> None:
+    """Refuse a format or target before any data is read (a file for ``safetensors-file``,
+    else a directory).
+
+    Raises:
+        InvalidArgumentError: ``fmt`` is not one of :data:`FORMATS`.
+        RestoreTargetError: see :func:`check_export_file` and :func:`check_export_dir`.
+    """
+    if fmt == FILE_FORMAT:
+        check_export_file(target, overwrite=overwrite)
+    else:
+        check_export_dir(target, fmt, overwrite=overwrite)
+
+
+def check_export_file(target: Path, *, overwrite: bool) -> None:
+    """Refuse a target file that cannot or should not be written, before any data is read.
+
+    Raises:
+        RestoreTargetError: the directory is missing, the target is a directory, or it
+            exists and ``overwrite`` is false.
+    """
+    if not target.parent.is_dir():
+        raise RestoreTargetError(f"directory {str(target.parent)!r} does not exist; create it first")
+    if target.is_dir():
+        raise RestoreTargetError(f"{str(target)!r} is a directory; name a .safetensors file")
+    if target.exists() and not overwrite:
+        raise RestoreTargetError(f"{str(target)!r} exists; pass --force (overwrite=True) to overwrite it")
+
+
+def export(tree: object, version: Version, target: Path, fmt: str, *, overwrite: bool = False) -> DirExport:
+    """Write ``tree`` (restored from ``version``) to ``target`` as ``fmt``: one file
+    (``safetensors-file``, :func:`export_safetensors`) or a directory (:func:`export_dir`).
+
+    Raises:
+        What :func:`check_export` and the writer raise.
+    """
+    if fmt != FILE_FORMAT:
+        return export_dir(tree, version, target, fmt, overwrite=overwrite)
+    check_export_file(target, overwrite=overwrite)
+    result = export_safetensors(tree, version, target)
+    files = (target.name,) if result.values_file is None else (target.name, result.values_file.name)
+    return DirExport(target.parent, fmt, tuple(sorted(files)), False, result.tensors, result.values)
+
+
 def check_export_dir(target: Path, fmt: str, *, overwrite: bool) -> None:
     """Refuse a format or target directory before any data is read.
 
@@ -229,7 +282,7 @@ def check_export_dir(target: Path, fmt: str, *, overwrite: bool) -> None:
         RestoreTargetError: the parent directory is missing, the target is a file, or a
             non-empty directory and ``overwrite`` is false.
     """
-    if fmt not in FORMATS:
+    if fmt not in FORMATS or fmt == FILE_FORMAT:
         raise InvalidArgumentError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if target.is_symlink():
         raise RestoreTargetError(f"{str(target)!r} is a link; export writes into a real directory "

@@ -205,7 +205,7 @@ class FastTier:
                 raise CommitBackpressureError(
                     f"the fast tier {self.dir.root} holds {pending} bytes not drained yet, and "
                     f"this pack ({size} bytes) would pass its budget of {self.budget} bytes "
-                    "(fast_tier_bytes); wait for the drain (store.wait_durable()), give the tier a "
+                    "(fast_tier_bytes); wait for the drain (store.tier.wait_durable()), give the tier a "
                     "larger budget, or open the store with backpressure='block'")
             if not warned:
                 log.warning("fast tier %s: %d bytes wait for the drain, the budget is %d; the "
@@ -562,7 +562,7 @@ def check_readable(catalog: Catalog, version_id: str, durability: str) -> None:
         raise VersionNotDurableError(
             f"version {version_id[:12]} is on the fast tier of {where} and not drained to the "
             "store's locations yet, so it cannot be read from this host. Wait for it "
-            "(store.wait_durable(ref), or `casckpt drain --wait` on that host), or restore an "
+            "(store.tier.wait_durable(ref), or `casckpt drain --wait` on that host), or restore an "
             "earlier version")
 
 
@@ -589,4 +589,4 @@ def not_durable_error(catalog: Catalog, pack_id: str, tier_id: str, state: str) 
                                 "the versions needing it cannot be restored (`casckpt log`)")
     return VersionNotDurableError(
         f"pack {pack_id} is on the fast tier of {_host_of(catalog, tier_id)} and not drained yet; "
-        "wait for the drain (store.wait_durable) or restore an earlier version")
+        "wait for the drain (store.tier.wait_durable) or restore an earlier version")

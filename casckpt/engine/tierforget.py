@@ -1,4 +1,4 @@
-"""``Store.forget_tier``: declare another host's fast tier lost by hand (its host or disk is
+"""``store.tier.forget``: declare another host's fast tier lost by hand (its host or disk is
 gone for good, so no open on that host will ever find it wiped and declare it lost itself)."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def whole_here(row: sql.TierRow) -> bool:
 
 
 def forget(catalog: Catalog, own: FastTier | None, tier_id: str) -> TierLoss:
-    """See ``Store.forget_tier``: declare the tier ``tier_id`` names lost, unless it is
+    """See ``store.tier.forget``: declare the tier ``tier_id`` names lost, unless it is
     ``own`` (the handle's tier) or still whole on this host."""
     from casckpt.engine.tier import forget_tier
 

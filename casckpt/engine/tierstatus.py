@@ -1,4 +1,4 @@
-"""``Store.tier_status``: bytes per tier, versions not durable yet, this host's fast tier."""
+"""``store.tier.status``: bytes per tier, versions not durable yet, this host's fast tier."""
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ def version_to_resume(store: Store, ref: Ref) -> Version | None:
             raise
         run = ref[:-len(LATEST)]
         if _has_versions(store, run) or any(
-                node.name == run and node.fork_version is not None for node in store.tree()):
+                node.name == run and node.fork_version is not None for node in store.lineage()):
             raise
         return None
 

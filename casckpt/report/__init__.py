@@ -1,4 +1,4 @@
-"""A store as one self-contained HTML report (``Store.report``, ``casckpt report``).
+"""A store as one self-contained HTML report (``store.ops.report``, ``casckpt report``).
 
 :func:`write_report` reads the store through its public queries (:mod:`.data`), draws
 each section with matplotlib as inline SVG (:mod:`.svg`, :mod:`.sections`,

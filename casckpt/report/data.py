@@ -27,7 +27,7 @@ _HIGHER = frozenset({"acc", "accuracy", "f1", "score", "reward", "auc", "bleu", 
 
 
 class DrillRecord(Protocol):
-    """One recorded restore drill result (``Store.drill_history()``'s items), as read here."""
+    """One recorded restore drill result (``store.ops.drill_history()``'s items), as read here."""
 
     @property
     def drill_id(self) -> str: ...
@@ -49,17 +49,38 @@ class DrillRecord(Protocol):
     def error(self) -> str | None: ...
 
 
+class OpsSource(Protocol):
+    """The operator queries a report reads (``store.ops``)."""
+
+    def stats(self) -> StoreStats: ...
+    def audit(self, *, action: str | None = None) -> list[AuditEntry]: ...
+    def drill_history(self, limit: int = 100, run: str | None = None) -> Sequence[DrillRecord]: ...
+
+
+class LocationsSource(Protocol):
+    """The location health a report shows (``store.locations``)."""
+
+    def list(self) -> list[LocationInfo]: ...
+
+
+class RetentionSource(Protocol):
+    """The retention policies a report reads (``store.retention``)."""
+
+    def get(self, run: str) -> RetentionPolicy | None: ...
+
+
 class ReportSource(Protocol):
     """The read-only queries a report needs; :class:`casckpt.Store` has them all."""
 
     def runs(self) -> list[RunInfo]: ...
-    def tree(self) -> list[RunNode]: ...
+    def lineage(self) -> list[RunNode]: ...
     def log(self, run: str | None = None, *, order: str = "desc") -> list[Version]: ...
-    def stats(self) -> StoreStats: ...
-    def audit(self, *, action: str | None = None) -> list[AuditEntry]: ...
-    def locations(self) -> list[LocationInfo]: ...
-    def retention(self, run: str) -> RetentionPolicy | None: ...
-    def drill_history(self, limit: int = 100, run: str | None = None) -> Sequence[DrillRecord]: ...
+    @property
+    def ops(self) -> OpsSource: ...
+    @property
+    def locations(self) -> LocationsSource: ...
+    @property
+    def retention(self) -> RetentionSource: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,17 +123,17 @@ def collect(source: ReportSource, runs: Sequence[str] | None = None, *,
         RefNotFoundError: a run in ``runs`` does not exist (near names suggested).
     """
     wanted = _wanted(runs)
-    tree = tuple(n for n in source.tree() if wanted is None or n.name in wanted)
+    tree = tuple(n for n in source.lineage() if wanted is None or n.name in wanted)
     if wanted is not None:
         missing = sorted(wanted - {n.name for n in tree})
         for name in missing:
             source.log(name)  # raises RefNotFoundError with its suggestions
     run_data = tuple(_run_data(source, node.name) for node in tree)
-    drills = tuple(d for d in source.drill_history(limit=DRILL_LIMIT)
+    drills = tuple(d for d in source.ops.drill_history(limit=DRILL_LIMIT)
                    if wanted is None or d.run in wanted)
     return ReportData(
-        title=title, generated_at=datetime.now(timezone.utc), stats=source.stats(), runs=run_data,
-        tree=tree, gc_runs=tuple(source.audit(action="gc")), locations=tuple(source.locations()),
+        title=title, generated_at=datetime.now(timezone.utc), stats=source.ops.stats(), runs=run_data,
+        tree=tree, gc_runs=tuple(source.ops.audit(action="gc")), locations=tuple(source.locations.list()),
         drills=drills)
 
 
@@ -134,7 +155,7 @@ def _wanted(runs: Sequence[str] | None) -> frozenset[str] | None:
 
 def _run_data(source: ReportSource, name: str) -> RunData:
     versions = tuple(source.log(name, order="asc"))
-    policy = source.retention(name)
+    policy = source.retention.get(name)
     kept = policy.keep_best if policy is not None else None
     metrics = sorted({m for v in versions for m in v.metrics})
     best: dict[str, tuple[str, str]] = {}

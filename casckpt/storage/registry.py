@@ -158,6 +158,14 @@ def all_backends() -> list[Backend]:
     return [_load(s) for s in schemes()]
 
 
+def role_grants(role: str, urls: list[str]) -> list[RoleGrants]:
+    """What each backend prints for ``role`` (``casckpt init --print-grants``): the backends
+    ``urls`` name, else (a new store, no URL yet) every one that prints anything."""
+    printing = [b for b in all_backends() if b.grants is not None]
+    named = [b for b in printing if any(u.startswith(f"{b.scheme}://") for u in urls)]
+    return [b.grants(role, urls) for b in named or printing if b.grants is not None]
+
+
 def backend_for(url: str) -> Backend:
     """The backend a location URL names (by its scheme).
 

@@ -1,7 +1,7 @@
 """Restore drills and commit stalls: the ``drills`` table and ``versions.stall_s``.
 
 ``drills``: one row per version a restore drill read back (``casckpt drill``,
-``Store.drill``): which version, how many bytes, how long, whether it restored and why not.
+``store.ops.drill``): which version, how many bytes, how long, whether it restored and why not.
 A new, empty table. ``versions.stall_s``: how long the commit held the training loop up (a
 blocking commit: its wall time; a background one: until ``commit()`` returned), what the
 interval advisor (``casckpt advise``) reads; NULL for every existing version (unknown). No

@@ -50,7 +50,7 @@ def main(target: str) -> int:
     with casckpt.open(root, chunk_size=1024) as store:
         store.commit(state(0), run="main", step=0, metrics={"loss": 2.0}, message="format 1")
         commit_engine.TREE_MANIFESTS = True
-        store.set_retention("main", keep_last=10)
+        store.retention.set("main", keep_last=10)
         for step in (1, 2, 3):
             store.commit(state(step), run="main", step=step, metrics={"loss": 2.0 / (step + 1)},
                          tags=["best"] if step == 3 else ())

@@ -62,12 +62,12 @@ def main(argv: list[str]) -> int:
         if op == "restore":
             out["digest"] = digest(store.restore(argv[2]))
         elif op == "repair":  # then a full scrub: is every shard healthy again?
-            repaired = store.repair()
+            repaired = store.ops.repair()
             out["message"] = f"repaired ok={repaired.ok}"
-            report = store.check(read_data=True)
+            report = store.ops.check(read_data=True)
             out["problems"] = [f"{p.kind} {p.subject}: {p.detail}" for p in report.problems]
         else:
-            report = store.check(read_data=op == "check-read-data")
+            report = store.ops.check(read_data=op == "check-read-data")
             out["problems"] = [f"{p.kind} {p.subject}: {p.detail}" for p in report.problems]
     except Exception as exc:  # reported to the test, which asserts on its type
         out["error"] = [cls.__name__ for cls in type(exc).__mro__]

@@ -105,7 +105,7 @@ def killed_drain(root: str, blobs: str, fast: str, endpoint: str, versions: int,
         "before-finish": (tiers, "finish", False, None),  # every manifest up, nothing finished
     }[point]
     _die_at(owner, name, n, after, prefix)
-    store.drain(wait=True)
+    store.tier.drain(wait=True)
     sys.exit(3)
 
 

@@ -30,7 +30,7 @@ def test_ec_round_trip_and_gc_across_azure_and_local(tmp_path: Path, container: 
         store.commit(_state(2), run="r", step=2)
         on_azure = {n for n in _blob_names(container, "team/ckpts/packs/") if ".s" in n}
         assert on_azure, "a shard of every pack is on Azure"
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
     with casckpt.open(tmp_path / "store", create=False) as store:  # the config file names az://
         for step in (1, 2):
             restored = store.restore(f"r@{step}")
@@ -43,7 +43,7 @@ def test_ec_round_trip_and_gc_across_azure_and_local(tmp_path: Path, container: 
         assert left < on_azure, "gc deleted shards on Azure"
         restored = store.restore("r@2")
         assert all(torch.equal(restored[k], v) for k, v in _state(2).items())
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def test_cli_init_and_location_add_take_az_urls(tmp_path: Path, container: Any) -> None:

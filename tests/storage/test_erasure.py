@@ -322,7 +322,7 @@ def test_bit_rot_in_a_data_shard_is_caught_and_healed_on_read(tmp_path: Path) ->
     with _open(tmp_path) as store:
         assert torch.equal(store.restore("r@1")["w"], state["w"])
         assert path.read_bytes() == original, "the damaged shard was not written again"
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 def test_a_self_consistent_wrong_shard_never_yields_wrong_bytes(tmp_path: Path) -> None:
@@ -347,7 +347,7 @@ def test_a_self_consistent_wrong_shard_never_yields_wrong_bytes(tmp_path: Path) 
     with _open(tmp_path) as store:
         assert torch.equal(store.restore("r@1")["w"], state["w"])
         assert path.read_bytes() == original, "heal on read rewrote the inconsistent shard"
-        assert store.check(read_data=True).ok
+        assert store.ops.check(read_data=True).ok
 
 
 @settings(max_examples=30, deadline=None)
