@@ -22,6 +22,10 @@ from casckpt.catalog.migrate import _config, current_revision, head_revision, mi
 from casckpt.errors import CasckptError, SchemaTooNewError
 from casckpt.format.identity import IDENTITY_KEY
 
+# what these tests pin is what the migrations do to every new catalog (tests/conftest.py replays
+# their result elsewhere)
+pytestmark = pytest.mark.real_migrations
+
 FUTURE = "9999_future"
 
 
