@@ -10,11 +10,17 @@
 - ``store_config``: each of {local dir, S3} x {SQLite, PostgreSQL}; tests that
   take it run once per combination. S3 is a moto server on 127.0.0.1 with a
   bucket per test (fixtures in tests/s3_fixtures.py).
+- ``fresh_sqlite_catalogs`` (autouse): a new SQLite catalog gets the schema the
+  migrations built once per worker, replayed, instead of running every Alembic
+  migration again (about a fifth of the suite's CPU time went there). Tests
+  marked ``real_migrations`` run the migrations on each new catalog.
 """
 
 from __future__ import annotations
 
 import os
+import sqlite3
+import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
@@ -55,6 +61,91 @@ def isolated_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Homes]:
         yield Homes(temp, real)
     finally:
         patch.undo()
+
+
+@dataclass(frozen=True)
+class CatalogSchema:
+    """What the migrations leave in a new SQLite catalog: its DDL in creation order, the rows
+    every new catalog gets alike, and the ``store_info`` keys each gets its own value of."""
+
+    ddl: tuple[str, ...]
+    rows: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...]
+    own: tuple[str, ...]
+
+
+# store_info values the migrations make anew for each catalog (0002 and 0006), made the same way
+OWN_VALUES: dict[str, Callable[[], str]] = {"store_id": lambda: uuid.uuid4().hex,
+                                            "created_at": lambda: repr(time.time())}
+
+
+def _migrated(path: Path) -> tuple[tuple[str, ...], dict[str, list[tuple[Any, ...]]]]:
+    """Run the real migrations on a new SQLite database at ``path``; its DDL and rows."""
+    from sqlalchemy import create_engine
+
+    from casckpt.catalog import migrate
+
+    engine = create_engine(f"sqlite:///{path}")
+    try:
+        with engine.connect() as conn:
+            migrate.upgrade(conn)
+            conn.commit()
+    finally:
+        engine.dispose()
+    db = sqlite3.connect(path)
+    try:
+        own = "name NOT LIKE 'sqlite_%'"  # not SQLite's internal tables
+        ddl = tuple(sql for (sql,) in db.execute(
+            f"SELECT sql FROM sqlite_master WHERE sql IS NOT NULL AND {own} ORDER BY rowid"))
+        tables = [name for (name,) in db.execute(
+            f"SELECT name FROM sqlite_master WHERE type = 'table' AND {own} ORDER BY rowid")]
+        return ddl, {t: db.execute(f'SELECT * FROM "{t}"').fetchall() for t in tables}
+    finally:
+        db.close()
+
+
+@pytest.fixture(scope="session")
+def _migrated_catalog_schema(tmp_path_factory: pytest.TempPathFactory) -> CatalogSchema:
+    """Migrate two empty SQLite databases for real; what differs between them must be a value
+    in ``OWN_VALUES`` (else this fails and says so)."""
+    top = tmp_path_factory.mktemp("catalog-schema")
+    (ddl, rows), (ddl2, rows2) = _migrated(top / "a.db"), _migrated(top / "b.db")
+    assert ddl == ddl2, "the migrations made two different schemas"
+    own = tuple(sorted(str(key) for key, _ in set(rows["store_info"]) - set(rows2["store_info"])))
+    alike = {t: r for t, r in rows.items() if t != "store_info"}
+    assert alike == {t: r for t, r in rows2.items() if t != "store_info"} and set(own) <= set(OWN_VALUES), (
+        f"a migration writes a value of its own to each new catalog ({own}): teach tests/conftest.py "
+        "OWN_VALUES to make it, or mark the tests real_migrations")
+    alike["store_info"] = [row for row in rows["store_info"] if row[0] not in own]
+    return CatalogSchema(ddl, tuple((t, tuple(r)) for t, r in alike.items()), own)
+
+
+@pytest.fixture(autouse=True)
+def fresh_sqlite_catalogs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """New SQLite catalogs in this test's process get the migrated schema replayed (see above)."""
+    if request.node.get_closest_marker("real_migrations"):
+        return
+    from sqlalchemy import Connection, inspect
+
+    from casckpt.catalog import migrate
+
+    schema: CatalogSchema = request.getfixturevalue("_migrated_catalog_schema")
+    real = migrate.upgrade
+
+    def upgrade(connection: Connection) -> None:
+        if connection.dialect.name != "sqlite" or inspect(connection).get_table_names():
+            real(connection)  # PostgreSQL, or an existing catalog: the migrations decide
+            return
+        if not connection.in_transaction():
+            connection.begin()
+        for statement in schema.ddl:
+            connection.exec_driver_sql(statement)
+        own = [(key, OWN_VALUES[key]()) for key in schema.own]
+        for table, rows in (*schema.rows, ("store_info", tuple(own))):
+            for row in rows:
+                marks = ", ".join("?" * len(row))
+                connection.exec_driver_sql(f'INSERT INTO "{table}" VALUES ({marks})', tuple(row))
+
+    monkeypatch.setattr(migrate, "upgrade", upgrade)
 
 
 @pytest.fixture(scope="session")

@@ -19,9 +19,10 @@ import torch
 from typer.testing import CliRunner
 
 import casckpt
+from casckpt.catalog.drills import Commit
 from casckpt.cli.main import app
 from casckpt.cli.shared import EXIT_NOT_FOUND, EXIT_USAGE
-from casckpt.engine.advise import daly, young
+from casckpt.engine.advise import advise, daly, young
 from casckpt.errors import InvalidArgumentError, RunNotFoundError
 
 T0 = 1_800_000_000.0
@@ -171,3 +172,25 @@ def test_the_mtbf_range_edges_advise_alike_in_the_api_and_the_cli(
     result = CliRunner().invoke(app, ["--store", str(synthetic), "advise", "r", "--mtbf", cli, "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["advised_interval_s"] == advice.advised_interval_s
+
+
+COMMITS = [Commit(i * 100, 1_800_000_000.0 + i * 600, 30.0) for i in range(6)]
+
+
+def test_an_mtbf_that_overflows_the_arithmetic_is_refused_not_infinity() -> None:
+    # C / M is inf: --json printed an "Infinity" overhead
+    with pytest.raises(InvalidArgumentError, match="mtbf"):
+        advise("r", COMMITS, restore_s=3.0, restore_source="drills", restart_s=0.0, mtbf_s=1e-320)
+
+
+def test_a_restart_that_overflows_the_overhead_is_refused_not_infinity() -> None:
+    with pytest.raises(InvalidArgumentError, match="restart"):
+        advise("r", COMMITS, restore_s=3.0, restore_source="drills", restart_s=1e308, mtbf_s=0.1)
+
+
+@pytest.mark.parametrize("mtbf", [1e200, 1e308])
+def test_a_huge_finite_mtbf_gets_finite_advice_not_a_traceback(mtbf: float) -> None:
+    # 1e308: sqrt(2 C M) overflowed to inf and round(inf * rate) raised OverflowError
+    advice = advise("r", COMMITS, restore_s=3.0, restore_source="drills", restart_s=0.0, mtbf_s=mtbf)
+    assert math.isfinite(advice.advised_interval_s) and advice.advised_interval_steps > 1
+    assert all(math.isfinite(x) for x in advice.expected_overhead.values())

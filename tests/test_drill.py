@@ -251,3 +251,24 @@ def test_a_drill_reads_the_locations_not_this_hosts_fast_tier(tmp_path: Path) ->
             os.close(fd)
     assert [(r.step, r.ok) for r in report.results] == [(1, False)]
     assert "corrupt" in (report.results[0].error or "").lower()
+
+
+def test_drilling_a_named_run_with_nothing_to_restore_is_not_ok(tmp_path: Path) -> None:
+    # `casckpt drill --run a` exited 0 ("the store has no versions to drill") when every version
+    # of run a was deleted: a cron drill said all is well for a run no restart can bring back
+    from typer.testing import CliRunner
+
+    from casckpt.cli.main import app
+    from casckpt.cli.shared import EXIT_NOT_FOUND
+
+    root = tmp_path / "store"
+    with casckpt.open(root) as store:
+        store.commit({"w": torch.zeros(4)}, run="a", step=0)
+        store.commit({"w": torch.zeros(4)}, run="b", step=0)
+        store.delete("a@0")
+        with pytest.raises(casckpt.errors.RefNotFoundError, match="no version to drill"):
+            store.ops.drill(runs=["a", "b"])
+        assert store.ops.drill_history() == []  # nothing recorded
+        assert store.ops.drill().ok  # every run: b is drilled, a (empty) is not named
+    result = CliRunner().invoke(app, ["--store", str(root), "drill", "--run", "a"])
+    assert result.exit_code == EXIT_NOT_FOUND and "no version to drill" in result.output

@@ -18,8 +18,14 @@ from torch import nn
 
 pytest.importorskip("lightning")
 
+import io
+import math
+
 import lightning.pytorch as L  # noqa: E402
-from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+from lightning.pytorch.callbacks import (  # noqa: E402
+    ModelCheckpoint,  # noqa: E402
+    StochasticWeightAveraging,
+)
 
 import casckpt  # noqa: E402
 from casckpt.errors import (  # noqa: E402
@@ -270,3 +276,83 @@ def test_import_casckpt_imports_no_lightning() -> None:
                           check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+lightning_model = model
+lightning_trainer = trainer
+
+
+def torch_round_trip(obj: Any) -> Any:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+def same(a: Any, b: Any, where: str = "") -> None:
+    assert type(a) is type(b), where
+    if isinstance(a, torch.Tensor):
+        assert (a.dtype, a.shape, a.stride()) == (b.dtype, b.shape, b.stride()), where
+        assert torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)), where
+    elif isinstance(a, dict):
+        assert list(a) == list(b), where
+        for key in a:
+            same(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            same(x, y, f"{where}[{i}]")
+    elif isinstance(a, float) and math.isnan(a):
+        assert math.isnan(b), where
+    else:
+        assert a == b and (not isinstance(a, float) or math.copysign(1, a) == math.copysign(1, b)), where
+
+
+def test_lightning_odd_checkpoint_dicts_round_trip_as_torch_save_gives_them(tmp_path: Path) -> None:
+    """Shared storage, views, bf16, int keys, tuples, None, NaN, -0.0 held; a user dict whose one
+    key is ``casckpt.pairs`` (the plugin's own escape key) came back as a different dict."""
+    base = torch.arange(12, dtype=torch.float32)
+    checkpoint = {
+        "global_step": 1, "base": base, "view": base[2:6], "t": base.view(3, 4).t(),
+        "bf16": torch.tensor([1.5, float("nan"), -0.0], dtype=torch.bfloat16),
+        "ints": {1: "one", 2: None}, "tup": (1, 2.5, None, (float("nan"),)), "neg0": -0.0,
+        "user": {"casckpt.pairs": [("k", 1)]}, "user2": {"casckpt.pairs": [["a/b", torch.ones(1)]]},
+    }
+    want = torch_round_trip(checkpoint)
+    with casckpt.open(tmp_path / "store") as store:
+        plugin = CasckptCheckpointIO(store, "r")
+        plugin.save_checkpoint(checkpoint, tmp_path / "x.ckpt")
+        got = CasckptCheckpointIO(store, "r").load_checkpoint(tmp_path / "x.ckpt")
+    same(want["user"], got["user"], "user")
+    same(want["user2"], got["user2"], "user2")
+    for key in want:
+        if key not in ("t", "view"):  # torch.save keeps views' strides; the store packs them
+            same(want[key], got[key], key)
+        else:
+            assert torch.equal(want[key], got[key]) and want[key].dtype == got[key].dtype
+
+
+def test_lightning_a_same_step_save_with_other_weights_is_not_silently_the_old_ones(
+        tmp_path: Path) -> None:
+    """Was: a later save at a step the plugin already committed only tagged that version;
+    StochasticWeightAveraging swaps the averaged weights in at train end without a step, so
+    ``trainer.save_checkpoint('swa.ckpt')`` silently loaded the pre-SWA weights. Now refused
+    (the path names nothing); unchanged same-step saves (last.ckpt) still just name it."""
+    with casckpt.open(tmp_path / "store") as store:
+        plugin = CasckptCheckpointIO(store, "swa")
+        m = lightning_model()
+        t = lightning_trainer(plugin, tmp_path, ModelCheckpoint(dirpath=tmp_path / "ckpts"),
+                              StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=1), max_epochs=3)
+        t.fit(m)
+        averaged = m.state_dict()["lin.weight"].clone()
+        assert not torch.equal(m.saved[t.global_step]["lin.weight"], averaged)  # SWA moved them
+        with pytest.raises(VersionExistsError, match=r"other weights.*StochasticWeightAveraging"):
+            t.save_checkpoint(tmp_path / "swa.ckpt")  # Lightning's way to keep the SWA weights
+        with pytest.raises(CheckpointPathNotFoundError):
+            plugin.load_checkpoint(tmp_path / "swa.ckpt")
+        assert [v.step for v in store.log("swa")] == [t.global_step]
+        # a fresh plugin (a resumed process) re-saving the unchanged state at that step: fine
+        again = CasckptCheckpointIO(store, "swa")
+        loaded = again.load_checkpoint(f"casckpt://swa@{t.global_step}")
+        again.save_checkpoint(loaded, tmp_path / "last.ckpt")
+        assert len(store.resolve(f"swa@{t.global_step}").tags) == 2

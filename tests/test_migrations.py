@@ -19,8 +19,12 @@ from sqlalchemy import create_engine, inspect
 import casckpt
 from casckpt import config as cfg
 from casckpt.catalog.migrate import _config, current_revision, head_revision, migrations_dir
-from casckpt.errors import CasckptError, SchemaTooNewError
+from casckpt.errors import CasckptError, CatalogError, SchemaTooNewError
 from casckpt.format.identity import IDENTITY_KEY
+
+# what these tests pin is what the migrations do to every new catalog (tests/conftest.py replays
+# their result elsewhere)
+pytestmark = pytest.mark.real_migrations
 
 FUTURE = "9999_future"
 
@@ -445,3 +449,48 @@ def test_0005_adds_run_delta_chains_and_downgrades(tmp_path: Path) -> None:
             assert torch.equal(store.restore(f"r@{step}")["w"], torch.arange(3000, dtype=torch.float32)
                                * (1 + step * 1e-4))
         assert store.ops.check(read_data=True).ok
+
+
+def _store(path: Path) -> Path:
+    with casckpt.open(path) as store:
+        store.commit({"w": torch.arange(64.0)}, run="r", step=1)
+    return path / "catalog.db"
+
+
+def _tamper(db: Path, sql: str) -> None:
+    conn = sqlite3.connect(db)
+    conn.execute(sql)
+    conn.commit()
+    conn.close()
+
+
+def test_two_alembic_version_rows_are_a_typed_refusal(tmp_path: Path) -> None:
+    """Open without Alembic: a catalog recording two revisions fell through to Alembic, whose
+    CommandError is no CasckptError. Refused, typed, and nothing changed."""
+    db = _store(tmp_path / "s")
+    _tamper(db, "INSERT INTO alembic_version VALUES ('0008')")
+    with pytest.raises(CatalogError, match="2 schema revisions"):
+        casckpt.open(tmp_path / "s")
+    conn = sqlite3.connect(db)
+    rows = conn.execute("SELECT version_num FROM alembic_version").fetchall()
+    assert sorted(rows) == [("0008",), (head_revision(),)]
+    conn.close()
+
+
+@pytest.mark.parametrize("revision", ["zzzz", "0099", "0009 "])
+def test_unknown_revision_is_refused(tmp_path: Path, revision: str) -> None:
+    db = _store(tmp_path / "s")
+    _tamper(db, f"UPDATE alembic_version SET version_num='{revision}'")
+    with pytest.raises(SchemaTooNewError):
+        casckpt.open(tmp_path / "s")
+
+
+@pytest.mark.parametrize("sql", ["DELETE FROM alembic_version", "DROP TABLE alembic_version"])
+def test_missing_revision_is_a_typed_error_and_changes_nothing(tmp_path: Path, sql: str) -> None:
+    db = _store(tmp_path / "s")
+    _tamper(db, sql)
+    with pytest.raises(CatalogError, match="records no schema revision"):
+        casckpt.open(tmp_path / "s")
+    conn = sqlite3.connect(db)
+    assert conn.execute("SELECT count(*) FROM versions").fetchone() == (1,)
+    conn.close()

@@ -179,3 +179,54 @@ def test_matplotlib_is_optional() -> None:
                       "from casckpt.errors import OptionalDependencyError\n"
                       "try:\n    import casckpt.report\nexcept OptionalDependencyError as e:\n    print(e)\n")
     assert blocked.returncode == 0 and "pip install 'casckpt[report]'" in blocked.stdout, blocked.stderr
+
+
+_EVIL = '<script>alert(1)</script><img src=x onerror=alert(2)>"\'&'
+
+
+def test_the_report_escapes_what_users_typed(tmp_path: Path) -> None:
+    with casckpt.open(tmp_path / "store") as store:
+        for step in (1, 2):
+            store.commit({"w": torch.full((64,), float(step))}, run="r", step=step,
+                         metrics={_EVIL: 1.0 / step}, message=_EVIL, metadata={_EVIL: _EVIL})
+        store.ops.drill(count=2)
+        out = store.ops.report(tmp_path / "r.html")
+    page = out.read_text(encoding="utf-8")
+    assert "<script" not in page and "<img" not in page
+
+
+def test_the_report_refuses_to_replace_what_is_not_a_file(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    with casckpt.open(tmp_path / "store") as store:
+        store.commit({"w": torch.zeros(8)}, run="r", step=1)
+        for target in (fifo, folder):
+            with pytest.raises((InvalidArgumentError, OSError)):
+                store.ops.report(target)
+    assert fifo.exists() and not fifo.is_file() and folder.is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "pipe", "store"]  # no temporary left
+
+
+def test_metrics_matplotlib_cannot_plot_still_get_a_report_with_their_table(tmp_path: Path) -> None:
+    # finite, so commit accepts them; matplotlib's tick locator raised ValueError and no report was written
+    with casckpt.open(tmp_path / "store") as store:
+        store.commit({"w": torch.zeros(4)}, run="x", step=0, metrics={"loss": 1e308, "acc": -1e308})
+        store.commit({"w": torch.zeros(4)}, run="x", step=1, metrics={"loss": 5e-324, "acc": 1e308})
+        page = store.ops.report(tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "The plot could not be drawn" in page and "<td>1e+308</td>" in page
+    assert page.count("<svg") >= 3  # the other sections still have their plots
+
+
+def test_the_report_never_writes_through_a_link_at_a_temporary_name(tmp_path: Path) -> None:
+    # the temporary was always ".NAME.tmp": a symlink planted there was followed, writing the report
+    # over whatever it pointed at (and two reports to one path wrote into one temporary)
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (tmp_path / ".r.html.tmp").symlink_to(victim)
+    with casckpt.open(tmp_path / "store") as store:
+        store.commit({"w": torch.zeros(8)}, run="r", step=1)
+        out = store.ops.report(tmp_path / "r.html")
+    assert victim.read_text() == "precious" and out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".r.html.tmp", "r.html", "store", "victim"]

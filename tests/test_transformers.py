@@ -33,6 +33,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -51,15 +52,18 @@ from transformers import (
     TrainingArguments,
     set_seed,
 )
+from transformers.trainer_utils import get_last_checkpoint
 
 import casckpt
 from casckpt.errors import (
+    CasckptError,
     CheckoutTargetError,
     CheckpointCommitError,
     InvalidArgumentError,
     NotADirectorySnapshotError,
     RefNotFoundError,
     StorageError,
+    VersionExistsError,
 )
 from casckpt.integrations.transformers import CasckptCallback, checkout_for_resume, metrics_at, run_name_for
 
@@ -387,3 +391,157 @@ def test_the_resume_line_starts_fresh_only_on_a_first_launch(store: casckpt.Stor
     with pytest.raises(RefNotFoundError, match="forked from ft@3"):
         checkout_for_resume(store, "child@latest", out)
     assert checkout_for_resume(store, "ft@latest", out) == str(out / "checkpoint-3")
+
+
+def hf_trainer(out: Path, callbacks: list[Any], **kwargs: Any) -> Trainer:
+    args = TrainingArguments(
+        output_dir=str(out), use_cpu=True, save_strategy="steps", save_steps=3, seed=1, data_seed=2,
+        report_to=[], disable_tqdm=True, logging_steps=1, per_device_train_batch_size=4,
+        learning_rate=1e-2, **kwargs)
+    return Trainer(model=gpt2(), args=args, train_dataset=Tokens(), eval_dataset=Tokens(),
+                   callbacks=callbacks)
+
+
+class FirstIsBest(TrainerCallback):  # type: ignore[misc]
+    """Adds metric ``eval_first`` = -step: the first evaluated checkpoint stays the best."""
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, float],
+                    **kwargs: Any) -> None:
+        metrics["eval_first"] = -float(state.global_step)
+
+
+class Rotated(TrainerCallback):  # type: ignore[misc]
+    """Placed before CasckptCallback: its on_save runs after the Trainer's save_total_limit rotation."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == 9:
+            self.event.set()
+
+
+def test_hf_save_total_limit_and_a_kept_best_never_rotate_away_an_uncommitted_checkpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Trainer keeps ``best_model_checkpoint`` besides the newest; with save_total_limit=2
+    its rotation at the step-9 save deletes checkpoint-6, whose background commit (the newest
+    at the step-6 save, so not waited for) may not have read it yet. Was: checkpoint-6 ended in
+    neither place. The commit of step 6 is held until the rotation (or 3 s) to make it certain."""
+    out, rotated = tmp_path / "out", Rotated()
+    with casckpt.open(tmp_path / "store") as store:
+        real = store.add_dir
+
+        def add_dir(path: Any, **kwargs: Any) -> Any:
+            if kwargs["step"] == 6:
+                rotated.event.wait(3.0)
+            return real(path, **kwargs)
+
+        monkeypatch.setattr(store, "add_dir", add_dir)
+        t = hf_trainer(out, [FirstIsBest(), rotated, CasckptCallback(store, run="ft", keep_local=1)],
+                       max_steps=9, eval_strategy="steps", eval_steps=3, save_total_limit=2,
+                       metric_for_best_model="first", greater_is_better=True)
+        error = None
+        try:
+            t.train()
+        except CasckptError as exc:
+            error = exc
+        assert t.state.best_model_checkpoint == str(out / "checkpoint-3")
+        committed = {v.step for v in store.log("ft")}
+        on_disk = {int(name.split("-")[1]) for name in checkpoints(out)}
+        assert committed | on_disk == {3, 6, 9}, (committed, on_disk, error)
+        assert error is None
+        assert "checkpoint-3" in checkpoints(out)  # the best is never deleted
+
+
+class Killed(BaseException):
+    """The process dying (kill -9) at this point."""
+
+
+class CrashWhilePruning(TrainerCallback):  # type: ignore[misc]
+    """Before CasckptCallback: at the step-9 save the process "dies" once rmtree unlinked a file."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.monkeypatch = monkeypatch
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step != 9:
+            return
+        real = os.unlink
+
+        def unlink(*a: Any, **k: Any) -> None:
+            real(*a, **k)
+            raise Killed("killed while deleting")
+
+        self.monkeypatch.setattr(os, "unlink", unlink)
+
+
+def test_hf_a_crash_while_pruning_leaves_no_half_deleted_checkpoint_to_resume_from(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """keep_local=0, block=True deletes checkpoint-9 right after its commit; a kill part-way
+    through rmtree left a ``checkpoint-9`` missing files, which ``resume_from_checkpoint=True``
+    (``get_last_checkpoint``) then picks: a resume with, say, no optimizer state."""
+    out = tmp_path / "out"
+    with casckpt.open(tmp_path / "store") as store:
+        t = hf_trainer(out, [CrashWhilePruning(monkeypatch),
+                             CasckptCallback(store, run="ft", keep_local=0, block=True)], max_steps=9)
+        with pytest.raises(Killed):
+            t.train()
+        monkeypatch.undo()
+        assert {v.step for v in store.log("ft")} == {3, 6, 9}
+        last = get_last_checkpoint(str(out))
+        if last is not None:  # whatever the Trainer would resume from must be whole
+            step = int(Path(last).name.split("-")[1])
+            store.checkout(f"ft@{step}", tmp_path / "want")
+            assert tree(Path(last)) == tree(tmp_path / "want")
+        leftovers = list(out.glob(".checkpoint-*.casckpt-deleting"))
+        assert leftovers  # the crash left the renamed directory half deleted
+        t = hf_trainer(out, [CasckptCallback(store, run="ft2", keep_local=0, block=True)], max_steps=1)
+        t.callback_handler.on_train_begin(t.args, t.state, t.control)  # the next training cleans up
+        assert not any(p.exists() for p in leftovers)
+
+
+@pytest.mark.parametrize("block", [False, True], ids=["background", "blocking"])
+def test_hf_a_second_training_into_a_used_run_is_told_how_to_resume(tmp_path: Path, block: bool) -> None:
+    """Was: the store's 'commit with another step, or fork a new run' (and, in the background,
+    'fix the store and commit it with store.add_dir(...)', which fails the same way) one save
+    late; nothing tells the user to resume or to pick a new run name."""
+    with casckpt.open(tmp_path / "store") as store:
+        hf_trainer(tmp_path / "first", [CasckptCallback(store, run="ft")], max_steps=3).train()
+        again = tmp_path / "again"
+        t = hf_trainer(again, [CasckptCallback(store, run="ft", block=block)], max_steps=6)
+        with pytest.raises(VersionExistsError, match=r"checkout_for_resume.*run=<a new name>"):
+            t.train()
+        assert t.state.global_step == 3  # refused at the first save
+        assert checkpoints(again) == ["checkpoint-3"]  # kept
+        assert [v.step for v in store.log("ft")] == [3]
+
+
+def test_hf_a_checkpoint_whose_commit_died_is_stored_when_training_resumes_from_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process dies while checkpoint-6 is being committed; the restarted job resumes from
+    it (resume_from_checkpoint=True). Was: nothing ever committed checkpoint-6, and the
+    Trainer's save_total_limit rotation deleted it at the step-12 save: in neither place."""
+    out = tmp_path / "out"
+    with casckpt.open(tmp_path / "store") as store:
+        real = store.add_dir
+
+        def dies_at_6(path: Any, **kwargs: Any) -> Any:
+            if kwargs["step"] == 6:
+                raise Killed("killed while committing checkpoint-6")
+            return real(path, **kwargs)
+
+        monkeypatch.setattr(store, "add_dir", dies_at_6)
+        with pytest.raises(Killed):
+            hf_trainer(out, [CasckptCallback(store, run="ft", keep_local=1)], max_steps=6).train()
+        monkeypatch.undo()
+        assert checkpoints(out) == ["checkpoint-6"] and [v.step for v in store.log("ft")] == [3]
+        copy = tree(out / "checkpoint-6")
+
+        t = hf_trainer(out, [CasckptCallback(store, run="ft", keep_local=1)], max_steps=12,
+                       save_total_limit=2)
+        t.train(resume_from_checkpoint=True)
+        committed = {v.step for v in store.log("ft")}
+        on_disk = {int(name.split("-")[1]) for name in checkpoints(out)}
+        assert committed | on_disk == {3, 6, 9, 12}, (committed, on_disk)
+        store.checkout("ft@6", tmp_path / "six")
+        assert tree(tmp_path / "six") == copy

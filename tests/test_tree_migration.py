@@ -339,3 +339,56 @@ def test_cli_migrate_trees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert report["versions_migrated"] == len(refs) and report["ok"]
     result = runner.invoke(app, ["--store", str(root), "catalog", "migrate-trees"])
     assert result.exit_code == 0 and "versions migrated" in result.output
+
+
+_BIG = 52 << 20  # bytes whose base64 JSON (69 MiB) passed the 64 MiB a tree node could hold
+
+
+def test_migrating_a_version_with_a_large_plain_value_leaves_gc_and_queries_working(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A version of format 1 may hold a plain value whose JSON passes MAX_NODE (its document
+    may reach 512 MiB). Migrating it gave it a tree node no reader accepts: show raised
+    CorruptManifestError ("does not match its id"), and every gc after refused to run
+    (GCRefusedError), for a version that restored fine before the migration."""
+    state = {"w": torch.arange(6, dtype=torch.float32), "blob": bytes(_BIG)}
+    monkeypatch.setattr(commit_engine, "TREE_MANIFESTS", False)
+    with casckpt.open(tmp_path / "s") as store:
+        store.commit(state, run="r", step=0)
+    monkeypatch.setattr(commit_engine, "TREE_MANIFESTS", True)
+    with casckpt.open(tmp_path / "s") as store:
+        store.ops.migrate_trees()
+        store.gc(grace=0)
+        shown = store.show("r@0")
+        assert shown.tensor_count == 1 and shown.values["blob"] == state["blob"]
+        assert _equal(store.restore("r@0"), state)
+        assert store.ops.check().ok
+
+
+def test_a_committed_large_plain_value_restores_or_the_commit_is_refused(tmp_path: Path) -> None:
+    """A tree commit whose plain value makes a node larger than MAX_NODE published a version
+    that no reader accepts (restore: CorruptManifestError; gc: refused while it is visible)."""
+    state = {"w": torch.arange(6, dtype=torch.float32), "blob": bytes(_BIG)}
+    with casckpt.open(tmp_path / "s") as store:
+        try:
+            store.commit(state, run="r", step=0)
+        except casckpt.errors.UnsupportedStateError:
+            return  # refused before anything was published: fine
+        assert _equal(store.restore("r@0"), state)
+        store.gc(grace=0)
+
+
+def test_a_commit_whose_node_no_reader_accepts_is_refused_before_publishing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node over MAX_NODE is refused when the commit encodes it (a typed error, nothing
+    published), never written for every reader (and gc) to refuse afterwards."""
+    from casckpt.format import merkle, treeencode
+
+    monkeypatch.setattr(merkle, "MAX_NODE", 1 << 20)
+    monkeypatch.setattr(treeencode, "MAX_NODE", 1 << 20)
+    with casckpt.open(tmp_path / "s") as store:
+        store.commit({"w": torch.ones(3)}, run="r", step=0)
+        with pytest.raises(casckpt.errors.UnsupportedStateError, match="tree node"):
+            store.commit({"w": torch.ones(3), "blob": bytes(1 << 20)}, run="r", step=1)
+        assert [v.step for v in store.log("r")] == [0]
+        store.gc(grace=0)
+        assert store.ops.check().ok
