@@ -208,14 +208,14 @@ def test_budget_evicts_drained_packs_least_recently_used(tmp_path: Path) -> None
 
 def _packs_of(store: casckpt.Store, version_id: str) -> set[str]:
     from casckpt.catalog import gc as gc_sql
-    from casckpt.engine import trees
-    from casckpt.engine.gc import references
+    from casckpt.engine.nodes import StoreNodes
+    from casckpt.engine.references import references
 
     core = internals(store).context
     ids: set[str] = set()
     for batch in gc_sql.manifest_batches(core.catalog, [version_id]):
         for row in batch:
-            ids |= {c.hex() for c in references(row, trees.StoreNodes(core.catalog), set())}
+            ids |= {c.hex() for c in references(row, StoreNodes(core.catalog), set())}
     return {loc.pack_id for loc in core.catalog.find_chunks(ids, live_only=False).values()}
 
 

@@ -315,13 +315,13 @@ def test_gc_reads_each_shared_node_once_however_many_versions_share_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The mark walks trees through a set of visited nodes: a node (and its subtree) shared by
     every version is read once, not once per version as expanding each manifest did."""
-    from casckpt.engine import trees
+    from casckpt.engine import nodes as node_source
 
     root = tmp_path / "s"
     requested: list[bytes] = []
-    get_many = trees.StoreNodes.get_many
+    get_many = node_source.StoreNodes.get_many
 
-    def counting(self: trees.StoreNodes, ids: Any) -> Any:
+    def counting(self: node_source.StoreNodes, ids: Any) -> Any:
         requested.extend(ids)
         return get_many(self, ids)
 
@@ -330,7 +330,7 @@ def test_gc_reads_each_shared_node_once_however_many_versions_share_it(
         for step in range(5):
             state["model"] = dict(state["model"], **{f"layers.{step}.w": torch.full((8,), float(step))})
             store.commit(state, run="r", step=step)
-        monkeypatch.setattr(trees.StoreNodes, "get_many", counting)
+        monkeypatch.setattr(node_source.StoreNodes, "get_many", counting)
         store.gc(grace=0)
         monkeypatch.undo()
         nodes = {bytes.fromhex(r[0]) for r in sqlite3.connect(root / "catalog.db").execute(

@@ -27,12 +27,12 @@ from sqlalchemy import ColumnElement, Connection, Row, exists, func, select, tex
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from casckpt.catalog import audit, migrate
-from casckpt.catalog import keys as keys_sql
 from casckpt.catalog import schema as s
 from casckpt.catalog.database import Database, insert_ignore, sqlite_write_denied, upsert
+from casckpt.catalog.encryption import require_state_in
 from casckpt.catalog.packs import ChunkLocation, PackRecord, insert_pack, upsert_chunks
+from casckpt.catalog.publish import MissingChunksError, record_deps, revive_or_missing
 from casckpt.catalog.rows import VersionRow, manifest_bytes, tensor_row, version_query, version_row
-from casckpt.catalog.tiers import record_deps
 from casckpt.errors import CatalogError, CatalogUnavailableError, ReadOnlyStoreError, VersionExistsError
 from casckpt.format.crypto import PLAIN, StoreCrypto
 from casckpt.types import AuditEntry
@@ -42,14 +42,6 @@ DEFAULT_RETRY_S = 5.0
 
 P = ParamSpec("P")
 T = TypeVar("T")
-
-
-class MissingChunksError(CatalogError):
-    """A version references chunks the catalog does not hold live (e.g. removed by GC)."""
-
-    def __init__(self, missing: set[str]) -> None:
-        self.missing = missing
-        super().__init__(f"{len(missing)} referenced chunks are not live in the catalog")
 
 
 def _idempotent(method: Callable[Concatenate[Catalog, P], T]) -> Callable[Concatenate[Catalog, P], T]:
@@ -171,9 +163,9 @@ class Catalog:
         """Within a writer's transaction: the store's encryption is still :attr:`crypto`'s.
 
         Raises:
-            StoreKeyError: it is not (see :func:`casckpt.catalog.keys.require_state_in`).
+            StoreKeyError: it is not (see :func:`casckpt.catalog.encryption.require_state_in`).
         """
-        keys_sql.require_state_in(conn, self.crypto.state, self.where)
+        require_state_in(conn, self.crypto.state, self.where)
 
     def retrying(self, operation: Callable[[], T]) -> T:
         """Run an idempotent catalog operation, again while the database is unreachable,
@@ -302,31 +294,6 @@ class Catalog:
             insert_pack(conn, pack.layout, len(pack.entries), now)
             upsert_chunks(conn, chunk_rows)
 
-    def revive_or_missing(self, conn: Connection, ids: list[str],
-                          needed: set[str] | None = None) -> set[str]:
-        """Revive referenced chunks GC condemned but has not swept, and the delta bases they
-        need, transitively; return those (chunks or bases) that are gone. ``needed``, when
-        given, receives every chunk read (``ids`` and their bases, transitively)."""
-        wanted, missing = list(ids), set()
-        seen = needed if needed is not None else set()
-        seen.update(wanted)
-        while wanted:
-            bases: set[str] = set()
-            for i in range(0, len(wanted), BATCH):
-                batch = wanted[i : i + BATCH]
-                condemned = s.chunks.c.id.in_(batch) & (s.chunks.c.state == "condemned")
-                conn.execute(s.chunks.update().where(condemned).values(state="live", condemned_at=None))
-                rows = conn.execute(
-                    select(s.chunks.c.id, s.chunks.c.base_id)
-                    .where(s.chunks.c.id.in_(batch), s.chunks.c.state == "live")
-                    .with_for_update(read=True)  # PostgreSQL: GC cannot condemn them until we commit
-                ).all()
-                missing.update(set(batch) - {row[0] for row in rows})
-                bases.update(row[1] for row in rows if row[1] is not None and row[1] not in seen)
-            seen |= bases
-            wanted = list(bases)
-        return missing
-
     # -- versions -----------------------------------------------------------
 
     def add_version(
@@ -417,7 +384,7 @@ class Catalog:
                 f"({existing[:12]}); commit with another step, or fork a new run"
             )
         needed: set[str] = set()  # its chunks and their delta bases: all are read to restore it
-        missing = self.revive_or_missing(conn, ids, needed)
+        missing = revive_or_missing(conn, ids, needed)
         if missing:
             raise MissingChunksError(missing)
         conn.execute(s.versions.insert().values(run_id=run_id, **version))

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from casckpt.storage.base import BlobInfo, BlobStore, check_key
 from casckpt.storage.local import LocalBlobStore
+from casckpt.storage.redact import redact_url
 from casckpt.storage.retry import RetryingBlobStore
-from casckpt.storage.urls import open_blob_store, redact_url
+from casckpt.storage.urls import open_blob_store
 
 if TYPE_CHECKING:
     from casckpt.storage.s3 import S3BlobStore, S3Location, parse_s3_url

@@ -1,8 +1,7 @@
-"""Blob locations by URL, and URL redaction for messages."""
+"""Blob locations by URL."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from urllib.parse import unquote, urlsplit
 from casckpt.errors import InvalidArgumentError
 from casckpt.storage.base import BlobStore
 from casckpt.storage.local import LocalBlobStore
+from casckpt.storage.redact import redact_url
 
 
 def open_blob_store(url: str, s3: Mapping[str, Any] | None = None, *, create: bool = True) -> BlobStore:
@@ -39,22 +39,3 @@ def open_blob_store(url: str, s3: Mapping[str, Any] | None = None, *, create: bo
         f"unsupported blob location {redact_url(url)!r}: use a directory, file:///path or "
         "s3://bucket/prefix"
     )
-
-
-_URL_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
-
-
-def redact_text(text: str) -> str:
-    """Every ``scheme://user:secret@`` in ``text`` -> ``scheme://***@`` (for messages that quote URLs)."""
-    return _URL_USERINFO.sub("***@", text)
-
-
-def redact_url(url: str) -> str:
-    """``scheme://user:secret@host/db`` -> ``scheme://***@host/db`` (for messages and logs)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    netloc, slash, tail = rest.partition("/")
-    if "@" in netloc:
-        netloc = "***@" + netloc.rsplit("@", 1)[1]
-    return scheme + sep + netloc + slash + tail
