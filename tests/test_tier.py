@@ -528,3 +528,33 @@ def test_a_pack_filled_on_the_tier_survives_its_disk_filling_meanwhile(tmp_path:
         store.wait_durable(v, timeout=60)
         assert _same(store.restore(v), state)
         assert store.check(read_data=True).ok
+
+
+def test_the_fast_tier_wraps_the_pack_layer_which_nothing_reassigns(tmp_path: Path) -> None:
+    """The tier is built around the pack layer's reader (not assigned onto it after open); a
+    view reading the locations only is a new pack layer, and the store's own still reads the
+    tier: a pack not drained comes back from the tier and is refused by the locations view."""
+    from dataclasses import FrozenInstanceError
+
+    from casckpt.engine.tierreads import TierReads
+    from casckpt.format.chunks import object_id
+
+    with _open(tmp_path) as store, _drain_held(store):
+        ctx = internals(store).context
+        packs = ctx.packs
+        assert isinstance(packs.reads, TierReads) and packs.reads.located is packs.reader
+        assert packs.tier is packs.reads.tier is not None
+        with pytest.raises(FrozenInstanceError):
+            packs.tier = None  # type: ignore[misc]
+        with pytest.raises(FrozenInstanceError):
+            ctx.packs = packs.on_locations()  # type: ignore[misc]
+        store.commit(_state(1), run="r", step=1)
+        held = [p.name for p in (_tier_root(store) / "packs").glob("*/*")]
+        assert held
+        located = packs.on_locations()
+        assert located.tier is None and located.reads is packs.reader and located.coder is packs.coder
+        for pack_id in held:
+            assert object_id(packs.get(pack_id)) == pack_id  # the tier's copy
+            with pytest.raises(VersionNotDurableError):
+                located.get(pack_id)  # only on this host's tier: not on the locations yet
+        assert ctx.packs is packs and packs.tier is not None
