@@ -16,6 +16,7 @@ from pathlib import Path
 from casckpt import config as cfg
 from casckpt.catalog import deltas as deltas_sql
 from casckpt.catalog import identity as identity_sql
+from casckpt.catalog import inventory
 from casckpt.catalog import shards as shard_sql
 from casckpt.engine import identity, keyring, records
 from casckpt.engine.deleterights import require_delete_rights
@@ -232,7 +233,8 @@ class StoreAdmin:
         """Space accounting: logical vs unique vs stored bytes, and what delta coding saved."""
         deltas = deltas_sql.delta_totals(self._core.ctx.catalog)
         return StoreStats(
-            **self._core.ctx.catalog.totals(), redundancy=self.redundancy(), delta_chunks=deltas.chunks,
+            **inventory.totals(self._core.ctx.catalog), redundancy=self.redundancy(),
+            delta_chunks=deltas.chunks,
             delta_raw_bytes=deltas.raw_bytes, delta_stored_bytes=deltas.stored_bytes,
             longest_chain=deltas.longest_chain, mean_chain=deltas.mean_chain,
             delta_chain=deltas_sql.store_delta_chain(self._core.ctx.catalog),

@@ -464,12 +464,12 @@ def test_show_summary_without_the_tensor_list_agrees_with_the_full_listing(tmp_p
 
 
 def _no_node_reads(monkeypatch: pytest.MonkeyPatch) -> None:
-    from casckpt.catalog import Catalog
+    from casckpt.catalog import nodes as node_sql
 
-    def refuse(self: object, ids: object) -> None:
+    def refuse(catalog: object, ids: object) -> None:
         raise AssertionError("the summary read tree nodes")
 
-    monkeypatch.setattr(Catalog, "tree_nodes", refuse)
+    monkeypatch.setattr(node_sql, "tree_nodes", refuse)
 
 
 def test_show_summary_reads_no_tree_node_unless_it_must(

@@ -10,7 +10,7 @@ survives power loss).
 
 Outages (see :mod:`casckpt.catalog.database`): an unreachable database raises
 ``CatalogUnavailableError``; the queries here and the idempotent updates
-(``add_pack``, ``set_tag``, ``mark_verified``, and ``add_version``, whose retry
+(``add_pack``, ``set_tag``, and ``add_version``, whose retry
 recognises a publish that committed before its answer was lost) are retried
 for up to ``retry_s`` seconds first.
 """
@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from sqlalchemy import ColumnElement, Connection, Row, exists, func, select, text
+from sqlalchemy import ColumnElement, Connection, Row, func, select, text
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from casckpt.catalog import audit, migrate
@@ -402,47 +402,6 @@ class Catalog:
                 "stored_bytes": version["stored_bytes"], "logical_bytes": version["logical_bytes"],
                 "tags": list(tag_names)})
 
-    @staticmethod
-    def _node_bodies(conn: Connection, ids: Sequence[str]) -> list[tuple[str, bytes]]:
-        out: list[tuple[str, bytes]] = []
-        for i in range(0, len(ids), BATCH):
-            out += [(r[0], bytes(r[1])) for r in conn.execute(
-                select(s.tree_nodes.c.id, s.tree_nodes.c.body)
-                .where(s.tree_nodes.c.id.in_(ids[i : i + BATCH])))]
-        return out
-
-    @_idempotent
-    def tree_nodes(self, ids: Sequence[str]) -> dict[str, bytes]:
-        """Compressed bodies of the tree nodes among ``ids`` the catalog holds."""
-        with self.read() as conn:
-            return dict(self._node_bodies(conn, list(dict.fromkeys(ids))))
-
-    @_idempotent
-    def tree_node_ids(self, ids: Sequence[str]) -> set[str]:
-        """The tree nodes among ``ids`` the catalog has a row for."""
-        wanted = list(dict.fromkeys(ids))
-        out: set[str] = set()
-        with self.read() as conn:
-            for i in range(0, len(wanted), BATCH):
-                out.update(conn.execute(select(s.tree_nodes.c.id).where(
-                    s.tree_nodes.c.id.in_(wanted[i : i + BATCH]))).scalars())
-        return out
-
-    @_idempotent
-    def replace_tree_nodes(self, rows: Sequence[dict[str, Any]]) -> None:
-        """Write tree node rows (id, zstd body) over any there (repair, with verified nodes)."""
-        with self.write() as conn:
-            for i in range(0, len(rows), BATCH):
-                batch = list(rows[i : i + BATCH])
-                conn.execute(s.tree_nodes.delete().where(s.tree_nodes.c.id.in_([r["id"] for r in batch])))
-                conn.execute(s.tree_nodes.insert(), batch)
-
-    @_idempotent
-    def add_tree_nodes(self, rows: Sequence[dict[str, Any]]) -> None:
-        """Record tree nodes (id, zstd body); rows that exist are kept (catalog rebuild, repair)."""
-        with self.write() as conn:
-            insert_ignore(conn, s.tree_nodes, list(rows), "id")
-
     def run_id(self, conn: Connection, run: str, *, create: bool, audit: bool = True) -> int | None:
         """The id of run ``run`` within ``conn``'s transaction (created if asked and missing;
         a run this call creates is recorded as ``run.create`` unless ``audit`` is False)."""
@@ -598,73 +557,3 @@ class Catalog:
             return list(conn.execute(
                 select(s.versions.c.id).where(s.versions.c.state == "visible")
             ).scalars())
-
-    @_idempotent
-    def packs(self) -> list[Row[Any]]:
-        """Every live pack row."""
-        with self.read() as conn:
-            return list(conn.execute(select(s.packs).where(s.packs.c.state == "live")))
-
-    @_idempotent
-    def chunks_of_pack(self, pack_id: str) -> list[Row[Any]]:
-        """Every chunk row stored in a pack, by offset."""
-        with self.read() as conn:
-            return list(conn.execute(
-                select(s.chunks).where(s.chunks.c.pack_id == pack_id).order_by(s.chunks.c.offset)
-            ))
-
-    def live_chunk_batches(self, size: int = 10_000) -> Iterator[list[Any]]:
-        """Every live chunk row, in batches by id (keyset pagination: bounded memory)."""
-        after = ""
-        while True:
-            with self.read() as conn:
-                batch = list(conn.execute(
-                    select(s.chunks.c.id, s.chunks.c.pack_id, s.chunks.c.offset, s.chunks.c.stored_len,
-                           s.chunks.c.raw_len, s.chunks.c.codec)
-                    .where(s.chunks.c.state == "live", s.chunks.c.id > after)
-                    .order_by(s.chunks.c.id).limit(size)))
-            if not batch:
-                return
-            yield batch
-            after = batch[-1].id
-
-    @_idempotent
-    def mark_verified(self, pack_ids: Sequence[str]) -> None:
-        """Record that these packs were just read and verified in full."""
-        now = time.time()
-        with self.write() as conn:
-            for i in range(0, len(pack_ids), BATCH):
-                conn.execute(s.packs.update().where(s.packs.c.id.in_(pack_ids[i : i + BATCH]))
-                             .values(verified_at=now))
-
-    @_idempotent
-    def live_chunk_count(self) -> int:
-        """Live chunks, tree nodes included (what a full check reads)."""
-        with self.read() as conn:
-            return int(conn.execute(select(func.count(s.chunks.c.id))
-                                    .where(s.chunks.c.state == "live")).scalar_one())
-
-    @_idempotent
-    def totals(self) -> dict[str, int]:
-        """Counts and byte sums for ``Store.stats`` (chunks: of tensor data, tree nodes left out)."""
-        v, c, p = s.versions, s.chunks, s.packs
-        with self.read() as conn:
-            vrow = conn.execute(select(func.count(v.c.id), func.coalesce(func.sum(v.c.logical_bytes), 0),
-                                       func.count(v.c.tree_root))
-                                .where(v.c.state == "visible")).one()
-            crow = conn.execute(select(func.count(c.c.id), func.coalesce(func.sum(c.c.raw_len), 0),
-                                       func.coalesce(func.sum(c.c.stored_len), 0))
-                                .where(c.c.state == "live",  # tensor data: tree nodes are not
-                                       ~exists().where(s.tree_nodes.c.id == c.c.id))).one()
-            prow = conn.execute(select(func.count(p.c.id), func.coalesce(func.sum(p.c.size), 0))
-                                .where(p.c.state == "live")).one()
-            shard_bytes = conn.execute(select(func.coalesce(func.sum(s.shards.c.size), 0))
-                                       .where(s.shards.c.state == "ok")).scalar_one()
-            runs = conn.execute(select(func.count(s.runs.c.id))).scalar_one()
-            tags = conn.execute(select(func.count(s.tags.c.name))).scalar_one()
-        return {
-            "runs": runs, "versions": vrow[0], "tags": tags, "chunks": crow[0], "packs": prow[0],
-            "logical_bytes": int(vrow[1]), "unique_bytes": int(crow[1]),
-            "stored_bytes": int(crow[2]), "pack_bytes": int(prow[1]),
-            "location_bytes": int(shard_bytes), "versions_without_tree": vrow[0] - vrow[2],
-        }

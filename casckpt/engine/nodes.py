@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from casckpt.catalog import Catalog
+from casckpt.catalog import nodes as node_sql
 from casckpt.errors import CorruptManifestError
 from casckpt.format.merkle import NodeSource, node_json
 
@@ -26,7 +27,7 @@ class StoreNodes(NodeSource):
         self.chunk_ids = catalog.crypto.chunk_id
 
     def get_many(self, ids: Sequence[bytes]) -> Mapping[bytes, bytes]:
-        rows = self.catalog.tree_nodes([i.hex() for i in ids])
+        rows = node_sql.tree_nodes(self.catalog, [i.hex() for i in ids])
         found = {bytes.fromhex(k): node_json(v) for k, v in rows.items()}
         missing = [i for i in ids if i not in found]
         if missing and self.read_missing is not None:

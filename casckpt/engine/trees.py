@@ -14,6 +14,7 @@ from functools import partial
 from typing import Any
 
 from casckpt.catalog import Catalog
+from casckpt.catalog import nodes as node_sql
 from casckpt.engine.context import EngineContext
 from casckpt.engine.nodes import StoreNodes, parse_root
 from casckpt.engine.reader import read_chunks
@@ -90,7 +91,7 @@ def restore_node_rows(ctx: EngineContext, data: bytes, version_id: str, tree_roo
         reader.expand(root)
     except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError) as exc:
         raise CorruptManifestError(f"a tree node in the packs is malformed: {exc}") from exc
-    have = ctx.catalog.tree_nodes([i.hex() for i in reader.visited])
+    have = node_sql.tree_nodes(ctx.catalog, [i.hex() for i in reader.visited])
     bad = []
     for node_id in reader.visited:
         body = have.get(node_id.hex())
@@ -105,7 +106,7 @@ def restore_node_rows(ctx: EngineContext, data: bytes, version_id: str, tree_roo
     for node_id in bad:
         decode_node(found[node_id], node_id, ctx.crypto.chunk_id)  # verified again: this copy is written
         rows.append({"id": node_id.hex(), "body": compress_node(found[node_id])})
-    ctx.catalog.replace_tree_nodes(rows)
+    node_sql.replace_tree_nodes(ctx.catalog, rows)
     return len(rows)
 
 
