@@ -1114,7 +1114,8 @@ class Store:
         self._admin.set_delta_chain(chain, run=run)
 
     def rebuild_catalog(self, *, progress: ProgressCallback | None = None) -> RebuildReport:
-        """Recreate an empty catalog from the blob locations alone (see :mod:`casckpt.engine.rebuild`).
+        """Recreate an empty catalog from the blob locations alone (see
+        :mod:`casckpt.engine.rebuild`).
 
         Raises:
             InvalidArgumentError: the catalog is not empty.

@@ -264,7 +264,8 @@ class StoreAdmin:
             records.record_run(self._core.ctx.locations, self._core.ctx.catalog, run)
 
     def rebuild_catalog(self, *, progress: ProgressCallback | None = None) -> RebuildReport:
-        """Recreate an empty catalog from the blob locations alone (see :mod:`casckpt.engine.rebuild`)."""
+        """Recreate an empty catalog from the blob locations alone (see
+        :mod:`casckpt.engine.rebuild`)."""
         from casckpt.engine import rebuild as rebuild_engine
 
         report = rebuild_engine.rebuild(self._core.ctx, progress)

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import casckpt
 from casckpt.engine import commit as commit_engine
+from casckpt.engine import refs
 from casckpt.errors import CorruptManifestError, TensorNotFoundError
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, decode_manifest
 from casckpt.format.merkle import PART_MAX_ITEMS, SPLIT_ITEMS, Nodes, NodeSource
@@ -302,7 +303,7 @@ def test_gc_frees_exactly_the_unreachable_nodes_and_chunks(tmp_path: Path) -> No
         reachable = set()
         for ref in ("r@1", "r@3"):
             catalog = internals(store).catalog
-            m = casckpt.engine.refs.load_manifest(catalog, casckpt.engine.refs.resolve(catalog, ref))
+            m = refs.load_manifest(catalog, refs.resolve(catalog, ref))
             reachable |= {n.hex() for n in m.nodes}
             live = {c[0] for c in sqlite3.connect(root / "catalog.db").execute("SELECT id FROM chunks")}
             assert {c.hex() for c in m.chunk_ids()} <= live
