@@ -98,3 +98,24 @@ def test_the_graph_is_casckpt(graph: grimp.ImportGraph) -> None:
     """The graph was built from the package under test, and holds its modules."""
     assert casckpt.__file__ is not None
     assert {"casckpt.store", "casckpt.engine.context", "casckpt.catalog.catalog"} <= graph.modules
+
+
+def test_every_engine_room_states_its_contract() -> None:
+    """Each subpackage of casckpt.engine (a room) says in its docstring what it owns, what it
+    may import and its call order, and holds no code of its own (importing a room costs
+    nothing)."""
+    import ast
+    import pkgutil
+    from pathlib import Path
+
+    import casckpt.engine
+
+    rooms = [m.name for m in pkgutil.iter_modules(casckpt.engine.__path__) if m.ispkg]
+    for room in rooms:
+        init = Path(casckpt.engine.__path__[0]) / room / "__init__.py"
+        tree = ast.parse(init.read_text())
+        doc = ast.get_docstring(tree) or ""
+        assert "Owns" in doc and "May import" in doc and "Call order" in doc, room
+        assert all(isinstance(node, ast.Expr) or (isinstance(node, ast.ImportFrom)
+                                                  and node.module == "__future__")
+                   for node in tree.body), room
