@@ -9,23 +9,74 @@ replaces, with ``run=`` filled in: the same rows, the same errors.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 from casckpt.errors import InvalidArgumentError, RefNotFoundError
-from casckpt.types import RetentionPolicy, TensorHistoryEntry, Version
+from casckpt.types import RetentionPolicy, RunInfo, TensorHistoryEntry, Version
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
 
     from casckpt.engine.background import CommitHandle
-    from casckpt.store import Store
 
 Step = int | str | Version
 """A version of the run: a step number, ``"latest"``, or any ref (``"tag:best"``, a Version)."""
 SaveEvery = int | timedelta | tuple[int, timedelta] | None
+
+
+class _RetentionCalls(Protocol):
+    def get(self, run: str) -> RetentionPolicy | None: ...
+
+    def set(self, run: str, **rules: Any) -> RetentionPolicy: ...
+
+
+class _LocationCalls(Protocol):
+    def redundancy(self, run: str | None = None) -> str: ...
+
+    def set_redundancy(self, spec: str, *, run: str | None = None) -> str: ...
+
+
+class _OpsCalls(Protocol):
+    def delta_chain(self, run: str | None = None) -> int: ...
+
+    def set_delta_chain(self, chain: int, *, run: str | None = None) -> None: ...
+
+
+class RunStore(Protocol):
+    """The calls a :class:`Run` makes on its store (:class:`casckpt.Store` has them): a run
+    handle is made by the store and depends on it only through these, so ``casckpt.store``
+    and ``casckpt.run`` import in one direction."""
+
+    @property
+    def commit(self) -> Callable[..., Version | CommitHandle]: ...
+
+    def restore(self, ref: Any, into: object = None, *, map_location: Any = None) -> Any: ...
+
+    def load_tensor(self, ref: Any, path: str, *, map_location: Any = None
+                    ) -> torch.Tensor | np.ndarray: ...
+
+    @property
+    def log(self) -> Callable[..., list[Version]]: ...
+
+    def history(self, run: str, path: str) -> list[TensorHistoryEntry]: ...
+
+    def best(self, run: str, metric: str, mode: str = "min") -> Version: ...
+
+    def fork(self, ref: Any, run: str) -> RunInfo: ...
+
+    def delete(self, ref: Any, reason: str = "manual") -> Version: ...
+
+    @property
+    def retention(self) -> _RetentionCalls: ...
+
+    @property
+    def locations(self) -> _LocationCalls: ...
+
+    @property
+    def ops(self) -> _OpsCalls: ...
 
 
 def save_rule(save_every: object) -> SaveEvery:
@@ -57,7 +108,7 @@ class Run:
     Made by :meth:`casckpt.Store.run`; valid while its store is open.
     """
 
-    def __init__(self, store: Store, name: str, save_every: SaveEvery = None) -> None:
+    def __init__(self, store: RunStore, name: str, save_every: SaveEvery = None) -> None:
         self._store, self._name, self._every = store, name, save_every
         self._last: tuple[int, float] | None = None  # (step, time) of the last save seen
         self._background: list[CommitHandle] = []  # this handle's block=False saves not seen done
@@ -102,7 +153,7 @@ class Run:
         started = time.time()  # the time should_save counts from
         done: Version | CommitHandle = self._store.commit(
             state, run=self._name, step=step, metrics=metrics, metadata=metadata, message=message,
-            tags=tags, block=block)  # type: ignore[call-overload]  # block: one of the overloads
+            tags=tags, block=block)
         self._last = (step, started)
         if not isinstance(done, Version):  # block=False: a handle to a commit in flight
             self._background = [h for h in self._background if not h.done()]
@@ -220,7 +271,7 @@ class Run:
         return (found[0].step, found[0].created_at.timestamp()) if found else None
 
 
-def set_policy(store: Store, run: str, policy: RetentionPolicy | Mapping[str, Any]) -> None:
+def set_policy(store: RunStore, run: str, policy: RetentionPolicy | Mapping[str, Any]) -> None:
     """Give ``run`` the retention ``policy`` (a RetentionPolicy, or its fields as a mapping).
 
     Raises:

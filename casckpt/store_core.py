@@ -29,6 +29,7 @@ from casckpt.catalog.rows import version as version_of
 from casckpt.engine.background import BackgroundCommitter
 from casckpt.engine.context import EngineContext
 from casckpt.engine.deltabase import BaseCache
+from casckpt.engine.durability import check_readable
 from casckpt.engine.leftovers import reclaim_leftovers
 from casckpt.engine.packs import Packs
 from casckpt.engine.probe import LocationProber
@@ -128,8 +129,9 @@ class StoreCore:
         current = CurrentLocations(locations)
         self.ctx = EngineContext(
             catalog=catalog, cache=cache, current_locations=current,
-            packs=Packs(catalog, current, self._io, write_quorum, encode_workers=settings.upload_workers,
-                        retry_s=settings.storage_retry_s),
+            packs=Packs.open(catalog, current, self._io, quorum=write_quorum,
+                             encode_workers=settings.upload_workers, retry_s=settings.storage_retry_s,
+                             tier=tier),
             staging=self._staging, config=settings, device_buffers=StagingBuffers(settings.staging_memory),
             bases=BaseCache(settings.delta_memory),
             pool=ThreadPoolExecutor(settings.workers, thread_name_prefix="casckpt"),
@@ -142,7 +144,6 @@ class StoreCore:
         self.closed = False
         self.dcp_writers: weakref.WeakSet[StoreWriter] = weakref.WeakSet()
         self.tier = tier
-        self.ctx.packs.tier = tier
         self.drainer: DrainWorker | None = None
         if tier is not None and read_only is None and not recovering and background_drain:
             from casckpt.engine.tier import DrainWorker
@@ -289,8 +290,6 @@ class StoreCore:
         """
         row = self.row(ref)
         if row.durability != "durable":
-            from casckpt.engine.tier import check_readable
-
             check_readable(self.ctx.catalog, row.id, row.durability)
         return row
 

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import casckpt
+from casckpt.catalog import inventory
 from casckpt.catalog import leases as leases_sql
 from casckpt.errors import GCRefusedError, StorageError
 from casckpt.testing.internals import internals
@@ -245,7 +246,7 @@ def test_gc_keeps_an_unknown_pack_it_cannot_read_for_now(tmp_path: Path,
 
     store_dir, b = _stale_catalog_after_repack(tmp_path, blobs=None, redundancy=None)
     store = casckpt.open(store_dir)
-    known = {p.id for p in internals(store).catalog.packs()}
+    known = {p.id for p in inventory.live_packs(internals(store).catalog)}
     listed = [Path(p).name for p in glob.glob(str(store_dir / "packs" / "*" / "*"))]
     (p2,) = [name for name in listed if name not in known]
     real = LocalBlobStore.get_range

@@ -21,6 +21,7 @@ import torch
 from typer.testing import CliRunner, Result
 
 import casckpt
+from casckpt.catalog import inventory
 from casckpt.cli import storage as storage_cli
 from casckpt.cli.main import app, parse_locations
 from casckpt.config import BlobLocation
@@ -321,7 +322,7 @@ def test_catalog_rebuild_exits_1_when_packs_are_lost(ec_store: EcStore) -> None:
 def test_cache_rebuild_counts_every_chunk(ec_store: EcStore) -> None:
     with casckpt.open(ec_store.root, create=False) as store:
         # stats leaves tree nodes out; the cache has them
-        chunks = internals(store).catalog.live_chunk_count()
+        chunks = inventory.live_chunk_count(internals(store).catalog)
     assert ok_json(ec_store.root, "cache", "rebuild") == {"chunks": chunks}
     table = cli(ec_store.root, "cache", "rebuild")
     assert table.exit_code == 0 and f"{chunks} chunks" in table.stdout

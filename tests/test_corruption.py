@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import casckpt
-from casckpt.engine.trees import StoreNodes
+from casckpt.engine.nodes import StoreNodes
 from casckpt.errors import (
     CasckptError,
     CorruptChunkError,

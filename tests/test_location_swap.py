@@ -16,6 +16,7 @@ import torch
 from doubles import WriteHookStore
 
 import casckpt
+from casckpt.catalog import inventory
 from casckpt.catalog import shards as shard_sql
 from casckpt.storage.locations import CurrentLocations, Location, LocationSet
 from casckpt.testing.internals import internals
@@ -49,7 +50,7 @@ def test_a_background_commit_keeps_its_location_set_while_locations_change(tmp_p
                       workers=2) as store:
         store.commit(_state(0), run="r", step=0)
         before = internals(store).locations
-        old_packs = {p.id for p in internals(store).catalog.packs()}
+        old_packs = {p.id for p in inventory.live_packs(internals(store).catalog)}
         names = [info.name for info in store.locations.list()]
         for b in blobs:
             b.gate.clear()
@@ -67,7 +68,7 @@ def test_a_background_commit_keeps_its_location_set_while_locations_change(tmp_p
 
         # every shard was written where the placement the commit took put it: the three
         # locations of the set it started with, one shard each, all healthy
-        packs = {p.id for p in internals(store).catalog.packs()} - old_packs
+        packs = {p.id for p in inventory.live_packs(internals(store).catalog)} - old_packs
         layouts = shard_sql.layouts(internals(store).catalog, sorted(packs))
         assert layouts
         original = {loc.id for loc in before.all}

@@ -43,7 +43,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner, Result
 
 import casckpt
-from casckpt.catalog import schema
+from casckpt.catalog import inventory, schema
 from casckpt.catalog import shards as shard_sql
 from casckpt.cli.main import app
 from casckpt.engine import records
@@ -196,7 +196,7 @@ def parity_pairs(store: casckpt.Store) -> set[tuple[int, int]]:
     catalog = internals(store).catalog
     numbers = {loc.id: int(loc.name.removeprefix("loc")) for loc in internals(store).locations.all}
     out = set()
-    for layout in shard_sql.layouts(catalog, [p.id for p in catalog.packs()]).values():
+    for layout in shard_sql.layouts(catalog, [p.id for p in inventory.live_packs(catalog)]).values():
         a, b = sorted(numbers[sh.location_id] for sh in layout.shards if sh.index >= layout.k)
         out.add((a, b))
     return out
@@ -207,7 +207,7 @@ def parity_keys(store: casckpt.Store, names: Sequence[str]) -> dict[str, set[str
     catalog = internals(store).catalog
     ids = {loc.id: loc.name for loc in internals(store).locations.all if loc.name in names}
     out: dict[str, set[str]] = {name: set() for name in names}
-    for layout in shard_sql.layouts(catalog, [p.id for p in catalog.packs()]).values():
+    for layout in shard_sql.layouts(catalog, [p.id for p in inventory.live_packs(catalog)]).values():
         for sh in layout.shards:
             if sh.location_id in ids and sh.index >= layout.k:
                 out[ids[sh.location_id]].add(sh.key)
@@ -381,7 +381,7 @@ def test_a_failed_location_without_a_spare_domain_stays_degraded_until_a_domain_
     with casckpt.open(root, create=False, chunk_size=CHUNK, pack_size=PACK) as store:
         for step in STEPS[:3]:
             store.commit(make_state(step), run=RUN, step=step, tags=[f"t{step}"])
-        packs = {p.id for p in internals(store).catalog.packs()}
+        packs = {p.id for p in inventory.live_packs(internals(store).catalog)}
     shutil.rmtree(dirs["loc2"])  # the disk is gone, and no other domain is free
     cli_json(root, "location", "fail", "loc2")
     assert {p["kind"] for p in cli_json(root, "check", exit_code=1)["problems"]} == {"shard"}

@@ -435,7 +435,7 @@ def test_undelete_after_gc_swept_the_chunks_is_refused(store: casckpt.Store) -> 
 
 def _own_chunks(store: casckpt.Store, version_id: str) -> list[str]:
     """Chunks of a version that no other version references."""
-    from casckpt.engine.trees import StoreNodes
+    from casckpt.engine.nodes import StoreNodes
     from casckpt.format.manifest import decode_manifest
 
     def chunks(vid: str) -> set[str]:

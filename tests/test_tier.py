@@ -209,14 +209,14 @@ def test_budget_evicts_drained_packs_least_recently_used(tmp_path: Path) -> None
 
 def _packs_of(store: casckpt.Store, version_id: str) -> set[str]:
     from casckpt.catalog import gc as gc_sql
-    from casckpt.engine import trees
-    from casckpt.engine.gc import references
+    from casckpt.engine.nodes import StoreNodes
+    from casckpt.engine.references import references
 
     core = internals(store).context
     ids: set[str] = set()
     for batch in gc_sql.manifest_batches(core.catalog, [version_id]):
         for row in batch:
-            ids |= {c.hex() for c in references(row, trees.StoreNodes(core.catalog), set())}
+            ids |= {c.hex() for c in references(row, StoreNodes(core.catalog), set())}
     return {loc.pack_id for loc in core.catalog.find_chunks(ids, live_only=False).values()}
 
 
@@ -686,3 +686,33 @@ def test_after_a_delta_base_was_lost_the_state_commits_again(tmp_path: Path) -> 
             pytest.fail(f"the state cannot be committed again: {errors}")
     with casckpt.open(tmp_path / "store", blobs=[str(tmp_path / "durable")]) as plain:
         assert _same(plain.restore(v3.id), second)
+
+
+def test_the_fast_tier_wraps_the_pack_layer_which_nothing_reassigns(tmp_path: Path) -> None:
+    """The tier is built around the pack layer's reader (not assigned onto it after open); a
+    view reading the locations only is a new pack layer, and the store's own still reads the
+    tier: a pack not drained comes back from the tier and is refused by the locations view."""
+    from dataclasses import FrozenInstanceError
+
+    from casckpt.engine.tierreads import TierReads
+    from casckpt.format.chunks import object_id
+
+    with _open(tmp_path) as store, _drain_held(store):
+        ctx = internals(store).context
+        packs = ctx.packs
+        assert isinstance(packs.reads, TierReads) and packs.reads.located is packs.reader
+        assert packs.tier is packs.reads.tier is not None
+        with pytest.raises(FrozenInstanceError):
+            packs.tier = None  # type: ignore[misc]
+        with pytest.raises(FrozenInstanceError):
+            ctx.packs = packs.on_locations()  # type: ignore[misc]
+        store.commit(_state(1), run="r", step=1)
+        held = [p.name for p in (_tier_root(store) / "packs").glob("*/*")]
+        assert held
+        located = packs.on_locations()
+        assert located.tier is None and located.reads is packs.reader and located.coder is packs.coder
+        for pack_id in held:
+            assert object_id(packs.get(pack_id)) == pack_id  # the tier's copy
+            with pytest.raises(VersionNotDurableError):
+                located.get(pack_id)  # only on this host's tier: not on the locations yet
+        assert ctx.packs is packs and packs.tier is not None

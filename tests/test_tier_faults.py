@@ -25,6 +25,7 @@ import pytest
 import torch
 
 import casckpt
+from casckpt.catalog import inventory
 from casckpt.catalog import shards as shard_sql
 from casckpt.catalog import tiers as tier_sql
 from casckpt.errors import VersionLostError, VersionNotDurableError
@@ -85,7 +86,7 @@ def _assert_drained_once(store: casckpt.Store, s3: S3) -> None:
     catalog = _catalog(store)
     assert tier_sql.pending_summary(catalog).keys() == {""}, "packs still wait on a tier"
     store.gc(grace=0)
-    packs = [p.id for p in catalog.packs()]
+    packs = [p.id for p in inventory.live_packs(catalog)]
     layouts = shard_sql.layouts(catalog, packs)
     assert all(len(layouts[p].shards) == 1 and layouts[p].tier is None for p in packs)
     recorded = {sh.key for p in packs for sh in layouts[p].shards}
@@ -183,7 +184,7 @@ def test_ec_drain_killed_between_shards_is_resumed(tmp_path: Path,
             _assert_exact(store, f"r@{i}", state("r", i))
         store.gc(grace=0)
         catalog = _catalog(store)
-        layouts = shard_sql.layouts(catalog, [p.id for p in catalog.packs()])
+        layouts = shard_sql.layouts(catalog, [p.id for p in inventory.live_packs(catalog)])
         assert {(lay.scheme, len(lay.shards)) for lay in layouts.values()} == {("ec", 3)}
         on_disk = {p.name for d in dirs for p in (d / "packs").rglob("*") if p.is_file()}
         assert on_disk == {sh.key.rsplit("/", 1)[1] for lay in layouts.values() for sh in lay.shards}

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import casckpt
 from casckpt.engine import commit as commit_engine
+from casckpt.engine import refs
 from casckpt.errors import CorruptManifestError, TensorNotFoundError
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, decode_manifest
 from casckpt.format.merkle import PART_MAX_ITEMS, SPLIT_ITEMS, Nodes, NodeSource
@@ -302,7 +303,7 @@ def test_gc_frees_exactly_the_unreachable_nodes_and_chunks(tmp_path: Path) -> No
         reachable = set()
         for ref in ("r@1", "r@3"):
             catalog = internals(store).catalog
-            m = casckpt.engine.refs.load_manifest(catalog, casckpt.engine.refs.resolve(catalog, ref))
+            m = refs.load_manifest(catalog, refs.resolve(catalog, ref))
             reachable |= {n.hex() for n in m.nodes}
             live = {c[0] for c in sqlite3.connect(root / "catalog.db").execute("SELECT id FROM chunks")}
             assert {c.hex() for c in m.chunk_ids()} <= live
@@ -315,13 +316,13 @@ def test_gc_reads_each_shared_node_once_however_many_versions_share_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The mark walks trees through a set of visited nodes: a node (and its subtree) shared by
     every version is read once, not once per version as expanding each manifest did."""
-    from casckpt.engine import trees
+    from casckpt.engine import nodes as node_source
 
     root = tmp_path / "s"
     requested: list[bytes] = []
-    get_many = trees.StoreNodes.get_many
+    get_many = node_source.StoreNodes.get_many
 
-    def counting(self: trees.StoreNodes, ids: Any) -> Any:
+    def counting(self: node_source.StoreNodes, ids: Any) -> Any:
         requested.extend(ids)
         return get_many(self, ids)
 
@@ -330,7 +331,7 @@ def test_gc_reads_each_shared_node_once_however_many_versions_share_it(
         for step in range(5):
             state["model"] = dict(state["model"], **{f"layers.{step}.w": torch.full((8,), float(step))})
             store.commit(state, run="r", step=step)
-        monkeypatch.setattr(trees.StoreNodes, "get_many", counting)
+        monkeypatch.setattr(node_source.StoreNodes, "get_many", counting)
         store.gc(grace=0)
         monkeypatch.undo()
         nodes = {bytes.fromhex(r[0]) for r in sqlite3.connect(root / "catalog.db").execute(
@@ -464,12 +465,12 @@ def test_show_summary_without_the_tensor_list_agrees_with_the_full_listing(tmp_p
 
 
 def _no_node_reads(monkeypatch: pytest.MonkeyPatch) -> None:
-    from casckpt.catalog import Catalog
+    from casckpt.catalog import nodes as node_sql
 
-    def refuse(self: object, ids: object) -> None:
+    def refuse(catalog: object, ids: object) -> None:
         raise AssertionError("the summary read tree nodes")
 
-    monkeypatch.setattr(Catalog, "tree_nodes", refuse)
+    monkeypatch.setattr(node_sql, "tree_nodes", refuse)
 
 
 def test_show_summary_reads_no_tree_node_unless_it_must(

@@ -10,7 +10,7 @@ survives power loss).
 
 Outages (see :mod:`casckpt.catalog.database`): an unreachable database raises
 ``CatalogUnavailableError``; the queries here and the idempotent updates
-(``add_pack``, ``set_tag``, ``mark_verified``, and ``add_version``, whose retry
+(``add_pack``, ``set_tag``, and ``add_version``, whose retry
 recognises a publish that committed before its answer was lost) are retried
 for up to ``retry_s`` seconds first.
 """
@@ -23,16 +23,16 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from sqlalchemy import ColumnElement, Connection, Row, exists, func, select, text
+from sqlalchemy import ColumnElement, Connection, Row, func, select, text
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from casckpt.catalog import audit, migrate
-from casckpt.catalog import keys as keys_sql
 from casckpt.catalog import schema as s
 from casckpt.catalog.database import Database, insert_ignore, sqlite_write_denied, upsert
+from casckpt.catalog.encryption import require_state_in
 from casckpt.catalog.packs import ChunkLocation, PackRecord, insert_pack, upsert_chunks
+from casckpt.catalog.publish import MissingChunksError, record_deps, revive_or_missing
 from casckpt.catalog.rows import VersionRow, manifest_bytes, tensor_row, version_query, version_row
-from casckpt.catalog.tiers import record_deps
 from casckpt.errors import CatalogError, CatalogUnavailableError, ReadOnlyStoreError, VersionExistsError
 from casckpt.format.crypto import PLAIN, StoreCrypto
 from casckpt.types import AuditEntry
@@ -42,14 +42,6 @@ DEFAULT_RETRY_S = 5.0
 
 P = ParamSpec("P")
 T = TypeVar("T")
-
-
-class MissingChunksError(CatalogError):
-    """A version references chunks the catalog does not hold live (e.g. removed by GC)."""
-
-    def __init__(self, missing: set[str]) -> None:
-        self.missing = missing
-        super().__init__(f"{len(missing)} referenced chunks are not live in the catalog")
 
 
 def _idempotent(method: Callable[Concatenate[Catalog, P], T]) -> Callable[Concatenate[Catalog, P], T]:
@@ -171,9 +163,9 @@ class Catalog:
         """Within a writer's transaction: the store's encryption is still :attr:`crypto`'s.
 
         Raises:
-            StoreKeyError: it is not (see :func:`casckpt.catalog.keys.require_state_in`).
+            StoreKeyError: it is not (see :func:`casckpt.catalog.encryption.require_state_in`).
         """
-        keys_sql.require_state_in(conn, self.crypto.state, self.where)
+        require_state_in(conn, self.crypto.state, self.where)
 
     def retrying(self, operation: Callable[[], T]) -> T:
         """Run an idempotent catalog operation, again while the database is unreachable,
@@ -302,31 +294,6 @@ class Catalog:
             insert_pack(conn, pack.layout, len(pack.entries), now)
             upsert_chunks(conn, chunk_rows)
 
-    def revive_or_missing(self, conn: Connection, ids: list[str],
-                          needed: set[str] | None = None) -> set[str]:
-        """Revive referenced chunks GC condemned but has not swept, and the delta bases they
-        need, transitively; return those (chunks or bases) that are gone. ``needed``, when
-        given, receives every chunk read (``ids`` and their bases, transitively)."""
-        wanted, missing = list(ids), set()
-        seen = needed if needed is not None else set()
-        seen.update(wanted)
-        while wanted:
-            bases: set[str] = set()
-            for i in range(0, len(wanted), BATCH):
-                batch = wanted[i : i + BATCH]
-                condemned = s.chunks.c.id.in_(batch) & (s.chunks.c.state == "condemned")
-                conn.execute(s.chunks.update().where(condemned).values(state="live", condemned_at=None))
-                rows = conn.execute(
-                    select(s.chunks.c.id, s.chunks.c.base_id)
-                    .where(s.chunks.c.id.in_(batch), s.chunks.c.state == "live")
-                    .with_for_update(read=True)  # PostgreSQL: GC cannot condemn them until we commit
-                ).all()
-                missing.update(set(batch) - {row[0] for row in rows})
-                bases.update(row[1] for row in rows if row[1] is not None and row[1] not in seen)
-            seen |= bases
-            wanted = list(bases)
-        return missing
-
     # -- versions -----------------------------------------------------------
 
     def add_version(
@@ -417,7 +384,7 @@ class Catalog:
                 f"({existing[:12]}); commit with another step, or fork a new run"
             )
         needed: set[str] = set()  # its chunks and their delta bases: all are read to restore it
-        missing = self.revive_or_missing(conn, ids, needed)
+        missing = revive_or_missing(conn, ids, needed)
         if missing:
             raise MissingChunksError(missing)
         conn.execute(s.versions.insert().values(run_id=run_id, **version))
@@ -434,41 +401,6 @@ class Catalog:
                 "run": run, "step": version["step"], "new_bytes": version["new_bytes"],
                 "stored_bytes": version["stored_bytes"], "logical_bytes": version["logical_bytes"],
                 "tags": list(tag_names)})
-
-    @staticmethod
-    def _node_bodies(conn: Connection, ids: Sequence[str]) -> list[tuple[str, bytes]]:
-        out: list[tuple[str, bytes]] = []
-        for i in range(0, len(ids), BATCH):
-            out += [(r[0], bytes(r[1])) for r in conn.execute(
-                select(s.tree_nodes.c.id, s.tree_nodes.c.body)
-                .where(s.tree_nodes.c.id.in_(ids[i : i + BATCH])))]
-        return out
-
-    @_idempotent
-    def tree_nodes(self, ids: Sequence[str]) -> dict[str, bytes]:
-        """Compressed bodies of the tree nodes among ``ids`` the catalog holds."""
-        with self.read() as conn:
-            return dict(self._node_bodies(conn, list(dict.fromkeys(ids))))
-
-    @_idempotent
-    def tree_node_ids(self, ids: Sequence[str]) -> set[str]:
-        """The tree nodes among ``ids`` the catalog has a row for."""
-        wanted = list(dict.fromkeys(ids))
-        out: set[str] = set()
-        with self.read() as conn:
-            for i in range(0, len(wanted), BATCH):
-                out.update(conn.execute(select(s.tree_nodes.c.id).where(
-                    s.tree_nodes.c.id.in_(wanted[i : i + BATCH]))).scalars())
-        return out
-
-    @_idempotent
-    def replace_tree_nodes(self, rows: Sequence[dict[str, Any]]) -> None:
-        """Write tree node rows (id, zstd body) over any there (repair, with verified nodes)."""
-        with self.write() as conn:
-            for i in range(0, len(rows), BATCH):
-                batch = list(rows[i : i + BATCH])
-                conn.execute(s.tree_nodes.delete().where(s.tree_nodes.c.id.in_([r["id"] for r in batch])))
-                conn.execute(s.tree_nodes.insert(), batch)
 
     def run_id(self, conn: Connection, run: str, *, create: bool, audit: bool = True) -> int | None:
         """The id of run ``run`` within ``conn``'s transaction (created if asked and missing;
@@ -619,71 +551,9 @@ class Catalog:
             )]
 
     @_idempotent
-    def packs(self) -> list[Row[Any]]:
-        """Every live pack row."""
-        with self.read() as conn:
-            return list(conn.execute(select(s.packs).where(s.packs.c.state == "live")))
-
-    @_idempotent
-    def chunks_of_pack(self, pack_id: str) -> list[Row[Any]]:
-        """Every chunk row stored in a pack, by offset."""
+    def visible_version_ids(self) -> list[str]:
+        """Ids of every visible version."""
         with self.read() as conn:
             return list(conn.execute(
-                select(s.chunks).where(s.chunks.c.pack_id == pack_id).order_by(s.chunks.c.offset)
-            ))
-
-    def live_chunk_batches(self, size: int = 10_000) -> Iterator[list[Any]]:
-        """Every live chunk row, in batches by id (keyset pagination: bounded memory)."""
-        after = ""
-        while True:
-            with self.read() as conn:
-                batch = list(conn.execute(
-                    select(s.chunks.c.id, s.chunks.c.pack_id, s.chunks.c.offset, s.chunks.c.stored_len,
-                           s.chunks.c.raw_len, s.chunks.c.codec)
-                    .where(s.chunks.c.state == "live", s.chunks.c.id > after)
-                    .order_by(s.chunks.c.id).limit(size)))
-            if not batch:
-                return
-            yield batch
-            after = batch[-1].id
-
-    @_idempotent
-    def mark_verified(self, pack_ids: Sequence[str]) -> None:
-        """Record that these packs were just read and verified in full."""
-        now = time.time()
-        with self.write() as conn:
-            for i in range(0, len(pack_ids), BATCH):
-                conn.execute(s.packs.update().where(s.packs.c.id.in_(pack_ids[i : i + BATCH]))
-                             .values(verified_at=now))
-
-    @_idempotent
-    def live_chunk_count(self) -> int:
-        """Live chunks, tree nodes included (what a full check reads)."""
-        with self.read() as conn:
-            return int(conn.execute(select(func.count(s.chunks.c.id))
-                                    .where(s.chunks.c.state == "live")).scalar_one())
-
-    @_idempotent
-    def totals(self) -> dict[str, int]:
-        """Counts and byte sums for ``store.ops.stats`` (chunks: of tensor data, tree nodes left out)."""
-        v, c, p = s.versions, s.chunks, s.packs
-        with self.read() as conn:
-            vrow = conn.execute(select(func.count(v.c.id), func.coalesce(func.sum(v.c.logical_bytes), 0),
-                                       func.count(v.c.tree_root))
-                                .where(v.c.state == "visible")).one()
-            crow = conn.execute(select(func.count(c.c.id), func.coalesce(func.sum(c.c.raw_len), 0),
-                                       func.coalesce(func.sum(c.c.stored_len), 0))
-                                .where(c.c.state == "live",  # tensor data: tree nodes are not
-                                       ~exists().where(s.tree_nodes.c.id == c.c.id))).one()
-            prow = conn.execute(select(func.count(p.c.id), func.coalesce(func.sum(p.c.size), 0))
-                                .where(p.c.state == "live")).one()
-            shard_bytes = conn.execute(select(func.coalesce(func.sum(s.shards.c.size), 0))
-                                       .where(s.shards.c.state == "ok")).scalar_one()
-            runs = conn.execute(select(func.count(s.runs.c.id))).scalar_one()
-            tags = conn.execute(select(func.count(s.tags.c.name))).scalar_one()
-        return {
-            "runs": runs, "versions": vrow[0], "tags": tags, "chunks": crow[0], "packs": prow[0],
-            "logical_bytes": int(vrow[1]), "unique_bytes": int(crow[1]),
-            "stored_bytes": int(crow[2]), "pack_bytes": int(prow[1]),
-            "location_bytes": int(shard_bytes), "versions_without_tree": vrow[0] - vrow[2],
-        }
+                select(s.versions.c.id).where(s.versions.c.state == "visible")
+            ).scalars())

@@ -22,7 +22,8 @@ from typing import Any
 from sqlalchemy import Connection, Row, null, or_, select
 
 from casckpt.catalog import schema as s
-from casckpt.catalog.catalog import BATCH, Catalog, MissingChunksError
+from casckpt.catalog.catalog import BATCH, Catalog
+from casckpt.catalog.publish import MissingChunksError, revive_or_missing
 from casckpt.catalog.rows import VERSION_COLUMNS, version
 from casckpt.errors import AmbiguousRefError, InvalidArgumentError, RefNotFoundError
 from casckpt.types import Version
@@ -230,7 +231,7 @@ def undelete_version(catalog: Catalog, version_id: str, chunk_ids: Iterable[str]
                              .with_for_update()).scalar()
         if state != "deleted":
             return False
-        missing = catalog.revive_or_missing(conn, ids)
+        missing = revive_or_missing(conn, ids)
         if missing:
             raise MissingChunksError(missing)
         conn.execute(s.versions.update().where(s.versions.c.id == version_id)

@@ -3,7 +3,7 @@ which packs wait on one, which versions wait on those packs, and the drain's tra
 
 A pack written to a fast tier is a ``packs`` row in state ``fast`` naming its ``tier``, with
 no shard rows. Publishing a version records, in the same transaction, every ``fast`` pack
-its chunks lie in (:func:`record_deps`, table ``tier_deps``) and makes the version
+its chunks lie in (:func:`casckpt.catalog.publish.record_deps`, table ``tier_deps``) and makes the version
 ``durability = 'fast'``. The drain stores a pack on the locations and then, in one
 transaction, records its shards and makes it ``live`` (:func:`record_drained`); a version
 none of whose packs is still ``fast`` is made ``durable`` once its manifest is on the
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, exists, func, select, update
 
 from casckpt.catalog import schema as s
-from casckpt.catalog.database import insert_ignore, upsert
+from casckpt.catalog.database import insert_ignore
 from casckpt.catalog.packs import PackLayout, insert_shards
 
 if TYPE_CHECKING:
@@ -62,35 +62,6 @@ class Lost:
     packs: tuple[str, ...]
     versions: tuple[str, ...]
 
-
-def record_deps(conn: Connection, version_id: str, chunk_ids: Sequence[str]) -> int:
-    """Within a publishing transaction: record the ``fast`` packs ``chunk_ids`` lie in as the
-    version's dependencies, and make it ``fast`` if there are any. Returns how many.
-
-    One indexed probe when the store has no fast pack at all; otherwise whichever is smaller
-    is matched against the other: the version's chunks, or the chunks waiting to drain."""
-    p, c = s.packs, s.chunks
-    if conn.execute(select(p.c.id).where(p.c.state == "fast").limit(1)).first() is None:
-        return 0
-    in_fast = select(c.c.id, c.c.pack_id).join(p, p.c.id == c.c.pack_id).where(p.c.state == "fast")
-    waiting = conn.execute(select(func.count()).select_from(in_fast.subquery())).scalar_one()
-    packs: set[str] = set()
-    if waiting <= len(chunk_ids):  # the chunks waiting to drain are the fewer: match them here
-        wanted = set(chunk_ids)
-        packs.update(pack for chunk, pack in conn.execute(in_fast) if chunk in wanted)
-    else:
-        for i in range(0, len(chunk_ids), _BATCH):
-            batch = list(chunk_ids[i : i + _BATCH])
-            packs.update(conn.execute(select(c.c.pack_id).join(p, p.c.id == c.c.pack_id).where(
-                c.c.id.in_(batch), p.c.state == "fast").distinct()).scalars())
-    if packs:
-        conn.execute(upsert(conn, s.tier_deps).on_conflict_do_nothing(
-            index_elements=["version_id", "pack_id"]),
-            [{"version_id": version_id, "pack_id": pid} for pid in sorted(packs)])
-        conn.execute(update(s.versions).where(s.versions.c.id == version_id,
-                                               s.versions.c.durability == "durable")
-                     .values(durability="fast"))
-    return len(packs)
 
 
 def register(catalog: Catalog, tier_id: str, host: str, path: str) -> None:

@@ -9,9 +9,10 @@ from typing import Any
 from sqlalchemy import delete, select, update
 
 from casckpt.catalog import schema as s
-from casckpt.catalog.catalog import Catalog, MissingChunksError
+from casckpt.catalog.catalog import Catalog
 from casckpt.catalog.database import insert_ignore
 from casckpt.catalog.gc import drop_unused_contents
+from casckpt.catalog.publish import MissingChunksError, revive_or_missing
 
 
 def without_tree(catalog: Catalog) -> list[tuple[str, str]]:
@@ -36,7 +37,7 @@ def adopt_trees(catalog: Catalog, roots: Mapping[str, str], node_rows: Sequence[
     """ONE transaction: give versions their tree (``roots``: version id -> root node id).
 
     Every node chunk is re-checked first and revived when condemned, as publishing a commit
-    does (:meth:`Catalog.revive_or_missing`); then the node rows the catalog lacks are added,
+    does (:func:`~casckpt.catalog.publish.revive_or_missing`); then the node rows the catalog lacks are added,
     each version still visible and without a tree gets its root, its ``tensors`` rows go, and
     so do the ``contents`` rows no tensor row uses anymore. Idempotent: a version that has a
     tree already is left alone.
@@ -48,7 +49,7 @@ def adopt_trees(catalog: Catalog, roots: Mapping[str, str], node_rows: Sequence[
     """
     v, t = s.versions, s.tensors
     with catalog.write() as conn:
-        missing = catalog.revive_or_missing(conn, list(node_ids))
+        missing = revive_or_missing(conn, list(node_ids))
         if missing:
             raise MissingChunksError(missing)
         ids = list(conn.execute(select(v.c.id).where(

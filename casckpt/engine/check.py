@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from casckpt.catalog import PackLayout
+from casckpt.catalog import PackLayout, inventory
 from casckpt.catalog import shards as shard_sql
 from casckpt.catalog.deltas import dependents
 from casckpt.engine import checkmeta, scrub
@@ -79,7 +79,7 @@ def _check_pack_data(ctx: EngineContext, layout: PackLayout, found: Findings, ta
     if verdict.ok or verdict.entries:
         tally.packs_read += 1
     footer = {e.chunk_id.hex(): e for e in verdict.entries}
-    for row in ctx.catalog.chunks_of_pack(layout.id):
+    for row in inventory.chunks_of_pack(ctx.catalog, layout.id):
         entry = footer.get(row.id)
         tally.chunks_read += 1
         if entry is None or (entry.offset, entry.stored_len, entry.raw_len, entry.codec,
@@ -100,7 +100,7 @@ def _affected(ctx: EngineContext, manifests: list[tuple[str, Manifest]],
     """Name the versions and tensors that read from packs that cannot be read back."""
     if not lost:
         return
-    in_lost = {row.id: pack for pack in lost for row in ctx.catalog.chunks_of_pack(pack)}
+    in_lost = {row.id: pack for pack in lost for row in inventory.chunks_of_pack(ctx.catalog, pack)}
     for _, manifest in manifests:
         hit: dict[str, set[str]] = {}
         for tensor in manifest.tensors:
@@ -181,7 +181,7 @@ def check(ctx: EngineContext, *, read_data: bool, progress: ProgressCallback | N
     checkmeta.check_manifests(ctx, found, read_data=read_data)
     checkmeta.check_rows(ctx, found)
     checkmeta.check_records(ctx, found)
-    packs = ctx.catalog.packs()
+    packs = inventory.live_packs(ctx.catalog)
     layouts = shard_sql.layouts(ctx.catalog, [p.id for p in packs])
     scrub_set = _scrub_set(ctx, read_data_subset) if read_data_subset is not None else (
         set(layouts) if read_data else set())
@@ -212,7 +212,7 @@ def check(ctx: EngineContext, *, read_data: bool, progress: ProgressCallback | N
     tier = ctx.packs.tier
     return CheckReport(
         versions=len(found.manifests), packs=len(packs),
-        chunks=ctx.catalog.live_chunk_count(), chunks_read=tally.chunks_read,
+        chunks=inventory.live_chunk_count(ctx.catalog), chunks_read=tally.chunks_read,
         bytes_read=tally.bytes_read, problems=tuple(found.problems), packs_read=tally.packs_read,
         warnings=tuple(f"fast tier {tier.dir.root}: {w}" for w in tier.disk_problems())
         if tier is not None else (),

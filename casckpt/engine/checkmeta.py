@@ -35,6 +35,7 @@ from casckpt.catalog import ChunkLocation, PackLayout
 from casckpt.catalog import gc as gc_sql
 from casckpt.catalog import history as history_sql
 from casckpt.catalog import identity as identity_sql
+from casckpt.catalog import nodes as node_sql
 from casckpt.catalog import shards as shard_sql
 from casckpt.catalog.rows import manifest_bytes
 from casckpt.engine import identity, records, trees
@@ -216,7 +217,7 @@ def _check_tree_rows(ctx: EngineContext, found: Findings, row: Any, manifest: Ma
     if manifest.tree is not None and row.tree_root != manifest.tree.root.hex():
         found.add("catalog", label, "the version row names another tree root than its manifest; "
                   "the catalog is damaged")
-    have = ctx.catalog.tree_nodes([n.hex() for n in manifest.nodes])
+    have = node_sql.tree_nodes(ctx.catalog, [n.hex() for n in manifest.nodes])
     for node_id in manifest.nodes:
         body = have.get(node_id.hex())
         try:

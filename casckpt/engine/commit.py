@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from casckpt.catalog import MissingChunksError
+from casckpt.catalog import nodes as node_sql
 from casckpt.catalog.deltas import delta_chain_for, delta_policy_for
 from casckpt.catalog.history import fork_point
 from casckpt.catalog.leases import begin_lease, end_lease
@@ -369,7 +370,7 @@ def _checks(ctx: EngineContext, snap: Snapshot) -> tuple[Sequence[bytes], list[d
     if snap.tree is None:
         return list(snap.chunks), []
     tree = snap.tree
-    have = {bytes.fromhex(h) for h in ctx.catalog.tree_node_ids([i.hex() for i in tree.nodes])}
+    have = {bytes.fromhex(h) for h in node_sql.tree_node_ids(ctx.catalog, [i.hex() for i in tree.nodes])}
     return list(snap.chunks), trees.node_rows(tree, sorted(i for i in tree.nodes if i not in have))
 
 

@@ -17,7 +17,6 @@ lost with a fast tier is drilled on its newest lost one, which fails
 
 from __future__ import annotations
 
-import copy
 import random
 import time
 import uuid
@@ -27,6 +26,7 @@ from dataclasses import replace
 from casckpt.catalog import drills as sql
 from casckpt.catalog.rows import VersionRow
 from casckpt.engine.context import EngineContext
+from casckpt.engine.durability import check_readable
 from casckpt.engine.refs import load_manifest
 from casckpt.errors import CasckptError, InvalidArgumentError, VersionNotDurableError
 from casckpt.types import DrillResult, ProgressCallback
@@ -75,7 +75,6 @@ def reader(ctx: EngineContext, progress: ProgressCallback | None = None) -> Call
       restore would have raised.
     """
     from casckpt.engine.restore import materialize
-    from casckpt.engine.tier import check_readable
 
     located = _locations_only(ctx)
 
@@ -95,11 +94,7 @@ def _locations_only(ctx: EngineContext) -> EngineContext:
     """``ctx`` reading from the store's locations only, never from this host's fast tier: a
     drill asks whether a restart anywhere brings the version back, not whether this host's
     disk still holds a copy."""
-    if ctx.packs.tier is None:
-        return ctx
-    packs = copy.copy(ctx.packs)
-    packs.tier = None
-    return replace(ctx, packs=packs)
+    return replace(ctx, packs=ctx.packs.on_locations())
 
 
 def drill(ctx: EngineContext, rows: Sequence[VersionRow], *, record: bool,

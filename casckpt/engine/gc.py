@@ -37,16 +37,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from functools import partial
-from typing import Any
 
 from casckpt.catalog import gc as sql
 from casckpt.catalog import retention as retention_sql
 from casckpt.catalog.leases import safe_floor
 from casckpt.catalog.locks import gc_lock
-from casckpt.catalog.rows import manifest_bytes
 from casckpt.engine import retention, trees
 from casckpt.engine.checkoutwork import reclaim_registered, registry
 from casckpt.engine.context import EngineContext
@@ -55,10 +52,9 @@ from casckpt.engine.gcguard import DeletionGuard, Listing
 from casckpt.engine.leftovers import reclaim_leftovers
 from casckpt.engine.packer import Packer
 from casckpt.engine.reader import read_chunks
-from casckpt.engine.refs import bind
+from casckpt.engine.references import references
 from casckpt.errors import CasckptError, GCRefusedError, IntegrityError, StorageError
-from casckpt.format import keys, treeread
-from casckpt.format.manifest import decode_manifest
+from casckpt.format import keys
 from casckpt.format.pack import ENTRY_HEADER_SIZE, PackEntry, decode_entry
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.scratch import reclaim
@@ -131,7 +127,7 @@ def _mark(ctx: EngineContext, exclude: set[str], done: set[_Marked]) -> set[_Mar
               if i not in exclude and (i, root) not in done}
     marked = set(done)
     pending: set[str] = set()
-    nodes = trees.StoreNodes(ctx.catalog, ctx, heal=False)
+    nodes = trees.store_nodes(ctx, heal=False)
     seen: set[bytes] = set()  # nodes walked in this mark, with everything under them
     for batch in sql.manifest_batches(ctx.catalog, wanted):
         for row in batch:
@@ -150,25 +146,6 @@ def _mark(ctx: EngineContext, exclude: set[str], done: set[_Marked]) -> set[_Mar
             marked.add((row.id, row.tree_root))
     sql.add_live(ctx.catalog, pending)
     return marked
-
-
-def references(row: Any, nodes: trees.StoreNodes, seen: set[bytes]) -> Iterator[bytes]:
-    """The chunk and node ids a version references. A tree is walked from its root, skipping
-    the nodes in ``seen``; other versions' manifests are read whole -- a document of version
-    1 migrated to a tree (its row names the root) too: the root is the catalog's word alone,
-    so the version's data is marked from its document, and a damaged root can cost the
-    nodes of its tree (check reports it; migrate-trees or a rebuild restores them), never
-    the data (a document of version 2 alike)."""
-    data = manifest_bytes(row.manifest, row.id)
-    manifest = bind(row, decode_manifest(data, row.id))  # a tree manifest's head; others whole
-    if manifest.tree is None:
-        yield from manifest.chunk_ids()
-        root = trees.parse_root(row.tree_root)
-    else:
-        yield from (c for b in manifest.tree.shared for c in b.chunks)
-        root = manifest.tree.root
-    if root is not None:
-        yield from treeread.referenced(nodes, root, seen)
 
 
 class _Deleter:

@@ -143,8 +143,9 @@ def read_hf_dir(path: Path) -> dict[str, Any]:
     merged, sorted by name (so the same weights sharded otherwise store the same chunks);
     ``files`` maps the name of every other top-level file (``generation_config.json``,
     tokenizer files, ...) to its bytes, unchanged. Files are read only inside the directory
-    (or its hub cache's ``blobs/``; :mod:`casckpt.engine.importlinks`). Weight files and their indexes are not
-    kept as files (export writes them anew); subdirectories are not imported.
+    (or its hub cache's ``blobs/``; :mod:`casckpt.engine.importlinks`). Weight files and
+    their indexes are not kept as files (export writes them anew); subdirectories are not
+    imported.
 
     Raises:
         UnreadableCheckpointError: no weights, an unreadable config or index, a tensor in two

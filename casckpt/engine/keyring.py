@@ -23,7 +23,7 @@ read it back, and adopt it or are refused (a keyless process ``KeyRequiredError`
 a holder of another key ``WrongKeyError``, a key holder after a keyless creator
 ``NotEncryptedError``), before any object is written. Every writer checks it again
 when it begins writing objects and when it publishes
-(:func:`casckpt.catalog.keys.require_state_in`).
+(:func:`casckpt.catalog.encryption.require_state_in`).
 
 Master-key changes (:func:`add_key`, :func:`remove_key`, :func:`rotate_key`)
 rewrite the record only: the data key, and so every object, stays as it is.
@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from casckpt.catalog import Catalog
+from casckpt.catalog import Catalog, encryption
 from casckpt.catalog import keys as keys_sql
 from casckpt.catalog import shards as shard_sql
 from casckpt.catalog.audit import who as audit_who
@@ -296,10 +296,10 @@ def _adopt(catalog: Catalog, store: StoreCrypto, read_only: bool) -> StoreCrypto
     fixed = keys_sql.read_state(catalog)
     if fixed == STATE_SEALED and not read_only:
         keys_sql.record_state(catalog, store.state)
-    elif fixed is not None and not keys_sql.matches(fixed, store.state):
+    elif fixed is not None and not encryption.matches(fixed, store.state):
         raise StoreKeyError(
-            f"the catalog at {catalog.where} records this store as {keys_sql.describe(fixed)}, but "
-            f"its key record unlocks another data key ({keys_sql.describe(store.state)}): the "
+            f"the catalog at {catalog.where} records this store as {encryption.describe(fixed)}, but "
+            f"its key record unlocks another data key ({encryption.describe(store.state)}): the "
             "record was replaced. Restore the catalog from a backup, or rebuild it from the "
             "locations (`casckpt --key-file FILE catalog rebuild`) into a new, empty catalog; "
             "nothing was written")

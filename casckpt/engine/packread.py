@@ -27,6 +27,8 @@ from threading import Lock
 
 from casckpt.catalog import Catalog, PackLayout, ShardRow
 from casckpt.catalog import shards as sql
+from casckpt.catalog.tiers import pack_states
+from casckpt.engine.durability import not_durable_error
 from casckpt.engine.packlayouts import Layouts, shard_state_of
 from casckpt.engine.packrepair import PackRepairer
 from casckpt.engine.packverify import PackVerifier, ShardCheck
@@ -94,7 +96,10 @@ class PackReader:
                 no redundancy and its one copy is gone.
             MissingDataError, CorruptPackError: too few healthy shards.
             StoreUnavailableError: too few shards could be reached within the retry budget.
+            VersionNotDurableError, VersionLostError: the pack is on a fast tier (another
+                host's, or lost with one) and not on the locations.
         """
+        self._require_located(pack_id)
         layout = self._layouts.require(pack_id)
         locations = self._locations.get()
         if layout.scheme == "ec":
@@ -157,6 +162,17 @@ class PackReader:
                             heal: bool) -> int:
         return scatter(memoryview(self.reconstruct(layout.id, heal=heal))[offset:], buffers)
 
+    def _require_located(self, pack_id: str) -> None:
+        """Raise unless the pack is (as far as the catalog says now) on the locations."""
+        layout = self._layouts.get(pack_id)
+        if layout is None or layout.tier is None:
+            return
+        layout = self._layouts.get(pack_id, fresh=True)  # drained since it was cached?
+        if layout is None or layout.tier is None:
+            return
+        state = pack_states(self._catalog, [pack_id]).get(pack_id, ("fast", layout.tier))
+        raise not_durable_error(self._catalog, pack_id, layout.tier, state[0])
+
     def can_reconstruct(self, pack_id: str) -> bool:
         """Whether the pack has redundancy to reconstruct a damaged copy or shard from."""
         layout = self._layouts.get(pack_id)
@@ -169,7 +185,9 @@ class PackReader:
             BlobNotFoundError: the pack is not in the catalog.
             MissingDataError, CorruptPackError: it cannot be read back intact.
             StoreUnavailableError: too few shards could be reached within the retry budget.
+            VersionNotDurableError, VersionLostError: as :meth:`read_into`.
         """
+        self._require_located(pack_id)
         layout = self._layouts.require(pack_id)
         locations = self._locations.get()
         unreachable = False

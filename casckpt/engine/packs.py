@@ -14,17 +14,21 @@ The pieces, each usable on its own:
 - :class:`~.packverify.PackVerifier`: every shard read in full and checked.
 - :class:`~.packrepair.PackRepairer`: heal (write shards again) and repair.
 
-:class:`Packs` builds them over one catalog and one :class:`CurrentLocations`
-and forwards the calls the rest of the engine makes. Objects are deleted only
-through :meth:`LocationSet.delete`.
+:meth:`Packs.open` builds them, in that order, over one catalog and one
+:class:`CurrentLocations`; with this host's fast tier, the tier then wraps the reader
+(:class:`~.tierreads.TierReads`: its packs are read from its disk, the rest from the
+locations). :class:`Packs` is immutable and forwards the calls the rest of the engine
+makes; :meth:`Packs.on_locations` is a copy reading from the locations only. Objects are
+deleted only through :meth:`LocationSet.delete`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from casckpt.catalog import Catalog, PackLayout
 from casckpt.engine.packcoding import ErasureCoder
@@ -34,38 +38,77 @@ from casckpt.engine.packread import PackReader
 from casckpt.engine.packrepair import PackRepairer, RepairOutcome
 from casckpt.engine.packverify import PackVerifier, ShardCheck
 from casckpt.engine.packwrite import PackWriter
-from casckpt.errors import BlobNotFoundError, CorruptPackError
-from casckpt.format.chunks import object_id
+from casckpt.engine.tier import FastTier
+from casckpt.engine.tierreads import TierReads
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.locations import CurrentLocations
 
-if TYPE_CHECKING:
-    from casckpt.engine.tier import FastTier
+
+class PackSource(Protocol):
+    """Where reads of packs go: :class:`PackReader` (the locations) or a
+    :class:`~.tierreads.TierReads` (this host's fast tier in front of one)."""
+
+    @property
+    def retry_s(self) -> float: ...
+
+    def waiting_s(self) -> float | None: ...
+
+    def read_into(self, pack_id: str, offset: int, buffers: Sequence[memoryview], *,
+                  heal: bool = True) -> int: ...
+
+    def get(self, pack_id: str) -> bytes: ...
+
+    def can_reconstruct(self, pack_id: str) -> bool: ...
+
+    def reconstruct(self, pack_id: str, *, heal: bool = True) -> bytes: ...
 
 
+@dataclass(frozen=True, slots=True)
 class Packs:
-    """Writes, reads, verifies and repairs packs on the store's current locations. Thread-safe.
+    """Writes, reads, verifies and repairs packs on the store's current locations. Thread-safe;
+    immutable (built by :meth:`open`).
 
-    ``io`` runs shard writes and reads in parallel; it must not be a pool
-    whose tasks call into this object (the engine's read pool may). New
-    erasure-coded packs are encoded in up to ``encode_workers`` worker
-    processes (0: in this process), started when the first is filled
-    (:meth:`prepare`); :meth:`close` stops them. ``retry_s``: how long a read waits for
-    unreachable locations (see :class:`PackReader`).
+    ``reads`` is where reads go: ``reader`` (the locations), or this host's fast tier
+    (``tier``) wrapping it. Writes, verification and repair always address the locations;
+    a commit holds its packs on ``tier`` itself (:class:`~casckpt.engine.packer.Packer`).
     """
 
-    def __init__(self, catalog: Catalog, locations: CurrentLocations, io: ThreadPoolExecutor,
-                 quorum: int | None = None, encode_workers: int = 0, retry_s: float = 30.0) -> None:
-        self.layouts = Layouts(catalog)
-        self.coder = ErasureCoder(encode_workers)
-        self.placement = Placement(catalog, locations, io, quorum)
-        self.writer = PackWriter(locations, self.coder, self.placement)
-        self.verifier = PackVerifier(catalog, locations, self.layouts, self.coder, io)
-        self.repairer = PackRepairer(catalog, locations, self.layouts, self.coder, self.placement,
-                                     self.verifier)
-        self.reader = PackReader(catalog, locations, self.layouts, self.verifier, self.repairer, retry_s)
-        self.tier: FastTier | None = None  # this host's fast tier (engine/tier.py), set at open
-        self._catalog = catalog
+    layouts: Layouts
+    coder: ErasureCoder
+    placement: Placement
+    writer: PackWriter
+    verifier: PackVerifier
+    repairer: PackRepairer
+    reader: PackReader
+    reads: PackSource
+    tier: FastTier | None = None
+
+    @classmethod
+    def open(cls, catalog: Catalog, locations: CurrentLocations, io: ThreadPoolExecutor, *,
+             quorum: int | None = None, encode_workers: int = 0, retry_s: float = 30.0,
+             tier: FastTier | None = None) -> Packs:
+        """The pack layer of one store, over this host's fast tier ``tier`` if it has one.
+
+        ``io`` runs shard writes and reads in parallel; it must not be a pool whose tasks
+        call into this object (the engine's read pool may). New erasure-coded packs are
+        encoded in up to ``encode_workers`` worker processes (0: in this process), started
+        when the first is filled (:meth:`prepare`); :meth:`close` stops them. ``retry_s``:
+        how long a read waits for unreachable locations (see :class:`PackReader`).
+        """
+        layouts = Layouts(catalog)
+        coder = ErasureCoder(encode_workers)
+        placement = Placement(catalog, locations, io, quorum)
+        writer = PackWriter(locations, coder, placement)
+        verifier = PackVerifier(catalog, locations, layouts, coder, io)
+        repairer = PackRepairer(catalog, locations, layouts, coder, placement, verifier)
+        reader = PackReader(catalog, locations, layouts, verifier, repairer, retry_s)
+        reads: PackSource = reader if tier is None else TierReads(tier, reader, layouts)
+        return cls(layouts, coder, placement, writer, verifier, repairer, reader, reads, tier)
+
+    def on_locations(self) -> Packs:
+        """This pack layer reading from the locations only, never from this host's fast tier
+        (the same parts: closing either closes both)."""
+        return self if self.tier is None else replace(self, reads=self.reader, tier=None)
 
     def prepare(self, redundancy: Redundancy) -> None:
         """See :meth:`ErasureCoder.prepare`."""
@@ -115,83 +158,29 @@ class Packs:
 
     def read_into(self, pack_id: str, offset: int, buffers: Sequence[memoryview], *,
                   heal: bool = True) -> int:
-        """See :meth:`PackReader.read_into`; from this host's fast tier when it holds the pack.
-
-        Raises:
-            VersionNotDurableError, VersionLostError: the pack is on another host's fast tier,
-                or was lost with one, and not on the locations.
-        """
-        tier = self.tier
-        if tier is not None and tier.dir.holds(pack_id):
-            try:
-                return tier.dir.read_into(pack_id, offset, buffers)
-            except BlobNotFoundError:
-                pass  # evicted meanwhile: it had drained
-        self._on_locations(pack_id)
-        return self.reader.read_into(pack_id, offset, buffers, heal=heal)
-
-    def _on_locations(self, pack_id: str) -> None:
-        """Raise unless the pack is (as far as the catalog says now) on the locations."""
-        layout = self.layouts.get(pack_id)
-        if layout is None or layout.tier is None:
-            return
-        layout = self.layouts.get(pack_id, fresh=True)  # drained since it was cached?
-        if layout is None or layout.tier is None:
-            return
-        from casckpt.catalog.tiers import pack_states
-        from casckpt.engine.tier import not_durable_error
-
-        state = pack_states(self._catalog, [pack_id]).get(pack_id, ("fast", layout.tier))
-        raise not_durable_error(self._catalog, pack_id, layout.tier, state[0])
+        """See :meth:`PackReader.read_into` (and :meth:`.TierReads.read_into`)."""
+        return self.reads.read_into(pack_id, offset, buffers, heal=heal)
 
     def get(self, pack_id: str) -> bytes:
-        """See :meth:`PackReader.get`; from this host's fast tier when it holds the pack intact."""
-        tier = self.tier
-        if tier is not None and tier.dir.holds(pack_id):
-            try:
-                data = tier.dir.get(pack_id)
-                if object_id(data) == pack_id:
-                    return data
-            except BlobNotFoundError:
-                pass
-        self._on_locations(pack_id)
-        return self.reader.get(pack_id)
+        """See :meth:`PackReader.get` (and :meth:`.TierReads.get`)."""
+        return self.reads.get(pack_id)
 
     def can_reconstruct(self, pack_id: str) -> bool:
-        """See :meth:`PackReader.can_reconstruct`. A drained pack the fast tier served can
-        always be read again from the locations; a pack not drained cannot."""
-        tier = self.tier
-        if tier is not None and tier.dir.holds(pack_id):
-            layout = self.layouts.get(pack_id, fresh=True)
-            return layout is not None and layout.tier is None
-        return self.reader.can_reconstruct(pack_id)
+        """See :meth:`PackReader.can_reconstruct` (and :meth:`.TierReads.can_reconstruct`)."""
+        return self.reads.can_reconstruct(pack_id)
 
     def waiting_s(self) -> float | None:
         """See :meth:`PackReader.waiting_s`."""
-        return self.reader.waiting_s()
+        return self.reads.waiting_s()
 
     @property
     def retry_s(self) -> float:
         """See :attr:`PackReader.retry_s`."""
-        return self.reader.retry_s
+        return self.reads.retry_s
 
     def reconstruct(self, pack_id: str, *, heal: bool = True) -> bytes:
-        """See :meth:`PackReader.reconstruct`. A damaged fast-tier copy of a drained pack is
-        evicted and the pack read from the locations instead.
-
-        Raises:
-            CorruptPackError: the damaged copy is of a pack not drained yet (the only one).
-        """
-        tier = self.tier
-        if tier is not None and tier.dir.holds(pack_id):
-            layout = self.layouts.get(pack_id, fresh=True)
-            if layout is not None and layout.tier is not None:
-                raise CorruptPackError(
-                    f"pack {pack_id} on the fast tier {tier.dir.root} is damaged and has not "
-                    "drained yet: it is the only copy. Restore another version")
-            tier.dir.evict(pack_id)
-            return self.reader.get(pack_id)
-        return self.reader.reconstruct(pack_id, heal=heal)
+        """See :meth:`PackReader.reconstruct` (and :meth:`.TierReads.reconstruct`)."""
+        return self.reads.reconstruct(pack_id, heal=heal)
 
     def examine(self, pack_id: str, *, read_all: bool = True) -> ShardCheck:
         """See :meth:`PackVerifier.examine`."""

@@ -29,7 +29,7 @@ from casckpt.engine import identity
 from casckpt.format.identity import IDENTITY_KEY, StoreIdentity
 from casckpt.storage import BlobStore
 from casckpt.storage.locations import Location
-from casckpt.storage.urls import redact_text
+from casckpt.storage.redact import redact_text
 
 _REASON_CHARS = 300  # a reason is one line of a table, not a traceback
 

@@ -35,7 +35,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from casckpt.catalog import MissingChunksError, PackLayout, PackRecord, ShardRow
+from casckpt.catalog import MissingChunksError, PackLayout, PackRecord, ShardRow, inventory
 from casckpt.catalog import deltas as deltas_sql
 from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
@@ -349,7 +349,7 @@ def refill_cache(ctx: EngineContext) -> int:
     """Empty this host's index cache and fill it from the catalog's live chunks."""
     ctx.cache.clear()
     count = 0
-    for batch in ctx.catalog.live_chunk_batches():
+    for batch in inventory.live_chunk_batches(ctx.catalog):
         ctx.cache.put_many((bytes.fromhex(r.id), r.pack_id, r.offset, r.stored_len, r.raw_len, r.codec)
                            for r in batch)
         count += len(batch)

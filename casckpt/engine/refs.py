@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from casckpt.catalog import Catalog
 from casckpt.catalog.history import fork_point
 from casckpt.catalog.rows import VersionRow
-from casckpt.engine.trees import StoreNodes
+from casckpt.engine.durability import restorable_here
+from casckpt.engine.nodes import StoreNodes
 from casckpt.engine.validate import MAX_STEP
 from casckpt.errors import (
     AmbiguousRefError,
@@ -111,8 +112,6 @@ def _latest_restorable(catalog: Catalog, run: str, newest: VersionRow) -> Versio
     """``run@latest`` is the newest version this host can restore: versions lost before their
     fast tier drained, and versions still on another host's fast tier, are skipped (with a
     warning naming them)."""
-    from casckpt.engine.tier import restorable_here
-
     skipped: list[VersionRow] = []
     back, row = 0, newest
     while not restorable_here(catalog, row.id, row.durability):

@@ -36,6 +36,7 @@ from typing import Any
 
 from casckpt.catalog import gc as gc_sql
 from casckpt.catalog import identity as identity_sql
+from casckpt.catalog import inventory
 from casckpt.catalog import shards as shard_sql
 from casckpt.catalog.leases import begin_lease, end_lease
 from casckpt.catalog.rows import manifest_bytes
@@ -64,7 +65,7 @@ def repair(ctx: EngineContext, progress: ProgressCallback | None = None) -> Repa
     started = time.monotonic()
     found = Findings()
     checkmeta.list_locations(ctx, found)
-    layouts = shard_sql.layouts(ctx.catalog, [p.id for p in ctx.catalog.packs()])
+    layouts = shard_sql.layouts(ctx.catalog, [p.id for p in inventory.live_packs(ctx.catalog)])
     checkmeta.check_presence(ctx, layouts.values(), found)  # marks what the listing lacks
     queue = shard_sql.packs_to_repair(ctx.catalog)
     rewritten = moved = worked = 0
@@ -103,7 +104,7 @@ def repair(ctx: EngineContext, progress: ProgressCallback | None = None) -> Repa
 def _degraded(ctx: EngineContext) -> list[str]:
     """Packs with shards doubled up in one failure domain, as they are after this repair."""
     out = []
-    for layout in shard_sql.layouts(ctx.catalog, [p.id for p in ctx.catalog.packs()]).values():
+    for layout in shard_sql.layouts(ctx.catalog, [p.id for p in inventory.live_packs(ctx.catalog)]).values():
         for domain, indexes in doubled_domains(ctx.locations, layout).items():
             out.append(f"{layout.id}: shards {indexes} share failure domain {domain!r}; add a location "
                        "in another domain (`casckpt location add`), then repair again")

@@ -10,7 +10,7 @@ room for, whatever the budget says, is filled in the store's own staging directo
 stored on the locations as if there were no tier: a full tier slows commits down to the
 locations' speed, it never fails them. The manifest is kept on the tier, and the
 version is published ``durability="fast"`` with the ``fast`` packs it needs
-(:func:`casckpt.catalog.tiers.record_deps`: only packs held on a tier count, so a version
+(:func:`casckpt.catalog.publish.record_deps`: only packs held on a tier count, so a version
 whose packs all went to the locations waits only for the drain to store its manifest). The
 commit returns; nothing remote was written but the tag records.
 
@@ -59,10 +59,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from casckpt.catalog import Catalog, PackLayout
+from casckpt.catalog import gc as gc_sql
 from casckpt.catalog import tiers as sql
 from casckpt.catalog.leases import begin_lease, end_lease
 from casckpt.catalog.tiers import FastPack
 from casckpt.config import DEFAULT_PACK_SIZE
+from casckpt.engine.nodes import StoreNodes
+from casckpt.engine.references import references
 from casckpt.errors import (
     BlobNotFoundError,
     CasckptError,
@@ -71,7 +74,6 @@ from casckpt.errors import (
     DrainTimeoutError,
     StorageError,
     VersionLostError,
-    VersionNotDurableError,
 )
 from casckpt.format import keys
 from casckpt.storage.erasure import Redundancy
@@ -270,14 +272,10 @@ class FastTier:
         """The packs the newest ``keep_last`` versions reference (kept resident)."""
         if self.keep_last <= 0:
             return frozenset()
-        from casckpt.catalog import gc as gc_sql
-        from casckpt.engine import trees
-        from casckpt.engine.gc import references
-
         newest = sql.newest_versions(self.catalog, self.keep_last)
         todo = [v for v in newest if v not in self._keep]
         if todo:
-            nodes = trees.StoreNodes(self.catalog, None, heal=False)
+            nodes = StoreNodes(self.catalog)
             for batch in gc_sql.manifest_batches(self.catalog, todo):
                 for row in batch:
                     try:
@@ -540,53 +538,3 @@ def wait_durable(catalog: Catalog, version_ids: list[str], timeout: float | None
         wake()
         time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
         delay = min(delay * 2, _WAIT_POLL_S[1])
-
-
-def check_readable(catalog: Catalog, version_id: str, durability: str) -> None:
-    """Refuse, before reading anything, a version that cannot be read whole from here.
-
-    Raises:
-        VersionLostError: it was lost before it drained.
-        VersionNotDurableError: it waits on another host's fast tier.
-    """
-    if durability == "durable":
-        return
-    if durability == "lost":
-        raise VersionLostError(
-            f"version {version_id[:12]} was lost before it drained: its fast tier was lost "
-            "(wiped, or its host gone). Restore an earlier version (`casckpt log` marks the lost "
-            "ones; @latest skips them)")
-    others = {t: n for t, n in sql.waiting_on(catalog, version_id).items() if t != catalog.fast_tier}
-    if others:
-        where = ", ".join(f"{_host_of(catalog, t)} ({n} pack(s))" for t, n in others.items())
-        raise VersionNotDurableError(
-            f"version {version_id[:12]} is on the fast tier of {where} and not drained to the "
-            "store's locations yet, so it cannot be read from this host. Wait for it "
-            "(store.tier.wait_durable(ref), or `casckpt drain --wait` on that host), or restore an "
-            "earlier version")
-
-
-def _host_of(catalog: Catalog, tier_id: str) -> str:
-    for t in sql.tiers(catalog):
-        if t.id == tier_id:
-            return f"host {t.host} ({t.path})"
-    return f"tier {tier_id}"
-
-
-def restorable_here(catalog: Catalog, version_id: str, durability: str) -> bool:
-    """Whether :func:`check_readable` would let the version be read from this process."""
-    try:
-        check_readable(catalog, version_id, durability)
-    except (VersionLostError, VersionNotDurableError):
-        return False
-    return True
-
-
-def not_durable_error(catalog: Catalog, pack_id: str, tier_id: str, state: str) -> CasckptError:
-    """The error for reading a pack that is on another tier (or lost) rather than the locations."""
-    if state == "lost":
-        return VersionLostError(f"pack {pack_id} was lost with its fast tier before it drained; "
-                                "the versions needing it cannot be restored (`casckpt log`)")
-    return VersionNotDurableError(
-        f"pack {pack_id} is on the fast tier of {_host_of(catalog, tier_id)} and not drained yet; "
-        "wait for the drain (store.tier.wait_durable) or restore an earlier version")

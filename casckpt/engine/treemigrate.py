@@ -42,6 +42,7 @@ from typing import Any
 
 from casckpt.catalog import MissingChunksError
 from casckpt.catalog import gc as gc_sql
+from casckpt.catalog import nodes as node_sql
 from casckpt.catalog import treemigrate as sql
 from casckpt.catalog.leases import begin_lease
 from casckpt.catalog.rows import manifest_bytes
@@ -144,7 +145,7 @@ def _publish_batch(ctx: EngineContext, batch: dict[str, Tree], chunks: dict[byte
     roots = {version_id: tree.root.hex() for version_id, tree in batch.items()}
     bodies = {i: raw for tree in batch.values() for i, raw in tree.nodes.items()}
     for _ in range(_ATTEMPTS):
-        have = ctx.catalog.tree_node_ids([i.hex() for i in bodies])
+        have = node_sql.tree_node_ids(ctx.catalog, [i.hex() for i in bodies])
         rows = [{"id": i.hex(), "body": compress_node(raw)}
                 for i, raw in bodies.items() if i.hex() not in have]
         try:

@@ -1,18 +1,22 @@
 """Tree manifests in the engine: where their nodes are read from, and what a commit adds.
 
-A node is read from the catalog (``tree_nodes``); a node the catalog lacks
-(a catalog being rebuilt, a row lost) is read from the packs like any chunk,
-verified against its id either way (:func:`casckpt.format.merkle.decode_node`).
+A node is read from the catalog (``tree_nodes``, :class:`~casckpt.engine.nodes.StoreNodes`);
+a node the catalog lacks (a catalog being rebuilt, a row lost) is read from the packs like
+any chunk (:func:`read_nodes`), verified against its id either way
+(:func:`casckpt.format.merkle.decode_node`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from casckpt.catalog import Catalog
+from casckpt.catalog import nodes as node_sql
 from casckpt.engine.context import EngineContext
+from casckpt.engine.nodes import StoreNodes, parse_root
 from casckpt.engine.reader import read_chunks
 from casckpt.errors import CorruptManifestError
 from casckpt.format.chunks import ChunkIds
@@ -21,23 +25,6 @@ from casckpt.format.merkle import Nodes, NodeSource, compress_node, decode_node,
 from casckpt.format.treeencode import Tree
 from casckpt.format.treemanifest import head_of, with_tree
 from casckpt.format.treeread import TreeReader
-
-
-class StoreNodes(NodeSource):
-    """Nodes from the catalog, else from the packs (``ctx`` None: the catalog only; ``heal``:
-    whether reading the packs rewrites damaged shards, as restores do)."""
-
-    def __init__(self, catalog: Catalog, ctx: EngineContext | None = None, *, heal: bool = True) -> None:
-        self.catalog, self.ctx, self.heal = catalog, ctx, heal
-        self.chunk_ids = catalog.crypto.chunk_id
-
-    def get_many(self, ids: Sequence[bytes]) -> Mapping[bytes, bytes]:
-        rows = self.catalog.tree_nodes([i.hex() for i in ids])
-        found = {bytes.fromhex(k): node_json(v) for k, v in rows.items()}
-        missing = [i for i in ids if i not in found]
-        if missing and self.ctx is not None:
-            found.update(read_nodes(self.ctx, missing, heal=self.heal))
-        return found
 
 
 def read_nodes(ctx: EngineContext, ids: Sequence[bytes], *, heal: bool = True) -> dict[bytes, bytes]:
@@ -50,9 +37,14 @@ def read_nodes(ctx: EngineContext, ids: Sequence[bytes], *, heal: bool = True) -
     return {cid: bytes(buf) for cid, buf in buffers.items()}
 
 
+def store_nodes(ctx: EngineContext, *, heal: bool = True) -> StoreNodes:
+    """Nodes from the catalog, then the packs (``heal``: see :func:`read_nodes`)."""
+    return StoreNodes(ctx.catalog, partial(read_nodes, ctx, heal=heal))
+
+
 def nodes_of(ctx: EngineContext) -> Nodes:
     """A node cache reading through the catalog, then the packs."""
-    return Nodes(StoreNodes(ctx.catalog, ctx))
+    return Nodes(store_nodes(ctx))
 
 
 def reader(ctx: EngineContext) -> TreeReader:
@@ -64,7 +56,8 @@ def decode(ctx: EngineContext | None, catalog: Catalog, data: bytes, version_id:
            heal: bool = True) -> Manifest:
     """A manifest of any version, a tree manifest read whole (nodes from the catalog, then the
     packs when ``ctx`` is given)."""
-    return decode_manifest(data, version_id, StoreNodes(catalog, ctx, heal=heal))
+    read_missing = None if ctx is None else partial(read_nodes, ctx, heal=heal)
+    return decode_manifest(data, version_id, StoreNodes(catalog, read_missing))
 
 
 class _PackNodes(NodeSource):
@@ -98,7 +91,7 @@ def restore_node_rows(ctx: EngineContext, data: bytes, version_id: str, tree_roo
         reader.expand(root)
     except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError) as exc:
         raise CorruptManifestError(f"a tree node in the packs is malformed: {exc}") from exc
-    have = ctx.catalog.tree_nodes([i.hex() for i in reader.visited])
+    have = node_sql.tree_nodes(ctx.catalog, [i.hex() for i in reader.visited])
     bad = []
     for node_id in reader.visited:
         body = have.get(node_id.hex())
@@ -113,30 +106,13 @@ def restore_node_rows(ctx: EngineContext, data: bytes, version_id: str, tree_roo
     for node_id in bad:
         decode_node(found[node_id], node_id, ctx.crypto.chunk_id)  # verified again: this copy is written
         rows.append({"id": node_id.hex(), "body": compress_node(found[node_id])})
-    ctx.catalog.replace_tree_nodes(rows)
+    node_sql.replace_tree_nodes(ctx.catalog, rows)
     return len(rows)
 
 
 def node_rows(tree: Tree, ids: Sequence[bytes]) -> list[dict[str, Any]]:
     """Catalog rows of the nodes ``ids`` of ``tree``."""
     return [{"id": i.hex(), "body": compress_node(tree.nodes[i])} for i in ids]
-
-
-def parse_root(tree_root: str | None) -> bytes | None:
-    """A tree root as a version row names it (None: no tree).
-
-    Raises:
-        CorruptManifestError: it is not a node id.
-    """
-    if tree_root is None:
-        return None
-    try:
-        root = bytes.fromhex(tree_root)
-    except ValueError:
-        root = b""
-    if len(root) != 32:
-        raise CorruptManifestError(f"the catalog names a malformed tree root {tree_root[:16]!r}")
-    return root
 
 
 def adopted(manifest: Manifest, tree_root: str | None) -> Manifest:

@@ -17,8 +17,9 @@ from typing import Any, NamedTuple, TypeVar
 from casckpt.catalog import Catalog
 from casckpt.catalog.rows import manifest_bytes
 from casckpt.catalog.treemigrate import tree_root
+from casckpt.engine.nodes import StoreNodes
 from casckpt.engine.tensorrows import tensor_rows
-from casckpt.engine.trees import StoreNodes, adopted
+from casckpt.engine.trees import adopted
 from casckpt.errors import CorruptManifestError
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, World, decode_manifest, validate
 from casckpt.format.merkle import Nodes

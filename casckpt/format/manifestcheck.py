@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import Any, TypeGuard
 
 from casckpt.errors import CorruptManifestError
 from casckpt.format.chunks import chunk_count
 from casckpt.format.dtypes import element_size
+from casckpt.format.manifestmodel import HEX_DIGITS, Manifest, TensorEntry
 from casckpt.format.tree import Node
-
-if TYPE_CHECKING:
-    from casckpt.format.manifest import Manifest, TensorEntry
-
-HEX_DIGITS = frozenset("0123456789abcdef")
 
 
 def tensor_span(t: TensorEntry, itemsize: int) -> int:

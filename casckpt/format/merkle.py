@@ -48,7 +48,7 @@ import zstandard
 
 from casckpt.errors import CorruptManifestError
 from casckpt.format.chunks import ChunkIds, chunk_id
-from casckpt.format.manifest import MAX_MANIFEST_JSON, decompress_capped
+from casckpt.format.manifestmodel import MAX_MANIFEST_JSON, decompress_capped
 from casckpt.format.tree import MAX_MANIFEST_NESTING, json_nesting
 
 INLINE_MAX = 2048

@@ -33,7 +33,7 @@ import zstandard
 from casckpt.errors import CorruptManifestError
 from casckpt.format.chunks import ChunkIds, chunk_id, object_id
 from casckpt.format.dtypes import element_size
-from casckpt.format.manifest import (
+from casckpt.format.manifestmodel import (
     MANIFEST_FORMAT,
     TREE_VERSION,
     ExtentEntry,

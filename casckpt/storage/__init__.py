@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from casckpt.storage.base import BlobInfo, BlobStore, check_key
 from casckpt.storage.local import LocalBlobStore
+from casckpt.storage.redact import redact_url
 from casckpt.storage.registry import open_blob_store
 from casckpt.storage.retry import RetryingBlobStore
-from casckpt.storage.urls import redact_url
 
 if TYPE_CHECKING:
     from casckpt.storage.s3 import S3BlobStore, S3Location, parse_s3_url

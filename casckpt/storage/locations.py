@@ -17,7 +17,7 @@ from threading import Lock
 
 from casckpt.errors import CasckptError, StorageError, StorageFullError
 from casckpt.storage.base import BlobInfo, BlobStore
-from casckpt.storage.urls import redact_url
+from casckpt.storage.redact import redact_url
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from urllib.parse import unquote, urlsplit
 from casckpt.config_file import check_table
 from casckpt.errors import InvalidArgumentError, InvalidConfigError
 from casckpt.storage.base import BlobStore
-from casckpt.storage.urls import redact_url
+from casckpt.storage.redact import redact_url
 
 GROUP = "casckpt.backends"
 """The entry point group backends register in."""

@@ -30,7 +30,7 @@ from botocore import exceptions as bce
 
 from casckpt.errors import AccessDeniedError, BlobNotFoundError, RetryableStorageError, StorageError
 from casckpt.storage.iam import s3_policy
-from casckpt.storage.urls import redact_text
+from casckpt.storage.redact import redact_text
 
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
 

@@ -464,7 +464,7 @@ def test_frame_declaring_a_huge_size_is_refused_without_allocating_it() -> None:
 def test_manifest_decompressing_past_the_cap_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     from casckpt.format import manifest as manifest_module
 
-    monkeypatch.setattr(manifest_module, "_MAX_MANIFEST", 1 << 20)
+    monkeypatch.setattr(manifest_module, "MAX_MANIFEST_JSON", 1 << 20)
     bomb = zstandard.ZstdCompressor().compress(b" " * (3 << 20))
     with pytest.raises(CorruptManifestError, match="more than"):
         decode_manifest(bomb)

@@ -1,4 +1,7 @@
-"""URL redaction for messages (a location's URL may carry a user name and secret)."""
+"""URL redaction for messages and logs: credentials in a URL never reach a message.
+
+A leaf: every backend's error mapping and every location may use it.
+"""
 
 from __future__ import annotations
 
