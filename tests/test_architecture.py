@@ -89,7 +89,7 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     changed.add_import(importer="casckpt.types", imported="casckpt.errors")
     changed.add_import(importer="casckpt.format.chunks", imported="casckpt.engine.context")
     cycles = _cycles(changed, {m for m in changed.modules if m.startswith("casckpt.")})
-    assert ["casckpt.errors", "casckpt.types"] in cycles
+    assert any("casckpt.errors" in c and "casckpt.types" in c for c in cycles)
     assert any("casckpt.format.chunks" in c and "casckpt.engine.context" in c for c in cycles)
     assert "casckpt.types -> casckpt.errors" in _describe(changed, ["casckpt.errors", "casckpt.types"])
 

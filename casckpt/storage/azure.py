@@ -45,8 +45,8 @@ from casckpt.errors import (
     OversizedObjectError,
     StorageError,
 )
-from casckpt.storage.azure_backend import split_az_url
 from casckpt.storage.azure_errors import is_not_found, map_azure_error, redact
+from casckpt.storage.azure_names import split_az_url
 from casckpt.storage.base import BlobInfo, check_key, scatter
 
 log = logging.getLogger(__name__)

@@ -18,12 +18,12 @@ limits them to the store's prefix (conditions are Azure ABAC, version 2.0):
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from casckpt.config_file import INT, NUMBER, TEXT
 from casckpt.errors import InvalidArgumentError
+from casckpt.storage.azure_names import BLOBS, DATA_ACTIONS, READ, split_az_url
 from casckpt.storage.base import BlobStore
 from casckpt.storage.registry import Backend, Capabilities, RoleGrants
 
@@ -37,32 +37,6 @@ OPTIONS: Mapping[str, str] = {
 :class:`~casckpt.storage.retry.RetryingBlobStore` around it (5)."""
 
 
-_BLOBS = "Microsoft.Storage/storageAccounts/blobServices/containers/blobs"
-READ, WRITE, ADD, DELETE = (f"{_BLOBS}/read", f"{_BLOBS}/write", f"{_BLOBS}/add/action",
-                            f"{_BLOBS}/delete")
-DATA_ACTIONS = {"reader": [READ], "writer": [READ, WRITE, ADD], "admin": [READ, WRITE, ADD, DELETE]}
-"""The data actions each role needs."""
-
-_CONTAINER = re.compile(r"^[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62}$")
-
-
-def split_az_url(url: str) -> tuple[str, str]:
-    """``az://container/a/b/`` -> ``("container", "a/b")``.
-
-    Raises:
-        InvalidArgumentError: not an ``az://container[/prefix]`` URL with a valid container
-            name (3-63 lower-case letters, digits and single hyphens).
-    """
-    if not url.startswith("az://"):
-        raise InvalidArgumentError(f"{url!r} is not an az://container/prefix URL")
-    container, _, prefix = url[len("az://"):].partition("/")
-    if not _CONTAINER.match(container):
-        raise InvalidArgumentError(
-            f"invalid Azure container name {container!r} in {url!r}: use 3-63 lower-case "
-            "letters, digits and single hyphens, starting and ending with a letter or digit")
-    return container, prefix.strip("/")
-
-
 def _scope(container: str) -> str:
     return ("/subscriptions/SUBSCRIPTION_ID/resourceGroups/RESOURCE_GROUP/providers/"
             f"Microsoft.Storage/storageAccounts/ACCOUNT/blobServices/default/containers/{container}")
@@ -73,8 +47,8 @@ def _condition(actions: Sequence[str], prefix: str) -> str:
     by the prefix they ask for."""
     if not prefix:
         return ""
-    path = f"@Resource[{_BLOBS}:path] StringStartsWith '{prefix}/'"
-    listed = f"@Request[{_BLOBS}:prefix] StringStartsWith '{prefix}/'"
+    path = f"@Resource[{BLOBS}:path] StringStartsWith '{prefix}/'"
+    listed = f"@Request[{BLOBS}:prefix] StringStartsWith '{prefix}/'"
     parts = [f"((!(ActionMatches{{'{READ}'}} AND SubOperationMatches{{'Blob.List'}})) OR ({listed}))",
              f"((!(ActionMatches{{'{READ}'}} AND NOT SubOperationMatches{{'Blob.List'}})) OR ({path}))"]
     parts += [f"((!(ActionMatches{{'{a}'}})) OR ({path}))" for a in actions if a != READ]

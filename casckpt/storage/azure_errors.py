@@ -20,7 +20,7 @@ import requests
 from azure.core import exceptions as ace
 
 from casckpt.errors import AccessDeniedError, BlobNotFoundError, RetryableStorageError, StorageError
-from casckpt.storage.azure_backend import DELETE, READ, WRITE
+from casckpt.storage.azure_names import DELETE, READ, WRITE
 from casckpt.storage.redact import redact_text
 
 _RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})

@@ -23,7 +23,7 @@ from casckpt.errors import (
     StorageError,
 )
 from casckpt.storage import BlobStore, RetryingBlobStore, open_blob_store
-from casckpt.storage.azure_backend import DELETE, READ, WRITE
+from casckpt.storage.azure_names import DELETE, READ, WRITE
 from casckpt.testing.blobstore import BlobStoreConformance, blob
 
 MiB = 1024 * 1024
