@@ -204,7 +204,7 @@ def test_keep_last_keeps_the_highest_steps_as_its_help_says(tmp_path: Path) -> N
     help_text = " ".join(cli("retention", "set", "--help").stdout.split())
     assert "Keep the N versions with the highest steps." in help_text
     usage = (Path(__file__).parents[1] / "docs" / "usage.md").read_text(encoding="utf-8")
-    assert "`keep_last N` (the N highest steps" in usage
+    assert "| `keep_last`, --keep-last N | int > 0 | Keep the N versions with the highest steps. |" in usage
     with casckpt.open(tmp_path / "store") as store:
         for step in (300, 100, 200):  # step 200 is the newest, step 300 the highest
             store.commit({"w": torch.full((2,), float(step))}, run=RUN, step=step)
