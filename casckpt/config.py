@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import math
 import os
 import re
 import tempfile
@@ -574,41 +573,6 @@ def add_location_to_file(file: Path, location: BlobLocation) -> None:
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?)b?\s*$", re.IGNORECASE)
-
-
-MAX_DURATION_S = 1000 * 365.25 * 86400.0
-"""The longest duration taken (a thousand years): longer ones overflow the date arithmetic
-of the retention planner (a datetime minus them) and mean nothing a policy could want."""
-
-_UNITS = (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([wdhms])\s*$")
-
-
-def parse_duration(text: str, *, allow_zero: bool = False) -> float:
-    """``"90m"``, ``"36h"``, ``"7d"``, ``"2w"``, ``"45s"`` (or a bare number of seconds) -> seconds.
-
-    Raises:
-        InvalidArgumentError: not a positive (or, with ``allow_zero``, zero) duration.
-    """
-    match = _DURATION.match(text)
-    try:
-        seconds = float(text) if match is None else float(match[1]) * dict(_UNITS)[match[2]]
-    except ValueError:
-        seconds = math.nan
-    if not 0 <= seconds <= MAX_DURATION_S or (seconds == 0 and not allow_zero):  # NaN fails too
-        raise InvalidArgumentError(
-            f"{text!r} is not a duration; use a positive number with a unit: 90m, 36h, 7d, 2w"
-            + (" (or 0s)" if allow_zero else "") + ", at most 1000 years"
-        )
-    return seconds
-
-
-def format_duration(seconds: float) -> str:
-    """Seconds in the largest unit up to days that divides them: 604800 -> ``"7d"``, 5400 -> ``"90m"``."""
-    for unit, size in _UNITS[1:]:
-        if seconds >= size and float(seconds) % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
 
 
 def parse_size(value: object, what: str) -> int:
