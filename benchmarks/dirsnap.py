@@ -90,7 +90,7 @@ def run(scale: float, work: Path, log: Callable[[str], None]) -> dict[str, Any]:
             adds.append(time.perf_counter() - start)
             new.append(version.new_bytes)
             stored.append(version.stored_bytes)
-            with mock.patch("casckpt.engine.dirscan.plan_segments", _cdc_only):
+            with mock.patch("casckpt.engine.transfer.dirscan.plan_segments", _cdc_only):
                 cdc_new.append(cdc_store.add_dir(folder, run="ft", step=i + 1).new_bytes)
             log(f"checkpoint-{i + 1}: {logical[i]} B, new {new[i]} B (cdc only {cdc_new[i]} B), "
                 f"add {adds[i]:.3f} s vs copy {copies[i]:.3f} s")

@@ -31,7 +31,7 @@ from rich.table import Table  # noqa: E402
 
 import casckpt  # noqa: E402
 from casckpt.catalog import schema as s  # noqa: E402
-from casckpt.engine.tensorrows import tensor_rows  # noqa: E402
+from casckpt.engine.versions.tensorrows import tensor_rows  # noqa: E402
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, encode_manifest  # noqa: E402
 from casckpt.testing.internals import internals  # noqa: E402
 

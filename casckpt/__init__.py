@@ -49,7 +49,7 @@ from casckpt.types import (
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from casckpt.engine.background import CommitHandle
+    from casckpt.engine.write.background import CommitHandle
     from casckpt.store import Store
 
 
@@ -61,7 +61,7 @@ def __getattr__(name: str) -> Any:
 
         return Store
     if name == "CommitHandle":
-        from casckpt.engine.background import CommitHandle
+        from casckpt.engine.write.background import CommitHandle
 
         return CommitHandle
     raise AttributeError(f"module 'casckpt' has no attribute {name!r}")
@@ -75,7 +75,7 @@ def generate_key_file(path: str | os.PathLike[str]) -> str:
     Raises:
         StoreKeyError: ``path`` exists or cannot be written.
     """
-    from casckpt.engine.keyring import write_key_file
+    from casckpt.engine.maintenance.keyring import write_key_file
     from casckpt.format.crypto import key_id, new_master_key
 
     key = new_master_key()

@@ -6,14 +6,14 @@
     dcp.save(state, storage_writer=store.dcp_writer(run="llama", step=step))
     dcp.load(state, storage_reader=store.dcp_reader("llama@latest"))
 
-Saving (the call order DCP guarantees; see :mod:`casckpt.engine.distributed`
+Saving (the call order DCP guarantees; see :mod:`casckpt.engine.write.distributed`
 for the protocol): every rank chunks, hashes, dedups and writes its own
 pieces of the state in ``write_data``; the coordinator refuses a step the run
 already has and takes a GC lease in ``prepare_global_plan``, before any rank
 writes, and publishes ONE version in ``finish``, which DCP calls only after
 every rank succeeded. A rank that fails or dies means no version; the packs
 already written are reclaimed by GC. The writer reaches the store only
-through :mod:`casckpt.engine.distributed` (``begin_save``, ``save_pieces``,
+through :mod:`casckpt.engine.write.distributed` (``begin_save``, ``save_pieces``,
 ``publish_save``, ``end_save``); the reader through ``engine.restore.read_ranges``.
 DCP's metadata is kept as the version's manifest (JSON), never pickled: each
 tensor a list of pieces (one rank's box of it: offsets, sizes, chunks; DCP
@@ -66,9 +66,11 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
-from casckpt.engine import commit as commit_engine
-from casckpt.engine.degraded import Shortfall
-from casckpt.engine.distributed import (
+from casckpt.engine.read.degraded import Shortfall
+from casckpt.engine.read.restore import read_ranges
+from casckpt.engine.versions.layout import tensor_from_extent
+from casckpt.engine.write import commit as commit_engine
+from casckpt.engine.write.distributed import (
     SaveStart,
     StoredPiece,
     TensorPiece,
@@ -77,8 +79,6 @@ from casckpt.engine.distributed import (
     publish_save,
     save_pieces,
 )
-from casckpt.engine.layout import tensor_from_extent
-from casckpt.engine.restore import read_ranges
 from casckpt.errors import CasckptError, InvalidArgumentError, RestoreTargetError, UnsupportedStateError
 from casckpt.format.dtypes import numpy_dtype, torch_dtype
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, World, rank_count

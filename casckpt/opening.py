@@ -18,7 +18,9 @@ from casckpt.cache import IndexCache
 from casckpt.catalog import Catalog
 from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
-from casckpt.engine import identity, keyring, records
+from casckpt.engine.locations import identity
+from casckpt.engine.maintenance import keyring
+from casckpt.engine.versions import records
 from casckpt.errors import (
     InvalidArgumentError,
     NotAStoreError,
@@ -36,7 +38,7 @@ from casckpt.store import Store
 from casckpt.store_core import open_location_store
 
 if TYPE_CHECKING:
-    from casckpt.engine.tier import FastTier
+    from casckpt.engine.tiering.tier import FastTier
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +54,7 @@ def open_locations(catalog: Catalog, spec: cfg.StoreSpec, given: dict[str, BlobS
     """Open every location the catalog knows or the config names, check they are this store's,
     then register the configured ones the catalog does not know yet.
 
-    The identity check (:mod:`casckpt.engine.identity`) runs before the catalog
+    The identity check (:mod:`casckpt.engine.locations.identity`) runs before the catalog
     is written to, so a foreign or empty catalog is never taught this store's
     locations. A location this host cannot open (a removed disk, a bad URL) is
     still listed, as unreachable: reads skip it, and ``repair`` writes its
@@ -61,7 +63,7 @@ def open_locations(catalog: Catalog, spec: cfg.StoreSpec, given: dict[str, BlobS
     URL for a location than the catalog records (a different mount point).
 
     Before anything but the identity and key records is read, the store is unlocked
-    (:func:`casckpt.engine.keyring.unlock`, with the master key ``master``): an encrypted
+    (:func:`casckpt.engine.maintenance.keyring.unlock`, with the master key ``master``): an encrypted
     store's locations are then sealed (:mod:`casckpt.storage.sealed`).
     ``read_only``: the identity check runs, but nothing is written or made: no identity
     record, no catalog row, no directory; a configured location the catalog does not know
@@ -69,7 +71,7 @@ def open_locations(catalog: Catalog, spec: cfg.StoreSpec, given: dict[str, BlobS
 
     Raises:
         StoreIdentityError: a location holds another store's data, or data this catalog
-            knows nothing of (see :func:`casckpt.engine.identity.check_at_open`).
+            knows nothing of (see :func:`casckpt.engine.locations.identity.check_at_open`).
     """
     configured = {loc.name or "": loc for loc in spec.locations}
     known = shard_sql.locations(catalog)
@@ -220,7 +222,7 @@ def _open_tier(cat: Catalog, spec: cfg.StoreSpec, options: Options, pack_size: i
     where = Path(given_dir).expanduser() if given_dir else spec.fast_tier
     if where is None:
         return None
-    from casckpt.engine.tier import open_tier
+    from casckpt.engine.tiering.tier import open_tier
 
     given = options.get("fast_tier_bytes")
     given = given if given is not None else spec.fast_tier_bytes

@@ -192,7 +192,7 @@ class RebuildReport(ToDict):
 
 @dataclass(frozen=True, slots=True)
 class MigrationReport(ToDict):
-    """What ``store.ops.migrate_trees`` did (see :mod:`casckpt.engine.treemigrate`).
+    """What ``store.ops.migrate_trees`` did (see :mod:`casckpt.engine.maintenance.treemigrate`).
 
     Attributes:
         versions_migrated: versions of manifest format 1 that got a tree in this run.

@@ -5,7 +5,7 @@ A field declares a rule whole: its name, its value's type (the annotation and a
 version it keeps, and the function that finds those versions. Everything else reads
 :data:`RULES`: the policy's checks, ``store.retention.set``'s keywords, the options of
 ``casckpt retention set`` and their help, the catalog's JSON (``runs.retention``), the
-one-line description, the planner (:mod:`casckpt.engine.retention`) and the table in
+one-line description, the planner (:mod:`casckpt.engine.maintenance.retention`) and the table in
 docs/usage.md (:func:`markdown_table`). Adding a rule is one field plus its keep function.
 
 A version is kept if ANY rule keeps it (restic ``forget`` semantics); each rule that

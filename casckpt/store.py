@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 from casckpt import config as cfg
 from casckpt.cache import IndexCache
 from casckpt.catalog import Catalog
-from casckpt.engine import gc as gc_engine
-from casckpt.engine import treeviews
-from casckpt.engine.background import CommitHandle
-from casckpt.engine.ranks import rank_manifest, tensor_manifest
-from casckpt.engine.refs import bind, load_manifest
-from casckpt.engine.validate import check_name
+from casckpt.engine.maintenance import gc as gc_engine
+from casckpt.engine.read import treeviews
+from casckpt.engine.read.ranks import rank_manifest, tensor_manifest
+from casckpt.engine.versions.refs import bind, load_manifest
+from casckpt.engine.versions.validate import check_name
+from casckpt.engine.write.background import CommitHandle
 from casckpt.errors import CasckptError, CheckoutMismatchError, CommitTimeoutError, InvalidArgumentError
 from casckpt.format.manifest import decode_manifest
 from casckpt.run import Run, save_rule, set_policy
@@ -51,9 +51,9 @@ if TYPE_CHECKING:
     import torch
 
     from casckpt.dcp import StoreReader, StoreWriter
-    from casckpt.engine.exporters import DirExport
-    from casckpt.engine.hint import PathSpec
-    from casckpt.engine.tier import FastTier
+    from casckpt.engine.tiering.tier import FastTier
+    from casckpt.engine.transfer.exporters import DirExport
+    from casckpt.engine.write.hint import PathSpec
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ class Store(StoreHistory):
         for is raised by the next commit or by :meth:`close`. Bounds and
         backpressure: ``max_pending_commits``, ``commit_memory`` and
         ``backpressure`` of :func:`casckpt.open` (see
-        :mod:`casckpt.engine.background`).
+        :mod:`casckpt.engine.write.background`).
 
         By default every byte of the state is hashed, so the version holds exactly what the
         state held. A caller that knows what it did not mutate may say so (off by default;
@@ -221,8 +221,8 @@ class Store(StoreHistory):
                 in the previous version (nothing written).
         """
         self._core.refuse_write("commit", "the catalog and the locations")
-        from casckpt.engine import commit as commit_engine  # torch: only where tensors are handled
-        from casckpt.engine.hint import make_hint
+        from casckpt.engine.write import commit as commit_engine  # torch: only where tensors are handled
+        from casckpt.engine.write.hint import make_hint
 
         req = commit_engine.make_request(run, step, metadata, metrics, message, tags)
         hint = make_hint(unchanged, trust_versions)
@@ -241,7 +241,7 @@ class Store(StoreHistory):
                 self._core.committer.raise_unreported()  # a background failure nobody saw yet
                 self._core.committer.drain()  # versions of a run appear in commit order
 
-            from casckpt.engine.group import group_commit
+            from casckpt.engine.write.group import group_commit
 
             return group_commit(self._core.ctx, state, req, group, progress, preflight)
         self._core.refresh_locations()
@@ -311,8 +311,8 @@ class Store(StoreHistory):
             Others: as :meth:`commit`.
         """
         self._core.refuse_write("add_dir", "the catalog and the locations")
-        from casckpt.engine import commit as commit_engine  # torch: only where tensors are handled
-        from casckpt.engine.dirscan import scan
+        from casckpt.engine.transfer.dirscan import scan
+        from casckpt.engine.write import commit as commit_engine  # torch: only where tensors are handled
         from casckpt.format.dirsnap import DIR_KEY
 
         if metadata is not None and DIR_KEY in metadata:
@@ -339,11 +339,11 @@ class Store(StoreHistory):
         hold exactly this snapshot already (a restarted job's own checkpoint directory): it
         is then returned as it is, after every name, kind, permission bit and link target is
         compared and every file hashed against the BLAKE3 recorded when it was added
-        (:mod:`casckpt.engine.dircompare`; nothing is written). Everything is written into a
+        (:mod:`casckpt.engine.read.dircompare`; nothing is written). Everything is written into a
         temporary sibling and renamed onto ``path`` at the end, every file checked against
         the BLAKE3 recorded when it was added, so ``path`` either holds the whole snapshot
         or is left as it was. Reads are streamed (at most ``BATCH_BYTES`` of
-        :mod:`casckpt.engine.checkout` at a time); ``progress`` gets ``("write", bytes, total)``.
+        :mod:`casckpt.engine.read.checkout` at a time); ``progress`` gets ``("write", bytes, total)``.
         Nothing is ever written outside ``path``: a listing naming ``..``, an absolute path or
         a path through a link is refused before anything is created.
 
@@ -360,11 +360,11 @@ class Store(StoreHistory):
             CorruptChunkError, MissingDataError, FileHashMismatchError, CorruptManifestError:
                 stored data is damaged, gone or forged; nothing is left at ``path``.
         """
-        from casckpt.engine import checkout as checkout_engine  # torch: reads go through restore
+        from casckpt.engine.read import checkout as checkout_engine  # torch: reads go through restore
 
         target = Path(path)
         if reuse and target.is_dir() and not target.is_symlink() and checkout_engine.holds_entries(target):
-            from casckpt.engine.dircompare import first_difference
+            from casckpt.engine.read.dircompare import first_difference
 
             manifest = self._core.manifest(ref)
             difference = first_difference(self._core.ctx, manifest, target)
@@ -388,7 +388,7 @@ class Store(StoreHistory):
         ``path`` is a ``.pt`` / ``.bin`` / ``.ckpt`` / ``.pth`` file (read with
         ``torch.load(weights_only=True)`` only), a ``.safetensors`` file (its header
         validated before any tensor is read), a ``torch.distributed.checkpoint`` directory,
-        or a Hugging Face model directory; :mod:`casckpt.engine.importers` gives the state
+        or a Hugging Face model directory; :mod:`casckpt.engine.transfer.importers` gives the state
         each becomes. Nothing in the file runs code.
 
         Raises:
@@ -399,8 +399,8 @@ class Store(StoreHistory):
             And what :meth:`commit` raises.
         """
         self._core.refuse_write("import_checkpoint", "the catalog and the locations")
-        from casckpt.engine import commit as commit_engine
-        from casckpt.engine.importers import read_checkpoint
+        from casckpt.engine.transfer.importers import read_checkpoint
+        from casckpt.engine.write import commit as commit_engine
 
         commit_engine.make_request(run, step, metadata, metrics, message, tags)  # bad names: before reading
         state = read_checkpoint(Path(path))
@@ -413,7 +413,7 @@ class Store(StoreHistory):
         (``model.safetensors``; a version imported from a Hugging Face directory becomes such a
         directory again), ``"dcp"`` (a ``torch.distributed.checkpoint`` directory) or ``"pt"``
         (``checkpoint.pt``); or, as ``"safetensors-file"``, into the one file ``to`` (plain
-        values in its metadata, or a sidecar); layouts in :mod:`casckpt.engine.exporters`.
+        values in its metadata, or a sidecar); layouts in :mod:`casckpt.engine.transfer.exporters`.
 
         Raises:
             InvalidArgumentError: an unknown format.
@@ -422,7 +422,7 @@ class Store(StoreHistory):
             UnsupportedStateError: the format cannot hold the state.
             And what :meth:`restore` raises.
         """
-        from casckpt.engine.exporters import check_export, export
+        from casckpt.engine.transfer.exporters import check_export, export
 
         check_export(Path(to), format, overwrite=overwrite)
         version = self.resolve(ref)
@@ -457,7 +457,7 @@ class Store(StoreHistory):
                 saved rank by rank without ``group``/``rank`` (or with another group size).
             CorruptChunkError, MissingDataError: stored data is damaged or gone.
         """
-        from casckpt.engine import restore as restore_engine  # torch: see commit
+        from casckpt.engine.read import restore as restore_engine  # torch: see commit
 
         manifest = rank_manifest(self._core.manifest(ref), group, rank)
         if into is None:
@@ -475,7 +475,7 @@ class Store(StoreHistory):
         Raises:
             TensorNotFoundError: no tensor at ``path`` (near matches listed).
         """
-        from casckpt.engine import restore as restore_engine  # torch: see commit
+        from casckpt.engine.read import restore as restore_engine  # torch: see commit
 
         row = self._core.readable_row(ref)
         head = bind(row, decode_manifest(self._core.ctx.catalog.manifest(row.id), row.id))
@@ -504,7 +504,7 @@ class Store(StoreHistory):
         """
         self._core.refuse_write("a DCP save (dcp_writer)", "the catalog and the locations")
         from casckpt.dcp import StoreWriter
-        from casckpt.engine import commit as commit_engine
+        from casckpt.engine.write import commit as commit_engine
 
         writer = StoreWriter(self._core.ctx, commit_engine.make_request(run, step, metadata, metrics,
                                                                         message, tags))
@@ -557,7 +557,7 @@ class Store(StoreHistory):
         """Apply every run's retention policy, then reclaim space no version needs.
 
         Safe while other processes commit and restore (see
-        :mod:`casckpt.engine.gc`). Only one GC runs at a time.
+        :mod:`casckpt.engine.maintenance.gc`). Only one GC runs at a time.
 
         Args:
             dry_run: report what would happen; delete nothing. On a read-only store
@@ -567,10 +567,10 @@ class Store(StoreHistory):
                 ``0`` reclaims at once (tests, or when no reader is active).
             force: delete even when the locations hold manifests the catalog does
                 not know, or many objects of unknown packs (the circuit breakers of
-                :mod:`casckpt.engine.gcguard`); never without the store's identity.
+                :mod:`casckpt.engine.maintenance.gcguard`); never without the store's identity.
 
         GC deletes an object only with positive proof that it is garbage (see
-        :mod:`casckpt.engine.gcguard`); objects it could not prove are left in
+        :mod:`casckpt.engine.maintenance.gcguard`); objects it could not prove are left in
         place and listed in ``GCReport.kept``.
 
         Raises:

@@ -26,15 +26,15 @@ from casckpt.catalog import Catalog
 from casckpt.catalog import shards as shard_sql
 from casckpt.catalog.rows import VersionRow
 from casckpt.catalog.rows import version as version_of
-from casckpt.engine.background import BackgroundCommitter
 from casckpt.engine.context import EngineContext
-from casckpt.engine.deltabase import BaseCache
-from casckpt.engine.durability import check_readable
-from casckpt.engine.leftovers import reclaim_leftovers
-from casckpt.engine.packs import Packs
-from casckpt.engine.probe import LocationProber
-from casckpt.engine.refs import load_manifest, resolve
-from casckpt.engine.staging import StagingBuffers
+from casckpt.engine.locations.leftovers import reclaim_leftovers
+from casckpt.engine.locations.probe import LocationProber
+from casckpt.engine.memory.deltabase import BaseCache
+from casckpt.engine.memory.staging import StagingBuffers
+from casckpt.engine.packlayer.packs import Packs
+from casckpt.engine.versions.durability import check_readable
+from casckpt.engine.versions.refs import load_manifest, resolve
+from casckpt.engine.write.background import BackgroundCommitter
 from casckpt.errors import CasckptError, InvalidArgumentError, ReadOnlyStoreError, StoreIdentityError
 from casckpt.format.crypto import PLAIN, StoreCrypto
 from casckpt.format.manifest import Manifest
@@ -48,7 +48,7 @@ from casckpt.types import DrainReport, ProgressCallback, Version
 
 if TYPE_CHECKING:
     from casckpt.dcp import StoreWriter
-    from casckpt.engine.tier import DrainWorker, FastTier
+    from casckpt.engine.tiering.tier import DrainWorker, FastTier
 
 Ref = str | Version
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ class StoreCore:
 
     - ``ctx``: the :class:`~casckpt.engine.context.EngineContext` every engine call takes;
       ``ctx.config`` holds the store's settings.
-    - ``committer``: the :class:`~casckpt.engine.background.BackgroundCommitter` that
+    - ``committer``: the :class:`~casckpt.engine.write.background.BackgroundCommitter` that
       orders every commit of this store (foreground and background).
     - ``root``: the store's root directory (None: named by its catalog and locations only).
     - ``prober``: measures location health for ``store.locations.list``.
@@ -146,7 +146,7 @@ class StoreCore:
         self.tier = tier
         self.drainer: DrainWorker | None = None
         if tier is not None and read_only is None and not recovering and background_drain:
-            from casckpt.engine.tier import DrainWorker
+            from casckpt.engine.tiering.tier import DrainWorker
 
             self.drainer = DrainWorker(tier, lambda stop: self.drain(stop=stop))
 
@@ -160,8 +160,8 @@ class StoreCore:
 
     def drain(self, *, wait: bool = False, progress: ProgressCallback | None = None,
               stop: threading.Event | None = None) -> DrainReport:
-        """Drain the fast tier once (see :func:`casckpt.engine.tier.drain`)."""
-        from casckpt.engine.tier import drain
+        """Drain the fast tier once (see :func:`casckpt.engine.tiering.tier.drain`)."""
+        from casckpt.engine.tiering.tier import drain
 
         if self.tier is None:
             return DrainReport()

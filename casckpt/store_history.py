@@ -14,12 +14,12 @@ from datetime import datetime
 
 from casckpt.catalog import history as history_sql
 from casckpt.catalog import retention as retention_sql
-from casckpt.engine import history as history_engine
-from casckpt.engine import records
-from casckpt.engine.detail import version_detail
-from casckpt.engine.logfilter import make_filter
-from casckpt.engine.refs import check_run
-from casckpt.engine.validate import check_limit, check_name
+from casckpt.engine.read import history as history_engine
+from casckpt.engine.read.detail import version_detail
+from casckpt.engine.versions import records
+from casckpt.engine.versions.logfilter import make_filter
+from casckpt.engine.versions.refs import check_run
+from casckpt.engine.versions.validate import check_limit, check_name
 from casckpt.errors import InvalidArgumentError
 from casckpt.store_core import Ref, StoreCore, utc
 from casckpt.types import RunInfo, RunNode, TagInfo, TensorHistoryEntry, Version, VersionDetail, VersionDiff
@@ -218,6 +218,6 @@ class StoreHistory:
             VersionSweptError: GC already swept some of its data; it is gone.
         """
         self._core.refuse_write("undelete", "the catalog")
-        from casckpt.engine.undelete import undelete
+        from casckpt.engine.maintenance.undelete import undelete
 
         return self._core.version(self._core.row(undelete(self._core.ctx, ref)))

@@ -1,7 +1,7 @@
 """``store.keys``: the master keys that open an encrypted store.
 
 :class:`Keys` is the namespace of :class:`casckpt.Store` for its master keys (list, add,
-remove, rotate); the key record and its wrapping live in :mod:`casckpt.engine.keyring`.
+remove, rotate); the key record and its wrapping live in :mod:`casckpt.engine.maintenance.keyring`.
 No call rewrites data: only the key record changes, in the catalog and on every location.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from casckpt.engine import keyring
+from casckpt.engine.maintenance import keyring
 from casckpt.errors import InvalidArgumentError
 from casckpt.store_core import StoreCore
 from casckpt.types import KeyInfo

@@ -15,8 +15,10 @@ from pathlib import Path
 from casckpt import config as cfg
 from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
-from casckpt.engine import identity, keyring, records
-from casckpt.engine.validate import check_name, check_timeout
+from casckpt.engine.locations import identity
+from casckpt.engine.maintenance import keyring
+from casckpt.engine.versions import records
+from casckpt.engine.versions.validate import check_name, check_timeout
 from casckpt.errors import CasckptError, InvalidArgumentError
 from casckpt.format import keys
 from casckpt.storage import open_blob_store, redact_url
@@ -93,7 +95,9 @@ class Locations:
         core.reload_locations({absolute.url: blob_store})
         records.record_locations(core.ctx.locations, core.ctx.catalog)
         added = next(loc for loc in core.ctx.locations.all if loc.name == row.name)
-        from casckpt.engine import repair as repair_engine  # loaded when used: opening stays light
+        from casckpt.engine.maintenance import (
+            repair as repair_engine,  # loaded when used: opening stays light
+        )
 
         repair_engine.copy_recovery_data(core.ctx, added)  # a full disaster-recovery copy at once
         return self._info(row.name)

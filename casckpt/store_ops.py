@@ -22,13 +22,13 @@ from casckpt.catalog import deltas as deltas_sql
 from casckpt.catalog import drills as drills_sql
 from casckpt.catalog import gc as gc_sql
 from casckpt.catalog import inventory
-from casckpt.engine import advise as advisor
-from casckpt.engine import drill as drills
-from casckpt.engine import records
-from casckpt.engine.deleterights import require_delete_rights
-from casckpt.engine.logfilter import time_bound
-from casckpt.engine.refs import check_run
-from casckpt.engine.validate import check_limit, check_name
+from casckpt.engine.maintenance import advise as advisor
+from casckpt.engine.maintenance import drill as drills
+from casckpt.engine.maintenance.deleterights import require_delete_rights
+from casckpt.engine.versions import records
+from casckpt.engine.versions.logfilter import time_bound
+from casckpt.engine.versions.refs import check_run
+from casckpt.engine.versions.validate import check_limit, check_name
 from casckpt.errors import InvalidArgumentError, VersionNotFound
 from casckpt.jsonable import jsonable
 from casckpt.store_core import StoreCore
@@ -77,7 +77,7 @@ class Ops:
         Damaged shards found are queued for :meth:`repair`. Data is never modified.
         """
         subset = parse_fraction(read_data_subset) if read_data_subset is not None else None
-        from casckpt.engine import check as check_engine
+        from casckpt.engine.maintenance import check as check_engine
 
         return check_engine.check(self._core.ctx, read_data=read_data, progress=progress,
                                   read_data_subset=subset)
@@ -90,7 +90,7 @@ class Ops:
         self._core.refuse_write("store.ops.repair", "the catalog and the locations")
         self._core.refuse_while_recovering("repair")
         require_delete_rights(self._core.ctx, "repair", objects=False)  # the admin role's catalog rights
-        from casckpt.engine import repair as repair_engine
+        from casckpt.engine.maintenance import repair as repair_engine
 
         report = repair_engine.repair(self._core.ctx, progress)
         self._core.ctx.catalog.record_audit("repair", None, _counts(report))
@@ -151,7 +151,7 @@ class Ops:
 
     def advise(self, run: str, *, mtbf: Duration, restart: Duration = 0.0) -> Advice:
         """The checkpoint interval that minimises the time ``run`` loses to checkpoints and
-        failures (Young 1974, Daly 2006; :mod:`casckpt.engine.advise` has the formulas and
+        failures (Young 1974, Daly 2006; :mod:`casckpt.engine.maintenance.advise` has the formulas and
         their assumptions), from what the run measured: the median stall of its last 20
         commits (``Version.stall_s``), the median time of its successful drills (or, with
         none, one restore of its latest version measured now, unrecorded), plus ``restart``.
@@ -313,18 +313,19 @@ class Ops:
     def rebuild_cache(self) -> int:
         """Drop and refill this host's index cache from the catalog; returns the chunks cached."""
         self._core.refuse_write("store.ops.rebuild_cache", "this host's index cache")
-        from casckpt.engine import rebuild as rebuild_engine
+        from casckpt.engine.maintenance import rebuild as rebuild_engine
 
         return rebuild_engine.refill_cache(self._core.ctx)
 
     def rebuild_catalog(self, *, progress: ProgressCallback | None = None) -> RebuildReport:
-        """Recreate an empty catalog from the blob locations alone (see :mod:`casckpt.engine.rebuild`).
+        """Recreate an empty catalog from the blob locations alone
+        (see :mod:`casckpt.engine.maintenance.rebuild`).
 
         Raises:
             InvalidArgumentError: the catalog is not empty.
         """
         self._core.refuse_write("store.ops.rebuild_catalog", "the catalog and the locations")
-        from casckpt.engine import rebuild as rebuild_engine
+        from casckpt.engine.maintenance import rebuild as rebuild_engine
 
         report = rebuild_engine.rebuild(self._core.ctx, progress)
         self._core.ctx.catalog.record_audit("catalog.rebuild", None, _counts(report))
@@ -335,7 +336,7 @@ class Ops:
     def migrate_trees(self, *, progress: ProgressCallback | None = None) -> MigrationReport:
         """Give every version of manifest format 1 (written before tree manifests) its tree, so
         queries read it as a tree and its ``tensors`` rows go (see
-        :mod:`casckpt.engine.treemigrate`). Version ids and restores do not change.
+        :mod:`casckpt.engine.maintenance.treemigrate`). Version ids and restores do not change.
 
         Resumable and idempotent (run it again after an interruption; a second run does
         nothing); safe while other processes commit, restore and run gc. ``open`` never runs
@@ -347,7 +348,7 @@ class Ops:
         """
         self._core.refuse_write("store.ops.migrate_trees", "the catalog and the locations")
         require_delete_rights(self._core.ctx, "migrate-trees", objects=False)  # deletes tensors rows
-        from casckpt.engine import treemigrate as treemigrate_engine  # the commit engine: torch
+        from casckpt.engine.maintenance import treemigrate as treemigrate_engine  # the commit engine: torch
 
         report = treemigrate_engine.migrate(self._core.ctx, progress)
         if report.versions_migrated or report.nodes_written or report.tensor_rows_deleted:

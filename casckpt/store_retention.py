@@ -2,7 +2,7 @@
 
 :class:`Retention` is the namespace of :class:`casckpt.Store` for retention policies: set,
 get, clear, and plan (what gc would delete, with reasons, writing nothing). The rules and
-their semantics are :mod:`casckpt.engine.retention`; the policies live in the catalog.
+their semantics are :mod:`casckpt.engine.maintenance.retention`; the policies live in the catalog.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from casckpt.catalog import retention as retention_sql
-from casckpt.engine import records
-from casckpt.engine import retention as retention_engine
-from casckpt.engine.refs import check_run, run_not_found
-from casckpt.engine.validate import check_name
+from casckpt.engine.maintenance import retention as retention_engine
+from casckpt.engine.versions import records
+from casckpt.engine.versions.refs import check_run, run_not_found
+from casckpt.engine.versions.validate import check_name
 from casckpt.retention_rules import make_policy, policy_from_json, policy_to_json
 from casckpt.store_core import StoreCore
 from casckpt.types import RetentionPlan, RetentionPolicy

@@ -3,7 +3,7 @@
 :class:`Tier` is the namespace of :class:`casckpt.Store` for the fast tier of
 :func:`casckpt.open` ``fast_tier=`` (see docs/guides/fast-tier.md): its status, a drain
 now, waiting until versions are durable, and declaring another host's tier lost. The
-tier itself is :mod:`casckpt.engine.tier`; the drain worker belongs to the store's core.
+tier itself is :mod:`casckpt.engine.tiering.tier`; the drain worker belongs to the store's core.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ class Tier:
     def status(self) -> TierStatus:
         """Bytes per tier, versions not durable yet, this host's fast tier and its drain rate
         (see :class:`casckpt.types.TierStatus`)."""
-        from casckpt.engine.tierstatus import tier_status
+        from casckpt.engine.tiering.tierstatus import tier_status
 
         return tier_status(self._core.ctx.catalog, self._core.tier)
 
@@ -57,7 +57,7 @@ class Tier:
             RefNotFoundError, AmbiguousRefError: bad ref.
         """
         from casckpt.catalog import tiers as tier_sql
-        from casckpt.engine.tier import wait_durable
+        from casckpt.engine.tiering.tier import wait_durable
 
         catalog = self._core.ctx.catalog
         if ref is not None:
@@ -82,7 +82,7 @@ class Tier:
                 directory still holds it (drain it instead: ``casckpt drain``).
             ReadOnlyStoreError: the store is read-only.
         """
-        from casckpt.engine.tierforget import forget
+        from casckpt.engine.tiering.tierforget import forget
 
         self._core.refuse_write("store.tier.forget", "the catalog")
         return forget(self._core.ctx.catalog, self._core.tier, tier_id)

@@ -97,7 +97,7 @@ def test_an_alias_of_a_location_is_refused_so_gc_never_takes_its_packs_for_copie
     the alias reads another location's record: add_location, opening with both names
     configured, and gc all refuse, and nothing is deleted.
     """
-    from casckpt.engine.identity import require_match
+    from casckpt.engine.locations.identity import require_match
     from casckpt.errors import StoreIdentityError
 
     store_dir = tmp_path / "store"
@@ -322,7 +322,7 @@ def test_a_sparse_file_named_like_a_pack_costs_gc_and_rebuild_no_memory(tmp_path
 _KILLED_REBUILD = """
 import os, signal, sys
 import casckpt
-from casckpt.engine import rebuild
+from casckpt.engine.maintenance import rebuild
 def crash(*args, **kwargs):  # power loss right after the versions were published
     os.kill(os.getpid(), signal.SIGKILL)
 rebuild._restore_tags = crash

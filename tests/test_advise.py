@@ -22,7 +22,7 @@ import casckpt
 from casckpt.catalog.drills import Commit
 from casckpt.cli.main import app
 from casckpt.cli.shared import EXIT_NOT_FOUND, EXIT_USAGE
-from casckpt.engine.advise import advise, daly, young
+from casckpt.engine.maintenance.advise import advise, daly, young
 from casckpt.errors import InvalidArgumentError, RunNotFoundError
 
 T0 = 1_800_000_000.0

@@ -45,9 +45,9 @@ from hypothesis import strategies as st
 from sqlalchemy import func, select
 
 import casckpt
-import casckpt.engine.background as background
+import casckpt.engine.write.background as background
 from casckpt.catalog import schema
-from casckpt.engine.background import CommitHandle
+from casckpt.engine.write.background import CommitHandle
 from casckpt.errors import (
     BackgroundCommitError,
     CatalogError,
@@ -834,7 +834,7 @@ def test_wait_with_a_timeout(env: Env) -> None:
 
 def test_a_snapshot_failing_after_admission_gives_its_budget_back(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from casckpt.engine import commit as commit_engine
+    from casckpt.engine.write import commit as commit_engine
 
     real = commit_engine._copy
     calls = {"n": 0}
@@ -976,7 +976,7 @@ def test_worker_killed_mid_encode_publishes_nothing_and_leaves_nothing(
 
 _CRASH = """
 import os, signal, sys, torch, casckpt
-import casckpt.engine.commit as ce
+import casckpt.engine.write.commit as ce
 where = sys.argv[2]
 def die(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)
@@ -1053,7 +1053,7 @@ def test_unchanged_hint_after_a_failed_background_commit_stores_the_state(
     """Change hints: a background commit fails (a catalog outage is not even raised by the next
     commit); the next ``unchanged=`` commit's parent is then the version before the failed one,
     whose chunk ids hold older bytes of the tensor the caller vouches for."""
-    import casckpt.engine.commit as commit_engine
+    import casckpt.engine.write.commit as commit_engine
     from casckpt.errors import CatalogUnavailableError
 
     w1, w2 = torch.ones(65536), torch.full((65536,), 2.0)

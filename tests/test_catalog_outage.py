@@ -40,7 +40,7 @@ import casckpt
 from casckpt.catalog import Catalog
 from casckpt.catalog.database import CONNECT_TIMEOUT_S
 from casckpt.catalog.gc import visible_ids
-from casckpt.engine.background import CommitHandle
+from casckpt.engine.write.background import CommitHandle
 from casckpt.errors import CatalogError, CatalogUnavailableError, VersionExistsError
 from casckpt.testing.postgres import CrashablePostgres
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import casckpt
-from casckpt.engine import commit as commit_engine
+from casckpt.engine.write import commit as commit_engine
 from casckpt.errors import CatalogError, MetricNotFoundError
 
 DAMAGE = {

@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import casckpt
-from casckpt.engine import commit as commit_engine
-from casckpt.engine import commitchunks
+from casckpt.engine.write import commit as commit_engine
+from casckpt.engine.write import commitchunks
 from casckpt.errors import ChangeHintError, InvalidArgumentError
 
 N = 8192  # fp32 elements: 32 KiB per tensor, above the size small tensors are packed at

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import casckpt
-from casckpt.engine.layout import PackMemo, plan_extents
+from casckpt.engine.versions.layout import PackMemo, plan_extents
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry
 from casckpt.format.merkle import SPLIT_ITEMS
 from casckpt.format.tree import encode_tree, iter_leaves

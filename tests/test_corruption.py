@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import casckpt
-from casckpt.engine.nodes import StoreNodes
+from casckpt.engine.versions.nodes import StoreNodes
 from casckpt.errors import (
     CasckptError,
     CorruptChunkError,

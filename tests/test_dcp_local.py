@@ -24,9 +24,9 @@ from torch.distributed.checkpoint.planner import LoadPlan
 
 import casckpt
 from casckpt.catalog import schema
-from casckpt.engine import distributed
-from casckpt.engine.distributed import TensorPiece, write_pieces
-from casckpt.engine.restore import read_ranges
+from casckpt.engine.read.restore import read_ranges
+from casckpt.engine.write import distributed
+from casckpt.engine.write.distributed import TensorPiece, write_pieces
 from casckpt.errors import InvalidArgumentError, UnsupportedStateError
 from casckpt.format.pack import ENTRY_HEADER_SIZE
 from casckpt.storage.erasure import Redundancy
@@ -349,7 +349,7 @@ def test_small_pieces_of_two_ranks_pack_and_reshard_bit_exact(store: casckpt.Sto
     """Pieces small enough to pack (cut by rows, and by columns: strided in the whole tensor)
     saved by two ranks: each rank packs its own; restore assembles them, load_tensor reads
     one, DCP reshards them onto one process."""
-    from casckpt.engine.commit import make_request
+    from casckpt.engine.write.commit import make_request
     from casckpt.format.manifest import World
 
     rows = torch.arange(30, dtype=torch.float32).reshape(10, 3)

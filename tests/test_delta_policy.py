@@ -19,8 +19,8 @@ import casckpt
 from casckpt import config
 from casckpt.catalog import schema
 from casckpt.catalog.deltas import DEFAULT_DELTA_CHAIN
-from casckpt.engine import deltabase
-from casckpt.engine.deltabase import CachedChunk, ChainPolicy
+from casckpt.engine.memory import deltabase
+from casckpt.engine.memory.deltabase import CachedChunk, ChainPolicy
 from casckpt.errors import CorruptChunkError, InvalidArgumentError
 from casckpt.format.codecs import (
     CODECS,

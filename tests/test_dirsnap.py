@@ -120,7 +120,7 @@ def test_re_adding_an_unchanged_directory_writes_nothing(store: casckpt.Store, t
 
 def test_checkout_streams_in_bounded_batches(store: casckpt.Store, tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    from casckpt.engine import checkout as checkout_engine
+    from casckpt.engine.read import checkout as checkout_engine
 
     monkeypatch.setattr(checkout_engine, "BATCH_BYTES", 100 << 10)  # a 3 MiB file in 31 pieces
     monkeypatch.setattr(checkout_engine, "BATCH_FILES", 1)
@@ -508,7 +508,7 @@ def test_add_dir_never_reads_a_fifo_named_dot_metadata(store: casckpt.Store, tmp
 def test_add_dir_does_not_follow_a_dot_metadata_link_out(store: casckpt.Store, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """``.metadata`` as a link to a file outside the directory was followed and read."""
-    from casckpt.engine import dirscan
+    from casckpt.engine.transfer import dirscan
 
     outside = tmp_path / "outside.metadata"
     outside.write_bytes(b"not a pickle")
@@ -738,7 +738,7 @@ def test_add_dir_metadata_with_a_dotted_global_never_runs(store: casckpt.Store, 
     "retract the version, or hash what the commit chunked)"))
 def test_a_file_rewritten_in_place_during_add_dir_is_not_published(
         store: casckpt.Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from casckpt.engine import dirscan
+    from casckpt.engine.transfer import dirscan
 
     src = tmp_path / "src"
     src.mkdir()
@@ -812,7 +812,7 @@ def test_snapshots_survive_gc_retention_delete_and_a_lost_catalog(tmp_path: Path
 _KILLED_MID_CHECKOUT = """
 import os, signal, sys
 import casckpt
-from casckpt.engine import checkout
+from casckpt.engine.read import checkout
 checkout.BATCH_BYTES = 1 << 20
 def progress(stage, done, total):
     if stage == "write" and done >= 2 << 20:
@@ -1008,7 +1008,7 @@ def test_a_single_file_export_never_truncates_a_file_or_link_at_its_temporary_na
     (``.<name>.<pid>.tmp``) opened with O_TRUNC and no O_NOFOLLOW, then unlinked: a file of
     that name was emptied and deleted, a link planted there (a shared directory) truncated
     what it pointed to."""
-    from casckpt.engine import exporters
+    from casckpt.engine.transfer import exporters
 
     store.commit({"w": np.zeros(3, np.float32)}, run="e", step=1)
     victim = tmp_path / "victim"
@@ -1032,7 +1032,7 @@ def test_a_directory_swapped_for_a_link_mid_walk_is_not_followed_out(
     """add_dir listed a directory, then opened its children by path: a subdirectory replaced by
     a link to a directory elsewhere between the two (someone else writing there) was walked,
     and the files out there were stored in the snapshot."""
-    from casckpt.engine import dirscan
+    from casckpt.engine.transfer import dirscan
 
     outside = tmp_path / "outside"
     outside.mkdir()

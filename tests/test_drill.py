@@ -22,7 +22,7 @@ import casckpt
 from casckpt.catalog.rows import VersionRow
 from casckpt.cli.main import app
 from casckpt.cli.shared import EXIT_INTEGRITY
-from casckpt.engine.drill import pick
+from casckpt.engine.maintenance.drill import pick
 from casckpt.errors import InvalidArgumentError, RunNotFoundError
 
 CHUNK = 4096

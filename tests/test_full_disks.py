@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import casckpt
-from casckpt.engine import packer as packer_module
+from casckpt.engine.write import packer as packer_module
 from casckpt.errors import StorageError, StorageFullError
 from casckpt.storage import local
 

@@ -205,7 +205,7 @@ def test_undelete_racing_the_purge_keeps_the_version_whole(store: casckpt.Store,
 
 def test_recommitting_swept_content_before_its_objects_go(store: casckpt.Store,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from casckpt.engine import gc as gc_engine
+    from casckpt.engine.maintenance import gc as gc_engine
 
     old = store.commit({"w": _noise(1)}, run="a", step=1)
     store.delete(old.id)

@@ -1,7 +1,7 @@
 """Invariant 8 for gc: nothing is deleted without positive proof that it is garbage.
 
 Issue 13, case 4 (swapped ``contents`` rows made gc sweep chunks kept versions
-need) and the proofs of :mod:`casckpt.engine.gcguard`: the mark comes from
+need) and the proofs of :mod:`casckpt.engine.maintenance.gcguard`: the mark comes from
 verified manifests, a pack object goes only when its footer holds no chunk a
 version needs that the catalog lacks elsewhere, a catalog missing published
 versions (a stale backup) or a location full of unknown packs stops the run.
@@ -24,9 +24,9 @@ from typer.testing import CliRunner
 import casckpt
 from casckpt.catalog import Catalog
 from casckpt.cli.main import app
-from casckpt.engine import commit as commit_engine
-from casckpt.engine import gc as gc_engine
-from casckpt.engine.gcguard import DeletionGuard
+from casckpt.engine.maintenance import gc as gc_engine
+from casckpt.engine.maintenance.gcguard import DeletionGuard
+from casckpt.engine.write import commit as commit_engine
 from casckpt.errors import CatalogError, GCRefusedError
 
 CHUNK = 4096

@@ -116,7 +116,7 @@ def test_a_migration_of_the_golden_formats_killed_with_sigkill_resumes(golden: P
     script = textwrap.dedent(f"""
         import os, signal
         import casckpt
-        from casckpt.engine import treemigrate
+        from casckpt.engine.maintenance import treemigrate
         treemigrate.BATCH_VERSIONS = 1
         publish, calls = treemigrate._publish_batch, []
         def dying(*args):

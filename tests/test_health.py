@@ -205,7 +205,7 @@ def test_commit_while_a_directory_is_gone_is_degraded_until_repair(
         before = store.commit(state(0), run="r", step=0)
         assert not before.degraded
         shutil.rmtree(tmp_path / "disk1")
-        with caplog.at_level(logging.WARNING, logger="casckpt.engine.commit"):
+        with caplog.at_level(logging.WARNING, logger="casckpt.engine.write.commit"):
             version = store.commit(state(1), run="r", step=1)
         assert version.degraded is True
         warning = next(r.getMessage() for r in caplog.records if "is degraded" in r.getMessage())
@@ -224,7 +224,7 @@ def test_commit_while_a_directory_is_gone_is_degraded_until_repair(
         store.locations.fail("loc1")
         assert store.show(before).degraded  # its shards on loc1 are gone for good now
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="casckpt.engine.commit"):
+        with caplog.at_level(logging.WARNING, logger="casckpt.engine.write.commit"):
             doubled = store.commit(state(3), run="r", step=3)
         assert doubled.degraded and "share failure domain" in (store.show(doubled).degraded_detail or "")
         assert any("r@3" in r.getMessage() and "location add" in r.getMessage() for r in caplog.records)
@@ -273,7 +273,7 @@ def test_commit_while_a_bucket_is_deleted_is_degraded_until_it_is_back_and_repai
     with open_s3(root, None, moto_endpoint) as store:
         assert not store.commit(state(0), run="r", step=0).degraded
         delete_bucket(s3_client, urls[2])
-        with caplog.at_level(logging.WARNING, logger="casckpt.engine.commit"):
+        with caplog.at_level(logging.WARNING, logger="casckpt.engine.write.commit"):
             version = store.commit(state(1), run="r", step=1)
         assert version.degraded
         assert any("loc2" in r.getMessage() and "is degraded" in r.getMessage() for r in caplog.records)

@@ -19,7 +19,7 @@ from typer.testing import CliRunner, Result
 
 import casckpt
 from casckpt.cli.main import app
-from casckpt.engine import commit as commit_engine
+from casckpt.engine.write import commit as commit_engine
 from casckpt.errors import (
     InvalidArgumentError,
     InvalidNameError,

@@ -33,7 +33,7 @@ FUTURE = "9999_future"
 def _previous_format(monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests take stores back to old schema revisions, which know no tree manifests:
     their versions are written as casckpt wrote them before (format 1, tensor rows)."""
-    from casckpt.engine import commit as commit_engine
+    from casckpt.engine.write import commit as commit_engine
 
     monkeypatch.setattr(commit_engine, "TREE_MANIFESTS", False)
 

@@ -46,7 +46,7 @@ import casckpt
 from casckpt.catalog import inventory, schema
 from casckpt.catalog import shards as shard_sql
 from casckpt.cli.main import app
-from casckpt.engine import records
+from casckpt.engine.versions import records
 from casckpt.errors import StoreKeyError
 from casckpt.format import keys as object_keys
 from casckpt.format.identity import IDENTITY_KEY
@@ -823,7 +823,7 @@ def test_an_encrypted_store_migrated_to_trees_checks_clean(tmp_path: Path,
     """Versions in the manifest format from before trees, migrated (`migrate-trees`): the tree
     is derived with the store's keyed ids, and check and undelete must derive it the same
     way -- not with plain BLAKE3, which names another root and reports the catalog damaged."""
-    from casckpt.engine import commit as commit_engine
+    from casckpt.engine.write import commit as commit_engine
 
     key, loc = _key(tmp_path, "k.key"), tmp_path / "loc"
     with casckpt.open(tmp_path / "store", blobs=str(loc), key_file=key) as store:
@@ -894,7 +894,7 @@ def test_a_directory_snapshot_lets_no_one_test_the_catalog_for_a_known_file(tmp_
 
 def test_a_gc_that_purged_versions_then_failed_is_in_the_audit_trail(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from casckpt.engine import gc as gc_engine
+    from casckpt.engine.maintenance import gc as gc_engine
     from casckpt.errors import StorageError
 
     with casckpt.open(tmp_path / "s", blobs=str(tmp_path / "loc")) as store:

@@ -22,7 +22,7 @@ import casckpt
 from casckpt import retention_rules as rules
 from casckpt.catalog import schema as s
 from casckpt.cli.main import app
-from casckpt.engine import retention as planner
+from casckpt.engine.maintenance import retention as planner
 from casckpt.errors import (
     CatalogError,
     InvalidArgumentError,
@@ -435,7 +435,7 @@ def test_undelete_after_gc_swept_the_chunks_is_refused(store: casckpt.Store) -> 
 
 def _own_chunks(store: casckpt.Store, version_id: str) -> list[str]:
     """Chunks of a version that no other version references."""
-    from casckpt.engine.nodes import StoreNodes
+    from casckpt.engine.versions.nodes import StoreNodes
     from casckpt.format.manifest import decode_manifest
 
     def chunks(vid: str) -> set[str]:

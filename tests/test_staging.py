@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import casckpt
-from casckpt.engine.distributed import TensorPiece, write_pieces
+from casckpt.engine.write.distributed import TensorPiece, write_pieces
 from casckpt.storage.erasure import Redundancy
 from casckpt.testing.internals import internals
 

@@ -209,8 +209,8 @@ def test_budget_evicts_drained_packs_least_recently_used(tmp_path: Path) -> None
 
 def _packs_of(store: casckpt.Store, version_id: str) -> set[str]:
     from casckpt.catalog import gc as gc_sql
-    from casckpt.engine.nodes import StoreNodes
-    from casckpt.engine.references import references
+    from casckpt.engine.versions.nodes import StoreNodes
+    from casckpt.engine.versions.references import references
 
     core = internals(store).context
     ids: set[str] = set()
@@ -437,7 +437,7 @@ def test_a_small_change_to_a_large_durable_state_depends_only_on_its_new_pack(tm
 
 
 def test_a_process_whose_tier_was_declared_lost_writes_to_the_locations(tmp_path: Path) -> None:
-    from casckpt.engine.tier import forget_tier
+    from casckpt.engine.tiering.tier import forget_tier
 
     with _open(tmp_path) as store:
         catalog = internals(store).context.catalog
@@ -694,7 +694,7 @@ def test_the_fast_tier_wraps_the_pack_layer_which_nothing_reassigns(tmp_path: Pa
     tier: a pack not drained comes back from the tier and is refused by the locations view."""
     from dataclasses import FrozenInstanceError
 
-    from casckpt.engine.tierreads import TierReads
+    from casckpt.engine.packlayer.tierreads import TierReads
     from casckpt.format.chunks import object_id
 
     with _open(tmp_path) as store, _drain_held(store):

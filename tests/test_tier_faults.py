@@ -225,7 +225,7 @@ class _NoWorker:
 def no_drain(monkeypatch: pytest.MonkeyPatch) -> None:
     """No drain worker, and no last drain at close (as if the process were killed): the
     test drains with ``store.tier.drain()``."""
-    from casckpt.engine import tier
+    from casckpt.engine.tiering import tier
     from casckpt.store_core import StoreCore
 
     monkeypatch.setattr(tier, "DrainWorker", _NoWorker)
@@ -338,7 +338,7 @@ def test_closing_a_store_whose_tier_was_wiped_does_not_raise(tmp_path: Path, s3:
 
 def test_gc_racing_a_slow_drain_loses_nothing(tmp_path: Path, s3: S3,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    from casckpt.engine.packs import Packs
+    from casckpt.engine.packlayer.packs import Packs
 
     real_write, real_record = Packs.write, tier_sql.record_drained
 

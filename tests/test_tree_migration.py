@@ -18,8 +18,8 @@ from sqlalchemy import create_engine, text
 
 import casckpt
 from casckpt.catalog.migrate import _config
-from casckpt.engine import commit as commit_engine
-from casckpt.engine import treemigrate
+from casckpt.engine.maintenance import treemigrate
+from casckpt.engine.write import commit as commit_engine
 from casckpt.format.manifest import decode_manifest
 from casckpt.format.tree import iter_leaves
 from casckpt.format.treemanifest import with_tree
@@ -116,7 +116,7 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
 
 def _nodes_of(store: casckpt.Store, ref: str) -> set[str]:
     catalog = internals(store).catalog
-    row = casckpt.engine.refs.resolve(catalog, ref)
+    row = casckpt.engine.versions.refs.resolve(catalog, ref)
     return {n.hex() for n in with_tree(decode_manifest(catalog.manifest(row.id), row.id))[1].nodes}
 
 
@@ -201,7 +201,7 @@ def test_a_migration_killed_with_sigkill_resumes(tmp_path: Path, monkeypatch: py
     script = textwrap.dedent(f"""
         import os, signal
         import casckpt
-        from casckpt.engine import treemigrate
+        from casckpt.engine.maintenance import treemigrate
         treemigrate.BATCH_VERSIONS = 1
         publish, calls = treemigrate._publish_batch, []
         def dying(*args):

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import casckpt
-from casckpt.engine import commit as commit_engine
-from casckpt.engine import refs
+from casckpt.engine.versions import refs
+from casckpt.engine.write import commit as commit_engine
 from casckpt.errors import CorruptManifestError, TensorNotFoundError
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, decode_manifest
 from casckpt.format.merkle import PART_MAX_ITEMS, SPLIT_ITEMS, Nodes, NodeSource
@@ -316,7 +316,7 @@ def test_gc_reads_each_shared_node_once_however_many_versions_share_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The mark walks trees through a set of visited nodes: a node (and its subtree) shared by
     every version is read once, not once per version as expanding each manifest did."""
-    from casckpt.engine import nodes as node_source
+    from casckpt.engine.versions import nodes as node_source
 
     root = tmp_path / "s"
     requested: list[bytes] = []
@@ -622,7 +622,7 @@ def test_malformed_nodes_with_valid_ids_are_typed_errors_in_every_walk(forgery: 
 def test_one_tensor_read_from_a_tree_is_validated_like_a_whole_manifest(field: str, value: Any) -> None:
     """Found in review: load_tensor, diff and history took one entry of a node as it was
     (an offset past its extent reached torch as an untyped RuntimeError)."""
-    from casckpt.engine.treeviews import checked_tensor, value_row
+    from casckpt.engine.read.treeviews import checked_tensor, value_row
 
     entry = {"kind": "torch", "dtype": "float32", "shape": [4], "offset": 0, "stride": None,
              "blob": {"nbytes": 16, "chunk_size": 64, "chunks": ["ab" * 32]}}

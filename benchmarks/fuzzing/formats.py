@@ -26,9 +26,9 @@ from blake3 import blake3
 from benchmarks.fuzzing.harness import WrongData
 from benchmarks.fuzzing.mutate import Field, forge_field, json_text, mutate_bytes, mutate_json, splice
 from benchmarks.fuzzing.seeds import FormatSeeds, PackSeed
-from casckpt.engine.layout import tensor_from_extent
-from casckpt.engine.restore import _assemble, _stored_leaves
-from casckpt.engine.tensorrows import tensor_rows
+from casckpt.engine.read.restore import _assemble, _stored_leaves
+from casckpt.engine.versions.layout import tensor_from_extent
+from casckpt.engine.versions.tensorrows import tensor_rows
 from casckpt.errors import CasckptError, CorruptPackError
 from casckpt.format.chunks import chunk_id, object_id
 from casckpt.format.manifest import Manifest, decode_manifest, rank_count, rank_view, sharding

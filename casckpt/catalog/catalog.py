@@ -76,7 +76,7 @@ class Catalog:
         self.url = url
         self.where = where
         self.crypto: StoreCrypto = PLAIN  # set once by opening, for an encrypted store
-        self.fast_tier: str | None = None  # this process's fast tier (engine/tier.py), set at open
+        self.fast_tier: str | None = None  # this process's fast tier (engine/tiering/tier.py), set at open
         self.write_denied: str | None = sqlite_write_denied(url) if read_only is None else None
         self._db = Database(url, where=where, retry_s=retry_s,
                             read_only=bool(read_only) or self.write_denied is not None)

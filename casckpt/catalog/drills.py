@@ -1,5 +1,5 @@
-"""The SQL side of restore drills and of the interval advisor (see :mod:`casckpt.engine.drill`,
-:mod:`casckpt.engine.advise`).
+"""The SQL side of restore drills and of the interval advisor (see :mod:`casckpt.engine.maintenance.drill`,
+:mod:`casckpt.engine.maintenance.advise`).
 
 A drill's results are written in ONE transaction, with the ``drill`` row of the audit
 trail: a drill is in the history whole or not at all. Rows are only ever added (gc keeps

@@ -75,7 +75,7 @@ class PackLayout:
     stripe: int | None = None
     data_offset: int | None = None
     shards: tuple[ShardRow, ...] = ()
-    tier: str | None = None  # the fast tier holding it, not drained (no shards): engine/tier.py
+    tier: str | None = None  # the fast tier holding it, not drained (no shards): engine/tiering/tier.py
 
     def shard(self, index: int) -> ShardRow | None:
         """The shard with this index, if recorded."""

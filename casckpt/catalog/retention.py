@@ -2,7 +2,7 @@
 
 A policy is the JSON in ``runs.retention`` (None: keep everything); this
 module stores and returns it as JSON and leaves its meaning to
-``casckpt.engine.retention``. Soft delete sets ``versions.state`` to
+``casckpt.engine.maintenance.retention``. Soft delete sets ``versions.state`` to
 ``'deleted'`` with ``deleted_at`` / ``deleted_reason``; every query of the
 catalog filters ``state = 'visible'``, so a deleted version leaves refs, log,
 show and check at once. It stays undeletable until GC sweeps its chunks.

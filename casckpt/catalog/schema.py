@@ -238,7 +238,7 @@ Index("ix_audit_log_at", audit_log.c.at)
 Index("ix_audit_log_action", audit_log.c.action)
 Index("ix_audit_log_target", audit_log.c.target)
 
-tiers = Table(  # the fast tiers of hosts (one directory each), see casckpt.engine.tier
+tiers = Table(  # the fast tiers of hosts (one directory each), see casckpt.engine.tiering.tier
     "tiers",
     metadata,
     Column("id", String(32), primary_key=True),
@@ -259,7 +259,7 @@ Index("ix_tier_deps_pack", tier_deps.c.pack_id)
 Index("ix_versions_durability", versions.c.durability)
 Index("ix_packs_tier", packs.c.tier)
 
-drills = Table(  # restore drills (casckpt.engine.drill): one row per version read back
+drills = Table(  # restore drills (casckpt.engine.maintenance.drill): one row per version read back
     "drills",
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),

@@ -279,7 +279,7 @@ def packs_to_repair(catalog: Catalog) -> list[str]:
 
 
 def degraded_candidates(catalog: Catalog, unreadable: Sequence[int]) -> list[str]:
-    """Every pack that may be degraded (see :mod:`casckpt.engine.degraded`), and maybe some
+    """Every pack that may be degraded (see :mod:`casckpt.engine.read.degraded`), and maybe some
     that are not: :func:`packs_to_repair`, packs with fewer shard rows than their scheme has,
     and packs with a shard on the locations ``unreadable`` (ids). Empty: none is degraded."""
     sh, p = s.shards, s.packs

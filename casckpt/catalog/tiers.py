@@ -1,4 +1,4 @@
-"""The SQL side of fast tiers (see :mod:`casckpt.engine.tier`): which host has which tier,
+"""The SQL side of fast tiers (see :mod:`casckpt.engine.tiering.tier`): which host has which tier,
 which packs wait on one, which versions wait on those packs, and the drain's transactions.
 
 A pack written to a fast tier is a ``packs`` row in state ``fast`` naming its ``tier``, with

@@ -1,5 +1,5 @@
 """The SQL of versions migrated to trees: which versions lack one, the migration's publishing
-transaction, and the tree root a version's row names (see :mod:`casckpt.engine.treemigrate`)."""
+transaction, and the tree root a version's row names (see :mod:`casckpt.engine.maintenance.treemigrate`)."""
 
 from __future__ import annotations
 

@@ -10,9 +10,9 @@ from typing import Any
 from casckpt.cache import IndexCache
 from casckpt.catalog import Catalog
 from casckpt.config import Settings
-from casckpt.engine.deltabase import BaseCache
-from casckpt.engine.packs import Packs
-from casckpt.engine.staging import StagingBuffers
+from casckpt.engine.memory.deltabase import BaseCache
+from casckpt.engine.memory.staging import StagingBuffers
+from casckpt.engine.packlayer.packs import Packs
 from casckpt.format.crypto import StoreCrypto
 from casckpt.storage.locations import CurrentLocations, LocationSet
 from casckpt.storage.scratch import ScratchDir

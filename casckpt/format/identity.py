@@ -10,7 +10,7 @@ The catalog records the same three values. ``generation`` counts catalog
 rebuilds: a rebuild raises it on the catalog and on every location, so a
 catalog restored from before the rebuild (a lower generation) is refused.
 Opening, gc and rebuild compare the two sides before trusting the catalog
-with anything on a location (see :mod:`casckpt.engine.identity`). The record
+with anything on a location (see :mod:`casckpt.engine.locations.identity`). The record
 also names the location it was written for, so one storage configured under
 two names (a second spelling of a URL, a bind mount, an NFS path) is found
 out: reading it as the other location gives the wrong name.

@@ -6,7 +6,7 @@ A location holds:
     packs/<2 hex>/<pack id>.s<index>   shard ``index`` of an erasure-coded pack (``ec``)
     manifests/<version id>             a version's manifest document
     refs/tags/<name key>               records of the catalog's mutable state
-    refs/runs/<name key>                 (see :mod:`casckpt.engine.records`)
+    refs/runs/<name key>                 (see :mod:`casckpt.engine.versions.records`)
     refs/store
     refs/locations
     casckpt-identity                   the identity record (:mod:`casckpt.format.identity`)

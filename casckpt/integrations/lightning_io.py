@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from casckpt.engine.validate import check_name
+from casckpt.engine.versions.validate import check_name
 from casckpt.errors import (
     CheckpointPathNotFoundError,
     InvalidArgumentError,
@@ -69,7 +69,7 @@ from casckpt.integrations.resume import LATEST, version_to_resume
 from casckpt.types import Version
 
 if TYPE_CHECKING:
-    from casckpt.engine.background import CommitHandle
+    from casckpt.engine.write.background import CommitHandle
     from casckpt.store import Store
 
 log = logging.getLogger(__name__)

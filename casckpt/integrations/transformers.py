@@ -31,7 +31,7 @@ from typing import Any
 import transformers
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from casckpt.engine.validate import check_name
+from casckpt.engine.versions.validate import check_name
 from casckpt.errors import (
     CasckptError,
     CheckoutMismatchError,

@@ -1,5 +1,5 @@
 """A host's fast tier directory: packs committed at local-disk speed, kept as a cache after
-they drain to the store's locations (the engine side is :mod:`casckpt.engine.tier`).
+they drain to the store's locations (the engine side is :mod:`casckpt.engine.tiering.tier`).
 
 Layout under ``<dir>/<store id>/`` (one directory can serve several stores)::
 

@@ -133,7 +133,7 @@ class LocationSet:
         an object on a location takes (gc's sweep and orphans, a pack write below quorum,
         shards a repair wrote for a pack gc removed meanwhile).
 
-        Deciding *what* may go is the caller's job (for gc: :mod:`casckpt.engine.gcguard`,
+        Deciding *what* may go is the caller's job (for gc: :mod:`casckpt.engine.maintenance.gcguard`,
         DESIGN.md invariant 8); this only carries it out. Idempotent: an object already
         absent counts as deleted (``BlobStore.delete`` of a missing key succeeds). An object
         on a failed or unknown location is never touched and does not count. A location that

@@ -1,5 +1,5 @@
 """Whether the credentials in use may delete objects on a blob location, found out without
-deleting anything real: gc's preflight (see :mod:`casckpt.engine.deleterights`).
+deleting anything real: gc's preflight (see :mod:`casckpt.engine.maintenance.deleterights`).
 
 What the backend's capabilities (:class:`~casckpt.storage.registry.Capabilities`) allow:
 a local directory (``local_directory``): every directory of the location (objects live in

@@ -28,8 +28,8 @@ from casckpt.cache import IndexCache
 from casckpt.catalog import Catalog
 from casckpt.config import Settings
 from casckpt.engine.context import EngineContext
-from casckpt.engine.packs import Packs
-from casckpt.engine.staging import StagingBuffers
+from casckpt.engine.memory.staging import StagingBuffers
+from casckpt.engine.packlayer.packs import Packs
 from casckpt.format.manifest import Manifest
 from casckpt.storage.locations import LocationSet
 from casckpt.storage.scratch import ScratchDir

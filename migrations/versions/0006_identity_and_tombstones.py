@@ -58,7 +58,7 @@ def upgrade() -> None:
 
 def _backfill_contents(conn: sa.Connection) -> None:
     """Content rows for tensors that have none, from their versions' manifests."""
-    from casckpt.engine.tensorrows import tensor_rows
+    from casckpt.engine.versions.tensorrows import tensor_rows
     from casckpt.errors import CasckptError
     from casckpt.format.manifest import decode_manifest
 

@@ -3,7 +3,7 @@
 ``versions.durability`` (``durable`` for every existing row), ``packs.tier`` (the fast
 tier an undrained pack waits on; NULL for every existing pack), ``tiers`` (each host's
 fast tier) and ``tier_deps`` (the fast packs each version needed when it was published).
-See ``casckpt.engine.tier``. No existing row changes meaning.
+See ``casckpt.engine.tiering.tier``. No existing row changes meaning.
 
 Revision ID: 0010
 Revises: 0009

@@ -88,7 +88,7 @@ def main(target: str) -> int:
     import torch.multiprocessing as mp
 
     import casckpt
-    from casckpt.engine import commit as commit_engine
+    from casckpt.engine.write import commit as commit_engine
 
     root = Path(target)
     if root.exists():

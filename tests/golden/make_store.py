@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 import casckpt
-from casckpt.engine import commit as commit_engine
+from casckpt.engine.write import commit as commit_engine
 
 
 def state(step: int) -> dict[str, Any]:

@@ -91,7 +91,7 @@ def assert_same(got: object, want: object, path: str = "") -> None:
 
 def _targets() -> dict[str, tuple[type, str, Any]]:
     from casckpt.catalog import Catalog
-    from casckpt.engine.packer import Packer
+    from casckpt.engine.write.packer import Packer
     from casckpt.storage import LocalBlobStore
 
     def is_manifest(args: tuple[Any, ...]) -> bool:

@@ -88,7 +88,7 @@ class _NoWorker:
 def killed_drain(root: str, blobs: str, fast: str, endpoint: str, versions: int, point: str,
                  n: int) -> None:
     from casckpt.catalog import tiers
-    from casckpt.engine import tier
+    from casckpt.engine.tiering import tier
     from casckpt.storage.local import LocalBlobStore
     from casckpt.storage.s3 import S3BlobStore
 
@@ -112,7 +112,7 @@ def killed_drain(root: str, blobs: str, fast: str, endpoint: str, versions: int,
 def killed_commit(root: str, blobs: str, fast: str, endpoint: str) -> None:
     """Commit r@0 (left on the tier), then die publishing r@1: its packs are on the tier."""
     from casckpt.catalog.catalog import Catalog
-    from casckpt.engine import tier
+    from casckpt.engine.tiering import tier
 
     tier.DrainWorker = _NoWorker  # type: ignore[assignment,misc]
     store = open_store(root, blobs, fast, endpoint)
@@ -124,7 +124,7 @@ def killed_commit(root: str, blobs: str, fast: str, endpoint: str) -> None:
 
 def _log_uploads(path: str) -> None:
     """Append the id of every pack this process stores on the locations to ``path``."""
-    from casckpt.engine.packs import Packs
+    from casckpt.engine.packlayer.packs import Packs
 
     def logged(real: Callable[..., Any]) -> Callable[..., Any]:
         def write(self: Packs, pack_id: str, *args: Any, **kwargs: Any) -> Any:

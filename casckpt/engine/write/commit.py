@@ -1,0 +1,514 @@
+"""The commit pipeline: snapshot -> chunk -> hash -> dedup -> encode -> pack -> store -> publish.
+
+Everything that can refuse the state (unsupported objects, bad names) runs
+before the first byte is written. The version becomes visible in ONE catalog
+transaction, after every pack it references is durable; that transaction
+re-checks every referenced chunk, and chunks found missing (a stale cache
+hint, a chunk GC removed) are written again before retrying.
+
+This module holds the ends of the pipeline (the request, the snapshot, publishing);
+the chunks in between (hash, dedup, encode, pack) are :mod:`casckpt.engine.write.commitchunks`.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from casckpt.catalog import MissingChunksError
+from casckpt.catalog import nodes as node_sql
+from casckpt.catalog.deltas import delta_chain_for, delta_policy_for
+from casckpt.catalog.history import fork_point
+from casckpt.catalog.leases import begin_lease, end_lease
+from casckpt.engine.context import EngineContext
+from casckpt.engine.memory.deltabase import ChainPolicy, DeltaPlan, candidate_bases
+from casckpt.engine.read import trees
+from casckpt.engine.read.degraded import Shortfall, summary
+from casckpt.engine.versions import records
+from casckpt.engine.versions.layout import PackMemo, pack_limit, plan_extents
+from casckpt.engine.versions.tensorrows import tensor_rows
+from casckpt.engine.versions.validate import (
+    check_message,
+    check_metadata,
+    check_metrics,
+    check_name,
+    check_step,
+    check_tags,
+)
+from casckpt.engine.write.commitchunks import (
+    NOT_HELD,
+    ChunkBytes,
+    ChunkWrite,
+    Reserve,
+    hash_extents,
+    known_chunks,
+    node_chunks,
+    write_chunks,
+)
+from casckpt.engine.write.commitchunks import owned_copy as _copy  # a global here: tests make it fail
+from casckpt.engine.write.hint import ChangeHint, Counters, record_counters, reusable
+from casckpt.errors import CasckptError, CatalogError, StorageError, VersionExistsError
+from casckpt.format import keys
+from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, encode_manifest
+from casckpt.format.tree import encode_tree
+from casckpt.format.treeencode import Tree, TreeMemo
+from casckpt.format.treemanifest import encode_tree_manifest, headed
+from casckpt.storage.erasure import Redundancy
+from casckpt.types import ProgressCallback, Version
+
+log = logging.getLogger(__name__)
+
+_PUBLISH_ATTEMPTS = 3
+TREE_MANIFESTS = True
+"""One-process commits write tree manifests (format 3); False writes format 1 with a
+``tensors`` row per tensor, as casckpt did before (tests build such stores with it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommitRequest:
+    """A validated commit: what to store and under which name."""
+
+    run: str
+    step: int
+    metadata: dict[str, Any]
+    metrics: dict[str, float]
+    message: str | None
+    tags: tuple[str, ...]
+
+
+def make_request(
+    run: str, step: int, metadata: Mapping[str, Any] | None, metrics: Mapping[str, Any] | None,
+    message: str | None, tags: Iterable[str],
+) -> CommitRequest:
+    """Validate commit arguments (raises before anything is written)."""
+    return CommitRequest(
+        check_name(run, "run"), check_step(step), check_metadata(metadata),
+        check_metrics(metrics), check_message(message), check_tags(tags),
+    )
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """A commit's state, captured: chunk ids, manifest, and the bytes of new chunks.
+
+    In a blocking commit ``chunks`` are views of the caller's tensors; in a
+    background commit the new chunks are owned copies (``owned`` bytes), so
+    the caller may mutate its tensors as soon as the snapshot is taken.
+    """
+
+    manifest: Manifest
+    version_id: str
+    manifest_bytes: bytes
+    chunks: dict[bytes, ChunkBytes]
+    new_ids: list[bytes]
+    tensor_rows: list[dict[str, Any]]
+    content_rows: list[dict[str, Any]]
+    owned: int = 0
+    new_bytes: int = 0
+    stored_bytes: int = 0
+    foreground: bool = False  # a background commit whose copies did not fit: write it now
+    bases: dict[bytes, bytes] = field(default_factory=dict)  # new chunk -> its candidate delta base
+    delta: DeltaPlan | None = None
+    degraded: list[Shortfall] = field(default_factory=list)  # packs written below their redundancy
+    tree: Tree | None = None  # a tree manifest's nodes (one-process commits)
+    stall_s: float | None = None  # a background commit: how long commit() held its caller up
+
+    def wrote(self, written: ChunkWrite) -> None:
+        """Count what a :func:`write_chunks` of this snapshot's chunks wrote."""
+        self.new_bytes += written.raw_bytes
+        self.stored_bytes += written.stored_bytes
+        self.degraded.extend(written.degraded)
+
+
+def snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: float, *,
+             parent: str | None, reserve: Reserve | None = None,
+             progress: ProgressCallback | None = None,
+             pending: Mapping[bytes, ChunkBytes] | None = None, hint: ChangeHint | None = None) -> Snapshot:
+    """Encode, hash (in place) and dedup ``state``; build its manifest.
+
+    With ``hint`` (see :mod:`casckpt.engine.write.hint`), the tensors it vouches for are not
+    hashed: their chunk ids are the parent's.
+
+    With ``reserve``, the chunks the store does not hold are copied out of
+    the state (after ``reserve(nbytes)`` agrees), so only changed bytes are
+    copied and the state is free again when this returns.
+
+    ``pending`` holds the copies of chunks that earlier background commits,
+    still in flight, will write: they count as known (written once, not
+    copied again); this snapshot keeps a reference to the copy, to write it
+    itself should the earlier commit fail.
+    """
+    last = ctx.memos.take(req.run)  # what the run's last commit in this process derived
+    memo = _RunMemo(PackMemo(last.packs if last else None), TreeMemo(last.tree if last else None),
+                    last.counters if last and hint is not None else None,
+                    last.version_id if last else None)
+    try:
+        with _collector_paused():
+            return _snapshot(ctx, state, req, created, parent, reserve, progress, pending, memo, hint)
+    finally:
+        ctx.memos.keep(req.run, memo)
+
+
+_PAUSES = threading.Lock()
+_paused = [0, False]  # snapshots running with the collector paused; whether it ran before them
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused while a snapshot makes its many small
+    objects: each collection of the oldest generation walks every object the process
+    holds (a large state, the memos), so it would run many times per commit for nothing
+    (a snapshot makes no reference cycles). Snapshots of several threads at once share the
+    pause; the last one out resumes the collector if it ran before the first one came in
+    (a ``gc.disable()`` another thread makes meanwhile is undone then)."""
+    with _PAUSES:
+        if not _paused[0]:
+            _paused[1] = gc.isenabled()
+            gc.disable()
+        _paused[0] += 1
+    try:
+        yield
+    finally:
+        with _PAUSES:
+            _paused[0] -= 1
+            if not _paused[0] and _paused[1]:
+                gc.enable()
+
+
+@dataclass(slots=True)
+class _RunMemo:
+    packs: PackMemo
+    tree: TreeMemo
+    counters: Counters | None = None  # the trusted version counters (``trust_versions``)
+    version_id: str | None = None  # the version the run's last snapshot in this process made
+
+
+def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: float, parent: str | None,
+              reserve: Reserve | None, progress: ProgressCallback | None,
+              pending: Mapping[bytes, ChunkBytes] | None, memo: _RunMemo,
+              hint: ChangeHint | None) -> Snapshot:
+    root, leaves = encode_tree(state)
+    pack = pack_limit(ctx.config.chunk_size) if TREE_MANIFESTS else 0
+    entries, sources = plan_extents(leaves, pack=pack,
+                                    memo=memo.packs, ids=ctx.crypto.chunk_id)
+    reuse: dict[int, ExtentEntry] = {}
+    held: set[bytes] = set()
+    if hint is not None and memo.version_id is not None and memo.version_id != parent:
+        # the caller vouches for its tensors since the version it committed last; that is no
+        # longer the parent (it failed, or another handle or process deleted it), so the
+        # parent's chunk ids may hold older bytes: hash every tensor instead
+        log.warning("commit %s@%s: ignoring the change hint: the run's previous version is no "
+                    "longer %s, the one this process committed last (it failed, or was deleted "
+                    "meanwhile); every tensor is hashed", req.run, req.step, memo.version_id[:12])
+        hint = None
+    if hint is not None:
+        counters = memo.counters if memo.counters is not None and memo.counters.version_id == parent else None
+        reuse = reusable(hint, leaves, entries, sources, ctx.config.chunk_size,
+                         parent_manifest(ctx, req.run, parent), counters)
+        reuse, held = _held(ctx, reuse, pending)
+    hashed = hash_extents(ctx, sources, progress, pending, reserve, reuse=reuse)
+    hashed.known |= held
+    extents, chunks = hashed.extents, hashed.chunks
+    manifest = Manifest(
+        run=req.run, step=req.step, parent=parent,
+        created_at=created, root=root, tensors=tuple(entries), extents=tuple(extents),
+        metadata=req.metadata, metrics=req.metrics, message=req.message, tags=req.tags,
+    )
+    lookup = [c for c, chunk in chunks.items() if c not in hashed.known and not chunk.owned]
+    rows: list[dict[str, Any]] = []
+    content_rows: list[dict[str, Any]] = []
+    tree: Tree | None = None
+    if TREE_MANIFESTS:
+        version_id, manifest_bytes, tree = encode_tree_manifest(manifest, memo.tree, ctx.crypto.chunk_id)
+        manifest = headed(manifest, tree)
+        for node_id, chunk in node_chunks(tree).items():
+            if node_id not in chunks:
+                chunks[node_id] = chunk
+                lookup.append(node_id)
+    else:  # what casckpt wrote before tree manifests (tests build older stores with it)
+        version_id, manifest_bytes = encode_manifest(manifest)
+        rows, content_rows = tensor_rows(version_id, entries, extents)
+    memo.counters = record_counters(hint, version_id, leaves)
+    memo.version_id = version_id
+    known = hashed.known | known_chunks(ctx, lookup)  # streamed chunks were looked up while streaming
+    new_ids = []
+    for cid in chunks:
+        if cid in known:
+            continue
+        if pending is not None and cid in pending:
+            chunks[cid] = pending[cid]
+            continue
+        new_ids.append(cid)
+    owned, foreground = hashed.reserved, False
+    if reserve is not None:
+        todo = [cid for cid in new_ids if not chunks[cid].owned]  # streamed ones are copies already
+        need = sum(chunks[c].end - chunks[c].start for c in todo)
+        if reserve(need):
+            for cid, copy in zip(todo, ctx.pool.map(_copy, (chunks[c] for c in todo)), strict=True):
+                chunks[cid] = copy
+            owned += need
+        else:
+            foreground = bool(todo)
+    delta_on = new_ids and ctx.bases.budget > 0 and delta_chain_for(ctx.catalog, req.run) > 0
+    before = parent_manifest(ctx, req.run, parent) if delta_on else None  # bases serve delta coding only
+    bases = candidate_bases(before, entries, extents, new_ids) if before is not None else {}
+    ctx.bases.remember(req.run, version_id, manifest)
+    return Snapshot(manifest, version_id, manifest_bytes, chunks, new_ids, rows, content_rows, owned,
+                    foreground=foreground, bases=bases, tree=tree)
+
+
+def _held(ctx: EngineContext, reuse: dict[int, ExtentEntry], pending: Mapping[bytes, ChunkBytes] | None
+          ) -> tuple[dict[int, ExtentEntry], set[bytes]]:
+    """The hinted extents all of whose chunks the store (cache hint, then catalog) or a commit
+    in flight holds, and the chunks among them the store holds: a hint never references a
+    chunk that is gone (such a tensor is hashed instead)."""
+    ids = list(dict.fromkeys(c for e in reuse.values() for c in e.chunks))
+    if not ids:
+        return {}, set()
+    known = known_chunks(ctx, ids)
+    have = known | {c for c in ids if pending is not None and c in pending}
+    kept = {i: e for i, e in reuse.items() if all(c in have for c in e.chunks)}
+    return kept, {c for e in kept.values() for c in e.chunks if c in known}
+
+
+def parent_manifest(ctx: EngineContext, run: str, parent: str | None) -> Manifest | None:
+    """The parent's manifest, to pick delta bases from (None when it cannot be had cheaply)."""
+    if parent is None:
+        return None
+    found = ctx.bases.manifest(run, parent)
+    if found is not None:
+        return found
+    try:
+        return trees.decode(ctx, ctx.catalog, ctx.catalog.manifest(parent), parent)
+    except CasckptError:  # a parent not visible yet (a pending commit of another process)
+        return None
+
+
+def _delta_plan(ctx: EngineContext, run: str, snap: Snapshot) -> DeltaPlan | None:
+    """How this commit delta-codes (None: the run's chain length or ``delta_memory`` is 0)."""
+    chain, by_cost = delta_policy_for(ctx.catalog, run)
+    if chain <= 0 or ctx.bases.budget <= 0:
+        return None
+    cached = [b for b in set(snap.bases.values()) if ctx.bases.get(b) is not None]
+    live = {bytes.fromhex(h) for h in ctx.catalog.find_chunks((b.hex() for b in cached), live_only=True)}
+    return DeltaPlan(ctx.bases, snap.bases, live, ChainPolicy(chain, by_cost), ctx.config.zstd_level)
+
+
+def plan_delta(ctx: EngineContext, run: str, parent: str | None, entries: Sequence[TensorEntry],
+               extents: Sequence[ExtentEntry], new_ids: Sequence[bytes]) -> DeltaPlan | None:
+    """How a writer that did not snapshot (a rank of a group commit) delta-codes ``new_ids``
+    against ``parent``, the run's latest version (None: the run's chain length or
+    ``delta_memory`` is 0, or nothing is new)."""
+    chain, by_cost = delta_policy_for(ctx.catalog, run)
+    if chain <= 0 or ctx.bases.budget <= 0 or not new_ids:
+        return None
+    before = parent_manifest(ctx, run, parent)
+    bases = candidate_bases(before, entries, extents, new_ids) if before is not None else {}
+    cached = [b for b in set(bases.values()) if ctx.bases.get(b) is not None]
+    live = {bytes.fromhex(h) for h in ctx.catalog.find_chunks((b.hex() for b in cached), live_only=True)}
+    return DeltaPlan(ctx.bases, bases, live, ChainPolicy(chain, by_cost), ctx.config.zstd_level)
+
+
+def parent_of(ctx: EngineContext, run: str) -> str | None:
+    """The parent of ``run``'s next version: its latest, or for a new fork its fork point."""
+    parent = ctx.catalog.nth_latest(run, 0)
+    return parent.id if parent is not None else fork_point(ctx.catalog, run)
+
+
+def _publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, started: float,
+             redundancy: Redundancy, progress: ProgressCallback | None, lease: str, *,
+             fast: bool = False) -> dict[str, Any]:
+    """ONE catalog transaction makes the version visible and ends the commit's ``lease``;
+    chunks found gone are rewritten. ``fast``: committed to the fast tier (durability
+    ``fast`` until the drain; the catalog also makes a version that needs a pack still on
+    some fast tier ``fast``)."""
+    row: dict[str, Any] = {
+        "id": snap.version_id, "step": req.step, "parent_id": snap.manifest.parent,
+        "state": "visible", "created_at": snap.manifest.created_at,
+        "logical_bytes": snap.manifest.tree.nbytes if snap.manifest.tree else snap.manifest.logical_bytes,
+        "meta": req.metadata,
+        "metrics": req.metrics, "message": req.message, "manifest": snap.manifest_bytes,
+        "durability": "fast" if fast else "durable",
+    }
+    if snap.tree is not None:
+        row["tree_root"] = snap.tree.root.hex()
+    for _ in range(_PUBLISH_ATTEMPTS):
+        row.update(new_bytes=snap.new_bytes, stored_bytes=snap.stored_bytes,
+                   duration_s=time.monotonic() - started, committed_at=time.time())
+        # what the caller waited for: a blocking commit (and a save of many ranks) all of it
+        row["stall_s"] = row["duration_s"] if snap.stall_s is None else snap.stall_s
+        checks, nodes = _checks(ctx, snap)
+        try:
+            ctx.catalog.add_version(row, req.run, snap.tensor_rows, snap.content_rows,
+                                    req.tags, [c.hex() for c in checks], nodes, lease=lease)
+            return row
+        except MissingChunksError as exc:
+            gone_bases = set(exc.missing) - {cid.hex() for cid in snap.chunks}
+            if gone_bases:  # the next commit finds them gone and stores those chunks plainly
+                raise CatalogError(
+                    f"could not publish version {snap.version_id[:12]}: GC removed delta base(s) "
+                    f"{', '.join(sorted(gone_bases)[:3])} while the commit ran (is a GC with --grace 0 "
+                    "running?); commit again"
+                ) from exc
+            snap.wrote(rewrite_lost(ctx, snap.chunks, exc.missing, redundancy, progress, snap.version_id))
+    raise CatalogError(
+        f"could not publish version {snap.version_id[:12]}: its chunks kept disappearing "
+        "(is a GC with --grace 0 running?); retry the commit"
+    )
+
+
+def _checks(ctx: EngineContext, snap: Snapshot) -> tuple[Sequence[bytes], list[dict[str, Any]]]:
+    """What publishing re-checks (every chunk and tree node of the version: gc condemns by
+    age, so a live node may sit over condemned chunks a reused subtree still needs, and only
+    this re-check revives them), and the tree nodes it records (those without a row)."""
+    if snap.tree is None:
+        return list(snap.chunks), []
+    tree = snap.tree
+    have = {bytes.fromhex(h) for h in node_sql.tree_node_ids(ctx.catalog, [i.hex() for i in tree.nodes])}
+    return list(snap.chunks), trees.node_rows(tree, sorted(i for i in tree.nodes if i not in have))
+
+
+def rewrite_lost(ctx: EngineContext, chunks: dict[bytes, ChunkBytes], missing: Iterable[str],
+                 redundancy: Redundancy, progress: ProgressCallback | None, version_id: str) -> ChunkWrite:
+    """Write again the chunks among ``chunks`` that publishing found gone (``missing``, hex):
+    GC swept them while the commit (or tree migration) was in flight."""
+    gone = set(missing)
+    lost = [cid for cid in chunks if cid.hex() in gone]
+    ctx.cache.discard(lost)
+    _hold_unchanged(ctx, chunks, lost, version_id)
+    return write_chunks(ctx, chunks, lost, redundancy, progress, fast=True)
+
+
+def _hold_unchanged(ctx: EngineContext, chunks: dict[bytes, ChunkBytes], ids: Sequence[bytes],
+                    version_id: str) -> None:
+    """Before writing chunks again, copy each and check the copy still hashes to its id: the
+    copy is what gets written, so bytes changed meanwhile can never go under the old id."""
+    for cid in ids:
+        chunk = chunks[cid]
+        held = chunk if chunk.owned else _copy(chunk)
+        if held.view is NOT_HELD or ctx.crypto.chunk_id(held.data()) != cid:
+            raise CatalogError(
+                f"version {version_id[:12]} reuses a chunk GC removed while the commit was in "
+                "flight, and its bytes are no longer at hand (the state changed since, they stayed "
+                "on the GPU, or another rank wrote them); commit again"
+            )
+        chunks[cid] = held
+
+
+def write_new(ctx: EngineContext, run: str, snap: Snapshot, redundancy: Redundancy,
+              progress: ProgressCallback | None = None) -> None:
+    """Encode, pack and store the snapshot's new chunks (counted in ``new_bytes`` / ``stored_bytes``),
+    delta-coded against their bases where that pays."""
+    snap.delta = _delta_plan(ctx, run, snap)
+    snap.wrote(write_chunks(ctx, snap.chunks, snap.new_ids, redundancy, progress, snap.delta, fast=True))
+
+
+def publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: Redundancy,
+            started: float, lease: str, progress: ProgressCallback | None = None) -> Version:
+    """Store the manifest, then make the version visible (its chunks must be durable).
+
+    ``lease`` is the commit's GC lease, begun naming the version (``begin_lease(catalog,
+    snap.version_id)``) before the manifest object is written, so a commit that fails from
+    here on leaves a tombstone GC may act on; the publishing transaction ends it.
+    """
+    tier = ctx.packs.tier
+    if tier is None:
+        ctx.locations.put_everywhere(keys.manifest_key(snap.version_id), snap.manifest_bytes)
+    else:  # the drain writes it to the locations once the version's packs are there
+        try:  # a convenience copy: the catalog row holds it too, and the drain falls back on it
+            tier.dir.put_manifest(snap.version_id, snap.manifest_bytes)
+        except StorageError as exc:
+            log.warning("fast tier %s could not keep the manifest of %s (%s); the drain takes it "
+                        "from the catalog", tier.dir.root, snap.version_id[:12], exc)
+    row = _publish(ctx, req, snap, started, redundancy, progress, lease, fast=tier is not None)
+    if tier is not None:
+        tier.wake()
+    if snap.delta is not None:
+        snap.delta.published(snap.chunks)
+    for name in req.tags:  # a tag given at commit may have moved from another version
+        records.record_tag(ctx.locations, ctx.catalog, name, snap.version_id)
+    if snap.degraded:
+        _warn_degraded(req, snap)
+    return Version(
+        id=snap.version_id, run=req.run, step=req.step,
+        created_at=datetime.fromtimestamp(snap.manifest.created_at, tz=timezone.utc),
+        logical_bytes=row["logical_bytes"], new_bytes=snap.new_bytes,
+        stored_bytes=snap.stored_bytes, duration_s=row["duration_s"],
+        parent=snap.manifest.parent, tags=req.tags, metadata=req.metadata,
+        metrics=req.metrics, message=req.message, degraded=bool(snap.degraded),
+        durability=row["durability"], stall_s=row["stall_s"],
+    )
+
+
+def _warn_degraded(req: CommitRequest, snap: Snapshot) -> None:
+    """One WARNING for a commit some of whose packs are below their redundancy, naming the
+    locations that refused shards and what brings the redundancy back."""
+    refused = sorted({name for s in snap.degraded for name in s.refused})
+    todo = (f"location(s) {', '.join(refused)} refused shards: run `casckpt repair` once they are "
+            "back, or mark them failed (`casckpt location fail`), add others (`casckpt location add`) "
+            "and repair" if refused else
+            "add a location in another failure domain (`casckpt location add`), then `casckpt repair`")
+    log.warning("commit %s@%s (%s) is degraded: %d pack(s) are below their redundancy (%s). The "
+                "version is committed and readable; %s", req.run, req.step, snap.version_id[:12],
+                len(snap.degraded), summary(snap.degraded), todo)
+
+
+def finish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: Redundancy,
+           started: float, lease: str, progress: ProgressCallback | None = None) -> Version:
+    """Write the snapshot's new chunks and manifest, then publish the version."""
+    write_new(ctx, req.run, snap, redundancy, progress)
+    return publish(ctx, req, snap, redundancy, started, lease, progress)
+
+
+def release_lease(ctx: EngineContext, lease: str, what: str) -> None:
+    """End a commit's lease; if the catalog cannot, say so and go on.
+
+    The commit's outcome stands either way (a version already published
+    stays published); a lease left behind only holds GC back, until this
+    process exits or the lease expires.
+    """
+    try:
+        ctx.catalog.retrying(lambda: end_lease(ctx.catalog, lease))
+    except CasckptError as exc:
+        log.warning("could not end the lease of commit %s (gc keeps what it may still need "
+                    "until this process exits): %s", what, exc)
+
+
+def refuse_existing(ctx: EngineContext, req: CommitRequest) -> None:
+    """Refuse a step the run already has (checked again when publishing; this saves the work)."""
+    existing = ctx.catalog.at_step(req.run, req.step)
+    if existing is not None:
+        raise VersionExistsError(
+            f"run {req.run!r} already has a version at step {req.step} ({existing.id[:12]}); "
+            "commit with another step, or fork a new run"
+        )
+
+
+def commit(ctx: EngineContext, state: object, req: CommitRequest,
+           progress: ProgressCallback | None = None, hint: ChangeHint | None = None) -> Version:
+    """Store ``state`` as a new version of ``req.run`` (see module docstring for the protocol).
+
+    The commit holds a catalog lease from its first write to its end, so a concurrent GC
+    neither condemns the chunks it writes nor deletes its objects as orphans. The lease
+    begins after the snapshot (which writes nothing), naming the version in the same
+    transaction. Chunks the snapshot found in the store are not the lease's to keep: GC may
+    condemn them meanwhile, and publishing revives them or writes them again.
+    """
+    started, created = time.monotonic(), time.time()
+    refuse_existing(ctx, req)
+    redundancy = ctx.packs.redundancy_for(req.run)
+    ctx.packs.check_writable(redundancy)
+    snap = snapshot(ctx, state, req, created, parent=parent_of(ctx, req.run), progress=progress, hint=hint)
+    lease = begin_lease(ctx.catalog, snap.version_id)
+    try:
+        return finish(ctx, req, snap, redundancy, started, lease, progress)
+    except BaseException:
+        release_lease(ctx, lease, f"{req.run}@{req.step}")  # publishing ends it otherwise
+        raise

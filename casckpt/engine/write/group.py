@@ -1,0 +1,165 @@
+"""``Store.commit(state, group=...)``: one version made of every rank's own state.
+
+Each rank of the process group commits its own tree (its model replica or
+shard, its RNG, its data-loader position); the version holds one tree per
+rank and is restored rank by rank (``Store.restore(ref, group=...)``). The
+two-phase protocol of :mod:`casckpt.engine.write.distributed`, over the group's
+collectives (gloo or any backend with object collectives):
+
+1. the coordinator (group rank 0) refuses a taken step and takes the GC lease;
+2. every rank hashes and dedups its state; the ranks exchange the ids of the
+   chunks the store lacks, and each new chunk is written once, by the lowest
+   rank holding it (replicated weights are not written N times);
+3. every rank's tree goes to the coordinator, which publishes the version in
+   ONE catalog transaction and tells every rank the outcome.
+
+Every step is a collective: an error on any rank makes every rank raise
+:class:`~casckpt.errors.GroupCommitError` (naming the ranks and their
+errors) and nothing is published. A rank that dies makes the others' next
+collective fail (the backend's error propagates). Leftover packs are
+reclaimed by GC.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import torch.distributed as dist
+
+from casckpt.catalog.leases import begin_lease, end_lease
+from casckpt.engine.context import EngineContext
+from casckpt.engine.memory.deltabase import DeltaPlan
+from casckpt.engine.versions.layout import pack_limit, plan_extents
+from casckpt.engine.write import commit as commit_engine
+from casckpt.engine.write.commit import CommitRequest
+from casckpt.engine.write.commitchunks import ChunkWrite, hash_and_dedup, write_chunks
+from casckpt.engine.write.distributed import compose
+from casckpt.errors import GroupCommitError
+from casckpt.format.manifest import ExtentEntry, TensorEntry, World, renumber_tensors
+from casckpt.format.tree import Node, encode_tree
+from casckpt.types import ProgressCallback, Version
+
+T = TypeVar("T")
+
+
+def _together(group: Any, step: str, work: Callable[[], T]) -> T:
+    """Run ``work`` on every rank and return this rank's result -- or, if it failed on any
+    rank, raise on every rank."""
+    try:
+        result: T | None = work()
+        failure: BaseException | None = None
+    except Exception as exc:  # every rank must reach the collective below, whatever failed
+        result, failure = None, exc
+    message = None if failure is None else f"{type(failure).__name__}: {failure}"
+    errors = [(rank, m) for rank, m in enumerate(_everyone(group, message)) if m is not None]
+    if errors:
+        detail = "; ".join(f"rank {rank}: {m}" for rank, m in errors)
+        raise GroupCommitError(f"group commit failed while {step} ({detail}); no version was "
+                               "published, and the next commit can proceed") from failure
+    return result  # type: ignore[return-value]  # None only where work failed, and then we raised
+
+
+def _everyone(group: Any, value: object) -> list[Any]:
+    """``value`` of every rank, in rank order."""
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, value, group=group)
+    return gathered
+
+
+def _prepare(ctx: EngineContext, req: CommitRequest) -> tuple[str | None, float, str]:
+    commit_engine.refuse_existing(ctx, req)
+    ctx.packs.check_writable(ctx.packs.redundancy_for(req.run))
+    return commit_engine.parent_of(ctx, req.run), time.time(), begin_lease(ctx.catalog)
+
+
+Part = tuple[Node, list[TensorEntry], list[ExtentEntry], ChunkWrite]
+
+
+def group_commit(ctx: EngineContext, state: object, req: CommitRequest, group: Any,
+                 progress: ProgressCallback | None = None,
+                 preflight: Callable[[], object] | None = None) -> Version:
+    """Commit every rank's ``state`` as one version (collective: every rank of ``group`` calls it).
+
+    ``preflight`` runs on every rank inside the first collective step (so a rank
+    it fails on makes every rank raise, instead of leaving the others waiting).
+
+    Raises:
+        GroupCommitError: some rank failed (its error named); nothing was published.
+    """
+    rank = dist.get_rank(group)
+    started = time.monotonic()
+    leases: list[str] = []
+
+    def prepare() -> tuple[str | None, float] | None:
+        if preflight is not None:
+            preflight()
+        if rank != 0:
+            return None
+        parent, created, lease = _prepare(ctx, req)
+        leases.append(lease)
+        return parent, created
+
+    try:
+        parent, created = _everyone(group, _together(group, "preparing", prepare))[0]
+        redundancy = ctx.packs.redundancy_for(req.run)
+
+        def snapshot() -> tuple[Node, list[TensorEntry], list[ExtentEntry], Any, list[bytes]]:
+            root, leaves = encode_tree(state)
+            entries, sources = plan_extents(leaves, pack=pack_limit(ctx.config.chunk_size),
+                                            ids=ctx.crypto.chunk_id)
+            # chunks other ranks or hosts rely on are confirmed in the catalog, never taken from
+            # this host's cache: the coordinator could not write them again
+            extents, chunks, new_ids = hash_and_dedup(ctx, sources, progress, confirm=True)
+            return root, entries, extents, chunks, new_ids
+
+        root, entries, extents, chunks, new_ids = _together(group, "hashing", snapshot)
+        writer: dict[bytes, int] = {}
+        for holder, ids in enumerate(_everyone(group, new_ids)):
+            for cid in ids:
+                writer.setdefault(cid, holder)
+        mine = [cid for cid in new_ids if writer[cid] == rank]
+        deltas: list[DeltaPlan] = []
+
+        def write() -> Part:
+            ranked = [replace(e, rank=rank) for e in entries]  # as the parent names this rank's tensors
+            delta = commit_engine.plan_delta(ctx, req.run, parent, ranked, extents, mine)
+            deltas.extend([delta] if delta is not None else [])
+            written = write_chunks(ctx, chunks, mine, redundancy, progress, delta)
+            return root, entries, extents, written
+
+        parts = _at_coordinator(group, _together(group, "writing chunks", write))
+        version = _together(group, "publishing", lambda: _publish(
+            ctx, req, parts, parent, created, started, leases[0]) if rank == 0 else None)
+        published: Version = _everyone(group, version)[0]
+        for delta in deltas:  # this rank's new chunks are the bases of its next commit
+            delta.published(chunks)
+        return published
+    finally:
+        for lease in leases:
+            end_lease(ctx.catalog, lease)
+
+
+def _at_coordinator(group: Any, value: object) -> list[Any]:
+    """``value`` of every rank, in rank order, on group rank 0 (an empty list elsewhere)."""
+    gathered: list[Any] | None = [None] * dist.get_world_size(group) if dist.get_rank(group) == 0 else None
+    dist.gather_object(value, gathered, dst=dist.get_global_rank(group, 0), group=group)
+    return gathered or []
+
+
+def _publish(ctx: EngineContext, req: CommitRequest, parts: list[Part], parent: str | None,
+             created: float, started: float, lease: str) -> Version:
+    trees: list[Node] = []
+    entries: list[TensorEntry] = []
+    extents: list[ExtentEntry] = []
+    for rank, (root, rank_entries, rank_extents, _) in enumerate(parts):
+        base = len(entries)  # this rank's tensors follow earlier ranks'
+        trees.append(renumber_tensors(root, base.__add__))
+        entries.extend(replace(e, extent=e.extent + len(extents), rank=rank) for e in rank_entries)
+        extents.extend(rank_extents)
+    snap = compose(ctx, req, parent, created, World(len(parts), "group"), {"t": "ranks", "v": trees},
+                   entries, extents, sum(p[3].raw_bytes for p in parts),
+                   sum(p[3].stored_bytes for p in parts), [s for p in parts for s in p[3].degraded])
+    return commit_engine.publish(ctx, req, snap, ctx.packs.redundancy_for(req.run), started, lease)

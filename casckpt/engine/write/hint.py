@@ -1,0 +1,187 @@
+"""Change hints: tensors a caller vouches have not changed since the run's previous version.
+
+By default a commit hashes every byte of the state: what it stores is verified against
+what the state holds. A caller that knows what it mutated can say so
+(``Store.commit(..., unchanged=..., trust_versions=...)``); the commit then reuses the
+previous version's chunk ids for those tensors without reading them. This module decides
+which extents may be reused (:func:`reusable`); :mod:`casckpt.engine.write.commitchunks`
+skips hashing them.
+
+What a hint may reuse, and what it never does:
+
+* Only a tensor that is alone in its extent (not packed with small neighbours, not a
+  view sharing storage with another leaf) and that the run's previous version (the
+  commit's parent) holds at the same path with the same kind, dtype and shape. Any other
+  declared tensor is hashed as usual (a tensor new to the run, a first commit).
+* A declared tensor whose dtype or shape differs from the previous version's is refused
+  (:class:`~casckpt.errors.ChangeHintError`): the hint is demonstrably wrong.
+* The parent must be the version the run's last commit in this process made, if there was
+  one (:func:`casckpt.engine.write.commit.snapshot` ignores the hint otherwise: that commit
+  failed, or its version was deleted meanwhile, and an older parent's chunks may hold
+  older bytes of a tensor the caller rightly vouches for).
+* Reused chunks must still be held by the store (cache hint, then catalog) or by a
+  commit in flight in this process; otherwise the tensor is hashed.
+* ``trust_versions``: a tensor counts as unchanged when it has the same storage address,
+  dtype, shape, strides and storage offset as at the run's previous commit in this
+  process, and its ``_version`` counter has not moved. The commit keeps a reference to
+  each such tensor until the run's next commit (so the address cannot be reused by
+  another allocation meanwhile); no reference is kept without ``trust_versions``.
+
+A wrong hint is not detected: the version stores the previous version's bytes for that
+tensor, restores them, and ``check --read-data`` passes (the stored bytes match their
+ids). See docs/ARCHITECTURE.md ("Change hints") for what bypasses version counters.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from casckpt.engine.versions.layout import ExtentSource
+from casckpt.errors import ChangeHintError, InvalidArgumentError
+from casckpt.format.chunks import aligned_chunk_size
+from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry
+from casckpt.format.tree import TensorLeaf
+
+PathSpec = str | Iterable[str] | Callable[[str], bool]
+"""Tensor paths: one dotted path or glob (``fnmatch``: ``model.blocks.*``), several, or a
+predicate called with each tensor's dotted path."""
+
+
+def _matcher(spec: PathSpec | bool | None, what: str) -> Callable[[str], bool] | None:
+    if spec is None or spec is False:
+        return None
+    if spec is True:
+        return lambda _path: True
+    if callable(spec):
+        return spec
+    patterns = [spec] if isinstance(spec, str) else list(spec)
+    if not all(isinstance(p, str) for p in patterns):
+        raise InvalidArgumentError(
+            f"{what} takes tensor paths or glob patterns (str), or a predicate path -> bool; "
+            f"got {spec!r}"
+        )
+    exact = {p for p in patterns if not any(c in p for c in "*?[")}
+    globs = [p for p in patterns if p not in exact]
+    if not globs:
+        return exact.__contains__
+    return lambda path: path in exact or any(fnmatch.fnmatchcase(path, g) for g in globs)
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeHint:
+    """What the caller vouches for (see module docstring): ``unchanged`` matches tensors
+    unchanged since the run's previous version; ``versions`` matches tensors whose
+    version counters may be trusted."""
+
+    unchanged: Callable[[str], bool] | None = None
+    versions: Callable[[str], bool] | None = None
+
+
+def make_hint(unchanged: PathSpec | None, trust_versions: PathSpec | bool) -> ChangeHint | None:
+    """The hint of ``Store.commit``'s arguments (None: no hint, the verified default).
+
+    Raises:
+        InvalidArgumentError: an argument is neither paths, patterns nor a predicate.
+    """
+    hint = ChangeHint(_matcher(unchanged, "unchanged="), _matcher(trust_versions, "trust_versions="))
+    return hint if hint.unchanged is not None or hint.versions is not None else None
+
+
+_Key = tuple[int, torch.dtype, tuple[int, ...], tuple[int, ...], int, str]
+
+
+def _key(t: torch.Tensor) -> _Key:
+    return (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()), int(t.storage_offset()), str(t.device))
+
+
+@dataclass(slots=True)
+class Counters:
+    """The version counters of the trusted tensors of one commit (``version_id``): each
+    tensor (held, so its storage stays where it was), its layout and its ``_version``."""
+
+    version_id: str
+    tensors: dict[str, tuple[torch.Tensor, _Key, int]] = field(default_factory=dict)
+
+    def unchanged(self, path: str, t: torch.Tensor) -> bool:
+        """Whether ``t`` is the tensor recorded at ``path``, its counter not moved since."""
+        found = self.tensors.get(path)
+        return found is not None and found[1] == _key(t) and found[2] == t._version
+
+
+def record_counters(hint: ChangeHint | None, version_id: str,
+                    leaves: Sequence[TensorLeaf]) -> Counters | None:
+    """The counters a later commit of the run may trust (None without ``trust_versions``)."""
+    if hint is None or hint.versions is None:
+        return None
+    out = Counters(version_id)
+    for leaf in leaves:
+        t = leaf.value
+        if isinstance(t, torch.Tensor) and hint.versions(leaf.path):
+            out.tensors[leaf.path] = (t.detach(), _key(t), t._version)
+    return out
+
+
+def _previous(manifest: Manifest) -> tuple[dict[str, TensorEntry], dict[str, ExtentEntry]]:
+    """The previous version's tensors by path, and the extents of those alone in theirs."""
+    users: dict[int, int] = {}
+    for t in manifest.tensors:
+        users[t.extent] = users.get(t.extent, 0) + 1
+    tensors = {t.path: t for t in manifest.tensors if not t.is_shard and t.rank is None}
+    extents = {t.path: manifest.extents[t.extent] for t in tensors.values()
+               if users[t.extent] == 1 and not manifest.extents[t.extent].packed
+               and not t.offset and t.stride is None}
+    return tensors, extents
+
+
+def reusable(
+    hint: ChangeHint, leaves: Sequence[TensorLeaf], entries: Sequence[TensorEntry],
+    sources: Sequence[ExtentSource], chunk_size: int, parent: Manifest | None,
+    counters: Counters | None,
+) -> dict[int, ExtentEntry]:
+    """The extents (by index into ``sources``) whose previous entries ``hint`` lets the
+    commit reuse; ``entries`` are :func:`~casckpt.engine.versions.layout.plan_extents`' (leaf order),
+    ``parent`` the manifest of the commit's parent, ``counters`` those recorded by the
+    commit that made ``parent`` (the caller checks).
+
+    Raises:
+        ChangeHintError: a tensor declared ``unchanged`` has another dtype or shape than
+            in the previous version.
+    """
+    if parent is None:
+        return {}
+    before, alone = _previous(parent)
+    trusted = counters
+    users: dict[int, int] = {}
+    for e in entries:
+        users[e.extent] = users.get(e.extent, 0) + 1
+    out: dict[int, ExtentEntry] = {}
+    for leaf, entry in zip(leaves, entries, strict=True):
+        declared = hint.unchanged is not None and hint.unchanged(leaf.path)
+        old = before.get(leaf.path)
+        if declared and old is not None and (old.kind, old.dtype, old.shape) != (entry.kind, entry.dtype,
+                                                                                 entry.shape):
+            raise ChangeHintError(
+                f"tensor {leaf.path!r} was declared unchanged, but it is {entry.kind} {entry.dtype} "
+                f"{list(entry.shape)} and the run's previous version has {old.kind} {old.dtype} "
+                f"{list(old.shape)}; leave it out of unchanged= (nothing was written)"
+            )
+        source = sources[entry.extent]
+        extent = alone.get(leaf.path)
+        if (extent is None or old is None or users[entry.extent] != 1 or source.packed or entry.offset
+                or entry.stride is not None
+                or (old.kind, old.dtype, old.shape) != (entry.kind, entry.dtype, entry.shape)):
+            continue  # new to the run, or not alone in its extent: hashed
+        counted = (not declared and trusted is not None and hint.versions is not None
+                   and isinstance(leaf.value, torch.Tensor) and hint.versions(leaf.path)
+                   and trusted.unchanged(leaf.path, leaf.value))
+        if not (declared or counted):
+            continue
+        size = aligned_chunk_size(chunk_size, source.align)
+        phase = source.grid_offset % size
+        if (extent.nbytes, extent.chunk_size, extent.phase) == (source.nbytes, size, phase):
+            out[entry.extent] = extent
+    return out
