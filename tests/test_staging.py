@@ -2,7 +2,8 @@
 
 A CUDA tensor's windows are copied into staging buffers, hashed, looked up, and only
 new chunks copied out; these tests compare that path with the direct one a CPU tensor
-takes (same chunks, same versions, same restores). They need a CUDA device.
+takes (same chunks, same versions, same restores). They need a CUDA device, but for the
+buffers' own windowing, which runs on any host tensor.
 """
 
 from __future__ import annotations
@@ -17,13 +18,37 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import casckpt
+from casckpt.engine.memory.staging import StagingBuffers
 from casckpt.engine.write.distributed import TensorPiece, write_pieces
 from casckpt.storage.erasure import Redundancy
 from casckpt.testing.internals import internals
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
 CHUNK = 4096
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@given(n=st.integers(0, 20_000), unit=st.sampled_from([1, 16, 4096]),
+       total=st.integers(2, 40_000), stop=st.integers(0, 8))
+@settings(max_examples=60, deadline=None)
+def test_the_buffers_stream_every_byte_once_in_whole_chunks(n: int, unit: int, total: int,
+                                                            stop: int) -> None:
+    """The windowing every staged tensor goes through (the GPU path's host side): windows
+    tile the tensor in order, each a whole number of chunks but the last, through two buffers
+    reused from stream to stream; a consumer that stops early leaves the next stream whole."""
+    buffers = StagingBuffers(total)
+    flat = torch.randint(0, 256, (n,), dtype=torch.uint8)
+    stream = buffers.stream(flat, unit)
+    for _ in range(stop):  # an early stop, then a full stream on the same buffers
+        if next(stream, None) is None:
+            break
+    stream.close()
+    seen, offsets = bytearray(), []
+    for offset, view in buffers.stream(flat, unit):
+        offsets.append(offset)
+        seen += view
+    assert bytes(seen) == flat.numpy().tobytes()
+    assert offsets == sorted(offsets) and all(o % unit == 0 for o in offsets)
+    assert len(buffers._buffers) == 2 and not buffers.pinned  # two buffers, no CUDA here
 
 
 def _open(path: Path, *, staging_memory: int = 4 * CHUNK, **kwargs: Any) -> Any:
@@ -50,6 +75,7 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
         assert a[key].dtype == b[key].dtype and torch.equal(a[key].cpu(), b[key].cpu()), key
 
 
+@cuda
 def test_staged_commits_equal_direct_ones(tmp_path: Path) -> None:
     """Same chunks, same versions' contents, same bytes counted, same restores."""
     with _open(tmp_path / "direct") as direct, _open(tmp_path / "staged") as staged:
@@ -66,6 +92,7 @@ def test_staged_commits_equal_direct_ones(tmp_path: Path) -> None:
         assert staged.ops.check(read_data=True).ok
 
 
+@cuda
 def test_staged_background_commit_copies_only_changed_chunks(tmp_path: Path) -> None:
     with _open(tmp_path / "s", commit_memory=64 * CHUNK) as store:
         state = {"w": torch.randn(50_000, device="cuda")}
@@ -80,6 +107,7 @@ def test_staged_background_commit_copies_only_changed_chunks(tmp_path: Path) -> 
         assert torch.equal(store.restore("r@1")["w"], expected.cpu())
 
 
+@cuda
 def test_any_window_size_round_trips(tmp_path: Path) -> None:
     # the window size is fixed when a store opens (its engine context is immutable): one store
     # per example, each in its own directory
@@ -98,6 +126,7 @@ def test_any_window_size_round_trips(tmp_path: Path) -> None:
     round_trips()
 
 
+@cuda
 def test_cuda_tensors_commit_through_pinned_buffers(tmp_path: Path) -> None:
     state = {"w": torch.randn(3_000_000, device="cuda"), "b": torch.arange(100, device="cuda")}
     with casckpt.open(tmp_path / "s", chunk_size=1 << 16, staging_memory=8 << 20) as store:
@@ -107,6 +136,7 @@ def test_cuda_tensors_commit_through_pinned_buffers(tmp_path: Path) -> None:
         assert all(torch.equal(back[k], state[k]) for k in state)
 
 
+@cuda
 def test_shards_chunk_alike_staged_or_not_and_share_the_whole_tensors_chunks(tmp_path: Path) -> None:
     """Dim-0 pieces of a tensor are chunked on the whole tensor's grid on both paths (CPU
     pieces direct, CUDA ones staged): every chunk not cut by a piece boundary is one the
