@@ -940,7 +940,7 @@ def test_sigkill_during_ec_commit_leaves_store_consistent(zygote: Zygote, tmp_pa
 
 def test_open_refuses_more_shards_than_failure_domains_before_creating_anything(tmp_path: Path) -> None:
     root = tmp_path / "store"
-    with pytest.raises(InvalidArgumentError, match="6 failure domains.*gives 2"):
+    with pytest.raises(InvalidArgumentError, match="6 failure domains.*span 2"):
         casckpt.open(root, blobs=[str(tmp_path / "a"), str(tmp_path / "b")], redundancy="ec:4+2")
     assert not root.exists()
     labelled = [casckpt.BlobLocation(str(tmp_path / f"d{i}"), domain=f"rack{i % 2}") for i in range(4)]
