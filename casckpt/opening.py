@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -120,7 +121,8 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
     tuned = settings(options)
     blobs, catalog, cache, redundancy = (options.get("blobs"), options.get("catalog"),
                                          options.get("cache"), options.get("redundancy"))
-    create, recover = options.get("create", True), options.get("recover", False)
+    create = options.get("create") is not False  # None: the default, create when missing
+    recover = options.get("recover") is True
     s3 = options.get("s3")
     backends = {"s3": s3} if s3 is not None else {}
     check_options(backends, "casckpt.open")
@@ -128,6 +130,10 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
     items = [blobs] if isinstance(blobs, BlobStore) else blobs
     if isinstance(items, (list, tuple)):
         items = [given.setdefault(b.url, b).url if isinstance(b, BlobStore) else b for b in items]
+    for item in [items] if isinstance(items, str) else items if isinstance(items, list) else ():
+        url = item if isinstance(item, str) else item.get("url") if isinstance(item, Mapping) else None
+        if isinstance(url, str) and "://" in url:
+            local_path(url)  # file://HOST/x or a relative path: refused, nothing written
     if redundancy is not None:
         scheme = Redundancy.parse(redundancy)
         new = path is not None and not _config_path(Path(path)).exists()  # its directory: one domain
@@ -194,7 +200,7 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
                   staging=cache_dir / "staging",  # the tier's packs fill in its own staging/
                   settings=tuned, write_quorum=spec.write_quorum,
                   backends=spec.backends, config_file=spec.config_file, recovering=recovering, read_only=why,
-                  tier=tier, background_drain=options.get("background_drain", True), created=created)
+                  tier=tier, background_drain=options.get("background_drain") is not False, created=created)
     if created:  # a mistyped path would otherwise start training again from step 0, silently
         where = str(spec.root) if spec.root is not None else (
             f"catalog {cat.where}, blobs {', '.join(redact_url(loc.url) for loc in spec.locations)}")

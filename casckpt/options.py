@@ -143,11 +143,11 @@ def _check_value(name: str, value: Any) -> None:  # noqa: C901 - one branch per 
     def bad(want: str) -> InvalidArgumentError:
         return InvalidArgumentError(f"Options.{name} must be {want}, got {value!r}")
 
+    if value is None:  # left to the config file, the environment or the default
+        return
     if name in _FLAGS:
         if not isinstance(value, bool):
-            raise bad("True or False")
-    elif value is None:
-        return
+            raise bad("True, False or None")
     elif name in _POSITIVE:
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise bad("a positive int")

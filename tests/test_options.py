@@ -86,3 +86,13 @@ def test_every_option_field_is_a_keyword_of_open_and_documented() -> None:
     assert all(f"    {name}:" in doc for name in FIELDS), "every field has its line in Options' docstring"
     overrides = inspect.signature(casckpt.open).parameters["overrides"]
     assert overrides.kind is inspect.Parameter.VAR_KEYWORD
+
+
+@pytest.mark.parametrize("flag", ["create", "recover", "background_drain"])
+def test_a_flag_given_as_none_takes_its_default(tmp_path: Path, flag: str) -> None:
+    """``open``'s overrides take None for every field (the default then decides): a new
+    store is created, opened without recovery, with its drain worker."""
+    with casckpt.open(tmp_path / "s", **{flag: None}) as store:
+        store.commit({"w": torch.ones(2)}, run="r", step=0)
+    with casckpt.open(tmp_path / "s", create=None) as store:
+        assert torch.equal(store.restore("r@0")["w"], torch.ones(2))

@@ -22,7 +22,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 from casckpt.errors import (
     AccessDeniedError,
@@ -33,7 +32,7 @@ from casckpt.errors import (
     UnsafeObjectError,
 )
 from casckpt.storage.base import BlobInfo, check_key, is_key
-from casckpt.storage.registry import Backend, Capabilities
+from casckpt.storage.registry import Backend, Capabilities, directory_of
 from casckpt.storage.scratch import DEFAULT_GRACE, Reclaimed, ScratchDir, reclaim
 
 _IOV_MAX = 1024
@@ -367,7 +366,7 @@ def _kind(mode: int) -> str:
 
 
 def _open(url: str, options: Mapping[str, Any], create: bool) -> LocalBlobStore:
-    return LocalBlobStore(Path(unquote(urlsplit(url).path)), create=create)
+    return LocalBlobStore(directory_of(url), create=create)
 
 
 BACKEND = Backend(

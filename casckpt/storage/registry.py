@@ -184,7 +184,24 @@ def local_path(url: str) -> Path | None:
     scheme = urlsplit(url).scheme
     if scheme not in _entry_points() or not backend(scheme).capabilities.local_directory:
         return None
-    return Path(unquote(urlsplit(url).path))
+    return directory_of(url)
+
+
+def directory_of(url: str) -> Path:
+    """The absolute directory a ``file://`` URL names on this host.
+
+    Raises:
+        InvalidArgumentError: the URL names a host (``file://dir/x`` would otherwise name
+            ``/x``, silently) or a relative path.
+    """
+    parts = urlsplit(url)
+    path = unquote(parts.path)
+    if parts.netloc not in ("", "localhost") or not path.startswith("/"):
+        raise InvalidArgumentError(
+            f"blob location {redact_url(url)!r} does not name an absolute directory on this host: "
+            "write file:///absolute/dir (three slashes), or give the directory as a plain path "
+            "(a relative one is taken from the store's directory)")
+    return Path(path)
 
 
 def open_blob_store(url: str, options: BackendOptions | None = None, *,

@@ -14,9 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+import casckpt
 from casckpt.errors import (
     BlobNotFoundError,
+    InvalidArgumentError,
     OversizedObjectError,
     StorageError,
     StorageFullError,
@@ -326,3 +329,23 @@ def test_put_file_into_a_vanished_location_or_through_an_outside_link_is_refused
     with pytest.raises(StorageError, match="is gone"):
         store.put_file(KEY, staged)
     assert not store.root.exists()
+
+
+@pytest.mark.parametrize("url", ["file://relblobs/sub", "file://otherhost/tmp/x"])
+def test_a_file_url_naming_a_host_or_a_relative_path_is_refused_before_anything_is_written(
+        tmp_path: Path, url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``file://dir/x`` parses as host ``dir``, path ``/x``: taken as it was, a store's packs
+    went to ``/x``. It is refused, naming the fix, and the store's directory stays empty."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InvalidArgumentError, match="file:///absolute/dir"):
+        casckpt.open(tmp_path / "s", blobs=url)
+    with pytest.raises(InvalidArgumentError, match="file:///absolute/dir"):
+        casckpt.open(tmp_path / "t", blobs=[str(tmp_path / "ok"), {"url": url, "name": "b"}])
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_file_url_on_localhost_names_this_hosts_directory(tmp_path: Path) -> None:
+    with casckpt.open(tmp_path / "s", blobs=f"file://localhost{tmp_path / 'blobs'}") as store:
+        store.commit({"w": torch.ones(3)}, run="r", step=0)
+        assert [loc.url for loc in store.locations.list()] == [(tmp_path / "blobs").as_uri()]
+    assert any((tmp_path / "blobs").rglob("*"))
