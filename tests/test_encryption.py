@@ -661,15 +661,17 @@ def test_a_key_file_that_is_no_regular_file_is_refused_at_once(tmp_path: Path, h
 
     from casckpt.cli.main import app
 
+    # a reader of /dev/zero or a FIFO would never return: the bound only tells a hang from a
+    # refusal (it is no timing of the refusal, which a loaded CI machine can slow past 1 s)
     started = time.monotonic()
     with pytest.raises(StoreKeyError, match="not a regular file"):
         casckpt.open(tmp_path / "api", create=True, key_file=hostile_key)
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 30.0
     assert not (tmp_path / "api").exists()  # nothing was created before the key was read
     started = time.monotonic()
     result = CliRunner().invoke(app, ["init", str(tmp_path / "cli"), "--encrypt", "--key-file",
                                       str(hostile_key)])
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 30.0
     if hostile_key.is_dir():  # the option refuses a directory itself: a usage error
         assert result.exit_code == 2 and "--key-file" in result.output, result.output
     else:
