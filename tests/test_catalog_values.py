@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
+import sys
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
@@ -18,8 +19,10 @@ import pytest
 import torch
 
 import casckpt
-from casckpt.engine.write import commit as commit_engine
 from casckpt.errors import CatalogError, MetricNotFoundError
+
+sys.path.insert(0, str(Path(__file__).parent / "golden"))
+from make_legacy import legacy  # noqa: E402
 
 DAMAGE = {
     "shape not JSON": "UPDATE tensors SET shape = ''",
@@ -40,13 +43,10 @@ READS: dict[str, Callable[[casckpt.Store], Any]] = {
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("template") / "store"
-    # versions as casckpt wrote them before tree manifests: with tensor rows to damage
-    with pytest.MonkeyPatch.context() as patch, casckpt.open(root) as store:
-        patch.setattr(commit_engine, "TREE_MANIFESTS", False)
-        for step in (1, 2):  # the tensor changes: history compares the two rows
-            store.commit({"w": torch.arange(12.0).reshape(3, 4) + step - 1}, run="r", step=step,
-                         metadata={"lr": 1, "note": [1, 2.5, None]}, metrics={"loss": 0.5})
+    # versions as casckpt wrote them before tree manifests, with tensor rows to damage (the
+    # golden ``catalog-values``: w changes from r@1 to r@2, so history compares the two rows)
+    root = legacy("catalog-values", tmp_path_factory.mktemp("template") / "store")
+    with casckpt.open(root) as store:
         assert store.ops.check().ok
     return root
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import sqlite3
+import sys
 import time
 from contextlib import closing
 from pathlib import Path
@@ -26,10 +27,11 @@ from casckpt.catalog import Catalog
 from casckpt.cli.main import app
 from casckpt.engine.maintenance import gc as gc_engine
 from casckpt.engine.maintenance.gcguard import DeletionGuard
-from casckpt.engine.write import commit as commit_engine
 from casckpt.errors import CatalogError, GCRefusedError
 
 CHUNK = 4096
+sys.path.insert(0, str(Path(__file__).parent / "golden"))
+from make_legacy import legacy  # noqa: E402
 
 
 def _state(seed: int, n: int = 12_000) -> dict[str, Any]:
@@ -70,14 +72,10 @@ def root(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def legacy_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A store whose versions are of the format before tree manifests (with contents rows)."""
-    monkeypatch.setattr(commit_engine, "TREE_MANIFESTS", False)
-    root = tmp_path / "store"
-    with _open(root) as store:
-        for step in (1, 2, 3):
-            store.commit(_state(step), run="r", step=step)
-    return root
+def legacy_root(tmp_path: Path) -> Path:
+    """A store whose versions are of the format before tree manifests (with contents rows):
+    the golden ``gc-guard``, ``_state(step)`` at steps 1-3."""
+    return legacy("gc-guard", tmp_path / "store")
 
 
 def test_swapped_content_rows_are_reported_and_gc_sweeps_nothing_needed(legacy_root: Path) -> None:

@@ -27,15 +27,9 @@ from casckpt.format.identity import IDENTITY_KEY
 pytestmark = pytest.mark.real_migrations
 
 FUTURE = "9999_future"
-
-
-@pytest.fixture(autouse=True)
-def _previous_format(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These tests take stores back to old schema revisions, which know no tree manifests:
-    their versions are written as casckpt wrote them before (format 1, tensor rows)."""
-    from casckpt.engine.write import commit as commit_engine
-
-    monkeypatch.setattr(commit_engine, "TREE_MANIFESTS", False)
+sys.path.insert(0, str(Path(__file__).parent / "golden"))
+from make_legacy import delta_weights, legacy  # noqa: E402
+from make_legacy import migration_state as _state  # noqa: E402
 
 
 @contextmanager
@@ -75,10 +69,6 @@ def _migrate(root: Path, revision: str, *, down: bool = False) -> None:
             conn.commit()
     finally:
         engine.dispose()
-
-
-def _state(step: int) -> dict[str, object]:
-    return {"w": torch.arange(3000, dtype=torch.float32) * step, "step": step}
 
 
 def _assert_restores(store: casckpt.Store, step: int) -> None:
@@ -135,11 +125,9 @@ def test_catalog_at_first_revision_is_upgraded(tmp_path: Path) -> None:
 
 
 def test_upgrade_keeps_existing_versions(tmp_path: Path) -> None:
-    """A store written at head, taken back to 0001, then opened: its versions survive."""
-    root = tmp_path / "store"
-    with casckpt.open(root, chunk_size=4096) as store:
-        for step in (1, 2):
-            store.commit(_state(step), run="r", step=step, tags=[f"t{step}"])
+    """A store of format-1 versions (the golden ``migrations``) taken back to 0001, then
+    opened: its versions survive."""
+    root = legacy("migrations", tmp_path / "store")
     _migrate(root, "0001", down=True)
     assert _revision(root) == "0001" and "store_info" not in _tables(root)
     (root / IDENTITY_KEY).unlink()  # a casckpt of 0001's time wrote no identity record
@@ -147,12 +135,12 @@ def test_upgrade_keeps_existing_versions(tmp_path: Path) -> None:
     with casckpt.open(root, chunk_size=4096) as store:
         assert _revision(root) == head_revision()
         assert (root / IDENTITY_KEY).is_file()  # adopted: the catalog knows the store's manifests
-        assert [v.step for v in store.log("r")] == [2, 1]
+        assert [v.step for v in store.log("r")] == [3, 2, 1]
         assert store.resolve("tag:t1").step == 1
-        for step in (1, 2):
+        for step in (1, 2, 3):
             _assert_restores(store, step)
-        store.commit(_state(3), run="r", step=3)
-        _assert_restores(store, 3)
+        store.commit(_state(4), run="r", step=4)
+        _assert_restores(store, 4)
         assert store.ops.check(read_data=True).ok
 
 
@@ -292,16 +280,13 @@ SHARDS_WITH_LOCATIONS = (
 )
 
 
-def _write_at_0003(root: Path, catalog: str | None = None, blobs: Path | None = None,
-                   steps: tuple[int, ...] = (1, 2, 3)) -> tuple[str, str]:
-    """A store with versions in several packs, taken back to the 0003 schema.
+def _write_at_0003(root: Path, catalog: str | None = None, blobs: Path | None = None) -> tuple[str, str]:
+    """A store of format-1 versions (the golden ``migrations``: steps 1-3, in several packs),
+    taken back to the 0003 schema.
 
     Returns (catalog URL, the blob location's URL as recorded at head).
     """
-    with casckpt.open(root, catalog=catalog, blobs=str(blobs) if blobs else None, chunk_size=4096,
-                      pack_size=64 * 1024, cache=root.parent / "cache") as store:
-        for step in steps:
-            store.commit(_state(step), run="r", step=step, tags=[f"t{step}"])
+    legacy("migrations", root, catalog=catalog, blobs=blobs)
     url = catalog or f"sqlite:///{root / cfg.CATALOG_FILE}"
     ((blob_url,),) = _query(url, "SELECT url FROM locations")
     _migrate_url(url, "0003", down=True)
@@ -429,11 +414,8 @@ def test_postgres_store_at_0003_is_upgraded(tmp_path: Path, pg_url: str) -> None
 
 
 def test_0005_adds_run_delta_chains_and_downgrades(tmp_path: Path) -> None:
-    root = tmp_path / "store"
+    root = legacy("deltas", tmp_path / "store")  # format 1: 2 and 3 delta-coded against 1
     with casckpt.open(root, chunk_size=4096) as store:
-        for step in (1, 2, 3):  # 2 and 3 are delta-coded (small changes of step 1)
-            weights = torch.arange(3000, dtype=torch.float32) * (1 + step * 1e-4)
-            store.commit({"w": weights}, run="r", step=step)
         store.ops.set_delta_chain(2, run="r")
         deltas = store.ops.stats().delta_chunks
         assert deltas > 0
@@ -446,8 +428,7 @@ def test_0005_adds_run_delta_chains_and_downgrades(tmp_path: Path) -> None:
         assert store.ops.delta_chain("r") == store.ops.delta_chain()  # the run's own policy went with 0004
         assert store.ops.stats().delta_chunks == deltas  # chunks keep their bases either way
         for step in (1, 2, 3):
-            assert torch.equal(store.restore(f"r@{step}")["w"], torch.arange(3000, dtype=torch.float32)
-                               * (1 + step * 1e-4))
+            assert torch.equal(store.restore(f"r@{step}")["w"], delta_weights(step))
         assert store.ops.check(read_data=True).ok
 
 

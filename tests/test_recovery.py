@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 import sqlite3
+import sys
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -818,25 +819,28 @@ def test_an_encrypted_store_on_s3_is_rebuilt_from_its_bucket_with_a_rotated_key(
         assert store.ops.check(read_data=True).ok
 
 
-def test_an_encrypted_store_migrated_to_trees_checks_clean(tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_encrypted_store_migrated_to_trees_checks_clean(tmp_path: Path) -> None:
     """Versions in the manifest format from before trees, migrated (`migrate-trees`): the tree
     is derived with the store's keyed ids, and check and undelete must derive it the same
-    way -- not with plain BLAKE3, which names another root and reports the catalog damaged."""
-    from casckpt.engine.write import commit as commit_engine
+    way -- not with plain BLAKE3, which names another root and reports the catalog damaged.
+    The golden ``encrypted`` holds such versions, its objects at a location of their own."""
+    golden = Path(__file__).parent / "golden"
+    sys.path.insert(0, str(golden))
+    from make_legacy import KEY, encrypted_state, legacy
 
-    key, loc = _key(tmp_path, "k.key"), tmp_path / "loc"
-    with casckpt.open(tmp_path / "store", blobs=str(loc), key_file=key) as store:
-        monkeypatch.setattr(commit_engine, "TREE_MANIFESTS", False)
-        store.commit(_state(), run="r", step=1)
-        store.commit(_state(9, 200_000), run="r", step=2)
-        monkeypatch.setattr(commit_engine, "TREE_MANIFESTS", True)
+    key = tmp_path / "k.key"
+    shutil.copy(KEY, key)
+    key.chmod(0o600)
+    root = legacy("encrypted", tmp_path / "store", blobs=tmp_path / "loc")
+    with casckpt.open(root, key_file=key) as store:
+        store.ops.repair()  # its location record names where the golden store was written
         assert store.ops.migrate_trees().versions_migrated == 2
         report = store.ops.check(read_data=True)
         assert report.ok, report.problems
         store.delete("r@1")
         store.undelete("r@1")
-        assert torch.equal(store.restore("r@1")["w"], _state()["w"])
+        assert torch.equal(store.restore("r@1")["w"], encrypted_state(1)["w"])
+        assert torch.equal(store.restore("r@2")["w"], encrypted_state(2)["w"])
 
 
 def _catalog_text(db: Path) -> bytes:

@@ -19,26 +19,15 @@ from sqlalchemy import create_engine, text
 import casckpt
 from casckpt.catalog.migrate import _config
 from casckpt.engine.maintenance import treemigrate
-from casckpt.engine.write import commit as commit_engine
 from casckpt.format.manifest import decode_manifest
 from casckpt.format.tree import iter_leaves
 from casckpt.format.treemanifest import with_tree
 from casckpt.testing.internals import internals
 
 BACKENDS = ["sqlite", "postgres"]
-LAYERS = 6
-
-
-def _state(step: int) -> dict[str, Any]:
-    """Layers sharing most tensors across steps, a tied pair (one storage), a tensor that
-    changes a little each step (delta-coded), and plain values."""
-    g = torch.Generator().manual_seed(0)
-    layers = {f"l{i}.w": torch.randn(2000, generator=g) for i in range(LAYERS)}
-    layers[f"l{step % LAYERS}.w"] = layers[f"l{step % LAYERS}.w"] + step
-    emb = torch.arange(4000, dtype=torch.float32) / 7
-    return {"model": {"layers": layers, "emb": emb, "head": emb,  # tied: one extent, two tensors
-                      "w": torch.arange(3000, dtype=torch.float32) * (1 + step * 1e-4)},
-            "opt": {"lr": 0.1 / (step + 1), "betas": (0.9, 0.99), "name": "adam"}, "step": step}
+sys.path.insert(0, str(Path(__file__).parent / "golden"))
+from make_legacy import TREE_REFS, large_state, legacy  # noqa: E402
+from make_legacy import tree_state as _state  # noqa: E402
 
 
 def _url(root: Path, catalog: str | None) -> str:
@@ -58,17 +47,11 @@ def _count(url: str, table: str) -> int:
     return int(_sql(url, f"SELECT COUNT(*) FROM {table}")[0][0])
 
 
-def _old_store(root: Path, catalog: str | None, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """A store as the previous release left it: format 1 versions in two runs (one a fork),
-    a tag, on the schema before tree manifests (0006). Returns the refs of its versions."""
-    monkeypatch.setattr(commit_engine, "TREE_MANIFESTS", False)
-    with casckpt.open(root, catalog=catalog, chunk_size=4096) as store:
-        for step in range(4):
-            store.commit(_state(step), run="r", step=step, tags=["best"] if step == 2 else ())
-        store.fork("r@1", "f")
-        store.commit(_state(7), run="f", step=7)
-        store.commit(_state(8), run="f", step=8)
-        assert store.ops.stats().delta_chunks > 0
+def _old_store(root: Path, catalog: str | None) -> list[str]:
+    """A store as the previous release left it (the golden ``tree-migration``): format 1
+    versions in two runs (one a fork), a tag, delta-coded chunks, on the schema before tree
+    manifests (0006). Returns the refs of its versions."""
+    legacy("tree-migration", root, catalog=catalog)
     engine = create_engine(_url(root, catalog))
     try:
         with engine.connect() as conn:
@@ -76,8 +59,7 @@ def _old_store(root: Path, catalog: str | None, monkeypatch: pytest.MonkeyPatch)
             conn.commit()
     finally:
         engine.dispose()
-    monkeypatch.setattr(commit_engine, "TREE_MANIFESTS", True)
-    return ["r@0", "r@1", "r@2", "r@3", "f@7", "f@8"]
+    return list(TREE_REFS)
 
 
 def _equal(a: object, b: object) -> bool:
@@ -122,12 +104,12 @@ def _nodes_of(store: casckpt.Store, ref: str) -> set[str]:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_store_of_the_previous_release_migrates_and_answers_the_same(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str,
+        tmp_path: Path, backend: str,
         request: pytest.FixtureRequest) -> None:
     root = tmp_path / "s"
     catalog = request.getfixturevalue("pg_url") if backend == "postgres" else None
     url = _url(root, catalog)
-    refs = _old_store(root, catalog, monkeypatch)
+    refs = _old_store(root, catalog)
     with casckpt.open(root, catalog=catalog, chunk_size=4096) as store:  # Alembic upgrades it
         ids = [store.resolve(r).id for r in refs]
         before = _answers(store, refs)
@@ -168,7 +150,7 @@ def test_a_store_of_the_previous_release_migrates_and_answers_the_same(
 def test_an_interrupted_migration_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "s"
     url = _url(root, None)
-    refs = _old_store(root, None, monkeypatch)
+    refs = _old_store(root, None)
     monkeypatch.setattr(treemigrate, "BATCH_VERSIONS", 1)
     publish = treemigrate._publish_batch
     calls: list[int] = []
@@ -197,7 +179,7 @@ def test_an_interrupted_migration_resumes(tmp_path: Path, monkeypatch: pytest.Mo
 
 def test_a_migration_killed_with_sigkill_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "s"
-    refs = _old_store(root, None, monkeypatch)
+    refs = _old_store(root, None)
     script = textwrap.dedent(f"""
         import os, signal
         import casckpt
@@ -243,7 +225,7 @@ def test_gc_between_the_node_write_and_the_publish_loses_no_node(
 
     root = tmp_path / "s"
     url = _url(root, None)
-    refs = _old_store(root, None, monkeypatch)
+    refs = _old_store(root, None)
     publish = treemigrate._publish_batch
     with casckpt.open(root, chunk_size=4096) as store:
         before = _answers(store, refs)
@@ -284,7 +266,7 @@ def test_a_version_migrated_while_gc_runs_keeps_its_reused_nodes(
 
     root = tmp_path / "s"
     url = _url(root, None)
-    refs = _old_store(root, None, monkeypatch)
+    refs = _old_store(root, None)
     condemn = gc_sql.condemn
     with casckpt.open(root, chunk_size=4096) as store:
         before = _answers(store, refs)
@@ -305,9 +287,9 @@ def test_a_version_migrated_while_gc_runs_keeps_its_reused_nodes(
         assert store.ops.check(read_data=True).ok
 
 
-def test_catalog_rebuild_restores_migrated_trees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_catalog_rebuild_restores_migrated_trees(tmp_path: Path) -> None:
     root = tmp_path / "s"
-    refs = _old_store(root, None, monkeypatch)
+    refs = _old_store(root, None)
     with casckpt.open(root, chunk_size=4096) as store:
         store.ops.migrate_trees()
         before = _answers(store, refs)
@@ -323,7 +305,7 @@ def test_catalog_rebuild_restores_migrated_trees(tmp_path: Path, monkeypatch: py
         assert store.ops.check(read_data=True).ok
 
 
-def test_cli_migrate_trees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_migrate_trees(tmp_path: Path) -> None:
     import json
 
     from typer.testing import CliRunner
@@ -331,7 +313,7 @@ def test_cli_migrate_trees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     from casckpt.cli.main import app
 
     root = tmp_path / "s"
-    refs = _old_store(root, None, monkeypatch)
+    refs = _old_store(root, None)
     runner = CliRunner()
     result = runner.invoke(app, ["--store", str(root), "catalog", "migrate-trees", "--json"])
     assert result.exit_code == 0, result.output
@@ -345,17 +327,13 @@ _BIG = 52 << 20  # bytes whose base64 JSON (69 MiB) passed the 64 MiB a tree nod
 
 
 def test_migrating_a_version_with_a_large_plain_value_leaves_gc_and_queries_working(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path) -> None:
     """A version of format 1 may hold a plain value whose JSON passes MAX_NODE (its document
     may reach 512 MiB). Migrating it gave it a tree node no reader accepts: show raised
     CorruptManifestError ("does not match its id"), and every gc after refused to run
     (GCRefusedError), for a version that restored fine before the migration."""
-    state = {"w": torch.arange(6, dtype=torch.float32), "blob": bytes(_BIG)}
-    monkeypatch.setattr(commit_engine, "TREE_MANIFESTS", False)
-    with casckpt.open(tmp_path / "s") as store:
-        store.commit(state, run="r", step=0)
-    monkeypatch.setattr(commit_engine, "TREE_MANIFESTS", True)
-    with casckpt.open(tmp_path / "s") as store:
+    state = large_state()  # the golden ``large-value`` holds it at r@0, in format 1
+    with casckpt.open(legacy("large-value", tmp_path / "s")) as store:
         store.ops.migrate_trees()
         store.gc(grace=0)
         shown = store.show("r@0")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import sqlite3
+import sys
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,6 @@ from hypothesis import strategies as st
 
 import casckpt
 from casckpt.engine.versions import refs
-from casckpt.engine.write import commit as commit_engine
 from casckpt.errors import CorruptManifestError, TensorNotFoundError
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, decode_manifest
 from casckpt.format.merkle import PART_MAX_ITEMS, SPLIT_ITEMS, Nodes, NodeSource
@@ -24,6 +24,9 @@ from casckpt.format.tree import encode_tree, iter_leaves
 from casckpt.format.treemanifest import encode_tree_manifest
 from casckpt.format.treeread import TreeReader
 from casckpt.testing.internals import internals
+
+sys.path.insert(0, str(Path(__file__).parent / "golden"))
+from make_legacy import legacy  # noqa: E402
 
 
 def _count(root: Path, sql: str) -> int:
@@ -360,16 +363,12 @@ def test_a_commit_reusing_a_subtree_gc_condemned_revives_everything_below_it(tmp
 # -- older stores ----------------------------------------------------------------------------
 
 
-def test_versions_of_the_previous_format_read_and_compare_with_trees(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    root = tmp_path / "s"
+def test_versions_of_the_previous_format_read_and_compare_with_trees(tmp_path: Path) -> None:
+    root = legacy("previous", tmp_path / "s")  # r@1: {"model": _flat(300, 1)} in format 1
     a, b = _flat(300, 1), _flat(300, 1)
     b["layers.5.w"] = b["layers.5.w"] * 2
     with casckpt.open(root) as store:
-        monkeypatch.setattr(commit_engine, "TREE_MANIFESTS", False)
-        store.commit({"model": a}, run="r", step=1)
         assert _count(root, "SELECT COUNT(*) FROM tensors") == 300
-        monkeypatch.setattr(commit_engine, "TREE_MANIFESTS", True)
         store.commit({"model": b}, run="r", step=2)
         d = store.diff("r@1", "r@2")
         assert [c.path for c in d.changed] == ["model.layers.5.w"] and d.unchanged == 299
@@ -400,22 +399,20 @@ def _downgrade(url: str, revision: str) -> None:
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_a_store_of_the_previous_release_upgrades_and_every_version_stays_bit_exact(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str,
-        request: pytest.FixtureRequest) -> None:
-    """Versions written as the release before tree manifests wrote them, on its schema (0006),
-    then opened by this one: the catalog gains its tree tables, every old version restores bit
-    for bit and keeps its id, and new (tree) versions build on them."""
+        tmp_path: Path, backend: str, request: pytest.FixtureRequest) -> None:
+    """Versions written as the release before tree manifests wrote them (the golden
+    ``release``), on its schema (0006), then opened by this one: the catalog gains its tree
+    tables, every old version restores bit for bit and keeps its id, and new (tree) versions
+    build on them."""
     root = tmp_path / "s"
     catalog = request.getfixturevalue("pg_url") if backend == "postgres" else None
     url = catalog or f"sqlite:///{root / 'catalog.db'}"
     states = [{"model": _flat(600, seed), "step": seed} for seed in range(3)]
-    monkeypatch.setattr(commit_engine, "TREE_MANIFESTS", False)
-    with casckpt.open(root, catalog=catalog) as store:
-        old = [store.commit(s, run="r", step=i) for i, s in enumerate(states)]
+    legacy("release", root, catalog=catalog)
+    old = sorted(p.name for p in (root if catalog is None else tmp_path / "s-objects").glob("manifests/*"))
     _downgrade(url, "0006")
-    monkeypatch.setattr(commit_engine, "TREE_MANIFESTS", True)
     with casckpt.open(root, catalog=catalog) as store:  # upgraded on open
-        assert [v.id for v in store.log("r", order="asc")] == [v.id for v in old]
+        assert sorted(v.id for v in store.log("r")) == old
         for i, s in enumerate(states):
             assert _equal(store.restore(f"r@{i}"), s)
         newer = {"model": dict(states[-1]["model"]), "step": 3}

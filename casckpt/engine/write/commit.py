@@ -33,7 +33,6 @@ from casckpt.engine.read import trees
 from casckpt.engine.read.degraded import Shortfall, summary
 from casckpt.engine.versions import records
 from casckpt.engine.versions.layout import PackMemo, pack_limit, plan_extents
-from casckpt.engine.versions.tensorrows import tensor_rows
 from casckpt.engine.versions.validate import (
     check_message,
     check_metadata,
@@ -56,7 +55,7 @@ from casckpt.engine.write.commitchunks import owned_copy as _copy  # a global he
 from casckpt.engine.write.hint import ChangeHint, Counters, record_counters, reusable
 from casckpt.errors import CasckptError, CatalogError, StorageError, VersionExistsError
 from casckpt.format import keys
-from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, encode_manifest
+from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry
 from casckpt.format.tree import encode_tree
 from casckpt.format.treeencode import Tree, TreeMemo
 from casckpt.format.treemanifest import encode_tree_manifest, headed
@@ -66,9 +65,6 @@ from casckpt.types import ProgressCallback, Version
 log = logging.getLogger(__name__)
 
 _PUBLISH_ATTEMPTS = 3
-TREE_MANIFESTS = True
-"""One-process commits write tree manifests (format 3); False writes format 1 with a
-``tensors`` row per tensor, as casckpt did before (tests build such stores with it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +92,8 @@ def make_request(
 
 @dataclass(slots=True)
 class Snapshot:
-    """A commit's state, captured: chunk ids, manifest, and the bytes of new chunks.
+    """A commit's state, captured: chunk ids, tree manifest (format 3, the one format written)
+    and its nodes, and the bytes of new chunks.
 
     In a blocking commit ``chunks`` are views of the caller's tensors; in a
     background commit the new chunks are owned copies (``owned`` bytes), so
@@ -108,8 +105,7 @@ class Snapshot:
     manifest_bytes: bytes
     chunks: dict[bytes, ChunkBytes]
     new_ids: list[bytes]
-    tensor_rows: list[dict[str, Any]]
-    content_rows: list[dict[str, Any]]
+    tree: Tree
     owned: int = 0
     new_bytes: int = 0
     stored_bytes: int = 0
@@ -117,7 +113,6 @@ class Snapshot:
     bases: dict[bytes, bytes] = field(default_factory=dict)  # new chunk -> its candidate delta base
     delta: DeltaPlan | None = None
     degraded: list[Shortfall] = field(default_factory=list)  # packs written below their redundancy
-    tree: Tree | None = None  # a tree manifest's nodes (one-process commits)
     stall_s: float | None = None  # a background commit: how long commit() held its caller up
 
     def wrote(self, written: ChunkWrite) -> None:
@@ -195,8 +190,7 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
               pending: Mapping[bytes, ChunkBytes] | None, memo: _RunMemo,
               hint: ChangeHint | None) -> Snapshot:
     root, leaves = encode_tree(state)
-    pack = pack_limit(ctx.config.chunk_size) if TREE_MANIFESTS else 0
-    entries, sources = plan_extents(leaves, pack=pack,
+    entries, sources = plan_extents(leaves, pack=pack_limit(ctx.config.chunk_size),
                                     memo=memo.packs, ids=ctx.crypto.chunk_id)
     reuse: dict[int, ExtentEntry] = {}
     held: set[bytes] = set()
@@ -222,19 +216,12 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
         metadata=req.metadata, metrics=req.metrics, message=req.message, tags=req.tags,
     )
     lookup = [c for c, chunk in chunks.items() if c not in hashed.known and not chunk.owned]
-    rows: list[dict[str, Any]] = []
-    content_rows: list[dict[str, Any]] = []
-    tree: Tree | None = None
-    if TREE_MANIFESTS:
-        version_id, manifest_bytes, tree = encode_tree_manifest(manifest, memo.tree, ctx.crypto.chunk_id)
-        manifest = headed(manifest, tree)
-        for node_id, chunk in node_chunks(tree).items():
-            if node_id not in chunks:
-                chunks[node_id] = chunk
-                lookup.append(node_id)
-    else:  # what casckpt wrote before tree manifests (tests build older stores with it)
-        version_id, manifest_bytes = encode_manifest(manifest)
-        rows, content_rows = tensor_rows(version_id, entries, extents)
+    version_id, manifest_bytes, tree = encode_tree_manifest(manifest, memo.tree, ctx.crypto.chunk_id)
+    manifest = headed(manifest, tree)
+    for node_id, chunk in node_chunks(tree).items():
+        if node_id not in chunks:
+            chunks[node_id] = chunk
+            lookup.append(node_id)
     memo.counters = record_counters(hint, version_id, leaves)
     memo.version_id = version_id
     known = hashed.known | known_chunks(ctx, lookup)  # streamed chunks were looked up while streaming
@@ -260,8 +247,8 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
     before = parent_manifest(ctx, req.run, parent) if delta_on else None  # bases serve delta coding only
     bases = candidate_bases(before, entries, extents, new_ids) if before is not None else {}
     ctx.bases.remember(req.run, version_id, manifest)
-    return Snapshot(manifest, version_id, manifest_bytes, chunks, new_ids, rows, content_rows, owned,
-                    foreground=foreground, bases=bases, tree=tree)
+    return Snapshot(manifest, version_id, manifest_bytes, chunks, new_ids, tree, owned,
+                    foreground=foreground, bases=bases)
 
 
 def _held(ctx: EngineContext, reuse: dict[int, ExtentEntry], pending: Mapping[bytes, ChunkBytes] | None
@@ -332,13 +319,10 @@ def _publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, started: fl
     row: dict[str, Any] = {
         "id": snap.version_id, "step": req.step, "parent_id": snap.manifest.parent,
         "state": "visible", "created_at": snap.manifest.created_at,
-        "logical_bytes": snap.manifest.tree.nbytes if snap.manifest.tree else snap.manifest.logical_bytes,
-        "meta": req.metadata,
+        "logical_bytes": snap.tree.nbytes, "meta": req.metadata,
         "metrics": req.metrics, "message": req.message, "manifest": snap.manifest_bytes,
-        "durability": "fast" if fast else "durable",
+        "durability": "fast" if fast else "durable", "tree_root": snap.tree.root.hex(),
     }
-    if snap.tree is not None:
-        row["tree_root"] = snap.tree.root.hex()
     for _ in range(_PUBLISH_ATTEMPTS):
         row.update(new_bytes=snap.new_bytes, stored_bytes=snap.stored_bytes,
                    duration_s=time.monotonic() - started, committed_at=time.time())
@@ -346,8 +330,8 @@ def _publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, started: fl
         row["stall_s"] = row["duration_s"] if snap.stall_s is None else snap.stall_s
         checks, nodes = _checks(ctx, snap)
         try:
-            ctx.catalog.add_version(row, req.run, snap.tensor_rows, snap.content_rows,
-                                    req.tags, [c.hex() for c in checks], nodes, lease=lease)
+            ctx.catalog.add_version(row, req.run, [], [], req.tags, [c.hex() for c in checks], nodes,
+                                    lease=lease)
             return row
         except MissingChunksError as exc:
             gone_bases = set(exc.missing) - {cid.hex() for cid in snap.chunks}
@@ -368,8 +352,6 @@ def _checks(ctx: EngineContext, snap: Snapshot) -> tuple[Sequence[bytes], list[d
     """What publishing re-checks (every chunk and tree node of the version: gc condemns by
     age, so a live node may sit over condemned chunks a reused subtree still needs, and only
     this re-check revives them), and the tree nodes it records (those without a row)."""
-    if snap.tree is None:
-        return list(snap.chunks), []
     tree = snap.tree
     have = {bytes.fromhex(h) for h in node_sql.tree_node_ids(ctx.catalog, [i.hex() for i in tree.nodes])}
     return list(snap.chunks), trees.node_rows(tree, sorted(i for i in tree.nodes if i not in have))

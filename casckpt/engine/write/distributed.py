@@ -285,7 +285,7 @@ def compose(ctx: EngineContext, req: CommitRequest, parent: str | None, created:
     nodes = node_chunks(tree)
     known = known_chunks(ctx, list(nodes), confirm=True)
     chunks.update(nodes)
-    snap = Snapshot(headed(manifest, tree), version_id, manifest_bytes, chunks, [], [], [], tree=tree)
+    snap = Snapshot(headed(manifest, tree), version_id, manifest_bytes, chunks, [], tree)
     snap.degraded = list(degraded)
     snap.wrote(write_chunks(ctx, nodes, [n for n in nodes if n not in known],
                             ctx.packs.redundancy_for(req.run), None))  # nodes: no bytes counted
