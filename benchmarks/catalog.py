@@ -42,10 +42,11 @@ from typing import Any
 from sqlalchemy import func, select
 
 import casckpt
+from benchmarks.oldformats import encode_manifest
 from casckpt.catalog import Catalog
 from casckpt.catalog import schema as s
 from casckpt.format.chunks import chunk_id, object_id
-from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, encode_manifest
+from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry
 
 Log = Callable[[str], None]
 

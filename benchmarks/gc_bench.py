@@ -30,9 +30,10 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 import casckpt  # noqa: E402
+from benchmarks.oldformats import encode_manifest  # noqa: E402
 from casckpt.catalog import schema as s  # noqa: E402
 from casckpt.engine.versions.tensorrows import tensor_rows  # noqa: E402
-from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, encode_manifest  # noqa: E402
+from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry  # noqa: E402
 from casckpt.testing.internals import internals  # noqa: E402
 
 VERSIONS, CHUNKS = 1000, 1_000_000

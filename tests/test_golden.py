@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import casckpt
-from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, encode_manifest
+from benchmarks.oldformats import encode_manifest
+from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry
 from casckpt.format.tree import encode_tree, iter_leaves
 from casckpt.format.treemanifest import encode_tree_manifest
 

@@ -413,7 +413,7 @@ def _is_hex_id(v: Any) -> bool:
     return isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
 
 
-_TOP = {  # what encode_manifest writes, field by field
+_TOP = {  # what encode_manifest (benchmarks/oldformats.py) writes, field by field
     "format": lambda v: v == "casckpt.manifest", "version": lambda v: _is_int(v) and v in (1, 2, 3),
     "run": lambda v: isinstance(v, str), "step": _is_int, "parent": lambda v: v is None or isinstance(v, str),
     "created_at": _is_number, "message": lambda v: v is None or isinstance(v, str),
@@ -450,7 +450,8 @@ def _fields(doc: Any, rules: dict[str, Callable[[Any], bool]], what: str) -> str
 
 
 def schema_violation(doc: Any) -> str | None:
-    """Where a manifest document departs from what :func:`encode_manifest` writes (None: nowhere).
+    """Where a manifest document departs from what
+    :func:`benchmarks.oldformats.encode_manifest` writes (None: nowhere).
 
     Field types only: a decoder that accepts a departure has coerced or ignored something
     (``"step": 1.5`` read as 1, ``"tags": "ab"`` as two tags, ``{"t": "bool", "v": "false"}``
@@ -488,7 +489,7 @@ def schema_violation(doc: Any) -> str | None:
 
 def use_manifest(m: Manifest, version_id: str) -> None:
     """Everything the engine does with a decoded manifest without reading chunks."""
-    _ = m.logical_bytes, m.uses_v2, sharding(m), _stored_leaves(m)
+    _ = m.logical_bytes, sharding(m), _stored_leaves(m)
     list(iter_values(m.root))
     tensor_rows(version_id, m.tensors, m.extents)
     for b in m.extents:

@@ -33,9 +33,10 @@ import numpy as np
 import torch
 
 import casckpt
+from benchmarks.oldformats import encode_manifest
 from casckpt.format.chunks import chunk_id
 from casckpt.format.codecs import CompressionPolicy, encode_chunk, encode_delta
-from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, World, encode_manifest
+from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, World
 from casckpt.format.merkle import node_json
 from casckpt.format.pack import PackWriter
 from casckpt.format.shard import ShardHeader, encode_shard_header, payload_checksum

@@ -24,15 +24,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-import zstandard
-
 from casckpt.errors import CorruptManifestError
 from casckpt.format.chunks import object_id
 from casckpt.format.manifestcheck import tensor_nodes
 from casckpt.format.manifestcheck import tensor_span as tensor_span
 from casckpt.format.manifestcheck import validate as validate
 from casckpt.format.manifestmodel import MANIFEST_FORMAT as MANIFEST_FORMAT
-from casckpt.format.manifestmodel import MANIFEST_VERSION as MANIFEST_VERSION
 from casckpt.format.manifestmodel import MAX_MANIFEST_JSON as MAX_MANIFEST_JSON
 from casckpt.format.manifestmodel import MAX_MANIFEST_OBJECT as MAX_MANIFEST_OBJECT
 from casckpt.format.manifestmodel import TREE_VERSION as TREE_VERSION
@@ -59,55 +56,6 @@ from casckpt.format.treemanifest import from_tree_json
 _READS = (1, 2, 3)  # the document versions this casckpt decodes
 
 
-def _extent_json(b: ExtentEntry) -> dict[str, Any]:
-    doc: dict[str, Any] = {"nbytes": b.nbytes, "chunk_size": b.chunk_size,
-                           "chunks": [c.hex() for c in b.chunks]}
-    if b.phase:
-        doc["phase"] = b.phase
-    return doc
-
-
-def _tensor_json(t: TensorEntry) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "path": t.path, "kind": t.kind, "dtype": t.dtype, "shape": list(t.shape),
-        "blob": t.extent, "offset": t.offset,
-        "stride": list(t.stride) if t.stride is not None else None,
-    }
-    if t.global_shape is not None and t.global_offset is not None:
-        doc["global_shape"], doc["global_offset"] = list(t.global_shape), list(t.global_offset)
-    if t.rank is not None:
-        doc["rank"] = t.rank
-    return doc
-
-
-def _to_json(m: Manifest) -> dict[str, Any]:
-    doc = {
-        "format": MANIFEST_FORMAT,
-        "version": MANIFEST_VERSION if m.uses_v2 else 1,
-        "run": m.run,
-        "step": m.step,
-        "parent": m.parent,
-        "created_at": m.created_at,
-        "metadata": dict(m.metadata),
-        "metrics": dict(m.metrics),
-        "message": m.message,
-        "tags": list(m.tags),
-        "root": m.root,
-        "blobs": [_extent_json(b) for b in m.extents],
-        "tensors": [_tensor_json(t) for t in m.tensors],
-    }
-    if m.world is not None:
-        doc["world"] = {"size": m.world.size, "api": m.world.api}
-    return doc
-
-
-def encode_manifest(m: Manifest) -> tuple[str, bytes]:
-    """Return ``(version_id, compressed_bytes)`` for a manifest."""
-    text = json.dumps(_to_json(m), sort_keys=True, separators=(",", ":"), allow_nan=False)
-    raw = text.encode("utf-8")
-    return object_id(raw), zstandard.ZstdCompressor(level=3).compress(raw)
-
-
 def _decompress(data: bytes) -> bytes:
     """The manifest JSON (at most :data:`MAX_MANIFEST_JSON` bytes, see :func:`decompress_capped`)."""
     return decompress_capped(data, MAX_MANIFEST_JSON, "manifest")
@@ -117,7 +65,7 @@ def decode_manifest(data: bytes, expected_id: str | None = None,
                     nodes: NodeSource | None = None) -> Manifest:
     """Decode and validate compressed manifest bytes.
 
-    Only what :func:`encode_manifest` can write is accepted: every field of
+    Only what casckpt's writers of each format wrote is accepted: every field of
     its JSON type (nothing is coerced: ``"step": 1.5`` or ``"tags": "ab"`` is
     refused, not read as 1 or two tags). A tree manifest (version 3) is read
     whole, its nodes through ``nodes`` (each verified against its id); without

@@ -20,7 +20,6 @@ from casckpt.format.tree import Node
 
 HEX_DIGITS = frozenset("0123456789abcdef")
 MANIFEST_FORMAT = "casckpt.manifest"
-MANIFEST_VERSION = 2  # written only by versions that use its additions (sharded tensors, ranks)
 TREE_VERSION = 3  # a tree manifest: the state tree as shared nodes (casckpt.format.merkle)
 _MAX_MANIFEST = 512 << 20  # JSON of ~5 million tensors; decompression stops here, whatever a frame declares
 MAX_MANIFEST_JSON = _MAX_MANIFEST
@@ -143,11 +142,6 @@ class Manifest:
             t.numel * element_size(t.kind, t.dtype) for t in self.tensors
         )
 
-    @property
-    def uses_v2(self) -> bool:
-        """Whether the manifest needs format version 2 (older readers could not read it)."""
-        return self.world is not None or any(
-            t.is_shard or t.rank is not None for t in self.tensors) or any(b.phase for b in self.extents)
 
 
 def decompress_capped(data: bytes, limit: int, what: str) -> bytes:

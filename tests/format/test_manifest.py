@@ -14,6 +14,7 @@ from blake3 import blake3
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.oldformats import encode_manifest
 from casckpt.errors import CorruptManifestError
 from casckpt.format.dtypes import element_size, torch_dtypes
 from casckpt.format.manifest import (
@@ -21,7 +22,6 @@ from casckpt.format.manifest import (
     Manifest,
     TensorEntry,
     decode_manifest,
-    encode_manifest,
     tensor_span,
 )
 from casckpt.format.tree import encode_tree

@@ -11,6 +11,7 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks.oldformats import encode_manifest
 from casckpt.errors import CorruptManifestError
 from casckpt.format.chunks import chunk_count, chunk_spans
 from casckpt.format.manifest import (
@@ -19,7 +20,6 @@ from casckpt.format.manifest import (
     TensorEntry,
     World,
     decode_manifest,
-    encode_manifest,
     rank_count,
     rank_view,
     sharding,

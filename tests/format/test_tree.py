@@ -23,9 +23,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks.oldformats import encode_manifest
 from casckpt.errors import CorruptManifestError, InvalidNameError, UnsupportedStateError
 from casckpt.format.chunks import object_id
-from casckpt.format.manifest import Manifest, decode_manifest, encode_manifest
+from casckpt.format.manifest import Manifest, decode_manifest
 from casckpt.format.tree import (
     MAX_DEPTH,
     MAX_MANIFEST_NESTING,
