@@ -479,10 +479,9 @@ class Store(StoreHistory):
 
         row = self._core.readable_row(ref)
         head = bind(row, decode_manifest(self._core.ctx.catalog.manifest(row.id), row.id))
-        if head.tree is not None:  # only the nodes on the way to the tensor are read
-            one = treeviews.Trees(self._core.ctx.catalog).entry(head, path)  # validated
-            if one is not None:
-                return restore_engine.load_tensor(self._core.ctx, one, one.tensors[0].path, map_location)
+        one = treeviews.Trees(self._core.ctx.catalog).entry(head, path)  # a tree's: only the nodes
+        if one is not None:  # on the way to the tensor are read (validated)
+            return restore_engine.load_tensor(self._core.ctx, one, one.tensors[0].path, map_location)
         manifest, path = tensor_manifest(load_manifest(self._core.ctx.catalog, row), path)
         return restore_engine.load_tensor(self._core.ctx, manifest, path, map_location)
 

@@ -45,7 +45,6 @@ from casckpt.engine.read import trees
 from casckpt.engine.read.degraded import doubled_domains
 from casckpt.engine.versions import records
 from casckpt.engine.versions.refs import bind
-from casckpt.engine.versions.tensorrows import tensor_rows
 from casckpt.errors import (
     AccessDeniedError,
     CasckptError,
@@ -137,10 +136,9 @@ def check_manifests(ctx: EngineContext, found: Findings, *, read_data: bool) -> 
             try:
                 # a version migrated to a tree
                 manifest = trees.migrated(manifest, row.tree_root, ctx.crypto.chunk_id)
+                _check_tree_rows(ctx, found, row, manifest)
             except IntegrityError as exc:
                 found.add("catalog", f"{row.run}@{row.step}", str(exc))
-            if manifest.tree is not None:
-                _check_tree_rows(ctx, found, row, manifest)
             found.manifests.append((row.id, manifest))
             _check_values(found, row, manifest)
             if row.durability == "lost":
@@ -214,9 +212,9 @@ def _check_copy(loc: Location, found: Findings, row: Any, data: bytes, read_data
 
 
 def _check_tree_rows(ctx: EngineContext, found: Findings, row: Any, manifest: Manifest) -> None:
-    """A tree version's root in its row, and a verified catalog row for each of its nodes."""
+    """A version's tree root in its row, and a verified catalog row for each of its nodes."""
     label = f"{row.run}@{row.step}"
-    if manifest.tree is not None and row.tree_root != manifest.tree.root.hex():
+    if row.tree_root != trees.root_of(manifest):
         found.add("catalog", label, "the version row names another tree root than its manifest; "
                   "the catalog is damaged")
     have = node_sql.tree_nodes(ctx.catalog, [n.hex() for n in manifest.nodes])
@@ -237,8 +235,7 @@ def check_rows(ctx: EngineContext, found: Findings) -> None:
     verified: set[str] = set()
     for version_id, manifest in found.manifests:
         label = f"{manifest.run}@{manifest.step}"
-        want_rows, want_contents = tensor_rows(version_id, manifest.tensors, manifest.extents) \
-            if manifest.tree is None else ([], [])  # a tree version's nodes are its rows
+        want_rows, want_contents = trees.catalog_rows(version_id, manifest)
         try:
             have = {r.path: r for r in ctx.catalog.tensors_of(version_id)}
         except CatalogUnavailableError:

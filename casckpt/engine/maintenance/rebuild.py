@@ -45,14 +45,11 @@ from casckpt.engine.locations.discovery import FoundPack, pack_layout, scan_pack
 from casckpt.engine.maintenance import scrub
 from casckpt.engine.read import trees
 from casckpt.engine.versions import records
-from casckpt.engine.versions.tensorrows import tensor_rows
 from casckpt.errors import CasckptError, CorruptPackError, InvalidArgumentError, StoreIdentityError
 from casckpt.format import keys
 from casckpt.format.identity import StoreIdentity
 from casckpt.format.manifest import MAX_MANIFEST_OBJECT, Manifest, decode_manifest
-from casckpt.format.merkle import compress_node
 from casckpt.format.pack import read_index
-from casckpt.format.treemanifest import with_tree
 from casckpt.storage import BlobInfo
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.locations import Location
@@ -117,27 +114,15 @@ def _manifests(ctx: EngineContext, listing: Listing,
 
 
 def _publish(ctx: EngineContext, manifest: Manifest, data: bytes, version_id: str) -> None:
-    node_rows: list[dict[str, object]] = []
-    if manifest.tree is not None:  # its nodes are chunks in the recovered packs
-        # rebuild only reads: damaged shards are recorded for repair, not rewritten here
-        manifest = trees.decode(ctx, ctx.catalog, data, version_id, heal=False)
-        found = trees.read_nodes(ctx, manifest.nodes, heal=False)
-        node_rows = [{"id": i.hex(), "body": compress_node(raw)} for i, raw in found.items()]
-    else:  # versions 1 and 2: migrated to a tree if the packs hold all its nodes
-        derived, tree = with_tree(manifest, ctx.crypto.chunk_id)
-        if len(ctx.catalog.find_chunks([i.hex() for i in tree.nodes], live_only=False)) == len(tree.nodes):
-            manifest, node_rows = derived, trees.node_rows(tree, list(tree.nodes))
-    rows, contents = tensor_rows(version_id, manifest.tensors, manifest.extents) \
-        if manifest.tree is None else ([], [])
+    manifest, node_rows = trees.recovered(ctx, manifest, data, version_id)
+    rows, contents = trees.catalog_rows(version_id, manifest)
     row = {
         "id": version_id, "step": manifest.step, "parent_id": manifest.parent, "state": "visible",
         "created_at": manifest.created_at, "committed_at": manifest.created_at,
         "logical_bytes": manifest.logical_bytes, "new_bytes": 0, "stored_bytes": 0,
         "duration_s": 0.0, "meta": dict(manifest.metadata), "metrics": dict(manifest.metrics),
-        "message": manifest.message, "manifest": data,
+        "message": manifest.message, "manifest": data, "tree_root": trees.root_of(manifest),
     }
-    if manifest.tree is not None:
-        row["tree_root"] = manifest.tree.root.hex()
     chunk_ids = [cid.hex() for cid in manifest.chunk_ids()]  # every one: nothing is known yet
     ctx.catalog.add_version(row, manifest.run, rows, contents, manifest.tags, chunk_ids, node_rows,
                             audit=False)  # the rebuild is recorded once, as catalog.rebuild

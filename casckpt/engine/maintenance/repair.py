@@ -156,13 +156,12 @@ def _recovery_data(ctx: EngineContext, found: Findings,
                 gc_sql.replace_manifest(ctx.catalog, row.id, restored)
                 done.catalog_manifests += 1
                 data = restored
-            if row.tree_root is not None:
-                try:
-                    done.nodes += trees.restore_node_rows(ctx, data, row.id, row.tree_root)
-                except AccessDeniedError:
-                    raise  # refused, not damaged or missing: stop, naming the right
-                except CasckptError:
-                    pass  # a node intact nowhere: check keeps reporting it
+            try:
+                done.nodes += trees.restore_node_rows(ctx, data, row.id, row.tree_root)
+            except AccessDeniedError:
+                raise  # refused, not damaged or missing: stop, naming the right
+            except CasckptError:
+                pass  # a node intact nowhere: check keeps reporting it
             if row.durability != "durable":
                 continue  # on a fast tier: the drain writes it once its packs are there
             for loc in holders:

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from casckpt.catalog import deltas as deltas_sql
 from casckpt.catalog.rows import VersionRow
-from casckpt.catalog.treemigrate import tree_root
 from casckpt.engine.context import EngineContext
-from casckpt.engine.read import degraded, trees, treeviews
-from casckpt.engine.versions.refs import bind, load_manifest
+from casckpt.engine.read import degraded, treeviews
+from casckpt.engine.versions.refs import bind
 from casckpt.format.dtypes import element_size
-from casckpt.format.manifest import Manifest, TreeHead, decode_manifest, sharding
+from casckpt.format.manifest import Manifest, TreeHead, sharding
 from casckpt.format.tree import iter_values, rank_path
 from casckpt.format.treemanifest import head_values
 from casckpt.types import TensorInfo, Version, VersionDetail, group_tensors, natural_key, sorted_groups
@@ -23,19 +22,15 @@ from casckpt.types import TensorInfo, Version, VersionDetail, group_tensors, nat
 def version_detail(ctx: EngineContext, row: VersionRow, version: Version, *, tensors: bool) -> VersionDetail:
     """The :class:`~casckpt.types.VersionDetail` of ``row`` (``version``: the row with its
     tags); ``tensors=False`` leaves the per-tensor list out and fills only the summary."""
-    catalog = ctx.catalog
-    manifest = bind(row, decode_manifest(catalog.manifest(row.id), row.id))  # a tree's head
-    if manifest.tree is not None:
-        quick = None if tensors else _summary(ctx, version, manifest.tree)
-        if quick is not None:
-            return quick
-        manifest = load_manifest(catalog, row)
-    else:  # a version of format 1 migrated to a tree reads as one (its tensor rows are gone)
-        manifest = trees.adopted(manifest, tree_root(catalog, row.id))
+    views = treeviews.Trees(ctx.catalog)
+    head = bind(row, treeviews.head(ctx.catalog, row.id))  # a tree's head, an older document whole
+    quick = None if tensors else _summary(ctx, version, head.tree)
+    if quick is not None:
+        return quick
+    manifest = views.whole(row, head)
     pieces = sharding(manifest)
     if tensors:
-        found = catalog.tensors_of(row.id) if manifest.tree is None else \
-            treeviews.Trees(catalog).tensor_rows(manifest)[0]
+        found = views.rows_of(row, manifest)[0]
         listed = tuple(sorted((
             TensorInfo(t.path, t.dtype, tuple(t.shape), t.nbytes, t.chunks, t.digest,
                        *pieces.get(t.path, (1, ())))
@@ -46,7 +41,7 @@ def version_detail(ctx: EngineContext, row: VersionRow, version: Version, *, ten
         groups = group_tensors(_tensor_sizes(manifest))
     world = manifest.world
     ids = list(dict.fromkeys(c.hex() for c in manifest.chunk_ids()))
-    delta_chunks, longest = deltas_sql.version_deltas(catalog, ids)
+    delta_chunks, longest = deltas_sql.version_deltas(ctx.catalog, ids)
     below = degraded.of_chunks(ctx, ids)
     return VersionDetail(version, listed, dict(iter_values(manifest.root)),
                          world.size if world else None, world.api if world else None,
@@ -56,11 +51,12 @@ def version_detail(ctx: EngineContext, row: VersionRow, version: Version, *, ten
                          tensor_bytes=sum(g.nbytes for g in groups), tensor_groups=groups)
 
 
-def _summary(ctx: EngineContext, version: Version, tree: TreeHead) -> VersionDetail | None:
+def _summary(ctx: EngineContext, version: Version, tree: TreeHead | None) -> VersionDetail | None:
     """``tensors=False`` of a tree version from its document alone (None: the document keeps
-    no summary, or the store has degraded packs or delta chunks: read the tree)."""
-    values = head_values(tree)
-    if tree.groups is None or values is None or \
+    no summary -- a document of format 1 or 2 never does --, or the store has degraded packs
+    or delta chunks: read the tree)."""
+    values = None if tree is None else head_values(tree)
+    if tree is None or tree.groups is None or values is None or \
             deltas_sql.any_deltas(ctx.catalog) or degraded.anywhere(ctx):
         return None
     return VersionDetail(version, (), values, None, None, 0, 0, degraded=False,

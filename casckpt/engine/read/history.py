@@ -154,10 +154,11 @@ def diff(catalog: Catalog, a: VersionRow, b: VersionRow) -> VersionDiff:
     Two tree versions are compared by walking only the subtrees whose node ids differ;
     otherwise every tensor of each side is compared (rows, or a tree read whole)."""
     heads = treeviews.head(catalog, a.id), treeviews.head(catalog, b.id)
-    if heads[0].tree is not None and heads[1].tree is not None:
+    views = treeviews.Trees(catalog)
+    if views.comparable(*heads):
         return _tree_diff(catalog, a, b, bind(a, heads[0]), bind(b, heads[1]))
-    old, old_contents = _tensors_of(catalog, a, heads[0])
-    new, new_contents = _tensors_of(catalog, b, heads[1])
+    old, old_contents = _tensors_of(views, a, heads[0])
+    new, new_contents = _tensors_of(views, b, heads[1])
     differ = [p for p in sorted(old.keys() | new.keys())
               if p not in old or p not in new or old[p].digest != new[p].digest]
     both = [p for p in differ if p in old and p in new]
@@ -182,11 +183,10 @@ def _version_diff(catalog: Catalog, a: VersionRow, b: VersionRow, changes: Seque
     )
 
 
-def _tensors_of(catalog: Catalog, row: VersionRow, head: Manifest) -> tuple[dict[str, Any], dict[str, Any]]:
+def _tensors_of(views: treeviews.Trees, row: VersionRow, head: Manifest
+                ) -> tuple[dict[str, Any], dict[str, Any]]:
     """A version's tensor rows by path, and the contents rows a tree version derives."""
-    if head.tree is None:
-        return {t.path: t for t in catalog.tensors_of(row.id)}, {}
-    rows_, contents = treeviews.Trees(catalog).tensor_rows(load_manifest(catalog, row))
+    rows_, contents = views.rows_of(row, head)
     return {r.path: r for r in rows_}, contents
 
 
@@ -329,7 +329,7 @@ def _tensor_not_found(catalog: Catalog, run: str, path: str) -> TensorNotFoundEr
     paths: list[str] = []
     if latest is not None:
         head = treeviews.head(catalog, latest.id)
-        paths = [t.path for t in (_tensors_of(catalog, latest, head)[0].values())]
+        paths = [t.path for t in (_tensors_of(treeviews.Trees(catalog), latest, head)[0].values())]
     near = difflib.get_close_matches(path, paths, n=3)
     hint = f" Did you mean: {', '.join(near)}?" if near else ""
     return TensorNotFoundError(

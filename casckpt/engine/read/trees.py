@@ -18,6 +18,7 @@ from casckpt.catalog import nodes as node_sql
 from casckpt.engine.context import EngineContext
 from casckpt.engine.read.reader import read_chunks
 from casckpt.engine.versions.nodes import StoreNodes, parse_root
+from casckpt.engine.versions.tensorrows import tensor_rows
 from casckpt.errors import CorruptManifestError
 from casckpt.format.chunks import ChunkIds
 from casckpt.format.manifest import Manifest, decode_manifest
@@ -77,6 +78,8 @@ def restore_node_rows(ctx: EngineContext, data: bytes, version_id: str, tree_roo
     Raises:
         CorruptManifestError: a node is in neither place intact (check reports it).
     """
+    if tree_root is None:  # a document of format 1 or 2 not migrated: no tree
+        return 0
     head = decode_manifest(data, version_id)
     root = head.tree.root if head.tree is not None else parse_root(tree_root)
     if root is None:
@@ -113,6 +116,35 @@ def restore_node_rows(ctx: EngineContext, data: bytes, version_id: str, tree_roo
 def node_rows(tree: Tree, ids: Sequence[bytes]) -> list[dict[str, Any]]:
     """Catalog rows of the nodes ``ids`` of ``tree``."""
     return [{"id": i.hex(), "body": compress_node(tree.nodes[i])} for i in ids]
+
+
+def root_of(manifest: Manifest) -> str | None:
+    """The tree root a version's row names (None: a document of format 1 or 2 not migrated)."""
+    return manifest.tree.root.hex() if manifest.tree is not None else None
+
+
+def catalog_rows(version_id: str, manifest: Manifest) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The per-tensor catalog rows a version has: one per tensor and per content for a
+    document of format 1 or 2 not migrated, none for a tree (its nodes are its rows)."""
+    if manifest.tree is not None:
+        return [], []
+    return tensor_rows(version_id, manifest.tensors, manifest.extents)
+
+
+def recovered(ctx: EngineContext, manifest: Manifest, data: bytes, version_id: str
+              ) -> tuple[Manifest, list[dict[str, Any]]]:
+    """A manifest found in a location, as a catalog rebuild records it, and its node rows:
+    a tree with its nodes read from the recovered packs (only read: damaged shards are left
+    to repair); a document of format 1 or 2 migrated to a tree when the packs hold every
+    node of its derived tree (a migrated version's), as it was."""
+    if manifest.tree is not None:
+        manifest = decode(ctx, ctx.catalog, data, version_id, heal=False)
+        found = read_nodes(ctx, manifest.nodes, heal=False)
+        return manifest, [{"id": i.hex(), "body": compress_node(raw)} for i, raw in found.items()]
+    derived, tree = with_tree(manifest, ctx.crypto.chunk_id)
+    if len(ctx.catalog.find_chunks([i.hex() for i in tree.nodes], live_only=False)) == len(tree.nodes):
+        return derived, node_rows(tree, list(tree.nodes))
+    return manifest, []
 
 
 def adopted(manifest: Manifest, tree_root: str | None) -> Manifest:

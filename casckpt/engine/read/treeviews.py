@@ -15,10 +15,11 @@ from dataclasses import replace
 from typing import Any, NamedTuple, TypeVar
 
 from casckpt.catalog import Catalog
-from casckpt.catalog.rows import manifest_bytes
+from casckpt.catalog.rows import VersionRow, manifest_bytes
 from casckpt.catalog.treemigrate import tree_root
 from casckpt.engine.read.trees import adopted
 from casckpt.engine.versions.nodes import StoreNodes
+from casckpt.engine.versions.refs import load_manifest
 from casckpt.engine.versions.tensorrows import tensor_rows
 from casckpt.errors import CorruptManifestError
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, World, decode_manifest, validate
@@ -116,6 +117,22 @@ class Trees:
         self.catalog = catalog
         self.reader = TreeReader(Nodes(StoreNodes(catalog)))
 
+    def rows_of(self, row: VersionRow, manifest: Manifest) -> tuple[list[Any], dict[str, ContentRow]]:
+        """A version's tensor rows (each as a ``tensors`` row reads) and the contents rows a
+        tree derives, whatever its format: a document of format 1 or 2 not migrated has them
+        in the catalog. ``manifest``: the version's, whole or only its head."""
+        if manifest.tree is None:
+            return list(self.catalog.tensors_of(row.id)), {}
+        return self.tensor_rows(self.whole(row, manifest))
+
+    def whole(self, row: VersionRow, manifest: Manifest) -> Manifest:
+        """A version's manifest (:func:`head`) whole: a tree head's tree read."""
+        return manifest if manifest.root else load_manifest(self.catalog, row)
+
+    def comparable(self, a: Manifest, b: Manifest) -> bool:
+        """Whether two versions compare by walking their trees (:meth:`differences`)."""
+        return a.tree is not None and b.tree is not None
+
     def tensor_rows(self, manifest: Manifest) -> tuple[list[TensorRow], dict[str, ContentRow]]:
         """Every tensor of a whole (expanded) manifest, by path."""
         rows, contents = rows_from(manifest.tensors, manifest.extents)
@@ -132,10 +149,11 @@ class Trees:
 
     def entry(self, manifest: Manifest, path: str) -> Manifest | None:
         """The tensor at ``path`` in a tree version, as a manifest of it alone (its entries,
-        one per piece, named ``path``; None: no tensor there)."""
+        one per piece, named ``path``; None: no tensor there, or not a tree: read the
+        manifest whole)."""
         tree = manifest.tree
         if tree is None:
-            raise ValueError("not a tree version")
+            return None
         hit = _typed(lambda: self.reader.find_tensor(tree.root, path))
         if hit is None:
             return None
