@@ -1,8 +1,9 @@
-"""The catalog rows that describe a version's tensors (format-1 versions, and versions many
-ranks saved): one per tensor, and one per distinct tensor content (its chunk list).
+"""The catalog rows that describe a version's tensors (versions of manifest formats 1 and 2,
+which no writer makes any more): one per tensor, and one per distinct tensor content (its
+chunk list).
 
-Built from a manifest's tensor entries by commits, catalog rebuilds, checks and tree views
-alike, so each of them records the same rows and digests.
+Built from a manifest's tensor entries by catalog rebuilds, checks and tree views alike, so
+each of them derives the rows and digests those versions' writers recorded.
 """
 
 from __future__ import annotations
