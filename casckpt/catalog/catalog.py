@@ -549,11 +549,3 @@ class Catalog:
                 select(s.tensors).where(s.tensors.c.version_id == version_id)
                 .order_by(s.tensors.c.path)
             )]
-
-    @_idempotent
-    def visible_version_ids(self) -> list[str]:
-        """Ids of every visible version."""
-        with self.read() as conn:
-            return list(conn.execute(
-                select(s.versions.c.id).where(s.versions.c.state == "visible")
-            ).scalars())
