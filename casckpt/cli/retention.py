@@ -183,10 +183,7 @@ def undelete(
     """Bring back a deleted version, unless gc already swept its data."""
     with open_store(ctx) as store:
         version = store.undelete(ref)
-    if as_json:
-        render.print_json(version.to_dict())
-        return
-    render.out(f"Undeleted {version.short_id} ({version.run}@{version.step})")
+    render.emit(as_json, version.to_dict(), f"Undeleted {version.short_id} ({version.run}@{version.step})")
 
 
 def register(app: typer.Typer) -> None:
