@@ -167,45 +167,36 @@ def read_only_env(env: Mapping[str, str] = os.environ) -> bool | None:
 
 
 _ZERO_MEANS_OFF = frozenset({"delta_memory"})  # settings whose 0 turns their feature off
+_INT_VARS = {"chunk_size": "CASCKPT_CHUNK_SIZE", "pack_size": "CASCKPT_PACK_SIZE",
+             "workers": "CASCKPT_WORKERS", "zstd_level": "CASCKPT_ZSTD_LEVEL",
+             "max_pending_commits": "CASCKPT_MAX_PENDING_COMMITS",
+             "commit_memory": "CASCKPT_COMMIT_MEMORY", "staging_memory": "CASCKPT_STAGING_MEMORY",
+             "delta_memory": "CASCKPT_DELTA_MEMORY"}
+_SECONDS_VARS = {"catalog_retry_s": "CASCKPT_CATALOG_RETRY_S",
+                 "storage_retry_s": "CASCKPT_STORAGE_RETRY_S",
+                 "probe_timeout_s": "CASCKPT_PROBE_TIMEOUT_S"}
 
 
 def settings(overrides: Mapping[str, Any] | None = None,
              env: Mapping[str, str] = os.environ) -> Settings:
     """Defaults, then environment variables, then explicit ``overrides``."""
-    config = Settings()
-    for name_, var in (("chunk_size", "CASCKPT_CHUNK_SIZE"), ("pack_size", "CASCKPT_PACK_SIZE"),
-                       ("workers", "CASCKPT_WORKERS"), ("zstd_level", "CASCKPT_ZSTD_LEVEL"),
-                       ("max_pending_commits", "CASCKPT_MAX_PENDING_COMMITS"),
-                       ("commit_memory", "CASCKPT_COMMIT_MEMORY"),
-                       ("staging_memory", "CASCKPT_STAGING_MEMORY"),
-                       ("delta_memory", "CASCKPT_DELTA_MEMORY")):
-        value = _int_env(env, var, zero=name_ in _ZERO_MEANS_OFF)
-        if value is not None:
-            config = replace(config, **{name_: value})  # type: ignore[arg-type]
+    found: dict[str, Any] = {name: _int_env(env, var, zero=name in _ZERO_MEANS_OFF)
+                             for name, var in _INT_VARS.items()}
+    found |= {name: _seconds_env(env, var) for name, var in _SECONDS_VARS.items()}
     if env.get("CASCKPT_COMPRESSION", "1") == "0":
-        config = replace(config, compress=False)
-    retry_s = _seconds_env(env, "CASCKPT_CATALOG_RETRY_S")
-    if retry_s is not None:
-        config = replace(config, catalog_retry_s=retry_s)
-    storage_s = _seconds_env(env, "CASCKPT_STORAGE_RETRY_S")
-    if storage_s is not None:
-        config = replace(config, storage_retry_s=storage_s)
-    probe_s = _seconds_env(env, "CASCKPT_PROBE_TIMEOUT_S")
-    if probe_s is not None:
-        config = replace(config, probe_timeout_s=probe_s)
+        found["compress"] = False
     if env.get("CASCKPT_BACKPRESSURE"):
-        config = replace(config, backpressure=_backpressure(env["CASCKPT_BACKPRESSURE"]))
+        found["backpressure"] = _backpressure(env["CASCKPT_BACKPRESSURE"])
     for key, value in (overrides or {}).items():
         if value is None:
             continue
         if key == "backpressure":
-            config = replace(config, backpressure=_backpressure(value))
-            continue
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0 \
+            value = _backpressure(value)
+        elif not isinstance(value, int) or isinstance(value, bool) or value < 0 \
                 or (value == 0 and key not in _ZERO_MEANS_OFF):
             raise InvalidArgumentError(f"{key} must be a positive int, got {value!r}")
-        config = replace(config, **{key: value})  # type: ignore[arg-type]
-    return config
+        found[key] = value
+    return replace(Settings(), **{k: v for k, v in found.items() if v is not None})
 
 
 @dataclass(frozen=True, slots=True)
