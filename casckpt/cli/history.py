@@ -172,7 +172,7 @@ def diff_view(d: VersionDiff) -> list[RenderableType]:
     header = (f"{d.a.short_id} ({d.a.run}@{d.a.step}) -> {d.b.short_id} ({d.b.run}@{d.b.step})")
     changes: list[TensorChange] = sorted((*d.changed, *d.added, *d.removed), key=lambda c: c.path)
     table = render.table_of("CHANGE", "TENSOR", "DTYPE", "SHAPE", "SIZE", "CHANGED",
-                              right=("SIZE", "CHANGED"))
+                            right=("SIZE", "CHANGED"))
     for c in changes:
         table.add_row(c.change, c.path, _pair(c.dtype_before, c.dtype_after),
                       _pair(_shape(c.shape_before), _shape(c.shape_after)),
@@ -198,7 +198,7 @@ def diff_view(d: VersionDiff) -> list[RenderableType]:
 def history_table(entries: list[TensorHistoryEntry]) -> RenderableType:
     """One row per version in which the tensor changed."""
     table = render.table_of("ID", "RUN", "STEP", "CREATED", "CHANGE", "DTYPE", "SHAPE", "SIZE",
-                              "CHANGED", right=("STEP", "SIZE", "CHANGED"))
+                            "CHANGED", right=("STEP", "SIZE", "CHANGED"))
     for e in entries:
         table.add_row(e.version.short_id, e.version.run, str(e.version.step),
                       render.local_time(e.version.created_at), e.change, e.dtype or "-",

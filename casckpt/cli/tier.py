@@ -125,7 +125,7 @@ def status_view(found: TierStatus) -> list[RenderableType]:
     parts: list[RenderableType] = [_key_values(rows)]
     if found.tiers:
         table = render.table_of("TIER", "HOST", "PATH", "STATE", "NOT DRAINED", "PACKS", "HERE",
-                             right=("NOT DRAINED", "PACKS"))
+                                right=("NOT DRAINED", "PACKS"))
         for t in found.tiers:
             table.add_row(t.id[:12], t.host, t.path,
                           Text(t.state, style="bold red" if t.state == "lost" else ""),
