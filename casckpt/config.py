@@ -94,10 +94,10 @@ class Settings:
     read_coalesce: int = 16 << 20
     upload_workers: int = 2
     max_pending_commits: int = 2
-    commit_memory: int = field(default_factory=lambda: _default_commit_memory())
+    commit_memory: int = field(default_factory=lambda: int(min(8 << 30, _ram() // 4)))
     backpressure: str = "block"
     staging_memory: int = 256 << 20
-    delta_memory: int = field(default_factory=lambda: _default_delta_memory())
+    delta_memory: int = field(default_factory=lambda: int(min(1 << 30, _ram() // 16)))
     catalog_retry_s: float = 5.0
     storage_retry_s: float = 30.0
     probe_timeout_s: float = 5.0
@@ -108,14 +108,6 @@ def _ram() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # not POSIX: assume a modest machine
         return 8 << 30
-
-
-def _default_delta_memory() -> int:
-    return int(min(1 << 30, _ram() // 16))
-
-
-def _default_commit_memory() -> int:
-    return int(min(8 << 30, _ram() // 4))
 
 
 def _int_env(env: Mapping[str, str], name: str, zero: bool = False) -> int | None:
@@ -324,17 +316,13 @@ def render_config(values: Mapping[str, Any], backends: Mapping[str, Mapping[str,
     return "\n".join(lines) + "\n"
 
 
-def _config_file(path: Path) -> Path:
-    return path if path.suffix == ".toml" and not path.is_dir() else path / CONFIG_FILE
-
-
 def _blob_url(value: str, root: Path) -> str:
     if "://" in value:
         return value
     return (root / Path(value).expanduser()).resolve().as_uri()
 
 
-def _recorded_locations(doc: Mapping[str, Any], file: Path) -> tuple[BlobLocation, ...] | None:
+def _recorded_locations(doc: Mapping[str, Any]) -> tuple[BlobLocation, ...] | None:
     store = doc["store"]  # checked by read_config_file: not both of blobs and locations
     tables = doc.get("locations")
     if tables:
@@ -365,7 +353,7 @@ def _spec_from_file(file: Path, blobs: BlobsArg | None, catalog: str | None,
                     cache: Path | None, backends: Mapping[str, Mapping[str, Any]] | None) -> StoreSpec:
     doc = read_config_file(file)
     store, root = doc["store"], file.parent
-    recorded = _recorded_locations(doc, file)
+    recorded = _recorded_locations(doc)
     given = blob_locations(blobs) if blobs is not None else None
     if given is not None and recorded is not None and _resolved(given, root) != _resolved(recorded, root):
         raise InvalidArgumentError(
@@ -421,7 +409,7 @@ def locate_store(path: Path | None, *, blobs: BlobsArg | None, catalog: str | No
             )
         return StoreSpec(None, _resolved(blob_locations(blobs), Path.cwd()), catalog, cache,
                          merged_backends(backends), redundancy)
-    file = _config_file(path)
+    file = path if path.suffix == ".toml" and not path.is_dir() else path / CONFIG_FILE
     try:
         found = file.is_file()
     except PermissionError as exc:  # pathlib lets EACCES through: a parent this uid cannot search
@@ -555,7 +543,7 @@ def add_location_to_file(file: Path, location: BlobLocation) -> None:
     A ``blobs`` setting becomes ``[[locations]]`` tables.
     """
     doc = read_config_file(file)
-    current = _recorded_locations(doc, file) or blob_locations(".")
+    current = _recorded_locations(doc) or blob_locations(".")
     store = {k: v for k, v in doc["store"].items() if k not in ("format", "blobs")}
     text = render_config(store, recorded_backends(doc), (*current, location))
     tmp = file.with_name(f".{file.name}.tmp")

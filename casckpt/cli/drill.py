@@ -21,7 +21,7 @@ from rich.text import Text
 from casckpt.cli import render
 from casckpt.cli.progress import progress_bars
 from casckpt.cli.shared import EXIT_INTEGRITY, FLAG, JsonOption, open_store
-from casckpt.types import Advice, DrillReport, DrillResult
+from casckpt.types import Advice, DrillResult
 
 
 def _seconds(value: float) -> str:
@@ -45,10 +45,6 @@ def _results_table(results: tuple[DrillResult, ...] | list[DrillResult], *, when
             cells.insert(0, render.local_time(datetime.fromtimestamp(r.at, timezone.utc)))
         table.add_row(*cells, verdict)
     return table
-
-
-def _report_dict(report: DrillReport) -> dict[str, object]:
-    return {"ok": report.ok, **report.to_dict()}
 
 
 def drill(
@@ -84,7 +80,7 @@ def drill(
     with open_store(ctx) as store, progress_bars() as progress:
         report = store.ops.drill(runs or None, count=count, seed=seed, progress=progress)
     if as_json:
-        render.print_json(_report_dict(report))
+        render.print_json({"ok": report.ok, **report.to_dict()})
     elif not report.results:
         render.note("the store has no versions to drill")
     else:

@@ -26,7 +26,7 @@ from rich.text import Text
 from casckpt.cli import render
 from casckpt.cli.progress import progress_bars
 from casckpt.cli.shared import EXIT_PROBLEMS, JsonOption, open_store
-from casckpt.types import LocationInfo, RebuildReport, RepairReport
+from casckpt.types import LocationInfo, RepairReport
 
 location_app = typer.Typer(
     help="Blob locations: where packs live, their failure domains and states.",
@@ -277,10 +277,6 @@ def repair(ctx: typer.Context, as_json: JsonOption = False) -> None:
         raise typer.Exit(EXIT_PROBLEMS)
 
 
-def _rebuild_ok(report: RebuildReport) -> bool:
-    return not report.lost_packs and not report.skipped
-
-
 @catalog_app.command("rebuild")
 def rebuild_catalog(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """Recreate a lost catalog from the blob locations alone; exit 1 if any pack or version was lost.
@@ -294,7 +290,7 @@ def rebuild_catalog(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """
     with open_store(ctx, recover=True) as store, progress_bars() as progress:
         report = store.ops.rebuild_catalog(progress=progress)
-    ok = _rebuild_ok(report)
+    ok = not report.lost_packs and not report.skipped
     table = _count_table("catalog rebuilt", [
         ("packs", report.packs), ("chunks", report.chunks), ("versions", report.versions),
         ("runs", report.runs), ("tags", report.tags),
