@@ -96,7 +96,10 @@ def history(
     """List the versions of RUN in which the tensor at PATH changed, oldest first."""
     with open_store(ctx) as store:
         entries = store.history(run, path)
-    render.emit(as_json, [e.to_dict() for e in entries], history_table(entries))
+    if as_json:
+        render.print_json([e.to_dict() for e in entries])
+    else:
+        render.out(history_table(entries))
 
 
 def fork(
@@ -229,9 +232,13 @@ def audit(
     until_s = parse_time(until) if until is not None else None
     with open_store(ctx) as store:
         entries = store.ops.audit(since=since_s, until=until_s, action=action, target=target, limit=limit)
-    filtered = any(x is not None for x in (since, until, action, target))
-    render.emit(as_json, [e.to_dict() for e in entries], audit_table(entries),
-                empty="no audit entries match" if filtered else "no audit entries yet")
+    if as_json:
+        render.print_json([e.to_dict() for e in entries])
+    elif not entries:
+        filtered = any(x is not None for x in (since, until, action, target))
+        render.note("no audit entries match" if filtered else "no audit entries yet")
+    else:
+        render.out(audit_table(entries))
 
 
 _VERSION_ID = re.compile(r"[0-9a-f]{64}")
