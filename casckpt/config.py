@@ -94,10 +94,10 @@ class Settings:
     read_coalesce: int = 16 << 20
     upload_workers: int = 2
     max_pending_commits: int = 2
-    commit_memory: int = field(default_factory=lambda: _default_commit_memory())
+    commit_memory: int = field(default_factory=lambda: int(min(8 << 30, _ram() // 4)))
     backpressure: str = "block"
     staging_memory: int = 256 << 20
-    delta_memory: int = field(default_factory=lambda: _default_delta_memory())
+    delta_memory: int = field(default_factory=lambda: int(min(1 << 30, _ram() // 16)))
     catalog_retry_s: float = 5.0
     storage_retry_s: float = 30.0
     probe_timeout_s: float = 5.0
@@ -108,14 +108,6 @@ def _ram() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # not POSIX: assume a modest machine
         return 8 << 30
-
-
-def _default_delta_memory() -> int:
-    return int(min(1 << 30, _ram() // 16))
-
-
-def _default_commit_memory() -> int:
-    return int(min(8 << 30, _ram() // 4))
 
 
 def _int_env(env: Mapping[str, str], name: str, zero: bool = False) -> int | None:
@@ -167,45 +159,36 @@ def read_only_env(env: Mapping[str, str] = os.environ) -> bool | None:
 
 
 _ZERO_MEANS_OFF = frozenset({"delta_memory"})  # settings whose 0 turns their feature off
+_INT_VARS = {"chunk_size": "CASCKPT_CHUNK_SIZE", "pack_size": "CASCKPT_PACK_SIZE",
+             "workers": "CASCKPT_WORKERS", "zstd_level": "CASCKPT_ZSTD_LEVEL",
+             "max_pending_commits": "CASCKPT_MAX_PENDING_COMMITS",
+             "commit_memory": "CASCKPT_COMMIT_MEMORY", "staging_memory": "CASCKPT_STAGING_MEMORY",
+             "delta_memory": "CASCKPT_DELTA_MEMORY"}
+_SECONDS_VARS = {"catalog_retry_s": "CASCKPT_CATALOG_RETRY_S",
+                 "storage_retry_s": "CASCKPT_STORAGE_RETRY_S",
+                 "probe_timeout_s": "CASCKPT_PROBE_TIMEOUT_S"}
 
 
 def settings(overrides: Mapping[str, Any] | None = None,
              env: Mapping[str, str] = os.environ) -> Settings:
     """Defaults, then environment variables, then explicit ``overrides``."""
-    config = Settings()
-    for name_, var in (("chunk_size", "CASCKPT_CHUNK_SIZE"), ("pack_size", "CASCKPT_PACK_SIZE"),
-                       ("workers", "CASCKPT_WORKERS"), ("zstd_level", "CASCKPT_ZSTD_LEVEL"),
-                       ("max_pending_commits", "CASCKPT_MAX_PENDING_COMMITS"),
-                       ("commit_memory", "CASCKPT_COMMIT_MEMORY"),
-                       ("staging_memory", "CASCKPT_STAGING_MEMORY"),
-                       ("delta_memory", "CASCKPT_DELTA_MEMORY")):
-        value = _int_env(env, var, zero=name_ in _ZERO_MEANS_OFF)
-        if value is not None:
-            config = replace(config, **{name_: value})  # type: ignore[arg-type]
+    found: dict[str, Any] = {name: _int_env(env, var, zero=name in _ZERO_MEANS_OFF)
+                             for name, var in _INT_VARS.items()}
+    found |= {name: _seconds_env(env, var) for name, var in _SECONDS_VARS.items()}
     if env.get("CASCKPT_COMPRESSION", "1") == "0":
-        config = replace(config, compress=False)
-    retry_s = _seconds_env(env, "CASCKPT_CATALOG_RETRY_S")
-    if retry_s is not None:
-        config = replace(config, catalog_retry_s=retry_s)
-    storage_s = _seconds_env(env, "CASCKPT_STORAGE_RETRY_S")
-    if storage_s is not None:
-        config = replace(config, storage_retry_s=storage_s)
-    probe_s = _seconds_env(env, "CASCKPT_PROBE_TIMEOUT_S")
-    if probe_s is not None:
-        config = replace(config, probe_timeout_s=probe_s)
+        found["compress"] = False
     if env.get("CASCKPT_BACKPRESSURE"):
-        config = replace(config, backpressure=_backpressure(env["CASCKPT_BACKPRESSURE"]))
+        found["backpressure"] = _backpressure(env["CASCKPT_BACKPRESSURE"])
     for key, value in (overrides or {}).items():
         if value is None:
             continue
         if key == "backpressure":
-            config = replace(config, backpressure=_backpressure(value))
-            continue
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0 \
+            value = _backpressure(value)
+        elif not isinstance(value, int) or isinstance(value, bool) or value < 0 \
                 or (value == 0 and key not in _ZERO_MEANS_OFF):
             raise InvalidArgumentError(f"{key} must be a positive int, got {value!r}")
-        config = replace(config, **{key: value})  # type: ignore[arg-type]
-    return config
+        found[key] = value
+    return replace(Settings(), **{k: v for k, v in found.items() if v is not None})
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,17 +316,13 @@ def render_config(values: Mapping[str, Any], backends: Mapping[str, Mapping[str,
     return "\n".join(lines) + "\n"
 
 
-def _config_file(path: Path) -> Path:
-    return path if path.suffix == ".toml" and not path.is_dir() else path / CONFIG_FILE
-
-
 def _blob_url(value: str, root: Path) -> str:
     if "://" in value:
         return value
     return (root / Path(value).expanduser()).resolve().as_uri()
 
 
-def _recorded_locations(doc: Mapping[str, Any], file: Path) -> tuple[BlobLocation, ...] | None:
+def _recorded_locations(doc: Mapping[str, Any]) -> tuple[BlobLocation, ...] | None:
     store = doc["store"]  # checked by read_config_file: not both of blobs and locations
     tables = doc.get("locations")
     if tables:
@@ -374,7 +353,7 @@ def _spec_from_file(file: Path, blobs: BlobsArg | None, catalog: str | None,
                     cache: Path | None, backends: Mapping[str, Mapping[str, Any]] | None) -> StoreSpec:
     doc = read_config_file(file)
     store, root = doc["store"], file.parent
-    recorded = _recorded_locations(doc, file)
+    recorded = _recorded_locations(doc)
     given = blob_locations(blobs) if blobs is not None else None
     if given is not None and recorded is not None and _resolved(given, root) != _resolved(recorded, root):
         raise InvalidArgumentError(
@@ -430,7 +409,7 @@ def locate_store(path: Path | None, *, blobs: BlobsArg | None, catalog: str | No
             )
         return StoreSpec(None, _resolved(blob_locations(blobs), Path.cwd()), catalog, cache,
                          merged_backends(backends), redundancy)
-    file = _config_file(path)
+    file = path if path.suffix == ".toml" and not path.is_dir() else path / CONFIG_FILE
     try:
         found = file.is_file()
     except PermissionError as exc:  # pathlib lets EACCES through: a parent this uid cannot search
@@ -564,7 +543,7 @@ def add_location_to_file(file: Path, location: BlobLocation) -> None:
     A ``blobs`` setting becomes ``[[locations]]`` tables.
     """
     doc = read_config_file(file)
-    current = _recorded_locations(doc, file) or blob_locations(".")
+    current = _recorded_locations(doc) or blob_locations(".")
     store = {k: v for k, v in doc["store"].items() if k not in ("format", "blobs")}
     text = render_config(store, recorded_backends(doc), (*current, location))
     tmp = file.with_name(f".{file.name}.tmp")

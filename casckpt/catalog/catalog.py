@@ -32,7 +32,7 @@ from casckpt.catalog.database import Database, insert_ignore, sqlite_write_denie
 from casckpt.catalog.encryption import require_state_in
 from casckpt.catalog.packs import ChunkLocation, PackRecord, insert_pack, upsert_chunks
 from casckpt.catalog.publish import MissingChunksError, record_deps, revive_or_missing
-from casckpt.catalog.rows import VersionRow, manifest_bytes, tensor_row, version_query, version_row
+from casckpt.catalog.rows import VersionRow, manifest_bytes, tags_of, tensor_row, version_query, version_row
 from casckpt.errors import CatalogError, CatalogUnavailableError, ReadOnlyStoreError, VersionExistsError
 from casckpt.format.crypto import PLAIN, StoreCrypto
 from casckpt.types import AuditEntry
@@ -520,17 +520,8 @@ class Catalog:
     @_idempotent
     def tags_of(self, version_ids: Sequence[str]) -> dict[str, tuple[str, ...]]:
         """Tag names per version id."""
-        out: dict[str, list[str]] = {}
         with self.read() as conn:
-            for i in range(0, len(version_ids), BATCH):
-                rows = conn.execute(
-                    select(s.tags.c.version_id, s.tags.c.name)
-                    .where(s.tags.c.version_id.in_(version_ids[i : i + BATCH]))
-                    .order_by(s.tags.c.name)
-                )
-                for vid, name in rows:
-                    out.setdefault(vid, []).append(name)
-        return {k: tuple(v) for k, v in out.items()}
+            return tags_of(conn, version_ids)
 
     @_idempotent
     def manifest(self, version_id: str) -> bytes:
@@ -549,11 +540,3 @@ class Catalog:
                 select(s.tensors).where(s.tensors.c.version_id == version_id)
                 .order_by(s.tensors.c.path)
             )]
-
-    @_idempotent
-    def visible_version_ids(self) -> list[str]:
-        """Ids of every visible version."""
-        with self.read() as conn:
-            return list(conn.execute(
-                select(s.versions.c.id).where(s.versions.c.state == "visible")
-            ).scalars())

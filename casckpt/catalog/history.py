@@ -21,7 +21,7 @@ from sqlalchemy import ColumnElement, Connection, Select, Text, case, cast, func
 from casckpt.catalog import database
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import Catalog
-from casckpt.catalog.rows import VERSION_COLUMNS, StoredContent, content_row, version_query, versions
+from casckpt.catalog.rows import VERSION_COLUMNS, StoredContent, content_row, tags_of, version_query, versions
 from casckpt.errors import RefNotFoundError, RunExistsError
 from casckpt.types import Version
 
@@ -128,21 +128,8 @@ def log(catalog: Catalog, f: LogFilter) -> list[Version]:
     """
     with catalog.read() as conn:
         rows = list(conn.execute(_log_query(f, conn.dialect.name)).all())
-        tags = _tags_of(conn, [r[0] for r in rows])
+        tags = tags_of(conn, [r[0] for r in rows])
     return versions(rows, tags)
-
-
-def _tags_of(conn: Connection, ids: Sequence[str]) -> dict[str, tuple[str, ...]]:
-    query = select(s.tags.c.version_id, s.tags.c.name).order_by(s.tags.c.name)
-    if len(ids) <= _BATCH:
-        query = query.where(s.tags.c.version_id.in_(ids))
-    # else: a long listing; a store has far fewer tags than versions, so read them all
-    wanted = set(ids)
-    out: dict[str, list[str]] = {}
-    for vid, name in conn.execute(query):
-        if vid in wanted:
-            out.setdefault(vid, []).append(name)
-    return {k: tuple(v) for k, v in out.items()}
 
 
 def tags(catalog: Catalog, run: str | None) -> list[tuple[str, float, Version]]:
@@ -154,7 +141,7 @@ def tags(catalog: Catalog, run: str | None) -> list[tuple[str, float, Version]]:
         query = query.where(s.runs.c.name == run)
     with catalog.read() as conn:
         rows = list(conn.execute(query).all())
-        found = versions(rows, _tags_of(conn, list({r[0] for r in rows})))
+        found = versions(rows, tags_of(conn, list({r[0] for r in rows})))
     return [(r[-2], float(r[-1]), v) for r, v in zip(rows, found, strict=True)]
 
 
@@ -222,10 +209,10 @@ def tensor_changes(catalog: Catalog, segments: Sequence[Segment],
                 kept += ((i, *state) for state in _changed_states(conn, seg, states))
         if not kept or len(kept) > _BATCH:  # many changes (or tree versions): joined in the database
             rows = [tuple(r) for seg in segments for r in conn.execute(_changes_query(seg, path))]
-            return rows, _tags_of(conn, [r[0] for r in rows])
+            return rows, tags_of(conn, [r[0] for r in rows])
         columns = _version_columns(conn, kept)
         found = _contents_in(conn, [k[6] for k in kept if k[6] is not None])
-        tags = _tags_of(conn, [k[1] for k in kept])
+        tags = tags_of(conn, [k[1] for k in kept])
     rows = []
     for _, vid, n, dtype, shape, nbytes, digest, root in kept:
         if vid not in columns:  # deleted meanwhile (PostgreSQL reads each statement afresh)
@@ -442,7 +429,7 @@ def best(catalog: Catalog, run: str, metric: str,
         value.desc() if maximize else value.asc(), s.versions.c.step.desc()).limit(1)
     with catalog.read() as conn:
         rows = list(conn.execute(query))
-        tags = _tags_of(conn, [r[0] for r in rows])
+        tags = tags_of(conn, [r[0] for r in rows])
     return versions(rows, tags)[0] if rows else None
 
 

@@ -24,7 +24,7 @@ from sqlalchemy import Connection, Row, null, or_, select
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import BATCH, Catalog
 from casckpt.catalog.publish import MissingChunksError, revive_or_missing
-from casckpt.catalog.rows import VERSION_COLUMNS, version
+from casckpt.catalog.rows import VERSION_COLUMNS, grouped, version
 from casckpt.errors import AmbiguousRefError, InvalidArgumentError, RefNotFoundError
 from casckpt.types import Version
 
@@ -106,10 +106,7 @@ def fork_points(conn: Connection) -> dict[str, tuple[str, ...]]:
         select(s.runs.c.parent_version, s.runs.c.name)
         .where(s.runs.c.parent_version.is_not(None), live).order_by(s.runs.c.name)
     )
-    found: dict[str, list[str]] = {}
-    for version_id, name in rows:
-        found.setdefault(version_id, []).append(name)
-    return {k: tuple(v) for k, v in found.items()}
+    return grouped(rows)
 
 
 def _tags(conn: Connection, run_ids: Sequence[int]) -> dict[str, tuple[str, ...]]:
@@ -119,10 +116,7 @@ def _tags(conn: Connection, run_ids: Sequence[int]) -> dict[str, tuple[str, ...]
         .where(s.versions.c.run_id.in_(run_ids), s.versions.c.state == "visible")
         .order_by(s.tags.c.name)
     )
-    found: dict[str, list[str]] = {}
-    for version_id, name in rows:
-        found.setdefault(version_id, []).append(name)
-    return {k: tuple(v) for k, v in found.items()}
+    return grouped(rows)
 
 
 def load_histories(conn: Connection, run: str | None = None) -> list[RunHistory]:

@@ -13,11 +13,11 @@ allocation, or wrong data.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any, NamedTuple
 
-from sqlalchemy import Row, Select, Text, cast, select
+from sqlalchemy import Connection, Row, Select, Text, cast, select
 
 from casckpt.catalog import schema as s
 from casckpt.errors import CatalogError, CorruptManifestError
@@ -194,3 +194,21 @@ def content_row(row: Row[Any]) -> Row[Any]:
             and _count(row.nbytes) and _count(row.chunk_size) and row.chunk_size > 0):
         raise damaged(f"the content row {str(row.digest)[:12]} holds values of the wrong type")
     return row
+
+
+def grouped(pairs: Iterable[Any]) -> dict[str, tuple[str, ...]]:
+    """``(version id, name)`` pairs -> each version id's names, in the pairs' order."""
+    found: dict[str, list[str]] = {}
+    for version_id, name in pairs:
+        found.setdefault(version_id, []).append(name)
+    return {k: tuple(v) for k, v in found.items()}
+
+
+def tags_of(conn: Connection, ids: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """The tag names, sorted, of each version among ``ids`` that has any."""
+    query = select(s.tags.c.version_id, s.tags.c.name).order_by(s.tags.c.name)
+    if len(ids) <= 500:
+        query = query.where(s.tags.c.version_id.in_(ids))
+    # else: a long listing; a store has far fewer tags than versions, so read them all
+    wanted = set(ids)
+    return grouped(row for row in conn.execute(query) if row[0] in wanted)

@@ -21,7 +21,7 @@ from rich.text import Text
 from casckpt.cli import render
 from casckpt.cli.progress import progress_bars
 from casckpt.cli.shared import EXIT_INTEGRITY, FLAG, JsonOption, open_store
-from casckpt.types import Advice, DrillReport, DrillResult
+from casckpt.types import Advice, DrillResult
 
 
 def _seconds(value: float) -> str:
@@ -45,10 +45,6 @@ def _results_table(results: tuple[DrillResult, ...] | list[DrillResult], *, when
             cells.insert(0, render.local_time(datetime.fromtimestamp(r.at, timezone.utc)))
         table.add_row(*cells, verdict)
     return table
-
-
-def _report_dict(report: DrillReport) -> dict[str, object]:
-    return {"ok": report.ok, **report.to_dict()}
 
 
 def drill(
@@ -78,17 +74,13 @@ def drill(
             past = store.ops.drill_history(None if runs else limit)
         if runs:
             past = [r for r in past if r.run in runs][:limit]
-        if as_json:
-            render.print_json([r.to_dict() for r in past])
-        elif not past:
-            render.note("no drills recorded yet: run `casckpt drill`")
-        else:
-            render.out(_results_table(past, when=True))
+        render.emit(as_json, [r.to_dict() for r in past], _results_table(past, when=True),
+                    empty="no drills recorded yet: run `casckpt drill`")
         return
     with open_store(ctx) as store, progress_bars() as progress:
         report = store.ops.drill(runs or None, count=count, seed=seed, progress=progress)
     if as_json:
-        render.print_json(_report_dict(report))
+        render.print_json({"ok": report.ok, **report.to_dict()})
     elif not report.results:
         render.note("the store has no versions to drill")
     else:
@@ -141,13 +133,10 @@ def advise(
     """Advise how often to checkpoint RUN (Young/Daly), from its measured stall and restore time."""
     with open_store(ctx) as store:
         advice = store.ops.advise(run, mtbf=mtbf, restart=restart)
-    if as_json:
-        render.print_json(advice.to_dict())
-    else:
-        render.out(_advice_table(advice), Text(
-            f"Checkpoint every {advice.advised_interval_steps} steps "
-            f"(about {_seconds(advice.advised_interval_s)}); Daly's formula, see "
-            "docs/guides/drills-and-intervals.md for its assumptions."))
+    render.emit(as_json, advice.to_dict(), _advice_table(advice), Text(
+        f"Checkpoint every {advice.advised_interval_steps} steps "
+        f"(about {_seconds(advice.advised_interval_s)}); Daly's formula, see "
+        "docs/guides/drills-and-intervals.md for its assumptions."))
 
 
 def register(app: typer.Typer) -> None:

@@ -14,9 +14,7 @@ from datetime import datetime
 from typing import Annotated
 
 import typer
-from rich import box
 from rich.console import RenderableType
-from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
@@ -87,10 +85,7 @@ def diff(ctx: typer.Context, a: RefArgument, b: RefArgument, as_json: JsonOption
     """Show what changed from version A to version B: tensors (with changed bytes) and values."""
     with open_store(ctx) as store:
         result = store.diff(a, b)
-    if as_json:
-        render.print_json(result.to_dict())
-    else:
-        render.out(*diff_view(result))
+    render.emit(as_json, result.to_dict(), *diff_view(result))
 
 
 def history(
@@ -116,22 +111,15 @@ def fork(
     with open_store(ctx) as store:
         version = store.resolve(ref)
         run = store.fork(version, new_run)
-    if as_json:
-        render.print_json({**run.to_dict(), "forked_from": version.to_dict()})
-    else:
-        render.out(f"Forked run {run.name} from {version.short_id} ({version.run}@{version.step})")
+    render.emit(as_json, {**run.to_dict(), "forked_from": version.to_dict()},
+                f"Forked run {run.name} from {version.short_id} ({version.run}@{version.step})")
 
 
 def lineage(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """Show the lineage of runs: each fork under the run it was forked from."""
     with open_store(ctx) as store:
         nodes = store.lineage()
-    if as_json:
-        render.print_json([n.to_dict() for n in nodes])
-    elif not nodes:
-        render.note("no runs yet")
-    else:
-        render.out(run_tree(nodes))
+    render.emit(as_json, [n.to_dict() for n in nodes], run_tree(nodes), empty="no runs yet")
 
 
 def best(
@@ -146,11 +134,9 @@ def best(
     mode = "max" if maximize else "min"
     with open_store(ctx) as store:
         version = store.best(run, metric, mode)
-    if as_json:
-        render.print_json(version.to_dict())
-    else:
-        render.out(f"Best {metric} ({mode}) of run {run}: {version.metrics[metric]:.6g} "
-                   f"at {version.run}@{version.step}", "", render.version_table(version))
+    render.emit(as_json, version.to_dict(), f"Best {metric} ({mode}) of run {run}: "
+                f"{version.metrics[metric]:.6g} at {version.run}@{version.step}", "",
+                render.version_table(version))
 
 
 def tags(
@@ -163,26 +149,15 @@ def tags(
     sets one; `show tag:NAME` shows its version)."""
     with open_store(ctx) as store:
         found = store.tags(run)
-    if as_json:
-        render.print_json([t.to_dict() for t in found])
-    elif not found:
-        render.note("no tags yet" if run is None else f"no tags on the versions of run {run}")
-    else:
-        table = _table("TAG", "ID", "RUN", "STEP", "SET", right=("STEP",))
-        for t in found:
-            table.add_row(t.name, t.version.short_id, t.version.run, str(t.version.step),
-                          render.local_time(t.created_at))
-        render.out(table)
+    table = render.table_of("TAG", "ID", "RUN", "STEP", "SET", right=("STEP",))
+    for t in found:
+        table.add_row(t.name, t.version.short_id, t.version.run, str(t.version.step),
+                      render.local_time(t.created_at))
+    render.emit(as_json, [t.to_dict() for t in found], table,
+                empty="no tags yet" if run is None else f"no tags on the versions of run {run}")
 
 
 # -- rendering ----------------------------------------------------------------------------
-
-
-def _table(*columns: str, right: tuple[str, ...] = ()) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    for column in columns:
-        table.add_column(column, justify="right" if column in right else "left")
-    return table
 
 
 def _pair(before: object, after: object) -> str:
@@ -199,8 +174,8 @@ def diff_view(d: VersionDiff) -> list[RenderableType]:
     """A header, a table of changed tensors, a summary line, and the values that changed."""
     header = (f"{d.a.short_id} ({d.a.run}@{d.a.step}) -> {d.b.short_id} ({d.b.run}@{d.b.step})")
     changes: list[TensorChange] = sorted((*d.changed, *d.added, *d.removed), key=lambda c: c.path)
-    table = _table("CHANGE", "TENSOR", "DTYPE", "SHAPE", "SIZE", "CHANGED",
-                              right=("SIZE", "CHANGED"))
+    table = render.table_of("CHANGE", "TENSOR", "DTYPE", "SHAPE", "SIZE", "CHANGED",
+                            right=("SIZE", "CHANGED"))
     for c in changes:
         table.add_row(c.change, c.path, _pair(c.dtype_before, c.dtype_after),
                       _pair(_shape(c.shape_before), _shape(c.shape_after)),
@@ -213,7 +188,7 @@ def diff_view(d: VersionDiff) -> list[RenderableType]:
     parts += [table, ""] if changes else []
     parts.append(summary)
     if d.values:
-        values = _table("VALUE", "CHANGE", "BEFORE", "AFTER")
+        values = render.table_of("VALUE", "CHANGE", "BEFORE", "AFTER")
         for v in d.values:
             values.add_row(v.path, v.change, "-" if v.change == "added" else render.short_value(v.before),
                            "-" if v.change == "removed" else render.short_value(v.after))
@@ -225,8 +200,8 @@ def diff_view(d: VersionDiff) -> list[RenderableType]:
 
 def history_table(entries: list[TensorHistoryEntry]) -> RenderableType:
     """One row per version in which the tensor changed."""
-    table = _table("ID", "RUN", "STEP", "CREATED", "CHANGE", "DTYPE", "SHAPE", "SIZE",
-                              "CHANGED", right=("STEP", "SIZE", "CHANGED"))
+    table = render.table_of("ID", "RUN", "STEP", "CREATED", "CHANGE", "DTYPE", "SHAPE", "SIZE",
+                            "CHANGED", right=("STEP", "SIZE", "CHANGED"))
     for e in entries:
         table.add_row(e.version.short_id, e.version.run, str(e.version.step),
                       render.local_time(e.version.created_at), e.change, e.dtype or "-",
@@ -292,7 +267,7 @@ def audit_table(entries: list[AuditEntry]) -> RenderableType:
     """One row per audit entry, in the order given."""
     roles = any(e.db_user is not None for e in entries)
     columns = ["AT", "ACTION", "TARGET", "WHO", *(["ROLE"] if roles else []), "DETAIL"]
-    table = _table(*columns)
+    table = render.table_of(*columns)
     for e in entries:
         who = f"{e.os_user}@{e.host}:{e.pid}"
         table.add_row(render.local_time(e.at), e.action, _audit_target(e.target), who,

@@ -33,10 +33,7 @@ def _when(ts: float) -> str:
 
 
 def _print_key(info: KeyInfo, as_json: bool, what: str) -> None:
-    if as_json:
-        render.print_json(info.to_dict())
-    else:
-        render.out(f"{what} key {info.id}")
+    render.emit(as_json, info.to_dict(), f"{what} key {info.id}")
 
 
 @key_app.command("generate")
@@ -46,10 +43,8 @@ def generate(path: FileArgument, as_json: JsonOption = False) -> None:
     Keep it safe and backed up: a store whose every key is lost cannot be read by anyone.
     """
     kid = casckpt.generate_key_file(path)
-    if as_json:
-        render.print_json({"id": kid, "path": str(path)})
-    else:
-        render.out(f"Wrote master key {kid} to {path} (mode 0600): keep it safe, keep a copy")
+    render.emit(as_json, {"id": kid, "path": str(path)},
+                f"Wrote master key {kid} to {path} (mode 0600): keep it safe, keep a copy")
 
 
 @key_app.command("list")
@@ -57,15 +52,12 @@ def list_keys(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """List the store's master keys: public ids, when and by whom each was added."""
     with open_store(ctx) as store:
         found = store.keys.list()
-    if as_json:
-        render.print_json([k.to_dict() for k in found])
-        return
     table = Table(title="Master keys")
     for column in ("id", "added", "by", "in use"):
         table.add_column(column)
     for k in found:
         table.add_row(k.id, _when(k.created_at), k.created_by, "yes" if k.in_use else "")
-    render.out(table)
+    render.emit(as_json, [k.to_dict() for k in found], table)
 
 
 @key_app.command("add")

@@ -335,12 +335,7 @@ def runs(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """List the runs of the store."""
     with open_store(ctx) as store:
         found = store.runs()
-    if as_json:
-        render.print_json([run.to_dict() for run in found])
-    elif not found:
-        render.note("no runs yet")
-    else:
-        render.out(render.runs_table(found))
+    render.emit(as_json, [run.to_dict() for run in found], render.runs_table(found), empty="no runs yet")
 
 
 @app.command()
@@ -374,10 +369,8 @@ def tag(
     """Point tag NAME at a version."""
     with open_store(ctx) as store:
         version = store.tag(ref, name)
-    if as_json:
-        render.print_json(version.to_dict())
-    else:
-        render.out(f"Tagged {version.short_id} ({version.run}@{version.step}) as {name}")
+    render.emit(as_json, version.to_dict(),
+                f"Tagged {version.short_id} ({version.run}@{version.step}) as {name}")
 
 
 @app.command()
@@ -438,10 +431,7 @@ def check(
     with open_store(ctx) as store, progress_bars() as progress:
         report = store.ops.check(read_data=read_data, read_data_subset=read_data_subset,
                              progress=progress)
-    if as_json:
-        render.print_json(render.check_dict(report))
-    else:
-        render.out(*render.check_view(report))
+    render.emit(as_json, render.check_dict(report), *render.check_view(report))
     if not report.ok:
         raise typer.Exit(EXIT_PROBLEMS)
 
@@ -451,10 +441,7 @@ def stats(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """Space accounting: logical, unique and stored bytes; dedup and compression ratios."""
     with open_store(ctx) as store:
         result = store.ops.stats()
-    if as_json:
-        render.print_json(render.stats_dict(result))
-    else:
-        render.out(render.stats_table(result))
+    render.emit(as_json, render.stats_dict(result), render.stats_table(result))
 
 
 @app.command()

@@ -68,6 +68,18 @@ def note(message: str) -> None:
     stderr_console().print(Text(message, style="yellow"), soft_wrap=True)
 
 
+def emit(as_json: bool, doc: object, *view: RenderableType, empty: str | None = None) -> None:
+    """A command's result: ``doc`` as JSON under ``--json``; else the note ``empty`` when it is
+    given and ``doc`` is empty; else ``view`` for people. Both are built whatever is printed:
+    a listing that may run long (``log``, ``audit``, ``history``) branches itself instead."""
+    if as_json:
+        print_json(doc)
+    elif empty is not None and not doc:
+        note(empty)
+    else:
+        out(*view)
+
+
 def print_json(value: object) -> None:
     """Write ``value`` as JSON to stdout, and nothing else."""
     sys.stdout.write(dumps(value, indent=2) + "\n")
@@ -104,12 +116,8 @@ def short_value(value: object, width: int = _VALUE_WIDTH) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def table(*columns: str, right: Iterable[str] = ()) -> Table:
+def table_of(*columns: str, right: Iterable[str] = ()) -> Table:
     """An empty table of these columns in casckpt's style (``right``: right-aligned ones)."""
-    return _table(*columns, right=right)
-
-
-def _table(*columns: str, right: Iterable[str] = ()) -> Table:
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     right_aligned = set(right)
     for column in columns:
@@ -128,7 +136,7 @@ def _first_line(text: str | None) -> str:
 
 def runs_table(runs: Iterable[RunInfo]) -> Table:
     """One row per run: name, versions, latest step and id, logical size, creation time."""
-    table = _table(
+    table = table_of(
         "RUN",
         "VERSIONS",
         "LATEST",
@@ -179,7 +187,7 @@ def log_table(versions: Iterable[Version]) -> Table:
     listed = list(versions)
     columns = _log_columns(listed)
     durability = len(columns) > len(_LOG_COLUMNS)
-    table = _table(*columns, right=_LOG_RIGHT)
+    table = table_of(*columns, right=_LOG_RIGHT)
     for v in listed:
         cells: list[str | Text] = list(_log_row(v, durability=durability))
         if durability:
@@ -290,12 +298,12 @@ def detail_view(detail: VersionDetail, *, tensors: bool = False) -> list[Rendera
     parts.append(Text(f"{count} tensor(s), {human_bytes(detail.tensor_bytes)}" if count
                       else "no tensors", style="" if count else "dim"))
     if count and not tensors:
-        groups = _table("GROUP", "TENSORS", "SIZE", right=("TENSORS", "SIZE"))
+        groups = table_of("GROUP", "TENSORS", "SIZE", right=("TENSORS", "SIZE"))
         for g in detail.tensor_groups:
             groups.add_row(g.name, str(g.tensors), human_bytes(g.nbytes))
         parts += [groups, Text("`casckpt show REF --tensors` lists every tensor", style="dim")]
     if detail.values:
-        values = _table("VALUE", "TYPE", "CONTENT")
+        values = table_of("VALUE", "TYPE", "CONTENT")
         for path, value in list(detail.values.items())[:_VALUES_SHOWN]:
             values.add_row(path, type(value).__name__, short_value(value))
         parts += ["", values]
@@ -350,7 +358,7 @@ def stats_dict(stats: StoreStats) -> dict[str, Any]:
 
 def stats_table(stats: StoreStats) -> Table:
     """Counts, sizes and ratios of a whole store."""
-    table = _table("KEY", "VALUE", right=("VALUE",))
+    table = table_of("KEY", "VALUE", right=("VALUE",))
     table.show_header = False
     rows = [
         ("runs", str(stats.runs)),
@@ -399,7 +407,7 @@ def check_view(report: CheckReport) -> list[RenderableType]:
     notes: list[RenderableType] = [Text(f"warning: {w}", style="yellow") for w in report.warnings]
     if report.ok:
         return [summary, Text("no problems found", style="green"), *notes]
-    problems = _table("KIND", "SUBJECT", "DETAIL")
+    problems = table_of("KIND", "SUBJECT", "DETAIL")
     for p in report.problems:
         problems.add_row(p.kind, p.subject, p.detail)
     found = Text(f"{len(report.problems)} problem(s) found", style="bold red")
@@ -412,7 +420,7 @@ _STATE_STYLES = {"active": "green", "draining": "yellow", "failed": "bold red"}
 def locations_table(locations: Iterable[LocationInfo]) -> Table:
     """One row per blob location: name, failure domain, state, URL, what it holds, and how its
     health probe went (see :func:`unreachable_notes` for why one is not reachable)."""
-    table = _table(
+    table = table_of(
         "NAME",
         "DOMAIN",
         "STATE",

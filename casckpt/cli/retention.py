@@ -104,18 +104,12 @@ def show_policy(ctx: typer.Context, run: OptionalRun = None, as_json: JsonOption
             policies = [(run, store.retention.get(run))]
         else:
             policies = [(r.name, p) for r in store.runs() if (p := store.retention.get(r.name)) is not None]
-    if as_json:
-        found = [_policy_json(name, policy) for name, policy in policies]
-        render.print_json(found[0] if run is not None else found)
-    elif not policies:
-        render.note("no run has a retention policy (every version is kept)")
-    else:
-        table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-        table.add_column("RUN")
-        table.add_column("POLICY")
-        for name, policy in policies:
-            table.add_row(name, _policy_line(policy))
-        render.out(table)
+    found = [_policy_json(name, policy) for name, policy in policies]
+    table = render.table_of("RUN", "POLICY")
+    for name, policy in policies:
+        table.add_row(name, _policy_line(policy))
+    render.emit(as_json, found[0] if run is not None else found, table,
+                empty="no run has a retention policy (every version is kept)")
 
 
 @retention_app.command("clear")
@@ -183,10 +177,7 @@ def undelete(
     """Bring back a deleted version, unless gc already swept its data."""
     with open_store(ctx) as store:
         version = store.undelete(ref)
-    if as_json:
-        render.print_json(version.to_dict())
-        return
-    render.out(f"Undeleted {version.short_id} ({version.run}@{version.step})")
+    render.emit(as_json, version.to_dict(), f"Undeleted {version.short_id} ({version.run}@{version.step})")
 
 
 def register(app: typer.Typer) -> None:

@@ -26,7 +26,7 @@ from rich.text import Text
 from casckpt.cli import render
 from casckpt.cli.progress import progress_bars
 from casckpt.cli.shared import EXIT_PROBLEMS, JsonOption, open_store
-from casckpt.types import LocationInfo, RebuildReport, RepairReport
+from casckpt.types import LocationInfo, RepairReport
 
 location_app = typer.Typer(
     help="Blob locations: where packs live, their failure domains and states.",
@@ -57,11 +57,9 @@ RunOption = Annotated[
 
 
 def _print_location(info: LocationInfo, as_json: bool, hint: str | None = None) -> None:
-    if as_json:
-        render.print_json(info.to_dict())
-        return
-    render.out(render.locations_table([info]), *render.unreachable_notes([info]))
-    if hint:
+    render.emit(as_json, info.to_dict(), render.locations_table([info]),
+                *render.unreachable_notes([info]))
+    if hint and not as_json:
         render.note(hint)
 
 
@@ -82,10 +80,8 @@ def list_locations(
     """
     with open_store(ctx) as store:
         found = store.locations.list(timeout=timeout)
-    if as_json:
-        render.print_json([info.to_dict() for info in found])
-    else:
-        render.out(render.locations_table(found), *render.unreachable_notes(found))
+    render.emit(as_json, [info.to_dict() for info in found], render.locations_table(found),
+                *render.unreachable_notes(found))
 
 
 @location_app.command("add")
@@ -223,10 +219,8 @@ def set_delta(
     with open_store(ctx) as store:
         store.ops.set_delta_chain(chain, run=run)
         result = store.ops.delta_chain(run)
-    if as_json:
-        render.print_json({"run": run, "delta_chain": result})
-        return
-    render.out(f"Delta chain of {'the store' if run is None else 'run ' + run}: {result}")
+    render.emit(as_json, {"run": run, "delta_chain": result},
+                f"Delta chain of {'the store' if run is None else 'run ' + run}: {result}")
 
 
 # -- repair and rebuilds ---------------------------------------------------------
@@ -278,16 +272,9 @@ def repair(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """
     with open_store(ctx) as store, progress_bars() as progress:
         report = store.ops.repair(progress=progress)
-    if as_json:
-        render.print_json({**report.to_dict(), "ok": report.ok})
-    else:
-        render.out(*_repair_view(report))
+    render.emit(as_json, {**report.to_dict(), "ok": report.ok}, *_repair_view(report))
     if not report.ok:
         raise typer.Exit(EXIT_PROBLEMS)
-
-
-def _rebuild_ok(report: RebuildReport) -> bool:
-    return not report.lost_packs and not report.skipped
 
 
 @catalog_app.command("rebuild")
@@ -303,17 +290,15 @@ def rebuild_catalog(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """
     with open_store(ctx, recover=True) as store, progress_bars() as progress:
         report = store.ops.rebuild_catalog(progress=progress)
-    ok = _rebuild_ok(report)
-    if as_json:
-        render.print_json({**report.to_dict(), "ok": ok})
-    else:
-        table = _count_table("catalog rebuilt", [
-            ("packs", report.packs), ("chunks", report.chunks), ("versions", report.versions),
-            ("runs", report.runs), ("tags", report.tags),
-            ("packs lost", len(report.lost_packs)), ("versions skipped", len(report.skipped)),
-        ])
-        render.out(table, *_listing("lost packs (too few readable shards)", report.lost_packs),
-                   *_listing("skipped versions", report.skipped))
+    ok = not report.lost_packs and not report.skipped
+    table = _count_table("catalog rebuilt", [
+        ("packs", report.packs), ("chunks", report.chunks), ("versions", report.versions),
+        ("runs", report.runs), ("tags", report.tags),
+        ("packs lost", len(report.lost_packs)), ("versions skipped", len(report.skipped)),
+    ])
+    render.emit(as_json, {**report.to_dict(), "ok": ok}, table,
+                *_listing("lost packs (too few readable shards)", report.lost_packs),
+                *_listing("skipped versions", report.skipped))
     if not ok:
         raise typer.Exit(EXIT_PROBLEMS)
 
@@ -329,10 +314,8 @@ def migrate_trees(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """
     with open_store(ctx) as store, progress_bars() as progress:
         report = store.ops.migrate_trees(progress=progress)
-    if as_json:
-        render.print_json({**report.to_dict(), "ok": not report.versions_left})
-    else:
-        render.out(_count_table("versions migrated to trees", [
+    render.emit(as_json, {**report.to_dict(), "ok": not report.versions_left}, _count_table(
+        "versions migrated to trees", [
             ("versions migrated", report.versions_migrated), ("versions left", report.versions_left),
             ("tree nodes written", report.nodes_written),
             ("tensor rows deleted", report.tensor_rows_deleted),
@@ -346,10 +329,7 @@ def rebuild_cache(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """Empty this host's index cache and refill it from the catalog."""
     with open_store(ctx) as store:
         chunks = store.ops.rebuild_cache()
-    if as_json:
-        render.print_json({"chunks": chunks})
-    else:
-        render.out(f"Rebuilt the index cache: {chunks} chunks")
+    render.emit(as_json, {"chunks": chunks}, f"Rebuilt the index cache: {chunks} chunks")
 
 
 def register(app: typer.Typer) -> None:

@@ -59,10 +59,7 @@ def drain(
             report = store.tier.drain(wait=wait, progress=progress)
         if wait and report.error is None and not report.lost_versions:
             store.tier.wait_durable(timeout=timeout)
-    if as_json:
-        render.print_json(report.to_dict())
-    else:
-        render.out(*drain_view(report))
+    render.emit(as_json, report.to_dict(), *drain_view(report))
     if report.error is not None or report.lost_versions:
         raise typer.Exit(EXIT_PROBLEMS)
 
@@ -97,10 +94,7 @@ def status(ctx: typer.Context, as_json: JsonOption = False) -> None:
     drained), versions per durability, versions not durable yet, every host's tier."""
     with open_store(ctx) as store:
         found = store.tier.status()
-    if as_json:
-        render.print_json(status_dict(found))
-    else:
-        render.out(*status_view(found))
+    render.emit(as_json, status_dict(found), *status_view(found))
 
 
 def status_dict(found: TierStatus) -> dict[str, Any]:
@@ -130,8 +124,8 @@ def status_view(found: TierStatus) -> list[RenderableType]:
         rows.append(("this host", "no fast tier (casckpt --fast-tier DIR)"))
     parts: list[RenderableType] = [_key_values(rows)]
     if found.tiers:
-        table = render.table("TIER", "HOST", "PATH", "STATE", "NOT DRAINED", "PACKS", "HERE",
-                             right=("NOT DRAINED", "PACKS"))
+        table = render.table_of("TIER", "HOST", "PATH", "STATE", "NOT DRAINED", "PACKS", "HERE",
+                                right=("NOT DRAINED", "PACKS"))
         for t in found.tiers:
             table.add_row(t.id[:12], t.host, t.path,
                           Text(t.state, style="bold red" if t.state == "lost" else ""),
@@ -164,10 +158,7 @@ def forget(
             "--yes to do it", param_hint="--yes")
     with open_store(ctx) as store:
         loss = store.tier.forget(tier_id)
-    if as_json:
-        render.print_json(loss.to_dict())
-    else:
-        render.out(forget_line(loss))
+    render.emit(as_json, loss.to_dict(), forget_line(loss))
 
 
 def forget_line(loss: TierLoss) -> Text:

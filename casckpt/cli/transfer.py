@@ -37,12 +37,10 @@ def import_checkpoint(
     with open_store(ctx, drain=True) as store, progress_bars() as progress:
         version = store.import_checkpoint(file_or_dir, run=run, step=step, message=message,
                                           progress=progress)
-    if as_json:
-        render.print_json({"version": version.to_dict(), "source": str(file_or_dir)})
-        return
-    render.out(f"Imported {file_or_dir} as {version.short_id} ({version.run}@{version.step}): "
-               f"{render.human_bytes(version.logical_bytes)} of tensors, "
-               f"{render.human_bytes(version.new_bytes)} new")
+    render.emit(as_json, {"version": version.to_dict(), "source": str(file_or_dir)},
+                f"Imported {file_or_dir} as {version.short_id} ({version.run}@{version.step}): "
+                f"{render.human_bytes(version.logical_bytes)} of tensors, "
+                f"{render.human_bytes(version.new_bytes)} new")
 
 
 def export(
