@@ -45,9 +45,10 @@ from casckpt.errors import (
     OversizedObjectError,
     StorageError,
 )
-from casckpt.storage.azure_errors import is_not_found, map_azure_error, redact
+from casckpt.storage.azure_errors import is_not_found, map_azure_error
 from casckpt.storage.azure_names import split_az_url
 from casckpt.storage.base import BlobInfo, check_key, scatter
+from casckpt.storage.redact import redact_text
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +154,7 @@ class AzureBlobStore:
             raise
         except Exception as exc:  # a malformed connection string or URL: ValueError and others
             raise StorageError(f"cannot set up the Azure client for {self.url}: {type(exc).__name__}: "
-                               f"{redact(str(exc))}; check AZURE_STORAGE_CONNECTION_STRING or "
+                               f"{redact_text(str(exc))}; check AZURE_STORAGE_CONNECTION_STRING or "
                                "account_url") from None
         self._closed = False
 

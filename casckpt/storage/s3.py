@@ -54,7 +54,8 @@ from casckpt.errors import (
     StorageError,
 )
 from casckpt.storage.base import BlobInfo, check_key, scatter
-from casckpt.storage.s3_errors import error_code, map_s3_error, redact
+from casckpt.storage.redact import redact_text
+from casckpt.storage.s3_errors import error_code, map_s3_error
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,11 @@ def parse_s3_url(url: str) -> S3Location:
         InvalidNameError: ``url`` is not such a URL (the message says why).
     """
     if not isinstance(url, str) or not url.startswith("s3://"):
-        raise InvalidNameError(f"{url!r} is not an S3 location: write s3://bucket/prefix")
+        raise InvalidNameError(f"{redact_text(str(url))!r} is not an S3 location: write s3://bucket/prefix")
+    if redact_text(url) != url:
+        raise InvalidNameError(f"S3 location {redact_text(url)!r} holds a credential: give credentials "
+                               "through AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile, never "
+                               "in the URL (it is stored in the catalog and shown in messages)")
     bucket, _, prefix = url[len("s3://"):].partition("/")
     _check_bucket(bucket, url)
     if prefix.endswith("/"):
@@ -213,7 +218,7 @@ class S3BlobStore:
         except Exception as exc:  # botocore raises many unrelated types here
             raise StorageError(
                 f"cannot set up the S3 client for {self.url}: {type(exc).__name__}: "
-                f"{redact(str(exc))}; check the profile, region and endpoint URL"
+                f"{redact_text(str(exc))}; check the profile, region and endpoint URL"
             ) from exc
         self._transfers = TransferManager(self._client, TransferConfig(
             multipart_threshold=multipart_threshold, multipart_chunksize=multipart_chunksize,
