@@ -266,7 +266,8 @@ class StoreSpec:
 
 
 def _as_location(item: object) -> BlobLocation:
-    """One location as given."""
+    """One location as given, its URL's scheme in lower case (schemes are case-insensitive,
+    RFC 3986: ``S3://b`` is ``s3://b``, and is recorded so)."""
     loc = None
     if isinstance(item, BlobLocation):
         loc = item
@@ -279,11 +280,13 @@ def _as_location(item: object) -> BlobLocation:
         raise InvalidArgumentError(
             f"a blob location must be a URL string, a casckpt.BlobLocation or a table with url "
             f"(and optional domain, name), all strings; got {item!r}")
-    return loc
+    scheme, sep, rest = loc.url.partition("://")
+    return replace(loc, url=scheme.lower() + sep + rest) if sep else loc
 
 
 def blob_locations(blobs: object) -> tuple[BlobLocation, ...]:
-    """Normalise what ``blobs=`` accepts into locations with names (URLs as given)."""
+    """Normalise what ``blobs=`` accepts into locations with names (URLs as given, schemes in
+    lower case)."""
     items = [blobs] if isinstance(blobs, (str, BlobLocation)) else list(blobs)  # type: ignore[call-overload]
     if not items:
         raise InvalidArgumentError("blobs= needs at least one location")

@@ -34,7 +34,7 @@ from casckpt.options import Options, settings
 from casckpt.storage import BlobStore, redact_url
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.locations import Location, LocationSet
-from casckpt.storage.registry import check_options, local_path
+from casckpt.storage.registry import backend_for, check_options, local_path
 from casckpt.storage.sealed import sealed
 from casckpt.store import Store
 from casckpt.store_core import open_location_store
@@ -215,7 +215,8 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
 def _check_before_writing(blobs: object, given: Mapping[str, BlobStore], catalog: str | None,
                           fast_tier: str | os.PathLike[str] | None) -> None:
     """Refuse what would leave a store no open gets past, before its config file is written:
-    a ``file://`` URL naming a host, two locations naming one place (:func:`casckpt.config.locate_store`), a
+    a location of a scheme no backend serves, a credential in its URL, a ``file://`` URL
+    naming a host, two locations naming one place (:func:`casckpt.config.locate_store`), a
     catalog URL naming no database, a fast tier under a regular file.
 
     Raises:
@@ -223,6 +224,7 @@ def _check_before_writing(blobs: object, given: Mapping[str, BlobStore], catalog
     """
     for loc in cfg.blob_locations(blobs) if blobs is not None else ():
         if "://" in loc.url and loc.url not in given:
+            backend_for(loc.url)
             local_path(loc.url)
     if catalog is not None:
         check_url(catalog, redact_url(catalog))

@@ -132,3 +132,23 @@ def test_a_fast_tier_under_a_regular_file_is_refused_before_writing(tmp_path: Pa
     (tmp_path / "file").write_text("not a directory")
     _refused_before_writing(tmp_path, "not a directory", fast_tier=tmp_path / "file" / "tier")
 
+
+def test_an_unknown_scheme_is_refused_before_writing_naming_the_registered_ones(tmp_path: Path) -> None:
+    _refused_before_writing(tmp_path, r"no storage backend serves bogus URLs: use a directory, .*s3://",
+                            blobs="bogus://bucket/x")
+    _refused_before_writing(tmp_path, "no storage backend serves bogus",
+                            blobs=[str(tmp_path / "a"), "bogus://bucket/x"])
+
+
+def test_a_scheme_is_case_insensitive_and_recorded_in_lower_case(tmp_path: Path) -> None:
+    """RFC 3986: ``FILE:///dir`` is ``file:///dir``; the config file records it so, and the
+    location opens (it is not kept as unreachable)."""
+    blobs = "FILE://" + str(tmp_path / "blobs")
+    with casckpt.open(tmp_path / "store", blobs=blobs) as store:
+        store.commit({"w": torch.ones(3)}, run="r", step=1)
+        assert [loc.url for loc in store.locations.list()] == [(tmp_path / "blobs").as_uri()]
+    assert "FILE://" not in (tmp_path / "store" / "casckpt.toml").read_text()
+    assert any((tmp_path / "blobs").iterdir())
+    with casckpt.open(tmp_path / "store", create=False) as store:
+        assert torch.equal(store.restore("r@1")["w"], torch.ones(3))
+
