@@ -285,9 +285,12 @@ def _as_location(item: object) -> BlobLocation:
 
 
 def blob_locations(blobs: object) -> tuple[BlobLocation, ...]:
-    """Normalise what ``blobs=`` accepts into locations with names (URLs as given, schemes in
-    lower case)."""
-    items = [blobs] if isinstance(blobs, (str, BlobLocation)) else list(blobs)  # type: ignore[call-overload]
+    """Normalise what ``blobs=`` accepts (one location: a URL, a BlobLocation or a mapping;
+    or a list of them) into locations with names (URLs as given, schemes in lower case)."""
+    one = isinstance(blobs, (str, BlobLocation, Mapping))
+    if not one and not isinstance(blobs, (list, tuple)):
+        raise InvalidArgumentError(f"blobs= must be a location or a list of locations, got {blobs!r}")
+    items = [blobs] if one else list(blobs)  # type: ignore[call-overload]
     if not items:
         raise InvalidArgumentError("blobs= needs at least one location")
     out = []

@@ -152,3 +152,12 @@ def test_a_scheme_is_case_insensitive_and_recorded_in_lower_case(tmp_path: Path)
     with casckpt.open(tmp_path / "store", create=False) as store:
         assert torch.equal(store.restore("r@1")["w"], torch.ones(3))
 
+
+def test_one_mapping_is_one_location(tmp_path: Path) -> None:
+    """``blobs={"url": ..., "domain": ...}`` is one location, not a list of its keys."""
+    with casckpt.open(tmp_path / "store", blobs={"url": str(tmp_path / "blobs"), "domain": "rack1"}) as store:
+        store.commit({"w": torch.ones(3)}, run="r", step=1)
+        assert [(loc.url, loc.domain) for loc in store.locations.list()] == [
+            ((tmp_path / "blobs").as_uri(), "rack1")]
+    assert not (tmp_path / "store" / "url").exists() and not (tmp_path / "store" / "domain").exists()
+    _refused_before_writing(tmp_path, "a location or a list of locations", blobs=5)
