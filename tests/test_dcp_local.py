@@ -27,7 +27,7 @@ from casckpt.catalog import schema
 from casckpt.engine.read.restore import read_ranges
 from casckpt.engine.write import distributed
 from casckpt.engine.write.distributed import TensorPiece, write_pieces
-from casckpt.errors import InvalidArgumentError, UnsupportedStateError
+from casckpt.errors import InvalidArgumentError, InvalidNameError, UnsupportedStateError
 from casckpt.format.pack import ENTRY_HEADER_SIZE
 from casckpt.storage.erasure import Redundancy
 from casckpt.testing.internals import internals
@@ -411,3 +411,13 @@ def test_a_dotted_key_and_the_nested_path_it_spells_are_matched_by_content(
     changed = store.diff("r@2", "r@3")
     assert [(c.path, c.changed_bytes) for c in changed.changed] == [("model.w", 160)]
     assert (changed.added, changed.removed, changed.unchanged) == ((), (), 0)
+
+
+@pytest.mark.parametrize("key", ["a/b", "..", "", "x\ty", "back\\slash"])
+def test_dcp_refuses_the_key_names_commit_refuses_before_any_write(store: casckpt.Store, key: str) -> None:
+    state = {key: torch.ones(3), "ok": torch.zeros(2)}
+    with pytest.raises(InvalidNameError):
+        store.commit(state, run="c", step=1)
+    with pytest.raises(CheckpointException, match="InvalidNameError"):
+        dcp.save(state, storage_writer=store.dcp_writer(run="r", step=1))
+    assert store.log() == [] and store.ops.stats().chunks == 0
