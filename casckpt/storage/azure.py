@@ -39,7 +39,6 @@ from azure.storage.blob import ContainerClient, LinearRetry
 
 from casckpt.errors import (
     AccessDeniedError,
-    BlobNotFoundError,
     InvalidArgumentError,
     InvalidNameError,
     OversizedObjectError,
@@ -47,7 +46,7 @@ from casckpt.errors import (
 )
 from casckpt.storage.azure_errors import is_not_found, map_azure_error
 from casckpt.storage.azure_names import split_az_url
-from casckpt.storage.base import BlobInfo, check_key, scatter
+from casckpt.storage.base import BlobInfo, check_key, scatter, wants_bytes
 from casckpt.storage.redact import redact_text
 
 log = logging.getLogger(__name__)
@@ -231,13 +230,7 @@ class AzureBlobStore:
 
     def get_range(self, key: str, offset: int, length: int) -> bytes:
         """Fetch ``length`` bytes from ``offset`` with ranged GETs (fewer at the end)."""
-        check_key(key)
-        if offset < 0 or length < 0:
-            raise InvalidArgumentError(
-                f"get_range of {key}: offset and length must be >= 0, not {offset}, {length}")
-        if length == 0:
-            if self.size(key) is None:
-                raise BlobNotFoundError(f"{self._where(key)} does not exist")
+        if not wants_bytes(self, key, offset, length, self._where(key)):
             return b""
 
         def fetch() -> bytes:

@@ -53,7 +53,7 @@ from casckpt.errors import (
     RetryableStorageError,
     StorageError,
 )
-from casckpt.storage.base import BlobInfo, check_key, scatter
+from casckpt.storage.base import BlobInfo, check_key, scatter, wants_bytes
 from casckpt.storage.redact import redact_text
 from casckpt.storage.s3_errors import error_code, map_s3_error
 
@@ -293,13 +293,7 @@ class S3BlobStore:
 
     def get_range(self, key: str, offset: int, length: int) -> bytes:
         """Fetch ``length`` bytes from ``offset`` with one ranged GET (fewer at the end)."""
-        check_key(key)
-        if offset < 0 or length < 0:
-            raise InvalidArgumentError(
-                f"get_range of {key}: offset and length must be >= 0, not {offset}, {length}")
-        if length == 0:
-            if self.size(key) is None:
-                raise BlobNotFoundError(f"{self._where(key)} does not exist")
+        if not wants_bytes(self, key, offset, length, self._where(key)):
             return b""
         return self._call("get_range", key, lambda: self._fetch_range(key, offset, length))
 
