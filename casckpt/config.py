@@ -249,22 +249,31 @@ class StoreSpec:
 
 
 def _as_location(item: object) -> BlobLocation:
+    """One location as given, its URL's scheme in lower case (schemes are case-insensitive,
+    RFC 3986: ``S3://b`` is ``s3://b``, and is recorded so)."""
+    loc = None
     if isinstance(item, BlobLocation):
-        return item
-    if isinstance(item, str):
-        return BlobLocation(item)
-    if isinstance(item, Mapping) and isinstance(item.get("url"), str) \
-            and set(item) <= {"url", "domain", "name"}:
-        return BlobLocation(item["url"], item.get("domain"), item.get("name"))
-    raise InvalidArgumentError(
-        f"a blob location must be a URL string, a casckpt.BlobLocation or a table with url "
-        f"(and optional domain, name); got {item!r}"
-    )
+        loc = item
+    elif isinstance(item, str):
+        loc = BlobLocation(item)
+    elif isinstance(item, Mapping) and set(item) <= {"url", "domain", "name"}:
+        loc = BlobLocation(item.get("url"), item.get("domain"), item.get("name"))  # type: ignore[arg-type]
+    if loc is None or not isinstance(loc.url, str) or not all(
+            v is None or isinstance(v, str) for v in (loc.domain, loc.name)):
+        raise InvalidArgumentError(
+            f"a blob location must be a URL string, a casckpt.BlobLocation or a table with url "
+            f"(and optional domain, name), all strings; got {item!r}")
+    scheme, sep, rest = loc.url.partition("://")
+    return replace(loc, url=scheme.lower() + sep + rest) if sep else loc
 
 
 def blob_locations(blobs: object) -> tuple[BlobLocation, ...]:
-    """Normalise what ``blobs=`` accepts into locations with names (URLs as given)."""
-    items = [blobs] if isinstance(blobs, (str, BlobLocation)) else list(blobs)  # type: ignore[call-overload]
+    """Normalise what ``blobs=`` accepts (one location: a URL, a BlobLocation or a mapping;
+    or a list of them) into locations with names (URLs as given, schemes in lower case)."""
+    one = isinstance(blobs, (str, BlobLocation, Mapping))
+    if not one and not isinstance(blobs, (list, tuple)):
+        raise InvalidArgumentError(f"blobs= must be a location or a list of locations, got {blobs!r}")
+    items = [blobs] if one else list(blobs)  # type: ignore[call-overload]
     if not items:
         raise InvalidArgumentError("blobs= needs at least one location")
     out = []
@@ -278,8 +287,22 @@ def blob_locations(blobs: object) -> tuple[BlobLocation, ...]:
 
 
 def _resolved(locations: Sequence[BlobLocation], root: Path) -> tuple[BlobLocation, ...]:
-    return tuple(BlobLocation(_blob_url(loc.url, root), loc.domain or loc.name, loc.name)
-                 for loc in locations)
+    """Locations with absolute URLs (relative directories taken from ``root``).
+
+    Raises:
+        InvalidArgumentError: two locations name the same place.
+    """
+    out = tuple(BlobLocation(_blob_url(loc.url, root), loc.domain or loc.name, loc.name)
+                for loc in locations)
+    seen: dict[str, str | None] = {}
+    for loc in out:
+        same = seen.setdefault(loc.url.rstrip("/"), loc.name)
+        if same != loc.name:
+            raise InvalidArgumentError(
+                f"blob locations {same} and {loc.name} are the same place"
+                f"{f' ({loc.url})' if loc.url.startswith('file://') else ''}: each location must "
+                "be a different directory, bucket prefix or container")
+    return out
 
 
 def _toml_value(value: object) -> str:
@@ -431,6 +454,8 @@ def locate_store(path: Path | None, *, blobs: BlobsArg | None, catalog: str | No
             f"no casckpt store at {path}; create one with `casckpt init {path}` or casckpt.open()"
         )
     given = blob_locations(blobs) if blobs is not None else None
+    if given is not None:
+        _resolved(given, root)  # refused before the config file is written
     single = given is not None and len(given) == 1 and given[0].domain is None and given[0].name == "loc0"
     text = render_config(
         {"blobs": given[0].url if single and given else None, "catalog": catalog,

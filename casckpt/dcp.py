@@ -82,7 +82,7 @@ from casckpt.engine.write.distributed import (
 from casckpt.errors import CasckptError, InvalidArgumentError, RestoreTargetError, UnsupportedStateError
 from casckpt.format.dtypes import numpy_dtype, torch_dtype
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, World, rank_count
-from casckpt.format.tree import Node, decode_tree, encode_tree, join_path
+from casckpt.format.tree import Node, check_key, decode_tree, encode_tree, join_path
 
 if TYPE_CHECKING:
     from casckpt.engine.context import EngineContext
@@ -226,7 +226,10 @@ class StoreWriter(StorageWriter):
             self._lease = weakref.finalize(self, _end_lease, ctx, self._starting)
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
-        """Nothing to add: each rank stores what DCP planned for it."""
+        """Each rank stores what DCP planned for it, once every key is one a commit takes
+        (:func:`casckpt.format.tree.check_key`): refused here, before any rank writes."""
+        for item in plan.items:
+            check_key(item.index.fqn, "")
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:

@@ -19,6 +19,7 @@ from casckpt.cache import IndexCache
 from casckpt.catalog import Catalog
 from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
+from casckpt.catalog.database import check_url
 from casckpt.engine.locations import identity
 from casckpt.engine.maintenance import keyring
 from casckpt.engine.versions import records
@@ -33,7 +34,7 @@ from casckpt.options import Options, settings
 from casckpt.storage import BlobStore, redact_url
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.locations import Location, LocationSet
-from casckpt.storage.registry import check_options, local_path
+from casckpt.storage.registry import backend_for, check_options, local_path
 from casckpt.storage.sealed import sealed
 from casckpt.store import Store
 from casckpt.store_core import open_location_store
@@ -130,10 +131,7 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
     items = [blobs] if isinstance(blobs, BlobStore) else blobs
     if isinstance(items, (list, tuple)):
         items = [given.setdefault(b.url, b).url if isinstance(b, BlobStore) else b for b in items]
-    for item in [items] if isinstance(items, str) else items if isinstance(items, list) else ():
-        url = item if isinstance(item, str) else item.get("url") if isinstance(item, Mapping) else None
-        if isinstance(url, str) and "://" in url:
-            local_path(url)  # file://HOST/x or a relative path: refused, nothing written
+    _check_before_writing(items, given, catalog, options.get("fast_tier"))
     if redundancy is not None:
         scheme = Redundancy.parse(redundancy)
         new = path is not None and not _config_path(Path(path)).exists()  # its directory: one domain
@@ -195,7 +193,12 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
         raise
     cache_dir = spec.cache if spec.cache is not None else _default_cache_dir(cat.store_id)
     index = (IndexCache.unused if cat.read_only else IndexCache)(cache_dir / "index", _cache_binding(cat))
-    tier = None if recovering else _open_tier(cat, spec, options, tuned.pack_size)
+    try:
+        tier = None if recovering else _open_tier(cat, spec, options, tuned.pack_size)
+    except BaseException:  # its lock and the catalog's connections are not left open
+        locations.close()
+        cat.close()
+        raise
     store = Store(root=spec.root, catalog=cat, cache=index, locations=locations,
                   staging=cache_dir / "staging",  # the tier's packs fill in its own staging/
                   settings=tuned, write_quorum=spec.write_quorum,
@@ -207,6 +210,31 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
         log.warning("created a new casckpt store at %s; pass create=False to casckpt.open where a "
                     "store must already exist", where, extra={"store_created": where})
     return store
+
+
+def _check_before_writing(blobs: object, given: Mapping[str, BlobStore], catalog: str | None,
+                          fast_tier: str | os.PathLike[str] | None) -> None:
+    """Refuse what would leave a store no open gets past, before its config file is written:
+    a location of a scheme no backend serves, a credential in its URL, a ``file://`` URL
+    naming a host, two locations naming one place (:func:`casckpt.config.locate_store`), a
+    catalog URL naming no database, a fast tier under a regular file.
+
+    Raises:
+        InvalidArgumentError: any of these (the message says what to write instead).
+    """
+    for loc in cfg.blob_locations(blobs) if blobs is not None else ():
+        if "://" in loc.url and loc.url not in given:
+            backend_for(loc.url)
+            local_path(loc.url)
+    if catalog is not None:
+        check_url(catalog, redact_url(catalog))
+    if fast_tier is not None:
+        probe = Path(fast_tier).expanduser()
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        if not probe.is_dir():
+            raise InvalidArgumentError(f"fast_tier {str(fast_tier)!r} lies under {probe}, which is not "
+                                       "a directory: give a directory on this host's fast disk")
 
 
 def _config_path(path: Path) -> Path:

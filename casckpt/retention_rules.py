@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, timezone
+from decimal import Decimal
 from functools import partial
 from typing import Any, Protocol
 
@@ -48,6 +50,7 @@ Hits = Iterable[tuple[str, str]]  # (version id, reason)
 # -- durations ------------------------------------------------------------------------------
 
 _UNITS = (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+_DIGITS = re.compile(r"[0-9]+")  # str.isdigit takes '³', which int() refuses
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([wdhms])\s*$")
 
 MAX_DURATION_S = 1000 * 365.25 * 86400.0
@@ -75,11 +78,13 @@ def parse_duration(text: str, *, allow_zero: bool = False) -> float:
 
 
 def format_duration(seconds: float) -> str:
-    """Seconds in the largest unit up to days that divides them: 604800 -> ``"7d"``, 5400 -> ``"90m"``."""
+    """Seconds in the largest unit up to days that divides them: 604800 -> ``"7d"``, 5400 ->
+    ``"90m"``; else exact seconds in the decimal form :func:`parse_duration` reads back
+    (1e-09 -> ``"0.000000001s"``, never an exponent)."""
     for unit, size in _UNITS[1:]:
         if seconds >= size and float(seconds) % size == 0:
             return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
+    return f"{Decimal(repr(float(seconds))):f}s"
 
 
 # -- kinds of value -------------------------------------------------------------------------
@@ -122,7 +127,7 @@ def _parse_best(flag: str, text: str) -> tuple[str, int, str]:
     """``"val_loss:3:min"`` -> ``("val_loss", 3, "min")`` (the metric may itself hold ':')."""
     metric, _, mode = text.rpartition(":")
     metric, _, count = metric.rpartition(":")
-    if not metric or not count.isdigit() or mode not in ("min", "max"):
+    if not metric or not _DIGITS.fullmatch(count) or mode not in ("min", "max"):
         raise InvalidArgumentError(f"{flag} {text!r}: use METRIC:N:min or METRIC:N:max, e.g. val_loss:3:min")
     return metric, int(count), mode
 
@@ -372,13 +377,14 @@ def policy_from_json(data: object, run: str) -> RetentionPolicy:
 
 
 def describe(policy: RetentionPolicy) -> str:
-    """One line naming the rules of a policy, in CLI option form."""
+    """One line naming the rules of a policy, in CLI option form (values quoted as a shell
+    needs them: the line pasted after ``casckpt retention set RUN`` sets the same policy)."""
     parts = []
     for rule in RULES:
         value = getattr(policy, rule.name)
         if value != rule.default:
             flag = rule.flag.replace("--", "--no-", 1) if value is False else rule.flag
-            parts.append(flag if rule.kind is FLAG else f"{flag} {rule.kind.show(value)}")
+            parts.append(flag if rule.kind is FLAG else f"{flag} {shlex.quote(rule.kind.show(value))}")
     return " ".join(parts)
 
 

@@ -76,7 +76,8 @@ def open_location_store(name: str, url: str, backends: BackendOptions, given: di
             blob_store = open_blob_store(url, backends, create=create)
         except (CasckptError, OSError) as exc:
             if not failed:
-                log.warning("blob location %s (%s) cannot be opened: %s", name, redact_url(url), exc)
+                log.warning("blob location %s (%s) cannot be opened: %s", name, redact_url(url),
+                            redact_url(str(exc)))
             blob_store = UnreachableBlobStore(url, str(exc))
     return sealed(blob_store, crypto)
 

@@ -24,7 +24,7 @@ import torch
 import casckpt
 from casckpt.catalog import inventory
 from casckpt.catalog import leases as leases_sql
-from casckpt.errors import GCRefusedError, StorageError
+from casckpt.errors import GCRefusedError, InvalidArgumentError, StorageError
 from casckpt.testing.internals import internals
 
 # -- helpers ---------------------------------------------------------------------------
@@ -111,8 +111,9 @@ def test_an_alias_of_a_location_is_refused_so_gc_never_takes_its_packs_for_copie
     assert torch.equal(store.restore("r@1")["w"], w)
     store.close()
     # two configured locations that are one directory: refused at open, before any write
-    with pytest.raises(StoreIdentityError, match="same storage under two names"):
+    with pytest.raises(InvalidArgumentError, match="are the same place"):
         casckpt.open(tmp_path / "twice", blobs=[str(tmp_path / "d"), f"file://{tmp_path / 'd'}/"])
+    assert not (tmp_path / "twice").exists()
     # a record moved in from another of the store's locations: gc deletes nothing
     two = casckpt.open(tmp_path / "two", blobs=[str(tmp_path / "a"), str(tmp_path / "b")])
     two.commit({"w": w}, run="r", step=1)

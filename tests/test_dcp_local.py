@@ -27,7 +27,7 @@ from casckpt.catalog import schema
 from casckpt.engine.read.restore import read_ranges
 from casckpt.engine.write import distributed
 from casckpt.engine.write.distributed import TensorPiece, write_pieces
-from casckpt.errors import InvalidArgumentError, UnsupportedStateError
+from casckpt.errors import InvalidArgumentError, InvalidNameError, UnsupportedStateError
 from casckpt.format.pack import ENTRY_HEADER_SIZE
 from casckpt.storage.erasure import Redundancy
 from casckpt.testing.internals import internals
@@ -376,3 +376,48 @@ def test_small_pieces_of_two_ranks_pack_and_reshard_bit_exact(store: casckpt.Sto
     assert torch.equal(target["rows"], rows) and torch.equal(target["cols"], cols)
     assert {t.path: t.shards for t in store.show("small@1").tensors} == {"rows": 2, "cols": 2}
     assert store.ops.check(read_data=True).ok
+
+
+def test_a_dcp_save_and_a_commit_of_the_same_state_diff_as_equal(store: casckpt.Store) -> None:
+    """A DCP save keys tensors by dotted name at its root (``model.w``), a commit nests them
+    (``model`` -> ``w``), and a piece covering a whole tensor is a ``sharded`` value: the same
+    tensors compare equal across the two, and a changed one is changed, not added."""
+    state = _state(3)
+    store.commit(state, run="r", step=1)
+    dcp.save(state, storage_writer=store.dcp_writer(run="r", step=2))
+    for a, b in (("r@1", "r@2"), ("r@2", "r@1")):
+        diff = store.diff(a, b)
+        assert (diff.added, diff.removed, diff.changed, diff.values) == ((), (), (), ())
+        assert diff.unchanged == 3 and diff.changed_bytes == 0
+    state["model"]["w"] = state["model"]["w"].clone()
+    state["model"]["w"][0, 0] += 1
+    dcp.save(state, storage_writer=store.dcp_writer(run="r", step=3))
+    diff = store.diff("r@1", "r@3")
+    assert (diff.added, diff.removed) == ((), ()) and [c.path for c in diff.changed] == ["model.w"]
+    assert 0 < diff.changed_bytes <= CHUNK and diff.unchanged == 2
+
+
+def test_a_dotted_key_and_the_nested_path_it_spells_are_matched_by_content(
+        store: casckpt.Store) -> None:
+    """``{"model.w": t}`` and ``{"model": {"w": t}}`` name one path: the diff matches the
+    tensors there by content, whichever way each version spells it."""
+    t1, t2 = (torch.full((40,), float(i)) for i in range(2))
+    store.commit({"model.w": t1}, run="r", step=1)
+    store.commit({"model": {"w": t1}}, run="r", step=2)
+    store.commit({"model.w": t2}, run="r", step=3)
+    for a, b in (("r@1", "r@2"), ("r@2", "r@1")):
+        same = store.diff(a, b)
+        assert (same.added, same.removed, same.changed, same.unchanged) == ((), (), (), 1)
+    changed = store.diff("r@2", "r@3")
+    assert [(c.path, c.changed_bytes) for c in changed.changed] == [("model.w", 160)]
+    assert (changed.added, changed.removed, changed.unchanged) == ((), (), 0)
+
+
+@pytest.mark.parametrize("key", ["a/b", "..", "", "x\ty", "back\\slash"])
+def test_dcp_refuses_the_key_names_commit_refuses_before_any_write(store: casckpt.Store, key: str) -> None:
+    state = {key: torch.ones(3), "ok": torch.zeros(2)}
+    with pytest.raises(InvalidNameError):
+        store.commit(state, run="c", step=1)
+    with pytest.raises(CheckpointException, match="InvalidNameError"):
+        dcp.save(state, storage_writer=store.dcp_writer(run="r", step=1))
+    assert store.log() == [] and store.ops.stats().chunks == 0

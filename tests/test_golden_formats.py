@@ -137,3 +137,17 @@ def test_a_migration_of_the_golden_formats_killed_with_sigkill_resumes(golden: P
         assert store.ops.migrate_trees().versions_migrated == 0
         store.gc(grace=0)  # the killed run's lease and leftovers are reaped
         _check_all(store)
+
+
+def test_load_tensor_of_a_group_version_names_the_rank_form_it_takes(golden: Path) -> None:
+    """``load_tensor`` takes no ``group=`` or ``rank=``: a path naming no rank in a version
+    saved rank by rank is refused with the ``rank0/path`` form, before and after migration."""
+    from casckpt.errors import TensorNotFoundError
+
+    with casckpt.open(golden, create=False) as store:
+        for _ in range(2):
+            with pytest.raises(TensorNotFoundError, match=r"'rank0/rng' \(ranks 0\.\.1\)") as raised:
+                store.load_tensor("grp@2", "rng")
+            assert "group=" not in str(raised.value) and "rank=" not in str(raised.value)
+            assert _bits(store.load_tensor("grp@2", "rank1/rng")) == _bits(rank_state(1)["rng"])
+            store.ops.migrate_trees()

@@ -96,3 +96,68 @@ def test_a_flag_given_as_none_takes_its_default(tmp_path: Path, flag: str) -> No
         store.commit({"w": torch.ones(2)}, run="r", step=0)
     with casckpt.open(tmp_path / "s", create=None) as store:
         assert torch.equal(store.restore("r@0")["w"], torch.ones(2))
+
+
+def _refused_before_writing(tmp_path: Path, match: str, **options: Any) -> None:
+    """``casckpt.open`` refuses ``options`` with a typed error and writes nothing; a later
+    open with good options creates the store there."""
+    store_dir = tmp_path / f"store{len(list(tmp_path.glob('store*')))}"
+    fds = len(list(Path("/proc/self/fd").iterdir()))
+    with pytest.raises(InvalidArgumentError, match=match):
+        casckpt.open(store_dir, **options)
+    assert not store_dir.exists() or not any(store_dir.iterdir())
+    assert len(list(Path("/proc/self/fd").iterdir())) == fds  # no lock or connection left open
+    with casckpt.open(store_dir) as store:
+        store.commit({"w": torch.ones(3)}, run="r", step=1)
+
+
+@pytest.mark.parametrize("catalog", ["notaurl", "nosuchdb://host/x", "sqlite+nosuchdriver:///x.db"])
+def test_a_malformed_catalog_url_is_refused_before_writing(tmp_path: Path, catalog: str) -> None:
+    _refused_before_writing(tmp_path, "not a database URL", catalog=catalog)
+
+
+def test_a_location_domain_that_is_not_a_string_is_refused_before_writing(tmp_path: Path) -> None:
+    _refused_before_writing(tmp_path, "all strings", blobs=[
+        {"url": str(tmp_path / "a"), "domain": 3}, str(tmp_path / "b")])
+    _refused_before_writing(tmp_path, "all strings", blobs=[
+        casckpt.BlobLocation(str(tmp_path / "a"), name=7), str(tmp_path / "b")])  # type: ignore[arg-type]
+
+
+def test_the_same_directory_twice_is_refused_before_writing(tmp_path: Path) -> None:
+    _refused_before_writing(tmp_path, "same place", blobs=[str(tmp_path / "a"), str(tmp_path / "a")])
+    _refused_before_writing(tmp_path, "same place", blobs=[str(tmp_path / "a"), (tmp_path / "a").as_uri()])
+
+
+def test_a_fast_tier_under_a_regular_file_is_refused_before_writing(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    _refused_before_writing(tmp_path, "not a directory", fast_tier=tmp_path / "file" / "tier")
+
+
+def test_an_unknown_scheme_is_refused_before_writing_naming_the_registered_ones(tmp_path: Path) -> None:
+    _refused_before_writing(tmp_path, r"no storage backend serves bogus URLs: use a directory, .*s3://",
+                            blobs="bogus://bucket/x")
+    _refused_before_writing(tmp_path, "no storage backend serves bogus",
+                            blobs=[str(tmp_path / "a"), "bogus://bucket/x"])
+
+
+def test_a_scheme_is_case_insensitive_and_recorded_in_lower_case(tmp_path: Path) -> None:
+    """RFC 3986: ``FILE:///dir`` is ``file:///dir``; the config file records it so, and the
+    location opens (it is not kept as unreachable)."""
+    blobs = "FILE://" + str(tmp_path / "blobs")
+    with casckpt.open(tmp_path / "store", blobs=blobs) as store:
+        store.commit({"w": torch.ones(3)}, run="r", step=1)
+        assert [loc.url for loc in store.locations.list()] == [(tmp_path / "blobs").as_uri()]
+    assert "FILE://" not in (tmp_path / "store" / "casckpt.toml").read_text()
+    assert any((tmp_path / "blobs").iterdir())
+    with casckpt.open(tmp_path / "store", create=False) as store:
+        assert torch.equal(store.restore("r@1")["w"], torch.ones(3))
+
+
+def test_one_mapping_is_one_location(tmp_path: Path) -> None:
+    """``blobs={"url": ..., "domain": ...}`` is one location, not a list of its keys."""
+    with casckpt.open(tmp_path / "store", blobs={"url": str(tmp_path / "blobs"), "domain": "rack1"}) as store:
+        store.commit({"w": torch.ones(3)}, run="r", step=1)
+        assert [(loc.url, loc.domain) for loc in store.locations.list()] == [
+            ((tmp_path / "blobs").as_uri(), "rack1")]
+    assert not (tmp_path / "store" / "url").exists() and not (tmp_path / "store" / "domain").exists()
+    _refused_before_writing(tmp_path, "a location or a list of locations", blobs=5)

@@ -561,3 +561,31 @@ def test_retention_on_postgresql(pg_url: str, tmp_path: Path) -> None:
         store.retention.clear(RUN)
         assert store.retention.get(RUN) is None and store.retention.plan() == []
         assert store.ops.check().ok
+
+
+def test_retention_show_prints_what_retention_set_takes_back(tmp_path: Path) -> None:
+    """Every rule ``show`` prints, pasted into ``set`` (split as a shell splits it), gives the
+    same policy: metric names with markup or spaces, and durations of any size."""
+    import shlex
+
+    store_path = tmp_path / "store"
+    with casckpt.open(store_path) as store:
+        store.commit({"a": 1}, run="r", step=1)
+        store.retention.set("r", keep_best=("[bold]val loss[/bold]", 2, "min"), keep_within=1e-9,
+                            keep_last=3)
+        store.retention.set("q", keep_within=123456789.5)
+    for run in ("r", "q"):
+        shown = cli(store_path, "retention", "show", run)
+        assert shown.exit_code == 0, shown.output
+        line = shown.output.splitlines()[-1].split(None, 1)[1]
+        again = cli(store_path, "retention", "set", f"{run}2", *shlex.split(line))
+        assert again.exit_code == 0, again.output
+        with casckpt.open(store_path, create=False) as store:
+            assert store.retention.get(f"{run}2") == store.retention.get(run)
+
+
+@pytest.mark.parametrize("text", ["loss:³:min", "loss:٣:min", "loss:-1:min", "loss:0:min"])
+def test_a_malformed_keep_best_count_is_a_usage_error(tmp_path: Path, text: str) -> None:
+    casckpt.open(tmp_path / "store").close()
+    result = cli(tmp_path / "store", "retention", "set", "r", "--keep-best", text)
+    assert result.exit_code == 2 and "keep" in result.output, result.output

@@ -40,10 +40,10 @@ from urllib.parse import quote
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.dialects import sqlite  # the default catalog's; PostgreSQL's loads in upsert()
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
 
 from casckpt.catalog.rows import damaged
-from casckpt.errors import CatalogError, CatalogUnavailableError
+from casckpt.errors import CatalogError, CatalogUnavailableError, InvalidArgumentError
 
 T = TypeVar("T")
 
@@ -82,6 +82,22 @@ def _json_loads(text: str | bytes) -> Any:
         return json.loads(text)
     except (ValueError, TypeError) as exc:
         raise damaged(f"a JSON column holds {str(text)[:60]!r}, which is not JSON ({exc})") from exc
+
+
+def check_url(url: str, where: str) -> None:
+    """Refuse a catalog URL that names no database SQLAlchemy can open (``where``: the URL as
+    messages show it, credentials redacted).
+
+    Raises:
+        InvalidArgumentError: not a URL, or a database no installed dialect serves.
+    """
+    try:
+        make_url(url).get_dialect()
+    except (ArgumentError, NoSuchModuleError, ValueError) as exc:
+        raise InvalidArgumentError(
+            f"catalog {where!r} is not a database URL casckpt can open ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0]}): write sqlite:////absolute/path/catalog.db or "
+            "postgresql+psycopg://user@host/dbname") from None
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -182,6 +198,7 @@ class Database:
 
     def __init__(self, url: str, *, where: str, retry_s: float, read_only: bool = False) -> None:
         self.where, self.retry_s, self.read_only = where, retry_s, read_only
+        check_url(url, where)
         self.engine = (_sqlite_engine(url, read_only) if url.startswith("sqlite")
                        else _server_engine(url, read_only))
         self._unreachable_since: float | None = None  # set once an operation gave up

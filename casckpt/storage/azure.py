@@ -39,15 +39,15 @@ from azure.storage.blob import ContainerClient, LinearRetry
 
 from casckpt.errors import (
     AccessDeniedError,
-    BlobNotFoundError,
     InvalidArgumentError,
     InvalidNameError,
     OversizedObjectError,
     StorageError,
 )
-from casckpt.storage.azure_errors import is_not_found, map_azure_error, redact
+from casckpt.storage.azure_errors import is_not_found, map_azure_error
 from casckpt.storage.azure_names import split_az_url
-from casckpt.storage.base import BlobInfo, check_key, scatter
+from casckpt.storage.base import BlobInfo, check_key, scatter, wants_bytes
+from casckpt.storage.redact import redact_text
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ class AzureBlobStore:
             raise
         except Exception as exc:  # a malformed connection string or URL: ValueError and others
             raise StorageError(f"cannot set up the Azure client for {self.url}: {type(exc).__name__}: "
-                               f"{redact(str(exc))}; check AZURE_STORAGE_CONNECTION_STRING or "
+                               f"{redact_text(str(exc))}; check AZURE_STORAGE_CONNECTION_STRING or "
                                "account_url") from None
         self._closed = False
 
@@ -230,13 +230,7 @@ class AzureBlobStore:
 
     def get_range(self, key: str, offset: int, length: int) -> bytes:
         """Fetch ``length`` bytes from ``offset`` with ranged GETs (fewer at the end)."""
-        check_key(key)
-        if offset < 0 or length < 0:
-            raise InvalidArgumentError(
-                f"get_range of {key}: offset and length must be >= 0, not {offset}, {length}")
-        if length == 0:
-            if self.size(key) is None:
-                raise BlobNotFoundError(f"{self._where(key)} does not exist")
+        if not wants_bytes(self, key, offset, length, self._where(key)):
             return b""
 
         def fetch() -> bytes:

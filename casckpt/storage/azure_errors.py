@@ -14,7 +14,6 @@ Messages never hold a credential (account keys and SAS signatures are redacted).
 from __future__ import annotations
 
 import concurrent.futures
-import re
 
 import requests
 from azure.core import exceptions as ace
@@ -43,15 +42,6 @@ _HINTS = {
 }
 _DEFAULT_HINT = "look the error code up in the Azure Blob Storage error code list"
 
-_SECRETS = re.compile(r"((?:AccountKey|SharedAccessSignature|sig|Signature)=)[^;&\s\"']+", re.IGNORECASE)
-_SHARED_KEY = re.compile(r"(SharedKey [^:\s]+:)[A-Za-z0-9+/=]+")
-
-
-def redact(text: str) -> str:
-    """Remove account keys, SAS signatures and shared-key signatures from ``text``."""
-    return redact_text(_SHARED_KEY.sub(r"\1***", _SECRETS.sub(r"\1***", text)))
-
-
 def map_azure_error(exc: BaseException, op: str, where: str) -> StorageError | AccessDeniedError:
     """Return the casckpt error for ``exc`` raised while doing ``op`` on ``where``
     (an ``az://container/key`` URL)."""
@@ -59,7 +49,7 @@ def map_azure_error(exc: BaseException, op: str, where: str) -> StorageError | A
         return _response_error(exc, op, where)
     if isinstance(exc, ace.ClientAuthenticationError):  # no status: a credential not obtained
         return StorageError(f"Azure {op} of {where} failed: no usable credential "
-                            f"({redact(str(exc)).splitlines()[0]}); {_CREDENTIALS_HINT}")
+                            f"({redact_text(str(exc)).splitlines()[0]}); {_CREDENTIALS_HINT}")
     # a body cut mid-read escapes the SDK as the transport's own error (ChunkedEncodingError)
     if isinstance(exc, (ace.ServiceRequestError, ace.ServiceResponseError, ace.IncompleteReadError,
                         ace.DecodeError, ConnectionError, TimeoutError,
@@ -110,5 +100,5 @@ def _code(exc: ace.HttpResponseError) -> str:
 
 
 def _first_line(exc: BaseException) -> str:
-    lines = redact(str(exc)).strip().splitlines()
+    lines = redact_text(str(exc)).strip().splitlines()
     return lines[0] if lines else type(exc).__name__

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from casckpt.errors import InvalidArgumentError
+from casckpt.storage.redact import redact_text
 
 BLOBS = "Microsoft.Storage/storageAccounts/blobServices/containers/blobs"
 READ, WRITE, ADD, DELETE = (f"{BLOBS}/read", f"{BLOBS}/write", f"{BLOBS}/add/action",
@@ -26,7 +27,12 @@ def split_az_url(url: str) -> tuple[str, str]:
             name (3-63 lower-case letters, digits and single hyphens).
     """
     if not url.startswith("az://"):
-        raise InvalidArgumentError(f"{url!r} is not an az://container/prefix URL")
+        raise InvalidArgumentError(f"{redact_text(url)!r} is not an az://container/prefix URL")
+    if redact_text(url) != url:
+        raise InvalidArgumentError(
+            f"Azure location {redact_text(url)!r} holds a credential: give it through "
+            "AZURE_STORAGE_CONNECTION_STRING or an identity DefaultAzureCredential finds, never "
+            "in the URL (it is stored in the catalog and shown in messages)")
     container, _, prefix = url[len("az://"):].partition("/")
     if not _CONTAINER.match(container):
         raise InvalidArgumentError(

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from casckpt.errors import InvalidNameError
+from casckpt.errors import BlobNotFoundError, InvalidArgumentError, InvalidNameError
 
 _KEY = re.compile(r"^[a-z0-9_-]+(/[a-z0-9._-]+)*$")
 
@@ -29,6 +29,25 @@ def check_key(key: str) -> str:
     if not is_key(key):
         raise InvalidNameError(f"invalid object key {key!r}: it could escape the blob location")
     return key
+
+
+def wants_bytes(blobs: BlobStore, key: str, offset: int, length: int, where: str) -> bool:
+    """Check a ``get_range`` of a remote store: whether it asks for any bytes (an empty range
+    needs no ranged request: the object's existence is probed with ``size``). ``where``
+    names the object in messages.
+
+    Raises:
+        InvalidNameError: ``key`` is not a safe object key.
+        InvalidArgumentError: ``offset`` or ``length`` is negative.
+        BlobNotFoundError: an empty range of an object that does not exist.
+    """
+    check_key(key)
+    if offset < 0 or length < 0:
+        raise InvalidArgumentError(
+            f"get_range of {key}: offset and length must be >= 0, not {offset}, {length}")
+    if length == 0 and blobs.size(key) is None:
+        raise BlobNotFoundError(f"{where} does not exist")
+    return length > 0
 
 
 def scatter(data: bytes | memoryview, buffers: Sequence[memoryview]) -> int:

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from casckpt.errors import InvalidArgumentError
+from casckpt.storage.redact import redact_text
 
 PLACEHOLDER_URL = "s3://BUCKET/PREFIX"
 """Used when the store has no S3 location to name."""
@@ -30,8 +31,9 @@ _OBJECT_ACTIONS = {
 
 def split_s3_url(url: str) -> tuple[str, str]:
     """``s3://bucket/a/b/`` -> ``("bucket", "a/b")``."""
-    if not url.startswith("s3://"):
-        raise InvalidArgumentError(f"{url!r} is not an s3://bucket/prefix URL")
+    if not url.startswith("s3://") or redact_text(url) != url:
+        raise InvalidArgumentError(f"{redact_text(url)!r} is not an s3://bucket/prefix URL "
+                                   "(credentials never go in a location URL)")
     bucket, _, prefix = url[len("s3://"):].partition("/")
     if not bucket:
         raise InvalidArgumentError(f"{url!r} names no bucket: use s3://bucket/prefix")

@@ -170,8 +170,14 @@ def backend_for(url: str) -> Backend:
     """The backend a location URL names (by its scheme).
 
     Raises:
-        InvalidArgumentError: no backend serves its scheme (the message lists those that do).
+        InvalidArgumentError: no backend serves its scheme (the message lists those that do),
+            or the URL holds a credential.
     """
+    if redact_url(url) != url:
+        raise InvalidArgumentError(
+            f"blob location {redact_url(url)!r} holds a credential: give credentials the way its "
+            "backend documents (environment, profile, identity), never in the URL, which the "
+            "catalog records and messages show")
     try:
         return backend(urlsplit(url).scheme)
     except InvalidArgumentError as exc:

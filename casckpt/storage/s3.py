@@ -53,8 +53,9 @@ from casckpt.errors import (
     RetryableStorageError,
     StorageError,
 )
-from casckpt.storage.base import BlobInfo, check_key, scatter
-from casckpt.storage.s3_errors import error_code, map_s3_error, redact
+from casckpt.storage.base import BlobInfo, check_key, scatter, wants_bytes
+from casckpt.storage.redact import redact_text
+from casckpt.storage.s3_errors import error_code, map_s3_error
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,11 @@ def parse_s3_url(url: str) -> S3Location:
         InvalidNameError: ``url`` is not such a URL (the message says why).
     """
     if not isinstance(url, str) or not url.startswith("s3://"):
-        raise InvalidNameError(f"{url!r} is not an S3 location: write s3://bucket/prefix")
+        raise InvalidNameError(f"{redact_text(str(url))!r} is not an S3 location: write s3://bucket/prefix")
+    if redact_text(url) != url:
+        raise InvalidNameError(f"S3 location {redact_text(url)!r} holds a credential: give credentials "
+                               "through AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile, never "
+                               "in the URL (it is stored in the catalog and shown in messages)")
     bucket, _, prefix = url[len("s3://"):].partition("/")
     _check_bucket(bucket, url)
     if prefix.endswith("/"):
@@ -213,7 +218,7 @@ class S3BlobStore:
         except Exception as exc:  # botocore raises many unrelated types here
             raise StorageError(
                 f"cannot set up the S3 client for {self.url}: {type(exc).__name__}: "
-                f"{redact(str(exc))}; check the profile, region and endpoint URL"
+                f"{redact_text(str(exc))}; check the profile, region and endpoint URL"
             ) from exc
         self._transfers = TransferManager(self._client, TransferConfig(
             multipart_threshold=multipart_threshold, multipart_chunksize=multipart_chunksize,
@@ -288,13 +293,7 @@ class S3BlobStore:
 
     def get_range(self, key: str, offset: int, length: int) -> bytes:
         """Fetch ``length`` bytes from ``offset`` with one ranged GET (fewer at the end)."""
-        check_key(key)
-        if offset < 0 or length < 0:
-            raise InvalidArgumentError(
-                f"get_range of {key}: offset and length must be >= 0, not {offset}, {length}")
-        if length == 0:
-            if self.size(key) is None:
-                raise BlobNotFoundError(f"{self._where(key)} does not exist")
+        if not wants_bytes(self, key, offset, length, self._where(key)):
             return b""
         return self._call("get_range", key, lambda: self._fetch_range(key, offset, length))
 

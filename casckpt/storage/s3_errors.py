@@ -16,14 +16,13 @@ the statement of :func:`casckpt.storage.iam.s3_policy` that grants it.
 
 Messages name the operation, the object and the S3 error code, and never
 carry credentials: only the error code and the server's message text are
-used, and both pass through :func:`redact` first.
+used, and both pass through :func:`~casckpt.storage.redact.redact_text` first.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import json
-import re
 from typing import Any
 
 from botocore import exceptions as bce
@@ -96,17 +95,6 @@ _KMS_HINT = "check kms_key_id and that the credentials may use the key (kms:Gene
             "kms:Decrypt)"
 _DEFAULT_HINT = "look the error code up in the S3 documentation"
 
-_ACCESS_KEY_ID = re.compile(r"\b(?:AKIA|ASIA|AIDA|AROA|ANPA)[A-Z0-9]{12,}\b")
-_CREDENTIAL_FIELD = re.compile(r"(Credential=|Signature=|X-Amz-Security-Token=)[^\s,&\"']+")
-
-
-def redact(text: str) -> str:
-    """Remove anything that looks like a credential from ``text``."""
-    text = _ACCESS_KEY_ID.sub("***", text)
-    text = _CREDENTIAL_FIELD.sub(r"\1***", text)
-    return redact_text(text)
-
-
 def map_s3_error(exc: BaseException, op: str, where: str,
                  location: str | None = None) -> StorageError | AccessDeniedError:
     """Return the casckpt error for ``exc`` raised while doing ``op`` on ``where``.
@@ -138,12 +126,12 @@ def map_s3_error(exc: BaseException, op: str, where: str,
                         ConnectionError, TimeoutError)):
         return RetryableStorageError(
             f"S3 {op} of {where} failed in transit ({type(exc).__name__}: "
-            f"{redact(str(exc))}); trying again may succeed"
+            f"{redact_text(str(exc))}); trying again may succeed"
         )
     if isinstance(exc, concurrent.futures.CancelledError):
         return StorageError(f"S3 {op} of {where} was cancelled: the store is closing")
     return StorageError(f"S3 {op} of {where} failed ({type(exc).__name__}: "
-                        f"{redact(str(exc))}); {_DEFAULT_HINT}")
+                        f"{redact_text(str(exc))}); {_DEFAULT_HINT}")
 
 
 def error_code(response: dict[str, Any]) -> tuple[str, int | None]:
@@ -181,7 +169,7 @@ def denied(op: str, where: str, location: str | None, detail: str = "AccessDenie
 
 def _detail(response: dict[str, Any]) -> str:
     code, status = error_code(response)
-    message = redact(str(response.get("Error", {}).get("Message", "") or "")).strip().rstrip(".")
+    message = redact_text(str(response.get("Error", {}).get("Message", "") or "")).strip().rstrip(".")
     return f"{code or 'error'} (HTTP {status})" + (f": {message}" if message else "")
 
 

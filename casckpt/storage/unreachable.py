@@ -12,6 +12,7 @@ from pathlib import Path
 
 from casckpt.errors import StorageError
 from casckpt.storage.base import BlobInfo
+from casckpt.storage.redact import redact_text
 
 
 class UnreachableBlobStore:
@@ -22,7 +23,8 @@ class UnreachableBlobStore:
         self.reason = reason
 
     def _refuse(self) -> StorageError:
-        return StorageError(f"blob location {self.url} is unreachable: {self.reason}")
+        return StorageError(f"blob location {redact_text(self.url)} is unreachable: "
+                            f"{redact_text(self.reason)}")
 
     def put(self, key: str, data: bytes | memoryview) -> None:
         """Refuse."""

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from casckpt.errors import InvalidArgumentError
+from casckpt.errors import InvalidArgumentError, StorageError
 
 ACCOUNT = "devstoreaccount1"
 ACCOUNT_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/"
@@ -59,7 +59,8 @@ def azurite_server(location: Path, *, timeout: float = 30.0) -> Iterator[str]:
 
     Raises:
         InvalidArgumentError: azurite-blob is not installed (see :func:`find_azurite`).
-        RuntimeError: it did not start listening within ``timeout`` seconds.
+        StorageError: it exited, or did not start listening within ``timeout`` seconds (the
+            message names its log).
     """
     exe = find_azurite()
     if exe is None:
@@ -78,7 +79,7 @@ def azurite_server(location: Path, *, timeout: float = 30.0) -> Iterator[str]:
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"azurite-blob did not start (exit {proc.poll()}); see "
+                    raise StorageError(f"azurite-blob did not start (exit {proc.poll()}); see "
                                        f"{location / 'azurite.log'}") from None
                 time.sleep(0.1)
         yield f"http://127.0.0.1:{port}"

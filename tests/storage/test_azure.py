@@ -209,3 +209,14 @@ def test_the_azure_guide_names_every_az_option() -> None:
 
     guide = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "azure.md").read_text()
     assert [key for key in OPTIONS if f"`{key}`" not in guide] == []
+
+
+def test_an_azurite_that_does_not_start_is_a_typed_error_naming_its_log(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from casckpt.errors import StorageError
+    from casckpt.testing.azurite import azurite_server
+
+    monkeypatch.setenv("AZURITE_BLOB", "/bin/false")  # exits at once
+    with pytest.raises(StorageError, match="azurite-blob did not start.*azurite.log"):
+        with azurite_server(tmp_path, timeout=30):
+            pass

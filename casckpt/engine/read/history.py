@@ -193,9 +193,9 @@ def _tensors_of(views: treeviews.Trees, row: VersionRow, head: Manifest
 def _tree_diff(catalog: Catalog, a: VersionRow, b: VersionRow, ha: Manifest, hb: Manifest) -> VersionDiff:
     tensors, found, before, after = treeviews.Trees(catalog).differences(ha, hb)
     contents = {d: Content(*c) for d, c in found.items()}
-    changes = [_change(p, x, y, contents) for p, (x, y) in sorted(tensors.items())]
-    both = sum(1 for x, y in tensors.values() if x is not None and y is not None)
-    removed = sum(1 for x, y in tensors.values() if y is None)
+    changes = [_change(p, x, y, contents) for p, x, y in tensors]
+    both = sum(1 for _, x, y in tensors if x is not None and y is not None)
+    removed = sum(1 for _, x, y in tensors if y is None)
     tree_a = ha.tree
     unchanged = (tree_a.tensors if tree_a is not None else 0) - removed - both
     return _version_diff(catalog, a, b, changes, unchanged, value_changes(before, after))

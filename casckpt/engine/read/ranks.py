@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from casckpt.errors import InvalidArgumentError, RestoreTargetError
+from casckpt.errors import InvalidArgumentError, RestoreTargetError, TensorNotFoundError
 from casckpt.format.manifest import Manifest, rank_count, rank_view
 
 _RANK_PATH = re.compile(r"rank(\d+)/(.+)", re.DOTALL)
@@ -51,8 +51,19 @@ def rank_manifest(manifest: Manifest, group: Any, rank: int | None) -> Manifest:
 
 
 def tensor_manifest(manifest: Manifest, path: str) -> tuple[Manifest, str]:
-    """For a version saved rank by rank, ``rankN/path`` names a tensor of rank N's state."""
+    """For a version saved rank by rank, ``rankN/path`` names a tensor of rank N's state.
+
+    Raises:
+        TensorNotFoundError: a version saved rank by rank, and ``path`` names no rank (the
+            message shows the ``rank0/path`` form).
+        InvalidArgumentError: ``rankN`` is not one of its ranks.
+    """
     found = _RANK_PATH.fullmatch(path)
-    if rank_count(manifest) is None or found is None:
-        return rank_manifest(manifest, None, None), path
+    count = rank_count(manifest)
+    if count is None:
+        return manifest, path
+    if found is None:
+        raise TensorNotFoundError(
+            f"{manifest.run}@{manifest.step} was saved rank by rank by {count} ranks: name the "
+            f"tensor with its rank, e.g. {f'rank0/{path}'!r} (ranks 0..{count - 1})")
     return rank_manifest(manifest, None, int(found.group(1))), found.group(2)

@@ -10,6 +10,7 @@ versions share it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple, TypeVar
@@ -161,15 +162,20 @@ class Trees:
         return replace(manifest, root=one.root, tensors=one.tensors, extents=one.extents)
 
     def differences(self, a: Manifest, b: Manifest) -> tuple[
-            dict[str, tuple[TensorRow | None, TensorRow | None]], dict[str, ContentRow],
+            list[tuple[str, TensorRow | None, TensorRow | None]], dict[str, ContentRow],
             dict[str, object], dict[str, object]]:
-        """Tensors and plain values that differ between two tree versions: rows by path (None
-        where a side lacks the tensor), their contents, and each side's differing values."""
+        """Tensors and plain values that differ between two tree versions: ``(path, row in a,
+        row in b)`` sorted by path (None where a side lacks the tensor), their contents, and
+        each side's differing values.
+
+        Paths are dotted, so a key ``model.w`` (a DCP save's) and a key ``w`` under ``model``
+        (a commit's) name one path: the tensors each side holds at a path are matched by
+        content, whichever way their keys nest, and only those left unmatched differ."""
         if a.tree is None or b.tree is None:
             raise ValueError("not tree versions")
-        tensors: dict[str, tuple[TensorRow | None, TensorRow | None]] = {}
         contents: dict[str, ContentRow] = {}
         values: tuple[dict[str, object], dict[str, object]] = ({}, {})
+        sides: dict[str, tuple[list[TensorRow], list[TensorRow]]] = {}
         ra, rb = a.tree.root, b.tree.root
         found = _typed(lambda: list(self.reader.differences(ra, rb)))
         if a.tree.shared != b.tree.shared:
@@ -177,20 +183,19 @@ class Trees:
         for path, x, y in found:
             if _same_packed(x, y):
                 continue  # its group was rewritten around it: the same digest, in another pack
-            pair: list[TensorRow | None] = [None, None]
             for side, (value, shared) in enumerate(((x, a.tree.shared), (y, b.tree.shared))):
                 if not isinstance(value, dict):
                     continue
                 if value.get("t") in LEAVES:
-                    row, content = value_row(path, value, shared)
-                    pair[side] = row
+                    row, content = value_row(path, _whole(value), shared)
+                    sides.setdefault(path, ([], []))[side].append(row)
                     contents[row.digest] = content
                 else:
                     values[side][path] = _plain(value, path)
-            a_row, b_row = pair
-            if (a_row, b_row) != (None, None) and (
-                    a_row is None or b_row is None or a_row.digest != b_row.digest):
-                tensors[path] = (a_row, b_row)
+        tensors: list[tuple[str, TensorRow | None, TensorRow | None]] = []
+        for path in sorted(sides):
+            left, right = _unmatched(*sides[path])
+            tensors.extend((path, x, y) for x, y in itertools.zip_longest(left, right))
         return tensors, contents, values[0], values[1]
 
     def _same_shared_entries(self, a: bytes, b: bytes) -> list[tuple[str, Any, Any]]:
@@ -201,6 +206,32 @@ class Trees:
         left = dict(self.reader.leaves(self.reader.node(a)["v"]))
         return [(path, value, value) for path, value in self.reader.leaves(self.reader.node(b)["v"])
                 if _names_shared(value) and left.get(path) == value]
+
+
+def _whole(value: dict[str, Any]) -> dict[str, Any]:
+    """A tensor saved in one piece covering it (a DCP save in one process) as the same tensor
+    saved whole, so its rows and digest are those of a commit's (any other value as it is)."""
+    pieces = value.get("v") if value.get("t") == "sharded" else None
+    entry = pieces[0].get("e") if isinstance(pieces, list) and len(pieces) == 1 \
+        and isinstance(pieces[0], dict) else None
+    if not (isinstance(entry, dict) and entry.get("gs") == entry.get("shape")
+            and isinstance(entry.get("go"), list) and not any(entry["go"])):
+        return value
+    return {"t": "tensor", "e": {k: v for k, v in entry.items() if k not in ("gs", "go")}}
+
+
+def _unmatched(left: list[TensorRow], right: list[TensorRow]) -> tuple[list[TensorRow], list[TensorRow]]:
+    """The rows of each side that no row of the other side has the digest of (one for one)."""
+    rest = list(right)
+    alone = []
+    for row in left:
+        twin = next((i for i, other in enumerate(rest) if other.digest == row.digest), None)
+        if twin is None:
+            alone.append(row)
+        else:
+            del rest[twin]
+    return alone, rest
+
 
 def _same_packed(x: Any, y: Any) -> bool:
     """Whether two node values are packed tensors with the same bytes, dtype and shape (their
