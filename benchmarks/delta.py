@@ -47,7 +47,7 @@ from benchmarks import measure
 from benchmarks.suite import Baseline
 from benchmarks.suite import _baseline as torch_baseline  # the same fsync'd torch.save / torch.load
 from benchmarks.workloads import Workload, build
-from casckpt.format.tree import iter_leaves
+from casckpt.format.state import iter_leaves
 
 Log = Callable[[str], None]
 T = TypeVar("T")
@@ -173,7 +173,7 @@ def _commit(store: casckpt.Store, wl: Workload, step: int) -> DeltaCommit:
 
 
 def _fingerprint(state: Any) -> list[tuple[str, Any]]:
-    """``(path, leaf)`` of a state tree, each tensor replaced by its BLAKE3 (of dtype, shape, bytes)."""
+    """``(path, leaf)`` of a state, each tensor replaced by its BLAKE3 (of dtype, shape, bytes)."""
     digests = measure.tensor_digests(state)
     return [(path, digests[path] if isinstance(leaf, torch.Tensor) else leaf)
             for path, leaf in iter_leaves(state)]

@@ -24,7 +24,7 @@ import blake3
 import torch
 from typing_extensions import Self
 
-from casckpt.format.tree import iter_leaves
+from casckpt.format.state import iter_leaves
 
 T = TypeVar("T")
 
@@ -113,7 +113,7 @@ def torch_load(path: Path) -> Any:
 
 
 def flat_tensors(state: Any) -> dict[str, torch.Tensor]:
-    """``{dotted_path: tensor}`` of a state tree: what safetensors can store (tensors only)."""
+    """``{dotted_path: tensor}`` of a state: what safetensors can store (tensors only)."""
     return {path: t.detach().contiguous() for path, t in tensor_leaves(state)}
 
 
@@ -159,7 +159,7 @@ def dcp_save(state: Any, directory: Path) -> None:
 
 
 def empty_like_tree(tree: Any) -> Any:
-    """A copy of a state tree's containers and plain values, every tensor replaced by ``empty_like``."""
+    """A copy of a state's containers and plain values, every tensor replaced by ``empty_like``."""
     if isinstance(tree, torch.Tensor):
         return torch.empty_like(tree)
     if isinstance(tree, dict):
@@ -203,7 +203,7 @@ def remove(path: Path) -> None:
 
 
 def tensor_leaves(state: Any) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(dotted_path, tensor)`` for every torch tensor of a state tree."""
+    """``(dotted_path, tensor)`` for every torch tensor of a state."""
     for path, leaf in iter_leaves(state):
         if isinstance(leaf, torch.Tensor):
             yield path, leaf
@@ -261,12 +261,12 @@ def trees_equal(expected: Any, actual: Any) -> bool:
 
 
 def largest_tensor(state: Any) -> tuple[str, torch.Tensor]:
-    """The path and value of the biggest tensor (by bytes) of a state tree."""
+    """The path and value of the biggest tensor (by bytes) of a state."""
     return max(tensor_leaves(state), key=lambda item: item[1].nbytes)
 
 
 def logical_bytes(state: Any) -> int:
-    """Bytes of tensor data in a state tree."""
+    """Bytes of tensor data in a state."""
     return sum(t.nbytes for _, t in tensor_leaves(state))
 
 

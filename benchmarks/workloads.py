@@ -1,6 +1,6 @@
 """Benchmark workloads, generated in-process (nothing is downloaded).
 
-Every workload's state tree is ``{"model": model.state_dict(), "optim": ...}``,
+Every workload's state is ``{"model": model.state_dict(), "optim": ...}``,
 as a training loop would checkpoint it. The decoder workloads share one
 GPT-style model; ``embed`` is a recommendation model.
 

@@ -1,4 +1,4 @@
-"""Store layout, the store config file, and every environment override, in one place
+"""Where a store's files go, the store config file, and every environment override, in one place
 (the config file's decoding and checks: :mod:`casckpt.config_file`).
 
 Environment variables (all optional):

@@ -17,7 +17,7 @@ through :mod:`casckpt.engine.write.distributed` (``begin_save``, ``save_pieces``
 ``publish_save``, ``end_save``); the reader through ``engine.restore.read_ranges``.
 DCP's metadata is kept as the version's manifest (JSON), never pickled: each
 tensor a list of pieces (one rank's box of it: offsets, sizes, chunks; DCP
-calls them chunks or shards), each non-tensor value a plain-value tree (so a value must be made
+calls them chunks or shards), each non-tensor value a plain-value node (so a value must be made
 of what :func:`casckpt.Store.commit` accepts: dicts, lists, tuples, numbers,
 strings, bytes, None).
 
@@ -25,7 +25,7 @@ Loading: the reader serves DCP's metadata from the manifest, so ``dcp.load``
 reshards onto any number of ranks; each rank reads only the chunks holding
 the bytes its read items need (by range from the packs), verifying every one.
 Non-tensor values are handed to DCP's planner re-serialised from their
-plain-value trees: nothing pickled is ever read from the store. Versions made
+plain-value nodes: nothing pickled is ever read from the store. Versions made
 by :meth:`casckpt.Store.commit` can be loaded the same way.
 """
 
@@ -68,7 +68,7 @@ from torch.futures import Future
 
 from casckpt.engine.read.degraded import Shortfall
 from casckpt.engine.read.restore import read_ranges
-from casckpt.engine.versions.layout import tensor_from_extent
+from casckpt.engine.versions.extents import tensor_from_extent
 from casckpt.engine.write import commit as commit_engine
 from casckpt.engine.write.distributed import (
     SaveStart,
@@ -82,7 +82,7 @@ from casckpt.engine.write.distributed import (
 from casckpt.errors import CasckptError, InvalidArgumentError, RestoreTargetError, UnsupportedStateError
 from casckpt.format.dtypes import numpy_dtype, torch_dtype
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, World, rank_count
-from casckpt.format.tree import Node, check_key, decode_tree, encode_tree, join_path
+from casckpt.format.state import Node, check_key, decode_state, encode_state, join_path
 
 if TYPE_CHECKING:
     from casckpt.engine.context import EngineContext
@@ -117,7 +117,7 @@ class _Written(NamedTuple):
     """``WriteResult.storage_data``: what a rank stored for one item (travels to the coordinator)."""
 
     piece: Wire | None = None  # a tensor's piece (see _to_wire)
-    value: Node | None = None  # a plain value's tree
+    value: Node | None = None  # a plain value's node
     new_bytes: int = 0  # the rank's totals, carried by its first result only
     stored_bytes: int = 0
     degraded: tuple[Shortfall, ...] = ()  # packs the rank wrote below their redundancy (first result)
@@ -160,7 +160,7 @@ def _check_id(checkpoint_id: str | os.PathLike[str] | None, expected: str) -> No
 
 
 def _value_node(fqn: str, data: io.BytesIO) -> Node:
-    """A non-tensor value DCP serialised with torch.save, as a plain-value tree (no pickle kept)."""
+    """A non-tensor value DCP serialised with torch.save, as a plain-value node (no pickle kept)."""
     try:
         value = torch.load(io.BytesIO(data.getbuffer()), weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, AttributeError, TypeError, EOFError) as exc:
@@ -171,7 +171,7 @@ def _value_node(fqn: str, data: io.BytesIO) -> Node:
             f"(dicts, lists, tuples, numbers, strings, bytes, None) and tensors, and {what}. "
             "Convert it (e.g. int(x), x.isoformat(), x.state_dict()) before saving."
         ) from exc
-    root, leaves = encode_tree(value)
+    root, leaves = encode_state(value)
     if leaves:
         raise UnsupportedStateError(
             f"the value at {fqn!r} holds tensors inside an object DCP saves as opaque bytes "
@@ -227,7 +227,7 @@ class StoreWriter(StorageWriter):
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         """Each rank stores what DCP planned for it, once every key is one a commit takes
-        (:func:`casckpt.format.tree.check_key`): refused here, before any rank writes."""
+        (:func:`casckpt.format.state.check_key`): refused here, before any rank writes."""
         for item in plan.items:
             check_key(item.index.fqn, "")
         return plan
@@ -257,7 +257,7 @@ class StoreWriter(StorageWriter):
                 self._busy -= 1
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        """Store this rank's items: tensors as chunks (only new ones written), values as trees."""
+        """Store this rank's items: tensors as chunks (only new ones written), values as nodes."""
         with self._working():
             return self._write(plan, planner)
 
@@ -490,7 +490,7 @@ class StoreReader(StorageReader):
         if node is None:
             raise RestoreTargetError(f"{self._manifest.run}@{self._manifest.step} has no value at {fqn!r}")
         buffer = io.BytesIO()
-        torch.save(decode_tree(node, _no_tensor), buffer)  # DCP's planner torch.loads what it is given
+        torch.save(decode_state(node, _no_tensor), buffer)  # DCP's planner torch.loads what it is given
         buffer.seek(0)
         return buffer
 

@@ -24,7 +24,7 @@ class CasckptError(Exception):
 
 
 class UnsupportedStateError(CasckptError, TypeError):
-    """The state tree holds an object casckpt cannot store faithfully."""
+    """The state holds an object casckpt cannot store faithfully."""
 
 
 class InvalidNameError(CasckptError, ValueError):
@@ -89,8 +89,8 @@ class RefNotFoundError(CasckptError, KeyError):
     def __init__(self, ref: str, reason: str, near: Sequence[str] = ()) -> None:
         self.ref = ref
         self.near = tuple(near)
-        hint = f" Did you mean: {', '.join(self.near)}?" if self.near else ""
-        super().__init__(f"{ref!r}: {reason}.{hint}")
+        suggestion = f" Did you mean: {', '.join(self.near)}?" if self.near else ""
+        super().__init__(f"{ref!r}: {reason}.{suggestion}")
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0])
@@ -278,7 +278,7 @@ class UnsupportedFileError(InvalidArgumentError):
 
 class NotADirectorySnapshotError(InvalidArgumentError):
     """``checkout`` was asked for a version that is not a directory snapshot (one ``commit``
-    stored): ``restore`` reads it back as a state tree."""
+    stored): ``restore`` reads it back as a state."""
 
 
 class CheckoutTargetError(RestoreTargetError):

@@ -131,9 +131,9 @@ def check(given: Mapping[str, Any]) -> Options:
     for name in given:
         if name not in FIELDS:
             near = difflib.get_close_matches(str(name), sorted(FIELDS), n=1)
-            hint = f"; did you mean {near[0]!r}?" if near else \
+            suggestion = f"; did you mean {near[0]!r}?" if near else \
                 f"; the options are {', '.join(sorted(FIELDS))}"
-            raise InvalidArgumentError(f"no such option: {name!r}{hint}")
+            raise InvalidArgumentError(f"no such option: {name!r}{suggestion}")
     for name, value in given.items():
         _check_value(name, value)
     return cast(Options, dict(given))  # every name and value checked above

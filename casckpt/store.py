@@ -239,7 +239,7 @@ class Store(StoreHistory):
             def preflight() -> None:  # on every rank, inside the first collective step
                 self._core.refresh_locations()
                 self._core.committer.raise_unreported()  # a background failure nobody saw yet
-                self._core.committer.drain()  # versions of a run appear in commit order
+                self._core.committer.wait_all()  # versions of a run appear in commit order
 
             from casckpt.engine.write.group import group_commit
 
@@ -268,7 +268,7 @@ class Store(StoreHistory):
             CommitTimeoutError: ``timeout`` seconds passed with commits still running.
             BackgroundCommitError: a background commit failed unseen.
         """
-        if not self._core.committer.drain(timeout):
+        if not self._core.committer.wait_all(timeout):
             raise CommitTimeoutError(f"background commits still running after {timeout} s")
         self._core.committer.raise_unreported()
 
@@ -288,7 +288,7 @@ class Store(StoreHistory):
                 metadata: Mapping[str, Any] | None = None, metrics: Mapping[str, float] | None = None,
                 message: str | None = None, tags: Iterable[str] = (),
                 progress: ProgressCallback | None = None, block: bool = True) -> Version | CommitHandle:
-        """Store the directory tree at ``path`` as version ``run@step``, byte-identical.
+        """Store the directory at ``path`` as version ``run@step``, byte-identical.
 
         Every directory, regular file and symbolic link is recorded: relative name, permission
         bits, size, bytes, a whole-file BLAKE3, and for a link its target text (links are never
@@ -432,7 +432,7 @@ class Store(StoreHistory):
     def restore(self, ref: Ref, into: object = None, *, map_location: Any = None,
                 progress: ProgressCallback | None = None, group: Any = None,
                 rank: int | None = None) -> Any:
-        """Bring back the state tree of ``ref``, every byte verified.
+        """Bring back the state of ``ref``, every byte verified.
 
         Args:
             ref: a ref string (``run@step``, ``run@latest``, ``run@~N``,

@@ -145,7 +145,7 @@ class StoreHistory:
 
     def lineage(self) -> list[RunNode]:
         """Every run with its fork point and forks, depth first (root runs by name)."""
-        return history_engine.run_nodes(history_sql.run_tree(self._core.ctx.catalog), utc)
+        return history_engine.run_nodes(history_sql.lineage_rows(self._core.ctx.catalog), utc)
 
     def best(self, run: str, metric: str, mode: str = "min") -> Version:
         """The visible version of ``run`` with the lowest (``mode="min"``) or highest

@@ -20,7 +20,7 @@ from casckpt.engine.maintenance import keyring
 from casckpt.engine.versions import records
 from casckpt.engine.versions.validate import check_name, check_timeout
 from casckpt.errors import CasckptError, InvalidArgumentError
-from casckpt.format import keys
+from casckpt.format import objectnames
 from casckpt.storage import open_blob_store, redact_url
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.locations import Location
@@ -77,7 +77,7 @@ class Locations:
         absolute = cfg._resolved([spec], base)[0]  # noqa: SLF001 - one URL rule for files and args
         try:
             blob_store = sealed(open_blob_store(absolute.url, core.backends), core.ctx.crypto)
-            for _ in blob_store.list(keys.PACKS):  # reachable and listable
+            for _ in blob_store.list(objectnames.PACKS):  # reachable and listable
                 break
         except (CasckptError, OSError) as exc:
             raise InvalidArgumentError(f"cannot use {redact_url(url)} as a blob location: {exc}") from exc

@@ -56,7 +56,7 @@ class Version(ToDict):
         run: the run the version belongs to.
         step: the training step it was committed at (unique within the run).
         created_at: when the commit started (UTC).
-        logical_bytes: bytes of tensor data in the state tree.
+        logical_bytes: bytes of tensor data in the state.
         new_bytes: raw bytes of chunks the store did not hold before this commit.
         stored_bytes: encoded (compressed) bytes written for those chunks; pack
             headers and footers are not counted (``StoreStats.pack_bytes`` has them).
@@ -424,7 +424,7 @@ class TensorHistoryEntry(ToDict):
 
 @dataclass(frozen=True, slots=True)
 class RunNode(ToDict):
-    """A run in the lineage tree (``store.lineage``).
+    """A run in the lineage (``store.lineage``).
 
     ``parent_run`` / ``fork_step`` are None for a root run, and also when the
     version it was forked from is gone (``fork_version`` then keeps its id).

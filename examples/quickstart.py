@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 import casckpt
-from casckpt.format.tree import iter_leaves
+from casckpt.format.state import iter_leaves
 
 RUN, STEPS, EVERY, CRASH_AT, BATCH = "quickstart", 40, 10, 25, 64
 

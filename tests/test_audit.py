@@ -157,14 +157,14 @@ def test_audit_row_rolls_back_with_a_publish_that_fails(store: casckpt.Store,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """The commit's row is written inside the publishing transaction: a publish that fails
     after it (here: on the statement right after) leaves neither the version nor the row."""
-    real = audit.record
+    real = audit.add
 
     def then_fail(conn: object, action: str, *args: object) -> None:
         real(conn, action, *args)  # type: ignore[arg-type]
         if action == "commit":
             raise RuntimeError("crashed between the audit row and COMMIT")
 
-    monkeypatch.setattr(audit, "record", then_fail)
+    monkeypatch.setattr(audit, "add", then_fail)
     with pytest.raises(RuntimeError, match="crashed between"):
         store.commit(_state(1), run="r", step=1)
     monkeypatch.undo()
@@ -177,12 +177,12 @@ def test_audit_row_rolls_back_with_a_publish_that_fails(store: casckpt.Store,
 KILLED = """
 import os, sys, torch, casckpt
 from casckpt.catalog import audit
-real = audit.record
+real = audit.add
 def record_then_die(conn, action, *args):
     real(conn, action, *args)
     if action == "commit":
         os._exit(9)  # killed with the row written, before the transaction commits
-audit.record = record_then_die
+audit.add = record_then_die
 with casckpt.open(sys.argv[1]) as store:
     store.commit({"w": torch.ones(100)}, run="r", step=2)
 """

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from casckpt.errors import CorruptChunkError, RefNotFoundError, VersionExistsError
-from casckpt.format.tree import iter_leaves
+from casckpt.format.state import iter_leaves
 from casckpt.storage import open_blob_store
 from casckpt.testing.internals import internals
 
@@ -50,7 +50,7 @@ def _raw(t: torch.Tensor) -> torch.Tensor:
 
 
 def assert_same(a: Any, b: Any) -> None:
-    """Bit-exact equality of two state trees, types included."""
+    """Bit-exact equality of two states, types included."""
     if isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor) and (a.dtype, a.shape) == (b.dtype, b.shape)
         assert _raw(a).equal(_raw(b))

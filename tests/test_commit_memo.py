@@ -21,10 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import casckpt
-from casckpt.engine.versions.layout import PackMemo, plan_extents
+from casckpt.engine.versions.extents import PackMemo, plan_extents
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry
 from casckpt.format.merkle import SPLIT_ITEMS
-from casckpt.format.tree import encode_tree, iter_leaves
+from casckpt.format.state import encode_state, iter_leaves
 from casckpt.format.treeencode import TreeMemo
 from casckpt.format.treemanifest import encode_tree_manifest
 
@@ -40,7 +40,7 @@ _trees = st.recursive(_leaf, lambda inner: st.one_of(
 
 def _manifest(state: object) -> Manifest:
     """A manifest of ``state`` with made-up extents (a function of each tensor's values)."""
-    root, leaves = encode_tree(state)
+    root, leaves = encode_state(state)
     tensors, extents = [], []
     for i, leaf in enumerate(leaves):
         t = torch.as_tensor(leaf.value)
@@ -113,7 +113,7 @@ def test_a_pack_memo_never_changes_the_entries() -> None:
     for edit in edits:
         edit(state)
         memo = PackMemo(memo)
-        _, leaves = encode_tree(state)
+        _, leaves = encode_state(state)
         got, _ = plan_extents(leaves, pack=16 << 10, memo=memo)
         want, _ = plan_extents(leaves, pack=16 << 10)
         assert got == want

@@ -1,4 +1,4 @@
-"""State trees nest at most MAX_DEPTH containers: any tree up to it round-trips through a
+"""States nest at most MAX_DEPTH containers: any tree up to it round-trips through a
 store, one level more is refused before anything is written (issue 13: deep trees used to
 escape as a RecursionError from the encoder, ~490 levels down)."""
 
@@ -22,7 +22,7 @@ from casckpt.errors import (
     RestoreTargetError,
     UnsupportedStateError,
 )
-from casckpt.format.tree import MAX_DEPTH
+from casckpt.format.state import MAX_DEPTH
 
 PROPERTY = settings(max_examples=25, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -135,7 +135,7 @@ def test_tree_of_500_levels_is_refused_naming_the_path(store: casckpt.Store) -> 
 
 
 def test_metadata_deeper_than_the_limit_is_refused(store: casckpt.Store) -> None:
-    # metadata is stored in the manifest: deeper than a state tree may be, it would make the
+    # metadata is stored in the manifest: deeper than a state may be, it would make the
     # manifest one that decoding refuses as forged
     meta: Any = {"x": 1}
     for _ in range(MAX_DEPTH):

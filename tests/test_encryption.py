@@ -33,7 +33,7 @@ from casckpt.errors import (
     StoreKeyError,
     WrongKeyError,
 )
-from casckpt.format import keys as object_keys
+from casckpt.format import objectnames
 from casckpt.testing.internals import internals
 
 SECRET_NOTE = "zq-metadata-note-7d1c"
@@ -123,7 +123,7 @@ def test_no_plaintext_reaches_a_local_location(split: Any) -> None:
         _commit_secrets(store)
         assert torch.equal(store.restore(f"tag:{TAG}")["model"]["w"], _state()["model"]["w"])
     files = [p for p in loc.rglob("*") if p.is_file()]
-    assert any(p.name == object_keys.KEYS_RECORD for p in files)
+    assert any(p.name == objectnames.KEYS_RECORD for p in files)
     for path in files:
         data = path.read_bytes()
         for needle in _needles():
@@ -169,7 +169,7 @@ def test_the_same_tensor_has_unrelated_ids_and_names_in_two_stores(tmp_path: Pat
     assert ia and ib and ip
     assert not ia & ib and not ia & ip and not ib & ip
     assert len({va, vb, vp}) == 3
-    shared = {object_keys.IDENTITY, object_keys.KEYS_RECORD, "refs/locations"}
+    shared = {objectnames.IDENTITY, objectnames.KEYS_RECORD, "refs/locations"}
     assert not (na & nb) - shared
 
 
@@ -248,7 +248,7 @@ def test_keys_can_be_added_rotated_and_removed_and_every_version_stays_readable(
                            ("key.remove", first_id)]
     with pytest.raises(WrongKeyError):
         open_()
-    record = json.loads((loc / object_keys.KEYS_RECORD).read_text())
+    record = json.loads((loc / objectnames.KEYS_RECORD).read_text())
     assert [s["id"] for s in record["slots"]] == [rotated.id]  # the location's copy follows
 
 
@@ -418,11 +418,11 @@ def test_a_deleted_key_record_on_a_location_is_written_again_at_open(split: Any)
     loc, open_ = split
     with open_() as store:
         store.commit(_state(), run="r", step=1)
-    record = (loc / object_keys.KEYS_RECORD).read_bytes()
-    (loc / object_keys.KEYS_RECORD).unlink()
+    record = (loc / objectnames.KEYS_RECORD).read_bytes()
+    (loc / objectnames.KEYS_RECORD).unlink()
     with open_() as store:
         assert store.restore("r@1")["note"] == SECRET_VALUE
-    assert (loc / object_keys.KEYS_RECORD).read_bytes() == record
+    assert (loc / objectnames.KEYS_RECORD).read_bytes() == record
 
 
 def test_the_cli_creates_and_opens_an_encrypted_store(tmp_path: Path, key_file: Path) -> None:
@@ -478,9 +478,9 @@ def test_gc_delta_coding_and_a_new_location_work_encrypted(split: Any, tmp_path:
         store.delete("gone@1")
         report = store.gc(grace=0)
         assert report.bytes_freed > 0
-        assert (loc / object_keys.KEYS_RECORD).exists()  # gc never takes the key record
+        assert (loc / objectnames.KEYS_RECORD).exists()  # gc never takes the key record
         added = store.locations.add(str(tmp_path / "second"))
-        assert (tmp_path / "second" / object_keys.KEYS_RECORD).exists()
+        assert (tmp_path / "second" / objectnames.KEYS_RECORD).exists()
         store.locations.drain("loc0")
         store.ops.repair()
         assert store.restore("r@3")["step"] == 3
@@ -570,7 +570,7 @@ def _assert_one_encryption(root: Path, loc: Path, replies: list[dict[str, Any]],
                 else "KeyRequiredError" if held is None else "WrongKeyError" for held in RACE_KEYS]
     assert outcome == expected, [e for reply in replies for e in reply["errors"]]
     objects = [p for p in loc.rglob("*") if p.is_file() and p.name not in
-               (object_keys.IDENTITY, object_keys.KEYS_RECORD)]
+               (objectnames.IDENTITY, objectnames.KEYS_RECORD)]
     assert objects
     for path in objects:
         sealed = path.read_bytes()[:8] == b"CKSEAL01"
@@ -618,7 +618,7 @@ def test_a_writer_whose_store_encryption_changed_is_refused_before_its_first_obj
 
     class Flipping(WriteHookStore):
         def before_write(self, key: str) -> None:
-            if flip and key.startswith(object_keys.MANIFESTS):  # packs written, not yet published
+            if flip and key.startswith(objectnames.MANIFESTS):  # packs written, not yet published
                 set_state(flip.pop())
 
     loc = tmp_path / "loc"

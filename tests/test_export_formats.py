@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 import casckpt
 from casckpt.cli.main import app
 from casckpt.errors import InvalidArgumentError, RestoreTargetError
-from casckpt.format.tree import iter_leaves
+from casckpt.format.state import iter_leaves
 
 
 def _leaves(tree: object) -> dict[str, object]:

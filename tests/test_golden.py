@@ -15,7 +15,7 @@ import torch
 import casckpt
 from benchmarks.oldformats import encode_manifest
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry
-from casckpt.format.tree import encode_tree, iter_leaves
+from casckpt.format.state import encode_state, iter_leaves
 from casckpt.format.treemanifest import encode_tree_manifest
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -77,7 +77,7 @@ def test_the_golden_store_migrates_its_old_version_and_still_restores(golden: Pa
 
 
 def _manifest(tree_state: Any) -> Manifest:
-    root, leaves = encode_tree(tree_state)
+    root, leaves = encode_state(tree_state)
     tensors = tuple(TensorEntry(leaf.path, "torch", "float32", tuple(leaf.value.shape), i)
                     for i, leaf in enumerate(leaves))
     extents = tuple(ExtentEntry(4 * leaf.value.numel(), 1 << 20, (bytes([i]) * 32,))

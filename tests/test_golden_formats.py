@@ -18,7 +18,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 import casckpt
-from casckpt.format.tree import iter_leaves
+from casckpt.format.state import iter_leaves
 
 GOLDEN = Path(__file__).parent / "golden"
 sys.path.insert(0, str(GOLDEN))

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 import casckpt
 from casckpt.cli.main import app
 from casckpt.errors import GCRefusedError, StoreIdentityError
-from casckpt.format.identity import IDENTITY_KEY, decode_identity
+from casckpt.format.identity import IDENTITY_NAME, decode_identity
 from casckpt.testing.internals import internals
 
 CHUNK = 4096
@@ -72,7 +72,7 @@ def test_a_new_store_writes_its_identity_on_every_location(tmp_path: Path) -> No
         store.commit(_state(1), run="r", step=1)
         store_id = internals(store).catalog.store_id
     for d in dirs:
-        record = decode_identity((d / IDENTITY_KEY).read_bytes(), str(d))
+        record = decode_identity((d / IDENTITY_NAME).read_bytes(), str(d))
         assert (record.store_id, record.generation) == (store_id, 1)
 
 
@@ -111,7 +111,7 @@ def test_catalog_rebuild_recovers_a_lost_catalog_and_takes_over_the_store(tmp_pa
         assert store.ops.check(read_data=True).ok
         assert store.gc(grace=0).orphans_deleted == 0
         new_id = internals(store).catalog.store_id
-    record = decode_identity((root / IDENTITY_KEY).read_bytes(), "")
+    record = decode_identity((root / IDENTITY_NAME).read_bytes(), "")
     assert record.generation == 2 and record.store_id == new_id  # the store keeps its id
     # the catalog from before the rebuild turns up again: refused (a lower generation)
     _drop_catalog(root)
@@ -128,7 +128,7 @@ def test_another_stores_catalog_is_refused_naming_both_stores(tmp_path: Path) ->
     shutil.copy(b / "catalog.db", a / "catalog.db")
     with pytest.raises(StoreIdentityError) as info:
         _open(a)
-    ids = [decode_identity((d / IDENTITY_KEY).read_bytes(), "").store_id for d in (a, b)]
+    ids = [decode_identity((d / IDENTITY_NAME).read_bytes(), "").store_id for d in (a, b)]
     assert all(i in str(info.value) for i in ids)
     assert _objects(a) == before
 
@@ -154,17 +154,17 @@ def test_recover_mode_refuses_to_commit_or_collect_until_rebuilt(tmp_path: Path)
 def test_a_store_from_before_identity_records_is_adopted_by_its_own_catalog(tmp_path: Path) -> None:
     root = tmp_path / "store"
     _make(root)
-    (root / IDENTITY_KEY).unlink()
+    (root / IDENTITY_NAME).unlink()
     with _open(root) as store:
         _assert_restores(store)
         store_id = internals(store).catalog.store_id
-    assert decode_identity((root / IDENTITY_KEY).read_bytes(), "").store_id == store_id
+    assert decode_identity((root / IDENTITY_NAME).read_bytes(), "").store_id == store_id
 
 
 def test_a_store_from_before_identity_records_with_a_lost_catalog_is_refused(tmp_path: Path) -> None:
     root = tmp_path / "store"
     before = _make(root)
-    (root / IDENTITY_KEY).unlink()
+    (root / IDENTITY_NAME).unlink()
     _drop_catalog(root)
     with pytest.raises(StoreIdentityError, match="no identity record"):
         _open(root)
@@ -178,11 +178,11 @@ def test_a_damaged_identity_record_is_rewritten_only_for_a_catalog_that_knows_th
         tmp_path: Path) -> None:
     root = tmp_path / "store"
     _make(root)
-    (root / IDENTITY_KEY).write_bytes(b'{"format": "casckpt.identity", "garbage": 1}')
+    (root / IDENTITY_NAME).write_bytes(b'{"format": "casckpt.identity", "garbage": 1}')
     with _open(root) as store:  # the catalog knows the location's manifests: rewritten
         _assert_restores(store)
-    decode_identity((root / IDENTITY_KEY).read_bytes(), "")
-    (root / IDENTITY_KEY).write_bytes(b"\x00\xff")
+    decode_identity((root / IDENTITY_NAME).read_bytes(), "")
+    (root / IDENTITY_NAME).write_bytes(b"\x00\xff")
     _drop_catalog(root)
     with pytest.raises(StoreIdentityError, match="damaged identity record"):
         _open(root)
@@ -204,7 +204,7 @@ def test_gc_refuses_a_location_whose_record_went_missing(tmp_path: Path) -> None
     dirs = [tmp_path / f"d{i}" for i in range(2)]
     with casckpt.open(root, blobs=[str(d) for d in dirs], chunk_size=CHUNK) as store:
         store.commit(_state(1), run="r", step=1)
-        (dirs[1] / IDENTITY_KEY).unlink()  # e.g. another process replaced the directory
+        (dirs[1] / IDENTITY_NAME).unlink()  # e.g. another process replaced the directory
         with pytest.raises(GCRefusedError, match="does not prove it belongs"):
             store.gc(grace=0)
 

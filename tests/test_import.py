@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 
 import casckpt
 from casckpt.errors import UnreadableCheckpointError, UnsafeCheckpointError, UnsupportedStateError
-from casckpt.format.tree import iter_leaves
+from casckpt.format.state import iter_leaves
 
 MARKER_ENV = "CASCKPT_TEST_MARKER"
 
@@ -138,7 +138,7 @@ def test_a_custom_class_is_refused_naming_it(empty_store: casckpt.Store, tmp_pat
     _nothing_committed(empty_store)
 
 
-def test_a_loaded_object_the_tree_cannot_hold_is_named_by_path(empty_store: casckpt.Store,
+def test_a_loaded_object_the_state_cannot_hold_is_named_by_path(empty_store: casckpt.Store,
                                                                tmp_path: Path) -> None:
     torch.save({"opt": {"shape": torch.Size([2, 3])}}, tmp_path / "size.pt")  # weights_only loads it
     with pytest.raises(UnsupportedStateError, match="opt.shape"):

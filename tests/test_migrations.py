@@ -20,7 +20,7 @@ import casckpt
 from casckpt import config as cfg
 from casckpt.catalog.migrate import _config, current_revision, head_revision, migrations_dir
 from casckpt.errors import CasckptError, CatalogError, SchemaTooNewError
-from casckpt.format.identity import IDENTITY_KEY
+from casckpt.format.identity import IDENTITY_NAME
 
 # what these tests pin is what the migrations do to every new catalog (tests/conftest.py replays
 # their result elsewhere)
@@ -130,11 +130,11 @@ def test_upgrade_keeps_existing_versions(tmp_path: Path) -> None:
     root = legacy("migrations", tmp_path / "store")
     _migrate(root, "0001", down=True)
     assert _revision(root) == "0001" and "store_info" not in _tables(root)
-    (root / IDENTITY_KEY).unlink()  # a casckpt of 0001's time wrote no identity record
+    (root / IDENTITY_NAME).unlink()  # a casckpt of 0001's time wrote no identity record
 
     with casckpt.open(root, chunk_size=4096) as store:
         assert _revision(root) == head_revision()
-        assert (root / IDENTITY_KEY).is_file()  # adopted: the catalog knows the store's manifests
+        assert (root / IDENTITY_NAME).is_file()  # adopted: the catalog knows the store's manifests
         assert [v.step for v in store.log("r")] == [3, 2, 1]
         assert store.resolve("tag:t1").step == 1
         for step in (1, 2, 3):

@@ -49,8 +49,8 @@ from casckpt.catalog import shards as shard_sql
 from casckpt.cli.main import app
 from casckpt.engine.versions import records
 from casckpt.errors import StoreKeyError
-from casckpt.format import keys as object_keys
-from casckpt.format.identity import IDENTITY_KEY
+from casckpt.format import objectnames
+from casckpt.format.identity import IDENTITY_NAME
 from casckpt.testing.internals import internals
 
 CHUNK = 8 << 10
@@ -106,7 +106,7 @@ def fill(store: casckpt.Store) -> None:
 # -- listing a location, independently of casckpt --------------------------------------------
 
 
-Lister = Callable[[str], set[str]]  # location name -> every object key it holds
+Lister = Callable[[str], set[str]]  # location name -> every object name it holds
 
 
 def local_lister(dirs: dict[str, Path]) -> Lister:
@@ -132,7 +132,7 @@ def expected_objects(store: casckpt.Store) -> dict[str, set[str]]:
         shards = conn.execute(sa.select(schema.shards.c.location_id, schema.shards.c.key)).all()
         visible = conn.execute(sa.select(schema.versions.c.id)
                                .where(schema.versions.c.state == "visible")).scalars().all()
-    recovery = {f"manifests/{v}" for v in visible} | set(records.expected(catalog)) | {IDENTITY_KEY}
+    recovery = {f"manifests/{v}" for v in visible} | set(records.expected(catalog)) | {IDENTITY_NAME}
     out: dict[str, set[str]] = {name: set() for name in names.values()}
     for name, state in states.items():
         if state == "active":
@@ -732,14 +732,14 @@ def test_a_rebuild_finds_the_current_key_record_beside_a_stale_one(tmp_path: Pat
     a, b = tmp_path / "a", tmp_path / "b"
     with casckpt.open(tmp_path / "store", blobs=[str(a), str(b)], key_file=old) as store:
         store.commit(_state(), run="r", step=1)
-        stale = (b / object_keys.KEYS_RECORD).read_bytes()
-        assert (a / object_keys.KEYS_RECORD).read_bytes() == stale
+        stale = (b / objectnames.KEYS_RECORD).read_bytes()
+        assert (a / objectnames.KEYS_RECORD).read_bytes() == stale
     b.rename(tmp_path / "b-away")  # b is unreachable while the key is rotated
     with casckpt.open(tmp_path / "store", blobs=[str(a), str(b)], key_file=old) as store:
         rotated = store.keys.rotate(new)
     (tmp_path / "b-away").rename(b)
-    assert (b / object_keys.KEYS_RECORD).read_bytes() == stale
-    assert (a / object_keys.KEYS_RECORD).read_bytes() != stale
+    assert (b / objectnames.KEYS_RECORD).read_bytes() == stale
+    assert (a / objectnames.KEYS_RECORD).read_bytes() != stale
     old.unlink()  # the retired key is gone
     shutil.rmtree(tmp_path / "store")
     with casckpt.open(tmp_path / "store2", blobs=[str(b), str(a)], recover=True, key_file=new) as store:
@@ -928,9 +928,9 @@ def test_a_rebuild_over_encrypted_objects_without_a_key_record_is_refused(tmp_pa
     with casckpt.open(tmp_path / "store", blobs=str(loc), key_file=key) as store:
         store.commit(_state(), run="r", step=1)
     if loss == "deleted":
-        (loc / object_keys.KEYS_RECORD).unlink()
+        (loc / objectnames.KEYS_RECORD).unlink()
     else:
-        (loc / object_keys.KEYS_RECORD).write_text("{not json")
+        (loc / objectnames.KEYS_RECORD).write_text("{not json")
     shutil.rmtree(tmp_path / "store")
     before = {str(p): p.read_bytes() for p in _files(loc)}
     for kw in ({}, {"key_file": key}):

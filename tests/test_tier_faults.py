@@ -56,7 +56,7 @@ class S3:
         self.bucket, self.prefix = url.removeprefix("s3://").split("/", 1)
 
     def keys(self, under: str = "") -> set[str]:
-        """Every object key under the store's prefix (relative to it)."""
+        """Every object name under the store's prefix (relative to it)."""
         out: set[str] = set()
         pages = self.client.get_paginator("list_objects_v2").paginate(
             Bucket=self.bucket, Prefix=f"{self.prefix}/{under}")
@@ -344,7 +344,7 @@ def test_gc_racing_a_slow_drain_loses_nothing(tmp_path: Path, s3: S3,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     from casckpt.engine.packlayer.packs import Packs
 
-    real_write, real_record = Packs.write, tier_sql.record_drained
+    real_write, real_record = Packs.write, tier_sql.mark_drained
 
     def slow_write(self: Packs, *args: Any, **kwargs: Any) -> Any:
         time.sleep(0.15)
@@ -355,7 +355,7 @@ def test_gc_racing_a_slow_drain_loses_nothing(tmp_path: Path, s3: S3,
         return real_record(*args, **kwargs)
 
     monkeypatch.setattr(Packs, "write", slow_write)
-    monkeypatch.setattr(tier_sql, "record_drained", slow_record)
+    monkeypatch.setattr(tier_sql, "mark_drained", slow_record)
     stop, runs, errors = threading.Event(), [0], []
 
     def collect() -> None:

@@ -20,7 +20,7 @@ import casckpt
 from casckpt.catalog.migrate import _config
 from casckpt.engine.maintenance import treemigrate
 from casckpt.format.manifest import decode_manifest
-from casckpt.format.tree import iter_leaves
+from casckpt.format.state import iter_leaves
 from casckpt.format.treemanifest import with_tree
 from casckpt.testing.internals import internals
 

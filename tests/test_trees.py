@@ -20,7 +20,7 @@ from casckpt.engine.versions import refs
 from casckpt.errors import CorruptManifestError, TensorNotFoundError
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, decode_manifest
 from casckpt.format.merkle import PART_MAX_ITEMS, SPLIT_ITEMS, Nodes, NodeSource
-from casckpt.format.tree import encode_tree, iter_leaves
+from casckpt.format.state import encode_state, iter_leaves
 from casckpt.format.treemanifest import encode_tree_manifest
 from casckpt.format.treeread import TreeReader
 from casckpt.testing.internals import internals
@@ -131,7 +131,7 @@ _trees = st.recursive(_leaf, lambda inner: st.one_of(
 
 
 def _manifest(state: object) -> Manifest:
-    root, leaves = encode_tree(state)
+    root, leaves = encode_state(state)
     sizes = [4 * leaf.value.numel() for leaf in leaves]
     extents = tuple(ExtentEntry(n, 64, tuple(bytes([i % 256, j]) * 16 for j in range(-(-n // 64))))
                     for i, n in enumerate(sizes))
@@ -142,7 +142,7 @@ def _manifest(state: object) -> Manifest:
 
 @given(_trees)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-def test_any_tree_round_trips_through_nodes(state: object) -> None:
+def test_any_state_round_trips_through_nodes(state: object) -> None:
     try:
         manifest = _manifest(state)
     except casckpt.CasckptError:
@@ -505,7 +505,7 @@ def test_a_summary_disagreeing_with_its_tree_is_refused() -> None:
     from casckpt.format.chunks import object_id
 
     state = {"model": _flat(20), "lr": 0.1}
-    root, leaves = encode_tree(state)
+    root, leaves = encode_state(state)
     tensors = tuple(TensorEntry(leaf.path, "torch", "float32", (8,), i) for i, leaf in enumerate(leaves))
     extents = tuple(ExtentEntry(32, 1 << 20, (bytes([i]) * 32,)) for i in range(len(leaves)))
     manifest = Manifest("r", 1, None, 0.0, root, tensors, extents)

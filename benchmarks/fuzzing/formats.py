@@ -27,7 +27,7 @@ from benchmarks.fuzzing.harness import WrongData
 from benchmarks.fuzzing.mutate import Field, forge_field, json_text, mutate_bytes, mutate_json, splice
 from benchmarks.fuzzing.seeds import FormatSeeds, PackSeed
 from casckpt.engine.read.restore import _assemble, _stored_leaves
-from casckpt.engine.versions.layout import tensor_from_extent
+from casckpt.engine.versions.extents import tensor_from_extent
 from casckpt.engine.versions.tensorrows import tensor_rows
 from casckpt.errors import CasckptError, CorruptPackError
 from casckpt.format.chunks import chunk_id, object_id
@@ -42,7 +42,7 @@ from casckpt.format.pack import (
     scan_entries,
 )
 from casckpt.format.shard import SHARD_HEADER_SIZE, decode_shard_header, payload_checksum
-from casckpt.format.tree import decode_tree, iter_values
+from casckpt.format.state import decode_state, iter_values
 from casckpt.format.treeread import TreeReader
 from casckpt.storage.erasure import ErasureCode
 
@@ -99,7 +99,7 @@ def pack_fields(seed: PackSeed) -> tuple[list[Field], list[Field], list[Field], 
     foot = [Field("footer count", footer_at + 4, 8, _footer_fix)]
     for i in range(len(entries)):
         at = footer_at + 12 + i * 90
-        foot += [Field(f"footer record {i} {name}", at + off, width, _footer_fix) for name, off, width in (
+        foot += [Field(f"footer entry {i} {name}", at + off, width, _footer_fix) for name, off, width in (
             ("chunk id", 0, 32), ("offset", 32, 8), ("stored_len", 40, 8), ("raw_len", 48, 8),
             ("codec", 56, 1), ("flags", 57, 1), ("base id", 58, 32))]
     trailer = [Field("trailer footer_len", size - TRAILER_SIZE, 8, _footer_fix),
@@ -501,9 +501,9 @@ def use_manifest(m: Manifest, version_id: str) -> None:
 
 
 def _materialize(m: Manifest) -> None:
-    """Build the state tree over zero-filled extent buffers, as restore does over filled ones."""
+    """Build the state over zero-filled extent buffers, as restore does over filled ones."""
     if sum(b.nbytes for b in m.extents) > _BUFFER_LIMIT:
-        decode_tree(m.root, lambda i, p: None, lambda i, p: None)
+        decode_state(m.root, lambda i, p: None, lambda i, p: None)
         return
     buffers: dict[int, Any] = {}
     for t in m.tensors:
@@ -518,4 +518,4 @@ def _materialize(m: Manifest) -> None:
     def sharded(indices: list[int], path: str) -> object:
         return _assemble([m.tensors[i] for i in indices], buffers)
 
-    decode_tree(m.root, tensor, sharded)
+    decode_state(m.root, tensor, sharded)

@@ -162,7 +162,7 @@ def _v2_manifests() -> list[Manifest]:
 
 
 def _state(seed: int, step: int) -> dict[str, Any]:
-    """A state tree exercising every codec and node type; later steps nudge the weights a little."""
+    """A state exercising every codec and node type; later steps nudge the weights a little."""
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(6000, generator=g)
     emb = torch.linspace(-1, 1, 4096).to(torch.bfloat16)

@@ -1,7 +1,7 @@
 """The SQL catalog: the authoritative record of runs, versions, tags, tensors, chunks, packs and shards."""
 
 from casckpt.catalog.catalog import Catalog
-from casckpt.catalog.packs import ChunkLocation, PackLayout, PackRecord, ShardRow
+from casckpt.catalog.packs import ChunkLocation, PackLayout, ShardRow, StoredPack
 from casckpt.catalog.publish import MissingChunksError
 
-__all__ = ["Catalog", "ChunkLocation", "MissingChunksError", "PackLayout", "PackRecord", "ShardRow"]
+__all__ = ["Catalog", "ChunkLocation", "MissingChunksError", "PackLayout", "StoredPack", "ShardRow"]

@@ -60,7 +60,7 @@ def who() -> Who:
     return Who(os_user=user[:128], host=socket.gethostname()[:255], pid=os.getpid())
 
 
-def record(conn: Connection, action: str, target: str | None = None,
+def add(conn: Connection, action: str, target: str | None = None,
            detail: Mapping[str, object] | None = None) -> None:
     """Add one audit row inside ``conn``'s (write) transaction: it commits, or rolls back, with
     the change it records."""

@@ -30,8 +30,8 @@ from casckpt.catalog import audit, migrate
 from casckpt.catalog import schema as s
 from casckpt.catalog.database import Database, insert_ignore, sqlite_write_denied, upsert
 from casckpt.catalog.encryption import require_state_in
-from casckpt.catalog.packs import ChunkLocation, PackRecord, insert_pack, upsert_chunks
-from casckpt.catalog.publish import MissingChunksError, record_deps, revive_or_missing
+from casckpt.catalog.packs import ChunkLocation, StoredPack, insert_pack, upsert_chunks
+from casckpt.catalog.publish import MissingChunksError, insert_deps, revive_or_missing
 from casckpt.catalog.rows import VersionRow, manifest_bytes, tags_of, tensor_row, version_query, version_row
 from casckpt.errors import CatalogError, CatalogUnavailableError, ReadOnlyStoreError, VersionExistsError
 from casckpt.format.crypto import PLAIN, StoreCrypto
@@ -231,14 +231,14 @@ class Catalog:
         if not self.audit_enabled:
             return
         with self.write() as conn:
-            audit.record(conn, action, target, detail)
+            audit.add(conn, action, target, detail)
 
     def audit_in(self, conn: Connection, action: str, target: str | None = None,
                  detail: Mapping[str, object] | None = None) -> None:
         """:meth:`record_audit` inside ``conn``'s write transaction: the row commits, or
         rolls back, with the change it records (so no change is visible without its row)."""
         if self.audit_enabled:
-            audit.record(conn, action, target, detail)
+            audit.add(conn, action, target, detail)
 
     @_idempotent
     def audit_entries(self, *, since: float | None = None, until: float | None = None,
@@ -280,7 +280,7 @@ class Catalog:
         return found
 
     @_idempotent  # rows that exist are kept
-    def add_pack(self, pack: PackRecord) -> None:
+    def add_pack(self, pack: StoredPack) -> None:
         """Record a durable pack and its chunks (chunks another writer already recorded are kept)."""
         now = time.time()
         chunk_rows = [
@@ -388,7 +388,7 @@ class Catalog:
         if missing:
             raise MissingChunksError(missing)
         conn.execute(s.versions.insert().values(run_id=run_id, **version))
-        if record_deps(conn, version["id"], sorted(needed)):  # it needs a pack still on a fast tier
+        if insert_deps(conn, version["id"], sorted(needed)):  # it needs a pack still on a fast tier
             version["durability"] = "fast"
         for i in range(0, len(tensor_rows), BATCH):
             conn.execute(s.tensors.insert(), tensor_rows[i : i + BATCH])

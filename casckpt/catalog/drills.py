@@ -44,7 +44,7 @@ def visible_versions(catalog: Catalog, runs: Sequence[str] | None) -> list[Versi
     return catalog.retrying(read)
 
 
-def record(catalog: Catalog, results: Sequence[DrillResult]) -> None:
+def add(catalog: Catalog, results: Sequence[DrillResult]) -> None:
     """Add one drill's results and its ``drill`` audit row, in one transaction.
 
     Raises:

@@ -22,14 +22,14 @@ from casckpt.catalog.audit import who
 from casckpt.catalog.catalog import Catalog
 from casckpt.catalog.database import insert_ignore
 from casckpt.catalog.leases import tombstone
-from casckpt.catalog.packs import PackLayout, PackRecord, insert_pack
+from casckpt.catalog.packs import PackLayout, StoredPack, insert_pack
 from casckpt.catalog.shards import layouts_in
 from casckpt.catalog.tiers import forget_deps
 from casckpt.errors import CatalogError
 from casckpt.types import GCRun
 
 _BATCH = 5000
-_CHUNK_OVERHEAD = 92 + 90  # a chunk's entry header and footer record in its pack (format/pack.py)
+_CHUNK_OVERHEAD = 92 + 90  # a chunk's entry header and footer entry in its pack (format/pack.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +44,7 @@ class DeadPack:
 
     @property
     def shards(self) -> tuple[tuple[int, str], ...]:
-        """(location id, object key) of every shard."""
+        """(location id, object name) of every shard."""
         return tuple((sh.location_id, sh.key) for sh in self.layout.shards) if self.layout else ()
 
 
@@ -373,7 +373,7 @@ def condemned_bytes(catalog: Catalog) -> int:
 
 
 def known_shard_keys(catalog: Catalog) -> set[tuple[int, str]]:
-    """(location id, object key) of every shard the catalog knows (packs are few: ~64 MiB each)."""
+    """(location id, object name) of every shard the catalog knows (packs are few: ~64 MiB each)."""
     with catalog.read() as conn:
         return {(row[0], row[1]) for row in conn.execute(
             select(s.shards.c.location_id, s.shards.c.key))}
@@ -412,7 +412,7 @@ def known_manifests(catalog: Catalog, version_ids: Collection[str]) -> set[str]:
 
 def repack_candidates(catalog: Catalog, *, max_live_fraction: float) -> list[tuple[str, str, int]]:
     """Packs whose live chunks fill at most ``max_live_fraction`` of them, with nothing condemned
-    or lost. A chunk counts with its entry header and footer record, so a pack of small chunks
+    or lost. A chunk counts with its entry header and footer entry, so a pack of small chunks
     that is all live is never a candidate (it would be repacked again on every run)."""
     c, p = s.chunks, s.packs
     live = select(func.coalesce(func.sum(c.c.stored_len + _CHUNK_OVERHEAD), 0)).where(
@@ -434,7 +434,7 @@ def live_chunks_of(catalog: Catalog, pack_id: str) -> list[Any]:
                                  .order_by(s.chunks.c.offset)))
 
 
-def relocate(catalog: Catalog, record: PackRecord, old_pack_id: str) -> None:
+def relocate(catalog: Catalog, record: StoredPack, old_pack_id: str) -> None:
     """Point the chunk rows of ``old_pack_id`` at their copies in the new pack ``record``."""
     moves = [
         {"cid": e.chunk_id.hex(), "old": old_pack_id, "new": record.id, "off": e.offset}

@@ -1,4 +1,4 @@
-"""The SQL of history and lineage: filtered logs, tensor histories, contents, forks, the run tree.
+"""The SQL of history and lineage: filtered logs, tensor histories, contents, forks, the run lineage.
 
 Everything is served from catalog tables (``versions``, ``tensors``,
 ``contents``, ``runs``, ``tags``); no manifest is read from the blob store.
@@ -358,7 +358,7 @@ def fork_point(catalog: Catalog, run: str) -> str | None:
         return parent
 
 
-class RunTreeRow(NamedTuple):
+class LineageRow(NamedTuple):
     """A run, where it was forked from, and how many visible versions it has."""
 
     name: str
@@ -401,7 +401,7 @@ def tags_and_runs(catalog: Catalog) -> tuple[list[tuple[str, str]], list[RunSett
     return tags, runs
 
 
-def run_tree(catalog: Catalog) -> list[RunTreeRow]:
+def lineage_rows(catalog: Catalog) -> list[LineageRow]:
     """Every run by name."""
     v, pv, pr = s.versions, s.versions.alias("pv"), s.runs.alias("pr")
     counts = (select(v.c.run_id, func.count(v.c.id).label("n")).where(v.c.state == "visible")
@@ -417,7 +417,7 @@ def run_tree(catalog: Catalog) -> list[RunTreeRow]:
         .order_by(s.runs.c.name)
     )
     with catalog.read() as conn:
-        return [RunTreeRow(*row) for row in conn.execute(query)]
+        return [LineageRow(*row) for row in conn.execute(query)]
 
 
 def best(catalog: Catalog, run: str, metric: str,

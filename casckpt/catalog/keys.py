@@ -6,7 +6,7 @@ when a key holder creates the store, alone when a keyless process does: of opene
 new store the first row written fixes its encryption for good, and every other opener reads it
 back and adopts it or is refused. A key record always means encrypted, whatever the row says
 (the writer role may update ``store_info`` values, never remove a row). Catalogs from before
-the row get it at their next writable open (:func:`record_state`).
+the row get it at their next writable open (:func:`save_state`).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def fix_plain(catalog: Catalog) -> str:
         return state_in(conn) or STATE_PLAIN
 
 
-def record_state(catalog: Catalog, state: str) -> None:
+def save_state(catalog: Catalog, state: str) -> None:
     """Give a catalog from before the ``encryption`` row the state its key holder unlocked."""
     with catalog.write() as conn:
         insert_ignore(conn, s.store_info, [{"key": _STATE, "value": state}], "key")

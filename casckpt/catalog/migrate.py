@@ -175,7 +175,7 @@ def upgrade(connection: Connection) -> None:
 
         command.upgrade(_config(connection), "head")
     if before is not None:  # an existing store's schema changed (a new one was created)
-        audit.record(connection, "catalog.migrate", None, {"from": before, "to": head})
+        audit.add(connection, "catalog.migrate", None, {"from": before, "to": head})
 
 
 _MIGRATION_LOCK = 0x6361736B  # "cask": PostgreSQL advisory lock key for schema upgrades

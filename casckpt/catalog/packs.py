@@ -1,4 +1,4 @@
-"""Pack and chunk records: the values the pack layer and the catalog exchange about packs,
+"""Pack and chunk values: the values the pack layer and the catalog exchange about packs,
 their shards and the chunks in them, and the statements that insert their rows.
 
 A pack row and its shard rows are inserted together (:func:`insert_pack`), keeping
@@ -25,7 +25,7 @@ class ChunkLocation:
 
     chunk_id: str
     pack_id: str
-    pack_key: str
+    pack_name: str
     offset: int
     stored_len: int
     raw_len: int
@@ -83,7 +83,7 @@ class PackLayout:
 
 
 @dataclass(frozen=True, slots=True)
-class PackRecord:
+class StoredPack:
     """A pack that has just been made durable in the blob store."""
 
     layout: PackLayout
@@ -96,7 +96,7 @@ class PackRecord:
 
     @property
     def key(self) -> str:
-        """The pack's base object key."""
+        """The pack's base object name."""
         return self.layout.key
 
     @property

@@ -51,7 +51,7 @@ def revive_or_missing(conn: Connection, ids: list[str], needed: set[str] | None 
     return missing
 
 
-def record_deps(conn: Connection, version_id: str, chunk_ids: Sequence[str]) -> int:
+def insert_deps(conn: Connection, version_id: str, chunk_ids: Sequence[str]) -> int:
     """Within a publishing transaction: record the ``fast`` packs ``chunk_ids`` lie in as the
     version's dependencies, and make it ``fast`` if there are any. Returns how many.
 

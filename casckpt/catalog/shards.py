@@ -111,7 +111,7 @@ def set_location_state(catalog: Catalog, name: str, state: str) -> LocationRow:
 
 
 def keys_on_location(catalog: Catalog, location: str, keys: Sequence[str]) -> set[str]:
-    """Which of these object keys the catalog records as shards on the named location."""
+    """Which of these object names the catalog records as shards on the named location."""
     with catalog.read() as conn:
         return set(conn.execute(
             select(s.shards.c.key).join(s.locations, s.locations.c.id == s.shards.c.location_id)

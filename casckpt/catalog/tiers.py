@@ -3,9 +3,9 @@ which packs wait on one, which versions wait on those packs, and the drain's tra
 
 A pack written to a fast tier is a ``packs`` row in state ``fast`` naming its ``tier``, with
 no shard rows. Publishing a version records, in the same transaction, every ``fast`` pack
-its chunks lie in (:func:`casckpt.catalog.publish.record_deps`, table ``tier_deps``) and makes the version
+its chunks lie in (:func:`casckpt.catalog.publish.insert_deps`, table ``tier_deps``) and makes the version
 ``durability = 'fast'``. The drain stores a pack on the locations and then, in one
-transaction, records its shards and makes it ``live`` (:func:`record_drained`); a version
+transaction, records its shards and makes it ``live`` (:func:`mark_drained`); a version
 none of whose packs is still ``fast`` is made ``durable`` once its manifest is on the
 locations (:func:`finish`). A tier found lost makes its packs and their chunks ``lost`` and
 every version needing one of them ``lost`` (:func:`declare_lost`): never restored half.
@@ -162,7 +162,7 @@ def pack_states(catalog: Catalog, pack_ids: Iterable[str]) -> dict[str, tuple[st
     return out
 
 
-def record_drained(catalog: Catalog, layout: PackLayout) -> bool:
+def mark_drained(catalog: Catalog, layout: PackLayout) -> bool:
     """The drain stored a fast pack on the locations: in one transaction record its shards and
     make it ``live``. False (nothing changed) when it is no longer a ``fast`` pack: another
     process drained it first, or its tier was declared lost meanwhile."""

@@ -1,6 +1,6 @@
 """``casckpt add DIR`` and ``casckpt checkout REF DIR``: directory snapshots, byte-identical.
 
-``add`` stores a directory tree (a ``checkpoint-N/`` folder, a folder of ``.pt`` files) as a
+``add`` stores a directory (a ``checkpoint-N/`` folder, a folder of ``.pt`` files) as a
 version; ``checkout`` writes it back into a new or empty directory, every file verified
 (see ``Store.add_dir`` and ``Store.checkout``).
 """
@@ -52,7 +52,7 @@ def add(
         "--metric", metavar="NAME=NUMBER", help="Record a metric (repeatable).")] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Store a directory tree as version RUN@STEP, byte-identical: names, modes, bytes, links.
+    """Store a directory as version RUN@STEP, byte-identical: names, modes, bytes, links.
 
     Unchanged tensors inside changed safetensors and torch.save files, and unchanged stretches
     of any other file, are not stored again. `casckpt checkout` writes it back.

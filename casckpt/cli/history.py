@@ -119,7 +119,7 @@ def lineage(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """Show the lineage of runs: each fork under the run it was forked from."""
     with open_store(ctx) as store:
         nodes = store.lineage()
-    render.emit(as_json, [n.to_dict() for n in nodes], run_tree(nodes), empty="no runs yet")
+    render.emit(as_json, [n.to_dict() for n in nodes], lineage_view(nodes), empty="no runs yet")
 
 
 def best(
@@ -284,7 +284,7 @@ def _label(node: RunNode) -> Text:
     return label
 
 
-def run_tree(nodes: list[RunNode]) -> Tree:
+def lineage_view(nodes: list[RunNode]) -> Tree:
     """Root runs at the top level; each fork under the run it was forked from."""
     root = Tree("runs", hide_root=True)
     by_name = {n.name: n for n in nodes}

@@ -4,7 +4,7 @@ checks it, pyproject.toml):
 
 - ``maintenance`` (gc, check, repair, rebuild, drills, keys, migration) | ``transfer``
   (importers, exporters, directory scans): independent of each other;
-- ``write``: the commit pipeline, state tree to published version;
+- ``write``: the commit pipeline, state to published version;
 - ``read``: reads, restores, checkouts, tree queries, history;
 - ``context``: :class:`~casckpt.engine.context.EngineContext`, what every call above takes;
 - ``packlayer``: packs on the locations, with this host's fast tier around its reads;

@@ -1,1 +1,1 @@
-"""Byte formats: chunk ids, chunk codecs, packs, manifests and state trees. No I/O here."""
+"""Byte formats: chunk ids, chunk codecs, packs, manifests and states. No I/O here."""

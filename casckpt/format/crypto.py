@@ -9,7 +9,7 @@ rotating a master key rewrites the key record only, never data.
 Four subkeys are derived from the data key (BLAKE3 derive-key mode, one context
 each): the **id key** makes chunk ids keyed hashes (:meth:`StoreCrypto.chunk_id`),
 so an id says nothing to anyone without the key and the same tensor has unrelated
-ids in two stores; the **name key** hashes tag and run names into object keys; the
+ids in two stores; the **name key** hashes tag and run names into object names; the
 **file key** keys the whole-file digests of directory snapshots (:meth:`StoreCrypto.file_hasher`);
 the **seal key** encrypts objects.
 
@@ -302,7 +302,7 @@ class StoreCrypto:
         return blake3(data, key=self._id_key).digest()
 
     def name_hash(self, name: bytes) -> str | None:
-        """A keyed hash (hex) naming ``name`` in object keys; None for a plain store."""
+        """A keyed hash (hex) naming ``name`` in object names; None for a plain store."""
         return blake3(name, key=self._name_key).hexdigest() if self.encrypted else None
 
     def file_hasher(self, size: int = 0) -> blake3:

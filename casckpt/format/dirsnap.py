@@ -1,6 +1,6 @@
-"""Directory snapshots as state trees: the listing's shape and its validation (no I/O).
+"""Directory snapshots as states: the listing's shape and its validation (no I/O).
 
-A directory snapshot is an ordinary state tree::
+A directory snapshot is an ordinary state::
 
     {"casckpt.dir": 1, "files": [entry, ...]}
 
@@ -24,8 +24,8 @@ from typing import Any
 from casckpt.errors import CorruptManifestError
 
 DIR_KEY = "casckpt.dir"
-"""The reserved top-level key that marks a state tree (and a version's metadata) as a directory
-snapshot; its value is the snapshot format (:data:`DIR_FORMAT`) in the tree, a summary in the
+"""The reserved top-level key that marks a state (and a version's metadata) as a directory
+snapshot; its value is the snapshot format (:data:`DIR_FORMAT`) in the state, a summary in the
 metadata."""
 DIR_FORMAT = 1
 KINDS = ("dir", "file", "link")
@@ -53,13 +53,13 @@ class DirEntry:
     parts: tuple[Any, ...]
 
 
-def is_snapshot(tree: object) -> bool:
-    """Whether a decoded state tree is a directory snapshot (it has the reserved key)."""
-    return isinstance(tree, dict) and DIR_KEY in tree
+def is_snapshot(state: object) -> bool:
+    """Whether a decoded state is a directory snapshot (it has the reserved key)."""
+    return isinstance(state, dict) and DIR_KEY in state
 
 
-def read_listing(tree: object, part_size: Callable[[Any], int]) -> list[DirEntry]:
-    """Validate a decoded snapshot tree (parts replaced by handles ``part_size`` measures; it
+def read_listing(state: object, part_size: Callable[[Any], int]) -> list[DirEntry]:
+    """Validate a decoded snapshot state (parts replaced by handles ``part_size`` measures; it
     returns a negative size for anything that is not a part) and return its entries, parents
     before children.
 
@@ -71,10 +71,10 @@ def read_listing(tree: object, part_size: Callable[[Any], int]) -> list[DirEntry
     Raises:
         CorruptManifestError: the listing is malformed or names an unsafe path.
     """
-    if not isinstance(tree, dict) or tree.get(DIR_KEY) != DIR_FORMAT or set(tree) != {DIR_KEY, "files"}:
+    if not isinstance(state, dict) or state.get(DIR_KEY) != DIR_FORMAT or set(state) != {DIR_KEY, "files"}:
         raise CorruptManifestError(f"not a directory snapshot of format {DIR_FORMAT}; "
                                    "a newer casckpt may read it")
-    files = tree["files"]
+    files = state["files"]
     if not isinstance(files, list):
         raise CorruptManifestError("directory snapshot: 'files' is not a list")
     kinds: dict[str, str] = {}

@@ -1,6 +1,6 @@
 """The store identity record every blob location carries.
 
-A small JSON object under the key :data:`IDENTITY_KEY` of each location:
+A small JSON object under the object name :data:`IDENTITY_NAME` of each location:
 
     {"format": "casckpt.identity", "version": 1, "store_id": "<32 hex>",
      "created_at": <epoch seconds>, "generation": <int >= 1>, "location": "<its name>",
@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from casckpt.errors import IntegrityError
-from casckpt.format import keys
+from casckpt.format import objectnames
 from casckpt.format.chunks import object_id
 
-IDENTITY_KEY = keys.IDENTITY
+IDENTITY_NAME = objectnames.IDENTITY
 IDENTITY_FORMAT = "casckpt.identity"
 IDENTITY_VERSION = 1
 MAX_IDENTITY_BYTES = 4096  # a record is ~250 bytes; anything larger is not one

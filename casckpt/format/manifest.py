@@ -50,7 +50,7 @@ from casckpt.format.manifestmodel import (
     decompress_capped,
 )
 from casckpt.format.merkle import NodeSource
-from casckpt.format.tree import MAX_MANIFEST_NESTING, Node, json_nesting
+from casckpt.format.state import MAX_MANIFEST_NESTING, Node, json_nesting
 from casckpt.format.treemanifest import from_tree_json
 
 _READS = (1, 2, 3)  # the document versions this casckpt decodes
@@ -102,7 +102,7 @@ def decode_document(data: bytes, expected_id: str | None = None) -> dict[str, An
         )
     if json_nesting(raw) > MAX_MANIFEST_NESTING:  # before json.loads recurses into a forged tree
         raise CorruptManifestError(
-            f"manifest nests deeper than any committed state tree can (over "
+            f"manifest nests deeper than any committed state can (over "
             f"{MAX_MANIFEST_NESTING} levels of JSON): it is corrupt or forged. Restore another "
             "version, and run `casckpt check` to find what else is damaged"
         )

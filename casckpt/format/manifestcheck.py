@@ -16,7 +16,7 @@ from casckpt.errors import CorruptManifestError
 from casckpt.format.chunks import chunk_count
 from casckpt.format.dtypes import element_size
 from casckpt.format.manifestmodel import HEX_DIGITS, Manifest, TensorEntry
-from casckpt.format.tree import Node
+from casckpt.format.state import Node
 
 
 def tensor_span(t: TensorEntry, itemsize: int) -> int:
@@ -28,7 +28,7 @@ def tensor_span(t: TensorEntry, itemsize: int) -> int:
     return (sum((n - 1) * s for n, s in zip(t.shape, t.stride, strict=True)) + 1) * itemsize
 
 
-_LEAVES: dict[str, Callable[[Node], bool]] = {  # what each plain-value node must hold (tree.encode_tree)
+_LEAVES: dict[str, Callable[[Node], bool]] = {  # what each plain-value node must hold (state.encode_state)
     "none": lambda n: True,
     "bool": lambda n: isinstance(n.get("v"), bool),
     "int": lambda n: _is_int(n.get("v")) if "h" not in n else _is_hex_int(n["h"]),

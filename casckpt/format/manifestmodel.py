@@ -16,11 +16,11 @@ import zstandard
 from casckpt.errors import CorruptManifestError
 from casckpt.format.chunks import chunk_spans
 from casckpt.format.dtypes import element_size
-from casckpt.format.tree import Node
+from casckpt.format.state import Node
 
 HEX_DIGITS = frozenset("0123456789abcdef")
 MANIFEST_FORMAT = "casckpt.manifest"
-TREE_VERSION = 3  # a tree manifest: the state tree as shared nodes (casckpt.format.merkle)
+TREE_VERSION = 3  # a tree manifest: the state as shared nodes (casckpt.format.merkle)
 _MAX_MANIFEST = 512 << 20  # JSON of ~5 million tensors; decompression stops here, whatever a frame declares
 MAX_MANIFEST_JSON = _MAX_MANIFEST
 """No manifest document is larger (decoded JSON): a larger one is corrupt."""
@@ -111,7 +111,7 @@ class TreeHead:
 
 @dataclass(frozen=True, slots=True)
 class Manifest:
-    """Everything needed to rebuild one version's state tree, except chunk bytes."""
+    """Everything needed to rebuild one version's state, except chunk bytes."""
 
     run: str
     step: int

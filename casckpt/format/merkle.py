@@ -1,14 +1,14 @@
-"""Tree manifests: a version's state tree as content-addressed nodes (like git trees).
+"""Tree manifests: a version's state as content-addressed nodes (like git trees).
 
 A manifest of version 3 holds the version's description and the id of the
-*root node* of its state tree; the tree is cut into nodes, each stored once
+*root node* of its state; the tree is cut into nodes, each stored once
 (as a chunk in the packs, and a row in the catalog) and shared by every
 version that has it. A version that changes k tensors writes O(k x depth)
 new nodes; an unchanged re-commit writes none.
 
 A node is canonical JSON ``{"n": tensors, "b": bytes, "v": value}`` (tensor
 count and logical bytes below it), its id is the chunk id of those bytes. A
-value is a plain-value node of :mod:`casckpt.format.tree`, or:
+value is a plain-value node of :mod:`casckpt.format.state`, or:
 
 - ``{"t": "tensor", "e": {...}}``: a tensor inline, with its extent (``nbytes``,
   ``chunk_size``, ``chunks``, ``phase``) inline under the key ``"blob"`` (the
@@ -28,7 +28,7 @@ value is a plain-value node of :mod:`casckpt.format.tree`, or:
   (``{"t": "parts", "v": [ref, ...]}``), as in a B-tree.
 
 Tensor paths are not stored in nodes (a node can sit at several paths): they
-are the dotted join of the keys on the way down, as in :mod:`casckpt.format.tree`.
+are the dotted join of the keys on the way down, as in :mod:`casckpt.format.state`.
 
 This module holds the node format (and reads nodes); :mod:`casckpt.format.treeencode`
 cuts a state into nodes, :mod:`casckpt.format.treeread` walks them. No I/O: nodes come
@@ -49,7 +49,7 @@ import zstandard
 from casckpt.errors import CorruptManifestError
 from casckpt.format.chunks import ChunkIds, chunk_id
 from casckpt.format.manifestmodel import MAX_MANIFEST_JSON, decompress_capped
-from casckpt.format.tree import MAX_MANIFEST_NESTING, json_nesting
+from casckpt.format.state import MAX_MANIFEST_NESTING, json_nesting
 
 INLINE_MAX = 2048
 """A container whose encoding is estimated at most this many bytes stays inside its parent's node."""

@@ -1,6 +1,6 @@
 """The pack format: many encoded chunks in one immutable object.
 
-Layout (all integers little-endian)::
+Byte format (all integers little-endian)::
 
     file header   24 bytes  b"CKPACK02" + 16 random bytes (a nonce)
     entry * n     ENTRY_HEADER (92 bytes) + payload (stored_len bytes)
@@ -12,7 +12,7 @@ delta base id (zeros when none) and a CRC32 of itself, so a pack can be read
 by range through its footer, or its index rebuilt by scanning when the footer
 is lost. A pack's id is the BLAKE3 (object context) of all its bytes; the
 nonce makes every pack unique, so two writers (or a writer and a GC deleting
-an old pack) never race on one object key, while a retried upload of the same
+an old pack) never race on one object name, while a retried upload of the same
 pack still writes the same bytes.
 
 This module reads and writes bytes; it knows nothing of where packs live.

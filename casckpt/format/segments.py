@@ -1,7 +1,7 @@
 """How a file's bytes are cut into segments for a directory snapshot (no I/O: pure functions
 over a buffer; see :mod:`casckpt.format.dirsnap` for the snapshot itself).
 
-Each segment becomes a tensor leaf of the snapshot's state tree, chunked from its own byte 0,
+Each segment becomes a tensor leaf of the snapshot's state, chunked from its own byte 0,
 so a segment that recurs (an unchanged tensor in a rewritten checkpoint) dedups like any
 tensor. :func:`plan_segments` picks the cut: safetensors files tensor by tensor
 (:func:`safetensors_segments`), DCP ``.distcp`` files by their write items

@@ -1,6 +1,6 @@
 """The shard format: one erasure-coded fragment of a pack, self-describing.
 
-Layout (all integers little-endian)::
+Byte format (all integers little-endian)::
 
     header   SHARD_HEADER_SIZE (128) bytes, CRC32-protected:
              b"CKSHRD01", pack id (32), shard index, k, m (u16 each),
@@ -69,7 +69,7 @@ def encode_shard_header(header: ShardHeader) -> bytes:
     """Return the fixed-size header written before a shard payload.
 
     Raises:
-        ValueError: a field the layout cannot hold, or one :func:`decode_shard_header` would refuse.
+        ValueError: a field the format cannot hold, or one :func:`decode_shard_header` would refuse.
     """
     algorithm = header.algorithm.encode("ascii")
     if len(algorithm) > 16:

@@ -1,4 +1,4 @@
-"""Cutting a state tree into the nodes of :mod:`casckpt.format.merkle`, reusing what the
+"""Cutting a state into the nodes of :mod:`casckpt.format.merkle`, reusing what the
 previous commit of a run made for unchanged subtrees (:class:`TreeMemo`).
 
 This module does no I/O.
@@ -25,12 +25,12 @@ from casckpt.format.merkle import (
     node_dumps,
     part_ends_after,
 )
-from casckpt.format.tree import Node
+from casckpt.format.state import Node
 
 
 @dataclass(slots=True)
 class Tree:
-    """A state tree cut into nodes: what a commit stores."""
+    """A state cut into nodes: what a commit stores."""
 
     root: bytes
     tensors: int
@@ -120,7 +120,7 @@ def _key_sig(keys: Sequence[Any] | None) -> tuple[Any, ...] | None:
 
 
 class TreeEncoder:
-    """Cuts a manifest's state tree into nodes (see the module docstring), reusing what a
+    """Cuts a manifest's state into nodes (see the module docstring), reusing what a
     :class:`TreeMemo` of the previous commit made for unchanged subtrees."""
 
     def __init__(self, tensor: Callable[[int, TreeMemo], _Sized], memo: TreeMemo | None = None,

@@ -1,6 +1,6 @@
 """Tree manifests (version 3): a version's description and the root of its node tree.
 
-The document holds what versions 1 and 2 hold except the state tree, which
+The document holds what versions 1 and 2 hold except the state, which
 is replaced by ``"tree": {"root", "n", "b", "shared"}``: the root node's id
 (:mod:`casckpt.format.merkle`), the tensor count and logical bytes, and the
 extents several tensors share. The version id is the object id of the document,
@@ -12,7 +12,7 @@ Versions many ranks saved are tree manifests too, with ``"world": {"size", "api"
   piece a tensor value whose entry adds the whole tensor's shape ``"gs"`` and the piece's
   offset in it ``"go"`` (readers reshard from these, as from a version 2 manifest);
 - a version of per-rank states (``commit(group=)``) has a ``{"t": "ranks", "v": [...]}``
-  root, one state tree per rank (paths shown as ``rank<N>/<path>``); ranks with the same
+  root, one state per rank (paths shown as ``rank<N>/<path>``); ranks with the same
   state share its nodes.
 
 Such a document keeps no summary (``groups``, ``values``): ``show`` reads its tree.
@@ -51,7 +51,7 @@ from casckpt.format.manifestmodel import (
     _str,
 )
 from casckpt.format.merkle import Nodes, NodeSource
-from casckpt.format.tree import Node, decode_tree, iter_value_nodes
+from casckpt.format.state import Node, decode_state, iter_value_nodes
 from casckpt.format.treeencode import Tree, TreeEncoder, TreeMemo, extent_json, tensor_value
 from casckpt.format.treeread import TreeReader
 from casckpt.types import group_sizes
@@ -205,7 +205,7 @@ def head_values(head: TreeHead) -> dict[str, object] | None:
     """The plain values a document's summary keeps, by path (None: not kept, read the tree)."""
     if head.values is None:
         return None
-    return {path: decode_tree(node, _no_tensor) for path, node in head.values}
+    return {path: decode_state(node, _no_tensor) for path, node in head.values}
 
 
 def _no_tensor(i: int, path: str) -> object:

@@ -11,7 +11,7 @@ from typing import Any
 
 from casckpt.errors import CorruptManifestError
 from casckpt.format.merkle import Nodes, NodeSource, is_count, key_text, may_hold
-from casckpt.format.tree import MAX_DEPTH, Node, join_path, rank_path
+from casckpt.format.state import MAX_DEPTH, Node, join_path, rank_path
 
 _MAX_LEVELS = 8  # index levels above the parts of one container: 256^8 items is far past any state
 _WORK_FLOOR = 1 << 18  # values any walk may visit, plus _WORK_PER_BYTE per byte of nodes read
@@ -23,7 +23,7 @@ LEAVES = ("tensor", "sharded")
 
 def child_path(kind: str, path: str, key: Any, index: int) -> str:
     """The path of a container's ``index``-th item (``key`` in a dict; under a ``ranks`` root,
-    the rank's prefix :func:`~casckpt.format.tree.rank_path`)."""
+    the rank's prefix :func:`~casckpt.format.state.rank_path`)."""
     if kind == "ranks":
         return rank_path(index, "")
     return join_path(path, key_text(key) if kind == "dict" else index)
@@ -128,7 +128,7 @@ class TreeReader:
                 yield ref
 
     def expand(self, root: bytes) -> tuple[Node, list[tuple[str, dict[str, Any], int | None]]]:
-        """The whole tree as a :mod:`casckpt.format.tree` node tree, and ``(path, entry, rank)``
+        """The whole tree as a :mod:`casckpt.format.state` node tree, and ``(path, entry, rank)``
         of every tensor (piece) in order (the node's ``i`` indexes that list; ``rank`` None but
         under a ``ranks`` root, where paths are each rank's own)."""
         tensors: list[tuple[str, dict[str, Any], int | None]] = []

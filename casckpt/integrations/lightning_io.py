@@ -64,7 +64,7 @@ from casckpt.errors import (
     UnsupportedStateError,
     VersionExistsError,
 )
-from casckpt.format.tree import check_key
+from casckpt.format.state import check_key
 from casckpt.integrations.resume import LATEST, version_to_resume
 from casckpt.types import Version
 
@@ -221,8 +221,8 @@ class StoreCheckpointIO:
         else:
             version = self.resolve(path)
         self._known.add(version.id)
-        tree = self.store.restore(version.id, map_location=map_location)
-        loaded = from_plain(tree)
+        state = self.store.restore(version.id, map_location=map_location)
+        loaded = from_plain(state)
         if not isinstance(loaded, dict):
             raise InvalidArgumentError(
                 f"{os.fspath(path)!r} names version {version.run}@{version.step}, which holds a "

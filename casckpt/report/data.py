@@ -1,7 +1,7 @@
 """What a report shows, read from a store through its public queries only.
 
 :func:`collect` asks the store (anything with the :class:`ReportSource` methods: a
-:class:`casckpt.Store`) for its runs, their versions, the lineage tree, space accounting,
+:class:`casckpt.Store`) for its runs, their versions, the lineage, space accounting,
 gc history (the audit trail's ``gc`` rows), location health and restore drills, and returns
 one frozen :class:`ReportData`. Nothing here writes, and nothing here knows about HTML.
 """
@@ -26,7 +26,7 @@ _HIGHER = frozenset({"acc", "accuracy", "f1", "score", "reward", "auc", "bleu", 
                      "recall", "map", "iou", "top1", "top5"})
 
 
-class DrillRecord(Protocol):
+class PastDrill(Protocol):
     """One recorded restore drill result (``store.ops.drill_history()``'s items), as read here."""
 
     @property
@@ -54,7 +54,7 @@ class OpsSource(Protocol):
 
     def stats(self) -> StoreStats: ...
     def audit(self, *, action: str | None = None) -> list[AuditEntry]: ...
-    def drill_history(self, limit: int = 100, run: str | None = None) -> Sequence[DrillRecord]: ...
+    def drill_history(self, limit: int = 100, run: str | None = None) -> Sequence[PastDrill]: ...
 
 
 class LocationsSource(Protocol):
@@ -106,15 +106,15 @@ class ReportData:
     generated_at: datetime
     stats: StoreStats
     runs: tuple[RunData, ...]
-    tree: tuple[RunNode, ...]  # the runs shown, depth first
+    lineage: tuple[RunNode, ...]  # the runs shown, depth first
     gc_runs: tuple[AuditEntry, ...]  # oldest first
     locations: tuple[LocationInfo, ...]
-    drills: tuple[DrillRecord, ...]  # newest first
+    drills: tuple[PastDrill, ...]  # newest first
 
 
 def collect(source: ReportSource, runs: Sequence[str] | None = None, *,
             title: str = "casckpt store") -> ReportData:
-    """Read what a report shows from ``source``: every run, or only ``runs`` (in tree order).
+    """Read what a report shows from ``source``: every run, or only ``runs`` (in lineage order).
 
     Store-wide sections (space, gc history, locations) cover the whole store either way.
 
@@ -123,17 +123,17 @@ def collect(source: ReportSource, runs: Sequence[str] | None = None, *,
         RefNotFoundError: a run in ``runs`` does not exist (near names suggested).
     """
     wanted = _wanted(runs)
-    tree = tuple(n for n in source.lineage() if wanted is None or n.name in wanted)
+    lineage = tuple(n for n in source.lineage() if wanted is None or n.name in wanted)
     if wanted is not None:
-        missing = sorted(wanted - {n.name for n in tree})
+        missing = sorted(wanted - {n.name for n in lineage})
         for name in missing:
             source.log(name)  # raises RefNotFoundError with its suggestions
-    run_data = tuple(_run_data(source, node.name) for node in tree)
+    run_data = tuple(_run_data(source, node.name) for node in lineage)
     drills = tuple(d for d in source.ops.drill_history(limit=DRILL_LIMIT)
                    if wanted is None or d.run in wanted)
     return ReportData(
         title=title, generated_at=datetime.now(timezone.utc), stats=source.ops.stats(), runs=run_data,
-        tree=tree, gc_runs=tuple(source.ops.audit(action="gc")), locations=tuple(source.locations.list()),
+        lineage=lineage, gc_runs=tuple(source.ops.audit(action="gc")), locations=tuple(source.locations.list()),
         drills=drills)
 
 

@@ -171,7 +171,7 @@ def _metric_line(ax: Axes, run: RunData, metric: str, colour: str) -> None:
 
 def lineage(data: ReportData) -> Section:
     """Runs as lines over their steps, forks drawn from their parent's fork step."""
-    nodes = list(data.tree)
+    nodes = list(data.lineage)
     steps = {r.name: [v.step for v in r.versions] for r in data.runs}
     table = Table(("run", "forked from", "fork step", "versions", "steps"), tuple(
         (n.name, n.parent_run or ("a deleted version" if n.fork_version else ""),

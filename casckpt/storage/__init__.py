@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from casckpt.storage.base import BlobInfo, BlobStore, check_key
+from casckpt.storage.base import BlobInfo, BlobStore, check_object_name
 from casckpt.storage.local import LocalBlobStore
 from casckpt.storage.redact import redact_url
 from casckpt.storage.registry import open_blob_store
@@ -25,7 +25,7 @@ __all__ = [
     "RetryingBlobStore",
     "S3BlobStore",
     "S3Location",
-    "check_key",
+    "check_object_name",
     "open_blob_store",
     "parse_s3_url",
     "redact_url",

@@ -46,7 +46,7 @@ from casckpt.errors import (
 )
 from casckpt.storage.azure_errors import is_not_found, map_azure_error
 from casckpt.storage.azure_names import split_az_url
-from casckpt.storage.base import BlobInfo, check_key, scatter, wants_bytes
+from casckpt.storage.base import BlobInfo, check_object_name, scatter, wants_bytes
 from casckpt.storage.redact import redact_text
 
 log = logging.getLogger(__name__)
@@ -178,13 +178,13 @@ class AzureBlobStore:
 
     def put(self, key: str, data: bytes | memoryview) -> None:
         """Upload ``data`` (as staged blocks above ``max_single_put_size``)."""
-        check_key(key)
+        check_object_name(key)
         body = data if isinstance(data, bytes) else bytes(data)
         self._call("put", key, lambda: self._upload(key, body, len(body)))
 
     def put_file(self, key: str, path: Path) -> None:
         """Upload the file at ``path``; the file is left in place (not consumed)."""
-        check_key(key)
+        check_object_name(key)
         try:
             size = os.stat(path).st_size
         except OSError as exc:
@@ -205,7 +205,7 @@ class AzureBlobStore:
     def get(self, key: str, *, max_size: int | None = None) -> bytes:
         """Fetch the whole object; one larger than ``max_size`` is refused from its
         properties, before its bytes are read (then read only if it is still that blob)."""
-        check_key(key)
+        check_object_name(key)
 
         def fetch() -> bytes:
             kwargs: dict[str, Any] = {}
@@ -248,7 +248,7 @@ class AzureBlobStore:
         return scatter(self.get_range(key, offset, sum(len(b) for b in buffers)), buffers)
 
     def size(self, key: str) -> int | None:
-        check_key(key)
+        check_object_name(key)
 
         def head() -> int | None:
             try:
@@ -275,7 +275,7 @@ class AzureBlobStore:
             for blob in self._call("list", prefix, lambda p=page: list(p)):  # type: ignore[misc]
                 key = blob.name[len(self.prefix):]
                 try:
-                    check_key(key)
+                    check_object_name(key)
                 except InvalidNameError:
                     log.debug("skipping foreign blob %s in the listing", self._where(key))
                     continue
@@ -284,7 +284,7 @@ class AzureBlobStore:
     # deletes and lifecycle -------------------------------------------------
 
     def delete(self, key: str) -> None:
-        check_key(key)
+        check_object_name(key)
 
         def remove() -> None:
             try:

@@ -6,7 +6,7 @@
   action and the blob, and the role whose printed definition grants it;
 - throttling (503 ``ServerBusy``, 429), other 5xx, 408, a connection refused, dropped or cut
   mid-body, a body whose MD5 does not match -> :class:`~casckpt.errors.RetryableStorageError`;
-- everything else -> :class:`~casckpt.errors.StorageError` with a hint.
+- everything else -> :class:`~casckpt.errors.StorageError` with advice.
 
 Messages never hold a credential (account keys and SAS signatures are redacted).
 """
@@ -31,16 +31,16 @@ _DATA_ACTIONS = {
     "list": (READ, "reader"), "put": (WRITE, "writer"), "put_file": (WRITE, "writer"),
     "delete": (DELETE, "admin"),
 }
-_CREDENTIALS_HINT = ("check AZURE_STORAGE_CONNECTION_STRING (its AccountKey or SAS), or the "
+_CREDENTIALS_ADVICE = ("check AZURE_STORAGE_CONNECTION_STRING (its AccountKey or SAS), or the "
                      "identity DefaultAzureCredential found, and the system clock")
-_HINTS = {
+_ADVICE = {
     "ContainerNotFound": "check the container name in the URL and that it exists in this "
                          "storage account (casckpt never creates containers)",
     "AccountIsDisabled": "the storage account is disabled; ask its owner",
     "InvalidHeaderValue": "the endpoint may not support this API version",
     "RequestBodyTooLarge": "lower max_block_size or max_single_put_size",
 }
-_DEFAULT_HINT = "look the error code up in the Azure Blob Storage error code list"
+_DEFAULT_ADVICE = "look the error code up in the Azure Blob Storage error code list"
 
 def map_azure_error(exc: BaseException, op: str, where: str) -> StorageError | AccessDeniedError:
     """Return the casckpt error for ``exc`` raised while doing ``op`` on ``where``
@@ -49,7 +49,7 @@ def map_azure_error(exc: BaseException, op: str, where: str) -> StorageError | A
         return _response_error(exc, op, where)
     if isinstance(exc, ace.ClientAuthenticationError):  # no status: a credential not obtained
         return StorageError(f"Azure {op} of {where} failed: no usable credential "
-                            f"({redact_text(str(exc)).splitlines()[0]}); {_CREDENTIALS_HINT}")
+                            f"({redact_text(str(exc)).splitlines()[0]}); {_CREDENTIALS_ADVICE}")
     # a body cut mid-read escapes the SDK as the transport's own error (ChunkedEncodingError)
     if isinstance(exc, (ace.ServiceRequestError, ace.ServiceResponseError, ace.IncompleteReadError,
                         ace.DecodeError, ConnectionError, TimeoutError,
@@ -60,7 +60,7 @@ def map_azure_error(exc: BaseException, op: str, where: str) -> StorageError | A
     if isinstance(exc, concurrent.futures.CancelledError):
         return StorageError(f"Azure {op} of {where} was cancelled: the store is closing")
     return StorageError(f"Azure {op} of {where} failed ({type(exc).__name__}: {_first_line(exc)}); "
-                        f"{_DEFAULT_HINT}")
+                        f"{_DEFAULT_ADVICE}")
 
 
 def is_not_found(exc: BaseException) -> bool:
@@ -73,12 +73,12 @@ def denied(op: str, where: str, detail: str) -> AccessDeniedError:
     """The error for a request of ``op`` on ``where`` that Azure refused (401/403)."""
     action, role = _DATA_ACTIONS.get(op, (None, "admin"))
     if action is None:
-        return AccessDeniedError(f"Azure {op} of {where} was refused ({detail}); {_CREDENTIALS_HINT}")
+        return AccessDeniedError(f"Azure {op} of {where} was refused ({detail}); {_CREDENTIALS_ADVICE}")
     right = f"{action} on {where}"
     return AccessDeniedError(
         f"Azure {op} of {where} was refused ({detail}): these credentials lack {right}; the "
         f"{role} role grants it (`casckpt init --print-grants {role}` prints its role definition "
-        f"and assignment). If the role is assigned, {_CREDENTIALS_HINT}; role assignments take "
+        f"and assignment). If the role is assigned, {_CREDENTIALS_ADVICE}; role assignments take "
         "a few minutes to apply", right=right)
 
 
@@ -91,7 +91,7 @@ def _response_error(exc: ace.HttpResponseError, op: str, where: str) -> StorageE
         return BlobNotFoundError(f"{where} does not exist (Azure {op}: {detail})")
     if status in _RETRYABLE_STATUS or code in ("ServerBusy", "OperationTimedOut", "InternalError"):
         return RetryableStorageError(f"Azure {op} of {where} failed: {detail}; trying again may succeed")
-    return StorageError(f"Azure {op} of {where} failed: {detail}; {_HINTS.get(code, _DEFAULT_HINT)}")
+    return StorageError(f"Azure {op} of {where} failed: {detail}; {_ADVICE.get(code, _DEFAULT_ADVICE)}")
 
 
 def _code(exc: ace.HttpResponseError) -> str:

@@ -16,18 +16,18 @@ from typing import Protocol, runtime_checkable
 
 from casckpt.errors import BlobNotFoundError, InvalidArgumentError, InvalidNameError
 
-_KEY = re.compile(r"^[a-z0-9_-]+(/[a-z0-9._-]+)*$")
+_OBJECT_NAME = re.compile(r"^[a-z0-9_-]+(/[a-z0-9._-]+)*$")
 
 
-def is_key(key: str) -> bool:
-    """Whether ``key`` is a safe relative object key."""
-    return bool(_KEY.match(key)) and not any(part in (".", "..") for part in key.split("/"))
+def is_object_name(key: str) -> bool:
+    """Whether ``key`` is a safe relative object name."""
+    return bool(_OBJECT_NAME.match(key)) and not any(part in (".", "..") for part in key.split("/"))
 
 
-def check_key(key: str) -> str:
-    """Return ``key`` if it is a safe relative object key, else raise InvalidNameError."""
-    if not is_key(key):
-        raise InvalidNameError(f"invalid object key {key!r}: it could escape the blob location")
+def check_object_name(key: str) -> str:
+    """Return ``key`` if it is a safe relative object name, else raise InvalidNameError."""
+    if not is_object_name(key):
+        raise InvalidNameError(f"invalid object name {key!r}: it could escape the blob location")
     return key
 
 
@@ -37,11 +37,11 @@ def wants_bytes(blobs: BlobStore, key: str, offset: int, length: int, where: str
     names the object in messages.
 
     Raises:
-        InvalidNameError: ``key`` is not a safe object key.
+        InvalidNameError: ``key`` is not a safe object name.
         InvalidArgumentError: ``offset`` or ``length`` is negative.
         BlobNotFoundError: an empty range of an object that does not exist.
     """
-    check_key(key)
+    check_object_name(key)
     if offset < 0 or length < 0:
         raise InvalidArgumentError(
             f"get_range of {key}: offset and length must be >= 0, not {offset}, {length}")

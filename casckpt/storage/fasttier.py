@@ -43,7 +43,7 @@ from casckpt.errors import (
     StorageError,
     UnsafeObjectError,
 )
-from casckpt.format import keys
+from casckpt.format import objectnames
 from casckpt.format.chunks import object_hasher
 from casckpt.storage.local import LocalBlobStore, fsync_dir
 
@@ -154,7 +154,7 @@ class FastTierDir:
 
     def pack_path(self, pack_id: str) -> Path:
         """Where the pack is (or would be) held."""
-        return self.root / keys.pack_key(pack_id)
+        return self.root / objectnames.pack_name(pack_id)
 
     def holds(self, pack_id: str) -> bool:
         """The pack is here (a cheap stat)."""
@@ -170,7 +170,7 @@ class FastTierDir:
             os.utime(path, (now, now))
         except OSError as exc:
             raise StorageError(f"cannot put pack {pack_id} on the fast tier: {exc}") from exc
-        self.blobs.put_file(keys.pack_key(pack_id), path)
+        self.blobs.put_file(objectnames.pack_name(pack_id), path)
 
     def read_into(self, pack_id: str, offset: int, buffers: Sequence[memoryview]) -> int:
         """Read pack bytes from ``offset`` (see :meth:`LocalBlobStore.read_into`).
@@ -178,13 +178,13 @@ class FastTierDir:
         Raises:
             BlobNotFoundError: the pack is not here (evicted meanwhile).
         """
-        got = self.blobs.read_into(keys.pack_key(pack_id), offset, buffers)
+        got = self.blobs.read_into(objectnames.pack_name(pack_id), offset, buffers)
         self._touch(pack_id)
         return got
 
     def get(self, pack_id: str) -> bytes:
         """The whole pack (unverified: the caller checks it)."""
-        data = self.blobs.get(keys.pack_key(pack_id))
+        data = self.blobs.get(objectnames.pack_name(pack_id))
         self._touch(pack_id)
         return data
 
@@ -212,7 +212,7 @@ class FastTierDir:
             StorageError: the pack cannot be read.
         """
         try:  # a regular file, at most the catalog's size (invariant 10)
-            data = self.blobs.get(keys.pack_key(pack_id), max_size=size)
+            data = self.blobs.get(objectnames.pack_name(pack_id), max_size=size)
         except BlobNotFoundError:
             raise BlobNotFoundError(f"pack {pack_id} is not on the fast tier {self.root}") from None
         except (OversizedObjectError, UnsafeObjectError) as exc:  # its bytes are not the pack's
@@ -248,14 +248,14 @@ class FastTierDir:
     def resident(self) -> list[Resident]:
         """Every pack held here, least recently used first."""
         out: list[Resident] = []
-        packs = self.root / keys.PACKS.rstrip("/")
+        packs = self.root / objectnames.PACKS.rstrip("/")
         if not packs.is_dir():
             return out
         for folder in packs.iterdir():
             if not folder.is_dir() or folder.is_symlink():
                 continue
             for entry in os.scandir(folder):
-                found = keys.pack_of(f"{keys.PACKS}{folder.name}/{entry.name}")
+                found = objectnames.pack_of(f"{objectnames.PACKS}{folder.name}/{entry.name}")
                 if not entry.is_file(follow_symlinks=False) or found is None or found[1] is not None:
                     continue
                 with suppress(FileNotFoundError):
@@ -268,19 +268,19 @@ class FastTierDir:
 
     def put_manifest(self, version_id: str, data: bytes) -> None:
         """Keep a version's manifest here (fsync'd)."""
-        self.blobs.put(keys.manifest_key(version_id), data)
+        self.blobs.put(objectnames.manifest_name(version_id), data)
 
     def manifest(self, version_id: str) -> bytes | None:
         """A manifest kept here (None: not here, or not readable: the catalog has it too)."""
         try:
-            return self.blobs.get(keys.manifest_key(version_id))
+            return self.blobs.get(objectnames.manifest_name(version_id))
         except StorageError:
             return None
 
     def drop_manifest(self, version_id: str) -> None:
         """Forget a manifest once the version is durable."""
         with suppress(StorageError):
-            self.blobs.delete(keys.manifest_key(version_id))
+            self.blobs.delete(objectnames.manifest_name(version_id))
 
     # -- draining -------------------------------------------------------------
 
@@ -315,7 +315,7 @@ class FastTierDir:
         finally:
             os.close(fd)
 
-    def record_drain(self, nbytes: int, seconds: float) -> None:
+    def note_drain(self, nbytes: int, seconds: float) -> None:
         """Add a drain's bytes and time to ``drain-stats`` (call holding the drain lock): the
         tier's drain rate, for every process of the host."""
         totals = self.drain_totals()

@@ -31,7 +31,7 @@ from casckpt.errors import (
     StorageFullError,
     UnsafeObjectError,
 )
-from casckpt.storage.base import BlobInfo, check_key, is_key
+from casckpt.storage.base import BlobInfo, check_object_name, is_object_name
 from casckpt.storage.registry import Backend, Capabilities, directory_of
 from casckpt.storage.scratch import DEFAULT_GRACE, Reclaimed, ScratchDir, reclaim
 
@@ -136,7 +136,7 @@ class LocalBlobStore:
         return f"LocalBlobStore({str(self.root)!r})"
 
     def _path(self, key: str) -> Path:
-        return self.root / check_key(key)
+        return self.root / check_object_name(key)
 
     # -- writes ---------------------------------------------------------------
 
@@ -177,7 +177,7 @@ class LocalBlobStore:
         fsync_dir(target.parent)
 
     def put(self, key: str, data: bytes | memoryview) -> None:
-        check_key(key)
+        check_object_name(key)
         with self._temp(key, len(data)) as tmp:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             try:
@@ -190,7 +190,7 @@ class LocalBlobStore:
     def put_file(self, key: str, path: Path) -> None:
         """Rename ``path`` into place (consuming it); across file systems, copy it through
         a temporary file first, so no half-copied object is ever visible."""
-        check_key(key)
+        check_object_name(key)
         path = Path(path)
         try:
             with open(path, "rb+") as f:
@@ -311,7 +311,7 @@ class LocalBlobStore:
             for name in sorted(filenames):
                 path = Path(dirpath) / name
                 key = path.relative_to(self.root).as_posix()
-                if not key.startswith(prefix) or key.startswith("tmp/") or not is_key(key):
+                if not key.startswith(prefix) or key.startswith("tmp/") or not is_object_name(key):
                     continue
                 try:
                     st = os.lstat(path)  # the walk follows no symlink: dirpath is inside the root

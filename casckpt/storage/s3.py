@@ -53,7 +53,7 @@ from casckpt.errors import (
     RetryableStorageError,
     StorageError,
 )
-from casckpt.storage.base import BlobInfo, check_key, scatter, wants_bytes
+from casckpt.storage.base import BlobInfo, check_object_name, scatter, wants_bytes
 from casckpt.storage.redact import redact_text
 from casckpt.storage.s3_errors import error_code, map_s3_error
 
@@ -249,7 +249,7 @@ class S3BlobStore:
 
     def put(self, key: str, data: bytes | memoryview) -> None:
         """Upload ``data`` (in parallel parts at or above the multipart threshold)."""
-        check_key(key)
+        check_object_name(key)
         if len(data) >= self.multipart_threshold:
             self._call("put", key, lambda: self._upload(io.BytesIO(data), key))
             return
@@ -259,7 +259,7 @@ class S3BlobStore:
 
     def put_file(self, key: str, path: Path) -> None:
         """Upload the file at ``path``; the file is left in place (not consumed)."""
-        check_key(key)
+        check_object_name(key)
         try:
             os.stat(path)
         except OSError as exc:
@@ -276,7 +276,7 @@ class S3BlobStore:
     def get(self, key: str, *, max_size: int | None = None) -> bytes:
         """Fetch the whole object; one larger than ``max_size`` is refused from its
         Content-Length, before the body is read."""
-        check_key(key)
+        check_object_name(key)
 
         def fetch() -> bytes:
             resp = self._client.get_object(Bucket=self.bucket, Key=self.prefix + key,
@@ -329,7 +329,7 @@ class S3BlobStore:
         return data
 
     def size(self, key: str) -> int | None:
-        check_key(key)
+        check_object_name(key)
 
         def head() -> int | None:
             try:
@@ -362,7 +362,7 @@ class S3BlobStore:
             for obj in page.get("Contents", ()):
                 key = obj["Key"][len(self.prefix):]
                 try:
-                    check_key(key)
+                    check_object_name(key)
                 except InvalidNameError:
                     log.debug("skipping foreign object %s in the listing", self._where(key))
                     continue
@@ -371,7 +371,7 @@ class S3BlobStore:
     # deletes and lifecycle -------------------------------------------------
 
     def delete(self, key: str) -> None:
-        check_key(key)
+        check_object_name(key)
 
         def remove() -> None:
             try:

@@ -59,12 +59,12 @@ _IAM_ACTIONS = {
     "delete": ("s3:DeleteObject", "admin"),
 }
 
-_CREDENTIALS_HINT = (
+_CREDENTIALS_ADVICE = (
     "check the AWS credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, "
     "or the instance/role credentials) and that they belong to this endpoint"
 )
-_REGION_HINT = "set the bucket's region (AWS_REGION or region=) and the endpoint URL"
-_HINTS = {
+_REGION_ADVICE = "set the bucket's region (AWS_REGION or region=) and the endpoint URL"
+_ADVICE = {
     "AccessDenied": "check that the credentials may s3:GetObject, s3:PutObject, "
                     "s3:DeleteObject and s3:ListBucket on this bucket and prefix "
                     "(IAM policy, bucket policy, KMS key policy)",
@@ -72,16 +72,16 @@ _HINTS = {
     "AccountProblem": "the AWS account has a problem; check it in the AWS console",
     "NoSuchBucket": "check the bucket name in the URL, and that the bucket exists "
                     "at this endpoint and region",
-    "InvalidAccessKeyId": _CREDENTIALS_HINT,
+    "InvalidAccessKeyId": _CREDENTIALS_ADVICE,
     "SignatureDoesNotMatch": "check the AWS secret access key and the system clock",
     "InvalidToken": "refresh the session credentials (AWS_SESSION_TOKEN)",
     "ExpiredToken": "refresh the session credentials (AWS_SESSION_TOKEN)",
     "TokenRefreshRequired": "refresh the session credentials (AWS_SESSION_TOKEN)",
     "RequestTimeTooSkewed": "fix the system clock (enable NTP)",
-    "PermanentRedirect": _REGION_HINT,
-    "AuthorizationHeaderMalformed": _REGION_HINT,
-    "IllegalLocationConstraintException": _REGION_HINT,
-    "301": _REGION_HINT,
+    "PermanentRedirect": _REGION_ADVICE,
+    "AuthorizationHeaderMalformed": _REGION_ADVICE,
+    "IllegalLocationConstraintException": _REGION_ADVICE,
+    "301": _REGION_ADVICE,
     "InvalidArgument": "check the store's sse=, kms_key_id= and checksum= options; "
                        "the endpoint may not support them",
     "InvalidRequest": "check the store's sse=, kms_key_id= and checksum= options; "
@@ -91,9 +91,9 @@ _HINTS = {
     "EntityTooLarge": "lower the pack size or the multipart chunk size",
     "EntityTooSmall": "raise multipart_chunksize to at least 5 MiB",
 }
-_KMS_HINT = "check kms_key_id and that the credentials may use the key (kms:GenerateDataKey, " \
+_KMS_ADVICE = "check kms_key_id and that the credentials may use the key (kms:GenerateDataKey, " \
             "kms:Decrypt)"
-_DEFAULT_HINT = "look the error code up in the S3 documentation"
+_DEFAULT_ADVICE = "look the error code up in the S3 documentation"
 
 def map_s3_error(exc: BaseException, op: str, where: str,
                  location: str | None = None) -> StorageError | AccessDeniedError:
@@ -115,9 +115,9 @@ def map_s3_error(exc: BaseException, op: str, where: str,
                         bce.CredentialRetrievalError, bce.NoAuthTokenError,
                         bce.TokenRetrievalError)):
         return StorageError(f"S3 {op} of {where} failed: no usable AWS credentials "
-                            f"({type(exc).__name__}); {_CREDENTIALS_HINT}")
+                            f"({type(exc).__name__}); {_CREDENTIALS_ADVICE}")
     if isinstance(exc, (bce.NoRegionError, bce.InvalidRegionError)):
-        return StorageError(f"S3 {op} of {where} failed: {type(exc).__name__}; {_REGION_HINT}")
+        return StorageError(f"S3 {op} of {where} failed: {type(exc).__name__}; {_REGION_ADVICE}")
     if isinstance(exc, bce.SSLError) and "CERTIFICATE" in str(exc).upper():
         return StorageError(f"S3 {op} of {where} failed: the endpoint's TLS certificate was "
                             "rejected; check the endpoint URL and AWS_CA_BUNDLE")
@@ -131,7 +131,7 @@ def map_s3_error(exc: BaseException, op: str, where: str,
     if isinstance(exc, concurrent.futures.CancelledError):
         return StorageError(f"S3 {op} of {where} was cancelled: the store is closing")
     return StorageError(f"S3 {op} of {where} failed ({type(exc).__name__}: "
-                        f"{redact_text(str(exc))}); {_DEFAULT_HINT}")
+                        f"{redact_text(str(exc))}); {_DEFAULT_ADVICE}")
 
 
 def error_code(response: dict[str, Any]) -> tuple[str, int | None]:
@@ -150,7 +150,7 @@ def denied(op: str, where: str, location: str | None, detail: str = "AccessDenie
     bucket, _, key = where.removeprefix("s3://").partition("/")
     action, role = _IAM_ACTIONS.get(op, (None, "admin"))
     if action is None:  # not one of the blob store's operations: name what is known
-        return AccessDeniedError(f"S3 {op} of {where} was refused: {detail}; {_HINTS['AccessDenied']}")
+        return AccessDeniedError(f"S3 {op} of {where} was refused: {detail}; {_ADVICE['AccessDenied']}")
     if action == "s3:ListBucket":
         right = f"s3:ListBucket on arn:aws:s3:::{bucket} with s3:prefix {key!r}"
     else:
@@ -178,8 +178,8 @@ def _client_error(response: dict[str, Any], op: str, where: str) -> StorageError
     detail = _detail(response)
     if code in _NOT_FOUND_CODES or (status == 404 and not code.startswith("NoSuch")):
         return BlobNotFoundError(f"{where} does not exist (S3 {op}: {detail})")
-    if code in _RETRYABLE_CODES or (status in _RETRYABLE_STATUS and code not in _HINTS):
+    if code in _RETRYABLE_CODES or (status in _RETRYABLE_STATUS and code not in _ADVICE):
         return RetryableStorageError(f"S3 {op} of {where} failed: {detail}; "
                                      "trying again may succeed")
-    hint = _KMS_HINT if code.startswith("KMS") else _HINTS.get(code, _DEFAULT_HINT)
-    return StorageError(f"S3 {op} of {where} failed: {detail}; {hint}")
+    advice = _KMS_ADVICE if code.startswith("KMS") else _ADVICE.get(code, _DEFAULT_ADVICE)
+    return StorageError(f"S3 {op} of {where} failed: {detail}; {advice}")

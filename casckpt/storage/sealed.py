@@ -22,12 +22,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from casckpt.errors import SealedObjectError
-from casckpt.format import keys
+from casckpt.format import objectnames
 from casckpt.format.crypto import HEADER_SIZE, SEGMENT, SealedHead, StoreCrypto, plain_size, sealed_size
 from casckpt.storage.base import BlobInfo, BlobStore, scatter
 from casckpt.storage.local import full_error
 
-CLEAR_KEYS = frozenset({keys.IDENTITY, keys.KEYS_RECORD})
+CLEAR_NAMES = frozenset({objectnames.IDENTITY, objectnames.KEYS_RECORD})
 """Objects a location keeps unsealed: they say whose store it is and hold only wrapped keys."""
 
 _HEADS = 4096
@@ -49,14 +49,14 @@ class SealedBlobStore:
     # -- writing --
 
     def put(self, key: str, data: bytes | memoryview) -> None:
-        if key in CLEAR_KEYS:
+        if key in CLEAR_NAMES:
             self.inner.put(key, data)
             return
         self._forget(key)
         self.inner.put(key, memoryview(self.crypto.seal(key, data)))
 
     def put_file(self, key: str, path: Path) -> None:
-        if key in CLEAR_KEYS:
+        if key in CLEAR_NAMES:
             self.inner.put_file(key, path)
             return
         self._forget(key)
@@ -80,7 +80,7 @@ class SealedBlobStore:
     # -- reading --
 
     def get(self, key: str, *, max_size: int | None = None) -> bytes:
-        if key in CLEAR_KEYS:
+        if key in CLEAR_NAMES:
             return self.inner.get(key, max_size=max_size)
         data = self.inner.get(key, max_size=None if max_size is None else sealed_size(max_size))
         return bytes(self.crypto.open(key, data))
@@ -103,7 +103,7 @@ class SealedBlobStore:
             self._heads.pop(key, None)
 
     def get_range(self, key: str, offset: int, length: int) -> bytes:
-        if key in CLEAR_KEYS:
+        if key in CLEAR_NAMES:
             return self.inner.get_range(key, offset, length)
         return bytes(self._opened(key, offset, length))
 
@@ -129,17 +129,17 @@ class SealedBlobStore:
 
     def read_into(self, key: str, offset: int, buffers: Sequence[memoryview]) -> int:
         want = sum(len(b) for b in buffers)
-        if key in CLEAR_KEYS:
+        if key in CLEAR_NAMES:
             return scatter(self.inner.get_range(key, offset, want), buffers)
         return scatter(self._opened(key, offset, want), buffers)  # no copy between them
 
     def size(self, key: str) -> int | None:
         stored = self.inner.size(key)
-        return stored if stored is None or key in CLEAR_KEYS else _plain(stored)
+        return stored if stored is None or key in CLEAR_NAMES else _plain(stored)
 
     def list(self, prefix: str = "") -> Iterator[BlobInfo]:
         for info in self.inner.list(prefix):
-            yield info if info.key in CLEAR_KEYS else BlobInfo(info.key, _plain(info.size), info.mtime)
+            yield info if info.key in CLEAR_NAMES else BlobInfo(info.key, _plain(info.size), info.mtime)
 
     def close(self) -> None:
         self.inner.close()

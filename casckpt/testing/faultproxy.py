@@ -82,7 +82,7 @@ class _Fault:
 
 
 @dataclass(frozen=True)
-class RequestRecord:
+class SeenRequest:
     """One request the proxy saw. ``headers`` has lower-cased names."""
 
     method: str
@@ -106,7 +106,7 @@ class FaultProxy:
         self.timeout = timeout
         self._lock = threading.Lock()
         self._faults: list[_Fault] = []
-        self._records: deque[RequestRecord] = deque(maxlen=max_records)
+        self._records: deque[SeenRequest] = deque(maxlen=max_records)
         self._open: set[socket.socket] = set()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -234,7 +234,7 @@ class FaultProxy:
     # counters --------------------------------------------------------------
 
     @property
-    def records(self) -> list[RequestRecord]:
+    def records(self) -> list[SeenRequest]:
         with self._lock:
             return list(self._records)
 
@@ -262,7 +262,7 @@ class FaultProxy:
     def faults_fired(self) -> Counter[str]:
         return Counter(r.fault for r in self.records if r.fault is not None)
 
-    def _record(self, record: RequestRecord) -> None:
+    def _record(self, record: SeenRequest) -> None:
         with self._lock:
             self._records.append(record)
 
@@ -341,7 +341,7 @@ class _Handler(BaseHTTPRequestHandler):
             raw += self.rfile.read(size + 2)
             payload += size
 
-    def _body_length_hint(self) -> int:
+    def _declared_length(self) -> int:
         return int(self.headers.get("Content-Length") or 0)
 
     # relay -----------------------------------------------------------------
@@ -353,9 +353,9 @@ class _Handler(BaseHTTPRequestHandler):
         kind = fault.kind if fault is not None else None
 
         if fault is not None and fault.kind == "cut_upload":
-            declared = self._body_length_hint()
+            declared = self._declared_length()
             raw, n = self._read_body(limit=int(declared * fault.fraction) if declared else 1)
-            self.owner._record(RequestRecord(method, path, headers, n, None, 0, kind))
+            self.owner._record(SeenRequest(method, path, headers, n, None, 0, kind))
             self.close_connection = True
             return
 
@@ -366,14 +366,14 @@ class _Handler(BaseHTTPRequestHandler):
         if fault is not None and fault.kind == "stall":
             time.sleep(fault.seconds)
         if fault is not None and fault.kind == "blackhole":
-            self.owner._record(RequestRecord(method, path, headers, n, None, 0, kind))
+            self.owner._record(SeenRequest(method, path, headers, n, None, 0, kind))
             time.sleep(fault.seconds)
             self.close_connection = True
             return
 
         status, reason, resp_headers, body = self._forward(method, path, raw)
         if fault is not None and fault.kind == "drop_response":
-            self.owner._record(RequestRecord(method, path, headers, n, status, 0, kind))
+            self.owner._record(SeenRequest(method, path, headers, n, status, 0, kind))
             self.close_connection = True
             return
 
@@ -385,7 +385,7 @@ class _Handler(BaseHTTPRequestHandler):
             middle = len(body) // 2
             sent = body[:middle] + bytes([body[middle] ^ 0xFF]) + body[middle + 1:]
         # Record before answering, so a client that has its answer sees the record.
-        self.owner._record(RequestRecord(method, path, headers, n, status, len(sent), kind))
+        self.owner._record(SeenRequest(method, path, headers, n, status, len(sent), kind))
         self.send_response_only(status, reason)
         for name, value in resp_headers:
             if name.lower() in _HOP_BY_HOP or name.lower() == "transfer-encoding":
@@ -432,7 +432,7 @@ class _Handler(BaseHTTPRequestHandler):
             body = b""
         else:
             self.send_header("Content-Length", str(len(body)))
-        self.owner._record(RequestRecord(method, path, headers, n, fault.status, len(body),
+        self.owner._record(SeenRequest(method, path, headers, n, fault.status, len(body),
                                          "status"))
         self.end_headers()
         self._send_body(body)

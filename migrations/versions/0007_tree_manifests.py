@@ -1,4 +1,4 @@
-"""Tree manifests: versions whose state tree is stored as shared, content-addressed nodes.
+"""Tree manifests: versions whose state is stored as shared, content-addressed nodes.
 
 - ``tree_nodes``: every node of a tree manifest (zstd-compressed JSON, by its
   chunk id). A node is also a chunk in the packs (so a catalog rebuild gets

@@ -24,7 +24,7 @@ from casckpt.format.manifest import (
     decode_manifest,
     tensor_span,
 )
-from casckpt.format.tree import encode_tree
+from casckpt.format.state import encode_state
 
 OBJECT_CONTEXT = "casckpt 2026-11-29 object id v1"
 PROPERTY = settings(max_examples=60, deadline=None)
@@ -36,8 +36,8 @@ def _cid(i: int) -> bytes:
 
 
 def _manifest() -> Manifest:
-    root, _ = encode_tree({"model": {"w": None, "b": None}, "opt": [None], "view": None, "step": 3})
-    # point the placeholders at tensors 0..3, as encode_tree does for real tensors
+    root, _ = encode_state({"model": {"w": None, "b": None}, "opt": [None], "view": None, "step": 3})
+    # point the placeholders at tensors 0..3, as encode_state does for real tensors
     root["v"][0]["v"] = [{"t": "tensor", "i": 0}, {"t": "tensor", "i": 1}]
     root["v"][1]["v"] = [{"t": "tensor", "i": 2}]
     root["v"][2] = {"t": "tensor", "i": 3}
@@ -116,7 +116,7 @@ def manifests(draw: st.DrawFn) -> Manifest:
         tensors.append(TensorEntry(f"t.{i}", kind, dtype, shape, len(extents)))
         extents.append(ExtentEntry(nbytes, chunk_size, chunks))
     plain = draw(st.lists(st.one_of(st.none(), st.integers(), st.floats(), st.text(max_size=5)), max_size=4))
-    root, _ = encode_tree(plain)
+    root, _ = encode_state(plain)
     root["v"].extend({"t": "tensor", "i": i} for i in range(len(tensors)))
     json_values = st.one_of(st.none(), st.booleans(), st.integers(-(2**60), 2**60),
                             st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=5))

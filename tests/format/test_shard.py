@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from casckpt.errors import CorruptPackError
-from casckpt.format.keys import shard_key
+from casckpt.format.objectnames import shard_name
 from casckpt.format.shard import (
     SHARD_HEADER_SIZE,
     SHARD_MAGIC,
@@ -204,18 +204,18 @@ def test_payload_checksum_is_plain_blake3() -> None:
     assert len(payload_checksum(b"")) == 64
 
 
-def test_shard_key_format() -> None:
+def test_shard_name_format() -> None:
     pack_id = "e015e152cdbec2e54b5ec07bc482fef90f38ae23082f6a34efc0f2b5ac7b3392"
-    assert shard_key(pack_id, 0) == f"packs/e0/{pack_id}.s0"
-    assert shard_key(pack_id, 31) == f"packs/e0/{pack_id}.s31"
+    assert shard_name(pack_id, 0) == f"packs/e0/{pack_id}.s0"
+    assert shard_name(pack_id, 31) == f"packs/e0/{pack_id}.s31"
     # a shard sits next to the whole-pack key (packs/<2 hex>/<id>), distinct from it
-    assert shard_key(pack_id, 1).startswith(f"packs/{pack_id[:2]}/{pack_id}.")
-    assert len({shard_key(pack_id, i) for i in range(32)}) == 32
+    assert shard_name(pack_id, 1).startswith(f"packs/{pack_id[:2]}/{pack_id}.")
+    assert len({shard_name(pack_id, i) for i in range(32)}) == 32
 
 
-def test_shard_keys_are_valid_object_keys() -> None:
-    from casckpt.storage.base import check_key
+def test_shard_names_are_valid_object_names() -> None:
+    from casckpt.storage.base import check_object_name
 
     pack_id = "00ff" * 16
     for index in (0, 9, 10, 31):
-        assert check_key(shard_key(pack_id, index)) == shard_key(pack_id, index)
+        assert check_object_name(shard_name(pack_id, index)) == shard_name(pack_id, index)

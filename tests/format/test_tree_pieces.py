@@ -18,7 +18,7 @@ from casckpt.errors import CorruptManifestError
 from casckpt.format.chunks import object_id
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, World, decode_manifest
 from casckpt.format.merkle import Nodes, NodeSource
-from casckpt.format.tree import Node, rank_path
+from casckpt.format.state import Node, rank_path
 from casckpt.format.treemanifest import encode_tree_manifest
 from casckpt.format.treeread import TreeReader, referenced
 

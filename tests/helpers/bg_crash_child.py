@@ -7,7 +7,7 @@ Usage::
 Opens (creating) the store ``DIR/store`` with its packs in ``DIR/blobs``,
 behind a blob store that sleeps before every write so that commits stay
 pending. Then, like a training loop, for each step ``0 .. STEPS-1`` it
-brings its one state tree to :func:`advance`'s values IN PLACE and commits
+brings its one state to :func:`advance`'s values IN PLACE and commits
 it with ``block=False``, printing ``submitted STEP PENDING`` (the commits
 pending right after the submit) once ``commit`` has returned. After the last
 step it prints ``all submitted``, closes the store (finishing every commit)

@@ -56,7 +56,7 @@ def open_store(root: str, blobs: str, fast: str, endpoint: str, **kwargs: Any) -
 
 def _die_at(owner: Any, name: str, n: int, after: bool, prefix: str | None = None) -> None:
     """SIGKILL this process at the ``n``-th call of ``owner.name`` (before it, or ``after``);
-    with ``prefix``, only calls whose object key (the first argument) starts with it count."""
+    with ``prefix``, only calls whose object name (the first argument) starts with it count."""
     real: Callable[..., Any] = getattr(owner, name)
     calls = 0
 
@@ -99,8 +99,8 @@ def killed_drain(root: str, blobs: str, fast: str, endpoint: str, versions: int,
     location = S3BlobStore if endpoint != "-" else LocalBlobStore
     owner, name, after, prefix = {  # a drain stores pack bytes read from the tier: put, not put_file
         "upload": (location, "put", False, "packs/"),  # N-1 pack objects up, the rest not
-        "before-record": (tiers, "record_drained", False, None),  # uploaded, not made live
-        "after-record": (tiers, "record_drained", True, None),  # live, its versions not finished
+        "before-record": (tiers, "mark_drained", False, None),  # uploaded, not made live
+        "after-record": (tiers, "mark_drained", True, None),  # live, its versions not finished
         "manifest-up": (location, "put", True, "manifests/"),  # a manifest on the locations, version fast
         "before-finish": (tiers, "finish", False, None),  # every manifest up, nothing finished
     }[point]

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from casckpt.errors import SealedObjectError
-from casckpt.format import keys
+from casckpt.format import objectnames
 from casckpt.format.crypto import HEADER_SIZE, SEGMENT, TAG_SIZE, StoreCrypto, plain_size, sealed_size
 from casckpt.storage import BlobStore, LocalBlobStore
 from casckpt.storage.sealed import SealedBlobStore
@@ -90,7 +90,7 @@ def test_ranges_through_the_store_and_a_rewritten_object(tmp_path: Path) -> None
 def test_the_identity_and_key_records_stay_readable_without_the_key(tmp_path: Path) -> None:
     inner = LocalBlobStore(tmp_path / "blobs")
     store = SealedBlobStore(inner, CRYPTO)
-    for key in (keys.IDENTITY, keys.KEYS_RECORD):
+    for key in (objectnames.IDENTITY, objectnames.KEYS_RECORD):
         store.put(key, b'{"clear": true}')
         assert inner.get(key) == b'{"clear": true}' == store.get(key)
 
@@ -104,7 +104,7 @@ def test_a_file_sealed_segment_by_segment_is_a_sealed_object(tmp_path: Path, len
     src.write_bytes(data)
     inner = LocalBlobStore(tmp_path / "loc")
     store = SealedBlobStore(inner, CRYPTO)
-    key = keys.pack_key("ab" * 32)
+    key = objectnames.pack_name("ab" * 32)
     store.put_file(key, src)
     assert not src.exists() and not list(tmp_path.glob("*.sealed"))
     raw = inner.get(key)

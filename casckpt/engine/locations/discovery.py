@@ -26,7 +26,7 @@ from casckpt.errors import (
     StorageError,
     UnsafeObjectError,
 )
-from casckpt.format import keys
+from casckpt.format import objectnames
 from casckpt.format.pack import TRAILER_SIZE, PackEntry, parse_footer, parse_trailer
 from casckpt.format.shard import SHARD_HEADER_SIZE, decode_shard_header
 from casckpt.storage import BlobInfo
@@ -48,7 +48,7 @@ def scan_packs(listing: Iterable[tuple[Location, BlobInfo]]) -> dict[str, FoundP
     """Group listed ``packs/`` objects by pack."""
     found: dict[str, FoundPack] = defaultdict(FoundPack)
     for loc, info in listing:
-        named = keys.pack_of(info.key)
+        named = objectnames.pack_of(info.key)
         if named is None:
             continue
         pack_id, index = named
@@ -69,7 +69,7 @@ def pack_layout(pack_id: str, found: FoundPack) -> PackLayout | None:
         size = found.copies[0][2]
         rows = tuple(ShardRow(i, loc.id, key, sz) for i, (loc, key, sz) in enumerate(found.copies))
         scheme = "none" if len(rows) == 1 else "replicate"
-        return PackLayout(pack_id, keys.pack_key(pack_id), size, scheme, 1, len(rows) - 1, shards=rows)
+        return PackLayout(pack_id, objectnames.pack_name(pack_id), size, scheme, 1, len(rows) - 1, shards=rows)
     headers = {}
     for index, (loc, key, size) in sorted(found.shards.items()):
         try:
@@ -88,7 +88,7 @@ def pack_layout(pack_id: str, found: FoundPack) -> PackLayout | None:
     code = (first.k, first.m, first.algorithm, first.pack_len)
     rows = tuple(ShardRow(i, loc.id, key, size, h.checksum) for i, (h, loc, key, size) in headers.items()
                  if (h.k, h.m, h.algorithm, h.pack_len) == code)
-    return PackLayout(pack_id, keys.pack_key(pack_id), first.pack_len, "ec", first.k, first.m,
+    return PackLayout(pack_id, objectnames.pack_name(pack_id), first.pack_len, "ec", first.k, first.m,
                       first.algorithm, first.stripe, first.data_offset, rows)
 
 

@@ -38,9 +38,9 @@ from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
 from casckpt.catalog.gc import known_manifests
 from casckpt.errors import BlobNotFoundError, GCRefusedError, StorageError, StoreIdentityError
-from casckpt.format import keys
+from casckpt.format import objectnames
 from casckpt.format.identity import (
-    IDENTITY_KEY,
+    IDENTITY_NAME,
     MAX_IDENTITY_BYTES,
     CorruptIdentityError,
     StoreIdentity,
@@ -80,10 +80,10 @@ def read_record(blobs: BlobStore) -> StoreIdentity | None:
         StorageError: the location cannot be read.
     """
     try:
-        data = blobs.get(IDENTITY_KEY, max_size=MAX_IDENTITY_BYTES)
+        data = blobs.get(IDENTITY_NAME, max_size=MAX_IDENTITY_BYTES)
     except BlobNotFoundError:
         return None
-    return decode_identity(data, f"{redact_url(blobs.url)}/{IDENTITY_KEY}")
+    return decode_identity(data, f"{redact_url(blobs.url)}/{IDENTITY_NAME}")
 
 
 def write_record(blobs: BlobStore, identity: StoreIdentity, location: str) -> None:
@@ -92,7 +92,7 @@ def write_record(blobs: BlobStore, identity: StoreIdentity, location: str) -> No
     Raises:
         StorageError: the location refused it.
     """
-    blobs.put(IDENTITY_KEY, encode_identity(identity.at(location)))
+    blobs.put(IDENTITY_NAME, encode_identity(identity.at(location)))
 
 
 def survey(name: str, blobs: BlobStore) -> Survey:
@@ -143,8 +143,8 @@ def _adoptable(loc: Survey, knows: Callable[[str, Sequence[str]], bool]) -> bool
     """For a location without a usable record: None if it holds no data; else whether the
     catalog already knows some of its objects (then it is this store's, from before records)."""
     try:
-        manifests = _sample(loc.blobs, keys.MANIFESTS)
-        packs = [] if manifests else _sample(loc.blobs, keys.PACKS)
+        manifests = _sample(loc.blobs, objectnames.MANIFESTS)
+        packs = [] if manifests else _sample(loc.blobs, objectnames.PACKS)
     except StorageError as exc:
         log.warning("cannot list blob location %s to check whose data it holds: %s", loc.name, exc)
         return False
@@ -155,7 +155,7 @@ def _adoptable(loc: Survey, knows: Callable[[str, Sequence[str]], bool]) -> bool
 
 def _knows(catalog: Catalog) -> Callable[[str, Sequence[str]], bool]:
     def knows(location: str, objects: Sequence[str]) -> bool:
-        manifests = [k.removeprefix(keys.MANIFESTS) for k in objects if k.startswith(keys.MANIFESTS)]
+        manifests = [k.removeprefix(objectnames.MANIFESTS) for k in objects if k.startswith(objectnames.MANIFESTS)]
         if manifests:
             return bool(known_manifests(catalog, manifests))
         return bool(shard_sql.keys_on_location(catalog, location, objects))

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from casckpt.engine.locations import identity
-from casckpt.format.identity import IDENTITY_KEY, StoreIdentity
+from casckpt.format.identity import IDENTITY_NAME, StoreIdentity
 from casckpt.storage import BlobStore
 from casckpt.storage.locations import Location
 from casckpt.storage.redact import redact_text
@@ -122,7 +122,7 @@ def _verdict(request: _Request, mine: StoreIdentity | None, timeout: float) -> P
     if found.damaged is not None:
         return Probe(False, _short(f"its identity record is damaged: {found.damaged}"), seconds)
     if found.record is None:
-        return Probe(False, f"it answers but holds no identity record ({IDENTITY_KEY}): "
+        return Probe(False, f"it answers but holds no identity record ({IDENTITY_NAME}): "
                      "its directory or bucket was removed, emptied or replaced", seconds)
     if mine is not None and found.record.store_id != mine.store_id:
         return Probe(False, f"it holds another store's identity record ({found.record.describe()})",

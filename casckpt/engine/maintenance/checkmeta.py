@@ -54,7 +54,7 @@ from casckpt.errors import (
     IntegrityError,
     StorageError,
 )
-from casckpt.format import keys
+from casckpt.format import objectnames
 from casckpt.format.manifest import Manifest, decode_manifest
 from casckpt.format.merkle import decode_node, node_json
 from casckpt.storage import BlobInfo
@@ -108,7 +108,7 @@ def list_locations(ctx: EngineContext, found: Findings) -> None:
         if not loc.readable:
             continue
         try:
-            found.listed[loc.id] = {info.key: info for prefix in (keys.PACKS, keys.MANIFESTS, keys.REFS)
+            found.listed[loc.id] = {info.key: info for prefix in (objectnames.PACKS, objectnames.MANIFESTS, objectnames.REFS)
                                     for info in loc.blobs.list(prefix)}
         except StorageError as exc:
             found.unlisted.add(loc.id)
@@ -152,7 +152,7 @@ def check_manifests(ctx: EngineContext, found: Findings, *, read_data: bool) -> 
                 _check_copy(loc, found, row, data, read_data)
     known: set[str] = set()
     for loc_id, objects in found.listed.items():
-        ids = {v for key in objects if (v := keys.version_of(key)) is not None}
+        ids = {v for key in objects if (v := objectnames.version_of(key)) is not None}
         unknown = (ids - known) - gc_sql.known_manifests(ctx.catalog, ids - known)
         known |= ids - unknown
         holder = ctx.locations.get(loc_id)
@@ -183,7 +183,7 @@ def _check_values(found: Findings, row: Any, manifest: Manifest) -> None:
 def _check_copy(loc: Location, found: Findings, row: Any, data: bytes, read_data: bool) -> None:
     if loc.id in found.unlisted or loc.id not in found.listed:
         return
-    key = keys.manifest_key(row.id)
+    key = objectnames.manifest_name(row.id)
     label = f"{row.run}@{row.step}"
     if key not in found.listed[loc.id]:
         found.add("manifest", row.id, f"{label}: missing from {loc.describe()}; "

@@ -3,7 +3,7 @@
 A drill picks versions (:func:`pick`: the latest of each run asked, plus random older visible
 ones up to ``count`` in all), restores each one into memory through the same verified path
 ``Store.restore`` takes (the catalog's manifest, checked against its id; every chunk read
-from the packs and checked against its id; the state tree rebuilt on the CPU), times it, and
+from the packs and checked against its id; the state rebuilt on the CPU), times it, and
 drops it. Nothing is written to disk, and nothing in the store is repaired: reads pass
 ``heal=False``, so a damaged shard found on the way is left for ``casckpt repair`` (marked
 for it, as ``check`` marks it), and a drill reports what a restore would have met.
@@ -126,5 +126,5 @@ def drill(ctx: EngineContext, rows: Sequence[VersionRow], *, record: bool,
         if progress is not None:
             progress("drill", done, len(rows))
     if record:
-        sql.record(ctx.catalog, results)
+        sql.add(ctx.catalog, results)
     return drill_id, tuple(results)

@@ -55,7 +55,7 @@ from casckpt.engine.read.reader import read_chunks
 from casckpt.engine.versions.references import references
 from casckpt.engine.write.packer import Packer
 from casckpt.errors import CasckptError, GCRefusedError, IntegrityError, StorageError
-from casckpt.format import keys
+from casckpt.format import objectnames
 from casckpt.format.pack import ENTRY_HEADER_SIZE, PackEntry, decode_entry
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.scratch import reclaim
@@ -99,14 +99,14 @@ def _apply_retention(ctx: EngineContext, dry_run: bool, run_id: int | None) -> t
     return plans
 
 
-_Object = tuple[int, str]  # (location id, object key)
+_Object = tuple[int, str]  # (location id, object name)
 _Marked = tuple[str, "str | None"]  # (version id, tree root) of a version marked
 _MARK_BATCH = 50_000
 
 
 def _listing(ctx: EngineContext) -> Listing:
     """Packs, shards and manifests on every readable location (an error aborts GC)."""
-    return [(loc, info) for prefix in (keys.PACKS, keys.MANIFESTS)
+    return [(loc, info) for prefix in (objectnames.PACKS, objectnames.MANIFESTS)
             for loc, info in ctx.locations.list_all(prefix)]
 
 
@@ -237,8 +237,8 @@ def _orphans(ctx: EngineContext, listing: Listing, cutoff: float,
     orphans = []
     for loc, info in listing:
         obj = (loc.id, info.key)
-        known = obj in shards if info.key.startswith(keys.PACKS) else (
-            info.key.removeprefix(keys.MANIFESTS) in versions
+        known = obj in shards if info.key.startswith(objectnames.PACKS) else (
+            info.key.removeprefix(objectnames.MANIFESTS) in versions
         )
         if not known and info.mtime <= floor and obj not in removed:
             orphans.append((loc, info))
@@ -358,7 +358,7 @@ def _run(ctx: EngineContext, tally: _Tally, guard: DeletionGuard, deleter: _Dele
     if not dry_run:
         purged = sql.purge_versions(ctx.catalog, expired, run_id=deleter.run_id)
         tally.versions_purged = len(purged)
-        gone = sorted({obj for v in purged for obj in _everywhere(ctx, keys.manifest_key(v))})
+        gone = sorted({obj for v in purged for obj in _everywhere(ctx, objectnames.manifest_name(v))})
         deleter.delete(gone)
         removed.update(gone)
     orphans = _orphans(ctx, listing, time.time() - grace, removed)

@@ -45,7 +45,7 @@ from casckpt.engine.locations import identity
 from casckpt.engine.locations.discovery import FoundPack, pack_layout, read_footer, scan_packs
 from casckpt.engine.maintenance.scrub import IN_MEMORY_LIMIT
 from casckpt.errors import CorruptPackError, GCRefusedError, MissingDataError, StorageError
-from casckpt.format import keys
+from casckpt.format import objectnames
 from casckpt.format.pack import PackEntry, read_index
 from casckpt.storage import BlobInfo
 from casckpt.storage.locations import Location
@@ -56,7 +56,7 @@ BREAKER_FRACTION = 0.10
 BREAKER_MIN = 16
 
 Listing = list[tuple[Location, BlobInfo]]
-Object = tuple[int, str]  # (location id, object key)
+Object = tuple[int, str]  # (location id, object name)
 
 
 @dataclass(slots=True)
@@ -105,7 +105,7 @@ class DeletionGuard:
         exempts one: a commit names its version on its lease before it writes the manifest, so
         one in flight is known -- and an old lease carried in by a stale catalog backup must not
         excuse the manifests written since."""
-        ids = {v for _, info in self._listing if (v := keys.version_of(info.key)) is not None}
+        ids = {v for _, info in self._listing if (v := objectnames.version_of(info.key)) is not None}
         return ids - sql.known_manifests(self._ctx.catalog, ids)
 
     def _breaker(self, floor: float) -> None:
@@ -114,7 +114,7 @@ class DeletionGuard:
         unknown: dict[int, int] = {}
         for loc, info in self._listing:
             total[loc.id] = total.get(loc.id, 0) + 1
-            named = keys.pack_of(info.key)
+            named = objectnames.pack_of(info.key)
             if named is not None and named[0] not in known and info.mtime <= floor:
                 unknown[loc.id] = unknown.get(loc.id, 0) + 1
         for loc in self._ctx.locations.all:
@@ -145,13 +145,13 @@ class DeletionGuard:
         tombstoned = sql.tombstoned_ids(self._ctx.catalog)
         packs: dict[str, FoundPack] = {}
         for loc, info in candidates:
-            if (version_id := keys.version_of(info.key)) is not None:
+            if (version_id := objectnames.version_of(info.key)) is not None:
                 if version_id in tombstoned:
                     out.delete.append((loc.id, info.key))
                 else:
                     out.kept.append(f"{info.key} on {loc.name}: a manifest the catalog does not know")
                 continue
-            named = keys.pack_of(info.key)
+            named = objectnames.pack_of(info.key)
             if named is None:
                 continue
             found = packs.setdefault(named[0], FoundPack())

@@ -54,12 +54,11 @@ from casckpt.errors import (
     StoreIdentityError,
     StoreKeyError,
 )
-from casckpt.format import crypto
-from casckpt.format import keys as object_keys
+from casckpt.format import crypto, objectnames
 from casckpt.format.crypto import STATE_PLAIN, STATE_SEALED, KeyRecord, StoreCrypto
 from casckpt.storage import BlobStore
 from casckpt.storage.locations import LocationSet
-from casckpt.storage.sealed import CLEAR_KEYS
+from casckpt.storage.sealed import CLEAR_NAMES
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +159,7 @@ def catalog_record(catalog: Catalog) -> KeyRecord | None:
 def location_record(name: str, blobs: BlobStore) -> KeyRecord | None:
     """The key record a location carries (None: none, or the location cannot be read)."""
     try:
-        data = blobs.get(object_keys.KEYS_RECORD, max_size=_MAX_RECORD)
+        data = blobs.get(objectnames.KEYS_RECORD, max_size=_MAX_RECORD)
     except BlobNotFoundError:
         return None
     except StorageError as exc:  # an unreachable location: its identity survey says so
@@ -176,7 +175,7 @@ def location_record(name: str, blobs: BlobStore) -> KeyRecord | None:
 
 def _holds_data(blobs: BlobStore) -> bool:
     for info in blobs.list():
-        if info.key not in CLEAR_KEYS:
+        if info.key not in CLEAR_NAMES:
             return True
     return False
 
@@ -185,7 +184,7 @@ def _holds_sealed(blobs: BlobStore) -> bool:
     """Whether the first manifest (else pack object) on ``blobs`` is sealed (False: none, or
     the location cannot be read)."""
     try:
-        for prefix in (object_keys.MANIFESTS, object_keys.PACKS):
+        for prefix in (objectnames.MANIFESTS, objectnames.PACKS):
             for info in blobs.list(prefix):
                 return blobs.get_range(info.key, 0, len(crypto.SEAL_MAGIC)) == crypto.SEAL_MAGIC
     except StorageError as exc:
@@ -236,9 +235,9 @@ def unlock(catalog: Catalog, opened: Mapping[str, BlobStore], master: bytes | No
             if sealed_on is not None and record is None:  # never a plain catalog over sealed objects
                 raise StoreKeyError(
                     f"blob location {sealed_on} holds encrypted objects but no location has a "
-                    f"readable key record ({object_keys.KEYS_RECORD}), and the catalog at "
+                    f"readable key record ({objectnames.KEYS_RECORD}), and the catalog at "
                     f"{catalog.where} has none: the store's data key is wrapped only there. Put "
-                    f"back a copy of {object_keys.KEYS_RECORD} (a bucket version, a backup, "
+                    f"back a copy of {objectnames.KEYS_RECORD} (a bucket version, a backup, "
                     "another location) or open the catalog that holds the record; nothing was "
                     "written")
     if record is None and master is None:
@@ -295,7 +294,7 @@ def _adopt(catalog: Catalog, store: StoreCrypto, read_only: bool) -> StoreCrypto
     """
     fixed = keys_sql.read_state(catalog)
     if fixed == STATE_SEALED and not read_only:
-        keys_sql.record_state(catalog, store.state)
+        keys_sql.save_state(catalog, store.state)
     elif fixed is not None and not encryption.matches(fixed, store.state):
         raise StoreKeyError(
             f"the catalog at {catalog.where} records this store as {encryption.describe(fixed)}, but "
@@ -384,7 +383,7 @@ def publish(catalog: Catalog, blobs: Mapping[str, BlobStore]) -> None:
         if location_record(name, store) == record:
             continue
         try:
-            store.put(object_keys.KEYS_RECORD, data)
+            store.put(objectnames.KEYS_RECORD, data)
         except CasckptError as exc:
             log.warning("could not write the key record to blob location %s: %s", name, exc)
 

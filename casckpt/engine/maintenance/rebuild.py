@@ -35,7 +35,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from casckpt.catalog import MissingChunksError, PackLayout, PackRecord, ShardRow, inventory
+from casckpt.catalog import MissingChunksError, PackLayout, ShardRow, StoredPack, inventory
 from casckpt.catalog import deltas as deltas_sql
 from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
@@ -46,7 +46,7 @@ from casckpt.engine.maintenance import scrub
 from casckpt.engine.read import trees
 from casckpt.engine.versions import records
 from casckpt.errors import CasckptError, CorruptPackError, InvalidArgumentError, StoreIdentityError
-from casckpt.format import keys
+from casckpt.format import objectnames
 from casckpt.format.identity import StoreIdentity
 from casckpt.format.manifest import MAX_MANIFEST_OBJECT, Manifest, decode_manifest
 from casckpt.format.pack import read_index
@@ -83,9 +83,9 @@ def _recover_pack(ctx: EngineContext, layout: PackLayout) -> int:
     rows = [replace(sh, state=states.get(sh.index, "missing")) for sh in layout.shards]
     if layout.scheme == "ec" and rows:
         present = {sh.index for sh in rows}
-        rows += [ShardRow(i, rows[0].location_id, keys.shard_key(layout.id, i), 0, None, "missing")
+        rows += [ShardRow(i, rows[0].location_id, objectnames.shard_name(layout.id, i), 0, None, "missing")
                  for i in range(layout.k + layout.m) if i not in present]
-    ctx.catalog.add_pack(PackRecord(replace(layout, shards=tuple(rows)), entries))
+    ctx.catalog.add_pack(StoredPack(replace(layout, shards=tuple(rows)), entries))
     shard_sql.set_pack_chunks(ctx.catalog, layout.id, len(entries))
     return len(entries)
 
@@ -95,14 +95,14 @@ def _manifests(ctx: EngineContext, listing: Listing,
     """Every manifest found, verified against its id (each copy tried until one is)."""
     holders: dict[str, list[Location]] = {}
     for loc, info in listing:
-        if (named := keys.version_of(info.key)) is not None:
+        if (named := objectnames.version_of(info.key)) is not None:
             holders.setdefault(named, []).append(loc)
     out = []
     for version_id, locations in sorted(holders.items()):
         problem: CasckptError | None = None
         for loc in locations:
             try:
-                data = loc.blobs.get(keys.manifest_key(version_id), max_size=MAX_MANIFEST_OBJECT)
+                data = loc.blobs.get(objectnames.manifest_name(version_id), max_size=MAX_MANIFEST_OBJECT)
                 out.append((decode_manifest(data, version_id), data, version_id))
                 break
             except CasckptError as exc:
@@ -146,13 +146,13 @@ def rebuild(ctx: EngineContext, progress: ProgressCallback | None = None) -> Reb
             "the catalog is not empty; `catalog rebuild` fills a new, empty catalog. Move the "
             "old catalog away (SQLite) or create an empty database (PostgreSQL) first")
     identity_sql.set_rebuilding(ctx.catalog, True)  # until the last record is restored
-    found_records = records.read_all(ctx.locations, keys.REFS)
+    found_records = records.read_all(ctx.locations, objectnames.REFS)
     recorded = _recorded_locations(found_records)
     states = {name: state for name, _, _, state in recorded}
     _adopt_identity(ctx, states)
     _restore_locations(ctx, recorded)
     listing = _listing(ctx, states)
-    found = scan_packs((loc, info) for loc, info in listing if info.key.startswith(keys.PACKS))
+    found = scan_packs((loc, info) for loc, info in listing if info.key.startswith(objectnames.PACKS))
     packs = chunks = 0
     lost: list[str] = []
     for done, (pack_id, objects) in enumerate(sorted(found.items()), 1):
@@ -238,7 +238,7 @@ Listing = list[tuple[Location, BlobInfo]]
 def _listing(ctx: EngineContext, states: dict[str, str]) -> Listing:
     """Packs and manifests on every location not failed, active locations first."""
     rank = {"active": 0, "draining": 1}
-    out = [(loc, info) for prefix in (keys.PACKS, keys.MANIFESTS)
+    out = [(loc, info) for prefix in (objectnames.PACKS, objectnames.MANIFESTS)
            for loc, info in ctx.locations.list_all(prefix) if states.get(loc.name, "active") != "failed"]
     out.sort(key=lambda pair: rank.get(states.get(pair[0].name, "active"), 2))
     return out
@@ -264,7 +264,7 @@ _LocationEntry = tuple[str, str | None, str, str]  # name, url, failure domain, 
 
 def _recorded_locations(found: dict[str, list[records.Found]]) -> list[_LocationEntry]:
     """The locations the newest locations record names (entries that make no sense skipped)."""
-    doc = next(iter(_newest(found, keys.LOCATIONS_RECORD, {})), None)
+    doc = next(iter(_newest(found, objectnames.LOCATIONS_RECORD, {})), None)
     entries = doc.get("locations") if doc is not None else None
     out: list[_LocationEntry] = []
     for entry in entries if isinstance(entries, list) else ():
@@ -299,7 +299,7 @@ def _restore_locations(ctx: EngineContext, recorded: list[_LocationEntry]) -> No
 
 def _restore_runs(ctx: EngineContext, found: dict[str, list[records.Found]], states: dict[str, str]) -> int:
     shard_sql.date_runs_from_versions(ctx.catalog)
-    for doc in _newest(found, keys.RUNS, states):
+    for doc in _newest(found, objectnames.RUNS, states):
         if not records.valid_run(doc):
             log.warning("rebuild: skipping a damaged run record %r", doc)
             continue
@@ -314,7 +314,7 @@ def _restore_runs(ctx: EngineContext, found: dict[str, list[records.Found]], sta
 
 
 def _restore_tags(ctx: EngineContext, found: dict[str, list[records.Found]], states: dict[str, str]) -> int:
-    for doc in _newest(found, keys.TAGS, states):
+    for doc in _newest(found, objectnames.TAGS, states):
         name, version = doc.get("name"), doc.get("version")
         if isinstance(name, str) and isinstance(version, str) and ctx.catalog.version(version) is not None:
             ctx.catalog.set_tag(name, version)
@@ -322,7 +322,7 @@ def _restore_tags(ctx: EngineContext, found: dict[str, list[records.Found]], sta
 
 
 def _restore_store(ctx: EngineContext, found: dict[str, list[records.Found]], states: dict[str, str]) -> None:
-    doc = next(iter(_newest(found, keys.STORE_RECORD, states)), {})
+    doc = next(iter(_newest(found, objectnames.STORE_RECORD, states)), {})
     redundancy, chain = doc.get("redundancy"), doc.get("delta_chain")
     try:
         if isinstance(redundancy, str) and redundancy:

@@ -49,7 +49,7 @@ from casckpt.engine.read.degraded import doubled_domains
 from casckpt.engine.versions import records
 from casckpt.engine.versions.refs import bind
 from casckpt.errors import AccessDeniedError, BlobNotFoundError, CasckptError, IntegrityError, StorageError
-from casckpt.format import keys
+from casckpt.format import objectnames
 from casckpt.format.manifest import MAX_MANIFEST_OBJECT, decode_manifest
 from casckpt.storage.locations import Location
 from casckpt.types import ProgressCallback, RepairReport
@@ -165,9 +165,9 @@ def _recovery_data(ctx: EngineContext, found: Findings,
             if row.durability != "durable":
                 continue  # on a fast tier: the drain writes it once its packs are there
             for loc in holders:
-                if _copy_differs(loc, found, keys.manifest_key(row.id), data):
+                if _copy_differs(loc, found, objectnames.manifest_name(row.id), data):
                     try:
-                        loc.blobs.put(keys.manifest_key(row.id), data)
+                        loc.blobs.put(objectnames.manifest_name(row.id), data)
                         done.manifests += 1
                     except StorageError:
                         pass  # check keeps reporting it
@@ -186,7 +186,7 @@ def _verified_copy(ctx: EngineContext, row: Any) -> bytes | None:
     """A copy of the version's manifest from some location that verifies and binds to its row."""
     for loc in ctx.locations.read_order():
         try:
-            data = loc.blobs.get(keys.manifest_key(row.id), max_size=MAX_MANIFEST_OBJECT)
+            data = loc.blobs.get(objectnames.manifest_name(row.id), max_size=MAX_MANIFEST_OBJECT)
             bind(row, decode_manifest(data, row.id))
         except AccessDeniedError:
             raise  # refused, not damaged or missing: stop, naming the right

@@ -35,7 +35,7 @@ from casckpt.storage.locations import Location, LocationSet
 WINDOW = 8 << 20
 IN_MEMORY_LIMIT = 1 << 30  # shard bytes reconstructed in memory when a pack cannot be streamed whole
 
-Listed = dict[int, dict[str, BlobInfo]]  # location id -> object key -> what a listing said
+Listed = dict[int, dict[str, BlobInfo]]  # location id -> object name -> what a listing said
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ from casckpt.catalog.treemigrate import tree_root
 from casckpt.engine.context import EngineContext
 from casckpt.engine.read import trees
 from casckpt.errors import RefNotFoundError, VersionSweptError
-from casckpt.format import keys
+from casckpt.format import objectnames
 from casckpt.types import Version
 
 
@@ -27,7 +27,7 @@ def undelete(ctx: EngineContext, ref: str | Version) -> str:
     """
     row = retention_sql.resolve_deleted(ctx.catalog, ref.id if isinstance(ref, Version) else ref)
     label = f"{row.run}@{row.step}"
-    if not ctx.locations.exists_anywhere(keys.manifest_key(row.id)):
+    if not ctx.locations.exists_anywhere(objectnames.manifest_name(row.id)):
         raise VersionSweptError(label, "GC already removed its manifest; it cannot be undeleted")
     manifest = trees.migrated(  # a migrated version's nodes are revived with its chunks
         trees.decode(ctx, ctx.catalog, ctx.catalog.manifest(row.id), row.id),

@@ -18,7 +18,7 @@ from threading import Lock
 
 from casckpt.catalog import PackLayout
 from casckpt.errors import CorruptPackError, StorageError
-from casckpt.format import keys
+from casckpt.format import objectnames
 from casckpt.format.chunks import object_id
 from casckpt.format.shard import ShardHeader, encode_shard_header, payload_checksum
 from casckpt.storage.base import BlobStore
@@ -61,7 +61,7 @@ class ShardPayload:
 
 def object_key(layout: PackLayout, index: int) -> str:
     """The key of object ``index`` of a pack: copies share the pack's key, shards have their own."""
-    return layout.key if layout.scheme != "ec" else keys.shard_key(layout.id, index)
+    return layout.key if layout.scheme != "ec" else objectnames.shard_name(layout.id, index)
 
 
 class ErasureCoder:
@@ -113,7 +113,7 @@ class ErasureCoder:
                ) -> tuple[PackLayout, dict[int, ShardPayload]]:
         """The objects a pack is stored as, by index (only ``only``, if given), and the
         layout they make (its shard rows still empty: placement fills them)."""
-        key = keys.pack_key(pack_id)
+        key = objectnames.pack_name(pack_id)
         wanted = set(range(redundancy.shards) if only is None else only)
         if redundancy.kind != "ec":  # a copy is checked against the pack id itself
             layout = PackLayout(pack_id, key, len(data), redundancy.kind, 1, redundancy.m)
@@ -159,7 +159,7 @@ class ErasureCoder:
                                 "holds the GIL)", exc)
             else:
                 path.unlink(missing_ok=True)
-                layout = PackLayout(pack_id, keys.pack_key(pack_id), size, "ec", redundancy.k,
+                layout = PackLayout(pack_id, objectnames.pack_name(pack_id), size, "ec", redundancy.k,
                                     redundancy.m, DEFAULT_ALGORITHM, encoded.stripe, encoded.offset)
                 return layout, {s.index: ShardPayload(s.path, s.checksum, s.size) for s in encoded.shards}
         try:

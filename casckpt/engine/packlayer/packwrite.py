@@ -11,7 +11,7 @@ from casckpt.catalog import PackLayout, ShardRow
 from casckpt.engine.packlayer.packcoding import ErasureCoder, ShardPayload
 from casckpt.engine.packlayer.packplacement import Placement
 from casckpt.errors import StorageError, StorageFullError
-from casckpt.format import keys
+from casckpt.format import objectnames
 from casckpt.storage.base import BlobStore
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.locations import CurrentLocations, LocationSet, refused
@@ -66,7 +66,7 @@ class PackWriter:
     def _one_copy(self, pack_id: str, size: int, locations: LocationSet,
                   put: Callable[[BlobStore, str], None]) -> PackLayout:
         """Store a pack of redundancy ``none`` on the first location of its placement that takes it."""
-        key = keys.pack_key(pack_id)
+        key = objectnames.pack_name(pack_id)
         targets = locations.placement(pack_id)
         if not targets:
             raise StorageError("no active blob location to store packs on; see `casckpt location list`")

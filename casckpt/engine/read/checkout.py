@@ -35,7 +35,7 @@ from casckpt.errors import (
 from casckpt.format.dirsnap import DIR_KEY, DirEntry, is_snapshot, read_listing
 from casckpt.format.dtypes import element_size
 from casckpt.format.manifest import Manifest, TensorEntry
-from casckpt.format.tree import decode_tree
+from casckpt.format.state import decode_state
 from casckpt.storage.scratch import remove_tree
 from casckpt.types import ProgressCallback
 
@@ -62,14 +62,14 @@ def listing(manifest: Manifest) -> list[DirEntry]:
         CorruptManifestError: the listing is malformed or names an unsafe path.
     """
     keys = manifest.root.get("k") if manifest.root.get("t") == "dict" else None
-    tree = decode_tree(manifest.root, lambda i, _: manifest.tensors[i]) \
+    state = decode_state(manifest.root, lambda i, _: manifest.tensors[i]) \
         if isinstance(keys, list) and DIR_KEY in keys else None
-    if not is_snapshot(tree):
+    if not is_snapshot(state):
         raise NotADirectorySnapshotError(
             f"{manifest.run}@{manifest.step} is not a directory snapshot (it was stored with commit, "
             "not add_dir); read it with restore() or load_tensor(), or `casckpt export` it"
         )
-    return read_listing(tree, _nbytes)
+    return read_listing(state, _nbytes)
 
 
 def _nbytes(part: object) -> int:

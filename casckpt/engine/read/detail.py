@@ -14,7 +14,7 @@ from casckpt.engine.read import degraded, treeviews
 from casckpt.engine.versions.refs import bind
 from casckpt.format.dtypes import element_size
 from casckpt.format.manifest import Manifest, TreeHead, sharding
-from casckpt.format.tree import iter_values, rank_path
+from casckpt.format.state import iter_values, rank_path
 from casckpt.format.treemanifest import head_values
 from casckpt.types import TensorInfo, Version, VersionDetail, group_tensors, natural_key, sorted_groups
 

@@ -1,4 +1,4 @@
-"""History and lineage: versions of the log, diff, tensor history, forks, the run tree.
+"""History and lineage: versions of the log, diff, tensor history, forks, the run lineage.
 
 The log's filters and predicates are checked in :mod:`casckpt.engine.versions.logfilter`.
 
@@ -37,7 +37,7 @@ from casckpt.errors import (
 )
 from casckpt.format.chunks import ID_BYTES
 from casckpt.format.manifest import Manifest
-from casckpt.format.tree import iter_values
+from casckpt.format.state import iter_values
 from casckpt.types import (
     RunNode,
     TensorChange,
@@ -331,17 +331,17 @@ def _tensor_not_found(catalog: Catalog, run: str, path: str) -> TensorNotFoundEr
         head = treeviews.head(catalog, latest.id)
         paths = [t.path for t in (_tensors_of(treeviews.Trees(catalog), latest, head)[0].values())]
     near = difflib.get_close_matches(path, paths, n=3)
-    hint = f" Did you mean: {', '.join(near)}?" if near else ""
+    suggestion = f" Did you mean: {', '.join(near)}?" if near else ""
     return TensorNotFoundError(
         f"no version of run {run!r} has a tensor at {path!r} (paths are dotted, e.g. "
-        f"model.layers.0.weight; `casckpt show {run}@latest` lists them).{hint}")
+        f"model.layers.0.weight; `casckpt show {run}@latest` lists them).{suggestion}")
 
 
 # -- lineage ------------------------------------------------------------------------------
 
 
-def run_nodes(rows: Sequence[sql.RunTreeRow], utc: Callable[[float], datetime]) -> list[RunNode]:
-    """The run tree, depth first: each root run (by name), then its forks, recursively."""
+def run_nodes(rows: Sequence[sql.LineageRow], utc: Callable[[float], datetime]) -> list[RunNode]:
+    """The run lineage, depth first: each root run (by name), then its forks, recursively."""
     children: dict[str | None, list[str]] = {}
     by_name = {r.name: r for r in rows}
     for r in rows:

@@ -1,6 +1,6 @@
 """Versions saved rank by rank (``commit(group=)``): which rank's tree a restore reads.
 
-Such a version holds one state tree per rank (:func:`casckpt.format.manifest.rank_view`);
+Such a version holds one state per rank (:func:`casckpt.format.manifest.rank_view`);
 ``Store.restore`` restores the calling rank's (``group=``) or a named one (``rank=``), and
 ``Store.load_tensor`` reads ``rankN/path`` from rank N's tree.
 """

@@ -85,7 +85,7 @@ def _end(loc: ChunkLocation) -> int:
 
 
 def _make_range(pack_id: str, locs: list[ChunkLocation]) -> _Range:
-    return _Range(pack_id, locs[0].pack_key, locs[0].offset, _end(locs[-1]), tuple(locs))
+    return _Range(pack_id, locs[0].pack_name, locs[0].offset, _end(locs[-1]), tuple(locs))
 
 
 DELTA_WINDOW = 256 << 20  # raw bytes of delta-coded chunks decoded per window
@@ -194,7 +194,7 @@ def _check_location(loc: ChunkLocation, cid: bytes, describe: Callable[[bytes], 
     """
     numbers = (loc.offset, loc.stored_len, loc.raw_len, loc.codec)
     sane = all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in numbers) and \
-        loc.chunk_id == cid.hex() and _is_id(loc.pack_id) and isinstance(loc.pack_key, str) and \
+        loc.chunk_id == cid.hex() and _is_id(loc.pack_id) and isinstance(loc.pack_name, str) and \
         (loc.base_id is None or (_is_id(loc.base_id) and loc.base_id != loc.chunk_id))
     codec = CODECS.get(loc.codec) if sane else None  # an unknown id is damage, never a guess
     sane = codec is not None and (loc.base_id is not None) == codec.is_delta and (

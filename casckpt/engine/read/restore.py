@@ -1,4 +1,4 @@
-"""Restore: manifest -> extent buffers (filled in place where possible) -> state tree.
+"""Restore: manifest -> extent buffers (filled in place where possible) -> state.
 
 With ``into``, tensors that already exist with the right dtype and shape on
 the CPU receive their bytes directly (no second copy of the state is
@@ -20,11 +20,11 @@ import torch
 from casckpt.engine.context import EngineContext
 from casckpt.engine.read.reader import Destination, read_chunks
 from casckpt.engine.read.targets import check_targets
-from casckpt.engine.versions.layout import byte_buffer, can_fill_in_place, tensor_from_extent
+from casckpt.engine.versions.extents import byte_buffer, can_fill_in_place, tensor_from_extent
 from casckpt.errors import RestoreTargetError, TensorNotFoundError
 from casckpt.format.dtypes import element_size, torch_dtype
 from casckpt.format.manifest import Manifest, TensorEntry
-from casckpt.format.tree import MAX_DEPTH, decode_tree, iter_leaves, iter_values, join_path
+from casckpt.format.state import MAX_DEPTH, decode_state, iter_leaves, iter_values, join_path
 from casckpt.types import ProgressCallback
 
 Buffer = torch.Tensor | np.ndarray
@@ -40,7 +40,7 @@ def _expand(into: object, path: str, stateful: dict[str, str], depth: int = 0) -
     Paths (and type names) of the stateful objects found are added to ``stateful``.
 
     Raises:
-        RestoreTargetError: ``into`` nests deeper than any stored tree (or contains itself).
+        RestoreTargetError: ``into`` nests deeper than any stored state (or contains itself).
     """
     if _is_stateful(into):
         stateful[path] = type(into).__name__
@@ -50,7 +50,7 @@ def _expand(into: object, path: str, stateful: dict[str, str], depth: int = 0) -
     if depth == MAX_DEPTH:
         raise RestoreTargetError(
             f"`into` nests deeper than {MAX_DEPTH} containers at {path!r} (or contains itself); "
-            "no stored state tree is that deep. Pass the part to restore, or into=None. "
+            "no stored state is that deep. Pass the part to restore, or into=None. "
             "Nothing was restored."
         )
     if isinstance(into, Mapping):
@@ -59,7 +59,7 @@ def _expand(into: object, path: str, stateful: dict[str, str], depth: int = 0) -
 
 
 def _stored_leaves(manifest: Manifest) -> dict[str, TensorEntry | None]:
-    """Dotted path -> tensor entry (None for a plain value) of every leaf of the stored tree;
+    """Dotted path -> tensor entry (None for a plain value) of every leaf of the stored state;
     a sharded tensor is described whole (its global shape)."""
     leaves: dict[str, TensorEntry | None] = {path: None for path, _ in iter_values(manifest.root)}
     leaves.update((t.path, whole_entry(t)) for t in manifest.tensors)
@@ -196,7 +196,7 @@ def materialize(
     ctx: EngineContext, manifest: Manifest, *, targets: Mapping[str, object] | None = None,
     map_location: Any = None, progress: ProgressCallback | None = None, heal: bool = True,
 ) -> object:
-    """Read every tensor of ``manifest`` and rebuild the state tree. ``heal=False`` leaves the
+    """Read every tensor of ``manifest`` and rebuild the state. ``heal=False`` leaves the
     damaged shards a read meets to ``repair`` (a restore drill changes nothing it finds)."""
     buffers, in_place = _extent_buffers(manifest, set(range(len(manifest.extents))), targets or {})
     _fill(ctx, manifest, buffers, progress, heal=heal)
@@ -215,7 +215,7 @@ def materialize(
     def sharded(indices: list[int], path: str) -> object:
         return _assemble([manifest.tensors[i] for i in indices], buffers)
 
-    return decode_tree(manifest.root, tensor, sharded)
+    return decode_state(manifest.root, tensor, sharded)
 
 
 def _tensor(manifest: Manifest, entry: TensorEntry, buffer: Buffer) -> Buffer:
@@ -263,9 +263,9 @@ def _find_tensor(manifest: Manifest, path: str) -> list[TensorEntry]:
     if found:
         return found
     near = difflib.get_close_matches(path, sorted({t.path for t in manifest.tensors}), n=3)
-    hint = f" Did you mean: {', '.join(near)}?" if near else ""
+    suggestion = f" Did you mean: {', '.join(near)}?" if near else ""
     raise TensorNotFoundError(
-        f"version {manifest.run}@{manifest.step} has no tensor at {path!r}.{hint}"
+        f"version {manifest.run}@{manifest.step} has no tensor at {path!r}.{suggestion}"
     )
 
 
@@ -279,8 +279,8 @@ def restore_into(
     targets = {p: v for p, v in iter_leaves(expanded) if isinstance(v, (torch.Tensor, np.ndarray))}
     check_targets(manifest, targets)
     _precheck(manifest, expanded, stateful)
-    tree = materialize(ctx, manifest, targets=targets, map_location=map_location, progress=progress)
-    return _merge(into, tree, "")
+    state = materialize(ctx, manifest, targets=targets, map_location=map_location, progress=progress)
+    return _merge(into, state, "")
 
 
 def _merge(into: object, stored: object, path: str) -> object:

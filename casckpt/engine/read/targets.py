@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from casckpt.engine.versions.layout import contiguous_strides
+from casckpt.engine.versions.extents import contiguous_strides
 from casckpt.errors import RestoreTargetError
 from casckpt.format.dtypes import element_size
 from casckpt.format.manifest import Manifest, TensorEntry
@@ -27,11 +27,11 @@ Target = torch.Tensor | np.ndarray
 
 _TOO_HARD: type[Exception] = getattr(np, "exceptions", np).TooHardError  # numpy < 1.25: np.TooHardError
 _OVERLAP_WORK = 1 << 16
-"""Effort np.shares_memory may spend on one pair of strided layouts; past it they count as overlapping."""
+"""Effort np.shares_memory may spend on one pair of strided footprints; past it they count as overlapping."""
 
 
 @dataclass(frozen=True, slots=True)
-class _Layout:
+class _Footprint:
     """Where a target's bytes are: its first element's address, byte strides, element size."""
 
     path: str
@@ -59,22 +59,22 @@ def check_targets(manifest: Manifest, targets: Mapping[str, Target]) -> None:
         RestoreTargetError: naming the target (or the two targets) and what to pass instead.
     """
     version = f"{manifest.run}@{manifest.step}"
-    layouts = []
+    footprints = []
     for path, target in targets.items():
         _check_writable(path, target)
-        layout = _layout(path, target)
-        if layout is None:
+        footprint = _footprint(path, target)
+        if footprint is None:
             continue
-        if _self_overlapping(layout):
+        if _self_overlapping(footprint):
             raise RestoreTargetError(
                 f"tensor {path!r} of `into` has elements that share memory (shape "
-                f"{layout.shape}, byte strides {layout.strides}, as expand() makes), so it cannot "
+                f"{footprint.shape}, byte strides {footprint.strides}, as expand() makes), so it cannot "
                 f"hold the distinct values {version} stores; pass a tensor with memory of its own "
                 "(.clone()), or restore with into=None. Nothing was restored."
             )
-        layouts.append(layout)
+        footprints.append(footprint)
     entries = {t.path: t for t in manifest.tensors if not t.is_shard}
-    for a, b in _intersecting(layouts):
+    for a, b in _intersecting(footprints):
         if _as_stored(manifest, entries.get(a.path), a, entries.get(b.path), b):
             continue
         if _share_memory(a, b):
@@ -108,27 +108,27 @@ def _check_writable(path: str, target: Target) -> None:
         )
 
 
-def _layout(path: str, target: Target) -> _Layout | None:
-    """The target's layout in bytes, or None when it has no elements (nothing is written)."""
+def _footprint(path: str, target: Target) -> _Footprint | None:
+    """The target's footprint in bytes, or None when it has no elements (nothing is written)."""
     if isinstance(target, np.ndarray):
         if target.size == 0:
             return None
         address = int(target.__array_interface__["data"][0])
-        return _Layout(path, "cpu", address, tuple(target.shape), tuple(target.strides),
+        return _Footprint(path, "cpu", address, tuple(target.shape), tuple(target.strides),
                        target.itemsize)
     if target.numel() == 0:
         return None
     itemsize = target.element_size()
-    return _Layout(path, str(target.device), int(target.data_ptr()), tuple(target.shape),
+    return _Footprint(path, str(target.device), int(target.data_ptr()), tuple(target.shape),
                    tuple(s * itemsize for s in target.stride()), itemsize)
 
 
-def _self_overlapping(layout: _Layout) -> bool:
+def _self_overlapping(footprint: _Footprint) -> bool:
     """Whether two elements may share a byte: each dimension's stride, smallest first, must
-    step over everything the smaller ones span. (Sufficient for every layout views of dense
+    step over everything the smaller ones span. (Sufficient for every footprint views of dense
     memory have; a hand-made as_strided interleaving that passes no such test is refused.)"""
-    span = layout.itemsize
-    dims = sorted((abs(s), n) for n, s in zip(layout.shape, layout.strides, strict=True) if n > 1)
+    span = footprint.itemsize
+    dims = sorted((abs(s), n) for n, s in zip(footprint.shape, footprint.strides, strict=True) if n > 1)
     for stride, size in dims:
         if stride < span:
             return True
@@ -136,22 +136,22 @@ def _self_overlapping(layout: _Layout) -> bool:
     return False
 
 
-def _intersecting(layouts: Sequence[_Layout]) -> list[tuple[_Layout, _Layout]]:
-    """Pairs of layouts on one device whose byte bounds intersect (a sweep over sorted bounds,
+def _intersecting(footprints: Sequence[_Footprint]) -> list[tuple[_Footprint, _Footprint]]:
+    """Pairs of footprints on one device whose byte bounds intersect (a sweep over sorted bounds,
     so thousands of disjoint targets cost a sort, not a comparison of every pair)."""
-    pairs: list[tuple[_Layout, _Layout]] = []
-    ordered = sorted(layouts, key=lambda layout: (layout.device, layout.bounds))
-    open_: list[_Layout] = []
-    for layout in ordered:
-        low = layout.bounds[0]
-        open_ = [o for o in open_ if o.device == layout.device and o.bounds[1] > low]
-        pairs.extend((o, layout) for o in open_)
-        open_.append(layout)
+    pairs: list[tuple[_Footprint, _Footprint]] = []
+    ordered = sorted(footprints, key=lambda footprint: (footprint.device, footprint.bounds))
+    open_: list[_Footprint] = []
+    for footprint in ordered:
+        low = footprint.bounds[0]
+        open_ = [o for o in open_ if o.device == footprint.device and o.bounds[1] > low]
+        pairs.extend((o, footprint) for o in open_)
+        open_.append(footprint)
     return pairs
 
 
-def _as_stored(manifest: Manifest, ea: TensorEntry | None, a: _Layout,
-               eb: TensorEntry | None, b: _Layout) -> bool:
+def _as_stored(manifest: Manifest, ea: TensorEntry | None, a: _Footprint,
+               eb: TensorEntry | None, b: _Footprint) -> bool:
     """Whether two targets map the stored bytes of their tensors to memory by one shift: then
     any byte they share receives the same stored byte from both (tied weights, views)."""
     if ea is None or eb is None:
@@ -163,17 +163,17 @@ def _as_stored(manifest: Manifest, ea: TensorEntry | None, a: _Layout,
         a.address - b.address == ea.offset - eb.offset
 
 
-def _matches(entry: TensorEntry, layout: _Layout) -> bool:
-    """Whether ``layout`` lays elements out as ``entry`` does in its extent (dims of one element aside)."""
+def _matches(entry: TensorEntry, footprint: _Footprint) -> bool:
+    """Whether ``footprint`` lays elements out as ``entry`` does in its extent (dims of one element aside)."""
     itemsize = element_size(entry.kind, entry.dtype)
     strides = entry.stride if entry.stride is not None else contiguous_strides(entry.shape)
-    return itemsize == layout.itemsize and entry.shape == layout.shape and all(
-        n == 1 or s * itemsize == t for n, s, t in zip(entry.shape, strides, layout.strides, strict=True)
+    return itemsize == footprint.itemsize and entry.shape == footprint.shape and all(
+        n == 1 or s * itemsize == t for n, s, t in zip(entry.shape, strides, footprint.strides, strict=True)
     )
 
 
-def _share_memory(a: _Layout, b: _Layout) -> bool:
-    """Whether two strided layouts share a byte, solved exactly by numpy from their addresses
+def _share_memory(a: _Footprint, b: _Footprint) -> bool:
+    """Whether two strided footprints share a byte, solved exactly by numpy from their addresses
     and strides alone, over a placeholder that is never read."""
     origin = min(a.bounds[0], b.bounds[0])
     span = max(a.bounds[1], b.bounds[1]) - origin

@@ -25,7 +25,7 @@ from casckpt.engine.versions.tensorrows import tensor_rows
 from casckpt.errors import CorruptManifestError
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, World, decode_manifest, validate
 from casckpt.format.merkle import Nodes
-from casckpt.format.tree import decode_tree
+from casckpt.format.state import decode_state
 from casckpt.format.treemanifest import tensor_entry
 from casckpt.format.treeread import LEAVES, TreeReader
 
@@ -261,7 +261,7 @@ def _names_shared(value: Any) -> bool:
 
 
 def _plain(value: Mapping[str, Any], path: str) -> object:
-    return decode_tree(dict(value), _no_tensor)
+    return decode_state(dict(value), _no_tensor)
 
 
 def _no_tensor(i: int, path: str) -> object:

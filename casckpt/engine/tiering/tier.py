@@ -10,7 +10,7 @@ room for, whatever the budget says, is filled in the store's own staging directo
 stored on the locations as if there were no tier: a full tier slows commits down to the
 locations' speed, it never fails them. The manifest is kept on the tier, and the
 version is published ``durability="fast"`` with the ``fast`` packs it needs
-(:func:`casckpt.catalog.publish.record_deps`: only packs held on a tier count, so a version
+(:func:`casckpt.catalog.publish.insert_deps`: only packs held on a tier count, so a version
 whose packs all went to the locations waits only for the drain to store its manifest). The
 commit returns; nothing remote was written but the tag records.
 
@@ -75,7 +75,7 @@ from casckpt.errors import (
     StorageError,
     VersionLostError,
 )
-from casckpt.format import keys
+from casckpt.format import objectnames
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.fasttier import FastTierDir
 from casckpt.storage.scratch import ScratchDir, reclaim
@@ -191,7 +191,7 @@ class FastTier:
             log.warning("fast tier %s could not take pack %s (%s); it goes straight to the "
                         "locations", self.dir.root, pack_id, exc)
             return None
-        return PackLayout(pack_id, keys.pack_key(pack_id), size, redundancy.kind, redundancy.k,
+        return PackLayout(pack_id, objectnames.pack_name(pack_id), size, redundancy.kind, redundancy.k,
                           redundancy.m, tier=self.id)
 
     def _make_room(self, size: int, backpressure: str) -> None:
@@ -376,7 +376,7 @@ def drain(tier: FastTier, store_pack: Callable[[str, bytes, Redundancy], PackLay
                         tier.dir.root, exc)
         seconds = time.monotonic() - started
         if report.packs:
-            tier.dir.record_drain(report.bytes, seconds)
+            tier.dir.note_drain(report.bytes, seconds)
         try:
             report.evicted = tier.evict()
         except CasckptError as exc:
@@ -438,7 +438,7 @@ def _drain_one(tier: FastTier, store_pack: Callable[[str, bytes, Redundancy], Pa
                 tier.dir.evict(pack.id)
             return None
         layout = store_pack(pack.id, data, Redundancy(pack.scheme, pack.k, pack.m))
-        return sql.record_drained(tier.catalog, layout)
+        return sql.mark_drained(tier.catalog, layout)
     finally:
         end_lease(tier.catalog, lease)
 
@@ -461,7 +461,7 @@ def _finish_versions(tier: FastTier, put_manifest: Callable[[str, bytes], object
             return
         for version_id in ready:
             data = tier.dir.manifest(version_id) or tier.catalog.manifest(version_id)
-            put_manifest(keys.manifest_key(version_id), data)
+            put_manifest(objectnames.manifest_name(version_id), data)
         done = sql.finish(tier.catalog, ready)
         report.versions += len(done)
         for version_id in done:

@@ -1,4 +1,4 @@
-"""Reading a directory tree into a directory-snapshot state (see :mod:`casckpt.format.dirsnap`).
+"""Reading a directory into a directory-snapshot state (see :mod:`casckpt.format.dirsnap`).
 
 Nothing here writes. Every regular file's bytes reach the state as numpy arrays over a
 read-only memory map of the file (or, for small files, over the bytes read), so a blocking

@@ -1,6 +1,6 @@
 """Export a restored version: one safetensors file, or a directory of safetensors, DCP or torch.save.
 
-Layout of the file written by :func:`export_safetensors`:
+Format of the file written by :func:`export_safetensors`:
 
 * every tensor of the version under its dotted path (``model.layers.0.weight``),
   numpy arrays converted with ``torch.from_numpy``;
@@ -13,17 +13,17 @@ Layout of the file written by :func:`export_safetensors`:
 
 :func:`export_dir` writes a version into a directory, in one of :data:`FORMATS`:
 
-* ``safetensors``: ``model.safetensors`` in the layout above (a top-level ``__metadata__``
+* ``safetensors``: ``model.safetensors`` in the format above (a top-level ``__metadata__``
   dict of strings, as a safetensors import gives, becomes the file's own metadata again). A
   version imported from a Hugging Face directory (:func:`casckpt.engine.transfer.importers.read_hf_dir`)
   is written back as one: ``config.json``, ``model.safetensors`` of the model's tensors
   (metadata ``format: pt``) and every other file it had, byte for byte.
 * ``dcp``: a ``torch.distributed.checkpoint`` directory (``FileSystemWriter``, no process group).
-* ``pt``: ``checkpoint.pt``, ``torch.save`` of the restored tree.
+* ``pt``: ``checkpoint.pt``, ``torch.save`` of the restored state.
 
 In all three, numpy arrays become torch tensors, so every file loads weights-only.
 
-``safetensors-file`` writes the one file of the layout above at the path given (and its
+``safetensors-file`` writes the one file of the format above at the path given (and its
 sidecar beside it), as ``casckpt restore --to FILE`` does. :func:`check_export` and
 :func:`export` take any of :data:`FORMATS`.
 """
@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from casckpt.engine.transfer.importers import is_hf_state
 from casckpt.errors import InvalidArgumentError, RestoreTargetError, UnsupportedStateError
 from casckpt.format.dirsnap import is_snapshot
-from casckpt.format.tree import iter_leaves, join_path
+from casckpt.format.state import iter_leaves, join_path
 from casckpt.jsonable import dumps
 from casckpt.types import Version
 
@@ -89,8 +89,8 @@ def _as_cpu_tensor(path: str, leaf: torch.Tensor | np.ndarray) -> torch.Tensor:
     return leaf.detach().cpu().contiguous()
 
 
-def split_tree(tree: object) -> tuple[dict[str, torch.Tensor], dict[str, object]]:
-    """Split a restored state tree into ``{path: tensor}`` and ``{path: plain value}``.
+def split_state(state: object) -> tuple[dict[str, torch.Tensor], dict[str, object]]:
+    """Split a restored state into ``{path: tensor}`` and ``{path: plain value}``.
 
     Tensors that share storage with an earlier one are cloned, because a
     safetensors file holds each tensor's bytes separately.
@@ -105,7 +105,7 @@ def split_tree(tree: object) -> tuple[dict[str, torch.Tensor], dict[str, object]
     tensors: dict[str, torch.Tensor] = {}
     values: dict[str, object] = {}
     storages: set[int] = set()
-    for path, leaf in iter_leaves(tree):
+    for path, leaf in iter_leaves(state):
         if path in tensors or path in values:
             raise InvalidArgumentError(
                 f"two leaves share the dotted path {path!r} (an int and a str key that print "
@@ -164,9 +164,9 @@ def _save(tensors: Mapping[str, torch.Tensor], metadata: dict[str, str], target:
     _write_atomically(target, write)
 
 
-def export_safetensors(tree: object, version: Version, target: Path, *,
+def export_safetensors(state: object, version: Version, target: Path, *,
                        metadata: Mapping[str, str] | None = None) -> ExportResult:
-    """Write ``tree`` (restored from ``version``) to ``target`` as described in the module doc;
+    """Write ``state`` (restored from ``version``) to ``target`` as described in the module doc;
     ``metadata`` adds string entries to the file's metadata (the ``casckpt.*`` ones win).
 
     The file (and sidecar) appear atomically: a failed export leaves no partial file.
@@ -174,11 +174,11 @@ def export_safetensors(tree: object, version: Version, target: Path, *,
     Raises:
         RestoreTargetError: the target cannot be written.
         UnsupportedStateError: a tensor dtype safetensors cannot hold.
-        InvalidArgumentError: two leaves with the same dotted path, or ``tree`` is a
+        InvalidArgumentError: two leaves with the same dotted path, or ``state`` is a
             directory snapshot.
     """
-    refuse_snapshot(tree, version)
-    tensors, values = split_tree(tree)
+    refuse_snapshot(state, version)
+    tensors, values = split_state(state)
     values_json = dumps(values)
     metadata = {
         **(metadata or {}),
@@ -218,13 +218,13 @@ class DirExport:
     values: int | None = None
 
 
-def refuse_snapshot(tree: object, version: Version) -> None:
+def refuse_snapshot(state: object, version: Version) -> None:
     """Refuse to export a directory snapshot (its files would come out as raw pieces).
 
     Raises:
-        InvalidArgumentError: ``tree`` is a snapshot ``Store.add_dir`` stored.
+        InvalidArgumentError: ``state`` is a snapshot ``Store.add_dir`` stored.
     """
-    if is_snapshot(tree):
+    if is_snapshot(state):
         raise InvalidArgumentError(
             f"{version.run}@{version.step} is a directory snapshot (stored with add_dir): write its "
             "files back with `casckpt checkout REF DIR` (Store.checkout), not export")
@@ -259,17 +259,17 @@ def check_export_file(target: Path, *, overwrite: bool) -> None:
         raise RestoreTargetError(f"{str(target)!r} exists; pass --force (overwrite=True) to overwrite it")
 
 
-def export(tree: object, version: Version, target: Path, fmt: str, *, overwrite: bool = False) -> DirExport:
-    """Write ``tree`` (restored from ``version``) to ``target`` as ``fmt``: one file
+def export(state: object, version: Version, target: Path, fmt: str, *, overwrite: bool = False) -> DirExport:
+    """Write ``state`` (restored from ``version``) to ``target`` as ``fmt``: one file
     (``safetensors-file``, :func:`export_safetensors`) or a directory (:func:`export_dir`).
 
     Raises:
         What :func:`check_export` and the writer raise.
     """
     if fmt != FILE_FORMAT:
-        return export_dir(tree, version, target, fmt, overwrite=overwrite)
+        return export_dir(state, version, target, fmt, overwrite=overwrite)
     check_export_file(target, overwrite=overwrite)
-    result = export_safetensors(tree, version, target)
+    result = export_safetensors(state, version, target)
     files = (target.name,) if result.values_file is None else (target.name, result.values_file.name)
     return DirExport(target.parent, fmt, tuple(sorted(files)), False, result.tensors, result.values)
 
@@ -297,61 +297,61 @@ def check_export_dir(target: Path, fmt: str, *, overwrite: bool) -> None:
                                  "write into it, replacing the files of the same names")
 
 
-def _write_hf(tree: dict[str, Any], tmp: Path) -> None:
-    tensors, _ = split_tree(tree["model"])
+def _write_hf(state: dict[str, Any], tmp: Path) -> None:
+    tensors, _ = split_state(state["model"])
     _save(tensors, {"format": "pt"}, tmp / "model.safetensors")
-    (tmp / "config.json").write_text(json.dumps(tree["config"], indent=2, sort_keys=True) + "\n",
+    (tmp / "config.json").write_text(json.dumps(state["config"], indent=2, sort_keys=True) + "\n",
                                      encoding="utf-8")
-    for name, data in tree["files"].items():
+    for name, data in state["files"].items():
         if not isinstance(data, bytes) or Path(name).name != name or name in (".", ".."):
             raise UnsupportedStateError(f"files.{name} is not a file's bytes; export as dcp or pt")
         (tmp / name).write_bytes(data)
 
 
-def _write_dcp(tree: object, tmp: Path) -> None:
+def _write_dcp(state: object, tmp: Path) -> None:
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
     from torch.distributed.checkpoint.state_dict_saver import save
 
-    if not isinstance(tree, dict):
+    if not isinstance(state, dict):
         raise UnsupportedStateError("DCP saves a dict; this version's state is not one: export as pt")
     with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
         warnings.simplefilter("ignore", UserWarning)
-        save(tree, storage_writer=FileSystemWriter(str(tmp)), no_dist=True)
+        save(state, storage_writer=FileSystemWriter(str(tmp)), no_dist=True)
 
 
-def torch_arrays(tree: object, path: str = "") -> object:
-    """``tree`` with every numpy array made a torch tensor (``torch.load(weights_only=True)``
+def torch_arrays(state: object, path: str = "") -> object:
+    """``state`` with every numpy array made a torch tensor (``torch.load(weights_only=True)``
     refuses numpy arrays, and both ``pt`` and ``dcp`` files are read that way)."""
     import numpy as np
 
-    if isinstance(tree, np.ndarray):
-        return _as_cpu_tensor(path, tree)
-    if isinstance(tree, dict):
-        return {k: torch_arrays(v, join_path(path, k)) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        items = [torch_arrays(v, join_path(path, i)) for i, v in enumerate(tree)]
-        return items if isinstance(tree, list) else tuple(items)
-    return tree
+    if isinstance(state, np.ndarray):
+        return _as_cpu_tensor(path, state)
+    if isinstance(state, dict):
+        return {k: torch_arrays(v, join_path(path, k)) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        items = [torch_arrays(v, join_path(path, i)) for i, v in enumerate(state)]
+        return items if isinstance(state, list) else tuple(items)
+    return state
 
 
-def _write(tree: object, version: Version, fmt: str, tmp: Path) -> bool:
+def _write(state: object, version: Version, fmt: str, tmp: Path) -> bool:
     import torch
 
     if fmt == "pt":
-        torch.save(torch_arrays(tree), tmp / "checkpoint.pt")
+        torch.save(torch_arrays(state), tmp / "checkpoint.pt")
     elif fmt == "dcp":
-        _write_dcp(torch_arrays(tree), tmp)
-    elif is_hf_state(tree):
-        _write_hf(tree, tmp)  # type: ignore[arg-type]
+        _write_dcp(torch_arrays(state), tmp)
+    elif is_hf_state(state):
+        _write_hf(state, tmp)  # type: ignore[arg-type]
         return True
     else:
         extra: dict[str, str] = {}
-        if isinstance(tree, dict) and isinstance(tree.get("__metadata__"), dict):
-            found = tree["__metadata__"]
+        if isinstance(state, dict) and isinstance(state.get("__metadata__"), dict):
+            found = state["__metadata__"]
             if all(isinstance(k, str) and isinstance(v, str) for k, v in found.items()):
                 extra = dict(found)
-                tree = {k: v for k, v in tree.items() if k != "__metadata__"}
-        export_safetensors(tree, version, tmp / "model.safetensors", metadata=extra)
+                state = {k: v for k, v in state.items() if k != "__metadata__"}
+        export_safetensors(state, version, tmp / "model.safetensors", metadata=extra)
     return False
 
 
@@ -374,9 +374,9 @@ def _new_dir(target: Path) -> Path:
     raise RestoreTargetError(f"cannot create a temporary directory beside {str(target)!r}")
 
 
-def export_dir(tree: object, version: Version, target: Path, fmt: str, *,
+def export_dir(state: object, version: Version, target: Path, fmt: str, *,
                overwrite: bool = False) -> DirExport:
-    """Write ``tree`` (restored from ``version``) into directory ``target`` as ``fmt`` (module doc).
+    """Write ``state`` (restored from ``version``) into directory ``target`` as ``fmt`` (module doc).
 
     Everything is written to a temporary directory beside ``target`` first, then moved in: a
     failed export leaves ``target`` as it was.
@@ -386,14 +386,14 @@ def export_dir(tree: object, version: Version, target: Path, fmt: str, *,
             target cannot be written.
         UnsupportedStateError: the state cannot be held by the format (a dtype safetensors
             lacks, a state DCP cannot save).
-        InvalidArgumentError: ``tree`` is a directory snapshot (use checkout).
+        InvalidArgumentError: ``state`` is a directory snapshot (use checkout).
     """
     target = Path(os.path.abspath(target))  # ``.`` has no name to put the temporary beside
     check_export_dir(target, fmt, overwrite=overwrite)
-    refuse_snapshot(tree, version)
+    refuse_snapshot(state, version)
     tmp = _new_dir(target)  # our own: only what this export created is removed below
     try:
-        huggingface = _write(tree, version, fmt, tmp)
+        huggingface = _write(state, version, fmt, tmp)
         files = tuple(sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file()))
         if not target.exists():
             os.replace(tmp, target)

@@ -1,4 +1,4 @@
-"""Read an existing checkpoint (a file or a directory) into a state tree ``commit`` can store.
+"""Read an existing checkpoint (a file or a directory) into a state ``commit`` can store.
 
 What each kind becomes (:func:`read_checkpoint` picks the kind from the path):
 
@@ -174,15 +174,15 @@ def read_hf_dir(path: Path) -> dict[str, Any]:
     return {"layout": HF_LAYOUT, "config": config, "model": model, "files": files}
 
 
-def is_hf_state(tree: object) -> bool:
-    """Whether ``tree`` has the layout :func:`read_hf_dir` gives."""
-    return (isinstance(tree, dict) and tree.get("layout") == HF_LAYOUT
-            and set(tree) == {"layout", "config", "model", "files"}
-            and isinstance(tree["model"], dict) and isinstance(tree["files"], dict))
+def is_hf_state(state: object) -> bool:
+    """Whether ``state`` has the layout :func:`read_hf_dir` gives."""
+    return (isinstance(state, dict) and state.get("layout") == HF_LAYOUT
+            and set(state) == {"layout", "config", "model", "files"}
+            and isinstance(state["model"], dict) and isinstance(state["files"], dict))
 
 
 def read_checkpoint(path: Path) -> Any:
-    """The state tree of the checkpoint at ``path`` (see the module doc for each kind).
+    """The state of the checkpoint at ``path`` (see the module doc for each kind).
 
     Raises:
         UnsafeCheckpointError: a pickle needs code execution to load.

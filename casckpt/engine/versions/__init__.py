@@ -3,7 +3,7 @@
 Owns refs (``refs``: ``run@step``, ``tag:NAME``, id prefixes; a manifest bound to its row),
 input checks (``validate``, ``logfilter``), what can be read from this host
 (``durability``), tree nodes from the catalog and a row's tree root (``nodes``), what a
-version references (``references``), the layout of tensors in extents (``layout``), a
+version references (``references``), how tensors map to extents (``extents``), a
 version's tensor rows (``tensorrows``) and the catalog's mutable state mirrored on the
 locations (``records``).
 

@@ -16,7 +16,7 @@ plus, in each, ``seq`` (a counter the catalog raises with every record it
 writes, so the newest record of a key wins by counter, never by clock
 alone) and ``at`` (when). A name key is the name's UTF-8 in hex, or for a
 name too long for a file name, ``h`` and its BLAKE3; in an encrypted store, ``k`` and a
-keyed hash, so no name shows in an object key (and every record is sealed, see
+keyed hash, so no name shows in an object name (and every record is sealed, see
 :mod:`casckpt.storage.sealed`). The store's identity
 (id, generation) is the identity record (:mod:`casckpt.format.identity`).
 
@@ -41,16 +41,16 @@ from casckpt.catalog.deltas import stored_delta_chain
 from casckpt.catalog.history import RunSettings, run_settings, tags_and_runs
 from casckpt.catalog.identity import next_record_seq
 from casckpt.errors import AccessDeniedError, CasckptError
-from casckpt.format import keys
-from casckpt.format.tree import json_nesting
+from casckpt.format import objectnames
+from casckpt.format.state import json_nesting
 from casckpt.storage.locations import Location, LocationSet
 
 log = logging.getLogger(__name__)
 
-TAGS = keys.TAGS
-RUNS = keys.RUNS
-STORE = keys.STORE_RECORD
-LOCATIONS = keys.LOCATIONS_RECORD
+TAGS = objectnames.TAGS
+RUNS = objectnames.RUNS
+STORE = objectnames.STORE_RECORD
+LOCATIONS = objectnames.LOCATIONS_RECORD
 MAX_RECORD = 1 << 20  # a record is a few hundred bytes; anything near this is not one
 _MAX_NESTING = 64  # a retention policy is the deepest thing a record holds: 3 levels
 
@@ -80,7 +80,7 @@ def write_to(location: Location, catalog: Any, key: str, doc: dict[str, Any]) ->
 
 def record_tag(locations: LocationSet, catalog: Any, name: str, version_id: str) -> None:
     """Mirror tag ``name`` -> ``version_id``."""
-    _put(locations, catalog, keys.name_key(TAGS, name, catalog.crypto.name_hash),
+    _put(locations, catalog, objectnames.ref_name(TAGS, name, catalog.crypto.name_hash),
          {"name": name, "version": version_id})
 
 
@@ -93,7 +93,7 @@ def record_run(locations: LocationSet, catalog: Any, run: str) -> None:
     """Mirror a run's fork point and policies, as the catalog has them now."""
     row = run_settings(catalog, run)
     if row is not None:
-        _put(locations, catalog, keys.name_key(RUNS, run, catalog.crypto.name_hash), _run_doc(row))
+        _put(locations, catalog, objectnames.ref_name(RUNS, run, catalog.crypto.name_hash), _run_doc(row))
 
 
 def _store_doc(catalog: Any) -> dict[str, Any]:
@@ -126,11 +126,11 @@ def expected(catalog: Any) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     tags, runs = tags_and_runs(catalog)
     for name, version in tags:
-        out[keys.name_key(TAGS, name, catalog.crypto.name_hash)] = {"name": name, "version": version}
+        out[objectnames.ref_name(TAGS, name, catalog.crypto.name_hash)] = {"name": name, "version": version}
     for row in runs:
         doc = _run_doc(row)
         if any(doc[k] is not None for k in ("parent_version", "retention", "redundancy", "delta_chain")):
-            out[keys.name_key(RUNS, row.name, catalog.crypto.name_hash)] = doc
+            out[objectnames.ref_name(RUNS, row.name, catalog.crypto.name_hash)] = doc
     store = _store_doc(catalog)
     if any(value is not None for value in store.values()):
         out[STORE] = store

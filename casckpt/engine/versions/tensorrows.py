@@ -14,7 +14,7 @@ from typing import Any
 from casckpt.format.chunks import object_id
 from casckpt.format.dtypes import element_size
 from casckpt.format.manifest import ExtentEntry, TensorEntry
-from casckpt.format.tree import rank_path
+from casckpt.format.state import rank_path
 
 
 def tensor_rows(

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from casckpt.errors import InvalidArgumentError, InvalidNameError
-from casckpt.format.tree import MAX_DEPTH, too_deep
+from casckpt.format.state import MAX_DEPTH, too_deep
 
 MAX_STEP = 1 << 63
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -78,7 +78,7 @@ def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
     if deep is not None:
         raise InvalidArgumentError(
             f"metadata nests deeper than {MAX_DEPTH} dicts and lists at {deep!r} (the limit "
-            "state trees have); flatten it, or store that part as a JSON string"
+            "states have); flatten it, or store that part as a JSON string"
         )
     try:
         text = json.dumps(dict(metadata), allow_nan=False, ensure_ascii=False)

@@ -1,4 +1,4 @@
-"""Write: the commit pipeline, from a state tree to a published version.
+"""Write: the commit pipeline, from a state to a published version.
 
 Owns the pipeline a version is written through -- ``commit`` (request, snapshot, publish),
 ``commitchunks`` (chunk, hash, dedup, delta-code, encode), ``packer`` (fill packs, store

@@ -191,7 +191,7 @@ class BackgroundCommitter:
                 handle = CommitHandle(snap.version_id, req.run, req.step)
                 job = _Job(handle, req, snap, redundancy, started, progress)
                 if snap.foreground:  # too big to copy: write it now, after the others
-                    self.drain()
+                    self.wait_all()
             except BaseException:
                 self._release(sum(reserved))
                 raise
@@ -243,15 +243,15 @@ class BackgroundCommitter:
         any submitted after it (so versions of a run appear in commit order)."""
         self.raise_unreported()
         with self._submit:
-            self.drain()
+            self.wait_all()
             return run()
 
-    def _drain_at_exit(self) -> None:
+    def _wait_at_exit(self) -> None:
         """At interpreter exit, before thread pools shut down: finish pending commits."""
         if self.pending():
             log.warning("finishing %d background commit(s) at exit; close the store to "
                         "control when", len(self.pending()))
-            self.drain()
+            self.wait_all()
         with self._cond:
             failed = [h for h in self._failed if not h._reported]  # noqa: SLF001
         for handle in failed:
@@ -261,7 +261,7 @@ class BackgroundCommitter:
     def _start_worker(self) -> None:
         if not self._exit_hook:
             try:  # runs before concurrent.futures shuts its pools down (hooks run in reverse)
-                threading._register_atexit(self._drain_at_exit)  # type: ignore[attr-defined]
+                threading._register_atexit(self._wait_at_exit)  # type: ignore[attr-defined]
                 self._exit_hook = True
             except RuntimeError:  # the interpreter is already shutting down
                 pass
@@ -309,9 +309,9 @@ class BackgroundCommitter:
         if foreground and isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
             raise outcome  # Ctrl-C while writing in the caller's thread stops the caller
 
-    # -- draining and errors ---------------------------------------------------------
+    # -- waiting and errors ---------------------------------------------------------
 
-    def drain(self, timeout: float | None = None) -> bool:
+    def wait_all(self, timeout: float | None = None) -> bool:
         """Wait until every pending commit has finished; False if ``timeout`` passed first."""
         with self._cond:
             return self._cond.wait_for(lambda: not self._pending, timeout)
@@ -344,5 +344,5 @@ class BackgroundCommitter:
         """Finish every pending commit, then report a failure nobody saw. Idempotent."""
         with self._submit:
             self._closed = True
-        self.drain()
+        self.wait_all()
         self.raise_unreported()

@@ -32,7 +32,7 @@ from casckpt.engine.memory.deltabase import ChainPolicy, DeltaPlan, candidate_ba
 from casckpt.engine.read import trees
 from casckpt.engine.read.degraded import Shortfall, summary
 from casckpt.engine.versions import records
-from casckpt.engine.versions.layout import PackMemo, pack_limit, plan_extents
+from casckpt.engine.versions.extents import PackMemo, pack_limit, plan_extents
 from casckpt.engine.versions.validate import (
     check_message,
     check_metadata,
@@ -52,11 +52,11 @@ from casckpt.engine.write.commitchunks import (
     write_chunks,
 )
 from casckpt.engine.write.commitchunks import owned_copy as _copy  # a global here: tests make it fail
-from casckpt.engine.write.hint import ChangeHint, Counters, record_counters, reusable
+from casckpt.engine.write.hint import ChangeHint, Counters, reusable, trusted_counters
 from casckpt.errors import CasckptError, CatalogError, StorageError, VersionExistsError
-from casckpt.format import keys
+from casckpt.format import objectnames
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry
-from casckpt.format.tree import encode_tree
+from casckpt.format.state import encode_state
 from casckpt.format.treeencode import Tree, TreeMemo
 from casckpt.format.treemanifest import encode_tree_manifest, headed
 from casckpt.storage.erasure import Redundancy
@@ -189,7 +189,7 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
               reserve: Reserve | None, progress: ProgressCallback | None,
               pending: Mapping[bytes, ChunkBytes] | None, memo: _RunMemo,
               hint: ChangeHint | None) -> Snapshot:
-    root, leaves = encode_tree(state)
+    root, leaves = encode_state(state)
     entries, sources = plan_extents(leaves, pack=pack_limit(ctx.config.chunk_size),
                                     memo=memo.packs, ids=ctx.crypto.chunk_id)
     reuse: dict[int, ExtentEntry] = {}
@@ -222,7 +222,7 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
         if node_id not in chunks:
             chunks[node_id] = chunk
             lookup.append(node_id)
-    memo.counters = record_counters(hint, version_id, leaves)
+    memo.counters = trusted_counters(hint, version_id, leaves)
     memo.version_id = version_id
     known = hashed.known | known_chunks(ctx, lookup)  # streamed chunks were looked up while streaming
     new_ids = []
@@ -253,7 +253,7 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
 
 def _held(ctx: EngineContext, reuse: dict[int, ExtentEntry], pending: Mapping[bytes, ChunkBytes] | None
           ) -> tuple[dict[int, ExtentEntry], set[bytes]]:
-    """The hinted extents all of whose chunks the store (cache hint, then catalog) or a commit
+    """The hinted extents all of whose chunks the store (cache entry, then catalog) or a commit
     in flight holds, and the chunks among them the store holds: a hint never references a
     chunk that is gone (such a tensor is hashed instead)."""
     ids = list(dict.fromkeys(c for e in reuse.values() for c in e.chunks))
@@ -402,7 +402,7 @@ def publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: 
     """
     tier = ctx.packs.tier
     if tier is None:
-        ctx.locations.put_everywhere(keys.manifest_key(snap.version_id), snap.manifest_bytes)
+        ctx.locations.put_everywhere(objectnames.manifest_name(snap.version_id), snap.manifest_bytes)
     else:  # the drain writes it to the locations once the version's packs are there
         try:  # a convenience copy: the catalog row holds it too, and the drain falls back on it
             tier.dir.put_manifest(snap.version_id, snap.manifest_bytes)

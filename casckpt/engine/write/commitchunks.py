@@ -2,7 +2,7 @@
 
 The middle of the commit pipeline (:mod:`casckpt.engine.write.commit`): extents are cut into
 chunks and hashed in place (device tensors streamed through staging buffers), the chunks
-the store holds are looked up (cache hints, then the catalog), and the new ones are
+the store holds are looked up (cache entries, then the catalog), and the new ones are
 encoded (delta-coded where it pays) and packed. :class:`ChunkBytes` says where each
 chunk's raw bytes are until they are written; owned copies let a background commit
 free the caller's state early.
@@ -19,7 +19,7 @@ import torch
 from casckpt.engine.context import EngineContext
 from casckpt.engine.memory.deltabase import DeltaPlan
 from casckpt.engine.read.degraded import Shortfall, shortfalls
-from casckpt.engine.versions.layout import ExtentSource
+from casckpt.engine.versions.extents import ExtentSource
 from casckpt.engine.write.packer import Packer
 from casckpt.format.chunks import aligned_chunk_size, chunk_spans
 from casckpt.format.codecs import CompressionPolicy, encode_chunk
@@ -169,7 +169,7 @@ def _hash_staged(ctx: EngineContext, flat: torch.Tensor, align: int, size: int, 
 
 
 def known_chunks(ctx: EngineContext, ids: Sequence[bytes], confirm: bool = False) -> set[bytes]:
-    """The chunks among ``ids`` the store holds: the cache's hints, then the catalog (only the
+    """The chunks among ``ids`` the store holds: the cache's entries, then the catalog (only the
     catalog with ``confirm``: for chunks whose writer could not write them again at publish)."""
     hinted = set() if confirm else set(ctx.cache.get_many(ids))
     unknown = [cid.hex() for cid in ids if cid not in hinted]

@@ -47,7 +47,7 @@ from casckpt.catalog.leases import begin_lease, end_lease
 from casckpt.engine.context import EngineContext
 from casckpt.engine.memory.deltabase import ChainPolicy, DeltaPlan, candidate_bases
 from casckpt.engine.read.degraded import Shortfall, shortfalls
-from casckpt.engine.versions.layout import ExtentSource, pack_limit, plan_extents
+from casckpt.engine.versions.extents import ExtentSource, pack_limit, plan_extents
 from casckpt.engine.write.commit import (
     CommitRequest,
     Snapshot,
@@ -68,7 +68,7 @@ from casckpt.engine.write.commitchunks import (
 )
 from casckpt.engine.write.packer import Packer
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, World
-from casckpt.format.tree import Node, TensorLeaf
+from casckpt.format.state import Node, TensorLeaf
 from casckpt.format.treemanifest import encode_tree_manifest, headed
 from casckpt.storage.erasure import Redundancy
 from casckpt.types import ProgressCallback, Version

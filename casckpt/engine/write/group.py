@@ -1,7 +1,7 @@
 """``Store.commit(state, group=...)``: one version made of every rank's own state.
 
-Each rank of the process group commits its own tree (its model replica or
-shard, its RNG, its data-loader position); the version holds one tree per
+Each rank of the process group commits its own state (its model replica or
+shard, its RNG, its data-loader position); the version holds one state per
 rank and is restored rank by rank (``Store.restore(ref, group=...)``). The
 two-phase protocol of :mod:`casckpt.engine.write.distributed`, over the group's
 collectives (gloo or any backend with object collectives):
@@ -10,7 +10,7 @@ collectives (gloo or any backend with object collectives):
 2. every rank hashes and dedups its state; the ranks exchange the ids of the
    chunks the store lacks, and each new chunk is written once, by the lowest
    rank holding it (replicated weights are not written N times);
-3. every rank's tree goes to the coordinator, which publishes the version in
+3. every rank's state goes to the coordinator, which publishes the version in
    ONE catalog transaction and tells every rank the outcome.
 
 Every step is a collective: an error on any rank makes every rank raise
@@ -32,14 +32,14 @@ import torch.distributed as dist
 from casckpt.catalog.leases import begin_lease, end_lease
 from casckpt.engine.context import EngineContext
 from casckpt.engine.memory.deltabase import DeltaPlan
-from casckpt.engine.versions.layout import pack_limit, plan_extents
+from casckpt.engine.versions.extents import pack_limit, plan_extents
 from casckpt.engine.write import commit as commit_engine
 from casckpt.engine.write.commit import CommitRequest
 from casckpt.engine.write.commitchunks import ChunkWrite, hash_and_dedup, write_chunks
 from casckpt.engine.write.distributed import compose
 from casckpt.errors import GroupCommitError
 from casckpt.format.manifest import ExtentEntry, TensorEntry, World, renumber_tensors
-from casckpt.format.tree import Node, encode_tree
+from casckpt.format.state import Node, encode_state
 from casckpt.types import ProgressCallback, Version
 
 T = TypeVar("T")
@@ -107,7 +107,7 @@ def group_commit(ctx: EngineContext, state: object, req: CommitRequest, group: A
         redundancy = ctx.packs.redundancy_for(req.run)
 
         def snapshot() -> tuple[Node, list[TensorEntry], list[ExtentEntry], Any, list[bytes]]:
-            root, leaves = encode_tree(state)
+            root, leaves = encode_state(state)
             entries, sources = plan_extents(leaves, pack=pack_limit(ctx.config.chunk_size),
                                             ids=ctx.crypto.chunk_id)
             # chunks other ranks or hosts rely on are confirmed in the catalog, never taken from

@@ -19,7 +19,7 @@ What a hint may reuse, and what it never does:
   one (:func:`casckpt.engine.write.commit.snapshot` ignores the hint otherwise: that commit
   failed, or its version was deleted meanwhile, and an older parent's chunks may hold
   older bytes of a tensor the caller rightly vouches for).
-* Reused chunks must still be held by the store (cache hint, then catalog) or by a
+* Reused chunks must still be held by the store (cache entry, then catalog) or by a
   commit in flight in this process; otherwise the tensor is hashed.
 * ``trust_versions``: a tensor counts as unchanged when it has the same storage address,
   dtype, shape, strides and storage offset as at the run's previous commit in this
@@ -40,11 +40,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from casckpt.engine.versions.layout import ExtentSource
+from casckpt.engine.versions.extents import ExtentSource
 from casckpt.errors import ChangeHintError, InvalidArgumentError
 from casckpt.format.chunks import aligned_chunk_size
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry
-from casckpt.format.tree import TensorLeaf
+from casckpt.format.state import TensorLeaf
 
 PathSpec = str | Iterable[str] | Callable[[str], bool]
 """Tensor paths: one dotted path or glob (``fnmatch``: ``model.blocks.*``), several, or a
@@ -101,7 +101,7 @@ def _key(t: torch.Tensor) -> _Key:
 @dataclass(slots=True)
 class Counters:
     """The version counters of the trusted tensors of one commit (``version_id``): each
-    tensor (held, so its storage stays where it was), its layout and its ``_version``."""
+    tensor (held, so its storage stays where it was), its strides and its ``_version``."""
 
     version_id: str
     tensors: dict[str, tuple[torch.Tensor, _Key, int]] = field(default_factory=dict)
@@ -112,7 +112,7 @@ class Counters:
         return found is not None and found[1] == _key(t) and found[2] == t._version
 
 
-def record_counters(hint: ChangeHint | None, version_id: str,
+def trusted_counters(hint: ChangeHint | None, version_id: str,
                     leaves: Sequence[TensorLeaf]) -> Counters | None:
     """The counters a later commit of the run may trust (None without ``trust_versions``)."""
     if hint is None or hint.versions is None:
@@ -143,7 +143,7 @@ def reusable(
     counters: Counters | None,
 ) -> dict[int, ExtentEntry]:
     """The extents (by index into ``sources``) whose previous entries ``hint`` lets the
-    commit reuse; ``entries`` are :func:`~casckpt.engine.versions.layout.plan_extents`' (leaf order),
+    commit reuse; ``entries`` are :func:`~casckpt.engine.versions.extents.plan_extents`' (leaf order),
     ``parent`` the manifest of the commit's parent, ``counters`` those recorded by the
     commit that made ``parent`` (the caller checks).
 

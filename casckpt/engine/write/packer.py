@@ -21,7 +21,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import BinaryIO
 
-from casckpt.catalog import PackRecord
+from casckpt.catalog import StoredPack
 from casckpt.engine.context import EngineContext
 from casckpt.errors import StorageError
 from casckpt.format.pack import PackEntry, PackWriter
@@ -44,7 +44,7 @@ class Packer:
     _IN_FLIGHT = 2
 
     def __init__(self, ctx: EngineContext, redundancy: Redundancy,
-                 on_stored: Callable[[PackRecord], None] | None = None, *, fast: bool = False) -> None:
+                 on_stored: Callable[[StoredPack], None] | None = None, *, fast: bool = False) -> None:
         """``on_stored`` records a stored pack (default: ``catalog.add_pack``). ``fast``: hold
         packs on the store's fast tier, when it has one, for the drain to store (a commit's
         packs); otherwise they go to the locations."""
@@ -56,9 +56,9 @@ class Packer:
         self._path: Path | None = None
         self._held = False  # the open pack is filled on the fast tier, to be held there
         self._writer: PackWriter | None = None
-        self._pending: deque[Future[PackRecord]] = deque()
+        self._pending: deque[Future[StoredPack]] = deque()
         self.stored_bytes = 0
-        self.packs: list[PackRecord] = []
+        self.packs: list[StoredPack] = []
 
     def add(self, cid: bytes, codec: int, raw_len: int, payload: bytes | memoryview,
             base_id: bytes | None = None) -> None:
@@ -134,7 +134,7 @@ class Packer:
             self.packs.append(self._pending.popleft().result())
 
     def _store(self, pack_id: str, size: int, entries: Sequence[PackEntry], path: Path,
-               held: bool) -> PackRecord:
+               held: bool) -> StoredPack:
         try:
             layout = (self._tier.write(pack_id, path, size, self._redundancy, self._ctx.config.backpressure)
                       if held and self._tier is not None else None)
@@ -142,14 +142,14 @@ class Packer:
                 layout = self._ctx.packs.write(pack_id, path, size, self._redundancy)
         finally:
             path.unlink(missing_ok=True)
-        record = PackRecord(layout, entries)
+        record = StoredPack(layout, entries)
         self._record(record)
         if layout.tier is None:  # a fast-tier pack is found through the catalog until it drained:
             # the cache is shared by every store handle of this host, whatever tier it uses
             self._ctx.cache.put_many(_cache_items(record.id, record.entries))
         return record
 
-    def finish(self) -> list[PackRecord]:
+    def finish(self) -> list[StoredPack]:
         """Close the open pack and wait until every pack is durable and recorded.
 
         Raises the first storage or catalog error of any pack.

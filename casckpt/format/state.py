@@ -1,16 +1,16 @@
-"""State trees: validation, flattening into typed JSON nodes, and rebuilding.
+"""States: validation, flattening into typed JSON nodes, and rebuilding.
 
-A state tree is nested ``dict`` / ``list`` / ``tuple`` of torch tensors, numpy
+A state is nested ``dict`` / ``list`` / ``tuple`` of torch tensors, numpy
 arrays and plain values (``None``, ``bool``, ``int``, ``float``, ``str``,
-``bytes``) with ``str`` or ``int`` dict keys. :func:`encode_tree` turns it into
+``bytes``) with ``str`` or ``int`` dict keys. :func:`encode_state` turns it into
 a JSON-able node tree in which every tensor is replaced by an index into a
 list of :class:`TensorLeaf`; nothing is pickled, and every value type survives
 exactly (int keys, tuples, bytes, ``-0.0``, NaN payloads).
 
 Trees nest at most :data:`MAX_DEPTH` containers deep. The limit sits far below
-Python's recursion limit (every walk of a tree, here and in the caller's code,
+Python's recursion limit (every walk of a state, here and in the caller's code,
 stays clear of it) and far above any real training state; a stored manifest
-nesting deeper than a committed tree can is corrupt, and is refused before it
+nesting deeper than a committed state can is corrupt, and is refused before it
 is parsed (:func:`json_nesting`), so no forged input can exhaust the stack.
 
 This module does no I/O.
@@ -30,14 +30,14 @@ import numpy as np
 
 from casckpt.errors import CorruptManifestError, InvalidNameError, UnsupportedStateError
 
-if TYPE_CHECKING:  # imported by encode_tree: reading manifests needs no torch (the CLI's queries)
+if TYPE_CHECKING:  # imported by encode_state: reading manifests needs no torch (the CLI's queries)
     import torch
 
 Node = dict[str, Any]
 TensorKind = Literal["torch", "numpy"]
 
 MAX_DEPTH = 64
-"""How many dict / list / tuple containers a state tree may nest (the root counts as one)."""
+"""How many dict / list / tuple containers a state may nest (the root counts as one)."""
 
 MAX_MANIFEST_NESTING = 2 * MAX_DEPTH + 8
 """How deeply a manifest's JSON may nest: a container is two levels (node, item list), plus
@@ -53,7 +53,7 @@ _FORBIDDEN_KEY = re.compile(r"[/\\\x00-\x1f\x7f]")
 
 @dataclass(frozen=True, slots=True)
 class TensorLeaf:
-    """A tensor found in a state tree, with the dotted path that names it."""
+    """A tensor found in a state, with the dotted path that names it."""
 
     path: str
     kind: TensorKind
@@ -108,7 +108,7 @@ def _describe(obj: object) -> str:
 
 
 def _check_tensor(t: torch.Tensor, path: str) -> None:
-    """Refuse a tensor casckpt cannot store (the common case is decided by encode_tree)."""
+    """Refuse a tensor casckpt cannot store (the common case is decided by encode_state)."""
     import torch
 
     if t.is_nested:
@@ -147,7 +147,7 @@ def _check_array(a: np.ndarray, path: str) -> None:
         )
 
 
-def encode_tree(state: object) -> tuple[Node, list[TensorLeaf]]:
+def encode_state(state: object) -> tuple[Node, list[TensorLeaf]]:
     """Validate ``state`` and encode it as a JSON-able node tree.
 
     Returns:
@@ -197,12 +197,12 @@ def encode_tree(state: object) -> tuple[Node, list[TensorLeaf]]:
         if isinstance(obj, dict) or kind is list or kind is tuple:
             if id(obj) in active:
                 raise UnsupportedStateError(
-                    f"the state tree contains itself at {path!r}; remove the cycle."
+                    f"the state contains itself at {path!r}; remove the cycle."
                 )
             if depth == MAX_DEPTH:
                 raise UnsupportedStateError(
-                    f"the state tree nests deeper than {MAX_DEPTH} containers (dict, list, tuple) "
-                    f"at {path!r}; casckpt stores trees up to {MAX_DEPTH} levels deep. Flatten "
+                    f"the state nests deeper than {MAX_DEPTH} containers (dict, list, tuple) "
+                    f"at {path!r}; casckpt stores states up to {MAX_DEPTH} levels deep. Flatten "
                     "that part (join its keys into one dotted name) or store it as str or bytes."
                 )
             active.add(id(obj))
@@ -252,10 +252,10 @@ def encode_tree(state: object) -> tuple[Node, list[TensorLeaf]]:
     return enc(state, ""), leaves
 
 
-def too_deep(tree: object, limit: int = MAX_DEPTH) -> str | None:
+def too_deep(state: object, limit: int = MAX_DEPTH) -> str | None:
     """The dotted path of the first dict / list / tuple nested deeper than ``limit`` in
-    ``tree`` (None if there is none); iterative, so any depth (or a cycle) is safe."""
-    stack: list[tuple[object, str, int]] = [(tree, "", 0)]
+    ``state`` (None if there is none); iterative, so any depth (or a cycle) is safe."""
+    stack: list[tuple[object, str, int]] = [(state, "", 0)]
     while stack:
         node, path, depth = stack.pop()
         if isinstance(node, Mapping):
@@ -298,9 +298,9 @@ def json_nesting(text: bytes) -> int:
     return int(np.cumsum(steps[brackets], dtype=np.int64).max())
 
 
-def decode_tree(root: Node, tensor: Callable[[int, str], object],
+def decode_state(root: Node, tensor: Callable[[int, str], object],
                 sharded: Callable[[list[int], str], object] | None = None) -> object:
-    """Rebuild a state tree from ``root``; ``tensor(i, path)`` supplies tensor ``i``, and
+    """Rebuild a state from ``root``; ``tensor(i, path)`` supplies tensor ``i``, and
     ``sharded(indices, path)`` a tensor assembled from the shards ``indices``.
 
     Raises:
@@ -358,12 +358,12 @@ def iter_values(root: Node) -> Iterator[tuple[str, object]]:
     """Yield ``(path, value)`` for every plain (non-tensor, non-container) leaf of ``root``
     (under a ``ranks`` root, paths are :func:`rank_path` of each rank's)."""
     if root.get("t") == "ranks":
-        for rank, tree in enumerate(root["v"]):
-            for path, value in iter_values(tree):
+        for rank, state in enumerate(root["v"]):
+            for path, value in iter_values(state):
                 yield rank_path(rank, path), value
         return
     for path, node in iter_value_nodes(root):
-        yield path, decode_tree(node, _no_tensor)
+        yield path, decode_state(node, _no_tensor)
 
 
 def iter_value_nodes(root: Node) -> Iterator[tuple[str, Node]]:
@@ -395,13 +395,13 @@ def _no_tensor(i: int, path: str) -> object:
     raise CorruptManifestError(f"unexpected tensor at {path!r}")
 
 
-def iter_leaves(tree: object, prefix: str = "") -> Iterator[tuple[str, object]]:
-    """Yield ``(dotted_path, leaf)`` for every non-container leaf of a state tree."""
-    if isinstance(tree, Mapping):
-        for key, value in tree.items():
+def iter_leaves(state: object, prefix: str = "") -> Iterator[tuple[str, object]]:
+    """Yield ``(dotted_path, leaf)`` for every non-container leaf of a state."""
+    if isinstance(state, Mapping):
+        for key, value in state.items():
             yield from iter_leaves(value, join_path(prefix, key))
-    elif isinstance(tree, (list, tuple)):
-        for i, value in enumerate(tree):
+    elif isinstance(state, (list, tuple)):
+        for i, value in enumerate(state):
             yield from iter_leaves(value, join_path(prefix, i))
     else:
-        yield prefix, tree
+        yield prefix, state

@@ -1,6 +1,6 @@
 """From tensors to extents and back.
 
-:func:`plan_extents` decides which bytes each tensor of a state tree is stored
+:func:`plan_extents` decides which bytes each tensor of a state is stored
 as: normally its own contiguous bytes; for tensors that are views of one
 storage, one shared extent covering the span they use (written once, restored
 shared). :func:`build_tensors` does the inverse from filled extent buffers.
@@ -24,7 +24,7 @@ from casckpt.errors import UnsupportedStateError
 from casckpt.format.chunks import chunk_id
 from casckpt.format.dtypes import numpy_dtype, numpy_dtype_name, torch_dtype, torch_dtype_name
 from casckpt.format.manifest import TensorEntry
-from casckpt.format.tree import TensorLeaf
+from casckpt.format.state import TensorLeaf
 
 _SPAN_ALIGN = 16  # the largest element size (complex128), so every member stays aligned
 SMALL_TENSOR = 16 << 10
@@ -194,7 +194,7 @@ def _group_end(path: str) -> bool:
 
 class PackMemo:
     """The tensor entries of the pack groups one commit made, for the next commit of the run
-    to reuse when a group's bytes and layout are the same (its tensors' digests are not
+    to reuse when a group's bytes and strides are the same (its tensors' digests are not
     computed again). Keyed by the group's bytes' chunk id, extent index, paths, dtypes and
     shapes: entries are a function of these. Holds one commit's groups."""
 

@@ -1,4 +1,4 @@
-"""State trees: exact round trips of plain values, and refusal of what cannot be stored.
+"""States: exact round trips of plain values, and refusal of what cannot be stored.
 
 Round trips go through JSON (``allow_nan=False``) exactly as manifests do, so
 a node type that only survives in memory fails here.
@@ -27,11 +27,11 @@ from benchmarks.oldformats import encode_manifest
 from casckpt.errors import CorruptManifestError, InvalidNameError, UnsupportedStateError
 from casckpt.format.chunks import object_id
 from casckpt.format.manifest import Manifest, decode_manifest
-from casckpt.format.tree import (
+from casckpt.format.state import (
     MAX_DEPTH,
     MAX_MANIFEST_NESTING,
-    decode_tree,
-    encode_tree,
+    decode_state,
+    encode_state,
     iter_leaves,
     iter_values,
     json_nesting,
@@ -97,16 +97,16 @@ trees = st.recursive(
 
 @PROPERTY
 @given(tree=trees)
-def test_plain_tree_roundtrip(tree: Any) -> None:
-    root, leaves = encode_tree(tree)
+def test_plain_state_roundtrip(tree: Any) -> None:
+    root, leaves = encode_state(tree)
     assert leaves == []
-    assert_identical(decode_tree(_through_json(root), _no_tensors), tree)
+    assert_identical(decode_state(_through_json(root), _no_tensors), tree)
 
 
 @PROPERTY
 @given(tree=trees)
 def test_iter_values_lists_every_plain_leaf(tree: Any) -> None:
-    root, _ = encode_tree(tree)
+    root, _ = encode_state(tree)
     expected = [(p, v) for p, v in iter_leaves(tree)]
     # iter_leaves yields empty containers as leaves too; iter_values does not
     expected = [(p, v) for p, v in expected if not isinstance(v, (dict, list, tuple))]
@@ -123,7 +123,7 @@ def test_exact_types_survive() -> None:
         -7: {2**200: "big", "x": -(2**200)},
         "nan": struct.unpack(">d", bytes.fromhex("7ff8000000000bad"))[0],
     }
-    out = decode_tree(_through_json(encode_tree(tree)[0]), _no_tensors)
+    out = decode_state(_through_json(encode_state(tree)[0]), _no_tensors)
     assert_identical(out, tree)
     assert isinstance(out, dict)
     assert type(next(iter(out))) is int
@@ -134,7 +134,7 @@ def test_exact_types_survive() -> None:
 def test_tensors_become_indexed_leaves_with_dotted_paths() -> None:
     t, a = torch.zeros(2), np.zeros(3)
     tree = {"model": {"layers": [{"w": t}, {"w": t}]}, 5: (a, "x")}
-    root, leaves = encode_tree(tree)
+    root, leaves = encode_state(tree)
     assert [(leaf.path, leaf.kind) for leaf in leaves] == [
         ("model.layers.0.w", "torch"), ("model.layers.1.w", "torch"), ("5.0", "numpy"),
     ]
@@ -145,7 +145,7 @@ def test_tensors_become_indexed_leaves_with_dotted_paths() -> None:
         seen.append((i, path))
         return leaves[i].value
 
-    out: Any = decode_tree(_through_json(root), tensor)
+    out: Any = decode_state(_through_json(root), tensor)
     assert seen == [(0, "model.layers.0.w"), (1, "model.layers.1.w"), (2, "5.0")]
     assert out["model"]["layers"][0]["w"] is t
     assert isinstance(out[5], tuple) and out[5][0] is a
@@ -153,7 +153,7 @@ def test_tensors_become_indexed_leaves_with_dotted_paths() -> None:
 
 def test_shared_subtree_without_a_cycle_is_fine() -> None:
     shared = [1, 2]
-    out = decode_tree(_through_json(encode_tree({"a": shared, "b": shared, "c": [shared]})[0]), _no_tensors)
+    out = decode_state(_through_json(encode_state({"a": shared, "b": shared, "c": [shared]})[0]), _no_tensors)
     assert out == {"a": [1, 2], "b": [1, 2], "c": [[1, 2]]}
 
 
@@ -225,7 +225,7 @@ def _unsupported() -> list[tuple[str, Any]]:
 def test_unsupported_objects_are_refused_naming_their_path(name: str, value: Any, where: str) -> None:
     tree = value if where == "root" else {"model": [0, {"deep": value}]}
     with pytest.raises(UnsupportedStateError) as info:
-        encode_tree(tree)
+        encode_state(tree)
     message = str(info.value)
     if where == "nested":
         # the path of the offending object (or, for a bad key, of the dict holding it)
@@ -245,14 +245,14 @@ def test_unsupported_objects_are_refused_naming_their_path(name: str, value: Any
 )
 def test_two_tensors_with_the_same_dotted_path_are_refused(tree: Any) -> None:
     with pytest.raises(InvalidNameError) as info:
-        encode_tree(tree)
+        encode_state(tree)
     assert "'1'" in str(info.value) or "'a.b'" in str(info.value) or "'x.0'" in str(info.value)
 
 
 def test_plain_values_with_the_same_dotted_path_are_fine() -> None:
     # only tensors are looked up by path (load_tensor, the catalog); values keep their keys
     tree = {1: "int key", "1": "str key"}
-    assert_identical(decode_tree(_through_json(encode_tree(tree)[0]), _no_tensors), tree)
+    assert_identical(decode_state(_through_json(encode_state(tree)[0]), _no_tensors), tree)
 
 
 @pytest.mark.parametrize("key", ["", ".", "..", "a/b", "/", "a\\b", "x\x00", "tab\t", "nl\n", "del\x7f"])
@@ -260,7 +260,7 @@ def test_plain_values_with_the_same_dotted_path_are_fine() -> None:
 def test_bad_keys_are_refused(key: str, where: str) -> None:
     tree = {key: 1} if where == "root" else {"ok": [{"fine": {key: torch.zeros(1)}}]}
     with pytest.raises(InvalidNameError) as info:
-        encode_tree(tree)
+        encode_state(tree)
     assert repr(key) in str(info.value)
     if where == "nested":
         assert "ok.0.fine" in str(info.value)
@@ -268,7 +268,7 @@ def test_bad_keys_are_refused(key: str, where: str) -> None:
 
 @pytest.mark.parametrize("key", ["a.b", "..a", "a..", " ", "ünï", "-", "0", "a b"])
 def test_unusual_but_safe_keys_are_accepted(key: str) -> None:
-    out = decode_tree(_through_json(encode_tree({key: 1})[0]), _no_tensors)
+    out = decode_state(_through_json(encode_state({key: 1})[0]), _no_tensors)
     assert out == {key: 1}
 
 
@@ -305,7 +305,7 @@ def test_unusual_but_safe_keys_are_accepted(key: str) -> None:
 )
 def test_malformed_nodes_are_corrupt_manifests(node: Any) -> None:
     with pytest.raises(CorruptManifestError):
-        decode_tree(node, lambda i, path: None)
+        decode_state(node, lambda i, path: None)
 
 
 NODE_TYPES = ["dict", "list", "tuple", "int", "float", "bytes", "str", "bool", "none", "tensor"]
@@ -323,9 +323,9 @@ NODE_TYPES = ["dict", "list", "tuple", "int", "float", "bytes", "str", "bool", "
     ),
     max_leaves=12,
 ))
-def test_decode_tree_fuzz_raises_only_corrupt_manifest(node: Any) -> None:
+def test_decode_state_fuzz_raises_only_corrupt_manifest(node: Any) -> None:
     try:
-        decode_tree(node, lambda i, path: ("tensor", i))
+        decode_state(node, lambda i, path: ("tensor", i))
     except CorruptManifestError:
         pass
 
@@ -343,18 +343,18 @@ def _chain(depth: int, kind: str = "dict", leaf: Any = 1) -> Any:
 @pytest.mark.parametrize("kind", ["dict", "list", "tuple"])
 def test_encode_takes_max_depth_and_refuses_one_more_naming_the_path(kind: str) -> None:
     at_limit = _chain(MAX_DEPTH, kind, torch.ones(1))
-    root, leaves = encode_tree(at_limit)
+    root, leaves = encode_state(at_limit)
     assert len(leaves) == 1 and json_nesting(json.dumps(root).encode()) <= MAX_MANIFEST_NESTING
     with pytest.raises(UnsupportedStateError) as info:
-        encode_tree(_chain(MAX_DEPTH + 1, kind, torch.ones(1)))
+        encode_state(_chain(MAX_DEPTH + 1, kind, torch.ones(1)))
     key = "k" if kind == "dict" else "0"
     assert repr(".".join([key] * MAX_DEPTH)) in str(info.value)
     assert f"deeper than {MAX_DEPTH}" in str(info.value)
 
 
-def test_encode_refuses_a_tree_deeper_than_the_recursion_limit() -> None:
+def test_encode_refuses_a_state_deeper_than_the_recursion_limit() -> None:
     with pytest.raises(UnsupportedStateError):  # used to be a RecursionError
-        encode_tree(_chain(sys.getrecursionlimit() + 10))
+        encode_state(_chain(sys.getrecursionlimit() + 10))
 
 
 @pytest.mark.parametrize(("text", "depth"), [
@@ -407,7 +407,7 @@ def _compressed(raw: bytes) -> bytes:
 
 
 def test_manifest_deeper_than_any_commit_is_corrupt() -> None:
-    # deep enough for decode_tree to recurse past the limit on restore, shallow enough that
+    # deep enough for decode_state to recurse past the limit on restore, shallow enough that
     # json.loads itself does not fail: used to decode as a valid manifest
     raw = _manifest_json(_deep_list_node(400))
     with pytest.raises(CorruptManifestError) as info:
@@ -418,14 +418,14 @@ def test_manifest_deeper_than_any_commit_is_corrupt() -> None:
 def test_manifest_at_the_limit_decodes() -> None:
     # the deepest tree a group commit can store (a ranks root over trees MAX_DEPTH deep, with a
     # sharded leaf) and the deepest metadata, in one manifest
-    root, _ = encode_tree(_chain(MAX_DEPTH - 1, "list", {"k": b"x"}))
+    root, _ = encode_state(_chain(MAX_DEPTH - 1, "list", {"k": b"x"}))
     deepest = json.dumps({"t": "ranks", "v": [root]})
     deepest = deepest.replace('{"t": "bytes", "v": "eA=="}', '{"t": "sharded", "i": [0]}')
     assert '"sharded"' in deepest and json.loads(deepest)
     meta = json.dumps(_chain(MAX_DEPTH, "dict"))
     raw = _manifest_json(deepest, meta)
     assert json_nesting(raw) <= MAX_MANIFEST_NESTING
-    m = Manifest("r", 0, None, 0.0, encode_tree(_chain(MAX_DEPTH, "list"))[0], (), (),
+    m = Manifest("r", 0, None, 0.0, encode_state(_chain(MAX_DEPTH, "list"))[0], (), (),
                  metadata=_chain(MAX_DEPTH, "dict"))
     version, data = encode_manifest(m)
     assert decode_manifest(data, version).root == m.root

@@ -1,4 +1,4 @@
-"""Every object key casckpt writes on a location, spelled in this one module (no I/O).
+"""Every object name casckpt writes on a location, spelled in this one module (no I/O).
 
 A location holds:
 
@@ -39,18 +39,18 @@ _MANIFEST_OBJECT = re.compile(r"^manifests/([0-9a-f]{64})$")
 _MAX_HEX_NAME = 200  # a file name holds at most 255 bytes on most local file systems
 
 
-def pack_key(pack_id: str) -> str:
-    """The object key of a whole pack (or a copy of it): ``packs/<first 2 hex>/<id>``."""
+def pack_name(pack_id: str) -> str:
+    """The object name of a whole pack (or a copy of it): ``packs/<first 2 hex>/<id>``."""
     return f"{PACKS}{pack_id[:2]}/{pack_id}"
 
 
-def shard_key(pack_id: str, index: int) -> str:
-    """The object key of shard ``index`` of a pack: ``packs/<2 hex>/<id>.s<index>``."""
-    return f"{pack_key(pack_id)}.s{index}"
+def shard_name(pack_id: str, index: int) -> str:
+    """The object name of shard ``index`` of a pack: ``packs/<2 hex>/<id>.s<index>``."""
+    return f"{pack_name(pack_id)}.s{index}"
 
 
 def pack_of(key: str) -> tuple[str, int | None] | None:
-    """``(pack id, shard index or None for a whole copy)`` an object key names, or None."""
+    """``(pack id, shard index or None for a whole copy)`` an object name names, or None."""
     if (m := _PACK_OBJECT.match(key)) is not None:
         return m.group(1), None
     if (m := _SHARD_OBJECT.match(key)) is not None:
@@ -58,22 +58,22 @@ def pack_of(key: str) -> tuple[str, int | None] | None:
     return None
 
 
-def manifest_key(version_id: str) -> str:
-    """The object key of a version's manifest: ``manifests/<version id>``."""
+def manifest_name(version_id: str) -> str:
+    """The object name of a version's manifest: ``manifests/<version id>``."""
     return f"{MANIFESTS}{version_id}"
 
 
 def version_of(key: str) -> str | None:
-    """The version id a manifest key names (None: the key names no manifest)."""
+    """The version id a manifest name names (None: the key names no manifest)."""
     m = _MANIFEST_OBJECT.match(key)
     return m.group(1) if m is not None else None
 
 
-def name_key(prefix: str, name: str, hashed: Callable[[bytes], str | None] | None = None) -> str:
-    """The record key of a tag or run name under ``prefix`` (:data:`TAGS`, :data:`RUNS`): the
+def ref_name(prefix: str, name: str, hashed: Callable[[bytes], str | None] | None = None) -> str:
+    """The record name of a tag or run name under ``prefix`` (:data:`TAGS`, :data:`RUNS`): the
     name's UTF-8 in hex, or for a name too long for a file name, ``h`` and its BLAKE3.
     ``hashed`` (an encrypted store's keyed name hash) names every name by ``k`` and its
-    keyed hash instead, so object keys reveal no names."""
+    keyed hash instead, so object names reveal no names."""
     keyed = hashed(name.encode("utf-8")) if hashed is not None else None
     if keyed is not None:
         return prefix + "k" + keyed
