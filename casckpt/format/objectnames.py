@@ -64,7 +64,7 @@ def manifest_name(version_id: str) -> str:
 
 
 def version_of(key: str) -> str | None:
-    """The version id a manifest name names (None: the key names no manifest)."""
+    """The version id a manifest name names (None: it names no manifest)."""
     m = _MANIFEST_OBJECT.match(key)
     return m.group(1) if m is not None else None
 

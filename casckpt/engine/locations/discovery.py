@@ -69,7 +69,8 @@ def pack_layout(pack_id: str, found: FoundPack) -> PackLayout | None:
         size = found.copies[0][2]
         rows = tuple(ShardRow(i, loc.id, key, sz) for i, (loc, key, sz) in enumerate(found.copies))
         scheme = "none" if len(rows) == 1 else "replicate"
-        return PackLayout(pack_id, objectnames.pack_name(pack_id), size, scheme, 1, len(rows) - 1, shards=rows)
+        return PackLayout(pack_id, objectnames.pack_name(pack_id), size, scheme, 1, len(rows) - 1,
+                          shards=rows)
     headers = {}
     for index, (loc, key, size) in sorted(found.shards.items()):
         try:

@@ -155,7 +155,8 @@ def _adoptable(loc: Survey, knows: Callable[[str, Sequence[str]], bool]) -> bool
 
 def _knows(catalog: Catalog) -> Callable[[str, Sequence[str]], bool]:
     def knows(location: str, objects: Sequence[str]) -> bool:
-        manifests = [k.removeprefix(objectnames.MANIFESTS) for k in objects if k.startswith(objectnames.MANIFESTS)]
+        prefix = objectnames.MANIFESTS
+        manifests = [k.removeprefix(prefix) for k in objects if k.startswith(prefix)]
         if manifests:
             return bool(known_manifests(catalog, manifests))
         return bool(shard_sql.keys_on_location(catalog, location, objects))

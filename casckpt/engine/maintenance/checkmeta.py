@@ -108,8 +108,8 @@ def list_locations(ctx: EngineContext, found: Findings) -> None:
         if not loc.readable:
             continue
         try:
-            found.listed[loc.id] = {info.key: info for prefix in (objectnames.PACKS, objectnames.MANIFESTS, objectnames.REFS)
-                                    for info in loc.blobs.list(prefix)}
+            prefixes = (objectnames.PACKS, objectnames.MANIFESTS, objectnames.REFS)
+            found.listed[loc.id] = {info.key: info for prefix in prefixes for info in loc.blobs.list(prefix)}
         except StorageError as exc:
             found.unlisted.add(loc.id)
             found.add("location", loc.name, f"{loc.describe()} cannot be listed: {exc}. What it "
