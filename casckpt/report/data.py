@@ -133,8 +133,8 @@ def collect(source: ReportSource, runs: Sequence[str] | None = None, *,
                    if wanted is None or d.run in wanted)
     return ReportData(
         title=title, generated_at=datetime.now(timezone.utc), stats=source.ops.stats(), runs=run_data,
-        lineage=lineage, gc_runs=tuple(source.ops.audit(action="gc")), locations=tuple(source.locations.list()),
-        drills=drills)
+        lineage=lineage, gc_runs=tuple(source.ops.audit(action="gc")),
+        locations=tuple(source.locations.list()), drills=drills)
 
 
 def _mode(metric: str) -> str | None:
