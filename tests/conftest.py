@@ -10,6 +10,10 @@
 - ``store_config``: each of {local dir, S3} x {SQLite, PostgreSQL}; tests that
   take it run once per combination. S3 is a moto server on 127.0.0.1 with a
   bucket per test (fixtures in tests/s3_fixtures.py).
+- ``forked_python``: ``python`` command lines run in children forked from one
+  warm interpreter (torch and casckpt imported once per worker, not once per
+  child; tests/helpers/forkserver.py). Each child is a separate process; tests
+  about a fresh interpreter's imports or options start ``sys.executable``.
 - ``fresh_sqlite_catalogs`` (autouse): a new SQLite catalog gets the schema the
   migrations built once per worker, replayed, instead of running every Alembic
   migration again (about a fifth of the suite's CPU time went there). Tests
@@ -29,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from doubles import ForkedPython
 
 import casckpt
 from casckpt.testing import s3 as s3_testing
@@ -61,6 +66,16 @@ def isolated_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Homes]:
         yield Homes(temp, real)
     finally:
         patch.undo()
+
+
+@pytest.fixture(scope="session")
+def forked_python(isolated_home: Homes, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkedPython]:
+    """A warm fork server for the worker's session (started when a test first asks)."""
+    runner = ForkedPython(tmp_path_factory.mktemp("forked"))
+    try:
+        yield runner
+    finally:
+        runner.close()
 
 
 @dataclass(frozen=True)
