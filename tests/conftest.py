@@ -14,6 +14,10 @@
   warm interpreter (torch and casckpt imported once per worker, not once per
   child; tests/helpers/forkserver.py). Each child is a separate process; tests
   about a fresh interpreter's imports or options start ``sys.executable``.
+- Hypothesis profiles: ``ci`` (the default) runs at most 40 examples of a property
+  test, or a quarter of its own count where that is more; ``deep``
+  (``HYPOTHESIS_PROFILE=deep``, the slow tier's run of every property test) runs
+  each test's own count, or hypothesis's 100 where it names none.
 - ``fresh_sqlite_catalogs`` (autouse): a new SQLite catalog gets the schema the
   migrations built once per worker, replayed, instead of running every Alembic
   migration again (about a fifth of the suite's CPU time went there). Tests
@@ -34,10 +38,41 @@ from typing import Any
 
 import pytest
 from doubles import ForkedPython
+from hypothesis import settings
 
 import casckpt
 from casckpt.testing import s3 as s3_testing
 from casckpt.testing.s3 import fake_aws_environment, moto_server
+
+# -- hypothesis: fewer examples in the default tier, every one in the deep run ------------
+
+CI_EXAMPLES = 40  # the default tier's cap; a test asking for more keeps a quarter of its count
+settings.register_profile("ci", max_examples=CI_EXAMPLES)
+settings.register_profile("deep", max_examples=100)
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+settings.load_profile(PROFILE)
+
+
+def ci_examples(count: int) -> int:
+    """How many of a property test's ``count`` examples the ``ci`` profile runs."""
+    return count if count <= CI_EXAMPLES else max(CI_EXAMPLES, count // 4)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under ``ci``, cap the examples of property tests that name their own count (a profile
+    only sets the count of tests that do not); ``deep`` leaves every count as written."""
+    if PROFILE != "ci":
+        return
+    for item in items:
+        test = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
+        if not getattr(test, "is_hypothesis_test", False) or getattr(test, "_ci_examples", False):
+            continue
+        own: settings | None = getattr(test, "_hypothesis_internal_use_settings", None)
+        if own is None:  # a state machine's test: its class's settings hold its count
+            continue
+        # read by @given at call time (hypothesis core.py)
+        test._hypothesis_internal_use_settings = settings(own, max_examples=ci_examples(own.max_examples))
+        test._ci_examples = True
 
 
 @dataclass(frozen=True)
