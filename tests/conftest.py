@@ -10,6 +10,14 @@
 - ``store_config``: each of {local dir, S3} x {SQLite, PostgreSQL}; tests that
   take it run once per combination. S3 is a moto server on 127.0.0.1 with a
   bucket per test (fixtures in tests/s3_fixtures.py).
+- ``forked_python``: ``python`` command lines run in children forked from one
+  warm interpreter (torch and casckpt imported once per worker, not once per
+  child; tests/helpers/forkserver.py). Each child is a separate process; tests
+  about a fresh interpreter's imports or options start ``sys.executable``.
+- Hypothesis profiles: ``ci`` (the default) runs at most 40 examples of a property
+  test, or a quarter of its own count where that is more; ``deep``
+  (``HYPOTHESIS_PROFILE=deep``, the slow tier's run of every property test) runs
+  each test's own count, or hypothesis's 100 where it names none.
 - ``fresh_sqlite_catalogs`` (autouse): a new SQLite catalog gets the schema the
   migrations built once per worker, replayed, instead of running every Alembic
   migration again (about a fifth of the suite's CPU time went there). Tests
@@ -29,10 +37,42 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from doubles import ForkedPython
+from hypothesis import settings
 
 import casckpt
 from casckpt.testing import s3 as s3_testing
 from casckpt.testing.s3 import fake_aws_environment, moto_server
+
+# -- hypothesis: fewer examples in the default tier, every one in the deep run ------------
+
+CI_EXAMPLES = 40  # the default tier's cap; a test asking for more keeps a quarter of its count
+settings.register_profile("ci", max_examples=CI_EXAMPLES)
+settings.register_profile("deep", max_examples=100)
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+settings.load_profile(PROFILE)
+
+
+def ci_examples(count: int) -> int:
+    """How many of a property test's ``count`` examples the ``ci`` profile runs."""
+    return count if count <= CI_EXAMPLES else max(CI_EXAMPLES, count // 4)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under ``ci``, cap the examples of property tests that name their own count (a profile
+    only sets the count of tests that do not); ``deep`` leaves every count as written."""
+    if PROFILE != "ci":
+        return
+    for item in items:
+        test = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
+        if not getattr(test, "is_hypothesis_test", False) or getattr(test, "_ci_examples", False):
+            continue
+        own: settings | None = getattr(test, "_hypothesis_internal_use_settings", None)
+        if own is None:  # a state machine's test: its class's settings hold its count
+            continue
+        # read by @given at call time (hypothesis core.py)
+        test._hypothesis_internal_use_settings = settings(own, max_examples=ci_examples(own.max_examples))
+        test._ci_examples = True
 
 
 @dataclass(frozen=True)
@@ -61,6 +101,16 @@ def isolated_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Homes]:
         yield Homes(temp, real)
     finally:
         patch.undo()
+
+
+@pytest.fixture(scope="session")
+def forked_python(isolated_home: Homes, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkedPython]:
+    """A warm fork server for the worker's session (started when a test first asks)."""
+    runner = ForkedPython(tmp_path_factory.mktemp("forked"))
+    try:
+        yield runner
+    finally:
+        runner.close()
 
 
 @dataclass(frozen=True)

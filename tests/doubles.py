@@ -4,6 +4,8 @@
   first (to hold them or make them fail); reads go straight through.
 - :class:`Zygote`: the client of a helper script's ``--zygote`` server, which
   forks warm children (torch imported once) on request.
+- :class:`ForkedPython`: ``python`` command lines run by the generic fork server
+  (tests/helpers/forkserver.py), behind the ``forked_python`` fixture.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -89,6 +92,49 @@ class Zygote:
             self.proc.kill()
             self.proc.wait()
         self.proc.stdout.close()
+
+
+class ForkedPython:
+    """Runs ``python`` command lines in children of one warm fork server (see the module doc)."""
+
+    SERVER = Path(__file__).parent / "helpers" / "forkserver.py"
+
+    def __init__(self, scratch: Path) -> None:
+        self.scratch = scratch
+        self.server = Zygote(self.SERVER)
+        self.count = 0
+
+    def run(self, args: list[str], *, env: dict[str, str] | None = None, cwd: Path | str | None = None,
+            input: str | bytes | None = None, timeout: float = 120,  # noqa: A002 - subprocess's name
+            text: bool = True) -> subprocess.CompletedProcess[Any]:
+        """Like ``subprocess.run([sys.executable, *args], capture_output=True, ...)``: the exit
+        status (negative for a signal), stdout and stderr; ``subprocess.TimeoutExpired`` (the child
+        killed) after ``timeout`` seconds."""
+        self.count += 1
+        files = {name: self.scratch / f"{self.count}.{name}" for name in ("stdin", "stdout", "stderr")}
+        if input is not None:
+            files["stdin"].write_bytes(input.encode() if isinstance(input, str) else input)
+        cmd = {"op": "spawn", "args": list(args), "env": dict(os.environ if env is None else env),
+               "cwd": str(cwd) if cwd is not None else os.getcwd(),
+               "stdin": str(files["stdin"]) if input is not None else None,
+               "stdout": str(files["stdout"]), "stderr": str(files["stderr"])}
+        pid = self.server.ask(cmd, 60)["pid"]
+        try:
+            status = self.server.ask({"op": "wait", "pid": pid}, timeout)["status"]
+        except TimeoutError:
+            os.kill(pid, signal.SIGKILL)
+            assert self.server.proc.stdout is not None
+            self.server.proc.stdout.readline()  # the wait's answer, now that the child is gone
+            raise subprocess.TimeoutExpired(args, timeout) from None
+        out, err = (files[name].read_bytes() for name in ("stdout", "stderr"))
+        for path in files.values():
+            path.unlink(missing_ok=True)
+        if text:
+            return subprocess.CompletedProcess(args, status, out.decode(), err.decode())
+        return subprocess.CompletedProcess(args, status, out, err)
+
+    def close(self) -> None:
+        self.server.close()
 
 
 def empty_postgres_catalog(url: str) -> None:

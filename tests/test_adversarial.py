@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+from doubles import ForkedPython
 
 import casckpt
 from casckpt.catalog import inventory
@@ -296,7 +297,8 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
 
 
 @pytest.mark.parametrize("mode", ["gc", "rebuild"])
-def test_a_sparse_file_named_like_a_pack_costs_gc_and_rebuild_no_memory(tmp_path: Path, mode: str) -> None:
+def test_a_sparse_file_named_like_a_pack_costs_gc_and_rebuild_no_memory(
+        tmp_path: Path, mode: str, forked_python: ForkedPython) -> None:
     """Invariant 10 / GUARANTEES 6: "every read is bounded ... nothing can make casckpt hang or
     exhaust memory". Found: gc's orphan pass read a forged footer whole, and catalog rebuild
     read every unknown pack object whole. Now a footer is at most 64 MiB (format/pack.py) and
@@ -311,8 +313,7 @@ def test_a_sparse_file_named_like_a_pack_costs_gc_and_rebuild_no_memory(tmp_path
     and the bound asserted is 512 MiB.
     """
     size = 1 << 30
-    out = subprocess.run([sys.executable, "-c", _SPARSE_RUN, mode, str(tmp_path / "store"), str(size)],
-                         capture_output=True, text=True, timeout=300)
+    out = forked_python.run(["-c", _SPARSE_RUN, mode, str(tmp_path / "store"), str(size)], timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     growth_mib = int(out.stdout.strip().splitlines()[-1])
     assert growth_mib < 512, f"{mode} grew its peak RSS by {growth_mib} MiB reading a sparse file"
@@ -332,7 +333,8 @@ store.ops.rebuild_catalog()
 """
 
 
-def test_a_rebuild_killed_midway_leaves_a_catalog_nobody_uses(tmp_path: Path) -> None:
+def test_a_rebuild_killed_midway_leaves_a_catalog_nobody_uses(
+        tmp_path: Path, forked_python: ForkedPython) -> None:
     """Invariant 3, GUARANTEES 3-5. Found: a catalog rebuild killed after publishing versions
     and runs (retention) but before the tags left a catalog that opened normally and that
     `check --read-data` called healthy; `tag:release` no longer resolved and gc then deleted
@@ -354,8 +356,8 @@ def test_a_rebuild_killed_midway_leaves_a_catalog_nobody_uses(tmp_path: Path) ->
     store.retention.set("r", keep_last=1)
     store.close()
     _move_catalog_away(store_dir, tmp_path / "lost.db")
-    crashed = subprocess.run([sys.executable, "-c", _KILLED_REBUILD, str(store_dir)], timeout=120)
-    assert crashed.returncode == -9
+    crashed = forked_python.run(["-c", _KILLED_REBUILD, str(store_dir)], timeout=120)
+    assert crashed.returncode == -9, crashed.stderr
     with pytest.raises(StoreIdentityError, match="rebuild that did not finish"):
         casckpt.open(store_dir)
     with casckpt.open(store_dir, recover=True) as half:
@@ -441,7 +443,7 @@ print("opened", flush=True)
 """
 
 
-def test_a_fifo_in_the_index_cache_does_not_hang_open(tmp_path: Path) -> None:
+def test_a_fifo_in_the_index_cache_does_not_hang_open(tmp_path: Path, forked_python: ForkedPython) -> None:
     """Invariant 10 / GUARANTEES 6: nothing can make casckpt hang; invariant 6: the LMDB
     cache is a hint ("any LMDB failure degrades to a cache miss").
 
@@ -453,15 +455,11 @@ def test_a_fifo_in_the_index_cache_does_not_hang_open(tmp_path: Path) -> None:
     command (`casckpt --store DIR check`, `casckpt.open(DIR)`) hangs in cache.py
     (lmdb.open).
     """
-    proc = subprocess.Popen([sys.executable, "-c", _OPEN_WITH_FIFO_CACHE, str(tmp_path / "store")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        out, _ = proc.communicate(timeout=30)
+        done = forked_python.run(["-c", _OPEN_WITH_FIFO_CACHE, str(tmp_path / "store")], timeout=30)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
         pytest.fail("casckpt.open hung on a FIFO in cache/index (killed after 30 s)")
-    assert "opened" in out
+    assert "opened" in done.stdout, done.stderr
 
 
 # -- absurd numbers at the API: a typed error or a result, never a raw one -------------------

@@ -8,8 +8,6 @@ import json
 import os
 import socket
 import sqlite3
-import subprocess
-import sys
 import time
 from contextlib import closing
 from datetime import datetime, timezone
@@ -17,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from doubles import ForkedPython
 from sqlalchemy import create_engine, text
 from test_migrations import _migrate, _revision, _tables
 from typer.testing import CliRunner
@@ -188,12 +187,11 @@ with casckpt.open(sys.argv[1]) as store:
 """
 
 
-def test_a_killed_commit_leaves_no_audit_row(tmp_path: Path) -> None:
+def test_a_killed_commit_leaves_no_audit_row(tmp_path: Path, forked_python: ForkedPython) -> None:
     root = tmp_path / "s"
     with casckpt.open(root) as store:
         v1 = store.commit(_state(1), run="r", step=1)
-    done = subprocess.run([sys.executable, "-c", KILLED, str(root)], capture_output=True, text=True,
-                          timeout=120, check=False, cwd=tmp_path)
+    done = forked_python.run(["-c", KILLED, str(root)], timeout=120, cwd=tmp_path)
     assert done.returncode == 9, done.stderr
     with casckpt.open(root) as store:
         assert [v.step for v in store.log("r")] == [1]

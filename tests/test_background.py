@@ -39,7 +39,7 @@ from typing import Any
 
 import pytest
 import torch
-from doubles import WriteHookStore
+from doubles import ForkedPython, WriteHookStore
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
@@ -855,13 +855,14 @@ def test_a_snapshot_failing_after_admission_gives_its_budget_back(tmp_path: Path
         assert torch.equal(store.restore("r@1")["w"], state["w"])
 
 
-def test_a_process_ending_without_close_finishes_its_background_commits(tmp_path: Path) -> None:
+def test_a_process_ending_without_close_finishes_its_background_commits(
+        tmp_path: Path, forked_python: ForkedPython) -> None:
     script = f"""
 import torch, casckpt
 store = casckpt.open({str(tmp_path / "s")!r}, chunk_size={CHUNK})
 store.commit({{"w": torch.arange(50_000, dtype=torch.float32)}}, run="r", step=0, block=False)
 """  # no close(): the interpreter exits with the commit pending
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    done = forked_python.run(["-c", script], timeout=120)
     assert done.returncode == 0, done.stderr
     with casckpt.open(tmp_path / "s") as store:
         assert torch.equal(store.restore("r@0")["w"], torch.arange(50_000, dtype=torch.float32))
@@ -991,12 +992,11 @@ with casckpt.open(sys.argv[1]) as store:
 
 
 @pytest.mark.parametrize("where", ["lease", "publish"])
-def test_commit_killed_around_its_lease_leaves_nothing_gc_misses(tmp_path: Path, where: str) -> None:
+def test_commit_killed_around_its_lease_leaves_nothing_gc_misses(
+        tmp_path: Path, where: str, forked_python: ForkedPython) -> None:
     """kill -9 a committing process between its snapshot and its lease, or with its lease held
     after its packs and manifest are written: nothing becomes visible, gc(grace=0) reaps the
     lease and takes every object of the dead commit, and the earlier version is intact."""
-    import subprocess
-    import sys
 
     root = tmp_path / "s"
     torch.manual_seed(0)
@@ -1004,8 +1004,8 @@ def test_commit_killed_around_its_lease_leaves_nothing_gc_misses(tmp_path: Path,
     with casckpt.open(root) as store:
         store.commit(state, run="r", step=1)
     before = (_blob_files(root, "packs"), _blob_files(root, "manifests"))
-    done = subprocess.run([sys.executable, "-c", _CRASH, str(root), where], capture_output=True)
-    assert done.returncode == -9, done.stderr.decode()[-2000:]
+    done = forked_python.run(["-c", _CRASH, str(root), where], timeout=120)
+    assert done.returncode == -9, done.stderr[-2000:]
     with casckpt.open(root) as store:
         assert [v.step for v in store.log("r")] == [1]
         if where == "publish":

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from doubles import ForkedPython
 from rich.console import Console
 from safetensors import safe_open
 from safetensors.torch import load_file
@@ -401,10 +402,9 @@ def test_bad_config_file_exits_2_with_one_line(store: Path, text: bytes) -> None
     _one_error_line(result, str(store / "casckpt.toml"))
 
 
-def test_bad_config_file_in_a_real_process(store: Path) -> None:
+def test_bad_config_file_in_a_real_process(store: Path, forked_python: ForkedPython) -> None:
     (store / "casckpt.toml").write_bytes(b"[store]\nformat = 1\n# caf\xe9\n")
-    done = subprocess.run([sys.executable, "-m", "casckpt.cli.main", "--store", str(store), "runs"],
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = forked_python.run(["-m", "casckpt.cli.main", "--store", str(store), "runs"], timeout=120)
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("casckpt: error:") and "UTF-8" in done.stderr
     assert "Traceback" not in done.stderr
@@ -463,16 +463,10 @@ def test_progress_bars_draw_each_phase() -> None:
         assert none is None
 
 
-def test_console_entry_point_in_a_subprocess(shared_store: Path) -> None:
+def test_console_entry_point_in_a_subprocess(shared_store: Path, forked_python: ForkedPython) -> None:
     env = {**os.environ, "CASCKPT_STORE": str(shared_store)}
-    missing = subprocess.run(
-        [sys.executable, "-m", "casckpt.cli.main", "show", f"{RUN}@999", "--json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    missing = forked_python.run(["-m", "casckpt.cli.main", "show", f"{RUN}@999", "--json"], env=env,
+                                timeout=120)
     assert missing.returncode == 3, missing.stderr
     assert missing.stdout == ""
     assert missing.stderr.startswith("casckpt: error:") and "Traceback" not in missing.stderr

@@ -65,10 +65,9 @@ def _init_args(root: Path, dirs: list[Path]) -> list[str]:
     return args
 
 
-@pytest.fixture
-def ec_store(tmp_path: Path) -> EcStore:
-    root = tmp_path / "store"
-    dirs = [tmp_path / f"disk{i}" for i in range(6)]
+def _ec_store(top: Path) -> EcStore:
+    root = top / "store"
+    dirs = [top / f"disk{i}" for i in range(6)]
     created = cli(None, *_init_args(root, dirs))
     assert created.exit_code == 0, created.output
     assert "Created" in created.stdout and "ec:4+2" in created.stdout
@@ -77,6 +76,18 @@ def ec_store(tmp_path: Path) -> EcStore:
         for step, state in states.items():
             store.commit(state, run=RUN, step=step)
     return EcStore(root, dirs, states)
+
+
+@pytest.fixture
+def ec_store(tmp_path: Path) -> EcStore:
+    """A store of its own for a test that changes it."""
+    return _ec_store(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def shared_ec_store(tmp_path_factory: pytest.TempPathFactory) -> EcStore:
+    """One store for the tests that only read it or are refused before changing it."""
+    return _ec_store(tmp_path_factory.mktemp("shared-ec"))
 
 
 def _packs(store: EcStore) -> int:
@@ -98,30 +109,30 @@ def _by_name(store: EcStore) -> dict[str, dict[str, Any]]:
 # -- init and location list ------------------------------------------------------
 
 
-def test_init_records_six_locations_in_their_domains(ec_store: EcStore) -> None:
-    config = (ec_store.root / "casckpt.toml").read_text()
+def test_init_records_six_locations_in_their_domains(shared_ec_store: EcStore) -> None:
+    config = (shared_ec_store.root / "casckpt.toml").read_text()
     assert config.count("[[locations]]") == 6 and 'redundancy = "ec:4+2"' in config
-    locations = ok_json(ec_store.root, "location", "list")
+    locations = ok_json(shared_ec_store.root, "location", "list")
     assert [loc["name"] for loc in locations] == [f"loc{i}" for i in range(6)]
     assert [loc["domain"] for loc in locations] == DOMAINS
     assert all(loc["state"] == "active" and loc["reachable"] and loc["damaged"] == 0 for loc in locations)
-    packs = _packs(ec_store)
+    packs = _packs(shared_ec_store)
     assert packs >= 4
     # ec:4+2 puts one shard of every pack on each of the six domains
     assert [loc["shards"] for loc in locations] == [packs] * 6
     assert all(loc["bytes"] > 0 for loc in locations)
-    assert locations[3]["url"] == ec_store.dirs[3].resolve().as_uri()
+    assert locations[3]["url"] == shared_ec_store.dirs[3].resolve().as_uri()
 
 
-def test_location_list_table(ec_store: EcStore) -> None:
-    result = cli(ec_store.root, "location", "list")
+def test_location_list_table(shared_ec_store: EcStore) -> None:
+    result = cli(shared_ec_store.root, "location", "list")
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert all(column in lines[0] for column in ("NAME", "DOMAIN", "STATE", "URL", "SHARDS", "SIZE",
                                                   "DAMAGED", "REACHABLE"))
     row = next(line for line in lines if line.startswith("loc4 "))
     assert "d4" in row and "active" in row and "KiB" in row and row.rstrip().endswith("yes")
-    assert str(ec_store.dirs[4].resolve()) in row
+    assert str(shared_ec_store.dirs[4].resolve()) in row
 
 
 def test_init_refuses_too_few_domains_before_creating_anything(tmp_path: Path) -> None:
@@ -234,24 +245,24 @@ def test_repair_exits_1_when_too_many_domains_are_lost(ec_store: EcStore) -> Non
     assert table.exit_code == 1 and "unrepaired packs" in table.stdout
 
 
-def test_check_read_data_subset(ec_store: EcStore) -> None:
-    packs = _packs(ec_store)
-    half = ok_json(ec_store.root, "check", "--read-data-subset", "50%")
+def test_check_read_data_subset(shared_ec_store: EcStore) -> None:
+    packs = _packs(shared_ec_store)
+    half = ok_json(shared_ec_store.root, "check", "--read-data-subset", "50%")
     assert half["ok"] is True
     assert 0 < half["packs_read"] < packs
     assert 0 < half["chunks_read"] < half["chunks"]
-    table = cli(ec_store.root, "check", "--read-data-subset", "0.5")
+    table = cli(shared_ec_store.root, "check", "--read-data-subset", "0.5")
     assert table.exit_code == 0, table.output
     assert "no problems found" in table.stdout and "packs," in table.stdout.split("; read ")[1]
-    everything = ok_json(ec_store.root, "check", "--read-data-subset", "100%")
+    everything = ok_json(shared_ec_store.root, "check", "--read-data-subset", "100%")
     assert everything["packs_read"] == packs
 
 
-def test_check_read_data_subset_bad_input(ec_store: EcStore) -> None:
-    both = cli(ec_store.root, "check", "--read-data", "--read-data-subset", "5%")
+def test_check_read_data_subset_bad_input(shared_ec_store: EcStore) -> None:
+    both = cli(shared_ec_store.root, "check", "--read-data", "--read-data-subset", "5%")
     assert both.exit_code == 2 and "--read-data-subset" in both.stderr
     for bad in ("150%", "0%", "lots"):
-        result = cli(ec_store.root, "check", "--read-data-subset", bad)
+        result = cli(shared_ec_store.root, "check", "--read-data-subset", bad)
         assert result.exit_code == 2, (bad, result.output)
         assert result.stderr.startswith("casckpt: error:") and "%" in result.stderr
 
@@ -353,16 +364,16 @@ def test_redundancy_show_and_set(ec_store: EcStore) -> None:
     assert "(the store's)" in inherited.stdout
 
 
-def test_redundancy_set_rejects_bad_specs(ec_store: EcStore) -> None:
+def test_redundancy_set_rejects_bad_specs(shared_ec_store: EcStore) -> None:
     for bad in ("raid6", "ec:4", "replicate:1", "inherit"):
-        result = cli(ec_store.root, "redundancy", "set", bad)
+        result = cli(shared_ec_store.root, "redundancy", "set", bad)
         assert result.exit_code == 2, (bad, result.output)
         assert result.stderr.startswith("casckpt: error:") and bad in result.stderr
-    unknown = cli(ec_store.root, "redundancy", "set", "raid6")
+    unknown = cli(shared_ec_store.root, "redundancy", "set", "raid6")
     assert "ec:K+M" in unknown.stderr and "replicate:N" in unknown.stderr
-    too_wide = cli(ec_store.root, "redundancy", "set", "ec:6+2")
+    too_wide = cli(shared_ec_store.root, "redundancy", "set", "ec:6+2")
     assert too_wide.exit_code == 2 and "failure domains" in too_wide.stderr
-    assert ok_json(ec_store.root, "redundancy", "show")["redundancy"] == "ec:4+2"
+    assert ok_json(shared_ec_store.root, "redundancy", "show")["redundancy"] == "ec:4+2"
 
 
 # -- location add, drain, activate ---------------------------------------------------------
@@ -395,8 +406,8 @@ def test_location_add_then_drain(ec_store: EcStore, tmp_path: Path) -> None:
     assert _by_name(ec_store)["loc0"]["state"] == "active"
 
 
-def test_unknown_location_exits_3(ec_store: EcStore) -> None:
+def test_unknown_location_exits_3(shared_ec_store: EcStore) -> None:
     for verb in ("drain", "fail", "activate"):
-        result = cli(ec_store.root, "location", verb, "loc9")
+        result = cli(shared_ec_store.root, "location", verb, "loc9")
         assert result.exit_code == 3, result.output
         assert "loc9" in result.stderr and result.stdout == ""

@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from doubles import ForkedPython
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -822,21 +823,20 @@ with casckpt.open(sys.argv[1]) as store:
 """
 
 
-def test_kill_9_mid_checkout_leaves_the_target_absent(store: casckpt.Store, tmp_path: Path) -> None:
+def test_kill_9_mid_checkout_leaves_the_target_absent(
+        store: casckpt.Store, tmp_path: Path, forked_python: ForkedPython) -> None:
     """(Held.) A checkout killed with SIGKILL after writing part of a file leaves no target;
     what remains is its hidden temporary sibling ``.out.checkout-*`` (mode 0700) and its lock,
     which the next checkout into the same parent removes (issue 30); that checkout works."""
-    import subprocess
-    import sys
 
     src = tmp_path / "src"
     src.mkdir()
     (src / "w.bin").write_bytes(np.random.default_rng(1).bytes(6 << 20))
     store.add_dir(src, run="r", step=1)
     store.close()
-    done = subprocess.run([sys.executable, "-c", _KILLED_MID_CHECKOUT, str(tmp_path / "store"),
-                           str(tmp_path / "out")], env={**os.environ}, capture_output=True, timeout=120)
-    assert done.returncode == -9, done.stderr.decode()[-2000:]
+    done = forked_python.run(["-c", _KILLED_MID_CHECKOUT, str(tmp_path / "store"), str(tmp_path / "out")],
+                             timeout=120)
+    assert done.returncode == -9, done.stderr[-2000:]
     assert not (tmp_path / "out").exists()
     left = [p for p in tmp_path.iterdir() if p.name.startswith(".out.checkout-") and p.is_dir()]
     assert len(left) == 1 and stat.S_IMODE(left[0].stat().st_mode) == 0o700

@@ -11,13 +11,13 @@ from __future__ import annotations
 import errno
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from doubles import ForkedPython
 
 import casckpt
 from casckpt.engine.write import packer as packer_module
@@ -59,11 +59,11 @@ def _leftovers(root: Path) -> list[str]:
     return found
 
 
-def test_file_size_limit_fails_the_commit_typed_and_leaves_nothing(tmp_path: Path) -> None:
+def test_file_size_limit_fails_the_commit_typed_and_leaves_nothing(
+        tmp_path: Path, forked_python: ForkedPython) -> None:
     root = tmp_path / "store"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    done = subprocess.run([sys.executable, "-c", LIMITED, str(root)], env=env, capture_output=True,
-                          text=True, timeout=300)
+    done = forked_python.run(["-c", LIMITED, str(root)], env=env, timeout=300)
     assert done.returncode == 0, f"the committer died ({done.returncode}):\n{done.stderr[-3000:]}"
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["sigxfsz_ignored"], "Python no longer ignores SIGXFSZ: a file-size limit would kill"

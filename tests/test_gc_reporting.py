@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from doubles import ForkedPython
 from typer.testing import CliRunner
 
 import casckpt
@@ -147,13 +148,10 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-def test_gc_reclaims_the_staging_files_of_a_killed_committer(root: Path) -> None:
-    import subprocess
-    import sys
+def test_gc_reclaims_the_staging_files_of_a_killed_committer(root: Path, forked_python: ForkedPython) -> None:
 
     with _open(root) as store:  # open before the committer dies: opening did not reclaim it
-        child = subprocess.run([sys.executable, "-c", KILLED, str(root)], capture_output=True, text=True,
-                               timeout=120)
+        child = forked_python.run(["-c", KILLED, str(root)], timeout=120)
         assert child.returncode == -9, child.stderr
         scratch = Path(child.stdout.strip())
         assert (scratch / "half-written.pack").exists()

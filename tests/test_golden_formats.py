@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from doubles import ForkedPython
 
 import casckpt
 from casckpt.format.state import iter_leaves
@@ -110,7 +110,8 @@ def test_the_golden_formats_migrate_to_trees_and_still_restore_bit_exact(golden:
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
-def test_a_migration_of_the_golden_formats_killed_with_sigkill_resumes(golden: Path) -> None:
+def test_a_migration_of_the_golden_formats_killed_with_sigkill_resumes(
+        golden: Path, forked_python: ForkedPython) -> None:
     """kill -9 in the middle (one version migrated, the next one's nodes written, not published):
     the rerun completes, a third run finds nothing to do, every version restores bit-exact."""
     script = textwrap.dedent(f"""
@@ -129,8 +130,8 @@ def test_a_migration_of_the_golden_formats_killed_with_sigkill_resumes(golden: P
             store.ops.migrate_trees()
     """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=300)
-    assert done.returncode == -9, done.stderr.decode()[-2000:]
+    done = forked_python.run(["-c", script], env=env, timeout=300)
+    assert done.returncode == -9, done.stderr[-2000:]
     with casckpt.open(golden, create=False) as store:
         assert store.ops.stats().versions_without_tree == 2
         assert store.ops.migrate_trees().versions_migrated == 2

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import torch
+from doubles import ForkedPython
 
 import casckpt
 from casckpt.catalog import inventory
@@ -126,9 +127,8 @@ def test_commit_is_fast_then_drains_to_s3(tmp_path: Path, s3: S3) -> None:
 # -- 2. the drain killed with SIGKILL, then resumed at open ---------------------------------------
 
 
-def _run_child(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(HELPER), *args], capture_output=True, text=True,
-                          timeout=timeout, check=False)
+def _run_child(forked: ForkedPython, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return forked.run([str(HELPER), *args], timeout=timeout)
 
 
 @pytest.mark.parametrize(("point", "n", "gc_first"), [
@@ -143,9 +143,10 @@ def _run_child(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[
     ]),
 ])
 def test_drain_killed_then_resumed_at_open_drains_exactly_once(
-        tmp_path: Path, s3: S3, point: str, n: int, gc_first: bool) -> None:
+        tmp_path: Path, s3: S3, point: str, n: int, gc_first: bool,
+        forked_python: ForkedPython) -> None:
     versions = 3
-    proc = _run_child("killed-drain", str(tmp_path / "store"), s3.url, str(tmp_path / "fast"),
+    proc = _run_child(forked_python, "killed-drain", str(tmp_path / "store"), s3.url, str(tmp_path / "fast"),
                       s3.endpoint, str(versions), point, str(n))
     assert proc.returncode == KILLED, f"not killed at {point} #{n}: {proc.returncode}\n{proc.stderr}"
     if gc_first:  # another host (its own tier) collects before the killed host comes back
@@ -170,13 +171,14 @@ def test_drain_killed_then_resumed_at_open_drains_exactly_once(
 
 
 @pytest.mark.slow
-def test_ec_drain_killed_between_shards_is_resumed(tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ec_drain_killed_between_shards_is_resumed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   forked_python: ForkedPython) -> None:
     """Three local locations, ec:2+1: the drain dies after the first shard of its second pack."""
     monkeypatch.setenv("TIER_REDUNDANCY", "ec:2+1")
     dirs = [tmp_path / f"loc{i}" for i in range(3)]
     blobs, fast = ",".join(map(str, dirs)), str(tmp_path / "fast")
-    proc = _run_child("killed-drain", str(tmp_path / "store"), blobs, fast, "-", "3", "upload", "5")
+    proc = _run_child(forked_python, "killed-drain", str(tmp_path / "store"), blobs, fast, "-", "3", "upload",
+                      "5")
     assert proc.returncode == KILLED, f"{proc.returncode}\n{proc.stderr}"
     with open_store(str(tmp_path / "store"), blobs, fast, "-") as store:
         store.tier.wait_durable(timeout=60)
@@ -193,8 +195,8 @@ def test_ec_drain_killed_between_shards_is_resumed(tmp_path: Path,
 
 
 def test_commit_killed_before_publishing_leaves_packs_the_drain_and_gc_clean_up(
-        tmp_path: Path, s3: S3) -> None:
-    proc = _run_child("killed-commit", str(tmp_path / "store"), s3.url, str(tmp_path / "fast"),
+        tmp_path: Path, s3: S3, forked_python: ForkedPython) -> None:
+    proc = _run_child(forked_python, "killed-commit", str(tmp_path / "store"), s3.url, str(tmp_path / "fast"),
                       s3.endpoint)
     assert proc.returncode == KILLED, f"{proc.returncode}\n{proc.stderr}"
     with _open(tmp_path, s3) as store:

@@ -31,8 +31,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,7 +40,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from doubles import WriteHookStore
+from doubles import ForkedPython, WriteHookStore
 from peft import LoraConfig, get_peft_model
 from transformers import (
     GPT2Config,
@@ -338,15 +336,14 @@ trainer(out, [CasckptCallback(store, run="ft", keep_local=1), KillAfterSecondSav
 
 @pytest.mark.parametrize("tamper", [False, True], ids=["reused", "tampered"])
 def test_the_resume_line_after_a_kill_between_saves_on_the_same_output_dir(
-        store: casckpt.Store, tmp_path: Path, tamper: bool) -> None:
+        store: casckpt.Store, tmp_path: Path, tamper: bool, forked_python: ForkedPython) -> None:
     reference = trainer(tmp_path / "reference", [])
     reference.train()
     expected = final_state(reference)
 
     out = tmp_path / "out"
-    killed = subprocess.run(
-        [sys.executable, "-c", KILLED_BETWEEN_SAVES, str(Path(__file__).parent),
-         str(store.path), str(out)], capture_output=True, text=True, timeout=600, check=False)
+    killed = forked_python.run(["-c", KILLED_BETWEEN_SAVES, str(Path(__file__).parent), str(store.path),
+                                str(out)], timeout=600)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert "first launch resumes from None" in killed.stdout
     assert [v.step for v in store.log("ft")] == [6, 3]

@@ -5,7 +5,6 @@ go, and the migration is resumable and safe alongside gc."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 from alembic import command
+from doubles import ForkedPython
 from sqlalchemy import create_engine, text
 
 import casckpt
@@ -177,7 +177,8 @@ def test_an_interrupted_migration_resumes(tmp_path: Path, monkeypatch: pytest.Mo
         assert _count(url, "tensors") == 0 and store.ops.check(read_data=True).ok
 
 
-def test_a_migration_killed_with_sigkill_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_migration_killed_with_sigkill_resumes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, forked_python: ForkedPython) -> None:
     root = tmp_path / "s"
     refs = _old_store(root, None)
     script = textwrap.dedent(f"""
@@ -196,8 +197,8 @@ def test_a_migration_killed_with_sigkill_resumes(tmp_path: Path, monkeypatch: py
             store.ops.migrate_trees()
     """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=300)
-    assert done.returncode == -9, done.stderr.decode()[-2000:]
+    done = forked_python.run(["-c", script], env=env, timeout=300)
+    assert done.returncode == -9, done.stderr[-2000:]
     url = _url(root, None)
     assert _sql(url, "SELECT COUNT(*) FROM versions WHERE tree_root IS NOT NULL")[0][0] == 3
     with casckpt.open(root, chunk_size=4096) as store:

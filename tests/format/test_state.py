@@ -11,7 +11,6 @@ import json
 import math
 import os
 import struct
-import subprocess
 import sys
 import time
 import warnings
@@ -20,6 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pytest
 import torch
+from doubles import ForkedPython
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -448,13 +448,12 @@ except CorruptManifestError as exc:
 """
 
 
-def test_hostile_manifest_100000_deep_is_corrupt_quickly() -> None:
+def test_hostile_manifest_100000_deep_is_corrupt_quickly(forked_python: ForkedPython) -> None:
     # used to crash the interpreter (json.loads recursed until the C stack overflowed) in a
     # process that had raised the recursion limit; with the default limit it was caught late
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-c", HOSTILE], input=_manifest_json('"ROOT"'),
-                            capture_output=True, timeout=120, check=False,
-                            env={**os.environ, "PYTHONFAULTHANDLER": "0"})
+    result = forked_python.run(["-c", HOSTILE], input=_manifest_json('"ROOT"'), timeout=120, text=False,
+                               env={**os.environ, "PYTHONFAULTHANDLER": "0"})
     assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
     out = result.stdout.decode()
     assert out.startswith("CorruptManifestError"), out
