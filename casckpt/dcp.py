@@ -82,7 +82,7 @@ from casckpt.engine.write.distributed import (
 from casckpt.errors import CasckptError, InvalidArgumentError, RestoreTargetError, UnsupportedStateError
 from casckpt.format.dtypes import numpy_dtype, torch_dtype
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, World, rank_count
-from casckpt.format.state import Node, check_key, decode_state, encode_state, join_path
+from casckpt.format.state import Node, check_state_key, decode_state, encode_state, join_path
 
 if TYPE_CHECKING:
     from casckpt.engine.context import EngineContext
@@ -227,9 +227,9 @@ class StoreWriter(StorageWriter):
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         """Each rank stores what DCP planned for it, once every key is one a commit takes
-        (:func:`casckpt.format.state.check_key`): refused here, before any rank writes."""
+        (:func:`casckpt.format.state.check_state_key`): refused here, before any rank writes."""
         for item in plan.items:
-            check_key(item.index.fqn, "")
+            check_state_key(item.index.fqn, "")
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:

@@ -66,7 +66,7 @@ def join_path(prefix: str, key: str | int) -> str:
     return f"{prefix}.{key}" if prefix and prefix[-1] != "/" else f"{prefix}{key}"
 
 
-def check_key(key: str, where: str) -> None:
+def check_state_key(key: str, where: str) -> None:
     """Refuse dict keys that could escape a directory if a path were ever built from them.
 
     Raises:
@@ -240,7 +240,7 @@ def encode_state(state: object) -> tuple[Node, list[TensorLeaf]]:
                         "supported: keys must be str or int."
                     )
                 if isinstance(key, str):
-                    check_key(key, path)
+                    check_state_key(key, path)
                     keys.append(str(key))
                 else:
                     keys.append({"i": int(key)})

@@ -64,7 +64,7 @@ from casckpt.errors import (
     UnsupportedStateError,
     VersionExistsError,
 )
-from casckpt.format.state import check_key
+from casckpt.format.state import check_state_key
 from casckpt.integrations.resume import LATEST, version_to_resume
 from casckpt.types import Version
 
@@ -455,7 +455,7 @@ def _bitwise_equal(a: Any, b: Any) -> bool:
 
 def _key_ok(key: str) -> bool:
     try:
-        check_key(key, "")
+        check_state_key(key, "")
     except InvalidNameError:
         return False
     return True
