@@ -7,6 +7,6 @@ them hostilely, hands the result to the parser or reader, and classifies
 what happened: accepted and verified correct, rejected with a CasckptError,
 or a bug -- another exception, a hang, a worker that died, or wrong data.
 
-``benchmarks/fuzz.py`` runs the campaign; ``tests/test_fuzz.py`` runs a few
+``benchmarks/fuzz.py`` runs the campaign; ``tests/benchmarks/test_fuzz.py`` runs a few
 hundred cases of it in CI.
 """

@@ -2,7 +2,7 @@
 
 Keyed by ``target/kind`` (a class of mutation). ``cases`` are case indices
 (campaign seed 1; case ``i`` of a kind is case ``i`` of a random run that drew
-that kind) reproducing each cause found today: ``tests/test_fuzz.py`` replays
+that kind) reproducing each cause found today: ``tests/benchmarks/test_fuzz.py`` replays
 them under ``xfail(strict=True)``, so once every cause of a class is fixed the
 test passes, the suite fails, and the lead removes the entry here -- from
 then on the class is fuzzed in CI like every other.

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 SCRIPT_NAME = re.compile(r"(\d{4})_\w+\.py")
 """How a migration script is named: ``NNNN_what.py``, its Alembic revision ``"NNNN"``, each
-revising the one before (tests/test_migrations.py holds every script to this)."""
+revising the one before (tests/catalog/test_migrations.py holds every script to this)."""
 
 
 def migrations_dir() -> Path:

@@ -94,7 +94,7 @@ EXIT_CODES: tuple[ExitCode, ...] = (
     ExitCode(EXIT_BROKEN_PIPE, "stdout was closed early (e.g. piped into `head`)"),
 )
 """Every exit code of the CLI: ``casckpt --help`` and docs/guides/troubleshooting.md are made
-from this table (tests/test_cli.py compares the guide), so they cannot drift from the code."""
+from this table (tests/cli/test_cli.py compares the guide), so they cannot drift from the code."""
 
 # the order errors are matched in: the first whose classes match wins, the catch-all last
 _PRECEDENCE = (EXIT_INTEGRITY, EXIT_NOT_FOUND, EXIT_USAGE, EXIT_BUSY, EXIT_GC_REFUSED, EXIT_DENIED,

@@ -1,6 +1,6 @@
 """A PostgreSQL server that tests and benchmarks crash on purpose (pgserver ships the binaries).
 
-Used by tests/test_catalog_outage.py and benchmarks/chaos.py: an immediate
+Used by tests/catalog/test_catalog_outage.py and benchmarks/chaos.py: an immediate
 shutdown kills every backend without a checkpoint, as a crashed database host
 would, and :meth:`CrashablePostgres.start` brings it back on the same data
 directory and socket.

@@ -1,4 +1,4 @@
-"""A committing process for the crash tests (tests/test_crash.py).
+"""A committing process for the crash tests (tests/e2e/test_crash.py).
 
 Usage::
 

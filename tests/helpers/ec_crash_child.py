@@ -7,7 +7,7 @@ locations and redundancy). Extra kill point:
 ``shard.put``  an erasure-coded shard (``packs/<xx>/<id>.s<i>``) is being written (an encoding
               worker made it as a staging file; the location moves it into place).
 
-tests/test_redundancy.py starts it.
+tests/storage/test_redundancy.py starts it.
 """
 
 from __future__ import annotations

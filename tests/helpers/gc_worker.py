@@ -1,4 +1,4 @@
-"""Processes for the GC concurrency and crash tests (tests/test_gc_processes.py).
+"""Processes for the GC concurrency and crash tests (tests/engine/maintenance/test_gc_processes.py).
 
     python gc_worker.py writer STORE CACHE WRITER COMMITS STOP_FILE DONE_FILE
     python gc_worker.py collector STORE STOP_FILE COUNT_FILE

@@ -1,4 +1,4 @@
-"""Processes for the fast tier fault tests (tests/test_tier_faults.py).
+"""Processes for the fast tier fault tests (tests/engine/tiering/test_tier_faults.py).
 
     python tier_child.py killed-drain ROOT BLOBS FAST ENDPOINT VERSIONS POINT N
     python tier_child.py killed-commit ROOT BLOBS FAST ENDPOINT

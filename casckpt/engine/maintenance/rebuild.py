@@ -20,7 +20,7 @@ Everything the catalog records is recoverable from the objects:
    active location wins, then the highest counter.
 
 Not recoverable (``docs/ARCHITECTURE.md``, "Catalog rebuild", lists every
-column that differs, and ``tests/test_recovery.py`` holds a rebuild to it):
+column that differs, and ``tests/engine/maintenance/test_recovery.py`` holds a rebuild to it):
 commit durations and new/stored byte counts (recorded as 0), commit times
 (the creation time), soft deletions (such versions come back visible; the
 next ``gc`` re-applies retention), GC history, and how many copies a
