@@ -300,7 +300,7 @@ def test_a_failed_background_commit_surfaces_and_keeps_its_directory(tmp_path: P
 
 KILLED_BETWEEN_SAVES = """
 import os, signal, sys, time
-sys.path.insert(0, sys.argv[1])
+sys.path[:0] = [sys.argv[1], os.path.dirname(sys.argv[1])]  # the test module, and tests/ for doubles
 import torch
 torch.set_num_threads(1)
 import casckpt
