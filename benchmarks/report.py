@@ -1054,7 +1054,8 @@ CATALOG_NOTES = {
     "every 1,000 versions; --scale does not change it",
     "queries": "through the public Store API of a freshly opened store; one warm-up call, then "
     "5 rounds; medians reported; the history target (200 ms) is checked on both tensors",
-    "postgresql": "not measured here; the same queries run on PostgreSQL in tests/engine/read/test_history.py",
+    "postgresql": "not measured here; the same queries run on PostgreSQL in "
+    "tests/engine/read/test_history.py",
 }
 
 
