@@ -1,7 +1,7 @@
 """Chaos soak: a shared store under every fault at once, then proof that nothing acknowledged is lost.
 
     python -m benchmarks.chaos --minutes 25 --out chaos.json    # the benchmark
-    python -m benchmarks.chaos --minutes 2                      # CI's slow tier (tests/test_chaos.py)
+    python -m benchmarks.chaos --minutes 2      # CI's slow tier (tests/benchmarks/test_bench_chaos.py)
 
 The store: a PostgreSQL catalog (:class:`casckpt.testing.postgres.CrashablePostgres`) and
 ``ec:4+2`` over 6 locations (3 buckets x 2 prefixes, one failure domain each) on a moto
