@@ -37,10 +37,10 @@ from doubles import WriteHookStore
 from sqlalchemy import event
 
 import casckpt
+from casckpt import CommitHandle
 from casckpt.catalog import Catalog
 from casckpt.catalog.database import CONNECT_TIMEOUT_S
 from casckpt.catalog.gc import visible_ids
-from casckpt.engine.write.background import CommitHandle
 from casckpt.errors import CatalogError, CatalogUnavailableError, VersionExistsError
 from casckpt.testing.postgres import CrashablePostgres
 

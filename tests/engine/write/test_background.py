@@ -46,8 +46,8 @@ from sqlalchemy import func, select
 
 import casckpt
 import casckpt.engine.write.background as background
+from casckpt import CommitHandle
 from casckpt.catalog import schema
-from casckpt.engine.write.background import CommitHandle
 from casckpt.errors import (
     BackgroundCommitError,
     CatalogError,
