@@ -124,15 +124,21 @@ class _Written(NamedTuple):
 
 
 def _end_lease(ctx: EngineContext, starting: concurrent.futures.Future[SaveStart]) -> None:
-    """End the GC lease :func:`begin_save` took (waiting for it to return), if it took one."""
-    try:
-        lease = starting.result().lease
-    except BaseException:  # noqa: BLE001 - it took none; prepare_global_plan reports why
-        return
-    try:
-        end_save(ctx, lease)
-    except CasckptError as exc:  # e.g. the store closed first: the lease dies with the process
-        log.warning("could not end the GC lease of a DCP save: %s", exc)
+    """End the GC lease :func:`begin_save` took, if it took one: now if it has returned, else
+    when it returns. Never waits: the writer may be collected on begin_save's own thread (a
+    garbage collection inside it), where waiting for its result would wait forever."""
+
+    def end(done: concurrent.futures.Future[SaveStart]) -> None:
+        try:
+            lease = done.result().lease
+        except BaseException:  # noqa: BLE001 - it took none; prepare_global_plan reports why
+            return
+        try:
+            end_save(ctx, lease)
+        except CasckptError as exc:  # e.g. the store closed first: the lease dies with the process
+            log.warning("could not end the GC lease of a DCP save: %s", exc)
+
+    starting.add_done_callback(end)
 
 
 def _in_background(work: Callable[[], SaveStart]) -> concurrent.futures.Future[SaveStart]:

@@ -421,3 +421,7 @@ def test_dcp_refuses_the_key_names_commit_refuses_before_any_write(store: casckp
     with pytest.raises(CheckpointException, match="InvalidNameError"):
         dcp.save(state, storage_writer=store.dcp_writer(run="r", step=1))
     assert store.log() == [] and store.ops.stats().chunks == 0
+    gc.collect()  # the refused writer is collected: its lease ends, nothing waits forever
+    for thread in [t for t in threading.enumerate() if t.name == "casckpt-dcp-begin"]:
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "a refused save's begin thread never finished"
