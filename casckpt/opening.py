@@ -20,6 +20,7 @@ from casckpt.catalog import Catalog
 from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
 from casckpt.catalog.database import check_url
+from casckpt.catalog.settings import REDUNDANCY
 from casckpt.engine.locations import identity
 from casckpt.engine.maintenance import keyring
 from casckpt.engine.versions import records
@@ -300,9 +301,9 @@ def _cache_binding(catalog: Catalog) -> str:
 def _seed_redundancy(catalog: Catalog, recorded: str | None, explicit: str | None,
                      locations: LocationSet) -> None:
     """A new store takes its configured redundancy; an explicit one must agree with the catalog's."""
-    current = shard_sql.store_redundancy(catalog)
+    current = REDUNDANCY.stored(catalog)
     if current is None and (explicit or recorded):
-        shard_sql.set_store_redundancy(catalog, str(Redundancy.parse(explicit or recorded or "none")))
+        REDUNDANCY.set_store(catalog, str(Redundancy.parse(explicit or recorded or "none")))
         records.record_store(locations, catalog)
     elif explicit is not None and current is not None and explicit != current:
         raise InvalidArgumentError(

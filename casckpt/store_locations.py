@@ -15,6 +15,7 @@ from pathlib import Path
 from casckpt import config as cfg
 from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
+from casckpt.catalog.settings import REDUNDANCY
 from casckpt.engine.locations import identity
 from casckpt.engine.maintenance import keyring
 from casckpt.engine.versions import records
@@ -135,16 +136,16 @@ class Locations:
         if run is not None:
             check_name(run, "run")
         if run is not None and spec == "inherit":
-            shard_sql.set_run_redundancy(core.ctx.catalog, run, None)
+            REDUNDANCY.set_run(core.ctx.catalog, run, None)
             records.record_run(core.ctx.locations, core.ctx.catalog, run)
             return self.redundancy(run)
         scheme = Redundancy.parse(spec)
         core.ctx.packs.check_redundancy(scheme)
         if run is None:
-            shard_sql.set_store_redundancy(core.ctx.catalog, str(scheme))
+            REDUNDANCY.set_store(core.ctx.catalog, str(scheme))
             records.record_store(core.ctx.locations, core.ctx.catalog)
         else:
-            shard_sql.set_run_redundancy(core.ctx.catalog, run, str(scheme))
+            REDUNDANCY.set_run(core.ctx.catalog, run, str(scheme))
             records.record_run(core.ctx.locations, core.ctx.catalog, run)
         return str(scheme)
 

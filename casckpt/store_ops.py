@@ -22,6 +22,7 @@ from casckpt.catalog import deltas as deltas_sql
 from casckpt.catalog import drills as drills_sql
 from casckpt.catalog import gc as gc_sql
 from casckpt.catalog import inventory
+from casckpt.catalog.settings import DELTA_CHAIN
 from casckpt.engine.maintenance import advise as advisor
 from casckpt.engine.maintenance import drill as drills
 from casckpt.engine.maintenance.deleterights import require_delete_rights
@@ -261,7 +262,7 @@ class Ops:
             delta_chunks=deltas.chunks, delta_raw_bytes=deltas.raw_bytes,
             delta_stored_bytes=deltas.stored_bytes, longest_chain=deltas.longest_chain,
             mean_chain=deltas.mean_chain, delta_chain=deltas_sql.store_delta_chain(catalog),
-            run_delta_chains=deltas_sql.run_delta_chains(catalog))
+            run_delta_chains=DELTA_CHAIN.runs(catalog))
 
     def gc_history(self, *, since: datetime | float | None = None) -> list[GCRun]:
         """The gc runs (not dry runs) started since ``since`` (a datetime or epoch seconds;
@@ -281,7 +282,7 @@ class Ops:
         store's, or what commits to ``run`` use (its own, else the store's)."""
         if run is None:
             return deltas_sql.store_delta_chain(self._core.ctx.catalog)
-        return deltas_sql.delta_chain_for(self._core.ctx.catalog, check_name(run, "run"))
+        return deltas_sql.delta_policy_for(self._core.ctx.catalog, check_name(run, "run"))[0]
 
     def set_delta_chain(self, chain: int, *, run: str | None = None) -> None:
         """Set how many deltas deep a chunk may be stored before a keyframe (0: no delta coding),
@@ -301,11 +302,11 @@ class Ops:
                 f"got {chain!r}")
         ctx = self._core.ctx
         if run is None:
-            deltas_sql.set_store_delta_chain(ctx.catalog, chain)
+            DELTA_CHAIN.set_store(ctx.catalog, chain)
             records.record_store(ctx.locations, ctx.catalog)
         else:
             own = None if chain < 0 else chain
-            deltas_sql.set_run_delta_chain(ctx.catalog, check_name(run, "run"), own)
+            DELTA_CHAIN.set_run(ctx.catalog, check_name(run, "run"), own)
             records.record_run(ctx.locations, ctx.catalog, run)
 
     # -- rebuilds and migration -------------------------------------------------

@@ -4,71 +4,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import bindparam, func, select, text, update
+from sqlalchemy import bindparam, func, select, text
 
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import Catalog
+from casckpt.catalog.settings import DELTA_CHAIN
 
 DEFAULT_DELTA_CHAIN = 32  # docs/DEFAULTS.md: unset, keyframes are placed by cost within this depth
 
 
 def store_delta_chain(catalog: Catalog) -> int:
     """The chain length runs without their own policy get (the default if never set)."""
-    value = stored_delta_chain(catalog)
+    value = DELTA_CHAIN.stored(catalog)
     return value if value is not None else DEFAULT_DELTA_CHAIN
-
-
-def stored_delta_chain(catalog: Catalog) -> int | None:
-    """The store's chain length as set (None: never set, the default applies)."""
-    with catalog.read() as conn:
-        value = conn.execute(select(s.store_info.c.value).where(s.store_info.c.key == "delta_chain")).scalar()
-    return int(value) if value is not None else None
-
-
-def set_store_delta_chain(catalog: Catalog, chain: int) -> None:
-    """Set the store's chain length (0: no delta coding)."""
-    with catalog.write() as conn:
-        key = s.store_info.c.key == "delta_chain"
-        before = conn.execute(select(s.store_info.c.value).where(key)).scalar()
-        conn.execute(s.store_info.delete().where(s.store_info.c.key == "delta_chain"))
-        conn.execute(s.store_info.insert().values(key="delta_chain", value=str(chain)))
-        if before != str(chain):
-            catalog.audit_in(conn, "delta_chain.set", None,
-                             {"delta_chain": chain, "from": None if before is None else int(before)})
-
-
-def run_delta_chains(catalog: Catalog) -> dict[str, int]:
-    """Runs with their own chain length: name -> length."""
-    with catalog.read() as conn:
-        return {r[0]: int(r[1]) for r in conn.execute(
-            select(s.runs.c.name, s.runs.c.delta_chain).where(s.runs.c.delta_chain.is_not(None)))}
-
-
-def set_run_delta_chain(catalog: Catalog, run: str, chain: int | None) -> None:
-    """Give ``run`` its own chain length (None: follow the store's); creates the run if new."""
-    with catalog.write() as conn:
-        run_id = catalog.run_id(conn, run, create=True)
-        before = conn.execute(select(s.runs.c.delta_chain).where(s.runs.c.id == run_id)).scalar()
-        conn.execute(update(s.runs).where(s.runs.c.id == run_id).values(delta_chain=chain))
-        if before != chain:
-            catalog.audit_in(conn, "delta_chain.set", f"run:{run}", {"delta_chain": chain, "from": before})
-
-
-def delta_chain_for(catalog: Catalog, run: str) -> int:
-    """The chain length commits to ``run`` use."""
-    return delta_policy_for(catalog, run)[0]
 
 
 def delta_policy_for(catalog: Catalog, run: str) -> tuple[int, bool]:
     """``(chain length, by cost)`` for commits to ``run``: by cost when neither the run nor the
     store has a chain length set (the default): keyframes are then placed by each chain's cost
     within :data:`DEFAULT_DELTA_CHAIN`; a chain length that was set is a fixed depth."""
-    with catalog.read() as conn:
-        own = conn.execute(select(s.runs.c.delta_chain).where(s.runs.c.name == run)).scalar()
-    if own is not None:
-        return int(own), False
-    stored = stored_delta_chain(catalog)
-    return (stored, False) if stored is not None else (DEFAULT_DELTA_CHAIN, True)
+    chain = DELTA_CHAIN.own(catalog, run)
+    if chain is None:
+        chain = DELTA_CHAIN.stored(catalog)
+    return (chain, False) if chain is not None else (DEFAULT_DELTA_CHAIN, True)
 
 
 @dataclass(frozen=True, slots=True)

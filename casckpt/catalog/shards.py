@@ -18,7 +18,7 @@ from sqlalchemy import Connection, case, exists, func, null, or_, select, update
 
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import BATCH, Catalog
-from casckpt.catalog.database import insert_ignore, upsert
+from casckpt.catalog.database import insert_ignore
 from casckpt.catalog.packs import PackLayout, ShardRow
 from casckpt.errors import CatalogError, InvalidArgumentError, RefNotFoundError
 
@@ -303,45 +303,6 @@ def scrub_order(catalog: Catalog) -> list[tuple[str, int]]:
         return [(r[0], int(r[1])) for r in conn.execute(
             select(p.c.id, p.c.size).where(p.c.state == "live")
             .order_by(p.c.verified_at.is_not(None), p.c.verified_at, p.c.id))]
-
-
-def store_redundancy(catalog: Catalog) -> str | None:
-    """The store's redundancy spec, if set."""
-    with catalog.read() as conn:
-        value: str | None = conn.execute(select(s.store_info.c.value).where(
-            s.store_info.c.key == "redundancy")).scalar()
-        return value
-
-
-def set_store_redundancy(catalog: Catalog, spec: str) -> None:
-    """Set the redundancy new packs of every run without its own policy get.
-
-    One upsert, so that openers seeding a new store's redundancy at once do
-    not collide on the row (on PostgreSQL a delete-then-insert does).
-    """
-    with catalog.write() as conn:
-        before = conn.execute(select(s.store_info.c.value).where(s.store_info.c.key == "redundancy")).scalar()
-        stmt = upsert(conn, s.store_info).values(key="redundancy", value=spec)
-        conn.execute(stmt.on_conflict_do_update(index_elements=["key"], set_={"value": spec}))
-        if before != spec:
-            catalog.audit_in(conn, "redundancy.set", None, {"redundancy": spec, "from": before})
-
-
-def run_redundancy(catalog: Catalog) -> dict[str, str]:
-    """Runs that have their own redundancy: name -> spec."""
-    with catalog.read() as conn:
-        return {r[0]: r[1] for r in conn.execute(
-            select(s.runs.c.name, s.runs.c.redundancy).where(s.runs.c.redundancy.is_not(None)))}
-
-
-def set_run_redundancy(catalog: Catalog, run: str, spec: str | None) -> None:
-    """Give ``run`` its own redundancy (None: follow the store's); creates the run if new."""
-    with catalog.write() as conn:
-        run_id = catalog.run_id(conn, run, create=True)
-        before = conn.execute(select(s.runs.c.redundancy).where(s.runs.c.id == run_id)).scalar()
-        conn.execute(update(s.runs).where(s.runs.c.id == run_id).values(redundancy=spec))
-        if before != spec:
-            catalog.audit_in(conn, "redundancy.set", f"run:{run}", {"redundancy": spec, "from": before})
 
 
 def set_pack_chunks(catalog: Catalog, pack_id: str, chunks: int) -> None:

@@ -36,9 +36,9 @@ from dataclasses import replace
 from typing import Any
 
 from casckpt.catalog import MissingChunksError, PackLayout, ShardRow, StoredPack, inventory
-from casckpt.catalog import deltas as deltas_sql
 from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
+from casckpt.catalog.settings import DELTA_CHAIN, REDUNDANCY
 from casckpt.engine.context import EngineContext
 from casckpt.engine.locations import identity
 from casckpt.engine.locations.discovery import FoundPack, pack_layout, scan_packs
@@ -307,7 +307,7 @@ def _restore_runs(ctx: EngineContext, found: dict[str, list[records.Found]], sta
             shard_sql.restore_run(ctx.catalog, str(doc["name"]), float(doc["created_at"]),
                                   doc.get("parent_version"), doc.get("retention"), doc.get("redundancy"))
             if doc.get("delta_chain") is not None:
-                deltas_sql.set_run_delta_chain(ctx.catalog, str(doc["name"]), int(doc["delta_chain"]))
+                DELTA_CHAIN.set_run(ctx.catalog, str(doc["name"]), int(doc["delta_chain"]))
         except (KeyError, TypeError, ValueError, CasckptError) as exc:
             log.warning("rebuild: skipping run record %r: %s", doc, exc)
     return len(ctx.catalog.run_names())
@@ -326,9 +326,9 @@ def _restore_store(ctx: EngineContext, found: dict[str, list[records.Found]], st
     redundancy, chain = doc.get("redundancy"), doc.get("delta_chain")
     try:
         if isinstance(redundancy, str) and redundancy:
-            shard_sql.set_store_redundancy(ctx.catalog, str(Redundancy.parse(redundancy)))
+            REDUNDANCY.set_store(ctx.catalog, str(Redundancy.parse(redundancy)))
         if isinstance(chain, int) and not isinstance(chain, bool) and 0 <= chain <= 64:
-            deltas_sql.set_store_delta_chain(ctx.catalog, chain)
+            DELTA_CHAIN.set_store(ctx.catalog, chain)
     except (TypeError, ValueError, CasckptError) as exc:
         log.warning("rebuild: skipping store record %r: %s", doc, exc)
 

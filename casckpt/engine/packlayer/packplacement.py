@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from casckpt.catalog import Catalog, PackLayout, ShardRow
-from casckpt.catalog import shards as sql
+from casckpt.catalog.settings import REDUNDANCY
 from casckpt.engine.packlayer.packcoding import ShardPayload, object_key
 from casckpt.errors import InvalidArgumentError, StorageError
 from casckpt.storage.erasure import Redundancy
@@ -61,8 +61,8 @@ class Placement:
 
     def redundancy_for(self, run: str | None) -> Redundancy:
         """The scheme new packs of ``run`` get: the run's own, else the store's (default none)."""
-        spec = sql.run_redundancy(self._catalog).get(run) if run is not None else None
-        return Redundancy.parse(spec or sql.store_redundancy(self._catalog) or "none")
+        spec = REDUNDANCY.own(self._catalog, run) if run is not None else None
+        return Redundancy.parse(spec or REDUNDANCY.stored(self._catalog) or "none")
 
     def check_writable(self, redundancy: Redundancy, locations: LocationSet | None = None) -> None:
         """Refuse to write when fewer failure domains are active than the write quorum.

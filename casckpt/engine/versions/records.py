@@ -37,9 +37,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from casckpt.catalog import shards as shard_sql
-from casckpt.catalog.deltas import stored_delta_chain
 from casckpt.catalog.history import RunSettings, run_settings, tags_and_runs
 from casckpt.catalog.identity import next_record_seq
+from casckpt.catalog.settings import DELTA_CHAIN, REDUNDANCY
 from casckpt.errors import AccessDeniedError, CasckptError
 from casckpt.format import objectnames
 from casckpt.format.state import json_nesting
@@ -97,7 +97,7 @@ def record_run(locations: LocationSet, catalog: Any, run: str) -> None:
 
 
 def _store_doc(catalog: Any) -> dict[str, Any]:
-    return {"redundancy": shard_sql.store_redundancy(catalog), "delta_chain": stored_delta_chain(catalog)}
+    return {"redundancy": REDUNDANCY.stored(catalog), "delta_chain": DELTA_CHAIN.stored(catalog)}
 
 
 def record_store(locations: LocationSet, catalog: Any) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 from casckpt.catalog import MissingChunksError
 from casckpt.catalog import nodes as node_sql
-from casckpt.catalog.deltas import delta_chain_for, delta_policy_for
+from casckpt.catalog.deltas import delta_policy_for
 from casckpt.catalog.history import fork_point
 from casckpt.catalog.leases import begin_lease, end_lease
 from casckpt.engine.context import EngineContext
@@ -243,7 +243,7 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
             owned += need
         else:
             foreground = bool(todo)
-    delta_on = new_ids and ctx.bases.budget > 0 and delta_chain_for(ctx.catalog, req.run) > 0
+    delta_on = new_ids and ctx.bases.budget > 0 and delta_policy_for(ctx.catalog, req.run)[0] > 0
     before = parent_manifest(ctx, req.run, parent) if delta_on else None  # bases serve delta coding only
     bases = candidate_bases(before, entries, extents, new_ids) if before is not None else {}
     ctx.bases.remember(req.run, version_id, manifest)
