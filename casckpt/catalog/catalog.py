@@ -44,11 +44,12 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
-def _idempotent(method: Callable[Concatenate[Catalog, P], T]) -> Callable[Concatenate[Catalog, P], T]:
-    """Mark a method safe to run again whole while the database is unreachable (its
-    arguments must be re-iterable: a generator would be empty the second time)."""
-    def retried(self: Catalog, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return self.retrying(lambda: method(self, *args, **kwargs))
+def idempotent(method: Callable[Concatenate[Catalog, P], T]) -> Callable[Concatenate[Catalog, P], T]:
+    """Mark a method, or a function taking the catalog first, safe to run again whole while
+    the database is unreachable (its arguments must be re-iterable: a generator would be
+    empty the second time)."""
+    def retried(catalog: Catalog, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return catalog.retrying(lambda: method(catalog, *args, **kwargs))
     functools.update_wrapper(retried, method)
     return retried
 
@@ -240,7 +241,7 @@ class Catalog:
         if self.audit_enabled:
             audit.add(conn, action, target, detail)
 
-    @_idempotent
+    @idempotent
     def audit_entries(self, *, since: float | None = None, until: float | None = None,
                       action: str | None = None, target: str | None = None,
                       limit: int | None = None) -> list[AuditEntry]:
@@ -279,7 +280,7 @@ class Catalog:
                     found[row[0]] = ChunkLocation(*row)
         return found
 
-    @_idempotent  # rows that exist are kept
+    @idempotent  # rows that exist are kept
     def add_pack(self, pack: StoredPack) -> None:
         """Record a durable pack and its chunks (chunks another writer already recorded are kept)."""
         now = time.time()
@@ -422,7 +423,7 @@ class Catalog:
         if not moved:
             conn.execute(s.tags.insert().values(name=name, version_id=version_id, created_at=time.time()))
 
-    @_idempotent  # a retry after a lost COMMIT finds the tag in place: nothing more recorded
+    @idempotent  # a retry after a lost COMMIT finds the tag in place: nothing more recorded
     def set_tag(self, name: str, version_id: str) -> None:
         """Point tag ``name`` at a version (moving it if it exists), recorded as ``tag``
         (with the version it pointed at before, ``moved_from``) unless it pointed there."""
@@ -435,13 +436,13 @@ class Catalog:
 
     # -- queries ------------------------------------------------------------
 
-    @_idempotent
+    @idempotent
     def version(self, version_id: str) -> VersionRow | None:
         """The visible version with this exact id."""
         with self.read() as conn:
             return version_row(conn.execute(version_query().where(s.versions.c.id == version_id)).first())
 
-    @_idempotent
+    @idempotent
     def ids_with_prefix(self, prefix: str, limit: int = 5) -> list[str]:
         """Visible version ids starting with ``prefix``."""
         with self.read() as conn:
@@ -451,7 +452,7 @@ class Catalog:
                 ).limit(limit)
             ).scalars())
 
-    @_idempotent
+    @idempotent
     def at_step(self, run: str, step: int) -> VersionRow | None:
         """The visible version of ``run`` at ``step``."""
         with self.read() as conn:
@@ -459,7 +460,7 @@ class Catalog:
                 version_query().where(s.runs.c.name == run, s.versions.c.step == step)
             ).first())
 
-    @_idempotent
+    @idempotent
     def nth_latest(self, run: str, back: int) -> VersionRow | None:
         """The visible version ``back`` versions before the latest of ``run`` (0: latest)."""
         with self.read() as conn:
@@ -468,7 +469,7 @@ class Catalog:
                 .order_by(s.versions.c.step.desc()).offset(back).limit(1)
             ).first())
 
-    @_idempotent
+    @idempotent
     def steps_near(self, run: str, step: int, limit: int = 3) -> list[int]:
         """The visible steps of ``run`` closest to ``step``."""
         with self.read() as conn:
@@ -478,13 +479,13 @@ class Catalog:
                 .order_by(func.abs(s.versions.c.step - step)).limit(limit)
             ).scalars())
 
-    @_idempotent
+    @idempotent
     def run_names(self) -> list[str]:
         """Every run name."""
         with self.read() as conn:
             return list(conn.execute(select(s.runs.c.name).order_by(s.runs.c.name)).scalars())
 
-    @_idempotent
+    @idempotent
     def runs(self) -> list[tuple[Any, ...]]:
         """Each run with its version count, latest step and logical bytes."""
         v, newest = s.versions, s.versions.alias("newest")
@@ -505,25 +506,25 @@ class Catalog:
         with self.read() as conn:
             return [tuple(row) for row in conn.execute(query)]
 
-    @_idempotent
+    @idempotent
     def tag_target(self, name: str) -> str | None:
         """The version id a tag points at."""
         with self.read() as conn:
             return conn.execute(select(s.tags.c.version_id).where(s.tags.c.name == name)).scalar()
 
-    @_idempotent
+    @idempotent
     def tag_names(self) -> list[str]:
         """Every tag name."""
         with self.read() as conn:
             return list(conn.execute(select(s.tags.c.name).order_by(s.tags.c.name)).scalars())
 
-    @_idempotent
+    @idempotent
     def tags_of(self, version_ids: Sequence[str]) -> dict[str, tuple[str, ...]]:
         """Tag names per version id."""
         with self.read() as conn:
             return tags_of(conn, version_ids)
 
-    @_idempotent
+    @idempotent
     def manifest(self, version_id: str) -> bytes:
         """The compressed manifest of a version."""
         with self.read() as conn:
@@ -532,7 +533,7 @@ class Catalog:
             ).scalar_one()
             return manifest_bytes(data, version_id)
 
-    @_idempotent
+    @idempotent
     def tensors_of(self, version_id: str) -> list[Row[Any]]:
         """The tensor rows of a version, by path."""
         with self.read() as conn:

@@ -148,7 +148,6 @@ def _sqlite_engine(url: str, read_only: bool = False) -> Engine:
             _wal(cursor)
             cursor.execute("PRAGMA synchronous=FULL")
         cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute("PRAGMA busy_timeout=120000")
         cursor.close()
 
     @event.listens_for(engine, "begin")

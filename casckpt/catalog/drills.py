@@ -9,16 +9,14 @@ them, like the audit trail; a few hundred bytes per version drilled).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from sqlalchemy import select
 
 from casckpt.catalog import schema as s
+from casckpt.catalog.catalog import Catalog, idempotent
 from casckpt.catalog.rows import VersionRow, version_query, version_row
 from casckpt.types import DrillResult
-
-if TYPE_CHECKING:
-    from casckpt.catalog.catalog import Catalog
 
 _FAILED_LISTED = 100  # failed versions the audit row names (the drills table has them all)
 
@@ -31,17 +29,15 @@ class Commit(NamedTuple):
     stall_s: float
 
 
+@idempotent
 def visible_versions(catalog: Catalog, runs: Sequence[str] | None) -> list[VersionRow]:
     """The visible versions of ``runs`` (every run: None), by run name then step."""
     query = version_query()
     if runs is not None:
         query = query.where(s.runs.c.name.in_(list(runs)))
     query = query.order_by(s.runs.c.name, s.versions.c.step)
-
-    def read() -> list[VersionRow]:
-        with catalog.read() as conn:
-            return [row for r in conn.execute(query) if (row := version_row(r)) is not None]
-    return catalog.retrying(read)
+    with catalog.read() as conn:
+        return [row for r in conn.execute(query) if (row := version_row(r)) is not None]
 
 
 def add(catalog: Catalog, results: Sequence[DrillResult]) -> None:
@@ -64,6 +60,7 @@ def add(catalog: Catalog, results: Sequence[DrillResult]) -> None:
             "failed_versions": failed[:_FAILED_LISTED]})
 
 
+@idempotent
 def history(catalog: Catalog, *, limit: int | None, run: str | None) -> list[DrillResult]:
     """Drill results, newest first (at most ``limit``; of ``run`` only, when given)."""
     d = s.drills
@@ -73,14 +70,12 @@ def history(catalog: Catalog, *, limit: int | None, run: str | None) -> list[Dri
         query = query.where(d.c.run == run)
     if limit is not None:
         query = query.limit(limit)
-
-    def read() -> list[DrillResult]:
-        with catalog.read() as conn:
-            return [DrillResult(str(r[0]), float(r[1]), str(r[2]), str(r[3]), int(r[4]), int(r[5]),
-                                float(r[6]), bool(r[7]), r[8]) for r in conn.execute(query)]
-    return catalog.retrying(read)
+    with catalog.read() as conn:
+        return [DrillResult(str(r[0]), float(r[1]), str(r[2]), str(r[3]), int(r[4]), int(r[5]),
+                            float(r[6]), bool(r[7]), r[8]) for r in conn.execute(query)]
 
 
+@idempotent
 def recent_commits(catalog: Catalog, run: str, limit: int) -> list[Commit]:
     """The ``limit`` latest commits of ``run`` that recorded a stall, by step (oldest first).
 
@@ -92,8 +87,5 @@ def recent_commits(catalog: Catalog, run: str, limit: int) -> list[Commit]:
              .join(s.runs, s.runs.c.id == v.c.run_id)
              .where(s.runs.c.name == run, v.c.stall_s.is_not(None))
              .order_by(v.c.step.desc()).limit(limit))
-
-    def read() -> list[Commit]:
-        with catalog.read() as conn:
-            return [Commit(int(r[0]), float(r[1]), float(r[2])) for r in conn.execute(query)]
-    return list(reversed(catalog.retrying(read)))
+    with catalog.read() as conn:
+        return [Commit(int(r[0]), float(r[1]), float(r[2])) for r in reversed(conn.execute(query).all())]

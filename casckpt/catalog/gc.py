@@ -183,7 +183,9 @@ def clear_live(catalog: Catalog) -> None:
 
 def add_live(catalog: Catalog, ids: Collection[str]) -> None:
     """Add referenced chunk ids to GC's mark set."""
-    _add_live(catalog, set(ids))
+    if ids:
+        with catalog.write() as conn:
+            insert_ignore(conn, s.gc_live, [{"id": i} for i in set(ids)], "id")
 
 
 def visible_ids(catalog: Catalog) -> set[str]:
@@ -254,12 +256,6 @@ def mark_bases(catalog: Catalog, *, created_after: float) -> int:
         if now == total and not first:
             return now - before
         total, first = now, False
-
-
-def _add_live(catalog: Catalog, ids: set[str]) -> None:
-    if ids:
-        with catalog.write() as conn:
-            insert_ignore(conn, s.gc_live, [{"id": i} for i in ids], "id")
 
 
 def _unreferenced() -> Any:

@@ -12,24 +12,22 @@ from typing import Any
 from sqlalchemy import Row, exists, func, select
 
 from casckpt.catalog import schema as s
-from casckpt.catalog.catalog import Catalog
+from casckpt.catalog.catalog import Catalog, idempotent
 
 
+@idempotent
 def live_packs(catalog: Catalog) -> list[Row[Any]]:
     """Every live pack row."""
-    def read() -> list[Row[Any]]:
-        with catalog.read() as conn:
-            return list(conn.execute(select(s.packs).where(s.packs.c.state == "live")))
-    return catalog.retrying(read)
+    with catalog.read() as conn:
+        return list(conn.execute(select(s.packs).where(s.packs.c.state == "live")))
 
 
+@idempotent
 def chunks_of_pack(catalog: Catalog, pack_id: str) -> list[Row[Any]]:
     """Every chunk row stored in a pack, by offset."""
-    def read() -> list[Row[Any]]:
-        with catalog.read() as conn:
-            return list(conn.execute(
-                select(s.chunks).where(s.chunks.c.pack_id == pack_id).order_by(s.chunks.c.offset)))
-    return catalog.retrying(read)
+    with catalog.read() as conn:
+        return list(conn.execute(
+            select(s.chunks).where(s.chunks.c.pack_id == pack_id).order_by(s.chunks.c.offset)))
 
 
 def live_chunk_batches(catalog: Catalog, size: int = 10_000) -> Iterator[list[Any]]:
@@ -48,21 +46,17 @@ def live_chunk_batches(catalog: Catalog, size: int = 10_000) -> Iterator[list[An
         after = batch[-1].id
 
 
+@idempotent
 def live_chunk_count(catalog: Catalog) -> int:
     """Live chunks, tree nodes included (what a full check reads)."""
-    def read() -> int:
-        with catalog.read() as conn:
-            return int(conn.execute(select(func.count(s.chunks.c.id))
-                                    .where(s.chunks.c.state == "live")).scalar_one())
-    return catalog.retrying(read)
+    with catalog.read() as conn:
+        return int(conn.execute(select(func.count(s.chunks.c.id))
+                                .where(s.chunks.c.state == "live")).scalar_one())
 
 
+@idempotent
 def totals(catalog: Catalog) -> dict[str, int]:
     """Counts and byte sums for ``store.ops.stats`` (chunks: of tensor data, tree nodes left out)."""
-    return catalog.retrying(lambda: _totals(catalog))
-
-
-def _totals(catalog: Catalog) -> dict[str, int]:
     v, c, p = s.versions, s.chunks, s.packs
     with catalog.read() as conn:
         vrow = conn.execute(select(func.count(v.c.id), func.coalesce(func.sum(v.c.logical_bytes), 0),

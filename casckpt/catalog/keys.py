@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from casckpt.catalog.catalog import Catalog
 
 
-
 def read_key_record(catalog: Catalog) -> dict[str, Any] | None:
     """The key record's JSON document (None: the store is not encrypted).
 

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import Connection, select
 
 from casckpt.catalog import schema as s
-from casckpt.catalog.catalog import BATCH, Catalog
+from casckpt.catalog.catalog import BATCH, Catalog, idempotent
 
 
 def _bodies(conn: Connection, ids: Sequence[str]) -> list[tuple[str, bytes]]:
@@ -24,36 +24,30 @@ def _bodies(conn: Connection, ids: Sequence[str]) -> list[tuple[str, bytes]]:
     return out
 
 
+@idempotent
 def tree_nodes(catalog: Catalog, ids: Sequence[str]) -> dict[str, bytes]:
     """Compressed bodies of the tree nodes among ``ids`` the catalog holds."""
-    wanted = list(dict.fromkeys(ids))
-
-    def read() -> dict[str, bytes]:
-        with catalog.read() as conn:
-            return dict(_bodies(conn, wanted))
-    return catalog.retrying(read)
+    with catalog.read() as conn:
+        return dict(_bodies(conn, list(dict.fromkeys(ids))))
 
 
+@idempotent
 def tree_node_ids(catalog: Catalog, ids: Sequence[str]) -> set[str]:
     """The tree nodes among ``ids`` the catalog has a row for."""
     wanted = list(dict.fromkeys(ids))
-
-    def read() -> set[str]:
-        out: set[str] = set()
-        with catalog.read() as conn:
-            for i in range(0, len(wanted), BATCH):
-                out.update(conn.execute(select(s.tree_nodes.c.id).where(
-                    s.tree_nodes.c.id.in_(wanted[i : i + BATCH]))).scalars())
-        return out
-    return catalog.retrying(read)
+    out: set[str] = set()
+    with catalog.read() as conn:
+        for i in range(0, len(wanted), BATCH):
+            out.update(conn.execute(select(s.tree_nodes.c.id).where(
+                s.tree_nodes.c.id.in_(wanted[i : i + BATCH]))).scalars())
+    return out
 
 
+@idempotent
 def replace_tree_nodes(catalog: Catalog, rows: Sequence[dict[str, Any]]) -> None:
     """Write tree node rows (id, zstd body) over any there (repair, with verified nodes)."""
-    def write() -> None:
-        with catalog.write() as conn:
-            for i in range(0, len(rows), BATCH):
-                batch = list(rows[i : i + BATCH])
-                conn.execute(s.tree_nodes.delete().where(s.tree_nodes.c.id.in_([r["id"] for r in batch])))
-                conn.execute(s.tree_nodes.insert(), batch)
-    catalog.retrying(write)
+    with catalog.write() as conn:
+        for i in range(0, len(rows), BATCH):
+            batch = list(rows[i : i + BATCH])
+            conn.execute(s.tree_nodes.delete().where(s.tree_nodes.c.id.in_([r["id"] for r in batch])))
+            conn.execute(s.tree_nodes.insert(), batch)

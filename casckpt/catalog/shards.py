@@ -20,6 +20,7 @@ from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import BATCH, Catalog
 from casckpt.catalog.database import insert_ignore
 from casckpt.catalog.packs import PackLayout, ShardRow
+from casckpt.catalog.rows import damaged
 from casckpt.errors import CatalogError, InvalidArgumentError, RefNotFoundError
 
 LOCATION_STATES = ("active", "draining", "failed")
@@ -132,10 +133,7 @@ _MAX_SHARDS = 256  # far above any scheme casckpt writes (ec:K+M with K+M <= 32)
 
 
 def _damaged(pack_id: object, what: str) -> CatalogError:
-    return CatalogError(
-        f"the catalog's record of pack {pack_id!r} is damaged ({what}); nothing was read through it. "
-        "Run `casckpt check`; if the catalog is damaged, rebuild it from the blob locations "
-        "(`casckpt catalog rebuild` into a new, empty catalog)")
+    return damaged(f"its record of pack {pack_id!r} holds a bad {what}, and nothing was read through it")
 
 
 def _count(value: object, what: str, pack_id: object, low: int = 0, high: int = 1 << 62) -> int:

@@ -63,7 +63,6 @@ class Lost:
     versions: tuple[str, ...]
 
 
-
 def register(catalog: Catalog, tier_id: str, host: str, path: str) -> None:
     """Record a new fast tier (idempotent)."""
     with catalog.write() as conn:
@@ -268,8 +267,6 @@ def pending_summary(catalog: Catalog) -> dict[str, dict[str, int]]:
         out[""] = {str(state): int(n) for state, n in conn.execute(
             select(v.c.durability, func.count()).where(v.c.state == "visible").group_by(v.c.durability))}
     return out
-
-
 
 
 def durable_bytes(catalog: Catalog) -> int:

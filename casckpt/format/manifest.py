@@ -41,11 +41,10 @@ from casckpt.format.manifestmodel import World as World
 from casckpt.format.manifestmodel import (
     _dict,
     _extent_from_json,
+    _header_from_json,
     _int,
     _ints,
     _list,
-    _number,
-    _opt_str,
     _str,
     decompress_capped,
 )
@@ -124,18 +123,8 @@ def decode_document(data: bytes, expected_id: str | None = None) -> dict[str, An
 def _from_json(doc: dict[str, Any]) -> Manifest:
     extents = tuple(_extent_from_json(_dict(b, "extent")) for b in _list(doc["blobs"], "blobs"))
     tensors = tuple(_tensor_from_json(_dict(t, "tensor")) for t in _list(doc["tensors"], "tensors"))
-    world = doc.get("world")
-    metrics = _dict(doc["metrics"], "metrics")
-    return Manifest(
-        run=_str(doc["run"], "run"), step=_int(doc["step"], "step"), parent=_opt_str(doc["parent"], "parent"),
-        created_at=_number(doc["created_at"], "created_at"), root=_dict(doc["root"], "root"), tensors=tensors,
-        extents=extents, metadata=_dict(doc["metadata"], "metadata"),
-        metrics={k: v for k, v in metrics.items() if _number(v, f"metric {k!r}") is not None},
-        message=_opt_str(doc["message"], "message"),
-        tags=tuple(_str(t, "tag") for t in _list(doc.get("tags", []), "tags")),
-        world=None if world is None else World(
-            _int(_dict(world, "world")["size"], "world size"), _str(world["api"], "world api")),
-    )
+    return Manifest(root=_dict(doc["root"], "root"), tensors=tensors, extents=extents,
+                    **_header_from_json(doc))
 
 
 def _tensor_from_json(t: dict[str, Any]) -> TensorEntry:

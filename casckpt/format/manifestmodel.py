@@ -143,7 +143,6 @@ class Manifest:
         )
 
 
-
 def decompress_capped(data: bytes, limit: int, what: str) -> bytes:
     """zstd ``data`` decompressed a piece at a time: a frame's declared size is never trusted
     to allocate, and more than ``limit`` bytes is refused.
@@ -206,6 +205,21 @@ def _chunk_id(value: Any) -> bytes:
     if not isinstance(value, str) or len(value) != 64 or not HEX_DIGITS.issuperset(value):
         raise ValueError(f"chunk id {value!r:.70} is not 64 hex digits")
     return bytes.fromhex(value)
+
+
+def _header_from_json(doc: dict[str, Any]) -> dict[str, Any]:
+    """The :class:`Manifest` fields every document version holds alike, each checked."""
+    metrics, world = _dict(doc["metrics"], "metrics"), doc.get("world")
+    return {
+        "run": _str(doc["run"], "run"), "step": _int(doc["step"], "step"),
+        "parent": _opt_str(doc["parent"], "parent"), "created_at": _number(doc["created_at"], "created_at"),
+        "metadata": _dict(doc["metadata"], "metadata"),
+        "metrics": {k: v for k, v in metrics.items() if _number(v, f"metric {k!r}") is not None},
+        "message": _opt_str(doc["message"], "message"),
+        "tags": tuple(_str(t, "tag") for t in _list(doc.get("tags", []), "tags")),
+        "world": None if world is None else World(
+            _int(_dict(world, "world")["size"], "world size"), _str(world["api"], "world api")),
+    }
 
 
 def _extent_from_json(b: dict[str, Any]) -> ExtentEntry:

@@ -40,14 +40,12 @@ from casckpt.format.manifestmodel import (
     Manifest,
     TensorEntry,
     TreeHead,
-    World,
     _dict,
     _extent_from_json,
+    _header_from_json,
     _int,
     _ints,
     _list,
-    _number,
-    _opt_str,
     _str,
 )
 from casckpt.format.merkle import Nodes, NodeSource
@@ -238,16 +236,7 @@ def from_tree_json(doc: dict[str, Any], nodes: NodeSource | None) -> Manifest:
     """A version 3 document as a :class:`Manifest`, its tree read through ``nodes`` (None:
     the head only)."""
     head = tree_head(doc)
-    metrics = _dict(doc["metrics"], "metrics")
-    manifest = Manifest(
-        run=_str(doc["run"], "run"), step=_int(doc["step"], "step"), parent=_opt_str(doc["parent"], "parent"),
-        created_at=_number(doc["created_at"], "created_at"), root={}, tensors=(), extents=(),
-        metadata=_dict(doc["metadata"], "metadata"),
-        metrics={k: v for k, v in metrics.items() if _number(v, f"metric {k!r}") is not None},
-        message=_opt_str(doc["message"], "message"),
-        tags=tuple(_str(t, "tag") for t in _list(doc.get("tags", []), "tags")), tree=head,
-        world=_world(doc.get("world")),
-    )
+    manifest = Manifest(root={}, tensors=(), extents=(), tree=head, **_header_from_json(doc))
     if nodes is None:
         return manifest
     reader = TreeReader(Nodes(nodes))
@@ -261,19 +250,8 @@ def from_tree_json(doc: dict[str, Any], nodes: NodeSource | None) -> Manifest:
         raise CorruptManifestError(
             f"tree manifest counts {head.tensors} tensors but its tree holds {len(tensors)}: it is corrupt")
     _check_summary(head, root, tensors)
-    return Manifest(
-        run=manifest.run, step=manifest.step, parent=manifest.parent, created_at=manifest.created_at,
-        root=root, tensors=tuple(tensors), extents=tuple(extents), metadata=manifest.metadata,
-        metrics=manifest.metrics, message=manifest.message, tags=manifest.tags, tree=head,
-        nodes=tuple(sorted(reader.visited)), world=manifest.world,
-    )
-
-
-def _world(value: Any) -> World | None:
-    if value is None:
-        return None
-    world = _dict(value, "world")
-    return World(_int(world["size"], "world size"), _str(world["api"], "world api"))
+    return replace(manifest, root=root, tensors=tuple(tensors), extents=tuple(extents),
+                   nodes=tuple(sorted(reader.visited)))
 
 
 _ENTRY_FIELDS = frozenset({"kind", "dtype", "shape", "offset", "stride", "blob"})

@@ -61,7 +61,7 @@ class TreeReader:
         self.visited.add(node_id)
         return self.nodes.get(node_id)
 
-    def resolve(self, value: Any, depth: int = 0) -> Any:
+    def resolve(self, value: Any) -> Any:
         """``value`` with a top-level ref replaced by the value of the node it names."""
         hops = 0
         while isinstance(value, dict) and value.get("t") == "ref":
@@ -178,38 +178,6 @@ class TreeReader:
 
         root_value = self.node(root)["v"]
         return build(root_value, "", 0), tensors
-
-    def find(self, root: bytes, path: str) -> list[tuple[str, Any]]:
-        """The values at ``path`` (a dotted path may name more than one, e.g. keys ``a.b``
-        and ``a`` -> ``b``; commits refuse that, so at most one is a tensor), with their paths."""
-        out: list[tuple[str, Any]] = []
-        stack: list[tuple[Any, str, int]] = [(self.node(root)["v"], "", 0)]
-        while stack:
-            value, prefix, depth = stack.pop()
-            value = self.resolve(value)
-            if prefix == path:
-                out.append((prefix, value))
-                continue
-            kind = value.get("t") if isinstance(value, dict) else None
-            if kind == "ranks" and depth == 0:
-                child = self._rank_child(value, path)
-                if child is not None:
-                    stack.append((child[1], child[0], depth + 1))
-                continue
-            if kind not in _CONTAINERS or depth > MAX_DEPTH:
-                continue
-            rest = _rest(path, prefix)
-            if kind == "dict":
-                wanted = {rest[:i] for i, ch in enumerate(rest) if ch == "."} | {rest}
-                for key, child in self._keyed(value, wanted):
-                    stack.append((child, join_path(prefix, key_text(key)), depth + 1))
-            else:
-                head = rest.split(".", 1)[0]
-                if head.isdigit() and str(int(head)) == head:
-                    child = self._at(value, int(head))
-                    if child is not None:
-                        stack.append((child, join_path(prefix, int(head)), depth + 1))
-        return out
 
     def find_tensor(self, root: bytes, path: str) -> tuple[str, Any] | None:
         """The tensor at ``path`` (None: there is none), reading as few nodes as it can: at

@@ -165,9 +165,9 @@ def test_large_containers_round_trip_and_find_one_key() -> None:
     assert decode_manifest(data, vid, _Dict(tree.nodes)).root == manifest.root
     reader = TreeReader(Nodes(_Dict(tree.nodes)))
     for path in ("flat.k4321", "seq.700", "deep.a.b.c"):
-        (found,) = reader.find(tree.root, path)
-        assert found[0] == path and found[1]["t"] == "tensor"
-    assert reader.find(tree.root, "flat.nope") == []
+        found = reader.find_tensor(tree.root, path)
+        assert found is not None and found[0] == path and found[1]["t"] == "tensor"
+    assert reader.find_tensor(tree.root, "flat.nope") is None
     assert len(reader.visited) < len(tree.nodes) // 2  # lookups read few of the nodes
 
 
