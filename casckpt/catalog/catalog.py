@@ -28,7 +28,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from casckpt.catalog import audit, migrate
 from casckpt.catalog import schema as s
-from casckpt.catalog.database import Database, insert_ignore, sqlite_write_denied, upsert
+from casckpt.catalog.database import Database, batches, insert_ignore, sqlite_write_denied, upsert
 from casckpt.catalog.encryption import require_state_in
 from casckpt.catalog.packs import ChunkLocation, StoredPack, insert_pack, upsert_chunks
 from casckpt.catalog.publish import MissingChunksError, insert_deps, revive_or_missing
@@ -37,7 +37,6 @@ from casckpt.errors import CatalogError, CatalogUnavailableError, ReadOnlyStoreE
 from casckpt.format.crypto import PLAIN, StoreCrypto
 from casckpt.types import AuditEntry
 
-BATCH = 500
 DEFAULT_RETRY_S = 5.0
 
 P = ParamSpec("P")
@@ -268,8 +267,7 @@ class Catalog:
             s.chunks.c.stored_len, s.chunks.c.raw_len, s.chunks.c.codec, s.chunks.c.base_id,
         ).join(s.packs, s.packs.c.id == s.chunks.c.pack_id)
         with self.read() as conn:
-            for i in range(0, len(wanted), BATCH):
-                batch = wanted[i : i + BATCH]
+            for batch in batches(wanted):
                 where: list[ColumnElement[bool]] = [s.chunks.c.id.in_(batch)]
                 if live_only:  # dedup: not against other hosts' fast tiers, which may be lost
                     where.append(s.chunks.c.state == "live")
@@ -391,8 +389,8 @@ class Catalog:
         conn.execute(s.versions.insert().values(run_id=run_id, **version))
         if insert_deps(conn, version["id"], sorted(needed)):  # it needs a pack still on a fast tier
             version["durability"] = "fast"
-        for i in range(0, len(tensor_rows), BATCH):
-            conn.execute(s.tensors.insert(), tensor_rows[i : i + BATCH])
+        for batch in batches(tensor_rows):
+            conn.execute(s.tensors.insert(), batch)
         insert_ignore(conn, s.contents, content_rows, "digest")
         insert_ignore(conn, s.tree_nodes, list(node_rows), "id")
         for name in tag_names:

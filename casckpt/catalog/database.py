@@ -31,7 +31,7 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -46,6 +46,9 @@ from casckpt.catalog.rows import damaged
 from casckpt.errors import CatalogError, CatalogUnavailableError, InvalidArgumentError
 
 T = TypeVar("T")
+
+BATCH = 500
+"""Ids per ``IN (...)`` clause."""
 
 CONNECT_TIMEOUT_S = 5
 _LIBPQ_DEFAULTS = {  # a dead host fails a connect in 5 s and a held connection in ~30-60 s
@@ -277,6 +280,12 @@ class Database:
                     delay = min(2 * delay, _BACKOFF_MAX_S)
         finally:
             self._local.deadline = None
+
+
+def batches(items: Sequence[T], size: int = BATCH) -> Iterator[list[T]]:
+    """``items`` in lists of at most ``size``, in order (one ``IN (...)`` clause each)."""
+    for i in range(0, len(items), size):
+        yield list(items[i : i + size])
 
 
 def upsert(conn: Connection, table: Any) -> Any:

@@ -8,6 +8,7 @@ from sqlalchemy import bindparam, func, select, text
 
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import Catalog
+from casckpt.catalog.database import batches
 from casckpt.catalog.settings import DELTA_CHAIN
 
 DEFAULT_DELTA_CHAIN = 32  # docs/DEFAULTS.md: unset, keyframes are placed by cost within this depth
@@ -99,7 +100,7 @@ def version_deltas(catalog: Catalog, ids: list[str]) -> tuple[int, int]:
     """).bindparams(bindparam("ids", expanding=True))
     count = longest = 0
     with catalog.read() as conn:
-        for i in range(0, len(ids), 5000):
-            found, deep = conn.execute(query, {"ids": ids[i : i + 5000]}).one()
+        for batch in batches(ids, 5000):
+            found, deep = conn.execute(query, {"ids": batch}).one()
             count, longest = count + int(found), max(longest, int(deep))
     return count, longest

@@ -20,7 +20,7 @@ from sqlalchemy import Text, and_, bindparam, cast, delete, exists, func, insert
 from casckpt.catalog import schema as s
 from casckpt.catalog.audit import who
 from casckpt.catalog.catalog import Catalog
-from casckpt.catalog.database import insert_ignore
+from casckpt.catalog.database import batches, insert_ignore
 from casckpt.catalog.leases import tombstone
 from casckpt.catalog.packs import PackLayout, StoredPack, insert_pack
 from casckpt.catalog.shards import layouts_in
@@ -28,7 +28,6 @@ from casckpt.catalog.tiers import forget_deps
 from casckpt.errors import CatalogError
 from casckpt.types import GCRun
 
-_BATCH = 5000
 _CHUNK_OVERHEAD = 92 + 90  # a chunk's entry header and footer entry in its pack (format/pack.py)
 
 
@@ -143,10 +142,10 @@ def purge_versions(catalog: Catalog, version_ids: list[str], run_id: int | None 
     """
     v, t = s.versions, s.tensors
     purged: list[str] = []
-    for i in range(0, len(version_ids), 500):
+    for wanted in batches(version_ids):
         with catalog.write() as conn:
             batch = list(conn.execute(select(v.c.id).where(
-                v.c.id.in_(version_ids[i : i + 500]), v.c.state == "deleted"
+                v.c.id.in_(wanted), v.c.state == "deleted"
             ).with_for_update()).scalars())
             conn.execute(delete(s.tags).where(s.tags.c.version_id.in_(batch)))
             conn.execute(delete(t).where(t.c.version_id.in_(batch)))
@@ -170,9 +169,8 @@ def drop_unused_contents(conn: Any, digests: Collection[str] | None = None) -> N
     if digests is None:
         conn.execute(delete(c).where(unused))
         return
-    wanted = list(dict.fromkeys(digests))
-    for i in range(0, len(wanted), 500):
-        conn.execute(delete(c).where(c.c.digest.in_(wanted[i : i + 500]), unused))
+    for batch in batches(list(dict.fromkeys(digests))):
+        conn.execute(delete(c).where(c.c.digest.in_(batch), unused))
 
 
 def clear_live(catalog: Catalog) -> None:
@@ -212,10 +210,9 @@ def manifest_batches(catalog: Catalog, version_ids: Collection[str], size: int =
                    v.c.manifest, v.c.tree_root, cast(v.c.meta, Text).label("meta_text"),
                    cast(v.c.metrics, Text).label("metrics_text"), v.c.durability,
                    ).join(s.runs, s.runs.c.id == v.c.run_id)
-    ids = sorted(version_ids)
-    for i in range(0, len(ids), size):
+    for batch in batches(sorted(version_ids), size):
         with catalog.read() as conn:
-            yield list(conn.execute(query.where(v.c.id.in_(ids[i : i + size]))))
+            yield list(conn.execute(query.where(v.c.id.in_(batch))))
 
 
 def replace_manifest(catalog: Catalog, version_id: str, data: bytes) -> None:
@@ -226,12 +223,10 @@ def replace_manifest(catalog: Catalog, version_id: str, data: bytes) -> None:
 
 def marked(catalog: Catalog, ids: Collection[str]) -> set[str]:
     """Which of these chunk ids the mark set holds."""
-    wanted = list(ids)
     found: set[str] = set()
     with catalog.read() as conn:
-        for i in range(0, len(wanted), 500):
-            found.update(conn.execute(select(s.gc_live.c.id).where(
-                s.gc_live.c.id.in_(wanted[i : i + 500]))).scalars())
+        for batch in batches(list(ids)):
+            found.update(conn.execute(select(s.gc_live.c.id).where(s.gc_live.c.id.in_(batch))).scalars())
     return found
 
 
@@ -323,8 +318,7 @@ def sweep(catalog: Catalog, *, cutoff: float, dry_run: bool,
         rows = conn.execute(select(p.c.id, p.c.key, p.c.size).where(empty)).all()
         ids = [row[0] for row in rows]
         found = layouts_in(conn, ids)
-        for i in range(0, len(ids), 500):
-            batch = ids[i : i + 500]
+        for batch in batches(ids):
             conn.execute(delete(s.shards).where(s.shards.c.pack_id.in_(batch)))
             conn.execute(delete(p).where(p.c.id.in_(batch)))
         count_in_run(conn, run_id, chunks_swept=chunks, packs_deleted=len(ids))
@@ -396,11 +390,9 @@ def tombstoned_ids(catalog: Catalog) -> set[str]:
 def known_manifests(catalog: Catalog, version_ids: Collection[str]) -> set[str]:
     """Which of these ids the catalog knows: a version row, a tombstone, or the version a commit
     holding a lease (in flight, or killed and not yet reaped by gc) was about to publish."""
-    ids = list(version_ids)
     found: set[str] = set()
     with catalog.read() as conn:
-        for i in range(0, len(ids), 500):
-            batch = ids[i : i + 500]
+        for batch in batches(list(version_ids)):
             for column in (s.versions.c.id, s.tombstones.c.version_id, s.leases.c.version_id):
                 found.update(conn.execute(select(column).where(column.in_(batch))).scalars())
     return found

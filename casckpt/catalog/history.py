@@ -18,14 +18,12 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import ColumnElement, Connection, Select, Text, case, cast, func, select
 
-from casckpt.catalog import database
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import Catalog
+from casckpt.catalog.database import BATCH, batches, upsert
 from casckpt.catalog.rows import VERSION_COLUMNS, StoredContent, content_row, tags_of, version_query, versions
 from casckpt.errors import RefNotFoundError, RunExistsError
 from casckpt.types import Version
-
-_BATCH = 500
 
 COMPARISONS: dict[str, Callable[[Any, Any], ColumnElement[bool]]] = {
     "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
@@ -202,12 +200,12 @@ def tensor_changes(catalog: Catalog, segments: Sequence[Segment],
         # the tensor's distinct contents and its rows in every version of the store: ranges of
         # the covering index (cheaper than probing it once per version of the lineage)
         contents_seen = conn.execute(select(func.count(func.distinct(t.digest))).where(t.path == path))
-        if contents_seen.scalar_one() <= _BATCH:
+        if contents_seen.scalar_one() <= BATCH:
             states = {row[0]: row[1:] for row in conn.execute(
                 select(t.version_id, t.dtype, cast(t.shape, Text), t.nbytes, t.digest).where(t.path == path))}
             for i, seg in enumerate(segments):
                 kept += ((i, *state) for state in _changed_states(conn, seg, states))
-        if not kept or len(kept) > _BATCH:  # many changes (or tree versions): joined in the database
+        if not kept or len(kept) > BATCH:  # many changes (or tree versions): joined in the database
             rows = [tuple(r) for seg in segments for r in conn.execute(_changes_query(seg, path))]
             return rows, tags_of(conn, [r[0] for r in rows])
         columns = _version_columns(conn, kept)
@@ -254,7 +252,7 @@ def _changed_states(conn: Connection, seg: Segment,
 
 
 def _version_columns(conn: Connection, kept: Sequence[tuple[Any, ...]]) -> dict[str, tuple[Any, ...]]:
-    """:data:`VERSION_COLUMNS` of the kept versions (at most ``_BATCH``) by id."""
+    """:data:`VERSION_COLUMNS` of the kept versions (at most ``BATCH``) by id."""
     ids = [k[1] for k in kept]
     if not ids:
         return {}
@@ -265,11 +263,9 @@ def _contents_in(conn: Connection, digests: Iterable[str]) -> dict[str, tuple[An
     """``(chunk_size, nbytes, chunk_ids)`` of ``contents`` rows by digest, unchecked (the
     engine checks what it uses)."""
     c = s.contents.c
-    wanted = list(dict.fromkeys(digests))
     out: dict[str, tuple[Any, Any, Any]] = {}
-    for i in range(0, len(wanted), _BATCH):
-        query = select(c.digest, c.chunk_size, c.nbytes, c.chunk_ids).where(
-            c.digest.in_(wanted[i : i + _BATCH]))
+    for batch in batches(list(dict.fromkeys(digests))):
+        query = select(c.digest, c.chunk_size, c.nbytes, c.chunk_ids).where(c.digest.in_(batch))
         out.update((r[0], (r[1], r[2], r[3])) for r in conn.execute(query))
     return out
 
@@ -302,20 +298,18 @@ def manifests(catalog: Catalog, version_ids: Sequence[str]) -> dict[str, Any]:
     """The compressed manifests (``versions.manifest``, unchecked) of versions, by id."""
     out: dict[str, Any] = {}
     with catalog.read() as conn:
-        for i in range(0, len(version_ids), _BATCH):
+        for batch in batches(version_ids):
             out.update((r[0], r[1]) for r in conn.execute(
-                select(s.versions.c.id, s.versions.c.manifest)
-                .where(s.versions.c.id.in_(version_ids[i : i + _BATCH]))))
+                select(s.versions.c.id, s.versions.c.manifest).where(s.versions.c.id.in_(batch))))
     return out
 
 
 def contents(catalog: Catalog, digests: Iterable[str]) -> dict[str, StoredContent]:
     """``contents`` rows by digest; unknown ones left out."""
-    wanted = list(dict.fromkeys(digests))
     out: dict[str, StoredContent] = {}
     with catalog.read() as conn:
-        for i in range(0, len(wanted), _BATCH):
-            rows = conn.execute(select(s.contents).where(s.contents.c.digest.in_(wanted[i : i + _BATCH])))
+        for batch in batches(list(dict.fromkeys(digests))):
+            rows = conn.execute(select(s.contents).where(s.contents.c.digest.in_(batch)))
             out.update((r.digest, _content(content_row(r))) for r in rows)
     return out
 
@@ -340,7 +334,7 @@ def fork(catalog: Catalog, run: str, version_id: str) -> float:
             s.versions.c.id == version_id, s.versions.c.state == "visible")).scalar()
         if visible is None:
             raise RefNotFoundError(version_id[:12], "the version was deleted while forking")
-        created = conn.execute(database.upsert(conn, s.runs).on_conflict_do_nothing(index_elements=["name"])
+        created = conn.execute(upsert(conn, s.runs).on_conflict_do_nothing(index_elements=["name"])
                                .values(name=run, created_at=now, parent_version=version_id)
                                .returning(s.runs.c.id)).first()
         if created is None:

@@ -12,15 +12,15 @@ from typing import Any
 from sqlalchemy import Connection, select
 
 from casckpt.catalog import schema as s
-from casckpt.catalog.catalog import BATCH, Catalog, idempotent
+from casckpt.catalog.catalog import Catalog, idempotent
+from casckpt.catalog.database import batches
 
 
 def _bodies(conn: Connection, ids: Sequence[str]) -> list[tuple[str, bytes]]:
     out: list[tuple[str, bytes]] = []
-    for i in range(0, len(ids), BATCH):
+    for batch in batches(ids):
         out += [(r[0], bytes(r[1])) for r in conn.execute(
-            select(s.tree_nodes.c.id, s.tree_nodes.c.body)
-            .where(s.tree_nodes.c.id.in_(ids[i : i + BATCH])))]
+            select(s.tree_nodes.c.id, s.tree_nodes.c.body).where(s.tree_nodes.c.id.in_(batch)))]
     return out
 
 
@@ -34,12 +34,10 @@ def tree_nodes(catalog: Catalog, ids: Sequence[str]) -> dict[str, bytes]:
 @idempotent
 def tree_node_ids(catalog: Catalog, ids: Sequence[str]) -> set[str]:
     """The tree nodes among ``ids`` the catalog has a row for."""
-    wanted = list(dict.fromkeys(ids))
     out: set[str] = set()
     with catalog.read() as conn:
-        for i in range(0, len(wanted), BATCH):
-            out.update(conn.execute(select(s.tree_nodes.c.id).where(
-                s.tree_nodes.c.id.in_(wanted[i : i + BATCH]))).scalars())
+        for batch in batches(list(dict.fromkeys(ids))):
+            out.update(conn.execute(select(s.tree_nodes.c.id).where(s.tree_nodes.c.id.in_(batch))).scalars())
     return out
 
 
@@ -47,7 +45,6 @@ def tree_node_ids(catalog: Catalog, ids: Sequence[str]) -> set[str]:
 def replace_tree_nodes(catalog: Catalog, rows: Sequence[dict[str, Any]]) -> None:
     """Write tree node rows (id, zstd body) over any there (repair, with verified nodes)."""
     with catalog.write() as conn:
-        for i in range(0, len(rows), BATCH):
-            batch = list(rows[i : i + BATCH])
+        for batch in batches(rows):
             conn.execute(s.tree_nodes.delete().where(s.tree_nodes.c.id.in_([r["id"] for r in batch])))
             conn.execute(s.tree_nodes.insert(), batch)

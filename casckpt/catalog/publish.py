@@ -12,10 +12,8 @@ from collections.abc import Sequence
 from sqlalchemy import Connection, func, select, update
 
 from casckpt.catalog import schema as s
-from casckpt.catalog.database import upsert
+from casckpt.catalog.database import batches, upsert
 from casckpt.errors import CatalogError
-
-_BATCH = 500  # ids per IN (...) clause
 
 
 class MissingChunksError(CatalogError):
@@ -35,8 +33,7 @@ def revive_or_missing(conn: Connection, ids: list[str], needed: set[str] | None 
     seen.update(wanted)
     while wanted:
         bases: set[str] = set()
-        for i in range(0, len(wanted), _BATCH):
-            batch = wanted[i : i + _BATCH]
+        for batch in batches(wanted):
             condemned = s.chunks.c.id.in_(batch) & (s.chunks.c.state == "condemned")
             conn.execute(s.chunks.update().where(condemned).values(state="live", condemned_at=None))
             rows = conn.execute(
@@ -67,8 +64,7 @@ def insert_deps(conn: Connection, version_id: str, chunk_ids: Sequence[str]) -> 
         wanted = set(chunk_ids)
         packs.update(pack for chunk, pack in conn.execute(in_fast) if chunk in wanted)
     else:
-        for i in range(0, len(chunk_ids), _BATCH):
-            batch = list(chunk_ids[i : i + _BATCH])
+        for batch in batches(chunk_ids):
             packs.update(conn.execute(select(c.c.pack_id).join(p, p.c.id == c.c.pack_id).where(
                 c.c.id.in_(batch), p.c.state == "fast").distinct()).scalars())
     if packs:

@@ -19,10 +19,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Row, null, or_, select
+from sqlalchemy import Connection, Row, Select, null, or_, select
 
 from casckpt.catalog import schema as s
-from casckpt.catalog.catalog import BATCH, Catalog
+from casckpt.catalog.catalog import Catalog
+from casckpt.catalog.database import batches
 from casckpt.catalog.publish import MissingChunksError, revive_or_missing
 from casckpt.catalog.rows import VERSION_COLUMNS, grouped, version
 from casckpt.errors import AmbiguousRefError, InvalidArgumentError, RefNotFoundError
@@ -79,12 +80,14 @@ def run_policies(catalog: Catalog, run: str | None = None) -> dict[str, Any]:
     With ``run``: that run only (an empty dict when it does not exist); without:
     every run that has a policy, by name.
     """
-    query = select(s.runs.c.name, s.runs.c.retention).order_by(s.runs.c.name)
-    query = query.where(s.runs.c.name == run) if run is not None else query.where(
-        s.runs.c.retention.is_not(None)
-    )
     with catalog.read() as conn:
-        return {name: policy for name, policy in conn.execute(query)}
+        return {name: policy for name, policy in conn.execute(_runs(run, s.runs.c.name, s.runs.c.retention))}
+
+
+def _runs(run: str | None, *columns: Any) -> Select[Any]:
+    """``columns`` of run ``run``, or (None) of every run that has a policy, by name."""
+    query = select(*columns).order_by(s.runs.c.name)
+    return query.where(s.runs.c.name == run if run is not None else s.runs.c.retention.is_not(None))
 
 
 # -- what retention looks at --------------------------------------------------------
@@ -125,11 +128,7 @@ def load_histories(conn: Connection, run: str | None = None) -> list[RunHistory]
     With ``run``: that run, with or without a policy (none if it does not
     exist); without: every run that has a policy.
     """
-    query = select(s.runs.c.id, s.runs.c.name, s.runs.c.retention).order_by(s.runs.c.name)
-    query = query.where(s.runs.c.name == run) if run is not None else query.where(
-        s.runs.c.retention.is_not(None)
-    )
-    runs = list(conn.execute(query))
+    runs = list(conn.execute(_runs(run, s.runs.c.id, s.runs.c.name, s.runs.c.retention)))
     if not runs:
         return []
     run_ids = [r.id for r in runs]
@@ -157,13 +156,12 @@ def load_histories(conn: Connection, run: str | None = None) -> list[RunHistory]
 def soft_delete(conn: Connection, version_ids: Iterable[str], reason: str,
                 now: float | None = None) -> int:
     """Mark visible versions deleted; returns how many were (already deleted ones are skipped)."""
-    ids = list(dict.fromkeys(version_ids))
     when = time.time() if now is None else now
     count = 0
-    for i in range(0, len(ids), BATCH):
+    for batch in batches(list(dict.fromkeys(version_ids))):
         result = conn.execute(
             s.versions.update()
-            .where(s.versions.c.id.in_(ids[i : i + BATCH]), s.versions.c.state == "visible")
+            .where(s.versions.c.id.in_(batch), s.versions.c.state == "visible")
             .values(state="deleted", deleted_at=when, deleted_reason=reason)
         )
         count += result.rowcount

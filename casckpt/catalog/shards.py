@@ -17,8 +17,8 @@ from typing import Any
 from sqlalchemy import Connection, case, exists, func, null, or_, select, update
 
 from casckpt.catalog import schema as s
-from casckpt.catalog.catalog import BATCH, Catalog
-from casckpt.catalog.database import insert_ignore
+from casckpt.catalog.catalog import Catalog
+from casckpt.catalog.database import batches, insert_ignore
 from casckpt.catalog.packs import PackLayout, ShardRow
 from casckpt.catalog.rows import damaged
 from casckpt.errors import CatalogError, InvalidArgumentError, RefNotFoundError
@@ -185,10 +185,8 @@ def layouts(catalog: Catalog, pack_ids: Iterable[str]) -> dict[str, PackLayout]:
 
 def layouts_in(conn: Connection, pack_ids: Iterable[str]) -> dict[str, PackLayout]:
     """:func:`layouts`, within ``conn``'s transaction."""
-    wanted = list(dict.fromkeys(pack_ids))
     out: dict[str, PackLayout] = {}
-    for i in range(0, len(wanted), BATCH):
-        batch = wanted[i : i + BATCH]
+    for batch in batches(list(dict.fromkeys(pack_ids))):
         shards: dict[str, list[ShardRow]] = {}
         for r in conn.execute(select(s.shards).where(s.shards.c.pack_id.in_(batch))):
             shards.setdefault(r.pack_id, []).append(_shard(r))

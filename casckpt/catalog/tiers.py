@@ -21,14 +21,11 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, exists, func, select, update
 
 from casckpt.catalog import schema as s
-from casckpt.catalog.database import insert_ignore
+from casckpt.catalog.database import batches, insert_ignore
 from casckpt.catalog.packs import PackLayout, insert_shards
 
 if TYPE_CHECKING:
     from casckpt.catalog.catalog import Catalog
-
-_BATCH = 500
-
 
 @dataclass(frozen=True, slots=True)
 class TierRow:
@@ -110,24 +107,21 @@ def _lose(conn: Connection, packs: list[str]) -> list[str]:
     c, readable = s.chunks, s.chunks.c.state.in_(("live", "condemned"))
     lost: set[str] = set()
     frontier: list[str] = []
-    for i in range(0, len(packs), _BATCH):
-        batch = packs[i : i + _BATCH]
+    for batch in batches(packs):
         conn.execute(update(p).where(p.c.id.in_(batch)).values(state="lost"))
         frontier += conn.execute(select(c.c.id).where(c.c.pack_id.in_(batch), readable)).scalars()
     while frontier:  # a chunk delta-coded against a lost one is unreadable too, wherever it lies:
         found: list[str] = []  # lost, so a commit holding it writes it again rather than reuse it
-        for i in range(0, len(frontier), _BATCH):
-            batch = frontier[i : i + _BATCH]
+        for batch in batches(frontier):
             conn.execute(update(c).where(c.c.id.in_(batch), readable).values(state="lost"))
             found += conn.execute(select(c.c.id).where(c.c.base_id.in_(batch), readable)).scalars()
         frontier = found
-    for i in range(0, len(packs), _BATCH):  # after the chunk updates: on PostgreSQL they wait
+    for batch in batches(packs):  # after the chunk updates: on PostgreSQL they wait
         # for a commit publishing against these chunks, whose dependencies this then sees
-        batch = packs[i : i + _BATCH]
         lost.update(conn.execute(select(d.c.version_id).where(d.c.pack_id.in_(batch))).scalars())
     ids = sorted(lost)
-    for i in range(0, len(ids), _BATCH):
-        conn.execute(update(v).where(v.c.id.in_(ids[i : i + _BATCH]), v.c.durability != "durable")
+    for batch in batches(ids):
+        conn.execute(update(v).where(v.c.id.in_(batch), v.c.durability != "durable")
                      .values(durability="lost"))
     return ids
 
@@ -151,12 +145,11 @@ def fast_packs(catalog: Catalog, tier_id: str) -> list[FastPack]:
 
 def pack_states(catalog: Catalog, pack_ids: Iterable[str]) -> dict[str, tuple[str, str | None]]:
     """pack id -> (state, tier) for those the catalog knows."""
-    ids = list(dict.fromkeys(pack_ids))
     out: dict[str, tuple[str, str | None]] = {}
     with catalog.read() as conn:
-        for i in range(0, len(ids), _BATCH):
+        for batch in batches(list(dict.fromkeys(pack_ids))):
             for row in conn.execute(select(s.packs.c.id, s.packs.c.state, s.packs.c.tier)
-                                    .where(s.packs.c.id.in_(ids[i : i + _BATCH]))):
+                                    .where(s.packs.c.id.in_(batch))):
                 out[row[0]] = (row[1], row[2])
     return out
 
@@ -198,8 +191,7 @@ def finish(catalog: Catalog, version_ids: Sequence[str]) -> list[str]:
     v = s.versions
     done: list[str] = []
     with catalog.write() as conn:
-        for i in range(0, len(version_ids), _BATCH):
-            batch = list(version_ids[i : i + _BATCH])
+        for batch in batches(version_ids):
             ready = list(conn.execute(select(v.c.id).where(
                 v.c.id.in_(batch), v.c.durability == "fast", ~_waiting())).scalars())
             if ready:
@@ -213,9 +205,9 @@ def durability(catalog: Catalog, version_ids: Sequence[str]) -> dict[str, str]:
     v = s.versions
     out: dict[str, str] = {}
     with catalog.read() as conn:
-        for i in range(0, len(version_ids), _BATCH):
+        for batch in batches(version_ids):
             out.update((row[0], row[1]) for row in conn.execute(
-                select(v.c.id, v.c.durability).where(v.c.id.in_(list(version_ids[i : i + _BATCH])))))
+                select(v.c.id, v.c.durability).where(v.c.id.in_(batch))))
     return out
 
 
