@@ -310,12 +310,8 @@ def contents(catalog: Catalog, digests: Iterable[str]) -> dict[str, StoredConten
     with catalog.read() as conn:
         for batch in batches(list(dict.fromkeys(digests))):
             rows = conn.execute(select(s.contents).where(s.contents.c.digest.in_(batch)))
-            out.update((r.digest, _content(content_row(r))) for r in rows)
+            out.update((r.digest, content_row(r)) for r in rows)
     return out
-
-
-def _content(row: Any) -> StoredContent:
-    return StoredContent(row.nbytes, row.chunk_size, row.chunk_ids)
 
 
 # -- lineage ----------------------------------------------------------------------------

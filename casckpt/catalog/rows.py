@@ -187,13 +187,13 @@ class StoredContent(NamedTuple):
     chunk_ids: bytes
 
 
-def content_row(row: Row[Any]) -> Row[Any]:
-    """``row`` (a ``contents`` row) once its values are of their types."""
+def content_row(row: Row[Any]) -> StoredContent:
+    """A ``contents`` row as a :class:`StoredContent`, once its values are of their types."""
     ids = row.chunk_ids
     if not (isinstance(ids, (bytes, bytearray, memoryview)) and len(ids) % _ID_BYTES == 0
             and _count(row.nbytes) and _count(row.chunk_size) and row.chunk_size > 0):
         raise damaged(f"the content row {str(row.digest)[:12]} holds values of the wrong type")
-    return row
+    return StoredContent(row.nbytes, row.chunk_size, row.chunk_ids)
 
 
 def grouped(pairs: Iterable[Any]) -> dict[str, tuple[str, ...]]:
