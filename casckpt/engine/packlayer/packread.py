@@ -118,7 +118,7 @@ class PackReader:
             raise BlobNotFoundError(
                 f"pack {pack_id} cannot be read from {_where(layout, locations)} ({last}); restore "
                 "another version, or add redundancy (`casckpt redundancy`) to survive this") from last
-        return scatter(memoryview(self.reconstruct(pack_id, heal=heal))[offset:], buffers)
+        return self._from_reconstructed(layout, offset, buffers, heal)
 
     def _read_striped(self, layout: PackLayout, locations: LocationSet, offset: int,
                       buffers: Sequence[memoryview], heal: bool = True) -> int:

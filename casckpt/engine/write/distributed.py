@@ -42,15 +42,16 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from casckpt.catalog.deltas import delta_policy_for
 from casckpt.catalog.leases import begin_lease, end_lease
 from casckpt.engine.context import EngineContext
-from casckpt.engine.memory.deltabase import ChainPolicy, DeltaPlan, candidate_bases
+from casckpt.engine.memory.deltabase import DeltaPlan, candidate_bases
 from casckpt.engine.read.degraded import Shortfall, shortfalls
 from casckpt.engine.versions.extents import ExtentSource, pack_limit, plan_extents
 from casckpt.engine.write.commit import (
     CommitRequest,
     Snapshot,
+    delta_plan,
+    live_bases,
     parent_manifest,
     parent_of,
     publish,
@@ -209,11 +210,8 @@ def _delta(ctx: EngineContext, run: str | None, candidates: dict[bytes, bytes]
     saved last)."""
     if run is None:
         return None, None
-    chain, by_cost = delta_policy_for(ctx.catalog, run)
-    if chain <= 0 or ctx.bases.budget <= 0:
-        return None, None
-    plan = DeltaPlan(ctx.bases, candidates, set(), ChainPolicy(chain, by_cost), ctx.config.zstd_level)
-    return plan, parent_manifest(ctx, run, parent_of(ctx, run))
+    plan = delta_plan(ctx, run, candidates)
+    return plan, None if plan is None else parent_manifest(ctx, run, parent_of(ctx, run))
 
 
 def _bases(ctx: EngineContext, plan: DeltaPlan, candidates: dict[bytes, bytes], before: Manifest,
@@ -222,9 +220,7 @@ def _bases(ctx: EngineContext, plan: DeltaPlan, candidates: dict[bytes, bytes], 
     entries = [TensorEntry(p.path, "torch", p.dtype, p.shape, i, global_offset=p.global_offset)
                for i, p in enumerate(window.pieces)]
     found = candidate_bases(before, entries, [p.extent for p in window.pieces], fresh)
-    cached = [b for b in set(found.values()) if ctx.bases.get(b) is not None]
-    live = ctx.catalog.find_chunks((b.hex() for b in cached), live_only=True)
-    plan.live |= {bytes.fromhex(h) for h in live}
+    plan.live |= live_bases(ctx, found)
     candidates.update(found)
 
 

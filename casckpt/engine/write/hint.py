@@ -35,6 +35,7 @@ ids). See docs/ARCHITECTURE.md ("Change hints") for what bypasses version counte
 from __future__ import annotations
 
 import fnmatch
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -127,9 +128,7 @@ def trusted_counters(hint: ChangeHint | None, version_id: str,
 
 def _previous(manifest: Manifest) -> tuple[dict[str, TensorEntry], dict[str, ExtentEntry]]:
     """The previous version's tensors by path, and the extents of those alone in theirs."""
-    users: dict[int, int] = {}
-    for t in manifest.tensors:
-        users[t.extent] = users.get(t.extent, 0) + 1
+    users = Counter(t.extent for t in manifest.tensors)
     tensors = {t.path: t for t in manifest.tensors if not t.is_shard and t.rank is None}
     extents = {t.path: manifest.extents[t.extent] for t in tensors.values()
                if users[t.extent] == 1 and not manifest.extents[t.extent].packed
