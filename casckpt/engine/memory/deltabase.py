@@ -237,9 +237,9 @@ class DeltaPlan:
     """
 
     def __init__(self, bases: BaseCache, candidates: Mapping[bytes, bytes], live: set[bytes],
-                 policy: ChainPolicy | int, level: int) -> None:
-        self.bases, self.candidates, self.live, self.level = bases, candidates, live, level
-        self.policy = policy if isinstance(policy, ChainPolicy) else ChainPolicy(policy)
+                 policy: ChainPolicy, level: int) -> None:
+        self.bases, self.candidates, self.live = bases, candidates, live
+        self.level, self.policy = level, policy
         self.fresh: dict[bytes, CachedChunk] = {}
         self._fresh_bytes = 0
         self._first_full = FIRST_FULL

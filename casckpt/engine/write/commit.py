@@ -481,8 +481,8 @@ def commit(ctx: EngineContext, state: object, req: CommitRequest,
     """
     started, created = time.monotonic(), time.time()
     refuse_existing(ctx, req)
-    redundancy = ctx.packs.redundancy_for(req.run)
-    ctx.packs.check_writable(redundancy)
+    redundancy = ctx.packs.placement.redundancy_for(req.run)
+    ctx.packs.placement.check_writable(redundancy)
     snap = snapshot(ctx, state, req, created, parent=parent_of(ctx, req.run), progress=progress, hint=hint)
     lease = begin_lease(ctx.catalog, snap.version_id)
     try:

@@ -284,7 +284,7 @@ def compose(ctx: EngineContext, req: CommitRequest, parent: str | None, created:
     snap = Snapshot(headed(manifest, tree), version_id, manifest_bytes, chunks, [], tree)
     snap.degraded = list(degraded)
     snap.wrote(write_chunks(ctx, nodes, [n for n in nodes if n not in known],
-                            ctx.packs.redundancy_for(req.run), None))  # nodes: no bytes counted
+                            ctx.packs.placement.redundancy_for(req.run), None))  # nodes: no bytes counted
     snap.new_bytes, snap.stored_bytes = new_bytes, stored_bytes
     return snap
 
@@ -319,14 +319,14 @@ def begin_save(ctx: EngineContext, req: CommitRequest) -> SaveStart:
     """
     started, created = time.monotonic(), time.time()
     refuse_existing(ctx, req)
-    ctx.packs.check_writable(ctx.packs.redundancy_for(req.run))
+    ctx.packs.placement.check_writable(ctx.packs.placement.redundancy_for(req.run))
     parent = parent_of(ctx, req.run)
     return SaveStart(parent, created, started, begin_lease(ctx.catalog))
 
 
 def save_pieces(ctx: EngineContext, req: CommitRequest, pieces: Sequence[TensorPiece]) -> RankWrite:
     """Every rank: :func:`write_pieces` with the run's redundancy."""
-    return write_pieces(ctx, pieces, ctx.packs.redundancy_for(req.run), run=req.run)
+    return write_pieces(ctx, pieces, ctx.packs.placement.redundancy_for(req.run), run=req.run)
 
 
 def publish_save(ctx: EngineContext, req: CommitRequest, start: SaveStart, world: World, root: Node,
@@ -342,7 +342,7 @@ def publish_save(ctx: EngineContext, req: CommitRequest, start: SaveStart, world
     entries, extents = piece_entries(pieces)
     snap = compose(ctx, req, start.parent, start.created, world, root, entries, extents, new_bytes,
                    stored_bytes, degraded)
-    return publish(ctx, req, snap, ctx.packs.redundancy_for(req.run), start.started, start.lease)
+    return publish(ctx, req, snap, ctx.packs.placement.redundancy_for(req.run), start.started, start.lease)
 
 
 def end_save(ctx: EngineContext, lease: str) -> None:

@@ -153,10 +153,7 @@ def reusable(
     if parent is None:
         return {}
     before, alone = _previous(parent)
-    trusted = counters
-    users: dict[int, int] = {}
-    for e in entries:
-        users[e.extent] = users.get(e.extent, 0) + 1
+    users = Counter(e.extent for e in entries)
     out: dict[int, ExtentEntry] = {}
     for leaf, entry in zip(leaves, entries, strict=True):
         declared = hint.unchanged is not None and hint.unchanged(leaf.path)
@@ -174,9 +171,9 @@ def reusable(
                 or entry.stride is not None
                 or (old.kind, old.dtype, old.shape) != (entry.kind, entry.dtype, entry.shape)):
             continue  # new to the run, or not alone in its extent: hashed
-        counted = (not declared and trusted is not None and hint.versions is not None
+        counted = (not declared and counters is not None and hint.versions is not None
                    and isinstance(leaf.value, torch.Tensor) and hint.versions(leaf.path)
-                   and trusted.unchanged(leaf.path, leaf.value))
+                   and counters.unchanged(leaf.path, leaf.value))
         if not (declared or counted):
             continue
         size = aligned_chunk_size(chunk_size, source.align)
