@@ -193,11 +193,9 @@ def _encoded(ctx: EngineContext, chunks: Mapping[bytes, ChunkBytes], ids: Sequen
             codec, payload = encode_chunk(data, chunk.align, policy)
             return int(codec), payload
 
-        if delta is None:
-            codec, payload = plain()
-            return cid, codec, len(data), payload, None
-        chosen, payload, base = delta.encode(cid, data, chunk.align, chunk.owned, plain)
-        return cid, chosen, len(data), payload, base
+        codec, payload, base = ((*plain(), None) if delta is None
+                                else delta.encode(cid, data, chunk.align, chunk.owned, plain))
+        return cid, codec, len(data), payload, base
 
     for i in range(0, len(ids), window):
         yield from ctx.pool.map(encode, ids[i : i + window])
