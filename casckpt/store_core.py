@@ -166,8 +166,8 @@ class StoreCore:
 
         if self.tier is None:
             return DrainReport()
-        return drain(self.tier, self.ctx.packs.write_bytes, self.ctx.locations.put_everywhere, wait=wait,
-                     progress=progress, stop=stop)
+        return drain(self.tier, self.ctx.packs.writer.write_bytes, self.ctx.locations.put_everywhere,
+                     wait=wait, progress=progress, stop=stop)
 
     # -- lifecycle ----------------------------------------------------------
 

@@ -119,7 +119,7 @@ class Locations:
 
     def redundancy(self, run: str | None = None) -> str:
         """The redundancy new packs get: the store's, or ``run``'s own if it has one."""
-        return str(self._core.ctx.packs.redundancy_for(run))
+        return str(self._core.ctx.packs.placement.redundancy_for(run))
 
     def set_redundancy(self, spec: str, *, run: str | None = None) -> str:
         """Set the redundancy of new packs: ``"none"``, ``"replicate:N"`` or ``"ec:K+M"``.
@@ -140,7 +140,7 @@ class Locations:
             records.record_run(core.ctx.locations, core.ctx.catalog, run)
             return self.redundancy(run)
         scheme = Redundancy.parse(spec)
-        core.ctx.packs.check_redundancy(scheme)
+        core.ctx.packs.placement.check_redundancy(scheme)
         if run is None:
             REDUNDANCY.set_store(core.ctx.catalog, str(scheme))
             records.record_store(core.ctx.locations, core.ctx.catalog)

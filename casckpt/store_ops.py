@@ -258,7 +258,7 @@ class Ops:
         catalog = self._core.ctx.catalog
         deltas = deltas_sql.delta_totals(catalog)
         return StoreStats(
-            **inventory.totals(catalog), redundancy=str(self._core.ctx.packs.redundancy_for(None)),
+            **inventory.totals(catalog), redundancy=str(self._core.ctx.packs.placement.redundancy_for(None)),
             delta_chunks=deltas.chunks, delta_raw_bytes=deltas.raw_bytes,
             delta_stored_bytes=deltas.stored_bytes, longest_chain=deltas.longest_chain,
             mean_chain=deltas.mean_chain, delta_chain=deltas_sql.store_delta_chain(catalog),

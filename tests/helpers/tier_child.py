@@ -124,18 +124,18 @@ def killed_commit(root: str, blobs: str, fast: str, endpoint: str) -> None:
 
 def _log_uploads(path: str) -> None:
     """Append the id of every pack this process stores on the locations to ``path``."""
-    from casckpt.engine.packlayer.packs import Packs
+    from casckpt.engine.packlayer.packwrite import PackWriter
 
     def logged(real: Callable[..., Any]) -> Callable[..., Any]:
-        def write(self: Packs, pack_id: str, *args: Any, **kwargs: Any) -> Any:
+        def write(self: PackWriter, pack_id: str, *args: Any, **kwargs: Any) -> Any:
             layout = real(self, pack_id, *args, **kwargs)
             with open(path, "a") as f:
                 f.write(f"{pack_id}\n")
             return layout
         return write
 
-    Packs.write = logged(Packs.write)  # type: ignore[method-assign]  # a commit's pack
-    Packs.write_bytes = logged(Packs.write_bytes)  # type: ignore[method-assign]  # a drained one
+    PackWriter.write = logged(PackWriter.write)  # type: ignore[method-assign]  # a commit's pack
+    PackWriter.write_bytes = logged(PackWriter.write_bytes)  # type: ignore[method-assign]  # a drained one
 
 
 def committer(root: str, blobs: str, fast: str, endpoint: str, run: str, count: int,

@@ -1040,6 +1040,6 @@ def test_gc_repack_keeps_the_redundancy_of_the_pack(tmp_path: Path) -> None:
         store.gc(grace=0)
         live = inventory.live_packs(internals(store).catalog)
         schemes = {layout.scheme for layout in
-                   (internals(store).packs.layout(p.id, fresh=True) for p in live) if layout is not None}
+                   (internals(store).packs.layouts.get(p.id, fresh=True) for p in live) if layout is not None}
         assert schemes == {"ec"}
         assert store.ops.check(read_data=True).ok

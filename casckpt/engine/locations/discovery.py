@@ -35,7 +35,6 @@ from casckpt.storage.locations import Location, LocationSet
 log = logging.getLogger(__name__)
 
 
-
 @dataclass(slots=True)
 class FoundPack:
     """The objects of one pack a listing found."""

@@ -30,8 +30,9 @@ anything: every location it lists must carry this catalog's exact identity.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 from casckpt.catalog import Catalog
 from casckpt.catalog import identity as identity_sql
@@ -112,12 +113,7 @@ def survey(name: str, blobs: BlobStore) -> Survey:
 
 
 def _sample(blobs: BlobStore, prefix: str) -> list[str]:
-    found = []
-    for info in blobs.list(prefix):
-        found.append(info.key)
-        if len(found) >= _SAMPLE:
-            break
-    return found
+    return list(islice((info.key for info in blobs.list(prefix)), _SAMPLE))
 
 
 def _refusal(catalog: Catalog, mine: StoreIdentity, loc: Survey, what: str) -> StoreIdentityError:
@@ -139,9 +135,10 @@ def _alias(loc: Survey, record: StoreIdentity) -> StoreIdentityError:
         "objects for stale copies of the other's")
 
 
-def _adoptable(loc: Survey, knows: Callable[[str, Sequence[str]], bool]) -> bool | None:
+def _adoptable(catalog: Catalog, loc: Survey, empty: bool) -> bool | None:
     """For a location without a usable record: None if it holds no data; else whether the
-    catalog already knows some of its objects (then it is this store's, from before records)."""
+    catalog (``empty``: it has no data) already knows some of its objects (then it is this
+    store's, from before records)."""
     try:
         manifests = _sample(loc.blobs, objectnames.MANIFESTS)
         packs = [] if manifests else _sample(loc.blobs, objectnames.PACKS)
@@ -150,17 +147,11 @@ def _adoptable(loc: Survey, knows: Callable[[str, Sequence[str]], bool]) -> bool
         return False
     if not manifests and not packs:
         return None
-    return knows(loc.name, manifests or packs)
-
-
-def _knows(catalog: Catalog) -> Callable[[str, Sequence[str]], bool]:
-    def knows(location: str, objects: Sequence[str]) -> bool:
-        prefix = objectnames.MANIFESTS
-        manifests = [k.removeprefix(prefix) for k in objects if k.startswith(prefix)]
-        if manifests:
-            return bool(known_manifests(catalog, manifests))
-        return bool(shard_sql.keys_on_location(catalog, location, objects))
-    return knows
+    if empty:
+        return False
+    if manifests:
+        return bool(known_manifests(catalog, [k.removeprefix(objectnames.MANIFESTS) for k in manifests]))
+    return bool(shard_sql.keys_on_location(catalog, loc.name, packs))
 
 
 def check_at_open(catalog: Catalog, surveys: Sequence[Survey], *, recover: bool) -> list[Survey]:
@@ -173,9 +164,9 @@ def check_at_open(catalog: Catalog, surveys: Sequence[Survey], *, recover: bool)
         StoreIdentityError: some location is not this catalog's store (see the module docstring).
     """
     mine = identity_sql.read(catalog)
-    if recover and shard_sql.is_empty(catalog):
+    empty = shard_sql.is_empty(catalog)
+    if recover and empty:
         return []
-    knows = _knows(catalog)
     to_write = []
     for loc in surveys:
         if loc.unreachable is not None:
@@ -192,7 +183,7 @@ def check_at_open(catalog: Catalog, surveys: Sequence[Survey], *, recover: bool)
             if record.generation < mine.generation:
                 to_write.append(loc)
             continue
-        held = _adoptable(loc, (lambda *_: False) if shard_sql.is_empty(catalog) else knows)
+        held = _adoptable(catalog, loc, empty)
         if held is False:
             what = ("holds checkpoint data but no identity record" if loc.damaged is None
                     else f"holds checkpoint data and a damaged identity record ({loc.damaged})")

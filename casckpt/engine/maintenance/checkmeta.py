@@ -360,7 +360,7 @@ def check_presence(ctx: EngineContext, layouts: Iterable[PackLayout], found: Fin
             shard_sql.mark_shards(ctx.catalog, layout.id, {
                 i: (state, row.location_id, row.key) for i, state in damaged.items()
                 if (row := layout.shard(i)) is not None})
-            ctx.packs.forget(layout.id)
+            ctx.packs.layouts.forget(layout.id)
         unusable[layout.id] = bad
     check_domains(ctx, layouts, found)
     return unusable

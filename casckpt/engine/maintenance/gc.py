@@ -248,8 +248,8 @@ def _orphans(ctx: EngineContext, listing: Listing, cutoff: float,
 def _repack_one(ctx: EngineContext, pack_id: str) -> None:
     """Copy a pack's live chunks (verified) into new packs and point their rows at the copies."""
     rows = sql.live_chunks_of(ctx.catalog, pack_id)
-    data = memoryview(ctx.packs.get(pack_id))
-    layout = ctx.packs.layout(pack_id)
+    data = memoryview(ctx.packs.reads.get(pack_id))
+    layout = ctx.packs.layouts.get(pack_id)
     scheme = Redundancy(layout.scheme, layout.k, layout.m) if layout is not None else Redundancy("none")
     packer = Packer(ctx, scheme,  # the copies keep the redundancy the pack had
                     on_stored=partial(sql.relocate, ctx.catalog, old_pack_id=pack_id))

@@ -230,7 +230,7 @@ class DeletionGuard:
                    if (sh.location_id, sh.key) in deleted_stale}
             if hit:
                 shard_sql.mark_shards(self._ctx.catalog, pack_id, hit)
-                self._ctx.packs.forget(pack_id)
+                self._ctx.packs.layouts.forget(pack_id)
                 log.error("gc deleted shard(s) %s of pack %s that a concurrent repair had just "
                           "written back; marked missing (run `casckpt repair`)", sorted(hit), pack_id)
                 notes.append(f"pack {pack_id}: shard(s) {sorted(hit)} written back by a concurrent "
@@ -272,7 +272,7 @@ class DeletionGuard:
         if sum(sh.size for sh in layout.shards) > IN_MEMORY_LIMIT:
             raise StorageError(f"pack {layout.id} claims {layout.size} bytes, more than gc reconstructs "
                                "in memory to read its footer")
-        data, _ = self._ctx.packs.read_detached(layout)
+        data, _ = self._ctx.packs.verifier.read_detached(layout)
         if data is None:
             raise MissingDataError(f"pack {layout.id}: too few healthy shards to rebuild it")
         return read_index(data)

@@ -74,7 +74,7 @@ def _recover_pack(ctx: EngineContext, layout: PackLayout) -> int:
     if not verdict.ok:
         if layout.scheme != "ec" or sum(sh.size for sh in layout.shards) > scrub.IN_MEMORY_LIMIT:
             raise CorruptPackError("no copy or set of shards reads back as the pack")
-        data, states = ctx.packs.read_detached(layout)
+        data, states = ctx.packs.verifier.read_detached(layout)
         if data is None:
             raise CorruptPackError("too few intact shards to read it back")
         entries = read_index(data)

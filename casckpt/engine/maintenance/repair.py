@@ -79,7 +79,7 @@ def repair(ctx: EngineContext, progress: ProgressCallback | None = None) -> Repa
     try:
         for done, pack_id in enumerate(queue, 1):
             try:
-                outcome = ctx.packs.repair(pack_id)
+                outcome = ctx.packs.repairer.repair(pack_id)
             except BlobNotFoundError:  # GC removed the pack meanwhile: nothing to repair
                 continue
             if outcome.rewritten or outcome.unplaced or outcome.error:

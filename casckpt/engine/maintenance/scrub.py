@@ -297,7 +297,7 @@ def _failed(verdict: PackVerdict, index: int, what: str, exc: StorageError) -> N
 def _reconstruct_in_memory(ctx: EngineContext, layout: PackLayout, verdict: PackVerdict) -> None:
     """A shard is damaged: reconstruct the pack from the healthy ones (in memory) and verify it."""
     try:
-        found = ctx.packs.examine(layout.id, read_all=True)  # records shard health itself
+        found = ctx.packs.verifier.examine(layout.id, read_all=True)  # records shard health itself
     except AccessDeniedError:
         raise  # refused, not damaged or missing: stop, naming the right
     except CasckptError as exc:
@@ -332,7 +332,7 @@ def _record(ctx: EngineContext, layout: PackLayout, verdict: PackVerdict) -> Non
                if (row := layout.shard(i)) is not None and row.state != state}
     if damaged and layout.scheme != "none":  # a lone copy has nothing to be repaired from
         shard_sql.mark_shards(ctx.catalog, layout.id, damaged)
-        ctx.packs.forget(layout.id)
+        ctx.packs.layouts.forget(layout.id)
     healthy = [sh.index for sh in layout.shards
                if sh.index not in verdict.damaged and sh.index not in verdict.unreachable]
     if verdict.ok:

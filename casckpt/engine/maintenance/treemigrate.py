@@ -91,8 +91,8 @@ def migrate(ctx: EngineContext, progress: ProgressCallback | None = None) -> Mig
         done = 0
         for run, versions in groupby(todo, key=lambda pair: pair[1]):
             ids = [version_id for version_id, _ in versions]
-            redundancy = ctx.packs.redundancy_for(run)
-            ctx.packs.check_writable(redundancy)
+            redundancy = ctx.packs.placement.redundancy_for(run)
+            ctx.packs.placement.check_writable(redundancy)
             for batch in _batches(ctx, ids, tally):
                 _migrate_batch(ctx, batch, redundancy, tally)
                 done += len(batch)

@@ -38,7 +38,7 @@ transitively.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -204,9 +204,7 @@ class BaseCache:
 
 
 def _extents_by_path(manifest: Manifest) -> dict[tuple[str, int | None, tuple[int, ...] | None], ExtentEntry]:
-    users: dict[int, int] = {}
-    for t in manifest.tensors:
-        users[t.extent] = users.get(t.extent, 0) + 1
+    users = Counter(t.extent for t in manifest.tensors)
     return {(t.path, t.rank, t.global_offset): manifest.extents[t.extent] for t in manifest.tensors
             if users[t.extent] == 1}
 
@@ -239,9 +237,9 @@ class DeltaPlan:
     """
 
     def __init__(self, bases: BaseCache, candidates: Mapping[bytes, bytes], live: set[bytes],
-                 policy: ChainPolicy | int, level: int) -> None:
-        self.bases, self.candidates, self.live, self.level = bases, candidates, live, level
-        self.policy = policy if isinstance(policy, ChainPolicy) else ChainPolicy(policy)
+                 policy: ChainPolicy, level: int) -> None:
+        self.bases, self.candidates, self.live = bases, candidates, live
+        self.level, self.policy = level, policy
         self.fresh: dict[bytes, CachedChunk] = {}
         self._fresh_bytes = 0
         self._first_full = FIRST_FULL

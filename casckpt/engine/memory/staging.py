@@ -24,12 +24,8 @@ if TYPE_CHECKING:  # imported when the first tensor is staged: opening a store n
 
 
 class StagingBuffers:
-    """Two reusable host buffers for streaming device tensors. One stream at a time (a lock).
-
-    Args:
-        total: bytes for both buffers together; each window is at most half,
-            rounded down to a whole number of chunks.
-    """
+    """Two reusable host buffers, ``total`` bytes together, for streaming device tensors: each
+    window is at most half, rounded down to a whole number of chunks. One stream at a time."""
 
     def __init__(self, total: int) -> None:
         self.total = total

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -99,11 +100,8 @@ class Placement:
         share a domain (too few were active), losing that one domain must
         not take the pack below what the quorum promises.
         """
-        per_domain: dict[str, int] = {}
-        for sh in rows:
-            loc = locations.get(sh.location_id)
-            if sh.state == "ok" and loc is not None:
-                per_domain[loc.domain] = per_domain.get(loc.domain, 0) + 1
+        per_domain = Counter(loc.domain for sh in rows
+                             if sh.state == "ok" and (loc := locations.get(sh.location_id)) is not None)
         if not per_domain:
             return 0
         return sum(per_domain.values()) - max(per_domain.values()) + 1
@@ -165,13 +163,11 @@ class Placement:
         """
         key = object_key(layout, index)
         fresh = [loc for loc in order if loc.state == "active" and loc.domain not in taken]
-        used: dict[int, int] = {}
-        for sh in layout.shards:
-            used[sh.location_id] = used.get(sh.location_id, 0) + 1
+        used = Counter(sh.location_id for sh in layout.shards)
         holding = {sh.location_id for sh in layout.shards if sh.key == key and sh.index != index}
         doubled = sorted((loc for loc in order if loc.state == "active" and loc.domain in taken
                           and loc.id not in holding),  # copies share a key: one per location
-                         key=lambda loc: used.get(loc.id, 0))
+                         key=lambda loc: used[loc.id])
         for loc in [*fresh, *doubled]:
             if loc.domain in taken:
                 log.warning("pack %s shard %d shares failure domain %s with another shard: no "

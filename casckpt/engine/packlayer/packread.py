@@ -118,7 +118,7 @@ class PackReader:
             raise BlobNotFoundError(
                 f"pack {pack_id} cannot be read from {_where(layout, locations)} ({last}); restore "
                 "another version, or add redundancy (`casckpt redundancy`) to survive this") from last
-        return scatter(memoryview(self.reconstruct(pack_id, heal=heal))[offset:], buffers)
+        return self._from_reconstructed(layout, offset, buffers, heal)
 
     def _read_striped(self, layout: PackLayout, locations: LocationSet, offset: int,
                       buffers: Sequence[memoryview], heal: bool = True) -> int:
@@ -254,7 +254,12 @@ class PackReader:
 
     def _reconstruct(self, pack_id: str, heal: bool) -> bytes:
         layout = self._layouts.require(pack_id, fresh=True)
-        found = self._examine_waiting(layout)
+        started = time.monotonic()
+        try:
+            found = self._examine_waiting(layout, started)
+        finally:
+            with self._lock:
+                self._waits.pop(layout.id, None)
         if found.data is None:
             sql.mark_pack_lost(self._catalog, pack_id)
             needed = layout.k if layout.scheme == "ec" else 1
@@ -272,22 +277,14 @@ class PackReader:
                 log.warning("pack %s: healing shards %s failed: %s", pack_id, damaged, exc)
         return found.data
 
-    def _examine_waiting(self, layout: PackLayout) -> ShardCheck:
+    def _examine_waiting(self, layout: PackLayout, started: float) -> ShardCheck:
         """Examine the pack's shards; while it cannot be reconstructed only because too few
-        shards could be reached, wait with backoff (full jitter) and examine again, for up to
-        the retry budget.
+        shards could be reached, wait with backoff (full jitter) and examine again, until the
+        retry budget from ``started`` runs out (the wait is listed in ``_waits``).
 
         Raises:
             StoreUnavailableError: the budget ran out with too few shards reachable.
         """
-        started = time.monotonic()
-        try:
-            return self._examine_until(layout, started)
-        finally:
-            with self._lock:
-                self._waits.pop(layout.id, None)
-
-    def _examine_until(self, layout: PackLayout, started: float) -> ShardCheck:
         needed = layout.k if layout.scheme == "ec" else 1
         waits = 0
         while True:
@@ -319,13 +316,9 @@ class PackReader:
 
 def _readable(layout: PackLayout, locations: LocationSet) -> list[tuple[ShardRow, Location]]:
     """Shards worth reading, best first: healthy, data shards, local locations."""
-    out = []
-    for sh in layout.shards:
-        loc = locations.get(sh.location_id)
-        if loc is not None and loc.readable and (sh.state == "ok" or layout.scheme == "none"):
-            out.append((sh, loc))
-    out.sort(key=lambda pair: (pair[0].index >= layout.k, pair[1].remote, pair[0].index))
-    return out
+    out = [(sh, loc) for sh in layout.shards if (loc := locations.get(sh.location_id)) is not None
+           and loc.readable and (sh.state == "ok" or layout.scheme == "none")]
+    return sorted(out, key=lambda pair: (pair[0].index >= layout.k, pair[1].remote, pair[0].index))
 
 
 def _where(layout: PackLayout, locations: LocationSet) -> str:

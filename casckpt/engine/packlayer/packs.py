@@ -17,8 +17,9 @@ The pieces, each usable on its own:
 :meth:`Packs.open` builds them, in that order, over one catalog and one
 :class:`CurrentLocations`; with this host's fast tier, the tier then wraps the reader
 (:class:`~.tierreads.TierReads`: its packs are read from its disk, the rest from the
-locations). :class:`Packs` is immutable and forwards the calls the rest of the engine
-makes; :meth:`Packs.on_locations` is a copy reading from the locations only. Objects are
+locations). :class:`Packs` is immutable and holds the pieces: callers name the one they use
+(``packs.placement.redundancy_for``), and read through :attr:`Packs.reads`;
+:meth:`Packs.on_locations` is a copy reading from the locations only. Objects are
 deleted only through :meth:`LocationSet.delete`.
 """
 
@@ -27,20 +28,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Protocol
 
-from casckpt.catalog import Catalog, PackLayout
+from casckpt.catalog import Catalog
 from casckpt.engine.packlayer.packcoding import ErasureCoder
 from casckpt.engine.packlayer.packlayouts import Layouts
 from casckpt.engine.packlayer.packplacement import Placement
 from casckpt.engine.packlayer.packread import PackReader
-from casckpt.engine.packlayer.packrepair import PackRepairer, RepairOutcome
-from casckpt.engine.packlayer.packverify import PackVerifier, ShardCheck
+from casckpt.engine.packlayer.packrepair import PackRepairer
+from casckpt.engine.packlayer.packverify import PackVerifier
 from casckpt.engine.packlayer.packwrite import PackWriter
 from casckpt.engine.packlayer.tierreads import TierReads
 from casckpt.engine.tiering.tier import FastTier
-from casckpt.storage.erasure import Redundancy
 from casckpt.storage.locations import CurrentLocations
 
 
@@ -110,86 +109,6 @@ class Packs:
         (the same parts: closing either closes both)."""
         return self if self.tier is None else replace(self, reads=self.reader, tier=None)
 
-    def prepare(self, redundancy: Redundancy) -> None:
-        """See :meth:`ErasureCoder.prepare`."""
-        self.coder.prepare(redundancy)
-
     def close(self) -> None:
         """Stop the erasure-coding worker processes; call once no pack is being written."""
         self.coder.close()
-
-    # -- policy (see Placement) --------------------------------------------------
-
-    def check_redundancy(self, redundancy: Redundancy) -> None:
-        """See :meth:`Placement.check_redundancy`."""
-        self.placement.check_redundancy(redundancy)
-
-    def redundancy_for(self, run: str | None) -> Redundancy:
-        """See :meth:`Placement.redundancy_for`."""
-        return self.placement.redundancy_for(run)
-
-    def check_writable(self, redundancy: Redundancy) -> None:
-        """See :meth:`Placement.check_writable`."""
-        self.placement.check_writable(redundancy)
-
-    def quorum(self, redundancy: Redundancy) -> int:
-        """See :meth:`Placement.quorum`."""
-        return self.placement.quorum(redundancy)
-
-    # -- layouts (see Layouts) ---------------------------------------------------
-
-    def layout(self, pack_id: str, *, fresh: bool = False) -> PackLayout | None:
-        """See :meth:`Layouts.get`."""
-        return self.layouts.get(pack_id, fresh=fresh)
-
-    def forget(self, pack_id: str) -> None:
-        """See :meth:`Layouts.forget`."""
-        self.layouts.forget(pack_id)
-
-    # -- writing, reading, verifying, repairing -------------------------------------
-
-    def write(self, pack_id: str, path: Path, size: int, redundancy: Redundancy) -> PackLayout:
-        """See :meth:`PackWriter.write`."""
-        return self.writer.write(pack_id, path, size, redundancy)
-
-    def write_bytes(self, pack_id: str, data: bytes, redundancy: Redundancy) -> PackLayout:
-        """See :meth:`PackWriter.write_bytes`."""
-        return self.writer.write_bytes(pack_id, data, redundancy)
-
-    def read_into(self, pack_id: str, offset: int, buffers: Sequence[memoryview], *,
-                  heal: bool = True) -> int:
-        """See :meth:`PackReader.read_into` (and :meth:`.TierReads.read_into`)."""
-        return self.reads.read_into(pack_id, offset, buffers, heal=heal)
-
-    def get(self, pack_id: str) -> bytes:
-        """See :meth:`PackReader.get` (and :meth:`.TierReads.get`)."""
-        return self.reads.get(pack_id)
-
-    def can_reconstruct(self, pack_id: str) -> bool:
-        """See :meth:`PackReader.can_reconstruct` (and :meth:`.TierReads.can_reconstruct`)."""
-        return self.reads.can_reconstruct(pack_id)
-
-    def waiting_s(self) -> float | None:
-        """See :meth:`PackReader.waiting_s`."""
-        return self.reads.waiting_s()
-
-    @property
-    def retry_s(self) -> float:
-        """See :attr:`PackReader.retry_s`."""
-        return self.reads.retry_s
-
-    def reconstruct(self, pack_id: str, *, heal: bool = True) -> bytes:
-        """See :meth:`PackReader.reconstruct` (and :meth:`.TierReads.reconstruct`)."""
-        return self.reads.reconstruct(pack_id, heal=heal)
-
-    def examine(self, pack_id: str, *, read_all: bool = True) -> ShardCheck:
-        """See :meth:`PackVerifier.examine`."""
-        return self.verifier.examine(pack_id, read_all=read_all)
-
-    def read_detached(self, layout: PackLayout) -> tuple[bytes | None, dict[int, str]]:
-        """See :meth:`PackVerifier.read_detached`."""
-        return self.verifier.read_detached(layout)
-
-    def repair(self, pack_id: str) -> RepairOutcome:
-        """See :meth:`PackRepairer.repair`."""
-        return self.repairer.repair(pack_id)

@@ -503,7 +503,7 @@ def _read_located(
         plan = [_Slot.of(loc, wanted[loc.entry().chunk_id]) for loc in r.chunks]
         buffers = [view for slot in plan for view in (slot.header, slot.payload)]
         try:
-            got = ctx.packs.read_into(r.pack_id, r.start, buffers, heal=heal)
+            got = ctx.packs.reads.read_into(r.pack_id, r.start, buffers, heal=heal)
         except BlobNotFoundError as exc:
             if not last_try:
                 raise _PackGone() from exc
@@ -520,11 +520,11 @@ def _read_located(
                 )
             decoder(plan)
         except IntegrityError:
-            if not ctx.packs.can_reconstruct(r.pack_id):
+            if not ctx.packs.reads.can_reconstruct(r.pack_id):
                 raise
             # a copy or shard is damaged: reconstruct the pack from healthy shards (healing them)
             try:
-                pack = ctx.packs.reconstruct(r.pack_id, heal=heal)
+                pack = ctx.packs.reads.reconstruct(r.pack_id, heal=heal)
             except MissingDataError as exc:
                 raise _unreadable(r.pack_id, exc) from exc
             scatter(memoryview(pack)[r.start : r.end], buffers)
@@ -553,9 +553,9 @@ def _results(ctx: EngineContext, fn: Callable[[_Range], int], items: Sequence[_R
         for future in futures:
             while not future.done():
                 wait([future], timeout=_WAIT_POLL_S)
-                waited = ctx.packs.waiting_s()
+                waited = ctx.packs.reads.waiting_s()
                 if waited is not None and not future.done():
-                    progress("wait", int(waited), int(ctx.packs.retry_s))
+                    progress("wait", int(waited), int(ctx.packs.reads.retry_s))
             yield future.result()
     finally:  # a read that failed or was abandoned: the rest are not wanted
         for future in futures:

@@ -120,21 +120,14 @@ class FastTier:
         self.keep_last = keep_last
         self.room = ROOM_PACKS * pack_size  # free bytes a commit wants on the disk to fill a pack here
         self.scratch = ScratchDir(directory.staging)  # packs being filled to be held here
-        self._wake: Callable[[], None] = lambda: None
+        # tells the drain worker there is work (a commit published); the DrainWorker sets it
+        self.wake: Callable[[], None] = lambda: None
         self._keep: dict[str, frozenset[str]] = {}  # version id -> packs it references (memo)
         self._lost_warned = False
         self._full_warned = False
 
     def __repr__(self) -> str:
         return f"FastTier({self.id}, {str(self.dir.root)!r})"
-
-    def on_new_work(self, wake: Callable[[], None]) -> None:
-        """Call ``wake`` whenever there is something new to drain."""
-        self._wake = wake
-
-    def wake(self) -> None:
-        """Tell the drain worker there is work (a commit published)."""
-        self._wake()
 
     # -- writes ---------------------------------------------------------------
 
@@ -324,12 +317,14 @@ def open_tier(catalog: Catalog, base: Path | str, budget: int, keep_last: int, *
     if directory.created:
         for old in known.values():
             if old.host == host and old.path == str(directory.root) and old.state == "active":
-                _declare_lost(catalog, old.id, f"its directory {old.path} was found without its "
-                              "identity record (wiped or replaced)")
+                declare_lost(catalog, old.id, f"its directory {old.path} was found without its "
+                             "identity record (wiped or replaced)")
     return tier
 
 
-def _declare_lost(catalog: Catalog, tier_id: str, why: str) -> sql.Lost:
+def declare_lost(catalog: Catalog, tier_id: str, why: str) -> sql.Lost:
+    """Declare a tier lost, warning with ``why`` and the versions lost with it (at open, or
+    by hand: ``store.tier.forget``)."""
     lost = sql.declare_lost(catalog, tier_id)
     if lost.versions:
         log.warning("fast tier %s is lost (%s) before %d pack(s) drained: %d version(s) are lost "
@@ -340,11 +335,6 @@ def _declare_lost(catalog: Catalog, tier_id: str, why: str) -> sql.Lost:
         log.warning("fast tier %s is lost (%s): %d pack(s) no version needed were lost with it",
                     tier_id, why, len(lost.packs))
     return lost
-
-
-def forget_tier(catalog: Catalog, tier_id: str) -> sql.Lost:
-    """Declare a tier lost by hand (its host is gone for good): see :func:`open_tier`."""
-    return _declare_lost(catalog, tier_id, "declared lost by hand")
 
 
 # -- the drain -------------------------------------------------------------------
@@ -483,7 +473,7 @@ class DrainWorker:
         self._stop = threading.Event()
         self.last: DrainReport | None = None
         self._thread = threading.Thread(target=self._loop, name="casckpt-drain", daemon=True)
-        tier.on_new_work(self._event.set)
+        tier.wake = self._event.set
         self._event.set()  # at once: what a process killed mid-drain left is resumed on open
         self._thread.start()
 

@@ -50,7 +50,7 @@ def whole_here(row: sql.TierRow) -> bool:
 def forget(catalog: Catalog, own: FastTier | None, tier_id: str) -> TierLoss:
     """See ``store.tier.forget``: declare the tier ``tier_id`` names lost, unless it is
     ``own`` (the handle's tier) or still whole on this host."""
-    from casckpt.engine.tiering.tier import forget_tier
+    from casckpt.engine.tiering.tier import declare_lost
 
     row = find_tier(catalog, tier_id)
     if own is not None and own.id == row.id:
@@ -64,5 +64,5 @@ def forget(catalog: Catalog, own: FastTier | None, tier_id: str) -> TierLoss:
             f"fast tier {row.id} is on this host ({row.path}) and whole: it is not lost. Drain it "
             f"instead (`casckpt --fast-tier {Path(row.path).parent} drain`); forget only a tier "
             "whose host or disk is gone for good")
-    lost = forget_tier(catalog, row.id)
+    lost = declare_lost(catalog, row.id, "declared lost by hand")
     return TierLoss(row.id, row.host, row.path, lost.packs, lost.versions)

@@ -3,9 +3,11 @@
 ``torch.distributed.checkpoint`` pickles its metadata. This reads the user's own file (never
 anything from the store) with an unpickler that resolves only the metadata's classes
 (those defined in ``torch.distributed.checkpoint.metadata``, the filesystem writer's
-``_StorageInfo``), ``torch.Size``, torch dtypes and layouts, and paths: nothing else can be
-named, so nothing else can be called. Whatever it cannot read yields no items, and the
-``.distcp`` files are then cut by content like any other file.
+``_StorageInfo``), ``torch.Size``, torch dtypes, layouts and memory formats, and ``pathlib``
+paths: nothing else can be named, so nothing else can be called. Whatever it cannot read
+yields no items, and the ``.distcp`` files are then cut by content like any other file. The
+import of a DCP directory (:mod:`casckpt.engine.transfer.importdcp`) reads its metadata with
+the same :class:`MetadataUnpickler`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ log = logging.getLogger(__name__)
 MAX_METADATA = 256 << 20
 """A ``.metadata`` file larger than this is not read (its checkpoint is cut by content)."""
 
-_CLASS_MODULES = frozenset({"torch.distributed.checkpoint.metadata"})
+_CLASS_MODULE = "torch.distributed.checkpoint.metadata"
 _NAMED = frozenset({
     ("torch", "Size"),
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
@@ -35,19 +37,29 @@ _NAMED = frozenset({
 })
 
 
-class _MetadataUnpickler(pickle.Unpickler):
+class RefusedGlobal(pickle.UnpicklingError):
+    """A ``.metadata`` pickle names a global DCP metadata is not made of."""
+
+
+class MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP metadata: only the globals of the module doc (else :class:`RefusedGlobal`)."""
+
     def find_class(self, module: str, name: str) -> Any:
         import torch
 
-        if (module, name) in _NAMED:
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout)):
-            return getattr(torch, name)
-        if module in _CLASS_MODULES:
+        if module == _CLASS_MODULE and "." not in name and not name.startswith("__"):
+            # a class defined there, by its plain name: a dotted one would walk into what the
+            # module imports (its ``os``), and its imported helpers are not metadata either
             found = getattr(importlib.import_module(module), name, None)
             if isinstance(found, type) and found.__module__ == module:
                 return found
-        raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP metadata; not loaded")
+        if module == "torch" and isinstance(getattr(torch, name, None),
+                                            (torch.dtype, torch.layout, torch.memory_format)):
+            return getattr(torch, name)
+        if (module, name) in _NAMED:
+            return super().find_class(module, name)
+        raise RefusedGlobal(f"its metadata names the global {module}.{name}, which DCP metadata "
+                            "does not hold")
 
     def persistent_load(self, pid: Any) -> Any:
         raise pickle.UnpicklingError("DCP metadata holds no persistent ids; not loaded")
@@ -64,7 +76,7 @@ def dcp_items(metadata: Path) -> dict[str, list[tuple[int, int]]]:
             if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_METADATA:
                 return {}
             data = file.read(MAX_METADATA)  # a file grown meanwhile: cut short, unreadable
-        loaded = _MetadataUnpickler(io.BytesIO(data)).load()
+        loaded = MetadataUnpickler(io.BytesIO(data)).load()
         storage = getattr(loaded, "storage_data", None)
         out: dict[str, list[tuple[int, int]]] = {}
         for info in (storage or {}).values():

@@ -78,8 +78,7 @@ def scan(root: str | os.PathLike[str], progress: ProgressCallback | None = None,
             f"could not read {exc.filename or str(top)!r}: {exc.strerror or exc}; make the directory "
             "readable and keep it still while add_dir reads it. Nothing was stored."
         ) from exc
-    entries = state.entries
-    return {DIR_KEY: DIR_FORMAT, "files": entries}, summary(entries)
+    return {DIR_KEY: DIR_FORMAT, "files": state.entries}, summary(state.entries)
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
@@ -204,8 +203,6 @@ def _name(path: Path, text: str) -> str:
 
 
 def _what(mode: int) -> str:
-    for test, what in ((stat.S_ISFIFO, "a fifo"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return what
-    return "a special file"
+    kinds = ((stat.S_ISFIFO, "a fifo"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+    return next((what for test, what in kinds if test(mode)), "a special file")

@@ -55,23 +55,6 @@ MAX_INLINE_VALUES = 64 * 1024
 """Largest ``casckpt.values`` JSON (bytes, UTF-8) kept inside the safetensors header."""
 
 
-@dataclass(frozen=True, slots=True)
-class ExportResult:
-    """What :func:`export_safetensors` wrote."""
-
-    file: Path
-    tensors: int
-    values: int
-    values_file: Path | None
-
-
-def sidecar_path(target: Path) -> Path:
-    """``x.safetensors`` -> ``x.values.json``; any other name gets ``.values.json`` appended."""
-    if target.suffix == ".safetensors":
-        return target.with_suffix(".values.json")
-    return target.with_name(target.name + ".values.json")
-
-
 def _as_cpu_tensor(path: str, leaf: torch.Tensor | np.ndarray) -> torch.Tensor:
     import numpy as np
     import torch
@@ -165,7 +148,7 @@ def _save(tensors: Mapping[str, torch.Tensor], metadata: dict[str, str], target:
 
 
 def export_safetensors(state: object, version: Version, target: Path, *,
-                       metadata: Mapping[str, str] | None = None) -> ExportResult:
+                       metadata: Mapping[str, str] | None = None) -> DirExport:
     """Write ``state`` (restored from ``version``) to ``target`` as described in the module doc;
     ``metadata`` adds string entries to the file's metadata (the ``casckpt.*`` ones win).
 
@@ -188,14 +171,16 @@ def export_safetensors(state: object, version: Version, target: Path, *,
     }
     sidecar: Path | None = None
     if len(values_json.encode("utf-8")) > MAX_INLINE_VALUES:
-        sidecar = sidecar_path(target)
+        # x.safetensors -> x.values.json; any other name gets .values.json appended
+        sidecar = target.with_name(target.name.removesuffix(".safetensors") + ".values.json")
         payload = values_json
         _write_atomically(sidecar, lambda tmp: tmp.write_text(payload, encoding="utf-8"))
         metadata["casckpt.values_file"] = sidecar.name
     else:
         metadata["casckpt.values"] = values_json
     _save(tensors, metadata, target)
-    return ExportResult(target, len(tensors), len(values), sidecar)
+    files = (target.name,) if sidecar is None else (target.name, sidecar.name)
+    return DirExport(target.parent, FILE_FORMAT, tuple(sorted(files)), False, len(tensors), len(values))
 
 
 FILE_FORMAT = "safetensors-file"
@@ -269,9 +254,7 @@ def export(state: object, version: Version, target: Path, fmt: str, *, overwrite
     if fmt != FILE_FORMAT:
         return export_dir(state, version, target, fmt, overwrite=overwrite)
     check_export_file(target, overwrite=overwrite)
-    result = export_safetensors(state, version, target)
-    files = (target.name,) if result.values_file is None else (target.name, result.values_file.name)
-    return DirExport(target.parent, fmt, tuple(sorted(files)), False, result.tensors, result.values)
+    return export_safetensors(state, version, target)
 
 
 def check_export_dir(target: Path, fmt: str, *, overwrite: bool) -> None:

@@ -6,7 +6,7 @@ planner that rebuilds the state from the checkpoint's metadata, as DCP's
 directory can run code:
 
 * ``.metadata`` is a pickle. It is read by a restricted unpickler that admits only
-  the classes DCP's metadata is made of (:data:`ALLOWED`: the dataclasses of
+  the classes DCP's metadata is made of (:class:`~.dcpitems.MetadataUnpickler`: the dataclasses of
   ``torch.distributed.checkpoint.metadata``, ``_StorageInfo``, ``torch.Size``, torch
   dtypes, layouts and memory formats, ``pathlib`` paths); any other global is refused.
 * non-tensor values (saved by DCP with ``torch.save``) are loaded with
@@ -21,7 +21,6 @@ DCP flattens dict keys to strings, so an int key saved by ``dcp.save`` comes bac
 
 from __future__ import annotations
 
-import importlib
 import io
 import logging
 import pickle
@@ -29,21 +28,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from casckpt.engine.transfer.dcpitems import MetadataUnpickler, RefusedGlobal
 from casckpt.engine.transfer.importlinks import check_inside
 from casckpt.errors import CasckptError, UnreadableCheckpointError, UnsafeCheckpointError
-
-_METADATA_MODULE = "torch.distributed.checkpoint.metadata"
-ALLOWED = {
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch.serialization", "_get_layout"),
-    ("torch", "Size"),
-    ("pathlib", "PosixPath"),
-    ("pathlib", "WindowsPath"),
-    ("pathlib", "PurePosixPath"),
-    ("collections", "OrderedDict"),
-}
-"""Globals (besides the classes of ``torch.distributed.checkpoint.metadata`` and torch's
-dtypes, layouts and memory formats) that DCP's ``.metadata`` pickle may name."""
 
 
 def _unsafe(path: Path, what: str) -> UnsafeCheckpointError:
@@ -53,32 +40,6 @@ def _unsafe(path: Path, what: str) -> UnsafeCheckpointError:
         "of tensors and plain values, then import that",
         path=str(path),
     )
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """Unpickles DCP metadata: only the globals of the module doc."""
-
-    def __init__(self, file: Any, path: Path) -> None:
-        super().__init__(file)
-        self._path = path
-
-    def find_class(self, module: str, name: str) -> Any:
-        import torch
-
-        if module == _METADATA_MODULE and "." not in name and not name.startswith("__"):
-            # a class defined there, by its plain name: a dotted one would walk into what the
-            # module imports (its ``os``), and its imported helpers are not metadata either
-            found = getattr(importlib.import_module(module), name, None)
-            if isinstance(found, type) and found.__module__ == module:
-                return found
-        if module == "torch":
-            found = getattr(torch, name, None)
-            if isinstance(found, (torch.dtype, torch.layout, torch.memory_format)):
-                return found
-        if (module, name) in ALLOWED:
-            return super().find_class(module, name)
-        raise _unsafe(self._path, f"its metadata names the global {module}.{name}, which DCP "
-                                  "metadata does not hold")
 
 
 def _check_items(metadata: Any, file: Path) -> None:
@@ -130,7 +91,10 @@ def _reader(path: Path, refused: list[CasckptError]) -> Any:
             file = self._get_metadata_path(kwargs.get("rank"))
             with self.fs.create_stream(file, "rb") as stream:
                 try:
-                    metadata = _MetadataUnpickler(stream, Path(file)).load()
+                    try:
+                        metadata = MetadataUnpickler(stream).load()
+                    except RefusedGlobal as exc:
+                        raise _unsafe(Path(file), str(exc)) from exc
                     _check_items(metadata, Path(file))
                 except CasckptError as exc:  # DCP words a metadata failure as its own text
                     refused.append(exc)

@@ -36,10 +36,8 @@ def check_readable(catalog: Catalog, version_id: str, durability: str) -> None:
 
 
 def _host_of(catalog: Catalog, tier_id: str) -> str:
-    for t in sql.tiers(catalog):
-        if t.id == tier_id:
-            return f"host {t.host} ({t.path})"
-    return f"tier {tier_id}"
+    return next((f"host {t.host} ({t.path})" for t in sql.tiers(catalog) if t.id == tier_id),
+                f"tier {tier_id}")
 
 
 def restorable_here(catalog: Catalog, version_id: str, durability: str) -> bool:

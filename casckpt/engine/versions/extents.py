@@ -101,21 +101,11 @@ def _storage_flat(t: torch.Tensor, start: int, end: int) -> torch.Tensor:
     return whole[start:end]
 
 
-def _storage_bytes(t: torch.Tensor, start: int, end: int) -> memoryview:
-    storage = t.untyped_storage()
-    whole = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage, 0, (storage.nbytes(),), (1,))
-    return _byte_view(whole[start:end], "<shared storage>")
-
-
-def _itemsize(t: torch.Tensor) -> int:
-    return t.element_size()
-
-
 def _extent(t: torch.Tensor) -> int:
     if t.numel() == 0:
         return 0
     last = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
-    return (last + 1) * _itemsize(t)
+    return (last + 1) * t.element_size()
 
 
 def _single(leaf: TensorLeaf, extent: int) -> tuple[TensorEntry, ExtentSource]:
@@ -132,8 +122,8 @@ def _single(leaf: TensorLeaf, extent: int) -> tuple[TensorEntry, ExtentSource]:
         raise UnsupportedStateError(f"tensor at {leaf.path!r} has dtype {t.dtype} with no byte size")
     _refuse_unviewable(t.dtype, leaf.path)
     staged = (lambda: _flat_bytes(t, leaf.path)) if t.device.type != "cpu" else None
-    return entry, ExtentSource(t.numel() * _itemsize(t), _itemsize(t), lambda: _byte_view(t, leaf.path),
-                               staged)
+    return entry, ExtentSource(t.numel() * t.element_size(), t.element_size(),
+                               lambda: _byte_view(t, leaf.path), staged)
 
 
 @functools.lru_cache(maxsize=64)  # a few dtypes, checked for every tensor of every commit
@@ -163,7 +153,7 @@ def _same_view(tensors: Sequence[torch.Tensor]) -> bool:
 
 def _shared(group: list[TensorLeaf], extent: int) -> tuple[list[TensorEntry], ExtentSource]:
     tensors = [cast(torch.Tensor, leaf.value) for leaf in group]
-    starts = [int(t.storage_offset()) * _itemsize(t) for t in tensors]
+    starts = [int(t.storage_offset()) * t.element_size() for t in tensors]
     span_start = min(starts) - min(starts) % _SPAN_ALIGN
     span_end = max(s + _extent(t) for s, t in zip(starts, tensors, strict=True))
     entries = [
@@ -178,7 +168,8 @@ def _shared(group: list[TensorLeaf], extent: int) -> tuple[list[TensorEntry], Ex
     anchor = max(tensors, key=lambda t: t.untyped_storage().nbytes())
     staged = (lambda: _storage_flat(anchor, span_start, span_end)) if anchor.device.type != "cpu" else None
     return entries, ExtentSource(
-        span_end - span_start, _SPAN_ALIGN, lambda: _storage_bytes(anchor, span_start, span_end), staged
+        span_end - span_start, _SPAN_ALIGN,
+        lambda: _byte_view(_storage_flat(anchor, span_start, span_end), "<shared storage>"), staged
     )
 
 

@@ -68,18 +68,6 @@ def parse_predicate(text: object) -> Predicate:
     return Predicate(field, key, op, value)
 
 
-def _epoch(value: object, what: str, slack: float) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        # a naive datetime is local time, as everywhere in Python; a datetime has
-        # microseconds only, so a Version's own created_at must still match itself
-        return value.timestamp() + slack
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    raise InvalidArgumentError(f"{what} must be a datetime or epoch seconds, got {value!r}")
-
-
 def time_bound(value: object, what: str, *, upper: bool) -> float | None:
     """A ``since`` (lower) or ``until`` (upper) bound as epoch seconds, inclusive: a datetime
     (naive: local time) or epoch seconds, as ``Store.log`` takes them.
@@ -87,7 +75,15 @@ def time_bound(value: object, what: str, *, upper: bool) -> float | None:
     Raises:
         InvalidArgumentError: neither.
     """
-    return _epoch(value, what, 1e-6 if upper else -1e-6)
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        # a naive datetime is local time, as everywhere in Python; a datetime has
+        # microseconds only, so a Version's own created_at must still match itself
+        return value.timestamp() + (1e-6 if upper else -1e-6)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    raise InvalidArgumentError(f"{what} must be a datetime or epoch seconds, got {value!r}")
 
 
 def _step(value: object, what: str) -> int | None:
@@ -114,7 +110,7 @@ def make_filter(
     elif not isinstance(where, Iterable):
         raise InvalidArgumentError(f"where must be a str or a list of str: {GRAMMAR}")
     return LogFilter(
-        run=run, since=_epoch(since, "since", -1e-6), until=_epoch(until, "until", 1e-6),
+        run=run, since=time_bound(since, "since", upper=False), until=time_bound(until, "until", upper=True),
         min_step=_step(min_step, "min_step"), max_step=_step(max_step, "max_step"), tag=tag,
         where=tuple(parse_predicate(p) for p in where), ascending=order == "asc",
         limit=limit,

@@ -171,8 +171,8 @@ class BackgroundCommitter:
                     "commit with another step")
             started, created = time.monotonic(), time.time()
             commit_engine.refuse_existing(self._ctx, req)
-            redundancy = self._ctx.packs.redundancy_for(req.run)
-            self._ctx.packs.check_writable(redundancy)
+            redundancy = self._ctx.packs.placement.redundancy_for(req.run)
+            self._ctx.packs.placement.check_writable(redundancy)
             reserved: list[int] = []
 
             def reserve(nbytes: int) -> bool:

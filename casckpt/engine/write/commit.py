@@ -278,29 +278,31 @@ def parent_manifest(ctx: EngineContext, run: str, parent: str | None) -> Manifes
         return None
 
 
-def _delta_plan(ctx: EngineContext, run: str, snap: Snapshot) -> DeltaPlan | None:
-    """How this commit delta-codes (None: the run's chain length or ``delta_memory`` is 0)."""
+def delta_plan(ctx: EngineContext, run: str, bases: dict[bytes, bytes]) -> DeltaPlan | None:
+    """How a commit delta-codes its new chunks against their candidate ``bases`` (None: the
+    run's chain length or ``delta_memory`` is 0)."""
     chain, by_cost = delta_policy_for(ctx.catalog, run)
     if chain <= 0 or ctx.bases.budget <= 0:
         return None
-    cached = [b for b in set(snap.bases.values()) if ctx.bases.get(b) is not None]
-    live = {bytes.fromhex(h) for h in ctx.catalog.find_chunks((b.hex() for b in cached), live_only=True)}
-    return DeltaPlan(ctx.bases, snap.bases, live, ChainPolicy(chain, by_cost), ctx.config.zstd_level)
+    return DeltaPlan(ctx.bases, bases, live_bases(ctx, bases), ChainPolicy(chain, by_cost),
+                     ctx.config.zstd_level)
+
+
+def live_bases(ctx: EngineContext, bases: Mapping[bytes, bytes]) -> set[bytes]:
+    """The candidate ``bases`` held in memory whose chunks are still live in the store."""
+    cached = [b for b in set(bases.values()) if ctx.bases.get(b) is not None]
+    return {bytes.fromhex(h) for h in ctx.catalog.find_chunks((b.hex() for b in cached), live_only=True)}
 
 
 def plan_delta(ctx: EngineContext, run: str, parent: str | None, entries: Sequence[TensorEntry],
                extents: Sequence[ExtentEntry], new_ids: Sequence[bytes]) -> DeltaPlan | None:
     """How a writer that did not snapshot (a rank of a group commit) delta-codes ``new_ids``
-    against ``parent``, the run's latest version (None: the run's chain length or
-    ``delta_memory`` is 0, or nothing is new)."""
-    chain, by_cost = delta_policy_for(ctx.catalog, run)
-    if chain <= 0 or ctx.bases.budget <= 0 or not new_ids:
+    against ``parent``, the run's latest version (None: delta coding is off, or nothing is new)."""
+    if not new_ids or ctx.bases.budget <= 0 or delta_chain_for(ctx.catalog, run) <= 0:
         return None
     before = parent_manifest(ctx, run, parent)
     bases = candidate_bases(before, entries, extents, new_ids) if before is not None else {}
-    cached = [b for b in set(bases.values()) if ctx.bases.get(b) is not None]
-    live = {bytes.fromhex(h) for h in ctx.catalog.find_chunks((b.hex() for b in cached), live_only=True)}
-    return DeltaPlan(ctx.bases, bases, live, ChainPolicy(chain, by_cost), ctx.config.zstd_level)
+    return delta_plan(ctx, run, bases)
 
 
 def parent_of(ctx: EngineContext, run: str) -> str | None:
@@ -384,14 +386,6 @@ def _hold_unchanged(ctx: EngineContext, chunks: dict[bytes, ChunkBytes], ids: Se
         chunks[cid] = held
 
 
-def write_new(ctx: EngineContext, run: str, snap: Snapshot, redundancy: Redundancy,
-              progress: ProgressCallback | None = None) -> None:
-    """Encode, pack and store the snapshot's new chunks (counted in ``new_bytes`` / ``stored_bytes``),
-    delta-coded against their bases where that pays."""
-    snap.delta = _delta_plan(ctx, run, snap)
-    snap.wrote(write_chunks(ctx, snap.chunks, snap.new_ids, redundancy, progress, snap.delta, fast=True))
-
-
 def publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: Redundancy,
             started: float, lease: str, progress: ProgressCallback | None = None) -> Version:
     """Store the manifest, then make the version visible (its chunks must be durable).
@@ -444,8 +438,10 @@ def _warn_degraded(req: CommitRequest, snap: Snapshot) -> None:
 
 def finish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: Redundancy,
            started: float, lease: str, progress: ProgressCallback | None = None) -> Version:
-    """Write the snapshot's new chunks and manifest, then publish the version."""
-    write_new(ctx, req.run, snap, redundancy, progress)
+    """Write the snapshot's new chunks (delta-coded against their bases where that pays) and
+    manifest, then publish the version."""
+    snap.delta = delta_plan(ctx, req.run, snap.bases)
+    snap.wrote(write_chunks(ctx, snap.chunks, snap.new_ids, redundancy, progress, snap.delta, fast=True))
     return publish(ctx, req, snap, redundancy, started, lease, progress)
 
 
@@ -485,8 +481,8 @@ def commit(ctx: EngineContext, state: object, req: CommitRequest,
     """
     started, created = time.monotonic(), time.time()
     refuse_existing(ctx, req)
-    redundancy = ctx.packs.redundancy_for(req.run)
-    ctx.packs.check_writable(redundancy)
+    redundancy = ctx.packs.placement.redundancy_for(req.run)
+    ctx.packs.placement.check_writable(redundancy)
     snap = snapshot(ctx, state, req, created, parent=parent_of(ctx, req.run), progress=progress, hint=hint)
     lease = begin_lease(ctx.catalog, snap.version_id)
     try:

@@ -64,14 +64,13 @@ class Hashed:
 
     Streamed (staged) extents are classified while they stream, since their
     bytes do not stay on the host: ``known`` the chunks the store holds (no
-    bytes kept), ``copied`` the new ones, copied out of the staging buffers.
+    bytes kept); the new ones are copied out of the staging buffers.
     """
 
     extents: list[ExtentEntry]
     chunks: dict[bytes, ChunkBytes]
     known: set[bytes]
-    copied: int
-    reserved: int = 0  # of ``copied``, bytes admitted into a background commit's budget
+    reserved: int = 0  # bytes of streamed copies admitted into a background commit's budget
 
 
 NOT_HELD = memoryview(b"")  # a streamed chunk the store holds: its bytes stayed on the device
@@ -94,7 +93,7 @@ def hash_extents(
     """Cut every extent into chunks and hash them in place, except the extents of ``reuse``
     (index -> the previous version's entry, see :mod:`casckpt.engine.write.hint`): their chunk
     ids are taken as they are, their bytes not read."""
-    out = Hashed([], {}, set(), 0)
+    out = Hashed([], {}, set())
     bar = Progress(progress, "hash", sum(s.nbytes for s in sources))
     for index, source in enumerate(sources):
         size = aligned_chunk_size(ctx.config.chunk_size, source.align)
@@ -163,7 +162,6 @@ def _hash_staged(ctx: EngineContext, flat: torch.Tensor, align: int, size: int, 
                 out.chunks[cid] = held or ChunkBytes(NOT_HELD, 0, 0, align)
             else:
                 out.chunks[cid] = owned_copy(ChunkBytes(view, start, end, align))
-                out.copied += end - start
         ids.extend(window)
     return ids
 
@@ -195,11 +193,9 @@ def _encoded(ctx: EngineContext, chunks: Mapping[bytes, ChunkBytes], ids: Sequen
             codec, payload = encode_chunk(data, chunk.align, policy)
             return int(codec), payload
 
-        if delta is None:
-            codec, payload = plain()
-            return cid, codec, len(data), payload, None
-        chosen, payload, base = delta.encode(cid, data, chunk.align, chunk.owned, plain)
-        return cid, chosen, len(data), payload, base
+        codec, payload, base = ((*plain(), None) if delta is None
+                                else delta.encode(cid, data, chunk.align, chunk.owned, plain))
+        return cid, codec, len(data), payload, base
 
     for i in range(0, len(ids), window):
         yield from ctx.pool.map(encode, ids[i : i + window])

@@ -42,15 +42,16 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from casckpt.catalog.deltas import delta_policy_for
 from casckpt.catalog.leases import begin_lease, end_lease
 from casckpt.engine.context import EngineContext
-from casckpt.engine.memory.deltabase import ChainPolicy, DeltaPlan, candidate_bases
+from casckpt.engine.memory.deltabase import DeltaPlan, candidate_bases
 from casckpt.engine.read.degraded import Shortfall, shortfalls
 from casckpt.engine.versions.extents import ExtentSource, pack_limit, plan_extents
 from casckpt.engine.write.commit import (
     CommitRequest,
     Snapshot,
+    delta_plan,
+    live_bases,
     parent_manifest,
     parent_of,
     publish,
@@ -209,11 +210,8 @@ def _delta(ctx: EngineContext, run: str | None, candidates: dict[bytes, bytes]
     saved last)."""
     if run is None:
         return None, None
-    chain, by_cost = delta_policy_for(ctx.catalog, run)
-    if chain <= 0 or ctx.bases.budget <= 0:
-        return None, None
-    plan = DeltaPlan(ctx.bases, candidates, set(), ChainPolicy(chain, by_cost), ctx.config.zstd_level)
-    return plan, parent_manifest(ctx, run, parent_of(ctx, run))
+    plan = delta_plan(ctx, run, candidates)
+    return plan, None if plan is None else parent_manifest(ctx, run, parent_of(ctx, run))
 
 
 def _bases(ctx: EngineContext, plan: DeltaPlan, candidates: dict[bytes, bytes], before: Manifest,
@@ -222,9 +220,7 @@ def _bases(ctx: EngineContext, plan: DeltaPlan, candidates: dict[bytes, bytes], 
     entries = [TensorEntry(p.path, "torch", p.dtype, p.shape, i, global_offset=p.global_offset)
                for i, p in enumerate(window.pieces)]
     found = candidate_bases(before, entries, [p.extent for p in window.pieces], fresh)
-    cached = [b for b in set(found.values()) if ctx.bases.get(b) is not None]
-    live = ctx.catalog.find_chunks((b.hex() for b in cached), live_only=True)
-    plan.live |= {bytes.fromhex(h) for h in live}
+    plan.live |= live_bases(ctx, found)
     candidates.update(found)
 
 
@@ -288,7 +284,7 @@ def compose(ctx: EngineContext, req: CommitRequest, parent: str | None, created:
     snap = Snapshot(headed(manifest, tree), version_id, manifest_bytes, chunks, [], tree)
     snap.degraded = list(degraded)
     snap.wrote(write_chunks(ctx, nodes, [n for n in nodes if n not in known],
-                            ctx.packs.redundancy_for(req.run), None))  # nodes: no bytes counted
+                            ctx.packs.placement.redundancy_for(req.run), None))  # nodes: no bytes counted
     snap.new_bytes, snap.stored_bytes = new_bytes, stored_bytes
     return snap
 
@@ -323,14 +319,14 @@ def begin_save(ctx: EngineContext, req: CommitRequest) -> SaveStart:
     """
     started, created = time.monotonic(), time.time()
     refuse_existing(ctx, req)
-    ctx.packs.check_writable(ctx.packs.redundancy_for(req.run))
+    ctx.packs.placement.check_writable(ctx.packs.placement.redundancy_for(req.run))
     parent = parent_of(ctx, req.run)
     return SaveStart(parent, created, started, begin_lease(ctx.catalog))
 
 
 def save_pieces(ctx: EngineContext, req: CommitRequest, pieces: Sequence[TensorPiece]) -> RankWrite:
     """Every rank: :func:`write_pieces` with the run's redundancy."""
-    return write_pieces(ctx, pieces, ctx.packs.redundancy_for(req.run), run=req.run)
+    return write_pieces(ctx, pieces, ctx.packs.placement.redundancy_for(req.run), run=req.run)
 
 
 def publish_save(ctx: EngineContext, req: CommitRequest, start: SaveStart, world: World, root: Node,
@@ -346,7 +342,7 @@ def publish_save(ctx: EngineContext, req: CommitRequest, start: SaveStart, world
     entries, extents = piece_entries(pieces)
     snap = compose(ctx, req, start.parent, start.created, world, root, entries, extents, new_bytes,
                    stored_bytes, degraded)
-    return publish(ctx, req, snap, ctx.packs.redundancy_for(req.run), start.started, start.lease)
+    return publish(ctx, req, snap, ctx.packs.placement.redundancy_for(req.run), start.started, start.lease)
 
 
 def end_save(ctx: EngineContext, lease: str) -> None:

@@ -29,14 +29,14 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
-from casckpt.catalog.leases import begin_lease, end_lease
+from casckpt.catalog.leases import end_lease
 from casckpt.engine.context import EngineContext
 from casckpt.engine.memory.deltabase import DeltaPlan
 from casckpt.engine.versions.extents import pack_limit, plan_extents
 from casckpt.engine.write import commit as commit_engine
 from casckpt.engine.write.commit import CommitRequest
 from casckpt.engine.write.commitchunks import ChunkWrite, hash_and_dedup, write_chunks
-from casckpt.engine.write.distributed import compose
+from casckpt.engine.write.distributed import begin_save, compose
 from casckpt.errors import GroupCommitError
 from casckpt.format.manifest import ExtentEntry, TensorEntry, World, renumber_tensors
 from casckpt.format.state import Node, encode_state
@@ -69,12 +69,6 @@ def _everyone(group: Any, value: object) -> list[Any]:
     return gathered
 
 
-def _prepare(ctx: EngineContext, req: CommitRequest) -> tuple[str | None, float, str]:
-    commit_engine.refuse_existing(ctx, req)
-    ctx.packs.check_writable(ctx.packs.redundancy_for(req.run))
-    return commit_engine.parent_of(ctx, req.run), time.time(), begin_lease(ctx.catalog)
-
-
 Part = tuple[Node, list[TensorEntry], list[ExtentEntry], ChunkWrite]
 
 
@@ -98,13 +92,13 @@ def group_commit(ctx: EngineContext, state: object, req: CommitRequest, group: A
             preflight()
         if rank != 0:
             return None
-        parent, created, lease = _prepare(ctx, req)
-        leases.append(lease)
-        return parent, created
+        start = begin_save(ctx, req)
+        leases.append(start.lease)
+        return start.parent, start.created
 
     try:
         parent, created = _everyone(group, _together(group, "preparing", prepare))[0]
-        redundancy = ctx.packs.redundancy_for(req.run)
+        redundancy = ctx.packs.placement.redundancy_for(req.run)
 
         def snapshot() -> tuple[Node, list[TensorEntry], list[ExtentEntry], Any, list[bytes]]:
             root, leaves = encode_state(state)
@@ -162,4 +156,4 @@ def _publish(ctx: EngineContext, req: CommitRequest, parts: list[Part], parent: 
     snap = compose(ctx, req, parent, created, World(len(parts), "group"), {"t": "ranks", "v": trees},
                    entries, extents, sum(p[3].raw_bytes for p in parts),
                    sum(p[3].stored_bytes for p in parts), [s for p in parts for s in p[3].degraded])
-    return commit_engine.publish(ctx, req, snap, ctx.packs.redundancy_for(req.run), started, lease)
+    return commit_engine.publish(ctx, req, snap, ctx.packs.placement.redundancy_for(req.run), started, lease)

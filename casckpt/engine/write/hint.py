@@ -35,6 +35,7 @@ ids). See docs/ARCHITECTURE.md ("Change hints") for what bypasses version counte
 from __future__ import annotations
 
 import fnmatch
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -127,9 +128,7 @@ def trusted_counters(hint: ChangeHint | None, version_id: str,
 
 def _previous(manifest: Manifest) -> tuple[dict[str, TensorEntry], dict[str, ExtentEntry]]:
     """The previous version's tensors by path, and the extents of those alone in theirs."""
-    users: dict[int, int] = {}
-    for t in manifest.tensors:
-        users[t.extent] = users.get(t.extent, 0) + 1
+    users = Counter(t.extent for t in manifest.tensors)
     tensors = {t.path: t for t in manifest.tensors if not t.is_shard and t.rank is None}
     extents = {t.path: manifest.extents[t.extent] for t in tensors.values()
                if users[t.extent] == 1 and not manifest.extents[t.extent].packed
@@ -154,10 +153,7 @@ def reusable(
     if parent is None:
         return {}
     before, alone = _previous(parent)
-    trusted = counters
-    users: dict[int, int] = {}
-    for e in entries:
-        users[e.extent] = users.get(e.extent, 0) + 1
+    users = Counter(e.extent for e in entries)
     out: dict[int, ExtentEntry] = {}
     for leaf, entry in zip(leaves, entries, strict=True):
         declared = hint.unchanged is not None and hint.unchanged(leaf.path)
@@ -175,9 +171,9 @@ def reusable(
                 or entry.stride is not None
                 or (old.kind, old.dtype, old.shape) != (entry.kind, entry.dtype, entry.shape)):
             continue  # new to the run, or not alone in its extent: hashed
-        counted = (not declared and trusted is not None and hint.versions is not None
+        counted = (not declared and counters is not None and hint.versions is not None
                    and isinstance(leaf.value, torch.Tensor) and hint.versions(leaf.path)
-                   and trusted.unchanged(leaf.path, leaf.value))
+                   and counters.unchanged(leaf.path, leaf.value))
         if not (declared or counted):
             continue
         size = aligned_chunk_size(chunk_size, source.align)

@@ -73,7 +73,7 @@ class Packer:
             self._close()
 
     def _open(self) -> PackWriter:
-        self._ctx.packs.prepare(self._redundancy)  # an encoding worker starts while this pack fills
+        self._ctx.packs.coder.prepare(self._redundancy)  # an encoding worker starts while this pack fills
         reserved = self._on_tier()
         self._held = reserved is not None
         if reserved is None:
@@ -139,14 +139,15 @@ class Packer:
             layout = (self._tier.write(pack_id, path, size, self._redundancy, self._ctx.config.backpressure)
                       if held and self._tier is not None else None)
             if layout is None:
-                layout = self._ctx.packs.write(pack_id, path, size, self._redundancy)
+                layout = self._ctx.packs.writer.write(pack_id, path, size, self._redundancy)
         finally:
             path.unlink(missing_ok=True)
         record = StoredPack(layout, entries)
         self._record(record)
         if layout.tier is None:  # a fast-tier pack is found through the catalog until it drained:
             # the cache is shared by every store handle of this host, whatever tier it uses
-            self._ctx.cache.put_many(_cache_items(record.id, record.entries))
+            self._ctx.cache.put_many([(e.chunk_id, record.id, e.offset, e.stored_len, e.raw_len, e.codec)
+                                      for e in record.entries])
         return record
 
     def finish(self) -> list[StoredPack]:
@@ -174,7 +175,3 @@ class Packer:
         for future in self._pending:
             future.exception()
         self._pending.clear()
-
-
-def _cache_items(pack_id: str, entries: Sequence[PackEntry]) -> list[tuple[bytes, str, int, int, int, int]]:
-    return [(e.chunk_id, pack_id, e.offset, e.stored_len, e.raw_len, e.codec) for e in entries]

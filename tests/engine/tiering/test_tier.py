@@ -437,11 +437,11 @@ def test_a_small_change_to_a_large_durable_state_depends_only_on_its_new_pack(tm
 
 
 def test_a_process_whose_tier_was_declared_lost_writes_to_the_locations(tmp_path: Path) -> None:
-    from casckpt.engine.tiering.tier import forget_tier
+    from casckpt.engine.tiering.tier import declare_lost
 
     with _open(tmp_path) as store:
         catalog = internals(store).context.catalog
-        forget_tier(catalog, store.tier.status().tiers[0].id)  # another process found it wiped
+        declare_lost(catalog, store.tier.status().tiers[0].id, "wiped")  # another process found it wiped
         v = store.commit(_state(150), run="r", step=1)
         assert _durable_packs(tmp_path)  # straight to the locations
         store.tier.wait_durable(v, timeout=30)
@@ -712,7 +712,7 @@ def test_the_fast_tier_wraps_the_pack_layer_which_nothing_reassigns(tmp_path: Pa
         located = packs.on_locations()
         assert located.tier is None and located.reads is packs.reader and located.coder is packs.coder
         for pack_id in held:
-            assert object_id(packs.get(pack_id)) == pack_id  # the tier's copy
+            assert object_id(packs.reads.get(pack_id)) == pack_id  # the tier's copy
             with pytest.raises(VersionNotDurableError):
-                located.get(pack_id)  # only on this host's tier: not on the locations yet
+                located.reads.get(pack_id)  # only on this host's tier: not on the locations yet
         assert ctx.packs is packs and packs.tier is not None

@@ -344,11 +344,11 @@ def test_closing_a_store_whose_tier_was_wiped_does_not_raise(tmp_path: Path, s3:
 
 def test_gc_racing_a_slow_drain_loses_nothing(tmp_path: Path, s3: S3,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    from casckpt.engine.packlayer.packs import Packs
+    from casckpt.engine.packlayer.packwrite import PackWriter
 
-    real_write, real_record = Packs.write, tier_sql.mark_drained
+    real_write, real_record = PackWriter.write, tier_sql.mark_drained
 
-    def slow_write(self: Packs, *args: Any, **kwargs: Any) -> Any:
+    def slow_write(self: PackWriter, *args: Any, **kwargs: Any) -> Any:
         time.sleep(0.15)
         return real_write(self, *args, **kwargs)
 
@@ -356,7 +356,7 @@ def test_gc_racing_a_slow_drain_loses_nothing(tmp_path: Path, s3: S3,
         time.sleep(0.15)  # the pack object is up and the catalog does not know it yet
         return real_record(*args, **kwargs)
 
-    monkeypatch.setattr(Packs, "write", slow_write)
+    monkeypatch.setattr(PackWriter, "write", slow_write)
     monkeypatch.setattr(tier_sql, "mark_drained", slow_record)
     stop, runs, errors = threading.Event(), [0], []
 

@@ -280,7 +280,7 @@ def test_with_copies_a_corrupt_base_is_repaired_first(tmp_path: Path) -> None:
             data[offset + ENTRY_HEADER_SIZE + 100] ^= 1
             os.chmod(copy, 0o644)
             copy.write_bytes(bytes(data))
-            internals(store).packs.forget(pack)
+            internals(store).packs.layouts.forget(pack)
             _same(store.restore("r@2"), kept[2])  # the base from a good copy (healing a bad one read)
             report = store.ops.check(read_data=True)  # a bad copy left is found; no chunk is corrupt
             assert all(p.kind in ("pack", "shard") for p in report.problems), report.problems
