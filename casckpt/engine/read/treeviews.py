@@ -3,14 +3,16 @@
 A tree version has no ``tensors`` rows: what those rows say (dtype, shape,
 bytes, chunk count, content digest) is derived from the node that holds the
 tensor, with the same digest a row would carry, so trees and older versions
-compare alike. Diff walks only the subtrees whose ids differ; history
-follows the path down each version's tree, reading a node once however many
-versions share it.
+compare alike (but for a DCP piece covering its whole tensor, which has the
+digest of that tensor saved whole: :func:`rows_from`). Diff walks only the
+subtrees whose ids differ; history follows the path down each version's tree,
+reading a node once however many versions share it.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple, TypeVar
@@ -51,8 +53,13 @@ class ContentRow(NamedTuple):
 
 def rows_from(entries: Sequence[TensorEntry], extents: Sequence[ExtentEntry]
               ) -> tuple[list[TensorRow], dict[str, ContentRow]]:
-    """Tensor and content rows of tensors, as a commit of an older version records them."""
-    rows, contents = tensor_rows("", entries, extents)
+    """Tensor and content rows of tensors, as a commit of an older version records them.
+
+    A tensor saved in one piece covering it (a DCP save's) gets the rows and digest of the
+    same tensor saved whole, so show, diff and history see a DCP save and a commit of one
+    state alike. A tensor saved in several pieces keeps a digest of its own."""
+    pieces = Counter(t.path for t in entries if t.is_shard)
+    rows, contents = tensor_rows("", [_whole(t) if pieces[t.path] == 1 else t for t in entries], extents)
     return ([TensorRow(r["path"], r["dtype"], tuple(r["shape"]), r["nbytes"], r["chunks"], r["digest"])
              for r in rows],
             {c["digest"]: ContentRow(c["nbytes"], c["chunk_size"], c["chunk_ids"]) for c in contents})
@@ -187,7 +194,7 @@ class Trees:
                 if not isinstance(value, dict):
                     continue
                 if value.get("t") in LEAVES:
-                    row, content = value_row(path, _whole(value), shared)
+                    row, content = value_row(path, value, shared)
                     sides.setdefault(path, ([], []))[side].append(row)
                     contents[row.digest] = content
                 else:
@@ -208,16 +215,11 @@ class Trees:
                 if _names_shared(value) and left.get(path) == value]
 
 
-def _whole(value: dict[str, Any]) -> dict[str, Any]:
-    """A tensor saved in one piece covering it (a DCP save in one process) as the same tensor
-    saved whole, so its rows and digest are those of a commit's (any other value as it is)."""
-    pieces = value.get("v") if value.get("t") == "sharded" else None
-    entry = pieces[0].get("e") if isinstance(pieces, list) and len(pieces) == 1 \
-        and isinstance(pieces[0], dict) else None
-    if not (isinstance(entry, dict) and entry.get("gs") == entry.get("shape")
-            and isinstance(entry.get("go"), list) and not any(entry["go"])):
-        return value
-    return {"t": "tensor", "e": {k: v for k, v in entry.items() if k not in ("gs", "go")}}
+def _whole(piece: TensorEntry) -> TensorEntry:
+    """A piece covering its whole tensor as that tensor saved whole (any other entry as it is)."""
+    if piece.global_shape != piece.shape or any(piece.global_offset or ()):
+        return piece
+    return replace(piece, global_shape=None, global_offset=None, rank=None)
 
 
 def _unmatched(left: list[TensorRow], right: list[TensorRow]) -> tuple[list[TensorRow], list[TensorRow]]:
