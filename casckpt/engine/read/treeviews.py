@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any, NamedTuple, TypeVar
 
 from casckpt.catalog import Catalog
-from casckpt.catalog.rows import VersionRow, manifest_bytes
+from casckpt.catalog.rows import StoredContent, VersionRow, manifest_bytes
 from casckpt.catalog.treemigrate import tree_root
 from casckpt.engine.read.trees import adopted
 from casckpt.engine.versions.nodes import StoreNodes
@@ -43,16 +43,8 @@ class TensorRow(NamedTuple):
     digest: str
 
 
-class ContentRow(NamedTuple):
-    """What a ``contents`` row holds."""
-
-    nbytes: int
-    chunk_size: int
-    chunk_ids: bytes
-
-
 def rows_from(entries: Sequence[TensorEntry], extents: Sequence[ExtentEntry]
-              ) -> tuple[list[TensorRow], dict[str, ContentRow]]:
+              ) -> tuple[list[TensorRow], dict[str, StoredContent]]:
     """Tensor and content rows of tensors, as a commit of an older version records them.
 
     A tensor saved in one piece covering it (a DCP save's) gets the rows and digest of the
@@ -62,7 +54,7 @@ def rows_from(entries: Sequence[TensorEntry], extents: Sequence[ExtentEntry]
     rows, contents = tensor_rows("", [_whole(t) if pieces[t.path] == 1 else t for t in entries], extents)
     return ([TensorRow(r["path"], r["dtype"], tuple(r["shape"]), r["nbytes"], r["chunks"], r["digest"])
              for r in rows],
-            {c["digest"]: ContentRow(c["nbytes"], c["chunk_size"], c["chunk_ids"]) for c in contents})
+            {c["digest"]: StoredContent(c["nbytes"], c["chunk_size"], c["chunk_ids"]) for c in contents})
 
 
 _MALFORMED = (ValueError, KeyError, TypeError, AttributeError, OverflowError, IndexError, RecursionError)
@@ -89,7 +81,7 @@ def checked_tensor(path: str, value: Any, shared: Sequence[ExtentEntry]) -> Mani
     return one
 
 
-def value_row(path: str, value: Any, shared: Sequence[ExtentEntry]) -> tuple[TensorRow, ContentRow]:
+def value_row(path: str, value: Any, shared: Sequence[ExtentEntry]) -> tuple[TensorRow, StoredContent]:
     """The rows of one tensor value of a node (one row for a tensor saved in pieces)."""
     one = checked_tensor(path, value, shared)
     rows, contents = rows_from(one.tensors, one.extents)
@@ -125,7 +117,7 @@ class Trees:
         self.catalog = catalog
         self.reader = TreeReader(Nodes(StoreNodes(catalog)))
 
-    def rows_of(self, row: VersionRow, manifest: Manifest) -> tuple[list[Any], dict[str, ContentRow]]:
+    def rows_of(self, row: VersionRow, manifest: Manifest) -> tuple[list[Any], dict[str, StoredContent]]:
         """A version's tensor rows (each as a ``tensors`` row reads) and the contents rows a
         tree derives, whatever its format: a document of format 1 or 2 not migrated has them
         in the catalog. ``manifest``: the version's, whole or only its head."""
@@ -141,13 +133,13 @@ class Trees:
         """Whether two versions compare by walking their trees (:meth:`differences`)."""
         return a.tree is not None and b.tree is not None
 
-    def tensor_rows(self, manifest: Manifest) -> tuple[list[TensorRow], dict[str, ContentRow]]:
+    def tensor_rows(self, manifest: Manifest) -> tuple[list[TensorRow], dict[str, StoredContent]]:
         """Every tensor of a whole (expanded) manifest, by path."""
         rows, contents = rows_from(manifest.tensors, manifest.extents)
         rows.sort(key=lambda r: r.path)
         return rows, contents
 
-    def find(self, manifest: Manifest, path: str) -> tuple[TensorRow, ContentRow] | None:
+    def find(self, manifest: Manifest, path: str) -> tuple[TensorRow, StoredContent] | None:
         """The rows of the tensor at ``path`` in a tree version (None: no tensor there)."""
         tree = manifest.tree
         if tree is None:
@@ -169,7 +161,7 @@ class Trees:
         return replace(manifest, root=one.root, tensors=one.tensors, extents=one.extents)
 
     def differences(self, a: Manifest, b: Manifest) -> tuple[
-            list[tuple[str, TensorRow | None, TensorRow | None]], dict[str, ContentRow],
+            list[tuple[str, TensorRow | None, TensorRow | None]], dict[str, StoredContent],
             dict[str, object], dict[str, object]]:
         """Tensors and plain values that differ between two tree versions: ``(path, row in a,
         row in b)`` sorted by path (None where a side lacks the tensor), their contents, and
@@ -180,7 +172,7 @@ class Trees:
         content, whichever way their keys nest, and only those left unmatched differ."""
         if a.tree is None or b.tree is None:
             raise ValueError("not tree versions")
-        contents: dict[str, ContentRow] = {}
+        contents: dict[str, StoredContent] = {}
         values: tuple[dict[str, object], dict[str, object]] = ({}, {})
         sides: dict[str, tuple[list[TensorRow], list[TensorRow]]] = {}
         ra, rb = a.tree.root, b.tree.root
