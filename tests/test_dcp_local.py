@@ -397,6 +397,18 @@ def test_a_dcp_save_and_a_commit_of_the_same_state_diff_as_equal(store: casckpt.
     assert 0 < diff.changed_bytes <= CHUNK and diff.unchanged == 2
 
 
+def test_a_tensor_a_dcp_save_keeps_in_one_piece_has_the_digest_of_a_commits(store: casckpt.Store) -> None:
+    """A piece covering its whole tensor holds the bytes a commit stores whole: show lists the
+    same digest for it, per-tensor history sees no change, and diff finds none."""
+    state = _state(3)
+    store.commit(state, run="r", step=1)
+    dcp.save(state, storage_writer=store.dcp_writer(run="r", step=2))
+    committed, saved = ({t.path: t.digest for t in store.show(ref).tensors} for ref in ("r@1", "r@2"))
+    assert committed == saved and len(saved) == 3
+    assert [(e.version.step, e.change) for e in store.history("r", "model.w")] == [(1, "added")]
+    assert store.diff("r@1", "r@2").unchanged == 3
+
+
 def test_a_dotted_key_and_the_nested_path_it_spells_are_matched_by_content(
         store: casckpt.Store) -> None:
     """``{"model.w": t}`` and ``{"model": {"w": t}}`` name one path: the diff matches the

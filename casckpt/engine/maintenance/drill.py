@@ -39,14 +39,11 @@ def pick(versions: Sequence[VersionRow], count: int, rng: random.Random) -> list
     drain is not done); a run with no durable version but lost ones is drilled on its newest
     lost one, which fails: that run cannot restart."""
     durable = [row for row in versions if row.durability == "durable"]
+    runs = {row.run for row in durable}
     latest: dict[str, VersionRow] = {}
-    for row in durable:
+    for row in [*durable, *(r for r in versions if r.durability == "lost" and r.run not in runs)]:
         if row.run not in latest or row.step > latest[row.run].step:
             latest[row.run] = row
-    for row in versions:
-        if row.durability == "lost" and row.run not in {r.run for r in durable}:
-            if row.run not in latest or row.step > latest[row.run].step:
-                latest[row.run] = row
     chosen = {row.id for row in latest.values()}
     older = sorted((row for row in durable if row.id not in chosen), key=lambda r: (r.run, r.step))
     extra = rng.sample(older, min(len(older), max(0, count - len(latest))))
@@ -54,11 +51,7 @@ def pick(versions: Sequence[VersionRow], count: int, rng: random.Random) -> list
 
 
 def check_count(count: object) -> int:
-    """``count`` if it is a positive int.
-
-    Raises:
-        InvalidArgumentError: it is not.
-    """
+    """``count`` if it is a positive int (else InvalidArgumentError)."""
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise InvalidArgumentError(f"count must be a positive int (versions to drill), got {count!r}")
     return count
@@ -99,15 +92,13 @@ def _locations_only(ctx: EngineContext) -> EngineContext:
 
 def drill(ctx: EngineContext, rows: Sequence[VersionRow], *, record: bool,
           progress: ProgressCallback | None = None) -> tuple[str, tuple[DrillResult, ...]]:
-    """Read back every version of ``rows`` in turn (:func:`reader`), timing each;
-    a :class:`~casckpt.errors.CasckptError` makes that version's result failed, with its
+    """Read back every version of ``rows`` in turn (:func:`reader`), timing each; returns the
+    drill's id and its results, in the order of ``rows``. A
+    :class:`~casckpt.errors.CasckptError` makes that version's result failed, with its
     message. ``record``: write the results (one transaction, with the ``drill`` audit row).
 
     ``progress`` gets ``("drill", versions done, versions)`` after each version, and the
     ``read`` phase of each restore.
-
-    Returns:
-        The drill's id and its results, in the order of ``rows``.
 
     Raises:
         CatalogError, CatalogUnavailableError: recording failed (the drill ran).

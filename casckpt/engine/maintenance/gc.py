@@ -48,7 +48,7 @@ from casckpt.engine.context import EngineContext
 from casckpt.engine.locations.leftovers import reclaim_leftovers
 from casckpt.engine.maintenance import retention
 from casckpt.engine.maintenance.deleterights import require_delete_rights
-from casckpt.engine.maintenance.gcguard import DeletionGuard, Listing
+from casckpt.engine.maintenance.gcguard import DeletionGuard, Listing, Object
 from casckpt.engine.read import trees
 from casckpt.engine.read.checkoutwork import reclaim_registered, registry
 from casckpt.engine.read.reader import read_chunks
@@ -99,7 +99,6 @@ def _apply_retention(ctx: EngineContext, dry_run: bool, run_id: int | None) -> t
     return plans
 
 
-_Object = tuple[int, str]  # (location id, object name)
 _Marked = tuple[str, "str | None"]  # (version id, tree root) of a version marked
 _MARK_BATCH = 50_000
 
@@ -156,9 +155,9 @@ class _Deleter:
     def __init__(self, ctx: EngineContext, tally: _Tally, listing: Listing,
                  progress: ProgressCallback | None, run_id: int | None) -> None:
         self._ctx, self._tally, self._progress, self.run_id = ctx, tally, progress, run_id
-        self.sizes: dict[_Object, int] = {(loc.id, info.key): info.size for loc, info in listing}
+        self.sizes: dict[Object, int] = {(loc.id, info.key): info.size for loc, info in listing}
 
-    def delete(self, objects: list[_Object], *, orphans: bool = False) -> int:
+    def delete(self, objects: list[Object], *, orphans: bool = False) -> int:
         """Delete ``objects`` (:meth:`LocationSet.delete`: errors logged, a later run
         retries); returns how many went."""
         progress = self._progress
@@ -173,12 +172,12 @@ class _Deleter:
         return len(deleted)
 
 
-def _everywhere(ctx: EngineContext, key: str) -> list[_Object]:
+def _everywhere(ctx: EngineContext, key: str) -> list[Object]:
     return [(loc.id, key) for loc in ctx.locations.all if loc.readable]
 
 
 def _mark_and_sweep(ctx: EngineContext, tally: _Tally, guard: DeletionGuard, deleter: _Deleter, *,
-                    grace: float, dry_run: bool, exclude: set[str]) -> list[_Object]:
+                    grace: float, dry_run: bool, exclude: set[str]) -> list[Object]:
     """Mark, revive, condemn and sweep; returns the pack objects it removed (would remove)."""
     catalog = ctx.catalog
     mark_start = time.time()
@@ -214,7 +213,7 @@ def _mark_and_sweep(ctx: EngineContext, tally: _Tally, guard: DeletionGuard, del
 
 
 def _sweep(ctx: EngineContext, tally: _Tally, guard: DeletionGuard, deleter: _Deleter,
-           cutoff: float) -> list[_Object]:
+           cutoff: float) -> list[Object]:
     """Drop condemned chunks and empty packs from the catalog, then the objects the guard clears."""
     swept, dead = sql.sweep(ctx.catalog, cutoff=cutoff, dry_run=False, run_id=deleter.run_id)
     tally.chunks_swept += swept
@@ -228,7 +227,7 @@ def _sweep(ctx: EngineContext, tally: _Tally, guard: DeletionGuard, deleter: _De
 
 
 def _orphans(ctx: EngineContext, listing: Listing, cutoff: float,
-             removed: set[_Object]) -> Listing:
+             removed: set[Object]) -> Listing:
     """Listed objects no catalog row knows, old enough, and not removed by this run already."""
     # leases first: a commit that ends after this has recorded its rows before the reads below
     floor = safe_floor(ctx.catalog, cutoff)

@@ -173,13 +173,6 @@ def location_record(name: str, blobs: BlobStore) -> KeyRecord | None:
         return None
 
 
-def _holds_data(blobs: BlobStore) -> bool:
-    for info in blobs.list():
-        if info.key not in CLEAR_NAMES:
-            return True
-    return False
-
-
 def _holds_sealed(blobs: BlobStore) -> bool:
     """Whether the first manifest (else pack object) on ``blobs`` is sealed (False: none, or
     the location cannot be read)."""
@@ -215,7 +208,9 @@ def unlock(catalog: Catalog, opened: Mapping[str, BlobStore], master: bytes | No
         # catalog holding versions opened without a key answers alone: no location is read)
         found = [r for r in (location_record(n, b) for n, b in opened.items()) if r is not None]
         if found and not recover:
-            record = _created_since(catalog)
+            # read again before refusing for its absence: an opener racing this one may have
+            # created the store since (its record is committed before its first object)
+            record = catalog_record(catalog)
             if record is None:
                 if master is None:
                     crypto.unlock(found[0], None)  # raises KeyRequiredError
@@ -231,7 +226,7 @@ def unlock(catalog: Catalog, opened: Mapping[str, BlobStore], master: bytes | No
             return _adopt(catalog, store, read_only)
         elif recover or shard_sql.is_empty(catalog):
             sealed_on = next((n for n, b in opened.items() if _holds_sealed(b)), None)
-            record = None if sealed_on is None else _created_since(catalog)
+            record = None if sealed_on is None else catalog_record(catalog)  # read again
             if sealed_on is not None and record is None:  # never a plain catalog over sealed objects
                 raise StoreKeyError(
                     f"blob location {sealed_on} holds encrypted objects but no location has a "
@@ -245,24 +240,18 @@ def unlock(catalog: Catalog, opened: Mapping[str, BlobStore], master: bytes | No
     if record is None and master is not None:
         fixed = keys_sql.read_state(catalog)
         if fixed is None and shard_sql.is_empty(catalog) and not any(
-                _holds_data(b) for b in opened.values()):
+                info.key not in CLEAR_NAMES for b in opened.values() for info in b.list()):
             if read_only:
                 raise ReadOnlyStoreError("creating an encrypted store needs write access to the "
                                          "catalog; it was opened read-only", right="catalog:write")
             record = _create(catalog, master)
         else:
-            record = _created_since(catalog)
+            record = catalog_record(catalog)  # read again
             if record is None and fixed is not None and fixed != STATE_PLAIN:
                 raise _lost_record(catalog)
             if record is None:
                 raise _not_encrypted()
     return _adopt(catalog, crypto.unlock(record, master), read_only)
-
-
-def _created_since(catalog: Catalog) -> KeyRecord | None:
-    """The key record, read again before refusing for its absence: an opener racing this one
-    may have created the store since (its record is committed before its first object)."""
-    return catalog_record(catalog)
 
 
 def _open_plain(catalog: Catalog, read_only: bool) -> StoreCrypto:
@@ -331,11 +320,7 @@ def _unlock_any(found: list[KeyRecord], master: bytes | None) -> tuple[StoreCryp
     Raises:
         KeyRequiredError, WrongKeyError: of the most common record, when none opens.
     """
-    distinct: list[KeyRecord] = []
-    for record in found:
-        if record not in distinct:
-            distinct.append(record)
-    distinct.sort(key=found.count, reverse=True)  # stable: ties keep the locations' order
+    distinct = sorted(dict.fromkeys(found), key=found.count, reverse=True)  # ties: the locations' order
     if len(distinct) > 1:
         log.warning("the blob locations hold %d different key records (one was unreachable "
                     "while the keys changed?); using the one the key given opens", len(distinct))
@@ -404,6 +389,13 @@ def _require(catalog: Catalog) -> KeyRecord:
     return record
 
 
+def _new_slot(record: KeyRecord, opened: StoreCrypto, master: bytes) -> crypto.KeySlot:
+    """A slot wrapping the data key for ``master``, refused when ``master`` is one of the keys already."""
+    if record.slot(crypto.key_id(master)) is not None:
+        raise InvalidArgumentError(f"key {crypto.key_id(master)} is one of this store's keys already")
+    return opened.wrap_for(master, record.store_id, who())
+
+
 def key_slots(catalog: Catalog) -> tuple[crypto.KeySlot, ...]:
     """The store's master-key slots (ids, when and by whom each was added)."""
     return _require(catalog).slots
@@ -416,10 +408,7 @@ def add_key(catalog: Catalog, locations: LocationSet, opened: StoreCrypto, maste
         InvalidArgumentError: ``master`` is one of the store's keys already.
     """
     record = _require(catalog)
-    if record.slot(crypto.key_id(master)) is not None:
-        raise InvalidArgumentError(
-            f"key {crypto.key_id(master)} is one of this store's keys already")
-    slot = opened.wrap_for(master, record.store_id, who())
+    slot = _new_slot(record, opened, master)
     _change(catalog, locations, record, replace(record, slots=(*record.slots, slot)), "key.add",
             key_id=slot.id)
     return slot
@@ -453,10 +442,7 @@ def rotate_key(catalog: Catalog, locations: LocationSet, opened: StoreCrypto, ol
     record = _require(catalog)
     if record.slot(old) is None:
         raise InvalidArgumentError(f"this store has no key {old!r}")
-    if record.slot(crypto.key_id(master)) is not None:
-        raise InvalidArgumentError(
-            f"key {crypto.key_id(master)} is one of this store's keys already")
-    slot = opened.wrap_for(master, record.store_id, who())
+    slot = _new_slot(record, opened, master)
     _change(catalog, locations, record,
             replace(record, slots=(*(s for s in record.slots if s.id != old), slot)), "key.rotate",
             key_id=slot.id, previous=old)

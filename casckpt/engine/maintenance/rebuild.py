@@ -43,6 +43,7 @@ from casckpt.engine.context import EngineContext
 from casckpt.engine.locations import identity
 from casckpt.engine.locations.discovery import FoundPack, pack_layout, scan_packs
 from casckpt.engine.maintenance import scrub
+from casckpt.engine.maintenance.gcguard import Listing
 from casckpt.engine.read import trees
 from casckpt.engine.versions import records
 from casckpt.errors import CasckptError, CorruptPackError, InvalidArgumentError, StoreIdentityError
@@ -230,9 +231,6 @@ def _adopt_identity(ctx: EngineContext, states: dict[str, str]) -> None:
             identity.write_record(loc.blobs, adopted, loc.name)
         except CasckptError as exc:
             log.warning("rebuild: could not write the identity record of %s: %s", loc.describe(), exc)
-
-
-Listing = list[tuple[Location, BlobInfo]]
 
 
 def _listing(ctx: EngineContext, states: dict[str, str]) -> Listing:

@@ -30,9 +30,6 @@ NO_POLICY = "no retention policy"
 NEWEST_DURABLE = "newest durable (newer versions are not drained from a fast tier)"
 
 
-# -- planning -------------------------------------------------------------------
-
-
 def keep_reasons(versions: Sequence[Candidate], policy: RetentionPolicy | None,
                  forks: Mapping[str, Sequence[str]]) -> dict[str, tuple[str, ...]]:
     """Why each version is kept: version id -> reasons, an empty tuple for a version to delete.

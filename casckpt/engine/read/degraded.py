@@ -27,14 +27,9 @@ _DELTA_DEPTH = 1000  # base chains are at most 64 deep; this only stops a cycle 
 
 @dataclass(frozen=True, slots=True)
 class Shortfall:
-    """Why one pack is degraded.
-
-    Attributes:
-        pack_id: the pack.
-        problems: what is wrong, one short phrase each (``shard 2 missing on loc1``).
-        refused: the locations that should hold a shard of the pack and do not (a
-            write they refused, or a shard found gone there), by name.
-    """
+    """Why one pack is degraded: its ``problems``, one short phrase each (``shard 2 missing on
+    loc1``), and the names of the locations ``refused``, which should hold a shard of it and do
+    not (a write they refused, or a shard found gone there)."""
 
     pack_id: str
     problems: tuple[str, ...]

@@ -20,13 +20,13 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from casckpt.catalog import Catalog, rows
 from casckpt.catalog import history as sql
-from casckpt.catalog.rows import VersionRow, damaged, versions
+from casckpt.catalog.rows import StoredContent, VersionRow, damaged, versions
 from casckpt.engine.read import treeviews
 from casckpt.engine.versions.refs import bind, check_run, load_manifest, tag_not_found
 from casckpt.errors import (
@@ -59,21 +59,10 @@ def check_tag(catalog: Catalog, tag: str) -> None:
         raise tag_not_found(catalog, f"tag:{tag}", tag)
 
 
-# -- versions -----------------------------------------------------------------------------
-
-
 # -- diff ---------------------------------------------------------------------------------
 
 
-class Content(NamedTuple):
-    """A tensor content's chunk list (a ``contents`` row)."""
-
-    nbytes: int
-    chunk_size: int
-    chunk_ids: bytes
-
-
-def changed_bytes(before: Content | None, after: Content | None, nbytes: int) -> int:
+def changed_bytes(before: StoredContent | None, after: StoredContent | None, nbytes: int) -> int:
     """Bytes of ``after``'s chunks that differ from ``before``'s at the same position, at most ``nbytes``.
 
     Without both chunk lists, or with different chunk sizes, all ``nbytes`` count.
@@ -108,7 +97,7 @@ def _differing_vector(size: int, content_nbytes: int, old: bytes, new: bytes) ->
 
 
 def _change(path: str, a: Any, b: Any,
-            contents: Mapping[str, Content]) -> TensorChange:
+            contents: Mapping[str, StoredContent]) -> TensorChange:
     if a is not None and b is not None:
         same_layout = a.dtype == b.dtype and list(a.shape) == list(b.shape)
         moved = changed_bytes(contents.get(a.digest), contents.get(b.digest), b.nbytes) \
@@ -164,8 +153,7 @@ def diff(catalog: Catalog, a: VersionRow, b: VersionRow) -> VersionDiff:
     both = [p for p in differ if p in old and p in new]
     wanted = [old[p].digest for p in both] + [new[p].digest for p in both]
     found = sql.contents(catalog, [d for d in wanted if d not in old_contents and d not in new_contents])
-    contents = {d: Content(*r) for d, r in found.items()}
-    contents.update((d, Content(*c)) for d, c in {**old_contents, **new_contents}.items())
+    contents = {**found, **old_contents, **new_contents}
     changes = [_change(p, old.get(p), new.get(p), contents) for p in differ]
     return _version_diff(catalog, a, b, changes, len(old.keys() & new.keys()) - len(both),
                          value_changes(_values(catalog, a), _values(catalog, b)))
@@ -192,8 +180,7 @@ def _tensors_of(views: treeviews.Trees, row: VersionRow, head: Manifest
 
 def _tree_diff(catalog: Catalog, a: VersionRow, b: VersionRow, ha: Manifest, hb: Manifest) -> VersionDiff:
     tensors, found, before, after = treeviews.Trees(catalog).differences(ha, hb)
-    contents = {d: Content(*c) for d, c in found.items()}
-    changes = [_change(p, x, y, contents) for p, x, y in tensors]
+    changes = [_change(p, x, y, found) for p, x, y in tensors]
     both = sum(1 for _, x, y in tensors if x is not None and y is not None)
     removed = sum(1 for _, x, y in tensors if y is None)
     tree_a = ha.tree

@@ -99,17 +99,12 @@ def read_chunks(
     progress: ProgressCallback | None = None,
     *, heal: bool = True,
 ) -> int:
-    """Fill every destination of every wanted chunk with its verified raw bytes.
+    """Fill every destination of every wanted chunk (id -> byte views) with its verified raw
+    bytes; returns the bytes read from the blob store. ``describe`` names what a chunk belongs
+    to, for error messages.
 
     A pack that vanished mid-read (GC repacked it: its chunks now live in a
     new pack) is handled by locating the chunks again and reading once more.
-
-    Args:
-        wanted: chunk id -> byte views to copy the chunk into.
-        describe: names what a chunk belongs to, for error messages.
-
-    Returns:
-        Bytes read from the blob store.
 
     Raises:
         MissingDataError: a chunk is unknown to the catalog, or its pack is gone.
@@ -146,12 +141,8 @@ class _Slot:
         return cls(entry, loc.pack_id, memoryview(bytearray(ENTRY_HEADER_SIZE)), payload, destinations)
 
 
-def _decoder(ctx: EngineContext) -> Callable[[Sequence[_Slot]], None]:
-    """Verifies each (plain) chunk read and copies it to its other destinations."""
-    return partial(_decode, ctx.crypto.chunk_id)
-
-
 def _decode(ids: ChunkIds, plan: Sequence[_Slot]) -> None:
+    """Verify each (plain) chunk read and copy it to its other destinations."""
     for slot in plan:
         raw = decode_split_entry(slot.header, slot.payload, slot.entry, slot.pack_id, ids=ids)
         for dst in slot.destinations:
@@ -430,15 +421,19 @@ def _apply(slot: _Slot, base: Rep, into: Destination | None = None, own: bool = 
     """
     entry = slot.entry
     check_entry_header(slot.header, entry, slot.pack_id)
-    if lookup(entry.codec).delta is Delta.SPARSE:
-        return _apply_sparse(slot, base, into, own)
+    sparse = lookup(entry.codec).delta is Delta.SPARSE
     try:
-        width, planes = delta_planes(entry.codec, slot.payload, entry.raw_len)
+        if sparse:
+            index, blocks = sparse_planes(slot.payload, entry.raw_len)
+        else:
+            width, planes = delta_planes(entry.codec, slot.payload, entry.raw_len)
     except CorruptChunkError as exc:
         raise CorruptChunkError(f"chunk {entry.chunk_id.hex()} in pack {slot.pack_id} is corrupt: {exc}",
                                 pack_id=slot.pack_id, chunk_id=entry.chunk_id.hex()) from exc
     if base[1].nbytes != entry.raw_len:
         raise _chain_mismatch(slot)
+    if sparse:
+        return _apply_sparse(base, index, blocks, into, own)
     if into is not None:
         out = np.frombuffer(into, dtype=np.uint8)
         if width == 1:
@@ -449,15 +444,8 @@ def _apply(slot: _Slot, base: Rep, into: Destination | None = None, own: bool = 
     return width, np.bitwise_xor(planes, regroup(base[1], base[0], width))
 
 
-def _apply_sparse(slot: _Slot, base: Rep, into: Destination | None, own: bool) -> Rep:
-    entry = slot.entry
-    try:
-        index, blocks = sparse_planes(slot.payload, entry.raw_len)
-    except CorruptChunkError as exc:
-        raise CorruptChunkError(f"chunk {entry.chunk_id.hex()} in pack {slot.pack_id} is corrupt: {exc}",
-                                pack_id=slot.pack_id, chunk_id=entry.chunk_id.hex()) from exc
-    if base[1].nbytes != entry.raw_len:
-        raise _chain_mismatch(slot)
+def _apply_sparse(base: Rep, index: np.ndarray, blocks: np.ndarray, into: Destination | None,
+                  own: bool) -> Rep:
     plain = regroup(base[1], base[0], 1)
     if into is not None:
         out = np.frombuffer(into, dtype=np.uint8)
@@ -489,7 +477,7 @@ def _read_located(
     replaces the default decoding of each range's slots."""
     if not wanted:
         return 0
-    decoder = decode or _decoder(ctx)
+    decoder = decode or partial(_decode, ctx.crypto.chunk_id)
     ranges = _coalesce([locations[cid] for cid in wanted], ctx.config.read_coalesce)
     total = sum(r.end - r.start for r in ranges)
     done = 0

@@ -10,6 +10,7 @@ allocated); modules, optimizers and other objects with ``state_dict`` /
 from __future__ import annotations
 
 import difflib
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, cast
@@ -147,9 +148,7 @@ def _numpy_name(entry: TensorEntry) -> str:
 def _extent_buffers(
     manifest: Manifest, wanted: set[int], targets: Mapping[str, object]
 ) -> tuple[dict[int, Buffer], dict[int, object]]:
-    users: dict[int, int] = {}
-    for t in manifest.tensors:
-        users[t.extent] = users.get(t.extent, 0) + 1
+    users = Counter(t.extent for t in manifest.tensors)
     buffers: dict[int, Buffer] = {}
     in_place: dict[int, object] = {}
     for t in manifest.tensors:

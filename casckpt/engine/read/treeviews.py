@@ -3,20 +3,22 @@
 A tree version has no ``tensors`` rows: what those rows say (dtype, shape,
 bytes, chunk count, content digest) is derived from the node that holds the
 tensor, with the same digest a row would carry, so trees and older versions
-compare alike. Diff walks only the subtrees whose ids differ; history
-follows the path down each version's tree, reading a node once however many
-versions share it.
+compare alike (but for a DCP piece covering its whole tensor, which has the
+digest of that tensor saved whole: :func:`rows_from`). Diff walks only the
+subtrees whose ids differ; history follows the path down each version's tree,
+reading a node once however many versions share it.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple, TypeVar
 
 from casckpt.catalog import Catalog
-from casckpt.catalog.rows import VersionRow, manifest_bytes
+from casckpt.catalog.rows import StoredContent, VersionRow, manifest_bytes
 from casckpt.catalog.treemigrate import tree_root
 from casckpt.engine.read.trees import adopted
 from casckpt.engine.versions.nodes import StoreNodes
@@ -41,21 +43,18 @@ class TensorRow(NamedTuple):
     digest: str
 
 
-class ContentRow(NamedTuple):
-    """What a ``contents`` row holds."""
-
-    nbytes: int
-    chunk_size: int
-    chunk_ids: bytes
-
-
 def rows_from(entries: Sequence[TensorEntry], extents: Sequence[ExtentEntry]
-              ) -> tuple[list[TensorRow], dict[str, ContentRow]]:
-    """Tensor and content rows of tensors, as a commit of an older version records them."""
-    rows, contents = tensor_rows("", entries, extents)
+              ) -> tuple[list[TensorRow], dict[str, StoredContent]]:
+    """Tensor and content rows of tensors, as a commit of an older version records them.
+
+    A tensor saved in one piece covering it (a DCP save's) gets the rows and digest of the
+    same tensor saved whole, so show, diff and history see a DCP save and a commit of one
+    state alike. A tensor saved in several pieces keeps a digest of its own."""
+    pieces = Counter(t.path for t in entries if t.is_shard)
+    rows, contents = tensor_rows("", [_whole(t) if pieces[t.path] == 1 else t for t in entries], extents)
     return ([TensorRow(r["path"], r["dtype"], tuple(r["shape"]), r["nbytes"], r["chunks"], r["digest"])
              for r in rows],
-            {c["digest"]: ContentRow(c["nbytes"], c["chunk_size"], c["chunk_ids"]) for c in contents})
+            {c["digest"]: StoredContent(c["nbytes"], c["chunk_size"], c["chunk_ids"]) for c in contents})
 
 
 _MALFORMED = (ValueError, KeyError, TypeError, AttributeError, OverflowError, IndexError, RecursionError)
@@ -82,7 +81,7 @@ def checked_tensor(path: str, value: Any, shared: Sequence[ExtentEntry]) -> Mani
     return one
 
 
-def value_row(path: str, value: Any, shared: Sequence[ExtentEntry]) -> tuple[TensorRow, ContentRow]:
+def value_row(path: str, value: Any, shared: Sequence[ExtentEntry]) -> tuple[TensorRow, StoredContent]:
     """The rows of one tensor value of a node (one row for a tensor saved in pieces)."""
     one = checked_tensor(path, value, shared)
     rows, contents = rows_from(one.tensors, one.extents)
@@ -118,7 +117,7 @@ class Trees:
         self.catalog = catalog
         self.reader = TreeReader(Nodes(StoreNodes(catalog)))
 
-    def rows_of(self, row: VersionRow, manifest: Manifest) -> tuple[list[Any], dict[str, ContentRow]]:
+    def rows_of(self, row: VersionRow, manifest: Manifest) -> tuple[list[Any], dict[str, StoredContent]]:
         """A version's tensor rows (each as a ``tensors`` row reads) and the contents rows a
         tree derives, whatever its format: a document of format 1 or 2 not migrated has them
         in the catalog. ``manifest``: the version's, whole or only its head."""
@@ -134,13 +133,13 @@ class Trees:
         """Whether two versions compare by walking their trees (:meth:`differences`)."""
         return a.tree is not None and b.tree is not None
 
-    def tensor_rows(self, manifest: Manifest) -> tuple[list[TensorRow], dict[str, ContentRow]]:
+    def tensor_rows(self, manifest: Manifest) -> tuple[list[TensorRow], dict[str, StoredContent]]:
         """Every tensor of a whole (expanded) manifest, by path."""
         rows, contents = rows_from(manifest.tensors, manifest.extents)
         rows.sort(key=lambda r: r.path)
         return rows, contents
 
-    def find(self, manifest: Manifest, path: str) -> tuple[TensorRow, ContentRow] | None:
+    def find(self, manifest: Manifest, path: str) -> tuple[TensorRow, StoredContent] | None:
         """The rows of the tensor at ``path`` in a tree version (None: no tensor there)."""
         tree = manifest.tree
         if tree is None:
@@ -162,7 +161,7 @@ class Trees:
         return replace(manifest, root=one.root, tensors=one.tensors, extents=one.extents)
 
     def differences(self, a: Manifest, b: Manifest) -> tuple[
-            list[tuple[str, TensorRow | None, TensorRow | None]], dict[str, ContentRow],
+            list[tuple[str, TensorRow | None, TensorRow | None]], dict[str, StoredContent],
             dict[str, object], dict[str, object]]:
         """Tensors and plain values that differ between two tree versions: ``(path, row in a,
         row in b)`` sorted by path (None where a side lacks the tensor), their contents, and
@@ -173,7 +172,7 @@ class Trees:
         content, whichever way their keys nest, and only those left unmatched differ."""
         if a.tree is None or b.tree is None:
             raise ValueError("not tree versions")
-        contents: dict[str, ContentRow] = {}
+        contents: dict[str, StoredContent] = {}
         values: tuple[dict[str, object], dict[str, object]] = ({}, {})
         sides: dict[str, tuple[list[TensorRow], list[TensorRow]]] = {}
         ra, rb = a.tree.root, b.tree.root
@@ -187,7 +186,7 @@ class Trees:
                 if not isinstance(value, dict):
                     continue
                 if value.get("t") in LEAVES:
-                    row, content = value_row(path, _whole(value), shared)
+                    row, content = value_row(path, value, shared)
                     sides.setdefault(path, ([], []))[side].append(row)
                     contents[row.digest] = content
                 else:
@@ -208,16 +207,11 @@ class Trees:
                 if _names_shared(value) and left.get(path) == value]
 
 
-def _whole(value: dict[str, Any]) -> dict[str, Any]:
-    """A tensor saved in one piece covering it (a DCP save in one process) as the same tensor
-    saved whole, so its rows and digest are those of a commit's (any other value as it is)."""
-    pieces = value.get("v") if value.get("t") == "sharded" else None
-    entry = pieces[0].get("e") if isinstance(pieces, list) and len(pieces) == 1 \
-        and isinstance(pieces[0], dict) else None
-    if not (isinstance(entry, dict) and entry.get("gs") == entry.get("shape")
-            and isinstance(entry.get("go"), list) and not any(entry["go"])):
-        return value
-    return {"t": "tensor", "e": {k: v for k, v in entry.items() if k not in ("gs", "go")}}
+def _whole(piece: TensorEntry) -> TensorEntry:
+    """A piece covering its whole tensor as that tensor saved whole (any other entry as it is)."""
+    if piece.global_shape != piece.shape or any(piece.global_offset or ()):
+        return piece
+    return replace(piece, global_shape=None, global_offset=None, rank=None)
 
 
 def _unmatched(left: list[TensorRow], right: list[TensorRow]) -> tuple[list[TensorRow], list[TensorRow]]:
