@@ -36,7 +36,7 @@ from azure.core import MatchConditions
 from azure.storage.blob import ContainerClient, LinearRetry
 
 from casckpt.errors import InvalidArgumentError, InvalidNameError, OversizedObjectError, StorageError
-from casckpt.storage.azure_errors import is_not_found, map_azure_error
+from casckpt.storage.azure_errors import map_azure_error
 from casckpt.storage.azure_names import split_az_url
 from casckpt.storage.base import RemoteBlobStore, check_object_name, location_prefix, wants_bytes
 from casckpt.storage.redact import redact_text
@@ -207,16 +207,8 @@ class AzureBlobStore(RemoteBlobStore):
 
     def size(self, key: str) -> int | None:
         check_object_name(key)
-
-        def head() -> int | None:
-            try:
-                return int(self._client.get_blob_client(self.prefix + key).get_blob_properties().size)
-            except Exception as exc:
-                if is_not_found(exc):
-                    return None
-                raise
-
-        return self._call("size", key, head)
+        return self._unless_missing("size", key, lambda: int(self._client.get_blob_client(
+            self.prefix + key).get_blob_properties().size), None)
 
     def _pages(self, prefix: str) -> Iterator[Any]:
         return iter(self._client.list_blobs(name_starts_with=prefix,
@@ -229,15 +221,8 @@ class AzureBlobStore(RemoteBlobStore):
 
     def delete(self, key: str) -> None:
         check_object_name(key)
-
-        def remove() -> None:
-            try:
-                self._client.delete_blob(self.prefix + key, delete_snapshots="include")
-            except Exception as exc:
-                if not is_not_found(exc):
-                    raise
-
-        self._call("delete", key, remove)
+        self._unless_missing("delete", key, lambda: self._client.delete_blob(
+            self.prefix + key, delete_snapshots="include"), None)
 
     def close(self) -> None:
         """Release the client's connections. Idempotent; the store must not be used afterwards."""

@@ -205,6 +205,18 @@ class RemoteBlobStore:
         except Exception as exc:
             raise self._map_error(exc, op, self._where(key)) from exc
 
+    def _unless_missing(self, op: str, key: str, fn: Callable[[], T], missing: T) -> T:
+        """``fn`` as :meth:`_call` runs it, but ``missing`` when it finds no object ``key``."""
+        def attempt() -> T:
+            try:
+                return fn()
+            except Exception as exc:
+                if isinstance(self._map_error(exc, op, self._where(key)), BlobNotFoundError):
+                    return missing
+                raise
+
+        return self._call(op, key, attempt)
+
     def _file_size(self, key: str, path: Path) -> int:
         """The size of the file ``path`` about to be uploaded under ``key`` (checked first)."""
         check_object_name(key)

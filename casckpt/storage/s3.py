@@ -44,7 +44,6 @@ from botocore.exceptions import ClientError
 from s3transfer.manager import TransferConfig, TransferManager
 
 from casckpt.errors import (
-    BlobNotFoundError,
     InvalidArgumentError,
     InvalidNameError,
     OversizedObjectError,
@@ -289,17 +288,8 @@ class S3BlobStore(RemoteBlobStore):
 
     def size(self, key: str) -> int | None:
         check_object_name(key)
-
-        def head() -> int | None:
-            try:
-                return int(self._client.head_object(
-                    Bucket=self.bucket, Key=self.prefix + key)["ContentLength"])
-            except Exception as exc:
-                if isinstance(map_s3_error(exc, "size", ""), BlobNotFoundError):
-                    return None
-                raise
-
-        return self._call("size", key, head)
+        return self._unless_missing("size", key, lambda: int(self._client.head_object(
+            Bucket=self.bucket, Key=self.prefix + key)["ContentLength"]), None)
 
     def _pages(self, prefix: str) -> Iterator[Any]:
         return iter(self._client.get_paginator("list_objects_v2").paginate(
@@ -313,15 +303,8 @@ class S3BlobStore(RemoteBlobStore):
 
     def delete(self, key: str) -> None:
         check_object_name(key)
-
-        def remove() -> None:
-            try:
-                self._client.delete_object(Bucket=self.bucket, Key=self.prefix + key)
-            except Exception as exc:
-                if not isinstance(map_s3_error(exc, "delete", ""), BlobNotFoundError):
-                    raise
-
-        self._call("delete", key, remove)
+        self._unless_missing("delete", key, lambda: self._client.delete_object(
+            Bucket=self.bucket, Key=self.prefix + key), None)
 
     def close(self) -> None:
         """Wait for uploads in flight, then release the thread pool and connections.
