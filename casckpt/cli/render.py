@@ -155,24 +155,13 @@ def _first_line(text: str | None) -> str:
 
 def runs_table(runs: Iterable[RunInfo]) -> Table:
     """One row per run: name, versions, latest step and id, logical size, creation time."""
-    table = table_of(
-        "RUN",
-        "VERSIONS",
-        "LATEST",
-        "LATEST ID",
-        "SIZE",
-        "CREATED",
-        right=("VERSIONS", "LATEST", "SIZE"),
-    )
+    table = table_of("RUN", "VERSIONS", "LATEST", "LATEST ID", "SIZE", "CREATED",
+                     right=("VERSIONS", "LATEST", "SIZE"))
     for run in runs:
-        table.add_row(
-            run.name,
-            str(run.versions),
-            "-" if run.latest_step is None else str(run.latest_step),
-            (run.latest_id or "-")[:12],
-            human_bytes(run.logical_bytes),
-            local_time(run.created_at),
-        )
+        table.add_row(run.name, str(run.versions),
+                      "-" if run.latest_step is None else str(run.latest_step),
+                      (run.latest_id or "-")[:12], human_bytes(run.logical_bytes),
+                      local_time(run.created_at))
     return table
 
 
@@ -363,11 +352,8 @@ def stream_json(value: dict[str, Any], key: str, batch: int = 1000) -> None:
 
 def stats_dict(stats: StoreStats) -> dict[str, Any]:
     """``stats.to_dict()`` plus the derived ratios."""
-    return {
-        **stats.to_dict(),
-        "dedup_ratio": stats.dedup_ratio,
-        "compression_ratio": stats.compression_ratio,
-    }
+    return {**stats.to_dict(), "dedup_ratio": stats.dedup_ratio,
+            "compression_ratio": stats.compression_ratio}
 
 
 def stats_table(stats: StoreStats) -> Table:
@@ -409,15 +395,9 @@ def check_dict(report: CheckReport) -> dict[str, Any]:
 
 def check_view(report: CheckReport) -> list[RenderableType]:
     """A one-line summary, then a table of problems if any."""
-    read = ""
-    if report.chunks_read or report.packs_read:
-        read = (
-            f"; read {report.packs_read} packs, {report.chunks_read} chunks "
-            f"({human_bytes(report.bytes_read)})"
-        )
-    summary = (
-        f"checked {report.versions} versions, {report.packs} packs, {report.chunks} chunks{read}"
-    )
+    read = (f"; read {report.packs_read} packs, {report.chunks_read} chunks "
+            f"({human_bytes(report.bytes_read)})" if report.chunks_read or report.packs_read else "")
+    summary = f"checked {report.versions} versions, {report.packs} packs, {report.chunks} chunks{read}"
     notes: list[RenderableType] = [Text(f"warning: {w}", style="yellow") for w in report.warnings]
     if report.ok:
         return [summary, Text("no problems found", style="green"), *notes]
@@ -434,30 +414,14 @@ _STATE_STYLES = {"active": "green", "draining": "yellow", "failed": "bold red"}
 def locations_table(locations: Iterable[LocationInfo]) -> Table:
     """One row per blob location: name, failure domain, state, URL, what it holds, and how its
     health probe went (see :func:`unreachable_notes` for why one is not reachable)."""
-    table = table_of(
-        "NAME",
-        "DOMAIN",
-        "STATE",
-        "URL",
-        "SHARDS",
-        "SIZE",
-        "DAMAGED",
-        "PROBE",
-        "REACHABLE",
-        right=("SHARDS", "SIZE", "DAMAGED", "PROBE"),
-    )
+    table = table_of("NAME", "DOMAIN", "STATE", "URL", "SHARDS", "SIZE", "DAMAGED", "PROBE", "REACHABLE",
+                     right=("SHARDS", "SIZE", "DAMAGED", "PROBE"))
     for loc in locations:
-        table.add_row(
-            loc.name,
-            loc.domain,
-            Text(loc.state, style=_STATE_STYLES.get(loc.state, "")),
-            loc.url,
-            str(loc.shards),
-            human_bytes(loc.bytes),
-            Text(str(loc.damaged), style="bold red" if loc.damaged else ""),
-            _seconds(loc.probe_s),
-            Text("yes") if loc.reachable else Text("no", style="bold red"),
-        )
+        table.add_row(loc.name, loc.domain, Text(loc.state, style=_STATE_STYLES.get(loc.state, "")),
+                      loc.url, str(loc.shards), human_bytes(loc.bytes),
+                      Text(str(loc.damaged), style="bold red" if loc.damaged else ""),
+                      _seconds(loc.probe_s),
+                      Text("yes") if loc.reachable else Text("no", style="bold red"))
     return table
 
 

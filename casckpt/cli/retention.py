@@ -159,11 +159,9 @@ def delete(
     """Delete a version (soft: `casckpt undelete` brings it back until gc sweeps its data)."""
     with open_store(ctx) as store:
         version = store.delete(ref, reason=reason)
-    if as_json:
-        render.print_json(version.to_dict())
-        return
-    render.out(f"Deleted {version.short_id} ({version.run}@{version.step})")
-    render.note(f"undo with: casckpt undelete {version.short_id}")
+    render.emit(as_json, version.to_dict(), f"Deleted {version.short_id} ({version.run}@{version.step})")
+    if not as_json:
+        render.note(f"undo with: casckpt undelete {version.short_id}")
 
 
 def undelete(

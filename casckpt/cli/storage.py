@@ -28,9 +28,7 @@ from casckpt.cli.shared import EXIT_PROBLEMS, JsonOption, open_store
 from casckpt.types import LocationInfo, RepairReport
 
 location_app = typer.Typer(
-    help="Blob locations: where packs live, their failure domains and states.",
-    no_args_is_help=True,
-)
+    help="Blob locations: where packs live, their failure domains and states.", no_args_is_help=True)
 
 redundancy_app = typer.Typer(
     help="Redundancy of new packs: none, replicate:N or ec:K+M (store-wide or per run).",
@@ -175,12 +173,10 @@ def set_redundancy(
     """
     with open_store(ctx) as store:
         result = store.locations.set_redundancy(spec, run=run)
-    if as_json:
-        render.print_json({"run": run, "redundancy": result})
-        return
     whose = "the store" if run is None else f"run {run}"
-    render.out(f"Redundancy of new packs of {whose}: {result}")
-    render.note("packs already stored keep their redundancy")
+    render.emit(as_json, {"run": run, "redundancy": result}, f"Redundancy of new packs of {whose}: {result}")
+    if not as_json:
+        render.note("packs already stored keep their redundancy")
 
 
 # -- delta coding ----------------------------------------------------------------

@@ -26,9 +26,7 @@ from casckpt.cli.shared import EXIT_PROBLEMS, FLAG, JsonOption, open_store
 from casckpt.types import DrainReport, TierLoss, TierStatus
 
 tier_app = typer.Typer(
-    help="The fast tier: where commits land before they drain to the locations.",
-    no_args_is_help=True,
-)
+    help="The fast tier: where commits land before they drain to the locations.", no_args_is_help=True)
 
 _NO_TIER = ("this store has no fast tier on this host: pass --fast-tier DIR before the command "
             "(or set CASCKPT_FAST_TIER), or record one with `casckpt init PATH --fast-tier DIR`")
