@@ -61,11 +61,9 @@ def add(
     with open_store(ctx, drain=True) as store, progress_bars() as progress:
         version = store.add_dir(directory, run=run, step=step, metrics=metrics, message=message,
                                 tags=tuple(tag or ()), progress=progress)
-    if as_json:
-        render.print_json(version.to_dict())
-        return
     counts: dict[str, Any] = version.metadata.get(_DIR_KEY, {})
-    render.out(
+    render.emit(
+        as_json, version.to_dict(),
         f"Added {directory} as {version.short_id} ({version.run}@{version.step}): "
         f"{counts.get('files', 0)} file(s), {counts.get('dirs', 0)} dir(s), {counts.get('links', 0)} "
         f"link(s), {render.human_bytes(version.logical_bytes)}; "
@@ -90,10 +88,8 @@ def checkout(
         with progress_bars() as progress:
             written = store.checkout(version, directory, progress=progress)
     counts: dict[str, Any] = version.metadata.get(_DIR_KEY, {})
-    if as_json:
-        render.print_json({"version": version.to_dict(), "path": str(written), **counts})
-        return
-    render.out(
+    render.emit(
+        as_json, {"version": version.to_dict(), "path": str(written), **counts},
         f"Checked out {version.short_id} ({version.run}@{version.step}) into {written}: "
         f"{counts.get('files', 0)} file(s), {render.human_bytes(int(counts.get('bytes', 0)))}, verified"
     )

@@ -96,10 +96,7 @@ def history(
     """List the versions of RUN in which the tensor at PATH changed, oldest first."""
     with open_store(ctx) as store:
         entries = store.history(run, path)
-    if as_json:
-        render.print_json([e.to_dict() for e in entries])
-    else:
-        render.out(history_table(entries))
+    render.emit(as_json, [e.to_dict() for e in entries], history_table(entries))
 
 
 def fork(

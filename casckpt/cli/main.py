@@ -90,7 +90,6 @@ _UsageError: type[Any] = next(c for c in typer.BadParameter.__mro__ if c.__name_
 _STORE_OPTIONS = ("--store", "-s")
 
 
-
 def _store_goes_first(root: Any, failed: Any, after: list[str]) -> str:
     """What to say when ``--store`` came after the command: it is an option of ``casckpt``
     itself, so it goes before the command. ``root`` is the context of ``casckpt``, ``failed``
@@ -169,14 +168,10 @@ class _CasckptGroup(TyperGroup):
             raise typer.Exit(EXIT_INTERNAL) from None
 
 
-app = typer.Typer(
-    cls=_CasckptGroup,
-    help="Content-addressed, incremental checkpoint store for PyTorch.",
-    epilog=_EPILOG,
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_show_locals=False,
-)
+app = typer.Typer(cls=_CasckptGroup, help="Content-addressed, incremental checkpoint store for PyTorch.",
+                  epilog=_EPILOG, no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_show_locals=False)
+
 
 def _print_version(asked: bool) -> None:
     if asked:
@@ -391,14 +386,12 @@ def restore(
         version = store.resolve(ref)
         result = store.export(version, to, format="safetensors-file", overwrite=force, progress=progress)
     values_file = next((result.directory / f for f in result.files if f != to.name), None)
-    if as_json:
-        render.print_json({"version": version.to_dict(), "file": str(to), "tensors": result.tensors,
-                           "values": result.values,
-                           "values_file": None if values_file is None else str(values_file)})
-        return
-    render.out(f"Wrote {result.tensors} tensors and {result.values} values of {version.short_id} "
-               f"({version.run}@{version.step}) to {to}")
-    if values_file is not None:
+    render.emit(as_json, {"version": version.to_dict(), "file": str(to), "tensors": result.tensors,
+                          "values": result.values,
+                          "values_file": None if values_file is None else str(values_file)},
+                f"Wrote {result.tensors} tensors and {result.values} values of {version.short_id} "
+                f"({version.run}@{version.step}) to {to}")
+    if values_file is not None and not as_json:
         render.note(f"plain values are over 64 KiB: written to {values_file}")
 
 

@@ -47,13 +47,8 @@ def progress_bars(console: Console | None = None) -> Iterator[ProgressCallback |
             yield None
             return
         console = Console(stderr=True)
-    columns = (
-        TextColumn("{task.description:<8}"),
-        BarColumn(),
-        TaskProgressColumn(),
-        TextColumn("{task.fields[amount]}"),
-        TimeRemainingColumn(),
-    )
+    columns = (TextColumn("{task.description:<8}"), BarColumn(), TaskProgressColumn(),
+               TextColumn("{task.fields[amount]}"), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         tasks: dict[str, TaskID] = {}
 

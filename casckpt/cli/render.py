@@ -116,12 +116,31 @@ def short_value(value: object, width: int = _VALUE_WIDTH) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def table_of(*columns: str, right: Iterable[str] = ()) -> Table:
+def table_of(*columns: str, right: Iterable[str] = (), title: str | None = None) -> Table:
     """An empty table of these columns in casckpt's style (``right``: right-aligned ones)."""
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, title=title,
+                  title_justify="left")
     right_aligned = set(right)
     for column in columns:
         table.add_column(column, justify="right" if column in right_aligned else "left")
+    return table
+
+
+def key_values(rows: Iterable[tuple[str, str]]) -> Table:
+    """Rows of a key (bold) and its value, without borders."""
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
+
+
+def count_table(title: str, rows: Iterable[tuple[str, object]]) -> Table:
+    """A titled table of counts: what, and how many."""
+    table = table_of("what", "count", right=("count",), title=title)
+    for label, value in rows:
+        table.add_row(label, str(value))
     return table
 
 
@@ -136,24 +155,13 @@ def _first_line(text: str | None) -> str:
 
 def runs_table(runs: Iterable[RunInfo]) -> Table:
     """One row per run: name, versions, latest step and id, logical size, creation time."""
-    table = table_of(
-        "RUN",
-        "VERSIONS",
-        "LATEST",
-        "LATEST ID",
-        "SIZE",
-        "CREATED",
-        right=("VERSIONS", "LATEST", "SIZE"),
-    )
+    table = table_of("RUN", "VERSIONS", "LATEST", "LATEST ID", "SIZE", "CREATED",
+                     right=("VERSIONS", "LATEST", "SIZE"))
     for run in runs:
-        table.add_row(
-            run.name,
-            str(run.versions),
-            "-" if run.latest_step is None else str(run.latest_step),
-            (run.latest_id or "-")[:12],
-            human_bytes(run.logical_bytes),
-            local_time(run.created_at),
-        )
+        table.add_row(run.name, str(run.versions),
+                      "-" if run.latest_step is None else str(run.latest_step),
+                      (run.latest_id or "-")[:12], human_bytes(run.logical_bytes),
+                      local_time(run.created_at))
     return table
 
 
@@ -242,9 +250,6 @@ _DURABILITY_NOTES = {
 
 def version_table(v: Version) -> Table:
     """Key/value rows describing one version."""
-    table = Table.grid(padding=(0, 2))
-    table.add_column(style="bold")
-    table.add_column()
     rows: list[tuple[str, str]] = [
         ("version", v.id),
         ("run", v.run),
@@ -263,9 +268,7 @@ def version_table(v: Version) -> Table:
         rows.append(("metadata", dumps(v.metadata)))
     if v.message:
         rows.append(("message", v.message))
-    for key, value in rows:
-        table.add_row(key, value)
-    return table
+    return key_values(rows)
 
 
 _VALUES_SHOWN = 50  # plain values listed by `show` before "N more"
@@ -349,11 +352,8 @@ def stream_json(value: dict[str, Any], key: str, batch: int = 1000) -> None:
 
 def stats_dict(stats: StoreStats) -> dict[str, Any]:
     """``stats.to_dict()`` plus the derived ratios."""
-    return {
-        **stats.to_dict(),
-        "dedup_ratio": stats.dedup_ratio,
-        "compression_ratio": stats.compression_ratio,
-    }
+    return {**stats.to_dict(), "dedup_ratio": stats.dedup_ratio,
+            "compression_ratio": stats.compression_ratio}
 
 
 def stats_table(stats: StoreStats) -> Table:
@@ -395,15 +395,9 @@ def check_dict(report: CheckReport) -> dict[str, Any]:
 
 def check_view(report: CheckReport) -> list[RenderableType]:
     """A one-line summary, then a table of problems if any."""
-    read = ""
-    if report.chunks_read or report.packs_read:
-        read = (
-            f"; read {report.packs_read} packs, {report.chunks_read} chunks "
-            f"({human_bytes(report.bytes_read)})"
-        )
-    summary = (
-        f"checked {report.versions} versions, {report.packs} packs, {report.chunks} chunks{read}"
-    )
+    read = (f"; read {report.packs_read} packs, {report.chunks_read} chunks "
+            f"({human_bytes(report.bytes_read)})" if report.chunks_read or report.packs_read else "")
+    summary = f"checked {report.versions} versions, {report.packs} packs, {report.chunks} chunks{read}"
     notes: list[RenderableType] = [Text(f"warning: {w}", style="yellow") for w in report.warnings]
     if report.ok:
         return [summary, Text("no problems found", style="green"), *notes]
@@ -420,30 +414,14 @@ _STATE_STYLES = {"active": "green", "draining": "yellow", "failed": "bold red"}
 def locations_table(locations: Iterable[LocationInfo]) -> Table:
     """One row per blob location: name, failure domain, state, URL, what it holds, and how its
     health probe went (see :func:`unreachable_notes` for why one is not reachable)."""
-    table = table_of(
-        "NAME",
-        "DOMAIN",
-        "STATE",
-        "URL",
-        "SHARDS",
-        "SIZE",
-        "DAMAGED",
-        "PROBE",
-        "REACHABLE",
-        right=("SHARDS", "SIZE", "DAMAGED", "PROBE"),
-    )
+    table = table_of("NAME", "DOMAIN", "STATE", "URL", "SHARDS", "SIZE", "DAMAGED", "PROBE", "REACHABLE",
+                     right=("SHARDS", "SIZE", "DAMAGED", "PROBE"))
     for loc in locations:
-        table.add_row(
-            loc.name,
-            loc.domain,
-            Text(loc.state, style=_STATE_STYLES.get(loc.state, "")),
-            loc.url,
-            str(loc.shards),
-            human_bytes(loc.bytes),
-            Text(str(loc.damaged), style="bold red" if loc.damaged else ""),
-            _seconds(loc.probe_s),
-            Text("yes") if loc.reachable else Text("no", style="bold red"),
-        )
+        table.add_row(loc.name, loc.domain, Text(loc.state, style=_STATE_STYLES.get(loc.state, "")),
+                      loc.url, str(loc.shards), human_bytes(loc.bytes),
+                      Text(str(loc.damaged), style="bold red" if loc.damaged else ""),
+                      _seconds(loc.probe_s),
+                      Text("yes") if loc.reachable else Text("no", style="bold red"))
     return table
 
 

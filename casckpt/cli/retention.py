@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import Annotated, Any, Optional
 
 import typer
-from rich import box
 from rich.table import Table
 from rich.text import Text
 
@@ -121,10 +120,8 @@ def clear_policy(ctx: typer.Context, run: RunArgument) -> None:
 
 
 def _plan_table(plan: RetentionPlan) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
-                  title=f"{plan.run}: {_policy_line(plan.policy)}", title_justify="left")
-    for column in ("STEP", "ID", "CREATED", "ACTION", "KEPT BY"):
-        table.add_column(column, justify="right" if column == "STEP" else "left")
+    table = render.table_of("STEP", "ID", "CREATED", "ACTION", "KEPT BY", right=("STEP",),
+                            title=f"{plan.run}: {_policy_line(plan.policy)}")
     for d in plan.decisions:
         action = Text("keep", style="green") if d.keep else Text("delete", style="bold red")
         table.add_row(str(d.version.step), d.version.short_id, render.local_time(d.version.created_at),
@@ -162,11 +159,9 @@ def delete(
     """Delete a version (soft: `casckpt undelete` brings it back until gc sweeps its data)."""
     with open_store(ctx) as store:
         version = store.delete(ref, reason=reason)
-    if as_json:
-        render.print_json(version.to_dict())
-        return
-    render.out(f"Deleted {version.short_id} ({version.run}@{version.step})")
-    render.note(f"undo with: casckpt undelete {version.short_id}")
+    render.emit(as_json, version.to_dict(), f"Deleted {version.short_id} ({version.run}@{version.step})")
+    if not as_json:
+        render.note(f"undo with: casckpt undelete {version.short_id}")
 
 
 def undelete(

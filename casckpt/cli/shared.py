@@ -124,49 +124,22 @@ def exit_codes_markdown() -> str:
 FLAG = ""
 """The metavar of a flag: it takes no value, so help shows no type (typer would show <bool>)."""
 
-StoreOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--store",
-        "-s",
-        metavar="DIR",
-        envvar="CASCKPT_STORE",
-        show_envvar=True,
-        help="Store directory.",
-        file_okay=False,
-    ),
-]
+StoreOption = Annotated[Path | None, typer.Option(
+    "--store", "-s", metavar="DIR", envvar="CASCKPT_STORE", show_envvar=True,
+    help="Store directory.", file_okay=False)]
 JsonOption = Annotated[
     bool, typer.Option("--json", metavar=FLAG, help="Print machine-readable JSON on stdout, nothing else.")
 ]
 RefArgument = Annotated[
     str, typer.Argument(help="A version: run@step, run@latest, run@~N, tag:NAME or an id prefix.")
 ]
-
-
-FastTierOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--fast-tier",
-        metavar="DIR",
-        envvar="CASCKPT_FAST_TIER",
-        show_envvar=True,
-        help="This host's fast tier directory, instead of the one casckpt.toml records (see "
-             "docs/guides/fast-tier.md): `drain` drains it, `tier status` reports it.",
-        file_okay=False,
-    ),
-]
-KeyFileOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--key-file",
-        metavar="FILE",
-        envvar="CASCKPT_KEY_FILE",
-        show_envvar=True,
-        help="Master key file of an encrypted store (`casckpt key generate FILE`).",
-        dir_okay=False,
-    ),
-]
+FastTierOption = Annotated[Path | None, typer.Option(
+    "--fast-tier", metavar="DIR", envvar="CASCKPT_FAST_TIER", show_envvar=True, file_okay=False,
+    help="This host's fast tier directory, instead of the one casckpt.toml records (see "
+         "docs/guides/fast-tier.md): `drain` drains it, `tier status` reports it.")]
+KeyFileOption = Annotated[Path | None, typer.Option(
+    "--key-file", metavar="FILE", envvar="CASCKPT_KEY_FILE", show_envvar=True, dir_okay=False,
+    help="Master key file of an encrypted store (`casckpt key generate FILE`).")]
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,6 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import RenderableType
-from rich.table import Table
 from rich.text import Text
 
 from casckpt.cli import render
@@ -29,9 +28,7 @@ from casckpt.cli.shared import EXIT_PROBLEMS, JsonOption, open_store
 from casckpt.types import LocationInfo, RepairReport
 
 location_app = typer.Typer(
-    help="Blob locations: where packs live, their failure domains and states.",
-    no_args_is_help=True,
-)
+    help="Blob locations: where packs live, their failure domains and states.", no_args_is_help=True)
 
 redundancy_app = typer.Typer(
     help="Redundancy of new packs: none, replicate:N or ec:K+M (store-wide or per run).",
@@ -176,12 +173,10 @@ def set_redundancy(
     """
     with open_store(ctx) as store:
         result = store.locations.set_redundancy(spec, run=run)
-    if as_json:
-        render.print_json({"run": run, "redundancy": result})
-        return
     whose = "the store" if run is None else f"run {run}"
-    render.out(f"Redundancy of new packs of {whose}: {result}")
-    render.note("packs already stored keep their redundancy")
+    render.emit(as_json, {"run": run, "redundancy": result}, f"Redundancy of new packs of {whose}: {result}")
+    if not as_json:
+        render.note("packs already stored keep their redundancy")
 
 
 # -- delta coding ----------------------------------------------------------------
@@ -226,15 +221,6 @@ def set_delta(
 # -- repair and rebuilds ---------------------------------------------------------
 
 
-def _count_table(title: str, rows: list[tuple[str, int]]) -> Table:
-    table = Table(title=title, box=None, title_justify="left")
-    table.add_column("what")
-    table.add_column("count", justify="right")
-    for label, value in rows:
-        table.add_row(label, str(value))
-    return table
-
-
 def _listing(title: str, items: tuple[str, ...]) -> list[RenderableType]:
     if not items:
         return []
@@ -245,7 +231,7 @@ def _repair_view(report: RepairReport) -> list[RenderableType]:
     if report.nothing_to_do:
         return [Text("nothing to repair: every pack is at full redundancy on distinct failure domains, "
                      "and every location holds every manifest and record", style="green")]
-    table = _count_table("repair", [
+    table = render.count_table("repair", [
         ("packs needing repair", report.packs),
         ("shards rewritten", report.shards_rewritten),
         ("shards moved to another location", report.shards_moved),
@@ -291,7 +277,7 @@ def rebuild_catalog(ctx: typer.Context, as_json: JsonOption = False) -> None:
     with open_store(ctx, recover=True) as store, progress_bars() as progress:
         report = store.ops.rebuild_catalog(progress=progress)
     ok = not report.lost_packs and not report.skipped
-    table = _count_table("catalog rebuilt", [
+    table = render.count_table("catalog rebuilt", [
         ("packs", report.packs), ("chunks", report.chunks), ("versions", report.versions),
         ("runs", report.runs), ("tags", report.tags),
         ("packs lost", len(report.lost_packs)), ("versions skipped", len(report.skipped)),
@@ -314,7 +300,7 @@ def migrate_trees(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """
     with open_store(ctx) as store, progress_bars() as progress:
         report = store.ops.migrate_trees(progress=progress)
-    render.emit(as_json, {**report.to_dict(), "ok": not report.versions_left}, _count_table(
+    render.emit(as_json, {**report.to_dict(), "ok": not report.versions_left}, render.count_table(
         "versions migrated to trees", [
             ("versions migrated", report.versions_migrated), ("versions left", report.versions_left),
             ("tree nodes written", report.nodes_written),

@@ -60,14 +60,12 @@ def export(
     with open_store(ctx) as store, progress_bars() as progress:
         version = store.resolve(ref)
         result = store.export(version, to, format=fmt, overwrite=force, progress=progress)
-    if as_json:
-        render.print_json({"version": version.to_dict(), "directory": str(result.directory),
-                           "format": result.format, "files": list(result.files),
-                           "huggingface": result.huggingface})
-        return
     kind = " (a Hugging Face model directory)" if result.huggingface else ""
-    render.out(f"Wrote {version.short_id} ({version.run}@{version.step}) to {result.directory} "
-               f"as {result.format}{kind}: {', '.join(result.files)}")
+    render.emit(as_json, {"version": version.to_dict(), "directory": str(result.directory),
+                          "format": result.format, "files": list(result.files),
+                          "huggingface": result.huggingface},
+                f"Wrote {version.short_id} ({version.run}@{version.step}) to {result.directory} "
+                f"as {result.format}{kind}: {', '.join(result.files)}")
 
 
 def register(app: typer.Typer) -> None:

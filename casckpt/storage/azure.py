@@ -27,38 +27,22 @@ Each store holds one container client (thread-safe, with its own connection pool
 
 from __future__ import annotations
 
-import logging
 import os
-import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from azure.core import MatchConditions
 from azure.storage.blob import ContainerClient, LinearRetry
 
-from casckpt.errors import (
-    AccessDeniedError,
-    InvalidArgumentError,
-    InvalidNameError,
-    OversizedObjectError,
-    StorageError,
-)
-from casckpt.storage.azure_errors import is_not_found, map_azure_error
+from casckpt.errors import InvalidArgumentError, InvalidNameError, OversizedObjectError, StorageError
+from casckpt.storage.azure_errors import map_azure_error
 from casckpt.storage.azure_names import split_az_url
-from casckpt.storage.base import BlobInfo, check_object_name, scatter, wants_bytes
+from casckpt.storage.base import RemoteBlobStore, check_object_name, location_prefix, wants_bytes
 from casckpt.storage.redact import redact_text
-
-log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
 MAX_BLOCK = 4000 * MiB  # Azure's largest block (API version 2019-12-12 and later)
-MD5_RANGE = 4 * MiB  # the largest range Azure returns an MD5 of
-
-_PREFIX_SEGMENT = re.compile(r"^[A-Za-z0-9_=+-][A-Za-z0-9._=+-]*$")
-_LIST_PREFIX = re.compile(r"^[a-z0-9._/-]*$")
-
-T = TypeVar("T")
 
 
 def parse_az_url(url: str) -> tuple[str, str]:
@@ -72,13 +56,7 @@ def parse_az_url(url: str) -> tuple[str, str]:
         container, prefix = split_az_url(url) if isinstance(url, str) else split_az_url("")
     except InvalidArgumentError as exc:
         raise InvalidNameError(str(exc)) from None
-    for segment in prefix.split("/") if prefix else ():
-        if not _PREFIX_SEGMENT.match(segment) or segment in (".", ".."):
-            raise InvalidNameError(f"invalid Azure prefix in {url!r}: segment {segment!r} is empty "
-                                   "or uses characters other than letters, digits and ._=+-")
-    if len(prefix) > 512:
-        raise InvalidNameError(f"Azure prefix in {url!r} is too long (over 512 characters)")
-    return container, f"{prefix}/" if prefix else ""
+    return container, location_prefix(prefix, url, "Azure")
 
 
 def _client(container: str, account_url: str | None, kwargs: dict[str, Any],
@@ -104,7 +82,7 @@ def _client(container: str, account_url: str | None, kwargs: dict[str, Any],
     return ContainerClient(url, container, credential=DefaultAzureCredential(), **kwargs)
 
 
-class AzureBlobStore:
+class AzureBlobStore(RemoteBlobStore):
     """Blobs under ``az://container/prefix``. Thread-safe; see the module docstring.
 
     Args:
@@ -125,12 +103,15 @@ class AzureBlobStore:
         StorageError: no account or credential could be found, or the client not built.
     """
 
+    service = "Azure"
+
     def __init__(self, url: str, *, account_url: str | None = None, connection_string: str | None = None,
                  max_single_put_size: int = 64 * MiB, max_block_size: int = 16 * MiB,
                  max_concurrency: int = 8, connect_timeout: float = 5.0, read_timeout: float = 15.0,
                  sdk_attempts: int = 3, list_page_size: int = 5000) -> None:
         self.container, self.prefix = parse_az_url(url)
         self.url = f"az://{self.container}/{self.prefix.rstrip('/')}".rstrip("/")
+        self._root = f"az://{self.container}/"
         problems = [f"{name} must be at least 1, not {value}" for name, value in (
             ("max_single_put_size", max_single_put_size), ("max_block_size", max_block_size),
             ("max_concurrency", max_concurrency), ("sdk_attempts", sdk_attempts),
@@ -155,24 +136,9 @@ class AzureBlobStore:
             raise StorageError(f"cannot set up the Azure client for {self.url}: {type(exc).__name__}: "
                                f"{redact_text(str(exc))}; check AZURE_STORAGE_CONNECTION_STRING or "
                                "account_url") from None
-        self._closed = False
 
-    def __repr__(self) -> str:
-        return f"AzureBlobStore({self.url!r})"
-
-    def _where(self, key: str) -> str:
-        return f"az://{self.container}/{self.prefix}{key}"
-
-    def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
-        """Run ``fn``, mapping what the SDK raises into casckpt errors."""
-        if self._closed:
-            raise StorageError(f"Azure {op} of {self._where(key)}: the store is closed")
-        try:
-            return fn()
-        except (StorageError, AccessDeniedError):
-            raise
-        except Exception as exc:
-            raise map_azure_error(exc, op, self._where(key)) from exc
+    def _map_error(self, exc: Exception, op: str, where: str) -> Exception:
+        return map_azure_error(exc, op, where)
 
     # writes ----------------------------------------------------------------
 
@@ -184,11 +150,7 @@ class AzureBlobStore:
 
     def put_file(self, key: str, path: Path) -> None:
         """Upload the file at ``path``; the file is left in place (not consumed)."""
-        check_object_name(key)
-        try:
-            size = os.stat(path).st_size
-        except OSError as exc:
-            raise StorageError(f"cannot upload {path} to {self._where(key)}: {exc}") from exc
+        size = self._file_size(key, path)
 
         def upload() -> None:
             with open(path, "rb") as f:
@@ -243,57 +205,24 @@ class AzureBlobStore:
 
         return self._call("get_range", key, fetch)
 
-    def read_into(self, key: str, offset: int, buffers: Sequence[memoryview]) -> int:
-        """One ranged read covering the buffers, scattered into them."""
-        return scatter(self.get_range(key, offset, sum(len(b) for b in buffers)), buffers)
-
     def size(self, key: str) -> int | None:
         check_object_name(key)
+        return self._unless_missing("size", key, lambda: int(self._client.get_blob_client(
+            self.prefix + key).get_blob_properties().size), None)
 
-        def head() -> int | None:
-            try:
-                return int(self._client.get_blob_client(self.prefix + key).get_blob_properties().size)
-            except Exception as exc:
-                if is_not_found(exc):
-                    return None
-                raise
+    def _pages(self, prefix: str) -> Iterator[Any]:
+        return iter(self._client.list_blobs(name_starts_with=prefix,
+                                            results_per_page=self._page_size).by_page())
 
-        return self._call("size", key, head)
-
-    def list(self, prefix: str = "") -> Iterator[BlobInfo]:
-        """Yield the blobs whose keys start with ``prefix``, page by page (blobs under the
-        location whose names are not valid keys, not written by casckpt, are skipped)."""
-        if (not _LIST_PREFIX.match(prefix) or prefix.startswith("/") or "//" in prefix
-                or ".." in prefix.split("/")):
-            raise InvalidNameError(f"invalid listing prefix {prefix!r}")
-        pages = self._call("list", prefix, lambda: iter(self._client.list_blobs(
-            name_starts_with=self.prefix + prefix, results_per_page=self._page_size).by_page()))
-        while True:
-            page = self._call("list", prefix, lambda: next(pages, None))
-            if page is None:
-                return
-            for blob in self._call("list", prefix, lambda p=page: list(p)):  # type: ignore[misc]
-                key = blob.name[len(self.prefix):]
-                try:
-                    check_object_name(key)
-                except InvalidNameError:
-                    log.debug("skipping foreign blob %s in the listing", self._where(key))
-                    continue
-                yield BlobInfo(key, int(blob.size), blob.last_modified.timestamp())
+    def _entries(self, page: Any) -> list[tuple[str, int, float]]:
+        return [(blob.name, int(blob.size), blob.last_modified.timestamp()) for blob in page]
 
     # deletes and lifecycle -------------------------------------------------
 
     def delete(self, key: str) -> None:
         check_object_name(key)
-
-        def remove() -> None:
-            try:
-                self._client.delete_blob(self.prefix + key, delete_snapshots="include")
-            except Exception as exc:
-                if not is_not_found(exc):
-                    raise
-
-        self._call("delete", key, remove)
+        self._unless_missing("delete", key, lambda: self._client.delete_blob(
+            self.prefix + key, delete_snapshots="include"), None)
 
     def close(self) -> None:
         """Release the client's connections. Idempotent; the store must not be used afterwards."""

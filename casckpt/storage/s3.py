@@ -31,13 +31,12 @@ from __future__ import annotations
 
 import io
 import ipaddress
-import logging
 import os
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import boto3
 from botocore.config import Config
@@ -45,19 +44,15 @@ from botocore.exceptions import ClientError
 from s3transfer.manager import TransferConfig, TransferManager
 
 from casckpt.errors import (
-    AccessDeniedError,
-    BlobNotFoundError,
     InvalidArgumentError,
     InvalidNameError,
     OversizedObjectError,
     RetryableStorageError,
     StorageError,
 )
-from casckpt.storage.base import BlobInfo, check_object_name, scatter, wants_bytes
+from casckpt.storage.base import RemoteBlobStore, check_object_name, location_prefix, wants_bytes
 from casckpt.storage.redact import redact_text
 from casckpt.storage.s3_errors import error_code, map_s3_error
-
-log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
 MIN_PART_SIZE = 5 * MiB  # S3's smallest allowed part (all but the last)
@@ -65,10 +60,6 @@ SSE_MODES = ("AES256", "aws:kms")
 CHECKSUMS = ("CRC32", "CRC32C", "CRC64NVME", "SHA1", "SHA256")
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-_PREFIX_SEGMENT = re.compile(r"^[A-Za-z0-9_=+-][A-Za-z0-9._=+-]*$")
-_LIST_PREFIX = re.compile(r"^[a-z0-9._/-]*$")
-
-T = TypeVar("T")
 
 # botocore >= 1.36 adds checksums to every upload by default; checksum=None turns
 # that off too, for S3-compatible endpoints that reject them.
@@ -110,19 +101,7 @@ def parse_s3_url(url: str) -> S3Location:
                                "in the URL (it is stored in the catalog and shown in messages)")
     bucket, _, prefix = url[len("s3://"):].partition("/")
     _check_bucket(bucket, url)
-    if prefix.endswith("/"):
-        prefix = prefix[:-1]
-    if prefix:
-        for segment in prefix.split("/"):
-            if not _PREFIX_SEGMENT.match(segment) or segment in (".", ".."):
-                raise InvalidNameError(
-                    f"invalid S3 prefix in {url!r}: segment {segment!r} is empty or uses "
-                    "characters other than letters, digits and ._=+-"
-                )
-        if len(prefix) > 512:
-            raise InvalidNameError(f"S3 prefix in {url!r} is too long (over 512 characters)")
-        prefix += "/"
-    return S3Location(bucket, prefix)
+    return S3Location(bucket, location_prefix(prefix.removesuffix("/"), url, "S3"))
 
 
 def _check_bucket(bucket: str, url: str) -> None:
@@ -144,7 +123,7 @@ def _check_bucket(bucket: str, url: str) -> None:
         raise InvalidNameError(f"invalid S3 bucket name {bucket!r} in {url!r}: use {problem}")
 
 
-class S3BlobStore:
+class S3BlobStore(RemoteBlobStore):
     """Objects under ``s3://bucket/prefix``. Thread-safe; see the module docstring.
 
     Args:
@@ -179,6 +158,8 @@ class S3BlobStore:
         StorageError: the client cannot be built (bad profile, bad endpoint).
     """
 
+    service = "S3"
+
     def __init__(
         self, url: str, *, endpoint_url: str | None = None, region: str | None = None,
         profile: str | None = None, session: Any = None, sse: str | None = None,
@@ -191,6 +172,7 @@ class S3BlobStore:
     ) -> None:
         location = parse_s3_url(url)
         self.bucket, self.prefix, self.url = location.bucket, location.prefix, location.url
+        self._root = f"s3://{self.bucket}/"
         _check_options(sse, kms_key_id, checksum, multipart_threshold, multipart_chunksize,
                        max_concurrency, sdk_attempts, list_page_size, addressing_style)
         self.multipart_threshold = multipart_threshold
@@ -225,25 +207,9 @@ class S3BlobStore:
             max_request_concurrency=max_concurrency,
             max_in_memory_upload_chunks=max_concurrency * 2,
         ))
-        self._closed = False
 
-    def __repr__(self) -> str:
-        return f"S3BlobStore({self.url!r})"
-
-    def _where(self, key: str) -> str:
-        return f"s3://{self.bucket}/{self.prefix}{key}"
-
-    def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
-        """Run ``fn``, mapping whatever the SDK raises into casckpt errors (a refused request
-        into :class:`~casckpt.errors.AccessDeniedError`, which is not a ``StorageError``)."""
-        if self._closed:
-            raise StorageError(f"S3 {op} of {self._where(key)}: the store is closed")
-        try:
-            return fn()
-        except (StorageError, AccessDeniedError):
-            raise
-        except Exception as exc:
-            raise map_s3_error(exc, op, self._where(key), self.url) from exc
+    def _map_error(self, exc: Exception, op: str, where: str) -> Exception:
+        return map_s3_error(exc, op, where, self.url)
 
     # writes ----------------------------------------------------------------
 
@@ -259,11 +225,7 @@ class S3BlobStore:
 
     def put_file(self, key: str, path: Path) -> None:
         """Upload the file at ``path``; the file is left in place (not consumed)."""
-        check_object_name(key)
-        try:
-            os.stat(path)
-        except OSError as exc:
-            raise StorageError(f"cannot upload {path} to {self._where(key)}: {exc}") from exc
+        self._file_size(key, path)
         self._call("put_file", key, lambda: self._upload(os.fspath(path), key))
 
     def _upload(self, source: str | io.BytesIO, key: str) -> None:
@@ -297,10 +259,6 @@ class S3BlobStore:
             return b""
         return self._call("get_range", key, lambda: self._fetch_range(key, offset, length))
 
-    def read_into(self, key: str, offset: int, buffers: Sequence[memoryview]) -> int:
-        """One ranged GET covering the buffers, scattered into them."""
-        return scatter(self.get_range(key, offset, sum(len(b) for b in buffers)), buffers)
-
     def _fetch_range(self, key: str, offset: int, length: int) -> bytes:
         try:
             resp = self._client.get_object(Bucket=self.bucket, Key=self.prefix + key,
@@ -330,57 +288,23 @@ class S3BlobStore:
 
     def size(self, key: str) -> int | None:
         check_object_name(key)
+        return self._unless_missing("size", key, lambda: int(self._client.head_object(
+            Bucket=self.bucket, Key=self.prefix + key)["ContentLength"]), None)
 
-        def head() -> int | None:
-            try:
-                return int(self._client.head_object(
-                    Bucket=self.bucket, Key=self.prefix + key)["ContentLength"])
-            except Exception as exc:
-                if isinstance(map_s3_error(exc, "size", ""), BlobNotFoundError):
-                    return None
-                raise
+    def _pages(self, prefix: str) -> Iterator[Any]:
+        return iter(self._client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=prefix, PaginationConfig={"PageSize": self._page_size}))
 
-        return self._call("size", key, head)
-
-    def list(self, prefix: str = "") -> Iterator[BlobInfo]:
-        """Yield the objects whose keys start with ``prefix``, page by page.
-
-        Objects under the location whose names are not valid keys (not
-        written by casckpt) are skipped.
-        """
-        if (not _LIST_PREFIX.match(prefix) or prefix.startswith("/") or "//" in prefix
-                or ".." in prefix.split("/")):
-            raise InvalidNameError(f"invalid listing prefix {prefix!r}")
-        pages = self._call("list", prefix, lambda: iter(
-            self._client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=self.prefix + prefix,
-                PaginationConfig={"PageSize": self._page_size})))
-        while True:
-            page = self._call("list", prefix, lambda: next(pages, None))
-            if page is None:
-                return
-            for obj in page.get("Contents", ()):
-                key = obj["Key"][len(self.prefix):]
-                try:
-                    check_object_name(key)
-                except InvalidNameError:
-                    log.debug("skipping foreign object %s in the listing", self._where(key))
-                    continue
-                yield BlobInfo(key, int(obj["Size"]), obj["LastModified"].timestamp())
+    def _entries(self, page: Any) -> list[tuple[str, int, float]]:
+        return [(obj["Key"], int(obj["Size"]), obj["LastModified"].timestamp())
+                for obj in page.get("Contents", ())]
 
     # deletes and lifecycle -------------------------------------------------
 
     def delete(self, key: str) -> None:
         check_object_name(key)
-
-        def remove() -> None:
-            try:
-                self._client.delete_object(Bucket=self.bucket, Key=self.prefix + key)
-            except Exception as exc:
-                if not isinstance(map_s3_error(exc, "delete", ""), BlobNotFoundError):
-                    raise
-
-        self._call("delete", key, remove)
+        self._unless_missing("delete", key, lambda: self._client.delete_object(
+            Bucket=self.bucket, Key=self.prefix + key), None)
 
     def close(self) -> None:
         """Wait for uploads in flight, then release the thread pool and connections.
