@@ -114,7 +114,7 @@ FIELDS = frozenset(Options.__optional_keys__)
 """The names an :class:`Options` may hold."""
 
 _POSITIVE = ("chunk_size", "pack_size", "workers", "max_pending_commits", "commit_memory", "staging_memory")
-_FLAGS = ("create", "recover", "background_drain")
+_FLAGS = ("create", "recover", "background_drain", "read_only")
 _PATHS = ("cache", "key_file", "fast_tier")
 
 
@@ -151,9 +151,6 @@ def _check_value(name: str, value: Any) -> None:  # noqa: C901 - one branch per 
     elif name in _POSITIVE:
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise bad("a positive int")
-    elif name == "read_only":
-        if not isinstance(value, bool):
-            raise bad("True, False or None")
     elif name == "backpressure":
         if value not in ("block", "raise"):
             raise bad("'block' or 'raise'")
