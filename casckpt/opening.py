@@ -37,7 +37,7 @@ from casckpt.storage.locations import Location, LocationSet
 from casckpt.storage.registry import backend_for, check_options, local_path
 from casckpt.storage.sealed import sealed
 from casckpt.store import Store
-from casckpt.store_core import open_location_store
+from casckpt.store_core import StoreCore, open_location_store
 
 if TYPE_CHECKING:
     from casckpt.engine.tiering.tier import FastTier
@@ -199,11 +199,12 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
         locations.close()
         cat.close()
         raise
-    store = Store(root=spec.root, catalog=cat, cache=index, locations=locations,
-                  staging=cache_dir / "staging",  # the tier's packs fill in its own staging/
-                  settings=tuned, write_quorum=spec.write_quorum,
-                  backends=spec.backends, config_file=spec.config_file, recovering=recovering, read_only=why,
-                  tier=tier, background_drain=options.get("background_drain") is not False, created=created)
+    core = StoreCore(root=spec.root, catalog=cat, cache=index, locations=locations,
+                     staging=cache_dir / "staging",  # the tier's packs fill in its own staging/
+                     settings=tuned, write_quorum=spec.write_quorum, backends=spec.backends,
+                     config_file=spec.config_file, recovering=recovering, read_only=why, tier=tier,
+                     background_drain=options.get("background_drain") is not False)
+    store = Store(core, created=created)
     if created:  # a mistyped path would otherwise start training again from step 0, silently
         where = str(spec.root) if spec.root is not None else (
             f"catalog {cat.where}, blobs {', '.join(redact_url(loc.url) for loc in spec.locations)}")
