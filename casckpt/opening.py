@@ -230,9 +230,7 @@ def _check_before_writing(blobs: object, given: Mapping[str, BlobStore], catalog
     if catalog is not None:
         check_url(catalog, redact_url(catalog))
     if fast_tier is not None:
-        probe = Path(fast_tier).expanduser()
-        while not probe.exists() and probe != probe.parent:
-            probe = probe.parent
+        probe = _existing_ancestor(Path(fast_tier).expanduser())
         if not probe.is_dir():
             raise InvalidArgumentError(f"fast_tier {str(fast_tier)!r} lies under {probe}, which is not "
                                        "a directory: give a directory on this host's fast disk")
@@ -270,10 +268,14 @@ def _open_tier(cat: Catalog, spec: cfg.StoreSpec, options: Options, pack_size: i
 
 def _half_free(where: Path) -> int:
     """Half the free space of the disk ``where`` is (or would be) on."""
-    probe = where
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    return max(1, shutil.disk_usage(probe).free // 2)
+    return max(1, shutil.disk_usage(_existing_ancestor(where)).free // 2)
+
+
+def _existing_ancestor(path: Path) -> Path:
+    """``path`` if it exists, else its nearest parent that does."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
 
 
 def _unwritable(spec: cfg.StoreSpec) -> str | None:
