@@ -326,10 +326,10 @@ class Store(StoreHistory):
         is then returned as it is, after every name, kind, permission bit and link target is
         compared and every file hashed against the BLAKE3 recorded when it was added
         (:mod:`casckpt.engine.read.dircompare`; nothing is written). Everything is written into a
-        temporary sibling and renamed onto ``path`` at the end, every file checked against
-        the BLAKE3 recorded when it was added, so ``path`` either holds the whole snapshot
-        or is left as it was. Reads are streamed (at most ``BATCH_BYTES`` of
-        :mod:`casckpt.engine.read.checkout` at a time); ``progress`` gets ``("write", bytes, total)``.
+        temporary sibling, every file checked against its BLAKE3, and renamed onto ``path`` at
+        the end, so ``path`` either holds the whole snapshot or is left as it was. Reads are
+        streamed (at most ``BATCH_BYTES`` of :mod:`casckpt.engine.read.checkout` at a time);
+        ``progress`` gets ``("write", bytes, total)``.
         Nothing is ever written outside ``path``: a listing naming ``..``, an absolute path or
         a path through a link is refused before anything is created.
 
