@@ -129,7 +129,7 @@ class IndexCache:
                 try:
                     self._shared = _acquire(self.path, self._map_size)
                     self._env, self._chunks = self._shared.env, self._shared.chunks
-                    self._bind(self._store_id)
+                    self._bind(self._env, self._store_id)
                 except (lmdb.Error, OSError) as exc:
                     log.warning("index cache at %s unusable, continuing without it: %s", self.path, exc)
                     self._drop()
@@ -137,10 +137,8 @@ class IndexCache:
                     self._tried = True
         return self._env
 
-    def _bind(self, store_id: bytes) -> None:
-        if self._env is None:
-            return
-        with self._env.begin(write=True) as txn:
+    def _bind(self, env: lmdb.Environment, store_id: bytes) -> None:
+        with env.begin(write=True) as txn:
             if txn.get(_STORE_KEY) != store_id:
                 txn.drop(self._chunks, delete=False)
                 txn.put(_STORE_KEY, store_id)

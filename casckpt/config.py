@@ -51,22 +51,16 @@ CACHE_DIR = "cache"
 class Settings:
     """Tuning knobs of the commit and restore pipelines.
 
+    ``chunk_size``, ``pack_size``, ``workers``, ``max_pending_commits``, ``commit_memory``,
+    ``backpressure`` and ``staging_memory`` are the :class:`casckpt.Options` fields of those
+    names (documented there); the others are not options (the module docstring lists the
+    environment variables that set some of them).
+
     Attributes:
-        chunk_size: bytes per chunk (rounded down to whole elements per tensor).
-        pack_size: a pack is closed once it holds at least this many bytes.
-        workers: threads for hashing, encoding and reading (BLAKE3, zstd and
-            file I/O release the GIL).
         compress: False stores every chunk raw.
         zstd_level: zstd level for compressed chunks.
         read_coalesce: the largest single ranged read restore issues.
         upload_workers: packs stored concurrently while the next one fills.
-        max_pending_commits: background commits in flight at once.
-        commit_memory: bytes the copies of background commits' changed chunks
-            may hold in all (default: a quarter of RAM, at most 8 GiB).
-        backpressure: when either bound is reached, ``"block"`` the next
-            commit until there is room, or ``"raise"`` CommitBackpressureError.
-        staging_memory: host memory (pinned when CUDA is present) that GPU
-            tensors stream through on commit: two buffers, allocated once.
         delta_memory: host memory holding the raw chunks of recent commits,
             the bases the next commit's chunks are delta-coded against
             (default: a sixteenth of RAM, at most 1 GiB; only chunks whose

@@ -38,7 +38,7 @@ from casckpt.storage.locations import Location, LocationSet
 from casckpt.storage.registry import backend_for, check_options, local_path
 from casckpt.storage.sealed import sealed
 from casckpt.store import Store
-from casckpt.store_core import open_location_store
+from casckpt.store_core import StoreCore, open_location_store
 
 if TYPE_CHECKING:
     from casckpt.engine.tiering.tier import FastTier
@@ -200,11 +200,12 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
         locations.close()
         cat.close()
         raise
-    store = Store(root=spec.root, catalog=cat, cache=index, locations=locations,
-                  staging=cache_dir / "staging",  # the tier's packs fill in its own staging/
-                  settings=tuned, write_quorum=spec.write_quorum,
-                  backends=spec.backends, config_file=spec.config_file, recovering=recovering, read_only=why,
-                  tier=tier, background_drain=options.get("background_drain") is not False, created=created)
+    core = StoreCore(root=spec.root, catalog=cat, cache=index, locations=locations,
+                     staging=cache_dir / "staging",  # the tier's packs fill in its own staging/
+                     settings=tuned, write_quorum=spec.write_quorum, backends=spec.backends,
+                     config_file=spec.config_file, recovering=recovering, read_only=why, tier=tier,
+                     background_drain=options.get("background_drain") is not False)
+    store = Store(core, created=created)
     if created:  # a mistyped path would otherwise start training again from step 0, silently
         where = str(spec.root) if spec.root is not None else (
             f"catalog {cat.where}, blobs {', '.join(redact_url(loc.url) for loc in spec.locations)}")
@@ -230,9 +231,7 @@ def _check_before_writing(blobs: object, given: Mapping[str, BlobStore], catalog
     if catalog is not None:
         check_url(catalog, redact_url(catalog))
     if fast_tier is not None:
-        probe = Path(fast_tier).expanduser()
-        while not probe.exists() and probe != probe.parent:
-            probe = probe.parent
+        probe = _existing_ancestor(Path(fast_tier).expanduser())
         if not probe.is_dir():
             raise InvalidArgumentError(f"fast_tier {str(fast_tier)!r} lies under {probe}, which is not "
                                        "a directory: give a directory on this host's fast disk")
@@ -270,10 +269,14 @@ def _open_tier(cat: Catalog, spec: cfg.StoreSpec, options: Options, pack_size: i
 
 def _half_free(where: Path) -> int:
     """Half the free space of the disk ``where`` is (or would be) on."""
-    probe = where
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    return max(1, shutil.disk_usage(probe).free // 2)
+    return max(1, shutil.disk_usage(_existing_ancestor(where)).free // 2)
+
+
+def _existing_ancestor(path: Path) -> Path:
+    """``path`` if it exists, else its nearest parent that does."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
 
 
 def _unwritable(spec: cfg.StoreSpec) -> str | None:

@@ -41,9 +41,11 @@ class Options(TypedDict, total=False):
         create: False refuses to create a store that does not exist (pass it where one must
             already exist, such as a job that resumes). Creating one logs a WARNING naming
             where, and ``Store.created`` is True. Default True.
-        chunk_size: bytes per chunk (default 1 MiB; see :mod:`casckpt.config`).
-        pack_size: bytes per pack (default 64 MiB).
-        workers: threads for hashing, compression and reads.
+        chunk_size: bytes per chunk, rounded down to whole elements per tensor (default
+            1 MiB; :mod:`casckpt.config` lists the environment variables).
+        pack_size: a pack is closed once it holds at least this many bytes (default 64 MiB).
+        workers: threads for hashing, compression and reads (BLAKE3, zstd and file I/O
+            release the GIL).
         s3: S3 options for a new store (``endpoint_url``, ``region``, ``sse``,
             ``kms_key_id``, ``multipart_threshold``, ...), recorded in its config file's
             ``[s3]`` table. Credentials come from the AWS chain.
@@ -55,7 +57,8 @@ class Options(TypedDict, total=False):
             once (default 2).
         commit_memory: bytes the background commits' copies of changed chunks may hold
             (default RAM/4, at most 8 GiB).
-        backpressure: ``"block"`` (default) or ``"raise"`` when either bound is full.
+        backpressure: when either bound is full, ``"block"`` (default) the next commit until
+            there is room, or ``"raise"`` CommitBackpressureError.
         staging_memory: host bytes (pinned, with CUDA) that GPU tensors stream through on
             commit, in two reused buffers (default 256 MiB).
         recover: accept an empty catalog over locations that hold data, to rebuild it
@@ -114,7 +117,7 @@ FIELDS = frozenset(Options.__optional_keys__)
 """The names an :class:`Options` may hold."""
 
 _POSITIVE = ("chunk_size", "pack_size", "workers", "max_pending_commits", "commit_memory", "staging_memory")
-_FLAGS = ("create", "recover", "background_drain")
+_FLAGS = ("create", "recover", "background_drain", "read_only")
 _PATHS = ("cache", "key_file", "fast_tier")
 
 
@@ -151,9 +154,6 @@ def _check_value(name: str, value: Any) -> None:  # noqa: C901 - one branch per 
     elif name in _POSITIVE:
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise bad("a positive int")
-    elif name == "read_only":
-        if not isinstance(value, bool):
-            raise bad("True, False or None")
     elif name == "backpressure":
         if value not in ("block", "raise"):
             raise bad("'block' or 'raise'")

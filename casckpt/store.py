@@ -6,8 +6,8 @@ run handles and gc. The version history (log, show, diff, history, tags, forks, 
 delete and undelete) is declared in its base class :class:`~casckpt.store_history.StoreHistory`.
 Everything else lives in a namespace named by its concept, one module each (``locations``,
 ``keys``, ``tier``, ``retention``, ``ops``: see :class:`Store`'s attributes). All of them share
-one :class:`~casckpt.store_core.StoreCore` (engine context, pools, committer, close). This
-is the only module that builds components. A ``Store`` is thread-safe: concurrent commits
+one :class:`~casckpt.store_core.StoreCore` (engine context, pools, committer, close), the one
+place the components are built. A ``Store`` is thread-safe: concurrent commits
 and restores from several threads share its pools (the catalog serialises what must be serial).
 """
 
@@ -22,9 +22,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-from casckpt import config as cfg
-from casckpt.cache import IndexCache
-from casckpt.catalog import Catalog
 from casckpt.engine.maintenance import gc as gc_engine
 from casckpt.engine.read import treeviews
 from casckpt.engine.read.ranks import rank_manifest, tensor_manifest
@@ -35,8 +32,6 @@ from casckpt.errors import CasckptError, CheckoutMismatchError, CommitTimeoutErr
 from casckpt.format.manifest import decode_manifest
 from casckpt.run import Run, save_rule, set_policy
 from casckpt.storage import redact_url
-from casckpt.storage.locations import LocationSet
-from casckpt.storage.registry import BackendOptions
 from casckpt.store_core import Ref, StoreCore
 from casckpt.store_history import StoreHistory
 from casckpt.store_keys import Keys
@@ -51,7 +46,6 @@ if TYPE_CHECKING:
     import torch
 
     from casckpt.dcp import StoreReader, StoreWriter
-    from casckpt.engine.tiering.tier import FastTier
     from casckpt.engine.transfer.exporters import DirExport
     from casckpt.engine.write.hint import PathSpec
 
@@ -79,18 +73,10 @@ class Store(StoreHistory):
     retention: Retention
     ops: Ops
 
-    def __init__(self, *, root: Path | None, catalog: Catalog, cache: IndexCache,
-                 locations: LocationSet, staging: Path, settings: cfg.Settings,
-                 write_quorum: int | None = None, backends: BackendOptions | None = None,
-                 config_file: Path | None = None, recovering: bool = False,
-                 read_only: str | None = None, tier: FastTier | None = None,
-                 background_drain: bool = True, created: bool = False) -> None:
-        self.path = root
+    def __init__(self, core: StoreCore, *, created: bool = False) -> None:
+        self.path = core.root
         self._created = created
-        super().__init__(StoreCore(
-            root=root, catalog=catalog, cache=cache, locations=locations, staging=staging,
-            settings=settings, write_quorum=write_quorum, backends=backends, config_file=config_file,
-            recovering=recovering, read_only=read_only, tier=tier, background_drain=background_drain))
+        super().__init__(core)
         self.locations = Locations(self._core)
         self.keys = Keys(self._core)
         self.tier = Tier(self._core)
@@ -340,10 +326,10 @@ class Store(StoreHistory):
         is then returned as it is, after every name, kind, permission bit and link target is
         compared and every file hashed against the BLAKE3 recorded when it was added
         (:mod:`casckpt.engine.read.dircompare`; nothing is written). Everything is written into a
-        temporary sibling and renamed onto ``path`` at the end, every file checked against
-        the BLAKE3 recorded when it was added, so ``path`` either holds the whole snapshot
-        or is left as it was. Reads are streamed (at most ``BATCH_BYTES`` of
-        :mod:`casckpt.engine.read.checkout` at a time); ``progress`` gets ``("write", bytes, total)``.
+        temporary sibling, every file checked against its BLAKE3, and renamed onto ``path`` at
+        the end, so ``path`` either holds the whole snapshot or is left as it was. Reads are
+        streamed (at most ``BATCH_BYTES`` of :mod:`casckpt.engine.read.checkout` at a time);
+        ``progress`` gets ``("write", bytes, total)``.
         Nothing is ever written outside ``path``: a listing naming ``..``, an absolute path or
         a path through a link is refused before anything is created.
 

@@ -2,7 +2,7 @@
 
 ``Store`` and each namespace (``store.locations``, ``keys``, ``tier``, ``retention``, ``ops``)
 take this object in their constructor; none of them reaches into another. Lifecycle: built
-once by ``Store.__init__``; usable until
+once by :func:`casckpt.opening.open_store`, which hands it to the ``Store``; usable until
 :meth:`StoreCore.close`, which finishes background commits and releases every resource.
 
 Thread-safety: the fields are set at construction; ``ctx.locations`` is replaced (never
@@ -80,14 +80,6 @@ def open_location_store(name: str, url: str, backends: BackendOptions, given: di
                             redact_url(str(exc)))
             blob_store = UnreachableBlobStore(url, str(exc))
     return sealed(blob_store, crypto)
-
-
-def open_location(row: shard_sql.LocationRow, url: str, backends: BackendOptions, given: dict[str, BlobStore],
-                  crypto: StoreCrypto = PLAIN) -> Location:
-    """Open one catalog location (see :func:`open_location_store`)."""
-    return Location(row.id, row.name, row.domain, row.state,
-                    open_location_store(row.name, url, backends, given, create=False,
-                                        failed=row.state == "failed", crypto=crypto))
 
 
 class StoreCore:
@@ -267,7 +259,9 @@ class StoreCore:
             if row.id in current:
                 fresh.append(Location(row.id, row.name, row.domain, row.state, current[row.id]))
             else:
-                fresh.append(open_location(row, row.url or "", self.backends, opened, self.ctx.crypto))
+                blobs = open_location_store(row.name, row.url or "", self.backends, opened, create=False,
+                                            failed=row.state == "failed", crypto=self.ctx.crypto)
+                fresh.append(Location(row.id, row.name, row.domain, row.state, blobs))
         self.ctx.current_locations.swap(LocationSet(fresh))  # running operations keep the set they took
         self._locations_loaded = time.monotonic()
 

@@ -96,9 +96,8 @@ class Locations:
         core.reload_locations({absolute.url: blob_store})
         records.record_locations(core.ctx.locations, core.ctx.catalog)
         added = next(loc for loc in core.ctx.locations.all if loc.name == row.name)
-        from casckpt.engine.maintenance import (
-            repair as repair_engine,  # loaded when used: opening stays light
-        )
+        # loaded when used: opening stays light
+        from casckpt.engine.maintenance import repair as repair_engine
 
         repair_engine.copy_recovery_data(core.ctx, added)  # a full disaster-recovery copy at once
         return self._info(row.name)

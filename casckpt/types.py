@@ -37,6 +37,19 @@ from casckpt.reports import TierLoss as TierLoss
 from casckpt.reports import TierStatus as TierStatus
 from casckpt.retention_rules import RetentionPolicy as RetentionPolicy
 
+
+def human_bytes(n: float) -> str:
+    """``1288490189`` -> ``"1.2 GiB"``; below 1 KiB the exact count (``"512 B"``)."""
+    if abs(n) < 1024:
+        return f"{n:.0f} B"
+    size = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        size /= 1024
+        if abs(size) < 1024 or unit == "PiB":
+            break
+    return f"{size:.1f} {unit}"
+
+
 ProgressCallback = Callable[[str, int, int], None]
 """``callback(phase, done, total)``: called from the calling thread as work advances.
 
@@ -320,14 +333,6 @@ class GCReport(ToDict):
 
     def describe(self) -> str:
         """One readable line: what this run did (a dry run: would do)."""
-        def size(n: int) -> str:
-            value, unit = float(n), "B"
-            for bigger in ("KiB", "MiB", "GiB", "TiB"):
-                if value < 1024:
-                    break
-                value, unit = value / 1024, bigger
-            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
-
         verb = "would delete" if self.dry_run else "deleted"
         if not self.space_counted:
             return (f"gc {verb} {self.versions_deleted} version(s) by retention and purge "
@@ -337,11 +342,12 @@ class GCReport(ToDict):
                  f"{self.versions_purged} deleted version(s) purged",
                  f"{self.chunks_swept} chunk(s) swept", f"{self.packs_deleted} pack(s)",
                  f"{self.orphans_deleted} orphan object(s)"]
-        line = f"gc {verb} {', '.join(parts)}: {size(self.bytes_freed)} freed"
+        line = f"gc {verb} {', '.join(parts)}: {human_bytes(self.bytes_freed)} freed"
         if self.packs_repacked:
             line += f"; repacked {self.packs_repacked} pack(s)"
         if self.bytes_pending:
-            line += f"; {size(self.bytes_pending)} more {'would be' if self.dry_run else 'is'} freed by a " \
+            pending = human_bytes(self.bytes_pending)
+            line += f"; {pending} more {'would be' if self.dry_run else 'is'} freed by a " \
                     f"gc after the {self.grace_s:g} s grace period"
         if self.kept:
             line += f"; kept {len(self.kept)} object(s) it could not prove garbage (see the log)"

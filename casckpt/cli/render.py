@@ -28,6 +28,7 @@ from casckpt.types import (
     VersionDetail,
 )
 from casckpt.types import dumps as dumps
+from casckpt.types import human_bytes as human_bytes
 from casckpt.types import to_json_value as to_json_value
 
 _PIPE_WIDTH = 1000
@@ -84,18 +85,6 @@ def print_json(value: object) -> None:
     """Write ``value`` as JSON to stdout, and nothing else."""
     sys.stdout.write(dumps(value, indent=2) + "\n")
     sys.stdout.flush()
-
-
-def human_bytes(n: int) -> str:
-    """``1288490189`` -> ``"1.2 GiB"``; below 1 KiB the exact count (``"512 B"``)."""
-    if n < 1024:
-        return f"{n} B"
-    size = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
-        size /= 1024
-        if size < 1024 or unit == "PiB":
-            break
-    return f"{size:.1f} {unit}"
 
 
 def local_time(moment: datetime) -> str:

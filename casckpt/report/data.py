@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from typing import Protocol
 
 from casckpt.errors import InvalidArgumentError
-from casckpt.reports import LocationInfo, StoreStats
+from casckpt.reports import DrillResult, LocationInfo, StoreStats
 from casckpt.types import AuditEntry, RetentionPolicy, RunInfo, RunNode, Version
 
 DRILL_LIMIT = 200  # the newest drill results a report shows
@@ -26,35 +26,12 @@ _HIGHER = frozenset({"acc", "accuracy", "f1", "score", "reward", "auc", "bleu", 
                      "recall", "map", "iou", "top1", "top5"})
 
 
-class PastDrill(Protocol):
-    """One recorded restore drill result (``store.ops.drill_history()``'s items), as read here."""
-
-    @property
-    def drill_id(self) -> str: ...
-    @property
-    def at(self) -> float: ...
-    @property
-    def version_id(self) -> str: ...
-    @property
-    def run(self) -> str: ...
-    @property
-    def step(self) -> int: ...
-    @property
-    def bytes(self) -> int: ...
-    @property
-    def seconds(self) -> float: ...
-    @property
-    def ok(self) -> bool: ...
-    @property
-    def error(self) -> str | None: ...
-
-
 class OpsSource(Protocol):
     """The operator queries a report reads (``store.ops``)."""
 
     def stats(self) -> StoreStats: ...
     def audit(self, *, action: str | None = None) -> list[AuditEntry]: ...
-    def drill_history(self, limit: int = 100, run: str | None = None) -> Sequence[PastDrill]: ...
+    def drill_history(self, limit: int = 100, run: str | None = None) -> Sequence[DrillResult]: ...
 
 
 class LocationsSource(Protocol):
@@ -109,7 +86,7 @@ class ReportData:
     lineage: tuple[RunNode, ...]  # the runs shown, depth first
     gc_runs: tuple[AuditEntry, ...]  # oldest first
     locations: tuple[LocationInfo, ...]
-    drills: tuple[PastDrill, ...]  # newest first
+    drills: tuple[DrillResult, ...]  # newest first
 
 
 def collect(source: ReportSource, runs: Sequence[str] | None = None, *,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from casckpt.errors import OptionalDependencyError
+from casckpt.types import human_bytes
 
 try:
     import matplotlib
@@ -117,16 +118,6 @@ def render(fig: Figure, key: str) -> Plot | None:
         raise ValueError("matplotlib wrote an SVG without width and height")
     svg = svg.replace("<svg ", f'<svg role="img" aria-label="plot {key}" ', 1)
     return Plot(svg=svg, width=width.group(1), height=height.group(1))
-
-
-def human_bytes(n: float) -> str:
-    """``1536`` -> ``"1.5 KiB"``."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"  # pragma: no cover - the loop returns
 
 
 def bytes_axis(axis: Axis) -> None:

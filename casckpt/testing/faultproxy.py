@@ -7,20 +7,9 @@ query, headers (``Host`` unchanged, so SigV4 signatures stay valid) and the raw
 request body, chunked framing included. Tests point a client at
 ``proxy.endpoint_url`` and program faults:
 
-- ``fail_next(n, status=503, code="SlowDown")`` answers with an S3-style XML
-  error instead of forwarding (the request never reaches the upstream);
-- ``cut_next_upload(n)`` reads part of the request body, then closes the
-  connection without answering (the upstream never sees the request);
-- ``cut_next_download(n)`` forwards, sends the status and headers with the full
-  ``Content-Length``, writes part of the body, then closes;
-- ``corrupt_next_download(n)`` forwards, then flips one byte in the middle of
-  the response body (damage in transit that only checksums catch);
-- ``drop_next_response(n)`` forwards the whole request (the upstream acts on
-  it), then closes without answering: a response lost on the way back;
-- ``stall_next(n, seconds)`` waits before forwarding (client read timeouts);
-- ``blackhole_next(n, seconds)`` reads the request, never forwards it, and holds
-  the connection silent for ``seconds`` before closing it (an endpoint that went
-  dark: the client sees nothing until its own read timeout).
+``fail_next``, ``cut_next_upload``, ``cut_next_download``, ``corrupt_next_download``,
+``drop_next_response``, ``stall_next`` and ``blackhole_next`` (each method says what the
+client and the upstream see).
 
 Faults count requests, not time: a window of outage is ``n=2**62`` of a kind,
 then :meth:`FaultProxy.clear_faults` when the window ends.
@@ -169,7 +158,8 @@ class FaultProxy:
 
     def fail_next(self, n: int = 1, *, status: int = 503, code: str = "SlowDown",
                   methods: Iterable[str] | None = None, path_contains: str | None = None) -> None:
-        """Answer the next ``n`` matching requests with ``status`` and an S3 error ``code``."""
+        """Answer the next ``n`` matching requests with ``status`` and an S3-style XML error
+        ``code`` instead of forwarding them (the upstream never sees them)."""
         self._add(_Fault("status", n, self._methods(methods), path_contains,
                          status=status, code=code))
 
@@ -181,37 +171,43 @@ class FaultProxy:
     def cut_next_upload(self, n: int = 1, *, fraction: float = 0.5,
                         methods: Iterable[str] | None = ("PUT", "POST"),
                         path_contains: str | None = None) -> None:
-        """Read ``fraction`` of the next ``n`` matching request bodies, then hang up."""
+        """Read ``fraction`` of the next ``n`` matching request bodies, then hang up without
+        answering (the upstream never sees them)."""
         self._add(_Fault("cut_upload", n, self._methods(methods), path_contains,
                          fraction=fraction))
 
     def cut_next_download(self, n: int = 1, *, fraction: float = 0.5,
                           methods: Iterable[str] | None = ("GET",),
                           path_contains: str | None = None) -> None:
-        """Send headers and ``fraction`` of the next ``n`` matching bodies, then hang up."""
+        """Forward the next ``n`` matching requests, send the status and headers with the full
+        ``Content-Length`` and ``fraction`` of the body, then hang up."""
         self._add(_Fault("cut_download", n, self._methods(methods), path_contains,
                          fraction=fraction))
 
     def corrupt_next_download(self, n: int = 1, *, methods: Iterable[str] | None = ("GET",),
                               path_contains: str | None = None) -> None:
-        """Flip one byte in the middle of the next ``n`` matching response bodies."""
+        """Flip one byte in the middle of the next ``n`` matching response bodies (damage in
+        transit that only checksums catch)."""
         self._add(_Fault("corrupt_download", n, self._methods(methods), path_contains))
 
     def drop_next_response(self, n: int = 1, *, methods: Iterable[str] | None = None,
                            path_contains: str | None = None) -> None:
-        """Forward the next ``n`` matching requests, then hang up instead of answering."""
+        """Forward the next ``n`` matching requests (the upstream acts on them), then hang up
+        instead of answering: a response lost on the way back."""
         self._add(_Fault("drop_response", n, self._methods(methods), path_contains))
 
     def stall_next(self, n: int = 1, *, seconds: float,
                    methods: Iterable[str] | None = None,
                    path_contains: str | None = None) -> None:
-        """Wait ``seconds`` before forwarding the next ``n`` matching requests."""
+        """Wait ``seconds`` before forwarding the next ``n`` matching requests (client read
+        timeouts)."""
         self._add(_Fault("stall", n, self._methods(methods), path_contains, seconds=seconds))
 
     def blackhole_next(self, n: int = 1, *, seconds: float,
                        methods: Iterable[str] | None = None,
                        path_contains: str | None = None) -> None:
-        """Swallow the next ``n`` matching requests: no answer for ``seconds``, then hang up."""
+        """Swallow the next ``n`` matching requests: no answer for ``seconds``, then hang up
+        (an endpoint gone dark: the client sees nothing until its own read timeout)."""
         self._add(_Fault("blackhole", n, self._methods(methods), path_contains, seconds=seconds))
 
     def clear_faults(self) -> None:
@@ -244,13 +240,6 @@ class FaultProxy:
 
     def requests_by_method(self) -> Counter[str]:
         return Counter(r.method for r in self.records)
-
-    def request_bytes_by_method(self) -> Counter[str]:
-        """Request body bytes received from clients, by method."""
-        out: Counter[str] = Counter()
-        for r in self.records:
-            out[r.method] += r.request_bytes
-        return out
 
     def response_bytes_by_method(self) -> Counter[str]:
         """Response body bytes sent to clients, by method."""
@@ -341,9 +330,6 @@ class _Handler(BaseHTTPRequestHandler):
             raw += self.rfile.read(size + 2)
             payload += size
 
-    def _declared_length(self) -> int:
-        return int(self.headers.get("Content-Length") or 0)
-
     # relay -----------------------------------------------------------------
 
     def _relay(self) -> None:
@@ -353,7 +339,7 @@ class _Handler(BaseHTTPRequestHandler):
         kind = fault.kind if fault is not None else None
 
         if fault is not None and fault.kind == "cut_upload":
-            declared = self._declared_length()
+            declared = int(self.headers.get("Content-Length") or 0)
             raw, n = self._read_body(limit=int(declared * fault.fraction) if declared else 1)
             self.owner._record(SeenRequest(method, path, headers, n, None, 0, kind))
             self.close_connection = True

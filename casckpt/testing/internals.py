@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 
 from casckpt.cache import IndexCache
 from casckpt.catalog import Catalog
-from casckpt.config import Settings
 from casckpt.engine.context import EngineContext
 from casckpt.engine.memory.staging import StagingBuffers
 from casckpt.engine.packlayer.packs import Packs
@@ -110,10 +109,6 @@ class StoreInternals:
     @property
     def cache(self) -> IndexCache:
         return self.context.cache
-
-    @property
-    def config(self) -> Settings:
-        return self.context.config
 
     @property
     def staging(self) -> ScratchDir:
