@@ -24,7 +24,7 @@ from rich.text import Text
 
 from casckpt.cli import render
 from casckpt.cli.progress import progress_bars
-from casckpt.cli.shared import EXIT_PROBLEMS, JsonOption, open_store
+from casckpt.cli.shared import EXIT_PROBLEMS, EXIT_USAGE, JsonOption, open_store
 from casckpt.types import LocationInfo, RepairReport
 
 location_app = typer.Typer(
@@ -100,6 +100,15 @@ def add_location(
     with open_store(ctx) as store:
         info = store.locations.add(url, domain=domain, name=name)
     _print_location(info, as_json)
+
+
+@location_app.command("drain", hidden=True, add_help_option=False,  # pre-0012 spelling
+                       context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+def renamed_retire() -> None:
+    """The old name of `location retire`: an error that names the new one, nothing done."""
+    render.error("`casckpt location drain` is now `casckpt location retire NAME`; nothing was "  # pre-0012
+                 "changed (`casckpt drain` is the fast tier's, unchanged)")
+    raise typer.Exit(EXIT_USAGE)
 
 
 @location_app.command("drain")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sqlite3
 import subprocess
@@ -475,3 +476,110 @@ def test_missing_revision_is_a_typed_error_and_changes_nothing(tmp_path: Path, s
     conn = sqlite3.connect(db)
     assert conn.execute("SELECT count(*) FROM versions").fetchone() == (1,)
     conn.close()
+
+
+# -- 0012: a location being emptied is retiring ----------------------------------------------
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def catalog_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A new catalog of either database."""
+    if request.param == "postgres":
+        return str(request.getfixturevalue("pg_url"))
+    return f"sqlite:///{tmp_path / 'catalog.db'}"
+
+
+def _location_rows(url: str) -> list[tuple[object, ...]]:
+    return _query(url, "SELECT name, state FROM locations ORDER BY id")
+
+
+def _location_audit(url: str) -> list[tuple[object, ...]]:
+    rows = _query(url, "SELECT action, target, detail FROM audit_log WHERE target LIKE 'location:%%' "
+                       "AND action <> 'location.add' ORDER BY id")  # %% passes psycopg's placeholders
+    return [(a, t, d if isinstance(d, dict) else json.loads(str(d))) for a, t, d in rows]
+
+
+def test_0012_renames_the_state_and_the_audit_trail_and_downgrades(tmp_path: Path, catalog_url: str) -> None:
+    dirs = [str(tmp_path / f"d{i}") for i in range(3)]
+    with casckpt.open(tmp_path / "store", catalog=catalog_url, blobs=dirs) as store:
+        store.locations.retire("loc1")
+        store.locations.fail("loc1")  # audited as a change from retiring
+        store.locations.retire("loc2")
+    now = [("loc0", "active"), ("loc1", "failed"), ("loc2", "retiring")]
+    trail = [("location.retire", "location:loc1", {"from": "active"}),
+             ("location.fail", "location:loc1", {"from": "retiring"}),
+             ("location.retire", "location:loc2", {"from": "active"})]
+    assert _location_rows(catalog_url) == now and _location_audit(catalog_url) == trail
+
+    _migrate_url(catalog_url, "0011", down=True)  # as casckpt wrote them before the rename
+    assert _location_rows(catalog_url) == [("loc0", "active"), ("loc1", "failed"),
+                                           ("loc2", "draining")]  # pre-0012
+    assert _location_audit(catalog_url) == [
+        ("location.drain", "location:loc1", {"from": "active"}),  # pre-0012
+        ("location.fail", "location:loc1", {"from": "draining"}),  # pre-0012
+        ("location.drain", "location:loc2", {"from": "active"})]  # pre-0012
+    _migrate_url(catalog_url, "0012")
+    assert _location_rows(catalog_url) == now and _location_audit(catalog_url) == trail
+
+    _migrate_url(catalog_url, "0011", down=True)
+    with casckpt.open(tmp_path / "store", catalog=catalog_url, blobs=dirs) as store:  # upgraded on open
+        assert [(loc.name, loc.state) for loc in store.locations.list()] == now
+        assert [e.action for e in store.ops.audit(action="location.retire")] == ["location.retire"] * 2
+        assert store.locations.activate("loc2").state == "active"
+        assert [(e.action, e.detail) for e in store.ops.audit(action="location.activate")] == [
+            ("location.activate", {"from": "retiring"})]
+
+
+from make_draining import copy as copy_draining  # noqa: E402
+from make_draining import state as draining_state  # noqa: E402
+
+
+def _restores_draining(store: casckpt.Store) -> None:
+    for step in (1, 2):
+        got, want = store.restore(f"tag:t{step}"), draining_state(step)
+        assert torch.equal(got["w"], want["w"]) and got["step"] == step
+
+
+def test_a_store_written_while_a_location_was_draining_opens_checks_and_retires(tmp_path: Path) -> None:
+    """The golden store-draining, written by casckpt before schema 0012 (loc1's state as it
+    spelt it, in the catalog and in the ``refs/locations`` records; its shards not moved yet)."""
+    root = copy_draining(tmp_path / "store")
+    assert _revision(root) == "0011"
+    with casckpt.open(root) as store:
+        assert _revision(root) == head_revision()
+        assert [(loc.name, loc.state) for loc in store.locations.list()] == [("loc0", "active"),
+                                                                            ("loc1", "retiring")]
+        assert [(e.action, e.detail) for e in store.ops.audit(action="location.retire")] == [
+            ("location.retire", {"from": "active"})]
+        record = json.loads((root / "refs" / "locations").read_bytes())  # the newest record
+        assert record["locations"][1]["state"] == "draining"  # pre-0012: still the old name ...
+        assert store.ops.check(read_data=True).ok  # ... and are read as retiring: they agree
+        _restores_draining(store)
+        repaired = store.ops.repair()  # nowhere to move them yet; the old record is not rewritten
+        assert repaired.unrepaired and repaired.shards_moved == 0 and repaired.records_written == 0
+        assert {loc.name: loc.shards for loc in store.locations.list()} == {"loc0": 2, "loc1": 2}
+        store.locations.add(str(tmp_path / "third"), domain="third")  # somewhere to move them
+        assert store.ops.repair().shards_moved == 2
+        assert {loc.name: loc.shards for loc in store.locations.list()} == {"loc0": 2, "loc1": 0,
+                                                                           "loc2": 2}
+        assert store.ops.check(read_data=True).ok
+        _restores_draining(store)
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_a_catalog_rebuilt_from_a_store_written_while_a_location_was_draining(
+        tmp_path: Path, database: str, request: pytest.FixtureRequest) -> None:
+    """``catalog rebuild`` from the golden store-draining's objects alone: the newest
+    ``refs/locations`` record's ``draining`` comes back as ``retiring`` (pre-0012 spelling)."""
+    root = copy_draining(tmp_path / "store")
+    (root / cfg.CATALOG_FILE).unlink()
+    catalog = request.getfixturevalue("pg_url") if database == "postgres" else None
+    with casckpt.open(root, catalog=catalog, recover=True) as store:
+        store.ops.rebuild_catalog()
+    with casckpt.open(root, catalog=catalog) as store:
+        assert [(loc.name, loc.state) for loc in store.locations.list()] == [("loc0", "active"),
+                                                                            ("loc1", "retiring")]
+        # a retiring location's copies are not registered again (they may be stale): loc0's are
+        assert {loc.name: loc.shards for loc in store.locations.list()} == {"loc0": 2, "loc1": 0}
+        assert store.ops.check(read_data=True).ok
+        _restores_draining(store)

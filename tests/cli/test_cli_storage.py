@@ -406,6 +406,18 @@ def test_location_add_then_drain(ec_store: EcStore, tmp_path: Path) -> None:
     assert _by_name(ec_store)["loc0"]["state"] == "active"
 
 
+def test_the_old_location_drain_spelling_is_an_error_naming_retire(shared_ec_store: EcStore) -> None:
+    """`location drain` was renamed `location retire` (pre-0012 spelling; drain is the fast
+    tier's alone): the old one exits 2 naming the new one, changes nothing, is not in the help."""
+    states = {name: loc["state"] for name, loc in _by_name(shared_ec_store).items()}
+    result = cli(shared_ec_store.root, "location", "drain", "loc0", "--json")  # pre-0012 spelling
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "casckpt location retire NAME" in result.stderr and "nothing was changed" in result.stderr
+    assert {name: loc["state"] for name, loc in _by_name(shared_ec_store).items()} == states
+    listed = cli(None, "location", "--help")
+    assert listed.exit_code == 0 and " retire " in listed.stdout and " drain " not in listed.stdout
+
+
 def test_unknown_location_exits_3(shared_ec_store: EcStore) -> None:
     for verb in ("drain", "fail", "activate"):
         result = cli(shared_ec_store.root, "location", verb, "loc9")

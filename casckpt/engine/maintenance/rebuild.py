@@ -268,6 +268,7 @@ def _recorded_locations(found: dict[str, list[records.Found]]) -> list[_Location
     for entry in entries if isinstance(entries, list) else ():
         try:
             name, state, domain, url = entry["name"], entry["state"], entry["domain"], entry.get("url")
+            state = records.location_state(state) if isinstance(state, str) else state  # older names
         except (KeyError, TypeError, AttributeError) as exc:
             log.warning("rebuild: skipping location entry %r: %s", entry, exc)
             continue

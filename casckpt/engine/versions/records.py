@@ -138,11 +138,33 @@ def expected(catalog: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
+RENAMED_STATES = {"draining": "retiring"}  # pre-0012 spelling -> now
+"""Location states older ``refs/locations`` records spell by an earlier name (casckpt before
+catalog schema 0012), by the name they have now: the records are read back (``check``,
+``repair``, ``catalog rebuild``) with the state renamed, so a store written before the rename
+opens, checks clean and rebuilds."""
+
+
+def location_state(stored: str) -> str:
+    """A location state as a ``refs/locations`` record holds it, by the name it has now."""
+    return RENAMED_STATES.get(stored, stored)
+
+
+def _current(key: str, doc: dict[str, Any]) -> dict[str, Any]:
+    """A record as casckpt writes it now (a locations record's older state names renamed)."""
+    entries = doc.get("locations")
+    if not key.startswith(LOCATIONS) or not isinstance(entries, list):
+        return doc
+    return {**doc, "locations": [{**e, "state": location_state(e["state"])}
+                                 if isinstance(e, dict) and isinstance(e.get("state"), str) else e
+                                 for e in entries]}
+
+
 def agrees(key: str, doc: object, want: dict[str, Any]) -> bool:
     """Whether a record read from a location says what the catalog implies (seq and time aside)."""
     prefix = next((p for p in _COMPARED if key.startswith(p)), None)
     return prefix is not None and isinstance(doc, dict) and all(
-        doc.get(field) == want.get(field) for field in _COMPARED[prefix])
+        _current(key, doc).get(field) == want.get(field) for field in _COMPARED[prefix])
 
 
 def parse(data: bytes) -> dict[str, Any]:
