@@ -101,7 +101,7 @@ class LocationInfo(ToDict):
         name: how commands refer to it.
         url: where it is (credentials redacted).
         domain: its failure domain.
-        state: ``active``, ``draining`` (repair moves its shards off) or
+        state: ``active``, ``retiring`` (repair moves its shards off) or
             ``failed`` (never read; repair re-creates its shards elsewhere).
         shards: pack copies or shards recorded on it.
         bytes: their total size.

@@ -247,7 +247,7 @@ class StoreCore:
     # -- locations ----------------------------------------------------------
 
     def refresh_locations(self) -> None:
-        """Pick up location changes other processes made (add, drain, fail) every so often."""
+        """Pick up location changes other processes made (add, retire, fail) every so often."""
         if time.monotonic() - self._locations_loaded >= LOCATION_REFRESH_S:
             self.reload_locations({})
 

@@ -1,9 +1,9 @@
 """``store.locations``: where a store's packs live, and how many copies each gets.
 
 :class:`Locations` is the namespace of :class:`casckpt.Store` for blob locations (list, add,
-drain, fail, activate) and redundancy (the store's or a run's). It works on the
+retire, fail, activate) and redundancy (the store's or a run's). It works on the
 :class:`~casckpt.store_core.StoreCore` it is given; thread-safe as the store is. Repair
-moves shards off draining and failed locations: ``store.ops.repair()``.
+moves shards off retiring and failed locations: ``store.ops.repair()``.
 """
 
 from __future__ import annotations
@@ -102,10 +102,10 @@ class Locations:
         repair_engine.copy_recovery_data(core.ctx, added)  # a full disaster-recovery copy at once
         return self._info(row.name)
 
-    def drain(self, name: str) -> LocationInfo:
+    def retire(self, name: str) -> LocationInfo:
         """Stop writing to location ``name``; ``store.ops.repair()`` then moves its shards to
         others (``gc`` deletes the old objects after its grace period)."""
-        return self._set_state(name, "draining", "drain", "the catalog and the locations")
+        return self._set_state(name, "retiring", "retire", "the catalog and the locations")
 
     def fail(self, name: str) -> LocationInfo:
         """Declare location ``name`` lost: it is never read again; ``store.ops.repair()``
@@ -113,7 +113,7 @@ class Locations:
         return self._set_state(name, "failed", "fail", "the catalog")
 
     def activate(self, name: str) -> LocationInfo:
-        """Return a drained or failed location to service (its shards count again once verified)."""
+        """Return a retiring or failed location to service (its shards count again once verified)."""
         return self._set_state(name, "active", "activate", "the catalog")
 
     def redundancy(self, run: str | None = None) -> str:

@@ -84,7 +84,7 @@ class Ops:
                                   read_data_subset=subset)
 
     def repair(self, *, progress: ProgressCallback | None = None) -> RepairReport:
-        """Rebuild lost or corrupt shards and move shards off draining or failed locations.
+        """Rebuild lost or corrupt shards and move shards off retiring or failed locations.
 
         Safe while other processes commit, restore and collect garbage.
         """

@@ -84,7 +84,7 @@ def test_the_namespaces_work_on_one_store(tmp_path: Path) -> None:
         assert store.locations.set_redundancy("inherit", run="ft") == "replicate:2"
         added = store.locations.add(str(tmp_path / "c"), name="c")
         assert (added.name, added.state, added.reachable) == ("c", "active", True)
-        assert store.locations.drain("c").state == "draining"
+        assert store.locations.retire("c").state == "retiring"
         assert store.locations.fail("c").state == "failed"
         assert store.locations.activate("c").state == "active"
 
@@ -139,7 +139,7 @@ def test_a_read_only_store_refuses_each_namespace_write_by_its_name(tmp_path: Pa
     with casckpt.open(tmp_path / "s", read_only=True) as store:
         writes = {
             "store.locations.add": lambda: store.locations.add(str(tmp_path / "c")),
-            "store.locations.drain": lambda: store.locations.drain("loc0"),
+            "store.locations.retire": lambda: store.locations.retire("loc0"),
             "store.locations.set_redundancy": lambda: store.locations.set_redundancy("none"),
             "store.retention.set": lambda: store.retention.set("r", keep_last=1),
             "store.retention.clear": lambda: store.retention.clear("r"),

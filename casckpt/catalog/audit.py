@@ -31,7 +31,7 @@ from casckpt.types import AuditEntry
 
 ACTIONS = (
     "commit", "delete", "undelete", "tag", "run.create", "run.fork", "gc", "retention.set",
-    "retention.clear", "redundancy.set", "delta_chain.set", "location.add", "location.drain",
+    "retention.clear", "redundancy.set", "delta_chain.set", "location.add", "location.retire",
     "location.fail", "location.activate",
     "repair", "catalog.rebuild", "catalog.migrate", "trees.migrate", "drill",
 )

@@ -23,8 +23,8 @@ from casckpt.catalog.packs import PackLayout, ShardRow
 from casckpt.catalog.rows import damaged
 from casckpt.errors import CatalogError, InvalidArgumentError, RefNotFoundError
 
-LOCATION_STATES = ("active", "draining", "failed")
-_STATE_ACTIONS = {"active": "location.activate", "draining": "location.drain", "failed": "location.fail"}
+LOCATION_STATES = ("active", "retiring", "failed")
+_STATE_ACTIONS = {"active": "location.activate", "retiring": "location.retire", "failed": "location.fail"}
 """The audit action that putting a location in each state records."""
 SCHEMES = ("none", "replicate", "ec")
 
@@ -91,7 +91,7 @@ def add_location(catalog: Catalog, name: str, url: str, domain: str) -> Location
 
 
 def set_location_state(catalog: Catalog, name: str, state: str) -> LocationRow:
-    """Mark a location ``active``, ``draining`` (no new shards; repair moves them off)
+    """Mark a location ``active``, ``retiring`` (no new shards; repair moves them off)
     or ``failed`` (never read; repair re-creates its shards elsewhere).
 
     Raises:

@@ -397,7 +397,7 @@ def check_view(report: CheckReport) -> list[RenderableType]:
     return [summary, found, problems, *notes]
 
 
-_STATE_STYLES = {"active": "green", "draining": "yellow", "failed": "bold red"}
+_STATE_STYLES = {"active": "green", "retiring": "yellow", "failed": "bold red"}
 
 
 def locations_table(locations: Iterable[LocationInfo]) -> Table:

@@ -5,7 +5,7 @@ A store keeps its packs on one or more blob locations, each in a failure
 domain (what fails together: a disk, a host, a bucket's region). New packs
 get the store's redundancy (``none``, ``replicate:N`` or ``ec:K+M``), or a
 run's own. ``casckpt check --read-data[-subset]`` finds damaged shards;
-``casckpt repair`` rebuilds them and moves shards off draining or failed
+``casckpt repair`` rebuilds them and moves shards off retiring or failed
 locations. ``catalog rebuild`` recovers a lost catalog from the locations
 alone; ``cache rebuild`` refills this host's index cache.
 
@@ -111,11 +111,11 @@ def renamed_retire() -> None:
     raise typer.Exit(EXIT_USAGE)
 
 
-@location_app.command("drain")
-def drain_location(ctx: typer.Context, name: NameArgument, as_json: JsonOption = False) -> None:
+@location_app.command("retire")
+def retire_location(ctx: typer.Context, name: NameArgument, as_json: JsonOption = False) -> None:
     """Stop writing to a location; `casckpt repair` then moves its shards to the others."""
     with open_store(ctx) as store:
-        info = store.locations.drain(name)
+        info = store.locations.retire(name)
     _print_location(info, as_json, f"no new shards go to {name}; " + (
         f"move its {info.shards} shard(s) off with: casckpt repair" if info.shards
         else "it holds no shards, so there is nothing to move"))
@@ -133,7 +133,7 @@ def fail_location(ctx: typer.Context, name: NameArgument, as_json: JsonOption = 
 
 @location_app.command("activate")
 def activate_location(ctx: typer.Context, name: NameArgument, as_json: JsonOption = False) -> None:
-    """Return a drained or failed location to service: new packs may use it again."""
+    """Return a retiring or failed location to service: new packs may use it again."""
     with open_store(ctx) as store:
         info = store.locations.activate(name)
     _print_location(info, as_json)
@@ -259,10 +259,10 @@ def _repair_view(report: RepairReport) -> list[RenderableType]:
 
 
 def repair(ctx: typer.Context, as_json: JsonOption = False) -> None:
-    """Rebuild damaged shards, move shards off draining/failed locations; exit 1 if a pack stays short.
+    """Rebuild damaged shards, move shards off retiring/failed locations; exit 1 if a pack stays short.
 
     Works through what `casckpt check` and restores found damaged and the
-    shards on draining or failed locations. Safe while other jobs commit,
+    shards on retiring or failed locations. Safe while other jobs commit,
     restore and collect garbage.
     """
     with open_store(ctx) as store, progress_bars() as progress:

@@ -86,7 +86,7 @@ def locations(data: ReportData) -> Section:
         (p.name, p.domain, p.state, "yes" if p.reachable else "no", f"{p.probe_s:.3f}",
          str(p.shards), human_bytes(p.bytes), str(p.damaged), p.reason or "") for p in places))
     intro = ("Every blob location, probed with a real request when this report was made: green answers and "
-             "is active, orange is draining or holds damaged shards, red is failed or did not answer.")
+             "is active, orange is retiring or holds damaged shards, red is failed or did not answer.")
     if not places:
         return Section("locations", "Location health", intro, None, table, "The store has no locations.")
     with figure("locations", 0.45 * len(places) + 1.1) as (fig, (ax,)):
@@ -102,7 +102,7 @@ def locations(data: ReportData) -> Section:
 def _health_colour(place: LocationInfo) -> str:
     if not place.reachable or place.state == "failed":
         return BAD_COLOUR
-    return WARN_COLOUR if place.state == "draining" or place.damaged else OK_COLOUR
+    return WARN_COLOUR if place.state == "retiring" or place.damaged else OK_COLOUR
 
 
 def drills(data: ReportData) -> Section:

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 class Location:
     """One blob location: a directory or bucket/prefix in a failure domain.
 
-    ``state``: ``active`` (read and written), ``draining`` (read; repair moves
+    ``state``: ``active`` (read and written), ``retiring`` (read; repair moves
     its shards off), ``failed`` (never touched; repair re-creates its shards).
     """
 
@@ -182,7 +182,7 @@ class LocationSet:
 class CurrentLocations:
     """The store's current :class:`LocationSet`, replaced as a whole when locations change.
 
-    A ``LocationSet`` never changes; adding, draining, failing or re-reading
+    A ``LocationSet`` never changes; adding, retiring, failing or re-reading
     locations builds a new one and :meth:`swap` s it in. An operation that must see
     one consistent set (a pack write: placement, quorum, clean-up) calls :meth:`get`
     once at its start and uses that set throughout; operations already running keep

@@ -94,10 +94,10 @@ def test_each_action_leaves_exactly_its_row(tmp_path: Path) -> None:
         target = f"location:{added.name}"
         assert _one(store, seen, "location.add", target).detail == {
             "url": (tmp_path / "second").as_uri(), "domain": "other"}
-        store.locations.drain(added.name)
-        assert _one(store, seen + 1, "location.drain", target).detail == {"from": "active"}
+        store.locations.retire(added.name)
+        assert _one(store, seen + 1, "location.retire", target).detail == {"from": "active"}
         store.locations.fail(added.name)
-        assert _one(store, seen + 2, "location.fail", target).detail == {"from": "draining"}
+        assert _one(store, seen + 2, "location.fail", target).detail == {"from": "retiring"}
         store.locations.activate(added.name)
         assert _one(store, seen + 3, "location.activate", target).detail == {"from": "failed"}
 

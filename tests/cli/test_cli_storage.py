@@ -224,7 +224,7 @@ def test_repair_table_and_progress(ec_store: EcStore, monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(storage_cli, "progress_bars", recording)
     ok_json(ec_store.root, "location", "add", str(ec_store.root.parent / "disk6"), "--domain", "d6")
-    ok_json(ec_store.root, "location", "drain", "loc0")
+    ok_json(ec_store.root, "location", "retire", "loc0")
     result = cli(ec_store.root, "repair")
     assert result.exit_code == 0, result.output
     packs = _packs(ec_store)
@@ -376,10 +376,10 @@ def test_redundancy_set_rejects_bad_specs(shared_ec_store: EcStore) -> None:
     assert ok_json(shared_ec_store.root, "redundancy", "show")["redundancy"] == "ec:4+2"
 
 
-# -- location add, drain, activate ---------------------------------------------------------
+# -- location add, retire, activate ---------------------------------------------------------
 
 
-def test_location_add_then_drain(ec_store: EcStore, tmp_path: Path) -> None:
+def test_location_add_then_retire(ec_store: EcStore, tmp_path: Path) -> None:
     packs = _packs(ec_store)
     extra = tmp_path / "disk6"
     added = ok_json(ec_store.root, "location", "add", str(extra), "--domain", "d6", "--name", "extra")
@@ -390,8 +390,8 @@ def test_location_add_then_drain(ec_store: EcStore, tmp_path: Path) -> None:
     again = cli(ec_store.root, "location", "add", str(tmp_path / "disk7"), "--name", "extra")
     assert again.exit_code == 2 and "extra" in again.stderr
 
-    drained = ok_json(ec_store.root, "location", "drain", "loc0")
-    assert (drained["state"], drained["shards"]) == ("draining", packs)
+    retired = ok_json(ec_store.root, "location", "retire", "loc0")
+    assert (retired["state"], retired["shards"]) == ("retiring", packs)
     repaired = ok_json(ec_store.root, "repair")
     assert repaired["ok"] is True and repaired["shards_moved"] == packs
     locations = _by_name(ec_store)
@@ -419,7 +419,7 @@ def test_the_old_location_drain_spelling_is_an_error_naming_retire(shared_ec_sto
 
 
 def test_unknown_location_exits_3(shared_ec_store: EcStore) -> None:
-    for verb in ("drain", "fail", "activate"):
+    for verb in ("retire", "fail", "activate"):
         result = cli(shared_ec_store.root, "location", verb, "loc9")
         assert result.exit_code == 3, result.output
         assert "loc9" in result.stderr and result.stdout == ""

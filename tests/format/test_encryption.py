@@ -481,7 +481,7 @@ def test_gc_delta_coding_and_a_new_location_work_encrypted(split: Any, tmp_path:
         assert (loc / objectnames.KEYS_RECORD).exists()  # gc never takes the key record
         added = store.locations.add(str(tmp_path / "second"))
         assert (tmp_path / "second" / objectnames.KEYS_RECORD).exists()
-        store.locations.drain("loc0")
+        store.locations.retire("loc0")
         store.ops.repair()
         assert store.restore("r@3")["step"] == 3
         assert store.ops.check(read_data=True).ok

@@ -2,7 +2,7 @@
 
 The engine context is immutable; the store's locations sit behind a
 ``CurrentLocations`` holder whose ``swap`` replaces the whole set at once
-(``add_location``, ``drain_location``, ``fail_location`` and the periodic
+(``store.locations.add``, ``retire``, ``fail`` and the periodic
 refresh all go through it). A pack write takes one snapshot at its start, so
 placement, the quorum count and any clean-up agree on one set.
 """
@@ -57,10 +57,10 @@ def test_a_background_commit_keeps_its_location_set_while_locations_change(tmp_p
             b.held.clear()
         handle = store.commit(_state(1), run="r", step=1, block=False)
         assert any(b.held.wait(30) for b in blobs), "the commit never reached its pack upload"
-        drained = store.locations.drain(names[0])  # swaps the location set mid-upload
+        retired = store.locations.retire(names[0])  # swaps the location set mid-upload
         store.locations.add(str(tmp_path / "d3"))  # and again
         after = internals(store).locations
-        assert drained.state == "draining" and after is not before and len(after.all) == 4
+        assert retired.state == "retiring" and after is not before and len(after.all) == 4
         assert before.get(before.all[0].id).state == "active"  # the old set itself never changes
         for b in blobs:
             b.gate.set()
@@ -78,7 +78,7 @@ def test_a_background_commit_keeps_its_location_set_while_locations_change(tmp_p
         assert store.ops.check(read_data=True).ok
         restored = store.restore(version.id)
         assert all(torch.equal(restored[k], v) for k, v in _state(1).items())
-        store.ops.repair()  # moves the drained location's shards to the new one
+        store.ops.repair()  # moves the retired location's shards to the new one
         assert store.ops.check(read_data=True).ok
 
 

@@ -126,9 +126,9 @@ def test_placement_rotates_the_domains_in_order() -> None:
 
 def test_placement_uses_only_active_locations() -> None:
     locations = LocationSet([
-        _loc(1, "a"), _loc(2, "a", "draining"),
+        _loc(1, "a"), _loc(2, "a", "retiring"),
         _loc(3, "b", "failed"), _loc(4, "b"),
-        _loc(5, "c", "draining"),  # a domain with no active location is no domain to place on
+        _loc(5, "c", "retiring"),  # a domain with no active location is no domain to place on
         _loc(6, "d", "failed"),
         _loc(7, "e"),
     ])
@@ -144,7 +144,7 @@ def test_placement_uses_only_active_locations() -> None:
 
 
 def test_placement_with_nothing_active_is_empty() -> None:
-    locations = LocationSet([_loc(1, "a", "failed"), _loc(2, "b", "draining")])
+    locations = LocationSet([_loc(1, "a", "failed"), _loc(2, "b", "retiring")])
     assert locations.domains() == []
     assert locations.active() == []
     assert locations.placement("ab" * 32) == []
@@ -203,8 +203,8 @@ def test_read_order_is_local_first_then_by_id_and_skips_failed() -> None:
     locations = LocationSet([
         _loc(1, "cloud", url="s3://bucket/a"),
         _loc(2, "disk1", url="file:///mnt/one"),
-        _loc(3, "cloud2", "draining", url="s3://other/b"),
-        _loc(4, "disk2", "draining", url="file:///mnt/two"),
+        _loc(3, "cloud2", "retiring", url="s3://other/b"),
+        _loc(4, "disk2", "retiring", url="file:///mnt/two"),
         _loc(5, "disk3", "failed", url="file:///mnt/three"),
         _loc(6, "cloud3", "failed", url="s3://third/c"),
     ])
@@ -224,7 +224,7 @@ def test_describe_redacts_credentials() -> None:
 
 
 def test_put_everywhere_writes_every_active_location() -> None:
-    locations = LocationSet([_loc(1, "a"), _loc(2, "b"), _loc(3, "c", "draining"),
+    locations = LocationSet([_loc(1, "a"), _loc(2, "b"), _loc(3, "c", "retiring"),
                              _loc(4, "d", "failed")])
     assert locations.put_everywhere("manifests/x", b"doc") == 2
     assert [_fake(loc).objects for loc in locations.all] == [
@@ -250,7 +250,7 @@ def test_put_everywhere_raises_when_every_location_fails() -> None:
 
 
 def test_put_everywhere_with_no_active_location_raises() -> None:
-    locations = LocationSet([_loc(1, "a", "draining")])
+    locations = LocationSet([_loc(1, "a", "retiring")])
     with pytest.raises(StorageError):
         locations.put_everywhere("manifests/x", b"doc")
     assert _fake(locations.all[0]).objects == {}
@@ -267,22 +267,22 @@ def test_exists_anywhere() -> None:
 
 
 def test_delete_skips_failed_locations_and_survives_errors(caplog: pytest.LogCaptureFixture) -> None:
-    active, draining, down, failed = _loc(1, "a"), _loc(2, "b", "draining"), _loc(3, "c", failing=True), \
+    active, retiring, down, failed = _loc(1, "a"), _loc(2, "b", "retiring"), _loc(3, "c", failing=True), \
         _loc(4, "d", "failed")
-    for loc in (active, draining, failed):
+    for loc in (active, retiring, failed):
         _fake(loc).objects["manifests/x"] = b"x"
-    locations = LocationSet([active, draining, down, failed])
+    locations = LocationSet([active, retiring, down, failed])
     with caplog.at_level(logging.WARNING, logger="casckpt.storage.locations"):
         done = locations.delete([(loc.id, "manifests/x") for loc in locations.all])  # does not raise
     assert done == [(1, "manifests/x"), (2, "manifests/x")]
-    assert _fake(active).objects == {} and _fake(draining).objects == {}
+    assert _fake(active).objects == {} and _fake(retiring).objects == {}
     assert _fake(failed).objects == {"manifests/x": b"x"} and _fake(failed).calls == []
     assert _fake(down).calls == [("delete", "manifests/x")]
     assert "manifests/x" in caplog.text
 
 
 def test_list_all_lists_every_readable_location() -> None:
-    a, b, failed = _loc(1, "a"), _loc(2, "b", "draining"), _loc(3, "c", "failed")
+    a, b, failed = _loc(1, "a"), _loc(2, "b", "retiring"), _loc(3, "c", "failed")
     _fake(a).objects.update({"packs/aa/1": b"1", "manifests/m": b"m"})
     _fake(b).objects.update({"packs/aa/1": b"1", "packs/bb/2": b"22"})
     _fake(failed).objects.update({"packs/cc/3": b"3"})

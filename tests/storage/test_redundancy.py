@@ -9,7 +9,7 @@ the catalog; the catalog is read only to cross-check what the store reports.
 Covered: losing or corrupting any M shards of every pack (restores stay
 bit-exact, heal on read, repair, scrub), losing more than M (typed errors
 naming version, tensors and pack), bit rot found by scrubs, a lost or
-drained location, catalog rebuild (SQLite, PostgreSQL), S3 and mixed
+retired location, catalog rebuild (SQLite, PostgreSQL), S3 and mixed
 locations, write quorum, replication, and SIGKILL during an erasure-coded
 commit.
 """
@@ -485,7 +485,7 @@ def test_half_scrubs_find_rot_in_the_half_they_read(ec_template: Template, tmp_p
         assert shard_problems(second) == {f"{p}:{i}" for p, i in rotten.items()}
 
 
-# -- 4. a whole location lost; draining a location -------------------------------------------
+# -- 4. a whole location lost; retiring a location -------------------------------------------
 
 
 def test_lost_location_restores_then_fail_and_repair_replace_its_shards(ec_template: Template,
@@ -535,7 +535,7 @@ def test_repair_spreads_doubled_up_shards_once_a_location_is_added(ec_template: 
     assert_spread(scan_shards(dirs), 6)
 
 
-def test_drain_location_moves_shards_off_and_deletes_them(tmp_path: Path) -> None:
+def test_retire_location_moves_shards_off_and_deletes_them(tmp_path: Path) -> None:
     root = tmp_path / "store"
     dirs = blob_dirs(root, 7)
     with open_store(root, 7) as store:
@@ -544,12 +544,12 @@ def test_drain_location_moves_shards_off_and_deletes_them(tmp_path: Path) -> Non
         original = {key: path.read_bytes() for key, path in before.items()}
         on_d6 = [key for key, path in before.items() if path.parents[2] == dirs[6]]
         assert on_d6 and location(store, "loc6").shards == len(on_d6)
-        assert store.locations.drain("loc6").state == "draining"
+        assert store.locations.retire("loc6").state == "retiring"
         repaired = store.ops.repair()
         assert repaired.ok, repaired.unrepaired
         assert repaired.shards_moved == repaired.shards_rewritten == len(on_d6)
         info = location(store, "loc6")
-        assert (info.state, info.shards, info.bytes) == ("draining", 0, 0)
+        assert (info.state, info.shards, info.bytes) == ("retiring", 0, 0)
         assert any(path.parents[2] == dirs[6] for path in scan_shards(dirs[6:]).values()), \
             "old objects stay for readers holding the old layout until gc's grace period passes"
         store.gc(grace=0)
@@ -558,7 +558,7 @@ def test_drain_location_moves_shards_off_and_deletes_them(tmp_path: Path) -> Non
         assert not any(path.parents[2] == dirs[6] for path in after.values())
         assert_spread(after, 6)  # each moved shard went to the one domain its pack did not use
         assert_identical(after, original)
-        commit_steps(store, (4,))  # new packs avoid the draining location
+        commit_steps(store, (4,))  # new packs avoid the retiring location
         assert location(store, "loc6").shards == 0
         assert not any(path.parents[2] == dirs[6] for path in scan_shards(dirs).values())
         assert store.ops.check(read_data=True).ok

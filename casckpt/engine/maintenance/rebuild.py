@@ -235,7 +235,7 @@ def _adopt_identity(ctx: EngineContext, states: dict[str, str]) -> None:
 
 def _listing(ctx: EngineContext, states: dict[str, str]) -> Listing:
     """Packs and manifests on every location not failed, active locations first."""
-    rank = {"active": 0, "draining": 1}
+    rank = {"active": 0, "retiring": 1}
     out = [(loc, info) for prefix in (objectnames.PACKS, objectnames.MANIFESTS)
            for loc, info in ctx.locations.list_all(prefix) if states.get(loc.name, "active") != "failed"]
     out.sort(key=lambda pair: rank.get(states.get(pair[0].name, "active"), 2))
@@ -243,7 +243,7 @@ def _listing(ctx: EngineContext, states: dict[str, str]) -> Listing:
 
 
 def _prefer_active(found: FoundPack, states: dict[str, str]) -> FoundPack:
-    """Copies on active locations when there are any (a drained location keeps stale ones)."""
+    """Copies on active locations when there are any (a retiring location keeps stale ones)."""
     active = [c for c in found.copies if states.get(c[0].name, "active") == "active"]
     return FoundPack(active or found.copies, found.shards)
 

@@ -6,7 +6,7 @@
    not check.
 2. **Packs**: work through the catalog's queue -- shards marked missing or
    corrupt (by this listing, by restores that healed around them, by
-   ``check``) and shards on locations marked ``failed`` or ``draining`` --
+   ``check``) and shards on locations marked ``failed`` or ``retiring`` --
    reconstructing each pack from its healthy shards, verifying it against its
    id, and writing the shards it lacks: back to their own location when it
    is active, else to an active location in a failure domain the pack does

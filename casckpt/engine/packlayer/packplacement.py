@@ -69,7 +69,7 @@ class Placement:
         """Refuse to write when fewer failure domains are active than the write quorum.
 
         With fewer active domains than shards (a location failed or is
-        draining) but at least the quorum, packs are still written: the
+        retiring) but at least the quorum, packs are still written: the
         shards that lack a domain of their own double up on others, and a
         warning says so. ``repair`` spreads them again once locations return.
 

@@ -216,7 +216,7 @@ def valid_run(doc: dict[str, Any]) -> bool:
 
 
 def newest(copies: Iterable[Found], states: dict[str, str]) -> Found | None:
-    """The copy that wins: from an active location if any has one (a draining or failed
+    """The copy that wins: from an active location if any has one (a retiring or failed
     location may hold a copy repair no longer updates), then the highest counter."""
     ranked = sorted(copies, key=lambda f: (states.get(f.location.name, f.location.state) == "active",
                                            *f.order), reverse=True)

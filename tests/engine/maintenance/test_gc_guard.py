@@ -204,7 +204,7 @@ def test_a_commit_failing_after_its_manifest_leaves_a_tombstone_gc_acts_on(
 
 class _StaleCopyOnX:
     """``ec:2+1`` over four directories, one pack: shard i moved from X to the free location W
-    by a repair (X keeps a stale copy, backdated an hour), X active again, W draining -- so
+    by a repair (X keeps a stale copy, backdated an hour), X active again, W retiring -- so
     the next repair moves shard i back onto X, at the stale copy's key."""
 
     def __init__(self, tmp_path: Path) -> None:
@@ -217,7 +217,7 @@ class _StaleCopyOnX:
         used = {Path(url.removeprefix("file://")).name for url, _, _ in self.shard_rows()}
         w = next(d for d in self.dirs if d.name not in used)  # the location holding no shard
         x = next(d for d in self.dirs if d.name in used)
-        self.a.locations.drain(name_of[x.name])
+        self.a.locations.retire(name_of[x.name])
         assert self.a.ops.repair().shards_moved == 1
         stale = [p for p in (x / "packs").rglob("*") if p.is_file()]
         assert stale
@@ -225,7 +225,7 @@ class _StaleCopyOnX:
         hour_ago = time.time() - 3600
         for p in stale:
             os.utime(p, (hour_ago, hour_ago))
-        self.a.locations.drain(name_of[w.name])
+        self.a.locations.retire(name_of[w.name])
         self.b = self.open()  # a second process's handle: the concurrent repair
 
     def open(self) -> casckpt.Store:  # big packs: one pack, so one location holds no shard

@@ -627,9 +627,9 @@ def test_rebuild_after_every_kind_of_catalog_change_loses_only_what_is_documente
         assert (redundancy(), redundancy("ft"), redundancy(RUN)) == ("ec:3+1", "replicate:2", "ec:3+1")
         assert (store.ops.delta_chain(), store.ops.delta_chain(RUN), store.ops.delta_chain("ft")) == (4, 2, 0)
 
-        # locations: loc0 drained, the tag moved @20 -> @50 while it drains (its copy of the
+        # locations: loc0 retiring, the tag moved @20 -> @50 while it retires (its copy of the
         # record is stale), loc1 failed, loc6 added in a new domain; repair after each
-        store.locations.drain("loc0")
+        store.locations.retire("loc0")
         assert store.ops.repair().ok
         store.tag(f"{RUN}@50", "best")
         store.locations.fail("loc1")
@@ -638,14 +638,14 @@ def test_rebuild_after_every_kind_of_catalog_change_loses_only_what_is_documente
         assert store.ops.repair().ok
         store.commit(make_state(70), run=RUN, step=70)
         stale = local_lister({"loc0": root / "blobs" / "d0"})("loc0")
-        assert any(key.startswith("packs/") for key in stale), "drained shards' old objects stay for gc"
+        assert any(key.startswith("packs/") for key in stale), "retired shards' old objects stay for gc"
         best = root / "blobs" / "d0" / "refs" / "tags" / b"best".hex()
         assert json.loads(best.read_bytes())["version"] == store.resolve(f"{RUN}@20").id  # stale
     with rebuild_and_compare(root, catalogs, catalog=catalog) as store:
         states = {info.name: (info.state, info.domain) for info in store.locations.list()}
-        assert states["loc0"] == ("draining", "dom0") and states["loc1"] == ("failed", "dom1")
+        assert states["loc0"] == ("retiring", "dom0") and states["loc1"] == ("failed", "dom1")
         assert states["loc6"] == ("active", "new")
-        assert store.resolve("tag:best").step == 50  # not the stale record on the draining loc0
+        assert store.resolve("tag:best").step == 50  # not the stale record on the retiring loc0
         by_location = {info.name: info.shards for info in store.locations.list()}
         assert by_location["loc0"] == by_location["loc1"] == 0  # stale copies not registered again
         assert (store.ops.delta_chain(), store.ops.delta_chain(RUN), store.ops.delta_chain("ft")) == (4, 2, 0)
@@ -727,7 +727,7 @@ def test_a_rebuild_finds_the_current_key_record_beside_a_stale_one(tmp_path: Pat
     to readable locations only). If the catalog is then lost, a rebuild with the NEW key must
     still unlock the store from the location that holds the current record, whatever the
     order the locations are named in -- not fail with WrongKeyError on the stale copy (the
-    old key may be destroyed by then: rotation is how a stolen key is retired)."""
+    old key may be destroyed by then: rotation is how a stolen key is replaced)."""
     old, new = _key(tmp_path, "old.key"), _key(tmp_path, "new.key")
     a, b = tmp_path / "a", tmp_path / "b"
     with casckpt.open(tmp_path / "store", blobs=[str(a), str(b)], key_file=old) as store:
@@ -740,7 +740,7 @@ def test_a_rebuild_finds_the_current_key_record_beside_a_stale_one(tmp_path: Pat
     (tmp_path / "b-away").rename(b)
     assert (b / objectnames.KEYS_RECORD).read_bytes() == stale
     assert (a / objectnames.KEYS_RECORD).read_bytes() != stale
-    old.unlink()  # the retired key is gone
+    old.unlink()  # the rotated-out key is gone
     shutil.rmtree(tmp_path / "store")
     with casckpt.open(tmp_path / "store2", blobs=[str(b), str(a)], recover=True, key_file=new) as store:
         assert store.ops.rebuild_catalog().versions == 1
@@ -797,7 +797,7 @@ def test_the_writer_role_cannot_take_the_key_record_row_away(
 def test_an_encrypted_store_on_s3_is_rebuilt_from_its_bucket_with_a_rotated_key(
         tmp_path: Path, s3_bucket_url: Callable[[], str], moto_endpoint: str) -> None:
     """`catalog rebuild` of an encrypted store whose only location is S3, after a rotation:
-    the new key unlocks the record on the bucket and every version reads back; the retired key
+    the new key unlocks the record on the bucket and every version reads back; the rotated-out key
     and no key are refused."""
     from casckpt.errors import KeyRequiredError, WrongKeyError
 
