@@ -1,7 +1,7 @@
 """Invariant 3: a SIGKILL at any instant of a commit leaves the store consistent.
 
-A child process (tests/helpers/crash_child.py, forked warm from a zygote
-process that has imported torch once) commits a sequence of deterministic
+A child process (tests/helpers/crash_child.py, forked warm from the fork
+server of the ``forked_python`` fixture, which imported torch once) commits a sequence of deterministic
 states into a store with small chunks and packs, and is killed with SIGKILL
 either at a chosen protocol point (a wrapped function, in the child only) or
 after a random delay while this process restores concurrently.
@@ -25,7 +25,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from doubles import Zygote
+from doubles import ForkedPython, Zygote
 
 import casckpt
 from casckpt.errors import RefNotFoundError, VersionExistsError
@@ -88,17 +88,16 @@ class Child:
             time.sleep(0.002)
 
 
-@pytest.fixture(scope="module")
-def zygote() -> Iterator[Zygote]:
-    server = Zygote(CHILD)
-    yield server
-    server.close()
+@pytest.fixture
+def zygote(forked_python: ForkedPython) -> Zygote:
+    """The worker's one warm fork server (children run ``python crash_child.py ARGS``)."""
+    return forked_python.server
 
 
 @contextmanager
 def _child(zygote: Zygote, tmp: Path, steps: int, *kill: object) -> Iterator[Child]:
     """Fork a committing child; it is SIGKILLed and reaped on the way out if still running."""
-    args = [str(tmp / "store"), str(SEED), str(steps), str(tmp / "done"), *map(str, kill)]
+    args = [str(CHILD), str(tmp / "store"), str(SEED), str(steps), str(tmp / "done"), *map(str, kill)]
     out, err = tmp / "child.out", tmp / "child.err"
     pid = zygote.ask({"op": "spawn", "args": args, "stdout": str(out), "stderr": str(err)}, 30)["pid"]
     proc = Child(zygote, pid, out, err)

@@ -1,12 +1,15 @@
-"""examples/quickstart.py runs end to end: crash, resume, bit-identical continuation."""
+"""examples/quickstart.py runs end to end: crash, resume, bit-identical continuation.
+
+The script runs as ``python examples/quickstart.py`` would, forked warm (the ``forked_python``
+fixture); it starts its own crashing child with ``sys.executable``, a fresh interpreter."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
-import sys
 from pathlib import Path
+
+from doubles import ForkedPython
 
 import casckpt
 
@@ -22,13 +25,11 @@ def _quickstart_module():  # for its constants; main() only runs as a script
     return module
 
 
-def test_quickstart_resumes_bit_identically(tmp_path: Path) -> None:
+def test_quickstart_resumes_bit_identically(tmp_path: Path, forked_python: ForkedPython) -> None:
     store_path = tmp_path / "store"
     path = [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-    proc = subprocess.run(
-        [sys.executable, str(QUICKSTART), "--store", str(store_path)],
-        capture_output=True,
-        text=True,
+    proc = forked_python.run(
+        [str(QUICKSTART), "--store", str(store_path)],
         timeout=120,
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(path)},

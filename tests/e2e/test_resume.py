@@ -5,7 +5,8 @@ reallocation), restoring into a fresh optimizer works, and ``restore(into=None)`
 returns a tree equal to the committed one, container and value types included.
 
 This file doubles as the script the fresh-process test runs:
-``python tests/e2e/test_resume.py STORE REF OUT_DIR``.
+``python tests/e2e/test_resume.py STORE REF OUT_DIR``, forked warm (the ``forked_python``
+fixture): a separate process that shares no state with the test's.
 """
 
 from __future__ import annotations
@@ -13,16 +14,18 @@ from __future__ import annotations
 import copy
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 
 import casckpt
+
+if TYPE_CHECKING:  # the script this file doubles as has no tests/ on its path
+    from doubles import ForkedPython
 
 STEPS, COMMIT_AT = 20, 10
 # How the fresh process restores: "tree": restore(ref) then load_state_dict; "object":
@@ -163,7 +166,8 @@ def assert_training_state_equal(actual: dict[str, Any], expected: dict[str, Any]
 # --- tests ------------------------------------------------------------------------------------
 
 
-def test_resume_in_fresh_process_matches_uninterrupted_run(tmp_path: Path) -> None:
+def test_resume_in_fresh_process_matches_uninterrupted_run(
+        tmp_path: Path, forked_python: ForkedPython) -> None:
     store_path = tmp_path / "store"
 
     def commit(trainer: Trainer, loss: float) -> None:
@@ -177,10 +181,8 @@ def test_resume_in_fresh_process_matches_uninterrupted_run(tmp_path: Path) -> No
         reference.train_to(STEPS, on_step=commit)  # committing must not perturb training
     expected = reference.state_dict()
 
-    proc = subprocess.run(
-        [sys.executable, __file__, str(store_path), f"train@{COMMIT_AT}", str(tmp_path)],
-        capture_output=True,
-        text=True,
+    proc = forked_python.run(
+        [__file__, str(store_path), f"train@{COMMIT_AT}", str(tmp_path)],
         timeout=60,
         cwd=REPO_ROOT,
         env=_child_env(),

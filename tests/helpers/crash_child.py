@@ -3,7 +3,6 @@
 Usage::
 
     python crash_child.py STORE SEED STEPS DONE_FILE [POINT WHEN STEP N]
-    python crash_child.py --zygote
 
 Opens the store at ``STORE`` with small chunks and packs, then commits steps
 ``0 .. STEPS-1`` of run ``r`` (each state from :func:`make_state`), appending
@@ -16,10 +15,9 @@ while step ``STEP`` is being committed, ``before`` or ``after`` the real call.
 If that call never happens the process exits with status 3, so a test whose
 kill point is not reached fails instead of passing vacuously.
 
-``--zygote`` imports torch and casckpt once, then forks one such process per
-JSON command read on stdin (forkserver.py says how). The forked processes are
-separate processes like any other; the zygote only saves each of them the
-seconds of importing torch.
+The tests run it forked from the warm fork server (forkserver.py, the
+``forked_python`` fixture): a separate process like any other, which only
+skips the seconds of importing torch.
 
 The parent imports this file for :func:`make_state` and :func:`assert_same`,
 so both sides build the identical deterministic state.
@@ -159,14 +157,5 @@ def main(argv: list[str]) -> int:
     return 3 if len(argv) > 4 else 0
 
 
-def zygote() -> int:
-    """Serve spawn/wait commands (see module docstring) until stdin closes."""
-    import forkserver  # beside this file: the script's directory is on sys.path
-
-    import casckpt  # noqa: F401 - preloaded so that forked children start warm
-
-    return forkserver.serve(main)
-
-
 if __name__ == "__main__":
-    sys.exit(zygote() if sys.argv[1:] == ["--zygote"] else main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:]))

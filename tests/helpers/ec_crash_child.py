@@ -1,13 +1,14 @@
 """The crash-test committing process (crash_child.py), with kill points for erasure-coded shards.
 
-Usage is that of crash_child.py (``STORE SEED STEPS DONE_FILE [POINT WHEN STEP N]`` or
-``--zygote``); the store must already exist (its config file sets the blob
+Usage is that of crash_child.py (``STORE SEED STEPS DONE_FILE [POINT WHEN STEP N]``); the
+store must already exist (its config file sets the blob
 locations and redundancy). Extra kill point:
 
 ``shard.put``  an erasure-coded shard (``packs/<xx>/<id>.s<i>``) is being written (an encoding
               worker made it as a staging file; the location moves it into place).
 
-tests/storage/test_redundancy.py starts it.
+tests/storage/test_redundancy.py runs it forked from the warm server (the ``forked_python``
+fixture).
 """
 
 from __future__ import annotations
@@ -41,4 +42,4 @@ def _targets() -> dict[str, tuple[type, str, Any]]:
 base._targets = _targets  # crash_child._arm looks the table up at call time
 
 if __name__ == "__main__":
-    sys.exit(base.zygote() if sys.argv[1:] == ["--zygote"] else base.main(sys.argv[1:]))
+    sys.exit(base.main(sys.argv[1:]))

@@ -14,7 +14,7 @@ is open) and ``rss_peak_kib`` (peak RSS at the end). The test runs it under
 a timeout, so a read that hangs fails the test instead of the suite.
 
 ``--zygote`` imports torch and casckpt once, then forks one such process per
-JSON command on stdin, as tests/helpers/crash_child.py does (same protocol:
+JSON command on stdin (forkserver.py's protocol:
 ``spawn`` with ``args``, ``stdout``, ``stderr`` -> ``pid``; ``wait`` -> ``status``).
 """
 

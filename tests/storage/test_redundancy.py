@@ -22,7 +22,7 @@ import random
 import re
 import shutil
 import signal
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from doubles import WriteHookStore, Zygote, empty_postgres_catalog
+from doubles import ForkedPython, WriteHookStore, empty_postgres_catalog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -891,30 +891,22 @@ crash = _load("casckpt_tests_redundancy_crash_child", HELPERS / "crash_child.py"
 CRASH_SEED = 11
 
 
-@pytest.fixture(scope="module")
-def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zygote]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CASCKPT_")}
-    env["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
-    server = Zygote(HELPERS / "ec_crash_child.py", env)
-    yield server
-    server.close()
-
-
 @pytest.mark.parametrize(("point", "when", "step", "nth"), [
     pytest.param("shard.put", "before", 1, 4, id="mid-shards-of-a-pack"),
     pytest.param("catalog.add_pack", "after", 1, 2, id="pack-recorded"),
     pytest.param("catalog.add_version", "before", 2, 1, id="before-publish"),
 ])
-def test_sigkill_during_ec_commit_leaves_store_consistent(zygote: Zygote, tmp_path: Path, point: str,
-                                                          when: str, step: int, nth: int) -> None:
+def test_sigkill_during_ec_commit_leaves_store_consistent(forked_python: ForkedPython, tmp_path: Path,
+                                                          point: str, when: str, step: int, nth: int) -> None:
     root = tmp_path / "store"
     dirs = blob_dirs(root, 6)
     open_store(root, chunk_size=crash.CHUNK_SIZE, pack_size=crash.PACK_SIZE).close()
-    done, out, err = tmp_path / "done", tmp_path / "child.out", tmp_path / "child.err"
+    done = tmp_path / "done"
     args = [str(root), str(CRASH_SEED), "4", str(done), point, when, str(step), str(nth)]
-    pid = zygote.ask({"op": "spawn", "args": args, "stdout": str(out), "stderr": str(err)})["pid"]
-    status = zygote.ask({"op": "wait", "pid": pid})["status"]
-    assert status == -signal.SIGKILL, f"exit {status}\n{out.read_text()}\n{err.read_text()}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CASCKPT_")}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "xdg-cache")
+    killed = forked_python.run([str(HELPERS / "ec_crash_child.py"), *args], env=env)
+    assert killed.returncode == -signal.SIGKILL, f"exit {killed.returncode}\n{killed.stdout}\n{killed.stderr}"
     committed = [int(s) for s in done.read_text().split()] if done.exists() else []
     assert committed == list(range(step))
 
