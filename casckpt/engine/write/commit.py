@@ -298,7 +298,7 @@ def plan_delta(ctx: EngineContext, run: str, parent: str | None, entries: Sequen
                extents: Sequence[ExtentEntry], new_ids: Sequence[bytes]) -> DeltaPlan | None:
     """How a writer that did not snapshot (a rank of a group commit) delta-codes ``new_ids``
     against ``parent``, the run's latest version (None: delta coding is off, or nothing is new)."""
-    if not new_ids or ctx.bases.budget <= 0 or delta_chain_for(ctx.catalog, run) <= 0:
+    if not new_ids or ctx.bases.budget <= 0 or delta_policy_for(ctx.catalog, run)[0] <= 0:
         return None
     before = parent_manifest(ctx, run, parent)
     bases = candidate_bases(before, entries, extents, new_ids) if before is not None else {}
