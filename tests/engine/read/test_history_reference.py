@@ -96,7 +96,7 @@ def test_history_matches_consecutive_diffs(store: casckpt.Store, joined_in_sql: 
     """Both ways the query reads a lineage: by key when few versions are kept, and joined in
     the database when many are (forced here by a batch of 2)."""
     if joined_in_sql:
-        monkeypatch.setattr(history_sql, "_BATCH", 2)
+        monkeypatch.setattr(history_sql, "BATCH", 2)
     for run in ("base", "ft"):
         for path in PATHS:
             assert _history(store, run, path) == _reference(store, run, path), (run, path)
