@@ -35,9 +35,9 @@ def _seconds(value: float) -> str:
 
 
 def _results_table(results: tuple[DrillResult, ...] | list[DrillResult], *, when: bool) -> Table:
-    first = ("when",) if when else ()
-    table = render.table_of(*first, "version", "id", "bytes", "seconds", "result",
-                            right=("bytes", "seconds"))
+    table = Table(box=None)
+    for column in (("when",) if when else ()) + ("version", "id", "bytes", "seconds", "result"):
+        table.add_column(column, justify="right" if column in ("bytes", "seconds") else "left")
     for r in results:
         verdict = Text("ok") if r.ok else Text(f"FAILED: {r.error}", style="bold red")
         cells = [f"{r.run}@{r.step}", r.version_id[:12], render.human_bytes(r.bytes), f"{r.seconds:.3f}"]
@@ -98,8 +98,10 @@ def _percent(value: float) -> str:
 
 
 def _advice_table(advice: Advice) -> Table:
-    table = render.table_of("", "current", "advised", right=("current", "advised"),
-                            title=f"checkpoint interval for {advice.run}")
+    table = Table(title=f"checkpoint interval for {advice.run}", box=None)
+    table.add_column("")
+    table.add_column("current", justify="right")
+    table.add_column("advised", justify="right")
     source = "median of drills" if advice.restore_source == "drills" else "measured now"
     table.add_row("interval",
                   f"{_seconds(advice.current_interval_s)}, {advice.current_interval_steps:g} steps",

@@ -40,13 +40,14 @@ from casckpt.types import GCReport, GCRun
 
 def _summary(report: GCReport) -> Table:
     would = report.dry_run
-    title = "gc (dry run: nothing was changed)" if would else "gc"
+    table = Table(title="gc (dry run: nothing was changed)" if would else "gc", box=None)
+    table.add_column("what")
+    table.add_column("count", justify="right")
     if not report.space_counted:  # a read-only store: retention only
-        return render.count_table(title, [
-            ("would be versions deleted by retention", report.versions_deleted),
-            ("would be deleted versions purged", report.versions_purged),
-            ("space", "not counted: a read-only store marks nothing"),
-        ])
+        table.add_row("would be versions deleted by retention", str(report.versions_deleted))
+        table.add_row("would be deleted versions purged", str(report.versions_purged))
+        table.add_row("space", "not counted: a read-only store marks nothing")
+        return table
     rows = [
         ("versions deleted by retention", report.versions_deleted),
         ("deleted versions purged", report.versions_purged),
@@ -59,13 +60,13 @@ def _summary(report: GCReport) -> Table:
         ("chunks kept only as delta bases of live chunks", report.chunks_kept_as_bases),
         ("objects kept: not provably garbage", len(report.kept)),
     ]
-    return render.count_table(title, [
-        *((f"would be {label}" if would else label, value) for label, value in rows),
-        ("bytes this run would free" if would else "bytes freed by this run",
-         render.human_bytes(report.bytes_freed)),
-        ("bytes freed by a later gc (grace period)", render.human_bytes(report.bytes_pending)),
-        ("grace period", f"{report.grace_s:g} s"),
-    ])
+    for label, value in rows:
+        table.add_row(f"would be {label}" if would else label, str(value))
+    table.add_row("bytes freed by this run" if not would else "bytes this run would free",
+                  render.human_bytes(report.bytes_freed))
+    table.add_row("bytes freed by a later gc (grace period)", render.human_bytes(report.bytes_pending))
+    table.add_row("grace period", f"{report.grace_s:g} s")
+    return table
 
 
 def _per_run(report: GCReport) -> list[Text]:
@@ -77,7 +78,9 @@ def _per_run(report: GCReport) -> list[Text]:
 def _decisions(report: GCReport) -> list[Table]:
     tables = []
     for plan in report.retention:
-        table = render.table_of("step", "id", "decision", "kept by", title=f"retention of {plan.run}")
+        table = Table(title=f"retention of {plan.run}", box=None)
+        for column in ("step", "id", "decision", "kept by"):
+            table.add_column(column)
         for d in plan.decisions:
             verdict = Text("keep") if d.keep else Text("delete", style="red")
             table.add_row(str(d.version.step), d.version.short_id, verdict,
@@ -96,9 +99,10 @@ def _history(runs: list[GCRun], as_json: bool) -> None:
     if as_json:
         _json_line({"runs": [r.to_dict() for r in runs], "total": {"runs": len(runs), **total}})
         return
-    counts = ("versions deleted", "purged", "packs deleted", "bytes freed")
-    table = render.table_of("run", "started", "outcome", *counts, right=("run", *counts),
-                            title="gc runs (counts as committed to the catalog)")
+    table = Table(title="gc runs (counts as committed to the catalog)", box=None)
+    for column in ("run", "started", "outcome", "versions deleted", "purged", "packs deleted",
+                   "bytes freed"):
+        table.add_column(column, justify="left" if column in ("started", "outcome") else "right")
     for r in runs:
         started = render.local_time(datetime.fromtimestamp(r.started_at, timezone.utc))
         table.add_row(str(r.id), started, r.outcome, str(r.versions_deleted), str(r.versions_purged),

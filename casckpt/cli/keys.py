@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.table import Table
 
 import casckpt
 from casckpt.cli import render
@@ -51,7 +52,9 @@ def list_keys(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """List the store's master keys: public ids, when and by whom each was added."""
     with open_store(ctx) as store:
         found = store.keys.list()
-    table = render.table_of("id", "added", "by", "in use", title="Master keys")
+    table = Table(title="Master keys")
+    for column in ("id", "added", "by", "in use"):
+        table.add_column(column)
     for k in found:
         table.add_row(k.id, _when(k.created_at), k.created_by, "yes" if k.in_use else "")
     render.emit(as_json, [k.to_dict() for k in found], table)

@@ -105,31 +105,12 @@ def short_value(value: object, width: int = _VALUE_WIDTH) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def table_of(*columns: str, right: Iterable[str] = (), title: str | None = None) -> Table:
+def table_of(*columns: str, right: Iterable[str] = ()) -> Table:
     """An empty table of these columns in casckpt's style (``right``: right-aligned ones)."""
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, title=title,
-                  title_justify="left")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     right_aligned = set(right)
     for column in columns:
         table.add_column(column, justify="right" if column in right_aligned else "left")
-    return table
-
-
-def key_values(rows: Iterable[tuple[str, str]]) -> Table:
-    """Rows of a key (bold) and its value, without borders."""
-    table = Table.grid(padding=(0, 2))
-    table.add_column(style="bold")
-    table.add_column()
-    for key, value in rows:
-        table.add_row(key, value)
-    return table
-
-
-def count_table(title: str, rows: Iterable[tuple[str, object]]) -> Table:
-    """A titled table of counts: what, and how many."""
-    table = table_of("what", "count", right=("count",), title=title)
-    for label, value in rows:
-        table.add_row(label, str(value))
     return table
 
 
@@ -239,6 +220,9 @@ _DURABILITY_NOTES = {
 
 def version_table(v: Version) -> Table:
     """Key/value rows describing one version."""
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
     rows: list[tuple[str, str]] = [
         ("version", v.id),
         ("run", v.run),
@@ -257,7 +241,9 @@ def version_table(v: Version) -> Table:
         rows.append(("metadata", dumps(v.metadata)))
     if v.message:
         rows.append(("message", v.message))
-    return key_values(rows)
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
 
 
 _VALUES_SHOWN = 50  # plain values listed by `show` before "N more"

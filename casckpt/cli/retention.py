@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, Optional
 
 import typer
+from rich import box
 from rich.table import Table
 from rich.text import Text
 
@@ -120,8 +121,10 @@ def clear_policy(ctx: typer.Context, run: RunArgument) -> None:
 
 
 def _plan_table(plan: RetentionPlan) -> Table:
-    table = render.table_of("STEP", "ID", "CREATED", "ACTION", "KEPT BY", right=("STEP",),
-                            title=f"{plan.run}: {_policy_line(plan.policy)}")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
+                  title=f"{plan.run}: {_policy_line(plan.policy)}", title_justify="left")
+    for column in ("STEP", "ID", "CREATED", "ACTION", "KEPT BY"):
+        table.add_column(column, justify="right" if column == "STEP" else "left")
     for d in plan.decisions:
         action = Text("keep", style="green") if d.keep else Text("delete", style="bold red")
         table.add_row(str(d.version.step), d.version.short_id, render.local_time(d.version.created_at),

@@ -20,6 +20,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import RenderableType
+from rich.table import Table
 from rich.text import Text
 
 from casckpt.cli import render
@@ -230,6 +231,15 @@ def set_delta(
 # -- repair and rebuilds ---------------------------------------------------------
 
 
+def _count_table(title: str, rows: list[tuple[str, int]]) -> Table:
+    table = Table(title=title, box=None, title_justify="left")
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    for label, value in rows:
+        table.add_row(label, str(value))
+    return table
+
+
 def _listing(title: str, items: tuple[str, ...]) -> list[RenderableType]:
     if not items:
         return []
@@ -240,7 +250,7 @@ def _repair_view(report: RepairReport) -> list[RenderableType]:
     if report.nothing_to_do:
         return [Text("nothing to repair: every pack is at full redundancy on distinct failure domains, "
                      "and every location holds every manifest and record", style="green")]
-    table = render.count_table("repair", [
+    table = _count_table("repair", [
         ("packs needing repair", report.packs),
         ("shards rewritten", report.shards_rewritten),
         ("shards moved to another location", report.shards_moved),
@@ -286,7 +296,7 @@ def rebuild_catalog(ctx: typer.Context, as_json: JsonOption = False) -> None:
     with open_store(ctx, recover=True) as store, progress_bars() as progress:
         report = store.ops.rebuild_catalog(progress=progress)
     ok = not report.lost_packs and not report.skipped
-    table = render.count_table("catalog rebuilt", [
+    table = _count_table("catalog rebuilt", [
         ("packs", report.packs), ("chunks", report.chunks), ("versions", report.versions),
         ("runs", report.runs), ("tags", report.tags),
         ("packs lost", len(report.lost_packs)), ("versions skipped", len(report.skipped)),
@@ -309,7 +319,7 @@ def migrate_trees(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """
     with open_store(ctx) as store, progress_bars() as progress:
         report = store.ops.migrate_trees(progress=progress)
-    render.emit(as_json, {**report.to_dict(), "ok": not report.versions_left}, render.count_table(
+    render.emit(as_json, {**report.to_dict(), "ok": not report.versions_left}, _count_table(
         "versions migrated to trees", [
             ("versions migrated", report.versions_migrated), ("versions left", report.versions_left),
             ("tree nodes written", report.nodes_written),

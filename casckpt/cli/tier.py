@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import RenderableType
+from rich.table import Table
 from rich.text import Text
 
 from casckpt.cli import render
@@ -66,7 +67,7 @@ def drain_view(report: DrainReport) -> list[RenderableType]:
     if report.busy:
         return [Text("another process of this host is draining this tier; nothing done "
                      "(`casckpt drain --wait` waits for it)", style="yellow")]
-    table = render.key_values([
+    table = _key_values([
         ("drained", f"{report.packs} pack(s), {render.human_bytes(report.bytes)}"),
         ("durable now", f"{report.versions} version(s)"),
         ("evicted", render.human_bytes(report.evicted_bytes)),
@@ -119,7 +120,7 @@ def status_view(found: TierStatus) -> list[RenderableType]:
             rows.append(("drain rate", f"{render.human_bytes(int(found.drain_rate))}/s"))
     else:
         rows.append(("this host", "no fast tier (casckpt --fast-tier DIR)"))
-    parts: list[RenderableType] = [render.key_values(rows)]
+    parts: list[RenderableType] = [_key_values(rows)]
     if found.tiers:
         table = render.table_of("TIER", "HOST", "PATH", "STATE", "NOT DRAINED", "PACKS", "HERE",
                                 right=("NOT DRAINED", "PACKS"))
@@ -171,6 +172,15 @@ def forget_line(loss: TierLoss) -> Text:
 def _ids(ids: tuple[str, ...]) -> str:
     shown = " ".join(v[:12] for v in ids[:_SHOWN])
     return shown + (f" and {len(ids) - _SHOWN} more" if len(ids) > _SHOWN else "")
+
+
+def _key_values(rows: list[tuple[str, str]]) -> Table:
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
 
 
 def register(app: typer.Typer) -> None:
