@@ -72,7 +72,7 @@ def note(message: str) -> None:
 def emit(as_json: bool, doc: object, *view: RenderableType, empty: str | None = None) -> None:
     """A command's result: ``doc`` as JSON under ``--json``; else the note ``empty`` when it is
     given and ``doc`` is empty; else ``view`` for people. Both are built whatever is printed:
-    a listing that may run long (``log``, ``audit``, ``history``) branches itself instead."""
+    a listing that may run long (``log``, ``audit``) branches itself instead."""
     if as_json:
         print_json(doc)
     elif empty is not None and not doc:

@@ -7,7 +7,11 @@ concept; "drain" is the fast tier's alone).
 by action finds every one). Who made each change, and when, is untouched. ``refs/locations``
 records on the locations are not rewritten here: readers take ``draining`` there as
 ``retiring`` (``casckpt.engine.versions.records``), and the next location change writes them
-anew. The downgrade puts the old names back.
+anew. The downgrade puts the old names back in the catalog only: records written since
+the upgrade say ``retiring``, which casckpt before 0012 cannot read (its ``check`` reports
+them, and a catalog rebuild from them would skip a retiring location's entry and leave it
+active). After a downgrade, run ``casckpt repair`` with the older casckpt before anything
+else: it writes those records again from the catalog.
 
 Revision ID: 0012
 Revises: 0011

@@ -85,7 +85,7 @@ def _reader(path: Path, refused: list[CasckptError]) -> Any:
     from torch.distributed.checkpoint.metadata import StorageMeta
 
     class SafeReader(FileSystemReader):
-        """``FileSystemReader`` whose metadata goes through :class:`_MetadataUnpickler`."""
+        """``FileSystemReader`` whose metadata goes through ``dcpitems.MetadataUnpickler``."""
 
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
             file = self._get_metadata_path(kwargs.get("rank"))
