@@ -22,7 +22,6 @@ measurements taken there, each the median of ``REPEATS`` alternating repetitions
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import os
 import statistics
 import time
@@ -36,6 +35,7 @@ from rich.table import Table
 
 import casckpt
 from benchmarks import measure
+from benchmarks.peers_tools import dcp_group
 from benchmarks.workloads import build
 
 Log = Callable[[str], None]
@@ -108,15 +108,6 @@ def _unchanged(workdir: Path, scale: float, samples: dict[str, list[float]], log
     return logical, save_s
 
 
-def _dcp_group(workdir: Path) -> Any:
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method=f"file://{workdir / 'pg'}", rank=0, world_size=1,
-                                timeout=datetime.timedelta(seconds=120))
-    return dist.group.WORLD
-
-
 def _dcp_async_stall(state: Any, directory: Path) -> tuple[float, Any]:
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
     from torch.distributed.checkpoint.state_dict_saver import async_save
@@ -138,7 +129,7 @@ def _frozen(workdir: Path, scale: float, samples: dict[str, list[float]], log: L
     logical = measure.logical_bytes(wl.state())
     log(f"{NAME}: frozen ({measure.fmt_bytes(logical)}): torch.save + fsync")
     save_s = _save_s(wl.state(), workdir)
-    _dcp_group(workdir)
+    dcp_group(workdir)  # kept for the process: later workloads may use it too
     with casckpt.open(workdir / "plain") as plain, casckpt.open(workdir / "hinted") as hinted:
         plain.commit(wl.state(), run="r", step=0)
         hinted.commit(wl.state(), run="r", step=0, trust_versions=True)
@@ -220,11 +211,11 @@ MEASURES: tuple[Measure, ...] = (
             lambda r: r.frozen_changed_bytes / r.frozen_bytes),
 )
 
-TARGETS: dict[str, float] = {  # issue 17
+TARGETS: dict[str, float] = {  # issue 17; the stall target as issue 32 restates it (<= 1.0x DCP's)
     "recommit_vs_blake3": 1.3,
     "recommit_hint_vs_save": 0.05,
     "frozen_commit_hint_vs_save": 0.2,
-    "async_stall_vs_dcp": 0.75,
+    "async_stall_vs_dcp": 1.0,
     "async_stall_hint_vs_dcp": 0.25,
 }
 

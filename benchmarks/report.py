@@ -53,6 +53,12 @@ from benchmarks.lightning_ckpt import LightningResult
 from benchmarks.lightning_ckpt import table as lightning_table
 from benchmarks.many import NAME as MANY_NAME
 from benchmarks.many import ManyResult, ManyState
+from benchmarks.peers import NAME as PEERS_NAME
+from benchmarks.peers import PeersResult
+from benchmarks.peers_report import MEASURES as PEERS_MEASURES
+from benchmarks.peers_report import NOTES as PEERS_NOTES
+from benchmarks.peers_report import TARGETS as PEERS_TARGETS
+from benchmarks.peers_report import raw_table as peers_raw_table
 from benchmarks.redundancy import EC, RedundancyResult
 from benchmarks.redundancy import NAME as REDUNDANCY_NAME
 from benchmarks.s3 import NAME as S3_NAME
@@ -73,11 +79,11 @@ from benchmarks.tiers import TiersResult
 from benchmarks.tiers import raw_table as tiers_raw_table
 
 Result = (WorkloadResult | S3Result | CatalogResult | RedundancyResult | DcpResult | DeltaResult
-          | ManyResult | HintResult | StartupResult | ImportResult
+          | ManyResult | HintResult | PeersResult | StartupResult | ImportResult
           | HfResult | LightningResult | EncryptionResult | TiersResult)
 Outcome = Result | str  # a result, or the error that stopped the workload
 R = TypeVar("R", WorkloadResult, S3Result, CatalogResult, RedundancyResult, DcpResult, DeltaResult,
-            ManyResult, HintResult, StartupResult, ImportResult, HfResult,
+            ManyResult, HintResult, PeersResult, StartupResult, ImportResult, HfResult,
             LightningResult, EncryptionResult, TiersResult)
 
 
@@ -409,6 +415,8 @@ STARTUP_METRICS: tuple[Metric[StartupResult], ...] = tuple(Metric(*m) for m in S
 HF_METRICS: tuple[Metric[HfResult], ...] = tuple(Metric(*m) for m in HF_MEASURES)
 
 HINT_METRICS: tuple[Metric[HintResult], ...] = tuple(Metric(*m) for m in HINT_MEASURES)
+PEERS_METRICS: tuple[Metric[PeersResult], ...] = tuple(
+    Metric(m.key, m.label, m.kind, m.compute, waive=m.waive) for m in PEERS_MEASURES)
 IMPORT_METRICS: tuple[Metric[ImportResult], ...] = tuple(Metric(*m) for m in IMPORT_MEASURES)
 LIGHTNING_METRICS: tuple[Metric[LightningResult], ...] = tuple(Metric(*m) for m in LIGHTNING_MEASURES)
 ENCRYPTION_METRICS: tuple[Metric[EncryptionResult], ...] = tuple(Metric(*m) for m in ENCRYPTION_MEASURES)
@@ -461,6 +469,7 @@ TARGETS: Mapping[tuple[str, str], float] = {
     **{(HF_NAME, key): limit for key, limit in HF_TARGETS.items()},
     **{(MANY_NAME, key): limit for key, limit in MANY_TARGETS.items()},
     **{(HINT_NAME, key): limit for key, limit in HINT_TARGETS.items()},
+    **{(PEERS_NAME, key): limit for key, limit in PEERS_TARGETS.items()},
     **{(ENCRYPTION_NAME, key): limit for key, limit in ENCRYPTION_TARGETS.items()},
     **{(TIERS_NAME, key): limit for key, limit in TIERS_TARGETS.items()},
 }
@@ -527,6 +536,8 @@ def metrics_for(result: Result) -> Sequence[Metric[Any]]:
         return DELTA_METRICS
     if isinstance(result, HintResult):
         return HINT_METRICS
+    if isinstance(result, PeersResult):
+        return PEERS_METRICS
     if isinstance(result, StartupResult):
         return STARTUP_METRICS
     if isinstance(result, ImportResult):
@@ -623,8 +634,8 @@ def _local(outcomes: Mapping[str, Outcome]) -> dict[str, WorkloadResult | str]:
             if isinstance(r, (WorkloadResult, str)) and not _is_s3(n, r) and not _is_catalog(n, r)
             and not _is_redundancy(n, r) and not _is_dcp(n, r) and not _is_delta(n, r)
             and not _is_many(n, r) and not _is_startup(n, r) and not _is_lightning(n, r)
-            and not (isinstance(r, str) and n in (HINT_NAME, IMPORT_NAME, HF_NAME, ENCRYPTION_NAME,
-                                                        TIERS_NAME))}
+            and not (isinstance(r, str) and n in (HINT_NAME, PEERS_NAME, IMPORT_NAME, HF_NAME,
+                                                        ENCRYPTION_NAME, TIERS_NAME))}
 
 
 def _delta(outcomes: Mapping[str, Outcome]) -> dict[str, DeltaResult | str]:
@@ -938,6 +949,9 @@ def print_report(console: Console, outcomes: Mapping[str, Outcome], scale: float
     hint = {n: r for n, r in outcomes.items() if isinstance(r, HintResult)}
     if hint:
         console.print(hint_raw_table(hint))
+    peers = {n: r for n, r in outcomes.items() if isinstance(r, PeersResult)}
+    if peers:
+        console.print(peers_raw_table(peers))
     imported = {n: r for n, r in outcomes.items() if isinstance(r, ImportResult)}
     if imported:
         console.print(import_raw_table(imported))
@@ -1139,6 +1153,8 @@ def write_json(path: Path, outcomes: Mapping[str, Outcome], header: dict[str, An
         notes[MANY_NAME] = "see benchmarks/many.py; KiB figures are kibibytes, not ratios"
     if any(isinstance(r, HintResult) for r in outcomes.values()):
         notes[HINT_NAME] = HINT_NOTES
+    if any(isinstance(r, PeersResult) for r in outcomes.values()):
+        notes[PEERS_NAME] = PEERS_NOTES
     if any(isinstance(r, ImportResult) for r in outcomes.values()):
         notes[IMPORT_NAME] = IMPORT_NOTES
     if any(isinstance(r, HfResult) for r in outcomes.values()):

@@ -16,7 +16,10 @@ the same sequences with delta coding on and off: stored bytes, commit time,
 and restore at the end of a delta chain against a keyframe; the ``hint`` workload
 times an unchanged re-commit against BLAKE3 of the state on all cores, commits
 with change hints against torch.save, and the background-commit stall against
-``torch.distributed.checkpoint.async_save``'s; the ``startup``
+``torch.distributed.checkpoint.async_save``'s; the ``peers`` workload saves the same
+training run with torch.save, DCP (sync and async), casckpt, borg and restic side by side in
+three regimes (full fine-tune, frozen backbone, LoRA-like): save, bytes, restore, stall and
+prune, every restore checked bit for bit; the ``startup``
 workload times CLI commands, ``casckpt.open`` and cold restores in fresh processes; the
 ``import`` workload imports a folder of fine-tuning ``.pt`` checkpoints one by one (stored vs
 logical bytes, import vs torch.load time); the ``hf``
@@ -32,9 +35,9 @@ Usage::
 
     python benchmarks/run.py [--scale S]
                              [--workloads dense,dense-bf16,frozen,lora,embed,unchanged,
-                                          branch,s3,catalog,redundancy,dcp,delta,startup,import,hf,
-                                          lightning,encryption,tiers]
-                             [--out FILE] [--dir TMPDIR]
+                                          branch,s3,catalog,redundancy,dcp,delta,hint,peers,startup,
+                                          import,hf,lightning,encryption,tiers]
+                             [--out FILE] [--dir TMPDIR] [--no-install-peers]
 
 Prints a table of ratios with pass/miss against BENCHMARKS.md targets and writes
 every raw number as JSON. Exits non-zero only when a workload crashed; missed
@@ -77,6 +80,9 @@ from benchmarks.lightning_ckpt import run_lightning  # noqa: E402
 from benchmarks.machine import machine_info  # noqa: E402
 from benchmarks.many import NAME as MANY_NAME  # noqa: E402
 from benchmarks.many import run_many  # noqa: E402
+from benchmarks.peers import NAME as PEERS_NAME  # noqa: E402
+from benchmarks.peers import run_peers  # noqa: E402
+from benchmarks.peers_tools import NO_INSTALL_ENV  # noqa: E402
 from benchmarks.redundancy import NAME as REDUNDANCY_NAME  # noqa: E402
 from benchmarks.redundancy import run_redundancy  # noqa: E402
 from benchmarks.report import Outcome, print_report, write_json  # noqa: E402
@@ -91,7 +97,7 @@ from benchmarks.workloads import WORKLOADS as LOCAL_WORKLOADS  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "latest.json"
 WORKLOADS = (*LOCAL_WORKLOADS, S3_NAME, CATALOG_NAME, REDUNDANCY_NAME, DCP_NAME, DELTA_NAME, MANY_NAME,
-             HINT_NAME, STARTUP_NAME, IMPORT_NAME, HF_NAME,
+             HINT_NAME, PEERS_NAME, STARTUP_NAME, IMPORT_NAME, HF_NAME,
              LIGHTNING_NAME, ENCRYPTION_NAME, TIERS_NAME)
 
 
@@ -142,10 +148,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "subdirectory is created there and removed afterwards "
         "(default: the current directory)",
     )
+    parser.add_argument(
+        "--no-install-peers",
+        action="store_true",
+        help="the peers workload never runs benchmarks/peers_setup.sh (installs restic and borg with "
+        f"apt-get where missing and root); {NO_INSTALL_ENV}=1 does the same; missing tools are "
+        "reported absent",
+    )
     return parser.parse_args(argv)
 
 
-def _run_one(name: str, scale: float, workdir: Path, log: Log) -> Outcome:
+def _run_one(name: str, scale: float, workdir: Path, log: Log, install_peers: bool = True) -> Outcome:
+    if name == PEERS_NAME:
+        return run_peers(scale, workdir, log, install=install_peers)
     if name == S3_NAME:
         return run_s3(scale, workdir, log)
     if name == CATALOG_NAME:
@@ -182,7 +197,8 @@ def run_all(args: argparse.Namespace, base: Path, console: Console) -> dict[str,
         workdir = base / name
         workdir.mkdir()
         try:
-            outcomes[name] = _run_one(name, args.scale, workdir, console.log)
+            outcomes[name] = _run_one(name, args.scale, workdir, console.log,
+                                      install_peers=not args.no_install_peers)
         except Exception as exc:  # reported, then turned into the exit status
             console.print(traceback.format_exc(), markup=False, highlight=False)
             outcomes[name] = f"{type(exc).__name__}: {exc}"
