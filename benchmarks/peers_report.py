@@ -7,7 +7,6 @@ steady stalls, checkpoints 2..N, against DCP ``async_save``'s), then the median 
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -213,10 +212,12 @@ def _file_size(result: PeersResult, regime: str) -> str:
     return f" ({measure.fmt_bytes(statistics.median(got) / result.checkpoints)} file)" if got else ""
 
 
-def _cell(value: float | None, best: float | None, text: str) -> str:
+def _cell(value: float | None, best: float | None, unit: str = "") -> str:
+    """``value`` to 2 decimals, bold where it reads the same as the best (ties all bold)."""
     if value is None:
         return ""
-    return f"**{text}**" if best is not None and math.isclose(value, best, rel_tol=1e-9) else text
+    text = f"{value:.2f}{unit}"
+    return f"**{text}**" if best is not None and text == f"{best:.2f}{unit}" else text
 
 
 def markdown_table(result: PeersResult) -> str:
@@ -241,10 +242,9 @@ def markdown_table(result: PeersResult) -> str:
                 lines.append(f"| {label} | {LABELS[row.tool]} | {row.status} | | | | |")
             else:
                 prune = ("" if row.prune_s is None else
-                         _cell(row.prune_s, best("prune_s"), f"{row.prune_s:.2f} s") +
+                         _cell(row.prune_s, best("prune_s"), " s") +
                          ("" if row.reclaimed is None else f" / {row.reclaimed:.0%}"))
-                ratios = [_cell(v, best(a), "" if v is None else f"{v:.2f}")
-                          for a in ("save", "bytes", "restore", "stall") for v in [getattr(row, a)]]
+                ratios = [_cell(getattr(row, a), best(a)) for a in ("save", "bytes", "restore", "stall")]
                 lines.append("| " + " | ".join([label, LABELS[row.tool], *ratios, prune]) + " |")
             label = ""
     return "\n".join(lines)

@@ -894,7 +894,7 @@ def ratio_table(outcomes: Mapping[str, Outcome], scale: float) -> Table:
     ``value`` is against torch.save / torch.load (where a measure is timed
     against a file baseline); the same measure against safetensors and DCP is
     shown beside it. Rows with no value and no target (e.g. branch measures of
-    other workloads) are left out.
+    other workloads) are left out, unless the target was waived (a peer tool absent).
     """
     table = Table(title=f"casckpt vs same-run baselines (scale {scale:g})")
     for column in ("workload", "measure", "value", *ALT_LABELS.values(), "target", "result"):
@@ -908,7 +908,7 @@ def ratio_table(outcomes: Mapping[str, Outcome], scale: float) -> Table:
         for metric in metrics_for(r):
             score = scores[metric.key]
             target = score["target"]
-            if score["value"] is None and target is None:
+            if score["value"] is None and target is None and "waived" not in score:
                 continue
             alts = score.get("vs", {})
             table.add_row(

@@ -8,11 +8,14 @@ that need it waived, never silently dropped. No timing is asserted.
 
 from __future__ import annotations
 
+import io
+import json
 import shutil
 import sys
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:  # the workload lives with the benchmarks
@@ -21,7 +24,7 @@ if str(REPO_ROOT) not in sys.path:  # the workload lives with the benchmarks
 from benchmarks.peers import REGIMES, PeersResult, RegimeRound, ToolRound, rotated, run_peers  # noqa: E402
 from benchmarks.peers_report import TARGETS, markdown_table  # noqa: E402
 from benchmarks.peers_tools import ABSENT, NO_INSTALL_ENV  # noqa: E402
-from benchmarks.report import evaluate  # noqa: E402
+from benchmarks.report import evaluate, print_report, write_json  # noqa: E402
 
 SCALE = 0.002  # d_model 64, vocab 1472: a ~6 MiB state
 
@@ -70,6 +73,15 @@ def test_every_regime_runs_every_restore_is_checked_and_absent_tools_are_waived(
     assert "borg none" not in table
     assert table.count("**") >= 2 * len(REGIMES)
     assert not any((tmp_path / "work").glob("*-0"))  # every regime's folders removed
+    out = io.StringIO()  # the suite's report and JSON take the result like any workload's
+    print_report(Console(file=out, width=200), {"peers": r}, SCALE)
+    assert "peers: casckpt vs torch.save, DCP, borg, restic" in out.getvalue()
+    assert "waived" in out.getvalue()  # frozen bytes vs borg, borg absent
+    write_json(tmp_path / "r.json", {"peers": r}, {"scale": SCALE})
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["results"]["peers"]["metrics"]["lora_bytes"]["target"] == 0.12
+    assert saved["results"]["peers"]["raw"]["tools"]["restic"] == ABSENT
+    assert "peers" in saved["notes"]
 
 
 @pytest.mark.skipif(shutil.which("borg") is None or shutil.which("restic") is None,
@@ -92,7 +104,8 @@ def test_borg_and_restic_save_restore_and_prune(tmp_path: Path, monkeypatch: pyt
 
 
 def _round(regime: str, saves: dict[str, float], disk: dict[str, int | None]) -> RegimeRound:
-    tools = {key: ToolRound([s, s], [s, s], [s], disk[key], 0, None, 0.1, None) for key, s in saves.items()}
+    tools = {key: ToolRound([s, s], [s, s], [s], disk[key], 0, None, None if disk[key] is None else 0.1, None)
+             for key, s in saves.items()}
     return RegimeRound(regime, 0, 10, 1, 100, list(tools), tools)
 
 
@@ -113,6 +126,17 @@ def test_markdown_table_bolds_the_best_of_each_column_per_regime() -> None:
     lora = {line.split(" | ")[1]: line for line in lines[7:]}
     assert "| **0.30** | **0.10** |" in lora["casckpt"]
     assert lines[2].startswith("| full fine-tune (50 B file) | torch.save |")
+    assert "| **0.80** | 1.10 | **0.80** |" in full["DCP"]  # the fastest restore too
+    assert all(full[t].endswith("| **0.10 s** |") for t in ("torch.save", "DCP", "casckpt"))  # a tie
+    assert full["DCP async"].endswith("| 1.00 |  |")  # the stall baseline; no history kept: no prune
+
+
+def test_values_that_read_the_same_are_all_bold() -> None:
+    runs = [_round("lora", {"torch": 1.0, "casckpt": 0.301, "casckpt-bg": 0.3},
+                   {"torch": 1000, "casckpt": 140, "casckpt-bg": 139})]
+    status = dict.fromkeys(("torch", "casckpt", "casckpt-bg"), "measured")
+    table = markdown_table(PeersResult("peers", 1.0, 1, 2, ["lora"], status, {}, None, runs))
+    assert table.count("| **0.30** | **0.14** |") == 2
 
 
 def test_rotation_changes_who_goes_first() -> None:
