@@ -34,7 +34,7 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -174,6 +174,13 @@ class PeersResult:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict of all fields."""
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> PeersResult:
+        """The result :meth:`to_dict` wrote (e.g. ``results.peers.raw`` of run.py's JSON)."""
+        runs = [RegimeRound(**{**run, "tools": {k: ToolRound(**t) for k, t in run["tools"].items()}})
+                for run in raw["runs"]]
+        return cls(**{**raw, "runs": runs})
 
 
 # ---- measuring ----------------------------------------------------------------------------------
@@ -332,7 +339,15 @@ def _main() -> None:
     parser.add_argument("--no-install-peers", action="store_true", help="never run peers_setup.sh")
     parser.add_argument("--dir", default=None)
     parser.add_argument("--out", default=None, help="write the raw result as JSON here")
+    parser.add_argument("--table-from", default=None, metavar="JSON",
+                        help="run nothing: print the README table of a result written by --out or by "
+                        "benchmarks/run.py (its results.peers.raw)")
     args = parser.parse_args()
+    if args.table_from:
+        document = json.loads(Path(args.table_from).read_text())
+        raw = document["results"][NAME]["raw"] if "results" in document else document
+        print(markdown_table(PeersResult.from_dict(raw)))
+        return
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

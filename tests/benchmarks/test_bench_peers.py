@@ -139,6 +139,16 @@ def test_values_that_read_the_same_are_all_bold() -> None:
     assert table.count("| **0.30** | **0.14** |") == 2
 
 
+def test_a_result_read_back_from_json_gives_the_same_table() -> None:
+    runs = [_round("frozen", {"torch": 1.0, "dcp-async": 0.9, "casckpt": 0.5},
+                   {"torch": 100, "dcp-async": None, "casckpt": 40})]
+    status = {"torch": "measured", "dcp-async": "measured", "casckpt": "measured", "borg-zstd": ABSENT}
+    versions = {"borg": None, "restic": "restic 0.14.0"}
+    r = PeersResult("peers", 0.1, 1, 2, ["frozen"], status, versions, None, runs)
+    back = PeersResult.from_dict(json.loads(json.dumps(r.to_dict())))
+    assert back == r and markdown_table(back) == markdown_table(r)
+
+
 def test_rotation_changes_who_goes_first() -> None:
     assert rotated(["a", "b", "c"], 4) == ["b", "c", "a"]
     assert rotated([], 3) == []
