@@ -22,7 +22,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-from casckpt.engine.maintenance import gc as gc_engine
 from casckpt.engine.read import treeviews
 from casckpt.engine.read.ranks import rank_manifest, tensor_manifest
 from casckpt.engine.versions.refs import bind, load_manifest
@@ -565,6 +564,8 @@ class Store(StoreHistory):
                 stopped without deleting any object it had not already
                 unlinked from the catalog.
         """
+        from casckpt.engine.maintenance import gc as gc_engine  # the sweep's engine: only gc needs it
+
         if not dry_run:
             self._core.refuse_write("gc", "the catalog and the locations (it deletes from both)")
         self._core.refuse_while_recovering("gc")

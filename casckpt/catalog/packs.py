@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection
 
 from casckpt.catalog import schema as s
 from casckpt.catalog.database import insert_ignore, upsert
-from casckpt.format.pack import PackEntry
+
+if TYPE_CHECKING:  # the pack format (and its codecs) loads where packs are read or written
+    from casckpt.format.pack import PackEntry
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +36,8 @@ class ChunkLocation:
 
     def entry(self) -> PackEntry:
         """The pack entry this location describes."""
+        from casckpt.format.pack import PackEntry
+
         return PackEntry(bytes.fromhex(self.chunk_id), self.offset, self.stored_len,
                          self.raw_len, self.codec, bytes.fromhex(self.base_id) if self.base_id else None)
 

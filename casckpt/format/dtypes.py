@@ -5,11 +5,10 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from casckpt.errors import CorruptManifestError
 
-if TYPE_CHECKING:  # imported by the functions that make torch dtypes: sizes need no torch
+if TYPE_CHECKING:  # imported by the functions that make dtypes: sizes need neither torch nor numpy
+    import numpy as np
     import torch
 
 _QUANTIZED = {"qint8", "quint8", "qint32", "quint4x2", "quint2x4"}
@@ -65,7 +64,10 @@ def numpy_dtype_name(dtype: np.dtype) -> str:
     return str(dtype.str)
 
 
+@functools.cache
 def _numpy_dtypes() -> dict[str, np.dtype]:
+    import numpy as np
+
     found: dict[str, np.dtype] = {}
     for code in "?bBhHiIlLqQefdgFDG":
         for order in ("<", ">"):
@@ -74,13 +76,10 @@ def _numpy_dtypes() -> dict[str, np.dtype]:
     return found
 
 
-NUMPY_DTYPES: dict[str, np.dtype] = _numpy_dtypes()
-
-
 def numpy_dtype(name: str) -> np.dtype:
     """The numpy dtype a manifest names (bool/int/uint/float/complex), by table lookup."""
     try:
-        return NUMPY_DTYPES[name]
+        return _numpy_dtypes()[name]
     except (KeyError, TypeError):
         raise CorruptManifestError(f"manifest names a numpy dtype casckpt does not store: {name!r}") from None
 

@@ -26,11 +26,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-import numpy as np
-
 from casckpt.errors import CorruptManifestError, InvalidNameError, UnsupportedStateError
 
-if TYPE_CHECKING:  # imported by encode_state: reading manifests needs no torch (the CLI's queries)
+if TYPE_CHECKING:  # imported where states are encoded or manifests read: the CLI's listings need neither
+    import numpy as np
     import torch
 
 Node = dict[str, Any]
@@ -45,9 +44,8 @@ the document, a ranks root, and the deepest leaf nodes (metadata nests at most M
 
 _INT64 = 1 << 63
 _QUOTE, _BACKSLASH = ord('"'), ord("\\")
-_BRACKET_STEPS = np.zeros(256, dtype=np.int8)  # by byte: +1 opens an array or object, -1 closes one
-_BRACKET_STEPS[np.frombuffer(b"[{", dtype=np.uint8)] = 1
-_BRACKET_STEPS[np.frombuffer(b"]}", dtype=np.uint8)] = -1
+_BRACKET_STEPS = bytes(1 if c in b"[{" else 255 if c in b"]}" else 0 for c in range(256))
+"""By byte, as int8: +1 opens an array or object, -1 (255) closes one."""
 _FORBIDDEN_KEY = re.compile(r"[/\\\x00-\x1f\x7f]")
 
 
@@ -159,6 +157,7 @@ def encode_state(state: object) -> tuple[Node, list[TensorLeaf]]:
             or containers nested deeper than :data:`MAX_DEPTH`, naming the path.
         InvalidNameError: a dict key that could escape a directory.
     """
+    import numpy as np
     import torch
 
     plain_tensors, strided = (torch.Tensor, torch.nn.Parameter), torch.strided
@@ -278,6 +277,8 @@ def json_nesting(text: bytes) -> int:
     recursion limit only, which a program may have raised past what its stack holds.
     Vectorised (a few passes over the bytes), so it costs a fraction of the parse.
     """
+    import numpy as np
+
     codes = np.frombuffer(text, dtype=np.uint8)
     quotes = np.flatnonzero(codes == _QUOTE)
     after_backslash = quotes[(quotes > 0) & (codes[quotes - 1] == _BACKSLASH)]
@@ -289,7 +290,7 @@ def json_nesting(text: bytes) -> int:
         keep = np.ones(len(quotes), dtype=bool)
         keep[np.searchsorted(quotes, escaped)] = False
         quotes = quotes[keep]
-    steps = _BRACKET_STEPS[codes]
+    steps = np.frombuffer(_BRACKET_STEPS, dtype=np.int8)[codes]
     brackets = np.flatnonzero(steps)
     # outside strings an even number of (unescaped) quotes precedes a bracket
     brackets = brackets[np.searchsorted(quotes, brackets) % 2 == 0]

@@ -28,7 +28,6 @@ exits at the end of its input -- when the pool closes it, or when the process th
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import select
@@ -134,6 +133,8 @@ def serve(requests: IO[str], replies: IO[str], idle_s: float = IDLE_TRIM_S) -> N
 
 def _malloc_trim() -> Callable[[], object]:
     """glibc's ``malloc_trim(0)``, or nothing where there is none."""
+    import ctypes  # here: the pool's parent imports this module for its constants only
+
     try:
         trim = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):

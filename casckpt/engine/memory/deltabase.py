@@ -42,9 +42,6 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
-from casckpt.format.codecs import delta_ratio_probe, encode_delta, sparse_delta
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry
 
 DELTA_MAX_RATIO = 0.8  # a delta must be at most this fraction of the plain encoding's size ...
@@ -250,6 +247,8 @@ class DeltaPlan:
                ) -> tuple[int, bytes | memoryview, bytes | None]:
         """``(codec, payload, base id)``: a delta when its base is at hand and it pays, else the
         ``plain()`` encoding (not even computed when the delta is tiny)."""
+        from casckpt.format.codecs import delta_ratio_probe, encode_delta, sparse_delta  # numpy: commits only
+
         base = self.candidates.get(cid)
         cached = self.bases.get(base) if base is not None and base in self.live else None
         if cached is not None and cached.sample:
@@ -300,6 +299,8 @@ class DeltaPlan:
         """A chunk with no full base: stored plainly; kept in full if a delta on it promises to
         pay (its base's sample says so, or, seen for the first time, while this commit's
         :data:`FIRST_FULL` lasts), else as a sample."""
+        from casckpt.format.codecs import delta_ratio_probe  # numpy: commits only
+
         codec, payload = plain()
         if align <= 1 or len(data) < MIN_BASE:
             return codec, payload, None
@@ -326,7 +327,7 @@ class DeltaPlan:
         if owned and not state.sample:
             copy = data
         else:  # a sample is always copied: a slice would hold a background commit's whole copy
-            copy = memoryview(np.frombuffer(data[:size], dtype=np.uint8).copy())  # type: ignore[arg-type]
+            copy = memoryview(bytearray(data[:size]))
         kept = CachedChunk(copy, state.depth, state.sample, state.cost, state.delta_bytes, state.key_bytes)
         with self._lock:
             self.fresh[cid] = kept

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from casckpt.catalog import Catalog
 from casckpt.engine.packlayer.packcoding import ErasureCoder
@@ -38,9 +38,10 @@ from casckpt.engine.packlayer.packread import PackReader
 from casckpt.engine.packlayer.packrepair import PackRepairer
 from casckpt.engine.packlayer.packverify import PackVerifier
 from casckpt.engine.packlayer.packwrite import PackWriter
-from casckpt.engine.packlayer.tierreads import TierReads
-from casckpt.engine.tiering.tier import FastTier
 from casckpt.storage.locations import CurrentLocations
+
+if TYPE_CHECKING:  # the fast tier's modules load only for a store that has one
+    from casckpt.engine.tiering.tier import FastTier
 
 
 class PackSource(Protocol):
@@ -101,7 +102,11 @@ class Packs:
         verifier = PackVerifier(catalog, locations, layouts, coder, io)
         repairer = PackRepairer(catalog, locations, layouts, coder, placement, verifier)
         reader = PackReader(catalog, locations, layouts, verifier, repairer, retry_s)
-        reads: PackSource = reader if tier is None else TierReads(tier, reader, layouts)
+        reads: PackSource = reader
+        if tier is not None:
+            from casckpt.engine.packlayer.tierreads import TierReads
+
+            reads = TierReads(tier, reader, layouts)
         return cls(layouts, coder, placement, writer, verifier, repairer, reader, reads, tier)
 
     def on_locations(self) -> Packs:

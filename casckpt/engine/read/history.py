@@ -22,8 +22,6 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-import numpy as np
-
 from casckpt.catalog import Catalog, rows
 from casckpt.catalog import history as sql
 from casckpt.catalog.rows import StoredContent, VersionRow, damaged, versions
@@ -87,6 +85,8 @@ def _differing(size: int, content_nbytes: int, old: bytes, new: bytes) -> int:
 
 
 def _differing_vector(size: int, content_nbytes: int, old: bytes, new: bytes) -> int:
+    import numpy as np  # only long chunk lists get here: listing history needs no numpy
+
     a = np.frombuffer(new, dtype=np.uint64).reshape(-1, ID_BYTES // 8)
     b = np.frombuffer(old, dtype=np.uint64).reshape(-1, ID_BYTES // 8)
     common = min(len(a), len(b))

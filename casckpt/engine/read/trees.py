@@ -16,7 +16,6 @@ from typing import Any
 from casckpt.catalog import Catalog
 from casckpt.catalog import nodes as node_sql
 from casckpt.engine.context import EngineContext
-from casckpt.engine.read.reader import read_chunks
 from casckpt.engine.versions.nodes import StoreNodes, parse_root
 from casckpt.engine.versions.tensorrows import tensor_rows
 from casckpt.errors import CorruptManifestError
@@ -33,6 +32,8 @@ def read_nodes(ctx: EngineContext, ids: Sequence[bytes], *, heal: bool = True) -
     located = ctx.catalog.find_chunks([i.hex() for i in ids], live_only=False)
     buffers = {bytes.fromhex(h): bytearray(loc.raw_len) for h, loc in located.items()}
     if buffers:
+        from casckpt.engine.read.reader import read_chunks  # the pack reader: nodes missing from the catalog
+
         read_chunks(ctx, {cid: [memoryview(buf)] for cid, buf in buffers.items()},
                     lambda cid: f"tree node {cid.hex()[:12]}", heal=heal)
     return {cid: bytes(buf) for cid, buf in buffers.items()}
