@@ -73,12 +73,6 @@ def test_values_arrive_with_their_types(store: Path) -> None:
     assert [v["step"] for v in json.loads(result.output)] == [2, 1]
     result = runner.invoke(app, ["--store", str(store), "runs", "--json"])
     assert result.exit_code == 0, result.output
-    repeated = ["--where", "loss<2", "--where", "loss>0.5", "--min-step", "1", "--json"]  # list[str], int
-    result = runner.invoke(app, ["--store", str(store), "log", RUN, *repeated])
-    assert result.exit_code == 0, result.output
-    assert [v["step"] for v in json.loads(result.output)] == [2, 1]
-    result = runner.invoke(app, ["--store", str(store), "log", RUN, "--where", "loss>5", "--json"])
-    assert json.loads(result.output) == []
 
 
 def test_a_flag_from_the_environment_is_read_as_typer_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
