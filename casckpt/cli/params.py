@@ -3,12 +3,13 @@
 typer (0.2x) converts each parameter of the command it runs through a pydantic
 ``TypeAdapter``, built on first use: importing pydantic and building the adapters
 cost a catalog command about as much CPU as opening the store and querying it
-(docs/perf/startup2.md). The parameter types casckpt's commands declare (``str``,
-``int``, ``float``, ``bool``, ``Path``, ``list[str]``) are converted here instead, as
-typer's adapters convert them: paths checked by typer's own ``coerce_cli_path`` (the
-parameter's path options), bad numbers and missed bounds as usage errors naming the
-value. A parameter with anything more (a custom parser, clamping, another type) keeps
-typer's conversion, and a typer without that conversion layer is left as it is.
+(docs/perf/startup2.md). The parameters casckpt's commands declare (``str``, ``int``,
+``float``, ``bool``, ``Path``, ``list[str]``) are
+converted here instead, as typer's adapters convert them: paths checked by typer's
+own ``coerce_cli_path`` (the parameter's path options), numbers with a
+usage error naming the value (and the bound it misses). A parameter with anything
+more (a custom parser, clamping, another type) keeps typer's conversion, and a typer without adapters is
+left as it is.
 """
 
 from __future__ import annotations
