@@ -28,7 +28,7 @@ import casckpt
 from casckpt.cli import dirs as dirs_cli
 from casckpt.cli import drill as drill_cli
 from casckpt.cli import gc as gc_cli
-from casckpt.cli import grants, logs, params, render
+from casckpt.cli import grants, logs, render
 from casckpt.cli import history as history_cli
 from casckpt.cli import keys as keys_cli
 from casckpt.cli import report as report_cli
@@ -111,11 +111,9 @@ def _store_goes_first(root: Any, failed: Any, after: list[str]) -> str:
 
 
 def _help_flag(option: Any) -> Any:
-    """``--help`` is a flag: like every flag of casckpt's, it shows no type label (and its
-    value is converted without pydantic: :mod:`casckpt.cli.params`)."""
+    """``--help`` is a flag: like every flag of casckpt's, it shows no type label."""
     if option is not None:
         option.metavar = FLAG
-        params.convert_param(option)
     return option
 
 
@@ -133,11 +131,6 @@ class _CasckptGroup(TyperGroup):
 
     def get_help_option(self, ctx: Any) -> Any:
         return _help_flag(super().get_help_option(ctx))
-
-    def make_context(self, info_name: str | None, args: list[str], parent: Any = None,
-                     **extra: Any) -> Any:
-        params.convert_here(self)  # before any value is parsed: no pydantic (see casckpt.cli.params)
-        return super().make_context(info_name, args, parent, **extra)
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         command = super().get_command(ctx, cmd_name)
