@@ -33,6 +33,7 @@ def _quiet(_: str) -> None:
     pass
 
 
+@pytest.mark.slow  # ~30-50 s on 2 cores; CI's benchmark smoke run covers the workload too
 def test_every_regime_runs_every_restore_is_checked_and_absent_tools_are_waived(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     empty = tmp_path / "bin"
@@ -84,6 +85,7 @@ def test_every_regime_runs_every_restore_is_checked_and_absent_tools_are_waived(
     assert "peers" in saved["notes"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("borg") is None or shutil.which("restic") is None,
                     reason="borg or restic not installed: run benchmarks/peers_setup.sh")
 def test_borg_and_restic_save_restore_and_prune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
