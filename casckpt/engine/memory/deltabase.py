@@ -18,7 +18,11 @@ commit probes against to decide whether the chunk is worth a full copy. A
 chunk whose delta does not pay is dropped back to its sample.
 
 A delta is kept only when it is clearly smaller than the plain encoding and
-at most half the raw chunk (:data:`DELTA_MAX_RATIO`, :data:`DELTA_MAX_RAW`).
+at most half the raw chunk (:data:`DELTA_MAX_RATIO`, :data:`DELTA_MAX_RAW`; the delta
+policy, :mod:`casckpt.engine.write.encodepolicy`, sets its own bounds on both and on the
+chain's restore cost). Which chunk is coded how is the encode plan's choice
+(:class:`~casckpt.engine.write.encodepolicy.EncodePlan`); this module holds the bases,
+the chain bookkeeping and what earlier commits learned per tensor (:class:`Lesson`).
 When a chunk gets a new keyframe (:class:`ChainPolicy`): with a chain length
 set on the run or store, after that many deltas (a fixed depth); by default
 by cost -- when the chain's estimated restore cost (:func:`level_cost` per

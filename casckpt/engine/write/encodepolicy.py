@@ -156,6 +156,7 @@ class EncodePlan:
         self.level = compression.level
         self.fresh: dict[bytes, CachedChunk] = {}
         self.probes_skipped = 0
+        self._deltas: dict[str, float] = {}  # path -> the best delta / plain ratio this commit saw
         self._fresh_bytes = 0
         self._first_full = deltabase.FIRST_FULL
         self._lock = threading.Lock()
@@ -225,25 +226,37 @@ class EncodePlan:
         if self.chain.due(cached, cid):
             return self._keyframe(cid, data, align, owned)
         limit = self._limit(cached, len(data))
-        if limit <= 0 or (len(data) > 2 * _PROBE
-                          and delta_ratio_probe(data, cached.data, align, self.level) > limit):
+        if limit <= 0:
             return self._no_delta(cid, data, align, owned, cached)
+        if len(data) > 2 * _PROBE:
+            guess = delta_ratio_probe(data, cached.data, align, self.level)
+            if guess > limit:
+                self._saw(path, guess)  # of the raw bytes: under the ratio to plain, so re-tried sooner
+                return self._no_delta(cid, data, align, owned, cached)
         sparse = sparse_delta(data, cached.data, align, self.level, SPARSE_MAX)
         delta_codec, delta = sparse if sparse is not None else \
             encode_delta(data, cached.data, align, self.level)
         if len(delta) > DELTA_SURE_RATIO * len(data):  # compare with the plain encoding
             codec, payload = self.plain(cid, data, align)
-            if path is not None:
-                self.bases.learn(self.run, path, delta=len(delta) / max(len(payload), 1))
+            self._saw(path, len(delta) / max(len(payload), 1))
             dense_max = self.policy.dense_max if self.chain.by_cost else DELTA_MAX_RATIO
             if len(delta) > min(dense_max * len(payload), limit * len(data)):
                 self._keep(cid, data, owned, CachedChunk(data, 0, sample=True))
                 return codec, payload, None
+        else:
+            self._saw(path, len(delta) / len(data))  # a small delta: it pays, whatever the plain size
         state = self.chain.extend(cached, len(data), len(delta), sparse is not None)
         if state is None:
             return self._no_delta(cid, data, align, owned, cached)
         self._keep(cid, data, owned, state)
         return int(delta_codec), delta, base
+
+    def _saw(self, path: str | None, ratio: float) -> None:
+        """Note a delta's size over the plain encoding for ``path``'s lesson: a tensor's lesson is
+        the best of its chunks' (a table whose other rows changed still deltas where few did)."""
+        if path is not None:
+            with self._lock:
+                self._deltas[path] = min(ratio, self._deltas.get(path, ratio))
 
     def _limit(self, base: CachedChunk, raw_len: int) -> float:
         """The largest delta, as a fraction of the raw chunk, that may still extend ``base``'s
@@ -305,6 +318,8 @@ class EncodePlan:
     def published(self, used: Iterable[bytes]) -> None:
         """The version is visible: its new chunks become bases for the next commit, and the
         parent's chunks they replace are dropped (the next commit is coded against this one)."""
+        for path, ratio in self._deltas.items():
+            self.bases.learn(self.run, path, delta=ratio)
         if self.chain is None:
             return
         kept = set(used)
