@@ -22,7 +22,7 @@ from casckpt.catalog import deltas as deltas_sql
 from casckpt.catalog import drills as drills_sql
 from casckpt.catalog import gc as gc_sql
 from casckpt.catalog import inventory
-from casckpt.catalog.settings import DELTA_CHAIN
+from casckpt.catalog.settings import DELTA_CHAIN, DELTA_POLICY
 from casckpt.engine.maintenance import advise as advisor
 from casckpt.engine.maintenance import drill as drills
 from casckpt.engine.maintenance.deleterights import require_delete_rights
@@ -283,6 +283,41 @@ class Ops:
         if run is None:
             return deltas_sql.store_delta_chain(self._core.ctx.catalog)
         return deltas_sql.delta_policy_for(self._core.ctx.catalog, check_name(run, "run"))[0]
+
+    def delta_policy(self, run: str | None = None) -> str:
+        """The delta policy, ``off``, ``balanced`` (the default) or ``max``: the store's, or what
+        commits to ``run`` use (its own, else the store's)."""
+        named = None if run is None else check_name(run, "run")
+        return deltas_sql.delta_policy_name(self._core.ctx.catalog, named)
+
+    def set_delta_policy(self, policy: str | None, *, run: str | None = None) -> None:
+        """Set how far commits may trade restore time for space with deltas, for the whole store
+        or (``run``) one run; ``run`` with ``policy=None`` follows the store again.
+
+        - ``off``: no deltas; each chunk is stored plain (byte planes or zstd where that pays),
+          so any version restores at the cost of a keyframe.
+        - ``balanced`` (default): deltas where they pay within a chain whose estimated restore
+          cost stays within 1.2x a keyframe's: sparse deltas (rows of an embedding, a partial
+          update) and small dense ones; never on optimizer moments.
+        - ``max``: dense deltas wherever they are clearly smaller than the plain encoding, in
+          chains whose estimated restore stays within 2x a keyframe's.
+
+        A chain length set with :meth:`set_delta_chain` overrides the bound with a fixed depth.
+
+        Raises:
+            InvalidArgumentError: ``policy`` is not one of those names.
+        """
+        self._core.refuse_write("store.ops.set_delta_policy", "the catalog")
+        if policy not in deltas_sql.DELTA_POLICIES and not (policy is None and run is not None):
+            raise InvalidArgumentError(
+                f"delta policy must be one of {', '.join(deltas_sql.DELTA_POLICIES)} (or None with "
+                f"run= to make a run follow the store); got {policy!r}")
+        ctx = self._core.ctx
+        if run is None:
+            assert policy is not None
+            DELTA_POLICY.set_store(ctx.catalog, policy)
+        else:
+            DELTA_POLICY.set_run(ctx.catalog, check_name(run, "run"), policy)
 
     def set_delta_chain(self, chain: int, *, run: str | None = None) -> None:
         """Set how many deltas deep a chunk may be stored before a keyframe (0: no delta coding),

@@ -1,4 +1,4 @@
-"""Delta coding policy (store and run chain lengths) and what delta coding saved."""
+"""Delta coding policy (store and run chain lengths and delta policies) and what delta coding saved."""
 
 from __future__ import annotations
 
@@ -9,9 +9,20 @@ from sqlalchemy import bindparam, func, select, text
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import Catalog
 from casckpt.catalog.database import batches
-from casckpt.catalog.settings import DELTA_CHAIN
+from casckpt.catalog.settings import DELTA_CHAIN, DELTA_POLICY
 
 DEFAULT_DELTA_CHAIN = 32  # docs/DEFAULTS.md: unset, keyframes are placed by cost within this depth
+DELTA_POLICIES = ("off", "balanced", "max")  # restore of a chain's end: 1x, <= 1.2x, <= 2x a keyframe's
+DEFAULT_DELTA_POLICY = "balanced"  # docs/DEFAULTS.md
+
+
+def delta_policy_name(catalog: Catalog, run: str | None) -> str:
+    """The delta policy commits to ``run`` use: its own, else the store's, else the default
+    (``run`` None: the store's)."""
+    value = DELTA_POLICY.own(catalog, run) if run is not None else None
+    if value is None:
+        value = DELTA_POLICY.stored(catalog)
+    return value if value in DELTA_POLICIES else DEFAULT_DELTA_POLICY
 
 
 def store_delta_chain(catalog: Catalog) -> int:

@@ -44,6 +44,7 @@ runs = Table(
     Column("retention", JSON, nullable=True),
     Column("redundancy", String(32), nullable=True),
     Column("delta_chain", SmallInteger, nullable=True),
+    Column("delta_policy", String(16), nullable=True),
 )
 
 versions = Table(

@@ -1,4 +1,4 @@
-"""Settings that are store-wide with per-run overrides (redundancy, delta chain length).
+"""Settings that are store-wide with per-run overrides (redundancy, delta chain length, delta policy).
 
 The store's value is a ``store_info`` row named after the setting, a run's own value the
 ``runs`` column of that name (NULL: the run follows the store's). Every change that changes
@@ -76,3 +76,5 @@ REDUNDANCY: RunSetting[str] = RunSetting("redundancy", str)
 """The redundancy spec new packs get (see :mod:`casckpt.engine.packlayer`)."""
 DELTA_CHAIN: RunSetting[int] = RunSetting("delta_chain", int)
 """The delta chain length (0: no delta coding; see :mod:`casckpt.catalog.deltas`)."""
+DELTA_POLICY: RunSetting[str] = RunSetting("delta_policy", str)
+"""The delta policy, ``off``, ``balanced`` or ``max`` (see :mod:`casckpt.engine.write.encodepolicy`)."""

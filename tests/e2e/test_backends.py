@@ -144,7 +144,11 @@ def _backend_options(config: Any) -> dict[str, Any]:
 
 
 def _pack_holds(blobs: Any, key: str, tensor: torch.Tensor) -> bool:
-    return tensor.numpy().tobytes()[:64] in blobs.get(key)
+    """Whether the pack holds ``tensor``'s bytes: raw, or (fp32 in byte planes) its raw low plane."""
+    raw = tensor.numpy().tobytes()
+    low_plane = raw[0 : 4 * 64 : 4]
+    data = blobs.get(key)
+    return raw[:64] in data or low_plane in data
 
 
 def test_gc_and_retention(store_config: Any) -> None:

@@ -18,7 +18,11 @@ commit probes against to decide whether the chunk is worth a full copy. A
 chunk whose delta does not pay is dropped back to its sample.
 
 A delta is kept only when it is clearly smaller than the plain encoding and
-at most half the raw chunk (:data:`DELTA_MAX_RATIO`, :data:`DELTA_MAX_RAW`).
+at most half the raw chunk (:data:`DELTA_MAX_RATIO`, :data:`DELTA_MAX_RAW`; the delta
+policy, :mod:`casckpt.engine.write.encodepolicy`, sets its own bounds on both and on the
+chain's restore cost). Which chunk is coded how is the encode plan's choice
+(:class:`~casckpt.engine.write.encodepolicy.EncodePlan`); this module holds the bases,
+the chain bookkeeping and what earlier commits learned per tensor (:class:`Lesson`).
 When a chunk gets a new keyframe (:class:`ChainPolicy`): with a chain length
 set on the run or store, after that many deltas (a fixed depth); by default
 by cost -- when the chain's estimated restore cost (:func:`level_cost` per
@@ -39,10 +43,14 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry
+
+if TYPE_CHECKING:  # the codecs load numpy: where chunks are encoded, never at open
+    from casckpt.format.codecs import Probe
 
 DELTA_MAX_RATIO = 0.8  # a delta must be at most this fraction of the plain encoding's size ...
 DELTA_MAX_RAW = 0.5  # ... and of the raw chunk: a delta that saves less costs restores more than it saves
@@ -91,6 +99,7 @@ class ChainPolicy:
     chain: int
     by_cost: bool = False
     restore_bound: float = RESTORE_BOUND
+    max_raw: float = DELTA_MAX_RAW
 
     def fraction(self, state: CachedChunk) -> float:
         """How far along its bounds the chain ending in ``state`` is (1: at a bound)."""
@@ -129,10 +138,25 @@ class ChainPolicy:
     def probe_limit(self, base: CachedChunk, raw_len: int) -> float:
         """The largest delta, as a fraction of the raw chunk, that may still extend ``base``'s chain."""
         if not self.by_cost:
-            return DELTA_MAX_RAW
+            return self.max_raw
         by_cost = (self.restore_bound - base.cost - SPARSE_LEVEL_BASE) / LEVEL_PER_BYTE
         by_bytes = (base.key_bytes - base.delta_bytes) / max(raw_len, 1)
-        return min(DELTA_MAX_RAW, by_cost, by_bytes)
+        return min(self.max_raw, by_cost, by_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class Lesson:
+    """What the last commits learned about one tensor of a run (see
+    :mod:`casckpt.engine.write.encodepolicy`): its plain probe (which planes pay), the codec
+    and ratio its chunks got, and its last delta's size over its plain encoding."""
+
+    probe: Probe | None = None
+    codec: int | None = None
+    ratio: float | None = None
+    delta: float | None = None
+
+
+LESSONS = 1 << 16  # tensors of a run whose lessons a process keeps, least recently learned first out
 
 
 class BaseCache:
@@ -149,7 +173,28 @@ class BaseCache:
         self._chunks: OrderedDict[bytes, CachedChunk] = OrderedDict()
         self._bytes = 0
         self._manifests: dict[str, tuple[str, Manifest]] = {}
+        self._lessons: dict[str, dict[str, Lesson]] = {}
         self._lock = threading.Lock()
+
+    def lessons(self, run: str) -> dict[str, Lesson]:
+        """What earlier commits of ``run`` learned, by tensor path (a copy: a commit plans with
+        what was known when it began, whatever its chunks learn meanwhile)."""
+        with self._lock:
+            return dict(self._lessons.get(run, {}))
+
+    def learn(self, run: str, path: str, *, probe: Probe | None = None, codec: int | None = None,
+              ratio: float | None = None, delta: float | None = None) -> None:
+        """Record what a commit found for the tensor at ``path`` of ``run`` (fields left None keep
+        what was known)."""
+        with self._lock:
+            known = self._lessons.setdefault(run, {})
+            old = known.pop(path, None) or Lesson()
+            known[path] = Lesson(probe if probe is not None else old.probe,
+                                 codec if codec is not None else old.codec,
+                                 ratio if ratio is not None else old.ratio,
+                                 delta if delta is not None else old.delta)
+            while len(known) > LESSONS:  # least recently learned first out
+                del known[next(iter(known))]
 
     @property
     def held(self) -> int:
@@ -225,116 +270,3 @@ def candidate_bases(parent: Manifest, tensors: Sequence[TensorEntry], extents: S
             if old_spans[i] == (start, end) and old.chunks[i] != cid:
                 found[cid] = old.chunks[i]
     return found
-
-
-class DeltaPlan:
-    """How one commit delta-codes its new chunks, and the raw copies it keeps for the next.
-
-    Thread-safe: the encode pool calls :meth:`encode` concurrently.
-    """
-
-    def __init__(self, bases: BaseCache, candidates: Mapping[bytes, bytes], live: set[bytes],
-                 policy: ChainPolicy, level: int) -> None:
-        self.bases, self.candidates, self.live = bases, candidates, live
-        self.level, self.policy = level, policy
-        self.fresh: dict[bytes, CachedChunk] = {}
-        self._fresh_bytes = 0
-        self._first_full = FIRST_FULL
-        self._lock = threading.Lock()
-
-    def encode(self, cid: bytes, data: memoryview, align: int, owned: bool,
-               plain: Callable[[], tuple[int, bytes | memoryview]],
-               ) -> tuple[int, bytes | memoryview, bytes | None]:
-        """``(codec, payload, base id)``: a delta when its base is at hand and it pays, else the
-        ``plain()`` encoding (not even computed when the delta is tiny)."""
-        from casckpt.format.codecs import delta_ratio_probe, encode_delta, sparse_delta  # numpy: commits only
-
-        base = self.candidates.get(cid)
-        cached = self.bases.get(base) if base is not None and base in self.live else None
-        if cached is not None and cached.sample:
-            return self._plain(cid, data, align, owned, plain, cached)
-        if cached is None or len(cached.data) != len(data):
-            return self._plain(cid, data, align, owned, plain, None)
-        if self.policy.due(cached, cid):
-            return self._keyframe(cid, data, owned, plain)
-        limit = self.policy.probe_limit(cached, len(data))
-        if limit <= 0 or (len(data) > 2 * _PROBE
-                          and delta_ratio_probe(data, cached.data, align, self.level) > limit):
-            return self._no_delta(cid, data, owned, plain, cached)
-        sparse = sparse_delta(data, cached.data, align, self.level, SPARSE_MAX)
-        delta_codec, delta = sparse if sparse is not None else \
-            encode_delta(data, cached.data, align, self.level)
-        if len(delta) > DELTA_SURE_RATIO * len(data):  # compare with the plain encoding
-            codec, payload = plain()
-            if len(delta) > min(DELTA_MAX_RATIO * len(payload), DELTA_MAX_RAW * len(data)):
-                self._keep(cid, data, owned, CachedChunk(data, 0, sample=True))
-                return codec, payload, None
-        state = self.policy.extend(cached, len(data), len(delta), sparse is not None)
-        if state is None:
-            return self._no_delta(cid, data, owned, plain, cached)
-        self._keep(cid, data, owned, state)
-        return int(delta_codec), delta, base
-
-    def _no_delta(self, cid: bytes, data: memoryview, owned: bool,
-                  plain: Callable[[], tuple[int, bytes | memoryview]], base: CachedChunk,
-                  ) -> tuple[int, bytes | memoryview, bytes | None]:
-        """No delta on ``base``: a chain ended (a keyframe, kept in full to start the next one),
-        or even one delta does not fit (the chunk drops back to a sample)."""
-        if base.depth > 0:
-            return self._keyframe(cid, data, owned, plain)
-        codec, payload = plain()
-        self._keep(cid, data, owned, CachedChunk(data, 0, sample=True))
-        return codec, payload, None
-
-    def _keyframe(self, cid: bytes, data: memoryview, owned: bool,
-                  plain: Callable[[], tuple[int, bytes | memoryview]],
-                  ) -> tuple[int, bytes | memoryview, bytes | None]:
-        codec, payload = plain()
-        self._keep(cid, data, owned, CachedChunk(data, 0, key_bytes=len(payload)))
-        return codec, payload, None
-
-    def _plain(self, cid: bytes, data: memoryview, align: int, owned: bool,
-               plain: Callable[[], tuple[int, bytes | memoryview]], sample: CachedChunk | None,
-               ) -> tuple[int, bytes | memoryview, bytes | None]:
-        """A chunk with no full base: stored plainly; kept in full if a delta on it promises to
-        pay (its base's sample says so, or, seen for the first time, while this commit's
-        :data:`FIRST_FULL` lasts), else as a sample."""
-        from casckpt.format.codecs import delta_ratio_probe  # numpy: commits only
-
-        codec, payload = plain()
-        if align <= 1 or len(data) < MIN_BASE:
-            return codec, payload, None
-        if sample is not None:
-            size = min(len(sample.data), len(data))
-            size -= size % align
-            full = size > 0 and delta_ratio_probe(data[:size], sample.data[:size], align, self.level) \
-                <= self.policy.probe_limit(CachedChunk(data, 0, key_bytes=len(payload)), len(data))
-        else:
-            with self._lock:
-                full = self._first_full >= len(data)
-                if full:
-                    self._first_full -= len(data)
-        self._keep(cid, data, owned, CachedChunk(data, 0, sample=not full, key_bytes=len(payload)))
-        return codec, payload, None
-
-    def _keep(self, cid: bytes, data: memoryview, owned: bool, state: CachedChunk) -> None:
-        """Keep ``data`` (its sample when ``state.sample``) for the next commit, with ``state``."""
-        size = min(len(data), SAMPLE) if state.sample else len(data)
-        with self._lock:
-            if self._fresh_bytes + size > self.bases.budget:
-                return
-            self._fresh_bytes += size
-        if owned and not state.sample:
-            copy = data
-        else:  # a sample is always copied: a slice would hold a background commit's whole copy
-            copy = memoryview(bytearray(data[:size]))
-        kept = CachedChunk(copy, state.depth, state.sample, state.cost, state.delta_bytes, state.key_bytes)
-        with self._lock:
-            self.fresh[cid] = kept
-
-    def published(self, used: Iterable[bytes]) -> None:
-        """The version is visible: its new chunks become bases for the next commit, and the
-        parent's chunks they replace are dropped (the next commit is coded against this one)."""
-        kept = set(used)
-        self.bases.keep(self.fresh, kept)
-        self.bases.drop(base for base in set(self.candidates.values()) if base not in kept)

@@ -28,7 +28,7 @@ from casckpt.catalog.deltas import delta_policy_for
 from casckpt.catalog.history import fork_point
 from casckpt.catalog.leases import begin_lease, end_lease
 from casckpt.engine.context import EngineContext
-from casckpt.engine.memory.deltabase import ChainPolicy, DeltaPlan, candidate_bases
+from casckpt.engine.memory.deltabase import candidate_bases
 from casckpt.engine.read import trees
 from casckpt.engine.read.degraded import Shortfall, summary
 from casckpt.engine.versions import records
@@ -52,6 +52,7 @@ from casckpt.engine.write.commitchunks import (
     write_chunks,
 )
 from casckpt.engine.write.commitchunks import owned_copy as _copy  # a global here: tests make it fail
+from casckpt.engine.write.encodepolicy import EncodePlan, encode_plan
 from casckpt.engine.write.hint import ChangeHint, Counters, reusable, trusted_counters
 from casckpt.errors import CasckptError, CatalogError, StorageError, VersionExistsError
 from casckpt.format import objectnames
@@ -111,7 +112,7 @@ class Snapshot:
     stored_bytes: int = 0
     foreground: bool = False  # a background commit whose copies did not fit: write it now
     bases: dict[bytes, bytes] = field(default_factory=dict)  # new chunk -> its candidate delta base
-    delta: DeltaPlan | None = None
+    delta: EncodePlan | None = None
     degraded: list[Shortfall] = field(default_factory=list)  # packs written below their redundancy
     stall_s: float | None = None  # a background commit: how long commit() held its caller up
 
@@ -278,31 +279,13 @@ def parent_manifest(ctx: EngineContext, run: str, parent: str | None) -> Manifes
         return None
 
 
-def delta_plan(ctx: EngineContext, run: str, bases: dict[bytes, bytes]) -> DeltaPlan | None:
-    """How a commit delta-codes its new chunks against their candidate ``bases`` (None: the
-    run's chain length or ``delta_memory`` is 0)."""
-    chain, by_cost = delta_policy_for(ctx.catalog, run)
-    if chain <= 0 or ctx.bases.budget <= 0:
-        return None
-    return DeltaPlan(ctx.bases, bases, live_bases(ctx, bases), ChainPolicy(chain, by_cost),
-                     ctx.config.zstd_level)
-
-
-def live_bases(ctx: EngineContext, bases: Mapping[bytes, bytes]) -> set[bytes]:
-    """The candidate ``bases`` held in memory whose chunks are still live in the store."""
-    cached = [b for b in set(bases.values()) if ctx.bases.get(b) is not None]
-    return {bytes.fromhex(h) for h in ctx.catalog.find_chunks((b.hex() for b in cached), live_only=True)}
-
-
 def plan_delta(ctx: EngineContext, run: str, parent: str | None, entries: Sequence[TensorEntry],
-               extents: Sequence[ExtentEntry], new_ids: Sequence[bytes]) -> DeltaPlan | None:
-    """How a writer that did not snapshot (a rank of a group commit) delta-codes ``new_ids``
-    against ``parent``, the run's latest version (None: delta coding is off, or nothing is new)."""
-    if not new_ids or ctx.bases.budget <= 0 or delta_policy_for(ctx.catalog, run)[0] <= 0:
-        return None
-    before = parent_manifest(ctx, run, parent)
-    bases = candidate_bases(before, entries, extents, new_ids) if before is not None else {}
-    return delta_plan(ctx, run, bases)
+               extents: Sequence[ExtentEntry], new_ids: Sequence[bytes]) -> EncodePlan:
+    """How a writer that did not snapshot (a rank of a group commit) encodes ``new_ids``, delta
+    coded against ``parent``, the run's latest version, where its policy allows."""
+    delta_on = new_ids and ctx.bases.budget > 0 and delta_policy_for(ctx.catalog, run)[0] > 0
+    before = parent_manifest(ctx, run, parent) if delta_on else None
+    return encode_plan(ctx, run, before, entries, extents, new_ids)
 
 
 def parent_of(ctx: EngineContext, run: str) -> str | None:
@@ -440,7 +423,8 @@ def finish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: R
            started: float, lease: str, progress: ProgressCallback | None = None) -> Version:
     """Write the snapshot's new chunks (delta-coded against their bases where that pays) and
     manifest, then publish the version."""
-    snap.delta = delta_plan(ctx, req.run, snap.bases)
+    snap.delta = encode_plan(ctx, req.run, None, snap.manifest.tensors, snap.manifest.extents,
+                             snap.new_ids, bases=snap.bases)
     snap.wrote(write_chunks(ctx, snap.chunks, snap.new_ids, redundancy, progress, snap.delta, fast=True))
     return publish(ctx, req, snap, redundancy, started, lease, progress)
 

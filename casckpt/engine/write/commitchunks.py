@@ -17,12 +17,11 @@ import numpy as np
 import torch
 
 from casckpt.engine.context import EngineContext
-from casckpt.engine.memory.deltabase import DeltaPlan
 from casckpt.engine.read.degraded import Shortfall, shortfalls
 from casckpt.engine.versions.extents import ExtentSource
+from casckpt.engine.write.encodepolicy import EncodePlan, plain_plan
 from casckpt.engine.write.packer import Packer
 from casckpt.format.chunks import aligned_chunk_size, chunk_spans
-from casckpt.format.codecs import CompressionPolicy, encode_chunk
 from casckpt.format.manifest import ExtentEntry
 from casckpt.format.treeencode import Tree
 from casckpt.storage.erasure import Redundancy
@@ -181,20 +180,16 @@ Encoded = tuple[bytes, int, int, "bytes | memoryview", "bytes | None"]  # id, co
 
 
 def _encoded(ctx: EngineContext, chunks: Mapping[bytes, ChunkBytes], ids: Sequence[bytes],
-             delta: DeltaPlan | None) -> Iterator[Encoded]:
+             plan: EncodePlan | None) -> Iterator[Encoded]:
+    """``ids`` encoded on the pool in windows, in order, as ``plan`` chooses (None: a plan of no
+    run, deltas and lessons: every chunk probed)."""
     window = 4 * ctx.config.workers
-    policy = CompressionPolicy(level=ctx.config.zstd_level, enabled=ctx.config.compress)
+    plan = plan if plan is not None else plain_plan(ctx)
 
     def encode(cid: bytes) -> Encoded:
         chunk = chunks[cid]
         data = chunk.data()
-
-        def plain() -> tuple[int, bytes | memoryview]:
-            codec, payload = encode_chunk(data, chunk.align, policy)
-            return int(codec), payload
-
-        codec, payload, base = ((*plain(), None) if delta is None
-                                else delta.encode(cid, data, chunk.align, chunk.owned, plain))
+        codec, payload, base = plan.encode(cid, data, chunk.align, chunk.owned)
         return cid, codec, len(data), payload, base
 
     for i in range(0, len(ids), window):
@@ -214,7 +209,7 @@ class ChunkWrite:
 
 def write_chunks(
     ctx: EngineContext, chunks: Mapping[bytes, ChunkBytes], ids: Sequence[bytes],
-    redundancy: Redundancy, progress: ProgressCallback | None, delta: DeltaPlan | None = None,
+    redundancy: Redundancy, progress: ProgressCallback | None, delta: EncodePlan | None = None,
     *, fast: bool = False,
 ) -> ChunkWrite:
     """Encode (delta-coding where ``delta`` says it pays) and pack ``ids`` (``fast``: onto the
@@ -232,7 +227,7 @@ def write_chunks(
 
 
 def pack_chunks(ctx: EngineContext, packer: Packer, chunks: Mapping[bytes, ChunkBytes], ids: Sequence[bytes],
-                delta: DeltaPlan | None, bar: Progress) -> tuple[int, int]:
+                delta: EncodePlan | None, bar: Progress) -> tuple[int, int]:
     """Encode ``ids`` on the pool (delta-coded where ``delta`` says it pays, else compressed
     where that pays) and add them to ``packer`` in order: every chunk any writer stores goes
     through here. Returns the raw and stored bytes of the tree nodes among them."""

@@ -44,14 +44,12 @@ import torch
 
 from casckpt.catalog.leases import begin_lease, end_lease
 from casckpt.engine.context import EngineContext
-from casckpt.engine.memory.deltabase import DeltaPlan, candidate_bases
+from casckpt.engine.memory.deltabase import candidate_bases
 from casckpt.engine.read.degraded import Shortfall, shortfalls
 from casckpt.engine.versions.extents import ExtentSource, pack_limit, plan_extents
 from casckpt.engine.write.commit import (
     CommitRequest,
     Snapshot,
-    delta_plan,
-    live_bases,
     parent_manifest,
     parent_of,
     publish,
@@ -67,6 +65,7 @@ from casckpt.engine.write.commitchunks import (
     pack_chunks,
     write_chunks,
 )
+from casckpt.engine.write.encodepolicy import EncodePlan, encode_plan, live_bases
 from casckpt.engine.write.packer import Packer
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, World
 from casckpt.format.state import Node, TensorLeaf
@@ -204,23 +203,23 @@ def _windows(pieces: Sequence[TensorPiece], size: int) -> Iterator[list[TensorPi
 
 
 def _delta(ctx: EngineContext, run: str | None, candidates: dict[bytes, bytes]
-           ) -> tuple[DeltaPlan | None, Manifest | None]:
-    """How this rank delta-codes (None: the run's chain or ``delta_memory`` is 0), and the
-    manifest of the run's latest version it codes against (its bases: what this process
-    saved last)."""
+           ) -> tuple[EncodePlan | None, Manifest | None]:
+    """How this rank encodes (None: no run), and the manifest of the run's latest version it
+    delta-codes against (its bases: what this process saved last; None: no deltas)."""
     if run is None:
         return None, None
-    plan = delta_plan(ctx, run, candidates)
-    return plan, None if plan is None else parent_manifest(ctx, run, parent_of(ctx, run))
+    plan = encode_plan(ctx, run, None, [], [], [], bases=candidates)
+    return plan, None if plan.chain is None else parent_manifest(ctx, run, parent_of(ctx, run))
 
 
-def _bases(ctx: EngineContext, plan: DeltaPlan, candidates: dict[bytes, bytes], before: Manifest,
+def _bases(ctx: EngineContext, plan: EncodePlan, candidates: dict[bytes, bytes], before: Manifest,
            window: _Hashed, fresh: Sequence[bytes]) -> None:
     """Add the delta bases of a window's new chunks to ``plan`` (those still live in the store)."""
     entries = [TensorEntry(p.path, "torch", p.dtype, p.shape, i, global_offset=p.global_offset)
                for i, p in enumerate(window.pieces)]
     found = candidate_bases(before, entries, [p.extent for p in window.pieces], fresh)
     plan.live |= live_bases(ctx, found)
+    plan.name(entries, [p.extent for p in window.pieces])
     candidates.update(found)
 
 

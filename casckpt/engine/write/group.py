@@ -31,12 +31,12 @@ import torch.distributed as dist
 
 from casckpt.catalog.leases import end_lease
 from casckpt.engine.context import EngineContext
-from casckpt.engine.memory.deltabase import DeltaPlan
 from casckpt.engine.versions.extents import pack_limit, plan_extents
 from casckpt.engine.write import commit as commit_engine
 from casckpt.engine.write.commit import CommitRequest
 from casckpt.engine.write.commitchunks import ChunkWrite, hash_and_dedup, write_chunks
 from casckpt.engine.write.distributed import begin_save, compose
+from casckpt.engine.write.encodepolicy import EncodePlan
 from casckpt.errors import GroupCommitError
 from casckpt.format.manifest import ExtentEntry, TensorEntry, World, renumber_tensors
 from casckpt.format.state import Node, encode_state
@@ -115,12 +115,12 @@ def group_commit(ctx: EngineContext, state: object, req: CommitRequest, group: A
             for cid in ids:
                 writer.setdefault(cid, holder)
         mine = [cid for cid in new_ids if writer[cid] == rank]
-        deltas: list[DeltaPlan] = []
+        deltas: list[EncodePlan] = []
 
         def write() -> Part:
             ranked = [replace(e, rank=rank) for e in entries]  # as the parent names this rank's tensors
             delta = commit_engine.plan_delta(ctx, req.run, parent, ranked, extents, mine)
-            deltas.extend([delta] if delta is not None else [])
+            deltas.append(delta)
             written = write_chunks(ctx, chunks, mine, redundancy, progress, delta)
             return root, entries, extents, written
 

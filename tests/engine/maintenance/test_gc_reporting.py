@@ -82,7 +82,7 @@ def test_inside_the_grace_period_nothing_is_freed_and_the_pending_bytes_are_repo
         before = _disk_bytes(root)
         report = store.gc()  # default grace: six hours
         assert report.bytes_freed == 0 == before - _disk_bytes(root)
-        assert report.bytes_pending > 60_000 * 4 * 0.9
+        assert report.bytes_pending > 60_000 * 4 * 0.8  # fp32 noise in byte planes: ~0.87 of raw
         assert "more is freed by a gc after the 21600 s grace period" in report.describe()
 
 

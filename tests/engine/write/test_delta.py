@@ -215,6 +215,7 @@ def test_repacking_a_base_out_of_a_mostly_dead_pack_keeps_its_chain(tmp_path: Pa
     a = torch.randn(CHUNK // 2, generator=g).bfloat16()  # one chunk
     b = torch.randn(4 * CHUNK // 2, generator=g).bfloat16()  # four
     with _open(tmp_path / "s") as store:
+        store.ops.set_delta_policy("max")  # a2 on a1 on a: a dense chain balanced would not extend
         store.commit({"a": a, "b": b}, run="r", step=0)
         a1, b1 = _nudge(a, g, 1e-3), _nudge(b, g, 1e-3)
         store.commit({"a": a1, "b": b1}, run="r", step=1)  # one pack: a1 and b1, both deltas
@@ -245,6 +246,7 @@ def test_a_corrupt_base_is_found_through_its_dependents(tmp_path: Path) -> None:
     g = torch.Generator().manual_seed(7)
     state = {"w": torch.randn(4 * CHUNK // 2, generator=g).bfloat16()}
     with _open(tmp_path / "s") as store:
+        store.ops.set_delta_policy("max")  # dense bf16 deltas in chains (balanced keeps them short)
         for step in range(4):
             store.commit(state, run="r", step=step)
             state = {"w": _nudge(state["w"], g, 1e-3)}
