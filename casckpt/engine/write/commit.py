@@ -16,7 +16,8 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -296,11 +297,12 @@ def parent_of(ctx: EngineContext, run: str) -> str | None:
 
 def _publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, started: float,
              redundancy: Redundancy, progress: ProgressCallback | None, lease: str, *,
-             fast: bool = False) -> dict[str, Any]:
+             fast: bool = False, ready: Callable[[], object] | None = None) -> dict[str, Any]:
     """ONE catalog transaction makes the version visible and ends the commit's ``lease``;
     chunks found gone are rewritten. ``fast``: committed to the fast tier (durability
     ``fast`` until the drain; the catalog also makes a version that needs a pack still on
-    some fast tier ``fast``)."""
+    some fast tier ``fast``). ``ready``: waits, before the transaction commits, for the
+    manifest object being written meanwhile."""
     row: dict[str, Any] = {
         "id": snap.version_id, "step": req.step, "parent_id": snap.manifest.parent,
         "state": "visible", "created_at": snap.manifest.created_at,
@@ -316,7 +318,7 @@ def _publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, started: fl
         checks, nodes = _checks(ctx, snap)
         try:
             ctx.catalog.add_version(row, req.run, [], [], req.tags, [c.hex() for c in checks], nodes,
-                                    lease=lease)
+                                    lease=lease, ready=ready)
             return row
         except MissingChunksError as exc:
             gone_bases = set(exc.missing) - {cid.hex() for cid in snap.chunks}
@@ -369,24 +371,40 @@ def _hold_unchanged(ctx: EngineContext, chunks: dict[bytes, ChunkBytes], ids: Se
         chunks[cid] = held
 
 
+def store_manifest(ctx: EngineContext, snap: Snapshot) -> None:
+    """Write the snapshot's manifest object: on every location, or, in a store with a fast
+    tier, on the tier (the drain writes it to the locations once the version's packs are
+    there). Only under the commit's lease (see :func:`publish`)."""
+    tier = ctx.packs.tier
+    if tier is None:
+        ctx.locations.put_everywhere(objectnames.manifest_name(snap.version_id), snap.manifest_bytes)
+        return
+    try:  # a convenience copy: the catalog row holds it too, and the drain falls back on it
+        tier.dir.put_manifest(snap.version_id, snap.manifest_bytes)
+    except StorageError as exc:
+        log.warning("fast tier %s could not keep the manifest of %s (%s); the drain takes it "
+                    "from the catalog", tier.dir.root, snap.version_id[:12], exc)
+
+
 def publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: Redundancy,
-            started: float, lease: str, progress: ProgressCallback | None = None) -> Version:
+            started: float, lease: str, progress: ProgressCallback | None = None, *,
+            manifest: Future[None] | None = None) -> Version:
     """Store the manifest, then make the version visible (its chunks must be durable).
 
     ``lease`` is the commit's GC lease, begun naming the version (``begin_lease(catalog,
     snap.version_id)``) before the manifest object is written, so a commit that fails from
     here on leaves a tombstone GC may act on; the publishing transaction ends it.
+
+    ``manifest``: the manifest object's write (:func:`store_manifest`), begun already under
+    the lease; the publishing transaction waits for it before it commits, so the version is
+    never visible before its manifest object is durable. Without it, the manifest object is
+    written here first.
     """
     tier = ctx.packs.tier
-    if tier is None:
-        ctx.locations.put_everywhere(objectnames.manifest_name(snap.version_id), snap.manifest_bytes)
-    else:  # the drain writes it to the locations once the version's packs are there
-        try:  # a convenience copy: the catalog row holds it too, and the drain falls back on it
-            tier.dir.put_manifest(snap.version_id, snap.manifest_bytes)
-        except StorageError as exc:
-            log.warning("fast tier %s could not keep the manifest of %s (%s); the drain takes it "
-                        "from the catalog", tier.dir.root, snap.version_id[:12], exc)
-    row = _publish(ctx, req, snap, started, redundancy, progress, lease, fast=tier is not None)
+    if manifest is None:
+        store_manifest(ctx, snap)
+    row = _publish(ctx, req, snap, started, redundancy, progress, lease, fast=tier is not None,
+                   ready=manifest.result if manifest is not None else None)
     if tier is not None:
         tier.wake()
     if snap.delta is not None:
@@ -422,11 +440,21 @@ def _warn_degraded(req: CommitRequest, snap: Snapshot) -> None:
 def finish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: Redundancy,
            started: float, lease: str, progress: ProgressCallback | None = None) -> Version:
     """Write the snapshot's new chunks (delta-coded against their bases where that pays) and
-    manifest, then publish the version."""
+    manifest, then publish the version.
+
+    The commit holds its lease already, so the manifest object is written on the upload pool
+    while the chunks are (it costs a commit that writes nothing new most of its fixed time);
+    publishing waits for it. On failure, the manifest's write is waited for before this
+    raises: nothing of the commit is written once its lease has ended."""
     snap.delta = encode_plan(ctx, req.run, None, snap.manifest.tensors, snap.manifest.extents,
                              snap.new_ids, bases=snap.bases)
-    snap.wrote(write_chunks(ctx, snap.chunks, snap.new_ids, redundancy, progress, snap.delta, fast=True))
-    return publish(ctx, req, snap, redundancy, started, lease, progress)
+    manifest = ctx.uploads.submit(store_manifest, ctx, snap)
+    try:
+        snap.wrote(write_chunks(ctx, snap.chunks, snap.new_ids, redundancy, progress, snap.delta, fast=True))
+        return publish(ctx, req, snap, redundancy, started, lease, progress, manifest=manifest)
+    except BaseException:
+        manifest.exception()
+        raise
 
 
 def release_lease(ctx: EngineContext, lease: str, what: str) -> None:

@@ -4,7 +4,9 @@ A pack is written to a staging file (in the store's own staging directory,
 see ``storage/scratch.py``, or the fast tier's when the pack is to be held
 there and the tier's disk has room for it), finished (footer, trailer, id),
 stored in the blob store (or held on the tier) under its content-addressed key, and only then recorded in the
-catalog and the index cache. A crash at any point leaves at worst an object
+catalog and the index cache. The staging file is written, and hashed for the pack id, on the
+packer's :class:`~casckpt.engine.write.packsink.PackSink` thread, while the committing thread
+encodes the next chunks. A crash at any point leaves at worst an object
 or chunk rows no version references, which GC reclaims, and staging files
 the next open reclaims. A staging disk that fills up raises StorageFullError.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -23,8 +26,9 @@ from typing import BinaryIO
 
 from casckpt.catalog import StoredPack
 from casckpt.engine.context import EngineContext
+from casckpt.engine.write.packsink import PackSink
 from casckpt.errors import StorageError
-from casckpt.format.pack import PackEntry, PackWriter
+from casckpt.format.pack import ENTRY_HEADER_SIZE, PACK_HEADER_SIZE, PackEntry, PackWriter
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.local import full_error
 
@@ -32,13 +36,18 @@ from casckpt.storage.local import full_error
 _NO_FALLOCATE = (errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS)
 
 
+_QUEUE_CHUNKS = 16  # chunks' bytes a packer's sink may hold queued (memory only for encoded payloads)
+
+
 class Packer:
     """Accumulates chunks into packs of about ``config.pack_size`` bytes.
 
-    Finished packs are stored and recorded on the context's upload pool while
-    the next pack fills, with at most ``_IN_FLIGHT`` packs pending (bounding
-    staging disk and memory). Call order: :meth:`add` any number of times,
-    then :meth:`finish` (or :meth:`abort` after a failure). Not thread-safe.
+    Chunks are written to the staging file, and hashed for the pack id, on the packer's
+    own sink thread, in the order added: a payload must stay unchanged until :meth:`finish`
+    (or :meth:`abort`) returns. Finished packs are stored and recorded on the context's
+    upload pool while the next pack fills, with at most ``_IN_FLIGHT`` packs pending
+    (bounding staging disk and memory). Call order: :meth:`add` any number of times, then
+    :meth:`finish` (or :meth:`abort` after a failure). Not thread-safe.
     """
 
     _IN_FLIGHT = 2
@@ -55,33 +64,60 @@ class Packer:
         self._file: BinaryIO | None = None
         self._path: Path | None = None
         self._held = False  # the open pack is filled on the fast tier, to be held there
-        self._writer: PackWriter | None = None
+        self._writer: PackWriter | None = None  # used on the sink thread only, once opened
+        self._filled = 0  # bytes the open pack holds once the sink wrote what it was given
+        self._sink: PackSink | None = None  # started with the first pack
+        self._staged: dict[Path, BinaryIO] = {}  # staging files no upload took over yet
+        self._staged_lock = threading.Lock()
         self._pending: deque[Future[StoredPack]] = deque()
         self.stored_bytes = 0
         self.packs: list[StoredPack] = []
 
     def add(self, cid: bytes, codec: int, raw_len: int, payload: bytes | memoryview,
             base_id: bytes | None = None) -> None:
-        """Append one encoded chunk (a delta names its ``base_id``), closing the pack when it is full."""
-        try:
-            writer = self._writer if self._writer is not None else self._open()
-            writer.add(cid, codec, raw_len, payload, base_id)
-        except OSError as exc:
-            raise self._write_error(exc, len(payload)) from exc
-        self.stored_bytes += len(payload)
-        if writer.size >= self._ctx.config.pack_size:
+        """Append one encoded chunk (a delta names its ``base_id``), closing the pack when it
+        is full. The payload is written later, on the sink thread.
+
+        Raises:
+            StorageError: the staging file could not be opened, or an earlier chunk could
+                not be written (StorageFullError when the staging disk is full).
+        """
+        size = len(payload)
+        if self._writer is None:
+            try:
+                self._open()
+            except OSError as exc:
+                raise self._write_error(exc, self._path, size) from exc
+        writer, path = self._writer, self._path
+        assert writer is not None and self._sink is not None
+
+        def write(error: BaseException | None) -> None:
+            if error is None:
+                try:
+                    writer.add(cid, codec, raw_len, payload, base_id)
+                except OSError as exc:
+                    raise self._write_error(exc, path, writer.size + size) from exc
+
+        self._sink.put(write, size)
+        self.stored_bytes += size
+        self._filled += ENTRY_HEADER_SIZE + size
+        if self._filled >= self._ctx.config.pack_size:
             self._close()
 
-    def _open(self) -> PackWriter:
+    def _open(self) -> None:
         self._ctx.packs.coder.prepare(self._redundancy)  # an encoding worker starts while this pack fills
+        if self._sink is None:
+            self._sink = PackSink(_QUEUE_CHUNKS * self._ctx.config.chunk_size)
         reserved = self._on_tier()
         self._held = reserved is not None
         if reserved is None:
             path = self._ctx.staging.path() / f"{uuid.uuid4().hex}.pack"
-            reserved = path, open(path, "wb")  # noqa: SIM115 - closed in _close()/abort()
+            reserved = path, open(path, "wb")  # noqa: SIM115 - closed when sealed, or by abort()
         self._path, self._file = reserved
+        with self._staged_lock:
+            self._staged[self._path] = self._file
         self._writer = PackWriter(self._file)
-        return self._writer
+        self._filled = PACK_HEADER_SIZE
 
     def _on_tier(self) -> tuple[Path, BinaryIO] | None:
         """The pack's staging file, opened on the fast tier with the room for a whole pack
@@ -107,29 +143,46 @@ class Packer:
                 return None
         return path, file
 
-    def _write_error(self, exc: OSError, adding: int) -> StorageError:
-        """A failed staging write: StorageFullError naming the staging directory when it has no
-        room (disk, quota, file-size limit), else StorageError. The caller aborts."""
-        where = str(self._path.parent if self._path is not None else self._ctx.staging.base)
-        size = (self._writer.size if self._writer is not None else 0) + adding
+    def _write_error(self, exc: OSError, path: Path | None, size: int) -> StorageError:
+        """A failed staging write of pack ``path`` (``size`` bytes with what was being
+        written): StorageFullError naming the staging directory when it has no room (disk,
+        quota, file-size limit), else StorageError. The caller aborts."""
+        where = str(path.parent if path is not None else self._ctx.staging.base)
         return full_error(exc, "a staging pack", where, size,
                           elsewhere="open the store with a cache directory on a larger disk (cache=)")
 
     def _close(self) -> None:
-        """Finish the open pack and hand it to the upload pool."""
-        if self._writer is None or self._file is None or self._path is None:
+        """Have the sink seal the open pack (footer, trailer, id) and hand it to the upload
+        pool; wait while more than ``_IN_FLIGHT`` packs are pending."""
+        writer, file, path, held = self._writer, self._file, self._path, self._held
+        if writer is None or file is None or path is None or self._sink is None:
             return
-        try:
-            pack_id = self._writer.finish()
-            if self._held:
-                self._file.truncate()  # what was reserved and not filled
-            self._file.close()  # the blob store makes it durable (local: fsync + rename)
-        except OSError as exc:
-            raise self._write_error(exc, 0) from exc
-        size, entries = self._writer.size, self._writer.entries
-        path, self._writer, self._file, self._path = self._path, None, None, None
-        self._pending.append(self._ctx.uploads.submit(self._store, pack_id, size, entries, path,
-                                                      self._held))
+        self._writer, self._file, self._path, self._filled = None, None, None, 0
+        stored: Future[StoredPack] = Future()
+
+        def seal(error: BaseException | None) -> None:
+            if error is not None:
+                stored.set_exception(error)
+                return
+            try:
+                try:
+                    pack_id = writer.finish()
+                    if held:
+                        file.truncate()  # what was reserved and not filled
+                    file.close()  # the blob store makes it durable (local: fsync + rename)
+                except OSError as exc:
+                    raise self._write_error(exc, path, writer.size) from exc
+                with self._staged_lock:  # the upload removes it from here on
+                    del self._staged[path]
+                upload = self._ctx.uploads.submit(self._store, pack_id, writer.size, writer.entries,
+                                                  path, held)
+            except BaseException as exc:
+                stored.set_exception(exc)
+                raise
+            upload.add_done_callback(lambda done: _settle(stored, done))
+
+        self._sink.put(seal)
+        self._pending.append(stored)
         while len(self._pending) > self._IN_FLIGHT:
             self.packs.append(self._pending.popleft().result())
 
@@ -156,22 +209,38 @@ class Packer:
         Raises the first storage or catalog error of any pack.
         """
         self._close()
+        if self._sink is not None:
+            sink, self._sink = self._sink, None
+            sink.stop()
         while self._pending:
             self.packs.append(self._pending.popleft().result())
         return self.packs
 
     def abort(self) -> None:
-        """After a failure: drop the open staging file, wait for uploads in flight (ignoring
-        their errors; each removes its own staging file). Raises no OSError, so the failure
-        that led here is the one the caller sees."""
-        file, path = self._file, self._path
+        """After a failure: stop the sink (dropping what it has not written yet), remove the
+        staging files no upload took over, wait for uploads in flight (ignoring their errors;
+        each removes its own staging file). Raises no OSError, so the failure that led here is
+        the one the caller sees."""
+        if self._sink is not None:
+            sink, self._sink = self._sink, None
+            sink.stop(discard=True)
         self._writer, self._file, self._path = None, None, None
-        if file is not None:
+        with self._staged_lock:
+            staged, self._staged = self._staged, {}
+        for path, file in staged.items():
             with suppress(OSError):  # its last buffered write may fail again; the file goes anyway
                 file.close()
-        if path is not None:
             with suppress(OSError):
                 path.unlink(missing_ok=True)
         for future in self._pending:
             future.exception()
         self._pending.clear()
+
+
+def _settle(stored: Future[StoredPack], upload: Future[StoredPack]) -> None:
+    """Pass an upload's outcome on to the future the packer waits on."""
+    error = upload.exception()
+    if error is not None:
+        stored.set_exception(error)
+    else:
+        stored.set_result(upload.result())

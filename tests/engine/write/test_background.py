@@ -467,7 +467,7 @@ def test_commit_queued_behind_a_failed_one_still_stores_its_own_state(env: Env) 
     after = store.commit(state, run="r", step=2, block=False)
     expected = copy.deepcopy(state)
     state["model"]["w"].zero_()  # the caller moves on before either is written
-    env.blobs.failing = 1  # the first commit's only pack
+    env.blobs.failing = 2  # the first commit's writes: its manifest and its only pack, side by side
     env.blobs.gate.set()
     with pytest.raises(StorageError, match="No space left on device"):
         failed.wait(WAIT)
