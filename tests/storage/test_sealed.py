@@ -42,9 +42,15 @@ def test_seal_open_and_any_range_round_trip(length: int, data: st.DataObject) ->
     head = CRYPTO.head("packs/ab/x", sealed)
     if count and offset < length:
         first, start, stop = CRYPTO.segment_span(offset, count, length)
-        opened = CRYPTO.open_segments("packs/ab/x", head, first, memoryview(sealed)[start:stop])
+        want = min(count, length - offset)
+        cuts = sorted(data.draw(st.lists(st.integers(0, want), max_size=4)))
+        edges = [0, *cuts, want]
+        out = bytearray(want)
+        buffers = [memoryview(out)[a:b] for a, b in zip(edges, edges[1:], strict=False)]  # some empty
         skip = offset - first * SEGMENT
-        assert bytes(opened[skip : skip + count]) == plain[offset : offset + count]
+        got = CRYPTO.open_segments_into("packs/ab/x", head, first, memoryview(sealed)[start:stop],
+                                        buffers, skip)
+        assert got == want and bytes(out) == plain[offset : offset + want]
 
 
 @settings(max_examples=40, deadline=None)
