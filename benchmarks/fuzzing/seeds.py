@@ -35,7 +35,7 @@ import torch
 import casckpt
 from benchmarks.oldformats import encode_manifest
 from casckpt.format.chunks import chunk_id
-from casckpt.format.codecs import CompressionPolicy, encode_chunk, encode_delta
+from casckpt.format.codecs import PLANES, CompressionPolicy, encode_chunk, encode_delta, encode_planes
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, World
 from casckpt.format.merkle import node_json
 from casckpt.format.pack import PackWriter
@@ -79,7 +79,7 @@ def _smooth(rng: np.random.Generator, n: int, dtype: Any) -> np.ndarray:
 
 
 def _pack(seed: int, variant: int) -> PackSeed:
-    """A pack with one chunk of every codec: raw, zstd, grouped 2/4/8, and delta chains."""
+    """A pack with one chunk of every codec: raw, zstd, grouped 2/4/8, planes, and delta chains."""
     rng = np.random.default_rng(seed * 10 + variant)
     policy = CompressionPolicy()
     plain = [
@@ -98,6 +98,11 @@ def _pack(seed: int, variant: int) -> PackSeed:
         cid = chunk_id(raw)
         chunks[cid] = raw
         writer.add(cid, codec.id, len(raw), payload)
+    for width, mask in ((4, 0b1000), (2, 0b10)):  # planes: fp32 with its exponent plane, bf16's
+        raw = (rng.standard_normal(1024) * 0.02).astype(np.float32).tobytes()
+        cid = chunk_id(raw)
+        chunks[cid] = raw
+        writer.add(cid, PLANES.id, len(raw), encode_planes(raw, width, mask, 1))
     for width in (1, 2, 4, 8):  # a keyframe, then two deltas on it
         base = _smooth(rng, 2048 // 4, np.float32).tobytes()
         codec, payload = encode_chunk(base, width, policy)

@@ -5,7 +5,12 @@ Each codec is a registered :class:`Codec` whose properties are data: its one-byt
 whether its payload is a zstd frame, the byte grouping it applies, and the base it needs.
 Byte grouping (all first bytes of each element, then all second bytes, ...) puts the
 slowly varying sign/exponent bytes of floats next to each other, which zstd then
-compresses well. Encoding picks a codec by those properties, decoding follows them;
+compresses well. Most of a float's gain is in one plane: the high byte (sign and exponent)
+of trained weights and optimizer moments compresses to about a third, the mantissa bytes
+not at all. The ``planes-zstd`` codec keeps the incompressible planes raw and compresses
+only the ones that pay, so it costs a third of a full-frame compression and decodes the
+raw planes straight into place (:func:`decode_into`). Encoding picks a codec by those
+properties, decoding follows them;
 adding a codec is one entry in :data:`CODECS` (plus its code, if it needs a new kind of
 payload). An id this casckpt does not know is refused (:func:`lookup`), never guessed.
 """
@@ -41,9 +46,13 @@ class Codec:
     Attributes:
         id: the byte packs and the catalog record; never renumbered or reused.
         name: a stable name for messages and docs.
-        zstd: the payload is one zstd frame (else the bytes themselves).
+        zstd: the payload is one zstd frame, or (``planes``) ends in one (else the bytes
+            themselves); either way at most zstd's bound over the raw length.
         group: bytes per element grouped before compression (1: none; a sparse
-            delta's payload header says its own).
+            delta's and a planes payload's header says its own).
+        planes: the payload is a header (element width, mask of compressed planes), the
+            byte planes not in the mask as they are, then one zstd frame of the masked
+            planes (see :func:`encode_planes`).
         delta: the base it needs (:class:`Delta`); a delta needs the base chunk's raw bytes.
         lossless: decodes to exactly the bytes encoded. Every registered codec must be:
             a chunk's id is the hash of its raw bytes, checked on every read.
@@ -55,6 +64,7 @@ class Codec:
     group: int = 1
     delta: Delta = Delta.NONE
     lossless: bool = True
+    planes: bool = False
 
     @property
     def is_delta(self) -> bool:
@@ -80,6 +90,8 @@ def _registry(*codecs: Codec) -> Mapping[int, Codec]:
             raise ValueError(f"codec {codec.name} must be lossless and group 1, 2, 4 or 8 bytes")
         if codec.delta is Delta.SPARSE and (not codec.zstd or codec.group != 1):
             raise ValueError(f"codec {codec.name}: a sparse delta is a zstd frame with its own grouping")
+        if codec.planes and (not codec.zstd or codec.group != 1 or codec.is_delta):
+            raise ValueError(f"codec {codec.name}: a planes payload holds a zstd frame and its own grouping")
         by_id[codec.id] = codec
     return MappingProxyType(by_id)
 
@@ -95,11 +107,13 @@ CODECS: Mapping[int, Codec] = _registry(
     Codec(7, "xor-group4-zstd", group=4, delta=Delta.XOR),
     Codec(8, "xor-group8-zstd", group=8, delta=Delta.XOR),
     Codec(9, "xor-sparse-zstd", delta=Delta.SPARSE),
+    Codec(10, "planes-zstd", planes=True),
 )
 """Every codec this casckpt reads and writes, by the id packs record."""
 
-_ZSTD_CODECS = {(c.delta, c.group): c for c in CODECS.values() if c.zstd}
+_ZSTD_CODECS = {(c.delta, c.group): c for c in CODECS.values() if c.zstd and not c.planes}
 _RAW = next(c for c in CODECS.values() if c.stored_as_is)
+PLANES = next(c for c in CODECS.values() if c.planes)
 
 
 def lookup(codec_id: int) -> Codec:
@@ -128,13 +142,23 @@ class CompressionPolicy:
 
     Attributes:
         level: zstd level (1 is fast and already near the ratio of higher levels on weights).
-        min_saving: store raw unless the encoding saves at least this fraction.
+        min_saving: a full-frame zstd codec must save at least this fraction (its decode is a
+            pass of zstd over every byte).
+        planes_min_saving: the planes codec must save at least this fraction (it decodes
+            the raw planes with a copy and zstd only over the planes that pay).
         enabled: False stores every chunk raw.
     """
 
     level: int = 1
-    min_saving: float = 0.20  # docs/DEFAULTS.md: fp32 state saves 15-17% at best, costing restores 14-90%
+    min_saving: float = 0.20  # docs/DEFAULTS.md: a full-frame decode costs restores 14-90%
+    planes_min_saving: float = 0.05  # docs/DEFAULTS.md: fp32 state saves 15-17% in planes at ~1 GB/s
     enabled: bool = True
+
+
+PLANE_PAYS = 0.9  # a plane goes in the planes codec's mask when its probe compresses it below this ratio
+_PLANES_HEAD = struct.Struct("<BB")  # element width, mask of the compressed planes (bit i: plane i)
+_PLANES_WIDTHS = (2, 4, 8)
+_SMALL = 16 << 10  # chunks up to this size try the full frame whatever the probe said
 
 
 def _group(data: memoryview | bytes, width: int) -> bytes:
@@ -164,13 +188,81 @@ def _compress(data: memoryview | bytes, codec: Codec, level: int) -> bytes:
     return zstandard.ZstdCompressor(level=level).compress(payload)
 
 
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """What compressing a sample of a chunk plane by plane found.
+
+    Attributes:
+        width: element width the planes were cut at (1: not cut, ``mask`` is 0).
+        mask: the planes that compress below :data:`PLANE_PAYS` (bit i: plane i).
+        full: the sample's size under full-frame zstd of its grouping, as a fraction.
+        planes: its size under the planes codec with ``mask``, as a fraction.
+    """
+
+    width: int
+    mask: int
+    full: float
+    planes: float
+
+
+def probe(sample: memoryview | bytes, width: int, level: int) -> Probe:
+    """Compress ``sample`` (whole elements of ``width`` bytes; 1: bytes) plane by plane: which
+    planes pay and what a full-frame and a planes encoding of the chunk it stands for would
+    save. One zstd call per plane, a quarter of the sample each for fp32."""
+    size = len(sample)
+    if width not in _PLANES_WIDTHS or size < width or size % width:
+        frame = zstandard.ZstdCompressor(level=level).compress(sample)
+        ratio = len(frame) / max(size, 1)
+        return Probe(1, 0, ratio, 1.0)
+    compressor = zstandard.ZstdCompressor(level=level)
+    columns = np.frombuffer(sample, dtype=np.uint8).reshape(-1, width)
+    plane = np.empty(len(columns), dtype=np.uint8)
+    mask, full, planes = 0, 0, 0
+    for i in range(width):
+        plane[:] = columns[:, i]
+        packed = len(compressor.compress(plane.data))
+        full += packed
+        if packed < PLANE_PAYS * len(plane):
+            mask |= 1 << i
+            planes += packed
+        else:
+            planes += len(plane)
+    return Probe(width, mask, full / size, (planes + _PLANES_HEAD.size) / size)
+
+
+def encode_planes(data: memoryview | bytes, width: int, mask: int, level: int) -> bytes:
+    """``data`` (whole ``width``-byte elements) as a planes payload: the header, the planes not
+    in ``mask`` as they are (each read straight out of its strided column), then one zstd frame
+    of the masked planes, concatenated in plane order."""
+    if width not in _PLANES_WIDTHS or len(data) % width or not 0 < mask < 1 << width:
+        raise ValueError(f"planes of width {width} with mask {mask:#x} cannot hold {len(data)} bytes")
+    columns = np.frombuffer(data, dtype=np.uint8).reshape(-1, width)
+    n = len(columns)
+    masked = [i for i in range(width) if mask >> i & 1]
+    raw = [i for i in range(width) if not mask >> i & 1]
+    grouped = np.empty((len(masked), n), dtype=np.uint8)
+    for row, i in enumerate(masked):
+        grouped[row] = columns[:, i]
+    frame = zstandard.ZstdCompressor(level=level).compress(grouped.data)
+    out = np.empty(_PLANES_HEAD.size + len(raw) * n + len(frame), dtype=np.uint8)
+    out[: _PLANES_HEAD.size] = np.frombuffer(_PLANES_HEAD.pack(width, mask), dtype=np.uint8)
+    at = _PLANES_HEAD.size
+    for i in raw:
+        out[at : at + n] = columns[:, i]
+        at += n
+    out[at:] = np.frombuffer(frame, dtype=np.uint8)
+    return out.tobytes()
+
+
 def encode_chunk(
     data: memoryview | bytes, element_size: int, policy: CompressionPolicy
 ) -> tuple[Codec, memoryview | bytes]:
     """Encode one chunk, choosing the codec that pays.
 
-    A 64 KiB sample is compressed first so incompressible data (trained float
-    weights, random bytes) costs one small probe instead of a full compression.
+    A 64 KiB sample is probed plane by plane first (:func:`probe`), so incompressible data
+    (random bytes) costs one small probe instead of a full compression. The full-frame
+    grouped zstd codec is chosen when it saves :attr:`CompressionPolicy.min_saving`, else
+    the planes codec when it saves :attr:`CompressionPolicy.planes_min_saving`, else raw.
 
     Returns:
         ``(codec, payload)``; ``payload`` is ``data`` itself when stored raw.
@@ -179,16 +271,33 @@ def encode_chunk(
     if not policy.enabled or size < 64:
         return _RAW, data
     codec = _zstd_codec(Delta.NONE, element_size, size)
-    threshold = 1.0 - policy.min_saving
-    if size > _SAMPLE_BYTES:
-        sample_len = _SAMPLE_BYTES - _SAMPLE_BYTES % codec.group
-        sample = memoryview(data)[:sample_len]
-        if len(_compress(sample, codec, policy.level)) > threshold * sample_len:
-            return _RAW, data
-    payload = _compress(data, codec, policy.level)
-    if len(payload) > threshold * size:
+    sample_len = min(size, _SAMPLE_BYTES)
+    sample_len -= sample_len % codec.group
+    found = probe(memoryview(data)[:sample_len], codec.group, policy.level)
+    return encode_probed(data, codec.group, found, policy)
+
+
+def encode_probed(data: memoryview | bytes, width: int, found: Probe,
+                  policy: CompressionPolicy) -> tuple[Codec, memoryview | bytes]:
+    """Encode ``data`` as ``found`` (a probe of it, or of an earlier chunk of the same tensor)
+    says pays: full-frame grouped zstd, the planes codec with its mask, or raw. A result that
+    misses its saving is stored raw."""
+    size = len(data)
+    if not policy.enabled or size < 64:
         return _RAW, data
-    return codec, payload
+    # a small chunk's probe over-counts a frame header per plane: try the full frame anyway
+    if found.full <= 1.0 - policy.min_saving or size <= _SMALL:
+        codec = _zstd_codec(Delta.NONE, width, size)
+        payload = _compress(data, codec, policy.level)
+        if len(payload) <= (1.0 - policy.min_saving) * size:
+            return codec, payload
+        if not found.mask:
+            return _RAW, data
+    if found.mask and found.planes <= 1.0 - policy.planes_min_saving and size % found.width == 0:
+        planes = encode_planes(data, found.width, found.mask, policy.level)
+        if len(planes) <= (1.0 - policy.planes_min_saving) * size:
+            return PLANES, planes
+    return _RAW, data
 
 
 def _xor(data: memoryview | bytes, base: memoryview | bytes) -> np.ndarray:
@@ -342,22 +451,80 @@ def regroup(data: np.ndarray, width: int, to: int) -> np.ndarray:
     return plain if to == 1 else np.frombuffer(_group(plain.data, to), dtype=np.uint8)
 
 
+def _planes_into(payload: bytes | memoryview, raw_len: int, out: np.ndarray) -> None:
+    """Decode a planes payload into ``out``: raw planes copied straight into their strided
+    columns, the masked planes decompressed once and scattered the same way."""
+    if len(payload) < _PLANES_HEAD.size:
+        raise CorruptChunkError("planes payload is truncated")
+    width, mask = _PLANES_HEAD.unpack_from(payload)
+    if width not in _PLANES_WIDTHS or not 0 < mask < 1 << width or raw_len % width:
+        raise CorruptChunkError(f"planes payload of {raw_len} bytes has a malformed header")
+    n = raw_len // width
+    raw = [i for i in range(width) if not mask >> i & 1]
+    at = _PLANES_HEAD.size + len(raw) * n
+    if len(payload) < at:
+        raise CorruptChunkError(f"planes payload holds {len(payload)} bytes, its raw planes {at}")
+    body = np.frombuffer(payload, dtype=np.uint8)
+    masked = np.frombuffer(_decompress(memoryview(payload)[at:], (width - len(raw)) * n), dtype=np.uint8)
+    columns = out.reshape(-1, width)
+    for row, i in enumerate(i for i in range(width) if mask >> i & 1):
+        columns[:, i] = masked[row * n : (row + 1) * n]
+    for k, i in enumerate(raw):
+        start = _PLANES_HEAD.size + k * n
+        columns[:, i] = body[start : start + n]
+
+
+def decode_into(codec_id: int, payload: bytes | memoryview, raw_len: int, out: memoryview | bytearray,
+                base: bytes | memoryview | None = None) -> None:
+    """Decode a chunk payload into ``out``, a writable buffer of its ``raw_len`` raw bytes
+    (delta codecs need ``base``, the base chunk's raw bytes; ``out`` must not overlap it).
+
+    The planes codec writes its raw planes straight into their strided positions and
+    decompresses only its masked planes; a grouped codec ungroups its frame into ``out``;
+    an XOR delta is ungrouped into ``out`` and XORed with its base there; a sparse delta
+    copies its base and patches the changed blocks. Nothing is verified against the chunk's
+    id here: the caller hashes ``out``.
+
+    Raises:
+        CorruptChunkError: unknown codec, the payload does not decode to ``raw_len``
+            bytes, or a delta's base is missing or of another length.
+        ValueError: ``out`` is not a writable buffer of ``raw_len`` bytes.
+    """
+    codec = lookup(codec_id)
+    target = np.frombuffer(out, dtype=np.uint8)
+    if len(target) != raw_len or not target.flags.writeable:
+        raise ValueError(f"decode_into needs a writable buffer of {raw_len} bytes, got {len(target)}")
+    if codec.is_delta and (base is None or len(base) != raw_len):
+        raise CorruptChunkError(f"a delta chunk of {raw_len} bytes needs its base chunk of the same size")
+    if codec.planes:
+        _planes_into(payload, raw_len, target)
+        return
+    if codec.delta is Delta.SPARSE:
+        index, blocks = sparse_planes(payload, raw_len)
+        target[:] = np.frombuffer(base, dtype=np.uint8)  # type: ignore[arg-type]  # checked above
+        apply_sparse(target, index, blocks)
+        return
+    grouped = _grouped_bytes(codec, payload, raw_len)
+    if codec.group > 1:
+        ungroup_into(grouped, codec.group, target)
+    else:
+        target[:] = np.frombuffer(grouped, dtype=np.uint8)
+    if codec.delta is Delta.XOR:
+        np.bitwise_xor(target, np.frombuffer(base, dtype=np.uint8), out=target)  # type: ignore[arg-type]
+
+
 def decode_chunk(codec_id: int, payload: bytes | memoryview, raw_len: int,
                  base: bytes | memoryview | None = None) -> bytes | memoryview:
-    """Decode a chunk payload back to its ``raw_len`` raw bytes (delta codecs need ``base``).
+    """Decode a chunk payload back to its ``raw_len`` raw bytes (delta codecs need ``base``): a
+    raw payload as it is, any other into a new buffer (:func:`decode_into`).
 
     Raises:
         CorruptChunkError: unknown codec, the payload does not decode to ``raw_len``
             bytes, or a delta's base is missing or of another length.
     """
     codec = lookup(codec_id)
-    if codec.is_delta and (base is None or len(base) != raw_len):
-        raise CorruptChunkError(f"a delta chunk of {raw_len} bytes needs its base chunk of the same size")
-    if codec.delta is Delta.SPARSE and base is not None:
-        index, blocks = sparse_planes(payload, raw_len)
-        return memoryview(apply_sparse(np.frombuffer(base, dtype=np.uint8).copy(), index, blocks))  # type: ignore[arg-type]
-    out = _grouped_bytes(codec, payload, raw_len)
-    plain = _ungroup(out, codec.group) if codec.group > 1 else out
-    if codec.delta is Delta.XOR and base is not None:
-        return memoryview(_xor(plain, base))  # type: ignore[arg-type]  # numpy exports the buffer
-    return plain
+    if codec.stored_as_is:
+        return _grouped_bytes(codec, payload, raw_len)
+    out = memoryview(np.empty(raw_len, dtype=np.uint8))  # type: ignore[arg-type]  # numpy exports the buffer
+    decode_into(codec_id, payload, raw_len, out, base)
+    return out

@@ -24,9 +24,11 @@ from casckpt.format.codecs import (
     CompressionPolicy,
     Delta,
     decode_chunk,
+    decode_into,
     delta_planes,
     encode_chunk,
     encode_delta,
+    encode_planes,
     lookup,
     sparse_delta,
 )
@@ -36,12 +38,13 @@ PROPERTY = settings(max_examples=80, deadline=None)
 
 NUMERIC = {1: np.int8, 2: np.float16, 4: np.float32, 8: np.float64}
 NAMED = {c.name: c for c in CODECS.values()}
-RAW, ZSTD = NAMED["raw"], NAMED["zstd"]
+RAW, ZSTD, PLANES = NAMED["raw"], NAMED["zstd"], NAMED["planes-zstd"]
 
 policies = st.builds(
     CompressionPolicy,
     level=st.integers(1, 5),
     min_saving=st.floats(0.0, 0.9),
+    planes_min_saving=st.floats(0.0, 0.9),
     enabled=st.booleans(),
 )
 
@@ -52,8 +55,11 @@ def _roundtrip(data: bytes, element_size: int, policy: CompressionPolicy) -> Cod
     assert bytes(decode_chunk(codec.id, bytes(payload), len(data))) == data
     if codec is RAW:
         assert bytes(payload) == data
+    elif codec is PLANES:
+        assert len(payload) <= (1.0 - policy.planes_min_saving) * len(data)
+        assert element_size in (2, 4, 8) and len(data) % element_size == 0
     else:
-        # a codec other than RAW is only chosen when it saves at least min_saving
+        # a full-frame codec is only chosen when it saves at least min_saving
         assert len(payload) <= (1.0 - policy.min_saving) * len(data)
         assert codec.group in (1, element_size)
         assert len(data) % codec.group == 0
@@ -201,7 +207,7 @@ def test_every_flipped_byte_is_refused_or_yields_the_right_length() -> None:
     assert caught > 0
 
 
-@pytest.mark.parametrize("codec", [10, 11, 17, 127, 128, 255, -1])
+@pytest.mark.parametrize("codec", [11, 12, 17, 127, 128, 255, -1])
 def test_unknown_codec_is_refused(codec: int) -> None:
     with pytest.raises(CorruptChunkError, match="codec"):
         decode_chunk(codec, bytes(16), 16, bytes(16))
@@ -231,14 +237,16 @@ PINNED = [
     (7, "xor-group4-zstd", True, 4, Delta.XOR),
     (8, "xor-group8-zstd", True, 8, Delta.XOR),
     (9, "xor-sparse-zstd", True, 1, Delta.SPARSE),  # its payload header says its grouping
+    (10, "planes-zstd", True, 1, Delta.NONE),  # header (width, mask), raw planes, a frame of the masked
 ]
 
 
 def test_registered_codecs_are_pinned() -> None:
     assert [(c.id, c.name, c.zstd, c.group, c.delta) for c in CODECS.values()] == PINNED
     assert all(c.lossless and int(c) == c.id and lookup(c.id) is c for c in CODECS.values())
-    assert [c.is_delta for c in CODECS.values()] == [False] * 5 + [True] * 5
-    assert [c.stored_as_is for c in CODECS.values()] == [True] + [False] * 9
+    assert [c.is_delta for c in CODECS.values()] == [False] * 5 + [True] * 5 + [False]
+    assert [c.stored_as_is for c in CODECS.values()] == [True] + [False] * 10
+    assert [c.id for c in CODECS.values() if c.planes] == [10]
 
 
 @pytest.mark.parametrize("bad", [
@@ -248,6 +256,9 @@ def test_registered_codecs_are_pinned() -> None:
     (Codec(10, "lossy", lossless=False),),  # a chunk id hashes the raw bytes: every read would fail
     (Codec(10, "group3", group=3),),
     (Codec(10, "sparse-raw", zstd=False, delta=Delta.SPARSE),),
+    (Codec(10, "planes-raw", zstd=False, planes=True),),
+    (Codec(10, "planes4", group=4, planes=True),),
+    (Codec(10, "xor-planes", delta=Delta.XOR, planes=True),),
 ])
 def test_registry_refuses_codecs_no_pack_could_hold(bad: tuple[Codec, ...]) -> None:
     with pytest.raises(ValueError, match="codec"):
@@ -265,6 +276,8 @@ def _encoded_with(codec: Codec, data: bytes, base: bytes) -> tuple[Codec, bytes 
         return encode_delta(data, base, codec.group, 1)
     if not codec.zstd:
         return encode_chunk(data, codec.group, CompressionPolicy(enabled=False))
+    if codec.planes:
+        return codec, encode_planes(data, 4, 0b1010, 1)
     return encode_chunk(bytes(len(data)) + data, codec.group, CompressionPolicy(min_saving=0.0))
 
 
@@ -284,7 +297,7 @@ def test_every_registered_codec_round_trips_bit_exact(codec: Codec, blocks: int,
         with pytest.raises(CorruptChunkError, match="needs its base"):
             decode_chunk(codec.id, bytes(payload), len(raw))
     else:
-        expected = bytes(len(raw)) + raw if codec.zstd else raw
+        expected = bytes(len(raw)) + raw if codec.zstd and not codec.planes else raw
         assert bytes(decode_chunk(codec.id, bytes(payload), len(expected))) == expected
 
 
@@ -327,3 +340,132 @@ def test_a_small_update_deltas_to_a_fraction_of_the_chunk() -> None:
     raw = nudged.view(torch.uint8).numpy().tobytes()
     codec, payload = encode_delta(raw, w.view(torch.uint8).numpy().tobytes(), 2, 1)
     assert (codec.delta, codec.group) == (Delta.XOR, 2) and len(payload) < 0.25 * len(raw)
+
+
+# -- the planes codec and decode_into ---------------------------------------------------------
+
+# 16 fp32 values (0.37 * i - 2.5) as a planes payload: width 4, plane 3 (sign and exponent)
+# compressed, planes 0-2 raw. Packs hold these bytes: they must decode the same forever.
+GOLDEN_PLANES_RAW = (np.arange(16, dtype=np.float32) * np.float32(0.37) - np.float32(2.5)).tobytes()
+GOLDEN_PLANES = bytes.fromhex(
+    "040800ecae855c66280020e09ac4ec0a2034005147eb8f665c52857a99f551d785332008e1b182268fb8eb54"
+    "99c8f8132b4328b52ffd2010810000c0c0bfbfbfbfbe3d3e3f3f3f3f404040")
+
+
+def test_golden_planes_payload_decodes_to_its_raw_bytes() -> None:
+    assert bytes(decode_chunk(PLANES.id, GOLDEN_PLANES, 64)) == GOLDEN_PLANES_RAW
+    out = bytearray(64)
+    decode_into(PLANES.id, GOLDEN_PLANES, 64, memoryview(out))
+    assert bytes(out) == GOLDEN_PLANES_RAW
+    # the layout (header, raw planes in order) is the encoder's; only the zstd frame may vary
+    encoded = encode_planes(GOLDEN_PLANES_RAW, 4, 0b1000, 1)
+    assert encoded[:50] == GOLDEN_PLANES[:50]
+
+
+FLOATS = {"f32": (np.float32, 4), "f16": (np.float16, 2), "f64": (np.float64, 8), "i64": (np.int64, 8),
+          "u8": (np.uint8, 1), "bf16": (None, 2)}
+
+
+@st.composite
+def tensor_bytes(draw: st.DrawFn) -> tuple[bytes, int]:
+    """A tensor's bytes the way a state holds them: trained-like floats, ints, bytes, bf16."""
+    name = draw(st.sampled_from(sorted(FLOATS)))
+    dtype, width = FLOATS[name]
+    count = draw(st.integers(0, 40_000 // width))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    scale = draw(st.sampled_from([1e-8, 1e-3, 0.02, 1.0, 1e4]))
+    values = rng.standard_normal(count) * scale
+    if name == "bf16" and count:
+        import torch
+
+        raw = torch.from_numpy(values.astype(np.float32)).bfloat16().view(torch.uint8).numpy().tobytes()
+    elif dtype in (np.int64, np.uint8):
+        raw = (values * 1000).astype(np.int64).astype(dtype).tobytes()
+    else:
+        raw = values.astype(dtype or np.float32).tobytes()[: count * width]
+    return raw, width
+
+
+@PROPERTY
+@given(sample=tensor_bytes(), policy=policies)
+def test_tensors_of_every_dtype_roundtrip_and_choose_planes_only_when_it_pays(
+        sample: tuple[bytes, int], policy: CompressionPolicy) -> None:
+    data, width = sample
+    _roundtrip(data, width, policy)
+
+
+@PROPERTY
+@given(sample=tensor_bytes(), mask=st.integers(1, 255), offset=st.integers(0, 15), level=st.integers(1, 3))
+def test_decode_into_writes_planes_at_any_alignment(sample: tuple[bytes, int], mask: int, offset: int,
+                                                    level: int) -> None:
+    data, width = sample
+    width = width if width > 1 else 4
+    data = data[: len(data) - len(data) % width]
+    mask &= (1 << width) - 1
+    if not mask:
+        mask = 1 << (width - 1)
+    payload = encode_planes(data, width, mask, level)
+    arena = bytearray(b"\xa5" * (len(data) + 32))
+    out = memoryview(arena)[offset : offset + len(data)]
+    decode_into(PLANES.id, payload, len(data), out)
+    assert bytes(out) == data
+    assert arena[:offset] == b"\xa5" * offset and arena[offset + len(data):] == b"\xa5" * (32 - offset)
+
+
+@PROPERTY
+@given(codec=st.sampled_from(list(CODECS.values())), blocks=st.integers(2, 40),
+       seed=st.integers(0, 2**32 - 1), changed=st.floats(0.0, 1.0), offset=st.integers(0, 7))
+def test_decode_into_matches_decode_chunk_for_every_codec(codec: Codec, blocks: int, seed: int,
+                                                          changed: float, offset: int) -> None:
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 256, blocks * SPARSE_BLOCK, dtype=np.uint8)
+    data = np.where(rng.random(base.size) < changed * 0.1, rng.integers(0, 256, base.size), base)
+    raw, base_bytes = data.astype(np.uint8).tobytes(), base.tobytes()
+    chosen, payload = _encoded_with(codec, raw, base_bytes)
+    size = len(raw) if codec.is_delta or not codec.zstd or codec.planes else 2 * len(raw)
+    assert chosen is codec
+    arena = bytearray(size + offset)
+    decode_into(codec.id, payload, size, memoryview(arena)[offset:], base_bytes if codec.is_delta else None)
+    assert bytes(arena[offset:]) == bytes(decode_chunk(chosen.id, payload, size, base_bytes))
+
+
+def test_decode_into_refuses_a_buffer_it_cannot_fill() -> None:
+    with pytest.raises(ValueError, match="writable buffer of 64"):
+        decode_into(PLANES.id, GOLDEN_PLANES, 64, memoryview(bytearray(63)))
+    with pytest.raises(ValueError, match="writable"):
+        decode_into(PLANES.id, GOLDEN_PLANES, 64, memoryview(bytes(64)))
+
+
+def test_truncated_planes_payload_is_refused() -> None:
+    for cut in range(len(GOLDEN_PLANES)):
+        with pytest.raises(CorruptChunkError):
+            decode_chunk(PLANES.id, GOLDEN_PLANES[:cut], 64)
+
+
+@pytest.mark.parametrize("head", [b"\x01\x01", b"\x03\x01", b"\x04\x00", b"\x04\x10", b"\x02\x04",
+                                  b"\x10\x01"])
+def test_planes_header_no_encoder_writes_is_refused(head: bytes) -> None:
+    with pytest.raises(CorruptChunkError, match="malformed header"):
+        decode_chunk(PLANES.id, head + GOLDEN_PLANES[2:], 64)
+
+
+@pytest.mark.parametrize("raw_len", [60, 63, 68, 128])
+def test_planes_payload_of_another_length_is_refused(raw_len: int) -> None:
+    with pytest.raises(CorruptChunkError):
+        decode_chunk(PLANES.id, GOLDEN_PLANES, raw_len)
+
+
+def test_trained_fp32_is_stored_in_planes_and_random_bytes_raw() -> None:
+    rng = np.random.default_rng(1)
+    weights = (rng.standard_normal(1 << 18) * 0.02).astype(np.float32).tobytes()
+    codec, payload = encode_chunk(weights, 4, DEFAULT)
+    assert codec is PLANES and len(payload) < 0.9 * len(weights)
+    assert payload[:2] == b"\x04\x08"  # only the sign/exponent plane is compressed
+    codec, _ = encode_chunk(os.urandom(1 << 18), 4, DEFAULT)
+    assert codec is RAW
+
+
+@pytest.mark.parametrize("width, mask", [(1, 1), (3, 1), (4, 0), (4, 16), (2, 4)])
+def test_encode_planes_refuses_a_layout_no_decoder_reads(width: int, mask: int) -> None:
+    with pytest.raises(ValueError, match="planes"):
+        encode_planes(bytes(48), width, mask, 1)
