@@ -39,6 +39,7 @@ from casckpt.format.codecs import (
     CODECS,
     Delta,
     apply_sparse,
+    decode_into,
     delta_planes,
     lookup,
     regroup,
@@ -198,12 +199,28 @@ def _decode(ids: ChunkIds, plan: Sequence[_Slot]) -> None:
 
 
 def _verified(ids: ChunkIds, slot: _Slot, into: Destination | None) -> memoryview | bytes:
-    """The slot's chunk decoded and checked against its id.
+    """The slot's chunk decoded (into ``into`` when it is encoded and ``into`` is given) and
+    checked against its id.
 
     Raises:
         CorruptChunkError: its header, payload or bytes are damaged.
     """
-    return decode_split_entry(slot.header, slot.payload, slot.entry, slot.pack_id, ids=ids)
+    entry = slot.entry
+    if lookup(entry.codec).stored_as_is or into is None:
+        return decode_split_entry(slot.header, slot.payload, entry, slot.pack_id, ids=ids)
+    check_entry_header(slot.header, entry, slot.pack_id)
+    cid = entry.chunk_id.hex()
+    try:
+        decode_into(entry.codec, slot.payload, entry.raw_len, into)
+    except CorruptChunkError as exc:
+        raise CorruptChunkError(f"chunk {cid} in pack {slot.pack_id} is corrupt: {exc}",
+                                pack_id=slot.pack_id, chunk_id=cid) from exc
+    if ids(into) != entry.chunk_id:
+        raise CorruptChunkError(
+            f"chunk {cid} in pack {slot.pack_id} (offset {entry.offset}) does not match its id: "
+            "the stored bytes are corrupt. Restore another version or repair the store.",
+            pack_id=slot.pack_id, chunk_id=cid)
+    return into
 
 
 class _PackGone(Exception):
