@@ -645,14 +645,24 @@ _WAIT_POLL_S = 1.0  # how often a restore waiting for storage says so
 
 def _results(ctx: EngineContext, fn: Callable[[_Range], int], items: Sequence[_Range],
              progress: ProgressCallback | None) -> Iterator[int]:
-    """``ctx.pool.map(fn, items)``; meanwhile, while a pack read waits for storage it cannot
-    reach, ``progress("wait", seconds waited, retry budget)`` from this (the calling) thread."""
-    if progress is None:
-        yield from ctx.pool.map(fn, items)
-        return
+    """``ctx.pool.map(fn, items)``, in any order. Without ``progress`` this (the calling)
+    thread runs items too, from the end of the list while the pool's workers take them from
+    the front: one more reader than the pool has workers, so one is reading while the others
+    hash. With ``progress`` it reports instead: while a pack read waits for storage it cannot
+    reach, ``progress("wait", seconds waited, retry budget)``."""
     futures = [ctx.pool.submit(fn, item) for item in items]
     try:
+        if progress is None:
+            for item, future in zip(reversed(items), reversed(futures), strict=True):
+                if not future.cancel():  # a worker has it, and every item before it
+                    break
+                yield fn(item)
         for future in futures:
+            if future.cancelled():
+                continue
+            if progress is None:
+                yield future.result()
+                continue
             while not future.done():
                 wait([future], timeout=_WAIT_POLL_S)
                 waited = ctx.packs.reads.waiting_s()
