@@ -1,9 +1,15 @@
 """Reads chunks out of packs into destination buffers, verifying every byte.
 
 Chunks are located through the catalog, grouped by pack, sorted by offset and
-fetched with coalesced ranged reads (never whole packs unless needed) on the
-engine's thread pool. Each chunk is decoded and checked against its id before
-it is copied anywhere; a mismatch raises ``CorruptChunkError``.
+planned as coalesced ranges (never whole packs unless needed), one task each on
+the engine's thread pool, the calling thread taking its share. From local
+locations a task reads its range window by window (:data:`_HOT_WINDOW`) and
+verifies each window right after it lands, while its bytes are in cache; from
+remote ones, in one ranged read. A RAW chunk lands in its destination and is
+hashed there; an encoded one is decoded into its destination and hashed there.
+A mismatch raises ``CorruptChunkError`` (after wiping the chunk from where it
+landed), or, for a pack with redundancy, reconstructs the pack and reads the
+range again from it.
 
 Delta-coded chunks need their base chunk's raw bytes, and the base may be a
 delta itself. They are read in windows of at most :data:`DELTA_WINDOW` raw
