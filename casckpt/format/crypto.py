@@ -35,7 +35,7 @@ import io
 import os
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -404,33 +404,56 @@ class StoreCrypto:
 
         return open_one
 
-    def open_segments(self, key: str, head: SealedHead, first: int,
-                      body: bytes | memoryview) -> bytearray:
+    def open_segments_into(self, key: str, head: SealedHead, first: int, body: bytes | memoryview,
+                           buffers: Sequence[memoryview], skip: int = 0,
+                           scratch: memoryview | None = None) -> int:
         """Decrypt and check the consecutive segments from index ``first`` in ``body`` (their
-        sealed bytes, the last one possibly the object's short last segment).
+        sealed bytes, the last one possibly the object's short last segment), writing their
+        plaintext from byte ``skip`` of the first on into ``buffers`` in order, until the
+        buffers are full or ``body`` ends; returns the bytes written.
+
+        A segment whose plaintext falls whole inside one buffer is decrypted there; the others
+        are decrypted into ``scratch`` (:data:`SEGMENT` bytes, reused by a caller that reads
+        many ranges) and copied out from it while it is in cache. No buffer the size of the
+        range is made.
 
         Raises:
-            SealedObjectError: a segment fails authentication or is cut short.
+            SealedObjectError: a segment fails authentication or is cut short (what it was
+                decrypted into is zeroed first: no unauthenticated byte reaches a buffer).
         """
         view = memoryview(body).cast("B")
-        spans: list[tuple[int, int, int]] = []  # (sealed start, sealed end, index), all checked first
-        at, index = 0, first
-        while at < len(view):
+        buffers = [b for b in buffers if len(b)]
+        open_one = self.segment_opener(key, head)
+        at, index, written, slot, filled = 0, first, 0, 0, 0  # buffers[slot][:filled] is written
+        while at < len(view):  # every segment in body is authenticated, wanted or not
+            if slot < len(buffers) and filled == len(buffers[slot]):
+                slot, filled = slot + 1, 0
             plain = min(SEGMENT, head.length - index * SEGMENT)
             end = at + plain + TAG_SIZE
             if plain < 0 or end > len(view) or index >= head.segments:
                 raise SealedObjectError(f"object {key} is truncated or longer than its header says")
-            spans.append((at, end, index))
+            dst = buffers[slot] if slot < len(buffers) else None
+            if dst is not None and skip == 0 and len(dst) - filled >= plain:
+                try:
+                    open_one(index, view[at:end], dst[filled : filled + plain])
+                except SealedObjectError:
+                    dst[filled : filled + plain] = bytes(plain)  # no unauthenticated byte is left
+                    raise
+                filled += plain
+                written += plain
+            else:
+                if scratch is None:
+                    scratch = memoryview(bytearray(SEGMENT))
+                open_one(index, view[at:end], scratch[:plain])
+                src, skip = scratch[skip:plain], 0
+                while len(src) and slot < len(buffers):
+                    n = min(len(src), len(buffers[slot]) - filled)
+                    buffers[slot][filled : filled + n] = src[:n]
+                    src, filled, written = src[n:], filled + n, written + n
+                    if filled == len(buffers[slot]):
+                        slot, filled = slot + 1, 0
             at, index = end, index + 1
-        # one allocation, each segment decrypted in place (growing the output per segment cost
-        # more than AES-GCM itself)
-        out = bytearray(len(view) - TAG_SIZE * len(spans))
-        target, done, open_one = memoryview(out), 0, self.segment_opener(key, head)
-        for at, end, index in spans:
-            size = end - at - TAG_SIZE
-            open_one(index, view[at:end], target[done : done + size])
-            done += size
-        return out
+        return written
 
     def open(self, key: str, data: bytes | memoryview) -> bytearray:
         """The plaintext of a whole sealed object ``key``.
@@ -442,7 +465,9 @@ class StoreCrypto:
         if len(data) != sealed_size(head.length):
             raise SealedObjectError(f"object {key} is {len(data)} bytes, its header says "
                                    f"{sealed_size(head.length)}: truncated or extended")
-        return self.open_segments(key, head, 0, memoryview(data)[HEADER_SIZE:])
+        out = bytearray(head.length)
+        self.open_segments_into(key, head, 0, memoryview(data)[HEADER_SIZE:], [memoryview(out)])
+        return out
 
     @staticmethod
     def segment_span(offset: int, length: int, total: int) -> tuple[int, int, int]:

@@ -125,6 +125,7 @@ class LocalBlobStore:
             StorageError: ``create`` is False and ``root`` is not a directory.
         """
         self.root = Path(root).resolve()
+        self._root_text = str(self.root)
         self.url = self.root.as_uri()
         self._tmp = self.root / "tmp"
         if not create and not self.root.is_dir():
@@ -222,6 +223,15 @@ class LocalBlobStore:
             BlobNotFoundError: nothing is there.
             UnsafeObjectError: it is not a regular file inside the root.
         """
+        if path is None:
+            try:
+                st = self._plain_file(key)
+            except FileNotFoundError:
+                raise BlobNotFoundError(f"{key} is missing from {self.root}") from None
+            except OSError:
+                st = None  # a component is no directory, or unreadable: resolved below
+            if st is not None:
+                return self._path(key), st
         path = self._path(key) if path is None else path
         real = Path(os.path.realpath(path))
         if real != path and self.root not in real.parents:
@@ -239,6 +249,23 @@ class LocalBlobStore:
                 "opened. Remove it and run `casckpt check` (`casckpt repair` rewrites it where "
                 "the pack has redundancy)")
         return real, st
+
+    def _plain_file(self, key: str) -> os.stat_result | None:
+        """The lstat of ``key``'s file when it and every directory between it and the root are
+        what they seem (a regular file, real directories: no symlink), so it lies inside the
+        root as named; None when something needs resolving. One lstat per level, on strings:
+        ``realpath``'s walk from ``/`` cost a restore 70 us per read.
+
+        Raises:
+            FileNotFoundError: nothing is there.
+        """
+        where = self._root_text
+        for part in check_object_name(key).split("/")[:-1]:
+            where = f"{where}/{part}"
+            if not stat.S_ISDIR(os.lstat(where).st_mode):
+                return None
+        st = os.lstat(f"{self._root_text}/{key}")
+        return st if stat.S_ISREG(st.st_mode) else None
 
     @contextmanager
     def _reading(self, key: str) -> Iterator[tuple[int, int]]:

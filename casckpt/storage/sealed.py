@@ -10,7 +10,9 @@ sizes, so catalog sizes, listings and ranges mean what they mean in a plain stor
 A range read fetches the header once per object (cached: objects are immutable
 under their key, and a rewrite under the same key -- a healed shard -- is caught by
 authentication and read again with a fresh header), then only the segments the
-range covers, each checked before a byte of it is returned.
+range covers, in one ranged read into a buffer the reading thread reuses, and
+decrypts each into the caller's buffer its plaintext falls in, checked there (a
+segment that fails is wiped before the error is raised).
 """
 
 from __future__ import annotations
@@ -105,33 +107,35 @@ class SealedBlobStore:
     def get_range(self, key: str, offset: int, length: int) -> bytes:
         if key in CLEAR_NAMES:
             return self.inner.get_range(key, offset, length)
-        return bytes(self._opened(key, offset, length))
-
-    def _opened(self, key: str, offset: int, length: int) -> memoryview:
-        try:
-            return self._range(key, offset, length)
-        except SealedObjectError:  # maybe rewritten under its key since its header was cached
-            self._forget(key)
-            return self._range(key, offset, length)
-
-    def _range(self, key: str, offset: int, length: int) -> memoryview:
-        head = self._head(key)
-        if length <= 0 or offset >= head.length:
-            return memoryview(b"")
-        first, start, stop = self.crypto.segment_span(offset, length, head.length)
-        body = self.inner.get_range(key, start, stop - start)
-        if len(body) != stop - start:
-            raise SealedObjectError(f"object {key} is truncated: {len(body)} of the {stop - start} "
-                                    "sealed bytes a read needs are there")
-        plain = self.crypto.open_segments(key, head, first, body)
-        skip = offset - first * SEGMENT
-        return memoryview(plain)[skip : skip + length]
+        out = bytearray(max(0, length))
+        return bytes(memoryview(out)[: self.read_into(key, offset, [memoryview(out)])])
 
     def read_into(self, key: str, offset: int, buffers: Sequence[memoryview]) -> int:
-        want = sum(len(b) for b in buffers)
+        """The range's sealed segments are read in one ranged read into this thread's reused
+        buffer, then each is decrypted straight into the buffer its plaintext falls in (or
+        through a reused segment buffer, for one that straddles two) and checked there."""
         if key in CLEAR_NAMES:
-            return scatter(self.inner.get_range(key, offset, want), buffers)
-        return scatter(self._opened(key, offset, want), buffers)  # no copy between them
+            return scatter(self.inner.get_range(key, offset, sum(len(b) for b in buffers)), buffers)
+        try:
+            return self._read_into(key, offset, buffers)
+        except SealedObjectError:  # maybe rewritten under its key since its header was cached
+            self._forget(key)
+            return self._read_into(key, offset, buffers)
+
+    def _read_into(self, key: str, offset: int, buffers: Sequence[memoryview]) -> int:
+        head = self._head(key)
+        want = sum(len(b) for b in buffers)
+        if want <= 0 or offset >= head.length:
+            return 0
+        first, start, stop = self.crypto.segment_span(offset, want, head.length)
+        scratch = _scratch(stop - start)
+        body = scratch.sealed[: stop - start]
+        got = self.inner.read_into(key, start, [body])
+        if got != stop - start:
+            raise SealedObjectError(f"object {key} is truncated: {got} of the {stop - start} "
+                                    "sealed bytes a read needs are there")
+        return self.crypto.open_segments_into(key, head, first, body, buffers, offset - first * SEGMENT,
+                                              scratch.segment)
 
     def size(self, key: str) -> int | None:
         stored = self.inner.size(key)
@@ -143,6 +147,27 @@ class SealedBlobStore:
 
     def close(self) -> None:
         self.inner.close()
+
+
+class _Scratch:
+    """One thread's reused read buffers: the sealed bytes of a range, and one segment."""
+
+    def __init__(self) -> None:
+        self.sealed = memoryview(bytearray(0))
+        self.segment = memoryview(bytearray(SEGMENT))
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(size: int) -> _Scratch:
+    """This thread's scratch buffers, the sealed one at least ``size`` bytes."""
+    scratch: _Scratch | None = getattr(_SCRATCH, "scratch", None)
+    if scratch is None:
+        scratch = _SCRATCH.scratch = _Scratch()
+    if len(scratch.sealed) < size:
+        scratch.sealed = memoryview(bytearray(size))
+    return scratch
 
 
 def sealed(blobs: BlobStore, crypto: StoreCrypto) -> BlobStore:

@@ -42,9 +42,15 @@ def test_seal_open_and_any_range_round_trip(length: int, data: st.DataObject) ->
     head = CRYPTO.head("packs/ab/x", sealed)
     if count and offset < length:
         first, start, stop = CRYPTO.segment_span(offset, count, length)
-        opened = CRYPTO.open_segments("packs/ab/x", head, first, memoryview(sealed)[start:stop])
+        want = min(count, length - offset)
+        cuts = sorted(data.draw(st.lists(st.integers(0, want), max_size=4)))
+        edges = [0, *cuts, want]
+        out = bytearray(want)
+        buffers = [memoryview(out)[a:b] for a, b in zip(edges, edges[1:], strict=False)]  # some empty
         skip = offset - first * SEGMENT
-        assert bytes(opened[skip : skip + count]) == plain[offset : offset + count]
+        got = CRYPTO.open_segments_into("packs/ab/x", head, first, memoryview(sealed)[start:stop],
+                                        buffers, skip)
+        assert got == want and bytes(out) == plain[offset : offset + want]
 
 
 @settings(max_examples=40, deadline=None)
@@ -150,3 +156,22 @@ def test_a_scatter_read_of_a_damaged_segment_raises(tmp_path: Path) -> None:
     path.write_bytes(bytes(raw))
     with pytest.raises(SealedObjectError, match="segment 1"):
         store.read_into("packs/ab/p", 0, [memoryview(bytearray(2 * SEGMENT))])
+
+
+def test_a_segment_that_fails_authentication_leaves_no_byte_in_the_buffer(tmp_path: Path) -> None:
+    """Segments are decrypted straight into the caller's buffer: one whose tag does not match
+    is wiped there before the error, so no unauthenticated plaintext is left behind."""
+    inner = LocalBlobStore(tmp_path / "blobs")
+    store = SealedBlobStore(inner, CRYPTO)
+    plain = os.urandom(3 * SEGMENT)
+    store.put("packs/aa/p", plain)
+    path = tmp_path / "blobs" / "packs" / "aa" / "p"
+    raw = bytearray(path.read_bytes())
+    raw[HEADER_SIZE + (SEGMENT + TAG_SIZE) + 1000] ^= 0x10  # inside the second segment
+    path.chmod(0o644)
+    path.write_bytes(raw)
+    out = bytearray(b"\xaa" * len(plain))
+    with pytest.raises(SealedObjectError, match="fails authentication"):
+        store.read_into("packs/aa/p", 0, [memoryview(out)])
+    assert out[:SEGMENT] == plain[:SEGMENT]  # authenticated before the damage was met
+    assert out[SEGMENT : 2 * SEGMENT] == bytes(SEGMENT)

@@ -1,9 +1,15 @@
 """Reads chunks out of packs into destination buffers, verifying every byte.
 
 Chunks are located through the catalog, grouped by pack, sorted by offset and
-fetched with coalesced ranged reads (never whole packs unless needed) on the
-engine's thread pool. Each chunk is decoded and checked against its id before
-it is copied anywhere; a mismatch raises ``CorruptChunkError``.
+planned as coalesced ranges (never whole packs unless needed), one task each on
+the engine's thread pool, the calling thread taking its share. From local
+locations a task reads its range window by window (:data:`_HOT_WINDOW`) and
+verifies each window right after it lands, while its bytes are in cache; from
+remote ones, in one ranged read. A RAW chunk lands in its destination and is
+hashed there; an encoded one is decoded into its destination and hashed there.
+A mismatch raises ``CorruptChunkError`` (after wiping the chunk from where it
+landed), or, for a pack with redundancy, reconstructs the pack and reads the
+range again from it.
 
 Delta-coded chunks need their base chunk's raw bytes, and the base may be a
 delta itself. They are read in windows of at most :data:`DELTA_WINDOW` raw
@@ -39,6 +45,7 @@ from casckpt.format.codecs import (
     CODECS,
     Delta,
     apply_sparse,
+    decode_into,
     delta_planes,
     lookup,
     regroup,
@@ -121,8 +128,9 @@ class _Slot:
     """Where one chunk's header and payload are read to.
 
     A RAW payload is read straight into its first destination (then verified
-    there): no intermediate buffer, no copy. Encoded payloads need a buffer
-    to decode from.
+    there, while the bytes are still in cache): no intermediate buffer, no copy.
+    Encoded payloads need a buffer to decode from: a fresh one, or a piece of the
+    reading thread's reused :class:`_Arena`.
     """
 
     entry: PackEntry
@@ -132,22 +140,93 @@ class _Slot:
     destinations: list[Destination]
 
     @classmethod
-    def of(cls, loc: ChunkLocation, destinations: list[Destination]) -> _Slot:
+    def of(cls, loc: ChunkLocation, destinations: list[Destination], arena: _Arena | None = None) -> _Slot:
         entry = loc.entry()
         direct = lookup(entry.codec).stored_as_is and bool(destinations) \
             and len(destinations[0]) == entry.stored_len
-        # not zero-filled: a read fills it whole, or fails (a short read is a truncated pack)
-        payload = destinations[0] if direct else memoryview(np.empty(entry.stored_len, np.uint8))  # type: ignore[arg-type]
+        if direct:
+            payload = destinations[0]
+        elif arena is not None:
+            payload = arena.take(entry.stored_len)
+        else:  # not zero-filled: a read fills it whole, or fails (a short read is a truncated pack)
+            payload = memoryview(np.empty(entry.stored_len, np.uint8))  # type: ignore[arg-type]
         return cls(entry, loc.pack_id, memoryview(bytearray(ENTRY_HEADER_SIZE)), payload, destinations)
 
 
+class _Arena:
+    """One thread's reused payload buffer for the encoded chunks of a read window.
+
+    :meth:`take` hands out consecutive pieces; :meth:`reset` starts the next window over
+    the same memory (grown when a window needs more). Only for a decoder that keeps no
+    view of a payload past its window (the plain decoder; never the delta reader's).
+    """
+
+    def __init__(self) -> None:
+        self._buf = np.empty(0, np.uint8)
+        self._used = 0
+
+    def reset(self, size: int) -> None:
+        if size > self._buf.nbytes:
+            self._buf = np.empty(size, np.uint8)
+        self._used = 0
+
+    def take(self, size: int) -> memoryview:
+        piece = memoryview(self._buf[self._used : self._used + size])  # type: ignore[arg-type]
+        self._used += size
+        return piece
+
+
+_ARENAS = threading.local()
+
+
+def _arena() -> _Arena:
+    arena: _Arena | None = getattr(_ARENAS, "arena", None)
+    if arena is None:
+        arena = _ARENAS.arena = _Arena()
+    return arena
+
+
 def _decode(ids: ChunkIds, plan: Sequence[_Slot]) -> None:
-    """Verify each (plain) chunk read and copy it to its other destinations."""
+    """Verify each (plain) chunk read and copy it to its other destinations. An encoded chunk
+    is decoded straight into its first destination. A chunk that fails is wiped from the
+    destination it was read or decoded into before the error is raised: no corrupt byte is
+    left looking restored."""
     for slot in plan:
-        raw = decode_split_entry(slot.header, slot.payload, slot.entry, slot.pack_id, ids=ids)
+        first = slot.destinations[0] if slot.destinations else None
+        try:
+            raw = _verified(ids, slot, first)
+        except IntegrityError:
+            if first is not None:
+                np.frombuffer(first, dtype=np.uint8).fill(0)
+            raise
         for dst in slot.destinations:
-            if dst is not slot.payload:
+            if dst is not raw:
                 dst[:] = raw
+
+
+def _verified(ids: ChunkIds, slot: _Slot, into: Destination | None) -> memoryview | bytes:
+    """The slot's chunk decoded (into ``into`` when it is encoded and ``into`` is given) and
+    checked against its id.
+
+    Raises:
+        CorruptChunkError: its header, payload or bytes are damaged.
+    """
+    entry = slot.entry
+    if lookup(entry.codec).stored_as_is or into is None:
+        return decode_split_entry(slot.header, slot.payload, entry, slot.pack_id, ids=ids)
+    check_entry_header(slot.header, entry, slot.pack_id)
+    cid = entry.chunk_id.hex()
+    try:
+        decode_into(entry.codec, slot.payload, entry.raw_len, into)
+    except CorruptChunkError as exc:
+        raise CorruptChunkError(f"chunk {cid} in pack {slot.pack_id} is corrupt: {exc}",
+                                pack_id=slot.pack_id, chunk_id=cid) from exc
+    if ids(into) != entry.chunk_id:
+        raise CorruptChunkError(
+            f"chunk {cid} in pack {slot.pack_id} (offset {entry.offset}) does not match its id: "
+            "the stored bytes are corrupt. Restore another version or repair the store.",
+            pack_id=slot.pack_id, chunk_id=cid)
+    return into
 
 
 class _PackGone(Exception):
@@ -487,11 +566,40 @@ def _read_located(
         hit = sorted({describe(cid) for cid, loc in locations.items() if loc.pack_id == pack_id})
         return MissingDataError(f"{'; '.join(hit)} cannot be read: {exc}")
 
+    hot = _HOT_WINDOW if _local_reads(ctx) else ctx.config.read_coalesce
+    reuse = decode is None  # the delta reader keeps views of what it decodes: fresh buffers
+
     def fetch(r: _Range) -> int:
-        plan = [_Slot.of(loc, wanted[loc.entry().chunk_id]) for loc in r.chunks]
-        buffers = [view for slot in plan for view in (slot.header, slot.payload)]
+        arena = _arena() if reuse else None
+        plan: list[_Slot] = []
         try:
-            got = ctx.packs.reads.read_into(r.pack_id, r.start, buffers, heal=heal)
+            for window in _windows(r, hot):
+                if arena is not None:
+                    arena.reset(sum(loc.stored_len for loc in window))
+                slots = [_Slot.of(loc, wanted[loc.entry().chunk_id], arena) for loc in window]
+                plan += slots
+                _read_window(r, slots)
+                decoder(slots)  # verified while the bytes just read are still in cache
+        except IntegrityError:
+            if not ctx.packs.reads.can_reconstruct(r.pack_id):
+                raise
+            # a copy or shard is damaged: reconstruct the pack from healthy shards (healing them)
+            try:
+                pack = ctx.packs.reads.reconstruct(r.pack_id, heal=heal)
+            except MissingDataError as exc:
+                raise _unreadable(r.pack_id, exc) from exc
+            plan = [_Slot.of(loc, wanted[loc.entry().chunk_id]) for loc in r.chunks]
+            buffers = [view for slot in plan for view in (slot.header, slot.payload)]
+            scatter(memoryview(pack)[r.start : r.end], buffers)
+            decoder(plan)
+        return r.end - r.start
+
+    def _read_window(r: _Range, slots: Sequence[_Slot]) -> None:
+        start = slots[0].entry.offset
+        end = slots[-1].entry.offset + slots[-1].entry.span
+        buffers = [view for slot in slots for view in (slot.header, slot.payload)]
+        try:
+            got = ctx.packs.reads.read_into(r.pack_id, start, buffers, heal=heal)
         except BlobNotFoundError as exc:
             if not last_try:
                 raise _PackGone() from exc
@@ -501,23 +609,10 @@ def _read_located(
             ) from exc
         except MissingDataError as exc:
             raise _unreadable(r.pack_id, exc) from exc
-        try:
-            if got < r.end - r.start:
-                raise CorruptPackError(
-                    f"pack {r.pack_id} ends before byte {r.end}: it is truncated. Run `casckpt check`."
-                )
-            decoder(plan)
-        except IntegrityError:
-            if not ctx.packs.reads.can_reconstruct(r.pack_id):
-                raise
-            # a copy or shard is damaged: reconstruct the pack from healthy shards (healing them)
-            try:
-                pack = ctx.packs.reads.reconstruct(r.pack_id, heal=heal)
-            except MissingDataError as exc:
-                raise _unreadable(r.pack_id, exc) from exc
-            scatter(memoryview(pack)[r.start : r.end], buffers)
-            decoder(plan)
-        return r.end - r.start
+        if got < end - start:
+            raise CorruptPackError(
+                f"pack {r.pack_id} ends before byte {end}: it is truncated. Run `casckpt check`."
+            )
 
     for read in _results(ctx, fetch, ranges, progress):
         done += read
@@ -526,19 +621,54 @@ def _read_located(
     return done
 
 
+_HOT_WINDOW = 2 << 20
+"""Bytes a range task reads before it verifies them: small enough to be hashed from cache
+right after the read (verifying a whole 16 MiB range after reading it was a second pass
+from memory), large enough that the per-read cost stays small."""
+
+
+def _local_reads(ctx: EngineContext) -> bool:
+    """Whether every location reads are served from is on this host's file system: reading a
+    range window by window then costs a few system calls more, not round trips."""
+    return not any(loc.remote for loc in ctx.locations.read_order())
+
+
+def _windows(r: _Range, size: int) -> Iterator[Sequence[ChunkLocation]]:
+    """The range's chunks in consecutive runs of about ``size`` bytes (at least one chunk)."""
+    window: list[ChunkLocation] = []
+    start = r.start
+    for loc in r.chunks:
+        if window and _end(loc) - start > size:
+            yield window
+            window, start = [], loc.offset
+        window.append(loc)
+    if window:
+        yield window
+
+
 _WAIT_POLL_S = 1.0  # how often a restore waiting for storage says so
 
 
 def _results(ctx: EngineContext, fn: Callable[[_Range], int], items: Sequence[_Range],
              progress: ProgressCallback | None) -> Iterator[int]:
-    """``ctx.pool.map(fn, items)``; meanwhile, while a pack read waits for storage it cannot
-    reach, ``progress("wait", seconds waited, retry budget)`` from this (the calling) thread."""
-    if progress is None:
-        yield from ctx.pool.map(fn, items)
-        return
+    """``ctx.pool.map(fn, items)``, in any order. Without ``progress`` this (the calling)
+    thread runs items too, from the end of the list while the pool's workers take them from
+    the front: one more reader than the pool has workers, so one is reading while the others
+    hash. With ``progress`` it reports instead: while a pack read waits for storage it cannot
+    reach, ``progress("wait", seconds waited, retry budget)``."""
     futures = [ctx.pool.submit(fn, item) for item in items]
     try:
+        if progress is None:
+            for item, future in zip(reversed(items), reversed(futures), strict=True):
+                if not future.cancel():  # a worker has it, and every item before it
+                    break
+                yield fn(item)
         for future in futures:
+            if future.cancelled():
+                continue
+            if progress is None:
+                yield future.result()
+                continue
             while not future.done():
                 wait([future], timeout=_WAIT_POLL_S)
                 waited = ctx.packs.reads.waiting_s()

@@ -326,3 +326,30 @@ def test_damaged_pack_footer(damaged: Damaged) -> None:
     assert any("footer" in p.detail for p in report.problems)
     # Restore reads through the catalog's index and verifies every chunk: the data is fine.
     _same(damaged.store.restore("a@1"), _state(1))
+
+
+def test_corrupt_raw_chunk_read_into_its_destination_is_wiped(raw_damaged: Damaged) -> None:
+    """A raw chunk is read straight into the tensor it restores and verified there: a flipped
+    byte raises, and the chunk's bytes are not left in the tensor looking restored."""
+    d = raw_damaged
+    rows = d.chunks_of(d.a.id, "w")
+    assert all(r.stored_len == CHUNK for r in rows[:-1]) and len({r.codec for r in rows}) == 1
+    k = len(rows) // 2
+    victim = rows[k]
+    at = victim.offset + ENTRY_HEADER_SIZE + 100
+    d.patch(victim.pack_id, at, bytes([d.read(victim.pack_id, at, 1)[0] ^ 0x01]))
+
+    with pytest.raises(CorruptChunkError) as info:
+        d.store.restore("a@1")
+    assert (info.value.pack_id, info.value.chunk_id) == (victim.pack_id, victim.id)
+
+    target = torch.full((40_000,), 7.0)
+    with pytest.raises(CorruptChunkError) as info:
+        d.store.restore("a@1", into={"w": target})
+    assert info.value.chunk_id == victim.id
+    span = target.view(torch.uint8)[k * CHUNK : (k + 1) * CHUNK]
+    assert not span.any(), "the corrupt chunk's bytes were left in the target"
+    stored = torch.frombuffer(bytearray(d.read(victim.pack_id, victim.offset + ENTRY_HEADER_SIZE, CHUNK)),
+                              dtype=torch.uint8)
+    assert not torch.equal(span, stored)
+    d.assert_b_intact()
