@@ -80,6 +80,10 @@ class ChangeHint:
 
     unchanged: Callable[[str], bool] | None = None
     versions: Callable[[str], bool] | None = None
+    counted: Callable[[str], bool] | None = None
+    """Tensors a background commit found unchanged by their version counters on the
+    caller's thread (see :mod:`casckpt.engine.write.background`): reused like ``versions``
+    ones whose counters held, never refused."""
 
 
 def make_hint(unchanged: PathSpec | None, trust_versions: PathSpec | bool) -> ChangeHint | None:
@@ -171,9 +175,11 @@ def reusable(
                 or entry.stride is not None
                 or (old.kind, old.dtype, old.shape) != (entry.kind, entry.dtype, entry.shape)):
             continue  # new to the run, or not alone in its extent: hashed
-        counted = (not declared and counters is not None and hint.versions is not None
-                   and isinstance(leaf.value, torch.Tensor) and hint.versions(leaf.path)
-                   and counters.unchanged(leaf.path, leaf.value))
+        counted = not declared and (
+            (hint.counted is not None and hint.counted(leaf.path))
+            or (counters is not None and hint.versions is not None
+                and isinstance(leaf.value, torch.Tensor) and hint.versions(leaf.path)
+                and counters.unchanged(leaf.path, leaf.value)))
         if not (declared or counted):
             continue
         size = aligned_chunk_size(chunk_size, source.align)
