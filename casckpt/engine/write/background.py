@@ -171,6 +171,7 @@ class BackgroundCommitter:
         self._pending: list[CommitHandle] = []
         self._staged = 0  # bytes of new chunks copied (the path for states over the budget)
         self.peak_staged = 0
+        self.copied = 0  # bytes copied into staging so far (vouched tensors are not)
         self._host: HostStaging | None = None  # made with the first staged commit (torch)
         self._counters: dict[str, Counters] = {}  # run -> trusted counters of its last staging
         self._last: dict[str, str] = {}  # run -> version id of its newest pending commit
@@ -241,6 +242,7 @@ class BackgroundCommitter:
                 raise
             self._counters[req.run] = cast("Counters", trusted_counters(hint, "", leaves)) \
                 if hint is not None and hint.versions is not None else Counters("")
+            self.copied += staged.copied
             handle = CommitHandle(req.run, req.step)
             job = _Job(handle, req, None, redundancy, started, progress, created, staged,
                        ChangeHint(unchanged=hint.unchanged, counted=counted.__contains__)

@@ -1073,3 +1073,132 @@ def test_unchanged_hint_after_a_failed_background_commit_stores_the_state(
         monkeypatch.setattr(commit_engine, "finish", real)
         version = store.commit({"w": w2}, run="r", step=3, unchanged="w")
         assert torch.equal(store.restore(version.id)["w"], w2)
+
+
+# -- host staging: the caller's thread copies, the worker hashes and writes ------------------
+
+
+def _bump_all(state: dict[str, Any]) -> None:
+    for _, tensor in _tensors(state):
+        tensor.add_(1)
+
+
+@pytest.mark.parametrize("memory", [None, 4 * CHUNK], ids=["staged", "over-budget"])
+def test_a_mutation_after_commit_returns_never_shows_in_the_version(env: Env, memory: int | None) -> None:
+    """``add_(1)`` on every tensor right after ``commit(block=False)`` returns: each version
+    holds the state as it was at its call -- also for the 2nd and 3rd commits, made while the
+    1st is still writing (the gate holds it), which need a second staging set, and for the
+    4th, which reuses a set its earlier commit released. Over the budget (``commit_memory``
+    smaller than the state) the state is hashed in place and its new chunks, more than the
+    budget here, written in the caller's thread: same result (no gate: it would wait on it)."""
+    store = env.open(max_pending_commits=4, **({} if memory is None else {"commit_memory": memory}))
+    state = _state()
+    expected, handles = [], []
+    if memory is None:
+        env.blobs.gate.clear()  # the worker hashes the first commit, then waits to write it
+    for step in range(3):
+        handles.append(store.commit(state, run="r", step=step, block=False))
+        expected.append(copy.deepcopy(state))
+        _bump_all(state)
+    assert memory is not None or not any(h.done() for h in handles)
+    env.blobs.gate.set()
+    handles[-1].wait(WAIT)
+    handles.append(store.commit(state, run="r", step=3, block=False))
+    expected.append(copy.deepcopy(state))
+    _bump_all(state)
+    versions = [h.wait(WAIT) for h in handles]
+    for step, want in enumerate(expected):
+        assert_same(store.restore(f"r@{step}"), want)
+    _assert_chain(store, [v.id for v in versions])
+    committer = internals(store).committer
+    assert committer.peak_staged <= committer.memory and committer.staged == 0
+    if memory is None:  # the state fits: staged whole, in sets reused across commits
+        size = sum(t.nbytes for _, t in _tensors(state))
+        assert committer.copied == 4 * size
+        assert committer.kept <= 3 * size  # three in flight at most; the fourth reused a set
+    else:
+        assert committer.copied == 0 and committer.kept == 0
+    assert store.ops.check(read_data=True).ok
+
+
+def test_the_handle_id_waits_for_the_worker_to_hash(env: Env) -> None:
+    store = env.open()
+    state = _state()
+    env.blobs.gate.clear()
+    handle = store.commit(state, run="r", step=0, block=False)
+    assert "r@0" in repr(handle)
+    version_id = handle.id  # the worker hashed it; the write is still held
+    assert not handle.done()
+    env.blobs.gate.set()
+    assert handle.wait(WAIT).id == version_id
+
+
+def test_staging_keeps_every_kind_of_leaf_as_a_blocking_commit_stores_it(env: Env, tmp_path: Path) -> None:
+    """Tied tensors, views of one storage (a slice beside its base, a transpose), numpy arrays,
+    empty and 0-d tensors, conj and neg views, several dtypes: a background commit plans the
+    same extents and chunks as a blocking one, and restores the same state."""
+    base = torch.arange(6 * ELEMS, dtype=torch.float32)
+    tied = torch.randn(2 * ELEMS)
+    state: dict[str, Any] = {
+        "tied": {"a": tied, "b": tied},
+        "views": {"base": base, "slice": base[ELEMS + 3 : 3 * ELEMS], "t": base.view(8, -1).t()},
+        "np": {"arr": _noise(5, 2).numpy(), "small": torch.arange(5).numpy()},
+        "odd": {"empty": torch.empty(0, 3), "scalar": torch.tensor(3.5), "i64": torch.arange(7),
+                "bf16": torch.randn(ELEMS).to(torch.bfloat16),
+                "conj": torch.randn(ELEMS, dtype=torch.complex64).conj(),
+                "neg": torch._neg_view(torch.randn(ELEMS))},
+        "plain": {"lr": 0.1, "keys": {3: (1, "x", None, b"\x00")}, "flag": True},
+    }
+    blocking = casckpt.open(tmp_path / "blocking", chunk_size=CHUNK, pack_size=16 * CHUNK, workers=2)
+    env.stores.append(blocking)
+    background = env.open()
+    want = blocking.commit(state, run="r", step=0)
+    got = background.commit(state, run="r", step=0, block=False).wait(WAIT)
+    assert blocking.show(want.id).tensors == background.show(got.id).tensors  # same rows and chunks
+    assert (got.new_bytes, got.stored_bytes) == (want.new_bytes, want.stored_bytes)
+    restored = background.restore(got.id)
+    assert restored["tied"]["a"].data_ptr() == restored["tied"]["b"].data_ptr()
+    for path in ("views.slice", "views.t", "odd.conj", "odd.neg", "odd.bf16", "odd.scalar"):
+        section, key = path.split(".")
+        assert torch.equal(restored[section][key], state[section][key]), path
+    assert (restored["np"]["arr"] == state["np"]["arr"]).all()
+    assert restored["plain"] == state["plain"]
+
+
+def test_staging_sets_stay_within_commit_memory(env: Env) -> None:
+    """Room for two staged copies of the state: a third commit in flight waits for a set to be
+    released (block) and is refused under backpressure='raise'; nothing is lost either way."""
+    state = _state()
+    size = sum(t.nbytes for _, t in _tensors(state))
+    store = env.open(max_pending_commits=8, commit_memory=2 * size + CHUNK, backpressure="raise")
+    env.blobs.gate.clear()
+    first = store.commit(state, run="r", step=0, block=False)
+    second = store.commit(state, run="r", step=1, block=False)
+    with pytest.raises(CommitBackpressureError):
+        store.commit(state, run="r", step=2, block=False)
+    committer = internals(store).committer
+    assert committer.staged == committer.kept == 2 * size
+    env.blobs.gate.set()
+    first.wait(WAIT)
+    second.wait(WAIT)
+    store.commit(state, run="r", step=2, block=False).wait(WAIT)  # reuses a released set
+    committer = internals(store).committer
+    assert committer.kept == 2 * size and committer.peak_staged <= committer.memory
+    assert _steps(store) == [0, 1, 2]
+
+
+def test_a_trusted_background_commit_copies_only_what_moved(env: Env) -> None:
+    """``trust_versions``: the counters are read on the caller's thread; a tensor not written
+    since the run's last commit is not copied when its staged bytes are still current."""
+    store = env.open()
+    state = _state()
+    store.commit(state, run="r", step=0, block=False, trust_versions=True).wait(WAIT)
+    before = internals(store).committer.copied
+    state["model"]["b"].add_(1)
+    expected = copy.deepcopy(state)
+    handle = store.commit(state, run="r", step=1, block=False, trust_versions=True)
+    assert internals(store).committer.copied - before == state["model"]["b"].nbytes
+    _bump_all(state)
+    handle.wait(WAIT)
+    assert_same(store.restore("r@1"), expected)
+    assert store.ops.check(read_data=True).ok
