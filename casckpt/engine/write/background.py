@@ -174,6 +174,7 @@ class BackgroundCommitter:
         self.copied = 0  # bytes copied into staging so far (vouched tensors are not)
         self._host: HostStaging | None = None  # made with the first staged commit (torch)
         self._counters: dict[str, Counters] = {}  # run -> trusted counters of its last staging
+        self._blocked: set[str] = set()  # runs committed in the foreground since their last staging
         self._last: dict[str, str] = {}  # run -> version id of its newest pending commit
         self._inflight: dict[bytes, ChunkBytes] = {}  # chunk id -> copy a pending commit will write
         self._failed: list[CommitHandle] = []
@@ -243,6 +244,7 @@ class BackgroundCommitter:
             self._counters[req.run] = cast("Counters", trusted_counters(hint, "", leaves)) \
                 if hint is not None and hint.versions is not None else Counters("")
             self.copied += staged.copied
+            self._blocked.discard(req.run)
             handle = CommitHandle(req.run, req.step)
             job = _Job(handle, req, None, redundancy, started, progress, created, staged,
                        ChangeHint(unchanged=hint.unchanged, counted=counted.__contains__)
@@ -266,7 +268,7 @@ class BackgroundCommitter:
                    and isinstance(leaf.value, torch.Tensor) and hint.versions(leaf.path)
                    and counters.unchanged(leaf.path, leaf.value)}
         declared = {leaf.path for leaf in leaves if hint.unchanged is not None and hint.unchanged(leaf.path)}
-        both = counted | declared
+        both = counted | (declared if run not in self._blocked else set())
         return both.__contains__, counted, declared
 
     def _stage_set(self, run: str, plan: Layout) -> StagingSet | None:
@@ -397,10 +399,9 @@ class BackgroundCommitter:
         with self._submit:
             self.wait_all()
             version = run()
-            self._counters.pop(version.run, None)  # staging no longer follows the run: copy all
-            if self._host is not None:
-                with self._cond:
-                    self._host.forget(version.run)
+            # the version holds the live bytes, which staging may not: until the next staged commit,
+            # only an unmoved version counter (the bytes are as staged) spares a copy
+            self._blocked.add(version.run)
         return version
 
     def _wait_at_exit(self) -> None:

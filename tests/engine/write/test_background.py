@@ -1202,3 +1202,21 @@ def test_a_trusted_background_commit_copies_only_what_moved(env: Env) -> None:
     handle.wait(WAIT)
     assert_same(store.restore("r@1"), expected)
     assert store.ops.check(read_data=True).ok
+
+
+def test_a_blocking_commit_between_staged_ones_makes_the_next_copy_what_it_declared(env: Env) -> None:
+    """``unchanged=`` promises the parent's bytes. After a blocking commit (which read the live
+    state, not the staging), the staging of a tensor changed before it is stale: the next
+    background commit copies it even though it is declared unchanged. The small tensor is
+    packed with others, so the commit hashes it (a hint never reuses packed tensors): a skipped
+    copy would store the stale staged bytes."""
+    store = env.open()
+    state = {"small": torch.arange(64, dtype=torch.float32), "w": _noise(3, 4)}
+    store.commit(state, run="r", step=0, block=False).wait(WAIT)
+    state["small"].add_(1)
+    store.commit(state, run="r", step=1)
+    expected = copy.deepcopy(state)
+    handle = store.commit(state, run="r", step=2, block=False, unchanged="*")
+    _bump_all(state)
+    handle.wait(WAIT)
+    assert_same(store.restore("r@2"), expected)
