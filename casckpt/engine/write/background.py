@@ -1,17 +1,32 @@
-"""Background commits: snapshot on the caller's thread, write and publish on a worker.
+"""Background commits: copy on the caller's thread, hash, write and publish on a worker.
 
-``Store.commit(..., block=False)`` runs the snapshot (tree encoding, hashing
-every chunk in place, dedup, and a copy of the chunks the store does not
-hold) before it returns, then hands the rest -- encoding, packing, uploads,
-the manifest, the publishing transaction -- to one worker thread, in commit
-order. Once it has returned, the caller may mutate its tensors.
+``Store.commit(..., block=False)`` validates and encodes the state, copies every tensor
+into host staging kept across commits (:mod:`casckpt.engine.memory.hoststaging`: buffers
+already faulted in, so the copy runs at memcpy speed, as DCP's cached staging does) and
+returns. One worker thread then, in commit order, snapshots the staged copy (hashing,
+dedup, the manifest: the version id is known only now, so :attr:`CommitHandle.id` waits
+for it), encodes, packs, uploads, writes the manifest and publishes. Once ``commit``
+has returned, the caller may mutate its tensors.
 
-Bounds (documented backpressure): at most ``max_pending`` commits are in
-flight, and the copies of their new chunks hold at most ``memory`` bytes.
-When either is full a new commit waits (``backpressure="block"``, default)
-or raises :class:`~casckpt.errors.CommitBackpressureError` (``"raise"``). A
-single commit whose changed bytes exceed the whole budget is written in the
-foreground, after the commits before it, without copying.
+With a change hint (``unchanged=`` / ``trust_versions=``, :mod:`casckpt.engine.write.hint`)
+the hint is evaluated on the caller's thread, against the live tensors: a tensor it vouches
+for is not copied when the staging set already holds its bytes (it was copied into that set
+and vouched for at every commit since; an ``unchanged=`` promise alone does not count after
+a blocking commit of the run, which may have stored other bytes). The worker reuses the
+parent's chunk ids for vouched tensors as a blocking commit does; where it cannot (a packed
+or shared tensor, a parent that changed) it hashes the staged bytes, which are current. A
+tensor left uncopied on an ``unchanged=`` promise alone whose run's previous version is no
+longer the one this process committed (it failed, or was deleted) fails the commit with
+:class:`~casckpt.errors.ChangeHintError`: nothing is visible, and the next commit copies.
+
+Bounds (documented backpressure): at most ``max_pending`` commits are in flight, and the
+staging sets (one per run, a second only while the first is held by a pending commit)
+and copies hold at most ``memory`` bytes; sets no commit holds are freed to make room.
+When either bound is full a new commit waits (``backpressure="block"``, default) or raises
+:class:`~casckpt.errors.CommitBackpressureError` (``"raise"``). A state whose staging alone
+exceeds ``memory`` is snapshotted on the caller's thread instead (every chunk hashed in
+place, only the chunks the store does not hold copied); one whose changed bytes exceed the
+whole budget is written in the foreground, after the commits before it, without copying.
 
 Failures are never silent: a background commit's error is raised by its
 handle's :meth:`CommitHandle.wait`, and -- if nobody waited -- by the next
@@ -19,9 +34,9 @@ commit or by ``close()``. A failed commit leaves no visible version. The
 exception is a catalog outage (``CatalogUnavailableError``): the handle
 reports it and it is logged, but the next commit goes ahead rather than
 raising it, so a restart of the database costs no commit after it is over. A
-version's parent is fixed when it is snapshotted (it is part of the version
-id), so a commit queued behind a failed one of the same run still becomes
-visible, complete, naming the failed (never visible) version as its parent.
+commit queued behind a failed one of the same run (submitted before the failure)
+names the failed (never visible) version as its parent, and still becomes visible,
+complete.
 """
 
 from __future__ import annotations

@@ -27,6 +27,11 @@ What a hint may reuse, and what it never does:
   each such tensor until the run's next commit (so the address cannot be reused by
   another allocation meanwhile); no reference is kept without ``trust_versions``.
 
+A background commit (``block=False``) evaluates the hint on the caller's thread, against the
+live tensors, and does not copy a vouched tensor whose staged bytes are still current; its
+worker's snapshot then gets the vouched paths as :attr:`ChangeHint.counted` (see
+:mod:`casckpt.engine.write.background`).
+
 A wrong hint is not detected: the version stores the previous version's bytes for that
 tensor, restores them, and ``check --read-data`` passes (the stored bytes match their
 ids). See docs/ARCHITECTURE.md ("Change hints") for what bypasses version counters.
