@@ -14,10 +14,9 @@ for is not copied when the staging set already holds its bytes (it was copied in
 and vouched for at every commit since; an ``unchanged=`` promise alone does not count after
 a blocking commit of the run, which may have stored other bytes). The worker reuses the
 parent's chunk ids for vouched tensors as a blocking commit does; where it cannot (a packed
-or shared tensor, a parent that changed) it hashes the staged bytes, which are current. A
-tensor left uncopied on an ``unchanged=`` promise alone whose run's previous version is no
-longer the one this process committed (it failed, or was deleted) fails the commit with
-:class:`~casckpt.errors.ChangeHintError`: nothing is visible, and the next commit copies.
+or shared tensor, a parent that is not the run's last commit in this process: it failed, or
+was deleted) it hashes the staged bytes, which hold the tensor as it was at that last commit
+and, as vouched, still is.
 
 Bounds (documented backpressure): at most ``max_pending`` commits are in flight, and the
 staging sets (one per run, a second only while the first is held by a pending commit)
@@ -54,7 +53,6 @@ from casckpt.engine.context import EngineContext
 from casckpt.errors import (
     BackgroundCommitError,
     CatalogUnavailableError,
-    ChangeHintError,
     CommitBackpressureError,
     CommitTimeoutError,
     InvalidArgumentError,
@@ -168,7 +166,6 @@ class _Job:
     created: float = 0.0
     staged: Staged | None = None
     hint: ChangeHint | None = None  # what the worker's snapshot may reuse (caller-checked)
-    declared: bool = False  # some tensor was left uncopied on an ``unchanged=`` promise alone
     stall_s: float = 0.0
 
 
@@ -247,36 +244,39 @@ class BackgroundCommitter:
                 return self._snapshot_here(state, req, progress, hint, entered, started, created,
                                            redundancy)
             host = cast("HostStaging", self._host)
+            queued = False
             try:
-                vouched, counted, declared = self._vouched(req.run, hint, leaves)
+                vouched, counted = self._vouched(req.run, hint, leaves)
                 staged = host.stage(target, root, leaves, plan, vouched)
-            except BaseException:
-                with self._cond:
-                    host.forget(req.run)
-                    host.release(target)
-                    self._cond.notify_all()
-                raise
-            self._counters[req.run] = cast("Counters", trusted_counters(hint, "", leaves)) \
-                if hint is not None and hint.versions is not None else Counters("")
-            self.copied += staged.copied
-            self._blocked.discard(req.run)
-            handle = CommitHandle(req.run, req.step)
-            job = _Job(handle, req, None, redundancy, started, progress, created, staged,
-                       ChangeHint(unchanged=hint.unchanged, counted=counted.__contains__)
-                       if hint is not None else None, bool((declared - counted) & staged.skipped))
-            job.stall_s = time.monotonic() - entered
-            self._enqueue(job)
+                self._counters[req.run] = cast("Counters", trusted_counters(hint, "", leaves)) \
+                    if hint is not None and hint.versions is not None else Counters("")
+                self.copied += staged.copied
+                self._blocked.discard(req.run)
+                handle = CommitHandle(req.run, req.step)
+                job = _Job(handle, req, None, redundancy, started, progress, created, staged,
+                           ChangeHint(unchanged=hint.unchanged, counted=counted.__contains__)
+                           if hint is not None else None)
+                job.stall_s = time.monotonic() - entered
+                self._enqueue(job)
+                queued = True
+            finally:
+                if not queued:  # the staging may be half-copied: copy all next time
+                    with self._cond:
+                        host.forget(req.run)
+                        host.release(target)
+                        self._cond.notify_all()
+                    self._counters.pop(req.run, None)
             return handle
 
     def _vouched(self, run: str, hint: ChangeHint | None, leaves: list[TensorLeaf],
-                 ) -> tuple[Callable[[str], bool], set[str], set[str]]:
+                 ) -> tuple[Callable[[str], bool], set[str]]:
         """The caller's hint evaluated on the live tensors: whether a path is vouched for
         (declared ``unchanged``, or its version counter unmoved since the run's last staging),
-        the counted paths, and the declared ones."""
+        and the counted paths."""
         import torch
 
         if hint is None:
-            return (lambda _path: False), set(), set()
+            return (lambda _path: False), set()
         counters = self._counters.get(run)
         counted = {leaf.path for leaf in leaves
                    if hint.versions is not None and counters is not None
@@ -284,7 +284,7 @@ class BackgroundCommitter:
                    and counters.unchanged(leaf.path, leaf.value)}
         declared = {leaf.path for leaf in leaves if hint.unchanged is not None and hint.unchanged(leaf.path)}
         both = counted | (declared if run not in self._blocked else set())
-        return both.__contains__, counted, declared
+        return both.__contains__, counted
 
     def _stage_set(self, run: str, plan: Layout) -> StagingSet | None:
         """A staging set for ``run`` with room for ``plan`` within the budget (waiting for
@@ -461,14 +461,6 @@ class BackgroundCommitter:
         if parent is None:
             parent = commit_engine.parent_of(self._ctx, run)
         staged = cast("Staged", job.staged)
-        if job.declared and _last_snapshot(self._ctx, run) != parent:
-            # a tensor left uncopied on an unchanged= promise holds, in staging, the bytes of the
-            # run's last commit in this process, which is not the parent any more (it failed, or
-            # was deleted): the promise names the parent's bytes, so neither can be used
-            raise ChangeHintError(
-                f"commit {run}@{job.request.step}: the tensors declared unchanged were not copied, "
-                "and the run's previous version is no longer the one this process committed last "
-                "(it failed, or was deleted meanwhile); commit again (every tensor is copied then)")
         snap = commit_engine.snapshot(self._ctx, staged.mirror, job.request, job.created,
                                       parent=parent, progress=job.progress, hint=job.hint)
         snap.stall_s = job.stall_s
@@ -505,7 +497,7 @@ class BackgroundCommitter:
                 self._staged -= snap.owned
             if job.staged is not None:
                 cast("HostStaging", self._host).release(job.staged.held)
-                if snap is None or isinstance(outcome, ChangeHintError):
+                if snap is None:  # not hashed: whether its copies are current is unknown
                     cast("HostStaging", self._host).forget(run)
                 job.staged = None
             if job.handle in self._pending:
@@ -557,13 +549,8 @@ class BackgroundCommitter:
         with self._submit:
             self._closed = True
         self.wait_all()
+        with self._cond:
+            self._host = None  # the staging sets' memory goes back with the store
+            self._counters.clear()  # nor are the trusted tensors held any longer
         self.raise_unreported()
 
-
-def _last_snapshot(ctx: EngineContext, run: str) -> str | None:
-    """The version id the run's last snapshot in this process made (its memo's)."""
-    memo = ctx.memos.take(run)
-    if memo is None:
-        return None
-    ctx.memos.keep(run, memo)
-    return cast(str | None, getattr(memo, "version_id", None))

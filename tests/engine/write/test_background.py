@@ -1220,3 +1220,35 @@ def test_a_blocking_commit_between_staged_ones_makes_the_next_copy_what_it_decla
     _bump_all(state)
     handle.wait(WAIT)
     assert_same(store.restore("r@2"), expected)
+
+
+def test_unchanged_hint_in_the_background_after_a_failed_commit_stores_the_state(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The failed commit copied ``w`` into staging; the next background commit declares it
+    unchanged and does not copy it again. Its parent is the version before the failed one,
+    not the run's last commit in this process, so the worker hashes the staged bytes: they are
+    ``w`` as the failed commit saw it, which the caller vouches it still is."""
+    import casckpt.engine.write.commit as commit_engine
+    from casckpt.errors import CatalogUnavailableError
+
+    w1, w2 = torch.ones(65536), torch.full((65536,), 2.0)
+    with casckpt.open(tmp_path / "s") as store:
+        store.commit({"w": w1}, run="r", step=1)
+        real = commit_engine.finish
+
+        def outage(*args: object, **kwargs: object) -> object:
+            raise CatalogUnavailableError("the catalog is down (injected)")
+
+        monkeypatch.setattr(commit_engine, "finish", outage)
+        state = {"w": w2}
+        with pytest.raises(CatalogUnavailableError):
+            store.commit(state, run="r", step=2, block=False).wait(WAIT)
+        monkeypatch.setattr(commit_engine, "finish", real)
+        copied = internals(store).committer.copied
+        handle = store.commit(state, run="r", step=3, block=False, unchanged="w")
+        assert internals(store).committer.copied == copied  # the staged copy is current
+        w2.add_(1)  # after the call: not in the version
+        version = handle.wait(WAIT)
+        assert version.parent == store.resolve("r@1").id
+        assert torch.equal(store.restore(version.id)["w"], torch.full((65536,), 2.0))
+        assert store.ops.check(read_data=True).ok
