@@ -550,7 +550,9 @@ class BackgroundCommitter:
             self._closed = True
         self.wait_all()
         with self._cond:
-            self._host = None  # the staging sets' memory goes back with the store
+            if self._host is not None:  # the staging sets' memory goes back with the store
+                self._host.close()
+            self._host = None
             self._counters.clear()  # nor are the trusted tensors held any longer
         self.raise_unreported()
 
