@@ -205,7 +205,8 @@ class Store(StoreHistory):
                 version is not visible and the store stays consistent.
             GroupCommitError: with ``group``, some rank failed (raised on every rank).
             ChangeHintError: a tensor declared ``unchanged`` has another dtype or shape than
-                in the previous version (nothing written).
+                in the previous version (nothing written; with ``block=False`` raised by the
+                handle, whose worker compares them).
         """
         self._core.refuse_write("commit", "the catalog and the locations")
         from casckpt.engine.write import commit as commit_engine  # torch: only where tensors are handled

@@ -503,7 +503,8 @@ class BackgroundCommitter:
             if job.handle in self._pending:
                 self._pending.remove(job.handle)
             # a commit of the run queued behind this one names it as parent, even if it failed
-            if (self._last.get(run) == job.handle._version_id  # noqa: SLF001
+            hashed_as = job.handle._version_id  # noqa: SLF001 - None: it failed before hashing
+            if (hashed_as is not None and self._last.get(run) == hashed_as
                     and not any(j.request.run == run for j in self._queue)):
                 del self._last[run]
             if isinstance(outcome, BaseException):

@@ -1252,3 +1252,43 @@ def test_unchanged_hint_in_the_background_after_a_failed_commit_stores_the_state
         assert version.parent == store.resolve("r@1").id
         assert torch.equal(store.restore(version.id)["w"], torch.full((65536,), 2.0))
         assert store.ops.check(read_data=True).ok
+
+
+def test_a_wrong_shape_declared_unchanged_fails_the_background_commit(env: Env) -> None:
+    from casckpt.errors import ChangeHintError
+
+    store = env.open()
+    store.commit({"w": torch.ones(64)}, run="r", step=0, block=False).wait(WAIT)
+    handle = store.commit({"w": torch.ones(65)}, run="r", step=1, block=False, unchanged="w")
+    with pytest.raises(ChangeHintError, match="declared unchanged"):
+        handle.wait(WAIT)
+    assert _steps(store) == [0] and _leases(store) == 0
+    state = {"w": torch.ones(65)}
+    store.commit(state, run="r", step=1, block=False).wait(WAIT)
+    assert_same(store.restore("r@1"), state)
+
+
+def test_a_commit_failing_before_its_hash_leaves_the_worker_running(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker hashes a staged commit; when that fails (the catalog is down as it looks up
+    the parent) the handle reports it and the next commits still run."""
+    import casckpt.engine.write.commit as commit_engine
+    from casckpt.errors import CatalogUnavailableError
+
+    store = env.open()
+    real = commit_engine.parent_of
+
+    def down(*args: Any, **kwargs: Any) -> Any:
+        raise CatalogUnavailableError("the catalog is down (injected)")
+
+    monkeypatch.setattr(commit_engine, "parent_of", down)
+    failed = store.commit(_state(), run="r", step=0, block=False)
+    with pytest.raises(CatalogUnavailableError):
+        failed.wait(WAIT)
+    with pytest.raises(CatalogUnavailableError):
+        _ = failed.id  # never hashed: the id says why
+    monkeypatch.setattr(commit_engine, "parent_of", real)
+    state = _state()
+    store.commit(state, run="r", step=0, block=False).wait(WAIT)
+    store.commit(state, run="r", step=1)  # a blocking commit drains the queue: it must not hang
+    assert _steps(store) == [0, 1]
