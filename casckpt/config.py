@@ -12,7 +12,7 @@ Environment variables (all optional):
 ``CASCKPT_COMPRESSION``  ``0`` stores every chunk raw; ``1`` (default) compresses where it pays.
 ``CASCKPT_ZSTD_LEVEL``   zstd level for compressed chunks (default 1).
 ``CASCKPT_MAX_PENDING_COMMITS``  background commits in flight at once (default 2).
-``CASCKPT_COMMIT_MEMORY``  bytes background commits may hold as copies (default RAM/4, <= 8 GiB).
+``CASCKPT_COMMIT_MEMORY``  bytes background commits may hold as staging and copies (default RAM/4, <= 8 GiB).
 ``CASCKPT_BACKPRESSURE``   ``block`` (default) or ``raise`` when background commits are at a bound.
 ``CASCKPT_STAGING_MEMORY``  host bytes GPU tensors stream through on commit (default 256 MiB).
 ``CASCKPT_CATALOG_RETRY_S``  seconds a catalog step is retried while the database is unreachable

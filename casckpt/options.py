@@ -55,7 +55,7 @@ class Options(TypedDict, total=False):
             (change it with ``store.locations.set_redundancy``).
         max_pending_commits: background commits (``commit(..., block=False)``) in flight at
             once (default 2).
-        commit_memory: bytes the background commits' copies of changed chunks may hold
+        commit_memory: bytes the background commits' host staging and copies may hold
             (default RAM/4, at most 8 GiB).
         backpressure: when either bound is full, ``"block"`` (default) the next commit until
             there is room, or ``"raise"`` CommitBackpressureError.

@@ -156,10 +156,10 @@ class Store(StoreHistory):
         read, not modified, and must not be mutated until ``commit`` returns.
 
         With ``block=False`` it returns a :class:`CommitHandle` as soon as the
-        state is snapshotted: every chunk hashed in place, and only the chunks
-        the store does not hold copied (so the pause and the memory scale with
-        what changed). From then on the caller may mutate its tensors; the
-        rest runs in the background, in commit order. ``handle.wait()``
+        state is copied into host staging reused across commits (a memcpy; the
+        staging holds the state's size, within ``commit_memory``). From then on the
+        caller may mutate its tensors; hashing and the rest run in the background, in
+        commit order (``handle.id`` waits for the hash). ``handle.wait()``
         returns the version or raises why it failed; a failure nobody waited
         for is raised by the next commit or by :meth:`close`. Bounds and
         backpressure: ``max_pending_commits``, ``commit_memory`` and
@@ -183,7 +183,8 @@ class Store(StoreHistory):
           ``set_()`` and ``torch.utils.swap_tensors`` change the storage and are caught.
           Trusted tensors are held until the run's next commit.
 
-        Such tensors are not read: the version reuses the parent's chunk ids for them. A
+        Such tensors are not read (with ``block=False``: not copied, when the staging
+        still holds them): the version reuses the parent's chunk ids for them. A
         tensor the hint names that is new to the run (or shares storage, or is packed
         with small neighbours) is hashed as usual. **A wrong hint is not detected**: the
         version then holds (and restores) the previous version's bytes for that tensor,
@@ -203,7 +204,8 @@ class Store(StoreHistory):
                 version is not visible and the store stays consistent.
             GroupCommitError: with ``group``, some rank failed (raised on every rank).
             ChangeHintError: a tensor declared ``unchanged`` has another dtype or shape than
-                in the previous version (nothing written).
+                in the previous version (nothing written; with ``block=False`` raised by the
+                handle, whose worker compares them).
         """
         self._core.refuse_write("commit", "the catalog and the locations")
         from casckpt.engine.write import commit as commit_engine  # torch: only where tensors are handled
@@ -283,8 +285,8 @@ class Store(StoreHistory):
         :mod:`casckpt.format.segments`). :meth:`checkout` writes it back.
 
         The files are read through memory maps until the commit has read them: they must not
-        change until this returns (with ``block=False``: until the handle's snapshot is taken,
-        which ``add_dir`` waits for). The version's metadata records ``"casckpt.dir"``: the
+        change until this returns (with ``block=False`` too: the returned handle's commit has
+        copied or hashed them by then). The version's metadata records ``"casckpt.dir"``: the
         counts of files, dirs, links and their bytes. Other arguments are :meth:`commit`'s;
         ``progress`` also gets ``("scan", bytes_hashed, 0)`` while the files are read.
 

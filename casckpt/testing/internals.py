@@ -45,17 +45,22 @@ class CommitterStats:
     """What a store's background committer holds, at the moment it was asked.
 
     Attributes:
-        staged: bytes of new chunks copied out of pending commits' states and
-            not yet written (0 once every commit finished).
-        peak_staged: the most ``staged`` has been since the store opened.
-        memory: the bound on ``staged`` (``commit_memory``).
+        staged: bytes pending commits hold (their staging sets, and copies of new chunks
+            of states over the budget), not yet written (0 once every commit finished).
+        peak_staged: the most the budget has held (``staged`` plus staging kept for
+            reuse) since the store opened.
+        memory: the bound on ``staged`` plus ``kept`` (``commit_memory``).
         max_pending: the bound on commits in flight (``max_pending_commits``).
+        kept: bytes of host staging sets, held by a pending commit or kept for reuse.
+        copied: bytes copied into host staging since the store opened.
     """
 
     staged: int
     peak_staged: int
     memory: int
     max_pending: int
+    kept: int = 0
+    copied: int = 0
 
 
 class StoreInternals:
@@ -123,7 +128,8 @@ class StoreInternals:
         """A snapshot of the background committer's byte and commit accounting."""
         committer = self._store._core.committer
         return CommitterStats(staged=committer.staged, peak_staged=committer.peak_staged,
-                              memory=committer.memory, max_pending=committer.max_pending)
+                              memory=committer.memory, max_pending=committer.max_pending,
+                              kept=committer.kept, copied=committer.copied)
 
     # -- test-only changes --------------------------------------------------------
 

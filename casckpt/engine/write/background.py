@@ -1,17 +1,31 @@
-"""Background commits: snapshot on the caller's thread, write and publish on a worker.
+"""Background commits: copy on the caller's thread, hash, write and publish on a worker.
 
-``Store.commit(..., block=False)`` runs the snapshot (tree encoding, hashing
-every chunk in place, dedup, and a copy of the chunks the store does not
-hold) before it returns, then hands the rest -- encoding, packing, uploads,
-the manifest, the publishing transaction -- to one worker thread, in commit
-order. Once it has returned, the caller may mutate its tensors.
+``Store.commit(..., block=False)`` validates and encodes the state, copies every tensor
+into host staging kept across commits (:mod:`casckpt.engine.memory.hoststaging`: buffers
+already faulted in, so the copy runs at memcpy speed, as DCP's cached staging does) and
+returns. One worker thread then, in commit order, snapshots the staged copy (hashing,
+dedup, the manifest: the version id is known only now, so :attr:`CommitHandle.id` waits
+for it), encodes, packs, uploads, writes the manifest and publishes. Once ``commit``
+has returned, the caller may mutate its tensors.
 
-Bounds (documented backpressure): at most ``max_pending`` commits are in
-flight, and the copies of their new chunks hold at most ``memory`` bytes.
-When either is full a new commit waits (``backpressure="block"``, default)
-or raises :class:`~casckpt.errors.CommitBackpressureError` (``"raise"``). A
-single commit whose changed bytes exceed the whole budget is written in the
-foreground, after the commits before it, without copying.
+With a change hint (``unchanged=`` / ``trust_versions=``, :mod:`casckpt.engine.write.hint`)
+the hint is evaluated on the caller's thread, against the live tensors: a tensor it vouches
+for is not copied when the staging set already holds its bytes (it was copied into that set
+and vouched for at every commit since; an ``unchanged=`` promise alone does not count after
+a blocking commit of the run, which may have stored other bytes). The worker reuses the
+parent's chunk ids for vouched tensors as a blocking commit does; where it cannot (a packed
+or shared tensor, a parent that is not the run's last commit in this process: it failed, or
+was deleted) it hashes the staged bytes, which hold the tensor as it was at that last commit
+and, as vouched, still is.
+
+Bounds (documented backpressure): at most ``max_pending`` commits are in flight, and the
+staging sets (one per run, a second only while the first is held by a pending commit)
+and copies hold at most ``memory`` bytes; sets no commit holds are freed to make room.
+When either bound is full a new commit waits (``backpressure="block"``, default) or raises
+:class:`~casckpt.errors.CommitBackpressureError` (``"raise"``). A state whose staging alone
+exceeds ``memory`` is snapshotted on the caller's thread instead (every chunk hashed in
+place, only the chunks the store does not hold copied); one whose changed bytes exceed the
+whole budget is written in the foreground, after the commits before it, without copying.
 
 Failures are never silent: a background commit's error is raised by its
 handle's :meth:`CommitHandle.wait`, and -- if nobody waited -- by the next
@@ -19,9 +33,9 @@ commit or by ``close()``. A failed commit leaves no visible version. The
 exception is a catalog outage (``CatalogUnavailableError``): the handle
 reports it and it is logged, but the next commit goes ahead rather than
 raising it, so a restart of the database costs no commit after it is over. A
-version's parent is fixed when it is snapshotted (it is part of the version
-id), so a commit queued behind a failed one of the same run still becomes
-visible, complete, naming the failed (never visible) version as its parent.
+commit queued behind a failed one of the same run (submitted before the failure)
+names the failed (never visible) version as its parent, and still becomes visible,
+complete.
 """
 
 from __future__ import annotations
@@ -47,9 +61,11 @@ from casckpt.errors import (
 from casckpt.types import ProgressCallback, Version
 
 if TYPE_CHECKING:  # the commit engine (and torch) load with the first commit, not at open
+    from casckpt.engine.memory.hoststaging import HostStaging, Layout, Staged, StagingSet
     from casckpt.engine.write.commit import CommitRequest, Snapshot
     from casckpt.engine.write.commitchunks import ChunkBytes
-    from casckpt.engine.write.hint import ChangeHint
+    from casckpt.engine.write.hint import ChangeHint, Counters
+    from casckpt.format.state import TensorLeaf
     from casckpt.storage.erasure import Redundancy
 
 log = logging.getLogger(__name__)
@@ -60,19 +76,39 @@ BACKPRESSURE = ("block", "raise")
 class CommitHandle:
     """A commit running in the background. Thread-safe.
 
-    ``id`` (the version id), ``run`` and ``step`` are known at once; the
+    ``run`` and ``step`` are known at once. ``id`` (the version id) is a hash of the
+    state, which the worker computes from the staged copy: reading it waits until the
+    worker has hashed the state (raising why the commit failed if it failed before). The
     version becomes visible when the commit succeeds.
     """
 
-    def __init__(self, version_id: str, run: str, step: int) -> None:
-        self.id, self.run, self.step = version_id, run, step
+    def __init__(self, run: str, step: int, version_id: str | None = None) -> None:
+        self.run, self.step = run, step
+        self._version_id = version_id
+        self._hashed = threading.Event()  # set with the version id, or with a failure
+        if version_id is not None:
+            self._hashed.set()
         self._done = threading.Event()
         self._outcome: Version | BaseException | None = None  # set once, with _done
         self._reported = False
 
+    @property
+    def id(self) -> str:
+        """The version id; waits until the worker has hashed the state.
+
+        Raises:
+            CasckptError: why the commit failed, when it failed before its id was known.
+        """
+        self._hashed.wait()
+        if self._version_id is None:
+            self._reported = True
+            raise cast(BaseException, self._outcome)
+        return self._version_id
+
     def __repr__(self) -> str:
         state = "pending" if not self.done() else ("failed" if self._error else "visible")
-        return f"<CommitHandle {self.run}@{self.step} {self.id[:12]} {state}>"
+        ident = self._version_id[:12] if self._version_id is not None else "(not hashed yet)"
+        return f"<CommitHandle {self.run}@{self.step} {ident} {state}>"
 
     def done(self) -> bool:
         """True once the commit has succeeded or failed."""
@@ -109,19 +145,28 @@ class CommitHandle:
     def _error(self) -> BaseException | None:
         return self._outcome if isinstance(self._outcome, BaseException) else None
 
+    def _hashed_as(self, version_id: str) -> None:
+        self._version_id = version_id
+        self._hashed.set()
+
     def _settle(self, outcome: Version | BaseException) -> None:
         self._outcome = outcome
         self._done.set()
+        self._hashed.set()
 
 
 @dataclass(slots=True)
 class _Job:
     handle: CommitHandle
     request: CommitRequest
-    snapshot: Snapshot
+    snapshot: Snapshot | None  # None: staged, the worker snapshots ``staged``
     redundancy: Redundancy
     started: float
     progress: ProgressCallback | None
+    created: float = 0.0
+    staged: Staged | None = None
+    hint: ChangeHint | None = None  # what the worker's snapshot may reuse (caller-checked)
+    stall_s: float = 0.0
 
 
 class BackgroundCommitter:
@@ -133,11 +178,15 @@ class BackgroundCommitter:
         self._ctx = ctx
         self.max_pending, self.memory, self.backpressure = max_pending, memory, backpressure
         self._cond = threading.Condition()
-        self._submit = threading.Lock()  # one snapshot at a time: parents chain in commit order
+        self._submit = threading.Lock()  # one submission at a time: commits queue in call order
         self._queue: deque[_Job] = deque()
         self._pending: list[CommitHandle] = []
-        self._staged = 0  # bytes of new chunks copied and not yet written
+        self._staged = 0  # bytes of new chunks copied (the path for states over the budget)
         self.peak_staged = 0
+        self.copied = 0  # bytes copied into staging so far (vouched tensors are not)
+        self._host: HostStaging | None = None  # made with the first staged commit (torch)
+        self._counters: dict[str, Counters] = {}  # run -> trusted counters of its last staging
+        self._blocked: set[str] = set()  # runs committed in the foreground since their last staging
         self._last: dict[str, str] = {}  # run -> version id of its newest pending commit
         self._inflight: dict[bytes, ChunkBytes] = {}  # chunk id -> copy a pending commit will write
         self._failed: list[CommitHandle] = []
@@ -147,17 +196,32 @@ class BackgroundCommitter:
 
     @property
     def staged(self) -> int:
-        """Bytes of new chunks copied out of pending commits' states and not yet written."""
+        """Bytes pending background commits hold: their staging sets and copies of new chunks."""
         with self._cond:
-            return self._staged
+            host = self._host
+            return self._staged + (sum(s.nbytes for s in host.sets if s.held) if host is not None else 0)
+
+    @property
+    def kept(self) -> int:
+        """Bytes of staging sets kept for reuse, held by a pending commit or not."""
+        with self._cond:
+            return self._host.allocated if self._host is not None else 0
+
+    def _held(self) -> int:
+        """What counts against ``memory``: every staging set, and copies of new chunks."""
+        return self._staged + (self._host.allocated if self._host is not None else 0)
 
     # -- submitting ---------------------------------------------------------------
 
     def commit(self, state: object, req: CommitRequest, progress: ProgressCallback | None,
                hint: ChangeHint | None = None) -> CommitHandle:
-        """Snapshot ``state`` now (``hint``: see :mod:`casckpt.engine.write.hint`); write and publish
-        it in the background."""
+        """Copy ``state`` into host staging now (``hint``: see :mod:`casckpt.engine.write.hint`);
+        hash, write and publish it in the background. A state whose staging would not fit
+        ``memory`` is snapshotted here instead (hashed in place, new chunks copied)."""
+        from casckpt.engine.memory import hoststaging
         from casckpt.engine.write import commit as commit_engine
+        from casckpt.engine.write.hint import ChangeHint, Counters, trusted_counters
+        from casckpt.format.state import encode_state
 
         entered = time.monotonic()  # the caller's stall runs from here (waits for room included)
         self.raise_unreported()
@@ -173,43 +237,141 @@ class BackgroundCommitter:
             commit_engine.refuse_existing(self._ctx, req)
             redundancy = self._ctx.packs.placement.redundancy_for(req.run)
             self._ctx.packs.placement.check_writable(redundancy)
-            reserved: list[int] = []
-
-            def reserve(nbytes: int) -> bool:
-                admitted = self._reserve(nbytes)
-                if admitted:
-                    reserved.append(nbytes)
-                return admitted
-
+            root, leaves = encode_state(state)  # refuses an unsupported state here, before returning
+            plan = hoststaging.layout(leaves)
+            target = self._stage_set(req.run, plan)
+            if target is None:
+                return self._snapshot_here(state, req, progress, hint, entered, started, created,
+                                           redundancy)
+            host = cast("HostStaging", self._host)
+            queued = False
             try:
-                parent = self._last.get(req.run) or commit_engine.parent_of(self._ctx, req.run)
+                vouched, counted = self._vouched(req.run, hint, leaves)
+                staged = host.stage(target, root, leaves, plan, vouched)
+                self._counters[req.run] = cast("Counters", trusted_counters(hint, "", leaves)) \
+                    if hint is not None and hint.versions is not None else Counters("")
+                self.copied += staged.copied
+                self._blocked.discard(req.run)
+                handle = CommitHandle(req.run, req.step)
+                job = _Job(handle, req, None, redundancy, started, progress, created, staged,
+                           ChangeHint(unchanged=hint.unchanged, counted=counted.__contains__)
+                           if hint is not None else None)
+                job.stall_s = time.monotonic() - entered
+                self._enqueue(job)
+                queued = True
+            finally:
+                if not queued:  # the staging may be half-copied: copy all next time
+                    with self._cond:
+                        host.forget(req.run)
+                        host.release(target)
+                        self._cond.notify_all()
+                    self._counters.pop(req.run, None)
+            return handle
+
+    def _vouched(self, run: str, hint: ChangeHint | None, leaves: list[TensorLeaf],
+                 ) -> tuple[Callable[[str], bool], set[str]]:
+        """The caller's hint evaluated on the live tensors: whether a path is vouched for
+        (declared ``unchanged``, or its version counter unmoved since the run's last staging),
+        and the counted paths."""
+        import torch
+
+        if hint is None:
+            return (lambda _path: False), set()
+        counters = self._counters.get(run)
+        counted = {leaf.path for leaf in leaves
+                   if hint.versions is not None and counters is not None
+                   and isinstance(leaf.value, torch.Tensor) and hint.versions(leaf.path)
+                   and counters.unchanged(leaf.path, leaf.value)}
+        declared = {leaf.path for leaf in leaves if hint.unchanged is not None and hint.unchanged(leaf.path)}
+        both = counted | (declared if run not in self._blocked else set())
+        return both.__contains__, counted
+
+    def _stage_set(self, run: str, plan: Layout) -> StagingSet | None:
+        """A staging set for ``run`` with room for ``plan`` within the budget (waiting for
+        one to be released), or None when ``plan`` alone exceeds the budget."""
+        if plan.nbytes > self.memory:
+            log.info("background commit of %d bytes exceeds commit_memory (%d): hashed on the "
+                     "caller's thread, only new chunks copied", plan.nbytes, self.memory)
+            if self._host is not None:
                 with self._cond:
-                    inflight = dict(self._inflight)
-                snap = commit_engine.snapshot(self._ctx, state, req, created, parent=parent,
-                                              reserve=reserve, progress=progress, pending=inflight,
-                                              hint=hint)
-                handle = CommitHandle(snap.version_id, req.run, req.step)
-                job = _Job(handle, req, snap, redundancy, started, progress)
-                if snap.foreground:  # too big to copy: write it now, after the others
-                    self.wait_all()
-            except BaseException:
-                self._release(sum(reserved))
-                raise
-            if snap.foreground:  # written in the caller's thread: its wall time is the stall
-                with self._cond:
-                    self._pending.append(handle)
-                self._run(job, foreground=True)
-                return handle
-            snap.stall_s = time.monotonic() - entered
+                    self._host.forget(run)
+            return None
+        from casckpt.engine.memory.hoststaging import HostStaging
+
+        with self._cond:
+            if self._host is None:
+                self._host = HostStaging()
+            host = self._host
+
+            def room() -> bool:
+                found = host.idle(run)
+                growth = plan.nbytes - (found.nbytes if found is not None else 0)
+                if self._held() + growth > self.memory:
+                    host.free_idle(found)
+                return self._held() + growth <= self.memory
+
+            if not room():
+                if self.backpressure == "raise":
+                    raise CommitBackpressureError(
+                        f"{len(self._pending)} commits pending hold {self._held()} bytes of a "
+                        f"{self.memory}-byte budget; wait on a CommitHandle, or open the store with "
+                        "backpressure='block'")
+                self._cond.wait_for(room)
+            target = host.hold(host.idle(run), run)
+            self.peak_staged = max(self.peak_staged, self._held() + plan.nbytes - target.nbytes)
+            return target
+
+    def _enqueue(self, job: _Job) -> None:
+        with self._cond:
+            self._pending.append(job.handle)
+            self._queue.append(job)
+            self._start_worker()
+            self._cond.notify_all()
+
+    def _snapshot_here(self, state: object, req: CommitRequest, progress: ProgressCallback | None,
+                       hint: ChangeHint | None, entered: float, started: float, created: float,
+                       redundancy: Redundancy) -> CommitHandle:
+        """A state over the staging budget: snapshot it on the caller's thread (hash in place,
+        copy the new chunks), after every commit queued before it has been hashed (its parent)."""
+        from casckpt.engine.write import commit as commit_engine
+
+        reserved: list[int] = []
+
+        def reserve(nbytes: int) -> bool:
+            admitted = self._reserve(nbytes)
+            if admitted:
+                reserved.append(nbytes)
+            return admitted
+
+        with self._cond:
+            self._cond.wait_for(lambda: all(h._hashed.is_set() for h in self._pending))  # noqa: SLF001
+        self._counters.pop(req.run, None)
+        try:
+            parent = self._last.get(req.run) or commit_engine.parent_of(self._ctx, req.run)
+            with self._cond:
+                inflight = dict(self._inflight)
+            snap = commit_engine.snapshot(self._ctx, state, req, created, parent=parent,
+                                          reserve=reserve, progress=progress, pending=inflight,
+                                          hint=hint)
+            handle = CommitHandle(req.run, req.step, snap.version_id)
+            job = _Job(handle, req, snap, redundancy, started, progress)
+            if snap.foreground:  # too big to copy: write it now, after the others
+                self.wait_all()
+        except BaseException:
+            self._release(sum(reserved))
+            raise
+        if snap.foreground:  # written in the caller's thread: its wall time is the stall
             with self._cond:
                 self._pending.append(handle)
-                self._last[req.run] = snap.version_id
-                for cid in snap.new_ids:  # later snapshots dedup against these copies
-                    self._inflight[cid] = snap.chunks[cid]
-                self._queue.append(job)
-                self._start_worker()
-                self._cond.notify_all()
+            self._run(job, foreground=True)
             return handle
+        snap.stall_s = time.monotonic() - entered
+        with self._cond:
+            self._last[req.run] = snap.version_id
+            for cid in snap.new_ids:  # later snapshots dedup against these copies
+                self._inflight[cid] = snap.chunks[cid]
+        self._enqueue(job)
+        return handle
 
     def _wait_for_room(self, ready: Callable[[], bool], what: str) -> None:
         with self._cond:
@@ -227,13 +389,20 @@ class BackgroundCommitter:
             self._cond.notify_all()
 
     def _reserve(self, nbytes: int) -> bool:
-        """Admit ``nbytes`` of copies into the budget (waiting for room); False if they never fit."""
+        """Admit ``nbytes`` of copies into the budget (waiting for room, freeing staging no
+        commit holds); False if they never fit."""
         if nbytes > self.memory:
             return False
-        self._wait_for_room(lambda: self._staged + nbytes <= self.memory, "commits hold their bytes")
+
+        def room() -> bool:
+            if self._held() + nbytes > self.memory and self._host is not None:
+                self._host.free_idle(None)
+            return self._held() + nbytes <= self.memory
+
+        self._wait_for_room(room, "commits hold their bytes")
         with self._cond:
             self._staged += nbytes
-            self.peak_staged = max(self.peak_staged, self._staged)
+            self.peak_staged = max(self.peak_staged, self._held())
         return True
 
     # -- the worker -----------------------------------------------------------------
@@ -244,7 +413,11 @@ class BackgroundCommitter:
         self.raise_unreported()
         with self._submit:
             self.wait_all()
-            return run()
+            version = run()
+            # the version holds the live bytes, which staging may not: until the next staged commit,
+            # only an unmoved version counter (the bytes are as staged) spares a copy
+            self._blocked.add(version.run)
+        return version
 
     def _wait_at_exit(self) -> None:
         """At interpreter exit, before thread pools shut down: finish pending commits."""
@@ -278,12 +451,33 @@ class BackgroundCommitter:
                 job = self._queue.popleft()
             self._run(job)
 
+    def _hash(self, job: _Job) -> Snapshot:
+        """Snapshot a staged job on the worker: hash, dedup and plan it from its staging."""
+        from casckpt.engine.write import commit as commit_engine
+
+        run = job.request.run
+        with self._cond:
+            parent = self._last.get(run)
+        if parent is None:
+            parent = commit_engine.parent_of(self._ctx, run)
+        staged = cast("Staged", job.staged)
+        snap = commit_engine.snapshot(self._ctx, staged.mirror, job.request, job.created,
+                                      parent=parent, progress=job.progress, hint=job.hint)
+        snap.stall_s = job.stall_s
+        with self._cond:
+            self._last[run] = snap.version_id
+            job.handle._hashed_as(snap.version_id)  # noqa: SLF001 - the handle's owner
+            self._cond.notify_all()
+        return snap
+
     def _run(self, job: _Job, foreground: bool = False) -> None:
         from casckpt.engine.write import commit as commit_engine
 
         outcome: Version | BaseException
         lease: str | None = None
         try:  # the lease begins here, off the caller's thread: the snapshot wrote nothing
+            if job.snapshot is None:
+                job.snapshot = self._hash(job)
             lease = begin_lease(self._ctx.catalog, job.snapshot.version_id)
             outcome = commit_engine.finish(self._ctx, job.request, job.snapshot, job.redundancy,
                                            job.started, lease, job.progress)
@@ -292,16 +486,27 @@ class BackgroundCommitter:
             log.warning("background commit %s@%s failed: %s", job.request.run, job.request.step, exc)
         if lease is not None and isinstance(outcome, BaseException):  # publishing ends it otherwise
             commit_engine.release_lease(self._ctx, lease, f"{job.request.run}@{job.request.step}")
+        run = job.request.run
         with self._cond:
-            for cid in job.snapshot.new_ids:
-                if self._inflight.get(cid) is job.snapshot.chunks.get(cid):
-                    del self._inflight[cid]
-            job.snapshot.chunks.clear()  # drop the copies before admitting more
-            self._staged -= job.snapshot.owned
+            snap = job.snapshot
+            if snap is not None:
+                for cid in snap.new_ids:
+                    if self._inflight.get(cid) is snap.chunks.get(cid):
+                        del self._inflight[cid]
+                snap.chunks.clear()  # drop the copies (views of staging) before admitting more
+                self._staged -= snap.owned
+            if job.staged is not None:
+                cast("HostStaging", self._host).release(job.staged.held)
+                if snap is None:  # not hashed: whether its copies are current is unknown
+                    cast("HostStaging", self._host).forget(run)
+                job.staged = None
             if job.handle in self._pending:
                 self._pending.remove(job.handle)
-            if self._last.get(job.request.run) == job.handle.id:
-                del self._last[job.request.run]
+            # a commit of the run queued behind this one names it as parent, even if it failed
+            hashed_as = job.handle._version_id  # noqa: SLF001 - None: it failed before hashing
+            if (hashed_as is not None and self._last.get(run) == hashed_as
+                    and not any(j.request.run == run for j in self._queue)):
+                del self._last[run]
             if isinstance(outcome, BaseException):
                 self._failed.append(job.handle)
             job.handle._settle(outcome)  # noqa: SLF001 - the handle's owner
@@ -345,4 +550,10 @@ class BackgroundCommitter:
         with self._submit:
             self._closed = True
         self.wait_all()
+        with self._cond:
+            if self._host is not None:  # the staging sets' memory goes back with the store
+                self._host.close()
+            self._host = None
+            self._counters.clear()  # nor are the trusted tensors held any longer
         self.raise_unreported()
+

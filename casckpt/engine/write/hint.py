@@ -27,6 +27,11 @@ What a hint may reuse, and what it never does:
   each such tensor until the run's next commit (so the address cannot be reused by
   another allocation meanwhile); no reference is kept without ``trust_versions``.
 
+A background commit (``block=False``) evaluates the hint on the caller's thread, against the
+live tensors, and does not copy a vouched tensor whose staged bytes are still current; its
+worker's snapshot then gets the vouched paths as :attr:`ChangeHint.counted` (see
+:mod:`casckpt.engine.write.background`).
+
 A wrong hint is not detected: the version stores the previous version's bytes for that
 tensor, restores them, and ``check --read-data`` passes (the stored bytes match their
 ids). See docs/ARCHITECTURE.md ("Change hints") for what bypasses version counters.
@@ -80,6 +85,10 @@ class ChangeHint:
 
     unchanged: Callable[[str], bool] | None = None
     versions: Callable[[str], bool] | None = None
+    counted: Callable[[str], bool] | None = None
+    """Tensors a background commit found unchanged by their version counters on the
+    caller's thread (see :mod:`casckpt.engine.write.background`): reused like ``versions``
+    ones whose counters held, never refused."""
 
 
 def make_hint(unchanged: PathSpec | None, trust_versions: PathSpec | bool) -> ChangeHint | None:
@@ -171,9 +180,11 @@ def reusable(
                 or entry.stride is not None
                 or (old.kind, old.dtype, old.shape) != (entry.kind, entry.dtype, entry.shape)):
             continue  # new to the run, or not alone in its extent: hashed
-        counted = (not declared and counters is not None and hint.versions is not None
-                   and isinstance(leaf.value, torch.Tensor) and hint.versions(leaf.path)
-                   and counters.unchanged(leaf.path, leaf.value))
+        counted = not declared and (
+            (hint.counted is not None and hint.counted(leaf.path))
+            or (counters is not None and hint.versions is not None
+                and isinstance(leaf.value, torch.Tensor) and hint.versions(leaf.path)
+                and counters.unchanged(leaf.path, leaf.value)))
         if not (declared or counted):
             continue
         size = aligned_chunk_size(chunk_size, source.align)

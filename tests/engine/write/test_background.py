@@ -315,7 +315,8 @@ def test_background_versions_equal_blocking_ones_even_when_queued(env: Env, tmp_
     _assert_equivalent(blocking, background, versions, handles, expected)
     new = [h.wait().new_bytes for h in handles]
     assert new == [9 * CHUNK, 4 * CHUNK, CHUNK, 0, CHUNK, 0, 0, CHUNK]  # dedup across queued commits
-    assert internals(background).committer.peak_staged == sum(new)  # only new chunks were copied
+    # each queued commit holds a staging copy of the state, within the budget
+    assert 0 < internals(background).committer.peak_staged <= internals(background).committer.memory
 
 
 OP = st.one_of(
@@ -601,7 +602,10 @@ def test_block_waits_for_room_and_never_exceeds_the_bounds(env: Env, bounds: dic
     time.sleep(0.2)
     assert thread.is_alive() and len(handles) == 2, "the third commit did not wait for room"
     assert len(store.pending_commits()) == 2
-    assert internals(store).committer.peak_staged == 4 * CHUNK
+    # over the budget, only the two changed chunks of each are copied; within it, each pending
+    # commit holds a staging set of the whole state (the second made while the first is held)
+    held = 4 * CHUNK if "commit_memory" in bounds else 2 * 16 * CHUNK
+    assert internals(store).committer.peak_staged == held
     env.blobs.gate.set()
     _join(thread, errors)
     versions = [h.wait(WAIT) for h in handles]
@@ -846,13 +850,16 @@ def test_a_snapshot_failing_after_admission_gives_its_budget_back(tmp_path: Path
         return real(chunk)
 
     with casckpt.open(tmp_path / "s", chunk_size=CHUNK, commit_memory=8 * CHUNK) as store:
+        big = {"w": torch.randn(12 * ELEMS)}  # over the budget: hashed in place, new chunks copied
+        store.commit(big, run="r", step=0)
+        big["w"][: 4 * ELEMS] += 1
         monkeypatch.setattr(commit_engine, "_copy", flaky)
         with pytest.raises(MemoryError):
-            store.commit({"w": torch.randn(4 * ELEMS)}, run="r", step=0, block=False)
+            store.commit(big, run="r", step=1, block=False)
         assert internals(store).committer.staged == 0 and _leases(store) == 0
         state = {"w": torch.randn(6 * ELEMS)}
-        store.commit(state, run="r", step=1, block=False).wait(WAIT)  # would block forever before
-        assert torch.equal(store.restore("r@1")["w"], state["w"])
+        store.commit(state, run="r", step=2, block=False).wait(WAIT)  # would block forever before
+        assert torch.equal(store.restore("r@2")["w"], state["w"])
 
 
 def test_a_process_ending_without_close_finishes_its_background_commits(
@@ -902,8 +909,8 @@ def test_gc_between_a_background_snapshot_and_its_lease(tmp_path: Path, monkeypa
                                                         mutate: bool) -> None:
     """The lease now begins after the snapshot: another handle deletes the only version holding
     the chunks a queued background commit deduped against, and gc(grace=0) sweeps them before
-    the lease. The commit must publish a version that restores bit-exact (rewritten from the
-    state), or -- the state mutated meanwhile -- fail loudly with nothing visible."""
+    the lease. The commit must publish a version that restores bit-exact, rewritten from its
+    staged copy -- also when the caller mutated the state meanwhile."""
 
 
     torch.manual_seed(0)
@@ -920,13 +927,8 @@ def test_gc_between_a_background_snapshot_and_its_lease(tmp_path: Path, monkeypa
         other.delete("r@1")
         assert other.gc(grace=0).chunks_swept > 0
         go.set()
-        if mutate:
-            with pytest.raises(CatalogError, match="commit again"):
-                handle.wait()
-            assert [v.step for v in other.log("r")] == [2]
-        else:
-            restored = other.restore(handle.wait().id)
-            assert torch.equal(restored["a"], a) and torch.equal(restored["b"], b)
+        restored = other.restore(handle.wait().id)
+        assert torch.equal(restored["a"], a) and torch.equal(restored["b"], b)
         other.gc(grace=0)
         assert other.ops.check(read_data=True).ok
 
@@ -1071,3 +1073,222 @@ def test_unchanged_hint_after_a_failed_background_commit_stores_the_state(
         monkeypatch.setattr(commit_engine, "finish", real)
         version = store.commit({"w": w2}, run="r", step=3, unchanged="w")
         assert torch.equal(store.restore(version.id)["w"], w2)
+
+
+# -- host staging: the caller's thread copies, the worker hashes and writes ------------------
+
+
+def _bump_all(state: dict[str, Any]) -> None:
+    for _, tensor in _tensors(state):
+        tensor.add_(1)
+
+
+@pytest.mark.parametrize("memory", [None, 4 * CHUNK], ids=["staged", "over-budget"])
+def test_a_mutation_after_commit_returns_never_shows_in_the_version(env: Env, memory: int | None) -> None:
+    """``add_(1)`` on every tensor right after ``commit(block=False)`` returns: each version
+    holds the state as it was at its call -- also for the 2nd and 3rd commits, made while the
+    1st is still writing (the gate holds it), which need a second staging set, and for the
+    4th, which reuses a set its earlier commit released. Over the budget (``commit_memory``
+    smaller than the state) the state is hashed in place and its new chunks, more than the
+    budget here, written in the caller's thread: same result (no gate: it would wait on it)."""
+    store = env.open(max_pending_commits=4, **({} if memory is None else {"commit_memory": memory}))
+    state = _state()
+    expected, handles = [], []
+    if memory is None:
+        env.blobs.gate.clear()  # the worker hashes the first commit, then waits to write it
+    for step in range(3):
+        handles.append(store.commit(state, run="r", step=step, block=False))
+        expected.append(copy.deepcopy(state))
+        _bump_all(state)
+    assert memory is not None or not any(h.done() for h in handles)
+    env.blobs.gate.set()
+    handles[-1].wait(WAIT)
+    handles.append(store.commit(state, run="r", step=3, block=False))
+    expected.append(copy.deepcopy(state))
+    _bump_all(state)
+    versions = [h.wait(WAIT) for h in handles]
+    for step, want in enumerate(expected):
+        assert_same(store.restore(f"r@{step}"), want)
+    _assert_chain(store, [v.id for v in versions])
+    committer = internals(store).committer
+    assert committer.peak_staged <= committer.memory and committer.staged == 0
+    if memory is None:  # the state fits: staged whole, in sets reused across commits
+        size = sum(t.nbytes for _, t in _tensors(state))
+        assert committer.copied == 4 * size
+        assert committer.kept <= 3 * size  # three in flight at most; the fourth reused a set
+    else:
+        assert committer.copied == 0 and committer.kept == 0
+    assert store.ops.check(read_data=True).ok
+
+
+def test_the_handle_id_waits_for_the_worker_to_hash(env: Env) -> None:
+    store = env.open()
+    state = _state()
+    env.blobs.gate.clear()
+    handle = store.commit(state, run="r", step=0, block=False)
+    assert "r@0" in repr(handle)
+    version_id = handle.id  # the worker hashed it; the write is still held
+    assert not handle.done()
+    env.blobs.gate.set()
+    assert handle.wait(WAIT).id == version_id
+
+
+def test_staging_keeps_every_kind_of_leaf_as_a_blocking_commit_stores_it(env: Env, tmp_path: Path) -> None:
+    """Tied tensors, views of one storage (a slice beside its base, a transpose), numpy arrays,
+    empty and 0-d tensors, conj and neg views, several dtypes: a background commit plans the
+    same extents and chunks as a blocking one, and restores the same state."""
+    base = torch.arange(6 * ELEMS, dtype=torch.float32)
+    tied = torch.randn(2 * ELEMS)
+    state: dict[str, Any] = {
+        "tied": {"a": tied, "b": tied},
+        "views": {"base": base, "slice": base[ELEMS + 3 : 3 * ELEMS], "t": base.view(8, -1).t()},
+        "np": {"arr": _noise(5, 2).numpy(), "small": torch.arange(5).numpy()},
+        "odd": {"empty": torch.empty(0, 3), "scalar": torch.tensor(3.5), "i64": torch.arange(7),
+                "bf16": torch.randn(ELEMS).to(torch.bfloat16),
+                "conj": torch.randn(ELEMS, dtype=torch.complex64).conj(),
+                "neg": torch._neg_view(torch.randn(ELEMS))},
+        "plain": {"lr": 0.1, "keys": {3: (1, "x", None, b"\x00")}, "flag": True},
+    }
+    blocking = casckpt.open(tmp_path / "blocking", chunk_size=CHUNK, pack_size=16 * CHUNK, workers=2)
+    env.stores.append(blocking)
+    background = env.open()
+    want = blocking.commit(state, run="r", step=0)
+    got = background.commit(state, run="r", step=0, block=False).wait(WAIT)
+    assert blocking.show(want.id).tensors == background.show(got.id).tensors  # same rows and chunks
+    assert (got.new_bytes, got.stored_bytes) == (want.new_bytes, want.stored_bytes)
+    restored = background.restore(got.id)
+    assert restored["tied"]["a"].data_ptr() == restored["tied"]["b"].data_ptr()
+    for path in ("views.slice", "views.t", "odd.conj", "odd.neg", "odd.bf16", "odd.scalar"):
+        section, key = path.split(".")
+        assert torch.equal(restored[section][key], state[section][key]), path
+    assert (restored["np"]["arr"] == state["np"]["arr"]).all()
+    assert restored["plain"] == state["plain"]
+
+
+def test_staging_sets_stay_within_commit_memory(env: Env) -> None:
+    """Room for two staged copies of the state: a third commit in flight waits for a set to be
+    released (block) and is refused under backpressure='raise'; nothing is lost either way."""
+    state = _state()
+    size = sum(t.nbytes for _, t in _tensors(state))
+    store = env.open(max_pending_commits=8, commit_memory=2 * size + CHUNK, backpressure="raise")
+    env.blobs.gate.clear()
+    first = store.commit(state, run="r", step=0, block=False)
+    second = store.commit(state, run="r", step=1, block=False)
+    with pytest.raises(CommitBackpressureError):
+        store.commit(state, run="r", step=2, block=False)
+    committer = internals(store).committer
+    assert committer.staged == committer.kept == 2 * size
+    env.blobs.gate.set()
+    first.wait(WAIT)
+    second.wait(WAIT)
+    store.commit(state, run="r", step=2, block=False).wait(WAIT)  # reuses a released set
+    committer = internals(store).committer
+    assert committer.kept == 2 * size and committer.peak_staged <= committer.memory
+    assert _steps(store) == [0, 1, 2]
+
+
+def test_a_trusted_background_commit_copies_only_what_moved(env: Env) -> None:
+    """``trust_versions``: the counters are read on the caller's thread; a tensor not written
+    since the run's last commit is not copied when its staged bytes are still current."""
+    store = env.open()
+    state = _state()
+    store.commit(state, run="r", step=0, block=False, trust_versions=True).wait(WAIT)
+    before = internals(store).committer.copied
+    state["model"]["b"].add_(1)
+    expected = copy.deepcopy(state)
+    handle = store.commit(state, run="r", step=1, block=False, trust_versions=True)
+    assert internals(store).committer.copied - before == state["model"]["b"].nbytes
+    _bump_all(state)
+    handle.wait(WAIT)
+    assert_same(store.restore("r@1"), expected)
+    assert store.ops.check(read_data=True).ok
+
+
+def test_a_blocking_commit_between_staged_ones_makes_the_next_copy_what_it_declared(env: Env) -> None:
+    """``unchanged=`` promises the parent's bytes. After a blocking commit (which read the live
+    state, not the staging), the staging of a tensor changed before it is stale: the next
+    background commit copies it even though it is declared unchanged. The small tensor is
+    packed with others, so the commit hashes it (a hint never reuses packed tensors): a skipped
+    copy would store the stale staged bytes."""
+    store = env.open()
+    state = {"small": torch.arange(64, dtype=torch.float32), "w": _noise(3, 4)}
+    store.commit(state, run="r", step=0, block=False).wait(WAIT)
+    state["small"].add_(1)
+    store.commit(state, run="r", step=1)
+    expected = copy.deepcopy(state)
+    handle = store.commit(state, run="r", step=2, block=False, unchanged="*")
+    _bump_all(state)
+    handle.wait(WAIT)
+    assert_same(store.restore("r@2"), expected)
+
+
+def test_unchanged_hint_in_the_background_after_a_failed_commit_stores_the_state(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The failed commit copied ``w`` into staging; the next background commit declares it
+    unchanged and does not copy it again. Its parent is the version before the failed one,
+    not the run's last commit in this process, so the worker hashes the staged bytes: they are
+    ``w`` as the failed commit saw it, which the caller vouches it still is."""
+    import casckpt.engine.write.commit as commit_engine
+    from casckpt.errors import CatalogUnavailableError
+
+    w1, w2 = torch.ones(65536), torch.full((65536,), 2.0)
+    with casckpt.open(tmp_path / "s") as store:
+        store.commit({"w": w1}, run="r", step=1)
+        real = commit_engine.finish
+
+        def outage(*args: object, **kwargs: object) -> object:
+            raise CatalogUnavailableError("the catalog is down (injected)")
+
+        monkeypatch.setattr(commit_engine, "finish", outage)
+        state = {"w": w2}
+        with pytest.raises(CatalogUnavailableError):
+            store.commit(state, run="r", step=2, block=False).wait(WAIT)
+        monkeypatch.setattr(commit_engine, "finish", real)
+        copied = internals(store).committer.copied
+        handle = store.commit(state, run="r", step=3, block=False, unchanged="w")
+        assert internals(store).committer.copied == copied  # the staged copy is current
+        w2.add_(1)  # after the call: not in the version
+        version = handle.wait(WAIT)
+        assert version.parent == store.resolve("r@1").id
+        assert torch.equal(store.restore(version.id)["w"], torch.full((65536,), 2.0))
+        assert store.ops.check(read_data=True).ok
+
+
+def test_a_wrong_shape_declared_unchanged_fails_the_background_commit(env: Env) -> None:
+    from casckpt.errors import ChangeHintError
+
+    store = env.open()
+    store.commit({"w": torch.ones(64)}, run="r", step=0, block=False).wait(WAIT)
+    handle = store.commit({"w": torch.ones(65)}, run="r", step=1, block=False, unchanged="w")
+    with pytest.raises(ChangeHintError, match="declared unchanged"):
+        handle.wait(WAIT)
+    assert _steps(store) == [0] and _leases(store) == 0
+    state = {"w": torch.ones(65)}
+    store.commit(state, run="r", step=1, block=False).wait(WAIT)
+    assert_same(store.restore("r@1"), state)
+
+
+def test_a_commit_failing_before_its_hash_leaves_the_worker_running(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker hashes a staged commit; when that fails (the catalog is down as it looks up
+    the parent) the handle reports it and the next commits still run."""
+    import casckpt.engine.write.commit as commit_engine
+    from casckpt.errors import CatalogUnavailableError
+
+    store = env.open()
+    real = commit_engine.parent_of
+
+    def down(*args: Any, **kwargs: Any) -> Any:
+        raise CatalogUnavailableError("the catalog is down (injected)")
+
+    monkeypatch.setattr(commit_engine, "parent_of", down)
+    failed = store.commit(_state(), run="r", step=0, block=False)
+    with pytest.raises(CatalogUnavailableError):
+        failed.wait(WAIT)
+    with pytest.raises(CatalogUnavailableError):
+        _ = failed.id  # never hashed: the id says why
+    monkeypatch.setattr(commit_engine, "parent_of", real)
+    state = _state()
+    store.commit(state, run="r", step=0, block=False).wait(WAIT)
+    store.commit(state, run="r", step=1)  # a blocking commit drains the queue: it must not hang
+    assert _steps(store) == [0, 1]

@@ -165,7 +165,7 @@ def test_hinted_chunks_the_store_does_not_hold_are_hashed(store: casckpt.Store, 
 
 def test_background_commits_take_the_hint(store: casckpt.Store, hashed: Hashed) -> None:
     state = _state()
-    store.commit(state, run="r", step=1, block=False)
+    store.commit(state, run="r", step=1, block=False).wait()  # hashed by the worker
     state["model"]["b"].add_(1.0)
     hashed.reset()
     h2 = store.commit(state, run="r", step=2, block=False, unchanged=["model.a", "model.c", "optim.*"])

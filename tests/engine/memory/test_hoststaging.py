@@ -1,0 +1,61 @@
+"""Host staging (``engine/memory/hoststaging.py``): a staged state reads as the live one did,
+buffers are reused across commits, and a vouched tensor skips its copy only when its buffer
+still holds its bytes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from casckpt.engine.memory.hoststaging import HostStaging, layout
+from casckpt.format.state import encode_state
+
+
+def _stage(host: HostStaging, state: Any, run: str = "r", vouched: Any = None) -> Any:
+    root, leaves = encode_state(state)
+    plan = layout(leaves)
+    target = host.hold(host.idle(run), run)
+    staged = host.stage(target, root, leaves, plan, vouched or (lambda _p: False))
+    return staged, plan
+
+
+def test_the_mirror_reads_as_the_state_did_and_keeps_shared_storage() -> None:
+    base = torch.arange(64, dtype=torch.float32)
+    state = {"base": base, "view": base[3:40:2], "t": base.view(8, 8).t(), "tied": base,
+             "np": np.arange(5, dtype=np.int16), "n": 3, "c": torch.randn(4, dtype=torch.complex64).conj()}
+    host = HostStaging()
+    staged, plan = _stage(host, state)
+    mirror = staged.mirror
+    base.add_(100)  # the live state moves on; the copy does not
+    assert len(plan.groups) == 3  # base and its views share one buffer; np and c have their own
+    assert torch.equal(mirror["view"], (torch.arange(64.0))[3:40:2])
+    assert mirror["t"].stride() == state["t"].stride()
+    assert mirror["tied"].data_ptr() == mirror["base"].data_ptr()
+    assert mirror["view"].untyped_storage().data_ptr() == mirror["base"].untyped_storage().data_ptr()
+    assert mirror["c"].is_conj() and torch.equal(mirror["c"], state["c"])
+    assert (mirror["np"] == state["np"]).all() and mirror["n"] == 3
+    assert staged.copied == plan.nbytes
+
+
+def test_buffers_are_reused_and_vouched_tensors_copied_only_into_a_stale_set() -> None:
+    state = {"a": torch.randn(1000), "b": torch.randn(1000)}
+    host = HostStaging()
+    first, _ = _stage(host, state)
+    pointer = first.mirror["a"].data_ptr()
+    host.release(first.held)
+    again, _ = _stage(host, state, vouched=lambda p: p == "a")
+    assert again.mirror["a"].data_ptr() == pointer  # the same buffer, faulted in already
+    assert again.copied == state["b"].nbytes and again.skipped == {"a"}
+    # the first set is still held: a second one holds nothing yet, so the vouched tensor is copied
+    second, _ = _stage(host, state, vouched=lambda p: p == "a")
+    assert second.held is not again.held and second.copied == 2 * 4000
+    assert host.allocated == 2 * 8000
+    host.release(again.held)
+    host.forget("r")  # e.g. a commit of the run failed before its copies were all made
+    after, _ = _stage(host, state, vouched=lambda p: True)
+    assert after.copied == 8000
+    host.release(after.held)
+    host.release(second.held)
+    assert host.free_idle(None) == 2 * 8000 and host.allocated == 0
