@@ -62,6 +62,7 @@ from casckpt.format.state import encode_state
 from casckpt.format.treeencode import Tree, TreeMemo
 from casckpt.format.treemanifest import encode_tree_manifest, headed
 from casckpt.storage.erasure import Redundancy
+from casckpt.storage.locations import LocationSet
 from casckpt.types import ProgressCallback, Version
 
 log = logging.getLogger(__name__)
@@ -371,24 +372,47 @@ def _hold_unchanged(ctx: EngineContext, chunks: dict[bytes, ChunkBytes], ids: Se
         chunks[cid] = held
 
 
-def store_manifest(ctx: EngineContext, snap: Snapshot) -> None:
-    """Write the snapshot's manifest object: on every location, or, in a store with a fast
-    tier, on the tier (the drain writes it to the locations once the version's packs are
-    there). Only under the commit's lease (see :func:`publish`)."""
+def store_manifest(ctx: EngineContext, snap: Snapshot) -> LocationSet | None:
+    """Write the snapshot's manifest object: on every location (returns the set written to),
+    or, in a store with a fast tier, on the tier (the drain writes it to the locations once
+    the version's packs are there). Only under the commit's lease (see :func:`publish`)."""
     tier = ctx.packs.tier
     if tier is None:
-        ctx.locations.put_everywhere(objectnames.manifest_name(snap.version_id), snap.manifest_bytes)
-        return
+        taken = ctx.locations
+        taken.put_everywhere(objectnames.manifest_name(snap.version_id), snap.manifest_bytes)
+        return taken
     try:  # a convenience copy: the catalog row holds it too, and the drain falls back on it
         tier.dir.put_manifest(snap.version_id, snap.manifest_bytes)
     except StorageError as exc:
         log.warning("fast tier %s could not keep the manifest of %s (%s); the drain takes it "
                     "from the catalog", tier.dir.root, snap.version_id[:12], exc)
+    return None
+
+
+def manifest_stored(ctx: EngineContext, snap: Snapshot, written: Future[LocationSet | None]) -> None:
+    """Wait for the manifest write begun beside the chunks (:func:`store_manifest`), then put
+    the manifest on any location activated since that write took its location set (one
+    added while the commit wrote its packs), as a manifest written at publish would be."""
+    taken = written.result()
+    if taken is None:
+        return
+    now = ctx.locations
+    if now is taken:
+        return
+    had = {loc.id for loc in taken.active()}
+    for loc in now.active():
+        if loc.id in had:
+            continue
+        try:
+            loc.blobs.put(objectnames.manifest_name(snap.version_id), snap.manifest_bytes)
+        except StorageError as exc:  # as put_everywhere: the other locations hold it
+            log.warning("could not write the manifest of %s to location %s: %s",
+                        snap.version_id[:12], loc.describe(), exc)
 
 
 def publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: Redundancy,
             started: float, lease: str, progress: ProgressCallback | None = None, *,
-            manifest: Future[None] | None = None) -> Version:
+            manifest: Future[LocationSet | None] | None = None) -> Version:
     """Store the manifest, then make the version visible (its chunks must be durable).
 
     ``lease`` is the commit's GC lease, begun naming the version (``begin_lease(catalog,
@@ -404,7 +428,7 @@ def publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: 
     if manifest is None:
         store_manifest(ctx, snap)
     row = _publish(ctx, req, snap, started, redundancy, progress, lease, fast=tier is not None,
-                   ready=manifest.result if manifest is not None else None)
+                   ready=None if manifest is None else lambda: manifest_stored(ctx, snap, manifest))
     if tier is not None:
         tier.wake()
     if snap.delta is not None:
