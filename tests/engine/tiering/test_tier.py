@@ -389,7 +389,8 @@ def test_the_drain_rate_is_kept_for_every_process_of_the_host(tmp_path: Path) ->
         store.commit(_state(120), run="r", step=1, durable=True)
     with _open(tmp_path) as store:  # another process, as far as the numbers go
         status = store.tier.status()
-        assert status.drained_bytes > 2 * MiB and status.drain_rate is not None  # 3 MiB of fp32, ~2.6 MiB in byte planes
+        # 3 MiB of fp32, ~2.6 MiB stored in byte planes
+        assert status.drained_bytes > 2 * MiB and status.drain_rate is not None
         assert status.drain_rate > 0
 
 
