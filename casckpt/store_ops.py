@@ -303,6 +303,9 @@ class Ops:
           chains whose estimated restore stays within 2x a keyframe's.
 
         A chain length set with :meth:`set_delta_chain` overrides the bound with a fixed depth.
+        The bounds are of the cost model's estimate, which counts the data work of each level
+        (decompress, XOR); a chain of many sparse levels also pays a catalog lookup and a read
+        per level, which the estimate leaves out (docs/DEFAULTS.md has measured restores).
 
         Raises:
             InvalidArgumentError: ``policy`` is not one of those names.
@@ -316,8 +319,10 @@ class Ops:
         if run is None:
             assert policy is not None
             DELTA_POLICY.set_store(ctx.catalog, policy)
+            records.record_store(ctx.locations, ctx.catalog)
         else:
             DELTA_POLICY.set_run(ctx.catalog, check_name(run, "run"), policy)
+            records.record_run(ctx.locations, ctx.catalog, run)
 
     def set_delta_chain(self, chain: int, *, run: str | None = None) -> None:
         """Set how many deltas deep a chunk may be stored before a keyframe (0: no delta coding),

@@ -31,8 +31,8 @@ from casckpt.types import AuditEntry
 
 ACTIONS = (
     "commit", "delete", "undelete", "tag", "run.create", "run.fork", "gc", "retention.set",
-    "retention.clear", "redundancy.set", "delta_chain.set", "location.add", "location.retire",
-    "location.fail", "location.activate",
+    "retention.clear", "redundancy.set", "delta_chain.set", "delta_policy.set", "location.add",
+    "location.retire", "location.fail", "location.activate",
     "repair", "catalog.rebuild", "catalog.migrate", "trees.migrate", "drill",
 )
 """The actions casckpt itself records (other components add their own, e.g. ``key.rotate``)."""

@@ -299,7 +299,6 @@ class Catalog:
         self, version: dict[str, Any], run: str, tensor_rows: list[dict[str, Any]],
         content_rows: list[dict[str, Any]], tag_names: Sequence[str], chunk_ids: Iterable[str],
         node_rows: Sequence[dict[str, Any]] = (), lease: str | None = None, audit: bool = True,
-        ready: Callable[[], object] | None = None,
     ) -> None:
         """Make a version visible: ONE transaction that re-checks every referenced chunk.
 
@@ -309,10 +308,6 @@ class Catalog:
 
         ``lease``: the commit's lease, ended in the same transaction (once the version is
         visible it keeps its chunks itself; a failed publish leaves the lease as it was).
-
-        ``ready``: called inside the transaction, after its statements and before COMMIT, to
-        wait for what must be durable before the version is (the manifest object, written
-        meanwhile); what it raises rolls the transaction back and is raised.
 
         A tree version (``version["tree_root"]``) also passes the rows of the nodes the
         catalog lacks (``node_rows``: id, zstd body); ``chunk_ids`` are all of its chunks
@@ -339,8 +334,6 @@ class Catalog:
                         conn.execute(s.leases.delete().where(s.leases.c.id == lease))
                     self._publish(conn, version, run, tensor_rows, content_rows, tag_names, ids,
                                   node_rows, audit)
-                    if ready is not None:
-                        ready()
             except CatalogUnavailableError as exc:
                 in_doubt = in_doubt or exc.in_doubt
                 raise

@@ -369,11 +369,12 @@ class RunSettings:
     retention: Any
     redundancy: str | None
     delta_chain: int | None
+    delta_policy: str | None = None
 
 
 def _settings(row: Any) -> RunSettings:
     return RunSettings(row.name, row.created_at, row.parent_version, row.retention, row.redundancy,
-                       row.delta_chain)
+                       row.delta_chain, row.delta_policy)
 
 
 def run_settings(catalog: Catalog, run: str) -> RunSettings | None:

@@ -110,7 +110,7 @@ class StoreCheckpointIO:
         run: the run the checkpoints are committed to, one version per global step.
         block: with True (default) a save returns once its version is visible. With False
             it returns once the checkpoint's tensors are snapshotted (``Store.commit(...,
-            block=False)``: only chunks the store does not hold are copied) and the commit
+            block=False)``: the tensors are copied into reused host staging) and the commit
             finishes in the background while training goes on. At most one commit is in
             flight: a save at another step, a load, a removal of the path being committed
             and ``teardown`` (which Lightning calls at the end of ``fit``) first wait for

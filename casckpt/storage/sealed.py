@@ -158,10 +158,16 @@ class _Scratch:
 
 
 _SCRATCH = threading.local()
+_KEEP_MAX = 16 << 20  # the most a thread keeps between reads (the default read_coalesce)
 
 
 def _scratch(size: int) -> _Scratch:
-    """This thread's scratch buffers, the sealed one at least ``size`` bytes."""
+    """This thread's scratch buffers, the sealed one at least ``size`` bytes (a range larger
+    than :data:`_KEEP_MAX`, e.g. a whole shard, gets buffers of its own, not kept)."""
+    if size > _KEEP_MAX:
+        own = _Scratch()
+        own.sealed = memoryview(bytearray(size))
+        return own
     scratch: _Scratch | None = getattr(_SCRATCH, "scratch", None)
     if scratch is None:
         scratch = _SCRATCH.scratch = _Scratch()

@@ -38,7 +38,8 @@ from typing import Any
 from casckpt.catalog import MissingChunksError, PackLayout, ShardRow, StoredPack, inventory
 from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import shards as shard_sql
-from casckpt.catalog.settings import DELTA_CHAIN, REDUNDANCY
+from casckpt.catalog.deltas import DELTA_POLICIES
+from casckpt.catalog.settings import DELTA_CHAIN, DELTA_POLICY, REDUNDANCY
 from casckpt.engine.context import EngineContext
 from casckpt.engine.locations import identity
 from casckpt.engine.locations.discovery import FoundPack, pack_layout, scan_packs
@@ -307,6 +308,8 @@ def _restore_runs(ctx: EngineContext, found: dict[str, list[records.Found]], sta
                                   doc.get("parent_version"), doc.get("retention"), doc.get("redundancy"))
             if doc.get("delta_chain") is not None:
                 DELTA_CHAIN.set_run(ctx.catalog, str(doc["name"]), int(doc["delta_chain"]))
+            if doc.get("delta_policy") is not None:
+                DELTA_POLICY.set_run(ctx.catalog, str(doc["name"]), str(doc["delta_policy"]))
         except (KeyError, TypeError, ValueError, CasckptError) as exc:
             log.warning("rebuild: skipping run record %r: %s", doc, exc)
     return len(ctx.catalog.run_names())
@@ -328,6 +331,8 @@ def _restore_store(ctx: EngineContext, found: dict[str, list[records.Found]], st
             REDUNDANCY.set_store(ctx.catalog, str(Redundancy.parse(redundancy)))
         if isinstance(chain, int) and not isinstance(chain, bool) and 0 <= chain <= 64:
             DELTA_CHAIN.set_store(ctx.catalog, chain)
+        if doc.get("delta_policy") in DELTA_POLICIES:
+            DELTA_POLICY.set_store(ctx.catalog, str(doc["delta_policy"]))
     except (TypeError, ValueError, CasckptError) as exc:
         log.warning("rebuild: skipping store record %r: %s", doc, exc)
 

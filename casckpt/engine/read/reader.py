@@ -166,8 +166,8 @@ class _Arena:
         self._used = 0
 
     def reset(self, size: int) -> None:
-        if size > self._buf.nbytes:
-            self._buf = np.empty(size, np.uint8)
+        if size > self._buf.nbytes or self._buf.nbytes > max(size, _KEEP_MAX):  # never keep more than
+            self._buf = np.empty(size, np.uint8)  # _KEEP_MAX past a window that needed more
         self._used = 0
 
     def take(self, size: int) -> memoryview:
@@ -177,6 +177,7 @@ class _Arena:
 
 
 _ARENAS = threading.local()
+_KEEP_MAX = 16 << 20  # what a thread keeps between windows (the default read_coalesce)
 
 
 def _arena() -> _Arena:

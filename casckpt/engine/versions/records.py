@@ -3,13 +3,13 @@
 Manifests and packs describe themselves, so ``catalog rebuild`` recovers
 versions, lineage, metrics and commit-time tags from them alone. What
 changes after a commit -- a tag moved, a run forked, a run's retention,
-redundancy or delta-chain policy, the store's policies, the locations and
+redundancy or delta chain and policy, the store's policies, the locations and
 their states -- is mirrored here as JSON objects:
 
     refs/tags/<name key>   {"name", "version"}
     refs/runs/<name key>   {"name", "created_at", "parent_version", "retention", "redundancy",
-                            "delta_chain"}
-    refs/store             {"redundancy", "delta_chain"}
+                            "delta_chain", "delta_policy"}
+    refs/store             {"redundancy", "delta_chain", "delta_policy"}
     refs/locations         {"locations": [{"name", "url", "domain", "state"}, ...]}
 
 plus, in each, ``seq`` (a counter the catalog raises with every record it
@@ -37,9 +37,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from casckpt.catalog import shards as shard_sql
+from casckpt.catalog.deltas import DELTA_POLICIES
 from casckpt.catalog.history import RunSettings, run_settings, tags_and_runs
 from casckpt.catalog.identity import next_record_seq
-from casckpt.catalog.settings import DELTA_CHAIN, REDUNDANCY
+from casckpt.catalog.settings import DELTA_CHAIN, DELTA_POLICY, REDUNDANCY
 from casckpt.errors import AccessDeniedError, CasckptError
 from casckpt.format import objectnames
 from casckpt.format.state import json_nesting
@@ -86,7 +87,8 @@ def record_tag(locations: LocationSet, catalog: Any, name: str, version_id: str)
 
 def _run_doc(row: RunSettings) -> dict[str, Any]:
     return {"name": row.name, "created_at": row.created_at, "parent_version": row.parent_version,
-            "retention": row.retention, "redundancy": row.redundancy, "delta_chain": row.delta_chain}
+            "retention": row.retention, "redundancy": row.redundancy, "delta_chain": row.delta_chain,
+            "delta_policy": row.delta_policy}
 
 
 def record_run(locations: LocationSet, catalog: Any, run: str) -> None:
@@ -97,11 +99,12 @@ def record_run(locations: LocationSet, catalog: Any, run: str) -> None:
 
 
 def _store_doc(catalog: Any) -> dict[str, Any]:
-    return {"redundancy": REDUNDANCY.stored(catalog), "delta_chain": DELTA_CHAIN.stored(catalog)}
+    return {"redundancy": REDUNDANCY.stored(catalog), "delta_chain": DELTA_CHAIN.stored(catalog),
+            "delta_policy": DELTA_POLICY.stored(catalog)}
 
 
 def record_store(locations: LocationSet, catalog: Any) -> None:
-    """Mirror store-wide settings (redundancy, delta chain)."""
+    """Mirror store-wide settings (redundancy, delta chain and policy)."""
     _put(locations, catalog, STORE, _store_doc(catalog))
 
 
@@ -116,8 +119,9 @@ def record_locations(locations: LocationSet, catalog: Any) -> None:
 
 
 _COMPARED = {TAGS: ("name", "version"),
-             RUNS: ("name", "created_at", "parent_version", "retention", "redundancy", "delta_chain"),
-             STORE: ("redundancy", "delta_chain"),
+             RUNS: ("name", "created_at", "parent_version", "retention", "redundancy", "delta_chain",
+                    "delta_policy"),
+             STORE: ("redundancy", "delta_chain", "delta_policy"),
              LOCATIONS: ("locations",)}
 
 
@@ -129,7 +133,8 @@ def expected(catalog: Any) -> dict[str, dict[str, Any]]:
         out[objectnames.ref_name(TAGS, name, catalog.crypto.name_hash)] = {"name": name, "version": version}
     for row in runs:
         doc = _run_doc(row)
-        if any(doc[k] is not None for k in ("parent_version", "retention", "redundancy", "delta_chain")):
+        if any(doc[k] is not None for k in ("parent_version", "retention", "redundancy", "delta_chain",
+                                            "delta_policy")):
             out[objectnames.ref_name(RUNS, row.name, catalog.crypto.name_hash)] = doc
     store = _store_doc(catalog)
     if any(value is not None for value in store.values()):
@@ -212,7 +217,8 @@ def valid_run(doc: dict[str, Any]) -> bool:
             and (retention is None or isinstance(retention, dict))
             and (redundancy is None or (isinstance(redundancy, str) and len(redundancy) <= 32))
             and (chain is None or (isinstance(chain, int) and not isinstance(chain, bool)
-                                   and 0 <= chain <= 64)))
+                                   and 0 <= chain <= 64))
+            and doc.get("delta_policy") in (None, *DELTA_POLICIES))
 
 
 def newest(copies: Iterable[Found], states: dict[str, str]) -> Found | None:

@@ -186,7 +186,6 @@ class BackgroundCommitter:
         self.copied = 0  # bytes copied into staging so far (vouched tensors are not)
         self._host: HostStaging | None = None  # made with the first staged commit (torch)
         self._counters: dict[str, Counters] = {}  # run -> trusted counters of its last staging
-        self._blocked: set[str] = set()  # runs committed in the foreground since their last staging
         self._last: dict[str, str] = {}  # run -> version id of its newest pending commit
         self._inflight: dict[bytes, ChunkBytes] = {}  # chunk id -> copy a pending commit will write
         self._failed: list[CommitHandle] = []
@@ -251,7 +250,6 @@ class BackgroundCommitter:
                 self._counters[req.run] = cast("Counters", trusted_counters(hint, "", leaves)) \
                     if hint is not None and hint.versions is not None else Counters("")
                 self.copied += staged.copied
-                self._blocked.discard(req.run)
                 handle = CommitHandle(req.run, req.step)
                 job = _Job(handle, req, None, redundancy, started, progress, created, staged,
                            ChangeHint(unchanged=hint.unchanged, counted=counted.__contains__)
@@ -270,9 +268,12 @@ class BackgroundCommitter:
 
     def _vouched(self, run: str, hint: ChangeHint | None, leaves: list[TensorLeaf],
                  ) -> tuple[Callable[[str], bool], set[str]]:
-        """The caller's hint evaluated on the live tensors: whether a path is vouched for
-        (declared ``unchanged``, or its version counter unmoved since the run's last staging),
-        and the counted paths."""
+        """The caller's hint evaluated on the live tensors: whether a path's staged copy is
+        current (its version counter unmoved since the run's last staging), and those paths.
+
+        Only counters spare a copy: an ``unchanged`` promise is about the run's previous
+        VERSION, which a blocking, group or DCP commit (or a failed one) may have made from
+        other bytes than the staging holds; the worker still uses it to skip hashing."""
         import torch
 
         if hint is None:
@@ -282,9 +283,7 @@ class BackgroundCommitter:
                    if hint.versions is not None and counters is not None
                    and isinstance(leaf.value, torch.Tensor) and hint.versions(leaf.path)
                    and counters.unchanged(leaf.path, leaf.value)}
-        declared = {leaf.path for leaf in leaves if hint.unchanged is not None and hint.unchanged(leaf.path)}
-        both = counted | (declared if run not in self._blocked else set())
-        return both.__contains__, counted
+        return counted.__contains__, counted
 
     def _stage_set(self, run: str, plan: Layout) -> StagingSet | None:
         """A staging set for ``run`` with room for ``plan`` within the budget (waiting for
@@ -413,11 +412,7 @@ class BackgroundCommitter:
         self.raise_unreported()
         with self._submit:
             self.wait_all()
-            version = run()
-            # the version holds the live bytes, which staging may not: until the next staged commit,
-            # only an unmoved version counter (the bytes are as staged) spares a copy
-            self._blocked.add(version.run)
-        return version
+            return run()
 
     def _wait_at_exit(self) -> None:
         """At interpreter exit, before thread pools shut down: finish pending commits."""
@@ -499,6 +494,7 @@ class BackgroundCommitter:
                 cast("HostStaging", self._host).release(job.staged.held)
                 if snap is None:  # not hashed: whether its copies are current is unknown
                     cast("HostStaging", self._host).forget(run)
+                    self._counters.pop(run, None)
                 job.staged = None
             if job.handle in self._pending:
                 self._pending.remove(job.handle)

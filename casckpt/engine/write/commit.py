@@ -16,7 +16,7 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -150,6 +150,11 @@ def snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: flo
     try:
         with _collector_paused():
             return _snapshot(ctx, state, req, created, parent, reserve, progress, pending, memo, hint)
+    except BaseException:
+        # the caller's next hint vouches for its tensors since THIS commit, which made no
+        # version: the run's parent is then an older one, whose bytes may differ
+        memo.version_id, memo.counters = FAILED_SNAPSHOT, None
+        raise
     finally:
         ctx.memos.keep(req.run, memo)
 
@@ -188,6 +193,10 @@ class _RunMemo:
     version_id: str | None = None  # the version the run's last snapshot in this process made
 
 
+FAILED_SNAPSHOT = "(a failed snapshot)"
+"""``_RunMemo.version_id`` after a snapshot failed: no parent matches it, so the next hint is ignored."""
+
+
 def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: float, parent: str | None,
               reserve: Reserve | None, progress: ProgressCallback | None,
               pending: Mapping[bytes, ChunkBytes] | None, memo: _RunMemo,
@@ -201,9 +210,12 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
         # the caller vouches for its tensors since the version it committed last; that is no
         # longer the parent (it failed, or another handle or process deleted it), so the
         # parent's chunk ids may hold older bytes: hash every tensor instead
-        log.warning("commit %s@%s: ignoring the change hint: the run's previous version is no "
-                    "longer %s, the one this process committed last (it failed, or was deleted "
-                    "meanwhile); every tensor is hashed", req.run, req.step, memo.version_id[:12])
+        last = ("the run's last commit in this process failed before it made a version"
+                if memo.version_id == FAILED_SNAPSHOT else
+                f"the run's previous version is no longer {memo.version_id[:12]}, the one this "
+                "process committed last (it failed, was deleted, or another commit of the run came after it)")
+        log.warning("commit %s@%s: ignoring the change hint: %s; every tensor is hashed",
+                    req.run, req.step, last)
         hint = None
     if hint is not None:
         counters = memo.counters if memo.counters is not None and memo.counters.version_id == parent else None
@@ -298,12 +310,11 @@ def parent_of(ctx: EngineContext, run: str) -> str | None:
 
 def _publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, started: float,
              redundancy: Redundancy, progress: ProgressCallback | None, lease: str, *,
-             fast: bool = False, ready: Callable[[], object] | None = None) -> dict[str, Any]:
+             fast: bool = False) -> dict[str, Any]:
     """ONE catalog transaction makes the version visible and ends the commit's ``lease``;
     chunks found gone are rewritten. ``fast``: committed to the fast tier (durability
     ``fast`` until the drain; the catalog also makes a version that needs a pack still on
-    some fast tier ``fast``). ``ready``: waits, before the transaction commits, for the
-    manifest object being written meanwhile."""
+    some fast tier ``fast``)."""
     row: dict[str, Any] = {
         "id": snap.version_id, "step": req.step, "parent_id": snap.manifest.parent,
         "state": "visible", "created_at": snap.manifest.created_at,
@@ -319,7 +330,7 @@ def _publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, started: fl
         checks, nodes = _checks(ctx, snap)
         try:
             ctx.catalog.add_version(row, req.run, [], [], req.tags, [c.hex() for c in checks], nodes,
-                                    lease=lease, ready=ready)
+                                    lease=lease)
             return row
         except MissingChunksError as exc:
             gone_bases = set(exc.missing) - {cid.hex() for cid in snap.chunks}
@@ -420,15 +431,16 @@ def publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: 
     here on leaves a tombstone GC may act on; the publishing transaction ends it.
 
     ``manifest``: the manifest object's write (:func:`store_manifest`), begun already under
-    the lease; the publishing transaction waits for it before it commits, so the version is
+    the lease; it is waited for before the publishing transaction begins, so the version is
     never visible before its manifest object is durable. Without it, the manifest object is
     written here first.
     """
     tier = ctx.packs.tier
     if manifest is None:
         store_manifest(ctx, snap)
-    row = _publish(ctx, req, snap, started, redundancy, progress, lease, fast=tier is not None,
-                   ready=None if manifest is None else lambda: manifest_stored(ctx, snap, manifest))
+    else:  # waited for before the transaction: it must not hold the catalog's write lock over I/O
+        manifest_stored(ctx, snap, manifest)
+    row = _publish(ctx, req, snap, started, redundancy, progress, lease, fast=tier is not None)
     if tier is not None:
         tier.wake()
     if snap.delta is not None:

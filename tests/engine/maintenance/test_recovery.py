@@ -559,7 +559,7 @@ def rebuild_and_compare(root: Path, catalogs: Catalogs, *, catalog: str | None) 
     with open_store(root, catalog=catalog) as store:
         store_id = internals(store).catalog.store_id
     old = catalog_rows(catalogs.url)
-    mirrored = ("parent_version", "retention", "redundancy", "delta_chain")  # a run's refs/ record
+    mirrored = ("parent_version", "retention", "redundancy", "delta_chain", "delta_policy")  # refs/runs
     recorded = {name for (name,), run in old["runs"].items() if any(run[c] is not None for c in mirrored)}
     failed = {name: root / "blobs" / f"d{name.removeprefix('loc')}"
               for (name,), loc in old["locations"].items() if loc["state"] == "failed"}
@@ -619,6 +619,8 @@ def test_rebuild_after_every_kind_of_catalog_change_loses_only_what_is_documente
         store.ops.set_delta_chain(4)
         store.ops.set_delta_chain(2, run=RUN)
         store.ops.set_delta_chain(0, run="ft")
+        store.ops.set_delta_policy("max")
+        store.ops.set_delta_policy("off", run=RUN)
         store.commit(make_state(60), run=RUN, step=60)
         for step in (22, 23, 24):  # several replicate packs
             store.commit(make_state(step, seed=1), run="ft", step=step)
@@ -626,6 +628,8 @@ def test_rebuild_after_every_kind_of_catalog_change_loses_only_what_is_documente
         redundancy = store.locations.redundancy
         assert (redundancy(), redundancy("ft"), redundancy(RUN)) == ("ec:3+1", "replicate:2", "ec:3+1")
         assert (store.ops.delta_chain(), store.ops.delta_chain(RUN), store.ops.delta_chain("ft")) == (4, 2, 0)
+        policy = store.ops.delta_policy
+        assert (policy(), policy(RUN), policy("ft")) == ("max", "off", "max")
 
         # locations: loc0 retiring, the tag moved @20 -> @50 while it retires (its copy of the
         # record is stale), loc1 failed, loc6 added in a new domain; repair after each

@@ -352,3 +352,47 @@ def test_hinted_device_tensors_are_not_staged(tmp_path: Path, hashed: Hashed) ->
         assert hashed.bytes == _bytes(state["model"]["b"])
         assert _equal(store.restore("r@2", map_location="cuda"), state)
         assert store.ops.check(read_data=True).ok
+
+
+def test_a_hint_after_a_background_commit_that_failed_before_its_hash_is_ignored(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caller vouches for its tensors since its LAST commit; when that one failed before
+    making a version (a catalog blip while hashing), the run's parent is an older version whose
+    bytes differ: the next hinted commit must hash, never reuse the older chunks."""
+    from casckpt.engine.write import commit as commit_engine
+    from casckpt.errors import CatalogUnavailableError
+
+    with casckpt.open(tmp_path / "s", cache=tmp_path / "c") as store:
+        x, y = torch.zeros(300_000), torch.ones(300_000)
+        state = {"x": x, "y": y}
+        store.commit(state, run="r", step=1, block=False, trust_versions=True).wait()
+        x.add_(1)  # changes between version 1 and the failed commit 2
+        real = commit_engine.known_chunks
+
+        def blip(*args: object, **kwargs: object) -> object:
+            raise CatalogUnavailableError("the catalog blinked")
+
+        monkeypatch.setattr(commit_engine, "known_chunks", blip)
+        with pytest.raises(CatalogUnavailableError):
+            store.commit(state, run="r", step=2, block=False, trust_versions=True).wait()
+        monkeypatch.setattr(commit_engine, "known_chunks", real)
+        store.commit(state, run="r", step=3, block=False, trust_versions=True).wait()  # x untouched since 2
+        assert torch.equal(store.restore("r@3")["x"], x)
+        store.commit(state, run="r", step=4, unchanged=["x"])  # a blocking one: the same rule
+        assert torch.equal(store.restore("r@4")["x"], x)
+
+
+def test_an_unchanged_promise_after_another_handle_committed_the_run_stores_the_live_bytes(
+        tmp_path: Path) -> None:
+    """A background commit's staging holds the bytes of ITS last staging; a version another
+    handle (a group or DCP save, another process) made from newer bytes is the parent of the
+    next commit, so a true ``unchanged`` promise about that parent must not keep the staged copy."""
+    with casckpt.open(tmp_path / "s", cache=tmp_path / "c") as store:
+        x, y = torch.zeros(300_000), torch.ones(300_000)
+        state = {"x": x, "y": y}
+        store.commit(state, run="r", step=1, block=False).wait()  # staging now holds x = 0
+        x.add_(1)
+        with casckpt.open(tmp_path / "s", cache=tmp_path / "c2", create=False) as other:
+            other.commit(state, run="r", step=2)  # the run's newest version holds x = 1
+        store.commit(state, run="r", step=3, block=False, unchanged=["x"]).wait()  # true: x as at 2
+        assert torch.equal(store.restore("r@3")["x"], x)
