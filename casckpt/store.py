@@ -183,8 +183,12 @@ class Store(StoreHistory):
           ``set_()`` and ``torch.utils.swap_tensors`` change the storage and are caught.
           Trusted tensors are held until the run's next commit.
 
-        Such tensors are not read (with ``block=False``: not copied, when the staging
-        still holds them): the version reuses the parent's chunk ids for them. A
+        Such tensors are not read: the version reuses the parent's chunk ids for them. With
+        ``block=False``, the tensors ``trust_versions`` vouches for are not copied either
+        while the staging holds them as they are (``unchanged`` tensors are copied: the
+        promise is about the parent version, not the staging). A hint is ignored, and every
+        tensor hashed, when the run's last commit in this process made no version (it
+        failed or was refused) or another commit of the run came after it. A
         tensor the hint names that is new to the run (or shares storage, or is packed
         with small neighbours) is hashed as usual. **A wrong hint is not detected**: the
         version then holds (and restores) the previous version's bytes for that tensor,

@@ -1224,10 +1224,10 @@ def test_a_blocking_commit_between_staged_ones_makes_the_next_copy_what_it_decla
 
 def test_unchanged_hint_in_the_background_after_a_failed_commit_stores_the_state(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The failed commit copied ``w`` into staging; the next background commit declares it
-    unchanged and does not copy it again. Its parent is the version before the failed one,
-    not the run's last commit in this process, so the worker hashes the staged bytes: they are
-    ``w`` as the failed commit saw it, which the caller vouches it still is."""
+    """The next background commit declares ``w`` unchanged after one that failed. A promise
+    spares no copy (it is about the parent version, not the staging), and the parent is the
+    version before the failed one, not the run's last commit in this process, so the worker
+    ignores the promise and hashes the staged bytes: ``w`` as it was at the call."""
     import casckpt.engine.write.commit as commit_engine
     from casckpt.errors import CatalogUnavailableError
 
@@ -1246,7 +1246,7 @@ def test_unchanged_hint_in_the_background_after_a_failed_commit_stores_the_state
         monkeypatch.setattr(commit_engine, "finish", real)
         copied = internals(store).committer.copied
         handle = store.commit(state, run="r", step=3, block=False, unchanged="w")
-        assert internals(store).committer.copied == copied  # the staged copy is current
+        assert internals(store).committer.copied == copied + w2.nbytes  # copied all the same
         w2.add_(1)  # after the call: not in the version
         version = handle.wait(WAIT)
         assert version.parent == store.resolve("r@1").id
