@@ -70,9 +70,16 @@ def test_a_put_after_an_error_raises_it_and_drops_the_job() -> None:
 
 
 def test_stop_with_discard_tells_every_queued_job_and_raises_nothing() -> None:
-    rec, gate = Recorder(), threading.Event()
+    rec, gate, running = Recorder(), threading.Event(), threading.Event()
+
+    def first(error: BaseException | None) -> None:
+        running.set()
+        gate.wait()
+        rec.calls.append((0, error))
+
     sink = PackSink(limit=100)
-    sink.put(rec.job(0, gate=gate))
+    sink.put(first)
+    assert running.wait(30), "the sink thread never ran the first job"  # else stop() would discard it
     for i in range(1, 5):
         sink.put(rec.job(i))
     stopper = threading.Thread(target=lambda: sink.stop(discard=True))
