@@ -46,11 +46,11 @@ class Disk:
     aside: int = 0
 
 
-def _files_bytes(root: Path, skip: Path | None = None) -> int:
+def _files_bytes(root: Path) -> int:
     if not root.exists():
         return 0
     return sum(p.stat().st_size for p in root.rglob("*")
-               if p.is_file() and not p.is_symlink() and (skip is None or skip not in p.parents))
+               if p.is_file() and not p.is_symlink())
 
 
 class Tool:
@@ -197,7 +197,7 @@ class Casckpt(Tool):
     def __init__(self, root: Path, run: str, *, block: bool, hint: bool = False) -> None:
         super().__init__(root)
         self.run, self.block, self.hint = run, block, hint
-        self.store = casckpt.open(root / "store")
+        self.store = casckpt.open(root / "store", cache=root / "cache")  # the host cache, apart
         self.stored = 0
 
     def save(self, state: Any, k: int) -> float | None:
@@ -223,8 +223,7 @@ class Casckpt(Tool):
         with sqlite3.connect(root / "catalog.db") as db:
             db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         db.close()
-        cache = root / "cache"
-        return Disk(_files_bytes(root, skip=cache), _files_bytes(cache))
+        return Disk(_files_bytes(root), _files_bytes(self.root / "cache"))
 
     def prune(self, keep: int) -> None:
         self.store.retention.set(self.run, keep_last=keep)

@@ -311,16 +311,15 @@ class Ops:
             InvalidArgumentError: ``policy`` is not one of those names.
         """
         self._core.refuse_write("store.ops.set_delta_policy", "the catalog")
+        ctx = self._core.ctx
         if policy not in deltas_sql.DELTA_POLICIES and not (policy is None and run is not None):
             raise InvalidArgumentError(
                 f"delta policy must be one of {', '.join(deltas_sql.DELTA_POLICIES)} (or None with "
                 f"run= to make a run follow the store); got {policy!r}")
-        ctx = self._core.ctx
-        if run is None:
-            assert policy is not None
+        if run is None and policy is not None:
             DELTA_POLICY.set_store(ctx.catalog, policy)
             records.record_store(ctx.locations, ctx.catalog)
-        else:
+        elif run is not None:
             DELTA_POLICY.set_run(ctx.catalog, check_name(run, "run"), policy)
             records.record_run(ctx.locations, ctx.catalog, run)
 

@@ -210,22 +210,21 @@ class EncodePlan:
     def encode(self, cid: bytes, data: memoryview, align: int, owned: bool) -> Encoding:
         """``(codec, payload, base id)``: a delta when its base is at hand and it pays within the
         policy's bound, else the plain encoding (not even computed when the delta is tiny)."""
-        path = self.paths.get(cid)
-        if not self._tries_delta(cid, path):
+        path, chain = self.paths.get(cid), self.chain
+        if chain is None or not self._tries_delta(cid, path):
             codec, payload = self.plain(cid, data, align)
-            if self.chain is not None and not cid[0] % REPROBE and align > 1 and len(data) >= MIN_BASE:
+            if chain is not None and not cid[0] % REPROBE and align > 1 and len(data) >= MIN_BASE:
                 self._keep(cid, data, owned, CachedChunk(data, 0, sample=True))  # the next re-try's base
             return codec, payload, None
-        assert self.chain is not None
         base = self.candidates.get(cid)
         cached = self.bases.get(base) if base is not None and base in self.live else None
         if cached is not None and cached.sample:
             return self._plain(cid, data, align, owned, cached)
         if cached is None or len(cached.data) != len(data):
             return self._plain(cid, data, align, owned, None)
-        if self.chain.due(cached, cid):
+        if chain.due(cached, cid):
             return self._keyframe(cid, data, align, owned)
-        limit = self._limit(cached, len(data))
+        limit = chain.probe_limit(cached, len(data))
         if limit <= 0:
             return self._no_delta(cid, data, align, owned, cached)
         if len(data) > 2 * _PROBE:
@@ -239,13 +238,13 @@ class EncodePlan:
         if len(delta) > DELTA_SURE_RATIO * len(data):  # compare with the plain encoding
             codec, payload = self.plain(cid, data, align)
             self._saw(path, len(delta) / max(len(payload), 1))
-            dense_max = self.policy.dense_max if self.chain.by_cost else DELTA_MAX_RATIO
+            dense_max = self.policy.dense_max if chain.by_cost else DELTA_MAX_RATIO
             if len(delta) > min(dense_max * len(payload), limit * len(data)):
                 self._keep(cid, data, owned, CachedChunk(data, 0, sample=True))
                 return codec, payload, None
         else:
             self._saw(path, len(delta) / len(data))  # a small delta: it pays, whatever the plain size
-        state = self.chain.extend(cached, len(data), len(delta), sparse is not None)
+        state = chain.extend(cached, len(data), len(delta), sparse is not None)
         if state is None:
             return self._no_delta(cid, data, align, owned, cached)
         self._keep(cid, data, owned, state)
@@ -257,12 +256,6 @@ class EncodePlan:
         if path is not None:
             with self._lock:
                 self._deltas[path] = min(ratio, self._deltas.get(path, ratio))
-
-    def _limit(self, base: CachedChunk, raw_len: int) -> float:
-        """The largest delta, as a fraction of the raw chunk, that may still extend ``base``'s
-        chain under this policy (by cost: its bound; a fixed depth: :data:`DELTA_MAX_RATIO`)."""
-        assert self.chain is not None
-        return self.chain.probe_limit(base, raw_len)
 
     def _no_delta(self, cid: bytes, data: memoryview, align: int, owned: bool,
                   base: CachedChunk) -> Encoding:
@@ -285,13 +278,13 @@ class EncodePlan:
         pay (its base's sample says so, or, seen for the first time, while this commit's
         :data:`FIRST_FULL` lasts), else as a sample."""
         codec, payload = self.plain(cid, data, align)
-        if align <= 1 or len(data) < MIN_BASE:
+        if align <= 1 or len(data) < MIN_BASE or self.chain is None:
             return codec, payload, None
         if sample is not None:
             size = min(len(sample.data), len(data))
             size -= size % align
             full = size > 0 and delta_ratio_probe(data[:size], sample.data[:size], align, self.level) \
-                <= self._limit(CachedChunk(data, 0, key_bytes=len(payload)), len(data))
+                <= self.chain.probe_limit(CachedChunk(data, 0, key_bytes=len(payload)), len(data))
         else:
             with self._lock:
                 full = self._first_full >= len(data)
