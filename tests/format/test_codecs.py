@@ -8,6 +8,7 @@ damaged or unknown encodings are refused with ``CorruptChunkError``.
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -469,3 +470,19 @@ def test_trained_fp32_is_stored_in_planes_and_random_bytes_raw() -> None:
 def test_encode_planes_refuses_a_layout_no_decoder_reads(width: int, mask: int) -> None:
     with pytest.raises(ValueError, match="planes"):
         encode_planes(bytes(48), width, mask, 1)
+
+
+def test_planes_encoded_on_many_threads_at_once_decode_bit_exact() -> None:
+    """Each thread keeps its own planes compressor (a zstd compressor is not thread-safe):
+    chunks encoded on eight threads at once still decode to their bytes, as a plain zstd
+    frame after the raw planes."""
+    rng = np.random.default_rng(7)
+    chunks = [(rng.standard_normal(64 << 10) * 0.02).astype(np.float32).tobytes() for _ in range(32)]
+    with ThreadPoolExecutor(8) as pool:
+        payloads = list(pool.map(lambda data: encode_planes(data, 4, 0b1000, 1), chunks))
+    for data, payload in zip(chunks, payloads, strict=True):
+        assert bytes(decode_chunk(PLANES.id, payload, len(data))) == data
+        raw_planes = 2 + 3 * (len(data) // 4)
+        plane = zstandard.ZstdDecompressor().decompress(bytes(payload[raw_planes:]))
+        assert plane == np.frombuffer(data, dtype=np.uint8)[3::4].tobytes()
+        assert len(payload) < 0.9 * len(data)
