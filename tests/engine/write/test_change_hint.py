@@ -131,15 +131,19 @@ def test_a_declared_tensor_whose_shape_changed_is_refused_with_nothing_written(s
         store.commit(state, run="r", step=3, unchanged=["model.a"])
 
 
-def test_a_lying_hint_stores_the_previous_bytes_and_check_cannot_tell(store: casckpt.Store) -> None:
-    """Documented failure mode: a wrong hint is not detected."""
+def test_a_lying_hint_stores_the_previous_bytes_and_check_reads_it(tmp_path: Path) -> None:
+    """Documented failure mode: a wrong hint stores the parent's bytes (nothing is corrupt);
+    ``check --read-data`` tells it from the fingerprint the commit took."""
     state = _state()
     before = state["model"]["a"].clone()
-    store.commit(state, run="r", step=1)
-    state["model"]["a"].add_(1.0)
-    store.commit(state, run="r", step=2, unchanged=["model.a"])
-    assert torch.equal(store.restore("r@2")["model"]["a"], before)
-    assert store.ops.check(read_data=True).ok
+    with casckpt.open(tmp_path / "s") as store:
+        store.commit(state, run="r", step=1)
+        state["model"]["a"].add_(1.0)
+        store.commit(state, run="r", step=2, unchanged=["model.a"])
+        assert torch.equal(store.restore("r@2")["model"]["a"], before)
+        assert store.ops.check().ok  # without reading data nothing is wrong
+        found = store.ops.check(read_data=True).problems
+        assert [(p.kind, p.subject) for p in found] == [("hint", "r@2:model.a")]
 
 
 def test_bad_hint_arguments_are_refused(store: casckpt.Store) -> None:
@@ -288,7 +292,8 @@ def test_which_mutations_trusted_version_counters_see(tmp_path: Path, name: str)
         store.commit({"p": param.detach()}, run="r", step=2, trust_versions=True)
         restored = store.restore("r@2")["p"]
         assert torch.equal(restored, param.detach() if caught else before)
-        assert store.ops.check(read_data=True).ok
+        found = store.ops.check(read_data=True).problems  # a mutation the counters miss: caught here
+        assert [(p.kind, p.subject) for p in found] == ([] if caught else [("hint", "r@2:p")])
 
 
 def test_counters_are_trusted_only_after_a_trusted_commit_of_the_same_parent(
