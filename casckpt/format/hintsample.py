@@ -20,7 +20,7 @@ No I/O, no torch: the commit gathers the bytes, the check reads them from chunks
 
 from __future__ import annotations
 
-import json
+import struct
 from collections.abc import Iterable
 
 from blake3 import blake3
@@ -36,7 +36,8 @@ WHOLE = BLOCK * BLOCKS
 FINGERPRINT_BYTES = 16
 SCHEME = 1
 """The sampling written (``"v"`` of the manifest's ``"hinted"``): another is not checked."""
-_SEED_CONTEXT = "casckpt 2026-12-06 hint sample offsets v1"
+_WORDS = struct.Struct(f"<{2 * BLOCKS}Q")  # drawn at a time: rarely fewer than BLOCKS distinct blocks
+_SEED_KEY = blake3(b"casckpt 2026-12-06 hint sample offsets v1").digest()  # keyed: derived once
 _PREFIX = b"casckpt hint fingerprint v1\0"  # never the bytes of a chunk of the same tensor
 
 
@@ -48,17 +49,18 @@ def sample_spans(run: str, step: int, path: str, nbytes: int) -> list[tuple[int,
     if nbytes <= WHOLE:
         return [(0, nbytes)] if nbytes else []
     blocks = -(-nbytes // BLOCK)
-    stream = blake3(json.dumps([run, step, path]).encode("utf-8"), derive_key_context=_SEED_CONTEXT)
-    chosen: set[int] = set()
+    # a run name holds no NUL (``[A-Za-z0-9._-]``) and a step is digits: the seed is unambiguous
+    stream = blake3(f"{run}\0{step}\0{path}".encode("utf-8", "surrogatepass"), key=_SEED_KEY)
+    chosen: dict[int, None] = {}  # the first BLOCKS distinct draws of 64-bit words mod blocks
     seek = 0
     while len(chosen) < BLOCKS:
-        words = stream.digest(length=8 * BLOCKS, seek=seek)
+        words = stream.digest(length=_WORDS.size, seek=seek)
         seek += len(words)
-        for i in range(0, len(words), 8):
-            chosen.add(int.from_bytes(words[i : i + 8], "little") % blocks)
-            if len(chosen) == BLOCKS:
-                break
-    return [(b * BLOCK, min(nbytes, (b + 1) * BLOCK)) for b in sorted(chosen)]
+        chosen.update(dict.fromkeys([word % blocks for word in _WORDS.unpack(words)]))
+    spans = [(b * BLOCK, (b + 1) * BLOCK) for b in sorted(list(chosen)[:BLOCKS])]
+    if spans[-1][1] > nbytes:  # the last block is short
+        spans[-1] = (spans[-1][0], nbytes)
+    return spans
 
 
 def fingerprint(ids: ChunkIds, parts: Iterable[bytes | memoryview]) -> bytes:
