@@ -35,7 +35,7 @@ worker's snapshot then gets the vouched paths as :attr:`ChangeHint.counted` (see
 A wrong hint stores the previous version's bytes for that tensor (and restores them): the
 stored bytes match their ids, so nothing is corrupt. To tell it, a commit records, for every
 tensor it reuses on a hint, a fingerprint of a sample of the bytes the caller handed it
-(:func:`fingerprints`, :mod:`casckpt.format.hintsample`: at most 64 KiB per tensor, hashed on
+(:func:`fingerprints`, :mod:`casckpt.format.hintsample`: at most 64 KiB per tensor, copied on
 the thread that holds the live bytes), which ``check --read-data`` recomputes from the stored
 chunks. A change the sample misses (a sparse one) stays undetected. See docs/ARCHITECTURE.md
 ("Change hints") for what bypasses version counters.
@@ -96,10 +96,10 @@ class ChangeHint:
     """Tensors a background commit found unchanged by their version counters on the
     caller's thread (see :mod:`casckpt.engine.write.background`): reused like ``versions``
     ones whose counters held, never refused."""
-    sampled: Mapping[str, bytes] | None = None
-    """Fingerprints the caller's thread of a background commit took of the live tensors its
-    staging did not copy (:func:`skipped_fingerprints`): the worker sees stale staged bytes
-    for those."""
+    sampled: Mapping[str, tuple[bytes, ...]] | None = None
+    """The sampled bytes the caller's thread of a background commit took of the live tensors
+    its staging did not copy (:func:`skipped_samples`): the worker sees stale staged bytes
+    for those, and fingerprints these instead."""
 
 
 def make_hint(unchanged: PathSpec | None, trust_versions: PathSpec | bool) -> ChangeHint | None:
@@ -205,16 +205,17 @@ def reusable(
     return out
 
 
-def sample(ids: ChunkIds, run: str, step: int, path: str, value: object) -> bytes | None:
-    """The fingerprint (:mod:`casckpt.format.hintsample`) of the bytes a commit of ``run@step``
-    stores for the leaf ``value`` at ``path`` (None: an empty one, nothing to tell). A CPU
-    tensor's sampled blocks are read in place (a non-contiguous one is copied whole first); a
-    device tensor's are gathered on its device and copied to the host in one piece."""
+def sample(run: str, step: int, path: str, value: object) -> tuple[bytes, ...] | None:
+    """The sampled bytes (:mod:`casckpt.format.hintsample`) of what a commit of ``run@step``
+    stores for the leaf ``value`` at ``path``, span by span (None: an empty leaf, nothing to
+    tell, or not a tensor). At most 64 KiB: a CPU tensor's blocks are read in place
+    (a non-contiguous one is made contiguous first); a device tensor's are gathered on its
+    device and copied to the host in one piece."""
     if isinstance(value, np.ndarray):
-        flat = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
-        spans = sample_spans(run, step, path, flat.nbytes)
-        view = memoryview(flat)  # type: ignore[arg-type]  # numpy exports the buffer protocol
-        return fingerprint(ids, [view[s:e] for s, e in spans]) if spans else None
+        array = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
+        spans = sample_spans(run, step, path, array.nbytes)
+        view = memoryview(array)  # type: ignore[arg-type]  # numpy exports the buffer protocol
+        return tuple(view[s:e].tobytes() for s, e in spans) if spans else None
     if not isinstance(value, torch.Tensor):
         return None
     data = flat_bytes(value, path)
@@ -222,18 +223,17 @@ def sample(ids: ChunkIds, run: str, step: int, path: str, value: object) -> byte
     if not spans:
         return None
     if data.device.type != "cpu":
-        data = torch.cat([data[s:e] for s, e in spans]).cpu()
-        spans = [(0, data.numel())]
+        return (torch.cat([data[s:e] for s, e in spans]).cpu().numpy().tobytes(),)
     view = memoryview(data.numpy())  # type: ignore[arg-type]  # numpy exports the buffer protocol
-    return fingerprint(ids, [view[s:e] for s, e in spans])
+    return tuple(view[s:e].tobytes() for s, e in spans)
 
 
 def fingerprints(ids: ChunkIds, run: str, step: int, hint: ChangeHint, leaves: Sequence[TensorLeaf],
                  entries: Sequence[TensorEntry], reuse: Mapping[int, ExtentEntry]) -> dict[str, bytes]:
     """The manifest's ``hinted`` (path -> fingerprint) of a snapshot of ``run@step`` that
-    reuses ``reuse`` (:func:`reusable`): each from ``hint.sampled`` where the caller's thread
-    took it, else from the leaf's bytes (in a blocking commit the live tensor; in a
-    background one the staged copy, made on the caller's thread)."""
+    reuses ``reuse`` (:func:`reusable`): each of the bytes ``hint.sampled`` holds where the
+    caller's thread took them, else of the leaf's (in a blocking commit the live tensor; in
+    a background one the staged copy, made on the caller's thread)."""
     out: dict[str, bytes] = {}
     if not reuse:
         return out
@@ -241,22 +241,24 @@ def fingerprints(ids: ChunkIds, run: str, step: int, hint: ChangeHint, leaves: S
         if entry.extent not in reuse:
             continue
         taken = hint.sampled.get(leaf.path) if hint.sampled is not None else None
-        found = taken if taken is not None else sample(ids, run, step, leaf.path, leaf.value)
-        if found is not None:
-            out[leaf.path] = found
+        if taken is None:
+            taken = sample(run, step, leaf.path, leaf.value)
+        if taken is not None:
+            out[leaf.path] = fingerprint(ids, taken)
     return out
 
 
-def skipped_fingerprints(ctx: EngineContext, run: str, step: int, leaves: Sequence[TensorLeaf],
-                         skipped: set[str]) -> dict[str, bytes]:
-    """Fingerprints of the live tensors a background commit's staging did not copy
+def skipped_samples(ctx: EngineContext, run: str, step: int, leaves: Sequence[TensorLeaf],
+                    skipped: set[str]) -> dict[str, tuple[bytes, ...]]:
+    """The sampled bytes of the live tensors a background commit's staging did not copy
     (``skipped``: vouched for by their counters), taken on the caller's thread before
-    ``commit`` returns, for :attr:`ChangeHint.sampled`. Those a snapshot never reuses on a
-    hint (packed with small neighbours) are left out."""
+    ``commit`` returns, for :attr:`ChangeHint.sampled` (the worker hashes them: at most
+    64 KiB each is copied here). Tensors a snapshot never reuses on a hint (packed with
+    small neighbours) are left out."""
     if not skipped:
         return {}
     pack = pack_limit(ctx.config.chunk_size)
-    return {leaf.path: found for leaf in leaves
+    return {leaf.path: taken for leaf in leaves
             if leaf.path in skipped and isinstance(leaf.value, torch.Tensor)
             and not packable(leaf.value, pack)
-            and (found := sample(ctx.crypto.chunk_id, run, step, leaf.path, leaf.value)) is not None}
+            and (taken := sample(run, step, leaf.path, leaf.value)) is not None}

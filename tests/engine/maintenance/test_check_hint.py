@@ -205,3 +205,18 @@ def test_a_sparse_change_outside_the_sample_is_missed(store: casckpt.Store) -> N
     store.commit(state, run="r", step=2, unchanged=["big"])
     assert _hint_findings(store) == []
     assert nbytes > WHOLE
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_wrong_hint_on_a_device_tensor_is_reported(tmp_path: Path) -> None:
+    """A device tensor's sampled blocks are gathered on the device (blocking and background)."""
+    state = {name: t.cuda() for name, t in _state().items()}
+    with casckpt.open(tmp_path / "s", chunk_size=1 << 16, staging_memory=1 << 18) as store:
+        store.commit(state, run="r", step=1, trust_versions=True)
+        state["big"].data.add_(1.0)
+        store.commit(state, run="r", step=2, trust_versions=True)
+        # the first background commit has no staged counters yet: it copies and hashes all
+        store.commit(state, run="r", step=3, block=False, trust_versions=True).wait()
+        state["other"].data.add_(1.0)  # staging skips it: sampled on the device, caller's thread
+        store.commit(state, run="r", step=4, block=False, trust_versions=True).wait()
+        assert _hint_findings(store) == ["r@2:big", "r@4:other"]
