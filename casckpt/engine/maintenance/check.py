@@ -27,8 +27,8 @@ delta-coded on it and every version that needs any of them.
 Change hints (``read_data`` only, not a subset): a tensor a commit reused on its
 caller's hint (:mod:`casckpt.engine.write.hint`) has a fingerprint of a sample of
 the bytes it was handed in its manifest; each is recomputed from the stored chunks
-(:mod:`casckpt.format.hintsample`, read through the reader, so verified) and a
-mismatch is reported as a ``hint`` problem: the hint was wrong, and the version
+(:mod:`casckpt.engine.maintenance.checkhint`: read through the reader, so verified)
+and a mismatch is reported as a ``hint`` problem: the hint was wrong, and the version
 holds its parent's bytes for that tensor. A sample misses a change outside it.
 """
 
@@ -41,12 +41,11 @@ from casckpt.catalog import PackLayout, inventory
 from casckpt.catalog import shards as shard_sql
 from casckpt.catalog.deltas import dependents
 from casckpt.engine.context import EngineContext
-from casckpt.engine.maintenance import checkmeta, scrub
+from casckpt.engine.maintenance import checkhint, checkmeta, scrub
 from casckpt.engine.maintenance.checkmeta import Findings
 from casckpt.engine.read.reader import read_chunks
 from casckpt.errors import IntegrityError, MissingDataError, StoreUnavailableError
-from casckpt.format.hintsample import fingerprint, sample_spans
-from casckpt.format.manifest import ExtentEntry, Manifest
+from casckpt.format.manifest import Manifest
 from casckpt.types import CheckProblem, CheckReport, ProgressCallback
 
 
@@ -165,65 +164,6 @@ def _dependents(ctx: EngineContext, manifests: list[tuple[str, Manifest]],
                            f"versions that need it: {shown or 'none'}")
 
 
-_HINT_READ = 64 << 20  # raw bytes of chunks read at once to recompute a hinted tensor's fingerprint
-
-
-def _check_hints(ctx: EngineContext, found: Findings) -> None:
-    """Recompute the fingerprint of every tensor a version reused on a change hint from the
-    chunks it stores; report each that differs (see the module docstring)."""
-    for version_id, manifest in found.manifests:
-        if not manifest.hinted:
-            continue
-        by_path = {t.path: t for t in manifest.tensors}
-        for path, recorded in sorted(manifest.hinted.items()):
-            label = f"{manifest.run}@{manifest.step}:{path}"
-            extent = manifest.extents[by_path[path].extent]  # decoding checked it names one
-            spans = sample_spans(manifest.run, manifest.step, path, extent.nbytes)
-            try:
-                parts = _stored_bytes(ctx, extent, spans)
-            except StoreUnavailableError as exc:
-                found.add("hint", label, f"the change hint could not be verified: {exc}; check again")
-                continue
-            except (IntegrityError, MissingDataError):
-                continue  # reported with the packs: the version cannot be restored
-            if fingerprint(ctx.crypto.chunk_id, parts) == recorded:
-                continue
-            parent = (manifest.parent or "none")[:12]
-            found.add("hint", label, (
-                f"a change hint was wrong for tensor {path!r} in version {version_id[:12]} (run "
-                f"{manifest.run!r}, step {manifest.step}): the commit reused the chunks of its parent "
-                f"{parent} for it unread, but the bytes it was handed differed (their sampled "
-                "fingerprint does not match), so the version restores the parent's bytes for it. "
-                "Commit the state again without unchanged=/trust_versions= for that tensor (delete "
-                "this version if nothing should restore it); check changed nothing"))
-
-
-def _stored_bytes(ctx: EngineContext, extent: ExtentEntry, spans: list[tuple[int, int]]) -> list[bytes]:
-    """The bytes of ``spans`` of a stored extent, from the chunks that hold them, read (and
-    verified) at most :data:`_HINT_READ` bytes of chunks at a time; only the spans are kept."""
-    bounds = extent.spans()
-    pieces: dict[tuple[int, int], bytes] = {}  # (span, chunk) -> the span's bytes in the chunk
-    needed = sorted({i for start, end in spans for i in extent.covering(start, end)})
-    while needed:
-        batch: list[int] = []
-        size = 0
-        while needed and (not batch or size + bounds[needed[0]][1] - bounds[needed[0]][0] <= _HINT_READ):
-            batch.append(needed.pop(0))
-            size += bounds[batch[-1]][1] - bounds[batch[-1]][0]
-        raw = {i: bytearray(bounds[i][1] - bounds[i][0]) for i in batch}
-        wanted: dict[bytes, list[memoryview]] = {}
-        for i in batch:
-            wanted.setdefault(extent.chunks[i], []).append(memoryview(raw[i]))
-        read_chunks(ctx, wanted, lambda cid: f"chunk {cid.hex()} of a hinted tensor", heal=False)
-        for k, (start, end) in enumerate(spans):
-            for i in extent.covering(start, end):
-                if i in raw:
-                    first, last = bounds[i]
-                    pieces[k, i] = bytes(raw[i][max(start, first) - first : min(end, last) - first])
-    return [b"".join(pieces[k, i] for i in extent.covering(start, end))
-            for k, (start, end) in enumerate(spans)]
-
-
 def _scrub_set(ctx: EngineContext, subset: float) -> set[str]:
     """The packs a scrub of ``subset`` (0..1] of the stored bytes reads: least recently verified first."""
     order = shard_sql.scrub_order(ctx.catalog)
@@ -275,7 +215,7 @@ def check(ctx: EngineContext, *, read_data: bool, progress: ProgressCallback | N
             progress("check", done, total)
     _check_deltas(ctx, found, tally)
     if read_data:
-        _check_hints(ctx, found)
+        checkhint.check_hints(ctx, found)
     found.problems.extend(_affected(ctx, found.manifests, tally.lost))
     found.problems.extend(_dependents(ctx, found.manifests, tally.corrupt))
     tier = ctx.packs.tier

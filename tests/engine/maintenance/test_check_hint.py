@@ -220,3 +220,57 @@ def test_a_wrong_hint_on_a_device_tensor_is_reported(tmp_path: Path) -> None:
         state["other"].data.add_(1.0)  # staging skips it: sampled on the device, caller's thread
         store.commit(state, run="r", step=4, block=False, trust_versions=True).wait()
         assert _hint_findings(store) == ["r@2:big", "r@4:other"]
+
+
+def test_each_chunk_is_read_once_for_every_version_that_samples_it(store: casckpt.Store,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A frozen tensor's chunks serve every version: the check reads each once (per group)."""
+    from casckpt.engine.maintenance import checkhint
+
+    state = _state()
+    store.commit(state, run="r", step=1)
+    for step in range(2, 7):
+        state["other"].add_(1.0)
+        store.commit(state, run="r", step=step, unchanged=["big", "small"])
+    asked: list[bytes] = []
+    real = checkhint.read_chunks
+
+    def counting(ctx: Any, wanted: Any, *args: Any, **kwargs: Any) -> int:
+        asked.extend(wanted)
+        return real(ctx, wanted, *args, **kwargs)
+
+    monkeypatch.setattr(checkhint, "read_chunks", counting)
+    assert _hint_findings(store) == []
+    assert asked and len(asked) == len(set(asked))
+
+
+def test_verdicts_hold_when_samples_and_reads_are_split_finely(store: casckpt.Store,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from casckpt.engine.maintenance import checkhint
+
+    monkeypatch.setattr(checkhint, "SAMPLES", 1)  # one fingerprint per group
+    monkeypatch.setattr(checkhint, "READ", 1)  # one chunk per read
+    state = _state()
+    store.commit(state, run="r", step=1)
+    state["other"].view(-1)[: BIG // 2] += 1.0
+    store.commit(state, run="r", step=2, unchanged="*")
+    state["big"].add_(1.0)
+    store.commit(state, run="r", step=3, unchanged=["big", "small"])
+    assert _hint_findings(store) == ["r@2:other", "r@3:big"]
+
+
+def test_a_corrupt_chunk_is_reported_as_corrupt_not_as_a_wrong_hint(tmp_path: Path) -> None:
+    state = _state()
+    root = tmp_path / "s"
+    with casckpt.open(root) as store:
+        store.commit(state, run="r", step=1)
+        store.commit(state, run="r", step=2, unchanged="*")  # honest
+    packs = [p for p in (root / "packs").rglob("*") if p.is_file()]
+    for pack in packs:
+        data = bytearray(pack.read_bytes())
+        for at in range(len(data) // 8, len(data), len(data) // 8):
+            data[at] ^= 0x40
+        pack.write_bytes(bytes(data))
+    with casckpt.open(root, create=False) as store:
+        problems = store.ops.check(read_data=True).problems
+    assert problems and not [p for p in problems if p.kind == "hint"]
