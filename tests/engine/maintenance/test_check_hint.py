@@ -16,18 +16,21 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import casckpt
 from casckpt.cli.main import app
 from casckpt.engine.versions import refs
 from casckpt.engine.write import commit as commit_engine
-from casckpt.format.hintsample import WHOLE
+from casckpt.format.hintsample import BLOCK, WHOLE
 from casckpt.format.manifest import Manifest
 from casckpt.testing.internals import internals
 
 BIG = 1 << 18  # fp32 elements: 1 MiB, sampled in blocks
 SMALL = 8192  # 32 KiB: fingerprinted whole (above the size small tensors are packed at)
+BLOCK_ELEMENTS = BLOCK // 4  # fp32 elements in a sampled block
 
 
 def _state() -> dict[str, torch.Tensor]:
@@ -194,7 +197,7 @@ def test_the_cli_reports_a_wrong_hint_and_exits_non_zero(tmp_path: Path) -> None
 def test_a_sparse_change_outside_the_sample_is_missed(store: casckpt.Store) -> None:
     """The documented limit: a fingerprint is a sample; a change no sampled block holds
     passes (here one element of a block the sample of r@2 leaves out)."""
-    from casckpt.format.hintsample import BLOCK, sample_spans
+    from casckpt.format.hintsample import sample_spans
 
     state = _state()
     store.commit(state, run="r", step=1)
@@ -274,3 +277,54 @@ def test_a_corrupt_chunk_is_reported_as_corrupt_not_as_a_wrong_hint(tmp_path: Pa
     with casckpt.open(root, create=False) as store:
         problems = store.ops.check(read_data=True).problems
     assert problems and not [p for p in problems if p.kind == "hint"]
+
+
+def test_a_wrong_unchanged_promise_about_a_numpy_array_is_reported(store: casckpt.Store) -> None:
+    import numpy as np
+
+    state: dict[str, Any] = {"arr": np.arange(BIG, dtype=np.float32), "t": torch.ones(SMALL)}
+    store.commit(state, run="r", step=1)
+    state["arr"] *= 2.0
+    store.commit(state, run="r", step=2, unchanged="*")
+    assert set(_manifest(store, "r@2").hinted) == {"arr", "t"}
+    assert _hint_findings(store) == ["r@2:arr"]
+
+
+_change = st.sampled_from(["none", "dense", "one element", "one block"])
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2**16), sizes=st.lists(st.integers(SMALL, 3 * WHOLE // 4), min_size=1, max_size=4),
+       plans=st.lists(st.tuples(st.lists(_change, min_size=4, max_size=4), st.booleans()),
+                      min_size=1, max_size=3))
+def test_findings_are_exactly_the_versions_whose_sampled_bytes_differ(
+        tmp_path_factory: pytest.TempPathFactory, seed: int, sizes: list[int],
+        plans: list[tuple[list[str], bool]]) -> None:
+    """Whatever a hint wrongly vouches for, and however a commit runs (blocking or in the
+    background), the check reports exactly the hinted tensors whose sampled bytes, as the
+    caller handed them, differ from what the version stores."""
+    from casckpt.engine.write.hint import sample
+
+    g = torch.Generator().manual_seed(seed)
+    state = {f"t{i}": torch.randn(n, generator=g) for i, n in enumerate(sizes)}
+    expected: list[str] = []
+    with casckpt.open(tmp_path_factory.mktemp("s") / "s") as store:
+        store.commit(state, run="r", step=0, trust_versions=True)
+        for step, (changes, background) in enumerate(plans, 1):
+            for name, how in zip(list(state), changes, strict=False):
+                flat = state[name].data.view(-1)  # through .data: the counters do not see it
+                if how == "dense":
+                    flat.add_(1.0)
+                elif how == "one element":
+                    flat[int(torch.randint(flat.numel(), (1,), generator=g))] += 1.0
+                elif how == "one block":
+                    flat[: BLOCK_ELEMENTS] += 1.0
+            handed = {name: t.clone() for name, t in state.items()}
+            if background:
+                store.commit(state, run="r", step=step, block=False, trust_versions=True).wait()
+            else:
+                store.commit(state, run="r", step=step, trust_versions=True)
+            restored = store.restore(f"r@{step}")
+            expected += [f"r@{step}:{name}" for name in _manifest(store, f"r@{step}").hinted
+                         if sample("r", step, name, handed[name]) != sample("r", step, name, restored[name])]
+        assert _hint_findings(store) == sorted(expected)
