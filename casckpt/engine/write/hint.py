@@ -43,6 +43,7 @@ chunks. A change the sample misses (a sparse one) stays undetected. See docs/ARC
 
 from __future__ import annotations
 
+import ctypes
 import fnmatch
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -218,6 +219,13 @@ def sample(run: str, step: int, path: str, value: object) -> tuple[bytes, ...] |
         return tuple(view[s:e].tobytes() for s, e in spans) if spans else None
     if not isinstance(value, torch.Tensor):
         return None
+    if value.is_cpu and value.is_contiguous() and not (value.is_conj() or value.is_neg()):
+        # its bytes are one run from data_ptr(): read in place, without a torch op per tensor
+        spans = sample_spans(run, step, path, value.nbytes)
+        if not spans:
+            return None
+        whole = memoryview((ctypes.c_char * value.nbytes).from_address(value.data_ptr())).cast("B")
+        return tuple(whole[s:e].tobytes() for s, e in spans)
     data = flat_bytes(value, path)
     spans = sample_spans(run, step, path, data.numel())
     if not spans:

@@ -406,3 +406,28 @@ def test_an_unchanged_promise_after_another_handle_committed_the_run_stores_the_
             other.commit(state, run="r", step=2)  # the run's newest version holds x = 1
         store.commit(state, run="r", step=3, block=False, unchanged=["x"]).wait()  # true: x as at 2
         assert torch.equal(store.restore("r@3")["x"], x)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.randn(70_000),
+    lambda: torch.randn(70_000).to(torch.bfloat16),
+    lambda: torch.randint(-100, 100, (90_000,), dtype=torch.int8),
+    lambda: torch.randn(90_000) > 0,
+    lambda: torch.randn(200_000)[1_000:150_000],  # a view with a storage offset
+    lambda: torch.randn(300, 400).t(),  # not contiguous
+    lambda: torch.randn(20_000, dtype=torch.complex64).conj(),  # a lazy conj view
+    lambda: np.arange(50_000, dtype=">f8"),
+], ids=["f32", "bf16", "i8", "bool", "offset", "transposed", "conj", "numpy"])
+def test_the_sample_is_of_the_bytes_a_commit_stores(make: Callable[[], Any]) -> None:
+    """The fingerprint's sample is cut from what the extent holds: the tensor's values,
+    contiguous, as they read (conj resolved), whatever its layout."""
+    from casckpt.engine.write.hint import sample
+    from casckpt.format.hintsample import sample_spans
+
+    value = make()
+    if isinstance(value, np.ndarray):
+        stored = value.tobytes()
+    else:
+        stored = value.resolve_conj().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+    spans = sample_spans("r", 3, "w", len(stored))
+    assert b"".join(sample("r", 3, "w", value) or ()) == b"".join(stored[s:e] for s, e in spans)
