@@ -86,13 +86,15 @@ def _verify(ctx: EngineContext, group: list[_Sample], found: Findings) -> None:
     for sample in group:
         for i in sorted({i for start, end in sample.spans for i in sample.extent.covering(start, end)}):
             users.setdefault(sample.extent.chunks[i], []).append((sample, i))
-    ids = list(users)
-    while ids:
-        batch: list[bytes] = []
-        size = 0
-        while ids and (not batch or size + _length(users[ids[0]][0]) <= READ):
-            batch.append(ids.pop(0))
-            size += _length(users[batch[-1]][0])
+    batch: list[bytes] = []
+    size = 0
+    for cid, needing in users.items():
+        if batch and size + _length(needing[0]) > READ:
+            _read(ctx, batch, users)
+            batch, size = [], 0
+        batch.append(cid)
+        size += _length(needing[0])
+    if batch:
         _read(ctx, batch, users)
     for sample in group:
         if sample.unread:

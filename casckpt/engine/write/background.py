@@ -252,8 +252,9 @@ class BackgroundCommitter:
                 self.copied += staged.copied
                 handle = CommitHandle(req.run, req.step)
                 job = _Job(handle, req, None, redundancy, started, progress, created, staged,
-                           ChangeHint(unchanged=hint.unchanged, counted=counted.__contains__, sampled=
-                                      skipped_samples(self._ctx, req.run, req.step, leaves, staged.skipped))
+                           ChangeHint(unchanged=hint.unchanged, counted=counted.__contains__,
+                                      sampled=skipped_samples(self._ctx, req.run, req.step, leaves,
+                                                              staged.skipped))
                            if hint is not None else None)
                 job.stall_s = time.monotonic() - entered
                 self._enqueue(job)
