@@ -328,3 +328,18 @@ def test_findings_are_exactly_the_versions_whose_sampled_bytes_differ(
             expected += [f"r@{step}:{name}" for name in _manifest(store, f"r@{step}").hinted
                          if sample("r", step, name, handed[name]) != sample("r", step, name, restored[name])]
         assert _hint_findings(store) == sorted(expected)
+
+
+def test_a_catalog_rebuilt_from_the_locations_still_tells_the_wrong_hint(tmp_path: Path) -> None:
+    """The fingerprints live in the manifest objects, not in catalog rows."""
+    root, blobs = tmp_path / "s", tmp_path / "blobs"
+    state = _state()
+    with casckpt.open(root, blobs=str(blobs), cache=tmp_path / "c") as store:
+        store.commit(state, run="r", step=1)
+        state["small"].add_(1.0)
+        store.commit(state, run="r", step=2, unchanged="*")
+    for file in root.glob("catalog.db*"):
+        file.unlink()
+    with casckpt.open(root, blobs=str(blobs), cache=tmp_path / "c2", recover=True) as store:
+        assert store.ops.rebuild_catalog().versions == 2
+        assert _hint_findings(store) == ["r@2:small"]
