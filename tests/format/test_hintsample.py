@@ -141,3 +141,22 @@ def test_a_malformed_hinted_key_is_corrupt(hinted: object) -> None:
     version_id, bad = _encoded(doc)
     with pytest.raises(CorruptManifestError):
         decode_manifest(bad, version_id, _Dict(tree.nodes))
+
+
+def test_a_document_key_a_reader_does_not_know_is_ignored() -> None:
+    """Why ``"hinted"`` is a document key and not a tensor-entry field: readers ignore document
+    keys they do not know (the casckpt before it read hinted documents so), while a tensor
+    entry with an unknown field is refused. This pins both, so a stricter reader fails here."""
+    m = _manifest()
+    _, data, tree = encode_tree_manifest(m)
+    doc = _document(data)
+    doc["a later key"] = {"anything": [1, 2]}
+    version_id, later = _encoded(doc)
+    assert decode_manifest(later, version_id, _Dict(tree.nodes)).tensors == m.tensors
+    from casckpt.format.treemanifest import tensor_entry
+
+    entry = {"kind": "torch", "dtype": "float32", "shape": [4], "offset": 0, "stride": None,
+             "blob": {"nbytes": 16, "chunk_size": 16, "chunks": ["02" * 32]}}
+    tensor_entry("w", entry, [])
+    with pytest.raises(ValueError, match="unexpected fields"):
+        tensor_entry("w", {**entry, "fp": "07" * FINGERPRINT_BYTES}, [])
