@@ -190,9 +190,13 @@ class Store(StoreHistory):
         tensor hashed, when the run's last commit in this process made no version (it
         failed or was refused) or another commit of the run came after it. A
         tensor the hint names that is new to the run (or shares storage, or is packed
-        with small neighbours) is hashed as usual. **A wrong hint is not detected**: the
-        version then holds (and restores) the previous version's bytes for that tensor,
-        and ``check(read_data=True)`` still passes, since stored bytes match their ids.
+        with small neighbours) is hashed as usual. **A wrong hint is not refused**: the
+        version then holds (and restores) the previous version's bytes for that tensor.
+        The commit records a fingerprint of a sample of each reused tensor's bytes (16
+        blocks of 4 KiB, the whole tensor up to 64 KiB; at most 64 KiB hashed per tensor),
+        and ``check(read_data=True)`` reports a version whose stored bytes do not match
+        (a ``hint`` problem); a sparse change outside the sample is missed (see
+        docs/ARCHITECTURE.md, "Change hints", for the odds).
 
         With a fast tier (``casckpt.open(..., fast_tier=DIR)``) the commit returns once its
         packs and manifest are on the tier (fsync'd) and the version is published with

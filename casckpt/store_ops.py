@@ -70,7 +70,9 @@ class Ops:
         """Check the catalog against the blob locations.
 
         Args:
-            read_data: read every pack in full: verify each shard and every chunk.
+            read_data: read every pack in full: verify each shard and every chunk, and
+                recompute the fingerprint of each tensor a commit reused on a change hint
+                (a ``hint`` problem where the hint was wrong; a sample, see ``Store.commit``).
             read_data_subset: scrub only this share of the stored bytes (``"5%"``,
                 ``0.05``), least recently verified packs first; a cron job running
                 ``check --read-data-subset 5%`` daily verifies everything every 20 days.

@@ -413,7 +413,9 @@ def check(
     catalog, bound to its version, and a copy on every location), the catalog's
     rows against the manifests, the refs records, every pack and shard by
     listing, and shards sharing a failure domain. --read-data also reads every
-    pack and manifest copy back and verifies every chunk. A daily
+    pack and manifest copy back and verifies every chunk, and the sampled
+    fingerprint of each tensor a commit reused on a change hint (a "hint"
+    problem: the hint was wrong). A daily
     `check --read-data-subset 5%` verifies every byte every 20 days. Damaged
     shards found are queued for `casckpt repair`; docs/GUARANTEES.md says what
     a clean check proves.

@@ -127,6 +127,10 @@ class Manifest:
     world: World | None = None
     tree: TreeHead | None = None  # a tree manifest's root node (None: versions 1 and 2)
     nodes: tuple[bytes, ...] = ()  # a tree manifest's nodes (chunks too: gc keeps them, check reads them)
+    hinted: Mapping[str, bytes] = field(default_factory=dict)
+    """Path -> fingerprint of the bytes the caller handed the commit, for each tensor whose
+    chunks a change hint made it reuse unread (:mod:`casckpt.format.hintsample`; a tree
+    manifest's optional ``"hinted"``, which readers that predate it ignore)."""
 
     def chunk_ids(self) -> Iterator[bytes]:
         """Every chunk the version needs: its extents' chunks, then its tree nodes."""

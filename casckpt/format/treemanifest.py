@@ -17,6 +17,11 @@ Versions many ranks saved are tree manifests too, with ``"world": {"size", "api"
 
 Such a document keeps no summary (``groups``, ``values``): ``show`` reads its tree.
 
+A commit that reused tensors on a change hint adds ``"hinted": {"v": 1, "t": {path:
+fingerprint}}`` (:mod:`casckpt.format.hintsample`), which ``check --read-data`` verifies. It is
+optional: other documents do not hold it, and readers that predate it ignore it (they read
+the document's keys they know and no others).
+
 This module does no I/O.
 """
 
@@ -24,7 +29,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -33,7 +38,9 @@ import zstandard
 from casckpt.errors import CorruptManifestError
 from casckpt.format.chunks import ChunkIds, chunk_id, object_id
 from casckpt.format.dtypes import element_size
+from casckpt.format.hintsample import FINGERPRINT_BYTES, SCHEME
 from casckpt.format.manifestmodel import (
+    HEX_DIGITS,
     MANIFEST_FORMAT,
     TREE_VERSION,
     ExtentEntry,
@@ -116,6 +123,8 @@ def encode_tree_manifest(m: Manifest, memo: TreeMemo | None = None, ids: ChunkId
     }
     if m.world is not None:
         doc["world"] = {"size": m.world.size, "api": m.world.api}
+    if m.hinted:  # only hinted commits add the key: every other document is as it was
+        doc["hinted"] = {"v": SCHEME, "t": {path: fp.hex() for path, fp in m.hinted.items()}}
     groups, values = _summary(encoder.top, m.root) if m.world is None else (None, None)
     if groups is not None:
         doc["tree"]["groups"] = [list(g) for g in groups]
@@ -236,7 +245,8 @@ def from_tree_json(doc: dict[str, Any], nodes: NodeSource | None) -> Manifest:
     """A version 3 document as a :class:`Manifest`, its tree read through ``nodes`` (None:
     the head only)."""
     head = tree_head(doc)
-    manifest = Manifest(root={}, tensors=(), extents=(), tree=head, **_header_from_json(doc))
+    manifest = Manifest(root={}, tensors=(), extents=(), tree=head, hinted=_hinted(doc),
+                        **_header_from_json(doc))
     if nodes is None:
         return manifest
     reader = TreeReader(Nodes(nodes))
@@ -250,8 +260,42 @@ def from_tree_json(doc: dict[str, Any], nodes: NodeSource | None) -> Manifest:
         raise CorruptManifestError(
             f"tree manifest counts {head.tensors} tensors but its tree holds {len(tensors)}: it is corrupt")
     _check_summary(head, root, tensors)
+    _check_hinted(manifest.hinted, tensors, extents)
     return replace(manifest, root=root, tensors=tuple(tensors), extents=tuple(extents),
                    nodes=tuple(sorted(reader.visited)))
+
+
+def _hinted(doc: dict[str, Any]) -> dict[str, bytes]:
+    """The fingerprints of hinted tensors (:mod:`casckpt.format.hintsample`) a document
+    records: none without ``"hinted"``, and none of a sampling scheme this casckpt does not
+    know (a newer one: its check cannot recompute them, and nothing else reads them)."""
+    if "hinted" not in doc:
+        return {}
+    hinted = _dict(doc["hinted"], "hinted")
+    if hinted.get("v") != SCHEME:
+        return {}
+    out = {}
+    for path, text in _dict(hinted.get("t"), "hinted tensors").items():
+        if not (isinstance(text, str) and len(text) == 2 * FINGERPRINT_BYTES and HEX_DIGITS.issuperset(text)):
+            raise ValueError(f"fingerprint of hinted tensor {path!r} is not {2 * FINGERPRINT_BYTES} "
+                             "hex digits")
+        out[path] = bytes.fromhex(text)
+    return out
+
+
+def _check_hinted(hinted: Mapping[str, bytes], tensors: Sequence[TensorEntry],
+                  extents: Sequence[ExtentEntry]) -> None:
+    """A fingerprint names a tensor a hint can reuse: one of the version, alone and whole in
+    an extent of its own (what :func:`casckpt.engine.write.hint.reusable` reuses)."""
+    if not hinted:
+        return
+    users = Counter(t.extent for t in tensors)
+    alone = {t.path for t in tensors if users[t.extent] == 1 and not extents[t.extent].packed
+             and not t.offset and t.stride is None and not t.is_shard and t.rank is None}
+    stray = sorted(set(hinted) - alone)
+    if stray:
+        raise CorruptManifestError(f"tree manifest fingerprints tensor {stray[0]!r}, which no hint "
+                                   "could have reused: it is corrupt")
 
 
 _ENTRY_FIELDS = frozenset({"kind", "dtype", "shape", "offset", "stride", "blob"})

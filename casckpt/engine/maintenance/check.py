@@ -23,6 +23,13 @@ Delta-coded chunks are verified after every pack, through the reader: each
 is decoded against its (verified, decoded) base chain, and its bytes checked
 against its id. A chunk found corrupt is reported with every chunk
 delta-coded on it and every version that needs any of them.
+
+Change hints (``read_data`` only, not a subset): a tensor a commit reused on its
+caller's hint (:mod:`casckpt.engine.write.hint`) has a fingerprint of a sample of
+the bytes it was handed in its manifest; each is recomputed from the stored chunks
+(:mod:`casckpt.engine.maintenance.checkhint`: read through the reader, so verified)
+and a mismatch is reported as a ``hint`` problem: the hint was wrong, and the version
+holds its parent's bytes for that tensor. A sample misses a change outside it.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from casckpt.catalog import PackLayout, inventory
 from casckpt.catalog import shards as shard_sql
 from casckpt.catalog.deltas import dependents
 from casckpt.engine.context import EngineContext
-from casckpt.engine.maintenance import checkmeta, scrub
+from casckpt.engine.maintenance import checkhint, checkmeta, scrub
 from casckpt.engine.maintenance.checkmeta import Findings
 from casckpt.engine.read.reader import read_chunks
 from casckpt.errors import IntegrityError, MissingDataError, StoreUnavailableError
@@ -207,6 +214,8 @@ def check(ctx: EngineContext, *, read_data: bool, progress: ProgressCallback | N
         if progress is not None:
             progress("check", done, total)
     _check_deltas(ctx, found, tally)
+    if read_data:
+        checkhint.check_hints(ctx, found)
     found.problems.extend(_affected(ctx, found.manifests, tally.lost))
     found.problems.extend(_dependents(ctx, found.manifests, tally.corrupt))
     tier = ctx.packs.tier

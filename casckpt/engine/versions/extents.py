@@ -82,7 +82,7 @@ def _byte_view(t: torch.Tensor, path: str) -> memoryview:
         ) from exc
 
 
-def _flat_bytes(t: torch.Tensor, path: str) -> torch.Tensor:
+def flat_bytes(t: torch.Tensor, path: str) -> torch.Tensor:
     """``t``'s bytes as a flat uint8 tensor on its own device (no host copy)."""
     try:
         flat = t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
@@ -121,7 +121,7 @@ def _single(leaf: TensorLeaf, extent: int) -> tuple[TensorEntry, ExtentSource]:
     if t.element_size() == 0:
         raise UnsupportedStateError(f"tensor at {leaf.path!r} has dtype {t.dtype} with no byte size")
     _refuse_unviewable(t.dtype, leaf.path)
-    staged = (lambda: _flat_bytes(t, leaf.path)) if t.device.type != "cpu" else None
+    staged = (lambda: flat_bytes(t, leaf.path)) if t.device.type != "cpu" else None
     return entry, ExtentSource(t.numel() * t.element_size(), t.element_size(),
                                lambda: _byte_view(t, leaf.path), staged)
 
@@ -234,6 +234,13 @@ def _pack(members: list[TensorLeaf], extent: int, memo: PackMemo,
     return entries, ExtentSource(total, align, lambda: view, packed=True, digest=digest)
 
 
+def packable(value: torch.Tensor, pack: int) -> bool:
+    """Whether :func:`plan_extents` (with ``pack``) packs ``value`` with its neighbours, unless it
+    shares its storage with another leaf: a small, plain, contiguous CPU tensor."""
+    return bool(pack) and value.is_cpu and value.nbytes <= pack and type(value) in _PLAIN \
+        and value.is_contiguous()
+
+
 def plan_extents(leaves: Sequence[TensorLeaf], *, pack: int = 0,
                  memo: PackMemo | None = None, ids: Callable[[bytes | memoryview], bytes] = chunk_id,
                  ) -> tuple[list[TensorEntry], list[ExtentSource]]:
@@ -262,7 +269,7 @@ def plan_extents(leaves: Sequence[TensorLeaf], *, pack: int = 0,
             cpu = value.is_cpu
             groups.setdefault((None if cpu else str(value.device), value.untyped_storage().data_ptr()),
                               []).append(i)
-            if pack and cpu and value.nbytes <= pack and type(value) in _PLAIN and value.is_contiguous():
+            if packable(value, pack):
                 sizes[i] = value.nbytes
     entries: list[TensorEntry | None] = [None] * len(leaves)
     sources: list[ExtentSource] = []

@@ -219,7 +219,7 @@ class BackgroundCommitter:
         ``memory`` is snapshotted here instead (hashed in place, new chunks copied)."""
         from casckpt.engine.memory import hoststaging
         from casckpt.engine.write import commit as commit_engine
-        from casckpt.engine.write.hint import ChangeHint, Counters, trusted_counters
+        from casckpt.engine.write.hint import ChangeHint, Counters, skipped_samples, trusted_counters
         from casckpt.format.state import encode_state
 
         entered = time.monotonic()  # the caller's stall runs from here (waits for room included)
@@ -252,7 +252,9 @@ class BackgroundCommitter:
                 self.copied += staged.copied
                 handle = CommitHandle(req.run, req.step)
                 job = _Job(handle, req, None, redundancy, started, progress, created, staged,
-                           ChangeHint(unchanged=hint.unchanged, counted=counted.__contains__)
+                           ChangeHint(unchanged=hint.unchanged, counted=counted.__contains__,
+                                      sampled=skipped_samples(self._ctx, req.run, req.step, leaves,
+                                                              staged.skipped))
                            if hint is not None else None)
                 job.stall_s = time.monotonic() - entered
                 self._enqueue(job)

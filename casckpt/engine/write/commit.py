@@ -54,7 +54,7 @@ from casckpt.engine.write.commitchunks import (
 )
 from casckpt.engine.write.commitchunks import owned_copy as _copy  # a global here: tests make it fail
 from casckpt.engine.write.encodepolicy import EncodePlan, encode_plan
-from casckpt.engine.write.hint import ChangeHint, Counters, reusable, trusted_counters
+from casckpt.engine.write.hint import ChangeHint, Counters, fingerprints, reusable, trusted_counters
 from casckpt.errors import CasckptError, CatalogError, StorageError, VersionExistsError
 from casckpt.format import objectnames
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry
@@ -206,6 +206,7 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
                                     memo=memo.packs, ids=ctx.crypto.chunk_id)
     reuse: dict[int, ExtentEntry] = {}
     held: set[bytes] = set()
+    hinted: dict[str, bytes] = {}  # fingerprints of the tensors reused on the hint
     if hint is not None and memo.version_id is not None and memo.version_id != parent:
         # the caller vouches for its tensors since the version it committed last; that is no
         # longer the parent (it failed, or another handle or process deleted it), so the
@@ -222,13 +223,14 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
         reuse = reusable(hint, leaves, entries, sources, ctx.config.chunk_size,
                          parent_manifest(ctx, req.run, parent), counters)
         reuse, held = _held(ctx, reuse, pending)
+        hinted = fingerprints(ctx.crypto.chunk_id, req.run, req.step, hint, leaves, entries, reuse)
     hashed = hash_extents(ctx, sources, progress, pending, reserve, reuse=reuse)
     hashed.known |= held
     extents, chunks = hashed.extents, hashed.chunks
     manifest = Manifest(
         run=req.run, step=req.step, parent=parent,
         created_at=created, root=root, tensors=tuple(entries), extents=tuple(extents),
-        metadata=req.metadata, metrics=req.metrics, message=req.message, tags=req.tags,
+        metadata=req.metadata, metrics=req.metrics, message=req.message, tags=req.tags, hinted=hinted,
     )
     lookup = [c for c, chunk in chunks.items() if c not in hashed.known and not chunk.owned]
     version_id, manifest_bytes, tree = encode_tree_manifest(manifest, memo.tree, ctx.crypto.chunk_id)

@@ -32,23 +32,31 @@ live tensors, and does not copy a vouched tensor whose staged bytes are still cu
 worker's snapshot then gets the vouched paths as :attr:`ChangeHint.counted` (see
 :mod:`casckpt.engine.write.background`).
 
-A wrong hint is not detected: the version stores the previous version's bytes for that
-tensor, restores them, and ``check --read-data`` passes (the stored bytes match their
-ids). See docs/ARCHITECTURE.md ("Change hints") for what bypasses version counters.
+A wrong hint stores the previous version's bytes for that tensor (and restores them): the
+stored bytes match their ids, so nothing is corrupt. To tell it, a commit records, for every
+tensor it reuses on a hint, a fingerprint of a sample of the bytes the caller handed it
+(:func:`fingerprints`, :mod:`casckpt.format.hintsample`: at most 64 KiB per tensor, copied on
+the thread that holds the live bytes), which ``check --read-data`` recomputes from the stored
+chunks. A change the sample misses (a sparse one) stays undetected. See docs/ARCHITECTURE.md
+("Change hints") for what bypasses version counters.
 """
 
 from __future__ import annotations
 
+import ctypes
 import fnmatch
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-from casckpt.engine.versions.extents import ExtentSource
+from casckpt.engine.context import EngineContext
+from casckpt.engine.versions.extents import ExtentSource, flat_bytes, pack_limit, packable
 from casckpt.errors import ChangeHintError, InvalidArgumentError
-from casckpt.format.chunks import aligned_chunk_size
+from casckpt.format.chunks import ChunkIds, aligned_chunk_size
+from casckpt.format.hintsample import fingerprint, sample_spans
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry
 from casckpt.format.state import TensorLeaf
 
@@ -89,6 +97,10 @@ class ChangeHint:
     """Tensors a background commit found unchanged by their version counters on the
     caller's thread (see :mod:`casckpt.engine.write.background`): reused like ``versions``
     ones whose counters held, never refused."""
+    sampled: Mapping[str, tuple[bytes, ...]] | None = None
+    """The sampled bytes the caller's thread of a background commit took of the live tensors
+    its staging did not copy (:func:`skipped_samples`): the worker sees stale staged bytes
+    for those, and fingerprints these instead."""
 
 
 def make_hint(unchanged: PathSpec | None, trust_versions: PathSpec | bool) -> ChangeHint | None:
@@ -192,3 +204,69 @@ def reusable(
         if (extent.nbytes, extent.chunk_size, extent.phase) == (source.nbytes, size, phase):
             out[entry.extent] = extent
     return out
+
+
+def sample(run: str, step: int, path: str, value: object) -> tuple[bytes, ...] | None:
+    """The sampled bytes (:mod:`casckpt.format.hintsample`) of what a commit of ``run@step``
+    stores for the leaf ``value`` at ``path``, span by span (None: an empty leaf, nothing to
+    tell, or not a tensor). At most 64 KiB: a CPU tensor's blocks are read in place
+    (a non-contiguous one is made contiguous first); a device tensor's are gathered on its
+    device and copied to the host in one piece."""
+    if isinstance(value, np.ndarray):
+        array = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
+        spans = sample_spans(run, step, path, array.nbytes)
+        view = memoryview(array)  # type: ignore[arg-type]  # numpy exports the buffer protocol
+        return tuple(view[s:e].tobytes() for s, e in spans) if spans else None
+    if not isinstance(value, torch.Tensor):
+        return None
+    if value.is_cpu and value.is_contiguous() and not (value.is_conj() or value.is_neg()):
+        # its bytes are one run from data_ptr(): read in place, without a torch op per tensor
+        spans = sample_spans(run, step, path, value.nbytes)
+        if not spans:
+            return None
+        whole = memoryview((ctypes.c_char * value.nbytes).from_address(value.data_ptr())).cast("B")
+        return tuple(whole[s:e].tobytes() for s, e in spans)
+    data = flat_bytes(value, path)
+    spans = sample_spans(run, step, path, data.numel())
+    if not spans:
+        return None
+    if data.device.type != "cpu":
+        return (torch.cat([data[s:e] for s, e in spans]).cpu().numpy().tobytes(),)
+    view = memoryview(data.numpy())  # type: ignore[arg-type]  # numpy exports the buffer protocol
+    return tuple(view[s:e].tobytes() for s, e in spans)
+
+
+def fingerprints(ids: ChunkIds, run: str, step: int, hint: ChangeHint, leaves: Sequence[TensorLeaf],
+                 entries: Sequence[TensorEntry], reuse: Mapping[int, ExtentEntry]) -> dict[str, bytes]:
+    """The manifest's ``hinted`` (path -> fingerprint) of a snapshot of ``run@step`` that
+    reuses ``reuse`` (:func:`reusable`): each of the bytes ``hint.sampled`` holds where the
+    caller's thread took them, else of the leaf's (in a blocking commit the live tensor; in
+    a background one the staged copy, made on the caller's thread)."""
+    out: dict[str, bytes] = {}
+    if not reuse:
+        return out
+    for leaf, entry in zip(leaves, entries, strict=True):
+        if entry.extent not in reuse:
+            continue
+        taken = hint.sampled.get(leaf.path) if hint.sampled is not None else None
+        if taken is None:
+            taken = sample(run, step, leaf.path, leaf.value)
+        if taken is not None:
+            out[leaf.path] = fingerprint(ids, taken)
+    return out
+
+
+def skipped_samples(ctx: EngineContext, run: str, step: int, leaves: Sequence[TensorLeaf],
+                    skipped: set[str]) -> dict[str, tuple[bytes, ...]]:
+    """The sampled bytes of the live tensors a background commit's staging did not copy
+    (``skipped``: vouched for by their counters), taken on the caller's thread before
+    ``commit`` returns, for :attr:`ChangeHint.sampled` (the worker hashes them: at most
+    64 KiB each is copied here). Tensors a snapshot never reuses on a hint (packed with
+    small neighbours) are left out."""
+    if not skipped:
+        return {}
+    pack = pack_limit(ctx.config.chunk_size)
+    return {leaf.path: taken for leaf in leaves
+            if leaf.path in skipped and isinstance(leaf.value, torch.Tensor)
+            and not packable(leaf.value, pack)
+            and (taken := sample(run, step, leaf.path, leaf.value)) is not None}

@@ -131,15 +131,19 @@ def test_a_declared_tensor_whose_shape_changed_is_refused_with_nothing_written(s
         store.commit(state, run="r", step=3, unchanged=["model.a"])
 
 
-def test_a_lying_hint_stores_the_previous_bytes_and_check_cannot_tell(store: casckpt.Store) -> None:
-    """Documented failure mode: a wrong hint is not detected."""
+def test_a_lying_hint_stores_the_previous_bytes_and_check_reads_it(tmp_path: Path) -> None:
+    """Documented failure mode: a wrong hint stores the parent's bytes (nothing is corrupt);
+    ``check --read-data`` tells it from the fingerprint the commit took."""
     state = _state()
     before = state["model"]["a"].clone()
-    store.commit(state, run="r", step=1)
-    state["model"]["a"].add_(1.0)
-    store.commit(state, run="r", step=2, unchanged=["model.a"])
-    assert torch.equal(store.restore("r@2")["model"]["a"], before)
-    assert store.ops.check(read_data=True).ok
+    with casckpt.open(tmp_path / "s") as store:
+        store.commit(state, run="r", step=1)
+        state["model"]["a"].add_(1.0)
+        store.commit(state, run="r", step=2, unchanged=["model.a"])
+        assert torch.equal(store.restore("r@2")["model"]["a"], before)
+        assert store.ops.check().ok  # without reading data nothing is wrong
+        found = store.ops.check(read_data=True).problems
+        assert [(p.kind, p.subject) for p in found] == [("hint", "r@2:model.a")]
 
 
 def test_bad_hint_arguments_are_refused(store: casckpt.Store) -> None:
@@ -288,7 +292,8 @@ def test_which_mutations_trusted_version_counters_see(tmp_path: Path, name: str)
         store.commit({"p": param.detach()}, run="r", step=2, trust_versions=True)
         restored = store.restore("r@2")["p"]
         assert torch.equal(restored, param.detach() if caught else before)
-        assert store.ops.check(read_data=True).ok
+        found = store.ops.check(read_data=True).problems  # a mutation the counters miss: caught here
+        assert [(p.kind, p.subject) for p in found] == ([] if caught else [("hint", "r@2:p")])
 
 
 def test_counters_are_trusted_only_after_a_trusted_commit_of_the_same_parent(
@@ -401,3 +406,28 @@ def test_an_unchanged_promise_after_another_handle_committed_the_run_stores_the_
             other.commit(state, run="r", step=2)  # the run's newest version holds x = 1
         store.commit(state, run="r", step=3, block=False, unchanged=["x"]).wait()  # true: x as at 2
         assert torch.equal(store.restore("r@3")["x"], x)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.randn(70_000),
+    lambda: torch.randn(70_000).to(torch.bfloat16),
+    lambda: torch.randint(-100, 100, (90_000,), dtype=torch.int8),
+    lambda: torch.randn(90_000) > 0,
+    lambda: torch.randn(200_000)[1_000:150_000],  # a view with a storage offset
+    lambda: torch.randn(300, 400).t(),  # not contiguous
+    lambda: torch.randn(20_000, dtype=torch.complex64).conj(),  # a lazy conj view
+    lambda: np.arange(50_000, dtype=">f8"),
+], ids=["f32", "bf16", "i8", "bool", "offset", "transposed", "conj", "numpy"])
+def test_the_sample_is_of_the_bytes_a_commit_stores(make: Callable[[], Any]) -> None:
+    """The fingerprint's sample is cut from what the extent holds: the tensor's values,
+    contiguous, as they read (conj resolved), whatever its layout."""
+    from casckpt.engine.write.hint import sample
+    from casckpt.format.hintsample import sample_spans
+
+    value = make()
+    if isinstance(value, np.ndarray):
+        stored = value.tobytes()
+    else:
+        stored = value.resolve_conj().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+    spans = sample_spans("r", 3, "w", len(stored))
+    assert b"".join(sample("r", 3, "w", value) or ()) == b"".join(stored[s:e] for s, e in spans)
