@@ -385,7 +385,8 @@ def read_ranges(ctx: EngineContext, manifest: Manifest, requests: Sequence[tuple
                 wanted.setdefault(cid, []).append(whole[cid])
             a, b = max(lo, start), min(hi, end)
             trims.append((whole[cid], a - lo, b - lo, view[a - start : b - start]))
-    read_chunks(ctx, wanted, lambda cid: names[cid], progress)
+    with huge_pages([out for t, out in zip(given, outs, strict=True) if t is None]):
+        read_chunks(ctx, wanted, lambda cid: names[cid], progress)
     for chunk, a, b, dst in trims:
         dst[:] = chunk[a:b]
     return outs
