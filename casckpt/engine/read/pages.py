@@ -32,6 +32,9 @@ one of the process's memory mappings in three (their number is capped by the ker
 MAX_ADVISED = 1024
 """The largest buffers of one restore that are advised, for the same cap."""
 
+_MAPS = "/proc/self/maps"
+_MAP_CAP = "/proc/sys/vm/max_map_count"
+
 _THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
 _Madvise = Callable[[int, int, int], int]
 
@@ -70,6 +73,21 @@ def _whole_pages(buffer: torch.Tensor | np.ndarray) -> tuple[int, int] | None:
     return (start, end - start) if end > start else None
 
 
+def _room_for_splits() -> bool:
+    """Whether the process's memory mappings stay far below the kernel's cap on them when
+    each advised range splits one in three. A buffer in the allocator's heap keeps its
+    range's advice (and its split) after it is freed: a long-lived process restoring again
+    and again could pile them up, and at the cap any further ``mmap`` of the process fails."""
+    try:
+        with open(_MAP_CAP, encoding="ascii") as f:
+            cap = int(f.read())
+        with open(_MAPS, "rb") as f:
+            used = sum(1 for _ in f)
+    except (OSError, ValueError):
+        return False
+    return used + 2 * MAX_ADVISED < cap // 2
+
+
 @contextmanager
 def huge_pages(buffers: Sequence[torch.Tensor | np.ndarray]) -> Iterator[None]:
     """Advise the whole 2 MiB pages of ``buffers`` (fresh, contiguous CPU buffers nothing has
@@ -77,6 +95,8 @@ def huge_pages(buffers: Sequence[torch.Tensor | np.ndarray]) -> Iterator[None]:
     docstring). A refused advice (an old kernel) leaves small pages."""
     advise = _madvise()
     spans = [] if advise is None else [s for b in buffers if (s := _whole_pages(b)) is not None]
+    if spans and not _room_for_splits():
+        spans = []
     spans.sort(key=lambda span: -span[1])
     advised = [span for span in spans[:MAX_ADVISED]
                if advise is not None and advise(*span, mmap.MADV_HUGEPAGE) == 0]

@@ -116,3 +116,19 @@ def test_corrupt_chunk_in_a_large_fresh_buffer_raises(tmp_path: Path, monkeypatc
         with pytest.raises(CorruptChunkError) as info:
             store.restore("r@1")
         assert info.value.chunk_id == cid
+
+
+@needs_madvise
+def test_nothing_is_advised_near_the_cap_on_mappings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process whose mappings near the kernel's cap gets no advice (each may split one more)."""
+    cap = tmp_path / "max_map_count"
+    used = Path("/proc/self/maps").read_bytes().count(b"\n")
+    cap.write_text(str(2 * used + 2 * pages.MAX_ADVISED - 2))
+    monkeypatch.setattr(pages, "_MAP_CAP", str(cap))
+    buffer = torch.empty(MIN_BUFFER + HUGE_PAGE, dtype=torch.uint8)
+    inner = -(-buffer.data_ptr() // HUGE_PAGE) * HUGE_PAGE
+    with huge_pages([buffer]):
+        assert "hg" not in _flags(inner)
+    cap.write_text(str(4 * used + 8 * pages.MAX_ADVISED))
+    with huge_pages([buffer]):
+        assert "hg" in _flags(inner)
