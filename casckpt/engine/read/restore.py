@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, cast
 
@@ -19,7 +19,6 @@ import numpy as np
 import torch
 
 from casckpt.engine.context import EngineContext
-from casckpt.engine.read.pages import huge_pages
 from casckpt.engine.read.reader import Destination, read_chunks
 from casckpt.engine.read.targets import check_targets
 from casckpt.engine.versions.extents import byte_buffer, can_fill_in_place, tensor_from_extent
@@ -168,10 +167,8 @@ def _extent_buffers(
 
 def _fill(
     ctx: EngineContext, manifest: Manifest, buffers: Mapping[int, Buffer],
-    progress: ProgressCallback | None, *, heal: bool = True, fresh: Collection[int] = (),
+    progress: ProgressCallback | None, *, heal: bool = True,
 ) -> None:
-    """Read every chunk of ``buffers``' extents into them; ``fresh``: the indices of the
-    buffers allocated for this read (never touched: see :func:`huge_pages`)."""
     wanted: dict[bytes, list[Destination]] = {}
     owner: dict[bytes, str] = {}
     paths: dict[int, list[str]] = {}
@@ -183,8 +180,7 @@ def _fill(
         for cid, (start, end) in zip(extent.chunks, extent.spans(), strict=True):
             wanted.setdefault(cid, []).append(view[start:end])
             owner.setdefault(cid, f"{_tensors(paths[index])} of {manifest.run}@{manifest.step}")
-    with huge_pages([buffers[i] for i in fresh]):
-        read_chunks(ctx, wanted, lambda cid: owner[cid], progress, heal=heal)
+    read_chunks(ctx, wanted, lambda cid: owner[cid], progress, heal=heal)
 
 
 def _tensors(paths: list[str], shown: int = 10) -> str:
@@ -202,7 +198,7 @@ def materialize(
     """Read every tensor of ``manifest`` and rebuild the state. ``heal=False`` leaves the
     damaged shards a read meets to ``repair`` (a restore drill changes nothing it finds)."""
     buffers, in_place = _extent_buffers(manifest, set(range(len(manifest.extents))), targets or {})
-    _fill(ctx, manifest, buffers, progress, heal=heal, fresh=buffers.keys() - in_place.keys())
+    _fill(ctx, manifest, buffers, progress, heal=heal)
     if map_location is not None:
         buffers = {
             i: b.to(map_location) if isinstance(b, torch.Tensor) and i not in in_place else b
@@ -252,7 +248,7 @@ def load_tensor(
     """Read one tensor, fetching only its own chunks (of every shard, for a sharded one)."""
     entries = _find_tensor(manifest, path)
     buffers, _ = _extent_buffers(manifest, {t.extent for t in entries}, {})
-    _fill(ctx, manifest, buffers, None, fresh=buffers.keys())
+    _fill(ctx, manifest, buffers, None)
     first = entries[0]
     out = _assemble(entries, buffers) if first.is_shard else \
         _tensor(manifest, first, buffers[first.extent])
@@ -385,8 +381,7 @@ def read_ranges(ctx: EngineContext, manifest: Manifest, requests: Sequence[tuple
                 wanted.setdefault(cid, []).append(whole[cid])
             a, b = max(lo, start), min(hi, end)
             trims.append((whole[cid], a - lo, b - lo, view[a - start : b - start]))
-    with huge_pages([out for t, out in zip(given, outs, strict=True) if t is None]):
-        read_chunks(ctx, wanted, lambda cid: names[cid], progress)
+    read_chunks(ctx, wanted, lambda cid: names[cid], progress)
     for chunk, a, b, dst in trims:
         dst[:] = chunk[a:b]
     return outs
