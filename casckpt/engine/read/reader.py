@@ -77,7 +77,7 @@ def _coalesce(locations: Sequence[ChunkLocation], limit: int) -> list[_Range]:
         locs.sort(key=lambda loc: loc.offset)
         current: list[ChunkLocation] = []
         for loc in locs:
-            span_end = loc.offset + loc.entry().span
+            span_end = _end(loc)
             if current and (loc.offset != _end(current[-1]) or span_end - current[0].offset > limit):
                 ranges.append(_make_range(pack_id, current))
                 current = []
@@ -88,7 +88,7 @@ def _coalesce(locations: Sequence[ChunkLocation], limit: int) -> list[_Range]:
 
 
 def _end(loc: ChunkLocation) -> int:
-    return loc.offset + loc.entry().span
+    return loc.offset + ENTRY_HEADER_SIZE + loc.stored_len  # PackEntry.span, without building one
 
 
 def _make_range(pack_id: str, locs: list[ChunkLocation]) -> _Range:
@@ -140,8 +140,11 @@ class _Slot:
     destinations: list[Destination]
 
     @classmethod
-    def of(cls, loc: ChunkLocation, destinations: list[Destination], arena: _Arena | None = None) -> _Slot:
+    def of(cls, loc: ChunkLocation, wanted: Mapping[bytes, list[Destination]], arena: _Arena | None = None,
+           ) -> _Slot:
+        """The slot of ``loc``'s chunk, read for its destinations in ``wanted``."""
         entry = loc.entry()
+        destinations = wanted[entry.chunk_id]
         direct = lookup(entry.codec).stored_as_is and bool(destinations) \
             and len(destinations[0]) == entry.stored_len
         if direct:
@@ -577,7 +580,7 @@ def _read_located(
             for window in _windows(r, hot):
                 if arena is not None:
                     arena.reset(sum(loc.stored_len for loc in window))
-                slots = [_Slot.of(loc, wanted[loc.entry().chunk_id], arena) for loc in window]
+                slots = [_Slot.of(loc, wanted, arena) for loc in window]
                 plan += slots
                 _read_window(r, slots)
                 decoder(slots)  # verified while the bytes just read are still in cache
@@ -589,7 +592,7 @@ def _read_located(
                 pack = ctx.packs.reads.reconstruct(r.pack_id, heal=heal)
             except MissingDataError as exc:
                 raise _unreadable(r.pack_id, exc) from exc
-            plan = [_Slot.of(loc, wanted[loc.entry().chunk_id]) for loc in r.chunks]
+            plan = [_Slot.of(loc, wanted) for loc in r.chunks]
             buffers = [view for slot in plan for view in (slot.header, slot.payload)]
             scatter(memoryview(pack)[r.start : r.end], buffers)
             decoder(plan)

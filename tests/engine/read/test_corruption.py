@@ -353,3 +353,40 @@ def test_corrupt_raw_chunk_read_into_its_destination_is_wiped(raw_damaged: Damag
                               dtype=torch.uint8)
     assert not torch.equal(span, stored)
     d.assert_b_intact()
+
+
+def test_corrupt_planes_chunk_decoded_into_its_destination_is_wiped(tmp_path: Path) -> None:
+    """A planes-coded chunk decodes straight into the tensor it restores: a flipped byte in
+    one of its raw planes decodes cleanly but fails the hash, raises, and leaves no decoded
+    byte of it in the target."""
+    chunk = 64 << 10
+    g = torch.Generator().manual_seed(5)
+    weights = torch.randn(8 * chunk // 4, generator=g) * 0.02  # trained-like fp32: planes pay
+    with casckpt.open(tmp_path / "s", chunk_size=chunk) as store:
+        version = store.commit({"w": weights}, run="p", step=1)
+        k = 3
+        victim = _rows_of(store, version.id)[k]
+        assert victim.codec == 10, "the state was meant to be planes-coded"
+        pack = tmp_path / "s" / "packs" / victim.pack_id[:2] / victim.pack_id
+        at = victim.offset + ENTRY_HEADER_SIZE + 2 + 100  # past the 2-byte planes header: a raw plane
+        pack.chmod(0o644)
+        with open(pack, "r+b") as f:
+            f.seek(at)
+            byte = f.read(1)[0]
+            f.seek(at)
+            f.write(bytes([byte ^ 0x01]))
+
+        target = torch.full_like(weights, 7.0)
+        with pytest.raises(CorruptChunkError) as info:
+            store.restore("p@1", into={"w": target})
+        assert info.value.chunk_id == victim.id
+        raw = target.view(torch.uint8)
+        assert not raw[k * chunk : (k + 1) * chunk].any(), "the corrupt chunk's bytes were left in the target"
+
+
+def _rows_of(store: casckpt.Store, version_id: str) -> list[ChunkRow]:
+    manifest = internals(store).manifest(version_id)
+    ids = [c.hex() for t in manifest.tensors for c in manifest.extents[t.extent].chunks]
+    found = internals(store).catalog.find_chunks(ids, live_only=False)
+    return [ChunkRow(cid, found[cid].pack_id, found[cid].offset, found[cid].stored_len, found[cid].codec)
+            for cid in ids]
