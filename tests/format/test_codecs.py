@@ -486,3 +486,14 @@ def test_planes_encoded_on_many_threads_at_once_decode_bit_exact() -> None:
         plane = zstandard.ZstdDecompressor().decompress(bytes(payload[raw_planes:]))
         assert plane == np.frombuffer(data, dtype=np.uint8)[3::4].tobytes()
         assert len(payload) < 0.9 * len(data)
+
+
+def test_a_frame_that_fails_to_decode_leaves_the_threads_decompressor_usable() -> None:
+    """The thread's zstd decompressor is reused from chunk to chunk: a damaged frame raises
+    CorruptChunkError and the next good chunk on the same thread still decodes bit-exact."""
+    data = (np.random.default_rng(3).standard_normal(16 << 10) * 0.02).astype(np.float32).tobytes()
+    payload = bytearray(encode_planes(data, 4, 0b1000, 1))
+    damaged = bytes(payload[:-40]) + bytes(40)  # the zstd frame's tail zeroed
+    with pytest.raises(CorruptChunkError):
+        decode_chunk(PLANES.id, damaged, len(data))
+    assert bytes(decode_chunk(PLANES.id, bytes(payload), len(data))) == data
