@@ -32,7 +32,7 @@ import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -45,6 +45,9 @@ PIECE = 4 << 20
 ``memmove`` (which releases the GIL). One large ``torch`` copy splits its work evenly over
 OpenMP threads and waits for the slowest: on a busy machine that was 5x slower."""
 
+SMALL = 256 << 10
+"""Pieces smaller than this are copied on the caller's thread."""
+
 Piece = tuple[int, int, int]  # destination address, source address, bytes
 
 Key = tuple[str, int, str, str]  # first path, bytes, dtype, "torch" / "numpy" / "cuda"
@@ -55,7 +58,13 @@ class _Group:
     key: Key
     leaves: list[int]  # indices into the state's leaves
     start: int  # byte offset of the span in its source storage
-    source: torch.Tensor | np.ndarray  # the span's bytes (a uint8 tensor) or the array
+    anchor: torch.Tensor | np.ndarray  # a tensor viewing the largest storage, or the array
+
+    def source(self) -> torch.Tensor | np.ndarray:
+        """The span's bytes (a uint8 tensor) or the array; made only for a group copied."""
+        if isinstance(self.anchor, np.ndarray):
+            return self.anchor
+        return _storage_bytes(self.anchor)[self.start:self.start + self.key[1]]
 
 
 @dataclass(slots=True)
@@ -67,7 +76,10 @@ class Layout:
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
-    start = int(t.storage_offset()) * t.element_size()
+    size = t.element_size()
+    start = int(t.storage_offset()) * size
+    if t.is_contiguous():
+        return start, start + int(t.numel()) * size
     if t.numel() == 0:
         return start, start
     last = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
@@ -81,7 +93,7 @@ def _storage_bytes(t: torch.Tensor) -> torch.Tensor:
 
 def layout(leaves: list[TensorLeaf]) -> Layout:
     """Group ``leaves`` by the storage they view (as the commit's extent planner does)."""
-    by_storage: dict[tuple[str, int], list[int]] = {}
+    by_storage: dict[tuple[torch.device, int], list[int]] = {}
     groups: list[_Group] = []
     for i, leaf in enumerate(leaves):
         value = leaf.value
@@ -89,20 +101,22 @@ def layout(leaves: list[TensorLeaf]) -> Layout:
             array = np.ascontiguousarray(value)
             groups.append(_Group((leaf.path, array.nbytes, str(array.dtype), "numpy"), [i], 0, array))
         else:
-            by_storage.setdefault((str(value.device), value.untyped_storage().data_ptr()), []).append(i)
+            by_storage.setdefault((value.device, value.untyped_storage().data_ptr()), []).append(i)
     for members in by_storage.values():
-        tensors = [leaves[i].value for i in members]
-        spans = [_span(t) for t in tensors if isinstance(t, torch.Tensor)]
-        start = min(s for s, _ in spans)
+        tensors = [cast(torch.Tensor, leaves[i].value) for i in members]  # numpy leaves are grouped above
+        if len(tensors) == 1:
+            anchor = tensors[0]
+            start, end = _span(anchor)
+        else:
+            spans = [_span(t) for t in tensors]
+            start, end = min(s for s, _ in spans), max(e for _, e in spans)
+            # from_numpy views of one array may hold separate storages of different sizes: the largest
+            anchor = max(tensors, key=lambda t: t.untyped_storage().nbytes())
         start -= start % _ALIGN
-        end = max(max(e for _, e in spans), start)
-        # from_numpy views of one array may hold separate storages of different sizes: the largest
-        anchor = max(tensors, key=lambda t: t.untyped_storage().nbytes())  # type: ignore[union-attr]
-        assert isinstance(anchor, torch.Tensor)
-        first = leaves[members[0]]
+        end = max(end, start)
         kind = "cuda" if anchor.device.type == "cuda" else "torch"
-        groups.append(_Group((first.path, end - start, str(anchor.dtype), kind), members, start,
-                             _storage_bytes(anchor)[start:end]))
+        groups.append(_Group((leaves[members[0]].path, end - start, str(anchor.dtype), kind), members,
+                             start, anchor))
     return Layout(groups, sum(g.key[1] for g in groups))
 
 
@@ -115,6 +129,9 @@ class StagingSet:
 
     run: str
     buffers: dict[Key, torch.Tensor] = field(default_factory=dict)
+    views: dict[Key, tuple[int, list[str], list[torch.Tensor | np.ndarray]]] = field(default_factory=dict)
+    """The mirror's tensors of each buffer as last made (span start, paths): a group skipped
+    again views its buffer as it did, so they are reused."""
     held: bool = False
     ident: int = field(default_factory=lambda: next(_ids))
 
@@ -199,19 +216,31 @@ class HostStaging:
         wanted = {g.key for g in plan.groups}
         for key in [k for k in target.buffers if k not in wanted]:
             del target.buffers[key]
+            target.views.pop(key, None)
         mirrors: list[torch.Tensor | np.ndarray | None] = [None] * len(leaves)
         copied, events, skipped = 0, [], set[str]()
         pieces: list[Piece] = []  # the host copies
         for group in plan.groups:
             buffer = target.buffers.get(group.key)
-            kept = all(vouched(leaves[i].path) for i in group.leaves)
+            paths = [leaves[i].path for i in group.leaves]
+            kept = all(vouched(path) for path in paths)
             if buffer is None:
                 pinned = group.key[3] == "cuda" and torch.cuda.is_available()
                 buffer = torch.empty(group.key[1], dtype=torch.uint8, pin_memory=pinned)
                 target.buffers[group.key] = buffer
                 fresh.get(group.key, set()).discard(target.ident)
-            if not (kept and target.ident in fresh.get(group.key, ())):
-                source = group.source
+            if kept and target.ident in fresh.get(group.key, ()):
+                # vouched since this set was filled: same bytes, and the same geometry as the
+                # views made then (a tensor's counter is trusted only with its strides unchanged)
+                skipped.update(paths)
+                made = target.views.get(group.key)
+                if (made is not None and made[0] == group.start and made[1] == paths
+                        and not any(_lazy(leaves[i].value) for i in group.leaves)):
+                    for i, view in zip(group.leaves, made[2], strict=True):
+                        mirrors[i] = view
+                    continue
+            else:
+                source = group.source()
                 if isinstance(source, np.ndarray):
                     pieces.extend(_pieces(buffer.data_ptr(), source.ctypes.data, source.nbytes))
                 elif source.device.type == "cpu":
@@ -225,16 +254,25 @@ class HostStaging:
                     buffer.copy_(source)
                 copied += group.key[1]
                 fresh[group.key] = (fresh.get(group.key, set()) if kept else set()) | {target.ident}
+            views = [_view(leaves[i].value, buffer, group.start) for i in group.leaves]
+            if any(_lazy(leaves[i].value) for i in group.leaves):  # counters do not see these bits
+                target.views.pop(group.key, None)
             else:
-                skipped.update(leaves[i].path for i in group.leaves)
-            for i in group.leaves:
-                mirrors[i] = _view(leaves[i].value, buffer, group.start)
+                target.views[group.key] = (group.start, paths, views)
+            for i, view in zip(group.leaves, views, strict=True):
+                mirrors[i] = view
         for key in [k for k in fresh if k not in wanted]:
             del fresh[key]
-        if pieces:
+        large = [piece for piece in pieces if piece[2] >= SMALL]
+        if large:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(min(4, os.cpu_count() or 1), "casckpt-stage")
-            for _ in self._pool.map(_memmove, pieces):  # ``plan`` keeps the sources alive meanwhile
+            done = self._pool.map(_memmove, large)  # ``leaves`` keep the sources alive meanwhile
+        for piece in pieces:  # small ones here: a hand-off to the pool costs more than the copy
+            if piece[2] < SMALL:
+                _memmove(piece)
+        if large:
+            for _ in done:
                 pass
         for event in events:
             event.synchronize()  # the copies have landed: the caller may mutate its tensors
@@ -248,6 +286,11 @@ def _pieces(dst: int, src: int, nbytes: int) -> Iterator[Piece]:
 
 def _memmove(piece: Piece) -> None:
     ctypes.memmove(*piece)
+
+
+def _lazy(value: torch.Tensor | np.ndarray) -> bool:
+    """Whether ``value`` is a conjugate or negative view (a bit a version counter ignores)."""
+    return isinstance(value, torch.Tensor) and (value.is_conj() or value.is_neg())
 
 
 def _view(value: torch.Tensor | np.ndarray, buffer: torch.Tensor, start: int) -> torch.Tensor | np.ndarray:
