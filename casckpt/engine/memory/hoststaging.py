@@ -60,11 +60,10 @@ class _Group:
     start: int  # byte offset of the span in its source storage
     anchor: torch.Tensor | np.ndarray  # a tensor viewing the largest storage, or the array
 
-    def source(self) -> torch.Tensor | np.ndarray:
-        """The span's bytes (a uint8 tensor) or the array; made only for a group copied."""
-        if isinstance(self.anchor, np.ndarray):
-            return self.anchor
-        return _storage_bytes(self.anchor)[self.start:self.start + self.key[1]]
+    def device_bytes(self, anchor: torch.Tensor) -> torch.Tensor:
+        """The span's bytes on a device other than the host (a uint8 tensor), to copy from;
+        host spans are copied by address."""
+        return _storage_bytes(anchor)[self.start:self.start + self.key[1]]
 
 
 @dataclass(slots=True)
@@ -122,6 +121,9 @@ def layout(leaves: list[TensorLeaf]) -> Layout:
 
 _ids = itertools.count()
 
+Geometry = tuple[Any, ...]  # what a view of a staging buffer is made from (see _geometry)
+_Views = tuple[int, list[str], list[Geometry], list[torch.Tensor | np.ndarray]]  # start, paths, ...
+
 
 @dataclass(eq=False, slots=True)
 class StagingSet:
@@ -129,9 +131,9 @@ class StagingSet:
 
     run: str
     buffers: dict[Key, torch.Tensor] = field(default_factory=dict)
-    views: dict[Key, tuple[int, list[str], list[torch.Tensor | np.ndarray]]] = field(default_factory=dict)
-    """The mirror's tensors of each buffer as last made (span start, paths): a group skipped
-    again views its buffer as it did, so they are reused."""
+    views: dict[Key, _Views] = field(default_factory=dict)
+    """The mirror's tensors of each buffer as last made: a group whose tensors have the same
+    paths and geometry again views its buffer as it did, so they are reused."""
     held: bool = False
     ident: int = field(default_factory=lambda: next(_ids))
 
@@ -228,37 +230,42 @@ class HostStaging:
                 pinned = group.key[3] == "cuda" and torch.cuda.is_available()
                 buffer = torch.empty(group.key[1], dtype=torch.uint8, pin_memory=pinned)
                 target.buffers[group.key] = buffer
+                target.views.pop(group.key, None)
                 fresh.get(group.key, set()).discard(target.ident)
+            made = target.views.get(group.key)
+            if made is not None and (made[0] != group.start or made[1] != paths):
+                made = None
             if kept and target.ident in fresh.get(group.key, ()):
-                # vouched since this set was filled: same bytes, and the same geometry as the
-                # views made then (a tensor's counter is trusted only with its strides unchanged)
+                # vouched since this set was filled: same bytes, and the same geometry as when
+                # its views were made (a counter is trusted only with the strides unchanged; the
+                # conjugate and negative bits it does not see are checked)
                 skipped.update(paths)
-                made = target.views.get(group.key)
-                if (made is not None and made[0] == group.start and made[1] == paths
-                        and not any(_lazy(leaves[i].value) for i in group.leaves)):
-                    for i, view in zip(group.leaves, made[2], strict=True):
+                if made is not None and not any(_lazy(leaves[i].value) for i in group.leaves):
+                    for i, view in zip(group.leaves, made[3], strict=True):
                         mirrors[i] = view
                     continue
             else:
-                source = group.source()
-                if isinstance(source, np.ndarray):
-                    pieces.extend(_pieces(buffer.data_ptr(), source.ctypes.data, source.nbytes))
-                elif source.device.type == "cpu":
-                    pieces.extend(_pieces(buffer.data_ptr(), source.data_ptr(), source.numel()))
-                elif source.device.type == "cuda":
-                    buffer.copy_(source, non_blocking=True)
+                anchor = group.anchor
+                if isinstance(anchor, np.ndarray):
+                    pieces.extend(_pieces(buffer.data_ptr(), anchor.ctypes.data, anchor.nbytes))
+                elif anchor.device.type == "cpu":  # the span lies within the anchor's storage
+                    pieces.extend(_pieces(buffer.data_ptr(), anchor.untyped_storage().data_ptr()
+                                          + group.start, group.key[1]))
+                elif anchor.device.type == "cuda":
+                    buffer.copy_(group.device_bytes(anchor), non_blocking=True)
                     event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-                    event.record(torch.cuda.current_stream(source.device))
+                    event.record(torch.cuda.current_stream(anchor.device))
                     events.append(event)
                 else:
-                    buffer.copy_(source)
+                    buffer.copy_(group.device_bytes(anchor))
                 copied += group.key[1]
                 fresh[group.key] = (fresh.get(group.key, set()) if kept else set()) | {target.ident}
-            views = [_view(leaves[i].value, buffer, group.start) for i in group.leaves]
-            if any(_lazy(leaves[i].value) for i in group.leaves):  # counters do not see these bits
-                target.views.pop(group.key, None)
+            shapes = [_geometry(leaves[i].value) for i in group.leaves]
+            if made is not None and made[2] == shapes:  # cheaper to compare than to make again
+                views = made[3]
             else:
-                target.views[group.key] = (group.start, paths, views)
+                views = [_view(leaves[i].value, buffer, group.start) for i in group.leaves]
+                target.views[group.key] = (group.start, paths, shapes, views)
             for i, view in zip(group.leaves, views, strict=True):
                 mirrors[i] = view
         for key in [k for k in fresh if k not in wanted]:
@@ -286,6 +293,14 @@ def _pieces(dst: int, src: int, nbytes: int) -> Iterator[Piece]:
 
 def _memmove(piece: Piece) -> None:
     ctypes.memmove(*piece)
+
+
+def _geometry(value: torch.Tensor | np.ndarray) -> Geometry:
+    """What :func:`_view` makes a view of a buffer from (the buffer and span start apart)."""
+    if isinstance(value, np.ndarray):
+        return value.dtype, value.shape
+    return (value.dtype, value.shape, value.stride(), value.storage_offset(), value.is_conj(),
+            value.is_neg())
 
 
 def _lazy(value: torch.Tensor | np.ndarray) -> bool:

@@ -189,6 +189,7 @@ class BackgroundCommitter:
         self._failed: list[CommitHandle] = []
         self._worker: threading.Thread | None = None
         self._exit_hook = False
+        self._stopping = False  # the worker leaves once the queue is empty (closing, exiting)
         self._closed = False
 
     @property
@@ -422,6 +423,7 @@ class BackgroundCommitter:
             log.warning("finishing %d background commit(s) at exit; close the store to "
                         "control when", len(self.pending()))
             self.wait_all()
+        self._stop_worker()
         with self._cond:
             failed = [h for h in self._failed if not h._reported]  # noqa: SLF001
         for handle in failed:
@@ -440,13 +442,26 @@ class BackgroundCommitter:
             self._worker.start()
 
     def _loop(self) -> None:
+        """The worker: kept waiting between commits (starting a thread per commit cost the
+        caller up to milliseconds on a busy machine) until the store closes or the
+        interpreter exits (without the exit hook it leaves as soon as the queue is empty)."""
         while True:
             with self._cond:
+                self._cond.wait_for(lambda: self._queue or self._stopping or not self._exit_hook)
                 if not self._queue:
                     self._worker = None
                     return
                 job = self._queue.popleft()
             self._run(job)
+
+    def _stop_worker(self) -> None:
+        """Let the idle worker leave (once the queue is empty), and wait for it."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            worker = self._worker
+        if worker is not None and worker is not threading.current_thread():
+            worker.join()
 
     def _hash(self, job: _Job) -> Snapshot:
         """Snapshot a staged job on the worker: hash, dedup and plan it from its staging."""
@@ -553,6 +568,7 @@ class BackgroundCommitter:
         with self._submit:
             self._closed = True
         self.wait_all()
+        self._stop_worker()
         with self._cond:
             if self._host is not None:  # the staging sets' memory goes back with the store
                 self._host.close()

@@ -80,4 +80,23 @@ def test_a_skipped_group_reuses_its_views_only_while_they_describe_the_state() -
     assert third.copied == 0
     assert torch.equal(third.mirror["alias"], base[16:24]) and torch.equal(third.mirror["view"], base[8:16])
     assert third.mirror["c"].is_conj() and torch.equal(third.mirror["c"], c.conj())
-    assert third.mirror["alias"].untyped_storage().data_ptr() == first.mirror["base"].untyped_storage().data_ptr()
+    buffer = first.mirror["base"].untyped_storage().data_ptr()
+    assert third.mirror["alias"].untyped_storage().data_ptr() == buffer
+
+
+def test_a_copied_group_reuses_its_views_only_for_the_same_geometry() -> None:
+    """Copied again (nothing vouched): the views of its buffer are reused while each tensor
+    has the dtype, shape, strides, offset and bits it had; a tensor viewing another part of
+    the same storage gets a new view, reading the bytes it reads."""
+    base = torch.arange(64, dtype=torch.float32)
+    host = HostStaging()
+    first, _ = _stage(host, {"base": base, "part": base[8:16]})
+    host.release(first.held)
+    base.add_(1)
+    again, _ = _stage(host, {"base": base, "part": base[8:16]})
+    assert again.copied == first.copied and again.mirror["part"] is first.mirror["part"]
+    assert torch.equal(again.mirror["part"], base[8:16])
+    host.release(again.held)
+    moved, _ = _stage(host, {"base": base, "part": base[16:24].view(2, 4)})
+    assert moved.mirror["part"] is not first.mirror["part"]
+    assert torch.equal(moved.mirror["part"], base[16:24].view(2, 4))
