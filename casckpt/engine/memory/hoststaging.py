@@ -18,6 +18,10 @@ keeps a CPU copy of each source storage.
 * The change hint: a tensor vouched for on the caller's thread (see
   :mod:`casckpt.engine.write.hint`) is not copied when the set's buffer still holds what
   it held (it was copied into this set and vouched for unchanged at every commit since).
+* The mirror's views of a buffer are kept with the set and reused while each tensor keeps
+  its dtype, shape, strides, offset and conjugate/negative bits, so a group not copied
+  costs a lookup; host copies go by address, pieces under :data:`SMALL` on the caller's
+  thread (handing them to the pool cost more than copying them).
 
 A set is *held* from the commit that filled it until the worker has written it; a second
 set of a run is made only when the first is still held (the committer admits it within

@@ -3,7 +3,10 @@
 ``Store.commit(..., block=False)`` validates and encodes the state, copies every tensor
 into host staging kept across commits (:mod:`casckpt.engine.memory.hoststaging`: buffers
 already faulted in, so the copy runs at memcpy speed, as DCP's cached staging does) and
-returns. One worker thread then, in commit order, snapshots the staged copy (hashing,
+returns; it reads nothing from the catalog. One worker thread (kept until the store closes)
+then, in commit order, refuses a step the run already holds (``VersionExistsError``, raised
+by the handle: only a step still in flight in this process is refused by ``commit``
+itself), checks the run's redundancy can be written, snapshots the staged copy (hashing,
 dedup, the manifest: the version id is known only now, so :attr:`CommitHandle.id` waits
 for it), encodes, packs, uploads, writes the manifest and publishes. Once ``commit``
 has returned, the caller may mutate its tensors.
@@ -12,7 +15,8 @@ With a change hint (``unchanged=`` / ``trust_versions=``, :mod:`casckpt.engine.w
 the hint is evaluated on the caller's thread, against the live tensors: a tensor it vouches
 for is not copied when the staging set already holds its bytes (it was copied into that set
 and vouched for at every commit since; an ``unchanged=`` promise alone does not count after
-a blocking commit of the run, which may have stored other bytes). The worker reuses the
+a blocking commit of the run, which may have stored other bytes), and costs a lookup: its
+counter entry and its view of the staging are carried over. The worker reuses the
 parent's chunk ids for vouched tensors as a blocking commit does; where it cannot (a packed
 or shared tensor, a parent that is not the run's last commit in this process: it failed, or
 was deleted) it hashes the staged bytes, which hold the tensor as it was at that last commit
@@ -35,7 +39,8 @@ reports it and it is logged, but the next commit goes ahead rather than
 raising it, so a restart of the database costs no commit after it is over. A
 commit queued behind a failed one of the same run (submitted before the failure)
 names the failed (never visible) version as its parent, and still becomes visible,
-complete.
+complete; one queued behind a commit refused or failed before its snapshot ignores its
+change hint (it vouched for its tensors since that commit) and hashes every tensor.
 """
 
 from __future__ import annotations
