@@ -936,6 +936,33 @@ store.commit({{"w": torch.arange(50_000, dtype=torch.float32)}}, run="r", step=0
         assert torch.equal(store.restore("r@0")["w"], torch.arange(50_000, dtype=torch.float32))
 
 
+def test_a_process_ending_without_close_after_its_commits_finished_exits(
+        tmp_path: Path, forked_python: ForkedPython) -> None:
+    """The worker waits between commits (it is kept until close); an interpreter exiting
+    with it idle, the store never closed, must not wait for it forever."""
+    script = f"""
+import torch, casckpt
+store = casckpt.open({str(tmp_path / "s")!r}, chunk_size={CHUNK})
+store.commit({{"w": torch.arange(50_000, dtype=torch.float32)}}, run="r", step=0, block=False).wait()
+store.commit({{"w": torch.ones(50_000)}}, run="r", step=1, block=False).wait()
+"""  # no close(): the worker is idle when the interpreter exits
+    done = forked_python.run(["-c", script], timeout=120)
+    assert done.returncode == 0, done.stderr
+    with casckpt.open(tmp_path / "s") as store:
+        assert [v.step for v in store.log("r", order="asc")] == [0, 1]
+
+
+def test_the_worker_is_kept_between_commits_and_gone_after_close(env: Env) -> None:
+    store = env.open()
+    store.commit(_state(), run="r", step=0, block=False).wait(WAIT)
+    workers = [t for t in _casckpt_threads() if t.name == "casckpt-commit"]
+    assert len(workers) == 1
+    store.commit(_state(2), run="r", step=1, block=False).wait(WAIT)
+    assert [t for t in _casckpt_threads() if t.name == "casckpt-commit"] == workers
+    store.close()
+    assert not workers[0].is_alive()
+
+
 def _pause_before_lease(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
     """Hold background commits between their snapshot and their lease: ``reached`` is set
     there; they go on once ``go`` is set."""
