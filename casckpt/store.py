@@ -207,9 +207,12 @@ class Store(StoreHistory):
         Raises:
             UnsupportedStateError: the tree holds an unsupported object (nothing written).
             InvalidNameError, InvalidArgumentError: bad run/tag name, step, metadata or metrics.
-            VersionExistsError: ``run`` already has a version at ``step``.
-            StorageError, CatalogError: the blob store or catalog failed; the
-                version is not visible and the store stays consistent.
+            VersionExistsError: ``run`` already has a version at ``step`` (with ``block=False``
+                raised by the handle, whose worker asks the catalog; a step still in flight
+                in this process is refused at once).
+            StorageError, CatalogError: the blob store or catalog failed, or too few
+                locations are active for the run's redundancy (with ``block=False`` raised by
+                the handle); the version is not visible and the store stays consistent.
             GroupCommitError: with ``group``, some rank failed (raised on every rank).
             ChangeHintError: a tensor declared ``unchanged`` has another dtype or shape than
                 in the previous version (nothing written; with ``block=False`` raised by the

@@ -18,6 +18,10 @@ keeps a CPU copy of each source storage.
 * The change hint: a tensor vouched for on the caller's thread (see
   :mod:`casckpt.engine.write.hint`) is not copied when the set's buffer still holds what
   it held (it was copied into this set and vouched for unchanged at every commit since).
+* The mirror's views of a buffer are kept with the set and reused while each tensor keeps
+  its dtype, shape, strides, offset and conjugate/negative bits, so a group not copied
+  costs a lookup; host copies go by address, pieces under :data:`SMALL` on the caller's
+  thread (handing them to the pool cost more than copying them).
 
 A set is *held* from the commit that filled it until the worker has written it; a second
 set of a run is made only when the first is still held (the committer admits it within
@@ -32,7 +36,7 @@ import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -45,6 +49,9 @@ PIECE = 4 << 20
 ``memmove`` (which releases the GIL). One large ``torch`` copy splits its work evenly over
 OpenMP threads and waits for the slowest: on a busy machine that was 5x slower."""
 
+SMALL = 256 << 10
+"""Pieces smaller than this are copied on the caller's thread."""
+
 Piece = tuple[int, int, int]  # destination address, source address, bytes
 
 Key = tuple[str, int, str, str]  # first path, bytes, dtype, "torch" / "numpy" / "cuda"
@@ -55,7 +62,12 @@ class _Group:
     key: Key
     leaves: list[int]  # indices into the state's leaves
     start: int  # byte offset of the span in its source storage
-    source: torch.Tensor | np.ndarray  # the span's bytes (a uint8 tensor) or the array
+    anchor: torch.Tensor | np.ndarray  # a tensor viewing the largest storage, or the array
+
+    def device_bytes(self, anchor: torch.Tensor) -> torch.Tensor:
+        """The span's bytes on a device other than the host (a uint8 tensor), to copy from;
+        host spans are copied by address."""
+        return _storage_bytes(anchor)[self.start:self.start + self.key[1]]
 
 
 @dataclass(slots=True)
@@ -67,7 +79,10 @@ class Layout:
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
-    start = int(t.storage_offset()) * t.element_size()
+    size = t.element_size()
+    start = int(t.storage_offset()) * size
+    if t.is_contiguous():
+        return start, start + int(t.numel()) * size
     if t.numel() == 0:
         return start, start
     last = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
@@ -81,7 +96,7 @@ def _storage_bytes(t: torch.Tensor) -> torch.Tensor:
 
 def layout(leaves: list[TensorLeaf]) -> Layout:
     """Group ``leaves`` by the storage they view (as the commit's extent planner does)."""
-    by_storage: dict[tuple[str, int], list[int]] = {}
+    by_storage: dict[tuple[torch.device, int], list[int]] = {}
     groups: list[_Group] = []
     for i, leaf in enumerate(leaves):
         value = leaf.value
@@ -89,24 +104,29 @@ def layout(leaves: list[TensorLeaf]) -> Layout:
             array = np.ascontiguousarray(value)
             groups.append(_Group((leaf.path, array.nbytes, str(array.dtype), "numpy"), [i], 0, array))
         else:
-            by_storage.setdefault((str(value.device), value.untyped_storage().data_ptr()), []).append(i)
+            by_storage.setdefault((value.device, value.untyped_storage().data_ptr()), []).append(i)
     for members in by_storage.values():
-        tensors = [leaves[i].value for i in members]
-        spans = [_span(t) for t in tensors if isinstance(t, torch.Tensor)]
-        start = min(s for s, _ in spans)
+        tensors = [cast(torch.Tensor, leaves[i].value) for i in members]  # numpy leaves are grouped above
+        if len(tensors) == 1:
+            anchor = tensors[0]
+            start, end = _span(anchor)
+        else:
+            spans = [_span(t) for t in tensors]
+            start, end = min(s for s, _ in spans), max(e for _, e in spans)
+            # from_numpy views of one array may hold separate storages of different sizes: the largest
+            anchor = max(tensors, key=lambda t: t.untyped_storage().nbytes())
         start -= start % _ALIGN
-        end = max(max(e for _, e in spans), start)
-        # from_numpy views of one array may hold separate storages of different sizes: the largest
-        anchor = max(tensors, key=lambda t: t.untyped_storage().nbytes())  # type: ignore[union-attr]
-        assert isinstance(anchor, torch.Tensor)
-        first = leaves[members[0]]
+        end = max(end, start)
         kind = "cuda" if anchor.device.type == "cuda" else "torch"
-        groups.append(_Group((first.path, end - start, str(anchor.dtype), kind), members, start,
-                             _storage_bytes(anchor)[start:end]))
+        groups.append(_Group((leaves[members[0]].path, end - start, str(anchor.dtype), kind), members,
+                             start, anchor))
     return Layout(groups, sum(g.key[1] for g in groups))
 
 
 _ids = itertools.count()
+
+Geometry = tuple[Any, ...]  # what a view of a staging buffer is made from (see _geometry)
+_Views = tuple[int, list[str], list[Geometry], list[torch.Tensor | np.ndarray]]  # start, paths, ...
 
 
 @dataclass(eq=False, slots=True)
@@ -115,6 +135,9 @@ class StagingSet:
 
     run: str
     buffers: dict[Key, torch.Tensor] = field(default_factory=dict)
+    views: dict[Key, _Views] = field(default_factory=dict)
+    """The mirror's tensors of each buffer as last made: a group whose tensors have the same
+    paths and geometry again views its buffer as it did, so they are reused."""
     held: bool = False
     ident: int = field(default_factory=lambda: next(_ids))
 
@@ -199,42 +222,68 @@ class HostStaging:
         wanted = {g.key for g in plan.groups}
         for key in [k for k in target.buffers if k not in wanted]:
             del target.buffers[key]
+            target.views.pop(key, None)
         mirrors: list[torch.Tensor | np.ndarray | None] = [None] * len(leaves)
         copied, events, skipped = 0, [], set[str]()
         pieces: list[Piece] = []  # the host copies
         for group in plan.groups:
             buffer = target.buffers.get(group.key)
-            kept = all(vouched(leaves[i].path) for i in group.leaves)
+            paths = [leaves[i].path for i in group.leaves]
+            kept = all(vouched(path) for path in paths)
             if buffer is None:
                 pinned = group.key[3] == "cuda" and torch.cuda.is_available()
                 buffer = torch.empty(group.key[1], dtype=torch.uint8, pin_memory=pinned)
                 target.buffers[group.key] = buffer
+                target.views.pop(group.key, None)
                 fresh.get(group.key, set()).discard(target.ident)
-            if not (kept and target.ident in fresh.get(group.key, ())):
-                source = group.source
-                if isinstance(source, np.ndarray):
-                    pieces.extend(_pieces(buffer.data_ptr(), source.ctypes.data, source.nbytes))
-                elif source.device.type == "cpu":
-                    pieces.extend(_pieces(buffer.data_ptr(), source.data_ptr(), source.numel()))
-                elif source.device.type == "cuda":
-                    buffer.copy_(source, non_blocking=True)
+            made = target.views.get(group.key)
+            if made is not None and (made[0] != group.start or made[1] != paths):
+                made = None
+            if kept and target.ident in fresh.get(group.key, ()):
+                # vouched since this set was filled: same bytes, and the same geometry as when
+                # its views were made (a counter is trusted only with the strides unchanged; the
+                # conjugate and negative bits it does not see are checked)
+                skipped.update(paths)
+                if made is not None and not any(_lazy(leaves[i].value) for i in group.leaves):
+                    for i, view in zip(group.leaves, made[3], strict=True):
+                        mirrors[i] = view
+                    continue
+            else:
+                anchor = group.anchor
+                if isinstance(anchor, np.ndarray):
+                    pieces.extend(_pieces(buffer.data_ptr(), anchor.ctypes.data, anchor.nbytes))
+                elif anchor.device.type == "cpu":  # the span lies within the anchor's storage
+                    pieces.extend(_pieces(buffer.data_ptr(), anchor.untyped_storage().data_ptr()
+                                          + group.start, group.key[1]))
+                elif anchor.device.type == "cuda":
+                    buffer.copy_(group.device_bytes(anchor), non_blocking=True)
                     event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-                    event.record(torch.cuda.current_stream(source.device))
+                    event.record(torch.cuda.current_stream(anchor.device))
                     events.append(event)
                 else:
-                    buffer.copy_(source)
+                    buffer.copy_(group.device_bytes(anchor))
                 copied += group.key[1]
                 fresh[group.key] = (fresh.get(group.key, set()) if kept else set()) | {target.ident}
+            shapes = [_geometry(leaves[i].value) for i in group.leaves]
+            if made is not None and made[2] == shapes:  # cheaper to compare than to make again
+                views = made[3]
             else:
-                skipped.update(leaves[i].path for i in group.leaves)
-            for i in group.leaves:
-                mirrors[i] = _view(leaves[i].value, buffer, group.start)
+                views = [_view(leaves[i].value, buffer, group.start) for i in group.leaves]
+                target.views[group.key] = (group.start, paths, shapes, views)
+            for i, view in zip(group.leaves, views, strict=True):
+                mirrors[i] = view
         for key in [k for k in fresh if k not in wanted]:
             del fresh[key]
-        if pieces:
+        large = [piece for piece in pieces if piece[2] >= SMALL]
+        if large:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(min(4, os.cpu_count() or 1), "casckpt-stage")
-            for _ in self._pool.map(_memmove, pieces):  # ``plan`` keeps the sources alive meanwhile
+            done = self._pool.map(_memmove, large)  # ``leaves`` keep the sources alive meanwhile
+        for piece in pieces:  # small ones here: a hand-off to the pool costs more than the copy
+            if piece[2] < SMALL:
+                _memmove(piece)
+        if large:
+            for _ in done:
                 pass
         for event in events:
             event.synchronize()  # the copies have landed: the caller may mutate its tensors
@@ -248,6 +297,19 @@ def _pieces(dst: int, src: int, nbytes: int) -> Iterator[Piece]:
 
 def _memmove(piece: Piece) -> None:
     ctypes.memmove(*piece)
+
+
+def _geometry(value: torch.Tensor | np.ndarray) -> Geometry:
+    """What :func:`_view` makes a view of a buffer from (the buffer and span start apart)."""
+    if isinstance(value, np.ndarray):
+        return value.dtype, value.shape
+    return (value.dtype, value.shape, value.stride(), value.storage_offset(), value.is_conj(),
+            value.is_neg())
+
+
+def _lazy(value: torch.Tensor | np.ndarray) -> bool:
+    """Whether ``value`` is a conjugate or negative view (a bit a version counter ignores)."""
+    return isinstance(value, torch.Tensor) and (value.is_conj() or value.is_neg())
 
 
 def _view(value: torch.Tensor | np.ndarray, buffer: torch.Tensor, start: int) -> torch.Tensor | np.ndarray:

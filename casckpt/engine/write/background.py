@@ -3,7 +3,10 @@
 ``Store.commit(..., block=False)`` validates and encodes the state, copies every tensor
 into host staging kept across commits (:mod:`casckpt.engine.memory.hoststaging`: buffers
 already faulted in, so the copy runs at memcpy speed, as DCP's cached staging does) and
-returns. One worker thread then, in commit order, snapshots the staged copy (hashing,
+returns; it reads nothing from the catalog. One worker thread (kept until the store closes)
+then, in commit order, refuses a step the run already holds (``VersionExistsError``, raised
+by the handle: only a step still in flight in this process is refused by ``commit``
+itself), checks the run's redundancy can be written, snapshots the staged copy (hashing,
 dedup, the manifest: the version id is known only now, so :attr:`CommitHandle.id` waits
 for it), encodes, packs, uploads, writes the manifest and publishes. Once ``commit``
 has returned, the caller may mutate its tensors.
@@ -12,7 +15,8 @@ With a change hint (``unchanged=`` / ``trust_versions=``, :mod:`casckpt.engine.w
 the hint is evaluated on the caller's thread, against the live tensors: a tensor it vouches
 for is not copied when the staging set already holds its bytes (it was copied into that set
 and vouched for at every commit since; an ``unchanged=`` promise alone does not count after
-a blocking commit of the run, which may have stored other bytes). The worker reuses the
+a blocking commit of the run, which may have stored other bytes), and costs a lookup: its
+counter entry and its view of the staging are carried over. The worker reuses the
 parent's chunk ids for vouched tensors as a blocking commit does; where it cannot (a packed
 or shared tensor, a parent that is not the run's last commit in this process: it failed, or
 was deleted) it hashes the staged bytes, which hold the tensor as it was at that last commit
@@ -35,7 +39,8 @@ reports it and it is logged, but the next commit goes ahead rather than
 raising it, so a restart of the database costs no commit after it is over. A
 commit queued behind a failed one of the same run (submitted before the failure)
 names the failed (never visible) version as its parent, and still becomes visible,
-complete.
+complete; one queued behind a commit refused or failed before its snapshot ignores its
+change hint (it vouched for its tensors since that commit) and hashes every tensor.
 """
 
 from __future__ import annotations
@@ -66,7 +71,6 @@ if TYPE_CHECKING:  # the commit engine (and torch) load with the first commit, n
     from casckpt.engine.write.commitchunks import ChunkBytes
     from casckpt.engine.write.hint import ChangeHint, Counters
     from casckpt.format.state import TensorLeaf
-    from casckpt.storage.erasure import Redundancy
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +164,6 @@ class _Job:
     handle: CommitHandle
     request: CommitRequest
     snapshot: Snapshot | None  # None: staged, the worker snapshots ``staged``
-    redundancy: Redundancy
     started: float
     progress: ProgressCallback | None
     created: float = 0.0
@@ -191,6 +194,7 @@ class BackgroundCommitter:
         self._failed: list[CommitHandle] = []
         self._worker: threading.Thread | None = None
         self._exit_hook = False
+        self._stopping = False  # the worker leaves once the queue is empty (closing, exiting)
         self._closed = False
 
     @property
@@ -219,7 +223,7 @@ class BackgroundCommitter:
         ``memory`` is snapshotted here instead (hashed in place, new chunks copied)."""
         from casckpt.engine.memory import hoststaging
         from casckpt.engine.write import commit as commit_engine
-        from casckpt.engine.write.hint import ChangeHint, Counters, skipped_samples, trusted_counters
+        from casckpt.engine.write.hint import ChangeHint, skipped_samples
         from casckpt.format.state import encode_state
 
         entered = time.monotonic()  # the caller's stall runs from here (waits for room included)
@@ -233,59 +237,63 @@ class BackgroundCommitter:
                     f"run {req.run!r} already has a commit at step {req.step} in flight; "
                     "commit with another step")
             started, created = time.monotonic(), time.time()
-            commit_engine.refuse_existing(self._ctx, req)
-            redundancy = self._ctx.packs.placement.redundancy_for(req.run)
-            self._ctx.packs.placement.check_writable(redundancy)
-            root, leaves = encode_state(state)  # refuses an unsupported state here, before returning
-            plan = hoststaging.layout(leaves)
-            target = self._stage_set(req.run, plan)
-            if target is None:
-                return self._snapshot_here(state, req, progress, hint, entered, started, created,
-                                           redundancy)
-            host = cast("HostStaging", self._host)
-            queued = False
-            try:
-                vouched, counted = self._vouched(req.run, hint, leaves)
-                staged = host.stage(target, root, leaves, plan, vouched)
-                self._counters[req.run] = cast("Counters", trusted_counters(hint, "", leaves)) \
-                    if hint is not None and hint.versions is not None else Counters("")
-                self.copied += staged.copied
-                handle = CommitHandle(req.run, req.step)
-                job = _Job(handle, req, None, redundancy, started, progress, created, staged,
-                           ChangeHint(unchanged=hint.unchanged, counted=counted.__contains__,
-                                      sampled=skipped_samples(self._ctx, req.run, req.step, leaves,
-                                                              staged.skipped))
-                           if hint is not None else None)
-                job.stall_s = time.monotonic() - entered
-                self._enqueue(job)
-                queued = True
-            finally:
-                if not queued:  # the staging may be half-copied: copy all next time
-                    with self._cond:
-                        host.forget(req.run)
-                        host.release(target)
-                        self._cond.notify_all()
-                    self._counters.pop(req.run, None)
+            with commit_engine.collector_paused():  # many small objects, no cycles
+                root, leaves = encode_state(state)  # refuses an unsupported state here, before returning
+                plan = hoststaging.layout(leaves)
+                target = self._stage_set(req.run, plan)
+                if target is None:
+                    return self._snapshot_here(state, req, progress, hint, entered, started, created)
+                host = cast("HostStaging", self._host)
+                queued = False
+                try:
+                    counted, counters = self._vouched(req.run, hint, leaves)
+                    staged = host.stage(target, root, leaves, plan, counted.__contains__)
+                    self._counters[req.run] = counters
+                    self.copied += staged.copied
+                    handle = CommitHandle(req.run, req.step)
+                    job = _Job(handle, req, None, started, progress, created, staged,
+                               ChangeHint(unchanged=hint.unchanged, counted=counted.__contains__,
+                                          sampled=skipped_samples(self._ctx, req.run, req.step, leaves,
+                                                                  staged.skipped))
+                               if hint is not None else None)
+                    job.stall_s = time.monotonic() - entered
+                    self._enqueue(job)
+                    queued = True
+                finally:
+                    if not queued:  # the staging may be half-copied: copy all next time
+                        with self._cond:
+                            host.forget(req.run)
+                            host.release(target)
+                            self._cond.notify_all()
+                        self._counters.pop(req.run, None)
             return handle
 
     def _vouched(self, run: str, hint: ChangeHint | None, leaves: list[TensorLeaf],
-                 ) -> tuple[Callable[[str], bool], set[str]]:
-        """The caller's hint evaluated on the live tensors: whether a path's staged copy is
-        current (its version counter unmoved since the run's last staging), and those paths.
+                 ) -> tuple[set[str], Counters]:
+        """The caller's hint evaluated on the live tensors: the paths whose staged copy is
+        current (a version counter unmoved since the run's last staging), and the counters
+        the run's next staging compares with. A vouched tensor's entry is carried over as
+        it is (same tensor, same counter): it costs a lookup, not a new record.
 
         Only counters spare a copy: an ``unchanged`` promise is about the run's previous
         VERSION, which a blocking, group or DCP commit (or a failed one) may have made from
         other bytes than the staging holds; the worker still uses it to skip hashing."""
         import torch
 
-        if hint is None:
-            return (lambda _path: False), set()
-        counters = self._counters.get(run)
-        counted = {leaf.path for leaf in leaves
-                   if hint.versions is not None and counters is not None
-                   and isinstance(leaf.value, torch.Tensor) and hint.versions(leaf.path)
-                   and counters.unchanged(leaf.path, leaf.value)}
-        return counted.__contains__, counted
+        from casckpt.engine.write.hint import Counters, trusted_counters
+
+        if hint is None or hint.versions is None:
+            return set(), Counters("")
+        before = self._counters.get(run)
+        counted = set[str]()
+        if before is not None:
+            counted = {leaf.path for leaf in leaves if isinstance(leaf.value, torch.Tensor)
+                       and hint.versions(leaf.path) and before.unchanged(leaf.path, leaf.value)}
+        after = cast("Counters", trusted_counters(hint, "", [leaf for leaf in leaves
+                                                              if leaf.path not in counted]))
+        if before is not None:
+            after.tensors.update((path, before.tensors[path]) for path in counted)
+        return counted, after
 
     def _stage_set(self, run: str, plan: Layout) -> StagingSet | None:
         """A staging set for ``run`` with room for ``plan`` within the budget (waiting for
@@ -331,7 +339,7 @@ class BackgroundCommitter:
 
     def _snapshot_here(self, state: object, req: CommitRequest, progress: ProgressCallback | None,
                        hint: ChangeHint | None, entered: float, started: float, created: float,
-                       redundancy: Redundancy) -> CommitHandle:
+                       ) -> CommitHandle:
         """A state over the staging budget: snapshot it on the caller's thread (hash in place,
         copy the new chunks), after every commit queued before it has been hashed (its parent)."""
         from casckpt.engine.write import commit as commit_engine
@@ -355,7 +363,7 @@ class BackgroundCommitter:
                                           reserve=reserve, progress=progress, pending=inflight,
                                           hint=hint)
             handle = CommitHandle(req.run, req.step, snap.version_id)
-            job = _Job(handle, req, snap, redundancy, started, progress)
+            job = _Job(handle, req, snap, started, progress)
             if snap.foreground:  # too big to copy: write it now, after the others
                 self.wait_all()
         except BaseException:
@@ -422,6 +430,7 @@ class BackgroundCommitter:
             log.warning("finishing %d background commit(s) at exit; close the store to "
                         "control when", len(self.pending()))
             self.wait_all()
+        self._stop_worker()
         with self._cond:
             failed = [h for h in self._failed if not h._reported]  # noqa: SLF001
         for handle in failed:
@@ -440,13 +449,26 @@ class BackgroundCommitter:
             self._worker.start()
 
     def _loop(self) -> None:
+        """The worker: kept waiting between commits (starting a thread per commit cost the
+        caller up to milliseconds on a busy machine) until the store closes or the
+        interpreter exits (without the exit hook it leaves as soon as the queue is empty)."""
         while True:
             with self._cond:
+                self._cond.wait_for(lambda: self._queue or self._stopping or not self._exit_hook)
                 if not self._queue:
                     self._worker = None
                     return
                 job = self._queue.popleft()
             self._run(job)
+
+    def _stop_worker(self) -> None:
+        """Let the idle worker leave (once the queue is empty), and wait for it."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            worker = self._worker
+        if worker is not None and worker is not threading.current_thread():
+            worker.join()
 
     def _hash(self, job: _Job) -> Snapshot:
         """Snapshot a staged job on the worker: hash, dedup and plan it from its staging."""
@@ -472,15 +494,20 @@ class BackgroundCommitter:
 
         outcome: Version | BaseException
         lease: str | None = None
-        try:  # the lease begins here, off the caller's thread: the snapshot wrote nothing
+        try:  # the checks that read the catalog, and the lease, run here, off the caller's thread
+            commit_engine.refuse_existing(self._ctx, job.request)
+            redundancy = self._ctx.packs.placement.redundancy_for(job.request.run)
+            self._ctx.packs.placement.check_writable(redundancy)
             if job.snapshot is None:
                 job.snapshot = self._hash(job)
             lease = begin_lease(self._ctx.catalog, job.snapshot.version_id)
-            outcome = commit_engine.finish(self._ctx, job.request, job.snapshot, job.redundancy,
+            outcome = commit_engine.finish(self._ctx, job.request, job.snapshot, redundancy,
                                            job.started, lease, job.progress)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller through the handle
             outcome = exc
             log.warning("background commit %s@%s failed: %s", job.request.run, job.request.step, exc)
+            if job.snapshot is None:  # refused or failed before its snapshot: a commit queued
+                commit_engine.distrust_hint(self._ctx, job.request.run)  # behind it hashes all
         if lease is not None and isinstance(outcome, BaseException):  # publishing ends it otherwise
             commit_engine.release_lease(self._ctx, lease, f"{job.request.run}@{job.request.step}")
         run = job.request.run
@@ -548,6 +575,7 @@ class BackgroundCommitter:
         with self._submit:
             self._closed = True
         self.wait_all()
+        self._stop_worker()
         with self._cond:
             if self._host is not None:  # the staging sets' memory goes back with the store
                 self._host.close()

@@ -148,7 +148,7 @@ def snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: flo
                     last.counters if last and hint is not None else None,
                     last.version_id if last else None)
     try:
-        with _collector_paused():
+        with collector_paused():
             return _snapshot(ctx, state, req, created, parent, reserve, progress, pending, memo, hint)
     except BaseException:
         # the caller's next hint vouches for its tensors since THIS commit, which made no
@@ -164,7 +164,7 @@ _paused = [0, False]  # snapshots running with the collector paused; whether it 
 
 
 @contextmanager
-def _collector_paused() -> Iterator[None]:
+def collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector paused while a snapshot makes its many small
     objects: each collection of the oldest generation walks every object the process
     holds (a large state, the memos), so it would run many times per commit for nothing
@@ -195,6 +195,17 @@ class _RunMemo:
 
 FAILED_SNAPSHOT = "(a failed snapshot)"
 """``_RunMemo.version_id`` after a snapshot failed: no parent matches it, so the next hint is ignored."""
+
+
+def distrust_hint(ctx: EngineContext, run: str) -> None:
+    """The run's next snapshot in this process ignores its change hint: a commit of the run
+    failed (or was refused) before its snapshot, and a hint given after it vouches for
+    tensors since that commit, not since the parent's version."""
+    memo = ctx.memos.take(run)
+    if memo is None:
+        memo = _RunMemo(PackMemo(None), TreeMemo(None))
+    memo.version_id, memo.counters = FAILED_SNAPSHOT, None
+    ctx.memos.keep(run, memo)
 
 
 def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: float, parent: str | None,

@@ -59,3 +59,44 @@ def test_buffers_are_reused_and_vouched_tensors_copied_only_into_a_stale_set() -
     host.release(after.held)
     host.release(second.held)
     assert host.free_idle(None) == 2 * 8000 and host.allocated == 0
+
+
+def test_a_skipped_group_reuses_its_views_only_while_they_describe_the_state() -> None:
+    """A group vouched for and still current in its set is neither copied nor viewed anew: the
+    mirror reuses the views made when it was staged. A group whose members changed (a new
+    alias of the storage) or a tensor now viewed as its conjugate (a bit no version counter
+    sees) gets new views of the same buffer."""
+    base = torch.arange(64, dtype=torch.float32)
+    c = torch.randn(4, dtype=torch.complex64)
+    host = HostStaging()
+    first, _ = _stage(host, {"base": base, "view": base[8:16], "c": c})
+    host.release(first.held)
+    again, _ = _stage(host, {"base": base, "view": base[8:16], "c": c}, vouched=lambda _p: True)
+    assert again.copied == 0 and again.skipped == {"base", "view", "c"}
+    assert again.mirror["view"] is first.mirror["view"] and again.mirror["c"] is first.mirror["c"]
+    host.release(again.held)
+    state = {"base": base, "view": base[8:16], "alias": base[16:24], "c": c.conj()}
+    third, _ = _stage(host, state, vouched=lambda _p: True)
+    assert third.copied == 0
+    assert torch.equal(third.mirror["alias"], base[16:24]) and torch.equal(third.mirror["view"], base[8:16])
+    assert third.mirror["c"].is_conj() and torch.equal(third.mirror["c"], c.conj())
+    buffer = first.mirror["base"].untyped_storage().data_ptr()
+    assert third.mirror["alias"].untyped_storage().data_ptr() == buffer
+
+
+def test_a_copied_group_reuses_its_views_only_for_the_same_geometry() -> None:
+    """Copied again (nothing vouched): the views of its buffer are reused while each tensor
+    has the dtype, shape, strides, offset and bits it had; a tensor viewing another part of
+    the same storage gets a new view, reading the bytes it reads."""
+    base = torch.arange(64, dtype=torch.float32)
+    host = HostStaging()
+    first, _ = _stage(host, {"base": base, "part": base[8:16]})
+    host.release(first.held)
+    base.add_(1)
+    again, _ = _stage(host, {"base": base, "part": base[8:16]})
+    assert again.copied == first.copied and again.mirror["part"] is first.mirror["part"]
+    assert torch.equal(again.mirror["part"], base[8:16])
+    host.release(again.held)
+    moved, _ = _stage(host, {"base": base, "part": base[16:24].view(2, 4)})
+    assert moved.mirror["part"] is not first.mirror["part"]
+    assert torch.equal(moved.mirror["part"], base[16:24].view(2, 4))

@@ -503,6 +503,9 @@ def test_a_commit_queued_behind_a_failed_one_names_it_as_parent(env: Env) -> Non
 
 
 def test_same_step_in_flight_twice_is_refused_at_submit(env: Env) -> None:
+    """A step in flight in this process is refused by ``commit`` itself; a step the catalog
+    holds already is refused by the worker (no catalog read on the caller's thread): the
+    handle raises it, and nothing is written."""
     store = env.open(max_pending_commits=4)
     state = _state()
     env.blobs.gate.clear()
@@ -512,12 +515,70 @@ def test_same_step_in_flight_twice_is_refused_at_submit(env: Env) -> None:
     store.commit(_state(9), run="other", step=1, block=False)  # another run may use the step
     env.blobs.gate.set()
     handle.wait(WAIT)
-    with pytest.raises(VersionExistsError):
-        store.commit(_state(9), run="r", step=1, block=False)
     store.wait_commits(WAIT)
+    written = store.ops.stats()
+    refused = store.commit(_state(9), run="r", step=1, block=False)
+    with pytest.raises(VersionExistsError, match="already has a version at step 1"):
+        refused.wait(WAIT)
+    store.wait_commits(WAIT)  # reported through its handle: not raised again
+    assert store.ops.stats() == written
     assert _steps(store) == [1] and _steps(store, "other") == [1]
     assert_same(store.restore("r@1"), state)
     assert _leases(store) == 0
+
+
+def test_a_step_the_catalog_holds_is_raised_by_the_next_commit_if_nobody_waited(env: Env) -> None:
+    store = env.open()
+    store.commit(_state(), run="r", step=1)
+    _settled(store.commit(_state(2), run="r", step=1, block=False))  # refused by the worker
+    with pytest.raises(BackgroundCommitError, match="already has a version at step 1") as info:
+        store.commit(_state(3), run="r", step=2, block=False)
+    assert isinstance(info.value.__cause__, VersionExistsError)
+    assert _steps(store) == [1]
+    assert_same(store.restore("r@1"), _state())
+
+
+def test_a_trusted_commit_queued_behind_a_refused_one_stores_what_it_staged(env: Env) -> None:
+    """The worker refuses a step the catalog holds before hashing it. A trusted commit queued
+    behind it vouches for its tensors since the refused commit's staging, whose ``w`` is not
+    the parent's: the worker must hash ``w`` (the hint is ignored), not reuse the parent's
+    chunk ids for it."""
+    store = env.open(max_pending_commits=4)
+    state = _state()
+    store.commit(state, run="r", step=0, block=False, trust_versions=True).wait(WAIT)
+    env.blobs.gate.clear()  # the worker stalls on another run's write: both commits queue behind it
+    other = store.commit(_state(7), run="x", step=0, block=False)
+    state["model"]["w"].add_(1)
+    refused = store.commit(state, run="r", step=0, block=False, trust_versions=True)
+    expected = copy.deepcopy(state)
+    after = store.commit(state, run="r", step=1, block=False, trust_versions=True)
+    _bump_all(state)
+    env.blobs.gate.set()
+    other.wait(WAIT)
+    with pytest.raises(VersionExistsError):
+        refused.wait(WAIT)
+    version = after.wait(WAIT)
+    assert version.parent == store.resolve("r@0").id
+    assert_same(store.restore("r@1"), expected)
+    assert store.ops.check(read_data=True).ok
+
+
+def test_a_step_refused_by_the_worker_leaves_the_next_staging_correct(env: Env) -> None:
+    """After a refused commit the staging of the run is not trusted: the next trusted commit
+    copies every tensor, and a mutation after it returns stays out of its version."""
+    store = env.open()
+    state = _state()
+    store.commit(state, run="r", step=0, block=False, trust_versions=True).wait(WAIT)
+    state["model"]["b"].add_(1)
+    with pytest.raises(VersionExistsError):
+        store.commit(state, run="r", step=0, block=False, trust_versions=True).wait(WAIT)
+    before = internals(store).committer.copied
+    expected = copy.deepcopy(state)
+    handle = store.commit(state, run="r", step=1, block=False, trust_versions=True)
+    assert internals(store).committer.copied - before == sum(t.nbytes for _, t in _tensors(state))
+    _bump_all(state)
+    handle.wait(WAIT)
+    assert_same(store.restore("r@1"), expected)
 
 
 def test_step_published_meanwhile_by_another_process(env: Env) -> None:
@@ -873,6 +934,33 @@ store.commit({{"w": torch.arange(50_000, dtype=torch.float32)}}, run="r", step=0
     assert done.returncode == 0, done.stderr
     with casckpt.open(tmp_path / "s") as store:
         assert torch.equal(store.restore("r@0")["w"], torch.arange(50_000, dtype=torch.float32))
+
+
+def test_a_process_ending_without_close_after_its_commits_finished_exits(
+        tmp_path: Path, forked_python: ForkedPython) -> None:
+    """The worker waits between commits (it is kept until close); an interpreter exiting
+    with it idle, the store never closed, must not wait for it forever."""
+    script = f"""
+import torch, casckpt
+store = casckpt.open({str(tmp_path / "s")!r}, chunk_size={CHUNK})
+store.commit({{"w": torch.arange(50_000, dtype=torch.float32)}}, run="r", step=0, block=False).wait()
+store.commit({{"w": torch.ones(50_000)}}, run="r", step=1, block=False).wait()
+"""  # no close(): the worker is idle when the interpreter exits
+    done = forked_python.run(["-c", script], timeout=120)
+    assert done.returncode == 0, done.stderr
+    with casckpt.open(tmp_path / "s") as store:
+        assert [v.step for v in store.log("r", order="asc")] == [0, 1]
+
+
+def test_the_worker_is_kept_between_commits_and_gone_after_close(env: Env) -> None:
+    store = env.open()
+    store.commit(_state(), run="r", step=0, block=False).wait(WAIT)
+    workers = [t for t in _casckpt_threads() if t.name == "casckpt-commit"]
+    assert len(workers) == 1
+    store.commit(_state(2), run="r", step=1, block=False).wait(WAIT)
+    assert [t for t in _casckpt_threads() if t.name == "casckpt-commit"] == workers
+    store.close()
+    assert not workers[0].is_alive()
 
 
 def _pause_before_lease(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
