@@ -1138,27 +1138,33 @@ def test_hinted_background_commit_whose_reused_chunks_gc_swept_fails_loudly(
         assert other.ops.check(read_data=True).ok
 
 
+def _a_background_commit_fails(store: casckpt.Store, monkeypatch: pytest.MonkeyPatch,
+                               state: dict[str, torch.Tensor], step: int) -> None:
+    """Commit ``state`` of run ``r`` at ``step`` in the background through an injected catalog
+    outage: the commit fails, its handle raises, and the real ``finish`` is back after."""
+    import casckpt.engine.write.commit as commit_engine
+    from casckpt.errors import CatalogUnavailableError
+
+    real = commit_engine.finish
+
+    def outage(*args: object, **kwargs: object) -> object:
+        raise CatalogUnavailableError("the catalog is down (injected)")
+
+    monkeypatch.setattr(commit_engine, "finish", outage)
+    with pytest.raises(CatalogUnavailableError):
+        store.commit(state, run="r", step=step, block=False).wait(WAIT)
+    monkeypatch.setattr(commit_engine, "finish", real)
+
+
 def test_unchanged_hint_after_a_failed_background_commit_stores_the_state(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Change hints: a background commit fails (a catalog outage is not even raised by the next
     commit); the next ``unchanged=`` commit's parent is then the version before the failed one,
     whose chunk ids hold older bytes of the tensor the caller vouches for."""
-    import casckpt.engine.write.commit as commit_engine
-    from casckpt.errors import CatalogUnavailableError
-
     w1, w2 = torch.ones(65536), torch.full((65536,), 2.0)
     with casckpt.open(tmp_path / "s") as store:
         store.commit({"w": w1}, run="r", step=1)
-        real = commit_engine.finish
-
-        def outage(*args: object, **kwargs: object) -> object:
-            raise CatalogUnavailableError("the catalog is down (injected)")
-
-        monkeypatch.setattr(commit_engine, "finish", outage)
-        failed = store.commit({"w": w2}, run="r", step=2, block=False)
-        with pytest.raises(CatalogUnavailableError):
-            failed.wait(30)
-        monkeypatch.setattr(commit_engine, "finish", real)
+        _a_background_commit_fails(store, monkeypatch, {"w": w2}, step=2)
         version = store.commit({"w": w2}, run="r", step=3, unchanged="w")
         assert torch.equal(store.restore(version.id)["w"], w2)
 
@@ -1316,22 +1322,11 @@ def test_unchanged_hint_in_the_background_after_a_failed_commit_stores_the_state
     spares no copy (it is about the parent version, not the staging), and the parent is the
     version before the failed one, not the run's last commit in this process, so the worker
     ignores the promise and hashes the staged bytes: ``w`` as it was at the call."""
-    import casckpt.engine.write.commit as commit_engine
-    from casckpt.errors import CatalogUnavailableError
-
     w1, w2 = torch.ones(65536), torch.full((65536,), 2.0)
     with casckpt.open(tmp_path / "s") as store:
         store.commit({"w": w1}, run="r", step=1)
-        real = commit_engine.finish
-
-        def outage(*args: object, **kwargs: object) -> object:
-            raise CatalogUnavailableError("the catalog is down (injected)")
-
-        monkeypatch.setattr(commit_engine, "finish", outage)
         state = {"w": w2}
-        with pytest.raises(CatalogUnavailableError):
-            store.commit(state, run="r", step=2, block=False).wait(WAIT)
-        monkeypatch.setattr(commit_engine, "finish", real)
+        _a_background_commit_fails(store, monkeypatch, state, step=2)
         copied = internals(store).committer.copied
         handle = store.commit(state, run="r", step=3, block=False, unchanged="w")
         assert internals(store).committer.copied == copied + w2.nbytes  # copied all the same
