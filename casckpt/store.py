@@ -238,6 +238,7 @@ class Store(StoreHistory):
                 self._core.refresh_locations()
                 self._core.committer.raise_unreported()  # a background failure nobody saw yet
                 self._core.committer.wait_all()  # versions of a run appear in commit order
+                self._core.committer.forget(req.run)  # a later background commit copies all
 
             from casckpt.engine.write.group import group_commit
 
@@ -249,7 +250,7 @@ class Store(StoreHistory):
                                            "call store.tier.wait_durable(handle.wait())")
             return self._core.committer.commit(state, req, progress, hint)
         version = self._core.committer.foreground(
-            lambda: commit_engine.commit(self._core.ctx, state, req, progress, hint))
+            lambda: commit_engine.commit(self._core.ctx, state, req, progress, hint), of=req.run)
         if durable and version.durability != "durable":
             self.tier.wait_durable(version)
             version = replace(version, durability="durable")

@@ -272,7 +272,8 @@ def _hinted(doc: dict[str, Any]) -> dict[str, bytes]:
     if "hinted" not in doc:
         return {}
     hinted = _dict(doc["hinted"], "hinted")
-    if hinted.get("v") != SCHEME:
+    scheme = hinted.get("v")
+    if type(scheme) is not int or scheme != SCHEME:  # true and 1.0 are not scheme 1
         return {}
     out = {}
     for path, text in _dict(hinted.get("t"), "hinted tensors").items():

@@ -86,6 +86,7 @@ def _verify(ctx: EngineContext, group: list[_Sample], found: Findings) -> None:
     for sample in group:
         for i in sorted({i for start, end in sample.spans for i in sample.extent.covering(start, end)}):
             users.setdefault(sample.extent.chunks[i], []).append((sample, i))
+    _sized(ctx, users)
     batch: list[bytes] = []
     size = 0
     for cid, needing in users.items():
@@ -102,6 +103,22 @@ def _verify(ctx: EngineContext, group: list[_Sample], found: Findings) -> None:
                       "check again")
         elif sample.unread is None and fingerprint(ctx.crypto.chunk_id, sample.stored()) != sample.recorded:
             found.add("hint", sample.label, _wrong(sample))
+
+
+def _sized(ctx: EngineContext, users: dict[bytes, list[tuple[_Sample, int]]]) -> None:
+    """Drop from ``users`` the chunks the catalog does not hold, or holds at another length
+    than the manifest states, leaving their samples unverified: nothing is allocated from a
+    damaged manifest's lengths."""
+    rows = ctx.catalog.find_chunks([cid.hex() for cid in users], live_only=False)
+    for cid in list(users):
+        row = rows.get(cid.hex())
+        claimed = _length(users[cid][0])
+        if row is None or row.raw_len != claimed:
+            why = (f"its chunk {cid.hex()[:12]} is not in the catalog" if row is None else
+                   f"its manifest says chunk {cid.hex()[:12]} holds {claimed} bytes, the catalog "
+                   f"{row.raw_len}: the manifest is damaged")
+            for sample, _ in users.pop(cid):
+                sample.unread = sample.unread or why
 
 
 def _length(user: tuple[_Sample, int]) -> int:

@@ -236,9 +236,11 @@ def _pack(members: list[TensorLeaf], extent: int, memo: PackMemo,
 
 def packable(value: torch.Tensor, pack: int) -> bool:
     """Whether :func:`plan_extents` (with ``pack``) packs ``value`` with its neighbours, unless it
-    shares its storage with another leaf: a small, plain, contiguous CPU tensor."""
-    return bool(pack) and value.is_cpu and value.nbytes <= pack and type(value) in _PLAIN \
-        and value.is_contiguous()
+    shares its storage with another leaf: a small, plain, contiguous CPU tensor that is not a
+    conjugate or negative view (stored as the values it reads as). The one rule: the change
+    hint's caller-side sampling skips exactly the tensors this says are packed."""
+    return bool(pack) and value.is_cpu and value.numel() > 0 and value.nbytes <= pack \
+        and type(value) in _PLAIN and value.is_contiguous() and not (value.is_conj() or value.is_neg())
 
 
 def plan_extents(leaves: Sequence[TensorLeaf], *, pack: int = 0,

@@ -50,7 +50,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, cast
 
 from casckpt.catalog.leases import begin_lease
@@ -190,6 +190,7 @@ class BackgroundCommitter:
         self._host: HostStaging | None = None  # made with the first staged commit (torch)
         self._counters: dict[str, Counters] = {}  # run -> trusted counters of its last staging
         self._last: dict[str, str] = {}  # run -> version id of its newest pending commit
+        self._staged_as: dict[str, str] = {}  # run -> version id hashed from its last staging
         self._inflight: dict[bytes, ChunkBytes] = {}  # chunk id -> copy a pending commit will write
         self._failed: list[CommitHandle] = []
         self._worker: threading.Thread | None = None
@@ -416,13 +417,24 @@ class BackgroundCommitter:
 
     # -- the worker -----------------------------------------------------------------
 
-    def foreground(self, run: Callable[[], Version]) -> Version:
-        """Run a blocking commit in order: after every pending background commit, before
-        any submitted after it (so versions of a run appear in commit order)."""
+    def foreground(self, run: Callable[[], Version], of: str | None = None) -> Version:
+        """Run a blocking commit (of run ``of``) in order: after every pending background
+        commit, before any submitted after it (so versions of a run appear in commit order)."""
         self.raise_unreported()
         with self._submit:
             self.wait_all()
+            if of is not None:
+                self.forget(of)
             return run()
+
+    def forget(self, run: str) -> None:
+        """A commit of ``run`` goes another way (blocking, a group): its next background
+        commit's counters vouch for nothing, since they vouched for its tensors since the
+        run's last staging, and that staging no longer made the parent; it copies all."""
+        with self._cond:
+            self._counters.pop(run, None)
+            if self._host is not None:
+                self._host.forget(run)
 
     def _wait_at_exit(self) -> None:
         """At interpreter exit, before thread pools shut down: finish pending commits."""
@@ -480,11 +492,18 @@ class BackgroundCommitter:
         if parent is None:
             parent = commit_engine.parent_of(self._ctx, run)
         staged = cast("Staged", job.staged)
+        hint = job.hint
+        if hint is not None and hint.counted is not None and parent != self._staged_as.get(run):
+            # the counters vouched since the run's last staging, which did not make the parent
+            # (another writer of the run came between): hash the staged bytes, which the
+            # counters vouch are current, rather than reuse the parent's ids
+            hint = replace(hint, counted=None, sampled=None)
         snap = commit_engine.snapshot(self._ctx, staged.mirror, job.request, job.created,
-                                      parent=parent, progress=job.progress, hint=job.hint)
+                                      parent=parent, progress=job.progress, hint=hint)
         snap.stall_s = job.stall_s
         with self._cond:
             self._last[run] = snap.version_id
+            self._staged_as[run] = snap.version_id
             job.handle._hashed_as(snap.version_id)  # noqa: SLF001 - the handle's owner
             self._cond.notify_all()
         return snap

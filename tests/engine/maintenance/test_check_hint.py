@@ -94,6 +94,51 @@ def test_background_commit_with_counters_a_write_bypassed_is_reported(store: cas
     assert _hint_findings(store) == ["r@2:big"]
 
 
+@pytest.mark.parametrize("view", ["conj", "neg"])
+def test_a_dense_wrong_hint_on_a_small_conjugate_view_is_reported_in_the_background(
+        store: casckpt.Store, view: str) -> None:
+    """A conjugate or negative view is never packed, small as it is: the caller's thread
+    samples it like any tensor the staging skipped, so the worker does not fingerprint the
+    stale staged copy (which matches the parent and would hide the wrong hint)."""
+    base = torch.randn(512, dtype=torch.complex64)  # 4 KiB: below the size tensors are packed at
+    state = {"z": base.conj() if view == "conj" else torch._neg_view(base), "big": _state()["big"]}
+    store.commit(state, run="r", step=1, block=False, trust_versions=True).wait()
+    base.data.mul_(2.0)  # every byte changes; the counter does not move
+    store.commit(state, run="r", step=2, block=False, trust_versions=True).wait()
+    assert "z" in _manifest(store, "r@2").hinted
+    assert _hint_findings(store) == ["r@2:z"]
+
+
+def test_trusted_counters_after_a_blocking_commit_of_other_bytes_store_the_state(
+        store: casckpt.Store) -> None:
+    """Counters vouch for a tensor since the run's last staging. A blocking commit of other
+    bytes at the same path comes between two trusted background commits: the second one's
+    parent is that blocking version, so it must not reuse the parent's ids (the staging is
+    copied again), and an honest hint gives no finding."""
+    g = torch.Generator().manual_seed(11)
+    a, b = {"w": torch.randn(BIG, generator=g)}, {"w": torch.randn(BIG, generator=g)}
+    store.commit(a, run="r", step=1, block=False, trust_versions=True).wait()
+    store.commit(b, run="r", step=2)
+    store.commit(a, run="r", step=3, block=False, trust_versions=True).wait()
+    assert torch.equal(store.restore("r@3")["w"], a["w"])
+    assert _hint_findings(store) == []
+
+
+def test_trusted_counters_after_another_handles_commit_store_the_state(tmp_path: Path) -> None:
+    """The same with the version between them made by another handle of the store, which
+    this handle's committer never sees: its worker finds the parent is not the version its
+    last staging made, and hashes the staged bytes (current, as the counters vouch)."""
+    g = torch.Generator().manual_seed(12)
+    a, b = {"w": torch.randn(BIG, generator=g)}, {"w": torch.randn(BIG, generator=g)}
+    with casckpt.open(tmp_path / "s", cache=tmp_path / "cache") as store, \
+            casckpt.open(tmp_path / "s", cache=tmp_path / "cache") as other:
+        store.commit(a, run="r", step=1, block=False, trust_versions=True).wait()
+        other.commit(b, run="r", step=2)
+        store.commit(a, run="r", step=3, block=False, trust_versions=True).wait()
+        assert torch.equal(store.restore("r@3")["w"], a["w"])
+        assert _hint_findings(store) == []
+
+
 def test_background_commit_with_a_wrong_unchanged_promise_is_reported(store: casckpt.Store) -> None:
     state = _state()
     store.commit(state, run="r", step=1, block=False).wait()
@@ -343,3 +388,28 @@ def test_a_catalog_rebuilt_from_the_locations_still_tells_the_wrong_hint(tmp_pat
     with casckpt.open(root, blobs=str(blobs), cache=tmp_path / "c2", recover=True) as store:
         assert store.ops.rebuild_catalog().versions == 2
         assert _hint_findings(store) == ["r@2:small"]
+
+
+def test_a_manifest_claiming_a_huge_chunk_is_reported_without_allocating_it(store: casckpt.Store) -> None:
+    """A damaged (validly hashed) manifest whose hinted tensor's extent claims one 1 TiB chunk:
+    the check compares the claimed length with the catalog's before it allocates anything, and
+    reports the sample unverified."""
+    from dataclasses import replace
+
+    from casckpt.engine.maintenance import checkhint
+    from casckpt.engine.maintenance.checkmeta import Findings
+    from casckpt.format.manifest import ExtentEntry
+
+    state = {"w": torch.randn(1 << 16)}
+    store.commit(state, run="r", step=1)
+    store.commit(state, run="r", step=2, unchanged=["w"])
+    manifest = _manifest(store, "r@2")
+    extent = manifest.extents[manifest.tensors[0].extent]
+    huge = 1 << 40
+    damaged = replace(manifest, tensors=(replace(manifest.tensors[0], shape=(huge // 4,)),),
+                      extents=(ExtentEntry(huge, huge, extent.chunks[:1], 0),))
+    found = Findings()
+    found.manifests.append(("0" * 64, damaged))
+    checkhint.check_hints(internals(store).context, found)
+    assert [(p.kind, p.subject) for p in found.problems] == [("hint", "r@2:w")]
+    assert "the manifest is damaged" in found.problems[0].detail
