@@ -209,7 +209,7 @@ class Store(StoreHistory):
             InvalidNameError, InvalidArgumentError: bad run/tag name, step, metadata or metrics.
             VersionExistsError: ``run`` already has a version at ``step`` (with ``block=False``
                 raised by the handle, whose worker asks the catalog; a step still in flight
-                in this process is refused at once).
+                in this process, or taken by a state over ``commit_memory``, is refused at once).
             StorageError, CatalogError: the blob store or catalog failed, or too few
                 locations are active for the run's redundancy (with ``block=False`` raised by
                 the handle); the version is not visible and the store stays consistent.

@@ -239,12 +239,13 @@ class HostStaging:
             made = target.views.get(group.key)
             if made is not None and (made[0] != group.start or made[1] != paths):
                 made = None
+            shapes = [_geometry(leaves[i].value) for i in group.leaves]
             if kept and target.ident in fresh.get(group.key, ()):
-                # vouched since this set was filled: same bytes, and the same geometry as when
-                # its views were made (a counter is trusted only with the strides unchanged; the
-                # conjugate and negative bits it does not see are checked)
+                # vouched since this set was filled: same bytes; its views are reused only if
+                # every tensor reads them as it did then (dtype, strides, offset, and the
+                # conjugate and negative bits, which a counter does not see)
                 skipped.update(paths)
-                if made is not None and not any(_lazy(leaves[i].value) for i in group.leaves):
+                if made is not None and made[2] == shapes:
                     for i, view in zip(group.leaves, made[3], strict=True):
                         mirrors[i] = view
                     continue
@@ -264,7 +265,6 @@ class HostStaging:
                     buffer.copy_(group.device_bytes(anchor))
                 copied += group.key[1]
                 fresh[group.key] = (fresh.get(group.key, set()) if kept else set()) | {target.ident}
-            shapes = [_geometry(leaves[i].value) for i in group.leaves]
             if made is not None and made[2] == shapes:  # cheaper to compare than to make again
                 views = made[3]
             else:
@@ -305,11 +305,6 @@ def _geometry(value: torch.Tensor | np.ndarray) -> Geometry:
         return value.dtype, value.shape
     return (value.dtype, value.shape, value.stride(), value.storage_offset(), value.is_conj(),
             value.is_neg())
-
-
-def _lazy(value: torch.Tensor | np.ndarray) -> bool:
-    """Whether ``value`` is a conjugate or negative view (a bit a version counter ignores)."""
-    return isinstance(value, torch.Tensor) and (value.is_conj() or value.is_neg())
 
 
 def _view(value: torch.Tensor | np.ndarray, buffer: torch.Tensor, start: int) -> torch.Tensor | np.ndarray:

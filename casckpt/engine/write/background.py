@@ -241,9 +241,10 @@ class BackgroundCommitter:
             with commit_engine.collector_paused():  # many small objects, no cycles
                 root, leaves = encode_state(state)  # refuses an unsupported state here, before returning
                 plan = hoststaging.layout(leaves)
-                target = self._stage_set(req.run, plan)
-                if target is None:
-                    return self._snapshot_here(state, req, progress, hint, entered, started, created)
+            target = self._stage_set(req.run, plan)  # may wait for room: the collector runs
+            if target is None:
+                return self._snapshot_here(state, req, progress, hint, entered, started, created)
+            with commit_engine.collector_paused():
                 host = cast("HostStaging", self._host)
                 queued = False
                 try:
@@ -357,6 +358,9 @@ class BackgroundCommitter:
             self._cond.wait_for(lambda: all(h._hashed.is_set() for h in self._pending))  # noqa: SLF001
         self._counters.pop(req.run, None)
         try:
+            # refused here, not on the worker: this snapshot names itself the parent of the
+            # commits queued behind it, which must never be a version that was refused
+            commit_engine.refuse_existing(self._ctx, req)
             parent = self._last.get(req.run) or commit_engine.parent_of(self._ctx, req.run)
             with self._cond:
                 inflight = dict(self._inflight)

@@ -113,11 +113,14 @@ def make_hint(unchanged: PathSpec | None, trust_versions: PathSpec | bool) -> Ch
     return hint if hint.unchanged is not None or hint.versions is not None else None
 
 
-_Key = tuple[int, torch.dtype, tuple[int, ...], tuple[int, ...], int, str]
+_Key = tuple[int, torch.dtype, tuple[int, ...], tuple[int, ...], int, str, bool, bool]
 
 
 def _key(t: torch.Tensor) -> _Key:
-    return (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()), int(t.storage_offset()), str(t.device))
+    # the conjugate and negative bits too: flipping one moves no counter, yet changes what
+    # the tensor reads as
+    return (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()), int(t.storage_offset()), str(t.device),
+            t.is_conj(), t.is_neg())
 
 
 @dataclass(slots=True)

@@ -1375,3 +1375,77 @@ def test_a_commit_failing_before_its_hash_leaves_the_worker_running(
     store.commit(state, run="r", step=0, block=False).wait(WAIT)
     store.commit(state, run="r", step=1)  # a blocking commit drains the queue: it must not hang
     assert _steps(store) == [0, 1]
+
+
+@pytest.mark.parametrize("block", [False, True])
+@pytest.mark.parametrize("n", [8, 4096], ids=["packed", "own-extent"])
+@pytest.mark.parametrize("flip", ["conj-then-plain", "plain-then-conj", "neg-then-plain"])
+def test_a_conjugate_or_negative_bit_that_flips_under_trusted_counters_is_stored_as_read(
+        tmp_path: Path, block: bool, n: int, flip: str) -> None:
+    """A view's conjugate or negative bit moves no version counter: the counters' key holds the
+    bits, and reused staging views must read as the tensor does now, not as it did."""
+    x = torch.complex(torch.randn(n), torch.randn(n)) if "conj" in flip else torch.randn(n)
+    lazy = x.conj() if "conj" in flip else torch._neg_view(x)
+    first, second = (x, lazy) if flip == "plain-then-conj" else (lazy, x)
+    with casckpt.open(tmp_path / "s", cache=tmp_path / "c", chunk_size=4096, pack_size=16 * 4096) as store:
+        for step, value in ((1, first), (2, second)):
+            handle = store.commit({"w": value}, run="r", step=step, block=block, trust_versions=True)
+            if not block:
+                handle.wait(WAIT)
+        got = store.restore("r@2")["w"]
+        assert torch.equal(got, second.resolve_conj().resolve_neg())
+        assert not got.is_conj() and not got.is_neg()
+
+
+@pytest.mark.parametrize("trust", [False, True])
+def test_a_taken_step_of_a_state_over_the_staging_budget_is_refused_at_submit(
+        tmp_path: Path, trust: bool) -> None:
+    """A state over ``commit_memory`` is snapshotted on the caller's thread and names itself the
+    parent of the commits queued behind it: a taken step is refused there, before it hashes, so
+    the next commit's parent is a version that exists."""
+    with casckpt.open(tmp_path / "s", cache=tmp_path / "c", chunk_size=4096, pack_size=16 * 4096,
+                      commit_memory=8 * 4096) as store:
+        state = {"w": torch.randn(16 * 1024), "b": torch.randn(100)}
+        v0 = store.commit(state, run="r", step=0, block=False, trust_versions=trust).wait(WAIT)
+        state["b"].add_(1)
+        with pytest.raises(VersionExistsError):
+            store.commit(state, run="r", step=0, block=False, trust_versions=trust)
+        expected = {k: v.clone() for k, v in state.items()}
+        v1 = store.commit(state, run="r", step=1, block=False, trust_versions=trust).wait(WAIT)
+        assert v1.parent == v0.id
+        got = store.restore("r@1")
+        assert all(torch.equal(got[k], expected[k]) for k in expected)
+
+
+def test_the_collector_runs_while_a_background_commit_waits_for_room(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caller's section pauses the cyclic collector over its own work only: a caller
+    blocked on backpressure (or writing an over-budget state) leaves it running."""
+    import gc
+
+    import casckpt.engine.write.commit as commit_engine
+
+    gate = threading.Event()
+    real = commit_engine.finish
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        assert gate.wait(WAIT)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(commit_engine, "finish", held)
+    with casckpt.open(tmp_path / "s", cache=tmp_path / "c", chunk_size=4096,
+                      commit_memory=1 << 20, max_pending_commits=8) as store:
+        state = {"w": torch.randn(200_000)}  # 800 KB: one staging set fits, a second does not
+        first = store.commit(state, run="r", step=0, block=False)
+        state["w"].add_(1)
+        waiting = threading.Thread(target=lambda: store.commit(state, run="r", step=1, block=False))
+        waiting.start()
+        try:
+            time.sleep(1.0)
+            assert waiting.is_alive()  # still waiting for the first commit's staging
+            assert gc.isenabled()
+        finally:
+            gate.set()
+            waiting.join(WAIT)
+        first.wait(WAIT)
+        store.wait_commits(WAIT)
