@@ -37,6 +37,7 @@ class _Sample:
     recorded: bytes
     extent: ExtentEntry
     spans: list[tuple[int, int]]
+    chunk_spans: list[tuple[int, int]]  # the extent's chunks' byte spans, made once
     pieces: dict[tuple[int, int], bytes] = field(default_factory=dict)  # (span, chunk) -> bytes
     unread: str | None = None  # why it could not be verified; "" when the packs report it
 
@@ -46,7 +47,7 @@ class _Sample:
 
     def take(self, index: int, chunk: bytearray) -> None:
         """Keep what the sampled spans hold of the extent's chunk ``index`` (its raw bytes)."""
-        first, last = self.extent.spans()[index]
+        first, last = self.chunk_spans[index]
         for k, (start, end) in enumerate(self.spans):
             if start < last and end > first:
                 self.pieces[k, index] = bytes(chunk[max(start, first) - first : min(end, last) - first])
@@ -78,7 +79,8 @@ def _samples(manifests: list[tuple[str, Manifest]]) -> Iterator[_Sample]:
         for path, recorded in sorted(manifest.hinted.items()):
             extent = manifest.extents[by_path[path].extent]  # decoding checked it names one
             yield _Sample(version_id, manifest, path, recorded, extent,
-                          sample_spans(manifest.run, manifest.step, path, extent.nbytes))
+                          sample_spans(manifest.run, manifest.step, path, extent.nbytes),
+                          list(extent.spans()))
 
 
 def _verify(ctx: EngineContext, group: list[_Sample], found: Findings) -> None:
@@ -122,7 +124,7 @@ def _sized(ctx: EngineContext, users: dict[bytes, list[tuple[_Sample, int]]]) ->
 
 
 def _length(user: tuple[_Sample, int]) -> int:
-    start, end = user[0].extent.spans()[user[1]]
+    start, end = user[0].chunk_spans[user[1]]
     return end - start
 
 

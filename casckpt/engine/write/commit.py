@@ -153,7 +153,7 @@ def snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: flo
     except BaseException:
         # the caller's next hint vouches for its tensors since THIS commit, which made no
         # version: the run's parent is then an older one, whose bytes may differ
-        memo.version_id, memo.counters = FAILED_SNAPSHOT, None
+        _distrust(memo)
         raise
     finally:
         ctx.memos.keep(req.run, memo)
@@ -204,8 +204,13 @@ def distrust_hint(ctx: EngineContext, run: str) -> None:
     memo = ctx.memos.take(run)
     if memo is None:
         memo = _RunMemo(PackMemo(None), TreeMemo(None))
-    memo.version_id, memo.counters = FAILED_SNAPSHOT, None
+    _distrust(memo)
     ctx.memos.keep(run, memo)
+
+
+def _distrust(memo: _RunMemo) -> None:
+    """Mark ``memo``'s run as having failed a commit: no parent matches it, no counter holds."""
+    memo.version_id, memo.counters = FAILED_SNAPSHOT, None
 
 
 def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: float, parent: str | None,

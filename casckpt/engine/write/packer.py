@@ -83,13 +83,13 @@ class Packer:
                 not be written (StorageFullError when the staging disk is full).
         """
         size = len(payload)
-        if self._writer is None:
+        if self._writer is None or self._path is None or self._sink is None:
             try:
-                self._open()
+                writer, path, sink = self._open()
             except OSError as exc:
                 raise self._write_error(exc, self._path, size) from exc
-        writer, path = self._writer, self._path
-        assert writer is not None and self._sink is not None
+        else:
+            writer, path, sink = self._writer, self._path, self._sink
 
         def write(error: BaseException | None) -> None:
             if error is None:
@@ -98,26 +98,30 @@ class Packer:
                 except OSError as exc:
                     raise self._write_error(exc, path, writer.size + size) from exc
 
-        self._sink.put(write, size)
+        sink.put(write, size)
         self.stored_bytes += size
         self._filled += ENTRY_HEADER_SIZE + size
         if self._filled >= self._ctx.config.pack_size:
             self._close()
 
-    def _open(self) -> None:
+    def _open(self) -> tuple[PackWriter, Path, PackSink]:
+        """Open the next pack's staging file (and the sink, with the first): its writer, path
+        and the sink that writes it."""
         self._ctx.packs.coder.prepare(self._redundancy)  # an encoding worker starts while this pack fills
-        if self._sink is None:
-            self._sink = PackSink(_QUEUE_CHUNKS * self._ctx.config.chunk_size)
+        sink = self._sink if self._sink is not None else PackSink(_QUEUE_CHUNKS * self._ctx.config.chunk_size)
+        self._sink = sink
         reserved = self._on_tier()
         self._held = reserved is not None
         if reserved is None:
             path = self._ctx.staging.path() / f"{uuid.uuid4().hex}.pack"
             reserved = path, open(path, "wb")  # noqa: SIM115 - closed when sealed, or by abort()
-        self._path, self._file = reserved
+        path, file = reserved
+        self._path, self._file = path, file
         with self._staged_lock:
-            self._staged[self._path] = self._file
-        self._writer = PackWriter(self._file)
+            self._staged[path] = file
+        writer = self._writer = PackWriter(file)
         self._filled = PACK_HEADER_SIZE
+        return writer, path, sink
 
     def _on_tier(self) -> tuple[Path, BinaryIO] | None:
         """The pack's staging file, opened on the fast tier with the room for a whole pack
