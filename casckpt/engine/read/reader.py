@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import wait
 from dataclasses import dataclass
 from functools import partial
+from typing import TypeVar
 
 import numpy as np
 
@@ -208,16 +209,17 @@ def _decode(ids: ChunkIds, plan: Sequence[_Slot]) -> None:
                 dst[:] = raw
 
 
-def _verified(ids: ChunkIds, slot: _Slot, into: Destination | None) -> memoryview | bytes:
+def _verified(ids: ChunkIds, slot: _Slot, into: Destination | None, verify: bool = True,
+              ) -> memoryview | bytes:
     """The slot's chunk decoded (into ``into`` when it is encoded and ``into`` is given) and
-    checked against its id.
+    checked against its id (unless ``verify`` is false: a caller that verifies what it is used for).
 
     Raises:
         CorruptChunkError: its header, payload or bytes are damaged.
     """
     entry = slot.entry
     if lookup(entry.codec).stored_as_is or into is None:
-        return decode_split_entry(slot.header, slot.payload, entry, slot.pack_id, ids=ids)
+        return decode_split_entry(slot.header, slot.payload, entry, slot.pack_id, verify=verify, ids=ids)
     check_entry_header(slot.header, entry, slot.pack_id)
     cid = entry.chunk_id.hex()
     try:
@@ -225,7 +227,7 @@ def _verified(ids: ChunkIds, slot: _Slot, into: Destination | None) -> memoryvie
     except CorruptChunkError as exc:
         raise CorruptChunkError(f"chunk {cid} in pack {slot.pack_id} is corrupt: {exc}",
                                 pack_id=slot.pack_id, chunk_id=cid) from exc
-    if ids(into) != entry.chunk_id:
+    if verify and ids(into) != entry.chunk_id:
         raise CorruptChunkError(
             f"chunk {cid} in pack {slot.pack_id} (offset {entry.offset}) does not match its id: "
             "the stored bytes are corrupt. Restore another version or repair the store.",
@@ -331,21 +333,14 @@ class _DeltaReader:
         return f"the delta base {cid.hex()[:12]} of {self.describe_wanted(user)}"
 
     def read(self, wanted: Mapping[bytes, list[Destination]]) -> int:
-        done, window, size = 0, [], 0
-        for cid in wanted:
-            window.append(cid)
-            size += self.locations[cid].raw_len
-            if size >= DELTA_WINDOW:
-                done += self._window({c: wanted[c] for c in window})
-                window, size = [], 0
-        if window:
-            done += self._window({c: wanted[c] for c in window})
-        return done
+        self._locate_chains(wanted)
+        return sum(self._window(window) for window in self._windows(wanted))
 
-    def _chains(self, window: Iterable[bytes]) -> dict[bytes, int]:
-        """Locate every base the window needs; returns each chain node's level (0: decodable now)."""
-        frontier, seen = list(window), set[bytes]()
-        while frontier:  # walk every chain down to a keyframe or a decoded base, locating as it goes
+    def _locate_chains(self, ids: Iterable[bytes]) -> None:
+        """Locate every base of every chain ``ids`` need, down to their keyframes: all chains at
+        once, one catalog query per step down."""
+        frontier, seen = list(ids), set[bytes]()
+        while frontier:
             missing: list[bytes] = []
             onward: list[bytes] = []
             for cid in frontier:
@@ -355,29 +350,39 @@ class _DeltaReader:
                 seen.add(cid)
                 base = bytes.fromhex(base_hex)
                 self.needed_by.setdefault(base, self.needed_by.get(cid, cid))
-                if base not in self.decoded:  # located already by an earlier (failed) pass, or not
-                    (onward if base in self.locations else missing).append(base)
+                (onward if base in self.locations else missing).append(base)
             if missing:
                 self.locations.update(_locate(self.ctx, dict.fromkeys(missing), self.describe))
             frontier = onward + missing
-        levels: dict[bytes, int] = {}
-        for cid in window:  # iteratively: a damaged catalog's chain may be as long as it likes
-            chain = self._chain(cid, levels)
-            level = levels.setdefault(chain[-1], 0)
-            for node in reversed(chain[:-1]):
-                level += 1
-                levels[node] = level
-        return levels
 
-    def _chain(self, cid: bytes, levels: Mapping[bytes, int]) -> list[bytes]:
-        """``cid`` and its bases, until a keyframe, a decoded base, or a node already levelled.
+    def _windows(self, wanted: Mapping[bytes, list[Destination]]) -> Iterator[dict[bytes, list[Destination]]]:
+        """``wanted`` in windows that hold about :data:`DELTA_WINDOW` bytes at once: the wanted
+        chunks' raw bytes and the payloads of the chain nodes they need, each counted once."""
+        window: dict[bytes, list[Destination]] = {}
+        nodes: set[bytes] = set()
+        size = 0
+        for cid, destinations in wanted.items():
+            window[cid] = destinations
+            size += self.locations[cid].raw_len
+            for node in self._chain(cid, nodes):
+                if node not in nodes:
+                    nodes.add(node)
+                    size += self.locations[node].stored_len
+            if size >= DELTA_WINDOW:
+                yield window
+                window, nodes, size = {}, set(), 0
+        if window:
+            yield window
+
+    def _chain(self, cid: bytes, known: Container[bytes]) -> list[bytes]:
+        """``cid`` and its bases, until a keyframe, a decoded base, or a node in ``known``.
 
         Raises:
             CorruptChunkError: the chain is longer than any writer makes (a cycle in a damaged
                 catalog), or a base is not as long as the delta coded against it.
         """
         chain, seen = [cid], {cid}
-        while chain[-1] not in levels:
+        while chain[-1] not in known:
             loc = self.locations[chain[-1]]
             if loc.base_id is None or bytes.fromhex(loc.base_id) in self.decoded:
                 break
@@ -396,73 +401,162 @@ class _DeltaReader:
         return chain
 
     def _window(self, wanted: Mapping[bytes, list[Destination]]) -> int:
-        """Decode a window's chains in grouped byte order, verifying each wanted chunk once at the
-        end of its chain; on any mismatch, decode again verifying every level (which finds the
-        damaged chunk and, with redundancy, reconstructs its pack and heals its shards)."""
+        """Decode a window's chains, verifying each wanted chunk once at the end of its chain; on
+        any mismatch, decode again level by level verifying every level (which finds the damaged
+        chunk and, with redundancy, reconstructs its pack and heals its shards)."""
         try:
-            return self._decode_levels(wanted, verify_all=False)
+            return self._decode_chains(wanted)
         except IntegrityError:
             self.decoded.clear()  # bases decoded on the fast path were not verified
             self.decoded_bytes = 0
-            return self._decode_levels(wanted, verify_all=True)
+            return self._decode_levels(wanted)
 
-    def _decode_levels(self, wanted: Mapping[bytes, list[Destination]], verify_all: bool) -> int:
-        levels = self._chains(wanted)
-        users: dict[bytes, int] = {}  # base -> how many chunks of this window are coded on it
-        for c in levels:
-            if (h := self.locations[c].base_id) is not None:
-                users[bytes.fromhex(h)] = users.get(bytes.fromhex(h), 0) + 1
-        needed = set(users)
-        # a base only one sparse delta needs, wanted by no one, is patched in place (then forgotten)
-        # (not when verifying every level: a range decoded again after a repair needs its bases intact)
-        consumable = set() if verify_all else {b for b, n in users.items() if n == 1 and b not in wanted}
+    def _decode_chains(self, wanted: Mapping[bytes, list[Destination]]) -> int:
+        """The fast path: every chain node of the window read in one planned pass (keyframes decoded
+        as they land, deltas kept as read), then each tree of chains decoded by one task on the pool,
+        from its root to its leaves, in grouped byte order (see :func:`_apply`)."""
+        trees = self._trees(wanted)
+        roots: dict[bytes, Rep] = dict(trees.kept)
+        deltas: dict[bytes, _Slot] = {}
+        lock = threading.Lock()
+
+        def landed(plan: Sequence[_Slot]) -> None:
+            for slot in plan:
+                entry = slot.entry
+                if entry.base_id is None:  # verified through its dependents
+                    into = slot.destinations[0] if slot.destinations else None
+                    raw = _verified(self.ctx.crypto.chunk_id, slot, into, verify=False)
+                    with lock:
+                        roots[entry.chunk_id] = (1, np.frombuffer(raw, dtype=np.uint8))
+                else:  # its header now (a damaged one reconstructs the pack here); its payload later
+                    check_entry_header(slot.header, entry, slot.pack_id)
+                    with lock:
+                        deltas[entry.chunk_id] = slot
+
+        targets = {cid: [trees.into[cid]] if cid in trees.into else [] for cid in trees.nodes}
+        done = _read_located(self.ctx, targets, self.locations, self.describe, None, self.last_try,
+                             self.heal, landed)
+        decode = partial(self._decode_tree, trees, roots, deltas, wanted)
+        for kept in _results(self.ctx, decode, list(roots), None):
+            for cid, rep in kept:
+                self._remember(cid, rep)
+        return done
+
+    def _trees(self, wanted: Mapping[bytes, list[Destination]]) -> _Trees:
+        """The window's chains as trees rooted at keyframes and at bases decoded in earlier windows."""
+        nodes: dict[bytes, None] = {}
+        for cid in wanted:
+            nodes.update(dict.fromkeys(self._chain(cid, nodes)))
+        children: dict[bytes, list[bytes]] = {}
+        kept: dict[bytes, Rep] = {}
+        for cid in nodes:
+            base_hex = self.locations[cid].base_id
+            if base_hex is not None:
+                base = bytes.fromhex(base_hex)
+                children.setdefault(base, []).append(cid)
+                if base not in nodes:
+                    kept[base] = self.decoded[base]  # held here: remembering others may evict it
+        into: dict[bytes, Destination] = {}
+        for cid in nodes:  # a keyframe starting one chain of sparse deltas: decoded into its end
+            if self.locations[cid].base_id is None and cid not in wanted:
+                end = self._sparse_end(cid, children, wanted)
+                if end is not None:
+                    into[cid] = wanted[end][0]
+        return _Trees(list(nodes), children, kept, into)
+
+    def _sparse_end(self, root: bytes, children: Mapping[bytes, list[bytes]],
+                    wanted: Mapping[bytes, list[Destination]]) -> bytes | None:
+        """The wanted chunk at the end of the one chain from ``root``, if every delta on it is sparse
+        (patched in element order, so the chain can be decoded where its end lands)."""
+        node = root
+        while node not in wanted:
+            after = children.get(node, ())
+            if len(after) != 1 or lookup(self.locations[after[0]].codec).delta is not Delta.SPARSE:
+                return None
+            node = after[0]
+        return node if wanted[node] else None
+
+    def _decode_tree(self, trees: _Trees, roots: Mapping[bytes, Rep], deltas: Mapping[bytes, _Slot],
+                     wanted: Mapping[bytes, list[Destination]], root: bytes) -> list[tuple[bytes, Rep]]:
+        """Decode the chains from ``root`` depth first, each wanted chunk verified at its end and
+        copied to its destinations; a base that one delta alone needs is patched in place. Returns
+        the decoded bases that several chunks need, to be remembered for later windows."""
+        shared = len(trees.children[root]) > 1 or root in trees.kept
+        kept = [(root, roots[root])] if shared and root not in trees.kept else []
+        todo = [(cid, roots[root], not shared) for cid in trees.children[root]]
+        while todo:
+            cid, base, own = todo.pop()
+            slot, after = deltas[cid], trees.children.get(cid, [])
+            destinations = wanted.get(cid, [])
+            sparse = lookup(slot.entry.codec).delta is Delta.SPARSE
+            into = destinations[0] if destinations and not after and (base[0] == 1 or sparse) else None
+            rep = _apply(slot, base, into, own)
+            if destinations:
+                raw = _ungrouped(rep, destinations)
+                filled = destinations[0] if rep[0] != 1 or _same_bytes(destinations[0], rep[1]) else None
+                if self.ctx.crypto.chunk_id(raw) != cid:
+                    raise _chain_mismatch(slot)
+                for dst in destinations:
+                    if dst is not filled:
+                        dst[:] = raw
+            shared = len(after) > 1 or bool(destinations)
+            if after and shared:
+                kept.append((cid, rep))
+            todo += [(child, rep, not shared) for child in after]
+        return kept
+
+    def _decode_levels(self, wanted: Mapping[bytes, list[Destination]]) -> int:
+        """The verifying path: the window's chains read and decoded level by level (keyframes first),
+        every level verified inside its read, where a mismatch reconstructs the pack it came from."""
+        levels = self._levels(wanted)
+        needed = {bytes.fromhex(h) for c in levels if (h := self.locations[c].base_id) is not None}
         reps: dict[bytes, Rep] = {}  # decoded bases of the level being decoded
         done = 0
         for level in range(max(levels.values()) + 1):
             todo = {cid: list(wanted.get(cid, ())) for cid, at in levels.items() if at == level}
             made: dict[bytes, Rep] = {}
-            consumed: set[bytes] = set()
-            decode = self._decoder(reps, needed, made, verify_all, consumable, consumed)
             done += _read_located(self.ctx, todo, self.locations, self.describe, None, self.last_try,
-                                  self.heal, decode)
+                                  self.heal, self._verifier(reps, needed, made))
             for cid, rep in reps.items():  # a base's dependents are all one level up: done with it
-                if cid not in consumed:
-                    self._remember(cid, rep)
+                self._remember(cid, rep)
             reps = made
         for cid, rep in reps.items():
             self._remember(cid, rep)
         return done
 
-    def _decoder(self, reps: Mapping[bytes, Rep], needed: set[bytes], made: dict[bytes, Rep],
-                 verify_all: bool, consumable: set[bytes], consumed: set[bytes],
-                 ) -> Callable[[Sequence[_Slot]], None]:
+    def _levels(self, window: Iterable[bytes]) -> dict[bytes, int]:
+        """Each chain node's level in the window (0: a keyframe or a base decoded before)."""
+        levels: dict[bytes, int] = {}
+        for cid in window:  # iteratively: a damaged catalog's chain may be as long as it likes
+            chain = self._chain(cid, levels)
+            level = levels.setdefault(chain[-1], 0)
+            for node in reversed(chain[:-1]):
+                level += 1
+                levels[node] = level
+        return levels
+
+    def _verifier(self, reps: Mapping[bytes, Rep], needed: set[bytes], made: dict[bytes, Rep],
+                  ) -> Callable[[Sequence[_Slot]], None]:
         lock = threading.Lock()
 
         def decode(plan: Sequence[_Slot]) -> None:
             for slot in plan:
                 entry = slot.entry
                 filled: memoryview | None = slot.payload  # a destination that holds the bytes already
-                if entry.base_id is None:  # a keyframe: verified when wanted (else through its dependents)
+                if entry.base_id is None:
                     raw = decode_split_entry(slot.header, slot.payload, entry, slot.pack_id,
-                                             verify=bool(slot.destinations) or verify_all,
                                              ids=self.ctx.crypto.chunk_id)
                     rep: Rep = (1, np.frombuffer(raw, dtype=np.uint8))
                 else:
-                    own = entry.base_id in reps and entry.base_id in consumable
                     base = reps[entry.base_id] if entry.base_id in reps else self.decoded[entry.base_id]
                     last = entry.chunk_id not in needed and bool(slot.destinations)
                     sparse = lookup(entry.codec).delta is Delta.SPARSE
                     into = slot.destinations[0] if last and (base[0] == 1 or sparse) else None
-                    if sparse and own and into is None:
-                        with lock:
-                            consumed.add(entry.base_id)
-                    rep = _apply(slot, base, into, own)
-                    if slot.destinations or verify_all:
-                        raw = _ungrouped(rep, slot.destinations)
-                        grouped = rep[0] != 1
-                        filled = slot.destinations[0] if slot.destinations and (grouped or into) else None
-                        if self.ctx.crypto.chunk_id(raw) != entry.chunk_id:
-                            raise _chain_mismatch(slot)
+                    rep = _apply(slot, base, into)
+                    raw = _ungrouped(rep, slot.destinations)
+                    filled = slot.destinations[0] if slot.destinations and (rep[0] != 1 or into) else None
+                    if self.ctx.crypto.chunk_id(raw) != entry.chunk_id:
+                        raise _chain_mismatch(slot)
                 for dst in slot.destinations:
                     if dst is not filled:
                         dst[:] = raw
@@ -485,6 +579,19 @@ class _DeltaReader:
 Rep = tuple[int, np.ndarray]  # a decoded chunk: (group width, its bytes in that grouped order; 1: plain)
 
 
+@dataclass(frozen=True, slots=True)
+class _Trees:
+    """One window's delta chains, as trees: the nodes to read, each base's dependents in the
+    window, the bases decoded in earlier windows that some of them need (``kept``), and the
+    keyframes decoded straight into the destination of the one chain of sparse deltas they
+    start (``into``)."""
+
+    nodes: list[bytes]
+    children: dict[bytes, list[bytes]]
+    kept: dict[bytes, Rep]
+    into: dict[bytes, Destination]
+
+
 def _ungrouped(rep: Rep, destinations: Sequence[Destination]) -> memoryview:
     """A decoded chunk's bytes in element order -- written straight into its first destination."""
     width, data = rep
@@ -497,10 +604,11 @@ def _ungrouped(rep: Rep, destinations: Sequence[Destination]) -> memoryview:
 def _apply(slot: _Slot, base: Rep, into: Destination | None = None, own: bool = False) -> Rep:
     """A delta slot's chunk in the delta's grouped order: its XOR planes applied to its base.
 
-    With ``into`` (the chunk ends its chain and its base is in element order), the planes are
-    ungrouped straight into ``into`` and the base XORed there: one pass fewer than regrouping.
-    A sparse delta is applied in element order, patching only its changed blocks: into
-    ``into``, or into the base itself when this delta ``own``s it (no one else needs it).
+    With ``into`` (the chunk ends its chain and its base is in element order), the result lands
+    in ``into`` in element order: a dense delta's planes are ungrouped straight into it and the
+    base XORed there (one pass fewer than regrouping); a sparse delta patches only its changed
+    blocks, in element order. A base this delta ``own``s (no one else needs it) is patched or
+    XORed in place.
     """
     entry = slot.entry
     check_entry_header(slot.header, entry, slot.pack_id)
@@ -517,14 +625,16 @@ def _apply(slot: _Slot, base: Rep, into: Destination | None = None, own: bool = 
         raise _chain_mismatch(slot)
     if sparse:
         return _apply_sparse(base, index, blocks, into, own)
-    if into is not None:
+    if into is not None and not _same_bytes(into, base[1]):
         out = np.frombuffer(into, dtype=np.uint8)
         if width == 1:
             np.bitwise_xor(planes, base[1], out=out)
         else:
             np.bitwise_xor(ungroup_into(planes, width, out), base[1], out=out)
         return 1, out
-    return width, np.bitwise_xor(planes, regroup(base[1], base[0], width))
+    grouped = regroup(base[1], base[0], width)
+    mine = (own or grouped is not base[1]) and grouped.flags.writeable
+    return width, np.bitwise_xor(planes, grouped, out=grouped if mine else None)
 
 
 def _apply_sparse(base: Rep, index: np.ndarray, blocks: np.ndarray, into: Destination | None,
@@ -532,12 +642,18 @@ def _apply_sparse(base: Rep, index: np.ndarray, blocks: np.ndarray, into: Destin
     plain = regroup(base[1], base[0], 1)
     if into is not None:
         out = np.frombuffer(into, dtype=np.uint8)
-        out[:] = plain
+        if not _same_bytes(into, plain):  # else the chain was decoded where it ends (_Trees.into)
+            out[:] = plain
     elif (own or plain is not base[1]) and plain.flags.writeable:
         out = plain  # the base is this delta's alone (or a fresh regrouped copy): patch it in place
     else:
         out = plain.copy()
     return 1, apply_sparse(out, index, blocks)
+
+
+def _same_bytes(view: Destination, data: np.ndarray) -> bool:
+    """Whether ``data`` is ``view``'s memory (a keyframe decoded into its chain's destination)."""
+    return data.nbytes == len(view) and bool(data.ctypes.data == np.frombuffer(view, np.uint8).ctypes.data)
 
 
 def _chain_mismatch(slot: _Slot) -> CorruptChunkError:
@@ -653,8 +769,12 @@ def _windows(r: _Range, size: int) -> Iterator[Sequence[ChunkLocation]]:
 _WAIT_POLL_S = 1.0  # how often a restore waiting for storage says so
 
 
-def _results(ctx: EngineContext, fn: Callable[[_Range], int], items: Sequence[_Range],
-             progress: ProgressCallback | None) -> Iterator[int]:
+_Item = TypeVar("_Item")
+_Result = TypeVar("_Result")
+
+
+def _results(ctx: EngineContext, fn: Callable[[_Item], _Result], items: Sequence[_Item],
+             progress: ProgressCallback | None) -> Iterator[_Result]:
     """``ctx.pool.map(fn, items)``, in any order. Without ``progress`` this (the calling)
     thread runs items too, from the end of the list while the pool's workers take them from
     the front: one more reader than the pool has workers, so one is reading while the others
@@ -679,6 +799,7 @@ def _results(ctx: EngineContext, fn: Callable[[_Range], int], items: Sequence[_R
                 if waited is not None and not future.done():
                     progress("wait", int(waited), int(ctx.packs.reads.retry_s))
             yield future.result()
-    finally:  # a read that failed or was abandoned: the rest are not wanted
-        for future in futures:
-            future.cancel()
+    finally:  # a read that failed or was abandoned: the rest are not wanted, and those running
+        for future in futures:  # are waited for, so none writes a destination after this returns
+            future.cancel()  # (the delta reader's verifying pass writes them again)
+        wait(futures)
