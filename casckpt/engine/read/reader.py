@@ -12,12 +12,18 @@ landed), or, for a pack with redundancy, reconstructs the pack and reads the
 range again from it.
 
 Delta-coded chunks need their base chunk's raw bytes, and the base may be a
-delta itself. They are read in windows of at most :data:`DELTA_WINDOW` raw
-bytes: the window's chains are located (base by base, through the catalog),
-then decoded level by level -- keyframes first, each level's ranged reads
-and decodes in parallel -- keeping decoded bases in a bounded cache so a base
-several chunks share is read once. Every decoded chunk is verified against
-its id, so a corrupt base is reported by the chunks that need it.
+delta itself. Every chain of the read is located first, all at once (one
+catalog query per step down, for all chains). They are then decoded in
+windows holding about :data:`DELTA_WINDOW` bytes (wanted raw bytes and the
+payloads of their chain nodes): all of a window's chain nodes are read in one
+planned pass of coalesced ranges (keyframes decoded as they land, deltas kept
+as read), then each tree of chains is decoded by one task on the pool, root
+to leaves, so the cost follows the bytes, not the depth. Every wanted chunk is
+verified against its id at the end of its chain; any mismatch decodes the
+window again level by level with every level verified, which names the
+damaged chunk (so a corrupt base is reported by the chunks that need it) and,
+with redundancy, reconstructs its pack. Decoded bases several chunks share
+stay in a bounded cache for later windows.
 """
 
 from __future__ import annotations
