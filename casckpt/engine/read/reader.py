@@ -104,6 +104,7 @@ def _make_range(pack_id: str, locs: list[ChunkLocation]) -> _Range:
 
 DELTA_WINDOW = 256 << 20  # raw bytes of delta-coded chunks decoded per window
 DECODED_BASES = 256 << 20  # raw bytes of decoded bases kept for chunks of later windows
+_TREES_PER_TASK = 8 << 20  # raw bytes of delta chains one pool task decodes
 
 
 def read_chunks(
@@ -442,11 +443,29 @@ class _DeltaReader:
         targets = {cid: [trees.into[cid]] if cid in trees.into else [] for cid in trees.nodes}
         done = _read_located(self.ctx, targets, self.locations, self.describe, None, self.last_try,
                              self.heal, landed)
-        decode = partial(self._decode_tree, trees, roots, deltas, wanted)
-        for kept in _results(self.ctx, decode, list(roots), None):
+        decode = partial(self._decode_trees, trees, roots, deltas, wanted)
+        for kept in _results(self.ctx, decode, self._batches(roots), None):
             for cid, rep in kept:
                 self._remember(cid, rep)
         return done
+
+    def _batches(self, roots: Iterable[bytes]) -> list[list[bytes]]:
+        """Tree roots in pool tasks of about :data:`_TREES_PER_TASK` raw bytes (a task per 1 MiB
+        chain cost more to hand over than to run)."""
+        batches: list[list[bytes]] = [[]]
+        size = 0
+        for root in roots:
+            if size >= _TREES_PER_TASK:
+                batches.append([])
+                size = 0
+            batches[-1].append(root)
+            size += self.locations[root].raw_len
+        return batches
+
+    def _decode_trees(self, trees: _Trees, roots: Mapping[bytes, Rep], deltas: Mapping[bytes, _Slot],
+                      wanted: Mapping[bytes, list[Destination]], batch: Sequence[bytes],
+                      ) -> list[tuple[bytes, Rep]]:
+        return [kept for root in batch for kept in self._decode_tree(trees, roots, deltas, wanted, root)]
 
     def _trees(self, wanted: Mapping[bytes, list[Destination]]) -> _Trees:
         """The window's chains as trees rooted at keyframes and at bases decoded in earlier windows."""
