@@ -86,7 +86,8 @@ def test_catalog_only_commands_import_no_torch(small_store: Path) -> None:
     # (built on first use: gc and stats build it, the last ones run)
     queries = results[:commands.index(["gc", "--dry-run"])]
     assert [r for r in queries if "numpy" in r["loaded"]] == []  # type: ignore[operator]
-    engine = {"casckpt.engine.packlayer.packs", "casckpt.engine.memory.deltabase", "casckpt.engine.memory.staging"}
+    engine = {"casckpt.engine.packlayer.packs", "casckpt.engine.memory.deltabase",
+              "casckpt.engine.memory.staging"}
     assert [r for r in queries if engine & set(r["loaded"])] == []  # type: ignore[call-overload]
 
 
