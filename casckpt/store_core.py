@@ -189,7 +189,8 @@ class StoreCore:
 
     @property
     def started_committer(self) -> BackgroundCommitter | None:
-        """The committer if the engine is built (None: nothing was committed in this handle)."""
+        """The committer if the engine is built (None: nothing was committed, restored or read
+        through this handle yet, so no commit is pending)."""
         engine = self._engine
         return engine.committer if engine is not None else None
 
@@ -257,8 +258,9 @@ class StoreCore:
         self._refuse_close_while_saving()
         self.closed = True
         try:
-            if self.started_committer is not None:
-                self.started_committer.close()
+            committer = self.started_committer  # one another thread builds meanwhile: see _release
+            if committer is not None:
+                committer.close()
         finally:
             try:
                 self._last_drain()

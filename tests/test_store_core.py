@@ -18,20 +18,28 @@ from casckpt.testing.internals import internals
 RUN = "lazy"
 
 
-def _casckpt_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("casckpt")]
+class _Threads:
+    """casckpt's threads started since this was made (another test's, left running, are not)."""
+
+    def __init__(self) -> None:
+        self.before = set(threading.enumerate())
+
+    def started(self) -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("casckpt") and t not in self.before]
 
 
 @pytest.fixture
 def store_dir(tmp_path: Path) -> Path:
     root = tmp_path / "store"
+    threads = _Threads()
     with casckpt.open(root) as store:
         store.commit({"w": torch.arange(8, dtype=torch.float32), "step": 0}, run=RUN, step=0)
-    assert _casckpt_threads() == []
+    assert threads.started() == []  # close joined every thread the commit started
     return root
 
 
 def test_queries_build_no_engine_and_start_no_thread(store_dir: Path) -> None:
+    threads = _Threads()
     store = casckpt.open(store_dir, create=False)
     assert [v.step for v in store.log(RUN)] == [0]
     assert [r.name for r in store.runs()] == [RUN]
@@ -39,34 +47,38 @@ def test_queries_build_no_engine_and_start_no_thread(store_dir: Path) -> None:
     assert store.pending_commits() == []
     store.wait_commits()  # nothing committed through this handle: nothing to wait for
     assert internals(store).core.started_committer is None
-    assert _casckpt_threads() == []
+    assert threads.started() == []
     store.close()
     assert internals(store).core.started_committer is None
-    assert _casckpt_threads() == []
+    assert threads.started() == []
 
 
 def test_the_first_restore_builds_the_engine_and_close_releases_it(store_dir: Path) -> None:
+    threads = _Threads()
     store = casckpt.open(store_dir, create=False)
     back = store.restore(f"{RUN}@0")
     assert torch.equal(back["w"], torch.arange(8, dtype=torch.float32))
     assert internals(store).core.started_committer is not None
     store.close()
-    assert _casckpt_threads() == []
+    assert threads.started() == []
 
 
 def test_close_joins_a_background_commit(store_dir: Path) -> None:
+    threads = _Threads()
     state = {"w": torch.randn(1 << 16, generator=torch.Generator().manual_seed(3))}
     store = casckpt.open(store_dir, create=False)
     handle = store.commit(state, run=RUN, step=1, block=False)
-    store.close()  # finishes the commit first
+    assert "casckpt-commit" in [t.name for t in threads.started()]  # the worker the engine started
+    store.close()  # finishes the commit first, then joins the worker
     assert handle.done()
-    assert _casckpt_threads() == []
+    assert threads.started() == []
     with casckpt.open(store_dir, create=False) as again:
         assert torch.equal(again.restore(handle.wait())["w"], state["w"])
         again.ops.check()
 
 
 def test_threads_racing_to_the_engine_share_one(store_dir: Path) -> None:
+    threads = _Threads()
     store = casckpt.open(store_dir, create=False)
     core = internals(store).core
     start = threading.Barrier(8)
@@ -76,21 +88,22 @@ def test_threads_racing_to_the_engine_share_one(store_dir: Path) -> None:
         start.wait()
         seen.append(core.ctx)
 
-    threads = [threading.Thread(target=first_use) for _ in range(8)]
-    for t in threads:
+    racers = [threading.Thread(target=first_use) for _ in range(8)]
+    for t in racers:
         t.start()
-    for t in threads:
+    for t in racers:
         t.join()
     assert len(seen) == 8 and all(ctx is seen[0] for ctx in seen)
     assert core.committer is core.started_committer
     store.close()
-    assert _casckpt_threads() == []
+    assert threads.started() == []
 
 
 def test_no_engine_is_built_after_close(store_dir: Path) -> None:
+    threads = _Threads()
     store = casckpt.open(store_dir, create=False)
     store.close()
     with pytest.raises(InvalidArgumentError, match="closed"):
         _ = internals(store).core.ctx
     assert internals(store).core.started_committer is None
-    assert _casckpt_threads() == []
+    assert threads.started() == []
