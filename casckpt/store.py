@@ -22,13 +22,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-from casckpt.engine.read import treeviews
-from casckpt.engine.read.ranks import rank_manifest, tensor_manifest
-from casckpt.engine.versions.refs import bind, load_manifest
 from casckpt.engine.versions.validate import check_name
 from casckpt.engine.write.background import CommitHandle
 from casckpt.errors import CasckptError, CheckoutMismatchError, CommitTimeoutError, InvalidArgumentError
-from casckpt.format.manifest import decode_manifest
 from casckpt.run import Run, save_rule, set_policy
 from casckpt.storage import redact_url
 from casckpt.store_core import Ref, StoreCore
@@ -124,7 +120,7 @@ class Store(StoreHistory):
         return self._core.read_only
 
     def __repr__(self) -> str:
-        return f"<casckpt.Store {redact_url(self._core.ctx.locations.all[0].blobs.url)}>"
+        return f"<casckpt.Store {redact_url(self._core.locations.all[0].blobs.url)}>"
 
     # -- commit and restore -------------------------------------------------
 
@@ -258,7 +254,8 @@ class Store(StoreHistory):
 
     def pending_commits(self) -> list[CommitHandle]:
         """Background commits not finished yet, oldest first."""
-        return self._core.committer.pending()
+        committer = self._core.started_committer  # none yet: nothing was committed
+        return committer.pending() if committer is not None else []
 
     def wait_commits(self, timeout: float | None = None) -> None:
         """Wait for every background commit; raise the first failure nobody waited on.
@@ -267,9 +264,12 @@ class Store(StoreHistory):
             CommitTimeoutError: ``timeout`` seconds passed with commits still running.
             BackgroundCommitError: a background commit failed unseen.
         """
-        if not self._core.committer.wait_all(timeout):
+        committer = self._core.started_committer
+        if committer is None:  # nothing was committed through this handle
+            return
+        if not committer.wait_all(timeout):
             raise CommitTimeoutError(f"background commits still running after {timeout} s")
-        self._core.committer.raise_unreported()
+        committer.raise_unreported()
 
     @overload
     def add_dir(self, path: str | os.PathLike[str], *, run: str, step: int,
@@ -322,7 +322,7 @@ class Store(StoreHistory):
             raise InvalidArgumentError(
                 f"the store {str(self.path)!r} is inside {str(path)!r}, which would change while it is "
                 "read; add a directory that does not hold the store")
-        state, counts = scan(path, progress, self._core.ctx.crypto.file_hasher)
+        state, counts = scan(path, progress, self._core.crypto.file_hasher)
         meta = {**(metadata or {}), DIR_KEY: counts}
         if block:
             return self.commit(state, run=run, step=step, metadata=meta, metrics=metrics,
@@ -457,6 +457,7 @@ class Store(StoreHistory):
             CorruptChunkError, MissingDataError: stored data is damaged or gone.
         """
         from casckpt.engine.read import restore as restore_engine  # torch: see commit
+        from casckpt.engine.read.ranks import rank_manifest
 
         manifest = rank_manifest(self._core.manifest(ref), group, rank)
         if into is None:
@@ -475,13 +476,17 @@ class Store(StoreHistory):
             TensorNotFoundError: no tensor at ``path`` (near matches listed).
         """
         from casckpt.engine.read import restore as restore_engine  # torch: see commit
+        from casckpt.engine.read import treeviews
+        from casckpt.engine.read.ranks import tensor_manifest
+        from casckpt.engine.versions.refs import bind, load_manifest
+        from casckpt.format.manifest import decode_manifest
 
         row = self._core.readable_row(ref)
-        head = bind(row, decode_manifest(self._core.ctx.catalog.manifest(row.id), row.id))
-        one = treeviews.Trees(self._core.ctx.catalog).entry(head, path)  # a tree's: only the nodes
+        head = bind(row, decode_manifest(self._core.catalog.manifest(row.id), row.id))
+        one = treeviews.Trees(self._core.catalog).entry(head, path)  # a tree's: only the nodes
         if one is not None:  # on the way to the tensor are read (validated)
             return restore_engine.load_tensor(self._core.ctx, one, one.tensors[0].path, map_location)
-        manifest, path = tensor_manifest(load_manifest(self._core.ctx.catalog, row), path)
+        manifest, path = tensor_manifest(load_manifest(self._core.catalog, row), path)
         return restore_engine.load_tensor(self._core.ctx, manifest, path, map_location)
 
     # -- many ranks ---------------------------------------------------------

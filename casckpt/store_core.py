@@ -5,8 +5,16 @@ take this object in their constructor; none of them reaches into another. Lifecy
 once by :func:`casckpt.opening.open_store`, which hands it to the ``Store``; usable until
 :meth:`StoreCore.close`, which finishes background commits and releases every resource.
 
-Thread-safety: the fields are set at construction; ``ctx.locations`` is replaced (never
-mutated in place) when locations change, so readers see the old set or the new one.
+The engine (:class:`~casckpt.engine.context.EngineContext`: pack layer, thread pools,
+caches; and the :class:`~casckpt.engine.write.background.BackgroundCommitter`) is built on
+first use, not at open: a store opened to query its catalog builds none of it. Everything
+open checks (the catalog's schema, the locations' identity) is checked before this object
+exists; building the engine checks nothing and opens nothing remote.
+
+Thread-safety: the engine is built once, under a lock, by whichever thread needs it first
+(the caller's, a background commit's or the drain worker's); ``current_locations`` is
+replaced (never mutated in place) when locations change, so readers see the old set or the
+new one.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import threading
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,18 +35,12 @@ from casckpt.catalog import Catalog
 from casckpt.catalog import shards as shard_sql
 from casckpt.catalog.rows import VersionRow
 from casckpt.catalog.rows import version as version_of
-from casckpt.engine.context import EngineContext
 from casckpt.engine.locations.leftovers import reclaim_leftovers
 from casckpt.engine.locations.probe import LocationProber
-from casckpt.engine.memory.deltabase import BaseCache
-from casckpt.engine.memory.staging import StagingBuffers
-from casckpt.engine.packlayer.packs import Packs
 from casckpt.engine.versions.durability import check_readable
 from casckpt.engine.versions.refs import load_manifest, resolve
-from casckpt.engine.write.background import BackgroundCommitter
 from casckpt.errors import CasckptError, InvalidArgumentError, ReadOnlyStoreError, StoreIdentityError
 from casckpt.format.crypto import PLAIN, StoreCrypto
-from casckpt.format.manifest import Manifest
 from casckpt.storage import BlobStore, open_blob_store, redact_url
 from casckpt.storage.locations import CurrentLocations, Location, LocationSet
 from casckpt.storage.registry import BackendOptions
@@ -48,7 +51,10 @@ from casckpt.types import DrainReport, ProgressCallback, Version
 
 if TYPE_CHECKING:
     from casckpt.dcp import StoreWriter
+    from casckpt.engine.context import EngineContext
     from casckpt.engine.tiering.tier import DrainWorker, FastTier
+    from casckpt.engine.write.background import BackgroundCommitter
+    from casckpt.format.manifest import Manifest
 
 Ref = str | Version
 log = logging.getLogger(__name__)
@@ -82,15 +88,33 @@ def open_location_store(name: str, url: str, backends: BackendOptions, given: di
     return sealed(blob_store, crypto)
 
 
+@dataclass(frozen=True, slots=True)
+class _Engine:
+    """What :meth:`StoreCore.ctx` builds on first use, and :meth:`StoreCore.close` releases."""
+
+    ctx: EngineContext
+    committer: BackgroundCommitter
+    io: ThreadPoolExecutor  # the pack layer's shard reads and writes
+
+    def release(self) -> None:
+        """Stop the pools and the erasure-coding workers (the committer is closed already)."""
+        self.ctx.pool.shutdown(wait=True)
+        self.ctx.uploads.shutdown(wait=True)
+        self.ctx.packs.close()
+        self.io.shutdown(wait=True)
+
+
 class StoreCore:
-    """One open store's shared state: the engine context, its pools, the committer, close.
+    """One open store's shared state: the catalog, the locations, the engine, close.
 
     Fields (set by the constructor; the parts read them, only this class reassigns them):
 
-    - ``ctx``: the :class:`~casckpt.engine.context.EngineContext` every engine call takes;
-      ``ctx.config`` holds the store's settings.
+    - ``catalog``, ``cache``, ``config`` (the store's settings), ``current_locations``
+      (see :attr:`locations`): what open built; a catalog query needs nothing else.
+    - ``ctx``: the :class:`~casckpt.engine.context.EngineContext` every engine call takes,
+      built on first use (see :attr:`ctx`).
     - ``committer``: the :class:`~casckpt.engine.write.background.BackgroundCommitter` that
-      orders every commit of this store (foreground and background).
+      orders every commit of this store (foreground and background), built with ``ctx``.
     - ``root``: the store's root directory (None: named by its catalog and locations only).
     - ``prober``: measures location health for ``store.locations.list``.
     - ``dcp_writers``: DCP saves writing through this store (close waits for none, but
@@ -118,22 +142,15 @@ class StoreCore:
         if read_only is None:  # a reader leaves dead commits' files to the writers
             reclaim_leftovers(staging, locations)  # staging and tmp files of dead commits
         self._staging = ScratchDir(staging)
-        self._io = ThreadPoolExecutor(max(4, len(locations.all)), thread_name_prefix="casckpt-shard")
-        current = CurrentLocations(locations)
-        self.ctx = EngineContext(
-            catalog=catalog, cache=cache, current_locations=current,
-            packs=Packs.open(catalog, current, self._io, quorum=write_quorum,
-                             encode_workers=settings.upload_workers, retry_s=settings.storage_retry_s,
-                             tier=tier),
-            staging=self._staging, config=settings, device_buffers=StagingBuffers(settings.staging_memory),
-            bases=BaseCache(settings.delta_memory),
-            pool=ThreadPoolExecutor(settings.workers, thread_name_prefix="casckpt"),
-            uploads=ThreadPoolExecutor(settings.upload_workers, thread_name_prefix="casckpt-upload"),
-        )
+        self.catalog = catalog
+        self.cache = cache
+        self.config = settings
+        self.current_locations = CurrentLocations(locations)
+        self._write_quorum = write_quorum
+        self._engine: _Engine | None = None
+        self._engine_lock = threading.Lock()
+        self._released = False  # set under the lock: no engine is built after close released it
         self.prober = LocationProber()
-        self.committer = BackgroundCommitter(
-            self.ctx, max_pending=settings.max_pending_commits, memory=settings.commit_memory,
-            backpressure=settings.backpressure)
         self.closed = False
         self.dcp_writers: weakref.WeakSet[StoreWriter] = weakref.WeakSet()
         self.tier = tier
@@ -142,6 +159,76 @@ class StoreCore:
             from casckpt.engine.tiering.tier import DrainWorker
 
             self.drainer = DrainWorker(tier, lambda stop: self.drain(stop=stop))
+
+    @property
+    def locations(self) -> LocationSet:
+        """The store's locations now (a snapshot; a later swap does not change it)."""
+        return self.current_locations.get()
+
+    @property
+    def crypto(self) -> StoreCrypto:
+        """The store's encryption (keyed chunk ids; :data:`~casckpt.format.crypto.PLAIN` when the
+        store is not encrypted): the catalog's, set once when the store is opened."""
+        return self.catalog.crypto
+
+    # -- the engine, built on first use ----------------------------------------
+
+    @property
+    def ctx(self) -> EngineContext:
+        """The engine context, built by the first caller that needs it (thread-safe, once).
+
+        Raises:
+            InvalidArgumentError: the store is closed.
+        """
+        return self._built().ctx
+
+    @property
+    def committer(self) -> BackgroundCommitter:
+        """The committer, built with :attr:`ctx` (see there)."""
+        return self._built().committer
+
+    @property
+    def started_committer(self) -> BackgroundCommitter | None:
+        """The committer if the engine is built (None: nothing was committed, restored or read
+        through this handle yet, so no commit is pending)."""
+        engine = self._engine
+        return engine.committer if engine is not None else None
+
+    def _built(self) -> _Engine:
+        engine = self._engine
+        if engine is not None:
+            return engine
+        with self._engine_lock:
+            if self._engine is None:
+                if self._released:
+                    raise InvalidArgumentError("this store is closed: open it again (casckpt.open) "
+                                               "to commit, restore or read its data")
+                self._engine = self._build()
+            return self._engine
+
+    def _build(self) -> _Engine:
+        """The pack layer, pools, caches and committer (imported here: a catalog query loads none)."""
+        from casckpt.engine.context import EngineContext
+        from casckpt.engine.memory.deltabase import BaseCache
+        from casckpt.engine.memory.staging import StagingBuffers
+        from casckpt.engine.packlayer.packs import Packs
+        from casckpt.engine.write.background import BackgroundCommitter
+
+        settings = self.config
+        io = ThreadPoolExecutor(max(4, len(self.locations.all)), thread_name_prefix="casckpt-shard")
+        ctx = EngineContext(
+            catalog=self.catalog, cache=self.cache, current_locations=self.current_locations,
+            packs=Packs.open(self.catalog, self.current_locations, io, quorum=self._write_quorum,
+                             encode_workers=settings.upload_workers, retry_s=settings.storage_retry_s,
+                             tier=self.tier),
+            staging=self._staging, config=settings, device_buffers=StagingBuffers(settings.staging_memory),
+            bases=BaseCache(settings.delta_memory),
+            pool=ThreadPoolExecutor(settings.workers, thread_name_prefix="casckpt"),
+            uploads=ThreadPoolExecutor(settings.upload_workers, thread_name_prefix="casckpt-upload"),
+        )
+        committer = BackgroundCommitter(ctx, max_pending=settings.max_pending_commits,
+                                        memory=settings.commit_memory, backpressure=settings.backpressure)
+        return _Engine(ctx, committer, io)
 
     def nudge_drain(self) -> None:
         """Get the drain going: wake the drain worker, or without one (``background_drain=False``,
@@ -158,7 +245,7 @@ class StoreCore:
 
         if self.tier is None:
             return DrainReport()
-        return drain(self.tier, self.ctx.packs.writer.write_bytes, self.ctx.locations.put_everywhere,
+        return drain(self.tier, self.ctx.packs.writer.write_bytes, self.locations.put_everywhere,
                      wait=wait, progress=progress, stop=stop)
 
     # -- lifecycle ----------------------------------------------------------
@@ -171,13 +258,14 @@ class StoreCore:
         self._refuse_close_while_saving()
         self.closed = True
         try:
-            self.committer.close()
+            committer = self.started_committer  # one another thread builds meanwhile: see _release
+            if committer is not None:
+                committer.close()
         finally:
             try:
                 self._last_drain()
             finally:
                 self._release()
-
     def _last_drain(self) -> None:
         """Stop the drain worker and drain what is left (a failure is logged: the next open on
         this host, or `casckpt drain`, resumes it; another process draining the tier now
@@ -205,18 +293,23 @@ class StoreCore:
             )
 
     def _release(self) -> None:
+        with self._engine_lock:  # from here on no thread builds an engine
+            self._released = True
+            engine = self._engine
         for writer in list(self.dcp_writers):  # DCP tells a writer nothing when a save fails
             writer.release()  # so end the GC leases of failed saves here
-        self.ctx.pool.shutdown(wait=True)
-        self.ctx.uploads.shutdown(wait=True)
-        self.ctx.packs.close()
-        self._io.shutdown(wait=True)
-        self.ctx.cache.close()
-        self.ctx.catalog.close()
-        self.ctx.locations.close()
-        self._staging.close()
-        if self.tier is not None:
-            self.tier.close()
+        try:
+            if engine is not None:
+                engine.committer.close()  # idempotent: for an engine another thread built meanwhile
+        finally:
+            if engine is not None:
+                engine.release()
+            self.cache.close()
+            self.catalog.close()
+            self.locations.close()
+            self._staging.close()
+            if self.tier is not None:
+                self.tier.close()
 
     def refuse_while_recovering(self, what: str) -> None:
         """A store opened with ``recover=True`` over data its empty catalog lacks does nothing
@@ -253,16 +346,16 @@ class StoreCore:
 
     def reload_locations(self, opened: dict[str, BlobStore]) -> None:
         """Re-read locations from the catalog, keeping the blob stores already open."""
-        current = {loc.id: loc.blobs for loc in self.ctx.current_locations.get().all}
+        current = {loc.id: loc.blobs for loc in self.locations.all}
         fresh = []
-        for row in shard_sql.locations(self.ctx.catalog):
+        for row in shard_sql.locations(self.catalog):
             if row.id in current:
                 fresh.append(Location(row.id, row.name, row.domain, row.state, current[row.id]))
             else:
                 blobs = open_location_store(row.name, row.url or "", self.backends, opened, create=False,
-                                            failed=row.state == "failed", crypto=self.ctx.crypto)
+                                            failed=row.state == "failed", crypto=self.crypto)
                 fresh.append(Location(row.id, row.name, row.domain, row.state, blobs))
-        self.ctx.current_locations.swap(LocationSet(fresh))  # running operations keep the set they took
+        self.current_locations.swap(LocationSet(fresh))  # running operations keep the set they took
         self._locations_loaded = time.monotonic()
 
     # -- refs and versions --------------------------------------------------
@@ -273,7 +366,7 @@ class StoreCore:
         Raises:
             RefNotFoundError, AmbiguousRefError: bad ref.
         """
-        return resolve(self.ctx.catalog, ref.id if isinstance(ref, Version) else ref)
+        return resolve(self.catalog, ref.id if isinstance(ref, Version) else ref)
 
     def readable_row(self, ref: Ref) -> VersionRow:
         """:meth:`row`, for a version about to be read: refused before any byte is read when
@@ -285,16 +378,16 @@ class StoreCore:
         """
         row = self.row(ref)
         if row.durability != "durable":
-            check_readable(self.ctx.catalog, row.id, row.durability)
+            check_readable(self.catalog, row.id, row.durability)
         return row
 
     def manifest(self, ref: Ref) -> Manifest:
         """The whole manifest of the version ``ref`` names, to read its data (see
         :meth:`readable_row` for errors)."""
-        return load_manifest(self.ctx.catalog, self.readable_row(ref))
+        return load_manifest(self.catalog, self.readable_row(ref))
 
     def version(self, row: VersionRow, tags: tuple[str, ...] | None = None) -> Version:
         """A catalog row as a :class:`Version` (its tags read unless given)."""
         if tags is None:
-            tags = self.ctx.catalog.tags_of([row.id]).get(row.id, ())
+            tags = self.catalog.tags_of([row.id]).get(row.id, ())
         return version_of(row, tags)

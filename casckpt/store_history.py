@@ -14,8 +14,6 @@ from datetime import datetime
 
 from casckpt.catalog import history as history_sql
 from casckpt.catalog import retention as retention_sql
-from casckpt.engine.read import history as history_engine
-from casckpt.engine.read.detail import version_detail
 from casckpt.engine.versions import records
 from casckpt.engine.versions.logfilter import make_filter
 from casckpt.engine.versions.refs import check_run
@@ -70,7 +68,7 @@ class StoreHistory:
             InvalidArgumentError: a bad limit, bound, order or predicate (the
                 message gives the predicate grammar).
         """
-        catalog = self._core.ctx.catalog
+        catalog = self._core.catalog
         if run is not None:
             check_run(catalog, check_name(run, "run"))
         query = make_filter(
@@ -78,6 +76,8 @@ class StoreHistory:
             max_step=max_step, tag=check_name(tag, "tag") if tag is not None else None, where=where,
             order=order)
         if tag is not None:
+            from casckpt.engine.read import history as history_engine  # loads the manifest format
+
             history_engine.check_tag(catalog, tag)
         return history_sql.log(catalog, query)
 
@@ -90,12 +90,14 @@ class StoreHistory:
         only the summary (``tensor_count``, ``tensor_bytes``, ``tensor_groups``): what
         ``casckpt show`` prints by default, without a row per tensor of a 100,000-tensor state.
         """
+        from casckpt.engine.read.detail import version_detail  # loads the manifest format
+
         row = self._core.row(ref)
-        return version_detail(self._core.ctx, row, self._core.version(row), tensors=tensors)
+        return version_detail(self._core, row, self._core.version(row), tensors=tensors)
 
     def runs(self) -> list[RunInfo]:
         """Every run with a summary of its versions."""
-        return [RunInfo(r[0], utc(r[1]), r[2], r[3], r[4], int(r[5])) for r in self._core.ctx.catalog.runs()]
+        return [RunInfo(r[0], utc(r[1]), r[2], r[3], r[4], int(r[5])) for r in self._core.catalog.runs()]
 
     def tags(self, run: str | None = None) -> list[TagInfo]:
         """Every tag with the version it points at, sorted by name (``casckpt tags``).
@@ -110,9 +112,9 @@ class StoreHistory:
             RefNotFoundError: no such run (near names suggested).
         """
         if run is not None:
-            check_run(self._core.ctx.catalog, check_name(run, "run"))
+            check_run(self._core.catalog, check_name(run, "run"))
         return [TagInfo(name, utc(created), version)
-                for name, created, version in history_sql.tags(self._core.ctx.catalog, run)]
+                for name, created, version in history_sql.tags(self._core.catalog, run)]
 
     def diff(self, a: Ref, b: Ref) -> VersionDiff:
         """What changed from version ``a`` to version ``b``: tensors and plain values.
@@ -124,7 +126,9 @@ class StoreHistory:
         Raises:
             RefNotFoundError, AmbiguousRefError: bad ref.
         """
-        return history_engine.diff(self._core.ctx.catalog, self._core.row(a), self._core.row(b))
+        from casckpt.engine.read import history as history_engine  # loads the manifest format
+
+        return history_engine.diff(self._core.catalog, self._core.row(a), self._core.row(b))
 
     def history(self, run: str, path: str) -> list[TensorHistoryEntry]:
         """The versions of ``run`` in which the tensor at ``path`` changed, by step.
@@ -138,14 +142,18 @@ class StoreHistory:
             TensorNotFoundError: no version has a tensor at ``path`` (near paths of
                 the latest version suggested).
         """
+        from casckpt.engine.read import history as history_engine  # loads the manifest format
+
         check_name(run, "run")
         if not isinstance(path, str) or not path:
             raise InvalidArgumentError(f"path must be a non-empty str, got {path!r}")
-        return history_engine.tensor_history(self._core.ctx.catalog, run, path)
+        return history_engine.tensor_history(self._core.catalog, run, path)
 
     def lineage(self) -> list[RunNode]:
         """Every run with its fork point and forks, depth first (root runs by name)."""
-        return history_engine.run_nodes(history_sql.lineage_rows(self._core.ctx.catalog), utc)
+        from casckpt.engine.read import history as history_engine  # loads the manifest format
+
+        return history_engine.run_nodes(history_sql.lineage_rows(self._core.catalog), utc)
 
     def best(self, run: str, metric: str, mode: str = "min") -> Version:
         """The visible version of ``run`` with the lowest (``mode="min"``) or highest
@@ -156,8 +164,10 @@ class StoreHistory:
             MetricNotFoundError: no version of ``run`` records ``metric``.
             InvalidArgumentError: ``mode`` is not "min" or "max".
         """
+        from casckpt.engine.read import history as history_engine  # loads the manifest format
+
         check_name(run, "run")
-        return history_engine.best(self._core.ctx.catalog, run, metric, mode)
+        return history_engine.best(self._core.catalog, run, metric, mode)
 
     # -- changes to the history ---------------------------------------------
 
@@ -166,8 +176,8 @@ class StoreHistory:
         self._core.refuse_write("tag", "the catalog")
         check_name(name, "tag")
         row = self._core.row(ref)
-        self._core.ctx.catalog.set_tag(name, row.id)
-        records.record_tag(self._core.ctx.locations, self._core.ctx.catalog, name, row.id)
+        self._core.catalog.set_tag(name, row.id)
+        records.record_tag(self._core.locations, self._core.catalog, name, row.id)
         return self._core.version(row)
 
     def fork(self, ref: Ref, run: str) -> RunInfo:
@@ -184,8 +194,8 @@ class StoreHistory:
         self._core.refuse_write("fork", "the catalog")
         check_name(run, "run")
         row = self._core.row(ref)
-        created = history_sql.fork(self._core.ctx.catalog, run, row.id)
-        records.record_run(self._core.ctx.locations, self._core.ctx.catalog, run)
+        created = history_sql.fork(self._core.catalog, run, row.id)
+        records.record_run(self._core.locations, self._core.catalog, run)
         return RunInfo(run, utc(created), 0, None, None, 0)
 
     def delete(self, ref: Ref, reason: str = "manual") -> Version:
@@ -204,7 +214,7 @@ class StoreHistory:
         if not isinstance(reason, str) or not reason:
             raise InvalidArgumentError(f"reason must be a non-empty str, got {reason!r}")
         version = self._core.version(self._core.row(ref))
-        retention_sql.delete_version(self._core.ctx.catalog, version.id, reason)
+        retention_sql.delete_version(self._core.catalog, version.id, reason)
         return version
 
     def undelete(self, ref: str | Version) -> Version:

@@ -30,9 +30,9 @@ class Keys:
         Raises:
             NotEncryptedError: the store is not encrypted.
         """
-        ctx = self._core.ctx
-        return [KeyInfo(s.id, s.created_at, s.created_by, s.id == ctx.crypto.opened_with)
-                for s in keyring.key_slots(ctx.catalog)]
+        core = self._core
+        return [KeyInfo(s.id, s.created_at, s.created_by, s.id == core.crypto.opened_with)
+                for s in keyring.key_slots(core.catalog)]
 
     def add(self, key_file: str | os.PathLike[str]) -> KeyInfo:
         """Let the master key in ``key_file`` open this encrypted store too.
@@ -46,10 +46,10 @@ class Keys:
             StoreKeyError: ``key_file`` is not a key file.
             InvalidArgumentError: the key is one of the store's already.
         """
-        ctx = self._core.ctx
+        core = self._core
         self._core.refuse_while_recovering("add a key")
         self._core.refuse_write("store.keys.add", _NEEDS)
-        slot = keyring.add_key(ctx.catalog, ctx.locations, ctx.crypto, keyring.read_key_file(key_file))
+        slot = keyring.add_key(core.catalog, core.locations, core.crypto, keyring.read_key_file(key_file))
         return KeyInfo(slot.id, slot.created_at, slot.created_by, False)
 
     def remove(self, key_id: str) -> None:
@@ -63,10 +63,10 @@ class Keys:
             LastKeyError: it is the store's only key (nothing would open the store).
             InvalidArgumentError: the store has no key of that id.
         """
-        ctx = self._core.ctx
+        core = self._core
         self._core.refuse_while_recovering("remove a key")
         self._core.refuse_write("store.keys.remove", _NEEDS)
-        keyring.remove_key(ctx.catalog, ctx.locations, key_id)
+        keyring.remove_key(core.catalog, core.locations, key_id)
 
     def rotate(self, new_key_file: str | os.PathLike[str], old: str | None = None) -> KeyInfo:
         """Replace master key ``old`` (default: the one this handle was opened with) by the
@@ -76,13 +76,13 @@ class Keys:
             NotEncryptedError: the store is not encrypted.
             InvalidArgumentError: ``old`` is not one of its keys, or the new key is already.
         """
-        ctx = self._core.ctx
+        core = self._core
         self._core.refuse_while_recovering("rotate a key")
         self._core.refuse_write("store.keys.rotate", _NEEDS)
-        replaced = old or ctx.crypto.opened_with
+        replaced = old or core.crypto.opened_with
         if replaced is None:
-            keyring.key_slots(ctx.catalog)  # raises NotEncryptedError
+            keyring.key_slots(core.catalog)  # raises NotEncryptedError
             raise InvalidArgumentError("name the key to replace (old=KEY_ID)")
-        slot = keyring.rotate_key(ctx.catalog, ctx.locations, ctx.crypto, replaced,
+        slot = keyring.rotate_key(core.catalog, core.locations, core.crypto, replaced,
                                   keyring.read_key_file(new_key_file))
         return KeyInfo(slot.id, slot.created_at, slot.created_by, False)

@@ -52,7 +52,7 @@ class Locations:
         Raises:
             InvalidArgumentError: ``timeout`` is not a number of seconds from 0 to an hour.
         """
-        return self._infos(self._core.ctx.locations.all, timeout)
+        return self._infos(self._core.locations.all, timeout)
 
     def add(self, url: str, *, domain: str | None = None, name: str | None = None) -> LocationInfo:
         """Add a blob location (a directory, ``file:///``, ``s3://``, ``az://``), usable at once.
@@ -70,32 +70,32 @@ class Locations:
         """
         core = self._core
         core.refuse_write("store.locations.add", "the catalog and the locations")
-        known = {loc.name for loc in core.ctx.locations.all}
+        known = {loc.name for loc in core.locations.all}
         name = name or next(f"loc{i}" for i in range(len(known) + 1) if f"loc{i}" not in known)
         check_name(name, "location")
         base = core.config_file.parent if core.config_file is not None else Path.cwd()
         spec = cfg.BlobLocation(url, domain, name)
         absolute = cfg._resolved([spec], base)[0]  # noqa: SLF001 - one URL rule for files and args
         try:
-            blob_store = sealed(open_blob_store(absolute.url, core.backends), core.ctx.crypto)
+            blob_store = sealed(open_blob_store(absolute.url, core.backends), core.crypto)
             for _ in blob_store.list(objectnames.PACKS):  # reachable and listable
                 break
         except (CasckptError, OSError) as exc:
             raise InvalidArgumentError(f"cannot use {redact_url(url)} as a blob location: {exc}") from exc
         try:  # another store's location, or one holding data this catalog knows nothing of
-            to_write = identity.check_at_open(core.ctx.catalog, [identity.survey(name, blob_store)],
+            to_write = identity.check_at_open(core.catalog, [identity.survey(name, blob_store)],
                                               recover=False)
         except BaseException:
             blob_store.close()
             raise
-        row = shard_sql.add_location(core.ctx.catalog, name, absolute.url, absolute.domain or name)
-        identity.write_records(core.ctx.catalog, to_write)
-        keyring.publish(core.ctx.catalog, {name: blob_store})
+        row = shard_sql.add_location(core.catalog, name, absolute.url, absolute.domain or name)
+        identity.write_records(core.catalog, to_write)
+        keyring.publish(core.catalog, {name: blob_store})
         if core.config_file is not None:
             cfg.add_location_to_file(core.config_file, spec)
         core.reload_locations({absolute.url: blob_store})
-        records.record_locations(core.ctx.locations, core.ctx.catalog)
-        added = next(loc for loc in core.ctx.locations.all if loc.name == row.name)
+        records.record_locations(core.locations, core.catalog)
+        added = next(loc for loc in core.locations.all if loc.name == row.name)
         # loaded when used: opening stays light
         from casckpt.engine.maintenance import repair as repair_engine
 
@@ -135,37 +135,37 @@ class Locations:
         if run is not None:
             check_name(run, "run")
         if run is not None and spec == "inherit":
-            REDUNDANCY.set_run(core.ctx.catalog, run, None)
-            records.record_run(core.ctx.locations, core.ctx.catalog, run)
+            REDUNDANCY.set_run(core.catalog, run, None)
+            records.record_run(core.locations, core.catalog, run)
             return self.redundancy(run)
         scheme = Redundancy.parse(spec)
         core.ctx.packs.placement.check_redundancy(scheme)
         if run is None:
-            REDUNDANCY.set_store(core.ctx.catalog, str(scheme))
-            records.record_store(core.ctx.locations, core.ctx.catalog)
+            REDUNDANCY.set_store(core.catalog, str(scheme))
+            records.record_store(core.locations, core.catalog)
         else:
-            REDUNDANCY.set_run(core.ctx.catalog, run, str(scheme))
-            records.record_run(core.ctx.locations, core.ctx.catalog, run)
+            REDUNDANCY.set_run(core.catalog, run, str(scheme))
+            records.record_run(core.locations, core.catalog, run)
         return str(scheme)
 
     def _set_state(self, name: str, state: str, verb: str, needs: str) -> LocationInfo:
         self._core.refuse_write(f"store.locations.{verb}", needs)
-        shard_sql.set_location_state(self._core.ctx.catalog, name, state)
+        shard_sql.set_location_state(self._core.catalog, name, state)
         self._core.reload_locations({})
-        records.record_locations(self._core.ctx.locations, self._core.ctx.catalog)
+        records.record_locations(self._core.locations, self._core.catalog)
         return self._info(name)
 
     def _info(self, name: str) -> LocationInfo:
-        found = [loc for loc in self._core.ctx.locations.all if loc.name == name]
+        found = [loc for loc in self._core.locations.all if loc.name == name]
         return self._infos(found, None)[0]
 
     def _infos(self, locations: Sequence[Location], timeout: float | None) -> builtins.list[LocationInfo]:
         core = self._core
-        timeout = core.ctx.config.probe_timeout_s if timeout is None else check_timeout(
+        timeout = core.config.probe_timeout_s if timeout is None else check_timeout(
             timeout, "a probe timeout", maximum=MAX_PROBE_TIMEOUT_S)
-        usage = shard_sql.location_usage(core.ctx.catalog)
+        usage = shard_sql.location_usage(core.catalog)
         # a recovering store's rebuild adopts the locations' identity
-        mine = None if core.recovering else identity_sql.read(core.ctx.catalog)
+        mine = None if core.recovering else identity_sql.read(core.catalog)
         probes = core.prober.probe(locations, mine, timeout)
         out = []
         for loc, probe in zip(locations, probes, strict=True):

@@ -96,7 +96,7 @@ class Ops:
         from casckpt.engine.maintenance import repair as repair_engine
 
         report = repair_engine.repair(self._core.ctx, progress)
-        self._core.ctx.catalog.record_audit("repair", None, _counts(report))
+        self._core.catalog.record_audit("repair", None, _counts(report))
         return report
 
     # -- drills and advice ------------------------------------------------------
@@ -129,7 +129,7 @@ class Ops:
             CatalogError: the results could not be recorded.
         """
         count = drills.check_count(count)
-        catalog = self._core.ctx.catalog
+        catalog = self._core.catalog
         names = None if runs is None else ([runs] if isinstance(runs, str) else list(dict.fromkeys(runs)))
         for name in names or ():
             check_run(catalog, name)
@@ -150,7 +150,7 @@ class Ops:
         Raises:
             InvalidArgumentError: ``limit`` is not None or an int from 1 to 2**63 - 1.
         """
-        return drills_sql.history(self._core.ctx.catalog, limit=check_limit(limit, minimum=1), run=run)
+        return drills_sql.history(self._core.catalog, limit=check_limit(limit, minimum=1), run=run)
 
     def advise(self, run: str, *, mtbf: Duration, restart: Duration = 0.0) -> Advice:
         """The checkpoint interval that minimises the time ``run`` loses to checkpoints and
@@ -176,7 +176,7 @@ class Ops:
         """
         mtbf_s = advisor.seconds(mtbf, "mtbf", allowed=advisor.MTBF_RANGE_S)
         restart_s = advisor.seconds(restart, "restart", allowed=advisor.RESTART_RANGE_S)
-        catalog = self._core.ctx.catalog
+        catalog = self._core.catalog
         check_run(catalog, run)
         commits = drills_sql.recent_commits(catalog, run, advisor.HISTORY)
         advisor.check_history(run, commits)  # before a restore is measured for nothing
@@ -192,7 +192,7 @@ class Ops:
         """Seconds to restore ``run``'s latest version into memory (as a drill does, unrecorded);
         raises what the restore raises: a run whose latest version cannot be restored gets no
         advice."""
-        row = self._core.ctx.catalog.nth_latest(run, 0)
+        row = self._core.catalog.nth_latest(run, 0)
         if row is None:
             raise InvalidArgumentError(f"run {run!r} has no visible version to measure a restore with")
         read_back = drills.reader(self._core.ctx)
@@ -251,13 +251,13 @@ class Ops:
         for name, value in (("action", action), ("target", target)):
             if value is not None and (not isinstance(value, str) or not value):
                 raise InvalidArgumentError(f"{name} must be a non-empty str, got {value!r}")
-        return self._core.ctx.catalog.audit_entries(
+        return self._core.catalog.audit_entries(
             since=time_bound(since, "since", upper=False), until=time_bound(until, "until", upper=True),
             action=action, target=target, limit=limit)
 
     def stats(self) -> StoreStats:
         """Space accounting: logical vs unique vs stored bytes, and what delta coding saved."""
-        catalog = self._core.ctx.catalog
+        catalog = self._core.catalog
         deltas = deltas_sql.delta_totals(catalog)
         return StoreStats(
             **inventory.totals(catalog), redundancy=str(self._core.ctx.packs.placement.redundancy_for(None)),
@@ -275,7 +275,7 @@ class Ops:
         a run never prints. Sum these for the true totals over a day of cron runs.
         """
         when = since.timestamp() if isinstance(since, datetime) else since
-        return gc_sql.runs_since(self._core.ctx.catalog, when)
+        return gc_sql.runs_since(self._core.catalog, when)
 
     # -- delta coding -----------------------------------------------------------
 
@@ -283,14 +283,14 @@ class Ops:
         """Deltas deep a chunk may be stored before a keyframe (0: no delta coding): the
         store's, or what commits to ``run`` use (its own, else the store's)."""
         if run is None:
-            return deltas_sql.store_delta_chain(self._core.ctx.catalog)
-        return deltas_sql.delta_policy_for(self._core.ctx.catalog, check_name(run, "run"))[0]
+            return deltas_sql.store_delta_chain(self._core.catalog)
+        return deltas_sql.delta_policy_for(self._core.catalog, check_name(run, "run"))[0]
 
     def delta_policy(self, run: str | None = None) -> str:
         """The delta policy, ``off``, ``balanced`` (the default) or ``max``: the store's, or what
         commits to ``run`` use (its own, else the store's)."""
         named = None if run is None else check_name(run, "run")
-        return deltas_sql.delta_policy_name(self._core.ctx.catalog, named)
+        return deltas_sql.delta_policy_name(self._core.catalog, named)
 
     def set_delta_policy(self, policy: str | None, *, run: str | None = None) -> None:
         """Set how far commits may trade restore time for space with deltas, for the whole store
@@ -313,17 +313,17 @@ class Ops:
             InvalidArgumentError: ``policy`` is not one of those names.
         """
         self._core.refuse_write("store.ops.set_delta_policy", "the catalog")
-        ctx = self._core.ctx
+        core = self._core
         if policy not in deltas_sql.DELTA_POLICIES and not (policy is None and run is not None):
             raise InvalidArgumentError(
                 f"delta policy must be one of {', '.join(deltas_sql.DELTA_POLICIES)} (or None with "
                 f"run= to make a run follow the store); got {policy!r}")
         if run is None and policy is not None:
-            DELTA_POLICY.set_store(ctx.catalog, policy)
-            records.record_store(ctx.locations, ctx.catalog)
+            DELTA_POLICY.set_store(core.catalog, policy)
+            records.record_store(core.locations, core.catalog)
         elif run is not None:
-            DELTA_POLICY.set_run(ctx.catalog, check_name(run, "run"), policy)
-            records.record_run(ctx.locations, ctx.catalog, run)
+            DELTA_POLICY.set_run(core.catalog, check_name(run, "run"), policy)
+            records.record_run(core.locations, core.catalog, run)
 
     def set_delta_chain(self, chain: int, *, run: str | None = None) -> None:
         """Set how many deltas deep a chunk may be stored before a keyframe (0: no delta coding),
@@ -341,14 +341,14 @@ class Ops:
             raise InvalidArgumentError(
                 "delta chain length must be 0 (off) to 64, or -1 to make a run follow the store; "
                 f"got {chain!r}")
-        ctx = self._core.ctx
+        core = self._core
         if run is None:
-            DELTA_CHAIN.set_store(ctx.catalog, chain)
-            records.record_store(ctx.locations, ctx.catalog)
+            DELTA_CHAIN.set_store(core.catalog, chain)
+            records.record_store(core.locations, core.catalog)
         else:
             own = None if chain < 0 else chain
-            DELTA_CHAIN.set_run(ctx.catalog, check_name(run, "run"), own)
-            records.record_run(ctx.locations, ctx.catalog, run)
+            DELTA_CHAIN.set_run(core.catalog, check_name(run, "run"), own)
+            records.record_run(core.locations, core.catalog, run)
 
     # -- rebuilds and migration -------------------------------------------------
 
@@ -370,7 +370,7 @@ class Ops:
         from casckpt.engine.maintenance import rebuild as rebuild_engine
 
         report = rebuild_engine.rebuild(self._core.ctx, progress)
-        self._core.ctx.catalog.record_audit("catalog.rebuild", None, _counts(report))
+        self._core.catalog.record_audit("catalog.rebuild", None, _counts(report))
         self._core.recovering = False
         self._core.reload_locations({})  # the states the locations record restored
         return report
@@ -394,7 +394,7 @@ class Ops:
 
         report = treemigrate_engine.migrate(self._core.ctx, progress)
         if report.versions_migrated or report.nodes_written or report.tensor_rows_deleted:
-            self._core.ctx.catalog.record_audit("trees.migrate", None, _counts(report))
+            self._core.catalog.record_audit("trees.migrate", None, _counts(report))
         return report
 
 

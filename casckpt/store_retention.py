@@ -44,8 +44,8 @@ class Retention:
         self._core.refuse_write("store.retention.set", "the catalog")
         check_name(run, "run")
         policy = make_policy(**rules)
-        retention_sql.store_policy(self._core.ctx.catalog, run, policy_to_json(policy), create=True)
-        records.record_run(self._core.ctx.locations, self._core.ctx.catalog, run)
+        retention_sql.store_policy(self._core.catalog, run, policy_to_json(policy), create=True)
+        records.record_run(self._core.locations, self._core.catalog, run)
         return policy
 
     def get(self, run: str) -> RetentionPolicy | None:
@@ -54,7 +54,7 @@ class Retention:
         Raises:
             RefNotFoundError: there is no such run.
         """
-        stored = retention_sql.run_policies(self._core.ctx.catalog, self._existing(run)).get(run)
+        stored = retention_sql.run_policies(self._core.catalog, self._existing(run)).get(run)
         return None if stored is None else policy_from_json(stored, run)
 
     def clear(self, run: str) -> None:
@@ -64,9 +64,9 @@ class Retention:
             RefNotFoundError: there is no such run.
         """
         self._core.refuse_write("store.retention.clear", "the catalog")
-        if not retention_sql.store_policy(self._core.ctx.catalog, self._existing(run), None, create=False):
-            raise run_not_found(self._core.ctx.catalog, run)
-        records.record_run(self._core.ctx.locations, self._core.ctx.catalog, run)
+        if not retention_sql.store_policy(self._core.catalog, self._existing(run), None, create=False):
+            raise run_not_found(self._core.catalog, run)
+        records.record_run(self._core.locations, self._core.catalog, run)
 
     def plan(self, run: str | None = None) -> list[RetentionPlan]:
         """What retention would do, writing nothing: a decision per visible version, with reasons.
@@ -81,10 +81,10 @@ class Retention:
         """
         if run is not None:
             self._existing(run)
-        with self._core.ctx.catalog.read() as conn:
+        with self._core.catalog.read() as conn:
             histories = retention_sql.load_histories(conn, run)
         return [retention_engine.plan(history) for history in histories]
 
     def _existing(self, run: str) -> str:
-        check_run(self._core.ctx.catalog, check_name(run, "run"))
+        check_run(self._core.catalog, check_name(run, "run"))
         return run

@@ -24,7 +24,7 @@ class Tier:
         (see :class:`casckpt.types.TierStatus`)."""
         from casckpt.engine.tiering.tierstatus import tier_status
 
-        return tier_status(self._core.ctx.catalog, self._core.tier)
+        return tier_status(self._core.catalog, self._core.tier)
 
     def drain(self, *, wait: bool = True, progress: ProgressCallback | None = None) -> DrainReport:
         """Drain this host's fast tier now, in this thread: every pack not drained to the
@@ -59,7 +59,7 @@ class Tier:
         from casckpt.catalog import tiers as tier_sql
         from casckpt.engine.tiering.tier import wait_durable
 
-        catalog = self._core.ctx.catalog
+        catalog = self._core.catalog
         if ref is not None:
             ids = [self._core.row(ref).id]
         else:
@@ -85,4 +85,4 @@ class Tier:
         from casckpt.engine.tiering.tierforget import forget
 
         self._core.refuse_write("store.tier.forget", "the catalog")
-        return forget(self._core.ctx.catalog, self._core.tier, tier_id)
+        return forget(self._core.catalog, self._core.tier, tier_id)

@@ -3,19 +3,36 @@
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from casckpt.cache import IndexCache
-from casckpt.catalog import Catalog
-from casckpt.config import Settings
-from casckpt.engine.memory.deltabase import BaseCache
-from casckpt.engine.memory.staging import StagingBuffers
-from casckpt.engine.packlayer.packs import Packs
-from casckpt.format.crypto import StoreCrypto
-from casckpt.storage.locations import CurrentLocations, LocationSet
-from casckpt.storage.scratch import ScratchDir
+if TYPE_CHECKING:  # the engine's parts load with the engine (StoreCore builds it on first use)
+    from concurrent.futures import ThreadPoolExecutor
+
+    from casckpt.cache import IndexCache
+    from casckpt.catalog import Catalog
+    from casckpt.config import Settings
+    from casckpt.engine.memory.deltabase import BaseCache
+    from casckpt.engine.memory.staging import StagingBuffers
+    from casckpt.engine.packlayer.packs import Packs
+    from casckpt.format.crypto import StoreCrypto
+    from casckpt.storage.locations import CurrentLocations, LocationSet
+    from casckpt.storage.scratch import ScratchDir
+
+
+class StoreView(Protocol):
+    """What an engine call that only reads the catalog and surveys the locations needs: an
+    :class:`EngineContext`, or the open store's :class:`~casckpt.store_core.StoreCore`,
+    which answers without building the engine (no pools, pack layer or caches)."""
+
+    @property
+    def catalog(self) -> Catalog: ...
+
+    @property
+    def locations(self) -> LocationSet: ...
+
+    @property
+    def crypto(self) -> StoreCrypto: ...
 
 
 @dataclass(frozen=True, slots=True)

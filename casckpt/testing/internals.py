@@ -101,11 +101,11 @@ class StoreInternals:
 
     @property
     def catalog(self) -> Catalog:
-        return self.context.catalog
+        return self._store._core.catalog
 
     @property
     def locations(self) -> LocationSet:
-        return self.context.locations
+        return self._store._core.locations
 
     @property
     def packs(self) -> Packs:
@@ -113,7 +113,7 @@ class StoreInternals:
 
     @property
     def cache(self) -> IndexCache:
-        return self.context.cache
+        return self._store._core.cache
 
     @property
     def staging(self) -> ScratchDir:
@@ -135,7 +135,7 @@ class StoreInternals:
 
     def replace_locations(self, locations: LocationSet) -> None:
         """Swap the store's location set (to wrap its blob stores in fault injectors)."""
-        self.context.current_locations.swap(locations)
+        self._store._core.current_locations.swap(locations)
 
 
 def internals(store: Store) -> StoreInternals:

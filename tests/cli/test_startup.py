@@ -25,7 +25,8 @@ RUN = "start"
 _WRAPPER = """
 import json, sys
 from casckpt.cli.main import app
-watched = ("torch", "alembic", "safetensors", "botocore")
+watched = ("torch", "alembic", "safetensors", "botocore", "numpy", "casckpt.engine.packlayer.packs",
+           "casckpt.engine.memory.deltabase", "casckpt.engine.memory.staging")
 out = []
 for args in json.loads(sys.argv[1]):
     try:
@@ -71,8 +72,8 @@ def test_catalog_only_commands_import_no_torch(small_store: Path) -> None:
     commands = [
         ["--help"], ["--version"], ["runs"], ["runs", "--json"], ["log", RUN], ["log", RUN, "--json"],
         ["show", f"{RUN}@1"], ["show", f"{RUN}@1", "--tensors"], ["show", f"{RUN}@1", "--json"],
-        ["tag", f"{RUN}@1", "good"], ["best", RUN, "--metric", "loss"], ["lineage"], ["stats"],
-        ["gc", "--dry-run"], ["audit"], ["audit", "--since", "1h", "--action", "tag", "--json"],
+        ["tag", f"{RUN}@1", "good"], ["best", RUN, "--metric", "loss"], ["lineage"], ["audit"],
+        ["gc", "--dry-run"], ["stats"], ["audit", "--since", "1h", "--action", "tag", "--json"],
         ["drill", "--history"], ["drill", "--history", "--json"],
     ]
     results = _commands_in_one_process(small_store, commands)
@@ -81,6 +82,13 @@ def test_catalog_only_commands_import_no_torch(small_store: Path) -> None:
     assert [r for r in results if "safetensors" in r["loaded"]] == []  # type: ignore[operator]
     # opening a store at the current schema never needs Alembic, nor a local one an S3 client
     assert [r for r in results if {"alembic", "botocore"} & set(r["loaded"])] == []  # type: ignore[call-overload]
+    # the queries load neither numpy (show checks a manifest's nesting without it) nor the engine
+    # (built on first use: gc and stats build it, the last ones run)
+    queries = results[:commands.index(["gc", "--dry-run"])]
+    assert [r for r in queries if "numpy" in r["loaded"]] == []  # type: ignore[operator]
+    engine = {"casckpt.engine.packlayer.packs", "casckpt.engine.memory.deltabase",
+              "casckpt.engine.memory.staging"}
+    assert [r for r in queries if engine & set(r["loaded"])] == []  # type: ignore[call-overload]
 
 
 def test_version_flag_prints_the_package_version(small_store: Path) -> None:
@@ -131,7 +139,8 @@ def test_open_of_a_new_store_still_migrates(tmp_path: Path) -> None:
 def test_open_imports_no_alembic_in_a_fresh_process(small_store: Path) -> None:
     code = ("import sys, casckpt\n"
             f"casckpt.open({str(small_store)!r}, create=False).close()\n"
-            "print(sorted(m for m in ('alembic', 'torch', 'botocore', 'transformers', 'accelerate', 'peft')\n"
+            "print(sorted(m for m in ('alembic', 'torch', 'botocore', 'transformers', 'accelerate', 'peft',\n"
+            "                         'numpy', 'casckpt.engine.packlayer.packs', 'casckpt.format.manifest')\n"
             "             if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, check=False)

@@ -389,6 +389,42 @@ def test_json_nesting_agrees_with_the_parsed_depth(value: Any, ascii_only: bool,
     assert json_nesting(text) == _json_depth(value)
 
 
+def _nesting_by_numpy(text: bytes) -> int:
+    """The vectorised count json_nesting made before it dropped numpy: the reference."""
+    codes = np.frombuffer(text, dtype=np.uint8)
+    quotes = np.flatnonzero(codes == ord('"'))
+    after_backslash = quotes[(quotes > 0) & (codes[quotes - 1] == ord("\\"))]
+    if len(after_backslash):
+        slashes = np.flatnonzero(codes == ord("\\"))
+        run_starts = slashes[np.r_[True, np.diff(slashes) != 1]]
+        starts = run_starts[np.searchsorted(run_starts, after_backslash, side="right") - 1]
+        escaped = after_backslash[(after_backslash - starts) % 2 == 1]
+        keep = np.ones(len(quotes), dtype=bool)
+        keep[np.searchsorted(quotes, escaped)] = False
+        quotes = quotes[keep]
+    table = bytes(1 if c in b"[{" else 255 if c in b"]}" else 0 for c in range(256))
+    steps = np.frombuffer(table, dtype=np.int8)[codes]
+    brackets = np.flatnonzero(steps)
+    brackets = brackets[np.searchsorted(quotes, brackets) % 2 == 0]
+    if not len(brackets):
+        return 0
+    return int(np.cumsum(steps[brackets], dtype=np.int64).max())
+
+
+@PROPERTY
+@given(text=st.binary(max_size=40) | st.text(alphabet=st.sampled_from('[]{}"\\a \n'), max_size=40)
+       .map(str.encode))
+def test_json_nesting_of_any_bytes_matches_the_vectorised_count(text: bytes) -> None:
+    """Forged documents included (unterminated strings, stray backslashes, unbalanced brackets)."""
+    assert json_nesting(text) == _nesting_by_numpy(text)
+
+
+def test_json_nesting_is_linear_on_a_forged_run_of_escaped_quotes() -> None:
+    text = b'"' + b'\\"' * 200_000 + b"[" * 10
+    assert json_nesting(text) == _nesting_by_numpy(text) == 0
+    assert json_nesting(b"[" * 100_000 + b'"\\') == 100_000
+
+
 def _manifest_json(root: str, metadata: str = "{}") -> bytes:
     head = {"format": "casckpt.manifest", "version": 1, "run": "r", "step": 0, "parent": None,
             "created_at": 0.0, "metrics": {}, "message": None, "tags": [], "blobs": [], "tensors": []}

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from casckpt.catalog import PackLayout
 from casckpt.catalog import shards as shard_sql
-from casckpt.engine.context import EngineContext
+from casckpt.engine.context import StoreView
 from casckpt.storage.locations import LocationSet
 
 _DELTA_DEPTH = 1000  # base chains are at most 64 deep; this only stops a cycle a damaged catalog might hold
@@ -40,7 +40,7 @@ class Shortfall:
         return f"pack {self.pack_id[:12]}: {', '.join(self.problems)}"
 
 
-def shortfall(ctx: EngineContext, layout: PackLayout) -> Shortfall | None:
+def shortfall(ctx: StoreView, layout: PackLayout) -> Shortfall | None:
     """What keeps ``layout`` below its scheme's redundancy (None: nothing). Locations this
     process does not know yet (added meanwhile by another) are given the benefit of the doubt.
     A pack still on a fast tier has no shards yet: it is waiting for its drain, not degraded."""
@@ -78,12 +78,12 @@ def doubled_domains(locations: LocationSet, layout: PackLayout) -> dict[str, lis
     return {domain: indexes for domain, indexes in sorted(by_domain.items()) if len(indexes) > 1}
 
 
-def shortfalls(ctx: EngineContext, layouts: Iterable[PackLayout]) -> list[Shortfall]:
+def shortfalls(ctx: StoreView, layouts: Iterable[PackLayout]) -> list[Shortfall]:
     """:func:`shortfall` of each layout that has one."""
     return [found for layout in layouts if (found := shortfall(ctx, layout)) is not None]
 
 
-def of_chunks(ctx: EngineContext, chunk_ids: Sequence[str]) -> list[Shortfall]:
+def of_chunks(ctx: StoreView, chunk_ids: Sequence[str]) -> list[Shortfall]:
     """The degraded packs among those holding ``chunk_ids`` (hex) and the delta bases they are
     decoded against, from the catalog's shard rows as they are now."""
     packs: set[str] = set()
@@ -100,7 +100,7 @@ def of_chunks(ctx: EngineContext, chunk_ids: Sequence[str]) -> list[Shortfall]:
     return shortfalls(ctx, (layouts[p] for p in sorted(layouts)))
 
 
-def anywhere(ctx: EngineContext) -> bool:
+def anywhere(ctx: StoreView) -> bool:
     """Whether any pack of the store is degraded now (a version cannot be, when none is)."""
     unreadable = [loc.id for loc in ctx.locations.all if not loc.readable]
     suspects = shard_sql.degraded_candidates(ctx.catalog, unreadable)

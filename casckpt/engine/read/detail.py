@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from casckpt.catalog import deltas as deltas_sql
 from casckpt.catalog.rows import VersionRow
-from casckpt.engine.context import EngineContext
+from casckpt.engine.context import StoreView
 from casckpt.engine.read import degraded, treeviews
 from casckpt.engine.versions.refs import bind
 from casckpt.format.dtypes import element_size
@@ -19,7 +19,7 @@ from casckpt.format.treemanifest import head_values
 from casckpt.types import TensorInfo, Version, VersionDetail, group_tensors, natural_key, sorted_groups
 
 
-def version_detail(ctx: EngineContext, row: VersionRow, version: Version, *, tensors: bool) -> VersionDetail:
+def version_detail(ctx: StoreView, row: VersionRow, version: Version, *, tensors: bool) -> VersionDetail:
     """The :class:`~casckpt.types.VersionDetail` of ``row`` (``version``: the row with its
     tags); ``tensors=False`` leaves the per-tensor list out and fills only the summary."""
     views = treeviews.Trees(ctx.catalog)
@@ -51,7 +51,7 @@ def version_detail(ctx: EngineContext, row: VersionRow, version: Version, *, ten
                          tensor_bytes=sum(g.nbytes for g in groups), tensor_groups=groups)
 
 
-def _summary(ctx: EngineContext, version: Version, tree: TreeHead | None) -> VersionDetail | None:
+def _summary(ctx: StoreView, version: Version, tree: TreeHead | None) -> VersionDetail | None:
     """``tensors=False`` of a tree version from its document alone (None: the document keeps
     no summary -- a document of format 1 or 2 never does --, or the store has degraded packs
     or delta chunks: read the tree)."""

@@ -10,12 +10,12 @@ import difflib
 import logging
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from casckpt.catalog import Catalog
 from casckpt.catalog.history import fork_point
 from casckpt.catalog.rows import VersionRow
 from casckpt.engine.versions.durability import restorable_here
-from casckpt.engine.versions.nodes import StoreNodes
 from casckpt.engine.versions.validate import MAX_STEP
 from casckpt.errors import (
     AmbiguousRefError,
@@ -24,7 +24,9 @@ from casckpt.errors import (
     RunNotFoundError,
     VersionMismatchError,
 )
-from casckpt.format.manifest import Manifest, decode_manifest
+
+if TYPE_CHECKING:  # the manifest format loads with the first manifest read (a ref needs none)
+    from casckpt.format.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
@@ -194,4 +196,7 @@ def load_manifest(catalog: Catalog, row: VersionRow) -> Manifest:
         CorruptManifestError: the catalog's copy does not decode or hash to the id.
         VersionMismatchError: it is another version than the row says.
     """
+    from casckpt.engine.versions.nodes import StoreNodes
+    from casckpt.format.manifest import decode_manifest
+
     return bind(row, decode_manifest(catalog.manifest(row.id), row.id, StoreNodes(catalog)))
