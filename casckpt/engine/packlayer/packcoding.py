@@ -69,19 +69,21 @@ class ErasureCoder:
 
     One :class:`ErasureCode` per (k, m, algorithm) is built on first use and
     kept for the life of the coder. With ``workers`` > 0, :meth:`encode_file`
-    encodes in up to that many worker processes (at most one per CPU; the
+    encodes in up to that many worker processes (at most half the CPUs; the
     first starts when :meth:`prepare` or :meth:`encode_file` first needs it,
     see :class:`~casckpt.storage.ecpool.EncodePool`), so encoding never holds
-    this process's GIL and the packs a commit has in flight are encoded side
-    by side; everything else runs here. Thread-safe; call :meth:`close` last.
+    this process's GIL and, with four cores or more, the packs a commit has in
+    flight are encoded side by side; everything else runs here. Thread-safe;
+    call :meth:`close` last.
     """
 
     def __init__(self, workers: int = 0) -> None:
         self._codes: dict[tuple[int, int, str], ErasureCode] = {}
         self._lock = Lock()
-        # one per core at most, not half of them: a pack that waits for the one busy worker
-        # while another core idles is the whole tail of a commit (its hashing is done by then)
-        workers = min(workers, os.cpu_count() or 1)
+        # at most half the cores: a worker's first pack faults in ~4 packs' bytes of fresh
+        # memory, and on 2 cores a second worker measured +0.25 to +1.5 CPU-s per commit for
+        # no wall time (docs/perf/erasure2.md): the hashing and compression hold the other core
+        workers = min(workers, max(1, (os.cpu_count() or 2) // 2))
         self._pool = EncodePool(workers) if workers > 0 else None
 
     def prepare(self, redundancy: Redundancy, packs: int = 1) -> None:

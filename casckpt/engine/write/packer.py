@@ -47,7 +47,7 @@ class Packer:
     (or :meth:`abort`) returns. Finished packs are stored and recorded on the context's
     upload pool while the next pack fills. At most ``config.upload_workers`` packs are in
     flight (sealed, not yet stored and recorded) beside the one filling, each encoded by
-    an erasure-coding worker of its own where the store has that many cores: the staging
+    an erasure-coding worker of its own where the store has twice that many cores: the staging
     disk holds at most ``upload_workers + 1`` packs and, per pack in flight, its shard
     files; the workers at most one pack and its shards each. Call order: :meth:`add` any
     number of times, then :meth:`finish` (or :meth:`abort` after a failure). Not
