@@ -27,6 +27,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_compl
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from casckpt.storage.ecworker import MALLOC_ENV
 from casckpt.storage.erasure import ErasureCode
@@ -45,8 +46,18 @@ class Floor:
     seconds: float
 
 
+_started: list[Any] = []  # in a worker: the barrier every worker meets before the clock starts
+
+
+def _join(barrier: Any) -> None:
+    _started.append(barrier)
+
+
 def _ready() -> int:
-    ErasureCode(4, 2)  # imports pyeclib and builds a driver once, before the clock starts
+    """Import pyeclib, then wait for every other worker: each runs one of these at once, so
+    the pool has started all of them before the clock starts."""
+    ErasureCode(4, 2)
+    _started[0].wait(120)
     return os.getpid()
 
 
@@ -95,10 +106,12 @@ def ec_floor(data: Sequence[memoryview | bytes], pack_size: int, k: int, m: int,
     packs = _stage(data, pack_size, staging)
     total = sum(p.stat().st_size for p in packs)
     count = workers or os.cpu_count() or 1
+    context = multiprocessing.get_context("spawn")
     with _environment(MALLOC_ENV), ProcessPoolExecutor(
-            count, mp_context=multiprocessing.get_context("spawn")) as pool:
-        for f in [pool.submit(_ready) for _ in range(count)]:
-            f.result()
+            count, mp_context=context, initializer=_join, initargs=(context.Barrier(count),)) as pool:
+        pids = {f.result() for f in [pool.submit(_ready) for _ in range(count)]}
+        if len(pids) != count:
+            raise RuntimeError(f"{len(pids)} of {count} floor workers started before the clock")
         with ThreadPoolExecutor(k + m) as io:
             start = time.perf_counter()
             encoded = [pool.submit(_encode_and_write, str(p), k, m, [str(r) for r in roots])
