@@ -9,8 +9,10 @@ the same pyeclib code, without casckpt's shard headers and checksums) and writes
 K+M fragments to the K+M location directories, then takes the next pack, while this
 process fsyncs the fragments written (one thread per fragment: fsync releases the
 GIL). So encoding on every core overlaps with the disk's writes, and the clock runs
-from the first pack handed over to the last fsync; the workers start (and import
-pyeclib) before it.
+from the first pack handed over to the last fsync; the workers start, import pyeclib
+and encode one pack of zeros before it, so their heaps are warm (a store's encoding
+worker is, from its second pack on; its first pack faults in ~4 pack sizes of memory,
+docs/perf/erasure2.md).
 
 Workers are ``spawn``ed (no fork of a process holding torch's threads) with the
 allocator settings casckpt's encoding workers use (``MALLOC_ENV``), so both pay the
@@ -53,10 +55,11 @@ def _join(barrier: Any) -> None:
     _started.append(barrier)
 
 
-def _ready() -> int:
-    """Import pyeclib, then wait for every other worker: each runs one of these at once, so
-    the pool has started all of them before the clock starts."""
-    ErasureCode(4, 2)
+def _ready(k: int, m: int, pack_size: int) -> int:
+    """Import pyeclib and encode one pack of zeros (the heap then holds what an encode needs:
+    no page faults in the clock), then wait for every other worker: each runs one of these
+    at once, so the pool has started all of them before the clock starts."""
+    ErasureCode(k, m).encode(bytes(pack_size))
     _started[0].wait(120)
     return os.getpid()
 
@@ -109,7 +112,7 @@ def ec_floor(data: Sequence[memoryview | bytes], pack_size: int, k: int, m: int,
     context = multiprocessing.get_context("spawn")
     with _environment(MALLOC_ENV), ProcessPoolExecutor(
             count, mp_context=context, initializer=_join, initargs=(context.Barrier(count),)) as pool:
-        pids = {f.result() for f in [pool.submit(_ready) for _ in range(count)]}
+        pids = {f.result() for f in [pool.submit(_ready, k, m, pack_size) for _ in range(count)]}
         if len(pids) != count:
             raise RuntimeError(f"{len(pids)} of {count} floor workers started before the clock")
         with ThreadPoolExecutor(k + m) as io:
