@@ -14,7 +14,11 @@ give. In this order:
    (so drift hits all alike), median kept, with the CPU seconds of the
    committing process and of the erasure-coding worker processes (whose
    start-up is part of a store's first erasure-coded commit); the last
-   round's stores go on. Then ``RESTORE_ROUNDS`` rounds of a full restore
+   round's stores go on. Each round first measures the floor of the ``ec:4+2``
+   commit (``benchmarks/ecfloor.py``: the state's bytes, cut into packs of the
+   store's pack size, erasure-coded on all cores while the shards are written,
+   fsync'd, to six directories), median kept, so the commit's ratio to its floor
+   comes from the same run. Then ``RESTORE_ROUNDS`` rounds of a full restore
    (checked) of every store in turn, median kept;
 3. degraded restore: the data shards 0 and 1 of every ``ec:4+2`` pack are
    deleted from disk, then a full restore (checked) has to rebuild every pack
@@ -49,9 +53,11 @@ from typing import Any
 
 import casckpt
 from benchmarks import measure
+from benchmarks.ecfloor import Floor, ec_floor
 from benchmarks.suite import Baseline
 from benchmarks.suite import _baseline as torch_baseline  # the same fsync'd torch.save / torch.load
 from benchmarks.workloads import build
+from casckpt.config import DEFAULT_PACK_SIZE
 from casckpt.storage.erasure import ErasureCode
 from casckpt.testing.internals import internals
 
@@ -160,6 +166,8 @@ class RedundancyResult:
     logical_bytes: int
     baseline: Baseline
     schemes: dict[str, SchemeRun]
+    ec_floor: Floor  # the round of median seconds
+    ec_floor_rounds_s: list[float]
     degraded: Degraded
     scrub: Scrub
     repair: Repair
@@ -263,24 +271,38 @@ def _commit(store: casckpt.Store, roots: list[Path], state: Any) -> _Committed:
 
 
 def _commit_rounds(workdir: Path, state: Any, log: Log) -> tuple[dict[str, _Committed],
-                                                                 dict[str, list[_Committed]]]:
-    """``COMMIT_ROUNDS`` first commits per scheme into fresh stores, round-robin; the last
-    round's stores stay open (returned first), the others are closed and removed."""
+                                                                 dict[str, list[_Committed]], list[Floor]]:
+    """``COMMIT_ROUNDS`` rounds of the ``ec`` floor and a first commit per scheme into fresh
+    stores, round-robin; the last round's stores stay open (returned first), the others are
+    closed and removed."""
     rounds: dict[str, list[_Committed]] = {spec: [] for spec, _ in SCHEMES}
     kept: dict[str, _Committed] = {}
+    floors: list[Floor] = []
     try:
-        _commit_each_round(workdir, state, log, rounds, kept)
+        _commit_each_round(workdir, state, log, rounds, kept, floors)
     except BaseException:
         for c in kept.values():
             c.store.close()
         raise
-    return kept, rounds
+    return kept, rounds, floors
+
+
+def _floor(workdir: Path, state: Any) -> Floor:
+    """The floor of an ``ec:4+2`` first commit of ``state`` (``benchmarks/ecfloor.py``)."""
+    where = workdir / "ec-floor"
+    try:
+        return ec_floor([measure.raw_bytes(t) for _, t in measure.tensor_leaves(state)],
+                        DEFAULT_PACK_SIZE, EC_K, EC_M, where)
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
 
 
 def _commit_each_round(workdir: Path, state: Any, log: Log, rounds: dict[str, list[_Committed]],
-                       kept: dict[str, _Committed]) -> None:
+                       kept: dict[str, _Committed], floors: list[Floor]) -> None:
     for i in range(COMMIT_ROUNDS):
         last = i == COMMIT_ROUNDS - 1
+        log(f"{NAME}: {EC} floor: encode on all cores + write the shards ({i + 1}/{COMMIT_ROUNDS})")
+        floors.append(_floor(workdir, state))
         for spec, count in SCHEMES:
             base = workdir if last else workdir / f"round{i}"
             roots = _locations(base, spec, count)
@@ -396,7 +418,7 @@ def run_redundancy(scale: float, workdir: Path, log: Log) -> RedundancyResult:
     baseline = torch_baseline(state, workdir)
     committed: dict[str, _Committed] = {}
     try:
-        committed, commits = _commit_rounds(workdir, state, log)
+        committed, commits, floors = _commit_rounds(workdir, state, log)
         log(f"{NAME}: full restores, {RESTORE_ROUNDS} rounds over {', '.join(committed)}")
         rounds = _restore_rounds(committed, state)
         schemes = {spec: _scheme_run(spec, c, commits[spec], rounds[spec]) for spec, c in committed.items()}
@@ -420,6 +442,8 @@ def run_redundancy(scale: float, workdir: Path, log: Log) -> RedundancyResult:
         logical_bytes=measure.logical_bytes(state),
         baseline=baseline,
         schemes=schemes,
+        ec_floor=sorted(floors, key=lambda f: f.seconds)[len(floors) // 2],
+        ec_floor_rounds_s=[f.seconds for f in floors],
         degraded=degraded,
         scrub=scrub,
         repair=repair,

@@ -221,13 +221,13 @@ class EncodePool:
         return EncodedPack(int(reply["stripe"]), int(reply["offset"]), tuple(
             ShardFile(int(i), Path(out[int(i)]), int(n), str(c)) for i, n, c in reply["shards"]))
 
-    def warm(self) -> None:
-        """Start a worker now if none is running (it starts while the caller fills the first
-        pack, instead of when that pack is handed over). Never raises: where no worker can
-        start, :meth:`encode` says so."""
+    def warm(self, count: int = 1) -> None:
+        """Start a worker now if fewer than ``count`` (at most the pool's size) are running,
+        so it starts while the caller fills a pack instead of when that pack is handed over.
+        Never raises: where no worker can start, :meth:`encode` says so."""
         with self._cond:
             self._adopt()
-            if self._started or self._closed:
+            if self._started >= min(count, self._size) or self._closed:
                 return
             self._started += 1
         try:

@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -249,3 +250,117 @@ def test_garbled_shard_files_from_the_worker_are_never_stored(tmp_path: Path,
             return  # refused: fine
         monkeypatch.undo()
         assert torch.equal(store.restore("r@1")["a"], state["a"])  # published: must restore
+
+
+# -- a failure of a pack that is not the last in flight ----------------------------------------
+
+def _assert_failed_cleanly(store: casckpt.Store, root: Path, before: list[Path]) -> None:
+    """Nothing of the failed commit is visible or referenced; the store goes on."""
+    assert [v.step for v in store.log(RUN)] == [0]
+    with pytest.raises(RefNotFoundError):
+        store.resolve(f"{RUN}@1")
+    assert staging_files(store) == []
+    report = store.ops.check(read_data=True)
+    assert report.ok, report.problems
+    same(store.restore(f"{RUN}@0"), make_state(0))
+    store.gc(grace=0)  # the packs the failed commit did store are nobody's: gone, and only they
+    assert len(shard_files(root)) == sum(info.shards for info in store.locations.list())
+    assert set(before) <= set(shard_files(root))
+    store.commit(make_state(1), run=RUN, step=1)
+    for step in (0, 1):
+        same(store.restore(f"{RUN}@{step}"), make_state(step))
+    report = store.ops.check(read_data=True)
+    assert report.ok, report.problems
+
+
+def test_a_worker_killed_while_a_later_pack_is_in_flight_fails_the_commit_cleanly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first pack's worker dies mid-encode once the next pack was handed to the encoding
+    pool (two packs in flight to the coders): the commit fails typed, as with one pack in
+    flight, and the later pack, stored or not, is referenced by nothing."""
+    root, stop_dir = tmp_path / "store", tmp_path / "stop"
+    stop_dir.mkdir()
+    monkeypatch.setenv("CASCKPT_TEST_STOP_DIR", str(stop_dir))
+    popen = ecpool.subprocess.Popen
+    monkeypatch.setattr(ecpool.subprocess, "Popen",
+                        lambda args, **kwargs: popen([args[0], "-c", STOPPING_WORKER], **kwargs))
+    with open_store(root) as store:
+        store.commit(make_state(0), run=RUN, step=0)
+        before = shard_files(root)
+        handed: list[str] = []
+        lock, later = threading.Lock(), threading.Event()
+        overlapped: list[bool] = []
+        killed: list[int] = []
+        encode, send = ecpool.EncodePool.encode, ecpool._Worker.send
+
+        def encode_noting(pool: ecpool.EncodePool, pack: Path, pack_id: str, *args: Any) -> Any:
+            with lock:
+                handed.append(pack_id)
+                if len(handed) > 1:
+                    later.set()
+            return encode(pool, pack, pack_id, *args)
+
+        def send_then_kill(self: Any, request: dict[str, Any]) -> None:
+            if killed or request["id"] != handed[0]:
+                send(self, request)
+                return
+            (stop_dir / str(self.pid)).touch()
+            send(self, request)
+            overlapped.append(later.wait(60))  # the next pack went to the pool meanwhile
+            deadline = time.monotonic() + 60
+            while not stopped(self.pid) and time.monotonic() < deadline:
+                time.sleep(0.001)
+            os.kill(self.pid, signal.SIGKILL)
+            killed.append(self.pid)
+
+        monkeypatch.setattr(ecpool.EncodePool, "encode", encode_noting)
+        monkeypatch.setattr(ecpool._Worker, "send", send_then_kill)
+        with pytest.raises(EncodeWorkerError) as info:
+            store.commit(make_state(1), run=RUN, step=1)
+        assert "SIGKILL" in str(info.value) and "commit again" in str(info.value)
+        assert handed[0] in str(info.value)  # the error is the first pack's
+        assert overlapped == [True] and len(set(handed)) >= 2
+        assert killed and not alive(killed[0])
+        monkeypatch.undo()
+        _assert_failed_cleanly(store, root, before)
+
+
+def test_a_pack_refused_by_its_locations_while_a_later_pack_is_in_flight_fails_the_commit_cleanly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every shard write of the first pack fails (below the write quorum) once the next pack
+    is with a worker: the commit fails with the StorageError a single pack gets, and the
+    later pack is referenced by nothing."""
+    from casckpt.errors import StorageError
+    from casckpt.format import objectnames
+    from casckpt.storage.local import LocalBlobStore
+
+    root = tmp_path / "store"
+    with open_store(root) as store:
+        store.commit(make_state(0), run=RUN, step=0)
+        before = shard_files(root)
+        encoded: list[str] = []
+        lock, later = threading.Lock(), threading.Event()
+        overlapped: list[bool] = []
+        encode, put_file = ecpool.EncodePool.encode, LocalBlobStore.put_file
+
+        def encode_noting(pool: ecpool.EncodePool, pack: Path, pack_id: str, *args: Any) -> Any:
+            with lock:
+                encoded.append(pack_id)
+                if len(encoded) > 1:
+                    later.set()
+            return encode(pool, pack, pack_id, *args)
+
+        def refuse_the_first(blobs: LocalBlobStore, key: str, path: Path) -> None:
+            if key.startswith(objectnames.pack_name(encoded[0]) + "."):
+                overlapped.append(later.wait(60))
+                raise StorageError(f"{key}: refused (injected)")
+            put_file(blobs, key, path)
+
+        monkeypatch.setattr(ecpool.EncodePool, "encode", encode_noting)
+        monkeypatch.setattr(LocalBlobStore, "put_file", refuse_the_first)
+        with pytest.raises(StorageError, match="durable on only 0 of 6 shards") as info:
+            store.commit(make_state(1), run=RUN, step=1)
+        assert "write quorum is 5" in str(info.value) and encoded[0] in str(info.value)
+        assert overlapped and all(overlapped) and len(encoded) >= 2
+        monkeypatch.undo()
+        _assert_failed_cleanly(store, root, before)

@@ -184,8 +184,12 @@ def test_workers_start_on_first_use_and_stop_when_the_pool_closes(tmp_path: Path
     (pid,) = pool.pids()
     pool.warm()  # one is running: warm starts no other
     assert pool.pids() == [pid]
+    pool.warm(5)  # two packs (or more) to encode at once: a second starts, up to the pool's size
+    pool.warm(5)
+    pids = pool.pids()
+    assert len(pids) == 2 and pid in pids
     pool.close()
-    assert not _alive(pid)
+    assert not any(_alive(p) for p in pids)
     with pytest.raises(StorageError, match="closed"):
         pool.encode(pack, PACK_ID, len(data), 2, 1, DEFAULT_ALGORITHM, out[3:6])
 

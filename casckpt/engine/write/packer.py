@@ -45,12 +45,14 @@ class Packer:
     Chunks are written to the staging file, and hashed for the pack id, on the packer's
     own sink thread, in the order added: a payload must stay unchanged until :meth:`finish`
     (or :meth:`abort`) returns. Finished packs are stored and recorded on the context's
-    upload pool while the next pack fills, with at most ``_IN_FLIGHT`` packs pending
-    (bounding staging disk and memory). Call order: :meth:`add` any number of times, then
-    :meth:`finish` (or :meth:`abort` after a failure). Not thread-safe.
+    upload pool while the next pack fills. At most ``config.upload_workers`` packs are in
+    flight (sealed, not yet stored and recorded) beside the one filling, each encoded by
+    an erasure-coding worker of its own where the store has twice that many cores: the staging
+    disk holds at most ``upload_workers + 1`` packs and, per pack in flight, its shard
+    files; the workers at most one pack and its shards each. Call order: :meth:`add` any
+    number of times, then :meth:`finish` (or :meth:`abort` after a failure). Not
+    thread-safe.
     """
-
-    _IN_FLIGHT = 2
 
     def __init__(self, ctx: EngineContext, redundancy: Redundancy,
                  on_stored: Callable[[StoredPack], None] | None = None, *, fast: bool = False) -> None:
@@ -70,6 +72,8 @@ class Packer:
         self._staged: dict[Path, BinaryIO] = {}  # staging files no upload took over yet
         self._staged_lock = threading.Lock()
         self._pending: deque[Future[StoredPack]] = deque()
+        self._in_flight = max(1, ctx.config.upload_workers)  # packs pending beside the one filling
+        self._opened = 0
         self.stored_bytes = 0
         self.packs: list[StoredPack] = []
 
@@ -107,7 +111,9 @@ class Packer:
     def _open(self) -> tuple[PackWriter, Path, PackSink]:
         """Open the next pack's staging file (and the sink, with the first): its writer, path
         and the sink that writes it."""
-        self._ctx.packs.coder.prepare(self._redundancy)  # an encoding worker starts while this pack fills
+        # the encoding workers the packs in flight will need start while this one fills
+        self._ctx.packs.coder.prepare(self._redundancy, min(self._opened + 1, self._in_flight))
+        self._opened += 1
         sink = self._sink if self._sink is not None else PackSink(_QUEUE_CHUNKS * self._ctx.config.chunk_size)
         self._sink = sink
         reserved = self._on_tier()
@@ -157,7 +163,7 @@ class Packer:
 
     def _close(self) -> None:
         """Have the sink seal the open pack (footer, trailer, id) and hand it to the upload
-        pool; wait while more than ``_IN_FLIGHT`` packs are pending."""
+        pool; wait while more than ``upload_workers`` packs are pending."""
         writer, file, path, held = self._writer, self._file, self._path, self._held
         if writer is None or file is None or path is None or self._sink is None:
             return
@@ -187,7 +193,7 @@ class Packer:
 
         self._sink.put(seal)
         self._pending.append(stored)
-        while len(self._pending) > self._IN_FLIGHT:
+        while len(self._pending) > self._in_flight:
             self.packs.append(self._pending.popleft().result())
 
     def _store(self, pack_id: str, size: int, entries: Sequence[PackEntry], path: Path,
