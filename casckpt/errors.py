@@ -69,6 +69,11 @@ class InvalidConfigError(InvalidArgumentError):
     """A store's config file cannot be decoded or holds a bad value."""
 
 
+class ForkedStoreError(CasckptError, RuntimeError):
+    """A process forked from the one that opened a store used it (its connections, pools and
+    cache belong to the parent): open the store again in the child."""
+
+
 class StoreIdentityError(CasckptError, RuntimeError):
     """The catalog and a blob location are not of the same store: the catalog is missing,
     empty, stale or another store's. Nothing was changed; the message says how to recover."""

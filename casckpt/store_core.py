@@ -20,6 +20,7 @@ new one.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import weakref
@@ -39,7 +40,13 @@ from casckpt.engine.locations.leftovers import reclaim_leftovers
 from casckpt.engine.locations.probe import LocationProber
 from casckpt.engine.versions.durability import check_readable
 from casckpt.engine.versions.refs import load_manifest, resolve
-from casckpt.errors import CasckptError, InvalidArgumentError, ReadOnlyStoreError, StoreIdentityError
+from casckpt.errors import (
+    CasckptError,
+    ForkedStoreError,
+    InvalidArgumentError,
+    ReadOnlyStoreError,
+    StoreIdentityError,
+)
 from casckpt.format.crypto import PLAIN, StoreCrypto
 from casckpt.storage import BlobStore, open_blob_store, redact_url
 from casckpt.storage.locations import CurrentLocations, Location, LocationSet
@@ -142,8 +149,9 @@ class StoreCore:
         if read_only is None:  # a reader leaves dead commits' files to the writers
             reclaim_leftovers(staging, locations)  # staging and tmp files of dead commits
         self._staging = ScratchDir(staging)
-        self.catalog = catalog
-        self.cache = cache
+        self._pid = os.getpid()  # the process the connections, pools and cache belong to
+        self._catalog = catalog
+        self._cache = cache
         self.config = settings
         self.current_locations = CurrentLocations(locations)
         self._write_quorum = write_quorum
@@ -159,6 +167,34 @@ class StoreCore:
             from casckpt.engine.tiering.tier import DrainWorker
 
             self.drainer = DrainWorker(tier, lambda stop: self.drain(stop=stop))
+
+    @property
+    def catalog(self) -> Catalog:
+        """The store's catalog (see :meth:`refuse_forked` for the one error)."""
+        self.refuse_forked()
+        return self._catalog
+
+    @property
+    def cache(self) -> IndexCache:
+        """This host's index cache (see :meth:`refuse_forked` for the one error)."""
+        self.refuse_forked()
+        return self._cache
+
+    def refuse_forked(self) -> None:
+        """A forked child inherits the parent's catalog connections, thread pools and LMDB
+        environment, none of which it can use (a commit hung on the pools' dead threads; a
+        SQLite connection or LMDB environment shared across a fork can corrupt them), so every
+        use of the store there stops here, before it touches any of them.
+
+        Raises:
+            ForkedStoreError: this process is a fork of the one that opened the store.
+        """
+        if os.getpid() != self._pid:
+            raise ForkedStoreError(
+                f"this store was opened by process {self._pid} and this process ({os.getpid()}) is "
+                "a fork of it: its catalog connections, thread pools and cache belong to the "
+                "parent. Open the store again in this process (casckpt.open), e.g. in a DataLoader "
+                "worker's worker_init_fn or at the top of a multiprocessing target")
 
     @property
     def locations(self) -> LocationSet:
@@ -195,6 +231,7 @@ class StoreCore:
         return engine.committer if engine is not None else None
 
     def _built(self) -> _Engine:
+        self.refuse_forked()
         engine = self._engine
         if engine is not None:
             return engine
@@ -254,6 +291,9 @@ class StoreCore:
         """Finish pending background commits, then release threads, the cache, pooled
         connections and clients. Idempotent (see ``Store.close`` for what it raises)."""
         if self.closed:
+            return
+        if os.getpid() != self._pid:  # a forked child: everything here is the parent's to release
+            self.closed = True
             return
         self._refuse_close_while_saving()
         self.closed = True
