@@ -21,7 +21,15 @@ from sqlalchemy import ColumnElement, Connection, Select, Text, case, cast, func
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import Catalog
 from casckpt.catalog.database import BATCH, batches, upsert
-from casckpt.catalog.rows import VERSION_COLUMNS, StoredContent, content_row, tags_of, version_query, versions
+from casckpt.catalog.rows import (
+    VERSION_COLUMNS,
+    StoredContent,
+    collection_paused,
+    content_row,
+    tags_of,
+    version_query,
+    versions,
+)
 from casckpt.errors import RefNotFoundError, RunExistsError
 from casckpt.types import Version
 
@@ -124,10 +132,10 @@ def log(catalog: Catalog, f: LogFilter) -> list[Version]:
 
     One read transaction, two statements whatever the number of versions.
     """
-    with catalog.read() as conn:
+    with collection_paused(), catalog.read() as conn:
         rows = list(conn.execute(_log_query(f, conn.dialect.name)).all())
         tags = tags_of(conn, [r[0] for r in rows])
-    return versions(rows, tags)
+        return versions(rows, tags)
 
 
 def tags(catalog: Catalog, run: str | None) -> list[tuple[str, float, Version]]:

@@ -24,7 +24,7 @@ from typing import Any
 
 from casckpt.catalog import Catalog, rows
 from casckpt.catalog import history as sql
-from casckpt.catalog.rows import StoredContent, VersionRow, damaged, versions
+from casckpt.catalog.rows import StoredContent, VersionRow, collection_paused, damaged, versions
 from casckpt.engine.read import treeviews
 from casckpt.engine.versions.refs import bind, check_run, load_manifest, tag_not_found
 from casckpt.errors import (
@@ -232,6 +232,12 @@ def tensor_history(catalog: Catalog, run: str, path: str) -> list[TensorHistoryE
     if segments is None:
         check_run(catalog, run)
         raise RefNotFoundError(run, "the run disappeared")
+    with collection_paused():  # 10,000 entries are common: see collection_paused
+        return _history(catalog, run, path, segments)
+
+
+def _history(catalog: Catalog, run: str, path: str,
+             segments: Sequence[sql.Segment]) -> list[TensorHistoryEntry]:
     found, tags = sql.tensor_changes(catalog, segments, path)
     rows = _from_trees(catalog, found, path)
     kept: list[Sequence[Any]] = []
