@@ -18,7 +18,9 @@ from sqlalchemy import bindparam, select, update
 
 import casckpt
 from casckpt.catalog import Catalog, tensorchanges
+from casckpt.catalog import history as history_sql
 from casckpt.catalog import schema as s
+from casckpt.errors import CatalogError
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "golden"))
 from make_legacy import OPTIONS, legacy  # noqa: E402
@@ -99,7 +101,8 @@ def _exact(store: casckpt.Store) -> dict[tuple[str, str], list[tuple[Any, ...]]]
 
 @pytest.mark.parametrize("how", ["upgraded", "rebuilt", "postgres"])
 def test_recorded_changes_are_exact_and_history_is_unchanged(tmp_path: Path, how: str,
-                                                             request: pytest.FixtureRequest) -> None:
+                                                             request: pytest.FixtureRequest,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     with _open(tmp_path, how, request) as store:
         recorded = _recorded(store)
         known = {k: v for k, v in recorded.items() if v is not None}
@@ -111,6 +114,8 @@ def test_recorded_changes_are_exact_and_history_is_unchanged(tmp_path: Path, how
         changed = [e for entries in histories.values() for e in entries if e[1] == "changed"]
         assert len(changed) >= 8
         assert _refilled(store) == recorded  # the writer of each version's rows and fill() agree
+        monkeypatch.setattr(history_sql, "BATCH", 2)  # the plan of a tensor with many contents
+        assert _histories(store) == histories
         assert store.ops.check().ok
 
 
@@ -146,10 +151,15 @@ def test_fill_is_idempotent_and_limited_to_the_versions_named(tmp_path: Path,
         assert _recorded(store) == {k: v if k[0] == child else None for k, v in recorded.items()}
 
 
-def test_history_uses_a_recorded_count_only_against_the_parent_state(tmp_path: Path,
-                                                                     request: pytest.FixtureRequest) -> None:
+@pytest.mark.parametrize("whole_listing", [False, True])
+def test_history_uses_a_recorded_count_only_against_the_parent_state(
+        tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
+        whole_listing: bool) -> None:
     """Every recorded count overwritten with 7: history shows 7 where the state before the
-    entry is the version's parent's, and the count from chunk lists where it is not."""
+    entry is the version's parent's, and the count from chunk lists where it is not (both
+    plans: versions by key, and each segment's whole listing)."""
+    if whole_listing:
+        monkeypatch.setattr(history_sql, "BATCH", 2)
     with _open(tmp_path, "upgraded", request) as store:
         store.delete("r@2")  # r@3's parent: r@3 follows r@1 in the history of r
         truth = _exact(store)
@@ -167,3 +177,10 @@ def test_history_uses_a_recorded_count_only_against_the_parent_state(tmp_path: P
         assert at(("r", "model.layers.l3.w"), r3, truth) == 8000
         f7 = store.resolve("f@7").id
         assert at(("f", "model.w"), f7, seen) == 7  # its parent r@1 is the state before it
+
+
+def test_a_damaged_recorded_count_is_a_typed_error(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    with _open(tmp_path, "upgraded", request) as store:
+        _write(store, {k: 1 << 40 for k, n in _recorded(store).items() if n is not None})
+        with pytest.raises(CatalogError, match="changed_bytes .* `casckpt check`"):
+            store.history("r", "model.w")

@@ -209,13 +209,14 @@ def _entry(version: Version, change: str, before: Sequence[Any] | None, now: Seq
     now = _checked(now)
     shape, nbytes = shapes[now[_SHAPE]], now[_NBYTES]
     moved = nbytes
-    if change != "changed" or before is None:
-        pass
-    elif now[_CHANGED] is not None:  # recorded with the row, against this very state before
-        moved = now[_CHANGED]
-    elif (before[_DTYPE] == now[_DTYPE] and shapes[before[_SHAPE]] == shape and _ids(before)
-          and _ids(now) and before[_SIZE] == now[_SIZE]):
-        moved = min(nbytes, differing_bytes(now[_SIZE], now[_CONTENT_NBYTES], before[_IDS], now[_IDS]))
+    if change == "changed" and before is not None:
+        if (recorded := now[_CHANGED]) is not None:  # recorded with the row, against this very state
+            if not (isinstance(recorded, int) and not isinstance(recorded, bool) and 0 <= recorded <= nbytes):
+                raise damaged(f"a tensor row's changed_bytes is {recorded!r}, not a count of its bytes")
+            moved = recorded
+        elif (before[_DTYPE] == now[_DTYPE] and shapes[before[_SHAPE]] == shape and _ids(before)
+              and _ids(now) and before[_SIZE] == now[_SIZE]):
+            moved = min(nbytes, differing_bytes(now[_SIZE], now[_CONTENT_NBYTES], before[_IDS], now[_IDS]))
     return TensorHistoryEntry(version, change, now[_DTYPE], shape, nbytes, now[_DIGEST], moved)
 
 
