@@ -33,7 +33,7 @@ from casckpt.catalog import schema as s
 from casckpt.catalog.database import batches
 from casckpt.format.chunks import ID_BYTES, differing_bytes
 
-Content = tuple[Any, Any, Any]
+Content = Sequence[Any]
 """``(chunk_size, nbytes, chunk_ids)`` of a ``contents`` row, unchecked."""
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from casckpt.catalog import Catalog, rows
+from casckpt.catalog import Catalog, rows, tensorchanges
 from casckpt.catalog import history as sql
 from casckpt.catalog.rows import StoredContent, VersionRow, collection_paused, damaged, versions
 from casckpt.engine.read import treeviews
@@ -33,7 +33,7 @@ from casckpt.errors import (
     RefNotFoundError,
     TensorNotFoundError,
 )
-from casckpt.format.chunks import ID_BYTES, differing_bytes
+from casckpt.format.chunks import differing_bytes
 from casckpt.format.manifest import Manifest
 from casckpt.format.state import iter_values
 from casckpt.types import (
@@ -185,13 +185,6 @@ class _Shapes(dict[str, tuple[int, ...]]):
         return shape
 
 
-def _ids(row: Sequence[Any]) -> bool:
-    """Whether the row has its tensor's chunk list (a damaged one counts as none)."""
-    ids, size = row[_IDS], row[_SIZE]
-    return isinstance(ids, (bytes, memoryview)) and len(ids) % ID_BYTES == 0 and \
-        isinstance(size, int) and size > 0
-
-
 def _checked(row: Sequence[Any]) -> Sequence[Any]:
     """``row`` once the values an entry is made of are of their types (the catalog may be damaged)."""
     nbytes, dtype, digest = row[_NBYTES], row[_DTYPE], row[_DIGEST]
@@ -214,9 +207,9 @@ def _entry(version: Version, change: str, before: Sequence[Any] | None, now: Seq
             if not (isinstance(recorded, int) and not isinstance(recorded, bool) and 0 <= recorded <= nbytes):
                 raise damaged(f"a tensor row's changed_bytes is {recorded!r}, not a count of its bytes")
             moved = recorded
-        elif (before[_DTYPE] == now[_DTYPE] and shapes[before[_SHAPE]] == shape and _ids(before)
-              and _ids(now) and before[_SIZE] == now[_SIZE]):
-            moved = min(nbytes, differing_bytes(now[_SIZE], now[_CONTENT_NBYTES], before[_IDS], now[_IDS]))
+        else:  # the rule the recorded counts were made with
+            same = before[_DTYPE] == now[_DTYPE] and shapes[before[_SHAPE]] == shape
+            moved = tensorchanges.changed_bytes(same, before[_SIZE:_IDS + 1], now[_SIZE:_IDS + 1], nbytes)
     return TensorHistoryEntry(version, change, now[_DTYPE], shape, nbytes, now[_DIGEST], moved)
 
 
