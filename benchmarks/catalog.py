@@ -3,7 +3,9 @@
 No tensor is committed: a store is created, then its catalog is filled
 directly with realistic rows, as 10,000 commits of a 50-tensor state would
 leave them (one ``versions`` row each with metrics, metadata and a manifest
-blob of the size a real one has; 50 ``tensors`` rows per version; one
+blob of the size a real one has; 50 ``tensors`` rows per version, each with its changed
+bytes against its parent (``tensors.changed_bytes``, as migration 0014 and catalog
+rebuilds write it); one
 ``contents`` row per distinct tensor content, with its chunk-id list; a tag
 every 1,000 steps). 40 of the 50 tensors change in every version (one chunk
 of four), 10 never change. Then, through the public API of a freshly opened
@@ -43,7 +45,7 @@ from sqlalchemy import func, select
 
 import casckpt
 from benchmarks.oldformats import encode_manifest
-from casckpt.catalog import Catalog
+from casckpt.catalog import Catalog, tensorchanges
 from casckpt.catalog import schema as s
 from casckpt.format.chunks import chunk_id, object_id
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry
@@ -177,6 +179,7 @@ def build(url: str, count: int = VERSIONS) -> tuple[int, int, int]:
                 conn.exec_driver_sql(
                     f"INSERT INTO {table} ({', '.join(columns)}) "
                     f"VALUES ({', '.join('?' * len(columns))})", rows)
+            tensorchanges.fill(conn)  # each row's changed bytes, as migration 0014 and rebuilds write them
             tensor_rows = conn.execute(select(func.count()).select_from(s.tensors)).scalar_one()
             content_rows = conn.execute(select(func.count()).select_from(s.contents)).scalar_one()
             conn.exec_driver_sql("PRAGMA cache_size=-2000")  # back to SQLite's default

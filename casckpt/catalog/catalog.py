@@ -26,7 +26,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from sqlalchemy import ColumnElement, Connection, Row, func, select, text
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from casckpt.catalog import audit, migrate
+from casckpt.catalog import audit, migrate, tensorchanges
 from casckpt.catalog import schema as s
 from casckpt.catalog.database import Database, batches, insert_ignore, sqlite_write_denied, upsert
 from casckpt.catalog.encryption import require_state_in
@@ -389,7 +389,8 @@ class Catalog:
         conn.execute(s.versions.insert().values(run_id=run_id, **version))
         if insert_deps(conn, version["id"], sorted(needed)):  # it needs a pack still on a fast tier
             version["durability"] = "fast"
-        for batch in batches(tensor_rows):
+        parent = version.get("parent_id")
+        for batch in batches(tensorchanges.with_changed_bytes(conn, parent, tensor_rows, content_rows)):
             conn.execute(s.tensors.insert(), batch)
         insert_ignore(conn, s.contents, content_rows, "digest")
         insert_ignore(conn, s.tree_nodes, list(node_rows), "id")

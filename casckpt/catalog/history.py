@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import operator
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -21,7 +21,15 @@ from sqlalchemy import ColumnElement, Connection, Select, Text, case, cast, func
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import Catalog
 from casckpt.catalog.database import BATCH, batches, upsert
-from casckpt.catalog.rows import VERSION_COLUMNS, StoredContent, content_row, tags_of, version_query, versions
+from casckpt.catalog.rows import (
+    VERSION_COLUMNS,
+    StoredContent,
+    collection_paused,
+    content_row,
+    tags_of,
+    version_query,
+    versions,
+)
 from casckpt.errors import RefNotFoundError, RunExistsError
 from casckpt.types import Version
 
@@ -124,10 +132,10 @@ def log(catalog: Catalog, f: LogFilter) -> list[Version]:
 
     One read transaction, two statements whatever the number of versions.
     """
-    with catalog.read() as conn:
+    with collection_paused(), catalog.read() as conn:
         rows = list(conn.execute(_log_query(f, conn.dialect.name)).all())
         tags = tags_of(conn, [r[0] for r in rows])
-    return versions(rows, tags)
+        return versions(rows, tags)
 
 
 def tags(catalog: Catalog, run: str | None) -> list[tuple[str, float, Version]]:
@@ -181,44 +189,45 @@ def tensor_changes(catalog: Catalog, segments: Sequence[Segment],
     digest at ``path`` differs from the version before, and every tree version
     (its tensor is read from its tree, not from rows). Between two kept versions
     the tensor is unchanged, so each row's predecessor state is the previous
-    row's. Each row holds :data:`VERSION_COLUMNS`, then ``dtype, shape`` (JSON
-    text), ``nbytes, digest`` of the tensor (NULL where the version has none),
-    ``n`` (1 for the segment's first version), then ``chunk_size,
-    content_nbytes, chunk_ids`` from its ``contents`` row, and ``tree_root``.
+    row's. Each row holds :data:`VERSION_COLUMNS`, ``tree_root``, then ``dtype,
+    shape`` (JSON text), ``nbytes, digest`` of the tensor (NULL where the version
+    has none), ``n`` (1 for the segment's first version), ``chunk_size,
+    content_nbytes, chunk_ids`` from its ``contents`` row, and ``changed``: the
+    changed bytes against the previous row where the tensor row recorded them
+    (``tensors.changed_bytes``, against its version's parent, whose tensor is the
+    previous row's: same dtype, shape and digest), else NULL. The ``contents``
+    columns are read only where a row's or the next row's ``changed`` is NULL;
+    elsewhere they are NULL.
 
-    One read transaction. When the tensor has few distinct contents (it rarely
-    changes), the kept versions are found from two index ranges joined here --
-    the tensor's rows (``ix_tensors_history``, covering) and each segment's
-    visible versions in step order -- and only their version and ``contents``
-    rows are read, by key. Otherwise (or when that keeps many versions: tree
-    versions) one statement per segment joins them in the database (a window
-    over the segment), which costs less than thousands of keyed reads.
+    One read transaction, ranges of covering indexes joined here: the tensor's
+    rows in every version of the store (``ix_tensors_history``), then each
+    segment's visible versions in step order (``ix_versions_history``) -- with all
+    their columns when the tensor has many distinct contents (it changes often),
+    else only their ids, and the kept versions' columns by key -- and the
+    ``contents`` rows needed, by key.
     """
-    kept: list[tuple[Any, ...]] = []  # (segment index, version id, n, dtype, shape, nbytes, digest, root)
     t = s.tensors.c
     with catalog.read() as conn:
-        # the tensor's distinct contents and its rows in every version of the store: ranges of
-        # the covering index (cheaper than probing it once per version of the lineage)
-        contents_seen = conn.execute(select(func.count(func.distinct(t.digest))).where(t.path == path))
-        if contents_seen.scalar_one() <= BATCH:
-            states = {row[0]: row[1:] for row in conn.execute(
-                select(t.version_id, t.dtype, cast(t.shape, Text), t.nbytes, t.digest).where(t.path == path))}
-            for i, seg in enumerate(segments):
-                kept += ((i, *state) for state in _changed_states(conn, seg, states))
-        if not kept or len(kept) > BATCH:  # many changes (or tree versions): joined in the database
-            rows = [tuple(r) for seg in segments for r in conn.execute(_changes_query(seg, path))]
-            return rows, tags_of(conn, [r[0] for r in rows])
-        columns = _version_columns(conn, kept)
-        found = _contents_in(conn, [k[6] for k in kept if k[6] is not None])
-        tags = tags_of(conn, [k[1] for k in kept])
-    rows = []
-    for _, vid, n, dtype, shape, nbytes, digest, root in kept:
-        if vid not in columns:  # deleted meanwhile (PostgreSQL reads each statement afresh)
-            continue
-        content = found.get(digest) if digest is not None else None
-        rows.append((*columns[vid], dtype, shape, nbytes, digest, n,
-                     *(content if content is not None else (None, None, None)), root))
+        states = {row[0]: row[1:] for row in conn.execute(
+            select(t.version_id, t.dtype, cast(t.shape, Text), t.nbytes, t.digest, t.changed_bytes)
+            .where(t.path == path))}
+        many = len({state[3] for state in states.values()}) > BATCH
+        kept = [k for seg in segments for k in _changed_states(conn, seg, states, many)]
+        if not many:
+            columns = _version_columns(conn, [k[0][0] for k in kept])
+            kept = [(columns[r[0]], n, state) for r, n, state in kept if r[0] in columns]
+        rows, needed = _rows(kept, states)
+        found = _contents_in(conn, {rows[i][_DIGEST] for i in needed})
+        tags = tags_of(conn, [r[0] for r in rows])
+    for i in needed:
+        row = rows[i]
+        if (content := found.get(row[_DIGEST])) is not None:
+            rows[i] = (*row[:_SIZE], *content, row[_CHANGED])
     return rows, tags
+
+
+_ROOT = len(VERSION_COLUMNS)
+_DIGEST, _SIZE, _CHANGED = _ROOT + 4, _ROOT + 6, _ROOT + 9
 
 
 def _segment_conditions(seg: Segment) -> list[ColumnElement[bool]]:
@@ -229,37 +238,61 @@ def _segment_conditions(seg: Segment) -> list[ColumnElement[bool]]:
     return conditions
 
 
-_ABSENT = (None, None, None, None)
+_ABSENT = (None, None, None, None, None)
 
 
-def _changed_states(conn: Connection, seg: Segment,
-                    states: dict[str, tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """``(version id, n, dtype, shape, nbytes, digest, tree_root)`` of the segment's versions
-    where the tensor may have changed (see :func:`tensor_changes`), by step; ``states``: the
-    tensor's ``(dtype, shape, nbytes, digest)`` by version id."""
+def _changed_states(conn: Connection, seg: Segment, states: dict[str, tuple[Any, ...]],
+                    columns: bool) -> list[tuple[Any, int, tuple[Any, ...]]]:
+    """``(version, n, state)`` of the segment's versions where the tensor may have changed (see
+    :func:`tensor_changes`), by step: ``version`` its :data:`VERSION_COLUMNS` and ``tree_root``
+    when ``columns``, else only its id and ``tree_root``; ``state`` the tensor's ``(dtype,
+    shape, nbytes, digest, changed_bytes)`` in it, from ``states`` (by version id)."""
     v = s.versions.c
-    order = conn.execute(select(v.id, v.tree_root).where(*_segment_conditions(seg)).order_by(v.step))
-    out: list[tuple[Any, ...]] = []
+    query = version_query().add_columns(v.tree_root) if columns else select(v.id, v.tree_root)
+    out: list[tuple[Any, int, tuple[Any, ...]]] = []
     previous: Any = None
     absent, get = _ABSENT, states.get
-    for n, (vid, root) in enumerate(order, 1):
-        state = get(vid, absent)
+    for n, row in enumerate(conn.execute(query.where(*_segment_conditions(seg)).order_by(v.step)), 1):
+        state = get(row[0], absent)
         digest = state[3]
-        if n == 1 or digest != previous or root is not None:
-            out.append((vid, n, *state, root))
+        if n == 1 or digest != previous or row[-1] is not None:
+            out.append((row, n, state))
         previous = digest
     return out
 
 
-def _version_columns(conn: Connection, kept: Sequence[tuple[Any, ...]]) -> dict[str, tuple[Any, ...]]:
-    """:data:`VERSION_COLUMNS` of the kept versions (at most ``BATCH``) by id."""
-    ids = [k[1] for k in kept]
-    if not ids:
-        return {}
-    return {r[0]: tuple(r) for r in conn.execute(version_query().where(s.versions.c.id.in_(ids)))}
+def _version_columns(conn: Connection, ids: Sequence[str]) -> dict[str, Any]:
+    """:data:`VERSION_COLUMNS` and ``tree_root`` of the visible versions among ``ids``, by id."""
+    query = version_query().add_columns(s.versions.c.tree_root)
+    return {r[0]: r for batch in batches(ids) for r in conn.execute(query.where(s.versions.c.id.in_(batch)))}
 
 
-def _contents_in(conn: Connection, digests: Iterable[str]) -> dict[str, tuple[Any, Any, Any]]:
+def _rows(kept: Sequence[tuple[Any, int, tuple[Any, ...]]],
+          states: Mapping[str, tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], list[int]]:
+    """The rows of :func:`tensor_changes` (``contents`` columns NULL), and the positions of
+    those whose ``contents`` columns are needed."""
+    rows: list[tuple[Any, ...]] = []
+    needed: list[int] = []
+    before: tuple[Any, ...] | None = None  # the previous row's (dtype, shape, digest); None: a tree's
+    get = states.get
+    for version, n, (dtype, shape, nbytes, digest, stored) in kept:
+        changed = None
+        if stored is not None and before is not None:
+            parent = get(version[3])
+            if parent is not None and (parent[0], parent[1], parent[3]) == before:
+                changed = stored
+        root = version[-1]
+        if changed is None:  # compared from chunk lists: this row's and the one before
+            if before is not None and before[2] is not None and (not needed or needed[-1] != len(rows) - 1):
+                needed.append(len(rows) - 1)
+            if root is None and digest is not None:
+                needed.append(len(rows))
+        rows.append((*version, dtype, shape, nbytes, digest, n, None, None, None, changed))
+        before = (dtype, shape, digest) if root is None else None
+    return rows, needed
+
+
+def _contents_in(conn: Connection, digests: Collection[str]) -> dict[str, tuple[Any, Any, Any]]:
     """``(chunk_size, nbytes, chunk_ids)`` of ``contents`` rows by digest, unchecked (the
     engine checks what it uses)."""
     c = s.contents.c
@@ -268,30 +301,6 @@ def _contents_in(conn: Connection, digests: Iterable[str]) -> dict[str, tuple[An
         query = select(c.digest, c.chunk_size, c.nbytes, c.chunk_ids).where(c.digest.in_(batch))
         out.update((r[0], (r[1], r[2], r[3])) for r in conn.execute(query))
     return out
-
-
-def _changes_query(seg: Segment, path: str) -> Select[Any]:
-    v, t = s.versions, s.tensors
-    conditions = _segment_conditions(seg)
-    states = (
-        select(v.c.id.label("vid"), v.c.step.label("vstep"), t.c.dtype,
-               cast(t.c.shape, Text).label("shape"), t.c.nbytes, t.c.digest,
-               func.lag(t.c.digest).over(order_by=v.c.step).label("prev_digest"),
-               func.row_number().over(order_by=v.c.step).label("n"), v.c.tree_root)
-        .select_from(v.outerjoin(t, (t.c.version_id == v.c.id) & (t.c.path == path)))
-        .where(*conditions).subquery()
-    )
-    c = s.contents
-    return (
-        select(*VERSION_COLUMNS, states.c.dtype, states.c.shape, states.c.nbytes, states.c.digest,
-               states.c.n, c.c.chunk_size, c.c.nbytes.label("content_nbytes"), c.c.chunk_ids,
-               states.c.tree_root)
-        .select_from(states.join(v, v.c.id == states.c.vid).join(s.runs, s.runs.c.id == v.c.run_id)
-                     .outerjoin(c, c.c.digest == states.c.digest))
-        .where((states.c.n == 1) | states.c.digest.is_distinct_from(states.c.prev_digest)
-               | states.c.tree_root.is_not(None))  # a tree version's tensor is read from its tree
-        .order_by(states.c.vstep)
-    )
 
 
 def manifests(catalog: Catalog, version_ids: Sequence[str]) -> dict[str, Any]:

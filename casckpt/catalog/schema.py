@@ -77,8 +77,13 @@ versions = Table(
     UniqueConstraint("run_id", "step", name="uq_versions_run_step"),
 )
 Index("ix_versions_created_at", versions.c.created_at)
+# covering (migration 0014, SQLite): a run's version listing is one range of the index, never
+# the table row, whose later columns lie past the manifest's overflow pages. PostgreSQL keys
+# only the first five: it keeps large values out of line, and its index entries are bounded
 Index("ix_versions_history", versions.c.run_id, versions.c.state, versions.c.step, versions.c.id,
-      versions.c.tree_root)  # covering: a run's version ids from the index alone
+      versions.c.tree_root, versions.c.parent_id, versions.c.created_at, versions.c.logical_bytes,
+      versions.c.new_bytes, versions.c.stored_bytes, versions.c.duration_s, versions.c.meta,
+      versions.c.metrics, versions.c.message, versions.c.durability, versions.c.stall_s)
 
 tags = Table(
     "tags",
@@ -99,12 +104,15 @@ tensors = Table(
     Column("nbytes", BigInteger, nullable=False),
     Column("chunks", Integer, nullable=False),
     Column("digest", String(64), nullable=False),
+    # bytes that differ from the tensor at this path in the version's parent; NULL: unknown
+    # (catalog/tensorchanges.py; migration 0014)
+    Column("changed_bytes", BigInteger, nullable=True),
 )
 Index("ix_tensors_digest", tensors.c.digest)
-# covering: one path's history is one range of the index (migration 0008; PostgreSQL keys
-# path, version_id and INCLUDEs the rest, since JSON has no btree order)
+# covering: one path's history is one range of the index (migrations 0008, 0014; PostgreSQL
+# keys path, version_id and INCLUDEs the rest, since JSON has no btree order)
 Index("ix_tensors_history", tensors.c.path, tensors.c.version_id, tensors.c.digest, tensors.c.nbytes,
-      tensors.c.dtype, tensors.c.shape)
+      tensors.c.dtype, tensors.c.shape, tensors.c.changed_bytes)
 
 contents = Table(
     "contents",

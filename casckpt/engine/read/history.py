@@ -22,9 +22,9 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from casckpt.catalog import Catalog, rows
+from casckpt.catalog import Catalog, rows, tensorchanges
 from casckpt.catalog import history as sql
-from casckpt.catalog.rows import StoredContent, VersionRow, damaged, versions
+from casckpt.catalog.rows import StoredContent, VersionRow, collection_paused, damaged, versions
 from casckpt.engine.read import treeviews
 from casckpt.engine.versions.refs import bind, check_run, load_manifest, tag_not_found
 from casckpt.errors import (
@@ -33,7 +33,7 @@ from casckpt.errors import (
     RefNotFoundError,
     TensorNotFoundError,
 )
-from casckpt.format.chunks import ID_BYTES
+from casckpt.format.chunks import differing_bytes
 from casckpt.format.manifest import Manifest
 from casckpt.format.state import iter_values
 from casckpt.types import (
@@ -44,9 +44,6 @@ from casckpt.types import (
     Version,
     VersionDiff,
 )
-
-_VECTOR_FROM = 64  # chunk lists longer than this are compared with numpy (10x faster at 1,024)
-
 
 # -- runs and tags ------------------------------------------------------------------------
 
@@ -67,33 +64,7 @@ def changed_bytes(before: StoredContent | None, after: StoredContent | None, nby
     """
     if before is None or after is None or before.chunk_size != after.chunk_size:
         return nbytes
-    return min(nbytes, _differing(after.chunk_size, after.nbytes, before.chunk_ids, after.chunk_ids))
-
-
-def _differing(size: int, content_nbytes: int, old: bytes, new: bytes) -> int:
-    """Bytes of the ``size``-byte chunks of ``new`` (ids concatenated) whose id differs in ``old``."""
-    old, new = bytes(old), bytes(new)
-    if old == new:
-        return 0
-    if len(new) > _VECTOR_FROM * ID_BYTES and len(new) % ID_BYTES == 0 == len(old) % ID_BYTES:
-        return _differing_vector(size, content_nbytes, old, new)
-    total = 0
-    for start in range(0, len(new), ID_BYTES):
-        if new[start : start + ID_BYTES] != old[start : start + ID_BYTES]:
-            total += max(0, min(size, content_nbytes - start // ID_BYTES * size))
-    return total
-
-
-def _differing_vector(size: int, content_nbytes: int, old: bytes, new: bytes) -> int:
-    import numpy as np  # only long chunk lists get here: listing history needs no numpy
-
-    a = np.frombuffer(new, dtype=np.uint64).reshape(-1, ID_BYTES // 8)
-    b = np.frombuffer(old, dtype=np.uint64).reshape(-1, ID_BYTES // 8)
-    common = min(len(a), len(b))
-    differs = np.ones(len(a), dtype=bool)
-    differs[:common] = (a[:common] != b[:common]).any(axis=1)
-    starts = np.flatnonzero(differs) * size
-    return int(np.clip(content_nbytes - starts, 0, size).sum())
+    return min(nbytes, differing_bytes(after.chunk_size, after.nbytes, before.chunk_ids, after.chunk_ids))
 
 
 def _change(path: str, a: Any, b: Any,
@@ -193,8 +164,8 @@ def _tree_diff(catalog: Catalog, a: VersionRow, b: VersionRow, ha: Manifest, hb:
 
 # positions in a ``sql.tensor_changes`` row, after the version columns (rows are read by
 # position and the loop allocates as little as it can: 10,000 entries are a common case)
-_DTYPE, _SHAPE, _NBYTES, _DIGEST, _N, _SIZE, _CONTENT_NBYTES, _IDS, _ROOT = range(
-    len(VersionRow._fields), len(VersionRow._fields) + 9)
+_ROOT, _DTYPE, _SHAPE, _NBYTES, _DIGEST, _N, _SIZE, _CONTENT_NBYTES, _IDS, _CHANGED = range(
+    len(VersionRow._fields), len(VersionRow._fields) + 10)
 
 
 def _kind(before: Sequence[Any] | None, now: Sequence[Any]) -> str | None:
@@ -214,13 +185,6 @@ class _Shapes(dict[str, tuple[int, ...]]):
         return shape
 
 
-def _ids(row: Sequence[Any]) -> bool:
-    """Whether the row has its tensor's chunk list (a damaged one counts as none)."""
-    ids, size = row[_IDS], row[_SIZE]
-    return isinstance(ids, (bytes, memoryview)) and len(ids) % ID_BYTES == 0 and \
-        isinstance(size, int) and size > 0
-
-
 def _checked(row: Sequence[Any]) -> Sequence[Any]:
     """``row`` once the values an entry is made of are of their types (the catalog may be damaged)."""
     nbytes, dtype, digest = row[_NBYTES], row[_DTYPE], row[_DIGEST]
@@ -238,10 +202,14 @@ def _entry(version: Version, change: str, before: Sequence[Any] | None, now: Seq
     now = _checked(now)
     shape, nbytes = shapes[now[_SHAPE]], now[_NBYTES]
     moved = nbytes
-    if (change == "changed" and before is not None and before[_DTYPE] == now[_DTYPE]
-            and shapes[before[_SHAPE]] == shape and _ids(before) and _ids(now)
-            and before[_SIZE] == now[_SIZE]):
-        moved = min(nbytes, _differing(now[_SIZE], now[_CONTENT_NBYTES], before[_IDS], now[_IDS]))
+    if change == "changed" and before is not None:
+        if (recorded := now[_CHANGED]) is not None:  # recorded with the row, against this very state
+            if not (isinstance(recorded, int) and not isinstance(recorded, bool) and 0 <= recorded <= nbytes):
+                raise damaged(f"a tensor row's changed_bytes is {recorded!r}, not a count of its bytes")
+            moved = recorded
+        else:  # the rule the recorded counts were made with
+            same = before[_DTYPE] == now[_DTYPE] and shapes[before[_SHAPE]] == shape
+            moved = tensorchanges.changed_bytes(same, before[_SIZE:_IDS + 1], now[_SIZE:_IDS + 1], nbytes)
     return TensorHistoryEntry(version, change, now[_DTYPE], shape, nbytes, now[_DIGEST], moved)
 
 
@@ -258,6 +226,12 @@ def tensor_history(catalog: Catalog, run: str, path: str) -> list[TensorHistoryE
     if segments is None:
         check_run(catalog, run)
         raise RefNotFoundError(run, "the run disappeared")
+    with collection_paused():  # 10,000 entries are common: see collection_paused
+        return _history(catalog, run, path, segments)
+
+
+def _history(catalog: Catalog, run: str, path: str,
+             segments: Sequence[sql.Segment]) -> list[TensorHistoryEntry]:
     found, tags = sql.tensor_changes(catalog, segments, path)
     rows = _from_trees(catalog, found, path)
     kept: list[Sequence[Any]] = []
@@ -296,7 +270,7 @@ def _from_trees(catalog: Catalog, found: Sequence[Sequence[Any]], path: str) -> 
             out.append(row)
             last = row[_DIGEST]
             continue
-        head = bind(VersionRow(*row[:_DTYPE]), treeviews.head_of(stored.get(row[0]), row[0], row[_ROOT]))
+        head = bind(VersionRow(*row[:_ROOT]), treeviews.head_of(stored.get(row[0]), row[0], row[_ROOT]))
         hit = trees.find(head, path)
         values = list(row)
         if hit is None:

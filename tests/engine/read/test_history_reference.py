@@ -90,12 +90,13 @@ def store(tmp_path: Path) -> Iterator[casckpt.Store]:
         assert s.ops.check().ok
 
 
-@pytest.mark.parametrize("joined_in_sql", [False, True])
-def test_history_matches_consecutive_diffs(store: casckpt.Store, joined_in_sql: bool,
+@pytest.mark.parametrize("whole_listing", [False, True])
+def test_history_matches_consecutive_diffs(store: casckpt.Store, whole_listing: bool,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """Both ways the query reads a lineage: by key when few versions are kept, and joined in
-    the database when many are (forced here by a batch of 2)."""
-    if joined_in_sql:
+    """Both ways the query reads a lineage's versions: their ids, then the kept ones by key,
+    when the tensor has few distinct contents, and each segment's whole listing when it has
+    many (forced here by a batch of 2)."""
+    if whole_listing:
         monkeypatch.setattr(history_sql, "BATCH", 2)
     for run in ("base", "ft"):
         for path in PATHS:
