@@ -207,3 +207,21 @@ def test_snapshots_of_several_threads_share_the_pause_and_resume_the_collector(t
         for n in range(3):
             back = store.restore(f"r{n}@2")
             assert all(torch.equal(back[k], v) for k, v in states[n].items())
+
+
+def test_a_commit_keeps_what_the_program_froze_frozen(tmp_path: Path) -> None:
+    """Resuming the collector promotes the snapshot's objects with gc.freeze/unfreeze, never
+    when the program froze objects itself (unfreezing would undo that)."""
+    was = gc.isenabled()
+    held = [[i] for i in range(100)]
+    try:
+        gc.enable()
+        gc.freeze()
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        with casckpt.open(tmp_path / "s") as store:
+            store.commit({"w": torch.ones(3), "held": len(held)}, run="r", step=1)
+        assert gc.get_freeze_count() == frozen and gc.isenabled()
+    finally:
+        gc.unfreeze()
+        (gc.enable if was else gc.disable)()
