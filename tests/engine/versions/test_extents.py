@@ -29,7 +29,7 @@ def _same(got: tuple[list[Any], list[ExtentSource]], want: tuple[list[Any], list
 
 
 @given(st.integers(0, 3), st.lists(st.tuples(st.integers(0, 14), st.integers(0, 200)), max_size=12))
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_a_plan_through_the_memo_is_the_plan_made_afresh(seed: int, ops: list[tuple[int, int]]) -> None:
     state = state_of(seed)
     memo = None
