@@ -222,7 +222,8 @@ def test_a_commit_keeps_what_the_program_froze_frozen(tmp_path: Path) -> None:
         assert frozen > 0
         with casckpt.open(tmp_path / "s") as store:
             store.commit({"w": torch.ones(3), "held": len(held)}, run="r", step=1)
-        assert gc.get_freeze_count() == frozen and gc.isenabled()
+        # unfreezing would empty the permanent generation (a few frozen objects may be freed)
+        assert gc.get_freeze_count() > frozen // 2 and gc.isenabled()
     finally:
         gc.unfreeze()
         (gc.enable if was else gc.disable)()
