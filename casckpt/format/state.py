@@ -168,7 +168,7 @@ def encode_state(state: object) -> tuple[Node, list[TensorLeaf]]:
     def enc(obj: object, path: str, depth: int = 0) -> Node:
         kind = type(obj)
         if kind in plain_tensors:  # most leaves of a large state
-            t = cast(torch.Tensor, obj)
+            t: torch.Tensor = obj  # type: ignore[assignment]  # kind says so (no cast() call per leaf)
             if not (t.is_cpu and t.layout is strided and not (t.is_nested or t.is_quantized)):
                 _check_tensor(t, path)  # the common case is decided here, in few calls
             return leaf(TensorLeaf(path, "torch", t))

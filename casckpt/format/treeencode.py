@@ -216,7 +216,9 @@ class TreeEncoder:
     def _container(self, node: Node, depth: int) -> _Sized:
         kind = node["t"]
         start = len(self._log)
-        items = [self._value(child, depth) for child in node["v"]]
+        tensor, memo = self._tensor, self.memo  # most children of a large container are tensors
+        items = [tensor(child["i"], memo) if child.get("t") == "tensor" else self._value(child, depth)
+                 for child in node["v"]]
         keys: list[Any] | None = node["k"] if kind == "dict" else None
         if depth == 1:
             self.top = [(key_text(keys[n]) if keys is not None else str(n), i.tensors, i.nbytes)

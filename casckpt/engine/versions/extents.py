@@ -236,6 +236,9 @@ class _Planned:
     align: int = 1
 
 
+_ADDRESS = 3  # where a tensor's signature holds its data address
+
+
 def _signature(leaf: TensorLeaf) -> tuple[object, ...]:
     """All that :func:`_layout` reads of a leaf: a layout is a function of its leaves'
     signatures (and of the pack limit). The data pointer with the storage offset and
@@ -247,16 +250,16 @@ def _signature(leaf: TensorLeaf) -> tuple[object, ...]:
             t.is_conj(), t.is_neg())
 
 
-def _pack(leaves: Sequence[TensorLeaf], planned: _Planned, extent: int, memo: PackMemo,
+def _pack(signatures: Sequence[tuple[object, ...]], planned: _Planned, extent: int, memo: PackMemo,
           ids: Callable[[bytes | memoryview], bytes]) -> tuple[list[TensorEntry], ExtentSource]:
     """Small tensors packed into one extent: their bytes copied now (plain contiguous CPU
-    tensors, see :func:`plan_extents`), each at its planned offset (a 16-byte boundary), each
-    tensor's own chunk id recorded (its digest: history and diff tell them apart)."""
+    tensors, see :func:`plan_extents`; from the addresses their ``signatures``, taken in the
+    same call, hold), each at its planned offset (a 16-byte boundary), each tensor's own chunk
+    id recorded (its digest: history and diff tell them apart)."""
     buffer = np.zeros(planned.total, dtype=np.uint8)
     base = buffer.ctypes.data
     for i, offset, size in zip(planned.members, planned.offsets, planned.sizes, strict=True):
-        # contiguous: its bytes are one run
-        ctypes.memmove(base + offset, cast(torch.Tensor, leaves[i].value).data_ptr(), size)
+        ctypes.memmove(base + offset, cast(int, signatures[i][_ADDRESS]), size)  # contiguous: one run
     view = _as_memoryview(buffer)
 
     def make() -> list[TensorEntry]:
@@ -298,8 +301,8 @@ def plan_extents(leaves: Sequence[TensorLeaf], *, pack: int = 0,
     a chunk (the store's chunk ids: keyed in an encrypted store).
     """
     memo = memo if memo is not None else PackMemo()
-    key = (pack, *map(_signature, leaves))
-    layout = memo.layout(key, lambda: _layout(leaves, pack))
+    signatures = [_signature(leaf) for leaf in leaves]
+    layout = memo.layout((pack, *signatures), lambda: _layout(leaves, pack))
     entries: list[TensorEntry | None] = [None] * len(leaves)
     sources: list[ExtentSource] = []
     for planned in layout:
@@ -312,7 +315,7 @@ def plan_extents(leaves: Sequence[TensorLeaf], *, pack: int = 0,
                 entries[i] = TensorEntry(leaves[i].path, entry.kind, entry.dtype, entry.shape, entry.extent)
         else:
             made, source = (_shared([leaves[i] for i in members], index) if planned.how == "shared" else
-                            _pack(leaves, planned, index, memo, ids))
+                            _pack(signatures, planned, index, memo, ids))
             for i, entry in zip(members, made, strict=True):
                 entries[i] = entry
         sources.append(source)
