@@ -236,9 +236,6 @@ class _Planned:
     align: int = 1
 
 
-_ADDRESS = 3  # where a tensor's signature holds its data address
-
-
 def _signature(leaf: TensorLeaf) -> tuple[object, ...]:
     """All that :func:`_layout` reads of a leaf: a layout is a function of its leaves'
     signatures (and of the pack limit). The data pointer with the storage offset and
@@ -250,16 +247,17 @@ def _signature(leaf: TensorLeaf) -> tuple[object, ...]:
             t.is_conj(), t.is_neg())
 
 
-def _pack(signatures: Sequence[tuple[object, ...]], planned: _Planned, extent: int, memo: PackMemo,
+def _pack(leaves: Sequence[TensorLeaf], planned: _Planned, extent: int, memo: PackMemo,
           ids: Callable[[bytes | memoryview], bytes]) -> tuple[list[TensorEntry], ExtentSource]:
     """Small tensors packed into one extent: their bytes copied now (plain contiguous CPU
-    tensors, see :func:`plan_extents`; from the addresses their ``signatures``, taken in the
-    same call, hold), each at its planned offset (a 16-byte boundary), each tensor's own chunk
-    id recorded (its digest: history and diff tell them apart)."""
+    tensors, see :func:`plan_extents`), each at its planned offset (a 16-byte boundary), each
+    tensor's own chunk id recorded (its digest: history and diff tell them apart)."""
     buffer = np.zeros(planned.total, dtype=np.uint8)
     base = buffer.ctypes.data
     for i, offset, size in zip(planned.members, planned.offsets, planned.sizes, strict=True):
-        ctypes.memmove(base + offset, cast(int, signatures[i][_ADDRESS]), size)  # contiguous: one run
+        # contiguous: its bytes are one run. The address is read now, not taken from the
+        # signature: the tensor may have been given another storage since (by another thread)
+        ctypes.memmove(base + offset, cast(torch.Tensor, leaves[i].value).data_ptr(), size)
     view = _as_memoryview(buffer)
 
     def make() -> list[TensorEntry]:
@@ -301,8 +299,7 @@ def plan_extents(leaves: Sequence[TensorLeaf], *, pack: int = 0,
     a chunk (the store's chunk ids: keyed in an encrypted store).
     """
     memo = memo if memo is not None else PackMemo()
-    signatures = [_signature(leaf) for leaf in leaves]
-    layout = memo.layout((pack, *signatures), lambda: _layout(leaves, pack))
+    layout = memo.layout((pack, *map(_signature, leaves)), lambda: _layout(leaves, pack))
     entries: list[TensorEntry | None] = [None] * len(leaves)
     sources: list[ExtentSource] = []
     for planned in layout:
@@ -315,7 +312,7 @@ def plan_extents(leaves: Sequence[TensorLeaf], *, pack: int = 0,
                 entries[i] = TensorEntry(leaves[i].path, entry.kind, entry.dtype, entry.shape, entry.extent)
         else:
             made, source = (_shared([leaves[i] for i in members], index) if planned.how == "shared" else
-                            _pack(signatures, planned, index, memo, ids))
+                            _pack(leaves, planned, index, memo, ids))
             for i, entry in zip(members, made, strict=True):
                 entries[i] = entry
         sources.append(source)
