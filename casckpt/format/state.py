@@ -172,7 +172,7 @@ def encode_state(state: object) -> tuple[Node, list[TensorLeaf]]:
     def enc(obj: object, path: str, depth: int = 0) -> Node:
         kind = type(obj)
         if kind in plain_tensors:  # most leaves of a large state
-            t = cast(torch.Tensor, obj)
+            t: torch.Tensor = obj  # type: ignore[assignment]  # kind says so (no cast() call per leaf)
             if not (t.is_cpu and t.layout is strided and not (t.is_nested or t.is_quantized)):
                 _check_tensor(t, path)  # the common case is decided here, in few calls
             return leaf(TensorLeaf(path, "torch", t))
@@ -221,35 +221,39 @@ def encode_state(state: object) -> tuple[Node, list[TensorLeaf]]:
         )
 
     def leaf(found: TensorLeaf) -> Node:
-        previous = paths.get(found.path)
-        if previous is not None:
+        n = len(leaves)
+        if paths.setdefault(found.path, n) != n:
             raise InvalidNameError(
                 f"two tensors would both be named {found.path!r} (keys such as 'a.b' and "
                 "'a' -> 'b', or 0 and '0', join to the same dotted path); rename one of them"
             )
-        paths[found.path] = len(leaves)
         leaves.append(found)
-        return {"t": "tensor", "i": len(leaves) - 1}
+        return {"t": "tensor", "i": n}
 
     def enc_container(obj: dict[Any, Any] | list[Any] | tuple[Any, ...], path: str,
                       depth: int) -> Node:
+        prefix = f"{path}." if path and path[-1] != "/" else path  # join_path, once per container
         if isinstance(obj, dict):
             keys: list[Any] = []
             values: list[Node] = []
             for key, value in obj.items():
-                if isinstance(key, bool) or not isinstance(key, (str, int)):
+                if type(key) is str:  # most keys: checked once per process (_key_ok is cached)
+                    if not _key_ok(key):
+                        check_state_key(key, path)
+                    keys.append(key)
+                elif isinstance(key, bool) or not isinstance(key, (str, int)):
                     raise UnsupportedStateError(
                         f"dict key {key!r} ({_describe(key)}) under {path or '<root>'!r} is not "
                         "supported: keys must be str or int."
                     )
-                if isinstance(key, str):
+                elif isinstance(key, str):
                     check_state_key(key, path)
                     keys.append(str(key))
                 else:
                     keys.append({"i": int(key)})
-                values.append(enc(value, join_path(path, key), depth))
+                values.append(enc(value, f"{prefix}{key}", depth))
             return {"t": "dict", "k": keys, "v": values}
-        items = [enc(v, join_path(path, i), depth) for i, v in enumerate(obj)]
+        items = [enc(v, f"{prefix}{i}", depth) for i, v in enumerate(obj)]
         return {"t": "tuple" if isinstance(obj, tuple) else "list", "v": items}
 
     return enc(state, ""), leaves

@@ -80,6 +80,19 @@ class TreeMemo:
         self._old_made = previous._made if previous is not None else {}
         self._entries: dict[Any, tuple[Any, Any, _Sized]] = {}  # by id of the tensor, and by value
         self._made: dict[tuple[Any, ...], _Made] = {}
+        self._old_extents = previous._extents if previous is not None else {}
+        self._extents: dict[Any, Any] = {}
+
+    def extents(self, extents: Sequence[Any]) -> list[Any]:
+        """``extents`` (hashable values), each equal to one the previous commit's encoding met
+        replaced by that object: a tensor's entry found by identity then checks its extent by
+        identity too (one comparison per extent, not one per tensor)."""
+        out = []
+        for extent in extents:
+            found = self._old_extents.get(extent, extent)
+            self._extents[found] = found
+            out.append(found)
+        return out
 
     def entry(self, tensor: Any, extent: Any, make: Callable[[Any, Any], tuple[dict[str, Any], int]]
               ) -> _Sized:
@@ -203,7 +216,9 @@ class TreeEncoder:
     def _container(self, node: Node, depth: int) -> _Sized:
         kind = node["t"]
         start = len(self._log)
-        items = [self._value(child, depth) for child in node["v"]]
+        tensor, memo = self._tensor, self.memo  # most children of a large container are tensors
+        items = [tensor(child["i"], memo) if child.get("t") == "tensor" else self._value(child, depth)
+                 for child in node["v"]]
         keys: list[Any] | None = node["k"] if kind == "dict" else None
         if depth == 1:
             self.top = [(key_text(keys[n]) if keys is not None else str(n), i.tensors, i.nbytes)

@@ -84,10 +84,12 @@ def encode_tree_manifest(m: Manifest, memo: TreeMemo | None = None, ids: ChunkId
     order = shared_extents(m)
     shared = {extent: n for n, extent in enumerate(order)}
     packed: dict[int, dict[str, Any]] = {}  # one JSON per packed extent
+    memo = memo if memo is not None else TreeMemo()
+    extents = memo.extents(m.extents)
 
     def tensor(i: int, memo: TreeMemo) -> Any:
         t = m.tensors[i]
-        extent = m.extents[t.extent]
+        extent = extents[t.extent]
         if t.extent in shared:  # its entry names the extent by its place in the document
             return tensor_value(*make(t, extent))
         return memo.entry(t, extent, make)

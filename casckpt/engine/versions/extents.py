@@ -184,14 +184,24 @@ def _group_end(path: str) -> bool:
 
 
 class PackMemo:
-    """The tensor entries of the pack groups one commit made, for the next commit of the run
-    to reuse when a group's bytes and strides are the same (its tensors' digests are not
-    computed again). Keyed by the group's bytes' chunk id, extent index, paths, dtypes and
-    shapes: entries are a function of these. Holds one commit's groups."""
+    """What one commit's planning derived, for the next commit of the run to reuse.
+
+    * The plan's layout (which leaves share which extent, and each pack group's offsets),
+      keyed by every leaf's :func:`_signature`: a pure function of those, so a state whose
+      leaves are the same paths with the same metadata is laid out again without
+      re-deciding it. Its bytes are still read and hashed: nothing about them is trusted.
+    * The tensor entries of the pack groups, for a group whose bytes and strides are the
+      same (its tensors' digests are not computed again). Keyed by the group's bytes' chunk
+      id, extent index, paths, dtypes and shapes: entries are a function of these.
+
+    Holds one commit's plan and groups, and no tensor (the signatures hold addresses, not
+    storages: a state dropped by its caller is freed as before)."""
 
     def __init__(self, previous: PackMemo | None = None) -> None:
         self._old = previous._new if previous is not None else {}
         self._new: dict[tuple[object, ...], list[TensorEntry]] = {}
+        self._old_plan = previous._plan if previous is not None else None
+        self._plan: tuple[tuple[object, ...], list[_Planned]] | None = None
 
     def entries(self, key: tuple[object, ...], make: Callable[[], list[TensorEntry]]) -> list[TensorEntry]:
         found = self._old.get(key)
@@ -200,38 +210,65 @@ class PackMemo:
         self._new[key] = found
         return found
 
+    def layout(self, key: tuple[object, ...], make: Callable[[], list[_Planned]]) -> list[_Planned]:
+        """The plan of leaves whose signatures are ``key`` (the last commit's when they match)."""
+        old = self._old_plan
+        found = old[1] if old is not None and old[0] == key else make()
+        self._plan = (key, found)
+        return found
 
-def _pack(members: list[TensorLeaf], extent: int, memo: PackMemo,
+
+@dataclass(frozen=True, slots=True)
+class _Planned:
+    """One extent of a plan: the leaves it holds (indexes) and how. ``how`` is ``single`` (one
+    leaf), ``view`` (leaves that are the same contiguous view of one storage), ``shared``
+    (views of one storage) or ``packed`` (small tensors of ``sizes`` bytes at ``offsets``,
+    ``total`` bytes in all, with the members' ``paths``, ``dtypes`` and ``shapes``)."""
+
+    how: str
+    members: tuple[int, ...]
+    offsets: tuple[int, ...] = ()
+    sizes: tuple[int, ...] = ()
+    total: int = 0
+    paths: tuple[str, ...] = ()
+    dtypes: tuple[torch.dtype, ...] = ()
+    shapes: tuple[torch.Size, ...] = ()
+    align: int = 1
+
+
+def _signature(leaf: TensorLeaf) -> tuple[object, ...]:
+    """All that :func:`_layout` reads of a leaf: a layout is a function of its leaves'
+    signatures (and of the pack limit). The data pointer with the storage offset and
+    element size gives the storage's address (which leaves share one)."""
+    t = leaf.value
+    if not isinstance(t, torch.Tensor):
+        return (leaf.path, leaf.kind)  # an array is always an extent of its own
+    return (leaf.path, type(t), t.device, t.data_ptr(), t.dtype, t.shape, t.stride(), t.storage_offset(),
+            t.is_conj(), t.is_neg())
+
+
+def _pack(leaves: Sequence[TensorLeaf], planned: _Planned, extent: int, memo: PackMemo,
           ids: Callable[[bytes | memoryview], bytes]) -> tuple[list[TensorEntry], ExtentSource]:
     """Small tensors packed into one extent: their bytes copied now (plain contiguous CPU
-    tensors, see :func:`plan_extents`), each at a 16-byte boundary, each tensor's own chunk id recorded
-    (its digest: history and diff tell them apart)."""
-    tensors = [cast(torch.Tensor, m.value) for m in members]
-    sizes = [t.nbytes for t in tensors]
-    offsets, total = [], 0
-    for size in sizes:
-        total += -total % _SPAN_ALIGN
-        offsets.append(total)
-        total += size
-    buffer = np.zeros(total, dtype=np.uint8)
+    tensors, see :func:`plan_extents`), each at its planned offset (a 16-byte boundary), each
+    tensor's own chunk id recorded (its digest: history and diff tell them apart)."""
+    buffer = np.zeros(planned.total, dtype=np.uint8)
     base = buffer.ctypes.data
-    for t, offset, size in zip(tensors, offsets, sizes, strict=True):
-        ctypes.memmove(base + offset, t.data_ptr(), size)  # contiguous: its bytes are one run
+    for i, offset, size in zip(planned.members, planned.offsets, planned.sizes, strict=True):
+        # contiguous: its bytes are one run. The address is read now, not taken from the
+        # signature: the tensor may have been given another storage since (by another thread)
+        ctypes.memmove(base + offset, cast(torch.Tensor, leaves[i].value).data_ptr(), size)
     view = _as_memoryview(buffer)
-    paths = tuple(m.path for m in members)
-    dtypes = tuple(t.dtype for t in tensors)
-    shapes = tuple(t.shape for t in tensors)
 
     def make() -> list[TensorEntry]:
         return [TensorEntry(path, "torch", torch_dtype_name(dtype), tuple(shape), extent, offset=o,
                             digest=ids(view[o : o + size]))
-                for path, dtype, shape, o, size in zip(paths, dtypes, shapes, offsets, sizes, strict=True)]
+                for path, dtype, shape, o, size in zip(planned.paths, planned.dtypes, planned.shapes,
+                                                       planned.offsets, planned.sizes, strict=True)]
 
     digest = ids(view)
-    entries = memo.entries((digest, extent, paths, dtypes, shapes), make)
-    sizes_of = {t.element_size() for t in tensors}
-    align = sizes_of.pop() if len(sizes_of) == 1 else 1
-    return entries, ExtentSource(total, align, lambda: view, packed=True, digest=digest)
+    entries = memo.entries((digest, extent, planned.paths, planned.dtypes, planned.shapes), make)
+    return entries, ExtentSource(planned.total, planned.align, lambda: view, packed=True, digest=digest)
 
 
 def packable(value: torch.Tensor, pack: int) -> bool:
@@ -257,10 +294,34 @@ def plan_extents(leaves: Sequence[TensorLeaf], *, pack: int = 0,
     order, a group ending after a tensor whose path hashes to a boundary (or
     at :data:`PACK_MAX` bytes): one chunk holds many tensors, and a changed
     tensor rewrites its group, not every group after it. ``memo`` (the previous
-    commit's, see :class:`PackMemo`) spares re-deriving unchanged groups. ``ids`` hashes
+    commit's, see :class:`PackMemo`) spares re-deriving the layout of leaves whose
+    signatures did not change, and the entries of unchanged groups. ``ids`` hashes
     a chunk (the store's chunk ids: keyed in an encrypted store).
     """
     memo = memo if memo is not None else PackMemo()
+    layout = memo.layout((pack, *map(_signature, leaves)), lambda: _layout(leaves, pack))
+    entries: list[TensorEntry | None] = [None] * len(leaves)
+    sources: list[ExtentSource] = []
+    for planned in layout:
+        index, members = len(sources), planned.members
+        if planned.how == "single":
+            entries[members[0]], source = _single(leaves[members[0]], index)
+        elif planned.how == "view":
+            entry, source = _single(leaves[members[0]], index)
+            for i in members:
+                entries[i] = TensorEntry(leaves[i].path, entry.kind, entry.dtype, entry.shape, entry.extent)
+        else:
+            made, source = (_shared([leaves[i] for i in members], index) if planned.how == "shared" else
+                            _pack(leaves, planned, index, memo, ids))
+            for i, entry in zip(members, made, strict=True):
+                entries[i] = entry
+        sources.append(source)
+    return [e for e in entries if e is not None], sources
+
+
+def _layout(leaves: Sequence[TensorLeaf], pack: int) -> list[_Planned]:
+    """Which leaves share which extent, in the order of the extents (see :func:`plan_extents`):
+    the leaves sharing a storage first, then each other leaf, or pack group, in leaf order."""
     groups: dict[tuple[str | None, int], list[int]] = {}
     sizes: dict[int, int] = {}  # leaf -> bytes, of the tensors small and plain enough to pack
     for i, leaf in enumerate(leaves):
@@ -273,33 +334,31 @@ def plan_extents(leaves: Sequence[TensorLeaf], *, pack: int = 0,
                               []).append(i)
             if packable(value, pack):
                 sizes[i] = value.nbytes
-    entries: list[TensorEntry | None] = [None] * len(leaves)
-    sources: list[ExtentSource] = []
+    layout: list[_Planned] = []
     done: set[int] = set()
     for members in groups.values():
         if len(members) < 2:
             continue
-        group = [leaves[i] for i in members]
-        tensors = [cast(torch.Tensor, leaf.value) for leaf in group]
-        if _same_view(tensors) and tensors[0].is_contiguous():
-            entry, source = _single(group[0], len(sources))
-            for i, leaf in zip(members, group, strict=True):
-                entries[i] = TensorEntry(leaf.path, entry.kind, entry.dtype, entry.shape, entry.extent)
-        else:
-            shared, source = _shared(group, len(sources))
-            for i, entry in zip(members, shared, strict=True):
-                entries[i] = entry
-        sources.append(source)
+        tensors = [cast(torch.Tensor, leaves[i].value) for i in members]
+        view = _same_view(tensors) and tensors[0].is_contiguous()
+        layout.append(_Planned("view" if view else "shared", tuple(members)))
         done.update(members)
     pending: list[int] = []  # the pack group being filled
     size = 0
 
     def close() -> None:
         nonlocal size
-        packed, source = _pack([leaves[i] for i in pending], len(sources), memo, ids)
-        for i, entry in zip(pending, packed, strict=True):
-            entries[i] = entry
-        sources.append(source)
+        offsets, total = [], 0
+        for i in pending:
+            total += -total % _SPAN_ALIGN
+            offsets.append(total)
+            total += sizes[i]
+        tensors = [cast(torch.Tensor, leaves[i].value) for i in pending]
+        sizes_of = {t.element_size() for t in tensors}
+        layout.append(_Planned(
+            "packed", tuple(pending), tuple(offsets), tuple(sizes[i] for i in pending), total,
+            tuple(leaves[i].path for i in pending), tuple(t.dtype for t in tensors),
+            tuple(t.shape for t in tensors), sizes_of.pop() if len(sizes_of) == 1 else 1))
         pending.clear()
         size = 0
 
@@ -313,11 +372,10 @@ def plan_extents(leaves: Sequence[TensorLeaf], *, pack: int = 0,
             if size >= PACK_MAX or _group_end(leaf.path):
                 close()
             continue
-        entries[i], source = _single(leaf, len(sources))
-        sources.append(source)
+        layout.append(_Planned("single", (i,)))
     if pending:
         close()
-    return [e for e in entries if e is not None], sources
+    return layout
 
 
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:

@@ -170,7 +170,11 @@ def collector_paused() -> Iterator[None]:
     holds (a large state, the memos), so it would run many times per commit for nothing
     (a snapshot makes no reference cycles). Snapshots of several threads at once share the
     pause; the last one out resumes the collector if it ran before the first one came in
-    (a ``gc.disable()`` another thread makes meanwhile is undone then)."""
+    (a ``gc.disable()`` another thread makes meanwhile is undone then).
+
+    On resuming, the objects made meanwhile are moved to the oldest generation
+    (:func:`_promote_young`) rather than walked by the young collection the next allocation
+    would start: with 10^5 tensors that walk cost a third of an unchanged commit."""
     with _PAUSES:
         if not _paused[0]:
             _paused[1] = gc.isenabled()
@@ -182,7 +186,20 @@ def collector_paused() -> Iterator[None]:
         with _PAUSES:
             _paused[0] -= 1
             if not _paused[0] and _paused[1]:
+                _promote_young()
                 gc.enable()
+
+
+def _promote_young() -> None:
+    """Move every object the collector tracks to its oldest generation, without walking them
+    (``gc.freeze`` then ``gc.unfreeze``: two list splices). The snapshot's objects live
+    until the next commit (memos) or are freed by reference counting (no cycles); a cycle
+    another thread made meanwhile is collected by the next full collection instead of a
+    young one. Skipped when the program froze objects itself (``gc.freeze``): unfreezing
+    would undo that."""
+    if gc.get_freeze_count() == 0:
+        gc.freeze()
+        gc.unfreeze()
 
 
 @dataclass(slots=True)

@@ -19,6 +19,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from mutations import MUTATIONS, mutate, state_of
 
 import casckpt
 from casckpt.engine.versions.extents import PackMemo, plan_extents
@@ -207,3 +208,55 @@ def test_snapshots_of_several_threads_share_the_pause_and_resume_the_collector(t
         for n in range(3):
             back = store.restore(f"r{n}@2")
             assert all(torch.equal(back[k], v) for k, v in states[n].items())
+
+
+def test_a_commit_keeps_what_the_program_froze_frozen(tmp_path: Path) -> None:
+    """Resuming the collector promotes the snapshot's objects with gc.freeze/unfreeze, never
+    when the program froze objects itself (unfreezing would undo that)."""
+    was = gc.isenabled()
+    held = [[i] for i in range(100)]
+    try:
+        gc.enable()
+        gc.freeze()
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        with casckpt.open(tmp_path / "s") as store:
+            store.commit({"w": torch.ones(3), "held": len(held)}, run="r", step=1)
+        # unfreezing would empty the permanent generation (a few frozen objects may be freed)
+        assert gc.get_freeze_count() > frozen // 2 and gc.isenabled()
+    finally:
+        gc.unfreeze()
+        (gc.enable if was else gc.disable)()
+
+
+@given(st.integers(0, 3), st.lists(st.tuples(st.integers(0, MUTATIONS - 1), st.integers(0, 200)),
+                                   min_size=1, max_size=5))
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                HealthCheck.function_scoped_fixture])
+def test_a_recommit_after_any_mutation_is_what_a_fresh_run_commits(
+        tmp_path_factory: pytest.TempPathFactory, seed: int, ops: list[tuple[int, int]]) -> None:
+    """Random changes to a nested state between commits of one run (in place, new tensors, a
+    storage swapped under the same object, dtype / shape / stride / conj / neg changes, keys
+    added, removed, reordered, plain values): each commit's tree is the one a run with no
+    memo commits of the same state, and every version restores bit-exact."""
+    root = tmp_path_factory.mktemp("mut")
+    state = state_of(seed)
+    copies = []
+    with casckpt.open(root / "a") as a:
+        for step, (op, pick) in enumerate([(MUTATIONS - 1, 0), (MUTATIONS - 1, 0), *ops]):
+            mutate(state, op, pick)
+            a.commit(state, run="r", step=step)
+            a.commit(state, run=f"fresh{step}", step=0)  # a run of its own: no memo
+            copies.append({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in iter_leaves(state)})
+        for step, expected in enumerate(copies):
+            back = dict(iter_leaves(a.restore(f"r@{step}")))
+            assert back.keys() == expected.keys()
+            for k, v in expected.items():
+                if isinstance(v, torch.Tensor):
+                    assert back[k].dtype == v.dtype and back[k].shape == v.shape
+                    assert torch.equal(back[k].resolve_conj().resolve_neg(), v.resolve_conj().resolve_neg())
+                else:
+                    assert back[k] == v
+        assert a.ops.check().ok
+    roots = _roots(root / "a")
+    assert roots[0::2] == roots[1::2]
