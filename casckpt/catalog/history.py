@@ -18,13 +18,13 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import ColumnElement, Connection, Select, Text, case, cast, func, select
 
+from casckpt import collector
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import Catalog
 from casckpt.catalog.database import BATCH, batches, upsert
 from casckpt.catalog.rows import (
     VERSION_COLUMNS,
     StoredContent,
-    collection_paused,
     content_row,
     tags_of,
     version_query,
@@ -132,7 +132,7 @@ def log(catalog: Catalog, f: LogFilter) -> list[Version]:
 
     One read transaction, two statements whatever the number of versions.
     """
-    with collection_paused(), catalog.read() as conn:
+    with collector.paused(), catalog.read() as conn:
         rows = list(conn.execute(_log_query(f, conn.dialect.name)).all())
         tags = tags_of(conn, [r[0] for r in rows])
         return versions(rows, tags)

@@ -12,10 +12,8 @@ allocation, or wrong data.
 
 from __future__ import annotations
 
-import gc
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any, NamedTuple
 
@@ -117,30 +115,6 @@ def versions(rows: Sequence[Sequence[Any]], tags: Mapping[str, tuple[str, ...]])
     return [make(r[0], r[1], r[2], moment(r[4], utc), r[5], r[6], r[7], r[8], r[3], get(r[0], ()),
                  meta, metric, r[11], False, r[12], None if r[13] is None else _stall(r[13]))
             for r, meta, metric in zip(rows, metas, metrics, strict=True)]
-
-
-@contextmanager
-def collection_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused while many values are built at once.
-
-    Listing 10,000 versions allocates some 100,000 container objects (rows, tuples,
-    ``Version`` and entry values), none in a reference cycle. Every 700 allocations start a
-    collection, and so many survivors set off full collections that traverse every object
-    of the process: a third of a tensor history's time, a quarter of ``log``'s
-    (docs/perf/history3.md). Memory is still freed by reference counting meanwhile.
-
-    Process-wide while it lasts (another thread's cycles wait for the end); a collector
-    already paused is left paused. A thread that calls ``gc.disable()`` meanwhile has it
-    enabled again when the block ends.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def _stall(value: object) -> float | None:

@@ -22,9 +22,10 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from casckpt import collector
 from casckpt.catalog import Catalog, rows, tensorchanges
 from casckpt.catalog import history as sql
-from casckpt.catalog.rows import StoredContent, VersionRow, collection_paused, damaged, versions
+from casckpt.catalog.rows import StoredContent, VersionRow, damaged, versions
 from casckpt.engine.read import treeviews
 from casckpt.engine.versions.refs import bind, check_run, load_manifest, tag_not_found
 from casckpt.errors import (
@@ -226,7 +227,7 @@ def tensor_history(catalog: Catalog, run: str, path: str) -> list[TensorHistoryE
     if segments is None:
         check_run(catalog, run)
         raise RefNotFoundError(run, "the run disappeared")
-    with collection_paused():  # 10,000 entries are common: see collection_paused
+    with collector.paused():  # 10,000 entries are common: see casckpt.collector
         return _history(catalog, run, path, segments)
 
 

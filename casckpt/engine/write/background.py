@@ -53,6 +53,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, cast
 
+from casckpt import collector
 from casckpt.catalog.leases import begin_lease
 from casckpt.engine.context import EngineContext
 from casckpt.errors import (
@@ -223,7 +224,6 @@ class BackgroundCommitter:
         hash, write and publish it in the background. A state whose staging would not fit
         ``memory`` is snapshotted here instead (hashed in place, new chunks copied)."""
         from casckpt.engine.memory import hoststaging
-        from casckpt.engine.write import commit as commit_engine
         from casckpt.engine.write.hint import ChangeHint, skipped_samples
         from casckpt.format.state import encode_state
 
@@ -238,13 +238,13 @@ class BackgroundCommitter:
                     f"run {req.run!r} already has a commit at step {req.step} in flight; "
                     "commit with another step")
             started, created = time.monotonic(), time.time()
-            with commit_engine.collector_paused():  # many small objects, no cycles
+            with collector.paused():  # many small objects, no cycles
                 root, leaves = encode_state(state)  # refuses an unsupported state here, before returning
                 plan = hoststaging.layout(leaves)
             target = self._stage_set(req.run, plan)  # may wait for room: the collector runs
             if target is None:
                 return self._snapshot_here(state, req, progress, hint, entered, started, created)
-            with commit_engine.collector_paused():
+            with collector.paused():
                 host = cast("HostStaging", self._host)
                 queued = False
                 try:

@@ -12,17 +12,15 @@ the chunks in between (hash, dedup, encode, pack) are :mod:`casckpt.engine.write
 
 from __future__ import annotations
 
-import gc
 import logging
-import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from casckpt import collector
 from casckpt.catalog import MissingChunksError
 from casckpt.catalog import nodes as node_sql
 from casckpt.catalog.deltas import delta_policy_for
@@ -148,7 +146,7 @@ def snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: flo
                     last.counters if last and hint is not None else None,
                     last.version_id if last else None)
     try:
-        with collector_paused():
+        with collector.paused():
             return _snapshot(ctx, state, req, created, parent, reserve, progress, pending, memo, hint)
     except BaseException:
         # the caller's next hint vouches for its tensors since THIS commit, which made no
@@ -157,49 +155,6 @@ def snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: flo
         raise
     finally:
         ctx.memos.keep(req.run, memo)
-
-
-_PAUSES = threading.Lock()
-_paused = [0, False]  # snapshots running with the collector paused; whether it ran before them
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused while a snapshot makes its many small
-    objects: each collection of the oldest generation walks every object the process
-    holds (a large state, the memos), so it would run many times per commit for nothing
-    (a snapshot makes no reference cycles). Snapshots of several threads at once share the
-    pause; the last one out resumes the collector if it ran before the first one came in
-    (a ``gc.disable()`` another thread makes meanwhile is undone then).
-
-    On resuming, the objects made meanwhile are moved to the oldest generation
-    (:func:`_promote_young`) rather than walked by the young collection the next allocation
-    would start: with 10^5 tensors that walk cost a third of an unchanged commit."""
-    with _PAUSES:
-        if not _paused[0]:
-            _paused[1] = gc.isenabled()
-            gc.disable()
-        _paused[0] += 1
-    try:
-        yield
-    finally:
-        with _PAUSES:
-            _paused[0] -= 1
-            if not _paused[0] and _paused[1]:
-                _promote_young()
-                gc.enable()
-
-
-def _promote_young() -> None:
-    """Move every object the collector tracks to its oldest generation, without walking them
-    (``gc.freeze`` then ``gc.unfreeze``: two list splices). The snapshot's objects live
-    until the next commit (memos) or are freed by reference counting (no cycles); a cycle
-    another thread made meanwhile is collected by the next full collection instead of a
-    young one. Skipped when the program froze objects itself (``gc.freeze``): unfreezing
-    would undo that."""
-    if gc.get_freeze_count() == 0:
-        gc.freeze()
-        gc.unfreeze()
 
 
 @dataclass(slots=True)
