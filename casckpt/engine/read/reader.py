@@ -330,6 +330,7 @@ class _DeltaReader:
         self.ctx, self.locations, self.last_try, self.heal = ctx, dict(locations), last_try, heal
         self.describe_wanted = describe
         self.needed_by: dict[bytes, bytes] = {}  # base -> a wanted chunk that needs it (for messages)
+        self.dependents: dict[bytes, int] = {}  # base -> how many deltas of the whole read need it
         self.decoded: OrderedDict[bytes, Rep] = OrderedDict()  # bounded LRU of decoded bases
         self.decoded_bytes = 0
 
@@ -356,6 +357,7 @@ class _DeltaReader:
                     continue
                 seen.add(cid)
                 base = bytes.fromhex(base_hex)
+                self.dependents[base] = self.dependents.get(base, 0) + 1
                 self.needed_by.setdefault(base, self.needed_by.get(cid, cid))
                 (onward if base in self.locations else missing).append(base)
             if missing:
@@ -496,7 +498,8 @@ class _DeltaReader:
         node = root
         while node not in wanted:
             after = children.get(node, ())
-            if len(after) != 1 or lookup(self.locations[after[0]].codec).delta is not Delta.SPARSE:
+            if len(after) != 1 or self._shared(node) \
+                    or lookup(self.locations[after[0]].codec).delta is not Delta.SPARSE:
                 return None
             node = after[0]
         return node if wanted[node] else None
@@ -505,8 +508,9 @@ class _DeltaReader:
                      wanted: Mapping[bytes, list[Destination]], root: bytes) -> list[tuple[bytes, Rep]]:
         """Decode the chains from ``root`` depth first, each wanted chunk verified at its end and
         copied to its destinations; a base that one delta alone needs is patched in place. Returns
-        the decoded bases that several chunks need, to be remembered for later windows."""
-        shared = len(trees.children[root]) > 1 or root in trees.kept
+        the decoded bases that several deltas of the read need (:meth:`_shared`, in any window), to
+        be remembered for later windows."""
+        shared = self._shared(root) or root in trees.kept
         kept = [(root, roots[root])] if shared and root not in trees.kept else []
         todo = [(cid, roots[root], not shared) for cid in trees.children[root]]
         while todo:
@@ -524,11 +528,17 @@ class _DeltaReader:
                 for dst in destinations:
                     if dst is not filled:
                         dst[:] = raw
-            shared = len(after) > 1 or bool(destinations)
+            shared = self._shared(cid) or bool(destinations)
             if after and shared:
                 kept.append((cid, rep))
             todo += [(child, rep, not shared) for child in after]
         return kept
+
+    def _shared(self, base: bytes) -> bool:
+        """Whether more than one delta of the whole read needs ``base`` (in this window or a later
+        one): it is then neither patched in place nor decoded into a destination, and it is kept
+        for the windows after this one."""
+        return self.dependents.get(base, 0) > 1
 
     def _decode_levels(self, wanted: Mapping[bytes, list[Destination]]) -> int:
         """The verifying path: the window's chains read and decoded level by level (keyframes first),
