@@ -49,6 +49,7 @@ _ESCAPED_STRINGS = re.compile(rb'"(?:[^"\\]++|\\.)*+"?|\\\\|\\"', re.DOTALL)
 closing quote, or to the end of an unterminated one), and outside strings a backslash pair
 or an escaped quote. Possessive, so linear on any input."""
 _NOT_STRUCTURE = bytes(c for c in range(256) if c not in b'"[]{}')
+_NESTING_WINDOW = 1 << 18  # bytes of structure split at a time (see _structure_nesting)
 _BRACKET_STEP = tuple(1 if c in b"[{" else -1 if c in b"]}" else 0 for c in range(256))
 _FORBIDDEN_KEY = re.compile(r"[/\\\x00-\x1f\x7f]")
 
@@ -291,8 +292,24 @@ def json_nesting(text: bytes) -> int:
     if b'\\"' in text:  # some quote may be escaped: drop the strings one by one (slower, rare)
         text = _ESCAPED_STRINGS.sub(b"", text)
     structure = text.translate(None, _NOT_STRUCTURE)  # quotes and brackets, now none escaped
-    outside = b"".join(structure.split(b'"')[::2])  # every other run lies inside a string
-    return max(itertools.accumulate(map(_BRACKET_STEP.__getitem__, outside)), default=0)
+    return _structure_nesting(structure, _NESTING_WINDOW)
+
+
+def _structure_nesting(structure: bytes, window: int) -> int:
+    """The deepest nesting of ``structure`` (quotes and brackets only, no quote escaped), counted
+    ``window`` bytes at a time: splitting at the quotes makes an object per quote (~40 bytes
+    each), so a forged document of quotes is split a window at a time, carrying whether the
+    window starts inside a string and the depth it starts at."""
+    depth, deepest, inside = 0, None, False
+    for at in range(0, len(structure), window):
+        runs = structure[at : at + window].split(b'"')
+        outside = b"".join(runs[1::2] if inside else runs[::2])  # every other run is a string's
+        inside ^= len(runs) % 2 == 0  # an odd number of quotes
+        if outside:
+            top = depth + max(itertools.accumulate(map(_BRACKET_STEP.__getitem__, outside)))
+            deepest = top if deepest is None else max(deepest, top)
+            depth += sum(map(_BRACKET_STEP.__getitem__, outside))
+    return 0 if deepest is None else deepest
 
 
 def decode_state(root: Node, tensor: Callable[[int, str], object],

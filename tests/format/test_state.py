@@ -30,6 +30,7 @@ from casckpt.format.manifest import Manifest, decode_manifest
 from casckpt.format.state import (
     MAX_DEPTH,
     MAX_MANIFEST_NESTING,
+    _structure_nesting,
     decode_state,
     encode_state,
     iter_leaves,
@@ -417,6 +418,15 @@ def _nesting_by_numpy(text: bytes) -> int:
 def test_json_nesting_of_any_bytes_matches_the_vectorised_count(text: bytes) -> None:
     """Forged documents included (unterminated strings, stray backslashes, unbalanced brackets)."""
     assert json_nesting(text) == _nesting_by_numpy(text)
+
+
+@PROPERTY
+@given(text=st.text(alphabet=st.sampled_from('[]{}"'), max_size=60).map(str.encode),
+       window=st.integers(1, 8))
+def test_json_nesting_a_window_at_a_time_matches_the_vectorised_count(text: bytes, window: int) -> None:
+    """Strings and bracket runs that cross the windows' edges (a document's quotes and brackets
+    are split a window at a time, to bound memory on forged ones)."""
+    assert _structure_nesting(text, window) == _nesting_by_numpy(text)
 
 
 def test_json_nesting_is_linear_on_a_forged_run_of_escaped_quotes() -> None:
