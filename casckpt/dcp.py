@@ -211,12 +211,14 @@ class StoreWriter(StorageWriter):
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         """Start a save (DCP calls this first); ends the lease a failed earlier save left."""
+        self._ctx.refuse_forked()  # a writer made before a fork: the pools are the parent's
         _check_id(checkpoint_id, self.checkpoint_id)
         self.release()
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         """Learn this rank's role; the coordinator starts :func:`begin_save` (catalog round trips,
         a durable lease) on a thread, so it overlaps DCP's planning instead of following it."""
+        self._ctx.refuse_forked()
         if kwargs.get("use_collectives") is False:
             raise InvalidArgumentError(
                 "casckpt publishes a version only after every rank wrote its part, which needs "
@@ -264,6 +266,7 @@ class StoreWriter(StorageWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         """Store this rank's items: tensors as chunks (only new ones written), values as nodes."""
+        self._ctx.refuse_forked()
         with self._working():
             return self._write(plan, planner)
 
@@ -413,6 +416,7 @@ class StoreReader(StorageReader):
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         """Start a load (DCP calls this first)."""
+        self._ctx.refuse_forked()  # a reader made before a fork: the pools are the parent's
         _check_id(checkpoint_id, self._version_id)
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
@@ -455,6 +459,7 @@ class StoreReader(StorageReader):
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         """Read the bytes each item needs (only the chunks holding them), verified, into DCP's tensors."""
+        self._ctx.refuse_forked()
         tensors: list[tuple[ReadItem, TensorEntry]] = []
         for item in plan.items:
             if item.type == LoadItemType.BYTE_IO:

@@ -8,6 +8,7 @@ so callers can catch either. Messages say what went wrong *and* what to do.
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Sequence
 
 _LISTED = 10
@@ -72,6 +73,24 @@ class InvalidConfigError(InvalidArgumentError):
 class ForkedStoreError(CasckptError, RuntimeError):
     """A process forked from the one that opened a store used it (its connections, pools and
     cache belong to the parent): open the store again in the child."""
+
+
+def refuse_forked(opened_by: int) -> None:
+    """Refuse a store's use in a process forked from ``opened_by``, the one that opened it: a
+    child inherits the parent's catalog connections, thread pools, commit worker and LMDB
+    environment, none of which it can use (a commit there waited forever on the pools' dead
+    threads; a SQLite connection or LMDB environment shared across a fork can corrupt them).
+
+    Raises:
+        ForkedStoreError: this process is not ``opened_by``.
+    """
+    here = os.getpid()
+    if here != opened_by:
+        raise ForkedStoreError(
+            f"this store was opened by process {opened_by} and this process ({here}) is a fork "
+            "of it: its catalog connections, thread pools and cache belong to the parent. Open "
+            "the store again in this process (casckpt.open), e.g. in a DataLoader worker's "
+            "worker_init_fn or at the top of a multiprocessing target")
 
 
 class StoreIdentityError(CasckptError, RuntimeError):

@@ -42,10 +42,10 @@ from casckpt.engine.versions.durability import check_readable
 from casckpt.engine.versions.refs import load_manifest, resolve
 from casckpt.errors import (
     CasckptError,
-    ForkedStoreError,
     InvalidArgumentError,
     ReadOnlyStoreError,
     StoreIdentityError,
+    refuse_forked,
 )
 from casckpt.format.crypto import PLAIN, StoreCrypto
 from casckpt.storage import BlobStore, open_blob_store, redact_url
@@ -57,11 +57,13 @@ from casckpt.storage.unreachable import UnreachableBlobStore
 from casckpt.types import DrainReport, ProgressCallback, Version
 
 if TYPE_CHECKING:
+    from casckpt.catalog import PackLayout
     from casckpt.dcp import StoreWriter
     from casckpt.engine.context import EngineContext
     from casckpt.engine.tiering.tier import DrainWorker, FastTier
     from casckpt.engine.write.background import BackgroundCommitter
     from casckpt.format.manifest import Manifest
+    from casckpt.storage.erasure import Redundancy
 
 Ref = str | Version
 log = logging.getLogger(__name__)
@@ -181,20 +183,14 @@ class StoreCore:
         return self._cache
 
     def refuse_forked(self) -> None:
-        """A forked child inherits the parent's catalog connections, thread pools and LMDB
-        environment, none of which it can use (a commit hung on the pools' dead threads; a
-        SQLite connection or LMDB environment shared across a fork can corrupt them), so every
-        use of the store there stops here, before it touches any of them.
+        """Every use of the store in a forked child stops here (its catalog, cache, engine and
+        committer), before it touches what the parent owns; objects the engine handed out
+        (commit handles, DCP readers and writers) check the same (:func:`casckpt.errors.refuse_forked`).
 
         Raises:
             ForkedStoreError: this process is a fork of the one that opened the store.
         """
-        if os.getpid() != self._pid:
-            raise ForkedStoreError(
-                f"this store was opened by process {self._pid} and this process ({os.getpid()}) is "
-                "a fork of it: its catalog connections, thread pools and cache belong to the "
-                "parent. Open the store again in this process (casckpt.open), e.g. in a DataLoader "
-                "worker's worker_init_fn or at the top of a multiprocessing target")
+        refuse_forked(self._pid)
 
     @property
     def locations(self) -> LocationSet:
@@ -227,19 +223,20 @@ class StoreCore:
     def started_committer(self) -> BackgroundCommitter | None:
         """The committer if the engine is built (None: nothing was committed, restored or read
         through this handle yet, so no commit is pending)."""
+        self.refuse_forked()
         engine = self._engine
         return engine.committer if engine is not None else None
 
     def _built(self) -> _Engine:
         self.refuse_forked()
         engine = self._engine
-        if engine is not None:
+        if engine is not None and not self._released:
             return engine
         with self._engine_lock:
+            if self._released:  # built or not: its pools are shut down or will never be
+                raise InvalidArgumentError("this store is closed: open it again (casckpt.open) "
+                                           "to commit, restore or read its data")
             if self._engine is None:
-                if self._released:
-                    raise InvalidArgumentError("this store is closed: open it again (casckpt.open) "
-                                               "to commit, restore or read its data")
                 self._engine = self._build()
             return self._engine
 
@@ -282,8 +279,10 @@ class StoreCore:
 
         if self.tier is None:
             return DrainReport()
-        return drain(self.tier, self.ctx.packs.writer.write_bytes, self.locations.put_everywhere,
-                     wait=wait, progress=progress, stop=stop)
+        def write(pack_id: str, data: bytes, redundancy: Redundancy) -> PackLayout:
+            return self.ctx.packs.writer.write_bytes(pack_id, data, redundancy)  # built on the first pack
+
+        return drain(self.tier, write, self.locations.put_everywhere, wait=wait, progress=progress, stop=stop)
 
     # -- lifecycle ----------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import threading
 
 import pytest
@@ -60,3 +61,22 @@ def test_objects_made_while_paused_end_in_the_oldest_generation_and_frozen_ones_
         assert len(more) == 100
     finally:
         gc.unfreeze()
+
+
+def test_a_process_forked_inside_a_pause_runs_its_collector_and_the_parent_resumes_once() -> None:
+    with collector.paused():
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: the parent's pause is not its own
+            os.close(read)
+            enabled = gc.isenabled()
+            with collector.paused():
+                inner = not gc.isenabled()
+            os.write(write, bytes([enabled, inner, gc.isenabled()]))
+            os._exit(0)
+        os.close(write)
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    os.waitpid(pid, 0)
+    with os.fdopen(read, "rb") as pipe:
+        assert pipe.read() == bytes([True, True, True])

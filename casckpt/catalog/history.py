@@ -132,7 +132,7 @@ def log(catalog: Catalog, f: LogFilter) -> list[Version]:
 
     One read transaction, two statements whatever the number of versions.
     """
-    with collector.paused(), catalog.read() as conn:
+    with catalog.read() as conn, collector.paused():  # paused once connected, not while waiting
         rows = list(conn.execute(_log_query(f, conn.dialect.name)).all())
         tags = tags_of(conn, [r[0] for r in rows])
         return versions(rows, tags)

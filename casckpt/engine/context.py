@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
+
+from casckpt.errors import refuse_forked
 
 if TYPE_CHECKING:  # the engine's parts load with the engine (StoreCore builds it on first use)
     from concurrent.futures import ThreadPoolExecutor
@@ -62,6 +65,15 @@ class EngineContext:
     device_buffers: StagingBuffers
     bases: BaseCache
     memos: Memos = field(default_factory=lambda: Memos())
+    owner: int = field(default_factory=os.getpid)  # the process its pools and connections belong to
+
+    def refuse_forked(self) -> None:
+        """Refuse a forked child's use of this engine (see :func:`casckpt.errors.refuse_forked`).
+
+        Raises:
+            ForkedStoreError: this process is a fork of the one that built it.
+        """
+        refuse_forked(self.owner)
 
     @property
     def crypto(self) -> StoreCrypto:

@@ -46,6 +46,7 @@ change hint (it vouched for its tensors since that commit) and hashes every tens
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -63,6 +64,7 @@ from casckpt.errors import (
     CommitTimeoutError,
     InvalidArgumentError,
     VersionExistsError,
+    refuse_forked,
 )
 from casckpt.types import ProgressCallback, Version
 
@@ -89,6 +91,7 @@ class CommitHandle:
 
     def __init__(self, run: str, step: int, version_id: str | None = None) -> None:
         self.run, self.step = run, step
+        self._owner = os.getpid()  # a forked child's copy waits on no worker: refused
         self._version_id = version_id
         self._hashed = threading.Event()  # set with the version id, or with a failure
         if version_id is not None:
@@ -104,6 +107,7 @@ class CommitHandle:
         Raises:
             CasckptError: why the commit failed, when it failed before its id was known.
         """
+        refuse_forked(self._owner)
         self._hashed.wait()
         if self._version_id is None:
             self._reported = True
@@ -126,6 +130,7 @@ class CommitHandle:
             CommitTimeoutError: ``timeout`` seconds passed first (the commit goes on).
             CasckptError: why the commit failed (no version is visible then).
         """
+        refuse_forked(self._owner)
         if not self._done.wait(timeout):
             raise CommitTimeoutError(
                 f"commit {self.run}@{self.step} still running after {timeout} s; wait again"
@@ -441,7 +446,10 @@ class BackgroundCommitter:
                 self._host.forget(run)
 
     def _wait_at_exit(self) -> None:
-        """At interpreter exit, before thread pools shut down: finish pending commits."""
+        """At interpreter exit, before thread pools shut down: finish pending commits (in this
+        process: a forked child's copies of them are its parent's to finish)."""
+        if os.getpid() != self._ctx.owner:
+            return
         if self.pending():
             log.warning("finishing %d background commit(s) at exit; close the store to "
                         "control when", len(self.pending()))
