@@ -60,7 +60,10 @@ class Settings:
         compress: False stores every chunk raw.
         zstd_level: zstd level for compressed chunks.
         read_coalesce: the largest single ranged read restore issues.
-        upload_workers: packs stored concurrently while the next one fills.
+        upload_workers: packs stored concurrently while the next one fills: also how many
+            finished packs a commit holds in staging beside the one filling (each a pack's
+            size on the staging disk, with its shards when erasure-coded), and the most
+            erasure-coding worker processes (at most half the CPUs).
         delta_memory: host memory holding the raw chunks of recent commits,
             the bases the next commit's chunks are delta-coded against
             (default: a sixteenth of RAM, at most 1 GiB; only chunks whose

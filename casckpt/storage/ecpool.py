@@ -235,6 +235,9 @@ class EncodePool:
         except WorkersUnavailableError:
             self._release(None)
             return
+        except BaseException:  # an interrupt while starting it: the slot is free again
+            self._release(None)
+            raise
         self._release(worker)
 
     def pids(self) -> list[int]:

@@ -30,6 +30,7 @@ def _state() -> dict[str, torch.Tensor]:
 
 def test_a_commit_holds_at_most_upload_workers_packs_in_flight_and_encodes_them_side_by_side(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CASCKPT_UPLOAD_WORKERS", raising=False)  # the default, 2, is what is counted
     coders = min(2, max(1, (os.cpu_count() or 2) // 2))  # workers: upload_workers, half the cores
     lock, two = threading.Lock(), threading.Event()
     now = {"writing": 0, "encoding": 0}
