@@ -197,15 +197,15 @@ def _decompressor() -> zstandard.ZstdDecompressor:
 
 
 # Byte planes <-> elements, by integer arithmetic on the elements rather than one strided byte
-# column at a time (numpy's strided byte copy runs at ~3.3 GiB/s; these at 5-20 GiB/s, docs/perf/planes.md).
+# column at a time (numpy's strided byte copy runs at ~3.3 GiB/s; these at 4-17 GiB/s, docs/perf/planes.md).
 # An element is viewed as lanes of up to 4 bytes (an 8-byte element as two 4-byte lanes: numpy's
 # 64-bit shifts are slower than a strided 32-bit copy). Plane i is byte i of the element in memory,
 # which is bits 8i of its lane on a little-endian host and the lane's top byte first on a big-endian
-# one: the lane dtype and shifts follow _ORDER, so the same code is right on either (tests run it
+# one: the lane dtypes and shifts follow _ORDER, so the same code is right on either (tests run it
 # with the foreign order, which numpy byte-swaps).
 _ORDER = "<" if sys.byteorder == "little" else ">"
-_LANE_BLOCK = 1 << 17  # elements of an 8-byte element's lanes handled at a time (a 512 KiB temporary)
-_lanes = threading.local()  # each thread's lane temporary, at most _LANE_BLOCK uint32s
+_LANE_BLOCK = 1 << 18  # elements handled at a time: each temporary is at most this many lanes
+_lanes = threading.local()  # each thread's temporaries: (bytes, slot) -> an array of _LANE_BLOCK lanes
 
 
 def _lane_shape(width: int) -> tuple[np.dtype[np.unsignedinteger], int, list[int]]:
@@ -216,36 +216,55 @@ def _lane_shape(width: int) -> tuple[np.dtype[np.unsignedinteger], int, list[int
     return np.dtype(f"{order}u{size}"), size, shifts
 
 
-def _lane_temp(count: int, dtype: np.dtype[np.unsignedinteger]) -> np.ndarray:
-    temp: np.ndarray | None = getattr(_lanes, "temp", None)
-    if temp is None or temp.dtype != dtype:
-        temp = _lanes.temp = np.empty(_LANE_BLOCK, dtype=dtype)
+def _lane_temp(size: int, slot: int, count: int) -> np.ndarray:
+    """This thread's temporary ``slot`` of ``count`` lanes of ``size`` bytes (at most a block)."""
+    temps: dict[tuple[str, int, int], np.ndarray] | None = getattr(_lanes, "temps", None)
+    if temps is None:
+        temps = _lanes.temps = {}
+    key = (_ORDER, size, slot)
+    temp = temps.get(key)
+    if temp is None:
+        temp = temps[key] = np.empty(_LANE_BLOCK, dtype=f"{_ORDER}u{size}")
     return temp[:count]
 
 
 def _interleave(planes: Sequence[np.ndarray], out: np.ndarray) -> None:
     """Write ``planes`` (``width`` uint8 arrays of ``n``) into ``out`` (uint8, ``width * n``) as
-    byte i of each element from ``planes[i]``: each lane built high byte first, shift and or."""
+    byte i of each element from ``planes[i]``, a block of elements at a time."""
     width = len(planes)
-    dtype, size, shifts = _lane_shape(width)
-    order = sorted(range(size), key=lambda k: -shifts[k])  # lane bytes, most significant first
-    if width == size:
-        _build_lane(planes, order, out.view(dtype))
-        return
+    dtype, size, _ = _lane_shape(width)
     lanes = out.view(dtype).reshape(-1, width // size)
     for start in range(0, len(lanes), _LANE_BLOCK):
         stop = min(start + _LANE_BLOCK, len(lanes))
-        temp = _lane_temp(stop - start, dtype)
         for lane in range(width // size):
-            _build_lane([p[start:stop] for p in planes[lane * size : (lane + 1) * size]], order, temp)
-            lanes[start:stop, lane] = temp
+            block = [p[start:stop] for p in planes[lane * size : (lane + 1) * size]]
+            if width == size:
+                _build_lane(block, lanes[start:stop, 0])
+            else:  # 4-byte halves of 8-byte elements: built whole, then one strided 32-bit copy
+                temp = _lane_temp(4, 0, stop - start)
+                _build_lane(block, temp)
+                lanes[start:stop, lane] = temp
 
 
-def _build_lane(planes: Sequence[np.ndarray], order: list[int], lane: np.ndarray) -> None:
-    np.copyto(lane, planes[order[0]], casting="unsafe")
-    for k in order[1:]:
-        np.left_shift(lane, 8, out=lane)
-        np.bitwise_or(lane, planes[k], out=lane)
+def _build_lane(planes: Sequence[np.ndarray], lane: np.ndarray) -> None:
+    """``lane`` (``len(planes)`` bytes each) from its bytes' planes in memory order: the two
+    halves built (a byte plane is its own half), then the high one shifted over the low one.
+    Two 2-byte halves cost fewer passes than four byte shift-ors over a 4-byte lane."""
+    half = len(planes) // 2
+    if half == 2:
+        parts: list[np.ndarray] = []
+        for slot, pair in enumerate((planes[:2], planes[2:])):
+            parts.append(_lane_temp(2, slot + 1, len(lane)))
+            _build_lane(pair, parts[-1])
+    else:
+        parts = list(planes)
+    if not half:
+        np.copyto(lane, parts[0], casting="unsafe")
+        return
+    low, high = parts if _ORDER == "<" else parts[::-1]
+    np.copyto(lane, high, casting="unsafe")
+    np.left_shift(lane, 8 * half, out=lane)
+    np.bitwise_or(lane, low, out=lane)
 
 
 def _split(data: np.ndarray, planes: Sequence[np.ndarray]) -> None:
@@ -259,7 +278,7 @@ def _split(data: np.ndarray, planes: Sequence[np.ndarray]) -> None:
     lanes = data.view(dtype).reshape(-1, width // size)
     for start in range(0, len(lanes), _LANE_BLOCK):
         stop = min(start + _LANE_BLOCK, len(lanes))
-        temp = _lane_temp(stop - start, dtype)
+        temp = _lane_temp(size, 0, stop - start)
         for lane in range(width // size):
             temp[:] = lanes[start:stop, lane]
             _split_lane(temp, [p[start:stop] for p in planes[lane * size : (lane + 1) * size]], shifts)

@@ -564,9 +564,13 @@ def test_planes_keep_the_column_layout_in_either_byte_order(
             assert codecs.probe(data, width, 1) == _column_probe(data, width)
 
 
-def test_lane_temporary_stays_one_block_per_thread() -> None:
-    """8-byte elements go through one per-thread temporary of at most a block, whatever the chunk's size."""
-    data = (np.random.default_rng(5).standard_normal(3 * codecs._LANE_BLOCK + 5) * 0.02).tobytes()
-    payload = encode_planes(data, 8, 0b11000000, 1)
-    assert bytes(decode_chunk(PLANES.id, payload, len(data))) == data
-    assert codecs._lanes.temp.nbytes == 4 * codecs._LANE_BLOCK
+def test_lane_temporaries_stay_a_block_per_thread_whatever_the_chunk() -> None:
+    """Lanes are built a block of elements at a time in per-thread temporaries: a chunk several
+    blocks long with a tail decodes bit-exact and leaves no temporary longer than a block."""
+    rng = np.random.default_rng(5)
+    for width, dtype in ((2, np.float16), (4, np.float32), (8, np.float64)):
+        data = (rng.standard_normal(3 * codecs._LANE_BLOCK + 5) * 0.02).astype(dtype).tobytes()
+        payload = encode_planes(data, width, 1 << (width - 1), 1)
+        assert bytes(decode_chunk(PLANES.id, payload, len(data))) == data
+    temps = codecs._lanes.temps
+    assert temps and all(len(temp) == codecs._LANE_BLOCK for temp in temps.values())
