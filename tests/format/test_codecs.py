@@ -8,6 +8,7 @@ damaged or unknown encodings are refused with ``CorruptChunkError``.
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -497,3 +498,79 @@ def test_a_frame_that_fails_to_decode_leaves_the_threads_decompressor_usable() -
     with pytest.raises(CorruptChunkError):
         decode_chunk(PLANES.id, damaged, len(data))
     assert bytes(decode_chunk(PLANES.id, bytes(payload), len(data))) == data
+
+
+# -- the planes layout, against the column-by-column code that wrote the packs before ---------
+
+def _column_planes(data: bytes, width: int) -> np.ndarray:
+    """Plane i is byte i of every element: how the layout was defined (one strided column each)."""
+    return np.frombuffer(data, dtype=np.uint8).reshape(-1, width).T.copy()
+
+
+def _column_payload(data: bytes, width: int, mask: int) -> bytes:
+    """A planes payload exactly as the column-copying encoder (7b8b525) wrote it."""
+    planes = _column_planes(data, width)
+    masked = b"".join(planes[i].tobytes() for i in range(width) if mask >> i & 1)
+    raw = b"".join(planes[i].tobytes() for i in range(width) if not mask >> i & 1)
+    frame = zstandard.ZstdCompressor(compression_params=codecs._PLANES_FAST).compress(masked)
+    return bytes([width, mask]) + raw + frame
+
+
+def _column_probe(data: bytes, width: int) -> codecs.Probe:
+    compressor = zstandard.ZstdCompressor(compression_params=codecs._PLANES_FAST)
+    mask, full, stored = 0, 0, 0
+    for i, plane in enumerate(_column_planes(data, width)):
+        packed = len(compressor.compress(plane.tobytes()))
+        full += packed
+        mask |= (packed < codecs.PLANE_PAYS * len(plane)) << i
+        stored += packed if mask >> i & 1 else len(plane)
+    return codecs.Probe(width, mask, full / len(data), (stored + 2) / len(data))
+
+
+@PROPERTY
+@given(width=st.sampled_from([2, 4, 8]), count=st.integers(0, 700), seed=st.integers(0, 2**32 - 1),
+       mask=st.integers(1, 255), order=st.sampled_from(["<", ">"]), block=st.sampled_from([3, 64, 1 << 17]),
+       offset=st.integers(0, 7), trained=st.booleans())
+def test_planes_keep_the_column_layout_in_either_byte_order(
+        width: int, count: int, seed: int, mask: int, order: str, block: int, offset: int,
+        trained: bool) -> None:
+    """Encode, probe, group and decode build planes from whole elements by shifts: their bytes
+    are the column-by-column layout's, byte for byte, whatever the host's byte order (the foreign
+    one is run through numpy's byte-swapping), lane block (tails of 8-byte elements) and the
+    output's alignment. Old payloads decode with this code and this code's payloads are the old
+    encoder's bytes, so an old casckpt reads them."""
+    rng = np.random.default_rng(seed)
+    if trained:
+        floats = (rng.standard_normal(count * width // 4 + 1) * 0.02).astype(np.float32)
+        data = floats.tobytes()[: count * width]
+    else:
+        data = rng.integers(0, 256, count * width, dtype=np.uint8).tobytes()
+    mask = mask & (1 << width) - 1 or 1 << (width - 1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(codecs, "_ORDER", order)
+        patch.setattr(codecs, "_LANE_BLOCK", block)
+        patch.setattr(codecs, "_lanes", threading.local())  # a temporary of this block size
+        old = _column_payload(data, width, mask)
+        assert bytes(encode_planes(data, width, mask, 1)) == old
+        arena = bytearray(b"\xa5" * (len(data) + 16))
+        out = memoryview(arena)[offset : offset + len(data)]
+        decode_into(PLANES.id, old, len(data), out)
+        assert bytes(out) == data and arena[:offset] == b"\xa5" * offset
+        assert codecs._group(data, width) == _column_planes(data, width).tobytes()
+        grouped = _column_planes(data, width).tobytes()
+        back = codecs.ungroup_into(grouped, width, np.empty(len(data), dtype=np.uint8))
+        assert back.tobytes() == data
+        if count:
+            assert codecs.probe(data, width, 1) == _column_probe(data, width)
+
+
+def test_lane_temporaries_stay_a_block_per_thread_whatever_the_chunk() -> None:
+    """Lanes are built a block of elements at a time in per-thread temporaries: a chunk several
+    blocks long with a tail decodes bit-exact and leaves no temporary longer than a block."""
+    rng = np.random.default_rng(5)
+    for width, dtype in ((2, np.float16), (4, np.float32), (8, np.float64)):
+        data = (rng.standard_normal(3 * codecs._LANE_BLOCK + 5) * 0.02).astype(dtype).tobytes()
+        payload = encode_planes(data, width, 1 << (width - 1), 1)
+        assert bytes(decode_chunk(PLANES.id, payload, len(data))) == data
+    temps = codecs._lanes.temps
+    assert temps and all(len(temp) == codecs._LANE_BLOCK for temp in temps.values())
