@@ -150,12 +150,12 @@ class ThrottledProxy:
         try:
             while data := src.recv(_RECV):
                 bucket.take(len(data))
-                dst.sendall(data)
-                with self._lock:
-                    if up:
+                with self._lock:  # counted before they are sent: a reader of the counters who
+                    if up:        # has received the bytes sees them counted
                         self.bytes_up += len(data)
                     else:
                         self.bytes_down += len(data)
+                dst.sendall(data)
             dst.shutdown(socket.SHUT_WR)  # pass the half-close on
         except OSError:
             _close(src)

@@ -37,7 +37,7 @@ def mutate(state: dict[str, Any], op: int, pick: int) -> None:
         t.data = torch.zeros(t.numel() + 1, dtype=t.dtype)  # same object, new storage and shape
     elif op == 3 and t.dtype == model[other].dtype and t.numel():
         t.set_(model[other].untyped_storage(), 0, (1,), (1,))  # same object, another leaf's storage
-    elif op == 4 and t.dtype == torch.float32:
+    elif op == 4 and t.dtype == torch.float32 and not t.is_neg() and not t.is_conj():
         model[key] = t.view(torch.int32)  # same bytes, another dtype
     elif op == 5 and t.numel() % 2 == 0 and t.dim() == 1:
         model[key] = t.reshape(2, -1)  # same bytes, another shape

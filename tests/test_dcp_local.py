@@ -260,7 +260,10 @@ def test_a_save_failing_while_planning_ends_the_lease_taken_alongside(store: cas
     with pytest.raises(CheckpointException, match="planner failed"):
         dcp.save({"w": torch.ones(4)}, storage_writer=writer, planner=Failing())
     assert store.log() == []
-    writer.release()
+    writer.release()  # ends the lease once begin_save, which runs alongside planning, returns
+    deadline = time.monotonic() + 60
+    while _lease_count(store) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert _lease_count(store) == 0
     dcp.save({"w": torch.ones(4)}, storage_writer=writer)  # the writer can be used again
     assert store.resolve("r@1").new_bytes == 16 and _lease_count(store) == 0
