@@ -300,6 +300,7 @@ class StoreWriter(StorageWriter):
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Coordinator, after every rank wrote: publish the version in one transaction."""
+        self._ctx.refuse_forked()
         with self._working():
             self._finish(metadata, results)
 

@@ -83,6 +83,7 @@ def test_a_forked_child_is_refused_every_use_opens_its_own_and_the_parent_goes_o
             "show": _refused(lambda: store.show(f"{RUN}@1")),
             "wait_commits": _refused(store.wait_commits),
             "a parent's commit handle": _refused(handle.wait),
+            "a parent's commit handle, polled": _refused(handle.done),
             "a DCP reader made before the fork": _refused(lambda: reader.reset(None)),
             "a DCP writer made before the fork": _refused(lambda: writer.reset(None)),
         }

@@ -230,8 +230,13 @@ def _lane_temp(size: int, slot: int, count: int) -> np.ndarray:
 
 def _interleave(planes: Sequence[np.ndarray], out: np.ndarray) -> None:
     """Write ``planes`` (``width`` uint8 arrays of ``n``) into ``out`` (uint8, ``width * n``) as
-    byte i of each element from ``planes[i]``, a block of elements at a time."""
+    byte i of each element from ``planes[i]``, a block of elements at a time.
+
+    Raises:
+        ValueError: ``out`` does not hold ``width`` bytes for each of the planes' bytes.
+    """
     width = len(planes)
+    _check_planes(planes, out)
     dtype, size, _ = _lane_shape(width)
     lanes = out.view(dtype).reshape(-1, width // size)
     for start in range(0, len(lanes), _LANE_BLOCK):
@@ -244,6 +249,15 @@ def _interleave(planes: Sequence[np.ndarray], out: np.ndarray) -> None:
                 temp = _lane_temp(4, 0, stop - start)
                 _build_lane(block, temp)
                 lanes[start:stop, lane] = temp
+
+
+def _check_planes(planes: Sequence[np.ndarray], elements: np.ndarray) -> None:
+    """Every plane as long as the first, and ``elements`` exactly their bytes side by side (a
+    shorter buffer would be filled, or read, only in part without a word)."""
+    n = len(planes[0]) if planes else 0
+    if any(len(p) != n for p in planes) or elements.nbytes != len(planes) * n:
+        raise ValueError(f"{len(planes)} planes of {[len(p) for p in planes]} bytes do not make "
+                         f"{elements.nbytes} bytes of elements")
 
 
 def _build_lane(planes: Sequence[np.ndarray], lane: np.ndarray) -> None:
@@ -269,8 +283,13 @@ def _build_lane(planes: Sequence[np.ndarray], lane: np.ndarray) -> None:
 
 def _split(data: np.ndarray, planes: Sequence[np.ndarray]) -> None:
     """Write byte i of each element of ``data`` (uint8, ``width * n``) into ``planes[i]`` (uint8,
-    ``n`` each; ``width = len(planes)``): each plane is its lane shifted down, cast to a byte."""
+    ``n`` each; ``width = len(planes)``): each plane is its lane shifted down, cast to a byte.
+
+    Raises:
+        ValueError: ``data`` does not hold ``width`` bytes for each of the planes' bytes.
+    """
     width = len(planes)
+    _check_planes(planes, data)
     dtype, size, shifts = _lane_shape(width)
     if width == size:
         _split_lane(data.view(dtype), planes, shifts)

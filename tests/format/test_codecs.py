@@ -574,3 +574,15 @@ def test_lane_temporaries_stay_a_block_per_thread_whatever_the_chunk() -> None:
         assert bytes(decode_chunk(PLANES.id, payload, len(data))) == data
     temps = codecs._lanes.temps
     assert temps and all(len(temp) == codecs._LANE_BLOCK for temp in temps.values())
+
+
+@pytest.mark.parametrize("width", [2, 4, 8])
+def test_planes_and_elements_of_different_sizes_are_refused(width: int) -> None:
+    """A buffer shorter (or longer) than the planes' bytes is refused, never filled or read in
+    part."""
+    grouped = bytes(range(256)) * width
+    with pytest.raises(ValueError, match="do not make"):
+        codecs.ungroup_into(grouped, width, np.empty(len(grouped) - width, dtype=np.uint8))
+    with pytest.raises(ValueError, match="do not make"):
+        codecs._split(np.zeros(len(grouped) - width, dtype=np.uint8),
+                      [np.empty(256, dtype=np.uint8) for _ in range(width)])

@@ -121,6 +121,7 @@ class CommitHandle:
 
     def done(self) -> bool:
         """True once the commit has succeeded or failed."""
+        refuse_forked(self._owner)  # never, in a forked child: its worker is the parent's
         return self._done.is_set()
 
     def wait(self, timeout: float | None = None) -> Version:
@@ -146,6 +147,7 @@ class CommitHandle:
 
     def exception(self) -> BaseException | None:
         """The commit's error once done (None while running or on success); counts as reported."""
+        refuse_forked(self._owner)
         if not self._done.is_set():
             return None
         self._reported = True

@@ -223,3 +223,33 @@ def test_with_copies_a_corrupt_base_in_the_middle_of_a_chain_is_repaired(tmp_pat
             assert all(p.kind in ("pack", "shard") for p in report.problems), report.problems
             store.ops.repair()
             assert store.ops.check(read_data=True).ok
+
+
+def test_a_base_deltas_of_two_windows_need_is_read_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two tensors equal at one step and then changed in different rows: their sparse deltas
+    share every base chunk, one wanted chunk per window. Each base is read once and kept for
+    the later window (it was read and decoded again for each window that needed it)."""
+    chunk = 4096
+    reads: dict[bytes, int] = {}
+    read_located = reader._read_located
+
+    def counting(ctx: Any, targets: Any, *args: Any, **kwargs: Any) -> int:
+        for cid in targets:
+            reads[cid] = reads.get(cid, 0) + 1
+        return read_located(ctx, targets, *args, **kwargs)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(reader, "_read_located", counting)
+    w = torch.randn(16 * chunk // 256, 64, generator=torch.Generator().manual_seed(0))
+    with casckpt.open(tmp_path / "s", chunk_size=chunk, pack_size=64 << 10, workers=2) as store:
+        store.ops.set_delta_chain(4)
+        store.commit({"a": w, "b": w.clone()}, run="r", step=0)
+        a, b = w.clone(), w.clone()
+        a[3::16] += 1e-3
+        b[9::16] += 1e-3
+        store.commit({"a": a, "b": b}, run="r", step=1)
+        assert store.show("r@1").longest_chain >= 1
+        monkeypatch.setattr(reader, "DELTA_WINDOW", chunk)  # a window per wanted chunk
+        got = store.restore("r@1")
+    assert torch.equal(got["a"], a) and torch.equal(got["b"], b)
+    assert reads and max(reads.values()) == 1, sorted(reads.values())
