@@ -1,5 +1,13 @@
 """The ``catalog`` workload: history queries on a run of 10,000 versions (SQLite catalog).
 
+Two stores of the same run. **Tree versions** (what every commit writes today, so
+what the targets are judged on): 10,000 real ``Store.commit`` calls of a flat
+50-tensor state (tensors of 256 float32 elements, one chunk each: the data is not
+what is measured), 40 tensors changing in every version, 10 never, with the same
+metadata, metrics and tags as below; then ``log`` and ``history`` of a freshly
+opened store, wall and CPU (:func:`run_trees`; ~3-8 minutes of commits on a loaded
+2-core machine). **Format-1 rows** (stores written before tree manifests):
+
 No tensor is committed: a store is created, then its catalog is filled
 directly with realistic rows, as 10,000 commits of a 50-tensor state would
 leave them (one ``versions`` row each with metrics, metadata and a manifest
@@ -77,8 +85,25 @@ class Query:
 
 
 @dataclass(frozen=True)
+class TreeStore:
+    """The store every commit writes today (tree manifests), made by real commits, and its queries.
+
+    ``history_*`` and ``log_all`` also report each round's CPU seconds (``cpu_s``)."""
+
+    versions: int
+    commits_s: float  # building it: every commit, wall
+    commits_cpu_s: float
+    log_all: Query
+    history_trained: Query
+    history_frozen: Query
+    log_all_cpu_s: float
+    history_trained_cpu_s: float
+
+
+@dataclass(frozen=True)
 class CatalogResult:
-    """Every raw number of the ``catalog`` workload."""
+    """Every raw number of the ``catalog`` workload: ``trees`` (what users' stores hold) and,
+    for stores written before tree manifests, the format-1 rows of the other fields."""
 
     name: str
     versions: int
@@ -94,6 +119,7 @@ class CatalogResult:
     best: Query
     tree: Query
     rows_floor: Query  # sqlite3 alone: the trained tensor's rows (version id, digest)
+    trees: TreeStore
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict of all fields."""
@@ -200,6 +226,55 @@ def _measure(fn: Callable[[], list[Any]], expected: int) -> Query:
     return Query(rounds, statistics.median(rounds), results)
 
 
+def _cpu(fn: Callable[[], list[Any]]) -> float:
+    """The median CPU seconds (this process) of ``REPEATS`` calls of ``fn``."""
+    rounds = []
+    for _ in range(REPEATS):
+        start = time.process_time()
+        fn()
+        rounds.append(time.process_time() - start)
+    return statistics.median(rounds)
+
+
+TREE_ELEMENTS = 256  # float32 elements of each committed tensor (one chunk: the data is not what is measured)
+
+
+def commit_run(store: casckpt.Store, count: int) -> None:
+    """``count`` real commits (``Store.commit``, tree manifests) of a 50-tensor flat state to run
+    ``RUN``: the same shape of run as :func:`build`'s rows (40 tensors change in every
+    version, 10 never; the same metadata and metrics; a tag every 1,000 versions)."""
+    import torch  # noqa: PLC0415 (the row builder above needs no torch)
+
+    state = {_path(k): torch.zeros(TREE_ELEMENTS) for k in range(TENSORS)}
+    for i in range(count):
+        if i > 0:
+            for k in range(FROZEN, TENSORS):
+                state[_path(k)][i % TREE_ELEMENTS] += 1.0
+        loss = 4.0 / (1 + i / 500)
+        store.commit(state, run=RUN, step=i * 100,
+                     metadata={"optimizer": "adamw", "lr": 3e-4, "host": f"node-{i % 8}", "epoch": i // 1000},
+                     metrics={"loss": loss, "val_loss": loss * 1.1, "tokens": float(i) * 4096},
+                     tags=[f"milestone-{i // TAG_EVERY}"] if i % TAG_EVERY == 0 else ())
+
+
+def run_trees(root: Path, count: int, log: Log) -> TreeStore:
+    """Commit the run of ``count`` versions into a new store at ``root``, then time log and
+    history of it in a freshly opened store."""
+    log(f"{NAME}: committing {count} versions x {TENSORS} tensors (tree manifests)")
+    with casckpt.open(root) as store:
+        started, cpu = time.perf_counter(), time.process_time()
+        commit_run(store, count)
+        commits_s, commits_cpu_s = time.perf_counter() - started, time.process_time() - cpu
+    log(f"{NAME}: timing log and history of the tree versions")
+    with casckpt.open(root, create=False) as store:
+        log_all = _measure(lambda: store.log(RUN), count)
+        trained = _measure(lambda: store.history(RUN, TRAINED_PATH), count)
+        frozen = _measure(lambda: store.history(RUN, FROZEN_PATH), 1)
+        log_cpu = _cpu(lambda: store.log(RUN))
+        trained_cpu = _cpu(lambda: store.history(RUN, TRAINED_PATH))
+    return TreeStore(count, commits_s, commits_cpu_s, log_all, trained, frozen, log_cpu, trained_cpu)
+
+
 def _floor(db: Path) -> list[Any]:
     with sqlite3.connect(db) as conn:
         return conn.execute("SELECT version_id, digest FROM tensors WHERE path = ?",
@@ -226,5 +301,6 @@ def run_catalog(scale: float, workdir: Path, log: Log) -> CatalogResult:
         frozen = _measure(lambda: store.history(RUN, FROZEN_PATH), 1)
         best = _measure(lambda: [store.best(RUN, "loss")], 1)
         tree = _measure(store.lineage, 1)
+    trees = run_trees(workdir / "trees", count, log)
     return CatalogResult(NAME, count, TENSORS, tensor_rows, content_rows, manifest_size,
-                         build_s, log_all, filtered, trained, frozen, best, tree, floor)
+                         build_s, log_all, filtered, trained, frozen, best, tree, floor, trees)
