@@ -53,13 +53,6 @@ PROPERTY = settings(max_examples=20, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[casckpt.Store]:
-    with casckpt.open(tmp_path / "store") as s:
-        yield s
-        assert s.ops.check(read_data=True).ok
-
-
 def listing(root: Path) -> dict[str, tuple[Any, ...]]:
     """Every entry under ``root``: kind, permission bits, and bytes or link target."""
     out: dict[str, tuple[Any, ...]] = {}
