@@ -305,15 +305,17 @@ class StoreCore:
                 self._last_drain()
             finally:
                 self._release()
+
     def _last_drain(self) -> None:
         """Stop the drain worker and drain what is left (a failure is logged: the next open on
-        this host, or `casckpt drain`, resumes it; another process draining the tier now
-        finishes it)."""
+        this host, or `casckpt drain`, resumes it). A drain another process of this host runs
+        now is waited out, not trusted to finish this handle's work: it may have listed the
+        tier's packs before this handle's last commit."""
         if self.drainer is None:
             return
         self.drainer.stop()
         try:
-            report = self.drain()  # a drain another process of this host runs finishes it instead
+            report = self.drain(wait=True)
         except CasckptError as exc:
             log.warning("closing the store: the drain of the fast tier failed (%s); `casckpt drain` "
                         "or the next open on this host resumes it", exc)
