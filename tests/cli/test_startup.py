@@ -98,6 +98,30 @@ def test_version_flag_prints_the_package_version(small_store: Path) -> None:
     assert done.stdout.strip() == f"casckpt {casckpt.__version__}"
 
 
+_ENTRY = """
+import atexit, gc, sys
+from casckpt.cli.main import main
+atexit.register(lambda: print(f"frozen={gc.get_freeze_count()} enabled={gc.isenabled()}"))
+sys.argv[0] = "casckpt"
+main()
+"""
+
+
+def test_the_command_freezes_what_its_imports_made_and_keeps_the_collector_on(small_store: Path) -> None:
+    # the entry point (`casckpt`, `python -m casckpt.cli.main`) moves the libraries' objects out of
+    # the collector's reach; a collector switched off would let a long command's cycles pile up
+    done = subprocess.run([sys.executable, "-c", _ENTRY, "log", RUN], capture_output=True, text=True,
+                          timeout=120, check=False, env=_env(small_store))
+    assert done.returncode == 0, done.stderr
+    assert "enabled=True" in done.stdout
+    frozen = int(done.stdout.rsplit("frozen=", 1)[1].split()[0])
+    assert frozen > 10_000  # without the freeze: 0
+    from importlib.metadata import entry_points
+
+    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "casckpt"]
+    assert script.value == "casckpt.cli.main:main"
+
+
 def test_restore_still_exports_with_torch(small_store: Path, tmp_path: Path) -> None:
     """The command that needs tensors still gets them (torch imported on demand)."""
     from safetensors.torch import load_file
