@@ -97,6 +97,53 @@ def open_store(args: dict[str, Any]) -> casckpt.Store:
     return casckpt.open(args["path"], chunk_size=CHUNK, pack_size=PACK, **args.get("open", {}))
 
 
+def _publish_points() -> dict[str, tuple[type, str, Any]]:
+    """The steps of a coordinator's publish a test may stop it at: (class, method, which calls)."""
+    from casckpt.catalog import Catalog
+    from casckpt.storage import LocalBlobStore
+
+    def is_manifest(args: tuple[Any, ...]) -> bool:
+        return str(args[0]).startswith("manifests/")
+
+    return {
+        "blobs.put_manifest": (LocalBlobStore, "put", is_manifest),  # the manifest object's write
+        # the manifest's temporary file is written and fsync'd, not yet renamed into place
+        "blobs.place_manifest": (LocalBlobStore, "_place", lambda args: is_manifest(args[1:])),
+        "catalog.add_version": (Catalog, "add_version", None),  # the publishing transaction
+        # the publishing transaction's last statement (its audit row), not yet committed
+        "catalog.audit_in": (Catalog, "audit_in", lambda args: args[1] == "commit"),
+    }
+
+
+def arm(rank: int, stop: dict[str, Any] | None) -> None:
+    """On the coordinator (rank 0), stop at ``stop["point"]`` (``before`` or ``after`` the real
+    call, ``stop["when"]``): SIGKILL this rank (``how: kill``), or (``how: pause``) create
+    ``DIR/paused`` and wait until ``DIR/go`` exists (``stop["dir"]``)."""
+    if stop is None or rank != 0:
+        return
+    cls, name, accept = _publish_points()[stop["point"]]
+    original = getattr(cls, name)
+
+    def halt() -> None:
+        if stop["how"] == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        where = Path(stop["dir"])
+        (where / "paused").touch()
+        while not (where / "go").exists():
+            time.sleep(0.01)
+
+    def wrapper(self: object, *args: Any, **kwargs: Any) -> Any:
+        hit = accept is None or accept(args)
+        if hit and stop["when"] == "before":
+            halt()
+        result = original(self, *args, **kwargs)
+        if hit and stop["when"] == "after":
+            halt()
+        return result
+
+    setattr(cls, name, wrapper)
+
+
 class FailingPlanner(DefaultSavePlanner):
     """Raises (or SIGKILLs the rank) on the rank and at the item ``fail`` names."""
 
@@ -116,6 +163,7 @@ class FailingPlanner(DefaultSavePlanner):
 def scenario_dcp_save(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
     state = sharded(full_state(args["seed"]), world)
     planner = FailingPlanner(args["fail"], rank) if "fail" in args else None
+    arm(rank, args.get("stop"))
     with open_store(args) as store:
         writer = store.dcp_writer(run=args["run"], step=args["step"], metrics={"loss": 0.5})
         if args.get("async"):  # as docs/guides/dcp.md: on a gloo group of its own
@@ -155,6 +203,7 @@ def scenario_group_commit(rank: int, world: int, args: dict[str, Any]) -> dict[s
     state: dict[str, Any] = group_state(rank, args["seed"])
     if args.get("bad_rank") == rank:
         state["loader"]["sampler"] = object()  # unsupported: this rank fails while hashing
+    arm(rank, args.get("stop"))
     with open_store(args) as store:
         if args.get("preflight_fail") == rank:  # this rank fails before any collective of its own
             def unreachable() -> None:

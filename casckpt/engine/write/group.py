@@ -10,8 +10,9 @@ collectives (gloo or any backend with object collectives):
 2. every rank hashes and dedups its state; the ranks exchange the ids of the
    chunks the store lacks, and each new chunk is written once, by the lowest
    rank holding it (replicated weights are not written N times);
-3. every rank's state goes to the coordinator, which publishes the version in
-   ONE catalog transaction and tells every rank the outcome.
+3. every rank's state goes to the coordinator, which names the version on its
+   lease, writes the manifest object and publishes the version in ONE catalog
+   transaction, and tells every rank the outcome.
 
 Every step is a collective: an error on any rank makes every rank raise
 :class:`~casckpt.errors.GroupCommitError` (naming the ranks and their
@@ -35,7 +36,7 @@ from casckpt.engine.versions.extents import pack_limit, plan_extents
 from casckpt.engine.write import commit as commit_engine
 from casckpt.engine.write.commit import CommitRequest
 from casckpt.engine.write.commitchunks import ChunkWrite, hash_and_dedup, write_chunks
-from casckpt.engine.write.distributed import begin_save, compose
+from casckpt.engine.write.distributed import begin_save, compose, publish_composed
 from casckpt.engine.write.encodepolicy import EncodePlan
 from casckpt.errors import GroupCommitError
 from casckpt.format.manifest import ExtentEntry, TensorEntry, World, renumber_tensors
@@ -156,4 +157,4 @@ def _publish(ctx: EngineContext, req: CommitRequest, parts: list[Part], parent: 
     snap = compose(ctx, req, parent, created, World(len(parts), "group"), {"t": "ranks", "v": trees},
                    entries, extents, sum(p[3].raw_bytes for p in parts),
                    sum(p[3].stored_bytes for p in parts), [s for p in parts for s in p[3].degraded])
-    return commit_engine.publish(ctx, req, snap, ctx.packs.placement.redundancy_for(req.run), started, lease)
+    return publish_composed(ctx, req, snap, started, lease)
