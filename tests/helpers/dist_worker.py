@@ -106,6 +106,7 @@ def _publish_points() -> dict[str, tuple[type, str, Any]]:
         return str(args[0]).startswith("manifests/")
 
     return {
+        "catalog.add_pack": (Catalog, "add_pack", None),  # a pack of the coordinator's own chunks
         "blobs.put_manifest": (LocalBlobStore, "put", is_manifest),  # the manifest object's write
         # the manifest's temporary file is written and fsync'd, not yet renamed into place
         "blobs.place_manifest": (LocalBlobStore, "_place", lambda args: is_manifest(args[1:])),

@@ -360,7 +360,7 @@ def publish_composed(ctx: EngineContext, req: CommitRequest, snap: Snapshot, sta
         CatalogError: the lease is gone (reaped as older than a day); nothing was written.
         VersionExistsError: the step was taken meanwhile.
     """
-    name_version(ctx.catalog, lease, snap.version_id)
+    ctx.catalog.retrying(lambda: name_version(ctx.catalog, lease, snap.version_id))  # idempotent
     return publish(ctx, req, snap, ctx.packs.placement.redundancy_for(req.run), started, lease)
 
 
