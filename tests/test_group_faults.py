@@ -16,6 +16,7 @@ runs gc.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -71,11 +72,10 @@ def _open(path: Path) -> casckpt.Store:
 
 
 def _save(ranks: Zygote, kind: str, path: Path, step: int, seed: int,
-          stop: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Save ``step`` of the run on 2 ranks (a group commit or a DCP save)."""
-    args: dict[str, Any] = {"path": str(path), "run": RUN, "step": step, "seed": seed}
-    if stop is not None:
-        args["stop"] = stop
+          *stops: dict[str, Any]) -> dict[str, Any]:
+    """Save ``step`` of the run on 2 ranks (a group commit or a DCP save), stopping a rank
+    where each of ``stops`` says (see ``arm`` in dist_worker.py)."""
+    args: dict[str, Any] = {"path": str(path), "run": RUN, "step": step, "seed": seed, "stops": stops}
     scenario = "group_commit" if kind == "group" else "dcp_save"
     # a short process-group timeout: the survivor of a killed coordinator fails fast
     return ranks.ask({"scenario": scenario, "world": 2, "args": args, "timeout": 90, "pg_timeout": 20},
@@ -134,7 +134,7 @@ def test_coordinator_killed_mid_publish_leaves_only_what_gc_reclaims(
     with _open(path) as store:
         stored_before = store.ops.stats().unique_bytes
 
-    killed = _save(ranks, kind, path, step=2, seed=12, stop={"point": point, "when": when, "how": "kill"})
+    killed = _save(ranks, kind, path, 2, 12, {"point": point, "when": when, "how": "kill"})
     assert killed["codes"][0] == -9, killed  # the kill point was reached
     with _open(path) as store:
         assert [v.step for v in store.log(RUN)] == ([2, 1] if published else [1])
@@ -197,4 +197,52 @@ def test_gc_beside_a_group_publish_in_flight_deletes_nothing_it_needs(
         _restores(store, kind, 2, 12)
         _restores(store, kind, 1, 11)
         _all_garbage_gone(store)
+        _restores(store, kind, 2, 12)
+
+
+def _coordinator_dead(path: Path, survivor: int) -> None:
+    """Wait until every pid holding a lease but ``survivor`` is gone (the zygote reaps its ranks)."""
+    deadline = time.monotonic() + 60
+    with _open(path) as store, internals(store).catalog.read() as conn:
+        pids = set(conn.execute(select(s.leases.c.pid)).scalars()) - {survivor}
+    assert pids  # the coordinator's lease, still there
+    for pid in pids:
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            assert time.monotonic() < deadline, "the coordinator outlived its kill point"
+            time.sleep(0.02)
+
+
+@pytest.mark.parametrize("kind", ["group", pytest.param("dcp", marks=pytest.mark.slow)])
+def test_a_rank_still_writing_when_its_coordinator_dies_keeps_what_it_records(
+        ranks: Zygote, tmp_path: Path, kind: str) -> None:
+    """Rank 1 has put a pack object and not yet recorded it when the coordinator, whose lease
+    covers every rank's writes, is killed; gc (grace 0) then reaps that lease and takes the
+    unrecorded object for an orphan. Rank 1 records the pack after all: its chunk rows must not
+    stay live over an object that is gone, or the next save dedups against them: every rank
+    writes under a lease of its own (``distributed.rank_lease``)."""
+    path = tmp_path / "store"
+    _open(path).close()
+    _saved(_save(ranks, kind, path, step=1, seed=11))
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    with ThreadPoolExecutor(1) as pool:
+        saving = pool.submit(
+            _save, ranks, kind, path, 2, 12,
+            {"rank": 0, "point": "catalog.add_pack", "when": "after", "how": "kill"},
+            {"rank": 1, "point": "catalog.add_pack", "when": "before", "how": "pause", "dir": str(pause)})
+        try:
+            _wait_for(pause / "paused", saving)
+            _coordinator_dead(path, survivor=int((pause / "paused").read_text()))
+            with _open(path) as store:
+                store.gc(grace=0)
+        finally:
+            (pause / "go").touch()
+        assert saving.result()["codes"][0] == -9
+    _saved(_save(ranks, kind, path, step=2, seed=12))  # the same state saved again
+    with _open(path) as store:
+        assert store.ops.check().ok
         _restores(store, kind, 2, 12)

@@ -3,7 +3,9 @@
 What a lease protects: a commit writes chunks and packs before it publishes
 the version that references them. Until then nothing in the catalog points at
 them, so GC would take them for garbage. Every commit holds a lease from before
-its first write until it published or failed; GC condemns only chunks created
+its first write until it published or failed (a save of many ranks: the coordinator from
+before any rank writes until it published, and each rank around its own writes, so a rank
+still writing when the coordinator dies stays covered); GC condemns only chunks created
 before the oldest lease started, and deletes unknown objects only if older than
 it (:func:`safe_floor`, with a :data:`CLOCK_SKEW_S` margin for object mtimes
 written by other clocks).

@@ -116,25 +116,35 @@ def _publish_points() -> dict[str, tuple[type, str, Any]]:
     }
 
 
-def arm(rank: int, stop: dict[str, Any] | None) -> None:
-    """On the coordinator (rank 0), stop at ``stop["point"]`` (``before`` or ``after`` the real
-    call, ``stop["when"]``): SIGKILL this rank (``how: kill``), or (``how: pause``) create
-    ``DIR/paused`` and wait until ``DIR/go`` exists (``stop["dir"]``)."""
-    if stop is None or rank != 0:
-        return
+def arm(rank: int, args: dict[str, Any]) -> None:
+    """Arm each of ``args["stops"]`` (or the one ``args["stop"]``) meant for this rank."""
+    for stop in args.get("stops", [args["stop"]] if "stop" in args else []):
+        if stop.get("rank", 0) == rank:
+            _arm_one(stop)
+
+
+def _arm_one(stop: dict[str, Any]) -> None:
+    """Stop this rank (the coordinator unless ``stop["rank"]`` says) at ``stop["point"]``
+    (``before`` or ``after`` the real call, ``stop["when"]``): SIGKILL it (``how: kill``), or
+    (``how: pause``) write its pid to ``DIR/paused`` and wait until ``DIR/go`` exists
+    (``stop["dir"]``). Only the first call that reaches the point stops."""
     cls, name, accept = _publish_points()[stop["point"]]
     original = getattr(cls, name)
+
+    stopped = [False]
 
     def halt() -> None:
         if stop["how"] == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         where = Path(stop["dir"])
-        (where / "paused").touch()
+        (where / "paused.tmp").write_text(str(os.getpid()))
+        (where / "paused.tmp").rename(where / "paused")
         while not (where / "go").exists():
             time.sleep(0.01)
 
     def wrapper(self: object, *args: Any, **kwargs: Any) -> Any:
-        hit = accept is None or accept(args)
+        hit = not stopped[0] and (accept is None or accept(args))
+        stopped[0] = stopped[0] or hit
         if hit and stop["when"] == "before":
             halt()
         result = original(self, *args, **kwargs)
@@ -164,7 +174,7 @@ class FailingPlanner(DefaultSavePlanner):
 def scenario_dcp_save(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
     state = sharded(full_state(args["seed"]), world)
     planner = FailingPlanner(args["fail"], rank) if "fail" in args else None
-    arm(rank, args.get("stop"))
+    arm(rank, args)
     with open_store(args) as store:
         writer = store.dcp_writer(run=args["run"], step=args["step"], metrics={"loss": 0.5})
         if args.get("async"):  # as docs/guides/dcp.md: on a gloo group of its own
@@ -204,7 +214,7 @@ def scenario_group_commit(rank: int, world: int, args: dict[str, Any]) -> dict[s
     state: dict[str, Any] = group_state(rank, args["seed"])
     if args.get("bad_rank") == rank:
         state["loader"]["sampler"] = object()  # unsupported: this rank fails while hashing
-    arm(rank, args.get("stop"))
+    arm(rank, args)
     with open_store(args) as store:
         if args.get("preflight_fail") == rank:  # this rank fails before any collective of its own
             def unreachable() -> None:

@@ -13,8 +13,10 @@ and for ``Store.commit(..., group=)`` (see :mod:`casckpt.engine.write.group`):
    begins, so a coordinator killed from there on leaves a tombstone, never an
    unexplained manifest.
 2. Every rank chunks, hashes and dedups its own pieces (:func:`save_pieces`)
-   and writes the chunks the store does not hold, in packs of its own. What
-   it wrote is described by :class:`StoredPiece` values sent to the coordinator.
+   and writes the chunks the store does not hold, in packs of its own, under
+   a lease of its own too (:func:`rank_lease`: the coordinator's covers the
+   ranks' writes only while the coordinator lives). What it wrote is
+   described by :class:`StoredPiece` values sent to the coordinator.
 3. Only after every rank succeeded, the coordinator composes one manifest
    (:func:`compose`) and publishes it in ONE catalog transaction
    (:func:`publish_save`), then ends the lease. If any rank fails, nothing is
@@ -43,6 +45,7 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import torch
@@ -328,9 +331,25 @@ def begin_save(ctx: EngineContext, req: CommitRequest) -> SaveStart:
     return SaveStart(parent, created, started, begin_lease(ctx.catalog))
 
 
+@contextmanager
+def rank_lease(ctx: EngineContext) -> Iterator[None]:
+    """A GC lease of this rank's own around its writes. The coordinator's lease covers every
+    rank's writes only while the coordinator lives: once it is killed, GC reaps that lease,
+    and a rank still writing would have put pack objects it has not recorded yet where GC
+    takes them for orphans -- then record live chunk rows over objects GC deleted, which the
+    next save dedups against."""
+    lease = begin_lease(ctx.catalog)
+    try:
+        yield
+    finally:
+        end_lease(ctx.catalog, lease)
+
+
 def save_pieces(ctx: EngineContext, req: CommitRequest, pieces: Sequence[TensorPiece]) -> RankWrite:
-    """Every rank: :func:`write_pieces` with the run's redundancy."""
-    return write_pieces(ctx, pieces, ctx.packs.placement.redundancy_for(req.run), run=req.run)
+    """Every rank: :func:`write_pieces` with the run's redundancy, under a lease of its own
+    (:func:`rank_lease`)."""
+    with rank_lease(ctx):
+        return write_pieces(ctx, pieces, ctx.packs.placement.redundancy_for(req.run), run=req.run)
 
 
 def publish_save(ctx: EngineContext, req: CommitRequest, start: SaveStart, world: World, root: Node,

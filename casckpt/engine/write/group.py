@@ -9,7 +9,8 @@ collectives (gloo or any backend with object collectives):
 1. the coordinator (group rank 0) refuses a taken step and takes the GC lease;
 2. every rank hashes and dedups its state; the ranks exchange the ids of the
    chunks the store lacks, and each new chunk is written once, by the lowest
-   rank holding it (replicated weights are not written N times);
+   rank holding it (replicated weights are not written N times), each rank
+   under a lease of its own too (the coordinator may die while others write);
 3. every rank's state goes to the coordinator, which names the version on its
    lease, writes the manifest object and publishes the version in ONE catalog
    transaction, and tells every rank the outcome.
@@ -36,7 +37,7 @@ from casckpt.engine.versions.extents import pack_limit, plan_extents
 from casckpt.engine.write import commit as commit_engine
 from casckpt.engine.write.commit import CommitRequest
 from casckpt.engine.write.commitchunks import ChunkWrite, hash_and_dedup, write_chunks
-from casckpt.engine.write.distributed import begin_save, compose, publish_composed
+from casckpt.engine.write.distributed import begin_save, compose, publish_composed, rank_lease
 from casckpt.engine.write.encodepolicy import EncodePlan
 from casckpt.errors import GroupCommitError
 from casckpt.format.manifest import ExtentEntry, TensorEntry, World, renumber_tensors
@@ -122,7 +123,8 @@ def group_commit(ctx: EngineContext, state: object, req: CommitRequest, group: A
             ranked = [replace(e, rank=rank) for e in entries]  # as the parent names this rank's tensors
             delta = commit_engine.plan_delta(ctx, req.run, parent, ranked, extents, mine)
             deltas.append(delta)
-            written = write_chunks(ctx, chunks, mine, redundancy, progress, delta)
+            with rank_lease(ctx):
+                written = write_chunks(ctx, chunks, mine, redundancy, progress, delta)
             return root, entries, extents, written
 
         parts = _at_coordinator(group, _together(group, "writing chunks", write))
