@@ -41,12 +41,12 @@ WORKER = Path(__file__).parent / "helpers" / "dist_worker.py"
 RUN = "g"
 
 
-def _cases(points: list[tuple[Any, ...]], fast_dcp: str | None) -> list[Any]:
-    """Every point for a group commit and for a DCP save; a DCP save's only at ``fast_dcp`` in
-    the default tier (the two share everything from the coordinator's compose on, and a DCP
-    save costs twice a group commit's time)."""
+def _cases(points: list[tuple[Any, ...]]) -> list[Any]:
+    """Every point for a group commit, and in the slow tier for a DCP save (the two share
+    everything from the coordinator's compose on; a DCP save here takes 5-10 s, DTensors
+    and DCP's planning on 2 loaded cores)."""
     return [pytest.param(kind, *point[1:], id=f"{point[0]}-{kind}",
-                         marks=[pytest.mark.slow] if kind == "dcp" and point[0] != fast_dcp else [])
+                         marks=[pytest.mark.slow] if kind == "dcp" else [])
             for kind in ("group", "dcp") for point in points]
 
 
@@ -57,7 +57,7 @@ KILL_POINTS = _cases([
     ("manifest-written-unpublished", "blobs.place_manifest", "after", False),
     ("publish-transaction-uncommitted", "catalog.audit_in", "after", False),
     ("published", "catalog.add_version", "after", True),
-], fast_dcp="manifest-written-unpublished")
+])
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +169,7 @@ PAUSE_POINTS = _cases([
     ("packs-written", "blobs.put_manifest", "before"),
     ("manifest-written", "blobs.place_manifest", "after"),
     ("about-to-publish", "catalog.add_version", "before"),
-], fast_dcp=None)  # the kill test's DCP case covers publish_save; these run in the slow tier
+])
 
 
 @pytest.mark.parametrize(("kind", "point", "when"), PAUSE_POINTS)
