@@ -3,14 +3,20 @@
 What a lease protects: a commit writes chunks and packs before it publishes
 the version that references them. Until then nothing in the catalog points at
 them, so GC would take them for garbage. Every commit holds a lease from before
-its first write until it published or failed; GC condemns only chunks created
+its first write until it published or failed (a save of many ranks: the coordinator from
+before any rank writes until it published, and each rank around its own writes, so a rank
+still writing when the coordinator dies stays covered); GC condemns only chunks created
 before the oldest lease started, and deletes unknown objects only if older than
 it (:func:`safe_floor`, with a :data:`CLOCK_SKEW_S` margin for object mtimes
 written by other clocks).
 
 Tombstones: a commit names the version it is about to publish on its lease
-(:func:`begin_lease`, which it calls once its snapshot -- which writes nothing -- has fixed the
-version id) before the manifest object is written. A lease that
+before the manifest object is written. A one-process commit names it when the lease
+begins (:func:`begin_lease`, which it calls once its snapshot -- which writes nothing -- has
+fixed the version id); a save of many ranks (a group commit, a DCP save) takes its lease
+before any rank writes, when the version id is not known yet, and names the version on that
+same lease once the coordinator has composed the manifest (:func:`name_version`), still
+before the manifest object is written. A lease that
 ends without that version published (:func:`end_lease`), or that GC reaps as
 crashed, tombstones the version, so its manifest object is known garbage.
 
@@ -32,11 +38,12 @@ import uuid
 from collections.abc import Collection
 from typing import Any
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, insert, select, update
 
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import Catalog
 from casckpt.catalog.database import insert_ignore
+from casckpt.errors import CatalogError
 
 
 def tombstone(conn: Any, version_ids: Collection[str], reason: str) -> None:
@@ -89,6 +96,26 @@ def begin_lease(catalog: Catalog, version_id: str | None = None) -> str:
             id=lease, host=_process_space(), pid=os.getpid(), started_at=time.time(), version_id=version_id,
         ))
     return lease
+
+
+def name_version(catalog: Catalog, lease: str, version_id: str) -> None:
+    """Name on ``lease`` the version its holder is about to publish, before the holder writes
+    that version's manifest object: for a save whose lease began before the version id was
+    known (:func:`begin_lease` without one). A commit killed after this leaves a manifest GC
+    knows as a commit in flight, then, once it reaps the lease, as a tombstone.
+
+    Raises:
+        CatalogError: the lease is gone (GC reaped it as crashed: older than
+            :data:`LEASE_TTL`); the manifest must not be written.
+    """
+    with catalog.write() as conn:
+        named = conn.execute(update(s.leases).where(s.leases.c.id == lease)
+                             .values(version_id=version_id)).rowcount
+    if not named:
+        raise CatalogError(
+            f"the GC lease of this save is gone (gc reaps a lease older than {LEASE_TTL / 3600:.0f} "
+            "hours as a crashed commit), so gc may have condemned what it wrote; nothing was "
+            "published: save this step again")
 
 
 def end_lease(catalog: Catalog, lease: str) -> None:

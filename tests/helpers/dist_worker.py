@@ -97,6 +97,64 @@ def open_store(args: dict[str, Any]) -> casckpt.Store:
     return casckpt.open(args["path"], chunk_size=CHUNK, pack_size=PACK, **args.get("open", {}))
 
 
+def _publish_points() -> dict[str, tuple[type, str, Any]]:
+    """The steps of a coordinator's publish a test may stop it at: (class, method, which calls)."""
+    from casckpt.catalog import Catalog
+    from casckpt.storage import LocalBlobStore
+
+    def is_manifest(args: tuple[Any, ...]) -> bool:
+        return str(args[0]).startswith("manifests/")
+
+    return {
+        "catalog.add_pack": (Catalog, "add_pack", None),  # a pack of the coordinator's own chunks
+        "blobs.put_manifest": (LocalBlobStore, "put", is_manifest),  # the manifest object's write
+        # the manifest's temporary file is written and fsync'd, not yet renamed into place
+        "blobs.place_manifest": (LocalBlobStore, "_place", lambda args: is_manifest(args[1:])),
+        "catalog.add_version": (Catalog, "add_version", None),  # the publishing transaction
+        # the publishing transaction's last statement (its audit row), not yet committed
+        "catalog.audit_in": (Catalog, "audit_in", lambda args: args[1] == "commit"),
+    }
+
+
+def arm(rank: int, args: dict[str, Any]) -> None:
+    """Arm each of ``args["stops"]`` (or the one ``args["stop"]``) meant for this rank."""
+    for stop in args.get("stops", [args["stop"]] if "stop" in args else []):
+        if stop.get("rank", 0) == rank:
+            _arm_one(stop)
+
+
+def _arm_one(stop: dict[str, Any]) -> None:
+    """Stop this rank (the coordinator unless ``stop["rank"]`` says) at ``stop["point"]``
+    (``before`` or ``after`` the real call, ``stop["when"]``): SIGKILL it (``how: kill``), or
+    (``how: pause``) write its pid to ``DIR/paused`` and wait until ``DIR/go`` exists
+    (``stop["dir"]``). Only the first call that reaches the point stops."""
+    cls, name, accept = _publish_points()[stop["point"]]
+    original = getattr(cls, name)
+
+    stopped = [False]
+
+    def halt() -> None:
+        if stop["how"] == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        where = Path(stop["dir"])
+        (where / "paused.tmp").write_text(str(os.getpid()))
+        (where / "paused.tmp").rename(where / "paused")
+        while not (where / "go").exists():
+            time.sleep(0.01)
+
+    def wrapper(self: object, *args: Any, **kwargs: Any) -> Any:
+        hit = not stopped[0] and (accept is None or accept(args))
+        stopped[0] = stopped[0] or hit
+        if hit and stop["when"] == "before":
+            halt()
+        result = original(self, *args, **kwargs)
+        if hit and stop["when"] == "after":
+            halt()
+        return result
+
+    setattr(cls, name, wrapper)
+
+
 class FailingPlanner(DefaultSavePlanner):
     """Raises (or SIGKILLs the rank) on the rank and at the item ``fail`` names."""
 
@@ -116,6 +174,7 @@ class FailingPlanner(DefaultSavePlanner):
 def scenario_dcp_save(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
     state = sharded(full_state(args["seed"]), world)
     planner = FailingPlanner(args["fail"], rank) if "fail" in args else None
+    arm(rank, args)
     with open_store(args) as store:
         writer = store.dcp_writer(run=args["run"], step=args["step"], metrics={"loss": 0.5})
         if args.get("async"):  # as docs/guides/dcp.md: on a gloo group of its own
@@ -155,6 +214,7 @@ def scenario_group_commit(rank: int, world: int, args: dict[str, Any]) -> dict[s
     state: dict[str, Any] = group_state(rank, args["seed"])
     if args.get("bad_rank") == rank:
         state["loader"]["sampler"] = object()  # unsupported: this rank fails while hashing
+    arm(rank, args)
     with open_store(args) as store:
         if args.get("preflight_fail") == rank:  # this rank fails before any collective of its own
             def unreachable() -> None:

@@ -6,10 +6,17 @@ and for ``Store.commit(..., group=)`` (see :mod:`casckpt.engine.write.group`):
 1. The coordinator refuses a step the run already has and takes a catalog
    lease *before* any rank writes (:func:`begin_save`): the lease keeps every
    rank's fresh chunks and objects out of GC's reach until the version is
-   published (or the save failed and the lease ended, :func:`end_save`).
+   published (or the save failed and the lease ended, :func:`end_save`). The
+   version id is not known yet: the coordinator names it on the lease once it
+   has composed the manifest, before writing the manifest object
+   (:func:`publish_composed`), as a one-process commit names it when its lease
+   begins, so a coordinator killed from there on leaves a tombstone, never an
+   unexplained manifest.
 2. Every rank chunks, hashes and dedups its own pieces (:func:`save_pieces`)
-   and writes the chunks the store does not hold, in packs of its own. What
-   it wrote is described by :class:`StoredPiece` values sent to the coordinator.
+   and writes the chunks the store does not hold, in packs of its own, under
+   a lease of its own too (:func:`rank_lease`: the coordinator's covers the
+   ranks' writes only while the coordinator lives). What it wrote is
+   described by :class:`StoredPiece` values sent to the coordinator.
 3. Only after every rank succeeded, the coordinator composes one manifest
    (:func:`compose`) and publishes it in ONE catalog transaction
    (:func:`publish_save`), then ends the lease. If any rank fails, nothing is
@@ -38,11 +45,12 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import torch
 
-from casckpt.catalog.leases import begin_lease, end_lease
+from casckpt.catalog.leases import begin_lease, end_lease, name_version
 from casckpt.engine.context import EngineContext
 from casckpt.engine.memory.deltabase import candidate_bases
 from casckpt.engine.read.degraded import Shortfall, shortfalls
@@ -323,9 +331,25 @@ def begin_save(ctx: EngineContext, req: CommitRequest) -> SaveStart:
     return SaveStart(parent, created, started, begin_lease(ctx.catalog))
 
 
+@contextmanager
+def rank_lease(ctx: EngineContext) -> Iterator[None]:
+    """A GC lease of this rank's own around its writes. The coordinator's lease covers every
+    rank's writes only while the coordinator lives: once it is killed, GC reaps that lease,
+    and a rank still writing would have put pack objects it has not recorded yet where GC
+    takes them for orphans -- then record live chunk rows over objects GC deleted, which the
+    next save dedups against."""
+    lease = begin_lease(ctx.catalog)
+    try:
+        yield
+    finally:
+        end_lease(ctx.catalog, lease)
+
+
 def save_pieces(ctx: EngineContext, req: CommitRequest, pieces: Sequence[TensorPiece]) -> RankWrite:
-    """Every rank: :func:`write_pieces` with the run's redundancy."""
-    return write_pieces(ctx, pieces, ctx.packs.placement.redundancy_for(req.run), run=req.run)
+    """Every rank: :func:`write_pieces` with the run's redundancy, under a lease of its own
+    (:func:`rank_lease`)."""
+    with rank_lease(ctx):
+        return write_pieces(ctx, pieces, ctx.packs.placement.redundancy_for(req.run), run=req.run)
 
 
 def publish_save(ctx: EngineContext, req: CommitRequest, start: SaveStart, world: World, root: Node,
@@ -341,7 +365,22 @@ def publish_save(ctx: EngineContext, req: CommitRequest, start: SaveStart, world
     entries, extents = piece_entries(pieces)
     snap = compose(ctx, req, start.parent, start.created, world, root, entries, extents, new_bytes,
                    stored_bytes, degraded)
-    return publish(ctx, req, snap, ctx.packs.placement.redundancy_for(req.run), start.started, start.lease)
+    return publish_composed(ctx, req, snap, start.started, start.lease)
+
+
+def publish_composed(ctx: EngineContext, req: CommitRequest, snap: Snapshot, started: float,
+                     lease: str) -> Version:
+    """Coordinator: name the composed version on the save's lease (taken before the version id
+    was known), then write its manifest object and publish it (:func:`publish`). Named first,
+    so a coordinator killed between the manifest write and the publishing transaction leaves
+    a manifest GC knows: a commit in flight while the lease lives, a tombstone once GC reaps it.
+
+    Raises:
+        CatalogError: the lease is gone (reaped as older than a day); nothing was written.
+        VersionExistsError: the step was taken meanwhile.
+    """
+    ctx.catalog.retrying(lambda: name_version(ctx.catalog, lease, snap.version_id))  # idempotent
+    return publish(ctx, req, snap, ctx.packs.placement.redundancy_for(req.run), started, lease)
 
 
 def end_save(ctx: EngineContext, lease: str) -> None:

@@ -9,9 +9,11 @@ collectives (gloo or any backend with object collectives):
 1. the coordinator (group rank 0) refuses a taken step and takes the GC lease;
 2. every rank hashes and dedups its state; the ranks exchange the ids of the
    chunks the store lacks, and each new chunk is written once, by the lowest
-   rank holding it (replicated weights are not written N times);
-3. every rank's state goes to the coordinator, which publishes the version in
-   ONE catalog transaction and tells every rank the outcome.
+   rank holding it (replicated weights are not written N times), each rank
+   under a lease of its own too (the coordinator may die while others write);
+3. every rank's state goes to the coordinator, which names the version on its
+   lease, writes the manifest object and publishes the version in ONE catalog
+   transaction, and tells every rank the outcome.
 
 Every step is a collective: an error on any rank makes every rank raise
 :class:`~casckpt.errors.GroupCommitError` (naming the ranks and their
@@ -35,7 +37,7 @@ from casckpt.engine.versions.extents import pack_limit, plan_extents
 from casckpt.engine.write import commit as commit_engine
 from casckpt.engine.write.commit import CommitRequest
 from casckpt.engine.write.commitchunks import ChunkWrite, hash_and_dedup, write_chunks
-from casckpt.engine.write.distributed import begin_save, compose
+from casckpt.engine.write.distributed import begin_save, compose, publish_composed, rank_lease
 from casckpt.engine.write.encodepolicy import EncodePlan
 from casckpt.errors import GroupCommitError
 from casckpt.format.manifest import ExtentEntry, TensorEntry, World, renumber_tensors
@@ -121,7 +123,8 @@ def group_commit(ctx: EngineContext, state: object, req: CommitRequest, group: A
             ranked = [replace(e, rank=rank) for e in entries]  # as the parent names this rank's tensors
             delta = commit_engine.plan_delta(ctx, req.run, parent, ranked, extents, mine)
             deltas.append(delta)
-            written = write_chunks(ctx, chunks, mine, redundancy, progress, delta)
+            with rank_lease(ctx):
+                written = write_chunks(ctx, chunks, mine, redundancy, progress, delta)
             return root, entries, extents, written
 
         parts = _at_coordinator(group, _together(group, "writing chunks", write))
@@ -156,4 +159,4 @@ def _publish(ctx: EngineContext, req: CommitRequest, parts: list[Part], parent: 
     snap = compose(ctx, req, parent, created, World(len(parts), "group"), {"t": "ranks", "v": trees},
                    entries, extents, sum(p[3].raw_bytes for p in parts),
                    sum(p[3].stored_bytes for p in parts), [s for p in parts for s in p[3].degraded])
-    return commit_engine.publish(ctx, req, snap, ctx.packs.placement.redundancy_for(req.run), started, lease)
+    return publish_composed(ctx, req, snap, started, lease)
