@@ -260,7 +260,7 @@ def test_the_test_servers_and_clients_are_bounded_and_ci_resolves_the_newest() -
         "optional-dependencies"]
     test = {req.name: req.specifier for req in map(Requirement, extras["test"])}
     bounded = ("moto", "boto3", "pgserver", "psycopg", "pytest", "pytest-xdist", "hypothesis",
-               "transformers", "lightning", "accelerate", "peft", "matplotlib")
+               "transformers", "lightning", "accelerate", "peft", "matplotlib", "megatron-core")
     for name in bounded:
         assert any(spec.operator in ("<", "<=", "==", "~=") for spec in test[name]), name
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
