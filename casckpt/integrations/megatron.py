@@ -43,14 +43,22 @@ helpers of its ``torch_dist`` strategy).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from casckpt.errors import CheckpointPathNotFoundError, InvalidArgumentError, OptionalDependencyError
+from casckpt.errors import (
+    CasckptError,
+    CheckpointPathNotFoundError,
+    InvalidArgumentError,
+    OptionalDependencyError,
+    UnsupportedStateError,
+)
+from casckpt.format.state import encode_state
 
 try:
     import torch
@@ -72,6 +80,7 @@ try:
         _unwrap_pyt_sharded_tensor,
         mcore_to_pyt_state_dict,
     )
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
 except ImportError as exc:  # pragma: no cover - the extra is installed wherever tests run
     raise OptionalDependencyError(
@@ -129,6 +138,52 @@ def _renamed(tensor: ShardedTensor) -> _Expected:
     return _Expected(_stored_key(tensor.key), tuple(tensor.global_shape))
 
 
+def _refusal(sharded_state_dict: ShardedStateDict) -> UnsupportedStateError | None:
+    """Why a ``ShardedObject`` of this rank cannot be a plain value of a version, if one cannot."""
+    for found in nested_values(sharded_state_dict):
+        if not isinstance(found, ShardedObject):
+            continue
+        try:
+            _, leaves = encode_state(found.data)
+        except UnsupportedStateError as exc:
+            return UnsupportedStateError(f"ShardedObject {found.key!r} cannot be saved to casckpt: {exc}")
+        if leaves:
+            return UnsupportedStateError(
+                f"ShardedObject {found.key!r} holds a tensor or array (at {leaves[0].path!r}): casckpt "
+                "keeps ShardedObjects as plain values (dicts, lists, tuples, numbers, strings, bytes, "
+                "None). Save it as a ShardedTensor, or convert it (.tolist()) before saving")
+    return None
+
+
+class _SavePlanner(MCoreSavePlanner):  # type: ignore[misc]
+    """torch_dist's planner, failing every rank's save in DCP's planning step (before any rank
+    writes) when one rank's objects cannot be stored: a rank raising alone would leave the
+    others waiting in DCP's collectives."""
+
+    def __init__(self, refused: UnsupportedStateError | None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._refused = refused
+
+    def create_local_plan(self) -> Any:
+        if self._refused is not None:
+            raise self._refused
+        return super().create_local_plan()
+
+
+@contextlib.contextmanager
+def _typed_errors() -> Iterator[None]:
+    """DCP wraps every rank's failure in a CheckpointException: re-raise the first casckpt error
+    among them (a rank's typed error, with its message saying what to do)."""
+    try:
+        yield
+    except CheckpointException as exc:
+        for rank in sorted(exc.failures):
+            found = exc.failures[rank][0]
+            if isinstance(found, CasckptError):
+                raise found from exc
+        raise
+
+
 def _step_of(checkpoint_dir: str | os.PathLike[str]) -> int:
     found = _ITER_DIR.search(Path(os.fspath(checkpoint_dir)).name)
     if found is None:
@@ -184,9 +239,11 @@ class CasckptSaveStrategy(SaveShardedStrategy):  # type: ignore[misc]
             run=self.run, step=step, metrics=self.metrics,
             metadata={**self.metadata, "megatron.checkpoint_dir": where},
             tags=(*self.tags, directory_tag(self.run, where)))
-        dcp.save(pyt_state, storage_writer=writer,
-                 planner=MCoreSavePlanner(dedup_replicated_tensors=not self.keep_only_main_replica,
-                                          flatten_state_dict=False))
+        planner = _SavePlanner(_refusal(sharded_state_dict),
+                               dedup_replicated_tensors=not self.keep_only_main_replica,
+                               flatten_state_dict=False)
+        with _typed_errors():
+            dcp.save(pyt_state, storage_writer=writer, planner=planner)
 
 
 class CasckptLoadStrategy(LoadShardedStrategy):  # type: ignore[misc]
@@ -245,10 +302,12 @@ class CasckptLoadStrategy(LoadShardedStrategy):  # type: ignore[misc]
         tensors = [t for t in nested_values(sharded_state_dict) if isinstance(t, ShardedTensor)]
         flat, flat_mapping, rename_mapping = _replace_state_dict_keys_with_sharded_keys(sharded_state_dict)
         pyt_state = {_stored_key(k): v for k, v in mcore_to_pyt_state_dict(flat, True).items()}
-        dcp.load(pyt_state, storage_reader=self._reader(checkpoint_dir), planner=MCoreLoadPlanner(
+        planner = MCoreLoadPlanner(
             shapes_validation_sharded_tensors=[_renamed(t) for t in tensors if not t.allow_shape_mismatch],
             allow_shape_mismatch_sharded_tensors={_stored_key(t.key): _renamed(t)
-                                                  for t in tensors if t.allow_shape_mismatch}))
+                                                  for t in tensors if t.allow_shape_mismatch})
+        with _typed_errors():
+            dcp.load(pyt_state, storage_reader=self._reader(checkpoint_dir), planner=planner)
         loaded = {_megatron_key(k): _unwrap_pyt_sharded_tensor(v) for k, v in pyt_state.items()}
         loaded = _replace_sharded_keys_with_state_dict_keys(loaded, flat_mapping, rename_mapping)
         _restore_dict_types(loaded, sharded_state_dict)

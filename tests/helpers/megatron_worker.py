@@ -9,6 +9,7 @@ tensor-parallel layout of ``world`` ranks would hold them.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -170,6 +171,40 @@ def scenario_mc_load(rank: int, world: int, args: dict[str, Any]) -> dict[str, A
                   dist_checkpointing.load_tensors_metadata(args["dir"], strategy).items()}
     return {"bad": differences({k: loaded[k] for k in want}, want), "iteration": loaded["iteration"],
             "shapes": shapes}
+
+
+def _error(call: Any) -> list[str] | None:
+    try:
+        call()
+    except casckpt.errors.CasckptError as exc:
+        return [type(exc).__name__, str(exc)]
+    return None
+
+
+def scenario_mc_refusals(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+    """What the strategies refuse, each before anything is published."""
+    tensors = full_tensors(1)
+    folder = Path(args["dir"])
+    folder.mkdir(parents=True)
+    with open_store(args) as store:
+        def holding_tensor() -> None:
+            state = sharded_state(tensors, rank, world, objects=False)
+            state["rng"] = ShardedObject("rng", {"state": torch.ones(3)}, (1,), (0,))
+            dist_checkpointing.save(state, str(folder), sharded_strategy=CasckptSaveStrategy(store, "gpt", 1))
+
+        def without_step() -> None:
+            dist_checkpointing.save(sharded_state(tensors, rank, world, objects=False), str(folder),
+                                    sharded_strategy=CasckptSaveStrategy(store, "gpt"))
+
+        def never_saved() -> None:
+            (folder / "metadata.json").write_text(json.dumps(
+                {"sharded_backend": "casckpt", "sharded_backend_version": 1,
+                 "common_backend": "torch", "common_backend_version": 1}))
+            dist_checkpointing.load(sharded_state(tensors, rank, world, objects=False), str(folder),
+                                    sharded_strategy=CasckptLoadStrategy(store))
+
+        return {"object_with_tensor": _error(holding_tensor), "no_step": _error(without_step),
+                "never_saved": _error(never_saved)}
 
 
 dist_worker.SCENARIOS.update({name.removeprefix("scenario_"): fn for name, fn in list(globals().items())
