@@ -62,7 +62,6 @@ from casckpt.format.state import encode_state
 
 try:
     import torch
-    import torch.distributed.checkpoint as dcp
     from megatron.core.dist_checkpointing.dict_utils import nested_values
     from megatron.core.dist_checkpointing.mapping import (
         ShardedObject,
@@ -82,6 +81,8 @@ try:
     )
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 except ImportError as exc:  # pragma: no cover - the extra is installed wherever tests run
     raise OptionalDependencyError(
         f"casckpt.integrations.megatron needs Megatron-Core ({exc}): pip install 'casckpt[megatron]'"
@@ -243,7 +244,7 @@ class CasckptSaveStrategy(SaveShardedStrategy):  # type: ignore[misc]
                                dedup_replicated_tensors=not self.keep_only_main_replica,
                                flatten_state_dict=False)
         with _typed_errors():
-            dcp.save(pyt_state, storage_writer=writer, planner=planner)
+            dcp_save(pyt_state, storage_writer=writer, planner=planner)
 
 
 class CasckptLoadStrategy(LoadShardedStrategy):  # type: ignore[misc]
@@ -307,11 +308,11 @@ class CasckptLoadStrategy(LoadShardedStrategy):  # type: ignore[misc]
             allow_shape_mismatch_sharded_tensors={_stored_key(t.key): _renamed(t)
                                                   for t in tensors if t.allow_shape_mismatch})
         with _typed_errors():
-            dcp.load(pyt_state, storage_reader=self._reader(checkpoint_dir), planner=planner)
+            dcp_load(pyt_state, storage_reader=self._reader(checkpoint_dir), planner=planner)
         loaded = {_megatron_key(k): _unwrap_pyt_sharded_tensor(v) for k, v in pyt_state.items()}
         loaded = _replace_sharded_keys_with_state_dict_keys(loaded, flat_mapping, rename_mapping)
         _restore_dict_types(loaded, sharded_state_dict)
-        return loaded  # type: ignore[no-any-return]
+        return loaded
 
     def _metadata(self, checkpoint_dir: str | os.PathLike[str]) -> Metadata:
         return self._reader(checkpoint_dir).read_metadata()
