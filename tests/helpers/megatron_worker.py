@@ -41,14 +41,15 @@ import casckpt  # noqa: E402
 from casckpt.integrations.megatron import CasckptLoadStrategy, CasckptSaveStrategy  # noqa: E402
 
 
-def full_tensors(seed: int) -> dict[str, torch.Tensor]:
-    """The global tensors: rows and columns divisible by 1, 2 and 4 ranks."""
+def full_tensors(seed: int, scale: int = 1) -> dict[str, torch.Tensor]:
+    """The global tensors: rows and columns divisible by 1, 2 and 4 ranks (``scale`` times the
+    rows of the two largest, for timings)."""
     g = torch.Generator().manual_seed(seed)
     return {
-        "decoder.w": torch.randn(1024, 96, generator=g),  # split on dim 0 (column parallel)
+        "decoder.w": torch.randn(1024 * scale, 96, generator=g),  # split on dim 0 (column parallel)
         "decoder.proj": torch.randn(64, 512, generator=g).to(torch.bfloat16),  # dim 1 (row parallel)
         "decoder.norm": torch.randn(96, generator=g),  # replicated
-        "optimizer.exp_avg": torch.randn(1024, 96, generator=g),  # dim 0
+        "optimizer.exp_avg": torch.randn(1024 * scale, 96, generator=g),  # dim 0
     }
 
 
@@ -134,7 +135,7 @@ def _killing_save(strategy: CasckptSaveStrategy, rank: int, kill: int) -> None:
 
 
 def scenario_mc_save(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
-    tensors = full_tensors(args["seed"])
+    tensors = full_tensors(args["seed"], args.get("scale", 1))
     state = sharded_state(tensors, rank, world, objects=args.get("objects", True), seed=args["seed"])
     state["iteration"] = 100 + args["seed"]  # a common (non-sharded) value: Megatron's common.pt
     folder = Path(args["dir"])
@@ -142,16 +143,16 @@ def scenario_mc_save(rank: int, world: int, args: dict[str, Any]) -> dict[str, A
         folder.mkdir(parents=True, exist_ok=True)
     dist.barrier()
     if args.get("strategy") == "torch_dist":
-        began = time.process_time()
+        began, wall = time.process_time(), time.perf_counter()
         dist_checkpointing.save(state, str(folder), sharded_strategy=CpuTorchDist("torch_dist", 1))
-        return {"cpu": time.process_time() - began}
+        return {"cpu": time.process_time() - began, "wall": time.perf_counter() - wall}
     with open_store(args) as store:
         strategy = CasckptSaveStrategy(store, run=args["run"], step=args.get("step"))
         if "kill" in args:
             _killing_save(strategy, rank, args["kill"])
-        began = time.process_time()
+        began, wall = time.process_time(), time.perf_counter()
         dist_checkpointing.save(state, str(folder), sharded_strategy=strategy)
-        return {"cpu": time.process_time() - began}
+        return {"cpu": time.process_time() - began, "wall": time.perf_counter() - wall}
 
 
 def scenario_mc_load(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
