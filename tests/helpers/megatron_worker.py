@@ -31,6 +31,7 @@ from megatron.core.dist_checkpointing.strategies.torch import (  # noqa: E402
     _replace_state_dict_keys_with_sharded_keys,
     mcore_to_pyt_state_dict,
 )
+from megatron.core.models.gpt import gpt_model  # noqa: E402, F401  (imported once, in the zygote)
 from torch.distributed.checkpoint import FileSystemWriter  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -172,6 +173,52 @@ def scenario_mc_load(rank: int, world: int, args: dict[str, Any]) -> dict[str, A
                   dist_checkpointing.load_tensors_metadata(args["dir"], strategy).items()}
     return {"bad": differences({k: loaded[k] for k in want}, want), "iteration": loaded["iteration"],
             "shapes": shapes}
+
+
+def tiny_gpt(seed: int) -> torch.nn.Module:
+    """A 2-layer GPTModel (local layer spec: no Transformer Engine), initialised on the CPU,
+    tensor-parallel over every rank of the group."""
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=dist.get_world_size())
+    torch.manual_seed(seed)
+    config = TransformerConfig(num_layers=2, hidden_size=64, num_attention_heads=4,
+                               use_cpu_initialization=True, pipeline_dtype=torch.float32,
+                               tensor_model_parallel_size=dist.get_world_size())
+    return GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(),
+                    vocab_size=256, max_sequence_length=32)
+
+
+def digests(model: torch.nn.Module) -> dict[str, str]:
+    import hashlib
+
+    return {k: hashlib.sha256(bits(v)).hexdigest() for k, v in model.state_dict().items()
+            if isinstance(v, torch.Tensor)}
+
+
+def scenario_mc_gpt(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+    """Save a tiny GPTModel's sharded state (``seed``), or load one into a model built from
+    another seed; the digests of this rank's parameters either way."""
+    torch_dist = args.get("strategy") == "torch_dist"
+    with open_store(args) as store:
+        if args["action"] == "save":
+            model = tiny_gpt(args["seed"])
+            if rank == 0:
+                Path(args["dir"]).mkdir(parents=True)
+            dist.barrier()
+            strategy = CpuTorchDist("torch_dist", 1) if torch_dist else CasckptSaveStrategy(store, "gpt")
+            dist_checkpointing.save(model.sharded_state_dict(), args["dir"], sharded_strategy=strategy)
+            return {"digests": digests(model)}
+        model = tiny_gpt(args["seed"] + 1000)
+        before = digests(model)
+        loaded = dist_checkpointing.load(model.sharded_state_dict(), args["dir"],
+                                         sharded_strategy=None if torch_dist else CasckptLoadStrategy(store))
+        model.load_state_dict(loaded)
+        return {"digests": digests(model), "before": before}
 
 
 def _error(call: Any) -> list[str] | None:

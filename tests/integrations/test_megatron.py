@@ -3,10 +3,11 @@
 Ranks are forked by tests/helpers/megatron_worker.py (dist_worker.py's zygote, with
 Megatron-Core imported once); each builds the sharded state dict a tensor-parallel layout
 would hold (``ShardedTensor.from_rank_offsets`` pieces split on dim 0 or 1 or replicated,
-``ShardedObject`` values) and calls ``dist_checkpointing.save`` / ``load`` with the
-strategies of :mod:`casckpt.integrations.megatron`. Megatron's ``torch_dist`` save strategy
-cannot run on a CPU-only torch (its writer and finalize step call ``torch.cuda``): the
-comparison writes torch_dist's format with DCP's FileSystemWriter instead, and loads it with
+``ShardedObject`` values), or a tiny ``GPTModel`` (local layer spec, CPU initialisation),
+and calls ``dist_checkpointing.save`` / ``load`` with the strategies of
+:mod:`casckpt.integrations.megatron`. Megatron's ``torch_dist`` save strategy cannot run
+on a CPU-only torch (its writer and finalize step call ``torch.cuda``): the comparison
+writes torch_dist's format with DCP's FileSystemWriter instead, and loads it with
 torch_dist's own load strategy.
 """
 
@@ -102,6 +103,33 @@ def test_reshard_on_load_and_a_ref_choosing_the_version(ranks: Zygote, tmp_path:
     with casckpt.open(store) as opened:
         again = opened.resolve("gpt@3")
         assert again.logical_bytes > 0 and again.new_bytes == 0
+
+
+@pytest.mark.slow  # ~10 s: a GPTModel built on five ranks in all
+def test_a_tiny_gpt_model_round_trips_and_reshards_as_torch_dist(ranks: Zygote, tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    ours, theirs = tmp_path / "ckpt" / "iter_0000005", tmp_path / "torch_dist" / "iter_0000005"
+    common = {"path": str(store), "seed": 5}
+    saved = launch(ranks, "mc_gpt", 2, dir=str(ours), action="save", **common)["results"]
+    assert saved == launch(ranks, "mc_gpt", 2, dir=str(theirs), action="save", strategy="torch_dist",
+                           **common)["results"]  # the same model on both sides
+    back = launch(ranks, "mc_gpt", 2, dir=str(ours), action="load", **common)["results"]
+    assert [r["digests"] for r in back] == [r["digests"] for r in saved]  # TP 2 -> 2, bit for bit
+    assert all(_random_weights(r) <= _changed(r) for r in back)  # it replaced another seed's weights
+    one = launch(ranks, "mc_gpt", 1, dir=str(ours), action="load", **common)["results"][0]
+    baseline = launch(ranks, "mc_gpt", 1, dir=str(theirs), action="load", strategy="torch_dist",
+                      **common)["results"][0]
+    assert one["digests"] == baseline["digests"]  # TP 2 -> 1 as torch_dist reshards it
+    assert len(_random_weights(one)) >= 8 and _random_weights(one) <= _changed(one)
+
+
+def _random_weights(result: dict[str, Any]) -> set[str]:
+    """The parameters initialised at random (norms start at ones, biases at zeros, whatever the seed)."""
+    return {k for k in result["digests"] if k.endswith(".weight") and "norm" not in k}
+
+
+def _changed(result: dict[str, Any]) -> set[str]:
+    return {k for k, v in result["digests"].items() if result["before"][k] != v}
 
 
 def test_a_killed_save_leaves_no_version(ranks: Zygote, tmp_path: Path) -> None:
