@@ -208,12 +208,15 @@ class CasckptSaveStrategy(SaveShardedStrategy):  # type: ignore[misc]
         step: the step of the next save; None reads it from the directory name
             (``iter_0000100`` is step 100) at every save.
         keep_only_main_replica: as ``torch_dist``: only the main replica of each piece is saved.
-        metadata, metrics, tags: recorded on every version (as :meth:`casckpt.Store.commit`).
+        metadata: recorded on every version (with ``megatron.checkpoint_dir`` added).
+        metrics: recorded on every version.
+        tags: pointed at every version (besides the directory's tag).
 
-    Raises (from ``save``):
-        VersionExistsError: ``run`` already has a version at the step.
-        UnsupportedStateError: a ``ShardedObject`` holds something other than plain values.
-        InvalidArgumentError: no step given and the directory is not named ``iter_N``.
+    Raises:
+        VersionExistsError: (``save``) ``run`` already has a version at the step.
+        UnsupportedStateError: (``save``) a ``ShardedObject`` holds something other than plain
+            values; raised on every rank, before any rank writes.
+        InvalidArgumentError: (``save``) no step given and the directory is not named ``iter_N``.
     """
 
     def __init__(self, store: Store, run: str, step: int | None = None, *,
@@ -256,9 +259,10 @@ class CasckptLoadStrategy(LoadShardedStrategy):  # type: ignore[misc]
     (``run`` tells whose: by default the only run whose tag matches). Loads reshard onto any
     layout whose global shapes match, as ``torch_dist`` does.
 
-    Raises (from ``load``):
-        CheckpointPathNotFoundError: no version was saved under the directory.
-        RefNotFoundError, AmbiguousRefError: a bad ``ref``.
+    Raises:
+        InvalidArgumentError: ``casckpt://`` with no ref after it.
+        CheckpointPathNotFoundError: (``load``) no version was saved under the directory.
+        RefNotFoundError, AmbiguousRefError: (``load``) a bad ``ref``.
     """
 
     def __init__(self, store: Store, ref: str | None = None, *, run: str | None = None) -> None:
