@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parents[2]
 GUIDES = sorted((ROOT / "docs" / "guides").glob("*.md"))
 DOCS = [*GUIDES, ROOT / "README.md"]
 DEPLOYMENT = ROOT / "docs" / "guides" / "s3-postgres.md"
+SLOW = {"megatron.md"}  # importing Megatron-Core alone takes seconds: run with -m slow
 MAX_OPT_OUTS = 4  # in all the documents together: a guide is worth having because it runs
 
 PG = "postgresql+psycopg://trainer@db.internal/casckpt"
@@ -201,7 +202,8 @@ def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return root
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=lambda doc: doc.stem)
+@pytest.mark.parametrize("doc", [pytest.param(d, marks=pytest.mark.slow) if d.name in SLOW else d
+                                 for d in DOCS], ids=lambda doc: doc.stem)
 def test_guide_runs(doc: Path, root: Path, services: Callable[[str], Services],
                     monkeypatch: pytest.MonkeyPatch) -> None:
     shell = GuideShell(root, services(doc.read_text(encoding="utf-8")), monkeypatch)
@@ -260,7 +262,7 @@ def test_the_test_servers_and_clients_are_bounded_and_ci_resolves_the_newest() -
         "optional-dependencies"]
     test = {req.name: req.specifier for req in map(Requirement, extras["test"])}
     bounded = ("moto", "boto3", "pgserver", "psycopg", "pytest", "pytest-xdist", "hypothesis",
-               "transformers", "lightning", "accelerate", "peft", "matplotlib")
+               "transformers", "lightning", "accelerate", "peft", "matplotlib", "megatron-core")
     for name in bounded:
         assert any(spec.operator in ("<", "<=", "==", "~=") for spec in test[name]), name
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()

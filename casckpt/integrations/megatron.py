@@ -1,0 +1,344 @@
+"""Megatron-Core (``megatron.core.dist_checkpointing``): the sharded part of a checkpoint in a store.
+
+::
+
+    import casckpt
+    from megatron.core import dist_checkpointing
+    from casckpt.integrations.megatron import CasckptLoadStrategy, CasckptSaveStrategy
+
+    store = casckpt.open("ckpts/")                          # on every rank
+    dist_checkpointing.save(model.sharded_state_dict(), "out/iter_0000100",
+                            sharded_strategy=CasckptSaveStrategy(store, run="gpt"))
+    dist_checkpointing.load(model.sharded_state_dict(), "out/iter_0000100",
+                            sharded_strategy=CasckptLoadStrategy(store))
+    # another version than the directory's, e.g. to reshard a run's newest onto a new layout:
+    dist_checkpointing.load(..., "out/iter_0000100",
+                            sharded_strategy=CasckptLoadStrategy(store, "casckpt://gpt@latest"))
+
+The strategies are Megatron's ``torch_dist`` ones with casckpt's DCP writer and reader
+(:mod:`casckpt.dcp`) in place of the file system: every ``ShardedTensor`` becomes a tensor of
+the version (each rank writes its own pieces, only chunks the store does not hold yet), every
+``ShardedObject`` a plain value, and the version is published in one catalog transaction once
+every rank has written, so a save killed part way leaves no version. Loading reshards as
+``torch_dist`` does (another TP/PP/DP layout): each rank reads only the chunks its pieces need.
+
+Which version: a save becomes version ``run@step`` (``step`` given, or read from a directory
+named like Megatron's ``iter_0000100``), tagged with the checkpoint directory it was saved to
+(:func:`directory_tag`); a load reads the version tagged with its directory, or the one a
+``casckpt://REF`` (or plain ``REF``) given to :class:`CasckptLoadStrategy` names.
+
+The checkpoint directory stays Megatron's: ``dist_checkpointing.save`` itself writes
+``common.pt`` (the common, non-sharded state, with ``torch.save``) and ``metadata.json``
+(which strategy saved it) there, and ``dist_checkpointing.load`` reads them back with its own
+``torch`` common strategy, which Megatron does not let a caller replace on save. casckpt keeps
+neither file: nothing of them is in the store, so loading from the store unpickles nothing
+(DCP's metadata is the version's JSON manifest, the objects plain-value nodes; see
+:mod:`casckpt.dcp`). ``ShardedObject`` data must therefore be plain values (dicts, lists,
+tuples, numbers, strings, bytes, None): one holding a tensor or a numpy array is refused with
+:class:`~casckpt.errors.UnsupportedStateError` before anything is written.
+
+Needs the extra: ``pip install 'casckpt[megatron]'`` (megatron-core 0.16; the strategies use
+helpers of its ``torch_dist`` strategy).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from casckpt.errors import (
+    CasckptError,
+    CheckpointPathNotFoundError,
+    InvalidArgumentError,
+    OptionalDependencyError,
+    UnsupportedStateError,
+)
+from casckpt.format.state import encode_state
+
+try:
+    import torch
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import (
+        ShardedObject,
+        ShardedStateDict,
+        ShardedTensor,
+        StateDict,
+    )
+    from megatron.core.dist_checkpointing.strategies.base import LoadShardedStrategy, SaveShardedStrategy
+    from megatron.core.dist_checkpointing.strategies.torch import (
+        MCoreLoadPlanner,
+        MCoreSavePlanner,
+        _replace_sharded_keys_with_state_dict_keys,
+        _replace_state_dict_keys_with_sharded_keys,
+        _restore_dict_types,
+        _unwrap_pyt_sharded_tensor,
+        mcore_to_pyt_state_dict,
+    )
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+except ImportError as exc:  # pragma: no cover - the extra is installed wherever tests run
+    raise OptionalDependencyError(
+        f"casckpt.integrations.megatron needs Megatron-Core ({exc}): pip install 'casckpt[megatron]'"
+    ) from exc
+
+if TYPE_CHECKING:
+    from casckpt.dcp import StoreReader
+    from casckpt.store import Store
+    from casckpt.types import Version
+
+__all__ = ["BACKEND", "SCHEME", "CasckptLoadStrategy", "CasckptSaveStrategy", "directory_tag"]
+
+BACKEND = "casckpt"
+"""The backend name Megatron records in the checkpoint directory's ``metadata.json``."""
+
+FORMAT_VERSION = 1
+
+SCHEME = "casckpt://"
+"""``CasckptLoadStrategy(store, "casckpt://REF")`` loads the version REF names."""
+
+TAG_PREFIX = "megatron."
+"""Tags naming the version saved under each checkpoint directory."""
+
+_ITER_DIR = re.compile(r"iter_(\d+)$")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+def directory_tag(run: str, checkpoint_dir: str | os.PathLike[str]) -> str:
+    """The tag naming the version of ``run`` saved under ``checkpoint_dir`` (absolute or not)."""
+    where = os.path.abspath(os.fspath(checkpoint_dir))
+    digest = hashlib.sha256(f"{run}\0{where}".encode()).hexdigest()[:16]
+    stem = _UNSAFE.sub("_", Path(where).name).strip("_-")[:80] or "checkpoint"
+    return f"{TAG_PREFIX}{stem}.{digest}"
+
+
+def _stored_key(key: str) -> str:
+    """A Megatron key as a key of the version: ``ShardedObject`` keys hold ``/``
+    (``rng/shard_0_2``), which no key of a version may; ``%`` and ``/`` are escaped."""
+    return key.replace("%", "%25").replace("/", "%2F")
+
+
+def _megatron_key(stored: str) -> str:
+    return stored.replace("%2F", "/").replace("%25", "%")
+
+
+class _Expected(NamedTuple):
+    """What Megatron's load planner checks of a ShardedTensor, under the version's key."""
+
+    key: str
+    global_shape: tuple[int, ...]
+
+
+def _renamed(tensor: ShardedTensor) -> _Expected:
+    return _Expected(_stored_key(tensor.key), tuple(tensor.global_shape))
+
+
+def _refusal(sharded_state_dict: ShardedStateDict) -> UnsupportedStateError | None:
+    """Why a ``ShardedObject`` of this rank cannot be a plain value of a version, if one cannot."""
+    for found in nested_values(sharded_state_dict):
+        if not isinstance(found, ShardedObject):
+            continue
+        try:
+            _, leaves = encode_state(found.data)
+        except UnsupportedStateError as exc:
+            return UnsupportedStateError(f"ShardedObject {found.key!r} cannot be saved to casckpt: {exc}")
+        if leaves:
+            return UnsupportedStateError(
+                f"ShardedObject {found.key!r} holds a tensor or array (at {leaves[0].path!r}): casckpt "
+                "keeps ShardedObjects as plain values (dicts, lists, tuples, numbers, strings, bytes, "
+                "None). Save it as a ShardedTensor, or convert it (.tolist()) before saving")
+    return None
+
+
+class _SavePlanner(MCoreSavePlanner):  # type: ignore[misc]
+    """torch_dist's planner, failing every rank's save in DCP's planning step (before any rank
+    writes) when one rank's objects cannot be stored: a rank raising alone would leave the
+    others waiting in DCP's collectives."""
+
+    def __init__(self, refused: UnsupportedStateError | None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._refused = refused
+
+    def create_local_plan(self) -> Any:
+        if self._refused is not None:
+            raise self._refused
+        return super().create_local_plan()
+
+
+@contextlib.contextmanager
+def _typed_errors() -> Iterator[None]:
+    """DCP wraps every rank's failure in a CheckpointException: re-raise the first casckpt error
+    among them (a rank's typed error, with its message saying what to do)."""
+    try:
+        yield
+    except CheckpointException as exc:
+        for rank in sorted(exc.failures):
+            found = exc.failures[rank][0]
+            if isinstance(found, CasckptError):
+                raise found from exc
+        raise
+
+
+def _step_of(checkpoint_dir: str | os.PathLike[str]) -> int:
+    found = _ITER_DIR.search(Path(os.fspath(checkpoint_dir)).name)
+    if found is None:
+        raise InvalidArgumentError(
+            f"cannot tell the step of {os.fspath(checkpoint_dir)!r}: its name is not Megatron's "
+            "iter_NNNNNNN; pass CasckptSaveStrategy(store, run=..., step=N) for each save"
+        )
+    return int(found.group(1))
+
+
+class CasckptSaveStrategy(SaveShardedStrategy):  # type: ignore[misc]
+    """Megatron's ``torch_dist`` save strategy with a casckpt store in place of the files.
+
+    Pass it as ``dist_checkpointing.save(..., sharded_strategy=...)`` on every rank (each rank
+    with its own open store). Each save becomes version ``run@step``, tagged with
+    :func:`directory_tag`; a directory saved to again moves its tag to the new version.
+
+    Args:
+        store: an open store, on every rank.
+        run: the run the checkpoints become versions of.
+        step: the step of the next save; None reads it from the directory name
+            (``iter_0000100`` is step 100) at every save.
+        keep_only_main_replica: as ``torch_dist``: only the main replica of each piece is saved.
+        metadata: recorded on every version (with ``megatron.checkpoint_dir`` added).
+        metrics: recorded on every version.
+        tags: pointed at every version (besides the directory's tag).
+
+    Raises:
+        VersionExistsError: (``save``) ``run`` already has a version at the step.
+        UnsupportedStateError: (``save``) a ``ShardedObject`` holds something other than plain
+            values; raised on every rank, before any rank writes.
+        InvalidArgumentError: (``save``) no step given and the directory is not named ``iter_N``.
+    """
+
+    def __init__(self, store: Store, run: str, step: int | None = None, *,
+                 keep_only_main_replica: bool = True, metadata: Mapping[str, Any] | None = None,
+                 metrics: Mapping[str, float] | None = None, tags: Iterable[str] = ()) -> None:
+        super().__init__(BACKEND, FORMAT_VERSION)
+        self.store, self.run, self.step = store, run, step
+        self.keep_only_main_replica = keep_only_main_replica
+        self.metadata, self.metrics, self.tags = dict(metadata or {}), metrics, tuple(tags)
+
+    @property
+    def can_handle_sharded_objects(self) -> bool:
+        """ShardedObjects are saved as plain values of the version."""
+        return True
+
+    def save(self, sharded_state_dict: ShardedStateDict, checkpoint_dir: str | Path) -> None:
+        """Save every rank's pieces as one version (DCP's collective save; call on every rank)."""
+        step = self.step if self.step is not None else _step_of(checkpoint_dir)
+        flat, _, _ = _replace_state_dict_keys_with_sharded_keys(sharded_state_dict,
+                                                                self.keep_only_main_replica)
+        pyt_state = {_stored_key(k): v for k, v in mcore_to_pyt_state_dict(flat, False).items()}
+        where = os.path.abspath(os.fspath(checkpoint_dir))
+        writer = self.store.dcp_writer(
+            run=self.run, step=step, metrics=self.metrics,
+            metadata={**self.metadata, "megatron.checkpoint_dir": where},
+            tags=(*self.tags, directory_tag(self.run, where)))
+        planner = _SavePlanner(_refusal(sharded_state_dict),
+                               dedup_replicated_tensors=not self.keep_only_main_replica,
+                               flatten_state_dict=False)
+        with _typed_errors():
+            dcp_save(pyt_state, storage_writer=writer, planner=planner)
+
+
+class CasckptLoadStrategy(LoadShardedStrategy):  # type: ignore[misc]
+    """Megatron's ``torch_dist`` load strategy reading a version of a casckpt store.
+
+    Pass it as ``dist_checkpointing.load(..., sharded_strategy=...)`` on every rank. The
+    version is the one ``ref`` names (``casckpt://REF`` or ``REF``: ``gpt@latest``,
+    ``gpt@100``, a tag, an id), or else the one saved under the checkpoint directory
+    (``run`` tells whose: by default the only run whose tag matches). Loads reshard onto any
+    layout whose global shapes match, as ``torch_dist`` does.
+
+    Raises:
+        InvalidArgumentError: ``casckpt://`` with no ref after it.
+        CheckpointPathNotFoundError: (``load``) no version was saved under the directory.
+        RefNotFoundError, AmbiguousRefError: (``load``) a bad ``ref``.
+    """
+
+    def __init__(self, store: Store, ref: str | None = None, *, run: str | None = None) -> None:
+        super().__init__()
+        self.store, self.run = store, run
+        self.ref = ref[len(SCHEME):] if ref is not None and ref.startswith(SCHEME) else ref
+        if self.ref == "":
+            raise InvalidArgumentError(f"no ref after {SCHEME}: name a version, e.g. {SCHEME}gpt@latest")
+
+    @property
+    def can_handle_sharded_objects(self) -> bool:
+        """ShardedObjects are read from the version's plain values."""
+        return True
+
+    def check_backend_compatibility(self, loaded_backend: str) -> None:
+        """Any backend's directory: the sharded part is read from the store, not from it."""
+
+    def check_version_compatibility(self, loaded_version: int) -> None:
+        """See :meth:`check_backend_compatibility`."""
+
+    def version(self, checkpoint_dir: str | os.PathLike[str]) -> Version:
+        """The version a load of ``checkpoint_dir`` reads (see the class text)."""
+        if self.ref is not None:
+            return self.store.resolve(self.ref)
+        where = os.path.abspath(os.fspath(checkpoint_dir))
+        runs = [self.run] if self.run is not None else [r.name for r in self.store.runs()]
+        for run in runs:
+            try:
+                return self.store.resolve(f"tag:{directory_tag(run, where)}")
+            except (KeyError, InvalidArgumentError):
+                continue
+        raise CheckpointPathNotFoundError(
+            where, "no version of the store was saved under this checkpoint directory (saved "
+            "without CasckptSaveStrategy, or to another store); pass "
+            f"CasckptLoadStrategy(store, '{SCHEME}<run>@<step>') to name one", [])
+
+    def _reader(self, checkpoint_dir: str | os.PathLike[str]) -> StoreReader:
+        return self.store.dcp_reader(self.version(checkpoint_dir).id)
+
+    def load(self, sharded_state_dict: ShardedStateDict, checkpoint_dir: str | Path) -> StateDict:
+        """Fill ``sharded_state_dict``'s pieces from the version (DCP's collective load)."""
+        tensors = [t for t in nested_values(sharded_state_dict) if isinstance(t, ShardedTensor)]
+        flat, flat_mapping, rename_mapping = _replace_state_dict_keys_with_sharded_keys(sharded_state_dict)
+        pyt_state = {_stored_key(k): v for k, v in mcore_to_pyt_state_dict(flat, True).items()}
+        planner = MCoreLoadPlanner(
+            shapes_validation_sharded_tensors=[_renamed(t) for t in tensors if not t.allow_shape_mismatch],
+            allow_shape_mismatch_sharded_tensors={_stored_key(t.key): _renamed(t)
+                                                  for t in tensors if t.allow_shape_mismatch})
+        with _typed_errors():
+            dcp_load(pyt_state, storage_reader=self._reader(checkpoint_dir), planner=planner)
+        loaded = {_megatron_key(k): _unwrap_pyt_sharded_tensor(v) for k, v in pyt_state.items()}
+        loaded = _replace_sharded_keys_with_state_dict_keys(loaded, flat_mapping, rename_mapping)
+        _restore_dict_types(loaded, sharded_state_dict)
+        return loaded
+
+    def _metadata(self, checkpoint_dir: str | os.PathLike[str]) -> Metadata:
+        return self._reader(checkpoint_dir).read_metadata()
+
+    def load_tensors_metadata(self, checkpoint_dir: str | Path,
+                              metadata: Metadata | None = None) -> dict[str, Any]:
+        """Every tensor's global shape and dtype, as ``torch_dist`` gives them (no data)."""
+        found = metadata if metadata is not None else self._metadata(checkpoint_dir)
+        out: dict[str, Any] = {}
+        for stored, meta in found.state_dict_metadata.items():
+            if isinstance(meta, TensorStorageMetadata):
+                key = _megatron_key(stored)
+                empty = torch.empty(meta.size, dtype=meta.properties.dtype, device="meta")
+                out[key] = ShardedTensor.from_rank_offsets(key, empty).without_data()
+        return out
+
+    def load_sharded_metadata(self, checkpoint_dir: str | Path) -> dict[str, Any]:
+        """Every tensor's and object's metadata, as ``torch_dist`` gives them (no data)."""
+        metadata = self._metadata(checkpoint_dir)
+        objects: dict[str, Any] = {}
+        for stored, meta in metadata.state_dict_metadata.items():
+            if isinstance(meta, BytesStorageMetadata):
+                found = ShardedObject.empty_from_unique_key(_megatron_key(stored))
+                objects[found.unique_key] = found
+        return {**objects, **self.load_tensors_metadata(checkpoint_dir, metadata)}

@@ -1,0 +1,166 @@
+"""Megatron-Core ``dist_checkpointing`` through casckpt: real gloo ranks, Megatron's own entry points.
+
+Ranks are forked by tests/helpers/megatron_worker.py (dist_worker.py's zygote, with
+Megatron-Core imported once); each builds the sharded state dict a tensor-parallel layout
+would hold (``ShardedTensor.from_rank_offsets`` pieces split on dim 0 or 1 or replicated,
+``ShardedObject`` values), or a tiny ``GPTModel`` (local layer spec, CPU initialisation),
+and calls ``dist_checkpointing.save`` / ``load`` with the strategies of
+:mod:`casckpt.integrations.megatron`. Megatron's ``torch_dist`` save strategy cannot run
+on a CPU-only torch (its writer and finalize step call ``torch.cuda``): the comparison
+writes torch_dist's format with DCP's FileSystemWriter instead, and loads it with
+torch_dist's own load strategy.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("megatron.core", reason="the megatron extra is not installed")
+
+import casckpt  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+sys.path.insert(0, str(Path(__file__).parents[1] / "helpers"))
+from dist_worker import CHUNK, PACK  # noqa: E402
+from doubles import Zygote  # noqa: E402
+
+from casckpt.integrations.megatron import directory_tag  # noqa: E402
+
+WORKER = Path(__file__).parents[1] / "helpers" / "megatron_worker.py"
+
+
+@pytest.fixture(scope="module")
+def ranks() -> Iterator[Zygote]:
+    zygote = Zygote(WORKER)
+    yield zygote
+    zygote.close()
+
+
+def launch(ranks: Zygote, scenario: str, world: int, *, ok: bool = True, **args: Any) -> dict[str, Any]:
+    reply = ranks.ask({"scenario": scenario, "world": world, "args": args, "timeout": 150}, timeout=180)
+    if ok:
+        assert reply["codes"] == [0] * world, "\n".join(e for e in reply["errors"] if e)
+    return reply
+
+
+def _store(tmp_path: Path) -> Path:
+    path = tmp_path / "store"
+    casckpt.open(path, chunk_size=CHUNK, pack_size=PACK).close()
+    return path
+
+
+@pytest.mark.slow  # ~11 s: four launches of two ranks
+def test_save_and_load_bit_exact_as_torch_dist(ranks: Zygote, tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    ours, theirs = tmp_path / "ckpt" / "iter_0000007", tmp_path / "torch_dist" / "iter_0000007"
+    launch(ranks, "mc_save", 2, path=str(store), dir=str(ours), run="gpt", seed=7)
+    launch(ranks, "mc_save", 2, path=str(store), dir=str(theirs), strategy="torch_dist", seed=7)
+    loaded = launch(ranks, "mc_load", 2, path=str(store), dir=str(ours), seed=7)["results"]
+    baseline = launch(ranks, "mc_load", 2, path=str(store), dir=str(theirs), strategy="torch_dist",
+                      seed=7)["results"]
+    assert [r["bad"] for r in loaded] == [[], []] == [r["bad"] for r in baseline]
+    assert [r["iteration"] for r in loaded] == [107, 107] == [r["iteration"] for r in baseline]
+    assert loaded[0]["shapes"]["decoder.proj"] == [[64, 512], "torch.bfloat16"]
+
+    # the directory holds Megatron's two small files; the shards are in the store only
+    assert sorted(p.name for p in ours.iterdir()) == ["common.pt", "metadata.json"]
+    assert json.loads((ours / "metadata.json").read_text())["sharded_backend"] == "casckpt"
+    assert any(p.suffix == ".distcp" for p in theirs.iterdir())
+    with casckpt.open(store) as opened:
+        version = opened.resolve("gpt@7")
+        assert version.tags == (directory_tag("gpt", ours),)
+        assert version.metadata["megatron.checkpoint_dir"] == str(ours)
+        detail = opened.show("gpt@7", tensors=True)
+        assert detail.world_size == 2 and detail.saved_with == "dcp"
+        shards = {t.path: t.shards for t in detail.tensors}
+        assert shards["decoder.w"] == 2 and shards["decoder.norm"] == 1  # the replica saved once
+        assert opened.ops.check(read_data=True).ok
+
+
+def test_reshard_on_load_and_a_ref_choosing_the_version(ranks: Zygote, tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    first, second = tmp_path / "ckpt" / "iter_0000001", tmp_path / "ckpt" / "iter_0000002"
+    launch(ranks, "mc_save", 2, path=str(store), dir=str(first), run="gpt", seed=1, objects=False)
+    launch(ranks, "mc_save", 2, path=str(store), dir=str(second), run="gpt", seed=2, objects=False)
+    one = launch(ranks, "mc_load", 1, path=str(store), dir=str(first), seed=1, objects=False)
+    assert one["results"][0]["bad"] == []  # TP 2 -> 1: every piece assembled on one rank
+    swapped = launch(ranks, "mc_load", 2, path=str(store), dir=str(second), seed=2, objects=False,
+                     axis={"decoder.w": 1, "decoder.proj": 0, "optimizer.exp_avg": 1})
+    assert [r["bad"] for r in swapped["results"]] == [[], []]  # split on the other dimension
+    by_ref = launch(ranks, "mc_load", 2, path=str(store), dir=str(second), seed=1, objects=False,
+                    ref="casckpt://gpt@1")  # the shards of step 1, common.pt of the directory
+    assert [r["bad"] for r in by_ref["results"]] == [[], []]
+    assert [r["iteration"] for r in by_ref["results"]] == [102, 102]
+    third = tmp_path / "ckpt" / "iter_0000003"  # the same state again: every chunk deduplicated
+    launch(ranks, "mc_save", 2, path=str(store), dir=str(third), run="gpt", seed=2, objects=False)
+    with casckpt.open(store) as opened:
+        again = opened.resolve("gpt@3")
+        assert again.logical_bytes > 0 and again.new_bytes == 0
+
+
+@pytest.mark.slow  # ~10 s: a GPTModel built on five ranks in all
+def test_a_tiny_gpt_model_round_trips_and_reshards_as_torch_dist(ranks: Zygote, tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    ours, theirs = tmp_path / "ckpt" / "iter_0000005", tmp_path / "torch_dist" / "iter_0000005"
+    common = {"path": str(store), "seed": 5}
+    saved = launch(ranks, "mc_gpt", 2, dir=str(ours), action="save", **common)["results"]
+    assert saved == launch(ranks, "mc_gpt", 2, dir=str(theirs), action="save", strategy="torch_dist",
+                           **common)["results"]  # the same model on both sides
+    back = launch(ranks, "mc_gpt", 2, dir=str(ours), action="load", **common)["results"]
+    assert [r["digests"] for r in back] == [r["digests"] for r in saved]  # TP 2 -> 2, bit for bit
+    assert all(_random_weights(r) <= _changed(r) for r in back)  # it replaced another seed's weights
+    one = launch(ranks, "mc_gpt", 1, dir=str(ours), action="load", **common)["results"][0]
+    baseline = launch(ranks, "mc_gpt", 1, dir=str(theirs), action="load", strategy="torch_dist",
+                      **common)["results"][0]
+    assert one["digests"] == baseline["digests"]  # TP 2 -> 1 as torch_dist reshards it
+    assert len(_random_weights(one)) >= 8 and _random_weights(one) <= _changed(one)
+
+
+def _random_weights(result: dict[str, Any]) -> set[str]:
+    """The parameters initialised at random (norms start at ones, biases at zeros, whatever the seed)."""
+    return {k for k in result["digests"] if k.endswith(".weight") and "norm" not in k}
+
+
+def _changed(result: dict[str, Any]) -> set[str]:
+    return {k for k, v in result["digests"].items() if result["before"][k] != v}
+
+
+def test_a_killed_save_leaves_no_version(ranks: Zygote, tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    first, second = tmp_path / "ckpt" / "iter_0000001", tmp_path / "ckpt" / "iter_0000002"
+    launch(ranks, "mc_save", 2, path=str(store), dir=str(first), run="gpt", seed=1)
+    killed = launch(ranks, "mc_save", 2, ok=False, path=str(store), dir=str(second), run="gpt",
+                    seed=2, kill=1)
+    assert killed["codes"][1] == -9 and killed["codes"][0] != 0
+    assert not (second / "metadata.json").exists()  # Megatron never finished the directory
+    with casckpt.open(store) as opened:
+        assert [v.step for v in opened.log("gpt")] == [1]
+        assert opened.ops.check().ok
+    resumed = launch(ranks, "mc_load", 2, path=str(store), dir=str(first), seed=1)
+    assert [r["bad"] for r in resumed["results"]] == [[], []]
+
+
+def test_bad_input_is_refused_with_typed_errors(ranks: Zygote, tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    reply = launch(ranks, "mc_refusals", 1, path=str(store), dir=str(tmp_path / "ckpt"))
+    errors = reply["results"][0]
+    assert errors["object_with_tensor"][0] == "UnsupportedStateError"
+    assert errors["no_step"][0] == "InvalidArgumentError" and "iter_NNNNNNN" in errors["no_step"][1]
+    assert errors["never_saved"][0] == "CheckpointPathNotFoundError"
+    with casckpt.open(store) as opened:
+        assert opened.log() == []
+
+
+def test_import_casckpt_imports_no_megatron() -> None:
+    code = "import sys, casckpt, casckpt.integrations\nprint('megatron' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
