@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import casckpt
-from casckpt.engine.read import reader
+from casckpt.engine.read import deltachains
 from casckpt.errors import CorruptChunkError
 from casckpt.format.codecs import CODECS, Delta
 from casckpt.format.pack import ENTRY_HEADER_SIZE
@@ -132,7 +132,7 @@ def test_random_delta_chains_restore_bit_exact_on_the_fast_path(
     @given(dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.int32]),
            policy=st.sampled_from(["max", 2, 4, 6]), steps=st.lists(st.tuples(kinds, kinds), min_size=1,
                                                                      max_size=7),
-           window=st.sampled_from([CHUNK, 3 * CHUNK, reader.DELTA_WINDOW]), seed=st.integers(0, 1000))
+           window=st.sampled_from([CHUNK, 3 * CHUNK, deltachains.DELTA_WINDOW]), seed=st.integers(0, 1000))
     @settings(max_examples=10, deadline=None)
     def round_trips(dtype: torch.dtype, policy: str | int, steps: list[tuple[str, str]], window: int,
                     seed: int) -> None:
@@ -150,8 +150,8 @@ def test_random_delta_chains_restore_bit_exact_on_the_fast_path(
                 state = _step(state, kind, g)
                 kept.append({k: v.clone() for k, v in state.items()})
                 store.commit(state, run="r", step=step)
-            mp.setattr(reader, "DELTA_WINDOW", window)  # small: bases shared across windows
-            mp.setattr(reader._DeltaReader, "_decode_levels", _no_second_pass)
+            mp.setattr(deltachains, "DELTA_WINDOW", window)  # small: bases shared across windows
+            mp.setattr(deltachains.DeltaReader, "_decode_levels", _no_second_pass)
             for step, want in enumerate(kept):
                 got = store.restore(f"r@{step}")
                 assert all(_bits(got[k]) == _bits(v) for k, v in want.items()), step
@@ -232,14 +232,14 @@ def test_a_base_deltas_of_two_windows_need_is_read_once(
     the later window (it was read and decoded again for each window that needed it)."""
     chunk = 4096
     reads: dict[bytes, int] = {}
-    read_located = reader._read_located
+    read_located = deltachains.read_located
 
     def counting(ctx: Any, targets: Any, *args: Any, **kwargs: Any) -> int:
         for cid in targets:
             reads[cid] = reads.get(cid, 0) + 1
         return read_located(ctx, targets, *args, **kwargs)  # type: ignore[no-any-return]
 
-    monkeypatch.setattr(reader, "_read_located", counting)
+    monkeypatch.setattr(deltachains, "read_located", counting)
     w = torch.randn(16 * chunk // 256, 64, generator=torch.Generator().manual_seed(0))
     with casckpt.open(tmp_path / "s", chunk_size=chunk, pack_size=64 << 10, workers=2) as store:
         store.ops.set_delta_chain(4)
@@ -249,7 +249,7 @@ def test_a_base_deltas_of_two_windows_need_is_read_once(
         b[9::16] += 1e-3
         store.commit({"a": a, "b": b}, run="r", step=1)
         assert store.show("r@1").longest_chain >= 1
-        monkeypatch.setattr(reader, "DELTA_WINDOW", chunk)  # a window per wanted chunk
+        monkeypatch.setattr(deltachains, "DELTA_WINDOW", chunk)  # a window per wanted chunk
         got = store.restore("r@1")
     assert torch.equal(got["a"], a) and torch.equal(got["b"], b)
     assert reads and max(reads.values()) == 1, sorted(reads.values())
