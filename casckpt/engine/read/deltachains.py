@@ -18,7 +18,9 @@ verified raw bytes. Inside:
   first), every level verified inside its read, which names the damaged chunk (so a corrupt
   base is reported by the chunks that need it) and, with redundancy, reconstructs its pack.
 
-Decoded bases several chunks share stay in a bounded cache for later windows.
+Both paths decode a node with the same step (:mod:`~casckpt.engine.read.deltadecode`);
+the verifying one checks every node, the fast one each wanted chunk. Decoded bases several
+chunks share stay in a bounded cache for later windows.
 
 Thread-safety: one reader serves one read; its tree tasks run on the engine's pool and
 share nothing but what they return.
@@ -32,22 +34,13 @@ from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Se
 from dataclasses import dataclass
 from functools import partial
 
-import numpy as np
-
 from casckpt.catalog import ChunkLocation
 from casckpt.engine.context import EngineContext
-from casckpt.engine.read.chunkreads import Destination, Slot, decode_slot, locate, pool_results, read_located
+from casckpt.engine.read.chunkreads import Destination, Slot, locate, pool_results, read_located
+from casckpt.engine.read.deltadecode import Rep, decode_delta, decode_keyframe
 from casckpt.errors import CorruptChunkError, IntegrityError
-from casckpt.format.codecs import (
-    Delta,
-    apply_sparse,
-    delta_planes,
-    lookup,
-    regroup,
-    sparse_planes,
-    ungroup_into,
-)
-from casckpt.format.pack import check_entry_header, decode_split_entry
+from casckpt.format.codecs import Delta, lookup
+from casckpt.format.pack import check_entry_header
 
 DELTA_WINDOW = 256 << 20  # raw bytes of delta-coded chunks decoded per window
 DECODED_BASES = 256 << 20  # raw bytes of decoded bases kept for chunks of later windows
@@ -172,7 +165,7 @@ class DeltaReader:
     def _decode_chains(self, wanted: Mapping[bytes, list[Destination]]) -> int:
         """The fast path: every chain node of the window read in one planned pass (keyframes decoded
         as they land, deltas kept as read), then each tree of chains decoded by one task on the pool,
-        from its root to its leaves, in grouped byte order (see :func:`_apply`)."""
+        from its root to its leaves, in grouped byte order (see :mod:`~casckpt.engine.read.deltadecode`)."""
         trees = self._trees(wanted)
         roots: dict[bytes, Rep] = dict(trees.kept)
         deltas: dict[bytes, Slot] = {}
@@ -182,10 +175,9 @@ class DeltaReader:
             for slot in plan:
                 entry = slot.entry
                 if entry.base_id is None:  # verified through its dependents
-                    into = slot.destinations[0] if slot.destinations else None
-                    raw = decode_slot(self.ctx.crypto.chunk_id, slot, into, verify=False)
+                    rep = decode_keyframe(self.ctx.crypto.chunk_id, slot, verify=False)
                     with lock:
-                        roots[entry.chunk_id] = (1, np.frombuffer(raw, dtype=np.uint8))
+                        roots[entry.chunk_id] = rep
                 else:  # its header now (a damaged one reconstructs the pack here); its payload later
                     check_entry_header(slot.header, entry, slot.pack_id)
                     with lock:
@@ -266,17 +258,7 @@ class DeltaReader:
             cid, base, own = todo.pop()
             slot, after = deltas[cid], trees.children.get(cid, [])
             destinations = wanted.get(cid, [])
-            sparse = lookup(slot.entry.codec).delta is Delta.SPARSE
-            into = destinations[0] if destinations and not after and (base[0] == 1 or sparse) else None
-            rep = _apply(slot, base, into, own)
-            if destinations:
-                raw = _ungrouped(rep, destinations)
-                filled = destinations[0] if rep[0] != 1 or _same_bytes(destinations[0], rep[1]) else None
-                if self.ctx.crypto.chunk_id(raw) != cid:
-                    raise _chain_mismatch(slot)
-                for dst in destinations:
-                    if dst is not filled:
-                        dst[:] = raw
+            rep = decode_delta(self.ctx.crypto.chunk_id, slot, base, destinations, end=not after, own=own)
             shared = self._shared(cid) or bool(destinations)
             if after and shared:
                 kept.append((cid, rep))
@@ -322,28 +304,17 @@ class DeltaReader:
     def _verifier(self, reps: Mapping[bytes, Rep], needed: set[bytes], made: dict[bytes, Rep],
                   ) -> Callable[[Sequence[Slot]], None]:
         lock = threading.Lock()
+        ids = self.ctx.crypto.chunk_id
 
         def decode(plan: Sequence[Slot]) -> None:
-            for slot in plan:
+            for slot in plan:  # the fast path's step, every node checked
                 entry = slot.entry
-                filled: memoryview | None = slot.payload  # a destination that holds the bytes already
                 if entry.base_id is None:
-                    raw = decode_split_entry(slot.header, slot.payload, entry, slot.pack_id,
-                                             ids=self.ctx.crypto.chunk_id)
-                    rep: Rep = (1, np.frombuffer(raw, dtype=np.uint8))
+                    rep = decode_keyframe(ids, slot, verify=True)
                 else:
                     base = reps[entry.base_id] if entry.base_id in reps else self.decoded[entry.base_id]
-                    last = entry.chunk_id not in needed and bool(slot.destinations)
-                    sparse = lookup(entry.codec).delta is Delta.SPARSE
-                    into = slot.destinations[0] if last and (base[0] == 1 or sparse) else None
-                    rep = _apply(slot, base, into)
-                    raw = _ungrouped(rep, slot.destinations)
-                    filled = slot.destinations[0] if slot.destinations and (rep[0] != 1 or into) else None
-                    if self.ctx.crypto.chunk_id(raw) != entry.chunk_id:
-                        raise _chain_mismatch(slot)
-                for dst in slot.destinations:
-                    if dst is not filled:
-                        dst[:] = raw
+                    rep = decode_delta(ids, slot, base, slot.destinations, end=entry.chunk_id not in needed,
+                                       verify=True)
                 if entry.chunk_id in needed:
                     with lock:
                         made[entry.chunk_id] = rep
@@ -371,78 +342,3 @@ class _Trees:
     children: dict[bytes, list[bytes]]
     kept: dict[bytes, Rep]
     into: dict[bytes, Destination]
-
-
-Rep = tuple[int, np.ndarray]  # a decoded chunk: (group width, its bytes in that grouped order; 1: plain)
-
-
-def _ungrouped(rep: Rep, destinations: Sequence[Destination]) -> memoryview:
-    """A decoded chunk's bytes in element order -- written straight into its first destination."""
-    width, data = rep
-    if width == 1:
-        return memoryview(data)  # type: ignore[arg-type]  # numpy exports the buffer
-    out = np.frombuffer(destinations[0], dtype=np.uint8) if destinations else np.empty(data.nbytes, np.uint8)
-    return memoryview(ungroup_into(data, width, out))  # type: ignore[arg-type]
-
-
-def _apply(slot: Slot, base: Rep, into: Destination | None = None, own: bool = False) -> Rep:
-    """A delta slot's chunk in the delta's grouped order: its XOR planes applied to its base.
-
-    With ``into`` (the chunk ends its chain and its base is in element order), the result lands
-    in ``into`` in element order: a dense delta's planes are ungrouped straight into it and the
-    base XORed there (one pass fewer than regrouping); a sparse delta patches only its changed
-    blocks, in element order. A base this delta ``own``s (no one else needs it) is patched or
-    XORed in place.
-    """
-    entry = slot.entry
-    check_entry_header(slot.header, entry, slot.pack_id)
-    sparse = lookup(entry.codec).delta is Delta.SPARSE
-    try:
-        if sparse:
-            index, blocks = sparse_planes(slot.payload, entry.raw_len)
-        else:
-            width, planes = delta_planes(entry.codec, slot.payload, entry.raw_len)
-    except CorruptChunkError as exc:
-        raise CorruptChunkError(f"chunk {entry.chunk_id.hex()} in pack {slot.pack_id} is corrupt: {exc}",
-                                pack_id=slot.pack_id, chunk_id=entry.chunk_id.hex()) from exc
-    if base[1].nbytes != entry.raw_len:
-        raise _chain_mismatch(slot)
-    if sparse:
-        return _apply_sparse(base, index, blocks, into, own)
-    if into is not None and not _same_bytes(into, base[1]):
-        out = np.frombuffer(into, dtype=np.uint8)
-        if width == 1:
-            np.bitwise_xor(planes, base[1], out=out)
-        else:
-            np.bitwise_xor(ungroup_into(planes, width, out), base[1], out=out)
-        return 1, out
-    grouped = regroup(base[1], base[0], width)
-    mine = (own or grouped is not base[1]) and grouped.flags.writeable
-    return width, np.bitwise_xor(planes, grouped, out=grouped if mine else None)
-
-
-def _apply_sparse(base: Rep, index: np.ndarray, blocks: np.ndarray, into: Destination | None,
-                  own: bool) -> Rep:
-    plain = regroup(base[1], base[0], 1)
-    if into is not None:
-        out = np.frombuffer(into, dtype=np.uint8)
-        if not _same_bytes(into, plain):  # else the chain was decoded where it ends (_Trees.into)
-            out[:] = plain
-    elif (own or plain is not base[1]) and plain.flags.writeable:
-        out = plain  # the base is this delta's alone (or a fresh regrouped copy): patch it in place
-    else:
-        out = plain.copy()
-    return 1, apply_sparse(out, index, blocks)
-
-
-def _same_bytes(view: Destination, data: np.ndarray) -> bool:
-    """Whether ``data`` is ``view``'s memory (a keyframe decoded into its chain's destination)."""
-    return data.nbytes == len(view) and bool(data.ctypes.data == np.frombuffer(view, np.uint8).ctypes.data)
-
-
-def _chain_mismatch(slot: Slot) -> CorruptChunkError:
-    cid = slot.entry.chunk_id.hex()
-    return CorruptChunkError(
-        f"chunk {cid} in pack {slot.pack_id}, decoded through its delta chain, does not match its id: "
-        "it or one of its bases is corrupt. Run `casckpt check --read-data`, restore another version, "
-        "or `casckpt repair`.", pack_id=slot.pack_id, chunk_id=cid)

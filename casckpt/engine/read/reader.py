@@ -3,9 +3,9 @@ of every restore, check and repack read (:func:`read_chunks`).
 
 Plain chunks (keyframes, RAW or encoded) are read in coalesced ranged reads, each chunk
 verified as it lands (:mod:`~casckpt.engine.read.chunkreads`); delta-coded chunks through
-their chains (:mod:`~casckpt.engine.read.deltachains`). Every record the catalog gives is
-checked before a byte is allocated or read for it, and a pack that vanished mid-read is
-located again once.
+their chains (:mod:`~casckpt.engine.read.deltachains`, which decodes each node with
+:mod:`~casckpt.engine.read.deltadecode`). Every record the catalog gives is checked before a
+byte is allocated or read for it, and a pack that vanished mid-read is located again once.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -23,7 +24,7 @@ from hypothesis import strategies as st
 import casckpt
 from casckpt.engine.read import deltachains
 from casckpt.errors import CorruptChunkError
-from casckpt.format.codecs import CODECS, Delta
+from casckpt.format.codecs import CODECS, Delta, sparse_planes
 from casckpt.format.pack import ENTRY_HEADER_SIZE
 from casckpt.testing.internals import internals
 
@@ -223,6 +224,59 @@ def test_with_copies_a_corrupt_base_in_the_middle_of_a_chain_is_repaired(tmp_pat
             assert all(p.kind in ("pack", "shard") for p in report.problems), report.problems
             store.ops.repair()
             assert store.ops.check(read_data=True).ok
+
+
+def _flip_silently(root: Path, chunk: str, pack: Path, offset: int) -> None:
+    """Flip a bit of ``chunk``'s sparse delta payload where the payload still decodes, to other
+    XOR bytes: damage that only checking the decoded chunk against its id finds."""
+    with closing(sqlite3.connect(root / "catalog.db")) as db:
+        stored_len, raw_len = db.execute("SELECT stored_len, raw_len FROM chunks WHERE id = ?",
+                                         (chunk,)).fetchone()
+    data = bytearray(pack.read_bytes())
+    start = offset + ENTRY_HEADER_SIZE
+    payload = bytes(data[start : start + stored_len])
+    index, blocks = sparse_planes(payload, raw_len)
+    for at in range(stored_len):
+        flipped = bytearray(payload)
+        flipped[at] ^= 0x40
+        try:
+            got_index, got_blocks = sparse_planes(bytes(flipped), raw_len)
+        except CorruptChunkError:
+            continue
+        if np.array_equal(got_index, index) and not np.array_equal(got_blocks, blocks):
+            break
+    else:
+        pytest.fail("no bit of the payload decodes to other bytes")
+    data[start + at] ^= 0x40
+    os.chmod(pack, 0o644)
+    pack.write_bytes(bytes(data))
+
+
+def test_a_mid_chain_delta_that_decodes_to_wrong_bytes_is_named_by_the_restore(tmp_path: Path) -> None:
+    """The verifying pass checks every level of a chain, not only its end: the chunk a restore
+    names is the damaged base, not the wanted chunk decoded through it."""
+    root = tmp_path / "s"
+    _sparse_chain(root, torch.Generator().manual_seed(13))
+    chunk, pack, offset = _mid_chain_base(root)
+    _flip_silently(root, chunk, next(p for p in root.rglob(f"{pack}*") if p.is_file()), offset)
+    with casckpt.open(root, create=False, workers=2) as store, pytest.raises(CorruptChunkError) as err:
+        store.restore("r@4")
+    assert err.value.chunk_id == chunk, str(err.value)
+
+
+@pytest.mark.parametrize("where", ["a", "b"])  # one of the two is the copy reads go to first
+def test_with_copies_a_mid_chain_delta_that_decodes_to_wrong_bytes_is_read_from_the_good_copy(
+        tmp_path: Path, where: str) -> None:
+    """Only the id check at the damaged base's own level finds the pack to reconstruct: checked
+    at the end of the chain only, the wanted chunk's pack would be reconstructed, to no avail."""
+    root = tmp_path / "s"
+    copies: dict[str, Any] = {"blobs": [str(tmp_path / "a"), str(tmp_path / "b")],
+                              "redundancy": "replicate:2"}
+    kept = _sparse_chain(root, torch.Generator().manual_seed(14), **copies)
+    chunk, pack, offset = _mid_chain_base(root)
+    _flip_silently(root, chunk, next(p for p in (tmp_path / where).rglob(f"{pack}*") if p.is_file()), offset)
+    with casckpt.open(root, create=False, workers=2, **copies) as store:
+        assert _bits(store.restore("r@4")["t"]) == _bits(kept[4])
 
 
 def test_a_base_deltas_of_two_windows_need_is_read_once(
