@@ -13,7 +13,7 @@ of them, checked against its id; with ``verify``, a node without destinations is
 too. The delta chain reader (:mod:`~casckpt.engine.read.deltachains`) calls them without
 ``verify`` on its fast path (every wanted chunk checked once, at the end of its chain) and
 with it on its verifying pass (every node checked at its level, so the damaged one is
-named). Neither changes what is stored or read.
+named).
 
 Thread-safety: functions of their arguments only; a base passed as ``own`` is patched in
 place, so its caller must hold the only reference to it.
@@ -83,7 +83,8 @@ def decode_delta(ids: ChunkIds, slot: Slot, base: Rep, destinations: Sequence[De
 
 
 def _copy_out(raw: memoryview | bytes, data: np.ndarray, destinations: Sequence[Destination]) -> None:
-    """``raw`` (whose array is ``data``) copied to every destination but one it already is."""
+    """``raw`` (whose array is ``data``) written to each destination, but the first where the
+    chunk was decoded into it."""
     for i, dst in enumerate(destinations):
         if i or not _same_bytes(dst, data):
             dst[:] = raw
@@ -139,7 +140,7 @@ def _apply_sparse(base: Rep, index: np.ndarray, blocks: np.ndarray, into: Destin
     plain = regroup(base[1], base[0], 1)
     if into is not None:
         out = np.frombuffer(into, dtype=np.uint8)
-        if not _same_bytes(into, plain):  # else the chain was decoded where it ends (_Trees.into)
+        if not _same_bytes(into, plain):  # else the chain was decoded where it ends
             out[:] = plain
     elif (own or plain is not base[1]) and plain.flags.writeable:
         out = plain  # the base is this delta's alone (or a fresh regrouped copy): patch it in place
@@ -149,7 +150,8 @@ def _apply_sparse(base: Rep, index: np.ndarray, blocks: np.ndarray, into: Destin
 
 
 def _same_bytes(view: Destination, data: np.ndarray) -> bool:
-    """Whether ``data`` is ``view``'s memory (a keyframe decoded into its chain's destination)."""
+    """Whether ``data`` is ``view``'s memory (a chunk decoded into its destination, or a keyframe
+    into the destination of the chain it starts)."""
     return data.nbytes == len(view) and bool(data.ctypes.data == np.frombuffer(view, np.uint8).ctypes.data)
 
 
