@@ -49,7 +49,7 @@ from casckpt.types import (
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from casckpt.engine.write.background import CommitHandle
+    from casckpt.engine.write.commithandle import CommitHandle
     from casckpt.store import Store
 
 
@@ -61,7 +61,7 @@ def __getattr__(name: str) -> Any:
 
         return Store
     if name == "CommitHandle":
-        from casckpt.engine.write.background import CommitHandle
+        from casckpt.engine.write.commithandle import CommitHandle
 
         return CommitHandle
     raise AttributeError(f"module 'casckpt' has no attribute {name!r}")

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
-    from casckpt.engine.write.background import CommitHandle
+    from casckpt.engine.write.commithandle import CommitHandle
 
 Step = int | str | Version
 """A version of the run: a step number, ``"latest"``, or any ref (``"tag:best"``, a Version)."""

@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from casckpt.engine.versions.validate import check_name
-from casckpt.engine.write.background import CommitHandle
+from casckpt.engine.write.commithandle import CommitHandle
 from casckpt.errors import CasckptError, CheckoutMismatchError, CommitTimeoutError, InvalidArgumentError
 from casckpt.run import Run, save_rule, set_policy
 from casckpt.storage import redact_url

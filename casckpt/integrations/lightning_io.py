@@ -69,7 +69,7 @@ from casckpt.integrations.resume import LATEST, version_to_resume
 from casckpt.types import Version
 
 if TYPE_CHECKING:
-    from casckpt.engine.write.background import CommitHandle
+    from casckpt.engine.write.commithandle import CommitHandle
     from casckpt.store import Store
 
 log = logging.getLogger(__name__)

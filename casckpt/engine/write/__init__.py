@@ -4,7 +4,8 @@ Owns the pipeline a version is written through -- ``commit`` (request, snapshot,
 ``commitchunks`` (chunk, hash, dedup, delta-code, encode), ``packer`` (fill packs, store
 them on the pack layer or hold them on the fast tier) -- with ``hint`` (tensors a caller
 vouches unchanged), ``background`` (the committer that orders every commit of a store, in
-the foreground or the background), ``group`` and ``distributed`` (a version written by many
+the foreground or the background; ``commithandle``, what a background commit's caller
+holds), ``group`` and ``distributed`` (a version written by many
 ranks).
 
 May import: ``read`` (a commit reads its parent's manifest and tree), ``context`` and every

@@ -57,14 +57,13 @@ from typing import TYPE_CHECKING, cast
 from casckpt import collector
 from casckpt.catalog.leases import begin_lease
 from casckpt.engine.context import EngineContext
+from casckpt.engine.write.commithandle import CommitHandle
 from casckpt.errors import (
     BackgroundCommitError,
     CatalogUnavailableError,
     CommitBackpressureError,
-    CommitTimeoutError,
     InvalidArgumentError,
     VersionExistsError,
-    refuse_forked,
 )
 from casckpt.types import ProgressCallback, Version
 
@@ -73,98 +72,10 @@ if TYPE_CHECKING:  # the commit engine (and torch) load with the first commit, n
     from casckpt.engine.write.commit import CommitRequest, Snapshot
     from casckpt.engine.write.commitchunks import ChunkBytes
     from casckpt.engine.write.hint import ChangeHint, Counters
-    from casckpt.format.state import TensorLeaf
 
 log = logging.getLogger(__name__)
 
 BACKPRESSURE = ("block", "raise")
-
-
-class CommitHandle:
-    """A commit running in the background. Thread-safe.
-
-    ``run`` and ``step`` are known at once. ``id`` (the version id) is a hash of the
-    state, which the worker computes from the staged copy: reading it waits until the
-    worker has hashed the state (raising why the commit failed if it failed before). The
-    version becomes visible when the commit succeeds.
-    """
-
-    def __init__(self, run: str, step: int, version_id: str | None = None) -> None:
-        self.run, self.step = run, step
-        self._owner = os.getpid()  # a forked child's copy waits on no worker: refused
-        self._version_id = version_id
-        self._hashed = threading.Event()  # set with the version id, or with a failure
-        if version_id is not None:
-            self._hashed.set()
-        self._done = threading.Event()
-        self._outcome: Version | BaseException | None = None  # set once, with _done
-        self._reported = False
-
-    @property
-    def id(self) -> str:
-        """The version id; waits until the worker has hashed the state.
-
-        Raises:
-            CasckptError: why the commit failed, when it failed before its id was known.
-        """
-        refuse_forked(self._owner)
-        self._hashed.wait()
-        if self._version_id is None:
-            self._reported = True
-            raise cast(BaseException, self._outcome)
-        return self._version_id
-
-    def __repr__(self) -> str:
-        state = "pending" if not self.done() else ("failed" if self._error else "visible")
-        ident = self._version_id[:12] if self._version_id is not None else "(not hashed yet)"
-        return f"<CommitHandle {self.run}@{self.step} {ident} {state}>"
-
-    def done(self) -> bool:
-        """True once the commit has succeeded or failed."""
-        refuse_forked(self._owner)  # never, in a forked child: its worker is the parent's
-        return self._done.is_set()
-
-    def wait(self, timeout: float | None = None) -> Version:
-        """Block until the commit is visible and return its version.
-
-        Raises:
-            CommitTimeoutError: ``timeout`` seconds passed first (the commit goes on).
-            CasckptError: why the commit failed (no version is visible then).
-        """
-        refuse_forked(self._owner)
-        if not self._done.wait(timeout):
-            raise CommitTimeoutError(
-                f"commit {self.run}@{self.step} still running after {timeout} s; wait again"
-            )
-        self._reported = True
-        if isinstance(self._outcome, BaseException):
-            raise self._outcome
-        return cast(Version, self._outcome)  # _done is set only together with the outcome
-
-    def result(self) -> Version:
-        """Same as :meth:`wait` without a timeout."""
-        return self.wait()
-
-    def exception(self) -> BaseException | None:
-        """The commit's error once done (None while running or on success); counts as reported."""
-        refuse_forked(self._owner)
-        if not self._done.is_set():
-            return None
-        self._reported = True
-        return self._error
-
-    @property
-    def _error(self) -> BaseException | None:
-        return self._outcome if isinstance(self._outcome, BaseException) else None
-
-    def _hashed_as(self, version_id: str) -> None:
-        self._version_id = version_id
-        self._hashed.set()
-
-    def _settle(self, outcome: Version | BaseException) -> None:
-        self._outcome = outcome
-        self._done.set()
-        self._hashed.set()
 
 
 @dataclass(slots=True)
@@ -231,7 +142,7 @@ class BackgroundCommitter:
         hash, write and publish it in the background. A state whose staging would not fit
         ``memory`` is snapshotted here instead (hashed in place, new chunks copied)."""
         from casckpt.engine.memory import hoststaging
-        from casckpt.engine.write.hint import ChangeHint, skipped_samples
+        from casckpt.engine.write.hint import ChangeHint, skipped_samples, vouched
         from casckpt.format.state import encode_state
 
         entered = time.monotonic()  # the caller's stall runs from here (waits for room included)
@@ -255,7 +166,7 @@ class BackgroundCommitter:
                 host = cast("HostStaging", self._host)
                 queued = False
                 try:
-                    counted, counters = self._vouched(req.run, hint, leaves)
+                    counted, counters = vouched(self._counters.get(req.run), hint, leaves)
                     staged = host.stage(target, root, leaves, plan, counted.__contains__)
                     self._counters[req.run] = counters
                     self.copied += staged.copied
@@ -276,33 +187,6 @@ class BackgroundCommitter:
                             self._cond.notify_all()
                         self._counters.pop(req.run, None)
             return handle
-
-    def _vouched(self, run: str, hint: ChangeHint | None, leaves: list[TensorLeaf],
-                 ) -> tuple[set[str], Counters]:
-        """The caller's hint evaluated on the live tensors: the paths whose staged copy is
-        current (a version counter unmoved since the run's last staging), and the counters
-        the run's next staging compares with. A vouched tensor's entry is carried over as
-        it is (same tensor, same counter): it costs a lookup, not a new record.
-
-        Only counters spare a copy: an ``unchanged`` promise is about the run's previous
-        VERSION, which a blocking, group or DCP commit (or a failed one) may have made from
-        other bytes than the staging holds; the worker still uses it to skip hashing."""
-        import torch
-
-        from casckpt.engine.write.hint import Counters, trusted_counters
-
-        if hint is None or hint.versions is None:
-            return set(), Counters("")
-        before = self._counters.get(run)
-        counted = set[str]()
-        if before is not None:
-            counted = {leaf.path for leaf in leaves if isinstance(leaf.value, torch.Tensor)
-                       and hint.versions(leaf.path) and before.unchanged(leaf.path, leaf.value)}
-        after = cast("Counters", trusted_counters(hint, "", [leaf for leaf in leaves
-                                                              if leaf.path not in counted]))
-        if before is not None:
-            after.tensors.update((path, before.tensors[path]) for path in counted)
-        return counted, after
 
     def _stage_set(self, run: str, plan: Layout) -> StagingSet | None:
         """A staging set for ``run`` with room for ``plan`` within the budget (waiting for

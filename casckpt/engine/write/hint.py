@@ -48,6 +48,7 @@ import fnmatch
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import torch
@@ -148,6 +149,29 @@ def trusted_counters(hint: ChangeHint | None, version_id: str,
         if isinstance(t, torch.Tensor) and hint.versions(leaf.path):
             out.tensors[leaf.path] = (t.detach(), _key(t), t._version)
     return out
+
+
+def vouched(before: Counters | None, hint: ChangeHint | None, leaves: Sequence[TensorLeaf],
+            ) -> tuple[set[str], Counters]:
+    """A background commit's hint evaluated on the live tensors, on the caller's thread: the
+    paths whose staged copy is current (a version counter unmoved since ``before``, the
+    counters of the run's last staging), and the counters the run's next staging compares
+    with. A vouched tensor's entry is carried over as it is (same tensor, same counter): it
+    costs a lookup, not a new record.
+
+    Only counters spare a copy: an ``unchanged`` promise is about the run's previous
+    VERSION, which a blocking, group or DCP commit (or a failed one) may have made from
+    other bytes than the staging holds; the worker still uses it to skip hashing."""
+    if hint is None or hint.versions is None:
+        return set(), Counters("")
+    counted = set[str]()
+    if before is not None:
+        counted = {leaf.path for leaf in leaves if isinstance(leaf.value, torch.Tensor)
+                   and hint.versions(leaf.path) and before.unchanged(leaf.path, leaf.value)}
+    after = cast(Counters, trusted_counters(hint, "", [leaf for leaf in leaves if leaf.path not in counted]))
+    if before is not None:
+        after.tensors.update((path, before.tensors[path]) for path in counted)
+    return counted, after
 
 
 def _previous(manifest: Manifest) -> tuple[dict[str, TensorEntry], dict[str, ExtentEntry]]:

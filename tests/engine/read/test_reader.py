@@ -15,15 +15,16 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import casckpt
-from casckpt.engine.read import reader
+from casckpt.engine.read import deltachains
 from casckpt.errors import CorruptChunkError
-from casckpt.format.codecs import CODECS, Delta
+from casckpt.format.codecs import CODECS, Delta, sparse_planes
 from casckpt.format.pack import ENTRY_HEADER_SIZE
 from casckpt.testing.internals import internals
 
@@ -132,7 +133,7 @@ def test_random_delta_chains_restore_bit_exact_on_the_fast_path(
     @given(dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.int32]),
            policy=st.sampled_from(["max", 2, 4, 6]), steps=st.lists(st.tuples(kinds, kinds), min_size=1,
                                                                      max_size=7),
-           window=st.sampled_from([CHUNK, 3 * CHUNK, reader.DELTA_WINDOW]), seed=st.integers(0, 1000))
+           window=st.sampled_from([CHUNK, 3 * CHUNK, deltachains.DELTA_WINDOW]), seed=st.integers(0, 1000))
     @settings(max_examples=10, deadline=None)
     def round_trips(dtype: torch.dtype, policy: str | int, steps: list[tuple[str, str]], window: int,
                     seed: int) -> None:
@@ -150,8 +151,8 @@ def test_random_delta_chains_restore_bit_exact_on_the_fast_path(
                 state = _step(state, kind, g)
                 kept.append({k: v.clone() for k, v in state.items()})
                 store.commit(state, run="r", step=step)
-            mp.setattr(reader, "DELTA_WINDOW", window)  # small: bases shared across windows
-            mp.setattr(reader._DeltaReader, "_decode_levels", _no_second_pass)
+            mp.setattr(deltachains, "DELTA_WINDOW", window)  # small: bases shared across windows
+            mp.setattr(deltachains.DeltaReader, "_decode_levels", _no_second_pass)
             for step, want in enumerate(kept):
                 got = store.restore(f"r@{step}")
                 assert all(_bits(got[k]) == _bits(v) for k, v in want.items()), step
@@ -225,6 +226,59 @@ def test_with_copies_a_corrupt_base_in_the_middle_of_a_chain_is_repaired(tmp_pat
             assert store.ops.check(read_data=True).ok
 
 
+def _flip_silently(root: Path, chunk: str, pack: Path, offset: int) -> None:
+    """Flip a bit of ``chunk``'s sparse delta payload where the payload still decodes, to other
+    XOR bytes: damage that only checking the decoded chunk against its id finds."""
+    with closing(sqlite3.connect(root / "catalog.db")) as db:
+        stored_len, raw_len = db.execute("SELECT stored_len, raw_len FROM chunks WHERE id = ?",
+                                         (chunk,)).fetchone()
+    data = bytearray(pack.read_bytes())
+    start = offset + ENTRY_HEADER_SIZE
+    payload = bytes(data[start : start + stored_len])
+    index, blocks = sparse_planes(payload, raw_len)
+    for at in range(stored_len):
+        flipped = bytearray(payload)
+        flipped[at] ^= 0x40
+        try:
+            got_index, got_blocks = sparse_planes(bytes(flipped), raw_len)
+        except CorruptChunkError:
+            continue
+        if np.array_equal(got_index, index) and not np.array_equal(got_blocks, blocks):
+            break
+    else:
+        pytest.fail("no bit of the payload decodes to other bytes")
+    data[start + at] ^= 0x40
+    os.chmod(pack, 0o644)
+    pack.write_bytes(bytes(data))
+
+
+def test_a_mid_chain_delta_that_decodes_to_wrong_bytes_is_named_by_the_restore(tmp_path: Path) -> None:
+    """The verifying pass checks every level of a chain, not only its end: the chunk a restore
+    names is the damaged base, not the wanted chunk decoded through it."""
+    root = tmp_path / "s"
+    _sparse_chain(root, torch.Generator().manual_seed(13))
+    chunk, pack, offset = _mid_chain_base(root)
+    _flip_silently(root, chunk, next(p for p in root.rglob(f"{pack}*") if p.is_file()), offset)
+    with casckpt.open(root, create=False, workers=2) as store, pytest.raises(CorruptChunkError) as err:
+        store.restore("r@4")
+    assert err.value.chunk_id == chunk, str(err.value)
+
+
+@pytest.mark.parametrize("where", ["a", "b"])  # one of the two is the copy reads go to first
+def test_with_copies_a_mid_chain_delta_that_decodes_to_wrong_bytes_is_read_from_the_good_copy(
+        tmp_path: Path, where: str) -> None:
+    """Only the id check at the damaged base's own level finds the pack to reconstruct: checked
+    at the end of the chain only, the wanted chunk's pack would be reconstructed, to no avail."""
+    root = tmp_path / "s"
+    copies: dict[str, Any] = {"blobs": [str(tmp_path / "a"), str(tmp_path / "b")],
+                              "redundancy": "replicate:2"}
+    kept = _sparse_chain(root, torch.Generator().manual_seed(14), **copies)
+    chunk, pack, offset = _mid_chain_base(root)
+    _flip_silently(root, chunk, next(p for p in (tmp_path / where).rglob(f"{pack}*") if p.is_file()), offset)
+    with casckpt.open(root, create=False, workers=2, **copies) as store:
+        assert _bits(store.restore("r@4")["t"]) == _bits(kept[4])
+
+
 def test_a_base_deltas_of_two_windows_need_is_read_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two tensors equal at one step and then changed in different rows: their sparse deltas
@@ -232,14 +286,14 @@ def test_a_base_deltas_of_two_windows_need_is_read_once(
     the later window (it was read and decoded again for each window that needed it)."""
     chunk = 4096
     reads: dict[bytes, int] = {}
-    read_located = reader._read_located
+    read_located = deltachains.read_located
 
     def counting(ctx: Any, targets: Any, *args: Any, **kwargs: Any) -> int:
         for cid in targets:
             reads[cid] = reads.get(cid, 0) + 1
         return read_located(ctx, targets, *args, **kwargs)  # type: ignore[no-any-return]
 
-    monkeypatch.setattr(reader, "_read_located", counting)
+    monkeypatch.setattr(deltachains, "read_located", counting)
     w = torch.randn(16 * chunk // 256, 64, generator=torch.Generator().manual_seed(0))
     with casckpt.open(tmp_path / "s", chunk_size=chunk, pack_size=64 << 10, workers=2) as store:
         store.ops.set_delta_chain(4)
@@ -249,7 +303,7 @@ def test_a_base_deltas_of_two_windows_need_is_read_once(
         b[9::16] += 1e-3
         store.commit({"a": a, "b": b}, run="r", step=1)
         assert store.show("r@1").longest_chain >= 1
-        monkeypatch.setattr(reader, "DELTA_WINDOW", chunk)  # a window per wanted chunk
+        monkeypatch.setattr(deltachains, "DELTA_WINDOW", chunk)  # a window per wanted chunk
         got = store.restore("r@1")
     assert torch.equal(got["a"], a) and torch.equal(got["b"], b)
     assert reads and max(reads.values()) == 1, sorted(reads.values())
