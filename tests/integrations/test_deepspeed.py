@@ -1,0 +1,105 @@
+"""casckpt.integrations.deepspeed: real DeepSpeed engines (CPU accelerator, 2 gloo ranks).
+
+Each test launches two ranks of tests/integrations/deepspeed_worker.py (ZeRO-1/2, AdamW with
+torch_adam, WarmupLR, a tiny MLP) and compares what they report: a resume from casckpt
+against a resume from DeepSpeed's own TorchCheckpointEngine, bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("deepspeed")
+
+import casckpt  # noqa: E402
+
+WORKER = Path(__file__).with_name("deepspeed_worker.py")
+WORLD = 2
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch(scenario: str, tmp_path: Path, *, ok: bool = True, **args: Any) -> list[dict[str, Any]]:
+    """Run ``scenario`` on WORLD ranks; their reports (an empty dict for a rank that wrote none)."""
+    out = tmp_path / f"out-{scenario}"
+    out.mkdir(exist_ok=True)
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_port()),
+           "WORLD_SIZE": str(WORLD), "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, str(WORKER), scenario, json.dumps({**args, "out": str(out)}),
+                               str(out)], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(WORLD)]
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    codes = [p.returncode for p in procs]
+    if ok and any(codes):
+        pytest.fail(f"{scenario}: exit codes {codes}\n" + "\n".join(log[-4000:] for log in logs))
+    reports = []
+    for r in range(WORLD):
+        path = out / f"rank{r}.json"
+        reports.append(json.loads(path.read_text()) if path.exists() else {"code": codes[r], "log": logs[r]})
+    return reports
+
+
+@pytest.mark.parametrize("stage", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_resume_from_casckpt_matches_torch_checkpoint_engine_bit_for_bit(tmp_path: Path, stage: int) -> None:
+    url = str(tmp_path / "store")
+    casckpt.open(url).close()
+    reports = launch("compare", tmp_path, stage=stage, store=url, torch_dir=str(tmp_path / "torch"),
+                     ds_dir=str(tmp_path / "ds"))
+    for rank, report in enumerate(reports):
+        assert report["casckpt_loaded"] == report["torch_loaded"], rank
+        assert report["casckpt_loaded"] == report["saved"], rank
+        assert report["casckpt_continued"] == report["torch_continued"] == report["continued"], rank
+    assert reports[0]["files"] == ["latest", "t3/mp_rank_00_model_states.pt",
+                                   "t3/zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                                   "t3/zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    with casckpt.open(url) as store:
+        (version,) = store.log("ds")
+        assert (version.step, version.metadata["deepspeed.tag"]) == (3, "t3")
+        assert version.metadata["deepspeed.files"] == {
+            "mp_rank_00_model_states.pt": 0, "zero_pp_rank_0_mp_rank_00_optim_states.pt": 0,
+            "zero_pp_rank_1_mp_rank_00_optim_states.pt": 1}
+        assert store.ops.check(read_data=True).ok
+    marker = json.loads((tmp_path / "ds" / "t3" / "mp_rank_00_model_states.pt").read_text())
+    assert marker["ref"] == "casckpt://ds@3"
+
+
+@pytest.mark.slow
+def test_rank_killed_mid_save_leaves_no_version_and_the_previous_one_resumes(tmp_path: Path) -> None:
+    url = str(tmp_path / "store")
+    casckpt.open(url).close()
+    ds_dir = tmp_path / "ds"
+    reports = launch("killed", tmp_path, ok=False, stage=2, store=url, ds_dir=str(ds_dir))
+    assert all("unexpected" not in report for report in reports)
+    assert reports[1].get("code") == -9
+    saved = [json.loads((tmp_path / "out-killed" / f"saved{r}.json").read_text())["saved"] for r in range(WORLD)]
+    with casckpt.open(url) as store:
+        assert [v.step for v in store.log("ds")] == [3]
+    assert (ds_dir / "latest").read_text() == "global_step3"
+    assert not (ds_dir / "global_step5" / "mp_rank_00_model_states.pt").exists()
+    resumed = launch("resume", tmp_path, stage=2, store=url, ds_dir=str(ds_dir))
+    for rank, report in enumerate(resumed):
+        assert report["loaded"] == saved[rank], rank
+        assert report["versions"] == [3]
+
+
+@pytest.mark.slow
+def test_frozen_layer_is_stored_once_across_saves(tmp_path: Path) -> None:
+    url = str(tmp_path / "store")
+    casckpt.open(url).close()
+    reports = launch("dedup", tmp_path, stage=2, store=url, ds_dir=str(tmp_path / "ds"), frozen=512)
+    first, second = reports[0]["saves"]
+    assert first["logical"] == second["logical"] > 512 * 16 * 4
+    assert second["new"] < first["new"] / 4
