@@ -77,7 +77,7 @@ MARKER_FORMAT = "casckpt.deepspeed-marker/1"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 
-class CasckptCheckpointEngine(CheckpointEngine):
+class CasckptCheckpointEngine(CheckpointEngine):  # type: ignore[misc]  # DeepSpeed is untyped
     """A DeepSpeed checkpoint engine that saves each tag as a version of ``run`` (module text).
 
     DeepSpeed calls, on every rank: ``create(info)``, ``save(state_dict, path)`` for each file

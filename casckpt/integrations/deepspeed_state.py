@@ -3,7 +3,7 @@
 A DeepSpeed checkpoint file (``mp_rank_00_model_states.pt``,
 ``zero_pp_rank_N_mp_rank_00_optim_states.pt``) is a dict of tensors and plain values plus a
 few objects of DeepSpeed's and PyTorch's own: ``OrderedDict`` state dicts, ``torch.Size``
-parameter shapes, the ``LossScaler`` / ``DynamicLossScaler`` of the optimizer, the
+parameter shapes, ``torch.dtype``, the ``LossScaler`` / ``DynamicLossScaler`` of the optimizer, the
 ``ZeroStageEnum`` stage, ``fragment_address`` slice mappings. :func:`encode` turns each of
 them into a node ``{"casckpt.deepspeed": KIND, "value": ...}`` made of plain values, which a
 version can hold; :func:`decode` builds the object again from the node. The kinds are a fixed
@@ -58,6 +58,8 @@ def encode(obj: Any, where: str = "") -> Any:
         return obj
     if isinstance(obj, torch.Size):
         return {NODE: "size", "value": [int(n) for n in obj]}
+    if isinstance(obj, torch.dtype):  # DynamicLossScaler holds one
+        return {NODE: "dtype", "value": str(obj).removeprefix("torch.")}
     if type(obj) is OrderedDict:
         return {NODE: "odict", "value": [(k, encode(v, f"{where}/{k}")) for k, v in obj.items()]}
     if type(obj) is dict:
@@ -104,6 +106,14 @@ def _node(kind: Any, value: Any) -> Any:
         import torch
 
         return torch.Size(value)
+    if kind == "dtype":
+        import torch
+
+        dtype = getattr(torch, value, None) if isinstance(value, str) else None
+        if not isinstance(dtype, torch.dtype):
+            raise CorruptManifestError(f"a DeepSpeed checkpoint node names dtype {value!r}, which "
+                                       "this torch does not have; read it with the torch that saved it")
+        return dtype
     if kind == "odict":
         return OrderedDict((k, decode(v)) for k, v in value)
     if kind == "pairs":
@@ -111,7 +121,8 @@ def _node(kind: Any, value: Any) -> Any:
     if kind not in KINDS:
         raise CorruptManifestError(
             f"a DeepSpeed checkpoint node names kind {kind!r}, which this casckpt does not know "
-            f"(it knows size, odict, pairs, {', '.join(KINDS)}); read it with the casckpt that saved it")
+            f"(it knows size, dtype, odict, pairs, {', '.join(KINDS)}); read it with the casckpt "
+            "that saved it")
     module, name, how = KINDS[kind]
     cls = getattr(importlib.import_module(module), name)
     if how == "enum":

@@ -37,22 +37,27 @@ def launch(scenario: str, tmp_path: Path, *, ok: bool = True, **args: Any) -> li
     out.mkdir(exist_ok=True)
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_port()),
            "WORLD_SIZE": str(WORLD), "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, str(WORKER), scenario, json.dumps({**args, "out": str(out)}),
-                               str(out)], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(WORLD)]
-    logs = [p.communicate(timeout=300)[0] for p in procs]
+    logs = [out / f"rank{r}.log" for r in range(WORLD)]
+    procs = []
+    for r, log in enumerate(logs):
+        with open(log, "w") as sink:  # a file, not a pipe: a full pipe would stall a rank
+            procs.append(subprocess.Popen(
+                [sys.executable, str(WORKER), scenario, json.dumps({**args, "out": str(out)}), str(out)],
+                env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=sink, stderr=subprocess.STDOUT))
+    for p in procs:
+        p.wait(timeout=300)
     codes = [p.returncode for p in procs]
     if ok and any(codes):
-        pytest.fail(f"{scenario}: exit codes {codes}\n" + "\n".join(log[-4000:] for log in logs))
+        pytest.fail(f"{scenario}: exit codes {codes}\n" + "\n".join(log.read_text()[-4000:] for log in logs))
     reports = []
     for r in range(WORLD):
         path = out / f"rank{r}.json"
-        reports.append(json.loads(path.read_text()) if path.exists() else {"code": codes[r], "log": logs[r]})
+        reports.append(json.loads(path.read_text()) if path.exists() else {"code": codes[r]})
     return reports
 
 
-@pytest.mark.parametrize("stage", [1, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.slow  # ~15 s a test on an idle 2-core machine: DeepSpeed starts 3 engines a rank
+@pytest.mark.parametrize("stage", [1, 2])
 def test_resume_from_casckpt_matches_torch_checkpoint_engine_bit_for_bit(tmp_path: Path, stage: int) -> None:
     url = str(tmp_path / "store")
     casckpt.open(url).close()
@@ -84,7 +89,8 @@ def test_rank_killed_mid_save_leaves_no_version_and_the_previous_one_resumes(tmp
     reports = launch("killed", tmp_path, ok=False, stage=2, store=url, ds_dir=str(ds_dir))
     assert all("unexpected" not in report for report in reports)
     assert reports[1].get("code") == -9
-    saved = [json.loads((tmp_path / "out-killed" / f"saved{r}.json").read_text())["saved"] for r in range(WORLD)]
+    out = tmp_path / "out-killed"
+    saved = [json.loads((out / f"saved{r}.json").read_text())["saved"] for r in range(WORLD)]
     with casckpt.open(url) as store:
         assert [v.step for v in store.log("ds")] == [3]
     assert (ds_dir / "latest").read_text() == "global_step3"
