@@ -201,7 +201,11 @@ def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return root
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=lambda doc: doc.stem)
+SLOW = {"deepspeed"}  # launches real DeepSpeed ranks twice (~30 s on 2 cores): the slow tier
+
+
+@pytest.mark.parametrize("doc", [pytest.param(doc, marks=pytest.mark.slow) if doc.stem in SLOW else doc
+                                 for doc in DOCS], ids=lambda doc: doc.stem)
 def test_guide_runs(doc: Path, root: Path, services: Callable[[str], Services],
                     monkeypatch: pytest.MonkeyPatch) -> None:
     shell = GuideShell(root, services(doc.read_text(encoding="utf-8")), monkeypatch)
@@ -260,7 +264,7 @@ def test_the_test_servers_and_clients_are_bounded_and_ci_resolves_the_newest() -
         "optional-dependencies"]
     test = {req.name: req.specifier for req in map(Requirement, extras["test"])}
     bounded = ("moto", "boto3", "pgserver", "psycopg", "pytest", "pytest-xdist", "hypothesis",
-               "transformers", "lightning", "accelerate", "peft", "matplotlib")
+               "transformers", "lightning", "accelerate", "peft", "matplotlib", "deepspeed")
     for name in bounded:
         assert any(spec.operator in ("<", "<=", "==", "~=") for spec in test[name]), name
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
