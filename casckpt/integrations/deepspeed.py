@@ -52,7 +52,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointCommitInfo, CheckpointEngine
 
 import casckpt
 from casckpt.engine.versions.validate import check_name
@@ -60,12 +59,20 @@ from casckpt.errors import (
     CheckpointPathNotFoundError,
     InvalidArgumentError,
     InvalidConfigError,
+    OptionalDependencyError,
     RefNotFoundError,
 )
 from casckpt.integrations.deepspeed_state import decode, encode
 from casckpt.integrations.resume import LATEST, version_to_resume
 from casckpt.store import Store
 from casckpt.types import Version
+
+try:
+    from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointCommitInfo, CheckpointEngine
+except ImportError as exc:  # pragma: no cover - the extra is installed wherever tests run
+    raise OptionalDependencyError(
+        f"casckpt.integrations.deepspeed needs DeepSpeed 0.19 or later ({exc}): "
+        "pip install 'casckpt[deepspeed]'") from exc
 
 ENGINE_NAME = "CasckptCheckpointEngine"
 CONFIG_KEY = "casckpt"
@@ -284,6 +291,32 @@ def load_checkpoint(engine: Any, load_dir: str | os.PathLike[str], tag: str | No
         return None, None
     result: tuple[str | None, Any] = engine.load_checkpoint(os.fspath(load_dir), tag=found, **kwargs)
     return result
+
+
+def export_files(store: Store, ref: Version | str, folder: str | os.PathLike[str]) -> Path:
+    """Write the version ``ref`` names as DeepSpeed's own files: ``folder/TAG/FILE`` with
+    ``torch.save`` (what ``TorchCheckpointEngine`` writes) and ``folder/latest``, for tools that
+    read ``.pt`` files (``ds_to_universal``, ``zero_to_fp32``). Reading those files unpickles
+    them: that is the reader's choice, not the store's (the store hands out tensors and plain
+    values only). Returns the tag's folder.
+
+    Raises:
+        InvalidArgumentError: the version was not saved through DeepSpeed.
+        RefNotFoundError, AmbiguousRefError: a bad ref.
+    """
+    version = store.resolve(ref)
+    tag, files = version.metadata.get("deepspeed.tag"), version.metadata.get("deepspeed.files")
+    if not isinstance(tag, str) or not isinstance(files, Mapping):
+        raise InvalidArgumentError(f"{version.run}@{version.step} was not saved through DeepSpeed "
+                                   "(no deepspeed.tag): export it with Store.export instead")
+    target = Path(folder) / tag
+    target.mkdir(parents=True, exist_ok=True)
+    for rank in sorted(set(files.values())):
+        tree = store.restore(version.id, rank=int(rank), map_location="cpu")
+        for name in (n for n, r in files.items() if r == rank):
+            torch.save(decode(tree[name]), target / name)
+    _write_atomically(Path(folder) / "latest", tag.encode())
+    return target
 
 
 def write_marker(path: Path, version: Version, name: str) -> None:

@@ -109,3 +109,49 @@ def test_frozen_layer_is_stored_once_across_saves(tmp_path: Path) -> None:
     first, second = reports[0]["saves"]
     assert first["logical"] == second["logical"] > 512 * 16 * 4
     assert second["new"] < first["new"] / 4
+
+
+@pytest.mark.slow
+def test_ds_to_universal_reads_a_version_exported_as_files(tmp_path: Path) -> None:
+    """DeepSpeed's universal-checkpoint conversion of a stored version (export_files) gives what
+    it gives from TorchCheckpointEngine's folder, tensor for tensor."""
+    import torch
+
+    from casckpt.integrations.deepspeed import export_files
+
+    url = str(tmp_path / "store")
+    casckpt.open(url).close()
+    launch("compare", tmp_path, stage=2, store=url, torch_dir=str(tmp_path / "torch"),
+           ds_dir=str(tmp_path / "ds"))
+    with casckpt.open(url) as store:
+        folder = export_files(store, "ds@3", tmp_path / "exported")
+    outputs = {}
+    for name, source in (("torch", tmp_path / "torch" / "t3"), ("casckpt", folder)):
+        outputs[name] = tmp_path / f"universal-{name}"
+        subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
+                        str(source), "--output_folder", str(outputs[name]), "--num_extract_workers", "1",
+                        "--num_merge_workers", "1", "--inject_missing_state"],  # not a Megatron model
+                       check=True, capture_output=True, env={**os.environ, "DS_ACCELERATOR": "cpu"})
+    found = sorted(p.relative_to(outputs["torch"]) for p in outputs["torch"].rglob("*.pt"))
+    assert found
+    assert found == sorted(p.relative_to(outputs["casckpt"]) for p in outputs["casckpt"].rglob("*.pt"))
+    for relative in found:
+        if relative.parts[0] != "zero":
+            continue  # the model-states copies hold the folder's own path
+        a = torch.load(outputs["torch"] / relative, weights_only=False)
+        b = torch.load(outputs["casckpt"] / relative, weights_only=False)
+        assert _same(a, b), relative
+
+
+def _same(a: Any, b: Any) -> bool:
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
+    if hasattr(a, "__dict__"):  # the LossScaler: no __eq__
+        return type(a) is type(b) and _same(vars(a), vars(b))
+    return bool(a == b)
