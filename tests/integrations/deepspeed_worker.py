@@ -181,6 +181,36 @@ def dedup(out: dict[str, Any]) -> None:
     ce.close()
 
 
+def timing(out: dict[str, Any]) -> None:
+    """Not a test: CPU seconds of saves through TorchCheckpointEngine and through casckpt, each
+    save after a step, on a ``width``-wide MLP (the report's quick measurement)."""
+    import time
+
+    width = ARGS["width"]
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(4)])
+    config = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1_000_000,
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+              "zero_optimization": {"stage": 2}, "casckpt": {"store": ARGS["store"], "run": "t"}}
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    original = engine.checkpoint_engine
+    ce = casckpt_ds.install(engine)
+    rows = []
+    for i in range(ARGS["saves"]):
+        for name, chosen in (("torch", original), ("casckpt", ce)):
+            engine.checkpoint_engine = chosen
+            x = torch.randn(2, width)
+            engine.backward(engine(x).pow(2).mean())
+            engine.step()
+            dist.barrier()
+            cpu, wall = time.process_time(), time.perf_counter()
+            engine.save_checkpoint(ARGS[f"{name}_dir"])
+            rows.append({"save": i, "engine": name, "cpu_s": time.process_time() - cpu,
+                         "wall_s": time.perf_counter() - wall})
+    out["rows"] = rows
+    ce.close()
+
+
 ARGS: dict[str, Any] = {}
 
 if __name__ == "__main__":
@@ -190,5 +220,6 @@ if __name__ == "__main__":
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend="gloo", timeout=timedelta(seconds=60))
     result: dict[str, Any] = {}
-    {"compare": compare, "killed": killed, "resume": resume, "dedup": dedup}[scenario](result)
+    scenarios = {"compare": compare, "killed": killed, "resume": resume, "dedup": dedup, "timing": timing}
+    scenarios[scenario](result)
     (out_dir / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
