@@ -181,6 +181,20 @@ def dedup(out: dict[str, Any]) -> None:
     ce.close()
 
 
+def universal(out: dict[str, Any]) -> None:
+    """Load a universal checkpoint (ds_to_universal's output) on this world size: a reshard."""
+    stage = ARGS["stage"]
+    torch.manual_seed(7)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.ReLU(), torch.nn.Linear(24, 4))
+    config = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1_000_000,
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
+              "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10, "warmup_max_lr": 1e-2}},
+              "zero_optimization": {"stage": stage}, "checkpoint": {"load_universal": True}}
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    engine.load_checkpoint(ARGS["load_dir"], tag=ARGS["tag"])
+    out["loaded"] = state(engine)
+
+
 def timing(out: dict[str, Any]) -> None:
     """Not a test: CPU seconds of saves through TorchCheckpointEngine and through casckpt, each
     save after a step, on a ``width``-wide MLP (the report's quick measurement)."""
@@ -220,6 +234,7 @@ if __name__ == "__main__":
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend="gloo", timeout=timedelta(seconds=60))
     result: dict[str, Any] = {}
-    scenarios = {"compare": compare, "killed": killed, "resume": resume, "dedup": dedup, "timing": timing}
+    scenarios = {"compare": compare, "killed": killed, "resume": resume, "dedup": dedup, "timing": timing,
+                 "universal": universal}
     scenarios[scenario](result)
     (out_dir / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))

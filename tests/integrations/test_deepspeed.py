@@ -31,13 +31,14 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch(scenario: str, tmp_path: Path, *, ok: bool = True, **args: Any) -> list[dict[str, Any]]:
-    """Run ``scenario`` on WORLD ranks; their reports (an empty dict for a rank that wrote none)."""
+def launch(scenario: str, tmp_path: Path, *, ok: bool = True, world: int = WORLD,
+           **args: Any) -> list[dict[str, Any]]:
+    """Run ``scenario`` on ``world`` ranks; their reports (``{"code": ...}`` for a rank that wrote none)."""
     out = tmp_path / f"out-{scenario}"
     out.mkdir(exist_ok=True)
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_port()),
-           "WORLD_SIZE": str(WORLD), "OMP_NUM_THREADS": "1"}
-    logs = [out / f"rank{r}.log" for r in range(WORLD)]
+           "WORLD_SIZE": str(world), "OMP_NUM_THREADS": "1"}
+    logs = [out / f"rank{r}.log" for r in range(world)]
     procs = []
     for r, log in enumerate(logs):
         with open(log, "w") as sink:  # a file, not a pipe: a full pipe would stall a rank
@@ -50,7 +51,7 @@ def launch(scenario: str, tmp_path: Path, *, ok: bool = True, **args: Any) -> li
     if ok and any(codes):
         pytest.fail(f"{scenario}: exit codes {codes}\n" + "\n".join(log.read_text()[-4000:] for log in logs))
     reports = []
-    for r in range(WORLD):
+    for r in range(world):
         path = out / f"rank{r}.json"
         reports.append(json.loads(path.read_text()) if path.exists() else {"code": codes[r]})
     return reports
@@ -114,20 +115,21 @@ def test_frozen_layer_is_stored_once_across_saves(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_ds_to_universal_reads_a_version_exported_as_files(tmp_path: Path) -> None:
     """DeepSpeed's universal-checkpoint conversion of a stored version (export_files) gives what
-    it gives from TorchCheckpointEngine's folder, tensor for tensor."""
+    it gives from TorchCheckpointEngine's folder, tensor for tensor, and one rank loads it (a
+    reshard from 2 ranks to 1) with the weights that were saved."""
     import torch
 
     from casckpt.integrations.deepspeed import export_files
 
     url = str(tmp_path / "store")
     casckpt.open(url).close()
-    launch("compare", tmp_path, stage=2, store=url, torch_dir=str(tmp_path / "torch"),
-           ds_dir=str(tmp_path / "ds"))
+    (saved, _) = launch("compare", tmp_path, stage=2, store=url, torch_dir=str(tmp_path / "torch"),
+                        ds_dir=str(tmp_path / "ds"))
     with casckpt.open(url) as store:
         folder = export_files(store, "ds@3", tmp_path / "exported")
     outputs = {}
     for name, source in (("torch", tmp_path / "torch" / "t3"), ("casckpt", folder)):
-        outputs[name] = tmp_path / f"universal-{name}"
+        outputs[name] = tmp_path / f"universal-{name}" / "t3"
         subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
                         str(source), "--output_folder", str(outputs[name]), "--num_extract_workers", "1",
                         "--num_merge_workers", "1", "--inject_missing_state"],  # not a Megatron model
@@ -141,6 +143,10 @@ def test_ds_to_universal_reads_a_version_exported_as_files(tmp_path: Path) -> No
         a = torch.load(outputs["torch"] / relative, weights_only=False)
         b = torch.load(outputs["casckpt"] / relative, weights_only=False)
         assert _same(a, b), relative
+    (one,) = launch("universal", tmp_path, world=1, stage=2, load_dir=str(outputs["casckpt"].parent),
+                    tag="t3")
+    assert one["loaded"]["module"] == saved["saved"]["module"]
+    assert one["loaded"]["steps"] == "3"
 
 
 def _same(a: Any, b: Any) -> bool:
