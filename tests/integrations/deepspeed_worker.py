@@ -211,7 +211,8 @@ def timing(out: dict[str, Any]) -> None:
     ce = casckpt_ds.install(engine)
     rows = []
     for i in range(ARGS["saves"]):
-        for name, chosen in (("torch", original), ("casckpt", ce)):
+        pair = (("torch", original), ("casckpt", ce))
+        for name, chosen in (pair[::-1] if ARGS.get("casckpt_first") else pair):
             engine.checkpoint_engine = chosen
             x = torch.randn(2, width)
             engine.backward(engine(x).pow(2).mean())
