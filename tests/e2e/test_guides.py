@@ -50,7 +50,8 @@ ROOT = Path(__file__).resolve().parents[2]
 GUIDES = sorted((ROOT / "docs" / "guides").glob("*.md"))
 DOCS = [*GUIDES, ROOT / "README.md"]
 DEPLOYMENT = ROOT / "docs" / "guides" / "s3-postgres.md"
-SLOW = {"megatron.md"}  # importing Megatron-Core alone takes seconds: run with -m slow
+SLOW = {"megatron.md",  # importing Megatron-Core alone takes seconds: run with -m slow
+        "deepspeed.md"}  # launches real DeepSpeed ranks twice (~30 s on 2 cores)
 MAX_OPT_OUTS = 4  # in all the documents together: a guide is worth having because it runs
 
 PG = "postgresql+psycopg://trainer@db.internal/casckpt"
@@ -262,7 +263,8 @@ def test_the_test_servers_and_clients_are_bounded_and_ci_resolves_the_newest() -
         "optional-dependencies"]
     test = {req.name: req.specifier for req in map(Requirement, extras["test"])}
     bounded = ("moto", "boto3", "pgserver", "psycopg", "pytest", "pytest-xdist", "hypothesis",
-               "transformers", "lightning", "accelerate", "peft", "matplotlib", "megatron-core")
+               "transformers", "lightning", "accelerate", "peft", "matplotlib", "megatron-core",
+               "deepspeed")
     for name in bounded:
         assert any(spec.operator in ("<", "<=", "==", "~=") for spec in test[name]), name
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()

@@ -1,0 +1,163 @@
+"""casckpt.integrations.deepspeed: real DeepSpeed engines (CPU accelerator, 2 gloo ranks).
+
+Each test launches two ranks of tests/integrations/deepspeed_worker.py (ZeRO-1/2, AdamW with
+torch_adam, WarmupLR, a tiny MLP) and compares what they report: a resume from casckpt
+against a resume from DeepSpeed's own TorchCheckpointEngine, bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("deepspeed")
+
+import casckpt  # noqa: E402
+
+WORKER = Path(__file__).with_name("deepspeed_worker.py")
+WORLD = 2
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch(scenario: str, tmp_path: Path, *, ok: bool = True, world: int = WORLD,
+           **args: Any) -> list[dict[str, Any]]:
+    """Run ``scenario`` on ``world`` ranks; their reports (``{"code": ...}`` for a rank that wrote none)."""
+    out = tmp_path / f"out-{scenario}"
+    out.mkdir(exist_ok=True)
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_port()),
+           "WORLD_SIZE": str(world), "OMP_NUM_THREADS": "1"}
+    logs = [out / f"rank{r}.log" for r in range(world)]
+    procs = []
+    for r, log in enumerate(logs):
+        with open(log, "w") as sink:  # a file, not a pipe: a full pipe would stall a rank
+            procs.append(subprocess.Popen(
+                [sys.executable, str(WORKER), scenario, json.dumps({**args, "out": str(out)}), str(out)],
+                env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=sink, stderr=subprocess.STDOUT))
+    for p in procs:
+        p.wait(timeout=300)
+    codes = [p.returncode for p in procs]
+    if ok and any(codes):
+        pytest.fail(f"{scenario}: exit codes {codes}\n" + "\n".join(log.read_text()[-4000:] for log in logs))
+    reports = []
+    for r in range(world):
+        path = out / f"rank{r}.json"
+        reports.append(json.loads(path.read_text()) if path.exists() else {"code": codes[r]})
+    return reports
+
+
+@pytest.mark.slow  # ~15 s a test on an idle 2-core machine: DeepSpeed starts 3 engines a rank
+@pytest.mark.parametrize("stage", [1, 2])
+def test_resume_from_casckpt_matches_torch_checkpoint_engine_bit_for_bit(tmp_path: Path, stage: int) -> None:
+    url = str(tmp_path / "store")
+    casckpt.open(url).close()
+    reports = launch("compare", tmp_path, stage=stage, store=url, torch_dir=str(tmp_path / "torch"),
+                     ds_dir=str(tmp_path / "ds"))
+    for rank, report in enumerate(reports):
+        assert report["casckpt_loaded"] == report["torch_loaded"], rank
+        assert report["casckpt_loaded"] == report["saved"], rank
+        assert report["casckpt_continued"] == report["torch_continued"] == report["continued"], rank
+    assert reports[0]["files"] == ["latest", "t3/mp_rank_00_model_states.pt",
+                                   "t3/zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                                   "t3/zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    with casckpt.open(url) as store:
+        (version,) = store.log("ds")
+        assert (version.step, version.metadata["deepspeed.tag"]) == (3, "t3")
+        assert version.metadata["deepspeed.files"] == {
+            "mp_rank_00_model_states.pt": 0, "zero_pp_rank_0_mp_rank_00_optim_states.pt": 0,
+            "zero_pp_rank_1_mp_rank_00_optim_states.pt": 1}
+        assert store.ops.check(read_data=True).ok
+    marker = json.loads((tmp_path / "ds" / "t3" / "mp_rank_00_model_states.pt").read_text())
+    assert marker["ref"] == "casckpt://ds@3"
+
+
+@pytest.mark.slow
+def test_rank_killed_mid_save_leaves_no_version_and_the_previous_one_resumes(tmp_path: Path) -> None:
+    url = str(tmp_path / "store")
+    casckpt.open(url).close()
+    ds_dir = tmp_path / "ds"
+    reports = launch("killed", tmp_path, ok=False, stage=2, store=url, ds_dir=str(ds_dir))
+    assert all("unexpected" not in report for report in reports)
+    assert reports[1].get("code") == -9
+    out = tmp_path / "out-killed"
+    saved = [json.loads((out / f"saved{r}.json").read_text())["saved"] for r in range(WORLD)]
+    with casckpt.open(url) as store:
+        assert [v.step for v in store.log("ds")] == [3]
+    assert (ds_dir / "latest").read_text() == "global_step3"
+    assert not (ds_dir / "global_step5" / "mp_rank_00_model_states.pt").exists()
+    resumed = launch("resume", tmp_path, stage=2, store=url, ds_dir=str(ds_dir))
+    for rank, report in enumerate(resumed):
+        assert report["loaded"] == saved[rank], rank
+        assert report["versions"] == [3]
+
+
+@pytest.mark.slow
+def test_frozen_layer_is_stored_once_across_saves(tmp_path: Path) -> None:
+    url = str(tmp_path / "store")
+    casckpt.open(url).close()
+    reports = launch("dedup", tmp_path, stage=2, store=url, ds_dir=str(tmp_path / "ds"), frozen=512)
+    first, second = reports[0]["saves"]
+    assert first["logical"] == second["logical"] > 512 * 16 * 4
+    assert second["new"] < first["new"] / 4
+
+
+@pytest.mark.slow
+def test_ds_to_universal_reads_a_version_exported_as_files(tmp_path: Path) -> None:
+    """DeepSpeed's universal-checkpoint conversion of a stored version (export_files) gives what
+    it gives from TorchCheckpointEngine's folder, tensor for tensor, and one rank loads it (a
+    reshard from 2 ranks to 1) with the weights that were saved."""
+    import torch
+
+    from casckpt.integrations.deepspeed import export_files
+
+    url = str(tmp_path / "store")
+    casckpt.open(url).close()
+    (saved, _) = launch("compare", tmp_path, stage=2, store=url, torch_dir=str(tmp_path / "torch"),
+                        ds_dir=str(tmp_path / "ds"))
+    with casckpt.open(url) as store:
+        folder = export_files(store, "ds@3", tmp_path / "exported")
+    outputs = {}
+    for name, source in (("torch", tmp_path / "torch" / "t3"), ("casckpt", folder)):
+        outputs[name] = tmp_path / f"universal-{name}" / "t3"
+        subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
+                        str(source), "--output_folder", str(outputs[name]), "--num_extract_workers", "1",
+                        "--num_merge_workers", "1", "--inject_missing_state"],  # not a Megatron model
+                       check=True, capture_output=True, env={**os.environ, "DS_ACCELERATOR": "cpu"})
+    found = sorted(p.relative_to(outputs["torch"]) for p in outputs["torch"].rglob("*.pt"))
+    assert found
+    assert found == sorted(p.relative_to(outputs["casckpt"]) for p in outputs["casckpt"].rglob("*.pt"))
+    for relative in found:
+        if relative.parts[0] != "zero":
+            continue  # the model-states copies hold the folder's own path
+        a = torch.load(outputs["torch"] / relative, weights_only=False)
+        b = torch.load(outputs["casckpt"] / relative, weights_only=False)
+        assert _same(a, b), relative
+    (one,) = launch("universal", tmp_path, world=1, stage=2, load_dir=str(outputs["casckpt"].parent),
+                    tag="t3")
+    assert one["loaded"]["module"] == saved["saved"]["module"]
+    assert one["loaded"]["steps"] == "3"
+
+
+def _same(a: Any, b: Any) -> bool:
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
+    if hasattr(a, "__dict__"):  # the LossScaler: no __eq__
+        return type(a) is type(b) and _same(vars(a), vars(b))
+    return bool(a == b)
