@@ -41,6 +41,7 @@ from casckpt.catalog import shards as shard_sql
 from casckpt.catalog.deltas import DELTA_POLICIES
 from casckpt.catalog.settings import DELTA_CHAIN, DELTA_POLICY, REDUNDANCY
 from casckpt.engine.context import EngineContext
+from casckpt.engine.read import treeindex
 from casckpt.engine.locations import identity
 from casckpt.engine.locations.discovery import FoundPack, pack_layout, scan_packs
 from casckpt.engine.maintenance import scrub
@@ -188,6 +189,7 @@ def rebuild(ctx: EngineContext, progress: ProgressCallback | None = None) -> Reb
     identity_sql.raise_record_seq(ctx.catalog, 1 + max(
         (f.order[0] for copies in found_records.values() for f in copies), default=0))
     identity_sql.set_rebuilding(ctx.catalog, False)
+    treeindex.backfill(ctx.catalog)  # what tensor history reads, from the trees just restored
     ctx.cache.clear()
     return RebuildReport(packs=packs, chunks=chunks, versions=versions, runs=runs, tags=tags,
                          lost_packs=tuple(lost), skipped=tuple(skipped),
