@@ -182,9 +182,13 @@ def lineage(catalog: Catalog, run: str) -> list[Segment] | None:
     return segments[::-1]
 
 
+Stale = list[tuple[str, str | None]]
+"""Tree versions without ``tree_changes`` rows against the version listed before them: (id, that one)."""
+
+
 def tensor_changes(catalog: Catalog, segments: Sequence[Segment], path: str,
                    overlay: Mapping[str, tuple[str | None, tuple[Any, ...] | None]] | None = None,
-                   ) -> tuple[list[tuple[Any, ...]], dict[str, tuple[str, ...]], list[tuple[str, str | None]]]:
+                   ) -> tuple[list[tuple[Any, ...]], dict[str, tuple[str, ...]], Stale]:
     """Versions of the lineage where the tensor at ``path`` may have changed, ascending; their tags.
 
     The first visible version of each segment is kept, then those whose tensor
@@ -194,9 +198,9 @@ def tensor_changes(catalog: Catalog, segments: Sequence[Segment], path: str,
     unchanged; ``overlay`` adds such rows (version id -> (base id, state or None))
     that are not recorded. The third value lists the tree versions with no such rows,
     ``(id, the version listed before it)``: their answer is not in the rows returned,
-    and the caller indexes them (:mod:`casckpt.engine.read.treeindex`) and asks again. Between two kept versions the
-    tensor is unchanged, so each row's predecessor state is the previous row's. Each
-    row holds :data:`VERSION_COLUMNS`, ``tree_root`` (NULL but for those to read),
+    and the caller indexes them (:mod:`casckpt.engine.read.treeindex`) and asks again.
+    Between two kept versions the tensor is unchanged, so each row's predecessor state
+    is the previous row's. Each row holds :data:`VERSION_COLUMNS`, ``tree_root`` (NULL),
     then ``dtype, shape`` (JSON text), ``nbytes, digest`` of the tensor (NULL where
     the version has none), ``n`` (1 for the segment's first version), ``chunk_size,
     content_nbytes, chunk_ids`` from its ``contents`` row, and ``changed``: the
@@ -263,7 +267,7 @@ class _Index:
     base: dict[str, str | None]
     used: set[str] = field(default_factory=set)
     last: Any = None
-    stale: list[tuple[str, str | None]] = field(default_factory=list)
+    stale: Stale = field(default_factory=list)
 
 
 def _changed_states(conn: Connection, seg: Segment, states: dict[str, tuple[Any, ...]],

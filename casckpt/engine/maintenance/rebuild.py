@@ -41,12 +41,11 @@ from casckpt.catalog import shards as shard_sql
 from casckpt.catalog.deltas import DELTA_POLICIES
 from casckpt.catalog.settings import DELTA_CHAIN, DELTA_POLICY, REDUNDANCY
 from casckpt.engine.context import EngineContext
-from casckpt.engine.read import treeindex
 from casckpt.engine.locations import identity
 from casckpt.engine.locations.discovery import FoundPack, pack_layout, scan_packs
 from casckpt.engine.maintenance import scrub
 from casckpt.engine.maintenance.gcguard import Listing
-from casckpt.engine.read import trees
+from casckpt.engine.read import treeindex, trees
 from casckpt.engine.versions import records
 from casckpt.errors import CasckptError, CorruptPackError, InvalidArgumentError, StoreIdentityError
 from casckpt.format import objectnames

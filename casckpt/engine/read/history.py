@@ -16,7 +16,6 @@ each tensor's own size.
 from __future__ import annotations
 
 import difflib
-import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime

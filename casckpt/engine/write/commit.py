@@ -41,6 +41,7 @@ from casckpt.engine.versions.validate import (
     check_step,
     check_tags,
 )
+from casckpt.engine.write import treeindex
 from casckpt.engine.write.commitchunks import (
     NOT_HELD,
     ChunkBytes,
@@ -53,7 +54,6 @@ from casckpt.engine.write.commitchunks import (
 )
 from casckpt.engine.write.commitchunks import owned_copy as _copy  # a global here: tests make it fail
 from casckpt.engine.write.encodepolicy import EncodePlan, encode_plan
-from casckpt.engine.write import treeindex
 from casckpt.engine.write.hint import ChangeHint, Counters, fingerprints, reusable, trusted_counters
 from casckpt.errors import CasckptError, CatalogError, StorageError, VersionExistsError
 from casckpt.format import objectnames

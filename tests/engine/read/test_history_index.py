@@ -130,7 +130,8 @@ def _count(root: Path, table: str) -> int:
 
 
 @pytest.mark.slow
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow], phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+          phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(ops=_OPS)
 def test_history_from_the_index_matches_consecutive_diffs(ops: list[Any]) -> None:
     with tempfile.TemporaryDirectory(prefix="treehist-") as tmp:
@@ -151,7 +152,8 @@ def test_history_from_the_index_matches_consecutive_diffs(ops: list[Any]) -> Non
             store.close()
 
 
-def test_commit_records_rows_and_history_reads_no_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_commit_records_rows_and_history_reads_no_tree(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Commits of one process record every version's rows; history then answers without
     reading any tree (the walk of every version's root node is what took 5 s at 10,000)."""
     from casckpt.engine.read import treeindex
