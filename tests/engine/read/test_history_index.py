@@ -18,9 +18,12 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from sqlalchemy import func, select
 
 import casckpt
+from casckpt.catalog import schema as s
 from casckpt.errors import TensorNotFoundError
+from casckpt.testing.internals import internals
 
 PATHS = ("m.a", "m.b", "m.c", "opt.d")
 CHUNK = 4096
@@ -129,6 +132,17 @@ def _count(root: Path, table: str) -> int:
         return int(db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
 
 
+def _rows(store: casckpt.Store, table: str) -> int:
+    """Rows of a catalog table, through the store's own catalog (SQLite or PostgreSQL)."""
+    with internals(store).catalog.read() as conn:
+        return int(conn.execute(select(func.count()).select_from(getattr(s, table))).scalar_one())
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def catalog(request: pytest.FixtureRequest) -> str | None:
+    return request.getfixturevalue("pg_url") if request.param == "postgres" else None
+
+
 @pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow],
           phases=[Phase.explicit, Phase.reuse, Phase.generate])
@@ -152,19 +166,19 @@ def test_history_from_the_index_matches_consecutive_diffs(ops: list[Any]) -> Non
             store.close()
 
 
-def test_commit_records_rows_and_history_reads_no_tree(tmp_path: Path,
+def test_commit_records_rows_and_history_reads_no_tree(tmp_path: Path, catalog: str | None,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Commits of one process record every version's rows; history then answers without
     reading any tree (the walk of every version's root node is what took 5 s at 10,000)."""
     from casckpt.engine.read import treeindex
 
     root = tmp_path / "store"
-    with casckpt.open(root, chunk_size=CHUNK) as store:
+    with casckpt.open(root, chunk_size=CHUNK, catalog=catalog) as store:
         state = {p: _tensor(0, i) for i, p in enumerate(PATHS)}
         for step in range(12):
             _apply(state, [("m.a", "part", 0)] + ([("opt.d", "drop", 0)] if step == 6 else []), step)
             store.commit(_nested(state), run="r", step=step)
-        assert _count(root, "tree_indexed") == 12
+        assert _rows(store, "tree_indexed") == 12
 
         def no_trees(*_: Any) -> Any:
             raise AssertionError("history read a tree")
@@ -213,9 +227,9 @@ def test_migrate_trees_backfills_versions_committed_without_rows(tmp_path: Path)
             assert _history(reader, run, path) == want
 
 
-def test_purged_versions_take_their_rows(tmp_path: Path) -> None:
+def test_purged_versions_take_their_rows(tmp_path: Path, catalog: str | None) -> None:
     root = tmp_path / "store"
-    with casckpt.open(root, chunk_size=CHUNK) as store:
+    with casckpt.open(root, chunk_size=CHUNK, catalog=catalog) as store:
         state = {p: _tensor(0, i) for i, p in enumerate(PATHS)}
         for step in range(6):
             _apply(state, [("m.a", "value", 0)], step)
@@ -223,14 +237,14 @@ def test_purged_versions_take_their_rows(tmp_path: Path) -> None:
         store.delete("r@2")
         store.delete("r@3")
         store.gc(grace=0)
-        assert _count(root, "versions") == 4
-        with closing(sqlite3.connect(root / "catalog.db")) as db:
-            orphans = db.execute(
+        assert _rows(store, "versions") == 4
+        with internals(store).catalog.read() as conn:
+            orphans = conn.exec_driver_sql(
                 "SELECT COUNT(*) FROM tree_changes c WHERE NOT EXISTS (SELECT 1 FROM tree_indexed i "
-                "WHERE i.key = c.version_key)").fetchone()[0]
-            dangling = db.execute(
+                "WHERE i.key = c.version_key)").scalar_one()
+            dangling = conn.exec_driver_sql(
                 "SELECT COUNT(*) FROM tree_indexed i WHERE NOT EXISTS (SELECT 1 FROM versions v "
-                "WHERE v.id = i.version_id)").fetchone()[0]
+                "WHERE v.id = i.version_id)").scalar_one()
         assert (orphans, dangling) == (0, 0)
         for path in PATHS:
             assert _history(store, "r", path) == _reference(store, "r", path)
