@@ -202,6 +202,8 @@ class MigrationReport(ToDict):
         nodes_written: tree nodes written to the packs (the others were there already).
         tensor_rows_deleted: ``tensors`` rows the migrated versions no longer need.
         seconds: how long the run took.
+        versions_indexed: tree versions whose ``tree_changes`` rows (what tensor history
+            reads) this run recorded: migrated ones, and those committed without them.
     """
 
     versions_migrated: int
@@ -209,6 +211,7 @@ class MigrationReport(ToDict):
     nodes_written: int
     tensor_rows_deleted: int
     seconds: float
+    versions_indexed: int = 0
 
 
 @dataclass(frozen=True, slots=True)

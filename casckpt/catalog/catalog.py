@@ -26,7 +26,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from sqlalchemy import ColumnElement, Connection, Row, func, select, text
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from casckpt.catalog import audit, migrate, tensorchanges
+from casckpt.catalog import audit, migrate, tensorchanges, treechanges
 from casckpt.catalog import schema as s
 from casckpt.catalog.database import Database, batches, insert_ignore, sqlite_write_denied, upsert
 from casckpt.catalog.encryption import require_state_in
@@ -77,6 +77,7 @@ class Catalog:
         self.where = where
         self.crypto: StoreCrypto = PLAIN  # set once by opening, for an encrypted store
         self.fast_tier: str | None = None  # this process's fast tier (engine/tiering/tier.py), set at open
+        self.path_ids: dict[str, int] = {}  # tree_paths ids read or made by committed transactions
         self.write_denied: str | None = sqlite_write_denied(url) if read_only is None else None
         self._db = Database(url, where=where, retry_s=retry_s,
                             read_only=bool(read_only) or self.write_denied is not None)
@@ -299,8 +300,12 @@ class Catalog:
         self, version: dict[str, Any], run: str, tensor_rows: list[dict[str, Any]],
         content_rows: list[dict[str, Any]], tag_names: Sequence[str], chunk_ids: Iterable[str],
         node_rows: Sequence[dict[str, Any]] = (), lease: str | None = None, audit: bool = True,
+        tree_changes: Sequence[treechanges.Change] | None = None,
     ) -> None:
         """Make a version visible: ONE transaction that re-checks every referenced chunk.
+
+        ``tree_changes``: a tree version's rows of :mod:`casckpt.catalog.treechanges` (None:
+        not known, none recorded).
 
         The same transaction adds the ``commit`` row of the audit trail (and ``run.create``
         for a new run): a version is visible exactly when its row exists. ``audit=False``
@@ -325,6 +330,7 @@ class Catalog:
         """
         ids = list(dict.fromkeys(chunk_ids))
         in_doubt = False  # a try lost its connection while COMMIT was on its way
+        interned: dict[str, int] = {}
 
         def publish() -> None:
             nonlocal in_doubt
@@ -332,14 +338,17 @@ class Catalog:
                 with self.write() as conn:
                     if lease is not None:  # rolled back with the rest if publishing fails
                         conn.execute(s.leases.delete().where(s.leases.c.id == lease))
-                    self._publish(conn, version, run, tensor_rows, content_rows, tag_names, ids,
-                                  node_rows, audit)
+                    if self._publish(conn, version, run, tensor_rows, content_rows, tag_names, ids,
+                                     node_rows, audit) and tree_changes is not None:
+                        interned.update(treechanges.insert(conn, version["id"], version.get("parent_id"),
+                                                           tree_changes, self.path_ids))
             except CatalogUnavailableError as exc:
                 in_doubt = in_doubt or exc.in_doubt
                 raise
 
         try:
             self.retrying(publish)
+            self.path_ids.update(interned)  # committed: the ids keep their paths
         except CatalogUnavailableError as exc:
             short = version["id"][:12]
             if in_doubt:
@@ -365,7 +374,8 @@ class Catalog:
     def _publish(self, conn: Connection, version: dict[str, Any], run: str,
                  tensor_rows: list[dict[str, Any]], content_rows: list[dict[str, Any]],
                  tag_names: Sequence[str], ids: list[str],
-                 node_rows: Sequence[dict[str, Any]] = (), audit: bool = True) -> None:
+                 node_rows: Sequence[dict[str, Any]] = (), audit: bool = True) -> bool:
+        """Publish within ``conn``; False: an earlier try had (its answer was lost)."""
         self.require_crypto_in(conn)  # never a version its store cannot read
         run_id = self.run_id(conn, run, create=True, audit=audit)
         if run_id is None:
@@ -376,7 +386,7 @@ class Catalog:
             s.versions.c.run_id == run_id, s.versions.c.step == version["step"]
         )).scalar()
         if existing == version["id"]:  # an earlier try committed; its answer was lost
-            return
+            return False
         if existing is not None:
             raise VersionExistsError(
                 f"run {run!r} already has a version at step {version['step']} "
@@ -401,6 +411,7 @@ class Catalog:
                 "run": run, "step": version["step"], "new_bytes": version["new_bytes"],
                 "stored_bytes": version["stored_bytes"], "logical_bytes": version["logical_bytes"],
                 "tags": list(tag_names)})
+        return True
 
     def run_id(self, conn: Connection, run: str, *, create: bool, audit: bool = True) -> int | None:
         """The id of run ``run`` within ``conn``'s transaction (created if asked and missing;

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import Text, and_, bindparam, cast, delete, exists, func, insert, or_, select, text, update
 
 from casckpt.catalog import schema as s
+from casckpt.catalog import treechanges
 from casckpt.catalog.audit import who
 from casckpt.catalog.catalog import Catalog
 from casckpt.catalog.database import batches, insert_ignore
@@ -149,6 +150,7 @@ def purge_versions(catalog: Catalog, version_ids: list[str], run_id: int | None 
             ).with_for_update()).scalars())
             conn.execute(delete(s.tags).where(s.tags.c.version_id.in_(batch)))
             conn.execute(delete(t).where(t.c.version_id.in_(batch)))
+            treechanges.forget(conn, batch)
             forget_deps(conn, batch)
             conn.execute(delete(v).where(v.c.id.in_(batch)))
             tombstone(conn, batch, "purged")

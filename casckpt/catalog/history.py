@@ -13,13 +13,14 @@ from __future__ import annotations
 import operator
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from sqlalchemy import ColumnElement, Connection, Select, Text, case, cast, func, select
 
 from casckpt import collector
 from casckpt.catalog import schema as s
+from casckpt.catalog import treechanges
 from casckpt.catalog.catalog import Catalog
 from casckpt.catalog.database import BATCH, batches, upsert
 from casckpt.catalog.rows import (
@@ -181,29 +182,39 @@ def lineage(catalog: Catalog, run: str) -> list[Segment] | None:
     return segments[::-1]
 
 
-def tensor_changes(catalog: Catalog, segments: Sequence[Segment],
-                   path: str) -> tuple[list[tuple[Any, ...]], dict[str, tuple[str, ...]]]:
+Stale = list[tuple[str, str | None]]
+"""Tree versions without ``tree_changes`` rows against the version listed before them: (id, that one)."""
+
+
+def tensor_changes(catalog: Catalog, segments: Sequence[Segment], path: str,
+                   overlay: Mapping[str, tuple[str | None, tuple[Any, ...] | None]] | None = None,
+                   ) -> tuple[list[tuple[Any, ...]], dict[str, tuple[str, ...]], Stale]:
     """Versions of the lineage where the tensor at ``path`` may have changed, ascending; their tags.
 
     The first visible version of each segment is kept, then those whose tensor
-    digest at ``path`` differs from the version before, and every tree version
-    (its tensor is read from its tree, not from rows). Between two kept versions
-    the tensor is unchanged, so each row's predecessor state is the previous
-    row's. Each row holds :data:`VERSION_COLUMNS`, ``tree_root``, then ``dtype,
-    shape`` (JSON text), ``nbytes, digest`` of the tensor (NULL where the version
-    has none), ``n`` (1 for the segment's first version), ``chunk_size,
+    digest at ``path`` differs from the version before. A tree version is read from
+    ``tree_changes`` (:mod:`casckpt.catalog.treechanges`) where its rows are recorded
+    against the version listed before it: kept where it has a row for ``path``, else
+    unchanged; ``overlay`` adds such rows (version id -> (base id, state or None))
+    that are not recorded. The third value lists the tree versions with no such rows,
+    ``(id, the version listed before it)``: their answer is not in the rows returned,
+    and the caller indexes them (:mod:`casckpt.engine.read.treeindex`) and asks again.
+    Between two kept versions the tensor is unchanged, so each row's predecessor state
+    is the previous row's. Each row holds :data:`VERSION_COLUMNS`, ``tree_root`` (NULL),
+    then ``dtype, shape`` (JSON text), ``nbytes, digest`` of the tensor (NULL where
+    the version has none), ``n`` (1 for the segment's first version), ``chunk_size,
     content_nbytes, chunk_ids`` from its ``contents`` row, and ``changed``: the
-    changed bytes against the previous row where the tensor row recorded them
-    (``tensors.changed_bytes``, against its version's parent, whose tensor is the
-    previous row's: same dtype, shape and digest), else NULL. The ``contents``
+    changed bytes against the previous row where recorded (``tensors.changed_bytes``
+    against its version's parent, whose tensor is the previous row's: same dtype,
+    shape and digest; ``tree_changes.changed_bytes``), else NULL. The ``contents``
     columns are read only where a row's or the next row's ``changed`` is NULL;
     elsewhere they are NULL.
 
     One read transaction, ranges of covering indexes joined here: the tensor's
-    rows in every version of the store (``ix_tensors_history``), then each
-    segment's visible versions in step order (``ix_versions_history``) -- with all
-    their columns when the tensor has many distinct contents (it changes often),
-    else only their ids, and the kept versions' columns by key -- and the
+    rows in every version of the store (``ix_tensors_history``, ``tree_changes``),
+    then each segment's visible versions in step order (``ix_versions_history``) --
+    with all their columns when the tensor has many distinct contents (it changes
+    often), else only their ids, and the kept versions' columns by key -- and the
     ``contents`` rows needed, by key.
     """
     t = s.tensors.c
@@ -211,19 +222,25 @@ def tensor_changes(catalog: Catalog, segments: Sequence[Segment],
         states = {row[0]: row[1:] for row in conn.execute(
             select(t.version_id, t.dtype, cast(t.shape, Text), t.nbytes, t.digest, t.changed_bytes)
             .where(t.path == path))}
-        many = len({state[3] for state in states.values()}) > BATCH
-        kept = [k for seg in segments for k in _changed_states(conn, seg, states, many)]
+        keys = treechanges.indexed_of(conn, {seg.run_id for seg in segments})
+        index = _Index(treechanges.states(conn, path, keys), dict(keys.values()))
+        for version_id, (base, state) in (overlay or {}).items():
+            index.base[version_id] = base
+            if state is not None:
+                index.rows[version_id] = state
+        many = len({state[3] for state in states.values()} | {st[3] for st in index.rows.values()}) > BATCH
+        kept = [k for seg in segments for k in _changed_states(conn, seg, states, many, index)]
         if not many:
             columns = _version_columns(conn, [k[0][0] for k in kept])
-            kept = [(columns[r[0]], n, state) for r, n, state in kept if r[0] in columns]
-        rows, needed = _rows(kept, states)
+            kept = [(columns[r[0]][:-1] + (r[-1],), n, state) for r, n, state in kept if r[0] in columns]
+        rows, needed = _rows(kept, states, index.used)
         found = _contents_in(conn, {rows[i][_DIGEST] for i in needed})
         tags = tags_of(conn, [r[0] for r in rows])
     for i in needed:
         row = rows[i]
         if (content := found.get(row[_DIGEST])) is not None:
             rows[i] = (*row[:_SIZE], *content, row[_CHANGED])
-    return rows, tags
+    return rows, tags, index.stale
 
 
 _ROOT = len(VERSION_COLUMNS)
@@ -241,42 +258,75 @@ def _segment_conditions(seg: Segment) -> list[ColumnElement[bool]]:
 _ABSENT = (None, None, None, None, None)
 
 
+@dataclass(slots=True)
+class _Index:
+    """The ``tree_changes`` rows of one path by version id, the versions with recorded rows,
+    the versions whose state came from them, and the version listed last (across segments)."""
+
+    rows: dict[str, tuple[Any, ...]]
+    base: dict[str, str | None]
+    used: set[str] = field(default_factory=set)
+    last: Any = None
+    stale: Stale = field(default_factory=list)
+
+
 def _changed_states(conn: Connection, seg: Segment, states: dict[str, tuple[Any, ...]],
-                    columns: bool) -> list[tuple[Any, int, tuple[Any, ...]]]:
+                    columns: bool, index: _Index) -> list[tuple[Any, int, tuple[Any, ...]]]:
     """``(version, n, state)`` of the segment's versions where the tensor may have changed (see
     :func:`tensor_changes`), by step: ``version`` its :data:`VERSION_COLUMNS` and ``tree_root``
-    when ``columns``, else only its id and ``tree_root``; ``state`` the tensor's ``(dtype,
-    shape, nbytes, digest, changed_bytes)`` in it, from ``states`` (by version id)."""
+    when ``columns``, else only its id and ``tree_root`` (NULL where its state came from
+    ``index``; a tree version without rows against the version before it is listed in
+    ``index.stale`` instead); ``state`` the tensor's ``(dtype, shape, nbytes, digest,
+    changed_bytes)`` in it, from ``states`` or ``index`` (by version id)."""
     v = s.versions.c
     query = version_query().add_columns(v.tree_root) if columns else select(v.id, v.tree_root)
     out: list[tuple[Any, int, tuple[Any, ...]]] = []
     previous: Any = None
-    absent, get = _ABSENT, states.get
+    absent, get, base, recorded, used = _ABSENT, states.get, index.base, index.rows, index.used
+    unknown = object()  # the previous version's tensor, not known here
+    missing = object()
     for n, row in enumerate(conn.execute(query.where(*_segment_conditions(seg)).order_by(v.step)), 1):
-        state = get(row[0], absent)
-        digest = state[3]
-        if n == 1 or digest != previous or row[-1] is not None:
+        vid, last = row[0], index.last
+        index.last = vid
+        if row[-1] is not None:
+            if base.get(vid, missing) != last:
+                index.stale.append((vid, last))
+                previous = unknown
+                continue
+            state = recorded.get(vid)
+            if state is None:  # the parent's tensor, unchanged
+                continue
+            used.add(vid)
+            if n == 1 or state[3] != previous or previous is unknown:
+                out.append(((*row[:-1], None), n, state))
+            previous = state[3]
+            continue
+        state = get(vid, absent)
+        if n == 1 or state[3] != previous or row[-1] is not None:
             out.append((row, n, state))
-        previous = digest
+        previous = state[3] if row[-1] is None else unknown
     return out
-
-
 def _version_columns(conn: Connection, ids: Sequence[str]) -> dict[str, Any]:
     """:data:`VERSION_COLUMNS` and ``tree_root`` of the visible versions among ``ids``, by id."""
     query = version_query().add_columns(s.versions.c.tree_root)
     return {r[0]: r for batch in batches(ids) for r in conn.execute(query.where(s.versions.c.id.in_(batch)))}
 
 
-def _rows(kept: Sequence[tuple[Any, int, tuple[Any, ...]]],
-          states: Mapping[str, tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], list[int]]:
+def _rows(kept: Sequence[tuple[Any, int, tuple[Any, ...]]], states: Mapping[str, tuple[Any, ...]],
+          indexed: Collection[str]) -> tuple[list[tuple[Any, ...]], list[int]]:
     """The rows of :func:`tensor_changes` (``contents`` columns NULL), and the positions of
-    those whose ``contents`` columns are needed."""
+    those whose ``contents`` columns are needed (``indexed``: the versions whose state is a
+    ``tree_changes`` row, against the previous row's)."""
     rows: list[tuple[Any, ...]] = []
     needed: list[int] = []
     before: tuple[Any, ...] | None = None  # the previous row's (dtype, shape, digest); None: a tree's
     get = states.get
     for version, n, (dtype, shape, nbytes, digest, stored) in kept:
         changed = None
+        if version[0] in indexed:  # recorded against the parent: the previous row's tensor
+            rows.append((*version, dtype, shape, nbytes, digest, n, None, None, None, stored))
+            before = None
+            continue
         if stored is not None and before is not None:
             parent = get(version[3])
             if parent is not None and (parent[0], parent[1], parent[3]) == before:

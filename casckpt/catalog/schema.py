@@ -130,6 +130,37 @@ tree_nodes = Table(  # the nodes of tree manifests (each also a chunk in the pac
     Column("body", LargeBinary, nullable=False),
 )
 
+tree_paths = Table(  # tensor paths interned for tree_changes (never deleted: ids keep their path)
+    "tree_paths",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("path", Text, nullable=False, unique=True),
+    sqlite_autoincrement=True,
+)
+
+tree_indexed = Table(  # tree versions whose tree_changes rows are recorded (migration 0015)
+    "tree_indexed",
+    metadata,
+    Column("key", Integer, primary_key=True, autoincrement=True),  # what its tree_changes rows name
+    Column("version_id", String(64), ForeignKey("versions.id"), nullable=False, unique=True),
+    Column("base_id", String(64), nullable=True),  # the version its rows are against (NULL: none)
+    sqlite_autoincrement=True,  # a key is never reused: rows name their version by it
+)
+
+tree_changes = Table(  # per tree version, the tensors it did not reuse from its parent's tree
+    "tree_changes",
+    metadata,
+    Column("path_id", Integer, primary_key=True),
+    Column("version_key", Integer, primary_key=True),  # tree_indexed.key
+    Column("dtype", String(32), nullable=True),  # NULL (with digest): removed in this version
+    Column("shape", Text, nullable=True),  # JSON text
+    Column("nbytes", BigInteger, nullable=False),
+    Column("digest", LargeBinary, nullable=True),  # 32 bytes: tensors.digest's hex, as bytes
+    Column("changed_bytes", BigInteger, nullable=True),  # against the parent's tensor at the path
+    sqlite_with_rowid=False,
+)
+Index("ix_tree_changes_version", tree_changes.c.version_key)
+
 packs = Table(
     "packs",
     metadata,

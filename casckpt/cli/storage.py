@@ -324,6 +324,7 @@ def migrate_trees(ctx: typer.Context, as_json: JsonOption = False) -> None:
             ("versions migrated", report.versions_migrated), ("versions left", report.versions_left),
             ("tree nodes written", report.nodes_written),
             ("tensor rows deleted", report.tensor_rows_deleted),
+            ("versions indexed for history", report.versions_indexed),
         ]), f"took {report.seconds:.1f}s")
     if report.versions_left:
         raise typer.Exit(EXIT_PROBLEMS)

@@ -82,6 +82,15 @@ class TreeMemo:
         self._made: dict[tuple[Any, ...], _Made] = {}
         self._old_extents = previous._extents if previous is not None else {}
         self._extents: dict[Any, Any] = {}
+        # the tensors of the tree this memo's encoding made, when every one of them went through
+        # entry() (set by the encoder's caller; -1: unknown), and the previous memo's
+        self.tensors = -1
+        self.parent_tensors = previous.tensors if previous is not None else -1
+
+    def parent_entries(self) -> dict[Any, tuple[Any, Any, _Sized]]:
+        """The ``(tensor, extent, value)`` of the previous commit's tree by the tensor's path
+        (every tensor of it when :attr:`parent_tensors` is not -1)."""
+        return {found[0].path: found for found in self._old_entries.values()}
 
     def extents(self, extents: Sequence[Any]) -> list[Any]:
         """``extents`` (hashable values), each equal to one the previous commit's encoding met

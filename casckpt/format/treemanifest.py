@@ -70,10 +70,15 @@ Values = tuple[tuple[str, Node], ...]
 
 
 def encode_tree_manifest(m: Manifest, memo: TreeMemo | None = None, ids: ChunkIds = chunk_id,
+                         made: list[tuple[TensorEntry, ExtentEntry, Any, int]] | None = None,
                          ) -> tuple[str, bytes, Tree]:
     """``(version id, compressed document, tree)`` of a manifest (reusing what ``memo``, the
     run's previous commit's, made for what did not change; ``ids`` names the nodes: the
     store's chunk ids).
+
+    ``made`` (when given) gets ``(tensor, extent, blob JSON, bytes)`` of every tensor whose value
+    was made rather than reused from ``memo`` (what the index of changes records,
+    :mod:`casckpt.engine.write.treeindex`).
 
     Raises:
         ValueError: pieces or ranks in a manifest without a world, or a ranks node below the root.
@@ -111,10 +116,15 @@ def encode_tree_manifest(m: Manifest, memo: TreeMemo | None = None, ids: ChunkId
             entry["h"] = t.digest.hex()
         if t.global_shape is not None and t.global_offset is not None:
             entry["gs"], entry["go"] = list(t.global_shape), list(t.global_offset)
-        return entry, t.numel * element_size(t.kind, t.dtype)
+        nbytes = t.numel * element_size(t.kind, t.dtype)
+        if made is not None:
+            made.append((t, extent, ref, nbytes))
+        return entry, nbytes
 
     encoder = TreeEncoder(tensor, memo, ids)
     root, count, nbytes = encoder.encode(m.root)
+    if not order and m.world is None:  # every tensor went through memo.entry
+        memo.tensors = len(m.tensors)
     shared_json = [extent_json(e.nbytes, e.chunk_size, e.chunks, e.phase)
                    for e in (m.extents[b] for b in order)]
     doc: dict[str, Any] = {

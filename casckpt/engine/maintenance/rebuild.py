@@ -45,7 +45,7 @@ from casckpt.engine.locations import identity
 from casckpt.engine.locations.discovery import FoundPack, pack_layout, scan_packs
 from casckpt.engine.maintenance import scrub
 from casckpt.engine.maintenance.gcguard import Listing
-from casckpt.engine.read import trees
+from casckpt.engine.read import treeindex, trees
 from casckpt.engine.versions import records
 from casckpt.errors import CasckptError, CorruptPackError, InvalidArgumentError, StoreIdentityError
 from casckpt.format import objectnames
@@ -188,6 +188,7 @@ def rebuild(ctx: EngineContext, progress: ProgressCallback | None = None) -> Reb
     identity_sql.raise_record_seq(ctx.catalog, 1 + max(
         (f.order[0] for copies in found_records.values() for f in copies), default=0))
     identity_sql.set_rebuilding(ctx.catalog, False)
+    treeindex.backfill(ctx.catalog)  # what tensor history reads, from the trees just restored
     ctx.cache.clear()
     return RebuildReport(packs=packs, chunks=chunks, versions=versions, runs=runs, tags=tags,
                          lost_packs=tuple(lost), skipped=tuple(skipped),

@@ -47,6 +47,7 @@ from casckpt.catalog import treemigrate as sql
 from casckpt.catalog.leases import begin_lease
 from casckpt.catalog.rows import manifest_bytes
 from casckpt.engine.context import EngineContext
+from casckpt.engine.read import treeindex
 from casckpt.engine.versions.refs import bind
 from casckpt.engine.write.commit import release_lease, rewrite_lost
 from casckpt.engine.write.commitchunks import node_chunks, write_chunks
@@ -100,7 +101,9 @@ def migrate(ctx: EngineContext, progress: ProgressCallback | None = None) -> Mig
                     progress("migrate", done, len(todo))
     finally:
         release_lease(ctx, lease, "tree migration")
-    return MigrationReport(tally.migrated, tally.left, tally.nodes, tally.rows, time.monotonic() - started)
+    indexed = treeindex.backfill(ctx.catalog)  # the key is at hand: the trees are read and verified
+    return MigrationReport(tally.migrated, tally.left, tally.nodes, tally.rows, time.monotonic() - started,
+                           indexed)
 
 
 def _batches(ctx: EngineContext, ids: list[str], tally: _Tally) -> Iterator[dict[str, Tree]]:

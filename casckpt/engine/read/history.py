@@ -16,7 +16,6 @@ each tensor's own size.
 from __future__ import annotations
 
 import difflib
-import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -26,9 +25,10 @@ from casckpt import collector
 from casckpt.catalog import Catalog, rows, tensorchanges
 from casckpt.catalog import history as sql
 from casckpt.catalog.rows import StoredContent, VersionRow, damaged, versions
-from casckpt.engine.read import treeviews
+from casckpt.engine.read import treeindex, treeviews
 from casckpt.engine.versions.refs import bind, check_run, load_manifest, tag_not_found
 from casckpt.errors import (
+    CatalogError,
     InvalidArgumentError,
     MetricNotFoundError,
     RefNotFoundError,
@@ -233,8 +233,13 @@ def tensor_history(catalog: Catalog, run: str, path: str) -> list[TensorHistoryE
 
 def _history(catalog: Catalog, run: str, path: str,
              segments: Sequence[sql.Segment]) -> list[TensorHistoryEntry]:
-    found, tags = sql.tensor_changes(catalog, segments, path)
-    rows = _from_trees(catalog, found, path)
+    rows, tags, stale = sql.tensor_changes(catalog, segments, path)
+    if stale:  # tree versions without rows against the version before them: index them, once
+        computed = treeindex.index(catalog, stale)
+        overlay = {vid: (base, treeindex.state_of(found, path)) for vid, (base, found) in computed.items()}
+        rows, tags, stale = sql.tensor_changes(catalog, segments, path, overlay)
+        if stale:  # versions committed or deleted meanwhile
+            raise CatalogError(f"the history of run {run!r} changed while it was read; read it again")
     kept: list[Sequence[Any]] = []
     kinds: list[str] = []
     before: list[Sequence[Any] | None] = []
@@ -251,39 +256,6 @@ def _history(catalog: Catalog, run: str, path: str,
     shapes = _Shapes()
     return [_entry(v, kinds[i], before[i], kept[i], shapes)
             for i, v in enumerate(versions(kept, tags))]
-
-
-def _from_trees(catalog: Catalog, found: Sequence[Sequence[Any]], path: str) -> list[Sequence[Any]]:
-    """``tensor_changes`` rows with the tensor of each tree version read from its tree, and
-    only the rows where the tensor may have changed kept (as the query keeps older versions').
-    The tree versions' manifests are read in one query, their root nodes fetched at once."""
-    tree_rows = [r for r in found if r[_ROOT] is not None]
-    if not tree_rows:
-        return list(found)
-    trees = treeviews.Trees(catalog)
-    stored = sql.manifests(catalog, [r[0] for r in tree_rows])
-    roots = [bytes.fromhex(r[_ROOT]) for r in tree_rows if isinstance(r[_ROOT], str) and len(r[_ROOT]) == 64]
-    trees.reader.nodes.prefetch(roots)
-    out: list[Sequence[Any]] = []
-    last: Any = None
-    for row in found:
-        if row[_ROOT] is None:
-            out.append(row)
-            last = row[_DIGEST]
-            continue
-        head = bind(VersionRow(*row[:_ROOT]), treeviews.head_of(stored.get(row[0]), row[0], row[_ROOT]))
-        hit = trees.find(head, path)
-        values = list(row)
-        if hit is None:
-            values[_DTYPE:_IDS + 1] = [None, None, None, None, values[_N], None, None, None]
-        else:
-            t, c = hit
-            values[_DTYPE:_IDS + 1] = [t.dtype, json.dumps(list(t.shape)), t.nbytes, t.digest, values[_N],
-                                       c.chunk_size, c.nbytes, c.chunk_ids]
-        if values[_N] == 1 or values[_DIGEST] != last:
-            out.append(values)
-        last = values[_DIGEST]
-    return out
 
 
 def _tensor_not_found(catalog: Catalog, run: str, path: str) -> TensorNotFoundError:

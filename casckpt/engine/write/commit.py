@@ -26,6 +26,7 @@ from casckpt.catalog import nodes as node_sql
 from casckpt.catalog.deltas import delta_policy_for
 from casckpt.catalog.history import fork_point
 from casckpt.catalog.leases import begin_lease, end_lease
+from casckpt.catalog.treechanges import Change
 from casckpt.engine.context import EngineContext
 from casckpt.engine.memory.deltabase import candidate_bases
 from casckpt.engine.read import trees
@@ -40,6 +41,7 @@ from casckpt.engine.versions.validate import (
     check_step,
     check_tags,
 )
+from casckpt.engine.write import treeindex
 from casckpt.engine.write.commitchunks import (
     NOT_HELD,
     ChunkBytes,
@@ -115,6 +117,7 @@ class Snapshot:
     delta: EncodePlan | None = None
     degraded: list[Shortfall] = field(default_factory=list)  # packs written below their redundancy
     stall_s: float | None = None  # a background commit: how long commit() held its caller up
+    changes: list[Change] | None = None  # its tree_changes rows (engine/write/treeindex.py); None: unknown
 
     def wrote(self, written: ChunkWrite) -> None:
         """Count what a :func:`write_chunks` of this snapshot's chunks wrote."""
@@ -221,7 +224,9 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
         metadata=req.metadata, metrics=req.metrics, message=req.message, tags=req.tags, hinted=hinted,
     )
     lookup = [c for c, chunk in chunks.items() if c not in hashed.known and not chunk.owned]
-    version_id, manifest_bytes, tree = encode_tree_manifest(manifest, memo.tree, ctx.crypto.chunk_id)
+    made: list[Any] = []
+    version_id, manifest_bytes, tree = encode_tree_manifest(manifest, memo.tree, ctx.crypto.chunk_id, made)
+    changes = treeindex.changes(manifest, memo.tree, memo.version_id, made)
     manifest = headed(manifest, tree)
     for node_id, chunk in node_chunks(tree).items():
         if node_id not in chunks:
@@ -253,7 +258,7 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
     bases = candidate_bases(before, entries, extents, new_ids) if before is not None else {}
     ctx.bases.remember(req.run, version_id, manifest)
     return Snapshot(manifest, version_id, manifest_bytes, chunks, new_ids, tree, owned,
-                    foreground=foreground, bases=bases)
+                    foreground=foreground, bases=bases, changes=changes)
 
 
 def _held(ctx: EngineContext, reuse: dict[int, ExtentEntry], pending: Mapping[bytes, ChunkBytes] | None
@@ -320,7 +325,7 @@ def _publish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, started: fl
         checks, nodes = _checks(ctx, snap)
         try:
             ctx.catalog.add_version(row, req.run, [], [], req.tags, [c.hex() for c in checks], nodes,
-                                    lease=lease)
+                                    lease=lease, tree_changes=snap.changes)
             return row
         except MissingChunksError as exc:
             gone_bases = set(exc.missing) - {cid.hex() for cid in snap.chunks}
