@@ -77,9 +77,10 @@ from casckpt.engine.write.distributed import (
     begin_save,
     end_save,
     publish_save,
+    rank_lease_id,
     save_pieces,
 )
-from casckpt.errors import CasckptError, InvalidArgumentError, RestoreTargetError, UnsupportedStateError
+from casckpt.errors import InvalidArgumentError, RestoreTargetError, UnsupportedStateError
 from casckpt.format.dtypes import numpy_dtype, torch_dtype
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, World, rank_count
 from casckpt.format.state import Node, check_state_key, decode_state, encode_state, join_path
@@ -133,10 +134,7 @@ def _end_lease(ctx: EngineContext, starting: concurrent.futures.Future[SaveStart
             lease = done.result().lease
         except BaseException:  # noqa: BLE001 - it took none; prepare_global_plan reports why
             return
-        try:
-            end_save(ctx, lease)
-        except CasckptError as exc:  # e.g. the store closed first: the lease dies with the process
-            log.warning("could not end the GC lease of a DCP save: %s", exc)
+        end_save(ctx, lease)  # reports, never raises, what the catalog could not do
 
     starting.add_done_callback(end)
 
@@ -247,7 +245,9 @@ class StoreWriter(StorageWriter):
             raise InvalidArgumentError("DCP called prepare_global_plan before set_up_storage_writer "
                                        "on the coordinator; save with dcp.save / dcp.async_save")
         self._start = self._starting.result()  # raises what begin_save raised (e.g. VersionExistsError)
-        return plans
+        # each rank writes under a lease of its own that the save's end ends too (rank_lease)
+        return [dataclasses.replace(plan, storage_data=rank_lease_id(self._start.lease, i))
+                for i, plan in enumerate(plans)]
 
     @property
     def busy(self) -> bool:
@@ -284,7 +284,9 @@ class StoreWriter(StorageWriter):
             offsets = tuple(chunk.offsets) if chunk is not None else (0,) * tensor.dim()
             pieces.append(TensorPiece(item.index.fqn, tensor, whole, offsets))
             indices.append(item.index)
-        wrote = save_pieces(self._ctx, self._request, pieces)
+        told = plan.storage_data if isinstance(plan.storage_data, str) else ""  # "": a fresh lease id
+        lease = None if self._coordinator else told
+        wrote = save_pieces(self._ctx, self._request, pieces, lease)
         results = [
             WriteResult(index, piece.extent.nbytes, _Written(piece=_to_wire(piece)))
             for index, piece in zip(indices, wrote.pieces, strict=True)

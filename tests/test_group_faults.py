@@ -139,10 +139,9 @@ def test_coordinator_killed_mid_publish_leaves_only_what_gc_reclaims(
     with _open(path) as store:
         assert [v.step for v in store.log(RUN)] == ([2, 1] if published else [1])
         # the dead coordinator's save lease is still there, naming the version once composed
-        # (killed while writing chunks: its rank lease too)
+        # (the coordinator writes under it: it takes no rank lease)
         named = [lease.version_id is not None for lease in _leases(store)]
-        assert sorted(named) == ([] if published else [False, False] if point == "catalog.add_pack"
-                                 else [True])
+        assert sorted(named) == ([] if published else [False] if point == "catalog.add_pack" else [True])
         report = store.ops.check()
         assert report.ok, report.problems
         _all_garbage_gone(store)  # gc reaps the dead lease, tombstones its version, reclaims
@@ -247,3 +246,40 @@ def test_a_rank_still_writing_when_its_coordinator_dies_keeps_what_it_records(
     with _open(path) as store:
         assert store.ops.check().ok
         _restores(store, kind, 2, 12)
+
+
+@pytest.mark.parametrize("kind", ["group", pytest.param("dcp", marks=pytest.mark.slow)])
+def test_a_rank_killed_on_another_host_leaves_no_lease_behind_its_save(
+        ranks: Zygote, tmp_path: Path, kind: str) -> None:
+    """Rank 1, on another host (its leases are judged by age alone, never by pid), is killed
+    after recording a pack, under its own lease. The coordinator's end of the failed save ends
+    that lease too: it held gc back for a day (``LEASE_TTL``) before."""
+    path = tmp_path / "store"
+    _open(path).close()
+    _saved(_save(ranks, kind, path, step=1, seed=11))
+    before = _objects(path)
+    failed = _save(ranks, kind, path, 2, 12, {"rank": 1, "point": "catalog.add_pack", "when": "after",
+                                              "how": "kill", "elsewhere": True})
+    assert failed["codes"][1] == -9, failed
+    with _open(path) as store:
+        assert [v.step for v in store.log(RUN)] == [1]
+        assert _leases(store) == []
+        _all_garbage_gone(store)  # what rank 1 recorded is reclaimed now, not in a day
+        assert _objects(path) == before
+        _restores(store, kind, 1, 11)
+
+
+@pytest.mark.parametrize("kind", ["group", pytest.param("dcp", marks=pytest.mark.slow)])
+def test_a_rank_whose_lease_end_fails_once_still_saves(ranks: Zygote, tmp_path: Path, kind: str) -> None:
+    """The catalog fails once as rank 1 ends its lease, after its writes: the save, which
+    wrote everything, is published (before, the error failed it), and the coordinator's end
+    of the save ends the rank's lease if the rank could not."""
+    path = tmp_path / "store"
+    _open(path).close()
+    _saved(_save(ranks, kind, path, 1, 11, {"rank": 1, "point": "catalog.end_lease", "when": "before",
+                                            "how": "raise"}))
+    with _open(path) as store:
+        assert [v.step for v in store.log(RUN)] == [1]
+        assert _leases(store) == []
+        _restores(store, kind, 1, 11)
+        assert store.ops.check(read_data=True).ok

@@ -31,6 +31,7 @@ lease. A pid that exists but is not ours to signal counts as alive.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -43,7 +44,9 @@ from sqlalchemy import delete, insert, select, update
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import Catalog
 from casckpt.catalog.database import insert_ignore
-from casckpt.errors import CatalogError
+from casckpt.errors import CasckptError, CatalogError
+
+log = logging.getLogger(__name__)
 
 
 def tombstone(conn: Any, version_ids: Collection[str], reason: str) -> None:
@@ -78,7 +81,23 @@ def _process_space() -> str:
     return (space + read("/proc/self/ns/pid"))[:255]
 
 
-def begin_lease(catalog: Catalog, version_id: str | None = None) -> str:
+_SAVE = "0" * 8  # the tail of a save's own lease id; its ranks' end in their number (from 1)
+
+
+def save_lease_id() -> str:
+    """A fresh id for the lease of a save of many ranks (:func:`rank_lease_id` derives its ranks')."""
+    return uuid.uuid4().hex[:24] + _SAVE
+
+
+def rank_lease_id(save: str, rank: int) -> str:
+    """The id of the lease rank ``rank`` (0-based) of the save whose lease is ``save`` writes
+    under: the save's prefix, so ending the save (:func:`end_lease` with ``ranks``) ends it
+    too -- a rank killed on another host is never judged by pid, and its lease would hold GC
+    back for :data:`LEASE_TTL`."""
+    return save[:24] + f"{rank + 1:08x}"
+
+
+def begin_lease(catalog: Catalog, version_id: str | None = None, lease: str | None = None) -> str:
     """Announce a commit in flight; returns the lease id to pass to :func:`end_lease`.
 
     ``version_id``: the version the commit will publish, named before its manifest object is
@@ -89,7 +108,7 @@ def begin_lease(catalog: Catalog, version_id: str | None = None) -> str:
         StoreKeyError: the store's encryption is not the one this process opened it with
             (commits, drains, repairs and migrations begin here, before their first object).
     """
-    lease = uuid.uuid4().hex
+    lease = lease or uuid.uuid4().hex
     with catalog.write() as conn:
         catalog.require_crypto_in(conn)  # before the writer's first object
         conn.execute(insert(s.leases).values(
@@ -118,12 +137,25 @@ def name_version(catalog: Catalog, lease: str, version_id: str) -> None:
             "published: save this step again")
 
 
-def end_lease(catalog: Catalog, lease: str) -> None:
-    """The commit holding ``lease`` is over (published or failed)."""
+def end_lease(catalog: Catalog, lease: str, ranks: bool = False) -> None:
+    """The commit holding ``lease`` is over (published or failed). ``ranks``: ``lease`` is a
+    save's (:func:`save_lease_id`), and the leases of its ranks end too."""
+    which = s.leases.c.id.like(lease[:24] + "%") if ranks else s.leases.c.id == lease
     with catalog.write() as conn:
-        version = conn.execute(select(s.leases.c.version_id).where(s.leases.c.id == lease)).scalar()
-        tombstone(conn, [version] if version else [], "unpublished")
-        conn.execute(delete(s.leases).where(s.leases.c.id == lease))
+        versions = conn.execute(delete(s.leases).where(which).returning(s.leases.c.version_id)).scalars()
+        tombstone(conn, [v for v in versions if v], "unpublished")
+
+
+def release_lease(catalog: Catalog, lease: str, what: str, ranks: bool = False) -> None:
+    """:func:`end_lease`, again while the catalog is unreachable; if it still cannot, say so
+    and go on: whoever held the lease has its outcome (a version published stays published,
+    a failure keeps its own error), and a lease left behind only holds GC back, until its
+    process exits or the lease expires. Every commit, save and rank ends its lease here."""
+    try:
+        catalog.retrying(lambda: end_lease(catalog, lease, ranks))
+    except CasckptError as exc:
+        log.warning("could not end the GC lease of %s (gc keeps what it may still need until "
+                    "this process exits): %s", what, exc)
 
 
 def _alive(pid: int) -> bool:
@@ -150,9 +182,11 @@ def oldest_lease(catalog: Catalog, now: float) -> float | None:
     stale = [r.id for r in rows if (r.host == host and not _alive(r.pid))
              or now - r.started_at > LEASE_TTL]
     if stale:
-        with catalog.write() as conn:
-            tombstone(conn, [r.version_id for r in rows if r.id in stale and r.version_id], "crashed")
-            conn.execute(delete(s.leases).where(s.leases.c.id.in_(stale)))
+        with catalog.write() as conn:  # the versions of the rows deleted, not of those read:
+            # a save may have named its version on a lease since (:func:`name_version`)
+            versions = conn.execute(delete(s.leases).where(s.leases.c.id.in_(stale))
+                                    .returning(s.leases.c.version_id)).scalars()
+            tombstone(conn, [v for v in versions if v], "crashed")
     starts = [r.started_at for r in rows if r.id not in stale]
     return min(starts, default=None)
 

@@ -113,6 +113,8 @@ def _publish_points() -> dict[str, tuple[type, str, Any]]:
         "catalog.add_version": (Catalog, "add_version", None),  # the publishing transaction
         # the publishing transaction's last statement (its audit row), not yet committed
         "catalog.audit_in": (Catalog, "audit_in", lambda args: args[1] == "commit"),
+        # the transaction that ends a lease, not begun yet (``before`` only)
+        "catalog.end_lease": (Catalog, "write", lambda args: sys._getframe(2).f_code.co_name == "end_lease"),
     }
 
 
@@ -127,7 +129,12 @@ def _arm_one(stop: dict[str, Any]) -> None:
     """Stop this rank (the coordinator unless ``stop["rank"]`` says) at ``stop["point"]``
     (``before`` or ``after`` the real call, ``stop["when"]``): SIGKILL it (``how: kill``), or
     (``how: pause``) write its pid to ``DIR/paused`` and wait until ``DIR/go`` exists
-    (``stop["dir"]``). Only the first call that reaches the point stops."""
+    (``stop["dir"]``), or (``how: raise``) raise a transient CatalogError. Only the first call
+    that reaches the point stops. ``elsewhere``: the rank's leases say another host took them
+    (gc judges them by age alone, never by pid)."""
+    if stop.get("elsewhere"):
+        from casckpt.catalog import leases
+        leases._process_space = lambda: "another-host|boot|pid-ns"
     cls, name, accept = _publish_points()[stop["point"]]
     original = getattr(cls, name)
 
@@ -136,6 +143,9 @@ def _arm_one(stop: dict[str, Any]) -> None:
     def halt() -> None:
         if stop["how"] == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if stop["how"] == "raise":
+            from casckpt.errors import CatalogError
+            raise CatalogError("injected: connection reset by peer")
         where = Path(stop["dir"])
         (where / "paused.tmp").write_text(str(os.getpid()))
         (where / "paused.tmp").rename(where / "paused")

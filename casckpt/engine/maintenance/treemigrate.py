@@ -44,12 +44,12 @@ from casckpt.catalog import MissingChunksError
 from casckpt.catalog import gc as gc_sql
 from casckpt.catalog import nodes as node_sql
 from casckpt.catalog import treemigrate as sql
-from casckpt.catalog.leases import begin_lease
+from casckpt.catalog.leases import begin_lease, release_lease
 from casckpt.catalog.rows import manifest_bytes
 from casckpt.engine.context import EngineContext
 from casckpt.engine.read import treeindex
 from casckpt.engine.versions.refs import bind
-from casckpt.engine.write.commit import release_lease, rewrite_lost
+from casckpt.engine.write.commit import rewrite_lost
 from casckpt.engine.write.commitchunks import node_chunks, write_chunks
 from casckpt.errors import CatalogError, IntegrityError
 from casckpt.format.manifest import decode_manifest
@@ -100,7 +100,7 @@ def migrate(ctx: EngineContext, progress: ProgressCallback | None = None) -> Mig
                 if progress is not None:
                     progress("migrate", done, len(todo))
     finally:
-        release_lease(ctx, lease, "tree migration")
+        release_lease(ctx.catalog, lease, "a tree migration")
     indexed = treeindex.backfill(ctx.catalog)  # the key is at hand: the trees are read and verified
     return MigrationReport(tally.migrated, tally.left, tally.nodes, tally.rows, time.monotonic() - started,
                            indexed)

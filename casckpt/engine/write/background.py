@@ -55,7 +55,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, cast
 
 from casckpt import collector
-from casckpt.catalog.leases import begin_lease
+from casckpt.catalog.leases import begin_lease, release_lease
 from casckpt.engine.context import EngineContext
 from casckpt.engine.write.commithandle import CommitHandle
 from casckpt.errors import (
@@ -426,7 +426,7 @@ class BackgroundCommitter:
             if job.snapshot is None:  # refused or failed before its snapshot: a commit queued
                 commit_engine.distrust_hint(self._ctx, job.request.run)  # behind it hashes all
         if lease is not None and isinstance(outcome, BaseException):  # publishing ends it otherwise
-            commit_engine.release_lease(self._ctx, lease, f"{job.request.run}@{job.request.step}")
+            release_lease(self._ctx.catalog, lease, f"commit {job.request.run}@{job.request.step}")
         run = job.request.run
         with self._cond:
             snap = job.snapshot

@@ -25,7 +25,7 @@ from casckpt.catalog import MissingChunksError
 from casckpt.catalog import nodes as node_sql
 from casckpt.catalog.deltas import delta_policy_for
 from casckpt.catalog.history import fork_point
-from casckpt.catalog.leases import begin_lease, end_lease
+from casckpt.catalog.leases import begin_lease, release_lease
 from casckpt.catalog.treechanges import Change
 from casckpt.engine.context import EngineContext
 from casckpt.engine.memory.deltabase import candidate_bases
@@ -488,20 +488,6 @@ def finish(ctx: EngineContext, req: CommitRequest, snap: Snapshot, redundancy: R
         raise
 
 
-def release_lease(ctx: EngineContext, lease: str, what: str) -> None:
-    """End a commit's lease; if the catalog cannot, say so and go on.
-
-    The commit's outcome stands either way (a version already published
-    stays published); a lease left behind only holds GC back, until this
-    process exits or the lease expires.
-    """
-    try:
-        ctx.catalog.retrying(lambda: end_lease(ctx.catalog, lease))
-    except CasckptError as exc:
-        log.warning("could not end the lease of commit %s (gc keeps what it may still need "
-                    "until this process exits): %s", what, exc)
-
-
 def refuse_existing(ctx: EngineContext, req: CommitRequest) -> None:
     """Refuse a step the run already has (checked again when publishing; this saves the work)."""
     existing = ctx.catalog.at_step(req.run, req.step)
@@ -531,5 +517,5 @@ def commit(ctx: EngineContext, state: object, req: CommitRequest,
     try:
         return finish(ctx, req, snap, redundancy, started, lease, progress)
     except BaseException:
-        release_lease(ctx, lease, f"{req.run}@{req.step}")  # publishing ends it otherwise
+        release_lease(ctx.catalog, lease, f"commit {req.run}@{req.step}")  # publishing ends it otherwise
         raise

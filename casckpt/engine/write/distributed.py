@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import math
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -50,7 +51,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from casckpt.catalog.leases import begin_lease, end_lease, name_version
+from casckpt.catalog.leases import begin_lease, name_version, release_lease, save_lease_id
+from casckpt.catalog.leases import (
+    rank_lease_id as rank_lease_id,  # for casckpt.dcp, which never imports the catalog
+)
 from casckpt.engine.context import EngineContext
 from casckpt.engine.memory.deltabase import candidate_bases
 from casckpt.engine.read.degraded import Shortfall, shortfalls
@@ -328,27 +332,34 @@ def begin_save(ctx: EngineContext, req: CommitRequest) -> SaveStart:
     refuse_existing(ctx, req)
     ctx.packs.placement.check_writable(ctx.packs.placement.redundancy_for(req.run))
     parent = parent_of(ctx, req.run)
-    return SaveStart(parent, created, started, begin_lease(ctx.catalog))
+    return SaveStart(parent, created, started, begin_lease(ctx.catalog, lease=save_lease_id()))
 
 
 @contextmanager
-def rank_lease(ctx: EngineContext) -> Iterator[None]:
-    """A GC lease of this rank's own around its writes. The coordinator's lease covers every
+def rank_lease(ctx: EngineContext, lease: str | None) -> Iterator[None]:
+    """A GC lease of a rank's own, with id ``lease``, around its writes (None: the rank is the
+    coordinator, whose save lease covers it already). The coordinator's lease covers every
     rank's writes only while the coordinator lives: once it is killed, GC reaps that lease,
     and a rank still writing would have put pack objects it has not recorded yet where GC
     takes them for orphans -- then record live chunk rows over objects GC deleted, which the
-    next save dedups against."""
-    lease = begin_lease(ctx.catalog)
+    next save dedups against. The rank ends its lease when its writes end; a lease id from
+    :func:`~casckpt.catalog.leases.rank_lease_id` ends with the save too (:func:`end_save`),
+    so a rank killed on another host (never judged by pid) does not hold GC back for a day."""
+    if lease is None:
+        yield
+        return
+    begin_lease(ctx.catalog, lease=lease)
     try:
         yield
     finally:
-        end_lease(ctx.catalog, lease)
+        release_lease(ctx.catalog, lease, "a rank's writes for a save")
 
 
-def save_pieces(ctx: EngineContext, req: CommitRequest, pieces: Sequence[TensorPiece]) -> RankWrite:
+def save_pieces(ctx: EngineContext, req: CommitRequest, pieces: Sequence[TensorPiece],
+                lease: str | None = "") -> RankWrite:
     """Every rank: :func:`write_pieces` with the run's redundancy, under a lease of its own
-    (:func:`rank_lease`)."""
-    with rank_lease(ctx):
+    (:func:`rank_lease`; ``lease`` None: the coordinator's, "": a fresh id)."""
+    with rank_lease(ctx, lease if lease != "" else uuid.uuid4().hex):
         return write_pieces(ctx, pieces, ctx.packs.placement.redundancy_for(req.run), run=req.run)
 
 
@@ -384,6 +395,7 @@ def publish_composed(ctx: EngineContext, req: CommitRequest, snap: Snapshot, sta
 
 
 def end_save(ctx: EngineContext, lease: str) -> None:
-    """End the GC lease of a save that will not be published (DCP tells no one of a failure).
-    The version the lease named, if any, is tombstoned. Idempotent."""
-    end_lease(ctx.catalog, lease)
+    """End the GC lease of a save, published or not, and its ranks' (:func:`rank_lease`); a
+    catalog that cannot is reported, not raised (:func:`~casckpt.catalog.leases.release_lease`).
+    The version the lease named, if any and unpublished, is tombstoned. Idempotent."""
+    release_lease(ctx.catalog, lease, "a save of many ranks", ranks=True)

@@ -31,13 +31,19 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
-from casckpt.catalog.leases import end_lease
 from casckpt.engine.context import EngineContext
 from casckpt.engine.versions.extents import pack_limit, plan_extents
 from casckpt.engine.write import commit as commit_engine
 from casckpt.engine.write.commit import CommitRequest
 from casckpt.engine.write.commitchunks import ChunkWrite, hash_and_dedup, write_chunks
-from casckpt.engine.write.distributed import begin_save, compose, publish_composed, rank_lease
+from casckpt.engine.write.distributed import (
+    begin_save,
+    compose,
+    end_save,
+    publish_composed,
+    rank_lease,
+    rank_lease_id,
+)
 from casckpt.engine.write.encodepolicy import EncodePlan
 from casckpt.errors import GroupCommitError
 from casckpt.format.manifest import ExtentEntry, TensorEntry, World, renumber_tensors
@@ -87,56 +93,64 @@ def group_commit(ctx: EngineContext, state: object, req: CommitRequest, group: A
     """
     rank = dist.get_rank(group)
     started = time.monotonic()
-    leases: list[str] = []
+    leases: list[str] = []  # the coordinator's: the save's, ended with its ranks' whatever happens
 
-    def prepare() -> tuple[str | None, float] | None:
+    def prepare() -> tuple[str | None, float, str] | None:
         if preflight is not None:
             preflight()
         if rank != 0:
             return None
         start = begin_save(ctx, req)
         leases.append(start.lease)
-        return start.parent, start.created
+        return start.parent, start.created, start.lease
 
     try:
-        parent, created = _everyone(group, _together(group, "preparing", prepare))[0]
-        redundancy = ctx.packs.placement.redundancy_for(req.run)
-
-        def snapshot() -> tuple[Node, list[TensorEntry], list[ExtentEntry], Any, list[bytes]]:
-            root, leaves = encode_state(state)
-            entries, sources = plan_extents(leaves, pack=pack_limit(ctx.config.chunk_size),
-                                            ids=ctx.crypto.chunk_id)
-            # chunks other ranks or hosts rely on are confirmed in the catalog, never taken from
-            # this host's cache: the coordinator could not write them again
-            extents, chunks, new_ids = hash_and_dedup(ctx, sources, progress, confirm=True)
-            return root, entries, extents, chunks, new_ids
-
-        root, entries, extents, chunks, new_ids = _together(group, "hashing", snapshot)
-        writer: dict[bytes, int] = {}
-        for holder, ids in enumerate(_everyone(group, new_ids)):
-            for cid in ids:
-                writer.setdefault(cid, holder)
-        mine = [cid for cid in new_ids if writer[cid] == rank]
+        parent, created, save = _everyone(group, _together(group, "preparing", prepare))[0]
+        root, entries, extents, chunks, new_ids = _together(
+            group, "hashing", lambda: _snapshot(ctx, state, progress))
+        mine = _mine(group, rank, new_ids)
         deltas: list[EncodePlan] = []
 
         def write() -> Part:
             ranked = [replace(e, rank=rank) for e in entries]  # as the parent names this rank's tensors
             delta = commit_engine.plan_delta(ctx, req.run, parent, ranked, extents, mine)
             deltas.append(delta)
-            with rank_lease(ctx):
-                written = write_chunks(ctx, chunks, mine, redundancy, progress, delta)
+            # the coordinator's save lease covers its own writes; a rank writing nothing needs none
+            with rank_lease(ctx, rank_lease_id(save, rank) if rank and mine else None):
+                written = write_chunks(ctx, chunks, mine, ctx.packs.placement.redundancy_for(req.run),
+                                       progress, delta)
             return root, entries, extents, written
 
         parts = _at_coordinator(group, _together(group, "writing chunks", write))
         version = _together(group, "publishing", lambda: _publish(
-            ctx, req, parts, parent, created, started, leases[0]) if rank == 0 else None)
+            ctx, req, parts, parent, created, started, save) if rank == 0 else None)
         published: Version = _everyone(group, version)[0]
         for delta in deltas:  # this rank's new chunks are the bases of its next commit
             delta.published(chunks)
         return published
     finally:
         for lease in leases:
-            end_lease(ctx.catalog, lease)
+            end_save(ctx, lease)
+
+
+def _snapshot(ctx: EngineContext, state: object, progress: ProgressCallback | None
+              ) -> tuple[Node, list[TensorEntry], list[ExtentEntry], Any, list[bytes]]:
+    """This rank's state encoded, planned, hashed and deduped (its new chunks' ids last)."""
+    root, leaves = encode_state(state)
+    entries, sources = plan_extents(leaves, pack=pack_limit(ctx.config.chunk_size), ids=ctx.crypto.chunk_id)
+    # chunks other ranks or hosts rely on are confirmed in the catalog, never taken from this
+    # host's cache: the coordinator could not write them again
+    extents, chunks, new_ids = hash_and_dedup(ctx, sources, progress, confirm=True)
+    return root, entries, extents, chunks, new_ids
+
+
+def _mine(group: Any, rank: int, new_ids: list[bytes]) -> list[bytes]:
+    """The new chunks this rank writes: each by the lowest rank holding it."""
+    writer: dict[bytes, int] = {}
+    for holder, ids in enumerate(_everyone(group, new_ids)):
+        for cid in ids:
+            writer.setdefault(cid, holder)
+    return [cid for cid in new_ids if writer[cid] == rank]
 
 
 def _at_coordinator(group: Any, value: object) -> list[Any]:
