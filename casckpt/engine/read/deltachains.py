@@ -258,7 +258,8 @@ class DeltaReader:
             cid, base, own = todo.pop()
             slot, after = deltas[cid], trees.children.get(cid, [])
             destinations = wanted.get(cid, [])
-            rep = decode_delta(self.ctx.crypto.chunk_id, slot, base, destinations, end=not after, own=own)
+            rep = decode_delta(self.ctx.crypto.chunk_id, slot, base, destinations, end=not after, own=own,
+                               verify=cid in wanted)  # wanted with nowhere to go: checked all the same
             shared = self._shared(cid) or bool(destinations)
             if after and shared:
                 kept.append((cid, rep))
