@@ -57,6 +57,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from casckpt.dcp import plain_node
 from casckpt.errors import (
     CasckptError,
     CheckpointPathNotFoundError,
@@ -64,9 +65,7 @@ from casckpt.errors import (
     MixedCheckpointError,
     OptionalDependencyError,
     RefNotFoundError,
-    UnsupportedStateError,
 )
-from casckpt.format.state import encode_state
 
 try:
     import torch
@@ -138,7 +137,7 @@ def _common_digest(checkpoint_dir: str) -> str | None:
     """The BLAKE3 of the directory's ``common.pt``, read as bytes (never unpickled); None if absent."""
     try:
         with open(os.path.join(checkpoint_dir, COMMON_FILE), "rb") as file:
-            return blake3(file.read()).hexdigest()  # type: ignore[no-any-return]
+            return blake3(file.read()).hexdigest()
     except FileNotFoundError:
         return None
 
@@ -164,20 +163,18 @@ def _renamed(tensor: ShardedTensor) -> _Expected:
     return _Expected(_stored_key(tensor.key), tuple(tensor.global_shape))
 
 
-def _refusal(sharded_state_dict: ShardedStateDict) -> UnsupportedStateError | None:
-    """Why a ``ShardedObject`` of this rank cannot be a plain value of a version, if one cannot."""
+def _refusal(sharded_state_dict: ShardedStateDict) -> CasckptError | None:
+    """Why a ``ShardedObject`` of this rank cannot be a plain value of a version, if one cannot
+    (any casckpt error: a bad key fails as an InvalidNameError, and must fail every rank too)."""
     for found in nested_values(sharded_state_dict):
         if not isinstance(found, ShardedObject):
             continue
         try:
-            _, leaves = encode_state(found.data)
-        except UnsupportedStateError as exc:
-            return UnsupportedStateError(f"ShardedObject {found.key!r} cannot be saved to casckpt: {exc}")
-        if leaves:
-            return UnsupportedStateError(
-                f"ShardedObject {found.key!r} holds a tensor or array (at {leaves[0].path!r}): casckpt "
-                "keeps ShardedObjects as plain values (dicts, lists, tuples, numbers, strings, bytes, "
-                "None). Save it as a ShardedTensor, or convert it (.tolist()) before saving")
+            plain_node(found.data, f"ShardedObject {found.key!r}",
+                       "casckpt keeps ShardedObjects as plain values (dicts, lists, tuples, numbers, "
+                       "strings, bytes, None): save it as a ShardedTensor, or convert it (.tolist())")
+        except CasckptError as exc:
+            return exc
     return None
 
 
@@ -186,7 +183,7 @@ class _SavePlanner(MCoreSavePlanner):  # type: ignore[misc]
     writes) when one rank's objects cannot be stored: a rank raising alone would leave the
     others waiting in DCP's collectives."""
 
-    def __init__(self, refused: UnsupportedStateError | None, **kwargs: Any) -> None:
+    def __init__(self, refused: CasckptError | None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._refused = refused
 
@@ -241,6 +238,8 @@ class CasckptSaveStrategy(SaveShardedStrategy):  # type: ignore[misc]
         VersionExistsError: (``save``) ``run`` already has a version at the step.
         UnsupportedStateError: (``save``) a ``ShardedObject`` holds something other than plain
             values; raised on every rank, before any rank writes.
+        InvalidNameError: (``save``) a ``ShardedObject`` holds a key no version may (e.g. with
+            ``/``); raised on every rank, before any rank writes.
         InvalidArgumentError: (``save``) no step given and the directory is not named ``iter_N``.
     """
 

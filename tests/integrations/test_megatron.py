@@ -184,6 +184,16 @@ def test_bad_input_is_refused_with_typed_errors(ranks: Zygote, tmp_path: Path) -
         assert opened.log() == []
 
 
+def test_one_ranks_bad_object_key_fails_every_rank_together(ranks: Zygote, tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    reply = launch(ranks, "mc_bad_key", 2, path=str(store), dir=str(tmp_path / "ckpt" / "iter_0000001"))
+    errors = [r["error"] for r in reply["results"]]  # rank 0's object is fine: it must not wait
+    assert [e[0] for e in errors] == ["InvalidNameError", "InvalidNameError"], errors
+    assert all("loader/state" in e[1] for e in errors)
+    with casckpt.open(store) as opened:
+        assert opened.log() == []
+
+
 def test_import_casckpt_imports_no_megatron() -> None:
     code = "import sys, casckpt, casckpt.integrations\nprint('megatron' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
