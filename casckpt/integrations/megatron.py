@@ -50,7 +50,6 @@ helpers of its ``torch_dist`` strategy).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -66,6 +65,7 @@ from casckpt.errors import (
     OptionalDependencyError,
     RefNotFoundError,
 )
+from casckpt.integrations.resume import SCHEME, location_tag, scheme_ref
 
 try:
     import torch
@@ -108,9 +108,6 @@ BACKEND = "casckpt"
 
 FORMAT_VERSION = 1
 
-SCHEME = "casckpt://"
-"""``CasckptLoadStrategy(store, "casckpt://REF")`` loads the version REF names."""
-
 TAG_PREFIX = "megatron."
 """Tags naming the version saved under each checkpoint directory."""
 
@@ -121,16 +118,12 @@ COMMON_DIGEST = "megatron.common_blake3"
 """The version's metadata key holding the BLAKE3 of the ``common.pt`` saved with it."""
 
 _ITER_DIR = re.compile(r"iter_(\d+)$")
-_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 
 def directory_tag(checkpoint_dir: str | os.PathLike[str]) -> str:
     """The tag naming the newest version saved under ``checkpoint_dir`` (absolute or not), by
     whichever run: a directory saved to again, by the same run or another, moves the tag."""
-    where = os.path.abspath(os.fspath(checkpoint_dir))
-    digest = hashlib.sha256(where.encode()).hexdigest()[:16]
-    stem = _UNSAFE.sub("_", Path(where).name).strip("_-")[:80] or "checkpoint"
-    return f"{TAG_PREFIX}{stem}.{digest}"
+    return location_tag(TAG_PREFIX, os.fspath(checkpoint_dir))
 
 
 def _common_digest(checkpoint_dir: str) -> str | None:
@@ -299,7 +292,7 @@ class CasckptLoadStrategy(LoadShardedStrategy):  # type: ignore[misc]
     def __init__(self, store: Store, ref: str | None = None) -> None:
         super().__init__()
         self.store = store
-        self.ref = ref[len(SCHEME):] if ref is not None and ref.startswith(SCHEME) else ref
+        self.ref = ref if ref is None else (scheme_ref(ref) if ref.startswith(SCHEME) else ref)
         if self.ref == "":
             raise InvalidArgumentError(f"no ref after {SCHEME}: name a version, e.g. {SCHEME}gpt@latest")
 
