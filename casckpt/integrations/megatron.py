@@ -63,6 +63,7 @@ from casckpt.errors import (
     InvalidArgumentError,
     MixedCheckpointError,
     OptionalDependencyError,
+    ReadOnlyStoreError,
     RefNotFoundError,
 )
 from casckpt.integrations.resume import SCHEME, location_tag, scheme_ref
@@ -234,12 +235,18 @@ class CasckptSaveStrategy(SaveShardedStrategy):  # type: ignore[misc]
         InvalidNameError: (``save``) a ``ShardedObject`` holds a key no version may (e.g. with
             ``/``); raised on every rank, before any rank writes.
         InvalidArgumentError: (``save``) no step given and the directory is not named ``iter_N``.
+        ReadOnlyStoreError: the store was opened read-only (raised here, before Megatron writes
+            anything into the checkpoint directory).
     """
 
     def __init__(self, store: Store, run: str, step: int | None = None, *,
                  keep_only_main_replica: bool = True, metadata: Mapping[str, Any] | None = None,
                  metrics: Mapping[str, float] | None = None, tags: Iterable[str] = ()) -> None:
         super().__init__(BACKEND, FORMAT_VERSION)
+        if store.read_only is not None:  # refused here, not in save after common.pt is written
+            raise ReadOnlyStoreError(
+                f"CasckptSaveStrategy needs write access to the store; it was opened read-only "
+                f"because {store.read_only}. Open it writable to save checkpoints into it")
         self.store, self.run, self.step = store, run, step
         self.keep_only_main_replica = keep_only_main_replica
         self.metadata, self.metrics, self.tags = dict(metadata or {}), metrics, tuple(tags)
@@ -282,7 +289,10 @@ class CasckptLoadStrategy(LoadShardedStrategy):  # type: ignore[misc]
     layout whose global shapes match, as ``torch_dist`` does.
 
     Raises:
-        InvalidArgumentError: ``casckpt://`` with no ref after it.
+        InvalidArgumentError: ``casckpt://`` with no ref after it; (``load``) the ranks'
+            resolves of ``ref`` named different versions (a save moved ``run@latest`` between
+            them: each rank resolves ``ref`` itself, and DCP's coordinator refuses a mix). To
+            be sure, resolve it once (``store.resolve``) and pass ``casckpt://<version id>``.
         CheckpointPathNotFoundError: (``load``) no version was saved under the directory.
         RefNotFoundError, AmbiguousRefError: (``load``) a bad ``ref``.
         MixedCheckpointError: (``load`` by directory) the directory's ``common.pt`` is not the

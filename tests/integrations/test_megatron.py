@@ -194,6 +194,15 @@ def test_one_ranks_bad_object_key_fails_every_rank_together(ranks: Zygote, tmp_p
         assert opened.log() == []
 
 
+def test_a_read_only_store_is_refused_before_megatron_writes(tmp_path: Path) -> None:
+    from casckpt.integrations.megatron import CasckptSaveStrategy
+
+    store = _store(tmp_path)
+    with casckpt.open(store, read_only=True) as opened, pytest.raises(casckpt.errors.ReadOnlyStoreError,
+                                                                       match="read-only"):
+        CasckptSaveStrategy(opened, run="gpt")
+
+
 def test_import_casckpt_imports_no_megatron() -> None:
     code = "import sys, casckpt, casckpt.integrations\nprint('megatron' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
