@@ -41,7 +41,10 @@ neither file: nothing of them is in the store, so loading from the store unpickl
 (DCP's metadata is the version's JSON manifest, the objects plain-value nodes; see
 :mod:`casckpt.dcp`). ``ShardedObject`` data must therefore be plain values (dicts, lists,
 tuples, numbers, strings, bytes, None): one holding a tensor or a numpy array is refused with
-:class:`~casckpt.errors.UnsupportedStateError` before anything is written.
+:class:`~casckpt.errors.UnsupportedStateError` before anything is written. Megatron's own
+state has such objects (Transformer Engine's ``_extra_state``, the RNG state, the distributed
+optimizer's state): Transformer-Engine-based jobs and checkpoints with RNG state cannot be
+saved through these strategies yet.
 
 Needs the extra: ``pip install 'casckpt[megatron]'`` (megatron-core 0.16; the strategies use
 helpers of its ``torch_dist`` strategy).
