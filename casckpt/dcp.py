@@ -175,11 +175,24 @@ def _value_node(fqn: str, data: io.BytesIO) -> Node:
             f"(dicts, lists, tuples, numbers, strings, bytes, None) and tensors, and {what}. "
             "Convert it (e.g. int(x), x.isoformat(), x.state_dict()) before saving."
         ) from exc
+    return plain_node(value, f"the value at {fqn!r}")
+
+
+def plain_node(value: Any, what: str,
+               advice: str = "put tensors at their own keys of the state dict") -> Node:
+    """``value``, a non-tensor value of a DCP state, as a plain-value node; ``what`` names it in
+    the errors (the check every integration saving through DCP makes of its objects).
+
+    Raises:
+        UnsupportedStateError: ``value`` is not plain, or holds a tensor or array (``advice``
+            says what to do).
+        InvalidNameError: a key in ``value`` no key of a version may be (e.g. one holding ``/``).
+    """
     root, leaves = encode_state(value)
     if leaves:
         raise UnsupportedStateError(
-            f"the value at {fqn!r} holds tensors inside an object DCP saves as opaque bytes "
-            f"(at {leaves[0].path!r}); put tensors at their own keys of the state dict"
+            f"{what} holds tensors inside an object DCP saves as opaque bytes "
+            f"(at {leaves[0].path!r}); {advice}"
         )
     return root
 

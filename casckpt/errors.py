@@ -331,6 +331,13 @@ class CheckpointPathNotFoundError(RefNotFoundError):
     saved through casckpt, removed since, or saved to another run)."""
 
 
+class MixedCheckpointError(CasckptError, ValueError):
+    """A framework's checkpoint directory holds files of one save and the store's version for
+    that directory is of another (a later save into the directory was killed after the
+    framework wrote its own files, before the store's version was published): loading would
+    mix the two. The message names the version and how to load one explicitly."""
+
+
 class OptionalDependencyError(CasckptError, ImportError):
     """An integration needs a library that is not installed; the message names the extra."""
 

@@ -383,6 +383,43 @@ def test_select_only_postgres_role(tmp_path: Path, pg_url: str) -> None:
     assert _tree_digest(blobs) == files
 
 
+def test_a_writer_granted_before_an_upgrade_added_tables_is_told_to_grant_again(tmp_path: Path,
+                                                                                  pg_url: str) -> None:
+    # a writer role granted what an older casckpt printed lacks the tables a later migration added
+    # (0015's tree_*): it opens read-only, saying how to grant them, and commits once they are granted
+    from casckpt.catalog.grants import grant_statements
+
+    blobs = tmp_path / "blobs"
+    with casckpt.open(None, blobs=str(blobs), catalog=pg_url) as store:
+        _build(store)
+    admin = pg_url.replace("postgresql+psycopg://", "postgresql://", 1)
+    database = pg_url.split("?")[0].rsplit("/", 1)[1]
+    role = f"writer_{database[-8:]}"
+    statements = [line for line in grant_statements("writer", role) if not line.startswith("--")]
+    older = [line for line in statements if '"tree_' not in line]
+    assert len(older) < len(statements)
+    import psycopg
+
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+        conn.execute(f"GRANT CONNECT ON DATABASE {database} TO {role}")
+        for line in older:
+            conn.execute(line)
+    writer = pg_url.replace("postgres:@", f"{role}:@", 1)
+    with pytest.warns(ReadOnlyStoreWarning, match="--print-grants writer` again"):
+        store = casckpt.open(None, blobs=str(blobs), catalog=writer)
+    with store, pytest.raises(ReadOnlyStoreError):
+        store.commit(_state(9), run="late", step=0)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        for line in statements:
+            conn.execute(line)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ReadOnlyStoreWarning)
+        with casckpt.open(None, blobs=str(blobs), catalog=writer) as store:
+            store.commit(_state(9), run="late", step=0)
+            assert [e.version.step for e in store.history("late", "w")] == [0]
+
+
 # -- S3: a bucket that refuses writes --------------------------------------------------------
 
 @pytest.fixture

@@ -127,7 +127,9 @@ class Catalog:
         if not denied:
             return None
         return (f"the PostgreSQL role {role!r} may not INSERT into the catalog tables "
-                f"{', '.join(denied[:3])}{' ...' if len(denied) > 3 else ''}")
+                f"{', '.join(denied[:3])}{' ...' if len(denied) > 3 else ''} (if a casckpt upgrade "
+                "added them since the role's grants were made, the tables' owner grants them by "
+                "running the statements of `casckpt init --print-grants writer` again)")
 
     def _refuse_migration(self) -> None:
         """A read-only catalog at another schema revision: newer is refused as ever, older

@@ -23,7 +23,8 @@ Needs the extra: ``pip install 'casckpt[lightning]'``.
 from __future__ import annotations
 
 from casckpt.errors import OptionalDependencyError
-from casckpt.integrations.lightning_io import SCHEME, StoreCheckpointIO
+from casckpt.integrations.lightning_io import StoreCheckpointIO
+from casckpt.integrations.resume import SCHEME
 
 try:
     import lightning.pytorch as framework

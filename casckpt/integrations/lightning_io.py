@@ -45,10 +45,8 @@ else is refused with its key path, before anything is written.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import re
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -65,7 +63,7 @@ from casckpt.errors import (
     VersionExistsError,
 )
 from casckpt.format.state import check_state_key
-from casckpt.integrations.resume import LATEST, version_to_resume
+from casckpt.integrations.resume import LATEST, SCHEME, location_tag, scheme_ref, version_to_resume
 from casckpt.types import Version
 
 if TYPE_CHECKING:
@@ -73,9 +71,6 @@ if TYPE_CHECKING:
     from casckpt.store import Store
 
 log = logging.getLogger(__name__)
-
-SCHEME = "casckpt://"
-"""``ckpt_path="casckpt://REF"`` loads the version REF names (``run@latest``, ``tag:best``, ...)."""
 
 PATH_TAG_PREFIX = "lightning."
 """Tags this plugin points at versions, one per checkpoint path."""
@@ -86,7 +81,6 @@ LIGHTNING_VERSION_KEY = "pytorch-lightning_version"
 PAIRS = "casckpt.pairs"
 """The single key of a node that stands for a dict whose keys cannot be tensor paths."""
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 
 @dataclass
@@ -277,8 +271,8 @@ class StoreCheckpointIO:
             CheckpointPathNotFoundError, RefNotFoundError: as :meth:`load_checkpoint`.
         """
         text = os.fspath(path)
-        if text.startswith(SCHEME):
-            ref = text[len(SCHEME):]
+        ref = scheme_ref(text)
+        if ref is not None:
             if not ref:
                 raise RefNotFoundError(text, "no ref after casckpt://", [f"{SCHEME}{self.run}@latest"])
             return self.store.resolve(ref)
@@ -294,11 +288,7 @@ class StoreCheckpointIO:
 
     def path_tag(self, path: str | Path) -> str:
         """The tag naming the version saved under ``path`` in this run."""
-        text = os.fspath(path)
-        where = text if "://" in text else os.path.abspath(text)
-        digest = hashlib.sha256(f"{self.run}\0{where}".encode()).hexdigest()[:16]
-        stem = _UNSAFE.sub("_", Path(where).stem).strip("_-")[:80] or "checkpoint"
-        return f"{PATH_TAG_PREFIX}{stem}.{digest}"
+        return location_tag(PATH_TAG_PREFIX, os.fspath(path), self.run)
 
     # -- internals ---------------------------------------------------------------
 

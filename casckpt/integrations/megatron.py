@@ -24,8 +24,14 @@ every rank has written, so a save killed part way leaves no version. Loading res
 
 Which version: a save becomes version ``run@step`` (``step`` given, or read from a directory
 named like Megatron's ``iter_0000100``), tagged with the checkpoint directory it was saved to
-(:func:`directory_tag`); a load reads the version tagged with its directory, or the one a
-``casckpt://REF`` (or plain ``REF``) given to :class:`CasckptLoadStrategy` names.
+(:func:`directory_tag`, the same tag whichever run saves there, so it names the newest save);
+a load reads the version tagged with its directory, or the one a ``casckpt://REF`` (or plain
+``REF``) given to :class:`CasckptLoadStrategy` names. The version also records the BLAKE3 of
+the directory's ``common.pt`` (read as bytes) that Megatron wrote just before: a load by
+directory whose ``common.pt`` is another (a later save into the directory was killed before
+its version was published) is refused with :class:`~casckpt.errors.MixedCheckpointError`.
+A load by ``casckpt://REF`` is not checked: it combines the directory's ``common.pt`` with
+the named version's shards, as asked (e.g. a newer ``common.pt`` over older weights).
 
 The checkpoint directory stays Megatron's: ``dist_checkpointing.save`` itself writes
 ``common.pt`` (the common, non-sharded state, with ``torch.save``) and ``metadata.json``
@@ -35,7 +41,10 @@ neither file: nothing of them is in the store, so loading from the store unpickl
 (DCP's metadata is the version's JSON manifest, the objects plain-value nodes; see
 :mod:`casckpt.dcp`). ``ShardedObject`` data must therefore be plain values (dicts, lists,
 tuples, numbers, strings, bytes, None): one holding a tensor or a numpy array is refused with
-:class:`~casckpt.errors.UnsupportedStateError` before anything is written.
+:class:`~casckpt.errors.UnsupportedStateError` before anything is written. Megatron's own
+state has such objects (Transformer Engine's ``_extra_state``, the RNG state, the distributed
+optimizer's state): Transformer-Engine-based jobs and checkpoints with RNG state cannot be
+saved through these strategies yet.
 
 Needs the extra: ``pip install 'casckpt[megatron]'`` (megatron-core 0.16; the strategies use
 helpers of its ``torch_dist`` strategy).
@@ -44,24 +53,27 @@ helpers of its ``torch_dist`` strategy).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from casckpt.dcp import plain_node
 from casckpt.errors import (
     CasckptError,
     CheckpointPathNotFoundError,
     InvalidArgumentError,
+    MixedCheckpointError,
     OptionalDependencyError,
-    UnsupportedStateError,
+    ReadOnlyStoreError,
+    RefNotFoundError,
 )
-from casckpt.format.state import encode_state
+from casckpt.integrations.resume import SCHEME, location_tag, scheme_ref
 
 try:
     import torch
+    from blake3 import blake3
     from megatron.core.dist_checkpointing.dict_utils import nested_values
     from megatron.core.dist_checkpointing.mapping import (
         ShardedObject,
@@ -100,22 +112,31 @@ BACKEND = "casckpt"
 
 FORMAT_VERSION = 1
 
-SCHEME = "casckpt://"
-"""``CasckptLoadStrategy(store, "casckpt://REF")`` loads the version REF names."""
-
 TAG_PREFIX = "megatron."
 """Tags naming the version saved under each checkpoint directory."""
 
+COMMON_FILE = "common.pt"
+"""Megatron's file of the common (non-sharded) state, in the checkpoint directory."""
+
+COMMON_DIGEST = "megatron.common_blake3"
+"""The version's metadata key holding the BLAKE3 of the ``common.pt`` saved with it."""
+
 _ITER_DIR = re.compile(r"iter_(\d+)$")
-_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 
-def directory_tag(run: str, checkpoint_dir: str | os.PathLike[str]) -> str:
-    """The tag naming the version of ``run`` saved under ``checkpoint_dir`` (absolute or not)."""
-    where = os.path.abspath(os.fspath(checkpoint_dir))
-    digest = hashlib.sha256(f"{run}\0{where}".encode()).hexdigest()[:16]
-    stem = _UNSAFE.sub("_", Path(where).name).strip("_-")[:80] or "checkpoint"
-    return f"{TAG_PREFIX}{stem}.{digest}"
+def directory_tag(checkpoint_dir: str | os.PathLike[str]) -> str:
+    """The tag naming the newest version saved under ``checkpoint_dir`` (absolute or not), by
+    whichever run: a directory saved to again, by the same run or another, moves the tag."""
+    return location_tag(TAG_PREFIX, os.fspath(checkpoint_dir))
+
+
+def _common_digest(checkpoint_dir: str) -> str | None:
+    """The BLAKE3 of the directory's ``common.pt``, read as bytes (never unpickled); None if absent."""
+    try:
+        with open(os.path.join(checkpoint_dir, COMMON_FILE), "rb") as file:
+            return blake3(file.read()).hexdigest()
+    except FileNotFoundError:
+        return None
 
 
 def _stored_key(key: str) -> str:
@@ -139,20 +160,18 @@ def _renamed(tensor: ShardedTensor) -> _Expected:
     return _Expected(_stored_key(tensor.key), tuple(tensor.global_shape))
 
 
-def _refusal(sharded_state_dict: ShardedStateDict) -> UnsupportedStateError | None:
-    """Why a ``ShardedObject`` of this rank cannot be a plain value of a version, if one cannot."""
+def _refusal(sharded_state_dict: ShardedStateDict) -> CasckptError | None:
+    """Why a ``ShardedObject`` of this rank cannot be a plain value of a version, if one cannot
+    (any casckpt error: a bad key fails as an InvalidNameError, and must fail every rank too)."""
     for found in nested_values(sharded_state_dict):
         if not isinstance(found, ShardedObject):
             continue
         try:
-            _, leaves = encode_state(found.data)
-        except UnsupportedStateError as exc:
-            return UnsupportedStateError(f"ShardedObject {found.key!r} cannot be saved to casckpt: {exc}")
-        if leaves:
-            return UnsupportedStateError(
-                f"ShardedObject {found.key!r} holds a tensor or array (at {leaves[0].path!r}): casckpt "
-                "keeps ShardedObjects as plain values (dicts, lists, tuples, numbers, strings, bytes, "
-                "None). Save it as a ShardedTensor, or convert it (.tolist()) before saving")
+            plain_node(found.data, f"ShardedObject {found.key!r}",
+                       "casckpt keeps ShardedObjects as plain values (dicts, lists, tuples, numbers, "
+                       "strings, bytes, None): save it as a ShardedTensor, or convert it (.tolist())")
+        except CasckptError as exc:
+            return exc
     return None
 
 
@@ -161,7 +180,7 @@ class _SavePlanner(MCoreSavePlanner):  # type: ignore[misc]
     writes) when one rank's objects cannot be stored: a rank raising alone would leave the
     others waiting in DCP's collectives."""
 
-    def __init__(self, refused: UnsupportedStateError | None, **kwargs: Any) -> None:
+    def __init__(self, refused: CasckptError | None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._refused = refused
 
@@ -216,13 +235,21 @@ class CasckptSaveStrategy(SaveShardedStrategy):  # type: ignore[misc]
         VersionExistsError: (``save``) ``run`` already has a version at the step.
         UnsupportedStateError: (``save``) a ``ShardedObject`` holds something other than plain
             values; raised on every rank, before any rank writes.
+        InvalidNameError: (``save``) a ``ShardedObject`` holds a key no version may (e.g. with
+            ``/``); raised on every rank, before any rank writes.
         InvalidArgumentError: (``save``) no step given and the directory is not named ``iter_N``.
+        ReadOnlyStoreError: the store was opened read-only (raised here, before Megatron writes
+            anything into the checkpoint directory).
     """
 
     def __init__(self, store: Store, run: str, step: int | None = None, *,
                  keep_only_main_replica: bool = True, metadata: Mapping[str, Any] | None = None,
                  metrics: Mapping[str, float] | None = None, tags: Iterable[str] = ()) -> None:
         super().__init__(BACKEND, FORMAT_VERSION)
+        if store.read_only is not None:  # refused here, not in save after common.pt is written
+            raise ReadOnlyStoreError(
+                f"CasckptSaveStrategy needs write access to the store; it was opened read-only "
+                f"because {store.read_only}. Open it writable to save checkpoints into it")
         self.store, self.run, self.step = store, run, step
         self.keep_only_main_replica = keep_only_main_replica
         self.metadata, self.metrics, self.tags = dict(metadata or {}), metrics, tuple(tags)
@@ -239,10 +266,15 @@ class CasckptSaveStrategy(SaveShardedStrategy):  # type: ignore[misc]
                                                                 self.keep_only_main_replica)
         pyt_state = {_stored_key(k): v for k, v in mcore_to_pyt_state_dict(flat, False).items()}
         where = os.path.abspath(os.fspath(checkpoint_dir))
+        metadata = {**self.metadata, "megatron.checkpoint_dir": where}
+        # dist_checkpointing.save has rank 0 (DCP's coordinator, whose metadata the version gets)
+        # write common.pt before it calls this strategy: record which common.pt the shards go with
+        common = _common_digest(where) if torch.distributed.get_rank() == 0 else None
+        if common is not None:
+            metadata[COMMON_DIGEST] = common
         writer = self.store.dcp_writer(
-            run=self.run, step=step, metrics=self.metrics,
-            metadata={**self.metadata, "megatron.checkpoint_dir": where},
-            tags=(*self.tags, directory_tag(self.run, where)))
+            run=self.run, step=step, metrics=self.metrics, metadata=metadata,
+            tags=(*self.tags, directory_tag(where)))
         planner = _SavePlanner(_refusal(sharded_state_dict),
                                dedup_replicated_tensors=not self.keep_only_main_replica,
                                flatten_state_dict=False)
@@ -255,20 +287,25 @@ class CasckptLoadStrategy(LoadShardedStrategy):  # type: ignore[misc]
 
     Pass it as ``dist_checkpointing.load(..., sharded_strategy=...)`` on every rank. The
     version is the one ``ref`` names (``casckpt://REF`` or ``REF``: ``gpt@latest``,
-    ``gpt@100``, a tag, an id), or else the one saved under the checkpoint directory
-    (``run`` tells whose: by default the only run whose tag matches). Loads reshard onto any
+    ``gpt@100``, a tag, an id), or else the newest one saved under the checkpoint directory
+    (by whichever run saved there last). Loads reshard onto any
     layout whose global shapes match, as ``torch_dist`` does.
 
     Raises:
-        InvalidArgumentError: ``casckpt://`` with no ref after it.
+        InvalidArgumentError: ``casckpt://`` with no ref after it; (``load``) the ranks'
+            resolves of ``ref`` named different versions (a save moved ``run@latest`` between
+            them: each rank resolves ``ref`` itself, and DCP's coordinator refuses a mix). To
+            be sure, resolve it once (``store.resolve``) and pass ``casckpt://<version id>``.
         CheckpointPathNotFoundError: (``load``) no version was saved under the directory.
         RefNotFoundError, AmbiguousRefError: (``load``) a bad ``ref``.
+        MixedCheckpointError: (``load`` by directory) the directory's ``common.pt`` is not the
+            one saved with the directory's version (a later save there did not finish).
     """
 
-    def __init__(self, store: Store, ref: str | None = None, *, run: str | None = None) -> None:
+    def __init__(self, store: Store, ref: str | None = None) -> None:
         super().__init__()
-        self.store, self.run = store, run
-        self.ref = ref[len(SCHEME):] if ref is not None and ref.startswith(SCHEME) else ref
+        self.store = store
+        self.ref = ref if ref is None else (scheme_ref(ref) if ref.startswith(SCHEME) else ref)
         if self.ref == "":
             raise InvalidArgumentError(f"no ref after {SCHEME}: name a version, e.g. {SCHEME}gpt@latest")
 
@@ -288,16 +325,23 @@ class CasckptLoadStrategy(LoadShardedStrategy):  # type: ignore[misc]
         if self.ref is not None:
             return self.store.resolve(self.ref)
         where = os.path.abspath(os.fspath(checkpoint_dir))
-        runs = [self.run] if self.run is not None else [r.name for r in self.store.runs()]
-        for run in runs:
-            try:
-                return self.store.resolve(f"tag:{directory_tag(run, where)}")
-            except (KeyError, InvalidArgumentError):
-                continue
-        raise CheckpointPathNotFoundError(
-            where, "no version of the store was saved under this checkpoint directory (saved "
-            "without CasckptSaveStrategy, or to another store); pass "
-            f"CasckptLoadStrategy(store, '{SCHEME}<run>@<step>') to name one", [])
+        try:
+            found = self.store.resolve(f"tag:{directory_tag(where)}")
+        except RefNotFoundError:
+            raise CheckpointPathNotFoundError(
+                where, "no version of the store was saved under this checkpoint directory (saved "
+                "without CasckptSaveStrategy, or to another store); pass "
+                f"CasckptLoadStrategy(store, '{SCHEME}<run>@<step>') to name one", []) from None
+        recorded = found.metadata.get(COMMON_DIGEST)
+        if recorded is not None and recorded != _common_digest(where):
+            raise MixedCheckpointError(
+                f"{where}/{COMMON_FILE} is not the one saved with version {found.run}@{found.step} "
+                f"({found.id[:12]}), the newest this directory was saved to: a later save into the "
+                "directory stopped after Megatron wrote its common state, before its version was "
+                "published. Save again, or load a version on purpose with "
+                f"CasckptLoadStrategy(store, '{SCHEME}{found.run}@{found.step}') (the directory's "
+                f"{COMMON_FILE} is then loaded with that version's shards as they are)")
+        return found
 
     def _reader(self, checkpoint_dir: str | os.PathLike[str]) -> StoreReader:
         return self.store.dcp_reader(self.version(checkpoint_dir).id)

@@ -9,7 +9,8 @@ the same class on ``pytorch_lightning``'s base (``lightning_fabric``). Needs
 from __future__ import annotations
 
 from casckpt.errors import OptionalDependencyError
-from casckpt.integrations.lightning_io import SCHEME, StoreCheckpointIO
+from casckpt.integrations.lightning_io import StoreCheckpointIO
+from casckpt.integrations.resume import SCHEME
 
 try:
     import pytorch_lightning as framework

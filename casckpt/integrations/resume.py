@@ -10,6 +10,10 @@ id still has to name a version, and a fork starts from the version it was forked
 
 from __future__ import annotations
 
+import hashlib
+import os
+import re
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from casckpt.errors import RefNotFoundError
@@ -20,6 +24,27 @@ if TYPE_CHECKING:
     from casckpt.types import Version
 
 LATEST = "@latest"
+
+SCHEME = "casckpt://"
+"""A checkpoint path ``casckpt://REF`` names the version REF names (``run@latest``, ``tag:best``,
+...): Lightning's ``ckpt_path``, Megatron's ``CasckptLoadStrategy(store, ref)``."""
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+def scheme_ref(text: str) -> str | None:
+    """The REF of ``casckpt://REF`` (``""`` when nothing follows it); None for any other text."""
+    return text[len(SCHEME):] if text.startswith(SCHEME) else None
+
+
+def location_tag(prefix: str, location: str, *scope: str) -> str:
+    """The tag naming the version saved at ``location`` (a path, taken absolute, or a URL),
+    within ``scope`` (e.g. the run; none: whoever saved there): ``prefix``, the location's
+    stem, and a digest of the scope and the location."""
+    where = location if "://" in location else os.path.abspath(location)
+    digest = hashlib.sha256("\0".join((*scope, where)).encode()).hexdigest()[:16]
+    stem = _UNSAFE.sub("_", Path(where).stem).strip("_-")[:80] or "checkpoint"
+    return f"{prefix}{stem}.{digest}"
 
 
 def version_to_resume(store: Store, ref: Ref) -> Version | None:

@@ -202,6 +202,25 @@ def for_moto(policy: dict[str, Any]) -> dict[str, Any]:
     return {**policy, "Statement": statements}
 
 
+def test_a_writer_reads_history_where_it_may_not_record_the_index(pg_roles: dict[str, Any],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # versions whose rows are unusable (a deleted base, a restarted trainer's first commit) are
+    # indexed from their trees by history; recording them deletes rows, which a writer may not:
+    # the answer must come all the same
+    with as_role(monkeypatch, pg_roles, "writer") as writer:
+        for step in range(1, 5):
+            writer.commit(state(step), run="r", step=step)
+        writer.delete("r@3")
+        assert [(e.version.step, e.change) for e in writer.history("r", "w")] == [
+            (1, "added"), (2, "changed"), (4, "changed")]
+    with as_role(monkeypatch, pg_roles, "writer") as writer:  # a restart: the first commit has no rows
+        writer.commit(state(9), run="r", step=9)
+    with as_role(monkeypatch, pg_roles, "writer") as writer:
+        assert [e.version.step for e in writer.history("r", "w")] == [1, 2, 4, 9]
+    with as_role(monkeypatch, pg_roles, "reader") as reader:
+        assert [e.version.step for e in reader.history("r", "w")] == [1, 2, 4, 9]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -255,6 +255,22 @@ def scenario_mc_refusals(rank: int, world: int, args: dict[str, Any]) -> dict[st
                 "never_saved": _error(never_saved)}
 
 
+def scenario_mc_bad_key(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+    """Only the last rank's object has a key no version may hold ('/'): every rank must fail."""
+    state = sharded_state(full_tensors(1), rank, world, objects=False)
+    bad = {"loader/state": 1} if rank == world - 1 else {"loader_state": 1}
+    state["loader"] = ShardedObject("loader", bad, (world,), (rank,), replica_id=0)
+    folder = Path(args["dir"])
+    if rank == 0:
+        folder.mkdir(parents=True)
+    dist.barrier()
+    with open_store(args) as store:
+        began = time.perf_counter()
+        error = _error(lambda: dist_checkpointing.save(state, str(folder),
+                                                       sharded_strategy=CasckptSaveStrategy(store, "gpt")))
+        return {"error": error, "wall": time.perf_counter() - began}
+
+
 dist_worker.SCENARIOS.update({name.removeprefix("scenario_"): fn for name, fn in list(globals().items())
                               if name.startswith("scenario_")})
 

@@ -75,7 +75,7 @@ def test_save_and_load_bit_exact_as_torch_dist(ranks: Zygote, tmp_path: Path) ->
     assert any(p.suffix == ".distcp" for p in theirs.iterdir())
     with casckpt.open(store) as opened:
         version = opened.resolve("gpt@7")
-        assert version.tags == (directory_tag("gpt", ours),)
+        assert version.tags == (directory_tag(ours),)
         assert version.metadata["megatron.checkpoint_dir"] == str(ours)
         detail = opened.show("gpt@7", tensors=True)
         assert detail.world_size == 2 and detail.saved_with == "dcp"
@@ -132,6 +132,32 @@ def _changed(result: dict[str, Any]) -> set[str]:
     return {k for k, v in result["digests"].items() if result["before"][k] != v}
 
 
+def test_a_directory_two_runs_saved_to_loads_the_newest_save(ranks: Zygote, tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    folder = tmp_path / "ckpt" / "iter_0000001"
+    launch(ranks, "mc_save", 2, path=str(store), dir=str(folder), run="a", seed=1)
+    launch(ranks, "mc_save", 2, path=str(store), dir=str(folder), run="b", seed=2)
+    loaded = launch(ranks, "mc_load", 2, path=str(store), dir=str(folder), seed=2)["results"]
+    assert [r["bad"] for r in loaded] == [[], []]  # run b's shards, not the older run a's
+    assert [r["iteration"] for r in loaded] == [102, 102]
+
+
+@pytest.mark.slow  # ~18 s: a killed launch waits out its peer
+def test_a_killed_save_into_a_reused_directory_refuses_to_mix(ranks: Zygote, tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    folder = tmp_path / "ckpt" / "latest"
+    launch(ranks, "mc_save", 2, path=str(store), dir=str(folder), run="gpt", step=1, seed=1)
+    killed = launch(ranks, "mc_save", 2, ok=False, path=str(store), dir=str(folder), run="gpt",
+                    step=2, seed=2, kill=1)  # Megatron wrote step 2's common.pt; no version 2
+    assert killed["codes"][1] == -9
+    mixed = launch(ranks, "mc_load", 2, ok=False, path=str(store), dir=str(folder), seed=1)
+    assert all("MixedCheckpointError" in e and "casckpt://gpt@1" in e for e in mixed["errors"])
+    # named explicitly, the version's shards go with the directory's common.pt, as documented
+    by_ref = launch(ranks, "mc_load", 2, path=str(store), dir=str(folder), seed=1, ref="casckpt://gpt@1")
+    assert [r["bad"] for r in by_ref["results"]] == [[], []]
+    assert [r["iteration"] for r in by_ref["results"]] == [102, 102]
+
+
 def test_a_killed_save_leaves_no_version(ranks: Zygote, tmp_path: Path) -> None:
     store = _store(tmp_path)
     first, second = tmp_path / "ckpt" / "iter_0000001", tmp_path / "ckpt" / "iter_0000002"
@@ -156,6 +182,25 @@ def test_bad_input_is_refused_with_typed_errors(ranks: Zygote, tmp_path: Path) -
     assert errors["never_saved"][0] == "CheckpointPathNotFoundError"
     with casckpt.open(store) as opened:
         assert opened.log() == []
+
+
+def test_one_ranks_bad_object_key_fails_every_rank_together(ranks: Zygote, tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    reply = launch(ranks, "mc_bad_key", 2, path=str(store), dir=str(tmp_path / "ckpt" / "iter_0000001"))
+    errors = [r["error"] for r in reply["results"]]  # rank 0's object is fine: it must not wait
+    assert [e[0] for e in errors] == ["InvalidNameError", "InvalidNameError"], errors
+    assert all("loader/state" in e[1] for e in errors)
+    with casckpt.open(store) as opened:
+        assert opened.log() == []
+
+
+def test_a_read_only_store_is_refused_before_megatron_writes(tmp_path: Path) -> None:
+    from casckpt.integrations.megatron import CasckptSaveStrategy
+
+    store = _store(tmp_path)
+    with casckpt.open(store, read_only=True) as opened, pytest.raises(casckpt.errors.ReadOnlyStoreError,
+                                                                       match="read-only"):
+        CasckptSaveStrategy(opened, run="gpt")
 
 
 def test_import_casckpt_imports_no_megatron() -> None:

@@ -163,6 +163,10 @@ def _tree_diff(catalog: Catalog, a: VersionRow, b: VersionRow, ha: Manifest, hb:
 # -- tensor history -----------------------------------------------------------------------
 
 
+_INDEX_PASSES = 4
+"""Times history indexes the versions it finds without usable rows, and looks again (versions
+committed or deleted while it indexed are found on the next pass)."""
+
 # positions in a ``sql.tensor_changes`` row, after the version columns (rows are read by
 # position and the loop allocates as little as it can: 10,000 entries are a common case)
 _ROOT, _DTYPE, _SHAPE, _NBYTES, _DIGEST, _N, _SIZE, _CONTENT_NBYTES, _IDS, _CHANGED = range(
@@ -234,12 +238,16 @@ def tensor_history(catalog: Catalog, run: str, path: str) -> list[TensorHistoryE
 def _history(catalog: Catalog, run: str, path: str,
              segments: Sequence[sql.Segment]) -> list[TensorHistoryEntry]:
     rows, tags, stale = sql.tensor_changes(catalog, segments, path)
-    if stale:  # tree versions without rows against the version before them: index them, once
+    overlay: dict[str, tuple[str | None, Any]] = {}
+    for _ in range(_INDEX_PASSES):  # tree versions without rows against the version before them
+        if not stale:
+            break
         computed = treeindex.index(catalog, stale)
-        overlay = {vid: (base, treeindex.state_of(found, path)) for vid, (base, found) in computed.items()}
-        rows, tags, stale = sql.tensor_changes(catalog, segments, path, overlay)
-        if stale:  # versions committed or deleted meanwhile
-            raise CatalogError(f"the history of run {run!r} changed while it was read; read it again")
+        overlay.update((vid, (base, treeindex.state_of(found, path)))
+                       for vid, (base, found) in computed.items())
+        rows, tags, stale = sql.tensor_changes(catalog, segments, path, overlay)  # and new ones
+    if stale:  # versions committed or deleted faster than they could be indexed
+        raise CatalogError(f"the history of run {run!r} changed while it was read; read it again")
     kept: list[Sequence[Any]] = []
     kinds: list[str] = []
     before: list[Sequence[Any] | None] = []

@@ -13,6 +13,7 @@ it computed when the handle may write), ``casckpt migrate-trees`` and catalog re
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,7 +21,9 @@ from casckpt.catalog import Catalog, tensorchanges, treechanges
 from casckpt.catalog.rows import StoredContent
 from casckpt.engine.read import treeviews
 from casckpt.engine.versions.refs import bind
-from casckpt.errors import RefNotFoundError
+from casckpt.errors import CatalogError, RefNotFoundError
+
+log = logging.getLogger(__name__)
 
 Rows = dict[str, tuple[str | None, list[treechanges.Change]]]
 """Version id -> (base id, its rows against the base)."""
@@ -82,13 +85,23 @@ def catalog_contents(catalog: Catalog, old: Sequence[Any], new: Sequence[Any],
 
 def index(catalog: Catalog, wanted: Sequence[tuple[str, str | None]]) -> Rows:
     """The rows of each ``(version, base)`` in ``wanted``, recorded in the catalog when this
-    handle may write it (replacing what the version had)."""
+    handle may write it (replacing what the version had).
+
+    Recording is a cache of what the trees say: where it fails -- a PostgreSQL writer role may
+    delete no rows but its leases, another handle indexed the same version first (a unique
+    key), the catalog is briefly unreachable -- the rows are still returned and answer this
+    call, and a later writer with the rights (``casckpt migrate-trees``) records them."""
     views = treeviews.Trees(catalog)
     computed: Rows = {vid: (base, rows_against(views, vid, base)) for vid, base in wanted}
     if computed and not catalog.read_only:
-        with catalog.write() as conn:
-            new = treechanges.replace(conn, computed, catalog.path_ids)
-        catalog.path_ids.update(new)
+        try:
+            with catalog.write() as conn:
+                new = treechanges.replace(conn, computed, catalog.path_ids)
+        except CatalogError as exc:
+            log.info("tensor history: the rows of %d version(s) were computed from their trees but "
+                     "not recorded (%s); `casckpt migrate-trees` records them", len(computed), exc)
+        else:
+            catalog.path_ids.update(new)
     return computed
 
 

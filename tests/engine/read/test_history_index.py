@@ -288,3 +288,37 @@ def test_a_rebuilt_catalog_indexes_every_tree_version(tmp_path: Path) -> None:
         assert _rows(store, "tree_indexed") == 6
         for path in PATHS:
             assert _history(store, "r", path) == expected[path]
+
+
+def test_history_calls_indexing_the_same_versions_at_once_all_answer(tmp_path: Path,
+                                                                     catalog: str | None) -> None:
+    # versions a reopened handle committed first have no rows; several handles' history calls
+    # index them at once, and only one can record them (a unique key): the others still answer
+    import threading
+
+    root = tmp_path / "s"
+    store = casckpt.open(root, chunk_size=CHUNK, catalog=catalog)
+    state = {p: _tensor(0, i) for i, p in enumerate(PATHS)}
+    for step in range(8):
+        _apply(state, [(PATHS[step % 4], "value", step % 3)], step)
+        store.commit(_nested(state), run="r", step=step)
+        if step % 2 == 0:
+            store.close()
+            store = casckpt.open(root, chunk_size=CHUNK, catalog=catalog)
+    expected = _reference(store, "r", "m.a")
+    store.close()
+    answers: list[Any] = []
+
+    def ask() -> None:
+        try:
+            with casckpt.open(root, catalog=catalog) as handle:
+                answers.append(_history(handle, "r", "m.a"))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            answers.append(exc)
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert answers == [expected] * 4
