@@ -42,6 +42,14 @@ KINDS: dict[str, tuple[str, str, str]] = {
 }
 """The DeepSpeed objects a checkpoint may hold, by the kind name a node records."""
 
+DTYPES = frozenset((
+    "float16", "bfloat16", "float32", "float64", "complex32", "complex64", "complex128",
+    "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "bool",
+    "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
+))
+"""The torch dtypes a node may name: a fixed list, so a stored name never reaches another
+attribute of ``torch`` (some import submodules when read)."""
+
 _BY_CLASS = {(module, name): kind for kind, (module, name, _) in KINDS.items()}
 
 
@@ -109,8 +117,8 @@ def _node(kind: Any, value: Any) -> Any:
     if kind == "dtype":
         import torch
 
-        dtype = getattr(torch, value, None) if isinstance(value, str) else None
-        if not isinstance(dtype, torch.dtype):
+        dtype = getattr(torch, value) if isinstance(value, str) and value in DTYPES else None
+        if not isinstance(dtype, torch.dtype):  # a name this torch lacks (float8 in an old one)
             raise CorruptManifestError(f"a DeepSpeed checkpoint node names dtype {value!r}, which "
                                        "this torch does not have; read it with the torch that saved it")
         return dtype
@@ -118,7 +126,7 @@ def _node(kind: Any, value: Any) -> Any:
         return OrderedDict((k, decode(v)) for k, v in value)
     if kind == "pairs":
         return {k: decode(v) for k, v in value}
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         raise CorruptManifestError(
             f"a DeepSpeed checkpoint node names kind {kind!r}, which this casckpt does not know "
             f"(it knows size, dtype, odict, pairs, {', '.join(KINDS)}); read it with the casckpt "
