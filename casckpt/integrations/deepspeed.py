@@ -31,8 +31,10 @@ and the file, no data; DeepSpeed then writes ``latest`` as usual. Loading reads 
 marker: the tag is resolved in the catalog and the file's dict restored from the store (every
 byte verified), with its objects rebuilt by :mod:`casckpt.integrations.deepspeed_state`; nothing
 is unpickled. :func:`load_checkpoint` first writes the markers (and ``latest``) from the catalog,
-so a job resumes on a machine whose checkpoint directory is gone, and resolves "the newest" from
-the catalog, not from ``latest``.
+so a job resumes on a machine whose checkpoint directory is gone; with no tag it resumes what
+DeepSpeed would: ``DIR/latest``'s tag when the run holds it, else the run's most recently
+committed version (after a rollback, not the highest step). A save at a step the run already
+holds (after a rollback) is refused with VersionExistsError on every rank: fork the run.
 
 The commit runs on the training thread, inside ``save_checkpoint``: DeepSpeed's decoupled flow
 (``is_decoupled``) defers ``commit`` to the next ``step()`` but writes ``latest`` right after it,
@@ -43,7 +45,6 @@ its own process group and a copy of every file's tensors; this engine does not d
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -58,13 +59,22 @@ from casckpt.engine.versions.validate import check_name
 from casckpt.errors import (
     CasckptError,
     CheckpointPathNotFoundError,
-    CorruptManifestError,
     GroupCommitError,
     InvalidArgumentError,
     InvalidConfigError,
     OptionalDependencyError,
     RefNotFoundError,
     VersionExistsError,
+)
+from casckpt.integrations.deepspeed_files import (
+    MARKER_FORMAT,
+    check_tag,
+    plain_name,
+    refuse_foreign_file,
+    stored_files,
+    stored_tag,
+    write_atomically,
+    write_marker,
 )
 from casckpt.integrations.deepspeed_state import decode, encode
 from casckpt.integrations.resume import LATEST, version_to_resume
@@ -82,8 +92,8 @@ ENGINE_NAME = "CasckptCheckpointEngine"
 CONFIG_KEY = "casckpt"
 """The section of the DeepSpeed config :func:`install` reads: ``{"store": URL, "run": NAME}``."""
 TAG_PREFIX = "deepspeed."
-MARKER_FORMAT = "casckpt.deepspeed-marker/1"
-"""The ``format`` of a marker file: JSON naming the version that holds the file."""
+__all__ = ["ENGINE_NAME", "MARKER_FORMAT", "CasckptCheckpointEngine", "export_files", "install",
+           "load_checkpoint", "write_marker"]
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
@@ -280,7 +290,7 @@ class CasckptCheckpointEngine(CheckpointEngine):  # type: ignore[misc]  # DeepSp
             refuse_foreign_file(path)
         for path, name in targets:
             write_marker(path, version, name)
-        _write_atomically(Path(load_dir) / "latest", tag.encode())
+        write_atomically(Path(load_dir) / "latest", tag.encode())
         return tag
 
     def _version_to_resume(self, load_dir: Path) -> Version | None:
@@ -288,7 +298,7 @@ class CasckptCheckpointEngine(CheckpointEngine):  # type: ignore[misc]  # DeepSp
             named = (load_dir / "latest").read_text().strip()
         except (OSError, UnicodeDecodeError):
             named = ""
-        if named and _plain(named):
+        if named and plain_name(named):
             try:
                 return self.resolve_tag(named)
             except CheckpointPathNotFoundError:
@@ -318,7 +328,7 @@ class CasckptCheckpointEngine(CheckpointEngine):  # type: ignore[misc]  # DeepSp
         info = self._info
         folder = os.path.abspath(os.path.join(info.save_dir, info.tag)) if info is not None else None
         name = os.path.relpath(os.path.abspath(path), folder) if folder is not None else ".."
-        if not _plain(name):
+        if not plain_name(name):
             raise InvalidArgumentError(
                 f"DeepSpeed asked to save {path!r}, which is not a file of the tag being saved "
                 f"({folder!r}); CasckptCheckpointEngine stores the files of save_checkpoint only")
@@ -359,9 +369,10 @@ def install(engine: Any, store: Store | None = None, run: str | None = None) -> 
 
 def load_checkpoint(engine: Any, load_dir: str | os.PathLike[str], tag: str | None = None,
                     **kwargs: Any) -> tuple[str | None, Any]:
-    """``engine.load_checkpoint(load_dir, tag, **kwargs)``, with ``tag=None`` meaning the run's
-    newest version in the catalog; on a first launch (no version yet) it loads nothing and
-    returns ``(None, None)``, as DeepSpeed does without a ``latest`` file.
+    """``engine.load_checkpoint(load_dir, tag, **kwargs)``, with ``tag=None`` meaning what
+    DeepSpeed would resume (:meth:`CasckptCheckpointEngine.prepare_load`); on a first launch
+    (no version yet) it loads nothing and returns ``(None, None)``, as DeepSpeed does without a
+    ``latest`` file.
 
     Raises:
         InvalidArgumentError: ``engine`` has no casckpt engine (call :func:`install` first).
@@ -403,103 +414,8 @@ def export_files(store: Store, ref: Version | str, folder: str | os.PathLike[str
         for name in (n for n, r in files.items() if r == rank):
             torch.save(decode(tree[name]), target / name)
         del tree
-    _write_atomically(Path(folder) / "latest", tag.encode())
+    write_atomically(Path(folder) / "latest", tag.encode())
     return target
-
-
-def check_tag(tag: str) -> str:
-    """``tag``, when it is a plain folder name (DeepSpeed keeps a tag's files in ``DIR/TAG``).
-
-    Raises:
-        InvalidArgumentError: a path separator in it, or empty, ``.`` or ``..``.
-    """
-    if not _plain(tag):
-        raise InvalidArgumentError(
-            f"DeepSpeed tag {tag!r} is not a plain folder name (no '/', not '.' or '..'): a load "
-            "of it would find another tag's files; pick a tag without a path separator")
-    return tag
-
-
-def stored_tag(version: Version) -> str:
-    """The DeepSpeed tag ``version`` records, checked to be a plain folder name.
-
-    Raises:
-        CorruptManifestError: it is not a string or not a plain name (written by something
-            other than this engine).
-    """
-    tag = version.metadata.get("deepspeed.tag")
-    if not isinstance(tag, str) or not _plain(tag):
-        raise CorruptManifestError(
-            f"{version.run}@{version.step} records DeepSpeed tag {tag!r}, which is not a plain "
-            "folder name; this engine never saves one: the version was written by something else")
-    return tag
-
-
-def stored_files(version: Version) -> dict[str, int]:
-    """``{file name: rank}`` of ``version``, each name checked as :meth:`save` checks it.
-
-    Raises:
-        CorruptManifestError: a name that is not a plain file name (absolute, ``..``, a
-            separator) or a rank that is not an int: files are written only inside ``DIR/TAG``.
-    """
-    files = version.metadata.get("deepspeed.files", {})
-    if not isinstance(files, Mapping) or not all(
-            isinstance(n, str) and _plain(n) and type(r) is int for n, r in files.items()):
-        raise CorruptManifestError(
-            f"{version.run}@{version.step} records DeepSpeed files {files!r}: each must be a "
-            "plain file name held by a rank; this engine never saves others, so the version was "
-            "written by something else and nothing of it is written to disk")
-    return dict(files)
-
-
-def refuse_foreign_file(path: Path) -> None:
-    """Refuse to replace ``path`` when it exists and is not a marker (by its content).
-
-    Raises:
-        InvalidArgumentError: it holds something else (DeepSpeed's own checkpoint file).
-    """
-    if path.exists() and not _is_marker(path):
-        raise InvalidArgumentError(
-            f"{path} is not a casckpt marker: {path.parent.parent} holds DeepSpeed's own "
-            "checkpoint files, which casckpt does not overwrite. Load them with DeepSpeed's "
-            "engine (or commit them with Store.import_checkpoint), or use another directory "
-            "for the casckpt checkpoints")
-
-
-def _is_marker(path: Path) -> bool:
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(4097)
-        marker = json.loads(head) if len(head) <= 4096 else None
-    except (OSError, ValueError):
-        return False
-    return isinstance(marker, dict) and marker.get("format") == MARKER_FORMAT
-
-
-def _plain(name: str) -> bool:
-    """A name that stays in its folder: no separator, not empty, ``.`` or ``..``."""
-    seps = {"/", os.sep, *(os.altsep or "")}
-    return name not in ("", ".", "..") and not any(sep in name for sep in seps) and not name.startswith("..")
-
-
-def write_marker(path: Path, version: Version, name: str) -> None:
-    """Write the marker of file ``name`` of ``version`` at ``path`` (atomically).
-
-    Raises:
-        InvalidArgumentError: ``path`` holds a file that is not a marker (see
-            :func:`refuse_foreign_file`).
-    """
-    refuse_foreign_file(path)
-    marker = {"format": MARKER_FORMAT, "ref": f"casckpt://{version.run}@{version.step}",
-              "version": version.id, "file": name, "tag": version.metadata.get("deepspeed.tag")}
-    _write_atomically(path, (json.dumps(marker, indent=1) + "\n").encode())
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_bytes(data)
-    os.replace(temporary, path)
 
 
 def _device(map_location: Any) -> Any:
