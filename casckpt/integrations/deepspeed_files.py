@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from casckpt.errors import CorruptManifestError, InvalidArgumentError
+from casckpt.format.state import key_ok
 from casckpt.types import Version
 
 MARKER_FORMAT = "casckpt.deepspeed-marker/1"
@@ -95,8 +96,8 @@ def _is_marker(path: Path) -> bool:
 
 def plain_name(name: str) -> bool:
     """A name that stays in its folder: no separator, not empty, ``.`` or ``..``."""
-    seps = {"/", os.sep, *(os.altsep or "")}
-    return name not in ("", ".", "..") and not any(sep in name for sep in seps) and not name.startswith("..")
+    return key_ok(name) and os.sep not in name and not name.startswith("..") and (
+        os.altsep is None or os.altsep not in name)
 
 
 def write_marker(path: Path, version: Version, name: str) -> None:

@@ -26,7 +26,7 @@ from collections import OrderedDict
 from typing import Any
 
 from casckpt.errors import CorruptManifestError, UnsupportedStateError
-from casckpt.integrations.lightning_io import _key_ok
+from casckpt.format.state import key_ok
 
 NODE = "casckpt.deepspeed"
 """The key of a node that stands for an object a version cannot hold as it is."""
@@ -72,7 +72,7 @@ def encode(obj: Any, where: str = "") -> Any:
         return {NODE: "odict", "value": [(k, encode(v, f"{where}/{k}")) for k, v in obj.items()]}
     if type(obj) is dict:
         items = [(k, encode(v, f"{where}/{k}")) for k, v in obj.items()]
-        if any(isinstance(k, str) and (k == NODE or not _key_ok(k)) for k, _ in items):
+        if any(isinstance(k, str) and (k == NODE or not key_ok(k)) for k, _ in items):
             return {NODE: "pairs", "value": items}
         return dict(items)
     if type(obj) is list:
