@@ -130,7 +130,8 @@ class CasckptCheckpointEngine(CheckpointEngine):  # type: ignore[misc]  # DeepSp
         """The version the last ``commit`` published on this rank."""
         self._info: CheckpointCommitInfo | None = None
         self._files: dict[str, Any] = {}  # file name in the tag's folder -> encoded dict
-        self._loaded: tuple[str, int, dict[str, Any]] | None = None  # (version id, rank, files)
+        # (version id, rank, its files): one restore serves them all, until release()
+        self._loaded: tuple[str, int, dict[str, Any]] | None = None
         self._error: CasckptError | None = None  # why a file of this save was refused
         self.resumed: Version | None = None
         """The version the last :meth:`prepare_load` resumed."""
@@ -183,7 +184,7 @@ class CasckptCheckpointEngine(CheckpointEngine):  # type: ignore[misc]  # DeepSp
         if self._loaded is None or self._loaded[:2] != (version.id, rank):
             tree = self.store.restore(version.id, rank=rank, map_location=_device(map_location))
             self._loaded = (version.id, rank, tree)
-        return decode(self._loaded[2][name])
+        return decode(self._loaded[2][name])  # kept: DeepSpeed reads the model file twice
 
     def commit(self, info: CheckpointCommitInfo) -> bool:
         """Store every rank's files as ONE version (a collective), then write this rank's markers.
