@@ -76,7 +76,7 @@ def check_state_key(key: str, where: str) -> None:
         InvalidNameError: ``key`` is empty, ``.``/``..``, or holds ``/``, ``\\``
             or a control character.
     """
-    if not _key_ok(key):
+    if not key_ok(key):
         raise InvalidNameError(
             f"state key {key!r} under {where or '<root>'!r} cannot be stored: keys must be valid "
             "UTF-8, not empty, '.' or '..', nor contain '/', '\\' or control characters, because "
@@ -85,7 +85,9 @@ def check_state_key(key: str, where: str) -> None:
 
 
 @functools.lru_cache(maxsize=1 << 20)  # a state's keys come back in every commit
-def _key_ok(key: str) -> bool:
+def key_ok(key: str) -> bool:
+    """Whether :func:`check_state_key` accepts ``key`` (codecs that keep other keys in pair
+    nodes ask this)."""
     return key not in ("", ".", "..") and _FORBIDDEN_KEY.search(key) is None and _utf8(key)
 
 
@@ -238,8 +240,8 @@ def encode_state(state: object) -> tuple[Node, list[TensorLeaf]]:
             keys: list[Any] = []
             values: list[Node] = []
             for key, value in obj.items():
-                if type(key) is str:  # most keys: checked once per process (_key_ok is cached)
-                    if not _key_ok(key):
+                if type(key) is str:  # most keys: checked once per process (key_ok is cached)
+                    if not key_ok(key):
                         check_state_key(key, path)
                     keys.append(key)
                 elif isinstance(key, bool) or not isinstance(key, (str, int)):

@@ -31,8 +31,10 @@ and the file, no data; DeepSpeed then writes ``latest`` as usual. Loading reads 
 marker: the tag is resolved in the catalog and the file's dict restored from the store (every
 byte verified), with its objects rebuilt by :mod:`casckpt.integrations.deepspeed_state`; nothing
 is unpickled. :func:`load_checkpoint` first writes the markers (and ``latest``) from the catalog,
-so a job resumes on a machine whose checkpoint directory is gone, and resolves "the newest" from
-the catalog, not from ``latest``.
+so a job resumes on a machine whose checkpoint directory is gone; with no tag it resumes what
+DeepSpeed would: ``DIR/latest``'s tag when the run holds it, else the run's most recently
+committed version (after a rollback, not the highest step). A save at a step the run already
+holds (after a rollback) is refused with VersionExistsError on every rank: fork the run.
 
 The commit runs on the training thread, inside ``save_checkpoint``: DeepSpeed's decoupled flow
 (``is_decoupled``) defers ``commit`` to the next ``step()`` but writes ``latest`` right after it,
@@ -43,7 +45,6 @@ its own process group and a copy of every file's tensors; this engine does not d
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -56,11 +57,24 @@ import torch.distributed as dist
 import casckpt
 from casckpt.engine.versions.validate import check_name
 from casckpt.errors import (
+    CasckptError,
     CheckpointPathNotFoundError,
+    GroupCommitError,
     InvalidArgumentError,
     InvalidConfigError,
     OptionalDependencyError,
     RefNotFoundError,
+    VersionExistsError,
+)
+from casckpt.integrations.deepspeed_files import (
+    MARKER_FORMAT,
+    check_tag,
+    plain_name,
+    refuse_foreign_file,
+    stored_files,
+    stored_tag,
+    write_atomically,
+    write_marker,
 )
 from casckpt.integrations.deepspeed_state import decode, encode
 from casckpt.integrations.resume import LATEST, version_to_resume
@@ -78,8 +92,8 @@ ENGINE_NAME = "CasckptCheckpointEngine"
 CONFIG_KEY = "casckpt"
 """The section of the DeepSpeed config :func:`install` reads: ``{"store": URL, "run": NAME}``."""
 TAG_PREFIX = "deepspeed."
-MARKER_FORMAT = "casckpt.deepspeed-marker/1"
-"""The ``format`` of a marker file: JSON naming the version that holds the file."""
+__all__ = ["ENGINE_NAME", "MARKER_FORMAT", "CasckptCheckpointEngine", "export_files", "install",
+           "load_checkpoint", "write_marker"]
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
@@ -116,13 +130,23 @@ class CasckptCheckpointEngine(CheckpointEngine):  # type: ignore[misc]  # DeepSp
         """The version the last ``commit`` published on this rank."""
         self._info: CheckpointCommitInfo | None = None
         self._files: dict[str, Any] = {}  # file name in the tag's folder -> encoded dict
-        self._loaded: tuple[str, int, dict[str, Any]] | None = None  # (version id, rank, files)
+        # (version id, rank, its files): one restore serves them all, until release()
+        self._loaded: tuple[str, int, dict[str, Any]] | None = None
+        self._error: CasckptError | None = None  # why a file of this save was refused
+        self.resumed: Version | None = None
+        """The version the last :meth:`prepare_load` resumed."""
 
     # -- DeepSpeed's CheckpointEngine ------------------------------------------
 
     def create(self, info: CheckpointCommitInfo) -> None:
-        """A save of ``info.tag`` begins: files of an earlier save that never committed are dropped."""
-        self._info, self._files, self._loaded = info, {}, None
+        """A save of ``info.tag`` begins: files of an earlier save that never committed are dropped.
+
+        Raises:
+            InvalidArgumentError: the tag is not a plain folder name (``/`` in it, ``..``):
+                loading it would read another tag's files.
+        """
+        check_tag(str(info.tag))
+        self._info, self._files, self._loaded, self._error = info, {}, None, None
 
     def save(self, state_dict: Any, path: str) -> None:
         """Keep ``state_dict`` (converted to plain values now) for ``commit``; nothing is written.
@@ -131,8 +155,13 @@ class CasckptCheckpointEngine(CheckpointEngine):  # type: ignore[misc]  # DeepSp
             UnsupportedStateError: it holds an object a version cannot hold (its key path named).
             InvalidArgumentError: ``path`` is not inside the folder of the tag being saved.
         """
-        name = self._file_name(path)
-        self._files[name] = encode(state_dict, name)
+        if self._error is not None:
+            return
+        try:
+            name = self._file_name(path)
+            self._files[name] = encode(state_dict, name)
+        except CasckptError as exc:  # raised by commit, on every rank (a raise here would hang the others)
+            self._error = exc
 
     def load(self, path: str, map_location: Any = None) -> Any:
         """The dict DeepSpeed saved at ``path`` (``DIR/TAG/FILE``), restored from the store.
@@ -143,39 +172,69 @@ class CasckptCheckpointEngine(CheckpointEngine):  # type: ignore[misc]  # DeepSp
         """
         where = Path(path)
         name, tag = where.name, where.parent.name
+        check_tag(tag)
         version = self.resolve_tag(tag)
-        files: Mapping[str, int] = version.metadata.get("deepspeed.files", {})
+        files = stored_files(version)
         if name not in files:
             raise CheckpointPathNotFoundError(
                 str(path), f"{self.run}@{version.step} (DeepSpeed tag {tag!r}) holds no file {name!r} "
                 f"(it holds {sorted(files)}); was it saved with another world size or ZeRO stage?",
                 [f"{self.run}@{version.step}"])
-        rank = int(files[name])
+        rank = files[name]
         if self._loaded is None or self._loaded[:2] != (version.id, rank):
             tree = self.store.restore(version.id, rank=rank, map_location=_device(map_location))
             self._loaded = (version.id, rank, tree)
-        return decode(self._loaded[2][name])
+        return decode(self._loaded[2][name])  # kept: DeepSpeed reads the model file twice
 
     def commit(self, info: CheckpointCommitInfo) -> bool:
         """Store every rank's files as ONE version (a collective), then write this rank's markers.
 
-        Raises:
-            GroupCommitError: some rank failed (raised on every rank; nothing published).
-            VersionExistsError: the run already holds this step (inside GroupCommitError).
+        Raises (on every rank, nothing published):
+            UnsupportedStateError, InvalidArgumentError: a file ``save`` refused (on the rank that
+                refused it; the other ranks raise GroupCommitError naming it).
+            VersionExistsError: the run already holds this step: a save after resuming an
+                earlier tag (a rollback); the message says how to go on.
+            GroupCommitError: some rank failed.
         """
-        files = self._files
-        names: list[list[str]] = [[] for _ in range(dist.get_world_size(self.group))]
-        dist.all_gather_object(names, sorted(files), group=self.group)
-        where = {name: rank for rank, held in enumerate(names) for name in held}
+        files, step = self._files, int(self.global_steps())
+        refused = f"{type(self._error).__name__}: {self._error}" if self._error is not None else None
+        gathered: list[Any] = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(gathered, (sorted(files), refused), group=self.group)
+        held: list[tuple[list[str], str | None]] = gathered
+        self._files = {}
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        failed = [f"rank {r}: {why}" for r, (_, why) in enumerate(held) if why]
+        if failed:
+            raise GroupCommitError(f"DeepSpeed tag {info.tag!r}: {'; '.join(failed)}; nothing was saved")
+        self._refuse_existing_step(step, str(info.tag))
+        where = {name: rank for rank, (names, _) in enumerate(held) for name in names}
         metadata = {"deepspeed.tag": info.tag, "deepspeed.save_dir": os.path.abspath(info.save_dir),
                     "deepspeed.files": where}
-        version = self.store.commit(files, run=self.run, step=int(self.global_steps()),
+        version = self.store.commit(files, run=self.run, step=step,
                                     metadata=metadata, tags=(self.tag_name(info.tag),),
                                     group=self.group if self.group is not None else dist.group.WORLD)
-        self._files, self.last_version = {}, version
+        self.last_version = version
         for name in files:
             write_marker(Path(info.save_dir) / info.tag / name, version, name)
         return True
+
+    def _refuse_existing_step(self, step: int, tag: str) -> None:
+        """Every rank reads the same catalog, so every rank raises (no collective needed)."""
+        try:
+            held = self.store.log(self.run, min_step=step, max_step=step, limit=1)
+        except RefNotFoundError:  # no such run yet
+            return
+        if held:
+            resumed = f"{self.run}@{self.resumed.step}" if self.resumed is not None else f"{self.run}@<step>"
+            raise VersionExistsError(
+                f"run {self.run!r} already holds step {step} (DeepSpeed tag "
+                f"{held[0].metadata.get('deepspeed.tag')!r}), saved before the job resumed an earlier "
+                f"tag; DeepSpeed would overwrite it, a version is never overwritten. To train on "
+                f"from the tag you resumed, fork a run from it and save there: "
+                f"store.fork('{resumed}', '{self.run}-b'), then "
+                f"install(engine, run='{self.run}-b'). Tag {tag!r} was not saved")
 
     # -- resolving tags ----------------------------------------------------------
 
@@ -200,28 +259,64 @@ class CasckptCheckpointEngine(CheckpointEngine):  # type: ignore[misc]  # DeepSp
                 f"{self.run}` lists the versions", [f"{self.run}@latest"]) from None
 
     def prepare_load(self, load_dir: str | os.PathLike[str], tag: str | None = None) -> str | None:
-        """Write the markers of ``tag`` (None: the run's newest version, from the catalog) into
-        ``load_dir`` so that DeepSpeed finds its files, and ``latest`` naming it; return the tag,
-        or None when ``tag`` is None and the run has no version yet (a first launch).
+        """Write the markers of ``tag`` into ``load_dir`` so that DeepSpeed finds its files, and
+        ``latest`` naming it; return the tag, or None when ``tag`` is None and the run has no
+        version yet (a first launch).
+
+        ``tag`` None resumes what DeepSpeed would: the tag ``load_dir/latest`` names when it is
+        a tag of this run, else the run's most recently committed version (after a rollback
+        that is the version saved since, not the highest step).
 
         Raises:
             CheckpointPathNotFoundError: ``tag`` names no version of the run.
+            InvalidArgumentError: ``load_dir`` holds files of DeepSpeed's own at the paths the
+                markers go to (nothing is written then), or ``tag`` is not a plain folder name.
+            CorruptManifestError: the version names a file or tag that is not a plain name.
         """
         if tag is None:
-            version = version_to_resume(self.store, f"{self.run}{LATEST}")
+            version = self._version_to_resume(Path(load_dir))
             if version is None:
                 return None
-            tag = str(version.metadata.get("deepspeed.tag", ""))
+            tag = version.metadata.get("deepspeed.tag")
             if not tag:
                 raise CheckpointPathNotFoundError(
                     f"{self.run}@latest", f"{self.run}@{version.step} was not saved through "
                     "DeepSpeed (it has no deepspeed.tag); restore it with Store.restore", [])
+            tag = stored_tag(version)
         else:
-            version = self.resolve_tag(tag)
-        for name in version.metadata.get("deepspeed.files", {}):
-            write_marker(Path(load_dir) / tag / name, version, name)
-        _write_atomically(Path(load_dir) / "latest", tag.encode())
+            version = self.resolve_tag(check_tag(tag))
+        targets = [(Path(load_dir) / tag / name, name) for name in stored_files(version)]
+        self.resumed = version
+        for path, _ in targets:
+            refuse_foreign_file(path)
+        for path, name in targets:
+            write_marker(path, version, name)
+        write_atomically(Path(load_dir) / "latest", tag.encode())
         return tag
+
+    def _version_to_resume(self, load_dir: Path) -> Version | None:
+        try:
+            named = (load_dir / "latest").read_text().strip()
+        except (OSError, UnicodeDecodeError):
+            named = ""
+        if named and plain_name(named):
+            try:
+                return self.resolve_tag(named)
+            except CheckpointPathNotFoundError:
+                pass  # a tag of another run or of DeepSpeed's own engine: the catalog decides
+        first = version_to_resume(self.store, f"{self.run}{LATEST}")
+        if first is None:
+            return None
+        try:
+            versions = self.store.log(self.run)
+        except RefNotFoundError:  # a fork with no version of its own yet
+            return first
+        return max(versions, key=lambda v: (v.created_at, v.step)) if versions else first
+
+    def release(self) -> None:
+        """Drop the restored files of the last load (:func:`load_checkpoint` calls it once
+        DeepSpeed has loaded them)."""
+        self._loaded = None
 
     def close(self) -> None:
         """Close the store if :func:`install` opened it (from the DeepSpeed config)."""
@@ -234,7 +329,7 @@ class CasckptCheckpointEngine(CheckpointEngine):  # type: ignore[misc]  # DeepSp
         info = self._info
         folder = os.path.abspath(os.path.join(info.save_dir, info.tag)) if info is not None else None
         name = os.path.relpath(os.path.abspath(path), folder) if folder is not None else ".."
-        if name.startswith("..") or os.sep in name:
+        if not plain_name(name):
             raise InvalidArgumentError(
                 f"DeepSpeed asked to save {path!r}, which is not a file of the tag being saved "
                 f"({folder!r}); CasckptCheckpointEngine stores the files of save_checkpoint only")
@@ -275,9 +370,10 @@ def install(engine: Any, store: Store | None = None, run: str | None = None) -> 
 
 def load_checkpoint(engine: Any, load_dir: str | os.PathLike[str], tag: str | None = None,
                     **kwargs: Any) -> tuple[str | None, Any]:
-    """``engine.load_checkpoint(load_dir, tag, **kwargs)``, with ``tag=None`` meaning the run's
-    newest version in the catalog; on a first launch (no version yet) it loads nothing and
-    returns ``(None, None)``, as DeepSpeed does without a ``latest`` file.
+    """``engine.load_checkpoint(load_dir, tag, **kwargs)``, with ``tag=None`` meaning what
+    DeepSpeed would resume (:meth:`CasckptCheckpointEngine.prepare_load`); on a first launch
+    (no version yet) it loads nothing and returns ``(None, None)``, as DeepSpeed does without a
+    ``latest`` file.
 
     Raises:
         InvalidArgumentError: ``engine`` has no casckpt engine (call :func:`install` first).
@@ -289,7 +385,10 @@ def load_checkpoint(engine: Any, load_dir: str | os.PathLike[str], tag: str | No
     found = checkpoint_engine.prepare_load(load_dir, tag)
     if found is None:
         return None, None
-    result: tuple[str | None, Any] = engine.load_checkpoint(os.fspath(load_dir), tag=found, **kwargs)
+    try:
+        result: tuple[str | None, Any] = engine.load_checkpoint(os.fspath(load_dir), tag=found, **kwargs)
+    finally:
+        checkpoint_engine.release()
     return result
 
 
@@ -305,32 +404,19 @@ def export_files(store: Store, ref: Version | str, folder: str | os.PathLike[str
         RefNotFoundError, AmbiguousRefError: a bad ref.
     """
     version = store.resolve(ref)
-    tag, files = version.metadata.get("deepspeed.tag"), version.metadata.get("deepspeed.files")
-    if not isinstance(tag, str) or not isinstance(files, Mapping):
+    if "deepspeed.tag" not in version.metadata:
         raise InvalidArgumentError(f"{version.run}@{version.step} was not saved through DeepSpeed "
                                    "(no deepspeed.tag): export it with Store.export instead")
+    tag, files = stored_tag(version), stored_files(version)
     target = Path(folder) / tag
     target.mkdir(parents=True, exist_ok=True)
     for rank in sorted(set(files.values())):
         tree = store.restore(version.id, rank=int(rank), map_location="cpu")
         for name in (n for n, r in files.items() if r == rank):
             torch.save(decode(tree[name]), target / name)
-    _write_atomically(Path(folder) / "latest", tag.encode())
+        del tree
+    write_atomically(Path(folder) / "latest", tag.encode())
     return target
-
-
-def write_marker(path: Path, version: Version, name: str) -> None:
-    """Write the marker of file ``name`` of ``version`` at ``path`` (atomically)."""
-    marker = {"format": MARKER_FORMAT, "ref": f"casckpt://{version.run}@{version.step}",
-              "version": version.id, "file": name, "tag": version.metadata.get("deepspeed.tag")}
-    _write_atomically(path, (json.dumps(marker, indent=1) + "\n").encode())
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_bytes(data)
-    os.replace(temporary, path)
 
 
 def _device(map_location: Any) -> Any:

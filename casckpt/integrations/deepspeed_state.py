@@ -26,7 +26,7 @@ from collections import OrderedDict
 from typing import Any
 
 from casckpt.errors import CorruptManifestError, UnsupportedStateError
-from casckpt.integrations.lightning_io import _key_ok
+from casckpt.format.state import key_ok
 
 NODE = "casckpt.deepspeed"
 """The key of a node that stands for an object a version cannot hold as it is."""
@@ -41,6 +41,14 @@ KINDS: dict[str, tuple[str, str, str]] = {
     "fragment_address": ("deepspeed.utils.tensor_fragment", "fragment_address", "attrs"),
 }
 """The DeepSpeed objects a checkpoint may hold, by the kind name a node records."""
+
+DTYPES = frozenset((
+    "float16", "bfloat16", "float32", "float64", "complex32", "complex64", "complex128",
+    "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "bool",
+    "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
+))
+"""The torch dtypes a node may name: a fixed list, so a stored name never reaches another
+attribute of ``torch`` (some import submodules when read)."""
 
 _BY_CLASS = {(module, name): kind for kind, (module, name, _) in KINDS.items()}
 
@@ -64,7 +72,7 @@ def encode(obj: Any, where: str = "") -> Any:
         return {NODE: "odict", "value": [(k, encode(v, f"{where}/{k}")) for k, v in obj.items()]}
     if type(obj) is dict:
         items = [(k, encode(v, f"{where}/{k}")) for k, v in obj.items()]
-        if any(isinstance(k, str) and (k == NODE or not _key_ok(k)) for k, _ in items):
+        if any(isinstance(k, str) and (k == NODE or not key_ok(k)) for k, _ in items):
             return {NODE: "pairs", "value": items}
         return dict(items)
     if type(obj) is list:
@@ -109,8 +117,8 @@ def _node(kind: Any, value: Any) -> Any:
     if kind == "dtype":
         import torch
 
-        dtype = getattr(torch, value, None) if isinstance(value, str) else None
-        if not isinstance(dtype, torch.dtype):
+        dtype = getattr(torch, value) if isinstance(value, str) and value in DTYPES else None
+        if not isinstance(dtype, torch.dtype):  # a name this torch lacks (float8 in an old one)
             raise CorruptManifestError(f"a DeepSpeed checkpoint node names dtype {value!r}, which "
                                        "this torch does not have; read it with the torch that saved it")
         return dtype
@@ -118,7 +126,7 @@ def _node(kind: Any, value: Any) -> Any:
         return OrderedDict((k, decode(v)) for k, v in value)
     if kind == "pairs":
         return {k: decode(v) for k, v in value}
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         raise CorruptManifestError(
             f"a DeepSpeed checkpoint node names kind {kind!r}, which this casckpt does not know "
             f"(it knows size, dtype, odict, pairs, {', '.join(KINDS)}); read it with the casckpt "

@@ -62,7 +62,7 @@ from casckpt.errors import (
     UnsupportedStateError,
     VersionExistsError,
 )
-from casckpt.format.state import check_state_key
+from casckpt.format.state import key_ok
 from casckpt.integrations.resume import LATEST, SCHEME, location_tag, scheme_ref, version_to_resume
 from casckpt.types import Version
 
@@ -368,7 +368,7 @@ def to_plain(obj: Any) -> Any:
     """``obj`` with dict subclasses as plain dicts and path-keyed dicts as pair nodes."""
     if isinstance(obj, dict):
         items = [(key, to_plain(value)) for key, value in obj.items()]
-        if any(isinstance(key, str) and (key == PAIRS or not _key_ok(key)) for key, _ in items):
+        if any(isinstance(key, str) and (key == PAIRS or not key_ok(key)) for key, _ in items):
             return {PAIRS: [(key, value) for key, value in items]}
         return dict(items)
     if type(obj) is list:
@@ -442,10 +442,3 @@ def _bitwise_equal(a: Any, b: Any) -> bool:
     return bool(torch.equal(a.detach().cpu().reshape(-1).contiguous().view(torch.uint8),
                             b.detach().cpu().reshape(-1).contiguous().view(torch.uint8)))
 
-
-def _key_ok(key: str) -> bool:
-    try:
-        check_state_key(key, "")
-    except InvalidNameError:
-        return False
-    return True

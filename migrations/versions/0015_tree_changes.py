@@ -9,9 +9,10 @@
   with NULL dtype and digest. Keyed by (path, version key): one path's history is one range.
 - ``tree_indexed``: the versions whose rows are recorded, each with a small integer key
   that its rows name (a version id is 64 characters: rows keyed by it took twice the space)
-  and the version its rows are against (``base_id``: its parent when committed; NULL: none). Versions committed before this
-  migration have none: ``casckpt migrate-trees`` (or a catalog rebuild) records them, where
-  the store's key is at hand to read their nodes (``casckpt/catalog/treechanges.py``).
+  and the version its rows are against (``base_id``: its parent when committed; NULL: none).
+  Versions committed before this migration have none: ``casckpt migrate-trees`` (or a catalog
+  rebuild) records them, where the store's key is at hand to read their nodes
+  (``casckpt/catalog/treechanges.py``).
 
 Revision ID: 0015
 Revises: 0014

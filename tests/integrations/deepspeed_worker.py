@@ -164,6 +164,43 @@ def resume(out: dict[str, Any]) -> None:
     ce.close()
 
 
+def rollback(out: dict[str, Any]) -> None:
+    """Saves at steps 2, 3, 4, a rollback to global_step2, and what the saves after it do."""
+    engine = build(ARGS["stage"], seed=0)
+    ce = casckpt_ds.install(engine)
+    folder = ARGS["ds_dir"]
+    for steps in (2, 1, 1):
+        train(engine, steps)
+        engine.save_checkpoint(folder)
+    casckpt_ds.load_checkpoint(engine, folder, tag="global_step2")
+    out["released"] = ce._loaded is None
+    train(engine, 1)
+    out["resave"] = failure(lambda: engine.save_checkpoint(folder))  # step 3 again
+    out["refused"] = failure(lambda: engine.save_checkpoint(folder, tag="odd", client_state={"x": object()}))
+    if dist.get_rank() == 0:  # what the resave's message says to do
+        ce.store.fork("ds@2", "ds-b")
+    dist.barrier()
+    ce.close()
+    ce = casckpt_ds.install(engine, run="ds-b")
+    engine.save_checkpoint(folder)
+    out["saved"] = state(engine)
+    ce.close()
+    fresh = build(ARGS["stage"], seed=5)
+    ce = casckpt_ds.install(fresh, run="ds-b")
+    out["resumed_tag"], _ = casckpt_ds.load_checkpoint(fresh, folder)
+    out["loaded"] = state(fresh)
+    out["steps"] = {run: [v.step for v in ce.store.log(run)] for run in ("ds", "ds-b")}
+    ce.close()
+
+
+def failure(call: Any) -> str | None:
+    try:
+        call()
+    except Exception as exc:  # the test compares the error types of the ranks
+        return type(exc).__name__
+    return None
+
+
 def dedup(out: dict[str, Any]) -> None:
     """Two saves of a model whose big layer is frozen: the second stores little."""
     frozen = ARGS["frozen"]
@@ -236,6 +273,6 @@ if __name__ == "__main__":
     deepspeed.init_distributed(dist_backend="gloo", timeout=timedelta(seconds=60))
     result: dict[str, Any] = {}
     scenarios = {"compare": compare, "killed": killed, "resume": resume, "dedup": dedup, "timing": timing,
-                 "universal": universal}
+                 "universal": universal, "rollback": rollback}
     scenarios[scenario](result)
     (out_dir / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))

@@ -103,6 +103,22 @@ def test_rank_killed_mid_save_leaves_no_version_and_the_previous_one_resumes(tmp
 
 
 @pytest.mark.slow
+def test_after_a_rollback_a_resave_is_refused_on_every_rank_and_a_fork_resumes(tmp_path: Path) -> None:
+    url = str(tmp_path / "store")
+    casckpt.open(url).close()
+    reports = launch("rollback", tmp_path, stage=2, store=url, ds_dir=str(tmp_path / "ds"))
+    assert [r["resave"] for r in reports] == ["VersionExistsError"] * WORLD
+    assert [r["refused"] for r in reports] == ["UnsupportedStateError", "GroupCommitError"]
+    for report in reports:
+        assert report["released"]
+        assert report["steps"] == {"ds": [4, 3, 2], "ds-b": [3]}
+        # what DeepSpeed returns first: the path of the model file it loaded
+        assert report["resumed_tag"].endswith("/global_step3/mp_rank_00_model_states.pt")
+        del report["loaded"]["rng"], report["saved"]["rng"]  # the global RNG: not in this save
+        assert report["loaded"] == report["saved"]
+
+
+@pytest.mark.slow
 def test_frozen_layer_is_stored_once_across_saves(tmp_path: Path) -> None:
     url = str(tmp_path / "store")
     casckpt.open(url).close()
