@@ -26,6 +26,13 @@ from casckpt.format.state import iter_leaves
 
 RUN, STEPS, EVERY, CRASH_AT, BATCH = "quickstart", 40, 10, 25, 64
 
+# A bit-identical continuation needs bit-identical arithmetic in the crashed child and in the
+# process that resumes: with several threads, how a matrix product is split between them (and
+# so the order of its float sums) can change with the machine's load, and the last bits with
+# it. One thread makes the demo's training itself deterministic; what is stored and restored
+# is exact either way (every byte is verified).
+torch.set_num_threads(1)
+
 
 def human(n: float) -> str:
     for unit in ("B", "KiB", "MiB"):
