@@ -176,9 +176,17 @@ def test_resume_in_fresh_process_matches_uninterrupted_run(
                 trainer.state_dict(), run="train", step=trainer.step, metrics={"loss": loss}
             )
 
-    reference = Trainer()
-    with casckpt.open(store_path) as store:
-        reference.train_to(STEPS, on_step=commit)  # committing must not perturb training
+    # bit-identical training needs the same arithmetic here and in the forked process: one
+    # thread in both, whatever thread count earlier tests left this worker with or the load
+    # does to how a product is split between threads
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        reference = Trainer()
+        with casckpt.open(store_path) as store:
+            reference.train_to(STEPS, on_step=commit)  # committing must not perturb training
+    finally:
+        torch.set_num_threads(threads)
     expected = reference.state_dict()
 
     proc = forked_python.run(
@@ -270,4 +278,5 @@ def test_restore_without_target_returns_equal_tree(tmp_path: Path) -> None:
 
 
 if __name__ == "__main__":
+    torch.set_num_threads(1)  # as the test's own run (see there)
     _resume_in_this_process(*sys.argv[1:4])
