@@ -95,7 +95,7 @@ def test_wheel_installs_and_works_outside_the_checkout(tmp_path: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
-        assert "casckpt = casckpt.cli.main:app" in zf.read(entry_points).decode()
+        assert "casckpt = casckpt.cli.main:main" in zf.read(entry_points).decode()
     shipped = {n.split("/")[-1] for n in names if n.startswith("casckpt/_migrations/versions/")}
     in_repo = {p.name for p in (REPO / "migrations" / "versions").glob("*.py")}
     assert in_repo and in_repo <= shipped, f"migrations missing from the wheel: {in_repo - shipped}"
