@@ -261,13 +261,24 @@ _ABSENT = (None, None, None, None, None)
 @dataclass(slots=True)
 class _Index:
     """The ``tree_changes`` rows of one path by version id, the versions with recorded rows,
-    the versions whose state came from them, and the version listed last (across segments)."""
+    the versions whose state came from them, and the version listed last (across segments)
+    with the tensor's digest in it (None: it had none; :data:`_UNKNOWN`: not known here).
+
+    Both carry across segments: a fork's first version is recorded against the fork point,
+    listed last in the segment before, so a path without a row there holds the fork point's
+    tensor (or none), and a removal row in a later version is a change against that."""
 
     rows: dict[str, tuple[Any, ...]]
     base: dict[str, str | None]
     used: set[str] = field(default_factory=set)
     last: Any = None
+    previous: Any = None
     stale: Stale = field(default_factory=list)
+
+
+_UNKNOWN = object()
+"""The tensor's digest in the version listed before, where it is not known (a tree version
+without rows, or one read from ``tensors``' rows of a tree version)."""
 
 
 def _changed_states(conn: Connection, seg: Segment, states: dict[str, tuple[Any, ...]],
@@ -281,9 +292,9 @@ def _changed_states(conn: Connection, seg: Segment, states: dict[str, tuple[Any,
     v = s.versions.c
     query = version_query().add_columns(v.tree_root) if columns else select(v.id, v.tree_root)
     out: list[tuple[Any, int, tuple[Any, ...]]] = []
-    previous: Any = None
+    previous = index.previous
     absent, get, base, recorded, used = _ABSENT, states.get, index.base, index.rows, index.used
-    unknown = object()  # the previous version's tensor, not known here
+    unknown = _UNKNOWN
     missing = object()
     for n, row in enumerate(conn.execute(query.where(*_segment_conditions(seg)).order_by(v.step)), 1):
         vid, last = row[0], index.last
@@ -305,7 +316,10 @@ def _changed_states(conn: Connection, seg: Segment, states: dict[str, tuple[Any,
         if n == 1 or state[3] != previous or row[-1] is not None:
             out.append((row, n, state))
         previous = state[3] if row[-1] is None else unknown
+    index.previous = previous
     return out
+
+
 def _version_columns(conn: Connection, ids: Sequence[str]) -> dict[str, Any]:
     """:data:`VERSION_COLUMNS` and ``tree_root`` of the visible versions among ``ids``, by id."""
     query = version_query().add_columns(s.versions.c.tree_root)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
@@ -147,6 +147,15 @@ def catalog(request: pytest.FixtureRequest) -> str | None:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow],
           phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(ops=_OPS)
+@example(ops=[  # CI found it: a fork's first version reused m.b, the next one removed it
+    ("commit", [], 111), ("commit", [], 106),
+    ("commit", [("m.a", "drop", 2), ("m.c", "same", 1), ("m.c", "same", 0)], 301),
+    ("commit", [("m.a", "drop", 2), ("m.c", "same", 2), ("m.c", "same", 0)], 301),
+    ("delete", [], 587), ("reopen", [], 294), ("delete", [], 484),
+    ("fork", [("m.b", "drop", 2), ("m.c", "drop", 0), ("opt.d", "part", 2)], 15),
+    ("fork", [("m.a", "value", 0), ("m.a", "drop", 0), ("m.c", "same", 1)], 215),
+    ("commit", [("m.b", "kind", 1), ("m.b", "drop", 0), ("m.a", "value", 2)], 577),
+    ("commit", [("m.b", "value", 2)], 33), ("commit", [("m.a", "drop", 0)], 237)])
 def test_history_from_the_index_matches_consecutive_diffs(ops: list[Any]) -> None:
     with tempfile.TemporaryDirectory(prefix="treehist-") as tmp:
         root = Path(tmp) / "store"
@@ -164,6 +173,24 @@ def test_history_from_the_index_matches_consecutive_diffs(ops: list[Any]) -> Non
             assert unindexed == 0
         finally:
             store.close()
+
+
+def test_a_removal_after_a_forks_unchanged_first_version_is_listed(tmp_path: Path,
+                                                                   catalog: str | None) -> None:
+    """A fork's first version reuses the tensor (no row), the next removes it, the one after
+    brings it back: history lists the removal and the return as an addition (the tensor's
+    state carries from the fork point into the fork's rows, not reset to "absent")."""
+    with casckpt.open(tmp_path / "store", chunk_size=CHUNK, catalog=catalog) as store:
+        state = {p: _tensor(0, i) for i, p in enumerate(PATHS[:2])}
+        store.commit(_nested(state), run="main", step=0)
+        store.fork("main@latest", "ft")
+        store.commit(_nested(state), run="ft", step=1)
+        _apply(state, [("m.b", "drop", 0)], 1)
+        store.commit(_nested(state), run="ft", step=2)
+        _apply(state, [("m.b", "value", 2)], 2)
+        store.commit(_nested(state), run="ft", step=3)
+        assert [e[1] for e in _history(store, "ft", "m.b")] == ["added", "removed", "added"]
+        assert _history(store, "ft", "m.b") == _reference(store, "ft", "m.b")
 
 
 def test_commit_records_rows_and_history_reads_no_tree(tmp_path: Path, catalog: str | None,
