@@ -40,6 +40,7 @@ from typing import Any
 from casckpt.config_file import STORE_FORMAT
 from casckpt.config_file import read_config_file as read_config_file
 from casckpt.errors import AccessDeniedError, InvalidArgumentError, NotAStoreError
+from casckpt.localfs import fsync_dir, replace_atomically
 
 CONFIG_FILE = "casckpt.toml"
 DEFAULT_CHUNK_SIZE = 1 << 20
@@ -534,7 +535,7 @@ def _create_config_file(file: Path, text: str) -> bool:
         finally:
             Path(tmp).unlink(missing_ok=True)
         if created:
-            _fsync_directory(root)
+            fsync_dir(root)
         return created
 
 
@@ -551,14 +552,6 @@ def _link_once(tmp: Path, file: Path) -> bool:
     return True
 
 
-def _fsync_directory(root: Path) -> None:
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def add_location_to_file(file: Path, location: BlobLocation) -> None:
     """Append a location to a store's config file (rewritten atomically, other settings kept).
 
@@ -568,9 +561,7 @@ def add_location_to_file(file: Path, location: BlobLocation) -> None:
     current = _recorded_locations(doc) or blob_locations(".")
     store = {k: v for k, v in doc["store"].items() if k not in ("format", "blobs")}
     text = render_config(store, recorded_backends(doc), (*current, location))
-    tmp = file.with_name(f".{file.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, file)
+    replace_atomically(file, lambda tmp: tmp.write_text(text, encoding="utf-8"), durable=True)
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?)b?\s*$", re.IGNORECASE)

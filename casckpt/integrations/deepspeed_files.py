@@ -19,6 +19,7 @@ from pathlib import Path
 
 from casckpt.errors import CorruptManifestError, InvalidArgumentError
 from casckpt.format.state import key_ok
+from casckpt.localfs import replace_bytes
 from casckpt.types import Version
 
 MARKER_FORMAT = "casckpt.deepspeed-marker/1"
@@ -114,7 +115,7 @@ def write_marker(path: Path, version: Version, name: str) -> None:
 
 
 def write_atomically(path: Path, data: bytes) -> None:
+    """``path`` holds ``data`` whole (its folder made where missing): DeepSpeed's ``latest``
+    and the marker files, read by other ranks and processes while this one writes."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_bytes(data)
-    os.replace(temporary, path)
+    replace_bytes(path, data)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import html
 import os
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
 from casckpt.errors import InvalidArgumentError
+from casckpt.localfs import replace_atomically
 from casckpt.report import operations, sections
 from casckpt.report.data import ReportData, ReportSource, collect
 from casckpt.report.sections import Section, when
@@ -63,17 +63,8 @@ def write_report(source: ReportSource, path: str | os.PathLike[str], runs: Seque
         raise InvalidArgumentError(
             f"{target} exists and is not a file; the report replaces a file only: give a file path")
     page = render_page(collect(source, runs, title=title))
-    # a fresh name, created exclusively: two reports to one path never write into each other's
-    # temporary, and a link planted at a fixed temporary name is never followed
-    temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
-    try:
-        with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w",
-                       encoding="utf-8") as out:
-            out.write(page)
-        os.replace(temporary, target)
-    except BaseException:
-        temporary.unlink(missing_ok=True)  # no half report left beside the path
-        raise
+    # two reports to one path never write into each other's temporary; no half report is left
+    replace_atomically(target, lambda tmp: tmp.write_text(page, encoding="utf-8"))
     return target
 
 

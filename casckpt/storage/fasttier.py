@@ -45,7 +45,8 @@ from casckpt.errors import (
 )
 from casckpt.format import objectnames
 from casckpt.format.chunks import object_hasher
-from casckpt.storage.local import LocalBlobStore, fsync_dir
+from casckpt.localfs import fsync_dir
+from casckpt.storage.local import LocalBlobStore
 
 IDENTITY = "casckpt-tier"
 _STATS = "drain-stats"  # JSON: bytes and seconds of every drain so far (the drain rate)

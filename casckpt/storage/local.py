@@ -31,6 +31,7 @@ from casckpt.errors import (
     StorageFullError,
     UnsafeObjectError,
 )
+from casckpt.localfs import fsync_dir
 from casckpt.storage.base import BlobInfo, check_object_name, is_object_name
 from casckpt.storage.registry import Backend, Capabilities, directory_of
 from casckpt.storage.scratch import DEFAULT_GRACE, Reclaimed, ScratchDir, reclaim
@@ -75,15 +76,6 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data).cast("B")
     while view:
         view = view[os.write(fd, view) :]
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a directory so a rename or create inside it is durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 _MAKE_ROOM = "add a location (`casckpt location add`)"

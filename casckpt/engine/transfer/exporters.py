@@ -45,6 +45,7 @@ from casckpt.errors import InvalidArgumentError, RestoreTargetError, Unsupported
 from casckpt.format.dirsnap import is_snapshot
 from casckpt.format.state import iter_leaves, join_path
 from casckpt.jsonable import dumps
+from casckpt.localfs import replace_atomically
 from casckpt.types import Version
 
 if TYPE_CHECKING:  # imported where a tensor is handled, so catalog-only commands never load torch
@@ -108,26 +109,11 @@ def split_state(state: object) -> tuple[dict[str, torch.Tensor], dict[str, objec
 
 
 def _write_atomically(target: Path, write: Callable[[Path], object]) -> None:
-    """Write ``target`` through a temporary file beside it, renamed over it when whole.
-
-    The file gets the mode a new file gets from the umask (0666 & ~umask), whatever mode
-    ``write`` creates files with (safetensors creates them 0600): the temporary file is
-    created first, so the kernel applies the umask, and its mode is restored after ``write``.
-    """
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    created = False
-    try:  # a new file of our own: an existing one (or a link planted there) is never truncated
-        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666))
-        created = True
-        mode = tmp.stat().st_mode & 0o777
-        write(tmp)
-        tmp.chmod(mode)
-        os.replace(tmp, target)
+    """:func:`casckpt.localfs.replace_atomically`, a failure told as the restore target's."""
+    try:
+        replace_atomically(target, write)
     except OSError as exc:
         raise RestoreTargetError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from exc
-    finally:
-        if created:
-            tmp.unlink(missing_ok=True)
 
 
 def _save(tensors: Mapping[str, torch.Tensor], metadata: dict[str, str], target: Path) -> None:
