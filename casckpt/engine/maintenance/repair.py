@@ -38,7 +38,7 @@ from casckpt.catalog import gc as gc_sql
 from casckpt.catalog import identity as identity_sql
 from casckpt.catalog import inventory
 from casckpt.catalog import shards as shard_sql
-from casckpt.catalog.leases import begin_lease, end_lease
+from casckpt.catalog.leases import begin_lease, release_lease
 from casckpt.catalog.rows import manifest_bytes
 from casckpt.engine.context import EngineContext
 from casckpt.engine.locations import identity
@@ -95,7 +95,7 @@ def repair(ctx: EngineContext, progress: ProgressCallback | None = None) -> Repa
                 progress("repair", done, len(queue))
         recovery = _recovery_data(ctx, found)
     finally:
-        end_lease(ctx.catalog, lease)
+        release_lease(ctx.catalog, lease, "a repair")
     return RepairReport(packs=worked, shards_rewritten=rewritten, shards_moved=moved,
                         unrepaired=tuple(unrepaired), duration_s=time.monotonic() - started,
                         catalog_manifests_restored=recovery.catalog_manifests,

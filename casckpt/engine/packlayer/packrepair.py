@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from casckpt.catalog import Catalog, PackLayout
 from casckpt.catalog import shards as sql
-from casckpt.catalog.leases import begin_lease, end_lease
+from casckpt.catalog.leases import begin_lease, release_lease
 from casckpt.engine.packlayer.packcoding import ErasureCoder
 from casckpt.engine.packlayer.packlayouts import Layouts
 from casckpt.engine.packlayer.packplacement import Placement
@@ -70,7 +70,7 @@ class PackRepairer:
         try:
             return self._heal_leased(self._locations.get(), layout, data, indexes, fragments)
         finally:
-            end_lease(self._catalog, lease)
+            release_lease(self._catalog, lease, f"the repair of pack {layout.id}")
 
     def _heal_leased(self, locations: LocationSet, layout: PackLayout, data: bytes,
                      indexes: Sequence[int], fragments: dict[int, bytes] | None) -> RepairOutcome:

@@ -61,7 +61,7 @@ from pathlib import Path
 from casckpt.catalog import Catalog, PackLayout
 from casckpt.catalog import gc as gc_sql
 from casckpt.catalog import tiers as sql
-from casckpt.catalog.leases import begin_lease, end_lease
+from casckpt.catalog.leases import begin_lease, release_lease
 from casckpt.catalog.tiers import FastPack
 from casckpt.config import DEFAULT_PACK_SIZE
 from casckpt.engine.versions.nodes import StoreNodes
@@ -430,7 +430,7 @@ def _drain_one(tier: FastTier, store_pack: Callable[[str, bytes, Redundancy], Pa
         layout = store_pack(pack.id, data, Redundancy(pack.scheme, pack.k, pack.m))
         return sql.mark_drained(tier.catalog, layout)
     finally:
-        end_lease(tier.catalog, lease)
+        release_lease(tier.catalog, lease, f"the drain of pack {pack.id}")
 
 
 def _record_lost(tier: FastTier, report: _Tally) -> None:

@@ -732,3 +732,28 @@ def test_the_fast_tier_wraps_the_pack_layer_which_nothing_reassigns(tmp_path: Pa
             with pytest.raises(VersionNotDurableError):
                 located.reads.get(pack_id)  # only on this host's tier: not on the locations yet
         assert ctx.packs is packs and packs.tier is not None
+
+
+def test_a_drain_whose_lease_cannot_end_still_drains(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """The catalog refuses to end the drain's GC lease (unreachable after the pack went live):
+    the pack is drained all the same, the failure is reported, not raised over the drain's
+    outcome (a lease left behind only holds gc back until it expires)."""
+    from casckpt.catalog import leases
+    from casckpt.engine.tiering import tier
+    from casckpt.errors import CatalogError
+
+    def unreachable(*_: object, **__: object) -> None:
+        raise CatalogError("the catalog is unreachable (injected)")
+
+    with _open(tmp_path, background_drain=False) as store:
+        v = store.commit(_state(21), run="r", step=1)
+        monkeypatch.setattr(leases, "end_lease", unreachable)
+        monkeypatch.setattr(tier, "end_lease", unreachable, raising=False)  # a name imported from leases
+        with caplog.at_level(logging.WARNING, logger="casckpt.catalog.leases"):
+            report = store.tier.drain()
+        monkeypatch.undo()
+        assert report.packs and not report.lost_versions
+        assert store.resolve(v.id).durability == "durable"
+        assert "could not end the GC lease of the drain of pack" in caplog.text
+        assert _same(store.restore(v.id), _state(21))
