@@ -36,10 +36,11 @@ DeepSpeed would: ``DIR/latest``'s tag when the run holds it, else the run's most
 committed version (after a rollback, not the highest step). A save at a step the run already
 holds (after a rollback) is refused with VersionExistsError on every rank: fork the run.
 
-The commit runs on the training thread, inside ``save_checkpoint``: DeepSpeed's decoupled flow
-(``is_decoupled``) defers ``commit`` to the next ``step()`` but writes ``latest`` right after it,
-and a rank-by-rank commit is a sequence of collectives, so a commit in the background would need
-its own process group and a copy of every file's tensors; this engine does not do that yet.
+The commit runs on the training thread, inside ``save_checkpoint``, unless ``background=True``
+(or ``"background": true`` in the config section): ``save_checkpoint`` then returns once this
+rank's tensors are copied to host memory, and the commit runs on a thread and a gloo process
+group of its own (:mod:`casckpt.integrations.deepspeed_async`); the next save, a load and
+:meth:`CasckptCheckpointEngine.close` wait for it and raise its failure.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ from casckpt.errors import (
     RefNotFoundError,
     VersionExistsError,
 )
+from casckpt.integrations.deepspeed_async import BackgroundCommits, snapshot
 from casckpt.integrations.deepspeed_files import (
     MARKER_FORMAT,
     check_tag,
@@ -112,13 +114,15 @@ class CasckptCheckpointEngine(CheckpointEngine):  # type: ignore[misc]  # DeepSp
         global_steps: returns the training step a commit is stored at (``install`` passes the
             engine's ``global_steps``).
         group: the process group whose ranks save together (default: the whole world).
+        background: commit off the training thread (module text); every rank of the world
+            must construct the engine at the same point (it makes a process group).
 
     Raises:
         InvalidNameError: ``run`` is not a valid run name.
     """
 
     def __init__(self, store: Store, run: str, global_steps: Callable[[], int], *,
-                 group: Any = None, owns_store: bool = False) -> None:
+                 group: Any = None, owns_store: bool = False, background: bool = False) -> None:
         super().__init__(None)
         self.name = ENGINE_NAME
         self.store = store
@@ -135,6 +139,7 @@ class CasckptCheckpointEngine(CheckpointEngine):  # type: ignore[misc]  # DeepSp
         self._error: CasckptError | None = None  # why a file of this save was refused
         self.resumed: Version | None = None
         """The version the last :meth:`prepare_load` resumed."""
+        self._background = BackgroundCommits(group) if background else None
 
     # -- DeepSpeed's CheckpointEngine ------------------------------------------
 
@@ -189,13 +194,18 @@ class CasckptCheckpointEngine(CheckpointEngine):  # type: ignore[misc]  # DeepSp
     def commit(self, info: CheckpointCommitInfo) -> bool:
         """Store every rank's files as ONE version (a collective), then write this rank's markers.
 
+        With ``background``, returns once the files are copied; the commit, then the markers,
+        follow on the commit thread (module text), after the commit in flight.
+
         Raises (on every rank, nothing published):
             UnsupportedStateError, InvalidArgumentError: a file ``save`` refused (on the rank that
                 refused it; the other ranks raise GroupCommitError naming it).
             VersionExistsError: the run already holds this step: a save after resuming an
                 earlier tag (a rollback); the message says how to go on.
-            GroupCommitError: some rank failed.
+            GroupCommitError: some rank failed (with ``background``: in the previous save's
+                commit, raised by this one).
         """
+        self.wait()
         files, step = self._files, int(self.global_steps())
         refused = f"{type(self._error).__name__}: {self._error}" if self._error is not None else None
         gathered: list[Any] = [None] * dist.get_world_size(self.group)
@@ -212,13 +222,31 @@ class CasckptCheckpointEngine(CheckpointEngine):  # type: ignore[misc]  # DeepSp
         where = {name: rank for rank, (names, _) in enumerate(held) for name in names}
         metadata = {"deepspeed.tag": info.tag, "deepspeed.save_dir": os.path.abspath(info.save_dir),
                     "deepspeed.files": where}
-        version = self.store.commit(files, run=self.run, step=step,
-                                    metadata=metadata, tags=(self.tag_name(info.tag),),
-                                    group=self.group if self.group is not None else dist.group.WORLD)
-        self.last_version = version
-        for name in files:
-            write_marker(Path(info.save_dir) / info.tag / name, version, name)
+        folder = Path(info.save_dir) / info.tag
+
+        def publish(files: dict[str, Any], group: Any) -> Version:
+            version = self.store.commit(files, run=self.run, step=step, metadata=metadata,
+                                        tags=(self.tag_name(info.tag),), group=group)
+            self.last_version = version
+            for name in files:
+                write_marker(folder / name, version, name)
+            return version
+
+        if self._background is None:
+            publish(files, self.group if self.group is not None else dist.group.WORLD)
+        else:
+            copied, group = snapshot(files), self._background.group
+            self._background.submit(lambda: publish(copied, group))
         return True
+
+    def wait(self) -> Version | None:
+        """The version of the background commit in flight once it is published (None: none,
+        or the engine commits in ``save_checkpoint``); a collective, like the save.
+
+        Raises:
+            GroupCommitError, CasckptError: why that commit failed (nothing of it is visible).
+        """
+        return self._background.wait() if self._background is not None else None
 
     def _refuse_existing_step(self, step: int, tag: str) -> None:
         """Every rank reads the same catalog, so every rank raises (no collective needed)."""
@@ -272,7 +300,9 @@ class CasckptCheckpointEngine(CheckpointEngine):  # type: ignore[misc]  # DeepSp
             InvalidArgumentError: ``load_dir`` holds files of DeepSpeed's own at the paths the
                 markers go to (nothing is written then), or ``tag`` is not a plain folder name.
             CorruptManifestError: the version names a file or tag that is not a plain name.
+            GroupCommitError, CasckptError: the background commit in flight failed.
         """
+        self.wait()
         if tag is None:
             version = self._version_to_resume(Path(load_dir))
             if version is None:
@@ -319,9 +349,19 @@ class CasckptCheckpointEngine(CheckpointEngine):  # type: ignore[misc]  # DeepSp
         self._loaded = None
 
     def close(self) -> None:
-        """Close the store if :func:`install` opened it (from the DeepSpeed config)."""
-        if self.owns_store:
-            self.store.close()
+        """Wait for the background commit in flight, then close the store if :func:`install`
+        opened it (from the DeepSpeed config).
+
+        Raises:
+            GroupCommitError, CasckptError: the background commit in flight failed (the store
+                is closed all the same).
+        """
+        try:
+            if self._background is not None:
+                self._background.close()
+        finally:
+            if self.owns_store:
+                self.store.close()
 
     # -- internals ---------------------------------------------------------------
 
@@ -336,7 +376,8 @@ class CasckptCheckpointEngine(CheckpointEngine):  # type: ignore[misc]  # DeepSp
         return name
 
 
-def install(engine: Any, store: Store | None = None, run: str | None = None) -> CasckptCheckpointEngine:
+def install(engine: Any, store: Store | None = None, run: str | None = None,
+            background: bool | None = None) -> CasckptCheckpointEngine:
     """Make DeepSpeed ``engine`` save and load its checkpoints through casckpt (on every rank).
 
     Args:
@@ -344,9 +385,12 @@ def install(engine: Any, store: Store | None = None, run: str | None = None) -> 
         store: an open store; None opens ``config["casckpt"]["store"]`` of the engine's
             DeepSpeed config (the engine then owns it: :meth:`CasckptCheckpointEngine.close`).
         run: the run; None takes ``config["casckpt"]["run"]``.
+        background: commit off the training thread (module text); None takes
+            ``config["casckpt"]["background"]`` (default false).
 
     Raises:
-        InvalidConfigError: no store or run given, and the DeepSpeed config names none.
+        InvalidConfigError: no store or run given, and the DeepSpeed config names none; a
+            ``background`` setting that is not true or false.
     """
     section = getattr(getattr(engine, "_config", None), "_param_dict", {}).get(CONFIG_KEY) or {}
     if not isinstance(section, Mapping):
@@ -356,6 +400,10 @@ def install(engine: Any, store: Store | None = None, run: str | None = None) -> 
     if not isinstance(run, str):
         raise InvalidConfigError(f'name the run: install(engine, run="...") or "{CONFIG_KEY}": '
                                  '{"run": "..."} in the DeepSpeed config')
+    background = background if background is not None else section.get("background", False)
+    if not isinstance(background, bool):
+        raise InvalidConfigError(
+            f'"{CONFIG_KEY}": {{"background": ...}} is true or false, not {background!r}')
     owns = store is None
     if store is None:
         url = section.get("store")
@@ -363,7 +411,8 @@ def install(engine: Any, store: Store | None = None, run: str | None = None) -> 
             raise InvalidConfigError(f'name the store: install(engine, store=casckpt.open(...)) or '
                                      f'"{CONFIG_KEY}": {{"store": "file:///ckpt"}} in the DeepSpeed config')
         store = casckpt.open(url)
-    checkpoint_engine = CasckptCheckpointEngine(store, run, lambda: engine.global_steps, owns_store=owns)
+    checkpoint_engine = CasckptCheckpointEngine(store, run, lambda: engine.global_steps, owns_store=owns,
+                                                background=background)
     engine.checkpoint_engine = checkpoint_engine
     return checkpoint_engine
 

@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -110,12 +111,15 @@ def compare(out: dict[str, Any]) -> None:
     train(engine, 3)
     client = client_state(engine)
     engine.save_checkpoint(torch_dir, tag="t3", client_state=client)
-    casckpt_ds.install(engine)
+    ce = casckpt_ds.install(engine, background=ARGS.get("background", False))
+    if ARGS.get("background"):
+        slow_commits(ce.store)
     engine.save_checkpoint(ds_dir, tag="t3", client_state=client)
     out["saved"] = {**state(engine), "client": digest({k: client[k] for k in CLIENT_KEYS})}
-    train(engine, 2)
+    train(engine, 2)  # with background: while the commit thread has not read the files yet
     out["continued"] = state(engine)
-    engine.checkpoint_engine.close()
+    out["committed_during_training"] = ce.last_version is not None
+    ce.close()
 
     by_torch = build(stage, seed=1)
     _, loaded = by_torch.load_checkpoint(torch_dir, tag="t3")
@@ -135,6 +139,41 @@ def compare(out: dict[str, Any]) -> None:
     out["casckpt_continued"] = state(by_casckpt)
     out["files"] = sorted(str(p.relative_to(ds_dir)) for p in Path(ds_dir).rglob("*") if p.is_file())
     ce.close()
+
+
+def slow_commits(store: Any) -> None:
+    """Background commits start 1 s late: the training steps after the save run first."""
+    commit = store.commit
+
+    def late(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(1)
+        return commit(*args, **kwargs)
+
+    store.commit = late
+
+
+def killed_in_background(out: dict[str, Any]) -> None:
+    """Save at step 3 (waited for); at step 5 rank 1 dies in its background commit, while rank 0
+    waits for it: the wait raises, and the catalog holds step 3 only."""
+    engine = build(ARGS["stage"], seed=0)
+    ce = casckpt_ds.install(engine, background=True)
+    train(engine, 3)
+    engine.save_checkpoint(ARGS["ds_dir"], client_state=client_state(engine))
+    ce.wait()
+    out["saved"] = state(engine)
+    Path(ARGS["out"], f"saved{dist.get_rank()}.json").write_text(json.dumps(out))
+    train(engine, 2)
+    if dist.get_rank() == 1:
+        def die(*args: Any, **kwargs: Any) -> None:
+            time.sleep(1)  # after save_checkpoint's last barrier (the training group's)
+            os.kill(os.getpid(), signal.SIGKILL)
+        ce.store.commit = die  # type: ignore[method-assign]
+    engine.save_checkpoint(ARGS["ds_dir"], client_state=client_state(engine))
+    out["save_returned"] = True
+    Path(ARGS["out"], f"saved{dist.get_rank()}.json").write_text(json.dumps(out))
+    out["wait"] = failure(ce.wait)
+    out["versions"] = [v.step for v in ce.store.log("ds")]
+    ce.store.close()
 
 
 def killed(out: dict[str, Any]) -> None:
@@ -272,7 +311,8 @@ if __name__ == "__main__":
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend="gloo", timeout=timedelta(seconds=60))
     result: dict[str, Any] = {}
-    scenarios = {"compare": compare, "killed": killed, "resume": resume, "dedup": dedup, "timing": timing,
+    scenarios = {"compare": compare, "killed": killed, "killed_in_background": killed_in_background,
+                 "resume": resume, "dedup": dedup, "timing": timing,
                  "universal": universal, "rollback": rollback}
     scenarios[scenario](result)
     (out_dir / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))

@@ -105,6 +105,39 @@ def test_rank_killed_mid_save_leaves_no_version_and_the_previous_one_resumes(tmp
 
 
 @pytest.mark.slow
+def test_a_background_commit_stores_the_state_of_the_save_while_training_goes_on(tmp_path: Path) -> None:
+    """``background=True``: the commit starts a second after ``save_checkpoint`` returned, once
+    two more training steps changed every parameter and moment; the version still holds the
+    state at the save (the files were copied), and resumes bit for bit like DeepSpeed's own."""
+    url = str(tmp_path / "store")
+    casckpt.open(url).close()
+    reports = launch("compare", tmp_path, stage=2, store=url, torch_dir=str(tmp_path / "torch"),
+                     ds_dir=str(tmp_path / "ds"), background=True)
+    for rank, report in enumerate(reports):
+        assert not report["committed_during_training"], rank  # the commit came after the steps
+        assert report["casckpt_loaded"] == report["torch_loaded"] == report["saved"], rank
+        assert report["casckpt_continued"] == report["torch_continued"] == report["continued"], rank
+    with casckpt.open(url) as store:
+        assert [v.step for v in store.log("ds")] == [3]
+
+
+@pytest.mark.slow
+def test_a_rank_killed_in_its_background_commit_fails_the_save_on_the_others(tmp_path: Path) -> None:
+    url = str(tmp_path / "store")
+    casckpt.open(url).close()
+    ds_dir = tmp_path / "ds"
+    reports = launch("killed_in_background", tmp_path, ok=False, stage=2, store=url, ds_dir=str(ds_dir))
+    assert reports[1].get("code") == -9
+    assert reports[0]["save_returned"] and reports[0]["wait"] == "GroupCommitError"
+    assert reports[0]["versions"] == [3]
+    saved = json.loads((tmp_path / "out-killed_in_background" / "saved0.json").read_text())["saved"]
+    assert not (ds_dir / "global_step5" / "mp_rank_00_model_states.pt").exists()  # no marker
+    assert (ds_dir / "latest").read_text() == "global_step5"  # DeepSpeed wrote it at once
+    resumed = launch("resume", tmp_path, stage=2, store=url, ds_dir=str(ds_dir))
+    assert resumed[0]["loaded"] == saved and resumed[0]["versions"] == [3]
+
+
+@pytest.mark.slow
 def test_after_a_rollback_a_resave_is_refused_on_every_rank_and_a_fork_resumes(tmp_path: Path) -> None:
     url = str(tmp_path / "store")
     casckpt.open(url).close()

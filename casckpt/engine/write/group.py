@@ -62,7 +62,7 @@ def _together(group: Any, step: str, work: Callable[[], T]) -> T:
     except Exception as exc:  # every rank must reach the collective below, whatever failed
         result, failure = None, exc
     message = None if failure is None else f"{type(failure).__name__}: {failure}"
-    errors = [(rank, m) for rank, m in enumerate(_everyone(group, message)) if m is not None]
+    errors = [(rank, m) for rank, m in enumerate(_everyone(group, message, step)) if m is not None]
     if errors:
         detail = "; ".join(f"rank {rank}: {m}" for rank, m in errors)
         raise GroupCommitError(f"group commit failed while {step} ({detail}); no version was "
@@ -70,11 +70,27 @@ def _together(group: Any, step: str, work: Callable[[], T]) -> T:
     return result  # type: ignore[return-value]  # None only where work failed, and then we raised
 
 
-def _everyone(group: Any, value: object) -> list[Any]:
-    """``value`` of every rank, in rank order."""
+def _everyone(group: Any, value: object, step: str) -> list[Any]:
+    """``value`` of every rank, in rank order.
+
+    Raises:
+        GroupCommitError: a rank is gone (see :func:`_gone`)."""
     gathered: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, value, group=group)
+    try:
+        dist.all_gather_object(gathered, value, group=group)
+    except RuntimeError as exc:
+        raise _gone(step, exc) from exc
     return gathered
+
+
+def _gone(step: str, exc: RuntimeError) -> GroupCommitError:
+    """The error of a collective that failed: a rank of the group crashed or was killed
+    (gloo: "Connection closed by peer"; NCCL: ``DistBackendError``) or timed out. Before the
+    publishing step nothing was published; at it, the coordinator may have published."""
+    published = ("the version may have been published before the rank was lost: `casckpt log RUN` "
+                 "tells" if step == "publishing" else "no version was published")
+    return GroupCommitError(f"group commit failed while {step}: a rank of the group stopped answering "
+                            f"({exc}); {published}. Restart the job on every rank and resume")
 
 
 Part = tuple[Node, list[TensorEntry], list[ExtentEntry], ChunkWrite]
@@ -105,7 +121,7 @@ def group_commit(ctx: EngineContext, state: object, req: CommitRequest, group: A
         return start.parent, start.created, start.lease
 
     try:
-        parent, created, save = _everyone(group, _together(group, "preparing", prepare))[0]
+        parent, created, save = _everyone(group, _together(group, "preparing", prepare), "preparing")[0]
         root, entries, extents, chunks, new_ids = _together(
             group, "hashing", lambda: _snapshot(ctx, state, progress))
         mine = _mine(group, rank, new_ids)
@@ -124,7 +140,7 @@ def group_commit(ctx: EngineContext, state: object, req: CommitRequest, group: A
         parts = _at_coordinator(group, _together(group, "writing chunks", write))
         version = _together(group, "publishing", lambda: _publish(
             ctx, req, parts, parent, created, started, save) if rank == 0 else None)
-        published: Version = _everyone(group, version)[0]
+        published: Version = _published(group, rank, version)
         for delta in deltas:  # this rank's new chunks are the bases of its next commit
             delta.published(chunks)
         return published
@@ -147,16 +163,31 @@ def _snapshot(ctx: EngineContext, state: object, progress: ProgressCallback | No
 def _mine(group: Any, rank: int, new_ids: list[bytes]) -> list[bytes]:
     """The new chunks this rank writes: each by the lowest rank holding it."""
     writer: dict[bytes, int] = {}
-    for holder, ids in enumerate(_everyone(group, new_ids)):
+    for holder, ids in enumerate(_everyone(group, new_ids, "hashing")):
         for cid in ids:
             writer.setdefault(cid, holder)
     return [cid for cid in new_ids if writer[cid] == rank]
 
 
+def _published(group: Any, rank: int, version: Version | None) -> Version:
+    """The version the coordinator published, on every rank. The coordinator returns it even
+    where a rank is lost now: it is visible (the lost rank's process restarts from it)."""
+    try:
+        published: Version = _everyone(group, version, "publishing")[0]
+    except GroupCommitError:
+        if rank == 0 and version is not None:
+            return version
+        raise
+    return published
+
+
 def _at_coordinator(group: Any, value: object) -> list[Any]:
     """``value`` of every rank, in rank order, on group rank 0 (an empty list elsewhere)."""
     gathered: list[Any] | None = [None] * dist.get_world_size(group) if dist.get_rank(group) == 0 else None
-    dist.gather_object(value, gathered, dst=dist.get_global_rank(group, 0), group=group)
+    try:
+        dist.gather_object(value, gathered, dst=dist.get_global_rank(group, 0), group=group)
+    except RuntimeError as exc:
+        raise _gone("writing chunks", exc) from exc
     return gathered or []
 
 
