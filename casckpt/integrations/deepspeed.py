@@ -136,7 +136,8 @@ class CasckptCheckpointEngine(CheckpointEngine):  # type: ignore[misc]  # DeepSp
         self._files: dict[str, Any] = {}  # file name in the tag's folder -> encoded dict
         # (version id, rank, its files): one restore serves them all, until release()
         self._loaded: tuple[str, int, dict[str, Any]] | None = None
-        self._error: CasckptError | None = None  # why a file of this save was refused
+        # why a file of this save was refused, or the previous background commit failed
+        self._error: Exception | None = None
         self.resumed: Version | None = None
         """The version the last :meth:`prepare_load` resumed."""
         self._background = BackgroundCommits(group) if background else None
@@ -202,10 +203,13 @@ class CasckptCheckpointEngine(CheckpointEngine):  # type: ignore[misc]  # DeepSp
                 refused it; the other ranks raise GroupCommitError naming it).
             VersionExistsError: the run already holds this step: a save after resuming an
                 earlier tag (a rollback); the message says how to go on.
-            GroupCommitError: some rank failed (with ``background``: in the previous save's
-                commit, raised by this one).
+            GroupCommitError: some rank failed.
+            CasckptError, OSError: with ``background``, the previous save's commit failed on
+                this rank (this save is not made; every other rank raises GroupCommitError
+                naming it, rather than waiting for this one in the next collective).
         """
-        self.wait()
+        if self._error is None:
+            self._error = self._previous_failure()
         files, step = self._files, int(self.global_steps())
         refused = f"{type(self._error).__name__}: {self._error}" if self._error is not None else None
         gathered: list[Any] = [None] * dist.get_world_size(self.group)
@@ -238,6 +242,14 @@ class CasckptCheckpointEngine(CheckpointEngine):  # type: ignore[misc]  # DeepSp
             copied, group = snapshot(files), self._background.group
             self._background.submit(lambda: publish(copied, group))
         return True
+
+    def _previous_failure(self) -> Exception | None:
+        """The failure of the background commit in flight, once it ended (None: it published)."""
+        try:
+            self.wait()
+        except Exception as exc:  # noqa: BLE001 - raised by commit on every rank, after the gather
+            return exc
+        return None
 
     def wait(self) -> Version | None:
         """The version of the background commit in flight once it is published (None: none,

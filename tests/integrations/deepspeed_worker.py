@@ -176,6 +176,23 @@ def killed_in_background(out: dict[str, Any]) -> None:
     ce.store.close()
 
 
+def marker_fails(out: dict[str, Any]) -> None:
+    """Rank 1's disk is full as its background commit writes its markers (after the version is
+    published): the next save raises on every rank, none waits for another."""
+    engine = build(ARGS["stage"], seed=0)
+    ce = casckpt_ds.install(engine, background=True)
+    if dist.get_rank() == 1:
+        def full(*args: Any) -> None:
+            raise OSError(28, "No space left on device")
+        casckpt_ds.write_marker = full  # type: ignore[attr-defined]
+    train(engine, 2)
+    engine.save_checkpoint(ARGS["ds_dir"])
+    train(engine, 1)
+    out["next_save"] = failure(lambda: engine.save_checkpoint(ARGS["ds_dir"]))
+    out["versions"] = [v.step for v in ce.store.log("ds")]
+    ce.close()
+
+
 def killed(out: dict[str, Any]) -> None:
     """Save at step 3; at step 5 rank 1 dies while handing DeepSpeed's files to the engine."""
     engine = build(ARGS["stage"], seed=0)
@@ -312,7 +329,7 @@ if __name__ == "__main__":
     deepspeed.init_distributed(dist_backend="gloo", timeout=timedelta(seconds=60))
     result: dict[str, Any] = {}
     scenarios = {"compare": compare, "killed": killed, "killed_in_background": killed_in_background,
-                 "resume": resume, "dedup": dedup, "timing": timing,
+                 "resume": resume, "dedup": dedup, "timing": timing, "marker_fails": marker_fails,
                  "universal": universal, "rollback": rollback}
     scenarios[scenario](result)
     (out_dir / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))

@@ -138,6 +138,18 @@ def test_a_rank_killed_in_its_background_commit_fails_the_save_on_the_others(tmp
 
 
 @pytest.mark.slow
+def test_a_background_commit_failing_on_one_rank_fails_the_next_save_on_every_rank(tmp_path: Path) -> None:
+    """Rank 1's markers cannot be written (a full disk) after the version is published: the
+    next save raises on rank 1 (its own error) and on rank 0 (naming rank 1), and no rank
+    waits for the other in the save's first collective."""
+    url = str(tmp_path / "store")
+    casckpt.open(url).close()
+    reports = launch("marker_fails", tmp_path, stage=2, store=url, ds_dir=str(tmp_path / "ds"))
+    assert [r["next_save"] for r in reports] == ["GroupCommitError", "OSError"]
+    assert [r["versions"] for r in reports] == [[2], [2]]
+
+
+@pytest.mark.slow
 def test_after_a_rollback_a_resave_is_refused_on_every_rank_and_a_fork_resumes(tmp_path: Path) -> None:
     url = str(tmp_path / "store")
     casckpt.open(url).close()
