@@ -45,7 +45,11 @@ _STEP = re.compile(r"step-(\d+)$")
 
 
 class CasckptCheckpointManager(CheckpointManager):  # type: ignore[misc]  # torchtitan is untyped
-    """torchtitan's ``CheckpointManager`` on a casckpt store (see the module's docstring).
+    """torchtitan's ``CheckpointManager`` on a casckpt store: built by its ``Config`` (torchtitan's
+    fields plus ``store`` and ``run``) where torchtitan's trainer builds its own. The checkpoint of
+    step N is version ``run@N``; ``load()`` resumes the run's newest version (or
+    ``run@load_step``), and torchtitan's own load when the run has none yet; ``keep_latest_k``
+    sets the run's ``keep_last`` retention policy (``casckpt gc`` deletes, never the manager).
 
     Raises (when built, on every rank):
         InvalidArgumentError: ``async_mode="async_with_pinned_mem"``, which saves from
