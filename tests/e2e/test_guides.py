@@ -51,7 +51,8 @@ GUIDES = sorted((ROOT / "docs" / "guides").glob("*.md"))
 DOCS = [*GUIDES, ROOT / "README.md"]
 DEPLOYMENT = ROOT / "docs" / "guides" / "s3-postgres.md"
 SLOW = {"megatron.md",  # importing Megatron-Core alone takes seconds: run with -m slow
-        "deepspeed.md"}  # launches real DeepSpeed ranks twice (~30 s on 2 cores)
+        "deepspeed.md",  # launches real DeepSpeed ranks twice (~30 s on 2 cores)
+        "torchtitan.md"}  # imports torchtitan and runs six launches of its manager (~5 s)
 NEEDS = {"torchtitan.md": "torchtitan"}  # an extra the test extra leaves out (see pyproject.toml)
 MAX_OPT_OUTS = 4  # in all the documents together: a guide is worth having because it runs
 

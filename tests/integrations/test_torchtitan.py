@@ -85,7 +85,7 @@ def test_the_last_step_is_model_only_in_the_export_dtype_and_keep_latest_k_is_re
 
 
 @pytest.mark.slow  # ~8 s: a killed launch waits out its peer
-def test_a_killed_save_leaves_no_version_and_the_next_launch_resumes_the_one_before(
+def test_a_killed_save_leaves_no_version_and_the_next_launch_resumes_the_one_before(  # and load_step
         ranks: Zygote, tmp_path: Path) -> None:
     store, out = str(tmp_path / "store"), str(tmp_path / "out")
     train(ranks, folder=out, store=store, steps=5)
@@ -94,7 +94,9 @@ def test_a_killed_save_leaves_no_version_and_the_next_launch_resumes_the_one_bef
     with casckpt.open(store) as opened:
         assert [v.step for v in opened.log("tiny")] == [5]
         assert opened.ops.check().ok
-    resumed = train(ranks, folder=out, store=store, steps=10, seed=3)
+    missing = train(ranks, ok=False, folder=out, store=store, steps=10, load_step=7)
+    assert all("RefNotFoundError" in e and "tiny@7" in e for e in missing["errors"])
+    resumed = train(ranks, folder=out, store=store, steps=10, seed=3, load_step=5)
     assert [r["loaded"] for r in resumed["results"]] == [5, 5]
     whole = train(ranks, folder=str(tmp_path / "whole"), steps=10)
     assert digests(resumed) == digests(whole)
