@@ -59,7 +59,8 @@ class CasckptCheckpointManager(CheckpointManager):  # type: ignore[misc]  # torc
     @dataclass(kw_only=True, slots=True)
     class Config(CheckpointManager.Config):  # type: ignore[misc]
         store: str = ""
-        """The casckpt store, as ``casckpt.open`` takes it (a path, or a URL)."""
+        """The casckpt store, as ``casckpt.open`` takes it: its directory (for a store on S3 and
+        PostgreSQL too, the one holding its ``casckpt.toml``), or that file."""
 
         run: str = ""
         """The run whose versions the checkpoints become (``run@step``)."""
@@ -68,8 +69,8 @@ class CasckptCheckpointManager(CheckpointManager):  # type: ignore[misc]  # torc
         if config.enable:
             if not config.store or not config.run:
                 raise InvalidArgumentError(
-                    "CasckptCheckpointManager.Config needs store= (the casckpt store's path or "
-                    "URL) and run= (the run the checkpoints become versions of)")
+                    "CasckptCheckpointManager.Config needs store= (the casckpt store's directory or "
+                    "casckpt.toml) and run= (the run the checkpoints become versions of)")
             if config.async_mode == AsyncMode.ASYNC_WITH_PINNED_MEM.value:
                 raise InvalidArgumentError(
                     "checkpoint.async_mode='async_with_pinned_mem' saves from another process, "
