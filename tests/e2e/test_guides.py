@@ -51,7 +51,9 @@ GUIDES = sorted((ROOT / "docs" / "guides").glob("*.md"))
 DOCS = [*GUIDES, ROOT / "README.md"]
 DEPLOYMENT = ROOT / "docs" / "guides" / "s3-postgres.md"
 SLOW = {"megatron.md",  # importing Megatron-Core alone takes seconds: run with -m slow
-        "deepspeed.md"}  # launches real DeepSpeed ranks twice (~30 s on 2 cores)
+        "deepspeed.md",  # launches real DeepSpeed ranks twice (~30 s on 2 cores)
+        "torchtitan.md"}  # imports torchtitan and runs six launches of its manager (~5 s)
+NEEDS = {"torchtitan.md": "torchtitan"}  # an extra the test extra leaves out (see pyproject.toml)
 MAX_OPT_OUTS = 4  # in all the documents together: a guide is worth having because it runs
 
 PG = "postgresql+psycopg://trainer@db.internal/casckpt"
@@ -207,6 +209,8 @@ def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
                                  for d in DOCS], ids=lambda doc: doc.stem)
 def test_guide_runs(doc: Path, root: Path, services: Callable[[str], Services],
                     monkeypatch: pytest.MonkeyPatch) -> None:
+    if doc.name in NEEDS:
+        pytest.importorskip(NEEDS[doc.name], reason=f"the {NEEDS[doc.name]} extra is not installed")
     shell = GuideShell(root, services(doc.read_text(encoding="utf-8")), monkeypatch)
     ran = 0
     try:
