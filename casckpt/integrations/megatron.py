@@ -18,7 +18,8 @@
 The strategies are Megatron's ``torch_dist`` ones with casckpt's DCP writer and reader
 (:mod:`casckpt.dcp`) in place of the file system: every ``ShardedTensor`` becomes a tensor of
 the version (each rank writes its own pieces, only chunks the store does not hold yet), every
-``ShardedObject`` a plain value, and the version is published in one catalog transaction once
+``ShardedObject`` a plain value beside its tensors (:mod:`casckpt.integrations.megatron_objects`),
+and the version is published in one catalog transaction once
 every rank has written, so a save killed part way leaves no version. Loading reshards as
 ``torch_dist`` does (another TP/PP/DP layout): each rank reads only the chunks its pieces need.
 
@@ -39,12 +40,12 @@ The checkpoint directory stays Megatron's: ``dist_checkpointing.save`` itself wr
 ``torch`` common strategy, which Megatron does not let a caller replace on save. casckpt keeps
 neither file: nothing of them is in the store, so loading from the store unpickles nothing
 (DCP's metadata is the version's JSON manifest, the objects plain-value nodes; see
-:mod:`casckpt.dcp`). ``ShardedObject`` data must therefore be plain values (dicts, lists,
-tuples, numbers, strings, bytes, None): one holding a tensor or a numpy array is refused with
-:class:`~casckpt.errors.UnsupportedStateError` before anything is written. Megatron's own
-state has such objects (Transformer Engine's ``_extra_state``, the RNG state, the distributed
-optimizer's state): Transformer-Engine-based jobs and checkpoints with RNG state cannot be
-saved through these strategies yet.
+:mod:`casckpt.dcp`). A ``ShardedObject`` may hold what Megatron puts in one (Transformer
+Engine's ``_extra_state``, the RNG state, a distributed optimizer's tensors): tensors, numpy
+arrays and ``io.BytesIO`` in dicts, lists and tuples of plain values, each tensor and array
+stored as a tensor of the version and rebuilt bit for bit on load. An object holding anything
+else (another class, a dict key that is not ``str`` or ``int``) is refused with
+:class:`~casckpt.errors.UnsupportedStateError` on every rank before any rank writes.
 
 Needs the extra: ``pip install 'casckpt[megatron]'`` (megatron-core 0.16; the strategies use
 helpers of its ``torch_dist`` strategy).
@@ -278,8 +279,9 @@ class CasckptSaveStrategy(SaveShardedStrategy):  # type: ignore[misc]
 
     Raises:
         VersionExistsError: (``save``) ``run`` already has a version at the step.
-        UnsupportedStateError: (``save``) a ``ShardedObject`` holds something other than plain
-            values; raised on every rank, before any rank writes.
+        UnsupportedStateError: (``save``) a ``ShardedObject`` holds something other than tensors,
+            numpy arrays, ``io.BytesIO`` and plain values; raised on every rank, before any rank
+            writes.
         InvalidNameError: (``save``) a ``ShardedObject`` holds a key no version may (e.g. with
             ``/``); raised on every rank, before any rank writes.
         InvalidArgumentError: (``save``) no step given and the directory is not named ``iter_N``.
@@ -301,7 +303,7 @@ class CasckptSaveStrategy(SaveShardedStrategy):  # type: ignore[misc]
 
     @property
     def can_handle_sharded_objects(self) -> bool:
-        """ShardedObjects are saved as plain values of the version."""
+        """ShardedObjects are saved as plain values of the version, their tensors as tensors."""
         return True
 
     def save(self, sharded_state_dict: ShardedStateDict, checkpoint_dir: str | Path) -> None:
@@ -359,7 +361,7 @@ class CasckptLoadStrategy(LoadShardedStrategy):  # type: ignore[misc]
 
     @property
     def can_handle_sharded_objects(self) -> bool:
-        """ShardedObjects are read from the version's plain values."""
+        """ShardedObjects are rebuilt from the version's plain values and tensors."""
         return True
 
     def check_backend_compatibility(self, loaded_backend: str) -> None:
