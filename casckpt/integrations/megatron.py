@@ -188,12 +188,14 @@ def _saved_objects(flat: Mapping[str, list[Any]]) -> tuple[dict[str, Any], Casck
     return out, None
 
 
-def _object_targets(flat: Mapping[str, list[Any]], metadata: Metadata) -> dict[str, Any]:
+def _object_targets(flat: Mapping[str, list[Any]], reader: StoreReader) -> dict[str, Any]:
     """What DCP loads this rank's objects into: each value, and an empty tensor for each of the
     version's tensors of the object."""
     wanted = {_stored_key(k) for k, found in flat.items() if _is_object(found)}
     out: dict[str, Any] = {stored: io.BytesIO() for stored in wanted}  # replaced by the value
-    for fqn, meta in metadata.state_dict_metadata.items():
+    if not wanted:
+        return out
+    for fqn, meta in reader.read_metadata().state_dict_metadata.items():
         if objects.object_of(fqn) in wanted and isinstance(meta, TensorStorageMetadata):
             out[fqn] = torch.empty(meta.size, dtype=meta.properties.dtype)
     return out
@@ -403,7 +405,7 @@ class CasckptLoadStrategy(LoadShardedStrategy):  # type: ignore[misc]
         sharded = {k: v for k, v in flat.items() if not _is_object(v)}
         pyt_state = {_stored_key(k): v for k, v in mcore_to_pyt_state_dict(sharded, True).items()}
         reader = self._reader(checkpoint_dir)
-        pyt_state.update(_object_targets(flat, reader.read_metadata()))
+        pyt_state.update(_object_targets(flat, reader))
         planner = MCoreLoadPlanner(
             shapes_validation_sharded_tensors=[_renamed(t) for t in tensors if not t.allow_shape_mismatch],
             allow_shape_mismatch_sharded_tensors={_stored_key(t.key): _renamed(t)
