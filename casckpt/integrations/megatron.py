@@ -223,6 +223,14 @@ def _object_tensor(tensors: Mapping[str, torch.Tensor], stored: str, index: int)
                                    f"{_megatron_key(stored)!r}, which its value refers to") from None
 
 
+def _object_keys(metadata: Metadata) -> list[str]:
+    """The stored keys of the version's objects. DCP's reader lists every value inside an object
+    too (``shared%2Fshard_0_1.0.epoch``, for a DCP load of a nested state): those are left out."""
+    values = {k for k, meta in metadata.state_dict_metadata.items() if isinstance(meta, BytesStorageMetadata)}
+    return [k for k in metadata.state_dict_metadata if k in values
+            and not any(k[:i] in values for i, c in enumerate(k) if c == ".")]
+
+
 class _SavePlanner(MCoreSavePlanner):  # type: ignore[misc]
     """torch_dist's planner, failing every rank's save in DCP's planning step (before any rank
     writes) when one rank's objects cannot be stored: a rank raising alone would leave the
@@ -437,9 +445,5 @@ class CasckptLoadStrategy(LoadShardedStrategy):  # type: ignore[misc]
     def load_sharded_metadata(self, checkpoint_dir: str | Path) -> dict[str, Any]:
         """Every tensor's and object's metadata, as ``torch_dist`` gives them (no data)."""
         metadata = self._metadata(checkpoint_dir)
-        objects: dict[str, Any] = {}
-        for stored, meta in metadata.state_dict_metadata.items():
-            if isinstance(meta, BytesStorageMetadata):
-                found = ShardedObject.empty_from_unique_key(_megatron_key(stored))
-                objects[found.unique_key] = found
-        return {**objects, **self.load_tensors_metadata(checkpoint_dir, metadata)}
+        found = [ShardedObject.empty_from_unique_key(_megatron_key(k)) for k in _object_keys(metadata)]
+        return {**{o.unique_key: o for o in found}, **self.load_tensors_metadata(checkpoint_dir, metadata)}

@@ -388,10 +388,12 @@ def scenario_mc_objects(rank: int, world: int, args: dict[str, Any]) -> dict[str
                                     objects=False, seed=-1),
                     **{k: ShardedObject(v.key, None, v.global_shape, v.global_offset, replica_id=v.replica_id)
                        for k, v in want.items()}}
-        loaded = dist_checkpointing.load(template, str(folder), sharded_strategy=CasckptLoadStrategy(store))
+        strategy = CasckptLoadStrategy(store)
+        loaded = dist_checkpointing.load(template, str(folder), sharded_strategy=strategy)
         bad = exact({k: loaded[k] for k in want}, {k: v.data for k, v in want.items()})
         expect = expected(tensors, rank, world, None, False, args["seed"])
-        return {"bad": bad + differences({k: loaded[k] for k in expect}, expect)}
+        return {"bad": bad + differences({k: loaded[k] for k in expect}, expect),
+                "metadata": sorted(strategy.load_sharded_metadata(str(folder)))}
 
 
 def scenario_mc_bad_object(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:

@@ -217,6 +217,11 @@ def test_objects_holding_tensors_round_trip_bit_exact(ranks: Zygote, tmp_path: P
     launch(ranks, "mc_objects", 2, path=str(store), dir=str(folder), seed=3, action="save")
     back = launch(ranks, "mc_objects", 2, path=str(store), dir=str(folder), seed=3, action="load")
     assert [r["bad"] for r in back["results"]] == [[], []]  # RNG states, _extra_state, mixed leaves
+    extra = "decoder.layers.linear_qkv._extra_state"
+    assert back["results"][0]["metadata"] == [  # as torch_dist lists them: no object's tensors
+        f"{extra}/shard_0_3", f"{extra}/shard_1_3", f"{extra}/shard_2_3", "decoder.norm", "decoder.proj",
+        "decoder.w", "mixed/shard_0_2", "mixed/shard_1_2", "optimizer.exp_avg", "rng_state/shard_0.0_1.2",
+        "rng_state/shard_0.1_1.2", "shared/shard_0_1"]
     with casckpt.open(store) as opened:
         paths = {t.path for t in opened.show("gpt@3", tensors=True).tensors}
         assert "rng_state%2Fshard_0.1_1.2%t2" in paths  # rank 1's torch RNG state, as a tensor
