@@ -313,7 +313,8 @@ def mixed_object(rank: int, seed: int) -> dict[Any, Any]:
     return {0: (None, True, -0.0, float("nan"), 2**70, b"\x00\xff"), "step": seed,
             "exp_avg": [torch.full((3, 2), seed + rank, dtype=torch.bfloat16), torch.tensor(1.5)],
             "mask": np.array([[True, False]]), "ids": np.arange(4, dtype=np.int16)[::2],
-            "shared": torch.ones(0, 3), "name": "adam"}
+            "shared": torch.ones(0, 3), "name": "adam",
+            "transposed": torch.arange(6, dtype=torch.int64).reshape(2, 3).t()}  # not contiguous
 
 
 def object_state(rank: int, world: int, seed: int, rng_from: list[int] | None = None,
