@@ -165,8 +165,9 @@ def _check_id(checkpoint_id: str | os.PathLike[str] | None, expected: str) -> No
 
 def _value_node(fqn: str, data: io.BytesIO) -> Node:
     """A non-tensor value DCP serialised with torch.save, as a plain-value node (no pickle kept)."""
-    try:
-        value = torch.load(io.BytesIO(data.getbuffer()), weights_only=True)
+    try:  # torch.save pickles b"" as a call of bytes (the one global a plain value needs)
+        with torch.serialization.safe_globals([bytes]):
+            value = torch.load(io.BytesIO(data.getbuffer()), weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, AttributeError, TypeError, EOFError) as exc:
         found = re.search(r"GLOBAL ([\w.]+)", str(exc))  # torch names the class it refused
         what = f"it holds a {found.group(1)}" if found else "it is not"

@@ -152,8 +152,14 @@ def _check_array(a: np.ndarray, path: str) -> None:
         )
 
 
-def encode_state(state: object) -> tuple[Node, list[TensorLeaf]]:
+def encode_state(state: object, other: Callable[[object, str], Node | None] | None = None,
+                 ) -> tuple[Node, list[TensorLeaf]]:
     """Validate ``state`` and encode it as a JSON-able node tree.
+
+    ``other(obj, path)``, if given, encodes a leaf of no type listed here as a node of its own
+    (a ``"t"`` no node of this module has; :func:`decode_state`'s ``other`` rebuilds it), or
+    returns None to refuse it. A version's manifest holds no such node: codecs that keep a
+    node inside a plain value use it (the Megatron integration's objects).
 
     Returns:
         ``(root, leaves)``: ``root`` is the node tree, in which every tensor is
@@ -216,6 +222,9 @@ def encode_state(state: object) -> tuple[Node, list[TensorLeaf]]:
                 return enc_container(cast(Any, obj), path, depth + 1)
             finally:
                 active.discard(id(obj))
+        found = None if other is None else other(obj, path)
+        if found is not None:
+            return found
         raise UnsupportedStateError(
             f"cannot store the {_describe(obj)} at {path or '<root>'!r}: supported leaves are "
             "torch tensors, numpy arrays, None, bool, int, float, str and bytes (exactly those "
@@ -315,9 +324,11 @@ def _structure_nesting(structure: bytes, window: int) -> int:
 
 
 def decode_state(root: Node, tensor: Callable[[int, str], object],
-                sharded: Callable[[list[int], str], object] | None = None) -> object:
-    """Rebuild a state from ``root``; ``tensor(i, path)`` supplies tensor ``i``, and
-    ``sharded(indices, path)`` a tensor assembled from the shards ``indices``.
+                 sharded: Callable[[list[int], str], object] | None = None,
+                 other: Callable[[Node, str], object] | None = None) -> object:
+    """Rebuild a state from ``root``; ``tensor(i, path)`` supplies tensor ``i``,
+    ``sharded(indices, path)`` a tensor assembled from the shards ``indices``, and
+    ``other(node, path)`` the value of a node :func:`encode_state`'s ``other`` made.
 
     Raises:
         CorruptManifestError: a node is malformed (or sharded where ``sharded`` is None).
@@ -357,6 +368,8 @@ def decode_state(root: Node, tensor: Callable[[int, str], object],
             if kind in ("list", "tuple"):
                 items = [dec(v, join_path(path, i)) for i, v in enumerate(node["v"])]
                 return tuple(items) if kind == "tuple" else items
+            if other is not None and kind not in _KINDS:
+                return other(node, path)
         except (KeyError, TypeError, ValueError, OverflowError, struct.error) as exc:
             raise CorruptManifestError(f"manifest node at {path!r} is malformed: {exc}") from exc
         raise CorruptManifestError(f"manifest node at {path!r} has unknown type {kind!r}")
@@ -405,6 +418,9 @@ def iter_value_nodes(root: Node) -> Iterator[tuple[str, Node]]:
 
 
 _NOT_VALUES = frozenset({"tensor", "sharded"})
+_KINDS = frozenset({"none", "bool", "int", "float", "str", "bytes", "tensor", "sharded", "dict", "list",
+                    "tuple", "ranks"})
+"""The node types of this module (``other`` of :func:`decode_state` is asked for no other)."""
 
 
 def _no_tensor(i: int, path: str) -> object:

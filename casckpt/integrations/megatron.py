@@ -18,7 +18,8 @@
 The strategies are Megatron's ``torch_dist`` ones with casckpt's DCP writer and reader
 (:mod:`casckpt.dcp`) in place of the file system: every ``ShardedTensor`` becomes a tensor of
 the version (each rank writes its own pieces, only chunks the store does not hold yet), every
-``ShardedObject`` a plain value, and the version is published in one catalog transaction once
+``ShardedObject`` a plain value beside its tensors (:mod:`casckpt.integrations.megatron_objects`),
+and the version is published in one catalog transaction once
 every rank has written, so a save killed part way leaves no version. Loading reshards as
 ``torch_dist`` does (another TP/PP/DP layout): each rank reads only the chunks its pieces need.
 
@@ -39,12 +40,12 @@ The checkpoint directory stays Megatron's: ``dist_checkpointing.save`` itself wr
 ``torch`` common strategy, which Megatron does not let a caller replace on save. casckpt keeps
 neither file: nothing of them is in the store, so loading from the store unpickles nothing
 (DCP's metadata is the version's JSON manifest, the objects plain-value nodes; see
-:mod:`casckpt.dcp`). ``ShardedObject`` data must therefore be plain values (dicts, lists,
-tuples, numbers, strings, bytes, None): one holding a tensor or a numpy array is refused with
-:class:`~casckpt.errors.UnsupportedStateError` before anything is written. Megatron's own
-state has such objects (Transformer Engine's ``_extra_state``, the RNG state, the distributed
-optimizer's state): Transformer-Engine-based jobs and checkpoints with RNG state cannot be
-saved through these strategies yet.
+:mod:`casckpt.dcp`). A ``ShardedObject`` may hold what Megatron puts in one (Transformer
+Engine's ``_extra_state``, the RNG state, a distributed optimizer's tensors): tensors, numpy
+arrays and ``io.BytesIO`` in dicts, lists and tuples of plain values, each tensor and array
+stored as a tensor of the version and rebuilt bit for bit on load. An object holding anything
+else (another class, a dict key that is not ``str`` or ``int``) is refused with
+:class:`~casckpt.errors.UnsupportedStateError` on every rank before any rank writes.
 
 Needs the extra: ``pip install 'casckpt[megatron]'`` (megatron-core 0.16; the strategies use
 helpers of its ``torch_dist`` strategy).
@@ -53,16 +54,18 @@ helpers of its ``torch_dist`` strategy).
 from __future__ import annotations
 
 import contextlib
+import functools
+import io
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from casckpt.dcp import plain_node
 from casckpt.errors import (
     CasckptError,
     CheckpointPathNotFoundError,
+    CorruptManifestError,
     InvalidArgumentError,
     MixedCheckpointError,
     OptionalDependencyError,
@@ -95,6 +98,8 @@ try:
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+    from casckpt.integrations import megatron_objects as objects
 except ImportError as exc:  # pragma: no cover - the extra is installed wherever tests run
     raise OptionalDependencyError(
         f"casckpt.integrations.megatron needs Megatron-Core ({exc}): pip install 'casckpt[megatron]'"
@@ -160,19 +165,70 @@ def _renamed(tensor: ShardedTensor) -> _Expected:
     return _Expected(_stored_key(tensor.key), tuple(tensor.global_shape))
 
 
-def _refusal(sharded_state_dict: ShardedStateDict) -> CasckptError | None:
-    """Why a ``ShardedObject`` of this rank cannot be a plain value of a version, if one cannot
-    (any casckpt error: a bad key fails as an InvalidNameError, and must fail every rank too)."""
-    for found in nested_values(sharded_state_dict):
-        if not isinstance(found, ShardedObject):
+def _is_object(pieces: list[Any]) -> bool:
+    return isinstance(pieces[0], ShardedObject)
+
+
+def _saved_objects(flat: Mapping[str, list[Any]]) -> tuple[dict[str, Any], CasckptError | None]:
+    """This rank's objects as the version keeps them (:mod:`casckpt.integrations.megatron_objects`):
+    each key's data (Megatron's list of them) as a plain value, its tensors at their own keys;
+    or why one cannot be stored (any casckpt error: it must fail every rank together)."""
+    out: dict[str, Any] = {}
+    for key, found in flat.items():
+        if not _is_object(found):
             continue
         try:
-            plain_node(found.data, f"ShardedObject {found.key!r}",
-                       "casckpt keeps ShardedObjects as plain values (dicts, lists, tuples, numbers, "
-                       "strings, bytes, None): save it as a ShardedTensor, or convert it (.tolist())")
+            value, tensors = objects.encode([o.data for o in found], f"ShardedObject {key!r}")
         except CasckptError as exc:
-            return exc
-    return None
+            return {}, exc
+        stored = _stored_key(key)
+        out[stored] = io.BytesIO()
+        torch.save(value, out[stored])  # plain values only: read back with weights_only
+        out.update((objects.tensor_key(stored, i), t) for i, t in enumerate(tensors))
+    return out, None
+
+
+def _object_targets(flat: Mapping[str, list[Any]], reader: StoreReader) -> dict[str, Any]:
+    """What DCP loads this rank's objects into: each value, and an empty tensor for each of the
+    version's tensors of the object."""
+    wanted = {_stored_key(k) for k, found in flat.items() if _is_object(found)}
+    out: dict[str, Any] = {stored: io.BytesIO() for stored in wanted}  # replaced by the value
+    if not wanted:
+        return out
+    for fqn, meta in reader.read_metadata().state_dict_metadata.items():
+        if objects.object_of(fqn) in wanted and isinstance(meta, TensorStorageMetadata):
+            out[fqn] = torch.empty(meta.size, dtype=meta.properties.dtype)
+    return out
+
+
+def _loaded_objects(pyt_state: dict[str, Any], flat: Mapping[str, list[Any]]) -> dict[str, Any]:
+    """Each object's data rebuilt from its value and tensors, by Megatron key (the objects' values
+    and tensors taken out of ``pyt_state``)."""
+    tensors: dict[str, torch.Tensor] = {fqn: pyt_state.pop(fqn) for fqn in list(pyt_state)
+                                        if objects.object_of(fqn) is not None}
+    out: dict[str, Any] = {}
+    for key, found in flat.items():
+        if _is_object(found):
+            stored = _stored_key(key)
+            tensor = functools.partial(_object_tensor, tensors, stored)
+            out[key] = objects.decode(pyt_state.pop(stored), tensor)
+    return out
+
+
+def _object_tensor(tensors: Mapping[str, torch.Tensor], stored: str, index: int) -> torch.Tensor:
+    try:
+        return tensors[objects.tensor_key(stored, index)]
+    except KeyError:
+        raise CorruptManifestError(f"the version has no tensor {index} of object "
+                                   f"{_megatron_key(stored)!r}, which its value refers to") from None
+
+
+def _object_keys(metadata: Metadata) -> list[str]:
+    """The stored keys of the version's objects. DCP's reader lists every value inside an object
+    too (``shared%2Fshard_0_1.0.epoch``, for a DCP load of a nested state): those are left out."""
+    values = {k for k, meta in metadata.state_dict_metadata.items() if isinstance(meta, BytesStorageMetadata)}
+    return [k for k in metadata.state_dict_metadata if k in values
+            and not any(k[:i] in values for i, c in enumerate(k) if c == ".")]
 
 
 class _SavePlanner(MCoreSavePlanner):  # type: ignore[misc]
@@ -233,8 +289,9 @@ class CasckptSaveStrategy(SaveShardedStrategy):  # type: ignore[misc]
 
     Raises:
         VersionExistsError: (``save``) ``run`` already has a version at the step.
-        UnsupportedStateError: (``save``) a ``ShardedObject`` holds something other than plain
-            values; raised on every rank, before any rank writes.
+        UnsupportedStateError: (``save``) a ``ShardedObject`` holds something other than tensors,
+            numpy arrays, ``io.BytesIO`` and plain values; raised on every rank, before any rank
+            writes.
         InvalidNameError: (``save``) a ``ShardedObject`` holds a key no version may (e.g. with
             ``/``); raised on every rank, before any rank writes.
         InvalidArgumentError: (``save``) no step given and the directory is not named ``iter_N``.
@@ -256,7 +313,7 @@ class CasckptSaveStrategy(SaveShardedStrategy):  # type: ignore[misc]
 
     @property
     def can_handle_sharded_objects(self) -> bool:
-        """ShardedObjects are saved as plain values of the version."""
+        """ShardedObjects are saved as plain values of the version, their tensors as tensors."""
         return True
 
     def save(self, sharded_state_dict: ShardedStateDict, checkpoint_dir: str | Path) -> None:
@@ -264,7 +321,10 @@ class CasckptSaveStrategy(SaveShardedStrategy):  # type: ignore[misc]
         step = self.step if self.step is not None else _step_of(checkpoint_dir)
         flat, _, _ = _replace_state_dict_keys_with_sharded_keys(sharded_state_dict,
                                                                 self.keep_only_main_replica)
-        pyt_state = {_stored_key(k): v for k, v in mcore_to_pyt_state_dict(flat, False).items()}
+        saved, refused = _saved_objects(flat)
+        sharded = {k: v for k, v in flat.items() if not _is_object(v)}
+        pyt_state = {_stored_key(k): v for k, v in mcore_to_pyt_state_dict(sharded, False).items()}
+        pyt_state.update(saved)
         where = os.path.abspath(os.fspath(checkpoint_dir))
         metadata = {**self.metadata, "megatron.checkpoint_dir": where}
         # dist_checkpointing.save has rank 0 (DCP's coordinator, whose metadata the version gets)
@@ -275,7 +335,7 @@ class CasckptSaveStrategy(SaveShardedStrategy):  # type: ignore[misc]
         writer = self.store.dcp_writer(
             run=self.run, step=step, metrics=self.metrics, metadata=metadata,
             tags=(*self.tags, directory_tag(where)))
-        planner = _SavePlanner(_refusal(sharded_state_dict),
+        planner = _SavePlanner(refused,
                                dedup_replicated_tensors=not self.keep_only_main_replica,
                                flatten_state_dict=False)
         with _typed_errors():
@@ -311,7 +371,7 @@ class CasckptLoadStrategy(LoadShardedStrategy):  # type: ignore[misc]
 
     @property
     def can_handle_sharded_objects(self) -> bool:
-        """ShardedObjects are read from the version's plain values."""
+        """ShardedObjects are rebuilt from the version's plain values and tensors."""
         return True
 
     def check_backend_compatibility(self, loaded_backend: str) -> None:
@@ -350,14 +410,19 @@ class CasckptLoadStrategy(LoadShardedStrategy):  # type: ignore[misc]
         """Fill ``sharded_state_dict``'s pieces from the version (DCP's collective load)."""
         tensors = [t for t in nested_values(sharded_state_dict) if isinstance(t, ShardedTensor)]
         flat, flat_mapping, rename_mapping = _replace_state_dict_keys_with_sharded_keys(sharded_state_dict)
-        pyt_state = {_stored_key(k): v for k, v in mcore_to_pyt_state_dict(flat, True).items()}
+        sharded = {k: v for k, v in flat.items() if not _is_object(v)}
+        pyt_state = {_stored_key(k): v for k, v in mcore_to_pyt_state_dict(sharded, True).items()}
+        reader = self._reader(checkpoint_dir)
+        pyt_state.update(_object_targets(flat, reader))
         planner = MCoreLoadPlanner(
             shapes_validation_sharded_tensors=[_renamed(t) for t in tensors if not t.allow_shape_mismatch],
             allow_shape_mismatch_sharded_tensors={_stored_key(t.key): _renamed(t)
                                                   for t in tensors if t.allow_shape_mismatch})
         with _typed_errors():
-            dcp_load(pyt_state, storage_reader=self._reader(checkpoint_dir), planner=planner)
+            dcp_load(pyt_state, storage_reader=reader, planner=planner)
+        rebuilt = _loaded_objects(pyt_state, flat)
         loaded = {_megatron_key(k): _unwrap_pyt_sharded_tensor(v) for k, v in pyt_state.items()}
+        loaded.update(rebuilt)
         loaded = _replace_sharded_keys_with_state_dict_keys(loaded, flat_mapping, rename_mapping)
         _restore_dict_types(loaded, sharded_state_dict)
         return loaded
@@ -371,7 +436,7 @@ class CasckptLoadStrategy(LoadShardedStrategy):  # type: ignore[misc]
         found = metadata if metadata is not None else self._metadata(checkpoint_dir)
         out: dict[str, Any] = {}
         for stored, meta in found.state_dict_metadata.items():
-            if isinstance(meta, TensorStorageMetadata):
+            if isinstance(meta, TensorStorageMetadata) and objects.object_of(stored) is None:
                 key = _megatron_key(stored)
                 empty = torch.empty(meta.size, dtype=meta.properties.dtype, device="meta")
                 out[key] = ShardedTensor.from_rank_offsets(key, empty).without_data()
@@ -380,9 +445,5 @@ class CasckptLoadStrategy(LoadShardedStrategy):  # type: ignore[misc]
     def load_sharded_metadata(self, checkpoint_dir: str | Path) -> dict[str, Any]:
         """Every tensor's and object's metadata, as ``torch_dist`` gives them (no data)."""
         metadata = self._metadata(checkpoint_dir)
-        objects: dict[str, Any] = {}
-        for stored, meta in metadata.state_dict_metadata.items():
-            if isinstance(meta, BytesStorageMetadata):
-                found = ShardedObject.empty_from_unique_key(_megatron_key(stored))
-                objects[found.unique_key] = found
-        return {**objects, **self.load_tensors_metadata(checkpoint_dir, metadata)}
+        found = [ShardedObject.empty_from_unique_key(_megatron_key(k)) for k in _object_keys(metadata)]
+        return {**{o.unique_key: o for o in found}, **self.load_tensors_metadata(checkpoint_dir, metadata)}

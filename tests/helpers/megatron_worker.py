@@ -237,7 +237,7 @@ def scenario_mc_refusals(rank: int, world: int, args: dict[str, Any]) -> dict[st
     with open_store(args) as store:
         def holding_tensor() -> None:
             state = sharded_state(tensors, rank, world, objects=False)
-            state["rng"] = ShardedObject("rng", {"state": torch.ones(3)}, (1,), (0,))
+            state["rng"] = ShardedObject("rng", {"dtype": torch.float32}, (1,), (0,))
             dist_checkpointing.save(state, str(folder), sharded_strategy=CasckptSaveStrategy(store, "gpt", 1))
 
         def without_step() -> None:
@@ -269,6 +269,150 @@ def scenario_mc_bad_key(rank: int, world: int, args: dict[str, Any]) -> dict[str
         error = _error(lambda: dist_checkpointing.save(state, str(folder),
                                                        sharded_strategy=CasckptSaveStrategy(store, "gpt")))
         return {"error": error, "wall": time.perf_counter() - began}
+
+
+def rng_state(rank: int, seed: int) -> list[dict[str, Any]]:
+    """What Megatron's training loop saves as ``rng_state`` (megatron/training/checkpointing.py
+    ``get_rng_state``): Python's, numpy's and torch's RNG states and the tensor-parallel
+    tracker's (the CUDA states are uint8 tensors like the CPU one), one dict per DP rank."""
+    import random
+
+    import numpy as np
+
+    random.seed(seed * 10 + rank)
+    np.random.seed(seed * 10 + rank)
+    before = torch.get_rng_state()
+    torch.manual_seed(seed * 10 + rank)
+    state = {"random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
+             "torch_rng_state": torch.get_rng_state(), "cuda_rng_state": torch.get_rng_state()[:16].clone(),
+             "rng_tracker_states": {"model-parallel-rng": torch.get_rng_state()[-16:].clone(),
+                                    "expert-parallel-rng": torch.arange(rank, rank + 16, dtype=torch.uint8)}}
+    torch.set_rng_state(before)
+    return [state]
+
+
+def extra_state(layer: int, seed: int) -> Any:
+    """A Transformer Engine layer's ``_extra_state``: TE 2's uint8 tensor of its (pickled) FP8
+    metadata, TE 2's empty tensor without FP8, or TE 1's ``io.BytesIO``."""
+    import io
+
+    payload = bytes((seed + layer + i) % 256 for i in range(200 + layer))
+    if layer == 0:
+        return torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    if layer == 1:
+        return torch.empty(0, dtype=torch.uint8)
+    buffer = io.BytesIO(payload)
+    buffer.seek(len(payload))  # where torch.save leaves it
+    return buffer
+
+
+def mixed_object(rank: int, seed: int) -> dict[Any, Any]:
+    """Every other kind of leaf an object may hold (an optimizer's scalars and tensors)."""
+    import numpy as np
+
+    return {0: (None, True, -0.0, float("nan"), 2**70, b"\x00\xff"), "step": seed,
+            "exp_avg": [torch.full((3, 2), seed + rank, dtype=torch.bfloat16), torch.tensor(1.5)],
+            "mask": np.array([[True, False]]), "ids": np.arange(4, dtype=np.int16)[::2],
+            "shared": torch.ones(0, 3), "name": "adam",
+            "transposed": torch.arange(6, dtype=torch.int64).reshape(2, 3).t()}  # not contiguous
+
+
+def object_state(rank: int, world: int, seed: int, rng_from: list[int] | None = None,
+                 saved_world: int | None = None) -> dict[str, Any]:
+    """Objects holding tensors as a TP layout of ``world`` ranks holds them: RNG states and
+    mixed objects, one per rank (this rank holds those of the saving ranks ``rng_from``, of
+    ``saved_world``), and three layers' ``_extra_state`` replicated over TP (saved by TP rank 0)."""
+    rng_from = [rank] if rng_from is None else rng_from
+    saved_world = world if saved_world is None else saved_world
+    out: dict[str, Any] = {}
+    for r in rng_from:
+        out[f"rng_state{r}"] = ShardedObject("rng_state", rng_state(r, seed), (1, saved_world), (0, r),
+                                             replica_id=0)
+        out[f"mixed{r}"] = ShardedObject("mixed", mixed_object(r, seed), (saved_world,), (r,))
+    for layer in range(3):
+        key = "decoder.layers.linear_qkv._extra_state"  # one per layer, replicated over TP
+        out[f"layer{layer}"] = ShardedObject(key, extra_state(layer, seed), (3,), (layer,),
+                                             replica_id=(0, rank, 0))
+    return out
+
+
+def exact(got: Any, want: Any, where: str = "") -> list[str]:
+    """Where ``got`` differs from ``want`` in type, shape, dtype or any bit."""
+    import io
+    import struct
+
+    import numpy as np
+
+    if type(got) is not type(want):
+        return [f"{where}: {type(got).__name__} != {type(want).__name__}"]
+    if isinstance(want, torch.Tensor):
+        same = (got.dtype == want.dtype and got.shape == want.shape
+                and bits(got.reshape(-1)) == bits(want.reshape(-1)))
+        return [] if same else [where]
+    if isinstance(want, np.ndarray):
+        same = got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes()
+        return [] if same else [where]
+    if isinstance(want, io.BytesIO):
+        return [] if (got.getvalue(), got.tell()) == (want.getvalue(), want.tell()) else [where]
+    if isinstance(want, float):
+        return [] if struct.pack(">d", got) == struct.pack(">d", want) else [where]
+    if isinstance(want, dict):
+        if list(got) != list(want):
+            return [f"{where}: keys {list(got)} != {list(want)}"]
+        return [d for k in want for d in exact(got[k], want[k], f"{where}.{k}")]
+    if isinstance(want, (list, tuple)):
+        if len(got) != len(want):
+            return [where]
+        pairs = enumerate(zip(got, want, strict=True))
+        return [d for i, (g, w) in pairs for d in exact(g, w, f"{where}.{i}")]
+    return [] if got == want else [where]
+
+
+def scenario_mc_objects(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+    """Save objects holding tensors (with the usual sharded tensors), or load them into a
+    template of empty objects on any number of ranks; ``rng_from`` maps each loading rank to
+    the saving rank whose RNG state it asks for (``saved_world`` ranks saved)."""
+    tensors = full_tensors(args["seed"])
+    folder = Path(args["dir"])
+    with open_store(args) as store:
+        if args["action"] == "save":
+            state = {**sharded_state(tensors, rank, world, objects=False, seed=args["seed"]),
+                     **object_state(rank, world, args["seed"])}
+            if rank == 0:
+                folder.mkdir(parents=True)
+            dist.barrier()
+            dist_checkpointing.save(state, str(folder), sharded_strategy=CasckptSaveStrategy(store, "gpt"))
+            return {}
+        rng_from = args.get("rng_from", [[r] for r in range(world)])[rank]
+        want = object_state(rank, world, args["seed"], rng_from, args.get("saved_world"))
+        template = {**sharded_state({k: torch.zeros_like(v) for k, v in tensors.items()}, rank, world,
+                                    objects=False, seed=-1),
+                    **{k: ShardedObject(v.key, None, v.global_shape, v.global_offset, replica_id=v.replica_id)
+                       for k, v in want.items()}}
+        strategy = CasckptLoadStrategy(store)
+        loaded = dist_checkpointing.load(template, str(folder), sharded_strategy=strategy)
+        bad = exact({k: loaded[k] for k in want}, {k: v.data for k, v in want.items()})
+        expect = expected(tensors, rank, world, None, False, args["seed"])
+        return {"bad": bad + differences({k: loaded[k] for k in expect}, expect),
+                "metadata": sorted(strategy.load_sharded_metadata(str(folder)))}
+
+
+def scenario_mc_bad_object(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+    """Only the last rank's object holds what casckpt cannot store without pickle (a torch.dtype
+    key, as a distributed optimizer's per-dtype buffers have; or another object): every rank
+    must fail, and no version appear."""
+    state = {**sharded_state(full_tensors(1), rank, world, objects=False), **object_state(rank, world, 1)}
+    kinds = {"dtype_key": {(torch.float32, torch.float32): [torch.ones(2)]}, "object": Path("/x")}
+    bad = kinds[args["kind"]] if rank == world - 1 else {"ok": torch.ones(2)}
+    state["optimizer_state"] = ShardedObject("optimizer_state", bad, (world,), (rank,), replica_id=0)
+    folder = Path(args["dir"])
+    if rank == 0:
+        folder.mkdir(parents=True)
+    dist.barrier()
+    with open_store(args) as store:
+        error = _error(lambda: dist_checkpointing.save(state, str(folder),
+                                                       sharded_strategy=CasckptSaveStrategy(store, "gpt")))
+        return {"error": error}
 
 
 dist_worker.SCENARIOS.update({name.removeprefix("scenario_"): fn for name, fn in list(globals().items())

@@ -209,3 +209,48 @@ def test_import_casckpt_imports_no_megatron() -> None:
                           check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+def test_objects_holding_tensors_round_trip_bit_exact(ranks: Zygote, tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    folder = tmp_path / "ckpt" / "iter_0000003"
+    launch(ranks, "mc_objects", 2, path=str(store), dir=str(folder), seed=3, action="save")
+    back = launch(ranks, "mc_objects", 2, path=str(store), dir=str(folder), seed=3, action="load")
+    assert [r["bad"] for r in back["results"]] == [[], []]  # RNG states, _extra_state, mixed leaves
+    extra = "decoder.layers.linear_qkv._extra_state"
+    assert back["results"][0]["metadata"] == [  # as torch_dist lists them: no object's tensors
+        f"{extra}/shard_0_3", f"{extra}/shard_1_3", f"{extra}/shard_2_3", "decoder.norm", "decoder.proj",
+        "decoder.w", "mixed/shard_0_2", "mixed/shard_1_2", "optimizer.exp_avg", "rng_state/shard_0.0_1.2",
+        "rng_state/shard_0.1_1.2", "shared/shard_0_1"]
+    with casckpt.open(store) as opened:
+        paths = {t.path for t in opened.show("gpt@3", tensors=True).tensors}
+        assert "rng_state%2Fshard_0.1_1.2%t2" in paths  # rank 1's torch RNG state, as a tensor
+        assert opened.ops.check(read_data=True).ok
+    # the same RNG states, asked for by the other ranks: objects are found by key and offset
+    swapped = launch(ranks, "mc_objects", 2, path=str(store), dir=str(folder), seed=3, action="load",
+                     rng_from=[[1], [0]])
+    assert [r["bad"] for r in swapped["results"]] == [[], []]
+
+
+def test_objects_holding_tensors_load_onto_another_layout(ranks: Zygote, tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    folder = tmp_path / "ckpt" / "iter_0000004"
+    launch(ranks, "mc_objects", 2, path=str(store), dir=str(folder), seed=4, action="save")
+    one = launch(ranks, "mc_objects", 1, path=str(store), dir=str(folder), seed=4, action="load",
+                 rng_from=[[0, 1]], saved_world=2)  # TP 2 -> 1: tensors resharded, both RNG states
+    assert one["results"][0]["bad"] == []
+
+
+@pytest.mark.parametrize("kind", ["dtype_key", "object"])
+def test_an_object_casckpt_cannot_store_fails_every_rank_before_writing(ranks: Zygote, tmp_path: Path,
+                                                                         kind: str) -> None:
+    store = _store(tmp_path)
+    folder = tmp_path / "ckpt" / "iter_0000001"
+    reply = launch(ranks, "mc_bad_object", 2, path=str(store), dir=str(folder), kind=kind)
+    errors = [r["error"] for r in reply["results"]]  # only rank 1's object is bad
+    assert [e[0] for e in errors] == ["UnsupportedStateError"] * 2, errors
+    assert all("'optimizer_state/shard_1_2'" in e[1] and "never pickles" in e[1] for e in errors)
+    assert not (folder / "metadata.json").exists()
+    with casckpt.open(store) as opened:
+        assert opened.log() == []
+        assert opened.ops.check().ok
