@@ -41,7 +41,7 @@ from rich.table import Table
 
 import casckpt
 from benchmarks import measure
-from benchmarks.ranks import Clock, launch, slowest
+from benchmarks.ranks import Clock, freeze_heap, launch, slowest, thaw_heap
 from benchmarks.workloads import Decoder, ModelConfig
 
 Log = Callable[[str], None]
@@ -159,16 +159,27 @@ def _train_step(engine: Any, vocab: int) -> None:
 
 
 def _run_regime(deepspeed: Any, cfg: ModelConfig, regime: str, workdir: Path, rank: int) -> dict[str, Any]:
-    """One regime on this rank: ``SAVES`` rounds of step + both saves, then both resumes."""
+    """One regime on this rank: build its engine, measure, let the engine go."""
+    began = time.perf_counter()
+    engine = _build(deepspeed, cfg, regime)
+    build_s = time.perf_counter() - began
+    freeze_heap()
+    with casckpt.open(workdir / f"store-{regime}") as store:
+        out = _rounds(engine, store, cfg, regime, workdir, rank)
+    out["build_s"], out["regime_s"] = build_s, time.perf_counter() - began
+    del engine
+    thaw_heap()  # the engine's reference cycles go before the next regime builds its own
+    return out
+
+
+def _rounds(engine: Any, store: casckpt.Store, cfg: ModelConfig, regime: str, workdir: Path,
+            rank: int) -> dict[str, Any]:
+    """``SAVES`` rounds of one step then both saves, then both resumes, each checked."""
     from casckpt.integrations import deepspeed as casckpt_ds
 
     dist = torch.distributed
     clock = Clock(dist.barrier)
-    began = time.perf_counter()
-    engine = _build(deepspeed, cfg, regime)
-    build_s = time.perf_counter() - began
     torch_ce = engine.checkpoint_engine
-    store = casckpt.open(workdir / f"store-{regime}")
     ours = casckpt_ds.install(engine, store=store, run=regime)
     torch_dir, ours_dir = workdir / f"torch-{regime}", workdir / f"casckpt-{regime}"
     out: dict[str, Any] = {"folder_bytes": [], "versions": []}
@@ -204,9 +215,8 @@ def _run_regime(deepspeed: Any, cfg: ModelConfig, regime: str, workdir: Path, ra
     out["params"] = sum(p.numel() for p in engine.module.parameters())
     out["trainable"] = sum(p.numel() for p in engine.module.parameters() if p.requires_grad)
     out["seconds"], out["cpu"] = clock.seconds, clock.cpu
-    out["build_s"], out["regime_s"] = build_s, time.perf_counter() - began
+    engine.checkpoint_engine = torch_ce
     ours.close()
-    store.close()
     return out
 
 
@@ -225,6 +235,9 @@ def rank_main(rank: int, port: int, cfg: ModelConfig, workdir: Path) -> None:
 
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     torch.set_num_threads(1)  # as torchrun sets OMP_NUM_THREADS=1 for more than one rank per host
+    # The CPU accelerator compiles a shared-memory allreduce kernel (g++, about a minute where
+    # ~/.cache has none yet); gloo's collectives do here, as in tests/integrations
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend="gloo")
     try:
         out: dict[str, Any] = {"rank": rank, "start_s": time.perf_counter() - began}

@@ -42,7 +42,7 @@ from rich.table import Table
 import casckpt
 from benchmarks import measure
 from benchmarks.dcp import dense_update, full_state, mismatches
-from benchmarks.ranks import Clock, launch, slowest
+from benchmarks.ranks import Clock, freeze_heap, launch, slowest
 from benchmarks.workloads import ModelConfig
 
 Log = Callable[[str], None]
@@ -209,6 +209,7 @@ class _Rank:
 def rank_steps(rank: _Rank, cfg: ModelConfig) -> None:
     """Warm-up (untimed), then first save, load, dense update + save, unchanged save."""
     local = local_state(cfg, rank.rank)
+    freeze_heap()
     tiny = {"model.warmup": torch.arange(64, dtype=torch.float32).reshape(8, 8)}
     warm = {k: v.chunk(RANKS, 0)[rank.rank].clone() for k, v in tiny.items()}
     rank.save("warmup", warm, 0)

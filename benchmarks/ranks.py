@@ -8,6 +8,7 @@ the JSON back. :class:`Clock` times one operation on a rank: gc, barrier, wall a
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing
 import multiprocessing.connection
@@ -74,6 +75,23 @@ class Clock:
         self.seconds[key] = time.perf_counter() - start
         self.cpu[key] = time.process_time() - cpu
         return result
+
+
+def freeze_heap() -> None:
+    """Collect, then move every object alive now out of the collector's view (``gc.freeze``).
+
+    Called once a rank has imported its framework and built its state: the GC before each
+    timed operation then scans only what was made since (DeepSpeed's and Megatron's object
+    graphs made each full collection ~0.4 s, 70% of a small run), for both kinds alike.
+    """
+    gc.collect()
+    gc.freeze()
+
+
+def thaw_heap() -> None:
+    """Undo :func:`freeze_heap` and collect: what was frozen (a finished engine's cycles) can go."""
+    gc.unfreeze()
+    gc.collect()
 
 
 def slowest(ranks: list[dict[str, Any]], key: str, field: str = "seconds") -> float:
