@@ -22,6 +22,9 @@ Then both resume into the same engine after one more step (so every tensor diffe
 ``load_checkpoint`` of the last folder, and casckpt's ``load_checkpoint`` of the last version;
 each is checked against the saved state (BLAKE3 of the module's and optimizer's state dicts,
 every tensor's bytes and every plain value), a mismatch fails the workload.
+
+(Named ``ds_zero``, not ``deepspeed``: ``python benchmarks/run.py`` puts this folder first on
+``sys.path``, where a ``deepspeed.py`` would shadow the package; ``mcore`` likewise.)
 """
 
 from __future__ import annotations
