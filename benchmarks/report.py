@@ -23,6 +23,12 @@ from benchmarks.delta import NOTES as DELTA_NOTES
 from benchmarks.delta import TARGETS as DELTA_TARGETS
 from benchmarks.delta import DeltaResult
 from benchmarks.delta import tables as delta_tables
+from benchmarks.ds_zero import MEASURES as DEEPSPEED_MEASURES
+from benchmarks.ds_zero import NAME as DEEPSPEED_NAME
+from benchmarks.ds_zero import NOTES as DEEPSPEED_NOTES
+from benchmarks.ds_zero import TARGETS as DEEPSPEED_TARGETS
+from benchmarks.ds_zero import DeepSpeedResult
+from benchmarks.ds_zero import raw_table as deepspeed_raw_table
 from benchmarks.encryption import MEASURES as ENCRYPTION_MEASURES
 from benchmarks.encryption import NAME as ENCRYPTION_NAME
 from benchmarks.encryption import NOTES as ENCRYPTION_NOTES
@@ -53,6 +59,12 @@ from benchmarks.lightning_ckpt import LightningResult
 from benchmarks.lightning_ckpt import table as lightning_table
 from benchmarks.many import NAME as MANY_NAME
 from benchmarks.many import ManyResult, ManyState
+from benchmarks.mcore import MEASURES as MEGATRON_MEASURES
+from benchmarks.mcore import NAME as MEGATRON_NAME
+from benchmarks.mcore import NOTES as MEGATRON_NOTES
+from benchmarks.mcore import TARGETS as MEGATRON_TARGETS
+from benchmarks.mcore import MegatronResult
+from benchmarks.mcore import raw_table as megatron_raw_table
 from benchmarks.peers import NAME as PEERS_NAME
 from benchmarks.peers import PeersResult
 from benchmarks.peers_report import MEASURES as PEERS_MEASURES
@@ -80,11 +92,12 @@ from benchmarks.tiers import raw_table as tiers_raw_table
 
 Result = (WorkloadResult | S3Result | CatalogResult | RedundancyResult | DcpResult | DeltaResult
           | ManyResult | HintResult | PeersResult | StartupResult | ImportResult
-          | HfResult | LightningResult | EncryptionResult | TiersResult)
+          | HfResult | LightningResult | EncryptionResult | TiersResult | DeepSpeedResult
+          | MegatronResult)
 Outcome = Result | str  # a result, or the error that stopped the workload
 R = TypeVar("R", WorkloadResult, S3Result, CatalogResult, RedundancyResult, DcpResult, DeltaResult,
             ManyResult, HintResult, PeersResult, StartupResult, ImportResult, HfResult,
-            LightningResult, EncryptionResult, TiersResult)
+            LightningResult, EncryptionResult, TiersResult, DeepSpeedResult, MegatronResult)
 
 
 @dataclass(frozen=True)
@@ -432,6 +445,8 @@ IMPORT_METRICS: tuple[Metric[ImportResult], ...] = tuple(Metric(*m) for m in IMP
 LIGHTNING_METRICS: tuple[Metric[LightningResult], ...] = tuple(Metric(*m) for m in LIGHTNING_MEASURES)
 ENCRYPTION_METRICS: tuple[Metric[EncryptionResult], ...] = tuple(Metric(*m) for m in ENCRYPTION_MEASURES)
 TIERS_METRICS: tuple[Metric[TiersResult], ...] = tuple(Metric(*m) for m in TIERS_MEASURES)
+DEEPSPEED_METRICS: tuple[Metric[DeepSpeedResult], ...] = tuple(Metric(*m) for m in DEEPSPEED_MEASURES)
+MEGATRON_METRICS: tuple[Metric[MegatronResult], ...] = tuple(Metric(*m) for m in MEGATRON_MEASURES)
 
 # (workload or "*", metric key) -> lower limit, from BENCHMARKS.md "Targets".
 FLOORS: Mapping[tuple[str, str], float] = {
@@ -484,6 +499,8 @@ TARGETS: Mapping[tuple[str, str], float] = {
     **{(PEERS_NAME, key): limit for key, limit in PEERS_TARGETS.items()},
     **{(ENCRYPTION_NAME, key): limit for key, limit in ENCRYPTION_TARGETS.items()},
     **{(TIERS_NAME, key): limit for key, limit in TIERS_TARGETS.items()},
+    **{(DEEPSPEED_NAME, key): limit for key, limit in DEEPSPEED_TARGETS.items()},
+    **{(MEGATRON_NAME, key): limit for key, limit in MEGATRON_TARGETS.items()},
 }
 
 
@@ -562,6 +579,10 @@ def metrics_for(result: Result) -> Sequence[Metric[Any]]:
         return ENCRYPTION_METRICS
     if isinstance(result, TiersResult):
         return TIERS_METRICS
+    if isinstance(result, DeepSpeedResult):
+        return DEEPSPEED_METRICS
+    if isinstance(result, MegatronResult):
+        return MEGATRON_METRICS
     return S3_METRICS if isinstance(result, S3Result) else METRICS
 
 
@@ -647,7 +668,8 @@ def _local(outcomes: Mapping[str, Outcome]) -> dict[str, WorkloadResult | str]:
             and not _is_redundancy(n, r) and not _is_dcp(n, r) and not _is_delta(n, r)
             and not _is_many(n, r) and not _is_startup(n, r) and not _is_lightning(n, r)
             and not (isinstance(r, str) and n in (HINT_NAME, PEERS_NAME, IMPORT_NAME, HF_NAME,
-                                                        ENCRYPTION_NAME, TIERS_NAME))}
+                                                        ENCRYPTION_NAME, TIERS_NAME, DEEPSPEED_NAME,
+                                                        MEGATRON_NAME))}
 
 
 def _delta(outcomes: Mapping[str, Outcome]) -> dict[str, DeltaResult | str]:
@@ -995,6 +1017,12 @@ def print_report(console: Console, outcomes: Mapping[str, Outcome], scale: float
     tiers = {n: r for n, r in outcomes.items() if isinstance(r, TiersResult)}
     if tiers:
         console.print(tiers_raw_table(tiers))
+    deepspeed = {n: r for n, r in outcomes.items() if isinstance(r, DeepSpeedResult)}
+    if deepspeed:
+        console.print(deepspeed_raw_table(deepspeed))
+    megatron = {n: r for n, r in outcomes.items() if isinstance(r, MegatronResult)}
+    if megatron:
+        console.print(megatron_raw_table(megatron))
     console.print(ratio_table(outcomes, scale))
 
 
@@ -1190,6 +1218,10 @@ def write_json(path: Path, outcomes: Mapping[str, Outcome], header: dict[str, An
         notes[ENCRYPTION_NAME] = ENCRYPTION_NOTES
     if any(isinstance(r, TiersResult) for r in outcomes.values()):
         notes[TIERS_NAME] = TIERS_NOTES
+    if any(isinstance(r, DeepSpeedResult) for r in outcomes.values()):
+        notes[DEEPSPEED_NAME] = DEEPSPEED_NOTES
+    if any(isinstance(r, MegatronResult) for r in outcomes.values()):
+        notes[MEGATRON_NAME] = MEGATRON_NOTES
     document = {**header, "notes": notes, "results": results}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2, default=str) + "\n")

@@ -29,14 +29,19 @@ bytes, time per save, ``checkout_for_resume`` vs ``shutil.copytree``; the ``ligh
 LightningModule with casckpt's CheckpointIO and with Lightning's default one: .ckpt bytes
 against stored bytes, save and resume times; the ``tiers`` workload commits to a store with a fast local tier
 that drains to S3 throttled to 50 MB/s by a loopback proxy, against a local-only store, the same S3
-without the tier, torch.save / torch.load and raw boto3 through the same proxy.
+without the tier, torch.save / torch.load and raw boto3 through the same proxy; the ``deepspeed``
+workload trains a 106M-parameter decoder with DeepSpeed ZeRO-2 on 2 gloo ranks and saves it with
+DeepSpeed's TorchCheckpointEngine and with casckpt's engine (full and frozen-backbone regimes, 10
+saves each: time, bytes, verified resumes); the ``megatron`` workload saves and loads a TP-2 sharded
+state with Megatron-Core's dist_checkpointing through casckpt's strategies and torch_dist's format.
 
 Usage::
 
     python benchmarks/run.py [--scale S]
                              [--workloads dense,dense-bf16,frozen,lora,embed,unchanged,
                                           branch,s3,catalog,redundancy,dcp,delta,hint,peers,startup,
-                                          import,hf,lightning,encryption,tiers]
+                                          import,hf,lightning,encryption,tiers,deepspeed,
+                                          megatron]
                              [--out FILE] [--dir TMPDIR] [--no-install-peers]
 
 Prints a table of ratios with pass/miss against BENCHMARKS.md targets and writes
@@ -67,6 +72,8 @@ from benchmarks.dcp import NAME as DCP_NAME  # noqa: E402
 from benchmarks.dcp import run_dcp  # noqa: E402
 from benchmarks.delta import NAME as DELTA_NAME  # noqa: E402
 from benchmarks.delta import run_delta  # noqa: E402
+from benchmarks.ds_zero import NAME as DEEPSPEED_NAME  # noqa: E402
+from benchmarks.ds_zero import run_deepspeed  # noqa: E402
 from benchmarks.encryption import NAME as ENCRYPTION_NAME  # noqa: E402
 from benchmarks.encryption import run_encryption  # noqa: E402
 from benchmarks.hf import NAME as HF_NAME  # noqa: E402
@@ -80,6 +87,8 @@ from benchmarks.lightning_ckpt import run_lightning  # noqa: E402
 from benchmarks.machine import machine_info  # noqa: E402
 from benchmarks.many import NAME as MANY_NAME  # noqa: E402
 from benchmarks.many import run_many  # noqa: E402
+from benchmarks.mcore import NAME as MEGATRON_NAME  # noqa: E402
+from benchmarks.mcore import run_megatron  # noqa: E402
 from benchmarks.peers import NAME as PEERS_NAME  # noqa: E402
 from benchmarks.peers import run_peers  # noqa: E402
 from benchmarks.peers_tools import NO_INSTALL_ENV  # noqa: E402
@@ -98,7 +107,7 @@ from benchmarks.workloads import WORKLOADS as LOCAL_WORKLOADS  # noqa: E402
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "latest.json"
 WORKLOADS = (*LOCAL_WORKLOADS, S3_NAME, CATALOG_NAME, REDUNDANCY_NAME, DCP_NAME, DELTA_NAME, MANY_NAME,
              HINT_NAME, PEERS_NAME, STARTUP_NAME, IMPORT_NAME, HF_NAME,
-             LIGHTNING_NAME, ENCRYPTION_NAME, TIERS_NAME)
+             LIGHTNING_NAME, ENCRYPTION_NAME, TIERS_NAME, DEEPSPEED_NAME, MEGATRON_NAME)
 
 
 def _workload_list(text: str) -> list[str]:
@@ -187,6 +196,10 @@ def _run_one(name: str, scale: float, workdir: Path, log: Log, install_peers: bo
         return run_encryption(scale, workdir, log)
     if name == TIERS_NAME:
         return run_tiers(scale, workdir, log)
+    if name == DEEPSPEED_NAME:
+        return run_deepspeed(scale, workdir, log)
+    if name == MEGATRON_NAME:
+        return run_megatron(scale, workdir, log)
     return run_workload(name, scale, workdir, log)
 
 
