@@ -2,9 +2,10 @@
 
 ``python deepspeed_worker.py SCENARIO ARGS_JSON OUT_DIR`` with RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT and DS_ACCELERATOR=cpu set; writes ``OUT_DIR/rankN.json`` with what it saw.
-Real DeepSpeed engines (ZeRO-1/2, AdamW with torch_adam, WarmupLR) on gloo, a tiny model.
-With CASCKPT_TEST_DEVICE=cuda (and DS_ACCELERATOR=cuda): DeepSpeed's CUDA accelerator on NCCL,
-rank r on GPU r, and ARGS ``precision`` ("bf16", "fp16": a dynamic loss scaler) can be set.
+Real DeepSpeed engines (ZeRO-1/2/3, AdamW with torch_adam, WarmupLR) on gloo, a tiny model, in
+fp32 or ARGS ``precision`` ("bf16", "fp16": a dynamic loss scaler; the CPU accelerator runs
+both). With CASCKPT_TEST_DEVICE=cuda (and DS_ACCELERATOR=cuda): DeepSpeed's CUDA accelerator
+on NCCL, rank r on GPU r.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def digest(obj: Any) -> str:
             h.update(f"L{len(o)}".encode())
             for v in o:
                 walk(v)
-        elif o is None or isinstance(o, (int, float, str, bytes, bool)):
+        elif o is None or isinstance(o, (int, float, str, bytes, bool, torch.dtype)):  # fp16's scaler
             h.update(f"V{type(o).__name__}{o!r}".encode())
         else:
             h.update(f"O{type(o).__qualname__}".encode())

@@ -25,6 +25,10 @@ import casckpt  # noqa: E402
 
 WORKER = Path(__file__).with_name("deepspeed_worker.py")
 WORLD = 2
+# a rank's ZeRO optimizer file, by precision: DeepSpeed names bf16's apart
+_OPTIM_FILE = {"fp32": "zero_pp_rank_{rank}_mp_rank_00_optim_states.pt",
+               "fp16": "zero_pp_rank_{rank}_mp_rank_00_optim_states.pt",
+               "bf16": "bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"}
 
 
 def _port() -> int:
@@ -61,21 +65,29 @@ def launch(scenario: str, tmp_path: Path, *, ok: bool = True, world: int = WORLD
 
 
 @pytest.mark.slow  # ~15 s a test on an idle 2-core machine: DeepSpeed starts 3 engines a rank
-@pytest.mark.parametrize("stage", [1, 2, 3])
-def test_resume_from_casckpt_matches_torch_checkpoint_engine_bit_for_bit(tmp_path: Path, stage: int) -> None:
+@pytest.mark.parametrize(("stage", "precision"), [(1, "fp32"), (2, "fp32"), (3, "fp32"), (2, "bf16"),
+                                                  (2, "fp16")])
+def test_resume_from_casckpt_matches_torch_checkpoint_engine_bit_for_bit(tmp_path: Path, stage: int,
+                                                                         precision: str) -> None:
     """ZeRO-3 partitions the parameters too: each rank saves its own model-states file, and
-    the resumed training (``continued``) shows the partitions came back."""
+    the resumed training (``continued``) shows the partitions came back. fp16 keeps a dynamic
+    loss scaler (its scale moved from 2**8 by the save) in the optimizer state."""
     url = str(tmp_path / "store")
     casckpt.open(url).close()
     reports = launch("compare", tmp_path, stage=stage, store=url, torch_dir=str(tmp_path / "torch"),
-                     ds_dir=str(tmp_path / "ds"))
+                     ds_dir=str(tmp_path / "ds"), precision=precision)
+    dtype = {"fp32": "torch.float32", "bf16": "torch.bfloat16", "fp16": "torch.float16"}[precision]
+    assert [r["ran_on"]["dtype"] for r in reports] == [dtype] * WORLD
+    if precision == "fp16":
+        assert [r["ran_on"]["loss_scale"] for r in reports] == [512.0] * WORLD
     for rank, report in enumerate(reports):
         assert report["casckpt_loaded"] == report["torch_loaded"], rank
         assert report["casckpt_loaded"] == report["saved"], rank
         assert report["casckpt_continued"] == report["torch_continued"] == report["continued"], rank
     where = ({"mp_rank_00_model_states.pt": 0} if stage < 3 else
              {"zero_pp_rank_0_mp_rank_00_model_states.pt": 0, "zero_pp_rank_1_mp_rank_00_model_states.pt": 1})
-    where |= {"zero_pp_rank_0_mp_rank_00_optim_states.pt": 0, "zero_pp_rank_1_mp_rank_00_optim_states.pt": 1}
+    optim = _OPTIM_FILE[precision]
+    where |= {optim.format(rank=0): 0, optim.format(rank=1): 1}
     assert reports[0]["files"] == ["latest", *sorted(f"t3/{name}" for name in where)]
     with casckpt.open(url) as store:
         (version,) = store.log("ds")
@@ -105,8 +117,8 @@ def test_on_cuda_and_nccl_a_resume_from_casckpt_matches_torch_checkpoint_engine(
         assert ran_on["loss_scale"] not in (None, 1.0, 256.0), ran_on
     assert report["casckpt_loaded"] == report["torch_loaded"] == report["saved"]
     assert report["casckpt_continued"] == report["torch_continued"] == report["continued"]
-    assert report["files"] == ["latest", "t3/mp_rank_00_model_states.pt",
-                               "t3/zero_pp_rank_0_mp_rank_00_optim_states.pt"]
+    assert report["files"] == sorted(["latest", "t3/mp_rank_00_model_states.pt",
+                                      "t3/" + _OPTIM_FILE[precision].format(rank=0)])
     with casckpt.open(url) as store:
         (version,) = store.log("ds")
         assert (version.step, version.metadata["deepspeed.tag"]) == (3, "t3")
