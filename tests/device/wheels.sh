@@ -29,7 +29,10 @@ WHEELS=(
     # the deepspeed extra's needs (DeepSpeed itself: built below, it publishes no wheel)
     hjson==3.1.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
     # casckpt's build backend, for its metadata on the device
-    hatchling==1.33.0 trove-classifiers==2026.9.21.13
+    hatchling==1.33.0 trove-classifiers==2026.9.21.13 tomlkit==0.15.3
+    # in the image, but maybe older than these need (pydantic: typing-extensions>=4.16;
+    # hatchling, megatron-core: packaging>=24.2): on PYTHONPATH they come first
+    typing-extensions==4.16.0 packaging==26.4
 )
 
 platforms=(--platform manylinux1_x86_64 --platform manylinux2010_x86_64 --platform manylinux2014_x86_64)
