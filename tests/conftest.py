@@ -60,8 +60,10 @@ def ci_examples(count: int) -> int:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under ``ci``, cap the examples of property tests that name their own count (a profile
-    only sets the count of tests that do not); ``deep`` leaves every count as written."""
+    """Tests marked ``gpu`` skip where torch sees no CUDA device (CI). Under ``ci``, cap the
+    examples of property tests that name their own count (a profile only sets the count of
+    tests that do not); ``deep`` leaves every count as written."""
+    _skip_gpu_tests_without_cuda(items)
     if PROFILE != "ci":
         return
     for item in items:
@@ -74,6 +76,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         # read by @given at call time (hypothesis core.py)
         test._hypothesis_internal_use_settings = settings(own, max_examples=ci_examples(own.max_examples))
         test._ci_examples = True
+
+
+def _skip_gpu_tests_without_cuda(items: list[pytest.Item]) -> None:
+    gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    why = pytest.mark.skip(reason="no CUDA: torch.cuda.is_available() is False (tests/device/run.sh runs "
+                                  "the gpu tests on a lent GPU machine)")
+    for item in gpu:
+        item.add_marker(why)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 The zygote imports torch, torch.distributed.checkpoint and casckpt once, then
 for every JSON line ``{"scenario", "world", "args", "timeout"}`` forks
-``world`` ranks that join a gloo process group on 127.0.0.1, run the
+``world`` ranks that join a gloo process group on 127.0.0.1 (the job's
+``backend`` if it names one: with "nccl", rank r uses GPU r), run the
 scenario and exit. It answers ``{"codes": [...], "results": [...],
 "errors": [...]}`` (exit code, JSON result and traceback per rank; code
 "timeout" for a rank it had to kill). A scenario may SIGKILL its own rank.
@@ -72,7 +73,7 @@ def blank(full: dict[str, Any], world: int) -> dict[str, Any]:
 
 
 def bits(t: torch.Tensor) -> bytes:
-    return t.detach().contiguous().view(torch.uint8).numpy().tobytes()
+    return t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
 
 
 def compare(loaded: dict[str, Any], full: dict[str, Any], world: int) -> list[str]:
@@ -260,7 +261,10 @@ def _free_port() -> int:
 def _rank_main(rank: int, world: int, port: int, job: dict[str, Any], out: Path) -> None:
     code = 1
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+        backend = job.get("backend", "gloo")
+        if "nccl" in backend:  # CUDA must not be initialised in the zygote (fork)
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world, timeout=timedelta(seconds=job.get("pg_timeout", 60)))
         result = SCENARIOS[job["scenario"]](rank, world, job["args"])
         (out / f"{rank}.json").write_text(json.dumps(result))

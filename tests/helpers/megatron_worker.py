@@ -4,7 +4,9 @@ The ranks are forked as in dist_worker.py (same protocol); the zygote also impor
 Megatron-Core once. The sharded state is the smallest kind Megatron's own
 dist_checkpointing tests build: ``ShardedTensor.from_rank_offsets`` pieces of global
 tensors (split on dim 0, on dim 1, replicated) and ``ShardedObject`` values, as a
-tensor-parallel layout of ``world`` ranks would hold them.
+tensor-parallel layout of ``world`` ranks would hold them. ``device`` "cuda" in a scenario's
+args puts them on the rank's GPU (a job with ``backend`` "nccl"), where Megatron's own
+torch_dist save strategy runs (on CPU, CpuTorchDist stands in for it).
 """
 
 from __future__ import annotations
@@ -112,7 +114,8 @@ class CpuTorchDist(TorchDistSaveShardedStrategy):  # type: ignore[misc]
 
 
 def open_store(args: dict[str, Any]) -> casckpt.Store:
-    return casckpt.open(args["path"], chunk_size=CHUNK, pack_size=PACK)
+    """The store, with small chunks and packs unless ``args["open"]`` says otherwise."""
+    return casckpt.open(args["path"], **{"chunk_size": CHUNK, "pack_size": PACK, **args.get("open", {})})
 
 
 def _killing_save(strategy: CasckptSaveStrategy, rank: int, kill: int) -> None:
@@ -136,7 +139,7 @@ def _killing_save(strategy: CasckptSaveStrategy, rank: int, kill: int) -> None:
 
 
 def scenario_mc_save(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
-    tensors = full_tensors(args["seed"], args.get("scale", 1))
+    tensors = on_device(full_tensors(args["seed"], args.get("scale", 1)), args)
     state = sharded_state(tensors, rank, world, objects=args.get("objects", True), seed=args["seed"])
     state["iteration"] = 100 + args["seed"]  # a common (non-sharded) value: Megatron's common.pt
     folder = Path(args["dir"])
@@ -145,7 +148,8 @@ def scenario_mc_save(rank: int, world: int, args: dict[str, Any]) -> dict[str, A
     dist.barrier()
     if args.get("strategy") == "torch_dist":
         began, wall = time.process_time(), time.perf_counter()
-        dist_checkpointing.save(state, str(folder), sharded_strategy=CpuTorchDist("torch_dist", 1))
+        torch_dist = TorchDistSaveShardedStrategy if args.get("device") == "cuda" else CpuTorchDist
+        dist_checkpointing.save(state, str(folder), sharded_strategy=torch_dist("torch_dist", 1))
         return {"cpu": time.process_time() - began, "wall": time.perf_counter() - wall}
     with open_store(args) as store:
         strategy = CasckptSaveStrategy(store, run=args["run"], step=args.get("step"))
@@ -156,8 +160,17 @@ def scenario_mc_save(rank: int, world: int, args: dict[str, Any]) -> dict[str, A
         return {"cpu": time.process_time() - began, "wall": time.perf_counter() - wall}
 
 
+def on_device(tensors: dict[str, torch.Tensor], args: dict[str, Any]) -> dict[str, torch.Tensor]:
+    device = args.get("device", "cpu")
+    return tensors if device == "cpu" else {k: v.to(device) for k, v in tensors.items()}
+
+
+def _devices(loaded: dict[str, Any]) -> list[str]:
+    return sorted({str(v.device) for group in ("model", "optimizer") for v in loaded[group].values()})
+
+
 def scenario_mc_load(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
-    tensors = full_tensors(args["seed"])
+    tensors = on_device(full_tensors(args["seed"], args.get("scale", 1)), args)
     axis = args.get("axis")
     objects = args.get("objects", True)
     template = sharded_state({k: torch.zeros_like(v) for k, v in tensors.items()}, rank, world,
@@ -165,14 +178,15 @@ def scenario_mc_load(rank: int, world: int, args: dict[str, Any]) -> dict[str, A
     want = expected(tensors, rank, world, axis, objects, args["seed"])
     if args.get("strategy") == "torch_dist":
         loaded = dist_checkpointing.load(template, args["dir"])
-        return {"bad": differences({k: loaded[k] for k in want}, want), "iteration": loaded["iteration"]}
+        return {"bad": differences({k: loaded[k] for k in want}, want), "iteration": loaded["iteration"],
+                "devices": _devices(loaded)}
     with open_store(args) as store:
         strategy = CasckptLoadStrategy(store, args.get("ref"))
         loaded = dist_checkpointing.load(template, args["dir"], sharded_strategy=strategy)
         shapes = {k: [list(v.global_shape), str(v.dtype)] for k, v in
                   dist_checkpointing.load_tensors_metadata(args["dir"], strategy).items()}
     return {"bad": differences({k: loaded[k] for k in want}, want), "iteration": loaded["iteration"],
-            "shapes": shapes}
+            "shapes": shapes, "devices": _devices(loaded)}
 
 
 def tiny_gpt(seed: int) -> torch.nn.Module:

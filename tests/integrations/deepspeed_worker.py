@@ -2,7 +2,10 @@
 
 ``python deepspeed_worker.py SCENARIO ARGS_JSON OUT_DIR`` with RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT and DS_ACCELERATOR=cpu set; writes ``OUT_DIR/rankN.json`` with what it saw.
-Real DeepSpeed engines (ZeRO-1/2, AdamW with torch_adam, WarmupLR) on gloo, a tiny model.
+Real DeepSpeed engines (ZeRO-1/2/3, AdamW with torch_adam, WarmupLR) on gloo, a tiny model, in
+fp32 or ARGS ``precision`` ("bf16", "fp16": a dynamic loss scaler; the CPU accelerator runs
+both). With CASCKPT_TEST_DEVICE=cuda (and DS_ACCELERATOR=cuda): DeepSpeed's CUDA accelerator
+on NCCL, rank r on GPU r.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
+DEVICE = os.environ.get("CASCKPT_TEST_DEVICE", "cpu")
+os.environ.setdefault("DS_ACCELERATOR", DEVICE)
 
 import deepspeed  # noqa: E402
 import torch  # noqa: E402
@@ -42,15 +46,25 @@ def build(stage: int, seed: int, frozen: int = 0) -> Any:
               "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10, "warmup_max_lr": 1e-2}},
               "zero_optimization": {"stage": stage}, "steps_per_print": 1_000_000,
               "casckpt": {"store": ARGS.get("store", ""), "run": "ds"}}
+    config |= PRECISION.get(ARGS.get("precision", "fp32"), {})
     params = [p for p in model.parameters() if p.requires_grad]
     engine, *_ = deepspeed.initialize(model=model, model_parameters=params, config=config)
     return engine
 
 
+PRECISION: dict[str, dict[str, Any]] = {
+    "bf16": {"bf16": {"enabled": True}},
+    # the dynamic loss scaler from 2**8, doubled every 2 clean steps: its state moves with each save
+    "fp16": {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 8, "loss_scale_window": 2,
+                      "hysteresis": 2, "min_loss_scale": 1}},
+}
+
+
 def train(engine: Any, steps: int, frozen: int = 0) -> None:
+    dtype = next(engine.module.parameters()).dtype
     for _ in range(steps):
         g = torch.Generator().manual_seed(1000 * engine.global_steps + dist.get_rank())
-        x = torch.randn(2, frozen or 16, generator=g)
+        x = torch.randn(2, frozen or 16, generator=g).to(engine.device, dtype)  # a no-op on CPU, fp32
         noise = torch.rand(()).item()  # draws from the global RNG: a restored RNG state shows
         loss = (engine(x) - noise).pow(2).mean()
         engine.backward(loss)
@@ -74,7 +88,7 @@ def digest(obj: Any) -> str:
             h.update(f"L{len(o)}".encode())
             for v in o:
                 walk(v)
-        elif o is None or isinstance(o, (int, float, str, bytes, bool)):
+        elif o is None or isinstance(o, (int, float, str, bytes, bool, torch.dtype)):  # fp16's scaler
             h.update(f"V{type(o).__name__}{o!r}".encode())
         else:
             h.update(f"O{type(o).__qualname__}".encode())
@@ -109,6 +123,9 @@ def compare(out: dict[str, Any]) -> None:
     stage, torch_dir, ds_dir = ARGS["stage"], ARGS["torch_dir"], ARGS["ds_dir"]
     engine = build(stage, seed=0)
     train(engine, 3)
+    out["ran_on"] = {"device": str(engine.device), "backend": dist.get_backend(),
+                     "dtype": str(next(engine.module.parameters()).dtype),
+                     "loss_scale": getattr(engine.optimizer, "cur_scale", None)}
     client = client_state(engine)
     engine.save_checkpoint(torch_dir, tag="t3", client_state=client)
     ce = casckpt_ds.install(engine, background=ARGS.get("background", False))
@@ -323,10 +340,14 @@ ARGS: dict[str, Any] = {}
 
 if __name__ == "__main__":
     scenario, ARGS, out_dir = sys.argv[1], json.loads(sys.argv[2]), Path(sys.argv[3])
-    # The CPU accelerator compiles a shared-memory allreduce kernel (g++, about a minute, cached
-    # in ~/.cache, which the suite points into its temp dir): the tests run on gloo without it.
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    deepspeed.init_distributed(dist_backend="gloo", timeout=timedelta(seconds=60))
+    if DEVICE == "cuda":  # one GPU a rank: NCCL cannot run two ranks on one GPU
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    else:
+        # The CPU accelerator compiles a shared-memory allreduce kernel (g++, about a minute, cached
+        # in ~/.cache, which the suite points into its temp dir): the tests run on gloo without it.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed.init_distributed(dist_backend="nccl" if DEVICE == "cuda" else "gloo",
+                               timeout=timedelta(seconds=60))
     result: dict[str, Any] = {}
     scenarios = {"compare": compare, "killed": killed, "killed_in_background": killed_in_background,
                  "resume": resume, "dedup": dedup, "timing": timing, "marker_fails": marker_fails,

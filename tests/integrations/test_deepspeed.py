@@ -2,7 +2,9 @@
 
 Each test launches two ranks of tests/integrations/deepspeed_worker.py (ZeRO-1/2/3, AdamW with
 torch_adam, WarmupLR, a tiny MLP) and compares what they report: a resume from casckpt
-against a resume from DeepSpeed's own TorchCheckpointEngine, bit for bit.
+against a resume from DeepSpeed's own TorchCheckpointEngine, bit for bit. The tests marked
+``gpu`` run the same comparison on DeepSpeed's CUDA accelerator and NCCL (tests/device/run.sh
+on a lent GPU machine; skipped without CUDA).
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ import casckpt  # noqa: E402
 
 WORKER = Path(__file__).with_name("deepspeed_worker.py")
 WORLD = 2
+# a rank's ZeRO optimizer file, by precision: DeepSpeed names bf16's apart
+_OPTIM_FILE = {"fp32": "zero_pp_rank_{rank}_mp_rank_00_optim_states.pt",
+               "fp16": "zero_pp_rank_{rank}_mp_rank_00_optim_states.pt",
+               "bf16": "bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"}
 
 
 def _port() -> int:
@@ -31,13 +37,14 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch(scenario: str, tmp_path: Path, *, ok: bool = True, world: int = WORLD,
+def launch(scenario: str, tmp_path: Path, *, ok: bool = True, world: int = WORLD, device: str = "cpu",
            **args: Any) -> list[dict[str, Any]]:
-    """Run ``scenario`` on ``world`` ranks; their reports (``{"code": ...}`` for a rank that wrote none)."""
+    """Run ``scenario`` on ``world`` ranks (``device`` "cuda": on GPUs 0..world-1, NCCL); their
+    reports (``{"code": ...}`` for a rank that wrote none)."""
     out = tmp_path / f"out-{scenario}"
     out.mkdir(exist_ok=True)
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_port()),
-           "WORLD_SIZE": str(world), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "DS_ACCELERATOR": device, "CASCKPT_TEST_DEVICE": device, "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(_port()), "WORLD_SIZE": str(world), "OMP_NUM_THREADS": "1"}
     logs = [out / f"rank{r}.log" for r in range(world)]
     procs = []
     for r, log in enumerate(logs):
@@ -58,21 +65,29 @@ def launch(scenario: str, tmp_path: Path, *, ok: bool = True, world: int = WORLD
 
 
 @pytest.mark.slow  # ~15 s a test on an idle 2-core machine: DeepSpeed starts 3 engines a rank
-@pytest.mark.parametrize("stage", [1, 2, 3])
-def test_resume_from_casckpt_matches_torch_checkpoint_engine_bit_for_bit(tmp_path: Path, stage: int) -> None:
+@pytest.mark.parametrize(("stage", "precision"), [(1, "fp32"), (2, "fp32"), (3, "fp32"), (2, "bf16"),
+                                                  (2, "fp16")])
+def test_resume_from_casckpt_matches_torch_checkpoint_engine_bit_for_bit(tmp_path: Path, stage: int,
+                                                                         precision: str) -> None:
     """ZeRO-3 partitions the parameters too: each rank saves its own model-states file, and
-    the resumed training (``continued``) shows the partitions came back."""
+    the resumed training (``continued``) shows the partitions came back. fp16 keeps a dynamic
+    loss scaler (its scale moved from 2**8 by the save) in the optimizer state."""
     url = str(tmp_path / "store")
     casckpt.open(url).close()
     reports = launch("compare", tmp_path, stage=stage, store=url, torch_dir=str(tmp_path / "torch"),
-                     ds_dir=str(tmp_path / "ds"))
+                     ds_dir=str(tmp_path / "ds"), precision=precision)
+    dtype = {"fp32": "torch.float32", "bf16": "torch.bfloat16", "fp16": "torch.float16"}[precision]
+    assert [r["ran_on"]["dtype"] for r in reports] == [dtype] * WORLD
+    if precision == "fp16":
+        assert [r["ran_on"]["loss_scale"] for r in reports] == [512.0] * WORLD
     for rank, report in enumerate(reports):
         assert report["casckpt_loaded"] == report["torch_loaded"], rank
         assert report["casckpt_loaded"] == report["saved"], rank
         assert report["casckpt_continued"] == report["torch_continued"] == report["continued"], rank
     where = ({"mp_rank_00_model_states.pt": 0} if stage < 3 else
              {"zero_pp_rank_0_mp_rank_00_model_states.pt": 0, "zero_pp_rank_1_mp_rank_00_model_states.pt": 1})
-    where |= {"zero_pp_rank_0_mp_rank_00_optim_states.pt": 0, "zero_pp_rank_1_mp_rank_00_optim_states.pt": 1}
+    optim = _OPTIM_FILE[precision]
+    where |= {optim.format(rank=0): 0, optim.format(rank=1): 1}
     assert reports[0]["files"] == ["latest", *sorted(f"t3/{name}" for name in where)]
     with casckpt.open(url) as store:
         (version,) = store.log("ds")
@@ -82,6 +97,32 @@ def test_resume_from_casckpt_matches_torch_checkpoint_engine_bit_for_bit(tmp_pat
     for name in where:
         marker = json.loads((tmp_path / "ds" / "t3" / name).read_text())
         assert (marker["ref"], marker["file"]) == ("casckpt://ds@3", name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("precision", "background"), [("bf16", False), ("fp16", False), ("bf16", True)])
+def test_on_cuda_and_nccl_a_resume_from_casckpt_matches_torch_checkpoint_engine(
+        tmp_path: Path, precision: str, background: bool) -> None:
+    """ZeRO-2 on one GPU (one NCCL rank: two cannot share a GPU), bf16 or fp16 (its dynamic loss
+    scaler in the optimizer state): the saved state holds CUDA tensors; both resumes, and the
+    training after them, match bit for bit; ``background`` copies them to host memory first."""
+    url = str(tmp_path / "store")
+    casckpt.open(url).close()
+    (report,) = launch("compare", tmp_path, world=1, device="cuda", stage=2, precision=precision, store=url,
+                       torch_dir=str(tmp_path / "torch"), ds_dir=str(tmp_path / "ds"), background=background)
+    ran_on = report["ran_on"]
+    assert (ran_on["device"], ran_on["backend"]) == ("cuda:0", "nccl"), ran_on
+    assert ran_on["dtype"] == {"bf16": "torch.bfloat16", "fp16": "torch.float16"}[precision], ran_on
+    if precision == "fp16":  # the scaler moved from 2**8: its state is part of what must come back
+        assert ran_on["loss_scale"] not in (None, 1.0, 256.0), ran_on
+    assert report["casckpt_loaded"] == report["torch_loaded"] == report["saved"]
+    assert report["casckpt_continued"] == report["torch_continued"] == report["continued"]
+    assert report["files"] == sorted(["latest", "t3/mp_rank_00_model_states.pt",
+                                      "t3/" + _OPTIM_FILE[precision].format(rank=0)])
+    with casckpt.open(url) as store:
+        (version,) = store.log("ds")
+        assert (version.step, version.metadata["deepspeed.tag"]) == (3, "t3")
+        assert store.ops.check(read_data=True).ok
 
 
 @pytest.mark.slow

@@ -8,12 +8,14 @@ and calls ``dist_checkpointing.save`` / ``load`` with the strategies of
 :mod:`casckpt.integrations.megatron`. Megatron's ``torch_dist`` save strategy cannot run
 on a CPU-only torch (its writer and finalize step call ``torch.cuda``): the comparison
 writes torch_dist's format with DCP's FileSystemWriter instead, and loads it with
-torch_dist's own load strategy.
+torch_dist's own load strategy. The test marked ``gpu`` runs torch_dist's own save strategy on
+CUDA tensors (tests/device/run.sh on a lent GPU machine; skipped without CUDA).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -43,8 +45,21 @@ def ranks() -> Iterator[Zygote]:
     zygote.close()
 
 
-def launch(ranks: Zygote, scenario: str, world: int, *, ok: bool = True, **args: Any) -> dict[str, Any]:
-    reply = ranks.ask({"scenario": scenario, "world": world, "args": args, "timeout": 150}, timeout=180)
+@pytest.fixture(scope="module")
+def cuda_ranks() -> Iterator[Zygote]:
+    """Ranks forked from a zygote that must not initialise CUDA: Megatron's torch_dist module asks
+    ``torch.cuda.is_available()`` on import, which asks the driver (and a forked child then
+    cannot) unless NVML answers."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CASCKPT_")}
+    zygote = Zygote(WORKER, env={**env, "PYTORCH_NVML_BASED_CUDA_CHECK": "1"})
+    yield zygote
+    zygote.close()
+
+
+def launch(ranks: Zygote, scenario: str, world: int, *, ok: bool = True, backend: str = "gloo",
+           **args: Any) -> dict[str, Any]:
+    job = {"scenario": scenario, "world": world, "args": args, "timeout": 150, "backend": backend}
+    reply = ranks.ask(job, timeout=180)
     if ok:
         assert reply["codes"] == [0] * world, "\n".join(e for e in reply["errors"] if e)
     return reply
@@ -81,6 +96,41 @@ def test_save_and_load_bit_exact_as_torch_dist(ranks: Zygote, tmp_path: Path) ->
         assert detail.world_size == 2 and detail.saved_with == "dcp"
         shards = {t.path: t.shards for t in detail.tensors}
         assert shards["decoder.w"] == 2 and shards["decoder.norm"] == 1  # the replica saved once
+        assert opened.ops.check(read_data=True).ok
+
+
+@pytest.mark.gpu
+def test_on_cuda_torch_dists_own_save_and_casckpts_load_back_bit_exact(cuda_ranks: Zygote,
+                                                                      tmp_path: Path) -> None:
+    """One NCCL rank on the GPU, the sharded state's tensors on it (384 MiB): Megatron's
+    torch_dist save strategy and casckpt's save the same state; each loads back bit for bit
+    into CUDA tensors; the save times are printed (casckpt's over torch_dist's, with casckpt's
+    default chunk and pack sizes)."""
+    store = _store(tmp_path)
+    common = {"path": str(store), "device": "cuda", "scale": 512,
+              "open": {"chunk_size": 1 << 20, "pack_size": 64 << 20}}  # the defaults
+    times = []
+    for seed in (7, 8):  # the first round pays for first calls: the second is the measure
+        ours, theirs = (tmp_path / kind / f"iter_{seed:07d}" for kind in ("ckpt", "torch_dist"))
+        pair = [launch(cuda_ranks, "mc_save", 1, backend="nccl", dir=str(theirs), strategy="torch_dist",
+                       seed=seed, **common),
+                launch(cuda_ranks, "mc_save", 1, backend="nccl", dir=str(ours), run="gpt", seed=seed,
+                       **common)]
+        times.append([reply["results"][0] for reply in pair])
+        for folder, strategy in ((ours, None), (theirs, "torch_dist")):
+            (loaded,) = launch(cuda_ranks, "mc_load", 1, backend="nccl", dir=str(folder), seed=seed,
+                               strategy=strategy, **common)["results"]
+            assert (loaded["bad"], loaded["iteration"], loaded["devices"]) == ([], 100 + seed, ["cuda:0"])
+        assert any(p.suffix == ".distcp" for p in theirs.iterdir())  # torch_dist's own files
+        assert sorted(p.name for p in ours.iterdir()) == ["common.pt", "metadata.json"]
+    torch_dist, ours_ = times[-1]
+    print(f"save of {common['scale'] * 2 * 96 * 1024 * 4 / 2**20:.0f} MiB of CUDA tensors, one rank: "
+          f"torch_dist {torch_dist['wall']:.3f} s wall ({torch_dist['cpu']:.3f} s CPU), casckpt "
+          f"{ours_['wall']:.3f} s wall ({ours_['cpu']:.3f} s CPU); casckpt / torch_dist = "
+          f"{ours_['wall'] / torch_dist['wall']:.2f} wall, {ours_['cpu'] / torch_dist['cpu']:.2f} CPU; "
+          f"all rounds: {times}")
+    with casckpt.open(store) as opened:
+        assert [v.step for v in opened.log("gpt")] == [8, 7]
         assert opened.ops.check(read_data=True).ok
 
 

@@ -255,7 +255,7 @@ def test_a_sparse_change_outside_the_sample_is_missed(store: casckpt.Store) -> N
     assert nbytes > WHOLE
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu  # skipped without CUDA (tests/conftest.py)
 def test_a_wrong_hint_on_a_device_tensor_is_reported(tmp_path: Path) -> None:
     """A device tensor's sampled blocks are gathered on the device (blocking and background)."""
     state = {name: t.cuda() for name, t in _state().items()}

@@ -24,7 +24,7 @@ from casckpt.storage.erasure import Redundancy
 from casckpt.testing.internals import internals
 
 CHUNK = 4096
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+cuda = pytest.mark.gpu  # skipped without CUDA (tests/conftest.py); tests/device/run.sh runs them
 
 
 @given(n=st.integers(0, 20_000), unit=st.sampled_from([1, 16, 4096]),
@@ -128,12 +128,23 @@ def test_any_window_size_round_trips(tmp_path: Path) -> None:
 
 @cuda
 def test_cuda_tensors_commit_through_pinned_buffers(tmp_path: Path) -> None:
-    state = {"w": torch.randn(3_000_000, device="cuda"), "b": torch.arange(100, device="cuda")}
+    """... and come back bit for bit onto the GPU (``map_location="cuda"``) or into CUDA tensors."""
+    state = {"w": torch.randn(3_000_000, device="cuda"), "b": torch.arange(100, device="cuda"),
+             "h": torch.randn(333, 64, device="cuda").to(torch.bfloat16),
+             "t": torch.randn(64, 48, device="cuda").t()}  # not contiguous
     with casckpt.open(tmp_path / "s", chunk_size=1 << 16, staging_memory=8 << 20) as store:
         store.commit(state, run="r", step=0)
         assert internals(store).device_buffers.pinned
         back = store.restore("r@0", map_location="cuda")
-        assert all(torch.equal(back[k], state[k]) for k in state)
+        into = {k: torch.zeros_like(v) for k, v in state.items()}
+        store.restore("r@0", into=into)
+    for got in (back, into):
+        assert {k: str(v.device) for k, v in got.items()} == dict.fromkeys(state, "cuda:0")
+        assert [k for k in state if _bits(got[k]) != _bits(state[k])] == []
+
+
+def _bits(t: torch.Tensor) -> tuple[torch.dtype, tuple[int, ...], bytes]:
+    return t.dtype, tuple(t.shape), t.cpu().contiguous().view(torch.uint8).numpy().tobytes()
 
 
 @cuda

@@ -347,7 +347,7 @@ def test_random_states_and_mutations_restore_bit_exact(tmp_path_factory: pytest.
         assert store.ops.check(read_data=True).ok
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu  # skipped without CUDA (tests/conftest.py)
 def test_hinted_device_tensors_are_not_staged(tmp_path: Path, hashed: Hashed) -> None:
     """CUDA tensors stream through staging buffers: hinted ones are neither streamed nor
     hashed, restores stay exact."""
