@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
     from casckpt.dcp import StoreReader, StoreWriter
     from casckpt.engine.transfer.exporters import DirExport
+    from casckpt.engine.write.commit import CommitRequest
     from casckpt.engine.write.hint import PathSpec
 
 log = logging.getLogger(__name__)
@@ -214,15 +215,11 @@ class Store(StoreHistory):
                 in the previous version (nothing written; with ``block=False`` raised by the
                 handle, whose worker compares them).
         """
-        self._core.refuse_write("commit", "the catalog and the locations")
         from casckpt.engine.write import commit as commit_engine  # torch: only where tensors are handled
         from casckpt.engine.write.hint import make_hint
 
-        req = commit_engine.make_request(run, step, metadata, metrics, message, tags)
-        hint = make_hint(unchanged, trust_versions)
-        self._core.refuse_while_recovering("commit")
         if group is not None:
-            if hint is not None:
+            if make_hint(unchanged, trust_versions) is not None:
                 raise InvalidArgumentError("group commits take no change hint (unchanged=, "
                                            "trust_versions=); commit without it")
             if not block:
@@ -230,15 +227,25 @@ class Store(StoreHistory):
                     "group commits block; for a background save of many ranks use "
                     "dcp.async_save(state, storage_writer=store.dcp_writer(run=..., step=...))"
                 )
-            def preflight() -> None:  # on every rank, inside the first collective step
+
+            def request() -> CommitRequest:  # on every rank, inside the first collective step:
+                # a rank refused here (a read-only store on one host) makes every rank raise
+                self._core.refuse_write("commit", "the catalog and the locations")
+                req = commit_engine.make_request(run, step, metadata, metrics, message, tags)
+                self._core.refuse_while_recovering("commit")
                 self._core.refresh_locations()
                 self._core.committer.raise_unreported()  # a background failure nobody saw yet
                 self._core.committer.wait_all()  # versions of a run appear in commit order
                 self._core.committer.forget(req.run)  # a later background commit copies all
+                return req
 
             from casckpt.engine.write.group import group_commit
 
-            return group_commit(self._core.ctx, state, req, group, progress, preflight)
+            return group_commit(self._core.ctx, state, request, group, progress)
+        self._core.refuse_write("commit", "the catalog and the locations")
+        req = commit_engine.make_request(run, step, metadata, metrics, message, tags)
+        hint = make_hint(unchanged, trust_versions)
+        self._core.refuse_while_recovering("commit")
         self._core.refresh_locations()
         if not block:
             if durable:

@@ -229,6 +229,9 @@ def test_group_commit_failing_rank_fails_every_rank(ranks: Zygote, tmp_path: Pat
         assert store.log() == []
     early = launch(ranks, "group_commit", 2, path=str(store_path), run="g", step=1, seed=12, preflight_fail=1)
     assert all("rank 1: StorageError: injected" in r["error"] for r in early["results"])  # no one hangs
+    read_only = launch(ranks, "group_commit", 2, path=str(store_path), run="g", step=1, seed=12,
+                       read_only_rank=1)  # refused before the commit's first collective
+    assert all("rank 1: ReadOnlyStoreError" in r["error"] for r in read_only["results"]), read_only
     reply = launch(ranks, "group_commit", 2, path=str(store_path), run="g", step=1, seed=12)
     assert reply["results"][0]["id"] == reply["results"][1]["id"]
     with _open(store_path) as store:

@@ -46,6 +46,7 @@ group of its own (:mod:`casckpt.integrations.deepspeed_async`); the next save, a
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -98,6 +99,7 @@ __all__ = ["ENGINE_NAME", "MARKER_FORMAT", "CasckptCheckpointEngine", "export_fi
            "load_checkpoint", "write_marker"]
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+log = logging.getLogger(__name__)
 
 
 class CasckptCheckpointEngine(CheckpointEngine):  # type: ignore[misc]  # DeepSpeed is untyped
@@ -175,7 +177,10 @@ class CasckptCheckpointEngine(CheckpointEngine):  # type: ignore[misc]  # DeepSp
         Raises:
             CheckpointPathNotFoundError: no version of this run holds tag ``TAG``, or it holds
                 no file ``FILE``.
+            GroupCommitError, CasckptError: the background commit in flight (waited for
+                first) failed.
         """
+        self.wait()  # DeepSpeed's own load_checkpoint, right after a background save
         where = Path(path)
         name, tag = where.name, where.parent.name
         check_tag(tag)
@@ -208,8 +213,12 @@ class CasckptCheckpointEngine(CheckpointEngine):  # type: ignore[misc]  # DeepSp
                 this rank (this save is not made; every other rank raises GroupCommitError
                 naming it, rather than waiting for this one in the next collective).
         """
+        previous = self._previous_failure()  # consumed whatever this save does
         if self._error is None:
-            self._error = self._previous_failure()
+            self._error = previous
+        elif previous is not None:  # this save's refusal is raised; the earlier failure is told
+            log.error("the previous DeepSpeed checkpoint, committed in the background, failed "
+                      "(it was not saved): %s", previous)
         files, step = self._files, int(self.global_steps())
         refused = f"{type(self._error).__name__}: {self._error}" if self._error is not None else None
         gathered: list[Any] = [None] * dist.get_world_size(self.group)
@@ -253,7 +262,8 @@ class CasckptCheckpointEngine(CheckpointEngine):  # type: ignore[misc]  # DeepSp
 
     def wait(self) -> Version | None:
         """The version of the background commit in flight once it is published (None: none,
-        or the engine commits in ``save_checkpoint``); a collective, like the save.
+        or the engine commits in ``save_checkpoint``). Call it on every rank: the commit is
+        the group's (a rank's commit ends when every rank's has).
 
         Raises:
             GroupCommitError, CasckptError: why that commit failed (nothing of it is visible).

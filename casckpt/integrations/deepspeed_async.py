@@ -11,11 +11,17 @@ DeepSpeed writes ``DIR/latest`` as soon as ``save_checkpoint`` returns, before t
 published: a job killed in between resumes from the catalog, whose last version is then the
 previous save (:meth:`CasckptCheckpointEngine.prepare_load` falls back to it), and the
 markers of a tag are written only once its version is visible.
+
+A script that ends with a commit in flight (no ``close()``) waits for it when the main thread
+finishes, before Python stops the thread pools the commit writes with: the commit completes
+(its failure is logged, as nobody can catch it there), rather than failing at shutdown.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +29,8 @@ import torch
 import torch.distributed as dist
 
 from casckpt.types import Version
+
+log = logging.getLogger(__name__)
 
 
 def snapshot(obj: Any) -> Any:
@@ -51,6 +59,7 @@ class BackgroundCommits:
         self.group = dist.new_group(ranks=ranks, backend="gloo")
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="casckpt-deepspeed")
         self._pending: concurrent.futures.Future[Version] | None = None
+        _wait_at_exit(self)
 
     def submit(self, publish: Callable[[], Version]) -> None:
         """Run ``publish`` on the commit thread, after the commit in flight (its failure raised here)."""
@@ -67,8 +76,39 @@ class BackgroundCommits:
         return pending.result() if pending is not None else None
 
     def close(self) -> None:
-        """Wait for the commit in flight (raising its failure), then stop the thread."""
+        """Wait for the commit in flight (raising its failure), then stop the thread and
+        release the process group."""
         try:
             self.wait()
         finally:
             self._thread.shutdown(wait=True)
+            if dist.is_initialized():
+                dist.destroy_process_group(self.group)
+
+    def _at_exit(self) -> None:
+        pending = self._pending
+        if pending is None or pending.done() and pending.exception() is None:
+            return
+        log.warning("casckpt: the process is ending with a DeepSpeed checkpoint commit in flight; "
+                    "waiting for it (call close() on the checkpoint engine to wait where its "
+                    "failure can be caught)")
+        try:
+            self.wait()
+        except Exception:  # noqa: BLE001 - nobody is left to raise it to
+            log.exception("casckpt: the DeepSpeed checkpoint committed in the background as the "
+                          "process ended failed: it was not saved")
+
+
+def _wait_at_exit(commits: BackgroundCommits) -> None:
+    """Wait for ``commits``' commit in flight when the main thread finishes. Python stops
+    accepting work in every thread pool then (``concurrent.futures``' own hook, registered
+    when it was imported, before this one) and runs these hooks last registered first; the
+    commit's writes need those pools, so this must run first (``atexit`` would run after).
+    Held for the process's life: an engine dropped with its commit in flight still waits."""
+    register = getattr(threading, "_register_atexit", None)  # CPython 3.9+: threading's own hooks
+    if register is None:  # pragma: no cover - another interpreter: the commit may fail at exit
+        import atexit
+
+        atexit.register(commits._at_exit)
+        return
+    register(commits._at_exit)

@@ -27,6 +27,7 @@ Needs the extra: ``pip install 'casckpt[torchtitan]'`` (torchtitan 0.3, Python 3
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -38,10 +39,12 @@ from torchtitan.components.checkpoint import MODEL, AsyncMode, CheckpointManager
 from torchtitan.tools.utils import GarbageCollection
 
 import casckpt
-from casckpt.errors import InvalidArgumentError
+from casckpt.errors import InvalidArgumentError, RefNotFoundError
 from casckpt.integrations.resume import SCHEME, scheme_ref, version_to_resume
+from casckpt.retention_rules import make_policy
 
 _STEP = re.compile(r"step-(\d+)$")
+log = logging.getLogger(__name__)
 
 
 class CasckptCheckpointManager(CheckpointManager):  # type: ignore[misc]  # torchtitan is untyped
@@ -81,8 +84,25 @@ class CasckptCheckpointManager(CheckpointManager):  # type: ignore[misc]  # torc
         self.casckpt_run = config.run
         self.casckpt_store = casckpt.open(config.store)
         rank = dist.get_rank() if dist.is_initialized() else 0
-        if self.keep_latest_k > 0 and rank == 0:
-            self.casckpt_store.retention.set(self.casckpt_run, keep_last=self.keep_latest_k)
+        if self.keep_latest_k > 0 and not self.load_only and rank == 0:
+            self._keep_latest(self.keep_latest_k)
+
+    def _keep_latest(self, k: int) -> None:
+        """Make ``keep_latest_k`` the run's policy (``keep_last=k``), unless the run has a policy
+        of another shape (kept: set by hand, ``casckpt retention set``), which is logged."""
+        try:
+            current = self.casckpt_store.retention.get(self.casckpt_run)
+        except RefNotFoundError:  # no such run yet: set() creates it
+            current = None
+        wanted = make_policy(keep_last=k)
+        if current == wanted:
+            return
+        if current is not None and current != make_policy(keep_last=current.keep_last or 1):
+            log.warning("checkpoint.keep_latest_k=%d is not applied: run %r has its own retention "
+                        "policy (%s), which casckpt gc applies; set keep_latest_k=0 to silence this",
+                        k, self.casckpt_run, current)
+            return
+        self.casckpt_store.retention.set(self.casckpt_run, keep_last=k)
 
     @torch.no_grad()
     def dcp_save(self, state_dict: dict[str, Any], checkpoint_id: str, async_mode: AsyncMode,
@@ -124,15 +144,34 @@ class CasckptCheckpointManager(CheckpointManager):  # type: ignore[misc]  # torc
         Raises:
             RefNotFoundError: ``step`` names no version of the run.
         """
-        ref = f"{self.casckpt_run}@latest" if step == -1 else f"{self.casckpt_run}@{step}"
-        version = version_to_resume(self.casckpt_store, ref)
+        version = self._version(step)
         if version is None:
             return bool(super()._load(step))
         states = self._states_to_load(model_only=version.step == 0)  # step 0: a seed checkpoint
-        self.dcp_load(states, f"{SCHEME}{self.casckpt_run}@{version.step}", from_hf=False,
-                      from_quantized=False)
+        self.dcp_load(states, f"{SCHEME}{version.id}", from_hf=False, from_quantized=False)
         GarbageCollection.collect("GC collection for checkpoint loading.")
         return True
+
+    def _version(self, step: int) -> Any:
+        """The version to resume: ``run@step`` (``-1``: the newest), through the run's lineage --
+        a fork with no version of its own resumes its fork point, and a step at or before the
+        fork is the parent's; None: a first launch (the run has no version, and is no fork).
+
+        Raises:
+            RefNotFoundError: ``step`` names no version of the run or its lineage.
+        """
+        ref = f"{self.casckpt_run}@latest" if step == -1 else f"{self.casckpt_run}@{step}"
+        try:
+            return version_to_resume(self.casckpt_store, ref)
+        except RefNotFoundError:
+            node = {n.name: n for n in self.casckpt_store.lineage()}.get(self.casckpt_run)
+            if node is None or node.fork_version is None or node.parent_run is None:
+                raise
+            if step == -1 or step == node.fork_step:
+                return self.casckpt_store.resolve(node.fork_version)
+            if node.fork_step is None or step > node.fork_step:
+                raise
+            return version_to_resume(self.casckpt_store, f"{node.parent_run}@{step}")
 
     def _should_purge(self) -> bool:
         return False  # keep_latest_k is the run's retention policy: casckpt gc deletes

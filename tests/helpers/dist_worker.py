@@ -226,6 +226,8 @@ def scenario_group_commit(rank: int, world: int, args: dict[str, Any]) -> dict[s
     if args.get("bad_rank") == rank:
         state["loader"]["sampler"] = object()  # unsupported: this rank fails while hashing
     arm(rank, args)
+    if args.get("read_only_rank") == rank:  # a store read-only on this rank's host alone
+        args = {**args, "open": {**args.get("open", {}), "read_only": True}}
     with open_store(args) as store:
         if args.get("preflight_fail") == rank:  # this rank fails before any collective of its own
             def unreachable() -> None:

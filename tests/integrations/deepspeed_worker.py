@@ -210,6 +210,18 @@ def marker_fails(out: dict[str, Any]) -> None:
     ce.close()
 
 
+def exit_in_flight(out: dict[str, Any]) -> None:
+    """Save in the background and end the script at once, without close(): the process
+    waits for the commit as it ends."""
+    engine = build(ARGS["stage"], seed=0)
+    ce = casckpt_ds.install(engine, background=True)
+    slow_commits(ce.store)
+    train(engine, 2)
+    engine.save_checkpoint(ARGS["ds_dir"], client_state=client_state(engine))
+    out["saved"] = state(engine)
+    out["in_flight"] = ce.last_version is None
+
+
 def killed(out: dict[str, Any]) -> None:
     """Save at step 3; at step 5 rank 1 dies while handing DeepSpeed's files to the engine."""
     engine = build(ARGS["stage"], seed=0)
@@ -351,6 +363,7 @@ if __name__ == "__main__":
     result: dict[str, Any] = {}
     scenarios = {"compare": compare, "killed": killed, "killed_in_background": killed_in_background,
                  "resume": resume, "dedup": dedup, "timing": timing, "marker_fails": marker_fails,
+                 "exit_in_flight": exit_in_flight,
                  "universal": universal, "rollback": rollback}
     scenarios[scenario](result)
     (out_dir / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))

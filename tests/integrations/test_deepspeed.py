@@ -179,6 +179,23 @@ def test_a_rank_killed_in_its_background_commit_fails_the_save_on_the_others(tmp
 
 
 @pytest.mark.slow
+def test_a_script_ending_with_a_background_commit_in_flight_waits_for_it(tmp_path: Path) -> None:
+    """No close(): the commit still runs when the script ends; it is saved, not lost to Python
+    stopping its thread pools at exit (which failed it before, with exit code 0)."""
+    url = str(tmp_path / "store")
+    casckpt.open(url).close()
+    ds_dir = tmp_path / "ds"
+    reports = launch("exit_in_flight", tmp_path, stage=2, store=url, ds_dir=str(ds_dir))
+    assert all(r["in_flight"] for r in reports)
+    with casckpt.open(url) as store:
+        assert [v.step for v in store.log("ds")] == [2]
+        assert store.ops.check(read_data=True).ok
+    assert json.loads((ds_dir / "global_step2" / "mp_rank_00_model_states.pt").read_text())["ref"] == "casckpt://ds@2"
+    resumed = launch("resume", tmp_path, stage=2, store=url, ds_dir=str(ds_dir))
+    assert [r["loaded"] for r in resumed] == [r["saved"] for r in reports]
+
+
+@pytest.mark.slow
 def test_a_background_commit_failing_on_one_rank_fails_the_next_save_on_every_rank(tmp_path: Path) -> None:
     """Rank 1's markers cannot be written (a full disk) after the version is published: the
     next save raises on rank 1 (its own error) and on rank 0 (naming rank 1), and no rank

@@ -73,12 +73,16 @@ def test_resume_is_bit_exact_as_from_torchtitans_own_files(ranks: Zygote, tmp_pa
 def test_the_last_step_is_model_only_in_the_export_dtype_and_keep_latest_k_is_retention(
         ranks: Zygote, tmp_path: Path) -> None:
     store = str(tmp_path / "store")
-    train(ranks, folder=str(tmp_path / "out"), store=store, steps=12, last=12, keep=3,
+    train(ranks, folder=str(tmp_path / "out"), store=store, steps=12, last=12, keep=2,
           export_dtype="bfloat16")
     with casckpt.open(store) as opened:
         assert [v.step for v in opened.log("tiny")] == [12, 10, 5]  # nothing deleted in training
-        assert opened.retention.get("tiny").keep_last == 3
+        assert opened.retention.get("tiny").keep_last == 2
+        opened.retention.set("tiny", keep_within="7d")  # a policy set by hand ...
         last, full = opened.restore("tiny@12"), opened.restore("tiny@10")
+    train(ranks, folder=str(tmp_path / "out"), store=store, steps=10, last=12, keep=3, load_step=10)
+    with casckpt.open(store) as opened:  # ... is kept by a launch with keep_latest_k (and logged)
+        assert opened.retention.get("tiny").keep_last is None
     assert not any(k.startswith("optimizer") for k in last) and "0.weight" in last
     assert last["0.weight"].dtype == torch.bfloat16 and full["0.weight"].dtype == torch.float32
     assert any(k.startswith("optimizer") for k in full) and full["train_state.step"] == 10
@@ -100,6 +104,23 @@ def test_a_killed_save_leaves_no_version_and_the_next_launch_resumes_the_one_bef
     assert [r["loaded"] for r in resumed["results"]] == [5, 5]
     whole = train(ranks, folder=str(tmp_path / "whole"), steps=10)
     assert digests(resumed) == digests(whole)
+
+
+@pytest.mark.slow  # ~8 s: four launches of two ranks
+def test_a_fork_resumes_its_fork_point_and_steps_before_it_are_the_parents(
+        ranks: Zygote, tmp_path: Path) -> None:
+    store, out = str(tmp_path / "store"), str(tmp_path / "out")
+    train(ranks, folder=out, store=store, steps=15)  # tiny@5, @10, @15
+    with casckpt.open(store) as opened:
+        opened.fork("tiny@10", "tb")
+    forked = train(ranks, folder=out, store=store, run="tb", steps=15, seed=4)
+    assert [r["loaded"] for r in forked["results"]] == [10, 10]
+    whole = train(ranks, folder=str(tmp_path / "whole"), steps=15)
+    assert digests(forked) == digests(whole)  # the same data: it trained on from tiny@10
+    earlier = train(ranks, folder=out, store=store, run="tb", steps=5, seed=5, load_step=5)
+    assert [r["loaded"] for r in earlier["results"]] == [5, 5]  # tiny@5, before the fork
+    with casckpt.open(store) as opened:
+        assert [v.step for v in opened.log("tb")] == [15]
 
 
 @pytest.mark.slow  # ~6 s: three launches of two ranks

@@ -96,13 +96,13 @@ def _gone(step: str, exc: RuntimeError) -> GroupCommitError:
 Part = tuple[Node, list[TensorEntry], list[ExtentEntry], ChunkWrite]
 
 
-def group_commit(ctx: EngineContext, state: object, req: CommitRequest, group: Any,
-                 progress: ProgressCallback | None = None,
-                 preflight: Callable[[], object] | None = None) -> Version:
+def group_commit(ctx: EngineContext, state: object, request: Callable[[], CommitRequest], group: Any,
+                 progress: ProgressCallback | None = None) -> Version:
     """Commit every rank's ``state`` as one version (collective: every rank of ``group`` calls it).
 
-    ``preflight`` runs on every rank inside the first collective step (so a rank
-    it fails on makes every rank raise, instead of leaving the others waiting).
+    ``request`` checks the commit and returns its request, on every rank inside the first
+    collective step: a rank it fails on (bad arguments, a store read-only on that host) makes
+    every rank raise, instead of leaving the others waiting in the next collective.
 
     Raises:
         GroupCommitError: some rank failed (its error named); nothing was published.
@@ -111,17 +111,19 @@ def group_commit(ctx: EngineContext, state: object, req: CommitRequest, group: A
     started = time.monotonic()
     leases: list[str] = []  # the coordinator's: the save's, ended with its ranks' whatever happens
 
+    requests: list[CommitRequest] = []
+
     def prepare() -> tuple[str | None, float, str] | None:
-        if preflight is not None:
-            preflight()
+        requests.append(request())
         if rank != 0:
             return None
-        start = begin_save(ctx, req)
+        start = begin_save(ctx, requests[0])
         leases.append(start.lease)
         return start.parent, start.created, start.lease
 
     try:
         parent, created, save = _everyone(group, _together(group, "preparing", prepare), "preparing")[0]
+        req = requests[0]
         root, entries, extents, chunks, new_ids = _together(
             group, "hashing", lambda: _snapshot(ctx, state, progress))
         mine = _mine(group, rank, new_ids)
