@@ -32,10 +32,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import multiprocessing
-import multiprocessing.connection
 import os
-import socket
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -48,7 +45,7 @@ import torch
 import torch.distributed as dist
 
 import casckpt
-from benchmarks import measure
+from benchmarks import measure, ranks
 from benchmarks.workloads import Decoder, ModelConfig
 from casckpt.config import settings
 from casckpt.format.chunks import aligned_chunk_size
@@ -384,37 +381,9 @@ def rank_main(rank: int, port: int, cfg: ModelConfig, workdir: Path, timeout_s: 
 # ---- the benchmark process ----------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    """A TCP port on 127.0.0.1 nothing listens on now (the ranks bind it a moment later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _launch(cfg: ModelConfig, workdir: Path, timeout_s: float) -> list[dict[str, Any]]:
     """Spawn the ranks, wait for all of them (or the first failure, or the timeout); their JSON."""
-    ctx = multiprocessing.get_context("spawn")  # fork would copy this process's threads and OpenMP
-    port = _free_port()
-    procs = [ctx.Process(target=rank_main, args=(rank, port, cfg, workdir, timeout_s),
-                         name=f"dcp-rank{rank}") for rank in range(RANKS)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + timeout_s
-    try:
-        while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
-            if any(p.exitcode not in (None, 0) for p in procs):
-                break  # a rank failed: the others would wait in a collective until the timeout
-            multiprocessing.connection.wait([p.sentinel for p in procs if p.is_alive()], timeout=1.0)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-            p.join()
-    codes = [p.exitcode for p in procs]
-    if any(codes):
-        raise RuntimeError(f"dcp ranks exited with codes {codes} (a negative code is the signal that "
-                           f"stopped it; {timeout_s:.0f} s allowed); a failed rank's traceback is above")
-    return [json.loads((workdir / f"rank-{rank}.json").read_text()) for rank in range(RANKS)]
+    return ranks.launch(rank_main, (cfg, workdir, timeout_s), workdir, RANKS, timeout_s, "dcp")
 
 
 def _check(label: str, bad: dict[str, list[str]]) -> None:
