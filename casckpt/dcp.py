@@ -37,8 +37,6 @@ import dataclasses
 import io
 import logging
 import os
-import pickle
-import re
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -83,6 +81,7 @@ from casckpt.engine.write.distributed import (
 from casckpt.errors import InvalidArgumentError, RestoreTargetError, UnsupportedStateError
 from casckpt.format.dtypes import numpy_dtype, torch_dtype
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, World, rank_count
+from casckpt.format.plainpickle import RefusedValue, load_plain
 from casckpt.format.state import Node, check_state_key, decode_state, encode_state, join_path
 
 if TYPE_CHECKING:
@@ -165,16 +164,17 @@ def _check_id(checkpoint_id: str | os.PathLike[str] | None, expected: str) -> No
 
 def _value_node(fqn: str, data: io.BytesIO) -> Node:
     """A non-tensor value DCP serialised with torch.save, as a plain-value node (no pickle kept)."""
-    try:  # torch.save pickles b"" as a call of bytes (the one global a plain value needs)
-        with torch.serialization.safe_globals([bytes]):
-            value = torch.load(io.BytesIO(data.getbuffer()), weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, AttributeError, TypeError, EOFError) as exc:
-        found = re.search(r"GLOBAL ([\w.]+)", str(exc))  # torch names the class it refused
-        what = f"it holds a {found.group(1)}" if found else "it is not"
+    try:
+        value = load_plain(data.getbuffer())
+    except RefusedValue as exc:
+        if exc.what == "tensor":
+            raise UnsupportedStateError(
+                f"the value at {fqn!r} holds tensors inside an object DCP saves as opaque bytes; "
+                "put tensors at their own keys of the state dict") from exc
         raise UnsupportedStateError(
             f"cannot store the value at {fqn!r} through DCP: casckpt keeps only plain values "
-            f"(dicts, lists, tuples, numbers, strings, bytes, None) and tensors, and {what}. "
-            "Convert it (e.g. int(x), x.isoformat(), x.state_dict()) before saving."
+            f"(dicts, lists, tuples, numbers, strings, bytes, None) and tensors, and it holds "
+            f"{exc.what}. Convert it (e.g. int(x), x.isoformat(), x.state_dict()) before saving."
         ) from exc
     return plain_node(value, f"the value at {fqn!r}")
 
