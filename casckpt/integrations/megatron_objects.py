@@ -35,7 +35,7 @@ from typing import Any, NamedTuple, cast
 import torch
 
 from casckpt.errors import CorruptManifestError, UnsupportedStateError
-from casckpt.format.state import Node, decode_state, encode_state
+from casckpt.format.state import MAX_DEPTH, Node, decode_state, encode_state, too_deep
 
 OBJECT = "casckpt.megatron.object"
 """The key of the plain value of an object stored with its tensors apart (its format: 1)."""
@@ -43,6 +43,10 @@ OBJECT = "casckpt.megatron.object"
 _TENSOR_INFIX = "%t"
 """Between an object's stored key and its tensor's number: stored keys escape every ``%``
 as ``%25`` or ``%2F``, so no key of a ShardedTensor or object holds ``%t``."""
+
+
+_DATA_DEPTH = 30
+"""About how deep an object holding tensors may nest: its node tree doubles the depth."""
 
 
 class Encoded(NamedTuple):
@@ -70,13 +74,15 @@ def _bytes_io(obj: object, path: str) -> Node | None:
 
 
 def _bytes_io_back(node: Node, path: str) -> object:
-    if node.get("t") != "bytesio" or not isinstance(node.get("p"), int):
+    position, text = node.get("p"), node.get("v")
+    if (set(node) != {"t", "v", "p"} or node["t"] != "bytesio" or type(position) is not int
+            or position < 0 or type(text) is not str):
         raise CorruptManifestError(f"a Megatron object's node at {path!r} is not one casckpt writes")
     try:
-        found = io.BytesIO(base64.b64decode(node["v"], validate=True))
-    except (binascii.Error, TypeError, ValueError) as exc:
+        found = io.BytesIO(base64.b64decode(text, validate=True))
+    except (binascii.Error, ValueError) as exc:
         raise CorruptManifestError(f"a Megatron object's BytesIO at {path!r} is malformed: {exc}") from exc
-    found.seek(node["p"])
+    found.seek(position)
     return found
 
 
@@ -96,7 +102,8 @@ def encode(data: Any, what: str) -> Encoded:
     Raises:
         UnsupportedStateError: ``data`` holds an object of another type than tensors, numpy
             arrays (numeric), ``io.BytesIO``, None, bool, int, float, str, bytes in nested
-            dict (str or int keys) / list / tuple; its path is named.
+            dict (str or int keys) / list / tuple; its path is named. Or it holds tensors,
+            arrays or ``BytesIO`` and nests deeper than its node tree can (about 30 levels).
         InvalidNameError: a dict key holds ``/``, a control character, or is empty.
     """
     others: list[str] = []
@@ -120,17 +127,38 @@ def encode(data: Any, what: str) -> Encoded:
     tensors = [_from_numpy(leaf.value, leaf.path, what) if leaf.kind == "numpy"
                else cast(torch.Tensor, leaf.value).detach() for leaf in leaves]
     numpy = [i for i, leaf in enumerate(leaves) if leaf.kind == "numpy"]
-    return Encoded({OBJECT: 1, "node": root, "numpy": numpy}, tensors)
+    wrapped = {OBJECT: 1, "node": root, "numpy": numpy}
+    if too_deep(wrapped) is not None:  # refused here, before any rank writes
+        raise UnsupportedStateError(
+            f"{what} holds tensors, numpy arrays or io.BytesIO and nests too deeply to keep them "
+            f"apart (at {too_deep(data, _DATA_DEPTH) or '<root>'!r}): its structure is kept as a "
+            f"node tree of at most {MAX_DEPTH} levels, about {_DATA_DEPTH} of the object's own. "
+            "Flatten that part (join its keys into one dotted name)")
+    return Encoded(wrapped, tensors)
 
 
 def _wrapped(value: Any) -> bool:
+    """Whether ``value`` is this format (a dict); raises if it is a dict but not one of ours."""
     if not isinstance(value, dict):
         return False
-    if value.get(OBJECT) != 1 or not isinstance(value.get("node"), dict) or not isinstance(
-            value.get("numpy"), list):
+    form, numpy = value.get(OBJECT), value.get("numpy")
+    if type(form) is int and form > 1 and OBJECT in value:
+        raise CorruptManifestError(f"a Megatron object was saved in format {form} by a newer "
+                                   "casckpt; upgrade casckpt to load this version")
+    if (set(value) != {OBJECT, "node", "numpy"} or type(form) is not int or form != 1
+            or not isinstance(value["node"], dict) or type(numpy) is not list
+            or not all(type(i) is int and i >= 0 for i in numpy) or len(set(numpy)) != len(numpy)):
         raise CorruptManifestError(f"a Megatron object's value is not one casckpt writes (keys "
                                    f"{sorted(map(str, value))}); read it with the casckpt that saved it")
     return True
+
+
+def _as_array(found: torch.Tensor, index: int) -> object:
+    try:
+        return found.numpy()
+    except (TypeError, RuntimeError) as exc:  # a dtype numpy has not (bfloat16): not ours
+        raise CorruptManifestError(f"a Megatron object's tensor {index} is listed as a numpy array, "
+                                   f"which a {found.dtype} tensor cannot be: {exc}") from exc
 
 
 def decode(value: Any, tensor: Callable[[int], torch.Tensor]) -> Any:
@@ -145,6 +173,6 @@ def decode(value: Any, tensor: Callable[[int], torch.Tensor]) -> Any:
 
     def leaf(index: int, path: str) -> object:
         found = tensor(index)
-        return found.numpy() if index in numpy else found
+        return _as_array(found, index) if index in numpy else found
 
     return decode_state(value["node"], leaf, other=_bytes_io_back)

@@ -147,6 +147,63 @@ def test_a_forged_value_is_corrupt_not_executed() -> None:
                        lambda i: torch.ones(1))
 
 
+def _ok_node() -> dict[str, Any]:
+    return {"t": "list", "v": [{"t": "tensor", "i": 0}]}
+
+
+@pytest.mark.parametrize("forged", [
+    {objects.OBJECT: 1, "node": _ok_node(), "numpy": [[0]]},  # was a TypeError
+    {objects.OBJECT: 1, "node": _ok_node(), "numpy": ["0"]},
+    {objects.OBJECT: 1, "node": _ok_node(), "numpy": [True]},
+    {objects.OBJECT: 1, "node": _ok_node(), "numpy": [0, 0]},
+    {objects.OBJECT: 1, "node": _ok_node(), "numpy": [-1]},
+    {objects.OBJECT: True, "node": _ok_node(), "numpy": []},
+    {objects.OBJECT: 1.0, "node": _ok_node(), "numpy": []},
+    {objects.OBJECT: 1, "node": _ok_node(), "numpy": [], "extra": 1},
+    {objects.OBJECT: 1, "node": {"t": "bytesio", "v": "", "p": True}, "numpy": []},
+    {objects.OBJECT: 1, "node": {"t": "bytesio", "v": "", "p": -1}, "numpy": []},
+    {objects.OBJECT: 1, "node": {"t": "bytesio", "v": 7, "p": 0}, "numpy": []},
+    {objects.OBJECT: 1, "node": {"t": "bytesio", "v": "", "p": 0, "x": 1}, "numpy": []},
+    {objects.OBJECT: 1, "node": _ok_node(), "numpy": [0]},  # a bfloat16 tensor is no array
+    {"node": _ok_node(), "numpy": []},
+])
+def test_every_forged_wrapper_is_corrupt_and_nothing_else(forged: dict[str, Any]) -> None:
+    with pytest.raises(CorruptManifestError):
+        objects.decode(forged, lambda i: torch.ones(1, dtype=torch.bfloat16))
+
+
+def test_a_newer_format_says_to_upgrade() -> None:
+    with pytest.raises(CorruptManifestError, match="newer casckpt; upgrade"):
+        objects.decode({objects.OBJECT: 2, "node": _ok_node(), "numpy": [], "more": 1},
+                       lambda i: torch.ones(1))
+
+
+def _nested(depth: int, leaf: Any) -> Any:
+    for _ in range(depth):
+        leaf = [leaf]
+    return leaf
+
+
+@pytest.mark.parametrize("leaf", [torch.ones(1), {"a": torch.ones(1)}, io.BytesIO(b"x")])
+def test_the_depth_check_before_any_write_is_the_depth_the_writer_takes(leaf: Any) -> None:
+    """An object holding a tensor that ``encode`` accepts is one the DCP writer stores; one it
+    does not is refused by ``encode``, which runs before any rank writes (was: accepted up to
+    63 levels, then refused at the write after a pack and common.pt were written)."""
+    for depth in range(24, 64):
+        try:
+            value, _ = objects.encode(_nested(depth, leaf), "ShardedObject 'x'")
+        except UnsupportedStateError as exc:
+            assert "nests too deeply" in str(exc) and "ShardedObject 'x'" in str(exc)
+            assert "node" not in str(exc).split("(at ")[1].split(")")[0]  # the object's own path
+            break
+        buffer = io.BytesIO()
+        torch.save(value, buffer)
+        _value_node("x", buffer)  # raises if the writer would refuse it
+    else:
+        pytest.fail("no depth refused")
+    assert depth > 28
+
+
 def test_tensor_keys_name_their_object_and_no_other_key() -> None:
     assert objects.object_of(objects.tensor_key("rng_state%2Fshard_0_2", 12)) == "rng_state%2Fshard_0_2"
     assert objects.object_of("rng_state%2Fshard_0_2") is None
