@@ -282,7 +282,8 @@ class CasckptSaveStrategy(SaveShardedStrategy):  # type: ignore[misc]
         run: the run the checkpoints become versions of.
         step: the step of the next save; None reads it from the directory name
             (``iter_0000100`` is step 100) at every save.
-        keep_only_main_replica: as ``torch_dist``: only the main replica of each piece is saved.
+        keep_only_main_replica: as ``torch_dist``: only the main replica of each piece is saved
+            (False: every replica goes into the plan and DCP's central plan saves each once).
         metadata: recorded on every version (with ``megatron.checkpoint_dir`` added).
         metrics: recorded on every version.
         tags: pointed at every version (besides the directory's tag).
@@ -335,8 +336,11 @@ class CasckptSaveStrategy(SaveShardedStrategy):  # type: ignore[misc]
         writer = self.store.dcp_writer(
             run=self.run, step=step, metrics=self.metrics, metadata=metadata,
             tags=(*self.tags, directory_tag(where)))
+        # every replica in the plan: DCP's central global plan dedups them (Megatron's own
+        # decentralized plan asserts it is given only main replicas)
         planner = _SavePlanner(refused,
                                dedup_replicated_tensors=not self.keep_only_main_replica,
+                               can_run_decentralized_global_plan=self.keep_only_main_replica,
                                flatten_state_dict=False)
         with _typed_errors():
             dcp_save(pyt_state, storage_writer=writer, planner=planner)

@@ -152,7 +152,8 @@ def scenario_mc_save(rank: int, world: int, args: dict[str, Any]) -> dict[str, A
         dist_checkpointing.save(state, str(folder), sharded_strategy=torch_dist("torch_dist", 1))
         return {"cpu": time.process_time() - began, "wall": time.perf_counter() - wall}
     with open_store(args) as store:
-        strategy = CasckptSaveStrategy(store, run=args["run"], step=args.get("step"))
+        strategy = CasckptSaveStrategy(store, run=args["run"], step=args.get("step"),
+                                       keep_only_main_replica=args.get("main_only", True))
         if "kill" in args:
             _killing_save(strategy, rank, args["kill"])
         began, wall = time.process_time(), time.perf_counter()

@@ -134,6 +134,22 @@ def test_on_cuda_torch_dists_own_save_and_casckpts_load_back_bit_exact(cuda_rank
         assert opened.ops.check(read_data=True).ok
 
 
+@pytest.mark.slow  # ~9 s: three launches of two ranks
+def test_every_replica_in_the_plan_saves_the_same_version(ranks: Zygote, tmp_path: Path) -> None:
+    """keep_only_main_replica=False hands DCP every replica; it dedups them in its central plan
+    (it failed with Megatron's assertion of the decentralized plan)."""
+    store = _store(tmp_path)
+    main_only, every = tmp_path / "a" / "iter_0000007", tmp_path / "b" / "iter_0000007"
+    launch(ranks, "mc_save", 2, path=str(store), dir=str(main_only), run="a", seed=7)
+    launch(ranks, "mc_save", 2, path=str(store), dir=str(every), run="b", seed=7, main_only=False)
+    loaded = launch(ranks, "mc_load", 2, path=str(store), dir=str(every), seed=7)["results"]
+    assert [r["bad"] for r in loaded] == [[], []]
+    with casckpt.open(store) as opened:
+        assert opened.resolve("b@7").new_bytes == 0  # the same pieces as run a's, stored once
+        shards = {t.path: t.shards for t in opened.show("b@7", tensors=True).tensors}
+        assert shards["decoder.norm"] == 1
+
+
 def test_reshard_on_load_and_a_ref_choosing_the_version(ranks: Zygote, tmp_path: Path) -> None:
     store = _store(tmp_path)
     first, second = tmp_path / "ckpt" / "iter_0000001", tmp_path / "ckpt" / "iter_0000002"
