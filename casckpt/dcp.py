@@ -82,7 +82,15 @@ from casckpt.errors import InvalidArgumentError, RestoreTargetError, Unsupported
 from casckpt.format.dtypes import numpy_dtype, torch_dtype
 from casckpt.format.manifest import ExtentEntry, Manifest, TensorEntry, World, rank_count
 from casckpt.format.plainpickle import RefusedValue, load_plain
-from casckpt.format.state import Node, check_state_key, decode_state, encode_state, join_path
+from casckpt.format.state import (
+    MAX_DEPTH,
+    Node,
+    check_state_key,
+    decode_state,
+    encode_state,
+    join_path,
+    too_deep,
+)
 
 if TYPE_CHECKING:
     from casckpt.engine.context import EngineContext
@@ -189,6 +197,13 @@ def plain_node(value: Any, what: str,
             says what to do).
         InvalidNameError: a key in ``value`` no key of a version may be (e.g. one holding ``/``).
     """
+    deep = too_deep(value, MAX_DEPTH - 1)  # a value sits one level below the version's root
+    if deep is not None:
+        raise UnsupportedStateError(
+            f"{what} nests deeper than {MAX_DEPTH - 1} containers (dict, list, tuple) at {deep!r}: "
+            f"a value of a DCP save sits one level below the version's root, and casckpt stores "
+            f"states up to {MAX_DEPTH} levels deep. Flatten that part (join its keys into one "
+            "dotted name) or store it as str or bytes.")
     root, leaves = encode_state(value)
     if leaves:
         raise UnsupportedStateError(

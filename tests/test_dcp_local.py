@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import datetime
 import gc
 import threading
@@ -103,6 +104,26 @@ def test_a_value_that_is_not_plain_is_refused_and_nothing_is_published(store: ca
     assert _lease_count(store) == 1  # DCP has no failure hook: the coordinator's lease is ended ...
     writer.reset()
     assert _lease_count(store) == 0  # ... when the writer is reused, released, or the store closes
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_the_deepest_value_a_save_accepts_reads_back(store: casckpt.Store) -> None:
+    """A value sits one level below the version's root: one nesting 64 containers was saved,
+    then every read of the version raised CorruptManifestError. A Counter (torch's allow-list
+    admits it) saves as the dict it is."""
+    state = {"w": torch.ones(2), "v": _nested(63), "c": (collections.Counter(b=1),)}
+    dcp.save(state, storage_writer=store.dcp_writer(run="r", step=1))
+    back = store.restore("r@1")
+    assert back["v"] == _nested(63) and back["c"] == ({"b": 1},)
+    with pytest.raises(CheckpointException, match="nests deeper than 63 containers"):
+        dcp.save({"w": torch.ones(2), "v": _nested(64)}, storage_writer=store.dcp_writer(run="r", step=2))
+    assert [v.step for v in store.log()] == [1]
 
 
 def test_tensors_hidden_in_a_value_are_refused(store: casckpt.Store) -> None:

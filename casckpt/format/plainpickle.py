@@ -4,7 +4,8 @@ DCP hands a writer every non-tensor value of a state as the bytes of ``torch.sav
 casckpt keeps only plain values, so it loads those bytes back with :func:`load_plain`: a
 restricted unpickler that makes the containers and scalars pickle builds itself and
 exactly the globals protocol 2 names for them (``bytes`` and ``bytearray`` through
-``_codecs.encode``, an empty ``bytes()``/``bytearray()``, ``collections.OrderedDict``).
+``_codecs.encode``, an empty ``bytes()``/``bytearray()``, ``collections.OrderedDict`` and
+``Counter``, with no attributes).
 Anything else -- a tensor's storage, any other class -- raises :class:`RefusedValue`
 naming it; nothing is imported or called that is not in that list.
 
@@ -53,21 +54,49 @@ def _byte_array(*args: object) -> bytearray:
     return bytearray(*args)
 
 
+class _OrderedDict(collections.OrderedDict[Any, Any]):
+    """An ``OrderedDict`` pickle may fill with items but never give attributes (its BUILD)."""
+
+    def __setstate__(self, state: object) -> None:
+        raise RefusedValue("an OrderedDict with attributes, which pickle makes of none")
+
+
+class _Counter(collections.Counter[Any]):
+    """A ``Counter`` as pickle makes it (of one dict), never with attributes."""
+
+    def __init__(self, *args: object) -> None:
+        if args and not (len(args) == 1 and type(args[0]) is dict):
+            raise RefusedValue("a Counter(...) call other than the one pickle makes of a Counter")
+        super().__init__(*args)
+
+    def __setstate__(self, state: object) -> None:
+        raise RefusedValue("a Counter with attributes, which pickle makes of none")
+
+
 _GLOBALS: dict[tuple[str, str], Callable[..., Any]] = {
     ("_codecs", "encode"): _encoded,
     ("builtins", "bytes"): _empty_bytes,
     ("builtins", "bytearray"): _byte_array,
-    ("collections", "OrderedDict"): collections.OrderedDict,
+    ("collections", "OrderedDict"): _OrderedDict,
+    ("collections", "Counter"): _Counter,
 }
+"""What the loaded value may be made of: ``torch.load(weights_only=True)``'s own list less
+what no plain value is (tensors, dtypes, sizes, devices, sets, complex numbers)."""
+
+
+def _is_tensor(module: str, name: str) -> bool:
+    """Whether ``module.name`` is a global ``torch.save`` names for a tensor or its storage."""
+    return (module.startswith("torch") and name.startswith("_rebuild")) or (
+        module == "torch" and name.endswith("Storage")) or (module, name) in {
+        ("torch", "Tensor"), ("torch.nn.parameter", "Parameter")}
 
 
 class _PlainUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         module = "builtins" if module == "__builtin__" else module  # protocol 2's name for it
         found = _GLOBALS.get((module, name))
-        if (module == "torch._utils" and name.startswith("_rebuild_")) or (
-                module == "torch" and name.endswith("Storage")):
-            raise RefusedValue("tensor")  # the globals torch.save names for a tensor
+        if _is_tensor(module, name):
+            raise RefusedValue("tensor")
         if found is None:
             raise RefusedValue(f"a {module}.{name}")
         return found
@@ -85,13 +114,18 @@ def load_plain(data: bytes | memoryview) -> Any:
     """
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            pickles = [n for n in archive.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
-            if len(pickles) != 1:
+            pickles = [i for i in archive.infolist()
+                       if i.filename.endswith("/data.pkl") and i.filename.count("/") == 1]
+            # torch.save stores its members as they are: never inflate (a small deflated
+            # member can be gigabytes) or decrypt anything
+            if len(pickles) != 1 or pickles[0].compress_type != zipfile.ZIP_STORED or (
+                    pickles[0].flag_bits & 0x1):
                 raise RefusedValue("bytes that are not one torch.save pickle")
             pickled = archive.read(pickles[0])
         return _PlainUnpickler(io.BytesIO(pickled)).load()
     except RefusedValue:
         raise
     except (zipfile.BadZipFile, pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError,
-            IndexError, AttributeError, OverflowError, MemoryError, UnicodeDecodeError) as exc:
+            IndexError, AttributeError, OverflowError, MemoryError, UnicodeDecodeError,
+            NotImplementedError, RuntimeError) as exc:
         raise RefusedValue(f"bytes that are not a torch.save value ({type(exc).__name__})") from exc

@@ -283,7 +283,9 @@ class CasckptSaveStrategy(SaveShardedStrategy):  # type: ignore[misc]
         step: the step of the next save; None reads it from the directory name
             (``iter_0000100`` is step 100) at every save.
         keep_only_main_replica: as ``torch_dist``: only the main replica of each piece is saved
-            (False: every replica goes into the plan and DCP's central plan saves each once).
+            (False: every replica goes into the plan and DCP's central plan saves each once,
+            from whichever rank it picks, so replicas must be equal, as Megatron requires: an
+            object holding tensors could otherwise come back from pieces of two replicas).
         metadata: recorded on every version (with ``megatron.checkpoint_dir`` added).
         metrics: recorded on every version.
         tags: pointed at every version (besides the directory's tag).

@@ -128,7 +128,9 @@ def encode(data: Any, what: str) -> Encoded:
                else cast(torch.Tensor, leaf.value).detach() for leaf in leaves]
     numpy = [i for i, leaf in enumerate(leaves) if leaf.kind == "numpy"]
     wrapped = {OBJECT: 1, "node": root, "numpy": numpy}
-    if too_deep(wrapped) is not None:  # refused here, before any rank writes
+    # the writer's limit (the value sits one level below the version's root), refused here
+    # before any rank writes
+    if too_deep(wrapped, MAX_DEPTH - 1) is not None:
         raise UnsupportedStateError(
             f"{what} holds tensors, numpy arrays or io.BytesIO and nests too deeply to keep them "
             f"apart (at {too_deep(data, _DATA_DEPTH) or '<root>'!r}): its structure is kept as a "

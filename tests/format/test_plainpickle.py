@@ -12,6 +12,7 @@ import io
 import pickle
 import struct
 import threading
+import zipfile
 from typing import Any
 
 import pytest
@@ -31,7 +32,7 @@ def saved(value: Any) -> bytes:
 
 
 def same(got: Any, want: Any) -> bool:
-    if type(got) is not type(want):
+    if not isinstance(got, type(want)):  # an OrderedDict / Counter comes back as its subclass
         return False
     if isinstance(want, float):
         return struct.pack(">d", got) == struct.pack(">d", want)
@@ -47,7 +48,8 @@ scalars = (st.none() | st.booleans() | st.integers() | st.integers(-2**80, 2**80
 values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
                       | st.lists(inner, max_size=4).map(tuple)
                       | st.dictionaries(st.text() | st.integers(), inner, max_size=4)
-                      | st.dictionaries(st.text(), inner, max_size=3).map(collections.OrderedDict),
+                      | st.dictionaries(st.text(), inner, max_size=3).map(collections.OrderedDict)
+                      | st.dictionaries(st.text(), st.integers(), max_size=3).map(collections.Counter),
                       max_leaves=12)
 
 
@@ -78,6 +80,8 @@ class Named:
     (Forged((bytes, (b"abc",))), "bytes(...)"),
     (Forged((bytearray, (7,))), "bytearray(...)"),
     (Forged((eval, ("1",))), "a builtins.eval"),
+    (torch.nn.Parameter(torch.ones(1)), "tensor"),
+    (Forged((collections.Counter, (5,))), "Counter(...)"),
 ])
 def test_anything_but_a_plain_value_is_refused_by_name(value: Any, what: str) -> None:
     with pytest.raises(RefusedValue) as refused:
@@ -89,6 +93,25 @@ def test_bytes_that_are_not_a_torch_save_value_are_refused() -> None:
     for data in (b"", b"not a zip", pickle.dumps({"a": 1}), saved(1)[:40]):
         with pytest.raises(RefusedValue, match="not"):
             load_plain(data)
+
+
+def test_dicts_with_attributes_are_refused() -> None:
+    """pickle gives an OrderedDict's attributes to BUILD; a forged Counter could too."""
+    ordered = collections.OrderedDict(a=1)
+    ordered.seen = 5  # type: ignore[attr-defined]
+    for value in (ordered, Forged((collections.Counter, ({"a": 1},), {"seen": 5}))):
+        with pytest.raises(RefusedValue, match="attributes"):
+            load_plain(saved(value))
+
+
+def test_a_compressed_member_is_refused_unread() -> None:
+    """torch.save stores its members as they are; a deflated data.pkl could be gigabytes."""
+    pickled = pickle.dumps({"a": b"x" * 10**6}, protocol=2)
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("archive/data.pkl", pickled)
+    with pytest.raises(RefusedValue, match="not one torch.save pickle"):
+        load_plain(buffer.getvalue())
 
 
 def test_a_dcp_save_leaves_torchs_allow_list_as_the_user_set_it(tmp_path: Any) -> None:

@@ -23,6 +23,7 @@ import torch  # noqa: E402
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+import casckpt  # noqa: E402
 from casckpt.dcp import _value_node  # noqa: E402
 from casckpt.errors import CorruptManifestError, InvalidNameError, UnsupportedStateError  # noqa: E402
 from casckpt.format.state import decode_state, key_ok  # noqa: E402
@@ -185,23 +186,30 @@ def _nested(depth: int, leaf: Any) -> Any:
 
 
 @pytest.mark.parametrize("leaf", [torch.ones(1), {"a": torch.ones(1)}, io.BytesIO(b"x")])
-def test_the_depth_check_before_any_write_is_the_depth_the_writer_takes(leaf: Any) -> None:
-    """An object holding a tensor that ``encode`` accepts is one the DCP writer stores; one it
-    does not is refused by ``encode``, which runs before any rank writes (was: accepted up to
-    63 levels, then refused at the write after a pack and common.pt were written)."""
+def test_the_deepest_object_encode_accepts_is_saved_and_read_back(leaf: Any, tmp_path: Path) -> None:
+    """``encode`` runs before any rank writes; what it accepts must be a version that reads back
+    (was: accepted up to 63 levels and refused at the write after a pack and common.pt were
+    written; then, one level too deep, saved and unreadable)."""
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    deepest = None
     for depth in range(24, 64):
         try:
-            value, _ = objects.encode(_nested(depth, leaf), "ShardedObject 'x'")
+            value, tensors = objects.encode(_nested(depth, leaf), "ShardedObject 'x'")
         except UnsupportedStateError as exc:
             assert "nests too deeply" in str(exc) and "ShardedObject 'x'" in str(exc)
             assert "node" not in str(exc).split("(at ")[1].split(")")[0]  # the object's own path
             break
-        buffer = io.BytesIO()
-        torch.save(value, buffer)
-        _value_node("x", buffer)  # raises if the writer would refuse it
-    else:
-        pytest.fail("no depth refused")
-    assert depth > 28
+        deepest = (depth, value, tensors)
+    assert deepest is not None and deepest[0] > 26
+    depth, value, tensors = deepest
+    # DCP's planner torch.saves the value, as Megatron's planner gets it torch.saved
+    state = {"o": value, **{objects.tensor_key("o", i): t for i, t in enumerate(tensors)}}
+    with casckpt.open(tmp_path / "s") as store:
+        dcp.save(state, storage_writer=store.dcp_writer(run="r", step=1),
+                 planner=dcp.DefaultSavePlanner(flatten_state_dict=False))
+        back = store.restore("r@1")
+        got = objects.decode(back["o"], lambda i: back[objects.tensor_key("o", i)])
+    assert same(got, _nested(depth, leaf))
 
 
 def test_tensor_keys_name_their_object_and_no_other_key() -> None:
