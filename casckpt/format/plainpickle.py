@@ -22,7 +22,7 @@ import io
 import pickle
 import zipfile
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 _LATIN1 = ("latin1", "latin-1")
 
@@ -65,9 +65,12 @@ class _Counter(collections.Counter[Any]):
     """A ``Counter`` as pickle makes it (of one dict), never with attributes."""
 
     def __init__(self, *args: object) -> None:
-        if args and not (len(args) == 1 and type(args[0]) is dict):
+        if not args:
+            super().__init__()
+        elif len(args) == 1 and type(args[0]) is dict:
+            super().__init__(cast(dict[Any, int], args[0]))
+        else:
             raise RefusedValue("a Counter(...) call other than the one pickle makes of a Counter")
-        super().__init__(*args)
 
     def __setstate__(self, state: object) -> None:
         raise RefusedValue("a Counter with attributes, which pickle makes of none")
