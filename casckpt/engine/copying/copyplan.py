@@ -98,8 +98,11 @@ def chain(source: Catalog, dest: Catalog, asked: Sequence[VersionRow]) -> list[t
         line: list[VersionRow] = []
         current: VersionRow | None = row
         while current is not None and current.id not in out:
+            held = dest.version(current.id) is not None
+            if held and current.id not in wanted:
+                break
             line.append(current)
-            if dest.version(current.id) is not None or current.parent_id is None:
+            if held or current.parent_id is None:
                 break
             current = source.version(current.parent_id)
         for ancestor in reversed(line):
