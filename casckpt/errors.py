@@ -415,6 +415,6 @@ class CopyConflictError(VersionExistsError):
 
 
 class CopyUnsupportedError(InvalidArgumentError):
-    """A copy this version of casckpt does not make: between stores whose chunk ids are keyed
-    differently (another data key, or one encrypted and one not), or of a version of
-    manifest format 1 or 2. The message says what to do instead."""
+    """A copy this version of casckpt does not make: of a version of manifest format 1 or 2,
+    or, between stores whose chunk ids are keyed differently, of a version many ranks saved.
+    The message says what to do instead."""

@@ -431,13 +431,16 @@ class CopiedVersion(ToDict):
 
     Attributes:
         source_id: its id in the source store.
-        id: its id in the destination (the same: a copy sends the manifest's bytes unchanged).
+        id: its id in the destination: the same between stores keyed alike (the manifest's
+            bytes travel unchanged); another one across keys (the version is committed again
+            under the destination's keyed ids), empty in a dry run across keys.
         run, step: where it is, on both sides.
         asked: a ref of the copy named it (else it is an ancestor its lineage needed).
         sent: it was published at the destination by this copy (False: the destination held
             it already; a dry run: it would be).
         chunks: chunks and tree nodes sent for it (a dry run: that would be).
-        bytes: their raw bytes.
+        bytes: their raw bytes (a dry run across keys: the version's logical bytes, all of
+            which are read).
     """
 
     source_id: str

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from casckpt.catalog import history as history_sql
 from casckpt.catalog.rows import VersionRow
 from casckpt.engine.versions.logfilter import make_filter
-from casckpt.errors import CopyTargetError, CopyUnsupportedError, RefNotFoundError
+from casckpt.errors import CopyTargetError, RefNotFoundError
 from casckpt.store_core import Ref, StoreCore
 from casckpt.types import CopiedVersion, CopyReport, ProgressCallback, Version
 
@@ -30,6 +30,8 @@ def copy_versions(source: StoreCore, dest: StoreCore, refs: Sequence[Ref], *, dr
     started = time.monotonic()
     _refuse(source, dest, dry_run)
     rows = _rows(source, refs)
+    if source.crypto.state != dest.crypto.state:
+        return _rekeyed(source, dest, rows, dry_run, progress, started)
     plan = copyplan.plan(source.catalog, dest.catalog, rows, store_nodes(source.ctx))
     if dry_run:
         versions = tuple(CopiedVersion(v.row.id, v.row.id, v.row.run, v.row.step, v.asked, not v.present,
@@ -41,11 +43,30 @@ def copy_versions(source: StoreCore, dest: StoreCore, refs: Sequence[Ref], *, dr
                       out.sent.stored_bytes, tuple(out.tags), seconds=time.monotonic() - started)
 
 
+def _rekeyed(source: StoreCore, dest: StoreCore, rows: Sequence[VersionRow], dry_run: bool,
+             progress: ProgressCallback | None, started: float) -> CopyReport:
+    """A copy between stores whose chunk ids are keyed differently: each version committed
+    again at the destination (:mod:`casckpt.engine.copying.rekey`). A dry run cannot know
+    what the destination lacks without reading every byte: it lists the versions, with the
+    logical bytes each would read."""
+    from casckpt.engine.copying import rekey
+
+    versions = rekey.plan(source.catalog, dest.catalog, rows)
+    if dry_run:
+        listed = tuple(CopiedVersion(v.row.id, v.held or "", v.row.run, v.row.step, v.asked, v.held is None,
+                                     0, v.row.logical_bytes if v.held is None else 0) for v in versions)
+        return CopyReport(listed, 0, sum(v.bytes for v in listed), dry_run=True,
+                          seconds=time.monotonic() - started)
+    out = rekey.execute(source.ctx, dest.ctx, versions, progress, source_lease=source.read_only is None)
+    return CopyReport(tuple(out.versions), out.sent.chunks, out.sent.raw_bytes, out.sent.stored_bytes,
+                      tuple(out.tags), seconds=time.monotonic() - started)
+
+
 def _refuse(source: StoreCore, dest: StoreCore, dry_run: bool) -> None:
-    """What no copy may do: into itself, into a read-only store, across chunk-id keys.
+    """What no copy may do: into itself, into a read-only or recovering store.
 
     Raises:
-        CopyTargetError, ReadOnlyStoreError, CopyUnsupportedError: see ``Store.copy``.
+        CopyTargetError, ReadOnlyStoreError, StoreIdentityError: see ``Store.copy``.
     """
     if source is dest or source.catalog.store_id == dest.catalog.store_id:
         raise CopyTargetError(
@@ -54,17 +75,6 @@ def _refuse(source: StoreCore, dest: StoreCore, dry_run: bool) -> None:
     if not dry_run:
         dest.refuse_write("copy into this store")
     dest.refuse_while_recovering("copy into this store")
-    if source.crypto.state != dest.crypto.state:
-        sides = {False: "not encrypted", True: "encrypted"}
-        which = (f"the source is {sides[source.crypto.encrypted]} and the destination "
-                 f"{sides[dest.crypto.encrypted]}" if source.crypto.encrypted != dest.crypto.encrypted
-                 else "the two stores are encrypted with different data keys")
-        raise CopyUnsupportedError(
-            f"cannot copy between these stores: {which}, so their chunk ids are keyed differently "
-            "and a version cannot keep its id. Copy into a store with the same keying (a store whose "
-            "catalog shares the data key, or both plain), or move the version through files: "
-            "`casckpt export REF --to DIR` on the source, then `casckpt import DIR --run RUN --step N` "
-            "on the destination (its history, tags and lineage are not carried over then)")
 
 
 def _rows(source: StoreCore, refs: Sequence[Ref]) -> list[VersionRow]:

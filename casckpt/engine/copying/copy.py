@@ -17,6 +17,7 @@ them otherwise), and a lease gc reaps as crashed, tombstoning the unpublished ma
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from casckpt.catalog import MissingChunksError
@@ -34,7 +35,7 @@ from casckpt.format import objectnames
 from casckpt.format.merkle import compress_node
 from casckpt.types import CopiedVersion, ProgressCallback
 
-__all__ = ["Outcome", "execute"]
+__all__ = ["Outcome", "execute", "fork_run", "set_tags"]
 
 _PUBLISH_ATTEMPTS = 3
 
@@ -66,7 +67,7 @@ def execute(source: EngineContext, dest: EngineContext, plan: CopyPlan,
             row = version.row
             if not version.present:
                 chunks = _copy_one(source, dest, version, bar, out.sent)
-            out.tags += _set_tags(dest, version, published=not version.present)
+            out.tags += set_tags(dest, row.id, version.tags, published=not version.present)
             out.versions.append(CopiedVersion(
                 row.id, row.id, row.run, row.step, version.asked, not version.present,
                 0 if version.present else chunks, 0 if version.present else version.send_bytes))
@@ -80,7 +81,7 @@ def _copy_one(source: EngineContext, dest: EngineContext, version: VersionPlan, 
               sent: Sent) -> int:
     """Send one version's missing chunks and publish it; returns the chunks sent."""
     row = version.row
-    _fork_run(source, dest, version)
+    fork_run(dest, row.run, history_sql.fork_point(source.catalog, row.run))
     redundancy = dest.packs.placement.redundancy_for(row.run)
     dest.packs.placement.check_writable(redundancy)
     lease = begin_lease(dest.catalog, row.id)
@@ -105,12 +106,10 @@ def _copy_one(source: EngineContext, dest: EngineContext, version: VersionPlan, 
         raise
 
 
-def _fork_run(source: EngineContext, dest: EngineContext, version: VersionPlan) -> None:
-    """A version whose run is a fork at the source and new at the destination: the run is
-    created there as a fork of the same version, when the destination shows it (the copy's
-    lineage brought it first)."""
-    run = version.row.run
-    point = history_sql.fork_point(source.catalog, run)
+def fork_run(dest: EngineContext, run: str, point: str | None) -> None:
+    """Fork ``run`` at the destination from ``point`` (the destination's id of the version the
+    source forked it from; None: not forked) when the run is new there and the destination
+    shows that version (the copy's lineage brought it first)."""
     if point is None or dest.catalog.nth_latest(run, 0) is not None:
         return
     if history_sql.fork_point(dest.catalog, run) is not None or dest.catalog.version(point) is None:
@@ -139,15 +138,15 @@ def _publish(dest: EngineContext, version: VersionPlan, raw: int, stored: int, l
     }, row.run, [], [], version.tags, [c.hex() for c in version.ids], nodes, lease=lease)
 
 
-def _set_tags(dest: EngineContext, version: VersionPlan, *, published: bool) -> list[str]:
-    """The source's tags on ``version`` set at the destination (moved there if they named
-    another version; publishing set them already); returns the ones that changed."""
-    vid = version.row.id
-    changed = list(version.tags) if published else []
-    for name in version.tags:
-        if not published and dest.catalog.tag_target(name) != vid:
-            dest.catalog.set_tag(name, vid)
+def set_tags(dest: EngineContext, version_id: str, tags: Sequence[str], *, published: bool) -> list[str]:
+    """The source's ``tags`` on a copied version set at the destination on ``version_id`` (moved
+    there if they named another version; publishing set them already); returns the ones
+    that changed."""
+    changed = list(tags) if published else []
+    for name in tags:
+        if not published and dest.catalog.tag_target(name) != version_id:
+            dest.catalog.set_tag(name, version_id)
             changed.append(name)
     for name in changed:
-        records.record_tag(dest.locations, dest.catalog, name, vid)
+        records.record_tag(dest.locations, dest.catalog, name, version_id)
     return changed

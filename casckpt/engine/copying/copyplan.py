@@ -11,7 +11,7 @@ store shows, as it did on the source.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from casckpt.catalog import Catalog
@@ -23,7 +23,7 @@ from casckpt.format.dtypes import element_size
 from casckpt.format.manifest import Manifest, decode_manifest
 from casckpt.format.merkle import NodeSource
 
-__all__ = ["CopyPlan", "VersionPlan", "plan"]
+__all__ = ["CopyPlan", "VersionPlan", "chain", "plan"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,16 +89,18 @@ class _Recorded(NodeSource):
         return {i: self.raw[i] for i in ids if i in self.raw}
 
 
-def chain(source: Catalog, dest: Catalog, asked: Sequence[VersionRow]) -> list[tuple[VersionRow, bool]]:
+def chain(source: Catalog, dest: Catalog, asked: Sequence[VersionRow],
+          held_by: Callable[[VersionRow], bool] | None = None) -> list[tuple[VersionRow, bool]]:
     """The versions a copy of ``asked`` publishes, ancestors first, each with whether it was
-    asked for: every asked version, and each ancestor up to the nearest one ``dest`` shows."""
+    asked for: every asked version, and each ancestor up to the nearest one ``dest`` holds
+    (``held_by``; default: shows a version of the same id)."""
     out: dict[str, tuple[VersionRow, bool]] = {}
     wanted = {row.id for row in asked}
     for row in asked:
         line: list[VersionRow] = []
         current: VersionRow | None = row
         while current is not None and current.id not in out:
-            held = dest.version(current.id) is not None
+            held = held_by(current) if held_by is not None else dest.version(current.id) is not None
             if held and current.id not in wanted:
                 break
             line.append(current)

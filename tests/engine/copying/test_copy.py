@@ -21,7 +21,6 @@ from casckpt.engine.copying import copychunks
 from casckpt.errors import (
     CopyConflictError,
     CopyTargetError,
-    CopyUnsupportedError,
     ReadOnlyStoreError,
     RefNotFoundError,
 )
@@ -41,7 +40,7 @@ def state(step: int, *, fresh: int = 8192) -> dict[str, Any]:
     new = torch.Generator().manual_seed(1000 + step)
     return {
         "frozen": torch.randn(16384, generator=base),
-        "head": torch.randn(fresh, generator=new),
+        "head": torch.randint(0, 256, (4 * fresh,), dtype=torch.uint8, generator=new),
         "counter": torch.arange(step, step + 4096, dtype=torch.int64),
         "step": step, "name": "ft", "extra": (None, b"\x00\x01", 1.5),
     }
@@ -260,18 +259,60 @@ def _key(path: Path) -> Path:
     return path
 
 
-def test_copies_across_chunk_id_keys_are_refused_and_write_nothing(src: casckpt.Store,
-                                                                   tmp_path: Path) -> None:
-    commit_run(src, range(1, 2))
+def _leaks(location: Path, needles: list[bytes]) -> list[str]:
+    """Objects of ``location`` holding any of ``needles``, or naming the run in the clear."""
+    found = []
+    for path in (p for p in location.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        if any(n in data for n in needles) or b"ft".hex() in str(path.relative_to(location)):
+            found.append(str(path))
+    return found
+
+
+def test_a_copy_across_keys_commits_each_version_again_and_leaks_no_plaintext(tmp_path: Path) -> None:
+    key = _key(tmp_path / "a.key")
+    with casckpt.open(tmp_path / "src", **OPTS) as src, \
+            casckpt.open(tmp_path / "enc", blobs=str(tmp_path / "encloc"), key_file=key, **OPTS) as enc:
+        made = commit_run(src, range(1, 4))
+        first = src.copy("ft@2", to=enc)
+        assert [(v.step, v.sent) for v in first.versions] == [(1, True), (2, True)]
+        assert all(v.id != v.source_id for v in first.versions)  # keyed ids: other versions ids
+        report = src.copy("ft@3", to=enc)
+        assert [v.step for v in report.versions] == [3]
+        assert report.bytes <= 1.1 * made[2].new_bytes + 4096  # only what step 3 changed is written
+        ids = {v.step: v.id for v in enc.log("ft")}
+        assert enc.resolve("ft@3").parent == ids[2] and enc.resolve("ft@2").parent == ids[1]
+        there = enc.resolve("ft@2")
+        assert (there.metrics, there.metadata, there.message, there.created_at, there.tags) == (
+            made[1].metrics, made[1].metadata, made[1].message, made[1].created_at, ("best",))
+        assert src.copy("ft", to=enc).nothing_sent
+    needles = [state(s)["head"].numpy().tobytes()[i:i + 32] for s in (1, 2, 3) for i in (0, 8000, 20000)]
+    assert _leaks(tmp_path / "src" / "packs", needles), "the needles are not in a plain store: no proof"
+    assert _leaks(tmp_path / "encloc", needles) == []
+    shutil.rmtree(tmp_path / "src")
+    with casckpt.open(tmp_path / "enc", blobs=str(tmp_path / "encloc"), key_file=key, create=False) as enc:
+        for step in (1, 2, 3):
+            assert_same(enc.restore(f"ft@{step}"), step)
+        assert enc.ops.check(read_data=True).ok
+
+
+def test_copies_between_two_keys_and_back_to_plain(tmp_path: Path) -> None:
     key_a, key_b = _key(tmp_path / "a.key"), _key(tmp_path / "b.key")
-    with casckpt.open(tmp_path / "enc", key_file=key_a, **OPTS) as enc, \
-            casckpt.open(tmp_path / "enc2", key_file=key_b, **OPTS) as other:
-        with pytest.raises(CopyUnsupportedError, match="export"):
-            src.copy("ft@1", to=enc)  # plain -> encrypted
-        enc.commit(state(1), run="ft", step=1)
-        with pytest.raises(CopyUnsupportedError, match="different data keys"):
-            enc.copy("ft@1", to=other)
-        with casckpt.open(tmp_path / "plain2", **OPTS) as plain, \
-                pytest.raises(CopyUnsupportedError, match="source is encrypted"):
-            enc.copy("ft@1", to=plain)
-        assert other.log() == [] and not list((tmp_path / "enc2" / "packs").rglob("*"))
+    with casckpt.open(tmp_path / "a", key_file=key_a, **OPTS) as a, \
+            casckpt.open(tmp_path / "b", key_file=key_b, **OPTS) as b, \
+            casckpt.open(tmp_path / "plain", **OPTS) as plain:
+        commit_run(a, range(1, 3))
+        a.fork("ft@1", "sweep")
+        a.commit(state(5), run="sweep", step=5)
+        assert [v.step for v in a.copy("sweep@5", to=b).versions] == [1, 5]
+        assert [v.step for v in b.copy("sweep", to=plain).versions] == [1, 5]
+        assert [(v.step, v.sent) for v in a.copy("ft@2", to=plain).versions] == [(2, True)]  # ft@1 held
+        nodes = {n.name: n for n in plain.lineage()}
+        assert (nodes["sweep"].parent_run, nodes["sweep"].fork_step) == ("ft", 1)
+        assert b.copy("sweep@5", to=plain).nothing_sent
+    shutil.rmtree(tmp_path / "a")
+    shutil.rmtree(tmp_path / "b")
+    with casckpt.open(tmp_path / "plain", create=False) as plain:
+        for ref, step in (("sweep@5", 5), ("ft@2", 2), ("ft@1", 1)):
+            assert_same(plain.restore(ref), step)
+        assert plain.ops.check(read_data=True).ok
