@@ -451,8 +451,12 @@ class Store(StoreHistory):
         published last, in one catalog transaction, as commits are. Idempotent: a copy again
         sends nothing (``report.nothing_sent``). Resumable: a copy killed midway leaves no
         version half-visible, and the next copy does not send again the packs it stored.
-        Leases on both stores keep either's gc from deleting what the copy needs. How it
-        works: docs/ARCHITECTURE.md, Copying between stores; docs/guides/copy.md.
+        Leases on both stores keep either's gc from deleting what the copy needs. Between
+        stores whose chunk ids are keyed differently (one encrypted and one not, or two data
+        keys) each version is committed again under the destination's keys: every byte is
+        read, only what the destination lacks is written, and the version gets another id
+        there (``report.ids`` maps them). How it works: docs/ARCHITECTURE.md, Copying between
+        stores; docs/guides/copy.md.
 
         Args:
             refs: one ref or several, as :meth:`resolve` takes them, or a run's name for every
@@ -463,9 +467,8 @@ class Store(StoreHistory):
 
         Raises:
             CopyTargetError: ``to`` is this store (or not a Store).
-            CopyUnsupportedError: the stores key chunk ids differently (one encrypted and one
-                not, or two data keys: export and import instead), or a version is of
-                manifest format 1 or 2 (migrate-trees first).
+            CopyUnsupportedError: a version is of manifest format 1 or 2 (migrate-trees
+                first), or, across keys, was saved by many ranks.
             CopyConflictError: ``to`` has another version at a copied version's run and step.
             ReadOnlyStoreError: ``to`` is read-only.
             RefNotFoundError, AmbiguousRefError: a bad ref.

@@ -1,10 +1,10 @@
 """``Store.copy``: versions copied into another store, the facade's side.
 
 What the facade checks before the engine (:mod:`casckpt.engine.copying`) plans anything: the
-destination is another, writable store; both stores key their chunk ids alike (the same
-manifest bytes then name the same chunks, so a version keeps its id); the refs name
-versions. The engine plans, sends and publishes; this module turns its outcome into a
-:class:`~casckpt.types.CopyReport`.
+destination is another, writable store, and the refs name versions. Stores that key their
+chunk ids alike copy manifests as they are (a version keeps its id: ``copyplan``, ``copy``);
+others commit each version again (``rekey``). This module picks the way and turns the
+engine's outcome into a :class:`~casckpt.types.CopyReport`.
 """
 
 from __future__ import annotations

@@ -87,9 +87,10 @@ def copy(
 ) -> None:
     """Copy versions into another store, with their ancestors, tags and metrics.
 
-    Only the chunks the destination lacks are read and sent; a copy again sends nothing.
-    Versions keep their ids. Stores encrypted with different keys (or one encrypted, one not)
-    are refused: export and import instead. See docs/guides/copy.md.
+    Only the chunks the destination lacks are sent; a copy again sends nothing. Versions
+    keep their ids, except between stores keyed differently (encrypted with another key, or
+    one encrypted and one not), where each is committed again and gets a new id. See
+    docs/guides/copy.md.
     """
     with open_store(ctx) as source, casckpt.open(
             to, key_file=to_key_file, options=casckpt.Options(background_drain=False)) as dest, \

@@ -4,7 +4,9 @@ Owns ``copyplan`` (which versions a copy publishes -- the ones asked for and the
 ancestors -- and which chunks and tree nodes the destination lacks), ``copychunks`` (those
 chunks read from the source, verified, and written through the destination's own commit
 pipeline) and ``copy`` (leases on both stores, each version published in one catalog
-transaction, tags and forks carried over).
+transaction, tags and forks carried over); and ``rekey``, copies between stores whose chunk
+ids are keyed differently, each version committed again through the destination's commit
+pipeline.
 
 May import: ``write`` (chunks are packed by the destination's packer through
 ``commitchunks.write_chunks``), ``read`` (chunks and tree nodes read from the source,
