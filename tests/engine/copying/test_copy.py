@@ -9,12 +9,15 @@ source's directory deleted first.
 from __future__ import annotations
 
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import casckpt
 from casckpt.engine.copying import copychunks
@@ -316,3 +319,53 @@ def test_copies_between_two_keys_and_back_to_plain(tmp_path: Path) -> None:
         for ref, step in (("sweep@5", 5), ("ft@2", 2), ("ft@1", 1)):
             assert_same(plain.restore(ref), step)
         assert plain.ops.check(read_data=True).ok
+
+
+def test_copies_into_and_out_of_every_backend(store_config: Any, tmp_path: Path) -> None:
+    with casckpt.open(tmp_path / "src", **OPTS) as src, store_config.open(**OPTS) as remote, \
+            casckpt.open(tmp_path / "back", **OPTS) as back:
+        commit_run(src, range(1, 3))
+        assert src.copy("ft@2", to=remote).chunks > 0
+        assert src.copy("ft@2", to=remote).nothing_sent
+        report = remote.copy("ft", to=back)
+        assert [v.step for v in report.versions] == [1, 2] and report.chunks > 0
+        assert remote.ops.check(read_data=True).ok
+    shutil.rmtree(tmp_path / "src")
+    with casckpt.open(tmp_path / "back", create=False) as back:
+        assert_same(back.restore("ft@2"), 2)
+        assert back.ops.check(read_data=True).ok
+
+
+_DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.uint8, torch.float64]
+_leaf = st.one_of(
+    st.tuples(st.sampled_from(_DTYPES), st.integers(0, 3000), st.integers(0, 2**31 - 1)).map(
+        lambda t: (torch.randn(t[1], generator=torch.Generator().manual_seed(t[2])) * 100).to(t[0])),
+    st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), st.text(max_size=8), st.binary(max_size=8))
+_states = st.dictionaries(st.text("abcdefgh", min_size=1, max_size=4),
+                          st.one_of(_leaf, st.lists(_leaf, max_size=3)), max_size=6)
+
+
+def _equal(a: object, b: object) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_equal, a, b))  # type: ignore[arg-type]
+    return a == b
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(states=st.lists(_states, min_size=1, max_size=3))
+def test_any_run_copied_restores_as_committed(tmp_path: Path, states: list[dict[str, Any]]) -> None:
+    with tempfile.TemporaryDirectory(dir=tmp_path) as where:
+        root = Path(where)
+        with casckpt.open(root / "src", **OPTS) as src, casckpt.open(root / "dst", **OPTS) as dst:
+            for step, value in enumerate(states):
+                src.commit(value, run="p", step=step)
+            src.copy("p", to=dst)
+            assert src.copy("p", to=dst).nothing_sent
+        shutil.rmtree(root / "src")
+        with casckpt.open(root / "dst", create=False) as dst:
+            for step, value in enumerate(states):
+                assert _equal(dst.restore(f"p@{step}"), value)
