@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from casckpt.catalog import Catalog
+from casckpt.catalog import retention as retention_sql
 from casckpt.catalog.rows import VersionRow
 from casckpt.engine.versions.nodes import StoreNodes
 from casckpt.errors import CasckptError, CopyConflictError, CopyUnsupportedError
@@ -100,7 +101,7 @@ def chain(source: Catalog, dest: Catalog, asked: Sequence[VersionRow],
         line: list[VersionRow] = []
         current: VersionRow | None = row
         while current is not None and current.id not in out:
-            held = held_by(current) if held_by is not None else dest.version(current.id) is not None
+            held = held_by(current) if held_by is not None else _held(dest, current, current.id in wanted)
             if held and current.id not in wanted:
                 break
             line.append(current)
@@ -110,6 +111,24 @@ def chain(source: Catalog, dest: Catalog, asked: Sequence[VersionRow],
         for ancestor in reversed(line):
             out.setdefault(ancestor.id, (ancestor, ancestor.id in wanted))
     return list(out.values())
+
+
+def _held(dest: Catalog, row: VersionRow, asked: bool) -> bool:
+    """Whether ``dest`` holds ``row``: shows it, or holds it deleted (an ancestor deleted there
+    ends the lineage a copy brings: deletions at the destination are not undone).
+
+    Raises:
+        CopyConflictError: a version asked for is deleted at the destination.
+    """
+    if dest.version(row.id) is not None:
+        return True
+    if not retention_sql.find_deleted(dest, prefix=row.id, limit=1):
+        return False
+    if asked:
+        raise CopyConflictError(
+            f"the destination holds version {row.id[:12]} ({row.run}@{row.step}) deleted: undelete it "
+            f"there (`casckpt undelete {row.id[:12]}`), or let its gc purge it, then copy again")
+    return True
 
 
 def plan(source: Catalog, dest: Catalog, asked: Sequence[VersionRow], source_nodes: StoreNodes) -> CopyPlan:
@@ -123,7 +142,7 @@ def plan(source: Catalog, dest: Catalog, asked: Sequence[VersionRow], source_nod
     planned: list[VersionPlan] = []
     sending: set[bytes] = set()
     for row, was_asked in chain(source, dest, asked):
-        if dest.version(row.id) is not None:
+        if _held(dest, row, was_asked):
             planned.append(VersionPlan(row, b"", True, was_asked, _tags(source, row.id)))
             continue
         _refuse_conflict(dest, row)

@@ -24,6 +24,7 @@ from casckpt.engine.copying import copychunks
 from casckpt.errors import (
     CopyConflictError,
     CopyTargetError,
+    IntegrityError,
     ReadOnlyStoreError,
     RefNotFoundError,
 )
@@ -182,24 +183,46 @@ def test_gc_on_both_sides_during_a_copy_deletes_nothing_it_needs(src: casckpt.St
     commit_run(src, range(1, 4))
     src.copy("ft@1", to=dst)
     dst.delete("ft@1")  # its chunks are garbage at the destination now, until the copy needs them again
+    with pytest.raises(CopyConflictError, match="undelete"):
+        src.copy("ft@1", to=dst)  # deleted there: a copy does not undo it
     real = copychunks.write_chunks
-    ran: list[int] = []
+    batches: list[int] = []
 
     def write_then_gc(*args: Any, **kwargs: Any) -> Any:
         done = real(*args, **kwargs)
-        if not ran:
-            ran.append(1)
+        batches.append(1)
+        if len(batches) == 1:
             dst.gc(grace=0)
             dst.gc(grace=0)
             src.gc(grace=0)
         return done
 
     monkeypatch.setattr(copychunks, "write_chunks", write_then_gc)
-    src.copy("ft@3", to=dst)
-    assert ran
+    plan = src.copy("ft@3", to=dst, dry_run=True)
+    report = src.copy("ft@3", to=dst)
+    # the deleted ancestor is not brought back; what the lease kept is not sent twice
+    assert [v.step for v in report.versions] == [2, 3]
+    assert report.chunks == plan.chunks and len(batches) > 1
+    assert dst.resolve("ft@2").parent == src.resolve("ft@1").id
     dst.gc(grace=0)
     for step in (2, 3):
         assert_same(dst.restore(f"ft@{step}"), step)
+    assert [v.step for v in src.copy("ft@1", to=dst).versions] == [1]  # purged there: copied anew
+    assert_same(dst.restore("ft@1"), 1)
+
+
+def test_a_chunk_damaged_at_the_source_fails_the_copy_and_publishes_nothing(src: casckpt.Store,
+                                                                           dst: casckpt.Store,
+                                                                           tmp_path: Path) -> None:
+    commit_run(src, range(1, 2))
+    for pack in (tmp_path / "src" / "packs").rglob("*"):
+        if pack.is_file() and pack.stat().st_size > 8192:
+            data = bytearray(pack.read_bytes())
+            data[len(data) // 2] ^= 0xFF
+            pack.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError):
+        src.copy("ft@1", to=dst)
+    assert dst.log() == []
 
 
 @pytest.mark.parametrize(("point", "nth"), [("batch", 2), ("manifest", 2)])
