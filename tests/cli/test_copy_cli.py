@@ -52,3 +52,20 @@ def test_copy_refusals_exit_with_their_codes(tmp_path: Path) -> None:
         other.commit({"w": torch.zeros(3)}, run="r", step=1)
     diverged = cli("--store", str(tmp_path / "src"), "copy", "r@2", "--to", str(tmp_path / "dst"))
     assert diverged.exit_code == 5 and "diverged" in diverged.output  # as VersionExistsError
+
+
+def test_copy_into_an_encrypted_store_maps_the_ids(tmp_path: Path) -> None:
+    made = _fill(tmp_path / "src")
+    key = tmp_path / "k"
+    casckpt.generate_key_file(key)
+    dst = str(tmp_path / "enc")
+    result = cli("--store", str(tmp_path / "src"), "copy", "r@3", "--to", dst, "--to-key-file", str(key),
+                 "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert [v["source_id"] for v in doc["versions"]] == [v.id for v in made]
+    assert all(v["id"] != v["source_id"] for v in doc["versions"])
+    keyless = cli("--store", str(tmp_path / "src"), "copy", "r@3", "--to", dst)
+    assert keyless.exit_code != 0 and "key" in keyless.output
+    with casckpt.open(dst, key_file=key, create=False) as enc:
+        assert enc.resolve("r@3").id == doc["versions"][-1]["id"]

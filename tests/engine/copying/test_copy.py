@@ -169,6 +169,15 @@ def test_a_forked_run_arrives_forked(src: casckpt.Store, dst: casckpt.Store) -> 
     assert_same(dst.restore("sweep@7"), 7)
 
 
+def test_a_read_only_source_copies(tmp_path: Path) -> None:
+    with casckpt.open(tmp_path / "src", **OPTS) as src:
+        commit_run(src, range(1, 3))
+    with casckpt.open(tmp_path / "src", read_only=True, create=False) as src, \
+            casckpt.open(tmp_path / "dst", **OPTS) as dst:
+        assert [v.step for v in src.copy("ft@2", to=dst).versions] == [1, 2]
+        assert_same(dst.restore("ft@2"), 2)
+
+
 def test_tags_moved_on_the_source_move_at_the_next_copy(src: casckpt.Store, dst: casckpt.Store) -> None:
     commit_run(src, range(1, 4))
     src.copy("ft", to=dst)
