@@ -256,6 +256,26 @@ def test_a_copy_killed_midway_leaves_the_destination_consistent_and_the_next_cop
         assert_same(dst.restore("ft@3"), 3)
 
 
+def test_a_copy_across_keys_killed_midway_completes_without_writing_again_what_it_stored(
+        forked_python: Any, tmp_path: Path) -> None:
+    key = _key(tmp_path / "k")
+    with casckpt.open(tmp_path / "src", **OPTS) as src:
+        made = commit_run(src, range(1, 3))
+    done = forked_python.run([str(CHILD), str(tmp_path / "src"), str(tmp_path / "dst"), "ft@2",
+                              "recommit", "2", str(key)])
+    assert done.returncode == -9, done.stderr
+    with casckpt.open(tmp_path / "dst", key_file=key, create=False, **OPTS) as dst:
+        assert dst.ops.check(read_data=True).ok
+        assert [v.step for v in dst.log()] == [1]  # step 2 wrote its chunks, was not published
+        with casckpt.open(tmp_path / "src", create=False, **OPTS) as src:
+            report = src.copy("ft@2", to=dst)
+        assert [(v.step, v.sent) for v in report.versions] == [(2, True)]
+        assert report.bytes < made[1].new_bytes  # its new chunks were stored by the killed copy
+        dst.gc(grace=0)
+        assert dst.ops.check(read_data=True).ok
+        assert_same(dst.restore("ft@2"), 2)
+
+
 def test_local_to_s3(src: casckpt.Store, tmp_path: Path, s3_bucket_url: Callable[[], str],
                      moto_endpoint: str) -> None:
     commit_run(src, range(1, 3))
