@@ -77,8 +77,9 @@ def copy(
     refs: Annotated[list[str], typer.Argument(
         metavar="REF...", help="Versions to copy: run@step, run@latest, tag:NAME, an id prefix, or a "
                                "run's name for all its versions.")],
-    to: Annotated[str, typer.Option("--to", metavar="STORE",
-                                    help="The destination store: a path (created if missing) or URL.")],
+    to: Annotated[str, typer.Option(
+        "--to", metavar="STORE", help="The destination store's directory (a new store is created where "
+                                      "there is none; its casckpt.toml names remote locations, catalog).")],
     to_key_file: Annotated[Path | None, typer.Option(
         "--to-key-file", metavar="FILE", help="Master key file of an encrypted destination.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", metavar=FLAG,

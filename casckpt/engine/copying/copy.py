@@ -65,12 +65,11 @@ def execute(source: EngineContext, dest: EngineContext, plan: CopyPlan,
     try:
         for version in plan.versions:
             row = version.row
-            if not version.present:
-                chunks = _copy_one(source, dest, version, bar, out.sent)
+            chunks = 0 if version.present else _copy_one(source, dest, version, bar, out.sent)
             out.tags += set_tags(dest, row.id, version.tags, published=not version.present)
             out.versions.append(CopiedVersion(
-                row.id, row.id, row.run, row.step, version.asked, not version.present,
-                0 if version.present else chunks, 0 if version.present else version.send_bytes))
+                row.id, row.id, row.run, row.step, version.asked, not version.present, chunks,
+                0 if version.present else version.send_bytes))
     finally:
         if lease is not None:
             release_lease(source.catalog, lease, "copy (source side)")
