@@ -93,10 +93,14 @@ def copy(
     one encrypted and one not), where each is committed again and gets a new id. See
     docs/guides/copy.md.
     """
-    with open_store(ctx) as source, casckpt.open(
-            to, key_file=to_key_file, options=casckpt.Options(background_drain=False)) as dest, \
-            progress_bars() as progress:
-        report = source.copy(refs, to=dest, dry_run=dry_run, progress=progress)
+    with open_store(ctx) as source:
+        runs = {r.name for r in source.runs()}
+        for ref in refs:  # a bad ref fails before the destination is opened (or created)
+            if ref not in runs:
+                source.resolve(ref)
+        quiet = casckpt.Options(background_drain=False)
+        with casckpt.open(to, key_file=to_key_file, options=quiet) as dest, progress_bars() as progress:
+            report = source.copy(refs, to=dest, dry_run=dry_run, progress=progress)
     render.emit(as_json, report.to_dict() | {"nothing_sent": report.nothing_sent, "destination": to},
                 *copy_view(report, to))
 

@@ -48,6 +48,7 @@ def test_copy_refusals_exit_with_their_codes(tmp_path: Path) -> None:
     assert itself.exit_code == 2 and "copied into itself" in itself.output
     missing = cli("--store", str(tmp_path / "src"), "copy", "r@9", "--to", str(tmp_path / "dst"))
     assert missing.exit_code == 3, missing.output
+    assert not (tmp_path / "dst").exists()  # a bad ref creates no destination
     with casckpt.open(tmp_path / "dst") as other:
         other.commit({"w": torch.zeros(3)}, run="r", step=1)
     diverged = cli("--store", str(tmp_path / "src"), "copy", "r@2", "--to", str(tmp_path / "dst"))
