@@ -402,3 +402,19 @@ class DrainTimeoutError(CasckptError, TimeoutError):
 
 class TierNotFoundError(RefNotFoundError):
     """No fast tier of the store has this id (``casckpt tier status`` lists them)."""
+
+
+class CopyTargetError(InvalidArgumentError):
+    """``Store.copy`` was asked to copy a store into itself (the same store id on both sides),
+    or into something that is not another open store."""
+
+
+class CopyConflictError(VersionExistsError):
+    """A copy's destination holds another version at a copied version's run and step: the
+    two stores' runs diverged. Nothing of that version was published."""
+
+
+class CopyUnsupportedError(InvalidArgumentError):
+    """A copy this version of casckpt does not make: of a version of manifest format 1 or 2,
+    or, between stores whose chunk ids are keyed differently, of a version many ranks saved.
+    The message says what to do instead."""

@@ -423,3 +423,66 @@ class Advice(ToDict):
     expected_overhead: Mapping[str, float]
     expected_lost_work_s: Mapping[str, float]
     commits: int
+
+
+@dataclass(frozen=True, slots=True)
+class CopiedVersion(ToDict):
+    """One version of a copy between stores (``Store.copy``, ``casckpt copy``).
+
+    Attributes:
+        source_id: its id in the source store.
+        id: its id in the destination: the same between stores keyed alike (the manifest's
+            bytes travel unchanged); another one across keys (the version is committed again
+            under the destination's keyed ids), empty in a dry run across keys.
+        run, step: where it is, on both sides.
+        asked: a ref of the copy named it (else it is an ancestor its lineage needed).
+        sent: it was published at the destination by this copy (False: the destination held
+            it already; a dry run: it would be).
+        chunks: chunks and tree nodes sent for it (a dry run: that would be).
+        bytes: their raw bytes (a dry run across keys: the version's logical bytes, all of
+            which are read).
+    """
+
+    source_id: str
+    id: str
+    run: str
+    step: int
+    asked: bool
+    sent: bool
+    chunks: int = 0
+    bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CopyReport(ToDict):
+    """What a copy between stores did (``Store.copy``, ``casckpt copy``), or, with
+    ``dry_run``, would do.
+
+    Attributes:
+        versions: every version of the copy, ancestors first.
+        chunks: chunks and tree nodes sent (read from the source, written at the destination).
+        bytes: their raw bytes.
+        stored_bytes: what the destination stored for the tensor chunks among them (after its
+            compression; tree nodes apart, as commits count them).
+        tags: tags set or moved at the destination.
+        dry_run: nothing was written.
+        seconds: wall time.
+    """
+
+    versions: tuple[CopiedVersion, ...] = ()
+    chunks: int = 0
+    bytes: int = 0
+    stored_bytes: int = 0
+    tags: tuple[str, ...] = ()
+    dry_run: bool = False
+    seconds: float = 0.0
+
+    @property
+    def nothing_sent(self) -> bool:
+        """The destination held everything: no version published, no chunk sent."""
+        return self.chunks == 0 and not any(v.sent for v in self.versions)
+
+    @property
+    def ids(self) -> dict[str, str]:
+        """Source version id -> destination version id, for every version of the copy."""
+        return {v.source_id: v.id for v in self.versions}

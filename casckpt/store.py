@@ -24,7 +24,13 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 from casckpt.engine.versions.validate import check_name
 from casckpt.engine.write.commithandle import CommitHandle
-from casckpt.errors import CasckptError, CheckoutMismatchError, CommitTimeoutError, InvalidArgumentError
+from casckpt.errors import (
+    CasckptError,
+    CheckoutMismatchError,
+    CommitTimeoutError,
+    CopyTargetError,
+    InvalidArgumentError,
+)
 from casckpt.run import Run, save_rule, set_policy
 from casckpt.storage import redact_url
 from casckpt.store_core import Ref, StoreCore
@@ -34,7 +40,7 @@ from casckpt.store_locations import Locations
 from casckpt.store_ops import Ops
 from casckpt.store_retention import Retention
 from casckpt.store_tier import Tier
-from casckpt.types import GCReport, ProgressCallback, RetentionPolicy, Version
+from casckpt.types import CopyReport, GCReport, ProgressCallback, RetentionPolicy, Version
 
 if TYPE_CHECKING:
     import numpy as np
@@ -434,6 +440,46 @@ class Store(StoreHistory):
         version = self.resolve(ref)
         tree = self.restore(version, map_location="cpu", progress=progress)
         return export(tree, version, Path(to), format, overwrite=overwrite)
+
+    def copy(self, refs: Ref | Iterable[Ref], to: Store, *, dry_run: bool = False,
+             progress: ProgressCallback | None = None) -> CopyReport:
+        """Copy versions into store ``to``, as git pushes commits: each arrives as the same
+        version (its id, run, step, metadata, metrics, message and the source's tags on it),
+        with its ancestors up to the nearest one ``to`` holds, so its lineage is whole. Only
+        the chunks ``to`` lacks are read and sent, verified on arrival and packed by ``to``'s
+        own writer (its pack size, compression, redundancy and locations); each version is
+        published last, in one catalog transaction, as commits are. Idempotent: a copy again
+        sends nothing (``report.nothing_sent``). Resumable: a copy killed midway leaves no
+        version half-visible, and the next copy does not send again the packs it stored.
+        Leases on both stores keep either's gc from deleting what the copy needs. Between
+        stores whose chunk ids are keyed differently (one encrypted and one not, or two data
+        keys) each version is committed again under the destination's keys: every byte is
+        read, only what the destination lacks is written, and the version gets another id
+        there (``report.ids`` maps them). How it works: docs/ARCHITECTURE.md, Copying between
+        stores; docs/guides/copy.md.
+
+        Args:
+            refs: one ref or several, as :meth:`resolve` takes them, or a run's name for every
+                visible version of the run.
+            to: the destination, another open store (writable unless ``dry_run``).
+            dry_run: plan only: the report says what would be sent; nothing is written.
+            progress: called with ``("copy", bytes sent, bytes to send)``.
+
+        Raises:
+            CopyTargetError: ``to`` is this store (or not a Store).
+            CopyUnsupportedError: a version is of manifest format 1 or 2 (migrate-trees
+                first), or, across keys, was saved by many ranks.
+            CopyConflictError: ``to`` has another version at a copied version's run and step.
+            ReadOnlyStoreError: ``to`` is read-only.
+            RefNotFoundError, AmbiguousRefError: a bad ref.
+            MissingDataError, CorruptChunkError: the source cannot read a chunk whole.
+        """
+        from casckpt.store_copy import copy_versions
+
+        if not isinstance(to, Store):
+            raise CopyTargetError(f"copy(to=) takes an open casckpt.Store, got {type(to).__name__}")
+        named = [refs] if isinstance(refs, (str, Version)) else list(refs)
+        return copy_versions(self._core, to._core, named, dry_run=dry_run, progress=progress)
 
     def restore(self, ref: Ref, into: object = None, *, map_location: Any = None,
                 progress: ProgressCallback | None = None, group: Any = None,

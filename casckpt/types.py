@@ -23,6 +23,8 @@ from casckpt.jsonable import to_json_value as to_json_value
 from casckpt.reports import Advice as Advice
 from casckpt.reports import CheckProblem as CheckProblem
 from casckpt.reports import CheckReport as CheckReport
+from casckpt.reports import CopiedVersion as CopiedVersion
+from casckpt.reports import CopyReport as CopyReport
 from casckpt.reports import DrainReport as DrainReport
 from casckpt.reports import DrillReport as DrillReport
 from casckpt.reports import DrillResult as DrillResult

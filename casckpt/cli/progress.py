@@ -23,7 +23,7 @@ from rich.progress import (
 from casckpt.cli.render import human_bytes
 from casckpt.types import ProgressCallback
 
-_BYTE_PHASES = frozenset({"hash", "write", "read", "scan", "drain"})
+_BYTE_PHASES = frozenset({"hash", "write", "read", "scan", "drain", "copy"})
 """Phases whose ``done``/``total`` count bytes (see :data:`casckpt.types.ProgressCallback`)."""
 
 

@@ -1,4 +1,5 @@
-"""``casckpt import`` and ``casckpt export``: existing checkpoints in, directories out.
+"""``casckpt import`` and ``casckpt export``: existing checkpoints in, directories out;
+``casckpt copy``: versions into another store.
 
 Both read or write tensors, so torch is imported inside the commands only (the
 catalog-only commands stay torch-free).
@@ -10,10 +11,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import RenderableType
 
+import casckpt
 from casckpt.cli import render
 from casckpt.cli.progress import progress_bars
 from casckpt.cli.shared import FLAG, JsonOption, RefArgument, open_store
+from casckpt.types import CopyReport
 
 
 def import_checkpoint(
@@ -68,7 +72,63 @@ def export(
                 f"as {result.format}{kind}: {', '.join(result.files)}")
 
 
+def copy(
+    ctx: typer.Context,
+    refs: Annotated[list[str], typer.Argument(
+        metavar="REF...", help="Versions to copy: run@step, run@latest, tag:NAME, an id prefix, or a "
+                               "run's name for all its versions.")],
+    to: Annotated[str, typer.Option(
+        "--to", metavar="STORE", help="The destination store's directory (a new store is created where "
+                                      "there is none; its casckpt.toml names remote locations, catalog).")],
+    to_key_file: Annotated[Path | None, typer.Option(
+        "--to-key-file", metavar="FILE", help="Master key file of an encrypted destination.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", metavar=FLAG,
+                                          help="Say what would be sent; write nothing.")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Copy versions into another store, with their ancestors, tags and metrics.
+
+    Only the chunks the destination lacks are sent; a copy again sends nothing. Versions
+    keep their ids, except between stores keyed differently (encrypted with another key, or
+    one encrypted and one not), where each is committed again and gets a new id. See
+    docs/guides/copy.md.
+    """
+    with open_store(ctx) as source:
+        runs = {r.name for r in source.runs()}
+        for ref in refs:  # a bad ref fails before the destination is opened (or created)
+            if ref not in runs:
+                source.resolve(ref)
+        quiet = casckpt.Options(background_drain=False)
+        with casckpt.open(to, key_file=to_key_file, options=quiet) as dest, progress_bars() as progress:
+            report = source.copy(refs, to=dest, dry_run=dry_run, progress=progress)
+    render.emit(as_json, report.to_dict() | {"nothing_sent": report.nothing_sent, "destination": to},
+                *copy_view(report, to))
+
+
+def copy_view(report: CopyReport, to: str) -> list[RenderableType]:
+    """A copy's versions as a table, and what was sent."""
+    table = render.table_of("version", "id", "status", "chunks", "bytes", right=("chunks", "bytes"))
+    for v in report.versions:
+        status = ("would copy" if report.dry_run else "copied") if v.sent else "present"
+        if not v.asked and v.sent:
+            status += " (ancestor)"
+        table.add_row(f"{v.run}@{v.step}", v.id[:12], status, str(v.chunks), render.human_bytes(v.bytes))
+    if report.nothing_sent:
+        summary = f"Nothing to send: {to} holds every version asked for."
+    elif report.dry_run:
+        summary = (f"Dry run: would send {report.chunks} chunk(s), {render.human_bytes(report.bytes)}, "
+                   f"to {to}.")
+    else:
+        summary = (f"Sent {report.chunks} chunk(s), {render.human_bytes(report.bytes)} "
+                   f"({render.human_bytes(report.stored_bytes)} stored) to {to} "
+                   f"in {report.seconds:.1f} s.")
+    if report.tags:
+        summary += f" Tags set: {', '.join(report.tags)}."
+    return [table, summary]
+
+
 def register(app: typer.Typer) -> None:
     """Add this module's commands to ``app``, the root command (in their order in help)."""
     app.command("import")(import_checkpoint)
     app.command()(export)
+    app.command()(copy)

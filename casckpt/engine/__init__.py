@@ -2,8 +2,9 @@
 ``__init__``. From the top layer down (a room imports only rooms below it; lint-imports
 checks it, pyproject.toml):
 
-- ``maintenance`` (gc, check, repair, rebuild, drills, keys, migration) | ``transfer``
-  (importers, exporters, directory scans): independent of each other;
+- ``copying`` (versions copied between stores) | ``maintenance`` (gc, check, repair,
+  rebuild, drills, keys, migration) | ``transfer`` (importers, exporters, directory scans):
+  independent of each other;
 - ``write``: the commit pipeline, state to published version;
 - ``read``: reads, restores, checkouts, tree queries, history;
 - ``context``: :class:`~casckpt.engine.context.EngineContext`, what every call above takes;

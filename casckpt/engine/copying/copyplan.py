@@ -1,0 +1,205 @@
+"""A copy's plan: which versions the destination gets, and which chunks it lacks.
+
+Pure reads of both stores (the source's catalog and tree nodes, the destination's catalog);
+nothing is written, so a dry run is this plan printed. A version is planned with its
+ancestors up to the nearest one the destination holds (as git pushes the commits a branch
+needs): a manifest names its parent, and the version id is the manifest's hash, so the
+parent must be there for the version to arrive as the same version. An ancestor the source
+no longer shows (deleted) ends the chain: the copied version then names a parent neither
+store shows, as it did on the source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from casckpt.catalog import Catalog
+from casckpt.catalog import retention as retention_sql
+from casckpt.catalog.rows import VersionRow
+from casckpt.engine.versions.nodes import StoreNodes
+from casckpt.errors import CasckptError, CopyConflictError, CopyUnsupportedError
+from casckpt.format import treeread
+from casckpt.format.dtypes import element_size
+from casckpt.format.manifest import Manifest, decode_manifest
+from casckpt.format.merkle import NodeSource
+
+__all__ = ["CopyPlan", "VersionPlan", "chain", "plan"]
+
+
+@dataclass(frozen=True, slots=True)
+class VersionPlan:
+    """One version of a copy, as the source holds it.
+
+    Attributes:
+        row: the source's catalog row.
+        manifest: its compressed manifest (the same bytes travel: the same version id).
+        present: the destination shows it already (nothing of it is sent).
+        asked: named by the copy's refs (else an ancestor the lineage needs).
+        tags: the source's tags on it, set on the destination too.
+        ids: every chunk and tree node it references.
+        nodes: its tree nodes' raw bytes (verified against their ids), by id.
+        send: the ids among ``ids`` the destination lacks and no earlier version of the copy
+            brings, in order.
+        send_bytes: their raw bytes.
+        aligns: element size of each chunk's tensor (what the destination's encoder groups by).
+        root: its tree's root node.
+    """
+
+    row: VersionRow
+    manifest: bytes
+    present: bool
+    asked: bool
+    tags: tuple[str, ...] = ()
+    ids: tuple[bytes, ...] = ()
+    nodes: Mapping[bytes, bytes] = field(default_factory=dict)
+    send: tuple[bytes, ...] = ()
+    send_bytes: int = 0
+    aligns: Mapping[bytes, int] = field(default_factory=dict)
+    root: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CopyPlan:
+    """Every version of a copy, ancestors before descendants."""
+
+    versions: tuple[VersionPlan, ...]
+
+    @property
+    def send_bytes(self) -> int:
+        """Raw bytes of the chunks and nodes the destination lacks."""
+        return sum(v.send_bytes for v in self.versions)
+
+    @property
+    def send_chunks(self) -> int:
+        """How many chunks and nodes the destination lacks."""
+        return sum(len(v.send) for v in self.versions)
+
+
+class _Recorded(NodeSource):
+    """The source's nodes (catalog, then packs), each kept raw once read."""
+
+    def __init__(self, inner: StoreNodes) -> None:
+        self.inner, self.chunk_ids = inner, inner.chunk_ids
+        self.raw: dict[bytes, bytes] = {}
+
+    def get_many(self, ids: Sequence[bytes]) -> Mapping[bytes, bytes]:
+        wanted = [i for i in ids if i not in self.raw]
+        if wanted:
+            self.raw.update(self.inner.get_many(wanted))
+        return {i: self.raw[i] for i in ids if i in self.raw}
+
+
+def chain(source: Catalog, dest: Catalog, asked: Sequence[VersionRow],
+          held_by: Callable[[VersionRow], bool] | None = None) -> list[tuple[VersionRow, bool]]:
+    """The versions a copy of ``asked`` publishes, ancestors first, each with whether it was
+    asked for: every asked version, and each ancestor up to the nearest one ``dest`` holds
+    (``held_by``; default: shows a version of the same id)."""
+    out: dict[str, tuple[VersionRow, bool]] = {}
+    wanted = {row.id for row in asked}
+    for row in asked:
+        line: list[VersionRow] = []
+        current: VersionRow | None = row
+        while current is not None and current.id not in out:
+            held = held_by(current) if held_by is not None else _held(dest, current, current.id in wanted)
+            if held and current.id not in wanted:
+                break
+            line.append(current)
+            if held or current.parent_id is None:
+                break
+            current = source.version(current.parent_id)
+        for ancestor in reversed(line):
+            out.setdefault(ancestor.id, (ancestor, ancestor.id in wanted))
+    return list(out.values())
+
+
+def _held(dest: Catalog, row: VersionRow, asked: bool) -> bool:
+    """Whether ``dest`` holds ``row``: shows it, or holds it deleted (an ancestor deleted there
+    ends the lineage a copy brings: deletions at the destination are not undone).
+
+    Raises:
+        CopyConflictError: a version asked for is deleted at the destination.
+    """
+    if dest.version(row.id) is not None:
+        return True
+    if not retention_sql.find_deleted(dest, prefix=row.id, limit=1):
+        return False
+    if asked:
+        raise CopyConflictError(
+            f"the destination holds version {row.id[:12]} ({row.run}@{row.step}) deleted: undelete it "
+            f"there (`casckpt undelete {row.id[:12]}`), or let its gc purge it, then copy again")
+    return True
+
+
+def plan(source: Catalog, dest: Catalog, asked: Sequence[VersionRow], source_nodes: StoreNodes) -> CopyPlan:
+    """What copying ``asked`` from ``source`` to ``dest`` sends (see module).
+
+    Raises:
+        CopyConflictError: the destination holds another version at one's run and step.
+        CopyUnsupportedError: a version is of manifest format 1 or 2 (not migrated to a tree).
+        CorruptManifestError, MissingDataError: the source cannot read a version's tree.
+    """
+    planned: list[VersionPlan] = []
+    sending: set[bytes] = set()
+    for row, was_asked in chain(source, dest, asked):
+        if _held(dest, row, was_asked):
+            planned.append(VersionPlan(row, b"", True, was_asked, _tags(source, row.id)))
+            continue
+        _refuse_conflict(dest, row)
+        planned.append(_plan_version(source, dest, row, was_asked, source_nodes, sending))
+    return CopyPlan(tuple(planned))
+
+
+def _tags(catalog: Catalog, version_id: str) -> tuple[str, ...]:
+    return tuple(sorted(catalog.tags_of([version_id]).get(version_id, ())))
+
+
+def _refuse_conflict(dest: Catalog, row: VersionRow) -> None:
+    there = dest.at_step(row.run, row.step)
+    if there is not None and there.id != row.id:
+        raise CopyConflictError(
+            f"the destination already has another version at {row.run}@{row.step} ({there.id[:12]}, "
+            f"not {row.id[:12]}): the two stores' runs diverged. Delete that version from the "
+            "destination (`casckpt delete`, then `casckpt gc`), or copy into a store without it")
+
+
+def _plan_version(source: Catalog, dest: Catalog, row: VersionRow, asked: bool, source_nodes: StoreNodes,
+                  sending: set[bytes]) -> VersionPlan:
+    """One version the destination lacks: what it references, and what of that to send."""
+    data = source.manifest(row.id)
+    head = decode_manifest(data, row.id)
+    if head.tree is None:
+        raise CopyUnsupportedError(
+            f"version {row.id[:12]} ({row.run}@{row.step}) is of manifest format 1 or 2; run "
+            "`casckpt migrate-trees` on the source first (it rewrites such versions as trees), "
+            "then copy again")
+    recorded = _Recorded(source_nodes)
+    ids = list(dict.fromkeys([c for b in head.tree.shared for c in b.chunks]
+                             + list(treeread.referenced(recorded, head.tree.root, set()))))
+    whole = decode_manifest(data, row.id, recorded)
+    held = {bytes.fromhex(h) for h in dest.find_chunks([i.hex() for i in ids])}
+    send = [i for i in ids if i not in held and i not in sending]
+    sending.update(send)
+    sizes = {bytes.fromhex(h): loc.raw_len for h, loc in
+             source.find_chunks([i.hex() for i in send if i not in recorded.raw], live_only=False).items()}
+    send_bytes = sum(len(recorded.raw[i]) if i in recorded.raw else sizes.get(i, 0) for i in send)
+    return VersionPlan(row, data, False, asked, _tags(source, row.id), tuple(ids), dict(recorded.raw),
+                       tuple(send), send_bytes, _aligns(whole, send), head.tree.root)
+
+
+def _aligns(manifest: Manifest, ids: Iterable[bytes]) -> dict[bytes, int]:
+    """The element size of the tensor each chunk among ``ids`` holds (1 for packed extents,
+    which hold several): the byte grouping the destination's encoder may use."""
+    wanted = set(ids)
+    out: dict[bytes, int] = {}
+    for tensor in manifest.tensors:
+        extent = manifest.extents[tensor.extent]
+        try:
+            size = 1 if extent.packed else element_size(tensor.kind, tensor.dtype)
+        except CasckptError:
+            size = 1
+        for cid in extent.chunks:
+            if cid in wanted:
+                out.setdefault(cid, size)
+    return out
+

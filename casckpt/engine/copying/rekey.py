@@ -1,0 +1,156 @@
+"""Copies across chunk-id keys: each version committed again under the destination's keys.
+
+Between stores whose chunk ids are keyed differently (one encrypted and one not, or two
+data keys) the same bytes have different ids, so the manifest -- which names chunk ids and
+tree nodes -- cannot travel as it is. Each version is read whole from the source (verified,
+deltas decoded) and committed at the destination through its own commit pipeline
+(:mod:`casckpt.engine.write.commit`: snapshot, dedup against the destination's keyed ids,
+delta coding, sealing, packing, one publishing transaction), with the source's run, step,
+creation time, metadata, metrics, message and tags, and as its parent the destination's
+copy of the source's parent. Only chunks the destination lacks are written; every byte of
+the version is read from the source (its ids say nothing about the destination's). The
+version id then differs: the report maps source id -> destination id.
+
+A version counts as held by the destination when the destination has a version at its run
+and step created at the same instant (a copy again finds it and sends nothing); another
+version there is a conflict. Versions many ranks saved (a ``world``) are refused: committed
+again from one process they would change their layout.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from casckpt.catalog import Catalog
+from casckpt.catalog import history as history_sql
+from casckpt.catalog.leases import begin_lease, release_lease
+from casckpt.catalog.rows import VersionRow
+from casckpt.catalog.rows import version as version_of
+from casckpt.engine.context import EngineContext
+from casckpt.engine.copying.copy import Outcome, fork_run, set_tags
+from casckpt.engine.copying.copyplan import chain
+from casckpt.engine.read.restore import materialize
+from casckpt.engine.versions.refs import load_manifest
+from casckpt.engine.write import commit as commit_engine
+from casckpt.errors import CopyConflictError, CopyUnsupportedError
+from casckpt.format.manifest import decode_manifest
+from casckpt.types import CopiedVersion, ProgressCallback
+
+__all__ = ["Rekeyed", "execute", "plan"]
+
+
+@dataclass(frozen=True, slots=True)
+class Rekeyed:
+    """One version of a copy across keys: its source row, whether it was asked for, the
+    source's tags on it, and its id at the destination when the destination holds it."""
+
+    row: VersionRow
+    asked: bool
+    tags: tuple[str, ...]
+    held: str | None
+
+
+def held_at(dest: Catalog, row: VersionRow) -> str | None:
+    """The id of the destination's copy of ``row``: its version at the same run and step,
+    created at the same instant (None: it has none)."""
+    there = dest.at_step(row.run, row.step)
+    return there.id if there is not None and there.created_at == row.created_at else None
+
+
+def plan(source: Catalog, dest: Catalog, asked: Sequence[VersionRow]) -> list[Rekeyed]:
+    """The versions a copy of ``asked`` across keys commits, ancestors first (see module).
+
+    Raises:
+        CopyConflictError: the destination holds another version at one's run and step.
+        CopyUnsupportedError: one was saved by many ranks.
+    """
+    out = []
+    for row, was_asked in chain(source, dest, asked, lambda r: held_at(dest, r) is not None):
+        held = held_at(dest, row)
+        there = dest.at_step(row.run, row.step)
+        if held is None and there is not None:
+            raise CopyConflictError(
+                f"the destination already has another version at {row.run}@{row.step} ({there.id[:12]}, "
+                "created at another time): the two stores' runs diverged. Delete that version from the "
+                "destination (`casckpt delete`, then `casckpt gc`), or copy into a store without it")
+        if held is None and decode_manifest(source.manifest(row.id), row.id).world is not None:
+            raise CopyUnsupportedError(
+                f"version {row.id[:12]} ({row.run}@{row.step}) was saved by many ranks; a copy between "
+                "stores keyed differently commits each version again from one process, which would "
+                "change its layout. Restore it and commit it to the destination yourself, or copy "
+                "into a store with the same keys")
+        tags = tuple(sorted(source.tags_of([row.id]).get(row.id, ())))
+        out.append(Rekeyed(row, was_asked, tags, held))
+    return out
+
+
+def execute(source: EngineContext, dest: EngineContext, versions: Sequence[Rekeyed],
+            progress: ProgressCallback | None = None, *, source_lease: bool = True) -> Outcome:
+    """Commit every version of ``versions`` the destination lacks there, ancestors first.
+
+    Raises:
+        MissingDataError, CorruptChunkError: the source cannot read a version whole.
+        And what a commit raises at the destination.
+    """
+    out = Outcome()
+    ids: dict[str, str] = {}
+    lease = begin_lease(source.catalog) if source_lease else None
+    try:
+        for item in versions:
+            row = item.row
+            if item.held is not None:
+                ids[row.id] = item.held
+                out.tags += set_tags(dest, item.held, item.tags, published=False)
+                out.versions.append(CopiedVersion(row.id, item.held, row.run, row.step, item.asked, False))
+                continue
+            new_id, chunks, raw, stored = _recommit(source, dest, item, ids, progress)
+            out.sent.chunks += chunks
+            out.sent.raw_bytes += raw
+            out.sent.stored_bytes += stored
+            ids[row.id] = new_id
+            out.tags += item.tags  # the commit set them (and mirrored them)
+            out.versions.append(CopiedVersion(row.id, new_id, row.run, row.step, item.asked, True,
+                                              chunks, raw))
+    finally:
+        if lease is not None:
+            release_lease(source.catalog, lease, "copy (source side)")
+    return out
+
+
+def _mapped(source: EngineContext, dest: EngineContext, version_id: str | None,
+            ids: dict[str, str]) -> str | None:
+    """The destination's id of the source's version ``version_id`` (None: none, or the source
+    no longer shows it)."""
+    if version_id is None:
+        return None
+    if version_id in ids:
+        return ids[version_id]
+    row = source.catalog.version(version_id)
+    return held_at(dest.catalog, row) if row is not None else None
+
+
+def _recommit(source: EngineContext, dest: EngineContext, item: Rekeyed, ids: dict[str, str],
+              progress: ProgressCallback | None) -> tuple[str, int, int, int]:
+    """Read one version whole from the source and commit it at the destination; returns its
+    id there, the chunks written, their raw bytes and the bytes stored."""
+    row, started = item.row, time.monotonic()
+    manifest = load_manifest(source.catalog, row)
+    state = materialize(source, manifest, map_location="cpu", progress=progress)
+    value = version_of(row)
+    req = commit_engine.make_request(row.run, row.step, value.metadata, value.metrics, row.message,
+                                     item.tags)
+    commit_engine.refuse_existing(dest, req)
+    parent = _mapped(source, dest, row.parent_id, ids)
+    fork_run(dest, row.run, _mapped(source, dest, history_sql.fork_point(source.catalog, row.run), ids))
+    redundancy = dest.packs.placement.redundancy_for(row.run)
+    dest.packs.placement.check_writable(redundancy)
+    snap = commit_engine.snapshot(dest, state, req, row.created_at, parent=parent, progress=progress)
+    lease = begin_lease(dest.catalog, snap.version_id)
+    try:
+        version = commit_engine.finish(dest, req, snap, redundancy, started, lease, progress)
+    except BaseException:
+        release_lease(dest.catalog, lease, f"copy of {row.run}@{row.step}")
+        raise
+    return version.id, len(snap.new_ids), version.new_bytes, version.stored_bytes

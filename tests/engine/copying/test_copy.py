@@ -1,0 +1,423 @@
+"""``Store.copy``: versions arrive in another store as the same versions, only what the
+destination lacks travels, and a killed or raced copy leaves both stores consistent.
+
+Every store here is real (SQLite catalogs and local directories; the S3 case a moto server
+over HTTP), and every copied version is restored from the destination alone, with the
+source's directory deleted first.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import casckpt
+from casckpt.engine.copying import copychunks
+from casckpt.errors import (
+    CopyConflictError,
+    CopyTargetError,
+    IntegrityError,
+    ReadOnlyStoreError,
+    RefNotFoundError,
+)
+from casckpt.format.codecs import lookup
+from casckpt.testing import internals
+
+CHUNK = 4096
+PACK = 16 << 10
+OPTS: dict[str, Any] = {"chunk_size": CHUNK, "pack_size": PACK}
+CHILD = Path(__file__).resolve().parents[2] / "helpers" / "copy_child.py"
+
+
+def state(step: int, *, fresh: int = 8192) -> dict[str, Any]:
+    """A fine-tune's state at ``step``: a frozen part every step shares, a part new at each
+    step (incompressible), a counter that shifts (delta-coded by the source), plain values."""
+    base = torch.Generator().manual_seed(7)
+    new = torch.Generator().manual_seed(1000 + step)
+    return {
+        "frozen": torch.randn(16384, generator=base),
+        "head": torch.randint(0, 256, (4 * fresh,), dtype=torch.uint8, generator=new),
+        "counter": torch.arange(step, step + 4096, dtype=torch.int64),
+        "step": step, "name": "ft", "extra": (None, b"\x00\x01", 1.5),
+    }
+
+
+def commit_run(store: casckpt.Store, steps: range, run: str = "ft") -> list[casckpt.Version]:
+    return [store.commit(state(s), run=run, step=s, metrics={"loss": 1.0 / s}, metadata={"lr": 0.1},
+                         message=f"step {s}", tags=["best"] if s == 2 else ()) for s in steps]
+
+
+def pack_bytes(root: Path) -> int:
+    """Bytes of every pack object under a local store's directory."""
+    return sum(p.stat().st_size for p in (root / "packs").rglob("*") if p.is_file())
+
+
+def files(root: Path) -> dict[str, int]:
+    """Every object of a local store's location (catalog and cache left out), with its size."""
+    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*")
+            if p.is_file() and p.parts[len(root.parts)] in {"packs", "manifests", "refs"}}
+
+
+def assert_same(got: dict[str, Any], step: int) -> None:
+    want = state(step)
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(got[key], value), key
+        else:
+            assert got[key] == value, key
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Any:
+    with casckpt.open(tmp_path / "src", **OPTS) as store:
+        yield store
+
+
+@pytest.fixture
+def dst(tmp_path: Path) -> Any:
+    with casckpt.open(tmp_path / "dst", **OPTS) as store:
+        yield store
+        assert store.ops.check(read_data=True).ok
+
+
+def test_copied_versions_are_the_same_versions_and_restore_without_the_source(tmp_path: Path) -> None:
+    with casckpt.open(tmp_path / "src", **OPTS) as src, casckpt.open(tmp_path / "dst", **OPTS) as dst:
+        made = commit_run(src, range(1, 5))
+        report = src.copy("ft@3", to=dst)
+        # the lineage comes whole: 1 and 2 are ancestors of 3, sent first
+        assert [(v.step, v.asked, v.sent) for v in report.versions] == [(1, False, True), (2, False, True),
+                                                                         (3, True, True)]
+        assert report.ids == {v.id: v.id for v in made[:3]}
+        assert report.tags == ("best",)
+        logged = {v.step: v for v in dst.log("ft")}
+        for v in made[:3]:
+            there = logged[v.step]
+            assert (there.id, there.parent, there.metrics, there.metadata, there.message,
+                    there.created_at) == (v.id, v.parent, v.metrics, v.metadata, v.message, v.created_at)
+        assert dst.resolve("tag:best").id == made[1].id
+        assert 4 not in logged
+    shutil.rmtree(tmp_path / "src")
+    with casckpt.open(tmp_path / "dst", create=False) as dst:
+        for step in (1, 2, 3):
+            assert_same(dst.restore(f"ft@{step}"), step)
+        assert dst.ops.check(read_data=True).ok
+
+
+def test_a_second_copy_sends_nothing(src: casckpt.Store, dst: casckpt.Store, tmp_path: Path) -> None:
+    commit_run(src, range(1, 4))
+    first = src.copy("ft", to=dst)
+    assert first.chunks > 0 and not first.nothing_sent
+    before = files(tmp_path / "dst")
+    again = src.copy(["ft@latest", "ft@1", "tag:best"], to=dst)
+    assert again.nothing_sent and again.chunks == 0 and again.bytes == 0
+    assert all(not v.sent for v in again.versions)
+    assert files(tmp_path / "dst") == before
+
+
+def test_copying_the_tenth_version_writes_only_its_new_chunks(src: casckpt.Store, dst: casckpt.Store,
+                                                             tmp_path: Path) -> None:
+    made = commit_run(src, range(1, 11))
+    src.copy("ft@9", to=dst)
+    dry = src.copy("ft@10", to=dst, dry_run=True)
+    before = pack_bytes(tmp_path / "dst")
+    report = src.copy("ft@10", to=dst)
+    written = pack_bytes(tmp_path / "dst") - before
+    new = made[9].new_bytes  # what the source's commit of step 10 found new
+    assert dry.bytes == report.bytes and dry.chunks == report.chunks and dry.dry_run
+    assert [v.step for v in report.versions] == [10]
+    # the new head (incompressible) and the shifted counter; frozen chunks stay at home
+    assert new <= report.bytes <= 1.1 * new + 4096
+    assert written <= 1.1 * new + 4096
+    assert_same(dst.restore("ft@10"), 10)
+
+
+def test_delta_coded_chunks_arrive_decodable_from_the_destination_alone(tmp_path: Path) -> None:
+    with casckpt.open(tmp_path / "src", **OPTS) as src, casckpt.open(tmp_path / "dst", **OPTS) as dst:
+        src.ops.set_delta_chain(8)
+        commit_run(src, range(1, 6))
+        src_cat = internals(src).catalog
+        ids = [c.hex() for c in internals(src).manifest("ft@5").chunk_ids()]
+        assert any(lookup(loc.codec).is_delta for loc in src_cat.find_chunks(ids).values()), \
+            "the source delta-codes nothing: this test would prove nothing"
+        src.copy("ft@5", to=dst)
+        dst_found = internals(dst).catalog.find_chunks(ids)
+        assert set(dst_found) == set(ids)
+        assert not any(lookup(loc.codec).is_delta for loc in dst_found.values())
+    shutil.rmtree(tmp_path / "src")
+    with casckpt.open(tmp_path / "dst", create=False) as dst:
+        assert_same(dst.restore("ft@5"), 5)
+
+
+def test_a_forked_run_arrives_forked(src: casckpt.Store, dst: casckpt.Store) -> None:
+    commit_run(src, range(1, 3))
+    src.fork("ft@1", "sweep")
+    forked = src.commit(state(7), run="sweep", step=7)
+    report = src.copy("sweep@7", to=dst)
+    assert [(v.run, v.step) for v in report.versions] == [("ft", 1), ("sweep", 7)]
+    assert dst.resolve("sweep@7").parent == src.resolve("ft@1").id == forked.parent
+    nodes = {n.name: n for n in dst.lineage()}
+    assert (nodes["sweep"].parent_run, nodes["sweep"].fork_step) == ("ft", 1)
+    assert_same(dst.restore("sweep@7"), 7)
+
+
+def test_a_read_only_source_copies(tmp_path: Path) -> None:
+    with casckpt.open(tmp_path / "src", **OPTS) as src:
+        commit_run(src, range(1, 3))
+    with casckpt.open(tmp_path / "src", read_only=True, create=False) as src, \
+            casckpt.open(tmp_path / "dst", **OPTS) as dst:
+        assert [v.step for v in src.copy("ft@2", to=dst).versions] == [1, 2]
+        assert_same(dst.restore("ft@2"), 2)
+
+
+def test_tags_moved_on_the_source_move_at_the_next_copy(src: casckpt.Store, dst: casckpt.Store) -> None:
+    commit_run(src, range(1, 4))
+    src.copy("ft", to=dst)
+    src.tag("ft@3", "best")
+    report = src.copy("ft@3", to=dst)
+    assert report.tags == ("best",) and report.chunks == 0
+    assert dst.resolve("tag:best").step == 3
+
+
+def test_gc_on_both_sides_during_a_copy_deletes_nothing_it_needs(src: casckpt.Store, dst: casckpt.Store,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    commit_run(src, range(1, 4))
+    src.copy("ft@1", to=dst)
+    dst.delete("ft@1")  # its chunks are garbage at the destination now, until the copy needs them again
+    with pytest.raises(CopyConflictError, match="undelete"):
+        src.copy("ft@1", to=dst)  # deleted there: a copy does not undo it
+    real = copychunks.write_chunks
+    batches: list[int] = []
+
+    def write_then_gc(*args: Any, **kwargs: Any) -> Any:
+        done = real(*args, **kwargs)
+        batches.append(1)
+        if len(batches) == 1:
+            dst.gc(grace=0)
+            dst.gc(grace=0)
+            src.gc(grace=0)
+        return done
+
+    monkeypatch.setattr(copychunks, "write_chunks", write_then_gc)
+    plan = src.copy("ft@3", to=dst, dry_run=True)
+    report = src.copy("ft@3", to=dst)
+    # the deleted ancestor is not brought back; what the lease kept is not sent twice
+    assert [v.step for v in report.versions] == [2, 3]
+    assert report.chunks == plan.chunks and len(batches) > 1
+    assert dst.resolve("ft@2").parent == src.resolve("ft@1").id
+    dst.gc(grace=0)
+    for step in (2, 3):
+        assert_same(dst.restore(f"ft@{step}"), step)
+    assert [v.step for v in src.copy("ft@1", to=dst).versions] == [1]  # purged there: copied anew
+    assert_same(dst.restore("ft@1"), 1)
+
+
+def test_a_chunk_damaged_at_the_source_fails_the_copy_and_publishes_nothing(src: casckpt.Store,
+                                                                           dst: casckpt.Store,
+                                                                           tmp_path: Path) -> None:
+    commit_run(src, range(1, 2))
+    for pack in (tmp_path / "src" / "packs").rglob("*"):
+        if pack.is_file() and pack.stat().st_size > 8192:
+            data = bytearray(pack.read_bytes())
+            data[len(data) // 2] ^= 0xFF
+            pack.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError):
+        src.copy("ft@1", to=dst)
+    assert dst.log() == []
+
+
+@pytest.mark.parametrize(("point", "nth"), [("batch", 2), ("manifest", 2)])
+def test_a_copy_killed_midway_leaves_the_destination_consistent_and_the_next_copy_completes(
+        forked_python: Any, tmp_path: Path, point: str, nth: int) -> None:
+    with casckpt.open(tmp_path / "src", **OPTS) as src, casckpt.open(tmp_path / "probe", **OPTS) as probe:
+        commit_run(src, range(1, 4))
+        plan = src.copy("ft@3", to=probe, dry_run=True)
+    done = forked_python.run([str(CHILD), str(tmp_path / "src"), str(tmp_path / "dst"), "ft@3",
+                              point, str(nth)])
+    assert done.returncode == -9, done.stderr
+    with casckpt.open(tmp_path / "dst", create=False, **OPTS) as dst:
+        assert dst.ops.check(read_data=True).ok
+        visible = sorted(v.step for v in dst.log()) if "ft" in {r.name for r in dst.runs()} else []
+        assert visible == ([] if point == "batch" else [1])  # nothing half-copied is visible
+        with casckpt.open(tmp_path / "src", create=False, **OPTS) as src:
+            report = src.copy("ft@3", to=dst)
+        assert report.chunks < plan.chunks  # what the killed copy stored is not sent again
+        assert [v.step for v in dst.log("ft", order="asc")] == [1, 2, 3]
+        dst.gc(grace=0)
+        assert dst.ops.check(read_data=True).ok
+        assert_same(dst.restore("ft@3"), 3)
+
+
+def test_a_copy_across_keys_killed_midway_completes_without_writing_again_what_it_stored(
+        forked_python: Any, tmp_path: Path) -> None:
+    key = _key(tmp_path / "k")
+    with casckpt.open(tmp_path / "src", **OPTS) as src:
+        made = commit_run(src, range(1, 3))
+    done = forked_python.run([str(CHILD), str(tmp_path / "src"), str(tmp_path / "dst"), "ft@2",
+                              "recommit", "2", str(key)])
+    assert done.returncode == -9, done.stderr
+    with casckpt.open(tmp_path / "dst", key_file=key, create=False, **OPTS) as dst:
+        assert dst.ops.check(read_data=True).ok
+        assert [v.step for v in dst.log()] == [1]  # step 2 wrote its chunks, was not published
+        with casckpt.open(tmp_path / "src", create=False, **OPTS) as src:
+            report = src.copy("ft@2", to=dst)
+        assert [(v.step, v.sent) for v in report.versions] == [(2, True)]
+        assert report.bytes < made[1].new_bytes  # its new chunks were stored by the killed copy
+        dst.gc(grace=0)
+        assert dst.ops.check(read_data=True).ok
+        assert_same(dst.restore("ft@2"), 2)
+
+
+def test_local_to_s3(src: casckpt.Store, tmp_path: Path, s3_bucket_url: Callable[[], str],
+                     moto_endpoint: str) -> None:
+    commit_run(src, range(1, 3))
+    with casckpt.open(tmp_path / "s3dst", blobs=s3_bucket_url(), s3={"endpoint_url": moto_endpoint},
+                      **OPTS) as dst:
+        report = src.copy("ft@2", to=dst)
+        assert report.chunks > 0
+        assert src.copy("ft@2", to=dst).nothing_sent
+        assert_same(dst.restore("ft@2"), 2)
+        assert dst.ops.check(read_data=True).ok
+
+
+def test_what_a_copy_refuses(src: casckpt.Store, dst: casckpt.Store, tmp_path: Path) -> None:
+    commit_run(src, range(1, 3))
+    with pytest.raises(CopyTargetError, match="itself"):
+        src.copy("ft@1", to=src)
+    with casckpt.open(tmp_path / "src", create=False) as again, \
+            pytest.raises(CopyTargetError, match="itself"):
+        src.copy("ft@1", to=again)
+    with pytest.raises(CopyTargetError, match="Store"):
+        src.copy("ft@1", to=str(tmp_path / "dst"))  # type: ignore[arg-type]
+    with pytest.raises(RefNotFoundError):
+        src.copy("ft@99", to=dst)
+    with pytest.raises(RefNotFoundError):
+        src.copy("nosuchrun", to=dst)
+    with casckpt.open(tmp_path / "dst", read_only=True) as reader, pytest.raises(ReadOnlyStoreError):
+        src.copy("ft@1", to=reader)
+    dst.commit(state(1, fresh=16), run="ft", step=1)  # another version at ft@1
+    with pytest.raises(CopyConflictError, match="diverged"):
+        src.copy("ft@2", to=dst)
+    assert [v.step for v in dst.log("ft")] == [1]
+
+
+def _key(path: Path) -> Path:
+    casckpt.generate_key_file(path)
+    return path
+
+
+def _leaks(location: Path, needles: list[bytes]) -> list[str]:
+    """Objects of ``location`` holding any of ``needles``, or naming the run in the clear."""
+    found = []
+    for path in (p for p in location.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        if any(n in data for n in needles) or b"ft".hex() in str(path.relative_to(location)):
+            found.append(str(path))
+    return found
+
+
+def test_a_copy_across_keys_commits_each_version_again_and_leaks_no_plaintext(tmp_path: Path) -> None:
+    key = _key(tmp_path / "a.key")
+    with casckpt.open(tmp_path / "src", **OPTS) as src, \
+            casckpt.open(tmp_path / "enc", blobs=str(tmp_path / "encloc"), key_file=key, **OPTS) as enc:
+        made = commit_run(src, range(1, 4))
+        first = src.copy("ft@2", to=enc)
+        assert [(v.step, v.sent) for v in first.versions] == [(1, True), (2, True)]
+        assert all(v.id != v.source_id for v in first.versions)  # keyed ids: other versions ids
+        report = src.copy("ft@3", to=enc)
+        assert [v.step for v in report.versions] == [3]
+        assert report.bytes <= 1.1 * made[2].new_bytes + 4096  # only what step 3 changed is written
+        ids = {v.step: v.id for v in enc.log("ft")}
+        assert enc.resolve("ft@3").parent == ids[2] and enc.resolve("ft@2").parent == ids[1]
+        there = enc.resolve("ft@2")
+        assert (there.metrics, there.metadata, there.message, there.created_at, there.tags) == (
+            made[1].metrics, made[1].metadata, made[1].message, made[1].created_at, ("best",))
+        assert src.copy("ft", to=enc).nothing_sent
+    needles = [state(s)["head"].numpy().tobytes()[i:i + 32] for s in (1, 2, 3) for i in (0, 8000, 20000)]
+    assert _leaks(tmp_path / "src" / "packs", needles), "the needles are not in a plain store: no proof"
+    assert _leaks(tmp_path / "encloc", needles) == []
+    shutil.rmtree(tmp_path / "src")
+    with casckpt.open(tmp_path / "enc", blobs=str(tmp_path / "encloc"), key_file=key, create=False) as enc:
+        for step in (1, 2, 3):
+            assert_same(enc.restore(f"ft@{step}"), step)
+        assert enc.ops.check(read_data=True).ok
+
+
+def test_copies_between_two_keys_and_back_to_plain(tmp_path: Path) -> None:
+    key_a, key_b = _key(tmp_path / "a.key"), _key(tmp_path / "b.key")
+    with casckpt.open(tmp_path / "a", key_file=key_a, **OPTS) as a, \
+            casckpt.open(tmp_path / "b", key_file=key_b, **OPTS) as b, \
+            casckpt.open(tmp_path / "plain", **OPTS) as plain:
+        commit_run(a, range(1, 3))
+        a.fork("ft@1", "sweep")
+        a.commit(state(5), run="sweep", step=5)
+        assert [v.step for v in a.copy("sweep@5", to=b).versions] == [1, 5]
+        assert [v.step for v in b.copy("sweep", to=plain).versions] == [1, 5]
+        assert [(v.step, v.sent) for v in a.copy("ft@2", to=plain).versions] == [(2, True)]  # ft@1 held
+        nodes = {n.name: n for n in plain.lineage()}
+        assert (nodes["sweep"].parent_run, nodes["sweep"].fork_step) == ("ft", 1)
+        assert b.copy("sweep@5", to=plain).nothing_sent
+    shutil.rmtree(tmp_path / "a")
+    shutil.rmtree(tmp_path / "b")
+    with casckpt.open(tmp_path / "plain", create=False) as plain:
+        for ref, step in (("sweep@5", 5), ("ft@2", 2), ("ft@1", 1)):
+            assert_same(plain.restore(ref), step)
+        assert plain.ops.check(read_data=True).ok
+
+
+def test_copies_into_and_out_of_every_backend(store_config: Any, tmp_path: Path) -> None:
+    with casckpt.open(tmp_path / "src", **OPTS) as src, store_config.open(**OPTS) as remote, \
+            casckpt.open(tmp_path / "back", **OPTS) as back:
+        commit_run(src, range(1, 3))
+        assert src.copy("ft@2", to=remote).chunks > 0
+        assert src.copy("ft@2", to=remote).nothing_sent
+        report = remote.copy("ft", to=back)
+        assert [v.step for v in report.versions] == [1, 2] and report.chunks > 0
+        assert remote.ops.check(read_data=True).ok
+    shutil.rmtree(tmp_path / "src")
+    with casckpt.open(tmp_path / "back", create=False) as back:
+        assert_same(back.restore("ft@2"), 2)
+        assert back.ops.check(read_data=True).ok
+
+
+_DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.uint8, torch.float64]
+_leaf = st.one_of(
+    st.tuples(st.sampled_from(_DTYPES), st.integers(0, 3000), st.integers(0, 2**31 - 1)).map(
+        lambda t: (torch.randn(t[1], generator=torch.Generator().manual_seed(t[2])) * 100).to(t[0])),
+    st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), st.text(max_size=8), st.binary(max_size=8))
+_states = st.dictionaries(st.text("abcdefgh", min_size=1, max_size=4),
+                          st.one_of(_leaf, st.lists(_leaf, max_size=3)), max_size=6)
+
+
+def _equal(a: object, b: object) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_equal, a, b))  # type: ignore[arg-type]
+    return a == b
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(states=st.lists(_states, min_size=1, max_size=3))
+def test_any_run_copied_restores_as_committed(tmp_path: Path, states: list[dict[str, Any]]) -> None:
+    with tempfile.TemporaryDirectory(dir=tmp_path) as where:
+        root = Path(where)
+        with casckpt.open(root / "src", **OPTS) as src, casckpt.open(root / "dst", **OPTS) as dst:
+            for step, value in enumerate(states):
+                src.commit(value, run="p", step=step)
+            src.copy("p", to=dst)
+            assert src.copy("p", to=dst).nothing_sent
+        shutil.rmtree(root / "src")
+        with casckpt.open(root / "dst", create=False) as dst:
+            for step, value in enumerate(states):
+                assert _equal(dst.restore(f"p@{step}"), value)
