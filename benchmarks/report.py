@@ -15,6 +15,13 @@ from rich.table import Table
 from benchmarks import measure
 from benchmarks.catalog import NAME as CATALOG_NAME
 from benchmarks.catalog import CatalogResult
+from benchmarks.copy_bench import FLOORS as COPY_FLOORS
+from benchmarks.copy_bench import MEASURES as COPY_MEASURES
+from benchmarks.copy_bench import NAME as COPY_NAME
+from benchmarks.copy_bench import NOTES as COPY_NOTES
+from benchmarks.copy_bench import TARGETS as COPY_TARGETS
+from benchmarks.copy_bench import CopyResult
+from benchmarks.copy_bench import raw_table as copy_raw_table
 from benchmarks.dcp import NAME as DCP_NAME
 from benchmarks.dcp import DcpResult, Pair
 from benchmarks.delta import MEASURES as DELTA_MEASURES
@@ -93,11 +100,11 @@ from benchmarks.tiers import raw_table as tiers_raw_table
 Result = (WorkloadResult | S3Result | CatalogResult | RedundancyResult | DcpResult | DeltaResult
           | ManyResult | HintResult | PeersResult | StartupResult | ImportResult
           | HfResult | LightningResult | EncryptionResult | TiersResult | DeepSpeedResult
-          | MegatronResult)
+          | MegatronResult | CopyResult)
 Outcome = Result | str  # a result, or the error that stopped the workload
 R = TypeVar("R", WorkloadResult, S3Result, CatalogResult, RedundancyResult, DcpResult, DeltaResult,
             ManyResult, HintResult, PeersResult, StartupResult, ImportResult, HfResult,
-            LightningResult, EncryptionResult, TiersResult, DeepSpeedResult, MegatronResult)
+            LightningResult, EncryptionResult, TiersResult, DeepSpeedResult, MegatronResult, CopyResult)
 
 
 @dataclass(frozen=True)
@@ -447,12 +454,14 @@ ENCRYPTION_METRICS: tuple[Metric[EncryptionResult], ...] = tuple(Metric(*m) for 
 TIERS_METRICS: tuple[Metric[TiersResult], ...] = tuple(Metric(*m) for m in TIERS_MEASURES)
 DEEPSPEED_METRICS: tuple[Metric[DeepSpeedResult], ...] = tuple(Metric(*m) for m in DEEPSPEED_MEASURES)
 MEGATRON_METRICS: tuple[Metric[MegatronResult], ...] = tuple(Metric(*m) for m in MEGATRON_MEASURES)
+COPY_METRICS: tuple[Metric[CopyResult], ...] = tuple(Metric(*m) for m in COPY_MEASURES)
 
 # (workload or "*", metric key) -> lower limit, from BENCHMARKS.md "Targets".
 FLOORS: Mapping[tuple[str, str], float] = {
     (S3_NAME, "commit_vs_raw_upload"): 0.8,
     (S3_NAME, "restore_vs_raw_download"): 0.8,
     **{(TIERS_NAME, key): limit for key, limit in TIERS_FLOORS.items()},
+    **{(COPY_NAME, key): limit for key, limit in COPY_FLOORS.items()},
 }
 
 # (workload or "*", metric key) -> upper limit, from BENCHMARKS.md "Targets".
@@ -501,6 +510,7 @@ TARGETS: Mapping[tuple[str, str], float] = {
     **{(TIERS_NAME, key): limit for key, limit in TIERS_TARGETS.items()},
     **{(DEEPSPEED_NAME, key): limit for key, limit in DEEPSPEED_TARGETS.items()},
     **{(MEGATRON_NAME, key): limit for key, limit in MEGATRON_TARGETS.items()},
+    **{(COPY_NAME, key): limit for key, limit in COPY_TARGETS.items()},
 }
 
 
@@ -583,6 +593,8 @@ def metrics_for(result: Result) -> Sequence[Metric[Any]]:
         return DEEPSPEED_METRICS
     if isinstance(result, MegatronResult):
         return MEGATRON_METRICS
+    if isinstance(result, CopyResult):
+        return COPY_METRICS
     return S3_METRICS if isinstance(result, S3Result) else METRICS
 
 
@@ -669,7 +681,7 @@ def _local(outcomes: Mapping[str, Outcome]) -> dict[str, WorkloadResult | str]:
             and not _is_many(n, r) and not _is_startup(n, r) and not _is_lightning(n, r)
             and not (isinstance(r, str) and n in (HINT_NAME, PEERS_NAME, IMPORT_NAME, HF_NAME,
                                                         ENCRYPTION_NAME, TIERS_NAME, DEEPSPEED_NAME,
-                                                        MEGATRON_NAME))}
+                                                        MEGATRON_NAME, COPY_NAME))}
 
 
 def _delta(outcomes: Mapping[str, Outcome]) -> dict[str, DeltaResult | str]:
@@ -1023,6 +1035,9 @@ def print_report(console: Console, outcomes: Mapping[str, Outcome], scale: float
     megatron = {n: r for n, r in outcomes.items() if isinstance(r, MegatronResult)}
     if megatron:
         console.print(megatron_raw_table(megatron))
+    copies = {n: r for n, r in outcomes.items() if isinstance(r, CopyResult)}
+    if copies:
+        console.print(copy_raw_table(copies))
     console.print(ratio_table(outcomes, scale))
 
 
@@ -1222,6 +1237,8 @@ def write_json(path: Path, outcomes: Mapping[str, Outcome], header: dict[str, An
         notes[DEEPSPEED_NAME] = DEEPSPEED_NOTES
     if any(isinstance(r, MegatronResult) for r in outcomes.values()):
         notes[MEGATRON_NAME] = MEGATRON_NOTES
+    if any(isinstance(r, CopyResult) for r in outcomes.values()):
+        notes[COPY_NAME] = COPY_NOTES
     document = {**header, "notes": notes, "results": results}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2, default=str) + "\n")

@@ -33,7 +33,9 @@ without the tier, torch.save / torch.load and raw boto3 through the same proxy; 
 workload trains a 106M-parameter decoder with DeepSpeed ZeRO-2 on 2 gloo ranks and saves it with
 DeepSpeed's TorchCheckpointEngine and with casckpt's engine (full and frozen-backbone regimes, 10
 saves each: time, bytes, verified resumes); the ``megatron`` workload saves and loads a TP-2 sharded
-state with Megatron-Core's dist_checkpointing through casckpt's strategies and torch_dist's format.
+state with Megatron-Core's dist_checkpointing through casckpt's strategies and torch_dist's format; the
+``copy`` workload copies a 10-version fine-tune between stores with ``Store.copy``: bytes new at the
+destination (incremental and full) and throughput local <-> throttled S3 against raw boto3.
 
 Usage::
 
@@ -41,7 +43,7 @@ Usage::
                              [--workloads dense,dense-bf16,frozen,lora,embed,unchanged,
                                           branch,s3,catalog,redundancy,dcp,delta,hint,peers,startup,
                                           import,hf,lightning,encryption,tiers,deepspeed,
-                                          megatron]
+                                          megatron,copy]
                              [--out FILE] [--dir TMPDIR] [--no-install-peers]
 
 Prints a table of ratios with pass/miss against BENCHMARKS.md targets and writes
@@ -68,6 +70,8 @@ from rich.console import Console  # noqa: E402
 
 from benchmarks.catalog import NAME as CATALOG_NAME  # noqa: E402
 from benchmarks.catalog import run_catalog  # noqa: E402
+from benchmarks.copy_bench import NAME as COPY_NAME  # noqa: E402
+from benchmarks.copy_bench import run_copy  # noqa: E402
 from benchmarks.dcp import NAME as DCP_NAME  # noqa: E402
 from benchmarks.dcp import run_dcp  # noqa: E402
 from benchmarks.delta import NAME as DELTA_NAME  # noqa: E402
@@ -107,7 +111,7 @@ from benchmarks.workloads import WORKLOADS as LOCAL_WORKLOADS  # noqa: E402
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "latest.json"
 WORKLOADS = (*LOCAL_WORKLOADS, S3_NAME, CATALOG_NAME, REDUNDANCY_NAME, DCP_NAME, DELTA_NAME, MANY_NAME,
              HINT_NAME, PEERS_NAME, STARTUP_NAME, IMPORT_NAME, HF_NAME,
-             LIGHTNING_NAME, ENCRYPTION_NAME, TIERS_NAME, DEEPSPEED_NAME, MEGATRON_NAME)
+             LIGHTNING_NAME, ENCRYPTION_NAME, TIERS_NAME, DEEPSPEED_NAME, MEGATRON_NAME, COPY_NAME)
 
 
 def _workload_list(text: str) -> list[str]:
@@ -200,6 +204,8 @@ def _run_one(name: str, scale: float, workdir: Path, log: Log, install_peers: bo
         return run_deepspeed(scale, workdir, log)
     if name == MEGATRON_NAME:
         return run_megatron(scale, workdir, log)
+    if name == COPY_NAME:
+        return run_copy(scale, workdir, log)
     return run_workload(name, scale, workdir, log)
 
 
