@@ -37,6 +37,11 @@ from casckpt.reports import StoreStats as StoreStats
 from casckpt.reports import TierInfo as TierInfo
 from casckpt.reports import TierLoss as TierLoss
 from casckpt.reports import TierStatus as TierStatus
+from casckpt.mirror_rules import MirroredVersion as MirroredVersion
+from casckpt.mirror_rules import MirrorFailure as MirrorFailure
+from casckpt.mirror_rules import MirrorInfo as MirrorInfo
+from casckpt.mirror_rules import MirrorReport as MirrorReport
+from casckpt.mirror_rules import MirrorSelection as MirrorSelection
 from casckpt.retention_rules import RetentionPolicy as RetentionPolicy
 
 
