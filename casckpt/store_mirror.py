@@ -18,6 +18,7 @@ own retention and gc apply there; a mirror deletes nothing there unless it was a
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -85,7 +86,8 @@ class Mirrors:
         (:meth:`run`, ``casckpt mirror run``, :meth:`start`).
 
         Args:
-            to: the destination store's path or URL (created by the first run if missing).
+            to: the destination store's path (made absolute) or URL (created by the first run
+                if missing).
             key_file: the destination's master key file, if it is encrypted (its path is kept).
             propagate_deletions: a version this mirror sent that is then deleted here is
                 deleted there by the next run (default: never deleted there).
@@ -100,6 +102,9 @@ class Mirrors:
         if not isinstance(to, str) or not to:
             raise InvalidArgumentError(f"a mirror's destination is a store's path or URL, got {to!r}")
         selection = make_selection(runs, tags, **rules)
+        if "://" not in to:  # a path: a run from cron starts elsewhere
+            to = os.path.abspath(to)
+        key_file = None if key_file is None else os.path.abspath(key_file)
         mirror_sql.add(self._core.catalog, MirrorRow(
             name, to, key_file, selection.to_json(), propagate_deletions, time.time(), None, None, None))
         return self.get(name)
