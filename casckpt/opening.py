@@ -214,10 +214,10 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
     return store
 
 
-def _open_destination(where: str, key_file: str | None) -> Store:
-    """A mirror's destination store, opened (created when missing, as ``casckpt copy`` does;
-    no background drain: the mirror run closes it at once)."""
-    options: Options = {"background_drain": False}
+def _open_destination(where: str, key_file: str | None, create: bool) -> Store:
+    """A mirror's destination store, opened (``create``: when missing, as ``casckpt copy``
+    does; no background drain: the mirror run closes it at once)."""
+    options: Options = {"background_drain": False, "create": create}
     if key_file is not None:
         options["key_file"] = key_file
     return open_store(where, check(options))

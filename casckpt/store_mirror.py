@@ -28,7 +28,13 @@ from typing import Any, Protocol
 from casckpt.catalog import mirrors as mirror_sql
 from casckpt.catalog.mirrors import MirrorRow, VersionOutcome
 from casckpt.engine.versions.validate import check_name
-from casckpt.errors import CasckptError, InvalidArgumentError, MirrorDestinationError, RefNotFoundError
+from casckpt.errors import (
+    CasckptError,
+    InvalidArgumentError,
+    MirrorDestinationError,
+    NotAStoreError,
+    RefNotFoundError,
+)
 from casckpt.mirror_rules import (
     MirrorFailure,
     MirroredVersion,
@@ -57,8 +63,8 @@ class MirrorEnd(Protocol):
     def close(self) -> None: ...
 
 
-Opener = Callable[[str, "str | None"], MirrorEnd]
-"""``(destination, key file) -> the destination store, open`` (``casckpt.open``'s way)."""
+Opener = Callable[[str, "str | None", bool], MirrorEnd]
+"""``(destination, key file, create) -> the destination store, open`` (``casckpt.open``'s way)."""
 
 
 def _utc(seconds: float | None) -> datetime | None:
@@ -191,7 +197,12 @@ class Mirrors:
             mirror_sql.run_started(self._core.catalog, row.name)
         error: str | None = None
         try:
-            dest = self._open(row)
+            dest = self._open(row, create=not dry_run)
+            if dest is None:  # a dry run before the first: the destination is not made yet
+                return MirrorReport(row.name, redact_url(row.destination), tuple(
+                    MirroredVersion(v.id, "", v.run, v.step, "would send", 0, v.logical_bytes, reasons)
+                    for v, reasons in chosen), 0, sum(v.logical_bytes for v, _ in chosen), (), True,
+                    time.monotonic() - started)
             try:
                 sending = _Sending(self._core, row.name, self._source, dest, dry_run, progress, stopping)
                 versions, tags = sending.send(chosen)
@@ -219,14 +230,17 @@ class Mirrors:
                 out += [(v, tuple(picked[v.id])) for v in versions if v.id in picked]
         return out
 
-    def _open(self, row: MirrorRow) -> MirrorEnd:
+    def _open(self, row: MirrorRow, *, create: bool) -> MirrorEnd | None:
+        """The destination, open; None where ``create`` is False and there is no store yet."""
         where = redact_url(row.destination)
         if self._opener is None:
             raise MirrorDestinationError(f"mirror {row.name!r}: this store handle cannot open other stores; "
                                          "open the store with casckpt.open")
         try:
-            return self._opener(row.destination, row.key_file)
+            return self._opener(row.destination, row.key_file, create)
         except (CasckptError, OSError) as exc:
+            if not create and isinstance(exc, NotAStoreError):
+                return None
             raise MirrorDestinationError(
                 f"mirror {row.name!r}: its destination {where} could not be opened ({type(exc).__name__}: "
                 f"{exc}). Check that it is reachable and that its URL, credentials and key file are "

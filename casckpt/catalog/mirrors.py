@@ -9,6 +9,7 @@ in the same transaction. Removing deletes its rows (the admin's right, as deleti
 
 from __future__ import annotations
 
+import difflib
 import json
 import time
 from collections.abc import Sequence
@@ -108,7 +109,8 @@ def mirrors(catalog: Catalog, name: str | None = None) -> list[MirrorRow]:
 def _not_found(conn: Connection, name: str) -> RefNotFoundError:
     names = [n for (n,) in conn.execute(select(s.mirrors.c.name).order_by(s.mirrors.c.name))]
     known = f"the mirrors are {', '.join(names)}" if names else "this store has no mirror"
-    return RefNotFoundError(f"no mirror named {name!r}: {known} (casckpt mirror status lists them)")
+    return RefNotFoundError(name, f"no mirror of that name ({known}; casckpt mirror status lists them)",
+                            difflib.get_close_matches(name, names, n=3))
 
 
 def run_started(catalog: Catalog, name: str) -> None:
