@@ -17,6 +17,7 @@ own retention and gc apply there; a mirror deletes nothing there unless it was a
 
 from __future__ import annotations
 
+import builtins
 import logging
 import os
 import threading
@@ -36,8 +37,8 @@ from casckpt.errors import (
     RefNotFoundError,
 )
 from casckpt.mirror_rules import (
-    MirrorFailure,
     MirroredVersion,
+    MirrorFailure,
     MirrorInfo,
     MirrorReport,
     MirrorSelection,
@@ -151,7 +152,8 @@ class Mirrors:
 
     # -- running ----------------------------------------------------------------------------
 
-    def run(self, name: str, *, dry_run: bool = False, progress: ProgressCallback | None = None) -> MirrorReport:
+    def run(self, name: str, *, dry_run: bool = False,
+            progress: ProgressCallback | None = None) -> MirrorReport:
         """Run mirror ``name`` once: send the versions its selection picks now that the
         destination lacks, move the tags on them there, and (if the mirror propagates
         deletions) delete there the versions it sent that were deleted here. Each version's
@@ -169,7 +171,8 @@ class Mirrors:
         """
         return self._run(mirror_sql.mirrors(self._core.catalog, name)[0], dry_run, progress, lambda: False)
 
-    def run_all(self, *, dry_run: bool = False, progress: ProgressCallback | None = None) -> list[MirrorReport]:
+    def run_all(self, *, dry_run: bool = False,
+                progress: ProgressCallback | None = None) -> builtins.list[MirrorReport]:
         """Run every mirror, by name (see :meth:`run`); a destination that cannot be opened is
         recorded and the other mirrors still run, then the first such error is raised.
 
@@ -220,7 +223,7 @@ class Mirrors:
                             sum(v.chunks for v in versions), sum(v.bytes for v in versions), tuple(tags),
                             dry_run, time.monotonic() - started)
 
-    def _chosen(self, selection: MirrorSelection) -> list[tuple[Version, tuple[str, ...]]]:
+    def _chosen(self, selection: MirrorSelection) -> builtins.list[tuple[Version, tuple[str, ...]]]:
         """The versions ``selection`` picks now, by run name and step, with why."""
         out = []
         for run in sorted(self._source.runs(), key=lambda r: r.name):
@@ -264,7 +267,8 @@ class Mirrors:
         self._core.refuse_write("store.mirrors.start", "the catalog")
         mirror_sql.mirrors(self._core.catalog, name)
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 < interval < 1e9:
-            raise InvalidArgumentError(f"a mirror's interval is a positive number of seconds, got {interval!r}")
+            raise InvalidArgumentError(
+                f"a mirror's interval is a positive number of seconds, got {interval!r}")
         worker = MirrorWorker(self, name, float(interval))
         with self._lock:
             self._workers = [w for w in self._workers if w.is_alive()] + [worker]
@@ -334,7 +338,8 @@ class _Sending:
         self.core, self.name, self.source, self.dest = core, name, source, dest
         self.dry_run, self.progress, self.stopping = dry_run, progress, stopping
 
-    def send(self, chosen: Sequence[tuple[Version, tuple[str, ...]]]) -> tuple[list[MirroredVersion], list[str]]:
+    def send(self, chosen: Sequence[tuple[Version, tuple[str, ...]]],
+             ) -> tuple[list[MirroredVersion], list[str]]:
         """Copy the ``chosen`` versions: all at once, or, when that fails, one by one, so one
         failure stops no other version. Returns what became of each, and the tags set there."""
         if not chosen:
@@ -362,9 +367,11 @@ class _Sending:
         return out, tags
 
     def _copy(self, refs: list[str]) -> CopyReport:
-        return self.source.copy(refs, to=self.dest, dry_run=self.dry_run, progress=self.progress, lineage=False)
+        return self.source.copy(refs, to=self.dest, dry_run=self.dry_run, progress=self.progress,
+                                lineage=False)
 
-    def _record(self, copied: Iterable[CopiedVersion], why: dict[str, tuple[str, ...]]) -> list[MirroredVersion]:
+    def _record(self, copied: Iterable[CopiedVersion],
+                why: dict[str, tuple[str, ...]]) -> list[MirroredVersion]:
         out = []
         for v in copied:
             status = ("would send" if self.dry_run else "sent") if v.sent else "present"
@@ -372,7 +379,8 @@ class _Sending:
                                        why.get(v.source_id, ())))
         if not self.dry_run:
             mirror_sql.record(self.core.catalog, self.name, [
-                VersionOutcome(v.source_id, v.run, v.step, "sent", v.id or None, v.chunks, v.bytes, time.time(), None)
+                VersionOutcome(v.source_id, v.run, v.step, "sent", v.id or None, v.chunks, v.bytes,
+                               time.time(), None)
                 for v in out])
         return out
 
@@ -381,8 +389,10 @@ class _Sending:
         log.warning("mirror %s: %s@%d was not sent: %s", self.name, version.run, version.step, error)
         if not self.dry_run:
             mirror_sql.record(self.core.catalog, self.name, [
-                VersionOutcome(version.id, version.run, version.step, "failed", None, 0, 0, time.time(), error)])
-        return MirroredVersion(version.id, "", version.run, version.step, "failed", reasons=reasons, error=error)
+                VersionOutcome(version.id, version.run, version.step, "failed", None, 0, 0, time.time(),
+                               error)])
+        return MirroredVersion(version.id, "", version.run, version.step, "failed", reasons=reasons,
+                               error=error)
 
     def propagate_deletions(self) -> list[MirroredVersion]:
         """Delete at the destination each version this mirror sent that is deleted here."""
@@ -397,7 +407,8 @@ class _Sending:
                 pass
             if not self.dry_run:
                 try:
-                    self.dest.delete(sent.dest_id or sent.version_id, reason=f"mirror {self.name}: deleted at the source")
+                    self.dest.delete(sent.dest_id or sent.version_id,
+                                     reason=f"mirror {self.name}: deleted at the source")
                 except RefNotFoundError:  # deleted there already
                     pass
                 mirror_sql.record(self.core.catalog, self.name, [sent._replace(

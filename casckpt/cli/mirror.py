@@ -55,10 +55,12 @@ def add(
     The destination's own retention applies there.
     """
     with open_store(ctx) as store:
-        info = store.mirrors.add(name, to, runs=runs, tags=tags or (), propagate_deletions=propagate_deletions,
+        info = store.mirrors.add(name, to, runs=runs, tags=tags or (),
+                                 propagate_deletions=propagate_deletions,
                                  key_file=None if to_key_file is None else str(to_key_file),
                                  **parse_rules(rules))
-    render.emit(as_json, info.to_dict(), f"Mirror {info.name} -> {info.destination}: {info.selection.describe()}")
+    render.emit(as_json, info.to_dict(),
+                f"Mirror {info.name} -> {info.destination}: {info.selection.describe()}")
     if not as_json:
         render.note(f"send now with: casckpt mirror run {info.name} (or run it from cron)")
 
@@ -66,7 +68,8 @@ def add(
 @mirror_app.command("run")
 def run(
     ctx: typer.Context,
-    name: Annotated[str | None, typer.Argument(metavar="[NAME]", help="Only this mirror (default: every one).")] = None,
+    name: Annotated[str | None, typer.Argument(metavar="[NAME]",
+                                               help="Only this mirror (default: every one).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", metavar=FLAG,
                                           help="Say what would be sent; write nothing.")] = False,
     as_json: JsonOption = False,
@@ -94,7 +97,8 @@ def run_view(report: MirrorReport) -> list[RenderableType]:
                             right=("chunks", "bytes"))
     for v in report.versions:
         why = v.error if v.error is not None else "; ".join(v.reasons)
-        table.add_row(f"{v.run}@{v.step}", v.id[:12], v.status, str(v.chunks), render.human_bytes(v.bytes), why)
+        table.add_row(f"{v.run}@{v.step}", v.id[:12], v.status, str(v.chunks), render.human_bytes(v.bytes),
+                      why)
     head = f"{report.mirror} -> {report.destination}"
     if report.nothing_sent:
         summary = f"{head}: nothing to send, the destination holds every selected version."

@@ -59,7 +59,8 @@ def held_at(dest: Catalog, row: VersionRow) -> str | None:
     return there.id if there is not None and there.created_at == row.created_at else None
 
 
-def plan(source: Catalog, dest: Catalog, asked: Sequence[VersionRow], *, lineage: bool = True) -> list[Rekeyed]:
+def plan(source: Catalog, dest: Catalog, asked: Sequence[VersionRow], *,
+         lineage: bool = True) -> list[Rekeyed]:
     """The versions a copy of ``asked`` across keys commits, ancestors first (see module).
 
     Raises:
