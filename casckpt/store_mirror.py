@@ -169,7 +169,7 @@ class Mirrors:
             MirrorDestinationError: the destination could not be opened (recorded on the mirror).
             ReadOnlyStoreError: this store is read-only (unless ``dry_run``).
         """
-        return self._run(mirror_sql.mirrors(self._core.catalog, name)[0], dry_run, progress, lambda: False)
+        return self._run(mirror_sql.mirrors(self._core.catalog, name)[0], dry_run, progress, None)
 
     def run_all(self, *, dry_run: bool = False,
                 progress: ProgressCallback | None = None) -> builtins.list[MirrorReport]:
@@ -182,7 +182,7 @@ class Mirrors:
         reports, errors = [], []
         for row in mirror_sql.mirrors(self._core.catalog):
             try:
-                reports.append(self._run(row, dry_run, progress, lambda: False))
+                reports.append(self._run(row, dry_run, progress, None))
             except MirrorDestinationError as exc:
                 errors.append(exc)
         if errors:
@@ -190,7 +190,9 @@ class Mirrors:
         return reports
 
     def _run(self, row: MirrorRow, dry_run: bool, progress: ProgressCallback | None,
-             stopping: Callable[[], bool]) -> MirrorReport:
+             stopping: Callable[[], bool] | None) -> MirrorReport:
+        """One run (see :meth:`run`); ``stopping``: a thread's stop flag (versions then go one by
+        one, the flag read between them), None in the foreground."""
         if not dry_run:
             self._core.refuse_write("a mirror run", "the catalog")
         started = time.monotonic()
@@ -334,18 +336,22 @@ class _Sending:
     """One mirror run's copies into its destination, each outcome recorded as it is known."""
 
     def __init__(self, core: StoreCore, name: str, source: MirrorEnd, dest: MirrorEnd, dry_run: bool,
-                 progress: ProgressCallback | None, stopping: Callable[[], bool]) -> None:
+                 progress: ProgressCallback | None, stopping: Callable[[], bool] | None) -> None:
         self.core, self.name, self.source, self.dest = core, name, source, dest
         self.dry_run, self.progress, self.stopping = dry_run, progress, stopping
 
+    def _stop(self) -> bool:
+        return self.stopping is not None and self.stopping()
+
     def send(self, chosen: Sequence[tuple[Version, tuple[str, ...]]],
              ) -> tuple[list[MirroredVersion], list[str]]:
-        """Copy the ``chosen`` versions: all at once, or, when that fails, one by one, so one
-        failure stops no other version. Returns what became of each, and the tags set there."""
+        """Copy the ``chosen`` versions: all at once in the foreground, or, when that fails and
+        on a thread (which stops between versions), one by one, so one failure stops no other
+        version. Returns what became of each, and the tags set there."""
         if not chosen:
             return [], []
         why = {v.id: reasons for v, reasons in chosen}
-        if not self.stopping():
+        if self.stopping is None:
             try:
                 report = self._copy([v.id for v, _ in chosen])
             except CasckptError:
@@ -355,7 +361,7 @@ class _Sending:
         out: list[MirroredVersion] = []
         tags: list[str] = []
         for version, reasons in chosen:
-            if self.stopping():
+            if self._stop():
                 break
             try:
                 report = self._copy([version.id])
@@ -398,7 +404,7 @@ class _Sending:
         """Delete at the destination each version this mirror sent that is deleted here."""
         out = []
         for sent in mirror_sql.outcomes(self.core.catalog, self.name, "sent"):
-            if self.stopping():
+            if self._stop():
                 break
             try:
                 self.source.resolve(sent.version_id)

@@ -221,3 +221,25 @@ def test_a_selection_picks_by_tag_glob_and_rule() -> None:
     assert selection.matches_run("pre-1") and not selection.matches_run("ft")
     assert selection.to_json() == {"runs": ["pre-*"], "tags": ["rel-*"], "rules": {"keep_last": 1}}
     assert make_selection(["r"], keep_tagged=True).to_json()["rules"] == {"keep_tagged": True}
+
+
+def test_a_mirror_into_a_store_keyed_otherwise_maps_ids_sends_nothing_again_and_deletes_there(
+        src: casckpt.Store, tmp_path: Path) -> None:
+    key = tmp_path / "dst.key"
+    casckpt.generate_key_file(key)
+    for step in (1, 2, 3):
+        commit(src, step, tags=("best",) if step == 1 else ())
+    src.mirrors.add("sealed", str(tmp_path / "dst"), runs=["ft"], tags=["best"], keep_last=1,
+                    key_file=str(key), propagate_deletions=True)
+    report = src.mirrors.run("sealed")  # 3 without its parent 2: committed there with none
+    assert [(v.step, v.status) for v in report.versions] == [(1, "sent"), (3, "sent")]
+    assert all(v.id and v.id != v.source_id for v in report.versions)
+    assert src.mirrors.run("sealed").nothing_sent
+    src.delete("ft@1")
+    src.tag("ft@3", "best")
+    after = src.mirrors.run("sealed")
+    assert [(v.step, v.status) for v in after.versions] == [(3, "present"), (1, "deleted")]
+    with casckpt.open(tmp_path / "dst", key_file=key, create=False) as dst:
+        assert steps(dst) == [3] and dst.resolve("tag:best").step == 3
+        assert_same(dst.restore("ft@3"), 3)
+        assert dst.ops.check(read_data=True).ok
