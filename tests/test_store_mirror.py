@@ -243,3 +243,16 @@ def test_a_mirror_into_a_store_keyed_otherwise_maps_ids_sends_nothing_again_and_
         assert steps(dst) == [3] and dst.resolve("tag:best").step == 3
         assert_same(dst.restore("ft@3"), 3)
         assert dst.ops.check(read_data=True).ok
+
+
+def test_a_mirror_recorded_in_a_postgresql_catalog(tmp_path: Path, pg_url: str) -> None:
+    with casckpt.open(tmp_path / "src", catalog=pg_url, **OPTS) as store:
+        for step in (1, 2):
+            commit(store, step)
+        store.mirrors.add("m", str(tmp_path / "dst"), runs=["ft"], keep_every=1)
+        assert [v.status for v in store.mirrors.run("m").versions] == ["sent", "sent"]
+        assert [v.status for v in store.mirrors.run("m").versions] == ["present", "present"]  # upserted
+        info = store.mirrors.get("m")
+        assert info.versions_sent == 2 and info.bytes_sent > 0 and info.last_error is None
+        store.mirrors.remove("m")
+        assert store.mirrors.list() == []
