@@ -254,24 +254,27 @@ class Mirrors:
 
     # -- in the background ------------------------------------------------------------------
 
-    def start(self, name: str, *, interval: float = 300.0) -> MirrorWorker:
-        """Run mirror ``name`` on a thread of this process: at once, then every ``interval``
-        seconds and whenever :meth:`MirrorWorker.wake` is called (after a commit, say), until
+    def start(self, name: str, *, interval: float = 300.0, poll: float | None = 5.0) -> MirrorWorker:
+        """Run mirror ``name`` on a thread of this process: at once; then after commits (a run
+        of the store has a new latest version, by any process: checked every ``poll``
+        seconds, one catalog query; None: not checked); every ``interval`` seconds (tags that
+        moved); and whenever :meth:`MirrorWorker.wake` is called -- until
         :meth:`MirrorWorker.stop` or the store closes (which waits for the version being
         sent, then stops). A failed run is logged (WARNING) and recorded on the mirror; the
         next one tries again.
 
         Raises:
             RefNotFoundError: there is no such mirror.
-            InvalidArgumentError: ``interval`` is not a positive number of seconds.
+            InvalidArgumentError: ``interval`` or ``poll`` is not a positive number of seconds.
             ReadOnlyStoreError: this store is read-only.
         """
         self._core.refuse_write("store.mirrors.start", "the catalog")
         mirror_sql.mirrors(self._core.catalog, name)
-        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 < interval < 1e9:
-            raise InvalidArgumentError(
-                f"a mirror's interval is a positive number of seconds, got {interval!r}")
-        worker = MirrorWorker(self, name, float(interval))
+        for what, value in (("interval", interval), ("poll", 1.0 if poll is None else poll)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e9:
+                raise InvalidArgumentError(
+                    f"a mirror's {what} is a positive number of seconds, got {value!r}")
+        worker = MirrorWorker(self, name, float(interval), None if poll is None else float(poll))
         with self._lock:
             self._workers = [w for w in self._workers if w.is_alive()] + [worker]
         worker.start()
@@ -284,6 +287,13 @@ class Mirrors:
         for worker in workers:
             worker.stop()
 
+    def _latest(self) -> tuple[tuple[str, str | None], ...] | None:
+        """Each run's latest version (None: the catalog could not say): what a new commit changes."""
+        try:
+            return tuple((r.name, r.latest_id) for r in self._source.runs())
+        except CasckptError:
+            return None
+
     def _background_run(self, name: str, stopping: Callable[[], bool]) -> MirrorReport:
         return self._run(mirror_sql.mirrors(self._core.catalog, name)[0], False, None, stopping)
 
@@ -294,14 +304,15 @@ class MirrorWorker(threading.Thread):
     Attributes:
         mirror: the mirror's name.
         interval: seconds between runs.
+        poll: seconds between checks for new commits (None: none).
         runs: runs finished (failed ones too).
         last_report: the last run's report (None: none finished).
         last_error: the error of the last run that failed (None: the last one did not).
     """
 
-    def __init__(self, mirrors: Mirrors, name: str, interval: float) -> None:
+    def __init__(self, mirrors: Mirrors, name: str, interval: float, poll: float | None) -> None:
         super().__init__(name=f"casckpt-mirror-{name}", daemon=True)
-        self._mirrors, self.mirror, self.interval = mirrors, name, interval
+        self._mirrors, self.mirror, self.interval, self.poll = mirrors, name, interval, poll
         self._stop_event, self._wake = threading.Event(), threading.Event()
         self.runs = 0
         self.last_report: MirrorReport | None = None
@@ -310,6 +321,7 @@ class MirrorWorker(threading.Thread):
     def run(self) -> None:  # the thread's body
         while not self._stop_event.is_set():
             self._wake.clear()
+            seen = self._mirrors._latest() if self.poll is not None else None
             try:
                 self.last_report = self._mirrors._background_run(self.mirror, self._stop_event.is_set)
                 self.last_error = None
@@ -317,7 +329,16 @@ class MirrorWorker(threading.Thread):
                 self.last_error = exc
                 log.warning("mirror %s: the run failed (%s); the next one tries again", self.mirror, exc)
             self.runs += 1
-            self._wake.wait(self.interval)
+            self._until_due(seen, time.monotonic() + self.interval)
+
+    def _until_due(self, seen: object, deadline: float) -> None:
+        """Wait for a wake, a stop, the interval's end or (polling) a new commit."""
+        while not self._stop_event.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0 or self._wake.wait(left if self.poll is None else min(left, self.poll)):
+                return
+            if self.poll is not None and self._mirrors._latest() not in (None, seen):
+                return
 
     def wake(self) -> None:
         """Run the mirror now (once the run in progress, if any, is over)."""

@@ -173,21 +173,30 @@ def test_an_unreachable_destination_is_a_typed_error_recorded_on_the_mirror(
     assert good.last_error is None and good.versions_sent == 1
 
 
-def test_the_background_form_runs_on_wake_and_stops_on_close(tmp_path: Path) -> None:
+def test_the_background_form_runs_on_wake_and_after_commits_and_stops_on_close(tmp_path: Path) -> None:
     store = casckpt.open(tmp_path / "src", **OPTS)
     commit(store, 1)
     store.mirrors.add("hot", str(tmp_path / "dst"), runs=["ft"], keep_last=1)
-    worker = store.mirrors.start("hot", interval=3600)
+    worker = store.mirrors.start("hot", interval=3600, poll=None)
     wait_for(lambda: worker.runs >= 1)
     assert worker.last_error is None and worker.last_report is not None
     commit(store, 2)
+    time.sleep(0.3)
+    assert worker.runs == 1  # no poll: the commit alone does not wake it
     worker.wake()
     wait_for(lambda: worker.runs >= 2)
     assert [(v.step, v.status) for v in worker.last_report.versions] == [(2, "sent")]
-    store.close()
+    worker.stop()
     assert not worker.is_alive()
+
+    polling = store.mirrors.start("hot", interval=3600, poll=0.05)
+    wait_for(lambda: polling.runs >= 1)
+    store.commit(state(3), run="ft", step=3, block=False)  # a background commit, no wake
+    wait_for(lambda: store.mirrors.get("hot").versions_sent == 3)
+    store.close()
+    assert not polling.is_alive()
     with casckpt.open(tmp_path / "dst", create=False) as dst:
-        assert steps(dst) == [1, 2]
+        assert steps(dst) == [1, 2, 3]
 
 
 def test_adding_listing_and_removing_and_their_refusals(src: casckpt.Store, tmp_path: Path) -> None:
@@ -207,6 +216,8 @@ def test_adding_listing_and_removing_and_their_refusals(src: casckpt.Store, tmp_
         src.mirrors.add("n", str(tmp_path / "x"), runs=["ft"], keep_forever=1)
     with pytest.raises(InvalidArgumentError):
         src.mirrors.start("m", interval=0)
+    with pytest.raises(InvalidArgumentError, match="poll"):
+        src.mirrors.start("m", poll=-1)
     with pytest.raises(RefNotFoundError, match="the mirrors are m"):
         src.mirrors.run("nope")
     src.mirrors.remove("m")
