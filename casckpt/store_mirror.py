@@ -216,7 +216,7 @@ class Mirrors:
             finally:
                 dest.close()
         except BaseException as exc:
-            error = str(exc) or type(exc).__name__
+            error = redact_url(str(exc)) or type(exc).__name__
             raise
         finally:
             if not dry_run:
@@ -248,8 +248,8 @@ class Mirrors:
                 return None
             raise MirrorDestinationError(
                 f"mirror {row.name!r}: its destination {where} could not be opened ({type(exc).__name__}: "
-                f"{exc}). Check that it is reachable and that its URL, credentials and key file are "
-                f"right, then run the mirror again (casckpt mirror run {row.name}); or remove the "
+                f"{redact_url(str(exc))}). Check that it is reachable and that its URL, credentials and key "
+                f"file are right, then run the mirror again (casckpt mirror run {row.name}); or remove the "
                 f"mirror (casckpt mirror remove {row.name})") from exc
 
     # -- in the background ------------------------------------------------------------------
@@ -412,7 +412,7 @@ class _Sending:
         return out
 
     def _failed(self, version: Version, reasons: tuple[str, ...], exc: CasckptError) -> MirroredVersion:
-        error = f"{type(exc).__name__}: {exc}"
+        error = f"{type(exc).__name__}: {redact_url(str(exc))}"
         log.warning("mirror %s: %s@%d was not sent: %s", self.name, version.run, version.step, error)
         if not self.dry_run:
             mirror_sql.record(self.core.catalog, self.name, [
