@@ -97,7 +97,8 @@ def test_report_of_some_runs_and_of_an_empty_store(demo: casckpt.Store, tmp_path
         blank = empty.ops.report(tmp_path / "empty.html")
     assert "ft-wd@900" in page.cells and not [c for c in page.cells if c.startswith(("base@", "ft-lr@"))]
     text = blank.read_text(encoding="utf-8")
-    for empty_state in ("No versions yet.", "No restore drills recorded yet", "No gc has run yet", "No mirrors"):
+    for empty_state in ("No versions yet.", "No restore drills recorded yet", "No gc has run yet",
+                        "No mirrors"):
         assert empty_state in text
     assert [a["data-plot"] for t, a in _parse(blank).tags if t == "figure"] == ["locations"]
 
