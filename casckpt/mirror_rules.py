@@ -188,7 +188,7 @@ class MirroredVersion(ToDict):
 
 @dataclass(frozen=True, slots=True)
 class MirrorReport(ToDict):
-    """What one run of a mirror did (``store.mirrors.run``, ``casckpt mirror run``).
+    """What one run of a mirror did (``store.mirrors.push``, ``casckpt mirror run``).
 
     Attributes:
         mirror, destination: which mirror, into which store (credentials redacted).

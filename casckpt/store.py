@@ -37,7 +37,7 @@ from casckpt.store_core import Ref, StoreCore
 from casckpt.store_history import StoreHistory
 from casckpt.store_keys import Keys
 from casckpt.store_locations import Locations
-from casckpt.store_mirror import Mirrors, Opener
+from casckpt.store_mirrors import Mirrors, Opener
 from casckpt.store_ops import Ops
 from casckpt.store_retention import Retention
 from casckpt.store_tier import Tier
@@ -68,7 +68,7 @@ class Store(StoreHistory):
         tier: the fast tier (:class:`~casckpt.store_tier.Tier`).
         retention: retention policies (:class:`~casckpt.store_retention.Retention`).
         ops: check, repair, drills, report, audit, stats, rebuilds (:class:`~casckpt.store_ops.Ops`).
-        mirrors: mirrors into other stores (:class:`~casckpt.store_mirror.Mirrors`).
+        mirrors: mirrors into other stores (:class:`~casckpt.store_mirrors.Mirrors`).
     """
 
     locations: Locations

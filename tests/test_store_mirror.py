@@ -70,11 +70,11 @@ def test_a_run_sends_exactly_the_selected_versions_which_restore_without_the_sou
         commit(src, step, tags=("best",) if step == 2 else ())
     # every 3rd step's first version (1, 3, 6), the latest (7), the one tagged best (2)
     src.mirrors.add("arch", str(tmp_path / "dst"), runs=["f*"], tags=["best"], keep_every=3, keep_last=1)
-    dry = src.mirrors.run("arch", dry_run=True)
+    dry = src.mirrors.push("arch", dry_run=True)
     assert [(v.step, v.status) for v in dry.versions] == [(s, "would send") for s in (1, 2, 3, 6, 7)]
     assert not (tmp_path / "dst").exists()  # a dry run makes no store
 
-    report = src.mirrors.run("arch")
+    report = src.mirrors.push("arch")
     assert [(v.step, v.status) for v in report.versions] == [(s, "sent") for s in (1, 2, 3, 6, 7)]
     assert dict((v.step, v.reasons) for v in report.versions)[2] == ("tag best",)
     assert report.tags == ("best",) and report.bytes > 0 and not report.failed
@@ -96,9 +96,9 @@ def test_a_second_run_sends_nothing(src: casckpt.Store, tmp_path: Path) -> None:
     for step in range(1, 4):
         commit(src, step)
     src.mirrors.add("m", str(tmp_path / "dst"), runs=["ft"], keep_last=2)
-    assert not src.mirrors.run("m").nothing_sent
+    assert not src.mirrors.push("m").nothing_sent
     before = files(tmp_path / "dst")
-    again = src.mirrors.run("m")
+    again = src.mirrors.push("m")
     assert again.nothing_sent and again.chunks == 0 and again.bytes == 0
     assert [v.status for v in again.versions] == ["present", "present"]
     assert files(tmp_path / "dst") == before
@@ -110,12 +110,12 @@ def test_a_tag_moved_here_moves_there_at_the_next_run_and_nothing_is_deleted_the
     for step in range(1, 5):
         commit(src, step, tags=("best",) if step == 1 else ())
     src.mirrors.add("best", str(tmp_path / "dst"), runs=["ft"], tags=["best"])
-    src.mirrors.run("best")
+    src.mirrors.push("best")
     src.tag("ft@3", "best")
-    moved = src.mirrors.run("best")
+    moved = src.mirrors.push("best")
     assert [(v.step, v.status) for v in moved.versions] == [(3, "sent")] and moved.tags == ("best",)
     src.tag("ft@1", "best")  # back onto a version the destination holds
-    back = src.mirrors.run("best")
+    back = src.mirrors.push("best")
     assert [(v.step, v.status) for v in back.versions] == [(1, "present")] and back.tags == ("best",)
     with casckpt.open(tmp_path / "dst", create=False) as dst:
         assert dst.resolve("tag:best").step == 1
@@ -128,9 +128,9 @@ def test_deletions_do_not_propagate_unless_asked(src: casckpt.Store, tmp_path: P
     src.mirrors.add("keep", str(tmp_path / "a"), runs=["ft"], keep_every=1)
     src.mirrors.add("prune", str(tmp_path / "b"), runs=["ft"], keep_every=1, propagate_deletions=True)
     assert src.mirrors.get("prune").propagate_deletions
-    src.mirrors.run_all()
+    src.mirrors.push_all()
     src.delete("ft@2")
-    kept, pruned = src.mirrors.run_all()
+    kept, pruned = src.mirrors.push_all()
     assert [(v.step, v.status) for v in kept.versions] == [(1, "present"), (3, "present")]
     assert [(v.step, v.status) for v in pruned.versions] == [(1, "present"), (3, "present"), (2, "deleted")]
     with casckpt.open(tmp_path / "a", create=False) as a, casckpt.open(tmp_path / "b", create=False) as b:
@@ -146,7 +146,7 @@ def test_a_failed_version_is_recorded_and_stops_no_other(src: casckpt.Store, tmp
     with casckpt.open(tmp_path / "dst", **OPTS) as dst:  # the runs diverged there at a@2
         dst.commit({"w": torch.zeros(8)}, run="a", step=2)
     src.mirrors.add("m", str(tmp_path / "dst"), runs=["a", "b"], keep_every=1)
-    report = src.mirrors.run("m")
+    report = src.mirrors.push("m")
     assert [(v.run, v.step, v.status) for v in report.versions] == [
         ("a", 1, "sent"), ("a", 2, "failed"), ("b", 1, "sent"), ("b", 2, "sent")]
     [failed] = report.failed
@@ -154,7 +154,7 @@ def test_a_failed_version_is_recorded_and_stops_no_other(src: casckpt.Store, tmp
     info = src.mirrors.get("m")
     assert info.versions_sent == 3 and info.last_error is None
     assert [(f.run, f.step) for f in info.failed] == [("a", 2)] and "diverged" in info.failed[0].error
-    assert src.mirrors.run("m").failed  # still diverged: failed again, recorded once
+    assert src.mirrors.push("m").failed  # still diverged: failed again, recorded once
     assert len(src.mirrors.get("m").failed) == 1
 
 
@@ -165,9 +165,9 @@ def test_an_unreachable_destination_is_a_typed_error_recorded_on_the_mirror(
     src.mirrors.add("bad", str(tmp_path / "file" / "store"), runs=["ft"], keep_last=1)
     src.mirrors.add("good", str(tmp_path / "dst"), runs=["ft"], keep_last=1)
     with pytest.raises(MirrorDestinationError, match="could not be opened.*casckpt mirror run bad"):
-        src.mirrors.run("bad")
+        src.mirrors.push("bad")
     with pytest.raises(MirrorDestinationError):  # the others run all the same
-        src.mirrors.run_all()
+        src.mirrors.push_all()
     bad, good = src.mirrors.list()
     assert bad.last_error is not None and "could not be opened" in bad.last_error and bad.versions_sent == 0
     assert good.last_error is None and good.versions_sent == 1
@@ -219,7 +219,7 @@ def test_adding_listing_and_removing_and_their_refusals(src: casckpt.Store, tmp_
     with pytest.raises(InvalidArgumentError, match="poll"):
         src.mirrors.start("m", poll=-1)
     with pytest.raises(RefNotFoundError, match="the mirrors are m"):
-        src.mirrors.run("nope")
+        src.mirrors.push("nope")
     src.mirrors.remove("m")
     assert src.mirrors.list() == []
     with pytest.raises(RefNotFoundError, match="no mirror of that name"):
@@ -242,13 +242,13 @@ def test_a_mirror_into_a_store_keyed_otherwise_maps_ids_sends_nothing_again_and_
         commit(src, step, tags=("best",) if step == 1 else ())
     src.mirrors.add("sealed", str(tmp_path / "dst"), runs=["ft"], tags=["best"], keep_last=1,
                     key_file=str(key), propagate_deletions=True)
-    report = src.mirrors.run("sealed")  # 3 without its parent 2: committed there with none
+    report = src.mirrors.push("sealed")  # 3 without its parent 2: committed there with none
     assert [(v.step, v.status) for v in report.versions] == [(1, "sent"), (3, "sent")]
     assert all(v.id and v.id != v.source_id for v in report.versions)
-    assert src.mirrors.run("sealed").nothing_sent
+    assert src.mirrors.push("sealed").nothing_sent
     src.delete("ft@1")
     src.tag("ft@3", "best")
-    after = src.mirrors.run("sealed")
+    after = src.mirrors.push("sealed")
     assert [(v.step, v.status) for v in after.versions] == [(3, "present"), (1, "deleted")]
     with casckpt.open(tmp_path / "dst", key_file=key, create=False) as dst:
         assert steps(dst) == [3] and dst.resolve("tag:best").step == 3
@@ -261,8 +261,8 @@ def test_a_mirror_recorded_in_a_postgresql_catalog(tmp_path: Path, pg_url: str) 
         for step in (1, 2):
             commit(store, step)
         store.mirrors.add("m", str(tmp_path / "dst"), runs=["ft"], keep_every=1)
-        assert [v.status for v in store.mirrors.run("m").versions] == ["sent", "sent"]
-        assert [v.status for v in store.mirrors.run("m").versions] == ["present", "present"]  # upserted
+        assert [v.status for v in store.mirrors.push("m").versions] == ["sent", "sent"]
+        assert [v.status for v in store.mirrors.push("m").versions] == ["present", "present"]  # upserted
         info = store.mirrors.get("m")
         assert info.versions_sent == 2 and info.bytes_sent > 0 and info.last_error is None
         store.mirrors.remove("m")

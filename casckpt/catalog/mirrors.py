@@ -1,4 +1,4 @@
-"""The SQL side of mirrors (:mod:`casckpt.store_mirror`): the ``mirrors`` and
+"""The SQL side of mirrors (:mod:`casckpt.store_mirrors`): the ``mirrors`` and
 ``mirror_versions`` tables of the SOURCE store's catalog (migration 0016).
 
 A mirror's row holds its definition and the outcome of its last run; ``mirror_versions``

@@ -316,7 +316,7 @@ drills = Table(  # restore drills (casckpt.engine.maintenance.drill): one row pe
 Index("ix_drills_at", drills.c.at)
 Index("ix_drills_version_id", drills.c.version_id)
 
-mirrors = Table(  # mirrors of this store into others (casckpt.store_mirror; migration 0016)
+mirrors = Table(  # mirrors of this store into others (casckpt.store_mirrors; migration 0016)
     "mirrors",
     metadata,
     Column("name", String(128), primary_key=True),

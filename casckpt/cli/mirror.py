@@ -81,9 +81,9 @@ def run(
     """
     with open_store(ctx) as store, progress_bars() as progress:
         if name is not None:
-            reports = [store.mirrors.run(name, dry_run=dry_run, progress=progress)]
+            reports = [store.mirrors.push(name, dry_run=dry_run, progress=progress)]
         else:
-            reports = store.mirrors.run_all(dry_run=dry_run, progress=progress)
+            reports = store.mirrors.push_all(dry_run=dry_run, progress=progress)
     docs = [r.to_dict() | {"nothing_sent": r.nothing_sent, "failed": len(r.failed)} for r in reports]
     render.emit(as_json, docs[0] if name is not None else docs,
                 *[part for r in reports for part in run_view(r)], empty="this store has no mirror")

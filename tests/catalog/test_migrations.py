@@ -593,7 +593,7 @@ def test_0016_adds_the_mirror_tables_and_downgrades(tmp_path: Path) -> None:
     with casckpt.open(root) as store:
         store.commit({"w": torch.arange(64.0)}, run="r", step=1)
         store.mirrors.add("m", str(tmp_path / "dst"), runs=["r"], keep_last=1)
-        assert [v.status for v in store.mirrors.run("m").versions] == ["sent"]
+        assert [v.status for v in store.mirrors.push("m").versions] == ["sent"]
     assert {"mirrors", "mirror_versions"} <= _tables(root) and _revision(root) == head_revision()
     _migrate(root, "0015", down=True)
     assert _revision(root) == "0015" and not {"mirrors", "mirror_versions"} & _tables(root)

@@ -48,7 +48,7 @@ def build(path: Path) -> casckpt.Store:
     store.ops.drill(count=3)
     store.ops.drill(count=5, seed=1)
     store.mirrors.add("archive", str(path.parent / "archive"), runs=["*"], tags=["release"])
-    store.mirrors.run("archive")
+    store.mirrors.push("archive")
     return store
 
 

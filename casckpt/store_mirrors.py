@@ -3,7 +3,7 @@
 A mirror lives in the SOURCE store's catalog (migration 0016): a name, the destination (a
 path or URL, and its key file when encrypted), a selection (:mod:`casckpt.mirror_rules`:
 runs, tags, keep rules of the retention vocabulary) and whether deletions propagate. A run
-of the mirror (``store.mirrors.run``, ``casckpt mirror run`` from cron, or a
+of the mirror (``store.mirrors.push``, ``casckpt mirror run`` from cron, or a
 :class:`MirrorWorker` thread of a training job) opens the destination, selects the versions
 now, and copies them with :meth:`casckpt.Store.copy` without their lineage (exactly the
 selected versions; the copy sends only the chunks the destination lacks, so a run again
@@ -90,7 +90,7 @@ class Mirrors:
         those the keep ``rules`` select (the retention rules by name: ``keep_last=1`` the
         latest, ``keep_every=1000`` every 1000th step, ``keep_best=("loss", 1, "min")``,
         ``keep_tagged=True`` every tagged version). Nothing is sent until it runs
-        (:meth:`run`, ``casckpt mirror run``, :meth:`start`).
+        (:meth:`push`, ``casckpt mirror run``, :meth:`start`).
 
         Args:
             to: the destination store's path (made absolute) or URL (created by the first run
@@ -152,8 +152,8 @@ class Mirrors:
 
     # -- running ----------------------------------------------------------------------------
 
-    def run(self, name: str, *, dry_run: bool = False,
-            progress: ProgressCallback | None = None) -> MirrorReport:
+    def push(self, name: str, *, dry_run: bool = False,
+             progress: ProgressCallback | None = None) -> MirrorReport:
         """Run mirror ``name`` once: send the versions its selection picks now that the
         destination lacks, move the tags on them there, and (if the mirror propagates
         deletions) delete there the versions it sent that were deleted here. Each version's
@@ -171,9 +171,9 @@ class Mirrors:
         """
         return self._run(mirror_sql.mirrors(self._core.catalog, name)[0], dry_run, progress, None)
 
-    def run_all(self, *, dry_run: bool = False,
-                progress: ProgressCallback | None = None) -> builtins.list[MirrorReport]:
-        """Run every mirror, by name (see :meth:`run`); a destination that cannot be opened is
+    def push_all(self, *, dry_run: bool = False,
+                 progress: ProgressCallback | None = None) -> builtins.list[MirrorReport]:
+        """Run every mirror, by name (see :meth:`push`); a destination that cannot be opened is
         recorded and the other mirrors still run, then the first such error is raised.
 
         Raises:
@@ -191,7 +191,7 @@ class Mirrors:
 
     def _run(self, row: MirrorRow, dry_run: bool, progress: ProgressCallback | None,
              stopping: Callable[[], bool] | None) -> MirrorReport:
-        """One run (see :meth:`run`); ``stopping``: a thread's stop flag (versions then go one by
+        """One run (see :meth:`push`); ``stopping``: a thread's stop flag (versions then go one by
         one, the flag read between them), None in the foreground."""
         if not dry_run:
             self._core.refuse_write("a mirror run", "the catalog")
