@@ -170,7 +170,8 @@ class MirroredVersion(ToDict):
         run, step: where it is.
         status: ``sent`` (published there by this run), ``present`` (the destination held it),
             ``would send`` (a dry run), ``failed`` (``error`` says why), ``deleted`` (deleted here,
-            and there as the mirror asks).
+            and there as the mirror asks), ``gone`` (this mirror sent it, and the destination
+            deleted it since, by its retention or by hand: it is not sent again).
         chunks, bytes: chunks and raw bytes sent for it (with its missing ancestors).
         reasons: why the selection picked it.
     """
@@ -215,5 +216,6 @@ class MirrorReport(ToDict):
 
     @property
     def nothing_sent(self) -> bool:
-        """The destination held every selected version: nothing sent, nothing failed."""
-        return all(v.status == "present" for v in self.versions) and not self.tags
+        """Nothing sent, nothing failed: the destination held every selected version (or
+        deleted it since, ``gone``)."""
+        return all(v.status in ("present", "gone") for v in self.versions) and not self.tags

@@ -353,6 +353,10 @@ class MirrorWorker(threading.Thread):
             self.join(timeout)
 
 
+def _by_step(versions: list[MirroredVersion]) -> list[MirroredVersion]:
+    return sorted(versions, key=lambda v: (v.run, v.step))
+
+
 class _Sending:
     """One mirror run's copies into its destination, each outcome recorded as it is known."""
 
@@ -368,9 +372,11 @@ class _Sending:
              ) -> tuple[list[MirroredVersion], list[str]]:
         """Copy the ``chosen`` versions: all at once in the foreground, or, when that fails and
         on a thread (which stops between versions), one by one, so one failure stops no other
-        version. Returns what became of each, and the tags set there."""
+        version. A version this mirror sent that the destination no longer shows (its retention
+        deleted it) is not sent again. Returns what became of each, and the tags set there."""
+        gone, chosen = self._gone_there(chosen)
         if not chosen:
-            return [], []
+            return gone, []
         why = {v.id: reasons for v, reasons in chosen}
         if self.stopping is None:
             try:
@@ -378,8 +384,8 @@ class _Sending:
             except CasckptError:
                 pass
             else:
-                return self._record(report.versions, why), list(report.tags)
-        out: list[MirroredVersion] = []
+                return _by_step(gone + self._record(report.versions, why)), list(report.tags)
+        out: list[MirroredVersion] = list(gone)
         tags: list[str] = []
         for version, reasons in chosen:
             if self._stop():
@@ -391,7 +397,34 @@ class _Sending:
                 continue
             out += self._record(report.versions, why)
             tags += report.tags
-        return out, tags
+        return _by_step(out), tags
+
+    def _gone_there(self, chosen: Sequence[tuple[Version, tuple[str, ...]]],
+                    ) -> tuple[list[MirroredVersion], list[tuple[Version, tuple[str, ...]]]]:
+        """Split off the versions this mirror sent (or found gone) that the destination no
+        longer shows: deleted there, by its retention or by hand, they are not sent again."""
+        held = {o.version_id: o for o in mirror_sql.outcomes(self.core.catalog, self.name)
+                if o.state in ("sent", "gone")}
+        gone: list[MirroredVersion] = []
+        rest = []
+        for version, reasons in chosen:
+            outcome = held.get(version.id)
+            if outcome is not None and (outcome.state == "gone" or not self._shown(outcome)):
+                gone.append(MirroredVersion(version.id, outcome.dest_id or "", version.run, version.step,
+                                            "gone", reasons=(*reasons, "deleted at the destination")))
+                if outcome.state != "gone" and not self.dry_run:
+                    mirror_sql.record(self.core.catalog, self.name, [outcome._replace(
+                        state="gone", chunks=0, bytes=0, at=time.time())])
+            else:
+                rest.append((version, reasons))
+        return gone, rest
+
+    def _shown(self, outcome: VersionOutcome) -> bool:
+        try:
+            self.dest.resolve(outcome.dest_id or outcome.version_id)
+        except RefNotFoundError:
+            return False
+        return True
 
     def _copy(self, refs: list[str]) -> CopyReport:
         return self.source.copy(refs, to=self.dest, dry_run=self.dry_run, progress=self.progress,

@@ -267,3 +267,22 @@ def test_a_mirror_recorded_in_a_postgresql_catalog(tmp_path: Path, pg_url: str) 
         assert info.versions_sent == 2 and info.bytes_sent > 0 and info.last_error is None
         store.mirrors.remove("m")
         assert store.mirrors.list() == []
+
+
+def test_a_version_the_destination_deleted_is_not_sent_again(src: casckpt.Store, tmp_path: Path) -> None:
+    for step in (1, 2, 3):
+        commit(src, step)
+    src.mirrors.add("hot", str(tmp_path / "dst"), runs=["ft"], keep_every=1)
+    src.mirrors.push("hot")
+    with casckpt.open(tmp_path / "dst", create=False) as dst:  # its own retention: the last 1
+        dst.retention.set("ft", keep_last=1)
+        dst.gc(grace=0)
+        dst.gc(grace=0)  # condemned, then swept: purged
+        assert steps(dst) == [3]
+    again = src.mirrors.push("hot")
+    assert [(v.step, v.status) for v in again.versions] == [(1, "gone"), (2, "gone"), (3, "present")]
+    assert again.nothing_sent and again.bytes == 0
+    assert [v.status for v in src.mirrors.push("hot").versions] == ["gone", "gone", "present"]
+    assert src.mirrors.get("hot").versions_sent == 1 and not src.mirrors.get("hot").failed
+    with casckpt.open(tmp_path / "dst", create=False) as dst:
+        assert steps(dst) == [3] and dst.ops.check(read_data=True).ok

@@ -6,7 +6,8 @@
   its last run (when it started and ended, and the error that stopped it, NULL when none).
 - ``mirror_versions``: per mirror, one row per source version a run selected: its state
   (``sent``: the destination holds it; ``failed``: its copy failed, ``error`` says why;
-  ``deleted``: deleted on the source and, as the mirror asked, on the destination), the
+  ``deleted``: deleted on the source and, as the mirror asked, on the destination; ``gone``:
+  sent, then deleted by the destination, so not sent again), the
   destination's id of it, the chunks and raw bytes sent for it, and when.
 
 Two new, empty tables; no existing row changes meaning.
