@@ -465,6 +465,8 @@ class CopyReport(ToDict):
         stored_bytes: what the destination stored for the tensor chunks among them (after its
             compression; tree nodes apart, as commits count them).
         tags: tags set or moved at the destination.
+        tags_kept: the source's tags on copied versions that the destination has on versions of
+            its own (not copies from the source): left there, never taken over.
         dry_run: nothing was written.
         seconds: wall time.
     """
@@ -474,6 +476,7 @@ class CopyReport(ToDict):
     bytes: int = 0
     stored_bytes: int = 0
     tags: tuple[str, ...] = ()
+    tags_kept: tuple[str, ...] = ()
     dry_run: bool = False
     seconds: float = 0.0
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from casckpt.catalog import history as history_sql
 from casckpt.catalog.rows import VersionRow
@@ -36,11 +37,17 @@ def copy_versions(source: StoreCore, dest: StoreCore, refs: Sequence[Ref], *, dr
     if dry_run:
         versions = tuple(CopiedVersion(v.row.id, v.row.id, v.row.run, v.row.step, v.asked, not v.present,
                                        len(v.send), v.send_bytes) for v in plan.versions)
-        return CopyReport(versions, plan.send_chunks, plan.send_bytes, dry_run=True,
-                          seconds=time.monotonic() - started)
+        return CopyReport(versions, plan.send_chunks, plan.send_bytes, tags_kept=_kept(plan.versions),
+                          dry_run=True, seconds=time.monotonic() - started)
     out = copy_engine.execute(source.ctx, dest.ctx, plan, progress, source_lease=source.read_only is None)
     return CopyReport(tuple(out.versions), out.sent.chunks, sum(v.bytes for v in out.versions),
-                      out.sent.stored_bytes, tuple(out.tags), seconds=time.monotonic() - started)
+                      out.sent.stored_bytes, tuple(out.tags), _kept(plan.versions),
+                      seconds=time.monotonic() - started)
+
+
+def _kept(versions: Iterable[Any]) -> tuple[str, ...]:
+    """The tags a copy left on the destination's own versions (``copyplan.movable_tags``)."""
+    return tuple(sorted({name for v in versions for name in v.kept_tags}))
 
 
 def _rekeyed(source: StoreCore, dest: StoreCore, rows: Sequence[VersionRow], dry_run: bool,
@@ -55,11 +62,11 @@ def _rekeyed(source: StoreCore, dest: StoreCore, rows: Sequence[VersionRow], dry
     if dry_run:
         listed = tuple(CopiedVersion(v.row.id, v.held or "", v.row.run, v.row.step, v.asked, v.held is None,
                                      0, v.row.logical_bytes if v.held is None else 0) for v in versions)
-        return CopyReport(listed, 0, sum(v.bytes for v in listed), dry_run=True,
-                          seconds=time.monotonic() - started)
+        return CopyReport(listed, 0, sum(v.bytes for v in listed), tags_kept=_kept(versions),
+                          dry_run=True, seconds=time.monotonic() - started)
     out = rekey.execute(source.ctx, dest.ctx, versions, progress, source_lease=source.read_only is None)
     return CopyReport(tuple(out.versions), out.sent.chunks, out.sent.raw_bytes, out.sent.stored_bytes,
-                      tuple(out.tags), seconds=time.monotonic() - started)
+                      tuple(out.tags), _kept(versions), seconds=time.monotonic() - started)
 
 
 def _refuse(source: StoreCore, dest: StoreCore, dry_run: bool) -> None:

@@ -124,6 +124,9 @@ def copy_view(report: CopyReport, to: str) -> list[RenderableType]:
                    f"in {report.seconds:.1f} s.")
     if report.tags:
         summary += f" Tags set: {', '.join(report.tags)}."
+    if report.tags_kept:
+        summary += (f" Tags left on the destination's own versions: {', '.join(report.tags_kept)} "
+                    "(move them there with `casckpt tag` if the copies should have them).")
     return [table, summary]
 
 

@@ -24,7 +24,7 @@ from casckpt.format.dtypes import element_size
 from casckpt.format.manifest import Manifest, decode_manifest
 from casckpt.format.merkle import NodeSource
 
-__all__ = ["CopyPlan", "VersionPlan", "chain", "plan"]
+__all__ = ["CopyPlan", "VersionPlan", "chain", "movable_tags", "plan"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +36,9 @@ class VersionPlan:
         manifest: its compressed manifest (the same bytes travel: the same version id).
         present: the destination shows it already (nothing of it is sent).
         asked: named by the copy's refs (else an ancestor the lineage needs).
-        tags: the source's tags on it, set on the destination too.
+        tags: the source's tags on it that are set on the destination too.
+        kept_tags: the source's tags on it that the destination has on a version of its own
+            (one no copy from the source made), left there (:func:`movable_tags`).
         ids: every chunk and tree node it references.
         nodes: its tree nodes' raw bytes (verified against their ids), by id.
         send: the ids among ``ids`` the destination lacks and no earlier version of the copy
@@ -51,6 +53,7 @@ class VersionPlan:
     present: bool
     asked: bool
     tags: tuple[str, ...] = ()
+    kept_tags: tuple[str, ...] = ()
     ids: tuple[bytes, ...] = ()
     nodes: Mapping[bytes, bytes] = field(default_factory=dict)
     send: tuple[bytes, ...] = ()
@@ -149,15 +152,38 @@ def plan(source: Catalog, dest: Catalog, asked: Sequence[VersionRow], source_nod
     sending: set[bytes] = set()
     for row, was_asked in chain(source, dest, asked, lineage=lineage):
         if _held(dest, row, was_asked):
-            planned.append(VersionPlan(row, b"", True, was_asked, _tags(source, row.id)))
+            planned.append(VersionPlan(row, b"", True, was_asked, *movable_tags(source, dest, row.id)))
             continue
         _refuse_conflict(dest, row)
         planned.append(_plan_version(source, dest, row, was_asked, source_nodes, sending))
     return CopyPlan(tuple(planned))
 
 
-def _tags(catalog: Catalog, version_id: str) -> tuple[str, ...]:
-    return tuple(sorted(catalog.tags_of([version_id]).get(version_id, ())))
+def movable_tags(source: Catalog, dest: Catalog, version_id: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The source's tags on version ``version_id``: those the copy sets (or moves) at the
+    destination, and those it leaves where they are. A tag moves when the destination has no
+    such tag, or has it on a version a copy from the source made (the tag moved on the source);
+    a tag the destination has on a version of its own is the destination's, and a copy taking it
+    over would change what its retention keeps (``keep_tagged``) and what its users resolve."""
+    moved: list[str] = []
+    kept: list[str] = []
+    for name in sorted(source.tags_of([version_id]).get(version_id, ())):
+        target = dest.tag_target(name)
+        there = dest.version(target) if target is not None and target != version_id else None
+        (kept if there is not None and not _from_source(source, there) else moved).append(name)
+    return tuple(moved), tuple(kept)
+
+
+def _from_source(source: Catalog, there: VersionRow) -> bool:
+    """Whether the destination's version ``there`` is a copy of one of the source's, visible or
+    deleted there: the same id (stores keyed alike), or the same run, step and creation time (a
+    copy across keys; a deleted one by run and step). A source version gc purged is unknown."""
+    if source.version(there.id) is not None or retention_sql.find_deleted(source, prefix=there.id, limit=1):
+        return True
+    mine = source.at_step(there.run, there.step)
+    if mine is not None:
+        return mine.created_at == there.created_at
+    return bool(retention_sql.find_deleted(source, run=there.run, step=there.step, limit=1))
 
 
 def _refuse_conflict(dest: Catalog, row: VersionRow) -> None:
@@ -189,8 +215,8 @@ def _plan_version(source: Catalog, dest: Catalog, row: VersionRow, asked: bool, 
     sizes = {bytes.fromhex(h): loc.raw_len for h, loc in
              source.find_chunks([i.hex() for i in send if i not in recorded.raw], live_only=False).items()}
     send_bytes = sum(len(recorded.raw[i]) if i in recorded.raw else sizes.get(i, 0) for i in send)
-    return VersionPlan(row, data, False, asked, _tags(source, row.id), tuple(ids), dict(recorded.raw),
-                       tuple(send), send_bytes, _aligns(whole, send), head.tree.root)
+    return VersionPlan(row, data, False, asked, *movable_tags(source, dest, row.id), tuple(ids),
+                       dict(recorded.raw), tuple(send), send_bytes, _aligns(whole, send), head.tree.root)
 
 
 def _aligns(manifest: Manifest, ids: Iterable[bytes]) -> dict[bytes, int]:

@@ -30,7 +30,7 @@ from casckpt.catalog.rows import VersionRow
 from casckpt.catalog.rows import version as version_of
 from casckpt.engine.context import EngineContext
 from casckpt.engine.copying.copy import Outcome, fork_run, set_tags
-from casckpt.engine.copying.copyplan import chain
+from casckpt.engine.copying.copyplan import chain, movable_tags
 from casckpt.engine.read.restore import materialize
 from casckpt.engine.versions.refs import load_manifest
 from casckpt.engine.write import commit as commit_engine
@@ -44,12 +44,14 @@ __all__ = ["Rekeyed", "execute", "plan"]
 @dataclass(frozen=True, slots=True)
 class Rekeyed:
     """One version of a copy across keys: its source row, whether it was asked for, the
-    source's tags on it, and its id at the destination when the destination holds it."""
+    source's tags on it the copy sets there and those it leaves (``copyplan.movable_tags``), and
+    its id at the destination when the destination holds it."""
 
     row: VersionRow
     asked: bool
     tags: tuple[str, ...]
     held: str | None
+    kept_tags: tuple[str, ...] = ()
 
 
 def held_at(dest: Catalog, row: VersionRow) -> str | None:
@@ -82,8 +84,8 @@ def plan(source: Catalog, dest: Catalog, asked: Sequence[VersionRow], *,
                 "stores keyed differently commits each version again from one process, which would "
                 "change its layout. Restore it and commit it to the destination yourself, or copy "
                 "into a store with the same keys")
-        tags = tuple(sorted(source.tags_of([row.id]).get(row.id, ())))
-        out.append(Rekeyed(row, was_asked, tags, held))
+        tags, kept = movable_tags(source, dest, row.id)
+        out.append(Rekeyed(row, was_asked, tags, held, kept))
     return out
 
 

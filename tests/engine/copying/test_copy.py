@@ -187,6 +187,32 @@ def test_tags_moved_on_the_source_move_at_the_next_copy(src: casckpt.Store, dst:
     assert dst.resolve("tag:best").step == 3
 
 
+@pytest.mark.parametrize("keyed", [False, True])
+def test_a_tag_the_destination_has_on_its_own_version_is_not_taken_over(
+        tmp_path: Path, keyed: bool) -> None:
+    """The destination's ``best`` on its own prod@1 kept that version from its retention; a copy
+    moving ``best`` onto the source's version let the destination's next gc delete prod@1."""
+    extra = {"key_file": _key(tmp_path / "key")} if keyed else {}
+    with casckpt.open(tmp_path / "src", **OPTS) as src, \
+            casckpt.open(tmp_path / "dst", **OPTS, **extra) as dst:
+        commit_run(src, range(1, 3))  # ft@2 is tagged best
+        for step in (1, 2, 3):
+            dst.commit(state(100 + step), run="prod", step=step, tags=["best"] if step == 1 else ())
+        dst.retention.set("prod", keep_last=1, keep_tagged=True)
+        for dry_run in (True, False):
+            report = src.copy("ft@2", to=dst, dry_run=dry_run)
+            assert report.tags_kept == ("best",) and "best" not in report.tags
+        assert dst.resolve("tag:best").run == "prod"
+        dst.gc(grace=0)
+        assert sorted(v.step for v in dst.log("prod")) == [1, 3]
+        src.tag("ft@1", "latest-good")
+        dst.tag("prod@3", "latest-good")  # taken by the destination too: kept
+        assert src.copy("ft@1", to=dst).tags_kept == ("latest-good",)
+        dst.tag("ft@1", "best")  # now on a version a copy made: it moves
+        assert src.copy("ft@2", to=dst).tags == ("best",)
+        assert dst.resolve("tag:best").step == 2 and dst.resolve("tag:best").run == "ft"
+
+
 def test_gc_on_both_sides_during_a_copy_deletes_nothing_it_needs(src: casckpt.Store, dst: casckpt.Store,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     commit_run(src, range(1, 4))
