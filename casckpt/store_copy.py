@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from casckpt.catalog import history as history_sql
+from casckpt.catalog import retention as retention_sql
 from casckpt.catalog.rows import VersionRow
 from casckpt.engine.versions.logfilter import make_filter
 from casckpt.errors import CopyTargetError, RefNotFoundError
@@ -30,7 +31,7 @@ def copy_versions(source: StoreCore, dest: StoreCore, refs: Sequence[Ref], *, dr
 
     started = time.monotonic()
     _refuse(source, dest, dry_run)
-    rows = _rows(source, refs)
+    rows = _rows(source, refs, dest)
     if source.crypto.state != dest.crypto.state:
         return _rekeyed(source, dest, rows, dry_run, progress, started, lineage)
     plan = copyplan.plan(source.catalog, dest.catalog, rows, store_nodes(source.ctx), lineage=lineage)
@@ -84,21 +85,22 @@ def _refuse(source: StoreCore, dest: StoreCore, dry_run: bool) -> None:
     dest.refuse_while_recovering("copy into this store")
 
 
-def _rows(source: StoreCore, refs: Sequence[Ref]) -> list[VersionRow]:
+def _rows(source: StoreCore, refs: Sequence[Ref], dest: StoreCore) -> list[VersionRow]:
     """The versions ``refs`` name, in order: a ref as ``resolve`` takes it, or a run's name
-    for every visible version of the run (by step).
+    for every visible version of the run (by step) but those the destination holds deleted
+    (its retention's choice: a copy of the run does not undo it, nor fail on it).
 
     Raises:
         RefNotFoundError, AmbiguousRefError: a ref names nothing (near names suggested).
     """
     out: dict[str, VersionRow] = {}
     for ref in refs:
-        for row in _named(source, ref):
+        for row in _named(source, ref, dest):
             out.setdefault(row.id, row)
     return list(out.values())
 
 
-def _named(source: StoreCore, ref: Ref) -> Iterable[VersionRow]:
+def _named(source: StoreCore, ref: Ref, dest: StoreCore) -> Iterable[VersionRow]:
     try:
         return [source.row(ref)]
     except RefNotFoundError:
@@ -106,4 +108,6 @@ def _named(source: StoreCore, ref: Ref) -> Iterable[VersionRow]:
             raise
     query = make_filter(ref, limit=None, since=None, until=None, min_step=None, max_step=None,
                         tag=None, where=None, order="asc")
-    return [source.row(v.id) for v in history_sql.log(source.catalog, query)]
+    rows = [source.row(v.id) for v in history_sql.log(source.catalog, query)]
+    deleted = {(r.run, r.step) for r in retention_sql.find_deleted(dest.catalog, run=ref, limit=None)}
+    return [row for row in rows if (row.run, row.step) not in deleted]

@@ -189,7 +189,7 @@ def _run_step(conn: Connection, version_id: str) -> dict[str, Any]:
 
 
 def find_deleted(catalog: Catalog, *, prefix: str | None = None, run: str | None = None,
-                 step: int | None = None, limit: int = 5) -> list[Row[Any]]:
+                 step: int | None = None, limit: int | None = 5) -> list[Row[Any]]:
     """Deleted versions by id prefix and/or run and step: id, run, step, deleted_at, deleted_reason."""
     query = (
         select(s.versions.c.id, s.runs.c.name.label("run"), s.versions.c.step,

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from casckpt.catalog import Catalog
 from casckpt.catalog import history as history_sql
+from casckpt.catalog import retention as retention_sql
 from casckpt.catalog.leases import begin_lease, release_lease
 from casckpt.catalog.rows import VersionRow
 from casckpt.catalog.rows import version as version_of
@@ -61,6 +62,12 @@ def held_at(dest: Catalog, row: VersionRow) -> str | None:
     return there.id if there is not None and there.created_at == row.created_at else None
 
 
+def _deleted_there(dest: Catalog, row: VersionRow) -> bool:
+    """Whether ``dest`` holds a version at ``row``'s run and step deleted (its retention's
+    choice, or a user's: a copy does not undo it)."""
+    return bool(retention_sql.find_deleted(dest, run=row.run, step=row.step, limit=1))
+
+
 def plan(source: Catalog, dest: Catalog, asked: Sequence[VersionRow], *,
          lineage: bool = True) -> list[Rekeyed]:
     """The versions a copy of ``asked`` across keys commits, ancestors first (see module).
@@ -70,8 +77,17 @@ def plan(source: Catalog, dest: Catalog, asked: Sequence[VersionRow], *,
         CopyUnsupportedError: one was saved by many ranks.
     """
     out = []
-    for row, was_asked in chain(source, dest, asked, lambda r: held_at(dest, r) is not None, lineage=lineage):
+    def reached(row: VersionRow) -> bool:  # shown there, or deleted there (an ancestor: ends the line)
+        return held_at(dest, row) is not None or _deleted_there(dest, row)
+
+    for row, was_asked in chain(source, dest, asked, reached, lineage=lineage):
         held = held_at(dest, row)
+        if held is None and _deleted_there(dest, row):
+            if not was_asked:
+                continue
+            raise CopyConflictError(  # committing it again would give the deleted row's id back
+                f"the destination holds {row.run}@{row.step} deleted: undelete it there (`casckpt "
+                f"undelete {row.run}@{row.step}`), or let its gc purge it, then copy again")
         there = dest.at_step(row.run, row.step)
         if held is None and there is not None:
             raise CopyConflictError(

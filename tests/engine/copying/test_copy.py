@@ -213,6 +213,29 @@ def test_a_tag_the_destination_has_on_its_own_version_is_not_taken_over(
         assert dst.resolve("tag:best").step == 2 and dst.resolve("tag:best").run == "ft"
 
 
+@pytest.mark.parametrize("keyed", [False, True])
+def test_versions_the_destination_deleted_stay_deleted(tmp_path: Path, keyed: bool) -> None:
+    """A nightly copy of a whole run into an archive whose retention deleted some of it: the
+    copy goes on without them (it failed whole); asked for by name, one is refused (across
+    keys it was reported copied and stayed deleted)."""
+    extra = {"key_file": _key(tmp_path / "key")} if keyed else {}
+    with casckpt.open(tmp_path / "src", **OPTS) as src, \
+            casckpt.open(tmp_path / "dst", **OPTS, **extra) as dst:
+        commit_run(src, range(1, 4))
+        src.copy("ft", to=dst)
+        dst.delete("ft@1")
+        dst.delete("ft@2")
+        commit_run(src, range(4, 5))
+        report = src.copy("ft", to=dst)
+        assert [(v.step, v.sent) for v in report.versions] == [(3, False), (4, True)]
+        assert sorted(v.step for v in dst.log("ft")) == [3, 4]
+        with pytest.raises(CopyConflictError, match="undelete"):
+            src.copy("ft@2", to=dst)
+        with pytest.raises(RefNotFoundError):
+            dst.resolve("ft@2")
+        assert dst.ops.check(read_data=True).ok
+
+
 def test_gc_on_both_sides_during_a_copy_deletes_nothing_it_needs(src: casckpt.Store, dst: casckpt.Store,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     commit_run(src, range(1, 4))
