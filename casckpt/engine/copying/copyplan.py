@@ -155,7 +155,9 @@ def plan(source: Catalog, dest: Catalog, asked: Sequence[VersionRow], source_nod
             planned.append(VersionPlan(row, b"", True, was_asked, *movable_tags(source, dest, row.id)))
             continue
         _refuse_conflict(dest, row)
-        planned.append(_plan_version(source, dest, row, was_asked, source_nodes, sending))
+        found = _plan_version(source, dest, row, was_asked, source_nodes, sending)
+        if found is not None:
+            planned.append(found)
     return CopyPlan(tuple(planned))
 
 
@@ -196,15 +198,19 @@ def _refuse_conflict(dest: Catalog, row: VersionRow) -> None:
 
 
 def _plan_version(source: Catalog, dest: Catalog, row: VersionRow, asked: bool, source_nodes: StoreNodes,
-                  sending: set[bytes]) -> VersionPlan:
-    """One version the destination lacks: what it references, and what of that to send."""
+                  sending: set[bytes]) -> VersionPlan | None:
+    """One version the destination lacks: what it references, and what of that to send (None:
+    an ancestor of manifest format 1 or 2, left out: the line ends there)."""
     data = source.manifest(row.id)
     head = decode_manifest(data, row.id)
+    if head.tree is None and not asked:
+        return None
     if head.tree is None:
         raise CopyUnsupportedError(
-            f"version {row.id[:12]} ({row.run}@{row.step}) is of manifest format 1 or 2; run "
-            "`casckpt migrate-trees` on the source first (it rewrites such versions as trees), "
-            "then copy again")
+            f"version {row.id[:12]} ({row.run}@{row.step}) is of manifest format 1 or 2 (saved "
+            "before casckpt wrote trees), which a copy between stores keyed alike does not carry, "
+            "even after `casckpt catalog migrate-trees`. Copy its descendants (they name it as "
+            "their parent), or restore it and commit it into the destination")
     recorded = _Recorded(source_nodes)
     ids = list(dict.fromkeys([c for b in head.tree.shared for c in b.chunks]
                              + list(treeread.referenced(recorded, head.tree.root, set()))))

@@ -24,6 +24,7 @@ from casckpt.engine.copying import copychunks
 from casckpt.errors import (
     CopyConflictError,
     CopyTargetError,
+    CopyUnsupportedError,
     IntegrityError,
     ReadOnlyStoreError,
     RefNotFoundError,
@@ -234,6 +235,23 @@ def test_versions_the_destination_deleted_stay_deleted(tmp_path: Path, keyed: bo
         with pytest.raises(RefNotFoundError):
             dst.resolve("ft@2")
         assert dst.ops.check(read_data=True).ok
+
+
+def test_a_run_older_than_trees_copies_its_new_versions(tmp_path: Path) -> None:
+    """A store written before tree manifests: a new version of an old run copies (its format 1
+    ancestor ends the line, as a deleted one does; it refused the whole copy), and the old
+    version itself is refused with a message that names what to do."""
+    old = tmp_path / "old"
+    shutil.copytree(Path(__file__).parents[2] / "golden" / "store-formats", old)
+    with casckpt.open(old, create=False) as src, casckpt.open(tmp_path / "dst", **OPTS) as dst:
+        src.ops.migrate_trees()
+        first = src.log("one")[-1]
+        src.commit({"w": torch.arange(64.0)}, run="one", step=first.step + 1000)
+        report = src.copy(f"one@{first.step + 1000}", to=dst)
+        assert [v.step for v in report.versions] == [first.step + 1000]
+        assert torch.equal(dst.restore(f"one@{first.step + 1000}")["w"], torch.arange(64.0))
+        with pytest.raises(CopyUnsupportedError, match="restore it and commit it"):
+            src.copy(f"one@{first.step}", to=dst)
 
 
 def test_gc_on_both_sides_during_a_copy_deletes_nothing_it_needs(src: casckpt.Store, dst: casckpt.Store,
