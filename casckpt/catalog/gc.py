@@ -377,6 +377,17 @@ def known_version_ids(catalog: Catalog) -> set[str]:
         return set(conn.execute(select(s.versions.c.id)).scalars())
 
 
+def republished(catalog: Catalog, version_ids: Collection[str]) -> set[str]:
+    """Which of these purged ids are a version again, or named by a lease: a copy from another
+    store publishes the same id (the same manifest bytes), and its manifest object is its own."""
+    found: set[str] = set()
+    with catalog.read() as conn:
+        for batch in batches(list(version_ids)):
+            for column in (s.versions.c.id, s.leases.c.version_id):
+                found.update(conn.execute(select(column).where(column.in_(batch))).scalars())
+    return found
+
+
 def known_pack_ids(catalog: Catalog) -> set[str]:
     """Ids of every pack the catalog records."""
     with catalog.read() as conn:

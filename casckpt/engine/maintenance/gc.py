@@ -357,7 +357,9 @@ def _run(ctx: EngineContext, tally: _Tally, guard: DeletionGuard, deleter: _Dele
     if not dry_run:
         purged = sql.purge_versions(ctx.catalog, expired, run_id=deleter.run_id)
         tally.versions_purged = len(purged)
-        gone = sorted({obj for v in purged for obj in _everywhere(ctx, objectnames.manifest_name(v))})
+        back = sql.republished(ctx.catalog, purged)  # a copy publishing the same id meanwhile
+        gone = sorted({obj for v in purged if v not in back
+                       for obj in _everywhere(ctx, objectnames.manifest_name(v))})
         deleter.delete(gone)
         removed.update(gone)
     orphans = _orphans(ctx, listing, time.time() - grace, removed)

@@ -254,6 +254,31 @@ def test_a_run_older_than_trees_copies_its_new_versions(tmp_path: Path) -> None:
             src.copy(f"one@{first.step}", to=dst)
 
 
+def test_gc_purging_a_version_a_copy_publishes_again_keeps_its_manifest(
+        src: casckpt.Store, dst: casckpt.Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy is the one writer that publishes an id gc just purged (the same manifest bytes):
+    gc deleted manifests/<id> by name after its purge, leaving a visible version without its
+    manifest object (``check`` failed; a catalog rebuild would lose it)."""
+    from casckpt.catalog import gc as gc_sql
+
+    commit_run(src, range(1, 2))
+    src.copy("ft@1", to=dst)
+    dst.delete("ft@1")
+    purge = gc_sql.purge_versions
+
+    def purge_then_copy(*args: Any, **kwargs: Any) -> Any:
+        purged = purge(*args, **kwargs)
+        with casckpt.open(tmp_path / "dst", create=False, **OPTS) as other:  # another process's copy
+            assert [v.sent for v in src.copy("ft@1", to=other).versions] == [True]
+        return purged
+
+    monkeypatch.setattr(gc_sql, "purge_versions", purge_then_copy)
+    assert dst.gc(grace=0).versions_purged == 1
+    assert [v.step for v in dst.log("ft")] == [1]
+    assert dst.ops.check(read_data=True).ok
+    assert_same(dst.restore("ft@1"), 1)
+
+
 def test_gc_on_both_sides_during_a_copy_deletes_nothing_it_needs(src: casckpt.Store, dst: casckpt.Store,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     commit_run(src, range(1, 4))
