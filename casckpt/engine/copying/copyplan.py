@@ -24,7 +24,7 @@ from casckpt.format.dtypes import element_size
 from casckpt.format.manifest import Manifest, decode_manifest
 from casckpt.format.merkle import NodeSource
 
-__all__ = ["CopyPlan", "VersionPlan", "chain", "movable_tags", "plan"]
+__all__ = ["CopyPlan", "VersionPlan", "chain", "movable_tags", "plan", "refuse_foreign_run"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,11 +150,13 @@ def plan(source: Catalog, dest: Catalog, asked: Sequence[VersionRow], source_nod
     """
     planned: list[VersionPlan] = []
     sending: set[bytes] = set()
+    checked: set[str] = set()
     for row, was_asked in chain(source, dest, asked, lineage=lineage):
         if _held(dest, row, was_asked):
             planned.append(VersionPlan(row, b"", True, was_asked, *movable_tags(source, dest, row.id)))
             continue
         _refuse_conflict(dest, row)
+        refuse_foreign_run(source, dest, row.run, checked)
         found = _plan_version(source, dest, row, was_asked, source_nodes, sending)
         if found is not None:
             planned.append(found)
@@ -186,6 +188,25 @@ def _from_source(source: Catalog, there: VersionRow) -> bool:
     if mine is not None:
         return mine.created_at == there.created_at
     return bool(retention_sql.find_deleted(source, run=there.run, step=there.step, limit=1))
+
+
+def refuse_foreign_run(source: Catalog, dest: Catalog, run: str, checked: set[str]) -> None:
+    """Refuse to add versions to a run the destination has a line of its own in: its latest
+    version there is none of the source's, so a copy would make a foreign version the run's
+    latest and the parent of its next commit (as git refuses a push that is not a fast-forward).
+
+    Raises:
+        CopyConflictError: the destination's ``run`` ends in a version of its own.
+    """
+    if run in checked:
+        return
+    checked.add(run)
+    latest = dest.nth_latest(run, 0)
+    if latest is not None and not _from_source(source, latest):
+        raise CopyConflictError(
+            f"the destination's run {run!r} is a line of its own (its latest, {run}@{latest.step} "
+            f"{latest.id[:12]}, is no copy from this store): copying {run!r} into it would mix the "
+            "two lines. Copy into another store, or delete the destination's versions of the run")
 
 
 def _refuse_conflict(dest: Catalog, row: VersionRow) -> None:

@@ -31,7 +31,7 @@ from casckpt.catalog.rows import VersionRow
 from casckpt.catalog.rows import version as version_of
 from casckpt.engine.context import EngineContext
 from casckpt.engine.copying.copy import Outcome, fork_run, set_tags
-from casckpt.engine.copying.copyplan import chain, movable_tags
+from casckpt.engine.copying.copyplan import chain, movable_tags, refuse_foreign_run
 from casckpt.engine.read.restore import materialize
 from casckpt.engine.versions.refs import load_manifest
 from casckpt.engine.write import commit as commit_engine
@@ -77,6 +77,8 @@ def plan(source: Catalog, dest: Catalog, asked: Sequence[VersionRow], *,
         CopyUnsupportedError: one was saved by many ranks.
     """
     out = []
+    checked: set[str] = set()
+
     def reached(row: VersionRow) -> bool:  # shown there, or deleted there (an ancestor: ends the line)
         return held_at(dest, row) is not None or _deleted_there(dest, row)
 
@@ -89,6 +91,8 @@ def plan(source: Catalog, dest: Catalog, asked: Sequence[VersionRow], *,
                 f"the destination holds {row.run}@{row.step} deleted: undelete it there (`casckpt "
                 f"undelete {row.run}@{row.step}`), or let its gc purge it, then copy again")
         there = dest.at_step(row.run, row.step)
+        if held is None:
+            refuse_foreign_run(source, dest, row.run, checked)
         if held is None and there is not None:
             raise CopyConflictError(
                 f"the destination already has another version at {row.run}@{row.step} ({there.id[:12]}, "

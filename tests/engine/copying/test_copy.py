@@ -279,6 +279,23 @@ def test_gc_purging_a_version_a_copy_publishes_again_keeps_its_manifest(
     assert_same(dst.restore("ft@1"), 1)
 
 
+@pytest.mark.parametrize("keyed", [False, True])
+def test_a_run_the_destination_has_a_line_of_its_own_in_is_not_mixed(tmp_path: Path, keyed: bool) -> None:
+    """The destination's own train@1,2 and the source's train@10,11 were merged: train@latest
+    became the foreign step 11 and the parent of the destination's next commit."""
+    extra = {"key_file": _key(tmp_path / "key")} if keyed else {}
+    with casckpt.open(tmp_path / "src", **OPTS) as src, \
+            casckpt.open(tmp_path / "dst", **OPTS, **extra) as dst:
+        commit_run(src, range(10, 12), run="train")
+        commit_run(dst, range(1, 3), run="train")
+        with pytest.raises(CopyConflictError, match="line of its own"):
+            src.copy("train@11", to=dst)
+        assert sorted(v.step for v in dst.log("train")) == [1, 2]
+        src.copy("train@10", to=(other := casckpt.open(tmp_path / "other", **OPTS, **extra)))
+        with other:  # a run a copy made there takes the source's next versions
+            assert [v.step for v in src.copy("train@11", to=other).versions if v.sent] == [11]
+
+
 def test_gc_on_both_sides_during_a_copy_deletes_nothing_it_needs(src: casckpt.Store, dst: casckpt.Store,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     commit_run(src, range(1, 4))
