@@ -418,3 +418,9 @@ class CopyUnsupportedError(InvalidArgumentError):
     """A copy this version of casckpt does not make: of a version of manifest format 1 or 2,
     or, between stores whose chunk ids are keyed differently, of a version many ranks saved.
     The message says what to do instead."""
+
+
+class MirrorDestinationError(CasckptError):
+    """A mirror's destination store could not be opened (unreachable, not a store, a wrong
+    key). The run is recorded as failed on the mirror (``casckpt mirror status``); the message
+    says what to check."""

@@ -31,7 +31,7 @@ from casckpt.errors import (
     ReadOnlyStoreWarning,
     StoreIdentityError,
 )
-from casckpt.options import Options, settings
+from casckpt.options import Options, check, settings
 from casckpt.storage import BlobStore, redact_url
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.locations import Location, LocationSet
@@ -205,13 +205,22 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
                      settings=tuned, write_quorum=spec.write_quorum, backends=spec.backends,
                      config_file=spec.config_file, recovering=recovering, read_only=why, tier=tier,
                      background_drain=options.get("background_drain") is not False)
-    store = Store(core, created=created)
+    store = Store(core, created=created, opener=_open_destination)
     if created:  # a mistyped path would otherwise start training again from step 0, silently
         where = str(spec.root) if spec.root is not None else (
             f"catalog {cat.where}, blobs {', '.join(redact_url(loc.url) for loc in spec.locations)}")
         log.warning("created a new casckpt store at %s; pass create=False to casckpt.open where a "
                     "store must already exist", where, extra={"store_created": where})
     return store
+
+
+def _open_destination(where: str, key_file: str | None, create: bool) -> Store:
+    """A mirror's destination store, opened (``create``: when missing, as ``casckpt copy``
+    does; no background drain: the mirror run closes it at once)."""
+    options: Options = {"background_drain": False, "create": create}
+    if key_file is not None:
+        options["key_file"] = key_file
+    return open_store(where, check(options))
 
 
 def _check_before_writing(blobs: object, given: Mapping[str, BlobStore], catalog: str | None,

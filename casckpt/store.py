@@ -37,6 +37,7 @@ from casckpt.store_core import Ref, StoreCore
 from casckpt.store_history import StoreHistory
 from casckpt.store_keys import Keys
 from casckpt.store_locations import Locations
+from casckpt.store_mirrors import Mirrors, Opener
 from casckpt.store_ops import Ops
 from casckpt.store_retention import Retention
 from casckpt.store_tier import Tier
@@ -67,6 +68,7 @@ class Store(StoreHistory):
         tier: the fast tier (:class:`~casckpt.store_tier.Tier`).
         retention: retention policies (:class:`~casckpt.store_retention.Retention`).
         ops: check, repair, drills, report, audit, stats, rebuilds (:class:`~casckpt.store_ops.Ops`).
+        mirrors: mirrors into other stores (:class:`~casckpt.store_mirrors.Mirrors`).
     """
 
     locations: Locations
@@ -74,8 +76,9 @@ class Store(StoreHistory):
     tier: Tier
     retention: Retention
     ops: Ops
+    mirrors: Mirrors
 
-    def __init__(self, core: StoreCore, *, created: bool = False) -> None:
+    def __init__(self, core: StoreCore, *, created: bool = False, opener: Opener | None = None) -> None:
         self.path = core.root
         self._created = created
         super().__init__(core)
@@ -84,11 +87,13 @@ class Store(StoreHistory):
         self.tier = Tier(self._core)
         self.retention = Retention(self._core)
         self.ops = Ops(self._core, self)
+        self.mirrors = Mirrors(self._core, self, opener)
 
     # -- lifecycle ----------------------------------------------------------
 
     def close(self) -> None:
-        """Finish pending background commits, drain the fast tier (when the store has one:
+        """Stop the mirror threads (``store.mirrors.start``), finish pending background
+        commits, drain the fast tier (when the store has one:
         a drain that fails is logged and resumes at the next open), then release threads,
         the cache, pooled connections and clients. Idempotent.
 
@@ -98,7 +103,10 @@ class Store(StoreHistory):
             InvalidArgumentError: a ``dcp.async_save`` is still writing through the store
                 (nothing is closed; wait for its future, then close).
         """
-        self._core.close()
+        try:
+            self.mirrors.stop_all()
+        finally:
+            self._core.close()
 
     def __enter__(self) -> Store:
         return self
@@ -442,7 +450,7 @@ class Store(StoreHistory):
         return export(tree, version, Path(to), format, overwrite=overwrite)
 
     def copy(self, refs: Ref | Iterable[Ref], to: Store, *, dry_run: bool = False,
-             progress: ProgressCallback | None = None) -> CopyReport:
+             progress: ProgressCallback | None = None, lineage: bool = True) -> CopyReport:
         """Copy versions into store ``to``, as git pushes commits: each arrives as the same
         version (its id, run, step, metadata, metrics, message and the source's tags on it),
         with its ancestors up to the nearest one ``to`` holds, so its lineage is whole. Only
@@ -464,6 +472,9 @@ class Store(StoreHistory):
             to: the destination, another open store (writable unless ``dry_run``).
             dry_run: plan only: the report says what would be sent; nothing is written.
             progress: called with ``("copy", bytes sent, bytes to send)``.
+            lineage: also copy each version's ancestors up to the nearest one ``to`` holds
+                (the default). False: the versions named alone (a mirror's way); each then
+                names a parent ``to`` may not show, as a version whose ancestors were deleted.
 
         Raises:
             CopyTargetError: ``to`` is this store (or not a Store).
@@ -479,7 +490,7 @@ class Store(StoreHistory):
         if not isinstance(to, Store):
             raise CopyTargetError(f"copy(to=) takes an open casckpt.Store, got {type(to).__name__}")
         named = [refs] if isinstance(refs, (str, Version)) else list(refs)
-        return copy_versions(self._core, to._core, named, dry_run=dry_run, progress=progress)
+        return copy_versions(self._core, to._core, named, dry_run=dry_run, progress=progress, lineage=lineage)
 
     def restore(self, ref: Ref, into: object = None, *, map_location: Any = None,
                 progress: ProgressCallback | None = None, group: Any = None,

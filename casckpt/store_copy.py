@@ -21,7 +21,7 @@ from casckpt.types import CopiedVersion, CopyReport, ProgressCallback, Version
 
 
 def copy_versions(source: StoreCore, dest: StoreCore, refs: Sequence[Ref], *, dry_run: bool,
-                  progress: ProgressCallback | None) -> CopyReport:
+                  progress: ProgressCallback | None, lineage: bool = True) -> CopyReport:
     """Copy the versions ``refs`` name from ``source`` to ``dest`` (see ``Store.copy``)."""
     from casckpt.engine.copying import copy as copy_engine
     from casckpt.engine.copying import copyplan
@@ -31,8 +31,8 @@ def copy_versions(source: StoreCore, dest: StoreCore, refs: Sequence[Ref], *, dr
     _refuse(source, dest, dry_run)
     rows = _rows(source, refs)
     if source.crypto.state != dest.crypto.state:
-        return _rekeyed(source, dest, rows, dry_run, progress, started)
-    plan = copyplan.plan(source.catalog, dest.catalog, rows, store_nodes(source.ctx))
+        return _rekeyed(source, dest, rows, dry_run, progress, started, lineage)
+    plan = copyplan.plan(source.catalog, dest.catalog, rows, store_nodes(source.ctx), lineage=lineage)
     if dry_run:
         versions = tuple(CopiedVersion(v.row.id, v.row.id, v.row.run, v.row.step, v.asked, not v.present,
                                        len(v.send), v.send_bytes) for v in plan.versions)
@@ -44,14 +44,14 @@ def copy_versions(source: StoreCore, dest: StoreCore, refs: Sequence[Ref], *, dr
 
 
 def _rekeyed(source: StoreCore, dest: StoreCore, rows: Sequence[VersionRow], dry_run: bool,
-             progress: ProgressCallback | None, started: float) -> CopyReport:
+             progress: ProgressCallback | None, started: float, lineage: bool) -> CopyReport:
     """A copy between stores whose chunk ids are keyed differently: each version committed
     again at the destination (:mod:`casckpt.engine.copying.rekey`). A dry run cannot know
     what the destination lacks without reading every byte: it lists the versions, with the
     logical bytes each would read."""
     from casckpt.engine.copying import rekey
 
-    versions = rekey.plan(source.catalog, dest.catalog, rows)
+    versions = rekey.plan(source.catalog, dest.catalog, rows, lineage=lineage)
     if dry_run:
         listed = tuple(CopiedVersion(v.row.id, v.held or "", v.row.run, v.row.step, v.asked, v.held is None,
                                      0, v.row.logical_bytes if v.held is None else 0) for v in versions)

@@ -20,6 +20,11 @@ from typing import Any
 from casckpt.jsonable import ToDict
 from casckpt.jsonable import dumps as dumps
 from casckpt.jsonable import to_json_value as to_json_value
+from casckpt.mirror_rules import MirroredVersion as MirroredVersion
+from casckpt.mirror_rules import MirrorFailure as MirrorFailure
+from casckpt.mirror_rules import MirrorInfo as MirrorInfo
+from casckpt.mirror_rules import MirrorReport as MirrorReport
+from casckpt.mirror_rules import MirrorSelection as MirrorSelection
 from casckpt.reports import Advice as Advice
 from casckpt.reports import CheckProblem as CheckProblem
 from casckpt.reports import CheckReport as CheckReport

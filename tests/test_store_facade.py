@@ -24,6 +24,7 @@ from casckpt.store import Store
 from casckpt.store_history import StoreHistory
 from casckpt.store_keys import Keys
 from casckpt.store_locations import Locations
+from casckpt.store_mirrors import Mirrors
 from casckpt.store_ops import Ops
 from casckpt.store_retention import Retention
 from casckpt.store_tier import Tier
@@ -34,7 +35,8 @@ else:
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-NAMESPACES = {"locations": Locations, "keys": Keys, "tier": Tier, "retention": Retention, "ops": Ops}
+NAMESPACES = {"locations": Locations, "keys": Keys, "tier": Tier, "retention": Retention, "ops": Ops,
+              "mirrors": Mirrors}
 GONE = ("wait_durable", "drain", "tier_status", "forget_tier", "tree", "set_retention",
         "clear_retention", "plan_retention", "add_location", "drain_location", "fail_location",
         "activate_location", "redundancy", "set_redundancy", "add_key", "remove_key", "rotate_key",

@@ -316,5 +316,34 @@ drills = Table(  # restore drills (casckpt.engine.maintenance.drill): one row pe
 Index("ix_drills_at", drills.c.at)
 Index("ix_drills_version_id", drills.c.version_id)
 
+mirrors = Table(  # mirrors of this store into others (casckpt.store_mirrors; migration 0016)
+    "mirrors",
+    metadata,
+    Column("name", String(128), primary_key=True),
+    Column("destination", Text, nullable=False),  # the destination store's path or URL, as given
+    Column("key_file", Text, nullable=True),  # the destination's master key file (never the key)
+    Column("selection", Text, nullable=False),  # JSON: casckpt.mirror_rules.MirrorSelection
+    Column("propagate_deletions", Boolean, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("run_started_at", Float, nullable=True),  # the last run of the mirror
+    Column("run_finished_at", Float, nullable=True),
+    Column("run_error", Text, nullable=True),  # what stopped it (the destination), NULL: nothing
+)
+
+mirror_versions = Table(  # per mirror, each source version its runs selected, and its fate
+    "mirror_versions",
+    metadata,
+    Column("mirror", String(128), primary_key=True),
+    Column("version_id", String(64), primary_key=True),  # the source's id (no FK: gc sweeps versions)
+    Column("run", String(128), nullable=False),
+    Column("step", BigInteger, nullable=False),
+    Column("state", String(16), nullable=False),  # sent | failed | deleted | gone
+    Column("dest_id", String(64), nullable=True),  # the destination's id (another one across keys)
+    Column("chunks", BigInteger, nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    Column("at", Float, nullable=False),
+    Column("error", Text, nullable=True),
+)
+
 GC_TABLES = frozenset({"gc_live", "gc_runs"})
 """gc's own tables: the admin role writes them; a writer role only reads them."""

@@ -32,6 +32,7 @@ from casckpt.cli import gc as gc_cli
 from casckpt.cli import grants, logs, render
 from casckpt.cli import history as history_cli
 from casckpt.cli import keys as keys_cli
+from casckpt.cli import mirror as mirror_cli
 from casckpt.cli import report as report_cli
 from casckpt.cli import retention as retention_cli
 from casckpt.cli import storage as storage_cli
@@ -457,6 +458,7 @@ retention_cli.register(app)
 storage_cli.register(app)
 tier_cli.register(app)
 transfer_cli.register(app)
+mirror_cli.register(app)
 dirs_cli.register(app)
 keys_cli.register(app)
 drill_cli.register(app)

@@ -9,9 +9,7 @@ version back until GC sweeps its data.
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich import box
@@ -19,9 +17,10 @@ from rich.table import Table
 from rich.text import Text
 
 from casckpt.cli import render
-from casckpt.cli.shared import FLAG, JsonOption, RefArgument, open_store
+from casckpt.cli.rules import parse_rules, with_rule_options
+from casckpt.cli.shared import JsonOption, RefArgument, open_store
 from casckpt.errors import InvalidArgumentError
-from casckpt.retention_rules import RULES, Rule, describe
+from casckpt.retention_rules import RULES, describe
 from casckpt.types import RetentionPlan, RetentionPolicy
 
 retention_app = typer.Typer(
@@ -41,31 +40,8 @@ def _policy_json(run: str, policy: RetentionPolicy | None) -> dict[str, Any]:
     return {"run": run, "policy": None if policy is None else policy.to_dict()}
 
 
-def _rule_option(rule: Rule) -> inspect.Parameter:
-    """``retention set``'s option for ``rule``: its flag, value and help, from its declaration."""
-    if rule.kind.cli_type is bool:
-        negated = rule.flag.replace("--", "--no-", 1)
-        annotation: Any = Annotated[bool, typer.Option(f"{rule.flag}/{negated}", metavar=FLAG,
-                                                       help=rule.meaning)]
-    else:
-        at_least = 1 if rule.kind.cli_type is int else None
-        annotation = Annotated[Optional[rule.kind.cli_type],  # noqa: UP045  # a runtime value
-                               typer.Option(rule.flag, metavar=rule.metavar, help=rule.meaning, min=at_least)]
-    return inspect.Parameter(rule.name, inspect.Parameter.KEYWORD_ONLY, default=rule.default,
-                             annotation=annotation)
-
-
-def _with_rule_options(command: Callable[..., None]) -> Callable[..., None]:
-    """``command`` taking one option per retention rule (as ``**rules``), before ``--json``."""
-    signature = inspect.signature(command, eval_str=True)
-    *fixed, last, _ = signature.parameters.values()
-    command.__signature__ = signature.replace(  # type: ignore[attr-defined]  # what typer reads
-        parameters=[*fixed, *map(_rule_option, RULES), last.replace(kind=inspect.Parameter.KEYWORD_ONLY)])
-    return command
-
-
 @retention_app.command("set")
-@_with_rule_options
+@with_rule_options()
 def set_policy(ctx: typer.Context, run: RunArgument, as_json: JsonOption = False, **rules: Any) -> None:
     """Set the retention policy of RUN (replacing any); `casckpt gc` applies it.
 
@@ -73,11 +49,7 @@ def set_policy(ctx: typer.Context, run: RunArgument, as_json: JsonOption = False
     --no-keep-tagged) and fork points of live runs are always kept. Give at
     least one keep rule.
     """
-    given = {}
-    for rule in RULES:
-        value = rules[rule.name]
-        parse = rule.kind.parse
-        given[rule.name] = parse(rule.flag, value) if parse is not None and value is not None else value
+    given = parse_rules(rules)
     if all(given[rule.name] is None for rule in RULES if rule.keeps_alone):
         raise InvalidArgumentError(
             "give at least one keep rule ("

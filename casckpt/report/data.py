@@ -2,7 +2,7 @@
 
 :func:`collect` asks the store (anything with the :class:`ReportSource` methods: a
 :class:`casckpt.Store`) for its runs, their versions, the lineage, space accounting,
-gc history (the audit trail's ``gc`` rows), location health and restore drills, and returns
+gc history (the audit trail's ``gc`` rows), location health, restore drills and mirrors, and returns
 one frozen :class:`ReportData`. Nothing here writes, and nothing here knows about HTML.
 """
 
@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from typing import Protocol
 
 from casckpt.errors import InvalidArgumentError
+from casckpt.mirror_rules import MirrorInfo
 from casckpt.reports import DrillResult, LocationInfo, StoreStats
 from casckpt.types import AuditEntry, RetentionPolicy, RunInfo, RunNode, Version
 
@@ -46,6 +47,12 @@ class RetentionSource(Protocol):
     def get(self, run: str) -> RetentionPolicy | None: ...
 
 
+class MirrorsSource(Protocol):
+    """The mirrors a report shows (``store.mirrors``)."""
+
+    def list(self) -> list[MirrorInfo]: ...
+
+
 class ReportSource(Protocol):
     """The read-only queries a report needs; :class:`casckpt.Store` has them all."""
 
@@ -58,6 +65,8 @@ class ReportSource(Protocol):
     def locations(self) -> LocationsSource: ...
     @property
     def retention(self) -> RetentionSource: ...
+    @property
+    def mirrors(self) -> MirrorsSource: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +96,7 @@ class ReportData:
     gc_runs: tuple[AuditEntry, ...]  # oldest first
     locations: tuple[LocationInfo, ...]
     drills: tuple[DrillResult, ...]  # newest first
+    mirrors: tuple[MirrorInfo, ...] = ()  # by name
 
 
 def collect(source: ReportSource, runs: Sequence[str] | None = None, *,
@@ -111,7 +121,7 @@ def collect(source: ReportSource, runs: Sequence[str] | None = None, *,
     return ReportData(
         title=title, generated_at=datetime.now(timezone.utc), stats=source.ops.stats(), runs=run_data,
         lineage=lineage, gc_runs=tuple(source.ops.audit(action="gc")),
-        locations=tuple(source.locations.list()), drills=drills)
+        locations=tuple(source.locations.list()), drills=drills, mirrors=tuple(source.mirrors.list()))
 
 
 def _mode(metric: str) -> str | None:

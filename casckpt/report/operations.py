@@ -1,4 +1,5 @@
-"""The report's operational sections: commit stalls, gc history, location health, restore drills."""
+"""The report's operational sections: commit stalls, gc history, location health, restore drills,
+mirrors."""
 
 from __future__ import annotations
 
@@ -129,4 +130,32 @@ def drills(data: ReportData) -> Section:
     return Section("drills", "Restore drills", intro, plot, table)
 
 
-BUILDERS: Sequence[Callable[[ReportData], Section]] = (stalls, gc_history, locations, drills)
+def mirrors(data: ReportData) -> Section:
+    """Each mirror: versions its destination holds through it, and those that failed (red)."""
+    headers = ("mirror", "destination", "last run", "versions sent", "bytes sent", "failed", "why")
+    table = Table(headers, tuple(
+        (m.name, m.destination, "never" if m.last_run_at is None else when(m.last_run_at),
+         str(m.versions_sent), human_bytes(m.bytes_sent), str(len(m.failed)),
+         "; ".join(([f"last run: {m.last_error}"] if m.last_error else [])
+                   + [f"{f.run}@{f.step}: {f.error}" for f in m.failed])) for m in data.mirrors))
+    intro = ("Mirrors of this store (casckpt mirror): selected versions kept up to date in other stores. "
+             "Green: versions the destination holds through the mirror; red: versions whose last copy "
+             "failed.")
+    if not data.mirrors:
+        return Section("mirrors", "Mirrors", intro, None, table,
+                       "No mirrors: add one with casckpt mirror add.")
+    names = [m.name for m in data.mirrors]
+    with figure("mirrors", 0.45 * len(names) + 1.1) as (fig, (ax,)):
+        sent = [m.versions_sent for m in data.mirrors]
+        ax.barh(range(len(names)), sent, color=OK_COLOUR, label="sent")
+        ax.barh(range(len(names)), [len(m.failed) for m in data.mirrors], left=sent, color=BAD_COLOUR,
+                label="failed")
+        ax.set_yticks(range(len(names)), names)
+        ax.invert_yaxis()
+        ax.set_xlabel("versions")
+        legend(fig, ax)
+        plot = render(fig, "mirrors")
+    return Section("mirrors", "Mirrors", intro, plot, table)
+
+
+BUILDERS: Sequence[Callable[[ReportData], Section]] = (stalls, gc_history, locations, drills, mirrors)

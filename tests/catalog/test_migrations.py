@@ -583,3 +583,23 @@ def test_a_catalog_rebuilt_from_a_store_written_while_a_location_was_draining(
         assert {loc.name: loc.shards for loc in store.locations.list()} == {"loc0": 2, "loc1": 0}
         assert store.ops.check(read_data=True).ok
         _restores_draining(store)
+
+
+# -- 0016: mirrors ----------------------------------------------------------------------------
+
+
+def test_0016_adds_the_mirror_tables_and_downgrades(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    with casckpt.open(root) as store:
+        store.commit({"w": torch.arange(64.0)}, run="r", step=1)
+        store.mirrors.add("m", str(tmp_path / "dst"), runs=["r"], keep_last=1)
+        assert [v.status for v in store.mirrors.push("m").versions] == ["sent"]
+    assert {"mirrors", "mirror_versions"} <= _tables(root) and _revision(root) == head_revision()
+    _migrate(root, "0015", down=True)
+    assert _revision(root) == "0015" and not {"mirrors", "mirror_versions"} & _tables(root)
+    _migrate(root, "0016")
+    assert {"mirrors", "mirror_versions"} <= _tables(root)
+    _migrate(root, "0015", down=True)
+    with casckpt.open(root) as store:  # upgraded on open, with no mirror (they went with 0015)
+        assert _revision(root) == head_revision() and store.mirrors.list() == []
+        assert torch.equal(store.restore("r@1")["w"], torch.arange(64.0))

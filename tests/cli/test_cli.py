@@ -515,6 +515,9 @@ _NUMERIC_CASES: list[tuple[tuple[str, ...], str]] = [
     (("retention", "set", RUN, "--keep-hourly"), "{}"), (("retention", "set", RUN, "--keep-daily"), "{}"),
     (("retention", "set", RUN, "--keep-weekly"), "{}"), (("retention", "set", RUN, "--keep-within"), "{}"),
     (("retention", "set", RUN, "--keep-best"), "loss:{}:min"),
+    *((("mirror", "add", "{n}", "--to", "{tmp}/mirror{n}", "--run", RUN, flag), "{}") for flag in (
+        "--keep-last", "--keep-every", "--keep-hourly", "--keep-daily", "--keep-weekly", "--keep-within")),
+    (("mirror", "add", "{n}", "--to", "{tmp}/mirror{n}", "--run", RUN, "--keep-best"), "loss:{}:min"),
     (("location", "list", "--timeout"), "{}"),
     (("delta", "set"), "{}"), (("delta", "set", "--run", RUN), "{}"),
     (("show",), RUN + "@{}"), (("show",), RUN + "@~{}"),

@@ -47,6 +47,8 @@ def build(path: Path) -> casckpt.Store:
     store.gc(grace=0)  # the first condemns, the second sweeps: two gc rows
     store.ops.drill(count=3)
     store.ops.drill(count=5, seed=1)
+    store.mirrors.add("archive", str(path.parent / "archive"), runs=["*"], tags=["release"])
+    store.mirrors.push("archive")
     return store
 
 

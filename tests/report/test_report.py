@@ -77,7 +77,7 @@ def test_report_has_every_section_with_its_table(demo: casckpt.Store, tmp_path: 
     page = _parse(demo.ops.report(tmp_path / "r.html"))
     figures = {a["data-plot"] for t, a in page.tags if t == "figure"}
     assert figures == {"space", "new-bytes", "metrics", "lineage", "storage", "durability", "stalls", "gc",
-                       "locations", "drills"}
+                       "locations", "drills", "mirrors"}
     svgs = [a for t, a in page.tags if t == "svg"]
     assert len(svgs) == len(figures) and all(a.get("width", "").endswith("pt") for a in svgs)
     assert len([t for t, _ in page.tags if t == "table"]) == len(figures)
@@ -87,6 +87,8 @@ def test_report_has_every_section_with_its_table(demo: casckpt.Store, tmp_path: 
     assert {"warmup-done", "release"} <= cells  # tags in the metrics table
     assert "best (min)" in cells
     assert "ok" in cells  # drill results
+    assert {"archive", str(demo.mirrors.get("archive").destination)} <= cells  # the mirror, which sent one
+    assert demo.mirrors.get("archive").versions_sent == 1
 
 
 def test_report_of_some_runs_and_of_an_empty_store(demo: casckpt.Store, tmp_path: Path) -> None:
@@ -95,7 +97,8 @@ def test_report_of_some_runs_and_of_an_empty_store(demo: casckpt.Store, tmp_path
         blank = empty.ops.report(tmp_path / "empty.html")
     assert "ft-wd@900" in page.cells and not [c for c in page.cells if c.startswith(("base@", "ft-lr@"))]
     text = blank.read_text(encoding="utf-8")
-    for empty_state in ("No versions yet.", "No restore drills recorded yet", "No gc has run yet"):
+    for empty_state in ("No versions yet.", "No restore drills recorded yet", "No gc has run yet",
+                        "No mirrors"):
         assert empty_state in text
     assert [a["data-plot"] for t, a in _parse(blank).tags if t == "figure"] == ["locations"]
 
@@ -162,7 +165,8 @@ def test_no_legend_covers_a_plot(demo: casckpt.Store, tmp_path: Path,
             box = found.get_window_extent()
             for ax in fig.axes:
                 assert not box.overlaps(ax.get_window_extent()), f"the legend of {key} covers its plot"
-    assert with_legends == {"space", "new-bytes", "metrics", "storage", "durability", "stalls", "drills"}
+    assert with_legends == {"space", "new-bytes", "metrics", "storage", "durability", "stalls", "drills",
+                            "mirrors"}
 
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:

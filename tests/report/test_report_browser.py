@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None,
                                 reason="chromium is not installed (CI installs it: .ci/run)")
 
 PLOTS = {"space", "new-bytes", "metrics", "lineage", "storage", "durability", "stalls", "gc", "locations",
-         "drills"}
+         "drills", "mirrors"}
 PROBE = {
     "plots": """[...document.querySelectorAll('figure.plot')].map(f => {
         const svg = f.querySelector('svg'); const box = svg ? svg.getBoundingClientRect() : null;

@@ -91,10 +91,15 @@ class _Recorded(NodeSource):
 
 
 def chain(source: Catalog, dest: Catalog, asked: Sequence[VersionRow],
-          held_by: Callable[[VersionRow], bool] | None = None) -> list[tuple[VersionRow, bool]]:
+          held_by: Callable[[VersionRow], bool] | None = None, *,
+          lineage: bool = True) -> list[tuple[VersionRow, bool]]:
     """The versions a copy of ``asked`` publishes, ancestors first, each with whether it was
     asked for: every asked version, and each ancestor up to the nearest one ``dest`` holds
-    (``held_by``; default: shows a version of the same id)."""
+    (``held_by``; default: shows a version of the same id). Without ``lineage``: the asked
+    versions alone (each then names a parent the destination may not show, as a version
+    whose ancestors were deleted does)."""
+    if not lineage:
+        return [(row, True) for row in asked]
     out: dict[str, tuple[VersionRow, bool]] = {}
     wanted = {row.id for row in asked}
     for row in asked:
@@ -131,7 +136,8 @@ def _held(dest: Catalog, row: VersionRow, asked: bool) -> bool:
     return True
 
 
-def plan(source: Catalog, dest: Catalog, asked: Sequence[VersionRow], source_nodes: StoreNodes) -> CopyPlan:
+def plan(source: Catalog, dest: Catalog, asked: Sequence[VersionRow], source_nodes: StoreNodes, *,
+         lineage: bool = True) -> CopyPlan:
     """What copying ``asked`` from ``source`` to ``dest`` sends (see module).
 
     Raises:
@@ -141,7 +147,7 @@ def plan(source: Catalog, dest: Catalog, asked: Sequence[VersionRow], source_nod
     """
     planned: list[VersionPlan] = []
     sending: set[bytes] = set()
-    for row, was_asked in chain(source, dest, asked):
+    for row, was_asked in chain(source, dest, asked, lineage=lineage):
         if _held(dest, row, was_asked):
             planned.append(VersionPlan(row, b"", True, was_asked, _tags(source, row.id)))
             continue

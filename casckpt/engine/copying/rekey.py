@@ -59,7 +59,8 @@ def held_at(dest: Catalog, row: VersionRow) -> str | None:
     return there.id if there is not None and there.created_at == row.created_at else None
 
 
-def plan(source: Catalog, dest: Catalog, asked: Sequence[VersionRow]) -> list[Rekeyed]:
+def plan(source: Catalog, dest: Catalog, asked: Sequence[VersionRow], *,
+         lineage: bool = True) -> list[Rekeyed]:
     """The versions a copy of ``asked`` across keys commits, ancestors first (see module).
 
     Raises:
@@ -67,7 +68,7 @@ def plan(source: Catalog, dest: Catalog, asked: Sequence[VersionRow]) -> list[Re
         CopyUnsupportedError: one was saved by many ranks.
     """
     out = []
-    for row, was_asked in chain(source, dest, asked, lambda r: held_at(dest, r) is not None):
+    for row, was_asked in chain(source, dest, asked, lambda r: held_at(dest, r) is not None, lineage=lineage):
         held = held_at(dest, row)
         there = dest.at_step(row.run, row.step)
         if held is None and there is not None:

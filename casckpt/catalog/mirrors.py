@@ -1,0 +1,167 @@
+"""The SQL side of mirrors (:mod:`casckpt.store_mirrors`): the ``mirrors`` and
+``mirror_versions`` tables of the SOURCE store's catalog (migration 0016).
+
+A mirror's row holds its definition and the outcome of its last run; ``mirror_versions``
+one row per source version a run selected, upserted as each version is sent or fails (so a
+run killed midway keeps what it recorded). Adding and removing a mirror write an audit row
+in the same transaction. Removing deletes its rows (the admin's right, as deletions are).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import time
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from sqlalchemy import Connection, func, select
+
+from casckpt.catalog import schema as s
+from casckpt.catalog.catalog import Catalog, idempotent
+from casckpt.catalog.database import upsert
+from casckpt.errors import InvalidArgumentError, RefNotFoundError
+
+
+class MirrorRow(NamedTuple):
+    """A mirror's row: its definition (``selection`` as the JSON the catalog holds) and last run."""
+
+    name: str
+    destination: str
+    key_file: str | None
+    selection: dict[str, Any]
+    propagate_deletions: bool
+    created_at: float
+    run_started_at: float | None
+    run_finished_at: float | None
+    run_error: str | None
+
+
+class MirrorTotals(NamedTuple):
+    """What a mirror sent in all: versions the destination holds through it, raw bytes."""
+
+    versions: int
+    bytes: int
+
+
+class VersionOutcome(NamedTuple):
+    """One source version's row of a mirror (``state``: sent, failed or deleted)."""
+
+    version_id: str
+    run: str
+    step: int
+    state: str
+    dest_id: str | None
+    chunks: int
+    bytes: int
+    at: float
+    error: str | None
+
+
+def add(catalog: Catalog, row: MirrorRow) -> None:
+    """Record a new mirror (and its ``mirror.add`` audit row).
+
+    Raises:
+        InvalidArgumentError: a mirror of that name exists.
+    """
+    with catalog.write() as conn:
+        if conn.execute(select(s.mirrors.c.name).where(s.mirrors.c.name == row.name)).first():
+            raise InvalidArgumentError(
+                f"a mirror named {row.name!r} exists; pick another name, or remove it first "
+                f"(casckpt mirror remove {row.name})")
+        values = row._asdict() | {"selection": json.dumps(row.selection, sort_keys=True)}
+        conn.execute(s.mirrors.insert().values(**values))
+        catalog.audit_in(conn, "mirror.add", f"mirror:{row.name}",
+                         {"destination": row.destination, "selection": row.selection})
+
+
+def remove(catalog: Catalog, name: str, destination: str) -> None:
+    """Forget mirror ``name`` and what it recorded (and write its ``mirror.remove`` audit row).
+
+    Raises:
+        RefNotFoundError: there is no such mirror.
+    """
+    with catalog.write() as conn:
+        gone = conn.execute(s.mirrors.delete().where(s.mirrors.c.name == name)).rowcount
+        if not gone:
+            raise _not_found(conn, name)
+        conn.execute(s.mirror_versions.delete().where(s.mirror_versions.c.mirror == name))
+        catalog.audit_in(conn, "mirror.remove", f"mirror:{name}", {"destination": destination})
+
+
+@idempotent
+def mirrors(catalog: Catalog, name: str | None = None) -> list[MirrorRow]:
+    """Every mirror by name (or the one named ``name``).
+
+    Raises:
+        RefNotFoundError: ``name`` names no mirror.
+    """
+    query = select(*s.mirrors.c).order_by(s.mirrors.c.name)
+    if name is not None:
+        query = query.where(s.mirrors.c.name == name)
+    with catalog.read() as conn:
+        rows = [MirrorRow(*(r[:3] + (json.loads(r[3]), bool(r[4])) + r[5:])) for r in conn.execute(query)]
+        if name is not None and not rows:
+            raise _not_found(conn, name)
+    return rows
+
+
+def _not_found(conn: Connection, name: str) -> RefNotFoundError:
+    names = [n for (n,) in conn.execute(select(s.mirrors.c.name).order_by(s.mirrors.c.name))]
+    known = f"the mirrors are {', '.join(names)}" if names else "this store has no mirror"
+    return RefNotFoundError(name, f"no mirror of that name ({known}; casckpt mirror status lists them)",
+                            difflib.get_close_matches(name, names, n=3))
+
+
+def run_started(catalog: Catalog, name: str) -> None:
+    """A run of mirror ``name`` begins: its start is now, its end and error unknown."""
+    with catalog.write() as conn:
+        conn.execute(s.mirrors.update().where(s.mirrors.c.name == name).values(
+            run_started_at=time.time(), run_finished_at=None, run_error=None))
+
+
+def run_finished(catalog: Catalog, name: str, error: str | None) -> None:
+    """The run of mirror ``name`` ended (``error``: what stopped it; None: nothing did)."""
+    with catalog.write() as conn:
+        conn.execute(s.mirrors.update().where(s.mirrors.c.name == name).values(
+            run_finished_at=time.time(), run_error=error))
+
+
+def record(catalog: Catalog, name: str, outcomes: Sequence[VersionOutcome]) -> None:
+    """Upsert the rows of mirror ``name`` for ``outcomes`` (a version sent again replaces its
+    failure; ``chunks`` and ``bytes`` add up across the runs that sent for it)."""
+    if not outcomes:
+        return
+    table = s.mirror_versions
+    with catalog.write() as conn:
+        statement = upsert(conn, table)
+        conn.execute(statement.on_conflict_do_update(
+            index_elements=[table.c.mirror, table.c.version_id],
+            set_={"state": statement.excluded.state, "dest_id": func.coalesce(statement.excluded.dest_id,
+                                                                             table.c.dest_id),
+                  "chunks": table.c.chunks + statement.excluded.chunks,
+                  "bytes": table.c.bytes + statement.excluded.bytes,
+                  "at": statement.excluded.at, "error": statement.excluded.error}),
+            [{"mirror": name, **o._asdict()} for o in outcomes])
+
+
+@idempotent
+def outcomes(catalog: Catalog, name: str, state: str | None = None) -> list[VersionOutcome]:
+    """The version rows of mirror ``name`` (only those in ``state``), by run and step."""
+    table = s.mirror_versions
+    query = select(table.c.version_id, table.c.run, table.c.step, table.c.state, table.c.dest_id,
+                   table.c.chunks, table.c.bytes, table.c.at, table.c.error).where(table.c.mirror == name)
+    if state is not None:
+        query = query.where(table.c.state == state)
+    with catalog.read() as conn:
+        return [VersionOutcome(*r) for r in conn.execute(query.order_by(table.c.run, table.c.step))]
+
+
+@idempotent
+def totals(catalog: Catalog) -> dict[str, MirrorTotals]:
+    """Per mirror: the versions the destination holds through it and the raw bytes it sent."""
+    table = s.mirror_versions
+    query = (select(table.c.mirror, func.count(), func.coalesce(func.sum(table.c.bytes), 0))
+             .where(table.c.state == "sent").group_by(table.c.mirror))
+    with catalog.read() as conn:
+        return {name: MirrorTotals(int(n), int(b)) for name, n, b in conn.execute(query)}

@@ -1,0 +1,288 @@
+"""``store.mirrors``: a mirror sends exactly the versions its selection picks, a run again sends
+nothing, tags that move here move there, deletions stay here unless asked, and what was sent
+or failed is recorded in the source's catalog.
+
+Every store is real (SQLite catalogs, local directories); versions are restored from the
+destination alone, the source's directory deleted first.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import casckpt
+from casckpt.errors import InvalidArgumentError, InvalidNameError, MirrorDestinationError, RefNotFoundError
+from casckpt.mirror_rules import make_selection
+
+OPTS: dict[str, Any] = {"chunk_size": 4096, "pack_size": 16 << 10}
+
+
+def state(step: int) -> dict[str, Any]:
+    """A shared frozen part, a part new at each step, plain values."""
+    frozen = torch.Generator().manual_seed(7)
+    new = torch.Generator().manual_seed(1000 + step)
+    return {"frozen": torch.randn(4096, generator=frozen),
+            "head": torch.randint(0, 256, (8192,), dtype=torch.uint8, generator=new), "step": step}
+
+
+def commit(store: casckpt.Store, step: int, run: str = "ft", tags: tuple[str, ...] = ()) -> casckpt.Version:
+    return store.commit(state(step), run=run, step=step, metrics={"loss": 1.0 / step}, tags=tags)
+
+
+def assert_same(got: dict[str, Any], step: int) -> None:
+    want = state(step)
+    assert got.keys() == want.keys() and got["step"] == step
+    assert torch.equal(got["frozen"], want["frozen"]) and torch.equal(got["head"], want["head"])
+
+
+def steps(store: casckpt.Store, run: str = "ft") -> list[int]:
+    return sorted(v.step for v in store.log(run))
+
+
+def files(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*")
+            if p.is_file() and p.parts[len(root.parts)] in {"packs", "manifests", "refs"}}
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Iterator[casckpt.Store]:
+    with casckpt.open(tmp_path / "src", **OPTS) as store:
+        yield store
+
+
+def wait_for(condition: Callable[[], bool], seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_a_run_sends_exactly_the_selected_versions_which_restore_without_the_source(
+        src: casckpt.Store, tmp_path: Path) -> None:
+    for step in range(1, 8):
+        commit(src, step, tags=("best",) if step == 2 else ())
+    # every 3rd step's first version (1, 3, 6), the latest (7), the one tagged best (2)
+    src.mirrors.add("arch", str(tmp_path / "dst"), runs=["f*"], tags=["best"], keep_every=3, keep_last=1)
+    dry = src.mirrors.push("arch", dry_run=True)
+    assert [(v.step, v.status) for v in dry.versions] == [(s, "would send") for s in (1, 2, 3, 6, 7)]
+    assert not (tmp_path / "dst").exists()  # a dry run makes no store
+
+    report = src.mirrors.push("arch")
+    assert [(v.step, v.status) for v in report.versions] == [(s, "sent") for s in (1, 2, 3, 6, 7)]
+    assert dict((v.step, v.reasons) for v in report.versions)[2] == ("tag best",)
+    assert report.tags == ("best",) and report.bytes > 0 and not report.failed
+    info = src.mirrors.get("arch")
+    assert (info.versions_sent, info.bytes_sent, info.failed, info.last_error) == (5, report.bytes, (), None)
+    assert info.last_run_at is not None and info.last_finished_at is not None
+    ids = {v.step: v.id for v in src.log("ft")}
+    src.close()
+    shutil.rmtree(tmp_path / "src")
+    with casckpt.open(tmp_path / "dst", create=False) as dst:
+        assert {v.step: v.id for v in dst.log("ft")} == {s: ids[s] for s in (1, 2, 3, 6, 7)}  # no lineage
+        assert dst.resolve("tag:best").step == 2
+        for step in (1, 2, 3, 6, 7):
+            assert_same(dst.restore(f"ft@{step}"), step)
+        assert dst.ops.check(read_data=True).ok
+
+
+def test_a_second_run_sends_nothing(src: casckpt.Store, tmp_path: Path) -> None:
+    for step in range(1, 4):
+        commit(src, step)
+    src.mirrors.add("m", str(tmp_path / "dst"), runs=["ft"], keep_last=2)
+    assert not src.mirrors.push("m").nothing_sent
+    before = files(tmp_path / "dst")
+    again = src.mirrors.push("m")
+    assert again.nothing_sent and again.chunks == 0 and again.bytes == 0
+    assert [v.status for v in again.versions] == ["present", "present"]
+    assert files(tmp_path / "dst") == before
+    assert src.mirrors.get("m").versions_sent == 2
+
+
+def test_a_tag_moved_here_moves_there_at_the_next_run_and_nothing_is_deleted_there(
+        src: casckpt.Store, tmp_path: Path) -> None:
+    for step in range(1, 5):
+        commit(src, step, tags=("best",) if step == 1 else ())
+    src.mirrors.add("best", str(tmp_path / "dst"), runs=["ft"], tags=["best"])
+    src.mirrors.push("best")
+    src.tag("ft@3", "best")
+    moved = src.mirrors.push("best")
+    assert [(v.step, v.status) for v in moved.versions] == [(3, "sent")] and moved.tags == ("best",)
+    src.tag("ft@1", "best")  # back onto a version the destination holds
+    back = src.mirrors.push("best")
+    assert [(v.step, v.status) for v in back.versions] == [(1, "present")] and back.tags == ("best",)
+    with casckpt.open(tmp_path / "dst", create=False) as dst:
+        assert dst.resolve("tag:best").step == 1
+        assert steps(dst) == [1, 3]  # 3, no longer tagged here, stays there
+
+
+def test_deletions_do_not_propagate_unless_asked(src: casckpt.Store, tmp_path: Path) -> None:
+    for step in range(1, 4):
+        commit(src, step)
+    src.mirrors.add("keep", str(tmp_path / "a"), runs=["ft"], keep_every=1)
+    src.mirrors.add("prune", str(tmp_path / "b"), runs=["ft"], keep_every=1, propagate_deletions=True)
+    assert src.mirrors.get("prune").propagate_deletions
+    src.mirrors.push_all()
+    src.delete("ft@2")
+    kept, pruned = src.mirrors.push_all()
+    assert [(v.step, v.status) for v in kept.versions] == [(1, "present"), (3, "present")]
+    assert [(v.step, v.status) for v in pruned.versions] == [(1, "present"), (3, "present"), (2, "deleted")]
+    with casckpt.open(tmp_path / "a", create=False) as a, casckpt.open(tmp_path / "b", create=False) as b:
+        assert steps(a) == [1, 2, 3] and steps(b) == [1, 3]
+        assert b.undelete("ft@2").step == 2  # a soft delete there, as any: its gc reclaims it
+    assert src.mirrors.get("prune").versions_sent == 2
+
+
+def test_a_failed_version_is_recorded_and_stops_no_other(src: casckpt.Store, tmp_path: Path) -> None:
+    for step in (1, 2):
+        commit(src, step, run="a")
+        commit(src, step, run="b")
+    with casckpt.open(tmp_path / "dst", **OPTS) as dst:  # the runs diverged there at a@2
+        dst.commit({"w": torch.zeros(8)}, run="a", step=2)
+    src.mirrors.add("m", str(tmp_path / "dst"), runs=["a", "b"], keep_every=1)
+    report = src.mirrors.push("m")
+    assert [(v.run, v.step, v.status) for v in report.versions] == [
+        ("a", 1, "sent"), ("a", 2, "failed"), ("b", 1, "sent"), ("b", 2, "sent")]
+    [failed] = report.failed
+    assert failed.error is not None and "CopyConflictError" in failed.error and "diverged" in failed.error
+    info = src.mirrors.get("m")
+    assert info.versions_sent == 3 and info.last_error is None
+    assert [(f.run, f.step) for f in info.failed] == [("a", 2)] and "diverged" in info.failed[0].error
+    assert src.mirrors.push("m").failed  # still diverged: failed again, recorded once
+    assert len(src.mirrors.get("m").failed) == 1
+
+
+def test_an_unreachable_destination_is_a_typed_error_recorded_on_the_mirror(
+        src: casckpt.Store, tmp_path: Path) -> None:
+    commit(src, 1)
+    (tmp_path / "file").write_text("not a directory")
+    src.mirrors.add("bad", str(tmp_path / "file" / "store"), runs=["ft"], keep_last=1)
+    src.mirrors.add("good", str(tmp_path / "dst"), runs=["ft"], keep_last=1)
+    with pytest.raises(MirrorDestinationError, match="could not be opened.*casckpt mirror run bad"):
+        src.mirrors.push("bad")
+    with pytest.raises(MirrorDestinationError):  # the others run all the same
+        src.mirrors.push_all()
+    bad, good = src.mirrors.list()
+    assert bad.last_error is not None and "could not be opened" in bad.last_error and bad.versions_sent == 0
+    assert good.last_error is None and good.versions_sent == 1
+
+
+def test_the_background_form_runs_on_wake_and_after_commits_and_stops_on_close(tmp_path: Path) -> None:
+    store = casckpt.open(tmp_path / "src", **OPTS)
+    commit(store, 1)
+    store.mirrors.add("hot", str(tmp_path / "dst"), runs=["ft"], keep_last=1)
+    worker = store.mirrors.start("hot", interval=3600, poll=None)
+    wait_for(lambda: worker.runs >= 1)
+    assert worker.last_error is None and worker.last_report is not None
+    commit(store, 2)
+    time.sleep(0.3)
+    assert worker.runs == 1  # no poll: the commit alone does not wake it
+    worker.wake()
+    wait_for(lambda: worker.runs >= 2)
+    assert [(v.step, v.status) for v in worker.last_report.versions] == [(2, "sent")]
+    worker.stop()
+    assert not worker.is_alive()
+
+    polling = store.mirrors.start("hot", interval=3600, poll=0.05)
+    wait_for(lambda: polling.runs >= 1)
+    store.commit(state(3), run="ft", step=3, block=False)  # a background commit, no wake
+    wait_for(lambda: store.mirrors.get("hot").versions_sent == 3)
+    store.close()
+    assert not polling.is_alive()
+    with casckpt.open(tmp_path / "dst", create=False) as dst:
+        assert steps(dst) == [1, 2, 3]
+
+
+def test_adding_listing_and_removing_and_their_refusals(src: casckpt.Store, tmp_path: Path) -> None:
+    src.mirrors.add("m", "relative-dst", runs=["ft"], keep_best=("loss", 1, "min"))
+    info = src.mirrors.get("m")
+    assert Path(info.destination).is_absolute() and info.selection.rules.keep_best == ("loss", 1, "min")
+    assert info.selection.describe() == "--run ft --keep-best loss:1:min"
+    with pytest.raises(InvalidArgumentError, match="exists"):
+        src.mirrors.add("m", str(tmp_path / "x"), runs=["ft"], keep_last=1)
+    with pytest.raises(InvalidNameError):
+        src.mirrors.add("a/b", str(tmp_path / "x"), runs=["ft"], keep_last=1)
+    with pytest.raises(InvalidArgumentError, match="something to send"):
+        src.mirrors.add("n", str(tmp_path / "x"), runs=["ft"])
+    with pytest.raises(InvalidArgumentError, match="at least one run"):
+        src.mirrors.add("n", str(tmp_path / "x"), runs=[], keep_last=1)
+    with pytest.raises(InvalidArgumentError, match="no rule keep_forever"):
+        src.mirrors.add("n", str(tmp_path / "x"), runs=["ft"], keep_forever=1)
+    with pytest.raises(InvalidArgumentError):
+        src.mirrors.start("m", interval=0)
+    with pytest.raises(InvalidArgumentError, match="poll"):
+        src.mirrors.start("m", poll=-1)
+    with pytest.raises(RefNotFoundError, match="the mirrors are m"):
+        src.mirrors.push("nope")
+    src.mirrors.remove("m")
+    assert src.mirrors.list() == []
+    with pytest.raises(RefNotFoundError, match="no mirror of that name"):
+        src.mirrors.remove("m")
+    assert [e.action for e in src.ops.audit(action="mirror")] == ["mirror.add", "mirror.remove"]
+
+
+def test_a_selection_picks_by_tag_glob_and_rule() -> None:
+    selection = make_selection(["pre-*"], ["rel-*"], keep_last=1)
+    assert selection.matches_run("pre-1") and not selection.matches_run("ft")
+    assert selection.to_json() == {"runs": ["pre-*"], "tags": ["rel-*"], "rules": {"keep_last": 1}}
+    assert make_selection(["r"], keep_tagged=True).to_json()["rules"] == {"keep_tagged": True}
+
+
+def test_a_mirror_into_a_store_keyed_otherwise_maps_ids_sends_nothing_again_and_deletes_there(
+        src: casckpt.Store, tmp_path: Path) -> None:
+    key = tmp_path / "dst.key"
+    casckpt.generate_key_file(key)
+    for step in (1, 2, 3):
+        commit(src, step, tags=("best",) if step == 1 else ())
+    src.mirrors.add("sealed", str(tmp_path / "dst"), runs=["ft"], tags=["best"], keep_last=1,
+                    key_file=str(key), propagate_deletions=True)
+    report = src.mirrors.push("sealed")  # 3 without its parent 2: committed there with none
+    assert [(v.step, v.status) for v in report.versions] == [(1, "sent"), (3, "sent")]
+    assert all(v.id and v.id != v.source_id for v in report.versions)
+    assert src.mirrors.push("sealed").nothing_sent
+    src.delete("ft@1")
+    src.tag("ft@3", "best")
+    after = src.mirrors.push("sealed")
+    assert [(v.step, v.status) for v in after.versions] == [(3, "present"), (1, "deleted")]
+    with casckpt.open(tmp_path / "dst", key_file=key, create=False) as dst:
+        assert steps(dst) == [3] and dst.resolve("tag:best").step == 3
+        assert_same(dst.restore("ft@3"), 3)
+        assert dst.ops.check(read_data=True).ok
+
+
+def test_a_mirror_recorded_in_a_postgresql_catalog(tmp_path: Path, pg_url: str) -> None:
+    with casckpt.open(tmp_path / "src", catalog=pg_url, **OPTS) as store:
+        for step in (1, 2):
+            commit(store, step)
+        store.mirrors.add("m", str(tmp_path / "dst"), runs=["ft"], keep_every=1)
+        assert [v.status for v in store.mirrors.push("m").versions] == ["sent", "sent"]
+        assert [v.status for v in store.mirrors.push("m").versions] == ["present", "present"]  # upserted
+        info = store.mirrors.get("m")
+        assert info.versions_sent == 2 and info.bytes_sent > 0 and info.last_error is None
+        store.mirrors.remove("m")
+        assert store.mirrors.list() == []
+
+
+def test_a_version_the_destination_deleted_is_not_sent_again(src: casckpt.Store, tmp_path: Path) -> None:
+    for step in (1, 2, 3):
+        commit(src, step)
+    src.mirrors.add("hot", str(tmp_path / "dst"), runs=["ft"], keep_every=1)
+    src.mirrors.push("hot")
+    with casckpt.open(tmp_path / "dst", create=False) as dst:  # its own retention: the last 1
+        dst.retention.set("ft", keep_last=1)
+        dst.gc(grace=0)
+        dst.gc(grace=0)  # condemned, then swept: purged
+        assert steps(dst) == [3]
+    again = src.mirrors.push("hot")
+    assert [(v.step, v.status) for v in again.versions] == [(1, "gone"), (2, "gone"), (3, "present")]
+    assert again.nothing_sent and again.bytes == 0
+    assert [v.status for v in src.mirrors.push("hot").versions] == ["gone", "gone", "present"]
+    assert src.mirrors.get("hot").versions_sent == 1 and not src.mirrors.get("hot").failed
+    with casckpt.open(tmp_path / "dst", create=False) as dst:
+        assert steps(dst) == [3] and dst.ops.check(read_data=True).ok
