@@ -18,8 +18,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sqlalchemy import select
 
 import casckpt
+from casckpt.catalog import schema
 from casckpt.engine.copying import copypipe
 from casckpt.errors import (
     CopyConflictError,
@@ -27,6 +29,7 @@ from casckpt.errors import (
     IntegrityError,
     ReadOnlyStoreError,
     RefNotFoundError,
+    StorageError,
 )
 from casckpt.format.codecs import lookup
 from casckpt.testing import internals
@@ -234,6 +237,33 @@ def test_one_packer_for_the_whole_copy_fills_the_destinations_packs(src: casckpt
         for step in range(1, 5):
             assert_same(big.restore(f"ft@{step}"), step)
         assert big.ops.check(read_data=True).ok
+
+
+def test_a_copy_failing_midway_ends_every_lease_it_took(src: casckpt.Store, dst: casckpt.Store,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    commit_run(src, range(1, 4))
+    real = copypipe.Pipeline.pack
+    calls: list[int] = []
+
+    def pack_or_fail(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 20:  # version 2's chunks in the packer, version 1's maybe published
+            raise StorageError("the destination went away")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(copypipe.Pipeline, "pack", pack_or_fail)
+    with pytest.raises(StorageError, match="went away"):
+        src.copy("ft@3", to=dst)
+    with internals(dst).catalog.read() as conn:
+        assert conn.execute(select(schema.leases)).all() == []  # none left holding gc back
+    visible = sorted(v.step for v in dst.log()) if "ft" in {r.name for r in dst.runs()} else []
+    assert visible in ([], [1])
+    monkeypatch.undo()
+    resumed = [v.step for v in src.copy("ft@3", to=dst).versions if v.sent]
+    assert resumed == [1, 2, 3][len(visible):]
+    dst.gc(grace=0)
+    for step in (1, 2, 3):
+        assert_same(dst.restore(f"ft@{step}"), step)
 
 
 def test_a_chunk_damaged_at_the_source_fails_the_copy_and_publishes_nothing(src: casckpt.Store,
