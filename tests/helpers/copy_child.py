@@ -7,7 +7,8 @@ Usage::
 Opens both stores with small chunks and packs and copies REF from SOURCE to DEST, having
 wrapped one step of the copy so that the process SIGKILLs itself on the N-th call of POINT:
 
-- ``batch``: after a batch of chunks was packed, stored and recorded at the destination;
+- ``batch``: after a pack of the copy's chunks was stored and recorded at the destination
+  (on an upload thread, while the copy reads and packs the next ones);
 - ``manifest``: after a version's manifest object was written, before it is published;
 - ``recommit``: a copy across keys (DEST_KEY_FILE given), after a version's chunks were
   written at the destination, before the commit publishes it.
@@ -25,7 +26,7 @@ from typing import Any
 
 import casckpt
 from casckpt.engine.copying import copy as copy_engine
-from casckpt.engine.copying import copychunks
+from casckpt.engine.copying import copypipe
 from casckpt.engine.write import commit as commit_engine
 
 CHUNK_SIZE = 4096
@@ -42,14 +43,14 @@ def main(source: str, dest: str, ref: str, point: str, nth: int, key_file: str |
             os.kill(os.getpid(), signal.SIGKILL)
 
     if point == "batch":
-        real_write = copychunks.write_chunks
+        real_record = copypipe.record_pack
 
-        def write(*args: Any, **kwargs: Any) -> Any:
-            done = real_write(*args, **kwargs)
+        def record(*args: Any, **kwargs: Any) -> Any:  # on an upload thread: kill -9 kills them all
+            done = real_record(*args, **kwargs)
             count()
             return done
 
-        copychunks.write_chunks = write  # type: ignore[assignment]
+        copypipe.record_pack = record  # type: ignore[assignment]
     elif point == "recommit":
         real_commit_publish = commit_engine.publish
 

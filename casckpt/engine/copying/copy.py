@@ -1,23 +1,32 @@
 """A copy between stores, executed: each planned version published at the destination.
 
-Versions go one at a time, ancestors first, each as a commit goes (docs/ARCHITECTURE.md,
+Versions are published one at a time, ancestors first, each as a commit is (docs/ARCHITECTURE.md,
 Copying between stores): a lease on the destination naming the version, then its missing
-chunks (:mod:`.copychunks`), then its manifest object on every active location, then ONE
-catalog transaction that re-checks every chunk and node it references, inserts the version
-row (the source's step, metadata, metrics, message, creation time and manifest bytes) and
-its tags, and ends the lease. A chunk the destination's gc swept meanwhile is sent again
-and the publish retried. The source holds a lease for the whole copy (unless it is
-read-only), so its gc keeps what the copy writes nowhere and reads everywhere.
+chunks, then its manifest object on every active location, then ONE catalog transaction that
+re-checks every chunk and node it references, inserts the version row (the source's step,
+metadata, metrics, message, creation time and manifest bytes) and its tags, and ends the
+lease. A chunk the destination's gc swept meanwhile is sent again and the publish retried.
+The source holds a lease for the whole copy (unless it is read-only), so its gc keeps what
+the copy writes nowhere and reads everywhere.
+
+The chunks of all versions flow through one pipeline (:mod:`.copypipe`): a version's lease
+begins before its first chunk is given to the packer, its manifest uploads meanwhile, and
+it is published as soon as every pack holding its chunks is recorded, while the chunks of
+the versions after it are read, packed and uploaded -- so neither the link nor the packer
+waits for a publish, and at any time the versions whose chunks are in flight hold a lease
+each.
 
 A copy killed at any point leaves what a killed commit leaves: recorded packs no version
 references (the next copy finds their chunks held and does not send them again; gc reclaims
-them otherwise), and a lease gc reaps as crashed, tombstoning the unpublished manifest.
+them otherwise), and leases gc reaps as crashed, tombstoning the unpublished manifests.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from casckpt.catalog import MissingChunksError
@@ -27,12 +36,14 @@ from casckpt.catalog.leases import begin_lease, release_lease
 from casckpt.catalog.rows import version as version_of
 from casckpt.engine.context import EngineContext
 from casckpt.engine.copying.copychunks import Sent, send
+from casckpt.engine.copying.copypipe import Batch, Pipeline, plan_batches
 from casckpt.engine.copying.copyplan import CopyPlan, VersionPlan
 from casckpt.engine.versions import records
 from casckpt.engine.write.commitchunks import Progress
 from casckpt.errors import CatalogError, RunExistsError
 from casckpt.format import objectnames
 from casckpt.format.merkle import compress_node
+from casckpt.storage.erasure import Redundancy
 from casckpt.types import CopiedVersion, ProgressCallback
 
 __all__ = ["Outcome", "execute", "fork_run", "set_tags"]
@@ -63,46 +74,137 @@ def execute(source: EngineContext, dest: EngineContext, plan: CopyPlan,
     bar = Progress(progress, "copy", plan.send_bytes)
     lease = begin_lease(source.catalog) if source_lease else None
     try:
-        for version in plan.versions:
-            row = version.row
-            chunks = 0 if version.present else _copy_one(source, dest, version, bar, out.sent)
-            out.tags += set_tags(dest, row.id, version.tags, published=not version.present)
-            out.versions.append(CopiedVersion(
-                row.id, row.id, row.run, row.step, version.asked, not version.present, chunks,
-                0 if version.present else version.send_bytes))
+        _Copy(source, dest, out, bar).run(plan.versions)
     finally:
         if lease is not None:
             release_lease(source.catalog, lease, "copy (source side)")
     return out
 
 
-def _copy_one(source: EngineContext, dest: EngineContext, version: VersionPlan, bar: Progress,
-              sent: Sent) -> int:
-    """Send one version's missing chunks and publish it; returns the chunks sent."""
-    row = version.row
-    fork_run(dest, row.run, history_sql.fork_point(source.catalog, row.run))
-    redundancy = dest.packs.placement.redundancy_for(row.run)
-    dest.packs.placement.check_writable(redundancy)
-    lease = begin_lease(dest.catalog, row.id)
-    before = (sent.chunks, sent.raw_bytes, sent.stored_bytes)
-    try:
-        held = {bytes.fromhex(h) for h in dest.catalog.find_chunks([c.hex() for c in version.send])}
-        send(source, dest, version, [c for c in version.send if c not in held], redundancy, bar, sent)
-        dest.locations.put_everywhere(objectnames.manifest_name(row.id), version.manifest)
+@dataclass(slots=True)
+class _InFlight:
+    """A version of the copy not published yet: its destination lease (None: the destination
+    shows it already), its manifest upload, the chunks it sent and their bytes."""
+
+    version: VersionPlan
+    lease: str | None
+    redundancy: Redundancy | None = None
+    manifest: Future[int] | None = None
+    batches: list[Batch] = field(default_factory=list)
+    ids: list[bytes] = field(default_factory=list)
+    raw: int = 0
+    stored: int = 0
+    fed: bool = False  # every batch given to the pipeline
+
+
+class _Copy:
+    """The versions of a copy through one :class:`Pipeline`, published in order, each as soon
+    as every chunk it sent is recorded at the destination."""
+
+    def __init__(self, source: EngineContext, dest: EngineContext, out: Outcome, bar: Progress) -> None:
+        self.source, self.dest, self.out, self.bar = source, dest, out, bar
+        self.queue: deque[_InFlight] = deque()
+
+    def run(self, versions: Sequence[VersionPlan]) -> None:
+        todo = [self._prepare(v) for v in versions]
+        pipe = Pipeline(self.source, self.dest, [b for v in todo for b in v.batches])
+        manifests = ThreadPoolExecutor(1, thread_name_prefix="casckpt-copy-manifest")
+        try:
+            for version in todo:
+                self._feed(pipe, manifests, version)
+            pipe.finish(self.out.sent)
+            self._publish_ready(pipe)
+            if self.queue:  # every chunk recorded: nothing can be left waiting
+                raise CatalogError("a copy finished with versions unpublished; copy again")
+        except BaseException:
+            pipe.abort()
+            for waiting in self.queue:
+                if waiting.lease is not None:
+                    release_lease(self.dest.catalog, waiting.lease,
+                                  f"copy of {waiting.version.row.run}@{waiting.version.row.step}")
+            raise
+        finally:
+            manifests.shutdown(cancel_futures=True)
+
+    def _prepare(self, version: VersionPlan) -> _InFlight:
+        """What ``version`` sends, in batches (no lease yet: nothing is written here). A chunk
+        found held here and swept by the destination's gc before the publish is sent then."""
+        if version.present:
+            return _InFlight(version, None, fed=True)
+        redundancy = self.dest.packs.placement.redundancy_for(version.row.run)
+        self.dest.packs.placement.check_writable(redundancy)
+        held = {bytes.fromhex(h) for h in self.dest.catalog.find_chunks([c.hex() for c in version.send])}
+        missing = [c for c in version.send if c not in held]
+        batches = plan_batches(self.source, self.dest, version, missing)
+        return _InFlight(version, None, redundancy, batches=batches)
+
+    def _feed(self, pipe: Pipeline, manifests: ThreadPoolExecutor, flight: _InFlight) -> None:
+        """Take ``flight``'s lease (before any of its chunks is written), start its manifest
+        upload, give its batches to ``pipe`` and publish whatever is ready meanwhile."""
+        self.queue.append(flight)
+        if flight.fed:
+            self._publish_ready(pipe)
+            return
+        row = flight.version.row
+        flight.lease = begin_lease(self.dest.catalog, row.id)
+        flight.manifest = manifests.submit(self.dest.locations.put_everywhere,
+                                           objectnames.manifest_name(row.id), flight.version.manifest)
+        assert flight.redundancy is not None
+        for expected in flight.batches:
+            batch, chunks = pipe.next_batch()
+            assert batch is expected
+            written = pipe.pack(batch, chunks, flight.redundancy)
+            flight.ids += batch.ids
+            flight.raw += written.raw_bytes
+            flight.stored += written.stored_bytes
+            self.out.sent.add(written, len(batch.ids))
+            self.bar.advance(sum(batch.sizes.values()))
+            self._publish_ready(pipe)
+        flight.fed = True
+        self._publish_ready(pipe)
+
+    def _publish_ready(self, pipe: Pipeline) -> None:
+        """Publish the versions at the head of the queue whose chunks are all recorded."""
+        while self.queue and self.queue[0].fed and pipe.recorded(self.queue[0].ids):
+            self._publish_one(self.queue.popleft())
+
+    def _publish_one(self, flight: _InFlight) -> None:
+        version, row = flight.version, flight.version.row
+        chunks = 0
+        if flight.lease is not None:
+            try:
+                fork_run(self.dest, row.run, history_sql.fork_point(self.source.catalog, row.run))
+                if flight.manifest is not None:
+                    flight.manifest.result()
+                chunks = len(flight.ids) + self._publish_retrying(flight, flight.lease)
+            except BaseException:
+                release_lease(self.dest.catalog, flight.lease, f"copy of {row.run}@{row.step}")
+                raise
+        self.out.tags += set_tags(self.dest, row.id, version.tags, published=not version.present)
+        self.out.versions.append(CopiedVersion(
+            row.id, row.id, row.run, row.step, version.asked, not version.present, chunks,
+            0 if version.present else version.send_bytes))
+
+    def _publish_retrying(self, flight: _InFlight, lease: str) -> int:
+        """Publish ``flight``, sending again what the destination's gc swept of the chunks it
+        held (not covered by the lease: they predate it); returns the chunks sent again."""
+        version, sent = flight.version, self.out.sent
+        before = (sent.chunks, sent.raw_bytes, sent.stored_bytes)
+        assert flight.redundancy is not None
         for _ in range(_PUBLISH_ATTEMPTS):
             try:
-                _publish(dest, version, sent.raw_bytes - before[1], sent.stored_bytes - before[2], lease)
+                _publish(self.dest, version, flight.raw + sent.raw_bytes - before[1],
+                         flight.stored + sent.stored_bytes - before[2], lease)
                 return sent.chunks - before[0]
             except MissingChunksError as exc:  # the destination's gc swept chunks it held
                 lost = [bytes.fromhex(h) for h in exc.missing]
-                dest.cache.discard(lost)
-                send(source, dest, version, lost, redundancy, Progress(None, "copy", 0), sent)
+                self.dest.cache.discard(lost)
+                send(self.source, self.dest, version, lost, flight.redundancy, Progress(None, "copy", 0),
+                     sent)
+        row = version.row
         raise CatalogError(
             f"could not publish version {row.id[:12]} ({row.run}@{row.step}) at the destination: its "
             "chunks kept disappearing (is a gc with --grace 0 running there?); copy again")
-    except BaseException:
-        release_lease(dest.catalog, lease, f"copy of {row.run}@{row.step}")
-        raise
 
 
 def fork_run(dest: EngineContext, run: str, point: str | None) -> None:

@@ -7,10 +7,10 @@ chunk ids, then encoded and packed by the destination's own pipeline
 redundancy and locations; no delta coding, so every copied chunk is a keyframe the
 destination decodes alone). Tree nodes travel as the plan read them (verified then).
 
-Chunks go in batches of about one pack: each batch is packed, stored and recorded in the
-destination's catalog before the next is read, so memory stays bounded and a copy killed
-midway leaves its finished packs recorded: the next copy finds those chunks held and does
-not send them again.
+A copy sends its chunks through one pipeline across its versions (:mod:`.copypipe`);
+:func:`send` writes a few chunks on their own, a batch of about one pack at a time, each
+stored and recorded before the next is read (what a publish finds swept by the
+destination's gc meanwhile is sent again this way).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from casckpt.engine.write.commitchunks import ChunkBytes, ChunkWrite, Progress, 
 from casckpt.errors import CorruptChunkError, MissingDataError
 from casckpt.storage.erasure import Redundancy
 
-__all__ = ["Sent", "send"]
+__all__ = ["Sent", "batches", "fetch", "send", "sizes_of"]
 
 
 @dataclass(slots=True)
@@ -56,14 +56,14 @@ def send(source: EngineContext, dest: EngineContext, version: VersionPlan, ids: 
         CorruptChunkError: a chunk failed verification on either side.
         StorageError: the destination could not store a pack.
     """
-    sizes = _sizes(source, version, ids)
-    for batch in _batches(ids, sizes, max(dest.config.pack_size, dest.config.chunk_size)):
-        chunks = _fetch(source, dest, version, batch, sizes)
+    sizes = sizes_of(source, version, ids)
+    for batch in batches(ids, sizes, max(dest.config.pack_size, dest.config.chunk_size)):
+        chunks = fetch(source, dest, version, batch, sizes)
         sent.add(write_chunks(dest, chunks, batch, redundancy, None), len(batch))
         bar.advance(sum(sizes[c] for c in batch))
 
 
-def _sizes(source: EngineContext, version: VersionPlan, ids: Sequence[bytes]) -> dict[bytes, int]:
+def sizes_of(source: EngineContext, version: VersionPlan, ids: Sequence[bytes]) -> dict[bytes, int]:
     """Each chunk's raw length (nodes: the bytes the plan holds; chunks: the source's catalog)."""
     out = {i: len(version.nodes[i]) for i in ids if i in version.nodes}
     rest = [i.hex() for i in ids if i not in out]
@@ -78,7 +78,8 @@ def _sizes(source: EngineContext, version: VersionPlan, ids: Sequence[bytes]) ->
     return out
 
 
-def _batches(ids: Sequence[bytes], sizes: Mapping[bytes, int], limit: int) -> Iterator[list[bytes]]:
+def batches(ids: Sequence[bytes], sizes: Mapping[bytes, int], limit: int) -> Iterator[list[bytes]]:
+    """``ids`` in order, cut into lists of at most ``limit`` raw bytes (or one chunk)."""
     batch: list[bytes] = []
     filled = 0
     for cid in ids:
@@ -91,7 +92,7 @@ def _batches(ids: Sequence[bytes], sizes: Mapping[bytes, int], limit: int) -> It
         yield batch
 
 
-def _fetch(source: EngineContext, dest: EngineContext, version: VersionPlan, batch: Sequence[bytes],
+def fetch(source: EngineContext, dest: EngineContext, version: VersionPlan, batch: Sequence[bytes],
            sizes: Mapping[bytes, int]) -> dict[bytes, ChunkBytes]:
     """``batch`` as chunks to write: nodes from the plan, the rest read (verified) from the
     source; every one then checked against its id by the destination's chunk ids."""

@@ -1,0 +1,129 @@
+"""A copy's chunks in one pipeline across its versions: read ahead, packed, uploaded.
+
+Every chunk a copy sends goes through ONE :class:`~casckpt.engine.write.packer.Packer` per
+redundancy for the whole copy (the destination's own writer: packs of its size across
+versions, uploads in flight while the next chunks are read and encoded), fed in batches of
+a quarter pack, each batch of one version only. The next :data:`AHEAD` batches are read
+from the source (and verified, :func:`.copychunks.fetch`) on threads of their own while this
+one is encoded and packed: memory holds at most ``AHEAD + 1`` batches of raw bytes beside
+the packer's own bound.
+
+A pack is recorded in the destination's catalog as its upload lands (resumable: a copy
+killed midway leaves its recorded chunks held there); :meth:`Pipeline.recorded` says when
+every chunk a version sent is recorded, so the copy publishes it then -- not before, and
+without waiting for the packs of the versions after it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from casckpt.catalog import StoredPack
+from casckpt.engine.context import EngineContext
+from casckpt.engine.copying.copychunks import Sent, batches, fetch, sizes_of
+from casckpt.engine.copying.copyplan import VersionPlan
+from casckpt.engine.read.degraded import shortfalls
+from casckpt.engine.write.commitchunks import ChunkBytes, ChunkWrite, Progress, pack_chunks
+from casckpt.engine.write.packer import Packer
+from casckpt.storage.erasure import Redundancy
+
+__all__ = ["AHEAD", "Batch", "Pipeline", "plan_batches"]
+
+AHEAD = 3  # batches read from the source ahead of the one being packed
+_BATCH_SHARE = 4  # a batch is about 1/_BATCH_SHARE of the destination's pack size
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Chunks of one version to send together."""
+
+    version: VersionPlan
+    ids: list[bytes]
+    sizes: dict[bytes, int]
+
+
+def plan_batches(source: EngineContext, dest: EngineContext, version: VersionPlan,
+                 ids: Sequence[bytes]) -> list[Batch]:
+    """``ids`` (chunks and nodes of ``version``) cut into batches of about a quarter pack.
+
+    Raises:
+        MissingDataError: the source's catalog lacks one of them.
+    """
+    sizes = sizes_of(source, version, ids)
+    limit = max(dest.config.pack_size // _BATCH_SHARE, dest.config.chunk_size)
+    return [Batch(version, batch, {c: sizes[c] for c in batch}) for batch in batches(ids, sizes, limit)]
+
+
+class Pipeline:
+    """Reads ``work`` ahead on threads, packs it with one packer per redundancy and
+    records which chunks landed. Call :meth:`next_batch` for each batch in order, then
+    :meth:`pack` it; :meth:`finish` at the end, :meth:`abort` after a failure."""
+
+    def __init__(self, source: EngineContext, dest: EngineContext, work: Sequence[Batch]) -> None:
+        self._source, self._dest, self._work = source, dest, work
+        self._packers: dict[Redundancy, Packer] = {}
+        self._recorded: set[bytes] = set()
+        self._lock = threading.Lock()
+        self._readers = ThreadPoolExecutor(AHEAD, thread_name_prefix="casckpt-copy-read")
+        self._reads: dict[int, Future[dict[bytes, ChunkBytes]]] = {}
+        self._next = 0
+
+    def next_batch(self) -> tuple[Batch, dict[bytes, ChunkBytes]]:
+        """The next batch and its chunks, read and verified (the reads of the batches after it
+        are started first)."""
+        index = self._next
+        self._next += 1
+        for ahead in range(index, min(index + AHEAD + 1, len(self._work))):
+            if ahead not in self._reads:
+                batch = self._work[ahead]
+                self._reads[ahead] = self._readers.submit(fetch, self._source, self._dest, batch.version,
+                                                          batch.ids, batch.sizes)
+        return self._work[index], self._reads.pop(index).result()
+
+    def pack(self, batch: Batch, chunks: dict[bytes, ChunkBytes], redundancy: Redundancy) -> ChunkWrite:
+        """Encode ``batch`` and add it to the copy's packer for ``redundancy`` (returns without
+        waiting for its packs: see :meth:`recorded`); its raw and stored tensor bytes."""
+        packer = self._packers.get(redundancy)
+        if packer is None:
+            packer = self._packers[redundancy] = Packer(self._dest, redundancy, self._record)
+        before = packer.stored_bytes
+        bar = Progress(None, "copy", 0)
+        nodes, node_stored = pack_chunks(self._dest, packer, chunks, batch.ids, None, bar)
+        return ChunkWrite(bar.done - nodes, packer.stored_bytes - before - node_stored)
+
+    def _record(self, pack: StoredPack) -> None:
+        """On an upload thread: record a stored pack, then count its chunks as landed."""
+        record_pack(self._dest, pack)
+        with self._lock:
+            self._recorded.update(e.chunk_id for e in pack.entries)
+
+    def recorded(self, ids: Iterable[bytes]) -> bool:
+        """Whether every one of ``ids`` (sent by this pipeline) is stored and recorded."""
+        with self._lock:
+            return all(cid in self._recorded for cid in ids)
+
+    def finish(self, sent: Sent) -> None:
+        """Wait until every pack is stored and recorded; counts the degraded ones in ``sent``.
+
+        Raises the first storage or catalog error of any pack.
+        """
+        self._readers.shutdown()
+        for packer in self._packers.values():
+            packs = packer.finish()
+            stored = (p.layout for p in packs if p.layout.tier is None)
+            sent.degraded += len(list(shortfalls(self._dest, stored)))
+
+    def abort(self) -> None:
+        """After a failure: stop reading ahead, drop what is not stored (see
+        :meth:`Packer.abort`)."""
+        self._readers.shutdown(cancel_futures=True)
+        for packer in self._packers.values():
+            packer.abort()
+
+
+def record_pack(dest: EngineContext, pack: StoredPack) -> None:
+    """Record a pack the copy stored in the destination's catalog (tests hook this)."""
+    dest.catalog.add_pack(pack)
