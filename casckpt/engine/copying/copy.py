@@ -2,7 +2,8 @@
 
 Versions are published one at a time, ancestors first, each as a commit is (docs/ARCHITECTURE.md,
 Copying between stores): a lease on the destination naming the version, then its missing
-chunks, then its manifest object on every active location, then ONE catalog transaction that
+chunks while its manifest object is put on every active location (on a thread), then, once
+its chunks are recorded and the manifest stored, ONE catalog transaction that
 re-checks every chunk and node it references, inserts the version row (the source's step,
 metadata, metrics, message, creation time and manifest bytes) and its tags, and ends the
 lease. A chunk the destination's gc swept meanwhile is sent again and the publish retried.
@@ -95,6 +96,7 @@ class _InFlight:
     raw: int = 0
     stored: int = 0
     fed: bool = False  # every batch given to the pipeline
+    checked: int = 0  # ids[:checked] are recorded (each id is looked at once, not per batch)
 
 
 class _Copy:
@@ -154,6 +156,7 @@ class _Copy:
             batch, chunks = pipe.next_batch()
             assert batch is expected
             written = pipe.pack(batch, chunks, flight.redundancy)
+            del chunks  # packed: not held while the next reads run (the read-ahead's bound)
             flight.ids += batch.ids
             flight.raw += written.raw_bytes
             flight.stored += written.stored_bytes
@@ -165,7 +168,11 @@ class _Copy:
 
     def _publish_ready(self, pipe: Pipeline) -> None:
         """Publish the versions at the head of the queue whose chunks are all recorded."""
-        while self.queue and self.queue[0].fed and pipe.recorded(self.queue[0].ids):
+        while self.queue and self.queue[0].fed:
+            head = self.queue[0]
+            head.checked = pipe.recorded_upto(head.ids, head.checked)
+            if head.checked < len(head.ids):
+                return
             self._publish_one(self.queue.popleft())
 
     def _publish_one(self, flight: _InFlight) -> None:

@@ -9,7 +9,7 @@ one is encoded and packed: memory holds at most ``AHEAD + 1`` batches of raw byt
 the packer's own bound.
 
 A pack is recorded in the destination's catalog as its upload lands (resumable: a copy
-killed midway leaves its recorded chunks held there); :meth:`Pipeline.recorded` says when
+killed midway leaves its recorded chunks held there); :meth:`Pipeline.recorded_upto` says when
 every chunk a version sent is recorded, so the copy publishes it then -- not before, and
 without waiting for the packs of the versions after it.
 """
@@ -17,7 +17,7 @@ without waiting for the packs of the versions after it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -85,7 +85,7 @@ class Pipeline:
 
     def pack(self, batch: Batch, chunks: dict[bytes, ChunkBytes], redundancy: Redundancy) -> ChunkWrite:
         """Encode ``batch`` and add it to the copy's packer for ``redundancy`` (returns without
-        waiting for its packs: see :meth:`recorded`); its raw and stored tensor bytes."""
+        waiting for its packs: see :meth:`recorded_upto`); its raw and stored tensor bytes."""
         packer = self._packers.get(redundancy)
         if packer is None:
             packer = self._packers[redundancy] = Packer(self._dest, redundancy, self._record)
@@ -100,10 +100,15 @@ class Pipeline:
         with self._lock:
             self._recorded.update(e.chunk_id for e in pack.entries)
 
-    def recorded(self, ids: Iterable[bytes]) -> bool:
-        """Whether every one of ``ids`` (sent by this pipeline) is stored and recorded."""
+    def recorded_upto(self, ids: Sequence[bytes], start: int) -> int:
+        """How many of ``ids`` (sent by this pipeline, in order), from ``start`` on, are stored
+        and recorded: the index of the first that is not (``len(ids)``: all). Callers keep the
+        index, so each id is looked at about once while upload threads wait on the lock."""
         with self._lock:
-            return all(cid in self._recorded for cid in ids)
+            end = start
+            while end < len(ids) and ids[end] in self._recorded:
+                end += 1
+            return end
 
     def finish(self, sent: Sent) -> None:
         """Wait until every pack is stored and recorded; counts the degraded ones in ``sent``.
