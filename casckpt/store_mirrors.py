@@ -5,24 +5,29 @@ path or URL, and its key file when encrypted), a selection (:mod:`casckpt.mirror
 runs, tags, keep rules of the retention vocabulary) and whether deletions propagate. A run
 of the mirror (``store.mirrors.push``, ``casckpt mirror run`` from cron, or a
 :class:`MirrorWorker` thread of a training job) opens the destination, selects the versions
-now, and copies them with :meth:`casckpt.Store.copy` without their lineage (exactly the
+now (sticky: a version it recorded still holds its slot under the keep rules once the
+source deleted it), and copies them with :meth:`casckpt.Store.copy` without their lineage (exactly the
 selected versions; the copy sends only the chunks the destination lacks, so a run again
 sends nothing), which also moves the source's tags on them there. Each version's outcome is
 recorded as it is known (``mirror_versions``): a version that fails is recorded with why and
 does not stop the others; a destination that cannot be opened stops the run with
 :class:`~casckpt.errors.MirrorDestinationError`, recorded on the mirror. The destination's
-own retention and gc apply there; a mirror deletes nothing there unless it was added with
-``propagate_deletions``, and then only versions it sent that are deleted here.
+own retention and gc apply there (a version it deleted is ``gone``, not sent again; a
+destination of another store identity, wiped or replaced, gets every version again); a
+mirror deletes nothing there unless it was added with ``propagate_deletions``, and then
+only versions it sent (not those the destination held already) that are deleted here.
 """
 
 from __future__ import annotations
 
 import builtins
+import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
@@ -59,6 +64,8 @@ class MirrorEnd(Protocol):
              lineage: bool = ...) -> CopyReport: ...
     def log(self, run: str | None = ..., *, limit: int | None = ..., order: str = ...) -> list[Version]: ...
     def runs(self) -> list[RunInfo]: ...
+    @property
+    def _core(self) -> StoreCore: ...
     def resolve(self, ref: Any) -> Version: ...
     def delete(self, ref: Any, reason: str = ...) -> Version: ...
     def close(self) -> None: ...
@@ -197,7 +204,7 @@ class Mirrors:
             self._core.refuse_write("a mirror run", "the catalog")
         started = time.monotonic()
         selection = selection_from_json(row.selection, row.name)
-        chosen = self._chosen(selection)
+        chosen = self._chosen(row, selection)
         if not dry_run:
             mirror_sql.run_started(self._core.catalog, row.name)
         error: str | None = None
@@ -209,7 +216,7 @@ class Mirrors:
                     for v, reasons in chosen), 0, sum(v.logical_bytes for v, _ in chosen), (), True,
                     time.monotonic() - started)
             try:
-                sending = _Sending(self._core, row.name, self._source, dest, dry_run, progress, stopping)
+                sending = _Sending(self._core, row, self._source, dest, dry_run, progress, stopping)
                 versions, tags = sending.send(chosen)
                 if row.propagate_deletions:
                     versions += sending.propagate_deletions()
@@ -225,13 +232,22 @@ class Mirrors:
                             sum(v.chunks for v in versions), sum(v.bytes for v in versions), tuple(tags),
                             dry_run, time.monotonic() - started)
 
-    def _chosen(self, selection: MirrorSelection) -> builtins.list[tuple[Version, tuple[str, ...]]]:
-        """The versions ``selection`` picks now, by run name and step, with why."""
+    def _chosen(self, row: MirrorRow, selection: MirrorSelection,
+                ) -> builtins.list[tuple[Version, tuple[str, ...]]]:
+        """The versions ``selection`` picks now, by run name and step, with why. Sticky: the
+        versions this mirror recorded (sent, present, gone, deleted) that are no longer visible
+        here still hold their slot under the rules, so the source's own retention deleting the
+        first version of a 1000-step range makes the next one no "first" (nor the next best,
+        the next first of its day). Only visible versions are picked."""
+        recorded = [o for o in mirror_sql.outcomes(self._core.catalog, row.name)
+                    if o.state in ("sent", "present", "gone", "deleted")]
         out = []
         for run in sorted(self._source.runs(), key=lambda r: r.name):
             if selection.matches_run(run.name):
                 versions = self._source.log(run.name, limit=None, order="asc")
-                picked = selection.select(versions)
+                visible = {v.id for v in versions}
+                held = [_Slot.of(o) for o in recorded if o.run == run.name and o.version_id not in visible]
+                picked = selection.select(sorted([*versions, *held], key=lambda v: v.step))
                 out += [(v, tuple(picked[v.id])) for v in versions if v.id in picked]
         return out
 
@@ -353,6 +369,24 @@ class MirrorWorker(threading.Thread):
             self.join(timeout)
 
 
+@dataclass(frozen=True, slots=True)
+class _Slot:
+    """A version this mirror recorded that is no longer visible here, as the keep rules read it
+    (:class:`casckpt.retention_rules.Candidate`): it still holds its slot."""
+
+    id: str
+    step: int
+    created_at: datetime
+    metrics: Mapping[str, float]
+    tags: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, outcome: VersionOutcome) -> _Slot:
+        metrics = json.loads(outcome.metrics) if outcome.metrics else {}
+        when = outcome.created_at if outcome.created_at is not None else outcome.at
+        return cls(outcome.version_id, outcome.step, datetime.fromtimestamp(when, timezone.utc), metrics)
+
+
 def _by_step(versions: list[MirroredVersion]) -> list[MirroredVersion]:
     return sorted(versions, key=lambda v: (v.run, v.step))
 
@@ -360,10 +394,12 @@ def _by_step(versions: list[MirroredVersion]) -> list[MirroredVersion]:
 class _Sending:
     """One mirror run's copies into its destination, each outcome recorded as it is known."""
 
-    def __init__(self, core: StoreCore, name: str, source: MirrorEnd, dest: MirrorEnd, dry_run: bool,
+    def __init__(self, core: StoreCore, row: MirrorRow, source: MirrorEnd, dest: MirrorEnd, dry_run: bool,
                  progress: ProgressCallback | None, stopping: Callable[[], bool] | None) -> None:
-        self.core, self.name, self.source, self.dest = core, name, source, dest
+        self.core, self.row, self.name, self.source, self.dest = core, row, row.name, source, dest
         self.dry_run, self.progress, self.stopping = dry_run, progress, stopping
+        self.versions: dict[str, Version] = {}
+        self.before: dict[str, VersionOutcome] = {}
 
     def _stop(self) -> bool:
         return self.stopping is not None and self.stopping()
@@ -372,8 +408,10 @@ class _Sending:
              ) -> tuple[list[MirroredVersion], list[str]]:
         """Copy the ``chosen`` versions: all at once in the foreground, or, when that fails and
         on a thread (which stops between versions), one by one, so one failure stops no other
-        version. A version this mirror sent that the destination no longer shows (its retention
-        deleted it) is not sent again. Returns what became of each, and the tags set there."""
+        version. A version the destination deleted (its catalog shows it deleted: its retention,
+        or by hand) is not sent again (``gone``); one it has no record of (wiped, replaced) is.
+        Returns what became of each, and the tags set there."""
+        self.versions = {v.id: v for v, _ in chosen}
         gone, chosen = self._gone_there(chosen)
         if not chosen:
             return gone, []
@@ -401,15 +439,23 @@ class _Sending:
 
     def _gone_there(self, chosen: Sequence[tuple[Version, tuple[str, ...]]],
                     ) -> tuple[list[MirroredVersion], list[tuple[Version, tuple[str, ...]]]]:
-        """Split off the versions this mirror sent (or found gone) that the destination no
-        longer shows: deleted there, by its retention or by hand, they are not sent again."""
-        held = {o.version_id: o for o in mirror_sql.outcomes(self.core.catalog, self.name)
-                if o.state in ("sent", "gone")}
+        """Split off the versions the destination deleted since this mirror sent them (or found
+        them there): its catalog shows them deleted, or -- the same store, by its identity --
+        its gc purged them. Checked again each run: a ``gone`` version shown again is held,
+        and a destination of another identity (wiped and made again, replaced) has none."""
+        store_id = self.dest._core.catalog.store_id
+        if self.dry_run:
+            replaced = self.row.dest_store_id not in (None, store_id)
+        else:
+            replaced = mirror_sql.ran_into(self.core.catalog, self.name, store_id)
+        self.before = {} if replaced else {
+            o.version_id: o for o in mirror_sql.outcomes(self.core.catalog, self.name)
+            if o.state in ("sent", "present", "gone")}
         gone: list[MirroredVersion] = []
         rest = []
         for version, reasons in chosen:
-            outcome = held.get(version.id)
-            if outcome is not None and (outcome.state == "gone" or not self._shown(outcome)):
+            outcome = self.before.get(version.id)
+            if outcome is not None and self._deleted_there(outcome.dest_id or outcome.version_id):
                 gone.append(MirroredVersion(version.id, outcome.dest_id or "", version.run, version.step,
                                             "gone", reasons=(*reasons, "deleted at the destination")))
                 if outcome.state != "gone" and not self.dry_run:
@@ -419,12 +465,14 @@ class _Sending:
                 rest.append((version, reasons))
         return gone, rest
 
-    def _shown(self, outcome: VersionOutcome) -> bool:
+    def _deleted_there(self, version_id: str) -> bool:
+        """Whether the destination, which held ``version_id``, no longer shows it: deleted
+        there (its catalog says so) or purged since by its gc."""
         try:
-            self.dest.resolve(outcome.dest_id or outcome.version_id)
+            self.dest.resolve(version_id)
         except RefNotFoundError:
-            return False
-        return True
+            return True
+        return False
 
     def _copy(self, refs: list[str]) -> CopyReport:
         return self.source.copy(refs, to=self.dest, dry_run=self.dry_run, progress=self.progress,
@@ -432,16 +480,21 @@ class _Sending:
 
     def _record(self, copied: Iterable[CopiedVersion],
                 why: dict[str, tuple[str, ...]]) -> list[MirroredVersion]:
-        out = []
+        out, rows = [], []
         for v in copied:
             status = ("would send" if self.dry_run else "sent") if v.sent else "present"
             out.append(MirroredVersion(v.source_id, v.id, v.run, v.step, status, v.chunks, v.bytes,
                                        why.get(v.source_id, ())))
+            before = self.before.get(v.source_id)
+            # sent by this mirror (now or by an earlier run): its to delete; present: never
+            mine = v.sent or (before is not None and before.state in ("sent", "gone"))
+            version = self.versions.get(v.source_id)
+            rows.append(VersionOutcome(
+                v.source_id, v.run, v.step, "sent" if mine else "present", v.id or None, v.chunks, v.bytes,
+                time.time(), None, version.created_at.timestamp() if version else None,
+                json.dumps(dict(version.metrics), sort_keys=True) if version else None))
         if not self.dry_run:
-            mirror_sql.record(self.core.catalog, self.name, [
-                VersionOutcome(v.source_id, v.run, v.step, "sent", v.id or None, v.chunks, v.bytes,
-                               time.time(), None)
-                for v in out])
+            mirror_sql.record(self.core.catalog, self.name, rows)
         return out
 
     def _failed(self, version: Version, reasons: tuple[str, ...], exc: CasckptError) -> MirroredVersion:

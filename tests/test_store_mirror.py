@@ -286,3 +286,51 @@ def test_a_version_the_destination_deleted_is_not_sent_again(src: casckpt.Store,
     assert src.mirrors.get("hot").versions_sent == 1 and not src.mirrors.get("hot").failed
     with casckpt.open(tmp_path / "dst", create=False) as dst:
         assert steps(dst) == [3] and dst.ops.check(read_data=True).ok
+
+
+def test_the_source_retention_deleting_a_sent_version_sends_no_other_in_its_slot(
+        src: casckpt.Store, tmp_path: Path) -> None:
+    # the guide's scenario: the hot store keeps its last 2; the archive every 300th step
+    src.retention.set("ft", keep_last=2)
+    src.mirrors.add("archive", str(tmp_path / "arch"), runs=["ft"], keep_every=300)
+    for step in range(100, 1100, 100):
+        commit(src, step)
+        src.gc(grace=0)
+        src.mirrors.push("archive")
+    assert steps(src) == [900, 1000]
+    with casckpt.open(tmp_path / "arch", create=False) as arch:
+        assert steps(arch) == [100, 300, 600, 900]
+
+
+def test_a_wiped_destination_is_refilled_and_a_gone_version_is_checked_again(
+        src: casckpt.Store, tmp_path: Path) -> None:
+    for step in (1, 2, 3):
+        commit(src, step)
+    src.mirrors.add("dr", str(tmp_path / "dst"), runs=["ft"], keep_every=1)
+    src.mirrors.push("dr")
+    with casckpt.open(tmp_path / "dst", create=False) as dst:
+        dst.delete("ft@1")
+    assert [v.status for v in src.mirrors.push("dr").versions] == ["gone", "present", "present"]
+    with casckpt.open(tmp_path / "dst", create=False) as dst:  # undeleted there: held again
+        dst.undelete("ft@1")
+    assert [v.status for v in src.mirrors.push("dr").versions] == ["present"] * 3
+    shutil.rmtree(tmp_path / "dst")  # the disk replaced: a new store, with none of them
+    again = src.mirrors.push("dr")
+    assert [v.status for v in again.versions] == ["sent"] * 3 and not again.nothing_sent
+    with casckpt.open(tmp_path / "dst", create=False) as dst:
+        assert steps(dst) == [1, 2, 3]
+        assert_same(dst.restore("ft@1"), 1)
+
+
+def test_deletions_propagate_only_to_what_the_mirror_sent(src: casckpt.Store, tmp_path: Path) -> None:
+    for step in (1, 2):
+        commit(src, step)
+    with casckpt.open(tmp_path / "dst", **OPTS) as dst:
+        src.copy("ft@1", to=dst)  # someone's own copy: not the mirror's to delete
+    src.mirrors.add("m", str(tmp_path / "dst"), runs=["ft"], keep_every=1, propagate_deletions=True)
+    assert [v.status for v in src.mirrors.push("m").versions] == ["present", "sent"]
+    src.delete("ft@1")
+    src.delete("ft@2")
+    assert [(v.step, v.status) for v in src.mirrors.push("m").versions] == [(2, "deleted")]
+    with casckpt.open(tmp_path / "dst", create=False) as dst:
+        assert steps(dst) == [1]

@@ -35,6 +35,7 @@ class MirrorRow(NamedTuple):
     run_started_at: float | None
     run_finished_at: float | None
     run_error: str | None
+    dest_store_id: str | None = None
 
 
 class MirrorTotals(NamedTuple):
@@ -45,7 +46,8 @@ class MirrorTotals(NamedTuple):
 
 
 class VersionOutcome(NamedTuple):
-    """One source version's row of a mirror (``state``: sent, failed or deleted)."""
+    """One source version's row of a mirror (``state``: sent, present, failed, deleted or
+    gone); ``created_at`` and ``metrics`` (JSON) are the version's, what the keep rules read."""
 
     version_id: str
     run: str
@@ -56,6 +58,8 @@ class VersionOutcome(NamedTuple):
     bytes: int
     at: float
     error: str | None
+    created_at: float | None = None
+    metrics: str | None = None
 
 
 def add(catalog: Catalog, row: MirrorRow) -> None:
@@ -127,6 +131,16 @@ def run_finished(catalog: Catalog, name: str, error: str | None) -> None:
             run_finished_at=time.time(), run_error=error))
 
 
+def ran_into(catalog: Catalog, name: str, store_id: str) -> bool:
+    """Mirror ``name`` runs into the store of identity ``store_id``; True when it last ran into
+    another one (wiped and made again, replaced): what it recorded there no longer holds."""
+    with catalog.write() as conn:
+        before = conn.execute(select(s.mirrors.c.dest_store_id).where(s.mirrors.c.name == name)).scalar()
+        if before != store_id:
+            conn.execute(s.mirrors.update().where(s.mirrors.c.name == name).values(dest_store_id=store_id))
+    return before is not None and before != store_id
+
+
 def record(catalog: Catalog, name: str, outcomes: Sequence[VersionOutcome]) -> None:
     """Upsert the rows of mirror ``name`` for ``outcomes`` (a version sent again replaces its
     failure; ``chunks`` and ``bytes`` add up across the runs that sent for it)."""
@@ -141,7 +155,9 @@ def record(catalog: Catalog, name: str, outcomes: Sequence[VersionOutcome]) -> N
                                                                              table.c.dest_id),
                   "chunks": table.c.chunks + statement.excluded.chunks,
                   "bytes": table.c.bytes + statement.excluded.bytes,
-                  "at": statement.excluded.at, "error": statement.excluded.error}),
+                  "at": statement.excluded.at, "error": statement.excluded.error,
+                  "created_at": func.coalesce(statement.excluded.created_at, table.c.created_at),
+                  "metrics": func.coalesce(statement.excluded.metrics, table.c.metrics)}),
             [{"mirror": name, **o._asdict()} for o in outcomes])
 
 
@@ -150,7 +166,8 @@ def outcomes(catalog: Catalog, name: str, state: str | None = None) -> list[Vers
     """The version rows of mirror ``name`` (only those in ``state``), by run and step."""
     table = s.mirror_versions
     query = select(table.c.version_id, table.c.run, table.c.step, table.c.state, table.c.dest_id,
-                   table.c.chunks, table.c.bytes, table.c.at, table.c.error).where(table.c.mirror == name)
+                   table.c.chunks, table.c.bytes, table.c.at, table.c.error, table.c.created_at,
+                   table.c.metrics).where(table.c.mirror == name)
     if state is not None:
         query = query.where(table.c.state == state)
     with catalog.read() as conn:
