@@ -32,9 +32,11 @@ from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from casckpt.catalog import mirrors as mirror_sql
+from casckpt.catalog.grants import missing_of
 from casckpt.catalog.mirrors import MirrorRow, VersionOutcome
 from casckpt.engine.versions.validate import check_name
 from casckpt.errors import (
+    AccessDeniedError,
     CasckptError,
     InvalidArgumentError,
     MirrorDestinationError,
@@ -128,9 +130,17 @@ class Mirrors:
 
         Raises:
             RefNotFoundError: there is no such mirror.
+            AccessDeniedError: these credentials may not delete its rows (the writer role:
+                removing a mirror is the admin's).
         """
         self._core.refuse_write("store.mirrors.remove", "the catalog")
         row = mirror_sql.mirrors(self._core.catalog, name)[0]
+        missing = missing_of(self._core.catalog, [("mirrors", "DELETE"), ("mirror_versions", "DELETE")])
+        if missing:
+            raise AccessDeniedError(
+                f"removing mirror {name!r} needs {missing[0]} in the catalog, which these credentials "
+                "lack (a writer runs mirrors, the admin removes them); nothing was changed: run it "
+                "with the admin role's credentials (`casckpt init --print-grants admin`)", right=missing[0])
         mirror_sql.remove(self._core.catalog, name, redact_url(row.destination))
 
     def get(self, name: str) -> MirrorInfo:
