@@ -134,7 +134,7 @@ class MirrorInfo(ToDict):
 
     Attributes:
         name: its name in this (the source) store.
-        destination: the destination store's path or URL (credentials redacted).
+        destination: the destination store's directory (absolute).
         key_file: the destination's master key file, if it is encrypted.
         selection: which versions it sends.
         propagate_deletions: versions deleted here are deleted there too by its runs.

@@ -119,7 +119,14 @@ def open_locations(catalog: Catalog, spec: cfg.StoreSpec, given: dict[str, BlobS
 
 
 def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
-    """See :func:`casckpt.open` (``options`` checked already: :func:`casckpt.options.check`)."""
+    """See :func:`casckpt.open` (``options`` checked already: :func:`casckpt.options.check`).
+
+    Raises:
+        InvalidArgumentError: ``path`` is a URL (see :func:`casckpt.config.check_store_path`), besides
+            :func:`casckpt.open`'s errors.
+    """
+    if path is not None:
+        cfg.check_store_path(path)
     tuned = settings(options)
     blobs, catalog, cache, redundancy = (options.get("blobs"), options.get("catalog"),
                                          options.get("cache"), options.get("redundancy"))

@@ -1,7 +1,8 @@
 """``store.mirrors``: named policies that keep another store up to date with selected versions.
 
-A mirror lives in the SOURCE store's catalog (migration 0016): a name, the destination (a
-path or URL, and its key file when encrypted), a selection (:mod:`casckpt.mirror_rules`:
+A mirror lives in the SOURCE store's catalog (migrations 0016, 0017): a name, the
+destination (a store's directory, as ``casckpt.open`` takes it, and its key file when
+encrypted), a selection (:mod:`casckpt.mirror_rules`:
 runs, tags, keep rules of the retention vocabulary) and whether deletions propagate. A run
 of the mirror (``store.mirrors.push``, ``casckpt mirror run`` from cron, or a
 :class:`MirrorWorker` thread of a training job) opens the destination, selects the versions
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
+from casckpt import config as cfg
 from casckpt.catalog import mirrors as mirror_sql
 from casckpt.catalog.grants import missing_of
 from casckpt.catalog.mirrors import MirrorRow, VersionOutcome
@@ -102,8 +104,9 @@ class Mirrors:
         (:meth:`push`, ``casckpt mirror run``, :meth:`start`).
 
         Args:
-            to: the destination store's path (made absolute) or URL (created by the first run
-                if missing).
+            to: the destination store's directory (made absolute; created by the first run if
+                missing). A store on remote storage is named by its directory too, whose
+                casckpt.toml names its locations and catalog, as ``casckpt.open`` takes it.
             key_file: the destination's master key file, if it is encrypted (its path is kept).
             propagate_deletions: a version this mirror sent that is then deleted here is
                 deleted there by the next run (default: never deleted there).
@@ -111,15 +114,14 @@ class Mirrors:
         Raises:
             InvalidNameError: bad mirror name.
             InvalidArgumentError: a mirror of that name exists, no run, nothing selected,
-                an unknown rule or a bad value.
+                an unknown rule or a bad value; ``to`` is a URL, not a directory.
         """
         self._core.refuse_write("store.mirrors.add", "the catalog")
         check_name(name, "mirror")
         if not isinstance(to, str) or not to:
-            raise InvalidArgumentError(f"a mirror's destination is a store's path or URL, got {to!r}")
+            raise InvalidArgumentError(f"a mirror's destination is a store's directory, got {to!r}")
         selection = make_selection(runs, tags, **rules)
-        if "://" not in to:  # a path: a run from cron starts elsewhere
-            to = os.path.abspath(to)
+        to = os.path.abspath(cfg.check_store_path(to))  # absolute: a run from cron starts elsewhere
         key_file = None if key_file is None else os.path.abspath(key_file)
         mirror_sql.add(self._core.catalog, MirrorRow(
             name, to, key_file, selection.to_json(), propagate_deletions, time.time(), None, None, None))

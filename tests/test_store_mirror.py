@@ -334,3 +334,23 @@ def test_deletions_propagate_only_to_what_the_mirror_sent(src: casckpt.Store, tm
     assert [(v.step, v.status) for v in src.mirrors.push("m").versions] == [(2, "deleted")]
     with casckpt.open(tmp_path / "dst", create=False) as dst:
         assert steps(dst) == [1]
+
+
+def test_a_destination_on_s3_is_named_by_its_directory_and_a_url_is_refused(
+        src: casckpt.Store, tmp_path: Path, s3_bucket_url: Callable[[], str], moto_endpoint: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # where a URL taken for a relative directory would land
+    commit(src, 1)
+    secret = "s3://AKIAEXAMPLE:SuperSecret123@127.0.0.1:1/bucket/prefix?X-Amz-Signature=SIGSECRET"
+    for refused_by in (lambda: src.mirrors.add("m", secret, runs=["ft"], keep_last=1),
+                       lambda: casckpt.open(secret)):  # casckpt copy --to opens it so
+        with pytest.raises(InvalidArgumentError, match="not a URL") as refused:
+            refused_by()
+        assert "SuperSecret123" not in str(refused.value) and "SIGSECRET" not in str(refused.value)
+    assert src.mirrors.list() == [] and not (tmp_path / "s3:").exists()
+    casckpt.open(tmp_path / "dst", blobs=s3_bucket_url(), s3={"endpoint_url": moto_endpoint}, **OPTS).close()
+    src.mirrors.add("m", str(tmp_path / "dst"), runs=["ft"], keep_last=1)
+    assert [v.status for v in src.mirrors.push("m").versions] == ["sent"]
+    assert not files(tmp_path / "dst")  # the packs went to the bucket
+    with casckpt.open(tmp_path / "dst", create=False) as dst:
+        assert_same(dst.restore("ft@1"), 1)

@@ -32,8 +32,9 @@ NameArgument = Annotated[str, typer.Argument(metavar="NAME", help="The mirror's 
 def add(
     ctx: typer.Context,
     name: NameArgument,
-    to: Annotated[str, typer.Option("--to", metavar="STORE",
-                                    help="The destination store: a path (created by the first run) or URL.")],
+    to: Annotated[str, typer.Option("--to", metavar="STORE", help=(
+        "The destination store's directory (created by the first run); for one on S3 or Azure, "
+        "a directory whose casckpt.toml names it (casckpt init), not a URL."))],
     runs: Annotated[list[str], typer.Option("--run", metavar="RUN", help=(
         "A run to mirror: a name or a glob ('pretrain-*'); repeat for more."))],
     tags: Annotated[list[str] | None, typer.Option("--tag", metavar="TAG", help=(
