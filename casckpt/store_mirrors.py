@@ -124,7 +124,8 @@ class Mirrors:
         to = os.path.abspath(cfg.check_store_path(to))  # absolute: a run from cron starts elsewhere
         key_file = None if key_file is None else os.path.abspath(key_file)
         mirror_sql.add(self._core.catalog, MirrorRow(
-            name, to, key_file, selection.to_json(), propagate_deletions, time.time(), None, None, None))
+            name, to, key_file, selection.to_json(), propagate_deletions, time.time(), None, None, None),
+            redact_url(to))
         return self.get(name)
 
     def remove(self, name: str) -> None:

@@ -354,3 +354,18 @@ def test_a_destination_on_s3_is_named_by_its_directory_and_a_url_is_refused(
     assert not files(tmp_path / "dst")  # the packs went to the bucket
     with casckpt.open(tmp_path / "dst", create=False) as dst:
         assert_same(dst.restore("ft@1"), 1)
+
+
+def test_the_audit_rows_of_a_mirror_name_its_destination_redacted(src: casckpt.Store) -> None:
+    # a URL is refused at add now; a catalog may hold one from before, and what the SQL side
+    # writes must not keep its secrets either way
+    from casckpt.catalog import mirrors as mirror_sql
+    from casckpt.storage import redact_url
+
+    url = "s3://AKIAEXAMPLE:SuperSecret123@127.0.0.1:1/bucket/prefix?X-Amz-Signature=SIGSECRET"
+    row = mirror_sql.MirrorRow("m", url, None, make_selection(["ft"], keep_last=1).to_json(), False,
+                               time.time(), None, None, None)
+    mirror_sql.add(src._core.catalog, row, redact_url(url))
+    src.mirrors.remove("m")
+    details = [str(a.detail) for a in src.ops.audit() if a.action.startswith("mirror.")]
+    assert len(details) == 2 and not any("SuperSecret123" in d or "SIGSECRET" in d for d in details)

@@ -62,8 +62,9 @@ class VersionOutcome(NamedTuple):
     metrics: str | None = None
 
 
-def add(catalog: Catalog, row: MirrorRow) -> None:
-    """Record a new mirror (and its ``mirror.add`` audit row).
+def add(catalog: Catalog, row: MirrorRow, destination: str) -> None:
+    """Record a new mirror (and its ``mirror.add`` audit row, naming ``destination``: the
+    row's, credentials redacted -- as :func:`remove`'s).
 
     Raises:
         InvalidArgumentError: a mirror of that name exists.
@@ -76,7 +77,7 @@ def add(catalog: Catalog, row: MirrorRow) -> None:
         values = row._asdict() | {"selection": json.dumps(row.selection, sort_keys=True)}
         conn.execute(s.mirrors.insert().values(**values))
         catalog.audit_in(conn, "mirror.add", f"mirror:{row.name}",
-                         {"destination": row.destination, "selection": row.selection})
+                         {"destination": destination, "selection": row.selection})
 
 
 def remove(catalog: Catalog, name: str, destination: str) -> None:
