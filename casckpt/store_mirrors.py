@@ -289,8 +289,10 @@ class Mirrors:
         seconds, one catalog query; None: not checked); every ``interval`` seconds (tags that
         moved); and whenever :meth:`MirrorWorker.wake` is called -- until
         :meth:`MirrorWorker.stop` or the store closes (which waits for the version being
-        sent, then stops). A failed run is logged (WARNING) and recorded on the mirror; the
-        next one tries again.
+        sent, then stops). A failed run -- whatever its error (a CasckptError, an OSError such
+        as ENOSPC, ...; not KeyboardInterrupt or SystemExit) -- is logged (WARNING) and recorded
+        on the mirror and the worker (``last_error``); the thread lives on and the next run
+        tries again.
 
         Raises:
             RefNotFoundError: there is no such mirror.
@@ -320,7 +322,8 @@ class Mirrors:
         """Each run's latest version (None: the catalog could not say): what a new commit changes."""
         try:
             return tuple((r.name, r.latest_id) for r in self._source.runs())
-        except CasckptError:
+        except Exception as exc:  # any: the worker thread polls with it and must live on
+            log.debug("mirrors: the runs could not be read (%s: %s)", type(exc).__name__, exc)
             return None
 
     def _background_run(self, name: str, stopping: Callable[[], bool]) -> MirrorReport:
@@ -354,9 +357,11 @@ class MirrorWorker(threading.Thread):
             try:
                 self.last_report = self._mirrors._background_run(self.mirror, self._stop_event.is_set)
                 self.last_error = None
-            except CasckptError as exc:
+            except Exception as exc:  # any: ENOSPC, a driver's error; the thread must live on
                 self.last_error = exc
-                log.warning("mirror %s: the run failed (%s); the next one tries again", self.mirror, exc)
+                log.warning("mirror %s: the run failed (%s: %s); the next one tries again",
+                            self.mirror, type(exc).__name__, redact_url(str(exc)),
+                            exc_info=not isinstance(exc, CasckptError))
             self.runs += 1
             self._until_due(seen, time.monotonic() + self.interval)
 

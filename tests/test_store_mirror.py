@@ -369,3 +369,28 @@ def test_the_audit_rows_of_a_mirror_name_its_destination_redacted(src: casckpt.S
     src.mirrors.remove("m")
     details = [str(a.detail) for a in src.ops.audit() if a.action.startswith("mirror.")]
     assert len(details) == 2 and not any("SuperSecret123" in d or "SIGSECRET" in d for d in details)
+
+
+def test_the_background_form_lives_on_after_any_error_and_runs_again(
+        src: casckpt.Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from casckpt.store_mirrors import Mirrors
+
+    commit(src, 1)
+    src.mirrors.add("hot", str(tmp_path / "dst"), runs=["ft"], keep_last=1)
+    chosen, failures = Mirrors._chosen, []
+
+    def disk_full_once(self: Mirrors, *args: Any) -> Any:  # a full disk, not a CasckptError
+        if not failures:
+            failures.append(OSError(errno.ENOSPC, "No space left on device"))
+            raise failures[0]
+        return chosen(self, *args)
+
+    monkeypatch.setattr(Mirrors, "_chosen", disk_full_once)
+    worker = src.mirrors.start("hot", interval=0.05, poll=None)
+    wait_for(lambda: worker.runs >= 2 and worker.last_error is None)
+    assert worker.is_alive() and failures
+    worker.stop()
+    with casckpt.open(tmp_path / "dst", create=False) as dst:
+        assert steps(dst) == [1]
