@@ -219,7 +219,7 @@ class Mirrors:
         selection = selection_from_json(row.selection, row.name)
         chosen = self._chosen(row, selection)
         if not dry_run:
-            mirror_sql.run_started(self._core.catalog, row.name)
+            mirror_sql.run_started(self._core.catalog, row.name, row.created_at)
         error: str | None = None
         try:
             dest = self._open(row, create=not dry_run)
@@ -240,7 +240,7 @@ class Mirrors:
             raise
         finally:
             if not dry_run:
-                mirror_sql.run_finished(self._core.catalog, row.name, error)
+                mirror_sql.run_finished(self._core.catalog, row.name, row.created_at, error)
         return MirrorReport(row.name, redact_url(row.destination), tuple(versions),
                             sum(v.chunks for v in versions), sum(v.bytes for v in versions), tuple(tags),
                             dry_run, time.monotonic() - started)
@@ -288,11 +288,12 @@ class Mirrors:
         of the store has a new latest version, by any process: checked every ``poll``
         seconds, one catalog query; None: not checked); every ``interval`` seconds (tags that
         moved); and whenever :meth:`MirrorWorker.wake` is called -- until
-        :meth:`MirrorWorker.stop` or the store closes (which waits for the version being
-        sent, then stops). A failed run -- whatever its error (a CasckptError, an OSError such
-        as ENOSPC, ...; not KeyboardInterrupt or SystemExit) -- is logged (WARNING) and recorded
-        on the mirror and the worker (``last_error``); the thread lives on and the next run
-        tries again.
+        :meth:`MirrorWorker.stop`, the store closes (which waits for the version being
+        sent, then stops) or the mirror is removed (the worker stops after the version being
+        sent, and its run records nothing more). A failed run -- whatever its error (a
+        CasckptError, an OSError such as ENOSPC, ...; not KeyboardInterrupt or SystemExit) --
+        is logged (WARNING) and recorded on the mirror and the worker (``last_error``); the
+        thread lives on and the next run tries again.
 
         Raises:
             RefNotFoundError: there is no such mirror.
@@ -300,12 +301,12 @@ class Mirrors:
             ReadOnlyStoreError: this store is read-only.
         """
         self._core.refuse_write("store.mirrors.start", "the catalog")
-        mirror_sql.mirrors(self._core.catalog, name)
+        row = mirror_sql.mirrors(self._core.catalog, name)[0]
         for what, value in (("interval", interval), ("poll", 1.0 if poll is None else poll)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e9:
                 raise InvalidArgumentError(
                     f"a mirror's {what} is a positive number of seconds, got {value!r}")
-        worker = MirrorWorker(self, name, float(interval), None if poll is None else float(poll))
+        worker = MirrorWorker(self, row, float(interval), None if poll is None else float(poll))
         with self._lock:
             self._workers = [w for w in self._workers if w.is_alive()] + [worker]
         worker.start()
@@ -326,8 +327,21 @@ class Mirrors:
             log.debug("mirrors: the runs could not be read (%s: %s)", type(exc).__name__, exc)
             return None
 
-    def _background_run(self, name: str, stopping: Callable[[], bool]) -> MirrorReport:
-        return self._run(mirror_sql.mirrors(self._core.catalog, name)[0], False, None, stopping)
+    def _background_run(self, name: str, generation: float,
+                        stopping: Callable[[], bool]) -> MirrorReport | None:
+        """A worker's run of mirror ``name`` of that ``generation``; None when it was removed,
+        before or during the run (or removed and added again: another mirror): the worker
+        then stops. Between versions
+        the run stops too once it is removed."""
+        if not mirror_sql.exists(self._core.catalog, name, generation):
+            return None
+        row = mirror_sql.mirrors(self._core.catalog, name)[0]
+
+        def removed_or_stopping() -> bool:
+            return stopping() or not mirror_sql.exists(self._core.catalog, name, generation)
+
+        report = self._run(row, False, None, removed_or_stopping)
+        return report if mirror_sql.exists(self._core.catalog, name, generation) else None
 
 
 class MirrorWorker(threading.Thread):
@@ -342,9 +356,10 @@ class MirrorWorker(threading.Thread):
         last_error: the error of the last run that failed (None: the last one did not).
     """
 
-    def __init__(self, mirrors: Mirrors, name: str, interval: float, poll: float | None) -> None:
-        super().__init__(name=f"casckpt-mirror-{name}", daemon=True)
-        self._mirrors, self.mirror, self.interval, self.poll = mirrors, name, interval, poll
+    def __init__(self, mirrors: Mirrors, row: MirrorRow, interval: float, poll: float | None) -> None:
+        super().__init__(name=f"casckpt-mirror-{row.name}", daemon=True)
+        self._mirrors, self.mirror, self.interval, self.poll = mirrors, row.name, interval, poll
+        self._generation = row.created_at
         self._stop_event, self._wake = threading.Event(), threading.Event()
         self.runs = 0
         self.last_report: MirrorReport | None = None
@@ -355,8 +370,12 @@ class MirrorWorker(threading.Thread):
             self._wake.clear()
             seen = self._mirrors._latest() if self.poll is not None else None
             try:
-                self.last_report = self._mirrors._background_run(self.mirror, self._stop_event.is_set)
-                self.last_error = None
+                report = self._mirrors._background_run(self.mirror, self._generation,
+                                                       self._stop_event.is_set)
+                if report is None:
+                    log.info("mirror %s was removed: its worker stops", self.mirror)
+                    return
+                self.last_report, self.last_error = report, None
             except Exception as exc:  # any: ENOSPC, a driver's error; the thread must live on
                 self.last_error = exc
                 log.warning("mirror %s: the run failed (%s: %s); the next one tries again",
@@ -465,7 +484,7 @@ class _Sending:
         if self.dry_run:
             replaced = self.row.dest_store_id not in (None, store_id)
         else:
-            replaced = mirror_sql.ran_into(self.core.catalog, self.name, store_id)
+            replaced = mirror_sql.ran_into(self.core.catalog, self.name, self.row.created_at, store_id)
         self.before = {} if replaced else {
             o.version_id: o for o in mirror_sql.outcomes(self.core.catalog, self.name)
             if o.state in ("sent", "present", "gone")}
@@ -477,7 +496,7 @@ class _Sending:
                 gone.append(MirroredVersion(version.id, outcome.dest_id or "", version.run, version.step,
                                             "gone", reasons=(*reasons, "deleted at the destination")))
                 if outcome.state != "gone" and not self.dry_run:
-                    mirror_sql.record(self.core.catalog, self.name, [outcome._replace(
+                    mirror_sql.record(self.core.catalog, self.name, self.row.created_at, [outcome._replace(
                         state="gone", chunks=0, bytes=0, at=time.time())])
             else:
                 rest.append((version, reasons))
@@ -512,14 +531,14 @@ class _Sending:
                 time.time(), None, version.created_at.timestamp() if version else None,
                 json.dumps(dict(version.metrics), sort_keys=True) if version else None))
         if not self.dry_run:
-            mirror_sql.record(self.core.catalog, self.name, rows)
+            mirror_sql.record(self.core.catalog, self.name, self.row.created_at, rows)
         return out
 
     def _failed(self, version: Version, reasons: tuple[str, ...], exc: CasckptError) -> MirroredVersion:
         error = f"{type(exc).__name__}: {redact_url(str(exc))}"
         log.warning("mirror %s: %s@%d was not sent: %s", self.name, version.run, version.step, error)
         if not self.dry_run:
-            mirror_sql.record(self.core.catalog, self.name, [
+            mirror_sql.record(self.core.catalog, self.name, self.row.created_at, [
                 VersionOutcome(version.id, version.run, version.step, "failed", None, 0, 0, time.time(),
                                error)])
         return MirroredVersion(version.id, "", version.run, version.step, "failed", reasons=reasons,
@@ -542,7 +561,7 @@ class _Sending:
                                      reason=f"mirror {self.name}: deleted at the source")
                 except RefNotFoundError:  # deleted there already
                     pass
-                mirror_sql.record(self.core.catalog, self.name, [sent._replace(
+                mirror_sql.record(self.core.catalog, self.name, self.row.created_at, [sent._replace(
                     state="deleted", chunks=0, bytes=0, at=time.time())])
             out.append(MirroredVersion(sent.version_id, sent.dest_id or "", sent.run, sent.step, "deleted",
                                        reasons=("deleted at the source",)))

@@ -394,3 +394,35 @@ def test_the_background_form_lives_on_after_any_error_and_runs_again(
     worker.stop()
     with casckpt.open(tmp_path / "dst", create=False) as dst:
         assert steps(dst) == [1]
+
+
+def test_a_mirror_removed_while_its_worker_sends_leaves_no_rows_and_its_worker_stops(
+        src: casckpt.Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from casckpt.store_mirrors import _Sending
+
+    for step in (1, 2, 3):
+        commit(src, step)
+    src.mirrors.add("m", str(tmp_path / "dst"), runs=["ft"], keep_every=1)
+    sending, removed = threading.Event(), threading.Event()
+    copy = _Sending._copy
+
+    def held(self: _Sending, refs: list[str]) -> Any:  # the first version waits for the removal
+        sending.set()
+        assert removed.wait(30)
+        return copy(self, refs)
+
+    monkeypatch.setattr(_Sending, "_copy", held)
+    worker = src.mirrors.start("m", interval=3600, poll=None)
+    assert sending.wait(30)
+    src.mirrors.remove("m")
+    src.mirrors.add("m", str(tmp_path / "other"), runs=["ft"], keep_every=1)  # the same name, anew
+    removed.set()
+    wait_for(lambda: not worker.is_alive())
+    info = src.mirrors.get("m")
+    assert info.versions_sent == 0 and info.last_run_at is None and not info.failed
+    with casckpt.open(tmp_path / "dst", create=False) as dst:
+        assert steps(dst) == [1]  # the version being sent, then it stopped
+    monkeypatch.setattr(_Sending, "_copy", copy)
+    assert [v.status for v in src.mirrors.push("m").versions] == ["sent"] * 3

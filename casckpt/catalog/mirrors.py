@@ -118,37 +118,55 @@ def _not_found(conn: Connection, name: str) -> RefNotFoundError:
                             difflib.get_close_matches(name, names, n=3))
 
 
-def run_started(catalog: Catalog, name: str) -> None:
+# A mirror's identity is its name and ``created_at`` (its generation): a run writes only while
+# the mirror it started for exists, so a mirror removed while its run was sending gets no rows
+# back, and one added again under the same name starts with none.
+
+
+def _this_one(name: str, generation: float) -> Any:
+    return (s.mirrors.c.name == name) & (s.mirrors.c.created_at == generation)
+
+
+def exists(catalog: Catalog, name: str, generation: float) -> bool:
+    """Whether mirror ``name`` of that ``generation`` (its ``created_at``) still exists."""
+    with catalog.read() as conn:
+        return conn.execute(select(s.mirrors.c.name).where(_this_one(name, generation))).first() is not None
+
+
+def run_started(catalog: Catalog, name: str, generation: float) -> None:
     """A run of mirror ``name`` begins: its start is now, its end and error unknown."""
     with catalog.write() as conn:
-        conn.execute(s.mirrors.update().where(s.mirrors.c.name == name).values(
+        conn.execute(s.mirrors.update().where(_this_one(name, generation)).values(
             run_started_at=time.time(), run_finished_at=None, run_error=None))
 
 
-def run_finished(catalog: Catalog, name: str, error: str | None) -> None:
+def run_finished(catalog: Catalog, name: str, generation: float, error: str | None) -> None:
     """The run of mirror ``name`` ended (``error``: what stopped it; None: nothing did)."""
     with catalog.write() as conn:
-        conn.execute(s.mirrors.update().where(s.mirrors.c.name == name).values(
+        conn.execute(s.mirrors.update().where(_this_one(name, generation)).values(
             run_finished_at=time.time(), run_error=error))
 
 
-def ran_into(catalog: Catalog, name: str, store_id: str) -> bool:
+def ran_into(catalog: Catalog, name: str, generation: float, store_id: str) -> bool:
     """Mirror ``name`` runs into the store of identity ``store_id``; True when it last ran into
     another one (wiped and made again, replaced): what it recorded there no longer holds."""
     with catalog.write() as conn:
-        before = conn.execute(select(s.mirrors.c.dest_store_id).where(s.mirrors.c.name == name)).scalar()
+        before = conn.execute(select(s.mirrors.c.dest_store_id).where(_this_one(name, generation))).scalar()
         if before != store_id:
-            conn.execute(s.mirrors.update().where(s.mirrors.c.name == name).values(dest_store_id=store_id))
+            conn.execute(s.mirrors.update().where(_this_one(name, generation)).values(dest_store_id=store_id))
     return before is not None and before != store_id
 
 
-def record(catalog: Catalog, name: str, outcomes: Sequence[VersionOutcome]) -> None:
+def record(catalog: Catalog, name: str, generation: float, outcomes: Sequence[VersionOutcome]) -> None:
     """Upsert the rows of mirror ``name`` for ``outcomes`` (a version sent again replaces its
-    failure; ``chunks`` and ``bytes`` add up across the runs that sent for it)."""
+    failure; ``chunks`` and ``bytes`` add up across the runs that sent for it) -- nothing when
+    the mirror of that ``generation`` is gone (removed while its run was sending)."""
     if not outcomes:
         return
     table = s.mirror_versions
     with catalog.write() as conn:
+        if conn.execute(select(s.mirrors.c.name).where(_this_one(name, generation))).first() is None:
+            return
         statement = upsert(conn, table)
         conn.execute(statement.on_conflict_do_update(
             index_elements=[table.c.mirror, table.c.version_id],
