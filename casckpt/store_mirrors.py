@@ -72,6 +72,7 @@ class MirrorEnd(Protocol):
     def _core(self) -> StoreCore: ...
     def resolve(self, ref: Any) -> Version: ...
     def delete(self, ref: Any, reason: str = ...) -> Version: ...
+    def undelete(self, ref: Any) -> Version: ...
     def close(self) -> None: ...
 
 
@@ -449,6 +450,7 @@ class _Sending:
         or by hand) is not sent again (``gone``); one it has no record of (wiped, replaced) is.
         Returns what became of each, and the tags set there."""
         self.versions = {v.id: v for v, _ in chosen}
+        self._undelete_there(chosen)
         gone, chosen = self._gone_there(chosen)
         if not chosen:
             return gone, []
@@ -501,6 +503,24 @@ class _Sending:
             else:
                 rest.append((version, reasons))
         return gone, rest
+
+    def _undelete_there(self, chosen: Sequence[tuple[Version, tuple[str, ...]]]) -> None:
+        """Undelete at the destination each chosen version this mirror deleted there (state
+        ``deleted``: propagated) that the source shows again (undeleted here): a copy would
+        find the deleted version in its place. One the destination's gc swept meanwhile is
+        sent again by the copy."""
+        deleted = {o.version_id: o for o in mirror_sql.outcomes(self.core.catalog, self.name, "deleted")}
+        for version, _ in chosen:
+            outcome = deleted.get(version.id)
+            if outcome is None or self.dry_run:
+                continue
+            try:
+                self.dest.undelete(outcome.dest_id or outcome.version_id)
+            except CasckptError as exc:  # swept there, or undeleted by hand: the copy decides
+                log.info("mirror %s: %s@%d not undeleted at the destination (%s)", self.name,
+                         version.run, version.step, exc)
+            mirror_sql.record(self.core.catalog, self.name, self.row.created_at, [outcome._replace(
+                state="sent", chunks=0, bytes=0, at=time.time())])
 
     def _deleted_there(self, version_id: str) -> bool:
         """Whether the destination, which held ``version_id``, no longer shows it: deleted

@@ -426,3 +426,21 @@ def test_a_mirror_removed_while_its_worker_sends_leaves_no_rows_and_its_worker_s
         assert steps(dst) == [1]  # the version being sent, then it stopped
     monkeypatch.setattr(_Sending, "_copy", copy)
     assert [v.status for v in src.mirrors.push("m").versions] == ["sent"] * 3
+
+
+def test_a_version_undeleted_here_is_undeleted_there_after_a_propagated_deletion(
+        src: casckpt.Store, tmp_path: Path) -> None:
+    for step in (1, 2, 3):
+        commit(src, step)
+    src.mirrors.add("m", str(tmp_path / "dst"), runs=["ft"], keep_every=1, propagate_deletions=True)
+    src.mirrors.push("m")
+    src.delete("ft@2")
+    assert [(v.step, v.status) for v in src.mirrors.push("m").versions][-1] == (2, "deleted")
+    src.undelete("ft@2")  # a mistaken delete, undone here
+    again = src.mirrors.push("m")
+    assert not again.failed and [v.status for v in again.versions] == ["present"] * 3
+    with casckpt.open(tmp_path / "dst", create=False) as dst:
+        assert steps(dst) == [1, 2, 3]
+        assert_same(dst.restore("ft@2"), 2)
+    src.delete("ft@2")  # and it is the mirror's to delete again
+    assert [(v.step, v.status) for v in src.mirrors.push("m").versions][-1] == (2, "deleted")
