@@ -109,6 +109,8 @@ class Mirrors:
                 missing). A store on remote storage is named by its directory too, whose
                 casckpt.toml names its locations and catalog, as ``casckpt.open`` takes it.
             key_file: the destination's master key file, if it is encrypted (its path is kept).
+                It alone keys the destination: ``CASCKPT_KEY_FILE`` (the source's key) is never
+                used for it, so a mirror without one makes and opens an unencrypted store.
             propagate_deletions: a version this mirror sent that is then deleted here is
                 deleted there by the next run (default: never deleted there).
 

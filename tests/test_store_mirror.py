@@ -444,3 +444,17 @@ def test_a_version_undeleted_here_is_undeleted_there_after_a_propagated_deletion
         assert_same(dst.restore("ft@2"), 2)
     src.delete("ft@2")  # and it is the mirror's to delete again
     assert [(v.step, v.status) for v in src.mirrors.push("m").versions][-1] == (2, "deleted")
+
+
+def test_a_destination_is_keyed_by_the_mirrors_key_file_alone_not_the_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    key = tmp_path / "source.key"
+    casckpt.generate_key_file(key)
+    monkeypatch.setenv("CASCKPT_KEY_FILE", str(key))  # the source's key, for the training job
+    with casckpt.open(tmp_path / "src", **OPTS) as src:
+        commit(src, 1)
+        src.mirrors.add("plain", str(tmp_path / "dst"), runs=["ft"], keep_last=1)  # no key file
+        assert [v.status for v in src.mirrors.push("plain").versions] == ["sent"]
+    monkeypatch.delenv("CASCKPT_KEY_FILE")
+    with casckpt.open(tmp_path / "dst", create=False) as dst:  # not encrypted: no key needed
+        assert_same(dst.restore("ft@1"), 1)
