@@ -300,9 +300,13 @@ class Mirrors:
 
         Raises:
             RefNotFoundError: there is no such mirror.
-            InvalidArgumentError: ``interval`` or ``poll`` is not a positive number of seconds.
+            InvalidArgumentError: ``interval`` or ``poll`` is not a positive number of seconds;
+                the store is closed.
             ReadOnlyStoreError: this store is read-only.
         """
+        if self._core.closed:  # close() stops the workers: one started after would run on
+            raise InvalidArgumentError(f"this store is closed: open it again (casckpt.open) to run "
+                                       f"mirror {name!r} in the background")
         self._core.refuse_write("store.mirrors.start", "the catalog")
         row = mirror_sql.mirrors(self._core.catalog, name)[0]
         for what, value in (("interval", interval), ("poll", 1.0 if poll is None else poll)):

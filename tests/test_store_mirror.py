@@ -458,3 +458,13 @@ def test_a_destination_is_keyed_by_the_mirrors_key_file_alone_not_the_environmen
     monkeypatch.delenv("CASCKPT_KEY_FILE")
     with casckpt.open(tmp_path / "dst", create=False) as dst:  # not encrypted: no key needed
         assert_same(dst.restore("ft@1"), 1)
+
+
+def test_a_closed_store_starts_no_mirror_worker(tmp_path: Path) -> None:
+    store = casckpt.open(tmp_path / "src", **OPTS)
+    commit(store, 1)
+    store.mirrors.add("m", str(tmp_path / "dst"), runs=["ft"], keep_last=1)
+    store.close()
+    with pytest.raises(InvalidArgumentError, match="closed"):
+        store.mirrors.start("m", interval=0.05, poll=None)
+    assert not (tmp_path / "dst").exists()
