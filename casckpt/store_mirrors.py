@@ -117,7 +117,9 @@ class Mirrors:
         Raises:
             InvalidNameError: bad mirror name.
             InvalidArgumentError: a mirror of that name exists, no run, nothing selected,
-                an unknown rule or a bad value; ``to`` is a URL, not a directory.
+                an unknown rule or a bad value; ``to`` is a URL, not a directory, or this store's
+                own directory (or a link to it; a run would refuse it anyway: a store is never
+                copied into itself).
         """
         self._core.refuse_write("store.mirrors.add", "the catalog")
         check_name(name, "mirror")
@@ -125,6 +127,12 @@ class Mirrors:
             raise InvalidArgumentError(f"a mirror's destination is a store's directory, got {to!r}")
         selection = make_selection(runs, tags, **rules)
         to = os.path.abspath(cfg.check_store_path(to))  # absolute: a run from cron starts elsewhere
+        root = self._core.root
+        if root is not None and (os.path.realpath(to) == os.path.realpath(root) or (
+                os.path.exists(to) and os.path.samefile(to, root))):
+            raise InvalidArgumentError(
+                f"a mirror's destination is another store; {to} is this store itself (its directory, "
+                "or a link to it): name another directory")
         key_file = None if key_file is None else os.path.abspath(key_file)
         mirror_sql.add(self._core.catalog, MirrorRow(
             name, to, key_file, selection.to_json(), propagate_deletions, time.time(), None, None, None),

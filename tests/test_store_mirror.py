@@ -468,3 +468,11 @@ def test_a_closed_store_starts_no_mirror_worker(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgumentError, match="closed"):
         store.mirrors.start("m", interval=0.05, poll=None)
     assert not (tmp_path / "dst").exists()
+
+
+def test_the_source_itself_is_refused_as_a_destination(src: casckpt.Store, tmp_path: Path) -> None:
+    (tmp_path / "link").symlink_to(tmp_path / "src")
+    for itself in (tmp_path / "src", tmp_path / "link", tmp_path / "src" / "."):
+        with pytest.raises(InvalidArgumentError, match="this store itself"):
+            src.mirrors.add("loop", str(itself), runs=["ft"], keep_last=1)
+    assert src.mirrors.list() == []
