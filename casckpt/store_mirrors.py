@@ -35,6 +35,7 @@ from typing import Any, Protocol
 from casckpt import config as cfg
 from casckpt.catalog import mirrors as mirror_sql
 from casckpt.catalog.grants import missing_of
+from casckpt.catalog.locks import mirror_lock
 from casckpt.catalog.mirrors import MirrorRow, VersionOutcome
 from casckpt.engine.versions.validate import check_name
 from casckpt.errors import (
@@ -223,9 +224,17 @@ class Mirrors:
     def _run(self, row: MirrorRow, dry_run: bool, progress: ProgressCallback | None,
              stopping: Callable[[], bool] | None) -> MirrorReport:
         """One run (see :meth:`push`); ``stopping``: a thread's stop flag (versions then go one by
-        one, the flag read between them), None in the foreground."""
-        if not dry_run:
-            self._core.refuse_write("a mirror run", "the catalog")
+        one, the flag read between them), None in the foreground. A run (not a dry run) holds
+        the mirror's run lock: a second run of it, here or in another process, waits for the
+        first, then finds its work done."""
+        if dry_run:
+            return self._run_held(row, dry_run, progress, stopping)
+        self._core.refuse_write("a mirror run", "the catalog")
+        with mirror_lock(self._core.catalog, row.name):
+            return self._run_held(row, dry_run, progress, stopping)
+
+    def _run_held(self, row: MirrorRow, dry_run: bool, progress: ProgressCallback | None,
+                  stopping: Callable[[], bool] | None) -> MirrorReport:
         started = time.monotonic()
         selection = selection_from_json(row.selection, row.name)
         chosen = self._chosen(row, selection)

@@ -476,3 +476,38 @@ def test_the_source_itself_is_refused_as_a_destination(src: casckpt.Store, tmp_p
         with pytest.raises(InvalidArgumentError, match="this store itself"):
             src.mirrors.add("loop", str(itself), runs=["ft"], keep_last=1)
     assert src.mirrors.list() == []
+
+
+def test_a_second_run_of_a_mirror_waits_for_the_first_then_sends_nothing(
+        src: casckpt.Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from casckpt.store_mirrors import _Sending
+
+    for step in (1, 2):
+        commit(src, step)
+    src.mirrors.add("m", str(tmp_path / "dst"), runs=["ft"], keep_every=1)
+    inside, release, calls = threading.Event(), threading.Event(), []
+    copy = _Sending._copy
+
+    def held(self: _Sending, refs: list[str]) -> Any:  # the first run's copy waits for release
+        calls.append(refs)
+        if len(calls) == 1:
+            inside.set()
+            assert release.wait(30)
+        return copy(self, refs)
+
+    monkeypatch.setattr(_Sending, "_copy", held)
+    reports: dict[str, Any] = {}
+    first = threading.Thread(target=lambda: reports.setdefault("first", src.mirrors.push("m")))
+    second = threading.Thread(target=lambda: reports.setdefault("second", src.mirrors.push("m")))
+    first.start()
+    assert inside.wait(30)
+    second.start()
+    second.join(0.5)
+    assert second.is_alive() and len(calls) == 1  # waiting for the first run's lock
+    release.set()
+    first.join(30)
+    second.join(30)
+    assert [v.status for v in reports["first"].versions] == ["sent", "sent"]
+    assert reports["second"].nothing_sent and src.mirrors.get("m").versions_sent == 2
