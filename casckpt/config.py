@@ -586,3 +586,21 @@ def parse_size(value: object, what: str) -> int:
     raise InvalidArgumentError(f"{what} must be a positive number of bytes (an int, or a string "
                                f"such as '200GiB' or '500GB'), got {value!r}")
 
+
+def check_store_path(path: str | os.PathLike[str]) -> str:
+    """``path``, a store's directory, as a string: the one way a store is named, by
+    ``casckpt.open``, ``casckpt copy --to`` and a mirror's destination alike.
+
+    Raises:
+        InvalidArgumentError: ``path`` is a URL (``s3://bucket/prefix``...): a store is its
+            directory, whose casckpt.toml names its remote locations and catalog; a URL there
+            would be taken for a relative directory named after the scheme.
+    """
+    text = os.fspath(path)
+    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", text) if isinstance(text, str) else None
+    if scheme:  # the URL itself is not shown: it may hold credentials
+        raise InvalidArgumentError(
+            f"a store is named by its directory, not a URL ({scheme[1]}://...); for a store on "
+            "remote storage, make a directory whose casckpt.toml names it (casckpt init DIR "
+            "--location URL [--catalog URL], or casckpt.open(DIR, blobs=URL)) and name DIR")
+    return str(text)

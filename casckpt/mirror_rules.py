@@ -7,7 +7,9 @@ retention vocabulary keeps (:mod:`casckpt.retention_rules`: ``keep_last=1`` is t
 metric; ``keep_tagged=True`` every tagged version). A version is sent if ANY of them selects
 it, as retention keeps a version if any rule keeps it; unlike a retention policy, a
 selection keeps no tagged version unless asked (``keep_tagged`` is off by default) and may
-name tags alone. Pure: no I/O.
+name tags alone. A mirror evaluates a selection over the visible versions together with
+those it recorded that the source deleted since (:mod:`casckpt.store_mirrors`), so a slot
+once filled stays filled. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -132,7 +134,7 @@ class MirrorInfo(ToDict):
 
     Attributes:
         name: its name in this (the source) store.
-        destination: the destination store's path or URL (credentials redacted).
+        destination: the destination store's directory (absolute).
         key_file: the destination's master key file, if it is encrypted.
         selection: which versions it sends.
         propagate_deletions: versions deleted here are deleted there too by its runs.
@@ -170,8 +172,9 @@ class MirroredVersion(ToDict):
         run, step: where it is.
         status: ``sent`` (published there by this run), ``present`` (the destination held it),
             ``would send`` (a dry run), ``failed`` (``error`` says why), ``deleted`` (deleted here,
-            and there as the mirror asks), ``gone`` (this mirror sent it, and the destination
-            deleted it since, by its retention or by hand: it is not sent again).
+            and there as the mirror asks), ``gone`` (the destination held it through this
+            mirror, and no longer shows it: deleted there since, by its retention or by hand,
+            or purged by its gc; it is not sent again, and checked again at each run).
         chunks, bytes: chunks and raw bytes sent for it (with its missing ancestors).
         reasons: why the selection picked it.
     """

@@ -118,8 +118,17 @@ def open_locations(catalog: Catalog, spec: cfg.StoreSpec, given: dict[str, BlobS
     return located
 
 
-def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
-    """See :func:`casckpt.open` (``options`` checked already: :func:`casckpt.options.check`)."""
+def open_store(path: str | os.PathLike[str] | None, options: Options, *, env_key: bool = True) -> Store:
+    """See :func:`casckpt.open` (``options`` checked already: :func:`casckpt.options.check`).
+    ``env_key`` False: ``CASCKPT_KEY_FILE`` is not read (a mirror's destination, whose key is
+    the one its mirror recorded, or none).
+
+    Raises:
+        InvalidArgumentError: ``path`` is a URL (see :func:`casckpt.config.check_store_path`), besides
+            :func:`casckpt.open`'s errors.
+    """
+    if path is not None:
+        cfg.check_store_path(path)
     tuned = settings(options)
     blobs, catalog, cache, redundancy = (options.get("blobs"), options.get("catalog"),
                                          options.get("cache"), options.get("redundancy"))
@@ -147,7 +156,7 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
     asked = options.get("read_only")
     asked = asked if asked is not None else cfg.read_only_env()
     # the key file is read before anything is created: a bad one leaves no half-made store behind
-    key_file = options.get("key_file") or os.environ.get("CASCKPT_KEY_FILE") or None
+    key_file = options.get("key_file") or (os.environ.get("CASCKPT_KEY_FILE") if env_key else None) or None
     master = keyring.read_key_file(key_file) if key_file else None
     try:
         spec = cfg.locate_store(
@@ -216,11 +225,13 @@ def open_store(path: str | os.PathLike[str] | None, options: Options) -> Store:
 
 def _open_destination(where: str, key_file: str | None, create: bool) -> Store:
     """A mirror's destination store, opened (``create``: when missing, as ``casckpt copy``
-    does; no background drain: the mirror run closes it at once)."""
+    does; no background drain: the mirror run closes it at once). Its key is ``key_file``,
+    the one the mirror recorded, or none: never ``CASCKPT_KEY_FILE``, the source's key
+    (which would encrypt a new destination with it, or fail on an unencrypted one)."""
     options: Options = {"background_drain": False, "create": create}
     if key_file is not None:
         options["key_file"] = key_file
-    return open_store(where, check(options))
+    return open_store(where, check(options), env_key=False)
 
 
 def _check_before_writing(blobs: object, given: Mapping[str, BlobStore], catalog: str | None,

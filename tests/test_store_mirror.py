@@ -287,3 +287,228 @@ def test_a_version_the_destination_deleted_is_not_sent_again(src: casckpt.Store,
     assert src.mirrors.get("hot").versions_sent == 1 and not src.mirrors.get("hot").failed
     with casckpt.open(tmp_path / "dst", create=False) as dst:
         assert steps(dst) == [3] and dst.ops.check(read_data=True).ok
+
+
+def test_the_source_retention_deleting_a_sent_version_sends_no_other_in_its_slot(
+        src: casckpt.Store, tmp_path: Path) -> None:
+    # the guide's scenario: the hot store keeps its last 2; the archive every 300th step
+    src.retention.set("ft", keep_last=2)
+    src.mirrors.add("archive", str(tmp_path / "arch"), runs=["ft"], keep_every=300)
+    for step in range(100, 1100, 100):
+        commit(src, step)
+        src.gc(grace=0)
+        src.mirrors.push("archive")
+    assert steps(src) == [900, 1000]
+    with casckpt.open(tmp_path / "arch", create=False) as arch:
+        assert steps(arch) == [100, 300, 600, 900]
+
+
+def test_a_wiped_destination_is_refilled_and_a_gone_version_is_checked_again(
+        src: casckpt.Store, tmp_path: Path) -> None:
+    for step in (1, 2, 3):
+        commit(src, step)
+    src.mirrors.add("dr", str(tmp_path / "dst"), runs=["ft"], keep_every=1)
+    src.mirrors.push("dr")
+    with casckpt.open(tmp_path / "dst", create=False) as dst:
+        dst.delete("ft@1")
+    assert [v.status for v in src.mirrors.push("dr").versions] == ["gone", "present", "present"]
+    with casckpt.open(tmp_path / "dst", create=False) as dst:  # undeleted there: held again
+        dst.undelete("ft@1")
+    assert [v.status for v in src.mirrors.push("dr").versions] == ["present"] * 3
+    shutil.rmtree(tmp_path / "dst")  # the disk replaced: a new store, with none of them
+    again = src.mirrors.push("dr")
+    assert [v.status for v in again.versions] == ["sent"] * 3 and not again.nothing_sent
+    with casckpt.open(tmp_path / "dst", create=False) as dst:
+        assert steps(dst) == [1, 2, 3]
+        assert_same(dst.restore("ft@1"), 1)
+
+
+def test_deletions_propagate_only_to_what_the_mirror_sent(src: casckpt.Store, tmp_path: Path) -> None:
+    for step in (1, 2):
+        commit(src, step)
+    with casckpt.open(tmp_path / "dst", **OPTS) as dst:
+        src.copy("ft@1", to=dst)  # someone's own copy: not the mirror's to delete
+    src.mirrors.add("m", str(tmp_path / "dst"), runs=["ft"], keep_every=1, propagate_deletions=True)
+    assert [v.status for v in src.mirrors.push("m").versions] == ["present", "sent"]
+    src.delete("ft@1")
+    src.delete("ft@2")
+    assert [(v.step, v.status) for v in src.mirrors.push("m").versions] == [(2, "deleted")]
+    with casckpt.open(tmp_path / "dst", create=False) as dst:
+        assert steps(dst) == [1]
+
+
+def test_a_destination_on_s3_is_named_by_its_directory_and_a_url_is_refused(
+        src: casckpt.Store, tmp_path: Path, s3_bucket_url: Callable[[], str], moto_endpoint: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # where a URL taken for a relative directory would land
+    commit(src, 1)
+    secret = "s3://AKIAEXAMPLE:SuperSecret123@127.0.0.1:1/bucket/prefix?X-Amz-Signature=SIGSECRET"
+    for refused_by in (lambda: src.mirrors.add("m", secret, runs=["ft"], keep_last=1),
+                       lambda: casckpt.open(secret)):  # casckpt copy --to opens it so
+        with pytest.raises(InvalidArgumentError, match="not a URL") as refused:
+            refused_by()
+        assert "SuperSecret123" not in str(refused.value) and "SIGSECRET" not in str(refused.value)
+    assert src.mirrors.list() == [] and not (tmp_path / "s3:").exists()
+    casckpt.open(tmp_path / "dst", blobs=s3_bucket_url(), s3={"endpoint_url": moto_endpoint}, **OPTS).close()
+    src.mirrors.add("m", str(tmp_path / "dst"), runs=["ft"], keep_last=1)
+    assert [v.status for v in src.mirrors.push("m").versions] == ["sent"]
+    assert not files(tmp_path / "dst")  # the packs went to the bucket
+    with casckpt.open(tmp_path / "dst", create=False) as dst:
+        assert_same(dst.restore("ft@1"), 1)
+
+
+def test_the_audit_rows_of_a_mirror_name_its_destination_redacted(src: casckpt.Store) -> None:
+    # a URL is refused at add now; a catalog may hold one from before, and what the SQL side
+    # writes must not keep its secrets either way
+    from casckpt.catalog import mirrors as mirror_sql
+    from casckpt.storage import redact_url
+
+    url = "s3://AKIAEXAMPLE:SuperSecret123@127.0.0.1:1/bucket/prefix?X-Amz-Signature=SIGSECRET"
+    row = mirror_sql.MirrorRow("m", url, None, make_selection(["ft"], keep_last=1).to_json(), False,
+                               time.time(), None, None, None)
+    mirror_sql.add(src._core.catalog, row, redact_url(url))
+    src.mirrors.remove("m")
+    details = [str(a.detail) for a in src.ops.audit() if a.action.startswith("mirror.")]
+    assert len(details) == 2 and not any("SuperSecret123" in d or "SIGSECRET" in d for d in details)
+
+
+def test_the_background_form_lives_on_after_any_error_and_runs_again(
+        src: casckpt.Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from casckpt.store_mirrors import Mirrors
+
+    commit(src, 1)
+    src.mirrors.add("hot", str(tmp_path / "dst"), runs=["ft"], keep_last=1)
+    chosen, failures = Mirrors._chosen, []
+
+    def disk_full_once(self: Mirrors, *args: Any) -> Any:  # a full disk, not a CasckptError
+        if not failures:
+            failures.append(OSError(errno.ENOSPC, "No space left on device"))
+            raise failures[0]
+        return chosen(self, *args)
+
+    monkeypatch.setattr(Mirrors, "_chosen", disk_full_once)
+    worker = src.mirrors.start("hot", interval=0.05, poll=None)
+    wait_for(lambda: worker.runs >= 2 and worker.last_error is None)
+    assert worker.is_alive() and failures
+    worker.stop()
+    with casckpt.open(tmp_path / "dst", create=False) as dst:
+        assert steps(dst) == [1]
+
+
+def test_a_mirror_removed_while_its_worker_sends_leaves_no_rows_and_its_worker_stops(
+        src: casckpt.Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from casckpt.store_mirrors import _Sending
+
+    for step in (1, 2, 3):
+        commit(src, step)
+    src.mirrors.add("m", str(tmp_path / "dst"), runs=["ft"], keep_every=1)
+    sending, removed = threading.Event(), threading.Event()
+    copy = _Sending._copy
+
+    def held(self: _Sending, refs: list[str]) -> Any:  # the first version waits for the removal
+        sending.set()
+        assert removed.wait(30)
+        return copy(self, refs)
+
+    monkeypatch.setattr(_Sending, "_copy", held)
+    worker = src.mirrors.start("m", interval=3600, poll=None)
+    assert sending.wait(30)
+    src.mirrors.remove("m")
+    src.mirrors.add("m", str(tmp_path / "other"), runs=["ft"], keep_every=1)  # the same name, anew
+    removed.set()
+    wait_for(lambda: not worker.is_alive())
+    info = src.mirrors.get("m")
+    assert info.versions_sent == 0 and info.last_run_at is None and not info.failed
+    with casckpt.open(tmp_path / "dst", create=False) as dst:
+        assert steps(dst) == [1]  # the version being sent, then it stopped
+    monkeypatch.setattr(_Sending, "_copy", copy)
+    assert [v.status for v in src.mirrors.push("m").versions] == ["sent"] * 3
+
+
+def test_a_version_undeleted_here_is_undeleted_there_after_a_propagated_deletion(
+        src: casckpt.Store, tmp_path: Path) -> None:
+    for step in (1, 2, 3):
+        commit(src, step)
+    src.mirrors.add("m", str(tmp_path / "dst"), runs=["ft"], keep_every=1, propagate_deletions=True)
+    src.mirrors.push("m")
+    src.delete("ft@2")
+    assert [(v.step, v.status) for v in src.mirrors.push("m").versions][-1] == (2, "deleted")
+    src.undelete("ft@2")  # a mistaken delete, undone here
+    again = src.mirrors.push("m")
+    assert not again.failed and [v.status for v in again.versions] == ["present"] * 3
+    with casckpt.open(tmp_path / "dst", create=False) as dst:
+        assert steps(dst) == [1, 2, 3]
+        assert_same(dst.restore("ft@2"), 2)
+    src.delete("ft@2")  # and it is the mirror's to delete again
+    assert [(v.step, v.status) for v in src.mirrors.push("m").versions][-1] == (2, "deleted")
+
+
+def test_a_destination_is_keyed_by_the_mirrors_key_file_alone_not_the_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    key = tmp_path / "source.key"
+    casckpt.generate_key_file(key)
+    monkeypatch.setenv("CASCKPT_KEY_FILE", str(key))  # the source's key, for the training job
+    with casckpt.open(tmp_path / "src", **OPTS) as src:
+        commit(src, 1)
+        src.mirrors.add("plain", str(tmp_path / "dst"), runs=["ft"], keep_last=1)  # no key file
+        assert [v.status for v in src.mirrors.push("plain").versions] == ["sent"]
+    monkeypatch.delenv("CASCKPT_KEY_FILE")
+    with casckpt.open(tmp_path / "dst", create=False) as dst:  # not encrypted: no key needed
+        assert_same(dst.restore("ft@1"), 1)
+
+
+def test_a_closed_store_starts_no_mirror_worker(tmp_path: Path) -> None:
+    store = casckpt.open(tmp_path / "src", **OPTS)
+    commit(store, 1)
+    store.mirrors.add("m", str(tmp_path / "dst"), runs=["ft"], keep_last=1)
+    store.close()
+    with pytest.raises(InvalidArgumentError, match="closed"):
+        store.mirrors.start("m", interval=0.05, poll=None)
+    assert not (tmp_path / "dst").exists()
+
+
+def test_the_source_itself_is_refused_as_a_destination(src: casckpt.Store, tmp_path: Path) -> None:
+    (tmp_path / "link").symlink_to(tmp_path / "src")
+    for itself in (tmp_path / "src", tmp_path / "link", tmp_path / "src" / "."):
+        with pytest.raises(InvalidArgumentError, match="this store itself"):
+            src.mirrors.add("loop", str(itself), runs=["ft"], keep_last=1)
+    assert src.mirrors.list() == []
+
+
+def test_a_second_run_of_a_mirror_waits_for_the_first_then_sends_nothing(
+        src: casckpt.Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from casckpt.store_mirrors import _Sending
+
+    for step in (1, 2):
+        commit(src, step)
+    src.mirrors.add("m", str(tmp_path / "dst"), runs=["ft"], keep_every=1)
+    inside, release, calls = threading.Event(), threading.Event(), []
+    copy = _Sending._copy
+
+    def held(self: _Sending, refs: list[str]) -> Any:  # the first run's copy waits for release
+        calls.append(refs)
+        if len(calls) == 1:
+            inside.set()
+            assert release.wait(30)
+        return copy(self, refs)
+
+    monkeypatch.setattr(_Sending, "_copy", held)
+    reports: dict[str, Any] = {}
+    first = threading.Thread(target=lambda: reports.setdefault("first", src.mirrors.push("m")))
+    second = threading.Thread(target=lambda: reports.setdefault("second", src.mirrors.push("m")))
+    first.start()
+    assert inside.wait(30)
+    second.start()
+    second.join(0.5)
+    assert second.is_alive() and len(calls) == 1  # waiting for the first run's lock
+    release.set()
+    first.join(30)
+    second.join(30)
+    assert [v.status for v in reports["first"].versions] == ["sent", "sent"]
+    assert reports["second"].nothing_sent and src.mirrors.get("m").versions_sent == 2

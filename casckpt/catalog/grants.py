@@ -19,6 +19,7 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Integer, Table, make_url, text
 
@@ -47,12 +48,18 @@ WRITER_UPDATES = {
              "makes a fast-tier pack live, or finds it lost",
     "tiers": "a fast tier found wiped at open is marked lost",
     "shards": "verified_at, set when check reads a shard",
+    "mirrors": "a mirror run records its start, its end and error, and the destination's identity",
+    "mirror_versions": "a mirror run upserts each version's outcome as it is known",
 }
 """Tables a writer UPDATEs, each with why."""
 
-WRITER_UPDATE_COLUMNS = {"store_info": 'UPDATE ("value")'}
+WRITER_UPDATE_COLUMNS = {
+    "store_info": 'UPDATE ("value")',
+    "mirrors": 'UPDATE ("run_started_at", "run_finished_at", "run_error", "dest_store_id")',
+}
 """A writer's UPDATE limited to some columns: renaming a ``store_info`` key would remove a
-row by another name (the key record's: keyless processes would then write plaintext)."""
+row by another name (the key record's: keyless processes would then write plaintext); a
+mirror's run updates its outcome, never its destination, key file or selection."""
 
 WRITER_DELETES = {"leases": "a commit ends its own lease (gc reaps crashed ones)"}
 """The only rows a writer deletes, with why."""
@@ -154,27 +161,35 @@ def missing_rights(catalog: Catalog, role: str = "admin") -> list[str]:
     SQLite: the catalog file and its directory must be writable (a journal is created
     beside it). Other databases are not checked (empty).
     """
+    wanted = sorted(((t, p) for t, ps in table_privileges(role).items() for p in ps),
+                    key=lambda tp: _privilege_order(tp[1]))
+    seqs = [(q, p) for q, ps in sequence_privileges(role).items() for p in ps]
+    return missing_of(catalog, wanted, seqs)
+
+
+def missing_of(catalog: Catalog, tables: Sequence[tuple[str, str]],
+               sequences: Sequence[tuple[str, str]] = ()) -> list[str]:
+    """Of the (table, privilege) and (sequence, privilege) pairs given, the rights the
+    catalog's credentials lack (see :func:`missing_rights`). Changes nothing."""
     url = make_url(catalog.url)
     if url.get_backend_name() == "sqlite":
         return _sqlite_missing(url.database)
     if url.get_backend_name() != "postgresql":
         return []
-    wanted = sorted(((t, p) for t, ps in table_privileges(role).items() for p in ps),
-                    key=lambda tp: _privilege_order(tp[1]))
-    seqs = [(q, p) for q, ps in sequence_privileges(role).items() for p in ps]
     missing: list[str] = []
     with catalog.read() as conn:
-        for table, privilege in wanted:
-            kind, _, column = privilege.partition(" ")  # 'UPDATE ("value")': one column's
-            if column:
-                held = conn.execute(text("SELECT has_column_privilege(:t, :c, :p)"),
-                                    {"t": table, "c": column.strip('()"'), "p": kind}).scalar()
+        for table, privilege in tables:
+            kind, _, columns = privilege.partition(" ")  # 'UPDATE ("value")': those columns'
+            if columns:
+                held: Any = all(conn.execute(text("SELECT has_column_privilege(:t, :c, :p)"),
+                                        {"t": table, "c": column.strip(' ()"'), "p": kind}).scalar()
+                           for column in columns.split(","))
             else:
                 held = conn.execute(text("SELECT has_table_privilege(:t, :p)"),
                                     {"t": table, "p": privilege}).scalar()
             if not held:
                 missing.append(f"{privilege} on table {table}")
-        for seq, privilege in seqs:
+        for seq, privilege in sequences:
             if not conn.execute(text("SELECT has_sequence_privilege(:q, :p)"),
                                 {"q": seq, "p": privilege}).scalar():
                 missing.append(f"{privilege} on sequence {seq}")

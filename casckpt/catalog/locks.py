@@ -1,4 +1,5 @@
-"""The store-wide GC lock: at most one garbage collection runs on a store at a time.
+"""The store-wide GC lock: at most one garbage collection runs on a store at a time (and
+each mirror's run lock, :func:`mirror_lock`, the same way).
 
 What it excludes: a second ``gc`` (or anything else that takes :func:`gc_lock`)
 on the same catalog, from any process on any host. It does not exclude commits,
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -85,3 +87,48 @@ def _file_lock(path: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+_MIRROR_LOCKS = 0x6D697272  # "mirr": the class of PostgreSQL advisory locks a mirror run holds
+
+
+@contextmanager
+def mirror_lock(catalog: Catalog, name: str) -> Iterator[None]:
+    """Hold the run lock of mirror ``name``, waiting for a run of it that holds it (in this
+    process or another, on any host): two runs of one mirror never interleave their copies
+    and records; the second then finds the work done. Dies with the process, as
+    :func:`gc_lock`. SQLite: an flock on ``<catalog file>.mirror-<name>.lock``; PostgreSQL:
+    a session advisory lock keyed by the name, on a dedicated connection; other catalogs:
+    none."""
+    url = catalog.engine.url
+    if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:":
+        path = f"{url.database}.mirror-{name}.lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise CatalogError(f"cannot create the lock file {path} of mirror {name!r}: {exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # per open file: a thread of this process waits too
+            yield
+        finally:
+            os.close(fd)
+    elif url.get_backend_name() == "postgresql":
+        keys = {"c": _MIRROR_LOCKS - (1 << 31), "k": zlib.crc32(name.encode()) - (1 << 31)}  # int4s
+        try:
+            conn = catalog.engine.connect()
+            conn.execute(text("SELECT pg_advisory_lock(:c, :k)"), keys)
+            conn.commit()
+        except SQLAlchemyError as exc:
+            raise CatalogError(
+                f"cannot take the run lock of mirror {name!r} at {catalog.where}: {exc}") from exc
+        try:
+            yield
+        finally:
+            try:  # the pool keeps the session: unlock, or drop the connection (and its session)
+                conn.execute(text("SELECT pg_advisory_unlock(:c, :k)"), keys)
+                conn.commit()
+            except SQLAlchemyError:
+                conn.invalidate()
+            conn.close()
+    else:
+        yield

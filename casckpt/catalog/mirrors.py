@@ -35,6 +35,7 @@ class MirrorRow(NamedTuple):
     run_started_at: float | None
     run_finished_at: float | None
     run_error: str | None
+    dest_store_id: str | None = None
 
 
 class MirrorTotals(NamedTuple):
@@ -45,7 +46,8 @@ class MirrorTotals(NamedTuple):
 
 
 class VersionOutcome(NamedTuple):
-    """One source version's row of a mirror (``state``: sent, failed or deleted)."""
+    """One source version's row of a mirror (``state``: sent, present, failed, deleted or
+    gone); ``created_at`` and ``metrics`` (JSON) are the version's, what the keep rules read."""
 
     version_id: str
     run: str
@@ -56,10 +58,13 @@ class VersionOutcome(NamedTuple):
     bytes: int
     at: float
     error: str | None
+    created_at: float | None = None
+    metrics: str | None = None
 
 
-def add(catalog: Catalog, row: MirrorRow) -> None:
-    """Record a new mirror (and its ``mirror.add`` audit row).
+def add(catalog: Catalog, row: MirrorRow, destination: str) -> None:
+    """Record a new mirror (and its ``mirror.add`` audit row, naming ``destination``: the
+    row's, credentials redacted -- as :func:`remove`'s).
 
     Raises:
         InvalidArgumentError: a mirror of that name exists.
@@ -72,7 +77,7 @@ def add(catalog: Catalog, row: MirrorRow) -> None:
         values = row._asdict() | {"selection": json.dumps(row.selection, sort_keys=True)}
         conn.execute(s.mirrors.insert().values(**values))
         catalog.audit_in(conn, "mirror.add", f"mirror:{row.name}",
-                         {"destination": row.destination, "selection": row.selection})
+                         {"destination": destination, "selection": row.selection})
 
 
 def remove(catalog: Catalog, name: str, destination: str) -> None:
@@ -113,27 +118,55 @@ def _not_found(conn: Connection, name: str) -> RefNotFoundError:
                             difflib.get_close_matches(name, names, n=3))
 
 
-def run_started(catalog: Catalog, name: str) -> None:
+# A mirror's identity is its name and ``created_at`` (its generation): a run writes only while
+# the mirror it started for exists, so a mirror removed while its run was sending gets no rows
+# back, and one added again under the same name starts with none.
+
+
+def _this_one(name: str, generation: float) -> Any:
+    return (s.mirrors.c.name == name) & (s.mirrors.c.created_at == generation)
+
+
+def exists(catalog: Catalog, name: str, generation: float) -> bool:
+    """Whether mirror ``name`` of that ``generation`` (its ``created_at``) still exists."""
+    with catalog.read() as conn:
+        return conn.execute(select(s.mirrors.c.name).where(_this_one(name, generation))).first() is not None
+
+
+def run_started(catalog: Catalog, name: str, generation: float) -> None:
     """A run of mirror ``name`` begins: its start is now, its end and error unknown."""
     with catalog.write() as conn:
-        conn.execute(s.mirrors.update().where(s.mirrors.c.name == name).values(
+        conn.execute(s.mirrors.update().where(_this_one(name, generation)).values(
             run_started_at=time.time(), run_finished_at=None, run_error=None))
 
 
-def run_finished(catalog: Catalog, name: str, error: str | None) -> None:
+def run_finished(catalog: Catalog, name: str, generation: float, error: str | None) -> None:
     """The run of mirror ``name`` ended (``error``: what stopped it; None: nothing did)."""
     with catalog.write() as conn:
-        conn.execute(s.mirrors.update().where(s.mirrors.c.name == name).values(
+        conn.execute(s.mirrors.update().where(_this_one(name, generation)).values(
             run_finished_at=time.time(), run_error=error))
 
 
-def record(catalog: Catalog, name: str, outcomes: Sequence[VersionOutcome]) -> None:
+def ran_into(catalog: Catalog, name: str, generation: float, store_id: str) -> bool:
+    """Mirror ``name`` runs into the store of identity ``store_id``; True when it last ran into
+    another one (wiped and made again, replaced): what it recorded there no longer holds."""
+    with catalog.write() as conn:
+        before = conn.execute(select(s.mirrors.c.dest_store_id).where(_this_one(name, generation))).scalar()
+        if before != store_id:
+            conn.execute(s.mirrors.update().where(_this_one(name, generation)).values(dest_store_id=store_id))
+    return before is not None and before != store_id
+
+
+def record(catalog: Catalog, name: str, generation: float, outcomes: Sequence[VersionOutcome]) -> None:
     """Upsert the rows of mirror ``name`` for ``outcomes`` (a version sent again replaces its
-    failure; ``chunks`` and ``bytes`` add up across the runs that sent for it)."""
+    failure; ``chunks`` and ``bytes`` add up across the runs that sent for it) -- nothing when
+    the mirror of that ``generation`` is gone (removed while its run was sending)."""
     if not outcomes:
         return
     table = s.mirror_versions
     with catalog.write() as conn:
+        if conn.execute(select(s.mirrors.c.name).where(_this_one(name, generation))).first() is None:
+            return
         statement = upsert(conn, table)
         conn.execute(statement.on_conflict_do_update(
             index_elements=[table.c.mirror, table.c.version_id],
@@ -141,7 +174,9 @@ def record(catalog: Catalog, name: str, outcomes: Sequence[VersionOutcome]) -> N
                                                                              table.c.dest_id),
                   "chunks": table.c.chunks + statement.excluded.chunks,
                   "bytes": table.c.bytes + statement.excluded.bytes,
-                  "at": statement.excluded.at, "error": statement.excluded.error}),
+                  "at": statement.excluded.at, "error": statement.excluded.error,
+                  "created_at": func.coalesce(statement.excluded.created_at, table.c.created_at),
+                  "metrics": func.coalesce(statement.excluded.metrics, table.c.metrics)}),
             [{"mirror": name, **o._asdict()} for o in outcomes])
 
 
@@ -150,7 +185,8 @@ def outcomes(catalog: Catalog, name: str, state: str | None = None) -> list[Vers
     """The version rows of mirror ``name`` (only those in ``state``), by run and step."""
     table = s.mirror_versions
     query = select(table.c.version_id, table.c.run, table.c.step, table.c.state, table.c.dest_id,
-                   table.c.chunks, table.c.bytes, table.c.at, table.c.error).where(table.c.mirror == name)
+                   table.c.chunks, table.c.bytes, table.c.at, table.c.error, table.c.created_at,
+                   table.c.metrics).where(table.c.mirror == name)
     if state is not None:
         query = query.where(table.c.state == state)
     with catalog.read() as conn:

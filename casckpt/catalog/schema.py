@@ -328,6 +328,7 @@ mirrors = Table(  # mirrors of this store into others (casckpt.store_mirrors; mi
     Column("run_started_at", Float, nullable=True),  # the last run of the mirror
     Column("run_finished_at", Float, nullable=True),
     Column("run_error", Text, nullable=True),  # what stopped it (the destination), NULL: nothing
+    Column("dest_store_id", String(64), nullable=True),  # the destination's identity (0017), NULL: never ran
 )
 
 mirror_versions = Table(  # per mirror, each source version its runs selected, and its fate
@@ -337,12 +338,14 @@ mirror_versions = Table(  # per mirror, each source version its runs selected, a
     Column("version_id", String(64), primary_key=True),  # the source's id (no FK: gc sweeps versions)
     Column("run", String(128), nullable=False),
     Column("step", BigInteger, nullable=False),
-    Column("state", String(16), nullable=False),  # sent | failed | deleted | gone
+    Column("state", String(16), nullable=False),  # sent | present | failed | deleted | gone
     Column("dest_id", String(64), nullable=True),  # the destination's id (another one across keys)
     Column("chunks", BigInteger, nullable=False),
     Column("bytes", BigInteger, nullable=False),
     Column("at", Float, nullable=False),
     Column("error", Text, nullable=True),
+    Column("created_at", Float, nullable=True),  # the version's, and its metrics (JSON): its slot
+    Column("metrics", Text, nullable=True),  # under the keep rules once deleted here (0017)
 )
 
 GC_TABLES = frozenset({"gc_live", "gc_runs"})

@@ -17,6 +17,7 @@ from casckpt.cli import render
 from casckpt.cli.progress import progress_bars
 from casckpt.cli.rules import parse_rules, with_rule_options
 from casckpt.cli.shared import EXIT_PROBLEMS, FLAG, JsonOption, open_store
+from casckpt.errors import MirrorDestinationError
 from casckpt.types import MirrorInfo, MirrorReport
 
 mirror_app = typer.Typer(
@@ -32,8 +33,9 @@ NameArgument = Annotated[str, typer.Argument(metavar="NAME", help="The mirror's 
 def add(
     ctx: typer.Context,
     name: NameArgument,
-    to: Annotated[str, typer.Option("--to", metavar="STORE",
-                                    help="The destination store: a path (created by the first run) or URL.")],
+    to: Annotated[str, typer.Option("--to", metavar="STORE", help=(
+        "The destination store's directory (created by the first run); for one on S3 or Azure, "
+        "a directory whose casckpt.toml names it (casckpt init), not a URL."))],
     runs: Annotated[list[str], typer.Option("--run", metavar="RUN", help=(
         "A run to mirror: a name or a glob ('pretrain-*'); repeat for more."))],
     tags: Annotated[list[str] | None, typer.Option("--tag", metavar="TAG", help=(
@@ -76,17 +78,29 @@ def run(
 ) -> None:
     """Run a mirror (or every mirror): send what it selects that the destination lacks.
 
-    Exits 1 when a version could not be sent (the others are sent; `casckpt mirror status`
-    says why), 5 when a destination could not be opened.
+    Every mirror's report is printed, then it exits with the worst code: 5 when a
+    destination could not be opened (the other mirrors ran), 1 when a version could not be
+    sent (the others are sent; `casckpt mirror status` says why).
     """
+    reports: list[MirrorReport] = []
+    unreachable: list[tuple[MirrorInfo, MirrorDestinationError]] = []
     with open_store(ctx) as store, progress_bars() as progress:
         if name is not None:
             reports = [store.mirrors.push(name, dry_run=dry_run, progress=progress)]
         else:
-            reports = store.mirrors.push_all(dry_run=dry_run, progress=progress)
+            for mirror in store.mirrors.list():
+                try:
+                    reports.append(store.mirrors.push(mirror.name, dry_run=dry_run, progress=progress))
+                except MirrorDestinationError as exc:
+                    unreachable.append((mirror, exc))
     docs = [r.to_dict() | {"nothing_sent": r.nothing_sent, "failed": len(r.failed)} for r in reports]
-    render.emit(as_json, docs[0] if name is not None else docs,
-                *[part for r in reports for part in run_view(r)], empty="this store has no mirror")
+    docs += [{"mirror": m.name, "destination": m.destination, "error": str(exc)} for m, exc in unreachable]
+    views = [part for r in reports for part in run_view(r)]
+    views += [f"{m.name} -> {m.destination}: not run: {exc}" for m, exc in unreachable]
+    render.emit(as_json, docs[0] if name is not None else sorted(docs, key=lambda d: str(d["mirror"])),
+                *views, empty="this store has no mirror")
+    if unreachable:
+        raise unreachable[0][1]  # exit 5, with its message
     if any(r.failed for r in reports):
         raise typer.Exit(EXIT_PROBLEMS)
 

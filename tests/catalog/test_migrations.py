@@ -603,3 +603,22 @@ def test_0016_adds_the_mirror_tables_and_downgrades(tmp_path: Path) -> None:
     with casckpt.open(root) as store:  # upgraded on open, with no mirror (they went with 0015)
         assert _revision(root) == head_revision() and store.mirrors.list() == []
         assert torch.equal(store.restore("r@1")["w"], torch.arange(64.0))
+
+
+# -- 0017: a mirror's destination identity, and its versions' slots -------------------------
+
+
+def test_0017_adds_the_mirror_identity_columns_keeps_the_rows_and_downgrades(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    with casckpt.open(root) as store:
+        store.commit({"w": torch.arange(64.0)}, run="r", step=1)
+        store.mirrors.add("m", str(tmp_path / "dst"), runs=["r"], keep_last=1)
+    _migrate(root, "0016", down=True)
+    url = f"sqlite:///{root / cfg.CATALOG_FILE}"
+    assert "dest_store_id" not in _columns(url, "mirrors")
+    assert not {"created_at", "metrics"} & _columns(url, "mirror_versions")
+    with casckpt.open(root) as store:  # upgraded on open: the mirror kept, and it runs
+        assert _revision(root) == head_revision() and [m.name for m in store.mirrors.list()] == ["m"]
+        assert [v.status for v in store.mirrors.push("m").versions] == ["sent"]
+    assert "dest_store_id" in _columns(url, "mirrors")
+    assert {"created_at", "metrics"} <= _columns(url, "mirror_versions")

@@ -449,3 +449,23 @@ def test_s3_denials_stop_check_gc_and_repair_and_delete_nothing(s3_users: S3User
 
     with s3_users.open("admin") as store:  # the store itself was never at fault
         assert store.ops.check(read_data=True).ok
+
+
+def test_a_writer_runs_a_mirror_and_only_an_admin_removes_one(pg_roles: dict[str, Any],
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              tmp_path: Path) -> None:
+    with as_role(monkeypatch, pg_roles, "admin") as admin:
+        admin.commit(state(1), run="r", step=1)
+        admin.mirrors.add("m", str(tmp_path / "dst"), runs=["r"], keep_every=1)
+    with as_role(monkeypatch, pg_roles, "writer") as writer:  # cron runs as the writer
+        writer.commit(state(2), run="r", step=2)
+        assert [v.status for v in writer.mirrors.push("m").versions] == ["sent", "sent"]
+        assert [v.status for v in writer.mirrors.push("m").versions] == ["present", "present"]
+        assert writer.mirrors.get("m").versions_sent == 2 and writer.mirrors.get("m").last_error is None
+        with pytest.raises(AccessDeniedError):
+            writer.mirrors.remove("m")
+    with as_role(monkeypatch, pg_roles, "admin") as admin:
+        admin.mirrors.remove("m")
+        assert admin.mirrors.list() == []
+    with casckpt.open(tmp_path / "dst", create=False) as dst:
+        assert torch.equal(dst.restore("r@2")["w"], state(2)["w"])

@@ -77,3 +77,21 @@ def test_exit_codes_of_a_failed_version_and_of_an_unreachable_destination(tmp_pa
     assert "the last run failed" in cli(src, "status").stdout
     assert cli(src, "add", "none", "--to", str(dst), "--run", "r").exit_code == 2  # nothing selected
     assert cli(src, "remove", "nope").exit_code == 3
+
+
+def test_running_every_mirror_prints_each_report_when_a_destination_fails(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    _fill(src)
+    (tmp_path / "file").write_text("x")
+    assert cli(src, "add", "a-bad", "--to", str(tmp_path / "file" / "s"), "--run", "r",
+               "--keep-last", "1").exit_code == 0
+    assert cli(src, "add", "b-good", "--to", str(tmp_path / "dst"), "--run", "r",
+               "--keep-last", "1").exit_code == 0
+    shown = cli(src, "run")
+    assert shown.exit_code == 5 and "b-good -> " in shown.stdout and "sent 1 version" in shown.stdout
+    assert "a-bad -> " in shown.stdout and "could not be opened" in shown.stdout
+    as_json = cli(src, "run", "--json")
+    assert as_json.exit_code == 5
+    docs = json.loads(as_json.stdout)
+    assert [d["mirror"] for d in docs] == ["a-bad", "b-good"] and "could not be opened" in docs[0]["error"]
+    assert docs[1]["nothing_sent"]
