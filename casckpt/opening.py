@@ -214,7 +214,7 @@ def open_store(path: str | os.PathLike[str] | None, options: Options, *, env_key
                      settings=tuned, write_quorum=spec.write_quorum, backends=spec.backends,
                      config_file=spec.config_file, recovering=recovering, read_only=why, tier=tier,
                      background_drain=options.get("background_drain") is not False)
-    store = Store(core, created=created, opener=_open_destination)
+    store = Store(core, created=created, opener=open_destination)
     if created:  # a mistyped path would otherwise start training again from step 0, silently
         where = str(spec.root) if spec.root is not None else (
             f"catalog {cat.where}, blobs {', '.join(redact_url(loc.url) for loc in spec.locations)}")
@@ -223,11 +223,11 @@ def open_store(path: str | os.PathLike[str] | None, options: Options, *, env_key
     return store
 
 
-def _open_destination(where: str, key_file: str | None, create: bool) -> Store:
-    """A mirror's destination store, opened (``create``: when missing, as ``casckpt copy``
-    does; no background drain: the mirror run closes it at once). Its key is ``key_file``,
-    the one the mirror recorded, or none: never ``CASCKPT_KEY_FILE``, the source's key
-    (which would encrypt a new destination with it, or fail on an unencrypted one)."""
+def open_destination(where: str, key_file: str | None, create: bool) -> Store:
+    """A copy's or a mirror's destination store, opened (``create``: when missing; no
+    background drain: the copy closes it at once). Its key is ``key_file`` (``--to-key-file``,
+    the one a mirror recorded) or none: never ``CASCKPT_KEY_FILE``, the source's key (which
+    would encrypt a new destination with it, or fail on an unencrypted one)."""
     options: Options = {"background_drain": False, "create": create}
     if key_file is not None:
         options["key_file"] = key_file

@@ -88,6 +88,7 @@ class Store(StoreHistory):
         self.retention = Retention(self._core)
         self.ops = Ops(self._core, self)
         self.mirrors = Mirrors(self._core, self, opener)
+        self._opener = opener
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -449,8 +450,9 @@ class Store(StoreHistory):
         tree = self.restore(version, map_location="cpu", progress=progress)
         return export(tree, version, Path(to), format, overwrite=overwrite)
 
-    def copy(self, refs: Ref | Iterable[Ref], to: Store, *, dry_run: bool = False,
-             progress: ProgressCallback | None = None, lineage: bool = True) -> CopyReport:
+    def copy(self, refs: Ref | Iterable[Ref], to: Store | str | os.PathLike[str], *, dry_run: bool = False,
+             progress: ProgressCallback | None = None, lineage: bool = True,
+             to_key_file: str | os.PathLike[str] | None = None) -> CopyReport:
         """Copy versions into store ``to``, as git pushes commits: each arrives as the same
         version (its id, run, step, metadata, metrics, message and the source's tags on it),
         with its ancestors up to the nearest one ``to`` holds, so its lineage is whole. Only
@@ -469,7 +471,11 @@ class Store(StoreHistory):
         Args:
             refs: one ref or several, as :meth:`resolve` takes them, or a run's name for every
                 visible version of the run.
-            to: the destination, another open store (writable unless ``dry_run``).
+            to: the destination, another open store (writable unless ``dry_run``), or its
+                directory: opened for the copy (created where there is none, but by a dry run,
+                which plans against an empty store and writes nothing), its key from
+                ``to_key_file`` alone (never ``CASCKPT_KEY_FILE``, this store's key).
+            to_key_file: the master key file of an encrypted destination named by its path.
             dry_run: plan only: the report says what would be sent; nothing is written.
             progress: called with ``("copy", bytes sent, bytes to send)``.
             lineage: also copy each version's ancestors up to the nearest one ``to`` holds
@@ -486,11 +492,16 @@ class Store(StoreHistory):
             RefNotFoundError, AmbiguousRefError: a bad ref.
             MissingDataError, CorruptChunkError: the source cannot read a chunk whole.
         """
-        from casckpt.store_copy import copy_versions
+        from casckpt.store_copy import copy_versions, opened_destination
 
-        if not isinstance(to, Store):
-            raise CopyTargetError(f"copy(to=) takes an open casckpt.Store, got {type(to).__name__}")
         named = [refs] if isinstance(refs, (str, Version)) else list(refs)
+        if isinstance(to, (str, os.PathLike)) and self._opener is not None:
+            key = None if to_key_file is None else os.fspath(to_key_file)
+            with opened_destination(self._opener, os.fspath(to), key, dry_run) as dest:
+                return self.copy(named, dest, dry_run=dry_run, progress=progress, lineage=lineage)
+        if not isinstance(to, Store):
+            raise CopyTargetError(f"copy(to=) takes an open casckpt.Store or a store's directory, "
+                                  f"got {type(to).__name__}")
         return copy_versions(self._core, to._core, named, dry_run=dry_run, progress=progress, lineage=lineage)
 
     def restore(self, ref: Ref, into: object = None, *, map_location: Any = None,

@@ -9,15 +9,18 @@ engine's outcome into a :class:`~casckpt.types.CopyReport`.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from casckpt.catalog import history as history_sql
 from casckpt.catalog import retention as retention_sql
 from casckpt.catalog.rows import VersionRow
 from casckpt.engine.versions.logfilter import make_filter
-from casckpt.errors import CopyTargetError, RefNotFoundError
+from casckpt.errors import CopyTargetError, NotAStoreError, RefNotFoundError
 from casckpt.store_core import Ref, StoreCore
 from casckpt.types import CopiedVersion, CopyReport, ProgressCallback, Version
 
@@ -68,6 +71,26 @@ def _rekeyed(source: StoreCore, dest: StoreCore, rows: Sequence[VersionRow], dry
     out = rekey.execute(source.ctx, dest.ctx, versions, progress, source_lease=source.read_only is None)
     return CopyReport(tuple(out.versions), out.sent.chunks, out.sent.raw_bytes, out.sent.stored_bytes,
                       tuple(out.tags), _kept(versions), seconds=time.monotonic() - started)
+
+
+@contextlib.contextmanager
+def opened_destination(opener: Callable[[str, str | None, bool], Any], where: str, key_file: str | None,
+                       dry_run: bool) -> Iterator[Any]:
+    """The store at ``where``, opened for a copy by ``opener`` (the one way copies and mirrors
+    open a destination: its key is ``key_file`` alone). A dry run writes nothing there, not even
+    a new store: where there is none yet, it plans against an empty one in a temporary
+    directory (every version and chunk would be sent)."""
+    try:
+        store = opener(where, key_file, not dry_run)
+    except NotAStoreError:
+        if not dry_run:
+            raise
+        with tempfile.TemporaryDirectory(prefix="casckpt-copy-plan-") as empty:
+            with opener(os.path.join(empty, "store"), key_file, True) as store:
+                yield store
+        return
+    with store:
+        yield store
 
 
 def _refuse(source: StoreCore, dest: StoreCore, dry_run: bool) -> None:

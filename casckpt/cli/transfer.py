@@ -13,7 +13,6 @@ from typing import Annotated
 import typer
 from rich.console import RenderableType
 
-import casckpt
 from casckpt.cli import render
 from casckpt.cli.progress import progress_bars
 from casckpt.cli.shared import FLAG, JsonOption, RefArgument, open_store
@@ -98,9 +97,8 @@ def copy(
         for ref in refs:  # a bad ref fails before the destination is opened (or created)
             if ref not in runs:
                 source.resolve(ref)
-        quiet = casckpt.Options(background_drain=False)
-        with casckpt.open(to, key_file=to_key_file, options=quiet) as dest, progress_bars() as progress:
-            report = source.copy(refs, to=dest, dry_run=dry_run, progress=progress)
+        with progress_bars() as progress:
+            report = source.copy(refs, to=to, dry_run=dry_run, progress=progress, to_key_file=to_key_file)
     render.emit(as_json, report.to_dict() | {"nothing_sent": report.nothing_sent, "destination": to},
                 *copy_view(report, to))
 

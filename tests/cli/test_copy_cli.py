@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from typer.testing import CliRunner, Result
 
@@ -28,6 +29,7 @@ def test_copy_prints_what_it_sent_then_that_nothing_is_left_to_send(tmp_path: Pa
     dry = cli("--store", str(tmp_path / "src"), "copy", "tag:best", "--to", dst, "--dry-run")
     assert dry.exit_code == 0, dry.output
     assert "would copy (ancestor)" in dry.stdout and "Dry run: would send" in dry.stdout
+    assert not (tmp_path / "dst").exists()  # a dry run writes nothing, not even a new store
     sent = cli("--store", str(tmp_path / "src"), "copy", "tag:best", "--to", dst, "--json")
     assert sent.exit_code == 0, sent.output
     doc = json.loads(sent.stdout)
@@ -70,3 +72,21 @@ def test_copy_into_an_encrypted_store_maps_the_ids(tmp_path: Path) -> None:
     assert keyless.exit_code != 0 and "key" in keyless.output
     with casckpt.open(dst, key_file=key, create=False) as enc:
         assert enc.resolve("r@3").id == doc["versions"][-1]["id"]
+
+
+def test_the_sources_key_in_the_environment_is_not_the_destinations(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CASCKPT_KEY_FILE is the source's key: it made a new destination encrypted (every byte
+    re-read, ids changed) and refused a plain one. Only --to-key-file keys the destination."""
+    key = tmp_path / "src.key"
+    casckpt.generate_key_file(key)
+    with casckpt.open(tmp_path / "src", key_file=key) as s:
+        made = s.commit({"w": torch.arange(4096.0)}, run="r", step=1)
+    monkeypatch.setenv("CASCKPT_KEY_FILE", str(key))
+    dst = str(tmp_path / "dst")
+    sent = cli("--store", str(tmp_path / "src"), "copy", "r@1", "--to", dst, "--json")
+    assert sent.exit_code == 0, sent.output
+    monkeypatch.delenv("CASCKPT_KEY_FILE")
+    with casckpt.open(dst, create=False) as plain:  # plain: opens without any key
+        assert torch.equal(plain.restore("r@1")["w"], torch.arange(4096.0))
+        assert plain.resolve("r@1").id != made.id  # re-keyed into the plain store: another id

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from casckpt.catalog import Catalog
+from casckpt.catalog import gc as gc_sql
 from casckpt.catalog import retention as retention_sql
 from casckpt.catalog.rows import VersionRow
 from casckpt.engine.versions.nodes import StoreNodes
@@ -178,19 +179,24 @@ def movable_tags(source: Catalog, dest: Catalog, version_id: str) -> tuple[tuple
     return tuple(moved), tuple(kept)
 
 
-def _from_source(source: Catalog, there: VersionRow) -> bool:
-    """Whether the destination's version ``there`` is a copy of one of the source's, visible or
-    deleted there: the same id (stores keyed alike), or the same run, step and creation time (a
-    copy across keys; a deleted one by run and step). A source version gc purged is unknown."""
-    if source.version(there.id) is not None or retention_sql.find_deleted(source, prefix=there.id, limit=1):
+def _from_source(source: Catalog, there: VersionRow, *, unknown: bool = False) -> bool:
+    """Whether the destination's version ``there`` is a copy of one of the source's: one the
+    source shows, holds deleted, or purged (its tombstone) by id (stores keyed alike); else by
+    run, step and creation time (a copy across keys), or, deleted there, by run and step.
+    ``unknown``: the answer where the source has nothing at that run and step (a copy across
+    keys of a version the source purged cannot be told from the destination's own)."""
+    if gc_sql.known_manifests(source, [there.id]):
         return True
     mine = source.at_step(there.run, there.step)
     if mine is not None:
         return mine.created_at == there.created_at
-    return bool(retention_sql.find_deleted(source, run=there.run, step=there.step, limit=1))
+    if retention_sql.find_deleted(source, run=there.run, step=there.step, limit=1):
+        return True
+    return unknown
 
 
-def refuse_foreign_run(source: Catalog, dest: Catalog, run: str, checked: set[str]) -> None:
+def refuse_foreign_run(source: Catalog, dest: Catalog, run: str, checked: set[str], *,
+                       keyed_alike: bool = True) -> None:
     """Refuse to add versions to a run the destination has a line of its own in: its latest
     version there is none of the source's, so a copy would make a foreign version the run's
     latest and the parent of its next commit (as git refuses a push that is not a fast-forward).
@@ -202,7 +208,7 @@ def refuse_foreign_run(source: Catalog, dest: Catalog, run: str, checked: set[st
         return
     checked.add(run)
     latest = dest.nth_latest(run, 0)
-    if latest is not None and not _from_source(source, latest):
+    if latest is not None and not _from_source(source, latest, unknown=not keyed_alike):
         raise CopyConflictError(
             f"the destination's run {run!r} is a line of its own (its latest, {run}@{latest.step} "
             f"{latest.id[:12]}, is no copy from this store): copying {run!r} into it would mix the "

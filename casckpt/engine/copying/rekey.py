@@ -92,7 +92,7 @@ def plan(source: Catalog, dest: Catalog, asked: Sequence[VersionRow], *,
                 f"undelete {row.run}@{row.step}`), or let its gc purge it, then copy again")
         there = dest.at_step(row.run, row.step)
         if held is None:
-            refuse_foreign_run(source, dest, row.run, checked)
+            refuse_foreign_run(source, dest, row.run, checked, keyed_alike=False)
         if held is None and there is not None:
             raise CopyConflictError(
                 f"the destination already has another version at {row.run}@{row.step} ({there.id[:12]}, "
