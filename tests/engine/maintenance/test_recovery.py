@@ -497,6 +497,8 @@ REBUILD_LOSES = {
     "`gc_runs`, `leases`, `gc_live`, `tombstones`": "empty (GC history, commits in flight, purged versions)",
     "`audit_log`": "one `catalog.rebuild` row (the trail before the loss went with the old catalog)",
     "`drills`": "empty (the drill history went with the old catalog)",
+    "`mirrors`, `mirror_versions`": "empty (mirrors are not in the records: add them again; their next "
+                                    "run finds what the destinations hold and sends nothing again)",
 }
 
 def _explained(table: str, column: str, old: dict[str, Any], new: dict[str, Any],
