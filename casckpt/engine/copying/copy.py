@@ -99,6 +99,15 @@ class _InFlight:
     checked: int = 0  # ids[:checked] are recorded (each id is looked at once, not per batch)
 
 
+def _sending(flight: _InFlight) -> Redundancy:
+    """The redundancy ``flight`` sends its chunks with (a version the destination shows already
+    has none: it sends nothing)."""
+    if flight.redundancy is None:
+        raise CatalogError(f"a copy tried to send chunks of {flight.version.row.run}@"
+                           f"{flight.version.row.step}, which the destination holds; copy again")
+    return flight.redundancy
+
+
 class _Copy:
     """The versions of a copy through one :class:`Pipeline`, published in order, each as soon
     as every chunk it sent is recorded at the destination."""
@@ -151,11 +160,12 @@ class _Copy:
         flight.lease = begin_lease(self.dest.catalog, row.id)
         flight.manifest = manifests.submit(self.dest.locations.put_everywhere,
                                            objectnames.manifest_name(row.id), flight.version.manifest)
-        assert flight.redundancy is not None
+        redundancy = _sending(flight)
         for expected in flight.batches:
             batch, chunks = pipe.next_batch()
-            assert batch is expected
-            written = pipe.pack(batch, chunks, flight.redundancy)
+            if batch is not expected:  # the pipeline reads batches in the order they were planned
+                raise CatalogError("a copy's batches came back out of order; copy again")
+            written = pipe.pack(batch, chunks, redundancy)
             del chunks  # packed: not held while the next reads run (the read-ahead's bound)
             flight.ids += batch.ids
             flight.raw += written.raw_bytes
@@ -197,7 +207,7 @@ class _Copy:
         held (not covered by the lease: they predate it); returns the chunks sent again."""
         version, sent = flight.version, self.out.sent
         before = (sent.chunks, sent.raw_bytes, sent.stored_bytes)
-        assert flight.redundancy is not None
+        redundancy = _sending(flight)
         for _ in range(_PUBLISH_ATTEMPTS):
             try:
                 _publish(self.dest, version, flight.raw + sent.raw_bytes - before[1],
@@ -206,7 +216,7 @@ class _Copy:
             except MissingChunksError as exc:  # the destination's gc swept chunks it held
                 lost = [bytes.fromhex(h) for h in exc.missing]
                 self.dest.cache.discard(lost)
-                send(self.source, self.dest, version, lost, flight.redundancy, Progress(None, "copy", 0),
+                send(self.source, self.dest, version, lost, redundancy, Progress(None, "copy", 0),
                      sent)
         row = version.row
         raise CatalogError(
