@@ -303,8 +303,10 @@ class Catalog:
         content_rows: list[dict[str, Any]], tag_names: Sequence[str], chunk_ids: Iterable[str],
         node_rows: Sequence[dict[str, Any]] = (), lease: str | None = None, audit: bool = True,
         tree_changes: Sequence[treechanges.Change] | None = None,
-    ) -> None:
+    ) -> bool:
         """Make a version visible: ONE transaction that re-checks every referenced chunk.
+        Returns whether this call published it (False: another writer published the same
+        version first -- a concurrent copy --; nothing but the lease's end was written).
 
         ``tree_changes``: a tree version's rows of :mod:`casckpt.catalog.treechanges` (None:
         not known, none recorded).
@@ -332,16 +334,20 @@ class Catalog:
         """
         ids = list(dict.fromkeys(chunk_ids))
         in_doubt = False  # a try lost its connection while COMMIT was on its way
+        published = False
         interned: dict[str, int] = {}
 
         def publish() -> None:
-            nonlocal in_doubt
+            nonlocal in_doubt, published
             try:
                 with self.write() as conn:
                     if lease is not None:  # rolled back with the rest if publishing fails
                         conn.execute(s.leases.delete().where(s.leases.c.id == lease))
-                    if self._publish(conn, version, run, tensor_rows, content_rows, tag_names, ids,
-                                     node_rows, audit) and tree_changes is not None:
+                    inserted = self._publish(conn, version, run, tensor_rows, content_rows, tag_names,
+                                             ids, node_rows, audit)
+                    # found published: by an earlier try of this call only if its COMMIT was in doubt
+                    published = inserted or in_doubt
+                    if inserted and tree_changes is not None:
                         interned.update(treechanges.insert(conn, version["id"], version.get("parent_id"),
                                                            tree_changes, self.path_ids))
             except CatalogUnavailableError as exc:
@@ -351,6 +357,7 @@ class Catalog:
         try:
             self.retrying(publish)
             self.path_ids.update(interned)  # committed: the ids keep their paths
+            return published
         except CatalogUnavailableError as exc:
             short = version["id"][:12]
             if in_doubt:

@@ -4,10 +4,11 @@ A version listed in ``tree_indexed`` has a row for every tensor path whose leaf 
 reuse from its parent's tree (``versions.parent_id``), and one (dtype and digest NULL) for
 every path its parent had and it lacks; a path without a row is the parent's tensor,
 unchanged. Written in the publishing transaction of a commit
-(:mod:`casckpt.engine.write.treeindex`) or, for versions committed without them, by
-:func:`record` (``casckpt migrate-trees``, catalog rebuilds: whoever can read the trees).
-Rows go with their version (:func:`forget`: gc's purge). Paths are interned in
-``tree_paths``, whose rows are never deleted (so an id read once keeps its path).
+(:mod:`casckpt.engine.write.treeindex`) or of a copy (the source's rows: :func:`recorded`)
+or, for versions committed without them, by :func:`record` (``casckpt migrate-trees``,
+catalog rebuilds: whoever can read the trees). Rows go with their version (:func:`forget`:
+gc's purge). Paths are interned in ``tree_paths``, whose rows are never deleted (so an id
+read once keeps its path).
 
 The catalog holds tensor paths, dtypes, shapes and the (keyed) tensor digests in the clear
 already (docs/SECURITY.md): these rows repeat what the version's tree nodes hold.
@@ -63,6 +64,20 @@ def insert(conn: Connection, version_id: str, base_id: str | None, rows: Sequenc
         f"VALUES ({', '.join([mark] * 7)})",
         [(ids[p], key, d, sh, n, h, c) for p, d, sh, n, h, c in rows])
     return new
+
+
+def recorded(conn: Connection, version_id: str) -> tuple[str | None, list[Change]] | None:
+    """Version ``version_id``'s rows and the version they are against (None: none recorded),
+    as :func:`insert` takes them (a copy carries them to another store)."""
+    i, t, p = s.tree_indexed.c, s.tree_changes.c, s.tree_paths.c
+    found = conn.execute(select(i.key, i.base_id).where(i.version_id == version_id)).first()
+    if found is None:
+        return None
+    rows = conn.execute(select(p.path, t.dtype, t.shape, t.nbytes, t.digest, t.changed_bytes)
+                        .join(s.tree_paths, p.id == t.path_id).where(t.version_key == found[0])
+                        .order_by(p.path))
+    return found[1], [(r[0], r[1], r[2], r[3], bytes(r[4]) if r[4] is not None else None, r[5])
+                      for r in rows]
 
 
 def replace(conn: Connection, rows: Mapping[str, tuple[str | None, Sequence[Change]]],
