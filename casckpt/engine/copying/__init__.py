@@ -10,7 +10,7 @@ ids are keyed differently, each version committed again through the destination'
 pipeline.
 
 May import: ``write`` (chunks are packed by the destination's packer through
-``commitchunks.pack_chunks`` and ``write_chunks``), ``read`` (chunks and tree nodes read from the source,
+``commitchunks.pack_chunks``), ``read`` (chunks and tree nodes read from the source,
 verified), ``context`` and every room below them. Nothing in the engine imports this room;
 the store facade calls it.
 

@@ -3,64 +3,44 @@
 Chunks travel decoded: each is read through the source's verified reader (a delta-coded
 chunk is decoded through its chain there), checked against its id by the destination's
 chunk ids, then encoded and packed by the destination's own pipeline
-(:func:`casckpt.engine.write.commitchunks.write_chunks`: its compression, pack size,
+(:func:`casckpt.engine.write.commitchunks.pack_chunks`: its compression, pack size,
 redundancy and locations; no delta coding, so every copied chunk is a keyframe the
 destination decodes alone). Tree nodes travel as the plan read them (verified then).
 
-A copy sends its chunks through one pipeline across its versions (:mod:`.copypipe`);
-:func:`send` writes a few chunks on their own, a batch of about one pack at a time, each
-stored and recorded before the next is read (what a publish finds swept by the
-destination's gc meanwhile is sent again this way).
+A copy sends its chunks through one pipeline across its versions (:mod:`.copypipe`),
+chunks a publish finds swept by the destination's gc included.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from casckpt.engine.context import EngineContext
 from casckpt.engine.copying.copyplan import VersionPlan
+from casckpt.engine.read.degraded import Shortfall
 from casckpt.engine.read.reader import read_chunks
-from casckpt.engine.write.commitchunks import ChunkBytes, ChunkWrite, Progress, write_chunks
+from casckpt.engine.write.commitchunks import ChunkBytes, ChunkWrite
 from casckpt.errors import CorruptChunkError, MissingDataError
-from casckpt.storage.erasure import Redundancy
 
-__all__ = ["Sent", "batches", "fetch", "send", "sizes_of"]
+__all__ = ["Sent", "batches", "fetch", "sizes_of"]
 
 
 @dataclass(slots=True)
 class Sent:
     """What a copy wrote at the destination: raw and stored bytes of tensor data (tree nodes
     apart, as commits count them), chunks (nodes included), and the packs below their
-    redundancy."""
+    redundancy (found as the pipeline stores them)."""
 
     raw_bytes: int = 0
     stored_bytes: int = 0
     chunks: int = 0
-    degraded: int = 0
+    degraded: list[Shortfall] = field(default_factory=list)
 
     def add(self, written: ChunkWrite, chunks: int) -> None:
         self.raw_bytes += written.raw_bytes
         self.stored_bytes += written.stored_bytes
         self.chunks += chunks
-        self.degraded += len(written.degraded)
-
-
-def send(source: EngineContext, dest: EngineContext, version: VersionPlan, ids: Sequence[bytes],
-         redundancy: Redundancy, bar: Progress, sent: Sent) -> None:
-    """Read ``ids`` (chunks and nodes of ``version``) from ``source``, verify them and write
-    them to ``dest`` with ``redundancy``, a batch of about one pack at a time.
-
-    Raises:
-        MissingDataError: the source lacks a chunk (gc swept it, or its pack is lost).
-        CorruptChunkError: a chunk failed verification on either side.
-        StorageError: the destination could not store a pack.
-    """
-    sizes = sizes_of(source, version, ids)
-    for batch in batches(ids, sizes, max(dest.config.pack_size, dest.config.chunk_size)):
-        chunks = fetch(source, dest, version, batch, sizes)
-        sent.add(write_chunks(dest, chunks, batch, redundancy, None), len(batch))
-        bar.advance(sum(sizes[c] for c in batch))
 
 
 def sizes_of(source: EngineContext, version: VersionPlan, ids: Sequence[bytes]) -> dict[bytes, int]:

@@ -11,7 +11,9 @@ the packer's own bound.
 A pack is recorded in the destination's catalog as its upload lands (resumable: a copy
 killed midway leaves its recorded chunks held there); :meth:`Pipeline.recorded_upto` says when
 every chunk a version sent is recorded, so the copy publishes it then -- not before, and
-without waiting for the packs of the versions after it.
+without waiting for the packs of the versions after it. Chunks a publish finds swept by the
+destination's gc go through the same packers (:meth:`Pipeline.resend`), which then store
+what they hold at once: the publish waits for those chunks alone.
 """
 
 from __future__ import annotations
@@ -110,16 +112,47 @@ class Pipeline:
                 end += 1
             return end
 
+    def resend(self, version: VersionPlan, ids: Sequence[bytes], redundancy: Redundancy, sent: Sent) -> int:
+        """Read ``ids`` (chunks of ``version`` the destination's gc swept after they were found
+        held) on this thread, pack them with the copy's packer for ``redundancy`` and wait until
+        they are stored and recorded (the packer's open pack is stored then, with whatever of
+        the next versions it holds); counted in ``sent``.
+
+        Raises:
+            MissingDataError, CorruptChunkError: a chunk could not be read whole from the source.
+            StorageError, CatalogError: a pack could not be stored or recorded.
+        """
+        read = 0
+        for batch in plan_batches(self._source, self._dest, version, ids):
+            chunks = fetch(self._source, self._dest, version, batch.ids, batch.sizes)
+            sent.add(self.pack(batch, chunks, redundancy), len(batch.ids))
+            read += sum(batch.sizes.values())
+            del chunks
+        self._store(redundancy, sent)
+        return read
+
     def finish(self, sent: Sent) -> None:
         """Wait until every pack is stored and recorded; counts the degraded ones in ``sent``.
+        A :meth:`resend` may follow (a publish after the last batch).
 
         Raises the first storage or catalog error of any pack.
         """
         self._readers.shutdown()
-        for packer in self._packers.values():
+        for redundancy in list(self._packers):
+            self._store(redundancy, sent)
+
+    def _store(self, redundancy: Redundancy, sent: Sent) -> None:
+        """Finish the packer for ``redundancy`` (its open pack stored too) and wait until its
+        packs are recorded; counts in ``sent`` those below their redundancy. The next chunk
+        of that redundancy starts a packer of its own."""
+        packer = self._packers.pop(redundancy)
+        try:
             packs = packer.finish()
-            stored = (p.layout for p in packs if p.layout.tier is None)
-            sent.degraded += len(list(shortfalls(self._dest, stored)))
+        except BaseException:
+            packer.abort()
+            raise
+        stored = (p.layout for p in packs if p.layout.tier is None)
+        sent.degraded += shortfalls(self._dest, stored)
 
     def abort(self) -> None:
         """After a failure: stop reading ahead, drop what is not stored (see
