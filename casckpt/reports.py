@@ -469,6 +469,11 @@ class CopyReport(ToDict):
             its own (not copies from the source): left there, never taken over.
         dry_run: nothing was written.
         seconds: wall time.
+        degraded_packs: packs this copy stored at the destination below their redundancy (a
+            location there refused shards, or too few failure domains), as a degraded commit
+            is (``Version.degraded``; a WARNING names the locations): the versions are copied
+            and readable; ``casckpt repair`` on the destination restores the redundancy. A copy
+            across keys commits each version there: those commits log their own WARNING.
     """
 
     versions: tuple[CopiedVersion, ...] = ()
@@ -479,6 +484,7 @@ class CopyReport(ToDict):
     tags_kept: tuple[str, ...] = ()
     dry_run: bool = False
     seconds: float = 0.0
+    degraded_packs: int = 0
 
     @property
     def nothing_sent(self) -> bool:

@@ -46,7 +46,7 @@ def copy_versions(source: StoreCore, dest: StoreCore, refs: Sequence[Ref], *, dr
     out = copy_engine.execute(source.ctx, dest.ctx, plan, progress, source_lease=source.read_only is None)
     return CopyReport(tuple(out.versions), out.sent.chunks, sum(v.bytes for v in out.versions),
                       out.sent.stored_bytes, tuple(out.tags), _kept(plan.versions),
-                      seconds=time.monotonic() - started)
+                      seconds=time.monotonic() - started, degraded_packs=len(out.sent.degraded))
 
 
 def _kept(versions: Iterable[Any]) -> tuple[str, ...]:

@@ -125,6 +125,11 @@ def copy_view(report: CopyReport, to: str) -> list[RenderableType]:
     if report.tags_kept:
         summary += (f" Tags left on the destination's own versions: {', '.join(report.tags_kept)} "
                     "(move them there with `casckpt tag` if the copies should have them).")
+    if report.degraded_packs:
+        summary += (f" DEGRADED: {report.degraded_packs} pack(s) stored below their redundancy at {to} "
+                    "(the warning above says why; `casckpt check` there lists them). The copied versions "
+                    "are readable; `casckpt repair` there restores the redundancy once its locations "
+                    "are back.")
     return [table, summary]
 
 

@@ -24,21 +24,23 @@ them otherwise), and leases gc reaps as crashed, tombstoning the unpublished man
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from casckpt.catalog import MissingChunksError
+from casckpt.catalog import MissingChunksError, treechanges
 from casckpt.catalog import history as history_sql
 from casckpt.catalog import nodes as node_sql
 from casckpt.catalog.leases import begin_lease, release_lease
 from casckpt.catalog.rows import version as version_of
 from casckpt.engine.context import EngineContext
-from casckpt.engine.copying.copychunks import Sent, send
+from casckpt.engine.copying.copychunks import Sent
 from casckpt.engine.copying.copypipe import Batch, Pipeline, plan_batches
 from casckpt.engine.copying.copyplan import CopyPlan, VersionPlan
+from casckpt.engine.read.degraded import summary
 from casckpt.engine.versions import records
 from casckpt.engine.write.commitchunks import Progress
 from casckpt.errors import CatalogError, RunExistsError
@@ -48,6 +50,8 @@ from casckpt.storage.erasure import Redundancy
 from casckpt.types import CopiedVersion, ProgressCallback
 
 __all__ = ["Outcome", "execute", "fork_run", "set_tags"]
+
+log = logging.getLogger(__name__)
 
 _PUBLISH_ATTEMPTS = 3
 
@@ -79,13 +83,30 @@ def execute(source: EngineContext, dest: EngineContext, plan: CopyPlan,
     finally:
         if lease is not None:
             release_lease(source.catalog, lease, "copy (source side)")
+    if out.sent.degraded:
+        _warn_degraded(out)
     return out
+
+
+def _warn_degraded(out: Outcome) -> None:
+    """One WARNING for a copy some of whose packs are below their redundancy (as a degraded
+    commit logs one), naming the locations that refused shards and what brings it back."""
+    found = out.sent.degraded
+    refused = sorted({name for s in found for name in s.refused})
+    todo = (f"location(s) {', '.join(refused)} refused shards: run `casckpt repair` on the destination "
+            "once they are back, or mark them failed (`casckpt location fail`), add others "
+            "(`casckpt location add`) and repair" if refused else
+            "add a location in another failure domain there (`casckpt location add`), then `casckpt repair`")
+    log.warning("copy: %d pack(s) stored at the destination are below their redundancy (%s). The "
+                "copied versions are published and readable; %s", len(found), summary(found), todo)
 
 
 @dataclass(slots=True)
 class _InFlight:
     """A version of the copy not published yet: its destination lease (None: the destination
-    shows it already), its manifest upload, the chunks it sent and their bytes."""
+    shows it already), its manifest upload, the chunks it sent (``ids``, then ``resent`` more
+    after the destination's gc swept them), their raw bytes (``bytes``; nodes included) and
+    its tensor data's raw and stored bytes (``raw``, ``stored``)."""
 
     version: VersionPlan
     lease: str | None
@@ -93,6 +114,8 @@ class _InFlight:
     manifest: Future[int] | None = None
     batches: list[Batch] = field(default_factory=list)
     ids: list[bytes] = field(default_factory=list)
+    resent: int = 0
+    bytes: int = 0
     raw: int = 0
     stored: int = 0
     fed: bool = False  # every batch given to the pipeline
@@ -168,6 +191,7 @@ class _Copy:
             written = pipe.pack(batch, chunks, redundancy)
             del chunks  # packed: not held while the next reads run (the read-ahead's bound)
             flight.ids += batch.ids
+            flight.bytes += sum(batch.sizes.values())
             flight.raw += written.raw_bytes
             flight.stored += written.stored_bytes
             self.out.sent.add(written, len(batch.ids))
@@ -183,41 +207,43 @@ class _Copy:
             head.checked = pipe.recorded_upto(head.ids, head.checked)
             if head.checked < len(head.ids):
                 return
-            self._publish_one(self.queue.popleft())
+            self._publish_one(pipe, self.queue.popleft())
 
-    def _publish_one(self, flight: _InFlight) -> None:
+    def _publish_one(self, pipe: Pipeline, flight: _InFlight) -> None:
         version, row = flight.version, flight.version.row
-        chunks = 0
+        published = False  # by this copy (not: the destination showed it, or another copy won)
         if flight.lease is not None:
             try:
                 fork_run(self.dest, row.run, history_sql.fork_point(self.source.catalog, row.run))
                 if flight.manifest is not None:
                     flight.manifest.result()
-                chunks = len(flight.ids) + self._publish_retrying(flight, flight.lease)
+                published = self._publish_retrying(pipe, flight, flight.lease)
             except BaseException:
                 release_lease(self.dest.catalog, flight.lease, f"copy of {row.run}@{row.step}")
                 raise
-        self.out.tags += set_tags(self.dest, row.id, version.tags, published=not version.present)
+        self.out.tags += set_tags(self.dest, row.id, version.tags, published=published)
         self.out.versions.append(CopiedVersion(
-            row.id, row.id, row.run, row.step, version.asked, not version.present, chunks,
-            0 if version.present else version.send_bytes))
+            row.id, row.id, row.run, row.step, version.asked, published, len(flight.ids) + flight.resent,
+            flight.bytes))
 
-    def _publish_retrying(self, flight: _InFlight, lease: str) -> int:
-        """Publish ``flight``, sending again what the destination's gc swept of the chunks it
-        held (not covered by the lease: they predate it); returns the chunks sent again."""
+    def _publish_retrying(self, pipe: Pipeline, flight: _InFlight, lease: str) -> bool:
+        """Publish ``flight``, sending again through ``pipe`` what the destination's gc swept of
+        the chunks it held (not covered by the lease: they predate it); False: another copy
+        published it first (what this one sent for it stays counted: it was stored)."""
         version, sent = flight.version, self.out.sent
-        before = (sent.chunks, sent.raw_bytes, sent.stored_bytes)
         redundancy = _sending(flight)
         for _ in range(_PUBLISH_ATTEMPTS):
             try:
-                _publish(self.dest, version, flight.raw + sent.raw_bytes - before[1],
-                         flight.stored + sent.stored_bytes - before[2], lease)
-                return sent.chunks - before[0]
+                return _publish(self.dest, version, flight.raw, flight.stored, lease,
+                                tree_changes_of(self.source, version))
             except MissingChunksError as exc:  # the destination's gc swept chunks it held
                 lost = [bytes.fromhex(h) for h in exc.missing]
                 self.dest.cache.discard(lost)
-                send(self.source, self.dest, version, lost, redundancy, Progress(None, "copy", 0),
-                     sent)
+                raw, stored = sent.raw_bytes, sent.stored_bytes
+                flight.bytes += pipe.resend(version, lost, redundancy, sent)
+                flight.raw += sent.raw_bytes - raw
+                flight.stored += sent.stored_bytes - stored
+                flight.resent += len(lost)
         row = version.row
         raise CatalogError(
             f"could not publish version {row.id[:12]} ({row.run}@{row.step}) at the destination: its "
@@ -239,21 +265,36 @@ def fork_run(dest: EngineContext, run: str, point: str | None) -> None:
     records.record_run(dest.locations, dest.catalog, run)
 
 
-def _publish(dest: EngineContext, version: VersionPlan, raw: int, stored: int, lease: str) -> None:
-    """ONE transaction: the version row, its new tree node rows and tags; ``lease`` ends."""
+def tree_changes_of(source: EngineContext, version: VersionPlan) -> list[treechanges.Change] | None:
+    """The ``tree_changes`` rows the source records for ``version`` against its parent, which
+    the destination records with it as a commit does (None: the source has none against its
+    parent: the destination computes them from the trees when asked, as the source would)."""
+    if version.root is None:
+        return None
+    with source.catalog.read() as conn:
+        found = treechanges.recorded(conn, version.row.id)
+    return found[1] if found is not None and found[0] == version.row.parent_id else None
+
+
+def _publish(dest: EngineContext, version: VersionPlan, raw: int, stored: int, lease: str,
+             changes: list[treechanges.Change] | None) -> bool:
+    """ONE transaction: the version row, its new tree node rows, ``tree_changes`` rows and
+    tags; ``lease`` ends. False: another copy published the version first (this one wrote
+    nothing of it here)."""
     row = version.row
     value = version_of(row)
     have = node_sql.tree_node_ids(dest.catalog, [i.hex() for i in version.nodes])
     nodes = [{"id": i.hex(), "body": compress_node(raw_node)}
              for i, raw_node in version.nodes.items() if i.hex() not in have]
-    dest.catalog.add_version({
+    return dest.catalog.add_version({
         "id": row.id, "step": row.step, "parent_id": row.parent_id, "state": "visible",
         "created_at": row.created_at, "committed_at": time.time(), "logical_bytes": row.logical_bytes,
         "new_bytes": raw, "stored_bytes": stored, "duration_s": row.duration_s, "stall_s": row.stall_s,
         "meta": value.metadata, "metrics": value.metrics, "message": row.message,
         "manifest": version.manifest, "durability": "durable",
         "tree_root": version.root.hex() if version.root is not None else None,
-    }, row.run, [], [], version.tags, [c.hex() for c in version.ids], nodes, lease=lease)
+    }, row.run, [], [], version.tags, [c.hex() for c in version.ids], nodes, lease=lease,
+        tree_changes=changes)
 
 
 def set_tags(dest: EngineContext, version_id: str, tags: Sequence[str], *, published: bool) -> list[str]:

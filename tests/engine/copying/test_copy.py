@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 import casckpt
-from casckpt.catalog import schema
+from casckpt.catalog import schema, treechanges
 from casckpt.engine.copying import copypipe
 from casckpt.errors import (
     CopyConflictError,
@@ -584,3 +585,64 @@ def test_any_run_copied_restores_as_committed(tmp_path: Path, states: list[dict[
         with casckpt.open(root / "dst", create=False) as dst:
             for step, value in enumerate(states):
                 assert _equal(dst.restore(f"p@{step}"), value)
+
+
+def test_two_copies_at_once_report_each_version_sent_by_one_of_them(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both copies planned every version missing and both sent its chunks; the one whose
+    publish came second reported the version sent too (and its bytes), though the other
+    copy had published it."""
+    with casckpt.open(tmp_path / "src", **OPTS) as src:
+        commit_run(src, range(1, 4))
+    from casckpt.engine.copying import copy as copy_engine
+
+    real = copy_engine._publish
+    both_there = threading.Barrier(2, timeout=60)
+
+    def publish_together(*args: Any, **kwargs: Any) -> Any:
+        both_there.wait()  # each version: both copies sent its chunks and are about to publish it
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(copy_engine, "_publish", publish_together)
+    casckpt.open(tmp_path / "dst", **OPTS).close()
+    reports: list[casckpt.CopyReport] = []
+
+    def one_copy() -> None:
+        with casckpt.open(tmp_path / "src", create=False, **OPTS) as s, \
+                casckpt.open(tmp_path / "dst", create=False, **OPTS) as d:
+            reports.append(s.copy("ft@3", to=d))
+
+    threads = [threading.Thread(target=one_copy) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(reports) == 2
+    for step in (1, 2, 3):
+        assert sorted(v.sent for r in reports for v in r.versions if v.step == step) == [False, True]
+    for r in reports:  # what each stored is counted, whichever published the version
+        assert r.bytes == sum(v.bytes for v in r.versions) and r.chunks == sum(v.chunks for v in r.versions)
+    with casckpt.open(tmp_path / "src", create=False, **OPTS) as src, \
+            casckpt.open(tmp_path / "dst", create=False, **OPTS) as dst:
+        assert sorted(v.step for v in dst.log("ft")) == [1, 2, 3]
+        assert src.copy("ft@3", to=dst).nothing_sent
+        assert dst.ops.check(read_data=True).ok
+        assert_same(dst.restore("ft@3"), 3)
+
+
+def _tree_changes(store: casckpt.Store, version_id: str) -> Any:
+    with internals(store).catalog.read() as conn:
+        return treechanges.recorded(conn, version_id)
+
+
+def test_copied_versions_carry_their_tree_changes_rows(src: casckpt.Store, dst: casckpt.Store) -> None:
+    """A copy's publish wrote no ``tree_changes`` rows: tensor history at the destination read
+    every copied version's tree instead of the rows a commit records."""
+    made = commit_run(src, range(1, 4))
+    src.copy("ft@3", to=dst)
+    for version in made:
+        rows = _tree_changes(src, version.id)
+        assert rows is not None and rows[0] == version.parent
+        assert _tree_changes(dst, version.id) == rows, version.step
+    assert [(e.version.id, e.change) for e in dst.history("ft", "head")] == \
+        [(e.version.id, e.change) for e in src.history("ft", "head")]
