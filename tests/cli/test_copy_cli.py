@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,15 @@ def test_the_sources_key_in_the_environment_is_not_the_destinations(
     with casckpt.open(dst, create=False) as plain:  # plain: opens without any key
         assert torch.equal(plain.restore("r@1")["w"], torch.arange(4096.0))
         assert plain.resolve("r@1").id != made.id  # re-keyed into the plain store: another id
+
+
+def test_copy_shows_packs_it_stored_below_their_redundancy(tmp_path: Path) -> None:
+    _fill(tmp_path / "src")
+    dst = tmp_path / "dst"
+    casckpt.open(dst, blobs=[str(tmp_path / f"disk{i}") for i in range(6)], redundancy="ec:4+2").close()
+    shutil.rmtree(tmp_path / "disk2")
+    table = cli("--store", str(tmp_path / "src"), "copy", "r@1", "--to", str(dst))
+    assert table.exit_code == 0, table.output
+    assert "DEGRADED" in table.stdout and "casckpt repair" in table.stdout
+    doc = json.loads(cli("--store", str(tmp_path / "src"), "copy", "r@2", "--to", str(dst), "--json").stdout)
+    assert doc["degraded_packs"] > 0 and [v["sent"] for v in doc["versions"]] == [True]

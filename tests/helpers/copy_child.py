@@ -11,7 +11,9 @@ wrapped one step of the copy so that the process SIGKILLs itself on the N-th cal
   (on an upload thread, while the copy reads and packs the next ones);
 - ``manifest``: after a version's manifest object was written, before it is published;
 - ``recommit``: a copy across keys (DEST_KEY_FILE given), after a version's chunks were
-  written at the destination, before the commit publishes it.
+  written at the destination, before the commit publishes it;
+- ``tag``: after a version was published with a tag, before the tag's record object is
+  written on the destination's locations.
 
 If that call never happens the process exits with status 3, so a test whose kill point is
 not reached fails instead of passing vacuously.
@@ -27,6 +29,7 @@ from typing import Any
 import casckpt
 from casckpt.engine.copying import copy as copy_engine
 from casckpt.engine.copying import copypipe
+from casckpt.engine.versions import records
 from casckpt.engine.write import commit as commit_engine
 
 CHUNK_SIZE = 4096
@@ -51,6 +54,14 @@ def main(source: str, dest: str, ref: str, point: str, nth: int, key_file: str |
             return done
 
         copypipe.record_pack = record  # type: ignore[assignment]
+    elif point == "tag":
+        real_record_tag = records.record_tag
+
+        def record_tag(*args: Any, **kwargs: Any) -> Any:
+            count()
+            return real_record_tag(*args, **kwargs)
+
+        records.record_tag = record_tag  # type: ignore[assignment]
     elif point == "recommit":
         real_commit_publish = commit_engine.publish
 

@@ -217,6 +217,9 @@ class _Copy:
                 fork_run(self.dest, row.run, history_sql.fork_point(self.source.catalog, row.run))
                 if flight.manifest is not None:
                     flight.manifest.result()
+                for name in version.tags:  # new there: recorded before they are visible (see set_tags)
+                    if self.dest.catalog.tag_target(name) is None:
+                        records.record_tag(self.dest.locations, self.dest.catalog, name, row.id)
                 published = self._publish_retrying(pipe, flight, flight.lease)
             except BaseException:
                 release_lease(self.dest.catalog, flight.lease, f"copy of {row.run}@{row.step}")
@@ -300,12 +303,20 @@ def _publish(dest: EngineContext, version: VersionPlan, raw: int, stored: int, l
 def set_tags(dest: EngineContext, version_id: str, tags: Sequence[str], *, published: bool) -> list[str]:
     """The source's ``tags`` on a copied version set at the destination on ``version_id`` (moved
     there if they named another version; publishing set them already); returns the ones
-    that changed."""
+    that changed, whose record objects are written (again). A tag new at the destination
+    had its record written before the publish too, so a copy killed right after publishing
+    leaves it in place (a record of a version never published is one no check expects and a
+    catalog rebuild skips). The record of a tag already in place is written again where a
+    location lacks it or it names another version (a record a copy killed between the
+    publish and the record left stale, or one a location lost: ``records.tag_recorded``,
+    one read per location)."""
     changed = list(tags) if published else []
     for name in tags:
         if not published and dest.catalog.tag_target(name) != version_id:
             dest.catalog.set_tag(name, version_id)
             changed.append(name)
-    for name in changed:
+    stale = [name for name in tags if name not in changed
+             and not records.tag_recorded(dest.locations, dest.catalog, name, version_id)]
+    for name in changed + stale:
         records.record_tag(dest.locations, dest.catalog, name, version_id)
     return changed

@@ -85,6 +85,22 @@ def record_tag(locations: LocationSet, catalog: Any, name: str, version_id: str)
          {"name": name, "version": version_id})
 
 
+def tag_recorded(locations: LocationSet, catalog: Any, name: str, version_id: str) -> bool:
+    """Whether every active location holds tag ``name``'s record naming ``version_id``: one
+    small read per location, where ``check`` lists them all (a copy asks it of the tags it
+    carries, to write again a record a process killed after its publish left unwritten)."""
+    key = objectnames.ref_name(TAGS, name, catalog.crypto.name_hash)
+    want = {"name": name, "version": version_id}
+    for loc in locations.active():
+        try:
+            doc = parse(loc.blobs.get(key, max_size=MAX_RECORD))
+        except (CasckptError, ValueError, RecursionError):  # missing, unreadable or refused
+            return False
+        if not agrees(key, doc, want):
+            return False
+    return True
+
+
 def _run_doc(row: RunSettings) -> dict[str, Any]:
     return {"name": row.name, "created_at": row.created_at, "parent_version": row.parent_version,
             "retention": row.retention, "redundancy": row.redundancy, "delta_chain": row.delta_chain,

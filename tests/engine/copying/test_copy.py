@@ -8,6 +8,7 @@ source's directory deleted first.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 import threading
@@ -646,3 +647,57 @@ def test_copied_versions_carry_their_tree_changes_rows(src: casckpt.Store, dst: 
         assert _tree_changes(dst, version.id) == rows, version.step
     assert [(e.version.id, e.change) for e in dst.history("ft", "head")] == \
         [(e.version.id, e.change) for e in src.history("ft", "head")]
+
+
+def test_a_copy_killed_right_after_publishing_a_tagged_version_leaves_its_tag_record_written(
+        forked_python: Any, tmp_path: Path) -> None:
+    """Killed between publishing ft@2 (tagged best, new there) and writing refs/tags/best:
+    the record was missing (check failed) and the next copy, finding the tag in place in the
+    catalog, left it missing until a repair."""
+    with casckpt.open(tmp_path / "src", **OPTS) as src:
+        commit_run(src, range(1, 4))
+    # the 1st record of best is written before the publish, the 2nd after: killed there
+    done = forked_python.run([str(CHILD), str(tmp_path / "src"), str(tmp_path / "dst"), "ft@3", "tag", "2"])
+    assert done.returncode == -9, done.stderr
+    with casckpt.open(tmp_path / "dst", create=False, **OPTS) as dst:
+        assert dst.resolve("tag:best").step == 2
+        assert dst.ops.check(read_data=True).ok
+
+
+def test_the_next_copy_writes_again_a_tag_record_missing_or_wrong_on_a_location(
+        src: casckpt.Store, dst: casckpt.Store, tmp_path: Path) -> None:
+    """A tag record lost or left stale (a copy killed between publishing a moved tag and
+    writing its record) stayed so through every later copy, until a repair."""
+    commit_run(src, range(1, 4))
+    src.copy("ft@3", to=dst)
+    (record,) = (tmp_path / "dst" / "refs" / "tags").iterdir()
+    record.write_bytes(b'{"name": "best", "version": "' + b"0" * 64 + b'", "seq": 1, "at": 1.0}')
+    assert not dst.ops.check().ok
+    assert src.copy("ft@2", to=dst).nothing_sent  # carries best: its record is read, found wrong
+    assert dst.ops.check().ok
+    record.unlink()
+    assert src.copy("ft@2", to=dst).tags == ()  # nothing set or moved: the record written again
+    assert dst.ops.check().ok
+
+
+def _spread(root: Path) -> Any:
+    """A destination on six directories, erasure-coded 4+2 (as tests/engine/locations/ have it)."""
+    return casckpt.open(root, blobs=[str(root.parent / f"disk{i}") for i in range(6)], redundancy="ec:4+2",
+                        **OPTS)
+
+
+def test_a_copy_with_a_destination_location_down_reports_its_degraded_packs(
+        src: casckpt.Store, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The pipeline counted packs stored below their redundancy and nothing showed them."""
+    commit_run(src, range(1, 3))
+    with _spread(tmp_path / "dst") as dst:
+        assert src.copy("ft@1", to=dst).degraded_packs == 0
+        shutil.rmtree(tmp_path / "disk1")
+        with caplog.at_level(logging.WARNING, logger="casckpt.engine.copying.copy"):
+            report = src.copy("ft@2", to=dst)
+        assert [(v.step, v.sent) for v in report.versions] == [(2, True)] and report.degraded_packs > 0
+        warning = next(r.getMessage() for r in caplog.records if "below their redundancy" in r.getMessage())
+        assert "loc1" in warning and "casckpt repair" in warning
+        assert_same(dst.restore("ft@2"), 2)  # readable, as the report says
+        (tmp_path / "disk1").mkdir()
+        assert dst.ops.repair().ok and dst.ops.check(read_data=True).ok
