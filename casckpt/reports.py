@@ -437,8 +437,11 @@ class CopiedVersion(ToDict):
         run, step: where it is, on both sides.
         asked: a ref of the copy named it (else it is an ancestor its lineage needed).
         sent: it was published at the destination by this copy (False: the destination held
-            it already; a dry run: it would be).
-        chunks: chunks and tree nodes sent for it (a dry run: that would be).
+            it already, or another copy running at the same time published it first; a dry
+            run: it would be).
+        chunks: chunks and tree nodes this copy sent for it, read from the source and stored
+            at the destination (also when another copy published it first; a dry run: that
+            would be).
         bytes: their raw bytes (a dry run across keys: the version's logical bytes, all of
             which are read).
     """
