@@ -702,3 +702,31 @@ def test_a_copy_with_a_destination_location_down_reports_its_degraded_packs(
         assert_same(dst.restore("ft@2"), 2)  # readable, as the report says
         (tmp_path / "disk1").mkdir()
         assert dst.ops.repair().ok and dst.ops.check(read_data=True).ok
+
+
+def test_chunks_the_destinations_gc_swept_after_they_were_found_held_are_sent_again_and_counted(
+        src: casckpt.Store, dst: casckpt.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ft@2 shares its frozen chunks with ft@1, deleted at the destination: found held there
+    when the copy starts, swept by its gc before the publish, so sent again (through the
+    copy's pipeline) -- and the report left them out of its bytes."""
+    from casckpt.engine.copying import copy as copy_engine
+
+    commit_run(src, range(1, 3))
+    src.copy("ft@1", to=dst)
+    dst.delete("ft@1")
+    real = copy_engine.plan_batches
+    swept: list[int] = []
+
+    def plan_then_sweep(*args: Any, **kwargs: Any) -> Any:
+        planned = real(*args, **kwargs)  # the chunks held are left out already
+        if not swept:
+            swept.append(dst.gc(grace=0).versions_purged + dst.gc(grace=0).versions_purged)
+        return planned
+
+    monkeypatch.setattr(copy_engine, "plan_batches", plan_then_sweep)
+    plan = src.copy("ft@2", to=dst, dry_run=True)
+    report = src.copy("ft@2", to=dst)
+    assert swept == [1] and [(v.step, v.sent) for v in report.versions] == [(2, True)]
+    assert report.chunks > plan.chunks and report.bytes > plan.bytes  # what was sent again, counted
+    assert report.versions[0].bytes == report.bytes
+    assert_same(dst.restore("ft@2"), 2)
