@@ -43,6 +43,7 @@ from casckpt.errors import (
     CasckptError,
     InvalidArgumentError,
     MirrorDestinationError,
+    MirrorsFailedError,
     NotAStoreError,
     RefNotFoundError,
 )
@@ -206,19 +207,25 @@ class Mirrors:
     def push_all(self, *, dry_run: bool = False,
                  progress: ProgressCallback | None = None) -> builtins.list[MirrorReport]:
         """Run every mirror, by name (see :meth:`push`); a destination that cannot be opened is
-        recorded and the other mirrors still run, then the first such error is raised.
+        recorded and the other mirrors still run.
+
+        Returns:
+            Every mirror's report, by name.
 
         Raises:
-            MirrorDestinationError: a destination could not be opened (after the others ran).
+            MirrorsFailedError: a destination or more could not be opened (a
+                MirrorDestinationError): it carries the reports of the mirrors that ran
+                (``reports``) and each error (``errors``, by mirror name).
         """
-        reports, errors = [], []
+        reports: builtins.list[MirrorReport] = []
+        errors: dict[str, MirrorDestinationError] = {}
         for row in mirror_sql.mirrors(self._core.catalog):
             try:
                 reports.append(self._run(row, dry_run, progress, None))
             except MirrorDestinationError as exc:
-                errors.append(exc)
+                errors[row.name] = exc
         if errors:
-            raise errors[0]
+            raise MirrorsFailedError(reports, errors)
         return reports
 
     def _run(self, row: MirrorRow, dry_run: bool, progress: ProgressCallback | None,
@@ -240,6 +247,10 @@ class Mirrors:
         chosen = self._chosen(row, selection)
         if not dry_run:
             mirror_sql.run_started(self._core.catalog, row.name, row.created_at)
+            # a failure matters while its version is selected (a failed one is not at the
+            # destination): one no longer selected (untagged, deleted here) leaves the status
+            mirror_sql.unselect_failures(self._core.catalog, row.name, row.created_at,
+                                         {v.id for v, _ in chosen})
         error: str | None = None
         try:
             dest = self._open(row, create=not dry_run)
@@ -263,7 +274,7 @@ class Mirrors:
                 mirror_sql.run_finished(self._core.catalog, row.name, row.created_at, error)
         return MirrorReport(row.name, redact_url(row.destination), tuple(versions),
                             sum(v.chunks for v in versions), sum(v.bytes for v in versions), tuple(tags),
-                            dry_run, time.monotonic() - started)
+                            dry_run, time.monotonic() - started, tuple(sorted(set(sending.stale_tags))))
 
     def _chosen(self, row: MirrorRow, selection: MirrorSelection,
                 ) -> builtins.list[tuple[Version, tuple[str, ...]]]:
@@ -461,6 +472,7 @@ class _Sending:
         self.dry_run, self.progress, self.stopping = dry_run, progress, stopping
         self.versions: dict[str, Version] = {}
         self.before: dict[str, VersionOutcome] = {}
+        self.stale_tags: list[str] = []
 
     def _stop(self) -> bool:
         return self.stopping is not None and self.stopping()
@@ -517,15 +529,34 @@ class _Sending:
         rest = []
         for version, reasons in chosen:
             outcome = self.before.get(version.id)
-            if outcome is not None and self._deleted_there(outcome.dest_id or outcome.version_id):
+            dest_id = (outcome.dest_id or outcome.version_id) if outcome is not None else ""
+            if outcome is not None and self._deleted_there(dest_id):
+                stale = self._stale_tags(version, dest_id)
                 gone.append(MirroredVersion(version.id, outcome.dest_id or "", version.run, version.step,
-                                            "gone", reasons=(*reasons, "deleted at the destination")))
+                                            "gone", reasons=(*reasons, "deleted at the destination", *stale)))
                 if outcome.state != "gone" and not self.dry_run:
                     mirror_sql.record(self.core.catalog, self.name, self.row.created_at, [outcome._replace(
                         state="gone", chunks=0, bytes=0, at=time.time())])
             else:
                 rest.append((version, reasons))
         return gone, rest
+
+    def _stale_tags(self, version: Version, dest_id: str) -> list[str]:
+        """Why each tag of ``version`` here (gone at the destination: no copy moves them) that
+        points at another version there is left there (recorded in ``stale_tags``)."""
+        out = []
+        for tag in version.tags:
+            try:
+                there = self.dest.resolve(f"tag:{tag}")
+            except RefNotFoundError:  # not there: no tag there names a wrong version
+                continue
+            if there.id != dest_id:
+                self.stale_tags.append(tag)
+                out.append(f"tag {tag} not moved there: it still points at {there.run}@{there.step}")
+                log.warning("mirror %s: tag %s names %s@%d here, gone at the destination, where it still "
+                            "points at %s@%d: undelete the version there, or tag another there", self.name,
+                            tag, version.run, version.step, there.run, there.step)
+        return out
 
     def _undelete_there(self, chosen: Sequence[tuple[Version, tuple[str, ...]]]) -> None:
         """Undelete at the destination each chosen version this mirror deleted there (state
@@ -588,7 +619,8 @@ class _Sending:
                                error=error)
 
     def propagate_deletions(self) -> list[MirroredVersion]:
-        """Delete at the destination each version this mirror sent that is deleted here."""
+        """Delete at the destination each version this mirror sent that is deleted here (a dry
+        run deletes nothing and says ``would delete``)."""
         out = []
         for sent in mirror_sql.outcomes(self.core.catalog, self.name, "sent"):
             if self._stop():
@@ -606,6 +638,7 @@ class _Sending:
                     pass
                 mirror_sql.record(self.core.catalog, self.name, self.row.created_at, [sent._replace(
                     state="deleted", chunks=0, bytes=0, at=time.time())])
-            out.append(MirroredVersion(sent.version_id, sent.dest_id or "", sent.run, sent.step, "deleted",
+            out.append(MirroredVersion(sent.version_id, sent.dest_id or "", sent.run, sent.step,
+                                       "would delete" if self.dry_run else "deleted",
                                        reasons=("deleted at the source",)))
         return out
