@@ -69,7 +69,10 @@ def _by_step(versions: list[MirroredVersion]) -> list[MirroredVersion]:
 
 
 class Sending:
-    """One mirror run's copies into its destination, each outcome recorded as it is known."""
+    """One mirror run's copies into its destination, each outcome recorded as it is known (none
+    by a dry run). Call :meth:`send`, then, for a mirror that propagates deletions,
+    :meth:`propagate_deletions`; ``stale_tags`` then lists the tags :meth:`send` could not move
+    there (their version is ``gone`` there). One run's, on the thread of that run."""
 
     def __init__(self, core: StoreCore, row: MirrorRow, source: MirrorEnd, dest: MirrorEnd, dry_run: bool,
                  progress: ProgressCallback | None, stopping: Callable[[], bool] | None) -> None:
