@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 _LISTED = 10
 """How many names a "not found" message lists before it says how many more there are."""
@@ -424,3 +425,22 @@ class MirrorDestinationError(CasckptError):
     """A mirror's destination store could not be opened (unreachable, not a store, a wrong
     key). The run is recorded as failed on the mirror (``casckpt mirror status``); the message
     says what to check."""
+
+
+class MirrorsFailedError(MirrorDestinationError):
+    """``store.mirrors.push_all``: the destinations of some mirrors could not be opened; every
+    other mirror ran. A :class:`MirrorDestinationError` (what ``push_all`` raised before), that
+    carries what the caller would otherwise lose.
+
+    Attributes:
+        reports: the report (a :class:`casckpt.types.MirrorReport`) of each mirror that ran, by name.
+        errors: the name of each mirror that could not run -> its MirrorDestinationError, by name.
+    """
+
+    def __init__(self, reports: Sequence[Any], errors: Mapping[str, MirrorDestinationError]) -> None:
+        self.reports = tuple(reports)
+        self.errors = dict(sorted(errors.items()))
+        total = len(self.reports) + len(self.errors)
+        super().__init__(
+            f"{len(self.errors)} of {total} mirrors could not run (their destinations could not be "
+            f"opened; the others ran): " + "; ".join(str(e) for e in self.errors.values()))

@@ -145,7 +145,9 @@ class MirrorInfo(ToDict):
             nothing did.
         versions_sent: versions the destination holds through it.
         bytes_sent: raw bytes it sent.
-        failed: the versions whose copy failed at their last attempt, with why.
+        failed: the versions whose copy failed at their last attempt, with why, that still
+            matter: selected at the mirror's last run (a failure no longer selected -- untagged,
+            deleted here -- is recorded ``unselected`` by the next run and not shown).
     """
 
     name: str
@@ -172,9 +174,10 @@ class MirroredVersion(ToDict):
         run, step: where it is.
         status: ``sent`` (published there by this run), ``present`` (the destination held it),
             ``would send`` (a dry run), ``failed`` (``error`` says why), ``deleted`` (deleted here,
-            and there as the mirror asks), ``gone`` (the destination held it through this
-            mirror, and no longer shows it: deleted there since, by its retention or by hand,
-            or purged by its gc; it is not sent again, and checked again at each run).
+            and there as the mirror asks; ``would delete``: a dry run's), ``gone`` (the
+            destination held it through this mirror, and no longer shows it: deleted there since,
+            by its retention or by hand, or purged by its gc; it is not sent again, and checked
+            again at each run).
         chunks, bytes: chunks and raw bytes sent for it (with its missing ancestors).
         reasons: why the selection picked it.
     """
@@ -201,6 +204,9 @@ class MirrorReport(ToDict):
         tags: tags set or moved at the destination.
         dry_run: nothing was written, here or there.
         seconds: wall time.
+        stale_tags: tags here on a version ``gone`` at the destination that there still point
+            at another version: no run can move them (it does not send the version again);
+            undelete the version there (the next run moves them) or tag another one there.
     """
 
     mirror: str
@@ -211,6 +217,7 @@ class MirrorReport(ToDict):
     tags: tuple[str, ...] = ()
     dry_run: bool = False
     seconds: float = 0.0
+    stale_tags: tuple[str, ...] = ()
 
     @property
     def failed(self) -> tuple[MirroredVersion, ...]:
@@ -219,6 +226,7 @@ class MirrorReport(ToDict):
 
     @property
     def nothing_sent(self) -> bool:
-        """Nothing sent, nothing failed: the destination held every selected version (or
-        deleted it since, ``gone``)."""
-        return all(v.status in ("present", "gone") for v in self.versions) and not self.tags
+        """Nothing sent, nothing failed, no tag left behind: the destination held every
+        selected version (or deleted it since, ``gone``)."""
+        return (all(v.status in ("present", "gone") for v in self.versions)
+                and not self.tags and not self.stale_tags)

@@ -17,34 +17,35 @@ own retention and gc apply there (a version it deleted is ``gone``, not sent aga
 destination of another store identity, wiped or replaced, gets every version again); a
 mirror deletes nothing there unless it was added with ``propagate_deletions``, and then
 only versions it sent (not those the destination held already) that are deleted here.
+
+This module holds the mirrors' definitions and runs; :mod:`casckpt.mirror_sending` one run's
+copies into the destination, :mod:`casckpt.mirror_worker` the background thread.
 """
 
 from __future__ import annotations
 
 import builtins
-import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
-from typing import Any, Protocol
+from typing import Any
 
 from casckpt import config as cfg
 from casckpt.catalog import mirrors as mirror_sql
 from casckpt.catalog.grants import missing_of
 from casckpt.catalog.locks import mirror_lock
-from casckpt.catalog.mirrors import MirrorRow, VersionOutcome
+from casckpt.catalog.mirrors import MirrorRow
 from casckpt.engine.versions.validate import check_name
 from casckpt.errors import (
     AccessDeniedError,
     CasckptError,
     InvalidArgumentError,
     MirrorDestinationError,
+    MirrorsFailedError,
     NotAStoreError,
-    RefNotFoundError,
 )
 from casckpt.mirror_rules import (
     MirroredVersion,
@@ -55,27 +56,13 @@ from casckpt.mirror_rules import (
     make_selection,
     selection_from_json,
 )
+from casckpt.mirror_sending import MirrorEnd, Sending, Slot
+from casckpt.mirror_worker import MirrorWorker
 from casckpt.storage import redact_url
 from casckpt.store_core import StoreCore
-from casckpt.types import CopiedVersion, CopyReport, ProgressCallback, RunInfo, Version
+from casckpt.types import ProgressCallback, Version
 
 log = logging.getLogger(__name__)
-
-
-class MirrorEnd(Protocol):
-    """What a mirror reads and writes of a store (:class:`casckpt.Store` is one)."""
-
-    def copy(self, refs: Any, to: Any, *, dry_run: bool = ..., progress: ProgressCallback | None = ...,
-             lineage: bool = ...) -> CopyReport: ...
-    def log(self, run: str | None = ..., *, limit: int | None = ..., order: str = ...) -> list[Version]: ...
-    def runs(self) -> list[RunInfo]: ...
-    @property
-    def _core(self) -> StoreCore: ...
-    def resolve(self, ref: Any) -> Version: ...
-    def delete(self, ref: Any, reason: str = ...) -> Version: ...
-    def undelete(self, ref: Any) -> Version: ...
-    def close(self) -> None: ...
-
 
 Opener = Callable[[str, "str | None", bool], MirrorEnd]
 """``(destination, key file, create) -> the destination store, open`` (``casckpt.open``'s way)."""
@@ -206,19 +193,25 @@ class Mirrors:
     def push_all(self, *, dry_run: bool = False,
                  progress: ProgressCallback | None = None) -> builtins.list[MirrorReport]:
         """Run every mirror, by name (see :meth:`push`); a destination that cannot be opened is
-        recorded and the other mirrors still run, then the first such error is raised.
+        recorded and the other mirrors still run.
+
+        Returns:
+            Every mirror's report, by name.
 
         Raises:
-            MirrorDestinationError: a destination could not be opened (after the others ran).
+            MirrorsFailedError: a destination or more could not be opened (a
+                MirrorDestinationError): it carries the reports of the mirrors that ran
+                (``reports``) and each error (``errors``, by mirror name).
         """
-        reports, errors = [], []
+        reports: builtins.list[MirrorReport] = []
+        errors: dict[str, MirrorDestinationError] = {}
         for row in mirror_sql.mirrors(self._core.catalog):
             try:
                 reports.append(self._run(row, dry_run, progress, None))
             except MirrorDestinationError as exc:
-                errors.append(exc)
+                errors[row.name] = exc
         if errors:
-            raise errors[0]
+            raise MirrorsFailedError(reports, errors)
         return reports
 
     def _run(self, row: MirrorRow, dry_run: bool, progress: ProgressCallback | None,
@@ -240,6 +233,10 @@ class Mirrors:
         chosen = self._chosen(row, selection)
         if not dry_run:
             mirror_sql.run_started(self._core.catalog, row.name, row.created_at)
+            # a failure matters while its version is selected (a failed one is not at the
+            # destination): one no longer selected (untagged, deleted here) leaves the status
+            mirror_sql.unselect_failures(self._core.catalog, row.name, row.created_at,
+                                         {v.id for v, _ in chosen})
         error: str | None = None
         try:
             dest = self._open(row, create=not dry_run)
@@ -249,7 +246,7 @@ class Mirrors:
                     for v, reasons in chosen), 0, sum(v.logical_bytes for v, _ in chosen), (), True,
                     time.monotonic() - started)
             try:
-                sending = _Sending(self._core, row, self._source, dest, dry_run, progress, stopping)
+                sending = Sending(self._core, row, self._source, dest, dry_run, progress, stopping)
                 versions, tags = sending.send(chosen)
                 if row.propagate_deletions:
                     versions += sending.propagate_deletions()
@@ -263,7 +260,7 @@ class Mirrors:
                 mirror_sql.run_finished(self._core.catalog, row.name, row.created_at, error)
         return MirrorReport(row.name, redact_url(row.destination), tuple(versions),
                             sum(v.chunks for v in versions), sum(v.bytes for v in versions), tuple(tags),
-                            dry_run, time.monotonic() - started)
+                            dry_run, time.monotonic() - started, tuple(sorted(set(sending.stale_tags))))
 
     def _chosen(self, row: MirrorRow, selection: MirrorSelection,
                 ) -> builtins.list[tuple[Version, tuple[str, ...]]]:
@@ -279,7 +276,7 @@ class Mirrors:
             if selection.matches_run(run.name):
                 versions = self._source.log(run.name, limit=None, order="asc")
                 visible = {v.id for v in versions}
-                held = [_Slot.of(o) for o in recorded if o.run == run.name and o.version_id not in visible]
+                held = [Slot.of(o) for o in recorded if o.run == run.name and o.version_id not in visible]
                 picked = selection.select(sorted([*versions, *held], key=lambda v: v.step))
                 out += [(v, tuple(picked[v.id])) for v in versions if v.id in picked]
         return out
@@ -330,7 +327,8 @@ class Mirrors:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e9:
                 raise InvalidArgumentError(
                     f"a mirror's {what} is a positive number of seconds, got {value!r}")
-        worker = MirrorWorker(self, row, float(interval), None if poll is None else float(poll))
+        worker = MirrorWorker(row, float(interval), None if poll is None else float(poll),
+                              run=self._background_run, latest=self._latest)
         with self._lock:
             self._workers = [w for w in self._workers if w.is_alive()] + [worker]
         worker.start()
@@ -366,246 +364,3 @@ class Mirrors:
 
         report = self._run(row, False, None, removed_or_stopping)
         return report if mirror_sql.exists(self._core.catalog, name, generation) else None
-
-
-class MirrorWorker(threading.Thread):
-    """A thread running one mirror again and again (:meth:`Mirrors.start`).
-
-    Attributes:
-        mirror: the mirror's name.
-        interval: seconds between runs.
-        poll: seconds between checks for new commits (None: none).
-        runs: runs finished (failed ones too).
-        last_report: the last run's report (None: none finished).
-        last_error: the error of the last run that failed (None: the last one did not).
-    """
-
-    def __init__(self, mirrors: Mirrors, row: MirrorRow, interval: float, poll: float | None) -> None:
-        super().__init__(name=f"casckpt-mirror-{row.name}", daemon=True)
-        self._mirrors, self.mirror, self.interval, self.poll = mirrors, row.name, interval, poll
-        self._generation = row.created_at
-        self._stop_event, self._wake = threading.Event(), threading.Event()
-        self.runs = 0
-        self.last_report: MirrorReport | None = None
-        self.last_error: BaseException | None = None
-
-    def run(self) -> None:  # the thread's body
-        while not self._stop_event.is_set():
-            self._wake.clear()
-            seen = self._mirrors._latest() if self.poll is not None else None
-            try:
-                report = self._mirrors._background_run(self.mirror, self._generation,
-                                                       self._stop_event.is_set)
-                if report is None:
-                    log.info("mirror %s was removed: its worker stops", self.mirror)
-                    return
-                self.last_report, self.last_error = report, None
-            except Exception as exc:  # any: ENOSPC, a driver's error; the thread must live on
-                self.last_error = exc
-                log.warning("mirror %s: the run failed (%s: %s); the next one tries again",
-                            self.mirror, type(exc).__name__, redact_url(str(exc)),
-                            exc_info=not isinstance(exc, CasckptError))
-            self.runs += 1
-            self._until_due(seen, time.monotonic() + self.interval)
-
-    def _until_due(self, seen: object, deadline: float) -> None:
-        """Wait for a wake, a stop, the interval's end or (polling) a new commit."""
-        while not self._stop_event.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0 or self._wake.wait(left if self.poll is None else min(left, self.poll)):
-                return
-            if self.poll is not None and self._mirrors._latest() not in (None, seen):
-                return
-
-    def wake(self) -> None:
-        """Run the mirror now (once the run in progress, if any, is over)."""
-        self._wake.set()
-
-    def stop(self, timeout: float | None = None) -> None:
-        """Stop after the version being sent, and wait for the thread (at most ``timeout``
-        seconds). Idempotent."""
-        self._stop_event.set()
-        self._wake.set()
-        if self.is_alive() and threading.current_thread() is not self:
-            self.join(timeout)
-
-
-@dataclass(frozen=True, slots=True)
-class _Slot:
-    """A version this mirror recorded that is no longer visible here, as the keep rules read it
-    (:class:`casckpt.retention_rules.Candidate`): it still holds its slot."""
-
-    id: str
-    step: int
-    created_at: datetime
-    metrics: Mapping[str, float]
-    tags: tuple[str, ...] = ()
-
-    @classmethod
-    def of(cls, outcome: VersionOutcome) -> _Slot:
-        metrics = json.loads(outcome.metrics) if outcome.metrics else {}
-        when = outcome.created_at if outcome.created_at is not None else outcome.at
-        return cls(outcome.version_id, outcome.step, datetime.fromtimestamp(when, timezone.utc), metrics)
-
-
-def _by_step(versions: list[MirroredVersion]) -> list[MirroredVersion]:
-    return sorted(versions, key=lambda v: (v.run, v.step))
-
-
-class _Sending:
-    """One mirror run's copies into its destination, each outcome recorded as it is known."""
-
-    def __init__(self, core: StoreCore, row: MirrorRow, source: MirrorEnd, dest: MirrorEnd, dry_run: bool,
-                 progress: ProgressCallback | None, stopping: Callable[[], bool] | None) -> None:
-        self.core, self.row, self.name, self.source, self.dest = core, row, row.name, source, dest
-        self.dry_run, self.progress, self.stopping = dry_run, progress, stopping
-        self.versions: dict[str, Version] = {}
-        self.before: dict[str, VersionOutcome] = {}
-
-    def _stop(self) -> bool:
-        return self.stopping is not None and self.stopping()
-
-    def send(self, chosen: Sequence[tuple[Version, tuple[str, ...]]],
-             ) -> tuple[list[MirroredVersion], list[str]]:
-        """Copy the ``chosen`` versions: all at once in the foreground, or, when that fails and
-        on a thread (which stops between versions), one by one, so one failure stops no other
-        version. A version the destination deleted (its catalog shows it deleted: its retention,
-        or by hand) is not sent again (``gone``); one it has no record of (wiped, replaced) is.
-        Returns what became of each, and the tags set there."""
-        self.versions = {v.id: v for v, _ in chosen}
-        self._undelete_there(chosen)
-        gone, chosen = self._gone_there(chosen)
-        if not chosen:
-            return gone, []
-        why = {v.id: reasons for v, reasons in chosen}
-        if self.stopping is None:
-            try:
-                report = self._copy([v.id for v, _ in chosen])
-            except CasckptError:
-                pass
-            else:
-                return _by_step(gone + self._record(report.versions, why)), list(report.tags)
-        out: list[MirroredVersion] = list(gone)
-        tags: list[str] = []
-        for version, reasons in chosen:
-            if self._stop():
-                break
-            try:
-                report = self._copy([version.id])
-            except CasckptError as exc:
-                out.append(self._failed(version, reasons, exc))
-                continue
-            out += self._record(report.versions, why)
-            tags += report.tags
-        return _by_step(out), tags
-
-    def _gone_there(self, chosen: Sequence[tuple[Version, tuple[str, ...]]],
-                    ) -> tuple[list[MirroredVersion], list[tuple[Version, tuple[str, ...]]]]:
-        """Split off the versions the destination deleted since this mirror sent them (or found
-        them there): its catalog shows them deleted, or -- the same store, by its identity --
-        its gc purged them. Checked again each run: a ``gone`` version shown again is held,
-        and a destination of another identity (wiped and made again, replaced) has none."""
-        store_id = self.dest._core.catalog.store_id
-        if self.dry_run:
-            replaced = self.row.dest_store_id not in (None, store_id)
-        else:
-            replaced = mirror_sql.ran_into(self.core.catalog, self.name, self.row.created_at, store_id)
-        self.before = {} if replaced else {
-            o.version_id: o for o in mirror_sql.outcomes(self.core.catalog, self.name)
-            if o.state in ("sent", "present", "gone")}
-        gone: list[MirroredVersion] = []
-        rest = []
-        for version, reasons in chosen:
-            outcome = self.before.get(version.id)
-            if outcome is not None and self._deleted_there(outcome.dest_id or outcome.version_id):
-                gone.append(MirroredVersion(version.id, outcome.dest_id or "", version.run, version.step,
-                                            "gone", reasons=(*reasons, "deleted at the destination")))
-                if outcome.state != "gone" and not self.dry_run:
-                    mirror_sql.record(self.core.catalog, self.name, self.row.created_at, [outcome._replace(
-                        state="gone", chunks=0, bytes=0, at=time.time())])
-            else:
-                rest.append((version, reasons))
-        return gone, rest
-
-    def _undelete_there(self, chosen: Sequence[tuple[Version, tuple[str, ...]]]) -> None:
-        """Undelete at the destination each chosen version this mirror deleted there (state
-        ``deleted``: propagated) that the source shows again (undeleted here): a copy would
-        find the deleted version in its place. One the destination's gc swept meanwhile is
-        sent again by the copy."""
-        deleted = {o.version_id: o for o in mirror_sql.outcomes(self.core.catalog, self.name, "deleted")}
-        for version, _ in chosen:
-            outcome = deleted.get(version.id)
-            if outcome is None or self.dry_run:
-                continue
-            try:
-                self.dest.undelete(outcome.dest_id or outcome.version_id)
-            except CasckptError as exc:  # swept there, or undeleted by hand: the copy decides
-                log.info("mirror %s: %s@%d not undeleted at the destination (%s)", self.name,
-                         version.run, version.step, exc)
-            mirror_sql.record(self.core.catalog, self.name, self.row.created_at, [outcome._replace(
-                state="sent", chunks=0, bytes=0, at=time.time())])
-
-    def _deleted_there(self, version_id: str) -> bool:
-        """Whether the destination, which held ``version_id``, no longer shows it: deleted
-        there (its catalog says so) or purged since by its gc."""
-        try:
-            self.dest.resolve(version_id)
-        except RefNotFoundError:
-            return True
-        return False
-
-    def _copy(self, refs: list[str]) -> CopyReport:
-        return self.source.copy(refs, to=self.dest, dry_run=self.dry_run, progress=self.progress,
-                                lineage=False)
-
-    def _record(self, copied: Iterable[CopiedVersion],
-                why: dict[str, tuple[str, ...]]) -> list[MirroredVersion]:
-        out, rows = [], []
-        for v in copied:
-            status = ("would send" if self.dry_run else "sent") if v.sent else "present"
-            out.append(MirroredVersion(v.source_id, v.id, v.run, v.step, status, v.chunks, v.bytes,
-                                       why.get(v.source_id, ())))
-            before = self.before.get(v.source_id)
-            # sent by this mirror (now or by an earlier run): its to delete; present: never
-            mine = v.sent or (before is not None and before.state in ("sent", "gone"))
-            version = self.versions.get(v.source_id)
-            rows.append(VersionOutcome(
-                v.source_id, v.run, v.step, "sent" if mine else "present", v.id or None, v.chunks, v.bytes,
-                time.time(), None, version.created_at.timestamp() if version else None,
-                json.dumps(dict(version.metrics), sort_keys=True) if version else None))
-        if not self.dry_run:
-            mirror_sql.record(self.core.catalog, self.name, self.row.created_at, rows)
-        return out
-
-    def _failed(self, version: Version, reasons: tuple[str, ...], exc: CasckptError) -> MirroredVersion:
-        error = f"{type(exc).__name__}: {redact_url(str(exc))}"
-        log.warning("mirror %s: %s@%d was not sent: %s", self.name, version.run, version.step, error)
-        if not self.dry_run:
-            mirror_sql.record(self.core.catalog, self.name, self.row.created_at, [
-                VersionOutcome(version.id, version.run, version.step, "failed", None, 0, 0, time.time(),
-                               error)])
-        return MirroredVersion(version.id, "", version.run, version.step, "failed", reasons=reasons,
-                               error=error)
-
-    def propagate_deletions(self) -> list[MirroredVersion]:
-        """Delete at the destination each version this mirror sent that is deleted here."""
-        out = []
-        for sent in mirror_sql.outcomes(self.core.catalog, self.name, "sent"):
-            if self._stop():
-                break
-            try:
-                self.source.resolve(sent.version_id)
-                continue
-            except RefNotFoundError:
-                pass
-            if not self.dry_run:
-                try:
-                    self.dest.delete(sent.dest_id or sent.version_id,
-                                     reason=f"mirror {self.name}: deleted at the source")
-                except RefNotFoundError:  # deleted there already
-                    pass
-                mirror_sql.record(self.core.catalog, self.name, self.row.created_at, [sent._replace(
-                    state="deleted", chunks=0, bytes=0, at=time.time())])
-            out.append(MirroredVersion(sent.version_id, sent.dest_id or "", sent.run, sent.step, "deleted",
-                                       reasons=("deleted at the source",)))
-        return out

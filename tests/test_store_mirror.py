@@ -401,20 +401,20 @@ def test_a_mirror_removed_while_its_worker_sends_leaves_no_rows_and_its_worker_s
         src: casckpt.Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 
-    from casckpt.store_mirrors import _Sending
+    from casckpt.mirror_sending import Sending
 
     for step in (1, 2, 3):
         commit(src, step)
     src.mirrors.add("m", str(tmp_path / "dst"), runs=["ft"], keep_every=1)
     sending, removed = threading.Event(), threading.Event()
-    copy = _Sending._copy
+    copy = Sending._copy
 
-    def held(self: _Sending, refs: list[str]) -> Any:  # the first version waits for the removal
+    def held(self: Sending, refs: list[str]) -> Any:  # the first version waits for the removal
         sending.set()
         assert removed.wait(30)
         return copy(self, refs)
 
-    monkeypatch.setattr(_Sending, "_copy", held)
+    monkeypatch.setattr(Sending, "_copy", held)
     worker = src.mirrors.start("m", interval=3600, poll=None)
     assert sending.wait(30)
     src.mirrors.remove("m")
@@ -425,7 +425,7 @@ def test_a_mirror_removed_while_its_worker_sends_leaves_no_rows_and_its_worker_s
     assert info.versions_sent == 0 and info.last_run_at is None and not info.failed
     with casckpt.open(tmp_path / "dst", create=False) as dst:
         assert steps(dst) == [1]  # the version being sent, then it stopped
-    monkeypatch.setattr(_Sending, "_copy", copy)
+    monkeypatch.setattr(Sending, "_copy", copy)
     assert [v.status for v in src.mirrors.push("m").versions] == ["sent"] * 3
 
 
@@ -483,22 +483,22 @@ def test_a_second_run_of_a_mirror_waits_for_the_first_then_sends_nothing(
         src: casckpt.Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 
-    from casckpt.store_mirrors import _Sending
+    from casckpt.mirror_sending import Sending
 
     for step in (1, 2):
         commit(src, step)
     src.mirrors.add("m", str(tmp_path / "dst"), runs=["ft"], keep_every=1)
     inside, release, calls = threading.Event(), threading.Event(), []
-    copy = _Sending._copy
+    copy = Sending._copy
 
-    def held(self: _Sending, refs: list[str]) -> Any:  # the first run's copy waits for release
+    def held(self: Sending, refs: list[str]) -> Any:  # the first run's copy waits for release
         calls.append(refs)
         if len(calls) == 1:
             inside.set()
             assert release.wait(30)
         return copy(self, refs)
 
-    monkeypatch.setattr(_Sending, "_copy", held)
+    monkeypatch.setattr(Sending, "_copy", held)
     reports: dict[str, Any] = {}
     first = threading.Thread(target=lambda: reports.setdefault("first", src.mirrors.push("m")))
     second = threading.Thread(target=lambda: reports.setdefault("second", src.mirrors.push("m")))

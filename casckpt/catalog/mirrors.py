@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, func, select
@@ -21,6 +21,9 @@ from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import Catalog, idempotent
 from casckpt.catalog.database import upsert
 from casckpt.errors import InvalidArgumentError, RefNotFoundError
+
+_BATCH = 500
+"""Version ids per statement (SQLite binds at most 999 parameters in older builds)."""
 
 
 class MirrorRow(NamedTuple):
@@ -46,8 +49,9 @@ class MirrorTotals(NamedTuple):
 
 
 class VersionOutcome(NamedTuple):
-    """One source version's row of a mirror (``state``: sent, present, failed, deleted or
-    gone); ``created_at`` and ``metrics`` (JSON) are the version's, what the keep rules read."""
+    """One source version's row of a mirror (``state``: sent, present, failed, deleted, gone
+    or unselected -- failed, then no longer selected: not shown as a failure); ``created_at``
+    and ``metrics`` (JSON) are the version's, what the keep rules read."""
 
     version_id: str
     run: str
@@ -178,6 +182,24 @@ def record(catalog: Catalog, name: str, generation: float, outcomes: Sequence[Ve
                   "created_at": func.coalesce(statement.excluded.created_at, table.c.created_at),
                   "metrics": func.coalesce(statement.excluded.metrics, table.c.metrics)}),
             [{"mirror": name, **o._asdict()} for o in outcomes])
+
+
+def unselect_failures(catalog: Catalog, name: str, generation: float, selected: Collection[str]) -> int:
+    """Mark ``unselected`` the failures of mirror ``name`` (of that ``generation``) whose
+    version is not in ``selected`` (what its selection picks now): they no longer matter, and
+    leave its status. Returns how many."""
+    table = s.mirror_versions
+    with catalog.write() as conn:
+        if conn.execute(select(s.mirrors.c.name).where(_this_one(name, generation))).first() is None:
+            return 0
+        failed = conn.execute(select(table.c.version_id).where(
+            (table.c.mirror == name) & (table.c.state == "failed"))).scalars().all()
+        stale = [v for v in failed if v not in selected]
+        for start in range(0, len(stale), _BATCH):
+            conn.execute(table.update().where(
+                (table.c.mirror == name) & table.c.version_id.in_(stale[start:start + _BATCH])
+            ).values(state="unselected", at=time.time()))
+    return len(stale)
 
 
 @idempotent

@@ -17,7 +17,7 @@ from casckpt.cli import render
 from casckpt.cli.progress import progress_bars
 from casckpt.cli.rules import parse_rules, with_rule_options
 from casckpt.cli.shared import EXIT_PROBLEMS, FLAG, JsonOption, open_store
-from casckpt.errors import MirrorDestinationError
+from casckpt.errors import MirrorDestinationError, MirrorsFailedError
 from casckpt.types import MirrorInfo, MirrorReport
 
 mirror_app = typer.Typer(
@@ -80,28 +80,30 @@ def run(
 
     Every mirror's report is printed, then it exits with the worst code: 5 when a
     destination could not be opened (the other mirrors ran), 1 when a version could not be
-    sent (the others are sent; `casckpt mirror status` says why).
+    sent (the others are sent; `casckpt mirror status` says why) or a tag here could not be
+    moved there (its version is gone there).
     """
     reports: list[MirrorReport] = []
-    unreachable: list[tuple[MirrorInfo, MirrorDestinationError]] = []
+    unreachable: list[tuple[str, str, MirrorDestinationError]] = []
     with open_store(ctx) as store, progress_bars() as progress:
         if name is not None:
             reports = [store.mirrors.push(name, dry_run=dry_run, progress=progress)]
         else:
-            for mirror in store.mirrors.list():
-                try:
-                    reports.append(store.mirrors.push(mirror.name, dry_run=dry_run, progress=progress))
-                except MirrorDestinationError as exc:
-                    unreachable.append((mirror, exc))
+            where = {m.name: m.destination for m in store.mirrors.list()}
+            try:
+                reports = store.mirrors.push_all(dry_run=dry_run, progress=progress)
+            except MirrorsFailedError as failed:
+                reports = list(failed.reports)
+                unreachable = [(n, where.get(n, "?"), exc) for n, exc in failed.errors.items()]
     docs = [r.to_dict() | {"nothing_sent": r.nothing_sent, "failed": len(r.failed)} for r in reports]
-    docs += [{"mirror": m.name, "destination": m.destination, "error": str(exc)} for m, exc in unreachable]
+    docs += [{"mirror": n, "destination": d, "error": str(exc)} for n, d, exc in unreachable]
     views = [part for r in reports for part in run_view(r)]
-    views += [f"{m.name} -> {m.destination}: not run: {exc}" for m, exc in unreachable]
+    views += [f"{n} -> {d}: not run: {exc}" for n, d, exc in unreachable]
     render.emit(as_json, docs[0] if name is not None else sorted(docs, key=lambda d: str(d["mirror"])),
                 *views, empty="this store has no mirror")
     if unreachable:
-        raise unreachable[0][1]  # exit 5, with its message
-    if any(r.failed for r in reports):
+        raise unreachable[0][2]  # exit 5, with its message
+    if any(r.failed or r.stale_tags for r in reports):
         raise typer.Exit(EXIT_PROBLEMS)
 
 
@@ -125,6 +127,10 @@ def run_view(report: MirrorReport) -> list[RenderableType]:
         summary += f" Tags set: {', '.join(report.tags)}."
     if report.failed:
         summary += f" {len(report.failed)} version(s) failed (see `casckpt mirror status`)."
+    if report.stale_tags:
+        summary += (f" Tags not moved there (their version here is gone there, they still point at "
+                    f"another): {', '.join(report.stale_tags)}; undelete it there, or tag another version "
+                    "there.")
     return [table, summary]
 
 

@@ -469,3 +469,19 @@ def test_a_writer_runs_a_mirror_and_only_an_admin_removes_one(pg_roles: dict[str
         assert admin.mirrors.list() == []
     with casckpt.open(tmp_path / "dst", create=False) as dst:
         assert torch.equal(dst.restore("r@2")["w"], state(2)["w"])
+
+
+def test_a_writer_run_retires_a_failure_no_longer_selected(pg_roles: dict[str, Any],
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          tmp_path: Path) -> None:
+    with casckpt.open(tmp_path / "dst") as dst:  # run r is a line of its own there: r's versions fail
+        dst.commit({"w": torch.zeros(4)}, run="r", step=2)
+    with as_role(monkeypatch, pg_roles, "admin") as admin:
+        for step in (1, 2):
+            admin.commit(state(step), run="r", step=step)
+        admin.mirrors.add("m", str(tmp_path / "dst"), runs=["r"], keep_every=1)
+    with as_role(monkeypatch, pg_roles, "writer") as writer:  # its UPDATE of mirror_versions
+        assert [v.status for v in writer.mirrors.push("m").versions] == ["failed", "failed"]
+        writer.delete("r@1")
+        assert [v.status for v in writer.mirrors.push("m").versions] == ["failed"]
+        assert [f.step for f in writer.mirrors.get("m").failed] == [2]
