@@ -42,7 +42,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,6 +152,12 @@ def drop_mirror(locations: LocationSet, catalog: Any, name: str) -> None:
     if len(locations.delete(readable)) < len(readable):
         log.warning("the record of removed mirror %r is left on a blob location (see above); a "
                     "catalog rebuild would bring the mirror back (remove it again then)", name)
+
+
+def removed_mirrors(listed: Iterable[str], wanted: Mapping[str, Any]) -> list[str]:
+    """The mirror records among ``listed`` object names that ``wanted`` (:func:`expected`) lacks:
+    left by a removal a location refused, they would bring a removed mirror back in a rebuild."""
+    return sorted(key for key in listed if key.startswith(MIRRORS) and key not in wanted)
 
 
 _COMPARED = {TAGS: ("name", "version"),

@@ -162,3 +162,19 @@ def test_a_damaged_mirror_record_is_skipped_by_a_rebuild_with_a_warning(
         store.ops.rebuild_catalog()
         assert [m.name for m in store.mirrors.list()] == ["arch"]
     assert any("skipping mirror record" in r.getMessage() for r in caplog.records)
+
+
+def test_a_removed_mirrors_record_left_on_a_location_is_a_check_problem_repair_deletes(
+        root: Path, tmp_path: Path) -> None:
+    with open_store(root) as store:
+        store.commit(state(1), run="ft", step=1)
+        store.mirrors.add("arch", str(tmp_path / "dst"), runs=["ft"], keep_last=1)
+        key = objectnames.ref_name(objectnames.MIRRORS, "arch")
+        kept = (root / "blobs" / "d1" / key).read_bytes()
+        store.mirrors.remove("arch")
+        (root / "blobs" / "d1" / key).write_bytes(kept)  # as if d1 refused the deletion
+        problems = store.ops.check().problems
+        assert [(p.kind, p.subject) for p in problems] == [("record", key)], problems
+        assert "would bring the mirror back" in problems[0].detail
+        assert store.ops.repair().records_written == 1
+        assert store.ops.check().ok and mirror_records(root)["d1"] == {}
