@@ -353,6 +353,10 @@ def _restore_mirrors(ctx: EngineContext, found: dict[str, list[records.Found]],
                 raise InvalidArgumentError("fields missing or of the wrong type")
             name = str(doc["name"])
             check_name(name, "mirror")
+            if records.REDACTED in doc["destination"] + (doc.get("key_file") or ""):
+                raise InvalidArgumentError(
+                    "its destination or key file path looked like it held a credential and was "
+                    f"recorded redacted; add the mirror again (casckpt mirror add {name} ...)")
             selection_from_json(doc["selection"], name)  # a selection this casckpt can run
             mirror_sql.restore(ctx.catalog, mirror_sql.MirrorRow(
                 name, str(doc["destination"]), doc.get("key_file"), dict(doc["selection"]),

@@ -26,8 +26,9 @@ A mirror's record holds its definition, what ``casckpt mirror add`` was told, ne
 runs did (``mirror_versions``, the last run, the destination's identity: a rebuild loses
 those). No secret goes into it: the destination is a store's directory (credentials live in
 that store's casckpt.toml, never in the mirror; the directory is written redacted all the
-same), and ``key_file`` is the path of the destination's key file, not the key -- what the
-catalog holds too, and no more than the locations' own listing says of the host. The record
+same, as is the key file's path; a rebuild skips a record so redacted, saying so), and
+``key_file`` is the path of the destination's key file, not the key -- what the catalog
+holds too. The record
 is removed from every location with the mirror.
 
 Records are written after the catalog change succeeds (the catalog stays
@@ -65,6 +66,7 @@ RUNS = objectnames.RUNS
 STORE = objectnames.STORE_RECORD
 LOCATIONS = objectnames.LOCATIONS_RECORD
 MIRRORS = objectnames.MIRRORS
+REDACTED = "***"  # what redact_url puts in place of what looks like a credential
 MAX_RECORD = 1 << 20  # a record is a few hundred bytes; anything near this is not one
 _MAX_NESTING = 64  # a retention policy is the deepest thing a record holds: 3 levels
 
@@ -132,7 +134,8 @@ def record_locations(locations: LocationSet, catalog: Any) -> None:
 
 
 def _mirror_doc(row: mirror_sql.MirrorRow) -> dict[str, Any]:
-    return {"name": row.name, "destination": redact_url(row.destination), "key_file": row.key_file,
+    return {"name": row.name, "destination": redact_url(row.destination),
+            "key_file": None if row.key_file is None else redact_url(row.key_file),
             "selection": row.selection, "propagate_deletions": row.propagate_deletions,
             "created_at": row.created_at}
 
