@@ -24,9 +24,9 @@ Not recoverable (``docs/ARCHITECTURE.md``, "Catalog rebuild", lists every
 column that differs, and ``tests/engine/maintenance/test_recovery.py`` holds a rebuild to it):
 commit durations and new/stored byte counts (recorded as 0), commit times
 (the creation time), soft deletions (such versions come back visible; the
-next ``gc`` re-applies retention), GC history, what mirror runs recorded (what was sent, failures, the last
-run), and how many copies a ``replicate`` pack had when some are gone (it
-comes back with the copies found).
+next ``gc`` re-applies retention), GC history, what mirror runs recorded
+(what was sent, failures, the last run), and how many copies a ``replicate``
+pack had when some are gone (it comes back with the copies found).
 """
 
 from __future__ import annotations

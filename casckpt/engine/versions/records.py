@@ -28,8 +28,7 @@ those). No secret goes into it: the destination is a store's directory (credenti
 that store's casckpt.toml, never in the mirror; the directory is written redacted all the
 same, as is the key file's path; a rebuild skips a record so redacted, saying so), and
 ``key_file`` is the path of the destination's key file, not the key -- what the catalog
-holds too. The record
-is removed from every location with the mirror.
+holds too. The record is removed from every location with the mirror.
 
 Records are written after the catalog change succeeds (the catalog stays
 authoritative); a failed write is logged, not raised: ``check`` reports a
