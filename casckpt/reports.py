@@ -140,7 +140,7 @@ class RepairReport(ToDict):
         manifests_written: manifest copies written to locations that lacked them (or
             held a differing copy).
         records_written: ``refs/`` records written to locations that lacked them (or
-            held a stale one).
+            held a stale one), and records of removed mirrors deleted where they were left.
         tree_nodes_restored: tree nodes whose catalog row was missing or damaged, restored
             from their verified copy in the packs.
         degraded: ``pack id: what`` for each pack with shards still sharing a failure

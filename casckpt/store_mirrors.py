@@ -38,6 +38,7 @@ from casckpt.catalog import mirrors as mirror_sql
 from casckpt.catalog.grants import missing_of
 from casckpt.catalog.locks import mirror_lock
 from casckpt.catalog.mirrors import MirrorRow
+from casckpt.engine.versions import records
 from casckpt.engine.versions.validate import check_name
 from casckpt.errors import (
     AccessDeniedError,
@@ -125,6 +126,7 @@ class Mirrors:
         mirror_sql.add(self._core.catalog, MirrorRow(
             name, to, key_file, selection.to_json(), propagate_deletions, time.time(), None, None, None),
             redact_url(to))
+        records.record_mirror(self._core.locations, self._core.catalog, name)  # for a catalog rebuild
         return self.get(name)
 
     def remove(self, name: str) -> None:
@@ -144,6 +146,7 @@ class Mirrors:
                 "lack (a writer runs mirrors, the admin removes them); nothing was changed: run it "
                 "with the admin role's credentials (`casckpt init --print-grants admin`)", right=missing[0])
         mirror_sql.remove(self._core.catalog, name, redact_url(row.destination))
+        records.drop_mirror(self._core.locations, self._core.catalog, name)
 
     def get(self, name: str) -> MirrorInfo:
         """Mirror ``name`` and where it stands.

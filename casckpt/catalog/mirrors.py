@@ -84,6 +84,15 @@ def add(catalog: Catalog, row: MirrorRow, destination: str) -> None:
                          {"destination": destination, "selection": row.selection})
 
 
+def restore(catalog: Catalog, row: MirrorRow) -> None:
+    """Record mirror ``row`` from its ``refs/mirrors/`` record (a catalog rebuild: no audit row,
+    the rebuild records itself; a mirror of that name already here is left as it is)."""
+    with catalog.write() as conn:
+        if conn.execute(select(s.mirrors.c.name).where(s.mirrors.c.name == row.name)).first() is None:
+            conn.execute(s.mirrors.insert().values(
+                **row._asdict() | {"selection": json.dumps(row.selection, sort_keys=True)}))
+
+
 def remove(catalog: Catalog, name: str, destination: str) -> None:
     """Forget mirror ``name`` and what it recorded (and write its ``mirror.remove`` audit row).
 

@@ -28,6 +28,7 @@ MANIFESTS = "manifests/"
 REFS = "refs/"
 TAGS = "refs/tags/"
 RUNS = "refs/runs/"
+MIRRORS = "refs/mirrors/"
 STORE_RECORD = "refs/store"
 LOCATIONS_RECORD = "refs/locations"
 IDENTITY = "casckpt-identity"
@@ -70,8 +71,9 @@ def version_of(key: str) -> str | None:
 
 
 def ref_name(prefix: str, name: str, hashed: Callable[[bytes], str | None] | None = None) -> str:
-    """The record name of a tag or run name under ``prefix`` (:data:`TAGS`, :data:`RUNS`): the
-    name's UTF-8 in hex, or for a name too long for a file name, ``h`` and its BLAKE3.
+    """The record name of a tag, run or mirror name under ``prefix`` (:data:`TAGS`, :data:`RUNS`,
+    :data:`MIRRORS`): the name's UTF-8 in hex, or for a name too long for a file name, ``h`` and
+    its BLAKE3.
     ``hashed`` (an encrypted store's keyed name hash) names every name by ``k`` and its
     keyed hash instead, so object names reveal no names."""
     keyed = hashed(name.encode("utf-8")) if hashed is not None else None

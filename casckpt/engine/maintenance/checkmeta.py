@@ -310,6 +310,11 @@ def check_records(ctx: EngineContext, found: Findings) -> None:
             if not records.agrees(key, doc, want):
                 found.add("record", key, f"on {loc.describe()} says {doc!r}, the catalog "
                           f"{want!r}; `casckpt repair` writes it again")
+    for loc in ctx.locations.all:
+        for key in records.removed_mirrors(found.listed.get(loc.id, ()), wanted):
+            found.add("record", key, f"on {loc.describe()} is the record of a mirror this store no "
+                      "longer has (its removal could not delete it there): a catalog rebuild would "
+                      "bring the mirror back; `casckpt repair` deletes it")
 
 
 def check_presence(ctx: EngineContext, layouts: Iterable[PackLayout], found: Findings) -> dict[str, int]:

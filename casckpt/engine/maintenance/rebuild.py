@@ -16,16 +16,17 @@ Everything the catalog records is recoverable from the objects:
    comes back migrated: its tree root and node rows, no tensor rows.
 3. Mutable state from ``refs/`` records (see :mod:`casckpt.engine.versions.records`):
    location domains and states, forks, retention, redundancy and delta-chain
-   policies of runs and of the store, tags set after commit. The copy on an
-   active location wins, then the highest counter.
+   policies of runs and of the store, tags set after commit, the definitions of the
+   store's mirrors (not what their runs recorded). The copy on an active location wins,
+   then the highest counter.
 
 Not recoverable (``docs/ARCHITECTURE.md``, "Catalog rebuild", lists every
 column that differs, and ``tests/engine/maintenance/test_recovery.py`` holds a rebuild to it):
 commit durations and new/stored byte counts (recorded as 0), commit times
 (the creation time), soft deletions (such versions come back visible; the
-next ``gc`` re-applies retention), GC history, and how many copies a
-``replicate`` pack had when some are gone (it comes back with the copies
-found).
+next ``gc`` re-applies retention), GC history, what mirror runs recorded
+(what was sent, failures, the last run), and how many copies a ``replicate``
+pack had when some are gone (it comes back with the copies found).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import Any
 
 from casckpt.catalog import MissingChunksError, PackLayout, ShardRow, StoredPack, inventory
 from casckpt.catalog import identity as identity_sql
+from casckpt.catalog import mirrors as mirror_sql
 from casckpt.catalog import shards as shard_sql
 from casckpt.catalog.deltas import DELTA_POLICIES
 from casckpt.catalog.settings import DELTA_CHAIN, DELTA_POLICY, REDUNDANCY
@@ -47,11 +49,13 @@ from casckpt.engine.maintenance import scrub
 from casckpt.engine.maintenance.gcguard import Listing
 from casckpt.engine.read import treeindex, trees
 from casckpt.engine.versions import records
+from casckpt.engine.versions.validate import check_name
 from casckpt.errors import CasckptError, CorruptPackError, InvalidArgumentError, StoreIdentityError
 from casckpt.format import objectnames
 from casckpt.format.identity import StoreIdentity
 from casckpt.format.manifest import MAX_MANIFEST_OBJECT, Manifest, decode_manifest
 from casckpt.format.pack import read_index
+from casckpt.mirror_rules import selection_from_json
 from casckpt.storage import BlobInfo
 from casckpt.storage.erasure import Redundancy
 from casckpt.storage.locations import Location
@@ -185,6 +189,7 @@ def rebuild(ctx: EngineContext, progress: ProgressCallback | None = None) -> Reb
     runs = _restore_runs(ctx, found_records, states)
     tags = _restore_tags(ctx, found_records, states)
     _restore_store(ctx, found_records, states)
+    _restore_mirrors(ctx, found_records, states)
     identity_sql.raise_record_seq(ctx.catalog, 1 + max(
         (f.order[0] for copies in found_records.values() for f in copies), default=0))
     identity_sql.set_rebuilding(ctx.catalog, False)
@@ -336,6 +341,28 @@ def _restore_store(ctx: EngineContext, found: dict[str, list[records.Found]], st
             DELTA_POLICY.set_store(ctx.catalog, str(doc["delta_policy"]))
     except (TypeError, ValueError, CasckptError) as exc:
         log.warning("rebuild: skipping store record %r: %s", doc, exc)
+
+
+def _restore_mirrors(ctx: EngineContext, found: dict[str, list[records.Found]],
+                     states: dict[str, str]) -> None:
+    """Each mirror's definition, as its newest record has it; never its runs' outcomes (the
+    first run after the rebuild finds what the destination holds and sends nothing again)."""
+    for doc in _newest(found, objectnames.MIRRORS, states):
+        try:
+            if not records.valid_mirror(doc):
+                raise InvalidArgumentError("fields missing or of the wrong type")
+            name = str(doc["name"])
+            check_name(name, "mirror")
+            if records.REDACTED in doc["destination"] + (doc.get("key_file") or ""):
+                raise InvalidArgumentError(
+                    "its destination or key file path looked like it held a credential and was "
+                    f"recorded redacted; add the mirror again (casckpt mirror add {name} ...)")
+            selection_from_json(doc["selection"], name)  # a selection this casckpt can run
+            mirror_sql.restore(ctx.catalog, mirror_sql.MirrorRow(
+                name, str(doc["destination"]), doc.get("key_file"), dict(doc["selection"]),
+                bool(doc["propagate_deletions"]), float(doc["created_at"]), None, None, None))
+        except CasckptError as exc:
+            log.warning("rebuild: skipping mirror record %r: %s", doc, exc)
 
 
 def refill_cache(ctx: EngineContext) -> int:

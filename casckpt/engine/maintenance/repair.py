@@ -94,6 +94,7 @@ def repair(ctx: EngineContext, progress: ProgressCallback | None = None) -> Repa
             if progress is not None:
                 progress("repair", done, len(queue))
         recovery = _recovery_data(ctx, found)
+        recovery.records += _delete_removed_mirrors(ctx, found)
     finally:
         release_lease(ctx.catalog, lease, "a repair")
     return RepairReport(packs=worked, shards_rewritten=rewritten, shards_moved=moved,
@@ -102,6 +103,14 @@ def repair(ctx: EngineContext, progress: ProgressCallback | None = None) -> Repa
                         manifests_written=recovery.manifests, records_written=recovery.records,
                         tree_nodes_restored=recovery.nodes,
                         degraded=tuple(_degraded(ctx)))
+
+
+def _delete_removed_mirrors(ctx: EngineContext, found: Findings) -> int:
+    """Delete the records of removed mirrors a location kept (see ``check``); how many."""
+    wanted = records.expected(ctx.catalog)
+    left = [(loc.id, key) for loc in ctx.locations.all
+            for key in records.removed_mirrors(found.listed.get(loc.id, ()), wanted)]
+    return len(ctx.locations.delete(left))  # one refused is logged; check keeps reporting it
 
 
 def _degraded(ctx: EngineContext) -> list[str]:

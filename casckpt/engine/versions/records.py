@@ -4,13 +4,15 @@ Manifests and packs describe themselves, so ``catalog rebuild`` recovers
 versions, lineage, metrics and commit-time tags from them alone. What
 changes after a commit -- a tag moved, a run forked, a run's retention,
 redundancy or delta chain and policy, the store's policies, the locations and
-their states -- is mirrored here as JSON objects:
+their states, the definitions of the store's mirrors -- is mirrored here as JSON objects:
 
     refs/tags/<name key>   {"name", "version"}
     refs/runs/<name key>   {"name", "created_at", "parent_version", "retention", "redundancy",
                             "delta_chain", "delta_policy"}
     refs/store             {"redundancy", "delta_chain", "delta_policy"}
     refs/locations         {"locations": [{"name", "url", "domain", "state"}, ...]}
+    refs/mirrors/<name key> {"name", "destination", "key_file", "selection", "propagate_deletions",
+                            "created_at"}
 
 plus, in each, ``seq`` (a counter the catalog raises with every record it
 writes, so the newest record of a key wins by counter, never by clock
@@ -19,6 +21,14 @@ name too long for a file name, ``h`` and its BLAKE3; in an encrypted store, ``k`
 keyed hash, so no name shows in an object name (and every record is sealed, see
 :mod:`casckpt.storage.sealed`). The store's identity
 (id, generation) is the identity record (:mod:`casckpt.format.identity`).
+
+A mirror's record holds its definition, what ``casckpt mirror add`` was told, never what its
+runs did (``mirror_versions``, the last run, the destination's identity: a rebuild loses
+those). No secret goes into it: the destination is a store's directory (credentials live in
+that store's casckpt.toml, never in the mirror; the directory is written redacted all the
+same, as is the key file's path; a rebuild skips a record so redacted, saying so), and
+``key_file`` is the path of the destination's key file, not the key -- what the catalog
+holds too. The record is removed from every location with the mirror.
 
 Records are written after the catalog change succeeds (the catalog stays
 authoritative); a failed write is logged, not raised: ``check`` reports a
@@ -32,10 +42,11 @@ import json
 import logging
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from casckpt.catalog import mirrors as mirror_sql
 from casckpt.catalog import shards as shard_sql
 from casckpt.catalog.deltas import DELTA_POLICIES
 from casckpt.catalog.history import RunSettings, run_settings, tags_and_runs
@@ -44,6 +55,7 @@ from casckpt.catalog.settings import DELTA_CHAIN, DELTA_POLICY, REDUNDANCY
 from casckpt.errors import AccessDeniedError, CasckptError
 from casckpt.format import objectnames
 from casckpt.format.state import json_nesting
+from casckpt.storage import redact_url
 from casckpt.storage.locations import Location, LocationSet
 
 log = logging.getLogger(__name__)
@@ -52,6 +64,8 @@ TAGS = objectnames.TAGS
 RUNS = objectnames.RUNS
 STORE = objectnames.STORE_RECORD
 LOCATIONS = objectnames.LOCATIONS_RECORD
+MIRRORS = objectnames.MIRRORS
+REDACTED = "***"  # what redact_url puts in place of what looks like a credential
 MAX_RECORD = 1 << 20  # a record is a few hundred bytes; anything near this is not one
 _MAX_NESTING = 64  # a retention policy is the deepest thing a record holds: 3 levels
 
@@ -134,11 +148,42 @@ def record_locations(locations: LocationSet, catalog: Any) -> None:
     _put(locations, catalog, LOCATIONS, _locations_doc(catalog))
 
 
+def _mirror_doc(row: mirror_sql.MirrorRow) -> dict[str, Any]:
+    return {"name": row.name, "destination": redact_url(row.destination),
+            "key_file": None if row.key_file is None else redact_url(row.key_file),
+            "selection": row.selection, "propagate_deletions": row.propagate_deletions,
+            "created_at": row.created_at}
+
+
+def record_mirror(locations: LocationSet, catalog: Any, name: str) -> None:
+    """Mirror mirror ``name``'s definition, as the catalog has it now (none: it is gone)."""
+    for row in (row for row in mirror_sql.mirrors(catalog) if row.name == name):
+        _put(locations, catalog, objectnames.ref_name(MIRRORS, name, catalog.crypto.name_hash),
+             _mirror_doc(row))
+
+
+def drop_mirror(locations: LocationSet, catalog: Any, name: str) -> None:
+    """Remove mirror ``name``'s record from every readable location (it was removed). A location
+    that refuses is logged: its copy would bring the mirror back in a catalog rebuild."""
+    key = objectnames.ref_name(MIRRORS, name, catalog.crypto.name_hash)
+    readable = [(loc.id, key) for loc in locations.all if loc.readable]
+    if len(locations.delete(readable)) < len(readable):
+        log.warning("the record of removed mirror %r is left on a blob location (see above); a "
+                    "catalog rebuild would bring the mirror back (remove it again then)", name)
+
+
+def removed_mirrors(listed: Iterable[str], wanted: Mapping[str, Any]) -> list[str]:
+    """The mirror records among ``listed`` object names that ``wanted`` (:func:`expected`) lacks:
+    left by a removal a location refused, they would bring a removed mirror back in a rebuild."""
+    return sorted(key for key in listed if key.startswith(MIRRORS) and key not in wanted)
+
+
 _COMPARED = {TAGS: ("name", "version"),
              RUNS: ("name", "created_at", "parent_version", "retention", "redundancy", "delta_chain",
                     "delta_policy"),
              STORE: ("redundancy", "delta_chain", "delta_policy"),
-             LOCATIONS: ("locations",)}
+             LOCATIONS: ("locations",),
+             MIRRORS: ("name", "destination", "key_file", "selection", "propagate_deletions", "created_at")}
 
 
 def expected(catalog: Any) -> dict[str, dict[str, Any]]:
@@ -156,6 +201,8 @@ def expected(catalog: Any) -> dict[str, dict[str, Any]]:
     if any(value is not None for value in store.values()):
         out[STORE] = store
     out[LOCATIONS] = _locations_doc(catalog)
+    for mirror in mirror_sql.mirrors(catalog):
+        out[objectnames.ref_name(MIRRORS, mirror.name, catalog.crypto.name_hash)] = _mirror_doc(mirror)
     return out
 
 
@@ -235,6 +282,18 @@ def valid_run(doc: dict[str, Any]) -> bool:
             and (chain is None or (isinstance(chain, int) and not isinstance(chain, bool)
                                    and 0 <= chain <= 64))
             and doc.get("delta_policy") in (None, *DELTA_POLICIES))
+
+
+def valid_mirror(doc: dict[str, Any]) -> bool:
+    """Whether a mirror record holds what :func:`record_mirror` writes, each field of its type
+    (the selection is checked when it is read back: :func:`casckpt.mirror_rules.selection_from_json`)."""
+    name, destination, key_file, created = (doc.get("name"), doc.get("destination"), doc.get("key_file"),
+                                            doc.get("created_at"))
+    return (isinstance(name, str) and 0 < len(name) <= 128
+            and isinstance(destination, str) and 0 < len(destination) <= 4096
+            and (key_file is None or (isinstance(key_file, str) and 0 < len(key_file) <= 4096))
+            and isinstance(doc.get("selection"), dict) and isinstance(doc.get("propagate_deletions"), bool)
+            and _number(created, float, 1e12) == created and created is not None)
 
 
 def newest(copies: Iterable[Found], states: dict[str, str]) -> Found | None:

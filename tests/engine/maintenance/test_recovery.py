@@ -415,10 +415,10 @@ def test_a_failed_location_without_a_spare_domain_stays_degraded_until_a_domain_
 # -- 3. catalog rebuild, table by table -------------------------------------------------------
 
 TABLES = ("store_info", "runs", "versions", "tags", "tensors", "contents", "packs", "chunks", "shards",
-          "locations")
+          "locations", "mirrors")
 _ROW_KEYS = {"store_info": ("key",), "runs": ("name",), "versions": ("id",), "tags": ("name",),
              "tensors": ("version_id", "path"), "contents": ("digest",), "packs": ("id",), "chunks": ("id",),
-             "shards": ("pack_id", "idx"), "locations": ("name",)}
+             "shards": ("pack_id", "idx"), "locations": ("name",), "mirrors": ("name",)}
 _VOLATILE = {"runs": ("id",), "locations": ("id", "created_at"), "tags": ("created_at",),
              "packs": ("created_at", "verified_at"), "chunks": ("created_at",),
              "shards": ("verified_at",)}
@@ -476,7 +476,7 @@ def catalog_diff(old: Rows, new: Rows) -> list[tuple[str, Any, str, Any, Any]]:
 #: What a catalog rebuilt from the blob locations holds differently from the catalog it replaces,
 #: column by column; ``docs/ARCHITECTURE.md`` ("Catalog rebuild") has this table word for word.
 #: Everything else -- every other column of store_info, runs, versions, tags, tensors, contents,
-#: packs, chunks, shards and locations -- comes back identical.
+#: packs, chunks, shards, locations and mirrors -- comes back identical.
 REBUILD_LOSES = {
     "`store_info` `generation`": "one higher (the catalogs from before the rebuild are refused)",
     "`store_info` `record_seq`": "one above the highest counter of a record found",
@@ -497,8 +497,11 @@ REBUILD_LOSES = {
     "`gc_runs`, `leases`, `gc_live`, `tombstones`": "empty (GC history, commits in flight, purged versions)",
     "`audit_log`": "one `catalog.rebuild` row (the trail before the loss went with the old catalog)",
     "`drills`": "empty (the drill history went with the old catalog)",
-    "`mirrors`, `mirror_versions`": "empty (mirrors are not in the records: add them again; their next "
-                                    "run finds what the destinations hold and sends nothing again)",
+    "`mirrors` `run_started_at`, `run_finished_at`, `run_error`, `dest_store_id`":
+        "NULL (the last run and the destination's identity: the next run records them again)",
+    "`mirror_versions`": "empty (what mirror runs recorded: each mirror's next run finds what its "
+                         "destination holds and sends nothing again, but counts it `present`, not "
+                         "sent by the mirror, so `propagate_deletions` no longer deletes it there)",
 }
 
 def _explained(table: str, column: str, old: dict[str, Any], new: dict[str, Any],
@@ -521,6 +524,8 @@ def _explained(table: str, column: str, old: dict[str, Any], new: dict[str, Any]
         return old["state"] == "condemned" and (new["state"], new["condemned_at"]) == ("live", None)
     if table == "runs" and column == "created_at":
         return old["name"] not in recorded_runs
+    if table == "mirrors" and column in ("run_started_at", "run_finished_at", "run_error", "dest_store_id"):
+        return new[column] is None
     return table == "shards" and column == "state" and old["state"] != "ok"
 
 
@@ -593,7 +598,7 @@ def test_rebuild_after_every_kind_of_catalog_change_loses_only_what_is_documente
     steps = (10, 20, 30, 40, 50)
 
     # history: commits with tags, a tag moved, a commit-time tag moved, a fork, retention
-    # policies, a run without any record, a soft delete
+    # policies, a run without any record, a soft delete, mirrors (one run, one removed)
     with open_store(root, blobs, catalog=catalog) as store:
         store.locations.set_redundancy("ec:2+1")
         for step in steps:
@@ -608,7 +613,14 @@ def test_rebuild_after_every_kind_of_catalog_change_loses_only_what_is_documente
         store.retention.set("ft", keep_every=2, keep_tagged=False)
         store.delete(f"{RUN}@30")
         store.gc()  # retention soft-deletes r@10 (untagged, not among the last 3): chunks condemned
+        store.mirrors.add("arch", str(tmp_path / "dst"), runs=[RUN], tags=["best"], keep_last=1,
+                          propagate_deletions=True)
+        store.mirrors.add("gone", str(tmp_path / "dst2"), runs=["ft"], keep_every=2)
+        store.mirrors.remove("gone")
+        assert [v.step for v in store.mirrors.push("arch").versions] == [20, 50]
     with rebuild_and_compare(root, catalogs, catalog=catalog) as store:
+        assert [m.name for m in store.mirrors.list()] == ["arch"]
+        assert store.mirrors.push("arch").nothing_sent
         assert [v.step for v in store.log(RUN, order="asc")] == list(steps)  # @10, @30 visible again
         store.gc()  # re-applies retention; the explicit delete of @30 stays undone
         assert [v.step for v in store.log(RUN, order="asc")] == list(steps[1:])
