@@ -499,6 +499,8 @@ REBUILD_LOSES = {
     "`drills`": "empty (the drill history went with the old catalog)",
     "`mirrors`, `mirror_versions`": "empty (mirrors are not in the records: add them again; their next "
                                     "run finds what the destinations hold and sends nothing again)",
+    "`rekey_map`": "empty (the next copy across keys into this store reads from the source what the map "
+                   "would have spared, and maps it again)",
 }
 
 def _explained(table: str, column: str, old: dict[str, Any], new: dict[str, Any],
