@@ -348,5 +348,12 @@ mirror_versions = Table(  # per mirror, each source version its runs selected, a
     Column("metrics", Text, nullable=True),  # under the keep rules once deleted here (0017)
 )
 
+rekey_map = Table(  # copies across chunk-id keys: a source chunk's id here (casckpt.catalog.rekeymap; 0018)
+    "rekey_map",
+    metadata,
+    Column("key", String(64), primary_key=True),  # our keyed digest of (source store id, its chunk id)
+    Column("chunk_id", String(64), nullable=False),  # our id of the same bytes (no FK: gc sweeps chunks)
+)
+
 GC_TABLES = frozenset({"gc_live", "gc_runs"})
 """gc's own tables: the admin role writes them; a writer role only reads them."""

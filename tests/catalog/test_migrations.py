@@ -622,3 +622,24 @@ def test_0017_adds_the_mirror_identity_columns_keeps_the_rows_and_downgrades(tmp
         assert [v.status for v in store.mirrors.push("m").versions] == ["sent"]
     assert "dest_store_id" in _columns(url, "mirrors")
     assert {"created_at", "metrics"} <= _columns(url, "mirror_versions")
+
+
+# -- 0018: the re-key map of copies across chunk-id keys ----------------------------------------
+
+
+def test_0018_adds_the_rekey_map_and_downgrades(tmp_path: Path) -> None:
+    key = tmp_path / "k"
+    casckpt.generate_key_file(key)
+    root = tmp_path / "enc"
+    with casckpt.open(tmp_path / "src") as src, casckpt.open(root, key_file=key) as enc:
+        for step in (1, 2):
+            src.commit({"w": torch.arange(4096.0), "s": torch.full((4096,), float(step))}, run="r", step=step)
+        src.copy("r@1", to=enc)
+    assert "rekey_map" in _tables(root) and _revision(root) == head_revision()
+    _migrate(root, "0017", down=True)
+    assert _revision(root) == "0017" and "rekey_map" not in _tables(root)
+    with casckpt.open(tmp_path / "src") as src, casckpt.open(root, key_file=key, create=False) as enc:
+        assert _revision(root) == head_revision()  # upgraded on open, the map empty: r@2 read whole
+        assert [v.step for v in src.copy("r@2", to=enc).versions] == [2]
+        assert torch.equal(enc.restore("r@2")["s"], torch.full((4096,), 2.0))
+    assert "rekey_map" in _tables(root)

@@ -19,6 +19,7 @@ again from one process they would change their layout.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,16 +31,19 @@ from casckpt.catalog.leases import begin_lease, release_lease
 from casckpt.catalog.rows import VersionRow
 from casckpt.catalog.rows import version as version_of
 from casckpt.engine.context import EngineContext
+from casckpt.engine.copying import rekeymap
 from casckpt.engine.copying.copy import Outcome, fork_run, set_tags
 from casckpt.engine.copying.copyplan import chain, movable_tags, refuse_foreign_run
 from casckpt.engine.read.restore import materialize
 from casckpt.engine.versions.refs import load_manifest
 from casckpt.engine.write import commit as commit_engine
 from casckpt.errors import CopyConflictError, CopyUnsupportedError
-from casckpt.format.manifest import decode_manifest
+from casckpt.format.manifest import Manifest, decode_manifest
 from casckpt.types import CopiedVersion, ProgressCallback
 
 __all__ = ["Rekeyed", "execute", "plan"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,11 +160,11 @@ def _mapped(source: EngineContext, dest: EngineContext, version_id: str | None,
 
 def _recommit(source: EngineContext, dest: EngineContext, item: Rekeyed, ids: dict[str, str],
               progress: ProgressCallback | None) -> tuple[str, int, int, int]:
-    """Read one version whole from the source and commit it at the destination; returns its
-    id there, the chunks written, their raw bytes and the bytes stored."""
+    """Read one version from the source (all but the extents the re-key map names at the
+    destination) and commit it at the destination; returns its id there, the chunks
+    written, their raw bytes and the bytes stored."""
     row, started = item.row, time.monotonic()
     manifest = load_manifest(source.catalog, row)
-    state = materialize(source, manifest, map_location="cpu", progress=progress)
     value = version_of(row)
     req = commit_engine.make_request(row.run, row.step, value.metadata, value.metrics, row.message,
                                      item.tags)
@@ -169,11 +173,33 @@ def _recommit(source: EngineContext, dest: EngineContext, item: Rekeyed, ids: di
     fork_run(dest, row.run, _mapped(source, dest, history_sql.fork_point(source.catalog, row.run), ids))
     redundancy = dest.packs.placement.redundancy_for(row.run)
     dest.packs.placement.check_writable(redundancy)
-    snap = commit_engine.snapshot(dest, state, req, row.created_at, parent=parent, progress=progress)
+    snap, match = _snapshot(source, dest, manifest, req, row.created_at, parent, progress)
     lease = begin_lease(dest.catalog, snap.version_id)
     try:
         version = commit_engine.finish(dest, req, snap, redundancy, started, lease, progress)
     except BaseException:
         release_lease(dest.catalog, lease, f"copy of {row.run}@{row.step}")
         raise
+    rekeymap.remember(source, dest, manifest, match, snap.manifest)
     return version.id, len(snap.new_ids), version.new_bytes, version.stored_bytes
+
+
+def _snapshot(source: EngineContext, dest: EngineContext, manifest: Manifest,
+              req: commit_engine.CommitRequest, created: float, parent: str | None,
+              progress: ProgressCallback | None) -> tuple[commit_engine.Snapshot, rekeymap.ExtentMatch]:
+    """The destination's snapshot of the source's version: the extents the map names are not
+    read (their ids come from the map); should the destination plan one of them otherwise,
+    the version is read whole."""
+    mapping = rekeymap.plan(source, dest, manifest)
+    while True:
+        state = materialize(source, manifest, map_location="cpu", progress=progress, skip=mapping.skip)
+        match = rekeymap.ExtentMatch(manifest, mapping, dest.config.chunk_size)
+        try:
+            return commit_engine.snapshot(dest, state, req, created, parent=parent, progress=progress,
+                                          mapped=match), match
+        except rekeymap.Unmapped:
+            if mapping is rekeymap.NOTHING:
+                raise
+            log.info("copy of %s@%s: the destination lays out a mapped extent otherwise; reading "
+                     "the version whole", req.run, req.step)
+            mapping = rekeymap.NOTHING

@@ -194,11 +194,18 @@ def _tensors(paths: list[str], shown: int = 10) -> str:
 def materialize(
     ctx: EngineContext, manifest: Manifest, *, targets: Mapping[str, object] | None = None,
     map_location: Any = None, progress: ProgressCallback | None = None, heal: bool = True,
+    skip: frozenset[int] = frozenset(),
 ) -> object:
     """Read every tensor of ``manifest`` and rebuild the state. ``heal=False`` leaves the
-    damaged shards a read meets to ``repair`` (a restore drill changes nothing it finds)."""
+    damaged shards a read meets to ``repair`` (a restore drill changes nothing it finds).
+
+    ``skip``: extents (indices into ``manifest.extents``) not read: their tensors are zeros
+    of their shape, for a caller that never uses their bytes (a copy across keys that knows
+    their chunks' ids at the destination already, :mod:`casckpt.engine.copying.rekeymap`)."""
     buffers, in_place = _extent_buffers(manifest, set(range(len(manifest.extents))), targets or {})
-    _fill(ctx, manifest, buffers, progress, heal=heal)
+    _fill(ctx, manifest, {i: b for i, b in buffers.items() if i not in skip}, progress, heal=heal)
+    for i in skip:
+        buffers[i][:] = 0  # never uninitialised memory, even unread
     if map_location is not None:
         buffers = {
             i: b.to(map_location) if isinstance(b, torch.Tensor) and i not in in_place else b

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -32,7 +32,7 @@ from casckpt.engine.memory.deltabase import candidate_bases
 from casckpt.engine.read import trees
 from casckpt.engine.read.degraded import Shortfall, summary
 from casckpt.engine.versions import records
-from casckpt.engine.versions.extents import PackMemo, pack_limit, plan_extents
+from casckpt.engine.versions.extents import ExtentSource, PackMemo, pack_limit, plan_extents
 from casckpt.engine.versions.validate import (
     check_message,
     check_metadata,
@@ -66,6 +66,10 @@ from casckpt.storage.locations import LocationSet
 from casckpt.types import ProgressCallback, Version
 
 log = logging.getLogger(__name__)
+
+Mapped = Callable[[Sequence[TensorEntry], Sequence[ExtentSource]], dict[int, ExtentEntry]]
+"""What a caller that knows some extents' chunk ids already reuses (:func:`snapshot`'s ``mapped``):
+given the planned entries and extents, the extents (by index) whose ids it vouches for."""
 
 _PUBLISH_ATTEMPTS = 3
 
@@ -129,11 +133,14 @@ class Snapshot:
 def snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: float, *,
              parent: str | None, reserve: Reserve | None = None,
              progress: ProgressCallback | None = None,
-             pending: Mapping[bytes, ChunkBytes] | None = None, hint: ChangeHint | None = None) -> Snapshot:
+             pending: Mapping[bytes, ChunkBytes] | None = None, hint: ChangeHint | None = None,
+             mapped: Mapped | None = None) -> Snapshot:
     """Encode, hash (in place) and dedup ``state``; build its manifest.
 
     With ``hint`` (see :mod:`casckpt.engine.write.hint`), the tensors it vouches for are not
-    hashed: their chunk ids are the parent's.
+    hashed: their chunk ids are the parent's. With ``mapped`` (a copy across keys,
+    :mod:`casckpt.engine.copying.rekeymap`), the extents it returns are not hashed either:
+    their ids are its, and it answers for the store holding them.
 
     With ``reserve``, the chunks the store does not hold are copied out of
     the state (after ``reserve(nbytes)`` agrees), so only changed bytes are
@@ -150,7 +157,7 @@ def snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: flo
                     last.version_id if last else None)
     try:
         with collector.paused():
-            return _snapshot(ctx, state, req, created, parent, reserve, progress, pending, memo, hint)
+            return _snapshot(ctx, state, req, created, parent, reserve, progress, pending, memo, hint, mapped)
     except BaseException:
         # the caller's next hint vouches for its tensors since THIS commit, which made no
         # version: the run's parent is then an older one, whose bytes may differ
@@ -191,7 +198,7 @@ def _distrust(memo: _RunMemo) -> None:
 def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: float, parent: str | None,
               reserve: Reserve | None, progress: ProgressCallback | None,
               pending: Mapping[bytes, ChunkBytes] | None, memo: _RunMemo,
-              hint: ChangeHint | None) -> Snapshot:
+              hint: ChangeHint | None, mapped: Mapped | None = None) -> Snapshot:
     root, leaves = encode_state(state)
     entries, sources = plan_extents(leaves, pack=pack_limit(ctx.config.chunk_size),
                                     memo=memo.packs, ids=ctx.crypto.chunk_id)
@@ -215,6 +222,10 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
                          parent_manifest(ctx, req.run, parent), counters)
         reuse, held = _held(ctx, reuse, pending)
         hinted = fingerprints(ctx.crypto.chunk_id, req.run, req.step, hint, leaves, entries, reuse)
+    if mapped is not None:
+        vouched = mapped(entries, sources)
+        reuse.update(vouched)
+        held |= {c for e in vouched.values() for c in e.chunks}  # never new: their bytes are not at hand
     hashed = hash_extents(ctx, sources, progress, pending, reserve, reuse=reuse)
     hashed.known |= held
     extents, chunks = hashed.extents, hashed.chunks
