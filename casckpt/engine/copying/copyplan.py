@@ -14,9 +14,10 @@ tree derived from it (the source's, if migrated: the same root), so the destinat
 migrated whether or not the source was.
 
 Memory: a plan keeps, per version, its ids, the ids it sends with their sizes and element
-sizes, and only the tree nodes the destination lacks (a version's whole tree is read once,
-then dropped), so planning a long run holds about what the copy sends, not every version's
-tree. CPU: a tree is walked (each node read and verified once), never decoded into a manifest.
+sizes, and the ids and sizes of the tree nodes the destination lacks (their bytes are read
+again when the copy sends them, :mod:`.copynodes`); a version's whole tree is read once, then
+dropped, so planning a long run holds no version's tree. CPU: a tree is walked (each node
+read and verified once), never decoded into a manifest.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from casckpt.catalog import nodes as node_sql
 from casckpt.catalog import retention as retention_sql
 from casckpt.catalog.rows import VersionRow
 from casckpt.catalog.treemigrate import tree_root as migrated_root
+from casckpt.engine.copying.copynodes import NodeBodies, NodeReader
 from casckpt.engine.versions.nodes import StoreNodes
 from casckpt.engine.versions.refs import bind
 from casckpt.errors import CasckptError, CopyConflictError, CorruptManifestError
@@ -59,7 +61,9 @@ class VersionPlan:
         ids: every chunk and tree node it references.
         nodes: the raw bytes (verified against their ids), by id, of its tree nodes that it
             sends or whose catalog rows the destination lacks and no earlier version of the
-            copy adds (its publish adds them); not every node of its tree (see :func:`plan`).
+            copy adds (its publish adds them); not every node of its tree. Read again from
+            the source when asked (:class:`~.copynodes.NodeBodies`; a tree derived from a
+            document of format 1 or 2: held), so a plan does not hold them all.
         send: the ids among ``ids`` the destination lacks and no earlier version of the copy
             brings, in order.
         send_bytes: their raw bytes.
@@ -169,8 +173,7 @@ def plan(source: Catalog, dest: Catalog, asked: Sequence[VersionRow], source_nod
         VersionMismatchError: a version's manifest is another version than its row says.
     """
     planned: list[VersionPlan] = []
-    sending: set[bytes] = set()
-    rowed: set[bytes] = set()
+    state = _Planning(source_nodes, NodeReader(source_nodes))
     checked: set[str] = set()
     for row, was_asked in chain(source, dest, asked, lineage=lineage):
         if _held(dest, row, was_asked):
@@ -178,7 +181,7 @@ def plan(source: Catalog, dest: Catalog, asked: Sequence[VersionRow], source_nod
             continue
         _refuse_conflict(dest, row)
         refuse_foreign_run(source, dest, row.run, checked)
-        planned.append(_plan_version(source, dest, row, was_asked, source_nodes, sending, rowed))
+        planned.append(_plan_version(source, dest, row, was_asked, state))
     return CopyPlan(tuple(planned))
 
 
@@ -242,30 +245,47 @@ def _refuse_conflict(dest: Catalog, row: VersionRow) -> None:
             "destination (`casckpt delete`, then `casckpt gc`), or copy into a store without it")
 
 
-def _plan_version(source: Catalog, dest: Catalog, row: VersionRow, asked: bool, source_nodes: StoreNodes,
-                  sending: set[bytes], rowed: set[bytes]) -> VersionPlan:
+@dataclass(slots=True)
+class _Planning:
+    """What planning a copy's versions shares: where the source's nodes are read (and read
+    again, :mod:`.copynodes`), and the ids and node rows earlier versions of the copy bring."""
+
+    source_nodes: StoreNodes
+    reader: NodeReader
+    sending: set[bytes] = field(default_factory=set)
+    rowed: set[bytes] = field(default_factory=set)
+
+
+def _plan_version(source: Catalog, dest: Catalog, row: VersionRow, asked: bool,
+                  state: _Planning) -> VersionPlan:
     """One version the destination lacks: what it references, and what of that to send.
 
-    Only what the copy needs of it is kept (the nodes the destination lacks, the element sizes
-    of the chunks sent): a version of thousands of tensors holds megabytes of nodes, and a
-    copy plans every version before it sends anything. ``sending``/``rowed``: the ids and
-    node rows earlier versions of the copy bring (updated).
+    Only what the copy needs of it is kept: its ids, the ones it sends with their sizes and
+    element sizes, and the nodes it sends or whose rows the destination lacks, as ids and
+    sizes (:class:`~.copynodes.NodeBodies`: read again from the source when the copy asks;
+    a tree derived from a document of format 1 or 2, which the source may not hold, is kept
+    whole).
     """
     data = source.manifest(row.id)
     head = decode_manifest(data, row.id)
     if head.tree is None:
-        walked = _document(source, row, data, source_nodes.chunk_ids)
+        walked = _document(source, row, data, state.source_nodes.chunk_ids)
     else:
-        walked = _walk(head.tree.root, head.tree.shared, source_nodes)
+        walked = _walk(head.tree.root, head.tree.shared, state.source_nodes)
     ids, nodes = walked.ids, walked.nodes
     held = {bytes.fromhex(h) for h in dest.find_chunks([i.hex() for i in ids])}
-    send = [i for i in ids if i not in held and i not in sending]
-    sending.update(send)
-    unrowed = [i for i in nodes if i not in rowed]
+    send = [i for i in ids if i not in held and i not in state.sending]
+    state.sending.update(send)
+    unrowed = [i for i in nodes if i not in state.rowed]
     have = node_sql.tree_node_ids(dest, [i.hex() for i in unrowed])
-    kept = {i: nodes[i] for i in send if i in nodes}  # sent: fetched from the plan
-    kept.update((i, nodes[i]) for i in unrowed if i.hex() not in have)  # rows its publish adds
-    rowed.update(kept)
+    needed = [i for i in send if i in nodes]  # sent: the pipeline takes their bytes from the plan
+    needed += [i for i in unrowed if i.hex() not in have]  # rows its publish adds
+    state.rowed.update(needed)
+    kept: Mapping[bytes, bytes]
+    if walked.document is None:
+        kept = NodeBodies(state.reader, {i: len(nodes[i]) for i in needed})
+    else:
+        kept = {i: nodes[i] for i in needed}
     sizes = {bytes.fromhex(h): loc.raw_len for h, loc in
              source.find_chunks([i.hex() for i in send if i not in nodes], live_only=False).items()}
     send_bytes = sum(len(nodes[i]) if i in nodes else sizes.get(i, 0) for i in send)
