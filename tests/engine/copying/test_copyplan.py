@@ -21,8 +21,8 @@ def state(step: int) -> dict[str, Any]:
     """Many small tensors (packed extents, split dict nodes) that stay, a few that change, and
     whole tensors of several dtypes (extents of their own)."""
     g = torch.Generator().manual_seed(3)
-    out: dict[str, Any] = {f"layers.{i}.w": torch.randn(16, generator=g) for i in range(1500)}
-    out["layers.1499.w"] = out["layers.1499.w"] + step
+    out: dict[str, Any] = {f"layers.{i}.w": torch.randn(16, generator=g) for i in range(1200)}
+    out["layers.1199.w"] = out["layers.1199.w"] + step
     out["big.f32"] = torch.randn(5000, generator=g) + step
     out["big.i64"] = torch.arange(3000, dtype=torch.int64) * step
     out["big.bf16"] = (torch.randn(6000, generator=g) + step).to(torch.bfloat16)
