@@ -484,9 +484,7 @@ class Store(StoreHistory):
 
         Raises:
             CopyTargetError: ``to`` is this store (or not a Store).
-            CopyUnsupportedError: a version asked for is of manifest format 1 or 2 (saved
-                before trees; as an ancestor it ends the line), or, across keys, was saved by
-                many ranks.
+            CopyUnsupportedError: across keys, a version was saved by many ranks.
             CopyConflictError: ``to`` has another version at a copied version's run and step.
             ReadOnlyStoreError: ``to`` is read-only.
             RefNotFoundError, AmbiguousRefError: a bad ref.

@@ -329,11 +329,14 @@ class TreeReader:
                 yield p, v
 
 
-def referenced(source: NodeSource, root: bytes, seen: set[bytes]) -> Iterator[bytes]:
+def referenced(source: NodeSource, root: bytes, seen: set[bytes],
+               tensors: list[dict[str, Any]] | None = None) -> Iterator[bytes]:
     """Every node and chunk id the tree under ``root`` references -- its nodes, and the chunks
     of the extents inline in them (a tree manifest lists its shared extents itself) -- reading
     each node once: a node in ``seen`` is skipped with everything under it (nodes are
     content-addressed, so its subtree was walked already), and every node read is added.
+    ``tensors``: where each tensor value met (``{"t": "tensor", "e": ...}``, its extent checked)
+    is appended, for callers that need more of it than its chunks (a copy: their dtypes).
 
     What gc marks through a tree: ``seen`` shared by every version of one mark makes the
     work O(distinct nodes), not O(versions x tensors). Nodes are read a level at a time
@@ -363,6 +366,8 @@ def referenced(source: NodeSource, root: bytes, seen: set[bytes]) -> Iterator[by
                         below.append(child)
                 elif kind == "tensor":
                     yield from _extent_chunks(value, node_id)
+                    if tensors is not None:
+                        tensors.append(value)
                 elif kind == "sharded":
                     pieces = value.get("v")
                     if not isinstance(pieces, list):

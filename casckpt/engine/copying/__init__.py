@@ -1,7 +1,8 @@
 """Copying: versions moved from one store to another, as git moves commits.
 
 Owns ``copyplan`` (which versions a copy publishes -- the ones asked for and their missing
-ancestors -- and which chunks and tree nodes the destination lacks), ``copychunks`` (those
+ancestors -- and which chunks and tree nodes the destination lacks), ``copynodes`` (the
+nodes a plan keeps as ids and sizes, read again from the source when sent), ``copychunks`` (those
 chunks read from the source and verified), ``copypipe`` (every chunk of a copy read ahead
 and packed through one packer of the destination's own write path, across versions) and
 ``copy`` (leases on both stores, each version published in one catalog

@@ -7,23 +7,41 @@ needs): a manifest names its parent, and the version id is the manifest's hash, 
 parent must be there for the version to arrive as the same version. An ancestor the source
 no longer shows (deleted) ends the chain: the copied version then names a parent neither
 store shows, as it did on the source.
+
+A version saved before casckpt wrote trees (manifest format 1 or 2) travels as the version
+``casckpt catalog migrate-trees`` makes of it: its document as it is (the same id), with the
+tree derived from it (the source's, if migrated: the same root), so the destination holds it
+migrated whether or not the source was.
+
+Memory: a plan keeps, per version, its ids, the ids it sends with their sizes and element
+sizes, and the ids and sizes of the tree nodes the destination lacks (their bytes are read
+again when the copy sends them, :mod:`.copynodes`); a version's whole tree is read once, then
+dropped, so planning a long run holds no version's tree. CPU: a tree is walked (each node
+read and verified once), never decoded into a manifest.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from casckpt.catalog import Catalog
 from casckpt.catalog import gc as gc_sql
+from casckpt.catalog import nodes as node_sql
 from casckpt.catalog import retention as retention_sql
 from casckpt.catalog.rows import VersionRow
+from casckpt.catalog.treemigrate import tree_root as migrated_root
+from casckpt.engine.copying.copynodes import NodeBodies, NodeReader
 from casckpt.engine.versions.nodes import StoreNodes
-from casckpt.errors import CasckptError, CopyConflictError, CopyUnsupportedError
+from casckpt.engine.versions.refs import bind
+from casckpt.errors import CasckptError, CopyConflictError, CorruptManifestError
 from casckpt.format import treeread
+from casckpt.format.chunks import ChunkIds
 from casckpt.format.dtypes import element_size
-from casckpt.format.manifest import Manifest, decode_manifest
+from casckpt.format.manifest import ExtentEntry, Manifest, decode_manifest
 from casckpt.format.merkle import NodeSource
+from casckpt.format.treemanifest import with_tree
 
 __all__ = ["CopyPlan", "VersionPlan", "chain", "movable_tags", "plan", "refuse_foreign_run"]
 
@@ -41,12 +59,17 @@ class VersionPlan:
         kept_tags: the source's tags on it that the destination has on a version of its own
             (one no copy from the source made), left there (:func:`movable_tags`).
         ids: every chunk and tree node it references.
-        nodes: its tree nodes' raw bytes (verified against their ids), by id.
+        nodes: the raw bytes (verified against their ids), by id, of its tree nodes that it
+            sends or whose catalog rows the destination lacks and no earlier version of the
+            copy adds (its publish adds them); not every node of its tree. Read again from
+            the source when asked (:class:`~.copynodes.NodeBodies`; a tree derived from a
+            document of format 1 or 2: held), so a plan does not hold them all.
         send: the ids among ``ids`` the destination lacks and no earlier version of the copy
             brings, in order.
         send_bytes: their raw bytes.
         aligns: element size of each chunk's tensor (what the destination's encoder groups by).
-        root: its tree's root node.
+        root: its tree's root node (a version of manifest format 1 or 2: the root of the tree
+            ``casckpt catalog migrate-trees`` gives it, which the destination's row names).
     """
 
     row: VersionRow
@@ -146,11 +169,11 @@ def plan(source: Catalog, dest: Catalog, asked: Sequence[VersionRow], source_nod
 
     Raises:
         CopyConflictError: the destination holds another version at one's run and step.
-        CopyUnsupportedError: a version is of manifest format 1 or 2 (not migrated to a tree).
         CorruptManifestError, MissingDataError: the source cannot read a version's tree.
+        VersionMismatchError: a version's manifest is another version than its row says.
     """
     planned: list[VersionPlan] = []
-    sending: set[bytes] = set()
+    state = _Planning(source_nodes, NodeReader(source_nodes))
     checked: set[str] = set()
     for row, was_asked in chain(source, dest, asked, lineage=lineage):
         if _held(dest, row, was_asked):
@@ -158,9 +181,7 @@ def plan(source: Catalog, dest: Catalog, asked: Sequence[VersionRow], source_nod
             continue
         _refuse_conflict(dest, row)
         refuse_foreign_run(source, dest, row.run, checked)
-        found = _plan_version(source, dest, row, was_asked, source_nodes, sending)
-        if found is not None:
-            planned.append(found)
+        planned.append(_plan_version(source, dest, row, was_asked, state))
     return CopyPlan(tuple(planned))
 
 
@@ -224,37 +245,133 @@ def _refuse_conflict(dest: Catalog, row: VersionRow) -> None:
             "destination (`casckpt delete`, then `casckpt gc`), or copy into a store without it")
 
 
-def _plan_version(source: Catalog, dest: Catalog, row: VersionRow, asked: bool, source_nodes: StoreNodes,
-                  sending: set[bytes]) -> VersionPlan | None:
-    """One version the destination lacks: what it references, and what of that to send (None:
-    an ancestor of manifest format 1 or 2, left out: the line ends there)."""
+@dataclass(slots=True)
+class _Planning:
+    """What planning a copy's versions shares: where the source's nodes are read (and read
+    again, :mod:`.copynodes`), and the ids and node rows earlier versions of the copy bring."""
+
+    source_nodes: StoreNodes
+    reader: NodeReader
+    sending: set[bytes] = field(default_factory=set)
+    rowed: set[bytes] = field(default_factory=set)
+
+
+def _plan_version(source: Catalog, dest: Catalog, row: VersionRow, asked: bool,
+                  state: _Planning) -> VersionPlan:
+    """One version the destination lacks: what it references, and what of that to send.
+
+    Only what the copy needs of it is kept: its ids, the ones it sends with their sizes and
+    element sizes, and the nodes it sends or whose rows the destination lacks, as ids and
+    sizes (:class:`~.copynodes.NodeBodies`: read again from the source when the copy asks;
+    a tree derived from a document of format 1 or 2, which the source may not hold, is kept
+    whole).
+    """
     data = source.manifest(row.id)
     head = decode_manifest(data, row.id)
-    if head.tree is None and not asked:
-        return None
     if head.tree is None:
-        raise CopyUnsupportedError(
-            f"version {row.id[:12]} ({row.run}@{row.step}) is of manifest format 1 or 2 (saved "
-            "before casckpt wrote trees), which a copy between stores keyed alike does not carry, "
-            "even after `casckpt catalog migrate-trees`. Copy its descendants (they name it as "
-            "their parent), or restore it and commit it into the destination")
-    recorded = _Recorded(source_nodes)
-    ids = list(dict.fromkeys([c for b in head.tree.shared for c in b.chunks]
-                             + list(treeread.referenced(recorded, head.tree.root, set()))))
-    whole = decode_manifest(data, row.id, recorded)
+        walked = _document(source, row, data, state.source_nodes.chunk_ids)
+    else:
+        walked = _walk(head.tree.root, head.tree.shared, state.source_nodes)
+    ids, nodes = walked.ids, walked.nodes
     held = {bytes.fromhex(h) for h in dest.find_chunks([i.hex() for i in ids])}
-    send = [i for i in ids if i not in held and i not in sending]
-    sending.update(send)
+    send = [i for i in ids if i not in held and i not in state.sending]
+    state.sending.update(send)
+    unrowed = [i for i in nodes if i not in state.rowed]
+    have = node_sql.tree_node_ids(dest, [i.hex() for i in unrowed])
+    needed = [i for i in send if i in nodes]  # sent: the pipeline takes their bytes from the plan
+    needed += [i for i in unrowed if i.hex() not in have]  # rows its publish adds
+    state.rowed.update(needed)
+    kept: Mapping[bytes, bytes]
+    if walked.document is None:
+        kept = NodeBodies(state.reader, {i: len(nodes[i]) for i in needed})
+    else:
+        kept = {i: nodes[i] for i in needed}
     sizes = {bytes.fromhex(h): loc.raw_len for h, loc in
-             source.find_chunks([i.hex() for i in send if i not in recorded.raw], live_only=False).items()}
-    send_bytes = sum(len(recorded.raw[i]) if i in recorded.raw else sizes.get(i, 0) for i in send)
+             source.find_chunks([i.hex() for i in send if i not in nodes], live_only=False).items()}
+    send_bytes = sum(len(nodes[i]) if i in nodes else sizes.get(i, 0) for i in send)
     return VersionPlan(row, data, False, asked, *movable_tags(source, dest, row.id), tuple(ids),
-                       dict(recorded.raw), tuple(send), send_bytes, _aligns(whole, send), head.tree.root)
+                       kept, tuple(send), send_bytes, walked.aligns(send), walked.root)
+
+
+@dataclass(slots=True)
+class _Walked:
+    """What one version references: its tree's root, every chunk and node id (``ids``), its
+    nodes' bytes, and how to tell the element size of a chunk's tensor (:meth:`aligns`)."""
+
+    root: bytes
+    ids: list[bytes]
+    nodes: Mapping[bytes, bytes]
+    tensors: list[dict[str, Any]] = field(default_factory=list)
+    shared: Sequence[ExtentEntry] = ()
+    document: Manifest | None = None
+
+    def aligns(self, send: Sequence[bytes]) -> dict[bytes, int]:
+        """The element size of the tensor each chunk among ``send`` holds (1 for packed
+        extents, which hold several): the byte grouping the destination's encoder may use."""
+        if self.document is not None:
+            return _aligns(self.document, send)
+        wanted = {i.hex() for i in send}
+        out: dict[bytes, int] = {}
+        for value in self.tensors if wanted else ():
+            entry = value["e"]
+            extent = entry["blob"]
+            if set(extent) == {"s"}:
+                index = extent["s"]
+                ok = isinstance(index, int) and 0 <= index < len(self.shared)
+                chunks = [c.hex() for c in self.shared[index].chunks] if ok else []
+            else:
+                chunks = extent.get("chunks", [])
+            hit = [c for c in chunks if c in wanted]
+            if hit:
+                size = 1 if extent.get("packed") is True else _element_size(entry)
+                for c in hit:
+                    out.setdefault(bytes.fromhex(c), size)
+        return out
+
+
+def _element_size(entry: Mapping[str, Any]) -> int:
+    try:
+        return element_size(entry["kind"], entry["dtype"])
+    except (CasckptError, KeyError, TypeError, ValueError):
+        return 1  # a grouping hint only: a chunk's bytes are verified against its id on arrival
+
+
+def _walk(root: bytes, shared: Sequence[ExtentEntry], source_nodes: StoreNodes) -> _Walked:
+    """A tree version's ids: its shared extents' chunks, then its nodes and their chunks, each
+    node read (and verified) once."""
+    recorded = _Recorded(source_nodes)
+    walked = _Walked(root, [], recorded.raw, shared=shared)
+    found = treeread.referenced(recorded, root, set(), walked.tensors)
+    walked.ids = list(dict.fromkeys([c for extent in shared for c in extent.chunks] + list(found)))
+    return walked
+
+
+def _document(source: Catalog, row: VersionRow, data: bytes, chunk_ids: ChunkIds) -> _Walked:
+    """A version of manifest format 1 or 2 (saved before casckpt wrote trees), carried as the
+    tree ``casckpt catalog migrate-trees`` gives it (:func:`casckpt.format.treemanifest.with_tree`:
+    derived from the document, which travels as it is, so the version keeps its id): the
+    destination gets a migrated version, whether or not the source migrated it.
+
+    Raises:
+        CorruptManifestError, VersionMismatchError: the document does not decode, or is
+            another version than the row says.
+        CorruptManifestError: the source's row names another tree than the document's.
+    """
+    document = bind(row, decode_manifest(data, row.id))
+    _, tree = with_tree(document, chunk_ids)
+    named = migrated_root(source, row.id)
+    if named is not None and named != tree.root.hex():
+        raise CorruptManifestError(
+            f"the source's catalog names another tree root for version {row.id[:12]} ({row.run}@"
+            f"{row.step}) than the tree of its manifest: the source's catalog is damaged. Rebuild "
+            "it from its locations (`casckpt catalog rebuild`), then copy again")
+    chunks = [c for extent in document.extents for c in extent.chunks]
+    return _Walked(tree.root, list(dict.fromkeys([*chunks, *tree.nodes])), tree.nodes, document=document)
 
 
 def _aligns(manifest: Manifest, ids: Iterable[bytes]) -> dict[bytes, int]:
     """The element size of the tensor each chunk among ``ids`` holds (1 for packed extents,
-    which hold several): the byte grouping the destination's encoder may use."""
+    which hold several), from a whole manifest."""
     wanted = set(ids)
     out: dict[bytes, int] = {}
     for tensor in manifest.tensors:
@@ -267,4 +384,3 @@ def _aligns(manifest: Manifest, ids: Iterable[bytes]) -> dict[bytes, int]:
             if cid in wanted:
                 out.setdefault(cid, size)
     return out
-

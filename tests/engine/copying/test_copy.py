@@ -28,7 +28,6 @@ from casckpt.engine.copying import copypipe
 from casckpt.errors import (
     CopyConflictError,
     CopyTargetError,
-    CopyUnsupportedError,
     IntegrityError,
     ReadOnlyStoreError,
     RefNotFoundError,
@@ -242,21 +241,21 @@ def test_versions_the_destination_deleted_stay_deleted(tmp_path: Path, keyed: bo
         assert dst.ops.check(read_data=True).ok
 
 
-def test_a_run_older_than_trees_copies_its_new_versions(tmp_path: Path) -> None:
-    """A store written before tree manifests: a new version of an old run copies (its format 1
-    ancestor ends the line, as a deleted one does; it refused the whole copy), and the old
-    version itself is refused with a message that names what to do."""
+def test_a_run_older_than_trees_copies_its_new_versions_with_their_old_ancestors(tmp_path: Path) -> None:
+    """A store written before tree manifests: a new version of an old run copies with its
+    format 1 ancestor (which ended the line, and was refused when asked for), each restoring
+    from the destination (more: test_copy_formats.py)."""
     old = tmp_path / "old"
     shutil.copytree(Path(__file__).parents[2] / "golden" / "store-formats", old)
     with casckpt.open(old, create=False) as src, casckpt.open(tmp_path / "dst", **OPTS) as dst:
-        src.ops.migrate_trees()
         first = src.log("one")[-1]
         src.commit({"w": torch.arange(64.0)}, run="one", step=first.step + 1000)
         report = src.copy(f"one@{first.step + 1000}", to=dst)
-        assert [v.step for v in report.versions] == [first.step + 1000]
+        assert [(v.step, v.asked) for v in report.versions] == [(first.step, False),
+                                                                (first.step + 1000, True)]
         assert torch.equal(dst.restore(f"one@{first.step + 1000}")["w"], torch.arange(64.0))
-        with pytest.raises(CopyUnsupportedError, match="restore it and commit it"):
-            src.copy(f"one@{first.step}", to=dst)
+        assert dst.resolve(f"one@{first.step}").id == first.id
+        assert src.copy(f"one@{first.step}", to=dst).nothing_sent
 
 
 def test_gc_purging_a_version_a_copy_publishes_again_keeps_its_manifest(
