@@ -310,11 +310,16 @@ def check_records(ctx: EngineContext, found: Findings) -> None:
             if not records.agrees(key, doc, want):
                 found.add("record", key, f"on {loc.describe()} says {doc!r}, the catalog "
                           f"{want!r}; `casckpt repair` writes it again")
+    removed = records.removed_mirror_keys(ctx.catalog)
     for loc in ctx.locations.all:
-        for key in records.removed_mirrors(found.listed.get(loc.id, ()), wanted):
+        for key in records.unknown_mirrors(found.listed.get(loc.id, ()), wanted):
             found.add("record", key, f"on {loc.describe()} is the record of a mirror this store no "
                       "longer has (its removal could not delete it there): a catalog rebuild would "
-                      "bring the mirror back; `casckpt repair` deletes it")
+                      "bring the mirror back; `casckpt repair` deletes it" if key in removed else
+                      f"on {loc.describe()} is the record of a mirror this catalog does not have and "
+                      "whose removal it never logged (a rebuild could not restore it?): repair keeps "
+                      "it, as it may be the mirror's last definition; add the mirror again "
+                      "(casckpt mirror add) or, to drop it, delete the object yourself")
 
 
 def check_presence(ctx: EngineContext, layouts: Iterable[PackLayout], found: Findings) -> dict[str, int]:

@@ -32,6 +32,7 @@ pack had when some are gone (it comes back with the copies found).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import replace
 from typing import Any
@@ -42,6 +43,7 @@ from casckpt.catalog import mirrors as mirror_sql
 from casckpt.catalog import shards as shard_sql
 from casckpt.catalog.deltas import DELTA_POLICIES
 from casckpt.catalog.settings import DELTA_CHAIN, DELTA_POLICY, REDUNDANCY
+from casckpt.config import check_store_path
 from casckpt.engine.context import EngineContext
 from casckpt.engine.locations import identity
 from casckpt.engine.locations.discovery import FoundPack, pack_layout, scan_packs
@@ -186,13 +188,7 @@ def rebuild(ctx: EngineContext, progress: ProgressCallback | None = None) -> Reb
             skipped.append(f"{version_id}: {exc}")
         if progress is not None:
             progress("versions", done, len(manifests))
-    runs = _restore_runs(ctx, found_records, states)
-    tags = _restore_tags(ctx, found_records, states)
-    _restore_store(ctx, found_records, states)
-    _restore_mirrors(ctx, found_records, states)
-    identity_sql.raise_record_seq(ctx.catalog, 1 + max(
-        (f.order[0] for copies in found_records.values() for f in copies), default=0))
-    identity_sql.set_rebuilding(ctx.catalog, False)
+    runs, tags = _restore_records(ctx, found_records, states)
     treeindex.backfill(ctx.catalog)  # what tensor history reads, from the trees just restored
     ctx.cache.clear()
     return RebuildReport(packs=packs, chunks=chunks, versions=versions, runs=runs, tags=tags,
@@ -345,24 +341,60 @@ def _restore_store(ctx: EngineContext, found: dict[str, list[records.Found]], st
 
 def _restore_mirrors(ctx: EngineContext, found: dict[str, list[records.Found]],
                      states: dict[str, str]) -> None:
-    """Each mirror's definition, as its newest record has it; never its runs' outcomes (the
-    first run after the rebuild finds what the destination holds and sends nothing again)."""
-    for doc in _newest(found, objectnames.MIRRORS, states):
-        try:
-            if not records.valid_mirror(doc):
-                raise InvalidArgumentError("fields missing or of the wrong type")
-            name = str(doc["name"])
-            check_name(name, "mirror")
-            if records.REDACTED in doc["destination"] + (doc.get("key_file") or ""):
-                raise InvalidArgumentError(
-                    "its destination or key file path looked like it held a credential and was "
-                    f"recorded redacted; add the mirror again (casckpt mirror add {name} ...)")
-            selection_from_json(doc["selection"], name)  # a selection this casckpt can run
-            mirror_sql.restore(ctx.catalog, mirror_sql.MirrorRow(
-                name, str(doc["destination"]), doc.get("key_file"), dict(doc["selection"]),
-                bool(doc["propagate_deletions"]), float(doc["created_at"]), None, None, None))
-        except CasckptError as exc:
-            log.warning("rebuild: skipping mirror record %r: %s", doc, exc)
+    """Each mirror's definition, as its newest copy that makes sense has it (a damaged copy,
+    or one this casckpt cannot run, falls back to the next-newest on another location); never
+    its runs' outcomes (the first run after the rebuild finds what the destination holds)."""
+    for key, copies in sorted(found.items()):
+        if not key.startswith(objectnames.MIRRORS):
+            continue
+        for copy in records.ranked(copies, states):
+            try:
+                mirror_sql.restore(ctx.catalog, _mirror_row(copy.doc))
+                break
+            except CasckptError as exc:
+                log.warning("rebuild: skipping mirror record %r on %s: %s", copy.doc,
+                            copy.location.describe(), exc)
+        else:
+            log.warning("rebuild: no copy of mirror record %s makes sense; the mirror is not "
+                        "restored (its records are kept: add it again with casckpt mirror add)", key)
+
+
+def _restore_records(ctx: EngineContext, found: dict[str, list[records.Found]],
+                     states: dict[str, str]) -> tuple[int, int]:
+    """Runs, tags, store settings and mirrors from their records, then the rebuild is done;
+    how many runs and tags."""
+    runs = _restore_runs(ctx, found, states)
+    tags = _restore_tags(ctx, found, states)
+    _restore_store(ctx, found, states)
+    _restore_mirrors(ctx, found, states)
+    identity_sql.raise_record_seq(ctx.catalog, 1 + max(
+        (f.order[0] for copies in found.values() for f in copies), default=0))
+    identity_sql.set_rebuilding(ctx.catalog, False)
+    return runs, tags
+
+
+def _mirror_row(doc: dict[str, Any]) -> mirror_sql.MirrorRow:
+    """The mirror a record defines, checked as ``mirrors.add`` checks what it is told.
+
+    Raises:
+        CasckptError: the record is damaged, redacted, or names what ``mirrors.add`` refuses.
+    """
+    if not records.valid_mirror(doc):
+        raise InvalidArgumentError("fields missing or of the wrong type")
+    name, destination = str(doc["name"]), str(doc["destination"])
+    check_name(name, "mirror")
+    if records.REDACTED in destination + (doc.get("key_file") or ""):
+        raise InvalidArgumentError(
+            "its destination or key file path looked like it held a credential and was "
+            f"recorded redacted; add the mirror again (casckpt mirror add {name} ...)")
+    check_store_path(destination)
+    if not os.path.isabs(destination) or not os.path.isabs(doc.get("key_file") or "/"):
+        raise InvalidArgumentError("its destination or key file is not an absolute path, as "
+                                   "mirrors.add records them")
+    selection_from_json(doc["selection"], name)  # a selection this casckpt can run
+    return mirror_sql.MirrorRow(name, destination, doc.get("key_file"), dict(doc["selection"]),
+                                bool(doc["propagate_deletions"]), float(doc["created_at"]),
+                                None, None, None)
 
 
 def refill_cache(ctx: EngineContext) -> int:

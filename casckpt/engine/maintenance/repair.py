@@ -106,10 +106,11 @@ def repair(ctx: EngineContext, progress: ProgressCallback | None = None) -> Repa
 
 
 def _delete_removed_mirrors(ctx: EngineContext, found: Findings) -> int:
-    """Delete the records of removed mirrors a location kept (see ``check``); how many."""
-    wanted = records.expected(ctx.catalog)
+    """Delete the records of removed mirrors a location kept (see ``check``): only those whose
+    removal the audit log holds (:func:`records.removed_mirror_keys`); how many."""
+    wanted, removed = records.expected(ctx.catalog), records.removed_mirror_keys(ctx.catalog)
     left = [(loc.id, key) for loc in ctx.locations.all
-            for key in records.removed_mirrors(found.listed.get(loc.id, ()), wanted)]
+            for key in records.unknown_mirrors(found.listed.get(loc.id, ()), wanted) if key in removed]
     return len(ctx.locations.delete(left))  # one refused is logged; check keeps reporting it
 
 

@@ -172,10 +172,21 @@ def drop_mirror(locations: LocationSet, catalog: Any, name: str) -> None:
                     "catalog rebuild would bring the mirror back (remove it again then)", name)
 
 
-def removed_mirrors(listed: Iterable[str], wanted: Mapping[str, Any]) -> list[str]:
+def unknown_mirrors(listed: Iterable[str], wanted: Mapping[str, Any]) -> list[str]:
     """The mirror records among ``listed`` object names that ``wanted`` (:func:`expected`) lacks:
-    left by a removal a location refused, they would bring a removed mirror back in a rebuild."""
+    left by a removal a location refused, or of a mirror a rebuild could not restore."""
     return sorted(key for key in listed if key.startswith(MIRRORS) and key not in wanted)
+
+
+def removed_mirror_keys(catalog: Any) -> set[str]:
+    """The record keys of mirrors whose removal the audit log holds and that the catalog no
+    longer has: the only mirror records ``repair`` may delete. A record of a mirror with no
+    logged removal (a rebuild that could not restore it, audit off) is never deleted: it may be
+    the last copy of a definition."""
+    have = {row.name for row in mirror_sql.mirrors(catalog)}
+    gone = {str(e.target).removeprefix("mirror:") for e in catalog.audit_entries(action="mirror.remove")
+            if e.target is not None and e.target.startswith("mirror:")}
+    return {objectnames.ref_name(MIRRORS, name, catalog.crypto.name_hash) for name in gone - have}
 
 
 _COMPARED = {TAGS: ("name", "version"),
@@ -296,12 +307,16 @@ def valid_mirror(doc: dict[str, Any]) -> bool:
             and _number(created, float, 1e12) == created and created is not None)
 
 
-def newest(copies: Iterable[Found], states: dict[str, str]) -> Found | None:
-    """The copy that wins: from an active location if any has one (a retiring or failed
+def ranked(copies: Iterable[Found], states: dict[str, str]) -> list[Found]:
+    """The copies best first: from an active location if any has one (a retiring or failed
     location may hold a copy repair no longer updates), then the highest counter."""
-    ranked = sorted(copies, key=lambda f: (states.get(f.location.name, f.location.state) == "active",
-                                           *f.order), reverse=True)
-    return ranked[0] if ranked else None
+    return sorted(copies, key=lambda f: (states.get(f.location.name, f.location.state) == "active",
+                                         *f.order), reverse=True)
+
+
+def newest(copies: Iterable[Found], states: dict[str, str]) -> Found | None:
+    """The copy that wins (:func:`ranked`'s first)."""
+    return next(iter(ranked(copies, states)), None)
 
 
 def read_all(locations: LocationSet, prefix: str) -> dict[str, list[Found]]:

@@ -193,3 +193,60 @@ def test_a_destination_that_looks_like_it_holds_a_credential_is_recorded_redacte
         store.ops.rebuild_catalog()
         assert store.mirrors.list() == []  # never a mirror into a directory nobody named
     assert any("recorded redacted" in r.getMessage() for r in caplog.records)
+
+
+def test_a_damaged_newest_copy_falls_back_to_an_older_good_one_and_repair_keeps_every_copy(
+        root: Path, tmp_path: Path) -> None:
+    with open_store(root) as store:
+        store.commit(state(1), run="ft", step=1)
+        store.mirrors.add("m", str(tmp_path / "dst"), runs=["ft"], keep_last=1)
+        before = definitions(store)
+    key = objectnames.ref_name(objectnames.MIRRORS, "m")
+    path = root / "blobs" / "d0" / key
+    doc = json.loads(path.read_bytes())  # newest by far, and a rule this casckpt cannot run
+    path.write_text(json.dumps({**doc, "seq": doc["seq"] + 100,
+                                "selection": {"runs": ["ft"], "rules": {"bogus": 1}}}))
+    lose_catalog(root)
+    with open_store(root, recover=True) as store:
+        store.ops.rebuild_catalog()
+        assert definitions(store) == before  # from d1 or d2's good copy
+        store.ops.repair()
+        assert store.ops.check().ok
+    assert all(key in records for records in mirror_records(root).values())
+
+
+def test_repair_never_deletes_a_mirror_record_whose_removal_the_catalog_never_logged(
+        root: Path, tmp_path: Path) -> None:
+    with open_store(root) as store:
+        store.commit(state(1), run="ft", step=1)
+        store.mirrors.add("m", str(tmp_path / "dst"), runs=["ft"], keep_last=1)
+    key = objectnames.ref_name(objectnames.MIRRORS, "m")
+    for disk in DISKS:  # every copy unusable: the rebuild cannot restore the mirror
+        path = root / "blobs" / disk / key
+        path.write_text(json.dumps({**json.loads(path.read_bytes()), "propagate_deletions": "no"}))
+    lose_catalog(root)
+    with open_store(root, recover=True) as store:
+        store.ops.rebuild_catalog()
+        assert store.mirrors.list() == []
+        problems = store.ops.check().problems
+        assert {p.subject for p in problems} == {key}
+        assert all("repair keeps it" in p.detail for p in problems)
+        assert store.ops.repair().records_written == 0
+    assert all(key in records for records in mirror_records(root).values())
+
+
+@pytest.mark.parametrize("destination", ["relative/dst", "s3://bucket/dst"])
+def test_a_record_naming_what_mirrors_add_refuses_is_not_restored(
+        root: Path, tmp_path: Path, destination: str, caplog: pytest.LogCaptureFixture) -> None:
+    with open_store(root) as store:
+        store.commit(state(1), run="ft", step=1)
+        store.mirrors.add("m", str(tmp_path / "dst"), runs=["ft"], keep_last=1)
+    key = objectnames.ref_name(objectnames.MIRRORS, "m")
+    for disk in DISKS:
+        path = root / "blobs" / disk / key
+        path.write_text(json.dumps({**json.loads(path.read_bytes()), "destination": destination}))
+    lose_catalog(root)
+    with caplog.at_level(logging.WARNING), open_store(root, recover=True) as store:
+        store.ops.rebuild_catalog()
+        assert store.mirrors.list() == []
+    assert any("skipping mirror record" in r.getMessage() for r in caplog.records)
