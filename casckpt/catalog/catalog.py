@@ -113,10 +113,12 @@ class Catalog:
 
     def _role_write_denied(self) -> str | None:
         """Why this PostgreSQL role cannot write the catalog (None: it may INSERT into every
-        table a commit writes -- gc's own are the admin role's -- or there are none yet:
+        table a commit writes -- gc's own are the admin role's, ``OPTIONAL_TABLES`` a commit
+        does without -- or there are none yet:
         creating them needs writing, and says so if denied).
         One query: the table names are the schema's own constants."""
-        names = [t.name for t in s.metadata.sorted_tables if t.name not in s.GC_TABLES]
+        names = [t.name for t in s.metadata.sorted_tables
+                 if t.name not in s.GC_TABLES | s.OPTIONAL_TABLES]
         may = ", ".join(f"CASE WHEN to_regclass('{n}') IS NULL THEN NULL "
                         f"ELSE has_table_privilege('{n}', 'INSERT') END" for n in names)
         with self.read() as conn:

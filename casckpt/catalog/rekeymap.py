@@ -10,6 +10,8 @@ held is the ``chunks`` table's to say, asked separately (gc sweeps chunks, not t
 
 from __future__ import annotations
 
+import logging
+import weakref
 from collections.abc import Mapping, Sequence
 
 from sqlalchemy import select
@@ -17,6 +19,26 @@ from sqlalchemy import select
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import Catalog, idempotent
 from casckpt.catalog.database import batches, insert_ignore
+from casckpt.catalog.grants import missing_of
+
+log = logging.getLogger(__name__)
+_DENIED: weakref.WeakKeyDictionary[Catalog, str | None] = weakref.WeakKeyDictionary()
+
+
+def denied(catalog: Catalog) -> str | None:
+    """Why these credentials may not use the map (None: they may), asked once per open
+    catalog and logged as a warning then. A writer role granted before migration 0018 lacks
+    its rights: it still commits (the table is one of ``schema.OPTIONAL_TABLES``), and its
+    re-keyed copies read every byte from the source, as before the map."""
+    if catalog not in _DENIED:
+        missing = missing_of(catalog, [("rekey_map", "SELECT"), ("rekey_map", "INSERT")])
+        _DENIED[catalog] = None if not missing else (
+            f"these catalog credentials lack {missing[0]}: a copy across keys reads every byte "
+            "from the source and remembers nothing for the next; the tables' owner grants the "
+            "rights by running the statements of `casckpt init --print-grants writer` again")
+        if _DENIED[catalog] is not None:
+            log.warning("%s", _DENIED[catalog])
+    return _DENIED[catalog]
 
 
 @idempotent  # rows that exist are kept

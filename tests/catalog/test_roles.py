@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -485,3 +486,21 @@ def test_a_writer_run_retires_a_failure_no_longer_selected(pg_roles: dict[str, A
         writer.delete("r@1")
         assert [v.status for v in writer.mirrors.push("m").versions] == ["failed"]
         assert [f.step for f in writer.mirrors.get("m").failed] == [2]
+
+
+def test_a_writer_granted_before_the_rekey_map_commits_and_copies_across_keys_with_a_warning(
+        pg_roles: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    engine = sa.create_engine(pg_roles["owner_url"])  # as if granted before migration 0018
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"REVOKE ALL ON rekey_map FROM {pg_roles['names']['writer']}")
+    engine.dispose()
+    casckpt.generate_key_file(tmp_path / "k")
+    with casckpt.open(tmp_path / "enc", key_file=tmp_path / "k") as enc:  # another chunk-id key
+        enc.commit(state(1), run="r", step=1)
+        with caplog.at_level(logging.WARNING), as_role(monkeypatch, pg_roles, "writer") as writer:
+            writer.commit(state(2), run="w", step=2)  # not opened read-only
+            assert [v.sent for v in enc.copy("r@1", to=writer).versions] == [True]
+            assert torch.equal(writer.restore("r@1")["w"], state(1)["w"])
+    assert any("--print-grants writer" in r.getMessage() and "rekey_map" in r.getMessage()
+               for r in caplog.records)

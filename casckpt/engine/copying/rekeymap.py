@@ -105,7 +105,7 @@ def plan(source: EngineContext, dest: EngineContext, manifest: Manifest) -> MapP
     cache: a swept chunk's bytes are not at hand to write again)."""
     kept = _grid_kept(manifest, dest.config.chunk_size)
     wanted = list(dict.fromkeys(c for i in kept for c in manifest.extents[i].chunks))
-    if not wanted:
+    if not wanted or rekeymap_sql.denied(dest.catalog) is not None:
         return NOTHING
     keys = map_keys(dest, source.catalog.store_id, wanted)
     found = rekeymap_sql.lookup(dest.catalog, list(keys.values()))
@@ -177,8 +177,8 @@ def remember(source: EngineContext, dest: EngineContext, manifest: Manifest, mat
         if i in match.mapping.skip:
             continue  # taken from the map: on it already
         pairs.update(zip(manifest.extents[i].chunks, committed.extents[j].chunks, strict=True))
-    if not pairs:
-        return 0
+    if not pairs or rekeymap_sql.denied(dest.catalog) is not None:
+        return 0  # a role without the map's rights: warned once, the copy goes on
     keys = map_keys(dest, source.catalog.store_id, pairs)
     rekeymap_sql.record(dest.catalog, {keys[cid]: there.hex() for cid, there in pairs.items()})
     return len(pairs)
