@@ -18,6 +18,7 @@ from casckpt import config as cfg
 from casckpt.cache import IndexCache
 from casckpt.catalog import Catalog
 from casckpt.catalog import identity as identity_sql
+from casckpt.catalog import mirrors as mirror_sql
 from casckpt.catalog import shards as shard_sql
 from casckpt.catalog.database import check_url
 from casckpt.catalog.settings import REDUNDANCY
@@ -198,6 +199,9 @@ def open_store(path: str | os.PathLike[str] | None, options: Options, *, env_key
         recovering = recover and (shard_sql.is_empty(cat) or identity_sql.rebuilding(cat))
         if not recovering and not cat.read_only:  # a rebuild restores the store's policies from its records
             _seed_redundancy(cat, spec.redundancy, redundancy, locations)
+            if cat.upgraded_from is not None:  # mirrors added before their records existed
+                for mirror in mirror_sql.mirrors(cat):
+                    records.record_mirror(locations, cat, mirror.name)
     except BaseException:
         cat.close()
         raise

@@ -198,10 +198,9 @@ def fresh_sqlite_catalogs(request: pytest.FixtureRequest, monkeypatch: pytest.Mo
     schema: CatalogSchema = request.getfixturevalue("_migrated_catalog_schema")
     real = migrate.upgrade
 
-    def upgrade(connection: Connection) -> None:
+    def upgrade(connection: Connection) -> str | None:
         if connection.dialect.name != "sqlite" or inspect(connection).get_table_names():
-            real(connection)  # PostgreSQL, or an existing catalog: the migrations decide
-            return
+            return real(connection)  # PostgreSQL, or an existing catalog: the migrations decide
         if not connection.in_transaction():
             connection.begin()
         for statement in schema.ddl:
@@ -211,6 +210,7 @@ def fresh_sqlite_catalogs(request: pytest.FixtureRequest, monkeypatch: pytest.Mo
             for row in rows:
                 marks = ", ".join("?" * len(row))
                 connection.exec_driver_sql(f'INSERT INTO "{table}" VALUES ({marks})', tuple(row))
+        return None  # created, not upgraded
 
     monkeypatch.setattr(migrate, "upgrade", upgrade)
 

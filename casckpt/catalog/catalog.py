@@ -78,6 +78,7 @@ class Catalog:
         self.crypto: StoreCrypto = PLAIN  # set once by opening, for an encrypted store
         self.fast_tier: str | None = None  # this process's fast tier (engine/tiering/tier.py), set at open
         self.path_ids: dict[str, int] = {}  # tree_paths ids read or made by committed transactions
+        self.upgraded_from: str | None = None  # the schema revision this open upgraded, if any
         self.write_denied: str | None = sqlite_write_denied(url) if read_only is None else None
         self._db = Database(url, where=where, retry_s=retry_s,
                             read_only=bool(read_only) or self.write_denied is not None)
@@ -98,7 +99,7 @@ class Catalog:
             if store_id is None and self.read_only:
                 self._refuse_migration()
             if store_id is None:  # new, older (or newer: refused) schema: Alembic decides
-                migrate.upgrade_once(self._db, where)
+                self.upgraded_from = migrate.upgrade_once(self._db, where)
                 store_id = self.retrying(self._read_store_id)
             self.store_id: str = store_id
         except SQLAlchemyError as exc:

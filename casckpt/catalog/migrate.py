@@ -153,8 +153,9 @@ def check_not_newer(connection: Connection, where: str) -> str | None:
     return revision
 
 
-def upgrade(connection: Connection) -> None:
-    """Bring the catalog to the head revision (a no-op when it is already there).
+def upgrade(connection: Connection) -> str | None:
+    """Bring the catalog to the head revision (a no-op when it is already there); returns the
+    revision an existing catalog was upgraded from (None: none was, or it was created).
 
     Upgrading an existing catalog adds a ``catalog.migrate`` row to its audit trail in
     the same transaction (creating a new one adds none).
@@ -169,20 +170,22 @@ def upgrade(connection: Connection) -> None:
         connection.begin()
     before, head = current_revision(connection), head_revision()
     if before == head:
-        return
+        return None
     with _alembic():
         from alembic import command
 
         command.upgrade(_config(connection), "head")
     if before is not None:  # an existing store's schema changed (a new one was created)
         audit.add(connection, "catalog.migrate", None, {"from": before, "to": head})
+    return before
 
 
 _MIGRATION_LOCK = 0x6361736B  # "cask": PostgreSQL advisory lock key for schema upgrades
 
 
-def upgrade_once(db: Database, where: str) -> None:
-    """Refuse a newer schema, then upgrade an older one; one process at a time.
+def upgrade_once(db: Database, where: str) -> str | None:
+    """Refuse a newer schema, then upgrade an older one; one process at a time. Returns the
+    revision an existing catalog was upgraded from (None: none was).
 
     On PostgreSQL a session advisory lock serialises hosts opening the
     catalog at once; on SQLite ``BEGIN IMMEDIATE`` does.
@@ -198,10 +201,11 @@ def upgrade_once(db: Database, where: str) -> None:
         try:
             with conn.begin():
                 check_not_newer(conn, where)
-            upgrade(conn)
+            before = upgrade(conn)
             conn.commit()
         finally:
             if postgres:
                 conn.rollback()
                 conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": _MIGRATION_LOCK})
                 conn.commit()
+    return before

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -250,3 +251,20 @@ def test_a_record_naming_what_mirrors_add_refuses_is_not_restored(
         store.ops.rebuild_catalog()
         assert store.mirrors.list() == []
     assert any("skipping mirror record" in r.getMessage() for r in caplog.records)
+
+
+def test_upgrading_a_store_whose_mirrors_predate_their_records_writes_them(
+        root: Path, tmp_path: Path) -> None:
+    with open_store(root) as store:
+        store.commit(state(1), run="ft", step=1)
+        store.mirrors.add("m", str(tmp_path / "dst"), runs=["ft"], keep_last=1)
+    for disk in DISKS:  # as a casckpt before mirror records left it, at schema 0017
+        for record in (root / "blobs" / disk / objectnames.MIRRORS).iterdir():
+            record.unlink()
+    with sqlite3.connect(root / "catalog.db") as conn:
+        conn.execute("DROP TABLE rekey_map")
+        conn.execute("UPDATE alembic_version SET version_num = '0017'")
+    conn.close()
+    with open_store(root, create=False) as store:
+        assert store.ops.check().ok
+    assert all(len(records) == 1 for records in mirror_records(root).values())
