@@ -6,8 +6,9 @@
   store's id of the same bytes. The next such copy reads from the source only the chunks it
   cannot name here (see docs/ARCHITECTURE.md, "Copying between stores").
 
-One new, empty table; no existing row changes meaning. (Another part of issue 34 may also
-add a 0018: the lead renumbers at merge.)
+One new, empty table; no existing row changes meaning. A PostgreSQL writer role granted
+before it lacks rights on the table and still commits (``schema.OPTIONAL_TABLES``); its
+re-keyed copies do without the map until ``casckpt init --print-grants writer`` is re-run.
 
 Revision ID: 0018
 Revises: 0017

@@ -2,14 +2,15 @@
 
 Between stores whose chunk ids are keyed differently (one encrypted and one not, or two
 data keys) the same bytes have different ids, so the manifest -- which names chunk ids and
-tree nodes -- cannot travel as it is. Each version is read whole from the source (verified,
-deltas decoded) and committed at the destination through its own commit pipeline
+tree nodes -- cannot travel as it is. Each version is read from the source (verified,
+deltas decoded; all but the extents the destination's re-key map names,
+:mod:`casckpt.engine.copying.rekeymap`) and committed at the destination through its own commit pipeline
 (:mod:`casckpt.engine.write.commit`: snapshot, dedup against the destination's keyed ids,
 delta coding, sealing, packing, one publishing transaction), with the source's run, step,
 creation time, metadata, metrics, message and tags, and as its parent the destination's
-copy of the source's parent. Only chunks the destination lacks are written; every byte of
-the version is read from the source (its ids say nothing about the destination's). The
-version id then differs: the report maps source id -> destination id.
+copy of the source's parent. Only chunks the destination lacks are written; a source chunk
+id says nothing about the destination's, so what the map cannot name is read from the
+source. The version id then differs: the report maps source id -> destination id.
 
 A version counts as held by the destination when the destination has a version at its run
 and step created at the same instant (a copy again finds it and sends nothing); another
@@ -37,7 +38,7 @@ from casckpt.engine.copying.copyplan import chain, movable_tags, refuse_foreign_
 from casckpt.engine.read.restore import materialize
 from casckpt.engine.versions.refs import load_manifest
 from casckpt.engine.write import commit as commit_engine
-from casckpt.errors import CopyConflictError, CopyUnsupportedError
+from casckpt.errors import CatalogError, CopyConflictError, CopyUnsupportedError
 from casckpt.format.manifest import Manifest, decode_manifest
 from casckpt.types import CopiedVersion, ProgressCallback
 
@@ -177,8 +178,13 @@ def _recommit(source: EngineContext, dest: EngineContext, item: Rekeyed, ids: di
     lease = begin_lease(dest.catalog, snap.version_id)
     try:
         version = commit_engine.finish(dest, req, snap, redundancy, started, lease, progress)
-    except BaseException:
+    except BaseException as exc:
         release_lease(dest.catalog, lease, f"copy of {row.run}@{row.step}")
+        if isinstance(exc, CatalogError) and match.mapping.skip:
+            raise CatalogError(
+                f"could not copy {row.run}@{row.step}: the destination's gc swept chunks the re-key "
+                "map named while the copy ran (is a gc with --grace 0 running there?), and their "
+                "bytes were not read from the source; copy again (it reads them from the source)") from exc
         raise
     rekeymap.remember(source, dest, manifest, match, snap.manifest)
     return version.id, len(snap.new_ids), version.new_bytes, version.stored_bytes

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import casckpt
-from casckpt.engine.copying import rekeymap
+from casckpt.errors import CatalogError
+from casckpt.engine.copying import rekey, rekeymap
 from casckpt.engine.read import restore
 from casckpt.testing import internals
 
@@ -131,6 +132,29 @@ def test_a_chunk_the_destination_swept_is_read_from_the_source_again(stores: Any
     reads.calls.clear()
     src.copy("b@1", to=enc)
     assert reads.bytes == FULL
+    assert_same(enc.restore("b@1"), 1)
+
+
+def test_a_gc_sweeping_mapped_chunks_during_the_copy_says_copy_again(
+        stores: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    src, enc = stores
+    src.commit(state(1), run="a", step=1)
+    src.copy("a@1", to=enc)
+    src.commit(state(1), run="b", step=1)  # the same bytes: b@1 is taken from the map
+    real = rekey._snapshot
+
+    def then_gc(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
+        enc.delete("a@1")  # the mapped chunks' only holder goes, and gc sweeps them
+        enc.gc(grace=0)
+        enc.gc(grace=0)
+        return out
+
+    monkeypatch.setattr(rekey, "_snapshot", then_gc)
+    with pytest.raises(CatalogError, match="copy again"):
+        src.copy("b@1", to=enc)
+    monkeypatch.setattr(rekey, "_snapshot", real)
+    src.copy("b@1", to=enc)  # as it said: the chunks are read from the source
     assert_same(enc.restore("b@1"), 1)
 
 
