@@ -199,9 +199,7 @@ def open_store(path: str | os.PathLike[str] | None, options: Options, *, env_key
         recovering = recover and (shard_sql.is_empty(cat) or identity_sql.rebuilding(cat))
         if not recovering and not cat.read_only:  # a rebuild restores the store's policies from its records
             _seed_redundancy(cat, spec.redundancy, redundancy, locations)
-            if cat.upgraded_from is not None:  # mirrors added before their records existed
-                for mirror in mirror_sql.mirrors(cat):
-                    records.record_mirror(locations, cat, mirror.name)
+            _record_mirrors_on_upgrade(cat, locations)
     except BaseException:
         cat.close()
         raise
@@ -323,6 +321,14 @@ def _cache_binding(catalog: Catalog) -> str:
     catalog's chunk rows are new, so a cache filled before the rebuild is dropped)."""
     mine = identity_sql.read(catalog)
     return f"{mine.store_id}/{mine.generation}"
+
+
+def _record_mirrors_on_upgrade(catalog: Catalog, locations: LocationSet) -> None:
+    """The open that upgraded the catalog writes every mirror's record: mirrors added by a
+    casckpt that wrote none get theirs (for a catalog rebuild; ``check`` wants them)."""
+    if catalog.upgraded_from is not None:
+        for mirror in mirror_sql.mirrors(catalog):
+            records.record_mirror(locations, catalog, mirror.name)
 
 
 def _seed_redundancy(catalog: Catalog, recorded: str | None, explicit: str | None,

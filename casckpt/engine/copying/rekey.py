@@ -4,11 +4,11 @@ Between stores whose chunk ids are keyed differently (one encrypted and one not,
 data keys) the same bytes have different ids, so the manifest -- which names chunk ids and
 tree nodes -- cannot travel as it is. Each version is read from the source (verified,
 deltas decoded; all but the extents the destination's re-key map names,
-:mod:`casckpt.engine.copying.rekeymap`) and committed at the destination through its own commit pipeline
-(:mod:`casckpt.engine.write.commit`: snapshot, dedup against the destination's keyed ids,
-delta coding, sealing, packing, one publishing transaction), with the source's run, step,
-creation time, metadata, metrics, message and tags, and as its parent the destination's
-copy of the source's parent. Only chunks the destination lacks are written; a source chunk
+:mod:`casckpt.engine.copying.rekeymap`) and committed at the destination through its own
+commit pipeline (:mod:`casckpt.engine.write.commit`: snapshot, dedup against the
+destination's keyed ids, delta coding, sealing, packing, one publishing transaction), with
+the source's run, step, creation time, metadata, metrics, message and tags, and as its
+parent the destination's copy of the source's parent. Only chunks the destination lacks are written; a source chunk
 id says nothing about the destination's, so what the map cannot name is read from the
 source. The version id then differs: the report maps source id -> destination id.
 

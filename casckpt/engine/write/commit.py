@@ -202,20 +202,10 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
     root, leaves = encode_state(state)
     entries, sources = plan_extents(leaves, pack=pack_limit(ctx.config.chunk_size),
                                     memo=memo.packs, ids=ctx.crypto.chunk_id)
+    hint = _trusted_hint(req, parent, memo, hint)
     reuse: dict[int, ExtentEntry] = {}
     held: set[bytes] = set()
     hinted: dict[str, bytes] = {}  # fingerprints of the tensors reused on the hint
-    if hint is not None and memo.version_id is not None and memo.version_id != parent:
-        # the caller vouches for its tensors since the version it committed last; that is no
-        # longer the parent (it failed, or another handle or process deleted it), so the
-        # parent's chunk ids may hold older bytes: hash every tensor instead
-        last = ("the run's last commit in this process failed before it made a version"
-                if memo.version_id == FAILED_SNAPSHOT else
-                f"the run's previous version is no longer {memo.version_id[:12]}, the one this "
-                "process committed last (it failed, was deleted, or another commit of the run came after it)")
-        log.warning("commit %s@%s: ignoring the change hint: %s; every tensor is hashed",
-                    req.run, req.step, last)
-        hint = None
     if hint is not None:
         counters = memo.counters if memo.counters is not None and memo.counters.version_id == parent else None
         reuse = reusable(hint, leaves, entries, sources, ctx.config.chunk_size,
@@ -254,22 +244,45 @@ def _snapshot(ctx: EngineContext, state: object, req: CommitRequest, created: fl
             chunks[cid] = pending[cid]
             continue
         new_ids.append(cid)
-    owned, foreground = hashed.reserved, False
-    if reserve is not None:
-        todo = [cid for cid in new_ids if not chunks[cid].owned]  # streamed ones are copies already
-        need = sum(chunks[c].end - chunks[c].start for c in todo)
-        if reserve(need):
-            for cid, copy in zip(todo, ctx.pool.map(_copy, (chunks[c] for c in todo)), strict=True):
-                chunks[cid] = copy
-            owned += need
-        else:
-            foreground = bool(todo)
+    owned, foreground = _own(ctx, chunks, new_ids, reserve, hashed.reserved)
     delta_on = new_ids and ctx.bases.budget > 0 and delta_policy_for(ctx.catalog, req.run)[0] > 0
     before = parent_manifest(ctx, req.run, parent) if delta_on else None  # bases serve delta coding only
     bases = candidate_bases(before, entries, extents, new_ids) if before is not None else {}
     ctx.bases.remember(req.run, version_id, manifest)
     return Snapshot(manifest, version_id, manifest_bytes, chunks, new_ids, tree, owned,
                     foreground=foreground, bases=bases, changes=changes)
+
+
+def _trusted_hint(req: CommitRequest, parent: str | None, memo: _RunMemo,
+                  hint: ChangeHint | None) -> ChangeHint | None:
+    """``hint``, or None where it cannot be trusted: the caller vouches for its tensors since
+    the version it committed last; if that is no longer the parent (it failed, or another
+    handle or process deleted it), the parent's chunk ids may hold older bytes: every tensor
+    is hashed instead."""
+    if hint is None or memo.version_id is None or memo.version_id == parent:
+        return hint
+    last = ("the run's last commit in this process failed before it made a version"
+            if memo.version_id == FAILED_SNAPSHOT else
+            f"the run's previous version is no longer {memo.version_id[:12]}, the one this "
+            "process committed last (it failed, was deleted, or another commit of the run came after it)")
+    log.warning("commit %s@%s: ignoring the change hint: %s; every tensor is hashed",
+                req.run, req.step, last)
+    return None
+
+
+def _own(ctx: EngineContext, chunks: dict[bytes, ChunkBytes], new_ids: list[bytes],
+         reserve: Reserve | None, owned: int) -> tuple[int, bool]:
+    """Copy the new chunks the caller may change (a background commit) if ``reserve`` grants
+    the memory; returns the bytes owned and whether the write must run in the foreground."""
+    if reserve is None:
+        return owned, False
+    todo = [cid for cid in new_ids if not chunks[cid].owned]  # streamed ones are copies already
+    need = sum(chunks[c].end - chunks[c].start for c in todo)
+    if not reserve(need):
+        return owned, bool(todo)
+    for cid, copy in zip(todo, ctx.pool.map(_copy, (chunks[c] for c in todo)), strict=True):
+        chunks[cid] = copy
+    return owned + need, False
 
 
 def _held(ctx: EngineContext, reuse: dict[int, ExtentEntry], pending: Mapping[bytes, ChunkBytes] | None

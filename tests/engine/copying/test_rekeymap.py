@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import casckpt
-from casckpt.errors import CatalogError
 from casckpt.engine.copying import rekey, rekeymap
 from casckpt.engine.read import restore
+from casckpt.errors import CatalogError
 from casckpt.testing import internals
 
 OPTS: dict[str, Any] = {"chunk_size": 4096, "pack_size": 16 << 10}
