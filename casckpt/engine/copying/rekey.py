@@ -8,9 +8,9 @@ deltas decoded; all but the extents the destination's re-key map names,
 commit pipeline (:mod:`casckpt.engine.write.commit`: snapshot, dedup against the
 destination's keyed ids, delta coding, sealing, packing, one publishing transaction), with
 the source's run, step, creation time, metadata, metrics, message and tags, and as its
-parent the destination's copy of the source's parent. Only chunks the destination lacks are written; a source chunk
-id says nothing about the destination's, so what the map cannot name is read from the
-source. The version id then differs: the report maps source id -> destination id.
+parent the destination's copy of the source's parent. Only chunks the destination lacks
+are written; a source chunk id says nothing about the destination's, so what the map
+cannot name is read from the source. The version id then differs: the report maps source id -> destination id.
 
 A version counts as held by the destination when the destination has a version at its run
 and step created at the same instant (a copy again finds it and sends nothing); another
