@@ -156,10 +156,16 @@ def _mirror_doc(row: mirror_sql.MirrorRow) -> dict[str, Any]:
 
 
 def record_mirror(locations: LocationSet, catalog: Any, name: str) -> None:
-    """Mirror mirror ``name``'s definition, as the catalog has it now (none: it is gone)."""
+    """Mirror mirror ``name``'s definition, as the catalog has it now (none: it is gone); one
+    whose paths must be recorded redacted is warned about (a rebuild cannot restore it)."""
     for row in (row for row in mirror_sql.mirrors(catalog) if row.name == name):
-        _put(locations, catalog, objectnames.ref_name(MIRRORS, name, catalog.crypto.name_hash),
-             _mirror_doc(row))
+        doc = _mirror_doc(row)
+        if (doc["destination"], doc["key_file"]) != (row.destination, row.key_file):
+            log.warning("mirror %r: its destination or key file path looks like it holds a "
+                        "credential, so its record is written redacted and a catalog rebuild will "
+                        "not restore the mirror (add it again then); a path without one avoids "
+                        "this", name)
+        _put(locations, catalog, objectnames.ref_name(MIRRORS, name, catalog.crypto.name_hash), doc)
 
 
 def drop_mirror(locations: LocationSet, catalog: Any, name: str) -> None:

@@ -183,10 +183,12 @@ def test_a_removed_mirrors_record_left_on_a_location_is_a_check_problem_repair_d
 
 def test_a_destination_that_looks_like_it_holds_a_credential_is_recorded_redacted_and_not_restored(
         root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    with open_store(root) as store:
+    with caplog.at_level(logging.WARNING), open_store(root) as store:
         store.commit(state(1), run="ft", step=1)
         store.mirrors.add("odd", str(tmp_path / "token=s3cr3t" / "dst"), runs=["ft"], keep_last=1)
         assert store.ops.check().ok
+    assert any("will not restore the mirror" in r.getMessage() for r in caplog.records)
+    caplog.clear()
     written = [data for records in mirror_records(root).values() for data in records.values()]
     assert len(written) == len(DISKS) and all(b"s3cr3t" not in data for data in written)
     lose_catalog(root)
