@@ -315,8 +315,12 @@ def sweep(catalog: Catalog, *, cutoff: float, dry_run: bool,
             return chunks, [DeadPack(*row, found.get(row[0])) for row in rows]
         chunks = int(conn.execute(delete(c).where(doomed)).rowcount)
         if chunks:  # a tree node goes with its chunk (a version needing it keeps both)
-            n = s.tree_nodes
+            n, m = s.tree_nodes, s.rekey_map
             conn.execute(delete(n).where(~exists().where(c.c.id == n.c.id)))
+            # and a re-key map row with the chunk it names (a copy maps only chunks of versions
+            # it published: live, never swept by this statement; one it maps after is dropped
+            # by the next sweep, and a lookup skips it meanwhile)
+            conn.execute(delete(m).where(~exists().where(c.c.id == m.c.chunk_id)))
         rows = conn.execute(select(p.c.id, p.c.key, p.c.size).where(empty)).all()
         ids = [row[0] for row in rows]
         found = layouts_in(conn, ids)

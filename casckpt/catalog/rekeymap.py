@@ -5,7 +5,7 @@ One row per source chunk a copy across chunk-id keys committed here: ``key`` (th
 keyed digest of the source store's identity and the source's chunk id; the engine derives
 it) -> ``chunk_id`` (this store's id of the same bytes). Rows are only ever inserted (the
 same key always names the same bytes, so a row never changes); whether the chunk is still
-held is the ``chunks`` table's to say, asked separately (gc sweeps chunks, not these rows).
+held is the ``chunks`` table's to say, asked separately (a gc sweep drops the rows of the chunks it removes).
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ chunk (its gc swept it). A lookup keeps only the ids the destination's catalog s
 (:func:`plan`); the rest are read from the source and written again. A row never names other
 bytes than its source chunk: both ids are content addresses under keys that never change
 (a data key lives as long as its store; rotating a master key re-wraps it, and a store made
-again has another identity, so a new key prefix). Rows of swept chunks stay until a
-later copy records the same key; they cost a row each and name nothing readable.
+again has another identity, so a new key prefix). The gc sweep that
+removes chunks drops the rows naming them (:func:`casckpt.catalog.gc.sweep`).
 
 What a mapped extent must satisfy (else it is read, as before the map): not packed with
 small neighbours (its bytes would include padding and neighbours the destination lays out
