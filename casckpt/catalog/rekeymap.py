@@ -3,9 +3,9 @@ table of the DESTINATION store's catalog (migration 0018).
 
 One row per source chunk a copy across chunk-id keys committed here: ``key`` (this store's
 keyed digest of the source store's identity and the source's chunk id; the engine derives
-it) -> ``chunk_id`` (this store's id of the same bytes). Rows are only ever inserted (the
-same key always names the same bytes, so a row never changes); whether the chunk is still
-held is the ``chunks`` table's to say, asked separately (a gc sweep drops the rows of the chunks it removes).
+it) -> ``chunk_id`` (this store's id of the same bytes). Copies only insert rows (the
+same key always names the same bytes, so a row never changes); a gc sweep drops the rows of
+the chunks it removes; whether a chunk is still held is the ``chunks`` table's to say.
 """
 
 from __future__ import annotations
