@@ -216,6 +216,7 @@ def test_the_mirror_errors_survive_a_pickle_round_trip(src: casckpt.Store, tmp_p
     assert isinstance(back.errors["bad"], MirrorDestinationError)
     with pytest.raises(RefNotFoundError) as missing:
         src.resolve("ft@9")
-    for error in (missing.value, RefNotFoundError("x", "no such thing", ["y"]), RunNotFoundError("nope", ["ft"])):
+    others = (RefNotFoundError("x", "no such thing", ["y"]), RunNotFoundError("nope", ["ft"]))
+    for error in (missing.value, *others):
         again = pickle.loads(pickle.dumps(error))
         assert type(again) is type(error) and str(again) == str(error) and again.__dict__ == error.__dict__

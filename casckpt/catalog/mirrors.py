@@ -22,6 +22,7 @@ from casckpt.catalog.catalog import Catalog, idempotent
 from casckpt.catalog.database import batches, upsert
 from casckpt.errors import InvalidArgumentError, RefNotFoundError
 
+
 class MirrorRow(NamedTuple):
     """A mirror's row: its definition (``selection`` as the JSON the catalog holds) and last run."""
 
@@ -168,7 +169,8 @@ def ran_into(catalog: Catalog, name: str, generation: float, store_id: str) -> b
         if before != store_id:
             conn.execute(s.mirrors.update().where(_this_one(name, generation)).values(dest_store_id=store_id))
         if before is not None and before != store_id:
-            conn.execute(s.mirror_versions.update().where(s.mirror_versions.c.mirror == name).values(owned=False))
+            mine = s.mirror_versions.c.mirror == name
+            conn.execute(s.mirror_versions.update().where(mine).values(owned=False))
             conn.execute(s.mirror_tags.update().where(s.mirror_tags.c.mirror == name).values(version_id=""))
     return before is not None and before != store_id
 
@@ -251,7 +253,7 @@ def outcomes(catalog: Catalog, name: str, state: str | None = None) -> list[Vers
     if state is not None:
         query = query.where(table.c.state == state)
     with catalog.read() as conn:
-        return [VersionOutcome(*r[:-1], bool(r[-1]))
+        return [VersionOutcome._make((*r[:-1], bool(r[-1])))
                 for r in conn.execute(query.order_by(table.c.run, table.c.step))]
 
 
