@@ -10,6 +10,7 @@
   destination owner's own choice there is not reported on every run.
 
 A new column (default false) and a new, empty table; no existing row changes meaning.
+(Another part of issue 34 may also add a 0019: the lead renumbers at merge.)
 
 Revision ID: 0019
 Revises: 0018
