@@ -13,8 +13,9 @@ Each try starts afresh: the ``tree_paths`` ids a rolled-back try interned name n
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from sqlalchemy import Connection, select
 
@@ -24,8 +25,28 @@ from casckpt.catalog.database import batches, insert_ignore
 from casckpt.catalog.publish import MissingChunksError, insert_deps, revive_or_missing
 from casckpt.errors import CatalogError, CatalogUnavailableError, VersionExistsError
 
-if TYPE_CHECKING:
-    from casckpt.catalog.catalog import Catalog
+
+class Catalog(Protocol):
+    """What publishing uses of :class:`~casckpt.catalog.catalog.Catalog` (passed in: that
+    module imports this one)."""
+
+    path_ids: dict[str, int]
+
+    def write(self) -> AbstractContextManager[Connection]: ...
+
+    def require_crypto_in(self, conn: Connection) -> None: ...
+
+    def run_id(self, conn: Connection, run: str, *, create: bool, audit: bool = True) -> int | None: ...
+
+    def audit_in(self, conn: Connection, action: str, target: str | None = None,
+                 detail: Mapping[str, object] | None = None) -> None: ...
+
+    def _set_tag(self, conn: Connection, name: str, version_id: str) -> None: ...
+
+    def _publish(self, conn: Connection, version: dict[str, Any], run: str,
+                 tensor_rows: list[dict[str, Any]], content_rows: list[dict[str, Any]],
+                 tag_names: Sequence[str], ids: list[str],
+                 node_rows: Sequence[dict[str, Any]] = (), audit: bool = True) -> bool: ...
 
 
 class Publishing:
