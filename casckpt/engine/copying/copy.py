@@ -261,16 +261,20 @@ class _Copy:
 def _restore_records(dest: EngineContext, names: Sequence[str]) -> None:
     """After a failed publish: the record of each tag in ``names`` (written before the publish,
     found absent from the catalog then) written again as the catalog has the tag now, should
-    it have been set there meanwhile (else the record, of a version never published, is one no
-    check expects and a rebuild skips). Best effort: the publish's error is what is raised."""
+    it have been set there meanwhile, else removed (a record of a version never published
+    now, which a rebuild would follow once a later copy publishes that version without the
+    tag). Best effort: the publish's error is what is raised."""
     for name in names:
         try:
             target = dest.catalog.tag_target(name)
             if target is not None:
                 records.record_tag(dest.locations, dest.catalog, name, target)
-        except CatalogError:  # the catalog is down too: check reports the record
-            log.warning("copy: could not restore the record of tag %s after a failed publish; "
-                        "`casckpt check` reports it and `casckpt repair` writes it again", name)
+            elif not records.drop_tag(dest.locations, dest.catalog, name):
+                raise CatalogError(f"a location kept the record of tag {name}")
+        except CatalogError as exc:  # the catalog is down too, or a location kept the record
+            log.warning("copy: could not restore or remove the record of tag %s after a failed "
+                        "publish (%s): a catalog rebuild may follow it; `casckpt check` reports a "
+                        "record that disagrees with the catalog", name, exc)
 
 
 def fork_run(dest: EngineContext, run: str, point: str | None) -> None:

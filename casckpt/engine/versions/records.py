@@ -149,6 +149,14 @@ def record_tag_on(targets: Iterable[Location], catalog: Any, name: str, version_
             down.add(loc.name)
 
 
+def drop_tag(locations: LocationSet, catalog: Any, name: str) -> bool:
+    """Remove tag ``name``'s record from every readable location (a copy whose publish failed
+    recorded it before; the catalog has no such tag). False: a location refused (logged)."""
+    key = objectnames.ref_name(TAGS, name, catalog.crypto.name_hash)
+    readable = [(loc.id, key) for loc in locations.all if loc.readable]
+    return len(locations.delete(readable)) == len(readable)
+
+
 def _run_doc(row: RunSettings) -> dict[str, Any]:
     return {"name": row.name, "created_at": row.created_at, "parent_version": row.parent_version,
             "retention": row.retention, "redundancy": row.redundancy, "delta_chain": row.delta_chain,

@@ -84,29 +84,36 @@ def test_a_location_down_neither_rewrites_tag_records_nor_warns_for_each(
 
 
 def test_a_failed_publish_leaves_no_tag_record_disagreeing_with_the_catalog(
-        src: casckpt.Store, dst: casckpt.Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The copy found tag best absent and wrote its record before the publish; the user set
-    best at the destination meanwhile; the publish failed: the record named the unpublished
-    version, newer than the user's, disagreeing with the catalog (a rebuild lost the tag)."""
+        src: casckpt.Store, dst: casckpt.Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copy found tag best absent and wrote its record before the publish, which failed:
+    the record outlived it (a later copy publishing ft@2 without the tag left it, and a
+    rebuild brought the tag back). And should the user set best at the destination meanwhile,
+    the record named the unpublished version, newer than the user's, disagreeing with the
+    catalog (a rebuild lost the tag)."""
     commit_run(src, range(1, 3))
     src.copy("ft@1", to=dst)
     real_record, real_publish = copy_engine.records.record_tag, copy_engine._publish
+    race: list[str] = []
 
     def user_tags_first(*args: Any, **kwargs: Any) -> Any:
-        if not raced:
-            raced.append("best")
+        if race == ["armed"]:
+            race.append("raced")
             dst.tag("ft@1", "best")  # its record, then the copy's, newer
         return real_record(*args, **kwargs)
 
     def publish_fails(*args: Any, **kwargs: Any) -> Any:
         raise CatalogError("the destination's catalog refused the publish")
 
-    raced: list[str] = []
     monkeypatch.setattr(copy_engine.records, "record_tag", user_tags_first)
     monkeypatch.setattr(copy_engine, "_publish", publish_fails)
     with pytest.raises(CatalogError, match="refused the publish"):
         src.copy("ft@2", to=dst)
-    assert raced and dst.resolve("tag:best").step == 1
+    tags = tmp_path / "dst" / "refs" / "tags"
+    assert not (tags.exists() and list(tags.iterdir()))  # no record of a tag the catalog lacks
+    race.append("armed")
+    with pytest.raises(CatalogError, match="refused the publish"):
+        src.copy("ft@2", to=dst)
+    assert race[-1] == "raced" and dst.resolve("tag:best").step == 1
     assert dst.ops.check().ok  # the record says what the catalog says
     monkeypatch.setattr(copy_engine, "_publish", real_publish)
     src.copy("ft@2", to=dst)
