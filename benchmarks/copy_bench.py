@@ -27,7 +27,8 @@ objects (packs, manifests, records) that appeared there during the copy, listed 
   run's ``stored_bytes`` in the source.
 
 **Throughput** (local <-> S3): moto behind the loopback proxy of ``benchmarks/throttle.py``
-(``RATE`` bytes/s each way, in a child process, as the ``tiers`` workload uses it). An untimed
+(``RATE`` bytes/s each way, in a child process), set up by ``benchmarks/s3link.py`` as for the
+``tiers`` workload. An untimed
 warm-up copy of ``ft`` to S3 gives the **raw objects**: every object that copy stored, read
 back unthrottled, so boto3 moves exactly the objects and sizes a copy moves. Then ``REPEATS``
 rounds, each with its own keys, prefix and stores: raw boto3 upload of the objects one after
@@ -44,7 +45,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import io
 import shutil
 import statistics
 import time
@@ -58,20 +58,11 @@ from rich.table import Table
 
 import casckpt
 from benchmarks import measure
-from benchmarks.s3 import (
-    BUCKET,
-    casckpt_transfer_defaults,
-    object_size_for,
-    remove_prefix,
-    s3_client,
-    transfer_config,
-    warm_up,
-)
-from benchmarks.throttle import ThrottledS3, throttled_s3
+from benchmarks.s3 import BUCKET, object_size_for, remove_prefix
+from benchmarks.s3link import S3Link, clock, s3_link
 from benchmarks.workloads import build
 from casckpt.format.state import iter_leaves
 from casckpt.testing.internals import internals
-from casckpt.testing.s3 import fake_aws_environment
 
 Log = Callable[[str], None]
 
@@ -186,13 +177,6 @@ def new_object_bytes(before: Mapping[tuple[int, str], int], after: Mapping[tuple
     return sum(size for key, size in after.items() if key not in before)
 
 
-def _clock(fn: Callable[[], Any]) -> tuple[Any, float]:
-    measure.release_memory()
-    start = time.perf_counter()
-    result = fn()
-    return result, time.perf_counter() - start
-
-
 def _commit_source(root: Path, scale: float, size: int,
                    expected: _Expected) -> tuple[list[dict[str, Any]], int]:
     """The fine-tune run: ``VERSIONS`` commits, one AdamW step apart."""
@@ -241,31 +225,21 @@ def _bytes_copies(src_root: Path, workdir: Path, size: int, expected: _Expected,
 
 @dataclass(frozen=True)
 class _S3:
-    """What the throughput rounds share: the throttled server, clients, the raw objects."""
+    """What the throughput rounds share: the throttled link, the raw objects."""
 
-    server: ThrottledS3
-    client: Any  # through the proxy
-    direct: Any  # to moto itself (untimed set-up and checks)
+    link: S3Link
     workdir: Path
     source: Path
     size: int
-    defaults: dict[str, Any]
     raw: list[bytes]
 
     def open(self, name: str, *, direct: bool = False, **options: Any) -> casckpt.Store:
         """The store ``name`` whose packs live under ``s3://BUCKET/name``, with its catalog and
         index cache in the work directory (a fresh cache each time it is opened)."""
         cache = self.workdir / f"cache-{name}-{time.monotonic_ns()}"
-        endpoint = self.server.direct if direct else self.server.endpoint
+        endpoint = self.link.server.direct if direct else self.link.server.endpoint
         return casckpt.open(self.workdir / name, blobs=f"s3://{BUCKET}/{name}", pack_size=self.size,
                             cache=cache, s3={"endpoint_url": endpoint}, **options)
-
-    def traffic(self, fn: Callable[[], Any]) -> tuple[Any, list[int]]:
-        """``fn()`` and the bytes that crossed the proxy meanwhile, ``[up, down]``."""
-        up, down = self.server.counters()
-        result = fn()
-        after_up, after_down = self.server.counters()
-        return result, [after_up - up, after_down - down]
 
 
 def _raw_objects(s3: _S3, expected: _Expected) -> list[bytes]:
@@ -275,35 +249,19 @@ def _raw_objects(s3: _S3, expected: _Expected) -> list[bytes]:
         keys = sorted(objects(dest))
     with s3.open("warm", direct=True, create=False) as dest:
         expected.verify(dest, "warm-up copy to S3")
-    raw = [s3.direct.get_object(Bucket=BUCKET, Key=f"warm/{key}")["Body"].read() for _, key in keys]
-    remove_prefix(s3.direct, "warm/")
+    raw = [s3.link.direct.get_object(Bucket=BUCKET, Key=f"warm/{key}")["Body"].read() for _, key in keys]
+    remove_prefix(s3.link.direct, "warm/")
     shutil.rmtree(s3.workdir / "warm")
     return raw
 
 
 def _raw_upload(s3: _S3, keys: list[str]) -> float:
-    config = transfer_config(s3.defaults)
-    checksum = s3.defaults["checksum"]
-    extra = {"ChecksumAlgorithm": checksum} if checksum else {}
-
-    def upload() -> None:
-        for key, body in zip(keys, s3.raw, strict=True):
-            s3.client.upload_fileobj(io.BytesIO(body), BUCKET, key, ExtraArgs=extra, Config=config)
-
-    return float(_clock(upload)[1])
+    return float(s3.link.upload(keys, s3.raw))
 
 
 def _raw_download(s3: _S3, keys: list[str]) -> float:
-    config = transfer_config(s3.defaults)
-
-    def download() -> list[io.BytesIO]:
-        out = [io.BytesIO() for _ in keys]
-        for key, buf in zip(keys, out, strict=True):
-            s3.client.download_fileobj(BUCKET, key, buf, Config=config)
-        return out
-
-    got, seconds = _clock(download)
-    if not all(b.getbuffer() == o for b, o in zip(got, s3.raw, strict=True)):
+    seconds, same = s3.link.download(keys, s3.raw)
+    if not same:
         raise CopyFailedError("raw boto3 download: the objects differ from those uploaded")
     return float(seconds)
 
@@ -312,7 +270,7 @@ def _copy_up(s3: _S3, prefix: str) -> tuple[float, int, list[int]]:
     """Copy the run from the local source to a fresh S3 store: seconds, bytes stored there, traffic."""
     with casckpt.open(s3.source, create=False) as source, s3.open(prefix) as dest:
         before = objects(dest)
-        (_, seconds), traffic = s3.traffic(lambda: _clock(lambda: source.copy(RUN, to=dest)))
+        (_, seconds), traffic = s3.link.traffic(lambda: clock(lambda: source.copy(RUN, to=dest)))
         stored = new_object_bytes(before, objects(dest))
     return seconds, stored, traffic
 
@@ -322,7 +280,7 @@ def _copy_down(s3: _S3, prefix: str) -> tuple[float, int, list[int]]:
     with s3.open(prefix, create=False) as source, casckpt.open(s3.workdir / f"{prefix}-down",
                                                                 pack_size=s3.size) as dest:
         held = sum(objects(source).values())
-        (_, seconds), traffic = s3.traffic(lambda: _clock(lambda: source.copy(RUN, to=dest)))
+        (_, seconds), traffic = s3.link.traffic(lambda: clock(lambda: source.copy(RUN, to=dest)))
     return seconds, held, traffic
 
 
@@ -334,20 +292,20 @@ def _round(s3: _S3, index: int, expected: _Expected) -> Round:
     traffic: dict[str, list[int]] = {}
     if copy_first:
         up_s, up_bytes, traffic["copy_up"] = _copy_up(s3, prefix)
-        raw_up_s, traffic["raw_upload"] = s3.traffic(lambda: _raw_upload(s3, keys))
+        raw_up_s, traffic["raw_upload"] = s3.link.traffic(lambda: _raw_upload(s3, keys))
         down_s, down_bytes, traffic["copy_down"] = _copy_down(s3, prefix)
-        raw_down_s, traffic["raw_download"] = s3.traffic(lambda: _raw_download(s3, keys))
+        raw_down_s, traffic["raw_download"] = s3.link.traffic(lambda: _raw_download(s3, keys))
     else:
-        raw_up_s, traffic["raw_upload"] = s3.traffic(lambda: _raw_upload(s3, keys))
+        raw_up_s, traffic["raw_upload"] = s3.link.traffic(lambda: _raw_upload(s3, keys))
         up_s, up_bytes, traffic["copy_up"] = _copy_up(s3, prefix)
-        raw_down_s, traffic["raw_download"] = s3.traffic(lambda: _raw_download(s3, keys))
+        raw_down_s, traffic["raw_download"] = s3.link.traffic(lambda: _raw_download(s3, keys))
         down_s, down_bytes, traffic["copy_down"] = _copy_down(s3, prefix)
     with s3.open(prefix, direct=True, create=False) as dest:
         expected.verify(dest, f"round {index + 1}: copy to S3")
     with casckpt.open(s3.workdir / f"{prefix}-down", create=False) as dest:
         expected.verify(dest, f"round {index + 1}: copy from S3")
-    remove_prefix(s3.direct, f"raw-{index}/")
-    remove_prefix(s3.direct, prefix + "/")
+    remove_prefix(s3.link.direct, f"raw-{index}/")
+    remove_prefix(s3.link.direct, prefix + "/")
     for path in (s3.workdir / prefix, s3.workdir / f"{prefix}-down"):
         shutil.rmtree(path, ignore_errors=True)
     return Round(index, copy_first, raw_up_s, up_s, raw_down_s, down_s, up_bytes, down_bytes, traffic)
@@ -355,14 +313,8 @@ def _round(s3: _S3, index: int, expected: _Expected) -> Round:
 
 def _throughput(workdir: Path, source: Path, size: int, expected: _Expected, repeats: int,
                 log: Log) -> tuple[list[bytes], list[Round]]:
-    defaults = casckpt_transfer_defaults()
-    with fake_aws_environment(workdir), throttled_s3(RATE) as server:
-        log(f"{NAME}: moto S3 behind a {RATE / MB:g} MB/s proxy at {server.endpoint} (child process)")
-        client = s3_client(server.endpoint, defaults)
-        direct = s3_client(server.direct, defaults)
-        direct.create_bucket(Bucket=BUCKET)
-        warm_up(client)
-        s3 = _S3(server, client, direct, workdir, source, size, defaults, [])
+    with s3_link(workdir, RATE, NAME, log) as link:
+        s3 = _S3(link, workdir, source, size, [])
         log(f"{NAME}: warm-up copy of {RUN} to S3 (untimed): the raw objects")
         s3 = dataclasses.replace(s3, raw=_raw_objects(s3, expected))
         rounds = []
@@ -370,8 +322,6 @@ def _throughput(workdir: Path, source: Path, size: int, expected: _Expected, rep
             log(f"{NAME}: round {index + 1}/{repeats}: raw upload / copy to S3, raw download / copy "
                 f"from S3 ({len(s3.raw)} objects, {measure.fmt_bytes(sum(map(len, s3.raw)))})")
             rounds.append(_round(s3, index, expected))
-        client.close()
-        direct.close()
     return s3.raw, rounds
 
 

@@ -41,31 +41,20 @@ on the committing host should read nothing from S3, a fast-tier commit write not
 from __future__ import annotations
 
 import dataclasses
-import io
 import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, TypeVar
+from typing import Any, Literal, NamedTuple
 
 from rich.table import Table
 
 import casckpt
 from benchmarks import measure
-from benchmarks.s3 import (
-    BUCKET,
-    casckpt_transfer_defaults,
-    object_size_for,
-    remove_prefix,
-    s3_client,
-    split_objects,
-    transfer_config,
-    warm_up,
-)
-from benchmarks.throttle import ThrottledS3, throttled_s3
+from benchmarks.s3 import BUCKET, object_size_for, remove_prefix, split_objects
+from benchmarks.s3link import S3Link, clock, s3_link
 from benchmarks.workloads import build
-from casckpt.testing.s3 import fake_aws_environment
 
 Log = Callable[[str], None]
 
@@ -75,7 +64,6 @@ RATE = 50 * MB  # bytes per second through the proxy, each way
 FAST_TIER_BYTES = "8GiB"
 RESTORES = 5  # restores on the committing host, alternating with torch.load; medians
 STATE_SCALE = 0.5  # of --scale: the dense state at 1.0 is 1.01 GiB, 467 MiB here
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -127,57 +115,16 @@ class TiersResult:
 
 @dataclass(frozen=True)
 class _S3:
-    """What the S3 steps share: the throttled server, a client, the raw objects, the settings."""
+    """What the S3 steps share: the throttled link, the raw objects, the pack size."""
 
-    server: ThrottledS3
-    client: Any
+    link: S3Link
     objects: list[bytes]
     object_size: int
-    defaults: dict[str, Any]
 
     def open(self, root: Path, prefix: str, **options: Any) -> casckpt.Store:
         """A store at ``root`` whose packs live under ``s3://BUCKET/prefix`` through the proxy."""
         return casckpt.open(root, blobs=f"s3://{BUCKET}/{prefix}", pack_size=self.object_size,
-                            s3={"endpoint_url": self.server.endpoint}, **options)
-
-    def traffic(self, fn: Callable[[], T]) -> tuple[T, list[int]]:
-        """``fn()`` and the bytes that crossed the proxy meanwhile, ``[up, down]``."""
-        up, down = self.server.counters()
-        result = fn()
-        after_up, after_down = self.server.counters()
-        return result, [after_up - up, after_down - down]
-
-
-def _clock(fn: Callable[[], Any]) -> tuple[Any, float]:
-    measure.release_memory()
-    start = time.perf_counter()
-    result = fn()
-    return result, time.perf_counter() - start
-
-
-def _raw_upload(s3: _S3, keys: list[str]) -> float:
-    config = transfer_config(s3.defaults)
-    checksum = s3.defaults["checksum"]
-    extra = {"ChecksumAlgorithm": checksum} if checksum else {}
-
-    def upload() -> None:
-        for key, body in zip(keys, s3.objects, strict=True):
-            s3.client.upload_fileobj(io.BytesIO(body), BUCKET, key, ExtraArgs=extra, Config=config)
-
-    return _clock(upload)[1]
-
-
-def _raw_download(s3: _S3, keys: list[str]) -> tuple[float, bool]:
-    config = transfer_config(s3.defaults)
-
-    def download() -> list[io.BytesIO]:
-        out = [io.BytesIO() for _ in keys]
-        for key, buf in zip(keys, out, strict=True):
-            s3.client.download_fileobj(BUCKET, key, buf, Config=config)
-        return out
-
-    got, seconds = _clock(download)
-    return seconds, all(b.getbuffer() == o for b, o in zip(got, s3.objects, strict=True))
+                            s3={"endpoint_url": self.link.server.endpoint}, **options)
 
 
 class _Check:
@@ -190,14 +137,14 @@ class _Check:
 
     def restore(self, store: casckpt.Store, ref: str) -> float:
         """Seconds to restore ``ref`` as a new tree; records whether it matched."""
-        restored, seconds = _clock(lambda: store.restore(ref))
+        restored, seconds = clock(lambda: store.restore(ref))
         self.ok = (self.ok and measure.tensor_digests(restored) == self.digests
                    and measure.trees_equal(self.state, restored))
         return seconds
 
 
 def _torch_load(path: Path) -> float:
-    loaded, seconds = _clock(lambda: measure.torch_load(path))
+    loaded, seconds = clock(lambda: measure.torch_load(path))
     del loaded
     return seconds
 
@@ -205,7 +152,7 @@ def _torch_load(path: Path) -> float:
 def _local_commit(state: Any, workdir: Path, pack_size: int) -> tuple[float, dict[str, Any]]:
     root = workdir / "local"
     with casckpt.open(root, pack_size=pack_size) as store:
-        version, seconds = _clock(lambda: store.commit(state, run=NAME, step=1))
+        version, seconds = clock(lambda: store.commit(state, run=NAME, step=1))
     measure.remove(root)
     return seconds, version.to_dict()
 
@@ -220,10 +167,10 @@ def _fast_commit(s3: _S3, state: Any, workdir: Path, check: _Check, saved: Path)
     host = {"cache": workdir / "cache-a", "fast_tier": str(workdir / "tier-a"),
             "fast_tier_bytes": FAST_TIER_BYTES}
     with s3.open(workdir / "fast", "fast", **host) as store:
-        (version, commit_s), commit_bytes = s3.traffic(
-            lambda: _clock(lambda: store.commit(state, run=NAME, step=1)))
+        (version, commit_s), commit_bytes = s3.link.traffic(
+            lambda: clock(lambda: store.commit(state, run=NAME, step=1)))
         start = time.perf_counter()
-        _, drain_bytes = s3.traffic(store.tier.wait_durable)
+        _, drain_bytes = s3.link.traffic(store.tier.wait_durable)
         drain_s = time.perf_counter() - start
         drained = store.resolve(version.id)
     restores: list[float] = []
@@ -234,7 +181,7 @@ def _fast_commit(s3: _S3, state: Any, workdir: Path, check: _Check, saved: Path)
                 loads.append(_torch_load(saved))
                 restores.append(check.restore(store, version.id))
 
-        _, restore_bytes = s3.traffic(alternate)
+        _, restore_bytes = s3.link.traffic(alternate)
     return {"commit_s": commit_s, "drain_s": drain_s, "restores": restores, "loads": loads,
             "version": version,
             "durability": {"commit": _durability(version), "drained": _durability(drained)},
@@ -245,9 +192,9 @@ def _fast_commit(s3: _S3, state: Any, workdir: Path, check: _Check, saved: Path)
 def _s3_commit(s3: _S3, state: Any, workdir: Path) -> tuple[float, dict[str, Any], list[int]]:
     root = workdir / "s3-only"
     with s3.open(root, "s3-only", cache=workdir / "cache-s3") as store:
-        (version, seconds), traffic = s3.traffic(
-            lambda: _clock(lambda: store.commit(state, run=NAME, step=1)))
-    remove_prefix(s3.client, "s3-only/")
+        (version, seconds), traffic = s3.link.traffic(
+            lambda: clock(lambda: store.commit(state, run=NAME, step=1)))
+    remove_prefix(s3.link.client, "s3-only/")
     measure.remove(root)
     return seconds, version.to_dict(), traffic
 
@@ -257,7 +204,7 @@ def _other_host(s3: _S3, workdir: Path, ref: str, check: _Check) -> tuple[float,
     tier = workdir / "tier-b"
     with s3.open(workdir / "fast", "fast", cache=workdir / "cache-b", fast_tier=str(tier),
                  fast_tier_bytes=FAST_TIER_BYTES) as store:
-        seconds, traffic = s3.traffic(lambda: check.restore(store, ref))
+        seconds, traffic = s3.link.traffic(lambda: check.restore(store, ref))
     return seconds, measure.path_bytes(tier), traffic
 
 
@@ -269,18 +216,13 @@ def run_tiers(scale: float, workdir: Path, log: Log) -> TiersResult:
     size = object_size_for(scale)
     log(f"{NAME}: dense ({measure.fmt_bytes(logical)}): torch.save + fsync / torch.load")
     saved = workdir / "baseline.pt"
-    _, save_s = _clock(lambda: measure.torch_save_fsync(state, saved))
+    _, save_s = clock(lambda: measure.torch_save_fsync(state, saved))
     objects = split_objects((measure.raw_bytes(t) for _, t in measure.tensor_leaves(state)), size)
-    defaults = casckpt_transfer_defaults()
-    with fake_aws_environment(workdir), throttled_s3(RATE) as server:
-        log(f"{NAME}: moto S3 behind a {RATE / MB:g} MB/s proxy at {server.endpoint} (child process)")
-        client = s3_client(server.endpoint, defaults)
-        client.create_bucket(Bucket=BUCKET)
-        warm_up(client)
-        s3 = _S3(server, client, objects, size, defaults)
+    with s3_link(workdir, RATE, NAME, log) as link:
+        s3 = _S3(link, objects, size)
         keys = [f"raw/{i:06d}" for i in range(len(objects))]
         log(f"{NAME}: raw boto3 upload ({len(objects)} objects)")
-        up_s = _raw_upload(s3, keys)
+        up_s = s3.link.upload(keys, objects)
         log(f"{NAME}: commit to a local-only store, then to S3 with a fast tier, drain, reopen, restore")
         local_before, local_version = _local_commit(state, workdir, size)
         fast = _fast_commit(s3, state, workdir, check, saved)
@@ -290,10 +232,9 @@ def run_tiers(scale: float, workdir: Path, log: Log) -> TiersResult:
         log(f"{NAME}: commit to S3 without a fast tier")
         s3_s, s3_version, s3_traffic = _s3_commit(s3, state, workdir)
         log(f"{NAME}: raw boto3 download, then restore on a host with an empty fast tier")
-        down_s, raw_ok = _raw_download(s3, keys)
-        remove_prefix(client, "raw/")
+        down_s, raw_ok = s3.link.download(keys, objects)
+        remove_prefix(link.client, "raw/")
         empty_s, empty_tier, empty_traffic = _other_host(s3, workdir, fast["version"].id, check)
-        client.close()
     return TiersResult(
         name=NAME, rate_mb_per_s=RATE / MB, logical_bytes=logical,
         stored_bytes=fast["version"].stored_bytes, object_size=size, raw_objects=len(objects),

@@ -21,6 +21,15 @@ def _listing(names: Sequence[str]) -> str:
     return shown + (f" and {len(names) - _LISTED} more" if len(names) > _LISTED else "")
 
 
+def _rebuilt(cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> BaseException:
+    """An error of ``cls`` with ``args`` and attributes ``state``, its ``__init__`` not called
+    (what unpickling an error whose ``__init__`` takes other arguments than its message needs)."""
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
+
 class CasckptError(Exception):
     """Root of every error casckpt raises on purpose."""
 
@@ -119,6 +128,9 @@ class RefNotFoundError(CasckptError, KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0])
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled across processes (this and every subclass)
+        return _rebuilt, (type(self), self.args, dict(self.__dict__))
 
 
 class VersionNotFound(RefNotFoundError):
@@ -444,3 +456,6 @@ class MirrorsFailedError(MirrorDestinationError):
         super().__init__(
             f"{len(self.errors)} of {total} mirrors could not run (their destinations could not be "
             f"opened; the others ran): " + "; ".join(str(e) for e in self.errors.values()))
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled across processes, with its reports and errors
+        return _rebuilt, (type(self), self.args, dict(self.__dict__))

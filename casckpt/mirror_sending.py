@@ -80,6 +80,7 @@ class Sending:
         self.dry_run, self.progress, self.stopping = dry_run, progress, stopping
         self.versions: dict[str, Version] = {}
         self.before: dict[str, VersionOutcome] = {}
+        self.carried: dict[str, str] = {}
         self.stale_tags: list[str] = []
 
     def _stop(self) -> bool:
@@ -132,7 +133,8 @@ class Sending:
             replaced = mirror_sql.ran_into(self.core.catalog, self.name, self.row.created_at, store_id)
         self.before = {} if replaced else {
             o.version_id: o for o in mirror_sql.outcomes(self.core.catalog, self.name)
-            if o.state in ("sent", "present", "gone")}
+            if o.state in ("sent", "present", "gone") or (o.state == "failed" and o.owned)}
+        self.carried = {} if replaced else mirror_sql.carried(self.core.catalog, self.name)
         gone: list[MirroredVersion] = []
         rest = []
         for version, reasons in chosen:
@@ -150,20 +152,30 @@ class Sending:
         return gone, rest
 
     def _stale_tags(self, version: Version, dest_id: str) -> list[str]:
-        """Why each tag of ``version`` here (gone at the destination: no copy moves them) that
-        points at another version there is left there (recorded in ``stale_tags``)."""
+        """Why each tag of ``version`` here (gone at the destination: no copy carries them) is
+        reported (recorded in ``stale_tags``): a tag whose destination tag does not point at the
+        version's copy, and that changed here since this mirror last carried it (or that it never
+        carried) -- a tag it carried onto this version, then moved there by the destination's
+        owner, is theirs to choose. Cleared by undeleting the version there (the next run carries
+        the tag) or by moving or removing the tag here."""
         out = []
         for tag in version.tags:
+            if self.carried.get(tag) == version.id:
+                continue
             try:
                 there = self.dest.resolve(f"tag:{tag}")
-            except RefNotFoundError:  # not there: no tag there names a wrong version
-                continue
-            if there.id != dest_id:
-                self.stale_tags.append(tag)
-                out.append(f"tag {tag} not moved there: it still points at {there.run}@{there.step}")
-                log.warning("mirror %s: tag %s names %s@%d here, gone at the destination, where it still "
-                            "points at %s@%d: undelete the version there, or tag another there", self.name,
-                            tag, version.run, version.step, there.run, there.step)
+            except RefNotFoundError:  # not there, or on a version deleted there
+                where = "is not there or names a deleted version"
+            else:
+                if there.id == dest_id:
+                    continue
+                where = f"points at {there.run}@{there.step}"
+            self.stale_tags.append(tag)
+            out.append(f"tag {tag} not carried there (it {where}): undelete {version.run}@{version.step} "
+                       f"there, or move or remove the tag here")
+            log.warning("mirror %s: tag %s names %s@%d here, gone at the destination, where the tag %s: "
+                        "undelete the version there (the next run carries the tag), or move or remove the "
+                        "tag here", self.name, tag, version.run, version.step, where)
         return out
 
     def _undelete_there(self, chosen: Sequence[tuple[Version, tuple[str, ...]]]) -> None:
@@ -200,21 +212,29 @@ class Sending:
     def _record(self, copied: Iterable[CopiedVersion],
                 why: dict[str, tuple[str, ...]]) -> list[MirroredVersion]:
         out, rows = [], []
-        for v in copied:
+        copied_list = list(copied)
+        for v in copied_list:
             status = ("would send" if self.dry_run else "sent") if v.sent else "present"
             out.append(MirroredVersion(v.source_id, v.id, v.run, v.step, status, v.chunks, v.bytes,
                                        why.get(v.source_id, ())))
             before = self.before.get(v.source_id)
             # sent by this mirror (now or by an earlier run): its to delete; present: never
-            mine = v.sent or (before is not None and before.state in ("sent", "gone"))
+            mine = v.sent or (before is not None and before.owned)
             version = self.versions.get(v.source_id)
             rows.append(VersionOutcome(
                 v.source_id, v.run, v.step, "sent" if mine else "present", v.id or None, v.chunks, v.bytes,
                 time.time(), None, version.created_at.timestamp() if version else None,
-                json.dumps(dict(version.metrics), sort_keys=True) if version else None))
+                json.dumps(dict(version.metrics), sort_keys=True) if version else None, v.sent))
         if not self.dry_run:
             mirror_sql.record(self.core.catalog, self.name, self.row.created_at, rows)
+            # the copy set the source's tags of each version there: carried, as they are now
+            mirror_sql.carry(self.core.catalog, self.name, self.row.created_at, {
+                tag: v.source_id for v in copied_list for tag in self._tags_of(v.source_id)})
         return out
+
+    def _tags_of(self, version_id: str) -> tuple[str, ...]:
+        version = self.versions.get(version_id)
+        return tuple(version.tags) if version is not None else ()
 
     def _failed(self, version: Version, reasons: tuple[str, ...], exc: CasckptError) -> MirroredVersion:
         error = f"{type(exc).__name__}: {redact_url(str(exc))}"
@@ -227,10 +247,13 @@ class Sending:
                                error=error)
 
     def propagate_deletions(self) -> list[MirroredVersion]:
-        """Delete at the destination each version this mirror sent that is deleted here (a dry
-        run deletes nothing and says ``would delete``)."""
+        """Delete at the destination each version this mirror sent (``sent``, or ``failed`` to
+        send again since: still its own) that is deleted here (a dry run deletes nothing and
+        says ``would delete``)."""
         out = []
-        for sent in mirror_sql.outcomes(self.core.catalog, self.name, "sent"):
+        for sent in mirror_sql.outcomes(self.core.catalog, self.name):
+            if not (sent.state == "sent" or (sent.state == "failed" and sent.owned)):
+                continue
             if self._stop():
                 break
             try:

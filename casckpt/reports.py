@@ -476,7 +476,8 @@ class CopyReport(ToDict):
             location there refused shards, or too few failure domains), as a degraded commit
             is (``Version.degraded``; a WARNING names the locations): the versions are copied
             and readable; ``casckpt repair`` on the destination restores the redundancy. A copy
-            across keys commits each version there: those commits log their own WARNING.
+            across keys commits each version there: those commits log their own WARNING, and
+            the packs each stored below its redundancy are counted here too.
     """
 
     versions: tuple[CopiedVersion, ...] = ()

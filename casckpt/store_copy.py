@@ -70,7 +70,8 @@ def _rekeyed(source: StoreCore, dest: StoreCore, rows: Sequence[VersionRow], dry
                           dry_run=True, seconds=time.monotonic() - started)
     out = rekey.execute(source.ctx, dest.ctx, versions, progress, source_lease=source.read_only is None)
     return CopyReport(tuple(out.versions), out.sent.chunks, out.sent.raw_bytes, out.sent.stored_bytes,
-                      tuple(out.tags), _kept(versions), seconds=time.monotonic() - started)
+                      tuple(out.tags), _kept(versions), seconds=time.monotonic() - started,
+                      degraded_packs=len(out.sent.degraded))
 
 
 @contextlib.contextmanager

@@ -3,8 +3,10 @@
 :class:`StoreHistory` is the base class of ``Store``: what the catalog answers and changes
 without reading or writing tensor data -- the log, one version in detail, diffs, a tensor's
 history, the lineage of runs, and the catalog-only changes (tags, forks, soft deletes and
-undeletes). ``Store`` adds commit, restore, gc and the namespaces; each method is declared
-once, in one of the two. Thread-safe as the store is.
+undeletes). :class:`~casckpt.store_write.StoreWrite` (commits) and
+:class:`~casckpt.store_read.StoreRead` (restores) build on it, and ``Store`` on those two (copies,
+gc and the namespaces); each method is declared once, in one of the four. Thread-safe as the
+store is.
 """
 
 from __future__ import annotations

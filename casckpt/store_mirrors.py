@@ -139,7 +139,8 @@ class Mirrors:
         """
         self._core.refuse_write("store.mirrors.remove", "the catalog")
         row = mirror_sql.mirrors(self._core.catalog, name)[0]
-        missing = missing_of(self._core.catalog, [("mirrors", "DELETE"), ("mirror_versions", "DELETE")])
+        missing = missing_of(self._core.catalog, [("mirrors", "DELETE"), ("mirror_versions", "DELETE"),
+                                                   ("mirror_tags", "DELETE")])
         if missing:
             raise AccessDeniedError(
                 f"removing mirror {name!r} needs {missing[0]} in the catalog, which these credentials "

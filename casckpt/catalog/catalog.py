@@ -26,14 +26,14 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from sqlalchemy import ColumnElement, Connection, Row, func, select, text
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from casckpt.catalog import audit, migrate, tensorchanges, treechanges
+from casckpt.catalog import audit, migrate, treechanges
 from casckpt.catalog import schema as s
-from casckpt.catalog.database import Database, batches, insert_ignore, sqlite_write_denied, upsert
+from casckpt.catalog.database import Database, batches, sqlite_write_denied, upsert
 from casckpt.catalog.encryption import require_state_in
 from casckpt.catalog.packs import ChunkLocation, StoredPack, insert_pack, upsert_chunks
-from casckpt.catalog.publish import MissingChunksError, insert_deps, revive_or_missing
+from casckpt.catalog.publishing import Publishing, insert_version
 from casckpt.catalog.rows import VersionRow, manifest_bytes, tags_of, tensor_row, version_query, version_row
-from casckpt.errors import CatalogError, CatalogUnavailableError, ReadOnlyStoreError, VersionExistsError
+from casckpt.errors import CatalogError, CatalogUnavailableError, ReadOnlyStoreError
 from casckpt.format.crypto import PLAIN, StoreCrypto
 from casckpt.types import AuditEntry
 
@@ -335,95 +335,26 @@ class Catalog:
             CatalogUnavailableError: the database stayed unreachable; the version is not
                 visible, unless the error is ``in_doubt`` (lost while committing).
         """
-        ids = list(dict.fromkeys(chunk_ids))
-        in_doubt = False  # a try lost its connection while COMMIT was on its way
-        published = False
-        interned: dict[str, int] = {}
-
-        def publish() -> None:
-            nonlocal in_doubt, published
-            try:
-                with self.write() as conn:
-                    if lease is not None:  # rolled back with the rest if publishing fails
-                        conn.execute(s.leases.delete().where(s.leases.c.id == lease))
-                    inserted = self._publish(conn, version, run, tensor_rows, content_rows, tag_names,
-                                             ids, node_rows, audit)
-                    # found published: by an earlier try of this call only if its COMMIT was in doubt
-                    published = inserted or in_doubt
-                    if inserted and tree_changes is not None:
-                        interned.update(treechanges.insert(conn, version["id"], version.get("parent_id"),
-                                                           tree_changes, self.path_ids))
-            except CatalogUnavailableError as exc:
-                in_doubt = in_doubt or exc.in_doubt
-                raise
-
+        attempt = Publishing(self, version, run, (tensor_rows, content_rows, node_rows), tag_names,
+                             list(dict.fromkeys(chunk_ids)), lease, audit, tree_changes)
         try:
-            self.retrying(publish)
-            self.path_ids.update(interned)  # committed: the ids keep their paths
-            return published
+            self.retrying(attempt.publish)
         except CatalogUnavailableError as exc:
-            short = version["id"][:12]
-            if in_doubt:
-                error = CatalogUnavailableError(
-                    f"could not confirm version {short} ({run}@{version['step']}): {exc}. The "
-                    f"connection was lost while the database committed it, so it may be visible "
-                    f"(whole and correct if so): `casckpt show {short}` tells once the database "
-                    f"is back")
-                error.in_doubt = True
-                raise error from exc
-            raise CatalogUnavailableError(
-                f"could not publish version {short} ({run}@{version['step']}): {exc}. "
-                f"It is not visible"
-            ) from exc
+            raise attempt.unavailable(exc) from exc
         except CatalogError as exc:
             if isinstance(exc.__cause__, IntegrityError) and "uq_versions_run_step" in str(exc):
-                raise VersionExistsError(
-                    f"run {run!r} already has a version at step {version['step']} (committed "
-                    "concurrently); commit with another step, or fork a new run"
-                ) from exc
+                raise attempt.step_taken() from exc
             raise
+        self.path_ids.update(attempt.interned)  # committed: the ids keep their paths
+        return attempt.published
 
     def _publish(self, conn: Connection, version: dict[str, Any], run: str,
                  tensor_rows: list[dict[str, Any]], content_rows: list[dict[str, Any]],
                  tag_names: Sequence[str], ids: list[str],
                  node_rows: Sequence[dict[str, Any]] = (), audit: bool = True) -> bool:
-        """Publish within ``conn``; False: an earlier try had (its answer was lost)."""
-        self.require_crypto_in(conn)  # never a version its store cannot read
-        run_id = self.run_id(conn, run, create=True, audit=audit)
-        if run_id is None:
-            raise CatalogError(f"run {run!r} vanished while committing; retry")
-        # serialise commits to one run (PostgreSQL row lock; SQLite already holds the db lock)
-        conn.execute(select(s.runs.c.id).where(s.runs.c.id == run_id).with_for_update())
-        existing = conn.execute(select(s.versions.c.id).where(
-            s.versions.c.run_id == run_id, s.versions.c.step == version["step"]
-        )).scalar()
-        if existing == version["id"]:  # an earlier try committed; its answer was lost
-            return False
-        if existing is not None:
-            raise VersionExistsError(
-                f"run {run!r} already has a version at step {version['step']} "
-                f"({existing[:12]}); commit with another step, or fork a new run"
-            )
-        needed: set[str] = set()  # its chunks and their delta bases: all are read to restore it
-        missing = revive_or_missing(conn, ids, needed)
-        if missing:
-            raise MissingChunksError(missing)
-        conn.execute(s.versions.insert().values(run_id=run_id, **version))
-        if insert_deps(conn, version["id"], sorted(needed)):  # it needs a pack still on a fast tier
-            version["durability"] = "fast"
-        parent = version.get("parent_id")
-        for batch in batches(tensorchanges.with_changed_bytes(conn, parent, tensor_rows, content_rows)):
-            conn.execute(s.tensors.insert(), batch)
-        insert_ignore(conn, s.contents, content_rows, "digest")
-        insert_ignore(conn, s.tree_nodes, list(node_rows), "id")
-        for name in tag_names:
-            self._set_tag(conn, name, version["id"])
-        if audit:
-            self.audit_in(conn, "commit", version["id"], {
-                "run": run, "step": version["step"], "new_bytes": version["new_bytes"],
-                "stored_bytes": version["stored_bytes"], "logical_bytes": version["logical_bytes"],
-                "tags": list(tag_names)})
-        return True
+        """Publish within ``conn``; False: it was visible already (:func:`publish.insert_version`)."""
+        return insert_version(self, conn, version, run, (tensor_rows, content_rows, node_rows),
+                              tag_names, ids, audit)
 
     def run_id(self, conn: Connection, run: str, *, create: bool, audit: bool = True) -> int | None:
         """The id of run ``run`` within ``conn``'s transaction (created if asked and missing;

@@ -50,6 +50,7 @@ WRITER_UPDATES = {
     "shards": "verified_at, set when check reads a shard",
     "mirrors": "a mirror run records its start, its end and error, and the destination's identity",
     "mirror_versions": "a mirror run upserts each version's outcome as it is known",
+    "mirror_tags": "a mirror run upserts each tag it carried (and forgets them into a replaced destination)",
 }
 """Tables a writer UPDATEs, each with why."""
 

@@ -19,11 +19,8 @@ from sqlalchemy import Connection, func, select
 
 from casckpt.catalog import schema as s
 from casckpt.catalog.catalog import Catalog, idempotent
-from casckpt.catalog.database import upsert
+from casckpt.catalog.database import batches, upsert
 from casckpt.errors import InvalidArgumentError, RefNotFoundError
-
-_BATCH = 500
-"""Version ids per statement (SQLite binds at most 999 parameters in older builds)."""
 
 
 class MirrorRow(NamedTuple):
@@ -51,7 +48,8 @@ class MirrorTotals(NamedTuple):
 class VersionOutcome(NamedTuple):
     """One source version's row of a mirror (``state``: sent, present, failed, deleted, gone
     or unselected -- failed, then no longer selected: not shown as a failure); ``created_at``
-    and ``metrics`` (JSON) are the version's, what the keep rules read."""
+    and ``metrics`` (JSON) are the version's, what the keep rules read; ``owned``: this
+    mirror sent it (kept through a later failure: :func:`record` never clears it)."""
 
     version_id: str
     run: str
@@ -64,6 +62,7 @@ class VersionOutcome(NamedTuple):
     error: str | None
     created_at: float | None = None
     metrics: str | None = None
+    owned: bool = False
 
 
 def add(catalog: Catalog, row: MirrorRow, destination: str) -> None:
@@ -104,6 +103,7 @@ def remove(catalog: Catalog, name: str, destination: str) -> None:
         if not gone:
             raise _not_found(conn, name)
         conn.execute(s.mirror_versions.delete().where(s.mirror_versions.c.mirror == name))
+        conn.execute(s.mirror_tags.delete().where(s.mirror_tags.c.mirror == name))
         catalog.audit_in(conn, "mirror.remove", f"mirror:{name}", {"destination": destination})
 
 
@@ -162,18 +162,24 @@ def run_finished(catalog: Catalog, name: str, generation: float, error: str | No
 
 def ran_into(catalog: Catalog, name: str, generation: float, store_id: str) -> bool:
     """Mirror ``name`` runs into the store of identity ``store_id``; True when it last ran into
-    another one (wiped and made again, replaced): what it recorded there no longer holds."""
+    another one (wiped and made again, replaced): what it recorded there no longer holds (its
+    versions are no longer its own there, nor its tags carried)."""
     with catalog.write() as conn:
         before = conn.execute(select(s.mirrors.c.dest_store_id).where(_this_one(name, generation))).scalar()
         if before != store_id:
             conn.execute(s.mirrors.update().where(_this_one(name, generation)).values(dest_store_id=store_id))
+        if before is not None and before != store_id:
+            mine = s.mirror_versions.c.mirror == name
+            conn.execute(s.mirror_versions.update().where(mine).values(owned=False))
+            conn.execute(s.mirror_tags.update().where(s.mirror_tags.c.mirror == name).values(version_id=""))
     return before is not None and before != store_id
 
 
 def record(catalog: Catalog, name: str, generation: float, outcomes: Sequence[VersionOutcome]) -> None:
     """Upsert the rows of mirror ``name`` for ``outcomes`` (a version sent again replaces its
-    failure; ``chunks`` and ``bytes`` add up across the runs that sent for it) -- nothing when
-    the mirror of that ``generation`` is gone (removed while its run was sending)."""
+    failure; ``chunks`` and ``bytes`` add up across the runs that sent for it; ``owned`` and
+    ``dest_id``, once known, stay) -- nothing when the mirror of that ``generation`` is gone
+    (removed while its run was sending)."""
     if not outcomes:
         return
     table = s.mirror_versions
@@ -189,26 +195,52 @@ def record(catalog: Catalog, name: str, generation: float, outcomes: Sequence[Ve
                   "bytes": table.c.bytes + statement.excluded.bytes,
                   "at": statement.excluded.at, "error": statement.excluded.error,
                   "created_at": func.coalesce(statement.excluded.created_at, table.c.created_at),
-                  "metrics": func.coalesce(statement.excluded.metrics, table.c.metrics)}),
+                  "metrics": func.coalesce(statement.excluded.metrics, table.c.metrics),
+                  "owned": table.c.owned | statement.excluded.owned}),
             [{"mirror": name, **o._asdict()} for o in outcomes])
 
 
 def unselect_failures(catalog: Catalog, name: str, generation: float, selected: Collection[str]) -> int:
-    """Mark ``unselected`` the failures of mirror ``name`` (of that ``generation``) whose
-    version is not in ``selected`` (what its selection picks now): they no longer matter, and
-    leave its status. Returns how many."""
+    """Retire the failures of mirror ``name`` (of that ``generation``) whose version is not in
+    ``selected`` (what its selection picks now): they no longer matter, and leave its status.
+    One this mirror had sent (``owned``: the destination holds it through the mirror) is
+    ``sent`` again, so that propagating deletions still deletes it there; the others are
+    ``unselected``. Returns how many."""
     table = s.mirror_versions
     with catalog.write() as conn:
         if conn.execute(select(s.mirrors.c.name).where(_this_one(name, generation))).first() is None:
             return 0
-        failed = conn.execute(select(table.c.version_id).where(
-            (table.c.mirror == name) & (table.c.state == "failed"))).scalars().all()
-        stale = [v for v in failed if v not in selected]
-        for start in range(0, len(stale), _BATCH):
-            conn.execute(table.update().where(
-                (table.c.mirror == name) & table.c.version_id.in_(stale[start:start + _BATCH])
-            ).values(state="unselected", at=time.time()))
-    return len(stale)
+        failed = conn.execute(select(table.c.version_id, table.c.owned).where(
+            (table.c.mirror == name) & (table.c.state == "failed"))).all()
+        for owned, state in ((True, "sent"), (False, "unselected")):
+            stale = [v for v, mine in failed if bool(mine) is owned and v not in selected]
+            for batch in batches(stale):
+                conn.execute(table.update().where((table.c.mirror == name) & table.c.version_id.in_(batch))
+                             .values(state=state, error=None, at=time.time()))
+    return sum(1 for v, _ in failed if v not in selected)
+
+
+def carried(catalog: Catalog, name: str) -> dict[str, str]:
+    """The source tags mirror ``name`` last carried to its destination, each with the source
+    version it named then."""
+    with catalog.read() as conn:
+        return dict(conn.execute(select(s.mirror_tags.c.tag, s.mirror_tags.c.version_id)
+                                 .where(s.mirror_tags.c.mirror == name)).tuples().all())
+
+
+def carry(catalog: Catalog, name: str, generation: float, tags: dict[str, str]) -> None:
+    """Remember that mirror ``name`` (of that ``generation``: nothing once it is gone) carried
+    each of ``tags`` (tag -> the source version it names) to its destination."""
+    if not tags:
+        return
+    table = s.mirror_tags
+    with catalog.write() as conn:
+        if conn.execute(select(s.mirrors.c.name).where(_this_one(name, generation))).first() is None:
+            return
+        statement = upsert(conn, table)
+        conn.execute(statement.on_conflict_do_update(
+            index_elements=[table.c.mirror, table.c.tag], set_={"version_id": statement.excluded.version_id}),
+            [{"mirror": name, "tag": tag, "version_id": v} for tag, v in tags.items()])
 
 
 @idempotent
@@ -217,11 +249,12 @@ def outcomes(catalog: Catalog, name: str, state: str | None = None) -> list[Vers
     table = s.mirror_versions
     query = select(table.c.version_id, table.c.run, table.c.step, table.c.state, table.c.dest_id,
                    table.c.chunks, table.c.bytes, table.c.at, table.c.error, table.c.created_at,
-                   table.c.metrics).where(table.c.mirror == name)
+                   table.c.metrics, table.c.owned).where(table.c.mirror == name)
     if state is not None:
         query = query.where(table.c.state == state)
     with catalog.read() as conn:
-        return [VersionOutcome(*r) for r in conn.execute(query.order_by(table.c.run, table.c.step))]
+        return [VersionOutcome._make((*r[:-1], bool(r[-1])))
+                for r in conn.execute(query.order_by(table.c.run, table.c.step))]
 
 
 @idempotent

@@ -23,6 +23,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
 )
 
 metadata = MetaData()
@@ -338,7 +339,7 @@ mirror_versions = Table(  # per mirror, each source version its runs selected, a
     Column("version_id", String(64), primary_key=True),  # the source's id (no FK: gc sweeps versions)
     Column("run", String(128), nullable=False),
     Column("step", BigInteger, nullable=False),
-    Column("state", String(16), nullable=False),  # sent | present | failed | deleted | gone
+    Column("state", String(16), nullable=False),  # sent | present | failed | deleted | gone | unselected
     Column("dest_id", String(64), nullable=True),  # the destination's id (another one across keys)
     Column("chunks", BigInteger, nullable=False),
     Column("bytes", BigInteger, nullable=False),
@@ -346,6 +347,15 @@ mirror_versions = Table(  # per mirror, each source version its runs selected, a
     Column("error", Text, nullable=True),
     Column("created_at", Float, nullable=True),  # the version's, and its metrics (JSON): its slot
     Column("metrics", Text, nullable=True),  # under the keep rules once deleted here (0017)
+    Column("owned", Boolean, nullable=False, server_default=false()),  # this mirror sent it (0019)
+)
+
+mirror_tags = Table(  # per mirror, each source tag it last carried there and its version then (0019)
+    "mirror_tags",
+    metadata,
+    Column("mirror", String(128), primary_key=True),
+    Column("tag", String(128), primary_key=True),
+    Column("version_id", String(64), nullable=False),  # the source's id (no FK: gc sweeps versions)
 )
 
 rekey_map = Table(  # copies across chunk-id keys: a source chunk's id here (casckpt.catalog.rekeymap; 0018)

@@ -120,17 +120,18 @@ def run_view(report: MirrorReport) -> list[RenderableType]:
         summary = f"{head}: nothing to send, the destination holds every selected version."
     else:
         verb = "would send" if report.dry_run else "sent"
-        summary = (f"{head}: {verb} {sum(v.status in ('sent', 'would send') for v in report.versions)} "
-                   f"version(s), {report.chunks} chunk(s), {render.human_bytes(report.bytes)}"
-                   f" in {report.seconds:.1f} s.")
+        sent = sum(v.status in ('sent', 'would send') for v in report.versions)
+        summary = (f"{head}: {verb} {sent} version(s), {report.chunks} chunk(s), "
+                   f"{render.human_bytes(report.bytes)} in {report.seconds:.1f} s." if sent or report.chunks
+                   else f"{head}: no version to send.")
     if report.tags:
         summary += f" Tags set: {', '.join(report.tags)}."
     if report.failed:
         summary += f" {len(report.failed)} version(s) failed (see `casckpt mirror status`)."
     if report.stale_tags:
-        summary += (f" Tags not moved there (their version here is gone there, they still point at "
-                    f"another): {', '.join(report.stale_tags)}; undelete it there, or tag another version "
-                    "there.")
+        summary += (f" Tags not carried there (their version here is gone there, and the tag changed here "
+                    f"since the mirror last carried it): {', '.join(report.stale_tags)}; undelete the "
+                    "version there (the next run carries the tag), or move or remove the tag here.")
     return [table, summary]
 
 

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import enum
 import struct
-import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -29,6 +28,7 @@ import numpy as np
 import zstandard
 
 from casckpt.errors import CorruptChunkError
+from casckpt.format import byteplanes
 
 _SAMPLE_BYTES = 64 * 1024
 
@@ -196,140 +196,8 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     return decompressor
 
 
-# Byte planes <-> elements, by integer arithmetic on the elements rather than one strided byte
-# column at a time (numpy's strided byte copy runs at ~3.3 GiB/s; these at 4-17 GiB/s, docs/perf/planes.md).
-# An element is viewed as lanes of up to 4 bytes (an 8-byte element as two 4-byte lanes: numpy's
-# 64-bit shifts are slower than a strided 32-bit copy). Plane i is byte i of the element in memory,
-# which is bits 8i of its lane on a little-endian host and the lane's top byte first on a big-endian
-# one: the lane dtypes and shifts follow _ORDER, so the same code is right on either (tests run it
-# with the foreign order, which numpy byte-swaps).
-_ORDER = "<" if sys.byteorder == "little" else ">"
-_LANE_BLOCK = 1 << 18  # elements handled at a time: each temporary is at most this many lanes
-_lanes = threading.local()  # each thread's temporaries: (bytes, slot) -> an array of _LANE_BLOCK lanes
-
-
-def _lane_shape(width: int) -> tuple[np.dtype[np.unsignedinteger], int, list[int]]:
-    """The lane dtype, the bytes in a lane and each lane byte's shift for ``width``-byte elements."""
-    size = min(width, 4)
-    order = _ORDER
-    shifts = [8 * k if order == "<" else 8 * (size - 1 - k) for k in range(size)]
-    return np.dtype(f"{order}u{size}"), size, shifts
-
-
-def _lane_temp(size: int, slot: int, count: int) -> np.ndarray:
-    """This thread's temporary ``slot`` of ``count`` lanes of ``size`` bytes (at most a block)."""
-    temps: dict[tuple[str, int, int], np.ndarray] | None = getattr(_lanes, "temps", None)
-    if temps is None:
-        temps = _lanes.temps = {}
-    key = (_ORDER, size, slot)
-    temp = temps.get(key)
-    if temp is None:
-        temp = temps[key] = np.empty(_LANE_BLOCK, dtype=f"{_ORDER}u{size}")
-    return temp[:count]
-
-
-def _interleave(planes: Sequence[np.ndarray], out: np.ndarray) -> None:
-    """Write ``planes`` (``width`` uint8 arrays of ``n``) into ``out`` (uint8, ``width * n``) as
-    byte i of each element from ``planes[i]``, a block of elements at a time.
-
-    Raises:
-        ValueError: ``out`` does not hold ``width`` bytes for each of the planes' bytes.
-    """
-    width = len(planes)
-    _check_planes(planes, out)
-    dtype, size, _ = _lane_shape(width)
-    lanes = out.view(dtype).reshape(-1, width // size)
-    for start in range(0, len(lanes), _LANE_BLOCK):
-        stop = min(start + _LANE_BLOCK, len(lanes))
-        for lane in range(width // size):
-            block = [p[start:stop] for p in planes[lane * size : (lane + 1) * size]]
-            if width == size:
-                _build_lane(block, lanes[start:stop, 0])
-            else:  # 4-byte halves of 8-byte elements: built whole, then one strided 32-bit copy
-                temp = _lane_temp(4, 0, stop - start)
-                _build_lane(block, temp)
-                lanes[start:stop, lane] = temp
-
-
-def _check_planes(planes: Sequence[np.ndarray], elements: np.ndarray) -> None:
-    """Every plane as long as the first, and ``elements`` exactly their bytes side by side (a
-    shorter buffer would be filled, or read, only in part without a word)."""
-    n = len(planes[0]) if planes else 0
-    if any(len(p) != n for p in planes) or elements.nbytes != len(planes) * n:
-        raise ValueError(f"{len(planes)} planes of {[len(p) for p in planes]} bytes do not make "
-                         f"{elements.nbytes} bytes of elements")
-
-
-def _build_lane(planes: Sequence[np.ndarray], lane: np.ndarray) -> None:
-    """``lane`` (``len(planes)`` bytes each) from its bytes' planes in memory order: the two
-    halves built (a byte plane is its own half), then the high one shifted over the low one.
-    Two 2-byte halves cost fewer passes than four byte shift-ors over a 4-byte lane."""
-    half = len(planes) // 2
-    if half == 2:
-        parts: list[np.ndarray] = []
-        for slot, pair in enumerate((planes[:2], planes[2:])):
-            parts.append(_lane_temp(2, slot + 1, len(lane)))
-            _build_lane(pair, parts[-1])
-    else:
-        parts = list(planes)
-    if not half:
-        np.copyto(lane, parts[0], casting="unsafe")
-        return
-    low, high = parts if _ORDER == "<" else parts[::-1]
-    np.copyto(lane, high, casting="unsafe")
-    np.left_shift(lane, 8 * half, out=lane)
-    np.bitwise_or(lane, low, out=lane)
-
-
-def _split(data: np.ndarray, planes: Sequence[np.ndarray]) -> None:
-    """Write byte i of each element of ``data`` (uint8, ``width * n``) into ``planes[i]`` (uint8,
-    ``n`` each; ``width = len(planes)``): each plane is its lane shifted down, cast to a byte.
-
-    Raises:
-        ValueError: ``data`` does not hold ``width`` bytes for each of the planes' bytes.
-    """
-    width = len(planes)
-    _check_planes(planes, data)
-    dtype, size, shifts = _lane_shape(width)
-    if width == size:
-        _split_lane(data.view(dtype), planes, shifts)
-        return
-    lanes = data.view(dtype).reshape(-1, width // size)
-    for start in range(0, len(lanes), _LANE_BLOCK):
-        stop = min(start + _LANE_BLOCK, len(lanes))
-        temp = _lane_temp(size, 0, stop - start)
-        for lane in range(width // size):
-            temp[:] = lanes[start:stop, lane]
-            _split_lane(temp, [p[start:stop] for p in planes[lane * size : (lane + 1) * size]], shifts)
-
-
-def _split_lane(lane: np.ndarray, planes: Sequence[np.ndarray], shifts: list[int]) -> None:
-    for plane, shift in zip(planes, shifts, strict=True):
-        if shift:
-            np.right_shift(lane, shift, out=plane, casting="unsafe")  # the cast keeps the low byte
-        else:
-            np.copyto(plane, lane, casting="unsafe")
-
-
-def _group(data: memoryview | bytes, width: int) -> bytes:
-    planes = np.empty((width, len(data) // width), dtype=np.uint8)
-    _split(np.frombuffer(data, dtype=np.uint8), list(planes))
-    return planes.tobytes()
-
-
-def ungroup_into(data: bytes | memoryview | np.ndarray, width: int, out: np.ndarray) -> np.ndarray:
-    """Write the bytes of grouped ``data`` back in element order into ``out`` (uint8, same size)."""
-    _interleave(list(np.frombuffer(data, dtype=np.uint8).reshape(width, -1)), out)
-    return out
-
-
-def _ungroup(data: bytes | memoryview, width: int) -> bytes | memoryview:
-    out = ungroup_into(data, width, np.empty(len(data), dtype=np.uint8))
-    return memoryview(out)  # type: ignore[arg-type]  # numpy exports the buffer
-
-
 def _compress(data: memoryview | bytes, codec: Codec, level: int) -> bytes:
-    payload = _group(data, codec.group) if codec.group > 1 else data
+    payload = byteplanes.group(data, codec.group) if codec.group > 1 else data
     return zstandard.ZstdCompressor(level=level).compress(payload)
 
 
@@ -361,7 +229,7 @@ def probe(sample: memoryview | bytes, width: int, level: int) -> Probe:
         return Probe(1, 0, ratio, 1.0)
     compressor = _planes_compressor(level)
     split = np.empty((width, size // width), dtype=np.uint8)
-    _split(np.frombuffer(sample, dtype=np.uint8), list(split))
+    byteplanes.split(np.frombuffer(sample, dtype=np.uint8), list(split))
     mask, full, planes = 0, 0, 0
     for i, plane in enumerate(split):
         packed = len(compressor.compress(plane.data))
@@ -385,7 +253,7 @@ def encode_planes(data: memoryview | bytes, width: int, mask: int, level: int) -
     masked = [i for i in range(width) if mask >> i & 1]
     split = np.empty((width, n), dtype=np.uint8)  # the raw planes' rows, then the masked planes'
     rows = dict(zip(raw + masked, split, strict=True))
-    _split(np.frombuffer(data, dtype=np.uint8), [rows[i] for i in range(width)])
+    byteplanes.split(np.frombuffer(data, dtype=np.uint8), [rows[i] for i in range(width)])
     frame = _planes_compressor(level).compress(split[len(raw) :].data)
     at = _PLANES_HEAD.size + len(raw) * n
     out = np.empty(at + len(frame), dtype=np.uint8)
@@ -499,7 +367,7 @@ def sparse_delta(data: memoryview | bytes, base: memoryview | bytes, element_siz
         return None
     gaps = np.diff(changed, prepend=0).astype("<u4")
     blocks = xor[changed].tobytes()
-    body = _group(blocks, width) if width > 1 and blocks else blocks
+    body = byteplanes.group(blocks, width) if width > 1 and blocks else blocks
     head = _SPARSE_HEAD.pack(width, SPARSE_BLOCK.bit_length() - 1, 0, len(changed))
     return _ZSTD_CODECS[(Delta.SPARSE, 1)], zstandard.ZstdCompressor(level=level).compress(
         head + gaps.tobytes() + body)
@@ -531,7 +399,7 @@ def sparse_planes(payload: bytes | memoryview, raw_len: int) -> tuple[np.ndarray
     if count and (index[-1] >= blocks or (count > 1 and int(np.diff(index).min()) < 1)):
         raise CorruptChunkError(f"sparse delta of {raw_len} bytes names blocks out of order or range")
     body = memoryview(out)[at:]
-    plain = _ungroup(body, width) if width > 1 and count else body
+    plain = byteplanes.ungroup(body, width) if width > 1 and count else body
     return index, np.frombuffer(plain, dtype=np.uint8).reshape(count, SPARSE_BLOCK)
 
 
@@ -584,17 +452,9 @@ def delta_planes(codec_id: int, payload: bytes | memoryview, raw_len: int) -> tu
     return codec.group, np.frombuffer(_grouped_bytes(codec, payload, raw_len), dtype=np.uint8)
 
 
-def regroup(data: np.ndarray, width: int, to: int) -> np.ndarray:
-    """Bytes in ``width``-grouped order (1: plain) rearranged into ``to``-grouped order."""
-    if width == to:
-        return data
-    plain = data if width == 1 else ungroup_into(data, width, np.empty(data.nbytes, dtype=np.uint8))
-    return plain if to == 1 else np.frombuffer(_group(plain.data, to), dtype=np.uint8)
-
-
 def _planes_into(payload: bytes | memoryview, raw_len: int, out: np.ndarray) -> None:
     """Decode a planes payload into ``out``: the masked planes decompressed once, then every
-    plane woven into the elements in place (:func:`_interleave`)."""
+    plane woven into the elements in place (:func:`~casckpt.format.byteplanes.interleave`)."""
     if len(payload) < _PLANES_HEAD.size:
         raise CorruptChunkError("planes payload is truncated")
     width, mask = _PLANES_HEAD.unpack_from(payload)
@@ -609,7 +469,7 @@ def _planes_into(payload: bytes | memoryview, raw_len: int, out: np.ndarray) -> 
     masked = iter(np.frombuffer(_decompress(memoryview(payload)[at:], (width - len(raw)) * n),
                                 dtype=np.uint8).reshape(width - len(raw), n))
     stored = iter(body[_PLANES_HEAD.size : at].reshape(len(raw), n))
-    _interleave([next(masked) if mask >> i & 1 else next(stored) for i in range(width)], out)
+    byteplanes.interleave([next(masked) if mask >> i & 1 else next(stored) for i in range(width)], out)
 
 
 def decode_into(codec_id: int, payload: bytes | memoryview, raw_len: int, out: memoryview | bytearray,
@@ -644,7 +504,7 @@ def decode_into(codec_id: int, payload: bytes | memoryview, raw_len: int, out: m
         return
     grouped = _grouped_bytes(codec, payload, raw_len)
     if codec.group > 1:
-        ungroup_into(grouped, codec.group, target)
+        byteplanes.ungroup_into(grouped, codec.group, target)
     else:
         target[:] = np.frombuffer(grouped, dtype=np.uint8)
     if codec.delta is Delta.XOR:

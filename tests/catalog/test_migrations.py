@@ -643,3 +643,25 @@ def test_0018_adds_the_rekey_map_and_downgrades(tmp_path: Path) -> None:
         assert [v.step for v in src.copy("r@2", to=enc).versions] == [2]
         assert torch.equal(enc.restore("r@2")["s"], torch.full((4096,), 2.0))
     assert "rekey_map" in _tables(root)
+
+
+# -- 0019: what a mirror sent stays its own through a failure; the tags it carried -------------
+
+
+def test_0019_marks_what_mirrors_sent_their_own_adds_the_carried_tags_and_downgrades(tmp_path: Path) -> None:
+    from casckpt.catalog import mirrors as mirror_sql
+
+    root = tmp_path / "store"
+    with casckpt.open(root) as store:
+        store.commit({"w": torch.arange(64.0)}, run="r", step=1, tags=["best"])
+        store.mirrors.add("m", str(tmp_path / "dst"), runs=["r"], keep_last=1)
+        store.mirrors.push("m")
+    _migrate(root, "0018", down=True)
+    url = f"sqlite:///{root / cfg.CATALOG_FILE}"
+    assert "owned" not in _columns(url, "mirror_versions") and "mirror_tags" not in _tables(root)
+    with casckpt.open(root) as store:  # upgraded on open: the sent row is the mirror's own
+        assert _revision(root) == head_revision()
+        assert [(o.state, o.owned) for o in mirror_sql.outcomes(store._core.catalog, "m")] == [("sent", True)]
+        assert mirror_sql.carried(store._core.catalog, "m") == {}
+        assert store.mirrors.push("m").nothing_sent
+    assert "mirror_tags" in _tables(root)

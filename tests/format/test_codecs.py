@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from casckpt.errors import CorruptChunkError
-from casckpt.format import codecs
+from casckpt.format import byteplanes, codecs
 from casckpt.format.codecs import (
     CODECS,
     SPARSE_BLOCK,
@@ -547,18 +547,18 @@ def test_planes_keep_the_column_layout_in_either_byte_order(
         data = rng.integers(0, 256, count * width, dtype=np.uint8).tobytes()
     mask = mask & (1 << width) - 1 or 1 << (width - 1)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(codecs, "_ORDER", order)
-        patch.setattr(codecs, "_LANE_BLOCK", block)
-        patch.setattr(codecs, "_lanes", threading.local())  # a temporary of this block size
+        patch.setattr(byteplanes, "_ORDER", order)
+        patch.setattr(byteplanes, "_LANE_BLOCK", block)
+        patch.setattr(byteplanes, "_lanes", threading.local())  # a temporary of this block size
         old = _column_payload(data, width, mask)
         assert bytes(encode_planes(data, width, mask, 1)) == old
         arena = bytearray(b"\xa5" * (len(data) + 16))
         out = memoryview(arena)[offset : offset + len(data)]
         decode_into(PLANES.id, old, len(data), out)
         assert bytes(out) == data and arena[:offset] == b"\xa5" * offset
-        assert codecs._group(data, width) == _column_planes(data, width).tobytes()
+        assert byteplanes.group(data, width) == _column_planes(data, width).tobytes()
         grouped = _column_planes(data, width).tobytes()
-        back = codecs.ungroup_into(grouped, width, np.empty(len(data), dtype=np.uint8))
+        back = byteplanes.ungroup_into(grouped, width, np.empty(len(data), dtype=np.uint8))
         assert back.tobytes() == data
         if count:
             assert codecs.probe(data, width, 1) == _column_probe(data, width)
@@ -569,11 +569,11 @@ def test_lane_temporaries_stay_a_block_per_thread_whatever_the_chunk() -> None:
     blocks long with a tail decodes bit-exact and leaves no temporary longer than a block."""
     rng = np.random.default_rng(5)
     for width, dtype in ((2, np.float16), (4, np.float32), (8, np.float64)):
-        data = (rng.standard_normal(3 * codecs._LANE_BLOCK + 5) * 0.02).astype(dtype).tobytes()
+        data = (rng.standard_normal(3 * byteplanes._LANE_BLOCK + 5) * 0.02).astype(dtype).tobytes()
         payload = encode_planes(data, width, 1 << (width - 1), 1)
         assert bytes(decode_chunk(PLANES.id, payload, len(data))) == data
-    temps = codecs._lanes.temps
-    assert temps and all(len(temp) == codecs._LANE_BLOCK for temp in temps.values())
+    temps = byteplanes._lanes.temps
+    assert temps and all(len(temp) == byteplanes._LANE_BLOCK for temp in temps.values())
 
 
 @pytest.mark.parametrize("width", [2, 4, 8])
@@ -582,7 +582,7 @@ def test_planes_and_elements_of_different_sizes_are_refused(width: int) -> None:
     part."""
     grouped = bytes(range(256)) * width
     with pytest.raises(ValueError, match="do not make"):
-        codecs.ungroup_into(grouped, width, np.empty(len(grouped) - width, dtype=np.uint8))
+        byteplanes.ungroup_into(grouped, width, np.empty(len(grouped) - width, dtype=np.uint8))
     with pytest.raises(ValueError, match="do not make"):
-        codecs._split(np.zeros(len(grouped) - width, dtype=np.uint8),
-                      [np.empty(256, dtype=np.uint8) for _ in range(width)])
+        byteplanes.split(np.zeros(len(grouped) - width, dtype=np.uint8),
+                         [np.empty(256, dtype=np.uint8) for _ in range(width)])

@@ -55,13 +55,18 @@ def main(source: str, dest: str, ref: str, point: str, nth: int, key_file: str |
 
         copypipe.record_pack = record  # type: ignore[assignment]
     elif point == "tag":
-        real_record_tag = records.record_tag
+        real_record_tag, real_record_tag_on = records.record_tag, records.record_tag_on
 
         def record_tag(*args: Any, **kwargs: Any) -> Any:
             count()
             return real_record_tag(*args, **kwargs)
 
+        def record_tag_on(*args: Any, **kwargs: Any) -> Any:
+            count()
+            return real_record_tag_on(*args, **kwargs)
+
         records.record_tag = record_tag  # type: ignore[assignment]
+        records.record_tag_on = record_tag_on  # type: ignore[assignment]
     elif point == "recommit":
         real_commit_publish = commit_engine.publish
 

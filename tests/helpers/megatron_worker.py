@@ -39,6 +39,7 @@ from torch.distributed.checkpoint import FileSystemWriter  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 import dist_worker  # noqa: E402
 from dist_worker import CHUNK, PACK, bits  # noqa: E402
+from exact import exact_differences  # noqa: E402
 
 import casckpt  # noqa: E402
 from casckpt.integrations.megatron import CasckptLoadStrategy, CasckptSaveStrategy  # noqa: E402
@@ -351,38 +352,6 @@ def object_state(rank: int, world: int, seed: int, rng_from: list[int] | None = 
     return out
 
 
-def exact(got: Any, want: Any, where: str = "") -> list[str]:
-    """Where ``got`` differs from ``want`` in type, shape, dtype or any bit."""
-    import io
-    import struct
-
-    import numpy as np
-
-    if type(got) is not type(want):
-        return [f"{where}: {type(got).__name__} != {type(want).__name__}"]
-    if isinstance(want, torch.Tensor):
-        same = (got.dtype == want.dtype and got.shape == want.shape
-                and bits(got.reshape(-1)) == bits(want.reshape(-1)))
-        return [] if same else [where]
-    if isinstance(want, np.ndarray):
-        same = got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes()
-        return [] if same else [where]
-    if isinstance(want, io.BytesIO):
-        return [] if (got.getvalue(), got.tell()) == (want.getvalue(), want.tell()) else [where]
-    if isinstance(want, float):
-        return [] if struct.pack(">d", got) == struct.pack(">d", want) else [where]
-    if isinstance(want, dict):
-        if list(got) != list(want):
-            return [f"{where}: keys {list(got)} != {list(want)}"]
-        return [d for k in want for d in exact(got[k], want[k], f"{where}.{k}")]
-    if isinstance(want, (list, tuple)):
-        if len(got) != len(want):
-            return [where]
-        pairs = enumerate(zip(got, want, strict=True))
-        return [d for i, (g, w) in pairs for d in exact(g, w, f"{where}.{i}")]
-    return [] if got == want else [where]
-
-
 def scenario_mc_objects(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
     """Save objects holding tensors (with the usual sharded tensors), or load them into a
     template of empty objects on any number of ranks; ``rng_from`` maps each loading rank to
@@ -406,7 +375,7 @@ def scenario_mc_objects(rank: int, world: int, args: dict[str, Any]) -> dict[str
                        for k, v in want.items()}}
         strategy = CasckptLoadStrategy(store)
         loaded = dist_checkpointing.load(template, str(folder), sharded_strategy=strategy)
-        bad = exact({k: loaded[k] for k in want}, {k: v.data for k, v in want.items()})
+        bad = exact_differences({k: loaded[k] for k in want}, {k: v.data for k, v in want.items()})
         expect = expected(tensors, rank, world, None, False, args["seed"])
         return {"bad": bad + differences({k: loaded[k] for k in expect}, expect),
                 "metadata": sorted(strategy.load_sharded_metadata(str(folder)))}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import math
-import struct
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from casckpt.format.state import decode_state, key_ok  # noqa: E402
 from casckpt.integrations import megatron_objects as objects  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "helpers"))
+from exact import exact_differences  # noqa: E402
 
 
 def stored(data: Any) -> Any:
@@ -41,25 +41,6 @@ def stored(data: Any) -> Any:
     kept = [t.clone() for t in tensors]
     again = decode_state(node, lambda i, path: pytest.fail(f"a tensor in the value at {path}"))
     return objects.decode(again, lambda i: kept[i])
-
-
-def same(got: Any, want: Any) -> bool:
-    if type(got) is not type(want):
-        return False
-    if isinstance(want, torch.Tensor):
-        return (got.dtype == want.dtype and got.shape == want.shape
-                and got.reshape(-1).view(torch.uint8).tolist() == want.reshape(-1).view(torch.uint8).tolist())
-    if isinstance(want, np.ndarray):
-        return got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes()
-    if isinstance(want, io.BytesIO):
-        return (got.getvalue(), got.tell()) == (want.getvalue(), want.tell())
-    if isinstance(want, float):
-        return struct.pack(">d", got) == struct.pack(">d", want)
-    if isinstance(want, dict):
-        return list(got) == list(want) and all(same(got[k], want[k]) for k in want)
-    if isinstance(want, (list, tuple)):
-        return len(got) == len(want) and all(same(g, w) for g, w in zip(got, want, strict=True))
-    return bool(got == want)
 
 
 DTYPES = [torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32,
@@ -106,7 +87,7 @@ OBJECTS = st.recursive(LEAVES, lambda inner: st.lists(inner, max_size=4)
 
 @given(st.lists(OBJECTS, min_size=1, max_size=2))
 def test_any_object_of_megatron_kinds_round_trips_exactly(data: list[Any]) -> None:
-    assert same(stored(data), data)
+    assert exact_differences(stored(data), data) == []
 
 
 def test_an_object_of_plain_values_stays_the_value_it_is() -> None:
@@ -122,7 +103,7 @@ def test_the_rng_state_of_megatron_keeps_its_tensors_apart() -> None:
               "torch_rng_state": torch.get_rng_state(), "rng_tracker_states": tracker}]
     value, found = objects.encode(state, "x")
     assert [t.dtype for t in found] == [torch.uint32, torch.uint8, torch.uint8]
-    assert value["numpy"] == [0] and same(stored(state), state)
+    assert value["numpy"] == [0] and exact_differences(stored(state), state) == []
 
 
 @pytest.mark.parametrize("data, error, words", [
@@ -209,7 +190,7 @@ def test_the_deepest_object_encode_accepts_is_saved_and_read_back(leaf: Any, tmp
                  planner=dcp.DefaultSavePlanner(flatten_state_dict=False))
         back = store.restore("r@1")
         got = objects.decode(back["o"], lambda i: back[objects.tensor_key("o", i)])
-    assert same(got, _nested(depth, leaf))
+    assert exact_differences(got, _nested(depth, leaf)) == []
 
 
 def test_tensor_keys_name_their_object_and_no_other_key() -> None:

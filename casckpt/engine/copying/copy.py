@@ -49,7 +49,7 @@ from casckpt.format.merkle import compress_node
 from casckpt.storage.erasure import Redundancy
 from casckpt.types import CopiedVersion, ProgressCallback
 
-__all__ = ["Outcome", "execute", "fork_run", "set_tags"]
+__all__ = ["Outcome", "execute", "fork_run", "set_tags", "warn_down"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ class Outcome:
     versions: list[CopiedVersion] = field(default_factory=list)
     sent: Sent = field(default_factory=Sent)
     tags: list[str] = field(default_factory=list)
+    down: set[str] = field(default_factory=set)  # destination locations found unreachable
 
 
 def execute(source: EngineContext, dest: EngineContext, plan: CopyPlan,
@@ -85,6 +86,7 @@ def execute(source: EngineContext, dest: EngineContext, plan: CopyPlan,
             release_lease(source.catalog, lease, "copy (source side)")
     if out.sent.degraded:
         _warn_degraded(out)
+    warn_down(out.down)
     return out
 
 
@@ -213,18 +215,21 @@ class _Copy:
         version, row = flight.version, flight.version.row
         published = False  # by this copy (not: the destination showed it, or another copy won)
         if flight.lease is not None:
+            recorded: list[str] = []  # tags new there: recorded before they are visible (see set_tags)
             try:
                 fork_run(self.dest, row.run, history_sql.fork_point(self.source.catalog, row.run))
                 if flight.manifest is not None:
                     flight.manifest.result()
-                for name in version.tags:  # new there: recorded before they are visible (see set_tags)
+                for name in version.tags:
                     if self.dest.catalog.tag_target(name) is None:
                         records.record_tag(self.dest.locations, self.dest.catalog, name, row.id)
+                        recorded.append(name)
                 published = self._publish_retrying(pipe, flight, flight.lease)
             except BaseException:
                 release_lease(self.dest.catalog, flight.lease, f"copy of {row.run}@{row.step}")
+                _restore_records(self.dest, recorded)
                 raise
-        self.out.tags += set_tags(self.dest, row.id, version.tags, published=published)
+        self.out.tags += set_tags(self.dest, row.id, version.tags, published=published, down=self.out.down)
         self.out.versions.append(CopiedVersion(
             row.id, row.id, row.run, row.step, version.asked, published, len(flight.ids) + flight.resent,
             flight.bytes))
@@ -243,7 +248,7 @@ class _Copy:
                 lost = [bytes.fromhex(h) for h in exc.missing]
                 self.dest.cache.discard(lost)
                 raw, stored = sent.raw_bytes, sent.stored_bytes
-                flight.bytes += pipe.resend(version, lost, redundancy, sent)
+                flight.bytes += pipe.resend(version, lost, redundancy, sent, self.bar)
                 flight.raw += sent.raw_bytes - raw
                 flight.stored += sent.stored_bytes - stored
                 flight.resent += len(lost)
@@ -251,6 +256,25 @@ class _Copy:
         raise CatalogError(
             f"could not publish version {row.id[:12]} ({row.run}@{row.step}) at the destination: its "
             "chunks kept disappearing (is a gc with --grace 0 running there?); copy again")
+
+
+def _restore_records(dest: EngineContext, names: Sequence[str]) -> None:
+    """After a failed publish: the record of each tag in ``names`` (written before the publish,
+    found absent from the catalog then) written again as the catalog has the tag now, should
+    it have been set there meanwhile, else removed (a record of a version never published
+    now, which a rebuild would follow once a later copy publishes that version without the
+    tag). Best effort: the publish's error is what is raised."""
+    for name in names:
+        try:
+            target = dest.catalog.tag_target(name)
+            if target is not None:
+                records.record_tag(dest.locations, dest.catalog, name, target)
+            elif not records.drop_tag(dest.locations, dest.catalog, name):
+                raise CatalogError(f"a location kept the record of tag {name}")
+        except CatalogError as exc:  # the catalog is down too, or a location kept the record
+            log.warning("copy: could not restore or remove the record of tag %s after a failed "
+                        "publish (%s): a catalog rebuild may follow it; `casckpt check` reports a "
+                        "record that disagrees with the catalog", name, exc)
 
 
 def fork_run(dest: EngineContext, run: str, point: str | None) -> None:
@@ -287,8 +311,8 @@ def _publish(dest: EngineContext, version: VersionPlan, raw: int, stored: int, l
     row = version.row
     value = version_of(row)
     have = node_sql.tree_node_ids(dest.catalog, [i.hex() for i in version.nodes])
-    nodes = [{"id": i.hex(), "body": compress_node(raw_node)}
-             for i, raw_node in version.nodes.items() if i.hex() not in have]
+    nodes = [{"id": i.hex(), "body": compress_node(version.nodes[i])}  # read: only the rows it lacks
+             for i in version.nodes if i.hex() not in have]
     return dest.catalog.add_version({
         "id": row.id, "step": row.step, "parent_id": row.parent_id, "state": "visible",
         "created_at": row.created_at, "committed_at": time.time(), "logical_bytes": row.logical_bytes,
@@ -300,23 +324,36 @@ def _publish(dest: EngineContext, version: VersionPlan, raw: int, stored: int, l
         tree_changes=changes)
 
 
-def set_tags(dest: EngineContext, version_id: str, tags: Sequence[str], *, published: bool) -> list[str]:
+def set_tags(dest: EngineContext, version_id: str, tags: Sequence[str], *, published: bool,
+             down: set[str] | None = None) -> list[str]:
     """The source's ``tags`` on a copied version set at the destination on ``version_id`` (moved
     there if they named another version; publishing set them already); returns the ones
     that changed, whose record objects are written (again). A tag new at the destination
     had its record written before the publish too, so a copy killed right after publishing
     leaves it in place (a record of a version never published is one no check expects and a
-    catalog rebuild skips). The record of a tag already in place is written again where a
-    location lacks it or it names another version (a record a copy killed between the
-    publish and the record left stale, or one a location lost: ``records.tag_recorded``,
-    one read per location)."""
+    catalog rebuild skips). The record of a tag already in place is written again on each
+    location that lacks it or where it names another version (a record a copy killed between
+    the publish and the record left stale, or one a location lost: ``records.tag_lacking``,
+    one read per location). ``down``: the locations this copy found unreachable (not read
+    or written again; those found now are added, and the copy warns once for them)."""
+    down = set() if down is None else down
     changed = list(tags) if published else []
     for name in tags:
         if not published and dest.catalog.tag_target(name) != version_id:
             dest.catalog.set_tag(name, version_id)
             changed.append(name)
-    stale = [name for name in tags if name not in changed
-             and not records.tag_recorded(dest.locations, dest.catalog, name, version_id)]
-    for name in changed + stale:
-        records.record_tag(dest.locations, dest.catalog, name, version_id)
+    for name in tags:
+        targets = (dest.locations.active() if name in changed else
+                   records.tag_lacking(dest.locations, dest.catalog, name, version_id, down))
+        if targets:
+            records.record_tag_on(targets, dest.catalog, name, version_id, down)
     return changed
+
+
+def warn_down(down: set[str]) -> None:
+    """One WARNING for the destination locations a copy could not read or write tag records on."""
+    if down:
+        log.warning("copy: destination location(s) %s could not be read or written: the records of the "
+                    "tags this copy carries may be missing or stale there; `casckpt check` reports "
+                    "them and `casckpt repair` writes them again once the locations are back",
+                    ", ".join(sorted(down)))

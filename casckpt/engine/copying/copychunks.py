@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from casckpt.engine.context import EngineContext
+from casckpt.engine.copying.copynodes import node_size
 from casckpt.engine.copying.copyplan import VersionPlan
 from casckpt.engine.read.degraded import Shortfall
 from casckpt.engine.read.reader import read_chunks
@@ -44,8 +45,8 @@ class Sent:
 
 
 def sizes_of(source: EngineContext, version: VersionPlan, ids: Sequence[bytes]) -> dict[bytes, int]:
-    """Each chunk's raw length (nodes: the bytes the plan holds; chunks: the source's catalog)."""
-    out = {i: len(version.nodes[i]) for i in ids if i in version.nodes}
+    """Each chunk's raw length (nodes: the sizes the plan holds; chunks: the source's catalog)."""
+    out = {i: node_size(version.nodes, i) for i in ids if i in version.nodes}
     rest = [i.hex() for i in ids if i not in out]
     found = source.catalog.find_chunks(rest, live_only=False)
     for h in rest:

@@ -3,9 +3,11 @@
 A copy plans every version before it sends anything (:mod:`.copyplan`), and the nodes a
 version sends or whose rows the destination lacks are megabytes for a state of thousands of
 tensors: held raw for every version of a long run, a plan would hold gigabytes. A plan keeps
-each version's nodes as a :class:`NodeBodies` instead -- their ids and sizes -- and their
-bytes are read again from the source when the copy asks for them (to size and send them,
-and for the rows its publish adds), through ONE :class:`NodeReader` per plan: a cache of at
+each version's nodes as a :class:`NodeBodies` instead -- the ids and sizes of every node of
+its tree -- and their bytes are read again from the source when the copy asks for them (to
+send them, and for the rows its publish adds: those the destination lacks then, which may
+be more than when planned should its gc purge a version sharing them meanwhile), through
+ONE :class:`NodeReader` per plan: a cache of at
 most :data:`CACHE_BYTES`, filled a version at a time (the copy walks the versions in order),
 each node verified against its id as it is read.
 """
@@ -19,7 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from casckpt.errors import CorruptManifestError, MissingDataError
 from casckpt.format.merkle import NodeSource
 
-__all__ = ["CACHE_BYTES", "NodeBodies", "NodeReader"]
+__all__ = ["CACHE_BYTES", "NodeBodies", "NodeReader", "node_size"]
 
 CACHE_BYTES = 32 << 20
 """Raw node bytes a plan's :class:`NodeReader` keeps read (at least one version's)."""
@@ -72,18 +74,23 @@ class NodeReader:
 
 
 class NodeBodies(Mapping[bytes, bytes]):
-    """One version's nodes a copy needs, by id: their sizes kept, their bytes read through a
-    :class:`NodeReader` when asked."""
+    """One version's tree nodes, by id: every node's size kept, its bytes read through a
+    :class:`NodeReader` when asked. ``wanted`` (default: all) are the nodes the copy expects
+    to need -- those it sends or whose rows the destination lacked when planned --, read from
+    the source together on a miss; any other (a node whose row the destination's gc purged
+    since the plan) is read when asked too."""
 
-    __slots__ = ("_reader", "_sizes")
+    __slots__ = ("_reader", "_sizes", "wanted")
 
-    def __init__(self, reader: NodeReader, sizes: dict[bytes, int]) -> None:
+    def __init__(self, reader: NodeReader, sizes: dict[bytes, int],
+                 wanted: Iterable[bytes] | None = None) -> None:
         self._reader, self._sizes = reader, sizes
+        self.wanted: tuple[bytes, ...] = tuple(sizes if wanted is None else wanted)
 
     def __getitem__(self, node_id: bytes) -> bytes:
         if node_id not in self._sizes:
             raise KeyError(node_id)
-        return self._reader.get(node_id, self._sizes)
+        return self._reader.get(node_id, self.wanted)
 
     def __contains__(self, node_id: object) -> bool:
         return node_id in self._sizes
@@ -94,3 +101,11 @@ class NodeBodies(Mapping[bytes, bytes]):
     def __len__(self) -> int:
         return len(self._sizes)
 
+    def size(self, node_id: bytes) -> int:
+        """Node ``node_id``'s raw length, without reading it."""
+        return self._sizes[node_id]
+
+
+def node_size(nodes: Mapping[bytes, bytes], node_id: bytes) -> int:
+    """The raw length of node ``node_id`` of ``nodes`` (a :class:`NodeBodies` reads nothing)."""
+    return nodes.size(node_id) if isinstance(nodes, NodeBodies) else len(nodes[node_id])

@@ -112,22 +112,29 @@ class Pipeline:
                 end += 1
             return end
 
-    def resend(self, version: VersionPlan, ids: Sequence[bytes], redundancy: Redundancy, sent: Sent) -> int:
+    def resend(self, version: VersionPlan, ids: Sequence[bytes], redundancy: Redundancy, sent: Sent,
+               bar: Progress | None = None) -> int:
         """Read ``ids`` (chunks of ``version`` the destination's gc swept after they were found
         held) on this thread, pack them with the copy's packer for ``redundancy`` and wait until
         they are stored and recorded (the packer's open pack is stored then, with whatever of
-        the next versions it holds); counted in ``sent``.
+        the next versions it holds); counted in ``sent`` and in the copy's progress ``bar``
+        (its total grows by what is sent again).
 
         Raises:
             MissingDataError, CorruptChunkError: a chunk could not be read whole from the source.
             StorageError, CatalogError: a pack could not be stored or recorded.
         """
         read = 0
-        for batch in plan_batches(self._source, self._dest, version, ids):
+        planned = plan_batches(self._source, self._dest, version, ids)
+        if bar is not None:
+            bar.total += sum(sum(b.sizes.values()) for b in planned)
+        for batch in planned:
             chunks = fetch(self._source, self._dest, version, batch.ids, batch.sizes)
             sent.add(self.pack(batch, chunks, redundancy), len(batch.ids))
             read += sum(batch.sizes.values())
             del chunks
+            if bar is not None:
+                bar.advance(sum(batch.sizes.values()))
         self._store(redundancy, sent)
         return read
 

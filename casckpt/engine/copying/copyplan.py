@@ -59,11 +59,12 @@ class VersionPlan:
         kept_tags: the source's tags on it that the destination has on a version of its own
             (one no copy from the source made), left there (:func:`movable_tags`).
         ids: every chunk and tree node it references.
-        nodes: the raw bytes (verified against their ids), by id, of its tree nodes that it
-            sends or whose catalog rows the destination lacks and no earlier version of the
-            copy adds (its publish adds them); not every node of its tree. Read again from
-            the source when asked (:class:`~.copynodes.NodeBodies`; a tree derived from a
-            document of format 1 or 2: held), so a plan does not hold them all.
+        nodes: the raw bytes (verified against their ids), by id, of every node of its tree:
+            sizes held, bytes read again from the source when asked
+            (:class:`~.copynodes.NodeBodies`, whose ``wanted`` are the nodes it sends or whose
+            catalog rows the destination lacks and no earlier version of the copy adds; a tree
+            derived from a document of format 1 or 2: held), so a plan does not hold them all.
+            Its publish adds the rows the destination lacks then.
         send: the ids among ``ids`` the destination lacks and no earlier version of the copy
             brings, in order.
         send_bytes: their raw bytes.
@@ -282,10 +283,10 @@ def _plan_version(source: Catalog, dest: Catalog, row: VersionRow, asked: bool,
     needed += [i for i in unrowed if i.hex() not in have]  # rows its publish adds
     state.rowed.update(needed)
     kept: Mapping[bytes, bytes]
-    if walked.document is None:
-        kept = NodeBodies(state.reader, {i: len(nodes[i]) for i in needed})
+    if walked.document is None:  # every node's size (a gc may purge rows the publish then adds)
+        kept = NodeBodies(state.reader, {i: len(raw) for i, raw in nodes.items()}, needed)
     else:
-        kept = {i: nodes[i] for i in needed}
+        kept = dict(nodes)
     sizes = {bytes.fromhex(h): loc.raw_len for h, loc in
              source.find_chunks([i.hex() for i in send if i not in nodes], live_only=False).items()}
     send_bytes = sum(len(nodes[i]) if i in nodes else sizes.get(i, 0) for i in send)

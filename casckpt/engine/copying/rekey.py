@@ -33,8 +33,9 @@ from casckpt.catalog.rows import VersionRow
 from casckpt.catalog.rows import version as version_of
 from casckpt.engine.context import EngineContext
 from casckpt.engine.copying import rekeymap
-from casckpt.engine.copying.copy import Outcome, fork_run, set_tags
+from casckpt.engine.copying.copy import Outcome, fork_run, set_tags, warn_down
 from casckpt.engine.copying.copyplan import chain, movable_tags, refuse_foreign_run
+from casckpt.engine.read.degraded import Shortfall
 from casckpt.engine.read.restore import materialize
 from casckpt.engine.versions.refs import load_manifest
 from casckpt.engine.write import commit as commit_engine
@@ -130,10 +131,10 @@ def execute(source: EngineContext, dest: EngineContext, versions: Sequence[Rekey
             row = item.row
             if item.held is not None:
                 ids[row.id] = item.held
-                out.tags += set_tags(dest, item.held, item.tags, published=False)
+                out.tags += set_tags(dest, item.held, item.tags, published=False, down=out.down)
                 out.versions.append(CopiedVersion(row.id, item.held, row.run, row.step, item.asked, False))
                 continue
-            new_id, chunks, raw, stored = _recommit(source, dest, item, ids, progress)
+            new_id, chunks, raw, stored = _recommit(source, dest, item, ids, progress, out.sent.degraded)
             out.sent.chunks += chunks
             out.sent.raw_bytes += raw
             out.sent.stored_bytes += stored
@@ -144,6 +145,7 @@ def execute(source: EngineContext, dest: EngineContext, versions: Sequence[Rekey
     finally:
         if lease is not None:
             release_lease(source.catalog, lease, "copy (source side)")
+    warn_down(out.down)
     return out
 
 
@@ -160,10 +162,11 @@ def _mapped(source: EngineContext, dest: EngineContext, version_id: str | None,
 
 
 def _recommit(source: EngineContext, dest: EngineContext, item: Rekeyed, ids: dict[str, str],
-              progress: ProgressCallback | None) -> tuple[str, int, int, int]:
+              progress: ProgressCallback | None, degraded: list[Shortfall]) -> tuple[str, int, int, int]:
     """Read one version from the source (all but the extents the re-key map names at the
     destination) and commit it at the destination; returns its id there, the chunks
-    written, their raw bytes and the bytes stored."""
+    written, their raw bytes and the bytes stored. The packs it stored below their
+    redundancy are added to ``degraded`` (the commit warns of them, as any commit does)."""
     row, started = item.row, time.monotonic()
     manifest = load_manifest(source.catalog, row)
     value = version_of(row)
@@ -186,6 +189,7 @@ def _recommit(source: EngineContext, dest: EngineContext, item: Rekeyed, ids: di
                 "map named while the copy ran (is a gc with --grace 0 running there?), and their "
                 "bytes were not read from the source; copy again (it reads them from the source)") from exc
         raise
+    degraded += snap.degraded
     rekeymap.remember(source, dest, manifest, match, snap.manifest)
     return version.id, len(snap.new_ids), version.new_bytes, version.stored_bytes
 

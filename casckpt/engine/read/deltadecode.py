@@ -2,7 +2,7 @@
 
 A decoded chunk is held as a :data:`Rep`, (group width, its bytes in that grouped order):
 XOR commutes with byte grouping, so a chain of dense deltas is applied in the deltas'
-grouped byte order (``codecs.delta_planes``, ``regroup``) and ungrouped once, straight into
+grouped byte order (``codecs.delta_planes``, ``byteplanes.regroup``) and ungrouped once, straight into
 the destination of the chunk that ends it. A sparse delta (codec 9) is applied in element
 order, patching only its changed blocks.
 
@@ -27,16 +27,9 @@ import numpy as np
 
 from casckpt.engine.read.chunkreads import Destination, Slot, decode_slot
 from casckpt.errors import CorruptChunkError
+from casckpt.format.byteplanes import regroup, ungroup_into
 from casckpt.format.chunks import ChunkIds
-from casckpt.format.codecs import (
-    Delta,
-    apply_sparse,
-    delta_planes,
-    lookup,
-    regroup,
-    sparse_planes,
-    ungroup_into,
-)
+from casckpt.format.codecs import Delta, apply_sparse, delta_planes, lookup, sparse_planes
 from casckpt.format.pack import check_entry_header
 
 Rep = tuple[int, np.ndarray]  # a decoded chunk: (group width, its bytes in that grouped order; 1: plain)

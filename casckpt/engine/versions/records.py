@@ -52,7 +52,14 @@ from casckpt.catalog.deltas import DELTA_POLICIES
 from casckpt.catalog.history import RunSettings, run_settings, tags_and_runs
 from casckpt.catalog.identity import next_record_seq
 from casckpt.catalog.settings import DELTA_CHAIN, DELTA_POLICY, REDUNDANCY
-from casckpt.errors import AccessDeniedError, CasckptError
+from casckpt.errors import (
+    AccessDeniedError,
+    BlobNotFoundError,
+    CasckptError,
+    OversizedObjectError,
+    StorageError,
+    UnsafeObjectError,
+)
 from casckpt.format import objectnames
 from casckpt.format.state import json_nesting
 from casckpt.storage import redact_url
@@ -99,20 +106,55 @@ def record_tag(locations: LocationSet, catalog: Any, name: str, version_id: str)
          {"name": name, "version": version_id})
 
 
-def tag_recorded(locations: LocationSet, catalog: Any, name: str, version_id: str) -> bool:
-    """Whether every active location holds tag ``name``'s record naming ``version_id``: one
-    small read per location, where ``check`` lists them all (a copy asks it of the tags it
-    carries, to write again a record a process killed after its publish left unwritten)."""
+def tag_lacking(locations: LocationSet, catalog: Any, name: str, version_id: str,
+                down: set[str]) -> list[Location]:
+    """The active locations whose record of tag ``name`` is missing or names another version
+    than ``version_id``: one small read per location, where ``check`` lists them all (a copy
+    asks it of the tags it carries, to write again a record a process killed after its
+    publish left unwritten). A location named in ``down`` is not asked; one that cannot
+    answer (unreachable: not a missing or unreadable record) is added to it, so a caller
+    asking of many tags with a location down neither rewrites every record nor warns for
+    each."""
     key = objectnames.ref_name(TAGS, name, catalog.crypto.name_hash)
     want = {"name": name, "version": version_id}
+    lacking = []
     for loc in locations.active():
+        if loc.name in down:
+            continue
         try:
             doc = parse(loc.blobs.get(key, max_size=MAX_RECORD))
-        except (CasckptError, ValueError, RecursionError):  # missing, unreadable or refused
-            return False
+        except (BlobNotFoundError, OversizedObjectError, UnsafeObjectError, ValueError, RecursionError):
+            lacking.append(loc)  # missing, unreadable or refused as not a record
+            continue
+        except StorageError:
+            down.add(loc.name)
+            continue
         if not agrees(key, doc, want):
-            return False
-    return True
+            lacking.append(loc)
+    return lacking
+
+
+def record_tag_on(targets: Iterable[Location], catalog: Any, name: str, version_id: str,
+                  down: set[str]) -> None:
+    """Mirror tag ``name`` -> ``version_id`` on each of ``targets`` but those in ``down``; one
+    that refuses it is added to ``down`` (the caller warns once for all of them)."""
+    key = objectnames.ref_name(TAGS, name, catalog.crypto.name_hash)
+    data = _encode(catalog, {"name": name, "version": version_id})
+    for loc in targets:
+        if loc.name in down:
+            continue
+        try:
+            loc.blobs.put(key, data)
+        except CasckptError:
+            down.add(loc.name)
+
+
+def drop_tag(locations: LocationSet, catalog: Any, name: str) -> bool:
+    """Remove tag ``name``'s record from every readable location (a copy whose publish failed
+    recorded it before; the catalog has no such tag). False: a location refused (logged)."""
+    key = objectnames.ref_name(TAGS, name, catalog.crypto.name_hash)
+    readable = [(loc.id, key) for loc in locations.all if loc.readable]
+    return len(locations.delete(readable)) == len(readable)
 
 
 def _run_doc(row: RunSettings) -> dict[str, Any]:

@@ -502,6 +502,8 @@ REBUILD_LOSES = {
     "`mirror_versions`": "empty (what mirror runs recorded: each mirror's next run finds what its "
                          "destination holds and sends nothing again, but counts it `present`, not "
                          "sent by the mirror, so `propagate_deletions` no longer deletes it there)",
+    "`mirror_tags`": "empty (the tags mirror runs carried: each mirror's next run carries again the tags "
+                     "of the versions it finds there)",
     "`rekey_map`": "empty (the next copy across keys into this store reads from the source what the map "
                    "would have spared, and maps it again)",
 }
