@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from alembic import command
+from sqlalchemy import create_engine
 
 import casckpt
+from casckpt.catalog import migrate
 from casckpt.format import objectnames
 
 OPTS: dict[str, Any] = {"chunk_size": 4096, "pack_size": 16 << 10}
@@ -263,10 +265,11 @@ def test_upgrading_a_store_whose_mirrors_predate_their_records_writes_them(
     for disk in DISKS:  # as a casckpt before mirror records left it, at schema 0017
         for record in (root / "blobs" / disk / objectnames.MIRRORS).iterdir():
             record.unlink()
-    with sqlite3.connect(root / "catalog.db") as conn:
-        conn.execute("DROP TABLE rekey_map")
-        conn.execute("UPDATE alembic_version SET version_num = '0017'")
-    conn.close()
+    engine = create_engine(f"sqlite:///{root / 'catalog.db'}")
+    with engine.connect() as conn:
+        command.downgrade(migrate._config(conn), "0017")
+        conn.commit()
+    engine.dispose()
     with open_store(root, create=False) as store:
         assert store.ops.check().ok
     assert all(len(records) == 1 for records in mirror_records(root).values())
