@@ -227,6 +227,13 @@ class Mirrors:
         if dry_run:
             return self._run_held(row, dry_run, progress, stopping)
         self._core.refuse_write("a mirror run", "the catalog")
+        missing = missing_of(self._core.catalog, [("mirror_tags", "INSERT"), ("mirror_tags", "UPDATE")])
+        if missing:  # a writer granted before migration 0019 still commits, but cannot run mirrors
+            raise AccessDeniedError(
+                f"a run of mirror {row.name!r} needs {missing[0]} in the catalog, which these "
+                "credentials lack (the table came with a casckpt upgrade after the role's grants "
+                "were made); nothing was sent: have the tables' owner run the statements of "
+                "`casckpt init --print-grants writer` again", right=missing[0])
         with mirror_lock(self._core.catalog, row.name):
             return self._run_held(row, dry_run, progress, stopping)
 

@@ -368,6 +368,7 @@ rekey_map = Table(  # copies across chunk-id keys: a source chunk's id here (cas
 GC_TABLES = frozenset({"gc_live", "gc_runs"})
 """gc's own tables: the admin role writes them; a writer role only reads them."""
 
-OPTIONAL_TABLES = frozenset({"rekey_map"})
+OPTIONAL_TABLES = frozenset({"rekey_map", "mirror_tags"})
 """Tables a writer may lack rights on and still commit (a role granted before they existed):
-a re-keyed copy then does without the map, with a warning (casckpt.catalog.rekeymap.denied)."""
+a re-keyed copy then does without the map, with a warning (casckpt.catalog.rekeymap.denied);
+a mirror run refuses before it starts, saying to grant them (store_mirrors.Mirrors)."""

@@ -504,3 +504,19 @@ def test_a_writer_granted_before_the_rekey_map_commits_and_copies_across_keys_wi
             assert torch.equal(writer.restore("r@1")["w"], state(1)["w"])
     assert any("--print-grants writer" in r.getMessage() and "rekey_map" in r.getMessage()
                for r in caplog.records)
+
+
+def test_a_writer_granted_before_mirror_tags_commits_and_its_mirror_run_says_to_grant(
+        pg_roles: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    engine = sa.create_engine(pg_roles["owner_url"])  # as if granted before migration 0019
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"REVOKE ALL ON mirror_tags FROM {pg_roles['names']['writer']}")
+    engine.dispose()
+    with as_role(monkeypatch, pg_roles, "admin") as admin:
+        admin.mirrors.add("m", str(tmp_path / "dst"), runs=["r"], keep_every=1)
+    with as_role(monkeypatch, pg_roles, "writer") as writer:
+        assert not writer.read_only
+        writer.commit(state(1), run="r", step=1)  # commits as before
+        with pytest.raises(AccessDeniedError, match="--print-grants writer"):
+            writer.mirrors.push("m")
+    assert not (tmp_path / "dst").exists()  # nothing was sent, no destination made
