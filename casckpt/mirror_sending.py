@@ -186,7 +186,7 @@ class Sending:
         deleted = {o.version_id: o for o in mirror_sql.outcomes(self.core.catalog, self.name, "deleted")}
         for version, _ in chosen:
             outcome = deleted.get(version.id)
-            if outcome is None or self.dry_run:
+            if outcome is None or not outcome.owned or self.dry_run:  # one it deleted there itself
                 continue
             try:
                 self.dest.undelete(outcome.dest_id or outcome.version_id)
@@ -252,8 +252,8 @@ class Sending:
         says ``would delete``)."""
         out = []
         for sent in mirror_sql.outcomes(self.core.catalog, self.name):
-            if not (sent.state == "sent" or (sent.state == "failed" and sent.owned)):
-                continue
+            if sent.state not in ("sent", "failed") or not sent.owned:  # only what it sent there
+                continue  # (not what it found present, nor what it sent into a store since replaced)
             if self._stop():
                 break
             try:

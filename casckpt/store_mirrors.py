@@ -224,16 +224,19 @@ class Mirrors:
         one, the flag read between them), None in the foreground. A run (not a dry run) holds
         the mirror's run lock: a second run of it, here or in another process, waits for the
         first, then finds its work done."""
+        if not dry_run:
+            self._core.refuse_write("a mirror run", "the catalog")
+        rights = [("mirror_tags", "SELECT")] + ([] if dry_run else [("mirror_tags", "INSERT"),
+                                                                   ("mirror_tags", "UPDATE")])
+        missing = missing_of(self._core.catalog, rights)
+        if missing:  # a role granted before migration 0019 still commits, but cannot run mirrors
+            raise AccessDeniedError(
+                f"a {'dry ' if dry_run else ''}run of mirror {row.name!r} needs {missing[0]} in the "
+                "catalog, which these credentials lack (the table came with a casckpt upgrade after "
+                "the role's grants were made); nothing was sent: have the tables' owner run the "
+                "statements of `casckpt init --print-grants` for this role again", right=missing[0])
         if dry_run:
             return self._run_held(row, dry_run, progress, stopping)
-        self._core.refuse_write("a mirror run", "the catalog")
-        missing = missing_of(self._core.catalog, [("mirror_tags", "INSERT"), ("mirror_tags", "UPDATE")])
-        if missing:  # a writer granted before migration 0019 still commits, but cannot run mirrors
-            raise AccessDeniedError(
-                f"a run of mirror {row.name!r} needs {missing[0]} in the catalog, which these "
-                "credentials lack (the table came with a casckpt upgrade after the role's grants "
-                "were made); nothing was sent: have the tables' owner run the statements of "
-                "`casckpt init --print-grants writer` again", right=missing[0])
         with mirror_lock(self._core.catalog, row.name):
             return self._run_held(row, dry_run, progress, stopping)
 

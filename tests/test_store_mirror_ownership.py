@@ -5,6 +5,7 @@ generations leave failures alone, and the mirror errors pickle (review of the mi
 from __future__ import annotations
 
 import pickle
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -220,3 +221,59 @@ def test_the_mirror_errors_survive_a_pickle_round_trip(src: casckpt.Store, tmp_p
     for error in (missing.value, *others):
         again = pickle.loads(pickle.dumps(error))
         assert type(again) is type(error) and str(again) == str(error) and again.__dict__ == error.__dict__
+
+
+def test_propagation_never_deletes_what_a_replaced_destination_got_otherwise(tmp_path: Path) -> None:
+    """The destination wiped and made again: what the mirror sent into the old store is not its
+    own in the new one, so a version the new store's owner copied in by hand stays there when
+    the source deletes it (final review of issue 34: the rows kept state `sent`)."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    with casckpt.open(src, **OPTS) as store:
+        v1, _ = commit(store, 1, run="r"), commit(store, 2, run="r")
+        store.mirrors.add("m", str(dst), runs=["r"], keep_every=1, propagate_deletions=True)
+        assert [v.status for v in store.mirrors.push("m").versions] == ["sent", "sent"]
+    shutil.rmtree(dst)
+    with casckpt.open(src, create=False) as store:
+        store.copy(v1.id, to=str(dst))  # the new store's owner copies ft@1 by hand
+        store.delete(v1.id, reason="at the source")
+        report = store.mirrors.push("m")
+        assert "deleted" not in [v.status for v in report.versions]
+    with casckpt.open(dst, create=False) as there:
+        assert there.resolve(v1.id).step == 1
+
+
+def test_an_upgraded_gone_row_is_not_the_mirrors_own(tmp_path: Path) -> None:
+    """Before 0019 a version the mirror found present and later gone there was recorded `gone`,
+    like one it sent: the upgrade cannot tell them apart and takes neither as its own, so a
+    deletion here never deletes the destination owner's version there."""
+    from alembic import command
+    from sqlalchemy import create_engine
+
+    from casckpt.catalog.migrate import _config
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    with casckpt.open(src, **OPTS) as store:
+        version = commit(store, 1, run="r")
+        store.copy(version.id, to=str(dst))  # the destination's owner copied it by hand
+        store.mirrors.add("m", str(dst), runs=["r"], keep_last=1, propagate_deletions=True)
+        assert [v.status for v in store.mirrors.push("m").versions] == ["present"]
+    with casckpt.open(dst, create=False) as there:
+        there.delete(version.id, reason="its owner")
+    with casckpt.open(src, create=False) as store:
+        assert [v.status for v in store.mirrors.push("m").versions] == ["gone"]
+    engine = create_engine(f"sqlite:///{src / 'catalog.db'}")
+    with engine.connect() as conn:
+        command.downgrade(_config(conn), "0018")
+        conn.commit()
+    engine.dispose()
+    with casckpt.open(src, create=False) as store:  # upgraded again on open
+        rows = mirror_sql.outcomes(store._core.catalog, "m")
+        assert [(o.state, o.owned) for o in rows] == [("gone", False)]
+    with casckpt.open(dst, create=False) as there:
+        there.undelete(version.id)  # the owner takes it back
+    with casckpt.open(src, create=False) as store:
+        store.mirrors.push("m")
+        store.delete(version.id, reason="at the source")
+        store.mirrors.push("m")
+    with casckpt.open(dst, create=False) as there:
+        assert there.resolve(version.id).step == 1

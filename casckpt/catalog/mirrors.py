@@ -224,8 +224,9 @@ def carried(catalog: Catalog, name: str) -> dict[str, str]:
     """The source tags mirror ``name`` last carried to its destination, each with the source
     version it named then."""
     with catalog.read() as conn:
-        return dict(conn.execute(select(s.mirror_tags.c.tag, s.mirror_tags.c.version_id)
-                                 .where(s.mirror_tags.c.mirror == name)).tuples().all())
+        rows = conn.execute(select(s.mirror_tags.c.tag, s.mirror_tags.c.version_id)
+                            .where(s.mirror_tags.c.mirror == name))
+        return {tag: version_id for tag, version_id in rows}
 
 
 def carry(catalog: Catalog, name: str, generation: float, tags: dict[str, str]) -> None:

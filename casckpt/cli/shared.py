@@ -67,7 +67,8 @@ class ExitCode:
 EXIT_CODES: tuple[ExitCode, ...] = (
     ExitCode(EXIT_OK, "ok"),
     ExitCode(EXIT_PROBLEMS, "check found problems, or repair, catalog rebuild, migrate-trees or "
-             "drain left some, or mirror run left a version unsent"),
+             "drain left some, or mirror run left a version unsent or a tag it could not carry (a tag "
+             "changed here onto a version gone at the destination: see the mirror guide)"),
     ExitCode(EXIT_USAGE, "usage error or bad input: a bad option or argument, an invalid name, "
              "unsupported state, a restore target that cannot be written, an unreadable or "
              "invalid casckpt.toml", _BAD_INPUT),

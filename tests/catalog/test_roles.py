@@ -517,6 +517,8 @@ def test_a_writer_granted_before_mirror_tags_commits_and_its_mirror_run_says_to_
     with as_role(monkeypatch, pg_roles, "writer") as writer:
         assert not writer.read_only
         writer.commit(state(1), run="r", step=1)  # commits as before
-        with pytest.raises(AccessDeniedError, match="--print-grants writer"):
+        with pytest.raises(AccessDeniedError, match="--print-grants"):
             writer.mirrors.push("m")
+        with pytest.raises(AccessDeniedError, match="--print-grants"):
+            writer.mirrors.push("m", dry_run=True)
     assert not (tmp_path / "dst").exists()  # nothing was sent, no destination made
